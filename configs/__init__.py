@@ -1,0 +1,1 @@
+"""omrl's shipped YAML presets (installed as the package omrl_configs)."""

@@ -1,0 +1,111 @@
+"""The ``omrl`` command line: a typer app, one small module per command.
+
+Errors that omrl raises on purpose (:class:`omrl.errors.OmrlError`) print as one
+line and exit with status 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+import typer
+from rich.console import Console
+
+from omrl import __version__
+
+app = typer.Typer(
+    name="omrl",
+    help="Train LLM agents with reinforcement learning in multi-turn environments.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+err_console = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"omrl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+) -> None:
+    """Train LLM agents with reinforcement learning in multi-turn environments."""
+
+
+def _add_builtin_commands() -> None:
+    from omrl.cli import config_cmd, plugins_cmd
+
+    for module in (plugins_cmd, config_cmd):
+        module.add_to(app)
+
+
+def _optional_command_modules() -> None:
+    """Commands whose modules arrive with later work register here when present."""
+    import importlib
+
+    for name in ("env_cmd", "rollout_cmd", "eval_cmd", "sft_cmd", "train_cmd", "data_cmd"):
+        try:
+            module = importlib.import_module(f"omrl.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"omrl.cli.{name}":
+                raise
+            continue
+        module.add_to(app)
+
+
+def build_app() -> typer.Typer:
+    """The root app with built-in and plugin commands added (once)."""
+    if getattr(app, "_omrl_built", False):
+        return app
+    from omrl.plugins import load_plugins
+
+    _add_builtin_commands()
+    _optional_command_modules()
+    load_plugins().hook.register_commands(cli=app)
+    app._omrl_built = True
+    return app
+
+
+def report_error(exc: BaseException, debug: bool) -> int:
+    """Print one line for ``exc`` (or the traceback with --debug); return the exit status."""
+    from omrl.errors import OmrlError
+
+    if debug:
+        err_console.print_exception()
+    elif isinstance(exc, OmrlError):
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    else:
+        err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc} "
+                          "(this is a bug in omrl or a plugin; run with --debug for the traceback)",
+                          highlight=False, soft_wrap=True)
+    return 2 if isinstance(exc, OmrlError) else 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or bool(os.environ.get("OMRL_DEBUG"))
+    try:
+        command = typer.main.get_command(build_app())
+        command.main(args=argv, prog_name="omrl", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the one place errors become exit codes
+        sys.exit(report_error(exc, debug))

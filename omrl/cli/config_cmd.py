@@ -1,0 +1,62 @@
+"""``omrl config``: list presets and print a resolved config."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+
+config_app = typer.Typer(help="Show config presets and resolved configs.", no_args_is_help=True)
+
+
+def config_class_for(preset_data: dict):
+    """The config dataclass a preset is for, from its ``command`` key (default: train)."""
+    from omrl.errors import ConfigError
+    from omrl.options import CONFIG_CLASSES
+
+    command = preset_data.get("command", "train")
+    if command not in CONFIG_CLASSES:
+        raise ConfigError(f"unknown command {command!r} in preset; valid: {', '.join(CONFIG_CLASSES)}")
+    return CONFIG_CLASSES[command]
+
+
+@config_app.command("show")
+def show(preset: str = typer.Argument(..., help="A preset name (see `omrl config list`) or a YAML path."),
+         overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. algo.gamma=0.99")) -> None:
+    """Print the config that a preset plus overrides resolves to."""
+    from omrl.config import load_config, read_preset, to_yaml
+
+    data = read_preset(preset)
+    cls = config_class_for(data)
+    cfg = load_config(cls, preset, overrides or [])
+    Console().print(Syntax(f"# {data.get('command', 'train')} config\n" + to_yaml(cfg), "yaml"))
+
+
+@config_app.command("list")
+def list_presets() -> None:
+    """List the shipped presets."""
+    from omrl.config import preset_names, read_preset
+
+    for name in preset_names():
+        data = read_preset(name)
+        typer.echo(f"{name:20s} {data.get('command', 'train'):8s} {data.get('description', '')}")
+
+
+@config_app.command("keys")
+def keys(command: str = typer.Argument("train", help="Which command's config: train, sft, rollout, eval.")) -> None:
+    """Every config key of a command with its type, default and help."""
+    from rich.table import Table
+
+    from omrl.config import describe
+
+    cls = config_class_for({"command": command})
+    table = Table(title=f"{command} config keys")
+    for col in ("key", "type", "default", "help"):
+        table.add_column(col, overflow="fold")
+    for row in describe(cls):
+        table.add_row(*row)
+    Console().print(table)
+
+
+def add_to(app: typer.Typer) -> None:
+    app.add_typer(config_app, name="config")

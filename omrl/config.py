@@ -1,0 +1,189 @@
+"""Typed configs: dataclasses with a help text per field, YAML presets, dotted overrides.
+
+    cfg = load_config(TrainConfig, "grpo", ["algo.gamma=0.99", "model.name=tiny"])
+
+A preset is a name in ``configs/`` (shipped with omrl) or a path to a YAML file.
+An unknown key or a wrong type raises ConfigError with the key's dotted path and
+a suggestion. Plugin options live in the free-form ``plugins`` block, keyed by
+plugin name: ``plugins.webshop.catalog=/data/items.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+from omrl.errors import ConfigError
+
+T = TypeVar("T")
+PRESETS_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def presets_dir() -> Path:
+    """Where shipped presets live (the source tree or the installed omrl_configs package)."""
+    if PRESETS_DIR.is_dir():
+        return PRESETS_DIR
+    import omrl_configs  # installed non-editable: package-dir maps configs/ to omrl_configs
+
+    return Path(omrl_configs.__file__).parent
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
+
+
+def read_preset(preset: str | Path) -> dict[str, Any]:
+    """The raw dict of a preset name or YAML path."""
+    path = Path(preset)
+    if not path.suffix:
+        path = presets_dir() / f"{preset}.yaml"
+        if not path.exists():
+            raise ConfigError(f"unknown preset {str(preset)!r}; valid: {', '.join(preset_names())} "
+                              f"(or a path to a .yaml file)")
+    elif not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "c=x"]`` -> nested dict, values parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not key=value (e.g. algo.gamma=0.99)")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} sets inside {part!r}, which is a value")
+        node[parts[-1]] = value
+    return out
+
+
+def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(cls: type[T], preset: str | Path | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> T:
+    """Build ``cls`` from defaults, then ``base``, then the preset, then the overrides."""
+    data = dict(base or {})
+    if preset:
+        data = merge(data, read_preset(preset))
+    data = merge(data, parse_overrides(overrides or []))
+    data.pop("preset", None)
+    return from_dict(cls, data)
+
+
+def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
+    """Validate ``data`` against the dataclass ``cls`` and build it."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'} expects a mapping, got {data!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{path}.{key}" if path else key
+        if key not in fields:
+            close = difflib.get_close_matches(key, list(fields), n=1)
+            hint = f"; did you mean {(path + '.' if path else '') + close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown config key {dotted!r}{hint} Valid keys here: {', '.join(fields)}")
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    return cls(**kwargs)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    origin, args = get_origin(tp), get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0])
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"config key {path!r} must be one of {', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config key {path!r} expects a list, got {value!r}")
+        inner = args[0] if args else Any
+        return type(value)(_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)) if origin is list \
+            else tuple(_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key {path!r} expects a mapping, got {value!r}")
+        inner = args[1] if len(args) == 2 else Any
+        return {k: _coerce(v, inner, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif isinstance(tp, type) and isinstance(value, tp):
+        return value
+    raise ConfigError(f"config key {path!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, help) for every field, nested ones included."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
+        rows.append((key, _type_name(tp), repr(default), f.metadata.get("help", "")))
+    return rows

@@ -1,0 +1,126 @@
+"""Trajectory records: one Episode per played episode, stored one row per episode in parquet.
+
+Token-level fields cover the whole conversation (system prompt, every
+observation and every model turn). ``loss_mask`` is 1 exactly on the tokens the
+model generated, so the ids trained on are the ids sampled: nothing is decoded
+and re-encoded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from omrl.data.batch import atomic_write_parquet
+from omrl.errors import OmrlError
+
+END_REASONS = ("done", "max_turns", "max_new_tokens", "max_context", "env_error", "empty_response")
+
+
+@dataclass
+class Turn:
+    """One model turn and the env's answer to it."""
+
+    observation: str  # the env text this turn answered (the user message before it)
+    response: str  # the model's text, decoded from exactly the sampled ids
+    action: str | None  # parsed action, None when the reply did not parse
+    format_ok: bool
+    reward: float  # the env's step reward
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+    span: tuple[int, int] = (0, 0)  # [start, end) of this turn's model tokens in Episode.token_ids
+    parse_error: str | None = None
+
+
+@dataclass
+class Episode:
+    """A whole episode: readable turns plus the exact token ids, mask and log-probs."""
+
+    env: str
+    task_id: int
+    split: str
+    instruction: str
+    turns: list[Turn] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    prompt_length: int = 0
+    won: bool = False
+    score: float = 0.0
+    end_reason: str = "done"
+    group: int = 0  # the task's index in its rollout batch: group algorithms compare within it
+    sample: int = 0  # which of the G samples of that task
+    rewards: dict[str, list[float]] = field(default_factory=dict)  # component -> one value per turn
+    messages: list[dict[str, str]] = field(default_factory=list)  # the chat, for people and SFT
+    error: str | None = None
+
+    @property
+    def total_reward(self) -> float:
+        """The composed reward (``rewards["total"]``) summed over turns, else the env score."""
+        if "total" in self.rewards:
+            return float(sum(self.rewards["total"]))
+        return self.score
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+
+_TURN_TYPE = pa.struct([
+    ("observation", pa.string()), ("response", pa.string()), ("action", pa.string()),
+    ("format_ok", pa.bool_()), ("reward", pa.float64()), ("done", pa.bool_()),
+    ("info", pa.string()), ("span", pa.list_(pa.int64())), ("parse_error", pa.string()),
+])
+
+SCHEMA = pa.schema([
+    ("env", pa.string()), ("task_id", pa.int64()), ("split", pa.string()),
+    ("instruction", pa.string()), ("turns", pa.list_(_TURN_TYPE)),
+    ("token_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
+    ("logprobs", pa.list_(pa.float32())), ("prompt_length", pa.int64()),
+    ("won", pa.bool_()), ("score", pa.float64()), ("end_reason", pa.string()),
+    ("group", pa.int64()), ("sample", pa.int64()),
+    ("rewards", pa.map_(pa.string(), pa.list_(pa.float64()))),
+    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+    ("error", pa.string()),
+], metadata={b"omrl.schema": b"episode/1"})
+
+
+def _episode_row(ep: Episode) -> dict[str, Any]:
+    row = asdict(ep)
+    row["turns"] = [
+        {**t, "info": json.dumps(t["info"], default=str), "span": list(t["span"])} for t in row["turns"]
+    ]
+    row["rewards"] = list(ep.rewards.items())
+    return row
+
+
+def write_episodes(episodes: Iterable[Episode], path: str | os.PathLike) -> Path:
+    """Write episodes to a parquet file atomically; returns the path."""
+    rows = [_episode_row(ep) for ep in episodes]
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    atomic_write_parquet(table, path)
+    return Path(path)
+
+
+def read_episodes(path: str | os.PathLike) -> list[Episode]:
+    """Read episodes written by :func:`write_episodes`."""
+    path = Path(path)
+    if not path.exists():
+        raise OmrlError(f"no trajectory file at {path}")
+    table = pq.read_table(path)
+    if (table.schema.metadata or {}).get(b"omrl.schema") != b"episode/1":
+        raise OmrlError(f"{path} is not an omrl trajectory file (expected schema episode/1)")
+    episodes = []
+    for row in table.to_pylist():
+        row["turns"] = [
+            Turn(**{**t, "info": json.loads(t["info"]), "span": tuple(t["span"])}) for t in row["turns"]
+        ]
+        row["rewards"] = dict(row["rewards"] or [])
+        episodes.append(Episode(**row))
+    return episodes

@@ -1,0 +1,140 @@
+"""The env protocol every multi-turn text environment follows.
+
+An env plugin registers a subclass of :class:`Env`. One instance plays one
+episode at a time; the rollout runs many instances side by side. Envs that do
+I/O (HTTP, a subprocess) set ``io_bound = True`` and are stepped concurrently
+from a thread pool.
+
+Life of an instance::
+
+    env = EnvClass(**options)            # options from the config's per-plugin block
+    env.task_ids("train")                # the tasks of a split
+    first = env.reset(task_id)           # -> Observation(text, instruction, info)
+    result = env.step("click[buy now]")  # -> StepResult(observation, reward, done, info)
+    env.admissible_actions()             # valid actions now, or None if unknown
+    env.expert_action()                  # a scripted expert's next action, or None
+    env.close()
+
+``StepResult.info`` always carries ``won`` (bool) and ``score`` (float in [0, 1]),
+kept apart from the step reward. An invalid action returns an explanatory
+observation with ``info["invalid"] = True``; it never raises. Stepping a finished
+episode raises :class:`EpisodeFinishedError`; an unknown task raises
+:class:`UnknownTaskError`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+from omrl.errors import OmrlError
+
+
+class EnvError(OmrlError):
+    """An environment failed (its server died, its engine crashed)."""
+
+
+class UnknownTaskError(EnvError, KeyError):
+    """A task id that the env's split does not contain."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class EpisodeFinishedError(EnvError):
+    """``step`` was called after the episode ended."""
+
+
+@dataclass
+class Observation:
+    """What ``reset`` returns: the first observation and the task's instruction."""
+
+    text: str
+    instruction: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """What ``step`` returns. ``info`` carries at least ``won`` and ``score``."""
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def won(self) -> bool:
+        return bool(self.info.get("won", False))
+
+    @property
+    def score(self) -> float:
+        return float(self.info.get("score", 0.0))
+
+
+class Env(ABC):
+    """Base class of a multi-turn text environment."""
+
+    #: one line shown in `omrl plugins` / `omrl env list` comes from the class docstring
+    #: How the agent acts, shown to the model by the action template, e.g.
+    #: "search[keywords] or click[value]".
+    action_help: ClassVar[str] = "Reply with one action as plain text."
+    #: Actions as tools, for the tool_call template: [{"name", "description", "parameters"}]
+    #: plus how to turn a call into action text: see ``action_from_tool_call``.
+    tools: ClassVar[list[dict[str, Any]]] = []
+    #: True for envs that wait on I/O: the rollout steps them from a thread pool.
+    io_bound: ClassVar[bool] = False
+    #: The split names this env offers.
+    splits: ClassVar[tuple[str, ...]] = ("train", "test")
+    #: A sensible cap on turns per episode.
+    max_turns: ClassVar[int] = 15
+
+    @abstractmethod
+    def task_ids(self, split: str) -> Sequence[int]:
+        """The task ids of ``split``; an unknown split raises UnknownTaskError."""
+
+    @abstractmethod
+    def reset(self, task_id: int) -> Observation:
+        """Start the episode of ``task_id`` and return the first observation."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepResult:
+        """Play ``action``; invalid actions return an explanatory observation."""
+
+    def admissible_actions(self) -> list[str] | None:
+        """The actions valid now, or None where the env does not know them."""
+        return None
+
+    def expert_action(self) -> str | None:
+        """A scripted expert's next action, or None where the env has no expert."""
+        return None
+
+    def action_from_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
+        """Turn a tool call into this env's action text (default: ``name[arg]``)."""
+        values = list(arguments.values())
+        if not values:
+            return name
+        return f"{name}[{values[0]}]" if len(values) == 1 else f"{name}[{', '.join(map(str, values))}]"
+
+    def close(self) -> None:
+        """Free what the instance holds (connections, processes)."""
+
+    def split_of(self, split: str) -> Sequence[int]:
+        """``task_ids`` with a clear error for an unknown split name."""
+        if split not in self.splits:
+            raise UnknownTaskError(
+                f"{type(self).__name__} has no split {split!r}; valid: {', '.join(self.splits)}"
+            )
+        return self.task_ids(split)
+
+
+def check_task(env: Env, task_id: int, known: Sequence[int] | range) -> None:
+    """Raise UnknownTaskError naming the valid range when ``task_id`` is not known."""
+    if task_id in known:
+        return
+    if isinstance(known, range):
+        valid = f"{known.start}..{known.stop - 1}"
+    else:
+        valid = f"{len(known)} ids, e.g. {', '.join(map(str, list(known)[:5]))}"
+    raise UnknownTaskError(f"{type(env).__name__}: unknown task id {task_id!r}; valid: {valid}")

@@ -1,0 +1,63 @@
+"""The hooks a plugin can implement. Each one is docstring-only.
+
+A plugin is a module (or object) listed under the ``omrl`` entry-point group that
+implements any of these with ``@omrl.hookimpl``. ``register`` is a callback the
+host passes in; the registries are built from it lazily at each lookup.
+"""
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("omrl")
+hookimpl = pluggy.HookimplMarker("omrl")
+
+
+@hookspec
+def register_envs(register):
+    """Register multi-turn text environments.
+
+    :param register: ``register(name, env_class)``. ``env_class`` subclasses
+        :class:`omrl.envs.Env`: ``env_class(**options)`` builds one instance,
+        ``task_ids(split)`` lists its tasks, ``reset(task_id)`` starts an
+        episode, ``step(action_text)`` plays one turn, ``close()`` frees it.
+    """
+
+
+@hookspec
+def register_rewards(register):
+    """Register reward functions.
+
+    :param register: ``register(name, fn)``. ``fn(episodes, **options)`` takes a
+        list of :class:`omrl.data.Episode` and returns one list of per-turn
+        floats per episode (an episode-level reward sits on the last turn).
+    """
+
+
+@hookspec
+def register_templates(register):
+    """Register action templates.
+
+    :param register: ``register(name, template_class)``. A template subclasses
+        :class:`omrl.templates.Template`: it renders the system instructions for an
+        env and parses a model response into an action or a parse error.
+    """
+
+
+@hookspec
+def register_algorithms(register):
+    """Register training algorithms.
+
+    :param register: ``register(name, fn, kind=KIND)`` with ``KIND`` one of
+        ``"advantage"`` (advantage estimators), ``"policy_loss"`` (policy
+        losses) or ``"kl"`` (KL-divergence estimators).
+        Every function of one kind shares one calling convention, documented in
+        :mod:`omrl.algos`, so the training recipe never branches on a name.
+    """
+
+
+@hookspec
+def register_commands(cli):
+    """Add commands to the ``omrl`` command line.
+
+    :param cli: the root ``typer.Typer`` app; call ``cli.command()`` or
+        ``cli.add_typer()`` on it.
+    """

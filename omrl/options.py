@@ -1,0 +1,173 @@
+"""The config sections the commands share, and each command's whole config.
+
+Every field has a help text (``omrl config keys train`` prints them all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omrl.algos import AlgoConfig
+
+
+def opt(default: Any, help: str, **kw: Any) -> Any:
+    """A dataclass field with a help text (mutable defaults go through a factory)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    name: str = opt("smollm2-135m", "Built-in name (smollm2-135m, tiny), local HF directory or hub id.")
+    dtype: str = opt("float32", "Weights dtype: float32, bfloat16, float16.")
+    trust_remote_code: bool = opt(False, "Run code shipped with the model (off unless asked for).")
+    gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights.")
+    lora_alpha: int = opt(16, "LoRA alpha.")
+    lora_dropout: float = opt(0.0, "LoRA dropout.")
+    lora_target_modules: list[str] = opt(["q_proj", "k_proj", "v_proj", "o_proj"], "Modules LoRA adapts.")
+
+
+@dataclass
+class EnvConfig:
+    name: str = opt("webshop", "Registered env name (see `omrl env list`).")
+    split: str = opt("train", "Task split to draw tasks from.")
+    template: str = opt("react", "Action template: react, xml, tool_call.")
+    max_turns: int = opt(0, "Turns per episode; 0 uses the env's own cap.")
+    num_workers: int = opt(8, "Threads stepping I/O-bound envs concurrently.")
+
+
+@dataclass
+class GenerationConfig:
+    backend: str = opt("hf", "Generation backend: hf, vllm, openai.")
+    max_new_tokens: int = opt(96, "New tokens per model turn.")
+    max_context: int = opt(2048, "Total tokens per episode (prompt + all turns).")
+    temperature: float = opt(1.0, "Sampling temperature (0 = greedy).")
+    top_p: float = opt(1.0, "Nucleus sampling.")
+    batch_size: int = opt(32, "Sequences per generate call.")
+    base_url: str = opt("", "openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
+    api_key_env: str = opt("OPENAI_API_KEY", "openai backend: environment variable holding the key.")
+    gpu_memory_utilization: float = opt(0.5, "vllm backend: share of GPU memory for the engine.")
+
+
+@dataclass
+class RewardConfig:
+    weights: dict[str, float] = opt({"goal": 1.0}, "Reward components and their weights, e.g. {goal: 1, format: 0.1}.")
+    allocation: str = opt("last_token", "Reward to tokens: last_token, uniform_positive, discounted, per_turn.")
+    gamma: float = opt(1.0, "Discount for the discounted allocation.")
+
+
+@dataclass
+class OptimConfig:
+    learning_rate: float = opt(1e-5, "Peak learning rate (AdamW).")
+    weight_decay: float = opt(0.0, "AdamW weight decay.")
+    warmup_steps: int = opt(0, "Linear warm-up steps.")
+    lr_schedule: str = opt("constant", "constant, linear or cosine decay after warm-up.")
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
+    micro_batch_size: int = opt(4, "Sequences per forward/backward pass.")
+    gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step (SFT).")
+    max_nan_steps: int = opt(5, "Stop after this many consecutive non-finite losses.")
+
+
+@dataclass
+class LoggingConfig:
+    output_dir: str = opt("runs/latest", "Run directory: checkpoints, metrics.jsonl, config.yaml.")
+    logging_steps: int = opt(1, "Log metrics every N steps.")
+    save_steps: int = opt(0, "Checkpoint every N steps (0: only at the end).")
+    keep_checkpoints: int = opt(2, "How many checkpoints to keep.")
+    tensorboard: bool = opt(True, "Write TensorBoard events (when tensorboard is installed).")
+    wandb_project: str = opt("", "Log to this wandb project (when wandb is installed).")
+
+
+@dataclass
+class RolloutRunConfig:
+    """`omrl rollout`: play episodes and write trajectories."""
+
+    command: str = opt("rollout", "Which command this config is for.")
+    description: str = opt("", "One line about this preset.")
+    seed: int = opt(0, "Random seed.")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    num_tasks: int = opt(8, "Tasks to play (from the start of the split).")
+    group_size: int = opt(1, "Samples per task.")
+    use_expert: bool = opt(False, "Play the env's scripted expert instead of a model.")
+    output: str = opt("rollouts/trajectories.parquet", "Trajectory parquet (a .jsonl of readable episodes goes beside it).")
+    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+
+
+@dataclass
+class EvalRunConfig:
+    """`omrl eval`: success rate and friends on an env split."""
+
+    command: str = opt("eval", "Which command this config is for.")
+    description: str = opt("", "One line about this preset.")
+    seed: int = opt(0, "Random seed.")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
+    generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=0.0))
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    num_tasks: int = opt(20, "Tasks to evaluate (from the start of the split).")
+    samples_per_task: int = opt(1, "Samples per task for pass@k and best-of-N (k <= this).")
+    report: str = opt("", "JSON report path (default: beside the model, or eval_report.json).")
+    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+
+
+@dataclass
+class SftRunConfig:
+    """`omrl sft`: supervised fine-tuning on agent conversations."""
+
+    command: str = opt("sft", "Which command this config is for.")
+    description: str = opt("", "One line about this preset.")
+    seed: int = opt(0, "Random seed.")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=2e-5))
+    logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/sft"))
+    dataset: str = opt("", "JSONL, parquet, HF dataset dir, or `omrl rollout` output.")
+    min_reward: float = opt(float("-inf"), "For rollout output: keep episodes with total reward >= this.")
+    num_train_epochs: float = opt(1.0, "Passes over the data.")
+    max_seq_length: int = opt(2048, "Longer conversations are truncated.")
+    packing: bool = opt(True, "Pack several conversations into one sequence.")
+    bf16: bool = opt(False, "Train in bfloat16 autocast.")
+    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+
+
+@dataclass
+class TrainRunConfig:
+    """`omrl train`: online RL (grpo, ppo, dpo) in an env."""
+
+    command: str = opt("train", "Which command this config is for.")
+    description: str = opt("", "One line about this preset.")
+    seed: int = opt(0, "Random seed.")
+    algo: str = opt("grpo", "Training algorithm: grpo, ppo, dpo.")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/train"))
+    algorithm: AlgoConfig = field(default_factory=AlgoConfig)
+    advantage: str = opt("grpo", "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, gigpo.")
+    policy_loss: str = opt("ppo_clip", "Policy loss: ppo_clip, dual_clip, clip_higher.")
+    steps: int = opt(4, "RL steps (rollout + update each).")
+    tasks_per_step: int = opt(2, "Tasks per rollout step.")
+    group_size: int = opt(4, "Samples per task (G).")
+    ppo_epochs: int = opt(1, "Passes over each rollout batch.")
+    kl_coef: float = opt(0.0, "KL to the reference model; 0 turns it off (and skips the reference).")
+    kl_estimator: str = opt("k3", "KL estimator: k1, k2, k3.")
+    kl_in_reward: bool = opt(False, "Put the KL penalty in the reward instead of the loss.")
+    entropy_coef: float = opt(0.0, "Entropy bonus.")
+    value_coef: float = opt(0.5, "PPO: value-loss weight.")
+    value_clip: float = opt(0.2, "PPO: value clipping range.")
+    critic: str = opt("head", "PPO critic: head (a value head on the policy's backbone) or model (separate copy).")
+    dpo_beta: float = opt(0.1, "DPO beta.")
+    eval_every: int = opt(0, "Evaluate on the test split every N steps (0: at the end only).")
+    eval_tasks: int = opt(10, "Test tasks per evaluation.")
+    resume: bool = opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
+    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+
+
+CONFIG_CLASSES = {"train": TrainRunConfig, "sft": SftRunConfig, "rollout": RolloutRunConfig, "eval": EvalRunConfig}

@@ -1,0 +1,117 @@
+"""Registries of components (envs, rewards, templates, algorithms), built lazily from hooks.
+
+Each lookup asks the plugins again, so a plugin registered in a test fixture is
+seen at once and gone once it is unregistered.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from omrl.errors import PluginError, UnknownNameError
+from omrl.plugins import distribution_of, load_plugins
+
+ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered thing and where it came from."""
+
+    kind: str  # env, reward, template, advantage, policy_loss
+    name: str
+    obj: Any
+    plugin: str
+    distribution: str
+
+    @property
+    def description(self) -> str:
+        """The first line of the object's docstring."""
+        doc = inspect.getdoc(self.obj) or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+
+def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[Component]:
+    pm = load_plugins()
+    hook = getattr(pm.hook, hook_name)
+    found: dict[tuple[str, str], Component] = {}
+    # pluggy calls the most recently registered first; reverse for a stable, install-order listing
+    for impl in reversed(hook.get_hookimpls()):
+        plugin = impl.plugin_name
+
+        def register(name: str, obj: Any, kind: str = default_kind, _plugin: str = plugin) -> None:
+            if kind not in kinds:
+                raise PluginError(
+                    f"plugin {_plugin!r} registered {name!r} with unknown kind {kind!r}; "
+                    f"valid kinds: {', '.join(kinds)}"
+                )
+            if not isinstance(name, str) or not name:
+                raise PluginError(f"plugin {_plugin!r} registered a component without a name")
+            key = (kind, name)
+            if key in found:
+                other = found[key]
+                raise PluginError(
+                    f"{kind} {name!r} is registered twice: by plugin {other.plugin!r} "
+                    f"({other.distribution}) and by plugin {_plugin!r} ({distribution_of(_plugin)})"
+                )
+            found[key] = Component(kind, name, obj, _plugin, distribution_of(_plugin))
+
+        try:
+            impl.function(**{arg: register for arg in impl.argnames})
+        except PluginError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {plugin!r} ({distribution_of(plugin)}) failed in {hook_name}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    return list(found.values())
+
+
+class Registry:
+    """A lazily built registry of one kind of component."""
+
+    def __init__(self, label: str, hook_name: str, kinds: tuple[str, ...]):
+        self.label = label
+        self.hook_name = hook_name
+        self.kinds = kinds
+
+    def components(self, kind: str | None = None) -> list[Component]:
+        items = _collect(self.hook_name, self.kinds[0], self.kinds)
+        return [c for c in items if kind is None or c.kind == kind]
+
+    def names(self, kind: str | None = None) -> list[str]:
+        return sorted(c.name for c in self.components(kind))
+
+    def component(self, name: str, kind: str | None = None) -> Component:
+        kind = kind or self.kinds[0]
+        items = {c.name: c for c in self.components(kind)}
+        if name in items:
+            return items[name]
+        valid = sorted(items)
+        close = difflib.get_close_matches(name, valid, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        label = self.label if kind == self.kinds[0] else kind.replace("_", " ")
+        raise UnknownNameError(
+            f"unknown {label} {name!r}.{hint} Valid: {', '.join(valid) or '(none registered)'}"
+        )
+
+    def get(self, name: str, kind: str | None = None) -> Any:
+        """The registered object for ``name``; an unknown name lists the valid ones."""
+        return self.component(name, kind).obj
+
+
+envs = Registry("env", "register_envs", ("env",))
+rewards = Registry("reward", "register_rewards", ("reward",))
+templates = Registry("template", "register_templates", ("template",))
+algorithms = Registry("algorithm", "register_algorithms", ALGORITHM_KINDS)
+
+ALL = {"env": envs, "reward": rewards, "template": templates, "algorithm": algorithms}
+
+
+def all_components() -> list[Component]:
+    """Every registered component of every kind."""
+    return [c for registry in ALL.values() for c in registry.components()]

@@ -1,0 +1,44 @@
+"""The action-template protocol: how a model is told to act and how its reply is parsed.
+
+A template plugin registers a subclass of :class:`Template`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omrl.envs import Env
+
+
+@dataclass
+class ParsedAction:
+    """A parsed model response.
+
+    ``action`` is the env action text, or None when nothing could be parsed;
+    ``format_ok`` says whether the reply followed the template exactly (rewards
+    use it); ``error`` explains a parse failure and is shown to the model.
+    """
+
+    action: str | None
+    format_ok: bool
+    thought: str | None = None
+    error: str | None = None
+
+
+class Template(ABC):
+    """Renders the system instructions for an env and parses replies into actions."""
+
+    @abstractmethod
+    def system_prompt(self, env: "Env") -> str:
+        """The system message that tells the model how to reply for ``env``."""
+
+    @abstractmethod
+    def parse(self, response: str, env: "Env") -> ParsedAction:
+        """Parse one model response into an action (never raises)."""
+
+    def chat_template_kwargs(self, env: "Env") -> dict:
+        """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. ``tools``)."""
+        return {}

@@ -1,0 +1,1 @@
+"""omrl built-in plugins."""

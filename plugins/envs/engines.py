@@ -1,0 +1,1 @@
+"""Built-in env plugin (in progress)."""

@@ -1,0 +1,1 @@
+"""WebShop (in progress)."""
