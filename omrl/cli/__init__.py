@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
 from rich.console import Console
 
@@ -95,17 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in argv or bool(os.environ.get("OMRL_DEBUG"))
     try:
         command = typer.main.get_command(build_app())
-        command.main(args=argv, prog_name="omrl", standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
+        # standalone mode: typer reports usage errors and exits with their status itself
+        command.main(args=argv, prog_name="omrl", standalone_mode=True)
     except Exception as exc:  # noqa: BLE001 - the one place errors become exit codes
         sys.exit(report_error(exc, debug))

@@ -1,0 +1,5 @@
+"""``python -m omrl`` runs the command line."""
+
+from omrl.cli import main
+
+main()

@@ -1,0 +1,63 @@
+"""Shared test set-up: offline, built-in plugins only, and fixtures for fake plugins and models."""
+
+from __future__ import annotations
+
+import os
+
+# Before anything imports transformers or loads plugins.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ.setdefault("OMRL_PLUGINS", "omrl")  # installed third-party plugins must not leak in
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def register_plugin():
+    """Register plugin objects for one test; always unregistered afterwards.
+
+    Usage: ``register_plugin(obj, name="fake-env")``.
+    """
+    from omrl.plugins import load_plugins
+
+    pm = load_plugins()
+    names = []
+
+    def register(obj, name: str):
+        pm.register(obj, name=name)
+        names.append(name)
+        return obj
+
+    try:
+        yield register
+    finally:
+        for name in names:
+            pm.unregister(name=name)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> str:
+    """The built-in ``tiny`` model directory (built once, cached in OMRL_HOME)."""
+    from omrl.models import resolve_model_path
+
+    return resolve_model_path("tiny")
+
+
+@pytest.fixture
+def tiny_model(tiny_model_dir):
+    """A fresh (model, tokenizer) pair of the built-in ``tiny`` model."""
+    from omrl.models import load_model
+
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """The built-in default model directory (converted once from the GGUF, cached)."""
+    from omrl.models import resolve_model_path
+
+    return resolve_model_path("smollm2-135m")

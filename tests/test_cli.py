@@ -1,0 +1,74 @@
+"""The command line: --help everywhere, --version, one-line errors, --debug tracebacks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import typer
+from typer.testing import CliRunner
+
+from omrl import __version__
+from omrl.cli import build_app
+
+
+def omrl(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omrl", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=300)
+
+
+def _walk(command, path: tuple[str, ...] = ()):
+    yield path, command
+    if hasattr(command, "commands"):
+        for name, sub in command.commands.items():
+            yield from _walk(sub, (*path, name))
+
+
+def test_every_command_has_help():
+    root = typer.main.get_command(build_app())
+    paths = [path for path, _ in _walk(root)]
+    assert ("plugins",) in paths and ("config", "show") in paths
+    runner = CliRunner()
+    for path, command in _walk(root):
+        assert command.help or path == (), f"omrl {' '.join(path)} has no help text"
+        result = runner.invoke(build_app(), [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert "Usage" in result.output
+
+
+def test_version():
+    result = omrl("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"omrl {__version__}"
+
+
+def test_bad_input_is_one_line_without_traceback():
+    result = omrl("config", "show", "grpo", "optim.lr=1")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown config key 'optim.lr'"), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_shows_the_traceback():
+    result = omrl("--debug", "config", "show", "no-such-preset")
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr and "ConfigError" in result.stderr
+
+
+def test_plugin_that_fails_to_import_is_named(tmp_path):
+    dist = tmp_path / "omrl_broken-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: omrl-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[omrl]\nbroken.env = omrl_broken_module\n")
+    (tmp_path / "omrl_broken_module.py").write_text("raise ImportError('needs libfoo')\n")
+    result = omrl("plugins", PYTHONPATH=str(tmp_path), OMRL_PLUGINS="omrl,omrl-broken")
+    assert result.returncode == 2
+    assert "plugin 'broken.env' from omrl-broken failed to import: ImportError: needs libfoo" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_config_show_prints_the_resolved_config():
+    result = omrl("config", "show", "grpo", "model.name=tiny", "group_size=8")
+    assert result.returncode == 0, result.stderr
+    assert "name: tiny" in result.stdout and "group_size: 8" in result.stdout

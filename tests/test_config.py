@@ -1,0 +1,68 @@
+"""Typed configs: presets, dotted overrides, errors with the key's path and a suggestion."""
+
+from __future__ import annotations
+
+import pytest
+
+from omrl.config import describe, load_config, parse_overrides, preset_names, read_preset
+from omrl.errors import ConfigError
+from omrl.options import CONFIG_CLASSES, TrainRunConfig
+
+
+def test_defaults_then_preset_then_overrides():
+    cfg = load_config(TrainRunConfig, "grpo", ["algorithm.gamma=0.9", "model.name=tiny", "env.max_turns=3"])
+    assert cfg.algorithm.gamma == 0.9 and isinstance(cfg.algorithm.gamma, float)
+    assert cfg.model.name == "tiny"
+    assert cfg.env.max_turns == 3
+    assert cfg.env.name == "webshop"  # from the preset
+    assert cfg.optim.max_grad_norm == 1.0  # a default nothing overrode
+
+
+def test_every_shipped_preset_loads_into_its_config_class():
+    assert set(preset_names()) >= {"grpo", "ppo", "sft", "eval"}
+    for name in preset_names():
+        data = read_preset(name)
+        cfg = load_config(CONFIG_CLASSES[data["command"]], name)
+        assert cfg.description, f"preset {name} has no description"
+
+
+def test_unknown_key_names_its_path_and_suggests():
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.learning_rat'; did you mean 'optim.learning_rate'"):
+        load_config(TrainRunConfig, None, ["optim.learning_rat=0.1"])
+
+
+def test_wrong_type_names_the_key():
+    with pytest.raises(ConfigError, match=r"'group_size' expects int, got 'many'"):
+        load_config(TrainRunConfig, None, ["group_size=many"])
+    with pytest.raises(ConfigError, match=r"'model.trust_remote_code' expects bool"):
+        load_config(TrainRunConfig, None, ["model.trust_remote_code=3"])
+
+
+def test_plugin_block_is_free_form_per_plugin():
+    cfg = load_config(TrainRunConfig, None, ["plugins.webshop.items_path=/data/items.json", "plugins.gridworld.size=7"])
+    assert cfg.plugins == {"webshop": {"items_path": "/data/items.json"}, "gridworld": {"size": 7}}
+
+
+def test_override_syntax_errors():
+    with pytest.raises(ConfigError, match="not key=value"):
+        parse_overrides(["algo"])
+    assert parse_overrides(["a.b=[1, 2]", "c=x y"]) == {"a": {"b": [1, 2]}, "c": "x y"}
+
+
+def test_bad_preset_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown preset 'nope'; valid: .*grpo"):
+        read_preset("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        read_preset(bad)
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        read_preset(listy)
+
+
+def test_every_field_has_help():
+    for cls in CONFIG_CLASSES.values():
+        for key, _type, _default, help_text in describe(cls):
+            assert help_text, f"{cls.__name__}.{key} has no help text"

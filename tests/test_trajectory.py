@@ -1,0 +1,31 @@
+"""Trajectory records survive parquet unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from omrl.data import Episode, Turn, read_episodes, write_episodes
+from omrl.errors import OmrlError
+
+
+def test_episode_parquet_round_trip(tmp_path):
+    ep = Episode(
+        env="gridworld", task_id=7, split="test", instruction="reach the goal",
+        turns=[Turn("obs", "Act: up", "up", True, 0.0, False, {"won": False, "nested": {"a": [1, 2]}}, (5, 8)),
+               Turn("obs2", "junk", None, False, 1.0, True, {"won": True, "score": 1.0}, (12, 14), "no action")],
+        token_ids=list(range(14)), loss_mask=[0] * 5 + [1] * 3 + [0] * 4 + [1] * 2,
+        logprobs=[0.0] * 5 + [-0.5, -0.25, -0.125] + [0.0] * 4 + [-1.0, -2.0],
+        prompt_length=5, won=True, score=1.0, end_reason="done", group=2, sample=1,
+        rewards={"goal": [0.0, 1.0], "total": [0.0, 1.0]},
+        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Act: up"}],
+    )
+    path = write_episodes([ep, Episode("e", 1, "train", "i")], tmp_path / "t.parquet")
+    back = read_episodes(path)
+    assert back[0] == ep
+    assert back[1].turns == [] and back[1].rewards == {}
+    assert back[0].total_reward == 1.0
+
+
+def test_read_episodes_errors(tmp_path):
+    with pytest.raises(OmrlError, match="no trajectory file"):
+        read_episodes(tmp_path / "missing.parquet")
