@@ -5,7 +5,7 @@
 A preset is a name in ``configs/`` (shipped with omrl) or a path to a YAML file.
 An unknown key or a wrong type raises ConfigError with the key's dotted path and
 a suggestion. Plugin options live in the free-form ``plugins`` block, keyed by
-plugin name: ``plugins.webshop.catalog=/data/items.json``.
+plugin name: ``plugins.webshop.items_path=/data/items.json``.
 """
 
 from __future__ import annotations
