@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from omrl.errors import ConfigError
+
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 
@@ -93,4 +95,4 @@ def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.T
         return ((loss * mask).sum(-1) * has_tokens).sum() / n_seq
     if mode == "seq-mean-token-mean":
         return (masked_mean(loss, mask, dim=-1) * has_tokens).sum() / n_seq
-    raise ValueError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+    raise ConfigError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")

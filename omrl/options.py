@@ -161,7 +161,7 @@ class TrainRunConfig:
     kl_in_reward: bool = opt(False, "Put the KL penalty in the reward instead of the loss.")
     entropy_coef: float = opt(0.0, "Entropy bonus.")
     value_coef: float = opt(0.5, "PPO: value-loss weight.")
-    value_clip: float = opt(0.2, "PPO: value clipping range.")
+    value_clip: float = opt(0.2, "PPO: value clipping range (0 turns clipping off).")
     critic: str = opt("head", "PPO critic: head (a value head on the policy's backbone) or model (separate copy).")
     dpo_beta: float = opt(0.1, "DPO beta.")
     eval_every: int = opt(0, "Evaluate on the test split every N steps (0: at the end only).")

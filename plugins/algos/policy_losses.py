@@ -1,0 +1,100 @@
+"""Policy losses: ``fn(data: PolicyLossInput, cfg: AlgoConfig) -> (loss, metrics)``.
+
+``loss`` is a scalar tensor (token losses reduced by cfg.loss_agg_mode through
+:func:`omrl.algos.aggregate_loss`); ``metrics`` holds floats:
+
+- ``clip_frac``:  share of response tokens whose ratio clipping is active (no gradient)
+- ``approx_kl``:  KL(old || new) estimated as mean(ratio - 1 - log ratio) (Schulman's k3)
+- ``ratio_mean``: mean of ratio = exp(log_probs - old_log_probs)
+
+Masked-out positions never reach the loss or its gradient, even when their
+log-probs are garbage (padding, -inf).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from omrl.algos import AlgoConfig, PolicyLossInput, aggregate_loss, masked_mean
+from omrl_plugins.algos.checks import require_agg_mode, require_range, require_same_shape
+
+CLIP_HIGHER_MIN = 0.28  # DAPO's upper clip range
+
+# exp() of a larger log-ratio overflows float32; such a token is clipped anyway
+MAX_LOG_RATIO = 20.0
+
+
+def clipped_surrogate(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped token losses [bs, T] (0 off the mask) and the metrics above.
+
+    loss_t = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - clip_ratio_low, 1 + clip_ratio_high))
+    """
+    require_same_shape("policy loss", 2, log_probs=data.log_probs, old_log_probs=data.old_log_probs,
+                       advantages=data.advantages, response_mask=data.response_mask)
+    low = require_range(cfg, "clip_ratio_low", 0.0, 1.0)
+    high = require_range(cfg, "clip_ratio_high", 0.0)
+    mask = data.response_mask.bool()
+    # where() before exp(): garbage log-probs off the mask must not turn into NaN gradients
+    log_ratio = torch.where(mask, data.log_probs - data.old_log_probs.detach(), 0.0)
+    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    advantages = torch.where(mask, data.advantages.detach(), 0.0)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+    token_loss = torch.where(mask, torch.maximum(unclipped, clipped), 0.0)
+    with torch.no_grad():
+        metrics = {
+            "clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),
+            "approx_kl": float(masked_mean(ratio - 1.0 - log_ratio, mask)),
+            "ratio_mean": float(masked_mean(ratio, mask)),
+        }
+    return token_loss, metrics
+
+
+def ppo_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate objective (Schulman et al. 2017, arXiv:1707.06347).
+
+    Reads log_probs, old_log_probs, advantages, response_mask, all [bs, T];
+    cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.loss_agg_mode.
+    loss_t = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)),
+    reduced to a scalar by cfg.loss_agg_mode. Returns (loss, metrics).
+    """
+    mode = require_agg_mode(cfg.loss_agg_mode)
+    token_loss, metrics = clipped_surrogate(data, cfg)
+    return aggregate_loss(token_loss, data.response_mask, mode), metrics
+
+
+def dual_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games", arXiv:1912.09729).
+
+    Reads log_probs, old_log_probs, advantages, response_mask, all [bs, T]; cfg as
+    ppo_clip plus cfg.clip_ratio_c (> 1). For a negative advantage the PPO loss
+    -A * ratio grows without bound as the ratio grows; dual clip caps it at
+    clip_ratio_c * |A|. Positive advantages are handled as in ppo_clip.
+    Metrics add ``dual_clip_frac``: share of response tokens at that cap.
+    """
+    mode = require_agg_mode(cfg.loss_agg_mode)
+    cap = require_range(cfg, "clip_ratio_c", 1.0, low_inclusive=False)
+    token_loss, metrics = clipped_surrogate(data, cfg)
+    mask = data.response_mask.bool()
+    advantages = torch.where(mask, data.advantages.detach(), 0.0)
+    bound = -advantages * cap  # positive where the advantage is negative
+    capped = (advantages < 0) & (token_loss > bound)
+    token_loss = torch.where(capped, bound, token_loss)
+    metrics["dual_clip_frac"] = float(masked_mean(capped.float(), mask))
+    return aggregate_loss(token_loss, data.response_mask, mode), metrics
+
+
+def clip_higher(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clip with a raised upper bound, DAPO's clip-higher (Yu et al. 2025, arXiv:2503.14476).
+
+    Reads the same [bs, T] inputs as ppo_clip. The math is ppo_clip's with
+    decoupled low/high ranges; this variant only makes sure the upper range is at
+    least 0.28 (DAPO's value): clip_ratio_high = max(cfg.clip_ratio_high, 0.28),
+    which leaves low-probability tokens room to grow and keeps entropy from
+    collapsing. Returns (loss, metrics) as ppo_clip.
+    """
+    raised = dataclasses.replace(cfg, clip_ratio_high=max(cfg.clip_ratio_high, CLIP_HIGHER_MIN))
+    return ppo_clip(data, raised)
