@@ -57,6 +57,14 @@ def read_preset(preset: str | Path) -> dict[str, Any]:
     return data
 
 
+def split_preset(preset: str | None, overrides: list[str] | None) -> tuple[str | None, list[str]]:
+    """Command lines take ``[PRESET] [key=value ...]``: a first argument with '=' is an override."""
+    overrides = list(overrides or [])
+    if preset and "=" in preset:
+        return None, [preset, *overrides]
+    return preset, overrides
+
+
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """``["a.b=1", "c=x"]`` -> nested dict, values parsed as YAML scalars."""
     out: dict[str, Any] = {}
@@ -154,6 +162,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value

@@ -38,6 +38,11 @@ def test_wrong_type_names_the_key():
         load_config(TrainRunConfig, None, ["model.trust_remote_code=3"])
 
 
+def test_exponent_without_a_dot_is_a_float():
+    cfg = load_config(TrainRunConfig, None, ["optim.learning_rate=1e-4"])
+    assert cfg.optim.learning_rate == 1e-4
+
+
 def test_plugin_block_is_free_form_per_plugin():
     cfg = load_config(TrainRunConfig, None, ["plugins.webshop.items_path=/data/items.json", "plugins.gridworld.size=7"])
     assert cfg.plugins == {"webshop": {"items_path": "/data/items.json"}, "gridworld": {"size": 7}}

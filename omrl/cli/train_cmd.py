@@ -1,0 +1,55 @@
+"""``omrl train``: online RL (grpo, ppo, dpo) in an env, e.g. ``omrl train --algo grpo --env webshop``."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+
+def train(
+    preset: str = typer.Argument(None, help="A preset (see `omrl config list`) or YAML path; default: the --algo preset."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. group_size=8 optim.learning_rate=1e-6"),
+    algo: str = typer.Option(None, "--algo", help="grpo, ppo or dpo."),
+    env: str = typer.Option(None, "--env", help="Registered env name (see `omrl env list`)."),
+    model: str = typer.Option(None, "--model", help="Built-in name, local directory or hub id."),
+    steps: int = typer.Option(None, "--steps", help="RL steps (rollout + update each)."),
+    output_dir: str = typer.Option(None, "--output-dir", help="Run directory (default: runs/<algo>-<env>-<time>)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir from its last checkpoint."),
+) -> None:
+    """Train a model with online RL in a multi-turn environment."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from omrl.config import load_config, split_preset
+    from omrl.errors import ConfigError
+    from omrl.options import TrainRunConfig
+    from omrl.training.rl import ALGOS, run_rl
+
+    if algo is not None and algo not in ALGOS:
+        raise ConfigError(f"unknown --algo {algo!r}; valid: {', '.join(ALGOS)}")
+    flags = {"algo": algo, "env.name": env, "model.name": model, "steps": steps, "logging.output_dir": output_dir}
+    given = [f"{k}={v}" for k, v in flags.items() if v is not None]
+    if resume:
+        if output_dir is None:
+            raise ConfigError("--resume needs --output-dir: the run directory to continue")
+        given.append("resume=true")
+    preset, overrides = split_preset(preset, overrides)
+    cfg = load_config(TrainRunConfig, preset or algo or "grpo", given + overrides)
+    if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
+        cfg.logging.output_dir = f"runs/{cfg.algo}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    console = Console(stderr=True)
+    console.print(f"omrl train: {cfg.algo} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
+                  f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}", highlight=False)
+    summary = run_rl(cfg, console=console)
+    table = Table(title="omrl train: done")
+    table.add_column("metric")
+    table.add_column("value")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False)
+
+
+def add_to(app: typer.Typer) -> None:
+    app.command("train")(train)

@@ -1,0 +1,56 @@
+"""Loading a model for training and saving the final one: shared by every recipe."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from omrl.models import load_model
+from omrl.options import ModelConfig
+
+
+def load_trainable_model(cfg: ModelConfig, device: str) -> tuple[Any, Any]:
+    """(model, tokenizer) with gradient checkpointing and LoRA applied as configured."""
+    model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device, trust_remote_code=cfg.trust_remote_code)
+    if cfg.gradient_checkpointing:
+        enable = getattr(model, "activation_checkpointing_enable", None) \
+            or model.gradient_checkpointing_enable  # the older name (transformers < 5)
+        enable({"use_reentrant": False})
+    if cfg.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                          target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    return model, tokenizer
+
+
+def load_frozen_copy(cfg: ModelConfig, device: str) -> Any:
+    """The starting weights again, frozen, in eval mode (the reference model for KL and DPO)."""
+    model, _ = load_model(cfg.name, dtype=cfg.dtype, device=device, trust_remote_code=cfg.trust_remote_code)
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, merge_lora: bool) -> None:
+    """The model (LoRA merged) and tokenizer into ``output_dir``, so ``--model <output_dir>`` loads it.
+
+    Files are written to a temporary directory and moved in with config.json last:
+    a directory with a config.json always holds a complete model.
+    """
+    output_dir = Path(output_dir)
+    if merge_lora:
+        model = model.merge_and_unload()
+    tmp = output_dir / f".final-model-tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for name in sorted((p.name for p in tmp.iterdir()), key=lambda n: n == "config.json"):
+            os.replace(tmp / name, output_dir / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,411 @@
+"""The ``omrl train`` recipe: online RL (grpo, ppo, dpo) in a multi-turn environment.
+
+Reads top to bottom: ``setup`` (seed, resume point, models, algorithms, rollout,
+optimizer, logger), ``train`` (one step = ROLLOUT -> REWARD -> LOG-PROBS ->
+ADVANTAGE -> UPDATE, then EVAL and CHECKPOINT), ``cleanup``.
+
+- The advantage estimator, policy loss and KL estimator are plugins looked up by
+  name; they share one calling convention (:mod:`omrl.algos`), so nothing here
+  depends on which one is chosen. ``algo`` decides the recipe's mode: ``ppo``
+  adds a critic (a value head), ``dpo`` trains on preference pairs built from
+  each task's best and worst sample instead of advantages.
+- Rollouts generate with the very model being trained (the hf backend shares
+  it); other backends get the new weights through ``update_weights`` after
+  every update.
+- A step whose loss or gradient is not finite is skipped with a warning;
+  ``optim.max_nan_steps`` of them in a row stop the run.
+- Resume restores weights, optimizer, scheduler, RNG states and the position
+  in the task order, so a resumed run continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from omrl import registry
+from omrl.algos import AdvantageInput, PolicyLossInput, aggregate_loss
+from omrl.config import to_dict, to_yaml
+from omrl.datasets import atomic_write_text
+from omrl.errors import ConfigError, OmrlError
+from omrl.options import TrainRunConfig
+from omrl.rollout import RolloutSession
+from omrl.training import checkpoint as ckpt
+from omrl.training.metrics import MetricsLogger
+from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_model
+from omrl.training.optim import build_optimizer, build_scheduler
+from omrl.training.policy import ValueHead, policy_forward
+from omrl.training.rl_data import episodes_to_batch, micro_batches, pad_to, sort_by_length, trainable
+from omrl_plugins.algos import apply_kl_in_reward, dpo_loss, value_loss
+
+ALGOS = ("grpo", "ppo", "dpo")
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+class NonFiniteLossError(OmrlError):
+    """Too many updates in a row had a NaN or infinite loss or gradient."""
+
+
+class RLRecipe:
+    """Online RL: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_rl`)."""
+
+    def __init__(self, cfg: TrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
+        self.cfg = cfg
+        self.on_step_end = on_step_end  # called after each step's logging and checkpoint
+        self.console = console or Console(stderr=True)
+        self.output_dir = Path(cfg.logging.output_dir)
+        self.step = 0
+        self.task_epoch, self.task_cursor = 0, 0  # position in the shuffled order of training tasks
+        self.nan_streak, self.skipped_updates = 0, 0
+        self.value_head: ValueHead | None = None
+        self.ref_model = None
+
+    # -- SETUP ----------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        self._check_config()
+        self.config_dict = to_dict(cfg)
+        resume_from = self._setup_resume_point()
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._setup_models()
+        self._setup_algorithms()
+        self._setup_rollout()
+        self._setup_optimizer()
+        if resume_from is not None:
+            self._load_resume_state(resume_from)
+        self.logger = MetricsLogger(self.output_dir, cfg.logging, cfg.steps, start_step=self.step,
+                                    run_config=self.config_dict, console=self.console, description=cfg.algo)
+        atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
+
+    def _check_config(self) -> None:
+        cfg = self.cfg
+        if cfg.algo not in ALGOS:
+            raise ConfigError(f"unknown algo {cfg.algo!r}; valid: {', '.join(ALGOS)}")
+        for key in ("steps", "tasks_per_step", "group_size", "ppo_epochs"):
+            if getattr(cfg, key) < 1:
+                raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+        if cfg.algo == "dpo" and cfg.group_size < 2:
+            raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2")
+        if cfg.critic not in ("head", "model"):
+            raise ConfigError(f"unknown critic {cfg.critic!r}; valid: head, model")
+
+    def _setup_resume_point(self) -> Path | None:
+        """The checkpoint to continue from; refuses to start fresh over an earlier run's checkpoints."""
+        if self.cfg.resume:
+            return ckpt.resume_checkpoint(self.output_dir, self.config_dict)
+        if ckpt.latest_checkpoint(self.output_dir) is not None:
+            raise ckpt.CheckpointError(f"{self.output_dir} holds checkpoints of an earlier run; pass --resume "
+                                       "to continue it, or choose another output_dir")
+        return None
+
+    def _setup_models(self) -> None:
+        cfg = self.cfg
+        self.model, self.tokenizer = load_trainable_model(cfg.model, self.device)
+        if cfg.kl_coef > 0 or cfg.algo == "dpo":
+            self.ref_model = load_frozen_copy(cfg.model, self.device)
+        self.critic_model = None
+        if cfg.algo == "ppo":
+            if cfg.critic == "model":  # a separate backbone for the critic, trained with the value loss only
+                self.critic_model, _ = load_trainable_model(dataclasses.replace(cfg.model, lora_rank=0), self.device)
+            hidden = (self.critic_model or self.model).config.get_text_config().hidden_size
+            self.value_head = ValueHead(hidden).to(self.device)
+
+    def _setup_algorithms(self) -> None:
+        cfg = self.cfg
+        self.advantage_fn = registry.algorithms.get(cfg.advantage, kind="advantage")
+        self.policy_loss_fn = registry.algorithms.get(cfg.policy_loss, kind="policy_loss")
+        self.kl_fn = registry.algorithms.get(cfg.kl_estimator, kind="kl")
+
+    def _setup_rollout(self) -> None:
+        cfg = self.cfg
+        self.session = RolloutSession.from_config(cfg, model=self.model, tokenizer=self.tokenizer)
+        self.train_tasks = list(self.session.pool.probe().split_of(cfg.env.split))
+        self.test_tasks = list(self.session.pool.probe().split_of("test"))[: cfg.eval_tasks]
+        # log-probs are scored under the distribution the rollout sampled from
+        self.temperature = cfg.generation.temperature if cfg.generation.temperature > 0 else 1.0
+
+    def _setup_optimizer(self) -> None:
+        extra = list(self.value_head.parameters()) if self.value_head is not None else []
+        if self.critic_model is not None:
+            extra += list(self.critic_model.parameters())
+        self.params = [p for p in self.model.parameters() if p.requires_grad] + extra
+        self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * self.cfg.ppo_epochs)
+
+    def _load_resume_state(self, path: Path) -> None:
+        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step = state.step
+        self.task_epoch = int(state.data_state["task_epoch"])
+        self.task_cursor = int(state.data_state["task_cursor"])
+        self.nan_streak = int(state.extra.get("nan_streak", 0))
+        self.skipped_updates = int(state.extra.get("skipped_updates", 0))
+        if self.value_head is not None:
+            self.value_head.load_state_dict(state.extra["value_head"])
+        if self.critic_model is not None:
+            self.critic_model.load_state_dict(state.extra["critic_model"])
+        self.console.print(f"resuming from {path} at step {self.step}", highlight=False)
+
+    # -- TRAIN ----------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        last: dict[str, float] = {}
+        while self.step < cfg.steps:
+            started = time.perf_counter()
+
+            # ROLLOUT: every sample of every task in batched generate calls, envs stepped together
+            self.model.eval()
+            episodes = self.session.play(self._next_tasks(), split=cfg.env.split, group_size=cfg.group_size,
+                                         seed=cfg.seed * 1_000_003 + self.step)
+            rollout_time = time.perf_counter() - started
+            metrics = self._rollout_metrics(episodes, rollout_time)
+
+            # REWARD: composed per turn inside play(); allocated to tokens here
+            usable = trainable(episodes)
+            if cfg.algo == "dpo":
+                metrics.update(self._update_dpo(usable))
+            elif usable:
+                batch = sort_by_length(episodes_to_batch(usable, self.tokenizer.pad_token_id,
+                                                         cfg.reward.allocation, cfg.reward.gamma)).to(self.device)
+                metrics.update(self._update_policy_gradient(batch))
+            else:
+                metrics.update(self._skip_update("no trainable episode in this rollout"))
+            self.session.backend.update_weights(self.model.state_dict())
+            self.step += 1
+
+            # EVAL and CHECKPOINT
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                metrics.update(self.evaluate())
+            metrics["step_time"] = time.perf_counter() - started
+            self.logger.log(self.step, metrics)
+            if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
+                self.save_checkpoint()
+            if self.on_step_end is not None:
+                self.on_step_end(self.step, metrics)
+            last = metrics
+
+        final = self.evaluate() if self.test_tasks else {}
+        if final:
+            self.logger.log(self.step, {**last, **final})
+        self.save_checkpoint()
+        save_final_model(self.model, self.tokenizer, self.output_dir, merge_lora=cfg.model.lora_rank > 0)
+        return {"steps": self.step, "skipped_updates": self.skipped_updates, "output_dir": str(self.output_dir),
+                **{k: v for k, v in {**last, **final}.items() if isinstance(v, (int, float))}}
+
+    def _next_tasks(self) -> list[int]:
+        """The next ``tasks_per_step`` training tasks from a seeded shuffle (reshuffled every pass)."""
+        out = []
+        while len(out) < self.cfg.tasks_per_step:
+            order = np.random.default_rng(self.cfg.seed + self.task_epoch).permutation(len(self.train_tasks))
+            take = min(self.cfg.tasks_per_step - len(out), len(order) - self.task_cursor)
+            out += [self.train_tasks[i] for i in order[self.task_cursor:self.task_cursor + take]]
+            self.task_cursor += take
+            if self.task_cursor >= len(order):
+                self.task_epoch, self.task_cursor = self.task_epoch + 1, 0
+        return out
+
+    def _update_policy_gradient(self, batch) -> dict[str, float]:
+        cfg, mb_size = self.cfg, self.cfg.optim.micro_batch_size
+        mask = batch["response_mask"].float()
+
+        # LOG-PROBS of the policy that sampled (old), of the reference, and the critic's values
+        width = batch["input_ids"].shape[1]
+        with torch.no_grad():
+            old, ref, values = [], [], []
+            for mb in micro_batches(batch, mb_size):
+                out = self._forward(mb, with_values=self.value_head is not None)
+                old.append(pad_to(out["log_probs"], width))
+                if self.value_head is not None:
+                    values.append(pad_to(out["values"], width))
+                if self.ref_model is not None:
+                    ref.append(pad_to(policy_forward(self.ref_model, mb["input_ids"], mb["attention_mask"],
+                                                     self.temperature)["log_probs"], width))
+        batch.tensors["old_log_probs"] = torch.cat(old)
+        if ref:
+            batch.tensors["ref_log_probs"] = torch.cat(ref)
+        if self.value_head is not None:
+            batch.tensors["values"] = torch.cat(values) * mask
+        if ref and cfg.kl_in_reward:
+            kl = self.kl_fn(batch["old_log_probs"], batch["ref_log_probs"])
+            batch.tensors["token_rewards"] = apply_kl_in_reward(batch["token_rewards"], kl, batch["response_mask"],
+                                                                cfg.kl_coef)
+
+        # ADVANTAGE
+        advantages, returns = self.advantage_fn(AdvantageInput(
+            token_rewards=batch["token_rewards"], response_mask=batch["response_mask"], group_ids=batch["group_ids"],
+            values=batch.tensors.get("values"), turn_index=batch["turn_index"], turn_rewards=batch["turn_rewards"],
+            turn_state_ids=batch["turn_state_ids"]), cfg.algorithm)
+        batch.tensors["advantages"], batch.tensors["returns"] = advantages, returns
+
+        # UPDATE: ppo_epochs optimizer steps, each accumulating every micro-batch of the rollout
+        total_tokens = mask.sum().clamp(min=1.0)
+        stats: dict[str, float] = {}
+        for _ in range(cfg.ppo_epochs):
+            self.model.train()
+            self.optimizer.zero_grad(set_to_none=True)
+            sums: dict[str, float] = {}
+            for mb in micro_batches(batch, mb_size):
+                weight = float(mb["response_mask"].sum() / total_tokens)
+                loss, parts = self._policy_gradient_loss(mb)
+                (loss * weight).backward()
+                for k, v in parts.items():
+                    sums[k] = sums.get(k, 0.0) + weight * v
+            stats = {**sums, **self._optimizer_step()}
+        stats["advantage_mean"] = float((advantages * mask).sum() / total_tokens)
+        return stats
+
+    def _policy_gradient_loss(self, mb) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        mask = mb["response_mask"]
+        out = self._forward(mb, with_values=self.value_head is not None, with_entropy=True)
+        loss, parts = self.policy_loss_fn(PolicyLossInput(out["log_probs"], mb["old_log_probs"], mb["advantages"],
+                                                          mask), cfg.algorithm)
+        parts = {f"pg_{k}": float(v) for k, v in parts.items()}
+        parts["pg_loss"] = float(loss)
+        entropy = aggregate_loss(out["entropy"], mask, cfg.algorithm.loss_agg_mode)
+        parts["entropy"] = float(entropy)
+        if cfg.entropy_coef:
+            loss = loss - cfg.entropy_coef * entropy
+        if "ref_log_probs" in mb.tensors:
+            kl = aggregate_loss(self.kl_fn(out["log_probs"], mb["ref_log_probs"]), mask, cfg.algorithm.loss_agg_mode)
+            parts["kl"] = float(kl)
+            if not cfg.kl_in_reward:
+                loss = loss + cfg.kl_coef * kl
+        if self.value_head is not None:
+            v_loss, v_parts = value_loss(out["values"], mb["values"], mb["returns"], mask, cfg.value_clip,
+                                         cfg.algorithm.loss_agg_mode)
+            loss = loss + cfg.value_coef * v_loss
+            parts.update({f"value_{k}": float(v) for k, v in v_parts.items()}, value_loss=float(v_loss))
+        parts["loss"] = float(loss)
+        return loss, parts
+
+    def _update_dpo(self, episodes) -> dict[str, float]:
+        """DPO on pairs (best, worst sample of a task) whose total rewards differ."""
+        pairs = []
+        for group in sorted({ep.group for ep in episodes}):
+            ranked = sorted((ep for ep in episodes if ep.group == group), key=lambda ep: (ep.total_reward, ep.won))
+            if len(ranked) >= 2 and ranked[-1].total_reward > ranked[0].total_reward:
+                pairs.append((ranked[-1], ranked[0]))
+        if not pairs:
+            return self._skip_update("no preference pair: every sample of each task scored the same")
+        chosen = episodes_to_batch([c for c, _ in pairs], self.tokenizer.pad_token_id).to(self.device)
+        rejected = episodes_to_batch([r for _, r in pairs], self.tokenizer.pad_token_id).to(self.device)
+        size = self.cfg.optim.micro_batch_size
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for c_mb, r_mb in zip(micro_batches(chosen, size), micro_batches(rejected, size)):
+            logps = [self._sequence_log_prob(self.model, mb) for mb in (c_mb, r_mb)]
+            with torch.no_grad():
+                ref_logps = [self._sequence_log_prob(self.ref_model, mb) for mb in (c_mb, r_mb)]
+            loss, parts = dpo_loss(logps[0], logps[1], ref_logps[0], ref_logps[1], self.cfg.dpo_beta)
+            weight = len(c_mb) / len(chosen)
+            (loss * weight).backward()
+            for k, v in {"loss": float(loss), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
+                sums[k] = sums.get(k, 0.0) + weight * v
+        return {**sums, "dpo_pairs": float(len(pairs)), **self._optimizer_step()}
+
+    def _sequence_log_prob(self, model, mb) -> torch.Tensor:
+        """Summed log-prob of the sampled tokens of each row: [bs]."""
+        out = policy_forward(model, mb["input_ids"], mb["attention_mask"], self.temperature)
+        return (out["log_probs"] * mb["response_mask"]).sum(-1)
+
+    def _forward(self, mb, with_values: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        out = policy_forward(self.model, mb["input_ids"], mb["attention_mask"], self.temperature,
+                             with_entropy=with_entropy,
+                             value_head=self.value_head if with_values and self.critic_model is None else None)
+        if with_values and self.critic_model is not None:
+            out["values"] = policy_forward(self.critic_model, mb["input_ids"], mb["attention_mask"],
+                                           value_head=self.value_head)["values"]
+        return out
+
+    def _optimizer_step(self) -> dict[str, float]:
+        """Clip, then step unless the gradient is not finite (then skip, and stop after too many)."""
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            return self._skip_update(f"non-finite gradient norm ({grad_norm}) at step {self.step + 1}", nan=True)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.nan_streak = 0
+        return {"grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
+
+    def _skip_update(self, why: str, nan: bool = False) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_updates += 1
+        self.logger.warn(f"skipped the update: {why} ({self.skipped_updates} skipped so far)")
+        if nan:
+            self.nan_streak += 1
+            if self.nan_streak >= self.cfg.optim.max_nan_steps:
+                raise NonFiniteLossError(f"{self.nan_streak} updates in a row had a non-finite loss or gradient; "
+                                         "lower optim.learning_rate or check the rewards")
+        return {"skipped_updates": float(self.skipped_updates)}
+
+    def _rollout_metrics(self, episodes, seconds: float) -> dict[str, float]:
+        n = max(1, len(episodes))
+        generated = sum(sum(ep.loss_mask) for ep in episodes)
+        metrics = {
+            "reward": sum(ep.total_reward for ep in episodes) / n,
+            "success": sum(ep.won for ep in episodes) / n,
+            "score": sum(ep.score for ep in episodes) / n,
+            "turns": sum(ep.num_turns for ep in episodes) / n,
+            "response_tokens": generated / n,
+            "format_ok": sum(t.format_ok for ep in episodes for t in ep.turns) / max(1, sum(ep.num_turns for ep in episodes)),
+            "env_errors": float(sum(ep.end_reason == "env_error" for ep in episodes)),
+            "tokens_per_s": generated / max(seconds, 1e-9),
+            "rollout_time": seconds,
+        }
+        metrics.update({f"reward_{k}": float(v) for k, v in self.session.reward_summary.items()})
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Greedy success and score on the first ``eval_tasks`` tasks of the test split."""
+        if not self.test_tasks:
+            return {}
+        self.model.eval()
+        sampling = self.session.limits
+        self.session.limits = dataclasses.replace(sampling, temperature=0.0)
+        try:
+            episodes = self.session.play(self.test_tasks, split="test", group_size=1, seed=self.cfg.seed)
+        finally:
+            self.session.limits = sampling
+        n = len(episodes)
+        return {"eval_success": sum(ep.won for ep in episodes) / n, "eval_score": sum(ep.score for ep in episodes) / n}
+
+    def save_checkpoint(self) -> Path:
+        extra: dict[str, Any] = {"nan_streak": self.nan_streak, "skipped_updates": self.skipped_updates}
+        if self.value_head is not None:
+            extra["value_head"] = self.value_head.state_dict()
+        if self.critic_model is not None:
+            extra["critic_model"] = self.critic_model.state_dict()
+        return ckpt.save_checkpoint(
+            self.output_dir, self.step, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            data_state={"task_epoch": self.task_epoch, "task_cursor": self.task_cursor},
+            config=self.config_dict, extra=extra, tokenizer=self.tokenizer, keep=self.cfg.logging.keep_checkpoints)
+
+    # -- CLEANUP --------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        for name in ("logger", "session"):
+            thing = getattr(self, name, None)
+            if thing is not None:
+                thing.close()
+
+
+def run_rl(cfg: TrainRunConfig, on_step_end: StepCallback | None = None,
+           console: Console | None = None) -> dict[str, Any]:
+    """Set up, train and clean up; returns a summary of the last step and the final evaluation."""
+    recipe = RLRecipe(cfg, on_step_end=on_step_end, console=console)
+    try:
+        recipe.setup()
+        return recipe.train()
+    finally:
+        recipe.cleanup()

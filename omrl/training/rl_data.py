@@ -1,0 +1,95 @@
+"""Episodes -> the tensors an RL update reads.
+
+Every tensor is aligned with ``input_ids`` (position t holds what concerns token t):
+the recipe computes the log-prob of token t from the logits at t - 1, so position
+0 (always a prompt token) never carries loss.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from omrl.data import Batch, Episode
+from omrl.data.batch import pad_sequences
+from omrl.rewards import allocate_rewards
+
+# Tensors indexed by turn, not by token: never trimmed to a micro-batch's token width.
+PER_TURN_KEYS = ("turn_rewards", "turn_state_ids")
+# Episodes that must not be trained on: the env failed, so their score says nothing about the policy.
+UNTRAINABLE_END_REASONS = ("env_error",)
+
+
+def trainable(episodes: Sequence[Episode]) -> list[Episode]:
+    """The episodes an update may use: token-exact, with at least one model turn, env intact."""
+    return [ep for ep in episodes
+            if ep.end_reason not in UNTRAINABLE_END_REASONS and ep.turns and any(ep.loss_mask)]
+
+
+def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation: str = "last_token",
+                      gamma: float = 1.0) -> Batch:
+    """Right-padded tensors for an RL update.
+
+    Tensors, [bs, L] unless noted (L = longest episode in tokens, K = most turns):
+    input_ids, attention_mask, response_mask (1 on sampled tokens), rollout_log_probs,
+    token_rewards (the composed reward allocated to tokens), turn_index (turn of each
+    sampled token, -1 elsewhere), turn_rewards [bs, K], turn_state_ids [bs, K] (equal
+    ids = same group and same observation: GiGPO's anchor states, -1 padding),
+    group_ids [bs], scores [bs], won [bs].
+    """
+    if not episodes:
+        raise ValueError("no episodes to train on")
+    turn_index_rows, state_rows, turn_reward_rows = [], [], []
+    state_ids: dict[tuple[int, str], int] = {}
+    for ep in episodes:
+        index = [-1] * len(ep.token_ids)
+        for k, turn in enumerate(ep.turns):
+            for t in range(*turn.span):
+                index[t] = k
+        turn_index_rows.append(index)
+        state_rows.append([state_ids.setdefault((ep.group, turn.observation), len(state_ids)) for turn in ep.turns])
+        turn_reward_rows.append(ep.rewards.get("total", [0.0] * len(ep.turns)))
+    input_ids = pad_sequences([ep.token_ids for ep in episodes], pad_token_id)
+    return Batch(
+        tensors={
+            "input_ids": input_ids,
+            "attention_mask": pad_sequences([[1] * len(ep.token_ids) for ep in episodes], 0),
+            "response_mask": pad_sequences([ep.loss_mask for ep in episodes], 0),
+            "rollout_log_probs": pad_sequences([ep.logprobs for ep in episodes], 0.0, torch.float32),
+            "token_rewards": pad_sequences([allocate_rewards(ep, allocation, gamma) for ep in episodes],
+                                           0.0, torch.float32),
+            "turn_index": pad_sequences(turn_index_rows, -1),
+            "turn_rewards": pad_sequences(turn_reward_rows, 0.0, torch.float32),
+            "turn_state_ids": pad_sequences(state_rows, -1),
+            "group_ids": torch.tensor([ep.group for ep in episodes]),
+            "scores": torch.tensor([ep.score for ep in episodes], dtype=torch.float32),
+            "won": torch.tensor([ep.won for ep in episodes], dtype=torch.float32),
+        },
+        non_tensors={"task_id": [ep.task_id for ep in episodes], "env": [ep.env for ep in episodes]},
+    )
+
+
+def sort_by_length(batch: Batch) -> Batch:
+    """Rows longest first, so consecutive micro-batches hold rows of similar length."""
+    order = torch.argsort(batch["attention_mask"].sum(-1), descending=True, stable=True)
+    return batch.rows(order)
+
+
+def micro_batches(batch: Batch, size: int) -> list[Batch]:
+    """Consecutive micro-batches, each trimmed to its own longest row.
+
+    On a length-sorted batch almost no compute goes to padding, without packing
+    sequences (which needs attention kernels that honour sequence boundaries).
+    """
+    out = []
+    for part in batch.split(size):
+        width = int(part["attention_mask"].sum(-1).max())
+        out.append(Batch({k: t[:, :width] if t.dim() == 2 and k not in PER_TURN_KEYS else t
+                          for k, t in part.tensors.items()}, part.non_tensors, part.meta))
+    return out
+
+
+def pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Right-pad a [bs, w] tensor with zeros to [bs, width]."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
