@@ -80,6 +80,8 @@ class Env(ABC):
     #: How the agent acts, shown to the model by the action template, e.g.
     #: "search[keywords] or click[value]".
     action_help: ClassVar[str] = "Reply with one action as plain text."
+    #: A concrete action for the template's example, e.g. "search[red shoes]" ("" derives one from ``tools``).
+    action_example: ClassVar[str] = ""
     #: Actions as tools, for the tool_call template: [{"name", "description", "parameters"}]
     #: plus how to turn a call into action text: see ``action_from_tool_call``.
     tools: ClassVar[list[dict[str, Any]]] = []

@@ -39,6 +39,10 @@ class Template(ABC):
     def parse(self, response: str, env: "Env") -> ParsedAction:
         """Parse one model response into an action (never raises)."""
 
+    @abstractmethod
+    def format_action(self, action: str, env: "Env", thought: str = "") -> str:
+        """``action`` written as a well-formatted reply (the prompt's example, expert demonstrations)."""
+
     def chat_template_kwargs(self, env: "Env") -> dict:
         """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. ``tools``)."""
         return {}

@@ -1,1 +1,27 @@
-"""omrl built-in plugins."""
+"""omrl's built-in reward functions.
+
+Each follows one calling convention, ``fn(episodes, **options) -> list[list[float]]``
+(one float per turn of each episode; see :mod:`omrl.rewards`). Options come from
+the config's ``reward.options`` block, keyed by reward name.
+"""
+
+from omrl.hookspecs import hookimpl
+from omrl_plugins.rewards.outcome import accuracy_reward, bleu_reward, exact_match_reward, goal_reward
+from omrl_plugins.rewards.shaping import format_reward, length_penalty, process_reward, tag_count_reward
+
+REWARDS = {
+    "goal": goal_reward,
+    "format": format_reward,
+    "length_penalty": length_penalty,
+    "tag_count": tag_count_reward,
+    "exact_match": exact_match_reward,
+    "accuracy": accuracy_reward,
+    "bleu": bleu_reward,
+    "process": process_reward,
+}
+
+
+@hookimpl
+def register_rewards(register):
+    for name, fn in REWARDS.items():
+        register(name, fn)

@@ -1,0 +1,150 @@
+"""``omrl env``: list the registered envs, serve one over HTTP, play one in the terminal."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.prompt import Prompt
+from rich.table import Table
+from rich.text import Text
+
+env_app = typer.Typer(help="List, serve and play environments.", no_args_is_help=True)
+
+OPTION_HELP = "An env option as key=value (repeatable), e.g. --option base_url=http://127.0.0.1:8000"
+
+
+def parse_options(options: list[str] | None) -> dict[str, Any]:
+    """``["k=v", "a.b=1"]`` -> ``{"k": "v", "a": {"b": 1}}``, values read as YAML scalars."""
+    from omrl.config import parse_overrides
+
+    return parse_overrides(options or [])
+
+
+def describe_env(component) -> dict[str, Any]:
+    """One row of ``omrl env list``: the env built with default options, or why it would not build."""
+    from omrl.serve import open_env
+
+    row = {"name": component.name, "distribution": component.distribution,
+           "description": component.description, "splits": {}, "error": None}
+    try:
+        env = open_env(component.name)
+        try:
+            row["splits"] = {split: len(env.split_of(split)) for split in env.splits}
+        finally:
+            env.close()
+    except Exception as exc:  # noqa: BLE001 - a listing shows why an env is unavailable
+        row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return row
+
+
+@env_app.command("list")
+def list_envs(names: list[str] = typer.Argument(None, help="Only these envs (default: every registered one)."),
+              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """Every registered env with its splits (built with default options)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omrl.registry import envs
+
+    components = [envs.component(n) for n in names] if names else sorted(envs.components(), key=lambda c: c.name)
+    # envs start in parallel: some launch a JVM or index data, and a listing should not add them up
+    with Console(stderr=True).status("starting the envs..."), ThreadPoolExecutor(max_workers=8) as pool:
+        rows = list(pool.map(describe_env, components))
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="omrl envs")
+    for column in ("name", "distribution", "description", "splits"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        splits = ", ".join(f"{name} {size}" for name, size in row["splits"].items())
+        table.add_row(row["name"], row["distribution"], row["description"],
+                      Text(splits) if not row["error"] else Text(f"unavailable: {row['error']}", style="red"))
+    Console().print(table)
+
+
+@env_app.command("serve")
+def serve(name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
+          host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: every one)."),
+          port: int = typer.Option(8000, help="Port to listen on."),
+          option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP)) -> None:
+    """Serve an env over HTTP in the AgentGym `id` dialect (needs omrl[server])."""
+    from omrl.serve import create_app, run_server
+
+    app = create_app(name, parse_options(option))
+    Console(stderr=True).print(
+        f"serving env [bold]{name}[/] on http://{host}:{port} in the AgentGym id dialect; play it with "
+        f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={name}",
+        highlight=False, soft_wrap=True)
+    run_server(app, host, port)
+
+
+@env_app.command("play")
+def play(name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
+         task: int = typer.Option(None, "--task", help="Task id (default: the split's first)."),
+         split: str = typer.Option("test", "--split", help="Split to take the task from."),
+         max_turns: int = typer.Option(0, "--max-turns", help="Turn cap; 0 uses the env's own."),
+         option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP)) -> None:
+    """Play one episode yourself: type actions, `:expert` for the expert's, `:quit` to stop."""
+    from omrl.errors import OmrlError
+    from omrl.serve import open_env
+
+    console = Console(highlight=False)
+    env = open_env(name, parse_options(option))
+    try:
+        if task is None:
+            ids = env.split_of(split)
+            if not len(ids):
+                raise OmrlError(f"split {split!r} of env {name!r} has no tasks")
+            task = ids[0]
+        first = env.reset(task)
+        console.print(Panel(Text(first.instruction or "(no separate instruction)"),
+                            title=f"{name} task {task}: instruction"))
+        console.print(Panel(Text(first.text), title="observation"))
+        turns, total, played, result = max_turns or env.max_turns, 0.0, 0, None
+        for turn in range(1, turns + 1):
+            action = _ask_action(console, env, turn, turns)
+            if action is None:
+                break
+            result = env.step(action)
+            total, played = total + result.reward, turn
+            flags = " (invalid action)" if result.info.get("invalid") else ""
+            console.print(Panel(Text(result.observation), title=f"observation: reward {result.reward:g}{flags}"))
+            if result.done:
+                break
+        ended = "done" if result is not None and result.done else "not finished"
+        won, score = (result.won, result.score) if result is not None else (False, 0.0)
+        console.print(f"episode {ended}: won {'yes' if won else 'no'}, score {score:.2f}, "
+                      f"total reward {total:g}, turns {played}")
+    finally:
+        env.close()
+
+
+def _ask_action(console: Console, env, turn: int, turns: int) -> str | None:
+    """The next action from the person (None: quit); ``:expert`` asks the env's expert."""
+    actions = env.admissible_actions()
+    if actions:
+        console.print(Text("actions: " + " | ".join(actions), style="dim"))
+    while True:
+        try:
+            typed = Prompt.ask(f"[bold]turn {turn}/{turns}[/] action", console=console).strip()
+        except EOFError:
+            return None
+        if typed == ":quit":
+            return None
+        if typed == ":expert":
+            expert = env.expert_action()
+            if expert is None:
+                console.print("this env has no expert action here; type an action")
+                continue
+            console.print(Text(f"expert: {expert}", style="cyan"))
+            return expert
+        if typed:
+            return typed
+
+
+def add_to(app: typer.Typer) -> None:
+    app.add_typer(env_app, name="env")

@@ -1,0 +1,90 @@
+"""HTTP calls to an AgentGym-style env server: keep-alive, retries, and its error answers.
+
+AgentGym servers answer failures with HTTP 200 and ``{"error": ...}``; only a body that fails
+their schema gets a 422. :class:`HttpTransport` turns those, any 4xx and bodies that are not
+JSON into :class:`~omrl.envs.EnvError` subclasses that name the server, the call and the message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from omrl.envs import EnvError
+
+
+class ServerFailure(EnvError):
+    """The server could not be reached, crashed (5xx) or answered garbage: its env id may be gone."""
+
+
+class ServerRefused(EnvError):
+    """The server answered this call with an error (``{"error": ...}`` or a 4xx)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class HttpTransport:
+    """One keep-alive connection pool to a server, with retries and AgentGym's error answers."""
+
+    def __init__(self, base_url: str, timeout: float, retries: int, backoff: float):
+        self.base_url = base_url.rstrip("/")
+        self.retries = retries
+        self.backoff = backoff
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def call(self, method: str, path: str, *, body: dict | None = None, params: dict | None = None,
+             resend_safe: bool = True, retry: bool = True) -> Any:
+        """The decoded JSON answer; ``resend_safe=False`` resends only requests never delivered."""
+        what = f"{method} {path}"
+        attempts = self.retries + 1 if retry else 1
+        problem = ""
+        for attempt in range(attempts):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = self._client.request(method, path, json=body, params=params)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                problem = f"cannot connect ({type(exc).__name__}: {exc or 'no detail'})"
+                continue
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc or 'no detail'}"
+                if resend_safe:
+                    continue
+                raise ServerFailure(self.message(what, f"{problem}; not resent, since the server "
+                                                       "may have run it")) from exc
+            if response.status_code >= 500:
+                problem = f"HTTP {response.status_code}: {snippet(response.text)}"
+                continue
+            return self._decode(response, what)
+        raise ServerFailure(self.message(what, f"{problem} (gave up after {attempts} attempt"
+                                               f"{'s' if attempts > 1 else ''}); is the server running?"))
+
+    def _decode(self, response: httpx.Response, what: str) -> Any:
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = None
+            if response.status_code < 400:
+                raise ServerFailure(self.message(what, f"the answer is not JSON: {snippet(response.text)}"))
+        if isinstance(answer, dict) and "error" in answer:
+            raise ServerRefused(self.message(what, str(answer["error"])), response.status_code)
+        if response.status_code >= 400:
+            raise ServerRefused(self.message(what, f"HTTP {response.status_code}: {snippet(response.text)}"),
+                                response.status_code)
+        return answer
+
+    def message(self, what: str, detail: str) -> str:
+        return f"agentgym server {self.base_url}: {what} failed: {detail}"
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def snippet(text: str, limit: int = 200) -> str:
+    """``text`` on one line, cut to ``limit`` characters, quoted: for error messages."""
+    text = " ".join(text.split())
+    return repr(text if len(text) <= limit else text[:limit] + "...")

@@ -1,0 +1,104 @@
+"""What the action templates share: finding a bare action in a sloppy reply, and example actions."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omrl.errors import OmrlError
+
+# A ReAct keyword at the start of a line, allowing markdown decoration ("**Act:**", "> Thought:").
+KEYWORD_LINE = re.compile(r"^[ \t>*_#-]*(?:think|thought|act|action|observation|obs)[ \t*_]*:", re.I | re.M)
+# "name[arg]" or "name(arg)": the shape of most text-env actions (WebShop, AgentGym).
+ACTION_SHAPE = re.compile(r"^[A-Za-z_][\w\-]*\s?(?:\[[^\[\]\n]*\]|\([^()\n]*\))$")
+EXAMPLE_THOUGHT = "This action brings me closer to the goal."
+_EXAMPLE_VALUES = {"string": None, "integer": 1, "number": 1, "boolean": True}
+
+
+class TemplateError(OmrlError):
+    """An action cannot be written in a template's format (parsing never raises)."""
+
+
+def action_help(env: Any) -> str:
+    """The env's description of its actions ("" when it has none)."""
+    return str(getattr(env, "action_help", "") or "")
+
+
+def admissible(env: Any) -> list[str] | None:
+    """The env's valid actions now, or None when it does not know them or cannot say."""
+    try:
+        actions = env.admissible_actions()
+    except Exception:  # a parse must never raise because of the env
+        return None
+    return [a for a in actions if isinstance(a, str)] if isinstance(actions, (list, tuple)) else None
+
+
+def unwrap(text: str) -> tuple[str, bool]:
+    """``text`` without wrapping backticks or quotes on a single line, and whether any were removed."""
+    text = text.strip()
+    if "\n" in text or len(text) < 2:
+        return text, False
+    inner = text.strip("`").strip()
+    if len(inner) >= 2 and inner[0] == inner[-1] and inner[0] in "\"'":
+        inner = inner[1:-1].strip()
+    return inner, inner != text
+
+
+def lone_action(text: str, env: Any) -> str | None:
+    """A line of a reply without template markers that still reads as an action.
+
+    An exact (case-insensitive) match with one of the env's admissible actions
+    wins; otherwise the last line shaped like ``name[arg]`` or ``name(arg)``.
+    """
+    lines = [unwrap(line)[0] for line in text.splitlines() if line.strip() and not KEYWORD_LINE.match(line)]
+    known = admissible(env)
+    if known:
+        by_lower = {a.strip().lower(): a for a in known}
+        for line in reversed(lines):
+            if line.lower() in by_lower:
+                return by_lower[line.lower()]
+    for line in reversed(lines):
+        if ACTION_SHAPE.match(line):
+            return line
+    return None
+
+
+def tool_signature(tool: dict[str, Any]) -> str:
+    """``name(arg: type, ...)`` of a tool spec ``{"name", "description", "parameters"}``."""
+    props = (tool.get("parameters") or {}).get("properties") or {}
+    args = ", ".join(f"{key}: {spec.get('type', 'any')}" for key, spec in props.items())
+    return f"{tool['name']}({args})"
+
+
+def example_arguments(tool: dict[str, Any]) -> dict[str, Any]:
+    """Plausible arguments for a tool: enum values, or the parameter's own name for strings."""
+    params = tool.get("parameters") or {}
+    props = params.get("properties") or {}
+    names = params.get("required") or list(props)
+    args = {}
+    for key in names:
+        spec = props.get(key, {})
+        if spec.get("enum"):
+            args[key] = spec["enum"][0]
+        else:
+            value = _EXAMPLE_VALUES.get(spec.get("type", "string"))
+            args[key] = key if value is None else value
+    return args
+
+
+def example_action(env: Any) -> str:
+    """A concrete action for the system prompt's example, or "" when none can be made.
+
+    The env's ``action_example`` if it sets one, else a call of its first tool.
+    """
+    example = env.action_example
+    if isinstance(example, str) and example.strip():
+        return example.strip()
+    tools = getattr(env, "tools", None) or []
+    if not tools:
+        return ""
+    try:
+        return env.action_from_tool_call(tools[0]["name"], example_arguments(tools[0]))
+    except Exception as exc:
+        raise TemplateError(f"{type(env).__name__}.action_from_tool_call failed on its own first tool "
+                            f"{tools[0].get('name')!r}: {type(exc).__name__}: {exc}") from exc

