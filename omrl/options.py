@@ -132,6 +132,7 @@ class SftRunConfig:
     max_seq_length: int = opt(2048, "Longer conversations are truncated.")
     packing: bool = opt(True, "Pack several conversations into one sequence.")
     bf16: bool = opt(False, "Train in bfloat16 autocast.")
+    resume: bool = opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
     plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
 
 

@@ -9,6 +9,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("OMRL_PLUGINS", "omrl")  # installed third-party plugins must not leak in
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads slow torch ~10x on a busy 2-core box
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

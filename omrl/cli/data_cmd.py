@@ -1,0 +1,51 @@
+"""``omrl data``: convert conversation datasets between formats and peek into them."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+data_app = typer.Typer(help="Convert and inspect SFT conversation datasets.", no_args_is_help=True)
+
+
+@data_app.command("convert")
+def convert(
+    source: str = typer.Argument(..., help="JSONL/JSON/parquet file, HF dataset directory, or `omrl rollout` output."),
+    target: str = typer.Argument(..., help="Output file: .jsonl or .parquet."),
+    style: str = typer.Option("openmanus", "--style", help="Message form: openmanus (role/content) or "
+                              "sharegpt (from/value)."),
+    min_reward: float = typer.Option(float("-inf"), "--min-reward", help="Keep only records with reward >= this."),
+) -> None:
+    """Convert conversations (or rollout episodes) into OpenManus-RL or ShareGPT records."""
+    from omrl.datasets import load_conversations, reward_summary, write_conversations
+
+    conversations = load_conversations(source, min_reward)
+    write_conversations(conversations, target, style)
+    typer.echo(f"wrote {reward_summary(conversations)} to {target}")
+
+
+@data_app.command("show")
+def show(
+    source: str = typer.Argument(..., help="A dataset file or directory."),
+    rows: int = typer.Option(3, "--rows", "-n", help="How many conversations to print."),
+    min_reward: float = typer.Option(float("-inf"), "--min-reward", help="Keep only records with reward >= this."),
+) -> None:
+    """Print the first few conversations of a dataset and how many there are."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from omrl.datasets import load_conversations, reward_summary
+
+    conversations = load_conversations(source, min_reward)
+    console = Console()
+    for conv in conversations[:rows]:
+        meta = f" {json.dumps(conv.meta, default=str)}" if conv.meta else ""
+        console.rule(escape(f"{conv.id or conv.source}{meta}"), style="dim")
+        for message in conv.messages:
+            console.print(f"[bold]{message['role']}:[/] {escape(message['content'])}", highlight=False)
+    typer.echo(reward_summary(conversations))
+
+
+def add_to(app: typer.Typer) -> None:
+    app.add_typer(data_app, name="data")

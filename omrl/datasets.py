@@ -1,0 +1,282 @@
+"""Agent conversations for SFT: read them from files, write them for sharing.
+
+Accepted inputs (``load_conversations(path)``):
+
+- a ``.jsonl`` file (one record a line) or a ``.json`` file (a list of records);
+- a ``.parquet`` file: records as rows, or an ``omrl rollout`` trajectory file
+  (each :class:`omrl.data.Episode`'s ``messages``);
+- a directory written by Hugging Face ``datasets``' ``save_to_disk`` (``state.json``
+  plus ``data-*.arrow`` stream files; a ``DatasetDict`` directory uses its ``train``
+  split), read with pyarrow alone;
+- any other directory: every ``.parquet`` and ``.jsonl`` file in it, in name order.
+
+A record holds its messages under ``conversations`` (or ``messages``), in the
+OpenManus-RL form ``{"role": "user", "content": "..."}`` or the ShareGPT form
+``{"from": "human", "value": "..."}`` (``human``/``gpt``/``system``). A record may
+carry a numeric ``reward``: ``min_reward`` keeps records and episodes whose reward
+reaches it (rejection-sampling fine-tuning). A row that fits none of this raises
+:class:`DatasetFormatError` naming the file, the row (counted from 1) and what
+was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from omrl.data.batch import atomic_write_parquet
+from omrl.data.trajectory import Episode, read_episodes
+from omrl.errors import OmrlError
+
+# Role names as they appear in files -> the chat-template role.
+ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
+                "human": "user", "gpt": "assistant"}
+MESSAGE_KEYS = ("conversations", "messages")
+STYLES = ("openmanus", "sharegpt")
+_SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
+_EXPECTED = ("expected a record with a 'conversations' list of {'role', 'content'} messages (OpenManus-RL) "
+             "or {'from', 'value'} messages (ShareGPT; roles human, gpt, system)")
+
+
+class DatasetFormatError(OmrlError):
+    """A dataset file or row that is not in a supported format."""
+
+
+@dataclass
+class Conversation:
+    """One chat to learn from, with where it came from (for error messages)."""
+
+    messages: list[dict[str, str]]
+    source: str  # e.g. "data/train.jsonl row 12"
+    id: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)  # reward, won, env, task_id ... when known
+
+
+# -- reading ----------------------------------------------------------------------------------------
+
+def load_conversations(path: str | os.PathLike, min_reward: float = float("-inf")) -> list[Conversation]:
+    """Every conversation in ``path`` (a file or a directory) whose reward reaches ``min_reward``."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DatasetFormatError(f"dataset {str(path)!r} does not exist; expected a .jsonl, .json or "
+                                 ".parquet file, or a dataset directory")
+    conversations = []
+    for file in _data_files(path):
+        if file.suffix == ".parquet" and _is_trajectory_file(file):
+            conversations += _from_episodes(file, min_reward)
+            continue
+        for number, row in _rows(file):
+            conv = record_to_conversation(row, f"{file} row {number}")
+            if _keep(conv, min_reward):
+                conversations.append(conv)
+    return conversations
+
+
+def record_to_conversation(row: Any, source: str) -> Conversation:
+    """Validate one record and normalise its messages to ``{"role", "content"}``."""
+    if not isinstance(row, dict):
+        raise DatasetFormatError(f"{source}: is a {type(row).__name__}; {_EXPECTED}")
+    key = next((k for k in MESSAGE_KEYS if k in row), None)
+    if key is None:
+        raise DatasetFormatError(f"{source}: has no 'conversations' key (keys: {', '.join(map(str, row))}); "
+                                 f"{_EXPECTED}")
+    raw = row[key]
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise DatasetFormatError(f"{source}: '{key}' must be a non-empty list of messages; {_EXPECTED}")
+    messages = [_message(m, f"{source} message {i}") for i, m in enumerate(raw)]
+    if not any(m["role"] == "assistant" for m in messages):
+        raise DatasetFormatError(f"{source}: has no assistant ('assistant' or 'gpt') message to learn from")
+    meta = {k: v for k, v in row.items() if k not in (key, "id")}
+    if "reward" in meta and not _is_number(meta["reward"]):
+        raise DatasetFormatError(f"{source}: 'reward' must be a number, got {meta['reward']!r}")
+    return Conversation(messages, source, str(row.get("id", "")), meta)
+
+
+def _message(message: Any, where: str) -> dict[str, str]:
+    if isinstance(message, dict) and "role" in message and "content" in message:
+        role, content = message["role"], message["content"]
+    elif isinstance(message, dict) and "from" in message and "value" in message:
+        role, content = message["from"], message["value"]
+    else:
+        raise DatasetFormatError(f"{where}: {message!r} is not a message; expected {{'role': ..., "
+                                 "'content': ...}} or {'from': ..., 'value': ...}")
+    if role not in ROLE_ALIASES:
+        raise DatasetFormatError(f"{where}: unknown role {role!r}; valid: {', '.join(ROLE_ALIASES)}")
+    if not isinstance(content, str):
+        raise DatasetFormatError(f"{where}: content must be text, got {type(content).__name__}")
+    return {"role": ROLE_ALIASES[role], "content": content}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _keep(conv: Conversation, min_reward: float) -> bool:
+    if min_reward == float("-inf"):
+        return True
+    if "reward" not in conv.meta:
+        raise DatasetFormatError(f"{conv.source}: min_reward={min_reward} needs a numeric 'reward' in "
+                                 "every record (omrl rollout output and `omrl data convert` records have one)")
+    return float(conv.meta["reward"]) >= min_reward
+
+
+def _data_files(path: Path) -> list[Path]:
+    """The files a path stands for, in a stable order."""
+    if path.is_file():
+        if path.suffix not in (".jsonl", ".json", ".parquet", ".arrow"):
+            raise DatasetFormatError(f"{path}: unsupported file type {path.suffix!r}; expected .jsonl, "
+                                     ".json, .parquet or .arrow")
+        return [path]
+    if (path / "dataset_dict.json").exists():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        if "train" not in splits:
+            raise DatasetFormatError(f"{path}: a DatasetDict without a 'train' split (splits: "
+                                     f"{', '.join(splits)}); pass the split's directory, e.g. {path / splits[0]}"
+                                     if splits else f"{path}: dataset_dict.json lists no splits")
+        return _data_files(path / "train")
+    if (path / "state.json").exists():
+        state = json.loads((path / "state.json").read_text())
+        files = [path / f["filename"] for f in state.get("_data_files", [])]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing or not files:
+            raise DatasetFormatError(f"{path}: state.json lists missing arrow files {missing}" if missing
+                                     else f"{path}: state.json lists no data files")
+        return files
+    files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl") and p.is_file())
+    if not files:
+        raise DatasetFormatError(f"{path}: no .parquet or .jsonl files, and not a save_to_disk directory "
+                                 "(no state.json)")
+    return files
+
+
+def _rows(file: Path) -> Iterator[tuple[int, Any]]:
+    """(row number from 1, record) for every record in one file."""
+    if file.suffix == ".jsonl" or (file.suffix == ".json" and _starts_with(file, "{")):
+        with file.open(encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    yield number, _json(line, f"{file} row {number}")
+    elif file.suffix == ".json":
+        data = _json(file.read_text(encoding="utf-8"), str(file))
+        if not isinstance(data, list):
+            raise DatasetFormatError(f"{file}: a .json dataset must be a list of records (or JSON lines)")
+        yield from enumerate(data, 1)
+    else:
+        table = pq.read_table(file) if file.suffix == ".parquet" else _read_arrow(file)
+        number = 0
+        for batch in table.to_batches():
+            for row in batch.to_pylist():
+                number += 1
+                yield number, row
+
+
+def _starts_with(file: Path, char: str) -> bool:
+    with file.open(encoding="utf-8") as f:
+        return f.read(64).lstrip().startswith(char)
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+
+
+def _read_arrow(file: Path) -> pa.Table:
+    """An arrow file as ``save_to_disk`` writes it (IPC stream), or the IPC file format."""
+    try:
+        with pa.memory_map(str(file)) as source:
+            return pa.ipc.open_stream(source).read_all()
+    except pa.ArrowInvalid:
+        try:
+            with pa.memory_map(str(file)) as source:
+                return pa.ipc.open_file(source).read_all()
+        except pa.ArrowInvalid as exc:
+            raise DatasetFormatError(f"{file}: not an Arrow IPC stream or file ({exc})") from exc
+
+
+def _is_trajectory_file(file: Path) -> bool:
+    return (pq.read_schema(file).metadata or {}).get(b"omrl.schema") == b"episode/1"
+
+
+def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
+    out = []
+    for number, episode in enumerate(read_episodes(file), 1):
+        if episode.total_reward < min_reward:
+            continue
+        source = f"{file} row {number}"
+        if not episode.messages:
+            raise DatasetFormatError(f"{source}: episode has no messages (written by an old omrl rollout?)")
+        record = episode_to_record(episode)
+        out.append(record_to_conversation(record, source))
+    return out
+
+
+# -- converting and writing -------------------------------------------------------------------------
+
+def episode_to_record(episode: Episode) -> dict[str, Any]:
+    """An OpenManus-RL conversation record of one episode, with its reward and outcome."""
+    return {
+        "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}",
+        "conversations": [{"role": m["role"], "content": m["content"]} for m in episode.messages],
+        "reward": episode.total_reward, "won": episode.won, "env": episode.env, "task_id": episode.task_id,
+    }
+
+
+def conversation_to_record(conv: Conversation, style: str = "openmanus") -> dict[str, Any]:
+    """A record in ``style`` (openmanus: role/content; sharegpt: from/value)."""
+    if style not in STYLES:
+        raise OmrlError(f"unknown conversation style {style!r}; valid: {', '.join(STYLES)}")
+    if style == "openmanus":
+        messages = [dict(m) for m in conv.messages]
+    else:
+        messages = [{"from": _SHAREGPT_ROLES[m["role"]], "value": m["content"]} for m in conv.messages]
+    return {"id": conv.id, "conversations": messages, **conv.meta}
+
+
+def write_conversations(conversations: Iterable[Conversation], path: str | os.PathLike,
+                        style: str = "openmanus") -> Path:
+    """Write conversations as ``.jsonl`` or ``.parquet`` atomically (temp file, then rename)."""
+    path = Path(path)
+    records = [conversation_to_record(c, style) for c in conversations]
+    if path.suffix == ".parquet":
+        try:
+            table = pa.Table.from_pylist(records)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise OmrlError(f"cannot write {path}: the records' fields differ in type ({exc}); "
+                            "write .jsonl instead") from exc
+        atomic_write_parquet(table, path)
+    elif path.suffix == ".jsonl":
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
+                                         for r in records))
+    else:
+        raise OmrlError(f"cannot write {path}: unsupported output type {path.suffix!r}; use .jsonl or .parquet")
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file, fsync and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def reward_summary(conversations: Sequence[Conversation]) -> str:
+    """One line about how many conversations there are and their mean reward, when known."""
+    rewards = [float(c.meta["reward"]) for c in conversations if _is_number(c.meta.get("reward"))]
+    mean = f", mean reward {sum(rewards) / len(rewards):.3f}" if rewards else ""
+    return f"{len(conversations)} conversations{mean}"

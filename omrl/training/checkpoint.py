@@ -1,0 +1,253 @@
+"""Atomic checkpoints and exact resume, shared by every recipe.
+
+A checkpoint is a directory ``<output_dir>/checkpoints/step-00000012/``::
+
+    model/          the model in Hugging Face format (safetensors); a peft adapter for LoRA runs
+    optimizer.pt    optimizer state          scheduler.pt   scheduler state
+    rng.pt          python, numpy, torch CPU and CUDA random states
+    extra.pt        whatever the recipe passed as ``extra`` (a value head, ...), when given
+    state.json      step, data position, the resolved config
+    COMPLETE        written last
+
+It is written into a hidden temporary directory, every file fsync'd, then
+renamed into place: only a ``step-*`` directory holding ``COMPLETE`` counts, so a
+crash mid-write never leaves a checkpoint that looks complete. Old checkpoints
+are renamed away before they are deleted, for the same reason.
+
+Resuming with a config that differs from the saved one fails naming the keys,
+except keys in :data:`MAY_CHANGE_ON_RESUME` (they change neither the data nor the
+maths: logging, checkpoint cadence, gradient checkpointing, the NaN patience).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+from torch import nn
+
+from omrl.errors import OmrlError
+
+CHECKPOINTS_DIR = "checkpoints"
+COMPLETE_MARKER = "COMPLETE"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+# Dotted config keys (or prefixes ending in ".") that may differ between a run and its resumption.
+MAY_CHANGE_ON_RESUME = ("description", "logging.", "model.gradient_checkpointing", "optim.max_nan_steps",
+                        "resume")
+
+
+class CheckpointError(OmrlError):
+    """A checkpoint that is missing, incomplete, or does not fit the run resuming from it."""
+
+
+@dataclass
+class Checkpoint:
+    """What :func:`load_checkpoint` gives back besides restoring the objects in place."""
+
+    path: Path
+    step: int
+    data_state: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# -- saving -----------------------------------------------------------------------------------------
+
+def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, *,
+                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
+                    data_state: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
+                    extra: dict[str, Any] | None = None, tokenizer: Any = None, keep: int = 2) -> Path:
+    """Write checkpoint ``step`` atomically and keep only the newest ``keep`` (0 keeps all).
+
+    ``data_state`` and ``config`` must be JSON-serialisable; ``extra`` may hold tensors and
+    plain Python containers (it is loaded with ``torch.load(weights_only=True)``).
+    """
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    for stale in [*root.glob(".tmp-step-*"), *root.glob(".deleting-*")]:  # left by a killed run
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    try:
+        tmp.mkdir()
+        model.save_pretrained(tmp / "model", safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "model")
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        if extra is not None:
+            torch.save(extra, tmp / "extra.pt")
+        state = {"step": step, "data_state": data_state or {}, "config": config or {}}
+        (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
+        _fsync_tree(tmp)
+        (tmp / COMPLETE_MARKER).write_text(f"step {step}\n")
+        _fsync_tree(tmp)
+        if final.exists():  # a checkpoint of the same step from a run that crashed after it
+            _remove(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if keep > 0:
+        for old in complete_checkpoints(output_dir)[:-keep]:
+            _remove(old)
+    return final
+
+
+def _remove(path: Path) -> None:
+    """Rename away first: a crash while deleting must not leave a complete-looking checkpoint."""
+    trash = path.with_name(f".deleting-{path.name}-{os.getpid()}")
+    os.replace(path, trash)
+    _fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_tree(directory: Path) -> None:
+    for dirpath, _, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(dirpath))
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_state() -> dict[str, Any]:
+    version, mt_state, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": [version, list(mt_state), gauss],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    version, mt_state, gauss = state["python"]
+    random.setstate((version, tuple(mt_state), gauss))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- finding and loading ----------------------------------------------------------------------------
+
+def complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under ``output_dir``, oldest first."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir()
+             if (m := _STEP_DIR.match(p.name)) and (p / COMPLETE_MARKER).is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    found = complete_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: torch.optim.Optimizer | None = None,
+                    scheduler: Any = None, restore_rng: bool = True) -> Checkpoint:
+    """Restore the model, optimizer, scheduler and random states from ``path`` in place."""
+    path = Path(path)
+    if not (path / COMPLETE_MARKER).is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
+    _load_model_weights(model, path / "model")
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    if scheduler is not None:
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    if restore_rng:
+        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+    state = json.loads((path / "state.json").read_text())
+    extra = torch.load(path / "extra.pt", weights_only=True) if (path / "extra.pt").exists() else {}
+    return Checkpoint(path, int(state["step"]), state["data_state"], state["config"], extra)
+
+
+def _load_model_weights(model: nn.Module, model_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{model_dir} holds no .safetensors weights")
+    weights: dict[str, torch.Tensor] = {}
+    for file in files:
+        weights.update(load_file(file))
+    if (model_dir / "adapter_config.json").exists():
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, weights)
+        unexpected = list(result.unexpected_keys)
+        missing = [k for k in result.missing_keys if "lora_" in k]
+    else:
+        result = model.load_state_dict(weights, strict=False)
+        unexpected = list(result.unexpected_keys)
+        tied = set(getattr(model, "_tied_weights_keys", None) or [])
+        missing = [k for k in result.missing_keys if k not in tied]
+    if missing or unexpected:
+        raise CheckpointError(f"{model_dir} does not fit the model: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}")
+
+
+def resume_checkpoint(output_dir: str | os.PathLike, config: dict[str, Any],
+                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME) -> Path:
+    """The checkpoint to resume from: the newest complete one, whose config must match ``config``."""
+    path = latest_checkpoint(output_dir)
+    if path is None:
+        raise CheckpointError(f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
+                              "run without --resume to start fresh")
+    saved = json.loads((path / "state.json").read_text())["config"]
+    check_same_config(saved, config, may_change)
+    return path
+
+
+def check_same_config(saved: dict[str, Any], current: dict[str, Any],
+                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME) -> None:
+    """Raise naming every key (outside ``may_change``) whose value differs between the configs."""
+    allowed = tuple(may_change)
+    old, new = _flatten(saved), _flatten(json.loads(json.dumps(current, default=str)))
+    differ = [k for k in sorted(set(old) | set(new))
+              if old.get(k, "<absent>") != new.get(k, "<absent>")
+              and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in allowed)]
+    if differ:
+        details = "; ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in differ)
+        raise CheckpointError(f"cannot resume: the config differs from the checkpoint's in {details}. "
+                              f"Use the original values, or start a new run in another output_dir "
+                              f"(keys that may change: {', '.join(a + '*' if a.endswith('.') else a for a in allowed)})")
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

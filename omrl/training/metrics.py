@@ -1,0 +1,170 @@
+"""``MetricsLogger``: where every recipe's metrics go.
+
+- ``<output_dir>/metrics.jsonl``: one JSON line per logged step, flushed at once. A run
+  that resumes from step k first drops the lines after step k (the killed run logged
+  steps it never checkpointed; they are trained again), so no step appears twice.
+- TensorBoard (``<output_dir>/tensorboard``) when ``logging.tensorboard`` is on and
+  tensorboard is installed.
+- wandb when ``logging.wandb_project`` is set and wandb is installed (the run id is
+  kept in ``<output_dir>/wandb_run_id`` so a resumed run continues the same wandb run).
+- A rich progress bar with a live metrics line on a terminal; elsewhere (CI, a log
+  file) one plain line per logged step.
+
+The recipe calls :meth:`MetricsLogger.log` after every optimizer step with whatever it
+measured (loss, lr, tokens_per_s, step_time, reward, success, kl, entropy, ...); the
+logger writes every ``logging.logging_steps`` steps and at the last step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from omrl.datasets import atomic_write_text
+from omrl.options import LoggingConfig
+
+METRICS_FILE = "metrics.jsonl"
+# Shown first on the progress line, in this order; other metrics follow in the order given.
+_LEADING = ("loss", "lr", "tokens_per_s", "step_time")
+
+
+class MetricsLogger:
+    """Metrics to metrics.jsonl, TensorBoard, wandb and the console. Use as a context manager."""
+
+    def __init__(self, output_dir: str | os.PathLike, cfg: LoggingConfig, total_steps: int, *,
+                 start_step: int = 0, run_config: dict[str, Any] | None = None,
+                 console: Console | None = None, description: str = "train"):
+        self.output_dir = Path(output_dir)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.every = max(1, cfg.logging_steps)
+        self.total_steps = total_steps
+        self.console = console or Console(stderr=True)
+        self.path = self.output_dir / METRICS_FILE
+        _truncate_after(self.path, start_step)
+        self._file = self.path.open("a", encoding="utf-8")
+        self._tensorboard = self._open_tensorboard(cfg, start_step)
+        self._wandb = self._open_wandb(cfg, run_config)
+        self._progress: Progress | None = None
+        if self.console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[line]}"),
+                console=self.console)
+            self._task = self._progress.add_task(description, total=total_steps, completed=start_step, line="")
+            self._progress.start()
+
+    def _open_tensorboard(self, cfg: LoggingConfig, start_step: int):
+        if not cfg.tensorboard or importlib.util.find_spec("tensorboard") is None:
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step drops events a killed run wrote after its last checkpoint.
+        return SummaryWriter(str(self.output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+
+    def _open_wandb(self, cfg: LoggingConfig, run_config: dict[str, Any] | None):
+        if not cfg.wandb_project:
+            return None
+        if importlib.util.find_spec("wandb") is None:
+            self.warn(f"logging.wandb_project={cfg.wandb_project!r} but wandb is not installed "
+                      "(pip install wandb); logging to metrics.jsonl only")
+            return None
+        import wandb
+
+        id_file = self.output_dir / "wandb_run_id"
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        id_file.write_text(run_id)
+        return wandb.init(project=cfg.wandb_project, id=run_id, resume="allow", config=run_config,
+                          dir=str(self.output_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> bool:
+        """Show ``metrics`` for optimizer step ``step``; write them out on the logging cadence.
+
+        Returns whether the step was written. Non-finite values are written as null.
+        """
+        line = format_metrics(metrics)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, line=line)
+        if step % self.every and step != self.total_steps:
+            return False
+        record = {"step": step, **{k: _finite_or_none(v) for k, v in metrics.items()}, "time": round(time.time(), 3)}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        for key, value in metrics.items():
+            if self._tensorboard is not None and isinstance(value, (int, float)) and math.isfinite(value):
+                self._tensorboard.add_scalar(f"train/{key}", value, step)
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+        if self._progress is None:
+            self.console.print(f"step {step}/{self.total_steps} {line}", highlight=False, soft_wrap=True)
+        return True
+
+    def warn(self, message: str) -> None:
+        """A warning on the console, above the progress bar."""
+        self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+        self._file.close()
+
+    def __enter__(self) -> "MetricsLogger":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def format_metrics(metrics: dict[str, Any]) -> str:
+    """``loss 1.234 lr 2.00e-05 tokens_per_s 5.1e+03 ...``: leading keys first."""
+    keys = [k for k in _LEADING if k in metrics] + [k for k in metrics if k not in _LEADING]
+    parts = []
+    for key in keys:
+        value = metrics[key]
+        if key == "lr" and isinstance(value, float):
+            parts.append(f"lr {value:.2e}")
+        elif isinstance(value, float):
+            parts.append(f"{key} {value:.4g}")
+        else:
+            parts.append(f"{key} {value}")
+    return " ".join(parts)
+
+
+def read_metrics(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of ``<output_dir>/metrics.jsonl`` (an unreadable last line from a crash is skipped)."""
+    path = Path(output_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep only the records of steps <= ``step`` (rewritten atomically)."""
+    if not path.exists():
+        return
+    kept = [json.dumps(r) + "\n" for r in read_metrics(path.parent) if int(r.get("step", 0)) <= step]
+    atomic_write_text(path, "".join(kept))

@@ -1,0 +1,247 @@
+"""The ``omrl sft`` recipe: supervised fine-tuning on agent conversations.
+
+Reads top to bottom: ``setup`` (seed, resume point, model, data, optimizer,
+logger), ``train`` (the loop), ``cleanup``. The loss is the mean cross-entropy
+over the assistant tokens of each optimizer step (all its micro-batches
+together), with labels shifted per conversation (see :mod:`omrl.training.packing`).
+
+A step whose loss or gradient is not finite is skipped (no update) with a
+warning; ``optim.max_nan_steps`` such steps in a row stop the run.
+
+The output directory ends up holding the final model and tokenizer (LoRA merged
+in, so ``omrl eval --model <output_dir>`` loads it), ``config.yaml``,
+``metrics.jsonl`` and ``checkpoints/``. ``cfg.resume`` continues from the newest
+complete checkpoint at exactly the next batch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from omrl.config import to_dict, to_yaml
+from omrl.datasets import atomic_write_text, load_conversations
+from omrl.errors import ConfigError, OmrlError
+from omrl.options import SftRunConfig
+from omrl.training import checkpoint as ckpt
+from omrl.training.metrics import MetricsLogger
+from omrl.training.model_setup import load_trainable_model, save_final_model
+from omrl.training.optim import build_optimizer, build_scheduler
+from omrl.training.packing import (IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows,
+                                   token_loss_sum, tokenize_conversations)
+
+StepCallback = Callable[[int, dict[str, float]], None]
+
+
+class NonFiniteLossError(OmrlError):
+    """Too many optimizer steps in a row had a NaN or infinite loss or gradient."""
+
+
+class SftRecipe:
+    """Supervised fine-tuning: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_sft`)."""
+
+    def __init__(self, cfg: SftRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
+        self.cfg = cfg
+        self.on_step_end = on_step_end  # called after each step's logging and checkpoint
+        self.console = console or Console(stderr=True)
+        self.output_dir = Path(cfg.logging.output_dir)
+        self.step, self.epoch, self.index = 0, 0, 0  # index: next micro-batch in the epoch's order
+        self.skipped_steps = 0
+
+    # -- SETUP ----------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        if not cfg.dataset:
+            raise ConfigError("no dataset given; set dataset=<file or directory> (or --dataset)")
+        if cfg.num_train_epochs <= 0:
+            raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
+        self.config_dict = to_dict(cfg)
+        resume_from = self._setup_resume_point()
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        torch.manual_seed(cfg.seed)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self._setup_model()
+        self._setup_data()
+        self._setup_optimizer()
+        if resume_from is not None:
+            self._load_resume_state(resume_from)
+        self.logger = MetricsLogger(self.output_dir, cfg.logging, self.total_steps, start_step=self.step,
+                                    run_config=self.config_dict, console=self.console, description="sft")
+        if self.dropped:
+            self.logger.warn(f"{self.dropped} conversations had no assistant token within max_seq_length="
+                             f"{cfg.max_seq_length} and were dropped")
+        atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
+
+    def _setup_resume_point(self) -> Path | None:
+        """The checkpoint to continue from; refuses to start fresh over an earlier run's checkpoints."""
+        if self.cfg.resume:
+            return ckpt.resume_checkpoint(self.output_dir, self.config_dict)
+        if ckpt.latest_checkpoint(self.output_dir) is not None:
+            raise ckpt.CheckpointError(f"{self.output_dir} holds checkpoints of an earlier run; pass --resume "
+                                       "to continue it, or choose another output_dir")
+        return None
+
+    def _setup_model(self) -> None:
+        self.model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device))
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def _setup_data(self) -> None:
+        cfg = self.cfg
+        conversations = load_conversations(cfg.dataset, cfg.min_reward)
+        if not conversations:
+            raise OmrlError(f"{cfg.dataset} holds no conversations"
+                            + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else ""))
+        rows, self.dropped = tokenize_conversations(self.tokenizer, conversations, cfg.max_seq_length)
+        if not rows:
+            raise OmrlError(f"no conversation in {cfg.dataset} has an assistant token within max_seq_length="
+                            f"{cfg.max_seq_length}")
+        self.rows = pack_rows(rows, cfg.max_seq_length) if cfg.packing else rows
+        self.micro = micro_batches(self.rows, cfg.optim.micro_batch_size)
+        self.data_fingerprint = fingerprint(self.rows)
+        accumulation = cfg.optim.gradient_accumulation_steps
+        if accumulation < 1:
+            raise ConfigError(f"optim.gradient_accumulation_steps must be >= 1, got {accumulation}")
+        self.steps_per_epoch = math.ceil(len(self.micro) / accumulation)
+        self.total_steps = max(1, math.ceil(cfg.num_train_epochs * self.steps_per_epoch))
+        self._orders: dict[int, list[int]] = {}
+
+    def _setup_optimizer(self) -> None:
+        self.optimizer = build_optimizer(self.model, self.cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
+
+    def _load_resume_state(self, path: Path) -> None:
+        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        if state.data_state.get("fingerprint") != self.data_fingerprint:
+            raise ckpt.CheckpointError(
+                f"cannot resume from {path}: the training data changed since it was written (fingerprint "
+                f"{state.data_state.get('fingerprint')} -> {self.data_fingerprint}); resuming would not continue "
+                "the same run")
+        self.step = state.step
+        self.epoch, self.index = state.data_state["epoch"], state.data_state["index"]
+        self.skipped_steps = state.extra.get("skipped_steps", 0)
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        """The micro-batch order of ``epoch``: a shuffle that depends only on the seed and the epoch."""
+        if epoch not in self._orders:
+            rng = np.random.default_rng([self.cfg.seed % 2**32, epoch])
+            self._orders = {epoch: rng.permutation(len(self.micro)).tolist()}
+        return self._orders[epoch]
+
+    # -- TRAIN ----------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg, model = self.cfg, self.model
+        accumulation = cfg.optim.gradient_accumulation_steps
+        pad_id = self.tokenizer.pad_token_id
+        max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+        nonfinite_in_a_row, last_loss, step_times = 0, float("nan"), []
+        model.train()
+        while self.step < self.total_steps:
+            # DATA: the next micro-batches in this epoch's order
+            order = self.epoch_order(self.epoch)
+            if self.index >= len(order):
+                self.epoch, self.index = self.epoch + 1, 0
+                continue
+            chosen = order[self.index:self.index + accumulation]
+            self.index += len(chosen)
+            self.step += 1
+            started = time.perf_counter()
+            batches = [collate([self.rows[r] for r in self.micro[j]], pad_id) for j in chosen]
+            label_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
+            tokens = sum(len(self.rows[r]) for j in chosen for r in self.micro[j])
+
+            # FORWARD/BACKWARD: loss = summed token losses / assistant tokens in the whole step
+            loss_value, finite = 0.0, True
+            for batch in batches:
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                                   use_cache=False).logits
+                loss = token_loss_sum(logits, batch["labels"]) / label_tokens
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                loss.backward()
+                loss_value += loss.item()
+
+            # UPDATE: clip, step, or skip a non-finite step
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm) if finite else torch.tensor(float("nan"))
+            lr = self.scheduler.get_last_lr()[0]
+            if finite and torch.isfinite(grad_norm):
+                self.optimizer.step()
+                nonfinite_in_a_row, last_loss = 0, loss_value
+            else:
+                self.skipped_steps += 1
+                nonfinite_in_a_row += 1
+                what = "loss" if not finite else "gradient norm"
+                self.logger.warn(f"step {self.step}: non-finite {what}; skipped the update "
+                                 f"({nonfinite_in_a_row} in a row, {self.skipped_steps} in all)")
+                if nonfinite_in_a_row >= cfg.optim.max_nan_steps:
+                    raise NonFiniteLossError(
+                        f"{nonfinite_in_a_row} steps in a row (up to step {self.step}) had a non-finite loss or "
+                        f"gradient (optim.max_nan_steps={cfg.optim.max_nan_steps}); lower optim.learning_rate, "
+                        "use float32 instead of bf16, or check the data")
+            self.optimizer.zero_grad(set_to_none=True)
+            with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.scheduler.step()
+
+            # LOG and CHECKPOINT
+            step_time = time.perf_counter() - started
+            step_times.append(step_time)
+            metrics = {"loss": loss_value if finite else float("nan"), "lr": lr, "tokens_per_s": tokens / step_time,
+                       "step_time": step_time, "grad_norm": float(grad_norm), "label_tokens": label_tokens,
+                       "epoch": self.epoch + self.index / len(order), "skipped_steps": self.skipped_steps}
+            self.logger.log(self.step, metrics)
+            if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
+                self.save_checkpoint()
+            if self.on_step_end is not None:
+                self.on_step_end(self.step, metrics)
+
+        # SAVE: the final checkpoint (resumable) and the final model (LoRA merged)
+        if ckpt.latest_checkpoint(self.output_dir) != self._checkpoint_path(self.step):
+            self.save_checkpoint()
+        self.save_final_model()
+        return {"steps": self.step, "final_loss": last_loss, "skipped_steps": self.skipped_steps,
+                "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
+                "output_dir": str(self.output_dir)}
+
+    def _checkpoint_path(self, step: int) -> Path:
+        return self.output_dir / ckpt.CHECKPOINTS_DIR / f"step-{step:08d}"
+
+    def save_checkpoint(self) -> Path:
+        return ckpt.save_checkpoint(
+            self.output_dir, self.step, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+            data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint},
+            config=self.config_dict, extra={"skipped_steps": self.skipped_steps}, tokenizer=self.tokenizer,
+            keep=self.cfg.logging.keep_checkpoints)
+
+    def save_final_model(self) -> None:
+        """The model (LoRA merged) and tokenizer into output_dir."""
+        save_final_model(self.model, self.tokenizer, self.output_dir, merge_lora=self.cfg.model.lora_rank > 0)
+
+    # -- CLEANUP --------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        logger = getattr(self, "logger", None)
+        if logger is not None:
+            logger.close()
+
+
+def run_sft(cfg: SftRunConfig, on_step_end: StepCallback | None = None,
+            console: Console | None = None) -> dict[str, Any]:
+    """Set up, train and clean up; returns a summary (steps, final_loss, skipped_steps, mean_step_time)."""
+    recipe = SftRecipe(cfg, on_step_end=on_step_end, console=console)
+    try:
+        recipe.setup()
+        return recipe.train()
+    finally:
+        recipe.cleanup()
+

@@ -1,0 +1,114 @@
+"""Checkpoints: what they restore, atomic writes, keep-last-N, and the resume config check."""
+
+from __future__ import annotations
+
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from omrl.options import OptimConfig
+from omrl.training import checkpoint as ckpt
+from omrl.training.optim import build_optimizer, build_scheduler
+
+
+def _train_one_step(model, optimizer, scheduler):
+    ids = torch.arange(1, 17).unsqueeze(0)
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    scheduler.step()
+
+
+@pytest.fixture
+def trained(tiny_model):
+    model, tok = tiny_model
+    optimizer = build_optimizer(model, OptimConfig(learning_rate=1e-2))
+    scheduler = build_scheduler(optimizer, OptimConfig(warmup_steps=3), total_steps=10)
+    _train_one_step(model, optimizer, scheduler)
+    return model, tok, optimizer, scheduler
+
+
+def _save(tmp_path, trained, step, **kw):
+    model, tok, optimizer, scheduler = trained
+    return ckpt.save_checkpoint(tmp_path, step, model, optimizer=optimizer, scheduler=scheduler, tokenizer=tok,
+                                data_state={"epoch": 1, "index": 3}, config={"seed": 0, "optim": {"lr": 1.0}}, **kw)
+
+
+def test_load_restores_weights_optimizer_scheduler_rng_and_extra(tmp_path, trained, tiny_model_dir):
+    from omrl.models import load_model
+
+    model, _, optimizer, scheduler = trained
+    head = torch.nn.Linear(4, 1)
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    path = _save(tmp_path, trained, 7, extra={"value_head": head.state_dict(), "rl_position": {"batch": 5}})
+    expected_draws = (random.random(), np.random.rand(), torch.rand(1))
+    expected_weights = {k: v.clone() for k, v in model.state_dict().items()}
+
+    fresh, _ = load_model(tiny_model_dir)
+    fresh_opt = build_optimizer(fresh, OptimConfig(learning_rate=1e-2))
+    fresh_sched = build_scheduler(fresh_opt, OptimConfig(warmup_steps=3), total_steps=10)
+    state = ckpt.load_checkpoint(path, fresh, optimizer=fresh_opt, scheduler=fresh_sched)
+
+    assert (state.step, state.data_state, state.config["optim"]) == (7, {"epoch": 1, "index": 3}, {"lr": 1.0})
+    assert all(torch.equal(v, expected_weights[k]) for k, v in fresh.state_dict().items())
+    assert torch.equal(state.extra["value_head"]["weight"], head.weight) and state.extra["rl_position"] == {"batch": 5}
+    assert fresh_sched.last_epoch == scheduler.last_epoch == 1 and fresh_opt.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+    first = next(iter(optimizer.state.values()))
+    assert torch.equal(next(iter(fresh_opt.state.values()))["exp_avg"], first["exp_avg"])
+    assert (random.random(), np.random.rand()) == expected_draws[:2] and torch.equal(torch.rand(1), expected_draws[2])
+    reloaded, _ = load_model(str(path / "model"))  # the checkpoint's model is a plain HF directory
+    assert torch.equal(reloaded.lm_head.weight, model.lm_head.weight)
+
+
+def test_a_crash_mid_write_leaves_no_complete_looking_checkpoint(tmp_path, trained, monkeypatch):
+    first = _save(tmp_path, trained, 1)
+    real_save = torch.save
+
+    def crash_on_optimizer(obj, path, *a, **kw):
+        if str(path).endswith("optimizer.pt"):
+            raise OSError("disk full")
+        return real_save(obj, path, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", crash_on_optimizer)
+    with pytest.raises(OSError, match="disk full"):
+        _save(tmp_path, trained, 2)
+    monkeypatch.undo()
+    assert ckpt.latest_checkpoint(tmp_path) == first
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [first.name]
+
+
+def test_only_renamed_dirs_with_the_marker_count(tmp_path, trained):
+    """What a SIGKILL can leave behind: a temp dir (even a full one) or a step dir without the marker."""
+    first = _save(tmp_path, trained, 1)
+    root = tmp_path / "checkpoints"
+    shutil.copytree(first, root / ".tmp-step-00000003-4242")  # killed just before the rename
+    shutil.copytree(first, root / "step-00000002")
+    (root / "step-00000002" / ckpt.COMPLETE_MARKER).unlink()
+    assert ckpt.latest_checkpoint(tmp_path) == first
+    with pytest.raises(ckpt.CheckpointError, match="not a complete checkpoint"):
+        ckpt.load_checkpoint(root / "step-00000002", trained[0])
+    _save(tmp_path, trained, 4)
+    assert not (root / ".tmp-step-00000003-4242").exists()  # the next save clears what a killed run left
+
+
+def test_keep_last_n(tmp_path, trained):
+    for step in (1, 2, 3, 4):
+        _save(tmp_path, trained, step, keep=2)
+    assert [p.name for p in ckpt.complete_checkpoints(tmp_path)] == ["step-00000003", "step-00000004"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000003", "step-00000004"]
+
+
+def test_resume_refuses_a_different_config_naming_the_keys(tmp_path, trained):
+    _save(tmp_path, trained, 1)
+    changed = {"seed": 1, "optim": {"lr": 2.0}, "logging": {"logging_steps": 5}}
+    with pytest.raises(ckpt.CheckpointError) as info:
+        ckpt.resume_checkpoint(tmp_path, changed)
+    message = str(info.value)
+    assert "seed: 0 -> 1" in message and "optim.lr: 1.0 -> 2.0" in message and "logging_steps" not in message
+    same = {"seed": 0, "optim": {"lr": 1.0}, "description": "renamed", "logging": {"save_steps": 9}}
+    assert ckpt.resume_checkpoint(tmp_path, same).name == "step-00000001"
+    with pytest.raises(ckpt.CheckpointError, match="nothing to resume"):
+        ckpt.resume_checkpoint(tmp_path / "elsewhere", same)

@@ -1,0 +1,76 @@
+"""The learning-rate schedule, AdamW parameter groups, and MetricsLogger's files."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+from rich.console import Console
+
+from omrl.errors import ConfigError
+from omrl.options import LoggingConfig, OptimConfig
+from omrl.training.metrics import MetricsLogger, format_metrics, read_metrics
+from omrl.training.optim import build_optimizer, build_scheduler, lr_multiplier
+
+
+def test_schedules_warm_up_then_hold_or_decay():
+    assert [lr_multiplier(s, 10, 4, "constant") for s in (0, 2, 4, 9)] == [0.0, 0.5, 1.0, 1.0]
+    assert [lr_multiplier(s, 10, 0, "linear") for s in (0, 5, 10)] == [1.0, 0.5, 0.0]
+    cosine = [lr_multiplier(s, 12, 2, "cosine") for s in (2, 7, 12)]
+    assert cosine == pytest.approx([1.0, 0.5, 0.0])
+    with pytest.raises(ConfigError, match="unknown optim.lr_schedule 'step'; valid: constant, linear, cosine"):
+        lr_multiplier(0, 10, 0, "step")
+
+
+def test_scheduler_drives_the_optimizer_lr_and_decay_skips_vectors():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    cfg = OptimConfig(learning_rate=0.1, weight_decay=0.01, warmup_steps=2, lr_schedule="linear")
+    optimizer = build_optimizer(model, cfg)
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.01 and all(p.ndim == 2 for p in decayed["params"])
+    assert plain["weight_decay"] == 0.0 and len(plain["params"]) == 3  # linear bias, norm weight and bias
+    scheduler = build_scheduler(optimizer, cfg, total_steps=4)
+    seen = []
+    for _ in range(4):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([0.0, 0.05, 0.1, 0.05])
+
+
+def test_metrics_logger_writes_on_cadence_and_the_last_step(tmp_path):
+    out = io.StringIO()
+    cfg = LoggingConfig(output_dir=str(tmp_path), logging_steps=2, tensorboard=True)
+    with MetricsLogger(tmp_path, cfg, total_steps=5, console=Console(file=out, width=200)) as logger:
+        written = [logger.log(step, {"loss": 1.0 / step, "lr": 1e-5, "reward": 0.5}) for step in range(1, 6)]
+        logger.log(6, {"loss": float("nan")})
+    assert written == [False, True, False, True, True]
+    records = read_metrics(tmp_path)
+    assert [r["step"] for r in records] == [2, 4, 5, 6]
+    assert records[0]["loss"] == 0.5 and records[0]["reward"] == 0.5
+    assert records[-1]["loss"] is None  # NaN is written as null: the file stays valid JSON
+    assert "step 4/5 loss 0.25 lr 1.00e-05 reward 0.5" in out.getvalue()  # plain lines off a terminal
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_metrics_logger_on_resume_drops_steps_after_the_checkpoint(tmp_path):
+    cfg = LoggingConfig(output_dir=str(tmp_path), tensorboard=False)
+    quiet = Console(file=io.StringIO())
+    with MetricsLogger(tmp_path, cfg, total_steps=6, console=quiet) as logger:
+        for step in range(1, 5):
+            logger.log(step, {"loss": float(step)})
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 5, "lo')  # a line cut by a kill
+    with MetricsLogger(tmp_path, cfg, total_steps=6, start_step=2, console=quiet) as logger:
+        for step in range(3, 7):
+            logger.log(step, {"loss": 10.0 + step})
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0),
+                                                         (6, 16.0)]
+
+
+def test_format_metrics_puts_the_usual_keys_first():
+    line = format_metrics({"kl": 0.01, "step_time": 0.5, "loss": 2.0, "tokens_per_s": 1234.5, "lr": 3e-6})
+    assert line == "loss 2 lr 3.00e-06 tokens_per_s 1234 step_time 0.5 kl 0.01"

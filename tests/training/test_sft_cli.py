@@ -1,0 +1,65 @@
+"""``omrl sft`` and ``omrl data`` from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from omrl.cli import build_app, main
+from omrl.data import Episode, write_episodes
+
+
+def test_sft_flags_override_preset_and_key_values(tiny_model_dir, agent_jsonl, tmp_path):
+    out = tmp_path / "run"
+    args = ["sft", f"model.name={tiny_model_dir}", "optim.weight_decay=0.1", "optim.learning_rate=0.5",
+            "--dataset", str(agent_jsonl), "--output-dir", str(out), "--learning-rate", "1e-3",
+            "--num-train-epochs", "1", "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "1",
+            "--no-packing", "--max-seq-length", "200", "--logging-steps", "1", "--save-steps", "1"]
+    result = CliRunner().invoke(build_app(), args)
+    assert result.exit_code == 0, result.output
+    assert "trained 2 steps" in result.output and str(out) in result.output
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["optim"] == {**cfg["optim"], "learning_rate": 1e-3, "weight_decay": 0.1, "micro_batch_size": 4,
+                            "gradient_accumulation_steps": 1}
+    assert (cfg["packing"], cfg["max_seq_length"], cfg["logging"]["save_steps"]) == (False, 200, 1)
+    assert cfg["description"].startswith("SFT on agent conversations")  # the default `sft` preset underneath
+    assert (out / "model.safetensors").exists()
+
+
+def test_sft_resume_with_a_changed_flag_exits_2_naming_the_key(tiny_model_dir, agent_jsonl, tmp_path, capsys):
+    base = ["sft", f"model.name={tiny_model_dir}", "--dataset", str(agent_jsonl), "--output-dir", str(tmp_path),
+            "--num-train-epochs", "0.5", "--per-device-train-batch-size", "8", "--gradient-accumulation-steps", "1"]
+    assert CliRunner().invoke(build_app(), base).exit_code == 0
+    with pytest.raises(SystemExit) as info:
+        main([*base, "--learning-rate", "0.01", "--resume"])
+    assert info.value.code == 2
+    assert "cannot resume: the config differs from the checkpoint's in optim.learning_rate: 2e-05 -> 0.01" \
+        in capsys.readouterr().err.replace("\n", "")
+
+
+def test_sft_bad_dataset_row_exits_2_with_file_and_row(tiny_model_dir, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"conversations": [{"from": "human", "value": "hi"}, {"from": "bot", "value": "yo"}]}\n')
+    with pytest.raises(SystemExit) as info:
+        main(["sft", f"model.name={tiny_model_dir}", "--dataset", str(bad), "--output-dir", str(tmp_path / "o")])
+    assert info.value.code == 2
+    assert f"{bad} row 1 message 1: unknown role 'bot'" in capsys.readouterr().err.replace("\n", "")
+
+
+def test_data_convert_and_show(tmp_path):
+    messages = [{"role": "user", "content": "Find [red] shoes"}, {"role": "assistant", "content": "search[red shoes]"}]
+    episodes = [Episode(env="webshop", task_id=i, split="train", instruction="x", messages=messages, score=float(i))
+                for i in range(3)]
+    traj = write_episodes(episodes, tmp_path / "traj.parquet")
+    out = tmp_path / "good.jsonl"
+    runner, app = CliRunner(), build_app()
+    result = runner.invoke(app, ["data", "convert", str(traj), str(out), "--min-reward", "1", "--style", "sharegpt"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 2 conversations, mean reward 1.500" in result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task_id"] for r in records] == [1, 2] and records[0]["conversations"][0]["from"] == "human"
+    shown = runner.invoke(app, ["data", "show", str(out), "-n", "1"])
+    assert shown.exit_code == 0 and "Find [red] shoes" in shown.output and "2 conversations" in shown.output

@@ -1,0 +1,97 @@
+"""Shifted assistant-only labels, packing layout and isolation, length bucketing."""
+
+from __future__ import annotations
+
+import torch
+
+from omrl.chat import encode_conversation
+from omrl.datasets import Conversation, record_to_conversation
+from omrl.training.packing import (IGNORE_INDEX, collate, micro_batches, pack_rows, shifted_labels,
+                                   token_loss_sum, tokenize_conversations)
+
+from .sample_data import agent_records
+
+
+def _conversations(n: int = 8) -> list[Conversation]:
+    return [record_to_conversation(r, f"test row {i}") for i, r in enumerate(agent_records(n), 1)]
+
+
+def _segments(row) -> list[tuple[int, int]]:
+    """[start, end) of each conversation in a packed row (where the positions restart)."""
+    starts = [i for i, pos in enumerate(row.position_ids) if pos == 0]
+    return list(zip(starts, starts[1:] + [len(row)]))
+
+
+def test_labels_are_the_next_token_exactly_where_the_mask_is_on(tiny_model):
+    _, tok = tiny_model
+    conv = _conversations(1)[0]
+    ids, mask = encode_conversation(tok, conv.messages)
+    (row,), dropped = tokenize_conversations(tok, [conv], max_seq_length=1024)
+    assert dropped == 0 and row.input_ids == ids
+    for t in range(len(ids) - 1):
+        assert row.labels[t] == (ids[t + 1] if mask[t + 1] else IGNORE_INDEX)
+    assert row.labels[-1] == IGNORE_INDEX
+    learned = tok.decode([label for label in row.labels if label != IGNORE_INDEX])
+    replies = [m["content"] for m in conv.messages if m["role"] == "assistant"]
+    assert learned == "".join(r + tok.eos_token for r in replies)  # assistant text + end-of-turn, nothing else
+
+
+def test_truncation_drops_conversations_left_without_assistant_tokens(tiny_model):
+    _, tok = tiny_model
+    convs = _conversations(2)
+    prompt_len = encode_conversation(tok, convs[0].messages)[1].index(1)
+    rows, dropped = tokenize_conversations(tok, convs, max_seq_length=prompt_len - 1)
+    assert rows == [] and dropped == 2
+    rows, dropped = tokenize_conversations(tok, convs, max_seq_length=prompt_len + 3)
+    assert dropped == 0 and all(len(r) == prompt_len + 3 for r in rows)
+
+
+def test_pack_rows_layout(tiny_model):
+    _, tok = tiny_model
+    rows, _ = tokenize_conversations(tok, _conversations(8), max_seq_length=512)
+    lengths = sorted(len(r) for r in rows)
+    packed = pack_rows(rows, max_seq_length=2 * lengths[-1] + 5)
+    assert len(packed) < len(rows) and all(len(p) <= 2 * lengths[-1] + 5 for p in packed)
+    unpacked = []
+    for p in packed:
+        segments = _segments(p)
+        assert len(segments) == p.num_conversations  # positions restart per conversation
+        for _, end in segments:
+            assert p.labels[end - 1] == IGNORE_INDEX  # no conversation predicts the next one's first token
+        unpacked += [tuple(p.input_ids[a:b]) for a, b in segments]
+    assert sorted(unpacked) == sorted(tuple(r.input_ids) for r in rows)  # every conversation once, intact
+
+
+def test_packed_row_attends_only_within_each_conversation(tiny_model):
+    """transformers turns reset position_ids into a block-diagonal mask for sdpa on CPU (no attention_mask)."""
+    model, tok = tiny_model
+    model.train()  # the recipe's mode: use_cache=False keeps the packed-sequence detection on
+    rows, _ = tokenize_conversations(tok, _conversations(3), max_seq_length=512)
+    packed = pack_rows(rows, max_seq_length=sum(len(r) for r in rows))
+    assert len(packed) == 1 and packed[0].num_conversations == 3
+    with torch.no_grad():
+        batch = collate(packed, tok.pad_token_id)
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
+        for start, end in _segments(packed[0]):
+            alone = model(input_ids=torch.tensor([packed[0].input_ids[start:end]]), use_cache=False).logits[0]
+            assert torch.allclose(logits[start:end], alone, atol=1e-4)
+
+
+def test_micro_batches_group_similar_lengths_and_collate_pads_safely():
+    from omrl.training.packing import Row
+
+    rows = [Row(list(range(1, n + 1)), [7] * n, list(range(n))) for n in (9, 2, 8, 3, 10, 1)]
+    groups = micro_batches(rows, size=2)
+    assert [[len(rows[i]) for i in g] for g in groups] == [[1, 2], [3, 8], [9, 10]]
+    batch = collate([rows[i] for i in groups[1]], pad_token_id=0)
+    assert batch["input_ids"].shape == (2, 8)
+    assert batch["labels"][0, 3:].eq(IGNORE_INDEX).all() and batch["input_ids"][0, 3:].eq(0).all()
+    assert batch["position_ids"][0].tolist() == list(range(8))  # padding continues the positions
+
+
+def test_token_loss_sum_ignores_unlabelled_positions():
+    logits = torch.randn(1, 4, 5)
+    labels = torch.tensor([[IGNORE_INDEX, 2, IGNORE_INDEX, 4]])
+    expected = -(logits.log_softmax(-1)[0, 1, 2] + logits.log_softmax(-1)[0, 3, 4])
+    assert torch.allclose(token_loss_sum(logits, labels), expected)
+    assert shifted_labels([5, 6, 7, 8], [0, 0, 1, 1]) == [IGNORE_INDEX, 7, 8, IGNORE_INDEX]

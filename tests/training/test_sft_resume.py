@@ -1,0 +1,95 @@
+"""Exact resume: a run killed after checkpoint k and resumed matches an uninterrupted run step for step."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from rich.console import Console
+
+from omrl.config import to_yaml
+from omrl.training.checkpoint import latest_checkpoint
+from omrl.training.metrics import read_metrics
+from omrl.training.sft import run_sft
+
+QUIET = Console(file=io.StringIO())
+
+# Runs the recipe and SIGKILLs itself right after step KILL_AT (no cleanup, no flush beyond what was written).
+KILLED_RUN = """
+import os, signal, sys
+from omrl.config import load_config
+from omrl.options import SftRunConfig
+from omrl.training.sft import run_sft
+
+kill_at = int(sys.argv[2])
+
+def die(step, metrics):
+    if step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+run_sft(load_config(SftRunConfig, sys.argv[1]), on_step_end=die)
+"""
+
+
+def _losses(output_dir) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in read_metrics(output_dir)]
+
+
+def _assert_same_losses(resumed, reference):
+    assert [s for s, _ in resumed] == [s for s, _ in reference]  # every step once: none skipped or repeated
+    for (step, got), (_, want) in zip(resumed, reference):
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), f"step {step}"
+
+
+def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, tmp_path):
+    # 8 conversations, 2 per micro-batch, 2 micro-batches per step: 2 steps an epoch, 3 epochs.
+    settings = dict(num_train_epochs=3.0, optim__gradient_accumulation_steps=2, optim__lr_schedule="cosine",
+                    optim__warmup_steps=2, optim__weight_decay=0.01, logging__save_steps=3)
+    reference_cfg = sft_config(logging__output_dir=str(tmp_path / "reference"), **settings)
+    run_sft(reference_cfg, console=QUIET)
+    reference = _losses(reference_cfg.logging.output_dir)
+    assert len(reference) == 6
+
+    cfg = sft_config(logging__output_dir=str(tmp_path / "killed"), **settings)
+    config_file = tmp_path / "killed.yaml"
+    config_file.write_text(to_yaml(cfg))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # see the one_torch_thread fixture
+    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(config_file), "4"], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert latest_checkpoint(cfg.logging.output_dir).name == "step-00000003"  # mid-epoch 1
+    assert [s for s, _ in _losses(cfg.logging.output_dir)] == [1, 2, 3, 4]  # step 4 was never checkpointed
+
+    cfg.resume = True
+    summary = run_sft(cfg, console=QUIET)
+    assert summary["steps"] == 6
+    _assert_same_losses(_losses(cfg.logging.output_dir), reference)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_lora_run_with_dropout_stopped_by_a_hook_resumes_exactly(sft_config, tmp_path):
+    """LoRA dropout draws random numbers: the restored RNG states make the resumed steps identical."""
+    settings = dict(model__lora_rank=4, model__lora_dropout=0.2, optim__learning_rate=1e-2, num_train_epochs=1.5,
+                    logging__save_steps=2, packing=True, max_seq_length=220)
+    reference_cfg = sft_config(logging__output_dir=str(tmp_path / "reference"), **settings)
+    run_sft(reference_cfg, console=QUIET)
+    reference = _losses(reference_cfg.logging.output_dir)
+
+    cfg = sft_config(logging__output_dir=str(tmp_path / "stopped"), **settings)
+
+    def stop(step, metrics):
+        if step == 3:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        run_sft(cfg, on_step_end=stop, console=QUIET)
+    cfg.resume = True
+    run_sft(cfg, console=QUIET)
+    _assert_same_losses(_losses(cfg.logging.output_dir), reference)
