@@ -65,9 +65,9 @@ def split_preset(preset: str | None, overrides: list[str] | None) -> tuple[str |
     return preset, overrides
 
 
-def parse_overrides(overrides: list[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=x"]`` -> nested dict, values parsed as YAML scalars."""
-    out: dict[str, Any] = {}
+def parse_overrides(overrides: list[str]) -> list[tuple[list[str], Any]]:
+    """``["a.b=1", "c=x"]`` -> ``[(["a", "b"], 1), (["c"], "x")]``, values parsed as YAML."""
+    out = []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value (e.g. algo.gamma=0.99)")
@@ -76,14 +76,29 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r} sets inside {part!r}, which is a value")
-        node[parts[-1]] = value
+        out.append((key.strip().split("."), value))
     return out
+
+
+def set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
+    """Set one dotted key: only that leaf changes (a mapping value replaces the whole mapping)."""
+    node = data
+    for part in path[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {'.'.join(path)!r} sets inside {part!r}, which is a value")
+        node = child
+    node[path[-1]] = value
+
+
+def overrides_to_dict(overrides: list[str]) -> dict[str, Any]:
+    """``["k=v", "a.b=1"]`` -> ``{"k": "v", "a": {"b": 1}}``."""
+    data: dict[str, Any] = {}
+    for path, value in parse_overrides(overrides):
+        set_path(data, path, value)
+    return data
 
 
 def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -94,12 +109,19 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_config(cls: type[T], preset: str | Path | None = None, overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None) -> T:
-    """Build ``cls`` from defaults, then ``base``, then the preset, then the overrides."""
-    data = dict(base or {})
-    if preset:
-        data = merge(data, read_preset(preset))
-    data = merge(data, parse_overrides(overrides or []))
+                values: dict[str, Any] | None = None) -> T:
+    """Build ``cls`` from its defaults, then the preset, then ``key=value`` overrides, then ``values``.
+
+    ``values`` maps dotted keys to already typed values (command-line flags).
+    """
+    data = read_preset(preset) if preset else {}
+    command = getattr(cls, "__dataclass_fields__", {}).get("command")
+    if command is not None and data.get("command", command.default) != command.default:
+        raise ConfigError(f"preset {str(preset)!r} is for `omrl {data['command']}`, not `omrl {command.default}`")
+    for path, value in parse_overrides(overrides or []):
+        set_path(data, path, value)
+    for key, value in (values or {}).items():
+        set_path(data, key.split("."), value)
     data.pop("preset", None)
     return from_dict(cls, data)
 

@@ -24,11 +24,12 @@ episode raises :class:`EpisodeFinishedError`; an unknown task raises
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from omrl.errors import OmrlError
+from omrl.errors import ConfigError, OmrlError
 
 
 class EnvError(OmrlError):
@@ -140,3 +141,19 @@ def check_task(env: Env, task_id: int, known: Sequence[int] | range) -> None:
     else:
         valid = f"{len(known)} ids, e.g. {', '.join(map(str, list(known)[:5]))}"
     raise UnknownTaskError(f"{type(env).__name__}: unknown task id {task_id!r}; valid: {valid}")
+
+
+def create_env(env_class: type[Env], options: dict[str, Any] | None = None, name: str = "") -> Env:
+    """An instance of ``env_class`` built with ``options`` (the config's ``plugins.<env>`` block).
+
+    Options the class does not take raise ConfigError naming the ones it does.
+    """
+    options = dict(options or {})
+    signature = inspect.signature(env_class)
+    try:
+        signature.bind(**options)
+    except TypeError as exc:
+        params = [p for p in signature.parameters if p not in ("args", "kwargs")]
+        raise ConfigError(f"env {name or env_class.__name__!r} does not take options {sorted(options)} ({exc}); "
+                          f"its options: {', '.join(params) or '(none)'}") from exc
+    return env_class(**options)

@@ -29,7 +29,6 @@ holds that id's lock, so one id's calls are serialized while different ids run i
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import json
 import threading
@@ -37,23 +36,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from omrl.envs import Env, EpisodeFinishedError, UnknownTaskError
-from omrl.errors import ConfigError, OmrlError
+from omrl.envs import Env, EpisodeFinishedError, UnknownTaskError, create_env
+from omrl.errors import OmrlError
 
 
 def open_env(name: str, options: dict[str, Any] | None = None) -> Env:
     """An instance of the registered env ``name``; options it does not take raise ConfigError."""
     from omrl.registry import envs
 
-    env_class = envs.get(name)
-    options = dict(options or {})
-    try:
-        inspect.signature(env_class).bind(**options)
-    except TypeError as exc:
-        params = [p for p in inspect.signature(env_class).parameters if p not in ("args", "kwargs")]
-        raise ConfigError(f"env {name!r} does not take options {sorted(options)} ({exc}); "
-                          f"its options: {', '.join(params) or '(none)'}") from exc
-    return env_class(**options)
+    return create_env(envs.get(name), options, name)
 
 
 def _require_server_packages():

@@ -51,7 +51,14 @@ def test_plugin_block_is_free_form_per_plugin():
 def test_override_syntax_errors():
     with pytest.raises(ConfigError, match="not key=value"):
         parse_overrides(["algo"])
-    assert parse_overrides(["a.b=[1, 2]", "c=x y"]) == {"a": {"b": [1, 2]}, "c": "x y"}
+    assert parse_overrides(["a.b=[1, 2]", "c=x y"]) == [(["a", "b"], [1, 2]), (["c"], "x y")]
+
+
+def test_a_mapping_override_replaces_and_a_dotted_one_sets_a_leaf():
+    cfg = load_config(TrainRunConfig, "grpo", ["reward.weights={goal: 2.0}"])
+    assert cfg.reward.weights == {"goal": 2.0}  # the preset's format weight is gone
+    cfg = load_config(TrainRunConfig, "grpo", ["reward.weights.goal=2.0"])
+    assert cfg.reward.weights == {"goal": 2.0, "format": 0.1}
 
 
 def test_bad_preset_and_bad_yaml(tmp_path):
@@ -71,3 +78,15 @@ def test_every_field_has_help():
     for cls in CONFIG_CLASSES.values():
         for key, _type, _default, help_text in describe(cls):
             assert help_text, f"{cls.__name__}.{key} has no help text"
+
+
+def test_a_preset_for_another_command_is_refused():
+    from omrl.options import SftRunConfig
+
+    with pytest.raises(ConfigError, match=r"preset 'grpo' is for `omrl train`, not `omrl sft`"):
+        load_config(SftRunConfig, "grpo")
+
+
+def test_typed_values_apply_last():
+    cfg = load_config(TrainRunConfig, "grpo", ["steps=3"], {"steps": 7, "logging.output_dir": "/tmp/a: b"})
+    assert cfg.steps == 7 and cfg.logging.output_dir == "/tmp/a: b"

@@ -19,9 +19,9 @@ OPTION_HELP = "An env option as key=value (repeatable), e.g. --option base_url=h
 
 def parse_options(options: list[str] | None) -> dict[str, Any]:
     """``["k=v", "a.b=1"]`` -> ``{"k": "v", "a": {"b": 1}}``, values read as YAML scalars."""
-    from omrl.config import parse_overrides
+    from omrl.config import overrides_to_dict
 
-    return parse_overrides(options or [])
+    return overrides_to_dict(options or [])
 
 
 def describe_env(component) -> dict[str, Any]:

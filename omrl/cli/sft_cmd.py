@@ -68,27 +68,12 @@ def sft(
 
 
 def build_config(args: list[str], flags: dict[str, Any]):
-    """Defaults < preset < key=value overrides < flags."""
-    from omrl.config import from_dict, merge, parse_overrides, read_preset
-    from omrl.errors import ConfigError
+    """Defaults < preset (default: sft) < key=value overrides < flags."""
+    from omrl.config import load_config, split_preset
     from omrl.options import SftRunConfig
 
-    preset = args[0] if args and "=" not in args[0] else "sft"
-    overrides = args[1:] if args and "=" not in args[0] else args
-    data = read_preset(preset)
-    if data.get("command", "sft") != "sft":
-        raise ConfigError(f"preset {preset!r} is for `omrl {data['command']}`, not `omrl sft`")
-    data = merge(data, parse_overrides(overrides))
-    flag_data: dict[str, Any] = {}
-    for name, value in flags.items():
-        node = flag_data
-        *parents, leaf = FLAG_KEYS[name].split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    data = merge(data, flag_data)
-    data.pop("preset", None)
-    return from_dict(SftRunConfig, data)
+    preset, overrides = split_preset(args[0] if args else None, args[1:])
+    return load_config(SftRunConfig, preset or "sft", overrides, {FLAG_KEYS[k]: v for k, v in flags.items()})
 
 
 def add_to(app: typer.Typer) -> None:

@@ -29,13 +29,13 @@ def train(
     if algo is not None and algo not in ALGOS:
         raise ConfigError(f"unknown --algo {algo!r}; valid: {', '.join(ALGOS)}")
     flags = {"algo": algo, "env.name": env, "model.name": model, "steps": steps, "logging.output_dir": output_dir}
-    given = [f"{k}={v}" for k, v in flags.items() if v is not None]
     if resume:
         if output_dir is None:
             raise ConfigError("--resume needs --output-dir: the run directory to continue")
-        given.append("resume=true")
+        flags["resume"] = True
     preset, overrides = split_preset(preset, overrides)
-    cfg = load_config(TrainRunConfig, preset or algo or "grpo", given + overrides)
+    cfg = load_config(TrainRunConfig, preset or algo or "grpo", overrides,
+                      {k: v for k, v in flags.items() if v is not None})
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algo}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True)

@@ -271,22 +271,22 @@ class RLRecipe:
         loss, parts = self.policy_loss_fn(PolicyLossInput(out["log_probs"], mb["old_log_probs"], mb["advantages"],
                                                           mask), cfg.algorithm)
         parts = {f"pg_{k}": float(v) for k, v in parts.items()}
-        parts["pg_loss"] = float(loss)
+        parts["pg_loss"] = loss.item()
         entropy = aggregate_loss(out["entropy"], mask, cfg.algorithm.loss_agg_mode)
-        parts["entropy"] = float(entropy)
+        parts["entropy"] = entropy.item()
         if cfg.entropy_coef:
             loss = loss - cfg.entropy_coef * entropy
         if "ref_log_probs" in mb.tensors:
             kl = aggregate_loss(self.kl_fn(out["log_probs"], mb["ref_log_probs"]), mask, cfg.algorithm.loss_agg_mode)
-            parts["kl"] = float(kl)
+            parts["kl"] = kl.item()
             if not cfg.kl_in_reward:
                 loss = loss + cfg.kl_coef * kl
         if self.value_head is not None:
             v_loss, v_parts = value_loss(out["values"], mb["values"], mb["returns"], mask, cfg.value_clip,
                                          cfg.algorithm.loss_agg_mode)
             loss = loss + cfg.value_coef * v_loss
-            parts.update({f"value_{k}": float(v) for k, v in v_parts.items()}, value_loss=float(v_loss))
-        parts["loss"] = float(loss)
+            parts.update({f"value_{k}": float(v) for k, v in v_parts.items()}, value_loss=v_loss.item())
+        parts["loss"] = loss.item()
         return loss, parts
 
     def _update_dpo(self, episodes) -> dict[str, float]:
@@ -311,7 +311,7 @@ class RLRecipe:
             loss, parts = dpo_loss(logps[0], logps[1], ref_logps[0], ref_logps[1], self.cfg.dpo_beta)
             weight = len(c_mb) / len(chosen)
             (loss * weight).backward()
-            for k, v in {"loss": float(loss), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
+            for k, v in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
                 sums[k] = sums.get(k, 0.0) + weight * v
         return {**sums, "dpo_pairs": float(len(pairs)), **self._optimizer_step()}
 

@@ -1,0 +1,62 @@
+"""``omrl eval``: success rate, pass@k and friends of a model on an env split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from omrl.cli.rollout_cmd import ARGS_HELP, build_config, progress_bar
+
+
+def default_report_path(model_name: str) -> Path:
+    """Beside the model when it is a local directory, else ``eval_report.json`` here."""
+    from omrl.models import BUILTIN_MODELS
+
+    path = Path(model_name).expanduser()
+    if model_name not in BUILTIN_MODELS and path.is_dir():
+        return path / "eval_report.json"
+    return Path("eval_report.json")
+
+
+def evaluate_command(
+    args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "eval"), show_default=False),
+    env: str = typer.Option(None, "--env", help="Env name (env.name)."),
+    model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
+    split: str = typer.Option(None, "--split", help="Task split (env.split)."),
+    num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to evaluate from the start of the split."),
+    samples: int = typer.Option(None, "--samples", help="Samples per task, for pass@k and best-of-N."),
+    report: str = typer.Option(None, "--report", help="JSON report path."),
+) -> None:
+    """Evaluate a model on an env split: a table of metrics plus a JSON report."""
+    from rich.console import Console
+
+    from omrl.config import to_dict
+    from omrl.evaluation import evaluate, metrics_table, write_report
+    from omrl.options import EvalRunConfig
+    from omrl.rollout import RolloutSession
+
+    cfg = build_config(EvalRunConfig, args, {
+        "env.name": env, "model.name": model, "env.split": split, "num_tasks": num_tasks,
+        "samples_per_task": samples, "report": report,
+    })
+    console = Console()
+    if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
+        console.print("[yellow]greedy decoding gives the same sample every time; set generation.temperature "
+                      "(e.g. generation.temperature=1.0) for meaningful pass@k[/]")
+    with RolloutSession.from_config(cfg) as session:
+        tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
+        bar, progress = progress_bar(len(tasks) * cfg.samples_per_task, f"eval {cfg.env.name}")
+        with bar:
+            episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.samples_per_task, seed=cfg.seed,
+                                    progress=progress)
+        rewards = session.reward_summary
+    metrics = evaluate(episodes)
+    metrics.update({f"reward/{name}": value for name, value in rewards.items()})
+    path = write_report(cfg.report or default_report_path(cfg.model.name), metrics, episodes, to_dict(cfg))
+    console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
+    console.print(f"report: {path}")
+
+
+def add_to(app: typer.Typer) -> None:
+    app.command("eval")(evaluate_command)

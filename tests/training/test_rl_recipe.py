@@ -1,0 +1,170 @@
+"""The RL recipe (`omrl train`): grpo, ppo and dpo runs on gridworld with the tiny model."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+
+import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+from omrl.config import load_config
+from omrl.hookspecs import hookimpl
+from omrl.models import load_model
+from omrl.options import TrainRunConfig
+from omrl.training.checkpoint import CheckpointError, latest_checkpoint
+from omrl.training.metrics import read_metrics
+from omrl.training.rl import NonFiniteLossError, run_rl
+
+QUIET = Console(file=io.StringIO())
+
+
+@pytest.fixture
+def rl_config(tiny_model_dir, tmp_path):
+    """``rl_config(*overrides)``: a run of a few seconds a step on gridworld."""
+
+    def make(*overrides: str, out: str = "run") -> TrainRunConfig:
+        return load_config(TrainRunConfig, "grpo", [
+            f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=3",
+            "generation.max_new_tokens=8", "generation.max_context=512", f"logging.output_dir={tmp_path / out}",
+            "logging.tensorboard=false", "steps=2", "tasks_per_step=2", "group_size=3", "eval_tasks=2",
+            "reward.weights={goal: 1.0}", "optim.learning_rate=1e-3", "optim.micro_batch_size=4", *overrides])
+
+    return make
+
+
+def test_grpo_run_writes_metrics_checkpoints_and_a_loadable_model(rl_config):
+    cfg = rl_config("logging.save_steps=1", "logging.keep_checkpoints=1")
+    summary = run_rl(cfg, console=QUIET)
+    out = cfg.logging.output_dir
+    records = read_metrics(out)
+    assert [r["step"] for r in records] == [1, 2, 2]  # the last line adds the final evaluation
+    for r in records[:2]:
+        assert math.isfinite(r["loss"]) and 0.0 <= r["success"] <= 1.0 and r["grad_norm"] is not None
+    assert "eval_success" in records[-1] and summary["steps"] == 2
+    assert latest_checkpoint(out).name == "step-00000002"
+    assert len(list((latest_checkpoint(out).parent).glob("step-*"))) == 1  # keep_checkpoints=1
+    model, _ = load_model(out)  # the final model, loadable like any model directory
+    assert model.config.model_type == "qwen2"
+
+
+def test_ppo_trains_a_value_head(rl_config):
+    # a length penalty makes the returns nonzero even when the random model never reaches a goal
+    cfg = rl_config("algo=ppo", "advantage=gae", "steps=1", "algorithm.lam=0.95",
+                    "reward.weights={goal: 1.0, length_penalty: 1.0}", "plugins.length_penalty={budget: 2, per_token: 0.1}")
+    summary = run_rl(cfg, console=QUIET)
+    record = read_metrics(cfg.logging.output_dir)[0]
+    assert math.isfinite(record["value_loss"]) and record["value_loss"] > 0
+    extra = torch.load(latest_checkpoint(cfg.logging.output_dir) / "extra.pt", weights_only=True)
+    assert extra["value_head"]["proj.weight"].abs().sum() > 0  # it moved away from its zero init
+    assert summary["skipped_updates"] == 0
+
+
+class SampleIndexReward:
+    """A reward that ranks the samples of each task by their index: every task yields a pair."""
+
+    @hookimpl
+    def register_rewards(self, register):
+        def sample_index(episodes):
+            """The sample's index, on the last turn."""
+            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample)] for ep in episodes]
+
+        register("sample_index", sample_index)
+
+
+def test_dpo_trains_on_pairs_from_rollouts(rl_config, register_plugin):
+    register_plugin(SampleIndexReward(), name="sample-index")
+    cfg = rl_config("algo=dpo", "steps=1", "group_size=3", "reward.weights={sample_index: 1.0}")
+    run_rl(cfg, console=QUIET)
+    record = read_metrics(cfg.logging.output_dir)[0]
+    assert record["dpo_pairs"] == cfg.tasks_per_step
+    assert math.isfinite(record["loss"]) and record["loss"] == pytest.approx(math.log(2), abs=0.05)  # policy == reference
+
+
+def test_kl_to_the_reference_is_logged(rl_config):
+    cfg = rl_config("steps=1", "kl_coef=0.1", "kl_estimator=k3")
+    run_rl(cfg, console=QUIET)
+    record = read_metrics(cfg.logging.output_dir)[0]
+    assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # before the first update the policy is the reference
+
+
+class Stop(Exception):
+    """Stands in for a run killed after a checkpoint."""
+
+
+def test_resumed_run_matches_an_uninterrupted_one(rl_config):
+    keys = ("reward", "success", "loss", "grad_norm", "response_tokens")
+    full = rl_config("steps=3", "logging.save_steps=1", out="full")
+    run_rl(full, console=QUIET)
+
+    killed = rl_config("steps=3", "logging.save_steps=1", out="killed")
+
+    def stop_after_two(step, metrics):
+        if step == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_rl(killed, on_step_end=stop_after_two, console=QUIET)
+    assert latest_checkpoint(killed.logging.output_dir).name == "step-00000002"
+    killed.resume = True
+    run_rl(killed, console=QUIET)
+
+    expected = {r["step"]: r for r in read_metrics(full.logging.output_dir)}
+    resumed = read_metrics(killed.logging.output_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 3], "each step logged once, then the final evaluation"
+    for record in resumed:
+        for key in keys:
+            assert record[key] == pytest.approx(expected[record["step"]][key], rel=1e-4, abs=1e-6), (record["step"], key)
+
+
+def test_resume_with_a_different_config_names_the_keys(rl_config):
+    cfg = rl_config("steps=1")
+    run_rl(cfg, console=QUIET)
+    changed = rl_config("steps=1", "group_size=5", "resume=true")
+    with pytest.raises(CheckpointError, match=r"group_size: 3 -> 5"):
+        run_rl(changed, console=QUIET)
+    with pytest.raises(CheckpointError, match="holds checkpoints of an earlier run"):
+        run_rl(rl_config("steps=1"), console=QUIET)
+
+
+class NanLoss:
+    """A policy loss that is always NaN: the recipe must skip, count and finally stop."""
+
+    @hookimpl
+    def register_algorithms(self, register):
+        def nan_loss(data, cfg):
+            """Always NaN."""
+            loss = (data.log_probs * data.response_mask).sum() * float("nan")
+            return loss, {}
+
+        register("nan_loss", nan_loss, kind="policy_loss")
+
+
+def test_non_finite_updates_are_skipped_then_stop_the_run(rl_config, register_plugin):
+    register_plugin(NanLoss(), name="nan-loss")
+    cfg = rl_config("policy_loss=nan_loss", "steps=2", "optim.max_nan_steps=5", "eval_tasks=0")
+    before = {k: v.clone() for k, v in load_model(cfg.model.name)[0].state_dict().items()}
+    summary = run_rl(cfg, console=QUIET)
+    assert summary["skipped_updates"] == 2
+    after = load_model(cfg.logging.output_dir)[0].state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "a skipped update changed the weights"
+    with pytest.raises(NonFiniteLossError, match="2 updates in a row"):
+        run_rl(rl_config("policy_loss=nan_loss", "steps=3", "optim.max_nan_steps=2", out="stops"), console=QUIET)
+
+
+def test_train_command(tiny_model_dir, tmp_path):
+    from omrl.cli import build_app
+
+    out = tmp_path / "cli-run"
+    result = CliRunner().invoke(build_app(), [
+        "train", "--algo", "grpo", "--env", "gridworld", "--model", tiny_model_dir, "--steps", "1",
+        "--output-dir", str(out), "tasks_per_step=1", "group_size=2", "env.max_turns=2", "eval_tasks=1",
+        "generation.max_new_tokens=6", "logging.tensorboard=false"])
+    assert result.exit_code == 0, result.output
+    assert "omrl train: done" in result.output and (out / "config.json").exists()
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+    bad = CliRunner().invoke(build_app(), ["train", "--algo", "sac"])
+    assert bad.exit_code != 0 and "unknown --algo 'sac'; valid: grpo, ppo, dpo" in str(bad.exception)
