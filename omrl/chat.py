@@ -49,10 +49,11 @@ def generation_end(tokenizer, messages: Sequence[Message], **kwargs: Any) -> str
     """The text the template puts after the last assistant message's content (e.g. '<|im_end|>\\n')."""
     content = messages[-1]["content"]
     text = render(tokenizer, messages, **kwargs)
-    end = text.rfind(content) + len(content) if content else len(text)
-    if content and text.rfind(content) < 0:
+    # locate the content from the front: a short reply such as "end" also occurs inside "<|im_end|>"
+    before = render(tokenizer, messages[:-1], add_generation_prompt=True, **kwargs) + content
+    if not text.startswith(before):
         raise OmrlError("the chat template rewrites assistant messages; cannot append turns token-exactly")
-    return text[end:]
+    return text[len(before):]
 
 
 def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str,

@@ -126,12 +126,29 @@ def load_config(cls: type[T], preset: str | Path | None = None, overrides: list[
     return from_dict(cls, data)
 
 
-def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
-    """Validate ``data`` against the dataclass ``cls`` and build it."""
+def command_line_config(cls: type[T], args: list[str] | None, flags: dict[str, Any] | None = None,
+                        default_preset: str | None = None) -> T:
+    """The config of a command invoked as ``omrl CMD [PRESET] [key=value ...] --flags``.
+
+    ``flags`` maps dotted keys to typed values; None means the flag was not given.
+    """
+    args = list(args or [])
+    preset, overrides = split_preset(args[0] if args else None, args[1:])
+    return load_config(cls, preset or default_preset, overrides,
+                       {k: v for k, v in (flags or {}).items() if v is not None})
+
+
+def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: T | None = None) -> T:
+    """Validate ``data`` against the dataclass ``cls`` and build it on top of ``base`` (or the defaults).
+
+    A nested section starts from the enclosing class's default for it, so setting
+    ``env.name`` keeps an eval config's ``env.split=test`` default.
+    """
     if not isinstance(data, dict):
         raise ConfigError(f"{path or 'config'} expects a mapping, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
+    base = base if base is not None else cls()
     kwargs = {}
     for key, value in data.items():
         dotted = f"{path}.{key}" if path else key
@@ -139,8 +156,11 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "") -> T:
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f"; did you mean {(path + '.' if path else '') + close[0]!r}?" if close else ""
             raise ConfigError(f"unknown config key {dotted!r}{hint} Valid keys here: {', '.join(fields)}")
-        kwargs[key] = _coerce(value, hints[key], dotted)
-    return cls(**kwargs)
+        if dataclasses.is_dataclass(hints[key]):
+            kwargs[key] = from_dict(hints[key], value, dotted, getattr(base, key))
+        else:
+            kwargs[key] = _coerce(value, hints[key], dotted)
+    return dataclasses.replace(base, **kwargs)
 
 
 def _type_name(tp: Any) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from omrl.data.batch import atomic_write_parquet
+from omrl.atomic import atomic_write_parquet, atomic_write_text
 from omrl.data.trajectory import Episode, read_episodes
 from omrl.errors import OmrlError
 
@@ -258,21 +258,6 @@ def write_conversations(conversations: Iterable[Conversation], path: str | os.Pa
     else:
         raise OmrlError(f"cannot write {path}: unsupported output type {path.suffix!r}; use .jsonl or .parquet")
     return path
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, fsync and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def reward_summary(conversations: Sequence[Conversation]) -> str:

@@ -110,7 +110,7 @@ class EvalRunConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=0.0))
     reward: RewardConfig = field(default_factory=RewardConfig)
-    num_tasks: int = opt(20, "Tasks to evaluate (from the start of the split).")
+    num_tasks: int = opt(5, "Tasks to evaluate (from the start of the split).")
     samples_per_task: int = opt(1, "Samples per task for pass@k and best-of-N (k <= this).")
     report: str = opt("", "JSON report path (default: beside the model, or eval_report.json).")
     plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")

@@ -90,3 +90,11 @@ def test_a_preset_for_another_command_is_refused():
 def test_typed_values_apply_last():
     cfg = load_config(TrainRunConfig, "grpo", ["steps=3"], {"steps": 7, "logging.output_dir": "/tmp/a: b"})
     assert cfg.steps == 7 and cfg.logging.output_dir == "/tmp/a: b"
+
+
+def test_setting_one_key_keeps_the_sections_own_defaults():
+    from omrl.options import EvalRunConfig
+
+    cfg = load_config(EvalRunConfig, None, [], {"env.name": "gridworld"})
+    assert cfg.env.name == "gridworld"
+    assert cfg.env.split == "test" and cfg.generation.temperature == 0.0  # EvalRunConfig's defaults, not EnvConfig's

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from omrl.cli.rollout_cmd import ARGS_HELP, build_config, progress_bar
+from omrl.cli.rollout_cmd import ARGS_HELP, progress_bar
+from omrl.config import command_line_config
 
 
 def default_report_path(model_name: str) -> Path:
@@ -36,7 +37,7 @@ def evaluate_command(
     from omrl.options import EvalRunConfig
     from omrl.rollout import RolloutSession
 
-    cfg = build_config(EvalRunConfig, args, {
+    cfg = command_line_config(EvalRunConfig, args, {
         "env.name": env, "model.name": model, "env.split": split, "num_tasks": num_tasks,
         "samples_per_task": samples, "report": report,
     })

@@ -2,48 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
-from typing import Any
 
 import typer
 
 ARGS_HELP = "\\[PRESET] \\[key=value ...]: a preset name or YAML path, then config overrides (see `omrl config keys rollout`)."
-
-
-def build_config(cls: type, args: list[str] | None, flags: dict[str, Any]):
-    """The config from an optional preset, ``key=value`` overrides, then the friendly flags that were given."""
-    from omrl.config import load_config, read_preset
-    from omrl.errors import ConfigError
-
-    args = list(args or [])
-    preset = args.pop(0) if args and "=" not in args[0] else None
-    command = cls().command
-    if preset is not None:
-        wanted = read_preset(preset).get("command", "train")
-        if wanted != command:
-            raise ConfigError(f"preset {preset!r} is for `omrl {wanted}`, not `omrl {command}`")
-    # flags win over the preset and the overrides; JSON-quoted so a value is never re-typed by YAML
-    args += [f"{key}={json.dumps(value)}" for key, value in flags.items() if value is not None]
-    return load_config(cls, preset, args, base=section_defaults(cls()))
-
-
-def section_defaults(cfg: Any) -> dict[str, Any]:
-    """The scalar defaults of ``cfg`` and its sections, without its mappings.
-
-    Used as the base of a config so that overriding one key of a section
-    (``env.name``) keeps the section's command-specific defaults (eval's
-    ``env.split=test``, ``generation.temperature=0``); mappings such as
-    ``reward.weights`` are left out so that setting one replaces it whole.
-    """
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            out[f.name] = section_defaults(value)
-        elif not isinstance(value, dict):
-            out[f.name] = value
-    return out
 
 
 def progress_bar(total: int, label: str):
@@ -85,11 +47,12 @@ def rollout(
     from omrl.data import write_episodes
     from omrl.errors import OmrlError
     from omrl.evaluation import evaluate, metrics_table
+    from omrl.config import command_line_config
     from omrl.options import RolloutRunConfig
     from omrl.rollout import RolloutSession, write_jsonl
     from omrl.rollout.convert import jsonl_path_for
 
-    cfg = build_config(RolloutRunConfig, args, {
+    cfg = command_line_config(RolloutRunConfig, args, {
         "env.name": env, "model.name": model, "env.template": template, "num_tasks": num_tasks,
         "group_size": group_size, "output": output, "use_expert": True if expert else None,
     })

@@ -9,7 +9,7 @@ script's options).
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 
@@ -55,25 +55,18 @@ def sft(
     """Fine-tune a model on agent conversations (loss on the assistant's tokens only)."""
     from transformers.utils import logging as hf_logging
 
+    from omrl.config import command_line_config
+    from omrl.options import SftRunConfig
     from omrl.training.sft import run_sft
 
     flags = {name: value for name, value in locals().items() if name in FLAG_KEYS and value is not None}
-    cfg = build_config(args or [], flags)
+    cfg = command_line_config(SftRunConfig, args, {FLAG_KEYS[k]: v for k, v in flags.items()}, "sft")
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     cfg.resume = cfg.resume or resume
     summary = run_sft(cfg)
     typer.echo(f"trained {summary['steps']} steps (final loss {summary['final_loss']:.4f}, "
                f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_steps']} skipped); "
                f"model saved in {summary['output_dir']}")
-
-
-def build_config(args: list[str], flags: dict[str, Any]):
-    """Defaults < preset (default: sft) < key=value overrides < flags."""
-    from omrl.config import load_config, split_preset
-    from omrl.options import SftRunConfig
-
-    preset, overrides = split_preset(args[0] if args else None, args[1:])
-    return load_config(SftRunConfig, preset or "sft", overrides, {FLAG_KEYS[k]: v for k, v in flags.items()})
 
 
 def add_to(app: typer.Typer) -> None:

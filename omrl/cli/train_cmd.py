@@ -21,7 +21,7 @@ def train(
     from rich.console import Console
     from rich.table import Table
 
-    from omrl.config import load_config, split_preset
+    from omrl.config import command_line_config
     from omrl.errors import ConfigError
     from omrl.options import TrainRunConfig
     from omrl.training.rl import ALGOS, run_rl
@@ -33,9 +33,8 @@ def train(
         if output_dir is None:
             raise ConfigError("--resume needs --output-dir: the run directory to continue")
         flags["resume"] = True
-    preset, overrides = split_preset(preset, overrides)
-    cfg = load_config(TrainRunConfig, preset or algo or "grpo", overrides,
-                      {k: v for k, v in flags.items() if v is not None})
+    cfg = command_line_config(TrainRunConfig, [preset, *(overrides or [])] if preset else overrides, flags,
+                              algo or "grpo")
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algo}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True)

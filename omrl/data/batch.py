@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from omrl.atomic import atomic_write_parquet
 from omrl.errors import OmrlError
 
 _META_KEY = b"omrl.batch"
@@ -174,18 +174,6 @@ class Batch:
             else:
                 non_tensors[k] = table.column(k).to_pylist()
         return Batch(tensors, non_tensors, info.get("meta", {}))
-
-
-def atomic_write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
-    """Write ``table`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def pad_sequences(seqs: Sequence[Sequence[int | float]], pad_value: int | float = 0,

@@ -17,10 +17,10 @@ from typing import Any, Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from omrl.data.batch import atomic_write_parquet
+from omrl.atomic import atomic_write_parquet
 from omrl.errors import OmrlError
 
-END_REASONS = ("done", "max_turns", "max_new_tokens", "max_context", "env_error", "empty_response")
+END_REASONS = ("done", "max_turns", "max_context", "env_error", "empty_response")
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from omrl.datasets import atomic_write_text
+from omrl.atomic import atomic_write_text
 from omrl.options import LoggingConfig
 
 METRICS_FILE = "metrics.jsonl"

@@ -34,7 +34,7 @@ from rich.console import Console
 from omrl import registry
 from omrl.algos import AdvantageInput, PolicyLossInput, aggregate_loss
 from omrl.config import to_dict, to_yaml
-from omrl.datasets import atomic_write_text
+from omrl.atomic import atomic_write_text
 from omrl.errors import ConfigError, OmrlError
 from omrl.options import TrainRunConfig
 from omrl.rollout import RolloutSession

@@ -14,6 +14,7 @@ import torch
 from omrl.data import Batch, Episode
 from omrl.data.batch import pad_sequences
 from omrl.rewards import allocate_rewards
+from omrl.rollout import token_exact
 
 # Tensors indexed by turn, not by token: never trimmed to a micro-batch's token width.
 PER_TURN_KEYS = ("turn_rewards", "turn_state_ids")
@@ -24,7 +25,7 @@ UNTRAINABLE_END_REASONS = ("env_error",)
 def trainable(episodes: Sequence[Episode]) -> list[Episode]:
     """The episodes an update may use: token-exact, with at least one model turn, env intact."""
     return [ep for ep in episodes
-            if ep.end_reason not in UNTRAINABLE_END_REASONS and ep.turns and any(ep.loss_mask)]
+            if ep.end_reason not in UNTRAINABLE_END_REASONS and ep.turns and any(ep.loss_mask) and token_exact(ep)]
 
 
 def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation: str = "last_token",

@@ -28,7 +28,8 @@ import torch
 from rich.console import Console
 
 from omrl.config import to_dict, to_yaml
-from omrl.datasets import atomic_write_text, load_conversations
+from omrl.atomic import atomic_write_text
+from omrl.datasets import load_conversations
 from omrl.errors import ConfigError, OmrlError
 from omrl.options import SftRunConfig
 from omrl.training import checkpoint as ckpt

@@ -1,0 +1,57 @@
+"""Generation backends: ``hf`` (transformers), ``vllm`` (offline engine), ``openai`` (HTTP endpoint).
+
+    backend = make_backend("hf", tokenizer, cfg.generation, model=model)
+    gens = backend.generate([prompt_ids, ...], SamplingParams(max_new_tokens=64, temperature=1.0, seed=0))
+
+Backends are chosen by name from a fixed table (not a plugin registry): each
+one is tied to how omrl loads weights and samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.errors import UnknownNameError
+
+BACKENDS = {
+    "hf": "transformers generate, batched; CPU or GPU",
+    "vllm": "vLLM offline engine kept across steps (pip install 'omrl[vllm]')",
+    "openai": "an OpenAI-compatible endpoint at generation.base_url",
+}
+
+
+def make_backend(name: str, tokenizer: Any, generation: Any, *, model: Any = None, model_name: str = "",
+                 dtype: str = "float32", seed: int = 0) -> Backend:
+    """Build the backend ``name`` from a GenerationConfig.
+
+    ``model`` is an already loaded transformers model (hf; loaded from
+    ``model_name`` when None); ``model_name`` is the built-in name, directory or
+    hub id the vllm engine loads, or the model name sent to an openai endpoint.
+    """
+    if name == "hf":
+        from omrl.backends.hf import HFBackend
+
+        if model is None:
+            import torch
+
+            from omrl.models import load_model
+
+            model, _ = load_model(model_name, dtype=dtype, device="cuda" if torch.cuda.is_available() else None)
+        return HFBackend(model, tokenizer, batch_size=generation.batch_size)
+    if name == "vllm":
+        from omrl.backends.vllm import VLLMBackend
+        from omrl.models import resolve_model_path
+
+        return VLLMBackend(resolve_model_path(model_name), tokenizer, batch_size=generation.batch_size,
+                           dtype=dtype, max_model_len=generation.max_context,
+                           gpu_memory_utilization=generation.gpu_memory_utilization, seed=seed)
+    if name == "openai":
+        from omrl.backends.openai import OpenAIBackend
+
+        return OpenAIBackend.from_env(generation.base_url, model_name, tokenizer,
+                                      api_key_env=generation.api_key_env, batch_size=generation.batch_size)
+    raise UnknownNameError(f"unknown generation backend {name!r}; valid: {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Backend", "Generation", "SamplingParams", "make_backend"]

@@ -1,0 +1,115 @@
+"""The generation-backend interface: token ids in, sampled token ids (and their log-probs) out.
+
+Every backend takes prompts as token ids and returns exactly the ids it sampled,
+so the rollout never decodes and re-encodes a model turn. A backend generates
+one turn: it stops at the tokenizer's end-of-turn token (``eos_token``) or at
+the per-prompt token limit.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+from omrl.errors import OmrlError
+
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one turn for every prompt of a call.
+
+    ``max_new_tokens`` is one cap for all prompts or one per prompt (the rollout
+    lowers it per episode to what the context still allows).
+    """
+
+    max_new_tokens: int | Sequence[int] = 96
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None  # same seed + same prompts -> same samples
+
+    def limit(self, index: int) -> int:
+        """The token limit of prompt ``index``."""
+        if isinstance(self.max_new_tokens, int):
+            return self.max_new_tokens
+        return int(self.max_new_tokens[index])
+
+    def limits(self, count: int) -> list[int]:
+        """The token limits of ``count`` prompts; a per-prompt list must have that length."""
+        if not isinstance(self.max_new_tokens, int) and len(self.max_new_tokens) != count:
+            raise OmrlError(f"max_new_tokens lists {len(self.max_new_tokens)} limits for {count} prompts")
+        out = [self.limit(i) for i in range(count)]
+        if any(n < 1 for n in out):
+            raise OmrlError(f"max_new_tokens must be >= 1 for every prompt, got {min(out)}")
+        return out
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Generation:
+    """One sampled turn.
+
+    ``token_ids`` are the sampled ids, ending with the end-of-turn token when
+    ``finish_reason == "stop"``; ``logprobs`` holds one log-probability per id
+    under the sampling distribution (temperature and top-p applied; the model's
+    own distribution when greedy). ``token_exact`` is False when the backend
+    could only return text that was tokenized locally (the ids may then differ
+    from what the model sampled, and training must not use the turn).
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    token_exact: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise OmrlError(f"a generation has {len(self.token_ids)} ids but {len(self.logprobs)} log-probs")
+        if self.finish_reason not in FINISH_REASONS:
+            raise OmrlError(f"unknown finish reason {self.finish_reason!r}; valid: {', '.join(FINISH_REASONS)}")
+
+
+class Backend(ABC):
+    """Generates one model turn for a batch of token-id prompts."""
+
+    #: the name `make_backend` knows this backend by
+    name: ClassVar[str] = ""
+
+    def __init__(self, tokenizer: Any, batch_size: int = 32):
+        if batch_size < 1:
+            raise OmrlError(f"generation.batch_size must be >= 1, got {batch_size}")
+        if tokenizer.eos_token_id is None:
+            raise OmrlError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no eos_token; "
+                            "the rollout needs the end-of-turn token to stop a turn")
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.eos_token_id = int(tokenizer.eos_token_id)
+
+    @abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 messages: Sequence[Sequence[Mapping[str, str]]] | None = None) -> list[Generation]:
+        """One turn for each prompt, in order, chunked by ``batch_size`` internally.
+
+        ``messages`` (the same chats as text) is only used by backends that can
+        fall back to a chat API when the server does not take token ids.
+        """
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Load the trainer's weights (a state dict) into the generation engine in place."""
+        raise OmrlError(f"the {self.name} backend cannot load new weights; use the hf or vllm backend for training")
+
+    def close(self) -> None:
+        """Free what the backend holds (engines, connections)."""
+
+    def _cut(self, ids: Sequence[int], logprobs: Sequence[float], limit: int) -> Generation:
+        """Stop at the first end-of-turn token (kept) or at ``limit`` ids."""
+        ids, logprobs = list(ids), list(logprobs)
+        if self.eos_token_id in ids[:limit]:
+            end = ids.index(self.eos_token_id) + 1
+            return Generation(ids[:end], [float(x) for x in logprobs[:end]], "stop")
+        return Generation(ids[:limit], [float(x) for x in logprobs[:limit]], "length")

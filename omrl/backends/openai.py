@@ -1,0 +1,152 @@
+"""The ``openai`` backend: any OpenAI-compatible endpoint (``vllm serve``, SGLang, TGI...).
+
+Token-exact path: ``POST {base_url}/completions`` with the prompt as token ids
+and ``logprobs``, asking for the sampled ids back (vLLM's ``return_token_ids``,
+or ``return_tokens_as_token_ids`` in the log-probs). When the server refuses
+token-id prompts (an HTTP 4xx) the backend switches to
+``/chat/completions`` with the chat as text for the rest of its life; such
+turns are tokenized locally and marked ``token_exact=False``, so they can be
+evaluated but not trained on. Requests run concurrently (``batch_size`` at a
+time) with timeouts and retries on connection errors, 429 and 5xx.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Mapping, Sequence
+
+import httpx
+
+from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.errors import OmrlError
+
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+class EndpointError(OmrlError):
+    """The endpoint failed or answered something that is not a completion."""
+
+
+class OpenAIBackend(Backend):
+    """An OpenAI-compatible HTTP endpoint; token ids in and out where the server allows."""
+
+    name = "openai"
+
+    def __init__(self, base_url: str, model: str, tokenizer: Any, batch_size: int = 32, api_key: str = "",
+                 timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
+                 transport: httpx.BaseTransport | None = None):
+        super().__init__(tokenizer, batch_size)
+        if not base_url:
+            raise OmrlError("the openai backend needs generation.base_url, e.g. http://127.0.0.1:8000/v1")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, transport=transport,
+                                   timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
+        self.model = model
+        self.retries = retries
+        self.backoff = backoff
+        self.chat_only = False  # set once the server refuses token-id prompts
+
+    @classmethod
+    def from_env(cls, base_url: str, model: str, tokenizer: Any, api_key_env: str = "OPENAI_API_KEY",
+                 **kwargs: Any) -> "OpenAIBackend":
+        """A backend whose API key is read from the environment variable ``api_key_env``."""
+        return cls(base_url, model, tokenizer, api_key=os.environ.get(api_key_env, ""), **kwargs)
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 messages: Sequence[Sequence[Mapping[str, str]]] | None = None) -> list[Generation]:
+        limits = params.limits(len(prompts))
+        if messages is not None and len(messages) != len(prompts):
+            raise OmrlError(f"generate got {len(messages)} chats for {len(prompts)} prompts")
+
+        def one(i: int) -> Generation:
+            seed = None if params.seed is None else params.seed + i
+            chat = messages[i] if messages is not None else None
+            return self._one(list(prompts[i]), chat, limits[i], params, seed)
+
+        with ThreadPoolExecutor(max_workers=min(self.batch_size, max(1, len(prompts)))) as pool:
+            return list(pool.map(one, range(len(prompts))))
+
+    def _one(self, prompt: list[int], chat: Sequence[Mapping[str, str]] | None, limit: int,
+             params: SamplingParams, seed: int | None) -> Generation:
+        sampling: dict[str, Any] = {"model": self.model, "max_tokens": limit,
+                                    "temperature": max(params.temperature, 0.0), "top_p": params.top_p}
+        if seed is not None:
+            sampling["seed"] = seed
+        if not self.chat_only:
+            body = {**sampling, "prompt": prompt, "logprobs": 1,
+                    "return_token_ids": True, "return_tokens_as_token_ids": True,
+                    "stop_token_ids": [self.eos_token_id], "skip_special_tokens": False}
+            response = self._post("completions", body, refusal_ok=chat is not None)
+            if response is not None:
+                return self._from_completion(response, limit)
+            self.chat_only = True
+        if chat is None:
+            raise EndpointError("the endpoint refuses token-id prompts and no chat messages were given "
+                                "to fall back to /chat/completions")
+        response = self._post("chat/completions", {**sampling, "messages": [dict(m) for m in chat]})
+        return self._from_chat(response, limit)
+
+    def _post(self, path: str, body: dict[str, Any], refusal_ok: bool = False) -> dict[str, Any] | None:
+        """POST to ``path`` (relative to base_url) with retries; None on a 4xx refusal when ``refusal_ok``."""
+        for attempt in range(self.retries + 1):
+            try:
+                reply = self.client.post(path, json=body)
+            except httpx.TransportError as exc:
+                if attempt == self.retries:
+                    raise EndpointError(f"cannot reach {self.client.base_url.join(path)}: {exc}") from exc
+            else:
+                if reply.status_code < 300:
+                    return reply.json()
+                if reply.status_code in RETRY_STATUS and attempt < self.retries:
+                    pass
+                elif 400 <= reply.status_code < 500 and refusal_ok:
+                    return None
+                else:
+                    raise EndpointError(f"{self.client.base_url.join(path)} answered HTTP {reply.status_code}: "
+                                        f"{reply.text[:300]}")
+            time.sleep(self.backoff * 2 ** attempt)
+        raise EndpointError(f"{self.client.base_url.join(path)} kept failing after {self.retries} retries")
+
+    def _from_completion(self, response: dict[str, Any], limit: int) -> Generation:
+        try:
+            choice = response["choices"][0]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise EndpointError(f"the completion has no choices: {str(response)[:300]}") from exc
+        logprobs = choice.get("logprobs") or {}
+        ids = choice.get("token_ids")
+        if ids is None:
+            ids = _ids_from_logprob_tokens(logprobs.get("tokens") or [])
+        values = [0.0 if v is None else float(v) for v in (logprobs.get("token_logprobs") or [])]
+        if ids is None:  # neither extension: only text came back
+            return self._from_text(choice.get("text") or "", choice.get("finish_reason"), limit)
+        values = (values + [0.0] * len(ids))[:len(ids)]
+        return self._cut(ids, values, limit)
+
+    def _from_chat(self, response: dict[str, Any], limit: int) -> Generation:
+        try:
+            choice = response["choices"][0]
+            text = choice["message"].get("content") or ""
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise EndpointError(f"the chat completion has no message: {str(response)[:300]}") from exc
+        return self._from_text(text, choice.get("finish_reason"), limit)
+
+    def _from_text(self, text: str, finish_reason: str | None, limit: int) -> Generation:
+        """Text tokenized locally: not the sampled ids, so marked not token-exact."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[:limit]
+        if finish_reason == "stop" and len(ids) < limit:
+            ids.append(self.eos_token_id)
+        gen = Generation(ids, [0.0] * len(ids), "stop" if ids and ids[-1] == self.eos_token_id else "length")
+        gen.token_exact = False
+        return gen
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _ids_from_logprob_tokens(tokens: Sequence[str]) -> list[int] | None:
+    """Ids from vLLM's ``token_id:123`` log-prob tokens, or None if they are plain text."""
+    if not tokens or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+        return None
+    return [int(t.split(":", 1)[1]) for t in tokens]

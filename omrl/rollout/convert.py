@@ -1,0 +1,58 @@
+"""Episodes as readable records: the JSONL written beside a trajectory parquet, and checks on them."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from omrl.atomic import atomic_write_text
+from omrl.data.trajectory import Episode
+
+
+def token_exact(episode: Episode) -> bool:
+    """Whether every model turn holds the ids the model sampled (training refuses episodes that do not)."""
+    return all(turn.info.get("rollout", {}).get("token_exact", True) for turn in episode.turns)
+
+
+def truncated_turns(episode: Episode) -> int:
+    """Model turns cut at their token limit (no end-of-turn token sampled)."""
+    return sum(bool(turn.info.get("rollout", {}).get("truncated", False)) for turn in episode.turns)
+
+
+def generated_tokens(episode: Episode) -> int:
+    """Tokens the model generated in the episode (the loss-mask ones)."""
+    return sum(episode.loss_mask)
+
+
+def episode_record(episode: Episode) -> dict[str, Any]:
+    """A readable summary of an episode: the chat, each turn's action and outcome, no token arrays."""
+    return {
+        "env": episode.env, "split": episode.split, "task_id": episode.task_id,
+        "group": episode.group, "sample": episode.sample,
+        "won": episode.won, "score": episode.score, "end_reason": episode.end_reason, "error": episode.error,
+        "num_turns": episode.num_turns, "total_reward": episode.total_reward,
+        "tokens": len(episode.token_ids), "generated_tokens": generated_tokens(episode),
+        "token_exact": token_exact(episode),
+        "instruction": episode.instruction,
+        "turns": [{"action": t.action, "format_ok": t.format_ok, "reward": t.reward, "done": t.done,
+                   "parse_error": t.parse_error} for t in episode.turns],
+        "rewards": episode.rewards,
+        "messages": episode.messages,
+    }
+
+
+def jsonl_path_for(parquet_path: str | os.PathLike) -> Path:
+    """Where the readable JSONL of a trajectory parquet goes: the same name, ``.jsonl``."""
+    return Path(parquet_path).with_suffix(".jsonl")
+
+
+def write_jsonl(episodes: Iterable[Episode], path: str | os.PathLike) -> Path:
+    """Write one readable record per line, atomically."""
+    path = Path(path)
+    lines = "".join(json.dumps(episode_record(ep), ensure_ascii=False, default=str) + "\n" for ep in episodes)
+    atomic_write_text(path, lines)
+    return path
+
+

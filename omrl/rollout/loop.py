@@ -1,0 +1,244 @@
+"""The batched, token-exact multi-turn rollout.
+
+Every turn, all live episodes (every task times ``group_size`` samples) are
+generated in ONE backend call; then their envs step together (concurrently for
+I/O-bound envs). Each episode's ``token_ids`` grow by exactly the sampled ids
+(loss_mask 1, with their log-probs) and by the chat-template increments of
+:mod:`omrl.chat` (observations, the next generation prompt, and the end-of-turn
+text when a turn was cut at its token limit: all loss_mask 0). Nothing is ever
+decoded and re-encoded, and no injected token is ever trained on.
+
+Each turn's ``info`` holds the env's step info plus ``info["rollout"]``:
+``truncated`` (cut at the token limit), ``token_exact`` (False when a backend
+could only return text) and ``new_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.chat import encode_text, next_turn_ids, prompt_ids
+from omrl.data.trajectory import Episode, Turn
+from omrl.envs import Env, StepResult
+from omrl.errors import OmrlError
+from omrl.rollout.pool import EnvPool
+from omrl.rollout.progress import RolloutProgress
+from omrl.templates import ParsedAction, Template
+
+EMPTY_OBSERVATION = "(the environment returned no text)"
+
+
+@dataclass
+class RolloutLimits:
+    """How long turns and episodes may get, and how replies are sampled."""
+
+    max_new_tokens: int = 96  # per model turn (lowered to what the context still allows)
+    max_context: int = 2048  # tokens per episode: prompt plus all turns
+    max_turns: int = 0  # 0: the env class's own cap
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    @classmethod
+    def from_config(cls, generation: Any, max_turns: int = 0) -> "RolloutLimits":
+        """From a GenerationConfig plus the env config's ``max_turns``."""
+        return cls(generation.max_new_tokens, generation.max_context, max_turns,
+                   generation.temperature, generation.top_p)
+
+
+@dataclass
+class _Live:
+    """An episode being played: its env, its chat so far and what its next turn answers."""
+
+    episode: Episode
+    env: Env
+    chat_kwargs: dict[str, Any]
+    messages: list[dict[str, str]]
+    answering: str  # the env text (or format feedback) the next turn answers
+    next_user: str = ""  # the user message that follows the current turn
+    eos_generated: bool = False
+    end: str | None = None
+    broken: bool = False
+
+
+def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[int], *,
+            backend: Backend | None = None, limits: RolloutLimits | None = None, split: str = "train",
+            group_size: int = 1, seed: int = 0, expert: bool = False, max_parallel: int = 0,
+            progress: RolloutProgress | None = None) -> list[Episode]:
+    """Play ``group_size`` episodes of each task and return them ordered by (group, sample).
+
+    ``backend`` generates the replies, or, with ``expert=True``, the env's
+    scripted expert plays (its actions written by the template's
+    ``format_action``). ``max_parallel`` caps how many episodes
+    play at once (0: all); a finished episode's env instance then plays the next
+    task. Episode.group is the task's index in ``tasks``, Episode.sample the
+    sample's index within its group.
+    """
+    limits = limits or RolloutLimits()
+    if group_size < 1:
+        raise OmrlError(f"group_size must be >= 1, got {group_size}")
+    if backend is None and not expert:
+        raise OmrlError("collect needs a generation backend, or expert=True to play the env's scripted expert")
+    if limits.max_new_tokens < 1 or limits.max_context < 2:
+        raise OmrlError(f"max_new_tokens must be >= 1 and max_context >= 2, got "
+                        f"{limits.max_new_tokens} and {limits.max_context}")
+    progress = progress or RolloutProgress()
+    queue = deque((group, sample, int(task)) for group, task in enumerate(tasks) for sample in range(group_size))
+    finished: list[Episode] = []
+    live: list[_Live] = []
+    calls = 0
+
+    def finish(state: _Live, reason: str) -> None:
+        ep = state.episode
+        ep.end_reason = reason
+        ep.messages = [dict(m) for m in state.messages]
+        pool.release(state.env, broken=state.broken)
+        finished.append(ep)
+        progress.finished(ep)
+
+    while queue or live:
+        room = len(queue) if not max_parallel else max(0, max_parallel - len(live))
+        started = [queue.popleft() for _ in range(min(room, len(queue)))]
+        for state in _start(pool, template, tokenizer, started, split, limits.max_context):
+            if state.end:
+                finish(state, state.end)
+            else:
+                live.append(state)
+        if not live:
+            continue
+        caps = [min(limits.max_new_tokens, limits.max_context - len(s.episode.token_ids)) for s in live]
+        if expert:
+            replies: list[Generation | BaseException] = _expert_replies(pool, template, tokenizer, live, caps)
+        else:
+            params = SamplingParams(max_new_tokens=caps, temperature=limits.temperature, top_p=limits.top_p,
+                                    seed=seed * 1_000_003 + calls * 10_007)
+            replies = list(backend.generate([s.episode.token_ids for s in live], params,  # type: ignore[union-attr]
+                                            messages=[s.messages for s in live]))
+        calls += 1
+        progress.generated(sum(len(r.token_ids) for r in replies if isinstance(r, Generation)))
+        to_step = [s for s, reply in zip(live, replies) if _record_reply(s, reply, template, tokenizer)]
+        results = pool.step_many([(s.env, s.episode.turns[-1].action) for s in to_step])
+        for state, result in zip(to_step, results):
+            _record_step(state, result)
+        still: list[_Live] = []
+        for state in live:
+            if state.end is None:
+                # an env's max_turns may be a per-instance option, so ask the instance
+                _continue_chat(state, tokenizer, limits.max_turns or int(state.env.max_turns), limits.max_context)
+            if state.end:
+                finish(state, state.end)
+            else:
+                still.append(state)
+        live = still
+    return sorted(finished, key=lambda ep: (ep.group, ep.sample))
+
+
+def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tuple[int, int, int]],
+           split: str, max_context: int) -> list[_Live]:
+    """Reset an env for each new episode and lay out its opening prompt."""
+    envs = [pool.acquire() for _ in started]
+    firsts = pool.reset_many([(env, task) for env, (_, _, task) in zip(envs, started)])
+    states = []
+    for env, (group, sample, task), first in zip(envs, started, firsts):
+        ep = Episode(env=pool.name, task_id=task, split=split, instruction="", group=group, sample=sample)
+        if isinstance(first, BaseException):
+            ep.error = f"reset failed: {type(first).__name__}: {first}"
+            states.append(_Live(ep, env, {}, [], "", end="env_error", broken=True))
+            continue
+        ep.instruction = first.instruction
+        observation = first.text or EMPTY_OBSERVATION
+        # the first user message is the instruction plus the first observation (once: some envs repeat it)
+        user = observation if first.instruction in observation else f"{first.instruction}\n\n{observation}"
+        messages = [{"role": "system", "content": template.system_prompt(env)}, {"role": "user", "content": user}]
+        kwargs = template.chat_template_kwargs(env)
+        ids = prompt_ids(tokenizer, messages, **kwargs)
+        ep.token_ids, ep.loss_mask, ep.logprobs = ids, [0] * len(ids), [0.0] * len(ids)
+        ep.prompt_length = len(ids)
+        # at least one generated token must fit, or the episode cannot start
+        end = "max_context" if len(ids) >= max_context else None
+        states.append(_Live(ep, env, kwargs, messages, observation, end=end))
+    return states
+
+
+def _expert_replies(pool: EnvPool, template: Template, tokenizer: Any, live: list[_Live],
+                    caps: list[int]) -> list[Generation | BaseException]:
+    """The scripted expert's next action per episode, as the ids of the template-formatted reply."""
+    actions = pool.call_many(lambda env: env.expert_action(), [s.env for s in live])
+    eos = int(tokenizer.eos_token_id)
+    out: list[Generation | BaseException] = []
+    for state, action, cap in zip(live, actions, caps):
+        if isinstance(action, BaseException) or action is None:
+            out.append(action if isinstance(action, BaseException) else
+                       OmrlError(f"{pool.name} has no scripted expert action here"))
+            continue
+        text = template.format_action(action, state.env)
+        ids = (encode_text(tokenizer, text) + [eos])[:cap]
+        out.append(Generation(ids, [0.0] * len(ids), "stop" if ids[-1] == eos else "length"))
+    return out
+
+
+def _record_reply(state: _Live, reply: Generation | BaseException, template: Template, tokenizer: Any) -> bool:
+    """Append the sampled ids as a new turn and parse them; True when the env should step."""
+    ep = state.episode
+    if isinstance(reply, BaseException):
+        state.end, state.broken = "env_error", True
+        ep.error = f"{type(reply).__name__}: {reply}"
+        return False
+    start = len(ep.token_ids)
+    ep.token_ids += reply.token_ids
+    ep.loss_mask += [1] * len(reply.token_ids)
+    ep.logprobs += reply.logprobs
+    state.eos_generated = bool(reply.token_ids) and reply.token_ids[-1] == tokenizer.eos_token_id
+    body = reply.token_ids[:-1] if state.eos_generated else reply.token_ids
+    response = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    rollout_info = {"truncated": not state.eos_generated, "token_exact": reply.token_exact,
+                    "new_tokens": len(reply.token_ids)}
+    turn = Turn(observation=state.answering, response=response, action=None, format_ok=False, reward=0.0,
+                done=False, info={"rollout": rollout_info}, span=(start, len(ep.token_ids)))
+    ep.turns.append(turn)
+    state.messages.append({"role": "assistant", "content": response})
+    if not response.strip():
+        turn.parse_error = "the reply was empty"
+        state.end = "empty_response"
+        return False
+    parsed: ParsedAction = template.parse(response, state.env)
+    turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
+    if parsed.action is None:
+        reason = parsed.error or "no action found in the reply"
+        state.next_user = f"Your reply could not be parsed: {reason}\n{state.env.action_help}"
+        return False
+    return True
+
+
+def _record_step(state: _Live, result: StepResult | BaseException) -> None:
+    """Fill the turn with the env's answer; an env that raised ends its episode (env_error)."""
+    ep, turn = state.episode, state.episode.turns[-1]
+    if isinstance(result, BaseException):
+        ep.error = f"step failed: {type(result).__name__}: {result}"
+        state.end, state.broken = "env_error", True
+        return
+    turn.reward, turn.done = float(result.reward), bool(result.done)
+    turn.info = {**result.info, "rollout": turn.info["rollout"]}
+    ep.won, ep.score = result.won, result.score
+    state.next_user = result.observation or EMPTY_OBSERVATION
+    if result.done:
+        state.end = "done"
+
+
+def _continue_chat(state: _Live, tokenizer: Any, turn_cap: int, max_context: int) -> None:
+    """Append the template increment that leads to the next turn, or end the episode at a limit."""
+    ep = state.episode
+    if len(ep.turns) >= turn_cap:
+        state.end = "max_turns"
+        return
+    increment = next_turn_ids(tokenizer, state.messages, state.next_user, state.eos_generated, **state.chat_kwargs)
+    if len(ep.token_ids) + len(increment) >= max_context:
+        state.end = "max_context"
+        return
+    ep.token_ids += increment
+    ep.loss_mask += [0] * len(increment)
+    ep.logprobs += [0.0] * len(increment)
+    state.messages.append({"role": "user", "content": state.next_user})
+    state.answering = state.next_user

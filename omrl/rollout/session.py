@@ -1,0 +1,100 @@
+"""A rollout session: env pool, template, tokenizer and backend built once from a config.
+
+The commands (`omrl rollout`, `omrl eval`) and the trainer build one session
+and call :meth:`RolloutSession.play` as often as they need: env instances and
+the generation engine are created once, never per sample or per step.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import Any, Sequence
+
+from omrl import registry
+from omrl.backends import Backend, make_backend
+from omrl.data.trajectory import Episode
+from omrl.errors import OmrlError
+from omrl.rollout.loop import RolloutLimits, collect
+from omrl.rollout.pool import EnvPool
+from omrl.rollout.progress import RolloutProgress
+from omrl.templates import Template
+
+
+class RolloutSession:
+    """Plays episodes of one env with one template and one backend (or the env's expert)."""
+
+    def __init__(self, pool: EnvPool, template: Template, tokenizer: Any, backend: Backend | None,
+                 limits: RolloutLimits, reward_weights: dict[str, float] | None = None,
+                 plugin_options: dict[str, dict[str, Any]] | None = None):
+        self.pool = pool
+        self.template = template
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.limits = limits
+        self.reward_weights = dict(reward_weights or {})
+        self.plugin_options = dict(plugin_options or {})
+        self.reward_summary: dict[str, float] = {}  # what compose_rewards returned for the last play
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, model: Any = None, tokenizer: Any = None, expert: bool = False,
+                    backend: Backend | None = None) -> "RolloutSession":
+        """Build from a run config with ``env``, ``generation``, ``model``, ``reward`` and ``plugins`` sections.
+
+        ``model``/``tokenizer`` reuse objects the caller already holds (the
+        trainer's policy); ``expert=True`` builds no backend at all.
+        """
+        from omrl.models import load_tokenizer
+
+        env_class = registry.envs.get(cfg.env.name)
+        template_class = registry.templates.get(cfg.env.template)
+        plugins = dict(getattr(cfg, "plugins", {}) or {})
+        pool = EnvPool(env_class, plugins.get(cfg.env.name, {}), name=cfg.env.name,
+                       num_workers=cfg.env.num_workers)
+        template = template_class(**plugins.get(cfg.env.template, {}))
+        if tokenizer is None:
+            tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
+        if backend is None and not expert:
+            backend = make_backend(cfg.generation.backend, tokenizer, cfg.generation, model=model,
+                                   model_name=cfg.model.name, dtype=cfg.model.dtype, seed=cfg.seed)
+        return cls(pool, template, tokenizer, backend, RolloutLimits.from_config(cfg.generation, cfg.env.max_turns),
+                   reward_weights=cfg.reward.weights, plugin_options=plugins)
+
+    def task_ids(self, split: str, count: int) -> list[int]:
+        """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""
+        if count < 1:
+            raise OmrlError(f"num_tasks must be >= 1, got {count}")
+        return list(self.pool.probe().split_of(split))[:count]
+
+    def play(self, tasks: Sequence[int], *, split: str, group_size: int = 1, seed: int = 0, expert: bool = False,
+             progress: RolloutProgress | None = None, max_parallel: int = 0) -> list[Episode]:
+        """Play ``group_size`` samples of each task, then compose their rewards."""
+        episodes = collect(self.pool, self.template, self.tokenizer, tasks, backend=self.backend,
+                           limits=self.limits, split=split, group_size=group_size, seed=seed, expert=expert,
+                           max_parallel=max_parallel, progress=progress)
+        self.reward_summary = compose_rewards(episodes, self.reward_weights, self.plugin_options)
+        return episodes
+
+    def close(self) -> None:
+        self.pool.close()
+        if self.backend is not None:
+            self.backend.close()
+
+    def __enter__(self) -> "RolloutSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def compose_rewards(episodes: list[Episode], weights: dict[str, float],
+                    options: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Fill ``episode.rewards`` through :func:`omrl.rewards.compose_rewards` when that module is installed.
+
+    ``options`` is the config's per-plugin block; each weighted reward gets its own entry.
+    """
+    if not episodes or importlib.util.find_spec("omrl.rewards") is None:
+        return {}
+    rewards = importlib.import_module("omrl.rewards")
+    reward_options = {name: options[name] for name in weights if name in options}
+    return dict(rewards.compose_rewards(episodes, weights, reward_options))

@@ -1,0 +1,1 @@
+"""Tests of the rollout, the generation backends, evaluation and the rollout/eval commands."""

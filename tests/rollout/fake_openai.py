@@ -1,0 +1,89 @@
+"""A small OpenAI-compatible server on 127.0.0.1 that serves the tiny model (for openai-backend tests).
+
+Modes (``server.mode``):
+- ``vllm``: like ``vllm serve``: token-id prompts, ``token_ids`` in the choice when asked;
+- ``logprob_tokens``: token ids only as ``token_id:N`` log-prob tokens;
+- ``text_only``: refuses token-id prompts (HTTP 400), serves chat completions as text.
+``fail_next`` answers that many requests with HTTP 503 first (to exercise retries).
+"""
+
+import socket
+import threading
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+
+from omrl.backends.base import SamplingParams
+
+
+class FakeOpenAIServer:
+    """Serves ``backend`` (an HFBackend) over HTTP from a background thread."""
+
+    def __init__(self, backend, tokenizer):
+        self.backend, self.tokenizer = backend, tokenizer
+        self.mode = "vllm"
+        self.fail_next = 0
+        self.requests: list[tuple[str, dict]] = []
+        app = FastAPI()
+
+        def maybe_fail(path: str, body: dict) -> None:
+            self.requests.append((path, body))
+            if self.fail_next > 0:
+                self.fail_next -= 1
+                raise HTTPException(503, "busy")
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            body = await request.json()
+            maybe_fail("/completions", body)
+            prompt = body["prompt"]
+            if not isinstance(prompt, list) or self.mode == "text_only":
+                raise HTTPException(400, "prompt must be text")
+            gen = self._generate(prompt, body)
+            choice = {"index": 0, "text": tokenizer.decode(gen.token_ids, skip_special_tokens=True),
+                      "finish_reason": gen.finish_reason,
+                      "logprobs": {"tokens": [f"token_id:{i}" for i in gen.token_ids],
+                                   "token_logprobs": gen.logprobs}}
+            if self.mode == "vllm" and body.get("return_token_ids"):
+                choice["token_ids"] = gen.token_ids
+            return {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            maybe_fail("/chat/completions", body)
+            prompt = tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
+            gen = self._generate(tokenizer.encode(prompt, add_special_tokens=False), body)
+            text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
+            return {"id": "chat-1", "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                                 "finish_reason": gen.finish_reason}]}
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def _generate(self, prompt: list[int], body: dict):
+        params = SamplingParams(max_new_tokens=body.get("max_tokens", 16), temperature=body.get("temperature", 1.0),
+                                top_p=body.get("top_p", 1.0), seed=body.get("seed"))
+        return self.backend.generate([prompt], params)[0]
+
+    def start(self):
+        self.thread.start()
+        ready = threading.Event()
+        # uvicorn sets `started` once it listens; wait on it without a fixed sleep
+        while not self.server.started and self.thread.is_alive():
+            ready.wait(0.01)
+        if not self.server.started:
+            raise RuntimeError("the fake OpenAI server did not start")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

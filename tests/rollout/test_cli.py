@@ -1,0 +1,70 @@
+"""`omrl rollout` and `omrl eval` through the real CLI, on the tiny model and the fake `keys` env."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from omrl.cli import build_app, main
+from omrl.data import read_episodes
+
+FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(build_app(), list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def test_rollout_writes_parquet_and_readable_jsonl(fake_plugins, tmp_path):
+    out = tmp_path / "runs" / "t.parquet"
+    result = invoke("rollout", *FAST, "--env", "keys", "--template", "action", "--model", "tiny",
+                    "--num-tasks", "2", "--group-size", "2", "--output", str(out))
+    assert result.exit_code == 0, result.output
+    episodes = read_episodes(out)
+    assert [(ep.group, ep.sample) for ep in episodes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(ep.num_turns == 2 and sum(ep.loss_mask) > 0 for ep in episodes)
+    lines = out.with_suffix(".jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 4 and records[0]["messages"][0]["role"] == "system"
+    assert records[0]["token_exact"] is True
+    assert "wrote 4 episodes" in result.output and "success_rate" in result.output
+
+
+def test_rollout_expert_makes_winning_sft_data(fake_plugins, tmp_path):
+    out = tmp_path / "expert.parquet"
+    result = invoke("rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--expert",
+                    "--num-tasks", "3", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    episodes = read_episodes(out)
+    assert len(episodes) == 3 and all(ep.won for ep in episodes)
+    assert episodes[0].messages[2] == {"role": "assistant", "content": "Action: open"}
+
+
+def test_eval_prints_the_table_and_writes_the_report(fake_plugins, tmp_path):
+    report = tmp_path / "report.json"
+    result = invoke("eval", *FAST, "generation.temperature=1.0", "--env", "keys", "env.template=action",
+                    "--model", "tiny", "--num-tasks", "3", "--samples", "2", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    metrics = data["metrics"]
+    assert metrics["episodes"] == 6 and metrics["samples_per_task"] == 2 and "pass@2" in metrics
+    assert sum(metrics["end_reasons"].values()) == 6
+    assert data["config"]["env"]["split"] == "test"
+    assert "pass@2" in result.output and "format_error_rate" in result.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["rollout", "eval"], "preset 'eval' is for `omrl eval`, not `omrl rollout`"),
+    (["rollout", "--env", "nosuch", "--expert"], "unknown env 'nosuch'"),
+    (["eval", "num_taks=3"], "did you mean 'num_tasks'"),
+])
+def test_bad_input_is_one_clear_line(fake_plugins, capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert message in " ".join(capsys.readouterr().err.split())

@@ -1,0 +1,79 @@
+"""Evaluation metrics, pass@k on hand-checked cases, the table and the JSON report."""
+
+from __future__ import annotations
+
+import json
+from math import comb
+
+import pytest
+
+from omrl.data.trajectory import Episode, Turn
+from omrl.errors import OmrlError
+from omrl.evaluation import evaluate, ks_for, metrics_table, pass_at_k, write_report
+
+
+def turn(action="go", format_ok=True, invalid=False, truncated=False):
+    info = {"invalid": invalid, "rollout": {"truncated": truncated, "token_exact": True, "new_tokens": 3}}
+    return Turn("obs", "reply", action, format_ok, 0.0, False, info)
+
+
+def episode(task, sample, won, score=None, turns=(), end="done", tokens=10, generated=4):
+    return Episode(env="keys", task_id=task, split="test", instruction="", sample=sample, won=won,
+                   score=float(won) if score is None else score, turns=list(turns), end_reason=end,
+                   token_ids=[0] * tokens, loss_mask=[1] * generated + [0] * (tokens - generated))
+
+
+def test_pass_at_k_matches_the_binomial_formula():
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(4, 0, 4) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(4, 2, 3) == 1.0  # only 2 failures: any 3 samples include a success
+    for n, c, k in [(10, 3, 4), (20, 7, 5), (7, 1, 7)]:
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+    with pytest.raises(OmrlError, match="1 <= k <= n"):
+        pass_at_k(3, 1, 4)
+
+
+def test_ks_reported():
+    assert ks_for(1) == [1] and ks_for(4) == [1, 2, 4] and ks_for(6) == [1, 2, 4, 6]
+
+
+def test_metrics_on_a_hand_checked_set():
+    episodes = [
+        # task 0: 1 of 4 samples wins -> pass@1 = .25, pass@2 = .5, pass@4 = 1
+        episode(0, 0, True, turns=[turn(), turn()]),
+        episode(0, 1, False, score=0.5, turns=[turn(invalid=True)], end="max_turns"),
+        episode(0, 2, False, turns=[turn(action=None, format_ok=False)], end="env_error"),
+        episode(0, 3, False, turns=[turn(truncated=True)], end="max_turns"),
+        # task 1: no win -> 0 everywhere
+        *[episode(1, s, False, score=0.25, turns=[turn()], end="max_context") for s in range(4)],
+    ]
+    m = evaluate(episodes)
+    assert (m["episodes"], m["tasks"], m["samples_per_task"]) == (8, 2, 4)
+    assert m["success_rate"] == pytest.approx(1 / 8)
+    assert m["mean_score"] == pytest.approx((1 + 0.5 + 4 * 0.25) / 8)
+    assert m["mean_turns"] == pytest.approx(9 / 8)
+    assert m["invalid_action_rate"] == pytest.approx(1 / 8)  # 8 turns with an action, 1 invalid
+    assert m["format_error_rate"] == pytest.approx(1 / 9)
+    assert m["truncated_turn_rate"] == pytest.approx(1 / 9)
+    assert m["pass@1"] == pytest.approx(0.125) and m["pass@2"] == pytest.approx(0.25)
+    assert m["pass@4"] == pytest.approx(0.5)
+    assert m["best_of_4_score"] == pytest.approx((1 + 0.25) / 2)
+    assert m["end_reasons"] == {"done": 1, "max_turns": 2, "env_error": 1, "max_context": 4}
+    assert m["env_errors"] == 1 and m["generated_tokens_per_episode"] == 4
+    with pytest.raises(OmrlError, match="no episodes"):
+        evaluate([])
+
+
+def test_table_and_report(tmp_path):
+    episodes = [episode(0, 0, True, turns=[turn()]), episode(1, 0, False, turns=[turn()], end="max_turns")]
+    metrics = evaluate(episodes)
+    table = metrics_table(metrics)
+    labels = list(table.columns[0]._cells)
+    assert "success_rate" in labels and "ended: done" in labels and "ended: max_turns" in labels
+    assert "50.0%" in table.columns[1]._cells
+    path = write_report(tmp_path / "sub" / "report.json", metrics, episodes, {"seed": 0})
+    data = json.loads(path.read_text())
+    assert data["metrics"]["success_rate"] == 0.5 and data["config"] == {"seed": 0}
+    assert [e["won"] for e in data["episodes"]] == [True, False]
+    assert [p.name for p in path.parent.iterdir()] == ["report.json"]  # no temporary file left behind

@@ -1,0 +1,187 @@
+"""The rollout loop: batching, limits and end reasons, bad input, env pools, reproducibility."""
+
+from __future__ import annotations
+
+import pytest
+
+from omrl.backends.hf import HFBackend
+from omrl.data import read_episodes, write_episodes
+from omrl.errors import OmrlError
+from omrl.rollout import EnvPool, RolloutLimits, RolloutProgress, collect
+from omrl.rollout.loop import EMPTY_OBSERVATION
+
+from .fakes import ActionTemplate, CountingBackend, IOKeyEnv, KeyEnv, ScriptedBackend
+
+
+def scripted(tokenizer, replies):
+    """A backend answering ``replies[call][index]`` (text) or ``replies(call, index)``."""
+    pick = replies if callable(replies) else (lambda call, index: replies[call][index])
+    return ScriptedBackend(tokenizer, lambda call, index, prompt: pick(call, index))
+
+
+def open_then_take(call: int, index: int) -> str:
+    """Every episode: open the chest, then take the key."""
+    return ["Action: open", "Action: take key"][call]
+
+
+def run(tokenizer, backend, tasks=(0,), group_size=1, env_class=KeyEnv, options=None, **limits):
+    pool = EnvPool(env_class, options, name="keys")
+    episodes = collect(pool, ActionTemplate(), tokenizer, list(tasks), backend=backend, group_size=group_size,
+                       limits=RolloutLimits(**{"max_new_tokens": 24, "max_context": 1024, **limits}))
+    return episodes, pool
+
+
+def test_one_backend_call_per_turn_for_all_live_episodes(tiny_hf):
+    model, tokenizer = tiny_hf
+    backend = CountingBackend(HFBackend(model, tokenizer, batch_size=4))
+    episodes, pool = run(tokenizer, backend, tasks=[0, 1, 2], group_size=2, max_new_tokens=8, max_turns=3)
+    assert backend.calls == [6, 6, 6]  # random replies never finish early: all 6 live for 3 turns
+    assert [(ep.group, ep.sample, ep.task_id) for ep in episodes] == [
+        (0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
+    assert all(ep.end_reason == "max_turns" and ep.num_turns == 3 for ep in episodes)
+    assert pool.created == 6
+    for ep in episodes:
+        assert all(0 < t.span[1] - t.span[0] <= 8 for t in ep.turns)
+        generated = [lp for lp, m in zip(ep.logprobs, ep.loss_mask) if m]
+        assert len(generated) == sum(ep.loss_mask) and all(lp < 0 for lp in generated)
+        assert all(lp == 0.0 for lp, m in zip(ep.logprobs, ep.loss_mask) if not m)
+
+
+def test_finished_episodes_leave_the_batch_and_their_envs_play_the_next_task(tiny_tokenizer):
+    backend = scripted(tiny_tokenizer, lambda call, index: "Action: open" if call % 2 == 0 else "Action: take key")
+    pool = EnvPool(KeyEnv, name="keys")
+    episodes = collect(pool, ActionTemplate(), tiny_tokenizer, [0, 1, 2, 3, 4], backend=backend, max_parallel=2)
+    assert [ep.task_id for ep in episodes] == [0, 1, 2, 3, 4]
+    assert all(ep.won and ep.end_reason == "done" and ep.num_turns == 2 for ep in episodes)
+    assert pool.created == 2  # two instances played all five tasks
+    assert backend.calls == [2, 2, 2, 2, 1, 1]
+
+
+def test_seeded_sampling_is_reproducible(tiny_hf):
+    model, tokenizer = tiny_hf
+    backend = HFBackend(model, tokenizer)
+
+    def ids(seed):
+        pool = EnvPool(KeyEnv, name="keys")
+        eps = collect(pool, ActionTemplate(), tokenizer, [0], backend=backend, group_size=2, seed=seed,
+                      limits=RolloutLimits(max_new_tokens=6, max_turns=2))
+        return [ep.token_ids for ep in eps]
+
+    first = ids(1)
+    assert first == ids(1)
+    assert first != ids(2)
+    assert first[0] != first[1]  # the G samples of a task differ
+
+
+def test_end_reasons_and_truncation(tiny_tokenizer):
+    eos = tiny_tokenizer.eos_token_id
+    long_reply = tiny_tokenizer.encode("Action: " + "wait " * 40, add_special_tokens=False)
+    backend = scripted(tiny_tokenizer, lambda call, index: long_reply)
+    (ep,), _ = run(tiny_tokenizer, backend, max_new_tokens=10, max_turns=2)
+    assert ep.end_reason == "max_turns" and ep.num_turns == 2
+    for turn in ep.turns:
+        assert turn.info["rollout"] == {"truncated": True, "token_exact": True, "new_tokens": 10}
+        assert turn.info["invalid"]  # a cut turn still counts: it parsed and the env stepped
+    first_end = ep.turns[0].span[1]
+    assert ep.token_ids[first_end] == eos and ep.loss_mask[first_end] == 0
+
+    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, lambda c, i: [eos]))
+    assert ep.end_reason == "empty_response" and ep.turns[0].response == "" and not ep.turns[0].format_ok
+
+    backend = scripted(tiny_tokenizer, lambda call, index: "Action: look around")
+    (ep,), _ = run(tiny_tokenizer, backend, max_context=70)
+    assert ep.end_reason == "max_context" and ep.num_turns >= 1 and len(ep.token_ids) < 70
+
+
+def test_prompt_longer_than_the_context_ends_with_zero_turns(tiny_tokenizer):
+    backend = scripted(tiny_tokenizer, lambda call, index: "Action: open")
+    (ep,), _ = run(tiny_tokenizer, backend, max_context=10)
+    assert ep.end_reason == "max_context" and ep.num_turns == 0 and sum(ep.loss_mask) == 0
+    assert backend.calls == [] and ep.prompt_length == len(ep.token_ids) > 10
+
+
+def test_unparsable_reply_does_not_step_the_env_and_explains_the_format(tiny_tokenizer):
+    backend = scripted(tiny_tokenizer, [["I will open it."], ["Action: open"], ["Action: take key"]])
+    (ep,), pool = run(tiny_tokenizer, backend)
+    bad = ep.turns[0]
+    assert (bad.action, bad.format_ok, bad.reward, bad.done) == (None, False, 0.0, False)
+    assert "must start with `Action:`" in bad.parse_error
+    feedback = ep.messages[3]
+    assert feedback["role"] == "user" and bad.parse_error in feedback["content"]
+    assert KeyEnv.action_help in feedback["content"]
+    assert ep.turns[1].observation == feedback["content"]
+    assert ep.won and ep.num_turns == 3
+    assert pool.probe().steps == 2  # the unparsable turn never reached the env
+
+
+def test_env_raising_mid_batch_ends_only_its_episode(tiny_tokenizer):
+    episodes, pool = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1, 2],
+                         options={"fail_task": 1})
+    broken = episodes[1]
+    assert broken.end_reason == "env_error" and "chest 1 exploded" in broken.error
+    assert broken.num_turns == 1 and broken.turns[0].action == "open"
+    assert [ep.won for ep in episodes] == [True, False, True]
+    assert pool.created == 3 and len(pool._all) == 2  # the broken instance was discarded
+
+
+def test_unknown_task_fails_its_reset_not_the_rollout(tiny_tokenizer):
+    episodes, _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 99])
+    assert episodes[0].won
+    assert episodes[1].end_reason == "env_error" and "unknown task id 99" in episodes[1].error
+    assert episodes[1].num_turns == 0
+
+
+def test_empty_observation_gets_a_placeholder(tiny_tokenizer):
+    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, [["Action: open"]]), options={"empty_task": 0},
+                   max_turns=1)
+    assert ep.messages[1]["content"].endswith(EMPTY_OBSERVATION)
+    assert ep.turns[0].observation == EMPTY_OBSERVATION
+
+
+def test_io_bound_envs_step_from_threads_with_the_same_result(tiny_tokenizer):
+    inline, _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1, 2, 3])
+    threaded, pool = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1, 2, 3],
+                         env_class=IOKeyEnv)
+    assert pool._threads is not None
+    assert [ep.token_ids for ep in threaded] == [ep.token_ids for ep in inline]
+    assert all(ep.won for ep in threaded)
+    pool.close()
+    assert pool._threads is None
+
+
+def test_expert_plays_through_the_template(tiny_tokenizer):
+    pool = EnvPool(KeyEnv, name="keys")
+    progress = RolloutProgress()
+    episodes = collect(pool, ActionTemplate(), tiny_tokenizer, [0, 1], expert=True, progress=progress)
+    assert all(ep.won and ep.end_reason == "done" for ep in episodes)
+    assert [t.response for t in episodes[0].turns] == ["Action: open", "Action: take key"]
+    assert all(t.format_ok for ep in episodes for t in ep.turns)
+    assert progress.episodes == 2 and progress.success_rate == 1.0 and progress.tokens == sum(
+        sum(ep.loss_mask) for ep in episodes)
+
+
+def test_won_and_score_come_from_the_last_step(tiny_tokenizer):
+    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, [["Action: open"]]), max_turns=1)
+    assert (ep.won, ep.score, ep.end_reason) == (False, 0.5, "max_turns")
+
+
+def test_bad_arguments_raise_clear_errors(tiny_tokenizer):
+    pool = EnvPool(KeyEnv, name="keys")
+    with pytest.raises(OmrlError, match="group_size must be >= 1"):
+        collect(pool, ActionTemplate(), tiny_tokenizer, [0], backend=scripted(tiny_tokenizer, []), group_size=0)
+    with pytest.raises(OmrlError, match="needs a generation backend"):
+        collect(pool, ActionTemplate(), tiny_tokenizer, [0])
+
+
+def test_parquet_round_trip_of_real_rollout_output(tiny_hf, tmp_path):
+    model, tokenizer = tiny_hf
+    episodes, _ = run(tokenizer, HFBackend(model, tokenizer), tasks=[0, 1], group_size=2, max_new_tokens=6,
+                      max_turns=2)
+    back = read_episodes(write_episodes(episodes, tmp_path / "t.parquet"))
+    assert len(back) == 4
+    for a, b in zip(episodes, back):
+        assert (a.token_ids, a.loss_mask, a.messages, a.group, a.sample) == (b.token_ids, b.loss_mask, b.messages,
+                                                                             b.group, b.sample)
+        assert [t.span for t in a.turns] == [t.span for t in b.turns]
+        assert [t.info for t in a.turns] == [t.info for t in b.turns]
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
