@@ -1,11 +1,15 @@
 """omrl learns: the `tiny` model on `gridworld`, through SFT on expert trajectories and then GRPO.
 
-    python examples/learn_gridworld.py            # the full run (about 10-20 minutes on 2 CPU cores)
-    python examples/learn_gridworld.py --quick    # the fast version the test suite runs
+    python examples/learn_gridworld.py            # the full run (about 15-20 minutes on 2 CPU cores)
+    python examples/learn_gridworld.py --quick    # a smaller budget (about 5 minutes)
 
 It prints held-out test success before SFT, after SFT and after GRPO, and writes
 ``<out>/success.png`` (test success against GRPO step) and ``<out>/summary.json``.
 Everything is seeded: the same command gives the same numbers on the same machine.
+
+Measured here (2 shared CPU cores): SFT takes the random model from 0% to about
+48% greedy test success; 20 GRPO steps at lr 1e-4 then hold it at 46-50%: GRPO does
+not yet raise held-out success within this budget (see the README).
 """
 
 from __future__ import annotations
@@ -42,10 +46,10 @@ class Budget:
     eval_every: int
 
 
-FULL = Budget(expert_episodes=48, sft_epochs=2.0, grpo_steps=30, tasks_per_step=8, group_size=8,
+FULL = Budget(expert_episodes=600, sft_epochs=8.0, grpo_steps=20, tasks_per_step=8, group_size=8,
               eval_tasks=100, eval_every=5)
-QUICK = Budget(expert_episodes=32, sft_epochs=2.0, grpo_steps=6, tasks_per_step=8, group_size=8,
-               eval_tasks=32, eval_every=3)
+QUICK = Budget(expert_episodes=300, sft_epochs=4.0, grpo_steps=4, tasks_per_step=8, group_size=8,
+               eval_tasks=32, eval_every=2)
 
 
 def test_success(model: str, budget: Budget, seed: int) -> float:
@@ -75,9 +79,9 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
     sft_dir = out / "sft"
     sft = load_config(SftRunConfig, None, [
         "model.name=tiny", f"dataset={out / 'expert.parquet'}", f"logging.output_dir={sft_dir}",
-        f"num_train_epochs={budget.sft_epochs}", "optim.learning_rate=3e-3", "optim.micro_batch_size=8",
-        "optim.warmup_steps=5", "optim.lr_schedule=cosine", "max_seq_length=1024", f"seed={seed}",
-        "logging.tensorboard=false"])
+        f"num_train_epochs={budget.sft_epochs}", "optim.learning_rate=1e-3", "optim.micro_batch_size=8",
+        "optim.lr_schedule=constant", "max_seq_length=1024", "packing=false", f"seed={seed}",
+        "logging.tensorboard=false", "logging.logging_steps=50"])
     run_sft(sft)
     after_sft = test_success(str(sft_dir), budget, seed)
     print(f"test success after SFT:  {after_sft:.1%}", flush=True)
@@ -88,7 +92,8 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
         f"model.name={sft_dir}", *ENV, *GENERATION, f"logging.output_dir={grpo_dir}", "logging.tensorboard=false",
         f"steps={budget.grpo_steps}", f"tasks_per_step={budget.tasks_per_step}", f"group_size={budget.group_size}",
         f"eval_every={budget.eval_every}", f"eval_tasks={budget.eval_tasks}", "reward.weights={goal: 1.0}",
-        "optim.learning_rate=1e-4", "optim.micro_batch_size=16", "generation.temperature=1.0", f"seed={seed}"])
+        "optim.learning_rate=1e-4", "optim.micro_batch_size=16", "algorithm.loss_agg_mode=seq-mean-token-mean",
+        "generation.temperature=1.0", f"seed={seed}"])
     curve = [(0, after_sft)]
     run_rl(grpo, on_step_end=lambda step, m: curve.append((step, m["eval_success"])) if "eval_success" in m else None)
     after_grpo = test_success(str(grpo_dir), budget, seed)

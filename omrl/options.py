@@ -155,6 +155,7 @@ class TrainRunConfig:
     policy_loss: str = opt("ppo_clip", "Policy loss: ppo_clip, dual_clip, clip_higher.")
     steps: int = opt(4, "RL steps (rollout + update each).")
     tasks_per_step: int = opt(2, "Tasks per rollout step.")
+    train_tasks: int = opt(0, "Train on only the first N tasks of env.split (0: all of them).")
     group_size: int = opt(4, "Samples per task (G).")
     ppo_epochs: int = opt(1, "Passes over each rollout batch.")
     kl_coef: float = opt(0.0, "KL to the reference model; 0 turns it off (and skips the reference).")

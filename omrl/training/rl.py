@@ -95,6 +95,8 @@ class RLRecipe:
         for key in ("steps", "tasks_per_step", "group_size", "ppo_epochs"):
             if getattr(cfg, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+        if cfg.train_tasks < 0:
+            raise ConfigError(f"train_tasks must be >= 0 (0: the whole split), got {cfg.train_tasks}")
         if cfg.algo == "dpo" and cfg.group_size < 2:
             raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2")
         if cfg.critic not in ("head", "model"):
@@ -130,7 +132,8 @@ class RLRecipe:
     def _setup_rollout(self) -> None:
         cfg = self.cfg
         self.session = RolloutSession.from_config(cfg, model=self.model, tokenizer=self.tokenizer)
-        self.train_tasks = list(self.session.pool.probe().split_of(cfg.env.split))
+        tasks = self.session.pool.probe().split_of(cfg.env.split)
+        self.train_tasks = list(tasks[: cfg.train_tasks] if cfg.train_tasks else tasks)
         self.test_tasks = list(self.session.pool.probe().split_of("test"))[: cfg.eval_tasks]
         # log-probs are scored under the distribution the rollout sampled from
         self.temperature = cfg.generation.temperature if cfg.generation.temperature > 0 else 1.0
