@@ -18,3 +18,7 @@ class PluginError(OmrlError):
 
 class ConfigError(OmrlError):
     """A config file or override that does not fit the config's schema."""
+
+
+class NonFiniteLossError(OmrlError):
+    """Too many optimizer steps in a row had a NaN or infinite loss or gradient."""

@@ -23,7 +23,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -32,6 +32,8 @@ from omrl.atomic import atomic_write_text
 from omrl.options import LoggingConfig
 
 METRICS_FILE = "metrics.jsonl"
+#: What recipes call after each step's logging and checkpoint: ``fn(step, metrics)``.
+StepCallback = Callable[[int, dict[str, float]], None]
 # Shown first on the progress line, in this order; other metrics follow in the order given.
 _LEADING = ("loss", "lr", "tokens_per_s", "step_time")
 

@@ -25,7 +25,7 @@ import math
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,11 +35,11 @@ from omrl import registry
 from omrl.algos import AdvantageInput, PolicyLossInput, aggregate_loss
 from omrl.config import to_dict, to_yaml
 from omrl.atomic import atomic_write_text
-from omrl.errors import ConfigError, OmrlError
+from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.options import TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training import checkpoint as ckpt
-from omrl.training.metrics import MetricsLogger
+from omrl.training.metrics import MetricsLogger, StepCallback
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_model
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.policy import ValueHead, policy_forward
@@ -47,11 +47,7 @@ from omrl.training.rl_data import episodes_to_batch, micro_batches, pad_to, sort
 from omrl_plugins.algos import apply_kl_in_reward, dpo_loss, value_loss
 
 ALGOS = ("grpo", "ppo", "dpo")
-StepCallback = Callable[[int, dict[str, float]], None]
 
-
-class NonFiniteLossError(OmrlError):
-    """Too many updates in a row had a NaN or infinite loss or gradient."""
 
 
 class RLRecipe:

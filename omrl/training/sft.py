@@ -21,7 +21,7 @@ import random
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,20 +30,16 @@ from rich.console import Console
 from omrl.config import to_dict, to_yaml
 from omrl.atomic import atomic_write_text
 from omrl.datasets import load_conversations
-from omrl.errors import ConfigError, OmrlError
+from omrl.errors import ConfigError, NonFiniteLossError, OmrlError
 from omrl.options import SftRunConfig
 from omrl.training import checkpoint as ckpt
-from omrl.training.metrics import MetricsLogger
+from omrl.training.metrics import MetricsLogger, StepCallback
 from omrl.training.model_setup import load_trainable_model, save_final_model
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.packing import (IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows,
                                    token_loss_sum, tokenize_conversations)
 
-StepCallback = Callable[[int, dict[str, float]], None]
 
-
-class NonFiniteLossError(OmrlError):
-    """Too many optimizer steps in a row had a NaN or infinite loss or gradient."""
 
 
 class SftRecipe:

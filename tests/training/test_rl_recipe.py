@@ -17,7 +17,8 @@ from omrl.models import load_model
 from omrl.options import TrainRunConfig
 from omrl.training.checkpoint import CheckpointError, latest_checkpoint
 from omrl.training.metrics import read_metrics
-from omrl.training.rl import NonFiniteLossError, run_rl
+from omrl.errors import NonFiniteLossError
+from omrl.training.rl import run_rl
 
 QUIET = Console(file=io.StringIO())
 

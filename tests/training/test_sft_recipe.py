@@ -15,7 +15,8 @@ from omrl.models import load_model
 from omrl.options import SftRunConfig
 from omrl.training.checkpoint import CheckpointError, complete_checkpoints
 from omrl.training.metrics import read_metrics
-from omrl.training.sft import NonFiniteLossError, SftRecipe, run_sft
+from omrl.errors import NonFiniteLossError
+from omrl.training.sft import SftRecipe, run_sft
 
 QUIET = Console(file=io.StringIO())
 
