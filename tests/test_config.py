@@ -58,7 +58,7 @@ def test_a_mapping_override_replaces_and_a_dotted_one_sets_a_leaf():
     cfg = load_config(TrainRunConfig, "grpo", ["reward.weights={goal: 2.0}"])
     assert cfg.reward.weights == {"goal": 2.0}  # the preset's format weight is gone
     cfg = load_config(TrainRunConfig, "grpo", ["reward.weights.goal=2.0"])
-    assert cfg.reward.weights == {"goal": 2.0, "format": 0.1}
+    assert cfg.reward.weights == {"goal": 2.0, "format": 0.1, "tag_count": 0.1}
 
 
 def test_bad_preset_and_bad_yaml(tmp_path):
