@@ -245,6 +245,10 @@ class RLRecipe:
             values=batch.tensors.get("values"), turn_index=batch["turn_index"], turn_rewards=batch["turn_rewards"],
             turn_state_ids=batch["turn_state_ids"]), cfg.algorithm)
         batch.tensors["advantages"], batch.tensors["returns"] = advantages, returns
+        if not advantages.any() and self.value_head is None and not (ref and not cfg.kl_in_reward) \
+                and not cfg.entropy_coef:
+            # the policy gradient is exactly 0: every sample of each task scored the same
+            return self._skip_update("every advantage is 0 (all samples of each task got the same reward)")
 
         # UPDATE: ppo_epochs optimizer steps, each accumulating every micro-batch of the rollout
         total_tokens = mask.sum().clamp(min=1.0)

@@ -37,8 +37,21 @@ def rl_config(tiny_model_dir, tmp_path):
     return make
 
 
-def test_grpo_run_writes_metrics_checkpoints_and_a_loadable_model(rl_config):
-    cfg = rl_config("logging.save_steps=1", "logging.keep_checkpoints=1")
+class SampleIndexReward:
+    """A reward that ranks the samples of each task by their index: every task yields a pair."""
+
+    @hookimpl
+    def register_rewards(self, register):
+        def sample_index(episodes):
+            """The sample's index, on the last turn."""
+            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample)] for ep in episodes]
+
+        register("sample_index", sample_index)
+
+
+def test_grpo_run_writes_metrics_checkpoints_and_a_loadable_model(rl_config, register_plugin):
+    register_plugin(SampleIndexReward(), name="sample-index")  # rewards that differ within each group
+    cfg = rl_config("logging.save_steps=1", "logging.keep_checkpoints=1", "reward.weights={sample_index: 1.0}")
     summary = run_rl(cfg, console=QUIET)
     out = cfg.logging.output_dir
     records = read_metrics(out)
@@ -64,18 +77,6 @@ def test_ppo_trains_a_value_head(rl_config):
     assert summary["skipped_updates"] == 0
 
 
-class SampleIndexReward:
-    """A reward that ranks the samples of each task by their index: every task yields a pair."""
-
-    @hookimpl
-    def register_rewards(self, register):
-        def sample_index(episodes):
-            """The sample's index, on the last turn."""
-            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample)] for ep in episodes]
-
-        register("sample_index", sample_index)
-
-
 def test_dpo_trains_on_pairs_from_rollouts(rl_config, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
     cfg = rl_config("algo=dpo", "steps=1", "group_size=3", "reward.weights={sample_index: 1.0}")
@@ -85,8 +86,18 @@ def test_dpo_trains_on_pairs_from_rollouts(rl_config, register_plugin):
     assert math.isfinite(record["loss"]) and record["loss"] == pytest.approx(math.log(2), abs=0.05)  # policy == reference
 
 
-def test_kl_to_the_reference_is_logged(rl_config):
-    cfg = rl_config("steps=1", "kl_coef=0.1", "kl_estimator=k3")
+def test_an_update_with_all_zero_advantages_is_skipped_loudly(rl_config):
+    cfg = rl_config("steps=1", "eval_tasks=0")  # the random model never reaches a goal: every reward is 0
+    before = {k: v.clone() for k, v in load_model(cfg.model.name)[0].state_dict().items()}
+    summary = run_rl(cfg, console=QUIET)
+    assert summary["skipped_updates"] == 1
+    after = load_model(cfg.logging.output_dir)[0].state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_kl_to_the_reference_is_logged(rl_config, register_plugin):
+    register_plugin(SampleIndexReward(), name="sample-index")
+    cfg = rl_config("steps=1", "kl_coef=0.1", "kl_estimator=k3", "reward.weights={sample_index: 1.0}")
     run_rl(cfg, console=QUIET)
     record = read_metrics(cfg.logging.output_dir)[0]
     assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # before the first update the policy is the reference
@@ -96,12 +107,13 @@ class Stop(Exception):
     """Stands in for a run killed after a checkpoint."""
 
 
-def test_resumed_run_matches_an_uninterrupted_one(rl_config):
+def test_resumed_run_matches_an_uninterrupted_one(rl_config, register_plugin):
+    register_plugin(SampleIndexReward(), name="sample-index")
     keys = ("reward", "success", "loss", "grad_norm", "response_tokens")
-    full = rl_config("steps=3", "logging.save_steps=1", out="full")
+    full = rl_config("steps=3", "logging.save_steps=1", "reward.weights={sample_index: 1.0}", out="full")
     run_rl(full, console=QUIET)
 
-    killed = rl_config("steps=3", "logging.save_steps=1", out="killed")
+    killed = rl_config("steps=3", "logging.save_steps=1", "reward.weights={sample_index: 1.0}", out="killed")
 
     def stop_after_two(step, metrics):
         if step == 2:
@@ -146,14 +158,17 @@ class NanLoss:
 
 def test_non_finite_updates_are_skipped_then_stop_the_run(rl_config, register_plugin):
     register_plugin(NanLoss(), name="nan-loss")
-    cfg = rl_config("policy_loss=nan_loss", "steps=2", "optim.max_nan_steps=5", "eval_tasks=0")
+    register_plugin(SampleIndexReward(), name="sample-index")
+    cfg = rl_config("policy_loss=nan_loss", "steps=2", "optim.max_nan_steps=5", "eval_tasks=0",
+                    "reward.weights={sample_index: 1.0}")
     before = {k: v.clone() for k, v in load_model(cfg.model.name)[0].state_dict().items()}
     summary = run_rl(cfg, console=QUIET)
     assert summary["skipped_updates"] == 2
     after = load_model(cfg.logging.output_dir)[0].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "a skipped update changed the weights"
     with pytest.raises(NonFiniteLossError, match="2 updates in a row"):
-        run_rl(rl_config("policy_loss=nan_loss", "steps=3", "optim.max_nan_steps=2", out="stops"), console=QUIET)
+        run_rl(rl_config("policy_loss=nan_loss", "steps=3", "optim.max_nan_steps=2", "reward.weights={sample_index: 1.0}",
+                         out="stops"), console=QUIET)
 
 
 def test_train_command(tiny_model_dir, tmp_path):
