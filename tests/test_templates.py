@@ -8,7 +8,7 @@ import pytest
 
 from omrl import registry
 from omrl.chat import next_turn_ids, render
-from omrl.envs import Env
+from omrl.envs import Env, Observation, StepResult
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import TemplateError
 
@@ -28,10 +28,10 @@ class FakeShop(Env):
         return [0]
 
     def reset(self, task_id):
-        raise NotImplementedError
+        return Observation("page", "do the task")
 
     def step(self, action):
-        raise NotImplementedError
+        return StepResult("ok", 0.0, True, {"won": False, "score": 0.0})
 
 
 class FakeRoom(Env):
@@ -44,10 +44,10 @@ class FakeRoom(Env):
         return [0]
 
     def reset(self, task_id):
-        raise NotImplementedError
+        return Observation("page", "do the task")
 
     def step(self, action):
-        raise NotImplementedError
+        return StepResult("ok", 0.0, True, {"won": False, "score": 0.0})
 
     def admissible_actions(self):
         return ["go north", "look"]
