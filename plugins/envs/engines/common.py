@@ -6,7 +6,7 @@ import contextlib
 import importlib
 import random
 from types import ModuleType
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError
 from omrl.errors import OmrlError
@@ -55,6 +55,17 @@ def simulator_guard(env_name: str, extra: str, on_failure: Callable[[], None]) -
         on_failure()
         raise EnvError(f"{env_name}: the Java simulator failed ({type(exc).__name__}: {exc}); "
                        "the next reset starts a new one") from exc
+
+
+def close_simulator(engine: Any, quietly: bool) -> None:
+    """Shut a Java simulator down; ``quietly`` when it already broke (free what is left of it)."""
+    if engine is None:
+        return
+    if quietly:
+        with contextlib.suppress(Exception):
+            engine.close()
+    else:
+        engine.close()
 
 
 def check_task_in_splits(env_name: str, task_id: int, splits: dict[str, range]) -> None:

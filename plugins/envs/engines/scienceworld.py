@@ -35,8 +35,8 @@ from typing import Any, Sequence
 from omrl.envs import Env, EnvError, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
 
-from omrl_plugins.envs.engines.common import (GoldPath, check_running, clean_action, clip01, require,
-                                              simulator_guard)
+from omrl_plugins.envs.engines.common import (GoldPath, check_running, clean_action, clip01, close_simulator,
+                                              require, simulator_guard)
 
 SPLITS = ("train", "dev", "test")
 VARIATION_SLOTS = 10_000  # > the most variations of any task (1,386)
@@ -97,17 +97,12 @@ class ScienceWorldEnv(Env):
         return self._engine
 
     def close(self) -> None:
-        if self._engine is not None:
-            engine, self._engine = self._engine, None
-            engine.close()
-        self._running = False
+        self._discard_simulator(quietly=False)
 
-    def _discard_simulator(self) -> None:
+    def _discard_simulator(self, quietly: bool = True) -> None:
         engine, self._engine = self._engine, None
         self._running = False
-        if engine is not None:
-            with contextlib.suppress(Exception):  # it is broken already; free what is left of it
-                engine.close()
+        close_simulator(engine, quietly)
 
     def _guard(self) -> contextlib.AbstractContextManager[None]:
         return simulator_guard("scienceworld", "scienceworld", self._discard_simulator)
