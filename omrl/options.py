@@ -158,6 +158,8 @@ class TrainRunConfig:
     train_tasks: int = opt(0, "Train on only the first N tasks of env.split (0: all of them).")
     group_size: int = opt(4, "Samples per task (G).")
     ppo_epochs: int = opt(1, "Passes over each rollout batch.")
+    mini_batch_size: int = opt(0, "Episodes per optimizer step; each pass over the rollout takes "
+                                  "ceil(episodes / mini_batch_size) steps (0: one step for the whole rollout).")
     kl_coef: float = opt(0.0, "KL to the reference model; 0 turns it off (and skips the reference).")
     kl_estimator: str = opt("k3", "KL estimator: k1, k2, k3.")
     kl_in_reward: bool = opt(False, "Put the KL penalty in the reward instead of the loss.")

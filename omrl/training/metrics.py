@@ -131,6 +131,19 @@ class MetricsLogger:
         self.close()
 
 
+class NullLogger:
+    """The logger of every process but the main one: the main process logs for the whole run."""
+
+    def log(self, step: int, metrics: dict[str, float]) -> bool:
+        return False
+
+    def warn(self, message: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def format_metrics(metrics: dict[str, Any]) -> str:
     """``loss 1.234 lr 2.00e-05 tokens_per_s 5.1e+03 ...``: leading keys first."""
     keys = [k for k in _LEADING if k in metrics] + [k for k in metrics if k not in _LEADING]

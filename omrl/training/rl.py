@@ -39,7 +39,8 @@ from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.options import TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training import checkpoint as ckpt
-from omrl.training.metrics import MetricsLogger, StepCallback
+from omrl.training.distributed import Distributed
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_model
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.policy import ValueHead, policy_forward
@@ -63,6 +64,7 @@ class RLRecipe:
         self.nan_streak, self.skipped_updates = 0, 0
         self.value_head: ValueHead | None = None
         self.ref_model = None
+        self.dist = Distributed()  # one process, or one of several under `accelerate launch`
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -73,7 +75,7 @@ class RLRecipe:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = str(self.dist.device)
         self._setup_models()
         self._setup_algorithms()
         self._setup_rollout()
@@ -81,8 +83,10 @@ class RLRecipe:
         if resume_from is not None:
             self._load_resume_state(resume_from)
         self.logger = MetricsLogger(self.output_dir, cfg.logging, cfg.steps, start_step=self.step,
-                                    run_config=self.config_dict, console=self.console, description=cfg.algo)
-        atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
+                                    run_config=self.config_dict, console=self.console, description=cfg.algo) \
+            if self.dist.is_main else NullLogger()
+        if self.dist.is_main:
+            atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _check_config(self) -> None:
         cfg = self.cfg
@@ -91,6 +95,9 @@ class RLRecipe:
         for key in ("steps", "tasks_per_step", "group_size", "ppo_epochs"):
             if getattr(cfg, key) < 1:
                 raise ConfigError(f"{key} must be >= 1, got {getattr(cfg, key)}")
+        self.dist.check_divisible("tasks_per_step", cfg.tasks_per_step)
+        if cfg.mini_batch_size < 0:
+            raise ConfigError(f"mini_batch_size must be >= 0 (0: the whole rollout), got {cfg.mini_batch_size}")
         if cfg.train_tasks < 0:
             raise ConfigError(f"train_tasks must be >= 0 (0: the whole split), got {cfg.train_tasks}")
         if cfg.algo == "dpo" and cfg.group_size < 2:
@@ -140,7 +147,14 @@ class RLRecipe:
             extra += list(self.critic_model.parameters())
         self.params = [p for p in self.model.parameters() if p.requires_grad] + extra
         self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra)
-        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * self.cfg.ppo_epochs)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * self.updates_per_step())
+
+    def updates_per_step(self) -> int:
+        """Optimizer steps per training step: ppo_epochs passes, each in ceil(rollout / mini_batch_size)."""
+        cfg = self.cfg
+        rollout = cfg.tasks_per_step * cfg.group_size
+        per_pass = math.ceil(rollout / cfg.mini_batch_size) if cfg.mini_batch_size else 1
+        return cfg.ppo_epochs * per_pass
 
     def _load_resume_state(self, path: Path) -> None:
         state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler)
@@ -164,8 +178,8 @@ class RLRecipe:
 
             # ROLLOUT: every sample of every task in batched generate calls, envs stepped together
             self.model.eval()
-            episodes = self.session.play(self._next_tasks(), split=cfg.env.split, group_size=cfg.group_size,
-                                         seed=cfg.seed * 1_000_003 + self.step)
+            episodes = self.session.play(self.dist.shard(self._next_tasks()), split=cfg.env.split,
+                                         group_size=cfg.group_size, seed=self._rollout_seed())
             rollout_time = time.perf_counter() - started
             metrics = self._rollout_metrics(episodes, rollout_time)
 
@@ -173,9 +187,10 @@ class RLRecipe:
             usable = trainable(episodes)
             if cfg.algo == "dpo":
                 metrics.update(self._update_dpo(usable))
-            elif usable:
+            elif self.dist.sum([len(usable)])[0]:
                 batch = sort_by_length(episodes_to_batch(usable, self.tokenizer.pad_token_id,
-                                                         cfg.reward.allocation, cfg.reward.gamma)).to(self.device)
+                                                         cfg.reward.allocation, cfg.reward.gamma)).to(self.device) \
+                    if usable else None  # None: another process has this step's trainable episodes
                 metrics.update(self._update_policy_gradient(batch))
             else:
                 metrics.update(self._skip_update("no trainable episode in this rollout"))
@@ -197,9 +212,15 @@ class RLRecipe:
         if final:
             self.logger.log(self.step, {**last, **final})
         self.save_checkpoint()
-        save_final_model(self.model, self.tokenizer, self.output_dir, merge_lora=cfg.model.lora_rank > 0)
+        if self.dist.is_main:
+            save_final_model(self.model, self.tokenizer, self.output_dir, merge_lora=cfg.model.lora_rank > 0)
+        self.dist.barrier()
         return {"steps": self.step, "skipped_updates": self.skipped_updates, "output_dir": str(self.output_dir),
                 **{k: v for k, v in {**last, **final}.items() if isinstance(v, (int, float))}}
+
+    def _rollout_seed(self) -> int:
+        """Different per step and per process; with one process, ``seed * 1_000_003 + step``."""
+        return (self.cfg.seed * 1_000_003 + self.step) * self.dist.world_size + self.dist.rank
 
     def _next_tasks(self) -> list[int]:
         """The next ``tasks_per_step`` training tasks from a seeded shuffle (reshuffled every pass)."""
@@ -214,6 +235,56 @@ class RLRecipe:
         return out
 
     def _update_policy_gradient(self, batch) -> dict[str, float]:
+        """LOG-PROBS, ADVANTAGE and UPDATE for one rollout.
+
+        ``batch`` is None on a process with no trainable episode this step while others have
+        some: it still takes part in every gradient sum, contributing zeros.
+        """
+        cfg, mb_size = self.cfg, self.cfg.optim.micro_batch_size
+        local_tokens, any_advantage = 0.0, 0.0
+        if batch is not None:
+            advantages = self._score_rollout(batch)
+            local_tokens = float(batch["response_mask"].sum())
+            any_advantage = float(advantages.any())
+        total_tokens, any_advantage = self.dist.sum([local_tokens, any_advantage])
+        ref_loss = self.ref_model is not None and not cfg.kl_in_reward
+        if not any_advantage and self.value_head is None and not ref_loss and not cfg.entropy_coef:
+            # the policy gradient is exactly 0: every sample of each task scored the same
+            return self._skip_update("every advantage is 0 (all samples of each task got the same reward)")
+
+        # UPDATE: ppo_epochs passes; each pass shuffles the rollout into mini-batches (one optimizer
+        # step each, micro-batches accumulated); stats are token-weighted over the last pass
+        total_tokens = max(total_tokens, 1.0)
+        shuffle = torch.Generator().manual_seed(self._rollout_seed())
+        stats: dict[str, float] = {}
+        for _ in range(cfg.ppo_epochs):
+            self.model.train()
+            sums: dict[str, float] = {}
+            norms: list[float] = []
+            for mini in self._mini_batches(batch, shuffle):
+                mini_tokens = float(mini["response_mask"].sum()) if mini is not None else 0.0
+                mini_tokens = max(self.dist.sum([mini_tokens])[0], 1.0)
+                self.optimizer.zero_grad(set_to_none=True)
+                for mb in micro_batches(mini, mb_size) if mini is not None else []:
+                    tokens = float(mb["response_mask"].sum())
+                    loss, parts = self._policy_gradient_loss(mb)
+                    (loss * (tokens / mini_tokens)).backward()
+                    for k, v in parts.items():
+                        sums[k] = sums.get(k, 0.0) + tokens / total_tokens * v
+                step = self._optimizer_step()
+                norms += [step.pop("grad_norm")] if "grad_norm" in step else []
+                sums.update(step)
+            stats = {**sums, **({"grad_norm": sum(norms) / len(norms)} if norms else {})}
+        local_advantage = float((batch["advantages"] * batch["response_mask"]).sum()) if batch is not None else 0.0
+        stats["advantage_mean"] = local_advantage / total_tokens
+        # token-weighted parts add up over processes; the optimizer's numbers are the same everywhere
+        shared = {"grad_norm", "lr", "skipped_updates"}
+        return {**self.dist.sum_dicts({k: v for k, v in stats.items() if k not in shared}),
+                **{k: v for k, v in stats.items() if k in shared}}
+
+    def _score_rollout(self, batch) -> torch.Tensor:
+        """Adds old (and reference) log-probs, values, KL-in-reward, advantages and returns to
+        ``batch``; returns the advantages [bs, L]."""
         cfg, mb_size = self.cfg, self.cfg.optim.micro_batch_size
         mask = batch["response_mask"].float()
 
@@ -245,27 +316,17 @@ class RLRecipe:
             values=batch.tensors.get("values"), turn_index=batch["turn_index"], turn_rewards=batch["turn_rewards"],
             turn_state_ids=batch["turn_state_ids"]), cfg.algorithm)
         batch.tensors["advantages"], batch.tensors["returns"] = advantages, returns
-        if not advantages.any() and self.value_head is None and not (ref and not cfg.kl_in_reward) \
-                and not cfg.entropy_coef:
-            # the policy gradient is exactly 0: every sample of each task scored the same
-            return self._skip_update("every advantage is 0 (all samples of each task got the same reward)")
+        return advantages
 
-        # UPDATE: ppo_epochs optimizer steps, each accumulating every micro-batch of the rollout
-        total_tokens = mask.sum().clamp(min=1.0)
-        stats: dict[str, float] = {}
-        for _ in range(cfg.ppo_epochs):
-            self.model.train()
-            self.optimizer.zero_grad(set_to_none=True)
-            sums: dict[str, float] = {}
-            for mb in micro_batches(batch, mb_size):
-                weight = float(mb["response_mask"].sum() / total_tokens)
-                loss, parts = self._policy_gradient_loss(mb)
-                (loss * weight).backward()
-                for k, v in parts.items():
-                    sums[k] = sums.get(k, 0.0) + weight * v
-            stats = {**sums, **self._optimizer_step()}
-        stats["advantage_mean"] = float((advantages * mask).sum() / total_tokens)
-        return stats
+    def _mini_batches(self, batch, shuffle: torch.Generator) -> list:
+        """This process's rows in as many shuffled mini-batches as every process takes this pass
+        (``ceil(rollout / mini_batch_size)``), each sorted by length; None for an empty one."""
+        rows = len(batch) if batch is not None else 0
+        count = math.ceil(self.dist.sum([rows])[0] / self.cfg.mini_batch_size) if self.cfg.mini_batch_size else 1
+        if count <= 1:
+            return [batch]
+        order = torch.randperm(rows, generator=shuffle)
+        return [sort_by_length(batch.rows(part)) if len(part) else None for part in torch.tensor_split(order, count)]
 
     def _policy_gradient_loss(self, mb) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
@@ -299,24 +360,26 @@ class RLRecipe:
             ranked = sorted((ep for ep in episodes if ep.group == group), key=lambda ep: (ep.total_reward, ep.won))
             if len(ranked) >= 2 and ranked[-1].total_reward > ranked[0].total_reward:
                 pairs.append((ranked[-1], ranked[0]))
-        if not pairs:
+        total_pairs = self.dist.sum([len(pairs)])[0]
+        if not total_pairs:
             return self._skip_update("no preference pair: every sample of each task scored the same")
-        chosen = episodes_to_batch([c for c, _ in pairs], self.tokenizer.pad_token_id).to(self.device)
-        rejected = episodes_to_batch([r for _, r in pairs], self.tokenizer.pad_token_id).to(self.device)
         size = self.cfg.optim.micro_batch_size
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for c_mb, r_mb in zip(micro_batches(chosen, size), micro_batches(rejected, size)):
+        if pairs:  # else another process has this step's pairs; this one adds zeros to the gradient sum
+            chosen = episodes_to_batch([c for c, _ in pairs], self.tokenizer.pad_token_id).to(self.device)
+            rejected = episodes_to_batch([r for _, r in pairs], self.tokenizer.pad_token_id).to(self.device)
+        for c_mb, r_mb in zip(micro_batches(chosen, size), micro_batches(rejected, size)) if pairs else []:
             logps = [self._sequence_log_prob(self.model, mb) for mb in (c_mb, r_mb)]
             with torch.no_grad():
                 ref_logps = [self._sequence_log_prob(self.ref_model, mb) for mb in (c_mb, r_mb)]
             loss, parts = dpo_loss(logps[0], logps[1], ref_logps[0], ref_logps[1], self.cfg.dpo_beta)
-            weight = len(c_mb) / len(chosen)
+            weight = len(c_mb) / total_pairs
             (loss * weight).backward()
             for k, v in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
                 sums[k] = sums.get(k, 0.0) + weight * v
-        return {**sums, "dpo_pairs": float(len(pairs)), **self._optimizer_step()}
+        return {**self.dist.sum_dicts(sums), "dpo_pairs": float(total_pairs), **self._optimizer_step()}
 
     def _sequence_log_prob(self, model, mb) -> torch.Tensor:
         """Summed log-prob of the sampled tokens of each row: [bs]."""
@@ -333,7 +396,9 @@ class RLRecipe:
         return out
 
     def _optimizer_step(self) -> dict[str, float]:
-        """Clip, then step unless the gradient is not finite (then skip, and stop after too many)."""
+        """Sum gradients over processes, clip, then step unless the gradient is not finite (then
+        skip, and stop after too many)."""
+        self.dist.sum_gradients(self.params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm))
         if not math.isfinite(grad_norm):
             return self._skip_update(f"non-finite gradient norm ({grad_norm}) at step {self.step + 1}", nan=True)
@@ -368,6 +433,9 @@ class RLRecipe:
             "rollout_time": seconds,
         }
         metrics.update({f"reward_{k}": float(v) for k, v in self.session.reward_summary.items()})
+        if self.dist.world_size > 1:  # every process played as many episodes: means average, counts add
+            added = ("env_errors", "tokens_per_s")
+            metrics = {k: v if k in added else v / self.dist.world_size for k, v in self.dist.sum_dicts(metrics).items()}
         return metrics
 
     def evaluate(self) -> dict[str, float]:
@@ -378,11 +446,12 @@ class RLRecipe:
         sampling = self.session.limits
         self.session.limits = dataclasses.replace(sampling, temperature=0.0)
         try:
-            episodes = self.session.play(self.test_tasks, split="test", group_size=1, seed=self.cfg.seed)
+            episodes = self.session.play(self.dist.shard(self.test_tasks), split="test", group_size=1,
+                                         seed=self.cfg.seed)
         finally:
             self.session.limits = sampling
-        n = len(episodes)
-        return {"eval_success": sum(ep.won for ep in episodes) / n, "eval_score": sum(ep.score for ep in episodes) / n}
+        n, won, score = self.dist.sum([len(episodes), sum(ep.won for ep in episodes), sum(ep.score for ep in episodes)])
+        return {"eval_success": won / n, "eval_score": score / n}
 
     def save_checkpoint(self) -> Path:
         extra: dict[str, Any] = {"nan_streak": self.nan_streak, "skipped_updates": self.skipped_updates}
@@ -390,14 +459,18 @@ class RLRecipe:
             extra["value_head"] = self.value_head.state_dict()
         if self.critic_model is not None:
             extra["critic_model"] = self.critic_model.state_dict()
-        return ckpt.save_checkpoint(
-            self.output_dir, self.step, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-            data_state={"task_epoch": self.task_epoch, "task_cursor": self.task_cursor},
-            config=self.config_dict, extra=extra, tokenizer=self.tokenizer, keep=self.cfg.logging.keep_checkpoints)
+        path = None
+        if self.dist.is_main:  # every process holds the same weights and optimizer state
+            path = ckpt.save_checkpoint(
+                self.output_dir, self.step, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                data_state={"task_epoch": self.task_epoch, "task_cursor": self.task_cursor},
+                config=self.config_dict, extra=extra, tokenizer=self.tokenizer, keep=self.cfg.logging.keep_checkpoints)
+        self.dist.barrier()
+        return path or ckpt.latest_checkpoint(self.output_dir)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        for name in ("logger", "session"):
+        for name in ("logger", "session", "dist"):
             thing = getattr(self, name, None)
             if thing is not None:
                 thing.close()

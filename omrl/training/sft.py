@@ -33,7 +33,8 @@ from omrl.datasets import load_conversations
 from omrl.errors import ConfigError, NonFiniteLossError, OmrlError
 from omrl.options import SftRunConfig
 from omrl.training import checkpoint as ckpt
-from omrl.training.metrics import MetricsLogger, StepCallback
+from omrl.training.distributed import Distributed
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback
 from omrl.training.model_setup import load_trainable_model, save_final_model
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.packing import (IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows,
@@ -52,6 +53,7 @@ class SftRecipe:
         self.output_dir = Path(cfg.logging.output_dir)
         self.step, self.epoch, self.index = 0, 0, 0  # index: next micro-batch in the epoch's order
         self.skipped_steps = 0
+        self.dist = Distributed()  # one process, or one of several under `accelerate launch`
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -65,18 +67,20 @@ class SftRecipe:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = self.dist.device
         self._setup_model()
         self._setup_data()
         self._setup_optimizer()
         if resume_from is not None:
             self._load_resume_state(resume_from)
         self.logger = MetricsLogger(self.output_dir, cfg.logging, self.total_steps, start_step=self.step,
-                                    run_config=self.config_dict, console=self.console, description="sft")
+                                    run_config=self.config_dict, console=self.console, description="sft") \
+            if self.dist.is_main else NullLogger()
         if self.dropped:
             self.logger.warn(f"{self.dropped} conversations had no assistant token within max_seq_length="
                              f"{cfg.max_seq_length} and were dropped")
-        atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
+        if self.dist.is_main:
+            atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_resume_point(self) -> Path | None:
         """The checkpoint to continue from; refuses to start fresh over an earlier run's checkpoints."""
@@ -151,9 +155,10 @@ class SftRecipe:
             self.index += len(chosen)
             self.step += 1
             started = time.perf_counter()
-            batches = [collate([self.rows[r] for r in self.micro[j]], pad_id) for j in chosen]
-            label_tokens = sum(int((b["labels"] != IGNORE_INDEX).sum()) for b in batches)
+            label_tokens = sum(self._label_tokens(j) for j in chosen)
             tokens = sum(len(self.rows[r]) for j in chosen for r in self.micro[j])
+            # with several processes each takes its share of the step's micro-batches
+            batches = [collate([self.rows[r] for r in self.micro[j]], pad_id) for j in self.dist.shard(chosen)]
 
             # FORWARD/BACKWARD: loss = summed token losses / assistant tokens in the whole step
             loss_value, finite = 0.0, True
@@ -169,7 +174,11 @@ class SftRecipe:
                 loss.backward()
                 loss_value += loss.item()
 
-            # UPDATE: clip, step, or skip a non-finite step
+            # UPDATE: sum gradients over processes, clip, step, or skip a non-finite step
+            loss_value, nonfinite_anywhere = self.dist.sum([loss_value, not finite])
+            finite = not nonfinite_anywhere
+            if finite:
+                self.dist.sum_gradients(self.params)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm) if finite else torch.tensor(float("nan"))
             lr = self.scheduler.get_last_lr()[0]
             if finite and torch.isfinite(grad_norm):
@@ -211,25 +220,35 @@ class SftRecipe:
                 "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
                 "output_dir": str(self.output_dir)}
 
+    def _label_tokens(self, micro_batch: int) -> int:
+        return sum(label != IGNORE_INDEX for r in self.micro[micro_batch] for label in self.rows[r].labels)
+
     def _checkpoint_path(self, step: int) -> Path:
         return self.output_dir / ckpt.CHECKPOINTS_DIR / f"step-{step:08d}"
 
     def save_checkpoint(self) -> Path:
-        return ckpt.save_checkpoint(
-            self.output_dir, self.step, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-            data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint},
-            config=self.config_dict, extra={"skipped_steps": self.skipped_steps}, tokenizer=self.tokenizer,
-            keep=self.cfg.logging.keep_checkpoints)
+        """The main process writes (every process holds the same state); the others wait for it."""
+        if self.dist.is_main:
+            ckpt.save_checkpoint(
+                self.output_dir, self.step, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint},
+                config=self.config_dict, extra={"skipped_steps": self.skipped_steps}, tokenizer=self.tokenizer,
+                keep=self.cfg.logging.keep_checkpoints)
+        self.dist.barrier()
+        return self._checkpoint_path(self.step)
 
     def save_final_model(self) -> None:
         """The model (LoRA merged) and tokenizer into output_dir."""
-        save_final_model(self.model, self.tokenizer, self.output_dir, merge_lora=self.cfg.model.lora_rank > 0)
+        if self.dist.is_main:
+            save_final_model(self.model, self.tokenizer, self.output_dir, merge_lora=self.cfg.model.lora_rank > 0)
+        self.dist.barrier()
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
         logger = getattr(self, "logger", None)
         if logger is not None:
             logger.close()
+        self.dist.close()
 
 
 def run_sft(cfg: SftRunConfig, on_step_end: StepCallback | None = None,

@@ -17,7 +17,7 @@ from omrl.models import load_model
 from omrl.options import TrainRunConfig
 from omrl.training.checkpoint import CheckpointError, latest_checkpoint
 from omrl.training.metrics import read_metrics
-from omrl.errors import NonFiniteLossError
+from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.training.rl import run_rl
 
 QUIET = Console(file=io.StringIO())
@@ -63,6 +63,26 @@ def test_grpo_run_writes_metrics_checkpoints_and_a_loadable_model(rl_config, reg
     assert len(list((latest_checkpoint(out).parent).glob("step-*"))) == 1  # keep_checkpoints=1
     model, _ = load_model(out)  # the final model, loadable like any model directory
     assert model.config.model_type == "qwen2"
+
+
+def test_each_mini_batch_is_one_optimizer_step(rl_config, register_plugin):
+    register_plugin(SampleIndexReward(), name="sample-index")
+    # 2 tasks x 3 samples = 6 episodes: 3 mini-batches of 2 a pass, 2 passes, 2 steps -> 12 updates
+    cfg = rl_config("mini_batch_size=2", "ppo_epochs=2", "reward.weights={sample_index: 1.0}", "eval_tasks=0",
+                    "optim.lr_schedule=linear")
+    run_rl(cfg, console=QUIET)
+    checkpoint = latest_checkpoint(cfg.logging.output_dir)
+    optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    assert {int(s["step"]) for s in optimizer["state"].values()} == {12}
+    scheduler = torch.load(checkpoint / "scheduler.pt", weights_only=True)
+    assert scheduler["last_epoch"] == 12 and scheduler["_last_lr"][0] == pytest.approx(0.0)  # decayed over all 12
+    record = read_metrics(cfg.logging.output_dir)[1]
+    assert record["pg_ratio_mean"] != pytest.approx(1.0, abs=1e-7)  # later mini-batches see a moved policy
+
+
+def test_mini_batch_size_must_not_be_negative(rl_config):
+    with pytest.raises(ConfigError, match="mini_batch_size must be >= 0"):
+        run_rl(rl_config("mini_batch_size=-1"), console=QUIET)
 
 
 def test_ppo_trains_a_value_head(rl_config):
