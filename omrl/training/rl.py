@@ -299,7 +299,8 @@ class RLRecipe:
                     values.append(pad_to(out["values"], width))
                 if self.ref_model is not None:
                     ref.append(pad_to(policy_forward(self.ref_model, mb["input_ids"], mb["attention_mask"],
-                                                     self.temperature)["log_probs"], width))
+                                                     self.temperature, token_mask=mb["response_mask"])["log_probs"],
+                                      width))
         batch.tensors["old_log_probs"] = torch.cat(old)
         if ref:
             batch.tensors["ref_log_probs"] = torch.cat(ref)
@@ -383,16 +384,18 @@ class RLRecipe:
 
     def _sequence_log_prob(self, model, mb) -> torch.Tensor:
         """Summed log-prob of the sampled tokens of each row: [bs]."""
-        out = policy_forward(model, mb["input_ids"], mb["attention_mask"], self.temperature)
+        out = policy_forward(model, mb["input_ids"], mb["attention_mask"], self.temperature,
+                             token_mask=mb["response_mask"])
         return (out["log_probs"] * mb["response_mask"]).sum(-1)
 
     def _forward(self, mb, with_values: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+        """Log-probs (entropy, values) of the sampled tokens; the LM head runs on those alone."""
         out = policy_forward(self.model, mb["input_ids"], mb["attention_mask"], self.temperature,
-                             with_entropy=with_entropy,
+                             with_entropy=with_entropy, token_mask=mb["response_mask"],
                              value_head=self.value_head if with_values and self.critic_model is None else None)
         if with_values and self.critic_model is not None:
             out["values"] = policy_forward(self.critic_model, mb["input_ids"], mb["attention_mask"],
-                                           value_head=self.value_head)["values"]
+                                           value_head=self.value_head, token_mask=mb["response_mask"])["values"]
         return out
 
     def _optimizer_step(self) -> dict[str, float]:
