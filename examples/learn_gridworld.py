@@ -44,15 +44,18 @@ class Budget:
     group_size: int
     eval_tasks: int
     eval_every: int
+    sft_learning_rate: float = 2e-3
+    grpo_learning_rate: float = 2e-4
+    mini_batch_size: int = 32  # episodes per GRPO optimizer step
 
 
-FULL = Budget(expert_episodes=600, sft_epochs=8.0, grpo_steps=20, tasks_per_step=8, group_size=8,
+FULL = Budget(expert_episodes=1000, sft_epochs=6.0, grpo_steps=20, tasks_per_step=16, group_size=8,
               eval_tasks=100, eval_every=5)
 QUICK = Budget(expert_episodes=300, sft_epochs=4.0, grpo_steps=4, tasks_per_step=8, group_size=8,
                eval_tasks=32, eval_every=2)
 
 
-def test_success(model: str, budget: Budget, seed: int) -> float:
+def held_out_success(model: str, budget: Budget, seed: int) -> float:
     """Greedy success rate on the first ``eval_tasks`` tasks of gridworld's held-out test split."""
     cfg = load_config(EvalRunConfig, None, [f"model.name={model}", *ENV, *GENERATION, "generation.temperature=0",
                                              f"num_tasks={budget.eval_tasks}", f"seed={seed}"])
@@ -61,42 +64,56 @@ def test_success(model: str, budget: Budget, seed: int) -> float:
     return evaluate(episodes)["success_rate"]
 
 
+def expert_data(path: Path, episodes: int) -> Path:
+    """The env's BFS expert plays ``episodes`` training tasks; its chats are the SFT data."""
+    cfg = load_config(RolloutRunConfig, None, ["model.name=tiny", *ENV, *GENERATION])
+    with RolloutSession.from_config(cfg, expert=True) as session:
+        expert = session.play(session.task_ids("train", episodes), split="train", expert=True)
+    write_episodes(expert, path)
+    return path
+
+
+def sft_stage(data: Path, out: Path, budget: Budget, seed: int) -> Path:
+    """SFT of the random-init ``tiny`` model on the expert's turns."""
+    run_sft(load_config(SftRunConfig, None, [
+        "model.name=tiny", f"dataset={data}", f"logging.output_dir={out}", f"num_train_epochs={budget.sft_epochs}",
+        f"optim.learning_rate={budget.sft_learning_rate}", "optim.lr_schedule=cosine", "optim.warmup_steps=30",
+        "optim.micro_batch_size=16", "max_seq_length=1024", "packing=false", f"seed={seed}",
+        "logging.tensorboard=false", "logging.logging_steps=50"]))
+    return out
+
+
+def grpo_stage(model: Path, out: Path, budget: Budget, seed: int, reward: str = "{goal: 1.0}",
+               on_step_end=None, overrides: tuple[str, ...] = ()) -> dict:
+    """GRPO from ``model``: ``tasks_per_step`` x ``group_size`` episodes a step, in mini-batches."""
+    return run_rl(load_config(TrainRunConfig, "grpo", [
+        f"model.name={model}", *ENV, *GENERATION, f"logging.output_dir={out}", "logging.tensorboard=false",
+        f"steps={budget.grpo_steps}", f"tasks_per_step={budget.tasks_per_step}", f"group_size={budget.group_size}",
+        f"mini_batch_size={budget.mini_batch_size}", f"eval_every={budget.eval_every}",
+        f"eval_tasks={budget.eval_tasks}", f"reward.weights={reward}", f"optim.learning_rate={budget.grpo_learning_rate}",
+        "optim.micro_batch_size=16", "algorithm.loss_agg_mode=seq-mean-token-mean", "generation.temperature=1.0",
+        f"seed={seed}", *overrides]), on_step_end=on_step_end)
+
+
 def main(out: Path, budget: Budget, seed: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    # EXPERT DATA: the env's BFS expert plays training tasks; its chats are the SFT data
-    cfg = load_config(RolloutRunConfig, None, ["model.name=tiny", *ENV, *GENERATION])
-    with RolloutSession.from_config(cfg, expert=True) as session:
-        expert = session.play(session.task_ids("train", budget.expert_episodes), split="train", expert=True)
-    write_episodes(expert, out / "expert.parquet")
-
-    # BEFORE: the random-init model
-    before = test_success("tiny", budget, seed)
+    # EXPERT DATA, and the random-init model BEFORE training
+    data = expert_data(out / "expert.parquet", budget.expert_episodes)
+    before = held_out_success("tiny", budget, seed)
     print(f"test success before SFT: {before:.1%}", flush=True)
 
     # SFT on the expert's turns
-    sft_dir = out / "sft"
-    sft = load_config(SftRunConfig, None, [
-        "model.name=tiny", f"dataset={out / 'expert.parquet'}", f"logging.output_dir={sft_dir}",
-        f"num_train_epochs={budget.sft_epochs}", "optim.learning_rate=1e-3", "optim.micro_batch_size=8",
-        "optim.lr_schedule=constant", "max_seq_length=1024", "packing=false", f"seed={seed}",
-        "logging.tensorboard=false", "logging.logging_steps=50"])
-    run_sft(sft)
-    after_sft = test_success(str(sft_dir), budget, seed)
+    sft_dir = sft_stage(data, out / "sft", budget, seed)
+    after_sft = held_out_success(str(sft_dir), budget, seed)
     print(f"test success after SFT:  {after_sft:.1%}", flush=True)
 
     # GRPO from the SFT model, evaluated on the same test tasks along the way
-    grpo_dir = out / "grpo"
-    grpo = load_config(TrainRunConfig, "grpo", [
-        f"model.name={sft_dir}", *ENV, *GENERATION, f"logging.output_dir={grpo_dir}", "logging.tensorboard=false",
-        f"steps={budget.grpo_steps}", f"tasks_per_step={budget.tasks_per_step}", f"group_size={budget.group_size}",
-        f"eval_every={budget.eval_every}", f"eval_tasks={budget.eval_tasks}", "reward.weights={goal: 1.0}",
-        "optim.learning_rate=1e-4", "optim.micro_batch_size=16", "algorithm.loss_agg_mode=seq-mean-token-mean",
-        "generation.temperature=1.0", f"seed={seed}"])
     curve = [(0, after_sft)]
-    run_rl(grpo, on_step_end=lambda step, m: curve.append((step, m["eval_success"])) if "eval_success" in m else None)
-    after_grpo = test_success(str(grpo_dir), budget, seed)
+    grpo_stage(sft_dir, out / "grpo", budget, seed,
+               on_step_end=lambda step, m: curve.append((step, m["eval_success"])) if "eval_success" in m else None)
+    after_grpo = held_out_success(str(out / "grpo"), budget, seed)
     curve.append((budget.grpo_steps, after_grpo))
     print(f"test success after GRPO: {after_grpo:.1%}", flush=True)
 

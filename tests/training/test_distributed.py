@@ -119,3 +119,17 @@ def test_tasks_per_step_must_split_evenly_across_processes(tiny_model_dir, tmp_p
     assert done.returncode != 0
     assert "tasks_per_step=3 does not split evenly across 2 processes" in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("mode", ["FSDP", "DEEPSPEED"])
+def test_sharded_accelerate_modes_are_refused_by_name(mode):
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from omrl.errors import ConfigError
+    from omrl.training.distributed import Distributed
+
+    process = SimpleNamespace(accelerator=SimpleNamespace(distributed_type=DistributedType[mode]))
+    with pytest.raises(ConfigError, match=f"accelerate is set up for {DistributedType[mode].value}.*valid: MULTI_CPU, MULTI_GPU"):
+        Distributed._check_mode(process)
