@@ -107,6 +107,13 @@ class Distributed:
                 p.grad.copy_(flat[offset:offset + p.grad.numel()].view_as(p.grad))
                 offset += p.grad.numel()
 
+    def on_main(self, fn, *args, **kwargs):
+        """Run ``fn`` on the main process alone (a file every process would write alike); the
+        others wait until it is done. Returns ``fn``'s result there, None elsewhere."""
+        result = fn(*args, **kwargs) if self.is_main else None
+        self.barrier()
+        return result
+
     def barrier(self) -> None:
         if self.world_size > 1:
             torch.distributed.barrier()

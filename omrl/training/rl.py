@@ -85,8 +85,7 @@ class RLRecipe:
         self.logger = MetricsLogger(self.output_dir, cfg.logging, cfg.steps, start_step=self.step,
                                     run_config=self.config_dict, console=self.console, description=cfg.algo) \
             if self.dist.is_main else NullLogger()
-        if self.dist.is_main:
-            atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
+        self.dist.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _check_config(self) -> None:
         cfg = self.cfg
@@ -212,9 +211,8 @@ class RLRecipe:
         if final:
             self.logger.log(self.step, {**last, **final})
         self.save_checkpoint()
-        if self.dist.is_main:
-            save_final_model(self.model, self.tokenizer, self.output_dir, merge_lora=cfg.model.lora_rank > 0)
-        self.dist.barrier()
+        self.dist.on_main(save_final_model, self.model, self.tokenizer, self.output_dir,
+                          merge_lora=cfg.model.lora_rank > 0)
         return {"steps": self.step, "skipped_updates": self.skipped_updates, "output_dir": str(self.output_dir),
                 **{k: v for k, v in {**last, **final}.items() if isinstance(v, (int, float))}}
 
@@ -462,14 +460,12 @@ class RLRecipe:
             extra["value_head"] = self.value_head.state_dict()
         if self.critic_model is not None:
             extra["critic_model"] = self.critic_model.state_dict()
-        path = None
-        if self.dist.is_main:  # every process holds the same weights and optimizer state
-            path = ckpt.save_checkpoint(
-                self.output_dir, self.step, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                data_state={"task_epoch": self.task_epoch, "task_cursor": self.task_cursor},
-                config=self.config_dict, extra=extra, tokenizer=self.tokenizer, keep=self.cfg.logging.keep_checkpoints)
-        self.dist.barrier()
-        return path or ckpt.latest_checkpoint(self.output_dir)
+        # every process holds the same weights and optimizer state: the main one writes them
+        self.dist.on_main(
+            ckpt.save_checkpoint, self.output_dir, self.step, self.model, optimizer=self.optimizer,
+            scheduler=self.scheduler, data_state={"task_epoch": self.task_epoch, "task_cursor": self.task_cursor},
+            config=self.config_dict, extra=extra, tokenizer=self.tokenizer, keep=self.cfg.logging.keep_checkpoints)
+        return ckpt.latest_checkpoint(self.output_dir)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:

@@ -79,8 +79,7 @@ class SftRecipe:
         if self.dropped:
             self.logger.warn(f"{self.dropped} conversations had no assistant token within max_seq_length="
                              f"{cfg.max_seq_length} and were dropped")
-        if self.dist.is_main:
-            atomic_write_text(self.output_dir / "config.yaml", to_yaml(cfg))
+        self.dist.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_resume_point(self) -> Path | None:
         """The checkpoint to continue from; refuses to start fresh over an earlier run's checkpoints."""
@@ -107,6 +106,8 @@ class SftRecipe:
                             f"{cfg.max_seq_length}")
         self.rows = pack_rows(rows, cfg.max_seq_length) if cfg.packing else rows
         self.micro = micro_batches(self.rows, cfg.optim.micro_batch_size)
+        self.micro_label_tokens = [sum(label != IGNORE_INDEX for r in rows for label in self.rows[r].labels)
+                                   for rows in self.micro]
         self.data_fingerprint = fingerprint(self.rows)
         accumulation = cfg.optim.gradient_accumulation_steps
         if accumulation < 1:
@@ -155,7 +156,7 @@ class SftRecipe:
             self.index += len(chosen)
             self.step += 1
             started = time.perf_counter()
-            label_tokens = sum(self._label_tokens(j) for j in chosen)
+            label_tokens = sum(self.micro_label_tokens[j] for j in chosen)
             tokens = sum(len(self.rows[r]) for j in chosen for r in self.micro[j])
             # with several processes each takes its share of the step's micro-batches
             batches = [collate([self.rows[r] for r in self.micro[j]], pad_id) for j in self.dist.shard(chosen)]
@@ -220,28 +221,23 @@ class SftRecipe:
                 "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
                 "output_dir": str(self.output_dir)}
 
-    def _label_tokens(self, micro_batch: int) -> int:
-        return sum(label != IGNORE_INDEX for r in self.micro[micro_batch] for label in self.rows[r].labels)
-
     def _checkpoint_path(self, step: int) -> Path:
         return self.output_dir / ckpt.CHECKPOINTS_DIR / f"step-{step:08d}"
 
     def save_checkpoint(self) -> Path:
         """The main process writes (every process holds the same state); the others wait for it."""
-        if self.dist.is_main:
-            ckpt.save_checkpoint(
-                self.output_dir, self.step, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint},
-                config=self.config_dict, extra={"skipped_steps": self.skipped_steps}, tokenizer=self.tokenizer,
-                keep=self.cfg.logging.keep_checkpoints)
-        self.dist.barrier()
+        self.dist.on_main(
+            ckpt.save_checkpoint, self.output_dir, self.step, self.model, optimizer=self.optimizer,
+            scheduler=self.scheduler, data_state={"epoch": self.epoch, "index": self.index,
+                                                  "fingerprint": self.data_fingerprint},
+            config=self.config_dict, extra={"skipped_steps": self.skipped_steps}, tokenizer=self.tokenizer,
+            keep=self.cfg.logging.keep_checkpoints)
         return self._checkpoint_path(self.step)
 
     def save_final_model(self) -> None:
         """The model (LoRA merged) and tokenizer into output_dir."""
-        if self.dist.is_main:
-            save_final_model(self.model, self.tokenizer, self.output_dir, merge_lora=self.cfg.model.lora_rank > 0)
-        self.dist.barrier()
+        self.dist.on_main(save_final_model, self.model, self.tokenizer, self.output_dir,
+                          merge_lora=self.cfg.model.lora_rank > 0)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
