@@ -170,6 +170,9 @@ class TrainRunConfig:
     dpo_beta: float = opt(0.1, "DPO beta.")
     eval_every: int = opt(0, "Evaluate on the test split every N steps (0: at the end only).")
     eval_tasks: int = opt(10, "Test tasks per evaluation.")
+    eval_temperature: float = opt(0.0, "Sampling temperature of evaluations (0: greedy).")
+    eval_samples_per_task: int = opt(1, "Samples per test task in evaluations (more than 1 needs "
+                                        "eval_temperature > 0); eval_success is their mean.")
     resume: bool = opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
     plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
 

@@ -1,8 +1,9 @@
 """The learning example's pipeline at a test budget: GRPO must raise the reward it optimises.
 
-examples/learn_gridworld.py takes the `tiny` model through expert data, SFT and GRPO on
-gridworld; this test runs the same stages (the same functions) small enough for the suite,
-with a reward that a few GRPO steps can move: the share of the agent's moves that go left.
+examples/learn_gridworld.py takes the `tiny` model through expert data, SFT and GRPO (with
+GiGPO's step-level advantages) on gridworld; this test runs the same stages (the same functions,
+the same GRPO settings) small enough for the suite, with a reward that a few GRPO steps can
+move: the share of the agent's moves that go left.
 """
 
 from __future__ import annotations
@@ -56,3 +57,12 @@ def test_grpo_raises_the_reward_it_optimises(tmp_path, register_plugin):
     assert all(r["format_ok"] > 0.5 for r in records)  # SFT taught the reply format the reward reads
     first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
     assert last > first + 0.15, f"GRPO did not raise the reward: {rewards}"
+
+
+def test_the_example_plots_its_summary(tmp_path):
+    summary = {"before_sft": {"sampled": 0.0, "greedy": 0.0}, "after_sft": {"sampled": 0.47, "greedy": 0.32},
+               "after_grpo": {"sampled": 0.56, "greedy": 0.42}, "curve": [(0, 0.47), (5, 0.5), (10, 0.56)],
+               "eval_tasks": 100, "eval_samples": 4}
+    _example().plot(summary, tmp_path / "success.png")
+    assert (tmp_path / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["success.png"]  # no temporary file left behind

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import math
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +37,27 @@ METRICS_FILE = "metrics.jsonl"
 StepCallback = Callable[[int, dict[str, float]], None]
 # Shown first on the progress line, in this order; other metrics follow in the order given.
 _LEADING = ("loss", "lr", "tokens_per_s", "step_time")
+
+
+def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) -> dict[str, float]:
+    """Means over a rollout's episodes (reward, success, score, turns, response tokens, well-formed
+    replies), env errors, generation speed, and each reward term's mean (``reward_<name>``)."""
+    n = max(1, len(episodes))
+    turns = sum(ep.num_turns for ep in episodes)
+    generated = sum(sum(ep.loss_mask) for ep in episodes)
+    metrics = {
+        "reward": sum(ep.total_reward for ep in episodes) / n,
+        "success": sum(ep.won for ep in episodes) / n,
+        "score": sum(ep.score for ep in episodes) / n,
+        "turns": turns / n,
+        "response_tokens": generated / n,
+        "format_ok": sum(t.format_ok for ep in episodes for t in ep.turns) / max(1, turns),
+        "env_errors": float(sum(ep.end_reason == "env_error" for ep in episodes)),
+        "tokens_per_s": generated / max(seconds, 1e-9),
+        "rollout_time": seconds,
+    }
+    metrics.update({f"reward_{k}": float(v) for k, v in reward_summary.items()})
+    return metrics
 
 
 class MetricsLogger:
@@ -81,8 +103,9 @@ class MetricsLogger:
         import wandb
 
         id_file = self.output_dir / "wandb_run_id"
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
-        id_file.write_text(run_id)
+        # our own id (wandb takes any short lowercase string): wandb's helpers for one have moved between versions
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
+        atomic_write_text(id_file, run_id)
         return wandb.init(project=cfg.wandb_project, id=run_id, resume="allow", config=run_config,
                           dir=str(self.output_dir))
 

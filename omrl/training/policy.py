@@ -82,3 +82,9 @@ def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     if value_head is not None:
         result["values"] = _align(value_head(out.hidden_states[-1][:, :-1]))
     return result
+
+
+def sequence_log_prob(model: nn.Module, mb, temperature: float = 1.0) -> torch.Tensor:
+    """Summed log-prob of each row's sampled tokens (``mb["response_mask"]``): [bs]."""
+    out = policy_forward(model, mb["input_ids"], mb["attention_mask"], temperature, token_mask=mb["response_mask"])
+    return (out["log_probs"] * mb["response_mask"]).sum(-1)

@@ -40,11 +40,12 @@ from omrl.options import TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training import checkpoint as ckpt
 from omrl.training.distributed import Distributed
-from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, rollout_metrics
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_model
 from omrl.training.optim import build_optimizer, build_scheduler
-from omrl.training.policy import ValueHead, policy_forward
-from omrl.training.rl_data import episodes_to_batch, micro_batches, pad_to, sort_by_length, trainable
+from omrl.training.policy import ValueHead, policy_forward, sequence_log_prob
+from omrl.training.rl_data import (episodes_to_batch, micro_batches, pad_to, preference_pairs, sort_by_length,
+                                   trainable)
 from omrl_plugins.algos import apply_kl_in_reward, dpo_loss, value_loss
 
 ALGOS = ("grpo", "ppo", "dpo")
@@ -97,6 +98,9 @@ class RLRecipe:
         self.dist.check_divisible("tasks_per_step", cfg.tasks_per_step)
         if cfg.mini_batch_size < 0:
             raise ConfigError(f"mini_batch_size must be >= 0 (0: the whole rollout), got {cfg.mini_batch_size}")
+        if cfg.eval_samples_per_task < 1 or (cfg.eval_samples_per_task > 1 and cfg.eval_temperature <= 0):
+            raise ConfigError(f"eval_samples_per_task={cfg.eval_samples_per_task} is invalid; valid: 1, or more "
+                              "with eval_temperature > 0 (greedy samples of a task are all the same)")
         if cfg.train_tasks < 0:
             raise ConfigError(f"train_tasks must be >= 0 (0: the whole split), got {cfg.train_tasks}")
         if cfg.algo == "dpo" and cfg.group_size < 2:
@@ -354,11 +358,7 @@ class RLRecipe:
 
     def _update_dpo(self, episodes) -> dict[str, float]:
         """DPO on pairs (best, worst sample of a task) whose total rewards differ."""
-        pairs = []
-        for group in sorted({ep.group for ep in episodes}):
-            ranked = sorted((ep for ep in episodes if ep.group == group), key=lambda ep: (ep.total_reward, ep.won))
-            if len(ranked) >= 2 and ranked[-1].total_reward > ranked[0].total_reward:
-                pairs.append((ranked[-1], ranked[0]))
+        pairs = preference_pairs(episodes)
         total_pairs = self.dist.sum([len(pairs)])[0]
         if not total_pairs:
             return self._skip_update("no preference pair: every sample of each task scored the same")
@@ -370,21 +370,15 @@ class RLRecipe:
             chosen = episodes_to_batch([c for c, _ in pairs], self.tokenizer.pad_token_id).to(self.device)
             rejected = episodes_to_batch([r for _, r in pairs], self.tokenizer.pad_token_id).to(self.device)
         for c_mb, r_mb in zip(micro_batches(chosen, size), micro_batches(rejected, size)) if pairs else []:
-            logps = [self._sequence_log_prob(self.model, mb) for mb in (c_mb, r_mb)]
+            logps = [sequence_log_prob(self.model, mb, self.temperature) for mb in (c_mb, r_mb)]
             with torch.no_grad():
-                ref_logps = [self._sequence_log_prob(self.ref_model, mb) for mb in (c_mb, r_mb)]
+                ref_logps = [sequence_log_prob(self.ref_model, mb, self.temperature) for mb in (c_mb, r_mb)]
             loss, parts = dpo_loss(logps[0], logps[1], ref_logps[0], ref_logps[1], self.cfg.dpo_beta)
             weight = len(c_mb) / total_pairs
             (loss * weight).backward()
             for k, v in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
                 sums[k] = sums.get(k, 0.0) + weight * v
         return {**self.dist.sum_dicts(sums), "dpo_pairs": float(total_pairs), **self._optimizer_step()}
-
-    def _sequence_log_prob(self, model, mb) -> torch.Tensor:
-        """Summed log-prob of the sampled tokens of each row: [bs]."""
-        out = policy_forward(model, mb["input_ids"], mb["attention_mask"], self.temperature,
-                             token_mask=mb["response_mask"])
-        return (out["log_probs"] * mb["response_mask"]).sum(-1)
 
     def _forward(self, mb, with_values: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         """Log-probs (entropy, values) of the sampled tokens; the LM head runs on those alone."""
@@ -420,35 +414,23 @@ class RLRecipe:
         return {"skipped_updates": float(self.skipped_updates)}
 
     def _rollout_metrics(self, episodes, seconds: float) -> dict[str, float]:
-        n = max(1, len(episodes))
-        generated = sum(sum(ep.loss_mask) for ep in episodes)
-        metrics = {
-            "reward": sum(ep.total_reward for ep in episodes) / n,
-            "success": sum(ep.won for ep in episodes) / n,
-            "score": sum(ep.score for ep in episodes) / n,
-            "turns": sum(ep.num_turns for ep in episodes) / n,
-            "response_tokens": generated / n,
-            "format_ok": sum(t.format_ok for ep in episodes for t in ep.turns) / max(1, sum(ep.num_turns for ep in episodes)),
-            "env_errors": float(sum(ep.end_reason == "env_error" for ep in episodes)),
-            "tokens_per_s": generated / max(seconds, 1e-9),
-            "rollout_time": seconds,
-        }
-        metrics.update({f"reward_{k}": float(v) for k, v in self.session.reward_summary.items()})
+        metrics = rollout_metrics(episodes, seconds, self.session.reward_summary)
         if self.dist.world_size > 1:  # every process played as many episodes: means average, counts add
             added = ("env_errors", "tokens_per_s")
             metrics = {k: v if k in added else v / self.dist.world_size for k, v in self.dist.sum_dicts(metrics).items()}
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy success and score on the first ``eval_tasks`` tasks of the test split."""
+        """Success and score on the first ``eval_tasks`` tasks of the test split: greedy, or the mean
+        of ``eval_samples_per_task`` samples at ``eval_temperature``."""
         if not self.test_tasks:
             return {}
         self.model.eval()
         sampling = self.session.limits
-        self.session.limits = dataclasses.replace(sampling, temperature=0.0)
+        self.session.limits = dataclasses.replace(sampling, temperature=self.cfg.eval_temperature)
         try:
-            episodes = self.session.play(self.dist.shard(self.test_tasks), split="test", group_size=1,
-                                         seed=self.cfg.seed)
+            episodes = self.session.play(self.dist.shard(self.test_tasks), split="test",
+                                         group_size=self.cfg.eval_samples_per_task, seed=self.cfg.seed)
         finally:
             self.session.limits = sampling
         n, won, score = self.dist.sum([len(episodes), sum(ep.won for ep in episodes), sum(ep.score for ep in episodes)])

@@ -94,3 +94,14 @@ def micro_batches(batch: Batch, size: int) -> list[Batch]:
 def pad_to(x: torch.Tensor, width: int) -> torch.Tensor:
     """Right-pad a [bs, w] tensor with zeros to [bs, width]."""
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+def preference_pairs(episodes: Sequence[Episode]) -> list[tuple[Episode, Episode]]:
+    """DPO pairs: per task group, its best sample (chosen) and its worst (rejected), when their
+    total rewards differ. Ties rank by reward, then by success."""
+    pairs = []
+    for group in sorted({ep.group for ep in episodes}):
+        ranked = sorted((ep for ep in episodes if ep.group == group), key=lambda ep: (ep.total_reward, ep.won))
+        if len(ranked) >= 2 and ranked[-1].total_reward > ranked[0].total_reward:
+            pairs.append((ranked[-1], ranked[0]))
+    return pairs

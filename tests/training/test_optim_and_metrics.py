@@ -74,3 +74,22 @@ def test_metrics_logger_on_resume_drops_steps_after_the_checkpoint(tmp_path):
 def test_format_metrics_puts_the_usual_keys_first():
     line = format_metrics({"kl": 0.01, "step_time": 0.5, "loss": 2.0, "tokens_per_s": 1234.5, "lr": 3e-6})
     assert line == "loss 2 lr 3.00e-06 tokens_per_s 1234 step_time 0.5 kl 0.01"
+
+
+def test_metrics_go_to_wandb_and_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")  # a dev dependency: installed wherever the suite runs
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no network: wandb writes its run files locally
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = LoggingConfig(output_dir=str(tmp_path), tensorboard=False, wandb_project="omrl-test")
+    quiet = Console(file=io.StringIO())
+    with MetricsLogger(tmp_path, cfg, total_steps=2, run_config={"seed": 3}, console=quiet) as logger:
+        logger.log(1, {"loss": 0.5})
+        first_id = logger._wandb.id
+        assert dict(logger._wandb.config) == {"seed": 3}
+    with MetricsLogger(tmp_path, cfg, total_steps=2, start_step=1, console=quiet) as logger:
+        logger.log(2, {"loss": 0.25})
+        assert logger._wandb.id == first_id  # the id kept in wandb_run_id
+    assert (tmp_path / "wandb_run_id").read_text() == first_id
+    runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{first_id}/run-{first_id}.wandb"))
+    assert len(runs) == 2 and all(run.stat().st_size > 0 for run in runs)
+    assert wandb.run is None  # finished on close

@@ -18,7 +18,7 @@ from omrl.options import TrainRunConfig
 from omrl.training.checkpoint import CheckpointError, latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.errors import ConfigError, NonFiniteLossError
-from omrl.training.rl import run_rl
+from omrl.training.rl import RLRecipe, run_rl
 
 QUIET = Console(file=io.StringIO())
 
@@ -83,6 +83,33 @@ def test_each_mini_batch_is_one_optimizer_step(rl_config, register_plugin):
 def test_mini_batch_size_must_not_be_negative(rl_config):
     with pytest.raises(ConfigError, match="mini_batch_size must be >= 0"):
         run_rl(rl_config("mini_batch_size=-1"), console=QUIET)
+
+
+def test_evaluation_samples_each_test_task_at_the_eval_temperature(rl_config):
+    recipe = RLRecipe(rl_config("eval_temperature=1.0", "eval_samples_per_task=3", "eval_tasks=2",
+                                "generation.temperature=0.7"), console=QUIET)
+    played = []
+    try:
+        recipe.setup()
+        play = recipe.session.play
+
+        def spy(tasks, **kwargs):
+            episodes = play(tasks, **kwargs)
+            played.append((len(episodes), recipe.session.limits.temperature))
+            return episodes
+
+        recipe.session.play = spy
+        result = recipe.evaluate()
+    finally:
+        recipe.cleanup()
+    assert played == [(6, 1.0)]  # 2 tasks x 3 samples, sampled rather than greedy
+    assert recipe.session.limits.temperature == 0.7  # the rollouts' sampling is back
+    assert 0.0 <= result["eval_success"] <= 1.0
+
+
+def test_several_greedy_eval_samples_are_refused(rl_config):
+    with pytest.raises(ConfigError, match="eval_samples_per_task=4 is invalid; valid: 1, or more with eval_temp"):
+        run_rl(rl_config("eval_samples_per_task=4"), console=QUIET)
 
 
 def test_ppo_trains_a_value_head(rl_config):
