@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from omrl.errors import OmrlError
+from omrl.training import fsdp
 
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "COMPLETE"
@@ -64,11 +65,15 @@ class Checkpoint:
 def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, *,
                     optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
                     data_state: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
-                    extra: dict[str, Any] | None = None, tokenizer: Any = None, keep: int = 2) -> Path:
+                    extra: dict[str, Any] | None = None, tokenizer: Any = None, keep: int = 2,
+                    model_state: dict[str, torch.Tensor] | None = None,
+                    optimizer_state: dict[str, Any] | None = None) -> Path:
     """Write checkpoint ``step`` atomically and keep only the newest ``keep`` (0 keeps all).
 
     ``data_state`` and ``config`` must be JSON-serialisable; ``extra`` may hold tensors and
     plain Python containers (it is loaded with ``torch.load(weights_only=True)``).
+    ``model_state`` and ``optimizer_state`` are written instead of the model's and the
+    optimizer's own state dicts when given (FSDP: the gathered, unsharded ones).
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -78,11 +83,12 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     try:
         tmp.mkdir()
-        model.save_pretrained(tmp / "model", safe_serialization=True)
+        model.save_pretrained(tmp / "model", safe_serialization=True, state_dict=model_state)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "model")
-        if optimizer is not None:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        if optimizer_state is not None or optimizer is not None:
+            torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(),
+                       tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
@@ -174,14 +180,23 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: Any = None, restore_rng: bool = True) -> Checkpoint:
-    """Restore the model, optimizer, scheduler and random states from ``path`` in place."""
+                    scheduler: Any = None, restore_rng: bool = True, sharded_owner: nn.Module | None = None
+                    ) -> Checkpoint:
+    """Restore the model, optimizer, scheduler and random states from ``path`` in place.
+
+    ``sharded_owner``: under FSDP, the module holding every parameter the optimizer updates; the
+    checkpoint's unsharded weights and optimizer state are then loaded into this process's shards.
+    """
     path = Path(path)
     if not (path / COMPLETE_MARKER).is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    _load_model_weights(model, path / "model")
+    _load_model_weights(model, path / "model", sharded=sharded_owner is not None)
     if optimizer is not None:
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        state = torch.load(path / "optimizer.pt", weights_only=True)
+        if sharded_owner is not None:
+            fsdp.load_full_optimizer_state(sharded_owner, optimizer, state)
+        else:
+            optimizer.load_state_dict(state)
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     if restore_rng:
@@ -191,7 +206,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: tor
     return Checkpoint(path, int(state["step"]), state["data_state"], state["config"], extra)
 
 
-def _load_model_weights(model: nn.Module, model_dir: Path) -> None:
+def _load_model_weights(model: nn.Module, model_dir: Path, sharded: bool = False) -> None:
     from safetensors.torch import load_file
 
     files = sorted(model_dir.glob("*.safetensors"))
@@ -207,7 +222,7 @@ def _load_model_weights(model: nn.Module, model_dir: Path) -> None:
         unexpected = list(result.unexpected_keys)
         missing = [k for k in result.missing_keys if "lora_" in k]
     else:
-        result = model.load_state_dict(weights, strict=False)
+        result = fsdp.load_full_state_dict(model, weights) if sharded else model.load_state_dict(weights, strict=False)
         unexpected = list(result.unexpected_keys)
         tied = set(getattr(model, "_tied_weights_keys", None) or [])
         missing = [k for k in result.missing_keys if k not in tied]

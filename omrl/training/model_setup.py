@@ -36,8 +36,10 @@ def load_frozen_copy(cfg: ModelConfig, device: str) -> Any:
     return model
 
 
-def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, merge_lora: bool) -> None:
+def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, merge_lora: bool,
+                     state_dict: dict[str, Any] | None = None) -> None:
     """The model (LoRA merged) and tokenizer into ``output_dir``, so ``--model <output_dir>`` loads it.
+    ``state_dict``: the weights to write instead of the model's own (FSDP: the gathered ones).
 
     Files are written to a temporary directory and moved in with config.json last:
     a directory with a config.json always holds a complete model.
@@ -48,7 +50,7 @@ def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, 
     tmp = output_dir / f".final-model-tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         for name in sorted((p.name for p in tmp.iterdir()), key=lambda n: n == "config.json"):
             os.replace(tmp / name, output_dir / name)

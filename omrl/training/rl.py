@@ -11,7 +11,8 @@ ADVANTAGE -> UPDATE, then EVAL and CHECKPOINT), ``cleanup``.
   each task's best and worst sample instead of advantages.
 - Rollouts generate with the very model being trained (the hf backend shares
   it); other backends get the new weights through ``update_weights`` after
-  every update.
+  every update. Under FSDP the hf backend generates with an unsharded copy
+  (processes generate different lengths, which sharded weights cannot do).
 - A step whose loss or gradient is not finite is skipped with a warning;
   ``optim.max_nan_steps`` of them in a row stop the run.
 - Resume restores weights, optimizer, scheduler, RNG states and the position
@@ -39,6 +40,7 @@ from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.options import TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training import checkpoint as ckpt
+from omrl.training import fsdp
 from omrl.training.distributed import Distributed
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, rollout_metrics
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_model
@@ -107,6 +109,8 @@ class RLRecipe:
             raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2")
         if cfg.critic not in ("head", "model"):
             raise ConfigError(f"unknown critic {cfg.critic!r}; valid: head, model")
+        if cfg.algo == "ppo" and cfg.critic == "model" and self.dist.sharded:
+            raise ConfigError("critic=model is not supported with FSDP; valid there: critic=head")
 
     def _setup_resume_point(self) -> Path | None:
         """The checkpoint to continue from; refuses to start fresh over an earlier run's checkpoints."""
@@ -119,7 +123,9 @@ class RLRecipe:
 
     def _setup_models(self) -> None:
         cfg = self.cfg
-        self.model, self.tokenizer = load_trainable_model(cfg.model, self.device)
+        model, self.tokenizer = load_trainable_model(cfg.model, self.device)
+        self.model = self.dist.prepare(model)  # sharded under FSDP
+        self.rollout_model = load_frozen_copy(cfg.model, self.device) if self.dist.sharded else self.model
         if cfg.kl_coef > 0 or cfg.algo == "dpo":
             self.ref_model = load_frozen_copy(cfg.model, self.device)
         self.critic_model = None
@@ -137,7 +143,7 @@ class RLRecipe:
 
     def _setup_rollout(self) -> None:
         cfg = self.cfg
-        self.session = RolloutSession.from_config(cfg, model=self.model, tokenizer=self.tokenizer)
+        self.session = RolloutSession.from_config(cfg, model=self.rollout_model, tokenizer=self.tokenizer)
         tasks = self.session.pool.probe().split_of(cfg.env.split)
         self.train_tasks = list(tasks[: cfg.train_tasks] if cfg.train_tasks else tasks)
         self.test_tasks = list(self.session.pool.probe().split_of("test"))[: cfg.eval_tasks]
@@ -150,6 +156,9 @@ class RLRecipe:
             extra += list(self.critic_model.parameters())
         self.params = [p for p in self.model.parameters() if p.requires_grad] + extra
         self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra)
+        # under FSDP, checkpoints name optimizer states by parameter names in this module
+        self.optimizer_owner = torch.nn.ModuleDict({"policy": self.model, **(
+            {"value_head": self.value_head} if self.value_head is not None else {})})
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * self.updates_per_step())
 
     def updates_per_step(self) -> int:
@@ -160,7 +169,8 @@ class RLRecipe:
         return cfg.ppo_epochs * per_pass
 
     def _load_resume_state(self, path: Path) -> None:
-        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                     sharded_owner=self.optimizer_owner if self.dist.sharded else None)
         self.step = state.step
         self.task_epoch = int(state.data_state["task_epoch"])
         self.task_cursor = int(state.data_state["task_cursor"])
@@ -170,6 +180,8 @@ class RLRecipe:
             self.value_head.load_state_dict(state.extra["value_head"])
         if self.critic_model is not None:
             self.critic_model.load_state_dict(state.extra["critic_model"])
+        # a backend with its own copy of the weights (vllm; hf under FSDP) must roll out with the resumed ones
+        self.session.backend.update_weights(self.dist.state_dict(self.model))
         self.console.print(f"resuming from {path} at step {self.step}", highlight=False)
 
     # -- TRAIN ----------------------------------------------------------------------------------------
@@ -197,7 +209,7 @@ class RLRecipe:
                 metrics.update(self._update_policy_gradient(batch))
             else:
                 metrics.update(self._skip_update("no trainable episode in this rollout"))
-            self.session.backend.update_weights(self.model.state_dict())
+            self.session.backend.update_weights(self.dist.state_dict(self.model))
             self.step += 1
 
             # EVAL and CHECKPOINT
@@ -215,8 +227,9 @@ class RLRecipe:
         if final:
             self.logger.log(self.step, {**last, **final})
         self.save_checkpoint()
+        weights = self.dist.gather_for_checkpoint(self.model).get("model_state")
         self.dist.on_main(save_final_model, self.model, self.tokenizer, self.output_dir,
-                          merge_lora=cfg.model.lora_rank > 0)
+                          merge_lora=cfg.model.lora_rank > 0, state_dict=weights)
         return {"steps": self.step, "skipped_updates": self.skipped_updates, "output_dir": str(self.output_dir),
                 **{k: v for k, v in {**last, **final}.items() if isinstance(v, (int, float))}}
 
@@ -244,8 +257,8 @@ class RLRecipe:
         """
         cfg, mb_size = self.cfg, self.cfg.optim.micro_batch_size
         local_tokens, any_advantage = 0.0, 0.0
+        advantages = self._score_rollout(batch)
         if batch is not None:
-            advantages = self._score_rollout(batch)
             local_tokens = float(batch["response_mask"].sum())
             any_advantage = float(advantages.any())
         total_tokens, any_advantage = self.dist.sum([local_tokens, any_advantage])
@@ -267,7 +280,10 @@ class RLRecipe:
                 mini_tokens = float(mini["response_mask"].sum()) if mini is not None else 0.0
                 mini_tokens = max(self.dist.sum([mini_tokens])[0], 1.0)
                 self.optimizer.zero_grad(set_to_none=True)
-                for mb in micro_batches(mini, mb_size) if mini is not None else []:
+                for mb in self.dist.lockstep(micro_batches(mini, mb_size) if mini is not None else []):
+                    if mb is None:  # FSDP: another process has one more micro-batch here
+                        fsdp.idle_pass(self.model, self.device)
+                        continue
                     tokens = float(mb["response_mask"].sum())
                     loss, parts = self._policy_gradient_loss(mb)
                     (loss * (tokens / mini_tokens)).backward()
@@ -284,17 +300,19 @@ class RLRecipe:
         return {**self.dist.sum_dicts({k: v for k, v in stats.items() if k not in shared}),
                 **{k: v for k, v in stats.items() if k in shared}}
 
-    def _score_rollout(self, batch) -> torch.Tensor:
+    def _score_rollout(self, batch) -> torch.Tensor | None:
         """Adds old (and reference) log-probs, values, KL-in-reward, advantages and returns to
-        ``batch``; returns the advantages [bs, L]."""
+        ``batch``; returns the advantages [bs, L] (None for no batch)."""
         cfg, mb_size = self.cfg, self.cfg.optim.micro_batch_size
-        mask = batch["response_mask"].float()
 
         # LOG-PROBS of the policy that sampled (old), of the reference, and the critic's values
-        width = batch["input_ids"].shape[1]
         with torch.no_grad():
             old, ref, values = [], [], []
-            for mb in micro_batches(batch, mb_size):
+            for mb in self.dist.lockstep(micro_batches(batch, mb_size) if batch is not None else []):
+                if mb is None:  # FSDP: another process has one more micro-batch here
+                    fsdp.idle_pass(self.model, self.device, backward=False)
+                    continue
+                width = batch["input_ids"].shape[1]
                 out = self._forward(mb, with_values=self.value_head is not None)
                 old.append(pad_to(out["log_probs"], width))
                 if self.value_head is not None:
@@ -303,6 +321,9 @@ class RLRecipe:
                     ref.append(pad_to(policy_forward(self.ref_model, mb["input_ids"], mb["attention_mask"],
                                                      self.temperature, token_mask=mb["response_mask"])["log_probs"],
                                       width))
+        if batch is None:
+            return None
+        mask = batch["response_mask"].float()
         batch.tensors["old_log_probs"] = torch.cat(old)
         if ref:
             batch.tensors["ref_log_probs"] = torch.cat(ref)
@@ -369,7 +390,12 @@ class RLRecipe:
         if pairs:  # else another process has this step's pairs; this one adds zeros to the gradient sum
             chosen = episodes_to_batch([c for c, _ in pairs], self.tokenizer.pad_token_id).to(self.device)
             rejected = episodes_to_batch([r for _, r in pairs], self.tokenizer.pad_token_id).to(self.device)
-        for c_mb, r_mb in zip(micro_batches(chosen, size), micro_batches(rejected, size)) if pairs else []:
+        for mbs in self.dist.lockstep(zip(micro_batches(chosen, size), micro_batches(rejected, size))
+                                      if pairs else []):
+            if mbs is None:  # FSDP: another process has one more micro-batch here
+                fsdp.idle_pass(self.model, self.device, forwards=2)
+                continue
+            c_mb, r_mb = mbs
             logps = [sequence_log_prob(self.model, mb, self.temperature) for mb in (c_mb, r_mb)]
             with torch.no_grad():
                 ref_logps = [sequence_log_prob(self.ref_model, mb, self.temperature) for mb in (c_mb, r_mb)]
@@ -394,7 +420,7 @@ class RLRecipe:
         """Sum gradients over processes, clip, then step unless the gradient is not finite (then
         skip, and stop after too many)."""
         self.dist.sum_gradients(self.params)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm))
+        grad_norm = self.dist.clip_grad_norm(self.params, self.cfg.optim.max_grad_norm)
         if not math.isfinite(grad_norm):
             return self._skip_update(f"non-finite gradient norm ({grad_norm}) at step {self.step + 1}", nan=True)
         self.optimizer.step()
@@ -442,11 +468,14 @@ class RLRecipe:
             extra["value_head"] = self.value_head.state_dict()
         if self.critic_model is not None:
             extra["critic_model"] = self.critic_model.state_dict()
-        # every process holds the same weights and optimizer state: the main one writes them
+        # every process holds the same weights and optimizer state (or under FSDP its shard of what is
+        # gathered here): the main one writes them
+        gathered = self.dist.gather_for_checkpoint(self.model, self.optimizer, owner=self.optimizer_owner)
         self.dist.on_main(
             ckpt.save_checkpoint, self.output_dir, self.step, self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, data_state={"task_epoch": self.task_epoch, "task_cursor": self.task_cursor},
-            config=self.config_dict, extra=extra, tokenizer=self.tokenizer, keep=self.cfg.logging.keep_checkpoints)
+            config=self.config_dict, extra=extra, tokenizer=self.tokenizer, keep=self.cfg.logging.keep_checkpoints,
+            **gathered)
         return ckpt.latest_checkpoint(self.output_dir)
 
     # -- CLEANUP --------------------------------------------------------------------------------------

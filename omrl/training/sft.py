@@ -33,6 +33,7 @@ from omrl.datasets import load_conversations
 from omrl.errors import ConfigError, NonFiniteLossError, OmrlError
 from omrl.options import SftRunConfig
 from omrl.training import checkpoint as ckpt
+from omrl.training import fsdp
 from omrl.training.distributed import Distributed
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback
 from omrl.training.model_setup import load_trainable_model, save_final_model
@@ -91,7 +92,8 @@ class SftRecipe:
         return None
 
     def _setup_model(self) -> None:
-        self.model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device))
+        model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device))
+        self.model = self.dist.prepare(model)  # sharded under FSDP
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _setup_data(self) -> None:
@@ -121,7 +123,8 @@ class SftRecipe:
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
 
     def _load_resume_state(self, path: Path) -> None:
-        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                     sharded_owner=self.model if self.dist.sharded else None)
         if state.data_state.get("fingerprint") != self.data_fingerprint:
             raise ckpt.CheckpointError(
                 f"cannot resume from {path}: the training data changed since it was written (fingerprint "
@@ -163,16 +166,19 @@ class SftRecipe:
 
             # FORWARD/BACKWARD: loss = summed token losses / assistant tokens in the whole step
             loss_value, finite = 0.0, True
-            for batch in batches:
+            for batch in self.dist.lockstep(batches):
+                if batch is None:  # FSDP: another process has one more micro-batch this step
+                    fsdp.idle_pass(model, self.device)
+                    continue
                 batch = {k: v.to(self.device) for k, v in batch.items()}
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                                    use_cache=False).logits
                 loss = token_loss_sum(logits, batch["labels"]) / label_tokens
-                if not torch.isfinite(loss):
-                    finite = False
-                    break
+                # backward even when not finite (the step is skipped below): under FSDP every process
+                # must take part in each backward's collectives
                 loss.backward()
+                finite = finite and bool(torch.isfinite(loss))
                 loss_value += loss.item()
 
             # UPDATE: sum gradients over processes, clip, step, or skip a non-finite step
@@ -180,9 +186,9 @@ class SftRecipe:
             finite = not nonfinite_anywhere
             if finite:
                 self.dist.sum_gradients(self.params)
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm) if finite else torch.tensor(float("nan"))
+            grad_norm = self.dist.clip_grad_norm(self.params, max_norm) if finite else float("nan")
             lr = self.scheduler.get_last_lr()[0]
-            if finite and torch.isfinite(grad_norm):
+            if finite and math.isfinite(grad_norm):
                 self.optimizer.step()
                 nonfinite_in_a_row, last_loss = 0, loss_value
             else:
@@ -205,7 +211,7 @@ class SftRecipe:
             step_time = time.perf_counter() - started
             step_times.append(step_time)
             metrics = {"loss": loss_value if finite else float("nan"), "lr": lr, "tokens_per_s": tokens / step_time,
-                       "step_time": step_time, "grad_norm": float(grad_norm), "label_tokens": label_tokens,
+                       "step_time": step_time, "grad_norm": grad_norm, "label_tokens": label_tokens,
                        "epoch": self.epoch + self.index / len(order), "skipped_steps": self.skipped_steps}
             self.logger.log(self.step, metrics)
             if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
@@ -225,19 +231,22 @@ class SftRecipe:
         return self.output_dir / ckpt.CHECKPOINTS_DIR / f"step-{step:08d}"
 
     def save_checkpoint(self) -> Path:
-        """The main process writes (every process holds the same state); the others wait for it."""
+        """The main process writes (every process holds the same state, or under FSDP its shard of
+        what is gathered here); the others wait for it."""
+        gathered = self.dist.gather_for_checkpoint(self.model, self.optimizer)
         self.dist.on_main(
             ckpt.save_checkpoint, self.output_dir, self.step, self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, data_state={"epoch": self.epoch, "index": self.index,
                                                   "fingerprint": self.data_fingerprint},
             config=self.config_dict, extra={"skipped_steps": self.skipped_steps}, tokenizer=self.tokenizer,
-            keep=self.cfg.logging.keep_checkpoints)
+            keep=self.cfg.logging.keep_checkpoints, **gathered)
         return self._checkpoint_path(self.step)
 
     def save_final_model(self) -> None:
         """The model (LoRA merged) and tokenizer into output_dir."""
+        weights = self.dist.gather_for_checkpoint(self.model).get("model_state")
         self.dist.on_main(save_final_model, self.model, self.tokenizer, self.output_dir,
-                          merge_lora=self.cfg.model.lora_rank > 0)
+                          merge_lora=self.cfg.model.lora_rank > 0, state_dict=weights)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
