@@ -3,7 +3,8 @@
 A checkpoint is a directory ``<output_dir>/checkpoints/step-00000012/``::
 
     model/          the model in Hugging Face format (safetensors); a peft adapter for LoRA runs
-    optimizer.pt    optimizer state          scheduler.pt   scheduler state
+    optimizer.pt    optimizer state (FSDP: gathered whole, keyed by parameter name)
+    scheduler.pt    scheduler state
     rng.pt          python, numpy, torch CPU and CUDA random states
     extra.pt        whatever the recipe passed as ``extra`` (a value head, ...), when given
     state.json      step, data position, the resolved config
