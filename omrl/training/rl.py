@@ -33,7 +33,7 @@ import torch
 from rich.console import Console
 
 from omrl import registry
-from omrl.algos import AdvantageInput, PolicyLossInput, aggregate_loss
+from omrl.algos import AdvantageInput
 from omrl.config import to_dict, to_yaml
 from omrl.atomic import atomic_write_text
 from omrl.errors import ConfigError, NonFiniteLossError
@@ -46,9 +46,10 @@ from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, rollo
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_model
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.policy import ValueHead, policy_forward, sequence_log_prob
-from omrl.training.rl_data import (episodes_to_batch, micro_batches, pad_to, preference_pairs, sort_by_length,
-                                   trainable)
-from omrl_plugins.algos import apply_kl_in_reward, dpo_loss, value_loss
+from omrl.training.rl_data import (TaskOrder, episodes_to_batch, micro_batches, pad_to, preference_pairs,
+                                   sort_by_length, trainable)
+from omrl.training.rl_loss import policy_gradient_loss
+from omrl_plugins.algos import apply_kl_in_reward, dpo_loss
 
 ALGOS = ("grpo", "ppo", "dpo")
 
@@ -63,7 +64,6 @@ class RLRecipe:
         self.console = console or Console(stderr=True)
         self.output_dir = Path(cfg.logging.output_dir)
         self.step = 0
-        self.task_epoch, self.task_cursor = 0, 0  # position in the shuffled order of training tasks
         self.nan_streak, self.skipped_updates = 0, 0
         self.value_head: ValueHead | None = None
         self.ref_model = None
@@ -145,7 +145,7 @@ class RLRecipe:
         cfg = self.cfg
         self.session = RolloutSession.from_config(cfg, model=self.rollout_model, tokenizer=self.tokenizer)
         tasks = self.session.pool.probe().split_of(cfg.env.split)
-        self.train_tasks = list(tasks[: cfg.train_tasks] if cfg.train_tasks else tasks)
+        self.task_order = TaskOrder(list(tasks[: cfg.train_tasks] if cfg.train_tasks else tasks), cfg.seed)
         self.test_tasks = list(self.session.pool.probe().split_of("test"))[: cfg.eval_tasks]
         # log-probs are scored under the distribution the rollout sampled from
         self.temperature = cfg.generation.temperature if cfg.generation.temperature > 0 else 1.0
@@ -172,8 +172,8 @@ class RLRecipe:
         state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
                                      sharded_owner=self.optimizer_owner if self.dist.sharded else None)
         self.step = state.step
-        self.task_epoch = int(state.data_state["task_epoch"])
-        self.task_cursor = int(state.data_state["task_cursor"])
+        self.task_order.epoch = int(state.data_state["task_epoch"])
+        self.task_order.cursor = int(state.data_state["task_cursor"])
         self.nan_streak = int(state.extra.get("nan_streak", 0))
         self.skipped_updates = int(state.extra.get("skipped_updates", 0))
         if self.value_head is not None:
@@ -193,7 +193,7 @@ class RLRecipe:
 
             # ROLLOUT: every sample of every task in batched generate calls, envs stepped together
             self.model.eval()
-            episodes = self.session.play(self.dist.shard(self._next_tasks()), split=cfg.env.split,
+            episodes = self.session.play(self.dist.shard(self.task_order.take(cfg.tasks_per_step)), split=cfg.env.split,
                                          group_size=cfg.group_size, seed=self._rollout_seed())
             rollout_time = time.perf_counter() - started
             metrics = self._rollout_metrics(episodes, rollout_time)
@@ -237,18 +237,6 @@ class RLRecipe:
         """Different per step and per process; with one process, ``seed * 1_000_003 + step``."""
         return (self.cfg.seed * 1_000_003 + self.step) * self.dist.world_size + self.dist.rank
 
-    def _next_tasks(self) -> list[int]:
-        """The next ``tasks_per_step`` training tasks from a seeded shuffle (reshuffled every pass)."""
-        out = []
-        while len(out) < self.cfg.tasks_per_step:
-            order = np.random.default_rng(self.cfg.seed + self.task_epoch).permutation(len(self.train_tasks))
-            take = min(self.cfg.tasks_per_step - len(out), len(order) - self.task_cursor)
-            out += [self.train_tasks[i] for i in order[self.task_cursor:self.task_cursor + take]]
-            self.task_cursor += take
-            if self.task_cursor >= len(order):
-                self.task_epoch, self.task_cursor = self.task_epoch + 1, 0
-        return out
-
     def _update_policy_gradient(self, batch) -> dict[str, float]:
         """LOG-PROBS, ADVANTAGE and UPDATE for one rollout.
 
@@ -285,7 +273,8 @@ class RLRecipe:
                         fsdp.idle_pass(self.model, self.device)
                         continue
                     tokens = float(mb["response_mask"].sum())
-                    loss, parts = self._policy_gradient_loss(mb)
+                    out = self._forward(mb, with_values=self.value_head is not None, with_entropy=True)
+                    loss, parts = policy_gradient_loss(out, mb, cfg, self.policy_loss_fn, self.kl_fn)
                     (loss * (tokens / mini_tokens)).backward()
                     for k, v in parts.items():
                         sums[k] = sums.get(k, 0.0) + tokens / total_tokens * v
@@ -351,31 +340,6 @@ class RLRecipe:
             return [batch]
         order = torch.randperm(rows, generator=shuffle)
         return [sort_by_length(batch.rows(part)) if len(part) else None for part in torch.tensor_split(order, count)]
-
-    def _policy_gradient_loss(self, mb) -> tuple[torch.Tensor, dict[str, float]]:
-        cfg = self.cfg
-        mask = mb["response_mask"]
-        out = self._forward(mb, with_values=self.value_head is not None, with_entropy=True)
-        loss, parts = self.policy_loss_fn(PolicyLossInput(out["log_probs"], mb["old_log_probs"], mb["advantages"],
-                                                          mask), cfg.algorithm)
-        parts = {f"pg_{k}": float(v) for k, v in parts.items()}
-        parts["pg_loss"] = loss.item()
-        entropy = aggregate_loss(out["entropy"], mask, cfg.algorithm.loss_agg_mode)
-        parts["entropy"] = entropy.item()
-        if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * entropy
-        if "ref_log_probs" in mb.tensors:
-            kl = aggregate_loss(self.kl_fn(out["log_probs"], mb["ref_log_probs"]), mask, cfg.algorithm.loss_agg_mode)
-            parts["kl"] = kl.item()
-            if not cfg.kl_in_reward:
-                loss = loss + cfg.kl_coef * kl
-        if self.value_head is not None:
-            v_loss, v_parts = value_loss(out["values"], mb["values"], mb["returns"], mask, cfg.value_clip,
-                                         cfg.algorithm.loss_agg_mode)
-            loss = loss + cfg.value_coef * v_loss
-            parts.update({f"value_{k}": float(v) for k, v in v_parts.items()}, value_loss=v_loss.item())
-        parts["loss"] = loss.item()
-        return loss, parts
 
     def _update_dpo(self, episodes) -> dict[str, float]:
         """DPO on pairs (best, worst sample of a task) whose total rewards differ."""
@@ -473,7 +437,8 @@ class RLRecipe:
         gathered = self.dist.gather_for_checkpoint(self.model, self.optimizer, owner=self.optimizer_owner)
         self.dist.on_main(
             ckpt.save_checkpoint, self.output_dir, self.step, self.model, optimizer=self.optimizer,
-            scheduler=self.scheduler, data_state={"task_epoch": self.task_epoch, "task_cursor": self.task_cursor},
+            scheduler=self.scheduler, data_state={"task_epoch": self.task_order.epoch,
+                                                         "task_cursor": self.task_order.cursor},
             config=self.config_dict, extra=extra, tokenizer=self.tokenizer, keep=self.cfg.logging.keep_checkpoints,
             **gathered)
         return ckpt.latest_checkpoint(self.output_dir)

@@ -7,8 +7,10 @@ the recipe computes the log-prob of token t from the logits at t - 1, so positio
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from omrl.data import Batch, Episode
@@ -105,3 +107,27 @@ def preference_pairs(episodes: Sequence[Episode]) -> list[tuple[Episode, Episode
         if len(ranked) >= 2 and ranked[-1].total_reward > ranked[0].total_reward:
             pairs.append((ranked[-1], ranked[0]))
     return pairs
+
+
+@dataclass
+class TaskOrder:
+    """The training tasks in a seeded shuffle, reshuffled every pass over them. ``epoch`` and
+    ``cursor`` (the next position in this pass) go into checkpoints, so a resumed run
+    continues with the tasks it would have played next."""
+
+    tasks: list[Any]
+    seed: int
+    epoch: int = 0
+    cursor: int = 0
+
+    def take(self, count: int) -> list[Any]:
+        """The next ``count`` tasks (crossing into the next pass's shuffle when this one ends)."""
+        out: list[Any] = []
+        while len(out) < count:
+            order = np.random.default_rng(self.seed + self.epoch).permutation(len(self.tasks))
+            step = min(count - len(out), len(order) - self.cursor)
+            out += [self.tasks[i] for i in order[self.cursor:self.cursor + step]]
+            self.cursor += step
+            if self.cursor >= len(order):
+                self.epoch, self.cursor = self.epoch + 1, 0
+        return out
