@@ -8,6 +8,7 @@ import typer
 
 from omrl.cli.rollout_cmd import ARGS_HELP, progress_bar
 from omrl.config import command_line_config
+from omrl.errors import ConfigError
 
 
 def default_report_path(model_name: str) -> Path:
@@ -41,10 +42,10 @@ def evaluate_command(
         "env.name": env, "model.name": model, "env.split": split, "num_tasks": num_tasks,
         "samples_per_task": samples, "report": report,
     })
-    console = Console()
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
-        console.print("[yellow]greedy decoding gives the same sample every time; set generation.temperature "
-                      "(e.g. generation.temperature=1.0) for meaningful pass@k[/]")
+        raise ConfigError(f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "
+                          "valid: --samples 1, or sampling, e.g. generation.temperature=1.0")
+    console = Console()
     with RolloutSession.from_config(cfg) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         bar, progress = progress_bar(len(tasks) * cfg.samples_per_task, f"eval {cfg.env.name}")

@@ -62,6 +62,10 @@ class Distributed:
         mode = self.accelerator.distributed_type
         # FSDP: on CPUs accelerate reports MULTI_CPU and the FSDP request is read from the environment
         supported = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.FSDP)
+        if mode == DistributedType.DEEPSPEED:
+            raise ConfigError("accelerate is set up for DeepSpeed, which omrl's recipes do not support; FSDP shards "
+                              "weights, gradients and optimizer state as ZeRO-3 does: use configs/accelerate/fsdp.yaml "
+                              f"(valid: {', '.join(m.value for m in supported)})")
         if mode not in supported:
             raise ConfigError(
                 f"accelerate is set up for {mode.value}; omrl's recipes run data parallel or FSDP (valid: "

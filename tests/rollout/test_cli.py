@@ -62,6 +62,8 @@ def test_eval_prints_the_table_and_writes_the_report(fake_plugins, tmp_path):
     (["rollout", "eval"], "preset 'eval' is for `omrl eval`, not `omrl rollout`"),
     (["rollout", "--env", "nosuch", "--expert"], "unknown env 'nosuch'"),
     (["eval", "num_taks=3"], "did you mean 'num_tasks'"),
+    (["eval", "--samples", "4"], "--samples 4 with greedy decoding gives the same sample every time; valid: "
+                                 "--samples 1, or sampling, e.g. generation.temperature=1.0"),
 ])
 def test_bad_input_is_one_clear_line(fake_plugins, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:

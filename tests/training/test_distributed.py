@@ -171,7 +171,7 @@ def test_tasks_per_step_must_split_evenly_across_processes(tiny_model_dir, tmp_p
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("mode", ["DEEPSPEED", "MEGATRON_LM"])
+@pytest.mark.parametrize("mode", ["DEEPSPEED", "MEGATRON_LM", "XLA"])
 def test_unsupported_accelerate_modes_are_refused_by_name(mode):
     from types import SimpleNamespace
 
@@ -181,7 +181,20 @@ def test_unsupported_accelerate_modes_are_refused_by_name(mode):
     from omrl.training.distributed import Distributed
 
     process = SimpleNamespace(accelerator=SimpleNamespace(distributed_type=DistributedType[mode]))
-    with pytest.raises(ConfigError, match=f"accelerate is set up for {DistributedType[mode].value}.*valid: MULTI_CPU, MULTI_GPU, FSDP"):
+    with pytest.raises(ConfigError, match="accelerate is set up for .*valid: MULTI_CPU, MULTI_GPU, FSDP"):
+        Distributed._check_mode(process)
+
+
+def test_deepspeed_is_refused_with_the_fsdp_config_to_use_instead():
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from omrl.errors import ConfigError
+    from omrl.training.distributed import Distributed
+
+    process = SimpleNamespace(accelerator=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
+    with pytest.raises(ConfigError, match="DeepSpeed, which omrl's recipes do not support.*configs/accelerate/fsdp.yaml"):
         Distributed._check_mode(process)
 
 
