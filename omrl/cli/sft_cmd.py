@@ -57,6 +57,7 @@ def sft(
 
     from omrl.config import command_line_config
     from omrl.options import SftRunConfig
+    from omrl.training.distributed import is_main_process
     from omrl.training.sft import run_sft
 
     flags = {name: value for name, value in locals().items() if name in FLAG_KEYS and value is not None}
@@ -64,9 +65,10 @@ def sft(
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     cfg.resume = cfg.resume or resume
     summary = run_sft(cfg)
-    typer.echo(f"trained {summary['steps']} steps (final loss {summary['final_loss']:.4f}, "
-               f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_steps']} skipped); "
-               f"model saved in {summary['output_dir']}")
+    if is_main_process():  # under accelerate launch, one summary rather than one per process
+        typer.echo(f"trained {summary['steps']} steps (final loss {summary['final_loss']:.4f}, "
+                   f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_steps']} skipped); "
+                   f"model saved in {summary['output_dir']}")
 
 
 def add_to(app: typer.Typer) -> None:

@@ -24,6 +24,7 @@ def train(
     from omrl.config import command_line_config
     from omrl.errors import ConfigError
     from omrl.options import TrainRunConfig
+    from omrl.training.distributed import is_main_process
     from omrl.training.rl import ALGOS, run_rl
 
     if algo is not None and algo not in ALGOS:
@@ -37,7 +38,7 @@ def train(
                               algo or "grpo")
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algo}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    console = Console(stderr=True)
+    console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
     console.print(f"omrl train: {cfg.algo} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
                   f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}", highlight=False)
     summary = run_rl(cfg, console=console)
@@ -46,7 +47,7 @@ def train(
     table.add_column("value")
     for key, value in summary.items():
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    Console().print(table)
+    Console(quiet=not is_main_process()).print(table)
     console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False)
 
 

@@ -37,6 +37,11 @@ from omrl.training import fsdp
 T = TypeVar("T")
 
 
+def is_main_process() -> bool:
+    """True in a single process, and in process 0 of several (before any process group exists)."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 class Distributed:
     """The process group a recipe runs in (world size 1 when not launched by accelerate)."""
 
