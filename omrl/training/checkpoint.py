@@ -194,6 +194,7 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: tor
     _load_model_weights(model, path / "model", sharded=sharded_owner is not None)
     if optimizer is not None:
         state = torch.load(path / "optimizer.pt", weights_only=True)
+        _check_optimizer_layout(path, state, sharded=sharded_owner is not None)
         if sharded_owner is not None:
             fsdp.load_full_optimizer_state(sharded_owner, optimizer, state)
         else:
@@ -205,6 +206,16 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: tor
     state = json.loads((path / "state.json").read_text())
     extra = torch.load(path / "extra.pt", weights_only=True) if (path / "extra.pt").exists() else {}
     return Checkpoint(path, int(state["step"]), state["data_state"], state["config"], extra)
+
+
+def _check_optimizer_layout(path: Path, state: dict[str, Any], sharded: bool) -> None:
+    """FSDP saves optimizer states by parameter name, data parallel by position: refuse the other kind."""
+    params = [p for group in state.get("param_groups", []) for p in group.get("params", [])]
+    by_name = bool(params) and isinstance(params[0], str)
+    if params and by_name != sharded:
+        written, now = ("with", "without") if by_name else ("without", "with")
+        raise CheckpointError(f"{path} was written by a run {written} FSDP, but this run is {now} FSDP; resume "
+                              "with the accelerate config the run started with")
 
 
 def _load_model_weights(model: nn.Module, model_dir: Path, sharded: bool = False) -> None:
@@ -223,10 +234,13 @@ def _load_model_weights(model: nn.Module, model_dir: Path, sharded: bool = False
         unexpected = list(result.unexpected_keys)
         missing = [k for k in result.missing_keys if "lora_" in k]
     else:
-        result = fsdp.load_full_state_dict(model, weights) if sharded else model.load_state_dict(weights, strict=False)
-        unexpected = list(result.unexpected_keys)
         tied = set(getattr(model, "_tied_weights_keys", None) or [])
-        missing = [k for k in result.missing_keys if k not in tied]
+        if sharded:
+            missing, unexpected = fsdp.load_full_state_dict(model, weights, ignore=tied)
+        else:
+            result = model.load_state_dict(weights, strict=False)
+            unexpected = list(result.unexpected_keys)
+            missing = [k for k in result.missing_keys if k not in tied]
     if missing or unexpected:
         raise CheckpointError(f"{model_dir} does not fit the model: missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}")

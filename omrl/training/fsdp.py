@@ -35,32 +35,53 @@ def requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
+# accelerate FSDP settings omrl does not implement -> (the value it refuses, what to use instead)
+UNSUPPORTED = {
+    "FSDP_OFFLOAD_PARAMS": ("true", "false"),
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": ("true", "false (every process loads the model itself)"),
+    "FSDP_ACTIVATION_CHECKPOINTING": ("true", "false, and model.gradient_checkpointing=true in omrl's config"),
+    "FSDP_STATE_DICT_TYPE": ("SHARDED_STATE_DICT", "FULL_STATE_DICT (checkpoints hold whole weights)"),
+}
+
+
 def check_options() -> None:
     """Refuse FSDP settings the recipes do not implement, naming the valid ones."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+        raise ConfigError(f"FSDP needs torch >= 2.8 (fully_shard with sum reductions); this is torch "
+                          f"{torch.__version__}. Use configs/accelerate/ddp.yaml or a newer torch")
     version = os.environ.get("FSDP_VERSION", "2")
     if version != "2":
         raise ConfigError(f"fsdp_version {version} is not supported; valid: 2 (torch's fully_shard), "
                           "e.g. configs/accelerate/fsdp.yaml")
-    if os.environ.get("FSDP_OFFLOAD_PARAMS", "false").lower() == "true":
-        raise ConfigError("fsdp_offload_params: true is not supported; valid: false")
+    for key, (refused, valid) in UNSUPPORTED.items():
+        if os.environ.get(key, "").lower() == refused.lower():
+            raise ConfigError(f"{key.lower()}: {refused} is not supported under omrl's FSDP; valid: {valid}")
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5: no FSDP2, so nothing is sharded
+        return False
     return isinstance(tensor, DTensor)
 
 
 def shard(model: nn.Module) -> nn.Module:
     """Shard ``model`` in place: one FSDP unit per decoder layer (the classes the model names
-    in ``_no_split_modules``) and one for the rest (embeddings, final norm, LM head)."""
+    in ``_no_split_modules``, or accelerate's ``fsdp_transformer_layer_cls_to_wrap``) and one
+    for the rest (embeddings, final norm, LM head)."""
     from torch.distributed.fsdp import fully_shard
 
     if getattr(model, "peft_config", None):
         raise ConfigError("LoRA (model.lora_rank > 0) cannot be combined with FSDP: use lora_rank=0, "
                           "or the data-parallel config configs/accelerate/ddp.yaml")
-    layer_classes = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    named = os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "")
+    layer_classes = {c.strip() for c in named.split(",") if c.strip()} or set(
+        getattr(model, "_no_split_modules", None) or [])
+    # innermost first: a unit nested in another must be sharded before its parent
+    layers = [m for m in reversed(list(model.modules())) if type(m).__name__ in layer_classes]
     if not layers:
         raise ConfigError(f"{type(model).__name__} names no decoder layer class (_no_split_modules) to shard by")
     reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower() != "false"
@@ -70,6 +91,9 @@ def shard(model: nn.Module) -> nn.Module:
         # SUM reductions, which gloo (CPU) also has
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
+        # reduce-scatter weights that got no gradient too (e.g. experts an idle pass skipped), so every
+        # process sends the same sizes
+        unit.set_reduce_scatter_unused_params(True)
     return model
 
 
@@ -91,11 +115,27 @@ def full_state_dict(model: nn.Module, all_ranks: bool = True) -> dict[str, torch
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=not all_ranks))
 
 
-def load_full_state_dict(model: nn.Module, weights: dict[str, torch.Tensor]) -> Any:
-    """Load unsharded ``weights`` (read by every process) into this process's shards."""
+def copy_whole_weights(model: nn.Module, replica: nn.Module) -> None:
+    """Copy the sharded ``model``'s weights into the unsharded ``replica`` in place, one tensor at a
+    time (every process must call), so no second whole copy is ever built."""
+    targets = replica.state_dict()
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            targets[name].copy_(value.full_tensor() if is_sharded(value) else value)
+
+
+def load_full_state_dict(model: nn.Module, weights: dict[str, torch.Tensor], ignore: set[str] = frozenset()
+                         ) -> tuple[list[str], list[str]]:
+    """Load unsharded ``weights`` (read by every process) into this process's shards; returns the
+    (missing, unexpected) names, leaving out ``ignore`` (e.g. tied weights)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    return set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    # set_model_state_dict fills in missing names from the model itself: compare the names first
+    own = set(model.state_dict())
+    missing = sorted(own - set(weights) - set(ignore))
+    unexpected = sorted(set(weights) - own)
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    return missing, unexpected
 
 
 def full_optimizer_state(owner: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -103,7 +143,13 @@ def full_optimizer_state(owner: nn.Module, optimizer: torch.optim.Optimizer) -> 
     must call). ``owner`` holds every parameter the optimizer updates."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(owner, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    untouched = not optimizer.state
+    state = get_optimizer_state_dict(owner, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if untouched:  # torch filled in the state with a step at lr 0, which AdamW would count: drop it
+        optimizer.state.clear()
+        if "state" in state:
+            state["state"] = {}
+    return state
 
 
 def load_full_optimizer_state(owner: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
@@ -111,3 +157,5 @@ def load_full_optimizer_state(owner: nn.Module, optimizer: torch.optim.Optimizer
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(owner, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    if not state.get("state"):  # saved before any update: drop the state torch filled in to load it
+        optimizer.state.clear()

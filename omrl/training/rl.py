@@ -125,7 +125,9 @@ class RLRecipe:
         cfg = self.cfg
         model, self.tokenizer = load_trainable_model(cfg.model, self.device)
         self.model = self.dist.prepare(model)  # sharded under FSDP
-        self.rollout_model = load_frozen_copy(cfg.model, self.device) if self.dist.sharded else self.model
+        # the hf backend generates with this model: under FSDP an unsharded copy, refreshed after each update
+        own_copy = self.dist.sharded and cfg.generation.backend == "hf"
+        self.rollout_model = load_frozen_copy(cfg.model, self.device) if own_copy else self.model
         if cfg.kl_coef > 0 or cfg.algo == "dpo":
             self.ref_model = load_frozen_copy(cfg.model, self.device)
         self.critic_model = None
@@ -146,6 +148,8 @@ class RLRecipe:
         self.session = RolloutSession.from_config(cfg, model=self.rollout_model, tokenizer=self.tokenizer)
         tasks = self.session.pool.probe().split_of(cfg.env.split)
         self.task_order = TaskOrder(list(tasks[: cfg.train_tasks] if cfg.train_tasks else tasks), cfg.seed)
+        if not self.task_order.tasks:
+            raise ConfigError(f"env {cfg.env.name!r} has no tasks in split {cfg.env.split!r}; choose another env.split")
         self.test_tasks = list(self.session.pool.probe().split_of("test"))[: cfg.eval_tasks]
         # log-probs are scored under the distribution the rollout sampled from
         self.temperature = cfg.generation.temperature if cfg.generation.temperature > 0 else 1.0
@@ -180,8 +184,7 @@ class RLRecipe:
             self.value_head.load_state_dict(state.extra["value_head"])
         if self.critic_model is not None:
             self.critic_model.load_state_dict(state.extra["critic_model"])
-        # a backend with its own copy of the weights (vllm; hf under FSDP) must roll out with the resumed ones
-        self.session.backend.update_weights(self.dist.state_dict(self.model))
+        self._sync_rollout_weights()  # a backend with its own copy must roll out with the resumed weights
         self.console.print(f"resuming from {path} at step {self.step}", highlight=False)
 
     # -- TRAIN ----------------------------------------------------------------------------------------
@@ -209,7 +212,7 @@ class RLRecipe:
                 metrics.update(self._update_policy_gradient(batch))
             else:
                 metrics.update(self._skip_update("no trainable episode in this rollout"))
-            self.session.backend.update_weights(self.dist.state_dict(self.model))
+            self._sync_rollout_weights()
             self.step += 1
 
             # EVAL and CHECKPOINT
@@ -232,6 +235,13 @@ class RLRecipe:
                           merge_lora=cfg.model.lora_rank > 0, state_dict=weights)
         return {"steps": self.step, "skipped_updates": self.skipped_updates, "output_dir": str(self.output_dir),
                 **{k: v for k, v in {**last, **final}.items() if isinstance(v, (int, float))}}
+
+    def _sync_rollout_weights(self) -> None:
+        """The rollout backend gets the trained weights (a no-op for hf sharing the very model)."""
+        if self.rollout_model is not self.model:  # FSDP with hf: refresh the unsharded copy in place
+            fsdp.copy_whole_weights(self.model, self.rollout_model)
+        else:
+            self.session.backend.update_weights(self.dist.state_dict(self.model))
 
     def _rollout_seed(self) -> int:
         """Different per step and per process; with one process, ``seed * 1_000_003 + step``."""
