@@ -22,7 +22,7 @@ environment ``accelerate launch`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_*``).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
@@ -97,12 +97,15 @@ def shard(model: nn.Module) -> nn.Module:
     return model
 
 
-def idle_pass(model: nn.Module, device: torch.device | str, forwards: int = 1, backward: bool = True) -> None:
+def idle_pass(models: Sequence[nn.Module], device: torch.device | str, forwards: int = 1,
+              backward: bool = True) -> None:
     """Take part in a micro-batch's collectives without data: ``forwards`` forward passes of one
-    2-token row, then (if ``backward``) a backward of a zero loss, which adds nothing to any gradient."""
+    2-token row through each of ``models`` (in the order a real micro-batch runs them), then (if
+    ``backward``) one backward of a zero loss, which adds nothing to any gradient."""
     ids = torch.zeros((1, 2), dtype=torch.long, device=device)
     with torch.set_grad_enabled(backward):
-        loss = sum(model(input_ids=ids, use_cache=False).logits.float().sum() for _ in range(forwards))
+        loss = sum(model(input_ids=ids, use_cache=False).logits.float().sum()
+                   for model in models for _ in range(forwards))
     if backward:
         (loss * 0.0).backward()
 

@@ -109,8 +109,6 @@ class RLRecipe:
             raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2")
         if cfg.critic not in ("head", "model"):
             raise ConfigError(f"unknown critic {cfg.critic!r}; valid: head, model")
-        if cfg.algo == "ppo" and cfg.critic == "model" and self.dist.sharded:
-            raise ConfigError("critic=model is not supported with FSDP; valid there: critic=head")
 
     def _setup_resume_point(self) -> Path | None:
         """The checkpoint to continue from; refuses to start fresh over an earlier run's checkpoints."""
@@ -133,9 +131,12 @@ class RLRecipe:
         self.critic_model = None
         if cfg.algo == "ppo":
             if cfg.critic == "model":  # a separate backbone for the critic, trained with the value loss only
-                self.critic_model, _ = load_trainable_model(dataclasses.replace(cfg.model, lora_rank=0), self.device)
+                critic, _ = load_trainable_model(dataclasses.replace(cfg.model, lora_rank=0), self.device)
+                self.critic_model = self.dist.prepare(critic)
             hidden = (self.critic_model or self.model).config.get_text_config().hidden_size
             self.value_head = ValueHead(hidden).to(self.device)
+        # what every micro-batch runs, in order (FSDP's idle passes run the same)
+        self.backbones = [self.model] + ([self.critic_model] if self.critic_model is not None else [])
 
     def _setup_algorithms(self) -> None:
         cfg = self.cfg
@@ -162,7 +163,8 @@ class RLRecipe:
         self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra)
         # under FSDP, checkpoints name optimizer states by parameter names in this module
         self.optimizer_owner = torch.nn.ModuleDict({"policy": self.model, **(
-            {"value_head": self.value_head} if self.value_head is not None else {})})
+            {"value_head": self.value_head} if self.value_head is not None else {}), **(
+            {"critic": self.critic_model} if self.critic_model is not None else {})})
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * self.updates_per_step())
 
     def updates_per_step(self) -> int:
@@ -183,7 +185,10 @@ class RLRecipe:
         if self.value_head is not None:
             self.value_head.load_state_dict(state.extra["value_head"])
         if self.critic_model is not None:
-            self.critic_model.load_state_dict(state.extra["critic_model"])
+            if self.dist.sharded:
+                fsdp.load_full_state_dict(self.critic_model, state.extra["critic_model"])
+            else:
+                self.critic_model.load_state_dict(state.extra["critic_model"])
         self._sync_rollout_weights()  # a backend with its own copy must roll out with the resumed weights
         self.console.print(f"resuming from {path} at step {self.step}", highlight=False)
 
@@ -280,7 +285,7 @@ class RLRecipe:
                 self.optimizer.zero_grad(set_to_none=True)
                 for mb in self.dist.lockstep(micro_batches(mini, mb_size) if mini is not None else []):
                     if mb is None:  # FSDP: another process has one more micro-batch here
-                        fsdp.idle_pass(self.model, self.device)
+                        fsdp.idle_pass(self.backbones, self.device)
                         continue
                     tokens = float(mb["response_mask"].sum())
                     out = self._forward(mb, with_values=self.value_head is not None, with_entropy=True)
@@ -309,7 +314,7 @@ class RLRecipe:
             old, ref, values = [], [], []
             for mb in self.dist.lockstep(micro_batches(batch, mb_size) if batch is not None else []):
                 if mb is None:  # FSDP: another process has one more micro-batch here
-                    fsdp.idle_pass(self.model, self.device, backward=False)
+                    fsdp.idle_pass(self.backbones, self.device, backward=False)
                     continue
                 width = batch["input_ids"].shape[1]
                 out = self._forward(mb, with_values=self.value_head is not None)
@@ -367,7 +372,7 @@ class RLRecipe:
         for mbs in self.dist.lockstep(zip(micro_batches(chosen, size), micro_batches(rejected, size))
                                       if pairs else []):
             if mbs is None:  # FSDP: another process has one more micro-batch here
-                fsdp.idle_pass(self.model, self.device, forwards=2)
+                fsdp.idle_pass(self.backbones, self.device, forwards=2)
                 continue
             c_mb, r_mb = mbs
             logps = [sequence_log_prob(self.model, mb, self.temperature) for mb in (c_mb, r_mb)]
@@ -441,7 +446,7 @@ class RLRecipe:
         if self.value_head is not None:
             extra["value_head"] = self.value_head.state_dict()
         if self.critic_model is not None:
-            extra["critic_model"] = self.critic_model.state_dict()
+            extra["critic_model"] = self.dist.state_dict(self.critic_model)
         # every process holds the same weights and optimizer state (or under FSDP its shard of what is
         # gathered here): the main one writes them
         gathered = self.dist.gather_for_checkpoint(self.model, self.optimizer, owner=self.optimizer_owner)

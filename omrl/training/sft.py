@@ -168,7 +168,7 @@ class SftRecipe:
             loss_value, finite = 0.0, True
             for batch in self.dist.lockstep(batches):
                 if batch is None:  # FSDP: another process has one more micro-batch this step
-                    fsdp.idle_pass(model, self.device)
+                    fsdp.idle_pass([model], self.device)
                     continue
                 batch = {k: v.to(self.device) for k, v in batch.items()}
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):

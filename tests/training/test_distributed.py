@@ -30,7 +30,8 @@ ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
 
 # Launched on every process: runs a recipe, then saves this process's final weights. The reward
 # "main_sample_index" is each sample's index on process 0 and 0 elsewhere, so only process 0 has
-# preference pairs and non-zero advantages.
+# preference pairs and non-zero advantages. With OMRL_TEST_UNEVEN=1, process 1 trains on one
+# episode fewer, so it has fewer micro-batches (under FSDP: idle passes).
 RUN_AND_SAVE_WEIGHTS = """
 import os, sys, torch
 from omrl.config import load_config
@@ -48,6 +49,10 @@ class MainSampleIndex:
             [0.0] * (len(ep.turns) - 1) + [float(ep.sample) if main else 0.0] for ep in episodes])
 
 load_plugins().register(MainSampleIndex(), name="main-sample-index")
+if os.environ.get("OMRL_TEST_UNEVEN") == "1" and os.environ["RANK"] == "1":
+    import omrl.training.rl as rl
+    keep = rl.trainable
+    rl.trainable = lambda episodes: keep(episodes)[1:]
 
 kind, config, out = sys.argv[1:4]
 recipe = (SftRecipe if kind == "sft" else RLRecipe)(load_config(SftRunConfig if kind == "sft" else TrainRunConfig, config))
@@ -60,20 +65,21 @@ finally:
 """
 
 
-def _launch(tmp_path, *args: str, mode: str = "ddp") -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core per process
+def _launch(tmp_path, *args: str, mode: str = "ddp", uneven: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMRL_TEST_UNEVEN": str(int(uneven))}  # one core per process
     return subprocess.run([sys.executable, "-m", "accelerate.commands.launch",
                            "--config_file", str(ACCELERATE_CONFIGS / f"{mode}.yaml"),
                            "--num_processes", "2", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
 
 
-def _run_two_processes(tmp_path, kind: str, cfg, mode: str = "ddp") -> dict[int, dict[str, torch.Tensor]]:
+def _run_two_processes(tmp_path, kind: str, cfg, mode: str = "ddp", uneven: bool = False
+                       ) -> dict[int, dict[str, torch.Tensor]]:
     config_file = tmp_path / f"{kind}.yaml"
     config_file.write_text(to_yaml(cfg))
     script = tmp_path / "run_and_save.py"
     script.write_text(RUN_AND_SAVE_WEIGHTS)
-    done = _launch(tmp_path, str(script), kind, str(config_file), str(tmp_path), mode=mode)
+    done = _launch(tmp_path, str(script), kind, str(config_file), str(tmp_path), mode=mode, uneven=uneven)
     assert done.returncode == 0, done.stderr[-4000:]
     return {rank: torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)}
 
@@ -129,19 +135,21 @@ def test_two_process_grpo_trains_and_keeps_processes_in_step(tiny_model_dir, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo, overrides", [
-    ("grpo", ["optim.micro_batch_size=1"]),
-    ("ppo", ["kl_coef=0.05"]),  # a value head beside the sharded model, and a reference model
-    ("dpo", ["optim.micro_batch_size=1"]),  # process 1 has no pair: it runs idle passes
+@pytest.mark.parametrize("algo, overrides, uneven", [
+    ("grpo", ["optim.micro_batch_size=1"], True),  # process 1 has a micro-batch fewer: idle passes
+    ("ppo", ["kl_coef=0.05"], False),  # a value head beside the sharded model, and a reference model
+    ("ppo", ["critic=model", "optim.micro_batch_size=1", "mini_batch_size=0"], True),  # two sharded models
+    ("dpo", ["optim.micro_batch_size=1"], False),  # process 1 has no pair: it runs idle passes
 ])
-def test_fsdp_rl_matches_data_parallel(tiny_model_dir, tmp_path, algo, overrides):
+def test_fsdp_rl_matches_data_parallel(tiny_model_dir, tmp_path, algo, overrides, uneven):
     """Same seed, same processes: FSDP shards what DDP replicates, so the runs must agree."""
     runs = {}
     for mode in ("ddp", "fsdp"):
         (tmp_path / mode).mkdir()
         cfg = _rl_config(tiny_model_dir, tmp_path / mode / "run", algo, "reward.weights={main_sample_index: 1.0}",
                          *overrides)
-        runs[mode] = _run_two_processes(tmp_path / mode, "train", cfg, mode)[0], read_metrics(tmp_path / mode / "run")
+        runs[mode] = (_run_two_processes(tmp_path / mode, "train", cfg, mode, uneven)[0],
+                      read_metrics(tmp_path / mode / "run"))
 
     (ddp_weights, ddp_records), (fsdp_weights, fsdp_records) = runs["ddp"], runs["fsdp"]
     assert [r["step"] for r in fsdp_records] == [r["step"] for r in ddp_records]
@@ -199,12 +207,13 @@ def test_deepspeed_is_refused_with_the_fsdp_config_to_use_instead():
 
 
 @pytest.mark.slow
-def test_fsdp_run_resumes_exactly(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("algo, overrides", [("grpo", []), ("ppo", ["critic=model"])])
+def test_fsdp_run_resumes_exactly(tiny_model_dir, tmp_path, algo, overrides):
     """A sharded run resumed from its step-2 checkpoint ends where the uninterrupted run ended."""
     import shutil
 
-    cfg = _rl_config(tiny_model_dir, tmp_path / "run", "grpo", "steps=3", "logging.keep_checkpoints=0",
-                     "reward.weights={main_sample_index: 1.0}", "eval_tasks=0")
+    cfg = _rl_config(tiny_model_dir, tmp_path / "run", algo, "steps=3", "logging.keep_checkpoints=0",
+                     "reward.weights={main_sample_index: 1.0}", "eval_tasks=0", *overrides)
     uninterrupted = _run_two_processes(tmp_path, "train", cfg, "fsdp")[0]
     records = read_metrics(tmp_path / "run")
 
@@ -232,18 +241,12 @@ def test_fsdp_settings_the_recipes_do_not_implement_are_refused(monkeypatch):
         fsdp.check_options()
 
 
-def test_fsdp_refuses_lora_and_a_separate_critic_model(tiny_model_dir, tmp_path):
+def test_fsdp_refuses_lora(tiny_model_dir):
     from omrl.errors import ConfigError
     from omrl.options import ModelConfig
     from omrl.training import fsdp
     from omrl.training.model_setup import load_trainable_model
-    from omrl.training.rl import RLRecipe
 
     lora_model, _ = load_trainable_model(ModelConfig(name=tiny_model_dir, lora_rank=4), "cpu")
     with pytest.raises(ConfigError, match="LoRA .* cannot be combined with FSDP"):
         fsdp.shard(lora_model)  # refused before any process group is needed
-
-    recipe = RLRecipe(_rl_config(tiny_model_dir, tmp_path / "run", "ppo", "critic=model"))
-    recipe.dist.sharded = True
-    with pytest.raises(ConfigError, match="critic=model is not supported with FSDP; valid there: critic=head"):
-        recipe._check_config()
