@@ -127,7 +127,7 @@ class RLRecipe:
         own_copy = self.dist.sharded and cfg.generation.backend == "hf"
         self.rollout_model = load_frozen_copy(cfg.model, self.device) if own_copy else self.model
         if cfg.kl_coef > 0 or cfg.algo == "dpo":
-            self.ref_model = load_frozen_copy(cfg.model, self.device)
+            self.ref_model = self.dist.prepare(load_frozen_copy(cfg.model, self.device))
         self.critic_model = None
         if cfg.algo == "ppo":
             if cfg.critic == "model":  # a separate backbone for the critic, trained with the value loss only
@@ -137,6 +137,7 @@ class RLRecipe:
             self.value_head = ValueHead(hidden).to(self.device)
         # what every micro-batch runs, in order (FSDP's idle passes run the same)
         self.backbones = [self.model] + ([self.critic_model] if self.critic_model is not None else [])
+        self.with_reference = self.backbones + ([self.ref_model] if self.ref_model is not None else [])
 
     def _setup_algorithms(self) -> None:
         cfg = self.cfg
@@ -314,7 +315,7 @@ class RLRecipe:
             old, ref, values = [], [], []
             for mb in self.dist.lockstep(micro_batches(batch, mb_size) if batch is not None else []):
                 if mb is None:  # FSDP: another process has one more micro-batch here
-                    fsdp.idle_pass(self.backbones, self.device, backward=False)
+                    fsdp.idle_pass(self.with_reference, self.device, backward=False)
                     continue
                 width = batch["input_ids"].shape[1]
                 out = self._forward(mb, with_values=self.value_head is not None)
@@ -372,7 +373,7 @@ class RLRecipe:
         for mbs in self.dist.lockstep(zip(micro_batches(chosen, size), micro_batches(rejected, size))
                                       if pairs else []):
             if mbs is None:  # FSDP: another process has one more micro-batch here
-                fsdp.idle_pass(self.backbones, self.device, forwards=2)
+                fsdp.idle_pass(self.with_reference, self.device, forwards=2)
                 continue
             c_mb, r_mb = mbs
             logps = [sequence_log_prob(self.model, mb, self.temperature) for mb in (c_mb, r_mb)]

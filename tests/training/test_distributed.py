@@ -136,7 +136,8 @@ def test_two_process_grpo_trains_and_keeps_processes_in_step(tiny_model_dir, tmp
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo, overrides, uneven", [
-    ("grpo", ["optim.micro_batch_size=1"], True),  # process 1 has a micro-batch fewer: idle passes
+    # process 1 has a micro-batch fewer: idle passes, through the sharded reference model too
+    ("grpo", ["optim.micro_batch_size=1", "kl_coef=0.05"], True),
     ("ppo", ["kl_coef=0.05"], False),  # a value head beside the sharded model, and a reference model
     ("ppo", ["critic=model", "optim.micro_batch_size=1", "mini_batch_size=0"], True),  # two sharded models
     ("dpo", ["optim.micro_batch_size=1"], False),  # process 1 has no pair: it runs idle passes
