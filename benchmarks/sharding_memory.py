@@ -41,10 +41,13 @@ def worker(config_path: str, report_dir: str) -> None:
     from omrl.options import SftRunConfig
     from omrl.training.sft import SftRecipe
 
+    def peak_rss() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # ru_maxrss is in KiB
+
     peak = {}
 
     def after_step(step, metrics):  # peak so far, before the final model is gathered and saved
-        peak["train"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        peak["train"] = peak_rss()
 
     recipe = SftRecipe(load_config(SftRunConfig, config_path), on_step_end=after_step)
     try:
@@ -55,7 +58,7 @@ def worker(config_path: str, report_dir: str) -> None:
         optimizer = sum(local_bytes(v) for state in recipe.optimizer.state.values()
                         for v in state.values() if getattr(v, "dim", lambda: 0)() > 0)
         report = {"weights": weights, "gradients": gradients, "optimizer": optimizer,
-                  "peak_rss": peak["train"], "peak_rss_with_save": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+                  "peak_rss": peak["train"], "peak_rss_with_save": peak_rss()}
         Path(report_dir, f"rank{recipe.dist.rank}.json").write_text(json.dumps(report))
     finally:
         recipe.cleanup()
@@ -109,14 +112,15 @@ def main() -> None:
         reports = {mode: run_mode(mode, args, work) for mode in ("ddp", "fsdp")}
 
     keys = ("weights", "gradients", "optimizer")
+    columns = (*keys, "state", "peak_rss", "peak_rss_with_save")
     print(f"{args.model}, {args.processes} processes: MiB held by the most loaded process")
     print(f"{'':10} {'weights':>9} {'grads':>9} {'AdamW':>9} {'state':>9} {'peak RSS':>9} {'+ save':>9}")
     rows = {}
     for mode, per_rank in reports.items():
-        most = {k: max(r[k] for r in per_rank) for k in (*keys, "peak_rss", "peak_rss_with_save")}
+        most = {k: max(r[k] for r in per_rank) for k in columns if k != "state"}
         most["state"] = max(sum(r[k] for k in keys) for r in per_rank)
         rows[mode] = most
-        print(f"{mode:10} " + " ".join(f"{most[k] / MIB:9.1f}" for k in (*keys, "state", "peak_rss", "peak_rss_with_save")))
+        print(f"{mode:10} " + " ".join(f"{most[k] / MIB:9.1f}" for k in columns))
     print(f"fsdp / ddp: state {rows['fsdp']['state'] / rows['ddp']['state']:.2f}, "
           f"peak RSS in training {rows['fsdp']['peak_rss'] / rows['ddp']['peak_rss']:.2f}, "
           f"with the final save {rows['fsdp']['peak_rss_with_save'] / rows['ddp']['peak_rss_with_save']:.2f}")

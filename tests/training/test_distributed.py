@@ -203,7 +203,7 @@ def test_deepspeed_is_refused_with_the_fsdp_config_to_use_instead():
     from omrl.training.distributed import Distributed
 
     process = SimpleNamespace(accelerator=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
-    with pytest.raises(ConfigError, match="DeepSpeed, which omrl's recipes do not support.*configs/accelerate/fsdp.yaml"):
+    with pytest.raises(ConfigError, match="DeepSpeed, which omrl's recipes do not support.*accelerate/fsdp.yaml"):
         Distributed._check_mode(process)
 
 
