@@ -29,6 +29,11 @@ from torch import nn
 
 from omrl.errors import ConfigError
 
+try:  # imported once: is_sharded runs for every parameter at every optimizer step
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch < 2.5: no FSDP2, so nothing is sharded
+    DTensor = None
+
 
 def requested() -> bool:
     """True when ``accelerate launch`` was given an FSDP config."""
@@ -61,11 +66,8 @@ def check_options() -> None:
 
 
 def is_sharded(tensor: torch.Tensor) -> bool:
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # torch < 2.5: no FSDP2, so nothing is sharded
-        return False
-    return isinstance(tensor, DTensor)
+    """True for an FSDP-sharded tensor (a DTensor)."""
+    return DTensor is not None and isinstance(tensor, DTensor)
 
 
 def shard(model: nn.Module) -> nn.Module:
