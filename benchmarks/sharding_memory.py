@@ -1,15 +1,16 @@
-"""Training memory per process: data parallel (ddp.yaml) vs FSDP (fsdp.yaml), in one run.
+"""Training memory per process: data parallel (ddp.yaml) vs FSDP (fsdp.yaml) vs ZeRO-3 (zero3.yaml), in one run.
 
     python benchmarks/sharding_memory.py [--model smollm2-135m] [--processes 2] [--steps 2]
 
 Runs the same short ``omrl sft`` job under ``accelerate launch`` with each config and
 reports, per process, what the training state takes: the weights it holds, their
 gradients (one per trainable weight) and the AdamW state, counted from the tensors
-themselves (the local shard under FSDP), plus the peak resident memory of the process
-during training and after saving the final model (FSDP gathers the whole weights on the
-main process to save them). The peaks also hold what both modes share (activations,
-the model as loaded before it is sharded, Python and torch), so their ratio is closer
-to 1 than the state's.
+themselves (the local shard under FSDP and ZeRO-3; under ZeRO-3 the optimizer column also
+holds DeepSpeed's float32 master copy of the weight partition), plus the peak resident
+memory of the process during training and after saving the final model (the sharded
+modes gather the whole weights on the main process to save them). The peaks also hold
+what all modes share (activations, the model as loaded before it is sharded, Python and
+torch), so their ratios are closer to 1 than the state's.
 """
 
 from __future__ import annotations
@@ -28,11 +29,25 @@ MIB = 2**20
 
 
 def local_bytes(tensor) -> int:
-    """Bytes this process holds for ``tensor`` (its shard when it is an FSDP DTensor)."""
+    """Bytes this process holds for ``tensor`` (its shard when it is an FSDP DTensor or a ZeRO-3 parameter)."""
     from omrl.training import fsdp
 
-    local = tensor.to_local() if fsdp.is_sharded(tensor) else tensor
+    local = tensor.to_local() if fsdp.is_sharded(tensor) else getattr(tensor, "ds_tensor", tensor)
     return local.numel() * local.element_size()
+
+
+def training_state(recipe) -> dict[str, int]:
+    """Bytes of weights, gradients and optimizer state this process holds."""
+    params = list(recipe.model.parameters())
+    optimizer = sum(local_bytes(v) for state in recipe.optimizer.state.values()
+                    for v in state.values() if getattr(v, "dim", lambda: 0)() > 0)
+    if recipe.dist.mode == "zero3":  # DeepSpeed keeps gradient partitions and float32 masters apart
+        zero = recipe.dist.engine.optimizer
+        gradients = local_bytes(zero.grad_partitions_flat_buffer)
+        optimizer += sum(local_bytes(t) for t in zero.fp32_partitioned_groups_flat)
+    else:
+        gradients = sum(local_bytes(p) for p in params if p.requires_grad)
+    return {"weights": sum(local_bytes(p) for p in params), "gradients": gradients, "optimizer": optimizer}
 
 
 def worker(config_path: str, report_dir: str) -> None:
@@ -53,12 +68,7 @@ def worker(config_path: str, report_dir: str) -> None:
     try:
         recipe.setup()
         recipe.train()
-        weights = sum(local_bytes(p) for p in recipe.model.parameters())
-        gradients = sum(local_bytes(p) for p in recipe.model.parameters() if p.requires_grad)
-        optimizer = sum(local_bytes(v) for state in recipe.optimizer.state.values()
-                        for v in state.values() if getattr(v, "dim", lambda: 0)() > 0)
-        report = {"weights": weights, "gradients": gradients, "optimizer": optimizer,
-                  "peak_rss": peak["train"], "peak_rss_with_save": peak_rss()}
+        report = {**training_state(recipe), "peak_rss": peak["train"], "peak_rss_with_save": peak_rss()}
         Path(report_dir, f"rank{recipe.dist.rank}.json").write_text(json.dumps(report))
     finally:
         recipe.cleanup()
@@ -109,7 +119,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in conversations(4 * args.processes)))
-        reports = {mode: run_mode(mode, args, work) for mode in ("ddp", "fsdp")}
+        reports = {mode: run_mode(mode, args, work) for mode in ("ddp", "fsdp", "zero3")}
 
     keys = ("weights", "gradients", "optimizer")
     columns = (*keys, "state", "peak_rss", "peak_rss_with_save")
@@ -121,9 +131,10 @@ def main() -> None:
         most["state"] = max(sum(r[k] for k in keys) for r in per_rank)
         rows[mode] = most
         print(f"{mode:10} " + " ".join(f"{most[k] / MIB:9.1f}" for k in columns))
-    print(f"fsdp / ddp: state {rows['fsdp']['state'] / rows['ddp']['state']:.2f}, "
-          f"peak RSS in training {rows['fsdp']['peak_rss'] / rows['ddp']['peak_rss']:.2f}, "
-          f"with the final save {rows['fsdp']['peak_rss_with_save'] / rows['ddp']['peak_rss_with_save']:.2f}")
+    for mode in ("fsdp", "zero3"):
+        print(f"{mode} / ddp: state {rows[mode]['state'] / rows['ddp']['state']:.2f}, "
+              f"peak RSS in training {rows[mode]['peak_rss'] / rows['ddp']['peak_rss']:.2f}, "
+              f"with the final save {rows[mode]['peak_rss_with_save'] / rows['ddp']['peak_rss_with_save']:.2f}")
 
 
 if __name__ == "__main__":

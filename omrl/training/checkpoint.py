@@ -3,7 +3,7 @@
 A checkpoint is a directory ``<output_dir>/checkpoints/step-00000012/``::
 
     model/          the model in Hugging Face format (safetensors); a peft adapter for LoRA runs
-    optimizer.pt    optimizer state (FSDP: gathered whole, keyed by parameter name)
+    optimizer.pt    optimizer state (FSDP, ZeRO-3: gathered whole, keyed by parameter name)
     scheduler.pt    scheduler state
     rng.pt          python, numpy, torch CPU and CUDA random states
     extra.pt        whatever the recipe passed as ``extra`` (a value head, ...), when given
@@ -36,7 +36,6 @@ import torch
 from torch import nn
 
 from omrl.errors import OmrlError
-from omrl.training import fsdp
 
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "COMPLETE"
@@ -74,7 +73,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
     ``data_state`` and ``config`` must be JSON-serialisable; ``extra`` may hold tensors and
     plain Python containers (it is loaded with ``torch.load(weights_only=True)``).
     ``model_state`` and ``optimizer_state`` are written instead of the model's and the
-    optimizer's own state dicts when given (FSDP: the gathered, unsharded ones).
+    optimizer's own state dicts when given (FSDP, ZeRO-3: the gathered, unsharded ones).
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -181,22 +180,22 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: Any = None, restore_rng: bool = True, sharded_owner: nn.Module | None = None
-                    ) -> Checkpoint:
+                    scheduler: Any = None, restore_rng: bool = True, sharding: Any = None) -> Checkpoint:
     """Restore the model, optimizer, scheduler and random states from ``path`` in place.
 
-    ``sharded_owner``: under FSDP, the module holding every parameter the optimizer updates; the
-    checkpoint's unsharded weights and optimizer state are then loaded into this process's shards.
+    ``sharding``: for a sharded model (FSDP, ZeRO-3), the :class:`~omrl.training.distributed.Distributed`
+    it runs in; the checkpoint's whole weights and optimizer state are then loaded into this
+    process's shards.
     """
     path = Path(path)
     if not (path / COMPLETE_MARKER).is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    _load_model_weights(model, path / "model", sharded=sharded_owner is not None)
+    _load_model_weights(model, path / "model", sharding=sharding)
     if optimizer is not None:
         state = torch.load(path / "optimizer.pt", weights_only=True)
-        _check_optimizer_layout(path, state, sharded=sharded_owner is not None)
-        if sharded_owner is not None:
-            fsdp.load_full_optimizer_state(sharded_owner, optimizer, state)
+        _check_optimizer_layout(path, state, sharded=sharding is not None)
+        if sharding is not None:
+            sharding.load_optimizer_state(optimizer, state)
         else:
             optimizer.load_state_dict(state)
     if scheduler is not None:
@@ -209,16 +208,17 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: tor
 
 
 def _check_optimizer_layout(path: Path, state: dict[str, Any], sharded: bool) -> None:
-    """FSDP saves optimizer states by parameter name, data parallel by position: refuse the other kind."""
+    """Sharded runs (FSDP, ZeRO-3) save optimizer states by parameter name, data parallel by
+    position: refuse the other kind."""
     params = [p for group in state.get("param_groups", []) for p in group.get("params", [])]
     by_name = bool(params) and isinstance(params[0], str)
     if params and by_name != sharded:
-        written, now = ("with", "without") if by_name else ("without", "with")
-        raise CheckpointError(f"{path} was written by a run {written} FSDP, but this run is {now} FSDP; resume "
-                              "with the accelerate config the run started with")
+        written, now = ("a sharded", "a data-parallel") if by_name else ("a data-parallel", "a sharded")
+        raise CheckpointError(f"{path} was written by {written} run (FSDP or ZeRO-3 vs one process or DDP), but "
+                              f"this is {now} run; resume with the accelerate config the run started with")
 
 
-def _load_model_weights(model: nn.Module, model_dir: Path, sharded: bool = False) -> None:
+def _load_model_weights(model: nn.Module, model_dir: Path, sharding: Any = None) -> None:
     from safetensors.torch import load_file
 
     files = sorted(model_dir.glob("*.safetensors"))
@@ -235,8 +235,8 @@ def _load_model_weights(model: nn.Module, model_dir: Path, sharded: bool = False
         missing = [k for k in result.missing_keys if "lora_" in k]
     else:
         tied = set(getattr(model, "_tied_weights_keys", None) or [])
-        if sharded:
-            missing, unexpected = fsdp.load_full_state_dict(model, weights, ignore=tied)
+        if sharding is not None:
+            missing, unexpected = sharding.load_weights(model, weights, ignore=tied)
         else:
             result = model.load_state_dict(weights, strict=False)
             unexpected = list(result.unexpected_keys)

@@ -19,20 +19,28 @@ all-reduce per optimizer step has neither problem.
 The main process alone writes logs, checkpoints and the final model; the others
 wait at a barrier, so no process reads a half-written file.
 
-With an FSDP config (configs/accelerate/fsdp.yaml) the model is sharded instead of
-replicated (:mod:`omrl.training.fsdp`); the same methods then hide the difference.
+With an FSDP config (configs/accelerate/fsdp.yaml) or a DeepSpeed ZeRO-3 config
+(configs/accelerate/zero3.yaml) the model is sharded instead of replicated
+(:mod:`omrl.training.fsdp`, :mod:`omrl.training.zero3`); the same methods then hide
+the difference: a recipe builds its models with :meth:`Distributed.prepare` and
+:meth:`Distributed.prepare_optimizer`, runs each micro-batch's forward through
+:meth:`Distributed.forward` and its backward through :meth:`Distributed.backward`,
+and ends a step with :meth:`Distributed.optimizer_step`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Iterable, Sequence, TypeVar
+import sys
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
+from torch import nn
 
 from omrl.errors import ConfigError
-from omrl.training import fsdp
+from omrl.training import fsdp, zero3
+from omrl.training.zero3 import Trainables
 
 T = TypeVar("T")
 
@@ -43,38 +51,44 @@ def is_main_process() -> bool:
 
 
 class Distributed:
-    """The process group a recipe runs in (world size 1 when not launched by accelerate)."""
+    """The process group a recipe runs in (world size 1 when not launched by accelerate).
 
-    def __init__(self) -> None:
+    ``mode``: "single", "ddp" (replicated weights), "fsdp" or "zero3" (sharded: ``sharded`` is True,
+    each process holds a shard of the weights, gradients and optimizer state)."""
+
+    def __init__(self, model_dtype: str = "float32") -> None:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.accelerator = None
-        self.sharded = False  # FSDP: each process holds a shard of the weights and optimizer state
+        self.mode = "single"
+        self.engine = None  # ZeRO-3: the DeepSpeed engine training `owner`
+        self.owner: nn.Module | None = None  # every trained module (see prepare_optimizer)
         if self.world_size > 1:
             from accelerate import Accelerator
 
             # joins the process group accelerate launch set up: nccl on GPUs, gloo on a machine without CUDA
             self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+            self.mode = "fsdp" if fsdp.requested() else "zero3" if zero3.requested() else "ddp"
             self._check_mode()
-            self.sharded = fsdp.requested()
-            if self.sharded:
+            if self.mode == "fsdp":
                 fsdp.check_options()
+            elif self.mode == "zero3":
+                zero3.check_options(model_dtype)
+        self.sharded = self.mode in ("fsdp", "zero3")
         self.rank = self.accelerator.process_index if self.accelerator else 0
         self.is_main = self.rank == 0
 
     def _check_mode(self) -> None:
         from accelerate.utils import DistributedType
 
-        mode = self.accelerator.distributed_type
-        # FSDP: on CPUs accelerate reports MULTI_CPU and the FSDP request is read from the environment
-        supported = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.FSDP)
-        if mode == DistributedType.DEEPSPEED:
-            raise ConfigError("accelerate is set up for DeepSpeed, which omrl's recipes do not support; FSDP shards "
-                              "weights, gradients and optimizer state as ZeRO-3 does: use configs/accelerate/fsdp.yaml "
-                              f"(valid: {', '.join(m.value for m in supported)})")
-        if mode not in supported:
+        kind = self.accelerator.distributed_type
+        # on CPUs accelerate reports MULTI_CPU for FSDP and DeepSpeed configs; the request is read from the environment
+        supported = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.FSDP,
+                     DistributedType.DEEPSPEED)
+        if kind not in supported:
             raise ConfigError(
-                f"accelerate is set up for {mode.value}; omrl's recipes run data parallel or FSDP (valid: "
-                f"{', '.join(m.value for m in supported)}, e.g. configs/accelerate/ddp.yaml or fsdp.yaml)")
+                f"accelerate is set up for {kind.value}; omrl's recipes run data parallel, FSDP or DeepSpeed ZeRO-3 "
+                f"(valid: {', '.join(m.value for m in supported)}, e.g. configs/accelerate/ddp.yaml, fsdp.yaml "
+                "or zero3.yaml)")
 
     @property
     def device(self) -> torch.device:
@@ -82,13 +96,81 @@ class Distributed:
             return self.accelerator.device
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-    def prepare(self, model: torch.nn.Module) -> torch.nn.Module:
-        """A model to train: sharded across processes under FSDP, else ``model`` itself."""
-        return fsdp.shard(model) if self.sharded else model
+    # -- models and optimizer ---------------------------------------------------------------------
+    def prepare(self, model: nn.Module, frozen: bool = False) -> nn.Module:
+        """A model for the recipe: sharded under FSDP; under ZeRO-3 a ``frozen`` one (the reference)
+        is partitioned now and a trained one in :meth:`prepare_optimizer`. Else ``model`` itself."""
+        if self.mode == "fsdp":
+            return fsdp.shard(model)
+        if self.mode == "zero3" and frozen:
+            return zero3.partition_frozen(model)
+        return model
+
+    def prepare_optimizer(self, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
+                          max_grad_norm: float) -> nn.Module:
+        """Register every module ``optimizer`` trains, by name (checkpoints name optimizer states by
+        parameter names in the returned module); under ZeRO-3 the DeepSpeed engine takes them over."""
+        self.owner = Trainables(modules)
+        if self.mode == "zero3":
+            self.engine = zero3.initialize(self.owner, optimizer, max_grad_norm)
+        return self.owner
+
+    # -- one step: forward, backward, update ------------------------------------------------------
+    def forward(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)``: a micro-batch's forward through the trained modules (under
+        ZeRO-3 it runs inside the engine's forward, which counts micro-batches)."""
+        if self.engine is not None:
+            return self.engine(fn, *args, **kwargs)
+        return fn(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss`` (already weighted by the step's global token count)."""
+        if self.engine is not None:
+            zero3.backward(self.engine, loss)
+        else:
+            loss.backward()
+
+    def idle_pass(self, forward: Callable[[], Any], backward: bool = True) -> None:
+        """Take part in another process's extra micro-batch (sharded modes): ``forward`` runs the same
+        modules as a real micro-batch on a dummy row, then (if ``backward``) a zero loss goes back,
+        so every process joins the same gathers and reductions and no gradient changes."""
+        with torch.set_grad_enabled(backward):
+            out = self.forward(forward)
+            tensors = out.values() if isinstance(out, dict) else out if isinstance(out, (list, tuple)) else [out]
+            loss = sum(t.float().sum() for t in tensors if torch.is_tensor(t) and t.is_floating_point())
+        if backward:
+            self.backward(loss * 0.0)
+
+    def idle_batch(self) -> dict[str, torch.Tensor]:
+        """The dummy row of an idle pass: two tokens, the second one a response token."""
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(2)[None].to(ids),
+                "response_mask": torch.tensor([[0, 1]]).to(ids)}
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        """Drop the gradients accumulated since the last update."""
+        if self.engine is not None:
+            zero3.zero_grad(self.engine)
+        else:
+            optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer,
+                       max_norm: float) -> float:
+        """End the step: sum the gradients over processes, clip them to ``max_norm`` and update, unless
+        their norm is not finite (then drop them). Returns the norm before clipping. Under ZeRO-3
+        the engine does all of it (``max_norm`` was given to :meth:`prepare_optimizer`)."""
+        if self.engine is not None:
+            return zero3.step(self.engine)
+        self.sum_gradients(params)
+        grad_norm = self.clip_grad_norm(params, max_norm)
+        if math.isfinite(grad_norm):
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm
 
     def lockstep(self, items: Sequence[T]) -> list[T | None]:
-        """``items`` padded with None to as many as any process has. Under FSDP every process must run
-        as many forward and backward passes; a None is an idle pass (:func:`fsdp.idle_pass`)."""
+        """``items`` padded with None to as many as any process has. When sharded every process must
+        run as many forward and backward passes; a None is an idle pass (:meth:`idle_pass`)."""
         items = list(items)
         if not self.sharded:
             return items
@@ -96,21 +178,46 @@ class Distributed:
         torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
         return items + [None] * (int(most) - len(items))
 
-    def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """The whole (unsharded) weights on every process (every process must call)."""
-        return fsdp.full_state_dict(model) if self.sharded else model.state_dict()
+    # -- whole weights and checkpoints ------------------------------------------------------------
+    def _sharding(self):
+        return fsdp if self.mode == "fsdp" else zero3
 
-    def gather_for_checkpoint(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                              owner: torch.nn.Module | None = None) -> dict[str, Any]:
-        """Under FSDP, the unsharded weights (``model_state``) and optimizer state (``optimizer_state``,
-        keyed by parameter names in ``owner``, default ``model``) on the main process, to pass to
-        ``save_checkpoint``; every process must call. Without FSDP, nothing: the files come from
+    def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The whole (unsharded) weights on every process (every process must call)."""
+        return self._sharding().full_state_dict(model) if self.sharded else model.state_dict()
+
+    def copy_whole_weights(self, model: nn.Module, replica: nn.Module) -> None:
+        """Copy the sharded ``model``'s weights into its unsharded ``replica`` in place, one tensor at a
+        time (every process must call)."""
+        self._sharding().copy_whole_weights(model, replica)
+
+    def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: set[str] = frozenset()
+                     ) -> tuple[list[str], list[str]]:
+        """Load whole ``weights`` (read by every process) into a sharded ``model``; returns the
+        (missing, unexpected) names."""
+        if self.mode == "zero3":
+            return zero3.load_full_state_dict(model, weights, engine=self.engine, ignore=ignore)
+        return fsdp.load_full_state_dict(model, weights, ignore=ignore)
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Load a whole optimizer state keyed by parameter name (see :meth:`gather_for_checkpoint`)."""
+        if self.mode == "zero3":
+            zero3.load_full_optimizer_state(self.owner, self.engine, state)
+        else:
+            fsdp.load_full_optimizer_state(self.owner, optimizer, state)
+
+    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+                              ) -> dict[str, Any]:
+        """In a sharded mode, the whole weights (``model_state``) and optimizer state (``optimizer_state``,
+        keyed by parameter names in the module :meth:`prepare_optimizer` returned) on the main process,
+        to pass to ``save_checkpoint``; every process must call. Otherwise nothing: the files come from
         the main process's own copies."""
         if not self.sharded:
             return {}
-        gathered = {"model_state": fsdp.full_state_dict(model, all_ranks=False)}
+        gathered = {"model_state": self._sharding().full_state_dict(model, all_ranks=False)}
         if optimizer is not None:
-            gathered["optimizer_state"] = fsdp.full_optimizer_state(owner or model, optimizer)
+            gathered["optimizer_state"] = zero3.full_optimizer_state(self.owner, self.engine) \
+                if self.mode == "zero3" else fsdp.full_optimizer_state(self.owner, optimizer)
         return gathered
 
     def shard(self, items: Sequence[T]) -> list[T]:
@@ -188,8 +295,11 @@ class Distributed:
             torch.distributed.barrier()
 
     def close(self) -> None:
-        """Leave the process group (idempotent)."""
-        if self.accelerator is not None and torch.distributed.is_initialized():
+        """Leave the process group (idempotent). Called while an error propagates (a recipe's cleanup
+        in ``finally``), it leaves at once: the other processes may be waiting in a collective this one
+        will never join, and the launcher stops them when this one exits with the error."""
+        failing = sys.exc_info()[0] is not None
+        if self.accelerator is not None and torch.distributed.is_initialized() and not failing:
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
         self.accelerator = None

@@ -7,7 +7,7 @@ A decoder layer's full weights exist only while that layer runs: each forward
 all-gathers them and each backward reduce-scatters their gradients. Those
 collectives need every process to run the same modules the same number of
 times, so the recipes pad a process's shorter list of micro-batches with idle
-passes (:func:`idle_pass`) instead of letting it wait at a barrier.
+passes (:meth:`~omrl.training.distributed.Distributed.idle_pass`) instead of letting it wait at a barrier.
 
 Gradients are *summed* across processes (not averaged), as in the data-parallel
 path: losses are already weighted by global token counts, so the result does
@@ -22,7 +22,7 @@ environment ``accelerate launch`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_*``).
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -97,19 +97,6 @@ def shard(model: nn.Module) -> nn.Module:
         # process sends the same sizes
         unit.set_reduce_scatter_unused_params(True)
     return model
-
-
-def idle_pass(models: Sequence[nn.Module], device: torch.device | str, forwards: int = 1,
-              backward: bool = True) -> None:
-    """Take part in a micro-batch's collectives without data: ``forwards`` forward passes of one
-    2-token row through each of ``models`` (in the order a real micro-batch runs them), then (if
-    ``backward``) one backward of a zero loss, which adds nothing to any gradient."""
-    ids = torch.zeros((1, 2), dtype=torch.long, device=device)
-    with torch.set_grad_enabled(backward):
-        loss = sum(model(input_ids=ids, use_cache=False).logits.float().sum()
-                   for model in models for _ in range(forwards))
-    if backward:
-        (loss * 0.0).backward()
 
 
 def full_state_dict(model: nn.Module, all_ranks: bool = True) -> dict[str, torch.Tensor]:

@@ -40,7 +40,6 @@ from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.options import TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training import checkpoint as ckpt
-from omrl.training import fsdp
 from omrl.training.distributed import Distributed
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, rollout_metrics
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_model
@@ -67,7 +66,7 @@ class RLRecipe:
         self.nan_streak, self.skipped_updates = 0, 0
         self.value_head: ValueHead | None = None
         self.ref_model = None
-        self.dist = Distributed()  # one process, or one of several under `accelerate launch`
+        self.dist = Distributed(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -122,12 +121,12 @@ class RLRecipe:
     def _setup_models(self) -> None:
         cfg = self.cfg
         model, self.tokenizer = load_trainable_model(cfg.model, self.device)
-        self.model = self.dist.prepare(model)  # sharded under FSDP
-        # the hf backend generates with this model: under FSDP an unsharded copy, refreshed after each update
+        self.model = self.dist.prepare(model)  # sharded under FSDP (under ZeRO-3 with the optimizer)
+        # the hf backend generates with this model: when sharded an unsharded copy, refreshed after each update
         own_copy = self.dist.sharded and cfg.generation.backend == "hf"
         self.rollout_model = load_frozen_copy(cfg.model, self.device) if own_copy else self.model
         if cfg.kl_coef > 0 or cfg.algo == "dpo":
-            self.ref_model = self.dist.prepare(load_frozen_copy(cfg.model, self.device))
+            self.ref_model = self.dist.prepare(load_frozen_copy(cfg.model, self.device), frozen=True)
         self.critic_model = None
         if cfg.algo == "ppo":
             if cfg.critic == "model":  # a separate backbone for the critic, trained with the value loss only
@@ -135,9 +134,6 @@ class RLRecipe:
                 self.critic_model = self.dist.prepare(critic)
             hidden = (self.critic_model or self.model).config.get_text_config().hidden_size
             self.value_head = ValueHead(hidden).to(self.device)
-        # what every micro-batch runs, in order (FSDP's idle passes run the same)
-        self.backbones = [self.model] + ([self.critic_model] if self.critic_model is not None else [])
-        self.with_reference = self.backbones + ([self.ref_model] if self.ref_model is not None else [])
 
     def _setup_algorithms(self) -> None:
         cfg = self.cfg
@@ -162,10 +158,10 @@ class RLRecipe:
             extra += list(self.critic_model.parameters())
         self.params = [p for p in self.model.parameters() if p.requires_grad] + extra
         self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra)
-        # under FSDP, checkpoints name optimizer states by parameter names in this module
-        self.optimizer_owner = torch.nn.ModuleDict({"policy": self.model, **(
+        self.dist.prepare_optimizer({"policy": self.model, **(
             {"value_head": self.value_head} if self.value_head is not None else {}), **(
-            {"critic": self.critic_model} if self.critic_model is not None else {})})
+            {"critic": self.critic_model} if self.critic_model is not None else {})},
+            self.optimizer, self.cfg.optim.max_grad_norm)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * self.updates_per_step())
 
     def updates_per_step(self) -> int:
@@ -177,19 +173,19 @@ class RLRecipe:
 
     def _load_resume_state(self, path: Path) -> None:
         state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                     sharded_owner=self.optimizer_owner if self.dist.sharded else None)
+                                     sharding=self.dist if self.dist.sharded else None)
         self.step = state.step
         self.task_order.epoch = int(state.data_state["task_epoch"])
         self.task_order.cursor = int(state.data_state["task_cursor"])
         self.nan_streak = int(state.extra.get("nan_streak", 0))
         self.skipped_updates = int(state.extra.get("skipped_updates", 0))
-        if self.value_head is not None:
-            self.value_head.load_state_dict(state.extra["value_head"])
-        if self.critic_model is not None:
-            if self.dist.sharded:
-                fsdp.load_full_state_dict(self.critic_model, state.extra["critic_model"])
+        for module, key in ((self.value_head, "value_head"), (self.critic_model, "critic_model")):
+            if module is None:
+                continue
+            if self.dist.mode == "zero3" or (self.dist.sharded and module is self.critic_model):
+                self.dist.load_weights(module, state.extra[key])
             else:
-                self.critic_model.load_state_dict(state.extra["critic_model"])
+                module.load_state_dict(state.extra[key])
         self._sync_rollout_weights()  # a backend with its own copy must roll out with the resumed weights
         self.console.print(f"resuming from {path} at step {self.step}", highlight=False)
 
@@ -244,8 +240,8 @@ class RLRecipe:
 
     def _sync_rollout_weights(self) -> None:
         """The rollout backend gets the trained weights (a no-op for hf sharing the very model)."""
-        if self.rollout_model is not self.model:  # FSDP with hf: refresh the unsharded copy in place
-            fsdp.copy_whole_weights(self.model, self.rollout_model)
+        if self.rollout_model is not self.model:  # sharded, with hf: refresh the unsharded copy in place
+            self.dist.copy_whole_weights(self.model, self.rollout_model)
         else:
             self.session.backend.update_weights(self.dist.state_dict(self.model))
 
@@ -283,15 +279,16 @@ class RLRecipe:
             for mini in self._mini_batches(batch, shuffle):
                 mini_tokens = float(mini["response_mask"].sum()) if mini is not None else 0.0
                 mini_tokens = max(self.dist.sum([mini_tokens])[0], 1.0)
-                self.optimizer.zero_grad(set_to_none=True)
+                self.dist.zero_grad(self.optimizer)
                 for mb in self.dist.lockstep(micro_batches(mini, mb_size) if mini is not None else []):
-                    if mb is None:  # FSDP: another process has one more micro-batch here
-                        fsdp.idle_pass(self.backbones, self.device)
+                    if mb is None:  # sharded: another process has one more micro-batch here
+                        self.dist.idle_pass(lambda: self._forward(self.dist.idle_batch(), True, True))
                         continue
                     tokens = float(mb["response_mask"].sum())
-                    out = self._forward(mb, with_values=self.value_head is not None, with_entropy=True)
+                    out = self.dist.forward(self._forward, mb, with_values=self.value_head is not None,
+                                            with_entropy=True)
                     loss, parts = policy_gradient_loss(out, mb, cfg, self.policy_loss_fn, self.kl_fn)
-                    (loss * (tokens / mini_tokens)).backward()
+                    self.dist.backward(loss * (tokens / mini_tokens))
                     for k, v in parts.items():
                         sums[k] = sums.get(k, 0.0) + tokens / total_tokens * v
                 step = self._optimizer_step()
@@ -314,18 +311,18 @@ class RLRecipe:
         with torch.no_grad():
             old, ref, values = [], [], []
             for mb in self.dist.lockstep(micro_batches(batch, mb_size) if batch is not None else []):
-                if mb is None:  # FSDP: another process has one more micro-batch here
-                    fsdp.idle_pass(self.with_reference, self.device, backward=False)
+                if mb is None:  # sharded: another process has one more micro-batch here
+                    self.dist.idle_pass(lambda: self._forward(self.dist.idle_batch(), True), backward=False)
+                    if self.ref_model is not None:
+                        self._reference_log_probs(self.dist.idle_batch())
                     continue
                 width = batch["input_ids"].shape[1]
-                out = self._forward(mb, with_values=self.value_head is not None)
+                out = self.dist.forward(self._forward, mb, with_values=self.value_head is not None)
                 old.append(pad_to(out["log_probs"], width))
                 if self.value_head is not None:
                     values.append(pad_to(out["values"], width))
                 if self.ref_model is not None:
-                    ref.append(pad_to(policy_forward(self.ref_model, mb["input_ids"], mb["attention_mask"],
-                                                     self.temperature, token_mask=mb["response_mask"])["log_probs"],
-                                      width))
+                    ref.append(pad_to(self._reference_log_probs(mb), width))
         if batch is None:
             return None
         mask = batch["response_mask"].float()
@@ -365,26 +362,37 @@ class RLRecipe:
             return self._skip_update("no preference pair: every sample of each task scored the same")
         size = self.cfg.optim.micro_batch_size
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.dist.zero_grad(self.optimizer)
         sums: dict[str, float] = {}
         if pairs:  # else another process has this step's pairs; this one adds zeros to the gradient sum
             chosen = episodes_to_batch([c for c, _ in pairs], self.tokenizer.pad_token_id).to(self.device)
             rejected = episodes_to_batch([r for _, r in pairs], self.tokenizer.pad_token_id).to(self.device)
         for mbs in self.dist.lockstep(zip(micro_batches(chosen, size), micro_batches(rejected, size))
                                       if pairs else []):
-            if mbs is None:  # FSDP: another process has one more micro-batch here
-                fsdp.idle_pass(self.with_reference, self.device, forwards=2)
+            if mbs is None:  # sharded: another process has one more micro-batch here (same order of passes)
+                idle = self.dist.idle_batch()
+                with torch.no_grad():
+                    self._pair_log_probs(self.ref_model, idle, idle)
+                self.dist.idle_pass(lambda: self._pair_log_probs(self.model, idle, idle))
                 continue
             c_mb, r_mb = mbs
-            logps = [sequence_log_prob(self.model, mb, self.temperature) for mb in (c_mb, r_mb)]
             with torch.no_grad():
-                ref_logps = [sequence_log_prob(self.ref_model, mb, self.temperature) for mb in (c_mb, r_mb)]
+                ref_logps = self._pair_log_probs(self.ref_model, c_mb, r_mb)
+            logps = self.dist.forward(self._pair_log_probs, self.model, c_mb, r_mb)
             loss, parts = dpo_loss(logps[0], logps[1], ref_logps[0], ref_logps[1], self.cfg.dpo_beta)
             weight = len(c_mb) / total_pairs
-            (loss * weight).backward()
+            self.dist.backward(loss * weight)
             for k, v in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
                 sums[k] = sums.get(k, 0.0) + weight * v
         return {**self.dist.sum_dicts(sums), "dpo_pairs": float(total_pairs), **self._optimizer_step()}
+
+    def _pair_log_probs(self, model, chosen, rejected) -> list[torch.Tensor]:
+        """Summed response log-probs under ``model`` of a micro-batch of chosen and of rejected samples."""
+        return [sequence_log_prob(model, mb, self.temperature) for mb in (chosen, rejected)]
+
+    def _reference_log_probs(self, mb) -> torch.Tensor:
+        return policy_forward(self.ref_model, mb["input_ids"], mb["attention_mask"], self.temperature,
+                              token_mask=mb["response_mask"])["log_probs"]
 
     def _forward(self, mb, with_values: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
         """Log-probs (entropy, values) of the sampled tokens; the LM head runs on those alone."""
@@ -399,17 +407,15 @@ class RLRecipe:
     def _optimizer_step(self) -> dict[str, float]:
         """Sum gradients over processes, clip, then step unless the gradient is not finite (then
         skip, and stop after too many)."""
-        self.dist.sum_gradients(self.params)
-        grad_norm = self.dist.clip_grad_norm(self.params, self.cfg.optim.max_grad_norm)
+        grad_norm = self.dist.optimizer_step(self.params, self.optimizer, self.cfg.optim.max_grad_norm)
         if not math.isfinite(grad_norm):
             return self._skip_update(f"non-finite gradient norm ({grad_norm}) at step {self.step + 1}", nan=True)
-        self.optimizer.step()
         self.scheduler.step()
         self.nan_streak = 0
         return {"grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
 
     def _skip_update(self, why: str, nan: bool = False) -> dict[str, float]:
-        self.optimizer.zero_grad(set_to_none=True)
+        self.dist.zero_grad(self.optimizer)
         self.skipped_updates += 1
         self.logger.warn(f"skipped the update: {why} ({self.skipped_updates} skipped so far)")
         if nan:
@@ -445,12 +451,13 @@ class RLRecipe:
     def save_checkpoint(self) -> Path:
         extra: dict[str, Any] = {"nan_streak": self.nan_streak, "skipped_updates": self.skipped_updates}
         if self.value_head is not None:
-            extra["value_head"] = self.value_head.state_dict()
+            extra["value_head"] = self.dist.state_dict(self.value_head) if self.dist.mode == "zero3" \
+                else self.value_head.state_dict()
         if self.critic_model is not None:
             extra["critic_model"] = self.dist.state_dict(self.critic_model)
-        # every process holds the same weights and optimizer state (or under FSDP its shard of what is
+        # every process holds the same weights and optimizer state (or when sharded its shard of what is
         # gathered here): the main one writes them
-        gathered = self.dist.gather_for_checkpoint(self.model, self.optimizer, owner=self.optimizer_owner)
+        gathered = self.dist.gather_for_checkpoint(self.model, self.optimizer)
         self.dist.on_main(
             ckpt.save_checkpoint, self.output_dir, self.step, self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, data_state={"task_epoch": self.task_order.epoch,

@@ -33,7 +33,6 @@ from omrl.datasets import load_conversations
 from omrl.errors import ConfigError, NonFiniteLossError, OmrlError
 from omrl.options import SftRunConfig
 from omrl.training import checkpoint as ckpt
-from omrl.training import fsdp
 from omrl.training.distributed import Distributed
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback
 from omrl.training.model_setup import load_trainable_model, save_final_model
@@ -54,7 +53,7 @@ class SftRecipe:
         self.output_dir = Path(cfg.logging.output_dir)
         self.step, self.epoch, self.index = 0, 0, 0  # index: next micro-batch in the epoch's order
         self.skipped_steps = 0
-        self.dist = Distributed()  # one process, or one of several under `accelerate launch`
+        self.dist = Distributed(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -93,7 +92,7 @@ class SftRecipe:
 
     def _setup_model(self) -> None:
         model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device))
-        self.model = self.dist.prepare(model)  # sharded under FSDP
+        self.model = self.dist.prepare(model)  # sharded under FSDP (under ZeRO-3 with the optimizer)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _setup_data(self) -> None:
@@ -120,11 +119,12 @@ class SftRecipe:
 
     def _setup_optimizer(self) -> None:
         self.optimizer = build_optimizer(self.model, self.cfg.optim)
+        self.dist.prepare_optimizer({"policy": self.model}, self.optimizer, self.cfg.optim.max_grad_norm)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
 
     def _load_resume_state(self, path: Path) -> None:
         state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                     sharded_owner=self.model if self.dist.sharded else None)
+                                     sharding=self.dist if self.dist.sharded else None)
         if state.data_state.get("fingerprint") != self.data_fingerprint:
             raise ckpt.CheckpointError(
                 f"cannot resume from {path}: the training data changed since it was written (fingerprint "
@@ -167,17 +167,15 @@ class SftRecipe:
             # FORWARD/BACKWARD: loss = summed token losses / assistant tokens in the whole step
             loss_value, finite = 0.0, True
             for batch in self.dist.lockstep(batches):
-                if batch is None:  # FSDP: another process has one more micro-batch this step
-                    fsdp.idle_pass([model], self.device)
+                if batch is None:  # sharded: another process has one more micro-batch this step
+                    self.dist.idle_pass(lambda: self._logits(self.dist.idle_batch()))
                     continue
                 batch = {k: v.to(self.device) for k, v in batch.items()}
-                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-                    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                                   use_cache=False).logits
+                logits = self.dist.forward(self._logits, batch)
                 loss = token_loss_sum(logits, batch["labels"]) / label_tokens
-                # backward even when not finite (the step is skipped below): under FSDP every process
+                # backward even when not finite (the step is skipped below): when sharded every process
                 # must take part in each backward's collectives
-                loss.backward()
+                self.dist.backward(loss)
                 finite = finite and bool(torch.isfinite(loss))
                 loss_value += loss.item()
 
@@ -185,11 +183,12 @@ class SftRecipe:
             loss_value, nonfinite_anywhere = self.dist.sum([loss_value, not finite])
             finite = not nonfinite_anywhere
             if finite:
-                self.dist.sum_gradients(self.params)
-            grad_norm = self.dist.clip_grad_norm(self.params, max_norm) if finite else float("nan")
+                grad_norm = self.dist.optimizer_step(self.params, self.optimizer, max_norm)
+            else:
+                grad_norm = float("nan")
+                self.dist.zero_grad(self.optimizer)
             lr = self.scheduler.get_last_lr()[0]
             if finite and math.isfinite(grad_norm):
-                self.optimizer.step()
                 nonfinite_in_a_row, last_loss = 0, loss_value
             else:
                 self.skipped_steps += 1
@@ -202,7 +201,6 @@ class SftRecipe:
                         f"{nonfinite_in_a_row} steps in a row (up to step {self.step}) had a non-finite loss or "
                         f"gradient (optim.max_nan_steps={cfg.optim.max_nan_steps}); lower optim.learning_rate, "
                         "use float32 instead of bf16, or check the data")
-            self.optimizer.zero_grad(set_to_none=True)
             with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 self.scheduler.step()
@@ -226,6 +224,10 @@ class SftRecipe:
         return {"steps": self.step, "final_loss": last_loss, "skipped_steps": self.skipped_steps,
                 "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
                 "output_dir": str(self.output_dir)}
+
+    def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+            return self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
 
     def _checkpoint_path(self, step: int) -> Path:
         return self.output_dir / ckpt.CHECKPOINTS_DIR / f"step-{step:08d}"

@@ -1,5 +1,5 @@
-"""Data parallel and FSDP under ``accelerate launch`` (configs/accelerate/ddp.yaml, fsdp.yaml): here two
-CPU processes (gloo).
+"""Data parallel, FSDP and DeepSpeed ZeRO-3 under ``accelerate launch`` (configs/accelerate/ddp.yaml,
+fsdp.yaml, zero3.yaml): here two CPU processes (gloo).
 
 The recipes split each step's work across processes and sum gradients weighted by global
 token counts, so a two-process SFT run must give the single-process run's losses and
@@ -31,7 +31,7 @@ ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
 # Launched on every process: runs a recipe, then saves this process's final weights. The reward
 # "main_sample_index" is each sample's index on process 0 and 0 elsewhere, so only process 0 has
 # preference pairs and non-zero advantages. With OMRL_TEST_UNEVEN=1, process 1 trains on one
-# episode fewer, so it has fewer micro-batches (under FSDP: idle passes).
+# episode fewer, so it has fewer micro-batches (when sharded: idle passes).
 RUN_AND_SAVE_WEIGHTS = """
 import os, sys, torch
 from omrl.config import load_config
@@ -54,6 +54,15 @@ if os.environ.get("OMRL_TEST_UNEVEN") == "1" and os.environ["RANK"] == "1":
     keep = rl.trainable
     rl.trainable = lambda episodes: keep(episodes)[1:]
 
+if os.environ.get("OMRL_TEST_NAN_CALL") and os.environ["RANK"] == "0":  # one micro-batch's loss is NaN
+    import omrl.training.rl as rl
+    calls, real_loss = [0], rl.policy_gradient_loss
+    def policy_gradient_loss(*args, **kwargs):
+        calls[0] += 1
+        loss, parts = real_loss(*args, **kwargs)
+        return (loss * float("nan"), parts) if calls[0] == int(os.environ["OMRL_TEST_NAN_CALL"]) else (loss, parts)
+    rl.policy_gradient_loss = policy_gradient_loss
+
 kind, config, out = sys.argv[1:4]
 recipe = (SftRecipe if kind == "sft" else RLRecipe)(load_config(SftRunConfig if kind == "sft" else TrainRunConfig, config))
 try:
@@ -65,30 +74,33 @@ finally:
 """
 
 
-def _launch(tmp_path, *args: str, mode: str = "ddp", uneven: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMRL_TEST_UNEVEN": str(int(uneven))}  # one core per process
+def _launch(tmp_path, *args: str, mode: str = "ddp", uneven: bool = False, timeout: int = 600,
+            nan_call: int = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMRL_TEST_UNEVEN": str(int(uneven)),  # one core per process
+           "OMRL_TEST_NAN_CALL": str(nan_call or "")}
     return subprocess.run([sys.executable, "-m", "accelerate.commands.launch",
                            "--config_file", str(ACCELERATE_CONFIGS / f"{mode}.yaml"),
                            "--num_processes", "2", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=timeout)
 
 
-def _run_two_processes(tmp_path, kind: str, cfg, mode: str = "ddp", uneven: bool = False
+def _run_two_processes(tmp_path, kind: str, cfg, mode: str = "ddp", uneven: bool = False, nan_call: int = 0
                        ) -> dict[int, dict[str, torch.Tensor]]:
     config_file = tmp_path / f"{kind}.yaml"
     config_file.write_text(to_yaml(cfg))
     script = tmp_path / "run_and_save.py"
     script.write_text(RUN_AND_SAVE_WEIGHTS)
-    done = _launch(tmp_path, str(script), kind, str(config_file), str(tmp_path), mode=mode, uneven=uneven)
+    done = _launch(tmp_path, str(script), kind, str(config_file), str(tmp_path), mode=mode, uneven=uneven,
+                   nan_call=nan_call)
     assert done.returncode == 0, done.stderr[-4000:]
     return {rank: torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["ddp", "fsdp", "zero3"])
 def test_two_process_sft_matches_one_process(sft_config, tmp_path, mode):
     # 8 conversations, 2 per micro-batch, 3 micro-batches per step: the processes take 2 and 1, then 1 and
-    # none (under FSDP the idle process runs idle passes to keep the collectives in step)
+    # none (when sharded the idle process runs idle passes to keep the collectives in step)
     settings = dict(num_train_epochs=2.0, optim__gradient_accumulation_steps=3, optim__lr_schedule="cosine",
                     optim__warmup_steps=1, logging__save_steps=2)
     run_sft(sft_config(logging__output_dir=str(tmp_path / "single"), **settings), console=Console(file=io.StringIO()))
@@ -142,28 +154,77 @@ def test_two_process_grpo_trains_and_keeps_processes_in_step(tiny_model_dir, tmp
     ("ppo", ["critic=model", "optim.micro_batch_size=1", "mini_batch_size=0"], True),  # two sharded models
     ("dpo", ["optim.micro_batch_size=1"], False),  # process 1 has no pair: it runs idle passes
 ])
-def test_fsdp_rl_matches_data_parallel(tiny_model_dir, tmp_path, algo, overrides, uneven):
-    """Same seed, same processes: FSDP shards what DDP replicates, so the runs must agree."""
+def test_sharded_rl_matches_data_parallel(tiny_model_dir, tmp_path, algo, overrides, uneven):
+    """Same seed, same processes: FSDP and ZeRO-3 shard what DDP replicates, so the runs must agree."""
     runs = {}
-    for mode in ("ddp", "fsdp"):
+    for mode in ("ddp", "fsdp", "zero3"):
         (tmp_path / mode).mkdir()
         cfg = _rl_config(tiny_model_dir, tmp_path / mode / "run", algo, "reward.weights={main_sample_index: 1.0}",
                          *overrides)
         runs[mode] = (_run_two_processes(tmp_path / mode, "train", cfg, mode, uneven)[0],
                       read_metrics(tmp_path / mode / "run"))
 
-    (ddp_weights, ddp_records), (fsdp_weights, fsdp_records) = runs["ddp"], runs["fsdp"]
-    assert [r["step"] for r in fsdp_records] == [r["step"] for r in ddp_records]
-    for a, b in zip(ddp_records, fsdp_records):
-        assert b["reward"] == a["reward"], f"step {a['step']}: the rollouts differ"
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-5), f"step {a['step']}"
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3), f"step {a['step']}"
+    ddp_weights, ddp_records = runs["ddp"]
+    for mode in ("fsdp", "zero3"):
+        weights, records = runs[mode]
+        assert [r["step"] for r in records] == [r["step"] for r in ddp_records]
+        for a, b in zip(ddp_records, records):
+            assert b["reward"] == a["reward"], f"{mode} step {a['step']}: the rollouts differ"
+            assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-5), f"{mode} step {a['step']}"
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3), f"{mode} step {a['step']}"
+            assert b["lr"] == pytest.approx(a["lr"]), f"{mode} step {a['step']}"
+        for name, tensor in ddp_weights.items():
+            torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-5, msg=f"{mode} {name}")
+        # the checkpoint holds the gathered, whole weights in Hugging Face format
+        saved = AutoModelForCausalLM.from_pretrained(tmp_path / mode / "run").state_dict()
+        for name, tensor in weights.items():
+            torch.testing.assert_close(saved[name], tensor, msg=f"{mode} {name}")
+
+
+@pytest.mark.slow
+def test_a_non_finite_gradient_skips_the_update_in_every_mode(tiny_model_dir, tmp_path):
+    """A NaN loss in one micro-batch on process 0 makes the summed gradient NaN: every mode skips
+    that update (DeepSpeed's engine by itself under ZeRO-3), counts it, and trains on as DDP does."""
+    runs = {}
+    for mode in ("ddp", "zero3"):
+        (tmp_path / mode).mkdir()
+        cfg = _rl_config(tiny_model_dir, tmp_path / mode / "run", "grpo", "reward.weights={main_sample_index: 1.0}",
+                         "steps=3", "eval_tasks=0")
+        runs[mode] = (_run_two_processes(tmp_path / mode, "train", cfg, mode, nan_call=2)[0],
+                      read_metrics(tmp_path / mode / "run"))
+    (ddp_weights, ddp_records), (zero_weights, zero_records) = runs["ddp"], runs["zero3"]
+    assert [r.get("skipped_updates", 0) for r in zero_records] == [r.get("skipped_updates", 0) for r in ddp_records]
+    assert max(r.get("skipped_updates", 0) for r in zero_records) == 1
+    assert zero_records[-1]["grad_norm"] == pytest.approx(ddp_records[-1]["grad_norm"], rel=1e-3)
     for name, tensor in ddp_weights.items():
-        torch.testing.assert_close(fsdp_weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
-    # the checkpoint holds the gathered, whole weights in Hugging Face format
-    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "run").state_dict()
-    for name, tensor in fsdp_weights.items():
-        torch.testing.assert_close(saved[name], tensor, msg=name)
+        assert torch.isfinite(zero_weights[name]).all(), name
+        torch.testing.assert_close(zero_weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+FAIL_ON_RANK_1 = """
+import os, sys
+from omrl.config import load_config
+from omrl.options import SftRunConfig
+from omrl.training.sft import SftRecipe
+
+recipe = SftRecipe(load_config(SftRunConfig, sys.argv[1]))
+try:
+    recipe.setup()
+    if os.environ["RANK"] == "1":
+        raise RuntimeError("failed on process 1")
+    recipe.train()  # process 0 waits in the step's first collective for process 1
+finally:
+    recipe.cleanup()
+"""
+
+
+def test_an_error_on_one_process_ends_the_run_instead_of_hanging(sft_config, tmp_path):
+    config = tmp_path / "sft.yaml"
+    config.write_text(to_yaml(sft_config(logging__output_dir=str(tmp_path / "run"))))
+    (tmp_path / "fail.py").write_text(FAIL_ON_RANK_1)
+    done = _launch(tmp_path, str(tmp_path / "fail.py"), str(config), timeout=120)  # a hang raises TimeoutExpired
+    assert done.returncode != 0
+    assert "failed on process 1" in done.stderr
 
 
 def test_tasks_per_step_must_split_evenly_across_processes(tiny_model_dir, tmp_path):
@@ -180,7 +241,7 @@ def test_tasks_per_step_must_split_evenly_across_processes(tiny_model_dir, tmp_p
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("mode", ["DEEPSPEED", "MEGATRON_LM", "XLA"])
+@pytest.mark.parametrize("mode", ["MEGATRON_LM", "XLA"])
 def test_unsupported_accelerate_modes_are_refused_by_name(mode):
     from types import SimpleNamespace
 
@@ -190,37 +251,52 @@ def test_unsupported_accelerate_modes_are_refused_by_name(mode):
     from omrl.training.distributed import Distributed
 
     process = SimpleNamespace(accelerator=SimpleNamespace(distributed_type=DistributedType[mode]))
-    with pytest.raises(ConfigError, match="accelerate is set up for .*valid: MULTI_CPU, MULTI_GPU, FSDP"):
+    with pytest.raises(ConfigError, match="accelerate is set up for .*valid: MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED"):
         Distributed._check_mode(process)
 
 
-def test_deepspeed_is_refused_with_the_fsdp_config_to_use_instead():
-    from types import SimpleNamespace
-
-    from accelerate.utils import DistributedType
-
+@pytest.mark.parametrize("setting, value, error", [
+    ("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2", "zero_stage: 2 is not supported under omrl's ZeRO-3; valid: 3"),
+    ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu", "offload_optimizer_device: cpu .*valid: none"),
+    ("ACCELERATE_DEEPSPEED_ZERO3_INIT", "true", "zero3_init: true .*valid: false"),
+    ("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds.json", "deepspeed_config_file is not supported"),
+    ("ACCELERATE_MIXED_PRECISION", "bf16", "mixed_precision: bf16 .*valid: no"),
+])
+def test_deepspeed_settings_the_recipes_do_not_implement_are_refused(monkeypatch, setting, value, error):
     from omrl.errors import ConfigError
-    from omrl.training.distributed import Distributed
+    from omrl.training import zero3
 
-    process = SimpleNamespace(accelerator=SimpleNamespace(distributed_type=DistributedType.DEEPSPEED))
-    with pytest.raises(ConfigError, match="DeepSpeed, which omrl's recipes do not support.*accelerate/fsdp.yaml"):
-        Distributed._check_mode(process)
+    monkeypatch.setenv(setting, value)
+    with pytest.raises(ConfigError, match=error):
+        zero3.check_options()
+
+
+def test_zero3_refuses_other_weight_dtypes():
+    from omrl.errors import ConfigError
+    from omrl.training import zero3
+
+    with pytest.raises(ConfigError, match="model.dtype=bfloat16 is not supported under ZeRO-3 .*valid: model.dtype=float32"):
+        zero3.check_options("bfloat16")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo, overrides", [("grpo", []), ("ppo", ["critic=model"])])
-def test_fsdp_run_resumes_exactly(tiny_model_dir, tmp_path, algo, overrides):
+@pytest.mark.parametrize("mode, algo, overrides", [
+    ("fsdp", "grpo", []),
+    ("fsdp", "ppo", ["critic=model"]),
+    ("zero3", "ppo", ["critic=model", "kl_coef=0.05"]),  # every kind of module: policy, critic, value head, reference
+])
+def test_sharded_run_resumes_exactly(tiny_model_dir, tmp_path, mode, algo, overrides):
     """A sharded run resumed from its step-2 checkpoint ends where the uninterrupted run ended."""
     import shutil
 
     cfg = _rl_config(tiny_model_dir, tmp_path / "run", algo, "steps=3", "logging.keep_checkpoints=0",
                      "reward.weights={main_sample_index: 1.0}", "eval_tasks=0", *overrides)
-    uninterrupted = _run_two_processes(tmp_path, "train", cfg, "fsdp")[0]
+    uninterrupted = _run_two_processes(tmp_path, "train", cfg, mode)[0]
     records = read_metrics(tmp_path / "run")
 
     shutil.rmtree(latest_checkpoint(tmp_path / "run"))  # as if killed before the step-3 checkpoint
     assert latest_checkpoint(tmp_path / "run").name == "step-00000002"
-    resumed = _run_two_processes(tmp_path, "train", dataclasses.replace(cfg, resume=True), "fsdp")[0]
+    resumed = _run_two_processes(tmp_path, "train", dataclasses.replace(cfg, resume=True), mode)[0]
 
     for name, tensor in uninterrupted.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=0, msg=name)
