@@ -182,9 +182,14 @@ class Distributed:
     def _sharding(self):
         return fsdp if self.mode == "fsdp" else zero3
 
+    def _is_sharded(self, model: nn.Module) -> bool:
+        """Under ZeRO-3 every module the recipe trains or freezes is partitioned; under FSDP those
+        passed to :meth:`prepare` (a value head beside them is not)."""
+        return self.mode == "zero3" or (self.mode == "fsdp" and any(fsdp.is_sharded(p) for p in model.parameters()))
+
     def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole (unsharded) weights on every process (every process must call)."""
-        return self._sharding().full_state_dict(model) if self.sharded else model.state_dict()
+        return self._sharding().full_state_dict(model) if self._is_sharded(model) else model.state_dict()
 
     def copy_whole_weights(self, model: nn.Module, replica: nn.Module) -> None:
         """Copy the sharded ``model``'s weights into its unsharded ``replica`` in place, one tensor at a
@@ -193,11 +198,14 @@ class Distributed:
 
     def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: set[str] = frozenset()
                      ) -> tuple[list[str], list[str]]:
-        """Load whole ``weights`` (read by every process) into a sharded ``model``; returns the
+        """Load whole ``weights`` (read by every process) into ``model``, sharded or not; returns the
         (missing, unexpected) names."""
         if self.mode == "zero3":
             return zero3.load_full_state_dict(model, weights, engine=self.engine, ignore=ignore)
-        return fsdp.load_full_state_dict(model, weights, ignore=ignore)
+        if self._is_sharded(model):
+            return fsdp.load_full_state_dict(model, weights, ignore=ignore)
+        result = model.load_state_dict(weights, strict=False)
+        return [k for k in result.missing_keys if k not in ignore], list(result.unexpected_keys)
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         """Load a whole optimizer state keyed by parameter name (see :meth:`gather_for_checkpoint`)."""

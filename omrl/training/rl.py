@@ -180,12 +180,11 @@ class RLRecipe:
         self.nan_streak = int(state.extra.get("nan_streak", 0))
         self.skipped_updates = int(state.extra.get("skipped_updates", 0))
         for module, key in ((self.value_head, "value_head"), (self.critic_model, "critic_model")):
-            if module is None:
-                continue
-            if self.dist.mode == "zero3" or (self.dist.sharded and module is self.critic_model):
-                self.dist.load_weights(module, state.extra[key])
-            else:
-                module.load_state_dict(state.extra[key])
+            if module is not None:
+                missing, unexpected = self.dist.load_weights(module, state.extra[key])
+                if missing or unexpected:
+                    raise ckpt.CheckpointError(f"{path}: the saved {key} does not fit: missing {missing[:5]}, "
+                                               f"unexpected {unexpected[:5]}")
         self._sync_rollout_weights()  # a backend with its own copy must roll out with the resumed weights
         self.console.print(f"resuming from {path} at step {self.step}", highlight=False)
 
@@ -451,8 +450,7 @@ class RLRecipe:
     def save_checkpoint(self) -> Path:
         extra: dict[str, Any] = {"nan_streak": self.nan_streak, "skipped_updates": self.skipped_updates}
         if self.value_head is not None:
-            extra["value_head"] = self.dist.state_dict(self.value_head) if self.dist.mode == "zero3" \
-                else self.value_head.state_dict()
+            extra["value_head"] = self.dist.state_dict(self.value_head)
         if self.critic_model is not None:
             extra["critic_model"] = self.dist.state_dict(self.critic_model)
         # every process holds the same weights and optimizer state (or when sharded its shard of what is
