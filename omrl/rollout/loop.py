@@ -206,8 +206,9 @@ def _record_reply(state: _Live, reply: Generation | BaseException, template: Tem
     parsed: ParsedAction = template.parse(response, state.env)
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
     if parsed.action is None:
-        reason = parsed.error or "no action found in the reply"
-        state.next_user = f"Your reply could not be parsed: {reason}\n{state.env.action_help}"
+        # the template's error already explains its format and the env's actions
+        reason = parsed.error or f"no action found in the reply.\n{state.env.action_help}"
+        state.next_user = f"Your reply could not be parsed: {reason}"
         return False
     return True
 

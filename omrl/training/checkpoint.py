@@ -192,18 +192,21 @@ def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: tor
         raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
     _load_model_weights(model, path / "model", sharding=sharding)
     if optimizer is not None:
-        state = torch.load(path / "optimizer.pt", weights_only=True)
+        state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
         _check_optimizer_layout(path, state, sharded=sharding is not None)
         if sharding is not None:
-            sharding.load_optimizer_state(optimizer, state)
+            try:
+                sharding.load_optimizer_state(optimizer, state)
+            except ValueError as err:
+                raise CheckpointError(f"{path}: {err}") from err
         else:
             optimizer.load_state_dict(state)
     if scheduler is not None:
-        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
     if restore_rng:
-        _set_rng_state(torch.load(path / "rng.pt", weights_only=True))
+        _set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=True))
     state = json.loads((path / "state.json").read_text())
-    extra = torch.load(path / "extra.pt", weights_only=True) if (path / "extra.pt").exists() else {}
+    extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=True) if (path / "extra.pt").exists() else {}
     return Checkpoint(path, int(state["step"]), state["data_state"], state["config"], extra)
 
 

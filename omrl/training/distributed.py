@@ -65,14 +65,16 @@ class Distributed:
         if self.world_size > 1:
             from accelerate import Accelerator
 
+            self.mode = "fsdp" if fsdp.requested() else "zero3" if zero3.requested() else "ddp"
+            if self.mode == "zero3":  # before the Accelerator, which fails less clearly without deepspeed
+                zero3.check_options(model_dtype)
             # joins the process group accelerate launch set up: nccl on GPUs, gloo on a machine without CUDA
             self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
-            self.mode = "fsdp" if fsdp.requested() else "zero3" if zero3.requested() else "ddp"
             self._check_mode()
             if self.mode == "fsdp":
                 fsdp.check_options()
             elif self.mode == "zero3":
-                zero3.check_options(model_dtype)
+                zero3.load_models_whole()
         self.sharded = self.mode in ("fsdp", "zero3")
         self.rank = self.accelerator.process_index if self.accelerator else 0
         self.is_main = self.rank == 0
@@ -187,9 +189,12 @@ class Distributed:
         passed to :meth:`prepare` (a value head beside them is not)."""
         return self.mode == "zero3" or (self.mode == "fsdp" and any(fsdp.is_sharded(p) for p in model.parameters()))
 
-    def state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """The whole (unsharded) weights on every process (every process must call)."""
-        return self._sharding().full_state_dict(model) if self._is_sharded(model) else model.state_dict()
+    def state_dict(self, model: nn.Module, all_ranks: bool = True) -> dict[str, torch.Tensor]:
+        """The whole (unsharded) weights on every process, or (``all_ranks=False``, for a file the
+        main process writes) in the main process's CPU memory alone (every process must call)."""
+        if self._is_sharded(model):
+            return self._sharding().full_state_dict(model, all_ranks=all_ranks)
+        return model.state_dict()
 
     def copy_whole_weights(self, model: nn.Module, replica: nn.Module) -> None:
         """Copy the sharded ``model``'s weights into its unsharded ``replica`` in place, one tensor at a
@@ -208,7 +213,16 @@ class Distributed:
         return [k for k in result.missing_keys if k not in ignore], list(result.unexpected_keys)
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """Load a whole optimizer state keyed by parameter name (see :meth:`gather_for_checkpoint`)."""
+        """Load a whole optimizer state keyed by parameter name (see :meth:`gather_for_checkpoint`);
+        a state whose groups or parameter names differ from this run's raises ValueError naming them."""
+        saved = [set(group["params"]) for group in state.get("param_groups", [])]
+        own = [set(names) for names in self.engine.omrl_group_names] if self.mode == "zero3" else \
+            [{name for name, p in self.owner.named_parameters() if any(p is q for q in group["params"])}
+             for group in optimizer.param_groups]
+        if saved != own:
+            missing, unexpected = sorted(set().union(*own) - set().union(*saved)), sorted(set().union(*saved) - set().union(*own))
+            raise ValueError(f"the saved optimizer state does not fit this run: {len(saved)} parameter group(s) "
+                             f"against {len(own)}, missing {missing[:5]}, unexpected {unexpected[:5]}")
         if self.mode == "zero3":
             zero3.load_full_optimizer_state(self.owner, self.engine, state)
         else:

@@ -450,9 +450,9 @@ class RLRecipe:
     def save_checkpoint(self) -> Path:
         extra: dict[str, Any] = {"nan_streak": self.nan_streak, "skipped_updates": self.skipped_updates}
         if self.value_head is not None:
-            extra["value_head"] = self.dist.state_dict(self.value_head)
+            extra["value_head"] = self.dist.state_dict(self.value_head, all_ranks=False)
         if self.critic_model is not None:
-            extra["critic_model"] = self.dist.state_dict(self.critic_model)
+            extra["critic_model"] = self.dist.state_dict(self.critic_model, all_ranks=False)
         # every process holds the same weights and optimizer state (or when sharded its shard of what is
         # gathered here): the main one writes them
         gathered = self.dist.gather_for_checkpoint(self.model, self.optimizer)

@@ -54,6 +54,11 @@ UNSUPPORTED = {
     "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": ({"none"}, "none"),
     "ACCELERATE_DEEPSPEED_ZERO3_INIT": ({"false"}, "false (every process loads the model, then it is partitioned)"),
     "ACCELERATE_MIXED_PRECISION": ({"no"}, "no (the recipes' own bf16 option and model.dtype decide precision)"),
+    # DeepSpeed would take these from the accelerate config; omrl's own options decide them
+    "ACCELERATE_GRADIENT_CLIPPING": (set(), "leave gradient_clipping out; set optim.max_grad_norm"),
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": ({"1"}, "1, or leave it out; the recipes accumulate micro-batches "
+                                                      "themselves (optim.micro_batch_size, "
+                                                      "optim.gradient_accumulation_steps)"),
 }
 
 
@@ -75,6 +80,15 @@ def check_options(model_dtype: str = "float32") -> None:
     if model_dtype != "float32":
         raise ConfigError(f"model.dtype={model_dtype} is not supported under ZeRO-3 (DeepSpeed keeps float32 weights "
                           "in its optimizer); valid: model.dtype=float32, with bf16=true for autocast in SFT")
+
+
+def load_models_whole() -> None:
+    """Models load whole, to be partitioned by :func:`initialize` (or kept whole: the rollout copy).
+    On GPUs the Accelerator registers its DeepSpeed config with transformers, which would then
+    partition every model inside ``from_pretrained`` (``zero.Init``), whatever zero3_init_flag says."""
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
 
 
 class Trainables(nn.ModuleDict):
@@ -176,7 +190,7 @@ def full_state_dict(model: nn.Module, all_ranks: bool = True) -> dict[str, torch
         gathered = hasattr(value, "ds_id")
         with GatheredParameters([value], enabled=gathered):
             if keep:
-                state[name] = value.detach().clone() if all_ranks else value.detach().cpu().clone()
+                state[name] = value.detach().clone() if all_ranks else value.detach().to("cpu", copy=True)
     return state
 
 

@@ -108,7 +108,7 @@ def test_unparsable_reply_does_not_step_the_env_and_explains_the_format(tiny_tok
     assert "must start with `Action:`" in bad.parse_error
     feedback = ep.messages[3]
     assert feedback["role"] == "user" and bad.parse_error in feedback["content"]
-    assert KeyEnv.action_help in feedback["content"]
+    assert feedback["content"].count(KeyEnv.action_help) == 1  # the template's error already names the actions
     assert ep.turns[1].observation == feedback["content"]
     assert ep.won and ep.num_turns == 3
     assert pool.probe().steps == 2  # the unparsable turn never reached the env

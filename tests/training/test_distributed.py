@@ -261,6 +261,8 @@ def test_unsupported_accelerate_modes_are_refused_by_name(mode):
     ("ACCELERATE_DEEPSPEED_ZERO3_INIT", "true", "zero3_init: true .*valid: false"),
     ("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds.json", "deepspeed_config_file is not supported"),
     ("ACCELERATE_MIXED_PRECISION", "bf16", "mixed_precision: bf16 .*valid: no"),
+    ("ACCELERATE_GRADIENT_CLIPPING", "1.0", "gradient_clipping: 1.0 .*set optim.max_grad_norm"),
+    ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4", "gradient_accumulation_steps: 4 .*valid: 1, or leave it out"),
 ])
 def test_deepspeed_settings_the_recipes_do_not_implement_are_refused(monkeypatch, setting, value, error):
     from omrl.errors import ConfigError
@@ -269,6 +271,36 @@ def test_deepspeed_settings_the_recipes_do_not_implement_are_refused(monkeypatch
     monkeypatch.setenv(setting, value)
     with pytest.raises(ConfigError, match=error):
         zero3.check_options()
+
+
+def test_zero3_keeps_transformers_from_partitioning_models_as_they_load():
+    """On GPUs the Accelerator registers a stage-3 DeepSpeed config with transformers, which would then
+    load every model (the rollout copy too) already partitioned; omrl partitions them itself."""
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
+
+    from omrl.training import zero3
+
+    registered = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
+    assert is_deepspeed_zero3_enabled()  # what accelerate leaves behind on a GPU machine
+    zero3.load_models_whole()
+    assert not is_deepspeed_zero3_enabled()
+    del registered
+
+
+def test_a_sharded_resume_refuses_an_optimizer_state_of_other_parameters(tiny_model_dir):
+    from omrl.training.distributed import Distributed
+    from omrl.training.zero3 import Trainables
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    optimizer = torch.optim.AdamW(model.parameters())
+    process = Distributed()
+    process.mode, process.owner = "fsdp", Trainables({"policy": model})
+    names = [name for name, _ in process.owner.named_parameters()]
+    saved = {"state": {}, "param_groups": [{"lr": 1e-3, "params": names[:-1] + ["critic.head.weight"]}]}
+    with pytest.raises(ValueError, match=r"does not fit this run: 1 parameter group\(s\) against 1, "
+                                         rf"missing \['{names[-1]}'\], unexpected \['critic.head.weight'\]"):
+        process.load_optimizer_state(optimizer, saved)
 
 
 def test_zero3_refuses_other_weight_dtypes():
