@@ -221,10 +221,12 @@ def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
 # -- converting and writing -------------------------------------------------------------------------
 
 def episode_to_record(episode: Episode) -> dict[str, Any]:
-    """An OpenManus-RL conversation record of one episode, with its reward and outcome."""
+    """An OpenManus-RL conversation record of one episode, with its reward and outcome. A worked
+    example that opened the chat is left out: it is not this episode, and SFT must not learn it again."""
+    messages = episode.messages[:1] + episode.messages[1 + episode.demo_messages:]
     return {
         "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}",
-        "conversations": [{"role": m["role"], "content": m["content"]} for m in episode.messages],
+        "conversations": [{"role": m["role"], "content": m["content"]} for m in messages],
         "reward": episode.total_reward, "won": episode.won, "env": episode.env, "task_id": episode.task_id,
     }
 

@@ -13,6 +13,7 @@ Life of an instance::
     result = env.step("click[buy now]")  # -> StepResult(observation, reward, done, info)
     env.admissible_actions()             # valid actions now, or None if unknown
     env.expert_action()                  # a scripted expert's next action, or None
+    env.demonstration                    # a worked example for the prompt (DemoTurns), or ()
     env.close()
 
 ``StepResult.info`` always carries ``won`` (bool) and ``score`` (float in [0, 1]),
@@ -74,6 +75,15 @@ class StepResult:
         return float(self.info.get("score", 0.0))
 
 
+@dataclass(frozen=True)
+class DemoTurn:
+    """One turn of an env's worked example: what the env showed and a good reply to it."""
+
+    observation: str
+    thought: str
+    action: str
+
+
 class Env(ABC):
     """Base class of a multi-turn text environment."""
 
@@ -92,6 +102,9 @@ class Env(ABC):
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
     #: A sensible cap on turns per episode.
     max_turns: ClassVar[int] = 15
+    #: A short worked example of another task (a one-shot prompt, as ReAct used), shown before each
+    #: task unless ``env.demonstration=false``: small models follow the action format far more often.
+    demonstration: ClassVar[tuple[DemoTurn, ...]] = ()
 
     @abstractmethod
     def task_ids(self, split: str) -> Sequence[int]:

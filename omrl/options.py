@@ -37,6 +37,8 @@ class EnvConfig:
     template: str = opt("react", "Action template: react, xml, tool_call.")
     max_turns: int = opt(0, "Turns per episode; 0 uses the env's own cap.")
     num_workers: int = opt(8, "Threads stepping I/O-bound envs concurrently.")
+    demonstration: bool = opt(True, "Open the chat with the env's worked example when it has one (a one-shot "
+                                    "prompt: small models need it to follow the action format); false: zero-shot.")
 
 
 @dataclass

@@ -17,12 +17,12 @@ def test_episode_parquet_round_trip(tmp_path):
         logprobs=[0.0] * 5 + [-0.5, -0.25, -0.125] + [0.0] * 4 + [-1.0, -2.0],
         prompt_length=5, won=True, score=1.0, end_reason="done", group=2, sample=1,
         rewards={"goal": [0.0, 1.0], "total": [0.0, 1.0]},
-        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Act: up"}],
+        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Act: up"}], demo_messages=2,
     )
     path = write_episodes([ep, Episode("e", 1, "train", "i")], tmp_path / "t.parquet")
     back = read_episodes(path)
     assert back[0] == ep
-    assert back[1].turns == [] and back[1].rewards == {}
+    assert back[1].turns == [] and back[1].rewards == {} and back[1].demo_messages == 0
     assert back[0].total_reward == 1.0
 
 

@@ -59,6 +59,7 @@ class Episode:
     rewards: dict[str, list[float]] = field(default_factory=dict)  # component -> one value per turn
     messages: list[dict[str, str]] = field(default_factory=list)  # the chat, for people and SFT
     error: str | None = None
+    demo_messages: int = 0  # messages after the system prompt that are the env's worked example, not this episode
 
     @property
     def total_reward(self) -> float:
@@ -87,7 +88,7 @@ SCHEMA = pa.schema([
     ("group", pa.int64()), ("sample", pa.int64()),
     ("rewards", pa.map_(pa.string(), pa.list_(pa.float64()))),
     ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-    ("error", pa.string()),
+    ("error", pa.string()), ("demo_messages", pa.int64()),
 ], metadata={b"omrl.schema": b"episode/1"})
 
 

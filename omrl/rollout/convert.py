@@ -40,6 +40,7 @@ def episode_record(episode: Episode) -> dict[str, Any]:
                    "parse_error": t.parse_error} for t in episode.turns],
         "rewards": episode.rewards,
         "messages": episode.messages,
+        "demo_messages": episode.demo_messages,
     }
 
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import encode_text, next_turn_ids, prompt_ids
 from omrl.data.trajectory import Episode, Turn
-from omrl.envs import Env, StepResult
+from omrl.envs import DemoTurn, Env, StepResult
 from omrl.errors import OmrlError
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
@@ -66,7 +66,7 @@ class _Live:
 def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[int], *,
             backend: Backend | None = None, limits: RolloutLimits | None = None, split: str = "train",
             group_size: int = 1, seed: int = 0, expert: bool = False, max_parallel: int = 0,
-            progress: RolloutProgress | None = None) -> list[Episode]:
+            demonstration: Sequence[DemoTurn] = (), progress: RolloutProgress | None = None) -> list[Episode]:
     """Play ``group_size`` episodes of each task and return them ordered by (group, sample).
 
     ``backend`` generates the replies, or, with ``expert=True``, the env's
@@ -74,7 +74,8 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
     ``format_action``). ``max_parallel`` caps how many episodes
     play at once (0: all); a finished episode's env instance then plays the next
     task. Episode.group is the task's index in ``tasks``, Episode.sample the
-    sample's index within its group.
+    sample's index within its group. ``demonstration`` (an env's worked example)
+    opens every chat, after the system prompt.
     """
     limits = limits or RolloutLimits()
     if group_size < 1:
@@ -101,7 +102,7 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
     while queue or live:
         room = len(queue) if not max_parallel else max(0, max_parallel - len(live))
         started = [queue.popleft() for _ in range(min(room, len(queue)))]
-        for state in _start(pool, template, tokenizer, started, split, limits.max_context):
+        for state in _start(pool, template, tokenizer, started, split, limits.max_context, demonstration):
             if state.end:
                 finish(state, state.end)
             else:
@@ -135,8 +136,17 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
     return sorted(finished, key=lambda ep: (ep.group, ep.sample))
 
 
+def demonstration_messages(template: Template, env: Env, demonstration: Sequence[DemoTurn]) -> list[dict[str, str]]:
+    """An env's worked example as chat turns: each observation, then the reply in the template's format."""
+    messages = []
+    for turn in demonstration:
+        messages += [{"role": "user", "content": turn.observation},
+                     {"role": "assistant", "content": template.format_action(turn.action, env, turn.thought)}]
+    return messages
+
+
 def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tuple[int, int, int]],
-           split: str, max_context: int) -> list[_Live]:
+           split: str, max_context: int, demonstration: Sequence[DemoTurn]) -> list[_Live]:
     """Reset an env for each new episode and lay out its opening prompt."""
     envs = [pool.acquire() for _ in started]
     firsts = pool.reset_many([(env, task) for env, (_, _, task) in zip(envs, started)])
@@ -151,7 +161,9 @@ def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tupl
         observation = first.text or EMPTY_OBSERVATION
         # the first user message is the instruction plus the first observation (once: some envs repeat it)
         user = observation if first.instruction in observation else f"{first.instruction}\n\n{observation}"
-        messages = [{"role": "system", "content": template.system_prompt(env)}, {"role": "user", "content": user}]
+        demo = demonstration_messages(template, env, demonstration)
+        ep.demo_messages = len(demo)
+        messages = [{"role": "system", "content": template.system_prompt(env)}, *demo, {"role": "user", "content": user}]
         kwargs = template.chat_template_kwargs(env)
         ids = prompt_ids(tokenizer, messages, **kwargs)
         ep.token_ids, ep.loss_mask, ep.logprobs = ids, [0] * len(ids), [0.0] * len(ids)

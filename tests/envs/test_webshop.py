@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import runpy
 import time
 from pathlib import Path
@@ -401,3 +402,23 @@ def test_env_is_registered():
 
     assert registry.envs.get("webshop") is WebShopEnv
     assert registry.envs.component("webshop").description.startswith("WebShop in text mode")
+
+
+def test_the_demonstration_is_a_winning_episode_in_the_shops_own_page_format(env):
+    """The worked example reads like the real pages, and each reply is an action the shop accepts."""
+    from omrl_plugins.templates.react import ReactTemplate
+
+    demo = WebShopEnv.demonstration
+    first = env.reset(env.task_ids("test")[0]).text
+    assert demo[0].observation.split("[SEP]")[:2] == first.split("[SEP]")[:2]  # "WebShop", "Instruction:"
+    results = env.step(f"search[{demo[0].action[len('search['):-1]}]").observation
+    def header(page: str) -> list[str]:  # back, page and count, next
+        return [re.sub(r"\d+", "N", part) for part in page.split("[SEP]")[:3]]
+
+    assert header(demo[1].observation) == header(results)
+    assert demo[1].action[len("click["):-1] in demo[1].observation  # it clicks a product listed there
+    assert demo[2].observation.endswith("Buy Now") and demo[2].action == "click[buy now]"
+    template = ReactTemplate()
+    for turn in demo:
+        parsed = template.parse(template.format_action(turn.action, env, turn.thought), env)
+        assert parsed.format_ok and parsed.action == turn.action and parsed.thought == turn.thought

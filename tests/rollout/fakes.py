@@ -66,7 +66,7 @@ class ActionTemplate(Template):
             return ParsedAction(text[len("Action:"):].strip(), True)
         return ParsedAction(None, False, error=f"the reply must start with `Action:`. {env.action_help}")
 
-    def format_action(self, action: str, env: Env) -> str:
+    def format_action(self, action: str, env: Env, thought: str = "") -> str:
         return f"Action: {action}"
 
 

@@ -50,3 +50,16 @@ def test_overriding_one_key_keeps_the_commands_section_defaults():
     assert (cfg.env.name, cfg.env.split, cfg.generation.temperature) == ("gridworld", "test", 0.0)
     assert cfg.generation.max_new_tokens == 5
     assert cfg.reward.weights == {"format": 1.0}  # a mapping is replaced whole, not merged with the default
+
+
+def test_webshop_chats_open_with_its_worked_example_unless_turned_off():
+    from omrl_plugins.envs.webshop import WebShopEnv
+
+    for flag, expected in (("true", WebShopEnv.demonstration), ("false", ())):
+        cfg = command_line_config(RolloutRunConfig, ["env.name=webshop", "model.name=tiny",
+                                                     f"env.demonstration={flag}"], {})
+        with RolloutSession.from_config(cfg, expert=True) as session:
+            assert session.demonstration == expected
+            (ep,) = session.play(session.task_ids("test", 1), split="test", expert=True)
+        assert ep.won and ep.demo_messages == 2 * len(expected)
+        assert ep.messages[1]["content"] == (expected[0].observation if expected else ep.turns[0].observation)

@@ -8,6 +8,9 @@ from omrl.backends.hf import HFBackend
 from omrl.data import read_episodes, write_episodes
 from omrl.errors import OmrlError
 from omrl.rollout import EnvPool, RolloutLimits, RolloutProgress, collect
+from omrl.chat import render
+from omrl.datasets import episode_to_record
+from omrl.envs import DemoTurn
 from omrl.rollout.loop import EMPTY_OBSERVATION
 
 from .fakes import ActionTemplate, CountingBackend, IOKeyEnv, KeyEnv, ScriptedBackend
@@ -24,10 +27,11 @@ def open_then_take(call: int, index: int) -> str:
     return ["Action: open", "Action: take key"][call]
 
 
-def run(tokenizer, backend, tasks=(0,), group_size=1, env_class=KeyEnv, options=None, **limits):
+def run(tokenizer, backend, tasks=(0,), group_size=1, env_class=KeyEnv, options=None, demonstration=(), **limits):
     pool = EnvPool(env_class, options, name="keys")
     episodes = collect(pool, ActionTemplate(), tokenizer, list(tasks), backend=backend, group_size=group_size,
-                       limits=RolloutLimits(**{"max_new_tokens": 24, "max_context": 1024, **limits}))
+                       limits=RolloutLimits(**{"max_new_tokens": 24, "max_context": 1024, **limits}),
+                       demonstration=demonstration)
     return episodes, pool
 
 
@@ -185,3 +189,25 @@ def test_parquet_round_trip_of_real_rollout_output(tiny_hf, tmp_path):
         assert [t.span for t in a.turns] == [t.span for t in b.turns]
         assert [t.info for t in a.turns] == [t.info for t in b.turns]
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+
+
+DEMO = (DemoTurn("Chest 99 is locked.", "Open it first.", "open"),
+        DemoTurn("Chest 99 is open; a key glints inside.", "Now the key.", "take key"))
+
+
+def test_a_demonstration_opens_the_chat_masked_out_and_stays_out_of_sft_records(tiny_tokenizer):
+    backend = scripted(tiny_tokenizer, open_then_take)
+    (ep,), _ = run(tiny_tokenizer, backend, demonstration=DEMO)
+    assert ep.won and ep.demo_messages == 4
+    assert [m["role"] for m in ep.messages[:6]] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert ep.messages[2]["content"] == ActionTemplate().format_action("open", KeyEnv()) == "Action: open"
+    assert ep.messages[3]["content"] == "Chest 99 is open; a key glints inside."
+    # the demonstration is prompt: it precedes every generated token and the ids decode to the whole chat
+    prompt = tiny_tokenizer.decode(ep.token_ids[:ep.prompt_length], skip_special_tokens=False)
+    assert "Chest 99 is locked." in prompt and "Action: take key" in prompt
+    assert sum(ep.loss_mask[:ep.prompt_length]) == 0
+    assert render(tiny_tokenizer, ep.messages).startswith(tiny_tokenizer.decode(ep.token_ids, skip_special_tokens=False))
+    # the model saw the example, but SFT on this episode learns only the episode's own turns
+    record = episode_to_record(ep)
+    assert [m["content"] for m in record["conversations"]] == [m["content"] for m in ep.messages[:1] + ep.messages[5:]]
+    assert not any("99" in m["content"] for m in record["conversations"])

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult, UnknownTaskError, check_task
+from omrl.envs import DemoTurn, Env, EpisodeFinishedError, Observation, StepResult, UnknownTaskError, check_task
 from omrl.errors import ConfigError
 from omrl_plugins.envs.webshop import expert
 from omrl_plugins.envs.webshop.catalog import BUILTIN_DATA, Catalog, Goal, load_catalog
@@ -102,6 +102,21 @@ class WebShopEnv(Env):
         },
     ]
     max_turns = 15
+    # a short made-up episode in the shop's own page format (not a product of the catalog)
+    demonstration = (
+        DemoTurn("WebShop [SEP] Instruction: [SEP] i want a noise cancelling usb microphone, and price lower than "
+                 "60.00 dollars [SEP] Search",
+                 "I should search for the product first.", "search[noise cancelling usb microphone]"),
+        DemoTurn("Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP] B0DEMO1XYZ [SEP] Orbit Studio "
+                 "Condenser Microphone, XLR [SEP] $89.99 [SEP] B0DEMO2XYZ [SEP] EchoLess USB Microphone, Noise "
+                 "Cancelling, Plug and Play [SEP] $39.99 [SEP] B0DEMO3XYZ [SEP] Pocket Lavalier Microphone "
+                 "[SEP] $12.49",
+                 "The second result is a noise cancelling USB microphone under 60 dollars.", "click[B0DEMO2XYZ]"),
+        DemoTurn("Back to Search [SEP] < Prev [SEP] EchoLess USB Microphone, Noise Cancelling, Plug and Play "
+                 "[SEP] Price: $39.99 [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] "
+                 "Buy Now",
+                 "It matches the instruction and the price. I will buy it.", "click[buy now]"),
+    )
 
     def __init__(self, *, items_path: str | None = None, attributes_path: str | None = None,
                  human_goals_path: str | None = None, num_products: int | None = None,
