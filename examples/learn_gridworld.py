@@ -1,6 +1,6 @@
 """omrl learns: the `tiny` model on `gridworld`, through SFT on expert trajectories and then GRPO.
 
-    python examples/learn_gridworld.py            # the full run (about 17 minutes on 2 CPU cores)
+    python examples/learn_gridworld.py            # the full run (13-17 minutes on 2 CPU cores)
     python examples/learn_gridworld.py --quick    # a smaller budget (about 5 minutes)
 
 It prints held-out test success before SFT, after SFT and after GRPO, and writes
@@ -13,8 +13,8 @@ GRPO here uses GiGPO's step-level advantages (``advantage=gigpo``): the SFT mode
 failure is bumping into a wall and then repeating the blocked move (the expert never bumps,
 so SFT never saw that observation), and step-level groups credit each move at such a state.
 
-Measured here (2 CPU cores, 17.4 minutes): sampled success 0% -> 47.5% after SFT -> 55.8%
-after 20 GRPO steps (curve 47.5, 50.3, 57.0, 53.8, 55.8); greedy 0% -> 32% -> 42%.
+Measured here (2 CPU cores, 12.6 minutes): sampled success 0% -> 44.2% after SFT -> 50.7%
+after 20 GRPO steps (curve 44.2, 47.8, 52.5, 47.2, 50.7); greedy 0% -> 35% -> 41%.
 """
 
 from __future__ import annotations
