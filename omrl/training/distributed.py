@@ -216,11 +216,14 @@ class Distributed:
         """Load a whole optimizer state keyed by parameter name (see :meth:`gather_for_checkpoint`);
         a state whose groups or parameter names differ from this run's raises ValueError naming them."""
         saved = [set(group["params"]) for group in state.get("param_groups", [])]
-        own = [set(names) for names in self.engine.omrl_group_names] if self.mode == "zero3" else \
-            [{name for name, p in self.owner.named_parameters() if any(p is q for q in group["params"])}
-             for group in optimizer.param_groups]
+        if self.mode == "zero3":  # DeepSpeed emptied the groups: their names were kept at initialize
+            own = [set(names) for names in self.engine.omrl_group_names]
+        else:
+            name_of = {id(p): name for name, p in self.owner.named_parameters()}
+            own = [{name_of[id(p)] for p in group["params"]} for group in optimizer.param_groups]
         if saved != own:
-            missing, unexpected = sorted(set().union(*own) - set().union(*saved)), sorted(set().union(*saved) - set().union(*own))
+            own_names, saved_names = set().union(*own), set().union(*saved)
+            missing, unexpected = sorted(own_names - saved_names), sorted(saved_names - own_names)
             raise ValueError(f"the saved optimizer state does not fit this run: {len(saved)} parameter group(s) "
                              f"against {len(own)}, missing {missing[:5]}, unexpected {unexpected[:5]}")
         if self.mode == "zero3":
