@@ -261,6 +261,17 @@ def resume_checkpoint(output_dir: str | os.PathLike, config: dict[str, Any],
     return path
 
 
+def resume_point(output_dir: str | os.PathLike, config: dict[str, Any], resume: bool) -> Path | None:
+    """Where a recipe starts: with ``resume``, the checkpoint to continue from (see
+    :func:`resume_checkpoint`); else None, refusing to start fresh over an earlier run's checkpoints."""
+    if resume:
+        return resume_checkpoint(output_dir, config)
+    if latest_checkpoint(output_dir) is not None:
+        raise CheckpointError(f"{output_dir} holds checkpoints of an earlier run; pass --resume to continue it, "
+                              "or choose another output_dir")
+    return None
+
+
 def check_same_config(saved: dict[str, Any], current: dict[str, Any],
                       may_change: Iterable[str] = MAY_CHANGE_ON_RESUME) -> None:
     """Raise naming every key (outside ``may_change``) whose value differs between the configs."""

@@ -73,7 +73,7 @@ class RLRecipe:
         cfg = self.cfg
         self._check_config()
         self.config_dict = to_dict(cfg)
-        resume_from = self._setup_resume_point()
+        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, self.cfg.resume)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -108,15 +108,6 @@ class RLRecipe:
             raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2")
         if cfg.critic not in ("head", "model"):
             raise ConfigError(f"unknown critic {cfg.critic!r}; valid: head, model")
-
-    def _setup_resume_point(self) -> Path | None:
-        """The checkpoint to continue from; refuses to start fresh over an earlier run's checkpoints."""
-        if self.cfg.resume:
-            return ckpt.resume_checkpoint(self.output_dir, self.config_dict)
-        if ckpt.latest_checkpoint(self.output_dir) is not None:
-            raise ckpt.CheckpointError(f"{self.output_dir} holds checkpoints of an earlier run; pass --resume "
-                                       "to continue it, or choose another output_dir")
-        return None
 
     def _setup_models(self) -> None:
         cfg = self.cfg

@@ -63,7 +63,7 @@ class SftRecipe:
         if cfg.num_train_epochs <= 0:
             raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
         self.config_dict = to_dict(cfg)
-        resume_from = self._setup_resume_point()
+        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, self.cfg.resume)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
@@ -80,15 +80,6 @@ class SftRecipe:
             self.logger.warn(f"{self.dropped} conversations had no assistant token within max_seq_length="
                              f"{cfg.max_seq_length} and were dropped")
         self.dist.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
-
-    def _setup_resume_point(self) -> Path | None:
-        """The checkpoint to continue from; refuses to start fresh over an earlier run's checkpoints."""
-        if self.cfg.resume:
-            return ckpt.resume_checkpoint(self.output_dir, self.config_dict)
-        if ckpt.latest_checkpoint(self.output_dir) is not None:
-            raise ckpt.CheckpointError(f"{self.output_dir} holds checkpoints of an earlier run; pass --resume "
-                                       "to continue it, or choose another output_dir")
-        return None
 
     def _setup_model(self) -> None:
         model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device))
