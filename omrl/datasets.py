@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from omrl.atomic import atomic_write_parquet, atomic_write_text
-from omrl.data.trajectory import Episode, read_episodes
+from omrl.data.trajectory import Episode, is_trajectory_schema, read_episodes
 from omrl.errors import OmrlError
 
 # Role names as they appear in files -> the chat-template role.
@@ -90,9 +90,13 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
     if not isinstance(raw, (list, tuple)) or not raw:
         raise DatasetFormatError(f"{source}: '{key}' must be a non-empty list of messages; {_EXPECTED}")
     messages = [_message(m, f"{source} message {i}") for i, m in enumerate(raw)]
+    demo = row.get("demo_messages") or 0  # an omrl rollout's JSONL: the env's worked example is not this episode
+    if not isinstance(demo, int) or demo < 0 or demo >= len(messages):
+        raise DatasetFormatError(f"{source}: 'demo_messages' must be a count of messages after the first, got {demo!r}")
+    messages = messages[:1] + messages[1 + demo:]
     if not any(m["role"] == "assistant" for m in messages):
         raise DatasetFormatError(f"{source}: has no assistant ('assistant' or 'gpt') message to learn from")
-    meta = {k: v for k, v in row.items() if k not in (key, "id")}
+    meta = {k: v for k, v in row.items() if k not in (key, "id", "demo_messages")}
     if "reward" in meta and not _is_number(meta["reward"]):
         raise DatasetFormatError(f"{source}: 'reward' must be a number, got {meta['reward']!r}")
     return Conversation(messages, source, str(row.get("id", "")), meta)
@@ -202,7 +206,7 @@ def _read_arrow(file: Path) -> pa.Table:
 
 
 def _is_trajectory_file(file: Path) -> bool:
-    return (pq.read_schema(file).metadata or {}).get(b"omrl.schema") == b"episode/1"
+    return is_trajectory_schema(pq.read_schema(file))
 
 
 def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:

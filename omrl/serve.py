@@ -10,7 +10,7 @@ Any AgentGym-style client can then play it, and so can omrl's own ``agentgym`` e
   "won", "available_actions"}``.
 - ``GET /observation?id=`` -> the last observation (a string); ``GET /list_envs`` -> live ids.
 - omrl extensions: ``GET /tasks`` -> ``{"env", "splits": {name: size}, "action_help",
-  "max_turns"}``; ``GET /tasks?split=`` -> ``{"split", "task_ids": [...]}`` or, for a
+  "max_turns", "demonstration": [[observation, thought, action], ...]}``; ``GET /tasks?split=`` -> ``{"split", "task_ids": [...]}`` or, for a
   range of ids, ``{"split", "range": [start, stop, step]}``; ``GET /expert_action?id=``
   -> ``{"action"}``; ``GET /available_actions?id=``.
 
@@ -245,7 +245,8 @@ def create_app(name: str, options: dict[str, Any] | None = None):
         with catalog_lock:
             if split is None:
                 return {"env": name, "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
-                        "action_help": catalog.action_help, "max_turns": catalog.max_turns}
+                        "action_help": catalog.action_help, "max_turns": catalog.max_turns,
+                        "demonstration": [[t.observation, t.thought, t.action] for t in catalog.demonstration]}
             try:
                 ids = catalog.split_of(split)
             except UnknownTaskError as exc:

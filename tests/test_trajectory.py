@@ -29,3 +29,20 @@ def test_episode_parquet_round_trip(tmp_path):
 def test_read_episodes_errors(tmp_path):
     with pytest.raises(OmrlError, match="no trajectory file"):
         read_episodes(tmp_path / "missing.parquet")
+
+
+def test_files_of_the_first_schema_still_read(tmp_path):
+    """episode/1 files (before demo_messages existed) read with no worked example."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from omrl.data.trajectory import SCHEMA
+
+    write_episodes([Episode("gridworld", 3, "train", "reach the goal", messages=[{"role": "user", "content": "hi"}])],
+                   tmp_path / "new.parquet")
+    table = pq.read_table(tmp_path / "new.parquet").drop_columns(["demo_messages"])
+    old = table.replace_schema_metadata({b"omrl.schema": b"episode/1"})
+    assert old.schema.remove_metadata() != SCHEMA.remove_metadata()
+    pq.write_table(old, tmp_path / "old.parquet")
+    (episode,) = read_episodes(tmp_path / "old.parquet")
+    assert episode.task_id == 3 and episode.demo_messages == 0 and episode.messages[0]["content"] == "hi"

@@ -89,7 +89,14 @@ SCHEMA = pa.schema([
     ("rewards", pa.map_(pa.string(), pa.list_(pa.float64()))),
     ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
     ("error", pa.string()), ("demo_messages", pa.int64()),
-], metadata={b"omrl.schema": b"episode/1"})
+], metadata={b"omrl.schema": b"episode/2"})
+# episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
+READABLE_SCHEMAS = (b"episode/1", b"episode/2")
+
+
+def is_trajectory_schema(schema: pa.Schema) -> bool:
+    """True for the schema of a file :func:`write_episodes` wrote (this or an earlier version)."""
+    return (schema.metadata or {}).get(b"omrl.schema") in READABLE_SCHEMAS
 
 
 def _episode_row(ep: Episode) -> dict[str, Any]:
@@ -115,8 +122,9 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
     if not path.exists():
         raise OmrlError(f"no trajectory file at {path}")
     table = pq.read_table(path)
-    if (table.schema.metadata or {}).get(b"omrl.schema") != b"episode/1":
-        raise OmrlError(f"{path} is not an omrl trajectory file (expected schema episode/1)")
+    if not is_trajectory_schema(table.schema):
+        raise OmrlError(f"{path} is not an omrl trajectory file (expected schema "
+                        f"{' or '.join(tag.decode() for tag in READABLE_SCHEMAS)})")
     episodes = []
     for row in table.to_pylist():
         row["turns"] = [

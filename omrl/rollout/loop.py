@@ -66,7 +66,7 @@ class _Live:
 def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[int], *,
             backend: Backend | None = None, limits: RolloutLimits | None = None, split: str = "train",
             group_size: int = 1, seed: int = 0, expert: bool = False, max_parallel: int = 0,
-            demonstration: Sequence[DemoTurn] = (), progress: RolloutProgress | None = None) -> list[Episode]:
+            demonstration: bool = True, progress: RolloutProgress | None = None) -> list[Episode]:
     """Play ``group_size`` episodes of each task and return them ordered by (group, sample).
 
     ``backend`` generates the replies, or, with ``expert=True``, the env's
@@ -74,8 +74,8 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
     ``format_action``). ``max_parallel`` caps how many episodes
     play at once (0: all); a finished episode's env instance then plays the next
     task. Episode.group is the task's index in ``tasks``, Episode.sample the
-    sample's index within its group. ``demonstration`` (an env's worked example)
-    opens every chat, after the system prompt.
+    sample's index within its group. With ``demonstration`` the env's worked example
+    (``env.demonstration``, if it has one) opens every chat, after the system prompt.
     """
     limits = limits or RolloutLimits()
     if group_size < 1:
@@ -140,13 +140,18 @@ def demonstration_messages(template: Template, env: Env, demonstration: Sequence
     """An env's worked example as chat turns: each observation, then the reply in the template's format."""
     messages = []
     for turn in demonstration:
-        messages += [{"role": "user", "content": turn.observation},
-                     {"role": "assistant", "content": template.format_action(turn.action, env, turn.thought)}]
+        try:
+            reply = template.format_action(turn.action, env, turn.thought)
+        except Exception as exc:
+            raise OmrlError(f"template {type(template).__name__} cannot write {type(env).__name__}'s worked example "
+                            f"(action {turn.action!r}): {type(exc).__name__}: {exc}; set env.demonstration=false "
+                            "to play without it") from exc
+        messages += [{"role": "user", "content": turn.observation}, {"role": "assistant", "content": reply}]
     return messages
 
 
 def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tuple[int, int, int]],
-           split: str, max_context: int, demonstration: Sequence[DemoTurn]) -> list[_Live]:
+           split: str, max_context: int, demonstration: bool) -> list[_Live]:
     """Reset an env for each new episode and lay out its opening prompt."""
     envs = [pool.acquire() for _ in started]
     firsts = pool.reset_many([(env, task) for env, (_, _, task) in zip(envs, started)])
@@ -161,7 +166,7 @@ def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tupl
         observation = first.text or EMPTY_OBSERVATION
         # the first user message is the instruction plus the first observation (once: some envs repeat it)
         user = observation if first.instruction in observation else f"{first.instruction}\n\n{observation}"
-        demo = demonstration_messages(template, env, demonstration)
+        demo = demonstration_messages(template, env, env.demonstration) if demonstration else []
         ep.demo_messages = len(demo)
         messages = [{"role": "system", "content": template.system_prompt(env)}, *demo, {"role": "user", "content": user}]
         kwargs = template.chat_template_kwargs(env)
@@ -218,8 +223,9 @@ def _record_reply(state: _Live, reply: Generation | BaseException, template: Tem
     parsed: ParsedAction = template.parse(response, state.env)
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
     if parsed.action is None:
-        # the template's error already explains its format and the env's actions
-        reason = parsed.error or f"no action found in the reply.\n{state.env.action_help}"
+        reason = parsed.error or "no action found in the reply."
+        if state.env.action_help not in reason:  # react and xml errors name the env's actions already
+            reason = f"{reason}\n{state.env.action_help}"
         state.next_user = f"Your reply could not be parsed: {reason}"
         return False
     return True

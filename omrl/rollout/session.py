@@ -14,7 +14,6 @@ from typing import Any, Sequence
 from omrl import registry
 from omrl.backends import Backend, make_backend
 from omrl.data.trajectory import Episode
-from omrl.envs import DemoTurn
 from omrl.errors import OmrlError
 from omrl.rollout.loop import RolloutLimits, collect
 from omrl.rollout.pool import EnvPool
@@ -27,7 +26,7 @@ class RolloutSession:
 
     def __init__(self, pool: EnvPool, template: Template, tokenizer: Any, backend: Backend | None,
                  limits: RolloutLimits, reward_weights: dict[str, float] | None = None,
-                 plugin_options: dict[str, dict[str, Any]] | None = None, demonstration: Sequence[DemoTurn] = ()):
+                 plugin_options: dict[str, dict[str, Any]] | None = None, demonstration: bool = True):
         self.pool = pool
         self.template = template
         self.tokenizer = tokenizer
@@ -35,7 +34,7 @@ class RolloutSession:
         self.limits = limits
         self.reward_weights = dict(reward_weights or {})
         self.plugin_options = dict(plugin_options or {})
-        self.demonstration = tuple(demonstration)  # the env's worked example opening every chat, or ()
+        self.demonstration = demonstration  # open every chat with the env's worked example (if it has one)
         self.reward_summary: dict[str, float] = {}  # what compose_rewards returned for the last play
 
     @classmethod
@@ -54,14 +53,14 @@ class RolloutSession:
         pool = EnvPool(env_class, plugins.get(cfg.env.name, {}), name=cfg.env.name,
                        num_workers=cfg.env.num_workers)
         template = template_class(**plugins.get(cfg.env.template, {}))
-        demonstration = env_class.demonstration if cfg.env.demonstration else ()
         if tokenizer is None:
             tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
         if backend is None and not expert:
             backend = make_backend(cfg.generation.backend, tokenizer, cfg.generation, model=model,
                                    model_name=cfg.model.name, dtype=cfg.model.dtype, seed=cfg.seed)
         return cls(pool, template, tokenizer, backend, RolloutLimits.from_config(cfg.generation, cfg.env.max_turns),
-                   reward_weights=cfg.reward.weights, plugin_options=plugins, demonstration=demonstration)
+                   reward_weights=cfg.reward.weights, plugin_options=plugins,
+                   demonstration=cfg.env.demonstration)
 
     def task_ids(self, split: str, count: int) -> list[int]:
         """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""

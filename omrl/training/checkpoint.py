@@ -27,6 +27,7 @@ import os
 import random
 import re
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -250,22 +251,24 @@ def _load_model_weights(model: nn.Module, model_dir: Path, sharding: Any = None)
 
 
 def resume_checkpoint(output_dir: str | os.PathLike, config: dict[str, Any],
-                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME) -> Path:
-    """The checkpoint to resume from: the newest complete one, whose config must match ``config``."""
+                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME, defaults: dict[str, Any] | None = None) -> Path:
+    """The checkpoint to resume from: the newest complete one, whose config must match ``config``
+    (``defaults``: see :func:`check_same_config`)."""
     path = latest_checkpoint(output_dir)
     if path is None:
         raise CheckpointError(f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
                               "run without --resume to start fresh")
     saved = json.loads((path / "state.json").read_text())["config"]
-    check_same_config(saved, config, may_change)
+    check_same_config(saved, config, may_change, defaults)
     return path
 
 
-def resume_point(output_dir: str | os.PathLike, config: dict[str, Any], resume: bool) -> Path | None:
+def resume_point(output_dir: str | os.PathLike, config: dict[str, Any], resume: bool,
+                 defaults: dict[str, Any] | None = None) -> Path | None:
     """Where a recipe starts: with ``resume``, the checkpoint to continue from (see
     :func:`resume_checkpoint`); else None, refusing to start fresh over an earlier run's checkpoints."""
     if resume:
-        return resume_checkpoint(output_dir, config)
+        return resume_checkpoint(output_dir, config, defaults=defaults)
     if latest_checkpoint(output_dir) is not None:
         raise CheckpointError(f"{output_dir} holds checkpoints of an earlier run; pass --resume to continue it, "
                               "or choose another output_dir")
@@ -273,12 +276,20 @@ def resume_point(output_dir: str | os.PathLike, config: dict[str, Any], resume: 
 
 
 def check_same_config(saved: dict[str, Any], current: dict[str, Any],
-                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME) -> None:
-    """Raise naming every key (outside ``may_change``) whose value differs between the configs."""
+                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME, defaults: dict[str, Any] | None = None) -> None:
+    """Raise naming every key (outside ``may_change``) whose value differs between the configs.
+
+    An option the saved run did not have yet (a newer omrl added it) only warns when it is at its
+    value in ``defaults``: the run can go on, and the user learns what it now uses."""
     allowed = tuple(may_change)
     old, new = _flatten(saved), _flatten(json.loads(json.dumps(current, default=str)))
+    default = _flatten(json.loads(json.dumps(defaults or {}, default=str)))
+    added = sorted(k for k in set(new) - set(old) if k in default and default[k] == new[k])
+    if added:
+        warnings.warn(f"resuming a run made before omrl had the option(s) {', '.join(added)}: they take their "
+                      f"defaults ({', '.join(f'{k}={new[k]!r}' for k in added)})", stacklevel=2)
     differ = [k for k in sorted(set(old) | set(new))
-              if old.get(k, "<absent>") != new.get(k, "<absent>")
+              if k not in added and old.get(k, "<absent>") != new.get(k, "<absent>")
               and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in allowed)]
     if differ:
         details = "; ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in differ)

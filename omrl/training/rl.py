@@ -73,7 +73,8 @@ class RLRecipe:
         cfg = self.cfg
         self._check_config()
         self.config_dict = to_dict(cfg)
-        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, self.cfg.resume)
+        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, self.cfg.resume,
+                                       defaults=to_dict(type(cfg)()))
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)

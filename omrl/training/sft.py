@@ -63,7 +63,8 @@ class SftRecipe:
         if cfg.num_train_epochs <= 0:
             raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
         self.config_dict = to_dict(cfg)
-        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, self.cfg.resume)
+        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, self.cfg.resume,
+                                       defaults=to_dict(type(cfg)()))
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)

@@ -50,7 +50,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from omrl.envs import Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
+from omrl.envs import DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl_plugins.envs.agentgym_http import HttpTransport, ServerFailure, ServerRefused, snippet
@@ -219,6 +219,13 @@ class AgentGymEnv(Env):
         if self._self_describing:
             return str(self._described().get("action_help") or self._spec.action_help)
         return self._spec.action_help
+
+    @property
+    def demonstration(self) -> tuple[DemoTurn, ...]:  # type: ignore[override]
+        """An omrl server's worked example (GET /tasks); AgentGym's own servers have none."""
+        if self._self_describing:
+            return tuple(DemoTurn(*turn) for turn in self._described().get("demonstration") or ())
+        return ()
 
     @property
     def max_turns(self) -> int:  # type: ignore[override]

@@ -11,7 +11,7 @@ import pytest
 from fastapi import Body, FastAPI, Query
 from fastapi.responses import PlainTextResponse
 
-from omrl.envs import Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
+from omrl.envs import DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl.serve import background_server, create_app
@@ -25,6 +25,7 @@ class CounterEnv(Env):
 
     action_help = "up or submit"
     max_turns = 9
+    demonstration = (DemoTurn("The counter shows 0.", "Count to 1.", "up"),)
 
     def __init__(self, start: int = 0):
         self.start = start
@@ -96,6 +97,7 @@ def test_plays_served_env_to_a_win_with_its_expert(counter_url):
         assert env.splits == ("train", "test")
         assert env.split_of("train") == range(0, 8) and env.split_of("test") == [8, 9, 10, 11]
         assert env.action_help == "up or submit" and env.max_turns == 9
+        assert env.demonstration == CounterEnv.demonstration  # the served env's worked example travels too
         first = env.reset(9)
         assert first.text == "The counter shows 0." and first.instruction == "Count to 3, then submit."
         assert env.admissible_actions() == ["up", "submit"]

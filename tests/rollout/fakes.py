@@ -64,7 +64,7 @@ class ActionTemplate(Template):
         text = response.strip()
         if text.startswith("Action:") and text[len("Action:"):].strip():
             return ParsedAction(text[len("Action:"):].strip(), True)
-        return ParsedAction(None, False, error=f"the reply must start with `Action:`. {env.action_help}")
+        return ParsedAction(None, False, error="the reply must start with `Action:`")
 
     def format_action(self, action: str, env: Env, thought: str = "") -> str:
         return f"Action: {action}"

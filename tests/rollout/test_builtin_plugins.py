@@ -59,7 +59,7 @@ def test_webshop_chats_open_with_its_worked_example_unless_turned_off():
         cfg = command_line_config(RolloutRunConfig, ["env.name=webshop", "model.name=tiny",
                                                      f"env.demonstration={flag}"], {})
         with RolloutSession.from_config(cfg, expert=True) as session:
-            assert session.demonstration == expected
+            assert session.demonstration is (flag == "true")
             (ep,) = session.play(session.task_ids("test", 1), split="test", expert=True)
         assert ep.won and ep.demo_messages == 2 * len(expected)
         assert ep.messages[1]["content"] == (expected[0].observation if expected else ep.turns[0].observation)

@@ -27,11 +27,10 @@ def open_then_take(call: int, index: int) -> str:
     return ["Action: open", "Action: take key"][call]
 
 
-def run(tokenizer, backend, tasks=(0,), group_size=1, env_class=KeyEnv, options=None, demonstration=(), **limits):
+def run(tokenizer, backend, tasks=(0,), group_size=1, env_class=KeyEnv, options=None, template=None, **limits):
     pool = EnvPool(env_class, options, name="keys")
-    episodes = collect(pool, ActionTemplate(), tokenizer, list(tasks), backend=backend, group_size=group_size,
-                       limits=RolloutLimits(**{"max_new_tokens": 24, "max_context": 1024, **limits}),
-                       demonstration=demonstration)
+    episodes = collect(pool, template or ActionTemplate(), tokenizer, list(tasks), backend=backend,
+                       group_size=group_size, limits=RolloutLimits(**{"max_new_tokens": 24, "max_context": 1024, **limits}))
     return episodes, pool
 
 
@@ -112,7 +111,7 @@ def test_unparsable_reply_does_not_step_the_env_and_explains_the_format(tiny_tok
     assert "must start with `Action:`" in bad.parse_error
     feedback = ep.messages[3]
     assert feedback["role"] == "user" and bad.parse_error in feedback["content"]
-    assert feedback["content"].count(KeyEnv.action_help) == 1  # the template's error already names the actions
+    assert feedback["content"].count(KeyEnv.action_help) == 1
     assert ep.turns[1].observation == feedback["content"]
     assert ep.won and ep.num_turns == 3
     assert pool.probe().steps == 2  # the unparsable turn never reached the env
@@ -191,13 +190,25 @@ def test_parquet_round_trip_of_real_rollout_output(tiny_hf, tmp_path):
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
 
 
-DEMO = (DemoTurn("Chest 99 is locked.", "Open it first.", "open"),
-        DemoTurn("Chest 99 is open; a key glints inside.", "Now the key.", "take key"))
+class DemoKeyEnv(KeyEnv):
+    """KeyEnv with a worked example of another chest."""
+
+    demonstration = (DemoTurn("Chest 99 is locked.", "Open it first.", "open"),
+                     DemoTurn("Chest 99 is open; a key glints inside.", "Now the key.", "take key"))
+
+
+def test_a_template_error_that_names_the_actions_is_not_followed_by_them_again(tiny_tokenizer):
+    from omrl_plugins.templates.react import ReactTemplate
+
+    backend = scripted(tiny_tokenizer, [["I will open it."], ["Think: ok\nAct: open"], ["Think: ok\nAct: take key"]])
+    (ep,), _ = run(tiny_tokenizer, backend, template=ReactTemplate())
+    assert ep.won and KeyEnv.action_help in ep.turns[0].parse_error
+    assert ep.messages[3]["content"].count(KeyEnv.action_help) == 1
 
 
 def test_a_demonstration_opens_the_chat_masked_out_and_stays_out_of_sft_records(tiny_tokenizer):
     backend = scripted(tiny_tokenizer, open_then_take)
-    (ep,), _ = run(tiny_tokenizer, backend, demonstration=DEMO)
+    (ep,), _ = run(tiny_tokenizer, backend, env_class=DemoKeyEnv)
     assert ep.won and ep.demo_messages == 4
     assert [m["role"] for m in ep.messages[:6]] == ["system", "user", "assistant", "user", "assistant", "user"]
     assert ep.messages[2]["content"] == ActionTemplate().format_action("open", KeyEnv()) == "Action: open"
@@ -211,3 +222,23 @@ def test_a_demonstration_opens_the_chat_masked_out_and_stays_out_of_sft_records(
     record = episode_to_record(ep)
     assert [m["content"] for m in record["conversations"]] == [m["content"] for m in ep.messages[:1] + ep.messages[5:]]
     assert not any("99" in m["content"] for m in record["conversations"])
+
+
+def test_the_readable_jsonl_of_a_rollout_with_a_demonstration_trains_without_it(tiny_tokenizer, tmp_path):
+    from omrl.datasets import load_conversations
+    from omrl.rollout.convert import write_jsonl
+
+    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=DemoKeyEnv)
+    write_jsonl([ep], tmp_path / "r.jsonl")
+    (conv,) = load_conversations(tmp_path / "r.jsonl")
+    assert [m["content"] for m in conv.messages] == [m["content"] for m in ep.messages[:1] + ep.messages[5:]]
+
+
+def test_a_template_that_cannot_write_the_worked_example_names_the_option_to_turn_it_off(tiny_tokenizer):
+    class TwoArgumentTemplate(ActionTemplate):
+        def format_action(self, action, env):  # an older plugin's signature, without the thought
+            return f"Action: {action}"
+
+    with pytest.raises(OmrlError, match=r"cannot write DemoKeyEnv's worked example .*set env.demonstration=false"):
+        run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=DemoKeyEnv,
+            template=TwoArgumentTemplate())

@@ -112,3 +112,14 @@ def test_resume_refuses_a_different_config_naming_the_keys(tmp_path, trained):
     assert ckpt.resume_checkpoint(tmp_path, same).name == "step-00000001"
     with pytest.raises(ckpt.CheckpointError, match="nothing to resume"):
         ckpt.resume_checkpoint(tmp_path / "elsewhere", same)
+
+
+def test_an_option_newer_than_the_checkpoint_warns_at_its_default_and_refuses_otherwise(tmp_path, trained):
+    _save(tmp_path, trained, 1)  # saved config: {"seed": 0, "optim": {"lr": 1.0}}
+    defaults = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": True}}
+    newer = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": True}}
+    with pytest.warns(UserWarning, match=r"before omrl had the option\(s\) env.demonstration: .*env.demonstration=True"):
+        assert ckpt.resume_checkpoint(tmp_path, newer, defaults=defaults).name == "step-00000001"
+    changed = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": False}}
+    with pytest.raises(ckpt.CheckpointError, match="env.demonstration: '<absent>' -> False"):
+        ckpt.resume_checkpoint(tmp_path, changed, defaults=defaults)
