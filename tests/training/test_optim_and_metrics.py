@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import pytest
 import torch
@@ -87,6 +88,9 @@ def test_metrics_go_to_wandb_and_a_resumed_run_continues_the_same_wandb_run(tmp_
         logger.log(1, {"loss": 0.5})
         first_id = logger._wandb.id
         assert dict(logger._wandb.config) == {"seed": 3}
+    # wandb names an offline run's directory by the second it starts: resume in a later second, or
+    # both sessions would share one directory (and one run file)
+    time.sleep(1.05 - time.time() % 1)
     with MetricsLogger(tmp_path, cfg, total_steps=2, start_step=1, console=quiet) as logger:
         logger.log(2, {"loss": 0.25})
         assert logger._wandb.id == first_id  # the id kept in wandb_run_id
