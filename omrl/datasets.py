@@ -78,6 +78,11 @@ def load_conversations(path: str | os.PathLike, min_reward: float = float("-inf"
     return conversations
 
 
+def without_demonstration(messages: list[dict[str, str]], count: int) -> list[dict[str, str]]:
+    """``messages`` less the ``count`` messages of a worked example that follow the system prompt."""
+    return messages[:1] + messages[1 + count:]
+
+
 def record_to_conversation(row: Any, source: str) -> Conversation:
     """Validate one record and normalise its messages to ``{"role", "content"}``."""
     if not isinstance(row, dict):
@@ -93,7 +98,7 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
     demo = row.get("demo_messages") or 0  # an omrl rollout's JSONL: the env's worked example is not this episode
     if not isinstance(demo, int) or demo < 0 or demo >= len(messages):
         raise DatasetFormatError(f"{source}: 'demo_messages' must be a count of messages after the first, got {demo!r}")
-    messages = messages[:1] + messages[1 + demo:]
+    messages = without_demonstration(messages, demo)
     if not any(m["role"] == "assistant" for m in messages):
         raise DatasetFormatError(f"{source}: has no assistant ('assistant' or 'gpt') message to learn from")
     meta = {k: v for k, v in row.items() if k not in (key, "id", "demo_messages")}
@@ -227,7 +232,7 @@ def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
 def episode_to_record(episode: Episode) -> dict[str, Any]:
     """An OpenManus-RL conversation record of one episode, with its reward and outcome. A worked
     example that opened the chat is left out: it is not this episode, and SFT must not learn it again."""
-    messages = episode.messages[:1] + episode.messages[1 + episode.demo_messages:]
+    messages = without_demonstration(episode.messages, episode.demo_messages)
     return {
         "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}",
         "conversations": [{"role": m["role"], "content": m["content"]} for m in messages],

@@ -10,7 +10,8 @@ Any AgentGym-style client can then play it, and so can omrl's own ``agentgym`` e
   "won", "available_actions"}``.
 - ``GET /observation?id=`` -> the last observation (a string); ``GET /list_envs`` -> live ids.
 - omrl extensions: ``GET /tasks`` -> ``{"env", "splits": {name: size}, "action_help",
-  "max_turns", "demonstration": [[observation, thought, action], ...]}``; ``GET /tasks?split=`` -> ``{"split", "task_ids": [...]}`` or, for a
+  "max_turns", "demonstration": [[observation, thought, action], ...]}``;
+  ``GET /tasks?split=`` -> ``{"split", "task_ids": [...]}`` or, for a
   range of ids, ``{"split", "range": [start, stop, step]}``; ``GET /expert_action?id=``
   -> ``{"action"}``; ``GET /available_actions?id=``.
 
