@@ -30,7 +30,7 @@ MIB = 2**20
 
 def local_bytes(tensor) -> int:
     """Bytes this process holds for ``tensor`` (its shard when it is an FSDP DTensor or a ZeRO-3 parameter)."""
-    from omrl.training import fsdp
+    from omrl.parallel import fsdp
 
     local = tensor.to_local() if fsdp.is_sharded(tensor) else getattr(tensor, "ds_tensor", tensor)
     return local.numel() * local.element_size()

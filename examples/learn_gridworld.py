@@ -109,8 +109,8 @@ def grpo_stage(model: Path, out: Path, budget: Budget, seed: int, reward: str = 
     return run_rl(load_config(TrainRunConfig, "grpo", [
         f"model.name={model}", *ENV, *GENERATION, f"logging.output_dir={out}", "logging.tensorboard=false",
         f"steps={budget.grpo_steps}", f"tasks_per_step={budget.tasks_per_step}", f"group_size={budget.group_size}",
-        f"mini_batch_size={budget.mini_batch_size}", f"ppo_epochs={budget.ppo_epochs}", f"kl_coef={budget.kl_coef}",
-        f"advantage={budget.advantage}", f"algorithm.gamma={budget.gamma}", f"eval_every={budget.eval_every}",
+        f"mini_batch_size={budget.mini_batch_size}", f"ppo_epochs={budget.ppo_epochs}", f"algorithm.kl_coef={budget.kl_coef}",
+        f"algorithm.advantage={budget.advantage}", f"algorithm.gamma={budget.gamma}", f"eval_every={budget.eval_every}",
         f"eval_tasks={budget.eval_tasks}", "eval_temperature=1.0", f"eval_samples_per_task={budget.eval_samples}",
         f"reward.weights={reward}", f"optim.learning_rate={budget.grpo_learning_rate}", "optim.micro_batch_size=16",
         "algorithm.loss_agg_mode=seq-mean-token-mean", "generation.temperature=1.0", f"seed={seed}", *overrides]),

@@ -4,7 +4,7 @@ Every function of one kind has one signature, so the training recipe calls any
 of them the same way:
 
 - ``advantage``:   ``fn(data: AdvantageInput, cfg: AlgoConfig) -> (advantages, returns)``,
-  both (bs, T) and zero where ``response_mask`` is 0.
+  both (bs, T) and zero where ``loss_mask`` is 0.
 - ``policy_loss``: ``fn(data: PolicyLossInput, cfg: AlgoConfig) -> (loss, metrics)``,
   ``loss`` a scalar tensor, ``metrics`` a dict of floats.
 - ``kl``:          ``fn(log_probs, ref_log_probs) -> kl`` elementwise, (bs, T) -> (bs, T).
@@ -15,19 +15,39 @@ sequence, ``K`` the most turns in any row.
 
 from __future__ import annotations
 
+import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from omrl.errors import ConfigError
+from omrl.errors import ConfigError, OmrlError
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 
 
+RECIPES = ("grpo", "ppo", "dpo")
+
+
 @dataclass
 class AlgoConfig:
-    """Hyper-parameters the algorithm functions read."""
+    """The ``algorithm`` section: which recipe and plugins train, and every hyper-parameter of
+    their maths. Algorithm functions receive it whole and read what they need."""
 
+    name: str = field(default="grpo", metadata={"help": f"Training recipe: {', '.join(RECIPES)} (--algo)."})
+    advantage: str = field(default="grpo", metadata={
+        "help": "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, gigpo (`omrl plugins`)."})
+    policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: ppo_clip, dual_clip, clip_higher."})
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2, k3."})
+    kl_coef: float = field(default=0.0, metadata={
+        "help": "KL to the reference model; 0 turns it off (and skips the reference)."})
+    kl_in_reward: bool = field(default=False, metadata={"help": "Put the KL penalty in the reward instead of the loss."})
+    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus."})
+    value_coef: float = field(default=0.5, metadata={"help": "PPO: value-loss weight."})
+    value_clip: float = field(default=0.2, metadata={"help": "PPO: value clipping range (0 turns clipping off)."})
+    critic: str = field(default="head", metadata={
+        "help": "PPO critic: head (a value head on the policy's backbone) or model (separate copy)."})
+    dpo_beta: float = field(default=0.1, metadata={"help": "DPO beta."})
     gamma: float = field(default=1.0, metadata={"help": "Discount per token (gae) or per turn (gigpo)."})
     lam: float = field(default=1.0, metadata={"help": "GAE lambda."})
     norm_adv_by_std: bool = field(default=True, metadata={"help": "GRPO: divide by the group's std (Dr. GRPO: no)."})
@@ -44,7 +64,7 @@ class AdvantageInput:
     """What an advantage estimator may read. Shapes in brackets.
 
     token_rewards  [bs, T]  reward placed on response tokens (allocation and any KL-in-reward applied)
-    response_mask  [bs, T]  1 on model-generated tokens, 0 elsewhere
+    loss_mask      [bs, T]  1 on model-generated tokens (the ones trained on), 0 elsewhere
     group_ids      [bs]     rows with equal ids are samples of the same task
     values         [bs, T]  critic values (gae only), else None
     turn_index     [bs, T]  index of the model turn each token belongs to, -1 elsewhere
@@ -53,12 +73,17 @@ class AdvantageInput:
     """
 
     token_rewards: torch.Tensor
-    response_mask: torch.Tensor
+    loss_mask: torch.Tensor
     group_ids: torch.Tensor
     values: torch.Tensor | None = None
     turn_index: torch.Tensor | None = None
     turn_rewards: torch.Tensor | None = None
     turn_state_ids: torch.Tensor | None = None
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        """Deprecated name of :attr:`loss_mask` (omrl 0.1), kept for plugins written against it."""
+        return _renamed("AdvantageInput.response_mask", "loss_mask", self.loss_mask)
 
 
 @dataclass
@@ -68,7 +93,17 @@ class PolicyLossInput:
     log_probs: torch.Tensor
     old_log_probs: torch.Tensor
     advantages: torch.Tensor
-    response_mask: torch.Tensor
+    loss_mask: torch.Tensor
+
+    @property
+    def response_mask(self) -> torch.Tensor:
+        """Deprecated name of :attr:`loss_mask` (omrl 0.1), kept for plugins written against it."""
+        return _renamed("PolicyLossInput.response_mask", "loss_mask", self.loss_mask)
+
+
+def _renamed(old: str, new: str, value):
+    warnings.warn(f"{old} is deprecated; read .{new} (the same tensor)", DeprecationWarning, stacklevel=3)
+    return value
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -96,3 +131,46 @@ def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.T
     if mode == "seq-mean-token-mean":
         return (masked_mean(loss, mask, dim=-1) * has_tokens).sum() / n_seq
     raise ConfigError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+
+
+# -- input checks every algorithm function runs first: a wrong shape would otherwise broadcast
+# silently into a wrong loss ----------------------------------------------------------------------
+
+def require_same_shape(fn_name: str, ndim: int, **tensors: torch.Tensor) -> None:
+    """Every tensor has ``ndim`` dimensions and the shape of the first one."""
+    names = list(tensors)
+    first = tensors[names[0]]
+    for name, tensor in tensors.items():
+        if tensor.dim() != ndim or tensor.shape != first.shape:
+            raise OmrlError(
+                f"{fn_name}: {name} has shape {tuple(tensor.shape)}, but {', '.join(names)} "
+                f"must all have one {ndim}-d shape (the shape of {names[0]}: {tuple(first.shape)})"
+            )
+
+
+def require_present(fn_name: str, **tensors: torch.Tensor | None) -> None:
+    """Optional inputs that this function needs are set."""
+    missing = [name for name, tensor in tensors.items() if tensor is None]
+    if missing:
+        raise OmrlError(f"{fn_name} needs AdvantageInput.{', '.join(missing)}; it was None")
+
+
+def require_range(cfg: AlgoConfig, name: str, low: float, high: float = math.inf,
+                  low_inclusive: bool = True) -> float:
+    """``cfg.<name>`` lies in [low, high] (or (low, high] when not ``low_inclusive``)."""
+    value = getattr(cfg, name)
+    above_low = value >= low if low_inclusive else value > low
+    if not (above_low and value <= high):
+        if math.isinf(high):
+            valid = f"{'>=' if low_inclusive else '>'} {low}"
+        else:
+            valid = f"in {'[' if low_inclusive else '('}{low}, {high}]"
+        raise ConfigError(f"algorithm.{name} must be {valid}, got {value}")
+    return value
+
+
+def require_agg_mode(mode: str) -> str:
+    """A loss aggregation mode that :func:`omrl.algos.aggregate_loss` knows."""
+    if mode not in LOSS_AGG_MODES:
+        raise ConfigError(f"algorithm.loss_agg_mode {mode!r} is unknown; valid: {', '.join(LOSS_AGG_MODES)}")
+    return mode

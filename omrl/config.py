@@ -1,11 +1,16 @@
 """Typed configs: dataclasses with a help text per field, YAML presets, dotted overrides.
 
-    cfg = load_config(TrainConfig, "grpo", ["algo.gamma=0.99", "model.name=tiny"])
+    cfg = load_config(TrainRunConfig, "grpo", ["algorithm.gamma=0.99", "model.name=tiny"])
+
+Every command builds its config one way (:func:`command_line_config`): the class's
+defaults, then a preset, then ``key=value`` overrides, then the command's flags; a flag
+and an override that set one key to different values are refused.
 
 A preset is a name in ``configs/`` (shipped with omrl) or a path to a YAML file.
-An unknown key or a wrong type raises ConfigError with the key's dotted path and
-a suggestion. Plugin options live in the free-form ``plugins`` block, keyed by
-plugin name: ``plugins.webshop.items_path=/data/items.json``.
+An unknown key, a duplicate key or a wrong type raises ConfigError with the key's
+dotted path and a suggestion. Keys a config class renamed (its ``renamed_keys``, old
+dotted key -> new) are still read, with a warning. Plugin options live in the
+free-form ``plugins`` block, keyed by plugin name: ``plugins.webshop.items_path=/data/items.json``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -22,6 +28,7 @@ import yaml
 from omrl.errors import ConfigError
 
 T = TypeVar("T")
+_MISSING = object()
 PRESETS_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
@@ -49,12 +56,89 @@ def read_preset(preset: str | Path) -> dict[str, Any]:
     elif not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_StrictLoader) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of keys to values, got {type(data).__name__}")
     return data
+
+
+class DeprecatedKeyWarning(FutureWarning):
+    """A config key that was renamed: it still works, under its new name."""
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def renamed_path(cls: type, path: list[str]) -> list[str]:
+    """``path`` under its current name (``cls.renamed_keys`` lists old dotted keys -> new)."""
+    old = ".".join(path)
+    for before, after in getattr(cls, "renamed_keys", {}).items():
+        if old == before or old.startswith(before + "."):
+            return (after + old[len(before):]).split(".")
+    return path
+
+
+def warn_renamed(renamed: dict[str, str], source: str) -> None:
+    """One warning naming every renamed key ``source`` used (old -> new)."""
+    if renamed:
+        pairs = ", ".join(f"{old} -> {new}" for old, new in renamed.items())
+        warnings.warn(f"{source} uses config keys that were renamed ({pairs}); the old names still work for now",
+                      DeprecatedKeyWarning, stacklevel=3)
+
+
+def upgrade_keys(cls: type, data: dict[str, Any], source: str, warn: bool = True) -> dict[str, Any]:
+    """``data`` (a preset's or a checkpoint's mapping) with renamed keys moved to their new names;
+    an old and a new key that disagree raise ConfigError."""
+    out = copy_mappings(data)
+    moved: dict[str, str] = {}
+    for before, after in getattr(cls, "renamed_keys", {}).items():
+        value = get_path(out, before.split("."))
+        if value is _MISSING:
+            continue
+        current = get_path(out, after.split("."))
+        if current is not _MISSING and current != value:
+            raise ConfigError(f"{source}: {before}={value!r} and {after}={current!r} disagree; give {after} only")
+        _pop_path(out, before.split("."))
+        set_path(out, after.split("."), value)
+        moved[before] = after
+    if warn:
+        warn_renamed(moved, source)
+    return out
+
+
+def copy_mappings(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of nested mappings (values themselves are shared)."""
+    return {k: copy_mappings(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+def get_path(data: dict[str, Any], path: list[str]) -> Any:
+    """The value at a dotted ``path`` of nested mappings, or ``_MISSING``."""
+    node: Any = data
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _pop_path(data: dict[str, Any], path: list[str]) -> None:
+    node = data
+    for part in path[:-1]:
+        node = node[part]
+    del node[path[-1]]
 
 
 def split_preset(preset: str | None, overrides: list[str] | None) -> tuple[str | None, list[str]]:
@@ -112,15 +196,35 @@ def load_config(cls: type[T], preset: str | Path | None = None, overrides: list[
                 values: dict[str, Any] | None = None) -> T:
     """Build ``cls`` from its defaults, then the preset, then ``key=value`` overrides, then ``values``.
 
-    ``values`` maps dotted keys to already typed values (command-line flags).
+    ``values`` maps dotted keys to already typed values (command-line flags); one that an
+    override sets to something else is refused (which of the two was meant is not clear).
     """
     data = read_preset(preset) if preset else {}
     command = getattr(cls, "__dataclass_fields__", {}).get("command")
     if command is not None and data.get("command", command.default) != command.default:
         raise ConfigError(f"preset {str(preset)!r} is for `omrl {data['command']}`, not `omrl {command.default}`")
+    data = upgrade_keys(cls, data, f"preset {str(preset)!r}")
+    given: dict[str, Any] = {}
+    renamed: dict[str, str] = {}
     for path, value in parse_overrides(overrides or []):
-        set_path(data, path, value)
-    for key, value in (values or {}).items():
+        new_path = renamed_path(cls, path)
+        if new_path != path:
+            renamed[".".join(path)] = ".".join(new_path)
+        set_path(data, new_path, value)
+        given[".".join(new_path)] = value
+    warn_renamed(renamed, "the command line")
+    flags = {".".join(renamed_path(cls, key.split("."))): value for key, value in (values or {}).items()}
+    both = [key for key in flags if key in given]
+    if both:  # compare as the config reads them (an override is YAML text: 1e-3 is a string there)
+        typed = from_dict(cls, {k: v for k, v in data.items() if k != "preset"})
+        for key in both:
+            value = typed
+            for part in key.split("."):
+                value = value[part] if isinstance(value, dict) else getattr(value, part)
+            if value != flags[key]:
+                raise ConfigError(f"the override {key}={given[key]!r} and the flag for {key} ({flags[key]!r}) "
+                                  "disagree; give one of them")
+    for key, value in flags.items():
         set_path(data, key.split("."), value)
     data.pop("preset", None)
     return from_dict(cls, data)

@@ -6,7 +6,7 @@ Every field has a help text (``omrl config keys train`` prints them all).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omrl.algos import AlgoConfig
 
@@ -142,10 +142,17 @@ class SftRunConfig:
 class TrainRunConfig:
     """`omrl train`: online RL (grpo, ppo, dpo) in an env."""
 
+    # keys of omrl 0.1 -> where they live now (still read, with a warning)
+    renamed_keys: ClassVar[dict[str, str]] = {
+        key: f"algorithm.{new}" for key, new in (
+            ("algo", "name"), ("advantage", "advantage"), ("policy_loss", "policy_loss"),
+            ("kl_estimator", "kl_estimator"), ("kl_coef", "kl_coef"), ("kl_in_reward", "kl_in_reward"),
+            ("entropy_coef", "entropy_coef"), ("value_coef", "value_coef"), ("value_clip", "value_clip"),
+            ("critic", "critic"), ("dpo_beta", "dpo_beta"))}
+
     command: str = opt("train", "Which command this config is for.")
     description: str = opt("", "One line about this preset.")
     seed: int = opt(0, "Random seed.")
-    algo: str = opt("grpo", "Training algorithm: grpo, ppo, dpo.")
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -153,8 +160,6 @@ class TrainRunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/train"))
     algorithm: AlgoConfig = field(default_factory=AlgoConfig)
-    advantage: str = opt("grpo", "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, gigpo.")
-    policy_loss: str = opt("ppo_clip", "Policy loss: ppo_clip, dual_clip, clip_higher.")
     steps: int = opt(4, "RL steps (rollout + update each).")
     tasks_per_step: int = opt(2, "Tasks per rollout step.")
     train_tasks: int = opt(0, "Train on only the first N tasks of env.split (0: all of them).")
@@ -162,14 +167,6 @@ class TrainRunConfig:
     ppo_epochs: int = opt(1, "Passes over each rollout batch.")
     mini_batch_size: int = opt(0, "Episodes per optimizer step; each pass over the rollout takes "
                                   "ceil(episodes / mini_batch_size) steps (0: one step for the whole rollout).")
-    kl_coef: float = opt(0.0, "KL to the reference model; 0 turns it off (and skips the reference).")
-    kl_estimator: str = opt("k3", "KL estimator: k1, k2, k3.")
-    kl_in_reward: bool = opt(False, "Put the KL penalty in the reward instead of the loss.")
-    entropy_coef: float = opt(0.0, "Entropy bonus.")
-    value_coef: float = opt(0.5, "PPO: value-loss weight.")
-    value_clip: float = opt(0.2, "PPO: value clipping range (0 turns clipping off).")
-    critic: str = opt("head", "PPO critic: head (a value head on the policy's backbone) or model (separate copy).")
-    dpo_beta: float = opt(0.1, "DPO beta.")
     eval_every: int = opt(0, "Evaluate on the test split every N steps (0: at the end only).")
     eval_tasks: int = opt(10, "Test tasks per evaluation.")
     eval_temperature: float = opt(0.0, "Sampling temperature of evaluations (0: greedy).")

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -72,3 +73,15 @@ def test_config_show_prints_the_resolved_config():
     result = omrl("config", "show", "grpo", "model.name=tiny", "group_size=8")
     assert result.returncode == 0, result.stderr
     assert "name: tiny" in result.stdout and "group_size: 8" in result.stdout
+
+
+def test_data_convert_refuses_to_write_over_its_own_source(tmp_path, capsys):
+    from omrl.cli import main
+
+    source = tmp_path / "episodes.jsonl"
+    source.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    before = source.read_bytes()
+    with pytest.raises(SystemExit) as info:
+        main(["data", "convert", str(source), str(tmp_path / "." / "episodes.jsonl")])
+    assert info.value.code == 2 and "is the source itself" in capsys.readouterr().err
+    assert source.read_bytes() == before

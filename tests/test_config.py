@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omrl.config import describe, load_config, parse_overrides, preset_names, read_preset
+from omrl.config import DeprecatedKeyWarning, describe, load_config, parse_overrides, preset_names, read_preset
 from omrl.errors import ConfigError
 from omrl.options import CONFIG_CLASSES, TrainRunConfig
 
@@ -88,8 +88,35 @@ def test_a_preset_for_another_command_is_refused():
 
 
 def test_typed_values_apply_last():
-    cfg = load_config(TrainRunConfig, "grpo", ["steps=3"], {"steps": 7, "logging.output_dir": "/tmp/a: b"})
-    assert cfg.steps == 7 and cfg.logging.output_dir == "/tmp/a: b"
+    cfg = load_config(TrainRunConfig, "grpo", ["steps=7"], {"steps": 7, "logging.output_dir": "/tmp/a: b"})
+    assert cfg.steps == 7 and cfg.logging.output_dir == "/tmp/a: b"  # over the preset's steps: 2
+
+
+def test_a_flag_and_an_override_that_disagree_are_refused():
+    with pytest.raises(ConfigError, match=r"the override steps=3 and the flag for steps \(7\) disagree"):
+        load_config(TrainRunConfig, "grpo", ["steps=3"], {"steps": 7})
+    with pytest.raises(ConfigError, match=r"override algorithm.name='ppo' and the flag for algorithm.name \('grpo'\)"):
+        load_config(TrainRunConfig, "grpo", ["algo=ppo"], {"algorithm.name": "grpo"})  # old key, same setting
+
+
+def test_renamed_keys_still_work_with_one_warning(tmp_path):
+    preset = tmp_path / "old.yaml"
+    preset.write_text("command: train\nalgo: ppo\nadvantage: gae\nkl_coef: 0.1\nalgorithm: {gamma: 0.9}\n")
+    with pytest.warns(DeprecatedKeyWarning, match="algo -> algorithm.name, advantage -> algorithm.advantage") as seen:
+        cfg = load_config(TrainRunConfig, preset)
+    assert len(seen) == 1
+    assert (cfg.algorithm.name, cfg.algorithm.advantage, cfg.algorithm.kl_coef, cfg.algorithm.gamma) == \
+        ("ppo", "gae", 0.1, 0.9)
+    preset.write_text("command: train\nalgo: ppo\nalgorithm: {name: grpo}\n")
+    with pytest.raises(ConfigError, match="algo='ppo' and algorithm.name='grpo' disagree; give algorithm.name only"):
+        load_config(TrainRunConfig, preset)
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_refused(tmp_path):
+    preset = tmp_path / "twice.yaml"
+    preset.write_text("command: train\nsteps: 3\nsteps: 5\n")
+    with pytest.raises(ConfigError, match="the key 'steps' is given twice"):
+        load_config(TrainRunConfig, preset)
 
 
 def test_setting_one_key_keeps_the_sections_own_defaults():

@@ -6,8 +6,12 @@ line and exit with status 2; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
+from typing import Callable, TypeVar
+
+import click
 
 import typer
 from rich.console import Console
@@ -23,6 +27,7 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 err_console = Console(stderr=True)
+T = TypeVar("T")
 
 
 def _version(value: bool) -> None:
@@ -41,23 +46,10 @@ def root(
 
 
 def _add_builtin_commands() -> None:
-    from omrl.cli import config_cmd, plugins_cmd
+    from omrl.cli import (config_cmd, data_cmd, env_cmd, eval_cmd, plugins_cmd, rollout_cmd, sft_cmd,
+                          train_cmd)
 
-    for module in (plugins_cmd, config_cmd):
-        module.add_to(app)
-
-
-def _optional_command_modules() -> None:
-    """Commands whose modules arrive with later work register here when present."""
-    import importlib
-
-    for name in ("env_cmd", "rollout_cmd", "eval_cmd", "sft_cmd", "train_cmd", "data_cmd"):
-        try:
-            module = importlib.import_module(f"omrl.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"omrl.cli.{name}":
-                raise
-            continue
+    for module in (plugins_cmd, config_cmd, env_cmd, rollout_cmd, eval_cmd, sft_cmd, train_cmd, data_cmd):
         module.add_to(app)
 
 
@@ -68,18 +60,38 @@ def build_app() -> typer.Typer:
     from omrl.plugins import load_plugins
 
     _add_builtin_commands()
-    _optional_command_modules()
     load_plugins().hook.register_commands(cli=app)
     app._omrl_built = True
     return app
+
+
+# failures of the machine or the files, not of omrl: reported as such, with exit status 2
+WORLD_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+                errno.EACCES: "permission denied", errno.EROFS: "the file system is read-only",
+                errno.EIO: "an I/O error", errno.ENOMEM: "out of memory", errno.EMFILE: "too many open files"}
+
+
+def stop_on_interrupt(run: Callable[[], T], console: Console) -> T:
+    """``run()``; on Ctrl-C, print what was kept and how to resume (the recipes say it) and exit 130."""
+    try:
+        return run()
+    except KeyboardInterrupt as stop:
+        console.print(f"[yellow]{stop or 'interrupted'}[/]", highlight=False, soft_wrap=True)
+        raise typer.Exit(130) from stop
 
 
 def report_error(exc: BaseException, debug: bool) -> int:
     """Print one line for ``exc`` (or the traceback with --debug); return the exit status."""
     from omrl.errors import OmrlError
 
+    world = isinstance(exc, (OSError, MemoryError)) and (isinstance(exc, MemoryError) or exc.errno in WORLD_ERRNOS)
     if debug:
         err_console.print_exception()
+    elif world:
+        what = "out of memory" if isinstance(exc, MemoryError) else WORLD_ERRNOS[exc.errno]
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        err_console.print(f"[bold red]error:[/] {what}{where}: {exc}", highlight=False, soft_wrap=True)
+        return 2
     elif isinstance(exc, OmrlError):
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
     else:

@@ -22,13 +22,13 @@ def config_class_for(preset_data: dict):
 
 @config_app.command("show")
 def show(preset: str = typer.Argument(..., help="A preset name (see `omrl config list`) or a YAML path."),
-         overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. algo.gamma=0.99")) -> None:
+         overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. algorithm.gamma=0.99")) -> None:
     """Print the config that a preset plus overrides resolves to."""
-    from omrl.config import load_config, read_preset, to_yaml
+    from omrl.config import command_line_config, read_preset, to_yaml
 
     data = read_preset(preset)
     cls = config_class_for(data)
-    cfg = load_config(cls, preset, overrides or [])
+    cfg = command_line_config(cls, [preset, *(overrides or [])])
     Console().print(Syntax(f"# {data.get('command', 'train')} config\n" + to_yaml(cfg), "yaml"))
 
 

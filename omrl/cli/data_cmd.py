@@ -18,8 +18,14 @@ def convert(
     min_reward: float = typer.Option(float("-inf"), "--min-reward", help="Keep only records with reward >= this."),
 ) -> None:
     """Convert conversations (or rollout episodes) into OpenManus-RL or ShareGPT records."""
-    from omrl.datasets import load_conversations, reward_summary, write_conversations
+    from pathlib import Path
 
+    from omrl.datasets import load_conversations, reward_summary, write_conversations
+    from omrl.errors import OmrlError
+
+    if Path(target).exists() and Path(target).resolve() == Path(source).resolve():
+        raise OmrlError(f"{target} is the source itself: converting in place would replace it (rollout token ids and "
+                        "log-probs would be lost); write to another file")
     conversations = load_conversations(source, min_reward)
     write_conversations(conversations, target, style)
     typer.echo(f"wrote {reward_summary(conversations)} to {target}")

@@ -45,7 +45,7 @@ def rollout(
     from rich.console import Console
 
     from omrl.data import write_episodes
-    from omrl.errors import OmrlError
+    from omrl.errors import EnvFailure
     from omrl.evaluation import evaluate, metrics_table
     from omrl.config import command_line_config
     from omrl.options import RolloutRunConfig
@@ -65,8 +65,10 @@ def rollout(
         with bar:
             episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=cfg.seed,
                                     expert=cfg.use_expert, progress=progress)
-    if cfg.use_expert and all(ep.end_reason == "env_error" for ep in episodes):
-        raise OmrlError(f"the {cfg.env.name} expert failed on every task (nothing written): {episodes[0].error}")
+    if episodes and all(ep.end_reason == "env_error" for ep in episodes):
+        who = "expert" if cfg.use_expert else "env"
+        raise EnvFailure(f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reason: "
+                         f"{episodes[0].error}")
     parquet = write_episodes(episodes, cfg.output)
     readable = write_jsonl(episodes, jsonl_path_for(parquet))
     console.print(metrics_table(evaluate(episodes), title=f"rollout: {cfg.env.name}"))

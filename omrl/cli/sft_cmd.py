@@ -55,19 +55,19 @@ def sft(
     """Fine-tune a model on agent conversations (loss on the assistant's tokens only)."""
     from transformers.utils import logging as hf_logging
 
+    from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
     from omrl.options import SftRunConfig
-    from omrl.training.distributed import is_main_process
+    from omrl.parallel import is_main_process
     from omrl.training.sft import run_sft
 
-    flags = {name: value for name, value in locals().items() if name in FLAG_KEYS and value is not None}
-    cfg = command_line_config(SftRunConfig, args, {FLAG_KEYS[k]: v for k, v in flags.items()}, "sft")
+    flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
+    cfg = command_line_config(SftRunConfig, args, {**flags, "resume": True if resume else None}, "sft")
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
-    cfg.resume = cfg.resume or resume
-    summary = run_sft(cfg)
+    summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)
     if is_main_process():  # under accelerate launch, one summary rather than one per process
         typer.echo(f"trained {summary['steps']} steps (final loss {summary['final_loss']:.4f}, "
-                   f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_steps']} skipped); "
+                   f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_updates']} skipped); "
                    f"model saved in {summary['output_dir']}")
 
 

@@ -8,9 +8,10 @@ import typer
 
 
 def train(
-    preset: str = typer.Argument(None, help="A preset (see `omrl config list`) or YAML path; default: the --algo preset."),
-    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. group_size=8 optim.learning_rate=1e-6"),
-    algo: str = typer.Option(None, "--algo", help="grpo, ppo or dpo."),
+    args: list[str] = typer.Argument(None, help="An optional preset (see `omrl config list`) or YAML path, default "
+                                     "the --algo preset, then key=value overrides, e.g. group_size=8 "
+                                     "optim.learning_rate=1e-6 (see `omrl config keys train`).", show_default=False),
+    algo: str = typer.Option(None, "--algo", help="grpo, ppo or dpo (algorithm.name)."),
     env: str = typer.Option(None, "--env", help="Registered env name (see `omrl env list`)."),
     model: str = typer.Option(None, "--model", help="Built-in name, local directory or hub id."),
     steps: int = typer.Option(None, "--steps", help="RL steps (rollout + update each)."),
@@ -21,27 +22,27 @@ def train(
     from rich.console import Console
     from rich.table import Table
 
+    from omrl.algos import RECIPES
+    from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
     from omrl.errors import ConfigError
     from omrl.options import TrainRunConfig
-    from omrl.training.distributed import is_main_process
-    from omrl.training.rl import ALGOS, run_rl
+    from omrl.parallel import is_main_process
+    from omrl.training.rl import run_rl
 
-    if algo is not None and algo not in ALGOS:
-        raise ConfigError(f"unknown --algo {algo!r}; valid: {', '.join(ALGOS)}")
-    flags = {"algo": algo, "env.name": env, "model.name": model, "steps": steps, "logging.output_dir": output_dir}
-    if resume:
-        if output_dir is None:
-            raise ConfigError("--resume needs --output-dir: the run directory to continue")
-        flags["resume"] = True
-    cfg = command_line_config(TrainRunConfig, [preset, *(overrides or [])] if preset else overrides, flags,
-                              algo or "grpo")
+    if algo is not None and algo not in RECIPES:
+        raise ConfigError(f"unknown --algo {algo!r}; valid: {', '.join(RECIPES)}")
+    if resume and output_dir is None:
+        raise ConfigError("--resume needs --output-dir: the run directory to continue")
+    flags = {"algorithm.name": algo, "env.name": env, "model.name": model, "steps": steps,
+             "logging.output_dir": output_dir, "resume": True if resume else None}
+    cfg = command_line_config(TrainRunConfig, args, flags, algo or "grpo")
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
-        cfg.logging.output_dir = f"runs/{cfg.algo}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        cfg.logging.output_dir = f"runs/{cfg.algorithm.name}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
-    console.print(f"omrl train: {cfg.algo} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
+    console.print(f"omrl train: {cfg.algorithm.name} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
                   f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}", highlight=False)
-    summary = run_rl(cfg, console=console)
+    summary = stop_on_interrupt(lambda: run_rl(cfg, console=console), err_console)
     table = Table(title="omrl train: done")
     table.add_column("metric")
     table.add_column("value")

@@ -7,11 +7,9 @@ the generation engine are created once, never per sample or per step.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Any, Sequence
 
-from omrl import registry
+from omrl import registry, rewards
 from omrl.backends import Backend, make_backend
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
@@ -91,12 +89,11 @@ class RolloutSession:
 
 def compose_rewards(episodes: list[Episode], weights: dict[str, float],
                     options: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Fill ``episode.rewards`` through :func:`omrl.rewards.compose_rewards` when that module is installed.
+    """Fill ``episode.rewards`` through :func:`omrl.rewards.compose_rewards`.
 
     ``options`` is the config's per-plugin block; each weighted reward gets its own entry.
     """
-    if not episodes or importlib.util.find_spec("omrl.rewards") is None:
+    if not episodes:
         return {}
-    rewards = importlib.import_module("omrl.rewards")
     reward_options = {name: options[name] for name in weights if name in options}
     return dict(rewards.compose_rewards(episodes, weights, reward_options))

@@ -22,6 +22,7 @@ maths: logging, checkpoint cadence, gradient checkpointing, the NaN patience).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -36,7 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from omrl.errors import OmrlError
+from omrl.errors import Interrupted, OmrlError
+from omrl.parallel import Strategy
 
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "COMPLETE"
@@ -78,7 +80,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
+    final = checkpoint_path(output_dir, step)
     for stale in [*root.glob(".tmp-step-*"), *root.glob(".deleting-*")]:  # left by a killed run
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
@@ -98,7 +100,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
         state = {"step": step, "data_state": data_state or {}, "config": config or {}}
         (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
         _fsync_tree(tmp)
-        (tmp / COMPLETE_MARKER).write_text(f"step {step}\n")
+        (tmp / COMPLETE_MARKER).write_text(f"step {step}\n" + _manifest(tmp))
         _fsync_tree(tmp)
         if final.exists():  # a checkpoint of the same step from a run that crashed after it
             _remove(final)
@@ -110,6 +112,46 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
         for old in complete_checkpoints(output_dir)[:-keep]:
             _remove(old)
     return final
+
+
+def save_from_every_process(strategy: Strategy, output_dir: str | os.PathLike, step: int, model: nn.Module,
+                            optimizer: torch.optim.Optimizer, **kwargs: Any) -> Path:
+    """:func:`save_checkpoint` in a recipe: every process calls; what a sharded ``strategy`` holds in
+    shards is gathered, the main process writes and the others wait. Returns the checkpoint's path."""
+    gathered = strategy.gather_for_checkpoint(model, optimizer)
+    strategy.on_main(save_checkpoint, output_dir, step, model, optimizer=optimizer, **kwargs, **gathered)
+    return checkpoint_path(output_dir, step)
+
+
+def checkpoint_path(output_dir: str | os.PathLike, step: int) -> Path:
+    """Where checkpoint ``step`` of the run in ``output_dir`` lives."""
+    return Path(output_dir) / CHECKPOINTS_DIR / f"step-{step:08d}"
+
+
+def _manifest(directory: Path) -> str:
+    """One ``sha256 <digest> <relative path>`` line per file: the COMPLETE marker's body, so a file
+    damaged after the checkpoint was written is found before resuming from it."""
+    lines = []
+    for file in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER):
+        with open(file, "rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        lines.append(f"sha256 {digest} {file.relative_to(directory).as_posix()}\n")
+    return "".join(lines)
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with complete checkpoint ``path`` (a file missing or changed since it was
+    written), or None. Checkpoints of omrl 0.1 carry no manifest and pass."""
+    expected = [line.split(" ", 2) for line in (path / COMPLETE_MARKER).read_text().splitlines()[1:] if line]
+    if not expected:
+        return None
+    actual = {line.split(" ", 2)[2]: line.split(" ", 2)[1] for line in _manifest(path).splitlines()}
+    for _, digest, name in expected:
+        if name not in actual:
+            return f"{name} is missing"
+        if actual[name] != digest:
+            return f"{name} changed since it was written (damaged file?)"
+    return None
 
 
 def _remove(path: Path) -> None:
@@ -181,27 +223,25 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: Any = None, restore_rng: bool = True, sharding: Any = None) -> Checkpoint:
+                    scheduler: Any = None, restore_rng: bool = True, strategy: Strategy | None = None) -> Checkpoint:
     """Restore the model, optimizer, scheduler and random states from ``path`` in place.
 
-    ``sharding``: for a sharded model (FSDP, ZeRO-3), the :class:`~omrl.training.distributed.Distributed`
-    it runs in; the checkpoint's whole weights and optimizer state are then loaded into this
-    process's shards.
+    ``strategy``: the :class:`~omrl.parallel.Strategy` the model runs under (one process when
+    not given); a sharded one loads the checkpoint's whole weights and optimizer state into
+    this process's shards.
     """
     path = Path(path)
+    strategy = strategy or Strategy()
     if not (path / COMPLETE_MARKER).is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    _load_model_weights(model, path / "model", sharding=sharding)
+    _load_model_weights(model, path / "model", strategy)
     if optimizer is not None:
         state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
-        _check_optimizer_layout(path, state, sharded=sharding is not None)
-        if sharding is not None:
-            try:
-                sharding.load_optimizer_state(optimizer, state)
-            except ValueError as err:
-                raise CheckpointError(f"{path}: {err}") from err
-        else:
-            optimizer.load_state_dict(state)
+        _check_optimizer_layout(path, state, sharded=strategy.sharded)
+        try:
+            strategy.load_optimizer_state(optimizer, state)
+        except ValueError as err:
+            raise CheckpointError(f"{path}: {err}") from err
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
     if restore_rng:
@@ -222,7 +262,7 @@ def _check_optimizer_layout(path: Path, state: dict[str, Any], sharded: bool) ->
                               f"this is {now} run; resume with the accelerate config the run started with")
 
 
-def _load_model_weights(model: nn.Module, model_dir: Path, sharding: Any = None) -> None:
+def _load_model_weights(model: nn.Module, model_dir: Path, strategy: Strategy | None = None) -> None:
     from safetensors.torch import load_file
 
     files = sorted(model_dir.glob("*.safetensors"))
@@ -239,36 +279,49 @@ def _load_model_weights(model: nn.Module, model_dir: Path, sharding: Any = None)
         missing = [k for k in result.missing_keys if "lora_" in k]
     else:
         tied = set(getattr(model, "_tied_weights_keys", None) or [])
-        if sharding is not None:
-            missing, unexpected = sharding.load_weights(model, weights, ignore=tied)
-        else:
-            result = model.load_state_dict(weights, strict=False)
-            unexpected = list(result.unexpected_keys)
-            missing = [k for k in result.missing_keys if k not in tied]
+        missing, unexpected = (strategy or Strategy()).load_weights(model, weights, ignore=tied)
     if missing or unexpected:
         raise CheckpointError(f"{model_dir} does not fit the model: missing {missing[:5]}, "
                               f"unexpected {unexpected[:5]}")
 
 
 def resume_checkpoint(output_dir: str | os.PathLike, config: dict[str, Any],
-                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME, defaults: dict[str, Any] | None = None) -> Path:
+                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME, defaults: dict[str, Any] | None = None,
+                      renamed: dict[str, str] | None = None) -> Path:
     """The checkpoint to resume from: the newest complete one, whose config must match ``config``
-    (``defaults``: see :func:`check_same_config`)."""
-    path = latest_checkpoint(output_dir)
-    if path is None:
+    (``defaults``, ``renamed``: see :func:`check_same_config`)."""
+    found = complete_checkpoints(output_dir)
+    if not found:
         raise CheckpointError(f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
                               "run without --resume to start fresh")
+    for path in reversed(found):  # the newest intact one
+        problem = damage(path)
+        if problem is None:
+            break
+        warnings.warn(f"not resuming from {path}: {problem}; trying the checkpoint before it", stacklevel=2)
+    else:
+        raise CheckpointError(f"every checkpoint in {Path(output_dir) / CHECKPOINTS_DIR} is damaged (the newest: "
+                              f"{damage(found[-1])}); start a new run in another output_dir")
     saved = json.loads((path / "state.json").read_text())["config"]
-    check_same_config(saved, config, may_change, defaults)
+    check_same_config(saved, config, may_change, defaults, renamed)
     return path
 
 
+def interrupted(output_dir: str | os.PathLike, command: str) -> Interrupted:
+    """The Ctrl-C a recipe re-raises: which checkpoint was kept and how to continue from it."""
+    kept = latest_checkpoint(output_dir)
+    if kept is None:
+        return Interrupted(f"interrupted before the first checkpoint of {output_dir}: nothing to resume")
+    return Interrupted(f"interrupted; the newest complete checkpoint is {kept}. Continue with: "
+                       f"omrl {command} ... --resume --output-dir {output_dir}")
+
+
 def resume_point(output_dir: str | os.PathLike, config: dict[str, Any], resume: bool,
-                 defaults: dict[str, Any] | None = None) -> Path | None:
+                 defaults: dict[str, Any] | None = None, renamed: dict[str, str] | None = None) -> Path | None:
     """Where a recipe starts: with ``resume``, the checkpoint to continue from (see
     :func:`resume_checkpoint`); else None, refusing to start fresh over an earlier run's checkpoints."""
     if resume:
-        return resume_checkpoint(output_dir, config, defaults=defaults)
+        return resume_checkpoint(output_dir, config, defaults=defaults, renamed=renamed)
     if latest_checkpoint(output_dir) is not None:
         raise CheckpointError(f"{output_dir} holds checkpoints of an earlier run; pass --resume to continue it, "
                               "or choose another output_dir")
@@ -276,13 +329,16 @@ def resume_point(output_dir: str | os.PathLike, config: dict[str, Any], resume: 
 
 
 def check_same_config(saved: dict[str, Any], current: dict[str, Any],
-                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME, defaults: dict[str, Any] | None = None) -> None:
+                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME, defaults: dict[str, Any] | None = None,
+                      renamed: dict[str, str] | None = None) -> None:
     """Raise naming every key (outside ``may_change``) whose value differs between the configs.
 
     An option the saved run did not have yet (a newer omrl added it) only warns when it is at its
-    value in ``defaults``: the run can go on, and the user learns what it now uses."""
+    value in ``defaults``: the run can go on, and the user learns what it now uses. ``renamed``
+    maps dotted keys an older omrl saved to their names now."""
     allowed = tuple(may_change)
-    old, new = _flatten(saved), _flatten(json.loads(json.dumps(current, default=str)))
+    old = {(renamed or {}).get(k, k): v for k, v in _flatten(saved).items()}
+    new = _flatten(json.loads(json.dumps(current, default=str)))
     default = _flatten(json.loads(json.dumps(defaults or {}, default=str)))
     added = sorted(k for k in set(new) - set(old) if k in default and default[k] == new[k])
     if added:

@@ -47,8 +47,9 @@ def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, 
     output_dir = Path(output_dir)
     if merge_lora:
         model = model.merge_and_unload()
+    for stale in output_dir.glob(".final-model-tmp-*"):  # left by a run killed while it saved
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = output_dir / f".final-model-tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
@@ -56,3 +57,12 @@ def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, 
             os.replace(tmp / name, output_dir / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_final_from_every_process(strategy: Any, model: Any, tokenizer: Any, output_dir: str | os.PathLike,
+                                  merge_lora: bool) -> None:
+    """:func:`save_final_model` in a recipe: every process calls; a sharded ``strategy`` gathers
+    the whole weights and the main process writes them."""
+    weights = strategy.gather_for_checkpoint(model).get("model_state")
+    strategy.on_main(save_final_model, model, tokenizer, output_dir, merge_lora=merge_lora, state_dict=weights)
+

@@ -43,6 +43,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, extra_params: list[nn.Pa
 
     Weight decay applies to matrices only: biases and norm scales (1-D) are not decayed.
     """
+    for key in ("learning_rate", "weight_decay"):
+        value = getattr(cfg, key)
+        if not (value >= 0 and value < float("inf")):  # also refuses NaN
+            raise ConfigError(f"optim.{key} must be a finite number >= 0, got {value}")
     params = [p for p in model.parameters() if p.requires_grad] + list(extra_params or [])
     if not params:
         raise ConfigError("the model has no trainable parameters (is every weight frozen?)")

@@ -7,7 +7,7 @@ import inspect
 import torch
 from torch import nn
 
-from omrl_plugins.algos import entropy_from_logits, token_log_probs
+from omrl.training.logits import entropy_from_logits, token_log_probs
 
 
 class ValueHead(nn.Module):
@@ -85,6 +85,6 @@ def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 
 def sequence_log_prob(model: nn.Module, mb, temperature: float = 1.0) -> torch.Tensor:
-    """Summed log-prob of each row's sampled tokens (``mb["response_mask"]``): [bs]."""
-    out = policy_forward(model, mb["input_ids"], mb["attention_mask"], temperature, token_mask=mb["response_mask"])
-    return (out["log_probs"] * mb["response_mask"]).sum(-1)
+    """Summed log-prob of each row's sampled tokens (``mb["loss_mask"]``): [bs]."""
+    out = policy_forward(model, mb["input_ids"], mb["attention_mask"], temperature, token_mask=mb["loss_mask"])
+    return (out["log_probs"] * mb["loss_mask"]).sum(-1)

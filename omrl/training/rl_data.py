@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from omrl.algos import AdvantageInput
 from omrl.data import Batch, Episode
 from omrl.data.batch import pad_sequences
 from omrl.rewards import allocate_rewards
@@ -35,14 +36,12 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation
     """Right-padded tensors for an RL update.
 
     Tensors, [bs, L] unless noted (L = longest episode in tokens, K = most turns):
-    input_ids, attention_mask, response_mask (1 on sampled tokens), rollout_log_probs,
-    token_rewards (the composed reward allocated to tokens), turn_index (turn of each
-    sampled token, -1 elsewhere), turn_rewards [bs, K], turn_state_ids [bs, K] (equal
-    ids = same group and same observation: GiGPO's anchor states, -1 padding),
-    group_ids [bs], scores [bs], won [bs].
+    input_ids, attention_mask, loss_mask (1 on sampled tokens), token_rewards (the composed
+    reward allocated to tokens), turn_index (turn of each sampled token, -1 elsewhere),
+    turn_rewards [bs, K], turn_state_ids [bs, K] (equal ids = same group and same
+    observation: GiGPO's anchor states, -1 padding), group_ids [bs]. No episodes give 0 rows
+    (a process whose share of a step has nothing to train on still joins the step's collectives).
     """
-    if not episodes:
-        raise ValueError("no episodes to train on")
     turn_index_rows, state_rows, turn_reward_rows = [], [], []
     state_ids: dict[tuple[int, str], int] = {}
     for ep in episodes:
@@ -58,19 +57,33 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation
         tensors={
             "input_ids": input_ids,
             "attention_mask": pad_sequences([[1] * len(ep.token_ids) for ep in episodes], 0),
-            "response_mask": pad_sequences([ep.loss_mask for ep in episodes], 0),
-            "rollout_log_probs": pad_sequences([ep.logprobs for ep in episodes], 0.0, torch.float32),
+            "loss_mask": pad_sequences([ep.loss_mask for ep in episodes], 0),
             "token_rewards": pad_sequences([allocate_rewards(ep, allocation, gamma) for ep in episodes],
                                            0.0, torch.float32),
             "turn_index": pad_sequences(turn_index_rows, -1),
             "turn_rewards": pad_sequences(turn_reward_rows, 0.0, torch.float32),
             "turn_state_ids": pad_sequences(state_rows, -1),
-            "group_ids": torch.tensor([ep.group for ep in episodes]),
-            "scores": torch.tensor([ep.score for ep in episodes], dtype=torch.float32),
-            "won": torch.tensor([ep.won for ep in episodes], dtype=torch.float32),
+            "group_ids": torch.tensor([ep.group for ep in episodes], dtype=torch.long),
         },
         non_tensors={"task_id": [ep.task_id for ep in episodes], "env": [ep.env for ep in episodes]},
     )
+
+
+def advantage_input(batch: Batch) -> AdvantageInput:
+    """What an advantage estimator reads, from an RL batch (values when the critic scored them)."""
+    return AdvantageInput(token_rewards=batch["token_rewards"], loss_mask=batch["loss_mask"],
+                          group_ids=batch["group_ids"], values=batch.tensors.get("values"),
+                          turn_index=batch["turn_index"], turn_rewards=batch["turn_rewards"],
+                          turn_state_ids=batch["turn_state_ids"])
+
+
+def join_columns(batch: Batch, parts: Sequence[dict[str, torch.Tensor]]) -> Batch:
+    """Add the columns computed per micro-batch (``parts``, in :func:`micro_batches` order, each
+    [mb, w] for its own width w) to ``batch``, right-padded with zeros to its width."""
+    width = batch["input_ids"].shape[1]
+    for key in (parts[0] if parts else {}):
+        batch.tensors[key] = torch.cat([pad_to(part[key], width) for part in parts])
+    return batch
 
 
 def sort_by_length(batch: Batch) -> Batch:

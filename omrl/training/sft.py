@@ -6,7 +6,8 @@ over the assistant tokens of each optimizer step (all its micro-batches
 together), with labels shifted per conversation (see :mod:`omrl.training.packing`).
 
 A step whose loss or gradient is not finite is skipped (no update) with a
-warning; ``optim.max_nan_steps`` such steps in a row stop the run.
+warning; ``optim.max_nan_steps`` such steps in a row stop the run. The strategy
+(:mod:`omrl.parallel`) hides how processes share the work.
 
 The output directory ends up holding the final model and tokenizer (LoRA merged
 in, so ``omrl eval --model <output_dir>`` loads it), ``config.yaml``,
@@ -17,7 +18,6 @@ complete checkpoint at exactly the next batch.
 from __future__ import annotations
 
 import math
-import random
 import time
 import warnings
 from pathlib import Path
@@ -30,12 +30,13 @@ from rich.console import Console
 from omrl.config import to_dict, to_yaml
 from omrl.atomic import atomic_write_text
 from omrl.datasets import load_conversations
-from omrl.errors import ConfigError, NonFiniteLossError, OmrlError
+from omrl.errors import ConfigError, OmrlError
 from omrl.options import SftRunConfig
+from omrl.parallel import make_strategy
 from omrl.training import checkpoint as ckpt
-from omrl.training.distributed import Distributed
+from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback
-from omrl.training.model_setup import load_trainable_model, save_final_model
+from omrl.training.model_setup import load_trainable_model, save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.packing import (IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows,
                                    token_loss_sum, tokenize_conversations)
@@ -52,8 +53,8 @@ class SftRecipe:
         self.console = console or Console(stderr=True)
         self.output_dir = Path(cfg.logging.output_dir)
         self.step, self.epoch, self.index = 0, 0, 0  # index: next micro-batch in the epoch's order
-        self.skipped_steps = 0
-        self.dist = Distributed(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
+        self.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
+        self.strategy = make_strategy(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -62,13 +63,13 @@ class SftRecipe:
             raise ConfigError("no dataset given; set dataset=<file or directory> (or --dataset)")
         if cfg.num_train_epochs <= 0:
             raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
+        if cfg.optim.micro_batch_size < 1:
+            raise ConfigError(f"optim.micro_batch_size must be >= 1, got {cfg.optim.micro_batch_size}")
         self.config_dict = to_dict(cfg)
         resume_from = ckpt.resume_point(self.output_dir, self.config_dict, self.cfg.resume,
                                        defaults=to_dict(type(cfg)()))
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed % 2**32)
-        torch.manual_seed(cfg.seed)
-        self.device = self.dist.device
+        seed_everything(cfg.seed)
+        self.device = self.strategy.device
         self._setup_model()
         self._setup_data()
         self._setup_optimizer()
@@ -76,15 +77,15 @@ class SftRecipe:
             self._load_resume_state(resume_from)
         self.logger = MetricsLogger(self.output_dir, cfg.logging, self.total_steps, start_step=self.step,
                                     run_config=self.config_dict, console=self.console, description="sft") \
-            if self.dist.is_main else NullLogger()
+            if self.strategy.is_main else NullLogger()
         if self.dropped:
             self.logger.warn(f"{self.dropped} conversations had no assistant token within max_seq_length="
                              f"{cfg.max_seq_length} and were dropped")
-        self.dist.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
+        self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
         model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device))
-        self.model = self.dist.prepare(model)  # sharded under FSDP (under ZeRO-3 with the optimizer)
+        self.model = self.strategy.prepare(model)  # sharded under FSDP (under ZeRO-3 with the optimizer)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _setup_data(self) -> None:
@@ -111,12 +112,12 @@ class SftRecipe:
 
     def _setup_optimizer(self) -> None:
         self.optimizer = build_optimizer(self.model, self.cfg.optim)
-        self.dist.prepare_optimizer({"policy": self.model}, self.optimizer, self.cfg.optim.max_grad_norm)
+        self.strategy.prepare_optimizer({"policy": self.model}, self.optimizer, self.cfg.optim.max_grad_norm)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
 
     def _load_resume_state(self, path: Path) -> None:
         state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                     sharding=self.dist if self.dist.sharded else None)
+                                     strategy=self.strategy)
         if state.data_state.get("fingerprint") != self.data_fingerprint:
             raise ckpt.CheckpointError(
                 f"cannot resume from {path}: the training data changed since it was written (fingerprint "
@@ -124,7 +125,7 @@ class SftRecipe:
                 "the same run")
         self.step = state.step
         self.epoch, self.index = state.data_state["epoch"], state.data_state["index"]
-        self.skipped_steps = state.extra.get("skipped_steps", 0)
+        self.skipped.load_state_dict(state.extra)
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The micro-batch order of ``epoch``: a shuffle that depends only on the seed and the epoch."""
@@ -135,11 +136,11 @@ class SftRecipe:
 
     # -- TRAIN ----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        cfg, model = self.cfg, self.model
+        cfg, model, strategy = self.cfg, self.model, self.strategy
         accumulation = cfg.optim.gradient_accumulation_steps
         pad_id = self.tokenizer.pad_token_id
         max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
-        nonfinite_in_a_row, last_loss, step_times = 0, float("nan"), []
+        last_loss, step_times = float("nan"), []
         model.train()
         while self.step < self.total_steps:
             # DATA: the next micro-batches in this epoch's order
@@ -154,45 +155,31 @@ class SftRecipe:
             label_tokens = sum(self.micro_label_tokens[j] for j in chosen)
             tokens = sum(len(self.rows[r]) for j in chosen for r in self.micro[j])
             # with several processes each takes its share of the step's micro-batches
-            batches = [collate([self.rows[r] for r in self.micro[j]], pad_id) for j in self.dist.shard(chosen)]
+            batches = [collate([self.rows[r] for r in self.micro[j]], pad_id) for j in strategy.shard(chosen)]
 
             # FORWARD/BACKWARD: loss = summed token losses / assistant tokens in the whole step
             loss_value, finite = 0.0, True
-            for batch in self.dist.lockstep(batches):
-                if batch is None:  # sharded: another process has one more micro-batch this step
-                    self.dist.idle_pass(lambda: self._logits(self.dist.idle_batch()))
-                    continue
+            for batch in strategy.micro_batches(batches, idle=self._forward):
                 batch = {k: v.to(self.device) for k, v in batch.items()}
-                logits = self.dist.forward(self._logits, batch)
-                loss = token_loss_sum(logits, batch["labels"]) / label_tokens
+                loss = token_loss_sum(self._forward(batch), batch["labels"]) / label_tokens
                 # backward even when not finite (the step is skipped below): when sharded every process
                 # must take part in each backward's collectives
-                self.dist.backward(loss)
+                strategy.backward(loss)
                 finite = finite and bool(torch.isfinite(loss))
                 loss_value += loss.item()
 
             # UPDATE: sum gradients over processes, clip, step, or skip a non-finite step
-            loss_value, nonfinite_anywhere = self.dist.sum([loss_value, not finite])
+            loss_value, nonfinite_anywhere = strategy.sum([loss_value, not finite])
             finite = not nonfinite_anywhere
-            if finite:
-                grad_norm = self.dist.optimizer_step(self.params, self.optimizer, max_norm)
-            else:
-                grad_norm = float("nan")
-                self.dist.zero_grad(self.optimizer)
+            grad_norm = strategy.optimizer_step(self.params, self.optimizer, max_norm) if finite else float("nan")
             lr = self.scheduler.get_last_lr()[0]
             if finite and math.isfinite(grad_norm):
-                nonfinite_in_a_row, last_loss = 0, loss_value
+                self.skipped.applied()
+                last_loss = loss_value
             else:
-                self.skipped_steps += 1
-                nonfinite_in_a_row += 1
-                what = "loss" if not finite else "gradient norm"
-                self.logger.warn(f"step {self.step}: non-finite {what}; skipped the update "
-                                 f"({nonfinite_in_a_row} in a row, {self.skipped_steps} in all)")
-                if nonfinite_in_a_row >= cfg.optim.max_nan_steps:
-                    raise NonFiniteLossError(
-                        f"{nonfinite_in_a_row} steps in a row (up to step {self.step}) had a non-finite loss or "
-                        f"gradient (optim.max_nan_steps={cfg.optim.max_nan_steps}); lower optim.learning_rate, "
-                        "use float32 instead of bf16, or check the data")
+                strategy.zero_grad(self.optimizer)
+                self.skipped.skip(f"non-finite {'loss' if not finite else 'gradient norm'}", self.logger, self.step,
+                                  nan=True)
             with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 self.scheduler.step()
@@ -202,7 +189,7 @@ class SftRecipe:
             step_times.append(step_time)
             metrics = {"loss": loss_value if finite else float("nan"), "lr": lr, "tokens_per_s": tokens / step_time,
                        "step_time": step_time, "grad_norm": grad_norm, "label_tokens": label_tokens,
-                       "epoch": self.epoch + self.index / len(order), "skipped_steps": self.skipped_steps}
+                       "epoch": self.epoch + self.index / len(order), **self.skipped.metrics()}
             self.logger.log(self.step, metrics)
             if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
                 self.save_checkpoint()
@@ -210,53 +197,47 @@ class SftRecipe:
                 self.on_step_end(self.step, metrics)
 
         # SAVE: the final checkpoint (resumable) and the final model (LoRA merged)
-        if ckpt.latest_checkpoint(self.output_dir) != self._checkpoint_path(self.step):
+        if ckpt.latest_checkpoint(self.output_dir) != ckpt.checkpoint_path(self.output_dir, self.step):
             self.save_checkpoint()
-        self.save_final_model()
-        return {"steps": self.step, "final_loss": last_loss, "skipped_steps": self.skipped_steps,
+        save_final_from_every_process(strategy, self.model, self.tokenizer, self.output_dir,
+                                      merge_lora=cfg.model.lora_rank > 0)
+        return {"steps": self.step, "final_loss": last_loss, "skipped_updates": self.skipped.count,
                 "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
                 "output_dir": str(self.output_dir)}
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The logits of a micro-batch, through the strategy (a forward it counts)."""
+        return self.strategy.forward(self._logits, batch)
 
     def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
             return self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
 
-    def _checkpoint_path(self, step: int) -> Path:
-        return self.output_dir / ckpt.CHECKPOINTS_DIR / f"step-{step:08d}"
-
     def save_checkpoint(self) -> Path:
-        """The main process writes (every process holds the same state, or under FSDP its shard of
-        what is gathered here); the others wait for it."""
-        gathered = self.dist.gather_for_checkpoint(self.model, self.optimizer)
-        self.dist.on_main(
-            ckpt.save_checkpoint, self.output_dir, self.step, self.model, optimizer=self.optimizer,
-            scheduler=self.scheduler, data_state={"epoch": self.epoch, "index": self.index,
-                                                  "fingerprint": self.data_fingerprint},
-            config=self.config_dict, extra={"skipped_steps": self.skipped_steps}, tokenizer=self.tokenizer,
-            keep=self.cfg.logging.keep_checkpoints, **gathered)
-        return self._checkpoint_path(self.step)
-
-    def save_final_model(self) -> None:
-        """The model (LoRA merged) and tokenizer into output_dir."""
-        weights = self.dist.gather_for_checkpoint(self.model).get("model_state")
-        self.dist.on_main(save_final_model, self.model, self.tokenizer, self.output_dir,
-                          merge_lora=self.cfg.model.lora_rank > 0, state_dict=weights)
+        """Every process calls; the main one writes."""
+        return ckpt.save_from_every_process(
+            self.strategy, self.output_dir, self.step, self.model, self.optimizer, scheduler=self.scheduler,
+            data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint},
+            config=self.config_dict, extra=self.skipped.state_dict(), tokenizer=self.tokenizer,
+            keep=self.cfg.logging.keep_checkpoints)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
         logger = getattr(self, "logger", None)
         if logger is not None:
             logger.close()
-        self.dist.close()
+        self.strategy.close()
 
 
 def run_sft(cfg: SftRunConfig, on_step_end: StepCallback | None = None,
             console: Console | None = None) -> dict[str, Any]:
-    """Set up, train and clean up; returns a summary (steps, final_loss, skipped_steps, mean_step_time)."""
+    """Set up, train and clean up; returns a summary (steps, final_loss, skipped_updates, mean_step_time)."""
     recipe = SftRecipe(cfg, on_step_end=on_step_end, console=console)
     try:
         recipe.setup()
         return recipe.train()
+    except KeyboardInterrupt as stop:
+        raise ckpt.interrupted(cfg.logging.output_dir, "sft") from stop
     finally:
         recipe.cleanup()
 

@@ -1,11 +1,8 @@
 """Built-in RL algorithms: advantage estimators, policy losses and KL estimators.
 
-Registered through the ``register_algorithms`` hook (calling conventions in
-:mod:`omrl.algos`). The recipes import the plain functions from here:
-
-- :func:`token_log_probs`, :func:`entropy_from_logits` (chunked, from logits)
-- :func:`value_loss` (PPO critic), :func:`dpo_loss`
-- :func:`apply_kl_in_reward` (KL penalty into token rewards)
+Registered through the ``register_algorithms`` hook, exactly as a third-party package
+registers its own (calling conventions in :mod:`omrl.algos`); the recipes reach them by
+name through :data:`omrl.registry.algorithms`.
 """
 
 from __future__ import annotations
@@ -13,12 +10,8 @@ from __future__ import annotations
 from omrl.hookspecs import hookimpl
 from omrl_plugins.algos.advantages import dr_grpo, gae, grpo, reinforce_plus_plus, rloo
 from omrl_plugins.algos.gigpo import gigpo
-from omrl_plugins.algos.kl import apply_kl_in_reward, k1, k2, k3
-from omrl_plugins.algos.logits import entropy_from_logits, token_log_probs
-from omrl_plugins.algos.losses import dpo_loss, value_loss
+from omrl_plugins.algos.kl import k1, k2, k3
 from omrl_plugins.algos.policy_losses import clip_higher, dual_clip, ppo_clip
-
-__all__ = ["apply_kl_in_reward", "dpo_loss", "entropy_from_logits", "token_log_probs", "value_loss"]
 
 ADVANTAGES = {"gae": gae, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo,
               "reinforce_plus_plus": reinforce_plus_plus, "gigpo": gigpo}

@@ -1,6 +1,6 @@
 """Advantage estimators: ``fn(data: AdvantageInput, cfg: AlgoConfig) -> (advantages, returns)``.
 
-Both outputs are float32 [bs, T] and exactly 0 where ``response_mask`` is 0.
+Both outputs are float32 [bs, T] and exactly 0 where ``loss_mask`` is 0.
 Rewards are read on response tokens only (the reward allocation puts them
 there). Critic-free estimators return their advantages as ``returns`` too: with
 no critic there is no value target.
@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import torch
 
-from omrl.algos import AdvantageInput, AlgoConfig, masked_mean
+from omrl.algos import (AdvantageInput, AlgoConfig, masked_mean, require_present, require_range,
+                        require_same_shape)
 from omrl.errors import OmrlError
-from omrl_plugins.algos.checks import require_present, require_range, require_same_shape
 
 # -- shared helpers ----------------------------------------------------------
 
 
 def check_advantage_input(fn_name: str, data: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """Check the inputs every estimator reads; returns (token_rewards float32, response_mask bool)."""
-    require_same_shape(fn_name, 2, token_rewards=data.token_rewards, response_mask=data.response_mask)
+    """Check the inputs every estimator reads; returns (token_rewards float32, loss_mask bool)."""
+    require_same_shape(fn_name, 2, token_rewards=data.token_rewards, loss_mask=data.loss_mask)
     bs = data.token_rewards.shape[0]
     if data.group_ids.shape != (bs,):
         raise OmrlError(f"{fn_name}: group_ids has shape {tuple(data.group_ids.shape)}; it must be [bs] = ({bs},)")
-    return data.token_rewards.float(), data.response_mask.bool()
+    return data.token_rewards.float(), data.loss_mask.bool()
 
 
 def episode_scores(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -108,7 +108,7 @@ def next_response_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tens
 def gae(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation with a critic (Schulman et al. 2016, arXiv:1506.02438).
 
-    Reads token_rewards, response_mask, values, all [bs, T]; cfg.gamma, cfg.lam.
+    Reads token_rewards, loss_mask, values, all [bs, T]; cfg.gamma, cfg.lam.
     Runs over response tokens only: the value that follows a response token is the
     value of the next *response* token in the row (the first token of the next turn
     when a turn ends; env observation tokens in between are skipped), and 0 after
@@ -138,7 +138,7 @@ def gae(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tens
 def grpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-relative advantage (GRPO; Shao et al. 2024, DeepSeekMath, arXiv:2402.03300).
 
-    Reads token_rewards, response_mask [bs, T], group_ids [bs]; cfg.norm_adv_by_std, cfg.eps.
+    Reads token_rewards, loss_mask [bs, T], group_ids [bs]; cfg.norm_adv_by_std, cfg.eps.
     Each row's score is the sum of its token rewards; its advantage is
     (score - group mean) / (group std + eps), or (score - group mean) when
     cfg.norm_adv_by_std is false, on every response token of the row. Rows
@@ -154,7 +154,7 @@ def grpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Ten
 def dr_grpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO without the std division (Dr. GRPO; Liu et al. 2025, "Understanding R1-Zero-Like Training").
 
-    Reads token_rewards, response_mask [bs, T], group_ids [bs]. Advantage =
+    Reads token_rewards, loss_mask [bs, T], group_ids [bs]. Advantage =
     score - group mean on every response token, whatever cfg.norm_adv_by_std says:
     dividing by the std up-weights groups that are nearly all right or all wrong.
     Pair it with loss_agg_mode seq-mean-token-sum to also drop the length bias.
@@ -170,7 +170,7 @@ def dr_grpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.
 def rloo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, "Back to Basics", arXiv:2402.14740).
 
-    Reads token_rewards, response_mask [bs, T], group_ids [bs]. Each row's baseline
+    Reads token_rewards, loss_mask [bs, T], group_ids [bs]. Each row's baseline
     is the mean score of the *other* rows of its group:
     A_i = score_i - (sum_group - score_i) / (n - 1), on every response token.
     Rows alone in their group have no other rows and get 0.
@@ -191,7 +191,7 @@ def rloo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Ten
 def reinforce_plus_plus(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted returns-to-go, whitened over the batch (Hu 2025, arXiv:2501.03262).
 
-    Reads token_rewards, response_mask [bs, T]; cfg.gamma, cfg.eps. group_ids are not used.
+    Reads token_rewards, loss_mask [bs, T]; cfg.gamma, cfg.eps. group_ids are not used.
     G_t = r_t + gamma * G_next(t) over response tokens (env tokens between turns
     are skipped, as in gae), then advantages = (G - mean) / (std + eps) over every
     response token of the batch. Returns (advantages, G), float32 [bs, T].

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from omrl.algos import AdvantageInput, AlgoConfig
+from omrl.algos import AdvantageInput, AlgoConfig, require_present, require_range, require_same_shape
 from omrl.errors import OmrlError
 from omrl_plugins.algos.advantages import (
     broadcast_to_tokens,
@@ -20,7 +20,6 @@ from omrl_plugins.algos.advantages import (
     group_normalize,
     reverse_discounted_sum,
 )
-from omrl_plugins.algos.checks import require_present, require_range, require_same_shape
 
 
 def step_advantages(turn_rewards: torch.Tensor, turn_state_ids: torch.Tensor, group_ids: torch.Tensor,
@@ -44,7 +43,7 @@ def step_advantages(turn_rewards: torch.Tensor, turn_state_ids: torch.Tensor, gr
 def gigpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-in-Group Policy Optimization (Feng et al. 2025, arXiv:2505.10978).
 
-    Reads token_rewards, response_mask, turn_index [bs, T]; group_ids [bs];
+    Reads token_rewards, loss_mask, turn_index [bs, T]; group_ids [bs];
     turn_rewards, turn_state_ids [bs, K]; cfg.gamma, cfg.gigpo_step_weight,
     cfg.norm_adv_by_std, cfg.eps.
 

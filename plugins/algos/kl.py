@@ -4,14 +4,14 @@ Each estimates KL(policy || reference) per token from the sampled token's
 log-probs only (Schulman, "Approximating KL Divergence", 2020,
 http://joschu.net/blog/kl-approx.html). Used as a loss term (reduced with
 :func:`omrl.algos.aggregate_loss`) or put into the reward with
-:func:`apply_kl_in_reward`.
+:func:`omrl.training.losses.apply_kl_in_reward`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from omrl_plugins.algos.checks import require_same_shape
+from omrl.algos import require_same_shape
 
 # k3 exponentiates the log ratio: bound it so one far-off token cannot overflow
 K3_MAX_LOG_RATIO = 20.0
@@ -40,15 +40,3 @@ def k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     require_same_shape("k3", 2, log_probs=log_probs, ref_log_probs=ref_log_probs)
     d = (ref_log_probs - log_probs).clamp(-K3_MAX_LOG_RATIO, K3_MAX_LOG_RATIO)
     return (torch.exp(d) - d - 1.0).clamp(max=K3_MAX)
-
-
-def apply_kl_in_reward(token_rewards: torch.Tensor, kl: torch.Tensor, response_mask: torch.Tensor,
-                       coef: float) -> torch.Tensor:
-    """KL-in-reward: token_rewards - coef * kl on response tokens, unchanged elsewhere.
-
-    All [bs, T]; ``kl`` from a registered KL estimator. The penalty is a reward,
-    not a loss: ``kl`` is detached. Returns a new float32 tensor.
-    """
-    require_same_shape("apply_kl_in_reward", 2, token_rewards=token_rewards, kl=kl, response_mask=response_mask)
-    penalty = torch.where(response_mask.bool(), coef * kl.detach().float(), 0.0)
-    return token_rewards.float() - penalty

@@ -17,8 +17,8 @@ import dataclasses
 
 import torch
 
-from omrl.algos import AlgoConfig, PolicyLossInput, aggregate_loss, masked_mean
-from omrl_plugins.algos.checks import require_agg_mode, require_range, require_same_shape
+from omrl.algos import (AlgoConfig, PolicyLossInput, aggregate_loss, masked_mean, require_agg_mode, require_range,
+                        require_same_shape)
 
 CLIP_HIGHER_MIN = 0.28  # DAPO's upper clip range
 
@@ -32,10 +32,10 @@ def clipped_surrogate(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Ten
     loss_t = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - clip_ratio_low, 1 + clip_ratio_high))
     """
     require_same_shape("policy loss", 2, log_probs=data.log_probs, old_log_probs=data.old_log_probs,
-                       advantages=data.advantages, response_mask=data.response_mask)
+                       advantages=data.advantages, loss_mask=data.loss_mask)
     low = require_range(cfg, "clip_ratio_low", 0.0, 1.0)
     high = require_range(cfg, "clip_ratio_high", 0.0)
-    mask = data.response_mask.bool()
+    mask = data.loss_mask.bool()
     # where() before exp(): garbage log-probs off the mask must not turn into NaN gradients
     log_ratio = torch.where(mask, data.log_probs - data.old_log_probs.detach(), 0.0)
     log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
@@ -56,20 +56,20 @@ def clipped_surrogate(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Ten
 def ppo_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate objective (Schulman et al. 2017, arXiv:1707.06347).
 
-    Reads log_probs, old_log_probs, advantages, response_mask, all [bs, T];
+    Reads log_probs, old_log_probs, advantages, loss_mask, all [bs, T];
     cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.loss_agg_mode.
     loss_t = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)),
     reduced to a scalar by cfg.loss_agg_mode. Returns (loss, metrics).
     """
     mode = require_agg_mode(cfg.loss_agg_mode)
     token_loss, metrics = clipped_surrogate(data, cfg)
-    return aggregate_loss(token_loss, data.response_mask, mode), metrics
+    return aggregate_loss(token_loss, data.loss_mask, mode), metrics
 
 
 def dual_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
     """Dual-clip PPO (Ye et al. 2020, "Mastering Complex Control in MOBA Games", arXiv:1912.09729).
 
-    Reads log_probs, old_log_probs, advantages, response_mask, all [bs, T]; cfg as
+    Reads log_probs, old_log_probs, advantages, loss_mask, all [bs, T]; cfg as
     ppo_clip plus cfg.clip_ratio_c (> 1). For a negative advantage the PPO loss
     -A * ratio grows without bound as the ratio grows; dual clip caps it at
     clip_ratio_c * |A|. Positive advantages are handled as in ppo_clip.
@@ -78,13 +78,13 @@ def dual_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dic
     mode = require_agg_mode(cfg.loss_agg_mode)
     cap = require_range(cfg, "clip_ratio_c", 1.0, low_inclusive=False)
     token_loss, metrics = clipped_surrogate(data, cfg)
-    mask = data.response_mask.bool()
+    mask = data.loss_mask.bool()
     advantages = torch.where(mask, data.advantages.detach(), 0.0)
     bound = -advantages * cap  # positive where the advantage is negative
     capped = (advantages < 0) & (token_loss > bound)
     token_loss = torch.where(capped, bound, token_loss)
     metrics["dual_clip_frac"] = float(masked_mean(capped.float(), mask))
-    return aggregate_loss(token_loss, data.response_mask, mode), metrics
+    return aggregate_loss(token_loss, data.loss_mask, mode), metrics
 
 
 def clip_higher(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:

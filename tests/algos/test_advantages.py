@@ -18,7 +18,7 @@ def rows(*token_rewards, mask=None, groups=None, values=None) -> AdvantageInput:
     rewards = torch.tensor(token_rewards, dtype=torch.float32)
     return AdvantageInput(
         token_rewards=rewards,
-        response_mask=torch.ones_like(rewards, dtype=torch.long) if mask is None else torch.tensor(mask),
+        loss_mask=torch.ones_like(rewards, dtype=torch.long) if mask is None else torch.tensor(mask),
         group_ids=torch.arange(len(rewards)) if groups is None else torch.tensor(groups),
         values=None if values is None else torch.tensor(values, dtype=torch.float32),
     )
@@ -144,7 +144,7 @@ def test_reinforce_plus_plus_discounts_per_response_token_across_turns():
 
 def test_mismatched_shapes_name_the_tensor():
     data = AdvantageInput(torch.zeros(2, 3), torch.ones(2, 4), torch.zeros(2, dtype=torch.long))
-    with pytest.raises(OmrlError, match=r"grpo: response_mask has shape \(2, 4\)"):
+    with pytest.raises(OmrlError, match=r"grpo: loss_mask has shape \(2, 4\)"):
         grpo(data, AlgoConfig())
 
 

@@ -44,7 +44,7 @@ def full_advantage_input() -> AdvantageInput:
     rewards[[0, 1, 2, 3], [5, 4, 6, 1]] = torch.tensor([1.0, 0.0, 0.5, 1.0])
     return AdvantageInput(
         token_rewards=rewards,
-        response_mask=mask,
+        loss_mask=mask,
         group_ids=torch.tensor([0, 0, 1, 1]),
         values=torch.randn(4, 7),
         turn_index=turn_index,
@@ -57,7 +57,7 @@ def full_advantage_input() -> AdvantageInput:
 def test_every_estimator_gives_bs_by_T_zero_off_the_mask(name):
     data = full_advantage_input()
     advantages, returns = algorithms.get(name, kind="advantage")(data, AlgoConfig(gamma=0.9, lam=0.95))
-    off_mask = ~data.response_mask.bool()
+    off_mask = ~data.loss_mask.bool()
     for out in (advantages, returns):
         assert out.shape == (4, 7) and out.dtype == torch.float32
         assert torch.isfinite(out).all()
@@ -70,7 +70,7 @@ def test_every_policy_loss_gives_a_scalar_with_finite_gradients(name):
     torch.manual_seed(0)
     log_probs = (-torch.rand(3, 5)).requires_grad_()
     data = PolicyLossInput(log_probs=log_probs, old_log_probs=-torch.rand(3, 5), advantages=torch.randn(3, 5),
-                           response_mask=torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]]))
+                           loss_mask=torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]]))
     loss, metrics = algorithms.get(name, kind="policy_loss")(data, AlgoConfig())
     assert loss.dim() == 0
     loss.backward()

@@ -27,7 +27,7 @@ def two_trajectories(group_ids=(0, 0), b_state_ids=(10, 12)) -> AdvantageInput:
     token_rewards[0, 5] = 1.0
     return AdvantageInput(
         token_rewards=token_rewards,
-        response_mask=torch.tensor([MASK, MASK]),
+        loss_mask=torch.tensor([MASK, MASK]),
         group_ids=torch.tensor(group_ids),
         turn_index=torch.tensor([TURN_INDEX, TURN_INDEX]),
         turn_rewards=torch.tensor([[0.0, 1.0], [0.0, 0.0]]),

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from omrl.errors import OmrlError
-from omrl_plugins.algos.kl import apply_kl_in_reward, k1, k2, k3
+from omrl.training.losses import apply_kl_in_reward
+from omrl_plugins.algos.kl import k1, k2, k3
 
 LN2 = math.log(2.0)  # 0.693147
 

@@ -20,7 +20,7 @@ def policy_input(ratios, advantages, mask=None) -> PolicyLossInput:
         log_probs=log_probs,
         old_log_probs=torch.zeros_like(log_probs),
         advantages=advantages,
-        response_mask=torch.ones_like(advantages) if mask is None else torch.tensor(mask, dtype=torch.float32),
+        loss_mask=torch.ones_like(advantages) if mask is None else torch.tensor(mask, dtype=torch.float32),
     )
 
 
@@ -107,7 +107,7 @@ def test_masked_positions_never_reach_loss_or_gradient(loss_fn):
         log_probs=log_probs,
         old_log_probs=torch.tensor([[-0.2, 0.0], [-0.1, -5.0]]),
         advantages=torch.tensor([[1.0, float("nan")], [-2.0, 0.5]]),
-        response_mask=torch.tensor([[1, 0], [1, 1]]),
+        loss_mask=torch.tensor([[1, 0], [1, 1]]),
     )
     loss, metrics = loss_fn(data, AlgoConfig())
     loss.backward()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from omrl.errors import ConfigError, OmrlError
-from omrl_plugins.algos.logits import entropy_from_logits, token_log_probs
-from omrl_plugins.algos.losses import dpo_loss, value_loss
+from omrl.training.logits import entropy_from_logits, token_log_probs
+from omrl.training.losses import dpo_loss, value_loss
 
 
 # -- value loss ---------------------------------------------------------------

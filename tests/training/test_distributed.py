@@ -38,6 +38,7 @@ from omrl.config import load_config
 from omrl.hookspecs import hookimpl
 from omrl.options import SftRunConfig, TrainRunConfig
 from omrl.plugins import load_plugins
+from omrl.training.dpo import DPORecipe
 from omrl.training.rl import RLRecipe
 from omrl.training.sft import SftRecipe
 
@@ -50,9 +51,10 @@ class MainSampleIndex:
 
 load_plugins().register(MainSampleIndex(), name="main-sample-index")
 if os.environ.get("OMRL_TEST_UNEVEN") == "1" and os.environ["RANK"] == "1":
+    import omrl.training.dpo as dpo
     import omrl.training.rl as rl
     keep = rl.trainable
-    rl.trainable = lambda episodes: keep(episodes)[1:]
+    rl.trainable = dpo.trainable = lambda episodes: keep(episodes)[1:]
 
 if os.environ.get("OMRL_TEST_NAN_CALL") and os.environ["RANK"] == "0":  # one micro-batch's loss is NaN
     import omrl.training.rl as rl
@@ -64,11 +66,12 @@ if os.environ.get("OMRL_TEST_NAN_CALL") and os.environ["RANK"] == "0":  # one mi
     rl.policy_gradient_loss = policy_gradient_loss
 
 kind, config, out = sys.argv[1:4]
-recipe = (SftRecipe if kind == "sft" else RLRecipe)(load_config(SftRunConfig if kind == "sft" else TrainRunConfig, config))
+cfg = load_config(SftRunConfig if kind == "sft" else TrainRunConfig, config)
+recipe = SftRecipe(cfg) if kind == "sft" else (DPORecipe if cfg.algorithm.name == "dpo" else RLRecipe)(cfg)
 try:
     recipe.setup()
     recipe.train()
-    torch.save(recipe.dist.state_dict(recipe.model), f"{out}/rank{recipe.dist.rank}.pt")
+    torch.save(recipe.strategy.state_dict(recipe.model), f"{out}/rank{recipe.strategy.rank}.pt")
 finally:
     recipe.cleanup()
 """
@@ -128,7 +131,7 @@ def _rl_config(tiny_model_dir, output_dir, algo: str = "grpo", *overrides: str):
     return load_config(TrainRunConfig, algo, [
         f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=3", "generation.max_new_tokens=8",
         "generation.max_context=512", "steps=2", "tasks_per_step=2", "group_size=2", "mini_batch_size=2",
-        "eval_tasks=2", "eval_every=1", "reward.weights={goal: 1.0}", "entropy_coef=0.01",
+        "eval_tasks=2", "eval_every=1", "reward.weights={goal: 1.0}", "algorithm.entropy_coef=0.01",
         "optim.learning_rate=1e-3", "logging.save_steps=1", "logging.tensorboard=false",
         f"logging.output_dir={output_dir}", *overrides])
 
@@ -149,9 +152,9 @@ def test_two_process_grpo_trains_and_keeps_processes_in_step(tiny_model_dir, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("algo, overrides, uneven", [
     # process 1 has a micro-batch fewer: idle passes, through the sharded reference model too
-    ("grpo", ["optim.micro_batch_size=1", "kl_coef=0.05"], True),
-    ("ppo", ["kl_coef=0.05"], False),  # a value head beside the sharded model, and a reference model
-    ("ppo", ["critic=model", "optim.micro_batch_size=1", "mini_batch_size=0"], True),  # two sharded models
+    ("grpo", ["optim.micro_batch_size=1", "algorithm.kl_coef=0.05"], True),
+    ("ppo", ["algorithm.kl_coef=0.05"], False),  # a value head beside the sharded model, and a reference model
+    ("ppo", ["algorithm.critic=model", "optim.micro_batch_size=1", "mini_batch_size=0"], True),  # two sharded models
     ("dpo", ["optim.micro_batch_size=1"], False),  # process 1 has no pair: it runs idle passes
 ])
 def test_sharded_rl_matches_data_parallel(tiny_model_dir, tmp_path, algo, overrides, uneven):
@@ -248,11 +251,11 @@ def test_unsupported_accelerate_modes_are_refused_by_name(mode):
     from accelerate.utils import DistributedType
 
     from omrl.errors import ConfigError
-    from omrl.training.distributed import Distributed
+    from omrl.parallel import Strategy
 
     process = SimpleNamespace(accelerator=SimpleNamespace(distributed_type=DistributedType[mode]))
     with pytest.raises(ConfigError, match="accelerate is set up for .*valid: MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED"):
-        Distributed._check_mode(process)
+        Strategy._check_launch(process)
 
 
 @pytest.mark.parametrize("setting, value, error", [
@@ -266,7 +269,7 @@ def test_unsupported_accelerate_modes_are_refused_by_name(mode):
 ])
 def test_deepspeed_settings_the_recipes_do_not_implement_are_refused(monkeypatch, setting, value, error):
     from omrl.errors import ConfigError
-    from omrl.training import zero3
+    from omrl.parallel import zero3
 
     monkeypatch.setenv(setting, value)
     with pytest.raises(ConfigError, match=error):
@@ -278,7 +281,7 @@ def test_zero3_keeps_transformers_from_partitioning_models_as_they_load():
     load every model (the rollout copy too) already partitioned; omrl partitions them itself."""
     from transformers.integrations.deepspeed import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
 
-    from omrl.training import zero3
+    from omrl.parallel import zero3
 
     registered = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
     assert is_deepspeed_zero3_enabled()  # what accelerate leaves behind on a GPU machine
@@ -288,14 +291,13 @@ def test_zero3_keeps_transformers_from_partitioning_models_as_they_load():
 
 
 def test_a_sharded_resume_refuses_an_optimizer_state_of_other_parameters(tiny_model_dir):
-    from omrl.training.distributed import Distributed
-    from omrl.training.zero3 import Trainables
+    from omrl.parallel import FSDP, Trainables
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     optimizer = torch.optim.AdamW(model.parameters())
-    process = Distributed()
-    process.mode, process.owner = "fsdp", Trainables({"policy": model})
+    process = object.__new__(FSDP)  # its optimizer-state check, without a process group
+    process.owner = Trainables({"policy": model})
     names = [name for name, _ in process.owner.named_parameters()]
     saved = {"state": {}, "param_groups": [{"lr": 1e-3, "params": names[:-1] + ["critic.head.weight"]}]}
     with pytest.raises(ValueError, match=r"does not fit this run: 1 parameter group\(s\) against 1, "
@@ -305,7 +307,7 @@ def test_a_sharded_resume_refuses_an_optimizer_state_of_other_parameters(tiny_mo
 
 def test_zero3_refuses_other_weight_dtypes():
     from omrl.errors import ConfigError
-    from omrl.training import zero3
+    from omrl.parallel import zero3
 
     with pytest.raises(ConfigError, match="model.dtype=bfloat16 is not supported under ZeRO-3 .*valid: model.dtype=float32"):
         zero3.check_options("bfloat16")
@@ -314,8 +316,8 @@ def test_zero3_refuses_other_weight_dtypes():
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, algo, overrides", [
     ("fsdp", "grpo", []),
-    ("fsdp", "ppo", ["critic=model"]),
-    ("zero3", "ppo", ["critic=model", "kl_coef=0.05"]),  # every kind of module: policy, critic, value head, reference
+    ("fsdp", "ppo", ["algorithm.critic=model"]),
+    ("zero3", "ppo", ["algorithm.critic=model", "algorithm.kl_coef=0.05"]),  # every kind of module: policy, critic, value head, reference
 ])
 def test_sharded_run_resumes_exactly(tiny_model_dir, tmp_path, mode, algo, overrides):
     """A sharded run resumed from its step-2 checkpoint ends where the uninterrupted run ended."""
@@ -339,7 +341,7 @@ def test_sharded_run_resumes_exactly(tiny_model_dir, tmp_path, mode, algo, overr
 
 def test_fsdp_settings_the_recipes_do_not_implement_are_refused(monkeypatch):
     from omrl.errors import ConfigError
-    from omrl.training import fsdp
+    from omrl.parallel import fsdp
 
     monkeypatch.setenv("FSDP_VERSION", "1")
     with pytest.raises(ConfigError, match="fsdp_version 1 is not supported; valid: 2"):
@@ -353,7 +355,7 @@ def test_fsdp_settings_the_recipes_do_not_implement_are_refused(monkeypatch):
 def test_fsdp_refuses_lora(tiny_model_dir):
     from omrl.errors import ConfigError
     from omrl.options import ModelConfig
-    from omrl.training import fsdp
+    from omrl.parallel import fsdp
     from omrl.training.model_setup import load_trainable_model
 
     lora_model, _ = load_trainable_model(ModelConfig(name=tiny_model_dir, lora_rank=4), "cpu")

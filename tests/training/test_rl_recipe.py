@@ -55,7 +55,7 @@ def test_grpo_run_writes_metrics_checkpoints_and_a_loadable_model(rl_config, reg
     summary = run_rl(cfg, console=QUIET)
     out = cfg.logging.output_dir
     records = read_metrics(out)
-    assert [r["step"] for r in records] == [1, 2, 2]  # the last line adds the final evaluation
+    assert [r["step"] for r in records] == [1, 2]  # the last step carries the final evaluation, once
     for r in records[:2]:
         assert math.isfinite(r["loss"]) and 0.0 <= r["success"] <= 1.0 and r["grad_norm"] is not None
     assert "eval_success" in records[-1] and summary["steps"] == 2
@@ -114,7 +114,7 @@ def test_several_greedy_eval_samples_are_refused(rl_config):
 
 def test_ppo_trains_a_value_head(rl_config):
     # a length penalty makes the returns nonzero even when the random model never reaches a goal
-    cfg = rl_config("algo=ppo", "advantage=gae", "steps=1", "algorithm.lam=0.95",
+    cfg = rl_config("algorithm.name=ppo", "algorithm.advantage=gae", "steps=1", "algorithm.lam=0.95",
                     "reward.weights={goal: 1.0, length_penalty: 1.0}", "plugins.length_penalty={budget: 2, per_token: 0.1}")
     summary = run_rl(cfg, console=QUIET)
     record = read_metrics(cfg.logging.output_dir)[0]
@@ -126,7 +126,7 @@ def test_ppo_trains_a_value_head(rl_config):
 
 def test_dpo_trains_on_pairs_from_rollouts(rl_config, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
-    cfg = rl_config("algo=dpo", "steps=1", "group_size=3", "reward.weights={sample_index: 1.0}")
+    cfg = rl_config("algorithm.name=dpo", "steps=1", "group_size=3", "reward.weights={sample_index: 1.0}")
     run_rl(cfg, console=QUIET)
     record = read_metrics(cfg.logging.output_dir)[0]
     assert record["dpo_pairs"] == cfg.tasks_per_step
@@ -144,7 +144,7 @@ def test_an_update_with_all_zero_advantages_is_skipped_loudly(rl_config):
 
 def test_kl_to_the_reference_is_logged(rl_config, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
-    cfg = rl_config("steps=1", "kl_coef=0.1", "kl_estimator=k3", "reward.weights={sample_index: 1.0}")
+    cfg = rl_config("steps=1", "algorithm.kl_coef=0.1", "algorithm.kl_estimator=k3", "reward.weights={sample_index: 1.0}")
     run_rl(cfg, console=QUIET)
     record = read_metrics(cfg.logging.output_dir)[0]
     assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # before the first update the policy is the reference
@@ -174,7 +174,7 @@ def test_resumed_run_matches_an_uninterrupted_one(rl_config, register_plugin):
 
     expected = {r["step"]: r for r in read_metrics(full.logging.output_dir)}
     resumed = read_metrics(killed.logging.output_dir)
-    assert [r["step"] for r in resumed] == [1, 2, 3, 3], "each step logged once, then the final evaluation"
+    assert [r["step"] for r in resumed] == [1, 2, 3], "each step logged once, the last with the final evaluation"
     for record in resumed:
         for key in keys:
             assert record[key] == pytest.approx(expected[record["step"]][key], rel=1e-4, abs=1e-6), (record["step"], key)
@@ -197,7 +197,7 @@ class NanLoss:
     def register_algorithms(self, register):
         def nan_loss(data, cfg):
             """Always NaN."""
-            loss = (data.log_probs * data.response_mask).sum() * float("nan")
+            loss = (data.log_probs * data.loss_mask).sum() * float("nan")
             return loss, {}
 
         register("nan_loss", nan_loss, kind="policy_loss")
@@ -206,7 +206,7 @@ class NanLoss:
 def test_non_finite_updates_are_skipped_then_stop_the_run(rl_config, register_plugin):
     register_plugin(NanLoss(), name="nan-loss")
     register_plugin(SampleIndexReward(), name="sample-index")
-    cfg = rl_config("policy_loss=nan_loss", "steps=2", "optim.max_nan_steps=5", "eval_tasks=0",
+    cfg = rl_config("algorithm.policy_loss=nan_loss", "steps=2", "optim.max_nan_steps=5", "eval_tasks=0",
                     "reward.weights={sample_index: 1.0}")
     before = {k: v.clone() for k, v in load_model(cfg.model.name)[0].state_dict().items()}
     summary = run_rl(cfg, console=QUIET)
@@ -214,7 +214,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(rl_config, register_pl
     after = load_model(cfg.logging.output_dir)[0].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "a skipped update changed the weights"
     with pytest.raises(NonFiniteLossError, match="2 updates in a row"):
-        run_rl(rl_config("policy_loss=nan_loss", "steps=3", "optim.max_nan_steps=2", "reward.weights={sample_index: 1.0}",
+        run_rl(rl_config("algorithm.policy_loss=nan_loss", "steps=3", "optim.max_nan_steps=2", "reward.weights={sample_index: 1.0}",
                          out="stops"), console=QUIET)
 
 

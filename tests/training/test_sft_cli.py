@@ -14,7 +14,7 @@ from omrl.data import Episode, write_episodes
 
 def test_sft_flags_override_preset_and_key_values(tiny_model_dir, agent_jsonl, tmp_path):
     out = tmp_path / "run"
-    args = ["sft", f"model.name={tiny_model_dir}", "optim.weight_decay=0.1", "optim.learning_rate=0.5",
+    args = ["sft", f"model.name={tiny_model_dir}", "optim.weight_decay=0.1", "optim.learning_rate=1e-3",
             "--dataset", str(agent_jsonl), "--output-dir", str(out), "--learning-rate", "1e-3",
             "--num-train-epochs", "1", "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "1",
             "--no-packing", "--max-seq-length", "200", "--logging-steps", "1", "--save-steps", "1"]
@@ -27,6 +27,15 @@ def test_sft_flags_override_preset_and_key_values(tiny_model_dir, agent_jsonl, t
     assert (cfg["packing"], cfg["max_seq_length"], cfg["logging"]["save_steps"]) == (False, 200, 1)
     assert cfg["description"].startswith("SFT on agent conversations")  # the default `sft` preset underneath
     assert (out / "model.safetensors").exists()
+
+
+def test_a_flag_and_an_override_that_disagree_are_refused(tiny_model_dir, agent_jsonl, tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["sft", f"model.name={tiny_model_dir}", "optim.learning_rate=0.5", "--learning-rate", "1e-3",
+              "--dataset", str(agent_jsonl), "--output-dir", str(tmp_path / "run")])
+    assert info.value.code == 2
+    assert "optim.learning_rate=0.5 and the flag for optim.learning_rate (0.001) disagree" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_sft_resume_with_a_changed_flag_exits_2_naming_the_key(tiny_model_dir, agent_jsonl, tmp_path, capsys):

@@ -73,7 +73,7 @@ def test_a_nan_step_is_skipped_and_counted(sft_config):
     finally:
         recipe.cleanup()
     records = read_metrics(cfg.logging.output_dir)
-    assert summary["skipped_steps"] == 1 and records[0]["loss"] is None and records[1]["skipped_steps"] == 1
+    assert summary["skipped_updates"] == 1 and records[0]["loss"] is None and records[1]["skipped_updates"] == 1
     assert all(r["loss"] is not None for r in records[1:])
     assert any(not torch.equal(v, before[k]) for k, v in recipe.model.state_dict().items())
 
@@ -84,7 +84,7 @@ def test_nan_steps_in_a_row_stop_the_run_with_a_clear_error(sft_config):
     recipe.setup()
     before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     _nan_on_calls(recipe.model, calls=set(range(1, 100)))
-    with pytest.raises(NonFiniteLossError, match=r"2 steps in a row \(up to step 2\).*optim.max_nan_steps=2"):
+    with pytest.raises(NonFiniteLossError, match=r"2 updates in a row \(up to step 2\).*optim.max_nan_steps=2"):
         try:
             recipe.train()
         finally:

@@ -2,7 +2,7 @@
 
     accelerate launch --config_file configs/accelerate/zero3.yaml -m omrl train --algo grpo --env webshop
 
-Like FSDP (:mod:`omrl.training.fsdp`), each process keeps 1/world_size of every
+Like FSDP (:mod:`omrl.parallel.fsdp`), each process keeps 1/world_size of every
 weight, gradient and optimizer state, every forward gathers a layer's weights and
 every backward reduce-scatters its gradients, so processes run their micro-batches
 in lockstep (idle passes pad the shorter lists).
@@ -14,7 +14,7 @@ optimizer to the partitions. The recipes keep their losses (weighted by global
 token counts), their learning-rate schedule, their NaN accounting and their
 checkpoints. Three details make that work:
 
-- every trained module sits in one :class:`Trainables` module given to the engine,
+- every trained module sits in one :class:`~omrl.parallel.base.Trainables` module given to the engine,
   and each micro-batch's forward runs through ``engine(fn, ...)`` so DeepSpeed
   counts it (its gradient accumulation advances on the engine's forward);
 - the engine averages gradients over processes; the recipes sum them, so losses are
@@ -33,12 +33,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from omrl.errors import ConfigError
+from omrl.parallel.base import Strategy, Trainables, check_optimizer_names
+from omrl.parallel.lockstep import lockstep
+
+T = TypeVar("T")
 
 
 def requested() -> bool:
@@ -89,15 +93,6 @@ def load_models_whole() -> None:
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
     unset_hf_deepspeed_config()
-
-
-class Trainables(nn.ModuleDict):
-    """Every trained module under one name each: the module the DeepSpeed engine wraps.
-    Its forward runs any function, so ``engine(fn, *args)`` is a forward DeepSpeed counts
-    (it advances gradient accumulation and sets up backward on the engine's forward)."""
-
-    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
 
 
 def _config(model: nn.Module, max_grad_norm: float, optimizer: bool = True) -> dict[str, Any]:
@@ -277,3 +272,72 @@ def _set_own_partition(zero, param: nn.Parameter, value: torch.Tensor, key: str)
     mine = flat[start:start + part.numel()]
     part.data.zero_()
     part.data[:mine.numel()].copy_(mine)
+
+
+class ZeRO3(Strategy):
+    """Every trained and frozen model partitioned by DeepSpeed; its engine owns the optimizer step."""
+
+    name = "zero3"
+    sharded = True
+
+    def __init__(self, model_dtype: str = "float32") -> None:
+        self.engine = None
+        super().__init__(model_dtype)
+        load_models_whole()
+
+    @classmethod
+    def requested(cls) -> bool:
+        return requested()
+
+    def check_options(self) -> None:
+        check_options(self.model_dtype)
+
+    def prepare(self, model: nn.Module, frozen: bool = False) -> nn.Module:
+        """A frozen model (the reference) is partitioned now, trained ones with the optimizer."""
+        return partition_frozen(model) if frozen else model
+
+    def prepare_optimizer(self, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
+                          max_grad_norm: float) -> Trainables:
+        owner = super().prepare_optimizer(modules, optimizer, max_grad_norm)
+        self.engine = initialize(owner, optimizer, max_grad_norm)
+        return owner
+
+    def micro_batches(self, items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+                      backward: bool = True) -> Iterator[T]:
+        return lockstep(items, idle, backward, self.device, self.backward)
+
+    def forward(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self.engine(fn, *args, **kwargs)  # the engine counts micro-batches on its forward
+
+    def backward(self, loss: torch.Tensor) -> None:
+        backward(self.engine, loss)
+
+    def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
+        zero_grad(self.engine)
+
+    def optimizer_step(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer,
+                       max_norm: float) -> float:
+        """The engine reduces, clips (``max_norm`` was given to :meth:`prepare_optimizer`) and steps."""
+        return step(self.engine)
+
+    def state_dict(self, model: nn.Module, all_ranks: bool = True) -> dict[str, torch.Tensor]:
+        return full_state_dict(model, all_ranks=all_ranks)
+
+    def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: Iterable[str] = ()
+                     ) -> tuple[list[str], list[str]]:
+        return load_full_state_dict(model, weights, engine=self.engine, ignore=set(ignore))
+
+    def copy_whole_weights(self, model: nn.Module, replica: nn.Module) -> None:
+        copy_whole_weights(model, replica)
+
+    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+                              ) -> dict[str, Any]:
+        gathered: dict[str, Any] = {"model_state": full_state_dict(model, all_ranks=False)}
+        if optimizer is not None:
+            gathered["optimizer_state"] = full_optimizer_state(self.owner, self.engine)
+        return gathered
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        # DeepSpeed emptied the groups: their names were kept at initialize
+        check_optimizer_names(self.owner, [set(names) for names in self.engine.omrl_group_names], state)
+        load_full_optimizer_state(self.owner, self.engine, state)

@@ -7,7 +7,7 @@ A decoder layer's full weights exist only while that layer runs: each forward
 all-gathers them and each backward reduce-scatters their gradients. Those
 collectives need every process to run the same modules the same number of
 times, so the recipes pad a process's shorter list of micro-batches with idle
-passes (:meth:`~omrl.training.distributed.Distributed.idle_pass`) instead of letting it wait at a barrier.
+passes (:mod:`omrl.parallel.lockstep`) instead of letting it wait at a barrier.
 
 Gradients are *summed* across processes (not averaged), as in the data-parallel
 path: losses are already weighted by global token counts, so the result does
@@ -21,13 +21,19 @@ environment ``accelerate launch`` sets (``ACCELERATE_USE_FSDP``, ``FSDP_*``).
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from omrl.errors import ConfigError
+from omrl.parallel.base import Strategy, check_optimizer_names
+from omrl.parallel.data_parallel import all_reduce_gradients
+from omrl.parallel.lockstep import lockstep
+
+T = TypeVar("T")
 
 try:  # imported once: is_sharded runs for every parameter at every optimizer step
     from torch.distributed.tensor import DTensor
@@ -151,3 +157,80 @@ def load_full_optimizer_state(owner: nn.Module, optimizer: torch.optim.Optimizer
     set_optimizer_state_dict(owner, optimizer, state, options=StateDictOptions(full_state_dict=True))
     if not state.get("state"):  # saved before any update: drop the state torch filled in to load it
         optimizer.state.clear()
+
+
+def clip_grad_norm(params: Sequence[nn.Parameter], max_norm: float) -> float:
+    """Scale the gradients to a total 2-norm of at most ``max_norm``; returns the norm before.
+    The norm spans the sharded gradients of every process and the replicated rest."""
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g for g in grads if is_sharded(g)]
+    replicated = [g for g in grads if not is_sharded(g)]
+    norms = [torch.nn.utils.get_total_norm(sharded).full_tensor()] if sharded else []
+    norms += [torch.nn.utils.get_total_norm(replicated)] if replicated else []
+    total = float(torch.linalg.vector_norm(torch.stack([n.float().cpu() for n in norms]))) if norms else 0.0
+    if math.isfinite(total) and total > max_norm:
+        scale = max_norm / (total + 1e-6)  # the factor torch's clip_grad_norm_ uses
+        for g in grads:
+            g.mul_(scale)
+    return total
+
+
+class FSDP(Strategy):
+    """Models passed to :meth:`prepare` sharded per decoder layer; what sits beside them (a value
+    head) is replicated and its gradients all-reduced as in data parallel."""
+
+    name = "fsdp"
+    sharded = True
+
+    @classmethod
+    def requested(cls) -> bool:
+        return requested()
+
+    def check_options(self) -> None:
+        check_options()
+
+    def prepare(self, model: nn.Module, frozen: bool = False) -> nn.Module:
+        return shard(model)
+
+    def micro_batches(self, items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None = None,
+                      backward: bool = True) -> Iterator[T]:
+        return lockstep(items, idle, backward, self.device, self.backward)
+
+    def sum_gradients(self, params: Sequence[nn.Parameter]) -> None:
+        """The replicated parameters' gradients (FSDP summed the sharded ones in backward)."""
+        all_reduce_gradients([p for p in params if not is_sharded(p)])
+
+    def clip_grad_norm(self, params: Sequence[nn.Parameter], max_norm: float) -> float:
+        return clip_grad_norm(params, max_norm)
+
+    def state_dict(self, model: nn.Module, all_ranks: bool = True) -> dict[str, torch.Tensor]:
+        if _has_shards(model):
+            return full_state_dict(model, all_ranks=all_ranks)
+        return model.state_dict()
+
+    def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: Iterable[str] = ()
+                     ) -> tuple[list[str], list[str]]:
+        if _has_shards(model):
+            return load_full_state_dict(model, weights, ignore=set(ignore))
+        return super().load_weights(model, weights, ignore)
+
+    def copy_whole_weights(self, model: nn.Module, replica: nn.Module) -> None:
+        copy_whole_weights(model, replica)
+
+    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+                              ) -> dict[str, Any]:
+        gathered: dict[str, Any] = {"model_state": full_state_dict(model, all_ranks=False)}
+        if optimizer is not None:
+            gathered["optimizer_state"] = full_optimizer_state(self.owner, optimizer)
+        return gathered
+
+    def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        name_of = {id(p): name for name, p in self.owner.named_parameters()}
+        check_optimizer_names(self.owner, [{name_of[id(p)] for p in group["params"]}
+                                           for group in optimizer.param_groups], state)
+        load_full_optimizer_state(self.owner, optimizer, state)
+
+
+def _has_shards(model: nn.Module) -> bool:
+    """Models passed to :meth:`FSDP.prepare` are sharded; a value head beside them is not."""
+    return any(is_sharded(p) for p in model.parameters())

@@ -1,13 +1,18 @@
-"""Losses the recipes call directly: the PPO critic's value loss and the DPO loss."""
+"""Losses the recipes compute themselves: the PPO critic's value loss, the DPO loss, the KL
+penalty put into rewards, and the whole loss of one policy-gradient micro-batch (which calls
+the registered policy-loss and KL plugins)."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from omrl.algos import aggregate_loss, masked_mean
+from omrl.algos import (AlgoConfig, PolicyLossInput, aggregate_loss, masked_mean, require_agg_mode,
+                        require_same_shape)
+from omrl.data import Batch
 from omrl.errors import ConfigError
-from omrl_plugins.algos.checks import require_agg_mode, require_same_shape
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
@@ -74,3 +79,48 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
             "reward_accuracy": float((margin > 0).float().mean()),
         }
     return loss, metrics
+
+
+def apply_kl_in_reward(token_rewards: torch.Tensor, kl: torch.Tensor, loss_mask: torch.Tensor,
+                       coef: float) -> torch.Tensor:
+    """KL-in-reward: token_rewards - coef * kl on response tokens, unchanged elsewhere.
+
+    All [bs, T]; ``kl`` from a registered KL estimator. The penalty is a reward,
+    not a loss: ``kl`` is detached. Returns a new float32 tensor.
+    """
+    require_same_shape("apply_kl_in_reward", 2, token_rewards=token_rewards, kl=kl, loss_mask=loss_mask)
+    penalty = torch.where(loss_mask.bool(), coef * kl.detach().float(), 0.0)
+    return token_rewards.float() - penalty
+
+
+def policy_gradient_loss(out: dict[str, torch.Tensor], mb: Batch, algo: AlgoConfig, policy_loss_fn: Callable,
+                         kl_fn: Callable) -> tuple[torch.Tensor, dict[str, float]]:
+    """(loss, its parts as floats) of one policy-gradient micro-batch: the registered policy
+    loss, minus the entropy bonus, plus the KL penalty to the reference (unless it went into the
+    rewards) and the critic's value loss, each weighted as ``algo`` says.
+
+    ``out`` is the policy's forward on ``mb`` (:func:`omrl.training.policy.policy_forward`):
+    log_probs and entropy [bs, L], and values [bs, L] when there is a critic. ``mb`` holds
+    loss_mask, old_log_probs and advantages [bs, L], plus ref_log_probs when there is a
+    reference model and values and returns when there is a critic.
+    """
+    mask = mb["loss_mask"]
+    agg = algo.loss_agg_mode
+    loss, parts = policy_loss_fn(PolicyLossInput(out["log_probs"], mb["old_log_probs"], mb["advantages"], mask), algo)
+    parts = {f"pg_{k}": float(v) for k, v in parts.items()}
+    parts["pg_loss"] = loss.item()
+    entropy = aggregate_loss(out["entropy"], mask, agg)
+    parts["entropy"] = entropy.item()
+    if algo.entropy_coef:
+        loss = loss - algo.entropy_coef * entropy
+    if "ref_log_probs" in mb.tensors:
+        kl = aggregate_loss(kl_fn(out["log_probs"], mb["ref_log_probs"]), mask, agg)
+        parts["kl"] = kl.item()
+        if not algo.kl_in_reward:  # in the reward, it already shaped the advantages
+            loss = loss + algo.kl_coef * kl
+    if "values" in out:
+        v_loss, v_parts = value_loss(out["values"], mb["values"], mb["returns"], mask, algo.value_clip, agg)
+        loss = loss + algo.value_coef * v_loss
+        parts.update({f"value_{k}": float(v) for k, v in v_parts.items()}, value_loss=v_loss.item())
+    parts["loss"] = loss.item()
+    return loss, parts

@@ -1,0 +1,562 @@
+"""Run code that a model wrote, cut off from the network, the host's files and other runs.
+
+Every env or tool that executes model-written code or commands does it through `run_sandboxed`:
+
+    >>> result = run_sandboxed("print(6 * 7)", timeout_s=5)   # doctest: +SKIP
+    >>> result.stdout, result.exit_code                        # doctest: +SKIP
+    ('42\\n', 0)
+
+What is isolated, and how (Linux, run as root; needs only util-linux's ``unshare`` and the
+standard library):
+
+- **Network**: ``unshare --net`` gives the run a network namespace of its own, holding only a
+  loopback interface that is down. No connection leaves it, not even to a server on the host's
+  127.0.0.1, and DNS fails (there is no resolver to reach, and no ``/etc/resolv.conf``).
+- **Files**: in a private mount namespace a helper (this module, still root, PID 1 of a new PID
+  namespace) builds a new root on a small tmpfs and chroots into it. It holds only the system's
+  ``/usr`` (with ``/bin``, ``/lib``... or their symlinks), the install of the Python that runs omrl,
+  ``/etc/ld.so.cache`` and ``/etc/alternatives``, a made-up ``/etc/passwd``, ``/dev/null``,
+  ``/dev/zero``, ``/dev/random``, ``/dev/urandom``, a fresh ``/proc`` that shows only the run's own
+  processes, and the scratch dir. All of it is read-only, nosuid and nodev except the scratch dir
+  and the devices. The repository, ``/root``, ``/home``, ``/etc/shadow``, the host's ``/tmp``: none
+  of it exists in there.
+- **Scratch dir**: a fresh tmpfs (``disk_mb`` at most, owned by the run's uid), mounted at
+  ``/scratch`` and ``/tmp``; it is cwd and HOME, and it is gone when the run ends.
+- **User**: the program runs as a random unprivileged uid/gid, a new one every run, with no
+  supplementary groups, no capabilities and ``no_new_privs`` (setuid binaries gain nothing; the
+  mounts are nosuid anyway). So it cannot chroot out, remount, raise its limits or signal another
+  run; the kernel also refuses a chrooted process a new user namespace, the usual way back to
+  capabilities.
+- **Limits** (rlimits, set before the program starts): address space (``memory_mb``), CPU seconds
+  (``cpu_time_s``, SIGXCPU), processes and threads (``max_processes``: RLIMIT_NPROC counts the uid's
+  processes, which root's would not be, and each run has its own uid), file size (``max_file_mb``,
+  SIGXFSZ or EFBIG), open files, no core files.
+- **Wall time**: at ``timeout_s`` the whole process group is killed. The helper is the PID
+  namespace's init, and when it dies the kernel kills everything else in the namespace, so a
+  program cannot outlive its run by forking or by leaving the process group. The helper also kills
+  the program itself a little after the deadline, in case the process that called us died.
+- **Environment**: only ``PATH`` and ``HOME``; also its own IPC and UTS (hostname) namespaces.
+- **Output**: stdout and stderr are kept up to ``max_output_bytes`` each; past that they are read
+  and dropped, the text ends with a note saying so and ``truncated`` is set.
+
+It fails closed: not Linux, not root, no ``unshare``, or any set-up step failing (a namespace the
+kernel will not create, a mount it refuses) raises `OmrlError` naming what is missing. Before it
+mounts anything the helper checks that its network, mount, PID, IPC and UTS namespaces are all new
+ones. The code is never run unsandboxed.
+
+What is not isolated:
+
+- The kernel is shared. This contains buggy, greedy or curious code; it is not a VM and a kernel
+  exploit gets out.
+- Memory is limited per process, not in total: ``max_processes * memory_mb`` bounds a run. No
+  cgroup is used, so the CPU is not shared out fairly either, only limited in time.
+- The scratch tmpfs is in RAM: ``disk_mb`` of it counts against the host's memory.
+- Software under ``/usr`` is readable, and ``/proc`` shows the host's CPU, memory, uptime and kernel
+  version. Python comes with its standard library and whatever its base install holds (pip, say);
+  a venv's packages are not there.
+- The run's uid is random, not reserved: a host file owned by that same number would still be out
+  of reach (no host files are visible), but two runs could in theory draw the same uid and share
+  their process limit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import secrets
+import select
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from omrl.errors import OmrlError
+
+LANGUAGES = ("python", "shell")
+
+# Where the helper builds the new root, inside its private mount namespace: the host's /tmp is untouched.
+_NEW_ROOT = "/tmp"
+_SCRATCH = "/scratch"
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+_UNSHARE_FLAGS = ("--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
+                  "--propagation", "private")
+_NAMESPACES = ("net", "mnt", "pid", "ipc", "uts")  # what _UNSHARE_FLAGS must have made new
+_UID_BASE, _UID_SPAN = 200_000_000, 800_000_000  # far above any uid a distribution hands out
+_BACKSTOP_S = 2.0  # the helper's own timer fires this long after the caller's deadline
+_KILL_GRACE_S = 5.0  # after killing the group, wait this long at most for the pipes to close
+_EXEC_FAILED = 127  # what a shell returns for a command it cannot run
+_CUT_NOTE = b"\n[omrl sandbox: output truncated after %d bytes]\n"
+
+# From <sys/mount.h> and <linux/prctl.h>; the same numbers on every Linux architecture.
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
+_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
+_PR_SET_NO_NEW_PRIVS = 38
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How a sandboxed run ended."""
+
+    stdout: str
+    """What the program wrote to stdout (decoded as UTF-8, bad bytes replaced), cut at the cap."""
+    stderr: str
+    """The same for stderr."""
+    exit_code: int
+    """The exit status; minus the signal's number when a signal ended it (-9 after a timeout)."""
+    timed_out: bool
+    """True when the wall-time limit was reached and the run was killed."""
+    killed_reason: str | None
+    """Why the run was stopped: ``timeout``, ``cpu_time``, ``file_size``, ``signal SIGSEGV``...;
+    None when the program exited by itself."""
+    truncated: bool = False
+    """True when stdout or stderr was longer than the cap; the text ends with a note saying so."""
+
+
+def run_sandboxed(
+    command: str | Sequence[str],
+    *,
+    language: str = "python",
+    stdin: str | bytes | None = None,
+    timeout_s: float = 10.0,
+    cpu_time_s: int | None = None,
+    memory_mb: int = 512,
+    max_processes: int = 32,
+    max_file_mb: int = 16,
+    disk_mb: int = 64,
+    max_output_bytes: int = 64 * 1024,
+) -> SandboxResult:
+    """Run model-written code isolated from the host (see the module docstring for what that means).
+
+    :param command: Python source or a shell script (a string, read as ``language`` says), or an
+        argv list run as is (looked up on the sandbox's PATH; ``language`` is then not used).
+    :param language: ``python`` (`sandbox_python`: the Python that runs omrl, without the venv's
+        packages; the source is ``/scratch/main.py``) or ``shell`` (``/bin/sh -c``).
+    :param stdin: fed to the program's stdin, which is then closed.
+    :param timeout_s: wall-clock limit; the whole run is killed when it is reached.
+    :param cpu_time_s: CPU-seconds limit per process; default: ``timeout_s`` rounded up.
+    :param memory_mb: address-space limit per process.
+    :param max_processes: processes and threads the run may have at once.
+    :param max_file_mb: the largest file it may write.
+    :param disk_mb: size of its scratch dir, all files together.
+    :param max_output_bytes: how much of stdout, and of stderr, is kept.
+    :returns: a `SandboxResult`.
+    :raises OmrlError: on bad arguments, or when the isolation cannot be set up.
+    """
+    argv, code = _program(command, language)
+    for name, value in [("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_processes", max_processes),
+                        ("max_file_mb", max_file_mb), ("disk_mb", disk_mb), ("max_output_bytes", max_output_bytes)]:
+        if value <= 0:
+            raise OmrlError(f"run_sandboxed: {name} must be positive, got {value}")
+    unshare = _check_host()
+    spec = {
+        "argv": argv,
+        "code": code,
+        "uid": _UID_BASE + secrets.randbelow(_UID_SPAN),
+        "ro_paths": _read_only_paths(),
+        "host_namespaces": _namespaces(),
+        "timeout_s": timeout_s,
+        "cpu_time_s": int(cpu_time_s or math.ceil(timeout_s)),
+        "memory_mb": memory_mb,
+        "max_processes": max_processes,
+        "max_file_mb": max_file_mb,
+        "disk_mb": disk_mb,
+    }
+    data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+    return _run(unshare, spec, data, max_output_bytes)
+
+
+# --- in the caller's process ---------------------------------------------------------------------
+
+def _program(command: str | Sequence[str], language: str) -> tuple[list[str], str | None]:
+    """The argv to run inside the sandbox, and the Python source to write to the scratch dir."""
+    if not isinstance(command, str):
+        argv = [str(a) for a in command]
+        if not argv:
+            raise OmrlError("run_sandboxed: the argv list is empty")
+        return argv, None
+    if language == "python":
+        return [sandbox_python(), "-E", "-s", f"{_SCRATCH}/main.py"], command
+    if language == "shell":
+        return ["/bin/sh", "-c", command], None
+    raise OmrlError(f"run_sandboxed: unknown language {language!r}; valid: {', '.join(LANGUAGES)}")
+
+
+def sandbox_python() -> str:
+    """The Python inside the sandbox, for argv commands: the interpreter omrl runs on, outside any venv.
+
+    Its install (``sys.base_prefix``) is what gets bound into the sandbox, read-only.
+    """
+    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3"):
+        path = os.path.join(os.path.realpath(sys.base_prefix), "bin", name)
+        if os.path.exists(path):
+            return path
+    raise OmrlError(f"the sandbox found no Python interpreter in {sys.base_prefix}/bin")
+
+
+def _read_only_paths() -> list[str]:
+    """Host directories the sandbox sees, read-only: the system's software and this Python's install."""
+    paths = ["/usr"]
+    prefix = os.path.realpath(sys.base_prefix)
+    if os.path.commonpath([prefix, "/usr"]) != "/usr":
+        paths.append(prefix)
+    return paths
+
+
+def _namespaces() -> dict[str, str]:
+    """This process's namespaces (``net:[4026531840]``...), which the helper's must all differ from."""
+    return {name: os.readlink(f"/proc/self/ns/{name}") for name in _NAMESPACES}
+
+
+def _check_host() -> str:
+    """The path of ``unshare``, once sure this host can build the sandbox; else an OmrlError saying why."""
+    if not sys.platform.startswith("linux"):
+        raise OmrlError(f"the sandbox needs Linux namespaces; this is {sys.platform}, "
+                        "so model-written code cannot run")
+    if os.geteuid() != 0:
+        raise OmrlError(f"the sandbox needs root to create namespaces and switch to an unprivileged uid; "
+                        f"running as uid {os.geteuid()}, so model-written code cannot run")
+    unshare = shutil.which("unshare", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin", "/bin"]))
+    if unshare is None:
+        raise OmrlError("the sandbox needs util-linux's `unshare` (apt-get install util-linux); "
+                        "it is not on PATH, so model-written code cannot run")
+    return unshare
+
+
+def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
+    """Start the helper in new namespaces, feed it the spec, pump the program's I/O, read how it ended."""
+    spec_r, spec_w = os.pipe()
+    status_r, status_w = os.pipe()
+    package_parent = str(Path(__file__).resolve().parents[1])
+    bootstrap = (f"import sys; sys.path.insert(0, {package_parent!r}); "
+                 f"from omrl.sandbox import _helper_main; _helper_main({spec_r}, {status_w})")
+    try:
+        proc = subprocess.Popen(
+            [unshare, *_UNSHARE_FLAGS, "--", sys.executable, "-I", "-S", "-c", bootstrap],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            pass_fds=(spec_r, status_w), start_new_session=True, cwd="/", env={"PATH": _PATH},
+        )
+    except OSError as e:
+        os.close(spec_w)
+        os.close(status_r)
+        raise OmrlError(f"the sandbox could not start {unshare}: {e}") from e
+    finally:
+        os.close(spec_r)
+        os.close(status_w)
+    with proc, os.fdopen(status_r, "rb") as status_file:
+        try:
+            _send_spec(spec_w, spec)
+            deadline = time.monotonic() + spec["timeout_s"]
+            out, err, truncated, timed_out = _pump(proc, stdin, deadline, cap)
+            if not timed_out:  # both pipes are closed, but a program can close them and go on running
+                timed_out = _wait_until(proc, deadline)
+        finally:
+            if proc.poll() is None:  # only after an exception above: never leave a run behind
+                _kill_group(proc)
+        proc.wait()
+        raw_status = status_file.read()
+    return _result(json.loads(raw_status) if raw_status else None, out, err, truncated, timed_out)
+
+
+def _send_spec(fd: int, spec: dict) -> None:
+    """Write the spec to the helper; if ``unshare`` already failed, `_result` reports its message."""
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(json.dumps(spec).encode())
+    except BrokenPipeError:
+        pass
+
+
+def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
+    """Feed stdin and read stdout and stderr until both close, killing the run at ``deadline`` (monotonic).
+
+    Past ``cap`` bytes a stream is still read (so the program never blocks on a full pipe) but dropped.
+    Returns (stdout, stderr, truncated, timed_out).
+    """
+    kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    cut = set()
+    timed_out = False
+    pending = memoryview(stdin)
+    with selectors.DefaultSelector() as selector:
+        for fd in kept:
+            selector.register(fd, selectors.EVENT_READ)
+        if pending:
+            selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+        else:
+            proc.stdin.close()
+        while selector.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0 and not timed_out:
+                _kill_group(proc)
+                timed_out, deadline, left = True, deadline + _KILL_GRACE_S, _KILL_GRACE_S
+            elif left <= 0:
+                break  # killed and still open: something outside the namespace holds the pipe
+            for key, _ in selector.select(timeout=left):
+                if key.fd not in kept:
+                    pending = _write_some(proc, selector, pending)
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    selector.unregister(key.fd)
+                room = cap - len(kept[key.fd])
+                kept[key.fd] += chunk[:room]
+                if len(chunk) > room:
+                    cut.add(key.fd)
+    if not proc.stdin.closed:
+        proc.stdin.close()
+    out, err = (bytes(kept[fd]) + (_CUT_NOTE % cap if fd in cut else b"") for fd in kept)
+    return out, err, bool(cut), timed_out
+
+
+def _write_some(proc: subprocess.Popen, selector: selectors.BaseSelector, pending: memoryview) -> memoryview:
+    """Write what a writable pipe takes without blocking (PIPE_BUF); close stdin when all is written,
+    or when the program closed its end."""
+    try:
+        pending = pending[os.write(proc.stdin.fileno(), pending[:select.PIPE_BUF]):]
+    except BrokenPipeError:
+        pending = pending[:0]
+    if not pending:
+        selector.unregister(proc.stdin.fileno())
+        proc.stdin.close()
+    return pending
+
+
+def _wait_until(proc: subprocess.Popen, deadline: float) -> bool:
+    """Wait for the run to end; kill it at ``deadline``. Returns whether it had to be killed."""
+    try:
+        proc.wait(timeout=max(deadline - time.monotonic(), 0))
+        return False
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return True
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL ``unshare`` and the helper; the helper's death takes the whole PID namespace with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _result(status: dict | None, out: bytes, err: bytes, truncated: bool, timed_out: bool) -> SandboxResult:
+    """Turn the helper's report (None if it never wrote one) into a SandboxResult, or an OmrlError
+    if the sandbox was never set up."""
+    if status and "error" in status:
+        raise OmrlError(f"the sandbox could not be set up, so the code was not run: {status['error']}")
+    if status is None and not timed_out:
+        why = err.decode(errors="replace").strip() or "no message"
+        raise OmrlError(f"the sandbox could not be set up (is this a container that forbids namespaces?), "
+                        f"so the code was not run: {why}")
+    if timed_out or status["backstop"]:
+        exit_code, reason, timed_out = -signal.SIGKILL, "timeout", True
+    else:
+        exit_code, reason = status["exit_code"], _signal_reason(status["exit_code"])
+    return SandboxResult(_text(out), _text(err), exit_code, timed_out, reason, truncated)
+
+
+def _signal_reason(exit_code: int) -> str | None:
+    """Name why a signal ended the program (an exit code of minus its number); None for a plain exit."""
+    if exit_code >= 0:
+        return None
+    number = -exit_code
+    if number == signal.SIGXCPU:
+        return "cpu_time"
+    if number == signal.SIGXFSZ:
+        return "file_size"
+    try:
+        return f"signal {signal.Signals(number).name}"
+    except ValueError:
+        return f"signal {number}"
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+# --- in the sandbox: the helper, PID 1 of the new namespaces, still root ---------------------------
+
+def _helper_main(spec_fd: int, status_fd: int) -> None:
+    """Build the new root, start the program in it, wait, and report how it ended on ``status_fd``."""
+    os.set_inheritable(status_fd, False)  # the program must not be able to forge the report
+    with os.fdopen(spec_fd, "rb") as f:
+        spec = json.load(f)
+    try:
+        _check_namespaces(spec["host_namespaces"])
+        _build_root(spec)
+        os.chroot(_NEW_ROOT)
+        os.chdir("/")
+        pid = _start_program(spec)
+        report = _wait(pid, spec["timeout_s"] + _BACKSTOP_S)
+    except Exception as e:  # anything here means the sandbox is not as promised: the caller raises
+        report = {"error": f"{type(e).__name__}: {e}"}
+    with os.fdopen(status_fd, "w") as f:
+        f.write(json.dumps(report))
+
+
+def _check_namespaces(host: dict[str, str]) -> None:
+    """Refuse to go on (and above all to mount anything) unless every namespace is a new one."""
+    shared = [name for name, ns in host.items() if os.readlink(f"/proc/self/ns/{name}") == ns]
+    if shared:
+        raise RuntimeError(f"the helper shares the caller's {', '.join(shared)} namespace(s)")
+    if os.getpid() != 1:
+        raise RuntimeError(f"the helper is pid {os.getpid()}, not the init of a new PID namespace")
+
+
+def _build_root(spec: dict) -> None:
+    """Mount the sandbox's root at _NEW_ROOT: system software read-only, devices, /proc, a scratch tmpfs."""
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing mounted below may reach the host's namespace
+    _mount("omrl-sandbox", _NEW_ROOT, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=0755")
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        if os.path.islink(f"/{name}"):  # merged /usr: /bin -> usr/bin
+            os.symlink(os.readlink(f"/{name}"), f"{_NEW_ROOT}/{name}")
+        elif os.path.isdir(f"/{name}"):
+            _bind(f"/{name}", _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    for path in [*spec["ro_paths"], "/etc/ld.so.cache", "/etc/alternatives"]:
+        if os.path.exists(path):
+            _bind(path, _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+    _write_etc(spec["uid"])
+    for device in ("null", "zero", "random", "urandom"):
+        _bind(f"/dev/{device}", _MS_NOSUID | _MS_NOEXEC)
+    os.mkdir(f"{_NEW_ROOT}/proc")
+    _mount("proc", f"{_NEW_ROOT}/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, "hidepid=2")
+    _make_scratch(spec)
+    _mount(None, _NEW_ROOT, None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
+
+
+def _bind(path: str, flags: int) -> None:
+    """Show host ``path`` at the same place in the new root, with ``flags`` (which need a remount)."""
+    target = _NEW_ROOT + path
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+    else:
+        open(target, "w").close()
+    _mount(path, target, None, _MS_BIND)
+    _mount(None, target, None, _MS_REMOUNT | _MS_BIND | flags)
+
+
+def _write_etc(uid: int) -> None:
+    """A passwd and group naming the run's user, so tools that look it up work."""
+    os.makedirs(f"{_NEW_ROOT}/etc", exist_ok=True)
+    with open(f"{_NEW_ROOT}/etc/passwd", "w") as f:
+        f.write(f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::{_SCRATCH}:/bin/sh\n")
+    with open(f"{_NEW_ROOT}/etc/group", "w") as f:
+        f.write(f"root:x:0:\nsandbox:x:{uid}:\n")
+
+
+def _make_scratch(spec: dict) -> None:
+    """A fresh tmpfs of ``disk_mb`` owned by the run's user, at /scratch and /tmp; the Python source in it."""
+    scratch, uid = _NEW_ROOT + _SCRATCH, spec["uid"]
+    os.mkdir(scratch)
+    _mount("omrl-scratch", scratch, "tmpfs", _MS_NOSUID | _MS_NODEV,
+           f"size={spec['disk_mb']}m,nr_inodes=16384,mode=0700,uid={uid},gid={uid}")
+    os.mkdir(f"{_NEW_ROOT}/tmp")
+    _mount(scratch, f"{_NEW_ROOT}/tmp", None, _MS_BIND)
+    if spec["code"] is not None:
+        with open(f"{scratch}/main.py", "w", encoding="utf-8") as f:
+            f.write(spec["code"])
+        os.chown(f"{scratch}/main.py", uid, uid)
+
+
+def _start_program(spec: dict) -> int:
+    """Fork the program: limits, then the unprivileged user, then exec. Returns its pid.
+
+    A child that cannot drop its privileges reports on a close-on-exec pipe and never runs the code.
+    """
+    errors_r, errors_w = os.pipe()  # non-inheritable: a successful exec closes it
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(errors_r)
+            _become_sandboxed(spec)
+        except BaseException as e:
+            os.write(errors_w, f"setup:{type(e).__name__}: {e}".encode())
+            os._exit(_EXEC_FAILED)
+        try:
+            os.execvpe(spec["argv"][0], spec["argv"], {"PATH": _PATH, "HOME": _SCRATCH})
+        except BaseException as e:
+            os.write(errors_w, f"exec:cannot run {spec['argv'][0]!r}: {getattr(e, 'strerror', e)}".encode())
+        os._exit(_EXEC_FAILED)
+    os.close(errors_w)
+    with os.fdopen(errors_r, "rb") as f:
+        message = f.read().decode(errors="replace")
+    if message.startswith("setup:"):
+        os.waitpid(pid, 0)
+        raise RuntimeError(f"could not drop into the sandbox: {message[len('setup:'):]}")
+    if message:  # the program itself cannot run: report it as a shell would
+        os.write(2, f"omrl sandbox: {message[len('exec:'):]}\n".encode())
+    return pid
+
+
+def _become_sandboxed(spec: dict) -> None:
+    """In the forked child: set the limits, become the unprivileged user, enter the scratch dir."""
+    import resource
+
+    mb = 1024 * 1024
+    limits = {
+        resource.RLIMIT_AS: spec["memory_mb"] * mb,
+        resource.RLIMIT_NPROC: spec["max_processes"],
+        resource.RLIMIT_FSIZE: spec["max_file_mb"] * mb,
+        resource.RLIMIT_NOFILE: 256,
+        resource.RLIMIT_CORE: 0,
+    }
+    for limit, value in limits.items():
+        resource.setrlimit(limit, (value, value))
+    cpu = spec["cpu_time_s"]
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit, SIGKILL a second later
+    uid = spec["uid"]
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)  # from root to non-root: the kernel clears every capability
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise RuntimeError(f"still uid {os.geteuid()} after switching to {uid}")
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    os.chdir(_SCRATCH)
+    os.umask(0o077)
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; programs expect the default
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def _wait(pid: int, backstop_s: float) -> dict:
+    """Wait for the program; kill it if it outlives the caller's deadline (the caller may have died)."""
+    fired = []
+
+    def on_alarm(signum, frame):
+        fired.append(True)
+        os.kill(pid, signal.SIGKILL)
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, backstop_s)
+    _, status = os.waitpid(pid, 0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    return {"exit_code": os.waitstatus_to_exitcode(status), "backstop": bool(fired)}
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return libc
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """mount(2) (Python 3.11 has no os.mount); raises OSError naming the mount."""
+    def arg(s):
+        return None if s is None else os.fsencode(s)
+
+    if _libc().mount(arg(source), arg(target), arg(fstype), flags, arg(data)) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"mount {source or '(remount)'} on {target}: {os.strerror(errno)}")
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc().prctl(option, value, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl({option}): {os.strerror(errno)}")

@@ -1,0 +1,89 @@
+"""The ``omrl train`` recipe for dpo: online DPO on preference pairs from each step's rollout.
+
+Reads top to bottom: ``setup`` (seed, resume point, policy and reference, rollout, optimizer,
+logger), ``train`` (one step = ROLLOUT -> PAIRS -> UPDATE, then EVAL and CHECKPOINT),
+``cleanup``. A task's best and worst samples form a pair when their total rewards differ
+(:func:`~omrl.training.rl_data.preference_pairs`); the loss is DPO's (Rafailov et al. 2023,
+:func:`~omrl.training.losses.dpo_loss`) against the frozen starting model, one optimizer
+step per training step, each pair weighted alike across processes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from omrl.errors import ConfigError
+from omrl.training import online
+from omrl.training.losses import dpo_loss
+from omrl.training.policy import sequence_log_prob
+from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, trainable
+
+
+class DPORecipe(online.OnlineRecipe):
+    """DPO: ``setup()``, ``train()``, ``cleanup()`` (or :func:`omrl.training.rl.run_rl`)."""
+
+    # -- SETUP ----------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        resume_from = self._start_setup(recipes=("dpo",))
+        if cfg.group_size < 2:
+            raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2")
+        self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
+            cfg, self.strategy, with_reference=True)
+        self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
+        self._setup_optimizer({}, updates_per_step=1)
+        self._finish_setup(resume_from)
+
+    # -- TRAIN ----------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg, strategy = self.cfg, self.strategy
+        pad_id, size = self.tokenizer.pad_token_id, cfg.optim.micro_batch_size
+        metrics: dict[str, float] = {}
+        while self.step < cfg.steps:
+            started = time.perf_counter()
+
+            # ROLLOUT: every sample of every task in batched generate calls, envs stepped together
+            self.model.eval()
+            tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
+            episodes = self.session.play(tasks, split=cfg.env.split, group_size=cfg.group_size,
+                                         seed=online.rollout_seed(cfg, self.step, strategy))
+            metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
+            self._check_env_failures(episodes)
+
+            # PAIRS: each task's best and worst sample, when their total rewards differ
+            pairs = preference_pairs(trainable(episodes))
+            total_pairs = strategy.sum([len(pairs)])[0]
+            if not total_pairs:
+                metrics.update(self._skip("no preference pair: every sample of each task scored the same"))
+                self._end_step(metrics, started)
+                continue
+
+            # UPDATE: one optimizer step over every pair of the step, micro-batches of pairs accumulated
+            chosen = episodes_to_batch([c for c, _ in pairs], pad_id).to(self.device)
+            rejected = episodes_to_batch([r for _, r in pairs], pad_id).to(self.device)
+            self.model.train()
+            strategy.zero_grad(self.optimizer)
+            sums: dict[str, float] = {}
+            for c_mb, r_mb in strategy.micro_batches(zip(micro_batches(chosen, size), micro_batches(rejected, size)),
+                                                     idle=lambda row: self._log_probs(row, row)):
+                policy, ref = self._log_probs(c_mb, r_mb)
+                loss, parts = dpo_loss(policy[0], policy[1], ref[0], ref[1], cfg.algorithm.dpo_beta)
+                weight = len(c_mb) / total_pairs
+                strategy.backward(loss * weight)
+                for key, value in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
+                    sums[key] = sums.get(key, 0.0) + weight * value
+            metrics.update(strategy.sum_dicts(sums), dpo_pairs=float(total_pairs), **self._optimizer_step())
+            self._end_step(metrics, started)
+        return self._finish(metrics)
+
+    def _log_probs(self, chosen, rejected) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Summed response log-probs [mb] of the chosen and the rejected rows, under the policy
+        (through the strategy: a forward it counts) and under the frozen reference."""
+        with torch.no_grad():
+            ref = [sequence_log_prob(self.ref_model, mb, self.temperature) for mb in (chosen, rejected)]
+        policy = self.strategy.forward(lambda: [sequence_log_prob(self.model, mb, self.temperature)
+                                                for mb in (chosen, rejected)])
+        return policy, ref

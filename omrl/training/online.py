@@ -1,0 +1,288 @@
+"""Pieces the online recipes share (:mod:`omrl.training.rl` for grpo/ppo, :mod:`omrl.training.dpo`):
+config checks, the models, the rollout session and task order, per-step rollout metrics,
+evaluation, keeping the rollout backend's weights in step with the trained model, and
+:class:`OnlineRecipe`, the setup and step-end both recipes run alike (each recipe's
+``setup`` and ``train`` read top to bottom in its own file)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from omrl.algos import RECIPES, AdvantageInput
+from omrl.atomic import atomic_write_text
+from omrl.config import to_dict, to_yaml
+from omrl.errors import ConfigError, EnvFailure, OmrlError
+from omrl.options import TrainRunConfig
+from omrl.parallel import Strategy, make_strategy
+from omrl.rollout import RolloutSession
+from omrl.training import checkpoint as ckpt
+from omrl.training.common import SkippedUpdates, seed_everything
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, rollout_metrics
+from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_from_every_process
+from omrl.training.optim import build_optimizer, build_scheduler
+from omrl.training.rl_data import TaskOrder
+
+
+def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
+    """Refuse values no online recipe can run with, naming the key and what is valid."""
+    algo = cfg.algorithm
+    if algo.name not in RECIPES:
+        raise ConfigError(f"unknown algorithm.name {algo.name!r}; valid: {', '.join(RECIPES)}")
+    for key in ("steps", "tasks_per_step", "group_size", "ppo_epochs", "optim.micro_batch_size"):
+        value = cfg.optim.micro_batch_size if key == "optim.micro_batch_size" else getattr(cfg, key)
+        if value < 1:
+            raise ConfigError(f"{key} must be >= 1, got {value}")
+    strategy.check_divisible("tasks_per_step", cfg.tasks_per_step)
+    if cfg.mini_batch_size < 0:
+        raise ConfigError(f"mini_batch_size must be >= 0 (0: the whole rollout), got {cfg.mini_batch_size}")
+    if cfg.eval_samples_per_task < 1 or (cfg.eval_samples_per_task > 1 and cfg.eval_temperature <= 0):
+        raise ConfigError(f"eval_samples_per_task={cfg.eval_samples_per_task} is invalid; valid: 1, or more "
+                          "with eval_temperature > 0 (greedy samples of a task are all the same)")
+    if cfg.train_tasks < 0:
+        raise ConfigError(f"train_tasks must be >= 0 (0: the whole split), got {cfg.train_tasks}")
+    if algo.critic not in ("head", "model"):
+        raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
+
+
+def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool) -> None:
+    """Run the advantage estimator once on a tiny made-up rollout of one task, before any real
+    rollout: an estimator that needs what this run lacks (a critic's values) or a group size
+    under which every advantage is 0 is refused now, naming the fix, not after a whole rollout."""
+    algo, group = cfg.algorithm, cfg.group_size
+    rewards = torch.zeros(group, 3)
+    rewards[:, -1] = torch.arange(1, group + 1, dtype=torch.float32)  # the samples of the task differ
+    probe = AdvantageInput(token_rewards=rewards, loss_mask=torch.ones(group, 3),
+                           group_ids=torch.zeros(group, dtype=torch.long),
+                           values=torch.zeros(group, 3) if has_critic else None,
+                           turn_index=torch.zeros(group, 3, dtype=torch.long), turn_rewards=rewards[:, -1:],
+                           turn_state_ids=torch.zeros(group, 1, dtype=torch.long))
+    try:
+        advantages, _ = advantage_fn(probe, algo)
+    except OmrlError as err:
+        raise ConfigError(f"algorithm.advantage={algo.advantage} cannot run with algorithm.name={algo.name}: {err}"
+                          + ("; gae needs a critic: use algorithm.name=ppo" if not has_critic else "")) from err
+    if not advantages.any():
+        raise ConfigError(f"algorithm.advantage={algo.advantage} gives every sample an advantage of 0 with "
+                          f"group_size={group} (it compares the samples of a task): nothing would be learned; "
+                          "use group_size >= 2")
+
+
+def load_models(cfg: TrainRunConfig, strategy: Strategy, with_reference: bool) -> tuple[Any, Any, Any, Any]:
+    """(model, tokenizer, rollout_model, ref_model): the trained policy, the model the hf backend
+    generates with (the policy itself, or when sharded an unsharded copy refreshed after each
+    update, since processes generate different lengths), and the frozen reference (or None)."""
+    device = str(strategy.device)
+    model, tokenizer = load_trainable_model(cfg.model, device)
+    model = strategy.prepare(model)
+    own_copy = strategy.sharded and cfg.generation.backend == "hf"
+    rollout_model = load_frozen_copy(cfg.model, device) if own_copy else model
+    ref_model = strategy.prepare(load_frozen_copy(cfg.model, device), frozen=True) if with_reference else None
+    return model, tokenizer, rollout_model, ref_model
+
+
+def setup_rollout(cfg: TrainRunConfig, rollout_model: Any, tokenizer: Any
+                  ) -> tuple[RolloutSession, TaskOrder, list[Any]]:
+    """(session, training task order, test tasks of the evaluations)."""
+    session = RolloutSession.from_config(cfg, model=rollout_model, tokenizer=tokenizer)
+    splits = session.pool.probe()
+    tasks = splits.split_of(cfg.env.split)
+    task_order = TaskOrder(list(tasks[: cfg.train_tasks] if cfg.train_tasks else tasks), cfg.seed)
+    if not task_order.tasks:
+        raise ConfigError(f"env {cfg.env.name!r} has no tasks in split {cfg.env.split!r}; choose another env.split")
+    return session, task_order, list(splits.split_of("test"))[: cfg.eval_tasks]
+
+
+def make_logger(cfg: TrainRunConfig, strategy: Strategy, start_step: int, config_dict: dict[str, Any],
+                console: Console) -> MetricsLogger | NullLogger:
+    """The main process logs; the others hold a logger that drops everything."""
+    if not strategy.is_main:
+        return NullLogger()
+    return MetricsLogger(Path(cfg.logging.output_dir), cfg.logging, cfg.steps, start_step=start_step,
+                         run_config=config_dict, console=console, description=cfg.algorithm.name)
+
+
+def rollout_seed(cfg: TrainRunConfig, step: int, strategy: Strategy) -> int:
+    """Different per step and per process; with one process, ``seed * 1_000_003 + step``."""
+    return (cfg.seed * 1_000_003 + step) * strategy.world_size + strategy.rank
+
+
+def step_metrics(episodes: list[Any], seconds: float, session: RolloutSession, strategy: Strategy
+                 ) -> dict[str, float]:
+    """The rollout's metrics over every process: means average (every process played as many
+    episodes), counts and speeds add."""
+    metrics = rollout_metrics(episodes, seconds, session.reward_summary)
+    if strategy.world_size > 1:
+        added = ("env_errors", "tokens_per_s")
+        metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(metrics).items()}
+    return metrics
+
+
+def evaluate(cfg: TrainRunConfig, session: RolloutSession, strategy: Strategy, test_tasks: list[Any]
+             ) -> dict[str, float]:
+    """Success and score on the test tasks: greedy, or the mean of ``eval_samples_per_task``
+    samples at ``eval_temperature``."""
+    if not test_tasks:
+        return {}
+    sampling = session.limits
+    session.limits = dataclasses.replace(sampling, temperature=cfg.eval_temperature)
+    try:
+        episodes = session.play(strategy.shard(test_tasks), split="test", group_size=cfg.eval_samples_per_task,
+                                seed=cfg.seed)
+    finally:
+        session.limits = sampling
+    n, won, score = strategy.sum([len(episodes), sum(ep.won for ep in episodes), sum(ep.score for ep in episodes)])
+    return {"eval_success": won / n, "eval_score": score / n}
+
+
+def sync_rollout_weights(strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSession) -> None:
+    """The rollout backend gets the trained weights (a no-op for hf sharing the very model)."""
+    if rollout_model is not model:  # sharded, with hf: refresh the unsharded copy in place
+        strategy.copy_whole_weights(model, rollout_model)
+    else:
+        session.backend.update_weights(strategy.state_dict(model))
+
+
+class OnlineRecipe:
+    """What the grpo/ppo and dpo recipes do alike: the start of setup (checks, resume point, seed),
+    its end (resume, logger, config.yaml), the optimizer, the end of a step (EVAL, log,
+    CHECKPOINT), the end of the run, and cleanup."""
+
+    def __init__(self, cfg: TrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
+        self.cfg = cfg
+        self.on_step_end = on_step_end  # called after each step's logging and checkpoint
+        self.console = console or Console(stderr=True)
+        self.output_dir = Path(cfg.logging.output_dir)
+        self.step = 0
+        self.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
+        self.strategy = make_strategy(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
+        self.episodes_played, self.env_failures, self.first_env_error = 0, 0, ""
+
+    # -- setup pieces ---------------------------------------------------------------------------------
+    def _start_setup(self, recipes: tuple[str, ...]) -> Path | None:
+        """Check the config, find the resume point (None: a fresh run), seed; returns the resume point."""
+        cfg = self.cfg
+        check_config(cfg, self.strategy)
+        if cfg.algorithm.name not in recipes:
+            raise ConfigError(f"{type(self).__name__} runs algorithm.name {' or '.join(recipes)}, "
+                              f"not {cfg.algorithm.name!r} (omrl.training.rl.run_rl picks the recipe)")
+        self.config_dict = to_dict(cfg)
+        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, cfg.resume, defaults=to_dict(type(cfg)()),
+                                        renamed=type(cfg).renamed_keys)
+        seed_everything(cfg.seed)
+        self.device = self.strategy.device
+        # log-probs are scored under the distribution the rollout sampled from
+        self.temperature = cfg.generation.temperature if cfg.generation.temperature > 0 else 1.0
+        return resume_from
+
+    def _setup_optimizer(self, extra_modules: dict[str, torch.nn.Module], updates_per_step: int) -> None:
+        """AdamW over the policy's trainable weights and ``extra_modules`` (by name), and the schedule."""
+        extra = [p for module in extra_modules.values() for p in module.parameters()]
+        self.params = [p for p in self.model.parameters() if p.requires_grad] + extra
+        self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra)
+        self.strategy.prepare_optimizer({"policy": self.model, **extra_modules}, self.optimizer,
+                                        self.cfg.optim.max_grad_norm)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * updates_per_step)
+
+    def _finish_setup(self, resume_from: Path | None) -> ckpt.Checkpoint | None:
+        """Resume (when ``resume_from``), open the logger, write config.yaml; returns the checkpoint
+        resumed from, whose ``extra`` a recipe may read further."""
+        state = None
+        if resume_from is not None:
+            state = ckpt.load_checkpoint(resume_from, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                         strategy=self.strategy)
+            self.step = state.step
+            self.task_order.epoch = int(state.data_state["task_epoch"])
+            self.task_order.cursor = int(state.data_state["task_cursor"])
+            self.skipped.load_state_dict(state.extra)
+            # a backend with its own copy must roll out with the resumed weights
+            sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
+            self.console.print(f"resuming from {resume_from} at step {self.step}", highlight=False)
+        self.logger = make_logger(self.cfg, self.strategy, self.step, self.config_dict, self.console)
+        self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(self.cfg))
+        return state
+
+    # -- step pieces ----------------------------------------------------------------------------------
+    def _check_env_failures(self, episodes: list[Any]) -> None:
+        """Say so when every episode of this step failed in the env (the step cannot train); the
+        run's counts decide at its end whether it was a result at all (:meth:`_finish`)."""
+        failed = [ep for ep in episodes if ep.end_reason == "env_error"]
+        played, lost = self.strategy.sum([len(episodes), len(failed)])
+        self.episodes_played += int(played)
+        self.env_failures += int(lost)
+        if failed and not self.first_env_error:
+            self.first_env_error = failed[0].error or "no reason given"
+        if played and lost == played:
+            self.logger.warn(f"step {self.step + 1}: every episode failed in the env {self.cfg.env.name!r} "
+                             f"({self.first_env_error or 'on another process'}); nothing to train on")
+
+    def _optimizer_step(self) -> dict[str, float]:
+        """Sum gradients over processes, clip, then step unless the gradient is not finite."""
+        grad_norm = self.strategy.optimizer_step(self.params, self.optimizer, self.cfg.optim.max_grad_norm)
+        if not math.isfinite(grad_norm):
+            return self._skip(f"non-finite gradient norm ({grad_norm})", nan=True)
+        self.scheduler.step()
+        self.skipped.applied()
+        return {"grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
+
+    def _skip(self, why: str, nan: bool = False) -> dict[str, float]:
+        self.strategy.zero_grad(self.optimizer)
+        return self.skipped.skip(why, self.logger, self.step + 1, nan=nan)
+
+    def _end_step(self, metrics: dict[str, float], started: float) -> None:
+        """After an update (or a skipped one): refresh the rollout weights, then EVAL (every
+        ``eval_every`` steps and after the last), log, CHECKPOINT."""
+        sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
+        self.step += 1
+        cfg = self.cfg
+        if self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0):
+            metrics.update(self.evaluate())
+        metrics["step_time"] = time.perf_counter() - started
+        self.logger.log(self.step, metrics)
+        if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
+            self.save_checkpoint()
+        if self.on_step_end is not None:
+            self.on_step_end(self.step, metrics)
+
+    def evaluate(self) -> dict[str, float]:
+        """eval_success and eval_score of the model as it is now (see :func:`evaluate`)."""
+        self.model.eval()
+        return evaluate(self.cfg, self.session, self.strategy, self.test_tasks)
+
+    def _finish(self, metrics: dict[str, float]) -> dict[str, Any]:
+        """The final checkpoint (unless the last step wrote it) and model; the run's summary. A run
+        whose every episode failed in the env raises :class:`EnvFailure` after saving: it is no result."""
+        if ckpt.latest_checkpoint(self.output_dir) != ckpt.checkpoint_path(self.output_dir, self.step):
+            self.save_checkpoint()
+        save_final_from_every_process(self.strategy, self.model, self.tokenizer, self.output_dir,
+                                      merge_lora=self.cfg.model.lora_rank > 0)
+        if self.episodes_played and self.env_failures == self.episodes_played:
+            raise EnvFailure(f"every one of the {self.episodes_played} episodes of this run failed in the env "
+                             f"{self.cfg.env.name!r}, so nothing was learned; the first reason: "
+                             f"{self.first_env_error or 'on another process'}")
+        return {"steps": self.step, "skipped_updates": self.skipped.count, "output_dir": str(self.output_dir),
+                **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+
+    def _checkpoint_extra(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides weights, optimizer, schedule, RNG and task position."""
+        return self.skipped.state_dict()
+
+    def save_checkpoint(self) -> Path:
+        return ckpt.save_from_every_process(
+            self.strategy, self.output_dir, self.step, self.model, self.optimizer, scheduler=self.scheduler,
+            data_state={"task_epoch": self.task_order.epoch, "task_cursor": self.task_order.cursor},
+            config=self.config_dict, extra=self._checkpoint_extra(), tokenizer=self.tokenizer,
+            keep=self.cfg.logging.keep_checkpoints)
+
+    # -- CLEANUP --------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        for name in ("logger", "session", "strategy"):
+            thing = getattr(self, name, None)
+            if thing is not None:
+                thing.close()

@@ -1,0 +1,271 @@
+"""The sandbox for model-written code: a normal program works, and each escape a test can try fails.
+
+Every run is bounded (a few processes, a few seconds) so the tests cannot hurt a small shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from omrl import sandbox
+from omrl.errors import OmrlError
+from omrl.sandbox import run_sandboxed
+
+needs_sandbox = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.geteuid() != 0,
+    reason="the sandbox needs Linux and root (CI has both); without them it raises, tested below",
+)
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def attempts(*lines: str) -> str:
+    """Python source that runs each ``label: statement`` and prints ``label ok`` or ``label <Error>``."""
+    body = [f"try:\n    {stmt}\n    print({label!r}, 'ok')\n"
+            f"except Exception as e:\n    print({label!r}, type(e).__name__)"
+            for label, stmt in (line.split(": ", 1) for line in lines)]
+    return "import os, socket\n" + "\n".join(body)
+
+
+def outcomes(result) -> dict[str, str]:
+    """``{label: 'ok' or error name}`` from the output of `attempts`."""
+    return dict(line.split(" ", 1) for line in result.stdout.splitlines())
+
+
+def host_processes_with(marker: str) -> list[str]:
+    """Command lines of the host's processes that contain ``marker``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(cmdline)
+    return found
+
+
+# --- what works ----------------------------------------------------------------------------------
+
+@needs_sandbox
+def test_a_python_program_gets_stdin_and_returns_stdout_stderr_and_exit_code():
+    code = "import sys\nprint(sys.stdin.read().upper())\nprint('oops', file=sys.stderr)\nsys.exit(3)"
+    result = run_sandboxed(code, stdin="hello", timeout_s=10)
+    assert (result.stdout, result.stderr, result.exit_code) == ("HELLO\n", "oops\n", 3)
+    assert not result.timed_out and result.killed_reason is None and not result.truncated
+
+
+@needs_sandbox
+def test_a_shell_command_runs_as_an_unprivileged_user_in_a_bare_environment():
+    result = run_sandboxed('echo "$(id -u) $(pwd) $HOME"; env | sort; exit 4', language="shell", timeout_s=10)
+    uid, cwd, home, *env = result.stdout.split()
+    assert result.exit_code == 4, result.stderr
+    assert int(uid) >= 1000 and cwd == home == "/scratch"
+    assert env == ["HOME=/scratch", "PATH=/usr/local/bin:/usr/bin:/bin", "PWD=/scratch"]
+
+
+@needs_sandbox
+def test_an_argv_runs_as_is_and_a_missing_command_exits_127():
+    assert run_sandboxed(["echo", "a b"], timeout_s=10).stdout == "a b\n"
+    missing = run_sandboxed(["no-such-command"], timeout_s=10)
+    assert missing.exit_code == 127 and "no-such-command" in missing.stderr
+
+
+def test_bad_arguments_name_what_is_valid():
+    with pytest.raises(OmrlError, match="unknown language 'ruby'; valid: python, shell"):
+        run_sandboxed("puts 1", language="ruby")
+    with pytest.raises(OmrlError, match="timeout_s must be positive"):
+        run_sandboxed("print(1)", timeout_s=0)
+
+
+# --- escapes that must fail ------------------------------------------------------------------------
+
+@needs_sandbox
+def test_host_files_cannot_be_read(tmp_path):
+    token = secrets.token_hex(16)
+    secret = tmp_path / "secret.txt"
+    secret.write_text(token)
+    secret.chmod(0o644)  # readable by every user: only its absence from the sandbox protects it
+    tmp_path.chmod(0o755)
+    result = run_sandboxed(attempts(
+        f"readme: open({str(README)!r}).read()",
+        "shadow: open('/etc/shadow').read()",
+        f"secret: print(open({str(secret)!r}).read())",
+        f"init_root: open('/proc/1/root{secret}').read()",  # through the helper's root, which is the host's
+        "root_home: os.listdir('/root/.ssh')",
+    ), timeout_s=10)
+    assert token not in result.stdout
+    assert outcomes(result) == {"readme": "FileNotFoundError", "shadow": "FileNotFoundError",
+                                "secret": "FileNotFoundError", "init_root": "FileNotFoundError",
+                                "root_home": "FileNotFoundError"}, result.stderr
+
+
+@needs_sandbox
+def test_nothing_outside_the_scratch_dir_can_be_written_and_the_scratch_dir_is_fresh(tmp_path):
+    tmp_path.chmod(0o777)  # writable by every user: only its absence from the sandbox protects it
+    result = run_sandboxed(attempts(
+        f"host_tmp: open({str(tmp_path / 'pwned')!r}, 'w').write('x')",
+        "root: open('/pwned', 'w').write('x')",
+        "usr: open('/usr/pwned', 'w').write('x')",
+        "etc: open('/etc/pwned', 'w').write('x')",
+        "passwd: open('/etc/passwd', 'a').write('x')",
+        "scratch: open('/scratch/mine', 'w').write('x')",
+        "tmp: open('/tmp/mine2', 'w').write('x')",
+    ), timeout_s=10)
+    assert outcomes(result) == {"host_tmp": "FileNotFoundError", "root": "OSError", "usr": "OSError",
+                                "etc": "OSError", "passwd": "PermissionError",  # read-only, or root's
+                                "scratch": "ok", "tmp": "ok"}, result.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert run_sandboxed("ls -A /scratch", language="shell", timeout_s=10).stdout == ""  # "mine" is gone
+
+
+@needs_sandbox
+def test_it_has_no_capabilities_and_cannot_gain_any():
+    result = run_sandboxed(
+        "grep -E '^(CapPrm|CapEff|CapAmb|NoNewPrivs)' /proc/self/status; unshare --user --map-root-user id",
+        language="shell", timeout_s=10)
+    assert result.stdout.split() == ["CapPrm:", "0" * 16, "CapEff:", "0" * 16, "CapAmb:", "0" * 16,
+                                     "NoNewPrivs:", "1"]
+    assert "Operation not permitted" in result.stderr  # no user namespace, the usual way out of a chroot
+
+
+@needs_sandbox
+def test_no_network_not_even_to_a_server_on_the_hosts_loopback():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()  # the server does listen
+        server.accept()[0].close()
+        result = run_sandboxed(attempts(
+            f"loopback: socket.create_connection(('127.0.0.1', {port}), timeout=3)",
+            "dns: socket.getaddrinfo('pypi.org', 443)",
+            "localhost: socket.getaddrinfo('localhost', 80)",
+            "internet: socket.create_connection(('1.1.1.1', 53), timeout=3)",
+        ), timeout_s=10)
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing from the sandbox ever arrived
+    assert outcomes(result) == {"loopback": "OSError", "dns": "gaierror", "localhost": "gaierror",
+                                "internet": "OSError"}, result.stderr
+
+
+@needs_sandbox
+def test_processes_are_limited_and_none_outlives_its_run():
+    marker = f"61.{secrets.randbelow(10**9)}"  # a sleep length no other process uses
+    code = (
+        "import os\nn = 0\n"
+        "while n < 100:\n"
+        "    try:\n        pid = os.fork()\n"
+        "    except OSError as e:\n        print(n, type(e).__name__)\n        break\n"
+        f"    if pid == 0:\n        os.execv('/bin/sleep', ['sleep', {marker!r}])\n"
+        "    n += 1\n"
+    )
+    result = run_sandboxed(code, max_processes=8, timeout_s=10)
+    forked, error = result.stdout.split()
+    assert 0 < int(forked) < 8 and error == "BlockingIOError", result.stderr
+    assert host_processes_with(marker) == []  # the sleeping children died with the run
+
+
+@needs_sandbox
+def test_a_fork_bomb_is_contained_and_the_machine_survives():
+    marker = f"bomb-{secrets.token_hex(8)}"  # in every bomb process's command line
+    bomb = f"# {marker}\nimport os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    started = time.monotonic()
+    result = run_sandboxed([sandbox.sandbox_python(), "-c", bomb], max_processes=16, timeout_s=3)
+    assert result.timed_out and result.killed_reason == "timeout"
+    assert time.monotonic() - started < 3 + 3
+    assert host_processes_with(marker) == []
+    assert subprocess.run(["true"]).returncode == 0  # the host can still start processes
+
+
+@needs_sandbox
+def test_allocating_2_gb_fails():
+    result = run_sandboxed("b = bytearray(2 * 1024**3)\nprint('allocated')", memory_mb=256, timeout_s=10)
+    assert "MemoryError" in result.stderr and "allocated" not in result.stdout
+    assert result.exit_code == 1
+
+
+@needs_sandbox
+def test_files_are_cut_at_the_file_size_limit_and_the_scratch_dir_at_its_size():
+    one_file = run_sandboxed(
+        "import os\nwith open('big', 'wb') as f:\n"
+        "    try:\n        while True:\n            f.write(b'x' * 2**20); f.flush()\n"
+        "    except OSError as e:\n        print(os.strerror(e.errno))\n"
+        "print(os.path.getsize('big'))", max_file_mb=4, timeout_s=10)
+    assert one_file.stdout.split("\n")[:2] == ["File too large", str(4 * 2**20)], one_file.stderr
+    # a program that keeps the default SIGXFSZ is killed by it
+    shell = run_sandboxed("exec head -c 10000000 /dev/zero > big", language="shell", max_file_mb=2, timeout_s=10)
+    assert shell.killed_reason == "file_size"
+    many_files = run_sandboxed(
+        "import os\ntotal = 0\n"
+        "try:\n    for i in range(100):\n        with open(f'f{i}', 'wb') as f:\n"
+        "            for _ in range(3):\n                f.write(b'x' * 2**20); f.flush(); total += 2**20\n"
+        "except OSError as e:\n    print(os.strerror(e.errno), total)",
+        max_file_mb=4, disk_mb=8, timeout_s=10)
+    error, total = many_files.stdout.rsplit(" ", 1)
+    assert error == "No space left on device" and int(total) <= 8 * 2**20, many_files.stderr
+
+
+@needs_sandbox
+def test_an_infinite_loop_is_killed_at_the_wall_time_limit():
+    started = time.monotonic()
+    result = run_sandboxed("import time\nwhile True: time.sleep(0.1)", timeout_s=1)
+    assert result.timed_out and result.killed_reason == "timeout" and result.exit_code == -9
+    assert time.monotonic() - started < 1 + 2
+    started = time.monotonic()  # closing stdout and stderr does not stop the clock
+    result = run_sandboxed("exec >&- 2>&-; sleep 30", language="shell", timeout_s=1)
+    assert result.timed_out and time.monotonic() - started < 1 + 2
+
+
+@needs_sandbox
+def test_a_busy_loop_is_killed_at_the_cpu_time_limit():
+    result = run_sandboxed("while True: pass", cpu_time_s=1, timeout_s=10)
+    assert not result.timed_out and result.killed_reason == "cpu_time"
+
+
+@needs_sandbox
+def test_output_is_capped_and_says_so():
+    result = run_sandboxed("print('x' * 1_000_000)", max_output_bytes=1000, timeout_s=10)
+    assert result.truncated and result.exit_code == 0
+    assert result.stdout.startswith("x" * 1000) and "truncated" in result.stdout and len(result.stdout) < 1200
+
+
+# --- failing closed ----------------------------------------------------------------------------------
+
+def test_without_unshare_it_refuses_to_run(monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda *a, **k: None)
+    with pytest.raises(OmrlError, match="needs util-linux's `unshare`"):
+        run_sandboxed("print(1)")
+
+
+def test_without_root_it_refuses_to_run(monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    with pytest.raises(OmrlError, match="needs root .* running as uid 1000"):
+        run_sandboxed("print(1)")
+
+
+@needs_sandbox
+def test_when_namespaces_are_refused_it_raises_and_runs_nothing(monkeypatch, tmp_path):
+    fake = tmp_path / "unshare"  # what unshare does in a container that forbids namespaces
+    fake.write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda *a, **k: str(fake))
+    with pytest.raises(OmrlError, match="could not be set up.*Operation not permitted"):
+        run_sandboxed(f"open({str(tmp_path / 'ran')!r}, 'w')")
+    assert not (tmp_path / "ran").exists()
+
+
+@needs_sandbox
+def test_a_namespace_left_out_makes_the_helper_refuse(monkeypatch, tmp_path):
+    flags = tuple(f for f in sandbox._UNSHARE_FLAGS if f != "--net")
+    monkeypatch.setattr(sandbox, "_UNSHARE_FLAGS", flags)
+    with pytest.raises(OmrlError, match="shares the caller's net namespace"):
+        run_sandboxed("print(1)")
