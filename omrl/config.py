@@ -56,7 +56,9 @@ def read_preset(preset: str | Path) -> dict[str, Any]:
     elif not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.load(path.read_text(), Loader=_StrictLoader) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader) or {}
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
@@ -301,6 +303,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"config key {path!r} expects a mapping, got {value!r}")
         inner = args[1] if len(args) == 2 else Any
+        for k, v in value.items():
+            if v is None and isinstance(k, str) and ":" in k:  # YAML read {goal:1} as the key "goal:1"
+                name, _, number = k.partition(":")
+                raise ConfigError(f"config key {path!r} got {{{k}}}, which YAML reads as the key {k!r} with no value; "
+                                  f"write a space after the colon: {{{name}: {number}}}")
         return {k: _coerce(v, inner, f"{path}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):

@@ -125,3 +125,15 @@ def test_setting_one_key_keeps_the_sections_own_defaults():
     cfg = load_config(EvalRunConfig, None, [], {"env.name": "gridworld"})
     assert cfg.env.name == "gridworld"
     assert cfg.env.split == "test" and cfg.generation.temperature == 0.0  # EvalRunConfig's defaults, not EnvConfig's
+
+
+def test_a_mapping_written_without_a_space_after_the_colon_is_explained():
+    with pytest.raises(ConfigError, match=r"write a space after the colon: \{goal: 1\}"):
+        load_config(TrainRunConfig, None, ["reward.weights={goal:1}"])
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
+    preset = tmp_path / "latin1.yaml"
+    preset.write_bytes("description: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml is not UTF-8 text \(byte 16\)"):
+        load_config(TrainRunConfig, preset)

@@ -76,6 +76,8 @@ class DPORecipe(online.OnlineRecipe):
                 for key, value in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
                     sums[key] = sums.get(key, 0.0) + weight * value
             metrics.update(strategy.sum_dicts(sums), dpo_pairs=float(total_pairs), **self._optimizer_step())
+
+            # EVAL (every eval_every steps and after the last) and CHECKPOINT
             self._end_step(metrics, started)
         return self._finish(metrics)
 

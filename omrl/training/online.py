@@ -47,6 +47,13 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
                           "with eval_temperature > 0 (greedy samples of a task are all the same)")
     if cfg.train_tasks < 0:
         raise ConfigError(f"train_tasks must be >= 0 (0: the whole split), got {cfg.train_tasks}")
+    gen = cfg.generation
+    if not gen.temperature >= 0 or not 0 < gen.top_p <= 1:
+        raise ConfigError(f"generation.temperature must be >= 0 (0: greedy) and generation.top_p in (0, 1]; got "
+                          f"temperature={gen.temperature}, top_p={gen.top_p}")
+    if gen.max_new_tokens < 1 or gen.max_context <= gen.max_new_tokens:
+        raise ConfigError(f"generation.max_new_tokens must be >= 1 and generation.max_context larger than it (it holds "
+                          f"the prompt too); got max_new_tokens={gen.max_new_tokens}, max_context={gen.max_context}")
     if algo.critic not in ("head", "model"):
         raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
 

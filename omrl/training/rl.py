@@ -152,6 +152,8 @@ class RLRecipe(online.OnlineRecipe):
             metrics.update(strategy.sum_dicts({**sums, "advantage_mean": local_advantage}), **shared)
             if norms:
                 metrics["grad_norm"] = sum(norms) / len(norms)
+
+            # EVAL (every eval_every steps and after the last) and CHECKPOINT, shared with dpo
             self._end_step(metrics, started)
 
         return self._finish(metrics)

@@ -93,6 +93,8 @@ def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, reg
     ("optim.micro_batch_size=0", "optim.micro_batch_size must be >= 1, got 0"),
     ("algorithm.advantage=gae", "algorithm.advantage=gae cannot run with algorithm.name=grpo.*use algorithm.name=ppo"),
     ("group_size=1", "algorithm.advantage=grpo gives every sample an advantage of 0 with group_size=1"),
+    ("generation.temperature=-1", "generation.temperature must be >= 0"),
+    ("generation.max_context=6", "generation.max_context larger than it"),
 ])
 def test_settings_that_could_never_train_are_refused_before_any_rollout(rl_config, override, message):
     cfg = rl_config(override)
