@@ -68,16 +68,29 @@ def list_envs(names: list[str] = typer.Argument(None, help="Only these envs (def
 
 @env_app.command("serve")
 def serve(name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
-          host: str = typer.Option("127.0.0.1", help="Interface to listen on (0.0.0.0: every one)."),
+          host: str = typer.Option("127.0.0.1", help="Interface to listen on. The default takes connections "
+                                                    "from this machine only; any other (0.0.0.0: every one) "
+                                                    "is served with a warning."),
           port: int = typer.Option(8000, help="Port to listen on."),
+          token: str = typer.Option(None, "--token", envvar="OMRL_SERVE_TOKEN", show_default=False,
+                                    help="Require `Authorization: Bearer <token>` on every request. Prefer the "
+                                         "environment variable: a command line is visible to other users."),
+          max_envs: int = typer.Option(256, "--max-envs", min=1, help="Most live envs at once (then HTTP 503)."),
+          max_body: int = typer.Option(1 << 20, "--max-body", min=1,
+                                       help="Largest request body in bytes (larger: HTTP 413)."),
           option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP)) -> None:
-    """Serve an env over HTTP in the AgentGym `id` dialect (needs omrl[server])."""
-    from omrl.serve import create_app, run_server
+    r"""Serve an env over HTTP in the AgentGym `id` dialect (needs omrl\[server])."""
+    from omrl.serve import create_app, exposure_warning, run_server
 
-    app = create_app(name, parse_options(option))
-    Console(stderr=True).print(
+    app = create_app(name, parse_options(option), token=token or None, max_envs=max_envs, max_body=max_body)
+    console = Console(stderr=True)
+    warning = exposure_warning(host, token)
+    if warning:
+        console.print(Text(warning, style="bold red"), soft_wrap=True)
+    needs = " (and the token: OMRL_SERVE_TOKEN or plugins.agentgym.token)" if token else ""
+    console.print(
         f"serving env [bold]{name}[/] on http://{host}:{port} in the AgentGym id dialect; play it with "
-        f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={name}",
+        f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={name}{needs}",
         highlight=False, soft_wrap=True)
     run_server(app, host, port)
 

@@ -16,6 +16,10 @@ Options (config block ``plugins.agentgym``):
   are retried after ``backoff * 2**k`` seconds; a server that stays down fails after
   ``retries + 1`` attempts, so no call hangs longer than about
   ``(retries + 1) * timeout + backoff * (2**retries - 1)`` seconds.
+- ``token``: sent as ``Authorization: Bearer <token>`` (an ``omrl env serve --token`` server);
+  unset, the ``OMRL_SERVE_TOKEN`` environment variable is used, which keeps it out of config
+  files and run directories. ``headers``: extra HTTP headers for every call (e.g. a gateway's).
+- ``reuse_ids`` (false): let a foreign server's env id play more than one episode (see below).
 
 Defaults per ``env_name``: splits (task ids), and how ``score`` (in [0, 1]) and ``won`` (in
 ``info`` on every step) are derived:
@@ -37,15 +41,31 @@ The step ``reward`` is the server's reward, or the change in score for envs that
 running score (babyai, sciworld); the score is the running sum (clipped) of rewards otherwise.
 
 Errors: AgentGym servers answer failures with HTTP 200 and ``{"error": ...}``; that, a 4xx, or a
-body that is not JSON or lacks a key becomes an :class:`~omrl.envs.EnvError` naming the server,
+body that is not JSON, lacks a key, or holds a reward or score that is not a finite number or a
+``done``/``won`` that is not a boolean becomes an :class:`~omrl.envs.EnvError` naming the server,
 the call and the message. A step whose server died raises EnvError (the rollout marks the
 episode ``env_error`` instead of scoring it 0) and the next ``reset`` creates a new env id.
+
+Env ids and server restarts: a restarted server numbers its ids from 0 again, so an id kept from
+before the restart may now be another client's env. An ``omrl env serve`` server names its
+instance in the ``/create`` answer; the client sends that name with every call about the id, and
+a restarted server refuses it (HTTP 410) instead of acting on another client's env, so such an id
+is kept across episodes. A foreign server cannot tell, so its ids live one episode: ``reset``
+creates a new env, and a finished episode's env is closed at once, where a refused close (the
+server no longer knew the id: it restarted, or another client closed it) makes that last step
+an EnvError, since another client may have shared the env. Servers without ``/close`` (WebShop,
+ALFWorld, LMRL-Gym) then keep one env per episode in memory; ``reuse_ids=true`` trades that
+for the risk above. A step answered 404 or 410 names the lost id in its EnvError. An id dropped
+after a failure on an omrl server is closed at the next ``reset`` or ``close`` (the instance name
+makes that safe), so timeouts do not leak envs there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -53,9 +73,12 @@ from typing import Any, Sequence
 from omrl.envs import DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
+from omrl.serve import INSTANCE_HEADER, TOKEN_ENV
 from omrl_plugins.envs.agentgym_http import HttpTransport, ServerFailure, ServerRefused, snippet
 
 DIALECTS = ("id", "env_idx")
+GONE = (404, 410)  # statuses that say the server no longer has the env id
+MAX_ORPHANS = 32  # dropped omrl ids remembered for closing (a server down for long drops more)
 
 
 @dataclass(frozen=True)
@@ -148,7 +171,8 @@ class AgentGymEnv(Env):
     def __init__(self, base_url: str = "http://127.0.0.1:8000", env_name: str = "textcraft",
                  dialect: str | None = None, timeout: float = 30.0, retries: int = 3,
                  backoff: float = 0.5, splits: dict[str, Any] | None = None,
-                 task_field: str | None = None, reset_fields: dict[str, Any] | None = None):
+                 task_field: str | None = None, reset_fields: dict[str, Any] | None = None,
+                 token: str | None = None, headers: dict[str, str] | None = None, reuse_ids: bool = False):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"plugins.agentgym.base_url must be an http(s) URL, got {base_url!r}")
         if dialect is not None and dialect not in DIALECTS:
@@ -169,15 +193,22 @@ class AgentGymEnv(Env):
         chosen = splits if splits is not None else spec.splits
         self._splits = parse_splits(chosen) if chosen is not None else None
         self._id_key = "id" if self._spec.dialect == "id" else "env_idx"
-        self._server = HttpTransport(base_url, float(timeout), retries, float(backoff))
+        self._server = HttpTransport(base_url, float(timeout), retries, float(backoff),
+                                     _request_headers(token, headers))
+        if not isinstance(reuse_ids, bool):
+            raise ConfigError(f"plugins.agentgym.reuse_ids must be true or false, got {reuse_ids!r}")
+        self._reuse_ids = reuse_ids
         self._description: dict[str, Any] | None = None
         self._lock = threading.Lock()  # calls on one env id are serialized
         self._env_id: int | None = None
+        self._instance: str | None = None  # the omrl server instance that handed out _env_id
+        self._orphans: list[tuple[int, str]] = []  # dropped omrl ids to close: (id, instance)
         self._started = False
         self._done = False
         self._score = 0.0
         self._actions: list[str] | None = None
         self._has_expert = self._spec.expert_route is not None
+        self._has_close = self._spec.has_close  # False once the server turns out to lack /close
 
     # -- what the server is --------------------------------------------------------------
     def _described(self) -> dict[str, Any]:
@@ -186,6 +217,8 @@ class AgentGymEnv(Env):
             try:
                 answer = self._server.call("GET", self._route("/tasks"))
             except ServerRefused as exc:
+                if exc.status not in (404, 405):  # a token, a busy server: not a missing route
+                    raise
                 raise ConfigError(
                     f"the server at {self._server.base_url} does not list its tasks ({exc}) and env_name "
                     f"{self.env_name!r} has no default splits; set plugins.agentgym.splits, e.g. "
@@ -249,33 +282,42 @@ class AgentGymEnv(Env):
         body = {self._spec.task_field: task_id, **self._spec.reset_fields}
         with self._lock:
             self._started = self._done = False
+            self._close_orphans()
+            if self._env_id is not None and not self._reusable():
+                self._close_id()  # a foreign server's id lives one episode
             try:
                 answer = self._reset_on_server(body)
                 observation, instruction, info = self._parse_reset(answer)
             except ServerFailure:
-                self._env_id = None  # the server may have lost it: the next reset makes a new one
+                self._drop_id()  # the server may have lost it: the next reset makes a new one
                 raise
             self._started, self._score = True, 0.0
             return Observation(observation, instruction, {"task_id": task_id, **info})
+
+    def _reusable(self) -> bool:
+        """Whether the env id may play another episode: an omrl server refuses ids of another
+        instance (410), so its ids are safe to keep; a foreign server's only with ``reuse_ids``."""
+        return self._instance is not None or self._reuse_ids
 
     def _reset_on_server(self, body: dict[str, Any]) -> Any:
         if self._env_id is not None:
             try:
                 return self._call_with_id("POST", "/reset", body)
-            except ServerRefused:
-                pass  # e.g. a restarted server that no longer knows this id: make a new one
-        self._env_id = None
-        self._env_id = self._create()
+            except ServerRefused as exc:  # e.g. a restarted server (410): make a new one
+                self._drop_id(gone=exc.status in GONE)
+        self._env_id, self._instance = self._create()
         return self._call_with_id("POST", "/reset", body)
 
-    def _create(self) -> int:
+    def _create(self) -> tuple[int, str | None]:
+        """A new env id, and the omrl server instance that handed it out (None: a foreign server)."""
         answer = self._server.call("POST", self._route("/create"))
+        instance = answer.get("instance") if isinstance(answer, dict) else None
         if isinstance(answer, dict):
             answer = next((answer[k] for k in (self._id_key, "id", "env_idx") if k in answer), None)
         if isinstance(answer, bool) or not isinstance(answer, int):
             raise ServerFailure(self._server.message(f"POST {self._route('/create')}",
-                                                     f"expected an env id, got {answer!r}"))
-        return answer
+                                                     f"expected an env id, got {snippet(repr(answer))}"))
+        return answer, instance if isinstance(instance, str) and instance else None
 
     def _parse_reset(self, answer: Any) -> tuple[str, str, dict[str, Any]]:
         info: dict[str, Any] = {}
@@ -298,35 +340,66 @@ class AgentGymEnv(Env):
 
     def step(self, action: str) -> StepResult:
         with self._lock:
+            if self._started and self._done:  # (a foreign server's finished env is closed already)
+                raise EpisodeFinishedError(f"agentgym env {self.env_name!r}: the episode is over; reset first")
             if not self._started or self._env_id is None:
                 raise EnvError(f"agentgym env {self.env_name!r}: call reset(task_id) before step")
-            if self._done:
-                raise EpisodeFinishedError(f"agentgym env {self.env_name!r}: the episode is over; reset first")
+            env_id = self._env_id
             try:
                 answer = self._call_with_id("POST", "/step", {"action": action}, resend_safe=False)
                 result = self._parse_step(answer)
+            except ServerRefused as exc:
+                if exc.status not in GONE:
+                    raise
+                self._drop_id(gone=True)
+                raise ServerRefused(f"{exc} (the server no longer knows env id {env_id}: it restarted, "
+                                    "or another client closed it)", exc.status) from exc
             except ServerFailure:
-                self._env_id, self._started = None, False
+                self._drop_id()
                 raise
             self._done = result.done
+            if result.done and not self._reusable():
+                self._close_finished(env_id)
             return result
+
+    def _close_finished(self, env_id: int) -> None:
+        """Close a finished episode's env on a server whose ids live one episode.
+
+        A refused close means the server no longer knew the env (it restarted, or another client
+        closed it), so another client may have played it too: the episode is not trusted.
+        """
+        self._env_id = None
+        if not self._has_close:
+            return
+        try:
+            self._close_on_server(env_id, None)
+        except ServerRefused as exc:
+            if exc.status in (404, 405) and not exc.error_body:  # no such route, not an unknown id
+                self._has_close = False
+                return
+            raise EnvError(f"agentgym env {self.env_name!r}: the episode ended, but closing env id {env_id} "
+                           f"was refused ({exc}): the server no longer knew it, so another client may have "
+                           "shared this env (a server restart?); its result is not trusted") from exc
+        except ServerFailure:
+            pass  # the server went away after its answer: the answer itself stands
 
     def _parse_step(self, answer: Any) -> StepResult:
         try:
+            if not isinstance(answer, dict):
+                raise TypeError(f"expected an object, got {type(answer).__name__}")
             observation = answer["observation"] if "observation" in answer else answer["state"]
-            done = bool(answer["done"])
+            done = _flag(answer, "done")
             if "won" in answer and "score" in answer:  # omrl servers say it themselves
-                reward, score = float(answer["reward"]), float(answer["score"])
-                won = bool(answer["won"])
+                reward, score, won = _number(answer, "reward"), _number(answer, "score"), _flag(answer, "won")
             else:
                 if self._spec.score_field:
-                    score = _clip(float(answer[self._spec.score_field]) / self._spec.score_scale)
+                    score = _clip(_number(answer, self._spec.score_field) / self._spec.score_scale)
                     reward = score - self._score
                 else:
-                    reward = float(answer["reward"])
+                    reward = _number(answer, "reward")
                     score = _clip(self._score + reward)
                 won = done and score >= self._spec.win_score
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             problem = f"malformed answer ({type(exc).__name__}: {exc}): {snippet(json.dumps(answer))}"
             raise ServerFailure(self._server.message(f"POST {self._route('/step')}", problem)) from exc
         self._score = score
@@ -360,23 +433,88 @@ class AgentGymEnv(Env):
 
     def close(self) -> None:
         with self._lock:
-            if self._env_id is not None and self._spec.has_close:
-                try:
-                    self._call_with_id("POST", "/close", {}, retry=False)
-                except EnvError:
-                    pass  # best effort: the server may be gone, and it frees ids on restart
-            self._env_id, self._started = None, False
+            self._close_orphans()
+            self._close_id()
+            self._started = False
             self._server.close()
+
+    # -- env ids -------------------------------------------------------------------------
+    def _drop_id(self, gone: bool = False) -> None:
+        """Forget the env id after a failure; an omrl server's id that may live on is kept for
+        closing later (its instance name makes that safe even after a restart)."""
+        if self._env_id is not None and not gone and self._instance is not None and self._has_close:
+            self._orphans = [*self._orphans, (self._env_id, self._instance)][-MAX_ORPHANS:]
+        self._env_id, self._instance, self._started = None, None, False
+
+    def _close_id(self) -> None:
+        """Close the env id, best effort: the server may be gone, and it frees ids on restart."""
+        env_id, instance = self._env_id, self._instance
+        self._env_id, self._instance = None, None
+        if env_id is not None and self._has_close:
+            try:
+                self._close_on_server(env_id, instance)
+            except EnvError:
+                pass
+
+    def _close_orphans(self) -> None:
+        orphans, self._orphans = self._orphans, []
+        for env_id, instance in orphans:
+            try:
+                self._close_on_server(env_id, instance)
+            except EnvError:
+                pass  # gone already, or the server is down: a restart frees it
+
+    def _close_on_server(self, env_id: int, instance: str | None) -> None:
+        """``POST /close`` for ``env_id``, tried once; refusals and failures raise EnvError."""
+        headers = {INSTANCE_HEADER: instance} if instance else None
+        self._server.call("POST", self._route("/close"), body={self._id_key: env_id}, headers=headers, retry=False)
 
     # -- plumbing ------------------------------------------------------------------------
     def _route(self, path: str) -> str:
         return self._spec.route_prefix + path
 
     def _call_with_id(self, method: str, path: str, body: dict | None = None, **kw: Any) -> Any:
-        """A call about this instance's env id (in the body for POST, the query for GET)."""
+        """A call about this instance's env id (in the body for POST, the query for GET), naming the
+        omrl server instance that handed it out, so a restarted server refuses it."""
+        headers = {INSTANCE_HEADER: self._instance} if self._instance else None
         if method == "GET":
-            return self._server.call(method, self._route(path), params={self._id_key: self._env_id}, **kw)
-        return self._server.call(method, self._route(path), body={self._id_key: self._env_id, **(body or {})}, **kw)
+            return self._server.call(method, self._route(path), params={self._id_key: self._env_id},
+                                     headers=headers, **kw)
+        return self._server.call(method, self._route(path), body={self._id_key: self._env_id, **(body or {})},
+                                 headers=headers, **kw)
+
+
+def _request_headers(token: str | None, headers: dict[str, str] | None) -> dict[str, str]:
+    """The headers of every call: ``headers`` plus the bearer token (option, else OMRL_SERVE_TOKEN)."""
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and (not isinstance(token, str) or not token.strip()):
+        raise ConfigError(f"plugins.agentgym.token must be a non-empty string, got {type(token).__name__}")
+    if headers is not None and not (isinstance(headers, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+        raise ConfigError(f"plugins.agentgym.headers must map header names to strings, got {headers!r}")
+    return {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
+
+
+def _number(answer: dict[str, Any], key: str) -> float:
+    """``answer[key]`` as a float; NaN, infinities, strings and booleans are malformed."""
+    value = answer[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{key!r} must be a finite number, got {_short(value)}")
+    return float(value)
+
+
+def _flag(answer: dict[str, Any], key: str) -> bool:
+    """``answer[key]``, which must be a JSON boolean (``bool("no")`` would be True)."""
+    value = answer[key]
+    if not isinstance(value, bool):
+        raise ValueError(f"{key!r} must be true or false, got {_short(value)}")
+    return value
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _task_ids_of(answer: Any) -> Sequence[int] | None:

@@ -20,24 +20,29 @@ class ServerFailure(EnvError):
 
 
 class ServerRefused(EnvError):
-    """The server answered this call with an error (``{"error": ...}`` or a 4xx)."""
+    """The server answered this call with an error (``{"error": ...}`` or a 4xx).
 
-    def __init__(self, message: str, status: int):
+    ``error_body`` tells a server's own ``{"error": ...}`` from a bare 4xx (e.g. a route it lacks).
+    """
+
+    def __init__(self, message: str, status: int, error_body: bool = False):
         super().__init__(message)
         self.status = status
+        self.error_body = error_body
 
 
 class HttpTransport:
     """One keep-alive connection pool to a server, with retries and AgentGym's error answers."""
 
-    def __init__(self, base_url: str, timeout: float, retries: int, backoff: float):
+    def __init__(self, base_url: str, timeout: float, retries: int, backoff: float,
+                 headers: dict[str, str] | None = None):
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self.backoff = backoff
-        self._client = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def call(self, method: str, path: str, *, body: dict | None = None, params: dict | None = None,
-             resend_safe: bool = True, retry: bool = True) -> Any:
+             headers: dict[str, str] | None = None, resend_safe: bool = True, retry: bool = True) -> Any:
         """The decoded JSON answer; ``resend_safe=False`` resends only requests never delivered."""
         what = f"{method} {path}"
         attempts = self.retries + 1 if retry else 1
@@ -46,7 +51,7 @@ class HttpTransport:
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                response = self._client.request(method, path, json=body, params=params)
+                response = self._client.request(method, path, json=body, params=params, headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 problem = f"cannot connect ({type(exc).__name__}: {exc or 'no detail'})"
                 continue
@@ -66,12 +71,14 @@ class HttpTransport:
     def _decode(self, response: httpx.Response, what: str) -> Any:
         try:
             answer = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
             answer = None
             if response.status_code < 400:
                 raise ServerFailure(self.message(what, f"the answer is not JSON: {snippet(response.text)}"))
         if isinstance(answer, dict) and "error" in answer:
-            raise ServerRefused(self.message(what, str(answer["error"])), response.status_code)
+            status = f"HTTP {response.status_code}: " if response.status_code >= 400 else ""
+            raise ServerRefused(self.message(what, status + _cut(str(answer["error"]))),
+                                response.status_code, error_body=True)
         if response.status_code >= 400:
             raise ServerRefused(self.message(what, f"HTTP {response.status_code}: {snippet(response.text)}"),
                                 response.status_code)
@@ -88,3 +95,8 @@ def snippet(text: str, limit: int = 200) -> str:
     """``text`` on one line, cut to ``limit`` characters, quoted: for error messages."""
     text = " ".join(text.split())
     return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _cut(text: str, limit: int = 1000) -> str:
+    """A server's own error message, cut to ``limit`` characters (a server may echo a whole body)."""
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -3,13 +3,15 @@ FastAPI apps that answer like AgentGym's WebShop, SciWorld and LMRL-Gym servers.
 
 from __future__ import annotations
 
+import itertools
+import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from fastapi import Body, FastAPI, Query
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from omrl.envs import DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
@@ -376,3 +378,158 @@ def test_env_without_default_splits_on_a_server_that_lists_none_asks_for_them():
                 env.split_of("test")
             env.close()
         assert AgentGymEnv(base_url=url, env_name="sqlgym", splits={"test": 5}, **FAST).split_of("test") == range(5)
+
+
+# -- ids after a server restart ---------------------------------------------------------------
+
+
+def test_restarted_omrl_server_never_lets_a_stale_id_reach_another_clients_env(register_plugin):
+    """A restarted server numbers ids from 0 again: client A's id 0 from before the restart must
+    not reset the env that client B was just handed under the same number."""
+    register_plugin(CounterPlugin(), name="test-counter")
+    with background_server(create_app("counter")) as url:
+        a = AgentGymEnv(base_url=url, env_name="counter", **FAST)
+        b = AgentGymEnv(base_url=url, env_name="counter", **FAST)
+        assert play_with_expert(a, 8).won and a._env_id == 0
+    with background_server(create_app("counter"), port=int(url.rsplit(":", 1)[1])):  # a new process
+        assert b.reset(9).instruction == "Count to 3, then submit."
+        assert b._env_id == 0  # the new server's first id: the number A still holds
+        assert a.reset(10).instruction == "Count to 4, then submit."
+        assert a._env_id != b._env_id
+        for action in ("up", "up", "up"):
+            b.step(action)
+        assert b.step("submit").won  # B's env still counts to 3: A never touched it
+        assert httpx.get(f"{url}/list_envs").json() == [0, 1]
+        a.close()
+        b.close()
+
+
+def agentgym_like_app(log: list[tuple[str, int, int | None]], close_status: int | None = None):
+    """A foreign `id`-dialect server (no omrl extensions): ids from 0, 404 for unknown ids.
+
+    ``log`` gets (route, id, task) per call; ``close_status`` makes every /close answer that status.
+    """
+    app = FastAPI()
+    tasks: dict[int, int | None] = {}
+    steps: dict[int, int] = {}
+    ids = itertools.count()
+
+    def known(env_id: int) -> JSONResponse | None:
+        return None if env_id in tasks else JSONResponse({"error": f"env {env_id} not found"}, status_code=404)
+
+    @app.post("/create")
+    def create():
+        env_id = next(ids)
+        tasks[env_id] = None
+        return {"id": env_id}
+
+    @app.post("/reset")
+    def reset(body: dict = Body(...)):
+        env_id = body["id"]
+        log.append(("reset", env_id, body["data_idx"]))
+        if (gone := known(env_id)) is not None:
+            return gone
+        tasks[env_id], steps[env_id] = body["data_idx"], 0
+        return {"observation": f"task {body['data_idx']}: craft a stick."}
+
+    @app.post("/step")
+    def step(body: dict = Body(...)):
+        env_id = body["id"]
+        log.append(("step", env_id, tasks.get(env_id)))
+        if (gone := known(env_id)) is not None:
+            return gone
+        steps[env_id] += 1
+        done = steps[env_id] >= 2
+        return {"observation": f"task {tasks[env_id]}, step {steps[env_id]}", "reward": float(done), "done": done}
+
+    @app.post("/close")
+    def close(body: dict = Body(...)):
+        env_id = body["id"]
+        log.append(("close", env_id, tasks.get(env_id)))
+        if close_status is not None:
+            return JSONResponse({"error": "closing failed"}, status_code=close_status)
+        if (gone := known(env_id)) is not None:
+            return gone
+        tasks.pop(env_id)
+        return {"closed": True}
+
+    return app
+
+
+def test_foreign_server_gets_a_fresh_env_per_episode_so_a_restart_cannot_alias():
+    log: list = []
+    with background_server(agentgym_like_app(log)) as url:
+        a = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        b = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        a.reset(1)
+        assert a.step("craft").done is False and a.step("craft").won
+        assert ("close", 0, 1) in log  # an episode's env is closed as soon as it is done
+    with background_server(agentgym_like_app(log), port=int(url.rsplit(":", 1)[1])):  # restarted: ids from 0
+        log.clear()
+        b.reset(2)
+        a.reset(3)  # A must not reset id 0 (now B's env) with its old number
+        assert [entry for entry in log if entry[0] == "reset"] == [("reset", 0, 2), ("reset", 1, 3)]
+        assert b.step("craft").observation == "task 2, step 1"
+        a.close()
+        b.close()
+    assert ("close", 1, 3) in log and ("close", 0, 2) in log
+
+
+def test_env_gone_on_step_or_close_is_an_env_error_with_a_reason():
+    log: list = []
+    with background_server(agentgym_like_app(log)) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        env.reset(4)
+        httpx.post(f"{url}/close", json={"id": env._env_id})  # another client closes it behind its back
+        with pytest.raises(EnvError, match=r"POST /step failed: HTTP 404: env 0 not found .*no longer knows env id 0"):
+            env.step("craft")
+        env.reset(4)  # a new episode gets a new env
+        assert env._env_id == 1 and [e for e in log if e[0] == "reset"][-1] == ("reset", 1, 4)
+        env.close()
+    with background_server(agentgym_like_app(log, close_status=404)) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        env.reset(5)
+        env.step("craft")
+        with pytest.raises(EnvError, match=r"closing env id 0 .* refused .*another client may have shared"):
+            env.step("craft")  # done, but the server no longer knew the env: the result is not trusted
+        env.close()
+
+
+@pytest.mark.parametrize("body, problem", [
+    ('{"observation": "x", "reward": NaN, "done": true}', "'reward' must be a finite number, got nan"),
+    ('{"observation": "x", "reward": Infinity, "done": false}', "'reward' must be a finite number, got inf"),
+    ('{"observation": "x", "reward": 1e999, "done": false}', "'reward' must be a finite number, got inf"),
+    ('{"observation": "x", "reward": "1", "done": false}', "'reward' must be a finite number, got '1'"),
+    ('{"observation": "x", "reward": 0, "done": "no"}', "'done' must be true or false, got 'no'"),
+    ('{"observation": "x", "reward": 0, "done": 1}', "'done' must be true or false, got 1"),
+    ('{"observation": "x", "reward": 0, "done": true, "score": -Infinity, "won": true}',
+     "'score' must be a finite number, got -inf"),
+    ('{"observation": "x", "reward": 0, "done": true, "score": 1, "won": "yes"}',
+     "'won' must be true or false, got 'yes'"),
+    ('[1, 2]', "expected an object"),
+])
+def test_non_finite_or_mistyped_step_values_are_env_errors(body, problem):
+    answer = lambda n: Response(body, media_type="application/json")  # noqa: E731 - raw text keeps NaN
+    with background_server(flaky_app({}, step_answer=answer)) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        env.reset(0)
+        with pytest.raises(EnvError, match=re.escape(problem)):
+            env.step("craft 1 stick using 2 planks")
+        env.close()
+
+
+def test_token_protected_server_is_played_with_the_token(register_plugin, monkeypatch):
+    register_plugin(CounterPlugin(), name="test-counter")
+    with background_server(create_app("counter", token="s3cret")) as url:
+        refused = AgentGymEnv(base_url=url, env_name="counter", **FAST)
+        with pytest.raises(EnvError, match=r"GET /tasks failed: HTTP 401: this server needs the header "
+                                           r"`Authorization: Bearer <token>`"):
+            refused.split_of("test")
+        refused.close()
+        played = AgentGymEnv(base_url=url, env_name="counter", token="s3cret", **FAST)
+        assert play_with_expert(played, 8).won
+        played.close()
+        monkeypatch.setenv("OMRL_SERVE_TOKEN", "s3cret")  # the token need not sit in a config file
+        from_env = AgentGymEnv(base_url=url, env_name="counter", **FAST)
+        assert play_with_expert(from_env, 9).won
+        from_env.close()

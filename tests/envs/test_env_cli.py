@@ -172,3 +172,42 @@ def test_serve_subprocess_plays_gridworld_to_a_win(runner):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """`omrl env serve` runs up to the point of serving; what it would serve is kept here."""
+    import omrl.serve
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(omrl.serve, "run_server", lambda app, host, port: calls.append((app, host, port)))
+    return calls
+
+
+def test_serve_warns_when_listening_beyond_loopback(runner, served, monkeypatch):
+    monkeypatch.delenv("OMRL_SERVE_TOKEN", raising=False)
+    quiet = runner.invoke(build_app(), ["env", "serve", "switch", "--port", "8123"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "warning" not in quiet.output and served[-1][1:] == ("127.0.0.1", 8123)
+    exposed = runner.invoke(build_app(), ["env", "serve", "switch", "--host", "0.0.0.0"], env={"COLUMNS": "250"})
+    assert exposed.exit_code == 0, exposed.output
+    assert "warning: 0.0.0.0 is not a loopback address" in exposed.output
+    assert "set --token or OMRL_SERVE_TOKEN" in exposed.output
+
+
+def test_serve_takes_a_token_and_caps_from_the_command_line_or_env(runner, served):
+    from fastapi.testclient import TestClient
+
+    result = runner.invoke(build_app(), ["env", "serve", "switch", "--max-envs", "1", "--max-body", "64"],
+                           env={"OMRL_SERVE_TOKEN": "s3cret"})
+    assert result.exit_code == 0, result.output
+    assert "s3cret" not in result.output  # the banner never shows the token
+    with TestClient(served[-1][0]) as http:
+        assert http.post("/create").status_code == 401
+        good = {"Authorization": "Bearer s3cret"}
+        assert http.post("/create", headers=good).status_code == 200
+        assert http.post("/create", headers=good).status_code == 503  # --max-envs 1
+        assert http.post("/reset", headers=good, content=b"{" * 100).status_code == 413  # --max-body 64
+    runner.invoke(build_app(), ["env", "serve", "switch", "--token", "other"])
+    with TestClient(served[-1][0]) as http:
+        assert http.get("/", headers={"Authorization": "Bearer other"}).status_code == 200

@@ -1,0 +1,139 @@
+"""`omrl env serve`'s guards: errors in one shape, no echoed bodies, a token, caps, restarts."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from omrl.serve import INSTANCE_HEADER, background_server, create_app, exposure_warning, is_loopback
+
+
+@pytest.fixture(scope="module")
+def grid_app():
+    return create_app("gridworld")
+
+
+@pytest.fixture
+def http(grid_app):
+    with TestClient(grid_app, raise_server_exceptions=False) as client:
+        yield client
+
+
+def assert_error(response: httpx.Response, status: int, *fragments: str) -> str:
+    """The answer is ``{"error": message}`` with ``status``; returns the message."""
+    assert response.status_code == status, response.text[:300]
+    body = response.json()
+    assert list(body) == ["error"] and isinstance(body["error"], str), body
+    for fragment in fragments:
+        assert fragment in body["error"]
+    return body["error"]
+
+
+def test_unknown_routes_and_methods_answer_in_the_protocols_shape(http):
+    assert_error(http.get("/no/such/route"), 404, "no route '/no/such/route'")
+    assert_error(http.post("/tasks"), 405, "POST is not allowed on '/tasks'")
+    assert_error(http.get("/step"), 405)
+    assert_error(http.get("/observation", params={"id": "seven"}), 422, "query.id")
+    assert_error(http.get("/observation"), 422, "query.id")
+
+
+def test_a_bad_body_is_never_echoed_back(http):
+    env_id = http.post("/create").json()["id"]
+    marker = "ECHO" * 200_000  # 800 kB, under the 1 MiB cap
+    for body in ({"id": env_id, "action": {"a": marker}}, {"id": marker, "data_idx": 0}, [marker],
+                 {"id": env_id, "data_idx": marker}):
+        route = "/step" if "action" in body else "/reset"
+        response = http.post(route, json=body)
+        message = assert_error(response, 422)
+        assert "ECHO" not in response.text and len(response.content) < 1000, message
+    plain = http.post("/step", content=marker.encode(), headers={"content-type": "text/plain"})
+    assert_error(plain, 422)
+    assert "ECHO" not in plain.text
+    broken = http.post("/step", content=b'{"id": 0, "action": "' + marker.encode(),
+                       headers={"content-type": "application/json"})
+    assert_error(broken, 422, "JSON decode error")
+    assert "ECHO" not in broken.text
+    deep = http.post("/step", content=b"[" * 200_000 + b"]" * 200_000)  # deeper than json parses
+    assert deep.status_code in (400, 422) and list(deep.json()) == ["error"]
+
+
+def test_bodies_over_the_cap_get_413_unread(grid_app):
+    with background_server(grid_app) as url:
+        big = b'{"id": 0, "action": "' + b"x" * (5 << 20) + b'"}'
+        assert_error(httpx.post(f"{url}/step", content=big), 413, "limit of 1048576 bytes")
+
+        def chunks():  # no Content-Length: the server counts what arrives
+            for _ in range(40):
+                yield b"y" * 65536
+
+        assert_error(httpx.post(f"{url}/step", content=chunks()), 413)
+        assert httpx.post(f"{url}/create").status_code == 200  # and it goes on serving
+
+
+def test_live_envs_are_capped_with_a_clear_503():
+    app = create_app("gridworld", max_envs=2)
+    with TestClient(app) as http:
+        first, _ = http.post("/create").json()["id"], http.post("/create").json()["id"]
+        assert_error(http.post("/create"), 503, "limit of 2 live envs", "POST /close", "--max-envs")
+        assert http.post("/close", json={"id": first}).json()["closed"]
+        assert http.post("/create").status_code == 200
+
+
+def test_token_is_required_on_every_request():
+    app = create_app("gridworld", token="s3cret")
+    with TestClient(app) as http:
+        for method, path in (("GET", "/"), ("POST", "/create"), ("GET", "/tasks"), ("GET", "/nowhere")):
+            refused = http.request(method, path)
+            assert_error(refused, 401, "Authorization: Bearer")
+            assert refused.headers["www-authenticate"] == "Bearer"
+            assert_error(http.request(method, path, headers={"Authorization": "Bearer wrong"}), 401)
+            assert_error(http.request(method, path, headers={"Authorization": "s3cret"}), 401)
+        good = {"Authorization": "Bearer s3cret"}
+        assert http.get("/tasks", headers=good).status_code == 200
+        assert http.post("/create", headers=good).json()["id"] == 0
+    with pytest.raises(Exception, match="non-empty"):
+        create_app("gridworld", token=" ")
+
+
+def test_a_restarted_server_refuses_ids_of_its_previous_instance(grid_app):
+    with background_server(grid_app) as url:
+        created = httpx.post(f"{url}/create").json()
+        before = created["instance"]
+        assert httpx.get(f"{url}/list_envs").headers[INSTANCE_HEADER] == before  # every answer names it
+        same = {INSTANCE_HEADER: before}
+        reset = httpx.post(f"{url}/reset", json={"id": created["id"], "data_idx": 0}, headers=same)
+        assert reset.status_code == 200
+    with background_server(grid_app, port=int(url.rsplit(":", 1)[1])):
+        after = httpx.post(f"{url}/create").json()["instance"]
+        assert after != before
+        stale = httpx.post(f"{url}/reset", json={"id": created["id"] + 1, "data_idx": 0}, headers=same)
+        assert_error(stale, 410, "this server restarted", "create a new env")
+        assert httpx.post(f"{url}/reset", json={"id": created["id"] + 1, "data_idx": 0},
+                          headers={INSTANCE_HEADER: after}).status_code == 200
+
+
+def test_an_env_returning_a_non_finite_reward_is_a_500_in_the_protocols_shape(grid_app, http, monkeypatch):
+    from omrl_plugins.envs.gridworld import GridWorld
+
+    env_id = http.post("/create").json()["id"]
+    http.post("/reset", json={"id": env_id, "data_idx": 0})
+    original = GridWorld.step
+
+    def nan_step(self, action):
+        result = original(self, action)
+        result.reward = float("nan")
+        result.info["extra"] = float("inf")
+        return result
+
+    monkeypatch.setattr(GridWorld, "step", nan_step)
+    assert_error(http.post("/step", json={"id": env_id, "action": "up"}), 500, "not finite")
+
+
+def test_loopback_hosts_and_the_warning_for_others():
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1") and is_loopback("127.5.0.1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.4") and not is_loopback("example.org")
+    assert exposure_warning("127.0.0.1", None) is None
+    assert "set --token or OMRL_SERVE_TOKEN" in exposure_warning("0.0.0.0", None)
+    assert "needs the token" in exposure_warning("0.0.0.0", "s3cret")
+    assert exposure_warning("::", None).startswith("warning: :: is not a loopback address")  # IPv6's any
