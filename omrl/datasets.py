@@ -21,18 +21,21 @@ was expected.
 
 from __future__ import annotations
 
+import codecs
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from omrl.atomic import atomic_write_parquet, atomic_write_text
-from omrl.data.trajectory import Episode, is_trajectory_schema, read_episodes
-from omrl.errors import OmrlError
+from omrl.data.trajectory import (
+    Episode, is_trajectory_schema, read_episodes, read_parquet, read_parquet_schema, to_json,
+)
+from omrl.errors import OmrlError, short_repr
 
 # Role names as they appear in files -> the chat-template role.
 ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
@@ -103,7 +106,7 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
         raise DatasetFormatError(f"{source}: has no assistant ('assistant' or 'gpt') message to learn from")
     meta = {k: v for k, v in row.items() if k not in (key, "id", "demo_messages")}
     if "reward" in meta and not _is_number(meta["reward"]):
-        raise DatasetFormatError(f"{source}: 'reward' must be a number, got {meta['reward']!r}")
+        raise DatasetFormatError(f"{source}: 'reward' must be a finite number, got {short_repr(meta['reward'])}")
     return Conversation(messages, source, str(row.get("id", "")), meta)
 
 
@@ -123,7 +126,11 @@ def _message(message: Any, where: str) -> dict[str, str]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float, not a bool (NaN rewards would pass no threshold and poison every mean)."""
+    try:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _keep(conv: Conversation, min_reward: float) -> bool:
@@ -143,15 +150,20 @@ def _data_files(path: Path) -> list[Path]:
                                      ".json, .parquet or .arrow")
         return [path]
     if (path / "dataset_dict.json").exists():
-        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        splits = _json_object(path / "dataset_dict.json").get("splits", [])
+        if not isinstance(splits, list) or not all(isinstance(split, str) for split in splits):
+            raise DatasetFormatError(f"{path / 'dataset_dict.json'}: 'splits' must be a list of names")
         if "train" not in splits:
             raise DatasetFormatError(f"{path}: a DatasetDict without a 'train' split (splits: "
                                      f"{', '.join(splits)}); pass the split's directory, e.g. {path / splits[0]}"
                                      if splits else f"{path}: dataset_dict.json lists no splits")
         return _data_files(path / "train")
     if (path / "state.json").exists():
-        state = json.loads((path / "state.json").read_text())
-        files = [path / f["filename"] for f in state.get("_data_files", [])]
+        listed = _json_object(path / "state.json").get("_data_files", [])
+        if not isinstance(listed, list) or not all(isinstance(f, dict) and isinstance(f.get("filename"), str)
+                                                   for f in listed):
+            raise DatasetFormatError(f"{path / 'state.json'}: '_data_files' must be a list of {{'filename': ...}}")
+        files = [path / f["filename"] for f in listed]
         missing = [str(f) for f in files if not f.exists()]
         if missing or not files:
             raise DatasetFormatError(f"{path}: state.json lists missing arrow files {missing}" if missing
@@ -166,18 +178,20 @@ def _data_files(path: Path) -> list[Path]:
 
 def _rows(file: Path) -> Iterator[tuple[int, Any]]:
     """(row number from 1, record) for every record in one file."""
-    if file.suffix == ".jsonl" or (file.suffix == ".json" and _starts_with(file, "{")):
-        with file.open(encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if line.strip():
-                    yield number, _json(line, f"{file} row {number}")
+    if file.suffix == ".jsonl" or (file.suffix == ".json" and _starts_with(file, b"{")):
+        for number, line in _lines(file):
+            if line.strip():
+                yield number, _json(line, f"{file} row {number}")
     elif file.suffix == ".json":
-        data = _json(file.read_text(encoding="utf-8"), str(file))
+        text = _decode(file.read_bytes(), file)
+        if not text.strip():
+            raise DatasetFormatError(f"{file}: the file is empty; expected a list of records (or JSON lines)")
+        data = _json(text, str(file))
         if not isinstance(data, list):
             raise DatasetFormatError(f"{file}: a .json dataset must be a list of records (or JSON lines)")
         yield from enumerate(data, 1)
     else:
-        table = pq.read_table(file) if file.suffix == ".parquet" else _read_arrow(file)
+        table = read_parquet(file) if file.suffix == ".parquet" else _read_arrow(file)
         number = 0
         for batch in table.to_batches():
             for row in batch.to_pylist():
@@ -185,9 +199,27 @@ def _rows(file: Path) -> Iterator[tuple[int, Any]]:
                 yield number, row
 
 
-def _starts_with(file: Path, char: str) -> bool:
-    with file.open(encoding="utf-8") as f:
-        return f.read(64).lstrip().startswith(char)
+def _starts_with(file: Path, prefix: bytes) -> bool:
+    with file.open("rb") as f:
+        return f.read(64).removeprefix(codecs.BOM_UTF8).lstrip().startswith(prefix)
+
+
+def _lines(file: Path) -> Iterator[tuple[int, str]]:
+    """(line number from 1, text) for every line of a UTF-8 file, read as bytes to name the byte that is not UTF-8."""
+    offset = 0
+    with file.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            yield number, _decode(raw, file, offset, number)
+            offset += len(raw)
+
+
+def _decode(raw: bytes, file: Path, offset: int = 0, line: int = 1) -> str:
+    """``raw`` (which starts at byte ``offset`` of ``file``) as UTF-8 text, less a byte-order mark at the start."""
+    try:
+        return raw.decode("utf-8-sig" if offset == 0 else "utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetFormatError(f"{file}: not UTF-8 at byte {offset + exc.start} (line {line}: "
+                                 f"0x{raw[exc.start:exc.start + 1].hex()}); save it as UTF-8") from exc
 
 
 def _json(text: str, where: str) -> Any:
@@ -195,23 +227,38 @@ def _json(text: str, where: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+    except RecursionError as exc:
+        raise DatasetFormatError(f"{where}: JSON nested too deeply to read") from exc
+    except ValueError as exc:  # int() refusing a number of thousands of digits
+        raise DatasetFormatError(f"{where}: unreadable JSON ({str(exc).split(';')[0]})") from exc
+
+
+def _json_object(file: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object (save_to_disk's state.json and dataset_dict.json)."""
+    data = _json(_decode(file.read_bytes(), file), str(file))
+    if not isinstance(data, dict):
+        raise DatasetFormatError(f"{file}: must hold a JSON object, got a {type(data).__name__}")
+    return data
 
 
 def _read_arrow(file: Path) -> pa.Table:
     """An arrow file as ``save_to_disk`` writes it (IPC stream), or the IPC file format."""
     try:
-        with pa.memory_map(str(file)) as source:
-            return pa.ipc.open_stream(source).read_all()
-    except pa.ArrowInvalid:
         try:
             with pa.memory_map(str(file)) as source:
-                return pa.ipc.open_file(source).read_all()
-        except pa.ArrowInvalid as exc:
-            raise DatasetFormatError(f"{file}: not an Arrow IPC stream or file ({exc})") from exc
+                table = pa.ipc.open_stream(source).read_all()
+        except (pa.ArrowException, OSError):
+            with pa.memory_map(str(file)) as source:
+                table = pa.ipc.open_file(source).read_all()
+        table.validate(full=True)  # checks that strings are UTF-8: to_pylist would raise on the first bad one
+        return table
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        raise DatasetFormatError(f"{file}: truncated, damaged or not an Arrow IPC stream or file "
+                                 f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
 
 
 def _is_trajectory_file(file: Path) -> bool:
-    return is_trajectory_schema(pq.read_schema(file))
+    return is_trajectory_schema(read_parquet_schema(file))
 
 
 def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
@@ -264,8 +311,7 @@ def write_conversations(conversations: Iterable[Conversation], path: str | os.Pa
                             "write .jsonl instead") from exc
         atomic_write_parquet(table, path)
     elif path.suffix == ".jsonl":
-        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n"
-                                         for r in records))
+        atomic_write_text(path, "".join(to_json(r) + "\n" for r in records))
     else:
         raise OmrlError(f"cannot write {path}: unsupported output type {path.suffix!r}; use .jsonl or .parquet")
     return path

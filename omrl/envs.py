@@ -26,11 +26,15 @@ episode raises :class:`EpisodeFinishedError`; an unknown task raises
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-from omrl.errors import ConfigError, OmrlError
+import numpy as np
+
+from omrl.errors import ConfigError, OmrlError, short_repr
 
 
 class EnvError(OmrlError):
@@ -143,6 +147,37 @@ class Env(ABC):
                 f"{type(self).__name__} has no split {split!r}; valid: {', '.join(self.splits)}"
             )
         return self.task_ids(split)
+
+
+def step_problem(result: Any) -> str | None:
+    """What is wrong with a value ``step`` returned ("returned reward nan; ..."), or None when nothing is.
+
+    The protocol promises text for the observation, finite numbers for the
+    reward and ``info["score"]`` and a bool for ``info["won"]``: a NaN reward
+    would poison every advantage of its batch and a ``won`` of "yes" would
+    count as a win.
+    """
+    if not isinstance(result, StepResult):
+        return f"returned a {type(result).__name__}, not a StepResult"
+    if not isinstance(result.observation, (str, type(None))):
+        return f"returned observation {short_repr(result.observation)}; it must be text"
+    if not isinstance(result.info, dict):
+        return f"returned info {short_repr(result.info)}; it must be a dict"
+    for name, value in (("reward", result.reward), ("score", result.info.get("score", 0.0))):
+        if not _finite_number(value):
+            return f"returned {name} {short_repr(value)}; it must be a finite number"
+    won = result.info.get("won", False)
+    if not isinstance(won, (bool, np.bool_)):
+        return f"returned won {short_repr(won)}; it must be True or False"
+    return None
+
+
+def _finite_number(value: Any) -> bool:
+    """A real number (Python's or numpy's) that is neither NaN nor infinite."""
+    try:
+        return isinstance(value, numbers.Real) and math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def check_task(env: Env, task_id: int, known: Sequence[int] | range) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -287,3 +288,45 @@ def test_tool_call_with_the_tiny_models_chat_template(tiny_model_dir):
     assert tpl.parse(assistant, SHOP) == ParsedAction("search[red shoes]", True, "Search first.")
     increment = tokenizer.decode(next_turn_ids(tokenizer, messages, "Results: ...", False, **kwargs))
     assert increment.startswith("<|im_end|>") and "Results: ..." in increment
+
+
+class Phone(FakeShop):
+    """A shop with one integer-argument tool: dial[digits]."""
+
+    tools = [{"name": "dial", "description": "Dial a number.", "parameters": {
+        "type": "object", "properties": {"digits": {"type": "integer"}}, "required": ["digits"]}}]
+
+
+def dial(args: str) -> str:
+    return f'<tool_call>{{"name": "dial", "arguments": {args}}}</tool_call>'
+
+
+@pytest.mark.parametrize("reply, problem", [
+    ("<tool_call>" + "[" * 1000, "not valid JSON (nested too deeply)"),
+    ('<tool_call>{"name": "dial", "arguments": {"digits": ' + "[" * 5000, "not valid JSON (nested too deeply)"),
+    ("{" + '"a": {' * 3000, "not valid JSON (nested too deeply)"),
+    (dial('{"digits": ' + "1" * 5000 + "}"), "not valid JSON (Exceeds the limit (4300 digits)"),
+    (dial('{"digits": "' + "1" * 5000 + '"}'), "must be of type integer, got '111111"),
+    (dial("[" * 500 + "]" * 500), '"arguments" must be a JSON object, got [[[[...]]]].'),
+])
+def test_tool_call_replies_that_break_python_json_are_parse_errors(reply, problem):
+    parsed = template("tool_call").parse(reply, Phone())
+    assert parsed.action is None and problem in parsed.error
+    assert len(parsed.error) < 400  # the bad value is cut, not echoed back at full length
+
+
+def test_tool_call_json_escapes_of_lone_surrogates_give_writable_actions():
+    parsed = template("tool_call").parse('<tool_call>{"name": "act", "arguments": {"action": "go \\ud800"}}'
+                                         "</tool_call>", ROOM)
+    assert parsed.action == "go \ufffd"
+    parsed.action.encode("utf-8")
+
+
+@pytest.mark.parametrize("name, unit", [("xml", "<action>"), ("xml", "<think>"), ("tool_call", "<tool_call>"),
+                                        ("react", "Think:\n")])
+def test_parse_time_is_linear_in_replies_of_repeated_unclosed_tags(name, unit):
+    reply = unit * (200_000 // len(unit))
+    start = time.perf_counter()
+    parsed = template(name).parse(reply, SHOP)
+    assert time.perf_counter() - start < 2  # lazy regexes rescanning from every tag took about a minute
+    assert parsed.action is None and parsed.error

@@ -1,11 +1,16 @@
-"""Trajectory records survive parquet unchanged."""
+"""Trajectory records survive parquet unchanged; damaged files and non-finite numbers are handled."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 
 from omrl.data import Episode, Turn, read_episodes, write_episodes
+from omrl.data.trajectory import UnreadableFileError
 from omrl.errors import OmrlError
+from omrl.rollout.convert import write_jsonl
 
 
 def test_episode_parquet_round_trip(tmp_path):
@@ -46,3 +51,33 @@ def test_files_of_the_first_schema_still_read(tmp_path):
     pq.write_table(old, tmp_path / "old.parquet")
     (episode,) = read_episodes(tmp_path / "old.parquet")
     assert episode.task_id == 3 and episode.demo_messages == 0 and episode.messages[0]["content"] == "hi"
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "text"])
+def test_a_damaged_trajectory_file_is_an_error_naming_it(tmp_path, damage):
+    good = write_episodes([Episode("e", 1, "train", "i")], tmp_path / "good.parquet").read_bytes()
+    data = {"empty": b"", "truncated": good[:len(good) // 2], "text": b"hello\n" * 100}[damage]
+    path = tmp_path / f"{damage}.parquet"
+    path.write_bytes(data)
+    with pytest.raises(UnreadableFileError, match=re.escape(f"{path}: truncated, damaged or not a parquet file")):
+        read_episodes(path)
+
+
+def _no_constants(name: str):
+    raise AssertionError(f"{name} in JSON output")
+
+
+def test_non_finite_numbers_and_lone_surrogates_are_written_as_strict_json(tmp_path):
+    nan, inf = float("nan"), float("inf")
+    ep = Episode("e", 1, "train", "i", score=nan, rewards={"total": [nan], "goal": [inf]},
+                 turns=[Turn("obs", "reply", "go \ud800", True, -inf, True, {"x": inf, "deep": [{"y": nan}]})],
+                 messages=[{"role": "assistant", "content": "\udcff"}])
+    path = write_jsonl([ep], tmp_path / "r.jsonl")
+    record = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constants)
+    assert record["score"] is None and record["total_reward"] is None
+    assert record["rewards"] == {"total": [None], "goal": [None]}
+    assert record["turns"][0]["reward"] is None and record["turns"][0]["action"] == "go \ud800"
+    assert record["messages"][0]["content"] == "\udcff"  # escaped in the file, the same text read back
+    ep.turns[0].action, ep.messages = "go", []
+    (turn,) = read_episodes(write_episodes([ep], tmp_path / "t.parquet"))[0].turns
+    assert turn.info == {"x": None, "deep": [{"y": None}]}  # info is stored as JSON text in the parquet

@@ -9,10 +9,13 @@ and re-encoded.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -21,6 +24,11 @@ from omrl.atomic import atomic_write_parquet
 from omrl.errors import OmrlError
 
 END_REASONS = ("done", "max_turns", "max_context", "env_error", "empty_response")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class UnreadableFileError(OmrlError):
+    """A file that is not what its name says: truncated, empty, or other bytes."""
 
 
 @dataclass
@@ -99,11 +107,30 @@ def is_trajectory_schema(schema: pa.Schema) -> bool:
     return (schema.metadata or {}).get(b"omrl.schema") in READABLE_SCHEMAS
 
 
+def to_json(value: Any) -> str:
+    """``value`` as strict JSON on one line: NaN and infinities become null, lone surrogates ``\\u`` escapes.
+
+    Python's json writes NaN and Infinity, which other JSON readers reject, and
+    a lone surrogate (from a model's JSON escape) cannot be written as UTF-8.
+    """
+    text = json.dumps(_finite(value), ensure_ascii=False, allow_nan=False, default=str)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float, however deep, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _episode_row(ep: Episode) -> dict[str, Any]:
     row = asdict(ep)
-    row["turns"] = [
-        {**t, "info": json.dumps(t["info"], default=str), "span": list(t["span"])} for t in row["turns"]
-    ]
+    row["turns"] = [{**t, "info": to_json(t["info"]), "span": list(t["span"])} for t in row["turns"]]
     row["rewards"] = list(ep.rewards.items())
     return row
 
@@ -116,12 +143,39 @@ def write_episodes(episodes: Iterable[Episode], path: str | os.PathLike) -> Path
     return Path(path)
 
 
+@contextmanager
+def _parquet_errors(path: str | os.PathLike) -> Iterator[None]:
+    """Turn pyarrow's errors about a damaged parquet file into one naming the file."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:  # damage inside a column name or the file's metadata
+        raise UnreadableFileError(f"{path}: damaged parquet file (text that is not UTF-8)") from exc
+    except (pa.ArrowException, OSError) as exc:
+        what = exc.strerror if isinstance(exc, OSError) and exc.strerror else "truncated, damaged or not a parquet file"
+        detail = str(exc).strip().split("\n")[0].split(". ")[0] or type(exc).__name__
+        raise UnreadableFileError(f"{path}: {what} ({detail})") from exc
+
+
+def read_parquet(path: str | os.PathLike) -> pa.Table:
+    """The table in a parquet file; a damaged file raises UnreadableFileError."""
+    with _parquet_errors(path):
+        table = pq.read_table(path)
+        table.validate(full=True)  # checks that strings are UTF-8: to_pylist would raise on the first bad one
+        return table
+
+
+def read_parquet_schema(path: str | os.PathLike) -> pa.Schema:
+    """The schema of a parquet file, without reading its rows; a damaged file raises UnreadableFileError."""
+    with _parquet_errors(path):
+        return pq.read_schema(path)
+
+
 def read_episodes(path: str | os.PathLike) -> list[Episode]:
     """Read episodes written by :func:`write_episodes`."""
     path = Path(path)
     if not path.exists():
         raise OmrlError(f"no trajectory file at {path}")
-    table = pq.read_table(path)
+    table = read_parquet(path)
     if not is_trajectory_schema(table.schema):
         raise OmrlError(f"{path} is not an omrl trajectory file (expected schema "
                         f"{' or '.join(tag.decode() for tag in READABLE_SCHEMAS)})")

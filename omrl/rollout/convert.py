@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from omrl.atomic import atomic_write_text
-from omrl.data.trajectory import Episode
+from omrl.data.trajectory import Episode, to_json
 
 
 def token_exact(episode: Episode) -> bool:
@@ -50,9 +49,9 @@ def jsonl_path_for(parquet_path: str | os.PathLike) -> Path:
 
 
 def write_jsonl(episodes: Iterable[Episode], path: str | os.PathLike) -> Path:
-    """Write one readable record per line, atomically."""
+    """Write one readable record per line, atomically, as strict JSON (no NaN or Infinity)."""
     path = Path(path)
-    lines = "".join(json.dumps(episode_record(ep), ensure_ascii=False, default=str) + "\n" for ep in episodes)
+    lines = "".join(to_json(episode_record(ep)) + "\n" for ep in episodes)
     atomic_write_text(path, lines)
     return path
 

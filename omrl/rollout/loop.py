@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import encode_text, next_turn_ids, prompt_ids
 from omrl.data.trajectory import Episode, Turn
-from omrl.envs import DemoTurn, Env, StepResult
+from omrl.envs import DemoTurn, Env, StepResult, step_problem
 from omrl.errors import OmrlError
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
@@ -220,7 +220,7 @@ def _record_reply(state: _Live, reply: Generation | BaseException, template: Tem
         turn.parse_error = "the reply was empty"
         state.end = "empty_response"
         return False
-    parsed: ParsedAction = template.parse(response, state.env)
+    parsed = _parse(template, response, state.env)
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
     if parsed.action is None:
         reason = parsed.error or "no action found in the reply."
@@ -231,12 +231,36 @@ def _record_reply(state: _Live, reply: Generation | BaseException, template: Tem
     return True
 
 
+def _parse(template: Template, response: str, env: Env) -> ParsedAction:
+    """``template.parse(response)``; whatever a template raises or returns amiss becomes a parse error.
+
+    Templates must never raise, but a model reply is arbitrary text: one that
+    trips a template bug must cost the episode a turn, not end the whole run.
+    """
+    name = type(template).__name__
+    try:
+        parsed = template.parse(response, env)
+    except Exception as exc:  # noqa: BLE001 - a template bug, whatever it raises
+        return ParsedAction(None, False, error=f"template {name} failed on this reply: {type(exc).__name__}: "
+                                               f"{str(exc)[:200]}")
+    if not isinstance(parsed, ParsedAction):
+        return ParsedAction(None, False, error=f"template {name} returned a {type(parsed).__name__}, "
+                                               "not a ParsedAction")
+    return parsed
+
+
 def _record_step(state: _Live, result: StepResult | BaseException) -> None:
-    """Fill the turn with the env's answer; an env that raised ends its episode (env_error)."""
+    """Fill the turn with the env's answer; an env that raised or answered nonsense ends its episode (env_error)."""
     ep, turn = state.episode, state.episode.turns[-1]
     if isinstance(result, BaseException):
         ep.error = f"step failed: {type(result).__name__}: {result}"
         state.end, state.broken = "env_error", True
+        return
+    problem = step_problem(result)
+    if problem:
+        # the instance still works (its next reset starts afresh); this episode's outcome is unknowable
+        ep.error = f"step failed: env {ep.env!r} {problem}"
+        state.end = "env_error"
         return
     turn.reward, turn.done = float(result.reward), bool(result.done)
     turn.info = {**result.info, "rollout": turn.info["rollout"]}

@@ -63,6 +63,19 @@ def lone_action(text: str, env: Any) -> str | None:
     return None
 
 
+def first_block(text: str, opening: re.Pattern, closing: re.Pattern,
+                pos: int = 0) -> tuple[re.Match, re.Match] | None:
+    """The first opening tag at or after ``pos`` and the closing tag after it, or None when unclosed.
+
+    What ``re.search("<a>(.*?)</a>")`` finds, in linear time: that regex
+    rescans the rest of the reply from every unclosed tag (minutes on a reply
+    of repeated tags).
+    """
+    opened = opening.search(text, pos)
+    closed = closing.search(text, opened.end()) if opened else None
+    return (opened, closed) if closed else None
+
+
 def tool_signature(tool: dict[str, Any]) -> str:
     """``name(arg: type, ...)`` of a tool spec ``{"name", "description", "parameters"}``."""
     props = (tool.get("parameters") or {}).get("properties") or {}

@@ -13,13 +13,15 @@ import json
 import re
 from typing import Any
 
+from omrl.errors import short_repr
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import (
-    EXAMPLE_THOUGHT, TemplateError, action_help, example_action, example_arguments, tool_signature,
+    EXAMPLE_THOUGHT, TemplateError, action_help, example_action, example_arguments, first_block, tool_signature,
 )
 
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 OPEN_TAG = "<tool_call>"
+OPENING, CLOSING = re.compile(re.escape(OPEN_TAG)), re.compile(re.escape("</tool_call>"))
+SURROGATE = re.compile("[\ud800-\udfff]")  # from JSON escapes such as \ud800; not writable as UTF-8
 GENERIC_TOOL = "act"
 _TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
@@ -46,15 +48,23 @@ def _coerce(value: Any, kind: str | None) -> tuple[Any, bool] | None:
     if kind == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value), False
     if isinstance(value, str):
-        text = value.strip()
+        return _from_text(value.strip(), kind)
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value), False
+    return None
+
+
+def _from_text(text: str, kind: str) -> tuple[Any, bool] | None:
+    """``text`` read as JSON-schema type ``kind`` ("3" -> 3, "true" -> True), or None when it does not fit."""
+    try:
         if kind == "integer" and re.fullmatch(r"-?\d+", text):
             return int(text), False
         if kind == "number" and re.fullmatch(r"-?\d+(?:\.\d+)?", text):
             return float(text), False
-        if kind == "boolean" and text.lower() in ("true", "false"):
-            return text.lower() == "true", False
-    if kind == "integer" and isinstance(value, float) and value.is_integer():
-        return int(value), False
+    except ValueError:  # int() refuses thousands of digits
+        return None
+    if kind == "boolean" and text.lower() in ("true", "false"):
+        return text.lower() == "true", False
     return None
 
 
@@ -75,12 +85,12 @@ def check_arguments(tool: dict[str, Any], args: dict[str, Any]) -> tuple[dict[st
         fitted = _coerce(value, spec.get("type"))
         if fitted is None:
             return args, False, (f"Argument {key!r} of tool {tool['name']!r} must be of type {spec['type']}, "
-                                 f"got {value!r}.")
+                                 f"got {short_repr(value)}.")
         out[key], unchanged = fitted
         exact &= unchanged
         if spec.get("enum") and out[key] not in spec["enum"]:
             return args, False, (f"Argument {key!r} of tool {tool['name']!r} must be one of "
-                                 f"{', '.join(map(repr, spec['enum']))}, got {value!r}.")
+                                 f"{', '.join(map(repr, spec['enum']))}, got {short_repr(value)}.")
     return out, exact, None
 
 
@@ -88,14 +98,23 @@ def _load_object(payload: str) -> tuple[Any, bool, str | None]:
     """(JSON value, parsed cleanly?, error): junk after a complete object is tolerated, not clean."""
     try:
         return json.loads(payload), True, None
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:
         start = payload.find("{")
         if start >= 0:
             try:
                 return json.JSONDecoder().raw_decode(payload[start:])[0], False, None
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 pass
-        return None, False, f"The tool call is not valid JSON ({exc.msg} at character {exc.pos})."
+        return None, False, f"The tool call is not valid JSON ({_json_problem(exc)})."
+
+
+def _json_problem(exc: Exception) -> str:
+    """Why a reply's JSON did not load: nesting too deep and numbers too long fail outside the JSON grammar."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"{exc.msg} at character {exc.pos}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0]  # int() refusing thousands of digits
 
 
 class ToolCallTemplate(Template):
@@ -182,12 +201,12 @@ class ToolCallTemplate(Template):
                     yield tool["name"], {keys[0]: value}
 
     def parse(self, response: str, env: Any) -> ParsedAction:
-        blocks = list(TOOL_CALL.finditer(response))
+        block = first_block(response, OPENING, CLOSING)
         start = response.find(OPEN_TAG)
         thought = response[:start].strip() if start >= 0 else None
-        if blocks:
-            payload = blocks[0].group(1)
-            exact = len(blocks) == 1 and not response[blocks[0].end():].strip()
+        if block:
+            payload = response[block[0].end():block[1].start()]
+            exact = not response[block[1].end():].strip()  # also false when a second call follows
         elif start >= 0:
             payload, exact = response[start + len(OPEN_TAG):], False
         elif "{" in response:
@@ -209,11 +228,12 @@ class ToolCallTemplate(Template):
             if error:
                 return self._failed(f"The arguments are a string that is not JSON: {error}", env, thought)
         if not isinstance(args, dict):
-            return self._failed(f'"arguments" must be a JSON object, got {args!r}.', env, thought)
+            return self._failed(f'"arguments" must be a JSON object, got {short_repr(args)}.', env, thought)
         tools = {t.get("name"): t for t in self.tools(env)}
         tool = tools.get(call["name"])
         if tool is None:
-            return self._failed(f"Unknown tool {call['name']!r}; valid tools: {', '.join(tools)}.", env, thought)
+            return self._failed(f"Unknown tool {short_repr(call['name'])}; valid tools: {', '.join(tools)}.", env,
+                                thought)
         args, args_exact, error = check_arguments(tool, args)
         if error:
             return self._failed(error, env, thought)
@@ -226,7 +246,7 @@ class ToolCallTemplate(Template):
                 return self._failed(f"The env rejected the call: {type(exc).__name__}: {exc}", env, thought)
         if not isinstance(action, str) or not action.strip():
             return self._failed("The tool call gave an empty action.", env, thought)
-        return ParsedAction(action.strip(), exact and args_exact, thought)
+        return ParsedAction(SURROGATE.sub("\ufffd", action.strip()), exact and args_exact, thought)
 
     def _failed(self, problem: str, env: Any, thought: str | None) -> ParsedAction:
         try:

@@ -6,13 +6,24 @@ import re
 from typing import Any
 
 from omrl.templates import ParsedAction, Template
-from omrl_plugins.templates.common import EXAMPLE_THOUGHT, action_help, example_action, lone_action, unwrap
+from omrl_plugins.templates.common import (
+    EXAMPLE_THOUGHT, action_help, example_action, first_block, lone_action, unwrap,
+)
 
 TAGS = ("<think>", "</think>", "<action>", "</action>")
 THINK = re.compile(r"<think>(.*?)(?:</think>|<action>|\Z)", re.S | re.I)
-ACTION = re.compile(r"<action>(.*?)</action>", re.S | re.I)
-OPEN_ACTION = re.compile(r"<action>", re.I)
+OPEN_THINK, CLOSE_THINK = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
+OPEN_ACTION, CLOSE_ACTION = re.compile(r"<action>", re.I), re.compile(r"</action>", re.I)
 STRICT = re.compile(r"\s*<think>.*?</think>\s*<action>.*?</action>\s*", re.S)
+
+
+def _without_thoughts(text: str) -> str:
+    """``text`` less every closed ``<think>...</think>`` block."""
+    kept, pos = [], 0
+    while block := first_block(text, OPEN_THINK, CLOSE_THINK, pos):
+        kept.append(text[pos:block[0].start()])
+        pos = block[1].end()
+    return "".join(kept) + text[pos:]
 
 
 class XmlTemplate(Template):
@@ -43,19 +54,20 @@ class XmlTemplate(Template):
             return ParsedAction(None, False, error=self._error("The reply was empty.", env))
         think = THINK.search(response)
         thought = (think.group(1).strip() or None) if think else None
-        closed = ACTION.search(response)
+        closed = first_block(response, OPEN_ACTION, CLOSE_ACTION)
         if closed:
-            action = closed.group(1)
+            action = response[closed[0].end():closed[1].start()]
         else:
             opened = OPEN_ACTION.search(response)
             # an unclosed action runs to the end of the reply or the next tag
             action = response[opened.end():].split("<", 1)[0] if opened else ""
         action, unwrapped = unwrap(action)
         if action:
-            ok = (closed is not None and not unwrapped and STRICT.fullmatch(response) is not None
-                  and all(response.count(tag) == 1 for tag in TAGS))
+            # the tag counts first: with each tag once, STRICT's lazy groups cannot backtrack far
+            ok = (closed is not None and not unwrapped and all(response.count(tag) == 1 for tag in TAGS)
+                  and STRICT.fullmatch(response) is not None)
             return ParsedAction(action, ok, thought)
-        bare = lone_action(re.sub(r"<think>.*?</think>", "", response, flags=re.S | re.I), env)
+        bare = lone_action(_without_thoughts(response), env)
         if bare is not None:
             return ParsedAction(bare, False, thought)
         problem = "The <action> tag was empty." if OPEN_ACTION.search(response) else "No <action>...</action> found."

@@ -242,3 +242,87 @@ def test_a_template_that_cannot_write_the_worked_example_names_the_option_to_tur
     with pytest.raises(OmrlError, match=r"cannot write DemoKeyEnv's worked example .*set env.demonstration=false"):
         run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=DemoKeyEnv,
             template=TwoArgumentTemplate())
+
+
+class RaisingTemplate(ActionTemplate):
+    """A template with a bug: replies starting with "[" make its parse raise."""
+
+    def parse(self, response, env):
+        if response.startswith("["):
+            raise RecursionError("maximum recursion depth exceeded")
+        return super().parse(response, env)
+
+
+def test_a_template_that_raises_on_a_reply_costs_a_turn_not_the_rollout(tiny_tokenizer):
+    backend = scripted(tiny_tokenizer, [["[ oops"], ["Action: open"], ["Action: take key"]])
+    (ep,), pool = run(tiny_tokenizer, backend, template=RaisingTemplate())
+    bad = ep.turns[0]
+    assert bad.action is None and not bad.format_ok
+    assert "RaisingTemplate" in bad.parse_error and "RecursionError" in bad.parse_error
+    assert bad.parse_error in ep.messages[3]["content"]  # the model is told, as for any unparsable reply
+    assert ep.won and ep.end_reason == "done" and ep.num_turns == 3
+    assert pool.probe().steps == 2
+
+
+def test_a_template_that_returns_no_parsed_action_costs_a_turn(tiny_tokenizer):
+    class TextTemplate(ActionTemplate):
+        def parse(self, response, env):
+            return "open"
+
+    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, lambda call, index: "Action: open"),
+                   template=TextTemplate(), max_turns=1)
+    assert "TextTemplate returned a str, not a ParsedAction" in ep.turns[0].parse_error
+
+
+def test_a_deeply_nested_tool_call_reply_is_a_parse_error(tiny_tokenizer):
+    from omrl import registry
+
+    backend = scripted(tiny_tokenizer, [["<tool_call>" + "[" * 1000],
+                                        ['<tool_call>{"name": "act", "arguments": {"action": "open"}}</tool_call>']])
+    (ep,), _ = run(tiny_tokenizer, backend, template=registry.templates.get("tool_call")(), max_turns=2,
+                   max_new_tokens=1100, max_context=4096)
+    assert ep.turns[0].response.count("[") == 1000
+    assert "nested too deeply" in ep.turns[0].parse_error
+    assert ep.turns[1].action == "open" and ep.end_reason == "max_turns"
+
+
+class BadValueEnv(KeyEnv):
+    """KeyEnv whose every step answers with ``value`` as its ``field`` (reward, observation, info) or info[field]."""
+
+    def __init__(self, field: str = "reward", value=0.0):
+        super().__init__()
+        self.field, self.value = field, value
+
+    def step(self, action):
+        result = super().step(action)
+        if self.field in ("reward", "observation", "info"):
+            setattr(result, self.field, self.value)
+        else:
+            result.info[self.field] = self.value
+        return result
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("reward", float("nan"), "reward nan"), ("reward", float("-inf"), "reward -inf"), ("reward", "1", "reward '1'"),
+    ("reward", None, "reward None"), ("score", 1e999, "score inf"), ("score", "0.5", "score '0.5'"),
+    pytest.param("score", 10 ** 400, "score 1000", id="score-10**400"),
+    ("won", "yes", "won 'yes'"), ("won", 1, "won 1"), ("won", None, "won None"), ("observation", 5, "observation 5"),
+    ("info", ["won"], "info ['won']"),
+])
+def test_env_values_outside_the_protocol_end_the_episode_as_env_error(tiny_tokenizer, field, value, shown):
+    episodes, pool = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1],
+                         env_class=BadValueEnv, options={"field": field, "value": value})
+    for ep in episodes:
+        assert ep.end_reason == "env_error" and ep.num_turns == 1
+        assert ep.error.startswith(f"step failed: env 'keys' returned {shown}")
+        assert not ep.won and ep.score == 0.0 and ep.turns[0].reward == 0.0
+    assert pool.created == len(pool._all) == 2  # the instances still work: none was discarded
+
+
+def test_numpy_values_are_fine(tiny_tokenizer):
+    import numpy as np
+
+    for field, value in [("reward", np.float32(0.5)), ("score", np.float64(0.5)), ("won", np.bool_(False))]:
+        (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=BadValueEnv,
+                       options={"field": field, "value": value})
+        assert ep.end_reason == "done" and ep.error is None, (field, ep.error)
