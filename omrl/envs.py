@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import re
 import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -170,6 +171,32 @@ def step_problem(result: Any) -> str | None:
     if not isinstance(won, (bool, np.bool_)):
         return f"returned won {short_repr(won)}; it must be True or False"
     return None
+
+
+def reset_problem(first: Any) -> str | None:
+    """What is wrong with a value ``reset`` returned, or None: an Observation with text."""
+    if not isinstance(first, Observation):
+        return f"returned a {type(first).__name__}, not an Observation"
+    for name in ("text", "instruction"):
+        if not isinstance(getattr(first, name), (str, type(None))):
+            return f"returned {name} {short_repr(getattr(first, name))}; it must be text"
+    if not isinstance(first.info, dict):
+        return f"returned info {short_repr(first.info)}; it must be a dict"
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str | None) -> str:
+    """``text`` writable as UTF-8: lone surrogates (which no file format can hold) become U+FFFD."""
+    if not text:
+        return ""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
 
 
 def _finite_number(value: Any) -> bool:

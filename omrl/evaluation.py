@@ -7,13 +7,12 @@ succeeded, pass@k = 1 - C(n - c, k) / C(n, k), averaged over tasks.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Sequence
 
-from omrl.data.trajectory import END_REASONS, Episode
+from omrl.data.trajectory import END_REASONS, Episode, to_json
 from omrl.errors import OmrlError
 from omrl.atomic import atomic_write_text
 from omrl.rollout.convert import generated_tokens, token_exact, truncated_turns
@@ -116,5 +115,5 @@ def write_report(path: str | Path, metrics: dict[str, Any], episodes: Sequence[E
         ],
     }
     path = Path(path)
-    atomic_write_text(path, json.dumps(report, indent=2, default=str) + "\n")
+    atomic_write_text(path, to_json(report, indent=2) + "\n")  # strict JSON: no NaN, no lone surrogate
     return path

@@ -225,3 +225,29 @@ def test_parquet_of_any_rows_loads_or_raises_an_omrl_error(tmp_path, rows):
     path = tmp_path / "data.parquet"
     path.write_bytes(data)
     load_or_error(path)
+
+
+# -- config overrides --------------------------------------------------------------------------------
+
+_KEYS = st.sampled_from(["steps", "group_size", "optim.learning_rate", "reward.weights", "env.name", "algorithm.gamma",
+                         "algo", "kl_coef", "model", "model.lora_target_modules", "plugins.webshop.x", "nosuch",
+                         "optim", "generation.temperature", "logging.save_steps", ""])
+_VALUES = st.one_of(st.text(max_size=40), st.sampled_from(["{goal:1}", "{goal: 1}", "[1, 2", "1e-3", "-1", "null",
+                                                           "true", "{a: {b: c}}", "!!python/object:os.system", "&a *a",
+                                                           "'", "1" * 400, "[" * 500]))
+
+
+@FAST
+@given(st.lists(st.one_of(st.tuples(_KEYS, _VALUES).map(lambda kv: f"{kv[0]}={kv[1]}"), st.text(max_size=30)),
+                max_size=4))
+def test_any_command_line_overrides_give_a_config_or_a_config_error(overrides):
+    from omrl.config import load_config
+    from omrl.errors import ConfigError
+    from omrl.options import TrainRunConfig
+
+    try:
+        cfg = load_config(TrainRunConfig, "grpo", overrides)
+    except ConfigError as err:
+        assert str(err) and len(str(err)) < 5_000  # one readable line, not a dump of the input
+    else:
+        assert isinstance(cfg, TrainRunConfig)

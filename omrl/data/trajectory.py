@@ -107,13 +107,14 @@ def is_trajectory_schema(schema: pa.Schema) -> bool:
     return (schema.metadata or {}).get(b"omrl.schema") in READABLE_SCHEMAS
 
 
-def to_json(value: Any) -> str:
-    """``value`` as strict JSON on one line: NaN and infinities become null, lone surrogates ``\\u`` escapes.
+def to_json(value: Any, indent: int | None = None) -> str:
+    """``value`` as strict JSON (one line unless ``indent``): NaN and infinities become null, lone
+    surrogates ``\\u`` escapes.
 
     Python's json writes NaN and Infinity, which other JSON readers reject, and
     a lone surrogate (from a model's JSON escape) cannot be written as UTF-8.
     """
-    text = json.dumps(_finite(value), ensure_ascii=False, allow_nan=False, default=str)
+    text = json.dumps(_finite(value), ensure_ascii=False, allow_nan=False, default=str, indent=indent)
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 

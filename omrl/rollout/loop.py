@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import encode_text, next_turn_ids, prompt_ids
 from omrl.data.trajectory import Episode, Turn
-from omrl.envs import DemoTurn, Env, StepResult, step_problem
+from omrl.envs import DemoTurn, Env, StepResult, clean_text, reset_problem, step_problem
 from omrl.errors import OmrlError
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
@@ -158,14 +158,16 @@ def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tupl
     states = []
     for env, (group, sample, task), first in zip(envs, started, firsts):
         ep = Episode(env=pool.name, task_id=task, split=split, instruction="", group=group, sample=sample)
-        if isinstance(first, BaseException):
-            ep.error = f"reset failed: {type(first).__name__}: {first}"
-            states.append(_Live(ep, env, {}, [], "", end="env_error", broken=True))
+        problem = None if isinstance(first, BaseException) else reset_problem(first)
+        if isinstance(first, BaseException) or problem:
+            ep.error = f"reset failed: {type(first).__name__}: {first}" if problem is None else \
+                f"reset failed: env {pool.name!r} {problem}"
+            states.append(_Live(ep, env, {}, [], "", end="env_error", broken=problem is None))
             continue
-        ep.instruction = first.instruction
-        observation = first.text or EMPTY_OBSERVATION
+        ep.instruction = clean_text(first.instruction)
+        observation = clean_text(first.text) or EMPTY_OBSERVATION
         # the first user message is the instruction plus the first observation (once: some envs repeat it)
-        user = observation if first.instruction in observation else f"{first.instruction}\n\n{observation}"
+        user = observation if ep.instruction in observation else f"{ep.instruction}\n\n{observation}"
         demo = demonstration_messages(template, env, env.demonstration) if demonstration else []
         ep.demo_messages = len(demo)
         messages = [{"role": "system", "content": template.system_prompt(env)}, *demo, {"role": "user", "content": user}]
@@ -265,7 +267,7 @@ def _record_step(state: _Live, result: StepResult | BaseException) -> None:
     turn.reward, turn.done = float(result.reward), bool(result.done)
     turn.info = {**result.info, "rollout": turn.info["rollout"]}
     ep.won, ep.score = result.won, result.score
-    state.next_user = result.observation or EMPTY_OBSERVATION
+    state.next_user = clean_text(result.observation) or EMPTY_OBSERVATION
     if result.done:
         state.end = "done"
 

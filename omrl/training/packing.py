@@ -55,27 +55,50 @@ def shifted_labels(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[i
 
 
 def tokenize_conversations(tokenizer, conversations: Sequence[Conversation], max_seq_length: int
-                           ) -> tuple[list[Row], int]:
-    """One row per conversation, truncated to ``max_seq_length``; returns (rows, number dropped).
+                           ) -> tuple[list[Row], int, int]:
+    """One row per conversation, truncated to ``max_seq_length``; returns (rows, number dropped,
+    number truncated).
 
     A conversation is dropped when truncation leaves it no assistant token to learn from.
     Ids come from :func:`omrl.chat.encode_conversation`: the layout the rollout generates in.
+    Text that cannot reach the first ``max_seq_length`` tokens is cut before tokenizing, so a
+    megabytes-long message costs no more than one that just fills the row.
     """
     if max_seq_length < 2:
         raise OmrlError(f"max_seq_length must be at least 2, got {max_seq_length}")
-    rows, dropped = [], 0
+    # no token spans more characters than the longest vocabulary entry (byte-level or sentencepiece)
+    longest_token = max((len(token) for token in tokenizer.get_vocab()), default=1)
+    budget = max_seq_length * longest_token + 1024  # the margin keeps the tokens at the cut unchanged
+    rows, dropped, truncated = [], 0, 0
     for conv in conversations:
+        messages = _cut_text(conv.messages, budget)
+        if not any(m["role"] == "assistant" for m in messages):  # cut before the first reply
+            dropped += 1
+            continue
         try:
-            ids, mask = encode_conversation(tokenizer, conv.messages)
+            ids, mask = encode_conversation(tokenizer, messages)
         except OmrlError as exc:
             raise OmrlError(f"{conv.source}: {exc}") from exc
+        truncated += len(ids) > max_seq_length
         labels = shifted_labels(ids, mask)[:max_seq_length]
         if all(label == IGNORE_INDEX for label in labels):
             dropped += 1
             continue
         ids = ids[:max_seq_length]
         rows.append(Row(ids, labels, list(range(len(ids)))))
-    return rows, dropped
+    return rows, dropped, truncated
+
+
+def _cut_text(messages: Sequence[dict], budget: int) -> list[dict]:
+    """The messages with at most ``budget`` characters of content in all (later text cut off)."""
+    out = []
+    for message in messages:
+        if budget <= 0:
+            break
+        content = message.get("content") or ""
+        out.append({**message, "content": content[:budget]} if len(content) > budget else message)
+        budget -= len(content)
+    return out
 
 
 def pack_rows(rows: Sequence[Row], max_seq_length: int) -> list[Row]:

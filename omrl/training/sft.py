@@ -78,6 +78,9 @@ class SftRecipe:
         self.logger = MetricsLogger(self.output_dir, cfg.logging, self.total_steps, start_step=self.step,
                                     run_config=self.config_dict, console=self.console, description="sft") \
             if self.strategy.is_main else NullLogger()
+        if self.truncated:
+            self.logger.warn(f"{self.truncated} conversations were longer than max_seq_length={cfg.max_seq_length} "
+                             "tokens and were cut to it (raise max_seq_length to keep them whole)")
         if self.dropped:
             self.logger.warn(f"{self.dropped} conversations had no assistant token within max_seq_length="
                              f"{cfg.max_seq_length} and were dropped")
@@ -94,7 +97,7 @@ class SftRecipe:
         if not conversations:
             raise OmrlError(f"{cfg.dataset} holds no conversations"
                             + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else ""))
-        rows, self.dropped = tokenize_conversations(self.tokenizer, conversations, cfg.max_seq_length)
+        rows, self.dropped, self.truncated = tokenize_conversations(self.tokenizer, conversations, cfg.max_seq_length)
         if not rows:
             raise OmrlError(f"no conversation in {cfg.dataset} has an assistant token within max_seq_length="
                             f"{cfg.max_seq_length}")

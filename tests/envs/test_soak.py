@@ -63,3 +63,59 @@ def test_script_exits_non_zero_when_an_invariant_breaks(soak_module, monkeypatch
     assert "INVARIANT BROKEN (1)" in capsys.readouterr().out
     monkeypatch.setattr(soak_module, "soak", lambda *args, **kwargs: soak_module.Report(requested=2))
     assert soak_module.main(["--episodes", "2"]) == 0
+
+
+def test_a_train_run_under_faults_keeps_its_steps_checkpoints_and_metrics_consistent(soak_module, tiny_model_dir,
+                                                                                     tmp_path):
+    """GRPO through the `agentgym` client against a faulty gridworld server that a chaos thread
+    restarts and pauses: killed after step 2 and resumed, the run logs each step once, ends with an
+    intact checkpoint of its last step, counts every episode, and no two episodes share an env."""
+    import io
+    import threading
+
+    from rich.console import Console
+
+    from omrl.config import load_config
+    from omrl.options import TrainRunConfig
+    from omrl.training.checkpoint import complete_checkpoints, damage
+    from omrl.training.metrics import read_metrics
+    from omrl.training.rl import run_rl
+
+    chaos = soak_module.Chaos(__import__("random").Random(3), fault_rate=0.1)
+    server = soak_module.Server("server 0", chaos, {"max_turns": 4})
+    server.start()
+    stop = threading.Event()
+    monkey = threading.Thread(target=soak_module.chaos_monkey, args=([server], chaos, stop, 1.0), daemon=True)
+    monkey.start()
+    cfg = load_config(TrainRunConfig, "grpo", [
+        f"model.name={tiny_model_dir}", "env.name=agentgym", "env.template=react", "env.max_turns=3",
+        "generation.max_new_tokens=8", "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}",
+        "logging.tensorboard=false", "logging.save_steps=1", "steps=3", "tasks_per_step=2", "group_size=2",
+        "eval_tasks=2", "algorithm.entropy_coef=0.01",  # retries outlast a restart (down up to 0.4 s)
+        f"plugins.agentgym={{base_url: '{server.url}', env_name: gridworld, timeout: 0.5, retries: 5, backoff: 0.05}}"])
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_two(step, metrics):
+        if step == 2:
+            raise Killed
+
+    try:
+        try:
+            run_rl(cfg, on_step_end=kill_after_two, console=Console(file=io.StringIO()))
+        except Killed:
+            pass
+        cfg.resume = True
+        run_rl(cfg, console=Console(file=io.StringIO()))
+    finally:
+        stop.set()
+        monkey.join(timeout=60)
+        server.kill()
+    records = read_metrics(cfg.logging.output_dir)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(0 <= r["env_errors"] <= 4 for r in records) and "eval_success" in records[-1]
+    last = complete_checkpoints(cfg.logging.output_dir)[-1]
+    assert last.name == "step-00000003" and damage(last) is None
+    assert chaos.violations == []
+    assert sum(chaos.counts.values()) > 0  # faults were injected

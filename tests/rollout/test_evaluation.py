@@ -77,3 +77,13 @@ def test_table_and_report(tmp_path):
     assert data["metrics"]["success_rate"] == 0.5 and data["config"] == {"seed": 0}
     assert [e["won"] for e in data["episodes"]] == [True, False]
     assert [p.name for p in path.parent.iterdir()] == ["report.json"]  # no temporary file left behind
+
+
+def test_the_report_is_strict_json_even_with_non_finite_metrics(tmp_path):
+    import json
+
+    from omrl.evaluation import write_report
+
+    path = write_report(tmp_path / "report.json", {"success": float("nan"), "score": float("inf")}, [], {})
+    report = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the report"))
+    assert report["metrics"] == {"success": None, "score": None}

@@ -326,3 +326,39 @@ def test_numpy_values_are_fine(tiny_tokenizer):
         (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=BadValueEnv,
                        options={"field": field, "value": value})
         assert ep.end_reason == "done" and ep.error is None, (field, ep.error)
+
+
+class BadResetEnv(KeyEnv):
+    """KeyEnv whose reset answers ``value`` (or an Observation with it as ``field``)."""
+
+    def __init__(self, field: str = "", value=None):
+        super().__init__()
+        self.field, self.value = field, value
+
+    def reset(self, task_id):
+        first = super().reset(task_id)
+        if not self.field:
+            return self.value
+        setattr(first, self.field, self.value)
+        return first
+
+
+@pytest.mark.parametrize("field, value, shown", [
+    ("", None, "returned a NoneType, not an Observation"), ("", "A room.", "returned a str, not an Observation"),
+    ("instruction", 42, "returned instruction 42; it must be text"), ("info", "x", "returned info 'x'"),
+])
+def test_reset_values_outside_the_protocol_end_the_episode_as_env_error(tiny_tokenizer, field, value, shown):
+    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=BadResetEnv,
+                   options={"field": field, "value": value})
+    assert ep.end_reason == "env_error" and ep.num_turns == 0
+    assert ep.error.startswith(f"reset failed: env 'keys' {shown}")
+
+
+def test_lone_surrogates_from_an_env_are_replaced_so_the_episode_can_be_written(tiny_tokenizer, tmp_path):
+    from omrl.data import write_episodes
+
+    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=BadValueEnv,
+                   options={"field": "observation", "value": "a chest \ud800 glows"})
+    assert ep.end_reason == "max_turns" or ep.end_reason == "done"
+    write_episodes([ep], tmp_path / "episodes.parquet")  # a lone surrogate would fail this write
+    assert "a chest \ufffd glows" in tiny_tokenizer.decode(ep.token_ids)

@@ -26,7 +26,7 @@ def test_labels_are_the_next_token_exactly_where_the_mask_is_on(tiny_model):
     _, tok = tiny_model
     conv = _conversations(1)[0]
     ids, mask = encode_conversation(tok, conv.messages)
-    (row,), dropped = tokenize_conversations(tok, [conv], max_seq_length=1024)
+    (row,), dropped, _ = tokenize_conversations(tok, [conv], max_seq_length=1024)
     assert dropped == 0 and row.input_ids == ids
     for t in range(len(ids) - 1):
         assert row.labels[t] == (ids[t + 1] if mask[t + 1] else IGNORE_INDEX)
@@ -40,15 +40,15 @@ def test_truncation_drops_conversations_left_without_assistant_tokens(tiny_model
     _, tok = tiny_model
     convs = _conversations(2)
     prompt_len = encode_conversation(tok, convs[0].messages)[1].index(1)
-    rows, dropped = tokenize_conversations(tok, convs, max_seq_length=prompt_len - 1)
+    rows, dropped, _ = tokenize_conversations(tok, convs, max_seq_length=prompt_len - 1)
     assert rows == [] and dropped == 2
-    rows, dropped = tokenize_conversations(tok, convs, max_seq_length=prompt_len + 3)
+    rows, dropped, _ = tokenize_conversations(tok, convs, max_seq_length=prompt_len + 3)
     assert dropped == 0 and all(len(r) == prompt_len + 3 for r in rows)
 
 
 def test_pack_rows_layout(tiny_model):
     _, tok = tiny_model
-    rows, _ = tokenize_conversations(tok, _conversations(8), max_seq_length=512)
+    rows, _, _ = tokenize_conversations(tok, _conversations(8), max_seq_length=512)
     lengths = sorted(len(r) for r in rows)
     packed = pack_rows(rows, max_seq_length=2 * lengths[-1] + 5)
     assert len(packed) < len(rows) and all(len(p) <= 2 * lengths[-1] + 5 for p in packed)
@@ -66,7 +66,7 @@ def test_packed_row_attends_only_within_each_conversation(tiny_model):
     """transformers turns reset position_ids into a block-diagonal mask for sdpa on CPU (no attention_mask)."""
     model, tok = tiny_model
     model.train()  # the recipe's mode: use_cache=False keeps the packed-sequence detection on
-    rows, _ = tokenize_conversations(tok, _conversations(3), max_seq_length=512)
+    rows, _, _ = tokenize_conversations(tok, _conversations(3), max_seq_length=512)
     packed = pack_rows(rows, max_seq_length=sum(len(r) for r in rows))
     assert len(packed) == 1 and packed[0].num_conversations == 3
     with torch.no_grad():
@@ -95,3 +95,24 @@ def test_token_loss_sum_ignores_unlabelled_positions():
     expected = -(logits.log_softmax(-1)[0, 1, 2] + logits.log_softmax(-1)[0, 3, 4])
     assert torch.allclose(token_loss_sum(logits, labels), expected)
     assert shifted_labels([5, 6, 7, 8], [0, 0, 1, 1]) == [IGNORE_INDEX, 7, 8, IGNORE_INDEX]
+
+
+def test_a_huge_message_is_cut_before_tokenizing_to_the_same_row(tiny_model):
+    _, tok = tiny_model
+    long_reply = "Act: " + "go north and look around. " * 4_000  # ~100 KB
+    conv = Conversation([{"role": "user", "content": "Find the key."}, {"role": "assistant", "content": long_reply}],
+                        "test row 1")
+    ids, mask = encode_conversation(tok, conv.messages)  # the whole conversation, uncut
+    (row,), dropped, truncated = tokenize_conversations(tok, [conv], max_seq_length=64)
+    assert (dropped, truncated) == (0, 1)
+    assert row.input_ids == ids[:64] and row.labels == shifted_labels(ids, mask)[:64]
+    huge = Conversation([conv.messages[0], {"role": "assistant", "content": "x" * 30_000_000}], "test row 2")
+    (row,), _, truncated = tokenize_conversations(tok, [huge], max_seq_length=64)  # 30 MB: read only as far as needed
+    assert len(row) == 64 and truncated == 1
+
+
+def test_a_conversation_cut_before_its_first_reply_is_dropped(tiny_model):
+    _, tok = tiny_model
+    conv = Conversation([{"role": "user", "content": "y" * 1_000_000}, {"role": "assistant", "content": "Act: go"}],
+                        "test row 1")
+    assert tokenize_conversations(tok, [conv], max_seq_length=32) == ([], 1, 0)

@@ -109,3 +109,9 @@ def test_fresh_run_over_old_checkpoints_and_changed_data_are_refused(sft_config,
     with pytest.raises(CheckpointError, match="the training data changed"):
         cfg.resume = True
         run_sft(cfg, console=QUIET)
+
+
+def test_conversations_cut_to_max_seq_length_are_reported(sft_config):
+    out = io.StringIO()
+    run_sft(sft_config(max_seq_length=48, packing=False), console=Console(file=out, width=300))
+    assert "conversations were longer than max_seq_length=48 tokens and were cut to it" in out.getvalue()
