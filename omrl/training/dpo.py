@@ -51,7 +51,7 @@ class DPORecipe(online.OnlineRecipe):
             episodes = self.session.play(tasks, split=cfg.env.split, group_size=cfg.group_size,
                                          seed=online.rollout_seed(cfg, self.step, strategy))
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
-            self._check_env_failures(episodes)
+            self._check_rollout(episodes)
 
             # PAIRS: each task's best and worst sample, when their total rewards differ
             pairs = preference_pairs(trainable(episodes))

@@ -170,6 +170,7 @@ class OnlineRecipe:
         self.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
         self.strategy = make_strategy(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
         self.episodes_played, self.env_failures, self.first_env_error = 0, 0, ""
+        self.episodes_with_a_turn, self.longest_prompt = 0, 0
 
     # -- setup pieces ---------------------------------------------------------------------------------
     def _start_setup(self, recipes: tuple[str, ...]) -> Path | None:
@@ -216,13 +217,21 @@ class OnlineRecipe:
         return state
 
     # -- step pieces ----------------------------------------------------------------------------------
-    def _check_env_failures(self, episodes: list[Any]) -> None:
-        """Say so when every episode of this step failed in the env (the step cannot train); the
-        run's counts decide at its end whether it was a result at all (:meth:`_finish`)."""
+    def _check_rollout(self, episodes: list[Any]) -> None:
+        """Say so when every episode of this step failed in the env, or none got a model turn (the
+        step cannot train); the run's counts decide at its end whether it was a result at all
+        (:meth:`_finish`)."""
         failed = [ep for ep in episodes if ep.end_reason == "env_error"]
-        played, lost = self.strategy.sum([len(episodes), len(failed)])
+        played, lost, with_turn = self.strategy.sum([len(episodes), len(failed),
+                                                     sum(bool(ep.turns) for ep in episodes)])
+        prompt = max((ep.prompt_length for ep in episodes), default=0)  # this process's
         self.episodes_played += int(played)
         self.env_failures += int(lost)
+        self.episodes_with_a_turn += int(with_turn)
+        self.longest_prompt = max(self.longest_prompt, int(prompt))
+        if played and not with_turn and lost < played:
+            self.logger.warn(f"step {self.step + 1}: no episode got a model turn (an opening prompt of up to "
+                             f"{int(prompt)} tokens, generation.max_context={self.cfg.generation.max_context})")
         if failed and not self.first_env_error:
             self.first_env_error = failed[0].error or "no reason given"
         if played and lost == played:
@@ -273,6 +282,11 @@ class OnlineRecipe:
             raise EnvFailure(f"every one of the {self.episodes_played} episodes of this run failed in the env "
                              f"{self.cfg.env.name!r}, so nothing was learned; the first reason: "
                              f"{self.first_env_error or 'on another process'}")
+        if self.episodes_played and not self.episodes_with_a_turn:
+            raise ConfigError(f"no episode of this run got a single model turn: the opening prompt (up to "
+                              f"{self.longest_prompt} tokens) leaves no room within generation.max_context="
+                              f"{self.cfg.generation.max_context}; raise it, or shorten the prompt "
+                              "(env.demonstration=false drops the worked example)")
         return {"steps": self.step, "skipped_updates": self.skipped.count, "output_dir": str(self.output_dir),
                 **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
 

@@ -92,7 +92,7 @@ class RLRecipe(online.OnlineRecipe):
             tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
             episodes = self.session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=seed)
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
-            self._check_env_failures(episodes)
+            self._check_rollout(episodes)
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here
             batch = sort_by_length(episodes_to_batch(trainable(episodes), self.tokenizer.pad_token_id,

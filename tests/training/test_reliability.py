@@ -121,3 +121,17 @@ def test_a_final_model_save_killed_halfway_leaves_nothing_behind_next_time(tiny_
     save_final_model(model, tokenizer, tmp_path, merge_lora=False)
     assert not stale.exists() and (tmp_path / "config.json").exists()
     shutil.rmtree(tmp_path)
+
+
+def test_a_run_whose_prompts_leave_no_room_for_a_turn_says_so(rl_config):
+    with pytest.raises(ConfigError, match=r"no episode of this run got a single model turn: the opening prompt \(up to "
+                                          r"\d+ tokens\) leaves no room within generation.max_context=20"):
+        run_rl(rl_config("generation.max_context=20", "eval_tasks=0"), console=QUIET)
+
+
+def test_resuming_a_finished_run_adds_no_metrics_row(rl_config):
+    cfg = rl_config()
+    run_rl(cfg, console=QUIET)
+    cfg.resume = True
+    run_rl(cfg, console=QUIET)
+    assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2]
