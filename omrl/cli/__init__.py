@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or bool(os.environ.get("OMRL_DEBUG"))
     try:
+        from omrl.threads import configure_threads
+
+        configure_threads()  # before any model runs: a busy machine must not be oversubscribed
         command = typer.main.get_command(build_app())
         # standalone mode: typer reports usage errors and exits with their status itself
         command.main(args=argv, prog_name="omrl", standalone_mode=True)

@@ -65,6 +65,7 @@ class Strategy:
 
     name = "single"
     sharded = False
+    fused_optimizer = True  # torch's fused AdamW on plain tensors; sharded ones keep the default
 
     def __init__(self, model_dtype: str = "float32") -> None:
         self.model_dtype = model_dtype  # some strategies support only some weight dtypes

@@ -181,6 +181,7 @@ class FSDP(Strategy):
 
     name = "fsdp"
     sharded = True
+    fused_optimizer = False
 
     @classmethod
     def requested(cls) -> bool:

@@ -279,6 +279,7 @@ class ZeRO3(Strategy):
 
     name = "zero3"
     sharded = True
+    fused_optimizer = False
 
     def __init__(self, model_dtype: str = "float32") -> None:
         self.engine = None

@@ -193,7 +193,8 @@ class OnlineRecipe:
         """AdamW over the policy's trainable weights and ``extra_modules`` (by name), and the schedule."""
         extra = [p for module in extra_modules.values() for p in module.parameters()]
         self.params = [p for p in self.model.parameters() if p.requires_grad] + extra
-        self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra)
+        self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra,
+                                         fused=self.strategy.fused_optimizer)
         self.strategy.prepare_optimizer({"policy": self.model, **extra_modules}, self.optimizer,
                                         self.cfg.optim.max_grad_norm)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * updates_per_step)

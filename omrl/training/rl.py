@@ -103,10 +103,14 @@ class RLRecipe(online.OnlineRecipe):
                 self._end_step(metrics, started)
                 continue
 
-            # LOG-PROBS of the policy that sampled (old) and of the reference; the critic's values
+            # LOG-PROBS of the policy that sampled (old) and of the reference; the critic's values.
+            # On-policy the update's own forward gives the old log-probs (detached): no forward here
+            passes = self._mini_batch_count(batch)
+            self.on_policy = self._old_log_probs_from_update(passes)
             with torch.no_grad():
                 scored = [self._score(mb) for mb in strategy.micro_batches(micro_batches(batch, mb_size),
-                                                                          idle=self._score, backward=False)]
+                                                                          idle=self._score, backward=False)] \
+                    if self._needs_scoring() else []
             batch = join_columns(batch, scored)  # old_log_probs, ref_log_probs, values
             if self.ref_model is not None and algo.kl_in_reward and len(batch):
                 kl = self.kl_fn(batch["old_log_probs"], batch["ref_log_probs"])
@@ -133,12 +137,14 @@ class RLRecipe(online.OnlineRecipe):
                 self.model.train()
                 sums: dict[str, float] = {}  # token-weighted means over this pass
                 norms: list[float] = []
-                for mini in self._mini_batches(batch, shuffle):
+                for mini in self._mini_batches(batch, passes, shuffle):
                     mini_tokens = max(strategy.sum([mini["loss_mask"].sum()])[0], 1.0)
                     strategy.zero_grad(self.optimizer)
                     for mb in strategy.micro_batches(micro_batches(mini, mb_size), idle=self._policy_forward):
-                        loss, parts = policy_gradient_loss(self._policy_forward(mb), mb, algo, self.policy_loss_fn,
-                                                           self.kl_fn)
+                        out = self._policy_forward(mb)
+                        if self.on_policy:  # the policy that sampled is this very one, not yet updated
+                            mb.tensors["old_log_probs"] = out["log_probs"].detach()
+                        loss, parts = policy_gradient_loss(out, mb, algo, self.policy_loss_fn, self.kl_fn)
                         mb_tokens = float(mb["loss_mask"].sum())
                         strategy.backward(loss * (mb_tokens / mini_tokens))
                         for key, value in parts.items():
@@ -158,22 +164,41 @@ class RLRecipe(online.OnlineRecipe):
 
         return self._finish(metrics)
 
-    def _mini_batches(self, batch, shuffle: torch.Generator) -> list:
-        """This process's rows in as many shuffled mini-batches as every process takes this pass
-        (``ceil(rollout / mini_batch_size)``), each sorted by length (some may be empty)."""
-        count = math.ceil(self.strategy.sum([len(batch)])[0] / self.cfg.mini_batch_size) \
-            if self.cfg.mini_batch_size else 1
+    def _mini_batch_count(self, batch) -> int:
+        """Mini-batches (optimizer steps) per pass over the rollout: ``ceil(rollout / mini_batch_size)``."""
+        if not self.cfg.mini_batch_size:
+            return 1
+        return math.ceil(self.strategy.sum([len(batch)])[0] / self.cfg.mini_batch_size)
+
+    def _old_log_probs_from_update(self, passes: int) -> bool:
+        """True when the update's first forward runs the very policy that sampled (one pass, one
+        mini-batch) and nothing needs the old log-probs before it (a critic's values for the
+        advantages, the KL put into the rewards). TRL detaches the current log-probs likewise."""
+        algo = self.cfg.algorithm
+        return self.cfg.ppo_epochs == 1 and passes <= 1 and self.value_head is None \
+            and not (self.ref_model is not None and algo.kl_in_reward)
+
+    def _needs_scoring(self) -> bool:
+        """Whether a forward before the update is needed: off-policy, or for the reference."""
+        return not self.on_policy or self.ref_model is not None
+
+    def _mini_batches(self, batch, count: int, shuffle: torch.Generator) -> list:
+        """This process's rows in ``count`` shuffled mini-batches (every process takes as many),
+        each sorted by length (some may be empty)."""
         if count <= 1:
             return [batch]
         order = torch.randperm(len(batch), generator=shuffle)
         return [sort_by_length(batch.rows(part)) for part in torch.tensor_split(order, count)]
 
     def _score(self, mb) -> dict[str, torch.Tensor]:
-        """The rollout-time columns of micro-batch ``mb``: old_log_probs, ref_log_probs, values."""
-        out = self.strategy.forward(self._forward, mb, with_values=self.value_head is not None)
-        scored = {"old_log_probs": out["log_probs"]}
-        if self.value_head is not None:
-            scored["values"] = out["values"] * mb["loss_mask"]
+        """The rollout-time columns of micro-batch ``mb``: old_log_probs (unless the update gives
+        them), ref_log_probs, values."""
+        scored = {}
+        if not self.on_policy:
+            out = self.strategy.forward(self._forward, mb, with_values=self.value_head is not None)
+            scored["old_log_probs"] = out["log_probs"]
+            if self.value_head is not None:
+                scored["values"] = out["values"] * mb["loss_mask"]
         if self.ref_model is not None:
             scored["ref_log_probs"] = policy_forward(self.ref_model, mb["input_ids"], mb["attention_mask"],
                                                      self.temperature, token_mask=mb["loss_mask"])["log_probs"]

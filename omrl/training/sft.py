@@ -114,7 +114,7 @@ class SftRecipe:
         self._orders: dict[int, list[int]] = {}
 
     def _setup_optimizer(self) -> None:
-        self.optimizer = build_optimizer(self.model, self.cfg.optim)
+        self.optimizer = build_optimizer(self.model, self.cfg.optim, fused=self.strategy.fused_optimizer)
         self.strategy.prepare_optimizer({"policy": self.model}, self.optimizer, self.cfg.optim.max_grad_norm)
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
 

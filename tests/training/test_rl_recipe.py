@@ -231,3 +231,31 @@ def test_train_command(tiny_model_dir, tmp_path):
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
     bad = CliRunner().invoke(build_app(), ["train", "--algo", "sac"])
     assert bad.exit_code != 0 and "unknown --algo 'sac'; valid: grpo, ppo, dpo" in str(bad.exception)
+
+
+def test_on_policy_old_log_probs_from_the_updates_forward_change_nothing(rl_config, register_plugin, monkeypatch):
+    """One pass, one mini-batch: the update's own forward (detached) replaces the separate no-grad
+    forward of the old log-probs, and every number of the run stays bit-identical."""
+    register_plugin(SampleIndexReward(), name="sample-index")
+    calls = []
+    real = RLRecipe._score
+
+    def counting(self, mb):
+        calls.append(self.on_policy)
+        return real(self, mb)
+
+    monkeypatch.setattr(RLRecipe, "_score", counting)
+    fast = rl_config("reward.weights={sample_index: 1.0}", "eval_tasks=0", out="fast")
+    run_rl(fast, console=QUIET)
+    assert calls == []  # no forward before the update at all
+    monkeypatch.setattr(RLRecipe, "_old_log_probs_from_update", lambda self, passes: False)
+    slow = rl_config("reward.weights={sample_index: 1.0}", "eval_tasks=0", out="slow")
+    run_rl(slow, console=QUIET)
+    assert calls and not any(calls)
+    for a, b in zip(read_metrics(fast.logging.output_dir), read_metrics(slow.logging.output_dir), strict=True):
+        assert {k: v for k, v in a.items() if "time" not in k and k != "tokens_per_s"} == \
+            {k: v for k, v in b.items() if "time" not in k and k != "tokens_per_s"}
+    fast_model, _ = load_model(fast.logging.output_dir)
+    slow_model, _ = load_model(slow.logging.output_dir)
+    for (name, p), q in zip(fast_model.state_dict().items(), slow_model.state_dict().values()):
+        assert torch.equal(p, q), name
