@@ -39,6 +39,15 @@ StepCallback = Callable[[int, dict[str, float]], None]
 _LEADING = ("loss", "lr", "tokens_per_s", "step_time")
 
 
+def peak_rss_gb() -> float:
+    """This process's peak resident memory so far, in GB (what a machine's RAM must hold)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
+
+
 def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) -> dict[str, float]:
     """Means over a rollout's episodes (reward, success, score, turns, response tokens, well-formed
     replies), env errors, generation speed, and each reward term's mean (``reward_<name>``)."""
