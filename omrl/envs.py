@@ -14,6 +14,8 @@ Life of an instance::
     env.admissible_actions()             # valid actions now, or None if unknown
     env.expert_action()                  # a scripted expert's next action, or None
     env.demonstration                    # a worked example for the prompt (DemoTurns), or ()
+    state = env.snapshot()               # optional: the live episode as a value ...
+    other.restore(state)                 # ... another instance continues from (tree search forks with it)
     env.close()
 
 ``StepResult.info`` always carries ``won`` (bool) and ``score`` (float in [0, 1]),
@@ -110,6 +112,10 @@ class Env(ABC):
     #: A short worked example of another task (a one-shot prompt, as ReAct used), shown before each
     #: task unless ``env.demonstration=false``: small models follow the action format far more often.
     demonstration: ClassVar[tuple[DemoTurn, ...]] = ()
+    #: True when an episode is a function of its task and actions alone (the same actions always
+    #: give the same observations, rewards and info): tree search may then copy a live episode by
+    #: replaying its actions from ``reset`` when the env has no ``snapshot``/``restore``.
+    deterministic: ClassVar[bool] = False
 
     @abstractmethod
     def task_ids(self, split: str) -> Sequence[int]:
@@ -138,6 +144,20 @@ class Env(ABC):
             return name
         return f"{name}[{values[0]}]" if len(values) == 1 else f"{name}[{', '.join(map(str, values))}]"
 
+    def snapshot(self) -> Any:
+        """The live episode's state, as a value :meth:`restore` takes (optional; tree search forks with it).
+
+        The value must stay as it is while this instance plays on, and restoring it (any number
+        of times, onto any instance built with the same options) must not change it either:
+        immutable values (tuples, frozen dataclasses) or fresh copies. Envs that cannot copy an
+        episode keep this default, which raises NotImplementedError.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot snapshot an episode")
+
+    def restore(self, state: Any) -> None:
+        """Continue the episode that :meth:`snapshot` returned ``state`` for, on this instance."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restore an episode")
+
     def close(self) -> None:
         """Free what the instance holds (connections, processes)."""
 
@@ -148,6 +168,16 @@ class Env(ABC):
                 f"{type(self).__name__} has no split {split!r}; valid: {', '.join(self.splits)}"
             )
         return self.task_ids(split)
+
+
+def fork_support(env: Env) -> str | None:
+    """How a live episode of ``env`` can be copied: ``"snapshot"`` (it implements ``snapshot`` and
+    ``restore``), ``"replay"`` (it is ``deterministic``: replay the actions from ``reset``), or None."""
+    cls = type(env)
+    if cls.snapshot is not Env.snapshot and cls.restore is not Env.restore:
+        return "snapshot"
+    # read on the instance: an env may decide per instance (an option, a server's answer)
+    return "replay" if getattr(env, "deterministic", False) is True else None
 
 
 def step_problem(result: Any) -> str | None:

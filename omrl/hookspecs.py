@@ -55,6 +55,20 @@ def register_algorithms(register):
 
 
 @hookspec
+def register_rollout_strategies(register):
+    """Register rollout strategies (chain, best-of-N, tree searches) and the scorers they rank nodes by.
+
+    :param register: ``register(name, fn, kind=KIND)`` with ``KIND`` ``"strategy"``
+        (the default) or ``"scorer"``. A strategy is
+        ``fn(ctx, tasks, **options) -> list[omrl.search.Tree]``: ``ctx`` is an
+        :class:`omrl.search.SearchContext`, one tree per task, options from the
+        config's ``plugins.<name>`` block. A scorer is
+        ``fn(nodes, ctx, **options) -> list[float]``, higher is better.
+        Both conventions are documented in :mod:`omrl.search`.
+    """
+
+
+@hookspec
 def register_commands(cli):
     """Add commands to the ``omrl`` command line.
 

@@ -52,6 +52,10 @@ class GenerationConfig:
     base_url: str = opt("", "openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = opt("OPENAI_API_KEY", "openai backend: environment variable holding the key.")
     gpu_memory_utilization: float = opt(0.5, "vllm backend: share of GPU memory for the engine.")
+    kv_reuse: bool = opt(True, "hf backend: keep each conversation's KV states between turns, so a turn prefills "
+                               "only its new tokens (the same samples as without).")
+    kv_cache_mb: int = opt(1024, "hf backend: most MiB of KV states kept between generate calls (least recently used "
+                                 "dropped first; 0: no bound).")
 
 
 @dataclass
@@ -98,6 +102,9 @@ class RolloutRunConfig:
     group_size: int = opt(1, "Samples per task.")
     use_expert: bool = opt(False, "Play the env's scripted expert instead of a model.")
     output: str = opt("rollouts/trajectories.parquet", "Trajectory parquet (a .jsonl of readable episodes goes beside it).")
+    strategy: str = opt("chain", "Rollout strategy (see `omrl plugins --kind strategy`); its options in "
+                                 "plugins.<name>.")
+    budget: int = opt(0, "Model tokens each task's search may generate (0: no limit).")
     plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
 
 
@@ -115,6 +122,9 @@ class EvalRunConfig:
     num_tasks: int = opt(5, "Tasks to evaluate (from the start of the split).")
     samples_per_task: int = opt(1, "Samples per task for pass@k and best-of-N (k <= this).")
     report: str = opt("", "JSON report path (default: beside the model, or eval_report.json).")
+    strategy: str = opt("chain", "Rollout strategy (see `omrl plugins --kind strategy`); its options in "
+                                 "plugins.<name>.")
+    budget: int = opt(0, "Model tokens each task's search may generate (0: no limit).")
     plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
 
 

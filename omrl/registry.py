@@ -1,4 +1,4 @@
-"""Registries of components (envs, rewards, templates, algorithms), built lazily from hooks.
+"""Registries of components (envs, rewards, templates, algorithms, rollout strategies), built lazily from hooks.
 
 Each lookup asks the plugins again, so a plugin registered in a test fixture is
 seen at once and gone once it is unregistered.
@@ -15,13 +15,14 @@ from omrl.errors import PluginError, UnknownNameError
 from omrl.plugins import distribution_of, load_plugins
 
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
+STRATEGY_KINDS = ("strategy", "scorer")
 
 
 @dataclass(frozen=True)
 class Component:
     """One registered thing and where it came from."""
 
-    kind: str  # env, reward, template, advantage, policy_loss
+    kind: str  # env, reward, template, advantage, policy_loss, kl, strategy, scorer
     name: str
     obj: Any
     plugin: str
@@ -108,8 +109,9 @@ envs = Registry("env", "register_envs", ("env",))
 rewards = Registry("reward", "register_rewards", ("reward",))
 templates = Registry("template", "register_templates", ("template",))
 algorithms = Registry("algorithm", "register_algorithms", ALGORITHM_KINDS)
+strategies = Registry("rollout strategy", "register_rollout_strategies", STRATEGY_KINDS)
 
-ALL = {"env": envs, "reward": rewards, "template": templates, "algorithm": algorithms}
+ALL = {"env": envs, "reward": rewards, "template": templates, "algorithm": algorithms, "strategy": strategies}
 
 
 def all_components() -> list[Component]:

@@ -106,7 +106,7 @@ def test_every_hook_is_documented_and_tested():
     hooks = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
              if name.startswith("register_")]
     assert set(hooks) == {"register_envs", "register_rewards", "register_templates",
-                          "register_algorithms", "register_commands"}
+                          "register_algorithms", "register_rollout_strategies", "register_commands"}
     tests_text = "\n".join(p.read_text() for p in Path(__file__).parent.rglob("test_*.py"))
     for name in hooks:
         assert inspect.getdoc(getattr(hookspecs, name)), f"{name} has no docstring"
@@ -116,7 +116,7 @@ def test_every_hook_is_documented_and_tested():
 def test_builtins_register_through_the_entry_point_group():
     eps = [ep for ep in importlib.metadata.entry_points(group="omrl") if ep.dist.name == "omrl"]
     names = {ep.name for ep in eps}
-    assert {"omrl.envs.webshop", "omrl.rewards", "omrl.templates", "omrl.algos"} <= names
+    assert {"omrl.envs.webshop", "omrl.rewards", "omrl.templates", "omrl.algos", "omrl.strategies"} <= names
     assert all(ep.name.startswith("omrl.") for ep in eps), "entry-point names must be namespaced"
     assert all(ep.value.startswith("omrl_plugins.") for ep in eps)
 

@@ -15,7 +15,7 @@ from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.errors import UnknownNameError
 
 BACKENDS = {
-    "hf": "transformers generate, batched; CPU or GPU",
+    "hf": "transformers, batched, KV states reused across turns; CPU or GPU",
     "vllm": "vLLM offline engine kept across steps (pip install 'omrl[vllm]')",
     "openai": "an OpenAI-compatible endpoint at generation.base_url",
 }
@@ -38,7 +38,10 @@ def make_backend(name: str, tokenizer: Any, generation: Any, *, model: Any = Non
             from omrl.models import load_model
 
             model, _ = load_model(model_name, dtype=dtype, device="cuda" if torch.cuda.is_available() else None)
-        return HFBackend(model, tokenizer, batch_size=generation.batch_size)
+        # read defensively: a config from before these options has neither
+        return HFBackend(model, tokenizer, batch_size=generation.batch_size,
+                         kv_reuse=bool(getattr(generation, "kv_reuse", True)),
+                         kv_cache_mb=int(getattr(generation, "kv_cache_mb", 1024)))
     if name == "vllm":
         from omrl.backends.vllm import VLLMBackend
         from omrl.models import resolve_model_path

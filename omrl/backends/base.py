@@ -16,6 +16,27 @@ from omrl.errors import OmrlError
 
 FINISH_REASONS = ("stop", "length")
 
+#: what :attr:`Backend.stats` counts (a backend that cannot tell leaves a count at 0)
+STATS = {
+    "prefill_computed": "prompt tokens run through the model",
+    "prefill_reused": "prompt tokens whose KV states came from a cache instead",
+    "decode_tokens": "tokens sampled",
+    "generate_seconds": "seconds spent in generate",
+}
+
+
+def generation_metrics(stats: dict[str, float]) -> dict[str, float]:
+    """What a step or an eval logs from a backend's :data:`STATS`: prompt tokens computed and reused,
+    the share reused (the KV cache's hit rate) and decoding speed."""
+    prefill = stats.get("prefill_computed", 0) + stats.get("prefill_reused", 0)
+    out = {"prefill_tokens": float(stats.get("prefill_computed", 0)),
+           "prefill_reused": float(stats.get("prefill_reused", 0))}
+    if prefill:
+        out["prefill_hit_rate"] = stats.get("prefill_reused", 0) / prefill
+    if stats.get("generate_seconds"):
+        out["decode_tokens_per_s"] = stats.get("decode_tokens", 0) / stats["generate_seconds"]
+    return out
+
 
 @dataclass
 class SamplingParams:
@@ -89,6 +110,7 @@ class Backend(ABC):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eos_token_id = int(tokenizer.eos_token_id)
+        self.stats: dict[str, float] = dict.fromkeys(STATS, 0)  # summed over calls; see take_stats
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
@@ -102,6 +124,18 @@ class Backend(ABC):
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load the trainer's weights (a state dict) into the generation engine in place."""
         raise OmrlError(f"the {self.name} backend cannot load new weights; use the hf or vllm backend for training")
+
+    def release(self, conversations: Sequence[Sequence[int]] | None = None) -> None:
+        """Forget what is cached for these conversations (token ids; every one when None): they ended.
+
+        A no-op for backends that keep nothing between calls.
+        """
+
+    def take_stats(self) -> dict[str, float]:
+        """The :data:`STATS` counts since the last call, then zeroed (a recipe logs them per step)."""
+        out = dict(self.stats)
+        self.stats = dict.fromkeys(STATS, 0)
+        return out
 
     def close(self) -> None:
         """Free what the backend holds (engines, connections)."""

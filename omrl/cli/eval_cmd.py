@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from omrl.cli.rollout_cmd import ARGS_HELP, progress_bar
+from omrl.cli.rollout_cmd import ARGS_HELP, BUDGET_HELP, STRATEGY_HELP, check_strategy, progress_bar
 from omrl.config import command_line_config
 from omrl.errors import ConfigError
 
@@ -29,11 +29,18 @@ def evaluate_command(
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to evaluate from the start of the split."),
     samples: int = typer.Option(None, "--samples", help="Samples per task, for pass@k and best-of-N."),
     report: str = typer.Option(None, "--report", help="JSON report path."),
+    strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
+    budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
 ) -> None:
-    """Evaluate a model on an env split: a table of metrics plus a JSON report."""
+    """Evaluate a model on an env split: a table of metrics plus a JSON report.
+
+    With --strategy, each task's answer is the episode its search chose; the report adds the tokens generated.
+    """
     from rich.console import Console
 
+    from omrl.backends.base import generation_metrics
     from omrl.config import to_dict
+    from omrl.training.metrics import peak_rss_gb
     from omrl.errors import EnvFailure
     from omrl.evaluation import evaluate, metrics_table, write_report
     from omrl.options import EvalRunConfig
@@ -41,21 +48,42 @@ def evaluate_command(
 
     cfg = command_line_config(EvalRunConfig, args, {
         "env.name": env, "model.name": model, "env.split": split, "num_tasks": num_tasks,
-        "samples_per_task": samples, "report": report,
+        "samples_per_task": samples, "report": report, "strategy": strategy, "budget": budget or None,
     })
+    # chain without a budget is the plain rollout; anything else goes through the search runner
+    strategy = None if cfg.strategy == "chain" and not cfg.budget else cfg.strategy
+    budget = cfg.budget
+    check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "
                           "valid: --samples 1, or sampling, e.g. generation.temperature=1.0")
     console = Console()
+    searched: dict = {}
     with RolloutSession.from_config(cfg) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
-        bar, progress = progress_bar(len(tasks) * cfg.samples_per_task, f"eval {cfg.env.name}")
-        with bar:
-            episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.samples_per_task, seed=cfg.seed,
-                                    progress=progress)
-        rewards = session.reward_summary
+        if strategy is None:
+            bar, progress = progress_bar(len(tasks) * cfg.samples_per_task, f"eval {cfg.env.name}")
+            with bar:
+                episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.samples_per_task, seed=cfg.seed,
+                                        progress=progress)
+            rewards = session.reward_summary
+        else:
+            from omrl.rollout.session import compose_rewards
+            from omrl.search import chosen_episodes, play_strategy, search_metrics
+
+            bar, progress = progress_bar(len(tasks), f"eval {cfg.env.name} ({strategy}, tasks)")
+            with bar:
+                trees, _ = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget,
+                                         group_size=cfg.samples_per_task, seed=cfg.seed, progress=progress,
+                                         rewards=False)
+            episodes = chosen_episodes(trees)  # each search's answer is what is evaluated
+            rewards = compose_rewards(episodes, session.reward_weights, session.plugin_options)
+            searched = search_metrics(trees)
+        generation = session.backend.take_stats() if session.backend is not None else {}
     metrics = evaluate(episodes)
+    metrics.update(generation_metrics(generation), peak_rss_gb=peak_rss_gb())
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
+    metrics.update({f"search/{name}": value for name, value in searched.items()})
     path = write_report(cfg.report or default_report_path(cfg.model.name), metrics, episodes, to_dict(cfg))
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
     console.print(f"report: {path}")

@@ -6,6 +6,19 @@ from __future__ import annotations
 import typer
 
 ARGS_HELP = "\\[PRESET] \\[key=value ...]: a preset name or YAML path, then config overrides (see `omrl config keys rollout`)."
+STRATEGY_HELP = ("Rollout strategy: chain, best_of_n, beam, dfsdt, mcts or a plugin's (`omrl plugins --kind strategy`); "
+                 "its options in plugins.NAME (e.g. plugins.beam.width=3). Default: the chain rollout.")
+BUDGET_HELP = "With --strategy: model tokens each task's search may generate, scorer prompts included (0: no limit)."
+
+
+def check_strategy(strategy: str | None, budget: int, max_new_tokens: int) -> None:
+    """Fail before any model loads: an unknown strategy, or a budget too small for one reply."""
+    from omrl import registry
+    from omrl.search.context import check_budget
+
+    if strategy is not None:
+        registry.strategies.get(strategy)
+        check_budget(budget, max_new_tokens)
 
 
 def progress_bar(total: int, label: str):
@@ -40,8 +53,13 @@ def rollout(
     group_size: int = typer.Option(None, "--group-size", help="Samples per task."),
     output: str = typer.Option(None, "--output", "-o", help="Trajectory parquet; a .jsonl goes beside it."),
     expert: bool = typer.Option(False, "--expert", help="Play the env's scripted expert instead of a model."),
+    strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
+    budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
 ) -> None:
-    """Play episodes and write them as a trajectory parquet plus a readable JSONL."""
+    """Play episodes and write them as a trajectory parquet plus a readable JSONL.
+
+    With --strategy, every root-to-leaf path of each task's search tree is written, with node and parent ids.
+    """
     from rich.console import Console
 
     from omrl.data import write_episodes
@@ -55,16 +73,31 @@ def rollout(
     cfg = command_line_config(RolloutRunConfig, args, {
         "env.name": env, "model.name": model, "env.template": template, "num_tasks": num_tasks,
         "group_size": group_size, "output": output, "use_expert": True if expert else None,
+        "strategy": strategy, "budget": budget or None,
     })
+    # chain without a budget is the plain rollout; anything else goes through the search runner
+    strategy = None if cfg.strategy == "chain" and not cfg.budget else cfg.strategy
+    budget = cfg.budget
+    check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     console = Console()
     with RolloutSession.from_config(cfg, expert=cfg.use_expert) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         if len(tasks) < cfg.num_tasks:
             console.print(f"[yellow]{cfg.env.name} has only {len(tasks)} tasks in split {cfg.env.split!r}[/]")
-        bar, progress = progress_bar(len(tasks) * cfg.group_size, "rollout")
-        with bar:
-            episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=cfg.seed,
-                                    expert=cfg.use_expert, progress=progress)
+        if strategy is None:
+            bar, progress = progress_bar(len(tasks) * cfg.group_size, "rollout")
+            with bar:
+                episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=cfg.seed,
+                                        expert=cfg.use_expert, progress=progress)
+        else:
+            from omrl.search import play_strategy, search_metrics
+
+            bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)")
+            with bar:
+                trees, episodes = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget,
+                                                group_size=cfg.group_size, seed=cfg.seed, expert=cfg.use_expert,
+                                                progress=progress)
+            console.print(metrics_table(search_metrics(trees), title=f"search: {strategy}"))
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):
         who = "expert" if cfg.use_expert else "env"
         raise EnvFailure(f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reason: "

@@ -4,6 +4,10 @@ Token-level fields cover the whole conversation (system prompt, every
 observation and every model turn). ``loss_mask`` is 1 exactly on the tokens the
 model generated, so the ids trained on are the ids sampled: nothing is decoded
 and re-encoded.
+
+Episodes cut from a search tree (:mod:`omrl.search`) carry, on each turn, the id of the
+tree node that turn made and of its parent (-1 in chains played without a tree), so the
+paths that share a prefix can be told apart and put back together.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import pyarrow.parquet as pq
 from omrl.atomic import atomic_write_parquet
 from omrl.errors import OmrlError
 
-END_REASONS = ("done", "max_turns", "max_context", "env_error", "empty_response")
+END_REASONS = ("done", "max_turns", "max_context", "env_error", "empty_response", "pruned", "budget")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -44,6 +48,8 @@ class Turn:
     info: dict[str, Any] = field(default_factory=dict)
     span: tuple[int, int] = (0, 0)  # [start, end) of this turn's model tokens in Episode.token_ids
     parse_error: str | None = None
+    node_id: int = -1  # the search-tree node this turn made (-1: not from a tree)
+    parent_id: int = -1  # that node's parent (0 is the tree's root: the prompt alone)
 
 
 @dataclass
@@ -85,6 +91,7 @@ _TURN_TYPE = pa.struct([
     ("observation", pa.string()), ("response", pa.string()), ("action", pa.string()),
     ("format_ok", pa.bool_()), ("reward", pa.float64()), ("done", pa.bool_()),
     ("info", pa.string()), ("span", pa.list_(pa.int64())), ("parse_error", pa.string()),
+    ("node_id", pa.int64()), ("parent_id", pa.int64()),
 ])
 
 SCHEMA = pa.schema([
@@ -97,9 +104,10 @@ SCHEMA = pa.schema([
     ("rewards", pa.map_(pa.string(), pa.list_(pa.float64()))),
     ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
     ("error", pa.string()), ("demo_messages", pa.int64()),
-], metadata={b"omrl.schema": b"episode/2"})
+], metadata={b"omrl.schema": b"episode/3"})
 # episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
-READABLE_SCHEMAS = (b"episode/1", b"episode/2")
+# episode/3 added each turn's node_id and parent_id; older files read with -1 for both
+READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3")
 
 
 def is_trajectory_schema(schema: pa.Schema) -> bool:
@@ -183,8 +191,15 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
     episodes = []
     for row in table.to_pylist():
         row["turns"] = [
-            Turn(**{**t, "info": json.loads(t["info"]), "span": tuple(t["span"])}) for t in row["turns"]
+            Turn(**{**t, "info": json.loads(t["info"]), "span": tuple(t["span"]),
+                    "node_id": _id_or_none(t.get("node_id")), "parent_id": _id_or_none(t.get("parent_id"))})
+            for t in row["turns"]
         ]
         row["rewards"] = dict(row["rewards"] or [])
         episodes.append(Episode(**row))
     return episodes
+
+
+def _id_or_none(value: int | None) -> int:
+    """A turn's node or parent id as read back: -1 where an older file has none."""
+    return -1 if value is None else int(value)

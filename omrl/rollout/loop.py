@@ -96,6 +96,8 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
         ep.end_reason = reason
         ep.messages = [dict(m) for m in state.messages]
         pool.release(state.env, broken=state.broken)
+        if backend is not None:
+            backend.release([ep.token_ids])  # its cached KV states, if the backend keeps some
         finished.append(ep)
         progress.finished(ep)
 
@@ -133,6 +135,8 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
             else:
                 still.append(state)
         live = still
+    if backend is not None:
+        backend.release()  # shared openings may stay; the update needs the memory the rest held
     return sorted(finished, key=lambda ep: (ep.group, ep.sample))
 
 

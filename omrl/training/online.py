@@ -16,6 +16,7 @@ import torch
 from rich.console import Console
 
 from omrl.algos import RECIPES, AdvantageInput
+from omrl.backends.base import generation_metrics
 from omrl.atomic import atomic_write_text
 from omrl.config import to_dict, to_yaml
 from omrl.errors import ConfigError, EnvFailure, OmrlError
@@ -125,10 +126,12 @@ def step_metrics(episodes: list[Any], seconds: float, session: RolloutSession, s
     """The rollout's metrics over every process: means average (every process played as many
     episodes), counts and speeds add."""
     metrics = rollout_metrics(episodes, seconds, session.reward_summary)
+    stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
     if strategy.world_size > 1:
         added = ("env_errors", "tokens_per_s")
         metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(metrics).items()}
-    return metrics
+        stats = strategy.sum_dicts(stats)
+    return {**metrics, **generation_metrics(stats)}
 
 
 def evaluate(cfg: TrainRunConfig, session: RolloutSession, strategy: Strategy, test_tasks: list[Any]

@@ -22,6 +22,9 @@ text is invalid (``info["invalid"] = True``, state unchanged). Both cost a turn.
 
 Reward: 1.0 on reaching the goal (``won``), else 0. ``info["score"]`` gives partial credit:
 ``1 - remaining distance / initial distance`` (shortest-path distances, clipped to [0, 1]).
+
+Forking: ``snapshot()`` returns a frozen :class:`GridState` (the maze, the agent's cell, the turn),
+which ``restore`` puts on any instance; tree search copies episodes with it.
 """
 
 from __future__ import annotations
@@ -86,6 +89,17 @@ class Maze:
         )
 
 
+@dataclass(frozen=True)
+class GridState:
+    """A live episode, as ``GridWorld.snapshot`` returns it: immutable, so copies share nothing mutable."""
+
+    maze: Maze
+    distances: tuple[tuple[Cell, int], ...]  # distances_to_goal, kept so restoring needs no BFS
+    agent: Cell
+    turn: int
+    done: bool
+
+
 def generate_maze(task_id: int, size: int, wall_density: float, min_distance: int, max_distance: int) -> Maze:
     """The maze of ``task_id``: walls drawn with ``wall_density``, start and goal at a shortest-path
     distance in [min_distance, max_distance]. Deterministic: one RNG seeded by the task id."""
@@ -141,6 +155,7 @@ class GridWorld(Env):
         },
     }]
     max_turns = 12
+    deterministic = True
 
     def __init__(self, size: int = 5, wall_density: float = 0.3, min_distance: int = 2,
                  max_distance: int = 6, max_turns: int = 12, show_grid: bool = False):
@@ -208,6 +223,15 @@ class GridWorld(Env):
         score = 1.0 if won else max(0.0, 1.0 - remaining / self._distance[self._maze.start])
         info: dict[str, Any] = {"won": won, "score": score, "invalid": move is None, "distance": remaining}
         return StepResult(text, 1.0 if won else 0.0, self._done, info)
+
+    def snapshot(self) -> GridState:
+        if self._maze is None:
+            raise EpisodeFinishedError("gridworld: no episode to snapshot; call reset(task_id) first")
+        return GridState(self._maze, tuple(self._distance.items()), self._agent, self._turn, self._done)
+
+    def restore(self, state: GridState) -> None:
+        self._maze, self._agent, self._turn, self._done = state.maze, state.agent, state.turn, state.done
+        self._distance = dict(state.distances)  # this instance's own dict
 
     def admissible_actions(self) -> list[str] | None:
         if self._maze is None or self._done:

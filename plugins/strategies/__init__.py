@@ -1,0 +1,27 @@
+"""Built-in rollout strategies and scorers (calling conventions in :mod:`omrl.search`).
+
+Registered through the ``register_rollout_strategies`` hook, exactly as a third-party
+package registers its own; ``omrl rollout --strategy NAME`` and ``omrl eval --strategy
+NAME`` reach them by name, with options from ``plugins.<NAME>``.
+"""
+
+from __future__ import annotations
+
+from omrl.hookspecs import hookimpl
+from omrl_plugins.strategies.beam import beam
+from omrl_plugins.strategies.best_of_n import best_of_n
+from omrl_plugins.strategies.chain import chain
+from omrl_plugins.strategies.dfsdt import dfsdt
+from omrl_plugins.strategies.mcts import mcts
+from omrl_plugins.strategies.scorers import env_reward, logprob, self_eval
+
+STRATEGIES = {"chain": chain, "best_of_n": best_of_n, "beam": beam, "dfsdt": dfsdt, "mcts": mcts}
+SCORERS = {"env_reward": env_reward, "logprob": logprob, "self_eval": self_eval}
+
+
+@hookimpl
+def register_rollout_strategies(register):
+    for name, fn in STRATEGIES.items():
+        register(name, fn)
+    for name, fn in SCORERS.items():
+        register(name, fn, kind="scorer")

@@ -1,0 +1,47 @@
+"""``beam``: breadth-first tree search as in Tree-of-Thoughts (Yao et al. 2023, "Tree of Thoughts")."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
+from omrl.search.context import whole_number
+
+from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task, pick_answer
+
+
+def beam(ctx: SearchContext, tasks: Sequence[int], width: int = 2, branch: int = 3, scorer: str = "env_reward",
+         stop_on_win: bool = True) -> list[Tree]:
+    """Breadth-first tree search (ToT): keep the ``width`` best of ``branch`` candidates per node.
+
+    Every kept node gets ``branch`` candidate replies, each stepped in its own env copy;
+    the ``width`` best open nodes by ``scorer`` go on. The answer: a won episode, else
+    the best finished one. ``stop_on_win`` ends a task's search at its first won episode (test time); turn it
+    off to grow whole trees as training data.
+    """
+    whole_number("beam", "width", width)
+    whole_number("beam", "branch", branch)
+    one_tree_per_task(ctx)
+    needs_sampling(ctx, "beam option branch", branch)
+    check_scorer(ctx, scorer)
+    return run_search(ctx, tasks, _grow, width=width, branch=branch, scorer=scorer, stop_on_win=stop_on_win)
+
+
+def _grow(tree: Tree, ctx: SearchContext, width: int, branch: int, scorer: str, stop_on_win: bool):
+    frontier: list[Node] = [tree.root]
+    finished: list[Node] = []
+    while frontier:
+        grown = yield Expand(frontier, branch)
+        children = [child for kids in grown for child in kids]
+        if not children:  # the budget is spent: the frontier stays the pool of answers
+            break
+        finished += [child for child in children if child.terminal]
+        if stop_on_win and any(node.won for node in finished):
+            break
+        frontier = [child for child in children if not child.terminal]
+        if len(frontier) > width:
+            scores = yield Score(frontier, scorer)
+            # sorted is stable: on equal scores the earlier sample stays ahead
+            order = sorted(range(len(frontier)), key=lambda i: -scores[i])
+            frontier = [frontier[i] for i in order[:width]]
+    tree.best = pick_answer(finished) or pick_answer(frontier)

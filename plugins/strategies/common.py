@@ -1,0 +1,49 @@
+"""What the built-in strategies share: their argument checks and how an answer is picked."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from omrl.errors import ConfigError
+from omrl.search import Node, SearchContext
+
+
+def one_tree_per_task(ctx: SearchContext) -> None:
+    """Tree strategies build one tree per task; several samples per task are ``chain``'s business."""
+    if ctx.group_size != 1:
+        raise ConfigError(f"strategy {ctx.strategy!r} builds one tree per task, so samples per task must be 1 "
+                          f"(got {ctx.group_size}); valid: 1, or strategy chain for several samples")
+
+
+def needs_sampling(ctx: SearchContext, what: str, count: int) -> None:
+    """Several candidates of one prompt differ only when sampled: greedy decoding would repeat one."""
+    if count > 1 and ctx.limits.temperature <= 0:
+        raise ConfigError(f"{what}={count} samples several replies per node, but decoding is greedy "
+                          "(generation.temperature=0), so they would all be the same; valid: "
+                          "generation.temperature>0 (e.g. 1.0), or 1")
+
+
+def check_scorer(ctx: SearchContext, name: str) -> None:
+    """An unknown scorer fails before any token is generated, naming the valid ones."""
+    ctx.scorer(name)
+
+
+def outcome_key(node: Node) -> tuple:
+    """How good a node is as an answer: won, then the env's rewards, then finished, then its score."""
+    return (node.won, node.returns, node.end == "done", node.score if node.score is not None else 0.0)
+
+
+def pick_answer(nodes: Sequence[Node]) -> Node | None:
+    """The best of ``nodes`` by :func:`outcome_key` (the first on ties), or None when there are none."""
+    best = None
+    for node in nodes:
+        if best is None or outcome_key(node) > outcome_key(best):
+            best = node
+    return best
+
+
+def first_leaf(node: Node) -> Node:
+    """The leaf reached by always taking the first child (a chain's own end)."""
+    while node.children:
+        node = node.children[0]
+    return node

@@ -1,0 +1,66 @@
+"""`omrl rollout --strategy` and `omrl eval --strategy --budget` through the real CLI, on the tiny model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from omrl.cli import build_app, main
+from omrl.data import read_episodes
+
+FAST = ["generation.max_new_tokens=4", "env.max_turns=2", "generation.temperature=1.0",
+        "--env", "chest", "--model", "tiny"]
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(build_app(), list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
+    out = tmp_path / "beam.parquet"
+    result = invoke("rollout", *FAST, "--template", "chest-action", "--num-tasks", "2", "--strategy", "beam",
+                    "--budget", "40", "plugins.beam.width=1", "plugins.beam.branch=2", "-o", str(out))
+    assert result.exit_code == 0, result.output
+    episodes = read_episodes(out)
+    assert {ep.group for ep in episodes} == {0, 1} and len(episodes) >= 4  # at least two paths per tree
+    assert all(turn.node_id > turn.parent_id >= 0 for ep in episodes for turn in ep.turns)
+    assert all(sum(ep.loss_mask) <= 40 for ep in episodes)
+    records = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    assert len(records) == len(episodes)
+    assert "search: beam" in result.output and "generated_tokens" in result.output
+
+
+def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path):
+    report = tmp_path / "report.json"
+    result = invoke("eval", *FAST, "env.template=chest-action", "--num-tasks", "2", "--strategy", "best_of_n",
+                    "--budget", "48", "plugins.best_of_n.n=3", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    metrics = data["metrics"]
+    assert metrics["episodes"] == 2  # one answer per task
+    assert metrics["search/strategy"] == "best_of_n" and metrics["search/budget_per_task"] == 48
+    assert 0 < metrics["search/generated_tokens"] <= 2 * 48
+    assert {"success_rate", "mean_score", "search/any_success_rate"} <= set(metrics)
+    assert data["config"]["strategy"] == "best_of_n" and data["config"]["budget"] == 48
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategy", "bean"], "unknown rollout strategy 'bean'. Did you mean 'beam'?"),
+    (["--budget", "1"], "budget 1 is smaller than one reply"),  # the default strategy, chain, with a budget
+    (["--strategy", "beam", "--budget", "2"], "budget 2 is smaller than one reply"),
+    (["--strategy", "beam", "plugins.beam.branch=0"], "beam option branch=0 is invalid"),
+    (["--strategy", "beam", "--env", "chest-plain"], "env 'chest-plain' (PlainChestEnv) cannot copy one"),
+])
+def test_bad_strategy_input_is_one_line(chest_plugins, capsys, tmp_path, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rollout", *FAST, "--template", "chest-action", "--num-tasks", "1", *args,
+              "-o", str(tmp_path / "x.parquet")])
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert message in " ".join(err.split()) and "Traceback" not in err
+    assert sum("error" in line for line in err.splitlines()) == 1, err

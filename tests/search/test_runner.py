@@ -1,0 +1,163 @@
+"""The search runner: token-exact branches, batched candidates, budgets, failing branches, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from omrl.backends.hf import HFBackend
+from omrl.errors import ConfigError, UnknownNameError
+from omrl.rollout import EnvPool, RolloutLimits, collect
+from omrl.search import SearchContext, run_strategy
+from omrl.search.fork import ForkError
+
+from .fakes import ActionTemplate, ChestEnv, PlainChestEnv, ScriptBackend, by_call
+
+LIMITS = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=3)
+
+
+def context(tokenizer, backend, strategy, env_class=ChestEnv, options=None, **settings):
+    pool = EnvPool(env_class, name="chest")
+    return SearchContext(pool, ActionTemplate(), tokenizer, backend, settings.pop("limits", LIMITS),
+                         strategy=strategy, plugin_options={strategy: options or {}}, **settings)
+
+
+def same_episode(a, b):
+    """Equal in every played number (node ids and search notes aside)."""
+    assert a.token_ids == b.token_ids
+    assert a.loss_mask == b.loss_mask
+    assert a.logprobs == b.logprobs
+    assert (a.won, a.score, a.end_reason, a.prompt_length) == (b.won, b.score, b.end_reason, b.prompt_length)
+    assert [(t.response, t.action, t.reward, t.span) for t in a.turns] == [(t.response, t.action, t.reward, t.span)
+                                                                          for t in b.turns]
+    assert a.messages == b.messages
+
+
+def test_best_of_n_samples_exactly_what_the_chain_rollout_samples(tiny_hf):
+    """N chains grown through the runner (env copies restored from the root) = collect's G samples, id for id."""
+    model, tokenizer = tiny_hf
+    backend = HFBackend(model, tokenizer, batch_size=8)
+    limits = RolloutLimits(max_new_tokens=6, max_context=1024, max_turns=3)
+    chains = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, [0, 1], backend=backend,
+                     limits=limits, group_size=2, seed=3)
+    ctx = context(tokenizer, backend, "best_of_n", options={"n": 2}, limits=limits, seed=3)
+    trees = run_strategy(ctx, [0, 1])
+    searched = [ep for tree in trees for ep in tree.episodes()]
+    assert len(searched) == 4
+    for a, b in zip(searched, chains):
+        same_episode(a, b)
+        assert (a.group, a.sample) == (b.group, b.sample)
+    assert sum(tree.generated_tokens for tree in trees) == sum(sum(ep.loss_mask) for ep in chains)
+
+
+def test_chain_is_the_chain_rollout(tiny_hf):
+    model, tokenizer = tiny_hf
+    backend = HFBackend(model, tokenizer, batch_size=8)
+    limits = RolloutLimits(max_new_tokens=6, max_context=1024, max_turns=2)
+    played = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, [2, 3], backend=backend,
+                     limits=limits, group_size=2, seed=5)
+    trees = run_strategy(context(tokenizer, backend, "chain", limits=limits, seed=5, group_size=2), [2, 3])
+    for a, b in zip([ep for tree in trees for ep in tree.episodes()], played):
+        same_episode(a, b)
+    assert [tree.chosen().episode.sample for tree in trees] == [0, 0]  # pass@1: the first sample answers
+
+
+BEAM_REPLIES = ("Action: open", "Action: smash", "no action here", "Action: take key")
+
+
+def test_every_branch_of_a_beam_is_laid_out_exactly_as_a_chain(tiny_tokenizer):
+    """Replay each root-to-leaf path's sampled ids through the chain rollout: the same ids, mask and log-probs."""
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: BEAM_REPLIES[(call + i) % 4])
+    trees = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 3,
+                                                                           "stop_on_win": False}), [0, 1])
+    paths = [ep for tree in trees for ep in tree.episodes()]
+    assert len({ep.end_reason for ep in paths}) >= 3  # won, smashed, pruned, ...
+    for ep in paths:
+        replies = [ep.token_ids[t.span[0]:t.span[1]] for t in ep.turns]
+        replay = ScriptBackend(tiny_tokenizer, lambda call, i, prompt, r=replies: r[call])
+        (chain,) = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, [ep.task_id],
+                           backend=replay, limits=RolloutLimits(max_new_tokens=12, max_context=1024,
+                                                                max_turns=len(replies)))
+        assert chain.token_ids == ep.token_ids[:len(chain.token_ids)]
+        if ep.end_reason != "pruned":  # a pruned path stops before the next prompt's increment
+            assert chain.token_ids == ep.token_ids
+        assert chain.loss_mask == ep.loss_mask[:len(chain.loss_mask)]
+        assert [t.span for t in chain.turns] == [t.span for t in ep.turns]
+        assert [(t.action, t.reward) for t in chain.turns] == [(t.action, t.reward) for t in ep.turns]
+
+
+def test_siblings_share_their_parent_prefix_and_node_ids_link_them(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: BEAM_REPLIES[i % 2])  # open, smash
+    (tree,) = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 1, "branch": 2}), [0])
+    paths = tree.episodes()
+    nodes = {node.id: node for node in tree.nodes}
+    for ep in paths:
+        assert ep.turns[0].parent_id == 0
+        for before, turn in zip(ep.turns, ep.turns[1:]):
+            assert turn.parent_id == before.node_id
+        for turn in ep.turns:
+            parent = nodes[turn.parent_id]
+            assert ep.token_ids[:len(parent.episode.token_ids)] == parent.episode.token_ids
+    assert {node.parent.id for node in tree.nodes[1:3]} == {0}
+
+
+def test_all_candidates_of_a_round_generate_in_one_backend_call(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")  # never ends an episode
+    run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 3}), [0, 1])
+    assert backend.calls == [6, 12, 12]  # 2 tasks x (1 node, then 2 kept) x 3 candidates, for 3 turns
+
+
+def test_the_budget_is_never_exceeded_and_every_token_is_counted(tiny_tokenizer):
+    long_reply = "Action: open " + "and again " * 20  # cut at max_new_tokens, never parsed as a valid action
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: long_reply)
+    budget = 3 * LIMITS.max_new_tokens + 5
+    trees = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 2},
+                                 budget=budget), [0, 1])
+    for tree in trees:
+        own = sum(node.episode.turns[-1].span[1] - node.episode.turns[-1].span[0] for node in tree.nodes[1:])
+        assert tree.generated_tokens == own <= budget
+        assert tree.exhausted and len(tree.nodes) == 1 + 3
+    assert {ep.end_reason for tree in trees for ep in tree.episodes()} == {"budget"}
+
+
+def test_a_branch_whose_env_raises_ends_alone(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: boom", "Action: open"], ["Action: take key"]))
+    (tree,) = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 2}), [0])
+    boom, opened = tree.root.children
+    assert boom.end == "env_error" and "exploded" in boom.episode.error
+    assert opened.children and all(child.won for child in opened.children)
+    assert tree.chosen().won
+
+
+def test_a_tree_strategy_refuses_an_env_that_cannot_fork(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
+    with pytest.raises(ForkError, match="strategy 'beam' branches episodes, but env 'chest'"):
+        run_strategy(context(tiny_tokenizer, backend, "beam", env_class=PlainChestEnv), [0])
+    # best-of-N only branches at the root, which a reset reaches
+    (tree,) = run_strategy(context(tiny_tokenizer, backend, "best_of_n", env_class=PlainChestEnv,
+                                   options={"n": 2}), [0])
+    assert len(tree.episodes()) == 2 and all(ep.end_reason == "max_turns" for ep in tree.episodes())
+
+
+@pytest.mark.parametrize("strategy, options, settings, message", [
+    ("beam", {"branch": 0}, {}, "beam option branch=0 is invalid; valid: a whole number >= 1"),
+    ("beam", {"width": "two"}, {}, "beam option width='two' is invalid"),
+    ("best_of_n", {"n": 3}, {"limits": RolloutLimits(temperature=0.0)}, "greedy"),
+    ("mcts", {"value": "oracle"}, {}, "mcts option value='oracle' is invalid; valid: rollout, scorer"),
+    ("beam", {"depth": 3}, {}, "strategy 'beam' has no option 'depth'; valid: width, branch, scorer, stop_on_win"),
+    ("beam", {}, {"budget": 5}, "budget 5 is smaller than one reply (generation.max_new_tokens=12); valid: 0"),
+    ("beam", {}, {"group_size": 2}, "one tree per task"),
+])
+def test_bad_settings_are_one_line_errors(tiny_tokenizer, strategy, options, settings, message):
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+        run_strategy(context(tiny_tokenizer, backend, strategy, options=options, **settings), [0])
+    assert "\n" not in str(info.value)
+    assert backend.calls == []  # checked before any token is generated
+
+
+def test_unknown_strategy_and_scorer_names_list_the_valid_ones(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
+    with pytest.raises(UnknownNameError, match="unknown rollout strategy 'bean'. Did you mean 'beam'?.*Valid: beam"):
+        run_strategy(context(tiny_tokenizer, backend, "bean"), [0])
+    with pytest.raises(UnknownNameError, match="unknown scorer 'oracle'.*Valid: env_reward, logprob, self_eval"):
+        run_strategy(context(tiny_tokenizer, backend, "beam", options={"scorer": "oracle"}), [0])

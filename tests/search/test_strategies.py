@@ -1,0 +1,135 @@
+"""The built-in strategies and scorers on scripted replies, and a strategy registered by a plugin."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from omrl import registry
+from omrl.hookspecs import hookimpl
+from omrl.rollout import EnvPool, RolloutLimits
+from omrl.search import Expand, Score, SearchContext, run_search, run_strategy
+
+from .fakes import ActionTemplate, ChestEnv, ScriptBackend, by_call
+
+LIMITS = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=4)
+
+
+def search(tokenizer, backend, strategy, options=None, tasks=(0,), **settings):
+    ctx = SearchContext(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, backend, LIMITS,
+                        strategy=strategy, plugin_options={strategy: options or {}}, **settings)
+    return run_strategy(ctx, list(tasks))
+
+
+def actions(node):
+    return [turn.action for turn in node.episode.turns]
+
+
+def test_best_of_n_picks_the_chain_its_selector_likes(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open"], ["Action: take key"]))
+    (tree,) = search(tiny_tokenizer, backend, "best_of_n", {"n": 2})
+    assert backend.calls == [2, 1]  # both chains in one call; then the one still going
+    assert actions(tree.chosen()) == ["open", "take key"] and tree.chosen().won
+    episodes = tree.episodes()
+    assert [ep.won for ep in episodes] == [False, True]
+    assert episodes[1].turns[-1].info["search"]["chosen"] is True
+    assert "chosen" not in episodes[0].turns[-1].info["search"]
+
+
+def test_dfsdt_backtracks_from_dead_ends(tiny_tokenizer):
+    # root: smash (a dead end, tried first on the tie) and open; below open: smash again, then take key
+    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open"],
+                                                    ["Action: smash", "Action: take key"]))
+    (tree,) = search(tiny_tokenizer, backend, "dfsdt", {"branch": 2})
+    assert backend.calls == [2, 2]
+    assert actions(tree.chosen()) == ["open", "take key"] and tree.chosen().won
+    assert sorted(node.end for node in tree.nodes[1:] if node.terminal) == ["done", "done", "done"]
+
+
+def test_dfsdt_stops_after_max_expansions(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")  # never ends
+    (tree,) = search(tiny_tokenizer, backend, "dfsdt", {"branch": 2, "max_expansions": 3})
+    assert backend.calls == [2, 2, 2] and len(tree.nodes) == 1 + 6
+    assert tree.chosen().depth == 3  # the deepest open node it reached
+
+
+def test_mcts_rolls_out_then_explores_the_untried_candidate(tiny_tokenizer):
+    # iteration 1: expand the root (smash, open, open) and roll out from smash: 0.
+    # iteration 2: UCT picks an untried candidate (open), expands it; its roll-out takes the key: 1.
+    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open", "Action: open"],
+                                                    ["Action: take key"]))
+    (tree,) = search(tiny_tokenizer, backend, "mcts", {"branch": 3, "iterations": 5})
+    assert backend.calls == [3, 3]
+    assert tree.root.visits == 2 and tree.root.value_sum == 1.0
+    assert tree.chosen().won and actions(tree.chosen()) == ["open", "take key"]
+
+
+def test_mcts_runs_its_iterations_and_values_with_a_scorer(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")
+    (tree,) = search(tiny_tokenizer, backend, "mcts", {"branch": 2, "iterations": 3, "value": "scorer",
+                                                         "scorer": "logprob"})
+    assert len(backend.calls) == 3 and tree.root.visits == 6  # each of 2 children backs up once per iteration
+    expected = math.exp(-0.5)  # every scripted token has log-prob -0.5
+    assert all(node.score == pytest.approx(expected) for node in tree.nodes[1:])
+
+
+def test_beam_stops_at_its_first_win_and_answers_with_it(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash"],
+                                                    ["Action: take key", "Action: look"]))
+    (tree,) = search(tiny_tokenizer, backend, "beam", {"width": 1, "branch": 2})
+    assert backend.calls == [2, 2]
+    assert tree.chosen().won and actions(tree.chosen()) == ["open", "take key"]
+
+
+def test_env_reward_scorer_sums_rewards_and_can_add_partial_credit(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: open"], ["Action: take key"]))
+    (tree,) = search(tiny_tokenizer, backend, "best_of_n", {"n": 1})
+    opened, won = tree.nodes[1], tree.nodes[2]
+    ctx = SearchContext(EnvPool(ChestEnv), ActionTemplate(), tiny_tokenizer, backend,
+                        plugin_options={"env_reward": {"partial_credit": True}})
+    assert ctx.scorer("env_reward")([opened, won]) == [0.5, 2.0]  # returns 0 + score 0.5; returns 1 + score 1
+    ctx.plugin_options = {}
+    assert ctx.scorer("env_reward")([opened, won]) == [0.0, 1.0]
+
+
+def test_self_eval_asks_the_model_and_charges_the_budget(tiny_tokenizer):
+    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash", "Action: look"],
+                                                    ["yes", "no", "maybe"]), logprob=math.log(0.8))
+    ctx = SearchContext(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, backend, LIMITS,
+                        strategy="probe", budget=200)
+
+    def grow(tree, ctx):
+        (children,) = yield Expand([tree.root], 3)
+        yield Score(children, "self_eval")
+
+    (tree,) = run_search(ctx, [0], grow)
+    assert [node.score for node in tree.nodes[1:]] == pytest.approx([0.8, 0.2, 0.5])
+    replies = sum(node.episode.turns[-1].span[1] - node.episode.turns[-1].span[0] for node in tree.nodes[1:])
+    assert tree.generated_tokens > replies  # the judge's answers were charged too
+    assert backend.calls == [3, 3]
+
+
+def test_a_strategy_registered_by_a_plugin_runs_by_name(register_plugin, tiny_tokenizer):
+    def always_open(ctx, tasks, depth: int = 2):
+        """Open the chest ``depth`` times (a third-party strategy)."""
+        def grow(tree, ctx):
+            node = tree.root
+            for _ in range(depth):
+                (children,) = yield Expand([node], 1)
+                node = children[0]
+            tree.best = node
+        return run_search(ctx, tasks, grow)
+
+    class ThirdParty:
+        @hookimpl
+        def register_rollout_strategies(self, register):
+            register("always_open", always_open)
+            register("constant", lambda nodes, ctx: [1.0] * len(nodes), kind="scorer")
+
+    register_plugin(ThirdParty(), name="third-party-search")
+    assert registry.strategies.component("always_open").plugin == "third-party-search"
+    assert "constant" in registry.strategies.names("scorer")
+    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")
+    (tree,) = search(tiny_tokenizer, backend, "always_open", {"depth": 3})
+    assert tree.chosen().depth == 3 and tree.strategy == "always_open"
