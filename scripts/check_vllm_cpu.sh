@@ -70,6 +70,8 @@ def main() -> None:
 
     first = play(0)
     assert play(0)[0].token_ids == first[0].token_ids, "seeded sampling is not reproducible"
+    rate = backend.prefix_cache_hit_rate()
+    print("prefix cache hit rate: " + ("not reported by this vLLM" if rate is None else f"{rate:.1%}"))
     for ep in first:
         assert token_exact(ep) and len(ep.token_ids) == len(ep.loss_mask) == len(ep.logprobs)
         assert all(lp <= 0.0 for lp, m in zip(ep.logprobs, ep.loss_mask) if m)

@@ -45,6 +45,8 @@ class VLLMBackend(Backend):
                       gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                       max_num_seqs=batch_size, logprobs_mode="processed_logprobs",
                       generation_config="vllm",  # the model's own sampling defaults must not leak in
+                      enable_prefix_caching=True,  # turns and samples of a task share their prompt's start
+                      disable_log_stats=False,  # keeps the counters prefix_cache_hit_rate reads
                       **engine_kwargs)
         try:
             self.llm = vllm.LLM(**kwargs)
@@ -95,6 +97,15 @@ class VLLMBackend(Backend):
         reset = getattr(self.llm, "reset_prefix_cache", None)
         if reset is not None:
             reset()  # cached KV blocks were computed with the old weights
+
+    def prefix_cache_hit_rate(self) -> float | None:
+        """The share of prompt tokens the engine's prefix cache served so far, when vLLM reports it."""
+        get_metrics = getattr(self.llm, "get_metrics", None)
+        if get_metrics is None:
+            return None
+        counts = {m.name: getattr(m, "value", 0) for m in get_metrics()}
+        queries = counts.get("vllm:prefix_cache_queries", 0)
+        return counts.get("vllm:prefix_cache_hits", 0) / queries if queries else None
 
     def close(self) -> None:
         self.llm = None
