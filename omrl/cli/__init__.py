@@ -46,22 +46,28 @@ def root(
 
 
 def _add_builtin_commands() -> None:
-    from omrl.cli import (config_cmd, data_cmd, env_cmd, eval_cmd, plugins_cmd, rollout_cmd, sft_cmd,
-                          train_cmd)
+    from omrl.cli import (config_cmd, data_cmd, env_cmd, eval_cmd, plot_cmd, plugins_cmd, rollout_cmd, sft_cmd,
+                          train_cmd, view_cmd)
 
-    for module in (plugins_cmd, config_cmd, env_cmd, rollout_cmd, eval_cmd, sft_cmd, train_cmd, data_cmd):
+    for module in (plugins_cmd, config_cmd, env_cmd, rollout_cmd, eval_cmd, sft_cmd, train_cmd, data_cmd, view_cmd,
+                   plot_cmd):
         module.add_to(app)
 
 
-def build_app() -> typer.Typer:
-    """The root app with built-in and plugin commands added (once)."""
-    if getattr(app, "_omrl_built", False):
-        return app
-    from omrl.plugins import load_plugins
+# commands that only read files: loading plugins (and with them torch) would only delay them
+LIGHT_COMMANDS = ("view", "plot")
 
-    _add_builtin_commands()
-    load_plugins().hook.register_commands(cli=app)
-    app._omrl_built = True
+
+def build_app(plugins: bool = True) -> typer.Typer:
+    """The root app with built-in commands and (unless ``plugins`` is False) plugin commands added."""
+    if not getattr(app, "_omrl_built", False):
+        _add_builtin_commands()
+        app._omrl_built = True
+    if plugins and not getattr(app, "_omrl_plugins", False):
+        from omrl.plugins import load_plugins
+
+        load_plugins().hook.register_commands(cli=app)
+        app._omrl_plugins = True
     return app
 
 
@@ -105,10 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or bool(os.environ.get("OMRL_DEBUG"))
     try:
-        from omrl.threads import configure_threads
+        light = next((a for a in argv if not a.startswith("-")), None) in LIGHT_COMMANDS
+        if not light:
+            from omrl.threads import configure_threads
 
-        configure_threads()  # before any model runs: a busy machine must not be oversubscribed
-        command = typer.main.get_command(build_app())
+            configure_threads()  # before any model runs: a busy machine must not be oversubscribed
+        command = typer.main.get_command(build_app(plugins=not light))
         # standalone mode: typer reports usage errors and exits with their status itself
         command.main(args=argv, prog_name="omrl", standalone_mode=True)
     except Exception as exc:  # noqa: BLE001 - the one place errors become exit codes

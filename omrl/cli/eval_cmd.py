@@ -39,6 +39,7 @@ def evaluate_command(
     from rich.console import Console
 
     from omrl.backends.base import generation_metrics
+    from omrl.cli.view_cmd import view_command
     from omrl.config import to_dict
     from omrl.training.metrics import peak_rss_gb
     from omrl.errors import EnvFailure
@@ -87,6 +88,7 @@ def evaluate_command(
     path = write_report(cfg.report or default_report_path(cfg.model.name), metrics, episodes, to_dict(cfg))
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
     console.print(f"report: {path}")
+    console.print(f"look at it: {view_command(path)}", highlight=False)
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):  # a broken env, not a model scoring 0
         raise EnvFailure(f"every one of the {len(episodes)} episodes failed in the env {cfg.env.name!r}, so the "
                          f"model was not measured (the report lists them); the first reason: {episodes[0].error}")

@@ -62,6 +62,7 @@ def rollout(
     """
     from rich.console import Console
 
+    from omrl.cli.view_cmd import view_command
     from omrl.data import write_episodes
     from omrl.errors import EnvFailure
     from omrl.evaluation import evaluate, metrics_table
@@ -106,6 +107,7 @@ def rollout(
     readable = write_jsonl(episodes, jsonl_path_for(parquet))
     console.print(metrics_table(evaluate(episodes), title=f"rollout: {cfg.env.name}"))
     console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}")
+    console.print(f"look at them: {view_command(parquet)}", highlight=False)
 
 
 def add_to(app: typer.Typer) -> None:

@@ -24,6 +24,7 @@ def train(
 
     from omrl.algos import RECIPES
     from omrl.cli import err_console, stop_on_interrupt
+    from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
     from omrl.errors import ConfigError
     from omrl.options import TrainRunConfig
@@ -50,6 +51,7 @@ def train(
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console(quiet=not is_main_process()).print(table)
     console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False)
+    console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False)
 
 
 def add_to(app: typer.Typer) -> None:

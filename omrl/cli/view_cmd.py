@@ -1,0 +1,65 @@
+"""``omrl view``: look at a run, a trajectory file or an eval report in the browser."""
+
+from __future__ import annotations
+
+import shlex
+
+import typer
+
+
+def view_command(path: object) -> str:
+    """The ``omrl view`` command line for ``path``, for commands to print when they finish."""
+    return f"omrl view {shlex.quote(str(path))}"
+
+
+def view(
+    path: str = typer.Argument(..., help="A run directory, a trajectory .parquet or .jsonl, or an eval report .json."),
+    port: int = typer.Option(None, "--port", help="Port to serve on (default 8765, or the next free one; "
+                             "0: any free one)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to serve on. Loopback by default: anyone who can "
+                             "reach another address can read the run."),
+    out: str = typer.Option(None, "--out", "-o", help="Write one self-contained HTML file instead of serving "
+                            "(opens offline; holds --max-episodes episodes)."),
+    max_episodes: int = typer.Option(200, "--max-episodes", help="With --out: how many episodes the file holds "
+                                     "(the first ones; the overview and curves are always whole)."),
+    tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json, model directory or built-in model name "
+                                  "for token text (default: the run's own)."),
+    open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser."),
+) -> None:
+    """Serve a page on loopback (or write one HTML file) showing the run's config, learning curves,
+    episodes turn by turn, the tokens trained on, groups and search trees."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from omrl.view import open_run
+
+    console = Console()
+    store = open_run(path, tokenizer)
+    for problem in store.overview()["problems"]:
+        colour = "red" if problem["level"] == "error" else "yellow"
+        console.print(f"[{colour}]{problem['level']}:[/] {escape(problem['file'])}: {escape(problem['message'])}",
+                      highlight=False, soft_wrap=True)
+    if out:
+        from omrl.view.page import write_page
+
+        written = write_page(store, out, max_episodes)
+        kept = min(len(store.summaries), max(0, max_episodes))
+        console.print(f"wrote {written} ({kept} of {len(store.summaries)} episodes; opens offline)", highlight=False)
+        return
+    from omrl.view.server import LOOPBACK, make_server, serve_forever
+
+    server = make_server(store, host, port)
+    if host not in LOOPBACK:
+        console.print(f"[yellow]warning:[/] serving on {escape(host)}: anyone who can reach it can read this run",
+                      highlight=False)
+    console.print(f"omrl view: {server.url} ({len(store.summaries)} episodes; Ctrl-C stops)", highlight=False,
+                  soft_wrap=True)
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(server.url)
+    serve_forever(server)
+
+
+def add_to(app: typer.Typer) -> None:
+    app.command("view")(view)

@@ -1,0 +1,17 @@
+"""``omrl view``: a local web page for a run directory, a trajectory file or an eval report.
+
+- :mod:`omrl.view.sources` finds what a path holds (metrics, config, trajectories,
+  eval reports) and notes every file it could not read, naming the file.
+- :mod:`omrl.view.metrics` reads ``metrics.jsonl`` and sorts its keys into plot panels.
+- :mod:`omrl.view.store` indexes the episodes (summaries only) and loads one on demand.
+- :mod:`omrl.view.tokens` turns token ids into per-token text with the run's tokenizer.
+- :mod:`omrl.view.page` renders the self-contained page; :mod:`omrl.view.server` serves it.
+- :mod:`omrl.view.plot` writes the learning curves as PNG (``omrl plot``).
+
+Nothing here imports torch: a page for a 10,000-episode run must open in seconds.
+"""
+
+from omrl.view.sources import Problem, RunSource, discover
+from omrl.view.store import EpisodeStore, open_run
+
+__all__ = ["EpisodeStore", "Problem", "RunSource", "discover", "open_run"]

@@ -1,0 +1,487 @@
+/* omrl view: the page's script, inlined into the HTML (no framework, no build step, no network
+ * but the page's own server). Every piece of run data reaches the page as a text node or an
+ * attribute value, never as HTML: model and env text is shown exactly as it was. */
+"use strict";
+(function () {
+  const embedded = document.getElementById("omrl-data");
+  const api = embedded ? localApi(JSON.parse(embedded.textContent)) : remoteApi();
+  const main = document.querySelector("main");
+  const tip = document.querySelector(".tip");
+  const PALETTE = ["#2f5fd0", "#d9480f", "#2b8a3e", "#ae3ec9", "#e67700", "#0c8599", "#c2255c", "#5c7cfa", "#495057"];
+  let run = null;
+
+  // ---- DOM helpers ------------------------------------------------------------------------
+  /** h("td", {class: "num"}, "text", child): strings become text nodes, so data is never parsed as HTML. */
+  function h(tag, props, ...children) {
+    const el = document.createElement(tag);
+    setProps(el, props);
+    append(el, children);
+    return el;
+  }
+  function s(tag, attrs, ...children) {
+    const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    setProps(el, attrs);
+    append(el, children);
+    return el;
+  }
+  function setProps(el, props) {
+    for (const [key, value] of Object.entries(props || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+      else el.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+  function append(el, children) {
+    for (const child of children.flat(Infinity)) {
+      if (child === undefined || child === null || child === false) continue;
+      el.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+  }
+  function fmt(x, digits) {
+    if (x === null || x === undefined) return "–";
+    if (typeof x !== "number") return String(x);
+    if (Number.isInteger(x) && Math.abs(x) < 1e6) return String(x);
+    const a = Math.abs(x);
+    if (a !== 0 && (a < 1e-3 || a >= 1e5)) return x.toExponential(2);
+    return x.toFixed(digits === undefined ? 3 : digits).replace(/\.?0+$/, "") || "0";
+  }
+  function known(x) { return x !== null && x !== undefined; }
+  /** A number with its sign, green above 0 and red below (advantages). */
+  function signed(x) {
+    return h("span", {class: x > 0 ? "pos" : x < 0 ? "neg" : ""}, known(x) ? (x > 0 ? "+" : "") + fmt(x) : "–");
+  }
+  function showTip(event, text) {
+    tip.textContent = text;
+    tip.style.display = "block";
+    const x = Math.min(event.clientX + 14, window.innerWidth - tip.offsetWidth - 8);
+    const below = event.clientY + 16 + tip.offsetHeight <= window.innerHeight;
+    const y = below ? event.clientY + 16 : event.clientY - tip.offsetHeight - 10;
+    tip.style.left = x + "px";
+    tip.style.top = y + "px";
+  }
+  function hideTip() { tip.style.display = "none"; }
+  /** Replace the page's content (nested arrays and empty parts allowed, as in h()). */
+  function display(...parts) {
+    main.replaceChildren(...parts.flat(Infinity).filter((p) => p !== null && p !== undefined && p !== false));
+  }
+
+  // ---- data: the page's server, or the data embedded in a saved file -----------------------
+  function remoteApi() {
+    async function get(url) {
+      const response = await fetch(url, {cache: "no-store"});
+      const body = await response.json().catch(() => ({error: response.statusText}));
+      if (!response.ok) throw new Error(body.error || response.statusText);
+      return body;
+    }
+    return {
+      run: () => get("api/run"),
+      episodes: (q) => get("api/episodes?" + new URLSearchParams(q)),
+      episode: (id) => get("api/episode/" + encodeURIComponent(id)),
+      group: (key) => get("api/group/" + encodeURIComponent(key)),
+      tree: (key) => get("api/tree/" + encodeURIComponent(key)),
+    };
+  }
+
+  /** The same calls answered from a saved page's embedded data (filters as omrl.view.store.matches). */
+  function localApi(data) {
+    const missing = (what) => Promise.reject(new Error(what + " is not in this saved page (" + data.note + ")"));
+    function matches(e, q) {
+      if (q.split && e.split !== q.split) return false;
+      if (q.task && String(e.task) !== q.task.trim()) return false;
+      if (q.group && e.group !== q.group) return false;
+      if ((q.success === "won" || q.success === "lost") && e.won !== (q.success === "won")) return false;
+      if (q.end && e.end !== q.end) return false;
+      if (q.file && String(e.file) !== q.file) return false;
+      const low = q.rmin === undefined || q.rmin === "" ? NaN : Number(q.rmin);
+      const high = q.rmax === undefined || q.rmax === "" ? NaN : Number(q.rmax);
+      if (!isNaN(low) && e.reward < low) return false;
+      if (!isNaN(high) && e.reward > high) return false;
+      return true;
+    }
+    return {
+      run: () => Promise.resolve(data.run),
+      episodes: (q) => {
+        let items = data.summaries.filter((e) => matches(e, q));
+        const key = (q.sort || "").replace(/^-/, "");
+        if (["reward", "tokens", "turns", "score"].includes(key)) {
+          const sign = q.sort.startsWith("-") ? -1 : 1;
+          items = items.slice().sort((a, b) => sign * (a[key] - b[key]));
+        }
+        const offset = Math.max(0, parseInt(q.offset || "0", 10) || 0);
+        const limit = Math.min(500, Math.max(1, parseInt(q.limit || "50", 10) || 50));
+        return Promise.resolve({total: items.length, offset, limit, items: items.slice(offset, offset + limit)});
+      },
+      episode: (id) => data.details[id] ? Promise.resolve(data.details[id]) : missing("episode " + id),
+      group: (key) => data.groups[key] ? Promise.resolve(data.groups[key]) : missing("group " + key),
+      tree: (key) => data.trees[key] ? Promise.resolve(data.trees[key]) : missing("the tree of group " + key),
+    };
+  }
+
+  // ---- routing: #/overview, #/episodes?filters, #/episode/ID, #/group/KEY, #/tree/KEY --------
+  function route() {
+    const hash = location.hash.replace(/^#\/?/, "") || "overview";
+    const [path, query] = hash.split("?");
+    const [view, ...rest] = path.split("/");
+    const arg = decodeURIComponent(rest.join("/"));
+    const params = Object.fromEntries(new URLSearchParams(query || ""));
+    const tab = ["episode", "group", "tree"].includes(view) ? "episodes" : view;
+    for (const a of document.querySelectorAll("header.top nav a")) a.classList.toggle("active", a.dataset.view === tab);
+    hideTip();
+    const views = {overview: showOverview, episodes: showEpisodes, episode: showEpisode, group: showGroup, tree: showTree};
+    const show = views[view] || showOverview;
+    display(problemsBox(), h("p", {class: "muted"}, "loading…"));
+    show(arg, params).catch((err) => {
+      display(problemsBox(), h("div", {class: "card problems"}, h("strong", {}, "Could not show this: "), err.message));
+    });
+  }
+
+  function problemsBox() {
+    const box = document.createDocumentFragment();
+    if (!run) return box;
+    if (run.embedded_note) box.appendChild(h("div", {class: "card note"}, run.embedded_note));
+    const errors = run.problems.filter((p) => p.level === "error");
+    const warnings = run.problems.filter((p) => p.level !== "error");
+    const kinds = [[errors, "problems", "Could not be shown"], [warnings, "problems warnings", "Shown with caveats"]];
+    for (const [list, cls, title] of kinds) {
+      if (!list.length) continue;
+      box.appendChild(h("div", {class: "card " + cls, "data-problems": cls},
+        h("strong", {}, title + ":"),
+        h("ul", {}, list.map((p) => h("li", {}, h("code", {}, p.file), ": ", p.message)))));
+    }
+    return box;
+  }
+
+  // ---- overview: what the run is, its curves, its eval reports, its config -----------------
+  async function showOverview() {
+    const body = [problemsBox()];
+    body.push(h("div", {class: "card"},
+      h("div", {}, h("strong", {}, run.kind === "run" ? "Run " : "File "), h("code", {}, run.path)),
+      h("div", {class: "muted"},
+        run.episodes + " episodes in " + run.files.length + " trajectory file(s); " + run.tokenizer),
+      run.files.length ? h("ul", {}, run.files.map((f, i) =>
+        h("li", {}, h("a", {href: "#/episodes?file=" + i}, f.file), " — " + f.episodes + " episodes"))) : null));
+    body.push(h("h2", {}, "Learning curves"));
+    if (run.metrics.step.length) {
+      body.push(h("div", {class: "plots"}, run.panels.map((p) => plot(p, run.metrics))));
+    } else {
+      body.push(h("p", {class: "muted"}, "No metrics.jsonl steps to plot."));
+    }
+    for (const report of run.reports) {
+      body.push(h("h2", {}, "Evaluation: ", h("code", {}, report.file)), metricsTable(report.metrics));
+    }
+    if (run.config) body.push(h("h2", {}, "Config"), h("pre", {class: "config"}, run.config));
+    display(...body);
+  }
+
+  function metricsTable(metrics) {
+    const rows = [];
+    for (const [key, value] of Object.entries(metrics)) {
+      if (value !== null && typeof value === "object") {
+        for (const [sub, v] of Object.entries(value)) rows.push([key + ": " + sub, v]);
+      } else rows.push([key, value]);
+    }
+    return keyValues(rows);
+  }
+
+  /** A two-column table of [name, number] rows. */
+  function keyValues(rows) {
+    return h("table", {class: "card"},
+      h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {class: "num"}, fmt(v, 4))))));
+  }
+
+  /** One learning-curve panel as inline SVG: a line per metric (broken where a step lacks it). */
+  function plot(panel, metrics) {
+    const W = 420, H = 220, L = 52, R = 12, T = 10, B = 28;
+    const steps = metrics.step;
+    const values = panel.keys.flatMap((k) => metrics.series[k]).filter((v) => v !== null);
+    // reduce, not Math.min(...values): a long run has more values than a call may take arguments
+    let y0 = values.reduce((a, b) => Math.min(a, b), Infinity), y1 = values.reduce((a, b) => Math.max(a, b), -Infinity);
+    if (!values.length) [y0, y1] = [0, 1];
+    if (y0 === y1) { const pad = Math.abs(y0) * 0.1 || 1; y0 -= pad; y1 += pad; }
+    let [x0, x1] = [steps[0], steps[steps.length - 1]];
+    if (x0 === x1) { x0 -= 1; x1 += 1; }
+    const X = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
+    const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
+    const chart = s("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": panel.title});
+    const yTicks = ticks(y0, y1, 5);
+    // as many decimals as the tick spacing needs: 0.8445 and 0.8450 must not both read 0.845
+    const digits = yTicks.length > 1 ? Math.min(8, Math.max(0, Math.ceil(-Math.log10(yTicks[1] - yTicks[0]) - 1e-9))) : 3;
+    for (const t of yTicks) {
+      const label = Math.abs(t) >= 1e5 ? t.toExponential(1) : t.toFixed(digits);
+      chart.append(s("line", {class: "grid", x1: L, x2: W - R, y1: Y(t), y2: Y(t)}),
+        s("text", {x: L - 6, y: Y(t) + 3.5, "text-anchor": "end"}, label));
+    }
+    for (const t of ticks(x0, x1, 6).filter((t) => Number.isInteger(t))) {
+      chart.append(s("text", {x: X(t), y: H - B + 14, "text-anchor": "middle"}, String(t)));
+    }
+    chart.append(s("line", {class: "axis", x1: L, x2: L, y1: T, y2: H - B}),
+      s("line", {class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B}),
+      s("text", {x: W - R, y: H - 3, "text-anchor": "end"}, "step"));
+    panel.keys.forEach((key, i) => {
+      const color = PALETTE[i % PALETTE.length];
+      let d = "", pen = "M";
+      metrics.series[key].forEach((v, j) => {
+        if (v === null) { pen = "M"; return; }
+        d += `${pen}${X(steps[j]).toFixed(1)},${Y(v).toFixed(1)}`;
+        pen = "L";
+        if (steps.length <= 40) chart.append(s("circle", {cx: X(steps[j]), cy: Y(v), r: 2.4, fill: color}));
+      });
+      if (d) chart.append(s("path", {class: "series", d, stroke: color, "data-key": key}));
+    });
+    const cursor = s("line", {class: "cursor", y1: T, y2: H - B, visibility: "hidden"});
+    const hit = s("rect", {x: L, y: T, width: W - L - R, height: H - T - B, fill: "transparent"});
+    hit.addEventListener("mousemove", (event) => {
+      const box = chart.getBoundingClientRect();
+      const x = x0 + ((event.clientX - box.left) * W / box.width - L) / (W - L - R) * (x1 - x0);
+      let j = 0;
+      steps.forEach((step, k) => { if (Math.abs(step - x) < Math.abs(steps[j] - x)) j = k; });
+      cursor.setAttribute("x1", X(steps[j])); cursor.setAttribute("x2", X(steps[j]));
+      cursor.setAttribute("visibility", "visible");
+      const values = panel.keys.map((k) => k + "  " + fmt(metrics.series[k][j], 4));
+      showTip(event, "step " + steps[j] + "\n" + values.join("\n"));
+    });
+    hit.addEventListener("mouseleave", () => { cursor.setAttribute("visibility", "hidden"); hideTip(); });
+    chart.append(cursor, hit);
+    return h("figure", {class: "plot", "data-panel": panel.name}, h("figcaption", {}, panel.title), chart,
+      h("div", {class: "legend"},
+        panel.keys.map((k, i) => h("span", {}, h("i", {style: "background:" + PALETTE[i % PALETTE.length]}), k))));
+  }
+
+  /** About `count` round numbers spanning [lo, hi]. */
+  function ticks(lo, hi, count) {
+    const raw = (hi - lo) / count;
+    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const step = [1, 2, 5, 10].map((m) => m * mag).find((st) => st >= raw) || raw;
+    const out = [];
+    for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(Math.round(t / step) * step);
+    return out;
+  }
+
+  // ---- the episode list: filters, sort, pages ---------------------------------------------
+  async function showEpisodes(_arg, params) {
+    const q = Object.assign({offset: "0", limit: "50"}, params);
+    const page = await api.episodes(q);
+    const set = (changes) => {
+      location.hash = "#/episodes?" + new URLSearchParams(clean(Object.assign({}, q, {offset: "0"}, changes)));
+    };
+    const f = run.facets;
+    const select = (name, options, label) => h("label", {}, label,
+      h("select", {name, onchange: (e) => set({[name]: e.target.value})},
+        options.map(([value, text]) => h("option", {value, selected: (q[name] || "") === value}, text))));
+    const input = (name, label, type) => h("label", {}, label,
+      h("input", {name, class: "short", type: type || "text", value: q[name] || "", step: "any",
+        onchange: (e) => set({[name]: e.target.value})}));
+    const all = (values) => [["", "all"], ...values.map((x) => [x, x])];
+    const form = h("form", {class: "filters card", onsubmit: (e) => e.preventDefault()},
+      select("split", all(f.split), "split"),
+      input("task", "task"),
+      input("group", "group"),
+      select("success", all(["won", "lost"]), "success"),
+      select("end", all(f.end), "end reason"),
+      f.file.length > 1 ? select("file", [["", "all"], ...f.file.map((x, i) => [String(i), x])], "file") : null,
+      input("rmin", "reward ≥", "number"),
+      input("rmax", "reward ≤", "number"),
+      select("sort", [["", "file order"], ["-reward", "reward, high first"], ["reward", "reward, low first"],
+        ["-tokens", "length, longest first"], ["tokens", "length, shortest first"], ["-turns", "turns, most first"]],
+      "sort"),
+      h("button", {type: "button", onclick: () => { location.hash = "#/episodes"; }}, "clear"));
+    const offset = page.offset;
+    const count = page.total === run.episodes ? page.total + " episodes"
+      : page.total + " of " + run.episodes + " episodes match";
+    const pager = h("div", {class: "pager"},
+      h("span", {class: "count", "data-total": page.total}, count),
+      page.total ? h("span", {class: "muted"}, "showing " + (offset + 1) + "–" + (offset + page.items.length)) : null,
+      h("button", {type: "button", disabled: offset === 0,
+        onclick: () => set({offset: String(Math.max(0, offset - page.limit))})}, "← previous"),
+      h("button", {type: "button", disabled: offset + page.limit >= page.total,
+        onclick: () => set({offset: String(offset + page.limit)})}, "next →"));
+    const multi = f.file.length > 1;
+    const columns = ["#", multi ? "file" : null, "split", "task", "group", "sample", "success", "reward", "advantage",
+      "score", "end", "turns", "tokens", "trained"];
+    const num = (x) => h("td", {class: "num"}, x);
+    const row = (e) => h("tr", {"data-id": e.id, onclick: () => { location.hash = "#/episode/" + e.id; }},
+      num(h("a", {href: "#/episode/" + e.id}, String(e.id))),
+      multi ? h("td", {}, f.file[e.file]) : null,
+      h("td", {}, e.split), num(fmt(e.task)),
+      h("td", {}, h("a", {href: "#/group/" + encodeURIComponent(e.group), onclick: (ev) => ev.stopPropagation()},
+        e.group)),
+      num(String(e.sample)),
+      h("td", {class: e.won ? "won" : "lost"}, e.won ? "won" : "lost"),
+      num(fmt(e.reward)), num(signed(e.advantage)), num(fmt(e.score)),
+      h("td", {}, e.end, e.error ? h("span", {class: "badge bad", title: e.error}, "error") : null),
+      num(String(e.turns)), num(String(e.tokens)), num(String(e.generated)));
+    const table = h("table", {class: "list card"},
+      h("thead", {}, h("tr", {}, columns.filter((c) => c !== null).map((c) => h("th", {}, c)))),
+      h("tbody", {}, page.items.map(row)));
+    display(problemsBox(), form, pager,
+      page.items.length ? table : h("p", {class: "muted"}, "No episode matches these filters."));
+  }
+
+  /** The query without empty filters and defaults, so the address stays short. */
+  function clean(q) {
+    const defaults = {offset: "0", limit: "50"};
+    return Object.fromEntries(Object.entries(q).filter(([k, v]) => v !== "" && v !== undefined && defaults[k] !== v));
+  }
+
+  // ---- one episode: its turns, then every token ------------------------------------------
+  async function showEpisode(id) {
+    const ep = await api.episode(id);
+    const e = ep.summary;
+    const links = h("p", {},
+      h("a", {href: "#/episodes"}, "← all episodes"), " · ",
+      h("a", {href: "#/group/" + encodeURIComponent(e.group)}, "its group (" + e.group + ")"),
+      e.tree ? [" · ", h("a", {href: "#/tree/" + encodeURIComponent(e.group)}, "its search tree")] : null,
+      Number(id) > 0 ? [" · ", h("a", {href: "#/episode/" + (Number(id) - 1)}, "previous")] : null,
+      Number(id) + 1 < run.episodes ? [" · ", h("a", {href: "#/episode/" + (Number(id) + 1)}, "next")] : null);
+    const facts = h("table", {class: "card facts"}, h("tbody", {},
+      [["file", run.facets.file[e.file] + " (row " + e.row + ")"], ["env", e.env], ["split", e.split], ["task", fmt(e.task)],
+        ["group / sample", e.group + " / " + e.sample], ["success", e.won ? "won" : "lost"],
+        ["total reward", fmt(e.reward, 4)], ["advantage", fmt(e.advantage, 4)], ["score", fmt(e.score, 4)],
+        ["end reason", e.end], ["turns", e.turns], ["tokens (trained)", e.tokens + " (" + e.generated + ")"]]
+        .map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, String(v))))));
+    const body = [problemsBox(), links, h("h2", {}, "Episode " + id), facts];
+    if (e.error) body.push(h("div", {class: "card problems"}, h("strong", {}, "error: "), e.error));
+    if (ep.unavailable) {
+      body.push(h("div", {class: "card problems"}, ep.unavailable));
+      display(...body);
+      return;
+    }
+    const totals = Object.entries(ep.reward_totals || {});
+    if (totals.length) {
+      body.push(h("h3", {}, "Reward by component (summed over turns)"),
+        keyValues(totals));
+    }
+    body.push(h("h3", {}, "Task"), h("pre", {class: "instruction"}, ep.instruction));
+    body.push(h("h2", {}, "Turns"), ep.turns.length ? ep.turns.map(turnView) : h("p", {class: "muted"}, "No model turn."));
+    body.push(h("h2", {}, "Tokens"), tokenView(ep));
+    display(...body);
+  }
+
+  function turnView(t, i) {
+    const rewards = Object.entries(t.rewards || {});
+    return h("div", {class: "turn", "data-turn": i},
+      h("div", {}, h("strong", {}, "Turn " + (i + 1)), " ",
+        h("span", {class: "badge " + (t.format_ok ? "good" : "bad")}, t.format_ok ? "format ok" : "format error"),
+        t.done ? h("span", {class: "badge"}, "done") : null,
+        known(t.node) && t.node >= 0 ? h("span", {class: "badge"}, "node " + t.node + " ← " + t.parent) : null,
+        h("span", {class: "muted"}, " step reward " + fmt(t.reward, 4))),
+      h("div", {class: "label"}, "observation"), h("pre", {class: "observation"}, t.observation),
+      h("div", {class: "label"}, "response"), h("pre", {class: "response"}, t.response),
+      h("div", {class: "label"}, "action"), h("pre", {class: "action"}, t.action === null ? "(none parsed)" : t.action),
+      t.parse_error ? [h("div", {class: "label"}, "parse error"), h("pre", {class: "error"}, t.parse_error)] : null,
+      rewards.length ? [h("div", {class: "label"}, "reward breakdown"),
+        h("div", {}, rewards.map(([k, v]) => h("span", {class: "badge"}, k + " " + fmt(v, 4))))] : null,
+      Object.keys(t.info || {}).length
+        ? h("details", {}, h("summary", {class: "muted"}, "info"), h("pre", {}, JSON.stringify(t.info, null, 2))) : null);
+  }
+
+  /** Every token of the episode, trained ones (loss mask 1) marked; details on hover. */
+  function tokenView(ep) {
+    const tk = ep.tokens;
+    if (!tk.ids.length) {
+      return h("p", {class: "muted"}, "This file keeps no token ids (readable JSONL records); " +
+        "view the trajectory parquet for tokens.");
+    }
+    const perToken = Array.isArray(tk.advantage);
+    const box = h("div", {class: "tokens mono" + (tk.text ? "" : " ids")});
+    const frag = document.createDocumentFragment();
+    tk.ids.forEach((id, i) => {
+      const span = document.createElement("span");
+      span.className = "tok " + (tk.mask[i] ? "trained" : "context");
+      span.dataset.i = i;
+      span.textContent = tk.text ? tk.text[i] : String(id);
+      frag.appendChild(span);
+      if (!tk.text) frag.appendChild(document.createTextNode(" "));
+    });
+    box.appendChild(frag);
+    box.addEventListener("mousemove", (event) => {
+      const i = event.target.dataset && event.target.dataset.i;
+      if (i === undefined) { hideTip(); return; }
+      const k = Number(i);
+      const adv = perToken ? tk.advantage[k] : tk.mask[k] ? tk.advantage : null;
+      const lines = ["token " + k + "  id " + tk.ids[k] + (tk.text ? "  " + JSON.stringify(tk.text[k]) : ""),
+        tk.mask[k] ? "trained (loss mask 1)" : "context (loss mask 0)"];
+      if (tk.mask[k]) lines.push("log-prob  " + fmt(tk.logprob[k], 4));
+      if (adv !== null && adv !== undefined) lines.push("advantage " + fmt(adv, 4));
+      showTip(event, lines.join("\n"));
+    });
+    box.addEventListener("mouseleave", hideTip);
+    return h("div", {},
+      h("p", {class: "legend"},
+        h("span", {class: "swatch", style: "background:var(--trained)"}), "trained (loss mask 1, sampled by the model)",
+        h("span", {class: "swatch", style: "background:var(--context)"}), "context (prompt, observations, template)",
+        h("span", {class: "muted"}, " · hover a token for its log-prob" +
+          (known(tk.advantage) ? " and advantage (" + tk.advantage_note + ")" : ""))),
+      tk.text ? null : h("p", {class: "muted"}, run.tokenizer),
+      box);
+  }
+
+  // ---- a group: the samples of one task side by side --------------------------------------
+  async function showGroup(key) {
+    const g = await api.group(key);
+    const first = g.members[0] ? g.members[0].summary : null;
+    const columns = g.members.map((m) => {
+      const e = m.summary;
+      return h("div", {class: "card member", "data-id": e.id},
+        h("div", {}, h("a", {href: "#/episode/" + e.id}, "episode " + e.id), " · sample " + e.sample),
+        h("div", {class: e.won ? "won" : "lost"}, e.won ? "won" : "lost", h("span", {class: "muted"}, " · " + e.end)),
+        h("div", {}, "reward " + fmt(e.reward, 4) + " · advantage ", signed(e.advantage)),
+        m.unavailable ? h("p", {class: "error"}, m.unavailable) : null,
+        m.turns.map((t, i) => h("div", {class: "turn"},
+          h("div", {class: "label"},
+            "turn " + (i + 1) + " · reward " + fmt(t.reward, 4) + (t.format_ok ? "" : " · format error")),
+          h("pre", {}, t.action === null ? t.response : "Act: " + t.action))));
+    });
+    display(problemsBox(),
+      h("p", {}, h("a", {href: "#/episodes?group=" + encodeURIComponent(key)}, "← this group in the list")),
+      h("h2", {}, "Group " + key + (first ? " · task " + fmt(first.task) + " (" + first.split + ")" : "")),
+      h("p", {class: "muted"},
+        g.size + " samples" + (g.shown < g.size ? ", the first " + g.shown + " shown" : "") + ". " + g.advantage),
+      first && g.members[0].instruction ? h("pre", {}, g.members[0].instruction) : null,
+      h("div", {class: "columns"}, columns));
+  }
+
+  // ---- a search tree ---------------------------------------------------------------------
+  async function showTree(key) {
+    const t = await api.tree(key);
+    const children = new Map();
+    for (const node of t.nodes) {
+      if (node.parent === null) continue;
+      if (!children.has(node.parent)) children.set(node.parent, []);
+      children.get(node.parent).push(node);
+    }
+    function item(node) {
+      const kids = children.get(node.id) || [];
+      const head = h("span", {class: "head"}, node.id === 0 ? "root (the prompt)" : "#" + node.id + " ",
+        node.id === 0 ? null : h("code", {}, node.action === null ? "(no action)" : node.action),
+        node.reward !== null && node.id !== 0 ? h("span", {class: "muted"}, " reward " + fmt(node.reward, 3)) : null,
+        known(node.score) ? h("span", {class: "muted"}, " · score " + fmt(node.score, 3)) : null,
+        node.end ? h("span", {class: "badge" + (node.won ? " good" : "")}, node.end + (node.won ? " · won" : "")) : null,
+        node.episodes.length ? [" ", h("a", {href: "#/episode/" + node.episodes[0]}, "path")] : null);
+      head.addEventListener("mousemove", (ev) => { if (node.response) showTip(ev, node.response); });
+      head.addEventListener("mouseleave", hideTip);
+      return h("li", {class: "node" + (node.chosen ? " chosen" : ""), "data-node": node.id}, head,
+        kids.length ? h("ul", {}, kids.map(item)) : null);
+    }
+    const root = t.nodes.find((n) => n.id === 0);
+    display(problemsBox(),
+      h("p", {}, h("a", {href: "#/group/" + encodeURIComponent(key)}, "← the group as columns")),
+      h("h2", {}, "Search tree of group " + key),
+      h("p", {class: "muted"}, t.paths + " root-to-leaf paths, " + (t.nodes.length - 1) + " nodes" +
+        (t.truncated ? " (cut at " + t.nodes.length + ")" : "") +
+        ". ★ marks the path the search chose; hover a node for its response."),
+      h("ul", {class: "tree card"}, item(root)));
+  }
+
+  // ---- start ------------------------------------------------------------------------------
+  api.run().then((data) => {
+    run = data;
+    document.title = "omrl view · " + data.title;
+    document.querySelector("header.top h1").textContent = "omrl view · " + data.title;
+    document.querySelector("header.top .path").textContent = data.path;
+    window.addEventListener("hashchange", route);
+    route();
+  }).catch((err) => {
+    display(h("div", {class: "card problems"}, h("strong", {}, "Could not load the run: "), err.message));
+  });
+})();

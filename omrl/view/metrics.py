@@ -1,0 +1,103 @@
+"""Learning curves: ``metrics.jsonl`` read line by line, its keys sorted into plot panels.
+
+Unlike :func:`omrl.training.metrics.read_metrics`, which silently skips a bad line (right for
+resuming), this reader says which line of which file was skipped and why, so the page can.
+The panels are defined once here and used by both the page and ``omrl plot``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from omrl.view.sources import Problem
+
+# Not curves: the x axis and the wall-clock time of the line.
+_NOT_PLOTTED = {"step", "time"}
+
+# (title, file stem for `omrl plot`, which keys it holds). The first panel that takes a key gets it;
+# a key no panel takes gets a panel of its own, since unrelated metrics rarely share a scale.
+PANELS: list[tuple[str, str, Callable[[str], bool]]] = [
+    ("Reward", "reward", lambda k: k == "reward" or k.startswith(("reward_", "reward/"))),
+    ("Success and score", "success", lambda k: any(w in k for w in ("success", "score", "pass@"))),
+    ("KL", "kl", lambda k: k == "kl" or k.startswith("kl_") or k.endswith("_kl")),
+    ("Entropy", "entropy", lambda k: "entropy" in k),
+    ("Loss", "loss", lambda k: "loss" in k),
+    ("Lengths", "lengths", lambda k: k in ("turns", "tokens") or k.endswith("_tokens") or "length" in k),
+    ("Step time (s)", "time", lambda k: k.endswith("_time")),
+    ("Throughput (tokens/s)", "throughput", lambda k: "per_s" in k),
+]
+
+
+def read_metrics_file(path: Path, label: str) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """The records of a metrics JSONL and a Problem for each line that could not be used."""
+    problems: list[Problem] = []
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return [], [Problem(label, f"cannot be read ({exc.strerror or exc})")]
+    lines = text.split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        last = number == len(lines)  # text after the final newline: a line still being written
+        try:
+            record = json.loads(line)
+        except ValueError:
+            why = ("the last line is half-written (a run still writing, or killed mid-line)" if last
+                   else f"line {number} is not JSON")
+            problems.append(Problem(label, f"{why}; skipped", level="warning"))
+            continue
+        if not isinstance(record, dict) or not _is_number(record.get("step")):
+            problems.append(Problem(label, f"line {number} has no numeric step; skipped", level="warning"))
+            continue
+        records.append(record)
+    if not records and not problems:
+        problems.append(Problem(label, "empty: the run has logged no step yet", level="warning"))
+    return records, problems
+
+
+def columns(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"step": [...], "series": {key: [value or None, ...]}}``: one entry per record, in step order.
+
+    A key a record lacks (eval metrics are logged every few steps) and a non-finite value are None.
+    """
+    records = sorted(records, key=lambda r: r["step"])
+    keys: list[str] = []
+    for record in records:
+        keys += [k for k, v in record.items() if k not in _NOT_PLOTTED and k not in keys and _is_number(v)]
+    series = {key: [_finite(r.get(key)) for r in records] for key in keys}
+    return {"step": [r["step"] for r in records], "series": series}
+
+
+def panels(keys: list[str]) -> list[dict[str, Any]]:
+    """The plot panels for these metric keys: ``[{"title", "name", "keys"}]`` in a fixed order."""
+    taken: dict[str, list[str]] = {title: [] for title, _, _ in PANELS}
+    own = []
+    for key in keys:
+        title = next((t for t, _, takes in PANELS if takes(key)), None)
+        if title is None:
+            own.append(key)
+        else:
+            taken[title].append(key)
+    result = [{"title": title, "name": name, "keys": taken[title]} for title, name, _ in PANELS if taken[title]]
+    return result + [{"title": key, "name": _file_stem(key), "keys": [key]} for key in own]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float))  # bools too: a logged flag plots as 0/1
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return value
+    return None
+
+
+def _file_stem(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in key)

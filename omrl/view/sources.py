@@ -1,0 +1,214 @@
+"""What a path given to ``omrl view`` holds: a run directory, a trajectory file or an eval report.
+
+A run directory is searched (a few levels deep, skipping checkpoints and logger folders)
+for ``metrics.jsonl``, ``config.yaml``, trajectory parquet files, readable episode JSONL
+files with no parquet beside them, and eval reports. A file that cannot be used becomes a
+:class:`Problem` naming it, and the rest is still shown; only a path with nothing usable
+at all is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omrl.errors import OmrlError
+
+METRICS_FILE = "metrics.jsonl"  # what omrl.training.metrics writes (not imported: it loads rich's progress bars)
+CONFIG_FILE = "config.yaml"
+TOKENIZER_FILE = "tokenizer.json"
+SCHEMA_KEY = b"omrl.schema"
+MODEL_KEY = b"omrl.model"  # read when a writer records the model; none does yet
+# Folders a run keeps that hold no trajectories: walking them would only cost time.
+_SKIP_DIRS = {"checkpoints", "tensorboard", "wandb", "__pycache__", "node_modules"}
+# JSON files a saved Hugging Face model keeps beside the run's files: never eval reports.
+_MODEL_JSON = {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+               "special_tokens_map.json", "added_tokens.json", "vocab.json", "state.json",
+               "model.safetensors.index.json", "adapter_config.json"}
+_MAX_DEPTH = 4
+_MAX_REPORT_BYTES = 200 * 1024 * 1024
+
+
+@dataclass
+class Problem:
+    """Something wrong with one file. ``level`` is "error" when (part of) it could not be shown,
+    "warning" when it was shown with a caveat."""
+
+    file: str
+    message: str
+    level: str = "error"
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.message}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"file": self.file, "message": self.message, "level": self.level}
+
+
+@dataclass
+class RunSource:
+    """The files found under one path, and what was wrong with the others."""
+
+    path: Path
+    kind: str  # "run" (a directory), "trajectory" (parquet), "records" (JSONL) or "report" (eval JSON)
+    metrics: Path | None = None
+    config: Path | None = None
+    trajectories: list[Path] = field(default_factory=list)
+    records: list[Path] = field(default_factory=list)
+    reports: list[Path] = field(default_factory=list)
+    tokenizer: Path | None = None
+    model: str | None = None  # a model name a trajectory file records in its metadata (omrl.model), if any
+    problems: list[Problem] = field(default_factory=list)
+
+    def label(self, path: Path) -> str:
+        """``path`` as the page shows it: relative to the run, or its name for a single file."""
+        base = self.path if self.path.is_dir() else self.path.parent
+        try:
+            return str(path.relative_to(base))
+        except ValueError:
+            return str(path)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.metrics or self.config or self.trajectories or self.records or self.reports)
+
+
+def discover(path: str | os.PathLike) -> RunSource:
+    """Find what ``path`` holds; raise OmrlError when it holds nothing omrl wrote."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise OmrlError(f"{path}: no such file or directory; give a run directory, a trajectory parquet or "
+                        "JSONL, or an eval report JSON")
+    source = _discover_dir(path) if path.is_dir() else _discover_file(path)
+    if source.empty and path.is_file():  # the one file could not be read: nothing else to show
+        raise OmrlError("; ".join(str(p) for p in source.problems))
+    if source.empty:
+        found = f"; what it holds: {'; '.join(str(p) for p in source.problems)}" if source.problems else ""
+        raise OmrlError(f"{path} is not an omrl run: it holds no readable {METRICS_FILE}, {CONFIG_FILE}, trajectory "
+                        "parquet/JSONL or eval report (give a run's output directory, e.g. runs/grpo-webshop-..., "
+                        f"or a file `omrl rollout` or `omrl eval` wrote){found}")
+    return source
+
+
+def _discover_file(path: Path) -> RunSource:
+    name = path.name
+    suffix = path.suffix.lower()
+    source = RunSource(path=path, kind="trajectory")
+    if name == METRICS_FILE:
+        source.kind, source.metrics = "run", path
+        source.config = _beside(path, CONFIG_FILE)
+    elif suffix == ".parquet":
+        _add_parquet(source, path)
+    elif suffix == ".jsonl":
+        source.kind = "records"
+        _add_records(source, path)
+    elif suffix == ".json":
+        source.kind = "report"
+        _add_report(source, path)
+    elif suffix in (".yaml", ".yml"):
+        source.kind, source.config = "run", path
+    else:
+        raise OmrlError(f"{path}: not something omrl view shows; give a run directory, a trajectory .parquet or "
+                        ".jsonl, or an eval report .json")
+    source.tokenizer = _beside(path, TOKENIZER_FILE)
+    return source
+
+
+def _discover_dir(root: Path) -> RunSource:
+    source = RunSource(path=root, kind="run")
+    source.metrics = _beside(root / METRICS_FILE, METRICS_FILE)
+    source.config = _beside(root / CONFIG_FILE, CONFIG_FILE)
+    source.tokenizer = _beside(root / TOKENIZER_FILE, TOKENIZER_FILE)
+    for path in _walk(root):
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            _add_parquet(source, path)
+        elif suffix == ".jsonl" and path.name != METRICS_FILE:
+            if not path.with_suffix(".parquet").exists():  # else it is the parquet's readable copy
+                _add_records(source, path, quiet=True)
+        elif suffix == ".json" and path.name not in _MODEL_JSON:
+            _add_report(source, path, quiet=True)
+    return source
+
+
+def _walk(root: Path) -> list[Path]:
+    """Files under ``root``, sorted (step-000002 before step-000010), skipping non-run folders."""
+    found = []
+    base_depth = len(root.parts)
+    for folder, dirs, files in os.walk(root):
+        depth = len(Path(folder).parts) - base_depth
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
+                         and depth < _MAX_DEPTH)
+        found += [Path(folder) / f for f in files if not f.startswith(".")]
+    return sorted(found)
+
+
+def _beside(path: Path, name: str) -> Path | None:
+    candidate = path if path.name == name else path.parent / name
+    return candidate if candidate.is_file() else None
+
+
+def _add_parquet(source: RunSource, path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        source.problems.append(Problem(source.label(path),
+                                       f"truncated, damaged or not a parquet file ({_first_line(exc)})"))
+        return
+    tag = (schema.metadata or {}).get(SCHEMA_KEY, b"")
+    if not tag.startswith(b"episode/"):
+        source.problems.append(Problem(source.label(path), "not an omrl trajectory file (no omrl.schema episode/N "
+                                       "in its metadata); skipped", level="warning"))
+        return
+    source.trajectories.append(path)
+    model = (schema.metadata or {}).get(MODEL_KEY)
+    if model and source.model is None:
+        source.model = model.decode("utf-8", errors="replace")
+
+
+def _add_records(source: RunSource, path: Path, quiet: bool = False) -> None:
+    """A JSONL of readable episode records (what ``omrl rollout`` writes beside its parquet)."""
+    first = _first_json_line(path)
+    if isinstance(first, dict) and "turns" in first and "task_id" in first:
+        source.records.append(path)
+    elif not quiet:
+        what = "an empty file" if first is None else "not omrl episode records (each line needs task_id and turns)"
+        source.problems.append(Problem(source.label(path), what))
+
+
+def _add_report(source: RunSource, path: Path, quiet: bool = False) -> None:
+    """An eval report: a JSON object with "metrics" (and usually "episodes")."""
+    try:
+        if path.stat().st_size > _MAX_REPORT_BYTES:
+            raise ValueError("larger than 200 MB")
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        if not quiet or "report" in path.name:
+            source.problems.append(Problem(source.label(path), f"not a readable eval report ({_first_line(exc)})"))
+        return
+    if isinstance(report, dict) and isinstance(report.get("metrics"), dict):
+        source.reports.append(path)
+    elif not quiet:
+        source.problems.append(Problem(source.label(path), 'not an omrl eval report (no "metrics" object)'))
+
+
+def _first_json_line(path: Path) -> object:
+    """The first non-empty line of ``path`` parsed as JSON; None for an empty file, "" when unreadable."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    return json.loads(line)
+    except (OSError, ValueError):
+        return ""
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().split("\n")[0]
+    return text[:200] or type(exc).__name__

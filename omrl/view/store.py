@@ -1,0 +1,282 @@
+"""Everything the page asks for, as JSON-ready dicts: the run overview, a page of episode
+summaries (filtered and sorted), one episode in full, one group, one search tree.
+
+The store holds only summaries (a few numbers per episode); whole episodes are read from
+their files when asked for. Episode ids are positions in the store, stable for its life.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from omrl.view import groups
+from omrl.view.metrics import columns, panels, read_metrics_file
+from omrl.view.readers import ParquetEpisodes, RecordEpisodes, ReportEpisodes, Unreadable
+from omrl.view.sources import Problem, RunSource, discover
+from omrl.view.tokens import TokenText, find_tokenizer
+
+PAGE_SIZE = 50
+MAX_PAGE = 500
+MAX_GROUP = 64  # samples shown side by side
+MAX_TREE_PATHS = 1000
+SORTS = ("reward", "tokens", "turns", "score")
+
+
+class EpisodeStore:
+    """The episodes of a :class:`RunSource`, with the run's metrics, config and eval reports."""
+
+    def __init__(self, source: RunSource, tokenizer: str | None = None):
+        self.source = source
+        self.problems: list[Problem] = list(source.problems)
+        self.token_text, self.tokenizer_note = self._tokenizer(tokenizer)
+        self.config_text, self.config = self._read_config()
+        self.estimator, self.norm_by_std, self.eps, self.advantage_note = groups.advantage_settings(self.config)
+        self.files: list[Any] = []
+        self.summaries: list[dict[str, Any]] = []
+        self.reports: list[dict[str, Any]] = []
+        for path in source.trajectories:
+            self._add(lambda p=path: ParquetEpisodes(p, source.label(p)), path)
+        for path in source.records:
+            self._add(lambda p=path: RecordEpisodes(p, source.label(p)), path)
+        for path in source.reports:
+            self._add_report(path)
+        self._members: dict[str, list[int]] = {}
+        for summary in self.summaries:
+            self._members.setdefault(summary["group"], []).append(summary["id"])
+        self._advantages = self._group_advantages()
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def _tokenizer(self, name: str | None) -> tuple[TokenText | None, str]:
+        try:
+            return find_tokenizer(self.source, name)
+        except Exception as exc:  # noqa: BLE001 - a bad tokenizer file costs token text, not the page
+            if name:
+                raise
+            self.problems.append(Problem(self.source.label(self.source.tokenizer or self.source.path), str(exc)))
+            return None, "the tokenizer could not be read (token ids shown)"
+
+    def _read_config(self) -> tuple[str, dict[str, Any] | None]:
+        path = self.source.config
+        if path is None:
+            return "", None
+        import yaml
+
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            self.problems.append(Problem(self.source.label(path), f"cannot be read ({exc.strerror or exc})"))
+            return "", None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:  # shown as text all the same
+            self.problems.append(Problem(self.source.label(path), f"not valid YAML ({str(exc).splitlines()[0]})",
+                                         level="warning"))
+            return text, None
+        return text, data if isinstance(data, dict) else None
+
+    def _add(self, make: Any, path: Path) -> None:
+        import pyarrow as pa
+
+        try:
+            reader = make()
+        except (pa.ArrowException, OSError, UnicodeDecodeError, ValueError) as exc:
+            what = "truncated, damaged or not a parquet file" if path.suffix == ".parquet" else "cannot be read"
+            detail = str(exc).strip().split("\n")[0][:200]
+            self.problems.append(Problem(self.source.label(path), f"{what} ({detail}); its episodes are not shown"))
+            return
+        self.problems += reader.problems
+        self._index(reader)
+
+    def _add_report(self, path: Path) -> None:
+        label = self.source.label(path)
+        report = json.loads(path.read_text(encoding="utf-8"))  # discover() parsed it already
+        self.reports.append({"file": label, "metrics": report.get("metrics") or {}})
+        self._index(ReportEpisodes(report, label))  # summaries only: the report keeps no turns
+        if self.config_text == "" and isinstance(report.get("config"), dict):
+            import yaml
+
+            self.config_text = f"# from {label}\n" + yaml.safe_dump(report["config"], sort_keys=False)
+
+    def _index(self, reader: Any) -> None:
+        number = len(self.files)
+        self.files.append(reader)
+        base = len(self.summaries)
+        for row, summary in enumerate(reader.summaries):
+            summary.update(id=base + row, file=number, row=row, group=f"{number}:{summary['group']}")
+            self.summaries.append(summary)
+
+    def _group_advantages(self) -> dict[int, float | None]:
+        result: dict[int, float | None] = {}
+        for ids in self._members.values():
+            if isinstance(self.files[self.summaries[ids[0]]["file"]], ReportEpisodes):
+                continue  # evaluation samples: nothing was trained on them
+            rewards = [groups.trainable_reward(self.summaries[i]) for i in ids]
+            for i, value in zip(ids, groups.group_advantages(rewards, self.estimator, self.norm_by_std, self.eps)):
+                result[i] = value
+        return result
+
+    # -- what the page asks for ---------------------------------------------------------------
+
+    def overview(self) -> dict[str, Any]:
+        """Everything but the episodes: metrics (re-read: a live run goes on writing), config,
+        eval reports, what the filters can choose from, and every problem found."""
+        problems = list(self.problems)
+        curves: dict[str, Any] = {"step": [], "series": {}}
+        if self.source.metrics is not None:
+            records, found = read_metrics_file(self.source.metrics, self.source.label(self.source.metrics))
+            problems += found
+            curves = columns(records)
+        s = self.summaries
+        return {
+            "path": str(self.source.path), "kind": self.source.kind, "title": self.source.path.name,
+            "config": self.config_text, "metrics": curves, "panels": panels(list(curves["series"])),
+            "reports": self.reports, "problems": [p.as_dict() for p in problems],
+            "files": [{"file": f.label, "episodes": len(f.summaries)} for f in self.files],
+            "episodes": len(s), "tokenizer": self.tokenizer_note, "advantage": self.advantage_note,
+            "facets": {
+                "split": sorted({e["split"] for e in s}), "end": sorted({e["end"] for e in s}),
+                "file": [f.label for f in self.files],
+                "reward": [min((e["reward"] for e in s), default=0.0), max((e["reward"] for e in s), default=0.0)],
+                "trees": any(e["tree"] for e in s),
+            },
+        }
+
+    def query(self, params: dict[str, str]) -> dict[str, Any]:
+        """A page of summaries: filters split, task, group, success (won/lost), end, file,
+        rmin, rmax; sort one of SORTS, "-" first for descending; offset and limit."""
+        items = [e for e in self.summaries if matches(e, params)]
+        key = params.get("sort", "")
+        if key.lstrip("-") in SORTS:
+            items.sort(key=lambda e: e[key.lstrip("-")], reverse=key.startswith("-"))
+        offset = max(0, _int(params.get("offset"), 0))
+        limit = min(MAX_PAGE, max(1, _int(params.get("limit"), PAGE_SIZE)))
+        page = [{**e, "advantage": self._advantages.get(e["id"])} for e in items[offset:offset + limit]]
+        return {"total": len(items), "offset": offset, "limit": limit, "items": page}
+
+    def episode(self, episode_id: int) -> dict[str, Any]:
+        """One episode in full: turns, reward breakdown, and the token view's arrays."""
+        summary = self.summary(episode_id)
+        reader = self.files[summary["file"]]
+        try:
+            row = reader.row(summary["row"])
+        except Unreadable as exc:
+            return {"summary": summary, "unavailable": str(exc)}
+        return episode_detail(summary, row, self.token_text, self._advantages.get(episode_id),
+                              self.advantage_note, reader.has_advantages)
+
+    def group(self, key: str) -> dict[str, Any]:
+        """The samples of one task in one batch, side by side: what GRPO compared."""
+        ids = self._members.get(key)
+        if ids is None:
+            raise KeyError(f"no group {key!r}")
+        members = []
+        for i in ids[:MAX_GROUP]:
+            summary = {**self.summaries[i], "advantage": self._advantages.get(i)}
+            try:
+                row = self.files[summary["file"]].row(summary["row"])
+                turns = [{"observation": t.get("observation") or "", "response": t.get("response") or "",
+                          "action": t.get("action"), "reward": t.get("reward"), "format_ok": t.get("format_ok")}
+                         for t in row.get("turns") or []]
+                members.append({"summary": summary, "instruction": row.get("instruction") or "", "turns": turns})
+            except Unreadable as exc:
+                members.append({"summary": summary, "unavailable": str(exc), "turns": []})
+        return {"key": key, "size": len(ids), "shown": len(members), "members": members,
+                "advantage": self.advantage_note}
+
+    def tree(self, key: str) -> dict[str, Any]:
+        """The search tree the paths of one group were cut from."""
+        ids = [i for i in self._members.get(key, []) if self.summaries[i]["tree"]]
+        if not ids:
+            raise KeyError(f"no search tree in group {key!r}")
+        paths = []
+        for i in ids[:MAX_TREE_PATHS]:
+            try:
+                paths.append((self.summaries[i], self.files[self.summaries[i]["file"]].row(self.summaries[i]["row"])))
+            except Unreadable:
+                continue
+        return {"key": key, "paths": len(ids), **groups.build_tree(paths)}
+
+    def summary(self, episode_id: int) -> dict[str, Any]:
+        """One episode's summary with its advantage; KeyError for an id the run does not have."""
+        if not 0 <= episode_id < len(self.summaries):
+            raise KeyError(f"no episode {episode_id} (this run has {len(self.summaries)})")
+        return {**self.summaries[episode_id], "advantage": self._advantages.get(episode_id)}
+
+
+def open_run(path: str | os.PathLike, tokenizer: str | None = None) -> EpisodeStore:
+    """Discover what ``path`` holds and index its episodes."""
+    return EpisodeStore(discover(path), tokenizer)
+
+
+def matches(summary: dict[str, Any], params: dict[str, str]) -> bool:
+    """Whether an episode summary passes the list's filters (empty ones pass everything)."""
+    if params.get("split") and summary["split"] != params["split"]:
+        return False
+    if params.get("task") and str(summary["task"]) != params["task"].strip():
+        return False
+    if params.get("group") and summary["group"] != params["group"]:
+        return False
+    if params.get("success") in ("won", "lost") and summary["won"] != (params["success"] == "won"):
+        return False
+    if params.get("end") and summary["end"] != params["end"]:
+        return False
+    if params.get("file") and str(summary["file"]) != params["file"]:
+        return False
+    low, high = _float(params.get("rmin")), _float(params.get("rmax"))
+    if low is not None and summary["reward"] < low or high is not None and summary["reward"] > high:
+        return False
+    return True
+
+
+def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: TokenText | None,
+                   advantage: float | None, advantage_note: str, stored_advantages: bool) -> dict[str, Any]:
+    """The page's view of one episode row (see :mod:`omrl.view.readers` for the row's shape)."""
+    rewards = dict(row.get("rewards") or [])
+    turns = []
+    for i, turn in enumerate(row.get("turns") or []):
+        turns.append({
+            "observation": turn.get("observation") or "", "response": turn.get("response") or "",
+            "action": turn.get("action"), "format_ok": turn.get("format_ok"), "parse_error": turn.get("parse_error"),
+            "reward": turn.get("reward"), "done": turn.get("done"), "info": groups.info_dict(turn.get("info")),
+            "rewards": {name: values[i] for name, values in rewards.items() if values and i < len(values)},
+            "span": list(turn.get("span") or [0, 0]), "node": turn.get("node_id"), "parent": turn.get("parent_id"),
+        })
+    ids = list(row.get("token_ids") or [])
+    tokens = {
+        "ids": ids, "mask": list(row.get("loss_mask") or []),
+        "logprob": [None if x is None or not math.isfinite(x) else round(x, 4) for x in row.get("logprobs") or []],
+        "text": token_text.pieces(ids) if token_text is not None and ids else None,
+        "advantage": None, "advantage_note": "",
+    }
+    if stored_advantages and row.get("advantages") is not None:
+        tokens["advantage"] = [None if x is None or not math.isfinite(x) else round(x, 4) for x in row["advantages"]]
+        tokens["advantage_note"] = "advantages stored in the trajectory file"
+    elif advantage is not None:
+        tokens["advantage"] = advantage  # one number for every trained token
+        tokens["advantage_note"] = advantage_note
+    return {
+        "summary": summary, "instruction": row.get("instruction") or "", "turns": turns,
+        "reward_totals": {name: float(sum(v for v in values or [] if v is not None))
+                          for name, values in rewards.items()},
+        "prompt_length": row.get("prompt_length") or 0, "demo_messages": row.get("demo_messages") or 0,
+        "tokens": tokens,
+    }
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None

@@ -1,0 +1,182 @@
+"""What omrl view reads: runs, trajectory files, metrics, and what it says about bad files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omrl.errors import OmrlError
+from omrl.view import discover, open_run
+from omrl.view.metrics import columns, panels, read_metrics_file
+from .conftest import make_episode, small_episodes, write_metrics
+
+
+def test_a_run_directory_is_indexed(small_run):
+    store = open_run(small_run)
+    overview = store.overview()
+    assert overview["episodes"] == 6 and overview["problems"] == []
+    assert overview["files"] == [{"file": "rollout.parquet", "episodes": 6}]
+    assert overview["metrics"]["step"] == [1, 2, 3]
+    assert "model:" in overview["config"]
+    assert overview["facets"]["end"] == ["done", "env_error", "max_turns"]
+    first = store.summary(0)
+    assert (first["task"], first["sample"], first["won"], first["reward"]) == (0, 0, True, 1.0)
+    assert (first["turns"], first["tokens"], first["generated"]) == (2, 20, 6)
+
+
+def test_filters_and_sorts(small_run):
+    store = open_run(small_run)
+    assert store.query({"success": "won"})["total"] == 2
+    assert store.query({"end": "max_turns"})["total"] == 2
+    assert store.query({"task": "1"})["total"] == 2
+    assert store.query({"rmin": "0.1", "rmax": "0.5"})["total"] == 1
+    assert store.query({"group": "0:2"})["total"] == 2
+    rewards = [e["reward"] for e in store.query({"sort": "-reward"})["items"]]
+    assert rewards == sorted(rewards, reverse=True)
+    page = store.query({"limit": "4", "offset": "4"})
+    assert (page["total"], len(page["items"])) == (6, 2)
+
+
+def test_group_advantages_match_the_grpo_plugin(small_run):
+    import torch
+
+    from omrl_plugins.algos.advantages import group_normalize
+
+    store = open_run(small_run)
+    rewards = [1.0, 0.0, 0.0, 0.2]  # groups 0 and 1 (group 2 has an env_error episode, left out)
+    expected = group_normalize(torch.tensor(rewards), torch.tensor([0, 0, 1, 1]), True, 1e-6).tolist()
+    got = [store.summary(i)["advantage"] for i in range(4)]
+    assert got == pytest.approx(expected, abs=1e-5)
+    # the env_error episode is not trained on: no advantage; its group-mate is alone: 0
+    assert store.summary(4)["advantage"] is None and store.summary(5)["advantage"] == 0.0
+
+
+def test_one_episode_in_full(small_run):
+    store = open_run(small_run)
+    episode = store.episode(0)
+    tokens = episode["tokens"]
+    assert sum(tokens["mask"]) == 6 and len(tokens["ids"]) == 20
+    assert tokens["text"] is not None and len(tokens["text"]) == 20  # config.yaml names the tiny model
+    assert tokens["logprob"][10:13] == [-0.5, -1.25, -2.0]
+    assert tokens["advantage"] == pytest.approx(store.summary(0)["advantage"])
+    turn = episode["turns"][1]
+    assert (turn["action"], turn["rewards"], turn["reward"]) == ("up1", {"goal": 1.0, "total": 1.0}, 1.0)
+    group = store.group("0:0")
+    assert [m["summary"]["sample"] for m in group["members"]] == [0, 1]
+    with pytest.raises(KeyError):
+        store.episode(99)
+
+
+def test_search_paths_become_a_tree(tmp_path):
+    from omrl.data.trajectory import write_episodes
+
+    paths = [make_episode(0, 0, False, 0.0, node_ids=(1, 2), group=0),
+             make_episode(0, 1, True, 1.0, node_ids=(1, 3), group=0)]
+    paths[1].turns[-1].info["search"]["chosen"] = True
+    write_episodes(paths, tmp_path / "beam.parquet")
+    store = open_run(tmp_path / "beam.parquet", tokenizer="tiny")
+    tree = store.tree("0:0")
+    nodes = {n["id"]: n for n in tree["nodes"]}
+    assert set(nodes) == {0, 1, 2, 3} and nodes[2]["parent"] == 1 and nodes[3]["parent"] == 1
+    assert nodes[3]["won"] and nodes[3]["chosen"] and nodes[1]["chosen"] and not nodes[2]["chosen"]
+    assert nodes[1]["score"] == 0.5 and sorted(nodes[1]["episodes"]) == [0, 1]
+
+
+def test_readable_jsonl_and_eval_report(tmp_path):
+    from omrl.evaluation import evaluate, write_report
+    from omrl.rollout.convert import write_jsonl
+
+    episodes = small_episodes()
+    write_jsonl(episodes, tmp_path / "records.jsonl")
+    store = open_run(tmp_path / "records.jsonl")
+    assert store.overview()["episodes"] == 6
+    detail = store.episode(0)
+    assert detail["turns"][0]["action"] == "up0" and detail["tokens"]["ids"] == []
+    write_report(tmp_path / "eval_report.json", evaluate(episodes), episodes, {"env": {"name": "gridworld"}})
+    report = open_run(tmp_path / "eval_report.json")
+    assert report.overview()["reports"][0]["metrics"]["episodes"] == 6
+    assert report.query({"success": "won"})["total"] == 2
+    assert "summary line per episode" in report.episode(0)["unavailable"]
+
+
+def test_a_path_that_is_not_a_run(tmp_path):
+    with pytest.raises(OmrlError, match="no such file"):
+        discover(tmp_path / "missing")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(OmrlError, match=r"is not an omrl run: it holds no readable metrics.jsonl"):
+        discover(tmp_path)
+    with pytest.raises(OmrlError, match="notes.txt: not something omrl view shows"):
+        discover(tmp_path / "notes.txt")
+
+
+def test_a_truncated_parquet_is_named_and_the_rest_shown(small_run):
+    from omrl.data.trajectory import write_episodes
+
+    write_episodes(small_episodes()[:2], small_run / "step-2.parquet")
+    data = (small_run / "step-2.parquet").read_bytes()
+    (small_run / "step-2.parquet").write_bytes(data[: len(data) // 2])
+    store = open_run(small_run)
+    problems = store.overview()["problems"]
+    assert [(p["file"], p["level"]) for p in problems] == [("step-2.parquet", "error")]
+    assert "truncated, damaged or not a parquet file" in problems[0]["message"]
+    assert store.overview()["episodes"] == 6  # the intact file is still shown
+    # given alone, the truncated file leaves nothing to show: the command says why
+    with pytest.raises(OmrlError, match=r"step-2.parquet: truncated, damaged or not a parquet file"):
+        open_run(small_run / "step-2.parquet")
+
+
+def test_a_metrics_file_with_a_half_written_last_line(small_run):
+    write_metrics(small_run / "metrics.jsonl", steps=3, tail='{"step": 4, "rew')
+    records, problems = read_metrics_file(small_run / "metrics.jsonl", "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [str(p) for p in problems] == [
+        "metrics.jsonl: the last line is half-written (a run still writing, or killed mid-line); skipped"]
+    overview = open_run(small_run).overview()
+    assert overview["metrics"]["step"] == [1, 2, 3]
+    assert overview["problems"][0]["file"] == "metrics.jsonl"
+
+
+def test_metric_panels():
+    keys = ["reward", "reward_goal", "success", "eval_success", "kl", "entropy", "loss", "response_tokens",
+            "step_time", "tokens_per_s", "lr"]
+    by_title = {p["title"]: p["keys"] for p in panels(keys)}
+    assert by_title["Reward"] == ["reward", "reward_goal"]
+    assert by_title["Success and score"] == ["success", "eval_success"]
+    assert by_title["KL"] == ["kl"] and by_title["Entropy"] == ["entropy"] and by_title["lr"] == ["lr"]
+    curves = columns([{"step": 2, "kl": float("nan")}, {"step": 1, "kl": 0.5, "eval_success": 1.0}])
+    assert curves == {"step": [1, 2], "series": {"kl": [0.5, None], "eval_success": [1.0, None]}}
+
+
+def test_non_trajectory_parquet_is_a_warning(small_run):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": [1, 2]}), small_run / "other.parquet")
+    problems = open_run(small_run).overview()["problems"]
+    assert problems == [{"file": "other.parquet", "level": "warning",
+                         "message": "not an omrl trajectory file (no omrl.schema episode/N in its metadata); skipped"}]
+    assert json.dumps(problems)  # what the page gets
+
+
+def test_list_lengths_and_sums_with_empty_rows_and_chunks():
+    import pyarrow as pa
+
+    from omrl.view.readers import _lengths_and_sums
+
+    rows = [[1, 0, 1], [], [1], [], [0, 0], [1, 1, 1, 1], []]
+    column = pa.chunked_array([pa.array(rows[:3], pa.list_(pa.int8())), pa.array(rows[3:], pa.list_(pa.int8()))])
+    assert _lengths_and_sums(column) == ([3, 0, 1, 0, 2, 4, 0], [2, 0, 1, 0, 0, 4, 0])
+    assert _lengths_and_sums(column.slice(2)) == ([1, 0, 2, 4, 0], [1, 0, 0, 4, 0])
+
+
+def test_opening_a_run_never_imports_torch(small_run):
+    """Importing torch costs seconds; the page for a large run must open in under 3."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from omrl.view import open_run; from omrl.view.server import make_server; "
+            "from omrl.view.page import render; from omrl.cli import view_cmd, plot_cmd; "
+            f"s = open_run({str(small_run)!r}); s.episode(0); s.group('0:0'); render(); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
