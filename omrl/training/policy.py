@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from omrl.training.logits import entropy_from_logits, token_log_probs
@@ -60,28 +61,62 @@ def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
                 output_hidden_states=need_hidden, **({"logits_to_keep": 1} if head is not None else {}))
     targets = input_ids[:, 1:]
-    if head is not None:
+    if head is not None:  # only the positions asked for, in chunks recomputed in backward
         chosen = token_mask[:, 1:].bool()
-        logits = head(out.hidden_states[-1][:, :-1][chosen]).float()[None]  # [1, n, V]: only those asked for
+        log_probs, entropy = _head_stats(head, out.hidden_states[-1][:, :-1][chosen], targets[chosen], temperature,
+                                         with_entropy)
+        result = {"log_probs": _place(log_probs, chosen)}
+        if with_entropy:
+            result["entropy"] = _place(entropy, chosen)
     else:
         logits = out.logits[:, :-1].float()
-    if temperature and temperature != 1.0:
-        logits = logits / temperature
-
-    def place(values: torch.Tensor) -> torch.Tensor:  # back to [bs, L] aligned with input_ids
-        if head is None:
-            return _align(values)
-        full = values.new_zeros(targets.shape)
-        full[chosen] = values[0]
-        return _align(full)
-
-    picked = targets[chosen][None] if head is not None else targets
-    result = {"log_probs": place(token_log_probs(logits, picked))}
-    if with_entropy:
-        result["entropy"] = place(entropy_from_logits(logits))
+        if temperature and temperature != 1.0:
+            logits = logits / temperature
+        result = {"log_probs": _align(token_log_probs(logits, targets))}
+        if with_entropy:
+            result["entropy"] = _align(entropy_from_logits(logits))
     if value_head is not None:
         result["values"] = _align(value_head(out.hidden_states[-1][:, :-1]))
     return result
+
+
+# Positions whose vocabulary-sized logits exist at once: [HEAD_CHUNK, V] float32 is 50 MB for a
+# 49k vocabulary, where a whole episode's ([n, V], kept for backward) took a gigabyte or more.
+HEAD_CHUNK = 256
+
+
+def _head_stats(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of ``targets`` [n] (and entropy) from ``hidden`` [n, H] through the LM head, HEAD_CHUNK
+    positions at a time; with gradients, each chunk's logits are recomputed in backward instead of kept."""
+    log_probs, entropies = [], []
+    for start in range(0, hidden.shape[0], HEAD_CHUNK):
+        args = (head, hidden[start:start + HEAD_CHUNK], targets[start:start + HEAD_CHUNK], temperature, with_entropy)
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_stats, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_stats(*args)
+        log_probs.append(lp)
+        entropies.append(ent)
+    empty = hidden.new_zeros(0, dtype=torch.float32)
+    log_probs_all = torch.cat(log_probs) if log_probs else empty
+    return log_probs_all, (torch.cat(entropies) if entropies else empty) if with_entropy else None
+
+
+def _chunk_stats(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float()[None]  # [1, c, V]
+    if temperature and temperature != 1.0:
+        logits = logits / temperature
+    entropy = entropy_from_logits(logits)[0] if with_entropy else logits.new_zeros(0)
+    return token_log_probs(logits, targets[None])[0], entropy
+
+
+def _place(values: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Values [n] of the ``chosen`` [bs, L-1] positions -> [bs, L] aligned with input_ids (0 elsewhere)."""
+    full = values.new_zeros(chosen.shape)
+    full[chosen] = values
+    return _align(full)
 
 
 def sequence_log_prob(model: nn.Module, mb, temperature: float = 1.0) -> torch.Tensor:
