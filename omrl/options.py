@@ -85,6 +85,7 @@ class LoggingConfig:
     keep_checkpoints: int = opt(2, "How many checkpoints to keep.")
     tensorboard: bool = opt(True, "Write TensorBoard events (when tensorboard is installed).")
     wandb_project: str = opt("", "Log to this wandb project (when wandb is installed).")
+    save_rollouts: bool = opt(True, "RL: write each step's episodes to <output_dir>/rollouts/ (omrl view shows them).")
 
 
 @dataclass

@@ -52,6 +52,7 @@ class DPORecipe(online.OnlineRecipe):
                                          seed=online.rollout_seed(cfg, self.step, strategy))
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
             self._check_rollout(episodes)
+            self._save_rollout(episodes)
 
             # PAIRS: each task's best and worst sample, when their total rewards differ
             pairs = preference_pairs(trainable(episodes))

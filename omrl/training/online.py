@@ -19,6 +19,7 @@ from omrl.algos import RECIPES, AdvantageInput
 from omrl.backends.base import generation_metrics
 from omrl.atomic import atomic_write_text
 from omrl.config import to_dict, to_yaml
+from omrl.data import write_episodes
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.options import TrainRunConfig
 from omrl.parallel import Strategy, make_strategy
@@ -221,6 +222,12 @@ class OnlineRecipe:
         return state
 
     # -- step pieces ----------------------------------------------------------------------------------
+    def _save_rollout(self, episodes: list[Any]) -> None:
+        """This process's episodes of the step, as a trajectory parquet under rollouts/ (for omrl view)."""
+        if self.cfg.logging.save_rollouts and episodes:
+            name = f"step-{self.step + 1:08d}" + (f"-rank{self.strategy.rank}" if self.strategy.world_size > 1 else "")
+            write_episodes(episodes, self.output_dir / "rollouts" / f"{name}.parquet")
+
     def _check_rollout(self, episodes: list[Any]) -> None:
         """Say so when every episode of this step failed in the env, or none got a model turn (the
         step cannot train); the run's counts decide at its end whether it was a result at all

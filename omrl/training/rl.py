@@ -93,6 +93,7 @@ class RLRecipe(online.OnlineRecipe):
             episodes = self.session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=seed)
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
             self._check_rollout(episodes)
+            self._save_rollout(episodes)
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here
             batch = sort_by_length(episodes_to_batch(trainable(episodes), self.tokenizer.pad_token_id,

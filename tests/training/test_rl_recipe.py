@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -260,3 +261,15 @@ def test_on_policy_old_log_probs_from_the_updates_forward_change_nothing(rl_conf
     slow_model, _ = load_model(slow.logging.output_dir)
     for (name, p), q in zip(fast_model.state_dict().items(), slow_model.state_dict().values()):
         assert torch.equal(p, q), name
+
+
+def test_each_steps_episodes_are_written_for_omrl_view(rl_config):
+    from omrl.data.trajectory import read_episodes
+    from omrl.view.sources import discover
+
+    cfg = rl_config("eval_tasks=0")
+    run_rl(cfg, console=QUIET)
+    files = sorted((Path(cfg.logging.output_dir) / "rollouts").iterdir())
+    assert [f.name for f in files] == ["step-00000001.parquet", "step-00000002.parquet"]
+    assert all(len(read_episodes(f)) == 2 * 3 for f in files)  # tasks_per_step x group_size
+    assert not discover(cfg.logging.output_dir).empty
