@@ -31,12 +31,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_parquet(table: pa.Table, path: str | os.PathLike) -> None:
+def atomic_write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: int | None = None) -> None:
     """Write ``table`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
     tmp = _temporary_sibling(path)
     try:
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, row_group_size=row_group_size)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

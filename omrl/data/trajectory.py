@@ -148,7 +148,8 @@ def write_episodes(episodes: Iterable[Episode], path: str | os.PathLike) -> Path
     """Write episodes to a parquet file atomically; returns the path."""
     rows = [_episode_row(ep) for ep in episodes]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    atomic_write_parquet(table, path)
+    # row groups of 64 episodes: a reader wanting one episode (omrl view) reads 64, not the whole file
+    atomic_write_parquet(table, path, row_group_size=64)
     return Path(path)
 
 
