@@ -1,0 +1,362 @@
+"""omrl vs TRL: ``omrl train --algo grpo`` and TRL's ``GRPOTrainer`` on the same single-turn job, in one run.
+
+    python3 -m venv /tmp/trl-venv
+    /tmp/trl-venv/bin/pip install -c constraints-cpu.txt -r benchmarks/requirements-trl.txt
+    python benchmarks/trl_grpo.py [--trl-python /tmp/trl-venv/bin/python] [--steps 3] [--rounds 2] [--json out.json]
+
+Peer: TRL (pinned in ``benchmarks/requirements-trl.txt``), run from its own venv as a
+subprocess, so TRL never becomes a dependency of omrl's. omrl runs as the real CLI
+(``python -m omrl train --algo grpo``) in a subprocess of its own.
+
+The job, the same on both sides: the same model directory (``--model``, default the built-in
+SmolLM2-135M-Instruct), one turn per episode (gridworld with ``env.max_turns=1``, react
+template), the very same prompt ids (the first prompts omrl's recipe plays, captured from
+``omrl.rollout.collect``; TRL gets them in the same order, unshuffled, and the worker checks
+that TRL's tokenizer turns them back into the same ids), ``--tasks`` prompts a step x group
+size 4, 32 completion tokens at temperature 1, lr 1e-5 constant, no KL (TRL's default
+``beta=0``), one optimizer step per generation (on-policy), float32, ``--steps`` steps. The
+reward, on both sides the same function of the completion's text (:func:`text_reward`: react
+tags present once, plus 0.001 per character), registered with omrl as a reward plugin and
+given to TRL as a reward function; the samples of a prompt practically always differ, so
+neither side skips an update (omrl skips a step whose advantages are all 0; the table warns
+if that happened). Gradient checkpointing is off on both sides (TRL's default is on:
+``--trl-gradient-checkpointing`` turns it on).
+
+Reported: each step's wall time (TRL: from a callback's step begin to step end; omrl: the
+``step_time`` it logs), generation seconds (TRL: time in ``model.generate``; omrl: its
+``rollout_time``, which also steps the env), peak RSS (TRL: the worker's VmHWM; omrl: the
+``peak_rss_gb`` it logs, in GB of 1e9 bytes, shown here in GiB like TRL's), for ``--rounds``
+rounds with the two sides alternating. The ratio is omrl's median step time / TRL's, per round (min and median
+over rounds); the first step of each run is left out of the median when there are more.
+Target: omrl <= 0.5x TRL's step time. On a miss, one more omrl run goes under cProfile and
+the time of its main parts is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET = 0.5
+TAGS = (r"^Think:", r"^Act:")
+REWARD_NAME = "bench_text"
+
+
+def text_reward(text: str) -> float:
+    """The reward of one completion, on both sides: the share of react tags present exactly once,
+    plus 0.001 per character (so the samples of a prompt practically always differ).
+
+    >>> text_reward("Think: go\nAct: up")
+    1.017
+    """
+    share = sum(len(re.findall(tag, text, re.M)) == 1 for tag in TAGS) / len(TAGS)
+    return round(share + 0.001 * len(text), 10)
+
+
+# -- the TRL side (runs in TRL's venv: no omrl imports here) ---------------------------------------
+def vm_hwm() -> int:
+    """This process's peak RSS in bytes (VmHWM: unlike ru_maxrss, not inherited from the parent)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def trl_reward(completions, **kwargs) -> list[float]:
+    """TRL's calling convention for :func:`text_reward`."""
+    return [text_reward(text) for text in completions]
+
+
+def trl_worker(spec_path: str) -> None:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    texts, ids = spec["prompt_texts"], spec["prompt_ids"]
+    same_ids = tokenizer(text=texts)["input_ids"] == ids  # exactly what GRPOTrainer does with text prompts
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+
+    steps: list[dict] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            steps.append({"start": time.perf_counter(), "generate_s": 0.0})
+
+        def on_step_end(self, args, state, control, **kwargs):
+            steps[-1]["step_time"] = time.perf_counter() - steps[-1].pop("start")
+
+    generate = model.generate
+
+    def timed_generate(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            if steps:
+                steps[-1]["generate_s"] += time.perf_counter() - start
+
+    model.generate = timed_generate
+    config = GRPOConfig(
+        output_dir=spec["output_dir"], use_cpu=True, bf16=False, report_to="none", disable_tqdm=True,
+        max_steps=spec["steps"], per_device_train_batch_size=spec["tasks"] * spec["group_size"],
+        gradient_accumulation_steps=1, num_generations=spec["group_size"],
+        max_completion_length=spec["max_new_tokens"], temperature=1.0, top_p=1.0, learning_rate=spec["lr"],
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
+        num_iterations=1, shuffle_dataset=False, logging_steps=1, save_strategy="no", seed=0,
+        gradient_checkpointing=spec["gradient_checkpointing"])
+    trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=config, processing_class=tokenizer,
+                          train_dataset=Dataset.from_dict({"prompt": texts}), callbacks=[StepTimer()])
+    start = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - start
+    logged = [{k: v for k, v in row.items() if k in ("reward", "reward_std", "loss", "grad_norm")}
+              for row in trainer.state.log_history if "reward" in row]
+    print(json.dumps({"steps": steps, "train_s": train_s, "same_prompt_ids": same_ids, "logged": logged,
+                      "peak_rss": vm_hwm(),
+                      "versions": {"trl": __import__("trl").__version__, "torch": torch.__version__,
+                                   "transformers": __import__("transformers").__version__},
+                      "config": {"gradient_checkpointing": config.gradient_checkpointing, "loss_type": config.loss_type,
+                                 "optim": str(config.optim), "beta": config.beta}}))
+
+
+# -- the omrl side ---------------------------------------------------------------------------------
+def omrl_overrides(args, model_dir: str) -> list[str]:
+    return [f"model.name={model_dir}", "env.name=gridworld", "env.template=react", "env.max_turns=1",
+            f"generation.max_new_tokens={args.max_new_tokens}", "generation.temperature=1.0", "generation.top_p=1.0",
+            f"group_size={args.group_size}", f"tasks_per_step={args.tasks}", f"steps={args.steps}",
+            f"optim.learning_rate={args.lr}", "optim.lr_schedule=constant", "optim.warmup_steps=0",
+            "algorithm.kl_coef=0.0", "ppo_epochs=1", "mini_batch_size=0", "eval_tasks=0", "model.dtype=float32",
+            f"reward.weights={{{REWARD_NAME}: 1.0}}", "model.gradient_checkpointing=false", *args.omrl_arg]
+
+
+class BenchRewardPlugin:
+    """Registers :func:`text_reward` with omrl as ``bench_text`` (omrl's calling convention)."""
+
+    @staticmethod
+    def bench_text(episodes) -> list[list[float]]:
+        return [[text_reward(turn.response) for turn in ep.turns] for ep in episodes]
+
+    def __init__(self):
+        from omrl.hookspecs import hookimpl
+
+        @hookimpl
+        def register_rewards(register):
+            register(REWARD_NAME, self.bench_text)
+
+        self.register_rewards = register_rewards
+
+
+def omrl_worker(argv: list[str]) -> None:
+    """``omrl train ARGV`` through omrl's own CLI, with the benchmark's reward registered first."""
+    from omrl.cli import main as omrl_main
+    from omrl.plugins import pm
+
+    pm.register(BenchRewardPlugin(), name="benchmark.trl_grpo")
+    omrl_main(["train", *argv])
+
+
+def omrl_prompts(args, model_dir: str) -> list[list[int]]:
+    """The prompt ids ``omrl train`` generates from, in the order it plays them (steps x tasks)."""
+    from omrl import registry
+    from omrl.backends.base import Backend, Generation
+    from omrl.config import load_config
+    from omrl.models import load_tokenizer
+    from omrl.options import TrainRunConfig
+    from omrl.rollout import EnvPool, RolloutLimits, collect
+    from omrl.training.rl_data import TaskOrder
+
+    cfg = load_config(TrainRunConfig, "grpo", omrl_overrides(args, model_dir))
+    tokenizer = load_tokenizer(model_dir)
+    pool = EnvPool(registry.envs.get(cfg.env.name), cfg.plugins.get(cfg.env.name, {}), name=cfg.env.name)
+    order = TaskOrder(list(pool.probe().split_of(cfg.env.split)), cfg.seed)  # as omrl.training.online does
+    tasks = [task for _ in range(cfg.steps) for task in order.take(cfg.tasks_per_step)]
+    seen: list[list[int]] = []
+
+    class Capture(Backend):
+        name = "capture"
+
+        def generate(self, prompts, params, messages=None):
+            seen.extend(list(p) for p in prompts)
+            return [Generation([self.eos_token_id], [0.0], "stop") for _ in prompts]
+
+    collect(pool, registry.templates.get(cfg.env.template)(), tokenizer, tasks, backend=Capture(tokenizer),
+            limits=RolloutLimits(max_new_tokens=cfg.generation.max_new_tokens, max_turns=1),
+            demonstration=cfg.env.demonstration)
+    pool.close()
+    return seen
+
+
+def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None) -> dict:
+    command = [sys.executable, *(["-m", "cProfile", "-o", profile_path] if profile_path else []), __file__,
+               "--omrl-worker", "--algo", "grpo", "--output-dir", out_dir, *omrl_overrides(args, model_dir)]
+    env = {**os.environ, "OMRL_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"omrl train failed:\n{done.stderr[-4000:]}")
+    rows = [json.loads(line) for line in Path(out_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = [row for row in rows if "step_time" in row]
+    skipped = sum(1 for row in rows if row.get("skipped_updates"))
+    return {"steps": [{"step_time": row["step_time"], "generate_s": row.get("rollout_time", 0.0),
+                       "reward": row.get("reward")} for row in rows],
+            "peak_rss": max(row.get("peak_rss_gb", 0.0) for row in rows) * 1e9, "wall_s": wall,
+            "skipped_steps": skipped}
+
+
+def run_trl(args, spec: dict, out_dir: str) -> dict:
+    spec_path = Path(out_dir, "spec.json")
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    spec_path.write_text(json.dumps({**spec, "output_dir": out_dir}))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
+    start = time.perf_counter()
+    done = subprocess.run([args.trl_python, __file__, "--trl-worker", str(spec_path)], capture_output=True,
+                          text=True, env=env)
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"the TRL run failed:\n{done.stderr[-4000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**report, "wall_s": wall}
+
+
+def steady(steps: list[dict], key: str = "step_time") -> float:
+    """Median over the steps after the first (all of them when there is only one)."""
+    values = [s[key] for s in steps]
+    return statistics.median(values[1:] if len(values) > 1 else values)
+
+
+def callees(stats, file: str, function: str, count: int) -> list[tuple[str, float]]:
+    """The functions ``file:function`` calls directly, with the cumulative seconds spent in them on its
+    behalf (cProfile's caller records), most first."""
+    parents = [key for key in stats.stats if Path(key[0]).name == file and key[2] == function]
+    out: dict[str, float] = {}
+    for (path, line, name), (_, _, _, _, callers) in stats.stats.items():
+        for parent in parents:
+            if parent in callers:
+                label = f"{Path(path).name}:{name}" if line else name
+                out[label] = out.get(label, 0.0) + callers[parent][3]
+    return sorted(out.items(), key=lambda item: item[1], reverse=True)[:count]
+
+
+# where to look inside omrl's step: the recipe's loop, then the two parts that call into torch
+PROFILED = (("the train loop (rl.py:train) calls", "rl.py", "train"),
+            ("the rollout loop (loop.py:collect) calls", "loop.py", "collect"),
+            ("the optimizer step (parallel/base.py:optimizer_step) calls", "base.py", "optimizer_step"))
+ONCE = "online.py:_finish"  # the final checkpoint and model, once per run
+
+
+def profile_omrl(args, model_dir: str, tmp: str) -> dict:
+    """One more omrl run under cProfile: per step, the seconds of what the loop and its main parts call."""
+    import pstats
+
+    path = str(Path(tmp, "omrl.prof"))
+    run = run_omrl(args, model_dir, str(Path(tmp, "omrl-profiled")), profile_path=path)
+    stats = pstats.Stats(path)
+    steps = max(1, len(run["steps"]))
+
+    def per_step(label: str, seconds: float) -> tuple[str, float]:
+        return (f"{label} (once a run, not per step)", seconds) if label == ONCE else (label, seconds / steps)
+
+    return {"per_step_s": {title: [per_step(*row) for row in callees(stats, file, function, 8)]
+                           for title, file, function in PROFILED},
+            "profiled_step_times": [s["step_time"] for s in run["steps"]]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trl-python", default="/tmp/trl-venv/bin/python", help="python of TRL's own venv")
+    parser.add_argument("--model", default="smollm2-135m", help="built-in name or local HF directory")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of one run per side, order alternating")
+    parser.add_argument("--tasks", type=int, default=2, help="prompts per step")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's own default")
+    parser.add_argument("--omrl-arg", action="append", default=[], help="extra key=value for omrl train")
+    parser.add_argument("--no-profile", dest="profile", action="store_false", help="no cProfile run on a miss")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
+    if sys.argv[1:2] == ["--omrl-worker"]:
+        omrl_worker(sys.argv[2:])
+        return
+    args = parser.parse_args()
+    if args.trl_worker:
+        trl_worker(args.trl_worker)
+        return
+
+    from omrl.models import load_tokenizer, resolve_model_path
+
+    if not Path(args.trl_python).exists():
+        raise SystemExit(f"no TRL python at {args.trl_python}; install it as this file's docstring says")
+    model_dir = resolve_model_path(args.model)
+    prompt_ids = omrl_prompts(args, model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    prompt_texts = [tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+                    for ids in prompt_ids]
+    spec = {"model_dir": model_dir, "prompt_texts": prompt_texts, "prompt_ids": prompt_ids, "steps": args.steps,
+            "tasks": args.tasks, "group_size": args.group_size, "max_new_tokens": args.max_new_tokens,
+            "lr": args.lr, "threads": args.threads, "gradient_checkpointing": args.trl_gradient_checkpointing}
+
+    runs: dict[str, list[dict]] = {"trl": [], "omrl": []}
+    profile = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            order = ("trl", "omrl") if r % 2 == 0 else ("omrl", "trl")
+            for side in order:
+                out = str(Path(tmp, f"{side}-{r}"))
+                runs[side].append(run_trl(args, spec, out) if side == "trl" else run_omrl(args, model_dir, out))
+        ratios = [steady(o["steps"]) / steady(t["steps"]) for o, t in zip(runs["omrl"], runs["trl"])]
+        met = statistics.median(ratios) <= TARGET
+        if not met and args.profile:
+            profile = profile_omrl(args, model_dir, tmp)
+
+    print(f"omrl train --algo grpo vs TRL {runs['trl'][0]['versions']['trl']} GRPOTrainer: {args.model}, "
+          f"{args.tasks} prompts x {args.group_size} completions of <= {args.max_new_tokens} tokens a step, "
+          f"lr {args.lr}, {args.steps} steps, {args.rounds} rounds, {args.threads} thread(s); "
+          f"identical prompt ids in TRL: {all(t['same_prompt_ids'] for t in runs['trl'])}")
+    print(f"{'side':5s} {'round':>5s} {'step times s':>24s} {'median*':>8s} {'generate s/step':>16s} "
+          f"{'peak RSS GiB':>13s} {'wall s':>7s}")
+    for side in ("trl", "omrl"):
+        for r, run in enumerate(runs[side]):
+            times = " ".join(f"{s['step_time']:.1f}" for s in run["steps"])
+            print(f"{side:5s} {r:5d} {times:>24s} {steady(run['steps']):8.2f} "
+                  f"{statistics.mean(s['generate_s'] for s in run['steps']):16.2f} "
+                  f"{run['peak_rss'] / 2**30:13.2f} {run['wall_s']:7.1f}")
+    print(f"* median over the steps after the first.  omrl/TRL step time: min {min(ratios):.2f}, median "
+          f"{statistics.median(ratios):.2f}  (target <= {TARGET}: {'met' if met else 'MISSED'})")
+    skipped = sum(run["skipped_steps"] for run in runs["omrl"])
+    if skipped:
+        print(f"warning: omrl skipped {skipped} update(s) (every advantage 0): those steps did less work than TRL's")
+    if profile:
+        times = " ".join(f"{t:.1f}" for t in profile["profiled_step_times"])
+        print(f"\nomrl under cProfile (step times {times} s); seconds per step, the profiler adds overhead:")
+        for title, rows in profile["per_step_s"].items():
+            print(f"  {title}:")
+            for label, seconds in rows:
+                print(f"    {seconds:7.2f}  {label}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "benchmark": "trl_grpo", "target": f"omrl step time <= {TARGET} x TRL's", "args": vars(args),
+            "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0))},
+            "prompt_lengths": [len(ids) for ids in prompt_ids], "runs": runs, "ratios": ratios, "met": met,
+            "profile": profile}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
