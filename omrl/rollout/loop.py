@@ -204,11 +204,21 @@ def _expert_replies(pool: EnvPool, template: Template, tokenizer: Any, live: lis
 
 def _record_reply(state: _Live, reply: Generation | BaseException, template: Template, tokenizer: Any) -> bool:
     """Append the sampled ids as a new turn and parse them; True when the env should step."""
-    ep = state.episode
     if isinstance(reply, BaseException):
         state.end, state.broken = "env_error", True
-        ep.error = f"{type(reply).__name__}: {reply}"
+        state.episode.error = f"{type(reply).__name__}: {reply}"
         return False
+    return append_reply(state, reply, template, tokenizer, state.env) is not None
+
+
+def append_reply(state: Any, reply: Generation, template: Template, tokenizer: Any, env: Env) -> str | None:
+    """Append ``reply`` to ``state``'s episode as a new turn and parse it; the action, or None (the
+    turn's parse error set, the next user message saying why, or ``state.end`` when it was empty).
+
+    ``state`` holds episode, messages, answering, eos_generated, next_user and end: a chain's live
+    episode, or a search branch (:mod:`omrl.search.branch`), which grow the same way.
+    """
+    ep = state.episode
     start = len(ep.token_ids)
     ep.token_ids += reply.token_ids
     ep.loss_mask += [1] * len(reply.token_ids)
@@ -225,16 +235,15 @@ def _record_reply(state: _Live, reply: Generation | BaseException, template: Tem
     if not response.strip():
         turn.parse_error = "the reply was empty"
         state.end = "empty_response"
-        return False
-    parsed = _parse(template, response, state.env)
+        return None
+    parsed = _parse(template, response, env)
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
     if parsed.action is None:
         reason = parsed.error or "no action found in the reply."
-        if state.env.action_help not in reason:  # react and xml errors name the env's actions already
-            reason = f"{reason}\n{state.env.action_help}"
+        if env.action_help not in reason:  # react and xml errors name the env's actions already
+            reason = f"{reason}\n{env.action_help}"
         state.next_user = f"Your reply could not be parsed: {reason}"
-        return False
-    return True
+    return parsed.action
 
 
 def _parse(template: Template, response: str, env: Env) -> ParsedAction:
@@ -257,14 +266,19 @@ def _parse(template: Template, response: str, env: Env) -> ParsedAction:
 
 def _record_step(state: _Live, result: StepResult | BaseException) -> None:
     """Fill the turn with the env's answer; an env that raised or answered nonsense ends its episode (env_error)."""
-    ep, turn = state.episode, state.episode.turns[-1]
     if isinstance(result, BaseException):
-        ep.error = f"step failed: {type(result).__name__}: {result}"
+        state.episode.error = f"step failed: {type(result).__name__}: {result}"
         state.end, state.broken = "env_error", True
         return
+    apply_step_result(state, result)
+
+
+def apply_step_result(state: Any, result: StepResult) -> None:
+    """Fill ``state``'s last turn with the env's answer; one outside the protocol ends the episode as
+    env_error (the instance still works: its next reset starts afresh). ``state`` as in :func:`append_reply`."""
+    ep, turn = state.episode, state.episode.turns[-1]
     problem = step_problem(result)
     if problem:
-        # the instance still works (its next reset starts afresh); this episode's outcome is unknowable
         ep.error = f"step failed: env {ep.env!r} {problem}"
         state.end = "env_error"
         return
