@@ -116,6 +116,10 @@ class Env(ABC):
     #: give the same observations, rewards and info): tree search may then copy a live episode by
     #: replaying its actions from ``reset`` when the env has no ``snapshot``/``restore``.
     deterministic: ClassVar[bool] = False
+    #: The PyPI distribution whose engine the env plays ("" when omrl itself holds the env) and the
+    #: omrl extra that installs it: `omrl env list` reads both without building the env.
+    package: ClassVar[str] = ""
+    extra: ClassVar[str] = ""
 
     @abstractmethod
     def task_ids(self, split: str) -> Sequence[int]:
@@ -235,6 +239,41 @@ def _finite_number(value: Any) -> bool:
         return isinstance(value, numbers.Real) and math.isfinite(value)
     except OverflowError:  # an int too large for a float
         return False
+
+
+def package_installed(env_class: type[Env]) -> bool:
+    """Whether the distribution ``env_class.package`` is installed (True when it needs none); imports nothing."""
+    if not env_class.package:
+        return True
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        distribution(env_class.package)
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def env_variant(env_class: type[Env], class_name: str, doc: str, **fixed: Any) -> type[Env]:
+    """A subclass of ``env_class`` with the options ``fixed`` set, for registering one game of a family
+    under its own name (``textarena:Sudoku-v0``) without importing the game's package.
+
+    The variant's signature leaves the fixed options out, so passing one is refused with the
+    options it does take.
+    """
+    signature = inspect.signature(env_class)
+    unknown = sorted(set(fixed) - set(signature.parameters))
+    if unknown:
+        raise TypeError(f"{env_class.__name__} takes no options {unknown}")
+
+    def __init__(self, **options: Any) -> None:
+        env_class.__init__(self, **fixed, **options)
+
+    variant = type(class_name, (env_class,), {"__init__": __init__, "__doc__": doc,
+                                              "__module__": env_class.__module__, "fixed_options": dict(fixed)})
+    variant.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[p for name, p in signature.parameters.items() if name not in fixed])
+    return variant
 
 
 def check_task(env: Env, task_id: int, known: Sequence[int] | range) -> None:

@@ -24,12 +24,22 @@ def parse_options(options: list[str] | None) -> dict[str, Any]:
     return overrides_to_dict(options or [])
 
 
-def describe_env(component) -> dict[str, Any]:
-    """One row of ``omrl env list``: the env built with default options, or why it would not build."""
+def describe_env(component, build: bool = False) -> dict[str, Any]:
+    """One row of ``omrl env list``: where the env comes from and whether its package is installed,
+    read from the class alone; with ``build``, also its splits (or why it would not build)."""
+    from omrl.envs import package_installed
+
+    cls = component.obj
+    package, extra = getattr(cls, "package", ""), getattr(cls, "extra", "")
+    installed = package_installed(cls) if isinstance(cls, type) else True
+    row = {"name": component.name, "distribution": component.distribution, "package": package or None,
+           "installed": installed, "install": None if installed or not extra else f"pip install 'omrl[{extra}]'",
+           "description": component.description}
+    if not build:
+        return row
     from omrl.serve import open_env
 
-    row = {"name": component.name, "distribution": component.distribution,
-           "description": component.description, "splits": {}, "error": None}
+    row.update(splits={}, error=None)
     try:
         env = open_env(component.name)
         try:
@@ -41,28 +51,80 @@ def describe_env(component) -> dict[str, Any]:
     return row
 
 
-@env_app.command("list")
-def list_envs(names: list[str] = typer.Argument(None, help="Only these envs (default: every registered one)."),
-              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
-    """Every registered env with its splits (built with default options)."""
-    from concurrent.futures import ThreadPoolExecutor
+def select_envs(patterns: list[str] | None) -> list:
+    """The env components named by ``patterns`` (names, or globs such as ``'babyai:*'``), in that order;
+    every registered env when there are none."""
+    from fnmatch import fnmatchcase
 
+    from omrl.errors import ConfigError
     from omrl.registry import envs
 
-    components = [envs.component(n) for n in names] if names else sorted(envs.components(), key=lambda c: c.name)
-    # envs start in parallel: some launch a JVM or index data, and a listing should not add them up
-    with Console(stderr=True).status("starting the envs..."), ThreadPoolExecutor(max_workers=8) as pool:
-        rows = list(pool.map(describe_env, components))
+    if not patterns:
+        return sorted(envs.components(), key=lambda c: c.name)
+    chosen: dict[str, Any] = {}
+    for pattern in patterns:
+        if not any(ch in pattern for ch in "*?["):
+            component = envs.component(pattern)  # an unknown name lists close matches
+            chosen.setdefault(component.name, component)
+            continue
+        matched = sorted((c for c in envs.components() if fnmatchcase(c.name, pattern)), key=lambda c: c.name)
+        if not matched:
+            families = sorted({c.name.split(":", 1)[0] for c in envs.components()})
+            raise ConfigError(f"no env matches {pattern!r}; env families: {', '.join(families)}")
+        for component in matched:
+            chosen.setdefault(component.name, component)
+    return list(chosen.values())
+
+
+def family_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows grouped by family (the part of a name before ``:``) with their counts."""
+    families: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        family = row["name"].split(":", 1)[0]
+        entry = families.setdefault(family, {"family": family, "envs": 0, "package": row["package"],
+                                             "installed": row["installed"], "install": row["install"]})
+        entry["envs"] += 1
+    return list(families.values())
+
+
+@env_app.command("list")
+def list_envs(names: list[str] = typer.Argument(None, help="Only these envs: names or globs such as 'babyai:*' "
+                                                           "(default: every registered one)."),
+              splits: bool = typer.Option(False, "--splits", help="Also build each env and show its splits "
+                                                                  "(starts engines: slower)."),
+              families: bool = typer.Option(False, "--families", help="One row per family with its env count."),
+              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """Every registered env: its source package, whether that is installed, and (--splits) its splits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    components = select_envs(names)
+    if splits:
+        # envs start in parallel: some launch a JVM or index data, and a listing should not add them up
+        with Console(stderr=True).status("starting the envs..."), ThreadPoolExecutor(max_workers=8) as pool:
+            rows = list(pool.map(lambda c: describe_env(c, build=True), components))
+    else:
+        rows = [describe_env(c) for c in components]
+    if families:
+        rows = family_rows(rows)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="omrl envs")
-    for column in ("name", "distribution", "description", "splits"):
+    columns = ["family", "envs", "package", "installed"] if families else \
+        ["name", "package", "installed", "description"] + (["splits"] if splits else [])
+    for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        splits = ", ".join(f"{name} {size}" for name, size in row["splits"].items())
-        table.add_row(row["name"], row["distribution"], row["description"],
-                      Text(splits) if not row["error"] else Text(f"unavailable: {row['error']}", style="red"))
+        installed = Text("yes") if row["installed"] else Text(f"no: {row['install'] or 'missing'}", style="yellow")
+        package = row["package"] or (f"{row['distribution']} (built in)" if not families else "built in")
+        if families:
+            table.add_row(row["family"], str(row["envs"]), package, installed)
+            continue
+        cells = [Text(row["name"]), Text(package), installed, Text(row["description"])]
+        if splits:
+            cells.append(Text(", ".join(f"{name} {size}" for name, size in row["splits"].items()))
+                         if not row["error"] else Text(f"unavailable: {row['error']}", style="red"))
+        table.add_row(*cells)
     Console().print(table)
 
 

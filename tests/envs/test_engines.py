@@ -13,7 +13,9 @@ from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.common import MissingExtraError
 from omrl_plugins.envs.engines.scienceworld import ScienceWorldEnv, decode, encode
-from omrl_plugins.envs.engines.textarena import TextArenaEnv, hanoi_move
+from omrl.envs import create_env
+from omrl_plugins.envs.engines.textarena import (OFFLINE_GAMES, WRAPPER_SUFFIXES, TextArenaEnv, base_game,
+                                                 hanoi_move)
 from omrl_plugins.envs.engines.textcraft import TextCraftEnv
 from omrl_plugins.envs.engines.textworld_express import TextWorldExpressEnv
 
@@ -190,6 +192,38 @@ def test_textarena_invalid_moves_and_determinism():
         env.step("[up]")
     with pytest.raises(ConfigError, match="Sokoban-v0"):
         TextArenaEnv(game="Chess-v0")
+
+
+def test_every_offline_textarena_game_has_its_own_name():
+    from textarena.envs.registration import ENV_REGISTRY
+
+    playable = sorted(env_id for env_id in ENV_REGISTRY
+                      if base_game(env_id) in OFFLINE_GAMES and not env_id.endswith(WRAPPER_SUFFIXES))
+    names = sorted(name.split(":", 1)[1] for name in registry.envs.names() if name.startswith("textarena:"))
+    assert names == playable and len({base_game(name) for name in names}) == 16
+    hanoi = registry.envs.get("textarena:TowerOfHanoi-v0-medium")
+    assert issubclass(hanoi, TextArenaEnv) and hanoi.package == "textarena"
+    env = create_env(hanoi, {"max_turns": 200})
+    assert env.game == "TowerOfHanoi-v0-medium"
+    assert_protocol(play_expert(env, 1_000_000))
+    with pytest.raises(ConfigError, match="does not take options \\['game'\\].*its options: max_turns"):
+        create_env(hanoi, {"game": "Sokoban-v0"}, "textarena:TowerOfHanoi-v0-medium")
+
+
+def test_eval_runs_a_textarena_game_by_its_name(tmp_path):
+    from typer.testing import CliRunner
+
+    from omrl.cli import build_app
+
+    report = tmp_path / "report.json"
+    result = CliRunner().invoke(build_app(), [
+        "eval", "--env", "textarena:FrozenLake-v0", "--model", "tiny", "--num-tasks", "2",
+        "generation.max_new_tokens=4", "env.max_turns=2", "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    import json
+
+    metrics = json.loads(report.read_text())["metrics"]
+    assert metrics["episodes"] == 2 and sum(metrics["end_reasons"].values()) == 2
 
 
 def test_hanoi_expert_is_optimal_from_any_position():

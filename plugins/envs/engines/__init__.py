@@ -11,12 +11,16 @@ scienceworld       scienceworld, Java 17            30 tasks x variations
 textworld-express  textworld-express (same)        seeds per game
 textarena          textarena (textarena)           seeds per single-player game
 =================  ==============================  ===============================
+
+Each TextArena game variant is also registered under its own name, ``textarena:<env id>``
+(``textarena:Sudoku-v0-easy``), which is ``textarena`` with its ``game`` option set.
 """
 
+from omrl.envs import env_variant
 from omrl.hookspecs import hookimpl
 
 from omrl_plugins.envs.engines.scienceworld import ScienceWorldEnv
-from omrl_plugins.envs.engines.textarena import TextArenaEnv
+from omrl_plugins.envs.engines.textarena import TextArenaEnv, game_ids
 from omrl_plugins.envs.engines.textcraft import TextCraftEnv
 from omrl_plugins.envs.engines.textworld_express import TextWorldExpressEnv
 
@@ -27,3 +31,7 @@ def register_envs(register):
     register("scienceworld", ScienceWorldEnv)
     register("textworld-express", TextWorldExpressEnv)
     register("textarena", TextArenaEnv)
+    for game in game_ids():
+        register(f"textarena:{game}", env_variant(TextArenaEnv, f"TextArena_{game.replace('-', '_')}",
+                                                  f"TextArena's {game} (pip install 'omrl[textarena]').",
+                                                  game=game))

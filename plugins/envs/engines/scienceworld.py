@@ -64,6 +64,8 @@ def decode(task_id: int) -> tuple[str, int]:
 class ScienceWorldEnv(Env):
     """ScienceWorld science tasks (a Java simulator; pip install 'omrl[scienceworld]')."""
 
+    package = "scienceworld"
+    extra = "scienceworld"
     action_help = ("One command per turn, e.g. look around, open door to kitchen, go to kitchen, "
                    "pick up thermometer, look at <object>, move <object> to <container>, "
                    "activate <device>, focus on <object>, wait1. Answer a numbered question with its number.")

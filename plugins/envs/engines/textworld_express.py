@@ -45,6 +45,8 @@ _seed_lock = threading.Lock()
 class TextWorldExpressEnv(Env):
     """TextWorld-Express games: cooking, coins, maps... (pip install 'omrl[textworld-express]')."""
 
+    package = "textworld-express"
+    extra = "textworld-express"
     action_help = ("One command per turn, e.g. look around, move north, open door to east, take <item>, "
                    "put <item> in <container>, read <item>, inventory.")
     io_bound = True
