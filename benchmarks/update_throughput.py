@@ -19,8 +19,10 @@ on-policy pass: ``episodes_to_batch`` -> ``sort_by_length`` -> the advantage est
 ``micro_batches(batch, optim.micro_batch_size)`` -> ``policy_forward`` (log-probs and
 entropy, LM head on the model tokens only) -> ``policy_gradient_loss`` -> backward weighted
 by tokens; the old log-probs are the forward's own, detached (one epoch, one mini-batch).
-Measured for micro-batch sizes 1 and 2 (the grpo preset's). The optimizer step is left out
-of both sides.
+Measured for micro-batch sizes 1 and 2, and with ``optim.share_prefix`` (on by default: rows
+that open with the same tokens run them once, here the system prompt and worked example every
+WebShop episode starts with; the job's samples of one task also share their first prompt,
+which these one-episode-per-task rows do not). The optimizer step is left out of both sides.
 
 Targets: tokens/s of the recipe >= 0.9x the bare pass and a padding share < 5% (padded
 positions / all positions the recipe's micro-batches run). The rows are cut into units as the
@@ -129,33 +131,48 @@ class RecipeUpdate:
         self.kl_fn = registry.algorithms.get(algo.kl_estimator, kind="kl")
         self.temperature = cfg.generation.temperature if cfg.generation.temperature > 0 else 1.0
 
-    def micro_batches(self, episodes, size: int):
-        from omrl.training.rl_data import (advantage_input, episodes_to_batch, micro_batches, sort_by_length,
-                                           trainable)
+    def batch(self, episodes):
+        """The rollout's length-sorted batch with its advantages, as the recipe builds it."""
+        from omrl.training.rl_data import advantage_input, episodes_to_batch, sort_by_length, trainable
 
         cfg = self.cfg
         batch = sort_by_length(episodes_to_batch(trainable(episodes), self.pad, cfg.reward.allocation,
                                                  cfg.reward.gamma))
         batch.tensors["advantages"], batch.tensors["returns"] = self.advantage_fn(advantage_input(batch),
                                                                                   cfg.algorithm)
+        return batch
+
+    def micro_batches(self, episodes, size: int):
+        from omrl.training.rl_data import micro_batches
+
+        batch = self.batch(episodes)
         return micro_batches(batch, size), float(batch["loss_mask"].sum())
 
-    def run(self, episodes, size: int, limit: int = 0) -> dict[str, float]:
-        """One pass (``limit`` > 0: only the first ``limit`` micro-batches); real and run positions."""
+    def run(self, episodes, size: int, limit: int = 0, share_prefix: bool = False) -> dict[str, float]:
+        """One pass (``limit`` > 0: only the first ``limit`` micro-batches); real and run positions.
+        ``share_prefix``: rows that open alike run their shared prompt once (``optim.share_prefix``)."""
         from omrl.training.losses import policy_gradient_loss
         from omrl.training.policy import policy_forward
+        from omrl.training.shared_prefix import with_shared_prefixes
 
         self.model.zero_grad(set_to_none=True)
         parts, tokens = self.micro_batches(episodes, size)
+        if share_prefix:
+            parts = with_shared_prefixes(self.model, self.batch(episodes), size)
+        else:
+            parts = ((mb, None) for mb in parts)
         real = positions = 0
-        for mb in parts[:limit] if limit else parts:
+        for i, (mb, prefix) in enumerate(parts):
+            if limit and i >= limit:
+                break
             out = policy_forward(self.model, mb["input_ids"], mb["attention_mask"], self.temperature,
-                                 with_entropy=True, token_mask=mb["loss_mask"])
+                                 with_entropy=True, token_mask=mb["loss_mask"], prefix=prefix)
             mb.tensors["old_log_probs"] = out["log_probs"].detach()
             loss, _ = policy_gradient_loss(out, mb, self.cfg.algorithm, self.policy_loss_fn, self.kl_fn)
             (loss * (float(mb["loss_mask"].sum()) / tokens)).backward()
-            real += int(mb["attention_mask"].sum())
-            positions += mb["input_ids"].numel()
+            start = prefix.length if prefix is not None else 0  # the prefix ran once for the group
+            real += int(mb["attention_mask"].sum()) - start
+            positions += mb["input_ids"].numel() - start * len(mb)
         return {"real_tokens": real, "positions": positions}
 
 
@@ -258,6 +275,7 @@ def main() -> None:
     units = [ordered[i:i + width] for i in range(0, len(ordered), width)]
     sides = [("bare", lambda unit: bare_pass(model, unit))]
     sides += [(f"recipe mb={size}", lambda unit, size=size: recipe.run(unit, size)) for size in args.micro_batch_sizes]
+    sides += [("recipe shared", lambda unit: recipe.run(unit, 1, share_prefix=True))]
     recipe.run(ordered[-1:], 1), bare_pass(model, ordered[-1:])  # warm-up on one row each
 
     times: dict[str, list[float]] = {name: [] for name, _ in sides}  # per (round, unit)
@@ -273,6 +291,8 @@ def main() -> None:
         ratios = [b / s for b, s in zip(times["bare"], times[name])]  # same real tokens: time ratio = tokens/s ratio
         if name == "bare":
             padding = 0.0
+        elif name == "recipe shared":
+            padding = 0.0  # rows of a group run one at a time; the others as mb=1
         else:  # the whole rollout's micro-batches, as the recipe cuts them
             parts, _ = recipe.micro_batches(episodes, int(name.split("=")[1]))
             padding = 1 - sum(int(mb["attention_mask"].sum()) for mb in parts) / sum(mb["input_ids"].numel()

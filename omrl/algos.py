@@ -36,7 +36,8 @@ class AlgoConfig:
 
     name: str = field(default="grpo", metadata={"help": f"Training recipe: {', '.join(RECIPES)} (--algo)."})
     advantage: str = field(default="grpo", metadata={
-        "help": "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, gigpo (`omrl plugins`)."})
+        "help": "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, gigpo, tree_grpo "
+                "(`omrl plugins`)."})
     policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: ppo_clip, dual_clip, clip_higher."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2, k3."})
     kl_coef: float = field(default=0.0, metadata={
@@ -57,6 +58,8 @@ class AlgoConfig:
     clip_ratio_c: float = field(default=3.0, metadata={"help": "Dual-clip bound for negative advantages."})
     loss_agg_mode: str = field(default="token-mean", metadata={"help": f"How token losses become one number: {', '.join(LOSS_AGG_MODES)}."})
     gigpo_step_weight: float = field(default=1.0, metadata={"help": "GiGPO: weight of the step-level advantage."})
+    tree_step_weight: float = field(default=1.0, metadata={
+        "help": "tree_grpo: weight of the step-level advantage (a turn's subtree against its siblings')."})
 
 
 @dataclass
@@ -70,6 +73,10 @@ class AdvantageInput:
     turn_index     [bs, T]  index of the model turn each token belongs to, -1 elsewhere
     turn_rewards   [bs, K]  reward of each turn (0 past the last turn)
     turn_state_ids [bs, K]  id of the observation each turn answered (GiGPO anchor states), -1 padding
+    turn_node_ids  [bs, K]  search-tree node each turn made; ids are unique in the batch, so rows that
+                            share an id share that turn (a tree's shared prefix); -1 for padding
+    turn_parent_ids [bs, K] the node each turn grew from (its branch point, same ids), -1 when that is
+                            a tree's root (the task's start) and for padding; both None off a tree
     """
 
     token_rewards: torch.Tensor
@@ -79,6 +86,8 @@ class AdvantageInput:
     turn_index: torch.Tensor | None = None
     turn_rewards: torch.Tensor | None = None
     turn_state_ids: torch.Tensor | None = None
+    turn_node_ids: torch.Tensor | None = None
+    turn_parent_ids: torch.Tensor | None = None
 
     @property
     def response_mask(self) -> torch.Tensor:

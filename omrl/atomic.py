@@ -10,25 +10,39 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _temporary_sibling(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # mkstemp makes the file private (0600) and the rename would keep that: give it the mode
+    # a plain open() would have, so reports and checkpoints are readable as any other file
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     return Path(tmp)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, fsync and a rename."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync and a rename."""
     path = Path(path)
     tmp = _temporary_sibling(path)
     try:
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(text)
+        with tmp.open("wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` (UTF-8) through a temporary file, fsync and a rename."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: int | None = None) -> None:

@@ -66,6 +66,15 @@ class RewardConfig:
 
 
 @dataclass
+class TrainRolloutConfig:
+    strategy: str = opt("chain", "How each step plays its tasks: chain (group_size samples per task), or a search "
+                                 "(best_of_n, beam, dfsdt, mcts or a plugin's; options in plugins.<name>) growing "
+                                 "group_size trees per task, whose finished paths are the episodes; a turn several "
+                                 "paths share is trained once.")
+    budget: int = opt(0, "Model tokens each tree's search may generate (0: no limit).")
+
+
+@dataclass
 class OptimConfig:
     learning_rate: float = opt(1e-5, "Peak learning rate (AdamW).")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
@@ -75,6 +84,8 @@ class OptimConfig:
     micro_batch_size: int = opt(4, "Sequences per forward/backward pass.")
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step (SFT).")
     max_nan_steps: int = opt(5, "Stop after this many consecutive non-finite losses.")
+    share_prefix: bool = opt(True, "RL update: rows opening with the same prompt run it once (same gradients, "
+                                   "fewer tokens; one process or data parallel, no critic).")
 
 
 @dataclass
@@ -171,6 +182,7 @@ class TrainRunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/train"))
     algorithm: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
     steps: int = opt(4, "RL steps (rollout + update each).")
     tasks_per_step: int = opt(2, "Tasks per rollout step.")
     train_tasks: int = opt(0, "Train on only the first N tasks of env.split (0: all of them).")
@@ -187,4 +199,27 @@ class TrainRunConfig:
     plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
 
 
-CONFIG_CLASSES = {"train": TrainRunConfig, "sft": SftRunConfig, "rollout": RolloutRunConfig, "eval": EvalRunConfig}
+@dataclass
+class SweepRunConfig:
+    """`omrl sweep`: success against token budget for several rollout strategies."""
+
+    command: str = opt("sweep", "Which command this config is for.")
+    description: str = opt("", "One line about this preset.")
+    seed: int = opt(0, "Random seed (the same for every cell).")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
+    # sampled: best_of_n, beam, dfsdt and mcts draw several candidates of one prompt
+    generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    num_tasks: int = opt(5, "Tasks every cell plays (from the start of the split).")
+    strategies: list[str] = opt(["chain", "best_of_n", "beam", "dfsdt", "mcts"],
+                                "Rollout strategies to compare (chain: pass@1, one cell with no budget).")
+    budgets: list[int] = opt([500, 1000, 2000], "Generated tokens per task each strategy may use, one cell each.")
+    out: str = opt("runs/sweep", "Folder for sweep.json and sweep.png.")
+    resume: bool = opt(True, "Keep the cells <out>/sweep.json holds from a sweep with the same settings and play "
+                             "only the others; false: start over.")
+    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name (plugins.beam.width=3).")
+
+
+CONFIG_CLASSES = {"train": TrainRunConfig, "sft": SftRunConfig, "rollout": RolloutRunConfig, "eval": EvalRunConfig,
+                  "sweep": SweepRunConfig}

@@ -1,19 +1,47 @@
-"""Serve any registered env over HTTP in the AgentGym ``id`` dialect (``omrl env serve``).
+"""Serve any registered env over HTTP the AgentGym way (``omrl env serve``).
 
-Any AgentGym-style client can then play it, and so can omrl's own ``agentgym`` env
-(``plugins.agentgym.env_name=<the env's name>``). Routes:
+AgentGym's own clients (the ``agentenv`` package's TextCraft, BabyAI, SciWorld, ALFWorld,
+LMRL-Gym, WebShop and SQLGym clients) can play it, and so can omrl's own ``agentgym`` env
+(``plugins.agentgym.env_name=<the env's name>``). Two dialects, as AgentGym's servers speak them:
 
-- ``GET /`` a greeting; ``POST /create`` -> ``{"id", "instance"}``; ``POST /close`` ``{"id"}``.
-- ``POST /reset`` ``{"id", "data_idx"}`` -> ``{"id", "observation", "instruction", "info", "task_id",
-  "available_actions"}``.
-- ``POST /step`` ``{"id", "action"}`` -> ``{"observation", "reward", "done", "info", "score",
-  "won", "available_actions"}``.
-- ``GET /observation?id=`` -> the last observation (a string); ``GET /list_envs`` -> live ids.
+- the ``id`` dialect at the root: an env id travels as ``"id"`` in bodies and ``?id=`` in queries;
+- the ``env_idx`` dialect (WebShop, SQLGym) under ``/env_idx`` (a client's base URL
+  ``http://HOST:PORT/env_idx``): the same routes, but ``POST /create`` answers the bare id.
+
+Every route takes the id under either name. Routes:
+
+- ``GET /`` a greeting.
+- ``POST /create``, with no body or a JSON object -> ``{"id", "instance", "deterministic",
+  "observation", "task_id", "done": false, "reward": 0.0}``. ``deterministic`` is the env's own
+  flag (replaying a task's actions replays its episode: tree search forks such envs by replay).
+  A body that names a task (any task field below) resets the new env to it and its episode
+  starts; otherwise ``observation`` shows the first task of the env's first split, as AgentGym's
+  TextCraft server shows its task, and the env must be reset before a step, which every
+  AgentGym client does. TextCraft's client posts ``{"minecraft_dir", "commands", "goal"}``:
+  accepted, with ``commands`` and ``goal`` null (an omrl env plays its own tasks).
+- ``POST /reset`` ``{"id", <task field>}`` -> ``{"id", "task_id", "observation", "instruction",
+  "task_description", "info", "available_actions", "reward": 0.0, "score": 0.0, "done": false}``.
+  The task field is any one of ``data_idx`` (TextCraft, BabyAI, SciWorld), ``game`` (ALFWorld,
+  maze), ``seed`` (wordle), ``item_id`` (SQLGym), ``session_id`` (WebShop) or ``task_id``; its
+  value is the omrl env's task id. Other fields (ALFWorld's ``world_type``) are ignored.
+- ``POST /step`` ``{"id", "action"}`` -> ``{"observation", "state", "reward", "score", "done",
+  "won", "info", "available_actions"}``: ``state`` repeats ``observation`` (WebShop and SQLGym
+  read it), ``score`` is the episode's score in [0, 1] (BabyAI and SciWorld read it as their
+  reward), ``available_actions`` is [] when the env does not know them or the episode is over.
+- ``GET /observation?id=`` -> the last observation (a string); ``GET /list_envs`` -> live ids;
+  ``POST /close`` ``{"id"}``; ``GET /available_actions?id=`` -> a list.
 - omrl extensions: ``GET /tasks`` -> ``{"env", "splits": {name: size}, "action_help",
-  "max_turns", "demonstration": [[observation, thought, action], ...]}``;
-  ``GET /tasks?split=`` -> ``{"split", "task_ids": [...]}`` or, for a
-  range of ids, ``{"split", "range": [start, stop, step]}``; ``GET /expert_action?id=``
-  -> ``{"action"}``; ``GET /available_actions?id=``.
+  "max_turns", "deterministic", "demonstration": [[observation, thought, action], ...]}``; ``GET /tasks?split=``
+  -> ``{"split", "task_ids": [...]}`` or, for a range of ids, ``{"split", "range": [start, stop,
+  step]}``; ``GET /expert_action?id=`` -> ``{"action"}``.
+
+The goal inside the observation: AgentGym's clients take the observation text as the agent's
+whole prompt, so the first observation of an episode (in ``/create``, ``/reset`` and
+``GET /observation``) opens with the env's instruction, as omrl's rollout opens an episode
+(:func:`~omrl.serve_store.with_goal`), and ``task_description`` is "" (SciWorld's client puts it
+before the observation). A request that names this server's instance (``X-Omrl-Instance``, as
+omrl's ``agentgym`` client sends) reads the instruction apart, so it gets the env's own first
+observation: the client hands both on as the env returned them.
 
 Errors are answered the AgentGym way, a body ``{"error": message}``, so existing clients that
 look for it keep working, *and* with a real HTTP status, so clients that check the status (and
@@ -21,45 +49,31 @@ retry logic) can tell whose fault it is: 404 for an unknown id, split, task or r
 step before reset or after the episode ended; 422 for a malformed body (the message says what is
 wrong without echoing the body); 500 when the env itself raised (a 5xx is worth retrying, a 4xx
 is not). After an env raised in ``step`` its episode is over: further steps answer 409 until the
-next reset. Every error, FastAPI's own included, has that one shape.
-
-Guards, checked before any route runs:
-
-- a token (``create_app(token=...)``, ``omrl env serve --token`` or ``OMRL_SERVE_TOKEN``): every
-  request must carry ``Authorization: Bearer <token>``, else 401;
-- bodies over ``max_body`` bytes (1 MiB) get 413 unread; a create beyond ``max_envs`` live envs
-  (256) gets 503 (retryable: envs may be closed meanwhile);
-- restarts: each start of the server draws a new instance name, sent in the ``X-Omrl-Instance``
-  header of every answer and in the ``/create`` answer. A request that names another instance in
-  that header gets 410: its id was handed out before a restart and may now be another client's
-  env (a restarted server numbers its ids from 0 again). omrl's ``agentgym`` client sends it.
-
-Each id holds its own env instance; ids are handed out under a lock and every call on one id
-holds that id's lock, so one id's calls are serialized while different ids run in parallel
-(FastAPI runs these handlers in its thread pool).
+next reset. Every error, FastAPI's own included, has that one shape. The guards that run before
+any route (token, instance name, body size) are in :mod:`omrl.serve_guard`; the envs and their
+episodes in :mod:`omrl.serve_store`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
-import ipaddress
-import itertools
-import json
-import math
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
-from omrl.envs import Env, EpisodeFinishedError, UnknownTaskError, create_env
+from omrl.envs import Env, UnknownTaskError, create_env
 from omrl.errors import OmrlError
+from omrl.serve_guard import DEFAULT_MAX_BODY, INSTANCE_HEADER, TOKEN_ENV, Guard, exposure_warning, is_loopback
+from omrl.serve_store import DEFAULT_MAX_ENVS, Opening, Rejected, ServedEnvs, opening_of, with_goal
 
-INSTANCE_HEADER = "X-Omrl-Instance"
-TOKEN_ENV = "OMRL_SERVE_TOKEN"
-DEFAULT_MAX_BODY = 1 << 20  # bytes; AgentGym requests are a few hundred
-DEFAULT_MAX_ENVS = 256
+__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_MAX_ENVS", "ENV_IDX_PREFIX", "INSTANCE_HEADER", "TASK_FIELDS", "TOKEN_ENV",
+           "Rejected", "ServedEnvs", "background_server", "create_app", "exposure_warning", "is_loopback",
+           "open_env", "run_server", "with_goal"]
+
+ENV_IDX_PREFIX = "/env_idx"
+ID_FIELDS = ("id", "env_idx")
+#: the reset fields that name the task, as AgentGym's clients send them (and omrl's ``task_id``)
+TASK_FIELDS = ("data_idx", "game", "seed", "item_id", "session_id", "task_id")
 
 
 def open_env(name: str, options: dict[str, Any] | None = None) -> Env:
@@ -78,100 +92,8 @@ def _require_server_packages():
     return fastapi, uvicorn
 
 
-class Rejected(Exception):
-    """A request that gets an error answer with an HTTP status."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass
-class _Slot:
-    """One env id: its instance, its lock and where its episode stands."""
-
-    env: Env
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    started: bool = False
-    ended: str = ""  # why the episode is over ("" while it runs)
-    observation: str = ""
-
-
-class ServedEnvs:
-    """The env instances of one server, by id, at most ``max_envs`` at once."""
-
-    def __init__(self, name: str, make_env: Callable[[], Env], max_envs: int = DEFAULT_MAX_ENVS):
-        self.name = name
-        self.max_envs = max_envs
-        self.instance = _new_instance()  # drawn again at each start (see start)
-        self._make_env = make_env
-        self._lock = threading.Lock()
-        self._slots: dict[int, _Slot] = {}
-        self._creating = 0  # envs being built: they count against max_envs already
-        self._ids = itertools.count()
-
-    def start(self) -> None:
-        """A new instance name: ids handed out before this start are refused (410) from now on."""
-        self.instance = _new_instance()
-
-    def create(self) -> int:
-        with self._lock:
-            if len(self._slots) + self._creating >= self.max_envs:
-                raise Rejected(503, f"this server holds its limit of {self.max_envs} live envs (max_envs); "
-                                    "close some with POST /close, or restart it with a higher --max-envs")
-            self._creating += 1
-        try:
-            env = self._make_env()
-        except Exception as exc:  # noqa: BLE001 - reported to the client as a 500
-            raise Rejected(500, f"creating env {self.name!r} failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            with self._lock:
-                self._creating -= 1
-        with self._lock:
-            env_id = next(self._ids)
-            self._slots[env_id] = _Slot(env)
-        return env_id
-
-    def get(self, env_id: Any, remove: bool = False) -> _Slot:
-        """The slot of ``env_id`` (taken out with ``remove``); unknown ids get a 404."""
-        valid = isinstance(env_id, int) and not isinstance(env_id, bool)
-        with self._lock:
-            slot = (self._slots.pop if remove else self._slots.get)(env_id, None) if valid else None
-            if slot is None:
-                raise Rejected(404, f"the id {env_id!r} is not valid; live ids: {sorted(self._slots)[:20]}")
-            return slot
-
-    def ids(self) -> list[int]:
-        with self._lock:
-            return sorted(self._slots)
-
-
-def _new_instance() -> str:
-    return uuid.uuid4().hex[:16]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only takes connections from this machine (127.0.0.0/8, ::1, localhost)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to any interface
-
-
-def exposure_warning(host: str, token: str | None) -> str | None:
-    """What to tell the person serving on ``host``, or None for a loopback address."""
-    if is_loopback(host):
-        return None
-    if token:
-        return (f"warning: {host} is not a loopback address: other machines can reach this server "
-                "(every request needs the token; it travels in clear over plain HTTP)")
-    return (f"warning: {host} is not a loopback address: anyone who can reach this machine can create, "
-            f"step and close its envs; set --token or {TOKEN_ENV} to require a token")
-
-
-def _field(body: dict[str, Any], key: str, kind: type) -> Any:
+# -- reading requests ------------------------------------------------------------------------
+def _field(body: dict[str, Any], key: str, kind: type = int) -> Any:
     value = body.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
         got = "nothing" if key not in body else f"a {type(value).__name__}"  # never the body itself
@@ -179,21 +101,28 @@ def _field(body: dict[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-def _jsonable(value: Any) -> Any:
-    """Env info as JSON (anything JSON cannot hold becomes its string, NaN and infinities too)."""
-    return json.loads(json.dumps(value, default=str), parse_constant=str)
+def _env_id(body: dict[str, Any]) -> int:
+    """The env id a body names, as ``id`` or ``env_idx``."""
+    named = [k for k in ID_FIELDS if k in body]
+    if len(named) != 1:
+        got = "both" if named else "neither"
+        raise Rejected(422, f"the body needs the env's id as 'id' or 'env_idx' (int), got {got}")
+    return _field(body, named[0])
 
 
-def _finite(value: Any, what: str) -> float:
-    """A reward or score the env returned, as a float; anything else is the env's fault (500)."""
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"the env returned a {what} that is not finite: {number}")
-    return number
+def _task_id(body: dict[str, Any]) -> int | None:
+    """The task a body names with one of TASK_FIELDS, or None when it names none."""
+    named = [k for k in TASK_FIELDS if k in body]
+    if len(named) > 1:
+        raise Rejected(422, f"the body names the task twice ({', '.join(named)}); send one of {', '.join(TASK_FIELDS)}")
+    return _field(body, named[0]) if named else None
 
 
-def _crash(what: str, exc: BaseException) -> Rejected:
-    return Rejected(500, f"the env raised in {what}: {type(exc).__name__}: {exc}")
+def _query_id(id: int | None, env_idx: int | None) -> int:
+    if (id is None) == (env_idx is None):
+        got = "both" if id is not None else "neither"
+        raise Rejected(422, f"malformed request: query.id: give the env's id as ?id=N or ?env_idx=N (got {got})")
+    return id if id is not None else env_idx
 
 
 def _validation_message(errors: Sequence[Any]) -> str:
@@ -206,81 +135,25 @@ def _validation_message(errors: Sequence[Any]) -> str:
     return "malformed request: " + "; ".join(parts) + more
 
 
-class _Guard:
-    """ASGI middleware that checks every request before a route runs: token, instance, body size.
+class _Preview:
+    """The first observation of the env's first task, for ``/create`` answers that name no task:
+    taken once, on the server's catalog env, so a create does not cost a reset."""
 
-    It reads the body itself (up to ``max_body`` bytes) and hands it on, so an oversized body is
-    refused without ever being held whole, and stamps every answer with the server's instance.
-    """
+    def __init__(self, catalog: Env, lock: threading.Lock):
+        self.catalog, self.lock = catalog, lock
+        self.opening: Opening | None = None
+        self.taken = False
 
-    def __init__(self, app, served: ServedEnvs, token: str | None, max_body: int):
-        self.app = app
-        self.served = served
-        self.expected = f"Bearer {token}".encode() if token else None
-        self.max_body = max_body
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        instance = self.served.instance
-
-        async def stamped(message):
-            if message["type"] == "http.response.start":
-                headers = [*message.get("headers", []), (INSTANCE_HEADER.lower().encode(), instance.encode())]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        refusal = self._refusal(dict(scope["headers"]), instance)
-        body = b""
-        if refusal is None:
-            body, refusal = await self._read_body(receive)
-        if refusal is not None:
-            from starlette.responses import JSONResponse
-
-            status, message = refusal
-            extra = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            return await JSONResponse({"error": message}, status, headers=extra)(scope, receive, stamped)
-        await self.app(scope, _replay(body, receive), stamped)
-
-    def _refusal(self, headers: dict[bytes, bytes], instance: str) -> tuple[int, str] | None:
-        if self.expected is not None and not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
-            return 401, f"this server needs the header `Authorization: Bearer <token>` ({TOKEN_ENV})"
-        claimed = headers.get(INSTANCE_HEADER.lower().encode())
-        if claimed is not None and claimed.decode("latin-1") != instance:
-            return 410, (f"this server restarted: env ids of instance {claimed.decode('latin-1')[:40]!r} are gone "
-                         f"(this is instance {instance!r}), and the same number may now be another client's "
-                         "env; create a new env")
-        declared = headers.get(b"content-length", b"0")
-        if declared.isdigit() and int(declared) > self.max_body:
-            return 413, self._too_large()
-        return None
-
-    async def _read_body(self, receive) -> tuple[bytes, tuple[int, str] | None]:
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return b"", (400, "the client disconnected")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body:  # a body sent in chunks, with no length declared
-                return b"", (413, self._too_large())
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks), None
-
-    def _too_large(self) -> str:
-        return f"the request body is over this server's limit of {self.max_body} bytes"
-
-
-def _replay(body: bytes, receive):
-    """A ``receive`` that hands out the body already read, then the client's later messages."""
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def replayed():
-        return pending.pop() if pending else await receive()
-
-    return replayed
+    def get(self) -> Opening | None:
+        with self.lock:
+            if not self.taken:
+                try:
+                    first = next((ids[0] for ids in map(self.catalog.split_of, self.catalog.splits) if len(ids)), None)
+                    self.opening = None if first is None else opening_of(self.catalog, first)
+                except Exception as exc:  # noqa: BLE001 - the env's fault: retried at the next create
+                    raise Rejected(500, f"the env raised showing its first task: {type(exc).__name__}: {exc}") from exc
+                self.taken = True
+            return self.opening
 
 
 def create_app(name: str, options: dict[str, Any] | None = None, *, token: str | None = None,
@@ -302,20 +175,21 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
     options = dict(options or {})
     catalog = open_env(name, options)  # answers /tasks; also checks the options before serving
     catalog_lock = threading.Lock()
+    preview = _Preview(catalog, catalog_lock)
+    deterministic = getattr(catalog, "deterministic", False) is True
     served = ServedEnvs(name, lambda: type(catalog)(**options), max_envs)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         served.start()
         yield
-        for env_id in served.ids():  # free what the envs hold (processes, connections) on shutdown
-            served.get(env_id, remove=True).env.close()
+        served.close_all()  # free what the envs hold (processes, connections) on shutdown
         catalog.close()
 
     app = fastapi.FastAPI(title=f"omrl env server: {name}", lifespan=lifespan)
     app.state.envs = served
-    app.add_middleware(_Guard, served=served, token=token, max_body=max_body)
-    Body, Query = fastapi.Body, fastapi.Query
+    app.add_middleware(Guard, instance=lambda: served.instance, token=token, max_body=max_body)
+    Body, Header, Query = fastapi.Body, fastapi.Header, fastapi.Query
 
     @app.exception_handler(Rejected)
     def rejected(request, exc: Rejected):
@@ -336,99 +210,89 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
     def internal_error(request, exc: Exception):  # a bug here: still the protocol's shape
         return JSONResponse({"error": f"internal server error ({type(exc).__name__})"}, status_code=500)
 
-    @app.get("/")
-    def greeting() -> str:
-        return f"This is the omrl env server for {name!r} (AgentGym id dialect)."
+    def create(body: dict[str, Any] | None) -> dict:
+        body = body or {}
+        for key in ("commands", "goal"):  # TextCraft's own server builds a task from these
+            if body.get(key) is not None:
+                raise Rejected(422, f"this server plays env {name!r}'s own tasks and takes no {key!r}; "
+                                    f"name a task with one of {', '.join(TASK_FIELDS)} instead")
+        task_id = _task_id(body)
+        opening = preview.get() if task_id is None else None  # before the env: a failure leaves none
+        env_id = served.create()
+        if task_id is not None:
+            try:
+                opening = served.reset(env_id, task_id)
+            except Rejected:
+                with contextlib.suppress(Rejected):  # a create that failed leaves no env behind
+                    served.close(env_id)
+                raise
+        return {"id": env_id, "instance": served.instance, "deterministic": deterministic,
+                "observation": opening.shown if opening else "", "task_id": opening.task_id if opening else None,
+                "done": False, "reward": 0.0}
 
     @app.post("/create")
-    def create() -> dict:
-        return {"id": served.create(), "instance": served.instance}
+    def create_id(body: dict[str, Any] | None = Body(None)) -> dict:
+        return create(body)
 
-    @app.post("/reset")
-    def reset(body: dict[str, Any] = Body(...)) -> dict:
-        env_id, task_id = _field(body, "id", int), _field(body, "data_idx", int)
-        slot = served.get(env_id)
-        with slot.lock:
-            slot.started, slot.ended = False, "not reset"
-            try:
-                first = slot.env.reset(task_id)
-                actions = slot.env.admissible_actions()
-            except UnknownTaskError as exc:
-                raise Rejected(404, str(exc)) from exc
-            except Exception as exc:  # noqa: BLE001 - an env crash is the server's 500
-                raise _crash("reset", exc) from exc
-            slot.started, slot.ended, slot.observation = True, "", first.text
-            return {"id": env_id, "task_id": task_id, "observation": first.text,
-                    "instruction": first.instruction, "info": _jsonable(first.info),
-                    "available_actions": actions}
+    @app.post(ENV_IDX_PREFIX + "/create")
+    def create_env_idx(body: dict[str, Any] | None = Body(None)) -> int:
+        return create(body)["id"]
 
-    @app.post("/step")
+    router = fastapi.APIRouter()  # every other route, in both dialects
+
+    @router.get("/")
+    def greeting() -> str:
+        return (f"This is the omrl env server for {name!r} (AgentGym id dialect; "
+                f"the env_idx dialect under {ENV_IDX_PREFIX}).")
+
+    @router.post("/reset")
+    def reset(body: dict[str, Any] = Body(...), instance: str | None = Header(None, alias=INSTANCE_HEADER)) -> dict:
+        env_id, task_id = _env_id(body), _task_id(body)
+        if task_id is None:
+            raise Rejected(422, f"the body needs the task as one of {', '.join(TASK_FIELDS)} (int), got none")
+        opening = served.reset(env_id, task_id)
+        return {"id": env_id, "task_id": task_id, "observation": opening.text if instance else opening.shown,
+                "instruction": opening.instruction, "task_description": "", "info": opening.info,
+                "available_actions": opening.actions, "reward": 0.0, "score": 0.0, "done": False}
+
+    @router.post("/step")
     def step(body: dict[str, Any] = Body(...)) -> dict:
-        env_id, action = _field(body, "id", int), _field(body, "action", str)
-        slot = served.get(env_id)
-        with slot.lock:
-            if not slot.started:
-                raise Rejected(409, f"env id {env_id} has no episode ({slot.ended or 'not reset'}): reset it first")
-            if slot.ended:
-                raise Rejected(409, f"the episode of env id {env_id} is over ({slot.ended}): reset it")
-            try:
-                result = slot.env.step(action)
-                reward, score = _finite(result.reward, "reward"), _finite(result.score, "score")
-                actions = None if result.done else slot.env.admissible_actions()
-            except EpisodeFinishedError as exc:
-                slot.ended = "finished"
-                raise Rejected(409, str(exc)) from exc
-            except Exception as exc:  # noqa: BLE001 - the episode cannot go on after a crash
-                slot.ended = f"the env crashed: {type(exc).__name__}: {exc}"
-                raise _crash("step", exc) from exc
-            slot.observation = result.observation
-            if result.done:
-                slot.ended = "finished"
-            return {"observation": result.observation, "reward": reward, "done": bool(result.done),
-                    "info": _jsonable(result.info), "score": score, "won": result.won,
-                    "available_actions": actions}
+        env_id, action = _env_id(body), _field(body, "action", str)
+        result = served.step(env_id, action)
+        return {"observation": result.observation, "state": result.observation, "reward": result.reward,
+                "score": result.score, "done": result.done, "won": result.won, "info": result.info,
+                "available_actions": result.actions}
 
-    @app.get("/observation")
-    def observation(id: int = Query(...)) -> str:
-        slot = served.get(id)
-        with slot.lock:
-            return slot.observation
+    @router.get("/observation")
+    def observation(id: int | None = Query(None), env_idx: int | None = Query(None),
+                    instance: str | None = Header(None, alias=INSTANCE_HEADER)) -> str:
+        return served.observation(_query_id(id, env_idx), with_goal=not instance)
 
-    @app.get("/available_actions")
-    def available_actions(id: int = Query(...)) -> list[str] | None:
-        slot = served.get(id)
-        with slot.lock:
-            return slot.env.admissible_actions() if slot.started and not slot.ended else None
+    @router.get("/available_actions")
+    def available_actions(id: int | None = Query(None), env_idx: int | None = Query(None)) -> list[str]:
+        return served.actions(_query_id(id, env_idx))
 
-    @app.get("/expert_action")
-    def expert_action(id: int = Query(...)) -> dict:
-        slot = served.get(id)
-        with slot.lock:
-            if not slot.started or slot.ended:
-                return {"action": None}
-            try:
-                return {"action": slot.env.expert_action()}
-            except Exception as exc:  # noqa: BLE001
-                raise _crash("expert_action", exc) from exc
+    @router.get("/expert_action")
+    def expert_action(id: int | None = Query(None), env_idx: int | None = Query(None)) -> dict:
+        return {"action": served.expert_action(_query_id(id, env_idx))}
 
-    @app.post("/close")
+    @router.post("/close")
     def close(body: dict[str, Any] = Body(...)) -> dict:
-        env_id = _field(body, "id", int)
-        slot = served.get(env_id, remove=True)
-        with slot.lock:
-            slot.env.close()
+        env_id = _env_id(body)
+        served.close(env_id)
         return {"id": env_id, "closed": True}
 
-    @app.get("/list_envs")
+    @router.get("/list_envs")
     def list_envs() -> list[int]:
         return served.ids()
 
-    @app.get("/tasks")
+    @router.get("/tasks")
     def tasks(split: str | None = None) -> dict:
         with catalog_lock:
             if split is None:
                 return {"env": name, "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
                         "action_help": catalog.action_help, "max_turns": catalog.max_turns,
+                        "deterministic": getattr(catalog, "deterministic", False) is True,
                         "demonstration": [[t.observation, t.thought, t.action] for t in catalog.demonstration]}
             try:
                 ids = catalog.split_of(split)
@@ -438,6 +302,8 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
                 return {"split": split, "range": [ids.start, ids.stop, ids.step]}
             return {"split": split, "task_ids": [int(t) for t in ids]}
 
+    app.include_router(router)
+    app.include_router(router, prefix=ENV_IDX_PREFIX)
     return app
 
 

@@ -117,3 +117,21 @@ def test_omrl_sft_exits_2_naming_a_damaged_dataset(tiny_model_dir, tmp_path, cap
         main(["sft", f"model.name={tiny_model_dir}", "--dataset", str(path), "--output-dir", str(tmp_path / "o")])
     err = capsys.readouterr().err.replace("\n", "")
     assert info.value.code == 2 and f"error: {path}: " in err and expected in err
+
+
+def test_atomic_writes_get_the_mode_a_plain_open_would_give(tmp_path):
+    import os
+    import stat
+
+    from omrl.atomic import atomic_write_bytes, atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "report.json", "{}")
+        atomic_write_bytes(tmp_path / "plot.png", b"\x89PNG")
+        (tmp_path / "plain.txt").write_text("x")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"report.json": 0o644, "plot.png": 0o644, "plain.txt": 0o644}  # not mkstemp's private 0600
+    assert (tmp_path / "plot.png").read_bytes() == b"\x89PNG" and not list(tmp_path.glob(".*.tmp"))

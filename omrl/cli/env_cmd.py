@@ -141,7 +141,7 @@ def serve(name: str = typer.Argument(..., help="A registered env (see `omrl env 
           max_body: int = typer.Option(1 << 20, "--max-body", min=1,
                                        help="Largest request body in bytes (larger: HTTP 413)."),
           option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP)) -> None:
-    r"""Serve an env over HTTP in the AgentGym `id` dialect (needs omrl\[server])."""
+    r"""Serve an env over HTTP for AgentGym clients: `id` dialect at the root, `env_idx` dialect under /env_idx (needs omrl\[server])."""
     from omrl.serve import create_app, exposure_warning, run_server
 
     app = create_app(name, parse_options(option), token=token or None, max_envs=max_envs, max_body=max_body)
@@ -151,7 +151,8 @@ def serve(name: str = typer.Argument(..., help="A registered env (see `omrl env 
         console.print(Text(warning, style="bold red"), soft_wrap=True)
     needs = " (and the token: OMRL_SERVE_TOKEN or plugins.agentgym.token)" if token else ""
     console.print(
-        f"serving env [bold]{name}[/] on http://{host}:{port} in the AgentGym id dialect; play it with "
+        f"serving env [bold]{name}[/] on http://{host}:{port} (AgentGym id dialect; env_idx dialect at "
+        f"http://{host}:{port}/env_idx); play it with "
         f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={name}{needs}",
         highlight=False, soft_wrap=True)
     run_server(app, host, port)

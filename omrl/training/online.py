@@ -10,26 +10,32 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from rich.console import Console
 
+from omrl import registry
 from omrl.algos import RECIPES, AdvantageInput
 from omrl.backends.base import generation_metrics
 from omrl.atomic import atomic_write_text
 from omrl.config import to_dict, to_yaml
-from omrl.data import write_episodes
+from omrl.data import Episode, write_episodes
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.options import TrainRunConfig
 from omrl.parallel import Strategy, make_strategy
 from omrl.rollout import RolloutSession
+from omrl.search import play_strategy
+from omrl.search.context import check_budget
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_rss_gb, rollout_metrics
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.rl_data import TaskOrder
+
+#: recipes that train on the paths of search trees (rollout.strategy other than chain)
+TREE_RECIPES = ("grpo", "ppo")
 
 
 def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
@@ -58,6 +64,43 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
                           f"the prompt too); got max_new_tokens={gen.max_new_tokens}, max_context={gen.max_context}")
     if algo.critic not in ("head", "model"):
         raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
+    check_rollout_strategy(cfg)
+
+
+def check_rollout_strategy(cfg: TrainRunConfig) -> None:
+    """A known ``rollout.strategy``, a budget of at least one reply, and a recipe that trains on trees."""
+    rollout = cfg.rollout
+    registry.strategies.get(rollout.strategy)  # unknown: names the valid ones
+    check_budget(rollout.budget, cfg.generation.max_new_tokens)
+    if searched(cfg) and cfg.algorithm.name not in TREE_RECIPES:
+        raise ConfigError(f"rollout.strategy={rollout.strategy} (rollout.budget={rollout.budget}) trains with "
+                          f"algorithm.name {' or '.join(TREE_RECIPES)}, not {cfg.algorithm.name!r} (dpo pairs the "
+                          "samples of the chain rollout); valid: rollout.strategy=chain with rollout.budget=0")
+
+
+def searched(cfg: TrainRunConfig) -> bool:
+    """Whether steps roll out through :mod:`omrl.search` (a tree strategy, or chain with a budget),
+    rather than the chain rollout itself."""
+    return cfg.rollout.strategy != "chain" or cfg.rollout.budget > 0
+
+
+def trees_per_task(cfg: TrainRunConfig) -> int:
+    """Search trees grown per task: ``group_size`` for a tree strategy (Tree-GRPO's M trees per
+    prompt), 1 for chain (its ``group_size`` chains are one tree)."""
+    return 1 if cfg.rollout.strategy == "chain" else cfg.group_size
+
+
+def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int], seed: int) -> list[Episode]:
+    """This step's episodes of ``tasks``, rewards composed: ``group_size`` chain samples per task, or
+    with a search every root-to-leaf path of ``trees_per_task(cfg)`` trees per task, ``Episode.group``
+    numbering the trees (consecutive per task; see :func:`omrl.training.tree_batch.paths_to_batch`)."""
+    if not searched(cfg):
+        return session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=seed)
+    copies = trees_per_task(cfg)
+    _, episodes = play_strategy(session, cfg.rollout.strategy, [task for task in tasks for _ in range(copies)],
+                                split=cfg.env.split, budget=cfg.rollout.budget,
+                                group_size=cfg.group_size if copies == 1 else 1, seed=seed)
+    return episodes
 
 
 def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool) -> None:
@@ -65,13 +108,17 @@ def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool) -
     rollout: an estimator that needs what this run lacks (a critic's values) or a group size
     under which every advantage is 0 is refused now, naming the fix, not after a whole rollout."""
     algo, group = cfg.algorithm, cfg.group_size
+    if cfg.rollout.strategy != "chain":  # a task's group is the leaves of its trees: a tree has several
+        group = max(group, 2)
     rewards = torch.zeros(group, 3)
     rewards[:, -1] = torch.arange(1, group + 1, dtype=torch.float32)  # the samples of the task differ
     probe = AdvantageInput(token_rewards=rewards, loss_mask=torch.ones(group, 3),
                            group_ids=torch.zeros(group, dtype=torch.long),
                            values=torch.zeros(group, 3) if has_critic else None,
                            turn_index=torch.zeros(group, 3, dtype=torch.long), turn_rewards=rewards[:, -1:],
-                           turn_state_ids=torch.zeros(group, 1, dtype=torch.long))
+                           turn_state_ids=torch.zeros(group, 1, dtype=torch.long),
+                           turn_node_ids=torch.arange(group)[:, None] if searched(cfg) else None,
+                           turn_parent_ids=torch.full((group, 1), -1) if searched(cfg) else None)
     try:
         advantages, _ = advantage_fn(probe, algo)
     except OmrlError as err:

@@ -9,6 +9,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from omrl.training.logits import entropy_from_logits, token_log_probs
+from omrl.training.shared_prefix import SharedPrefix
 
 
 class ValueHead(nn.Module):
@@ -24,9 +25,9 @@ class ValueHead(nn.Module):
         return self.proj(hidden.float()).squeeze(-1)
 
 
-def _align(per_next_token: torch.Tensor) -> torch.Tensor:
-    """[bs, L-1] values about tokens 1..L-1 -> [bs, L] aligned with input_ids (position 0 is 0)."""
-    return torch.nn.functional.pad(per_next_token, (1, 0))
+def _align(per_next_token: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """[bs, L-1-start] values about tokens start+1..L-1 -> [bs, L] aligned with input_ids (0 before)."""
+    return torch.nn.functional.pad(per_next_token, (start + 1, 0))
 
 
 # Config fields of models whose logits are not just lm_head(last hidden state).
@@ -45,8 +46,8 @@ def _output_head(model: nn.Module) -> nn.Module | None:
 
 def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   value_head: ValueHead | None = None, token_mask: torch.Tensor | None = None
-                   ) -> dict[str, torch.Tensor]:
+                   value_head: ValueHead | None = None, token_mask: torch.Tensor | None = None,
+                   prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
     """Log-probs (and optionally entropy and values) of every token given the tokens before it.
 
     Returns tensors [bs, L]: ``log_probs[:, t]`` = log p(input_ids[t] | input_ids[:t]) under the
@@ -55,28 +56,34 @@ def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     ``token_mask`` [bs, L] names the tokens whose log-probs (and entropy) are needed, e.g. the
     response mask; the LM head and the vocabulary-sized softmax then run only at the positions
     predicting them (a fraction of a multi-turn episode), and the other positions hold 0.
+
+    ``prefix``: the rows' first ``prefix.length`` tokens already ran (omrl.training.shared_prefix):
+    only the rest runs, on the prefix's keys and values; the prefix's positions hold 0 (they are
+    prompt tokens, never trained).
     """
     head = _output_head(model) if token_mask is not None else None
     need_hidden = value_head is not None or head is not None
-    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                output_hidden_states=need_hidden, **({"logits_to_keep": 1} if head is not None else {}))
-    targets = input_ids[:, 1:]
+    start = prefix.length if prefix is not None else 0
+    out = model(input_ids=input_ids[:, start:], attention_mask=attention_mask, use_cache=False,
+                output_hidden_states=need_hidden, **({"logits_to_keep": 1} if head is not None else {}),
+                **(prefix.cache_kwargs() if prefix is not None else {}))
+    targets = input_ids[:, start + 1:]
     if head is not None:  # only the positions asked for, in chunks recomputed in backward
-        chosen = token_mask[:, 1:].bool()
+        chosen = token_mask[:, start + 1:].bool()
         log_probs, entropy = _head_stats(head, out.hidden_states[-1][:, :-1][chosen], targets[chosen], temperature,
                                          with_entropy)
-        result = {"log_probs": _place(log_probs, chosen)}
+        result = {"log_probs": _place(log_probs, chosen, start)}
         if with_entropy:
-            result["entropy"] = _place(entropy, chosen)
+            result["entropy"] = _place(entropy, chosen, start)
     else:
         logits = out.logits[:, :-1].float()
         if temperature and temperature != 1.0:
             logits = logits / temperature
-        result = {"log_probs": _align(token_log_probs(logits, targets))}
+        result = {"log_probs": _align(token_log_probs(logits, targets), start)}
         if with_entropy:
-            result["entropy"] = _align(entropy_from_logits(logits))
+            result["entropy"] = _align(entropy_from_logits(logits), start)
     if value_head is not None:
-        result["values"] = _align(value_head(out.hidden_states[-1][:, :-1]))
+        result["values"] = _align(value_head(out.hidden_states[-1][:, :-1]), start)
     return result
 
 
@@ -112,11 +119,11 @@ def _chunk_stats(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, t
     return token_log_probs(logits, targets[None])[0], entropy
 
 
-def _place(values: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-    """Values [n] of the ``chosen`` [bs, L-1] positions -> [bs, L] aligned with input_ids (0 elsewhere)."""
+def _place(values: torch.Tensor, chosen: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """Values [n] of the ``chosen`` [bs, L-1-start] positions -> [bs, L] aligned with input_ids (0 elsewhere)."""
     full = values.new_zeros(chosen.shape)
     full[chosen] = values
-    return _align(full)
+    return _align(full, start)
 
 
 def sequence_log_prob(model: nn.Module, mb, temperature: float = 1.0) -> torch.Tensor:

@@ -9,6 +9,9 @@ EVAL and CHECKPOINT), ``cleanup``. DPO, which trains on pairs instead of advanta
   (``algorithm.advantage``, ``.policy_loss``, ``.kl_estimator``); they share one calling
   convention (:mod:`omrl.algos`), so nothing here depends on which one is chosen. ``ppo``
   adds a critic: a value head on the policy (``algorithm.critic=head``) or its own model.
+- ``rollout.strategy`` may play the tasks by a tree search (:mod:`omrl.search`): its finished
+  root-to-leaf paths are the rows, and a turn several paths share is trained once
+  (:mod:`omrl.training.tree_batch`); ``tree_grpo`` credits each turn at the trees' branch points.
 - Rollouts generate with the very model being trained (the hf backend shares it); other
   backends get the new weights after every update.
 - The strategy (:mod:`omrl.parallel`) hides how processes share the work: one process,
@@ -36,8 +39,9 @@ from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
 from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
 from omrl.training.policy import ValueHead, policy_forward
-from omrl.training.rl_data import (advantage_input, episodes_to_batch, join_columns, micro_batches,
-                                   sort_by_length, trainable)
+from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, with_shared_prefixes
+from omrl.training.rl_data import episodes_to_batch, join_columns, micro_batches, sort_by_length, trainable
+from omrl.training.tree_batch import paths_to_batch, train_each_turn_once, tree_advantage_input
 
 
 class RLRecipe(online.OnlineRecipe):
@@ -87,17 +91,24 @@ class RLRecipe(online.OnlineRecipe):
             started = time.perf_counter()
             seed = online.rollout_seed(cfg, self.step, strategy)
 
-            # ROLLOUT: every sample of every task in batched generate calls, envs stepped together
+            # ROLLOUT: every sample of every task in batched generate calls, envs stepped together;
+            # with a search (rollout.strategy), every root-to-leaf path of each task's trees
             self.model.eval()
             tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
-            episodes = self.session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=seed)
+            episodes = online.play_step(cfg, self.session, tasks, seed)
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
             self._check_rollout(episodes)
             self._save_rollout(episodes)
 
-            # REWARD: composed per turn inside play(); allocated to the sampled tokens here
-            batch = sort_by_length(episodes_to_batch(trainable(episodes), self.tokenizer.pad_token_id,
-                                                     cfg.reward.allocation, cfg.reward.gamma)).to(self.device)
+            # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's
+            # rows are its finished paths, each whole (omrl.training.tree_batch)
+            if online.searched(cfg):
+                rows = paths_to_batch(episodes, online.trees_per_task(cfg), self.tokenizer.pad_token_id,
+                                      cfg.reward.allocation, cfg.reward.gamma)
+            else:
+                rows = episodes_to_batch(trainable(episodes), self.tokenizer.pad_token_id, cfg.reward.allocation,
+                                         cfg.reward.gamma)
+            batch = sort_by_length(rows).to(self.device)
             tokens = strategy.sum([batch["loss_mask"].sum()])[0]  # trained tokens on all processes
             if not tokens:
                 metrics.update(self._skip("no trainable episode in this rollout"))
@@ -122,7 +133,12 @@ class RLRecipe(online.OnlineRecipe):
             # process with no rows this step (others have them) has none to estimate
             empty = torch.zeros_like(batch["token_rewards"])
             batch.tensors["advantages"], batch.tensors["returns"] = \
-                self.advantage_fn(advantage_input(batch), algo) if len(batch) else (empty, empty)
+                self.advantage_fn(tree_advantage_input(batch), algo) if len(batch) else (empty, empty)
+            if online.searched(cfg):  # a turn several paths share: trained once, with its copies' mean advantage
+                batch = train_each_turn_once(batch)
+                trained, rows_trained, paths = strategy.sum([batch["loss_mask"].sum(), len(batch), len(episodes)])
+                metrics.update(finished_paths=rows_trained / max(paths, 1.0), trained_token_share=trained / tokens)
+                tokens = trained
             any_advantage = strategy.sum([batch["advantages"].any()])[0]
             other_terms = self.value_head is not None or (self.ref_model is not None and not algo.kl_in_reward) \
                 or algo.entropy_coef
@@ -141,8 +157,8 @@ class RLRecipe(online.OnlineRecipe):
                 for mini in self._mini_batches(batch, passes, shuffle):
                     mini_tokens = max(strategy.sum([mini["loss_mask"].sum()])[0], 1.0)
                     strategy.zero_grad(self.optimizer)
-                    for mb in strategy.micro_batches(micro_batches(mini, mb_size), idle=self._policy_forward):
-                        out = self._policy_forward(mb)
+                    for mb, prefix in self._update_micro_batches(mini, mb_size):
+                        out = self._policy_forward(mb, prefix)
                         if self.on_policy:  # the policy that sampled is this very one, not yet updated
                             mb.tensors["old_log_probs"] = out["log_probs"].detach()
                         loss, parts = policy_gradient_loss(out, mb, algo, self.policy_loss_fn, self.kl_fn)
@@ -205,14 +221,30 @@ class RLRecipe(online.OnlineRecipe):
                                                      self.temperature, token_mask=mb["loss_mask"])["log_probs"]
         return scored
 
-    def _policy_forward(self, mb) -> dict[str, torch.Tensor]:
-        """The update's forward: log-probs, entropy and (ppo) values of ``mb``."""
-        return self.strategy.forward(self._forward, mb, with_values=self.value_head is not None, with_entropy=True)
+    def _update_micro_batches(self, mini, mb_size: int):
+        """The update's micro-batches, each with the shared prefix it runs on (or None): rows that
+        open with the same prompt run it once (omrl.training.shared_prefix)."""
+        if self._shares_prefix():
+            yield from with_shared_prefixes(self.model, mini, mb_size)
+        else:
+            yield from ((mb, None) for mb in self.strategy.micro_batches(micro_batches(mini, mb_size),
+                                                                         idle=self._policy_forward))
 
-    def _forward(self, mb, with_values: bool = False, with_entropy: bool = False) -> dict[str, torch.Tensor]:
+    def _shares_prefix(self) -> bool:
+        """Shared prefixes need the whole model in this process (not sharded) and no critic."""
+        return self.cfg.optim.share_prefix and not self.strategy.sharded and self.value_head is None \
+            and supports_shared_prefix(self.model)
+
+    def _policy_forward(self, mb, prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
+        """The update's forward: log-probs, entropy and (ppo) values of ``mb``."""
+        return self.strategy.forward(self._forward, mb, with_values=self.value_head is not None, with_entropy=True,
+                                     prefix=prefix)
+
+    def _forward(self, mb, with_values: bool = False, with_entropy: bool = False,
+                 prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
         """Log-probs (entropy, values) of the sampled tokens; the LM head runs on those alone."""
         out = policy_forward(self.model, mb["input_ids"], mb["attention_mask"], self.temperature,
-                             with_entropy=with_entropy, token_mask=mb["loss_mask"],
+                             with_entropy=with_entropy, token_mask=mb["loss_mask"], prefix=prefix,
                              value_head=self.value_head if with_values and self.critic_model is None else None)
         if with_values and self.critic_model is not None:
             out["values"] = policy_forward(self.critic_model, mb["input_ids"], mb["attention_mask"],

@@ -6,9 +6,11 @@ when plotting, and its absence is one clear error.
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
+from omrl.atomic import atomic_write_bytes
 from omrl.errors import OmrlError
 from omrl.view.metrics import columns, panels, read_metrics_file
 from omrl.view.sources import Problem, discover
@@ -64,7 +66,9 @@ def plot_run(run: str | os.PathLike, out_dir: str | os.PathLike | None = None, o
             axes.legend(fontsize=8)
         figure.tight_layout()
         path = target / f"{panel['name']}.png"
-        figure.savefig(path, dpi=dpi)
+        image = io.BytesIO()
+        figure.savefig(image, format="png", dpi=dpi)
+        atomic_write_bytes(path, image.getvalue())  # a crash never leaves a half-written PNG
         plt.close(figure)
         written.append(path)
     return written, problems

@@ -4,22 +4,27 @@ Options (config block ``plugins.agentgym``):
 
 - ``base_url``: the server, e.g. ``http://127.0.0.1:36001``.
 - ``env_name``: which server it is: textcraft, babyai, sciworld, alfworld, maze, wordle,
-  webshop, sqlgym, or any other name for an ``omrl env serve`` server (generic: it lists its
-  own tasks and says ``won``/``score`` itself).
+  webshop, sqlgym, searchqa, academia, movie, sheet, todo, weather, webarena, or any other name
+  for an ``omrl env serve`` server (generic: it lists its own tasks and says ``won``/``score``
+  itself). Each known name fixes the requests and answers of that server, bodies included
+  (the table and its sources: :mod:`omrl_plugins.envs.agentgym_dialects`).
 - ``dialect`` (``id`` or ``env_idx``), ``task_field`` (the reset field that picks the task:
   data_idx, game, seed, item_id, session_id...) and ``reset_fields`` (extra reset fields, e.g.
   ALFWorld's ``world_type``) override what ``env_name`` implies.
-- ``splits``: AgentGym servers do not list their tasks, so each known env has default splits
+- ``splits``: AgentGym servers do not list their tasks, so most known envs have default splits
   (below); ``{test: 100, train: 444}`` lays counts out from id 0 in that order, and
   ``{test: [0, 100], train: [100, 544, 2]}`` gives explicit ranges (start, stop[, step]).
-- ``timeout`` (seconds per HTTP call), ``retries`` and ``backoff``: connection errors and HTTP 5xx
-  are retried after ``backoff * 2**k`` seconds; a server that stays down fails after
-  ``retries + 1`` attempts, so no call hangs longer than about
-  ``(retries + 1) * timeout + backoff * (2**retries - 1)`` seconds.
+- ``timeout`` (seconds per HTTP call), ``retries`` and ``backoff``: a call is retried after
+  ``backoff * 2**k`` seconds when it could not reach the server, and creates, resets, closes and
+  reads also after an HTTP 5xx or a timeout. A step is never sent twice once it may have reached
+  the server (the server may have played it before failing): a 5xx or a read timeout there is an
+  EnvError for that episode. A server that stays down fails after ``retries + 1`` attempts, so no
+  call hangs longer than about ``(retries + 1) * timeout + backoff * (2**retries - 1)`` seconds.
 - ``token``: sent as ``Authorization: Bearer <token>`` (an ``omrl env serve --token`` server);
   unset, the ``OMRL_SERVE_TOKEN`` environment variable is used, which keeps it out of config
   files and run directories. ``headers``: extra HTTP headers for every call (e.g. a gateway's).
-- ``reuse_ids`` (false): let a foreign server's env id play more than one episode (see below).
+- ``reuse_ids``: let a foreign server's env id play more than one episode (see below); unset,
+  true for webshop and sqlgym (their servers hand out live ids again), false otherwise.
 
 Defaults per ``env_name``: splits (task ids), and how ``score`` (in [0, 1]) and ``won`` (in
 ``info`` on every step) are derived:
@@ -33,18 +38,31 @@ Defaults per ``env_name``: splits (task ids), and how ``score`` (in [0, 1]) and 
 - sciworld: test every 10th of the 4,639 variations, train the odd ids; score = the server's
   ``score`` / 100 (negative, i.e. failed, clips to 0); won at 100.
 - webshop: test 0-499, train 1500-12086 (WebShop's goal split); score = the purchase reward,
-  won = reward 1.0. sqlgym, searchqa...: no default, set ``splits``.
+  won = reward 1.0. sqlgym, searchqa, webarena: as textcraft; the tool envs (academia, movie,
+  sheet, todo, weather): score = the latest reward (a progress rate, 1 on success). These have
+  no default splits: set ``splits``.
 - any other name (an ``omrl env serve`` server): splits from ``GET /tasks``; won and score as
   the server sends them.
 
 The step ``reward`` is the server's reward, or the change in score for envs that report a
-running score (babyai, sciworld); the score is the running sum (clipped) of rewards otherwise.
+running score (babyai, sciworld, the tool envs); the score is the running sum (clipped) of
+rewards otherwise.
 
 Errors: AgentGym servers answer failures with HTTP 200 and ``{"error": ...}``; that, a 4xx, or a
-body that is not JSON, lacks a key, or holds a reward or score that is not a finite number or a
-``done``/``won`` that is not a boolean becomes an :class:`~omrl.envs.EnvError` naming the server,
-the call and the message. A step whose server died raises EnvError (the rollout marks the
-episode ``env_error`` instead of scoring it 0) and the next ``reset`` creates a new env id.
+body that is not JSON, lacks a key its server answers, or holds a reward or score that is not a
+finite number or a ``done``/``won`` that is not a boolean becomes an :class:`~omrl.envs.EnvError`
+naming the server, the call and the message. A step whose server died raises EnvError (the
+rollout marks the episode ``env_error`` instead of scoring it 0) and the next ``reset`` creates
+a new env id.
+
+An ``omrl env serve`` server of an env named like a known one (``omrl env serve webshop``, played
+with ``env_name=webshop``) is sent that known server's requests, which it takes, and its answers
+are read the omrl way once its ``/create`` answer names its instance.
+
+Replay forks (tree search): an ``omrl env serve`` server says in its ``/create`` answer whether
+its env is ``deterministic``; the client sets its own ``deterministic`` to that at each create,
+so :func:`omrl.envs.fork_support` offers replay for a deterministic served env once the client
+has created an env there. Foreign servers never say it: False.
 
 Env ids and server restarts: a restarted server numbers its ids from 0 again, so an id kept from
 before the restart may now be another client's env. An ``omrl env serve`` server names its
@@ -54,91 +72,37 @@ is kept across episodes. A foreign server cannot tell, so its ids live one episo
 creates a new env, and a finished episode's env is closed at once, where a refused close (the
 server no longer knew the id: it restarted, or another client closed it) makes that last step
 an EnvError, since another client may have shared the env. Servers without ``/close`` (WebShop,
-ALFWorld, LMRL-Gym) then keep one env per episode in memory; ``reuse_ids=true`` trades that
-for the risk above. A step answered 404 or 410 names the lost id in its EnvError. An id dropped
-after a failure on an omrl server is closed at the next ``reset`` or ``close`` (the instance name
-makes that safe), so timeouts do not leak envs there.
+SQLGym, ALFWorld, LMRL-Gym, the tool envs) are never sent one and then keep one env per episode
+in memory; ``reuse_ids=true`` trades that for the risk above. It is the default for WebShop and
+SQLGym, which hand out live ids again once they hold 8,000 and 8 envs (one env per episode would
+soon make two clients share one) and draw random ids, which a restart hardly hands to another
+client. A server answering a close with a bare 404 or 405 (no such route) is not sent another.
+A step answered 404 or 410 names the lost id in its EnvError. An id dropped after a failure on
+an omrl server is closed at the next ``reset`` or ``close`` (the instance name makes that safe),
+so timeouts do not leak envs there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from omrl.envs import DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl.serve import INSTANCE_HEADER, TOKEN_ENV
+from omrl_plugins.envs.agentgym_dialects import (
+    DIALECTS, GENERIC_SERVER, KNOWN_SERVERS, MalformedAnswer, as_omrl_server, as_text, create_body, read_create,
+    read_reset, read_step,
+)
 from omrl_plugins.envs.agentgym_http import HttpTransport, ServerFailure, ServerRefused, snippet
 
-DIALECTS = ("id", "env_idx")
 GONE = (404, 410)  # statuses that say the server no longer has the env id
 MAX_ORPHANS = 32  # dropped omrl ids remembered for closing (a server down for long drops more)
-
-
-@dataclass(frozen=True)
-class ServerSpec:
-    """How one kind of AgentGym server speaks (options override any of it)."""
-
-    dialect: str = "id"
-    task_field: str = "data_idx"
-    #: split -> (start, stop[, step]); None: the server lists them (GET /tasks, omrl servers)
-    splits: dict[str, tuple[int, ...]] | None = None
-    route_prefix: str = ""
-    reset_fields: dict[str, Any] = field(default_factory=dict)
-    score_field: str | None = None  # a step field holding the running score (else: sum rewards)
-    score_scale: float = 1.0
-    win_score: float = 1.0
-    has_close: bool = True
-    actions_route: str | None = None  # a GET route with the admissible actions (WebShop)
-    instruction_route: str | None = None
-    expert_route: str | None = None  # omrl servers: GET /expert_action
-    action_help: str = Env.action_help
-    max_turns: int = Env.max_turns
-
-
-KNOWN_SERVERS: dict[str, ServerSpec] = {
-    "textcraft": ServerSpec(
-        splits={"test": (0, 100), "train": (100, 544)}, max_turns=20,
-        action_help="One command per turn: get [count] [item], craft [count] [target] using "
-                    "[count] [ingredient], ..., or inventory."),
-    "babyai": ServerSpec(
-        splits={"test": (0, 400), "train": (400, 4400)}, score_field="score", win_score=0.5,
-        max_turns=20,
-        action_help="One action per turn: turn left, turn right, move forward, go to <object>, "
-                    "pick up <object>, go through <door>, toggle and go through <door>, toggle."),
-    "sciworld": ServerSpec(
-        splits={"test": (0, 4639, 10), "train": (1, 4639, 2)}, score_field="score",
-        score_scale=100.0, max_turns=30,
-        action_help="One command per turn, e.g. look around, go to LOC, open OBJ, pick up OBJ, "
-                    "move OBJ to OBJ, use OBJ on OBJ, focus on OBJ, wait."),
-    "alfworld": ServerSpec(
-        task_field="game", splits={"train": (0, 2420), "test": (2420, 2620)},
-        reset_fields={"world_type": "Text"}, has_close=False, max_turns=30,
-        action_help="One command per turn, e.g. go to LOC, take OBJ from RECEP, put OBJ in/on "
-                    "RECEP, open RECEP, heat/cool/clean OBJ with RECEP, use OBJ, look."),
-    "maze": ServerSpec(
-        task_field="game", route_prefix="/maze", splits={"train": (0, 26), "test": (0, 26)},
-        has_close=False, action_help='One move per turn: "move up", "move down", "move left" or "move right".'),
-    "wordle": ServerSpec(
-        task_field="seed", route_prefix="/wordle", splits={"test": (0, 200), "train": (200, 10200)},
-        has_close=False, max_turns=6,
-        action_help='Guess a 5-letter word from the vocabulary as spaced letters, e.g. "s h i r e".'),
-    "webshop": ServerSpec(
-        dialect="env_idx", task_field="session_id", splits={"test": (0, 500), "train": (1500, 12087)},
-        has_close=False, actions_route="/available_actions", instruction_route="/instruction_text",
-        action_help="search[keywords] (where there is a search bar) or click[value] with a "
-                    "clickable from the page."),
-    "sqlgym": ServerSpec(dialect="env_idx", task_field="item_id", has_close=False, max_turns=5,
-                         action_help="One SQLite statement per turn, on one line."),
-}
-#: any other name: an `omrl env serve` server (or a compatible one) that describes itself
-GENERIC_SERVER = ServerSpec(expert_route="/expert_action")
+MALFORMED = (KeyError, TypeError, ValueError, OverflowError)  # what reading a malformed answer raises
 
 
 def parse_splits(splits: Any, where: str = "plugins.agentgym.splits") -> dict[str, range]:
@@ -159,10 +123,6 @@ def parse_splits(splits: Any, where: str = "plugins.agentgym.splits") -> dict[st
     return out
 
 
-def _clip(value: float) -> float:
-    return min(1.0, max(0.0, value))
-
-
 class AgentGymEnv(Env):
     """Play an env served over HTTP by an AgentGym server or `omrl env serve`."""
 
@@ -172,7 +132,7 @@ class AgentGymEnv(Env):
                  dialect: str | None = None, timeout: float = 30.0, retries: int = 3,
                  backoff: float = 0.5, splits: dict[str, Any] | None = None,
                  task_field: str | None = None, reset_fields: dict[str, Any] | None = None,
-                 token: str | None = None, headers: dict[str, str] | None = None, reuse_ids: bool = False):
+                 token: str | None = None, headers: dict[str, str] | None = None, reuse_ids: bool | None = None):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"plugins.agentgym.base_url must be an http(s) URL, got {base_url!r}")
         if dialect is not None and dialect not in DIALECTS:
@@ -192,12 +152,13 @@ class AgentGymEnv(Env):
             reset_fields={**spec.reset_fields, **(reset_fields or {})})
         chosen = splits if splits is not None else spec.splits
         self._splits = parse_splits(chosen) if chosen is not None else None
-        self._id_key = "id" if self._spec.dialect == "id" else "env_idx"
+        self._id_key = self._spec.dialect  # the body/query key naming the env id: "id" or "env_idx"
         self._server = HttpTransport(base_url, float(timeout), retries, float(backoff),
                                      _request_headers(token, headers))
-        if not isinstance(reuse_ids, bool):
+        if reuse_ids is not None and not isinstance(reuse_ids, bool):
             raise ConfigError(f"plugins.agentgym.reuse_ids must be true or false, got {reuse_ids!r}")
-        self._reuse_ids = reuse_ids
+        self._reuse_ids = spec.reuse_ids if reuse_ids is None else reuse_ids
+        self._deterministic: bool | None = None  # what the last /create answer said
         self._description: dict[str, Any] | None = None
         self._lock = threading.Lock()  # calls on one env id are serialized
         self._env_id: int | None = None
@@ -208,6 +169,7 @@ class AgentGymEnv(Env):
         self._score = 0.0
         self._actions: list[str] | None = None
         self._has_expert = self._spec.expert_route is not None
+        self._omrl_answers = False  # True once a known env's server turned out to be an omrl server
         self._has_close = self._spec.has_close  # False once the server turns out to lack /close
 
     # -- what the server is --------------------------------------------------------------
@@ -242,6 +204,14 @@ class AgentGymEnv(Env):
                 splits[name] = ids
             self._splits = splits
         return self._splits
+
+    @property
+    def deterministic(self) -> bool:  # type: ignore[override]
+        """Whether the server's env is deterministic: its last /create answer says so; before one, an omrl
+        server's GET /tasks (so tree search can check the env before any episode); foreign servers: False."""
+        if self._deterministic is None and self._self_describing:
+            return self._described().get("deterministic") is True
+        return bool(self._deterministic)
 
     @property
     def splits(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -279,19 +249,18 @@ class AgentGymEnv(Env):
         if not any(task_id in ids for ids in splits.values()):
             ranges = ", ".join(f"{n} {_describe_ids(ids)}" for n, ids in splits.items())
             raise UnknownTaskError(f"agentgym env {self.env_name!r}: unknown task id {task_id!r}; valid: {ranges}")
-        body = {self._spec.task_field: task_id, **self._spec.reset_fields}
         with self._lock:
             self._started = self._done = False
             self._close_orphans()
             if self._env_id is not None and not self._reusable():
                 self._close_id()  # a foreign server's id lives one episode
             try:
-                answer = self._reset_on_server(body)
+                answer = self._reset_on_server(task_id)
                 observation, instruction, info = self._parse_reset(answer)
             except ServerFailure:
                 self._drop_id()  # the server may have lost it: the next reset makes a new one
                 raise
-            self._started, self._score = True, 0.0
+            self._started = True
             return Observation(observation, instruction, {"task_id": task_id, **info})
 
     def _reusable(self) -> bool:
@@ -299,44 +268,45 @@ class AgentGymEnv(Env):
         instance (410), so its ids are safe to keep; a foreign server's only with ``reuse_ids``."""
         return self._instance is not None or self._reuse_ids
 
-    def _reset_on_server(self, body: dict[str, Any]) -> Any:
+    def _reset_on_server(self, task_id: int) -> Any:
+        body = {self._spec.task_field: task_id, **self._spec.reset_fields}
         if self._env_id is not None:
             try:
                 return self._call_with_id("POST", "/reset", body)
             except ServerRefused as exc:  # e.g. a restarted server (410): make a new one
                 self._drop_id(gone=exc.status in GONE)
-        self._env_id, self._instance = self._create()
+        self._env_id, self._instance = self._create(task_id)
         return self._call_with_id("POST", "/reset", body)
 
-    def _create(self) -> tuple[int, str | None]:
+    def _create(self, task_id: int) -> tuple[int, str | None]:
         """A new env id, and the omrl server instance that handed it out (None: a foreign server)."""
-        answer = self._server.call("POST", self._route("/create"))
-        instance = answer.get("instance") if isinstance(answer, dict) else None
-        if isinstance(answer, dict):
-            answer = next((answer[k] for k in (self._id_key, "id", "env_idx") if k in answer), None)
-        if isinstance(answer, bool) or not isinstance(answer, int):
-            raise ServerFailure(self._server.message(f"POST {self._route('/create')}",
-                                                     f"expected an env id, got {snippet(repr(answer))}"))
-        return answer, instance if isinstance(instance, str) and instance else None
+        route = self._route("/create")
+        answer = self._server.call("POST", route, body=create_body(self._spec, task_id))
+        try:
+            env_id, instance, self._deterministic = read_create(self._spec, answer)
+        except MALFORMED as exc:
+            raise ServerFailure(self._server.message(f"POST {route}", str(exc))) from exc
+        if instance is not None and not self._self_describing and not self._omrl_answers:
+            self._spec, self._omrl_answers = as_omrl_server(self._spec), True  # e.g. `omrl env serve webshop`
+            self._has_expert = True
+        return env_id, instance
 
     def _parse_reset(self, answer: Any) -> tuple[str, str, dict[str, Any]]:
-        info: dict[str, Any] = {}
-        if isinstance(answer, list) and answer:  # WebShop: [observation, null]
-            answer = answer[0]
-        if isinstance(answer, dict):
-            observation = answer.get("observation", answer.get("state"))
-            instruction = next((str(answer[k]) for k in ("instruction", "task_description", "goal")
-                                if answer.get(k)), "")
-            self._actions = _action_list(answer.get("available_actions"))
-            info = {k: v for k, v in answer.items() if k not in (
-                "observation", "state", "instruction", "task_description", "available_actions", "id", "env_idx")}
-        else:
-            observation, instruction, self._actions = answer, "", None
-        if observation is None:  # SQLGym-style resets answer nothing: ask for the observation
+        try:
+            parts = read_reset(self._spec, answer)
+        except MALFORMED as exc:
+            problem = f"malformed answer ({type(exc).__name__}: {exc})"
+            if not isinstance(exc, MalformedAnswer):
+                problem += f": {snippet(json.dumps(answer))}"
+            raise ServerFailure(self._server.message(f"POST {self._route('/reset')}", problem)) from exc
+        self._actions, self._score = parts.actions, parts.score or 0.0
+        observation = parts.observation
+        if self._spec.observe_after_reset or observation is None:
             observation = self._call_with_id("GET", "/observation")
+        instruction = parts.instruction
         if self._spec.instruction_route and not instruction:
             instruction = str(self._call_with_id("GET", self._spec.instruction_route))
-        return _as_text(observation), instruction, info
+        return as_text(observation), instruction, parts.info
 
     def step(self, action: str) -> StepResult:
         with self._lock:
@@ -385,27 +355,13 @@ class AgentGymEnv(Env):
 
     def _parse_step(self, answer: Any) -> StepResult:
         try:
-            if not isinstance(answer, dict):
-                raise TypeError(f"expected an object, got {type(answer).__name__}")
-            observation = answer["observation"] if "observation" in answer else answer["state"]
-            done = _flag(answer, "done")
-            if "won" in answer and "score" in answer:  # omrl servers say it themselves
-                reward, score, won = _number(answer, "reward"), _number(answer, "score"), _flag(answer, "won")
-            else:
-                if self._spec.score_field:
-                    score = _clip(_number(answer, self._spec.score_field) / self._spec.score_scale)
-                    reward = score - self._score
-                else:
-                    reward = _number(answer, "reward")
-                    score = _clip(self._score + reward)
-                won = done and score >= self._spec.win_score
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            parts = read_step(self._spec, answer, self._score)
+        except MALFORMED as exc:
             problem = f"malformed answer ({type(exc).__name__}: {exc}): {snippet(json.dumps(answer))}"
             raise ServerFailure(self._server.message(f"POST {self._route('/step')}", problem)) from exc
-        self._score = score
-        self._actions = _action_list(answer.get("available_actions"))
-        server_info = answer.get("info") if isinstance(answer.get("info"), dict) else {}
-        return StepResult(_as_text(observation), reward, done, {**server_info, "won": won, "score": score})
+        self._score, self._actions = parts.score, parts.actions
+        return StepResult(parts.observation, parts.reward, parts.done,
+                          {**parts.info, "won": parts.won, "score": parts.score})
 
     def admissible_actions(self) -> list[str] | None:
         with self._lock:
@@ -415,7 +371,7 @@ class AgentGymEnv(Env):
         if isinstance(answer, dict) and "clickables" in answer:  # WebShop
             search = ["search[<keywords>]"] if answer.get("has_search_bar") else []
             return search + [f"click[{c}]" for c in answer["clickables"]]
-        return _action_list(answer)
+        return [str(a) for a in answer] if isinstance(answer, list) else None
 
     def expert_action(self) -> str | None:
         with self._lock:
@@ -465,9 +421,13 @@ class AgentGymEnv(Env):
                 pass  # gone already, or the server is down: a restart frees it
 
     def _close_on_server(self, env_id: int, instance: str | None) -> None:
-        """``POST /close`` for ``env_id``, tried once; refusals and failures raise EnvError."""
+        """``POST /close`` for ``env_id``, tried once; refusals and failures raise EnvError.
+
+        Any answer but an error is a success: servers answer a bool, an object or (WebArena) text.
+        """
         headers = {INSTANCE_HEADER: instance} if instance else None
-        self._server.call("POST", self._route("/close"), body={self._id_key: env_id}, headers=headers, retry=False)
+        self._server.call("POST", self._route("/close"), body={self._id_key: env_id}, headers=headers,
+                          retry=False, json_answer=False)
 
     # -- plumbing ------------------------------------------------------------------------
     def _route(self, path: str) -> str:
@@ -496,27 +456,6 @@ def _request_headers(token: str | None, headers: dict[str, str] | None) -> dict[
     return {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
 
 
-def _number(answer: dict[str, Any], key: str) -> float:
-    """``answer[key]`` as a float; NaN, infinities, strings and booleans are malformed."""
-    value = answer[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{key!r} must be a finite number, got {_short(value)}")
-    return float(value)
-
-
-def _flag(answer: dict[str, Any], key: str) -> bool:
-    """``answer[key]``, which must be a JSON boolean (``bool("no")`` would be True)."""
-    value = answer[key]
-    if not isinstance(value, bool):
-        raise ValueError(f"{key!r} must be true or false, got {_short(value)}")
-    return value
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
 def _task_ids_of(answer: Any) -> Sequence[int] | None:
     """The ids in an omrl server's ``{"range": [start, stop, step]}`` or ``{"task_ids": [...]}``."""
     if not isinstance(answer, dict):
@@ -525,14 +464,6 @@ def _task_ids_of(answer: Any) -> Sequence[int] | None:
     if isinstance(bounds, list) and len(bounds) == 3 and all(type(b) is int for b in bounds) and bounds[2]:
         return range(*bounds)
     return ids if isinstance(ids, list) and all(type(i) is int for i in ids) else None
-
-
-def _action_list(value: Any) -> list[str] | None:
-    return [str(a) for a in value] if isinstance(value, list) else None
-
-
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _describe_ids(ids: Sequence[int]) -> str:

@@ -3,6 +3,12 @@
 AgentGym servers answer failures with HTTP 200 and ``{"error": ...}``; only a body that fails
 their schema gets a 422. :class:`HttpTransport` turns those, any 4xx and bodies that are not
 JSON into :class:`~omrl.envs.EnvError` subclasses that name the server, the call and the message.
+
+Retries: a call is sent again after a connection error that proves it never reached the server
+(it could not connect, or no pooled connection came free). Any other failure, an HTTP 5xx or a
+read timeout included, may come after the server acted on it: a call that is not safe to run
+twice (``resend_safe=False``, a step) then fails at once, while creates, resets, closes and
+reads are sent again, up to ``retries`` more times.
 """
 
 from __future__ import annotations
@@ -42,8 +48,13 @@ class HttpTransport:
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def call(self, method: str, path: str, *, body: dict | None = None, params: dict | None = None,
-             headers: dict[str, str] | None = None, resend_safe: bool = True, retry: bool = True) -> Any:
-        """The decoded JSON answer; ``resend_safe=False`` resends only requests never delivered."""
+             headers: dict[str, str] | None = None, resend_safe: bool = True, retry: bool = True,
+             json_answer: bool = True) -> Any:
+        """The decoded JSON answer (``json_answer=False``: the text of an answer that is not JSON).
+
+        ``resend_safe=False`` resends only requests that never reached the server; ``retry=False``
+        sends once.
+        """
         what = f"{method} {path}"
         attempts = self.retries + 1 if retry else 1
         problem = ""
@@ -63,17 +74,22 @@ class HttpTransport:
                                                        "may have run it")) from exc
             if response.status_code >= 500:
                 problem = f"HTTP {response.status_code}: {snippet(response.text)}"
-                continue
-            return self._decode(response, what)
+                if resend_safe:
+                    continue
+                raise ServerFailure(self.message(what, f"{problem}; not resent, since the server may "
+                                                       "have acted on it before failing"))
+            return self._decode(response, what, json_answer)
         raise ServerFailure(self.message(what, f"{problem} (gave up after {attempts} attempt"
                                                f"{'s' if attempts > 1 else ''}); is the server running?"))
 
-    def _decode(self, response: httpx.Response, what: str) -> Any:
+    def _decode(self, response: httpx.Response, what: str, json_answer: bool = True) -> Any:
         try:
             answer = response.json()
         except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
             answer = None
             if response.status_code < 400:
+                if not json_answer:
+                    return response.text
                 raise ServerFailure(self.message(what, f"the answer is not JSON: {snippet(response.text)}"))
         if isinstance(answer, dict) and "error" in answer:
             status = f"HTTP {response.status_code}: " if response.status_code >= 400 else ""

@@ -11,7 +11,7 @@ from omrl.algos import AdvantageInput, AlgoConfig, PolicyLossInput
 from omrl.errors import UnknownNameError
 from omrl.registry import algorithms
 
-ADVANTAGES = ["dr_grpo", "gae", "gigpo", "grpo", "reinforce_plus_plus", "rloo"]
+ADVANTAGES = ["dr_grpo", "gae", "gigpo", "grpo", "reinforce_plus_plus", "rloo", "tree_grpo"]
 POLICY_LOSSES = ["clip_higher", "dual_clip", "ppo_clip"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
 

@@ -1,19 +1,26 @@
-"""The `agentgym` client against real servers on 127.0.0.1: `omrl serve`'s app, and small
-FastAPI apps that answer like AgentGym's WebShop, SciWorld and LMRL-Gym servers."""
+"""The `agentgym` client against real servers on 127.0.0.1: `omrl serve`'s app, and FastAPI apps
+as strict as AgentGym's own servers (tests/envs/agentgym_apps.py): every known env is played
+through a full episode and the requests it sent are compared, bodies included, with what that
+server takes."""
 
 from __future__ import annotations
 
-import itertools
 import re
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from fastapi import Body, FastAPI, Query
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from agentgym_apps import (
+    Recorder, agentgym_like_app, alfworld_app, flaky_app, lmrlgym_app, running_score_app, served_app, sqlgym_app,
+    textcraft_app, tool_app, webarena_app, webshop_app,
+)
+from fastapi.responses import PlainTextResponse, Response
 
-from omrl.envs import DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
+from omrl.envs import (
+    DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError, fork_support,
+)
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl.serve import background_server, create_app
@@ -186,29 +193,6 @@ def test_server_down_fails_fast_with_a_clear_message():
     env.close()
 
 
-def flaky_app(calls: dict, create_answer=None, step_answer=None):
-    """An `id`-dialect app whose answers the test chooses; counts calls per route."""
-    app = FastAPI()
-
-    @app.post("/create")
-    def create():
-        calls["create"] = calls.get("create", 0) + 1
-        return create_answer if create_answer is not None else {"id": 7}
-
-    @app.post("/reset")
-    def reset(body: dict = Body(...)):
-        return {"observation": "Crafting commands: ... Goal: craft stick."}
-
-    @app.post("/step")
-    def step(body: dict = Body(...)):
-        calls["step"] = calls.get("step", 0) + 1
-        if step_answer is not None:
-            return step_answer(calls["step"])
-        return {"observation": "Crafted 1 minecraft:stick", "reward": 1.0, "done": True}
-
-    return app
-
-
 def test_error_body_with_status_200_becomes_env_error():
     calls: dict = {}
     with background_server(flaky_app(calls, create_answer={"error": "out of environments"})) as url:
@@ -234,119 +218,85 @@ def test_garbage_bodies_become_env_errors():
         env.close()
 
 
-def test_5xx_is_retried_then_succeeds():
+def test_a_5xx_on_create_or_reset_is_retried():
+    calls: dict = {}
+
+    def fails_once(answer):
+        return lambda n: PlainTextResponse("Internal Server Error", status_code=500) if n == 1 else answer
+
+    app = flaky_app(calls, create_answer=fails_once({"id": 7, "observation": "Goal: craft stick.", "done": False,
+                                                     "reward": 0}),
+                    reset_answer=fails_once({"id": 7, "observation": "Goal: craft stick.", "done": False, "reward": 0}))
+    with background_server(app) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        assert env.reset(3).text == "Goal: craft stick."
+        assert (calls["create"], calls["reset"]) == (2, 2)  # each failed once, then was sent again
+        assert env.step("craft 1 stick using 2 planks").won
+        env.close()
+
+
+def test_a_step_that_may_have_reached_the_server_is_never_sent_twice():
+    """A 5xx or a read timeout may come after the server played the action: resending it could play
+    it twice, so that episode fails instead (and the next reset starts on a new env)."""
     calls: dict = {}
 
     def step_answer(n):
         if n == 1:
             return PlainTextResponse("Internal Server Error", status_code=500)
-        return {"observation": "Crafted 1 minecraft:stick", "reward": 1.0, "done": True}
+        if n == 2:
+            time.sleep(1.5)  # past the client's timeout
+        return {"observation": "Crafted 1 minecraft:stick", "reward": 1, "done": True}
 
     with background_server(flaky_app(calls, step_answer=step_answer)) as url:
-        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        env = AgentGymEnv(base_url=url, env_name="textcraft", retries=3, backoff=0.01, timeout=0.75)
         env.reset(3)
-        result = env.step("craft 1 stick using 2 planks")
-        assert calls["step"] == 2 and result.won and result.score == 1.0
+        with pytest.raises(EnvError, match=r"POST /step failed: HTTP 500: 'Internal Server Error'; not resent"):
+            env.step("craft 1 stick using 2 planks")
+        assert calls["step"] == 1
+        with pytest.raises(EnvError, match="call reset"):  # that episode is over for the client
+            env.step("craft 1 stick using 2 planks")
+        env.reset(3)
+        with pytest.raises(EnvError, match=r"POST /step failed: ReadTimeout.*not resent"):
+            env.step("craft 1 stick using 2 planks")
+        env.reset(3)
+        assert env.step("craft 1 stick using 2 planks").won
+        assert calls["step"] == 3 and calls["create"] == 3  # each failed step's env was given up
         env.close()
 
 
-def webshop_app(requests: list[str]):
-    """Answers like AgentGym's WebShop server (`env_idx` dialect, [obs, null] resets, no /close)."""
-    app = FastAPI()
-    state: dict[int, str] = {}
-
-    @app.middleware("http")
-    async def record(request, call_next):
-        requests.append(request.url.path)
-        return await call_next(request)
-
-    @app.post("/create")
-    def create():
-        state[len(state)] = "search"
-        return len(state) - 1
-
-    @app.post("/reset")
-    def reset(body: dict = Body(...)):
-        state[body["env_idx"]] = "search"
-        return [f"WebShop [SEP] Instruction: [SEP] goal {body['session_id']} [SEP] Search", None]
-
-    @app.get("/instruction_text")
-    def instruction(env_idx: int = Query(...)):
-        return "i need red shoes, price lower than 40.00 dollars"
-
-    @app.get("/available_actions")
-    def available(env_idx: int = Query(...)):
-        page = state[env_idx]
-        clickables = {"search": [], "results": ["back to search", "b01"], "item": ["back to search", "buy now"]}
-        return {"has_search_bar": page == "search", "clickables": clickables[page]}
-
-    @app.post("/step")
-    def step(body: dict = Body(...)):
-        env_idx, action = body["env_idx"], body["action"]
-        state[env_idx] = {"search": "results", "results": "item"}.get(state[env_idx], "item")
-        if action == "click[buy now]":
-            return {"state": "Thank you for shopping with us!", "reward": 1.0, "done": True, "info": None}
-        return {"state": f"page after {action}", "reward": 0.0, "done": False, "info": {"page": state[env_idx]}}
-
-    return app
-
-
 def test_env_idx_dialect_with_webshop_shapes():
-    requests: list[str] = []
-    with background_server(webshop_app(requests)) as url:
+    app = Recorder(webshop_app())
+    with background_server(app) as url:
         env = AgentGymEnv(base_url=url, env_name="webshop", **FAST)
         assert len(env.split_of("test")) == 500
         first = env.reset(3)
         assert first.text.startswith("WebShop [SEP] Instruction: [SEP] goal 3")
         assert first.instruction == "i need red shoes, price lower than 40.00 dollars"
-        assert env.admissible_actions() == ["search[<keywords>]"]
-        assert env.step("search[red shoes]").info["page"] == "results"
+        assert env.admissible_actions() == ["search[<keywords>]", "click[search]"]
+        assert env.step("search[red shoes]").observation == "page after search[red shoes]"
         assert env.admissible_actions() == ["click[back to search]", "click[b01]"]
         env.step("click[b01]")
         result = env.step("click[buy now]")
         assert result.done and result.won and result.score == 1.0
         env.close()
-    assert "/close" not in requests  # the WebShop server has no /close
+    assert "/close" not in [c.path for c in app.calls]  # the WebShop server has no /close
+    assert {c.query["env_idx"] for c in app.calls if c.method == "GET"} == {"48000000"}
 
 
 def test_running_score_envs_and_route_prefixes():
     """SciWorld reports a running 0-100 `score`; LMRL-Gym routes sit under /maze/."""
-    app = FastAPI()
-    scores = iter([50, 100])
-
-    @app.post("/create")
-    def create():
-        return {"id": 0}
-
-    @app.post("/reset")
-    def reset(body: dict = Body(...)):
-        return {"task_name": "boil", "var_num": body["data_idx"], "task_description": "Boil water.",
-                "observation": "You are in the kitchen."}
-
-    @app.post("/step")
-    def step(body: dict = Body(...)):
-        score = next(scores)
-        return {"observation": "ok", "reward": 99, "score": score, "done": score == 100}
-
-    @app.post("/maze/create")
-    def maze_create():
-        return {"id": 4}
-
-    @app.post("/maze/reset")
-    def maze_reset(body: dict = Body(...)):
-        assert body == {"id": 4, "game": 2}
-        return {"observation": "The goal is at position 8, 6."}
-
-    with background_server(app) as url:
+    with background_server(running_score_app("sciworld")) as url:
         env = AgentGymEnv(base_url=url, env_name="sciworld", **FAST)
         first = env.reset(10)
-        assert first.instruction == "Boil water." and first.info["task_name"] == "boil"
-        half, full = env.step("heat water"), env.step("wait")
+        assert first.instruction == "Your task is to boil water."
+        assert first.info == {"task_id": 10, "task_name": "boil", "var_num": 10}
+        half, full = env.step("focus on water"), env.step("heat water")
         assert (half.reward, half.score, half.won) == (0.5, 0.5, False)
         assert (full.reward, full.score, full.won) == (0.5, 1.0, True)
-        maze = AgentGymEnv(base_url=url, env_name="maze", **FAST)
-        assert maze.reset(2).text == "The goal is at position 8, 6."
         env.close()
+    with background_server(lmrlgym_app()) as url:
+        maze = AgentGymEnv(base_url=url, env_name="maze", **FAST)
+        assert maze.reset(2).text.startswith("The goal is at position 8, 6.")
         maze.close()
 
 
@@ -402,58 +352,6 @@ def test_restarted_omrl_server_never_lets_a_stale_id_reach_another_clients_env(r
         assert httpx.get(f"{url}/list_envs").json() == [0, 1]
         a.close()
         b.close()
-
-
-def agentgym_like_app(log: list[tuple[str, int, int | None]], close_status: int | None = None):
-    """A foreign `id`-dialect server (no omrl extensions): ids from 0, 404 for unknown ids.
-
-    ``log`` gets (route, id, task) per call; ``close_status`` makes every /close answer that status.
-    """
-    app = FastAPI()
-    tasks: dict[int, int | None] = {}
-    steps: dict[int, int] = {}
-    ids = itertools.count()
-
-    def known(env_id: int) -> JSONResponse | None:
-        return None if env_id in tasks else JSONResponse({"error": f"env {env_id} not found"}, status_code=404)
-
-    @app.post("/create")
-    def create():
-        env_id = next(ids)
-        tasks[env_id] = None
-        return {"id": env_id}
-
-    @app.post("/reset")
-    def reset(body: dict = Body(...)):
-        env_id = body["id"]
-        log.append(("reset", env_id, body["data_idx"]))
-        if (gone := known(env_id)) is not None:
-            return gone
-        tasks[env_id], steps[env_id] = body["data_idx"], 0
-        return {"observation": f"task {body['data_idx']}: craft a stick."}
-
-    @app.post("/step")
-    def step(body: dict = Body(...)):
-        env_id = body["id"]
-        log.append(("step", env_id, tasks.get(env_id)))
-        if (gone := known(env_id)) is not None:
-            return gone
-        steps[env_id] += 1
-        done = steps[env_id] >= 2
-        return {"observation": f"task {tasks[env_id]}, step {steps[env_id]}", "reward": float(done), "done": done}
-
-    @app.post("/close")
-    def close(body: dict = Body(...)):
-        env_id = body["id"]
-        log.append(("close", env_id, tasks.get(env_id)))
-        if close_status is not None:
-            return JSONResponse({"error": "closing failed"}, status_code=close_status)
-        if (gone := known(env_id)) is not None:
-            return gone
-        tasks.pop(env_id)
-        return {"closed": True}
-
-    return app
 
 
 def test_foreign_server_gets_a_fresh_env_per_episode_so_a_restart_cannot_alias():
@@ -533,3 +431,198 @@ def test_token_protected_server_is_played_with_the_token(register_plugin, monkey
         from_env = AgentGymEnv(base_url=url, env_name="counter", **FAST)
         assert play_with_expert(from_env, 9).won
         from_env.close()
+
+
+# -- every known env, as its real server speaks ------------------------------------------------
+
+
+def posts(key: str, env_id: int, *actions: str) -> list[tuple[str, str, dict]]:
+    return [("POST", "/step", {key: env_id, "action": a}) for a in actions]
+
+
+def episode(name, make_app, task, actions, sent, rewards, score, first="", instruction="", **options):
+    return pytest.param(name, make_app, task, actions, sent, rewards, score, first, instruction, options, id=name)
+
+
+EPISODES = [
+    # TextCraft's /create needs a JSON body ({} is valid); its finished env is closed at once
+    episode("textcraft", textcraft_app, 3, ["get 2 planks", "craft 1 stick3 using 2 planks"],
+            [("POST", "/create", {}), ("POST", "/reset", {"id": 0, "data_idx": 3}),
+             *posts("id", 0, "get 2 planks", "craft 1 stick3 using 2 planks"), ("POST", "/close", {"id": 0})],
+            [0.0, 1.0], 1.0, first="Goal: craft stick3."),
+    episode("babyai", lambda: running_score_app("babyai"), 41, ["turn left", "go to red ball"],
+            [("POST", "/create", None), ("POST", "/reset", {"id": 0, "data_idx": 41}),
+             *posts("id", 0, "turn left", "go to red ball"), ("POST", "/close", {"id": 0})],
+            [0.0, 0.8], 0.8, first="Your goal: go to the red ball"),
+    episode("sciworld", lambda: running_score_app("sciworld"), 10, ["focus on water", "heat water"],
+            [("POST", "/create", None), ("POST", "/reset", {"id": 0, "data_idx": 10}),
+             *posts("id", 0, "focus on water", "heat water"), ("POST", "/close", {"id": 0})],
+            [0.5, 0.5], 1.0, first="the kitchen", instruction="Your task is to boil water."),
+    episode("alfworld", alfworld_app, 2500, ["look", "put mug in cabinet 1"],  # no /close on ALFWorld
+            [("POST", "/create", None), ("POST", "/reset", {"id": 0, "game": 2500, "world_type": "Text"}),
+             *posts("id", 0, "look", "put mug in cabinet 1")],
+            [0.0, 1.0], 1.0, first="put a mug 2500 in the cabinet"),
+    episode("maze", lmrlgym_app, 2, ["move up", "move down"],
+            [("POST", "/maze/create", None), ("POST", "/maze/reset", {"id": 0, "game": 2}),
+             *[("POST", "/maze/step", {"id": 0, "action": a}) for a in ("move up", "move down")]],
+            [0.0, 1.0], 1.0, first="Your current position is at position 1, 2."),
+    episode("wordle", lmrlgym_app, 5, ["c r a n e", "s h i r e"],
+            [("POST", "/wordle/create", None), ("POST", "/wordle/reset", {"id": 0, "seed": 5}),
+             *[("POST", "/wordle/step", {"id": 0, "action": a}) for a in ("c r a n e", "s h i r e")]],
+            [0.0, 1.0], 1.0, first="Let's start Wordle!"),
+    episode("webshop", webshop_app, 3, ["search[red shoes]", "click[b01]", "click[buy now]"],
+            [("POST", "/create", None), ("POST", "/reset", {"env_idx": 48_000_000, "session_id": 3}),
+             *posts("env_idx", 48_000_000, "search[red shoes]", "click[b01]", "click[buy now]")],
+            [0.0, 0.0, 1.0], 1.0, first="goal 3", instruction="i need red shoes, price lower than 40.00 dollars"),
+    episode("sqlgym", sqlgym_app, 4, ["SELECT * FROM x", "SELECT COUNT(*) FROM t4"],
+            [("POST", "/create", None), ("POST", "/reset", {"env_idx": 300_000, "item_id": 4}),
+             *posts("env_idx", 300_000, "SELECT * FROM x", "SELECT COUNT(*) FROM t4")],
+            [0.0, 1.0], 1.0, first="CREATE TABLE t4", splits={"test": 10}),
+    # SearchQA and the tools create with the task's id; SearchQA closes, the tools have no /close
+    episode("searchqa", lambda: tool_app(with_close=True), 2, ["look", "finish"],
+            [("POST", "/create", {"id": 2}), ("POST", "/reset", {"env_idx": 0, "id": 2}),
+             *posts("env_idx", 0, "look", "finish"), ("POST", "/close", {"env_idx": 0})],
+            [0.5, 1.0], 1.0, first="goal 2", splits={"test": 5}),
+    episode("todo", lambda: tool_app(with_close=False), 1, ["look", "look", "finish"],  # reward: a progress rate
+            [("POST", "/create", {"id": 1}), ("POST", "/reset", {"env_idx": 0, "id": 1}),
+             *posts("env_idx", 0, "look", "look", "finish")],
+            [0.5, 0.0, 0.5], 1.0, first="goal 1", splits={"test": 5}),
+    # WebArena (Flask): {"env_idx"} creates, terminated/truncated, a plain-text close answer
+    episode("webarena", webarena_app, 7, ["```click [1]```", "```stop [done]```"],
+            [("POST", "/create", None), ("POST", "/reset", {"env_idx": 0, "seed": 0, "idx": 7}),
+             *posts("env_idx", 0, "```click [1]```", "```stop [done]```"), ("POST", "/close", {"env_idx": 0})],
+            [0.0, 1.0], 1.0, first="OBJECTIVE: task 7", splits={"test": 812}),
+]
+
+
+@pytest.mark.parametrize("name, make_app, task, actions, sent, rewards, score, first, instruction, options", EPISODES)
+def test_each_known_env_plays_a_full_episode_speaking_exactly_its_servers_protocol(
+        name, make_app, task, actions, sent, rewards, score, first, instruction, options):
+    app = Recorder(make_app())
+    with background_server(app) as url:
+        env = AgentGymEnv(base_url=url, env_name=name, **FAST, **options)
+        start = env.reset(task)
+        results = [env.step(action) for action in actions]
+        env.close()
+    assert first in start.text and start.instruction == instruction
+    assert [r.reward for r in results] == pytest.approx(rewards)
+    assert [r.done for r in results] == [False] * (len(actions) - 1) + [True]
+    assert results[-1].score == pytest.approx(score) and results[-1].won
+    assert app.sent(*{path for _, path, _ in sent}) == sent  # these bodies exactly, nothing else posted
+    assert all(c.method == "GET" for c in app.calls if c.path not in {path for _, path, _ in sent})
+    key = "env_idx" if "env_idx" in sent[1][2] else "id"
+    assert all(set(c.query) == {key} for c in app.calls if c.method == "GET")  # reads name the env id
+
+
+def test_the_test_apps_are_as_strict_as_the_real_servers():
+    """TextCraft's /create needs a body (the failure users met); answers hold only the real keys."""
+    with background_server(textcraft_app()) as url, httpx.Client(base_url=url) as http:
+        assert http.post("/create").status_code == 422  # no body
+        created = http.post("/create", json={"minecraft_dir": "x", "goal": None})  # extra keys pass
+        assert created.status_code == 200 and set(created.json()) == {"id", "observation", "done", "reward"}
+        assert http.post("/reset", json={"data_idx": 1}).status_code == 422  # no id
+        unknown = http.post("/step", json={"id": 99, "action": "look"})
+        assert unknown.status_code == 200 and unknown.json() == {"error": "The id 99 is not valid."}
+    with background_server(webarena_app()) as url, httpx.Client(base_url=url) as http:
+        assert http.post("/reset").status_code == 415  # Flask's request.json without a JSON body
+        assert http.post("/reset", json={"env_idx": 0, "idx": 1}).status_code == 500  # no seed: a KeyError
+    with background_server(webshop_app()) as url, httpx.Client(base_url=url) as http:
+        assert http.post("/step", json={"env_idx": 1, "action": "x"}).status_code == 500  # unknown index
+
+
+def test_a_finished_babyai_env_refuses_steps_and_the_client_stops_before_it():
+    with background_server(running_score_app("babyai")) as url:
+        env = AgentGymEnv(base_url=url, env_name="babyai", reuse_ids=True, **FAST)  # keeps its env open
+        env.reset(0)
+        assert env.step("go to red ball").won
+        with pytest.raises(EpisodeFinishedError):
+            env.step("turn left")
+        refused = httpx.post(f"{url}/step", json={"id": env._env_id, "action": "turn left"})
+        assert refused.json() == {"error": "The task with environment 0 has finished."}
+        env.close()
+
+
+# -- replay forks: a served env says whether it is deterministic --------------------------------
+
+
+@pytest.mark.parametrize("says, fork", [(True, "replay"), (False, None), (None, None)])
+def test_a_served_env_that_says_it_is_deterministic_can_be_forked_by_replay(says, fork):
+    with background_server(served_app(says)) as url:
+        env = AgentGymEnv(base_url=url, env_name="echo", **FAST)
+        assert env.deterministic is (says is True)  # GET /tasks tells before any /create
+        first = env.reset(1)
+        assert first.instruction == "Task 1." and first.info == {"task_id": 1, "level": 1}
+        assert env.deterministic is (says is True) and fork_support(env) == fork
+        assert env.step("1").won
+        foreign = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        assert foreign.deterministic is False  # per instance: a foreign server's client never replays
+        env.close()
+
+
+def test_foreign_servers_are_never_deterministic_and_a_mistyped_claim_is_an_env_error():
+    with background_server(textcraft_app()) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        env.reset(0)
+        assert env.deterministic is False and fork_support(env) is None
+        env.close()
+    claim = {"id": 7, "observation": "", "done": False, "reward": 0, "deterministic": "yes"}
+    with background_server(flaky_app({}, create_answer=claim)) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        with pytest.raises(EnvError, match=r"POST /create failed: 'deterministic' must be true or false, got 'yes'"):
+            env.reset(0)
+        env.close()
+
+
+class ReplayableCounter(CounterEnv):
+    """The counter, declared deterministic (it is: its episodes follow from the task and the actions)."""
+
+    deterministic = True
+
+
+class CountersPlugin:
+    @hookimpl
+    def register_envs(self, register):
+        register("counter", CounterEnv)
+        register("replayable-counter", ReplayableCounter)
+
+
+def test_omrl_serve_tells_the_client_whether_its_env_replays(register_plugin):
+    register_plugin(CountersPlugin(), name="test-counters")
+    for name, fork in (("replayable-counter", "replay"), ("counter", None)):
+        with background_server(create_app(name)) as url:
+            env = AgentGymEnv(base_url=url, env_name=name, **FAST)
+            assert fork_support(env) == fork, name  # known from GET /tasks before any episode
+            assert play_with_expert(env, 8).won
+            assert fork_support(env) == fork, name
+            env.close()
+
+
+def test_sqlgym_clients_keep_their_env_since_the_server_hands_out_live_ids_again():
+    app = Recorder(sqlgym_app())
+    with background_server(app) as url:
+        a, b = (AgentGymEnv(base_url=url, env_name="sqlgym", splits={"test": 10}, **FAST) for _ in range(2))
+        for task in range(5):
+            for env in (a, b):
+                env.reset(task)
+                assert env.step(f"SELECT COUNT(*) FROM t{task}").won
+        assert app.sent("/create") == [("POST", "/create", None)] * 2 and a._env_id != b._env_id
+        per_episode = AgentGymEnv(base_url=url, env_name="sqlgym", splits={"test": 10}, reuse_ids=False, **FAST)
+        handed = set()
+        for task in range(8):
+            per_episode.reset(task)
+            handed.add(per_episode._env_id)
+        assert a._env_id in handed  # what a new env per episode would do: the server gave A's live env away
+        for env in (a, b, per_episode):
+            env.close()
+
+
+@pytest.mark.parametrize("name", ["webshop", "sqlgym", "textcraft", "babyai"])
+def test_an_omrl_server_of_an_env_named_like_a_known_one_is_read_the_omrl_way(counter_url, name):
+    """`omrl env serve webshop` is played with env_name=webshop: the requests are WebShop's (the
+    server takes them), the answers the omrl server's own."""
+    env = AgentGymEnv(base_url=counter_url, env_name=name, splits={"test": [8, 12]}, **FAST)
+    first = env.reset(9)
+    assert first.text == "The counter shows 0." and first.instruction == "Count to 3, then submit."
+    result = play_with_expert(env, 9)  # the served env's expert answers too
+    assert result.won and result.score == 1.0
+    env.close()

@@ -137,3 +137,109 @@ def test_loopback_hosts_and_the_warning_for_others():
     assert "set --token or OMRL_SERVE_TOKEN" in exposure_warning("0.0.0.0", None)
     assert "needs the token" in exposure_warning("0.0.0.0", "s3cret")
     assert exposure_warning("::", None).startswith("warning: :: is not a loopback address")  # IPv6's any
+
+
+def test_create_shows_the_first_task_with_its_goal_and_says_whether_the_env_is_deterministic(http):
+    from omrl_plugins.envs.gridworld import GridWorld
+
+    local = GridWorld()
+    first_task = local.split_of(local.splits[0])[0]
+    first = local.reset(first_task)
+    created = http.post("/create").json()
+    assert created == {"id": created["id"], "instance": created["instance"], "deterministic": True,
+                       "observation": f"{first.instruction}\n\n{first.text}", "task_id": first_task,
+                       "done": False, "reward": 0.0}
+    # it shows a task but starts no episode: every AgentGym client resets first
+    assert_error(http.post("/step", json={"id": created["id"], "action": "up"}), 409, "reset it first")
+
+
+def test_create_says_false_for_an_env_that_is_not_deterministic(monkeypatch):
+    from omrl_plugins.envs.gridworld import GridWorld
+
+    monkeypatch.setattr(GridWorld, "deterministic", False)
+    with TestClient(create_app("gridworld")) as http:
+        assert http.post("/create").json()["deterministic"] is False
+
+
+def test_create_naming_a_task_starts_its_episode_and_leaves_nothing_behind_when_refused(http):
+    from omrl_plugins.envs.gridworld import GridWorld
+
+    task = GridWorld().split_of("test")[3]
+    first = GridWorld().reset(task)
+    created = http.post("/create", json={"data_idx": task}).json()
+    assert created["task_id"] == task and created["observation"] == f"{first.instruction}\n\n{first.text}"
+    assert http.post("/step", json={"id": created["id"], "action": "up"}).status_code == 200
+    live = http.get("/list_envs").json()
+    assert_error(http.post("/create", json={"game": -1}), 404, "-1")
+    assert_error(http.post("/create", json={"data_idx": 1, "seed": 1}), 422, "names the task twice")
+    # TextCraft's client posts these; a goal or recipes of its own cannot be played here
+    assert http.post("/create", json={"minecraft_dir": "x/", "commands": None, "goal": None}).status_code == 200
+    assert_error(http.post("/create", json={"goal": "craft 1 stick"}), 422, "takes no 'goal'", "data_idx")
+    assert_error(http.post("/create", json=[1, 2]), 422)
+    assert set(live) <= set(http.get("/list_envs").json()) and len(http.get("/list_envs").json()) == len(live) + 1
+
+
+@pytest.mark.parametrize("field", ["data_idx", "game", "seed", "item_id", "session_id", "task_id"])
+def test_reset_takes_the_task_fields_agentgym_clients_send(http, field):
+    env_id = http.post("/create").json()["id"]
+    reset = http.post("/reset", json={"id": env_id, field: 1_000_002, "world_type": "Text"}).json()
+    assert reset["task_id"] == 1_000_002 and reset["done"] is False
+    assert reset["reward"] == 0.0 and reset["score"] == 0.0 and reset["task_description"] == ""
+    assert isinstance(reset["available_actions"], list) and reset["available_actions"]
+
+
+def test_reset_and_step_refuse_bodies_that_name_the_env_or_task_ambiguously(http):
+    env_id = http.post("/create").json()["id"]
+    assert_error(http.post("/reset", json={"id": env_id}), 422, "data_idx, game, seed")
+    assert_error(http.post("/reset", json={"id": env_id, "data_idx": 0, "game": 0}), 422, "twice")
+    assert_error(http.post("/reset", json={"id": env_id, "env_idx": env_id, "data_idx": 0}), 422, "got both")
+    assert_error(http.post("/step", json={"action": "up"}), 422, "'id' or 'env_idx'", "got neither")
+    assert_error(http.get("/observation", params={"id": env_id, "env_idx": env_id}), 422, "got both")
+
+
+def test_the_goal_is_in_the_first_observation_unless_the_client_is_omrls_own(http):
+    from omrl_plugins.envs.gridworld import GridWorld
+
+    first = GridWorld().reset(1_000_001)
+    created = http.post("/create").json()
+    env_id, omrl_client = created["id"], {INSTANCE_HEADER: created["instance"]}
+    with_goal = f"{first.instruction}\n\n{first.text}"
+    assert http.post("/reset", json={"id": env_id, "data_idx": 1_000_001}).json()["observation"] == with_goal
+    assert http.get("/observation", params={"id": env_id}).json() == with_goal
+    # omrl's agentgym client reads the instruction apart and names the instance: the env's own text
+    own = http.post("/reset", json={"id": env_id, "data_idx": 1_000_001}, headers=omrl_client).json()
+    assert own["observation"] == first.text and own["instruction"] == first.instruction
+    assert http.get("/observation", params={"id": env_id}, headers=omrl_client).json() == first.text
+    action = http.get("/expert_action", params={"id": env_id}).json()["action"]
+    step = http.post("/step", json={"id": env_id, "action": action}).json()
+    assert step["state"] == step["observation"] == http.get("/observation", params={"id": env_id}).json()
+
+
+def test_the_env_idx_dialect_answers_create_with_the_bare_id(http):
+    env_idx = http.post("/env_idx/create").json()
+    assert isinstance(env_idx, int) and env_idx in http.get("/env_idx/list_envs").json()
+    assert http.post("/env_idx/reset", json={"env_idx": env_idx, "session_id": 1_000_000}).status_code == 200
+    while True:
+        action = http.get("/env_idx/expert_action", params={"env_idx": env_idx}).json()["action"]
+        assert action in http.get("/env_idx/available_actions", params={"env_idx": env_idx}).json()
+        step = http.post("/env_idx/step", json={"env_idx": env_idx, "action": action}).json()
+        if step["done"]:
+            break
+    assert step["reward"] == 1.0 and step["available_actions"] == []
+    assert http.get("/available_actions", params={"env_idx": env_idx}).json() == []
+    assert http.get("/observation", params={"env_idx": env_idx}).json() == step["state"]
+    assert http.post("/env_idx/close", json={"env_idx": env_idx}).json()["closed"] is True
+    assert "env_idx dialect under /env_idx" in http.get("/env_idx/").json()
+
+
+def test_a_create_whose_env_crashes_showing_its_first_task_leaves_no_env(monkeypatch):
+    from omrl_plugins.envs.gridworld import GridWorld
+
+    with TestClient(create_app("gridworld"), raise_server_exceptions=False) as http:
+        original = GridWorld.reset
+        monkeypatch.setattr(GridWorld, "reset", lambda self, task_id: 1 / 0)
+        assert_error(http.post("/create"), 500, "showing its first task", "ZeroDivisionError")
+        assert_error(http.post("/create", json={"data_idx": 5}), 500, "the env raised in reset")
+        assert http.get("/list_envs").json() == []
+        monkeypatch.setattr(GridWorld, "reset", original)  # the env recovers: the next create shows its task
+        assert http.post("/create").json()["observation"]

@@ -1,0 +1,133 @@
+"""Test-time scaling: success against generated tokens for each rollout strategy, on gridworld and webshop.
+
+    python benchmarks/search_budget.py                                  # both envs, default sizes
+    python benchmarks/search_budget.py --envs gridworld --gridworld-tasks 16
+    python benchmarks/search_budget.py --envs webshop --webshop-tasks 2 --webshop-budgets 256 plugins.mcts.iterations=8
+
+Each env is one ``omrl sweep`` (:func:`omrl.search.sweep.run_sweep`): every strategy at
+every budget on the same tasks, sampled at temperature 1 (search draws several candidates
+of one prompt), strategies at their default options unless overridden (``key=value``
+arguments go to both envs' configs):
+
+- gridworld: the ``tiny`` model after SFT on the env's BFS expert, built with
+  ``examples/learn_gridworld.py``'s expert data and SFT stage (its quick size) into
+  ``--sft-dir`` once and reused after; learn_gridworld's env and generation settings
+  (12 turns, 12 new tokens a reply, so a whole chain is at most 144 tokens).
+- webshop: the default model (smollm2-135m) with the eval preset's settings (8 turns, 64
+  new tokens a reply). Slow on a CPU: the default size is meant to take 10-15 minutes on
+  2 free cores.
+
+Writes ``<out>/<env>/sweep.json`` and ``sweep.png`` (``<out>`` defaults to
+benchmarks/results/search_budget) and prints the table. Each run measures afresh;
+``--resume`` instead finishes a sweep that stopped, playing only the cells its JSON lacks.
+``best_of_n``, ``beam``, ``dfsdt`` and ``mcts`` pick or prune by the ``env_reward`` scorer
+by default, i.e. the env's own reward acts as the verifier (``any`` in the table is what
+a perfect verifier would get); ``plugins.best_of_n.select=logprob`` etc. use the model alone.
+
+Measured here (2 CPU cores shared with other jobs, load average 8-10, seed 0):
+
+- gridworld, 16 tasks, budgets 48,96,192,384 (SFT model reused): 1.9-3.0 min, the same
+  numbers in both runs. Success of the chosen answer: chain (pass@1, 81 tokens a task)
+  25%; at 384 tokens best_of_n 31%, beam 25%, dfsdt 31%, mcts 62.5% (standard errors
+  11-12 points); at 48 tokens, below one whole chain, 0-12.5%. best_of_n at 96 tokens
+  (0%) splits the budget among its 4 chains, none of which can finish.
+- webshop, 2 tasks, chain + best_of_n + beam at 256 and 512 tokens: 9.9 min of cells
+  (chain alone 4.3 min); smollm2-135m wins nothing and scores 0 in every cell.
+  The default size (4 tasks, every strategy, 256 and 512 tokens) is estimated from that
+  run's CPU time at 10-15 minutes on 2 free cores; on a loaded machine it takes far longer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from omrl.cli.rollout_cmd import progress_bar
+from omrl.cli.sweep_cmd import parse_budgets, split_list
+from omrl.config import load_config
+from omrl.search.sweep import SweepRunConfig, run_sweep, sweep_table
+from omrl.threads import configure_threads
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "learn_gridworld.py"
+ALL_STRATEGIES = "chain,best_of_n,beam,dfsdt,mcts"
+WEBSHOP = ["env.name=webshop", "env.template=react", "env.max_turns=8", "generation.max_new_tokens=64"]
+
+
+def learn_gridworld():
+    """examples/learn_gridworld.py as a module (examples are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location("learn_gridworld", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def gridworld_sft(sft_dir: Path, seed: int, console: Console) -> Path:
+    """The SFT model of learn_gridworld's quick size: reused when ``sft_dir`` holds one, else trained (minutes)."""
+    if (sft_dir / "config.json").exists() and (sft_dir / "model.safetensors").exists():
+        console.print(f"gridworld: reusing the SFT model in {sft_dir}")
+        return sft_dir
+    example = learn_gridworld()
+    budget = example.QUICK
+    console.print(f"gridworld: training the SFT model into {sft_dir} ({budget.expert_episodes} expert episodes, "
+                  f"{budget.sft_epochs:g} epochs)")
+    started = time.perf_counter()
+    data = example.expert_data(sft_dir.parent / "gridworld-expert.parquet", budget.expert_episodes)
+    example.sft_stage(data, sft_dir, budget, seed)
+    console.print(f"gridworld: SFT took {(time.perf_counter() - started) / 60:.1f} min")
+    return sft_dir
+
+
+def sweep(env: str, model: str, settings: list[str], args: argparse.Namespace, console: Console) -> dict:
+    """One env's sweep, through the same function as `omrl sweep`."""
+    tasks, budgets = getattr(args, f"{env}_tasks"), getattr(args, f"{env}_budgets")
+    cfg = load_config(SweepRunConfig, None, [*settings, *args.overrides], {
+        "model.name": model, "env.name": env, "num_tasks": tasks, "budgets": parse_budgets(budgets),
+        "strategies": split_list(args.strategies, "--strategies"), "generation.temperature": 1.0,
+        "seed": args.seed, "out": str(args.out / env), "resume": args.resume,
+    })
+    started = time.perf_counter()
+    record = run_sweep(cfg, progress_bar=progress_bar, log=lambda line: console.print(line, highlight=False))
+    minutes = (time.perf_counter() - started) / 60
+    console.print(sweep_table(record))
+    console.print(f"{env}: {minutes:.1f} min (this run); wrote {cfg.out}/sweep.json and sweep.png", highlight=False)
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides for both envs")
+    parser.add_argument("--envs", nargs="+", default=["gridworld", "webshop"], choices=["gridworld", "webshop"])
+    parser.add_argument("--strategies", default=ALL_STRATEGIES, help="comma-separated (default: %(default)s)")
+    parser.add_argument("--gridworld-tasks", type=int, default=50)
+    parser.add_argument("--gridworld-budgets", default="48,96,192,384,768",
+                        help="tokens per task (a whole chain is at most 144; default: %(default)s)")
+    parser.add_argument("--webshop-tasks", type=int, default=4)
+    parser.add_argument("--webshop-budgets", default="256,512", help="tokens per task (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "search_budget")
+    parser.add_argument("--sft-dir", type=Path, default=ROOT / "runs" / "search-budget" / "gridworld-sft",
+                        help="where the gridworld SFT model is built once and reused (default: %(default)s)")
+    parser.add_argument("--resume", action="store_true", help="finish the sweeps in --out that stopped (same "
+                        "settings) instead of starting over")
+    args = parser.parse_args()
+
+    console = Console()
+    configure_threads()  # as the omrl commands do: a busy machine must not be oversubscribed
+    for env in args.envs:
+        if env == "gridworld":
+            example = learn_gridworld()
+            model = gridworld_sft(args.sft_dir, args.seed, console)
+            sweep(env, str(model), [*example.ENV, *example.GENERATION], args, console)
+        else:
+            sweep(env, "smollm2-135m", WEBSHOP, args, console)
+
+
+if __name__ == "__main__":
+    main()

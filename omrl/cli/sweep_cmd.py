@@ -1,0 +1,81 @@
+"""``omrl sweep``: test-time scaling curves, success against tokens for several strategies and budgets.
+
+A command of its own rather than ``omrl eval --sweep``: it takes lists (strategies,
+budgets) where eval takes one of each, and writes a folder (sweep.json, sweep.png)
+where eval writes one report, so none of eval's flags would mean the same in a sweep.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from omrl.cli.rollout_cmd import ARGS_HELP
+from omrl.errors import ConfigError
+
+
+def split_list(text: str | None, flag: str) -> list[str] | None:
+    """``"a, b,c"`` as ``["a", "b", "c"]`` (None when the flag was not given).
+
+    >>> split_list("chain, beam", "--strategies")
+    ['chain', 'beam']
+    """
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise ConfigError(f"{flag} {text!r} has an empty item; valid: names separated by commas, e.g. chain,beam")
+    return items
+
+
+def parse_budgets(text: str | None) -> list[int] | None:
+    """``"500,1000"`` as ``[500, 1000]``; ConfigError naming an item that is not a positive whole number."""
+    items = split_list(text, "--budgets")
+    if items is None:
+        return None
+    for item in items:
+        if not (item.isascii() and item.isdigit()) or int(item) < 1:
+            raise ConfigError(f"--budgets {text!r}: {item!r} is not a positive whole number of tokens; valid: "
+                              "e.g. --budgets 500,1000,2000")
+    return [int(item) for item in items]
+
+
+def sweep_command(
+    args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "sweep"), show_default=False),
+    env: str = typer.Option(None, "--env", help="Env name (env.name)."),
+    model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
+    strategies: str = typer.Option(None, "--strategies", help="Strategies to compare, comma-separated, e.g. "
+                                   "chain,best_of_n,beam,dfsdt,mcts (chain: pass@1, one point); options in "
+                                   "plugins.NAME."),
+    budgets: str = typer.Option(None, "--budgets", help="Generated tokens per task, comma-separated, e.g. "
+                                "500,1000,2000: each strategy but chain plays once at each."),
+    split: str = typer.Option(None, "--split", help="Task split (env.split)."),
+    num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks every cell plays, from the start of the split."),
+    seed: int = typer.Option(None, "--seed", help="Random seed, the same for every cell."),
+    out: str = typer.Option(None, "--out", "-o", help="Folder for sweep.json and sweep.png (out)."),
+) -> None:
+    """Play each strategy at each budget on the same tasks: a table, <out>/sweep.json and <out>/sweep.png.
+
+    Each cell is what `omrl eval --strategy S --budget B` measures. Run it again with the same settings to
+    play only the cells not finished yet (resume=false starts over).
+    """
+    from rich.console import Console
+
+    from omrl.cli import err_console, stop_on_interrupt
+    from omrl.cli.rollout_cmd import progress_bar
+    from omrl.config import command_line_config
+    from omrl.options import SweepRunConfig
+    from omrl.search.sweep import run_sweep, sweep_table
+
+    cfg = command_line_config(SweepRunConfig, args, {
+        "env.name": env, "model.name": model, "strategies": split_list(strategies, "--strategies"),
+        "budgets": parse_budgets(budgets), "env.split": split, "num_tasks": num_tasks, "seed": seed, "out": out,
+    })
+    console = Console()
+    record = stop_on_interrupt(lambda: run_sweep(cfg, progress_bar=progress_bar,
+                                                 log=lambda line: console.print(line, highlight=False)), err_console)
+    console.print(sweep_table(record))
+    console.print(f"wrote {cfg.out}/sweep.json and {cfg.out}/sweep.png", highlight=False, soft_wrap=True)
+
+
+def add_to(app: typer.Typer) -> None:
+    app.command("sweep")(sweep_command)

@@ -1,0 +1,124 @@
+"""Search trees -> update rows: every finished root-to-leaf path is a row; every turn is trained once.
+
+A tree rollout (``rollout.strategy`` other than chain, see :mod:`omrl.search`) gives one
+:class:`~omrl.data.Episode` per root-to-leaf path, and paths that branched apart late share their
+opening turns token for token. The update reads them in three moves:
+
+1. :func:`paths_to_batch`: the *finished* paths become rows, as any episodes would
+   (:func:`~omrl.training.rl_data.episodes_to_batch`), plus the tree columns ``turn_node_ids``
+   and ``turn_parent_ids`` [bs, K] that say which turns rows share. A path the search ended
+   (``pruned``) or ran out of tokens on (``budget``) has no outcome: it is no row, so it counts
+   neither as a leaf of its task's group nor in any subtree's value. Its turns that a finished
+   path shares are trained through that path; the ones below which nothing finished are not
+   trained at all (there is nothing to credit them with).
+2. The advantage estimator runs on the rows as on any episodes (every row's loss_mask covers
+   its whole path), with :func:`tree_advantage_input`.
+3. :func:`train_each_turn_once`: a turn several rows share keeps its tokens in the loss of
+   one row only (the first that holds it; the others keep them as context), with the mean of
+   the advantages (and returns) the estimator gave its copies. On-policy that is exactly the
+   gradient of training every path whole, with each shared turn's share divided by the number
+   of paths through it; GRPO's mean over the leaves below a turn is TreeRL's global advantage
+   of its node (V(node) - V(root), scaled).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+
+from omrl.algos import AdvantageInput
+from omrl.data import Batch, Episode
+from omrl.data.batch import pad_sequences
+from omrl.errors import OmrlError
+from omrl.search.tree import BUDGET, PRUNED
+from omrl.training.rl_data import advantage_input, episodes_to_batch, trainable
+
+#: paths a search stopped before the env did: no outcome to learn from
+UNFINISHED = (PRUNED, BUDGET)
+#: the batch columns that describe the trees, [bs, K]
+TREE_KEYS = ("turn_node_ids", "turn_parent_ids")
+ROOT = 0  # Turn.parent_id of a tree's first turns
+
+
+def finished_paths(episodes: Sequence[Episode]) -> list[Episode]:
+    """The paths an update may use: trainable (:func:`~omrl.training.rl_data.trainable`) and ended
+    by the env or a limit, not by the search (``pruned``, ``budget``)."""
+    return [ep for ep in trainable(episodes) if ep.end_reason not in UNFINISHED]
+
+
+def paths_to_batch(episodes: Sequence[Episode], trees_per_task: int, pad_token_id: int,
+                   allocation: str = "last_token", gamma: float = 1.0) -> Batch:
+    """Rows of the finished paths of ``episodes`` (every path of every tree, as the search wrote them).
+
+    ``Episode.group`` numbers the trees (``trees_per_task`` consecutive ones per task), so
+    ``group_ids`` (the episode-level group) is ``group // trees_per_task``: all leaves of a
+    task's trees. Adds to :func:`~omrl.training.rl_data.episodes_to_batch`'s tensors:
+    turn_node_ids [bs, K] (each turn's node, numbered across the batch: equal ids = the same
+    turn of the same tree) and turn_parent_ids [bs, K] (the node it grew from, -1 for a tree's
+    root), both -1 past a row's last turn.
+    """
+    if trees_per_task < 1:
+        raise OmrlError(f"trees_per_task must be >= 1, got {trees_per_task}")
+    paths = finished_paths(episodes)
+    ids: dict[tuple[int, int], int] = {}
+    spans: dict[int, tuple[int, int]] = {}
+    node_rows, parent_rows = [], []
+    for ep in paths:
+        nodes, parents = [], []
+        for turn in ep.turns:
+            node = ids.setdefault((ep.group, turn.node_id), len(ids)) if turn.node_id >= 0 else -1
+            if node >= 0 and spans.setdefault(node, turn.span) != turn.span:
+                raise OmrlError(f"two paths of tree {ep.group} (task {ep.task_id}) hold node {turn.node_id} at "
+                                f"different tokens ({spans[node]} and {turn.span}); a tree's paths share "
+                                "their common turns token for token (omrl.search.Tree.episodes)")
+            nodes.append(node)
+            parents.append(ids.setdefault((ep.group, turn.parent_id), len(ids)) if turn.parent_id > ROOT else -1)
+        node_rows.append(nodes)
+        parent_rows.append(parents)
+    per_task = [dataclasses.replace(ep, group=ep.group // trees_per_task) for ep in paths]
+    batch = episodes_to_batch(per_task, pad_token_id, allocation, gamma)
+    width = batch["turn_rewards"].shape[1]
+    for key, rows in zip(TREE_KEYS, (node_rows, parent_rows)):
+        batch.tensors[key] = pad_sequences([row + [-1] * (width - len(row)) for row in rows], -1)
+    return batch
+
+
+def tree_advantage_input(batch: Batch) -> AdvantageInput:
+    """What an advantage estimator reads, with the tree columns when ``batch`` has them (else None)."""
+    data = advantage_input(batch)
+    data.turn_node_ids, data.turn_parent_ids = (batch.tensors.get(key) for key in TREE_KEYS)
+    return data
+
+
+def train_each_turn_once(batch: Batch) -> Batch:
+    """Each shared turn in the loss of one row, with the mean advantage and return of its copies.
+
+    Reads loss_mask, turn_index, advantages, returns [bs, T] and turn_node_ids [bs, K]. The
+    paths of a tree hold a shared turn at the very same positions (a child's ids extend its
+    parent's), so a token's copies are the tokens of equal (node, position). Returns a batch
+    whose loss_mask keeps each copy once (in the first row holding it) and whose advantages
+    and returns are the copies' means there and 0 where the mask dropped them; the tree
+    columns are dropped (they are turn-indexed, not token-indexed, and the update needs none).
+    """
+    mask = batch["loss_mask"].bool()
+    turn_index = batch["turn_index"].long()
+    nodes = batch["turn_node_ids"].long()
+    node_of_token = torch.cat([nodes.new_full((len(nodes), 1), -1), nodes], 1).gather(1, turn_index + 1)
+    rows, cols = (mask & (node_of_token >= 0)).nonzero(as_tuple=True)
+    keys = torch.stack([node_of_token[rows, cols], cols], dim=1)
+    _, inverse, copies = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
+    owner = torch.full_like(copies, len(batch)).scatter_reduce_(0, inverse, rows, "amin")
+    dropped = rows != owner[inverse]
+    loss_mask = batch["loss_mask"].clone()
+    loss_mask[rows[dropped], cols[dropped]] = 0
+    tensors = {k: t for k, t in batch.tensors.items() if k not in TREE_KEYS}
+    tensors["loss_mask"] = loss_mask
+    for key in ("advantages", "returns"):
+        values = batch[key]
+        mean = values.new_zeros(len(copies)).index_add_(0, inverse, values[rows, cols]) / copies.to(values.dtype)
+        out = values.clone()
+        out[rows, cols] = mean[inverse]
+        tensors[key] = torch.where(loss_mask.bool(), out, 0.0)
+    return Batch(tensors, batch.non_tensors, batch.meta)

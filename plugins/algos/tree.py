@@ -1,0 +1,95 @@
+"""Tree-GRPO: GRPO over a task's leaves plus step-level advantages at the branch points of its trees.
+
+Ji et al. 2025, "Tree Search for LLM Agent Reinforcement Learning" (Tree-GRPO, arXiv:2509.21240);
+Hou et al. 2025, "TreeRL: LLM Reinforcement Learning with On-Policy Tree Search" (arXiv:2506.11902);
+the episode-level plus weighted step-level sum is GiGPO's (Feng et al. 2025, arXiv:2505.10978).
+
+Where a tree search branched, the children are replies to one and the same state, so comparing
+what followed each of them (the mean outcome of the leaves below it) credits a single turn without
+a critic; a turn with no sibling has nothing to be compared with. The root's branching (the first
+turns) is not compared here: that comparison is the episode-level group's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omrl.algos import AdvantageInput, AlgoConfig, require_present, require_range, require_same_shape
+from omrl.errors import OmrlError
+from omrl_plugins.algos.advantages import broadcast_to_tokens, check_advantage_input, episode_scores, group_normalize
+
+
+def branch_advantages(scores: torch.Tensor, turn_node_ids: torch.Tensor, turn_parent_ids: torch.Tensor,
+                      use_std: bool, eps: float) -> torch.Tensor:
+    """Step-level advantage of every turn. [bs], [bs, K], [bs, K] -> [bs, K] float32.
+
+    A node's value is the mean score of the rows (finished root-to-leaf paths) that pass through
+    it, i.e. of the leaves below it. Nodes grown from the same parent (siblings at a branch point)
+    form a group; each value minus the group's mean, divided by (group std + eps) when
+    ``use_std``, is the advantage of every row's copy of that turn. Nodes without a sibling,
+    children of a root (parent -1) and padding (node -1) get 0.
+    """
+    valid = turn_node_ids >= 0
+    rows = torch.arange(len(scores), device=scores.device)[:, None].expand_as(turn_node_ids)[valid]
+    nodes, parents = turn_node_ids[valid].long(), turn_parent_ids[valid].long()
+    _, inverse = torch.unique(nodes, return_inverse=True)
+    count = int(inverse.max()) + 1 if len(inverse) else 0
+    paths = scores.new_zeros(count).index_add_(0, inverse, torch.ones_like(rows, dtype=scores.dtype))
+    value = scores.new_zeros(count).index_add_(0, inverse, scores[rows]) / paths
+    parent = parents.new_full((count,), -1).scatter_(0, inverse, parents)
+    if not torch.equal(parent[inverse], parents):
+        bad = int(nodes[parent[inverse] != parents][0])
+        raise OmrlError(f"tree_grpo: node {bad} has different parents in different rows; turn_node_ids must name "
+                        "each node of a tree once in the batch (rows sharing a node share its whole path)")
+    step = torch.zeros_like(value)
+    branched = parent >= 0
+    step[branched] = group_normalize(value[branched], parent[branched], use_std, eps)
+    out = torch.zeros(turn_node_ids.shape, dtype=scores.dtype, device=scores.device)
+    out[valid] = step[inverse]
+    return out
+
+
+@torch.no_grad()
+def tree_grpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tree-GRPO (Ji et al. 2025, arXiv:2509.21240; TreeRL, Hou et al. 2025, arXiv:2506.11902).
+
+    Reads token_rewards, loss_mask, turn_index [bs, T]; group_ids [bs]; turn_node_ids,
+    turn_parent_ids [bs, K]; cfg.tree_step_weight, cfg.norm_adv_by_std, cfg.eps. A row is one
+    root-to-leaf path, its loss_mask covering every turn of the path (shared ones too).
+
+    - Episode level (Tree-GRPO's inter-tree part): GRPO over the leaves of a task (equal
+      group_ids): (score - mean) / (std + eps), or score - mean without cfg.norm_adv_by_std;
+      the score is the row's summed token rewards.
+    - Step level (the intra-tree part, TreeRL's local advantage against the siblings rather
+      than the parent): :func:`branch_advantages`, a turn's subtree value against those of its
+      siblings at the same branch point.
+
+    A token of turn k (``turn_index == k``) gets episode_adv + cfg.tree_step_weight *
+    step_adv[k]. Rows of a chain rollout, or with turn_node_ids None, have no branch point
+    below the root, so this is then exactly :func:`~omrl_plugins.algos.advantages.grpo`.
+    Returns (advantages, advantages), float32 [bs, T], 0 off the mask.
+    """
+    rewards, mask = check_advantage_input("tree_grpo", data)
+    weight = require_range(cfg, "tree_step_weight", 0.0)
+    scores = episode_scores(rewards, mask)
+    advantages = broadcast_to_tokens(group_normalize(scores, data.group_ids, cfg.norm_adv_by_std, cfg.eps), mask)
+    if data.turn_node_ids is None and data.turn_parent_ids is None:
+        return advantages, advantages
+    require_present("tree_grpo", turn_index=data.turn_index, turn_node_ids=data.turn_node_ids,
+                    turn_parent_ids=data.turn_parent_ids)
+    require_same_shape("tree_grpo", 2, token_rewards=data.token_rewards, turn_index=data.turn_index)
+    require_same_shape("tree_grpo", 2, turn_node_ids=data.turn_node_ids, turn_parent_ids=data.turn_parent_ids)
+    bs, num_turns = data.turn_node_ids.shape
+    if bs != rewards.shape[0]:
+        raise OmrlError(f"tree_grpo: turn_node_ids has {bs} rows but token_rewards has {rewards.shape[0]}; "
+                        "they must match")
+    turn_index = data.turn_index.long()
+    if turn_index.numel() and int(turn_index.max()) >= num_turns:
+        raise OmrlError(f"tree_grpo: turn_index reaches {int(turn_index.max())} but turn_node_ids has only "
+                        f"K={num_turns} turns per row; turn_index must be -1 or in [0, K)")
+    per_turn = branch_advantages(scores, data.turn_node_ids, data.turn_parent_ids, cfg.norm_adv_by_std, cfg.eps)
+    # column 0 holds 0 for tokens outside any turn (turn_index -1)
+    per_turn = torch.cat([per_turn.new_zeros(bs, 1), per_turn], dim=1)
+    step_on_tokens = torch.where(mask, per_turn.gather(1, (turn_index + 1).clamp(min=0)), 0.0)
+    advantages = advantages + weight * step_on_tokens
+    return advantages, advantages

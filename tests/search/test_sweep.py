@@ -1,0 +1,150 @@
+"""`omrl sweep`: strategies x budgets on gridworld with the tiny model, the files it writes, resuming, bad input."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from omrl.cli import build_app, main
+from omrl.errors import ConfigError
+from omrl.hookspecs import hookimpl
+
+PNG_HEADER = b"\x89PNG\r\n\x1a\n"
+# short replies and episodes keep every cell to a fraction of a second; sampling, as search needs
+FAST = ["--env", "gridworld", "--model", "tiny", "--num-tasks", "2", "generation.max_new_tokens=8",
+        "env.max_turns=3", "generation.temperature=1.0"]
+
+
+def invoke(*args: str):
+    result = CliRunner().invoke(build_app(), list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def cells(out) -> dict:
+    record = json.loads((out / "sweep.json").read_text())
+    return {(c["strategy"], c["budget"]): c for c in record["cells"]}
+
+
+def test_sweep_writes_one_cell_per_strategy_and_budget_and_a_png(tmp_path):
+    out = tmp_path / "sweep"
+    result = invoke("sweep", *FAST, "--strategies", "chain,best_of_n,beam", "--budgets", "16,40", "-o", str(out),
+                    "plugins.best_of_n.n=2")
+    assert result.exit_code == 0, result.output
+    found = cells(out)
+    # chain is pass@1: one cell with no budget; the others one cell per budget
+    assert set(found) == {("chain", None), ("best_of_n", 16), ("best_of_n", 40), ("beam", 16), ("beam", 40)}
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["setup"]["tasks"] == [1_000_000, 1_000_001] and record["setup"]["env"]["name"] == "gridworld"
+    for (strategy, budget), cell in found.items():
+        assert cell["tasks"] == 2 and len(cell["per_task"]) == 2
+        assert 0.0 <= cell["success_rate"] <= 1.0 and 0.0 <= cell["any_success_rate"] <= 1.0
+        assert math.isclose(cell["success_se"], math.sqrt(cell["success_rate"] * (1 - cell["success_rate"]) / 2))
+        assert cell["generated_tokens_per_task"] > 0 and cell["wall_seconds"] > 0
+        assert cell["max_generated_tokens"] == max(t["generated_tokens"] for t in cell["per_task"])
+        if budget is not None:
+            assert all(0 < t["generated_tokens"] <= budget for t in cell["per_task"])
+            assert 0 < cell["budget_used"] <= 1.0
+        else:
+            assert cell["budget_used"] is None
+    # the tiny model's replies run to max_new_tokens, so a 16-token budget is two replies a task, used up
+    assert found[("best_of_n", 16)]["max_generated_tokens"] == 16 and found[("best_of_n", 16)]["budget_exhausted"] == 2
+    png = (out / "sweep.png").read_bytes()
+    assert png.startswith(PNG_HEADER) and len(png) > 10_000
+    assert "best_of_n" in result.output and "pass@1" in result.output
+    assert not list(out.glob(".*.tmp"))  # no temporary file left behind
+
+
+def test_a_sweep_run_again_plays_only_the_new_cells(tmp_path):
+    out = tmp_path / "sweep"
+    first = invoke("sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16", "-o", str(out),
+                   "plugins.best_of_n.n=2")
+    assert first.exit_code == 0, first.output
+    before = cells(out)[("best_of_n", 16)]
+    again = invoke("sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16,24", "-o", str(out),
+                   "plugins.best_of_n.n=2")
+    assert again.exit_code == 0, again.output
+    assert "1 cells done, 1 to play" in again.output
+    after = cells(out)
+    assert set(after) == {("best_of_n", 16), ("best_of_n", 24)}
+    assert after[("best_of_n", 16)] == before  # kept as it was, wall time included: not played again
+    # another setting (here the seed) would mix two sweeps in one file: refused, naming what differs
+    with pytest.raises(ConfigError, match=r"holds a sweep with other settings \(seed: 0 there, 1 now\)"):
+        invoke("sweep", *FAST, "--strategies", "best_of_n", "--budgets", "32", "--seed", "1", "-o", str(out),
+               "plugins.best_of_n.n=2")
+    assert set(cells(out)) == {("best_of_n", 16), ("best_of_n", 24)}
+    fresh = invoke("sweep", *FAST, "--strategies", "best_of_n", "--budgets", "32", "--seed", "1", "-o", str(out),
+                   "plugins.best_of_n.n=2", "resume=false")
+    assert fresh.exit_code == 0, fresh.output
+    assert set(cells(out)) == {("best_of_n", 32)}
+
+
+class Interrupting:
+    """A strategy `interrupting` that stops the run as Ctrl-C would, before it plays anything."""
+
+    @hookimpl
+    def register_rollout_strategies(self, register):
+        def interrupting(ctx, tasks):
+            if tasks:  # not in the check that runs every strategy on no tasks first
+                raise KeyboardInterrupt
+            return []
+
+        register("interrupting", interrupting)
+
+
+def test_an_interrupted_sweep_keeps_its_finished_cells_and_says_how_to_go_on(register_plugin, capsys, tmp_path):
+    register_plugin(Interrupting(), name="interrupting-strategy")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", *FAST, "--strategies", "best_of_n,interrupting", "--budgets", "16", "-o", str(tmp_path),
+              "plugins.best_of_n.n=2"])
+    assert exit_info.value.code == 130
+    err = " ".join(capsys.readouterr().err.split())
+    assert "interrupted during interrupting @ 16 tokens; the 1 finished cells are in" in err
+    assert set(cells(tmp_path)) == {("best_of_n", 16)}  # whole JSON, the finished cell in it
+    assert (tmp_path / "sweep.png").read_bytes().startswith(PNG_HEADER)
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--strategies", "chain,bean"], "unknown rollout strategy 'bean'. Did you mean 'beam'? Valid: beam, best_of_n, "
+                                     "chain, dfsdt, mcts"),
+    (["--budgets", "500,abc"], "--budgets '500,abc': 'abc' is not a positive whole number of tokens"),
+    (["--budgets", "0"], "'0' is not a positive whole number of tokens"),
+    (["--budgets", "-20"], "'-20' is not a positive whole number of tokens"),
+    (["--budgets", "500,,1000"], "has an empty item"),
+    (["--budgets", "4"], "budget 4 is smaller than one reply (generation.max_new_tokens=8)"),
+    (["--budgets", "16,16"], "budgets lists 16 more than once"),
+    (["plugins.beam.width=0"], "beam option width=0 is invalid"),
+])
+def test_bad_sweep_input_is_one_line_and_plays_nothing(capsys, tmp_path, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", *FAST, "--strategies", "chain,beam", "--budgets", "16", "-o", str(tmp_path), *args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in " ".join(err.split()) and "Traceback" not in err
+    assert not (tmp_path / "sweep.json").exists()
+
+
+def test_a_strategy_the_env_cannot_fork_for_fails_before_any_cell_plays(chest_plugins, capsys, tmp_path):
+    # chain (which needs no fork) comes first: without the check up front it would play and be written
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", "--env", "chest-plain", "env.template=chest-action", "--model", "tiny", "--num-tasks", "1",
+              "--strategies", "chain,best_of_n,mcts", "--budgets", "8", "generation.max_new_tokens=4",
+              "generation.temperature=1.0", "-o", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "strategy 'mcts' branches episodes, but env 'chest-plain' (PlainChestEnv) cannot copy one" in err
+    assert "neither snapshot()/restore() nor deterministic = True" in err
+    assert not (tmp_path / "sweep.json").exists()
+
+
+@pytest.mark.parametrize("module", ["omrl.search.sweep", "omrl.cli.sweep_cmd"])
+def test_docstring_examples_hold(module):
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,136 @@
+"""Shared prompt prefixes in the RL update: the grouping, and the same loss and gradients as whole rows."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from rich.console import Console
+
+from omrl.config import load_config
+from omrl.data.batch import Batch
+from omrl.models import load_model
+from omrl.options import TrainRunConfig
+from omrl.training.metrics import read_metrics
+from omrl.training.policy import policy_forward
+from omrl.training.rl import RLRecipe, run_rl
+from omrl.training.shared_prefix import MIN_SHARED_TOKENS, SharedPrefix, shared_prefix_groups, supports_shared_prefix
+
+QUIET = Console(file=io.StringIO())
+
+
+def rows_batch(rows: list[tuple[list[int], int]]) -> Batch:
+    """A right-padded batch of (ids, prompt length) rows: tokens after the prompt are trained."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    loss = torch.zeros(len(rows), width)
+    for i, (row, prompt) in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row)
+        mask[i, :len(row)] = 1
+        loss[i, prompt:len(row)] = 1
+    return Batch({"input_ids": ids, "attention_mask": mask, "loss_mask": loss})
+
+
+def test_groups_share_a_tasks_prompt_or_everyones_opening():
+    opening = list(range(100, 160))  # 60 tokens every row starts with
+    task_a, task_b = opening + [1] * 50, opening + [2] * 50
+    batch = rows_batch([(task_a + [7, 8], 110), (task_b + [9], 110), (task_a + [5, 6, 7], 110), (task_b + [4], 110)])
+    # per task: 2 groups of 2 rows sharing 109 tokens (one kept back) save 218 > 3 x 59 for everyone
+    assert shared_prefix_groups(batch) == [([0, 2], 109), ([1, 3], 109)]
+    # one row per task: only the common opening is shared
+    batch = rows_batch([(task_a + [7], 110), (task_b + [9], 110), (opening + [3] * 50 + [1], 110)])
+    assert shared_prefix_groups(batch) == [([0, 1, 2], 59)]
+    # a prefix shorter than MIN_SHARED_TOKENS is not worth a pass: every row alone
+    short = list(range(MIN_SHARED_TOKENS - 5))
+    batch = rows_batch([(short + [1, 2], len(short)), (short + [3, 4], len(short))])
+    assert shared_prefix_groups(batch) == [([0], 0), ([1], 0)]
+    # trained tokens are never shared: the prefix stops before the earliest trained token
+    batch = rows_batch([(task_a + [7], 70), (task_a + [8], 110)])
+    assert shared_prefix_groups(batch) == [([0, 1], 69)]
+
+
+@pytest.fixture
+def rows():
+    generator = torch.Generator().manual_seed(1)
+    prefix = torch.randint(5, 200, (48,), generator=generator)
+    suffixes = [torch.randint(5, 200, (n,), generator=generator) for n in (20, 33, 9)]
+    return prefix, [torch.cat([prefix, suffix]) for suffix in suffixes]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_a_shared_prefix_gives_the_gradients_of_whole_rows(rows, checkpointing):
+    prefix, full_rows = rows
+    models = []
+    for _ in range(2):
+        model, _ = load_model("tiny", dtype="float32", device="cpu")
+        if checkpointing:
+            (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)(
+                {"use_reentrant": False})
+        model.train()
+        models.append(model)
+    whole, shared = models
+    assert supports_shared_prefix(shared)
+    length = len(prefix) - 1
+
+    def loss_of(model, row, **kwargs):
+        mask = torch.zeros(1, len(row))
+        mask[0, len(prefix):] = 1
+        out = policy_forward(model, row[None], torch.ones(1, len(row), dtype=torch.long), token_mask=mask,
+                             with_entropy=True, **kwargs)
+        assert out["log_probs"].shape == (1, len(row)) and not out["log_probs"][0, :len(prefix)].any()
+        return -(out["log_probs"] * mask).sum() - 0.01 * (out["entropy"] * mask).sum(), out["log_probs"]
+
+    expected = []
+    for row in full_rows:
+        loss, log_probs = loss_of(whole, row)
+        loss.backward()
+        expected.append(log_probs.detach())
+    embedded = []
+    hook = shared.get_input_embeddings().register_forward_hook(lambda m, args, out: embedded.append(args[0].numel()))
+    with SharedPrefix(shared, prefix[:length]) as shared_prefix:
+        for row, want in zip(full_rows, expected):
+            loss, log_probs = loss_of(shared, row, prefix=shared_prefix)
+            loss.backward()
+            torch.testing.assert_close(log_probs.detach(), want, atol=1e-5, rtol=0)
+    hook.remove()
+    assert embedded == [length] + [len(row) - length for row in full_rows]  # the prefix ran once
+    for (name, a), b in zip(whole.named_parameters(), shared.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=2e-5, rtol=1e-4, msg=name)
+    # the checkpointing switch the prefix turned on is back as it was
+    assert all("_can_checkpoint_with_cache" not in m.__dict__ for m in shared.modules())
+
+
+def test_grpo_with_shared_prefixes_learns_what_whole_rows_learn(tiny_model_dir, tmp_path, monkeypatch):
+    """Two steps of GRPO: the run that shares prompts takes the same steps, to float rounding."""
+    passes = []
+    real = RLRecipe._update_micro_batches
+
+    def counting(self, mini, mb_size):
+        for mb, prefix in real(self, mini, mb_size):
+            passes.append(prefix is not None)
+            yield mb, prefix
+
+    monkeypatch.setattr(RLRecipe, "_update_micro_batches", counting)
+
+    def run(share: bool, out: str):
+        cfg = load_config(TrainRunConfig, "grpo", [
+            f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=2", "generation.max_new_tokens=6",
+            "generation.max_context=512", f"logging.output_dir={tmp_path / out}", "logging.tensorboard=false",
+            "steps=2", "tasks_per_step=2", "group_size=3", "eval_tasks=0", "optim.learning_rate=1e-3",
+            "algorithm.entropy_coef=0.01", f"optim.share_prefix={str(share).lower()}"])
+        run_rl(cfg, console=QUIET)
+        return read_metrics(cfg.logging.output_dir), load_model(cfg.logging.output_dir)[0]
+
+    shared_metrics, shared_model = run(True, "shared")
+    assert passes and all(passes)  # every row ran on its task's prompt
+    passes.clear()
+    whole_metrics, whole_model = run(False, "whole")
+    assert passes and not any(passes)
+    for a, b in zip(shared_metrics, whole_metrics, strict=True):
+        for key in ("loss", "pg_loss", "entropy", "reward_mean", "grad_norm"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    for (name, p), q in zip(shared_model.state_dict().items(), whole_model.state_dict().values()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
