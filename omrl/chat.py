@@ -8,12 +8,18 @@ is trained on the token layout it will later generate in.
 
 Works for any chat template whose rendering of a longer chat starts with the
 rendering of the shorter one (ChatML, Llama-3, SmolLM2, Qwen2.5); others raise.
+
+The increments are defined by full renders of the chat (:func:`rendered_turn_text`);
+for templates whose pieces :mod:`omrl.chat_cache` can prove fixed, the same text is
+built from cached pieces, and a shared opening's ids are encoded once.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Sequence
 
+from omrl import chat_cache
 from omrl.errors import OmrlError
 
 Message = dict[str, str]
@@ -29,13 +35,46 @@ def render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool =
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
-    """Token ids of a template fragment (special tokens in the text are parsed as such)."""
-    return tokenizer.encode(text, add_special_tokens=False) if text else []
+    """Token ids of a template fragment (special tokens in the text are parsed as such).
+
+    The ids of ``tokenizer.encode(text, add_special_tokens=False)``. A fast tokenizer
+    whose encoding transformers does not customise is asked directly (about half the
+    time: no offsets, no Python wrapping) while its Rust tokenizer is in the state
+    transformers would put it in (no truncation, no padding, special tokens parsed
+    as ``split_special_tokens`` says); otherwise transformers encodes (and resets that state).
+    """
+    if not text:
+        return []
+    backend = tokenizer.backend_tokenizer if _plain_fast(type(tokenizer)) else None
+    if backend is not None and backend.truncation is None and backend.padding is None \
+            and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)):
+        return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@lru_cache(maxsize=None)
+def _plain_fast(cls: type) -> bool:
+    """Whether ``cls`` encodes as transformers' fast tokenizers do: straight through its Rust tokenizer."""
+    try:
+        from tokenizers import Tokenizer
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return False
+    return issubclass(cls, TokenizersBackend) and cls.encode is PreTrainedTokenizerBase.encode \
+        and cls._encode_plus is TokenizersBackend._encode_plus and hasattr(Tokenizer, "encode_batch_fast")
 
 
 def prompt_ids(tokenizer, messages: Sequence[Message], **kwargs: Any) -> list[int]:
-    """Ids of the opening messages (system, first user) plus the first generation prompt."""
-    return encode_text(tokenizer, render(tokenizer, messages, add_generation_prompt=True, **kwargs))
+    """Ids of the opening messages (system, first user) plus the first generation prompt.
+
+    Exactly the ids of the rendered text; the messages before the last are encoded
+    once per tokenizer where :mod:`omrl.chat_cache` proves that splitting there is exact.
+    """
+    ids = chat_cache.opening_ids(tokenizer, messages, kwargs, render, encode_text)
+    if ids is None:
+        ids = encode_text(tokenizer, render(tokenizer, messages, add_generation_prompt=True, **kwargs))
+    return ids
 
 
 def _suffix(longer: str, shorter: str, what: str) -> str:
@@ -65,7 +104,22 @@ def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str,
     ids already end with the tokenizer's end-of-turn token. When they do not
     (the turn was cut at the token limit), the end-of-turn text is part of the
     increment, so it carries loss_mask 0 like every template token.
+
+    Exactly the ids of :func:`rendered_turn_text`'s text; built from the template's
+    cached pieces where :mod:`omrl.chat_cache` can prove them (a full render per turn
+    costs time in proportion to the chat's length).
     """
+    ids = chat_cache.next_turn_ids(
+        tokenizer, messages, user_content, generated_eos, kwargs, render, encode_text,
+        rendered=lambda: rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs))
+    if ids is None:
+        ids = encode_text(tokenizer, rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs))
+    return ids
+
+
+def rendered_turn_text(tokenizer, messages: Sequence[Message], user_content: str,
+                       generated_eos: bool, **kwargs: Any) -> str:
+    """The text of :func:`next_turn_ids`' increment, by rendering the chat without and with the new message."""
     after = generation_end(tokenizer, messages, **kwargs)
     eos = tokenizer.eos_token or ""
     if generated_eos and eos and after.startswith(eos):
@@ -73,7 +127,7 @@ def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str,
     before = render(tokenizer, messages, **kwargs)
     longer = render(tokenizer, [*messages, {"role": "user", "content": user_content}],
                     add_generation_prompt=True, **kwargs)
-    return encode_text(tokenizer, after + _suffix(longer, before, "adding a user turn"))
+    return after + _suffix(longer, before, "adding a user turn")
 
 
 def encode_conversation(tokenizer, messages: Sequence[Message], **kwargs: Any) -> tuple[list[int], list[int]]:

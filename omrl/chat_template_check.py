@@ -1,0 +1,138 @@
+"""Whether a chat template writes every message's content out unchanged: read from its jinja
+syntax tree, the first of the two checks :mod:`omrl.chat_cache` makes before caching a template's
+pieces (the second renders probe chats)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import nodes
+
+_KEEPS_TEXT = (nodes.Add, nodes.Concat, nodes.And, nodes.Or)  # the content flows on inside a longer value
+_TYPE_TESTS = frozenset({"defined", "undefined", "none", "string", "mapping", "sequence", "iterable"})
+_STILL_MESSAGES = frozenset({"first", "last", "reverse", "list", "selectattr", "rejectattr"})  # filters
+_COUNTS = frozenset({"length", "count"})
+_OUTPUT_HOLDERS = (nodes.Template, nodes.For, nodes.If, nodes.With, nodes.Scope)  # output in them stays output
+_UNSTABLE_CALLS = frozenset({"strftime_now", "lipsum"})  # text that changes between renders
+MAX_COUNT = 8  # a larger number could count messages past what the probe chats cover
+
+
+class _Unsafe(Exception):
+    """A construct through which a message's content could change other text, or leave it changed."""
+
+
+@lru_cache(maxsize=32)
+def cacheable_template(source: str) -> bool:
+    """Whether the template's syntax tree shows it writes every message's content out unchanged
+    (testing it at most for emptiness or type), with nowhere else content could flow, renders
+    the same at every call (no dates) and counts no higher than ``MAX_COUNT`` (so the probe
+    chats see every position where its output could change)."""
+    try:
+        tree = _environment(source).parse(source)
+    except Exception:  # noqa: BLE001 - a template we cannot parse is rendered in full
+        return False
+    parents: dict[int, nodes.Node] = {id(child): tree for child in tree.iter_child_nodes()}
+    for node in tree.find_all(nodes.Node):
+        for child in node.iter_child_nodes():
+            parents[id(child)] = node
+    try:
+        for call in tree.find_all(nodes.Call):
+            if isinstance(call.node, nodes.Name) and call.node.name in _UNSTABLE_CALLS:
+                raise _Unsafe
+        for const in tree.find_all(nodes.Const):
+            if type(const.value) in (int, float) and abs(const.value) > MAX_COUNT:
+                raise _Unsafe
+        tainted, seen = {"messages"}, set()  # names bound to messages
+        for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+            kind, what, value = _access(node, parents)
+            if (kind, what) == ("key", "content"):
+                _check_content(value, parents)
+            if isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name) and node.node.name == "loop" \
+                    and node.attr in ("previtem", "nextitem"):
+                _follow_messages(node, parents, tainted)
+        while tainted - seen:
+            names = tainted - seen
+            seen |= names
+            for name in tree.find_all(nodes.Name):
+                if name.ctx == "load" and name.name in names:
+                    _follow_messages(name, parents, tainted)
+    except _Unsafe:
+        return False
+    return True
+
+
+def _environment(source: str):
+    """The jinja environment transformers renders chat templates in (its extensions parse ``{% generation %}``)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    return _compile_jinja_template(source).environment
+
+
+def _access(node: nodes.Getattr | nodes.Getitem, parents: dict) -> tuple[str, Any, nodes.Node]:
+    """What ``node`` reads: ('key', name, value node), ('item', None, node) for an index or slice, or
+    ('call', method, call node)."""
+    if isinstance(node, nodes.Getattr):
+        parent = parents.get(id(node))
+        if isinstance(parent, nodes.Call) and parent.node is node:
+            first = parent.args[0] if parent.args else None
+            if node.attr == "get" and isinstance(first, nodes.Const) and isinstance(first.value, str):
+                return "key", first.value, parent
+            return "call", node.attr, parent
+        return "key", node.attr, node
+    if isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str):
+        return "key", node.arg.value, node
+    return "item", None, node
+
+
+def _check_content(value: nodes.Node, parents: dict) -> None:
+    """``value`` holds a message's content: it must reach output unchanged, or only be tested."""
+    parent = parents.get(id(value))
+    if isinstance(parent, nodes.Output):
+        holder = parents.get(id(parent))
+        while holder is not None:
+            if not (isinstance(holder, _OUTPUT_HOLDERS) or _is_generation_block(holder)):
+                raise _Unsafe
+            holder = parents.get(id(holder))
+    elif isinstance(parent, _KEEPS_TEXT):
+        _check_content(parent, parents)
+    elif isinstance(parent, nodes.CondExpr):
+        if parent.test is not value:
+            _check_content(parent, parents)
+    elif isinstance(parent, nodes.If) and parent.test is value or isinstance(parent, nodes.Not):
+        return
+    elif not (isinstance(parent, nodes.Test) and parent.node is value and parent.name in _TYPE_TESTS):
+        raise _Unsafe
+
+
+def _follow_messages(value: nodes.Node, parents: dict, tainted: set[str]) -> None:
+    """``value`` is a message or a list of them: only fields other than content may be read off it
+    (content is checked on its own), it may be counted, filtered, looped over or tested; names it is
+    bound to join ``tainted``."""
+    parent = parents.get(id(value))
+    if isinstance(parent, (nodes.Getattr, nodes.Getitem)) and parent.node is value:
+        kind, _, _ = _access(parent, parents)
+        if kind == "item":
+            _follow_messages(parent, parents, tainted)
+        elif kind == "call":
+            raise _Unsafe  # items(), values(), ...: content read under no name
+    elif isinstance(parent, nodes.Filter) and parent.node is value:
+        if parent.name not in _STILL_MESSAGES | _COUNTS or any(
+                isinstance(arg, nodes.Const) and arg.value == "content" for arg in parent.find_all(nodes.Const)):
+            raise _Unsafe  # e.g. selectattr('content', ...): messages picked by their content
+        if parent.name in _STILL_MESSAGES:
+            _follow_messages(parent, parents, tainted)
+    elif isinstance(parent, nodes.For) and parent.iter is value:
+        target = parent.target
+        tainted.update(n.name for n in (target, *target.find_all(nodes.Name)) if isinstance(n, nodes.Name))
+    elif isinstance(parent, nodes.Assign) and parent.node is value and isinstance(parent.target, nodes.Name):
+        tainted.add(parent.target.name)
+    elif not (isinstance(parent, (nodes.If, nodes.CondExpr)) and parent.test is value
+              or isinstance(parent, nodes.Test) and parent.node is value or isinstance(parent, nodes.Not)):
+        raise _Unsafe
+
+
+def _is_generation_block(node: nodes.Node) -> bool:
+    """transformers' ``{% generation %}`` block, which outputs its body unchanged."""
+    return isinstance(node, nodes.CallBlock) and isinstance(node.call, nodes.Call) \
+        and isinstance(node.call.node, nodes.ExtensionAttribute) and node.call.node.name == "_generation_support"
