@@ -230,3 +230,12 @@ def test_hanoi_expert_is_optimal_from_any_position():
     assert hanoi_move({"A": [3, 2, 1], "B": [], "C": []}) == "[A C]"
     assert hanoi_move({"A": [3], "B": [2, 1], "C": []}) == "[A C]"
     assert hanoi_move({"A": [], "B": [], "C": [3, 2, 1]}) is None
+
+
+def test_clip01_keeps_nan_so_the_rollout_sees_a_broken_reward():
+    import math
+
+    from omrl_plugins.envs.engines.common import clip01
+
+    assert clip01(1.7) == 1.0 and clip01(-2) == 0.0 and clip01(0.25) == 0.25
+    assert math.isnan(clip01(float("nan")))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import random
 from types import ModuleType
 from typing import Any, Callable, Iterator
@@ -33,7 +34,10 @@ def clean_action(action: str) -> str:
 
 
 def clip01(value: float) -> float:
-    return min(1.0, max(0.0, float(value)))
+    """``value`` clipped to [0, 1]; NaN stays NaN, so the rollout ends the episode as env_error
+    (a NaN clipped to 0 would read as an ordinary failure)."""
+    value = float(value)
+    return value if math.isnan(value) else min(1.0, max(0.0, value))
 
 
 def check_running(env_name: str, running: bool) -> None:
