@@ -12,6 +12,9 @@ textworld-express  textworld-express (same)        seeds per game
 textarena          textarena (textarena)           seeds per single-player game
 =================  ==============================  ===============================
 
+Families with their own entry points (modules beside this one): ``babyai`` (minigrid, extra
+``babyai``: 40 levels x seeds), ``reasoning-gym`` (one-turn tasks), ``gem`` (gem-llm).
+
 Each TextArena game variant is also registered under its own name, ``textarena:<env id>``
 (``textarena:Sudoku-v0-easy``), which is ``textarena`` with its ``game`` option set.
 """
