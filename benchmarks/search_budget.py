@@ -24,17 +24,16 @@ benchmarks/results/search_budget) and prints the table. Each run measures afresh
 by default, i.e. the env's own reward acts as the verifier (``any`` in the table is what
 a perfect verifier would get); ``plugins.best_of_n.select=logprob`` etc. use the model alone.
 
-Measured here (2 CPU cores shared with other jobs, load average 8-10, seed 0):
+Measured here (2 CPU cores shared with other jobs, seed 0); the README's "Search rollouts"
+section has the tables:
 
-- gridworld, 16 tasks, budgets 48,96,192,384 (SFT model reused): 1.9-3.0 min, the same
-  numbers in both runs. Success of the chosen answer: chain (pass@1, 81 tokens a task)
-  25%; at 384 tokens best_of_n 31%, beam 25%, dfsdt 31%, mcts 62.5% (standard errors
-  11-12 points); at 48 tokens, below one whole chain, 0-12.5%. best_of_n at 96 tokens
-  (0%) splits the budget among its 4 chains, none of which can finish.
-- webshop, 2 tasks, chain + best_of_n + beam at 256 and 512 tokens: 9.9 min of cells
-  (chain alone 4.3 min); smollm2-135m wins nothing and scores 0 in every cell.
-  The default size (4 tasks, every strategy, 256 and 512 tokens) is estimated from that
-  run's CPU time at 10-15 minutes on 2 free cores; on a loaded machine it takes far longer.
+- gridworld, 64 test tasks, budgets 192 and 384 (``--gridworld-tasks 64 --gridworld-budgets
+  192,384``, results in ``gridworld-64/``): 9.8 min. Chain (pass@1) 12.5%; at 384 tokens
+  best_of_n 35.9%, beam 35.9%, dfsdt 40.6%, mcts 40.6% (standard errors about 6 points):
+  no search beats best_of_n by 2 SE on success; mcts does on mean score (+0.21, 2.9 SE).
+  A 16-task run had shown mcts at 62.5%: noise.
+- webshop, 2 tasks, every strategy at 256 and 512 tokens: 22 min of cells; smollm2-135m wins
+  nothing and scores 0 in every cell. The default size (4 tasks) takes about twice that.
 """
 
 from __future__ import annotations

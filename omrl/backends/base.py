@@ -26,10 +26,12 @@ STATS = {
 
 
 def generation_metrics(stats: dict[str, float]) -> dict[str, float]:
-    """What a step or an eval logs from a backend's :data:`STATS`: prompt tokens computed and reused,
-    the share reused (the KV cache's hit rate) and decoding speed."""
+    """What a step or an eval logs from a backend's :data:`STATS`: tokens generated (a search's shared
+    turns once), prompt tokens computed and reused, the share reused (the KV cache's hit rate) and
+    decoding speed."""
     prefill = stats.get("prefill_computed", 0) + stats.get("prefill_reused", 0)
-    out = {"prefill_tokens": float(stats.get("prefill_computed", 0)),
+    out = {"generated_tokens": float(stats.get("decode_tokens", 0)),
+           "prefill_tokens": float(stats.get("prefill_computed", 0)),
            "prefill_reused": float(stats.get("prefill_reused", 0))}
     if prefill:
         out["prefill_hit_rate"] = stats.get("prefill_reused", 0) / prefill
