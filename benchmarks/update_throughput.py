@@ -49,34 +49,16 @@ import os
 import pickle
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-GIB = 2**30
+from _memory import GIB, memory_status, reset_peak, run_worker
+
 TOKENS_TARGET = 0.9
 PADDING_TARGET = 0.05
-
-
-def memory_status() -> dict[str, int]:
-    """This process's resident set now (VmRSS) and its high-water mark (VmHWM), in bytes."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":")
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
-def reset_peak() -> None:
-    """Lower VmHWM to the current RSS (Linux >= 4.0), so the next peak is this pass's own."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
 
 
 def job_config(model: str, overrides: list[str]):
@@ -232,13 +214,7 @@ def measure_memory(args, episodes) -> list[dict]:
             spec = {"model": args.model, "overrides": args.overrides, "threads": args.threads,
                     "episodes": str(episodes_path), "side": side, "micro_batch_size": size,
                     "checkpointing": checkpointing, "full_pass": args.memory_full_pass}
-            spec_path = Path(tmp, "spec.json")
-            spec_path.write_text(json.dumps(spec))
-            done = subprocess.run([sys.executable, __file__, "--memory-worker", str(spec_path)],
-                                  capture_output=True, text=True)
-            if done.returncode:
-                raise SystemExit(f"memory worker {side}/{size}/{checkpointing} failed:\n{done.stderr[-3000:]}")
-            report = json.loads(done.stdout.strip().splitlines()[-1])
+            report = run_worker(__file__, spec, Path(tmp, "spec.json"))
             out.append({"side": side, "micro_batch_size": size, "gradient_checkpointing": checkpointing,
                         **report, "added": report["peak_rss"] - report["rss_before"]})
     return out
