@@ -221,5 +221,33 @@ class SweepRunConfig:
     plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name (plugins.beam.width=3).")
 
 
+@dataclass
+class RmTrainRunConfig:
+    """`omrl rm train`: a reward model (outcome or process) from trajectory files."""
+
+    command: str = opt("rm-train", "Which command this config is for.")
+    description: str = opt("", "One line about this preset.")
+    seed: int = opt(0, "Random seed.")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=2e-5))
+    logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/rm"))
+    kind: str = opt("orm", "orm: one score per episode (at its last token); prm: one per assistant turn.")
+    label: str = opt("success", "What is learned. orm: success (won or not) or score (the env's final score); "
+                                "prm: mc (each turn's Monte Carlo value, from trees) or step_reward.")
+    objective: str = opt("bce", "bce: binary cross-entropy (scores are probabilities); mse: regression; bt: "
+                                "Bradley-Terry on pairs of one task's episodes with different outcomes (orm).")
+    dataset: str = opt("", "Trajectory parquet from `omrl rollout` (a file, or a directory of them).")
+    eval_dataset: str = opt("", "Held-out trajectories: reported at the end (as `omrl rm eval`).")
+    text: bool = opt(False, "Re-encode each chat with the model's own tokenizer instead of the episodes' ids "
+                            "(needed when the policy's tokenizer differs).")
+    max_pairs_per_task: int = opt(16, "bt: most pairs taken from one task.")
+    num_train_epochs: float = opt(1.0, "Passes over the data.")
+    max_seq_length: int = opt(2048, "orm: longer episodes are dropped; prm: cut (labels past the cut dropped).")
+    packing: bool = opt(True, "Pack several episodes into one sequence (bce and mse).")
+    bf16: bool = opt(False, "Train in bfloat16 autocast.")
+    resume: bool = opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
+    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+
+
 CONFIG_CLASSES = {"train": TrainRunConfig, "sft": SftRunConfig, "rollout": RolloutRunConfig, "eval": EvalRunConfig,
-                  "sweep": SweepRunConfig}
+                  "sweep": SweepRunConfig, "rm-train": RmTrainRunConfig}

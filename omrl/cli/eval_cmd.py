@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from omrl.cli.rollout_cmd import ARGS_HELP, BUDGET_HELP, STRATEGY_HELP, check_strategy, progress_bar
+from omrl.cli.rollout_cmd import (ARGS_HELP, BUDGET_HELP, SELECT_HELP, STRATEGY_HELP, check_select, check_strategy,
+                                  progress_bar, select_scorer)
 from omrl.config import command_line_config
 from omrl.errors import ConfigError
 
@@ -31,6 +32,7 @@ def evaluate_command(
     report: str = typer.Option(None, "--report", help="JSON report path."),
     strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
     budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
+    select: str = typer.Option(None, "--select", help=SELECT_HELP),
 ) -> None:
     """Evaluate a model on an env split: a table of metrics plus a JSON report.
 
@@ -50,7 +52,9 @@ def evaluate_command(
     cfg = command_line_config(EvalRunConfig, args, {
         "env.name": env, "model.name": model, "env.split": split, "num_tasks": num_tasks,
         "samples_per_task": samples, "report": report, "strategy": strategy, "budget": budget or None,
+        "plugins.best_of_n.select": select_scorer(select),
     })
+    check_select(select, cfg.strategy)
     # chain without a budget is the plain rollout; anything else goes through the search runner
     strategy = None if cfg.strategy == "chain" and not cfg.budget else cfg.strategy
     budget = cfg.budget

@@ -6,9 +6,28 @@ from __future__ import annotations
 import typer
 
 ARGS_HELP = "\\[PRESET] \\[key=value ...]: a preset name or YAML path, then config overrides (see `omrl config keys rollout`)."
-STRATEGY_HELP = ("Rollout strategy: chain, best_of_n, beam, dfsdt, mcts or a plugin's (`omrl plugins --kind strategy`); "
-                 "its options in plugins.NAME (e.g. plugins.beam.width=3). Default: the chain rollout.")
+STRATEGY_HELP = ("Rollout strategy: chain, best_of_n, beam, dfsdt, mcts, mc_value (process labels) or a plugin's "
+                 "(`omrl plugins --kind strategy`); its options in plugins.NAME (e.g. plugins.beam.width=3). "
+                 "Default: the chain rollout.")
 BUDGET_HELP = "With --strategy: model tokens each task's search may generate, scorer prompts included (0: no limit)."
+SELECT_HELP = ("With --strategy best_of_n: what picks each task's answer (plugins.best_of_n.select): env (the env's "
+               "reward, an oracle), random, majority (the most common final action), rm (a reward model, "
+               "plugins.rm.path=DIR), logprob, self_eval or a plugin's scorer.")
+SELECT_ALIASES = {"env": "env_reward"}
+
+
+def select_scorer(select: str | None) -> str | None:
+    """The scorer a --select name means (``env`` is ``env_reward``); None when the flag was not given."""
+    return SELECT_ALIASES.get(select, select) if select else None
+
+
+def check_select(select: str | None, strategy: str) -> None:
+    """--select chooses best_of_n's answer, so it means nothing to another strategy."""
+    from omrl.errors import ConfigError
+
+    if select and strategy != "best_of_n":
+        raise ConfigError(f"--select {select} is for --strategy best_of_n (how it picks its answer), but the "
+                          f"strategy is {strategy!r}; valid: --strategy best_of_n --select {select}, or no --select")
 
 
 def check_strategy(strategy: str | None, budget: int, max_new_tokens: int) -> None:
@@ -55,6 +74,7 @@ def rollout(
     expert: bool = typer.Option(False, "--expert", help="Play the env's scripted expert instead of a model."),
     strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
     budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
+    select: str = typer.Option(None, "--select", help=SELECT_HELP),
 ) -> None:
     """Play episodes and write them as a trajectory parquet plus a readable JSONL.
 
@@ -74,8 +94,9 @@ def rollout(
     cfg = command_line_config(RolloutRunConfig, args, {
         "env.name": env, "model.name": model, "env.template": template, "num_tasks": num_tasks,
         "group_size": group_size, "output": output, "use_expert": True if expert else None,
-        "strategy": strategy, "budget": budget or None,
+        "strategy": strategy, "budget": budget or None, "plugins.best_of_n.select": select_scorer(select),
     })
+    check_select(select, cfg.strategy)
     # chain without a budget is the plain rollout; anything else goes through the search runner
     strategy = None if cfg.strategy == "chain" and not cfg.budget else cfg.strategy
     budget = cfg.budget

@@ -102,15 +102,20 @@ def _cut_text(messages: Sequence[dict], budget: int) -> list[dict]:
 
 
 def pack_rows(rows: Sequence[Row], max_seq_length: int) -> list[Row]:
-    """Pack rows into as few rows of at most ``max_seq_length`` tokens as best-fit decreasing finds.
+    """Pack rows into as few rows of at most ``max_seq_length`` tokens as best-fit decreasing finds."""
+    return [_concat([rows[i] for i in members]) for members in pack_bins([len(r) for r in rows], max_seq_length)]
 
-    Deterministic: ties are broken by the rows' order.
+
+def pack_bins(lengths: Sequence[int], max_seq_length: int) -> list[list[int]]:
+    """Indices of ``lengths`` grouped into bins of at most ``max_seq_length`` tokens, best-fit decreasing.
+
+    Deterministic: ties are broken by the order given.
     """
-    order = sorted(range(len(rows)), key=lambda i: (-len(rows[i]), i))
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     bins: list[list[int]] = []
     free: list[tuple[int, int]] = []  # (free tokens, bin index), sorted
     for i in order:
-        need = len(rows[i])
+        need = lengths[i]
         if need > max_seq_length:
             raise OmrlError(f"a row of {need} tokens does not fit max_seq_length={max_seq_length}")
         at = bisect.bisect_left(free, (need, -1))
@@ -121,7 +126,7 @@ def pack_rows(rows: Sequence[Row], max_seq_length: int) -> list[Row]:
             bins.append([])
         bins[b].append(i)
         bisect.insort(free, (room - need, b))
-    return [_concat([rows[i] for i in members]) for members in bins]
+    return bins
 
 
 def _concat(rows: Sequence[Row]) -> Row:

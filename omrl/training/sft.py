@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from omrl.errors import ConfigError, OmrlError
 from omrl.options import SftRunConfig
 from omrl.parallel import make_strategy
 from omrl.training import checkpoint as ckpt
-from omrl.training.common import SkippedUpdates, seed_everything
+from omrl.training.common import SkippedUpdates, seed_everything, step_or_skip
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_rss_gb
 from omrl.training.model_setup import load_trainable_model, save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
@@ -174,18 +173,10 @@ class SftRecipe:
             # UPDATE: sum gradients over processes, clip, step, or skip a non-finite step
             loss_value, nonfinite_anywhere = strategy.sum([loss_value, not finite])
             finite = not nonfinite_anywhere
-            grad_norm = strategy.optimizer_step(self.params, self.optimizer, max_norm) if finite else float("nan")
-            lr = self.scheduler.get_last_lr()[0]
-            if finite and math.isfinite(grad_norm):
-                self.skipped.applied()
+            grad_norm, lr, applied = step_or_skip(strategy, self.params, self.optimizer, self.scheduler, self.skipped,
+                                                  self.logger, self.step, finite, max_norm)
+            if applied:
                 last_loss = loss_value
-            else:
-                strategy.zero_grad(self.optimizer)
-                self.skipped.skip(f"non-finite {'loss' if not finite else 'gradient norm'}", self.logger, self.step,
-                                  nan=True)
-            with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-                self.scheduler.step()
 
             # LOG and CHECKPOINT
             step_time = time.perf_counter() - started

@@ -2,11 +2,12 @@
 
 Each follows one calling convention, ``fn(episodes, **options) -> list[list[float]]``
 (one float per turn of each episode; see :mod:`omrl.rewards`). Options come from
-the config's ``reward.options`` block, keyed by reward name.
+the config's ``plugins`` block, keyed by reward name (``plugins.rm.path=DIR``).
 """
 
 from omrl.hookspecs import hookimpl
 from omrl_plugins.rewards.outcome import accuracy_reward, bleu_reward, exact_match_reward, goal_reward
+from omrl_plugins.rewards.reward_model import rm_reward
 from omrl_plugins.rewards.shaping import format_reward, length_penalty, process_reward, tag_count_reward
 
 REWARDS = {
@@ -18,6 +19,7 @@ REWARDS = {
     "accuracy": accuracy_reward,
     "bleu": bleu_reward,
     "process": process_reward,
+    "rm": rm_reward,
 }
 
 

@@ -12,11 +12,14 @@ from omrl_plugins.strategies.beam import beam
 from omrl_plugins.strategies.best_of_n import best_of_n
 from omrl_plugins.strategies.chain import chain
 from omrl_plugins.strategies.dfsdt import dfsdt
+from omrl_plugins.strategies.mc_value import mc_value
 from omrl_plugins.strategies.mcts import mcts
-from omrl_plugins.strategies.scorers import env_reward, logprob, self_eval
+from omrl_plugins.strategies.scorers import env_reward, logprob, majority_vote, random_pick, reward_model, self_eval
 
-STRATEGIES = {"chain": chain, "best_of_n": best_of_n, "beam": beam, "dfsdt": dfsdt, "mcts": mcts}
-SCORERS = {"env_reward": env_reward, "logprob": logprob, "self_eval": self_eval}
+STRATEGIES = {"chain": chain, "best_of_n": best_of_n, "beam": beam, "dfsdt": dfsdt, "mcts": mcts,
+              "mc_value": mc_value}
+SCORERS = {"env_reward": env_reward, "logprob": logprob, "self_eval": self_eval, "rm": reward_model,
+           "random": random_pick, "majority": majority_vote}
 
 
 @hookimpl

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import math
+import random
+from collections import Counter
+from dataclasses import replace
 from typing import Sequence
 
 from omrl.chat import prompt_ids
 from omrl.errors import ConfigError
 from omrl.search import Node, SearchContext
+
+from omrl_plugins.rewards.reward_model import load_reward_model
 
 SELF_EVAL_QUESTION = ("Is the agent on track to complete the task? Answer with one word: yes or no.")
 EXCERPT = 400  # characters kept of each message in the self-evaluation transcript
@@ -66,3 +71,50 @@ def _judge_messages(node: Node, question: str) -> list[dict[str, str]]:
         lines.append(f"{who}: {message['content'][:EXCERPT]}")
     return [{"role": "system", "content": "You judge how well an agent is doing at a task."},
             {"role": "user", "content": "\n".join(lines) + f"\n\n{question}"}]
+
+
+def reward_model(nodes: Sequence[Node], ctx: SearchContext, path: str = "", text: bool = False,
+                 device: str = "cpu") -> list[float]:
+    """A trained reward model's score of each node's path (options in ``plugins.rm``, shared with the reward).
+
+    An ``orm`` scores the path as a whole, a ``prm`` its last turn. The node's token ids
+    are scored as they are (an open node's end with the next turn's generation prompt),
+    so the policy's tokenizer must be the reward model's; ``text`` re-encodes the chat
+    with the reward model's own tokenizer instead.
+    """
+    model = load_reward_model(path, text, device, what="scorer 'rm'")
+    if text:  # an open node's chat is on the node, not yet on its episode
+        episodes = [replace(node.episode, messages=node.messages or node.episode.messages) for node in nodes]
+        return model.score_episodes(episodes, text=True)
+    return model.score_episodes([node.episode for node in nodes], policy_tokenizer=ctx.tokenizer)
+
+
+def random_pick(nodes: Sequence[Node], ctx: SearchContext) -> list[float]:
+    """A random number per node: ``best_of_n(select=random)`` picks a leaf uniformly at random, the
+    baseline a selector must beat. Each node's number depends only on the run's seed, its task and its
+    node id, so a run is reproducible however the runner batches its trees."""
+    return [random.Random(f"{ctx.seed}/{_task(node)}/{node.id}").random() for node in nodes]
+
+
+def majority_vote(nodes: Sequence[Node], ctx: SearchContext) -> list[float]:
+    """Self-consistency: the share of a tree's candidates (among ``nodes``) whose last action is this node's.
+
+    The most common final action wins (``best_of_n`` keeps the first on ties); a node
+    without a parsed action scores 0.
+    """
+    actions = [_last_action(node) for node in nodes]
+    trees = [id(node.tree) for node in nodes]
+    counts = Counter(zip(trees, actions))
+    sizes = Counter(trees)
+    return [counts[(tree, action)] / sizes[tree] if action is not None else 0.0
+            for tree, action in zip(trees, actions)]
+
+
+def _task(node: Node) -> int:
+    return node.tree.task_id if node.tree is not None else node.episode.task_id
+
+
+def _last_action(node: Node) -> str | None:
+    turns = node.episode.turns
+    action = turns[-1].action if turns else None
+    return " ".join(action.split()) if action is not None else None

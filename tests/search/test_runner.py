@@ -159,5 +159,5 @@ def test_unknown_strategy_and_scorer_names_list_the_valid_ones(tiny_tokenizer):
     backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
     with pytest.raises(UnknownNameError, match="unknown rollout strategy 'bean'. Did you mean 'beam'?.*Valid: beam"):
         run_strategy(context(tiny_tokenizer, backend, "bean"), [0])
-    with pytest.raises(UnknownNameError, match="unknown scorer 'oracle'.*Valid: env_reward, logprob, self_eval"):
+    with pytest.raises(UnknownNameError, match="unknown scorer 'oracle'.*Valid: env_reward, logprob, majority, random, rm, self_eval"):
         run_strategy(context(tiny_tokenizer, backend, "beam", options={"scorer": "oracle"}), [0])

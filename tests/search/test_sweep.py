@@ -113,7 +113,7 @@ def test_an_interrupted_sweep_keeps_its_finished_cells_and_says_how_to_go_on(reg
 
 @pytest.mark.parametrize("args, message", [
     (["--strategies", "chain,bean"], "unknown rollout strategy 'bean'. Did you mean 'beam'? Valid: beam, best_of_n, "
-                                     "chain, dfsdt, mcts"),
+                                     "chain, dfsdt, mc_value, mcts"),
     (["--budgets", "500,abc"], "--budgets '500,abc': 'abc' is not a positive whole number of tokens"),
     (["--budgets", "0"], "'0' is not a positive whole number of tokens"),
     (["--budgets", "-20"], "'-20' is not a positive whole number of tokens"),

@@ -1,0 +1,183 @@
+"""Agent reward models on gridworld: how well they score, select, guide search and stand in for the reward.
+
+    python benchmarks/reward_models.py                     # every part (about 30-40 minutes on 2 cores)
+    python benchmarks/reward_models.py --parts data orm     # some parts; later parts reuse earlier files
+
+The policy is the ``tiny`` model after SFT on gridworld's BFS expert (learn_gridworld's quick
+size, built once into ``--sft-dir`` as ``benchmarks/search_budget.py`` does), with
+learn_gridworld's env and generation settings. Every reward model starts from that policy's
+weights (same tokenizer: episodes are scored on their own token ids). Parts:
+
+- ``data``: chains at temperature 1: ``--train-tasks`` train tasks x 8 samples (ORM training
+  data) and ``--test-tasks`` test tasks x 16 samples (held out); Math-Shepherd trees
+  (``mc_value``, 4 completions a turn) on ``--tree-tasks`` train tasks for the PRM, and on half
+  as many test tasks to check it. Files already there are kept (``--fresh`` plays them again).
+- ``orm``: ``omrl rm train`` (success, bce) on the train chains; ``omrl rm eval`` on the test
+  chains: accuracy, AUC, calibration, and best-of-N for N = 1..16 by the ORM against random
+  (pass@1) and the oracle (pass@N), with the paired standard error of the gain over random.
+- ``prm``: ``omrl rm train`` (Monte Carlo values, bce) on the train trees; eval on the test trees.
+- ``search``: at equal budgets, on the test tasks: best-of-N chains picked by the ORM, by a
+  random pick, by the env (oracle), and beam search scored by the PRM (``omrl eval --strategy``).
+- ``grpo``: GRPO from the SFT model with the ORM as the only trained reward (``reward.weights=
+  {rm: 1.0, goal: 0.0}``: the env's success is logged, not trained on), learn_gridworld's GRPO
+  settings; held-out success before and after, and the ORM's mean score, tell learning from
+  exploitation.
+
+Writes ``<out>/results.json`` (every number) beside the data and models, and prints tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from search_budget import gridworld_sft, learn_gridworld  # noqa: E402
+
+PARTS = ("data", "orm", "prm", "search", "grpo")
+
+
+def omrl(*args: str) -> None:
+    """Run an omrl command as a user would; a failure stops the benchmark with its output."""
+    command = [sys.executable, "-m", "omrl", *args]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {' '.join(command)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def settings(example) -> list[str]:
+    return [*example.ENV, *example.GENERATION, "generation.temperature=1.0"]
+
+
+def data_part(out: Path, model: Path, args, example) -> dict:
+    """Chains and Math-Shepherd trees on train and test tasks."""
+    common = [f"model.name={model}", *settings(example), f"seed={args.seed}"]
+    plays = {
+        "train_chains": ["env.split=train", f"num_tasks={args.train_tasks}", "group_size=8"],
+        "test_chains": ["env.split=test", f"num_tasks={args.test_tasks}", "group_size=16"],
+        "train_trees": ["env.split=train", f"num_tasks={args.tree_tasks}", "strategy=mc_value",
+                        "plugins.mc_value.k=4"],
+        "test_trees": ["env.split=test", f"num_tasks={args.tree_tasks // 2}", "strategy=mc_value",
+                       "plugins.mc_value.k=4"],
+    }
+    minutes = {}
+    for name, extra in plays.items():
+        output = out / "data" / name / "episodes.parquet"
+        if output.exists() and not args.fresh:
+            continue  # played by an earlier run with these settings
+        started = time.perf_counter()
+        omrl("rollout", *common, *extra, f"output={output}")
+        minutes[name] = (time.perf_counter() - started) / 60
+    return {"minutes": minutes}
+
+
+def rm_part(out: Path, model: Path, kind: str, args) -> dict:
+    """Train one reward model on the train data, report on the held-out data."""
+    data, held_out = ("train_chains", "test_chains") if kind == "orm" else ("train_trees", "test_trees")
+    label = "success" if kind == "orm" else "mc"
+    started = time.perf_counter()
+    omrl("rm", "train", f"model.name={model}", f"kind={kind}", f"label={label}", "objective=bce",
+         f"dataset={out / 'data' / data}", f"logging.output_dir={out / kind}", f"num_train_epochs={args.rm_epochs}",
+         f"optim.learning_rate={args.rm_lr}", "optim.micro_batch_size=8", "optim.lr_schedule=cosine",
+         "logging.tensorboard=false", "logging.logging_steps=20", f"seed={args.seed}")
+    train_minutes = (time.perf_counter() - started) / 60
+    omrl("rm", "eval", "--model", str(out / kind), "--data", str(out / "data" / held_out),
+         "--report", str(out / f"{kind}_eval.json"))
+    report = json.loads((out / f"{kind}_eval.json").read_text())
+    return {"train_minutes": train_minutes, **report}
+
+
+def search_part(out: Path, model: Path, args, example) -> dict:
+    """Best-of-N by ORM / random / oracle and PRM-guided beam at equal budgets on the test tasks."""
+    cells = {
+        "best_of_n/random": ["strategy=best_of_n", "plugins.best_of_n.select=random"],
+        "best_of_n/orm": ["strategy=best_of_n", "plugins.best_of_n.select=rm", f"plugins.rm.path={out / 'orm'}"],
+        "best_of_n/env (oracle)": ["strategy=best_of_n", "plugins.best_of_n.select=env_reward"],
+        "beam/prm": ["strategy=beam", "plugins.beam.scorer=rm", f"plugins.rm.path={out / 'prm'}"],
+        "beam/orm": ["strategy=beam", "plugins.beam.scorer=rm", f"plugins.rm.path={out / 'orm'}"],
+    }
+    results = {}
+    for budget in args.budgets:
+        n = max(1, budget // 96)  # a chain spends about 90 tokens here
+        for name, extra in cells.items():
+            report = out / "search" / f"{name.split(' ')[0].replace('/', '-')}-{budget}.json"
+            started = time.perf_counter()
+            omrl("eval", f"model.name={model}", *settings(example), "env.split=test", f"num_tasks={args.test_tasks}",
+                 f"budget={budget}", f"plugins.best_of_n.n={n}", f"seed={args.seed}", *extra, f"report={report}")
+            got = json.loads(report.read_text())["metrics"]
+            results[f"{name} @ {budget}"] = {
+                "budget": budget, "success": got["success_rate"],
+                "success_se": math.sqrt(got["success_rate"] * (1 - got["success_rate"]) / args.test_tasks),
+                "tokens_per_task": got.get("search/generated_tokens_per_task"),
+                "minutes": (time.perf_counter() - started) / 60}
+    return results
+
+
+def grpo_part(out: Path, model: Path, args, example) -> dict:
+    """GRPO on the ORM alone; the env's success logged beside the ORM's score."""
+    budget = example.QUICK
+    budget.grpo_steps, budget.eval_tasks, budget.eval_every = args.grpo_steps, 64, args.grpo_steps
+    log: list[dict] = []
+    started = time.perf_counter()
+    example.grpo_stage(model, out / "grpo-orm", budget, args.seed, reward="{rm: 1.0, goal: 0.0}",
+                       on_step_end=lambda step, m: log.append({"step": step, **m}),
+                       overrides=(f"plugins.rm.path={out / 'orm'}",))
+    before = example.held_out_success(str(model), budget, args.seed)
+    after = example.held_out_success(str(out / "grpo-orm"), budget, args.seed)
+    keys = ("reward/rm", "reward/goal", "success", "eval_success")
+    return {"minutes": (time.perf_counter() - started) / 60, "before": before, "after": after,
+            "steps": [{k: m[k] for k in ("step", *keys) if k in m} for m in log]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    parser.add_argument("--train-tasks", type=int, default=128)
+    parser.add_argument("--test-tasks", type=int, default=64)
+    parser.add_argument("--tree-tasks", type=int, default=48, help="train tasks played as Math-Shepherd trees "
+                        "(half as many test tasks)")
+    parser.add_argument("--fresh", action="store_true", help="play the data again even where files exist")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[384])
+    parser.add_argument("--rm-epochs", type=float, default=3.0)
+    parser.add_argument("--rm-lr", type=float, default=5e-4)
+    parser.add_argument("--grpo-steps", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reward-models")
+    parser.add_argument("--sft-dir", type=Path, default=ROOT / "runs" / "search-budget" / "gridworld-sft")
+    args = parser.parse_args()
+
+    console = Console()
+    example = learn_gridworld()
+    model = gridworld_sft(args.sft_dir, args.seed, console)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results_path = args.out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    for part in args.parts:
+        started = time.perf_counter()
+        console.print(f"[bold]{part}[/bold] ...")
+        if part == "data":
+            results[part] = data_part(args.out, model, args, example)
+        elif part in ("orm", "prm"):
+            results[part] = rm_part(args.out, model, part, args)
+        elif part == "search":
+            results[part] = search_part(args.out, model, args, example)
+        else:
+            results[part] = grpo_part(args.out, model, args, example)
+        results[part]["part_minutes"] = (time.perf_counter() - started) / 60
+        tmp = results_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(results, indent=2))
+        tmp.replace(results_path)
+        console.print_json(json.dumps(results[part]))
+    console.print(f"wrote {results_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""``omrl rm``: train and evaluate reward models (outcome and process) on trajectory files.
+
+    omrl rm train [PRESET] [key=value ...] --data ROLLOUTS --kind orm --label success --output-dir runs/rm
+    omrl rm eval --model runs/rm --data HELD_OUT_ROLLOUTS
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+rm_app = typer.Typer(help="Train and evaluate agent reward models (outcome and process).", no_args_is_help=True)
+
+FLAG_KEYS = {
+    "model": "model.name", "data": "dataset", "eval_data": "eval_dataset", "kind": "kind", "label": "label",
+    "objective": "objective", "learning_rate": "optim.learning_rate", "num_train_epochs": "num_train_epochs",
+    "output_dir": "logging.output_dir", "lora_rank": "model.lora_rank", "seed": "seed",
+}
+
+
+@rm_app.command("train")
+def train(
+    args: Optional[list[str]] = typer.Argument(None, help="An optional preset name or YAML path, then key=value "
+                                               "overrides (see `omrl config keys rm-train`)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Base model: the policy's (same tokenizer)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Trajectory parquet (file or directory)."),
+    eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out trajectories to report on."),
+    kind: Optional[str] = typer.Option(None, "--kind", help="orm (per episode) or prm (per turn)."),
+    label: Optional[str] = typer.Option(None, "--label", help="orm: success, score; prm: mc, step_reward."),
+    objective: Optional[str] = typer.Option(None, "--objective", help="bce, mse or bt (pairs, orm)."),
+    learning_rate: Optional[float] = typer.Option(None, "--learning-rate", help="Peak learning rate."),
+    num_train_epochs: Optional[float] = typer.Option(None, "--num-train-epochs", help="Passes over the data."),
+    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Where the reward model is saved."),
+    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: train all weights)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint."),
+) -> None:
+    """Train a reward model on trajectories; saved in Hugging Face format (loadable with transformers)."""
+    from transformers.utils import logging as hf_logging
+
+    from omrl.cli import err_console, stop_on_interrupt
+    from omrl.config import command_line_config
+    from omrl.options import RmTrainRunConfig
+    from omrl.parallel import is_main_process
+    from omrl.rm.train import run_rm_train
+
+    flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
+    cfg = command_line_config(RmTrainRunConfig, args, {**flags, "resume": True if resume else None})
+    hf_logging.disable_progress_bar()
+    summary = stop_on_interrupt(lambda: run_rm_train(cfg), err_console)
+    if is_main_process():
+        typer.echo(f"trained the {cfg.kind} reward model on {summary['examples']} examples in {summary['steps']} "
+                   f"steps (final loss {summary['final_loss']:.4f}); reward model saved in {summary['output_dir']}")
+        if "eval" in summary:
+            _print_report(summary["eval"])
+
+
+@rm_app.command("eval")
+def evaluate(
+    model: str = typer.Option(..., "--model", help="Reward model directory (from `omrl rm train`)."),
+    data: str = typer.Option(..., "--data", help="Held-out trajectory parquet (file or directory)."),
+    report: Optional[str] = typer.Option(None, "--report", help="JSON report path (default: <model>/rm_eval.json)."),
+    text: bool = typer.Option(False, "--text", help="Re-encode the chats with the reward model's tokenizer."),
+) -> None:
+    """Accuracy, AUC and calibration on held-out episodes, and best-of-N selection against random and oracle."""
+    from pathlib import Path
+
+    from omrl.rm.evaluate import evaluate_reward_model, write_rm_report
+
+    result = evaluate_reward_model(model, data, text=text)
+    path = write_rm_report(result, report or Path(model) / "rm_eval.json")
+    _print_report(result)
+    typer.echo(f"report written to {path}")
+
+
+def _print_report(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    scores = Table(title=f"{report['kind']} ({report['objective']}, label {report['label']}) on {report['data']}")
+    scores.add_column("metric")
+    scores.add_column("value", justify="right")
+    for key, value in {**report["scores"], **{f"pair_{k}": v for k, v in report.get("pairs", {}).items()}}.items():
+        scores.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console.print(scores)
+    if report.get("selection"):
+        table = Table(title="best-of-N success: selected by the reward model vs random pick (pass@1) vs oracle")
+        for column in ("N", "tasks", "selected", "random", "oracle", "gain (paired)"):
+            table.add_column(column, justify="right")
+        for row in report["selection"]:
+            table.add_row(str(row["n"]), str(row["tasks"]),
+                          *(f"{row[k]:.3f} ± {row[k + '_se']:.3f}" for k in ("selected", "random", "oracle", "gain")))
+        console.print(table)
+
+
+def add_to(app: typer.Typer) -> None:
+    app.add_typer(rm_app, name="rm")

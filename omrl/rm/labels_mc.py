@@ -1,0 +1,64 @@
+"""Monte Carlo process labels from search trees, as Math-Shepherd (Wang et al. 2024) labels steps.
+
+A turn's soft label is the share of the finished episodes through it that won: its node's
+Monte Carlo value. The ``mc_value`` rollout strategy grows trees for this: a spine chain plus
+``k`` completions from after each of its turns. Any tree strategy's paths can be labelled
+the same way.
+
+The paths are read back from a file (:func:`omrl.data.read_episodes`), one
+:class:`~omrl.data.Episode` per root-to-leaf path. A tree is the paths of one
+``Episode.group``, and paths that hold the same ``Turn.node_id`` share that node. So the
+leaves below a node are the paths that pass through it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from omrl.data.trajectory import Episode
+from omrl.errors import OmrlError
+from omrl.search.tree import BUDGET, PRUNED
+
+#: paths the search stopped before the env or a limit did: no outcome, so they label nothing
+UNFINISHED = (PRUNED, BUDGET)
+
+
+def tree_mc_values(episodes: Sequence[Episode]) -> dict[tuple[int, int], tuple[int, int]]:
+    """``(group, node_id) -> (won leaves, finished leaves)`` below each tree node, the node included.
+
+    Every node that some path holds is a key. A finished leaf is a path whose
+    ``end_reason`` is not ``pruned`` or ``budget``. A node with only unfinished leaves
+    below it maps to ``(0, 0)``: it has no label. The soft label is
+    ``won / finished`` where ``finished > 0``.
+
+    Chains have no tree: turns with ``node_id == -1`` are skipped. So episodes played
+    without a tree strategy give ``{}``, and the caller decides whether that is an error.
+    Raises :class:`~omrl.errors.OmrlError` when two paths of one group disagree on a node's
+    parent or task, because then they are not paths of one tree (e.g. two files whose
+    groups collide).
+
+    >>> from omrl.data import Turn
+    >>> def path(*nodes, won=False, end="done"):
+    ...     turns = [Turn("", "", "a", True, 0.0, False, node_id=n, parent_id=p)
+    ...              for p, n in zip((0, *nodes), nodes)]
+    ...     return Episode("env", 7, "train", "", turns=turns, won=won, end_reason=end)
+    >>> tree_mc_values([path(1, 2, won=True), path(1, 3), path(1, 4, end="budget")])
+    {(0, 1): (1, 2), (0, 2): (1, 1), (0, 3): (0, 1), (0, 4): (0, 0)}
+    """
+    counts: dict[tuple[int, int], tuple[int, int]] = {}
+    seen: dict[tuple[int, int], tuple[int, int]] = {}  # (group, node) -> (parent, task): one tree per group
+    for ep in episodes:
+        finished = ep.end_reason not in UNFINISHED
+        won = finished and bool(ep.won)
+        for turn in ep.turns:
+            if turn.node_id < 0:
+                continue
+            key = (ep.group, turn.node_id)
+            where = (turn.parent_id, ep.task_id)
+            if seen.setdefault(key, where) != where:
+                raise OmrlError(f"two paths of group {ep.group} disagree on node {turn.node_id}: parent "
+                                f"{seen[key][0]} of task {seen[key][1]} and parent {where[0]} of task {where[1]}; "
+                                "the paths of one group must come from one search tree (Tree.episodes)")
+            wins, total = counts.get(key, (0, 0))
+            counts[key] = (wins + int(won), total + int(finished))
+    return counts

@@ -1,0 +1,274 @@
+"""The ``omrl rm train`` recipe: a reward model from trajectory files.
+
+Reads top to bottom like :mod:`omrl.training.sft`: ``setup`` (seed, resume point,
+model, data, optimizer, logger), ``train`` (the loop), ``cleanup``. The loss is
+summed over the labelled positions of a step's micro-batches and divided by their
+number (pairs for ``bt``):
+
+- ``bce``: binary cross-entropy of the head's logit against the label in [0, 1];
+- ``mse``: squared error of the head's value against the label;
+- ``bt``: -log sigmoid(value(chosen) - value(rejected)) per pair (Bradley-Terry).
+
+Loss falls only where labels are; every other token only feeds the backbone. The
+output directory ends up holding the reward model (LoRA merged) in Hugging Face
+format, ``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, and with
+``eval_dataset`` an ``rm_eval.json`` report.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+
+from omrl.atomic import atomic_write_text
+from omrl.config import to_dict, to_yaml
+from omrl.errors import ConfigError
+from omrl.options import RmTrainRunConfig
+from omrl.parallel import make_strategy
+from omrl.rm.data import collate, fingerprint, load_examples, pair_rows, pointwise_rows
+from omrl.rm.labels import check_label
+from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
+from omrl.training import checkpoint as ckpt
+from omrl.training.common import SkippedUpdates, seed_everything, step_or_skip
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_rss_gb
+from omrl.training.model_setup import save_final_from_every_process
+from omrl.training.optim import build_optimizer, build_scheduler
+
+
+class RmRecipe:
+    """Reward-model training: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_rm_train`)."""
+
+    def __init__(self, cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None,
+                 console: Console | None = None):
+        self.cfg = cfg
+        self.on_step_end = on_step_end
+        self.console = console or Console(stderr=True)
+        self.output_dir = Path(cfg.logging.output_dir)
+        self.step, self.epoch, self.index = 0, 0, 0  # index: next micro-batch in the epoch's order
+        self.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
+        self.strategy = make_strategy(cfg.model.dtype)
+
+    # -- SETUP ----------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg = self.cfg
+        if not cfg.dataset:
+            raise ConfigError("no dataset given; set dataset=<trajectory parquet or directory> (or --data)")
+        check_kind(cfg.kind, cfg.objective)
+        check_label(cfg.kind, cfg.label)
+        if cfg.objective == "bce" and cfg.label == "step_reward":
+            raise ConfigError("label=step_reward is a real-valued reward; valid objective for it: mse")
+        if cfg.num_train_epochs <= 0:
+            raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
+        if cfg.optim.micro_batch_size < 1 or cfg.optim.gradient_accumulation_steps < 1:
+            raise ConfigError("optim.micro_batch_size and optim.gradient_accumulation_steps must be >= 1, got "
+                              f"{cfg.optim.micro_batch_size} and {cfg.optim.gradient_accumulation_steps}")
+        self.config_dict = to_dict(cfg)
+        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, cfg.resume,
+                                       defaults=to_dict(type(cfg)()))
+        seed_everything(cfg.seed)
+        self.device = self.strategy.device
+        self._setup_model()
+        self._setup_data()
+        self._setup_optimizer()
+        if resume_from is not None:
+            self._load_resume_state(resume_from)
+        self.logger = MetricsLogger(self.output_dir, cfg.logging, self.total_steps, start_step=self.step,
+                                    run_config=self.config_dict, console=self.console, description="rm") \
+            if self.strategy.is_main else NullLogger()
+        if self.cut:
+            self.logger.warn(f"{self.cut} episodes were longer than max_seq_length={cfg.max_seq_length} tokens "
+                             + ("and were left out" if cfg.kind == "orm" else "and were cut (later labels dropped)"))
+        self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
+
+    def _setup_model(self) -> None:
+        cfg = self.cfg
+        model, self.tokenizer = build_reward_model(cfg.model.name, cfg.kind, cfg.objective, cfg.label,
+                                                   dtype=cfg.model.dtype, device=str(self.device),
+                                                   trust_remote_code=cfg.model.trust_remote_code)
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        if cfg.model.lora_rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha,
+                              lora_dropout=cfg.model.lora_dropout, target_modules=list(cfg.model.lora_target_modules),
+                              task_type="TOKEN_CLS", modules_to_save=["score"])  # the new head trains whole
+            model = get_peft_model(model, lora)
+        self.model = self.strategy.prepare(model)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def _setup_data(self) -> None:
+        cfg = self.cfg
+        found, episodes, self.cut = load_examples(cfg.dataset, cfg.kind, cfg.label, cfg.max_seq_length,
+                                                  self.tokenizer if cfg.text else None)
+        if not cfg.text:
+            bad = mismatched_episode(self.tokenizer, episodes)
+            if bad is not None:
+                raise ConfigError(f"the episodes in {cfg.dataset} were not tokenized with {cfg.model.name!r}'s "
+                                  f"tokenizer (task {bad.task_id} does not decode to its messages); train on the "
+                                  "policy's own base model, or set text=true to re-encode the chats")
+        if cfg.objective == "bt":
+            self.pairs = pair_rows(found, cfg.max_pairs_per_task, cfg.dataset)
+            self.rows = [row for pair in self.pairs for row in pair]  # chosen, rejected, chosen, ...
+            units = [[2 * i, 2 * i + 1] for i in range(len(self.pairs))]
+        else:
+            self.rows = pointwise_rows(found, cfg.max_seq_length, cfg.packing)
+            units = [[i] for i in range(len(self.rows))]
+        self.units = units
+        self.examples = len(found)
+        self.data_fingerprint = fingerprint(self.rows)
+        self.micro_per_epoch = math.ceil(len(units) / cfg.optim.micro_batch_size)
+        self.steps_per_epoch = math.ceil(self.micro_per_epoch / cfg.optim.gradient_accumulation_steps)
+        self.total_steps = max(1, math.ceil(cfg.num_train_epochs * self.steps_per_epoch))
+
+    def _setup_optimizer(self) -> None:
+        self.optimizer = build_optimizer(self.model, self.cfg.optim, fused=self.strategy.fused_optimizer)
+        self.strategy.prepare_optimizer({"policy": self.model}, self.optimizer, self.cfg.optim.max_grad_norm)
+        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
+
+    def _load_resume_state(self, path: Path) -> None:
+        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
+                                     strategy=self.strategy)
+        if state.data_state.get("fingerprint") != self.data_fingerprint:
+            raise ckpt.CheckpointError(
+                f"cannot resume from {path}: the training data changed since it was written (fingerprint "
+                f"{state.data_state.get('fingerprint')} -> {self.data_fingerprint})")
+        self.step = state.step
+        self.epoch, self.index = state.data_state["epoch"], state.data_state["index"]
+        self.skipped.load_state_dict(state.extra)
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The micro-batches (row indices) of ``epoch``: units shuffled by the seed and the epoch, then cut
+        in order. Not grouped by length: when length goes with outcome (short wins, long losses), such
+        batches would each hold one class and the head would swing between them."""
+        order = np.random.default_rng([self.cfg.seed % 2**32, epoch]).permutation(len(self.units)).tolist()
+        size = self.cfg.optim.micro_batch_size
+        return [[r for u in order[i:i + size] for r in self.units[u]] for i in range(0, len(order), size)]
+
+    # -- TRAIN ----------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        cfg, strategy = self.cfg, self.strategy
+        accumulation = cfg.optim.gradient_accumulation_steps
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+        last_loss, step_times = float("nan"), []
+        self.model.train()
+        micro = self.epoch_batches(self.epoch)
+        while self.step < self.total_steps:
+            # DATA: the next micro-batches of this epoch
+            if self.index >= len(micro):
+                self.epoch, self.index = self.epoch + 1, 0
+                micro = self.epoch_batches(self.epoch)
+            chosen = micro[self.index:self.index + accumulation]
+            self.index += len(chosen)
+            self.step += 1
+            started = time.perf_counter()
+            labels = sum(self._labels(rows) for rows in chosen)
+            batches = [collate([self.rows[r] for r in rows], pad_id) for rows in strategy.shard(chosen)]
+
+            # FORWARD/BACKWARD: summed loss over labels (or pairs) / their number in the whole step
+            loss_value, correct, finite = 0.0, 0.0, True
+            for batch in strategy.micro_batches(batches, idle=self._forward):
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                values = self._forward(batch)[batch["row"], batch["position"]]
+                loss_sum, hits = self._loss(values, batch["targets"])
+                loss = loss_sum / labels
+                strategy.backward(loss)
+                finite = finite and bool(torch.isfinite(loss))
+                loss_value += loss.item()
+                correct += hits
+
+            # UPDATE: sum over processes, clip, step, or skip a non-finite step
+            loss_value, correct, nonfinite = strategy.sum([loss_value, correct, not finite])
+            finite = not nonfinite
+            grad_norm, lr, applied = step_or_skip(strategy, self.params, self.optimizer, self.scheduler, self.skipped,
+                                                  self.logger, self.step, finite, max_norm)
+            if applied:
+                last_loss = loss_value
+
+            # LOG and CHECKPOINT
+            step_time = time.perf_counter() - started
+            step_times.append(step_time)
+            metrics = {"loss": loss_value if finite else float("nan"), "train_accuracy": correct / labels,
+                       "lr": lr, "grad_norm": grad_norm, "labels": labels, "step_time": step_time,
+                       "epoch": self.epoch + self.index / len(micro), "peak_rss_gb": peak_rss_gb(),
+                       **self.skipped.metrics()}
+            self.logger.log(self.step, metrics)
+            if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
+                self.save_checkpoint()
+            if self.on_step_end is not None:
+                self.on_step_end(self.step, metrics)
+
+        # SAVE: the final checkpoint (resumable) and the reward model (LoRA merged)
+        if ckpt.latest_checkpoint(self.output_dir) != ckpt.checkpoint_path(self.output_dir, self.step):
+            self.save_checkpoint()
+        save_final_from_every_process(strategy, self.model, self.tokenizer, self.output_dir,
+                                      merge_lora=cfg.model.lora_rank > 0)
+        return {"steps": self.step, "final_loss": last_loss, "examples": self.examples,
+                "skipped_updates": self.skipped.count, "output_dir": str(self.output_dir),
+                "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0}
+
+    def _labels(self, rows: list[int]) -> int:
+        """What a micro-batch's loss is averaged over: its pairs (bt) or its labelled positions."""
+        return len(rows) // 2 if self.cfg.objective == "bt" else sum(len(self.rows[r].positions) for r in rows)
+
+    def _loss(self, values: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(summed loss, how many labels or pairs it got right): values and targets [n]."""
+        objective = self.cfg.objective
+        if objective == "bt":  # rows alternate chosen, rejected
+            margin = values[0::2] - values[1::2]
+            return -F.logsigmoid(margin).sum(), float((margin > 0).sum())
+        if objective == "bce":
+            hits = ((values > 0) == (targets >= 0.5)).sum()
+            return F.binary_cross_entropy_with_logits(values, targets, reduction="sum"), float(hits)
+        return ((values - targets) ** 2).sum(), float(((values >= 0.5) == (targets >= 0.5)).sum())
+
+    def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The head's values at every token of a micro-batch [bs, L], through the strategy."""
+        return self.strategy.forward(self._values, batch)
+
+    def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+            return head_values(self.model, batch["input_ids"], batch["position_ids"])
+
+    def save_checkpoint(self) -> Path:
+        """Every process calls; the main one writes."""
+        return ckpt.save_from_every_process(
+            self.strategy, self.output_dir, self.step, self.model, self.optimizer, scheduler=self.scheduler,
+            data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint},
+            config=self.config_dict, extra=self.skipped.state_dict(), tokenizer=self.tokenizer,
+            keep=self.cfg.logging.keep_checkpoints)
+
+    # -- CLEANUP --------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        logger = getattr(self, "logger", None)
+        if logger is not None:
+            logger.close()
+        self.strategy.close()
+
+
+def run_rm_train(cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None,
+                 console: Console | None = None) -> dict[str, Any]:
+    """Set up, train and clean up; with ``eval_dataset``, also evaluate and write ``rm_eval.json``."""
+    recipe = RmRecipe(cfg, on_step_end=on_step_end, console=console)
+    try:
+        recipe.setup()
+        summary = recipe.train()
+    except KeyboardInterrupt as stop:
+        raise ckpt.interrupted(cfg.logging.output_dir, "rm train") from stop
+    finally:
+        recipe.cleanup()
+    if cfg.eval_dataset and recipe.strategy.is_main:
+        from omrl.rm.evaluate import evaluate_reward_model, write_rm_report
+
+        report = evaluate_reward_model(summary["output_dir"], cfg.eval_dataset, text=cfg.text)
+        summary["eval"] = report
+        write_rm_report(report, Path(summary["output_dir"]) / "rm_eval.json")
+    return summary
