@@ -17,11 +17,17 @@ weights (same tokenizer: episodes are scored on their own token ids). Parts:
   (pass@1) and the oracle (pass@N), with the paired standard error of the gain over random.
 - ``prm``: ``omrl rm train`` (Monte Carlo values, bce) on the train trees; eval on the test trees.
 - ``search``: at equal budgets, on the test tasks: best-of-N chains picked by the ORM, by a
-  random pick, by the env (oracle), and beam search scored by the PRM (``omrl eval --strategy``).
+  random pick, by the env (oracle), and beam search guided and answered by the PRM (and by the
+  ORM), which never looks at the env's outcome (``stop_on_win=false``, ``select=rm``).
 - ``grpo``: GRPO from the SFT model with the ORM as the only trained reward (``reward.weights=
   {rm: 1.0, goal: 0.0}``: the env's success is logged, not trained on), learn_gridworld's GRPO
   settings; held-out success before and after, and the ORM's mean score, tell learning from
   exploitation.
+
+- ``webshop``: SmolLM2 after a short SFT on WebShop's expert (``--webshop-sft-episodes``, one
+  epoch: it learns the reply format and buys something, rarely the right thing), chains on
+  ``--webshop-goals`` train goals x 4 and test goals x 8; an ORM on the env's score (partial
+  credit), reported on the test goals (selection by score as well as success).
 
 Writes ``<out>/results.json`` (every number) beside the data and models, and prints tables.
 """
@@ -42,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from search_budget import gridworld_sft, learn_gridworld  # noqa: E402
 
-PARTS = ("data", "orm", "prm", "search", "grpo")
+PARTS = ("data", "orm", "prm", "search", "grpo", "webshop")
 
 
 def omrl(*args: str) -> None:
@@ -101,8 +107,11 @@ def search_part(out: Path, model: Path, args, example) -> dict:
         "best_of_n/random": ["strategy=best_of_n", "plugins.best_of_n.select=random"],
         "best_of_n/orm": ["strategy=best_of_n", "plugins.best_of_n.select=rm", f"plugins.rm.path={out / 'orm'}"],
         "best_of_n/env (oracle)": ["strategy=best_of_n", "plugins.best_of_n.select=env_reward"],
-        "beam/prm": ["strategy=beam", "plugins.beam.scorer=rm", f"plugins.rm.path={out / 'prm'}"],
-        "beam/orm": ["strategy=beam", "plugins.beam.scorer=rm", f"plugins.rm.path={out / 'orm'}"],
+        # beam guided and answered by a reward model, never looking at the env's outcome (as best-of-N by the ORM)
+        "beam/prm": ["strategy=beam", "plugins.beam.scorer=rm", "plugins.beam.select=rm",
+                     "plugins.beam.stop_on_win=false", f"plugins.rm.path={out / 'prm'}"],
+        "beam/orm": ["strategy=beam", "plugins.beam.scorer=rm", "plugins.beam.select=rm",
+                     "plugins.beam.stop_on_win=false", f"plugins.rm.path={out / 'orm'}"],
     }
     results = {}
     for budget in args.budgets:
@@ -137,6 +146,43 @@ def grpo_part(out: Path, model: Path, args, example) -> dict:
             "steps": [{k: m[k] for k in ("step", *keys) if k in m} for m in log]}
 
 
+def webshop_part(out: Path, args) -> dict:
+    """WebShop: SmolLM2 after a short SFT on the expert, chains on train and test goals, an ORM on the
+    env's score (partial credit: this policy rarely buys exactly right), its report on the test goals."""
+    from dataclasses import replace
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    import webshop_stages as ws
+
+    out = out / "webshop"
+    size = replace(ws.FULL, expert_episodes=args.webshop_sft_episodes, sft_epochs=1.0, save_steps=0)
+    minutes: dict[str, float] = {}
+    started = time.perf_counter()
+    if not (out / "sft" / "config.json").exists():
+        ws.expert_stage(out / "expert.parquet", size, args.seed)
+        ws.sft_stage(out / "expert.parquet", out / "sft", size, args.seed)
+    minutes["sft"] = (time.perf_counter() - started) / 60
+    common = [f"model.name={out / 'sft'}", *ws.ENV, *ws.GENERATION, "generation.temperature=1.0", f"seed={args.seed}"]
+    for name, extra in (("train", ["env.split=train", f"num_tasks={args.webshop_goals}", "group_size=4"]),
+                        ("test", ["env.split=test", f"num_tasks={args.webshop_goals}", "group_size=8"])):
+        output = out / "data" / name / "episodes.parquet"
+        if not output.exists():
+            started = time.perf_counter()
+            omrl("rollout", *common, *extra, f"output={output}")
+            minutes[f"rollout_{name}"] = (time.perf_counter() - started) / 60
+    started = time.perf_counter()
+    omrl("rm", "train", f"model.name={out / 'sft'}", "kind=orm", "label=score", "objective=bce",
+         f"dataset={out / 'data' / 'train'}", f"logging.output_dir={out / 'orm'}", "num_train_epochs=1",
+         "optim.learning_rate=2e-5", "optim.micro_batch_size=1", "packing=false", "logging.tensorboard=false",
+         f"seed={args.seed}")
+    minutes["rm_train"] = (time.perf_counter() - started) / 60
+    started = time.perf_counter()
+    omrl("rm", "eval", "--model", str(out / "orm"), "--data", str(out / "data" / "test"),
+         "--report", str(out / "orm_eval.json"))
+    minutes["rm_eval"] = (time.perf_counter() - started) / 60
+    return {"minutes": minutes, **json.loads((out / "orm_eval.json").read_text())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
@@ -149,6 +195,9 @@ def main() -> None:
     parser.add_argument("--rm-epochs", type=float, default=3.0)
     parser.add_argument("--rm-lr", type=float, default=5e-4)
     parser.add_argument("--grpo-steps", type=int, default=8)
+    parser.add_argument("--webshop-goals", type=int, default=12, help="train goals (4 samples each) and test "
+                        "goals (8 samples each)")
+    parser.add_argument("--webshop-sft-episodes", type=int, default=16, help="expert episodes the short SFT sees")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reward-models")
     parser.add_argument("--sft-dir", type=Path, default=ROOT / "runs" / "search-budget" / "gridworld-sft")
@@ -169,6 +218,8 @@ def main() -> None:
             results[part] = rm_part(args.out, model, part, args)
         elif part == "search":
             results[part] = search_part(args.out, model, args, example)
+        elif part == "webshop":
+            results[part] = webshop_part(args.out, args)
         else:
             results[part] = grpo_part(args.out, model, args, example)
         results[part]["part_minutes"] = (time.perf_counter() - started) / 60

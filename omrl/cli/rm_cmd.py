@@ -85,13 +85,15 @@ def _print_report(report: dict) -> None:
     for key, value in {**report["scores"], **{f"pair_{k}": v for k, v in report.get("pairs", {}).items()}}.items():
         scores.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     console.print(scores)
-    if report.get("selection"):
-        table = Table(title="best-of-N success: selected by the reward model vs random pick (pass@1) vs oracle")
+    for measure, what in (("", "success"), ("_score", "env score")):
+        if not report.get("selection"):
+            break
+        table = Table(title=f"best-of-N {what}: picked by the reward model vs a random pick (pass@1) vs the oracle")
         for column in ("N", "tasks", "selected", "random", "oracle", "gain (paired)"):
             table.add_column(column, justify="right")
         for row in report["selection"]:
-            table.add_row(str(row["n"]), str(row["tasks"]),
-                          *(f"{row[k]:.3f} ± {row[k + '_se']:.3f}" for k in ("selected", "random", "oracle", "gain")))
+            table.add_row(str(row["n"]), str(row["tasks"]), *(f"{row[k + measure]:.3f} ± {row[k + measure + '_se']:.3f}"
+                                                              for k in ("selected", "random", "oracle", "gain")))
         console.print(table)
 
 

@@ -10,7 +10,8 @@ Two parts:
   task in the file, best-of-N for N = 1, 2, 4, ... G by the first N samples of each
   task: the success of the one the model ranks highest, against a random pick (their
   mean success: pass@1) and the oracle (any of them won: pass@N), each with its
-  standard error over tasks, and the gain over random with its paired standard error.
+  standard error over tasks, and the gain over random with its paired standard error; the
+  same for the env's score (``*_score``: partial credit, where success is rare).
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def evaluate_reward_model(model_path: str | Path, data: str, text: bool = False,
 
 
 def selection_curve(episodes: Sequence[Episode], scores: Sequence[float]) -> list[dict[str, float]]:
-    """Best-of-N success by score, random pick and oracle, for N = 1, 2, 4, ... up to the fewest samples
-    any task has (tasks with one sample only are left out)."""
+    """Best-of-N success (and env score) of the pick by ``scores``, a random pick and the oracle, for
+    N = 1, 2, 4, ... up to the fewest samples any task has (tasks with one sample only are left out)."""
     by_task: dict[tuple, list[tuple[Episode, float]]] = defaultdict(list)
     for ep, score in zip(episodes, scores):
         by_task[(ep.env, ep.split, ep.task_id)].append((ep, score))
@@ -69,16 +70,19 @@ def selection_curve(episodes: Sequence[Episode], scores: Sequence[float]) -> lis
     most = min(len(g) for g in groups)
     out, n = [], 1
     while n <= most:
-        picked, random_pick, oracle = [], [], []
-        for group in groups:
-            first = group[:n]
-            best = max(range(n), key=lambda i: (first[i][1], -i))  # the first of equal scores
-            picked.append(float(first[best][0].won))
-            random_pick.append(sum(float(ep.won) for ep, _ in first) / n)
-            oracle.append(float(any(ep.won for ep, _ in first)))
-        gain = [p - r for p, r in zip(picked, random_pick)]  # paired by task: the gain's own standard error
-        out.append({"n": n, "tasks": len(groups), **_mean_se("selected", picked), **_mean_se("random", random_pick),
-                    **_mean_se("oracle", oracle), **_mean_se("gain", gain)})
+        row: dict[str, float] = {"n": n, "tasks": len(groups)}
+        for measure, value in (("", lambda ep: float(ep.won)), ("_score", lambda ep: float(ep.score))):
+            picked, random_pick, oracle = [], [], []
+            for group in groups:
+                first = group[:n]
+                best = max(range(n), key=lambda i: (first[i][1], -i))  # the first of equal scores
+                picked.append(value(first[best][0]))
+                random_pick.append(sum(value(ep) for ep, _ in first) / n)
+                oracle.append(max(value(ep) for ep, _ in first))
+            gain = [p - r for p, r in zip(picked, random_pick)]  # paired by task: the gain's own standard error
+            row.update({**_mean_se(f"selected{measure}", picked), **_mean_se(f"random{measure}", random_pick),
+                        **_mean_se(f"oracle{measure}", oracle), **_mean_se(f"gain{measure}", gain)})
+        out.append(row)
         n *= 2
     return out
 

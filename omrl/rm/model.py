@@ -237,12 +237,17 @@ class RewardModel:
         return [turns[-1] if turns else 0.0 for turns in self.score_turns(episodes, text, policy_tokenizer)]
 
 
-_LOADED: dict[tuple[str, str], RewardModel] = {}
+_LOADED: dict[tuple, RewardModel] = {}
 
 
 def cached_reward_model(path: str, device: str = "cpu") -> RewardModel:
-    """The reward model at ``path``, loaded once per process (a reward plugin or scorer calls this every step)."""
-    key = (str(Path(path).expanduser().resolve()), device)
+    """The reward model at ``path``, loaded once per process (a reward plugin or scorer calls this every
+    step); loaded again when its config.json changed (a model retrained into the same directory)."""
+    resolved = Path(path).expanduser().resolve()
+    config = resolved / "config.json"
+    key = (str(resolved), device, config.stat().st_mtime_ns if config.exists() else 0)
     if key not in _LOADED:
+        for stale in [k for k in _LOADED if k[:2] == key[:2]]:
+            del _LOADED[stale]
         _LOADED[key] = RewardModel.load(path, device=device)
     return _LOADED[key]

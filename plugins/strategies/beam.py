@@ -11,23 +11,28 @@ from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tre
 
 
 def beam(ctx: SearchContext, tasks: Sequence[int], width: int = 2, branch: int = 3, scorer: str = "env_reward",
-         stop_on_win: bool = True) -> list[Tree]:
+         stop_on_win: bool = True, select: str = "") -> list[Tree]:
     """Breadth-first tree search (ToT): keep the ``width`` best of ``branch`` candidates per node.
 
     Every kept node gets ``branch`` candidate replies, each stepped in its own env copy;
     the ``width`` best open nodes by ``scorer`` go on. The answer: a won episode, else
     the best finished one. ``stop_on_win`` ends a task's search at its first won episode (test time); turn it
-    off to grow whole trees as training data.
+    off to grow whole trees as training data. ``select`` (a scorer) picks the answer among the finished
+    episodes instead: with ``stop_on_win=false`` the search never looks at the env's outcome, so it
+    can be compared with a best-of-N that does not either.
     """
     whole_number("beam", "width", width)
     whole_number("beam", "branch", branch)
     one_tree_per_task(ctx)
     needs_sampling(ctx, "beam option branch", branch)
     check_scorer(ctx, scorer)
-    return run_search(ctx, tasks, _grow, width=width, branch=branch, scorer=scorer, stop_on_win=stop_on_win)
+    if select:
+        check_scorer(ctx, select)
+    return run_search(ctx, tasks, _grow, width=width, branch=branch, scorer=scorer, stop_on_win=stop_on_win,
+                      select=select)
 
 
-def _grow(tree: Tree, ctx: SearchContext, width: int, branch: int, scorer: str, stop_on_win: bool):
+def _grow(tree: Tree, ctx: SearchContext, width: int, branch: int, scorer: str, stop_on_win: bool, select: str):
     frontier: list[Node] = [tree.root]
     finished: list[Node] = []
     while frontier:
@@ -44,4 +49,9 @@ def _grow(tree: Tree, ctx: SearchContext, width: int, branch: int, scorer: str, 
             # sorted is stable: on equal scores the earlier sample stays ahead
             order = sorted(range(len(frontier)), key=lambda i: -scores[i])
             frontier = [frontier[i] for i in order[:width]]
-    tree.best = pick_answer(finished) or pick_answer(frontier)
+    if select and (finished or frontier):
+        pool = finished or frontier
+        scores = yield Score(pool, select)
+        tree.best = pool[max(range(len(pool)), key=lambda i: (scores[i], -i))]  # the first of equal scores
+    else:
+        tree.best = pick_answer(finished) or pick_answer(frontier)

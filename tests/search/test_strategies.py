@@ -82,6 +82,24 @@ def test_beam_stops_at_its_first_win_and_answers_with_it(tiny_tokenizer):
     assert tree.chosen().won and actions(tree.chosen()) == ["open", "take key"]
 
 
+def test_beam_can_pick_its_answer_by_a_scorer_without_looking_at_the_outcome(tiny_tokenizer, register_plugin):
+    class LostFirst:
+        @hookimpl
+        def register_rollout_strategies(self, register):
+            register("lost_first", lambda nodes, ctx: [0.0 if node.won else 1.0 for node in nodes], kind="scorer")
+
+    register_plugin(LostFirst(), name="lost-first")
+    script = by_call(["Action: open", "Action: smash"], ["Action: take key", "Action: look"])
+    options = {"width": 1, "branch": 2, "stop_on_win": False}
+    (tree,) = search(tiny_tokenizer, ScriptBackend(tiny_tokenizer, script), "beam", {**options, "select": "lost_first"})
+    assert not tree.chosen().won and actions(tree.chosen()) == ["smash"]  # the scorer's choice, not the win
+    assert any(node.won for node in tree.nodes)  # the search went on past its win
+    (tree,) = search(tiny_tokenizer, ScriptBackend(tiny_tokenizer, script), "beam", {**options, "select": "env_reward"})
+    assert tree.chosen().won
+    with pytest.raises(Exception, match="unknown scorer 'nope'"):
+        search(tiny_tokenizer, ScriptBackend(tiny_tokenizer, script), "beam", {**options, "select": "nope"})
+
+
 def test_env_reward_scorer_sums_rewards_and_can_add_partial_credit(tiny_tokenizer):
     backend = ScriptBackend(tiny_tokenizer, by_call(["Action: open"], ["Action: take key"]))
     (tree,) = search(tiny_tokenizer, backend, "best_of_n", {"n": 1})
