@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,9 @@ def test_outcome_labels_sit_on_the_last_token_and_pairs_put_the_winner_first():
     eps = [episode(0, True, [1, 2], [0, 1]), episode(0, False, [3], [0], sample=1),
            episode(1, False, [1], [0], end="env_error")]
     found, cut = examples(eps, "orm", "success", "f.parquet", max_seq_length=100)
-    assert [(ex.positions, ex.targets) for ex in found] == [([4], [1.0]), ([2], [0.0])]  # env_error left out
+    # read at the last reply's end (not the env's words after it); env_error left out
+    assert [(ex.input_ids, ex.positions, ex.targets) for ex in found] == [([1, 10, 2, 11], [3], [1.0]),
+                                                                           ([1, 10], [1], [0.0])]
     assert cut == 0
     (pair,) = pairs(found, max_pairs_per_task=8)
     assert pair.chosen.targets == [1.0] and pair.rejected.targets == [0.0]
@@ -103,6 +106,40 @@ def test_long_episodes_are_dropped_for_an_orm_and_cut_for_a_prm():
     assert cut == 1 and len(found) == 1
     found, cut = examples(long, "prm", "step_reward", "f", max_seq_length=4)
     assert cut == 1 and found[0].positions == [1, 3] and len(found[0].input_ids) == 4
+
+
+def test_an_orm_scores_an_open_search_node_at_its_last_reply_not_the_next_prompt(data_dir, tmp_path):
+    run_rm_train(config(data_dir, tmp_path / "orm", "num_train_epochs=1"))
+    rm = RewardModel.load(tmp_path / "orm")
+    ep = read_episodes(data_dir / "model.parquet")[0]
+    (whole,) = rm.inputs([ep])
+    assert whole.positions == [ep.turns[-1].span[1] - 1] and len(whole.input_ids) == whole.positions[0] + 1
+    prompt_after = replace(ep, token_ids=ep.token_ids + [5, 6, 7])  # an open node: ids go on to the next prompt
+    assert rm.score_episodes([prompt_after]) == rm.score_episodes([ep])
+
+
+def test_bad_labels_fail_naming_the_file_and_value(data_dir, tmp_path):
+    with pytest.raises(LabelError, match=r"every labelled episode in f is longer than max_seq_length=3.*longest: 4"):
+        examples([episode(0, True, [-1, -1], [-1, -1]), episode(0, False, [-1, -1], [-1, -1])], "orm", "success",
+                 "f", max_seq_length=3)
+    eps = read_episodes(data_dir / "expert.parquet")
+    eps[0].score = 2.5
+    write_episodes(eps + read_episodes(data_dir / "model.parquet"), tmp_path / "scores.parquet")
+    with pytest.raises(ConfigError, match=r"scores\.parquet has the label 2\.5 \(score\).*bce needs labels in \[0, 1\]"):
+        run_rm_train(config(tmp_path / "scores.parquet", tmp_path / "rm", "label=score"))
+
+
+def test_the_tokenizer_check_reads_every_file_not_only_the_first(data_dir, tmp_path, smollm2_dir):
+    from omrl.models import load_tokenizer
+    from omrl.rm.model import mismatched_episode
+
+    tiny = load_tokenizer("tiny")
+    ours = read_episodes(data_dir / "model.parquet")
+    cfg = load_config(RolloutRunConfig, None, [*GRIDWORLD, "model.name=smollm2-135m"])
+    with RolloutSession.from_config(cfg) as session:
+        foreign = session.play(session.task_ids("train", 1), split="train", expert=True)
+    assert mismatched_episode(tiny, ours) is None
+    assert mismatched_episode(tiny, ours + foreign) is foreign[0]
 
 
 # -- metrics -----------------------------------------------------------------------------------------

@@ -73,9 +73,10 @@ def pointwise_rows(found: Sequence[Example], max_seq_length: int, packing: bool)
     return [_row([found[i] for i in members]) for members in pack_bins([len(r) for r in rows], max_seq_length)]
 
 
-def pair_rows(found: Sequence[Example], max_pairs_per_task: int, source: str) -> list[tuple[RmRow, RmRow]]:
+def pair_rows(found: Sequence[Example], max_pairs_per_task: int, source: str, seed: int = 0
+              ) -> list[tuple[RmRow, RmRow]]:
     """(chosen, rejected) rows of every pair; OmrlError when no task has two different outcomes."""
-    found_pairs = pairs(found, max_pairs_per_task)
+    found_pairs = pairs(found, max_pairs_per_task, seed)
     if not found_pairs:
         raise OmrlError(f"{source} has no task with two episodes of different outcomes, so there are no pairs "
                         "for objective=bt; play more samples per task (group_size) or use objective=bce")

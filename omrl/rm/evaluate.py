@@ -44,6 +44,8 @@ def evaluate_reward_model(model_path: str | Path, data: str, text: bool = False,
                               "objective": rm.objective, "label": rm.label}
     if rm.objective == "bce":
         report["scores"] = binary_report([rm.to_score(v) for v in flat_values], targets)
+    elif rm.objective == "bt":  # values only rank: their scale means nothing against the labels
+        report["scores"] = {"examples": len(targets), "auc": auc(flat_values, [t >= 0.5 for t in targets])}
     else:
         report["scores"] = {**regression_report(flat_values, targets),
                             "auc": auc(flat_values, [t >= 0.5 for t in targets])}

@@ -8,9 +8,10 @@ each. Labels, by kind:
 - ``orm`` + ``score``: the env's final score (in [0, 1] for ``bce``).
 - ``orm`` + ``bt`` objective: pairs of episodes of the same task whose outcomes differ,
   the better one chosen (Bradley-Terry; Ouyang et al. 2022).
-- ``prm`` + ``mc``: each assistant turn's Monte Carlo value, the share of finished
-  continuations below its tree node that won (Math-Shepherd, Wang et al. 2024); needs
-  trees (``omrl rollout --strategy mc_value``, or any search).
+- ``prm`` + ``mc``: each assistant turn's Monte Carlo value: the mean over its tree node's
+  sampled continuations of their values, a finished path counting 1 when won
+  (Math-Shepherd, Wang et al. 2024); needs trees (``omrl rollout --strategy mc_value``, or
+  any search).
 - ``prm`` + ``step_reward``: each turn's env step reward.
 
 Unfinished paths (``pruned``, ``budget``) and env failures (``env_error``) carry no
@@ -20,6 +21,7 @@ outcome and are left out.
 from __future__ import annotations
 
 import math
+import random
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -55,6 +57,7 @@ class Pair:
 
 
 def check_label(kind: str, label: str) -> None:
+    """LabelError unless ``label`` is one that ``kind`` is trained on."""
     if label not in LABELS.get(kind, ()):
         valid = ", ".join(f"{k}: {', '.join(v)}" for k, v in LABELS.items())
         raise LabelError(f"label {label!r} is not one a {kind!r} reward model is trained on; valid ({valid})")
@@ -73,7 +76,7 @@ def examples(episodes: Sequence[Episode], kind: str, label: str, source: str, ma
     layout = {id(ep): _layout(ep, text_tokenizer) for ep in played}
     played = [ep for ep in played if len(layout[id(ep)][1]) == len(ep.turns)]
     if kind == "orm":
-        out = [_orm_example(ep, label, *layout[id(ep)]) for ep in played]
+        out = [ex for ep in played if (ex := _orm_example(ep, label, *layout[id(ep)])) is not None]
     elif label == "mc":
         out = _mc_examples(played, episodes, source, layout)
     else:
@@ -91,6 +94,10 @@ def examples(episodes: Sequence[Episode], kind: str, label: str, source: str, ma
         if kind == "prm" and inside:  # a process label needs only what came before its turn
             kept.append(Example(ex.input_ids[:max_seq_length], [p for p, _ in inside], [t for _, t in inside],
                                 ex.task))
+    if not kept:
+        longest = max(len(ex.input_ids) for ex in out)
+        raise LabelError(f"every labelled episode in {source} is longer than max_seq_length={max_seq_length} tokens "
+                         f"(the longest: {longest}); raise max_seq_length")
     return kept, cut
 
 
@@ -103,17 +110,19 @@ def check_outcomes(found: Sequence[Example], label: str, source: str) -> None:
                          "per task, a stronger or weaker policy)")
 
 
-def pairs(examples_: Sequence[Example], max_pairs_per_task: int) -> list[Pair]:
-    """Every pair of one task's examples with different outcomes (better one chosen), at most
-    ``max_pairs_per_task`` per task, taken in file order."""
+def pairs(found: Sequence[Example], max_pairs_per_task: int, seed: int = 0) -> list[Pair]:
+    """Pairs of one task's examples with different outcomes (the better one chosen): at most
+    ``max_pairs_per_task`` per task, drawn at random (seeded) so every episode can take part."""
     by_task: dict[tuple, list[Example]] = defaultdict(list)
-    for ex in examples_:
+    for ex in found:
         by_task[ex.task].append(ex)
     out = []
-    for group in by_task.values():
-        found = [Pair(a, b) if a.targets[0] > b.targets[0] else Pair(b, a)
-                 for i, a in enumerate(group) for b in group[i + 1:] if a.targets[0] != b.targets[0]]
-        out += found[:max_pairs_per_task]
+    for task, group in by_task.items():
+        candidates = [Pair(a, b) if a.targets[0] > b.targets[0] else Pair(b, a)
+                      for i, a in enumerate(group) for b in group[i + 1:] if a.targets[0] != b.targets[0]]
+        if len(candidates) > max_pairs_per_task:
+            candidates = random.Random(f"{seed}/{task}").sample(candidates, max_pairs_per_task)
+        out += candidates
     return out
 
 
@@ -128,11 +137,12 @@ def _layout(ep: Episode, text_tokenizer: Any) -> tuple[list[int], list[int]]:
     return encode_episode_text(text_tokenizer, ep)
 
 
-def _orm_example(ep: Episode, label: str, ids: list[int], ends: list[int]) -> Example:
+def _orm_example(ep: Episode, label: str, ids: list[int], ends: list[int]) -> Example | None:
+    """The episode up to its last reply, labelled there (None: a score that is not a number)."""
     target = float(ep.won) if label == "success" else float(ep.score)
     if not math.isfinite(target):
-        target = 0.0
-    return Example(ids, [len(ids) - 1], [target], _task(ep))
+        return None
+    return Example(ids[:ends[-1] + 1], [ends[-1]], [target], _task(ep))
 
 
 def _step_reward_example(ep: Episode, ids: list[int], ends: list[int]) -> Example:
@@ -142,7 +152,7 @@ def _step_reward_example(ep: Episode, ids: list[int], ends: list[int]) -> Exampl
 def _mc_examples(played: Sequence[Episode], episodes: Sequence[Episode], source: str,
                  layout: dict[int, tuple[list[int], list[int]]]) -> list[Example]:
     """Each tree node's MC value, labelled once: on the first path (in file order) that passes it."""
-    from omrl.rm.labels_mc import tree_mc_values
+    from omrl.rm.labels_mc import tree_mc_means
 
     if not any(turn.node_id >= 0 for ep in episodes for turn in ep.turns):
         raise LabelError(f"{source} holds chains without tree node ids, so no turn has Monte Carlo labels; "
@@ -151,20 +161,20 @@ def _mc_examples(played: Sequence[Episode], episodes: Sequence[Episode], source:
     by_task: dict[tuple, list[Episode]] = defaultdict(list)
     for ep in episodes:
         by_task[(ep.env, ep.split, ep.task_id)].append(ep)
-    values = {key: tree_mc_values(group) for key, group in by_task.items()}
+    values = {key: tree_mc_means(group) for key, group in by_task.items()}
     seen: set[tuple] = set()
     out = []
     for ep in played:
-        counts = values[(ep.env, ep.split, ep.task_id)]
+        means = values[(ep.env, ep.split, ep.task_id)]
         ids, ends = layout[id(ep)]
         positions, targets = [], []
         for turn, end in zip(ep.turns, ends):
             key = (ep.env, ep.split, ep.task_id, ep.group, turn.node_id)
-            wins, finished = counts.get((ep.group, turn.node_id), (0, 0))
-            if finished and key not in seen:
+            mean = means.get((ep.group, turn.node_id))
+            if mean is not None and key not in seen:
                 seen.add(key)
                 positions.append(end)
-                targets.append(wins / finished)
+                targets.append(mean)
         if positions:
             out.append(Example(ids, positions, targets, _task(ep)))
     return out

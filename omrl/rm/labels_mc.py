@@ -13,21 +13,23 @@ leaves below a node are the paths that pass through it.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Sequence
 
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
 from omrl.search.tree import BUDGET, PRUNED
 
-#: paths the search stopped before the env or a limit did: no outcome, so they label nothing
-UNFINISHED = (PRUNED, BUDGET)
+#: paths with no outcome, so they label nothing: the search stopped them before the env or a limit
+#: did, or the env failed
+UNFINISHED = (PRUNED, BUDGET, "env_error")
 
 
 def tree_mc_values(episodes: Sequence[Episode]) -> dict[tuple[int, int], tuple[int, int]]:
     """``(group, node_id) -> (won leaves, finished leaves)`` below each tree node, the node included.
 
     Every node that some path holds is a key. A finished leaf is a path whose
-    ``end_reason`` is not ``pruned`` or ``budget``. A node with only unfinished leaves
+    ``end_reason`` is not ``pruned``, ``budget`` or ``env_error``. A node with only unfinished leaves
     below it maps to ``(0, 0)``: it has no label. The soft label is
     ``won / finished`` where ``finished > 0``.
 
@@ -62,3 +64,41 @@ def tree_mc_values(episodes: Sequence[Episode]) -> dict[tuple[int, int], tuple[i
             wins, total = counts.get(key, (0, 0))
             counts[key] = (wins + int(won), total + int(finished))
     return counts
+
+
+def tree_mc_means(episodes: Sequence[Episode]) -> dict[tuple[int, int], float]:
+    """``(group, node_id) -> value``: the mean value of a node's children, a finished leaf's value being
+    1 when its path won and 0 otherwise (Math-Shepherd's share of successful completions from a step).
+
+    Each sampled continuation weighs the same: a ``mc_value`` spine node's value is the
+    mean of its k completions' outcomes and the spine's own next node's value, however
+    many leaves that spine part has below it (counting leaves would let it dominate).
+    Nodes with no finished leaf below them have no value (absent). Chains give ``{}``.
+
+    >>> from omrl.data import Turn
+    >>> def path(*nodes, won=False, end="done"):
+    ...     turns = [Turn("", "", "a", True, 0.0, False, node_id=n, parent_id=p)
+    ...              for p, n in zip((0, *nodes), nodes)]
+    ...     return Episode("env", 7, "train", "", turns=turns, won=won, end_reason=end)
+    >>> # node 1 -> 2 -> 3 (lost), 2 -> 5 (lost), 1 -> 4 (won): node 1 = mean(value 2 = 0, value 4 = 1)
+    >>> tree_mc_means([path(1, 2, 3), path(1, 2, 5), path(1, 4, won=True)])[(0, 1)]
+    0.5
+    """
+    children: dict[tuple[int, int], set[int]] = defaultdict(set)
+    outcome: dict[tuple[int, int], float] = {}
+    for ep in episodes:
+        nodes = [turn for turn in ep.turns if turn.node_id >= 0]
+        for turn in nodes:
+            children[(ep.group, turn.parent_id)].add(turn.node_id)
+        if nodes and ep.end_reason not in UNFINISHED:
+            outcome[(ep.group, nodes[-1].node_id)] = float(bool(ep.won))
+    values: dict[tuple[int, int], float | None] = {}
+
+    def value(key: tuple[int, int]) -> float | None:
+        if key not in values:
+            below = [v for v in (value((key[0], child)) for child in sorted(children.get(key, ()))) if v is not None]
+            values[key] = sum(below) / len(below) if below else outcome.get(key)
+        return values[key]
+
+    keys = {(ep.group, turn.node_id) for ep in episodes for turn in ep.turns if turn.node_id >= 0}
+    return {key: v for key in sorted(keys) if (v := value(key)) is not None}

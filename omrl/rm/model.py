@@ -70,6 +70,7 @@ def build_reward_model(base: str, kind: str, objective: str, label: str, dtype: 
 
 
 def check_kind(kind: str, objective: str) -> None:
+    """RewardModelError unless ``kind`` and ``objective`` are known and go together."""
     if kind not in KINDS:
         raise RewardModelError(f"unknown reward model kind {kind!r}; valid: {', '.join(KINDS)}")
     if objective not in OBJECTIVES:
@@ -85,14 +86,18 @@ def head_values(model: Any, input_ids: torch.Tensor, position_ids: torch.Tensor 
 
 
 def mismatched_episode(tokenizer: Any, episodes: Sequence[Episode]) -> Episode | None:
-    """The first episode (of the first one that has ids and messages; a batch comes from one policy)
-    whose opening ids do not decode with ``tokenizer`` to its system message: made by another tokenizer."""
+    """The first episode whose prompt ids do not decode with ``tokenizer`` to its opening messages (made
+    by another tokenizer), else None. Episodes opening with the same ids are checked once."""
+    checked: set[tuple[int, ...]] = set()
     for ep in episodes:
-        if not ep.token_ids or not ep.messages:
+        opening = next((" ".join(m["content"].split())[:60] for m in ep.messages if m.get("content", "").strip()), "")
+        head = tuple(ep.token_ids[:64])
+        if not ep.token_ids or not opening or head in checked:
             continue
-        opening = " ".join(ep.messages[0]["content"].split())[:60]
-        decoded = " ".join(tokenizer.decode(ep.token_ids[:max(ep.prompt_length, 1)]).split())
-        return None if opening in decoded else ep
+        checked.add(head)
+        decoded = tokenizer.decode(ep.token_ids[:max(ep.prompt_length, 1)], clean_up_tokenization_spaces=False)
+        if opening not in " ".join(decoded.split()):
+            return ep
     return None
 
 
@@ -127,7 +132,7 @@ class RewardModel:
         self.batch_tokens = batch_tokens
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "cpu", dtype: str = "float32") -> "RewardModel":
+    def load(cls, path: str | Path, device: str = "cpu", dtype: str = "auto") -> "RewardModel":
         from transformers import AutoModelForTokenClassification
 
         path = Path(path).expanduser()
@@ -135,7 +140,7 @@ class RewardModel:
             raise RewardModelError(f"reward model {str(path)!r} not found: expected a directory written by "
                                    "`omrl rm train` (with config.json)")
         try:
-            model = AutoModelForTokenClassification.from_pretrained(path, dtype=_DTYPES[dtype])
+            model = AutoModelForTokenClassification.from_pretrained(path, dtype=_DTYPES.get(dtype, "auto"))
         except (OSError, ValueError) as exc:
             raise RewardModelError(f"cannot load reward model {str(path)!r}: {exc}") from exc
         return cls(model.to(device), load_tokenizer(str(path)), str(path))
@@ -145,18 +150,23 @@ class RewardModel:
         """Ids and read positions of each episode: the episode's own token ids (the policy's tokenizer
         must be this model's; checked), or with ``text`` its chat re-encoded with this model's tokenizer.
 
-        An ``orm`` reads one position (the last token); a ``prm`` one per turn (the end of each reply).
+        Both read at the end of replies, where they were trained: an ``orm`` at the last reply's
+        (an open search node's ids go on to the next turn's prompt, which no label ever sat on),
+        a ``prm`` at each reply's.
         """
         out = []
         for ep in episodes:
             if text:
                 ids, ends = encode_episode_text(self.tokenizer, ep)
+                if len(ends) != len(ep.turns):
+                    raise RewardModelError(f"episode of task {ep.task_id} ({ep.env}) has {len(ep.turns)} turns but "
+                                           f"its chat re-encodes to {len(ends)} replies; it cannot be scored as text")
             else:
                 ids, ends = list(ep.token_ids), [turn.span[1] - 1 for turn in ep.turns]
-            if not ids:
+            if not ends:
                 out.append(ScoringInput([], []))
                 continue
-            out.append(ScoringInput(ids, [len(ids) - 1] if self.kind == "orm" else ends))
+            out.append(ScoringInput(ids[:ends[-1] + 1], ends[-1:] if self.kind == "orm" else ends))
         return out
 
     def check_tokenizer(self, episodes: Sequence[Episode], policy_tokenizer: Any = None) -> None:
@@ -190,7 +200,6 @@ class RewardModel:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         start = 0
         while start < len(order):
-            width = len(inputs[order[start]].input_ids)
             end = start + 1
             while end < len(order) and (end - start + 1) * len(inputs[order[end]].input_ids) <= self.batch_tokens:
                 end += 1

@@ -66,6 +66,9 @@ class RmRecipe:
             raise ConfigError("label=step_reward is a real-valued reward; valid objective for it: mse")
         if cfg.num_train_epochs <= 0:
             raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
+        if cfg.max_seq_length < 2 or cfg.max_pairs_per_task < 1:
+            raise ConfigError(f"max_seq_length={cfg.max_seq_length} and max_pairs_per_task={cfg.max_pairs_per_task}: "
+                              "valid: max_seq_length >= 2 and max_pairs_per_task >= 1")
         if cfg.optim.micro_batch_size < 1 or cfg.optim.gradient_accumulation_steps < 1:
             raise ConfigError("optim.micro_batch_size and optim.gradient_accumulation_steps must be >= 1, got "
                               f"{cfg.optim.micro_batch_size} and {cfg.optim.gradient_accumulation_steps}")
@@ -93,7 +96,9 @@ class RmRecipe:
                                                    dtype=cfg.model.dtype, device=str(self.device),
                                                    trust_remote_code=cfg.model.trust_remote_code)
         if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable({"use_reentrant": False})
+            enable = getattr(model, "activation_checkpointing_enable", None) \
+                or model.gradient_checkpointing_enable  # the older name (transformers < 5)
+            enable({"use_reentrant": False})
         if cfg.model.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
@@ -114,8 +119,12 @@ class RmRecipe:
                 raise ConfigError(f"the episodes in {cfg.dataset} were not tokenized with {cfg.model.name!r}'s "
                                   f"tokenizer (task {bad.task_id} does not decode to its messages); train on the "
                                   "policy's own base model, or set text=true to re-encode the chats")
+        outside = next((t for ex in found for t in ex.targets if not 0.0 <= t <= 1.0), None)
+        if cfg.objective == "bce" and outside is not None:
+            raise ConfigError(f"{cfg.dataset} has the label {outside!r} ({cfg.label}), but objective=bce needs labels "
+                              "in [0, 1]; valid: objective=mse for other values")
         if cfg.objective == "bt":
-            self.pairs = pair_rows(found, cfg.max_pairs_per_task, cfg.dataset)
+            self.pairs = pair_rows(found, cfg.max_pairs_per_task, cfg.dataset, cfg.seed)
             self.rows = [row for pair in self.pairs for row in pair]  # chosen, rejected, chosen, ...
             units = [[2 * i, 2 * i + 1] for i in range(len(self.pairs))]
         else:

@@ -19,7 +19,7 @@ def beam(ctx: SearchContext, tasks: Sequence[int], width: int = 2, branch: int =
     the best finished one. ``stop_on_win`` ends a task's search at its first won episode (test time); turn it
     off to grow whole trees as training data. ``select`` (a scorer) picks the answer among the finished
     episodes instead: with ``stop_on_win=false`` the search never looks at the env's outcome, so it
-    can be compared with a best-of-N that does not either.
+    can be compared with a best-of-N that does not either (with ``stop_on_win`` it still stops at a win).
     """
     whole_number("beam", "width", width)
     whole_number("beam", "branch", branch)
