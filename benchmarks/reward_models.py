@@ -30,6 +30,13 @@ weights (same tokenizer: episodes are scored on their own token ids). Parts:
   credit), reported on the test goals (selection by score as well as success).
 
 Writes ``<out>/results.json`` (every number) beside the data and models, and prints tables.
+
+Measured here (2 CPU cores shared with other jobs, seed 0; README "Reward models" has the tables;
+JSON in benchmarks/results/reward_models/): gridworld held-out ORM AUC 0.966, ECE 0.021; best-of-8
+by the ORM 53.1% against a random pick's 18.2% (+35.0 +- 4.7 points paired, 7.4 SE), oracle 56.2%;
+the shortest episode alone gets 46.9%. At 384 tokens: best-of-4 by the ORM 40.6%, PRM-guided beam
+37.5% (no difference), ORM-guided beam 21.9%. GRPO on the ORM alone: ORM score 0.25 -> 0.83 while
+held-out success fell 16.0% -> 2.3% (empty replies end episodes early, which the ORM scores high).
 """
 
 from __future__ import annotations
@@ -98,7 +105,42 @@ def rm_part(out: Path, model: Path, kind: str, args) -> dict:
     omrl("rm", "eval", "--model", str(out / kind), "--data", str(out / "data" / held_out),
          "--report", str(out / f"{kind}_eval.json"))
     report = json.loads((out / f"{kind}_eval.json").read_text())
+    if kind == "orm":
+        report["against_shortest"] = against_shortest(out)
     return {"train_minutes": train_minutes, **report}
+
+
+def against_shortest(out: Path) -> list[dict]:
+    """The ORM's best-of-N pick against a plain rule that needs no model: the shortest episode (a won
+    gridworld episode ends before the turn cap). Paired by task."""
+    from omrl.data import read_episodes
+    from omrl.rm.evaluate import selection_curve
+    from omrl.rm.labels import NO_OUTCOME
+    from omrl.rm.model import RewardModel
+
+    episodes = [ep for ep in read_episodes(out / "data" / "test_chains" / "episodes.parquet")
+                if ep.turns and ep.end_reason not in NO_OUTCOME]
+    orm = RewardModel.load(out / "orm").score_episodes(episodes)
+    # the length rule's pick scores 1 and the rest 0, so "selected" is the rule's success and its gain
+    # over the ORM's pick is paired by task; both pick the first of equal scores, as rm eval does
+    rows = []
+    for row in selection_curve(episodes, [-len(ep.turns) for ep in episodes]):
+        n = row["n"]
+        rows.append({"n": n, "shortest": row["selected"], "shortest_se": row["selected_se"]})
+    by_task: dict = {}
+    for ep, score in zip(episodes, orm):
+        by_task.setdefault(ep.task_id, []).append((ep, score))
+    for row in rows:
+        diffs = []
+        for group in by_task.values():
+            first = sorted(group, key=lambda pair: pair[0].sample)[:row["n"]]
+            by_orm = max(range(len(first)), key=lambda i: (first[i][1], -i))
+            by_length = max(range(len(first)), key=lambda i: (-len(first[i][0].turns), -i))
+            diffs.append(float(first[by_orm][0].won) - float(first[by_length][0].won))
+        mean = sum(diffs) / len(diffs)
+        row["orm_minus_shortest"] = mean
+        row["orm_minus_shortest_se"] = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+    return rows
 
 
 def search_part(out: Path, model: Path, args, example) -> dict:
@@ -141,7 +183,7 @@ def grpo_part(out: Path, model: Path, args, example) -> dict:
                        overrides=(f"plugins.rm.path={out / 'orm'}",))
     before = example.held_out_success(str(model), budget, args.seed)
     after = example.held_out_success(str(out / "grpo-orm"), budget, args.seed)
-    keys = ("reward/rm", "reward/goal", "success", "eval_success")
+    keys = ("reward_rm", "reward_goal", "success", "score", "turns", "format_ok", "eval_success")
     return {"minutes": (time.perf_counter() - started) / 60, "before": before, "after": after,
             "steps": [{k: m[k] for k in ("step", *keys) if k in m} for m in log]}
 
@@ -155,7 +197,8 @@ def webshop_part(out: Path, args) -> dict:
     import webshop_stages as ws
 
     out = out / "webshop"
-    size = replace(ws.FULL, expert_episodes=args.webshop_sft_episodes, sft_epochs=1.0, save_steps=0)
+    size = replace(ws.FULL, expert_episodes=args.webshop_sft_episodes, sft_epochs=1.0, sft_accumulation=1,
+                   save_steps=0)  # one episode a step: the reply format is learned within about 10 steps
     minutes: dict[str, float] = {}
     started = time.perf_counter()
     if not (out / "sft" / "config.json").exists():
