@@ -28,6 +28,8 @@ weights (same tokenizer: episodes are scored on their own token ids). Parts:
   epoch: it learns the reply format and buys something, rarely the right thing), chains on
   ``--webshop-goals`` train goals x 4 and test goals x 8; an ORM on the env's score (partial
   credit), reported on the test goals (selection by score as well as success).
+- ``webshop_search``: a PRM on Math-Shepherd trees of that SFT model, then best-of-N by the ORM,
+  a random pick and the env, and PRM-guided beam, at one budget on the test goals.
 
 Writes ``<out>/results.json`` (every number) beside the data and models, and prints tables.
 
@@ -55,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from search_budget import gridworld_sft, learn_gridworld  # noqa: E402
 
-PARTS = ("data", "orm", "prm", "search", "grpo", "webshop")
+PARTS = ("data", "orm", "prm", "search", "grpo", "webshop", "webshop_search")
 
 
 def omrl(*args: str) -> None:
@@ -226,6 +228,53 @@ def webshop_part(out: Path, args) -> dict:
     return {"minutes": minutes, **json.loads((out / "orm_eval.json").read_text())}
 
 
+def webshop_search_part(out: Path, args) -> dict:
+    """WebShop: a PRM on Math-Shepherd trees of the SFT model (``--webshop-tree-goals`` train goals, 2
+    completions a turn), then at one budget on the test goals: best-of-N by the ORM (on score), by a
+    random pick, by the env (oracle), and beam guided and answered by the PRM."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    import webshop_stages as ws
+
+    out = out / "webshop"
+    sft = out / "sft"
+    common = [f"model.name={sft}", *ws.ENV, *ws.GENERATION, "generation.temperature=1.0", f"seed={args.seed}"]
+    minutes: dict[str, float] = {}
+    trees = out / "data" / "train_trees" / "episodes.parquet"
+    if not trees.exists():
+        started = time.perf_counter()
+        omrl("rollout", *common, "env.split=train", f"num_tasks={args.webshop_tree_goals}", "strategy=mc_value",
+             "plugins.mc_value.k=2", f"output={trees}")
+        minutes["rollout_trees"] = (time.perf_counter() - started) / 60
+    if not (out / "prm" / "config.json").exists():
+        started = time.perf_counter()
+        omrl("rm", "train", f"model.name={sft}", "kind=prm", "label=mc", "objective=bce", f"dataset={trees}",
+             f"logging.output_dir={out / 'prm'}", "num_train_epochs=1", "optim.learning_rate=2e-5",
+             "optim.micro_batch_size=1", "packing=false", "logging.tensorboard=false", f"seed={args.seed}")
+        minutes["prm_train"] = (time.perf_counter() - started) / 60
+    budget, n = args.webshop_budget, max(1, args.webshop_budget // 200)  # a WebShop chain spends ~150-250 tokens
+    cells = {
+        "best_of_n/random": ["strategy=best_of_n", "plugins.best_of_n.select=random"],
+        "best_of_n/orm": ["strategy=best_of_n", "plugins.best_of_n.select=rm", f"plugins.rm.path={out / 'orm'}"],
+        "best_of_n/env (oracle)": ["strategy=best_of_n", "plugins.best_of_n.select=env_reward"],
+        "beam/prm": ["strategy=beam", "plugins.beam.scorer=rm", "plugins.beam.select=rm",
+                     "plugins.beam.stop_on_win=false", f"plugins.rm.path={out / 'prm'}"],
+    }
+    results = {"minutes": minutes}
+    for name, extra in cells.items():
+        report = out / "search" / f"{name.split(' ')[0].replace('/', '-')}-{budget}.json"
+        if not report.exists():
+            started = time.perf_counter()
+            omrl("eval", *common, "env.split=test", f"num_tasks={args.webshop_goals}", f"budget={budget}",
+                 f"plugins.best_of_n.n={n}", *extra, f"report={report}")
+            minutes[name] = (time.perf_counter() - started) / 60
+        got = json.loads(report.read_text())
+        scores = {e["task_id"]: e["score"] for e in got["episodes"]}
+        results[name] = {"budget": budget, "success": got["metrics"]["success_rate"],
+                         "mean_score": sum(scores.values()) / len(scores), "scores": scores,
+                         "tokens_per_task": got["metrics"].get("search/generated_tokens_per_task")}
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
@@ -240,6 +289,8 @@ def main() -> None:
     parser.add_argument("--grpo-steps", type=int, default=8)
     parser.add_argument("--webshop-goals", type=int, default=12, help="train goals (4 samples each) and test "
                         "goals (8 samples each)")
+    parser.add_argument("--webshop-tree-goals", type=int, default=6, help="train goals played as Math-Shepherd trees")
+    parser.add_argument("--webshop-budget", type=int, default=600, help="generated tokens a test goal may use")
     parser.add_argument("--webshop-sft-episodes", type=int, default=16, help="expert episodes the short SFT sees")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reward-models")
@@ -263,6 +314,8 @@ def main() -> None:
             results[part] = search_part(args.out, model, args, example)
         elif part == "webshop":
             results[part] = webshop_part(args.out, args)
+        elif part == "webshop_search":
+            results[part] = webshop_search_part(args.out, args)
         else:
             results[part] = grpo_part(args.out, model, args, example)
         results[part]["part_minutes"] = (time.perf_counter() - started) / 60

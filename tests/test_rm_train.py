@@ -301,3 +301,16 @@ def test_two_processes_train_the_same_reward_model_as_one(data_dir, tmp_path):
     for name, tensor in weights[0].items():
         assert torch.equal(tensor, weights[1][name]), f"processes disagree on {name}"
         torch.testing.assert_close(tensor, alone[name], rtol=1e-4, atol=1e-5)
+
+
+def test_values_of_an_input_scored_before_are_remembered(data_dir, tmp_path):
+    run_rm_train(config(data_dir, tmp_path / "orm", "num_train_epochs=1"))
+    rm = RewardModel.load(tmp_path / "orm")
+    episodes = read_episodes(data_dir / "model.parquet")
+    calls = []
+    forward = rm.model.forward
+    rm.model.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    first = rm.score_episodes(episodes)
+    counted = len(calls)
+    assert counted and rm.score_episodes(episodes) == first and rm.score_episodes(episodes[:3]) == first[:3]
+    assert len(calls) == counted  # no forward for inputs scored before

@@ -15,7 +15,9 @@ sigmoid (a probability of success); with ``mse`` and ``bt`` a score is the raw v
 
 from __future__ import annotations
 
+import hashlib
 import math
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -118,6 +120,16 @@ def encode_episode_text(tokenizer: Any, ep: Episode) -> tuple[list[int], list[in
     return ids, ends[demo_replies:]
 
 
+MEMO_ENTRIES = 100_000  # values remembered per model (a few MB); forgotten all at once when full
+
+
+def _input_key(x: ScoringInput) -> bytes:
+    """A digest of an input's ids and read positions."""
+    digest = hashlib.blake2b(array("q", x.input_ids).tobytes(), digest_size=16)
+    digest.update(array("q", [-1, *x.positions]).tobytes())
+    return digest.digest()
+
+
 class RewardModel:
     """A trained reward model, ready to score episodes (and search nodes) without gradients."""
 
@@ -130,6 +142,7 @@ class RewardModel:
         self.kind, self.objective = meta["kind"], meta.get("objective", "bce")
         self.label = meta.get("label", "")
         self.batch_tokens = batch_tokens
+        self._memo: dict[bytes, tuple[float, ...]] = {}  # input -> its values (weights never change here)
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu", dtype: str = "auto") -> "RewardModel":
@@ -193,9 +206,18 @@ class RewardModel:
     # -- scoring -----------------------------------------------------------------------------------
     @torch.no_grad()
     def values(self, inputs: Sequence[ScoringInput]) -> list[list[float]]:
-        """The head's values at each input's read positions, in micro-batches of similar length."""
+        """The head's values at each input's read positions, in micro-batches of similar length.
+
+        Values of inputs scored before are remembered (a search scores a node again each
+        round; ``omrl rm eval`` reads an ORM's episodes for its metrics and its selection).
+        """
         out: list[list[float]] = [[] for _ in inputs]
-        order = sorted((i for i, x in enumerate(inputs) if x.positions), key=lambda i: len(inputs[i].input_ids))
+        keys = [_input_key(x) for x in inputs]
+        for i, key in enumerate(keys):
+            if key in self._memo:
+                out[i] = list(self._memo[key])
+        order = sorted((i for i, x in enumerate(inputs) if x.positions and keys[i] not in self._memo),
+                       key=lambda i: len(inputs[i].input_ids))
         device = next(self.model.parameters()).device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         start = 0
@@ -211,6 +233,9 @@ class RewardModel:
             values = head_values(self.model, ids.to(device)).cpu()
             for row, i in enumerate(chunk):
                 out[i] = [float(values[row, p]) for p in inputs[i].positions]
+                if len(self._memo) >= MEMO_ENTRIES:
+                    self._memo.clear()
+                self._memo[keys[i]] = tuple(out[i])
             start = end
         return out
 
