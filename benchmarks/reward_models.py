@@ -28,8 +28,10 @@ weights (same tokenizer: episodes are scored on their own token ids). Parts:
   epoch: it learns the reply format and buys something, rarely the right thing), chains on
   ``--webshop-goals`` train goals x 4 and test goals x 8; an ORM on the env's score (partial
   credit), reported on the test goals (selection by score as well as success).
-- ``webshop_search``: a PRM on Math-Shepherd trees of that SFT model, then best-of-N by the ORM,
-  a random pick and the env, and PRM-guided beam, at one budget on the test goals.
+- ``webshop_search``: a PRM on Math-Shepherd trees of that SFT model (``--webshop-tree-goals``
+  train goals, 2 completions a turn); then at one budget (``--webshop-budget``) on the test goals,
+  best-of-N chains (played once, picked by the ORM, at random and by the oracle) against beam
+  guided and answered by the PRM.
 
 Writes ``<out>/results.json`` (every number) beside the data and models, and prints tables.
 
@@ -252,26 +254,33 @@ def webshop_search_part(out: Path, args) -> dict:
              "optim.micro_batch_size=1", "packing=false", "logging.tensorboard=false", f"seed={args.seed}")
         minutes["prm_train"] = (time.perf_counter() - started) / 60
     budget, n = args.webshop_budget, max(1, args.webshop_budget // 200)  # a WebShop chain spends ~150-250 tokens
-    cells = {
-        "best_of_n/random": ["strategy=best_of_n", "plugins.best_of_n.select=random"],
-        "best_of_n/orm": ["strategy=best_of_n", "plugins.best_of_n.select=rm", f"plugins.rm.path={out / 'orm'}"],
-        "best_of_n/env (oracle)": ["strategy=best_of_n", "plugins.best_of_n.select=env_reward"],
-        "beam/prm": ["strategy=beam", "plugins.beam.scorer=rm", "plugins.beam.select=rm",
-                     "plugins.beam.stop_on_win=false", f"plugins.rm.path={out / 'prm'}"],
-    }
-    results = {"minutes": minutes}
-    for name, extra in cells.items():
-        report = out / "search" / f"{name.split(' ')[0].replace('/', '-')}-{budget}.json"
-        if not report.exists():
-            started = time.perf_counter()
-            omrl("eval", *common, "env.split=test", f"num_tasks={args.webshop_goals}", f"budget={budget}",
-                 f"plugins.best_of_n.n={n}", *extra, f"report={report}")
-            minutes[name] = (time.perf_counter() - started) / 60
-        got = json.loads(report.read_text())
-        scores = {e["task_id"]: e["score"] for e in got["episodes"]}
-        results[name] = {"budget": budget, "success": got["metrics"]["success_rate"],
-                         "mean_score": sum(scores.values()) / len(scores), "scores": scores,
-                         "tokens_per_task": got["metrics"].get("search/generated_tokens_per_task")}
+    test = [*common, "env.split=test", f"num_tasks={args.webshop_goals}", f"budget={budget}"]
+    results: dict = {"minutes": minutes, "budget": budget, "chains": n}
+    # best-of-N: the chains are played once (all kept); the ORM, a random pick and the oracle choose among them
+    chains = out / "search" / f"best_of_n-{budget}.parquet"
+    if not chains.exists():
+        started = time.perf_counter()
+        omrl("rollout", *test, "strategy=best_of_n", f"plugins.best_of_n.n={n}", f"output={chains}")
+        minutes["best_of_n"] = (time.perf_counter() - started) / 60
+    from omrl.data import read_episodes
+    from omrl.rm.evaluate import selection_curve
+    from omrl.rm.model import RewardModel
+
+    played = [ep for ep in read_episodes(chains) if ep.turns]
+    orm = RewardModel.load(out / "orm").score_episodes(played)
+    row = selection_curve(played, orm)[-1]
+    results["best_of_n"] = {k: row[k] for k in row if k.startswith(("selected", "random", "oracle", "gain", "n"))}
+    # beam guided and answered by the PRM, never reading the env's outcome
+    report = out / "search" / f"beam-prm-{budget}.json"
+    if not report.exists():
+        started = time.perf_counter()
+        omrl("eval", *test, "strategy=beam", "plugins.beam.scorer=rm", "plugins.beam.select=rm",
+             "plugins.beam.stop_on_win=false", f"plugins.rm.path={out / 'prm'}", f"report={report}")
+        minutes["beam/prm"] = (time.perf_counter() - started) / 60
+    got = json.loads(report.read_text())
+    scores = [e["score"] for e in got["episodes"]]
+    results["beam_prm"] = {"success": got["metrics"]["success_rate"], "mean_score": sum(scores) / len(scores),
+                           "tokens_per_task": got["metrics"].get("search/generated_tokens_per_task")}
     return results
 
 
@@ -290,7 +299,7 @@ def main() -> None:
     parser.add_argument("--webshop-goals", type=int, default=12, help="train goals (4 samples each) and test "
                         "goals (8 samples each)")
     parser.add_argument("--webshop-tree-goals", type=int, default=6, help="train goals played as Math-Shepherd trees")
-    parser.add_argument("--webshop-budget", type=int, default=600, help="generated tokens a test goal may use")
+    parser.add_argument("--webshop-budget", type=int, default=800, help="generated tokens a test goal may use")
     parser.add_argument("--webshop-sft-episodes", type=int, default=16, help="expert episodes the short SFT sees")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reward-models")
