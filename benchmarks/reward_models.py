@@ -29,7 +29,8 @@ weights (same tokenizer: episodes are scored on their own token ids). Parts:
   ``--webshop-goals`` train goals x 4 and test goals x 8; an ORM on the env's score (partial
   credit), reported on the test goals (selection by score as well as success).
 - ``webshop_search``: a PRM on Math-Shepherd trees of that SFT model (``--webshop-tree-goals``
-  train goals, 2 completions a turn); then at one budget (``--webshop-budget``) on the test goals,
+  train goals, 2 completions a turn; ``mc_score`` labels: no path wins, so win-based ``mc``
+  labels would all be 0 and are refused); then at one budget (``--webshop-budget``) on the test goals,
   best-of-N chains (played once, picked by the ORM, at random and by the oracle) against beam
   guided and answered by the PRM.
 
@@ -249,7 +250,7 @@ def webshop_search_part(out: Path, args) -> dict:
         minutes["rollout_trees"] = (time.perf_counter() - started) / 60
     if not (out / "prm" / "config.json").exists():
         started = time.perf_counter()
-        omrl("rm", "train", f"model.name={sft}", "kind=prm", "label=mc", "objective=bce", f"dataset={trees}",
+        omrl("rm", "train", f"model.name={sft}", "kind=prm", "label=mc_score", "objective=bce", f"dataset={trees}",
              f"logging.output_dir={out / 'prm'}", "num_train_epochs=1", "optim.learning_rate=2e-5",
              "optim.micro_batch_size=1", "packing=false", "logging.tensorboard=false", f"seed={args.seed}")
         minutes["prm_train"] = (time.perf_counter() - started) / 60

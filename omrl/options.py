@@ -233,7 +233,8 @@ class RmTrainRunConfig:
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/rm"))
     kind: str = opt("orm", "orm: one score per episode (at its last token); prm: one per assistant turn.")
     label: str = opt("success", "What is learned. orm: success (won or not) or score (the env's final score); "
-                                "prm: mc (each turn's Monte Carlo value, from trees) or step_reward.")
+                                "prm: mc (each turn's Monte Carlo value, from trees), mc_score (the same on the env's "
+                                "final score) or step_reward.")
     objective: str = opt("bce", "bce: binary cross-entropy (scores are probabilities); mse: regression; bt: "
                                 "Bradley-Terry on pairs of one task's episodes with different outcomes (orm).")
     dataset: str = opt("", "Trajectory parquet from `omrl rollout` (a file, or a directory of them).")

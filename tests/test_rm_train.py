@@ -85,6 +85,17 @@ def test_monte_carlo_labels_are_the_share_of_won_finished_leaves_below_each_turn
     assert labelled == {((1, 10), 0.5), ((1, 10, 2, 11), 1.0), ((1, 10, 2, 11), 0.0)}
 
 
+def test_mc_score_labels_use_each_paths_final_score_where_nothing_won():
+    eps = [episode(0, False, [1, 2], [0, 1]), episode(0, False, [1, 3], [0, 1], sample=1)]
+    eps[0].score, eps[1].score = 0.8, 0.2
+    with pytest.raises(LabelError, match="every label in trees is 0.0"):
+        from omrl.rm.labels import check_outcomes
+        check_outcomes(examples(eps, "prm", "mc", "trees", 100)[0], "mc", "trees")
+    found, _ = examples(eps, "prm", "mc_score", "trees", 100)
+    labelled = sorted(t for ex in found for t in ex.targets)
+    assert labelled == pytest.approx([0.2, 0.5, 0.8])  # node 1: the mean of its two continuations
+
+
 def test_step_reward_labels_every_turn():
     found, _ = examples([episode(0, True, [-1, -1, -1], [-1, -1, -1])], "prm", "step_reward", "f", 100)
     assert found[0].positions == [1, 3, 5] and found[0].targets == [0.0, 0.5, 1.0]
@@ -94,7 +105,7 @@ def test_missing_labels_name_the_file_and_what_is_missing():
     chains = [episode(0, True, [-1], [-1]), episode(0, False, [-1], [-1])]
     with pytest.raises(LabelError, match=r"chains\.parquet holds chains without tree node ids.*mc_value"):
         examples(chains, "prm", "mc", "chains.parquet", 100)
-    with pytest.raises(LabelError, match=r"label 'mc' is not one a 'orm'.*orm: success, score"):
+    with pytest.raises(LabelError, match=r"label 'mc' is not one a 'orm'.*orm: success, score; prm: mc, mc_score, step_reward"):
         examples(chains, "orm", "mc", "chains.parquet", 100)
     with pytest.raises(LabelError, match=r"empty\.parquet has no finished episode"):
         examples([episode(0, True, [1], [0], end="budget")], "orm", "success", "empty.parquet", 100)

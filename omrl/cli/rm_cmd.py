@@ -27,7 +27,7 @@ def train(
     data: Optional[str] = typer.Option(None, "--data", help="Trajectory parquet (file or directory)."),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out trajectories to report on."),
     kind: Optional[str] = typer.Option(None, "--kind", help="orm (per episode) or prm (per turn)."),
-    label: Optional[str] = typer.Option(None, "--label", help="orm: success, score; prm: mc, step_reward."),
+    label: Optional[str] = typer.Option(None, "--label", help="orm: success, score; prm: mc, mc_score, step_reward."),
     objective: Optional[str] = typer.Option(None, "--objective", help="bce, mse or bt (pairs, orm)."),
     learning_rate: Optional[float] = typer.Option(None, "--learning-rate", help="Peak learning rate."),
     num_train_epochs: Optional[float] = typer.Option(None, "--num-train-epochs", help="Passes over the data."),

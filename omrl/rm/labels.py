@@ -11,7 +11,8 @@ each. Labels, by kind:
 - ``prm`` + ``mc``: each assistant turn's Monte Carlo value: the mean over its tree node's
   sampled continuations of their values, a finished path counting 1 when won
   (Math-Shepherd, Wang et al. 2024); needs trees (``omrl rollout --strategy mc_value``, or
-  any search).
+  any search). ``mc_score`` is the same with each path's final env score in place of its win
+  (partial credit, for envs where wins are rare).
 - ``prm`` + ``step_reward``: each turn's env step reward.
 
 Unfinished paths (``pruned``, ``budget``) and env failures (``env_error``) carry no
@@ -30,7 +31,7 @@ from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
 from omrl.rm.model import encode_episode_text
 
-LABELS = {"orm": ("success", "score"), "prm": ("mc", "step_reward")}
+LABELS = {"orm": ("success", "score"), "prm": ("mc", "mc_score", "step_reward")}
 NO_OUTCOME = ("pruned", "budget", "env_error")
 
 
@@ -59,7 +60,7 @@ class Pair:
 def check_label(kind: str, label: str) -> None:
     """LabelError unless ``label`` is one that ``kind`` is trained on."""
     if label not in LABELS.get(kind, ()):
-        valid = ", ".join(f"{k}: {', '.join(v)}" for k, v in LABELS.items())
+        valid = "; ".join(f"{k}: {', '.join(v)}" for k, v in LABELS.items())
         raise LabelError(f"label {label!r} is not one a {kind!r} reward model is trained on; valid ({valid})")
 
 
@@ -77,8 +78,8 @@ def examples(episodes: Sequence[Episode], kind: str, label: str, source: str, ma
     played = [ep for ep in played if len(layout[id(ep)][1]) == len(ep.turns)]
     if kind == "orm":
         out = [ex for ep in played if (ex := _orm_example(ep, label, *layout[id(ep)])) is not None]
-    elif label == "mc":
-        out = _mc_examples(played, episodes, source, layout)
+    elif label in ("mc", "mc_score"):
+        out = _mc_examples(played, episodes, source, layout, score=label == "mc_score")
     else:
         out = [_step_reward_example(ep, *layout[id(ep)]) for ep in played]
     if not out:
@@ -150,7 +151,7 @@ def _step_reward_example(ep: Episode, ids: list[int], ends: list[int]) -> Exampl
 
 
 def _mc_examples(played: Sequence[Episode], episodes: Sequence[Episode], source: str,
-                 layout: dict[int, tuple[list[int], list[int]]]) -> list[Example]:
+                 layout: dict[int, tuple[list[int], list[int]]], score: bool = False) -> list[Example]:
     """Each tree node's MC value, labelled once: on the first path (in file order) that passes it."""
     from omrl.rm.labels_mc import tree_mc_means
 
@@ -161,7 +162,7 @@ def _mc_examples(played: Sequence[Episode], episodes: Sequence[Episode], source:
     by_task: dict[tuple, list[Episode]] = defaultdict(list)
     for ep in episodes:
         by_task[(ep.env, ep.split, ep.task_id)].append(ep)
-    values = {key: tree_mc_means(group) for key, group in by_task.items()}
+    values = {key: tree_mc_means(group, score) for key, group in by_task.items()}
     seen: set[tuple] = set()
     out = []
     for ep in played:

@@ -66,9 +66,10 @@ def tree_mc_values(episodes: Sequence[Episode]) -> dict[tuple[int, int], tuple[i
     return counts
 
 
-def tree_mc_means(episodes: Sequence[Episode]) -> dict[tuple[int, int], float]:
+def tree_mc_means(episodes: Sequence[Episode], score: bool = False) -> dict[tuple[int, int], float]:
     """``(group, node_id) -> value``: the mean value of a node's children, a finished leaf's value being
-    1 when its path won and 0 otherwise (Math-Shepherd's share of successful completions from a step).
+    1 when its path won and 0 otherwise (Math-Shepherd's share of successful completions from a step),
+    or with ``score`` the env's final score of its path (for envs with partial credit, where wins are rare).
 
     Each sampled continuation weighs the same: a ``mc_value`` spine node's value is the
     mean of its k completions' outcomes and the spine's own next node's value, however
@@ -91,7 +92,7 @@ def tree_mc_means(episodes: Sequence[Episode]) -> dict[tuple[int, int], float]:
         for turn in nodes:
             children[(ep.group, turn.parent_id)].add(turn.node_id)
         if nodes and ep.end_reason not in UNFINISHED:
-            outcome[(ep.group, nodes[-1].node_id)] = float(bool(ep.won))
+            outcome[(ep.group, nodes[-1].node_id)] = float(ep.score) if score else float(bool(ep.won))
     values: dict[tuple[int, int], float | None] = {}
 
     def value(key: tuple[int, int]) -> float | None:
