@@ -161,12 +161,6 @@ def collate(rows: Sequence[Row], pad_token_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "labels": labels, "position_ids": position_ids}
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed cross-entropy over labelled positions; logits [bs, L, V], labels [bs, L] (already shifted)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
-
-
 def fingerprint(rows: Sequence[Row]) -> str:
     """A hash of every row's ids and labels: resuming on changed data is refused."""
     digest = hashlib.sha256()

@@ -9,6 +9,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from omrl.training.logits import entropy_from_logits, token_log_probs
+from omrl.training.packing import IGNORE_INDEX
 from omrl.training.shared_prefix import SharedPrefix
 
 
@@ -124,6 +125,26 @@ def _place(values: torch.Tensor, chosen: torch.Tensor, start: int = 0) -> torch.
     full = values.new_zeros(chosen.shape)
     full[chosen] = values
     return _align(full, start)
+
+
+def labelled_nll_sum(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                     labels: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy of the labelled positions (SFT's loss before its normalisation): a scalar.
+
+    ``labels`` [bs, L] are already shifted (``labels[:, t]`` is the token after position t, -100 where
+    nothing is trained). The LM head and the softmax run only at labelled positions, in recomputed
+    chunks: an agent conversation trains on its replies, a fraction of its tokens, and the
+    vocabulary-sized logits of every position would dominate memory. Models whose logits are not
+    ``head(last hidden state)`` take the plain path on full logits.
+    """
+    head = _output_head(model)
+    out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                output_hidden_states=head is not None, **({"logits_to_keep": 1} if head is not None else {}))
+    chosen = labels != IGNORE_INDEX
+    if head is None:
+        return torch.nn.functional.cross_entropy(out.logits.float()[chosen], labels[chosen], reduction="sum")
+    log_probs, _ = _head_stats(head, out.hidden_states[-1][chosen], labels[chosen], 1.0, False)
+    return -log_probs.sum()
 
 
 def sequence_log_prob(model: nn.Module, mb, temperature: float = 1.0) -> torch.Tensor:

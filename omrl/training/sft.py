@@ -38,7 +38,8 @@ from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_
 from omrl.training.model_setup import load_trainable_model, save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.packing import (IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows,
-                                   token_loss_sum, tokenize_conversations)
+                                   tokenize_conversations)
+from omrl.training.policy import labelled_nll_sum
 
 
 
@@ -163,7 +164,7 @@ class SftRecipe:
             loss_value, finite = 0.0, True
             for batch in strategy.micro_batches(batches, idle=self._forward):
                 batch = {k: v.to(self.device) for k, v in batch.items()}
-                loss = token_loss_sum(self._forward(batch), batch["labels"]) / label_tokens
+                loss = self._forward(batch) / label_tokens
                 # backward even when not finite (the step is skipped below): when sharded every process
                 # must take part in each backward's collectives
                 strategy.backward(loss)
@@ -201,12 +202,16 @@ class SftRecipe:
                 "output_dir": str(self.output_dir)}
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The logits of a micro-batch, through the strategy (a forward it counts)."""
-        return self.strategy.forward(self._logits, batch)
+        """A micro-batch's summed token loss, through the strategy (a forward it counts)."""
+        return self.strategy.forward(self._loss_sum, batch)
 
-    def _logits(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        labels = batch.get("labels")
+        if labels is None:  # a sharded strategy's idle row carries a loss mask, not labels
+            labels = torch.where(batch["loss_mask"][:, 1:].bool(), batch["input_ids"][:, 1:], IGNORE_INDEX)
+            labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
-            return self.model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits
+            return labelled_nll_sum(self.model, batch["input_ids"], batch["position_ids"], labels)
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""

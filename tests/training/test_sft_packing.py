@@ -7,7 +7,8 @@ import torch
 from omrl.chat import encode_conversation
 from omrl.datasets import Conversation, record_to_conversation
 from omrl.training.packing import (IGNORE_INDEX, collate, micro_batches, pack_rows, shifted_labels,
-                                   token_loss_sum, tokenize_conversations)
+                                   tokenize_conversations)
+from omrl.training.policy import labelled_nll_sum
 
 from .sample_data import agent_records
 
@@ -89,12 +90,31 @@ def test_micro_batches_group_similar_lengths_and_collate_pads_safely():
     assert batch["position_ids"][0].tolist() == list(range(8))  # padding continues the positions
 
 
-def test_token_loss_sum_ignores_unlabelled_positions():
-    logits = torch.randn(1, 4, 5)
-    labels = torch.tensor([[IGNORE_INDEX, 2, IGNORE_INDEX, 4]])
-    expected = -(logits.log_softmax(-1)[0, 1, 2] + logits.log_softmax(-1)[0, 3, 4])
-    assert torch.allclose(token_loss_sum(logits, labels), expected)
+def test_shifted_labels_are_the_next_token_under_the_mask():
     assert shifted_labels([5, 6, 7, 8], [0, 0, 1, 1]) == [IGNORE_INDEX, 7, 8, IGNORE_INDEX]
+
+
+def test_the_loss_on_labelled_positions_only_equals_cross_entropy_on_full_logits(tiny_model):
+    """The LM head runs only where labels are; loss and gradients match the full-vocabulary path."""
+    model, tok = tiny_model
+    rows, _, _ = tokenize_conversations(tok, _conversations(3), max_seq_length=1024)
+    batch = collate(rows, pad_token_id=tok.pad_token_id)
+    args = (batch["input_ids"], batch["position_ids"])
+
+    model.zero_grad()
+    logits = model(input_ids=args[0], position_ids=args[1], use_cache=False).logits.float()
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1),
+                                                 ignore_index=IGNORE_INDEX, reduction="sum")
+    expected.backward()
+    expected_grads = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    got = labelled_nll_sum(model, *args, batch["labels"])
+    got.backward()
+    assert torch.allclose(got, expected, rtol=1e-5)
+    for p, want in zip(model.parameters(), expected_grads):
+        assert torch.allclose(p.grad, want, rtol=1e-4, atol=1e-6)
+    model.zero_grad()
 
 
 def test_a_huge_message_is_cut_before_tokenizing_to_the_same_row(tiny_model):

@@ -52,14 +52,15 @@ def test_lora_run_saves_a_merged_model_that_loads_plainly(sft_config, tiny_model
 
 
 def _nan_on_calls(model, calls):
-    """Make the logits NaN on the given forward calls (counted from 1)."""
+    """Make the last hidden state NaN on the given forward calls (counted from 1). The hook sits on the
+    decoder's final norm, which runs once a forward (the LM head runs once per chunk of labelled tokens)."""
     seen = {"n": 0}
 
     def hook(module, inputs, output):
         seen["n"] += 1
         return output * float("nan") if seen["n"] in calls else output
 
-    model.get_output_embeddings().register_forward_hook(hook)
+    model.get_decoder().norm.register_forward_hook(hook)
 
 
 def test_a_nan_step_is_skipped_and_counted(sft_config):
