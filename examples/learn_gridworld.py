@@ -27,7 +27,7 @@ from pathlib import Path
 
 from omrl.config import load_config
 from omrl.data import write_episodes
-from omrl.atomic import atomic_write_text
+from omrl.atomic import atomic_save_figure, atomic_write_text
 from omrl.evaluation import evaluate
 from omrl.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.rollout import RolloutSession
@@ -169,9 +169,7 @@ def plot(summary: dict, path: Path) -> None:
     ax.set_title("tiny model on gridworld: SFT, then GRPO")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    tmp.replace(path)
+    atomic_save_figure(fig, path)
     plt.close(fig)
 
 

@@ -66,7 +66,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from omrl.atomic import atomic_write_text
+from omrl.atomic import atomic_save_figure, atomic_write_text
 from omrl.errors import ConfigError
 from omrl.threads import configure_threads
 
@@ -223,9 +223,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"{results['settings']['model']} on WebShop: SFT, then GRPO")
     ax.legend(loc="upper left")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    tmp.replace(path)
+    atomic_save_figure(fig, path)
     plt.close(fig)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -43,6 +44,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` (UTF-8) through a temporary file, fsync and a rename."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_save_figure(figure, path: str | os.PathLike, dpi: int = 100) -> None:
+    """Save a matplotlib ``figure`` as a PNG at ``path``, whole or not at all (the figure stays open)."""
+    image = io.BytesIO()
+    figure.savefig(image, format="png", dpi=dpi)
+    atomic_write_bytes(path, image.getvalue())
 
 
 def atomic_write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: int | None = None) -> None:

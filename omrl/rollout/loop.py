@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import encode_text, next_turn_ids, prompt_ids
 from omrl.data.trajectory import Episode, Turn
-from omrl.envs import DemoTurn, Env, StepResult, clean_text, reset_problem, step_problem
+from omrl.envs import DemoTurn, Env, Observation, StepResult, clean_text, reset_problem, step_problem
 from omrl.errors import OmrlError
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
@@ -162,27 +162,42 @@ def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tupl
     states = []
     for env, (group, sample, task), first in zip(envs, started, firsts):
         ep = Episode(env=pool.name, task_id=task, split=split, instruction="", group=group, sample=sample)
-        problem = None if isinstance(first, BaseException) else reset_problem(first)
-        if isinstance(first, BaseException) or problem:
-            ep.error = f"reset failed: {type(first).__name__}: {first}" if problem is None else \
-                f"reset failed: env {pool.name!r} {problem}"
-            states.append(_Live(ep, env, {}, [], "", end="env_error", broken=problem is None))
+        opened = open_episode(ep, env, first, template, tokenizer, pool.name, demonstration)
+        if opened is None:
+            states.append(_Live(ep, env, {}, [], "", end="env_error", broken=isinstance(first, BaseException)))
             continue
-        ep.instruction = clean_text(first.instruction)
-        observation = clean_text(first.text) or EMPTY_OBSERVATION
-        # the first user message is the instruction plus the first observation (once: some envs repeat it)
-        user = observation if ep.instruction in observation else f"{ep.instruction}\n\n{observation}"
-        demo = demonstration_messages(template, env, env.demonstration) if demonstration else []
-        ep.demo_messages = len(demo)
-        messages = [{"role": "system", "content": template.system_prompt(env)}, *demo, {"role": "user", "content": user}]
-        kwargs = template.chat_template_kwargs(env)
-        ids = prompt_ids(tokenizer, messages, **kwargs)
-        ep.token_ids, ep.loss_mask, ep.logprobs = ids, [0] * len(ids), [0.0] * len(ids)
-        ep.prompt_length = len(ids)
+        messages, kwargs, observation = opened
         # at least one generated token must fit, or the episode cannot start
-        end = "max_context" if len(ids) >= max_context else None
+        end = "max_context" if len(ep.token_ids) >= max_context else None
         states.append(_Live(ep, env, kwargs, messages, observation, end=end))
     return states
+
+
+def open_episode(ep: Episode, env: Env, first: Observation | BaseException, template: Template, tokenizer: Any,
+                 env_name: str, demonstration: bool) -> tuple[list[dict[str, str]], dict, str] | None:
+    """Fill ``ep``'s instruction and first prompt (ids, masks) from the env's reset answer ``first``.
+
+    Returns the chat so far, the template's chat-template kwargs and the first observation; or None,
+    with ``ep.error`` set, when the reset failed or answered something unusable. Chains and search
+    trees open their episodes here, so a search path starts with the chain's exact ids.
+    """
+    problem = None if isinstance(first, BaseException) else reset_problem(first)
+    if isinstance(first, BaseException) or problem:
+        ep.error = f"reset failed: {type(first).__name__}: {first}" if problem is None else \
+            f"reset failed: env {env_name!r} {problem}"
+        return None
+    ep.instruction = clean_text(first.instruction)
+    observation = clean_text(first.text) or EMPTY_OBSERVATION
+    # the first user message is the instruction plus the first observation (once: some envs repeat it)
+    user = observation if ep.instruction in observation else f"{ep.instruction}\n\n{observation}"
+    demo = demonstration_messages(template, env, env.demonstration) if demonstration else []
+    ep.demo_messages = len(demo)
+    messages = [{"role": "system", "content": template.system_prompt(env)}, *demo, {"role": "user", "content": user}]
+    kwargs = template.chat_template_kwargs(env)
+    ids = prompt_ids(tokenizer, messages, **kwargs)
+    ep.token_ids, ep.loss_mask, ep.logprobs = ids, [0] * len(ids), [0.0] * len(ids)
+    ep.prompt_length = len(ids)
+    return messages, kwargs, observation
 
 
 def _expert_replies(pool: EnvPool, template: Template, tokenizer: Any, live: list[_Live],

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from omrl.backends.base import Generation
-from omrl.chat import next_turn_ids, prompt_ids
+from omrl.chat import next_turn_ids
 from omrl.data.trajectory import Episode
-from omrl.envs import Env, Observation, StepResult, clean_text, reset_problem
-from omrl.rollout.loop import EMPTY_OBSERVATION, append_reply, apply_step_result, demonstration_messages
+from omrl.envs import Env, Observation, StepResult
+from omrl.rollout.loop import append_reply, apply_step_result, open_episode
 from omrl.search.tree import Node, copy_episode
 from omrl.templates import Template
 
@@ -41,24 +41,12 @@ def root_node(env: Env, first: Observation | BaseException, template: Template, 
               task_id: int, split: str, group: int, max_context: int, demonstration: bool) -> tuple[Node, dict]:
     """The root of a task's tree (the prompt alone) and the chat-template kwargs of its chats."""
     ep = Episode(env=env_name, task_id=task_id, split=split, instruction="", group=group)
-    problem = None if isinstance(first, BaseException) else reset_problem(first)
-    if isinstance(first, BaseException) or problem:
-        ep.error = f"reset failed: {type(first).__name__}: {first}" if problem is None else \
-            f"reset failed: env {env_name!r} {problem}"
+    opened = open_episode(ep, env, first, template, tokenizer, env_name, demonstration)
+    if opened is None:
         ep.end_reason = "env_error"
         return Node(0, None, ep, [], "", end="env_error"), {}
-    ep.instruction = clean_text(first.instruction)
-    observation = clean_text(first.text) or EMPTY_OBSERVATION
-    # as the chain rollout: the instruction plus the first observation, once
-    user = observation if ep.instruction in observation else f"{ep.instruction}\n\n{observation}"
-    demo = demonstration_messages(template, env, env.demonstration) if demonstration else []
-    ep.demo_messages = len(demo)
-    messages = [{"role": "system", "content": template.system_prompt(env)}, *demo, {"role": "user", "content": user}]
-    kwargs = template.chat_template_kwargs(env)
-    ids = prompt_ids(tokenizer, messages, **kwargs)
-    ep.token_ids, ep.loss_mask, ep.logprobs = ids, [0] * len(ids), [0.0] * len(ids)
-    ep.prompt_length = len(ids)
-    end = "max_context" if len(ids) >= max_context else None
+    messages, kwargs, observation = opened
+    end = "max_context" if len(ep.token_ids) >= max_context else None
     if end:
         ep.end_reason, ep.messages = end, [dict(m) for m in messages]
     return Node(0, None, ep, messages, observation, end=end), kwargs

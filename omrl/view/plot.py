@@ -6,11 +6,10 @@ when plotting, and its absence is one clear error.
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
-from omrl.atomic import atomic_write_bytes
+from omrl.atomic import atomic_save_figure
 from omrl.errors import OmrlError
 from omrl.view.metrics import columns, panels, read_metrics_file
 from omrl.view.sources import Problem, discover
@@ -66,9 +65,7 @@ def plot_run(run: str | os.PathLike, out_dir: str | os.PathLike | None = None, o
             axes.legend(fontsize=8)
         figure.tight_layout()
         path = target / f"{panel['name']}.png"
-        image = io.BytesIO()
-        figure.savefig(image, format="png", dpi=dpi)
-        atomic_write_bytes(path, image.getvalue())  # a crash never leaves a half-written PNG
+        atomic_save_figure(figure, path, dpi)  # a crash never leaves a half-written PNG
         plt.close(figure)
         written.append(path)
     return written, problems
