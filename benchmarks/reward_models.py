@@ -43,9 +43,10 @@ by the ORM 53.1% against a random pick's 18.2% (+35.0 +- 4.7 points paired, 7.4 
 the shortest episode alone gets 46.9%. At 384 tokens: best-of-4 by the ORM 40.6%, PRM-guided beam
 37.5% (no difference), ORM-guided beam 21.9%. GRPO on the ORM alone: ORM score 0.25 -> 0.83 while
 held-out success fell 16.0% -> 2.3% (empty replies end episodes early, which the ORM scores high).
-WebShop (12 test goals, 800 tokens a goal): best-of-4 by the ORM scores 0.562 against a random pick's
-0.209 and the oracle's 0.579; PRM-guided beam 0.457 (+0.248 +- 0.079 over random, -0.106 +- 0.087
-against the ORM's pick), no goal won by any.
+WebShop, ORM on 12 test goals x 16 chains: AUC 0.963; best-of-8 score 0.593 against a random pick's
+0.269 (+0.324 +- 0.041), success 0 at every N (the oracle's 25% at N=16). At 800 tokens a goal:
+best-of-4 by the ORM scores 0.562 against a random pick's 0.209 and the oracle's 0.579; PRM-guided
+beam 0.457 (+0.248 +- 0.079 over random, -0.106 +- 0.087 against the ORM's pick), no goal won.
 """
 
 from __future__ import annotations
