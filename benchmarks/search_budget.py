@@ -32,6 +32,9 @@ section has the tables:
   best_of_n 35.9%, beam 35.9%, dfsdt 40.6%, mcts 40.6% (standard errors about 6 points):
   no search beats best_of_n by 2 SE on success; mcts does on mean score (+0.21, 2.9 SE).
   A 16-task run had shown mcts at 62.5%: noise.
+- gridworld, all 500 test tasks at 384 (``--gridworld-tasks 500 --gridworld-budgets 384 --strategies
+  chain,best_of_n,mcts``, results in ``gridworld-500/``): 40 min. best_of_n 39.2%, mcts 37.8% (-1.4 +-
+  2.4 paired): no difference on success; mcts +0.151 +- 0.020 on mean score with 13% fewer tokens.
 - webshop, 2 tasks, every strategy at 256 and 512 tokens: 22 min of cells; smollm2-135m wins
   nothing and scores 0 in every cell. The default size (4 tasks) takes about twice that.
 """
