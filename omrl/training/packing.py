@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from omrl.chat import encode_conversation
 from omrl.datasets import Conversation

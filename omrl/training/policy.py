@@ -1,4 +1,5 @@
-"""The policy's forward pass for RL: per-token log-probs, entropy and values, aligned with input_ids."""
+"""The policy's forward pass: per-token log-probs, entropy and values for RL, aligned with input_ids;
+and SFT's summed loss on labelled tokens. Both run the LM head only where tokens are trained."""
 
 from __future__ import annotations
 

@@ -206,12 +206,8 @@ class SftRecipe:
         return self.strategy.forward(self._loss_sum, batch)
 
     def _loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        labels = batch.get("labels")
-        if labels is None:  # a sharded strategy's idle row carries a loss mask, not labels
-            labels = torch.where(batch["loss_mask"][:, 1:].bool(), batch["input_ids"][:, 1:], IGNORE_INDEX)
-            labels = torch.nn.functional.pad(labels, (0, 1), value=IGNORE_INDEX)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
-            return labelled_nll_sum(self.model, batch["input_ids"], batch["position_ids"], labels)
+            return labelled_nll_sum(self.model, batch["input_ids"], batch["position_ids"], batch["labels"])
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""
