@@ -17,6 +17,8 @@ from typing import Any
 from omrl.config import load_config
 from omrl.data import write_episodes
 from omrl.data.trajectory import Episode
+from omrl.model_delta import export_low_rank_delta, file_digest
+from omrl.models import WEBSHOP_DELTA, resolve_model_path
 from omrl.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
@@ -30,6 +32,10 @@ ENV = ["env.name=webshop", "env.template=react", "env.max_turns=8", "env.demonst
 GENERATION = ["generation.max_new_tokens=48", "generation.max_context=2048", "generation.batch_size=64"]
 RL_REWARD = "{goal: 1.0, format: 0.1}"  # WebShop's score (partial credit); the format term keeps replies parseable
 LORA_LR_SCALE = 10  # LoRA's low-rank updates need about 10x the learning rate of full fine-tuning
+# The SFT model is shipped as the built-in smollm2-135m-webshop: the top DELTA_RANK singular directions
+# of its weight change (chosen by measurement: see the docstring of examples/learn_webshop.py)
+DELTA_RANK = 32
+DELTA_FILE = "sft.delta.safetensors"
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,19 @@ def sft_stage(data: Path, out: Path, size: Size, seed: int, lora_rank: int = 0) 
     records = read_metrics(out)
     return {"steps": summary["steps"], "first_loss": records[0]["loss"] if records else None,
             "final_loss": summary["final_loss"], "tokens_per_s": _mean(r["tokens_per_s"] for r in records)}
+
+
+def delta_stage(sft: Path, size: Size) -> dict[str, Any]:
+    """The SFT model's change from its base as a rank-``DELTA_RANK`` delta file beside it, and whether it is
+    byte-for-byte the one omrl ships as ``smollm2-135m-webshop`` (only a full-size run can be)."""
+    from safetensors.torch import load_file
+
+    base = load_file(Path(resolve_model_path(size.model)) / "model.safetensors")
+    tuned = load_file(sft / "model.safetensors")
+    kept = export_low_rank_delta(base, tuned, sft.parent / DELTA_FILE, DELTA_RANK, base_name=size.model)
+    digest = file_digest(sft.parent / DELTA_FILE)
+    return {**kept, "rank": DELTA_RANK, "sha256": digest,
+            "same_as_shipped": WEBSHOP_DELTA.exists() and digest == file_digest(WEBSHOP_DELTA)}
 
 
 def rl_stage(sft: Path, out: Path, size: Size, seed: int, reward: str = RL_REWARD) -> dict[str, Any]:

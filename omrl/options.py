@@ -20,7 +20,8 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
 
 @dataclass
 class ModelConfig:
-    name: str = opt("smollm2-135m", "Built-in name (smollm2-135m, tiny), local HF directory or hub id.")
+    name: str = opt("smollm2-135m", "Built-in name (smollm2-135m, smollm2-135m-webshop, tiny), local HF directory "
+                    "or hub id.")
     dtype: str = opt("float32", "Weights dtype: float32, bfloat16, float16.")
     trust_remote_code: bool = opt(False, "Run code shipped with the model (off unless asked for).")
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")

@@ -137,3 +137,24 @@ def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
     preset.write_bytes("description: caf\xe9\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=r"latin1.yaml is not UTF-8 text \(byte 16\)"):
         load_config(TrainRunConfig, preset)
+
+
+def test_the_webshop_presets_start_from_the_webshop_model_and_other_envs_from_its_base():
+    from rich.console import Console
+
+    from omrl.cli.train_cmd import start_from_base_outside_its_env
+
+    console = Console(record=True, width=200)
+    for preset in ("grpo", "ppo", "dpo"):
+        cfg = load_config(TrainRunConfig, preset)
+        assert (cfg.model.name, cfg.env.name, cfg.env.demonstration) == ("smollm2-135m-webshop", "webshop", False)
+        start_from_base_outside_its_env(cfg, None, [], console)  # webshop itself: unchanged
+        assert cfg.model.name == "smollm2-135m-webshop"
+    cfg = load_config(TrainRunConfig, "grpo", ["env.name=gridworld"])
+    start_from_base_outside_its_env(cfg, None, [], console)
+    assert (cfg.model.name, cfg.env.demonstration) == ("smollm2-135m", True)
+    assert "fine-tuned for webshop, not gridworld" in console.export_text()
+    cfg = load_config(TrainRunConfig, "grpo", ["env.name=gridworld", "env.demonstration=false"],
+                      {"model.name": "smollm2-135m-webshop"})
+    start_from_base_outside_its_env(cfg, "smollm2-135m-webshop", ["env.demonstration=false"], console)
+    assert (cfg.model.name, cfg.env.demonstration) == ("smollm2-135m-webshop", False)  # asked for: kept

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from safetensors.torch import load_file
+
 from omrl.errors import ConfigError
+from omrl.model_delta import apply_low_rank_delta, file_digest
+from omrl.models import resolve_model_path
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "learn_webshop.py"
 
@@ -64,11 +68,30 @@ def test_the_run_writes_its_results_and_resumes(toy_run):
     assert {target["met"] for target in results["targets"].values()} <= {True, False}
     assert json.loads((out / "results.json").read_text()) == results
     assert (out / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the SFT model's change as a delta file (the full run's is the shipped smollm2-135m-webshop)
+    delta = results["stages"]["sft"]["delta"]
+    assert delta["rank"] == example.ws.DELTA_RANK and 0 < delta["kept"] <= 1 and not delta["same_as_shipped"]
+    assert file_digest(out / example.ws.DELTA_FILE) == delta["sha256"]
+    rebuilt = apply_low_rank_delta(load_file(f"{resolve_model_path('tiny')}/model.safetensors"),
+                                   out / example.ws.DELTA_FILE)
+    tuned = load_file(out / "sft" / "model.safetensors")
+    moved = max(float((tuned[k] - rebuilt[k]).abs().max()) for k in tuned)
+    assert moved < max(float((tuned[k] - v).abs().max()) for k, v in load_file(
+        f"{resolve_model_path('tiny')}/model.safetensors").items())  # nearer the SFT model than the base is
 
     again = example.main(out, example.ws.TOY)  # every stage finished: nothing runs again
     assert again["stages"] == results["stages"]
     with pytest.raises(ConfigError, match="eval_goals: 10 -> 5"):
         example.main(out, dataclasses.replace(example.ws.TOY, eval_goals=5))
+
+
+@pytest.mark.slow
+def test_the_sft_stage_rebuilds_its_delta_byte_for_byte(toy_run, tmp_path):
+    """The shipped smollm2-135m-webshop is rebuilt by `--stage sft`; at toy size, a second run of the
+    same stages in another folder gives a delta with the same bytes."""
+    example, _, results = toy_run
+    again = example.main(tmp_path / "again", example.ws.TOY, stage="sft")
+    assert again["stages"]["sft"]["delta"]["sha256"] == results["stages"]["sft"]["delta"]["sha256"]
 
 
 def _sampled_log_probs(model_dir: Path, episodes) -> list[float]:

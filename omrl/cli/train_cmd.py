@@ -41,6 +41,7 @@ def train(
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algorithm.name}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
+    start_from_base_outside_its_env(cfg, model, args or [], console)
     console.print(f"omrl train: {cfg.algorithm.name} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
                   f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}", highlight=False)
     summary = stop_on_interrupt(lambda: run_rl(cfg, console=console), err_console)
@@ -50,8 +51,25 @@ def train(
     for key, value in summary.items():
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console(quiet=not is_main_process()).print(table)
-    console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False)
+    same_prompts = "" if cfg.env.demonstration else " env.demonstration=false"  # as it was trained
+    console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}{same_prompts}",
+                  highlight=False)
     console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False)
+
+
+def start_from_base_outside_its_env(cfg, model_flag: str | None, overrides: list[str], console) -> None:
+    """The presets start WebShop from the WebShop-tuned built-in model, on the prompts it was tuned on
+    (no worked example). ``--env`` naming another env without ``--model`` starts from that model's
+    base instead, with the env's worked example back (unless set), and says so."""
+    from omrl.models import tuned_for
+
+    tuned = tuned_for(cfg.model.name)
+    if model_flag is None and tuned is not None and tuned[0] != cfg.env.name:
+        console.print(f"model: {tuned[1]} ({cfg.model.name}, the preset's model, is fine-tuned for {tuned[0]}, "
+                      f"not {cfg.env.name}; --model chooses)", highlight=False)
+        cfg.model.name = tuned[1]
+        if not any(item.startswith("env.demonstration=") for item in overrides):
+            cfg.env.demonstration = True
 
 
 def add_to(app: typer.Typer) -> None:

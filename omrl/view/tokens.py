@@ -22,7 +22,7 @@ from omrl.view.sources import TOKENIZER_FILE, RunSource
 # Where omrl.models keeps built-in models and the tiny model's tokenizer. Not imported from
 # there because omrl.models imports torch.
 _TINY_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tiny_tokenizer" / TOKENIZER_FILE
-_BUILTINS = ("tiny", "smollm2-135m")
+_BUILTINS = ("tiny", "smollm2-135m", "smollm2-135m-webshop")
 
 
 class TokenText:
