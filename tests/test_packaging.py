@@ -35,3 +35,13 @@ def test_readme_opens_with_the_two_commands_ci_runs():
     assert "omrl train --algo grpo --env webshop" in main_job
     assert "pytest" in tests
     assert tests in ci, "CI must run the README's test command as written"
+
+
+def test_every_asset_file_is_package_data():
+    """omrl/assets (the tiny tokenizer, the smollm2-135m-webshop delta) reaches the wheel."""
+    from fnmatch import fnmatch
+
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["omrl"]
+    assets = [p.relative_to(REPO / "omrl").as_posix() for p in (REPO / "omrl" / "assets").rglob("*") if p.is_file()]
+    assert "assets/smollm2-135m-webshop.delta.safetensors" in assets
+    assert [a for a in assets if not any(fnmatch(a, pattern) for pattern in patterns)] == []
