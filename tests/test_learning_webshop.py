@@ -162,16 +162,30 @@ def test_the_targets_are_judged_as_the_issue_states_them(tmp_path):
                         for name, values in (("base", [0.0] * 100), ("sft", sft), ("rl", rl))}}
     targets = example.verdicts(results)
     assert targets["sft_success"]["met"] and targets["sft_success"]["measured"] == pytest.approx(0.30)
-    assert targets["rl_gain"]["met"] and targets["rl_gain"]["measured"] == pytest.approx(0.10)
-    assert targets["rl_gain"]["se"] == pytest.approx(0.0302, abs=1e-4)
+    for mode in ("sampled", "greedy"):
+        gain = targets[f"rl_gain_{mode}"]
+        assert gain["met"] and gain["measured"] == pytest.approx(0.10) and gain["score_gain"] == pytest.approx(0.10)
+        assert gain["se"] == pytest.approx(0.0302, abs=1e-4)
     assert not targets["total_time"]["met"] and targets["total_time"]["measured"] == pytest.approx(7505 / 3600)
 
     results["eval"]["rl"]["sampled"] = _evaluation([1.0] * 33 + [0.0] * 67)  # +3 points: about 1.7 SE
-    assert not example.verdicts(results)["rl_gain"]["met"]
+    judged = example.verdicts(results)
+    assert not judged["rl_gain_sampled"]["met"] and judged["rl_gain_greedy"]["met"]
+    score_only = _evaluation([1.0] * 40 + [0.0] * 60)
+    score_only["per_goal"]["score"] = sft  # success up, score not: the issue asks for both
+    results["eval"]["rl"]["greedy"] = score_only
+    assert not example.verdicts(results)["rl_gain_greedy"]["met"]
     results["targets"] = targets
     text = example.report(results)
     assert "greedy success after SFT >= 25%: measured 30.0% +- 5.0 -> MET" in text
+    assert "greedy: success and mean score after RL above SFT by > 2 SE (paired over goals): measured success " \
+           "+10.0 points, SE 3.0; score +0.100, SE 0.030 -> MET" in text
     assert "whole run within 2 hours: measured 2.08 h -> MISSED" in text
+
+    # a stopped eval stage: only what was evaluated is judged
+    partial = {**results, "stages": {k: v for k, v in results["stages"].items() if k != "eval"},
+               "eval": {"sft": {"greedy": _evaluation(sft)}, "rl": {"greedy": _evaluation(rl)}}}
+    assert set(example.verdicts(partial)) == {"sft_success", "rl_gain_greedy"}
 
     example.plot(results, tmp_path / "success.png")
     assert (tmp_path / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
