@@ -17,6 +17,7 @@ from typing import Any
 from omrl.config import load_config
 from omrl.data import write_episodes
 from omrl.data.trajectory import Episode
+from omrl.errors import ConfigError
 from omrl.model_delta import export_low_rank_delta, file_digest
 from omrl.models import WEBSHOP_DELTA, resolve_model_path
 from omrl.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
@@ -106,11 +107,15 @@ def delta_stage(sft: Path, size: Size) -> dict[str, Any]:
     byte-for-byte the one omrl ships as ``smollm2-135m-webshop`` (only a full-size run can be)."""
     from safetensors.torch import load_file
 
-    base = load_file(Path(resolve_model_path(size.model)) / "model.safetensors")
-    tuned = load_file(sft / "model.safetensors")
+    started = time.perf_counter()
+    files = [Path(resolve_model_path(size.model)) / "model.safetensors", sft / "model.safetensors"]
+    if missing := [str(f) for f in files if not f.is_file()]:
+        raise ConfigError(f"the delta needs both models as one local model.safetensors each; missing: "
+                          f"{', '.join(missing)} (a hub id or a sharded checkpoint cannot be used here)")
+    base, tuned = (load_file(f) for f in files)
     kept = export_low_rank_delta(base, tuned, sft.parent / DELTA_FILE, DELTA_RANK, base_name=size.model)
     digest = file_digest(sft.parent / DELTA_FILE)
-    return {**kept, "rank": DELTA_RANK, "sha256": digest,
+    return {**kept, "rank": DELTA_RANK, "sha256": digest, "seconds": time.perf_counter() - started,
             "same_as_shipped": WEBSHOP_DELTA.exists() and digest == file_digest(WEBSHOP_DELTA)}
 
 

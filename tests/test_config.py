@@ -139,22 +139,30 @@ def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
         load_config(TrainRunConfig, preset)
 
 
-def test_the_webshop_presets_start_from_the_webshop_model_and_other_envs_from_its_base():
+def test_the_webshop_presets_start_from_the_webshop_model_and_other_envs_from_its_base(tmp_path):
     from rich.console import Console
 
     from omrl.cli.train_cmd import start_from_base_outside_its_env
+    from omrl.config import command_line_config
 
     console = Console(record=True, width=200)
+
+    def train_config(args, model=None, env=None):  # as `omrl train ARGS --model M --env E` builds it
+        cfg = command_line_config(TrainRunConfig, args, {"model.name": model, "env.name": env}, "grpo")
+        start_from_base_outside_its_env(cfg, args, model, console)
+        return cfg.model.name, cfg.env.demonstration
+
     for preset in ("grpo", "ppo", "dpo"):
         cfg = load_config(TrainRunConfig, preset)
         assert (cfg.model.name, cfg.env.name, cfg.env.demonstration) == ("smollm2-135m-webshop", "webshop", False)
-        start_from_base_outside_its_env(cfg, None, [], console)  # webshop itself: unchanged
-        assert cfg.model.name == "smollm2-135m-webshop"
-    cfg = load_config(TrainRunConfig, "grpo", ["env.name=gridworld"])
-    start_from_base_outside_its_env(cfg, None, [], console)
-    assert (cfg.model.name, cfg.env.demonstration) == ("smollm2-135m", True)
+        assert train_config([preset]) == ("smollm2-135m-webshop", False)  # webshop itself: unchanged
+    assert train_config([], env="gridworld") == ("smollm2-135m", True)
     assert "fine-tuned for webshop, not gridworld" in console.export_text()
-    cfg = load_config(TrainRunConfig, "grpo", ["env.name=gridworld", "env.demonstration=false"],
-                      {"model.name": "smollm2-135m-webshop"})
-    start_from_base_outside_its_env(cfg, "smollm2-135m-webshop", ["env.demonstration=false"], console)
-    assert (cfg.model.name, cfg.env.demonstration) == ("smollm2-135m-webshop", False)  # asked for: kept
+    assert train_config(["env.name=gridworld", "env.demonstration=false"]) == ("smollm2-135m", False)
+    # the user's choice of model is kept: a flag, an override, or their own YAML
+    assert train_config([], model="smollm2-135m-webshop", env="gridworld") == ("smollm2-135m-webshop", False)
+    assert train_config(["model.name=smollm2-135m-webshop", "env.name=gridworld"])[0] == "smollm2-135m-webshop"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("command: train\nmodel: {name: smollm2-135m-webshop}\n"
+                    "env: {name: gridworld, demonstration: false}\n")
+    assert train_config([str(mine)]) == ("smollm2-135m-webshop", False)

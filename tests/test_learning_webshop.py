@@ -75,9 +75,11 @@ def test_the_run_writes_its_results_and_resumes(toy_run):
     rebuilt = apply_low_rank_delta(load_file(f"{resolve_model_path('tiny')}/model.safetensors"),
                                    out / example.ws.DELTA_FILE)
     tuned = load_file(out / "sft" / "model.safetensors")
-    moved = max(float((tuned[k] - rebuilt[k]).abs().max()) for k in tuned)
-    assert moved < max(float((tuned[k] - v).abs().max()) for k, v in load_file(
-        f"{resolve_model_path('tiny')}/model.safetensors").items())  # nearer the SFT model than the base is
+    base = load_file(f"{resolve_model_path('tiny')}/model.safetensors")
+    missed = sum(float((tuned[k] - rebuilt[k]).square().sum()) for k in tuned)
+    change = sum(float((tuned[k] - base[k]).square().sum()) for k in tuned)
+    # the rebuilt model misses what the rank cut dropped, plus a little int8 rounding
+    assert (missed / change) ** 0.5 <= (1 - delta["kept"]) ** 0.5 + 0.02
 
     again = example.main(out, example.ws.TOY)  # every stage finished: nothing runs again
     assert again["stages"] == results["stages"]

@@ -63,3 +63,37 @@ def test_bad_inputs_are_named(tmp_path, base_and_tuned):
     other = {name.replace("model.", "other."): weight for name, weight in base.items()}
     with pytest.raises(OmrlError, match="which the base model \\(tiny\\) does not have"):
         apply_low_rank_delta(other, tmp_path / "d.safetensors")
+
+
+def test_mismatched_dtypes_and_broken_files_are_refused(tmp_path, base_and_tuned):
+    from safetensors.torch import save
+
+    base, tuned = base_and_tuned
+    halved = {name: weight.bfloat16() for name, weight in tuned.items()}
+    with pytest.raises(OmrlError, match="torch.float32 in the base.*torch.bfloat16 in the tuned model"):
+        export_low_rank_delta(base, halved, tmp_path / "d.safetensors", rank=1, base_name="tiny")
+    with pytest.raises(OmrlError, match="delta file .*nope.safetensors does not exist"):
+        apply_low_rank_delta(base, tmp_path / "nope.safetensors")
+    export_low_rank_delta(base, tuned, tmp_path / "d.safetensors", rank=1, base_name="tiny")
+    meta = {"omrl_delta": '{"base": "tiny", "format": "omrl-low-rank-delta/1", "rank": 1}'}
+    tensors = load_file(tmp_path / "d.safetensors")
+    up = next(key for key in tensors if key.endswith(".delta_up"))
+    cut = {key: value for key, value in tensors.items() if key != up.replace("_up", "_down")}
+    (tmp_path / "cut.safetensors").write_bytes(save(cut, metadata=meta))
+    with pytest.raises(OmrlError, match="incomplete; .*delta_up is there but not .*delta_down"):
+        apply_low_rank_delta(base, tmp_path / "cut.safetensors")
+    (tmp_path / "odd.safetensors").write_bytes(save({**tensors, "stray": torch.zeros(1)}, metadata=meta))
+    with pytest.raises(OmrlError, match="unknown entry 'stray'; every entry ends in one of .delta"):
+        apply_low_rank_delta(base, tmp_path / "odd.safetensors")
+
+
+def test_a_model_built_from_another_delta_is_rebuilt(tmp_path):
+    from omrl import models
+
+    built = tmp_path / "smollm2-135m-webshop"
+    built.mkdir()
+    assert not models._built_from_another_delta(built)  # no digest: nothing to compare
+    (built / models._DELTA_DIGEST).write_text(file_digest(models.WEBSHOP_DELTA) + "\n")
+    assert not models._built_from_another_delta(built)
+    (built / models._DELTA_DIGEST).write_text("0" * 64 + "\n")
+    assert models._built_from_another_delta(built)

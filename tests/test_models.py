@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from omrl.errors import OmrlError
-from omrl.models import BUILTIN_MODELS, load_model, resolve_model_path
+from omrl.model_delta import file_digest
+from omrl.models import BUILTIN_MODELS, WEBSHOP_DELTA, load_model, resolve_model_path
 
 
 def test_tiny_is_about_a_million_parameters_with_a_chat_template(tiny_model):
@@ -85,6 +86,9 @@ def test_the_webshop_model_is_built_from_the_shipped_delta_and_buys(smollm2_dir)
         episodes = session.play(session.task_ids("test", 5), split="test")
     scores = [ep.score for ep in episodes]
     assert all(turn.format_ok for ep in episodes for turn in ep.turns), [ep.messages[-1] for ep in episodes]
-    # measured: [0.6, 1, 1, 0, 1]; the full SFT model [0.6, 1, 1, 0, 1] too; goal 4 won at ranks 8-32
-    assert sum(score > 0 for score in scores) >= 4 and sum(scores) / len(scores) > 0.5, scores
+    # measured: [0.6, 1, 1, 0, 1]; the full SFT model [0.6, 1, 1, 0, 1] too; goal 4 won at ranks 8-32.
+    # A margin for other CPUs, where a greedy choice may flip: the base model scores 0 on all five.
+    assert sum(score > 0 for score in scores) >= 3 and sum(scores) / len(scores) > 0.4, scores
     assert any(ep.won for ep in episodes), scores
+    built = resolve_model_path("smollm2-135m-webshop")
+    assert open(f"{built}/omrl_delta.sha256").read().strip() == file_digest(WEBSHOP_DELTA)

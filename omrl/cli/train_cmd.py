@@ -41,7 +41,7 @@ def train(
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algorithm.name}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
-    start_from_base_outside_its_env(cfg, model, args or [], console)
+    start_from_base_outside_its_env(cfg, list(args or []), model, console)
     console.print(f"omrl train: {cfg.algorithm.name} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
                   f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}", highlight=False)
     summary = stop_on_interrupt(lambda: run_rl(cfg, console=console), err_console)
@@ -57,19 +57,25 @@ def train(
     console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False)
 
 
-def start_from_base_outside_its_env(cfg, model_flag: str | None, overrides: list[str], console) -> None:
-    """The presets start WebShop from the WebShop-tuned built-in model, on the prompts it was tuned on
-    (no worked example). ``--env`` naming another env without ``--model`` starts from that model's
-    base instead, with the env's worked example back (unless set), and says so."""
+def start_from_base_outside_its_env(cfg, args: list[str], model_flag: str | None, console) -> None:
+    """The shipped presets start WebShop from the WebShop-tuned built-in model, on the prompts it was
+    tuned on (no worked example). When ``--env`` or an override names another env, and the model is
+    the shipped preset's own (no ``--model``, no ``model.name=``, no YAML of the user's), the run
+    starts from that model's base instead, with the env's worked example back unless set, and says so."""
+    from omrl.config import preset_names, split_preset
     from omrl.models import tuned_for
 
+    preset, overrides = split_preset(args[0] if args else None, args[1:])
+    user_chose_model = (model_flag is not None or (preset is not None and preset not in preset_names())
+                        or any(item.startswith(("model.name=", "model=")) for item in overrides))
     tuned = tuned_for(cfg.model.name)
-    if model_flag is None and tuned is not None and tuned[0] != cfg.env.name:
-        console.print(f"model: {tuned[1]} ({cfg.model.name}, the preset's model, is fine-tuned for {tuned[0]}, "
-                      f"not {cfg.env.name}; --model chooses)", highlight=False)
-        cfg.model.name = tuned[1]
-        if not any(item.startswith("env.demonstration=") for item in overrides):
-            cfg.env.demonstration = True
+    if user_chose_model or tuned is None or tuned[0] == cfg.env.name:
+        return
+    console.print(f"model: {tuned[1]} ({cfg.model.name}, the preset's model, is fine-tuned for {tuned[0]}, "
+                  f"not {cfg.env.name}; --model chooses)", highlight=False)
+    cfg.model.name = tuned[1]
+    if not any(item.startswith(("env.demonstration=", "env=")) for item in overrides):
+        cfg.env.demonstration = True
 
 
 def add_to(app: typer.Typer) -> None:
