@@ -151,6 +151,25 @@ def split_preset(preset: str | None, overrides: list[str] | None) -> tuple[str |
     return preset, overrides
 
 
+def user_sets(args: list[str] | None, key: str) -> bool:
+    """Whether the command line ``[PRESET] [key=value ...]`` sets the dotted ``key``: by an override
+    of it (or of a section holding it), or in a YAML file of the user's own. A shipped preset's
+    values are defaults, not the user's choice."""
+    preset, overrides = split_preset(args[0] if args else None, list(args or [])[1:])
+    parts = key.split(".")
+    enclosing = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+    if any(item.split("=", 1)[0].strip() in enclosing for item in overrides):
+        return True
+    if preset is None or preset in preset_names():
+        return False
+    data: Any = read_preset(preset)
+    for part in parts:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
 def parse_overrides(overrides: list[str]) -> list[tuple[list[str], Any]]:
     """``["a.b=1", "c=x"]`` -> ``[(["a", "b"], 1), (["c"], "x")]``, values parsed as YAML."""
     out = []

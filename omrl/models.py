@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
 from omrl.errors import OmrlError
 
@@ -161,6 +162,26 @@ def _built_from_another_delta(target: Path) -> bool:
 def tuned_for(name: str) -> tuple[str, str] | None:
     """``(env, base model)`` for a built-in model fine-tuned for one env, else None."""
     return {"smollm2-135m-webshop": ("webshop", "smollm2-135m")}.get(name)
+
+
+def trained_demonstration(model: str, env: str) -> bool | None:
+    """Whether ``model`` was trained on ``env`` with the env's worked example in its prompts
+    (``env.demonstration``), when that is known: a built-in tuned for ``env`` (trained without it),
+    or a run directory whose ``config.yaml`` is a run on ``env``. None when not known."""
+    tuned = tuned_for(model)
+    if tuned is not None:
+        return False if tuned[0] == env else None
+    run_config = Path(model).expanduser() / "config.yaml"
+    if model in BUILTIN_MODELS or not run_config.is_file():
+        return None
+    try:
+        data = yaml.safe_load(run_config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # not a run's config: nothing is known about the model's prompts
+    section = data.get("env") if isinstance(data, dict) else None
+    if isinstance(section, dict) and section.get("name") == env and isinstance(section.get("demonstration"), bool):
+        return section["demonstration"]
+    return None
 
 
 def tiny_config(vocab_size: int):

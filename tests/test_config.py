@@ -142,7 +142,7 @@ def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
 def test_the_webshop_presets_start_from_the_webshop_model_and_other_envs_from_its_base(tmp_path):
     from rich.console import Console
 
-    from omrl.cli.train_cmd import start_from_base_outside_its_env
+    from omrl.cli.model_prompts import start_from_base_outside_its_env
     from omrl.config import command_line_config
 
     console = Console(record=True, width=200)
@@ -166,3 +166,48 @@ def test_the_webshop_presets_start_from_the_webshop_model_and_other_envs_from_it
     mine.write_text("command: train\nmodel: {name: smollm2-135m-webshop}\n"
                     "env: {name: gridworld, demonstration: false}\n")
     assert train_config([str(mine)]) == ("smollm2-135m-webshop", False)
+
+
+def test_eval_rollout_and_sweep_play_a_model_on_the_prompts_it_was_trained_on(tmp_path):
+    from rich.console import Console
+
+    from omrl.cli.model_prompts import prompts_as_trained
+    from omrl.config import command_line_config
+    from omrl.options import EvalRunConfig
+
+    console = Console(record=True, width=200)
+
+    def eval_demonstration(args, model):  # as `omrl eval ARGS --model M --env webshop` builds it
+        cfg = command_line_config(EvalRunConfig, args, {"model.name": model, "env.name": "webshop"})
+        prompts_as_trained(cfg, args, console)
+        return cfg.env.demonstration
+
+    assert eval_demonstration([], "smollm2-135m") is True  # the base model: the env's default
+    assert eval_demonstration([], "smollm2-135m-webshop") is False  # tuned without the worked example
+    assert "smollm2-135m-webshop was trained on webshop without its worked example" in console.export_text()
+    assert eval_demonstration(["env.demonstration=true"], "smollm2-135m-webshop") is True  # the user's choice
+    # a run directory: its config.yaml says what it trained on, for that env only
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  name: webshop\n  demonstration: false\n")
+    assert eval_demonstration([], str(run)) is False
+    (run / "config.yaml").write_text("env:\n  name: gridworld\n  demonstration: false\n")
+    assert eval_demonstration([], str(run)) is True
+    (run / "config.yaml").write_text("env: [not, a, run, config\n")
+    assert eval_demonstration([], str(run)) is True
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("command: eval\nenv: {demonstration: true}\n")
+    assert eval_demonstration([str(mine)], "smollm2-135m-webshop") is True
+
+
+def test_user_sets_sees_overrides_sections_and_the_users_own_yaml_only(tmp_path):
+    from omrl.config import user_sets
+
+    assert user_sets(["env.demonstration=false"], "env.demonstration")
+    assert user_sets(["grpo", "env={name: webshop, demonstration: false}"], "env.demonstration")
+    assert not user_sets(["grpo", "env.name=webshop"], "env.demonstration")
+    assert not user_sets(["grpo"], "env.demonstration")  # a shipped preset's value is a default
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("env: {name: webshop}\n")
+    assert not user_sets([str(mine)], "env.demonstration")
+    assert user_sets([str(mine)], "env.name")

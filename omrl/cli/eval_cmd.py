@@ -8,6 +8,7 @@ import typer
 
 from omrl.cli.rollout_cmd import (ARGS_HELP, BUDGET_HELP, SELECT_HELP, STRATEGY_HELP, check_select, check_strategy,
                                   progress_bar, select_scorer)
+from omrl.cli.model_prompts import prompts_as_trained
 from omrl.config import command_line_config
 from omrl.errors import ConfigError
 
@@ -63,6 +64,7 @@ def evaluate_command(
         raise ConfigError(f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "
                           "valid: --samples 1, or sampling, e.g. generation.temperature=1.0")
     console = Console()
+    prompts_as_trained(cfg, args, console)
     searched: dict = {}
     with RolloutSession.from_config(cfg) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-
 import typer
+
+from omrl.cli.model_prompts import prompts_as_trained
 
 ARGS_HELP = "\\[PRESET] \\[key=value ...]: a preset name or YAML path, then config overrides (see `omrl config keys rollout`)."
 STRATEGY_HELP = ("Rollout strategy: chain, best_of_n, beam, dfsdt, mcts, mc_value (process labels) or a plugin's "
@@ -102,6 +103,7 @@ def rollout(
     budget = cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     console = Console()
+    prompts_as_trained(cfg, args, console)
     with RolloutSession.from_config(cfg, expert=cfg.use_expert) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         if len(tasks) < cfg.num_tasks:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typer
 
+from omrl.cli.model_prompts import prompts_as_trained
 from omrl.cli.rollout_cmd import ARGS_HELP
 from omrl.errors import ConfigError
 
@@ -71,6 +72,7 @@ def sweep_command(
         "budgets": parse_budgets(budgets), "env.split": split, "num_tasks": num_tasks, "seed": seed, "out": out,
     })
     console = Console()
+    prompts_as_trained(cfg, args, console)
     record = stop_on_interrupt(lambda: run_sweep(cfg, progress_bar=progress_bar,
                                                  log=lambda line: console.print(line, highlight=False)), err_console)
     console.print(sweep_table(record))

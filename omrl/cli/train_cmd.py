@@ -24,6 +24,7 @@ def train(
 
     from omrl.algos import RECIPES
     from omrl.cli import err_console, stop_on_interrupt
+    from omrl.cli.model_prompts import start_from_base_outside_its_env
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
     from omrl.errors import ConfigError
@@ -51,31 +52,9 @@ def train(
     for key, value in summary.items():
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console(quiet=not is_main_process()).print(table)
-    same_prompts = "" if cfg.env.demonstration else " env.demonstration=false"  # as it was trained
-    console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}{same_prompts}",
-                  highlight=False)
+    # eval reads the run's config.yaml and plays the prompts the run trained on
+    console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False)
     console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False)
-
-
-def start_from_base_outside_its_env(cfg, args: list[str], model_flag: str | None, console) -> None:
-    """The shipped presets start WebShop from the WebShop-tuned built-in model, on the prompts it was
-    tuned on (no worked example). When ``--env`` or an override names another env, and the model is
-    the shipped preset's own (no ``--model``, no ``model.name=``, no YAML of the user's), the run
-    starts from that model's base instead, with the env's worked example back unless set, and says so."""
-    from omrl.config import preset_names, split_preset
-    from omrl.models import tuned_for
-
-    preset, overrides = split_preset(args[0] if args else None, args[1:])
-    user_chose_model = (model_flag is not None or (preset is not None and preset not in preset_names())
-                        or any(item.startswith(("model.name=", "model=")) for item in overrides))
-    tuned = tuned_for(cfg.model.name)
-    if user_chose_model or tuned is None or tuned[0] == cfg.env.name:
-        return
-    console.print(f"model: {tuned[1]} ({cfg.model.name}, the preset's model, is fine-tuned for {tuned[0]}, "
-                  f"not {cfg.env.name}; --model chooses)", highlight=False)
-    cfg.model.name = tuned[1]
-    if not any(item.startswith(("env.demonstration=", "env=")) for item in overrides):
-        cfg.env.demonstration = True
 
 
 def add_to(app: typer.Typer) -> None:
