@@ -14,8 +14,11 @@ Stages, in order (the functions in examples/webshop_stages.py):
   reports whether its bytes match the shipped file.
 - ``rl``: GRPO from the SFT model (GiGPO's step-level advantages, reward: WebShop's score plus 0.1 x
   reply format) on train goals -> ``rl/``.
-- ``eval``: the base, SFT and RL models on all 200 held-out test goals, sampled (k=2
-  episodes a goal at temperature 1, the policy GRPO optimises) and greedy (one episode a goal).
+- ``eval``: the SFT and RL models on all 200 held-out test goals, sampled (k=2 episodes a goal at
+  temperature 1, the policy GRPO optimises) and greedy (one episode a goal); the base model the same
+  way on the first 20 goals only: it never buys, so each of its episodes runs 8 turns to the
+  48-token reply cap, about 7 times a fine-tuned episode's cost (39 s here), and 200 goals would take
+  some 6.5 hours to show what 20 show.
 
 ``--stage NAME`` runs every stage up to and including NAME. A stage already finished in ``--out`` is
 skipped, so the same command picks up where a stopped run left off; SFT and GRPO also checkpoint every
@@ -54,10 +57,11 @@ other work; rates swing 2-3x with the load, so these are ranges):
   positions): 87 minutes, 86 tokens/s on one thread at load 2-3; loss 1.27 -> 0.037.
 - rl: 12 steps of 4 goals x 4 samples. Run in full (2026-11-25, beside other work): 70 minutes, 290-398 s
   a step (54-90 s of it sampling the 16 episodes), peak RSS 5.8 GB.
-- eval: 3 models x 200 goals x (2 sampled + 1 greedy) = 1,800 episodes. A fine-tuned model took 5.4 s
-  an episode greedy (4 at once) and 6.8 s sampled (8 at once); the base model writes every reply to
-  the 48-token cap for 8 turns and never buys (39 s an episode, 8 at once). Batches of 64 amortise
-  more: roughly 1-3 hours.
+- eval: 2 models x 200 goals x (2 sampled + 1 greedy) = 1,200 episodes, and the base model's 60 on
+  20 goals. A fine-tuned model took 5.4 s an episode greedy (4 at once) and 6.8 s sampled (8 at
+  once); the base model writes every reply to the 48-token cap for 8 turns and never buys (39 s an
+  episode, 8 at once). Run in full: 28-29 minutes for a greedy evaluation of 200 goals, about an hour
+  for a sampled one.
 So the full run needs about 4-9 hours here against the 2-hour target, which this machine cannot
 meet at these sizes (SFT alone took 87 minutes). The script measures and prints the verdict;
 it does not shrink the work to fit. An early sign on quality: after only 10 SFT steps (10 episodes)
@@ -167,7 +171,8 @@ def eval_stage(out: Path, size: ws.Size, seed: int, results: dict[str, Any], sav
         for mode in ("sampled", "greedy"):
             done = results["eval"].setdefault(name, {}).get(mode)
             if done is None:
-                done = results["eval"][name][mode] = ws.evaluate_model(model, size, seed, sampled=mode == "sampled")
+                goals = size.base_eval_goals if name == "base" else size.eval_goals
+                done = results["eval"][name][mode] = ws.evaluate_model(model, size, seed, mode == "sampled", goals)
                 save()
                 print(f"  {name:4} {mode:7} {line(done)}", flush=True)
             seconds += done["seconds"]
@@ -234,6 +239,14 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+LABELS = {"base": "before SFT", "sft": "after SFT", "rl": "after RL"}
+
+
+def goals(results: dict[str, Any], name: str) -> int:
+    """How many test goals ``name``'s evaluations played (the base model plays fewer: see Size)."""
+    return max(evaluation["goals"] for evaluation in results["eval"][name].values())
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     """Success rate (bars, +- 1 SE) of the base, SFT and RL models, sampled and greedy."""
     import matplotlib
@@ -250,8 +263,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
                yerr=[100 * e["success_se"] for _, e in done], capsize=4,
                label=f"sampled (k={results['settings']['eval_samples']}, T=1)" if mode == "sampled" else "greedy")
     ax.axhline(100 * TARGET_SFT_SUCCESS, color="grey", linestyle="--", label="target after SFT")
-    ax.set_xticks(range(len(names)), [{"base": "before SFT", "sft": "after SFT", "rl": "after RL"}[n] for n in names])
-    ax.set_ylabel(f"success on {results['settings']['eval_goals']} held-out goals (%)")
+    ax.set_xticks(range(len(names)), [f"{LABELS[n]}\n({goals(results, n)} goals)" for n in names])
+    ax.set_ylabel("success on held-out goals (%)")
     ax.set_ylim(0, 100)
     ax.set_title(f"{results['settings']['model']} on WebShop: SFT, then GRPO")
     ax.legend(loc="upper left")

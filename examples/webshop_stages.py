@@ -57,6 +57,7 @@ class Size:
     ppo_epochs: int  # passes over each rollout (1: on-policy, no extra forward)
     train_tasks: int  # GRPO plays only the first N train goals (0: all 800)
     eval_goals: int  # held-out test goals (the first N of the 200)
+    base_eval_goals: int  # the base model's: it never buys, so each episode runs to the turn cap (~7x the cost)
     eval_samples: int  # k: sampled episodes per goal at temperature 1
     save_steps: int  # SFT and GRPO checkpoint every N steps, so a stopped stage resumes (0: at the end)
     # GiGPO's step-level groups: turns of one goal's samples that answered the same page (the search
@@ -67,10 +68,10 @@ class Size:
 
 FULL = Size(model="smollm2-135m", expert_episodes=200, sft_epochs=2.0, sft_learning_rate=5e-5, sft_micro_batch=1,
             sft_accumulation=8, rl_steps=12, tasks_per_step=4, group_size=4, rl_learning_rate=2e-6, rl_micro_batch=1,
-            ppo_epochs=1, train_tasks=0, eval_goals=200, eval_samples=2, save_steps=10)
+            ppo_epochs=1, train_tasks=0, eval_goals=200, base_eval_goals=20, eval_samples=2, save_steps=10)
 TOY = Size(model="tiny", expert_episodes=32, sft_epochs=4.0, sft_learning_rate=6e-3, sft_micro_batch=1,
            sft_accumulation=1, rl_steps=3, tasks_per_step=4, group_size=4, rl_learning_rate=1e-3, rl_micro_batch=16,
-           ppo_epochs=1, train_tasks=4, eval_goals=10, eval_samples=2, save_steps=0)
+           ppo_epochs=1, train_tasks=4, eval_goals=10, base_eval_goals=10, eval_samples=2, save_steps=0)
 SIZES = {"full": FULL, "toy": TOY}
 
 
@@ -137,15 +138,15 @@ def rl_stage(sft: Path, out: Path, size: Size, seed: int, reward: str = RL_REWAR
             "success": [r["success"] for r in records], "format_ok": [r["format_ok"] for r in records]}
 
 
-def evaluate_model(model: str, size: Size, seed: int, sampled: bool) -> dict[str, Any]:
-    """``omrl eval`` on the first ``eval_goals`` test goals: ``eval_samples`` episodes a goal at
+def evaluate_model(model: str, size: Size, seed: int, sampled: bool, goals: int) -> dict[str, Any]:
+    """``omrl eval`` on the first ``goals`` test goals: ``eval_samples`` episodes a goal at
     temperature 1 (``sampled``), else one greedy episode a goal. See :func:`summarize`."""
     temperature, samples = (1.0, size.eval_samples) if sampled else (0.0, 1)
     started = time.perf_counter()
     cfg = load_config(EvalRunConfig, None, [f"model.name={model}", *ENV, *GENERATION, f"seed={seed}",
                                              f"generation.temperature={temperature}"])
     with RolloutSession.from_config(cfg) as session:
-        episodes = session.play(session.task_ids("test", size.eval_goals), split="test", group_size=samples,
+        episodes = session.play(session.task_ids("test", goals), split="test", group_size=samples,
                                 seed=seed)
     return {**summarize(episodes), "samples_per_goal": samples, "seconds": time.perf_counter() - started}
 

