@@ -58,7 +58,10 @@ from omrl.threads import configure_threads
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "learn_gridworld.py"
 ALL_STRATEGIES = "chain,best_of_n,beam,dfsdt,mcts"
-WEBSHOP = ["env.name=webshop", "env.template=react", "env.max_turns=8", "generation.max_new_tokens=64"]
+# the WebShop presets' settings, on the prompts the default model was tuned on (no worked example)
+WEBSHOP = ["env.name=webshop", "env.template=react", "env.max_turns=8", "env.demonstration=false",
+           "generation.max_new_tokens=48", "generation.max_context=2048"]
+WEBSHOP_MODEL = "smollm2-135m-webshop"  # the default model of `omrl train --algo grpo --env webshop`
 
 
 def learn_gridworld():
@@ -128,7 +131,7 @@ def main() -> None:
             model = gridworld_sft(args.sft_dir, args.seed, console)
             sweep(env, str(model), [*example.ENV, *example.GENERATION], args, console)
         else:
-            sweep(env, "smollm2-135m", WEBSHOP, args, console)
+            sweep(env, WEBSHOP_MODEL, WEBSHOP, args, console)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def test_the_run_writes_its_results_and_resumes(toy_run):
     for name in ("base", "sft", "rl"):
         for mode, samples in (("sampled", example.ws.TOY.eval_samples), ("greedy", 1)):
             evaluation = results["eval"][name][mode]
-            assert (evaluation["goals"], evaluation["samples_per_goal"]) == (example.ws.TOY.eval_goals, samples)
+            goals = example.ws.TOY.base_eval_goals if name == "base" else example.ws.TOY.eval_goals
+            assert (evaluation["goals"], evaluation["samples_per_goal"]) == (goals, samples)
             assert 0 <= evaluation["success_se"] <= 0.5 and 0 <= evaluation["score_se"] <= 0.5
     assert {target["met"] for target in results["targets"].values()} <= {True, False}
     assert json.loads((out / "results.json").read_text()) == results
