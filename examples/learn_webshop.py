@@ -164,8 +164,9 @@ def output_exists(out: Path, stage: str) -> bool:
 def eval_stage(out: Path, size: ws.Size, seed: int, results: dict[str, Any], save) -> dict[str, Any]:
     """Each model sampled and greedy; each evaluation is saved as it finishes, and kept on a re-run.
     The stage's seconds are its evaluations' own, whichever run made them."""
-    # the base model last: it is the slowest (it never buys, so each episode runs to the turn cap)
-    models = {"sft": str(out / "sft"), "rl": str(out / "rl"), "base": size.model}
+    # the base model on few goals (it never buys, so each episode runs to the turn cap), before RL's
+    # hour-long sampled evaluation
+    models = {"sft": str(out / "sft"), "base": size.model, "rl": str(out / "rl")}
     seconds = 0.0
     for name, model in models.items():
         for mode in ("sampled", "greedy"):

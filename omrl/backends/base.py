@@ -127,6 +127,11 @@ class Backend(ABC):
         """Load the trainer's weights (a state dict) into the generation engine in place."""
         raise OmrlError(f"the {self.name} backend cannot load new weights; use the hf or vllm backend for training")
 
+    def warm_tokens(self) -> int | None:
+        """How many tokens of conversation this backend keeps ready between calls (their KV states):
+        a caller that keeps more live at once makes it prefill them again. None: no bound known."""
+        return None
+
     def release(self, conversations: Sequence[Sequence[int]] | None = None) -> None:
         """Forget what is cached for these conversations (token ids; every one when None): they ended.
 

@@ -29,7 +29,7 @@ import torch
 
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.backends.kv_cache import (KV, Entry, PrefixCache, common_prefix, crop, from_dynamic_cache,
-                                    stack_left_padded, take_row, to_dynamic_cache)
+                                    kv_bytes_per_token, stack_left_padded, take_row, to_dynamic_cache)
 
 MIB = 2**20
 
@@ -375,6 +375,13 @@ class HFBackend(Backend):
         if all(k in own and own[k].data_ptr() == v.data_ptr() for k, v in state_dict.items()):
             return
         self.model.load_state_dict(dict(state_dict))
+
+    def warm_tokens(self) -> int | None:
+        """Tokens whose KV states fit in ``kv_cache_mb`` (None without reuse or without a bound)."""
+        if self.kv_cache is None or not self.kv_cache.max_bytes:
+            return None
+        dtype = next(self.model.parameters()).dtype
+        return self.kv_cache.max_bytes // kv_bytes_per_token(self._owner.config, dtype.itemsize)
 
     def release(self, conversations: Sequence[Sequence[int]] | None = None) -> None:
         """Free the cached states of ended conversations (all of them when None); shared openings stay."""

@@ -45,6 +45,14 @@ def kv_bytes(kv: KV) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
 
 
+def kv_bytes_per_token(config: Any, element_size: int) -> int:
+    """Bytes of keys and values one token holds in a decoder ``config``'s cache (every layer)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return 2 * config.num_hidden_layers * heads * head_dim * element_size
+
+
 def crop(kv: KV, length: int) -> KV:
     """The first ``length`` positions of ``kv`` (views: nothing is copied)."""
     return [(k[:, :, :length], v[:, :, :length]) for k, v in kv]

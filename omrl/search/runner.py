@@ -14,6 +14,12 @@ overrun it are not generated (the tree is marked ``exhausted``), and an Expand t
 can grow nothing is answered with empty lists once (so the strategy can choose its
 answer) and ends that tree's search the second time in a row, so no strategy can
 loop forever.
+
+Searches start as long as the next round's candidates, each counted at ``max_context``
+tokens, fit in what the backend keeps warm between calls (:meth:`Backend.warm_tokens`;
+the rest wait for a search to end): past that, an hf backend would evict KV states it
+needs next turn and prefill every context again (measured: 100 WebShop tasks of
+best-of-4 did not finish in 50 minutes; 8 tasks took 2).
 """
 
 from __future__ import annotations
@@ -64,28 +70,38 @@ def run_search(ctx: SearchContext, tasks: Sequence[int], grow: Grow, *, forks: b
     method = check_forkable(ctx.pool, ctx.strategy) if forks else fork_support(probe)
     forker = Forker(ctx.pool, method)
     turn_cap = ctx.limits.max_turns or int(probe.max_turns)
-    trees: list[Tree] = []
+    trees: list[Tree | None] = [None] * len(tasks)
     chat_kwargs: dict[int, dict] = {}
-    try:
-        for group, (task, (first, state)) in enumerate(zip(tasks, forker.start(list(tasks)))):
+    pending: dict[int, tuple[Tree, Generator, Request]] = {}
+    barren: set[int] = set()  # trees whose last Expand grew nothing
+    waiting = list(enumerate(tasks))
+    warm = ctx.backend.warm_tokens()
+
+    def start(batch: list[tuple[int, int]]) -> None:
+        """Reset the envs of ``batch`` ((group, task) pairs) together and start their searches."""
+        for (group, task), (first, state) in zip(batch, forker.start([task for _, task in batch])):
             root, kwargs = root_node(probe, first, ctx.template, ctx.tokenizer, env_name=ctx.pool.name,
                                      task_id=int(task), split=ctx.split, group=group,
                                      max_context=ctx.limits.max_context, demonstration=ctx.demonstration)
             root.env_state = None if root.terminal else state
             if root.terminal:
                 forker.drop([state])
-            tree = Tree(int(task), group, root, strategy=ctx.strategy, budget=ctx.budget)
-            trees.append(tree)
+            tree = trees[group] = Tree(int(task), group, root, strategy=ctx.strategy, budget=ctx.budget)
             chat_kwargs[id(tree)] = kwargs
-        pending: dict[int, tuple[Tree, Generator, Request]] = {}
-        barren: set[int] = set()  # trees whose last Expand grew nothing
-        for tree in trees:
-            if tree.root.terminal:
+            if root.terminal:
                 _finish(ctx, forker, tree)
-                continue
-            gen = grow(tree, ctx, **options)
-            _advance(ctx, forker, pending, tree, gen, None)
-        while pending:
+            else:
+                _advance(ctx, forker, pending, tree, grow(tree, ctx, **options), None)
+
+    try:
+        while waiting or pending:
+            # Start searches while the next round's conversations fit in the KV states the backend
+            # keeps between calls: past that, every turn would prefill its whole context again.
+            if warm is None:
+                start(waiting)
+                waiting = []
+            while waiting and (not pending or _round_tokens(pending, ctx) < warm):
+                start([waiting.pop(0)])
             answers: dict[int, Any] = {}
             expands = [(tree, req) for tree, _, req in pending.values() if isinstance(req, Expand)]
             if expands:
@@ -106,7 +122,13 @@ def run_search(ctx: SearchContext, tasks: Sequence[int], grow: Grow, *, forks: b
                 _advance(ctx, forker, pending, tree, gen, answer)
     finally:
         forker.close()
-    return trees
+    return [tree for tree in trees if tree is not None]
+
+
+def _round_tokens(pending: dict, ctx: SearchContext) -> int:
+    """Tokens of context the pending Expands' candidates may come to hold: each may grow to max_context."""
+    return sum(req.k * ctx.limits.max_context
+               for _, _, req in pending.values() if isinstance(req, Expand) for node in req.nodes if not node.terminal)
 
 
 def _advance(ctx: SearchContext, forker: Forker, pending: dict, tree: Tree, gen: Generator, answer: Any) -> None:

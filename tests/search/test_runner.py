@@ -161,3 +161,37 @@ def test_unknown_strategy_and_scorer_names_list_the_valid_ones(tiny_tokenizer):
         run_strategy(context(tiny_tokenizer, backend, "bean"), [0])
     with pytest.raises(UnknownNameError, match="unknown scorer 'oracle'.*Valid: env_reward, logprob, majority, random, rm, self_eval"):
         run_strategy(context(tiny_tokenizer, backend, "beam", options={"scorer": "oracle"}), [0])
+
+
+def test_searches_start_only_while_their_contexts_fit_in_what_the_backend_keeps_warm(tiny_tokenizer):
+    """A backend that keeps few KV states gets the tasks in waves (no call beyond its room), and
+    every task still gets its tree, in task order, played as without the bound."""
+    def reply(call, index, prompt):  # by what the chat shows, so waves do not change the replies
+        return "Action: take key" if "is open" in tiny_tokenizer.decode(prompt) else "Action: open"
+
+    class Warm(ScriptBackend):
+        room = None
+
+        def warm_tokens(self):
+            return self.room
+
+    trees = {}
+    for room in (None, 2 * 2 * LIMITS.max_context):  # unbounded; two best-of-2 searches at a time
+        backend = Warm(tiny_tokenizer, reply)
+        backend.room = room
+        played = run_strategy(context(tiny_tokenizer, backend, "best_of_n", options={"n": 2}), [0, 1, 2, 3])
+        assert [tree.task_id for tree in played] == [0, 1, 2, 3]
+        assert max(backend.calls) == (8 if room is None else 4), backend.calls
+        trees[room] = [[(ep.token_ids, ep.won) for ep in tree.episodes()] for tree in played]
+    assert trees[None] == trees[2 * 2 * LIMITS.max_context]
+    assert all(won for tree in trees[None] for _, won in tree)
+
+
+def test_an_hf_backend_keeps_as_many_tokens_warm_as_its_kv_cap_holds(tiny_hf):
+    model, tokenizer = tiny_hf
+    config = model.config
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size //
+                                                                             config.num_attention_heads) * 4
+    assert HFBackend(model, tokenizer, kv_cache_mb=3).warm_tokens() == 3 * 2 ** 20 // per_token
+    assert HFBackend(model, tokenizer, kv_cache_mb=0).warm_tokens() is None  # no bound
+    assert HFBackend(model, tokenizer, kv_reuse=False).warm_tokens() is None  # nothing kept
