@@ -105,7 +105,7 @@ def sweep(env: str, model: str, settings: list[str], args: argparse.Namespace, c
         "seed": args.seed, "out": str(args.out / env), "resume": args.resume,
     })
     started = time.perf_counter()
-    record = run_sweep(cfg, progress_bar=progress_bar, log=lambda line: console.print(line, highlight=False))
+    record = run_sweep(cfg, progress_bar=progress_bar, log=lambda line: console.print(line, highlight=False, soft_wrap=True))
     minutes = (time.perf_counter() - started) / 60
     console.print(sweep_table(record))
     console.print(f"{env}: {minutes:.1f} min (this run); wrote {cfg.out}/sweep.json and sweep.png", highlight=False)

@@ -73,8 +73,9 @@ def sweep_command(
     })
     console = Console()
     prompts_as_trained(cfg, args, console)
-    record = stop_on_interrupt(lambda: run_sweep(cfg, progress_bar=progress_bar,
-                                                 log=lambda line: console.print(line, highlight=False)), err_console)
+    # soft_wrap: a long --out path is not broken over lines
+    log = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
+    record = stop_on_interrupt(lambda: run_sweep(cfg, progress_bar=progress_bar, log=log), err_console)
     console.print(sweep_table(record))
     console.print(f"wrote {cfg.out}/sweep.json and {cfg.out}/sweep.png", highlight=False, soft_wrap=True)
 
