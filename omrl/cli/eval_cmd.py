@@ -93,8 +93,8 @@ def evaluate_command(
     metrics.update({f"search/{name}": value for name, value in searched.items()})
     path = write_report(cfg.report or default_report_path(cfg.model.name), metrics, episodes, to_dict(cfg))
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
-    console.print(f"report: {path}")
-    console.print(f"look at it: {view_command(path)}", highlight=False)
+    console.print(f"report: {path}", soft_wrap=True)
+    console.print(f"look at it: {view_command(path)}", highlight=False, soft_wrap=True)
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):  # a broken env, not a model scoring 0
         raise EnvFailure(f"every one of the {len(episodes)} episodes failed in the env {cfg.env.name!r}, so the "
                          f"model was not measured (the report lists them); the first reason: {episodes[0].error}")

@@ -129,8 +129,8 @@ def rollout(
     parquet = write_episodes(episodes, cfg.output)
     readable = write_jsonl(episodes, jsonl_path_for(parquet))
     console.print(metrics_table(evaluate(episodes), title=f"rollout: {cfg.env.name}"))
-    console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}")
-    console.print(f"look at them: {view_command(parquet)}", highlight=False)
+    console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}", soft_wrap=True)
+    console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
 
 
 def add_to(app: typer.Typer) -> None:

@@ -53,8 +53,9 @@ def train(
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console(quiet=not is_main_process()).print(table)
     # eval reads the run's config.yaml and plays the prompts the run trained on
-    console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False)
-    console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False)
+    console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False,
+                  soft_wrap=True)
+    console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False, soft_wrap=True)
 
 
 def add_to(app: typer.Typer) -> None:

@@ -44,7 +44,8 @@ def view(
 
         written = write_page(store, out, max_episodes)
         kept = min(len(store.summaries), max(0, max_episodes))
-        console.print(f"wrote {written} ({kept} of {len(store.summaries)} episodes; opens offline)", highlight=False)
+        console.print(f"wrote {written} ({kept} of {len(store.summaries)} episodes; opens offline)", highlight=False,
+                      soft_wrap=True)
         return
     from omrl.view.server import LOOPBACK, make_server, serve_forever
 

@@ -263,7 +263,7 @@ class OnlineRecipe:
             self.skipped.load_state_dict(state.extra)
             # a backend with its own copy must roll out with the resumed weights
             sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
-            self.console.print(f"resuming from {resume_from} at step {self.step}", highlight=False)
+            self.console.print(f"resuming from {resume_from} at step {self.step}", highlight=False, soft_wrap=True)
         self.logger = make_logger(self.cfg, self.strategy, self.step, self.config_dict, self.console)
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(self.cfg))
         return state

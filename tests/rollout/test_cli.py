@@ -70,3 +70,20 @@ def test_bad_input_is_one_clear_line(fake_plugins, capsys, args, message):
         main(args)
     assert exit_info.value.code == 2
     assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_paths_and_commands_printed_for_copying_are_never_broken_over_lines(fake_plugins, tmp_path):
+    """Piped output (no terminal: 80 columns) keeps a long path and the command that reads it whole."""
+    deep = tmp_path / ("a-directory-name-long-enough-to-pass-eighty-columns-" * 2) / "t.parquet"
+    result = invoke("rollout", *FAST, "--env", "keys", "--template", "action", "--model", "tiny",
+                    "--num-tasks", "1", "--output", str(deep))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert f"look at them: omrl view {deep}" in lines
+    assert any(line.startswith("wrote 1 episodes to ") and str(deep) in line for line in lines)
+    report = deep.with_name("report.json")
+    result = invoke("eval", *FAST, "--env", "keys", "env.template=action", "--model", "tiny", "--num-tasks", "1",
+                    "--report", str(report))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert f"report: {report}" in lines and f"look at it: omrl view {report}" in lines
