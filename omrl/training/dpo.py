@@ -3,7 +3,9 @@
 Reads top to bottom: ``setup`` (seed, resume point, policy and reference, rollout, optimizer,
 logger), ``train`` (one step = ROLLOUT -> PAIRS -> UPDATE, then EVAL and CHECKPOINT),
 ``cleanup``. A task's best and worst samples form a pair when their total rewards differ
-(:func:`~omrl.training.rl_data.preference_pairs`); the loss is DPO's (Rafailov et al. 2023,
+(:func:`~omrl.training.rl_data.preference_pairs`); with a search (``rollout.strategy``), each
+branch point of a tree gives one, its best reply's path against its worst sibling's
+(:func:`~omrl.training.tree_batch.sibling_pairs`). The loss is DPO's (Rafailov et al. 2023,
 :func:`~omrl.training.losses.dpo_loss`) against the frozen starting model, one optimizer
 step per training step, each pair weighted alike across processes.
 """
@@ -20,6 +22,7 @@ from omrl.training import online
 from omrl.training.losses import dpo_loss
 from omrl.training.policy import sequence_log_prob
 from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, trainable
+from omrl.training.tree_batch import sibling_pairs
 
 
 class DPORecipe(online.OnlineRecipe):
@@ -29,8 +32,9 @@ class DPORecipe(online.OnlineRecipe):
     def setup(self) -> None:
         cfg = self.cfg
         resume_from = self._start_setup(recipes=("dpo",))
-        if cfg.group_size < 2:
-            raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2")
+        if cfg.group_size < 2 and cfg.rollout.strategy == "chain":
+            raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2 (or a tree "
+                              "rollout.strategy, whose branch points give the pairs)")
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
             cfg, self.strategy, with_reference=True)
         self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
@@ -45,17 +49,18 @@ class DPORecipe(online.OnlineRecipe):
         while self.step < cfg.steps:
             started = time.perf_counter()
 
-            # ROLLOUT: every sample of every task in batched generate calls, envs stepped together
+            # ROLLOUT: every sample of every task in batched generate calls, envs stepped together;
+            # with a search (rollout.strategy), every root-to-leaf path of each task's trees
             self.model.eval()
             tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
-            episodes = self.session.play(tasks, split=cfg.env.split, group_size=cfg.group_size,
-                                         seed=online.rollout_seed(cfg, self.step, strategy))
+            episodes = online.play_step(cfg, self.session, tasks, online.rollout_seed(cfg, self.step, strategy))
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
             self._check_rollout(episodes)
             self._save_rollout(episodes)
 
-            # PAIRS: each task's best and worst sample, when their total rewards differ
-            pairs = preference_pairs(trainable(episodes))
+            # PAIRS: each task's best and worst sample, when their total rewards differ; from a search,
+            # at each branch point the best path of one reply against the worst of a sibling's
+            pairs = sibling_pairs(episodes) if online.searched(cfg) else preference_pairs(trainable(episodes))
             total_pairs = strategy.sum([len(pairs)])[0]
             if not total_pairs:
                 metrics.update(self._skip("no preference pair: every sample of each task scored the same"))

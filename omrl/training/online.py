@@ -34,10 +34,6 @@ from omrl.training.model_setup import load_frozen_copy, load_trainable_model, sa
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.rl_data import TaskOrder
 
-#: recipes that train on the paths of search trees (rollout.strategy other than chain)
-TREE_RECIPES = ("grpo", "ppo")
-
-
 def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
     """Refuse values no online recipe can run with, naming the key and what is valid."""
     algo = cfg.algorithm
@@ -68,14 +64,9 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
 
 
 def check_rollout_strategy(cfg: TrainRunConfig) -> None:
-    """A known ``rollout.strategy``, a budget of at least one reply, and a recipe that trains on trees."""
-    rollout = cfg.rollout
-    registry.strategies.get(rollout.strategy)  # unknown: names the valid ones
-    check_budget(rollout.budget, cfg.generation.max_new_tokens)
-    if searched(cfg) and cfg.algorithm.name not in TREE_RECIPES:
-        raise ConfigError(f"rollout.strategy={rollout.strategy} (rollout.budget={rollout.budget}) trains with "
-                          f"algorithm.name {' or '.join(TREE_RECIPES)}, not {cfg.algorithm.name!r} (dpo pairs the "
-                          "samples of the chain rollout); valid: rollout.strategy=chain with rollout.budget=0")
+    """A known ``rollout.strategy`` and a budget of at least one reply (every recipe trains on trees)."""
+    registry.strategies.get(cfg.rollout.strategy)  # unknown: names the valid ones
+    check_budget(cfg.rollout.budget, cfg.generation.max_new_tokens)
 
 
 def searched(cfg: TrainRunConfig) -> bool:

@@ -122,3 +122,34 @@ def train_each_turn_once(batch: Batch) -> Batch:
         out[rows, cols] = mean[inverse]
         tensors[key] = torch.where(loss_mask.bool(), out, 0.0)
     return Batch(tensors, batch.non_tensors, batch.meta)
+
+
+def sibling_pairs(episodes: Sequence[Episode]) -> list[tuple[Episode, Episode]]:
+    """DPO pairs from search trees (chosen, rejected): one per branch point of each tree.
+
+    A branch point is a node (or a tree's root) that finished paths leave by different replies.
+    Its pair is the best path through one of those replies against the worst path through
+    another, the two that differ most in total reward (ties: the first in path order), kept
+    when they differ at all. The two paths share every turn above the branch point token for
+    token, so those turns cancel in DPO's margin: the pair compares sibling replies by what
+    followed them. Paths diverge at exactly one branch point, so no pair repeats; a chain
+    rollout's samples (siblings at the root) give :func:`~omrl.training.rl_data.preference_pairs`'
+    best-against-worst pair. Unfinished paths (``pruned``, ``budget``) take part in no pair.
+    """
+    def rank(ep: Episode) -> tuple[float, bool]:
+        return (ep.total_reward, ep.won)
+
+    children: dict[tuple[int, int], dict[int, list[Episode]]] = {}  # (tree, node) -> its reply nodes' paths
+    for ep in finished_paths(episodes):
+        for turn in ep.turns:
+            if turn.node_id >= 0:
+                children.setdefault((ep.group, turn.parent_id), {}).setdefault(turn.node_id, []).append(ep)
+    pairs = []
+    for key in sorted(children):
+        below = [(max(paths, key=rank), min(paths, key=rank)) for paths in children[key].values()]
+        candidates = [(best, worst) for i, (best, _) in enumerate(below) for j, (_, worst) in enumerate(below) if i != j]
+        if candidates:
+            best, worst = max(candidates, key=lambda pair: pair[0].total_reward - pair[1].total_reward)
+            if best.total_reward > worst.total_reward:
+                pairs.append((best, worst))
+    return pairs

@@ -35,6 +35,18 @@ def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
     assert "search: beam" in result.output and "generated_tokens" in result.output
 
 
+def test_sft_reads_a_search_file_as_it_reads_chains(chest_plugins, tiny_model_dir, tmp_path):
+    """A tree's paths are ordinary episodes: ``omrl sft`` trains on a search's parquet unchanged."""
+    trees = tmp_path / "beam.parquet"
+    assert invoke("rollout", *FAST, "--template", "chest-action", "--num-tasks", "2", "--strategy", "beam",
+                  "--budget", "40", "plugins.beam.width=1", "plugins.beam.branch=2", "-o", str(trees)).exit_code == 0
+    out = tmp_path / "sft"
+    result = invoke("sft", f"model.name={tiny_model_dir}", "--dataset", str(trees), "--output-dir", str(out),
+                    "--num-train-epochs", "1", "--per-device-train-batch-size", "64", "--logging-steps", "1")
+    assert result.exit_code == 0, result.output
+    assert "trained 1 steps" in result.output and (out / "model.safetensors").exists()
+
+
 def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path):
     report = tmp_path / "report.json"
     result = invoke("eval", *FAST, "env.template=chest-action", "--num-tasks", "2", "--strategy", "best_of_n",

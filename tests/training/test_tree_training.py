@@ -22,8 +22,9 @@ from omrl.search.tree import Node, Tree, copy_episode
 from omrl.training import rl as rl_module
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import RLRecipe, run_rl
-from omrl.training.rl_data import episodes_to_batch
-from omrl.training.tree_batch import finished_paths, paths_to_batch, train_each_turn_once, tree_advantage_input
+from omrl.training.rl_data import episodes_to_batch, preference_pairs
+from omrl.training.tree_batch import (finished_paths, paths_to_batch, sibling_pairs, train_each_turn_once,
+                                     tree_advantage_input)
 from omrl_plugins.algos.advantages import episode_scores, grpo
 from omrl_plugins.algos.tree import branch_advantages, tree_grpo
 
@@ -94,6 +95,28 @@ def test_finished_paths_are_the_rows_and_unfinished_ones_are_no_leaves():
     assert advantages[batch["loss_mask"].bool()].unique().tolist() == pytest.approx([-2 * R, R], abs=1e-5)
     _, budget_cut = forked_tree(exhausted=True)
     assert budget_cut[-1].end_reason == "budget" and len(finished_paths(budget_cut)) == 3
+
+
+def test_dpo_pairs_one_branch_point_each_its_best_reply_against_its_worst_sibling():
+    # root -> a -> {a1: 1, a2: 0}; root -> b: 1; root -> c: pruned (scored 5, but it has no outcome)
+    _, (a1, a2, b, c) = forked_tree()
+    c.rewards = {"total": [5.0]}
+    # root: b's path (1) against a's worst (a2, 0), not a1 (1 = b's 1); a: a1 against a2
+    assert sibling_pairs([a1, a2, b, c]) == [(b, a2), (a1, a2)]
+    # a branch point whose replies' paths all score alike gives no pair
+    _, (a1, a2, b, _) = forked_tree()
+    assert sibling_pairs(scored([a1, a2, b], {2: 1.0, 3: 1.0, 4: 1.0})) == []
+    # trees pair only within themselves: a second tree (group 1) adds its own two pairs
+    _, second = forked_tree(group=1)
+    assert len(sibling_pairs([a1, a2, b, *second])) == 2
+
+
+def test_chains_grown_as_a_tree_pair_as_the_chain_rollout_does():
+    tree = new_tree()
+    for reply, end in (([20], "done"), ([30], "done"), ([40], "done")):
+        grow(tree, tree.root, reply, end=end)
+    chains = scored(tree.episodes(), {1: 0.5, 2: 1.0, 3: 0.0})
+    assert sibling_pairs(chains) == preference_pairs(chains) == [(chains[1], chains[2])]
 
 
 def test_a_tree_where_nothing_finished_gives_no_rows():
@@ -277,6 +300,16 @@ def test_every_strategy_trains(tree_config, strategy, options):
     assert summary["skipped_updates"] == 0 and math.isfinite(record["loss"]) and 0 < record["finished_paths"] <= 1
 
 
+def test_dpo_trains_on_the_sibling_pairs_of_beam_trees(tree_config):
+    cfg = tree_config("algorithm.name=dpo")  # group_size 1: one tree per task, its branch points pair
+    summary = run_rl(cfg, console=QUIET)
+    (record,) = read_metrics(cfg.logging.output_dir)
+    paths = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / "step-00000001.parquet")
+    # leaf_index rewards differ between siblings: each beam tree's branch points give its pairs
+    assert len(paths) > 2 and record["dpo_pairs"] == len(sibling_pairs(paths)) > 0
+    assert summary["skipped_updates"] == 0 and math.isfinite(record["loss"]) and record["grad_norm"] > 0
+
+
 def test_train_command_with_a_tree_strategy(tiny_model_dir, tmp_path, register_plugin):
     from omrl.cli import build_app
 
@@ -293,8 +326,6 @@ def test_train_command_with_a_tree_strategy(tiny_model_dir, tmp_path, register_p
 
 
 @pytest.mark.parametrize("overrides, error, match", [
-    (("algorithm.name=dpo",), ConfigError, "rollout.strategy=beam .rollout.budget=0. trains with algorithm.name "
-                                           "grpo or ppo, not 'dpo'"),
     (("rollout.strategy=bean",), UnknownNameError, "Did you mean 'beam'"),
     (("rollout.budget=4",), ConfigError, "budget 4 is smaller than one reply"),
 ])
