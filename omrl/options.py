@@ -70,8 +70,8 @@ class RewardConfig:
 class TrainRolloutConfig:
     strategy: str = opt("chain", "How each step plays its tasks: chain (group_size samples per task), or a search "
                                  "(best_of_n, beam, dfsdt, mcts or a plugin's; options in plugins.<name>) growing "
-                                 "group_size trees per task, whose finished paths are the episodes; a turn several "
-                                 "paths share is trained once.")
+                                 "group_size trees per task, whose finished paths are the episodes; grpo and ppo "
+                                 "train a turn several paths share once, dpo pairs sibling replies' paths.")
     budget: int = opt(0, "Model tokens each tree's search may generate (0: no limit).")
 
 

@@ -63,7 +63,9 @@ class DPORecipe(online.OnlineRecipe):
             pairs = sibling_pairs(episodes) if online.searched(cfg) else preference_pairs(trainable(episodes))
             total_pairs = strategy.sum([len(pairs)])[0]
             if not total_pairs:
-                metrics.update(self._skip("no preference pair: every sample of each task scored the same"))
+                why = ("no branch point's replies led to different rewards" if online.searched(cfg)
+                       else "every sample of each task scored the same")
+                metrics.update(self._skip(f"no preference pair: {why}"))
                 self._end_step(metrics, started)
                 continue
 

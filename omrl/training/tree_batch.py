@@ -129,27 +129,35 @@ def sibling_pairs(episodes: Sequence[Episode]) -> list[tuple[Episode, Episode]]:
 
     A branch point is a node (or a tree's root) that finished paths leave by different replies.
     Its pair is the best path through one of those replies against the worst path through
-    another, the two that differ most in total reward (ties: the first in path order), kept
-    when they differ at all. The two paths share every turn above the branch point token for
-    token, so those turns cancel in DPO's margin: the pair compares sibling replies by what
-    followed them. Paths diverge at exactly one branch point, so no pair repeats; a chain
-    rollout's samples (siblings at the root) give :func:`~omrl.training.rl_data.preference_pairs`'
-    best-against-worst pair. Unfinished paths (``pruned``, ``budget``) take part in no pair.
+    another: the two that differ most in total reward, then a won chosen and a lost rejected,
+    then (as :func:`~omrl.training.rl_data.preference_pairs` breaks ties) the last chosen and
+    the first rejected in path order; kept when their rewards differ. The two paths share
+    every turn above the branch point token for token, so those turns cancel in DPO's margin:
+    the pair compares sibling replies by what followed them. Paths diverge at exactly one
+    branch point, so no pair repeats; a chain rollout's samples (siblings at the root) give
+    preference_pairs' pair. Unfinished paths (``pruned``, ``budget``) take part in no pair.
     """
-    def rank(ep: Episode) -> tuple[float, bool]:
-        return (ep.total_reward, ep.won)
+    paths = finished_paths(episodes)
+    order = {id(ep): i for i, ep in enumerate(paths)}
+
+    def rank(ep: Episode) -> tuple[float, bool, int]:  # ties go to the later path
+        return (ep.total_reward, ep.won, order[id(ep)])
+
+    def preference(pair: tuple[Episode, Episode]) -> tuple:
+        best, worst = pair
+        return (best.total_reward - worst.total_reward, best.won, not worst.won, order[id(best)], -order[id(worst)])
 
     children: dict[tuple[int, int], dict[int, list[Episode]]] = {}  # (tree, node) -> its reply nodes' paths
-    for ep in finished_paths(episodes):
+    for ep in paths:
         for turn in ep.turns:
             if turn.node_id >= 0:
                 children.setdefault((ep.group, turn.parent_id), {}).setdefault(turn.node_id, []).append(ep)
     pairs = []
     for key in sorted(children):
-        below = [(max(paths, key=rank), min(paths, key=rank)) for paths in children[key].values()]
+        below = [(max(through, key=rank), min(through, key=rank)) for through in children[key].values()]
         candidates = [(best, worst) for i, (best, _) in enumerate(below) for j, (_, worst) in enumerate(below) if i != j]
         if candidates:
-            best, worst = max(candidates, key=lambda pair: pair[0].total_reward - pair[1].total_reward)
+            best, worst = max(candidates, key=preference)
             if best.total_reward > worst.total_reward:
                 pairs.append((best, worst))
     return pairs

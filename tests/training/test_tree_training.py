@@ -117,6 +117,13 @@ def test_chains_grown_as_a_tree_pair_as_the_chain_rollout_does():
         grow(tree, tree.root, reply, end=end)
     chains = scored(tree.episodes(), {1: 0.5, 2: 1.0, 3: 0.0})
     assert sibling_pairs(chains) == preference_pairs(chains) == [(chains[1], chains[2])]
+    # ties break alike: by reward, then a won chosen and a lost rejected, then the last chosen, the first rejected
+    for finals, won, pair in (({1: 1.0, 2: 1.0, 3: 0.0}, (), (1, 2)), ({1: 1.0, 2: 1.0, 3: 0.0}, (0,), (0, 2)),
+                              ({1: 1.0, 2: 0.0, 3: 0.0}, (1,), (0, 2)), ({1: 1.0, 2: 0.0, 3: 0.0}, (), (0, 1))):
+        chains = scored(tree.episodes(), finals)
+        for i, ep in enumerate(chains):
+            ep.score, ep.won = (1.0, True) if i in won else (0.0, False)
+        assert sibling_pairs(chains) == preference_pairs(chains) == [(chains[pair[0]], chains[pair[1]])], finals
 
 
 def test_a_tree_where_nothing_finished_gives_no_rows():
