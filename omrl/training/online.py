@@ -34,6 +34,7 @@ from omrl.training.model_setup import load_frozen_copy, load_trainable_model, sa
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.rl_data import TaskOrder
 
+
 def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
     """Refuse values no online recipe can run with, naming the key and what is valid."""
     algo = cfg.algorithm
