@@ -45,7 +45,7 @@ section has the tables:
   (Before the first 8 tasks were run with the default size, an earlier webshop table was of the
   untuned smollm2-135m, which never buys the right product: every cell 0.)
 - webshop, best-of-3 on the same 100 tasks at 320 (``--webshop-tasks 100 --webshop-budgets 320 --strategies
-  best_of_n plugins.best_of_n.n=3 generation.kv_cache_mb=3072 --out runs/search-bo3``, results in
+  best_of_n plugins.best_of_n.n=3 generation.kv_cache_mb=3072 --out runs/search-bo3``, results
   copied to ``webshop-100-bo3/``): 43 min. best_of_n 41.0% with 212 tokens a task (fewer chains cut by the
   budget: 30 tasks, against all 100 at n=4); mcts against it, paired: +13.0 +- 4.9 points (2.7 SE),
   mean score +0.064 +- 0.026 (2.5 SE).
