@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from .sample_data import agent_records
+from .sample_data import agent_records, sft_run_config
 
 
 @pytest.fixture(autouse=True)
@@ -31,22 +31,4 @@ def agent_jsonl(tmp_path):
 @pytest.fixture
 def sft_config(tiny_model_dir, agent_jsonl, tmp_path):
     """``sft_config(**overrides)``: a fast SFT config on the tiny model (dotted keys as ``a__b``)."""
-    from omrl.config import from_dict, merge
-    from omrl.options import SftRunConfig
-
-    def make(**overrides):
-        data = {"model": {"name": tiny_model_dir}, "dataset": str(agent_jsonl), "max_seq_length": 256,
-                "num_train_epochs": 2.0, "packing": False,
-                "optim": {"learning_rate": 2e-3, "micro_batch_size": 2, "gradient_accumulation_steps": 1},
-                "logging": {"output_dir": str(tmp_path / "run"), "tensorboard": False}}
-        for key, value in overrides.items():
-            node: dict = {}
-            top = node
-            *parents, leaf = key.split("__")
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = value
-            data = merge(data, top)
-        return from_dict(SftRunConfig, data)
-
-    return make
+    return lambda **overrides: sft_run_config(tiny_model_dir, agent_jsonl, tmp_path / "run", **overrides)

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -25,103 +28,109 @@ from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.sft import run_sft
 
+from .sample_data import agent_records, sft_run_config
+
 ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
 
-# Launched on every process: runs a recipe, then saves this process's final weights. The reward
+# Launched on every process: runs each job of a JSON list in turn (a recipe, then this process's final
+# weights saved in the job's folder), so one launch's start-up (some 12 s) serves many runs. The reward
 # "main_sample_index" is each sample's index on process 0 and 0 elsewhere, so only process 0 has
-# preference pairs and non-zero advantages. With OMRL_TEST_UNEVEN=1, process 1 trains on one
-# episode fewer, so it has fewer micro-batches (when sharded: idle passes).
-RUN_AND_SAVE_WEIGHTS = """
-import os, sys, torch
+# preference pairs and non-zero advantages. A job with "uneven" has process 1 train on one episode
+# fewer, so it has fewer micro-batches (when sharded: idle passes); one with "nan_call": N makes
+# process 0's N-th micro-batch loss NaN.
+RUN_JOBS = """
+import json, os, sys, torch
 from omrl.config import load_config
 from omrl.hookspecs import hookimpl
 from omrl.options import SftRunConfig, TrainRunConfig
 from omrl.plugins import load_plugins
+import omrl.training.dpo as dpo
+import omrl.training.rl as rl
 from omrl.training.dpo import DPORecipe
 from omrl.training.rl import RLRecipe
 from omrl.training.sft import SftRecipe
 
+RANK = os.environ["RANK"]
+
 class MainSampleIndex:
     @hookimpl
     def register_rewards(self, register):
-        main = os.environ["RANK"] == "0"
         register("main_sample_index", lambda episodes: [
-            [0.0] * (len(ep.turns) - 1) + [float(ep.sample) if main else 0.0] for ep in episodes])
+            [0.0] * (len(ep.turns) - 1) + [float(ep.sample) if RANK == "0" else 0.0] for ep in episodes])
 
 load_plugins().register(MainSampleIndex(), name="main-sample-index")
-if os.environ.get("OMRL_TEST_UNEVEN") == "1" and os.environ["RANK"] == "1":
-    import omrl.training.dpo as dpo
-    import omrl.training.rl as rl
-    keep = rl.trainable
-    rl.trainable = dpo.trainable = lambda episodes: keep(episodes)[1:]
+# the jobs share one process group: a group destroyed and made again on the launcher's store hangs
+leave_group, torch.distributed.destroy_process_group = torch.distributed.destroy_process_group, lambda *a, **k: None
+real_trainable, real_loss = rl.trainable, rl.policy_gradient_loss
 
-if os.environ.get("OMRL_TEST_NAN_CALL") and os.environ["RANK"] == "0":  # one micro-batch's loss is NaN
-    import omrl.training.rl as rl
-    calls, real_loss = [0], rl.policy_gradient_loss
+def one_fewer(episodes):
+    return real_trainable(episodes)[1:]
+
+def nan_at(call):
+    calls = [0]
     def policy_gradient_loss(*args, **kwargs):
         calls[0] += 1
         loss, parts = real_loss(*args, **kwargs)
-        return (loss * float("nan"), parts) if calls[0] == int(os.environ["OMRL_TEST_NAN_CALL"]) else (loss, parts)
-    rl.policy_gradient_loss = policy_gradient_loss
+        return (loss * float("nan"), parts) if calls[0] == call else (loss, parts)
+    return policy_gradient_loss
 
-kind, config, out = sys.argv[1:4]
-cfg = load_config(SftRunConfig if kind == "sft" else TrainRunConfig, config)
-recipe = SftRecipe(cfg) if kind == "sft" else (DPORecipe if cfg.algorithm.name == "dpo" else RLRecipe)(cfg)
-try:
-    recipe.setup()
-    recipe.train()
-    torch.save(recipe.strategy.state_dict(recipe.model), f"{out}/rank{recipe.strategy.rank}.pt")
-finally:
-    recipe.cleanup()
+for job in json.loads(open(sys.argv[1]).read()):
+    rl.trainable = dpo.trainable = one_fewer if job["uneven"] and RANK == "1" else real_trainable
+    rl.policy_gradient_loss = nan_at(job["nan_call"]) if job["nan_call"] and RANK == "0" else real_loss
+    cfg = load_config(SftRunConfig if job["kind"] == "sft" else TrainRunConfig, job["config"])
+    recipe = SftRecipe(cfg) if job["kind"] == "sft" else (DPORecipe if cfg.algorithm.name == "dpo" else RLRecipe)(cfg)
+    try:
+        recipe.setup()
+        recipe.train()
+        torch.save(recipe.strategy.state_dict(recipe.model), f"{job['out']}/rank{recipe.strategy.rank}.pt")
+    finally:
+        recipe.cleanup()
+leave_group()
 """
 
 
-def _launch(tmp_path, *args: str, mode: str = "ddp", uneven: bool = False, timeout: int = 600,
-            nan_call: int = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMRL_TEST_UNEVEN": str(int(uneven)),  # one core per process
-           "OMRL_TEST_NAN_CALL": str(nan_call or "")}
+def _launch(cwd, *args: str, mode: str = "ddp", timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core per process
     return subprocess.run([sys.executable, "-m", "accelerate.commands.launch",
                            "--config_file", str(ACCELERATE_CONFIGS / f"{mode}.yaml"),
-                           "--num_processes", "2", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           "--num_processes", "2", *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 
-def _run_two_processes(tmp_path, kind: str, cfg, mode: str = "ddp", uneven: bool = False, nan_call: int = 0
-                       ) -> dict[int, dict[str, torch.Tensor]]:
-    config_file = tmp_path / f"{kind}.yaml"
-    config_file.write_text(to_yaml(cfg))
-    script = tmp_path / "run_and_save.py"
-    script.write_text(RUN_AND_SAVE_WEIGHTS)
-    done = _launch(tmp_path, str(script), kind, str(config_file), str(tmp_path), mode=mode, uneven=uneven,
-                   nan_call=nan_call)
+@dataclasses.dataclass
+class Job:
+    """One run of a launch: ``kind`` "sft" or "train", its config, and the folder its processes save
+    their final weights in (``rank0.pt``, ``rank1.pt``)."""
+
+    kind: str
+    cfg: Any
+    out: Path
+    uneven: bool = False
+    nan_call: int = 0
+
+
+def _run_jobs(cwd: Path, mode: str, jobs: list[Job]) -> list[dict[int, dict[str, torch.Tensor]]]:
+    """Run ``jobs`` one after another in one two-process launch; each job's final weights, by process."""
+    specs = []
+    for job in jobs:
+        job.out.mkdir(parents=True, exist_ok=True)
+        config = job.out / f"{job.kind}.yaml"
+        config.write_text(to_yaml(job.cfg))
+        specs.append({"kind": job.kind, "config": str(config), "out": str(job.out), "uneven": job.uneven,
+                      "nan_call": job.nan_call})
+    listing = cwd / f"jobs-{mode}-{len(list(cwd.glob('jobs-*.json')))}.json"
+    listing.write_text(json.dumps(specs))
+    (cwd / "run_jobs.py").write_text(RUN_JOBS)
+    done = _launch(cwd, str(cwd / "run_jobs.py"), str(listing), mode=mode)
     assert done.returncode == 0, done.stderr[-4000:]
-    return {rank: torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)}
+    return [{rank: torch.load(job.out / f"rank{rank}.pt") for rank in (0, 1)} for job in jobs]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["ddp", "fsdp", "zero3"])
-def test_two_process_sft_matches_one_process(sft_config, tmp_path, mode):
-    # 8 conversations, 2 per micro-batch, 3 micro-batches per step: the processes take 2 and 1, then 1 and
-    # none (when sharded the idle process runs idle passes to keep the collectives in step)
-    settings = dict(num_train_epochs=2.0, optim__gradient_accumulation_steps=3, optim__lr_schedule="cosine",
+# 8 conversations, 2 per micro-batch, 3 micro-batches per step: the processes take 2 and 1, then 1 and
+# none (when sharded the idle process runs idle passes to keep the collectives in step)
+SFT_SETTINGS = dict(num_train_epochs=2.0, optim__gradient_accumulation_steps=3, optim__lr_schedule="cosine",
                     optim__warmup_steps=1, logging__save_steps=2)
-    run_sft(sft_config(logging__output_dir=str(tmp_path / "single"), **settings), console=Console(file=io.StringIO()))
-    single_weights = AutoModelForCausalLM.from_pretrained(tmp_path / "single").state_dict()
-
-    two_cfg = sft_config(logging__output_dir=str(tmp_path / "two"), **settings)
-    weights = _run_two_processes(tmp_path, "sft", two_cfg, mode)
-
-    single, two = read_metrics(tmp_path / "single"), read_metrics(tmp_path / "two")
-    assert [r["step"] for r in two] == [r["step"] for r in single] == [1, 2, 3, 4]  # the main process logs once
-    for a, b in zip(single, two):
-        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), f"step {a['step']}"
-        assert b["label_tokens"] == a["label_tokens"]  # the step's global count, not one process's share
-    for name, tensor in weights[0].items():
-        assert torch.equal(tensor, weights[1][name]), f"processes disagree on {name}"
-        torch.testing.assert_close(tensor, single_weights[name], rtol=1e-4, atol=1e-5)
-    assert latest_checkpoint(tmp_path / "two").name == "step-00000004"
-    assert (tmp_path / "two" / "config.json").is_file()
 
 
 def _rl_config(tiny_model_dir, output_dir, algo: str = "grpo", *overrides: str):
@@ -136,81 +145,150 @@ def _rl_config(tiny_model_dir, output_dir, algo: str = "grpo", *overrides: str):
         f"logging.output_dir={output_dir}", *overrides])
 
 
-@pytest.mark.slow
-def test_two_process_grpo_trains_and_keeps_processes_in_step(tiny_model_dir, tmp_path):
-    weights = _run_two_processes(tmp_path, "train", _rl_config(tiny_model_dir, tmp_path / "grpo"))
+# Sharded runs must agree with DDP's, case by case: process 1 has a micro-batch fewer (idle passes,
+# through the sharded reference model too); a value head beside the sharded model and a reference
+# model; two sharded models; process 1 with no preference pair (idle passes).
+SHARDED_CASES = {  # name: (algo, overrides, uneven)
+    "grpo": ("grpo", ["optim.micro_batch_size=1", "algorithm.kl_coef=0.05"], True),
+    "ppo": ("ppo", ["algorithm.kl_coef=0.05"], False),
+    "ppo-critic": ("ppo", ["algorithm.critic=model", "optim.micro_batch_size=1", "mini_batch_size=0"], True),
+    "dpo": ("dpo", ["optim.micro_batch_size=1"], False),
+}
+# Runs resumed from their step-2 checkpoint; the last has every kind of module: policy, critic, value
+# head, reference.
+RESUMED_CASES = {  # name: (mode, algo, overrides)
+    "fsdp-grpo": ("fsdp", "grpo", []),
+    "fsdp-ppo": ("fsdp", "ppo", ["algorithm.critic=model"]),
+    "zero3-ppo": ("zero3", "ppo", ["algorithm.critic=model", "algorithm.kl_coef=0.05"]),
+}
+MODES = ("ddp", "fsdp", "zero3")
 
-    for name, tensor in weights[0].items():
-        assert torch.equal(tensor, weights[1][name]), f"processes disagree on {name}"
-    records = read_metrics(tmp_path / "grpo")
-    assert [r["step"] for r in records][:2] == [1, 2]
-    assert all(r["grad_norm"] > 0 for r in records[:2])  # an update happened every step
-    assert "eval_success" in records[0]
-    assert latest_checkpoint(tmp_path / "grpo").name == "step-00000002"
+
+@dataclasses.dataclass
+class Run:
+    weights: dict[int, dict[str, torch.Tensor]]  # by process
+    records: list[dict]
+    output_dir: Path
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("algo, overrides, uneven", [
-    # process 1 has a micro-batch fewer: idle passes, through the sharded reference model too
-    ("grpo", ["optim.micro_batch_size=1", "algorithm.kl_coef=0.05"], True),
-    ("ppo", ["algorithm.kl_coef=0.05"], False),  # a value head beside the sharded model, and a reference model
-    ("ppo", ["algorithm.critic=model", "optim.micro_batch_size=1", "mini_batch_size=0"], True),  # two sharded models
-    ("dpo", ["optim.micro_batch_size=1"], False),  # process 1 has no pair: it runs idle passes
-])
-def test_sharded_rl_matches_data_parallel(tiny_model_dir, tmp_path, algo, overrides, uneven):
-    """Same seed, same processes: FSDP and ZeRO-3 shard what DDP replicates, so the runs must agree."""
+@pytest.fixture(scope="module")
+def launched(tiny_model_dir, tmp_path_factory) -> dict[tuple[str, str], Run]:
+    """Every multi-process SFT and RL run of the tests in this file, by (mode, case): one launch per mode runs them
+    all in turn (a launch costs some 12 s before its first step), then one per mode resumes."""
+    root = tmp_path_factory.mktemp("launched")
+    main_index = "reward.weights={main_sample_index: 1.0}"
+    jobs: dict[str, dict[str, Job]] = {mode: {} for mode in MODES}
+    jobs["ddp"]["plain-grpo"] = Job("train", _rl_config(tiny_model_dir, root / "ddp" / "plain-grpo" / "run"),
+                                    root / "ddp" / "plain-grpo")
+    dataset = root / "agent.jsonl"
+    dataset.write_text("".join(json.dumps(record) + "\n" for record in agent_records()))
+    for mode in MODES:
+        jobs[mode]["sft"] = Job("sft", sft_run_config(tiny_model_dir, dataset, root / mode / "sft" / "run",
+                                                      **SFT_SETTINGS), root / mode / "sft")
+        for case, (algo, overrides, uneven) in SHARDED_CASES.items():
+            out = root / mode / case
+            jobs[mode][case] = Job("train", _rl_config(tiny_model_dir, out / "run", algo, main_index, *overrides),
+                                   out, uneven=uneven)
+        out = root / mode / "nan"  # process 0's second micro-batch loss is NaN
+        jobs[mode]["nan"] = Job("train", _rl_config(tiny_model_dir, out / "run", "grpo", main_index, "steps=3",
+                                                    "eval_tasks=0"), out, nan_call=2)
+    for case, (mode, algo, overrides) in RESUMED_CASES.items():
+        out = root / mode / case
+        jobs[mode][case] = Job("train", _rl_config(tiny_model_dir, out / "run", algo, "steps=3", main_index,
+                                                   "logging.keep_checkpoints=0", "eval_tasks=0", *overrides), out)
+
     runs = {}
-    for mode in ("ddp", "fsdp", "zero3"):
-        (tmp_path / mode).mkdir()
-        cfg = _rl_config(tiny_model_dir, tmp_path / mode / "run", algo, "reward.weights={main_sample_index: 1.0}",
-                         *overrides)
-        runs[mode] = (_run_two_processes(tmp_path / mode, "train", cfg, mode, uneven)[0],
-                      read_metrics(tmp_path / mode / "run"))
+    for mode, named in jobs.items():
+        for case, weights in zip(named, _run_jobs(root, mode, list(named.values()))):
+            runs[mode, case] = Run(weights, read_metrics(named[case].out / "run"), named[case].out / "run")
 
-    ddp_weights, ddp_records = runs["ddp"]
+    resumed: dict[str, list[Job]] = {}
+    for case, (mode, _, _) in RESUMED_CASES.items():
+        job, run = jobs[mode][case], runs[mode, case]
+        shutil.rmtree(latest_checkpoint(run.output_dir))  # as if killed before the step-3 checkpoint
+        assert latest_checkpoint(run.output_dir).name == "step-00000002"
+        resumed.setdefault(mode, []).append(
+            Job("train", dataclasses.replace(job.cfg, resume=True), job.out.with_name(f"{case}-resumed")))
+    for mode, mode_jobs in resumed.items():
+        for job, weights in zip(mode_jobs, _run_jobs(root, mode, mode_jobs)):
+            runs[mode, job.out.name] = Run(weights, read_metrics(job.cfg.logging.output_dir), job.cfg.logging.output_dir)
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["ddp", "fsdp", "zero3"])
+def test_two_process_sft_matches_one_process(launched, sft_config, tmp_path, mode):
+    run_sft(sft_config(logging__output_dir=str(tmp_path / "single"), **SFT_SETTINGS),
+            console=Console(file=io.StringIO()))
+    single_weights = AutoModelForCausalLM.from_pretrained(tmp_path / "single").state_dict()
+    two = launched[mode, "sft"]
+
+    single = read_metrics(tmp_path / "single")
+    assert [r["step"] for r in two.records] == [r["step"] for r in single] == [1, 2, 3, 4]  # the main process logs once
+    for a, b in zip(single, two.records):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4), f"step {a['step']}"
+        assert b["label_tokens"] == a["label_tokens"]  # the step's global count, not one process's share
+    for name, tensor in two.weights[0].items():
+        assert torch.equal(tensor, two.weights[1][name]), f"processes disagree on {name}"
+        torch.testing.assert_close(tensor, single_weights[name], rtol=1e-4, atol=1e-5)
+    assert latest_checkpoint(two.output_dir).name == "step-00000004"
+    assert (two.output_dir / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_two_process_grpo_trains_and_keeps_processes_in_step(launched):
+    run = launched["ddp", "plain-grpo"]
+    for name, tensor in run.weights[0].items():
+        assert torch.equal(tensor, run.weights[1][name]), f"processes disagree on {name}"
+    assert [r["step"] for r in run.records][:2] == [1, 2]
+    assert all(r["grad_norm"] > 0 for r in run.records[:2])  # an update happened every step
+    assert "eval_success" in run.records[0]
+    assert latest_checkpoint(run.output_dir).name == "step-00000002"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SHARDED_CASES))
+def test_sharded_rl_matches_data_parallel(launched, tiny_model_dir, case):
+    """Same seed, same processes: FSDP and ZeRO-3 shard what DDP replicates, so the runs must agree."""
+    ddp = launched["ddp", case]
     start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     for mode in ("fsdp", "zero3"):
-        weights, records = runs[mode]
-        assert [r["step"] for r in records] == [r["step"] for r in ddp_records]
-        for a, b in zip(ddp_records, records):
+        run = launched[mode, case]
+        assert [r["step"] for r in run.records] == [r["step"] for r in ddp.records]
+        for a, b in zip(ddp.records, run.records):
             assert b["reward"] == a["reward"], f"{mode} step {a['step']}: the rollouts differ"
             assert b["loss"] == pytest.approx(a["loss"], rel=1e-3, abs=1e-5), f"{mode} step {a['step']}"
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3), f"{mode} step {a['step']}"
             assert b["lr"] == pytest.approx(a["lr"]), f"{mode} step {a['step']}"
-        for name, tensor in ddp_weights.items():
+        for name, tensor in ddp.weights[0].items():
             if name not in start:  # a head made by the run: no starting point to measure a move from
-                torch.testing.assert_close(weights[name], tensor, rtol=1e-4, atol=1e-5, msg=f"{mode} {name}")
+                torch.testing.assert_close(run.weights[0][name], tensor, rtol=1e-4, atol=1e-5, msg=f"{mode} {name}")
                 continue
             # Adam turns a float-rounding difference in a near-zero gradient into a step difference of
             # up to the learning rate, so the gap is judged against how far training moved the tensor
             # (measured: at most 0.4% of it; a shard that missed its update is off by the whole move)
             moved = float((tensor - start[name]).abs().max())
-            gap = float((weights[name] - tensor).abs().max())
+            gap = float((run.weights[0][name] - tensor).abs().max())
             assert gap <= 0.02 * moved + 1e-7, f"{mode} {name}: {gap:.2e} from DDP's weights, moved {moved:.2e}"
         # the checkpoint holds the gathered, whole weights in Hugging Face format
-        saved = AutoModelForCausalLM.from_pretrained(tmp_path / mode / "run").state_dict()
-        for name, tensor in weights.items():
+        saved = AutoModelForCausalLM.from_pretrained(run.output_dir).state_dict()
+        for name, tensor in run.weights[0].items():
             torch.testing.assert_close(saved[name], tensor, msg=f"{mode} {name}")
 
 
 @pytest.mark.slow
-def test_a_non_finite_gradient_skips_the_update_in_every_mode(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("mode", ["fsdp", "zero3"])
+def test_a_non_finite_gradient_skips_the_update_in_every_mode(launched, mode):
     """A NaN loss in one micro-batch on process 0 makes the summed gradient NaN: every mode skips
     that update (DeepSpeed's engine by itself under ZeRO-3), counts it, and trains on as DDP does."""
-    runs = {}
-    for mode in ("ddp", "zero3"):
-        (tmp_path / mode).mkdir()
-        cfg = _rl_config(tiny_model_dir, tmp_path / mode / "run", "grpo", "reward.weights={main_sample_index: 1.0}",
-                         "steps=3", "eval_tasks=0")
-        runs[mode] = (_run_two_processes(tmp_path / mode, "train", cfg, mode, nan_call=2)[0],
-                      read_metrics(tmp_path / mode / "run"))
-    (ddp_weights, ddp_records), (zero_weights, zero_records) = runs["ddp"], runs["zero3"]
-    assert [r.get("skipped_updates", 0) for r in zero_records] == [r.get("skipped_updates", 0) for r in ddp_records]
-    assert max(r.get("skipped_updates", 0) for r in zero_records) == 1
-    assert zero_records[-1]["grad_norm"] == pytest.approx(ddp_records[-1]["grad_norm"], rel=1e-3)
-    for name, tensor in ddp_weights.items():
-        assert torch.isfinite(zero_weights[name]).all(), name
-        torch.testing.assert_close(zero_weights[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    ddp, run = launched["ddp", "nan"], launched[mode, "nan"]
+    skipped = [r.get("skipped_updates", 0) for r in ddp.records]
+    assert max(skipped) == 1
+    assert [r.get("skipped_updates", 0) for r in run.records] == skipped
+    assert run.records[-1]["grad_norm"] == pytest.approx(ddp.records[-1]["grad_norm"], rel=1e-3)
+    for name, tensor in ddp.weights[0].items():
+        assert torch.isfinite(run.weights[0][name]).all(), name
+        torch.testing.assert_close(run.weights[0][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
 
 
 FAIL_ON_RANK_1 = """
@@ -323,29 +401,15 @@ def test_zero3_refuses_other_weight_dtypes():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode, algo, overrides", [
-    ("fsdp", "grpo", []),
-    ("fsdp", "ppo", ["algorithm.critic=model"]),
-    ("zero3", "ppo", ["algorithm.critic=model", "algorithm.kl_coef=0.05"]),  # every kind of module: policy, critic, value head, reference
-])
-def test_sharded_run_resumes_exactly(tiny_model_dir, tmp_path, mode, algo, overrides):
+@pytest.mark.parametrize("case", list(RESUMED_CASES))
+def test_sharded_run_resumes_exactly(launched, case):
     """A sharded run resumed from its step-2 checkpoint ends where the uninterrupted run ended."""
-    import shutil
-
-    cfg = _rl_config(tiny_model_dir, tmp_path / "run", algo, "steps=3", "logging.keep_checkpoints=0",
-                     "reward.weights={main_sample_index: 1.0}", "eval_tasks=0", *overrides)
-    uninterrupted = _run_two_processes(tmp_path, "train", cfg, mode)[0]
-    records = read_metrics(tmp_path / "run")
-
-    shutil.rmtree(latest_checkpoint(tmp_path / "run"))  # as if killed before the step-3 checkpoint
-    assert latest_checkpoint(tmp_path / "run").name == "step-00000002"
-    resumed = _run_two_processes(tmp_path, "train", dataclasses.replace(cfg, resume=True), mode)[0]
-
-    for name, tensor in uninterrupted.items():
-        torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=0, msg=name)
-    resumed_records = read_metrics(tmp_path / "run")
-    assert resumed_records[-1]["step"] == 3
-    assert resumed_records[-1]["loss"] == records[-1]["loss"]
+    mode = RESUMED_CASES[case][0]
+    uninterrupted, resumed = launched[mode, case], launched[mode, f"{case}-resumed"]
+    for name, tensor in uninterrupted.weights[0].items():
+        torch.testing.assert_close(resumed.weights[0][name], tensor, rtol=0, atol=0, msg=name)
+    assert resumed.records[-1]["step"] == 3
+    assert resumed.records[-1]["loss"] == uninterrupted.records[-1]["loss"]
 
 
 def test_fsdp_settings_the_recipes_do_not_implement_are_refused(monkeypatch):
