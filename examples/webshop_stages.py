@@ -70,8 +70,8 @@ FULL = Size(model="smollm2-135m", expert_episodes=200, sft_epochs=2.0, sft_learn
             sft_accumulation=8, rl_steps=12, tasks_per_step=4, group_size=4, rl_learning_rate=2e-6, rl_micro_batch=1,
             ppo_epochs=1, train_tasks=0, eval_goals=200, base_eval_goals=20, eval_samples=2, save_steps=10)
 TOY = Size(model="tiny", expert_episodes=32, sft_epochs=4.0, sft_learning_rate=6e-3, sft_micro_batch=1,
-           sft_accumulation=1, rl_steps=3, tasks_per_step=4, group_size=4, rl_learning_rate=1e-3, rl_micro_batch=16,
-           ppo_epochs=1, train_tasks=4, eval_goals=10, base_eval_goals=5, eval_samples=2, save_steps=0)
+           sft_accumulation=1, rl_steps=1, tasks_per_step=4, group_size=4, rl_learning_rate=1e-3, rl_micro_batch=16,
+           ppo_epochs=4, train_tasks=4, eval_goals=10, base_eval_goals=5, eval_samples=2, save_steps=0)
 SIZES = {"full": FULL, "toy": TOY}
 
 

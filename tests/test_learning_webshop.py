@@ -116,19 +116,18 @@ def _sampled_log_probs(model_dir: Path, episodes) -> list[float]:
 
 
 @pytest.mark.slow
-def test_a_grpo_update_raises_the_reward_it_optimises_on_a_fixed_batch(toy_run, tmp_path):
-    """One GRPO step from the toy SFT model, with the pipeline's own reward and 4 passes over its one
-    rollout. Reweighting that fixed batch by how much likelier the updated policy makes each episode
-    (self-normalised importance sampling within each goal's group) estimates the updated policy's
-    reward on those goals: it must rise, by more than half the room the batch leaves."""
+def test_a_grpo_update_raises_the_reward_it_optimises_on_a_fixed_batch(toy_run):
+    """The toy run's GRPO stage: one step from the toy SFT model, with the pipeline's own reward and 4
+    passes over its one rollout. Reweighting that fixed batch by how much likelier the updated policy
+    makes each episode (self-normalised importance sampling within each goal's group) estimates the
+    updated policy's reward on those goals: it must rise, by more than half the room the batch leaves."""
     from omrl.data import read_episodes
 
     example, out, _ = toy_run
-    size = dataclasses.replace(example.ws.TOY, rl_steps=1, ppo_epochs=4)
-    example.ws.rl_stage(out / "sft", tmp_path / "rl", size, seed=0)
-    episodes = read_episodes(tmp_path / "rl" / "rollouts" / "step-00000001.parquet")
+    assert (example.ws.TOY.rl_steps, example.ws.TOY.ppo_epochs) == (1, 4)
+    episodes = read_episodes(out / "rl" / "rollouts" / "step-00000001.parquet")
     before = _sampled_log_probs(out / "sft", episodes)
-    after = _sampled_log_probs(tmp_path / "rl", episodes)
+    after = _sampled_log_probs(out / "rl", episodes)
 
     groups: dict[int, list[tuple[float, float]]] = {}
     for ep, old, new in zip(episodes, before, after):
