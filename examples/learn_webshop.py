@@ -1,7 +1,7 @@
 """omrl learns WebShop: SmolLM2-135M through SFT on expert trajectories, then GRPO, judged on held-out goals.
 
     python examples/learn_webshop.py                 # the full run: smollm2-135m (hours on 2 CPU cores, below)
-    python examples/learn_webshop.py --size toy      # the same stages, small, with `tiny` (about a minute)
+    python examples/learn_webshop.py --size toy      # the same stages, small, with `tiny` (under two minutes)
     python examples/learn_webshop.py --stage sft     # run the stages up to sft and stop there
 
 Stages, in order (the functions in examples/webshop_stages.py):

@@ -333,7 +333,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int past float's range (about 1.8e308)
+                raise ConfigError(f"config key {path!r} expects a number, got an integer too large for one: "
+                                  f"{str(value)[:20]}... ({len(str(value))} digits)") from None
         if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
             try:
                 return float(value)

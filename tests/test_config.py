@@ -38,6 +38,12 @@ def test_wrong_type_names_the_key():
         load_config(TrainRunConfig, None, ["model.trust_remote_code=3"])
 
 
+def test_an_integer_too_large_for_a_float_is_a_config_error():
+    # found by the property test: float() of a 400-digit integer raised OverflowError, "a bug in omrl"
+    with pytest.raises(ConfigError, match=r"optim.learning_rate' expects a number, got an integer too large .*400 digits"):
+        load_config(TrainRunConfig, None, ["optim.learning_rate=" + "1" * 400])
+
+
 def test_exponent_without_a_dot_is_a_float():
     cfg = load_config(TrainRunConfig, None, ["optim.learning_rate=1e-4"])
     assert cfg.optim.learning_rate == 1e-4
