@@ -40,7 +40,8 @@ def test_wrong_type_names_the_key():
 
 def test_an_integer_too_large_for_a_float_is_a_config_error():
     # found by the property test: float() of a 400-digit integer raised OverflowError, "a bug in omrl"
-    with pytest.raises(ConfigError, match=r"optim.learning_rate' expects a number, got an integer too large .*400 digits"):
+    too_large = r"optim.learning_rate' expects a number, got an integer too large .*400 digits"
+    with pytest.raises(ConfigError, match=too_large):
         load_config(TrainRunConfig, None, ["optim.learning_rate=" + "1" * 400])
 
 

@@ -173,8 +173,9 @@ class Run:
 
 @pytest.fixture(scope="module")
 def launched(tiny_model_dir, tmp_path_factory) -> dict[tuple[str, str], Run]:
-    """Every multi-process SFT and RL run of the tests in this file, by (mode, case): one launch per mode runs them
-    all in turn (a launch costs some 12 s before its first step), then one per mode resumes."""
+    """Every multi-process SFT and RL run of the tests in this file, by (mode, case): one launch per
+    mode runs them all in turn (a launch costs some 12 s before its first step), then one per mode
+    resumes."""
     root = tmp_path_factory.mktemp("launched")
     main_index = "reward.weights={main_sample_index: 1.0}"
     jobs: dict[str, dict[str, Job]] = {mode: {} for mode in MODES}
@@ -211,7 +212,8 @@ def launched(tiny_model_dir, tmp_path_factory) -> dict[tuple[str, str], Run]:
             Job("train", dataclasses.replace(job.cfg, resume=True), job.out.with_name(f"{case}-resumed")))
     for mode, mode_jobs in resumed.items():
         for job, weights in zip(mode_jobs, _run_jobs(root, mode, mode_jobs)):
-            runs[mode, job.out.name] = Run(weights, read_metrics(job.cfg.logging.output_dir), job.cfg.logging.output_dir)
+            output_dir = Path(job.cfg.logging.output_dir)
+            runs[mode, job.out.name] = Run(weights, read_metrics(output_dir), output_dir)
     return runs
 
 
