@@ -38,9 +38,6 @@ import argparse
 import cProfile
 import gc
 import io
-import json
-import os
-import platform
 import pstats
 import statistics
 import time
@@ -49,6 +46,7 @@ from typing import Sequence
 
 import torch
 
+from _results import default_json, machine, save_json
 from omrl import registry
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import encode_text
@@ -274,7 +272,7 @@ def main() -> None:
                         help="cpu: the process's CPU time, steadier than wall time on a machine others share "
                              "(every side runs on one thread: the built-in envs step in the calling thread)")
     parser.add_argument("--profile-top", type=int, default=15, help="functions listed on a miss (0: no profile)")
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--json", type=Path, default=default_json("env_loop"), help="where the results go")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -314,12 +312,10 @@ def main() -> None:
         print(f"  {'own s':>8s} {'share':>6s} {'calls':>8s}  function")
         for item in row["profile_top"]:
             print(f"  {item['own_s']:8.4f} {item['own_share']:6.1%} {item['calls']:8d}  {item['function']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "benchmark": "env_loop", "target": f"ratio >= {TARGET}", "args": vars(args),
-            "machine": {"python": platform.python_version(), "torch": torch.__version__,
-                        "threads": args.threads, "cpus": len(os.sched_getaffinity(0))},
-            "results": results}, indent=2))
+    save_json(args.json, {"benchmark": "env_loop", "target": f"ratio >= {TARGET}",
+                          "args": {**vars(args), "json": str(args.json)}, "machine": machine(args.threads),
+                          "results": results})
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """In-rollout generation with KV reuse vs bare ``model.generate``, and a rollout step reuse on vs off, in one run.
 
-    python benchmarks/generation_reuse.py [--threads 1] [--json generation_reuse.json] [key=value ...]
+    python benchmarks/generation_reuse.py [--threads 1] [--json out.json] [key=value ...]
 
 Plays the first rollout step of the default job (the ``grpo`` preset: SmolLM2-135M,
 WebShop, its tasks per step, group size, token limits and temperature; ``key=value``
@@ -13,20 +13,24 @@ overrides as on the command line) three times, with the same seed:
    reuse. Both sample the same ids, so both do the same decoding work;
 3. the rollout with reuse off (the backend's plain ``model.generate`` path).
 
-Prints a table and writes JSON: generation seconds and prefill tokens of 1 vs 2
-(target >= 2x), and rollout seconds of 1 vs 3 (target <= 0.5x).
+Prints a table and writes JSON (``benchmarks/results/generation_reuse.json`` unless ``--json``):
+generation seconds and prefill tokens of 1 vs 2 (target >= 2x), rollout seconds of 1 vs 3 (target
+<= 0.5x), and each rollout's own peak RSS (the kernel's high-water mark, lowered to the current RSS
+before it: what is resident during that rollout, the model and anything kept from before included)
+and how far it rose above the RSS at its start.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import time
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
+from _memory import GIB, memory_status, reset_peak
+from _results import default_json, machine, save_json
 from omrl.backends.base import Backend, SamplingParams
 from omrl.backends.hf import HFBackend
 from omrl.config import load_config
@@ -99,15 +103,20 @@ def play(session: RolloutSession, backend: Backend, tasks: list[Any], cfg: Train
     return episodes, time.perf_counter() - started
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def measured(run):
+    """``run()``'s result, with the peak RSS while it ran and how far that rose above the RSS at its start (GiB)."""
+    reset_peak()
+    start = memory_status()["VmRSS"]
+    result = run()
+    peak = memory_status()["VmHWM"]
+    return result, {"peak_rss_gib": peak / GIB, "rose_gib": (peak - start) / GIB}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="grpo")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
-    parser.add_argument("--json", default="generation_reuse.json", help="where the results go")
+    parser.add_argument("--json", type=Path, default=default_json("generation_reuse"), help="where the results go")
     parser.add_argument("overrides", nargs="*", help="key=value, as for omrl train")
     args = parser.parse_args()
 
@@ -126,9 +135,8 @@ def main() -> None:
 
     reuse = HFBackend(model, tokenizer, batch_size=gen.batch_size)
     recorder = Recorder(reuse)
-    on, on_seconds = play(session, recorder, tasks, cfg, seed)
+    (on, on_seconds), memory_on = measured(lambda: play(session, recorder, tasks, cfg, seed))
     on_stats = reuse.take_stats()
-    rss_on = peak_rss_mb()
 
     started = time.perf_counter()
     bare_prefill = bare_kept = 0
@@ -138,7 +146,7 @@ def main() -> None:
     bare_seconds = time.perf_counter() - started
 
     plain = HFBackend(model, tokenizer, batch_size=gen.batch_size, kv_reuse=False)
-    off, off_seconds = play(session, plain, tasks, cfg, seed)
+    (off, off_seconds), memory_off = measured(lambda: play(session, plain, tasks, cfg, seed))
     off_stats = plain.take_stats()
 
     same = all(a.token_ids == b.token_ids for a, b in zip(on, off))
@@ -156,22 +164,23 @@ def main() -> None:
         "rollout_seconds_reuse_on": on_seconds, "rollout_seconds_reuse_off": off_seconds,
         "rollout_ratio_on_off": on_seconds / off_seconds, "same_episodes_on_off": same,
         "prefill_computed_reuse_off": off_stats["prefill_computed"],
-        "peak_rss_mb_after_reuse_rollout": rss_on, "peak_rss_mb": peak_rss_mb(),
+        "memory_reuse_on": memory_on, "memory_reuse_off": memory_off, "machine": machine(args.threads),
     }
     print(f"{cfg.model.name} on {cfg.env.name} ({args.preset} preset): {len(tasks)} tasks x {cfg.group_size} "
           f"samples, {len(recorder.calls)} generate calls, {on_stats['decode_tokens']:.0f} sampled tokens, "
           f"{args.threads} threads")
-    print(f"  {'':34s} {'seconds':>8s} {'prefilled':>10s} {'reused':>8s}")
+    print(f"  {'':34s} {'seconds':>8s} {'prefilled':>10s} {'reused':>8s} {'peak GiB':>9s} {'rose GiB':>9s}")
     print(f"  {'generation, reuse (in rollout)':34s} {generation_on:8.1f} {on_stats['prefill_computed']:10.0f} "
           f"{on_stats['prefill_reused']:8.0f}")
     print(f"  {'generation, bare model.generate':34s} {bare_seconds:8.1f} {bare_prefill:10d} {0:8d}")
-    print(f"  {'rollout step, reuse on':34s} {on_seconds:8.1f}")
-    print(f"  {'rollout step, reuse off':34s} {off_seconds:8.1f} {off_stats['prefill_computed']:10.0f} {0:8d}")
+    for name, seconds, stats, memory in (("rollout step, reuse on", on_seconds, on_stats, memory_on),
+                                         ("rollout step, reuse off", off_seconds, off_stats, memory_off)):
+        print(f"  {name:34s} {seconds:8.1f} {stats['prefill_computed']:10.0f} {stats['prefill_reused']:8.0f} "
+              f"{memory['peak_rss_gib']:9.2f} {memory['rose_gib']:9.2f}")
     print(f"  generation speed-up from reuse: {result['generation_speedup']:.2f}x (target >= 2); "
           f"rollout on/off: {result['rollout_ratio_on_off']:.2f} (target <= 0.5); hit rate {result['hit_rate']:.0%}; "
           f"same episodes on/off: {same}; sampled tokens reuse/bare: {on_stats['decode_tokens']:.0f}/{bare_kept}")
-    with open(args.json, "w") as fh:
-        json.dump(result, fh, indent=2)
+    save_json(args.json, result)
     print(f"  wrote {args.json}")
 
 

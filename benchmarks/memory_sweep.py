@@ -66,7 +66,6 @@ import ctypes
 import gc
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +73,8 @@ from pathlib import Path
 import torch
 
 from _memory import GIB, memory_status, reset_peak, run_worker
+from _results import default_json, save_json
+from _results import machine as describe_machine
 from update_throughput import job_config, load_policy
 
 QUICK = {"groups": [2, 4], "contexts": [1024]}
@@ -362,7 +363,8 @@ def main() -> None:
     parser.add_argument("--mmap-threshold", type=int, default=0, metavar="BYTES",
                         help="allocations this large or larger get their own mapping (glibc mallopt; 0: glibc's default)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", help="write the results here (rewritten after every configuration)")
+    parser.add_argument("--json", type=Path, default=default_json("memory_sweep"),
+                        help="where the results go (rewritten after every configuration)")
     parser.add_argument("--show", metavar="JSON", help="only print the table of a saved (maybe partial) run")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the grpo preset")
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
@@ -386,17 +388,15 @@ def main() -> None:
     cfg = job_config(args.model, args.overrides)
     tokenizer = load_tokenizer(cfg.model.name)
     episode = webshop_episode(cfg)
-    machine = {"python": platform.python_version(), "torch": torch.__version__, "threads": args.threads,
-               "cpus": len(os.sched_getaffinity(0)), "load_average": os.getloadavg(),
-               "memory_total_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB}
+    machine = describe_machine(args.threads)
     config = {"model": args.model, "dtype": cfg.model.dtype, "micro_batch_size": cfg.optim.micro_batch_size,
               "reply_tokens": cfg.generation.max_new_tokens, "trained_share": args.trained_share}
 
     def save(results: dict) -> None:
-        if args.json:
-            Path(args.json).write_text(json.dumps({
-                "benchmark": "memory_sweep", "args": {k: v for k, v in vars(args).items() if k != "memory_worker"},
-                "config": config, "machine": machine, **results}, indent=2))
+        save_json(args.json, {
+            "benchmark": "memory_sweep",
+            "args": {k: str(v) if k == "json" else v for k, v in vars(args).items() if k != "memory_worker"},
+            "config": config, "machine": machine, **results})
 
     results = sweep(args, cfg, episode, tokenizer, save)
     save(results)

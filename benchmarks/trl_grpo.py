@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
 import subprocess
@@ -290,7 +289,7 @@ def main() -> None:
     parser.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's own default")
     parser.add_argument("--omrl-arg", action="append", default=[], help="extra key=value for omrl train")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="no cProfile run on a miss")
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--json", type=Path, help="where the results go (default: benchmarks/results/trl_grpo.json)")
     parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
     if sys.argv[1:2] == ["--omrl-worker"]:
         omrl_worker(sys.argv[2:])
@@ -350,12 +349,15 @@ def main() -> None:
             print(f"  {title}:")
             for label, seconds in rows:
                 print(f"    {seconds:7.2f}  {label}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "benchmark": "trl_grpo", "target": f"omrl step time <= {TARGET} x TRL's", "args": vars(args),
-            "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0))},
-            "prompt_lengths": [len(ids) for ids in prompt_ids], "runs": runs, "ratios": ratios, "met": met,
-            "profile": profile}, indent=2))
+    from _results import default_json, machine, save_json  # here: the TRL worker's venv has no omrl
+
+    path = args.json or default_json("trl_grpo")
+    save_json(path, {
+        "benchmark": "trl_grpo", "target": f"omrl step time <= {TARGET} x TRL's",
+        "args": {**vars(args), "json": str(path)}, "machine": machine(args.threads),
+        "prompt_lengths": [len(ids) for ids in prompt_ids], "runs": runs, "ratios": ratios, "met": met,
+        "profile": profile})
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

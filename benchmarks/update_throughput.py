@@ -45,9 +45,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import pickle
-import platform
 import statistics
 import tempfile
 import time
@@ -56,6 +54,7 @@ from pathlib import Path
 import torch
 
 from _memory import GIB, memory_status, reset_peak, run_worker
+from _results import default_json, machine, save_json
 
 TOKENS_TARGET = 0.9
 PADDING_TARGET = 0.05
@@ -231,7 +230,7 @@ def main() -> None:
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-RSS runs")
     parser.add_argument("--memory-full-pass", action="store_true",
                         help="memory runs play the whole pass, not just the longest micro-batch")
-    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--json", type=Path, default=default_json("update_throughput"), help="where the results go")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the grpo preset")
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -300,14 +299,12 @@ def main() -> None:
         for m in memory:
             print(f"{m['side']:8s} {m['micro_batch_size']:3d} {str(m['gradient_checkpointing']):>9s} "
                   f"{m['peak_rss'] / GIB:9.2f} {m['added'] / GIB:10.2f} {m['seconds']:8.2f}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
-            "benchmark": "update_throughput",
-            "target": f"tokens/s ratio >= {TOKENS_TARGET}, padding share < {PADDING_TARGET}",
-            "args": vars(args), "sequence_lengths": lengths, "sampled_tokens": sampled,
-            "machine": {"python": platform.python_version(), "torch": torch.__version__, "threads": args.threads,
-                        "cpus": len(os.sched_getaffinity(0))},
-            "results": rows, "memory": memory}, indent=2))
+    save_json(args.json, {
+        "benchmark": "update_throughput",
+        "target": f"tokens/s ratio >= {TOKENS_TARGET}, padding share < {PADDING_TARGET}",
+        "args": {**vars(args), "json": str(args.json)}, "sequence_lengths": lengths, "sampled_tokens": sampled,
+        "machine": machine(args.threads), "results": rows, "memory": memory})
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

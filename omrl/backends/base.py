@@ -22,21 +22,26 @@ STATS = {
     "prefill_reused": "prompt tokens whose KV states came from a cache instead",
     "decode_tokens": "tokens sampled",
     "generate_seconds": "seconds spent in generate",
+    "prefill_seconds": "of those, seconds before the first token was sampled (running the prompts)",
 }
 
 
 def generation_metrics(stats: dict[str, float]) -> dict[str, float]:
     """What a step or an eval logs from a backend's :data:`STATS`: tokens generated (a search's shared
     turns once), prompt tokens computed and reused, the share reused (the KV cache's hit rate) and
-    decoding speed."""
+    decoding speed (tokens sampled a second of decoding, prompt processing left out; the whole call's
+    time where the backend cannot tell the two apart)."""
     prefill = stats.get("prefill_computed", 0) + stats.get("prefill_reused", 0)
     out = {"generated_tokens": float(stats.get("decode_tokens", 0)),
            "prefill_tokens": float(stats.get("prefill_computed", 0)),
            "prefill_reused": float(stats.get("prefill_reused", 0))}
     if prefill:
         out["prefill_hit_rate"] = stats.get("prefill_reused", 0) / prefill
-    if stats.get("generate_seconds"):
-        out["decode_tokens_per_s"] = stats.get("decode_tokens", 0) / stats["generate_seconds"]
+    decode_seconds = stats.get("generate_seconds", 0) - stats.get("prefill_seconds", 0)
+    if decode_seconds > 0:
+        out["decode_tokens_per_s"] = stats.get("decode_tokens", 0) / decode_seconds
+    if stats.get("prefill_seconds") and stats.get("prefill_computed"):
+        out["prefill_tokens_per_s"] = stats["prefill_computed"] / stats["prefill_seconds"]
     return out
 
 
@@ -146,6 +151,15 @@ class Backend(ABC):
 
     def close(self) -> None:
         """Free what the backend holds (engines, connections)."""
+
+    def _count_call(self, generations: Sequence[Generation], seconds: float, computed: int = 0,
+                    reused: int = 0) -> None:
+        """Add one generate call to :attr:`stats`: its sampled tokens and seconds, and the prompt tokens
+        the engine computed and took from its cache (when it tells; 0 otherwise)."""
+        self.stats["decode_tokens"] += sum(len(g.token_ids) for g in generations)
+        self.stats["generate_seconds"] += seconds
+        self.stats["prefill_computed"] += computed
+        self.stats["prefill_reused"] += reused
 
     def _cut(self, ids: Sequence[int], logprobs: Sequence[float], limit: int) -> Generation:
         """Stop at the first end-of-turn token (kept) or at ``limit`` ids."""

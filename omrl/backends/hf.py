@@ -44,12 +44,15 @@ class _SampledLogprobs:
     def __init__(self) -> None:
         self.previous: torch.Tensor | None = None
         self.picked: list[torch.Tensor] = []
+        self.first_scores_at: float | None = None  # when the prompts' forward had ended (perf_counter)
 
     def _gather(self, ids: torch.Tensor) -> None:
         if self.previous is not None:
             self.picked.append(self.previous.gather(1, ids[:, -1:]).squeeze(1))
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.first_scores_at is None:
+            self.first_scores_at = time.perf_counter()
         self._gather(input_ids)
         self.previous = torch.log_softmax(scores.float(), dim=-1)
         return scores
@@ -206,8 +209,7 @@ class HFBackend(Backend):
                     out[i] = gen
         finally:
             self.model.train(was_training)
-        self.stats["decode_tokens"] += sum(len(g.token_ids) for g in out if g is not None)
-        self.stats["generate_seconds"] += time.perf_counter() - started
+        self._count_call([g for g in out if g is not None], time.perf_counter() - started)
         return out  # type: ignore[return-value]
 
     def _generate_chunk(self, prompts: list[Sequence[int]], limits: list[int], params: SamplingParams,
@@ -240,12 +242,14 @@ class HFBackend(Backend):
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
                 if seed is not None:
                     torch.manual_seed(seed)
+                started = time.perf_counter()
                 sequences = self.model.generate(
                     input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
                     logits_processor=LogitsProcessorList(processors),
                 )
         finally:
             owner.generation_config = saved
+        self.stats["prefill_seconds"] += (recorder.first_scores_at or time.perf_counter()) - started
         new_ids = sequences[:, width:]
         logprobs = recorder.finish(sequences).cpu().tolist()
         return [self._cut(ids, lp, limit) for ids, lp, limit in zip(new_ids.cpu().tolist(), logprobs, limits)]
@@ -255,8 +259,10 @@ class HFBackend(Backend):
                                 seed: int | None) -> list[Generation]:
         """Prefill what the cache lacks, then sample each row until it ends; store every row's states."""
         ids = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
+        started = time.perf_counter()
         with torch.no_grad():
             firsts = self._prefill(ids)
+        self.stats["prefill_seconds"] += time.perf_counter() - started
         sampled = self._decode(ids, firsts, limits, params, seed)
         return [self._cut(toks, lps, limit) for (toks, lps), limit in zip(sampled, limits)]
 

@@ -60,16 +60,21 @@ class OpenAIBackend(Backend):
         if messages is not None and len(messages) != len(prompts):
             raise OmrlError(f"generate got {len(messages)} chats for {len(prompts)} prompts")
 
-        def one(i: int) -> Generation:
+        def one(i: int) -> tuple[Generation, dict[str, Any]]:
             seed = None if params.seed is None else params.seed + i
             chat = messages[i] if messages is not None else None
             return self._one(list(prompts[i]), chat, limits[i], params, seed)
 
+        started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=min(self.batch_size, max(1, len(prompts)))) as pool:
-            return list(pool.map(one, range(len(prompts))))
+            answers = list(pool.map(one, range(len(prompts))))
+        out = [gen for gen, _ in answers]
+        self._count_call(out, time.perf_counter() - started, *_prompt_tokens([usage for _, usage in answers]))
+        return out
 
     def _one(self, prompt: list[int], chat: Sequence[Mapping[str, str]] | None, limit: int,
-             params: SamplingParams, seed: int | None) -> Generation:
+             params: SamplingParams, seed: int | None) -> tuple[Generation, dict[str, Any]]:
+        """One completion and the server's ``usage`` of it ({} when it sends none)."""
         sampling: dict[str, Any] = {"model": self.model, "max_tokens": limit,
                                     "temperature": max(params.temperature, 0.0), "top_p": params.top_p}
         if seed is not None:
@@ -80,13 +85,13 @@ class OpenAIBackend(Backend):
                     "stop_token_ids": [self.eos_token_id], "skip_special_tokens": False}
             response = self._post("completions", body, refusal_ok=chat is not None)
             if response is not None:
-                return self._from_completion(response, limit)
+                return self._from_completion(response, limit), _usage(response)
             self.chat_only = True
         if chat is None:
             raise EndpointError("the endpoint refuses token-id prompts and no chat messages were given "
                                 "to fall back to /chat/completions")
         response = self._post("chat/completions", {**sampling, "messages": [dict(m) for m in chat]})
-        return self._from_chat(response, limit)
+        return self._from_chat(response, limit), _usage(response)
 
     def _post(self, path: str, body: dict[str, Any], refusal_ok: bool = False) -> dict[str, Any] | None:
         """POST to ``path`` (relative to base_url) with retries; None on a 4xx refusal when ``refusal_ok``."""
@@ -143,6 +148,25 @@ class OpenAIBackend(Backend):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _usage(response: Any) -> dict[str, Any]:
+    usage = response.get("usage") if isinstance(response, dict) else None
+    return usage if isinstance(usage, dict) else {}
+
+
+def _prompt_tokens(usages: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """Prompt tokens the server computed and took from its prefix cache, summed over ``usages``
+    (``prompt_tokens`` and ``prompt_tokens_details.cached_tokens``); (0, 0) unless every answer said."""
+    computed = reused = 0
+    for usage in usages:
+        prompt = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = (details.get("cached_tokens") if isinstance(details, dict) else None) or 0
+        if not isinstance(prompt, int) or not isinstance(cached, int):
+            return 0, 0
+        computed, reused = computed + prompt - cached, reused + cached
+    return computed, reused
 
 
 def _ids_from_logprob_tokens(tokens: Sequence[str]) -> list[int] | None:

@@ -12,6 +12,7 @@ weights be handed over without serializing them to another process.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Mapping, Sequence
 
 from omrl.backends.base import Backend, Generation, SamplingParams
@@ -71,8 +72,14 @@ class VLLMBackend(Backend):
             )
             for i, limit in enumerate(limits)
         ]
+        started = time.perf_counter()
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        return [self._from_output(out.outputs[0], limit) for out, limit in zip(outputs, limits)]
+        out = [self._from_output(output.outputs[0], limit) for output, limit in zip(outputs, limits)]
+        cached = [getattr(output, "num_cached_tokens", None) for output in outputs]
+        reused = sum(cached) if None not in cached else 0  # RequestOutput.num_cached_tokens: vLLM >= 0.6
+        computed = sum(len(p) for p in prompts) - reused if None not in cached else 0
+        self._count_call(out, time.perf_counter() - started, computed, reused)
+        return out
 
     def _from_output(self, completion: Any, limit: int) -> Generation:
         ids = list(completion.token_ids)

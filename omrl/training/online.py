@@ -177,7 +177,8 @@ def step_metrics(episodes: list[Any], seconds: float, session: RolloutSession, s
 def evaluate(cfg: TrainRunConfig, session: RolloutSession, strategy: Strategy, test_tasks: list[Any]
              ) -> dict[str, float]:
     """Success and score on the test tasks: greedy, or the mean of ``eval_samples_per_task``
-    samples at ``eval_temperature``."""
+    samples at ``eval_temperature``; and the evaluation's own generation metrics, prefixed ``eval_``
+    (taken here, so the next step's rollout metrics count only its own generation)."""
     if not test_tasks:
         return {}
     sampling = session.limits
@@ -188,7 +189,11 @@ def evaluate(cfg: TrainRunConfig, session: RolloutSession, strategy: Strategy, t
     finally:
         session.limits = sampling
     n, won, score = strategy.sum([len(episodes), sum(ep.won for ep in episodes), sum(ep.score for ep in episodes)])
-    return {"eval_success": won / n, "eval_score": score / n}
+    stats = session.backend.take_stats() if session.backend is not None else {}
+    if strategy.world_size > 1:
+        stats = strategy.sum_dicts(stats)
+    generation = {f"eval_{name}": value for name, value in generation_metrics(stats).items()}
+    return {"eval_success": won / n, "eval_score": score / n, **generation}
 
 
 def sync_rollout_weights(strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSession) -> None:

@@ -1,7 +1,8 @@
 """A small OpenAI-compatible server on 127.0.0.1 that serves the tiny model (for openai-backend tests).
 
 Modes (``server.mode``):
-- ``vllm``: like ``vllm serve``: token-id prompts, ``token_ids`` in the choice when asked;
+- ``vllm``: like ``vllm serve``: token-id prompts, ``token_ids`` in the choice when asked, and a
+  ``usage`` whose ``prompt_tokens_details.cached_tokens`` counts what the prefix cache served;
 - ``logprob_tokens``: token ids only as ``token_id:N`` log-prob tokens;
 - ``text_only``: refuses token-id prompts (HTTP 400), serves chat completions as text.
 ``fail_next`` answers that many requests with HTTP 503 first (to exercise retries).
@@ -44,9 +45,13 @@ class FakeOpenAIServer:
                       "finish_reason": gen.finish_reason,
                       "logprobs": {"tokens": [f"token_id:{i}" for i in gen.token_ids],
                                    "token_logprobs": gen.logprobs}}
+            answer = {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
             if self.mode == "vllm" and body.get("return_token_ids"):
                 choice["token_ids"] = gen.token_ids
-            return {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
+                stats = self.backend.take_stats()  # this request's: the prompt tokens its KV cache served
+                answer["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
+                                   "prompt_tokens_details": {"cached_tokens": int(stats["prefill_reused"])}}
+            return answer
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
@@ -70,6 +75,7 @@ class FakeOpenAIServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def _generate(self, prompt: list[int], body: dict):
+        self.backend.take_stats()
         params = SamplingParams(max_new_tokens=body.get("max_tokens", 16), temperature=body.get("temperature", 1.0),
                                 top_p=body.get("top_p", 1.0), seed=body.get("seed"))
         return self.backend.generate([prompt], params)[0]

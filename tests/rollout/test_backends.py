@@ -142,6 +142,27 @@ def test_openai_backend_returns_the_servers_sampled_ids(server, tiny_hf, prompts
     assert path == "/completions" and isinstance(body["prompt"], list) and body["logprobs"] == 1
 
 
+def test_openai_backend_counts_tokens_and_the_servers_prefix_cache_hits(server, tiny_hf, prompts):
+    _, tokenizer = tiny_hf
+    server.mode = "vllm"
+    backend = OpenAIBackend(server.base_url, "tiny", tokenizer, batch_size=1)
+    params = SamplingParams(max_new_tokens=3, temperature=0)
+    first = backend.generate(prompts[:1], params)
+    again = backend.generate(prompts[:1], params)  # the server's cache holds this prompt now
+    stats = backend.take_stats()
+    assert stats["decode_tokens"] == len(first[0].token_ids) + len(again[0].token_ids)
+    assert stats["generate_seconds"] > 0
+    assert stats["prefill_computed"] + stats["prefill_reused"] == 2 * len(prompts[0])
+    assert stats["prefill_reused"] >= len(prompts[0]) - 1  # all of the second call's prompt but its last token
+    server.mode = "logprob_tokens"  # no usage sent: the prompt counts stay unknown (0), the rest is counted
+    try:
+        backend.generate(prompts[:1], params)
+    finally:
+        server.mode = "vllm"
+    stats = backend.take_stats()
+    assert stats["prefill_computed"] == stats["prefill_reused"] == 0 and stats["decode_tokens"] > 0
+
+
 def test_openai_backend_falls_back_to_chat_and_marks_episodes_not_token_exact(server, tiny_hf):
     _, tokenizer = tiny_hf
     server.mode = "text_only"

@@ -56,6 +56,10 @@ def test_eval_prints_the_table_and_writes_the_report(fake_plugins, tmp_path):
     assert sum(metrics["end_reasons"].values()) == 6
     assert data["config"]["env"]["split"] == "test"
     assert "pass@2" in result.output and "format_error_rate" in result.output
+    for key in ("generated_tokens", "prefill_tokens", "prefill_reused", "prefill_hit_rate", "decode_tokens_per_s",
+                "peak_rss_gb"):  # what generation cost, as a training step logs it
+        assert metrics[key] > 0 if key != "prefill_reused" else metrics[key] >= 0, key
+        assert key in result.output
 
 
 @pytest.mark.parametrize("args, message", [

@@ -22,7 +22,9 @@ from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.training.rl import RLRecipe, run_rl
 
 QUIET = Console(file=io.StringIO())
-VARY = ("tokens_per_s", "decode_tokens_per_s", "peak_rss_gb")  # speed and memory: not the run's numbers
+def varies(key: str) -> bool:
+    """Speeds, times and memory: not the run's numbers."""
+    return key.endswith("_per_s") or "time" in key or key == "peak_rss_gb"
 
 
 @pytest.fixture
@@ -65,6 +67,18 @@ def test_grpo_run_writes_metrics_checkpoints_and_a_loadable_model(rl_config, reg
     assert len(list((latest_checkpoint(out).parent).glob("step-*"))) == 1  # keep_checkpoints=1
     model, _ = load_model(out)  # the final model, loadable like any model directory
     assert model.config.model_type == "qwen2"
+
+
+def test_each_step_logs_its_own_generation_and_the_evaluation_its_own(rl_config):
+    cfg = rl_config("eval_every=1")  # an evaluation after step 1, before step 2's rollout
+    run_rl(cfg, console=QUIET)
+    records = read_metrics(cfg.logging.output_dir)
+    # 2 tasks x 3 samples a step: exactly the rollout's sampled tokens, none of the evaluation's
+    assert [r["generated_tokens"] for r in records] == pytest.approx([6 * r["response_tokens"] for r in records])
+    for r in records:
+        assert r["prefill_tokens"] > 0 and 0.0 <= r["prefill_hit_rate"] <= 1.0
+        assert r["decode_tokens_per_s"] > 0 and r["prefill_tokens_per_s"] > 0 and r["peak_rss_gb"] > 0
+        assert r["eval_generated_tokens"] > 0 and 0.0 <= r["eval_prefill_hit_rate"] <= 1.0
 
 
 def test_each_mini_batch_is_one_optimizer_step(rl_config, register_plugin):
@@ -256,8 +270,7 @@ def test_on_policy_old_log_probs_from_the_updates_forward_change_nothing(rl_conf
     run_rl(slow, console=QUIET)
     assert calls and not any(calls)
     for a, b in zip(read_metrics(fast.logging.output_dir), read_metrics(slow.logging.output_dir), strict=True):
-        assert {k: v for k, v in a.items() if "time" not in k and k not in VARY} == \
-            {k: v for k, v in b.items() if "time" not in k and k not in VARY}
+        assert {k: v for k, v in a.items() if not varies(k)} == {k: v for k, v in b.items() if not varies(k)}
     fast_model, _ = load_model(fast.logging.output_dir)
     slow_model, _ = load_model(slow.logging.output_dir)
     for (name, p), q in zip(fast_model.state_dict().items(), slow_model.state_dict().values()):
