@@ -40,6 +40,7 @@ import torch
 
 from omrl import registry
 from omrl.backends import make_backend
+from omrl.backends.base import generation_metrics
 from omrl.models import load_model, resolve_model_path
 from omrl.options import GenerationConfig
 from omrl.rollout import EnvPool, RolloutLimits, collect, token_exact
@@ -72,6 +73,9 @@ def main() -> None:
     assert play(0)[0].token_ids == first[0].token_ids, "seeded sampling is not reproducible"
     rate = backend.prefix_cache_hit_rate()
     print("prefix cache hit rate: " + ("not reported by this vLLM" if rate is None else f"{rate:.1%}"))
+    counted = generation_metrics(backend.take_stats())  # what a training step would log
+    print("as a step logs it: " + ", ".join(f"{k} {v:.3g}" for k, v in counted.items()))
+    assert counted["generated_tokens"] == sum(sum(ep.loss_mask) for ep in first) * 2, counted
     for ep in first:
         assert token_exact(ep) and len(ep.token_ids) == len(ep.loss_mask) == len(ep.logprobs)
         assert all(lp <= 0.0 for lp, m in zip(ep.logprobs, ep.loss_mask) if m)
