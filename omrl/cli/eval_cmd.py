@@ -44,7 +44,7 @@ def evaluate_command(
     from omrl.backends.base import generation_metrics
     from omrl.cli.view_cmd import view_command
     from omrl.config import to_dict
-    from omrl.training.metrics import peak_rss_gb
+    from omrl.training.metrics import peak_memory
     from omrl.errors import EnvFailure
     from omrl.evaluation import evaluate, metrics_table, write_report
     from omrl.options import EvalRunConfig
@@ -88,7 +88,7 @@ def evaluate_command(
             searched = search_metrics(trees)
         generation = session.backend.take_stats() if session.backend is not None else {}
     metrics = evaluate(episodes)
-    metrics.update(generation_metrics(generation), peak_rss_gb=peak_rss_gb())
+    metrics.update(generation_metrics(generation), **peak_memory())
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
     metrics.update({f"search/{name}": value for name, value in searched.items()})
     path = write_report(cfg.report or default_report_path(cfg.model.name), metrics, episodes, to_dict(cfg))

@@ -37,7 +37,7 @@ from omrl.rm.labels import check_label
 from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything, step_or_skip
-from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_rss_gb
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
 from omrl.training.model_setup import save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
 
@@ -207,7 +207,7 @@ class RmRecipe:
             step_times.append(step_time)
             metrics = {"loss": loss_value if finite else float("nan"), "train_accuracy": correct / labels,
                        "lr": lr, "grad_norm": grad_norm, "labels": labels, "step_time": step_time,
-                       "epoch": self.epoch + self.index / len(micro), "peak_rss_gb": peak_rss_gb(),
+                       "epoch": self.epoch + self.index / len(micro), **peak_memory(),
                        **self.skipped.metrics()}
             self.logger.log(self.step, metrics)
             if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:

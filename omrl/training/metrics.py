@@ -48,6 +48,17 @@ def peak_rss_gb() -> float:
     return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 
 
+def peak_memory() -> dict[str, float]:
+    """``peak_rss_gb`` and, once this process has used a GPU, ``peak_gpu_gb``: the most GPU memory
+    its tensors have held so far (torch's allocator; the GPU's own total is higher by the cache)."""
+    import torch
+
+    out = {"peak_rss_gb": peak_rss_gb()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["peak_gpu_gb"] = torch.cuda.max_memory_allocated() / 1e9
+    return out
+
+
 def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) -> dict[str, float]:
     """Means over a rollout's episodes (reward, success, score, turns, response tokens, well-formed
     replies), env errors, generation speed, and each reward term's mean (``reward_<name>``)."""

@@ -29,7 +29,7 @@ from omrl.search import play_strategy
 from omrl.search.context import check_budget
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything
-from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_rss_gb, rollout_metrics
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, rollout_metrics
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.rl_data import TaskOrder
@@ -315,7 +315,7 @@ class OnlineRecipe:
         if self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0):
             metrics.update(self.evaluate())
         metrics["step_time"] = time.perf_counter() - started
-        metrics["peak_rss_gb"] = peak_rss_gb()
+        metrics.update(peak_memory())
         self.logger.log(self.step, metrics)
         if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
             self.save_checkpoint()

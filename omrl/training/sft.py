@@ -34,7 +34,7 @@ from omrl.options import SftRunConfig
 from omrl.parallel import make_strategy
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything, step_or_skip
-from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_rss_gb
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
 from omrl.training.model_setup import load_trainable_model, save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.packing import (IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows,
@@ -184,7 +184,7 @@ class SftRecipe:
             step_times.append(step_time)
             metrics = {"loss": loss_value if finite else float("nan"), "lr": lr, "tokens_per_s": tokens / step_time,
                        "step_time": step_time, "grad_norm": grad_norm, "label_tokens": label_tokens,
-                       "epoch": self.epoch + self.index / len(order), "peak_rss_gb": peak_rss_gb(),
+                       "epoch": self.epoch + self.index / len(order), **peak_memory(),
                        **self.skipped.metrics()}
             self.logger.log(self.step, metrics)
             if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
