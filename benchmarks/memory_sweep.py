@@ -363,8 +363,8 @@ def main() -> None:
     parser.add_argument("--mmap-threshold", type=int, default=0, metavar="BYTES",
                         help="allocations this large or larger get their own mapping (glibc mallopt; 0: glibc's default)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, default=default_json("memory_sweep"),
-                        help="where the results go (rewritten after every configuration)")
+    parser.add_argument("--json", type=Path, help="where the results go, rewritten after every configuration "
+                        "(default: benchmarks/results/memory_sweep.json; with --quick, only when given)")
     parser.add_argument("--show", metavar="JSON", help="only print the table of a saved (maybe partial) run")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the grpo preset")
     parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
@@ -378,6 +378,8 @@ def main() -> None:
         return
     if args.quick:
         args.groups, args.contexts = QUICK["groups"], QUICK["contexts"]
+    elif args.json is None:
+        args.json = default_json("memory_sweep")
     if not 0 < args.trained_share < 1:
         raise SystemExit(f"--trained-share must be in (0, 1), got {args.trained_share}")
     if args.steps < 1:
@@ -393,6 +395,8 @@ def main() -> None:
               "reply_tokens": cfg.generation.max_new_tokens, "trained_share": args.trained_share}
 
     def save(results: dict) -> None:
+        if args.json is None:
+            return
         save_json(args.json, {
             "benchmark": "memory_sweep",
             "args": {k: str(v) if k == "json" else v for k, v in vars(args).items() if k != "memory_worker"},

@@ -52,6 +52,7 @@ class _SampledLogprobs:
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.first_scores_at is None:
+            _wait_for(scores.device)
             self.first_scores_at = time.perf_counter()
         self._gather(input_ids)
         self.previous = torch.log_softmax(scores.float(), dim=-1)
@@ -62,6 +63,12 @@ class _SampledLogprobs:
         self._gather(sequences)
         self.previous = None
         return torch.stack(self.picked, dim=1) if self.picked else sequences.new_zeros((len(sequences), 0), dtype=torch.float)
+
+
+def _wait_for(device: torch.device) -> None:
+    """Let a GPU finish what was queued, so a clock read after this times the work, not its queueing."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _warpers(params: SamplingParams) -> list[Any]:
@@ -262,6 +269,7 @@ class HFBackend(Backend):
         started = time.perf_counter()
         with torch.no_grad():
             firsts = self._prefill(ids)
+        _wait_for(self.device)
         self.stats["prefill_seconds"] += time.perf_counter() - started
         sampled = self._decode(ids, firsts, limits, params, seed)
         return [self._cut(toks, lps, limit) for (toks, lps), limit in zip(sampled, limits)]

@@ -157,14 +157,17 @@ def _usage(response: Any) -> dict[str, Any]:
 
 def _prompt_tokens(usages: Sequence[dict[str, Any]]) -> tuple[int, int]:
     """Prompt tokens the server computed and took from its prefix cache, summed over ``usages``
-    (``prompt_tokens`` and ``prompt_tokens_details.cached_tokens``); (0, 0) unless every answer said."""
+    (``prompt_tokens`` and ``prompt_tokens_details.cached_tokens``); (0, 0), unknown, unless every
+    answer said both (``vllm serve`` sends the details only with ``--enable-prompt-tokens-details``:
+    without them a cache's hits cannot be told from computed tokens)."""
     computed = reused = 0
     for usage in usages:
         prompt = usage.get("prompt_tokens")
         details = usage.get("prompt_tokens_details")
-        cached = (details.get("cached_tokens") if isinstance(details, dict) else None) or 0
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
         if not isinstance(prompt, int) or not isinstance(cached, int):
             return 0, 0
+        cached = min(max(cached, 0), prompt)
         computed, reused = computed + prompt - cached, reused + cached
     return computed, reused
 

@@ -164,7 +164,8 @@ def rollout_seed(cfg: TrainRunConfig, step: int, strategy: Strategy) -> int:
 def step_metrics(episodes: list[Any], seconds: float, session: RolloutSession, strategy: Strategy
                  ) -> dict[str, float]:
     """The rollout's metrics over every process: means average (every process played as many
-    episodes), counts and speeds add."""
+    episodes), counts add, and so does ``tokens_per_s``; the backend's speeds (``decode_tokens_per_s``,
+    ``prefill_tokens_per_s``) are one process's, from the tokens and seconds of all of them."""
     metrics = rollout_metrics(episodes, seconds, session.reward_summary)
     stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
     if strategy.world_size > 1:

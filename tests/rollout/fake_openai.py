@@ -23,6 +23,7 @@ class FakeOpenAIServer:
     def __init__(self, backend, tokenizer):
         self.backend, self.tokenizer = backend, tokenizer
         self.mode = "vllm"
+        self.cache_details = True  # usage.prompt_tokens_details (vllm serve --enable-prompt-tokens-details)
         self.fail_next = 0
         self.requests: list[tuple[str, dict]] = []
         app = FastAPI()
@@ -49,8 +50,9 @@ class FakeOpenAIServer:
             if self.mode == "vllm" and body.get("return_token_ids"):
                 choice["token_ids"] = gen.token_ids
                 stats = self.backend.take_stats()  # this request's: the prompt tokens its KV cache served
-                answer["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
-                                   "prompt_tokens_details": {"cached_tokens": int(stats["prefill_reused"])}}
+                answer["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids)}
+                if self.cache_details:
+                    answer["usage"]["prompt_tokens_details"] = {"cached_tokens": int(stats["prefill_reused"])}
             return answer
 
         @app.post("/v1/chat/completions")

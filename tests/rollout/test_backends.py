@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from omrl.backends import SamplingParams, make_backend
-from omrl.backends.base import Generation
+from omrl.backends.base import Generation, generation_metrics
 from omrl.backends.hf import HFBackend
 from omrl.backends.openai import EndpointError, OpenAIBackend
 from omrl.errors import OmrlError, UnknownNameError
@@ -142,6 +142,19 @@ def test_openai_backend_returns_the_servers_sampled_ids(server, tiny_hf, prompts
     assert path == "/completions" and isinstance(body["prompt"], list) and body["logprobs"] == 1
 
 
+@pytest.mark.parametrize("kv_reuse", [True, False])
+def test_hf_times_prefill_apart_from_decoding(tiny_hf, prompts, kv_reuse):
+    model, tokenizer = tiny_hf
+    backend = HFBackend(model, tokenizer, kv_reuse=kv_reuse)
+    backend.generate(prompts, SamplingParams(max_new_tokens=6, temperature=1.0, seed=0))
+    stats = backend.take_stats()
+    assert 0 < stats["prefill_seconds"] < stats["generate_seconds"]
+    assert stats["prefill_computed"] + stats["prefill_reused"] == sum(len(p) for p in prompts)
+    assert stats["decode_tokens"] > 0
+    metrics = generation_metrics(stats)
+    assert metrics["decode_tokens_per_s"] > 0 and metrics["prefill_tokens_per_s"] > 0
+
+
 def test_openai_backend_counts_tokens_and_the_servers_prefix_cache_hits(server, tiny_hf, prompts):
     _, tokenizer = tiny_hf
     server.mode = "vllm"
@@ -154,13 +167,15 @@ def test_openai_backend_counts_tokens_and_the_servers_prefix_cache_hits(server, 
     assert stats["generate_seconds"] > 0
     assert stats["prefill_computed"] + stats["prefill_reused"] == 2 * len(prompts[0])
     assert stats["prefill_reused"] >= len(prompts[0]) - 1  # all of the second call's prompt but its last token
-    server.mode = "logprob_tokens"  # no usage sent: the prompt counts stay unknown (0), the rest is counted
-    try:
-        backend.generate(prompts[:1], params)
-    finally:
-        server.mode = "vllm"
-    stats = backend.take_stats()
-    assert stats["prefill_computed"] == stats["prefill_reused"] == 0 and stats["decode_tokens"] > 0
+    # no usage, or usage without the cache's share: the prompt counts stay unknown (0), not a 0% hit rate
+    for mode, details in (("logprob_tokens", True), ("vllm", False)):
+        server.mode, server.cache_details = mode, details
+        try:
+            backend.generate(prompts[:1], params)
+        finally:
+            server.mode, server.cache_details = "vllm", True
+        stats = backend.take_stats()
+        assert stats["prefill_computed"] == stats["prefill_reused"] == 0 and stats["decode_tokens"] > 0
 
 
 def test_openai_backend_falls_back_to_chat_and_marks_episodes_not_token_exact(server, tiny_hf):
