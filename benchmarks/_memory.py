@@ -34,6 +34,14 @@ def reset_peak() -> None:
         f.write("5")
 
 
+def peak_while(run):
+    """``run()``'s result, the RSS just before it and the peak RSS while it ran (bytes)."""
+    reset_peak()
+    before = memory_status()["VmRSS"]
+    result = run()
+    return result, before, memory_status()["VmHWM"]
+
+
 def run_worker(script: str, spec: dict, spec_path: Path, timeout: float | None = None) -> dict:
     """Run ``script --memory-worker <spec file>`` in a fresh Python; its last stdout line, as JSON.
 

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
-from _memory import GIB, memory_status, reset_peak
+from _memory import GIB, peak_while
 from _results import default_json, machine, save_json
 from omrl.backends.base import Backend, SamplingParams
 from omrl.backends.hf import HFBackend
@@ -105,10 +105,7 @@ def play(session: RolloutSession, backend: Backend, tasks: list[Any], cfg: Train
 
 def measured(run):
     """``run()``'s result, with the peak RSS while it ran and how far that rose above the RSS at its start (GiB)."""
-    reset_peak()
-    start = memory_status()["VmRSS"]
-    result = run()
-    peak = memory_status()["VmHWM"]
+    result, start, peak = peak_while(run)
     return result, {"peak_rss_gib": peak / GIB, "rose_gib": (peak - start) / GIB}
 
 

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from _memory import GIB, memory_status, reset_peak, run_worker
+from _memory import GIB, peak_while, run_worker
 from _results import default_json, machine, save_json
 
 TOKENS_TARGET = 0.9
@@ -194,10 +194,8 @@ def memory_worker(spec_path: str) -> None:
     else:
         run = lambda: recipe.run(episodes, spec["micro_batch_size"], limit)  # noqa: E731
     gc.collect()
-    before = memory_status()["VmRSS"]
-    reset_peak()
-    seconds, got = timed(run)
-    print(json.dumps({"rss_before": before, "peak_rss": memory_status()["VmHWM"], "seconds": seconds, **got}))
+    (seconds, got), before, peak = peak_while(lambda: timed(run))
+    print(json.dumps({"rss_before": before, "peak_rss": peak, "seconds": seconds, **got}))
 
 
 def measure_memory(args, episodes) -> list[dict]:
