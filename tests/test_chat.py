@@ -48,7 +48,7 @@ def test_increment_after_a_cut_turn_carries_the_end_token_unlearned(tokenizer):
 
 
 def test_bad_role_order_is_named(tokenizer):
-    with pytest.raises(OmrlError, match="message 3 has role 'assistant'"):
+    with pytest.raises(OmrlError, match="message 3 has role 'assistant' right after reply 2"):
         encode_conversation(tokenizer, CHAT[:3] + [{"role": "assistant", "content": "again"}])
     with pytest.raises(OmrlError, match="no assistant message"):
         encode_conversation(tokenizer, CHAT[:2])

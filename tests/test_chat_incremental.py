@@ -1,5 +1,5 @@
 """The cached chat-template pieces give exactly the ids of full renders, and a template they cannot
-be proven for is rendered in full (omrl.chat_cache, issue 16)."""
+be proven for is rendered in full (omrl.chat.pieces, issue 16)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import warnings
 
 import pytest
 
-from omrl import chat_cache, registry
+from omrl import registry
+from omrl.chat import pieces as chat_cache
 from omrl.chat import encode_text, next_turn_ids, prompt_ids, render, rendered_turn_text
-from omrl.chat_template_check import cacheable_template
+from omrl.chat.template_check import cacheable_template
 from omrl.errors import OmrlError
 from omrl.models import load_tokenizer
 from omrl.rollout.loop import demonstration_messages

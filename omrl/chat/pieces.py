@@ -14,7 +14,7 @@ answers None and the caller renders in full:
 
 1. its syntax tree shows every message's content written out verbatim, steering
    nothing but emptiness and type tests, no dates, no count above ``MAX_COUNT``
-   (:mod:`omrl.chat_template_check`)
+   (:mod:`omrl.chat.template_check`)
    (Llama-3 trims contents, Qwen3 splits off thinking: they render in full);
 2. probe chats of 0 to 16 exchanges, with contents that are empty, unicode, whitespace
    at the edges, special-token look-alikes or long, give the same pieces at every
@@ -40,7 +40,7 @@ from functools import lru_cache
 from operator import itemgetter
 from typing import Any, Callable, Sequence
 
-from omrl.chat_template_check import cacheable_template
+from omrl.chat.template_check import cacheable_template
 
 Message = dict[str, str]
 Render = Callable[..., str]  # omrl.chat.render
@@ -164,7 +164,7 @@ def opening_ids(tokenizer, messages: Sequence[Message], kwargs: dict, render: Re
 def _contradicted(entry: _Entry) -> None:
     """A real chat rendered other than the pieces say: never use them again (the checks missed something)."""
     entry.pieces = None
-    warnings.warn("omrl.chat_cache: a chat template passed the piece checks but a real chat rendered differently; "
+    warnings.warn("omrl.chat.pieces: a chat template passed the piece checks but a real chat rendered differently; "
                   "rendering this template in full from now on", RuntimeWarning, stacklevel=4)
 
 

@@ -10,7 +10,7 @@ Works for any chat template whose rendering of a longer chat starts with the
 rendering of the shorter one (ChatML, Llama-3, SmolLM2, Qwen2.5); others raise.
 
 The increments are defined by full renders of the chat (:func:`rendered_turn_text`);
-for templates whose pieces :mod:`omrl.chat_cache` can prove fixed, the same text is
+for templates whose pieces :mod:`omrl.chat.pieces` can prove fixed, the same text is
 built from cached pieces, and a shared opening's ids are encoded once.
 """
 
@@ -19,10 +19,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Sequence
 
-from omrl import chat_cache
+from omrl.chat import pieces
 from omrl.errors import OmrlError
 
-Message = dict[str, str]
+Message = dict[str, Any]
+
+
+class TemplateRewrites(OmrlError):
+    """Rendering a longer chat changed the text of a shorter one: the template rewrites history."""
 
 
 def render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False, **kwargs: Any) -> str:
@@ -69,9 +73,9 @@ def prompt_ids(tokenizer, messages: Sequence[Message], **kwargs: Any) -> list[in
     """Ids of the opening messages (system, first user) plus the first generation prompt.
 
     Exactly the ids of the rendered text; the messages before the last are encoded
-    once per tokenizer where :mod:`omrl.chat_cache` proves that splitting there is exact.
+    once per tokenizer where :mod:`omrl.chat.pieces` proves that splitting there is exact.
     """
-    ids = chat_cache.opening_ids(tokenizer, messages, kwargs, render, encode_text)
+    ids = pieces.opening_ids(tokenizer, messages, kwargs, render, encode_text)
     if ids is None:
         ids = encode_text(tokenizer, render(tokenizer, messages, add_generation_prompt=True, **kwargs))
     return ids
@@ -79,8 +83,9 @@ def prompt_ids(tokenizer, messages: Sequence[Message], **kwargs: Any) -> list[in
 
 def _suffix(longer: str, shorter: str, what: str) -> str:
     if not longer.startswith(shorter):
-        raise OmrlError(f"the chat template is not prefix-stable ({what}): rendering a longer chat "
-                        "changed earlier text, so turns cannot be appended token-exactly")
+        raise TemplateRewrites(f"the chat template is not prefix-stable ({what}): rendering a longer chat "
+                               "changed earlier text, so turns cannot be appended token-exactly; "
+                               "`omrl check-template MODEL` shows where")
     return longer[len(shorter):]
 
 
@@ -91,7 +96,8 @@ def generation_end(tokenizer, messages: Sequence[Message], **kwargs: Any) -> str
     # locate the content from the front: a short reply such as "end" also occurs inside "<|im_end|>"
     before = render(tokenizer, messages[:-1], add_generation_prompt=True, **kwargs) + content
     if not text.startswith(before):
-        raise OmrlError("the chat template rewrites assistant messages; cannot append turns token-exactly")
+        raise TemplateRewrites("the chat template rewrites assistant messages; cannot append turns token-exactly; "
+                               "`omrl check-template MODEL` shows where")
     return text[len(before):]
 
 
@@ -106,10 +112,10 @@ def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str,
     increment, so it carries loss_mask 0 like every template token.
 
     Exactly the ids of :func:`rendered_turn_text`'s text; built from the template's
-    cached pieces where :mod:`omrl.chat_cache` can prove them (a full render per turn
+    cached pieces where :mod:`omrl.chat.pieces` can prove them (a full render per turn
     costs time in proportion to the chat's length).
     """
-    ids = chat_cache.next_turn_ids(
+    ids = pieces.next_turn_ids(
         tokenizer, messages, user_content, generated_eos, kwargs, render, encode_text,
         rendered=lambda: rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs))
     if ids is None:
@@ -128,34 +134,3 @@ def rendered_turn_text(tokenizer, messages: Sequence[Message], user_content: str
     longer = render(tokenizer, [*messages, {"role": "user", "content": user_content}],
                     add_generation_prompt=True, **kwargs)
     return after + _suffix(longer, before, "adding a user turn")
-
-
-def encode_conversation(tokenizer, messages: Sequence[Message], **kwargs: Any) -> tuple[list[int], list[int]]:
-    """Ids and loss mask of a whole conversation, laid out exactly as a rollout lays it out.
-
-    The mask is 1 on each assistant message's content ids and its end-of-turn
-    token (what the model generates), 0 on everything else.
-    """
-    first_reply = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
-    if first_reply is None:
-        raise OmrlError("conversation has no assistant message to learn from")
-    ids = prompt_ids(tokenizer, messages[:first_reply], **kwargs)
-    mask = [0] * len(ids)
-    eos = tokenizer.eos_token or ""
-    i = first_reply
-    while i < len(messages):
-        reply = messages[i]
-        if reply["role"] != "assistant":
-            raise OmrlError(f"message {i} has role {reply['role']!r} where an assistant reply was expected "
-                            "(roles must alternate user/assistant after the opening messages)")
-        content_ids = encode_text(tokenizer, reply["content"] + eos)
-        ids += content_ids
-        mask += [1] * len(content_ids)
-        if i + 1 < len(messages):
-            if messages[i + 1]["role"] not in ("user", "tool"):
-                raise OmrlError(f"message {i + 1} has role {messages[i + 1]['role']!r}; expected user")
-            inc = next_turn_ids(tokenizer, messages[: i + 1], messages[i + 1]["content"], bool(eos), **kwargs)
-            ids += inc
-            mask += [0] * len(inc)
-        i += 2
-    return ids, mask

@@ -1,5 +1,5 @@
 """Whether a chat template writes every message's content out unchanged: read from its jinja
-syntax tree, the first of the two checks :mod:`omrl.chat_cache` makes before caching a template's
+syntax tree, the first of the two checks :mod:`omrl.chat.pieces` makes before caching a template's
 pieces (the second renders probe chats)."""
 
 from __future__ import annotations

@@ -1,0 +1,98 @@
+"""Whole conversations (SFT and reward-model data) laid out as a rollout lays them out.
+
+A reply's ids are the text the model would sample after the generation prompt: its
+content, with its reasoning when it has some (``<think>...</think>`` in the content, or
+a ``reasoning_content`` field written as the template writes it) and its structured
+``tool_calls`` in the template's format, then the end-of-turn token. Between replies
+come the ids :func:`omrl.chat.history.next_prompt` gives in the chosen history mode,
+so SFT trains on the rows the rollout will generate in.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from omrl.chat.history import next_prompt
+from omrl.chat.render import Message, encode_text, prompt_ids, render
+from omrl.errors import OmrlError
+
+THINK_OPEN = "<think>"
+
+Rows = list[tuple[list[int], list[int]]]
+
+
+def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "keep", **kwargs: Any) -> Rows:
+    """Ids and loss mask of each row of a whole conversation (one row, except where ``as_template``
+    splits). The mask is 1 on each reply's ids and its end-of-turn token, 0 elsewhere."""
+    first_reply = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if first_reply is None:
+        raise OmrlError("conversation has no assistant message to learn from")
+    ids = prompt_ids(tokenizer, messages[:first_reply], **kwargs)
+    mask = [0] * len(ids)
+    rows: Rows = []
+    said: list[Message] = [dict(m) for m in messages[:first_reply]]  # the chat as the template is given it
+    eos = tokenizer.eos_token or ""
+    i = first_reply
+    while i < len(messages):
+        reply = messages[i]
+        if reply.get("role") != "assistant":
+            raise OmrlError(f"message {i} has role {reply.get('role')!r} where an assistant reply was expected "
+                            "(after the opening messages, each reply is followed by user or tool messages)")
+        text = reply_text(tokenizer, said, reply, **kwargs)
+        reply_ids = encode_text(tokenizer, text)
+        ids, mask = ids + reply_ids, mask + [1] * len(reply_ids)
+        nxt = next((j for j in range(i + 1, len(messages)) if messages[j].get("role") == "assistant"), len(messages))
+        new = [dict(m) for m in messages[i + 1:nxt]]
+        bad = next((m for m in new if m.get("role") not in ("user", "tool")), None)
+        if bad is not None:
+            raise OmrlError(f"a message with role {bad.get('role')!r} follows reply {i}; expected user or tool")
+        if not new and nxt < len(messages):
+            raise OmrlError(f"message {nxt} has role 'assistant' right after reply {i}; a user or tool message "
+                            "must come between two replies")
+        if not new:
+            break
+        # keep: the history holds the reply as sampled; as_template: as the dataset gives it (reasoning field too)
+        sampled = {"role": "assistant", "content": text[:-len(eos)] if eos and text.endswith(eos) else text}
+        said.append(sampled if history == "keep" else dict(reply))
+        increment, starts_row = next_prompt(tokenizer, history, ids, said, new, bool(eos), **kwargs)
+        if starts_row:
+            rows.append((ids, mask))
+            ids, mask = [], []
+        ids, mask = ids + increment, mask + [0] * len(increment)
+        said += new
+        i = nxt
+    rows.append((ids, mask))
+    return rows
+
+
+def encode_conversation(tokenizer, messages: Sequence[Message], **kwargs: Any) -> tuple[list[int], list[int]]:
+    """Ids and loss mask of a whole conversation as one row (``keep`` history)."""
+    return conversation_rows(tokenizer, messages, "keep", **kwargs)[0]
+
+
+def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: Any) -> str:
+    """The text the model samples for ``reply`` after ``before``'s generation prompt, end-of-turn token included.
+
+    A plain reply is its content; one with a ``reasoning_content`` field or ``tool_calls`` is what the
+    template writes for it as the last message, after its generation prompt. Where the generation prompt
+    already opens ``<think>`` (DeepSeek-R1), a reply starting with ``<think>`` continues it.
+    """
+    eos = tokenizer.eos_token or ""
+    content = reply.get("content") or ""
+    if reply.get("reasoning_content") or reply.get("tool_calls"):
+        opened = render(tokenizer, before, add_generation_prompt=True, **kwargs)
+        whole = render(tokenizer, [*before, dict(reply)], **kwargs)
+        body = whole[len(opened):] if whole.startswith(opened) else None
+        if body is not None and eos and eos in body:
+            return body[:body.index(eos) + len(eos)]
+        if reply.get("tool_calls"):
+            raise OmrlError("the chat template does not write a reply's tool calls after its generation prompt, "
+                            "so the text the model would sample is unknown; `omrl check-template MODEL` shows why")
+        content = f"{THINK_OPEN}\n{reply['reasoning_content'].strip()}\n</think>\n\n{content.lstrip()}"
+    if content.startswith(THINK_OPEN):
+        prompt = render(tokenizer, before, add_generation_prompt=True, **kwargs)
+        opening = prompt[len(render(tokenizer, before, **kwargs)):] if len(before) else ""
+        cut = opening.rfind(THINK_OPEN)
+        if cut >= 0 and not opening[cut + len(THINK_OPEN):].strip():
+            content = content[len(THINK_OPEN):].lstrip("\n") if opening.endswith("\n") else content[len(THINK_OPEN):]
+    return content + eos

@@ -1,0 +1,132 @@
+"""How a conversation's earlier turns reach the next prompt: two history modes.
+
+The ids the model sampled are never decoded and re-encoded inside a row: a row is the
+ids the backend was given for its first turn, then what was sampled and what the chat
+template adds after it (loss_mask 0). Templates of thinking models rewrite earlier
+turns (Qwen3 drops the ``<think>`` of every reply before the last user message,
+DeepSeek-R1 keeps only the text after ``</think>``, gpt-oss writes ``<|return|>`` as
+``<|end|>``), so the next prompt as the template renders it no longer starts with the
+ids sampled. The two modes answer that differently:
+
+``keep``
+    One row per episode. After a reply, the ids appended are the template's text for
+    the new messages and the next generation prompt, as it renders them after the real
+    history when the template only appends, else after placeholder messages
+    (:func:`anchored_increment`): the row stays append-only under any template, at the
+    price that the model sees its own earlier reasoning, which the stock template
+    would hide in deployment.
+
+``as_template``
+    Every turn's prompt is the template's own full render of the chat so far, exactly
+    what the model would be given in deployment. While that render's ids extend the
+    current row, the row grows by the difference; where they do not (a reply whose
+    reasoning was dropped, a reply that re-encodes to other ids), a new row starts with
+    the whole prompt. An episode of ``n`` turns is at most ``n`` rows; the rows are
+    trained together (:mod:`omrl.training.rl_data` packs them with restarting
+    positions), so the episode's advantage reaches every row.
+
+Which mode a template needs, and what each costs, is reported by ``omrl check-template``.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from typing import Any, Sequence
+
+from omrl.chat.render import Message, TemplateRewrites, encode_text, next_turn_ids, render
+from omrl.errors import OmrlError
+
+HISTORY_MODES = ("keep", "as_template")
+PLACEHOLDER_QUESTION = "omrl placeholder question"
+PLACEHOLDER_REPLY = "omrl placeholder reply"
+CHECK_HINT = "run `omrl check-template MODEL` to see where the template rewrites a chat"
+
+# per tokenizer: (template, kwargs) -> False once the template was seen rewriting a chat
+_APPENDS: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], bool]]" = weakref.WeakKeyDictionary()
+
+
+def check_history(mode: str) -> str:
+    """``mode`` when it is a history mode; else an error listing them."""
+    if mode not in HISTORY_MODES:
+        raise OmrlError(f"unknown chat history mode {mode!r}; valid: {', '.join(HISTORY_MODES)}")
+    return mode
+
+
+def next_prompt(tokenizer, history: str, row: Sequence[int], messages: Sequence[Message],
+                new: Sequence[Message], generated_eos: bool, **kwargs: Any) -> tuple[list[int], bool]:
+    """The ids that lead from a reply to the next turn: ``(ids, starts_row)``.
+
+    ``messages`` ends with the reply just sampled (its decoded text), ``new`` are the
+    messages that answer it (a user observation, or tool results), ``row`` is the current
+    row's ids (its prompt, replies and increments so far). With ``starts_row`` False the
+    ids extend ``row``; with True they are a whole new row's prompt (``as_template`` only).
+    """
+    if history == "keep":
+        return kept_increment(tokenizer, messages, new, generated_eos, **kwargs), False
+    prompt = encode_text(tokenizer, render(tokenizer, [*messages, *new], add_generation_prompt=True, **kwargs))
+    if len(prompt) > len(row) and prompt[:len(row)] == list(row):
+        return prompt[len(row):], False
+    return prompt, True
+
+
+def kept_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool,
+                   **kwargs: Any) -> list[int]:
+    """``keep`` mode's ids after a reply: the real-history increment while the template renders the longer
+    chat as an extension (:func:`omrl.chat.render.next_turn_ids`), else :func:`anchored_increment`'s.
+
+    A template seen rewriting once is rendered after placeholders from then on (per tokenizer and kwargs).
+    """
+    try:
+        known = _APPENDS.setdefault(tokenizer, {})
+    except TypeError:  # cannot be weakly referenced: try the real history every time
+        known = {}
+    key = (str(getattr(tokenizer, "chat_template", "")), json.dumps(kwargs, sort_keys=True, default=repr))
+    if known.get(key, True) and len(new) == 1 and new[0]["role"] == "user":
+        try:
+            return next_turn_ids(tokenizer, messages, new[0]["content"], generated_eos, **kwargs)
+        except TemplateRewrites:
+            known[key] = False
+    return encode_text(tokenizer, anchored_increment(tokenizer, messages, new, generated_eos, **kwargs))
+
+
+def anchored_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool,
+                       **kwargs: Any) -> str:
+    """The text the template writes after a reply for ``new`` and the next generation prompt, rendered after
+    placeholder messages (the real system message, a placeholder question and reply) instead of the real
+    history, so a template that rewrites earlier replies cannot change it.
+
+    When the reply ended with a stop token the template's closing special token is left out: the sampled
+    stop token closes the turn (gpt-oss samples ``<|return|>`` where its history writes ``<|end|>``).
+    """
+    system = [dict(m) for m in messages[:1] if m.get("role") == "system"]
+    anchor = [*system, {"role": "user", "content": PLACEHOLDER_QUESTION},
+              {"role": "assistant", "content": PLACEHOLDER_REPLY}]
+    try:
+        text = render(tokenizer, [*anchor, *new], add_generation_prompt=True, **kwargs)
+    except OmrlError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a template's own raise_exception, or a jinja error
+        raise OmrlError(f"the chat template cannot render a {new[0]['role']!r} message after a reply "
+                        f"({type(exc).__name__}: {exc}); {CHECK_HINT}") from exc
+    at = text.rfind(PLACEHOLDER_REPLY)
+    if at < 0:
+        raise OmrlError(f"the chat template drops an assistant reply's text when a message follows it, so the "
+                        f"history cannot be kept; use chat.history=as_template ({CHECK_HINT})")
+    increment = text[at + len(PLACEHOLDER_REPLY):]
+    if generated_eos:
+        close = leading_special_token(tokenizer, increment)
+        if close is None:
+            raise OmrlError(f"the chat template does not close a reply with a special token (it writes "
+                            f"{increment[:40]!r} after one), so a sampled stop token has no place in the "
+                            f"history; use chat.history=as_template ({CHECK_HINT})")
+        increment = increment[len(close):]
+    return increment
+
+
+def leading_special_token(tokenizer, text: str) -> str | None:
+    """The longest special token ``text`` starts with, or None."""
+    specials = [str(t) for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+                if getattr(t, "special", False)]
+    found = [t for t in specials if t and text.startswith(t)]
+    return max(found, key=len) if found else None
