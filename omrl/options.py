@@ -60,6 +60,15 @@ class GenerationConfig:
 
 
 @dataclass
+class ChatConfig:
+    history: str = opt("keep", "How earlier turns reach the next prompt when the chat template rewrites them "
+                               "(thinking models): keep (one row per episode, the sampled ids verbatim; the model "
+                               "sees its earlier reasoning) or as_template (each prompt as the template renders it, "
+                               "the episode split into rows where it rewrites). `omrl check-template MODEL` reports "
+                               "what each does for a model.")
+
+
+@dataclass
 class RewardConfig:
     weights: dict[str, float] = opt({"goal": 1.0}, "Reward components and their weights, e.g. {goal: 1, format: 0.1}.")
     allocation: str = opt("last_token", "Reward to tokens: last_token, uniform_positive, discounted, per_turn.")
@@ -110,6 +119,7 @@ class RolloutRunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     num_tasks: int = opt(8, "Tasks to play (from the start of the split).")
     group_size: int = opt(1, "Samples per task.")
@@ -131,6 +141,7 @@ class EvalRunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=0.0))
+    chat: ChatConfig = field(default_factory=ChatConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     num_tasks: int = opt(5, "Tasks to evaluate (from the start of the split).")
     samples_per_task: int = opt(1, "Samples per task for pass@k and best-of-N (k <= this).")
@@ -149,6 +160,7 @@ class SftRunConfig:
     description: str = opt("", "One line about this preset.")
     seed: int = opt(0, "Random seed.")
     model: ModelConfig = field(default_factory=ModelConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=2e-5))
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/sft"))
     dataset: str = opt("", "JSONL, parquet, HF dataset dir, or `omrl rollout` output.")
@@ -179,6 +191,7 @@ class TrainRunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/train"))
@@ -211,6 +224,7 @@ class SweepRunConfig:
     env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
     # sampled: best_of_n, beam, dfsdt and mcts draw several candidates of one prompt
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
+    chat: ChatConfig = field(default_factory=ChatConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     num_tasks: int = opt(5, "Tasks every cell plays (from the start of the split).")
     strategies: list[str] = opt(["chain", "best_of_n", "beam", "dfsdt", "mcts"],
@@ -230,6 +244,7 @@ class RmTrainRunConfig:
     description: str = opt("", "One line about this preset.")
     seed: int = opt(0, "Random seed.")
     model: ModelConfig = field(default_factory=ModelConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=2e-5))
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/rm"))
     kind: str = opt("orm", "orm: one score per episode (at its last token); prm: one per assistant turn.")

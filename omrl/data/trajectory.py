@@ -74,6 +74,24 @@ class Episode:
     messages: list[dict[str, str]] = field(default_factory=list)  # the chat, for people and SFT
     error: str | None = None
     demo_messages: int = 0  # messages after the system prompt that are the env's worked example, not this episode
+    row_starts: list[int] = field(default_factory=list)  # where token_ids start a new row (chat.history=as_template)
+
+    def rows(self) -> list[tuple[int, int]]:
+        """[start, end) of each row in ``token_ids``: one row, unless the history mode split the episode.
+
+        A row is a sequence the model was given and extended; a later row starts over with a whole
+        prompt (restarting positions), so rows are trained packed, never as one sequence.
+        """
+        starts = [0, *self.row_starts]
+        return list(zip(starts, [*self.row_starts, len(self.token_ids)]))
+
+    def current_row(self) -> list[int]:
+        """The ids of the row the next turn extends (what the backend is given)."""
+        return self.token_ids[self.row_starts[-1]:] if self.row_starts else self.token_ids
+
+    def position_ids(self) -> list[int]:
+        """Each token's position within its row."""
+        return [t - start for start, end in self.rows() for t in range(start, end)]
 
     @property
     def total_reward(self) -> float:
@@ -103,11 +121,12 @@ SCHEMA = pa.schema([
     ("group", pa.int64()), ("sample", pa.int64()),
     ("rewards", pa.map_(pa.string(), pa.list_(pa.float64()))),
     ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
-    ("error", pa.string()), ("demo_messages", pa.int64()),
-], metadata={b"omrl.schema": b"episode/3"})
+    ("error", pa.string()), ("demo_messages", pa.int64()), ("row_starts", pa.list_(pa.int64())),
+], metadata={b"omrl.schema": b"episode/4"})
 # episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
 # episode/3 added each turn's node_id and parent_id; older files read with -1 for both
-READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3")
+# episode/4 added row_starts; older files read as one row per episode
+READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4")
 
 
 def is_trajectory_schema(schema: pa.Schema) -> bool:
@@ -197,6 +216,7 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
             for t in row["turns"]
         ]
         row["rewards"] = dict(row["rewards"] or [])
+        row["row_starts"] = list(row.get("row_starts") or [])
         episodes.append(Episode(**row))
     return episodes
 

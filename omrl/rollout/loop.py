@@ -6,7 +6,10 @@ I/O-bound envs). Each episode's ``token_ids`` grow by exactly the sampled ids
 (loss_mask 1, with their log-probs) and by the chat-template increments of
 :mod:`omrl.chat` (observations, the next generation prompt, and the end-of-turn
 text when a turn was cut at its token limit: all loss_mask 0). Nothing is ever
-decoded and re-encoded, and no injected token is ever trained on.
+decoded and re-encoded, and no injected token is ever trained on. Under
+``chat.history=as_template`` a turn whose template render no longer extends the
+episode's current row starts a new row (:mod:`omrl.chat.history`); the backend is
+always given the current row.
 
 Each turn's ``info`` holds the env's step info plus ``info["rollout"]``:
 ``truncated`` (cut at the token limit), ``token_exact`` (False when a backend
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from omrl.backends.base import Backend, Generation, SamplingParams
-from omrl.chat import encode_text, next_turn_ids, prompt_ids
+from omrl.chat import check_history, encode_text, next_prompt, prompt_ids
 from omrl.data.trajectory import Episode, Turn
 from omrl.envs import DemoTurn, Env, Observation, StepResult, clean_text, reset_problem, step_problem
 from omrl.errors import OmrlError
@@ -33,19 +36,20 @@ EMPTY_OBSERVATION = "(the environment returned no text)"
 
 @dataclass
 class RolloutLimits:
-    """How long turns and episodes may get, and how replies are sampled."""
+    """How long turns and episodes may get, how replies are sampled, and how history is carried."""
 
     max_new_tokens: int = 96  # per model turn (lowered to what the context still allows)
-    max_context: int = 2048  # tokens per episode: prompt plus all turns
+    max_context: int = 2048  # tokens per row: its prompt plus its turns (one row per episode, unless split)
     max_turns: int = 0  # 0: the env class's own cap
     temperature: float = 1.0
     top_p: float = 1.0
+    history: str = "keep"  # chat.history: keep or as_template (omrl.chat.history)
 
     @classmethod
-    def from_config(cls, generation: Any, max_turns: int = 0) -> "RolloutLimits":
-        """From a GenerationConfig plus the env config's ``max_turns``."""
+    def from_config(cls, generation: Any, max_turns: int = 0, history: str = "keep") -> "RolloutLimits":
+        """From a GenerationConfig plus the env config's ``max_turns`` and the chat config's ``history``."""
         return cls(generation.max_new_tokens, generation.max_context, max_turns,
-                   generation.temperature, generation.top_p)
+                   generation.temperature, generation.top_p, check_history(history))
 
 
 @dataclass
@@ -82,6 +86,7 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
         raise OmrlError(f"group_size must be >= 1, got {group_size}")
     if backend is None and not expert:
         raise OmrlError("collect needs a generation backend, or expert=True to play the env's scripted expert")
+    check_history(limits.history)
     if limits.max_new_tokens < 1 or limits.max_context < 2:
         raise OmrlError(f"max_new_tokens must be >= 1 and max_context >= 2, got "
                         f"{limits.max_new_tokens} and {limits.max_context}")
@@ -96,8 +101,8 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
         ep.end_reason = reason
         ep.messages = [dict(m) for m in state.messages]
         pool.release(state.env, broken=state.broken)
-        if backend is not None:
-            backend.release([ep.token_ids])  # its cached KV states, if the backend keeps some
+        if backend is not None:  # its cached KV states, if the backend keeps some
+            backend.release([ep.token_ids[start:end] for start, end in ep.rows()])
         finished.append(ep)
         progress.finished(ep)
 
@@ -111,13 +116,13 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
                 live.append(state)
         if not live:
             continue
-        caps = [min(limits.max_new_tokens, limits.max_context - len(s.episode.token_ids)) for s in live]
+        caps = [min(limits.max_new_tokens, limits.max_context - len(s.episode.current_row())) for s in live]
         if expert:
             replies: list[Generation | BaseException] = _expert_replies(pool, template, tokenizer, live, caps)
         else:
             params = SamplingParams(max_new_tokens=caps, temperature=limits.temperature, top_p=limits.top_p,
                                     seed=seed * 1_000_003 + calls * 10_007)
-            replies = list(backend.generate([s.episode.token_ids for s in live], params,  # type: ignore[union-attr]
+            replies = list(backend.generate([s.episode.current_row() for s in live], params,  # type: ignore[union-attr]
                                             messages=[s.messages for s in live]))
         calls += 1
         progress.generated(sum(len(r.token_ids) for r in replies if isinstance(r, Generation)))
@@ -129,7 +134,8 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
         for state in live:
             if state.end is None:
                 # an env's max_turns may be a per-instance option, so ask the instance
-                _continue_chat(state, tokenizer, limits.max_turns or int(state.env.max_turns), limits.max_context)
+                _continue_chat(state, tokenizer, limits.max_turns or int(state.env.max_turns), limits.max_context,
+                               limits.history)
             if state.end:
                 finish(state, state.end)
             else:
@@ -305,18 +311,32 @@ def apply_step_result(state: Any, result: StepResult) -> None:
         state.end = "done"
 
 
-def _continue_chat(state: _Live, tokenizer: Any, turn_cap: int, max_context: int) -> None:
-    """Append the template increment that leads to the next turn, or end the episode at a limit."""
-    ep = state.episode
-    if len(ep.turns) >= turn_cap:
+def _continue_chat(state: _Live, tokenizer: Any, turn_cap: int, max_context: int, history: str) -> None:
+    """Append what leads to the next turn, or end the episode at a limit."""
+    if len(state.episode.turns) >= turn_cap:
         state.end = "max_turns"
         return
-    increment = next_turn_ids(tokenizer, state.messages, state.next_user, state.eos_generated, **state.chat_kwargs)
-    if len(ep.token_ids) + len(increment) >= max_context:
-        state.end = "max_context"
-        return
-    ep.token_ids += increment
-    ep.loss_mask += [0] * len(increment)
-    ep.logprobs += [0.0] * len(increment)
-    state.messages.append({"role": "user", "content": state.next_user})
+    state.end = extend_chat(state, tokenizer, state.chat_kwargs, max_context, history)
+
+
+def extend_chat(state: Any, tokenizer: Any, chat_kwargs: dict, max_context: int, history: str) -> str | None:
+    """Append the ids that lead from ``state``'s last reply to its next turn (``state.next_user`` as a user
+    message): an increment of the current row, or under ``as_template`` perhaps a new row. Returns
+    "max_context" (appending nothing) when the row would not leave room for one generated token.
+
+    ``state`` as in :func:`append_reply`: a chain's live episode or a search branch.
+    """
+    ep = state.episode
+    new = [{"role": "user", "content": state.next_user}]
+    ids, starts_row = next_prompt(tokenizer, history, ep.current_row(), state.messages, new, state.eos_generated,
+                                  **chat_kwargs)
+    if (0 if starts_row else len(ep.current_row())) + len(ids) >= max_context:
+        return "max_context"
+    if starts_row:
+        ep.row_starts.append(len(ep.token_ids))
+    ep.token_ids += ids
+    ep.loss_mask += [0] * len(ids)
+    ep.logprobs += [0.0] * len(ids)
+    state.messages += new
     state.answering = state.next_user
+    return None

@@ -38,7 +38,7 @@ class RolloutSession:
     @classmethod
     def from_config(cls, cfg: Any, *, model: Any = None, tokenizer: Any = None, expert: bool = False,
                     backend: Backend | None = None) -> "RolloutSession":
-        """Build from a run config with ``env``, ``generation``, ``model``, ``reward`` and ``plugins`` sections.
+        """Build from a run config with ``env``, ``generation``, ``chat``, ``model``, ``reward`` and ``plugins`` sections.
 
         ``model``/``tokenizer`` reuse objects the caller already holds (the
         trainer's policy); ``expert=True`` builds no backend at all.
@@ -56,7 +56,7 @@ class RolloutSession:
         if backend is None and not expert:
             backend = make_backend(cfg.generation.backend, tokenizer, cfg.generation, model=model,
                                    model_name=cfg.model.name, dtype=cfg.model.dtype, seed=cfg.seed)
-        return cls(pool, template, tokenizer, backend, RolloutLimits.from_config(cfg.generation, cfg.env.max_turns),
+        return cls(pool, template, tokenizer, backend, RolloutLimits.from_config(cfg.generation, cfg.env.max_turns, cfg.chat.history),
                    reward_weights=cfg.reward.weights, plugin_options=plugins,
                    demonstration=cfg.env.demonstration)
 

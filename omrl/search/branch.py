@@ -2,8 +2,8 @@
 
 A child node starts as a copy of its parent's episode. Its sampled ids are appended
 as they are (loss_mask 1, with their log-probs); the env's answer and the next
-generation prompt are appended as :func:`omrl.chat.next_turn_ids` increments
-(loss_mask 0). Nothing is decoded and re-encoded, so every root-to-leaf path holds
+generation prompt are appended as the chain rollout appends them
+(:func:`omrl.rollout.loop.extend_chat`, loss_mask 0). Nothing is decoded and re-encoded, so every root-to-leaf path holds
 exactly the ids the model sampled, whichever branch it took. A reply and the env's
 answer are recorded by the chain rollout's own :func:`~omrl.rollout.loop.append_reply`
 and :func:`~omrl.rollout.loop.apply_step_result`; ``tests/search/test_runner.py`` checks that a search with one
@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from omrl.backends.base import Generation
-from omrl.chat import next_turn_ids
 from omrl.data.trajectory import Episode
 from omrl.envs import Env, Observation, StepResult
-from omrl.rollout.loop import append_reply, apply_step_result, open_episode
+from omrl.rollout.loop import append_reply, apply_step_result, extend_chat, open_episode
 from omrl.search.tree import Node, copy_episode
 from omrl.templates import Template
 
@@ -74,20 +73,14 @@ def add_step(child: Growing, result: StepResult | BaseException) -> None:
     apply_step_result(child, result)
 
 
-def continue_chat(child: Growing, tokenizer: Any, chat_kwargs: dict, turn_cap: int, max_context: int) -> None:
-    """Append the increment that leads to the next turn, or end the branch at a limit."""
+def continue_chat(child: Growing, tokenizer: Any, chat_kwargs: dict, turn_cap: int, max_context: int,
+                  history: str = "keep") -> None:
+    """Append what leads to the next turn (the chain rollout's :func:`~omrl.rollout.loop.extend_chat`),
+    or end the branch at a limit."""
     ep = child.episode
     if child.end is None and len(ep.turns) >= turn_cap:
         child.end = "max_turns"
     if child.end is None:
-        increment = next_turn_ids(tokenizer, child.messages, child.next_user, child.eos_generated, **chat_kwargs)
-        if len(ep.token_ids) + len(increment) >= max_context:
-            child.end = "max_context"
-        else:
-            ep.token_ids += increment
-            ep.loss_mask += [0] * len(increment)
-            ep.logprobs += [0.0] * len(increment)
-            child.messages.append({"role": "user", "content": child.next_user})
-            child.answering = child.next_user
+        child.end = extend_chat(child, tokenizer, chat_kwargs, max_context, history)
     if child.end is not None:
         ep.end_reason, ep.messages = child.end, [dict(m) for m in child.messages]

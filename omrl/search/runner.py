@@ -159,7 +159,7 @@ def _expand(ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]]
     for tree, req in asked:
         left, reserved = tree.remaining(), 0
         for index, node in enumerate(req.nodes):
-            cap = min(limits.max_new_tokens, limits.max_context - len(node.episode.token_ids))
+            cap = min(limits.max_new_tokens, limits.max_context - len(node.episode.current_row()))
             if node.terminal or cap < 1:
                 continue
             for _ in range(req.k):
@@ -174,7 +174,7 @@ def _expand(ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]]
     params = SamplingParams(max_new_tokens=[cap for *_, cap in slots], temperature=limits.temperature,
                             top_p=limits.top_p, seed=ctx.next_seed())
     # as in the chain rollout, a backend that fails stops the run: it is no branch's fault
-    replies = list(ctx.backend.generate([node.episode.token_ids for _, _, node, _ in slots], params,  # type: ignore[union-attr]
+    replies = list(ctx.backend.generate([node.episode.current_row() for _, _, node, _ in slots], params,  # type: ignore[union-attr]
                                         messages=[node.messages for _, _, node, _ in slots]))
     for (tree, _, _, _), reply in zip(slots, replies):
         ctx.charge(tree, len(reply.token_ids))
@@ -188,7 +188,7 @@ def _expand(ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]]
     for i, ((tree, index, node, _), g) in enumerate(zip(slots, grown)):
         # an unparsed reply leaves the env as it was: the child goes on from its parent's state
         state = states.get(i, node.env_state) if g.end is None else states.get(i)
-        continue_chat(g, ctx.tokenizer, chat_kwargs[id(tree)], turn_cap, limits.max_context)
+        continue_chat(g, ctx.tokenizer, chat_kwargs[id(tree)], turn_cap, limits.max_context, limits.history)
         if g.end is not None and state is not None:
             if i in states:
                 forker.drop([state])
