@@ -61,7 +61,9 @@ def peak_memory() -> dict[str, float]:
 
 def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) -> dict[str, float]:
     """Means over a rollout's episodes (reward, success, score, turns, response tokens, well-formed
-    replies), env errors, generation speed, and each reward term's mean (``reward_<name>``)."""
+    replies), env errors, generation speed, each reward term's mean (``reward_<name>``), and the rows
+    the chat history made: ``rows_per_episode`` (1 unless ``as_template`` split episodes) and
+    ``prefix_breaks`` (how many new rows it started, summed)."""
     n = max(1, len(episodes))
     turns = sum(ep.num_turns for ep in episodes)
     generated = sum(sum(ep.loss_mask) for ep in episodes)
@@ -75,6 +77,8 @@ def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) 
         "env_errors": float(sum(ep.end_reason == "env_error" for ep in episodes)),
         "tokens_per_s": generated / max(seconds, 1e-9),
         "rollout_time": seconds,
+        "rows_per_episode": sum(1 + len(ep.row_starts) for ep in episodes) / n,
+        "prefix_breaks": float(sum(len(ep.row_starts) for ep in episodes)),
     }
     metrics.update({f"reward_{k}": float(v) for k, v in reward_summary.items()})
     return metrics

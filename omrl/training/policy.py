@@ -49,7 +49,8 @@ def _output_head(model: nn.Module) -> nn.Module | None:
 def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
                    value_head: ValueHead | None = None, token_mask: torch.Tensor | None = None,
-                   prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
+                   prefix: SharedPrefix | None = None, position_ids: torch.Tensor | None = None
+                   ) -> dict[str, torch.Tensor]:
     """Log-probs (and optionally entropy and values) of every token given the tokens before it.
 
     Returns tensors [bs, L]: ``log_probs[:, t]`` = log p(input_ids[t] | input_ids[:t]) under the
@@ -62,11 +63,20 @@ def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     ``prefix``: the rows' first ``prefix.length`` tokens already ran (omrl.training.shared_prefix):
     only the rest runs, on the prefix's keys and values; the prefix's positions hold 0 (they are
     prompt tokens, never trained).
+
+    ``position_ids`` [bs, L]: rows packed from several sequences (an episode split by
+    ``chat.history=as_template``), positions restarting at each. The model then runs with no
+    attention mask, and transformers turns the restarts into a block-diagonal causal mask, so
+    no sequence sees another (right padding is seen by no real token). Not with ``prefix``.
     """
     head = _output_head(model) if token_mask is not None else None
     need_hidden = value_head is not None or head is not None
     start = prefix.length if prefix is not None else 0
-    out = model(input_ids=input_ids[:, start:], attention_mask=attention_mask, use_cache=False,
+    if position_ids is not None and prefix is not None:
+        raise ValueError("packed rows (position_ids) cannot run on a shared prefix")
+    packed = {"position_ids": position_ids, "attention_mask": None} if position_ids is not None else \
+        {"attention_mask": attention_mask}
+    out = model(input_ids=input_ids[:, start:], **packed, use_cache=False,
                 output_hidden_states=need_hidden, **({"logits_to_keep": 1} if head is not None else {}),
                 **(prefix.cache_kwargs() if prefix is not None else {}))
     targets = input_ids[:, start + 1:]
@@ -150,5 +160,6 @@ def labelled_nll_sum(model: nn.Module, input_ids: torch.Tensor, position_ids: to
 
 def sequence_log_prob(model: nn.Module, mb, temperature: float = 1.0) -> torch.Tensor:
     """Summed log-prob of each row's sampled tokens (``mb["loss_mask"]``): [bs]."""
-    out = policy_forward(model, mb["input_ids"], mb["attention_mask"], temperature, token_mask=mb["loss_mask"])
+    out = policy_forward(model, mb["input_ids"], mb["attention_mask"], temperature, token_mask=mb["loss_mask"],
+                         position_ids=mb.tensors.get("position_ids"))
     return (out["log_probs"] * mb["loss_mask"]).sum(-1)

@@ -41,6 +41,13 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation
     turn_rewards [bs, K], turn_state_ids [bs, K] (equal ids = same group and same
     observation: GiGPO's anchor states, -1 padding), group_ids [bs]. No episodes give 0 rows
     (a process whose share of a step has nothing to train on still joins the step's collectives).
+
+    An episode the ``as_template`` history split into rows stays one row here, its rows packed:
+    ``position_ids`` [bs, L] (present when any episode has several rows) restart at each row, and
+    the forward turns the restarts into a block-diagonal causal mask
+    (:func:`omrl.training.policy.policy_forward`). So an estimator sees the whole episode (its
+    reward, its turns) and its advantage reaches every row, and the token-weighted loss is the
+    sum over the rows' sampled tokens.
     """
     turn_index_rows, state_rows, turn_reward_rows = [], [], []
     state_ids: dict[tuple[int, str], int] = {}
@@ -53,8 +60,11 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation
         state_rows.append([state_ids.setdefault((ep.group, turn.observation), len(state_ids)) for turn in ep.turns])
         turn_reward_rows.append(ep.rewards.get("total", [0.0] * len(ep.turns)))
     input_ids = pad_sequences([ep.token_ids for ep in episodes], pad_token_id)
+    packed = {"position_ids": pad_sequences([ep.position_ids() for ep in episodes], 0)} \
+        if any(ep.row_starts for ep in episodes) else {}
     return Batch(
         tensors={
+            **packed,
             "input_ids": input_ids,
             "attention_mask": pad_sequences([[1] * len(ep.token_ids) for ep in episodes], 0),
             "loss_mask": pad_sequences([ep.loss_mask for ep in episodes], 0),

@@ -47,10 +47,21 @@ def shared_prefix_groups(batch: Batch) -> list[tuple[list[int], int]]:
 
     Two groupings are weighed by the tokens they save: rows with the same first prompt (the
     samples of a task), or all rows under the prefix all of them share (the system prompt and
-    worked example). A row in no useful group comes back alone with prefix length 0.
+    worked example). A row in no useful group comes back alone with prefix length 0, and so does
+    every row packed from several (``position_ids`` restarting: a split episode), whose block-diagonal
+    mask transformers builds only without a cache.
     """
     ids, mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     prompts = [ids[i, :_prompt_length(ids[i], mask[i], loss_mask[i])] for i in range(len(batch))]
+    positions = batch.tensors.get("position_ids")
+    if positions is not None:
+        restarts = ((positions[:, 1:] == 0) & (mask[:, 1:] == 1)).any(-1).tolist()
+        packed = [i for i, restart in enumerate(restarts) if restart]
+        if packed:
+            rest = [i for i in range(len(batch)) if i not in set(packed)]
+            groups = [([rest[i] for i in members], length)
+                      for members, length in shared_prefix_groups(batch.rows(rest))] if rest else []
+            return groups + [([i], 0) for i in packed]
     if not prompts:
         return []
 
