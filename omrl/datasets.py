@@ -110,7 +110,9 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
     return Conversation(messages, source, str(row.get("id", "")), meta)
 
 
-def _message(message: Any, where: str) -> dict[str, str]:
+def _message(message: Any, where: str) -> dict[str, Any]:
+    """``{"role", "content"}``, plus a reply's ``reasoning_content`` (text) and ``tool_calls`` (a list of
+    calls; the content may then be empty or null) when the record has them."""
     if isinstance(message, dict) and "role" in message and "content" in message:
         role, content = message["role"], message["content"]
     elif isinstance(message, dict) and "from" in message and "value" in message:
@@ -120,9 +122,23 @@ def _message(message: Any, where: str) -> dict[str, str]:
                                  "'content': ...}} or {'from': ..., 'value': ...}")
     if role not in ROLE_ALIASES:
         raise DatasetFormatError(f"{where}: unknown role {role!r}; valid: {', '.join(ROLE_ALIASES)}")
+    calls = message.get("tool_calls")
+    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise DatasetFormatError(f"{where}: tool_calls must be a list of calls ({{'function': {{'name', "
+                                 f"'arguments'}}}}), got {short_repr(calls)}")
+    if content is None and calls:
+        content = ""
     if not isinstance(content, str):
         raise DatasetFormatError(f"{where}: content must be text, got {type(content).__name__}")
-    return {"role": ROLE_ALIASES[role], "content": content}
+    out: dict[str, Any] = {"role": ROLE_ALIASES[role], "content": content}
+    reasoning = message.get("reasoning_content")
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise DatasetFormatError(f"{where}: reasoning_content must be text, got {type(reasoning).__name__}")
+        out["reasoning_content"] = reasoning
+    if calls:
+        out["tool_calls"] = calls
+    return out
 
 
 def _is_number(value: Any) -> bool:

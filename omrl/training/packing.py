@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from omrl.chat import encode_conversation
+from omrl.chat import conversation_rows
 from omrl.datasets import Conversation
 from omrl.errors import OmrlError
 
@@ -53,13 +53,14 @@ def shifted_labels(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[i
     return [input_ids[t + 1] if loss_mask[t + 1] else IGNORE_INDEX for t in range(len(input_ids) - 1)] + [IGNORE_INDEX]
 
 
-def tokenize_conversations(tokenizer, conversations: Sequence[Conversation], max_seq_length: int
-                           ) -> tuple[list[Row], int, int]:
+def tokenize_conversations(tokenizer, conversations: Sequence[Conversation], max_seq_length: int,
+                           history: str = "keep") -> tuple[list[Row], int, int]:
     """One row per conversation, truncated to ``max_seq_length``; returns (rows, number dropped,
     number truncated).
 
     A conversation is dropped when truncation leaves it no assistant token to learn from.
-    Ids come from :func:`omrl.chat.encode_conversation`: the layout the rollout generates in.
+    Ids come from :func:`omrl.chat.conversation_rows`: the layout the rollout generates in, one row
+    per conversation unless the ``as_template`` history splits it (each split row is a row here).
     Text that cannot reach the first ``max_seq_length`` tokens is cut before tokenizing, so a
     megabytes-long message costs no more than one that just fills the row.
     """
@@ -75,16 +76,19 @@ def tokenize_conversations(tokenizer, conversations: Sequence[Conversation], max
             dropped += 1
             continue
         try:
-            ids, mask = encode_conversation(tokenizer, messages)
+            split = conversation_rows(tokenizer, messages, history)
         except OmrlError as exc:
             raise OmrlError(f"{conv.source}: {exc}") from exc
-        truncated += len(ids) > max_seq_length
-        labels = shifted_labels(ids, mask)[:max_seq_length]
-        if all(label == IGNORE_INDEX for label in labels):
-            dropped += 1
-            continue
-        ids = ids[:max_seq_length]
-        rows.append(Row(ids, labels, list(range(len(ids)))))
+        kept = 0
+        for ids, mask in split:
+            truncated += len(ids) > max_seq_length
+            labels = shifted_labels(ids, mask)[:max_seq_length]
+            if all(label == IGNORE_INDEX for label in labels):
+                continue
+            ids = ids[:max_seq_length]
+            rows.append(Row(ids, labels, list(range(len(ids)))))
+            kept += 1
+        dropped += not kept
     return rows, dropped, truncated
 
 

@@ -28,6 +28,7 @@ from rich.console import Console
 
 from omrl.config import to_dict, to_yaml
 from omrl.atomic import atomic_write_text
+from omrl.chat import check_history
 from omrl.datasets import load_conversations
 from omrl.errors import ConfigError, OmrlError
 from omrl.options import SftRunConfig
@@ -97,7 +98,8 @@ class SftRecipe:
         if not conversations:
             raise OmrlError(f"{cfg.dataset} holds no conversations"
                             + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else ""))
-        rows, self.dropped, self.truncated = tokenize_conversations(self.tokenizer, conversations, cfg.max_seq_length)
+        rows, self.dropped, self.truncated = tokenize_conversations(self.tokenizer, conversations, cfg.max_seq_length,
+                                                                      check_history(cfg.chat.history))
         if not rows:
             raise OmrlError(f"no conversation in {cfg.dataset} has an assistant token within max_seq_length="
                             f"{cfg.max_seq_length}")

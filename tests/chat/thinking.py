@@ -1,0 +1,130 @@
+"""Thinking-model fixtures written here: three chat templates that rewrite history as real families do,
+a tiny random-init ``Qwen3ForCausalLM`` to carry them, and a backend whose replies are scripted text
+but whose log-probs are the model's own (so on-policy checks compare real numbers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from omrl.backends.base import Backend, Generation, SamplingParams
+
+# (a) Qwen3's rule: the <think> block of every reply before the last user message is dropped; a reply
+# after it is written with its block, an empty one when it has none.
+DROPS_REASONING = r"""
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- for m in messages -%}
+{%- if m.role == 'assistant' -%}
+{%- set content = m.content or '' -%}
+{%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}
+{%- if '</think>' in content -%}
+{%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\n') -%}
+{%- set content = content.split('</think>')[-1].lstrip('\n') -%}
+{%- endif -%}
+{%- if loop.index0 > ns.last_user -%}
+{{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content + '<|im_end|>\n' -}}
+{%- else -%}
+{{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- else -%}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+# (b) DeepSeek-R1's rule: every reply keeps only its text after </think>; the generation prompt opens <think>.
+KEEPS_ANSWER = r"""
+{%- for m in messages -%}
+{%- if m.role == 'assistant' -%}
+{%- set content = m.content or '' -%}
+{%- if '</think>' in content -%}{%- set content = content.split('</think>')[-1].lstrip('\n') -%}{%- endif -%}
+{{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}
+"""
+
+# (c) native tool calls (Hermes/Qwen format): tools in the system message, a reply's structured
+# tool_calls written as <tool_call> JSON, results as `tool` messages inside <tool_response>.
+TOOL_ROLE = r"""
+{%- if tools -%}
+{{- '<|im_start|>system\n' + (messages[0].content + '\n\n' if messages[0].role == 'system' else '') -}}
+{{- '# Tools\n<tools>' -}}{%- for t in tools -%}{{- '\n' + (t | tojson) -}}{%- endfor -%}{{- '\n</tools><|im_end|>\n' -}}
+{%- elif messages[0].role == 'system' -%}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'user' -%}
+{{- '<|im_start|>user\n' + m.content + '<|im_end|>\n' -}}
+{%- elif m.role == 'assistant' -%}
+{{- '<|im_start|>assistant\n' + (m.content or '') -}}
+{%- for call in (m.tool_calls or []) -%}
+{%- set f = call.function if call.function else call -%}
+{{- ('\n' if (m.content or not loop.first) else '') + '<tool_call>\n{"name": "' + f.name + '", "arguments": ' -}}
+{{- (f.arguments if f.arguments is string else (f.arguments | tojson)) + '}\n</tool_call>' -}}
+{%- endfor -%}
+{{- '<|im_end|>\n' -}}
+{%- elif m.role == 'tool' -%}
+{{- '<|im_start|>user\n<tool_response>\n' + m.content + '\n</tool_response><|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+TEMPLATES = {"drops_reasoning": DROPS_REASONING, "keeps_answer": KEEPS_ANSWER, "tool_role": TOOL_ROLE}
+
+
+def build_qwen3_like(out: Path, template: str) -> Path:
+    """A tiny random-init Qwen3ForCausalLM (seed 0) with omrl's tiny tokenizer and ``template``."""
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from omrl.models import TINY_TOKENIZER_DIR
+
+    tok = AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)
+    tok.chat_template = template.strip()
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+class ForcedBackend(Backend):
+    """Replies are scripted (``reply(call, index, prompt_ids) -> text``, closed with the end-of-turn token),
+    their log-probs the model's own at temperature 1 given exactly the prompt ids it was handed. Every
+    prompt it was given is kept in ``prompts``."""
+
+    name = "forced"
+
+    def __init__(self, model, tokenizer, reply: Callable[[int, int, list[int]], str]):
+        super().__init__(tokenizer, batch_size=8)
+        self.model, self.reply = model, reply
+        self.prompts: list[list[int]] = []
+        self.calls = 0
+
+    @torch.no_grad()
+    def generate(self, prompts, params: SamplingParams, messages=None) -> list[Generation]:
+        out = []
+        for i, prompt in enumerate(prompts):
+            self.prompts.append(list(prompt))
+            ids = self.tokenizer.encode(self.reply(self.calls, i, list(prompt)), add_special_tokens=False)
+            ids = (ids + [self.eos_token_id])[:params.limit(i)]
+            logits = self.model(input_ids=torch.tensor([list(prompt) + ids])).logits[0].float()
+            picked = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, torch.tensor(ids)[:, None])
+            out.append(Generation(ids, picked[:, 0].tolist(), "stop" if ids[-1] == self.eos_token_id else "length"))
+        self.calls += 1
+        return out
+
+    def update_weights(self, state_dict) -> None:
+        self.model.load_state_dict(state_dict)
