@@ -128,3 +128,37 @@ class ForcedBackend(Backend):
 
     def update_weights(self, state_dict) -> None:
         self.model.load_state_dict(state_dict)
+
+
+class ThinkingActionTemplate:
+    """``Action: <action>`` after an optional reasoning block: the action is read from the text after
+    ``</think>`` (a thinking model's answer)."""
+
+    def __new__(cls):
+        from omrl.templates import ParsedAction, Template
+
+        class _Template(Template):
+            def system_prompt(self, env):
+                return f"Think, then act. {env.action_help}"
+
+            def parse(self, response, env):
+                answer = response.split("</think>")[-1].strip()
+                if answer.startswith("Action:") and answer[len("Action:"):].strip():
+                    return ParsedAction(answer[len("Action:"):].strip(), True)
+                return ParsedAction(None, False, error="the answer must start with `Action:`")
+
+            def format_action(self, action, env, thought=""):
+                return f"<think>\n{thought or 'I act.'}\n</think>\n\nAction: {action}"
+
+        return _Template()
+
+
+def key_replies(opens_think: bool) -> Callable[[int, int, list[int]], str]:
+    """Scripted replies for the keys env with real reasoning: open the chest, then take the key (a
+    template whose generation prompt opens ``<think>`` gets the reply without its opening tag)."""
+    def reply(call: int, index: int, prompt: list[int]) -> str:
+        action = "open" if call == 0 else "take key"
+        thought = f"Chest step {call}: I should {action}."
+        return (f"{thought}\n</think>\n\nAction: {action}" if opens_think
+                else f"<think>\n{thought}\n</think>\n\nAction: {action}")
+    return reply
