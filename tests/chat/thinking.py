@@ -10,6 +10,8 @@ from typing import Callable
 import torch
 
 from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.hookspecs import hookimpl
+from omrl.templates import ParsedAction, Template
 
 # (a) Qwen3's rule: the <think> block of every reply before the last user message is dropped; a reply
 # after it is written with its block, an empty one when it has none.
@@ -130,27 +132,46 @@ class ForcedBackend(Backend):
         self.model.load_state_dict(state_dict)
 
 
-class ThinkingActionTemplate:
+class ThinkingActionTemplate(Template):
     """``Action: <action>`` after an optional reasoning block: the action is read from the text after
     ``</think>`` (a thinking model's answer)."""
 
-    def __new__(cls):
-        from omrl.templates import ParsedAction, Template
+    def system_prompt(self, env):
+        return f"Think, then act. {env.action_help}"
 
-        class _Template(Template):
-            def system_prompt(self, env):
-                return f"Think, then act. {env.action_help}"
+    def parse(self, response, env):
+        answer = response.split("</think>")[-1].strip()
+        if answer.startswith("Action:") and answer[len("Action:"):].strip():
+            return ParsedAction(answer[len("Action:"):].strip(), True)
+        return ParsedAction(None, False, error="the answer must start with `Action:`")
 
-            def parse(self, response, env):
-                answer = response.split("</think>")[-1].strip()
-                if answer.startswith("Action:") and answer[len("Action:"):].strip():
-                    return ParsedAction(answer[len("Action:"):].strip(), True)
-                return ParsedAction(None, False, error="the answer must start with `Action:`")
+    def format_action(self, action, env, thought=""):
+        return f"<think>\n{thought or 'I act.'}\n</think>\n\nAction: {action}"
 
-            def format_action(self, action, env, thought=""):
-                return f"<think>\n{thought or 'I act.'}\n</think>\n\nAction: {action}"
 
-        return _Template()
+class ThinkingPlugin:
+    """The keys env (tests/rollout/fakes.py) and the thinking action template, as plugins."""
+
+    @hookimpl
+    def register_envs(self, register):
+        from rollout.fakes import KeyEnv
+
+        class ReplayableKeyEnv(KeyEnv):
+            deterministic = True  # searches fork it by replaying actions from reset
+
+        register("keys", ReplayableKeyEnv)
+
+    @hookimpl
+    def register_templates(self, register):
+        register("think_action", ThinkingActionTemplate)
+
+    @hookimpl
+    def register_rewards(self, register):
+        def sample_index(episodes):
+            """The sample's index, on the last turn: every group's rewards differ."""
+            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample)] for ep in episodes]
+
+        register("sample_index", sample_index)
 
 
 def key_replies(opens_think: bool) -> Callable[[int, int, list[int]], str]:

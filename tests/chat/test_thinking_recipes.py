@@ -1,0 +1,98 @@
+"""Thinking-model formats through the recipes (issue 31): a GRPO step (chain and beam search), a DPO step
+and an SFT epoch run on a tiny Qwen3 whose template rewrites history, in both history modes."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from rich.console import Console
+
+from omrl.config import load_config
+from omrl.models import load_tokenizer
+from omrl.options import TrainRunConfig
+from omrl.training.metrics import read_metrics
+from omrl.training.packing import tokenize_conversations
+from omrl.training.rl import run_rl
+from omrl.datasets import load_conversations
+
+from .test_history_modes import qwen3_like  # noqa: F401 - the fixture
+from .thinking import ForcedBackend, ThinkingPlugin
+
+QUIET = Console(quiet=True)
+
+
+@pytest.fixture
+def thinking_run(qwen3_like, register_plugin, monkeypatch, tmp_path):  # noqa: F811
+    """``thinking_run(history, *overrides)``: one RL step on the keys env with replies that reason; a
+    reward by sample index makes each group's rewards differ."""
+    register_plugin(ThinkingPlugin(), name="thinking-fakes")
+
+    wrong_odd = {"on": False}  # odd candidates of a call act wrongly (a search's siblings then differ)
+
+    def forced(name, tokenizer, generation, *, model=None, **_):
+        def reply(call, index, prompt):
+            action = "dance" if wrong_odd["on"] and index % 2 else "open" if call % 2 == 0 else "take key"
+            return f"<think>\nStep {call}, sample {index}: {action}.\n</think>\n\nAction: {action}"
+        return ForcedBackend(model, tokenizer, reply)
+
+    monkeypatch.setattr("omrl.rollout.session.make_backend", forced)
+
+    def run(history: str, *overrides: str, siblings_differ: bool = False) -> list[dict]:
+        wrong_odd["on"] = siblings_differ
+        out = tmp_path / f"run-{history}-{len(list(tmp_path.iterdir()))}"
+        cfg = load_config(TrainRunConfig, "grpo", [
+            f"model.name={qwen3_like('drops_reasoning')}", "env.name=keys", "env.template=think_action",
+            f"chat.history={history}", "generation.max_new_tokens=48", "generation.max_context=1024",
+            f"logging.output_dir={out}", "logging.tensorboard=false", "steps=1", "tasks_per_step=2",
+            "group_size=2", "eval_tasks=1", "reward.weights={sample_index: 1.0}", "optim.learning_rate=1e-3", *overrides])
+        run_rl(cfg, console=QUIET)
+        return read_metrics(out)
+
+    return run
+
+
+@pytest.mark.parametrize("history", ["keep", "as_template"])
+def test_a_grpo_step_trains_every_row(thinking_run, history):
+    record = thinking_run(history)[0]
+    assert math.isfinite(record["loss"]) and record["grad_norm"] > 0
+    if history == "keep":
+        assert record["rows_per_episode"] == 1 and record["prefix_breaks"] == 0
+    else:  # every reply but the last had its reasoning dropped, so each later turn opened a row
+        assert record["rows_per_episode"] > 1 and record["prefix_breaks"] > 0
+
+
+def test_a_beam_search_step_trains_on_split_paths(thinking_run):
+    record = thinking_run("as_template", "rollout.strategy=beam", "plugins.beam.width=2", "plugins.beam.branch=2",
+                          "plugins.beam.stop_on_win=false",
+                          "reward.weights={goal: 1.0}", siblings_differ=True)[0]
+    assert math.isfinite(record["loss"]) and record["rows_per_episode"] > 1
+
+
+@pytest.mark.parametrize("history", ["keep", "as_template"])
+def test_a_dpo_step_pairs_split_episodes(thinking_run, history):
+    record = thinking_run(history, "algorithm.name=dpo")[0]
+    assert record["dpo_pairs"] >= 1 and math.isfinite(record["loss"])
+
+
+def test_sft_rows_follow_the_history_mode(qwen3_like, tmp_path):  # noqa: F811
+    """Reasoning as `<think>` text or a reasoning_content field: one row under keep, split under
+    as_template where the template drops an earlier reply's reasoning."""
+    tokenizer = load_tokenizer(qwen3_like("drops_reasoning"))
+    records = [{"messages": [
+        {"role": "system", "content": "Act."}, {"role": "user", "content": f"Chest {i}."},
+        {"role": "assistant", "content": "<think>\nOpen it first.\n</think>\n\nAction: open"},
+        {"role": "user", "content": "It is open."},
+        {"role": "assistant", "content": "Action: take key", "reasoning_content": "Now the key."}]} for i in range(3)]
+    data = tmp_path / "thinking.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    conversations = load_conversations(str(data))
+    kept, _, _ = tokenize_conversations(tokenizer, conversations, 512, "keep")
+    split, _, _ = tokenize_conversations(tokenizer, conversations, 512, "as_template")
+    assert len(kept) == 3 and len(split) == 6
+    trained = tokenizer.decode([t for t in kept[0].labels if t >= 0])
+    assert "Open it first." in trained and "Now the key." in trained  # the reasoning is learned
+    # as_template: the second row's prompt shows the first reply without its reasoning, as deployment does
+    second = tokenizer.decode(split[1].input_ids)
+    assert "Open it first." not in second and "Action: open" in second and "Now the key." in second
