@@ -38,7 +38,7 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
         if reply.get("role") != "assistant":
             raise OmrlError(f"message {i} has role {reply.get('role')!r} where an assistant reply was expected "
                             "(after the opening messages, each reply is followed by user or tool messages)")
-        text = reply_text(tokenizer, said, reply, **kwargs)
+        text = reply_text(tokenizer, [dict(m) for m in messages[:i]], reply, **kwargs)  # as the dataset has it
         reply_ids = encode_text(tokenizer, text)
         ids, mask = ids + reply_ids, mask + [1] * len(reply_ids)
         nxt = next((j for j in range(i + 1, len(messages)) if messages[j].get("role") == "assistant"), len(messages))
@@ -73,25 +73,26 @@ def encode_conversation(tokenizer, messages: Sequence[Message], **kwargs: Any) -
 def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: Any) -> str:
     """The text the model samples for ``reply`` after ``before``'s generation prompt, end-of-turn token included.
 
-    A plain reply is its content; one with a ``reasoning_content`` field or ``tool_calls`` is what the
-    template writes for it as the last message, after its generation prompt. Where the generation prompt
-    already opens ``<think>`` (DeepSeek-R1), a reply starting with ``<think>`` continues it.
+    What the template writes for ``reply`` as the last message, after its generation prompt, up to its
+    end-of-turn token: the reasoning block (Qwen3 writes an empty one when there is none), a
+    ``reasoning_content`` field, structured ``tool_calls``, gpt-oss's channel header. Where the template's
+    last reply does not follow its generation prompt (DeepSeek-R1's prompt opens ``<think>``, its replies
+    drop it), the content itself, continuing a ``<think>`` the prompt opened, then the end-of-turn token.
     """
     eos = tokenizer.eos_token or ""
+    opened = render(tokenizer, before, add_generation_prompt=True, **kwargs)
+    whole = render(tokenizer, [*before, dict(reply)], **kwargs)
+    body = whole[len(opened):] if whole.startswith(opened) else ""
+    if eos and eos in body:
+        return body[:body.rindex(eos) + len(eos)]
+    if reply.get("tool_calls"):
+        raise OmrlError("the chat template does not write a reply's tool calls after its generation prompt, "
+                        "so the text the model would sample is unknown; `omrl check-template MODEL` shows why")
     content = reply.get("content") or ""
-    if reply.get("reasoning_content") or reply.get("tool_calls"):
-        opened = render(tokenizer, before, add_generation_prompt=True, **kwargs)
-        whole = render(tokenizer, [*before, dict(reply)], **kwargs)
-        body = whole[len(opened):] if whole.startswith(opened) else None
-        if body is not None and eos and eos in body:
-            return body[:body.index(eos) + len(eos)]
-        if reply.get("tool_calls"):
-            raise OmrlError("the chat template does not write a reply's tool calls after its generation prompt, "
-                            "so the text the model would sample is unknown; `omrl check-template MODEL` shows why")
+    if reply.get("reasoning_content"):
         content = f"{THINK_OPEN}\n{reply['reasoning_content'].strip()}\n</think>\n\n{content.lstrip()}"
     if content.startswith(THINK_OPEN):
-        prompt = render(tokenizer, before, add_generation_prompt=True, **kwargs)
-        opening = prompt[len(render(tokenizer, before, **kwargs)):] if len(before) else ""
+        opening = opened[len(render(tokenizer, before, **kwargs)):]  # the generation prompt's own text
         cut = opening.rfind(THINK_OPEN)
         if cut >= 0 and not opening[cut + len(THINK_OPEN):].strip():
             content = content[len(THINK_OPEN):].lstrip("\n") if opening.endswith("\n") else content[len(THINK_OPEN):]

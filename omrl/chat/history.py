@@ -34,7 +34,7 @@ import json
 import weakref
 from typing import Any, Sequence
 
-from omrl.chat.render import Message, TemplateRewrites, encode_text, next_turn_ids, render
+from omrl.chat.render import Message, encode_text, next_turn_ids, render
 from omrl.errors import OmrlError
 
 HISTORY_MODES = ("keep", "as_template")
@@ -85,7 +85,7 @@ def kept_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message
     if known.get(key, True) and len(new) == 1 and new[0]["role"] == "user":
         try:
             return next_turn_ids(tokenizer, messages, new[0]["content"], generated_eos, **kwargs)
-        except TemplateRewrites:
+        except Exception:  # noqa: BLE001 - it rewrites, or refuses sampled text as content (gpt-oss: channel tags)
             known[key] = False
     return encode_text(tokenizer, anchored_increment(tokenizer, messages, new, generated_eos, **kwargs))
 
