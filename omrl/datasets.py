@@ -138,6 +138,8 @@ def _message(message: Any, where: str) -> dict[str, Any]:
         out["reasoning_content"] = reasoning
     if calls:
         out["tool_calls"] = calls
+    if isinstance(message.get("name"), str) and out["role"] == "tool":
+        out["name"] = message["name"]
     return out
 
 
@@ -298,7 +300,8 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
     messages = without_demonstration(episode.messages, episode.demo_messages)
     return {
         "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}",
-        "conversations": [{"role": m["role"], "content": m["content"]} for m in messages],
+        "conversations": [{key: m[key] for key in ("role", "content", "tool_calls", "name") if key in m}
+                          for m in messages],
         "reward": episode.total_reward, "won": episode.won, "env": episode.env, "task_id": episode.task_id,
     }
 

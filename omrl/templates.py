@@ -20,12 +20,18 @@ class ParsedAction:
     ``action`` is the env action text, or None when nothing could be parsed;
     ``format_ok`` says whether the reply followed the template exactly (rewards
     use it); ``error`` explains a parse failure and is shown to the model.
+
+    ``tool_call`` is set by templates of models that call tools natively: the call in the
+    structured form chat templates render (``{"type": "function", "function": {"name": ...,
+    "arguments": {...}}}``). The rollout then records the reply with ``tool_calls`` and sends
+    the env's answer back as a ``tool`` message where the chat template has that role.
     """
 
     action: str | None
     format_ok: bool
     thought: str | None = None
     error: str | None = None
+    tool_call: dict | None = None
 
 
 class Template(ABC):

@@ -180,7 +180,8 @@ def test_errors_are_helpful():
 def test_rendered_reply_round_trips(name, env, action, thought):
     tpl = template(name)
     parsed = tpl.parse(tpl.format_action(action, env, thought), env)
-    assert parsed == ParsedAction(action, True, thought or None)
+    assert (parsed.action, parsed.format_ok, parsed.thought) == (action, True, thought or None)
+    assert (parsed.tool_call is not None) == (name == "tool_call")  # a native call, structured
 
 
 @pytest.mark.parametrize("name", ["react", "xml", "tool_call"])
@@ -243,7 +244,8 @@ def test_tool_call_renders_actions_of_envs_with_their_own_conversion():
     tpl, env = template("tool_call"), Grid()
     reply = tpl.format_action("down", env)
     assert json.loads(reply.split("\n")[1]) == {"name": "move", "arguments": {"direction": "down"}}
-    assert tpl.parse(reply, env) == ParsedAction("down", True)
+    assert tpl.parse(reply, env) == ParsedAction("down", True, tool_call={
+        "type": "function", "function": {"name": "move", "arguments": {"direction": "down"}}})
     assert '"direction": "up"' in tpl.system_prompt(env)  # the example uses the enum's first value
     with pytest.raises(TemplateError, match="'left'"):
         tpl.format_action("left", env)
@@ -285,7 +287,8 @@ def test_tool_call_with_the_tiny_models_chat_template(tiny_model_dir):
     # the reply survives the chat template, and the conversation continues token-exactly with tools on
     start = text.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
     assistant = text[start:text.index("<|im_end|>", start)]
-    assert tpl.parse(assistant, SHOP) == ParsedAction("search[red shoes]", True, "Search first.")
+    assert tpl.parse(assistant, SHOP) == ParsedAction("search[red shoes]", True, "Search first.", tool_call={
+        "type": "function", "function": {"name": "search", "arguments": {"keywords": "red shoes"}}})
     increment = tokenizer.decode(next_turn_ids(tokenizer, messages, "Results: ...", False, **kwargs))
     assert increment.startswith("<|im_end|>") and "Results: ..." in increment
 

@@ -42,8 +42,13 @@ PLACEHOLDER_QUESTION = "omrl placeholder question"
 PLACEHOLDER_REPLY = "omrl placeholder reply"
 CHECK_HINT = "run `omrl check-template MODEL` to see where the template rewrites a chat"
 
+PROBE_TOOL = "omrl_probe_tool"
+PROBE_RESULT = "omrl probe result"
+
 # per tokenizer: (template, kwargs) -> False once the template was seen rewriting a chat
 _APPENDS: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], bool]]" = weakref.WeakKeyDictionary()
+# per tokenizer: (template, kwargs) -> whether it renders structured tool calls and tool results
+_NATIVE_TOOLS: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], bool]]" = weakref.WeakKeyDictionary()
 
 
 def check_history(mode: str) -> str:
@@ -70,6 +75,33 @@ def next_prompt(tokenizer, history: str, row: Sequence[int], messages: Sequence[
     return prompt, True
 
 
+def native_tool_calls(tokenizer, kwargs: dict) -> bool:
+    """Whether the chat template renders a reply's structured ``tool_calls`` and a ``tool`` message's
+    content: then a parsed tool call is recorded as such and the env's answer goes back as a ``tool``
+    message. A template that renders neither (SmolLM2's, ChatML without tools) keeps text replies and
+    user-message answers."""
+    try:
+        known = _NATIVE_TOOLS.setdefault(tokenizer, {})
+    except TypeError:
+        known = {}
+    key = _template_key(tokenizer, kwargs)
+    if key not in known:
+        call = {"type": "function", "function": {"name": PROBE_TOOL, "arguments": {}}}
+        chat = [{"role": "user", "content": PLACEHOLDER_QUESTION},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "content": PROBE_RESULT, "name": PROBE_TOOL}]
+        try:
+            text = render(tokenizer, chat, add_generation_prompt=True, **kwargs)
+            known[key] = PROBE_TOOL in text and PROBE_RESULT in text
+        except Exception:  # noqa: BLE001 - a template that refuses tool calls has none
+            known[key] = False
+    return known[key]
+
+
+def _template_key(tokenizer, kwargs: dict) -> tuple[str, str]:
+    return str(getattr(tokenizer, "chat_template", "")), json.dumps(kwargs, sort_keys=True, default=repr)
+
+
 def kept_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool,
                    **kwargs: Any) -> list[int]:
     """``keep`` mode's ids after a reply: the real-history increment while the template renders the longer
@@ -81,7 +113,7 @@ def kept_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message
         known = _APPENDS.setdefault(tokenizer, {})
     except TypeError:  # cannot be weakly referenced: try the real history every time
         known = {}
-    key = (str(getattr(tokenizer, "chat_template", "")), json.dumps(kwargs, sort_keys=True, default=repr))
+    key = _template_key(tokenizer, kwargs)
     if known.get(key, True) and len(new) == 1 and new[0]["role"] == "user":
         try:
             return next_turn_ids(tokenizer, messages, new[0]["content"], generated_eos, **kwargs)

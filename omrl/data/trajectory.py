@@ -71,7 +71,8 @@ class Episode:
     group: int = 0  # the task's index in its rollout batch: group algorithms compare within it
     sample: int = 0  # which of the G samples of that task
     rewards: dict[str, list[float]] = field(default_factory=dict)  # component -> one value per turn
-    messages: list[dict[str, str]] = field(default_factory=list)  # the chat, for people and SFT
+    messages: list[dict[str, Any]] = field(default_factory=list)  # the chat, for people and SFT (role, content,
+    # and where a native tool call was made: the reply's tool_calls, the tool message's name)
     error: str | None = None
     demo_messages: int = 0  # messages after the system prompt that are the env's worked example, not this episode
     row_starts: list[int] = field(default_factory=list)  # where token_ids start a new row (chat.history=as_template)
@@ -120,12 +121,13 @@ SCHEMA = pa.schema([
     ("won", pa.bool_()), ("score", pa.float64()), ("end_reason", pa.string()),
     ("group", pa.int64()), ("sample", pa.int64()),
     ("rewards", pa.map_(pa.string(), pa.list_(pa.float64()))),
-    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))),
+    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
+                                     ("tool_calls", pa.string()), ("name", pa.string())]))),
     ("error", pa.string()), ("demo_messages", pa.int64()), ("row_starts", pa.list_(pa.int64())),
 ], metadata={b"omrl.schema": b"episode/4"})
 # episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
 # episode/3 added each turn's node_id and parent_id; older files read with -1 for both
-# episode/4 added row_starts; older files read as one row per episode
+# episode/4 added row_starts (older files read as one row per episode) and messages' tool_calls and name
 READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4")
 
 
@@ -160,6 +162,9 @@ def _episode_row(ep: Episode) -> dict[str, Any]:
     row = asdict(ep)
     row["turns"] = [{**t, "info": to_json(t["info"]), "span": list(t["span"])} for t in row["turns"]]
     row["rewards"] = list(ep.rewards.items())
+    row["messages"] = [{"role": m.get("role"), "content": m.get("content"),
+                        "tool_calls": to_json(m["tool_calls"]) if m.get("tool_calls") else None,
+                        "name": m.get("name")} for m in ep.messages]
     return row
 
 
@@ -217,8 +222,19 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
         ]
         row["rewards"] = dict(row["rewards"] or [])
         row["row_starts"] = list(row.get("row_starts") or [])
+        row["messages"] = [_message(m) for m in row.get("messages") or []]
         episodes.append(Episode(**row))
     return episodes
+
+
+def _message(stored: dict[str, Any]) -> dict[str, Any]:
+    """A chat message as read back: role and content, plus tool_calls and name where it had them."""
+    message = {"role": stored["role"], "content": stored["content"]}
+    if stored.get("tool_calls"):
+        message["tool_calls"] = json.loads(stored["tool_calls"])
+    if stored.get("name"):
+        message["name"] = stored["name"]
+    return message
 
 
 def _id_or_none(value: int | None) -> int:

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import check_history, encode_text, next_prompt, prompt_ids
+from omrl.chat.history import native_tool_calls
 from omrl.data.trajectory import Episode, Turn
 from omrl.envs import DemoTurn, Env, Observation, StepResult, clean_text, reset_problem, step_problem
 from omrl.errors import OmrlError
@@ -61,10 +62,11 @@ class _Live:
     chat_kwargs: dict[str, Any]
     messages: list[dict[str, str]]
     answering: str  # the env text (or format feedback) the next turn answers
-    next_user: str = ""  # the user message that follows the current turn
+    next_user: str = ""  # the env text (or format feedback) that answers the current turn
     eos_generated: bool = False
     end: str | None = None
     broken: bool = False
+    tool_call: dict | None = None  # the current reply as a structured tool call ({content, tool_calls}), if it is one
 
 
 def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[int], *,
@@ -236,8 +238,8 @@ def append_reply(state: Any, reply: Generation, template: Template, tokenizer: A
     """Append ``reply`` to ``state``'s episode as a new turn and parse it; the action, or None (the
     turn's parse error set, the next user message saying why, or ``state.end`` when it was empty).
 
-    ``state`` holds episode, messages, answering, eos_generated, next_user and end: a chain's live
-    episode, or a search branch (:mod:`omrl.search.branch`), which grow the same way.
+    ``state`` holds episode, messages, answering, eos_generated, next_user, tool_call and end: a
+    chain's live episode, or a search branch (:mod:`omrl.search.branch`), which grow the same way.
     """
     ep = state.episode
     start = len(ep.token_ids)
@@ -253,12 +255,15 @@ def append_reply(state: Any, reply: Generation, template: Template, tokenizer: A
                 done=False, info={"rollout": rollout_info}, span=(start, len(ep.token_ids)))
     ep.turns.append(turn)
     state.messages.append({"role": "assistant", "content": response})
+    state.tool_call = None
     if not response.strip():
         turn.parse_error = "the reply was empty"
         state.end = "empty_response"
         return None
     parsed = _parse(template, response, env)
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
+    if parsed.tool_call is not None and parsed.action is not None:  # the reply as a structured tool call
+        state.tool_call = {"content": parsed.thought or "", "tool_calls": [parsed.tool_call]}
     if parsed.action is None:
         reason = parsed.error or "no action found in the reply."
         if env.action_help not in reason:  # react and xml errors name the env's actions already
@@ -320,14 +325,22 @@ def _continue_chat(state: _Live, tokenizer: Any, turn_cap: int, max_context: int
 
 
 def extend_chat(state: Any, tokenizer: Any, chat_kwargs: dict, max_context: int, history: str) -> str | None:
-    """Append the ids that lead from ``state``'s last reply to its next turn (``state.next_user`` as a user
-    message): an increment of the current row, or under ``as_template`` perhaps a new row. Returns
-    "max_context" (appending nothing) when the row would not leave room for one generated token.
+    """Append the ids that lead from ``state``'s last reply to its next turn: an increment of the current
+    row, or under ``as_template`` perhaps a new row. Returns "max_context" (appending nothing) when the
+    row would not leave room for one generated token.
 
-    ``state`` as in :func:`append_reply`: a chain's live episode or a search branch.
+    ``state.next_user`` answers the reply as a user message; after a native tool call, where the chat
+    template renders them, the reply is recorded with its structured ``tool_calls`` (its content the
+    text before the call) and the answer is a ``tool`` message. ``state`` as in :func:`append_reply`.
     """
     ep = state.episode
-    new = [{"role": "user", "content": state.next_user}]
+    structured = getattr(state, "tool_call", None)
+    if structured is not None and native_tool_calls(tokenizer, chat_kwargs):
+        state.messages[-1] = {"role": "assistant", **structured}
+        name = structured["tool_calls"][0]["function"]["name"]
+        new = [{"role": "tool", "content": state.next_user, "name": name}]
+    else:
+        new = [{"role": "user", "content": state.next_user}]
     ids, starts_row = next_prompt(tokenizer, history, ep.current_row(), state.messages, new, state.eos_generated,
                                   **chat_kwargs)
     if (0 if starts_row else len(ep.current_row())) + len(ids) >= max_context:
@@ -340,3 +353,4 @@ def extend_chat(state: Any, tokenizer: Any, chat_kwargs: dict, max_context: int,
     state.messages += new
     state.answering = state.next_user
     return None
+

@@ -34,6 +34,7 @@ class Growing:
     eos_generated: bool = False
     end: str | None = None
     action: str | None = None  # the parsed action, when the env should step
+    tool_call: dict | None = None  # the reply as a structured tool call, as in the chain rollout
 
 
 def root_node(env: Env, first: Observation | BaseException, template: Template, tokenizer: Any, *, env_name: str,

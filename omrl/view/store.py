@@ -237,9 +237,12 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
                    advantage: float | None, advantage_note: str, stored_advantages: bool) -> dict[str, Any]:
     """The page's view of one episode row (see :mod:`omrl.view.readers` for the row's shape)."""
     rewards = dict(row.get("rewards") or [])
+    row_starts = [int(x) for x in row.get("row_starts") or []]  # where chat.history=as_template split it
     turns = []
     for i, turn in enumerate(row.get("turns") or []):
+        span = list(turn.get("span") or [0, 0])
         turns.append({
+            "row": sum(start <= span[0] for start in row_starts),
             "observation": turn.get("observation") or "", "response": turn.get("response") or "",
             "action": turn.get("action"), "format_ok": turn.get("format_ok"), "parse_error": turn.get("parse_error"),
             "reward": turn.get("reward"), "done": turn.get("done"), "info": groups.info_dict(turn.get("info")),
@@ -264,7 +267,7 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
         "reward_totals": {name: float(sum(v for v in values or [] if v is not None))
                           for name, values in rewards.items()},
         "prompt_length": row.get("prompt_length") or 0, "demo_messages": row.get("demo_messages") or 0,
-        "tokens": tokens,
+        "row_starts": row_starts, "tokens": tokens,
     }
 
 

@@ -1,10 +1,16 @@
-"""The tool-call template: the chat model's own function-calling format (Qwen/Hermes).
+"""The tool-call template: the chat model's own function-calling format.
 
-The model replies ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. The
-env's ``tools`` go to the tokenizer's chat template (``tools=``) in the OpenAI
+Two families' formats (option ``format``):
+
+- ``hermes`` (Qwen2.5, Qwen3, Hermes): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
+- ``llama3`` (Llama 3.1-3.3): the bare object ``{"name": ..., "parameters": {...}}``.
+
+The env's ``tools`` go to the tokenizer's chat template (``tools=``) in the OpenAI
 function format ``{"type": "function", "function": {...}}`` that Qwen2.5,
 Llama 3 and Mistral templates expect; an env without tools gets one generic
-``act`` tool whose ``action`` argument is the action text.
+``act`` tool whose ``action`` argument is the action text. A parsed call is returned
+as a structured ``tool_call`` too, so the rollout answers it with a ``tool`` message
+where the chat template has that role.
 """
 
 from __future__ import annotations
@@ -117,16 +123,26 @@ def _json_problem(exc: Exception) -> str:
     return str(exc).split(";")[0]  # int() refusing thousands of digits
 
 
-class ToolCallTemplate(Template):
-    """Function calling: one ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` per reply.
+FORMATS = {"hermes": "arguments", "llama3": "parameters"}  # format -> the key that holds the arguments
 
-    ``format_ok`` needs exactly one tool call, clean JSON with ``name`` and
-    ``arguments``, a known tool, arguments of the right types, and nothing after
+
+class ToolCallTemplate(Template):
+    """Function calling: one call per reply, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    (``format=hermes``) or ``{"name": ..., "parameters": {...}}`` (``format=llama3``).
+
+    ``format_ok`` needs exactly one tool call in the format, clean JSON with ``name`` and
+    the arguments key, a known tool, arguments of the right types, and nothing after
     the call (reasoning before it is fine). Tolerated with ``format_ok`` False:
-    a missing closing tag or no tags at all around the JSON, extra text after
-    the JSON, ``parameters`` for ``arguments``, arguments as a JSON string, and
+    a missing closing tag or tags where the format has none, extra text after
+    the JSON, the other format's arguments key, arguments as a JSON string, and
     lossless type conversions ("3" for 3).
     """
+
+    def __init__(self, format: str = "hermes"):
+        if format not in FORMATS:
+            raise TemplateError(f"unknown tool-call format {format!r}; valid: {', '.join(FORMATS)}")
+        self.format = format
+        self.arguments_key = FORMATS[format]
 
     def tools(self, env: Any) -> list[dict[str, Any]]:
         """The env's tools, or the generic ``act`` tool when it has none."""
@@ -141,10 +157,11 @@ class ToolCallTemplate(Template):
         return {"tools": [{"type": "function", "function": tool} for tool in self.tools(env)]}
 
     def system_prompt(self, env: Any) -> str:
+        shape = f'{{"name": <tool name>, "{self.arguments_key}": {{<argument>: <value>}}}}'
         lines = [
             action_help(env),
             "Call exactly one tool per reply, written as:",
-            '<tool_call>\n{"name": <tool name>, "arguments": {<argument>: <value>}}\n</tool_call>',
+            f"<tool_call>\n{shape}\n</tool_call>" if self.format == "hermes" else shape,
             # listed here too: many chat templates (SmolLM2's) do not render `tools`
             "Tools: " + "; ".join(tool_signature(t) for t in self.tools(env)),
             "Example:",
@@ -156,10 +173,10 @@ class ToolCallTemplate(Template):
         """``action`` written as a well-formatted tool call (raises TemplateError if no tool can express it)."""
         return self._render_call(*self.call_for_action(action, env), thought)
 
-    @staticmethod
-    def _render_call(name: str, arguments: dict[str, Any], thought: str = "") -> str:
-        call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-        return (f"{thought}\n" if thought else "") + f"<tool_call>\n{call}\n</tool_call>"
+    def _render_call(self, name: str, arguments: dict[str, Any], thought: str = "") -> str:
+        call = json.dumps({"name": name, self.arguments_key: arguments}, ensure_ascii=False)
+        block = f"<tool_call>\n{call}\n</tool_call>" if self.format == "hermes" else call
+        return (f"{thought}\n" if thought else "") + block
 
     def call_for_action(self, action: str, env: Any) -> tuple[str, dict[str, Any]]:
         """The tool call that the env turns into ``action`` (the inverse of ``env.action_from_tool_call``).
@@ -204,13 +221,14 @@ class ToolCallTemplate(Template):
         block = first_block(response, OPENING, CLOSING)
         start = response.find(OPEN_TAG)
         thought = response[:start].strip() if start >= 0 else None
+        hermes = self.format == "hermes"
         if block:
             payload = response[block[0].end():block[1].start()]
-            exact = not response[block[1].end():].strip()  # also false when a second call follows
+            exact = hermes and not response[block[1].end():].strip()  # also false when a second call follows
         elif start >= 0:
             payload, exact = response[start + len(OPEN_TAG):], False
         elif "{" in response:
-            payload, exact = response[response.find("{"):], False
+            payload, exact = response[response.find("{"):], not hermes
             thought = response[:response.find("{")].strip()
         else:
             return self._failed("No <tool_call> found.", env, response.strip() or None)
@@ -220,8 +238,8 @@ class ToolCallTemplate(Template):
             return self._failed(error, env, thought)
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return self._failed('The tool call must be a JSON object with "name" and "arguments".', env, thought)
-        exact &= clean and set(call) == {"name", "arguments"}
-        args = call.get("arguments", call.get("parameters", {}))
+        exact &= clean and set(call) == {"name", self.arguments_key}
+        args = call.get(self.arguments_key, call.get("parameters" if hermes else "arguments", {}))
         if isinstance(args, str):
             args, _, error = _load_object(args)
             exact = False
@@ -246,7 +264,9 @@ class ToolCallTemplate(Template):
                 return self._failed(f"The env rejected the call: {type(exc).__name__}: {exc}", env, thought)
         if not isinstance(action, str) or not action.strip():
             return self._failed("The tool call gave an empty action.", env, thought)
-        return ParsedAction(SURROGATE.sub("\ufffd", action.strip()), exact and args_exact, thought)
+        structured = {"type": "function", "function": {"name": call["name"], "arguments": args}}
+        return ParsedAction(SURROGATE.sub("\ufffd", action.strip()), exact and args_exact, thought,
+                            tool_call=structured)
 
     def _failed(self, problem: str, env: Any, thought: str | None) -> ParsedAction:
         try:

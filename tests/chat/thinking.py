@@ -82,14 +82,40 @@ TOOL_ROLE = r"""
 TEMPLATES = {"drops_reasoning": DROPS_REASONING, "keeps_answer": KEEPS_ANSWER, "tool_role": TOOL_ROLE}
 
 
-def build_qwen3_like(out: Path, template: str) -> Path:
-    """A tiny random-init Qwen3ForCausalLM (seed 0) with omrl's tiny tokenizer and ``template``."""
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+LLAMA3_SPECIALS = (["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"],
+                   "<|eot_id|>", "<|begin_of_text|>")
+
+
+def family_tokenizer(template: str, specials: tuple = ((), None, None)):
+    """omrl's tiny tokenizer with ``template`` and a model family's special tokens (end and begin of text)."""
+    from transformers import AutoTokenizer
 
     from omrl.models import TINY_TOKENIZER_DIR
 
     tok = AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)
     tok.chat_template = template.strip()
+    added, eos, bos = specials
+    if added:
+        tok.add_special_tokens({"additional_special_tokens": list(added)})
+    if eos:
+        tok.eos_token = eos
+    if bos:
+        tok.bos_token = bos
+    return tok
+
+
+def trl_template(name: str) -> str:
+    """A real model family's chat template, from the package data of PyPI `trl`."""
+    import importlib.resources
+
+    return (importlib.resources.files("trl") / "chat_templates" / f"{name}.jinja").read_text()
+
+
+def build_qwen3_like(out: Path, template: str, specials: tuple = ((), None, None)) -> Path:
+    """A tiny random-init Qwen3ForCausalLM (seed 0) with omrl's tiny tokenizer (plus ``specials``) and ``template``."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tok = family_tokenizer(template, specials)
     config = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
                          tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)

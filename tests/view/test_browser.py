@@ -155,3 +155,22 @@ def test_saved_page_opens_offline(small_run, chromium, tmp_path):
         page.goto(out.as_uri() + "#/episode/5")  # not in the file: said so
         page.wait_for_selector(".problems")
         assert "not in this saved page" in page.inner_text("main")
+
+
+def test_an_episode_split_into_rows_shows_where(chromium, tmp_path):
+    """chat.history=as_template splits an episode where the template rewrote earlier turns: the page
+    says how many rows, which turn opens one, and marks the break among the tokens."""
+    from omrl.data.trajectory import write_episodes
+
+    split = make_episode(0, 0, True, 1.0)
+    split.row_starts = [13]  # the second turn's prompt is a whole new row
+    write_episodes([split, make_episode(0, 1, False, 0.0)], tmp_path / "rows.parquet")
+    with serving(tmp_path / "rows.parquet", tokenizer="tiny") as url, page_of(chromium) as page:
+        page.goto(url + "#/episode/0")
+        page.wait_for_selector(".tokens .tok")
+        assert page.locator(".tokens .row-break").count() == 1
+        assert page.locator(".turn .row-start").all_inner_texts() == ["row 2"]
+        assert "rows (chat.history=as_template)" in page.inner_text("table.facts")
+        page.goto(url + "#/episode/1")
+        page.wait_for_selector(".tokens .tok")
+        assert page.locator(".tokens .row-break").count() == 0 and page.locator(".turn .row-start").count() == 0

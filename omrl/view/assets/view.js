@@ -337,7 +337,9 @@
       [["file", run.facets.file[e.file] + " (row " + e.row + ")"], ["env", e.env], ["split", e.split], ["task", fmt(e.task)],
         ["group / sample", e.group + " / " + e.sample], ["success", e.won ? "won" : "lost"],
         ["total reward", fmt(e.reward, 4)], ["advantage", fmt(e.advantage, 4)], ["score", fmt(e.score, 4)],
-        ["end reason", e.end], ["turns", e.turns], ["tokens (trained)", e.tokens + " (" + e.generated + ")"]]
+        ["end reason", e.end], ["turns", e.turns], ["tokens (trained)", e.tokens + " (" + e.generated + ")"],
+        ...((ep.row_starts || []).length ? [["rows (chat.history=as_template)", (ep.row_starts.length + 1) +
+          ": a new row starts where the template rewrote earlier turns"]] : [])]
         .map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, String(v))))));
     const body = [problemsBox(), links, h("h2", {}, "Episode " + id), facts];
     if (e.error) body.push(h("div", {class: "card problems"}, h("strong", {}, "error: "), e.error));
@@ -352,6 +354,7 @@
         keyValues(totals));
     }
     body.push(h("h3", {}, "Task"), h("pre", {class: "instruction"}, ep.instruction));
+    ep.turns.forEach((t, i) => { t.prevRow = i ? ep.turns[i - 1].row : 0; });
     body.push(h("h2", {}, "Turns"), ep.turns.length ? ep.turns.map(turnView) : h("p", {class: "muted"}, "No model turn."));
     body.push(h("h2", {}, "Tokens"), tokenView(ep));
     display(...body);
@@ -364,6 +367,7 @@
         h("span", {class: "badge " + (t.format_ok ? "good" : "bad")}, t.format_ok ? "format ok" : "format error"),
         t.done ? h("span", {class: "badge"}, "done") : null,
         known(t.node) && t.node >= 0 ? h("span", {class: "badge"}, "node " + t.node + " ← " + t.parent) : null,
+        t.row && (i === 0 || t.row !== t.prevRow) ? h("span", {class: "badge row-start"}, "row " + (t.row + 1)) : null,
         h("span", {class: "muted"}, " step reward " + fmt(t.reward, 4))),
       h("div", {class: "label"}, "observation"), h("pre", {class: "observation"}, t.observation),
       h("div", {class: "label"}, "response"), h("pre", {class: "response"}, t.response),
@@ -385,7 +389,14 @@
     const perToken = Array.isArray(tk.advantage);
     const box = h("div", {class: "tokens mono" + (tk.text ? "" : " ids")});
     const frag = document.createDocumentFragment();
+    const rowStarts = new Set(ep.row_starts || []);
     tk.ids.forEach((id, i) => {
+      if (rowStarts.has(i)) {  // the episode's next row: a whole new prompt, trained packed beside the others
+        const mark = document.createElement("div");
+        mark.className = "row-break muted";
+        mark.textContent = "— new row (the template rewrote earlier turns) —";
+        frag.appendChild(mark);
+      }
       const span = document.createElement("span");
       span.className = "tok " + (tk.mask[i] ? "trained" : "context");
       span.dataset.i = i;
