@@ -47,6 +47,20 @@ class Example:
     positions: list[int]
     targets: list[float]
     task: tuple[str, str, int]
+    rows: list[tuple[int, int]] | None = None  # the episode's rows, when chat.history=as_template split it
+
+
+def _per_row(ex: Example) -> list[Example]:
+    """A split episode's example as one example per row that holds a label: a label is read in the row
+    the model generated that reply in (an outcome label, on the last reply, in the last row)."""
+    if not ex.rows:
+        return [ex]
+    out = []
+    for start, end in ex.rows:
+        inside = [(p - start, t) for p, t in zip(ex.positions, ex.targets) if start <= p < end]
+        if inside:
+            out.append(Example(ex.input_ids[start:end], [p for p, _ in inside], [t for _, t in inside], ex.task))
+    return out
 
 
 @dataclass
@@ -82,6 +96,8 @@ def examples(episodes: Sequence[Episode], kind: str, label: str, source: str, ma
         out = _mc_examples(played, episodes, source, layout, score=label == "mc_score")
     else:
         out = [_step_reward_example(ep, *layout[id(ep)]) for ep in played]
+    if text_tokenizer is None:  # the episodes' own ids: a split episode's labels are read in their rows
+        out = [part for ex in out for part in _per_row(ex)]
     if not out:
         raise LabelError(f"{source} has no finished episode with {label!r} labels (episodes: {len(episodes)}, "
                          f"finished: {len(played)}); play some with `omrl rollout`")
@@ -143,11 +159,11 @@ def _orm_example(ep: Episode, label: str, ids: list[int], ends: list[int]) -> Ex
     target = float(ep.won) if label == "success" else float(ep.score)
     if not math.isfinite(target):
         return None
-    return Example(ids[:ends[-1] + 1], [ends[-1]], [target], _task(ep))
+    return Example(ids[:ends[-1] + 1], [ends[-1]], [target], _task(ep), ep.rows() if ep.row_starts else None)
 
 
 def _step_reward_example(ep: Episode, ids: list[int], ends: list[int]) -> Example:
-    return Example(ids, ends, [float(t.reward) for t in ep.turns], _task(ep))
+    return Example(ids, ends, [float(t.reward) for t in ep.turns], _task(ep), ep.rows() if ep.row_starts else None)
 
 
 def _mc_examples(played: Sequence[Episode], episodes: Sequence[Episode], source: str,
@@ -177,5 +193,5 @@ def _mc_examples(played: Sequence[Episode], episodes: Sequence[Episode], source:
                 positions.append(end)
                 targets.append(mean)
         if positions:
-            out.append(Example(ids, positions, targets, _task(ep)))
+            out.append(Example(ids, positions, targets, _task(ep), ep.rows() if ep.row_starts else None))
     return out

@@ -40,10 +40,15 @@ class RewardModelError(OmrlError):
 
 @dataclass
 class ScoringInput:
-    """One sequence to score: its ids and the positions whose values are read (each a turn's, or the last)."""
+    """One sequence to score: its ids and the positions whose values are read (each a turn's, or the last).
+
+    ``position_ids``: an episode that ``chat.history=as_template`` split into rows, packed (positions
+    restart at each row), so each reply is read in the row it was generated in.
+    """
 
     input_ids: list[int]
     positions: list[int]
+    position_ids: list[int] | None = None
 
 
 def build_reward_model(base: str, kind: str, objective: str, label: str, dtype: str = "float32",
@@ -127,6 +132,8 @@ def _input_key(x: ScoringInput) -> bytes:
     """A digest of an input's ids and read positions."""
     digest = hashlib.blake2b(array("q", x.input_ids).tobytes(), digest_size=16)
     digest.update(array("q", [-1, *x.positions]).tobytes())
+    if x.position_ids:
+        digest.update(array("q", [-2, *x.position_ids]).tobytes())
     return digest.digest()
 
 
@@ -179,7 +186,8 @@ class RewardModel:
             if not ends:
                 out.append(ScoringInput([], []))
                 continue
-            out.append(ScoringInput(ids[:ends[-1] + 1], ends[-1:] if self.kind == "orm" else ends))
+            packed = ep.position_ids()[:ends[-1] + 1] if ep.row_starts and not text else None
+            out.append(ScoringInput(ids[:ends[-1] + 1], ends[-1:] if self.kind == "orm" else ends, packed))
         return out
 
     def check_tokenizer(self, episodes: Sequence[Episode], policy_tokenizer: Any = None) -> None:
@@ -230,7 +238,15 @@ class RewardModel:
             ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             for row, i in enumerate(chunk):  # right padding: causal attention keeps real tokens blind to it
                 ids[row, :len(inputs[i].input_ids)] = torch.tensor(inputs[i].input_ids)
-            values = head_values(self.model, ids.to(device)).cpu()
+            positions = None
+            if any(inputs[i].position_ids for i in chunk):  # packed rows: positions restart, padding continues
+                positions = torch.arange(width).repeat(len(chunk), 1)
+                for row, i in enumerate(chunk):
+                    given = inputs[i].position_ids or list(range(len(inputs[i].input_ids)))
+                    positions[row, :len(given)] = torch.tensor(given)
+                    positions[row, len(given):] = torch.arange(given[-1] + 1, given[-1] + 1 + width - len(given))
+                positions = positions.to(device)
+            values = head_values(self.model, ids.to(device), positions).cpu()
             for row, i in enumerate(chunk):
                 out[i] = [float(values[row, p]) for p in inputs[i].positions]
                 if len(self._memo) >= MEMO_ENTRIES:

@@ -106,3 +106,26 @@ def test_the_updates_log_probs_equal_the_rollouts(qwen3_like, template, history)
         with torch.no_grad():
             flat = policy_forward(model, batch["input_ids"], batch["attention_mask"], token_mask=batch["loss_mask"])
         assert not torch.allclose(flat["log_probs"], out["log_probs"], atol=1e-3)
+
+
+def test_reward_model_data_and_scores_read_each_reply_in_its_own_row(qwen3_like):
+    """A split episode's rows are separate sequences for a reward model too: a process label sits in the
+    row its reply was generated in, and scoring the packed episode equals scoring each row alone."""
+    from omrl.rm.labels import examples
+    from omrl.rm.model import RewardModel, ScoringInput, build_reward_model
+
+    _, tokenizer, _, episodes = play(qwen3_like("drops_reasoning"), "as_template")
+    found, _ = examples(episodes, "prm", "step_reward", "rollout", 4096)
+    rows = {tuple(ep.token_ids[s:e]) for ep in episodes for s, e in ep.rows()}
+    assert len(found) == 2 * len(episodes) and all(tuple(ex.input_ids) in rows for ex in found)
+    assert all(len(ex.positions) == 1 for ex in found)  # one reply per row here
+    outcome, _ = examples(episodes, "orm", "success", "rollout", 4096)
+    assert len(outcome) == len(episodes) and all(tuple(ex.input_ids) in rows for ex in outcome)
+
+    model, rm_tokenizer = build_reward_model(qwen3_like("drops_reasoning"), "prm", "mse", "step_reward")
+    rm = RewardModel(model, rm_tokenizer)
+    packed = rm.score_turns(episodes)
+    for ep, scores in zip(episodes, packed):
+        alone = rm.values([ScoringInput(ep.token_ids[s:e], [t.span[1] - 1 - s])
+                           for (s, e), t in zip(ep.rows(), ep.turns)])
+        assert scores == pytest.approx([rm.to_score(v[0]) for v in alone], abs=1e-4)
