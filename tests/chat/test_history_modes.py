@@ -129,3 +129,28 @@ def test_reward_model_data_and_scores_read_each_reply_in_its_own_row(qwen3_like)
         alone = rm.values([ScoringInput(ep.token_ids[s:e], [t.span[1] - 1 - s])
                            for (s, e), t in zip(ep.rows(), ep.turns)])
         assert scores == pytest.approx([rm.to_score(v[0]) for v in alone], abs=1e-4)
+
+
+def test_kv_reuse_survives_the_split(qwen3_like):
+    """The hf backend's KV store matches the longest cached prefix: a new row (the template's own render
+    of the chat) reuses its opening, and reuse samples exactly what plain generation samples."""
+    from omrl.backends.hf import HFBackend
+
+    from .thinking import ThinkingActionTemplate
+
+    model, tokenizer = load_model(qwen3_like("keeps_answer"))  # its prompt opens <think>: every turn splits
+
+    def run(reuse: bool):
+        backend = HFBackend(model, tokenizer, batch_size=4, kv_reuse=reuse)
+        limits = RolloutLimits(max_new_tokens=10, max_context=1024, max_turns=3, history="as_template")
+        episodes = collect(EnvPool(KeyEnv, {}, name="keys"), ThinkingActionTemplate(), tokenizer, [0, 1],
+                           backend=backend, group_size=2, seed=3, limits=limits)
+        return episodes, backend.take_stats()
+
+    on, stats_on = run(True)
+    off, stats_off = run(False)
+    assert [ep.token_ids for ep in on] == [ep.token_ids for ep in off]
+    assert [ep.row_starts for ep in on] == [ep.row_starts for ep in off]
+    assert all(len(ep.rows()) == len(ep.turns) == 3 for ep in on)
+    assert stats_on["prefill_computed"] + stats_on["prefill_reused"] == stats_off["prefill_computed"]
+    assert stats_on["prefill_computed"] < 0.7 * stats_off["prefill_computed"]  # new rows reuse their openings
