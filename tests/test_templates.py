@@ -333,3 +333,11 @@ def test_parse_time_is_linear_in_replies_of_repeated_unclosed_tags(name, unit):
     parsed = template(name).parse(reply, SHOP)
     assert time.perf_counter() - start < 2  # lazy regexes rescanning from every tag took about a minute
     assert parsed.action is None and parsed.error
+
+
+def test_a_thinking_models_reasoning_block_before_the_react_answer_is_set_aside():
+    """Qwen3 and DeepSeek-R1 open every reply with <think>...</think>: react reads the answer after it."""
+    tpl = template("react")
+    reply = "<think>\nThe goal is up.\n</think>\n\n" + tpl.format_action("search[red running shoes]", SHOP, "Look.")
+    parsed = tpl.parse(reply, SHOP)
+    assert (parsed.action, parsed.format_ok, parsed.thought) == ("search[red running shoes]", True, "Look.")

@@ -19,6 +19,15 @@ class TemplateError(OmrlError):
     """An action cannot be written in a template's format (parsing never raises)."""
 
 
+def without_reasoning(text: str) -> str:
+    """``text`` without a thinking model's leading ``<think>...</think>`` block (Qwen3, DeepSeek-R1 emit one
+    before every answer; a template's format applies to the answer after it)."""
+    stripped = text.lstrip()
+    if stripped.startswith("<think>") and "</think>" in stripped:
+        return stripped.split("</think>", 1)[1]
+    return text
+
+
 def action_help(env: Any) -> str:
     """The env's description of its actions ("" when it has none)."""
     return str(getattr(env, "action_help", "") or "")

@@ -7,7 +7,7 @@ from typing import Any
 
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import (
-    EXAMPLE_THOUGHT, KEYWORD_LINE, action_help, example_action, lone_action, unwrap,
+    EXAMPLE_THOUGHT, KEYWORD_LINE, action_help, example_action, lone_action, unwrap, without_reasoning,
 )
 
 THINK_LINE = re.compile(r"^[ \t>*_#-]*(?:think|thought)[ \t*_]*:[ \t*_]*", re.I | re.M)
@@ -65,7 +65,7 @@ class ReactTemplate(Template):
         return f"Think: {thought}".rstrip() + f"\nAct: {action}"
 
     def parse(self, response: str, env: Any) -> ParsedAction:
-        text = response.strip()
+        text = without_reasoning(response).strip()
         if not text:
             return ParsedAction(None, False, error=self._error("The reply was empty.", env))
         marker = ACT_LINE.search(text) or ACT_INLINE.search(text)
