@@ -34,7 +34,9 @@ import json
 import weakref
 from typing import Any, Sequence
 
-from omrl.chat.render import Message, encode_text, next_turn_ids, render
+from jinja2 import TemplateError
+
+from omrl.chat.render import Message, TemplateRewrites, encode_text, next_turn_ids, render
 from omrl.errors import OmrlError
 
 HISTORY_MODES = ("keep", "as_template")
@@ -69,7 +71,14 @@ def next_prompt(tokenizer, history: str, row: Sequence[int], messages: Sequence[
     """
     if history == "keep":
         return kept_increment(tokenizer, messages, new, generated_eos, **kwargs), False
-    prompt = encode_text(tokenizer, render(tokenizer, [*messages, *new], add_generation_prompt=True, **kwargs))
+    try:
+        text = render(tokenizer, [*messages, *new], add_generation_prompt=True, **kwargs)
+    except OmrlError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the template's own raise_exception, or a jinja error
+        raise OmrlError(f"the chat template cannot render the chat so far ({type(exc).__name__}: {exc}); "
+                        f"{CHECK_HINT}") from exc
+    prompt = encode_text(tokenizer, text)
     if len(prompt) > len(row) and prompt[:len(row)] == list(row):
         return prompt[len(row):], False
     return prompt, True
@@ -117,7 +126,7 @@ def kept_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message
     if known.get(key, True) and len(new) == 1 and new[0]["role"] == "user":
         try:
             return next_turn_ids(tokenizer, messages, new[0]["content"], generated_eos, **kwargs)
-        except Exception:  # noqa: BLE001 - it rewrites, or refuses sampled text as content (gpt-oss: channel tags)
+        except (TemplateRewrites, TemplateError):  # it rewrites, or refuses sampled text (gpt-oss: channel tags)
             known[key] = False
     return encode_text(tokenizer, anchored_increment(tokenizer, messages, new, generated_eos, **kwargs))
 

@@ -1,0 +1,175 @@
+"""``omrl check-template`` and :func:`omrl.chat.probe.check_template` on real tokenizers: the tiny model's
+append-only ChatML, the three thinking-model fixture templates, and templates that break a history mode."""
+
+from __future__ import annotations
+
+import pytest
+
+from omrl.chat.probe import (EMPTY_BLOCK, END_TOKEN, IDS_CHANGED, REASONING_DROPPED, TOOL_CALLS, TURNS, WHITESPACE,
+                              check_template)
+from omrl.cli import main
+from omrl.models import load_tokenizer
+from .thinking import TEMPLATES, build_qwen3_like
+
+# DeepSeek-R1-like, but a reply is closed by plain text: no special token where a sampled stop token could go,
+# so keep (which renders after placeholders once the template rewrites) has no place for it
+ENDS_IN_TEXT = r"""
+{%- for m in messages -%}
+{%- if m.role == 'assistant' -%}
+{{- '<|im_start|>assistant\n' + m.content.split('</think>')[-1].lstrip('\n') + 'END\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+# refuses any chat that goes on after a reply: no history mode can train it
+RAISES_AFTER_REPLY = r"""
+{%- for m in messages -%}
+{%- if m.role == 'assistant' and not loop.last -%}{{- raise_exception('a reply must be the last message') -}}
+{%- endif -%}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+# renders only when given a kwarg, so --kwargs is seen to reach the template
+NEEDS_KWARG = r"""
+{%- if not ready -%}{{- raise_exception('pass ready') -}}{%- endif -%}
+{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+# one rewrite each, on the tiny tokenizer: the end token of the last reply (as gpt-oss's <|return|>), a space
+# before it, structured tool calls written one way while last and another once a tool result follows
+CHATML_END = "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+ONE_REWRITE = {
+    END_TOKEN: "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content -}}"
+               "{{- '<|endoftext|>' if m.role == 'assistant' and loop.last else '<|im_end|>\\n' -}}{%- endfor -%}",
+    WHITESPACE: "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content -}}"
+                "{{- ' ' if m.role == 'assistant' and loop.last else '' -}}{{- '<|im_end|>\\n' -}}{%- endfor -%}",
+    TOOL_CALLS: "{%- for m in messages -%}{%- set last = loop.last -%}{{- '<|im_start|>' + m.role + '\\n' -}}"
+                "{{- m.content or '' -}}{%- for c in m.tool_calls or [] -%}"
+                "{{- '<tool_call>' + c.function.name + ('()' if last else '') + '</tool_call>' -}}{%- endfor -%}"
+                "{{- '<|im_end|>\\n' -}}{%- endfor -%}",
+}
+
+EXTRA = {"ends_in_text": ENDS_IN_TEXT, "raises_after_reply": RAISES_AFTER_REPLY, "needs_kwarg": NEEDS_KWARG}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory) -> dict[str, str]:
+    """A tiny Qwen3 directory per template; drops_reasoning's under a long path, which must not wrap."""
+    root = tmp_path_factory.mktemp("templates")
+    long = root / ("a-directory-name-long-enough-to-pass-eighty-columns-" * 2)
+    return {name: str(build_qwen3_like((long if name == "drops_reasoning" else root) / name, template))
+            for name, template in {**TEMPLATES, **EXTRA}.items()}
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """``omrl check-template ARGS`` in-process, as the console script runs it: (exit status, stdout, stderr)."""
+    with pytest.raises(SystemExit) as info:
+        main(["check-template", *args])
+    out = capsys.readouterr()
+    return info.value.code, out.out, out.err
+
+
+@pytest.mark.parametrize("finding", list(ONE_REWRITE))
+def test_each_rewrite_is_named(tiny_model_dir, finding):
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = ONE_REWRITE[finding] + CHATML_END
+    report = check_template(tokenizer)
+    assert report.findings == [finding] and not report.append_only
+    assert report.modes["keep"].works and report.modes["keep"].rows == 1
+
+
+def test_ids_that_stop_extending_a_row_are_a_finding():
+    from transformers import AutoTokenizer
+
+    from omrl.models import TINY_TOKENIZER_DIR
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)  # "\n\n" alone: one token; "\n\nopen": three
+    tokenizer.chat_template = ("{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n\\n' + m.content + "
+                               "'<|im_end|>\\n' -}}{%- endfor -%}"
+                               "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n\\n' -}}{%- endif -%}")
+    report = check_template(tokenizer)
+    assert report.findings == [IDS_CHANGED] and report.modes["as_template"].rows == TURNS
+
+
+def test_tiny_chatml_is_append_only(tiny_model_dir):
+    report = check_template(load_tokenizer(tiny_model_dir))
+    assert report.append_only and report.findings == [] and report.trainable
+    keep, as_template = report.modes["keep"], report.modes["as_template"]
+    assert keep.works and as_template.works and keep.rows == as_template.rows == 1
+    assert (keep.tokens, keep.trained, keep.prefill) == (as_template.tokens, as_template.trained, as_template.prefill)
+    assert 0 < keep.trained < keep.tokens < keep.prefill
+
+
+def test_dropped_reasoning_is_found_and_splits_as_template(model_dirs):
+    report = check_template(load_tokenizer(model_dirs["drops_reasoning"]))
+    assert not report.append_only and report.trainable
+    assert REASONING_DROPPED in report.findings and EMPTY_BLOCK in report.findings
+    keep, as_template = report.modes["keep"], report.modes["as_template"]
+    assert keep.works and keep.rows == 1
+    assert as_template.works and as_template.rows == TURNS  # every reply's reasoning is dropped by the next prompt
+    assert keep.trained == as_template.trained and as_template.tokens > keep.tokens
+
+
+def test_answer_only_history_is_found(model_dirs):
+    report = check_template(load_tokenizer(model_dirs["keeps_answer"]))
+    assert not report.append_only
+    assert any(finding.startswith("reasoning dropped") for finding in report.findings), report.findings
+    assert report.modes["keep"].rows == 1 and report.modes["as_template"].rows > 1
+
+
+def test_tool_role_template_appends_and_writes_tool_calls(model_dirs):
+    report = check_template(load_tokenizer(model_dirs["tool_role"]))
+    assert report.tool_role and report.tool_calls and TOOL_CALLS not in report.findings
+    assert report.append_only and report.modes["keep"].works and report.modes["keep"].rows == 1
+
+
+def test_reply_closed_by_text_leaves_only_as_template(model_dirs, capsys):
+    report = check_template(load_tokenizer(model_dirs["ends_in_text"]))
+    keep = report.modes["keep"]
+    assert not keep.works and "special token" in keep.problem and "check-template" not in keep.problem
+    assert report.modes["as_template"].works and report.trainable
+    code, out, _ = cli(capsys, model_dirs["ends_in_text"])
+    assert code == 0 and "use: chat.history=as_template" in out and "keep does not work" in out
+
+
+def test_cli_reports_an_append_only_template(tiny_model_dir, capsys):
+    code, out, err = cli(capsys, "tiny")
+    assert code == 0, err
+    assert "append-only: yes" in out and "both modes give the same rows" in out
+    assert any(line.split("│")[1:3] == [" keep        ", " yes   "] for line in out.splitlines()), out
+
+
+def test_cli_names_the_rewrites_on_one_line_per_path(model_dirs, capsys):
+    path = model_dirs["drops_reasoning"]
+    code, out, err = cli(capsys, path)
+    assert code == 0, err
+    assert any(path in line for line in out.splitlines()), out  # the long path is never wrapped
+    assert "append-only: no" in out and f"- {REASONING_DROPPED}" in out
+    assert "chat.history=as_template shows the model exactly what deployment shows" in out
+
+
+def test_cli_fails_on_a_template_no_mode_can_train(model_dirs, capsys):
+    path = model_dirs["raises_after_reply"]
+    code, out, err = cli(capsys, path)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: omrl cannot train the chat template of {path}"), err
+    assert "keep: " in err and "as_template: " in err and "a reply must be the last message" in err
+    assert "keep does not work" in out and "Traceback" not in err
+
+
+def test_cli_passes_kwargs_to_the_template(model_dirs, capsys):
+    path = model_dirs["needs_kwarg"]
+    code, _, err = cli(capsys, path)
+    assert code == 2 and "cannot render a first user message: TemplateError: pass ready" in err
+    code, out, err = cli(capsys, path, "--kwargs", '{"ready": true}')
+    assert code == 0, err
+    assert '{"ready": true}' in out and "append-only: yes" in out
+    code, _, err = cli(capsys, path, "--kwargs", "[1]")
+    assert code == 2 and "--kwargs must be a JSON object, not list" in err
