@@ -56,7 +56,8 @@ class RolloutSession:
         if backend is None and not expert:
             backend = make_backend(cfg.generation.backend, tokenizer, cfg.generation, model=model,
                                    model_name=cfg.model.name, dtype=cfg.model.dtype, seed=cfg.seed)
-        return cls(pool, template, tokenizer, backend, RolloutLimits.from_config(cfg.generation, cfg.env.max_turns, cfg.chat.history),
+        limits = RolloutLimits.from_config(cfg.generation, cfg.env.max_turns, cfg.chat.history)
+        return cls(pool, template, tokenizer, backend, limits,
                    reward_weights=cfg.reward.weights, plugin_options=plugins,
                    demonstration=cfg.env.demonstration)
 

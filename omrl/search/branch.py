@@ -3,8 +3,9 @@
 A child node starts as a copy of its parent's episode. Its sampled ids are appended
 as they are (loss_mask 1, with their log-probs); the env's answer and the next
 generation prompt are appended as the chain rollout appends them
-(:func:`omrl.rollout.loop.extend_chat`, loss_mask 0). Nothing is decoded and re-encoded, so every root-to-leaf path holds
-exactly the ids the model sampled, whichever branch it took. A reply and the env's
+(:func:`omrl.rollout.loop.extend_chat`, loss_mask 0; under ``chat.history=as_template``
+perhaps as a new row). Nothing is decoded and re-encoded, so every root-to-leaf path
+holds exactly the ids the model sampled, whichever branch it took. A reply and the env's
 answer are recorded by the chain rollout's own :func:`~omrl.rollout.loop.append_reply`
 and :func:`~omrl.rollout.loop.apply_step_result`; ``tests/search/test_runner.py`` checks that a search with one
 candidate per node gives the chain rollout's episodes id for id.

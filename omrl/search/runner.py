@@ -174,7 +174,8 @@ def _expand(ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]]
     params = SamplingParams(max_new_tokens=[cap for *_, cap in slots], temperature=limits.temperature,
                             top_p=limits.top_p, seed=ctx.next_seed())
     # as in the chain rollout, a backend that fails stops the run: it is no branch's fault
-    replies = list(ctx.backend.generate([node.episode.current_row() for _, _, node, _ in slots], params,  # type: ignore[union-attr]
+    rows = [node.episode.current_row() for _, _, node, _ in slots]
+    replies = list(ctx.backend.generate(rows, params,  # type: ignore[union-attr]
                                         messages=[node.messages for _, _, node, _ in slots]))
     for (tree, _, _, _), reply in zip(slots, replies):
         ctx.charge(tree, len(reply.token_ids))

@@ -150,7 +150,8 @@ def copy_episode(ep: Episode) -> Episode:
     """A copy of ``ep`` that shares nothing mutable with it (token lists, turns, their info)."""
     return replace(ep, turns=[replace(t, info=copy.deepcopy(t.info)) for t in ep.turns],
                    token_ids=list(ep.token_ids), loss_mask=list(ep.loss_mask), logprobs=list(ep.logprobs),
-                   row_starts=list(ep.row_starts), rewards={k: list(v) for k, v in ep.rewards.items()}, messages=[dict(m) for m in ep.messages])
+                   row_starts=list(ep.row_starts), rewards={k: list(v) for k, v in ep.rewards.items()},
+                   messages=[dict(m) for m in ep.messages])
 
 
 def chain_tree(episodes: list[Episode], task_id: int, group: int, strategy: str = "chain") -> Tree:
@@ -179,4 +180,5 @@ def _prefix(ep: Episode, turns: int) -> Episode:
     end = ep.turns[turns].span[0] if turns < len(ep.turns) else len(ep.token_ids)
     score = float(ep.turns[turns - 1].info.get("score", 0.0)) if turns else 0.0
     return replace(ep, turns=list(ep.turns[:turns]), token_ids=ep.token_ids[:end], loss_mask=ep.loss_mask[:end],
-                   logprobs=ep.logprobs[:end], row_starts=[s for s in ep.row_starts if s < end], messages=[], rewards={}, end_reason="", won=False, score=score)
+                   logprobs=ep.logprobs[:end], row_starts=[s for s in ep.row_starts if s < end], messages=[], rewards={},
+                   end_reason="", won=False, score=score)

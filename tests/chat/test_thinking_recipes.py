@@ -46,7 +46,8 @@ def thinking_run(qwen3_like, register_plugin, monkeypatch, tmp_path):  # noqa: F
             f"model.name={qwen3_like('drops_reasoning')}", "env.name=keys", "env.template=think_action",
             f"chat.history={history}", "generation.max_new_tokens=48", "generation.max_context=1024",
             f"logging.output_dir={out}", "logging.tensorboard=false", "steps=1", "tasks_per_step=2",
-            "group_size=2", "eval_tasks=1", "reward.weights={sample_index: 1.0}", "optim.learning_rate=1e-3", *overrides])
+            "group_size=2", "eval_tasks=1", "reward.weights={sample_index: 1.0}", "optim.learning_rate=1e-3",
+            *overrides])
         run_rl(cfg, console=QUIET)
         return read_metrics(out)
 
@@ -96,3 +97,50 @@ def test_sft_rows_follow_the_history_mode(qwen3_like, tmp_path):  # noqa: F811
     # as_template: the second row's prompt shows the first reply without its reasoning, as deployment does
     second = tokenizer.decode(split[1].input_ids)
     assert "Open it first." not in second and "Action: open" in second and "Now the key." in second
+
+
+@pytest.mark.parametrize("history", ["keep", "as_template"])
+def test_an_sft_epoch_on_reasoning_data(qwen3_like, tmp_path, history):  # noqa: F811
+    from training.sample_data import sft_run_config
+
+    from omrl.training.sft import run_sft
+
+    records = [{"messages": [
+        {"role": "system", "content": "Act."}, {"role": "user", "content": f"Chest {i}."},
+        {"role": "assistant", "content": "<think>\nOpen it first.\n</think>\n\nAction: open"},
+        {"role": "user", "content": "It is open."},
+        {"role": "assistant", "content": "Action: take key", "reasoning_content": "Now the key."}]} for i in range(4)]
+    data = tmp_path / "thinking.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = sft_run_config(qwen3_like("drops_reasoning"), data, tmp_path / "sft", chat__history=history,
+                         num_train_epochs=1.0)
+    run_sft(cfg, console=QUIET)
+    records = read_metrics(tmp_path / "sft")
+    assert records and all(math.isfinite(r["loss"]) for r in records if "loss" in r)
+
+
+@pytest.mark.parametrize("history", ["keep", "as_template"])
+def test_omrl_eval_runs_a_qwen3_like_model_with_the_xml_template(qwen3_like, tmp_path, monkeypatch,  # noqa: F811
+                                                                  history):
+    """The issue's first report: `omrl eval --env gridworld --model ./qwen3-like env.template=xml` failed on its
+    second turn once a reply held </think>, as the xml template asks replies to; here every reply does."""
+    from typer.testing import CliRunner
+
+    from omrl.cli import build_app
+    from omrl.models import load_model
+
+    def forced(name, tokenizer, generation, *, model=None, model_name="", **_):
+        def reply(call, index, prompt):
+            move = ["left", "up", "right", "down"][call % 4]
+            return f"<think>\nTry {move}.\n</think>\n<action>{move}</action>"
+        return ForcedBackend(load_model(model_name)[0], tokenizer, reply)
+
+    monkeypatch.setattr("omrl.rollout.session.make_backend", forced)
+    report = tmp_path / f"report-{history}.json"
+    result = CliRunner().invoke(build_app(), [
+        "eval", "--env", "gridworld", "--model", qwen3_like("drops_reasoning"), "env.template=xml",
+        f"chat.history={history}", "num_tasks=2", "env.max_turns=3", "generation.max_new_tokens=16",
+        "--report", str(report)])
+    assert result.exit_code == 0, result.output
+    episodes = json.loads(report.read_text())["episodes"]
+    assert len(episodes) == 2 and all(ep["turns"] == 3 for ep in episodes)  # no episode ended early
