@@ -48,6 +48,11 @@ class Batch:
     def keys(self) -> list[str]:
         return [*self.tensors, *self.non_tensors]
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """The column ``key``, or ``default`` when the batch has none (as ``dict.get``: code that reads a
+        micro-batch takes a Batch or a plain dict of tensors alike)."""
+        return self[key] if key in self.tensors or key in self.non_tensors else default
+
     def __getitem__(self, key: str | int | slice | Sequence[int] | torch.Tensor) -> Any:
         """``batch["name"]`` gives a column; an int, slice, index list or mask gives rows."""
         if isinstance(key, str):

@@ -161,5 +161,5 @@ def labelled_nll_sum(model: nn.Module, input_ids: torch.Tensor, position_ids: to
 def sequence_log_prob(model: nn.Module, mb, temperature: float = 1.0) -> torch.Tensor:
     """Summed log-prob of each row's sampled tokens (``mb["loss_mask"]``): [bs]."""
     out = policy_forward(model, mb["input_ids"], mb["attention_mask"], temperature, token_mask=mb["loss_mask"],
-                         position_ids=mb.tensors.get("position_ids"))
+                         position_ids=mb.get("position_ids"))
     return (out["log_probs"] * mb["loss_mask"]).sum(-1)

@@ -219,7 +219,7 @@ class RLRecipe(online.OnlineRecipe):
         if self.ref_model is not None:
             scored["ref_log_probs"] = policy_forward(self.ref_model, mb["input_ids"], mb["attention_mask"],
                                                      self.temperature, token_mask=mb["loss_mask"],
-                                                     position_ids=mb.tensors.get("position_ids"))["log_probs"]
+                                                     position_ids=mb.get("position_ids"))["log_probs"]
         return scored
 
     def _update_micro_batches(self, mini, mb_size: int):
@@ -244,14 +244,14 @@ class RLRecipe(online.OnlineRecipe):
     def _forward(self, mb, with_values: bool = False, with_entropy: bool = False,
                  prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
         """Log-probs (entropy, values) of the sampled tokens; the LM head runs on those alone."""
-        packed = None if prefix is not None else mb.tensors.get("position_ids")
+        packed = None if prefix is not None else mb.get("position_ids")
         out = policy_forward(self.model, mb["input_ids"], mb["attention_mask"], self.temperature,
                              with_entropy=with_entropy, token_mask=mb["loss_mask"], prefix=prefix, position_ids=packed,
                              value_head=self.value_head if with_values and self.critic_model is None else None)
         if with_values and self.critic_model is not None:
             out["values"] = policy_forward(self.critic_model, mb["input_ids"], mb["attention_mask"],
                                            value_head=self.value_head, token_mask=mb["loss_mask"],
-                                           position_ids=mb.tensors.get("position_ids"))["values"]
+                                           position_ids=mb.get("position_ids"))["values"]
         return out
 
     def _checkpoint_extra(self) -> dict[str, Any]:
