@@ -71,13 +71,7 @@ def next_prompt(tokenizer, history: str, row: Sequence[int], messages: Sequence[
     """
     if history == "keep":
         return kept_increment(tokenizer, messages, new, generated_eos, **kwargs), False
-    try:
-        text = render(tokenizer, [*messages, *new], add_generation_prompt=True, **kwargs)
-    except OmrlError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - the template's own raise_exception, or a jinja error
-        raise OmrlError(f"the chat template cannot render the chat so far ({type(exc).__name__}: {exc}); "
-                        f"{CHECK_HINT}") from exc
+    text = _render_or_explain(tokenizer, [*messages, *new], "the chat so far", kwargs)
     prompt = encode_text(tokenizer, text)
     if len(prompt) > len(row) and prompt[:len(row)] == list(row):
         return prompt[len(row):], False
@@ -143,13 +137,7 @@ def anchored_increment(tokenizer, messages: Sequence[Message], new: Sequence[Mes
     system = [dict(m) for m in messages[:1] if m.get("role") == "system"]
     anchor = [*system, {"role": "user", "content": PLACEHOLDER_QUESTION},
               {"role": "assistant", "content": PLACEHOLDER_REPLY}]
-    try:
-        text = render(tokenizer, [*anchor, *new], add_generation_prompt=True, **kwargs)
-    except OmrlError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a template's own raise_exception, or a jinja error
-        raise OmrlError(f"the chat template cannot render a {new[0]['role']!r} message after a reply "
-                        f"({type(exc).__name__}: {exc}); {CHECK_HINT}") from exc
+    text = _render_or_explain(tokenizer, [*anchor, *new], f"a {new[0]['role']!r} message after a reply", kwargs)
     at = text.rfind(PLACEHOLDER_REPLY)
     if at < 0:
         raise OmrlError(f"the chat template drops an assistant reply's text when a message follows it, so the "
@@ -163,6 +151,17 @@ def anchored_increment(tokenizer, messages: Sequence[Message], new: Sequence[Mes
                             f"history; use chat.history=as_template ({CHECK_HINT})")
         increment = increment[len(close):]
     return increment
+
+
+def _render_or_explain(tokenizer, messages: Sequence[Message], what: str, kwargs: dict) -> str:
+    """The chat rendered with its generation prompt; a template that raises (its own ``raise_exception``,
+    a jinja error) is an OmrlError saying what it could not render."""
+    try:
+        return render(tokenizer, messages, add_generation_prompt=True, **kwargs)
+    except OmrlError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the template raises
+        raise OmrlError(f"the chat template cannot render {what} ({type(exc).__name__}: {exc}); {CHECK_HINT}") from exc
 
 
 def leading_special_token(tokenizer, text: str) -> str | None:

@@ -23,6 +23,18 @@ from .thinking import ForcedBackend, ThinkingPlugin
 QUIET = Console(quiet=True)
 
 
+def reasoning_dataset(path, count: int):
+    """A JSONL of ``count`` two-reply conversations: reasoning as `<think>` text, then as a reasoning_content field."""
+    records = [{"messages": [
+        {"role": "system", "content": "Act."}, {"role": "user", "content": f"Chest {i}."},
+        {"role": "assistant", "content": "<think>\nOpen it first.\n</think>\n\nAction: open"},
+        {"role": "user", "content": "It is open."},
+        {"role": "assistant", "content": "Action: take key", "reasoning_content": "Now the key."}]}
+        for i in range(count)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
 @pytest.fixture
 def thinking_run(qwen3_like, register_plugin, monkeypatch, tmp_path):  # noqa: F811
     """``thinking_run(history, *overrides)``: one RL step on the keys env with replies that reason; a
@@ -81,14 +93,7 @@ def test_sft_rows_follow_the_history_mode(qwen3_like, tmp_path):  # noqa: F811
     """Reasoning as `<think>` text or a reasoning_content field: one row under keep, split under
     as_template where the template drops an earlier reply's reasoning."""
     tokenizer = load_tokenizer(qwen3_like("drops_reasoning"))
-    records = [{"messages": [
-        {"role": "system", "content": "Act."}, {"role": "user", "content": f"Chest {i}."},
-        {"role": "assistant", "content": "<think>\nOpen it first.\n</think>\n\nAction: open"},
-        {"role": "user", "content": "It is open."},
-        {"role": "assistant", "content": "Action: take key", "reasoning_content": "Now the key."}]} for i in range(3)]
-    data = tmp_path / "thinking.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    conversations = load_conversations(str(data))
+    conversations = load_conversations(str(reasoning_dataset(tmp_path / "thinking.jsonl", 3)))
     kept, _, _ = tokenize_conversations(tokenizer, conversations, 512, "keep")
     split, _, _ = tokenize_conversations(tokenizer, conversations, 512, "as_template")
     assert len(kept) == 3 and len(split) == 6
@@ -105,13 +110,7 @@ def test_an_sft_epoch_on_reasoning_data(qwen3_like, tmp_path, history):  # noqa:
 
     from omrl.training.sft import run_sft
 
-    records = [{"messages": [
-        {"role": "system", "content": "Act."}, {"role": "user", "content": f"Chest {i}."},
-        {"role": "assistant", "content": "<think>\nOpen it first.\n</think>\n\nAction: open"},
-        {"role": "user", "content": "It is open."},
-        {"role": "assistant", "content": "Action: take key", "reasoning_content": "Now the key."}]} for i in range(4)]
-    data = tmp_path / "thinking.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    data = reasoning_dataset(tmp_path / "thinking.jsonl", 4)
     cfg = sft_run_config(qwen3_like("drops_reasoning"), data, tmp_path / "sft", chat__history=history,
                          num_train_epochs=1.0)
     run_sft(cfg, console=QUIET)

@@ -153,7 +153,11 @@ SHARDED_CASES = {  # name: (algo, overrides, uneven)
     "ppo": ("ppo", ["algorithm.kl_coef=0.05"], False),
     "ppo-critic": ("ppo", ["algorithm.critic=model", "optim.micro_batch_size=1", "mini_batch_size=0"], True),
     "dpo": ("dpo", ["optim.micro_batch_size=1"], False),
+    # a Qwen3-architecture model whose template splits every turn into a new row (chat.history=as_template):
+    # the update packs each episode's rows; process 1 idles through a pass
+    "grpo-split": ("grpo", ["chat.history=as_template", "optim.micro_batch_size=1"], True),
 }
+SPLIT_MODEL = "grpo-split"  # the case that plays tests/chat/thinking.py's KEEPS_ANSWER model
 # Runs resumed from their step-2 checkpoint; the last has every kind of module: policy, critic, value
 # head, reference.
 RESUMED_CASES = {  # name: (mode, algo, overrides)
@@ -164,6 +168,12 @@ RESUMED_CASES = {  # name: (mode, algo, overrides)
 MODES = ("ddp", "fsdp", "zero3")
 
 
+class Launched(dict):
+    """The runs by (mode, case), and the model directory of the split-history case."""
+
+    split_model = ""
+
+
 @dataclasses.dataclass
 class Run:
     weights: dict[int, dict[str, torch.Tensor]]  # by process
@@ -172,11 +182,14 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def launched(tiny_model_dir, tmp_path_factory) -> dict[tuple[str, str], Run]:
+def launched(tiny_model_dir, tmp_path_factory) -> Launched:
     """Every multi-process SFT and RL run of the tests in this file, by (mode, case): one launch per
     mode runs them all in turn (a launch costs some 12 s before its first step), then one per mode
     resumes."""
+    from chat.thinking import KEEPS_ANSWER, build_qwen3_like
+
     root = tmp_path_factory.mktemp("launched")
+    split_model = str(build_qwen3_like(root / "qwen3-keeps-answer", KEEPS_ANSWER))
     main_index = "reward.weights={main_sample_index: 1.0}"
     jobs: dict[str, dict[str, Job]] = {mode: {} for mode in MODES}
     jobs["ddp"]["plain-grpo"] = Job("train", _rl_config(tiny_model_dir, root / "ddp" / "plain-grpo" / "run"),
@@ -188,7 +201,8 @@ def launched(tiny_model_dir, tmp_path_factory) -> dict[tuple[str, str], Run]:
                                                       **SFT_SETTINGS), root / mode / "sft")
         for case, (algo, overrides, uneven) in SHARDED_CASES.items():
             out = root / mode / case
-            jobs[mode][case] = Job("train", _rl_config(tiny_model_dir, out / "run", algo, main_index, *overrides),
+            model = split_model if case == SPLIT_MODEL else tiny_model_dir
+            jobs[mode][case] = Job("train", _rl_config(model, out / "run", algo, main_index, *overrides),
                                    out, uneven=uneven)
         out = root / mode / "nan"  # process 0's second micro-batch loss is NaN
         jobs[mode]["nan"] = Job("train", _rl_config(tiny_model_dir, out / "run", "grpo", main_index, "steps=3",
@@ -198,7 +212,8 @@ def launched(tiny_model_dir, tmp_path_factory) -> dict[tuple[str, str], Run]:
         jobs[mode][case] = Job("train", _rl_config(tiny_model_dir, out / "run", algo, "steps=3", main_index,
                                                    "logging.keep_checkpoints=0", "eval_tasks=0", *overrides), out)
 
-    runs = {}
+    runs = Launched()
+    runs.split_model = split_model
     for mode, named in jobs.items():
         for case, weights in zip(named, _run_jobs(root, mode, list(named.values()))):
             runs[mode, case] = Run(weights, read_metrics(named[case].out / "run"), named[case].out / "run")
@@ -253,7 +268,10 @@ def test_two_process_grpo_trains_and_keeps_processes_in_step(launched):
 def test_sharded_rl_matches_data_parallel(launched, tiny_model_dir, case):
     """Same seed, same processes: FSDP and ZeRO-3 shard what DDP replicates, so the runs must agree."""
     ddp = launched["ddp", case]
-    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    start = AutoModelForCausalLM.from_pretrained(
+        launched.split_model if case == SPLIT_MODEL else tiny_model_dir).state_dict()
+    if case == SPLIT_MODEL:  # the episodes really were split into rows, and trained packed
+        assert all(r["rows_per_episode"] > 1 for r in ddp.records if "rows_per_episode" in r)
     for mode in ("fsdp", "zero3"):
         run = launched[mode, case]
         assert [r["step"] for r in run.records] == [r["step"] for r in ddp.records]
