@@ -11,7 +11,7 @@ from torch import nn
 
 from omrl.training.logits import entropy_from_logits, token_log_probs
 from omrl.training.packing import IGNORE_INDEX
-from omrl.training.shared_prefix import SharedPrefix
+from omrl.training.shared_prefix import PACKED_MASK_ATTENTION, SharedPrefix
 
 
 class ValueHead(nn.Module):
@@ -67,15 +67,19 @@ def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     ``position_ids`` [bs, L]: rows packed from several sequences (an episode split by
     ``chat.history=as_template``), positions restarting at each. The model then runs with no
     attention mask, and transformers turns the restarts into a block-diagonal causal mask, so
-    no sequence sees another (right padding is seen by no real token). Not with ``prefix``.
+    no sequence sees another (right padding is seen by no real token). On a shared prefix (which
+    lies in the first sequence) transformers builds no such mask, so it is given one
+    (:func:`packed_mask`).
     """
     head = _output_head(model) if token_mask is not None else None
     need_hidden = value_head is not None or head is not None
     start = prefix.length if prefix is not None else 0
-    if position_ids is not None and prefix is not None:
-        raise ValueError("packed rows (position_ids) cannot run on a shared prefix")
-    packed = {"position_ids": position_ids, "attention_mask": None} if position_ids is not None else \
-        {"attention_mask": attention_mask}
+    if position_ids is None:
+        packed = {"attention_mask": attention_mask}
+    elif prefix is None:
+        packed = {"position_ids": position_ids, "attention_mask": None}
+    else:
+        packed = {"position_ids": position_ids[:, start:], "attention_mask": packed_mask(model, position_ids, start)}
     out = model(input_ids=input_ids[:, start:], **packed, use_cache=False,
                 output_hidden_states=need_hidden, **({"logits_to_keep": 1} if head is not None else {}),
                 **(prefix.cache_kwargs() if prefix is not None else {}))
@@ -97,6 +101,29 @@ def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     if value_head is not None:
         result["values"] = _align(value_head(out.hidden_states[-1][:, :-1]), start)
     return result
+
+
+def packed_mask(model: nn.Module, position_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """The causal, block-diagonal mask of packed rows, for the queries from ``start`` on: [bs, 1, L - start, L].
+
+    A new sequence starts wherever a position does not follow the one before (as transformers reads
+    packed rows). Boolean (True: attend) for sdpa, additive for eager attention; other kernels do not
+    take a 4-D mask (:func:`omrl.training.shared_prefix.shared_prefix_groups` keeps packed rows alone).
+    """
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in PACKED_MASK_ATTENTION:
+        raise ValueError(f"packed rows on a shared prefix need {' or '.join(PACKED_MASK_ATTENTION)} attention, "
+                         f"not {implementation!r}")
+    follows = torch.ones_like(position_ids, dtype=torch.bool)
+    follows[:, 1:] = position_ids[:, 1:] == position_ids[:, :-1] + 1
+    sequence = (~follows).cumsum(-1)
+    length = position_ids.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
+    allowed = (causal & (sequence[:, :, None] == sequence[:, None, :]))[:, None, start:, :]
+    if implementation == "sdpa":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
 
 
 # Positions whose vocabulary-sized logits exist at once: [HEAD_CHUNK, V] float32 is 50 MB for a

@@ -244,9 +244,9 @@ class RLRecipe(online.OnlineRecipe):
     def _forward(self, mb, with_values: bool = False, with_entropy: bool = False,
                  prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
         """Log-probs (entropy, values) of the sampled tokens; the LM head runs on those alone."""
-        packed = None if prefix is not None else mb.get("position_ids")
         out = policy_forward(self.model, mb["input_ids"], mb["attention_mask"], self.temperature,
-                             with_entropy=with_entropy, token_mask=mb["loss_mask"], prefix=prefix, position_ids=packed,
+                             with_entropy=with_entropy, token_mask=mb["loss_mask"], prefix=prefix,
+                             position_ids=mb.get("position_ids"),
                              value_head=self.value_head if with_values and self.critic_model is None else None)
         if with_values and self.critic_model is not None:
             out["values"] = policy_forward(self.critic_model, mb["input_ids"], mb["attention_mask"],

@@ -24,6 +24,8 @@ from omrl.data.batch import Batch
 
 # Below this many shared tokens a separate prefix pass costs more than it saves.
 MIN_SHARED_TOKENS = 32
+# Attention that takes a 4-D mask as given: packed rows (a split episode) can run on a prefix only there.
+PACKED_MASK_ATTENTION = ("sdpa", "eager")
 
 
 def _prompt_length(ids: torch.Tensor, mask: torch.Tensor, loss_mask: torch.Tensor) -> int:
@@ -42,19 +44,20 @@ def _common_length(rows: Sequence[torch.Tensor]) -> int:
     return length
 
 
-def shared_prefix_groups(batch: Batch) -> list[tuple[list[int], int]]:
+def shared_prefix_groups(batch: Batch, packed_rows_share: bool = False) -> list[tuple[list[int], int]]:
     """Rows grouped under a shared prompt prefix: ``[(row indices, prefix length)]``, every row once.
 
     Two groupings are weighed by the tokens they save: rows with the same first prompt (the
     samples of a task), or all rows under the prefix all of them share (the system prompt and
     worked example). A row in no useful group comes back alone with prefix length 0, and so does
-    every row packed from several (``position_ids`` restarting: a split episode), whose block-diagonal
-    mask transformers builds only without a cache.
+    every row packed from several (``position_ids`` restarting: a split episode) unless
+    ``packed_rows_share``: the model's attention then takes the packed mask that
+    :func:`omrl.training.policy.packed_mask` builds (transformers builds none beside a cache).
     """
     ids, mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
     prompts = [ids[i, :_prompt_length(ids[i], mask[i], loss_mask[i])] for i in range(len(batch))]
     positions = batch.tensors.get("position_ids")
-    if positions is not None:
+    if positions is not None and not packed_rows_share:
         restarts = ((positions[:, 1:] == 0) & (mask[:, 1:] == 1)).any(-1).tolist()
         packed = [i for i, restart in enumerate(restarts) if restart]
         if packed:
@@ -169,7 +172,7 @@ def with_shared_prefixes(model: nn.Module, batch: Batch, micro_batch_size: int
     """
     from omrl.training.rl_data import micro_batches
 
-    groups = shared_prefix_groups(batch)
+    groups = shared_prefix_groups(batch, getattr(model.config, "_attn_implementation", None) in PACKED_MASK_ATTENTION)
     alone = [i for rows, length in groups if not length for i in rows]
     if alone:
         yield from ((mb, None) for mb in micro_batches(batch.rows(alone), micro_batch_size))

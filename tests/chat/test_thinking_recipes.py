@@ -143,3 +143,19 @@ def test_omrl_eval_runs_a_qwen3_like_model_with_the_xml_template(qwen3_like, tmp
     assert result.exit_code == 0, result.output
     episodes = json.loads(report.read_text())["episodes"]
     assert len(episodes) == 2 and all(ep["turns"] == 3 for ep in episodes)  # no episode ended early
+
+
+def test_split_episodes_train_alike_with_and_without_shared_prefixes(thinking_run, monkeypatch):
+    """The samples of a task share their first prompt: their packed rows run it once (with the packed mask
+    omrl builds) and train exactly as when every row runs whole."""
+    from omrl.training.shared_prefix import SharedPrefix
+
+    entered = []
+    enter = SharedPrefix.__enter__
+    monkeypatch.setattr(SharedPrefix, "__enter__", lambda self: entered.append(self.length) or enter(self))
+    shared = thinking_run("as_template", "optim.share_prefix=true", "optim.micro_batch_size=1")[0]
+    assert entered  # the packed rows did run on shared prefixes
+    whole = thinking_run("as_template", "optim.share_prefix=false", "optim.micro_batch_size=1")[0]
+    assert shared["rows_per_episode"] > 1
+    assert shared["loss"] == pytest.approx(whole["loss"], rel=1e-4, abs=1e-6)
+    assert shared["grad_norm"] == pytest.approx(whole["grad_norm"], rel=1e-4)

@@ -49,6 +49,13 @@ def test_groups_share_a_tasks_prompt_or_everyones_opening():
     # trained tokens are never shared: the prefix stops before the earliest trained token
     batch = rows_batch([(task_a + [7], 70), (task_a + [8], 110)])
     assert shared_prefix_groups(batch) == [([0, 1], 69)]
+    # a row packed from two sequences (positions restarting) shares only where its attention takes the mask
+    batch = rows_batch([(task_a + [7], 110), (task_a + [8], 110), (task_a + [9], 110)])
+    positions = torch.arange(batch["input_ids"].shape[1]).repeat(3, 1)
+    positions[2, 100:] -= 100
+    batch.tensors["position_ids"] = positions
+    assert shared_prefix_groups(batch) == [([0, 1], 109), ([2], 0)]
+    assert shared_prefix_groups(batch, packed_rows_share=True) == [([0, 1, 2], 109)]
 
 
 @pytest.fixture
@@ -134,3 +141,52 @@ def test_grpo_with_shared_prefixes_learns_what_whole_rows_learn(tiny_model_dir, 
                 assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     for (name, p), q in zip(shared_model.state_dict().items(), whole_model.state_dict().values()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_rows_on_a_shared_prefix_give_the_gradients_of_whole_packed_rows(rows, attention):
+    """A split episode (chat.history=as_template) is one row of several sequences, positions restarting at
+    each; on a shared prefix it runs with the block-diagonal mask omrl builds, and trains as without one."""
+    prefix, full_rows = rows
+    generator = torch.Generator().manual_seed(2)
+    packed = []  # each row: the first sequence (the prefix, then its reply), then a second whole sequence
+    for row in full_rows:
+        second = torch.randint(5, 200, (int(torch.randint(20, 40, (1,), generator=generator)),), generator=generator)
+        positions = torch.cat([torch.arange(len(row)), torch.arange(len(second))])
+        packed.append((torch.cat([row, second]), positions, len(row)))
+    models = []
+    for _ in range(2):
+        model, _ = load_model("tiny", dtype="float32", device="cpu")
+        model.config._attn_implementation = attention
+        model.train()
+        models.append(model)
+    whole, shared = models
+    length = len(prefix) - 1
+
+    def loss_of(model, row, positions, **kwargs):
+        mask = torch.ones(1, len(row))
+        mask[0, :len(prefix)] = 0
+        second = int((positions == 0).nonzero()[1])
+        mask[0, second:second + 3] = 0  # the second sequence's prompt is not trained
+        out = policy_forward(model, row[None], torch.ones(1, len(row), dtype=torch.long), token_mask=mask,
+                             position_ids=positions[None], **kwargs)
+        return -(out["log_probs"] * mask).sum(), out["log_probs"]
+
+    expected = []
+    for row, positions, _ in packed:
+        loss, log_probs = loss_of(whole, row, positions)
+        loss.backward()
+        expected.append(log_probs.detach())
+    with SharedPrefix(shared, prefix[:length]) as shared_prefix:
+        for (row, positions, _), want in zip(packed, expected):
+            loss, log_probs = loss_of(shared, row, positions, prefix=shared_prefix)
+            loss.backward()
+            torch.testing.assert_close(log_probs.detach(), want, atol=1e-5, rtol=0)
+    for (name, a), b in zip(whole.named_parameters(), shared.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=2e-5, rtol=1e-4, msg=name)
+    # without the mask the second sequence would see the first: other numbers
+    with torch.no_grad():
+        row, positions, _ = packed[0]
+        leaky = policy_forward(whole, row[None], torch.ones(1, len(row), dtype=torch.long),
+                               token_mask=torch.ones(1, len(row)))["log_probs"]
+    assert not torch.allclose(leaky, expected[0], atol=1e-3)
