@@ -10,7 +10,7 @@ import pytest
 
 from omrl import registry
 from omrl.chat import pieces as chat_cache
-from omrl.chat import encode_text, next_turn_ids, prompt_ids, render, rendered_turn_text
+from omrl.chat import encode_chat, encode_text, mark_messages, next_turn_ids, prompt_ids, render, rendered_turn_text
 from omrl.chat.template_check import cacheable_template
 from omrl.errors import OmrlError
 from omrl.models import load_tokenizer
@@ -36,13 +36,16 @@ def text(rng: random.Random) -> str:
 
 
 def full_prompt_ids(tokenizer, messages, **kwargs) -> list[int]:
-    """The definition: the ids of the rendered opening, encoded by transformers itself."""
-    return tokenizer.encode(render(tokenizer, messages, add_generation_prompt=True, **kwargs), add_special_tokens=False)
+    """The definition: the ids of the whole rendered opening (the messages' special-token strings kept as
+    text: tests/chat/test_special_tokens.py checks that encoding against transformers)."""
+    return encode_chat(tokenizer, render(tokenizer, mark_messages(tokenizer, messages), add_generation_prompt=True,
+                                         **kwargs))
 
 
 def full_turn_ids(tokenizer, messages, user_content, generated_eos, **kwargs) -> list[int]:
-    return tokenizer.encode(rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs),
-                            add_special_tokens=False)
+    marked = mark_messages(tokenizer, [*messages, {"role": "user", "content": user_content}])
+    return encode_chat(tokenizer, rendered_turn_text(tokenizer, marked[:-1], marked[-1]["content"], generated_eos,
+                                                     **kwargs))
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from omrl.chat.history import next_prompt
-from omrl.chat.render import Message, encode_text, prompt_ids, render
+from omrl.chat.render import Message, encode_chat, prompt_ids, render
+from omrl.chat.specials import mark_messages
 from omrl.errors import OmrlError
 
 THINK_OPEN = "<think>"
@@ -27,6 +28,7 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
     first_reply = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     if first_reply is None:
         raise OmrlError("conversation has no assistant message to learn from")
+    messages = mark_messages(tokenizer, messages)  # no text of theirs becomes a special token
     ids = prompt_ids(tokenizer, messages[:first_reply], **kwargs)
     mask = [0] * len(ids)
     rows: Rows = []
@@ -39,7 +41,7 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
             raise OmrlError(f"message {i} has role {reply.get('role')!r} where an assistant reply was expected "
                             "(after the opening messages, each reply is followed by user or tool messages)")
         text = reply_text(tokenizer, [dict(m) for m in messages[:i]], reply, **kwargs)  # as the dataset has it
-        reply_ids = encode_text(tokenizer, text)
+        reply_ids = encode_chat(tokenizer, text)
         ids, mask = ids + reply_ids, mask + [1] * len(reply_ids)
         nxt = next((j for j in range(i + 1, len(messages)) if messages[j].get("role") == "assistant"), len(messages))
         new = [dict(m) for m in messages[i + 1:nxt]]
@@ -78,7 +80,11 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
     ``reasoning_content`` field, structured ``tool_calls``, gpt-oss's channel header. Where the template's
     last reply does not follow its generation prompt (DeepSeek-R1's prompt opens ``<think>``, its replies
     drop it), the content itself, continuing a ``<think>`` the prompt opened, then the end-of-turn token.
+
+    The messages' text is marked (:mod:`omrl.chat.specials`): encode the result with
+    :func:`omrl.chat.render.encode_chat`, which parses only the template's special tokens.
     """
+    before, reply = mark_messages(tokenizer, before), mark_messages(tokenizer, [reply])[0]
     eos = tokenizer.eos_token or ""
     opened = render(tokenizer, before, add_generation_prompt=True, **kwargs)
     whole = render(tokenizer, [*before, dict(reply)], **kwargs)

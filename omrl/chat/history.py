@@ -36,7 +36,8 @@ from typing import Any, Sequence
 
 from jinja2 import TemplateError
 
-from omrl.chat.render import Message, TemplateRewrites, encode_text, next_turn_ids, render
+from omrl.chat.render import Message, TemplateRewrites, encode_chat, next_turn_ids, render
+from omrl.chat.specials import mark_messages
 from omrl.errors import OmrlError
 
 HISTORY_MODES = ("keep", "as_template")
@@ -69,10 +70,11 @@ def next_prompt(tokenizer, history: str, row: Sequence[int], messages: Sequence[
     row's ids (its prompt, replies and increments so far). With ``starts_row`` False the
     ids extend ``row``; with True they are a whole new row's prompt (``as_template`` only).
     """
+    messages, new = mark_messages(tokenizer, messages), mark_messages(tokenizer, new)  # their text is never special
     if history == "keep":
         return kept_increment(tokenizer, messages, new, generated_eos, **kwargs), False
     text = _render_or_explain(tokenizer, [*messages, *new], "the chat so far", kwargs)
-    prompt = encode_text(tokenizer, text)
+    prompt = encode_chat(tokenizer, text)
     if len(prompt) > len(row) and prompt[:len(row)] == list(row):
         return prompt[len(row):], False
     return prompt, True
@@ -122,7 +124,7 @@ def kept_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message
             return next_turn_ids(tokenizer, messages, new[0]["content"], generated_eos, **kwargs)
         except (TemplateRewrites, TemplateError):  # it rewrites, or refuses sampled text (gpt-oss: channel tags)
             known[key] = False
-    return encode_text(tokenizer, anchored_increment(tokenizer, messages, new, generated_eos, **kwargs))
+    return encode_chat(tokenizer, anchored_increment(tokenizer, messages, new, generated_eos, **kwargs))
 
 
 def anchored_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool,
@@ -134,6 +136,7 @@ def anchored_increment(tokenizer, messages: Sequence[Message], new: Sequence[Mes
     When the reply ended with a stop token the template's closing special token is left out: the sampled
     stop token closes the turn (gpt-oss samples ``<|return|>`` where its history writes ``<|end|>``).
     """
+    messages, new = mark_messages(tokenizer, messages[:1]), mark_messages(tokenizer, new)
     system = [dict(m) for m in messages[:1] if m.get("role") == "system"]
     anchor = [*system, {"role": "user", "content": PLACEHOLDER_QUESTION},
               {"role": "assistant", "content": PLACEHOLDER_REPLY}]

@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from omrl.chat import pieces
+from omrl.chat.specials import encode_marked, mark, mark_messages
 from omrl.errors import OmrlError
 
 Message = dict[str, Any]
@@ -72,13 +73,21 @@ def _plain_fast(cls: type) -> bool:
 def prompt_ids(tokenizer, messages: Sequence[Message], **kwargs: Any) -> list[int]:
     """Ids of the opening messages (system, first user) plus the first generation prompt.
 
-    Exactly the ids of the rendered text; the messages before the last are encoded
-    once per tokenizer where :mod:`omrl.chat.pieces` proves that splitting there is exact.
+    Exactly the ids of the rendered text, no message's text parsed into special tokens
+    (:mod:`omrl.chat.specials`); the messages before the last are encoded once per tokenizer
+    where :mod:`omrl.chat.pieces` proves that splitting there is exact.
     """
-    ids = pieces.opening_ids(tokenizer, messages, kwargs, render, encode_text)
+    messages = mark_messages(tokenizer, messages)
+    ids = pieces.opening_ids(tokenizer, messages, kwargs, render, encode_chat)
     if ids is None:
-        ids = encode_text(tokenizer, render(tokenizer, messages, add_generation_prompt=True, **kwargs))
+        ids = encode_chat(tokenizer, render(tokenizer, messages, add_generation_prompt=True, **kwargs))
     return ids
+
+
+def encode_chat(tokenizer, text: str) -> list[int]:
+    """Ids of a rendered chat whose message text was marked (:func:`omrl.chat.specials.mark_messages`):
+    the template's special tokens parsed, the messages' never."""
+    return encode_marked(tokenizer, text, encode_text)
 
 
 def _suffix(longer: str, shorter: str, what: str) -> str:
@@ -115,11 +124,12 @@ def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str,
     cached pieces where :mod:`omrl.chat.pieces` can prove them (a full render per turn
     costs time in proportion to the chat's length).
     """
+    messages, user_content = mark_messages(tokenizer, messages), mark(tokenizer, user_content)
     ids = pieces.next_turn_ids(
-        tokenizer, messages, user_content, generated_eos, kwargs, render, encode_text,
+        tokenizer, messages, user_content, generated_eos, kwargs, render, encode_chat,
         rendered=lambda: rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs))
     if ids is None:
-        ids = encode_text(tokenizer, rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs))
+        ids = encode_chat(tokenizer, rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs))
     return ids
 
 

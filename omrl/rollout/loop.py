@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from omrl.backends.base import Backend, Generation, SamplingParams
-from omrl.chat import check_history, encode_text, next_prompt, prompt_ids
+from omrl.chat import check_history, next_prompt, prompt_ids
+from omrl.chat.specials import encode_plain
 from omrl.chat.history import native_tool_calls
 from omrl.data.trajectory import Episode, Turn
 from omrl.envs import DemoTurn, Env, Observation, StepResult, clean_text, reset_problem, step_problem
@@ -220,7 +221,7 @@ def _expert_replies(pool: EnvPool, template: Template, tokenizer: Any, live: lis
                        OmrlError(f"{pool.name} has no scripted expert action here"))
             continue
         text = template.format_action(action, state.env)
-        ids = (encode_text(tokenizer, text) + [eos])[:cap]
+        ids = (encode_plain(tokenizer, text) + [eos])[:cap]  # a reply's text is never special tokens
         out.append(Generation(ids, [0.0] * len(ids), "stop" if ids[-1] == eos else "length"))
     return out
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omrl import registry
-from omrl.chat import encode_text, render
+from omrl.chat import encode_chat, encode_text, mark_messages, render
 from omrl.models import load_model
 from omrl.rewards import compose_rewards
 from omrl.rollout import EnvPool, RolloutLimits, collect
@@ -72,8 +72,9 @@ def test_calls_are_structured_and_answered_as_tool_messages(family_model, fmt, h
                 start = max([0, *[s for s in ep.row_starts if s <= turn.span[0]]])
                 chat = ep.messages[:2 + 2 * k]
                 kwargs = registry.templates.get("tool_call")(format=fmt).chat_template_kwargs(KeyEnv())
-                assert ep.token_ids[start:turn.span[0]] == encode_text(
-                    tokenizer, render(tokenizer, chat, add_generation_prompt=True, **kwargs))
+                # (the system prompt's example call is text: with this tokenizer <tool_call> is special)
+                assert ep.token_ids[start:turn.span[0]] == encode_chat(
+                    tokenizer, render(tokenizer, mark_messages(tokenizer, chat), add_generation_prompt=True, **kwargs))
         else:
             assert ep.row_starts == []
     compose_rewards(episodes, {"goal": 1.0})

@@ -1,0 +1,124 @@
+"""Text from envs, tools, datasets and models is never parsed into special tokens.
+
+A chat template's own structure (``<|im_start|>``, ``<|im_end|>``, ...) must become special
+tokens, but the same strings inside a message (an env that echoes an invalid action, a web
+page, a tool's output, a reply that spells one out) must stay text: else an observation can
+close its turn and open a system message of its own, and SFT trains a model on end-of-turn
+tokens it never sampled.
+
+So every entry point that renders messages first *marks* them: each special token's string
+inside a message's text is replaced by a private-use character that stands for it
+(:func:`mark_messages`). The template renders the marked text as it would the original, and
+:func:`encode_marked` encodes the result: the special tokens still in it are the template's
+own, and the pieces between them are encoded with no special token parsed, the marks turned
+back into the strings they stand for. A text with no mark encodes exactly as
+:func:`omrl.chat.render.encode_text` encodes it, so chats without such strings are unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+from typing import Any, Sequence
+
+MARK_BASE = 0xF0000  # Supplementary Private Use Area-A: no tokenizer or text uses it for anything
+
+
+class _Marks:
+    """One tokenizer's special-token strings, the mark of each, and how to find them."""
+
+    __slots__ = ("specials", "ids", "to_mark", "from_mark", "find_special", "find_mark", "__weakref__")
+
+    def __init__(self, tokenizer: Any) -> None:
+        added = (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
+        pairs = sorted(((str(t), int(i)) for i, t in added if getattr(t, "special", False) and str(t)),
+                       key=lambda pair: -len(pair[0]))  # longest first: one special may contain another
+        self.specials = [s for s, _ in pairs]
+        self.ids = dict(pairs)
+        self.to_mark = {s: chr(MARK_BASE + i) for i, s in enumerate(self.specials)}
+        self.from_mark = {mark: s for s, mark in self.to_mark.items()}
+        self.find_special = re.compile("|".join(map(re.escape, self.specials))) if self.specials else None
+        self.find_mark = re.compile("[" + "".join(self.from_mark) + "]") if self.specials else None
+
+
+_MARKS: "weakref.WeakKeyDictionary[Any, _Marks]" = weakref.WeakKeyDictionary()
+
+
+def _marks(tokenizer: Any) -> _Marks:
+    try:
+        marks = _MARKS.get(tokenizer)
+        if marks is None or len(marks.ids) != _special_count(tokenizer):
+            marks = _MARKS[tokenizer] = _Marks(tokenizer)
+        return marks
+    except TypeError:  # not weakly referenceable: build each time
+        return _Marks(tokenizer)
+
+
+def _special_count(tokenizer: Any) -> int:
+    return sum(1 for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+               if getattr(t, "special", False))
+
+
+def mark(tokenizer: Any, text: str) -> str:
+    """``text`` with every special token's string replaced by its mark (a no-op on marked text)."""
+    marks = _marks(tokenizer)
+    if marks.find_special is None or not isinstance(text, str):
+        return text
+    return marks.find_special.sub(lambda m: marks.to_mark[m.group()], text)
+
+
+def mark_messages(tokenizer: Any, messages: Sequence[dict]) -> list[dict]:
+    """The messages with their text marked: content, reasoning, a tool message's name and each tool
+    call's name and arguments (the template's roles and keys are structure, not text)."""
+    return [_mark_message(tokenizer, m) for m in messages]
+
+
+def _mark_message(tokenizer: Any, message: dict) -> dict:
+    out = dict(message)
+    for key in ("content", "reasoning_content", "thinking", "name"):
+        if isinstance(out.get(key), str):
+            out[key] = mark(tokenizer, out[key])
+    if out.get("tool_calls"):
+        out["tool_calls"] = [_mark_value(tokenizer, call) for call in out["tool_calls"]]
+    return out
+
+
+def _mark_value(tokenizer: Any, value: Any) -> Any:
+    if isinstance(value, str):
+        return mark(tokenizer, value)
+    if isinstance(value, dict):
+        return {key: _mark_value(tokenizer, item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_mark_value(tokenizer, item) for item in value]
+    return value
+
+
+def unmark(tokenizer: Any, text: str) -> str:
+    """``text`` with its marks turned back into the special-token strings they stand for."""
+    marks = _marks(tokenizer)
+    if marks.find_mark is None:
+        return text
+    return marks.find_mark.sub(lambda m: marks.from_mark[m.group()], text)
+
+
+def encode_plain(tokenizer: Any, text: str) -> list[int]:
+    """Ids of ``text`` with no special token parsed (a special token's string is encoded as text)."""
+    if not text:
+        return []
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
+def encode_marked(tokenizer: Any, text: str, encode: Any) -> list[int]:
+    """Ids of a rendered, marked chat: the special tokens in ``text`` are the template's and become their
+    ids; the text between them is encoded with none parsed, its marks restored. ``encode`` encodes a
+    text without marks (:func:`omrl.chat.render.encode_text`), exactly as before marks existed."""
+    marks = _marks(tokenizer)
+    if marks.find_mark is None or not marks.find_mark.search(text):
+        return encode(tokenizer, text)
+    ids: list[int] = []
+    start = 0
+    for special in marks.find_special.finditer(text):  # type: ignore[union-attr]
+        ids += encode_plain(tokenizer, unmark(tokenizer, text[start:special.start()]))
+        ids.append(marks.ids[special.group()])
+        start = special.end()
+    return ids + encode_plain(tokenizer, unmark(tokenizer, text[start:]))
