@@ -22,14 +22,17 @@ import weakref
 from typing import Any, Sequence
 
 MARK_BASE = 0xF0000  # Supplementary Private Use Area-A: no tokenizer or text uses it for anything
+MEMO_TEXTS = 4096  # marked texts remembered per tokenizer (forgotten all at once when full)
 
 
 class _Marks:
     """One tokenizer's special-token strings, the mark of each, and how to find them."""
 
-    __slots__ = ("specials", "ids", "to_mark", "from_mark", "find_special", "find_mark", "__weakref__")
+    __slots__ = ("size", "specials", "ids", "to_mark", "from_mark", "find_special", "find_mark", "marked",
+                 "__weakref__")
 
     def __init__(self, tokenizer: Any) -> None:
+        self.size = len(tokenizer)  # tokens added later make these stale
         added = (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
         pairs = sorted(((str(t), int(i)) for i, t in added if getattr(t, "special", False) and str(t)),
                        key=lambda pair: -len(pair[0]))  # longest first: one special may contain another
@@ -39,6 +42,9 @@ class _Marks:
         self.from_mark = {mark: s for s, mark in self.to_mark.items()}
         self.find_special = re.compile("|".join(map(re.escape, self.specials))) if self.specials else None
         self.find_mark = re.compile("[" + "".join(self.from_mark) + "]") if self.specials else None
+        # text -> marked text: a chat's earlier messages are the same strings every turn (and a str
+        # caches its hash), so marking a long history costs a lookup per message, not a scan
+        self.marked: dict[str, str] = {}
 
 
 _MARKS: "weakref.WeakKeyDictionary[Any, _Marks]" = weakref.WeakKeyDictionary()
@@ -47,16 +53,11 @@ _MARKS: "weakref.WeakKeyDictionary[Any, _Marks]" = weakref.WeakKeyDictionary()
 def _marks(tokenizer: Any) -> _Marks:
     try:
         marks = _MARKS.get(tokenizer)
-        if marks is None or len(marks.ids) != _special_count(tokenizer):
+        if marks is None or marks.size != len(tokenizer):
             marks = _MARKS[tokenizer] = _Marks(tokenizer)
         return marks
     except TypeError:  # not weakly referenceable: build each time
         return _Marks(tokenizer)
-
-
-def _special_count(tokenizer: Any) -> int:
-    return sum(1 for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
-               if getattr(t, "special", False))
 
 
 def mark(tokenizer: Any, text: str) -> str:
@@ -64,20 +65,30 @@ def mark(tokenizer: Any, text: str) -> str:
     marks = _marks(tokenizer)
     if marks.find_special is None or not isinstance(text, str):
         return text
-    return marks.find_special.sub(lambda m: marks.to_mark[m.group()], text)
+    done = marks.marked.get(text)
+    if done is None:
+        if len(marks.marked) >= MEMO_TEXTS:
+            marks.marked.clear()
+        done = marks.marked[text] = marks.find_special.sub(lambda m: marks.to_mark[m.group()], text)
+    return done
 
 
 def mark_messages(tokenizer: Any, messages: Sequence[dict]) -> list[dict]:
     """The messages with their text marked: content, reasoning, a tool message's name and each tool
     call's name and arguments (the template's roles and keys are structure, not text)."""
+    _marks(tokenizer)  # fresh, once for all the messages
     return [_mark_message(tokenizer, m) for m in messages]
+
+
+TEXT_KEYS = ("content", "reasoning_content", "thinking", "name")
 
 
 def _mark_message(tokenizer: Any, message: dict) -> dict:
     out = dict(message)
-    for key in ("content", "reasoning_content", "thinking", "name"):
-        if isinstance(out.get(key), str):
-            out[key] = mark(tokenizer, out[key])
+    for key in TEXT_KEYS:
+        value = out.get(key)
+        if value.__class__ is str:
+            out[key] = mark(tokenizer, value)
     if out.get("tool_calls"):
         out["tool_calls"] = [_mark_value(tokenizer, call) for call in out["tool_calls"]]
     return out
