@@ -162,6 +162,11 @@ class Env(ABC):
         """Continue the episode that :meth:`snapshot` returned ``state`` for, on this instance."""
         raise NotImplementedError(f"{type(self).__name__} cannot restore an episode")
 
+    def end_episode(self) -> None:
+        """The episode this instance played is over, finished or cut short (a turn cap, a full
+        context); the next call, if any, is a reset. An env whose episode holds something outside
+        the process (a server-side env) frees it here, at once; the default holds nothing."""
+
     def close(self) -> None:
         """Free what the instance holds (connections, processes)."""
 

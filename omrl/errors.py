@@ -1,5 +1,6 @@
 """Errors that the CLI reports as one line, without a traceback (unless --debug)."""
 
+import errno
 import reprlib
 
 
@@ -33,6 +34,36 @@ class Interrupted(KeyboardInterrupt):
 class EnvFailure(OmrlError):
     """Every episode of a run failed in its env (a server down, a simulator crashed): nothing the
     model did was measured, so the run is no result."""
+
+
+class WriteFailed(OmrlError):
+    """A file could not be written because of the machine (a full disk, a used-up quota, an I/O
+    error): not a bug, and the message says what to free or fix."""
+
+
+class DamagedModelError(OmrlError):
+    """A model directory whose files are not the ones written (its manifest disagrees) or cannot
+    be read (a cut or garbled weights file)."""
+
+
+# how torch, safetensors and the OS word a write the machine could not do: torch and safetensors
+# raise RuntimeError or their own error types, not OSError, so the errno is only in the text
+_WRITE_FAILURES = {"no space left on device": "the disk is full", "storagefull": "the disk is full",
+                   "disk quota exceeded": "the disk quota is used up", "input/output error": "an I/O error",
+                   "read-only file system": "the file system is read-only",
+                   "file write failed": "the write failed (is the disk full?)",
+                   "unexpected pos": "the write failed (is the disk full?)"}
+_WRITE_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+                 errno.EIO: "an I/O error", errno.EROFS: "the file system is read-only"}
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """What the machine failed at when ``exc`` is a write it could not do (``"the disk is full"``),
+    else None: the error is then omrl's own and must not be dressed up as the machine's."""
+    if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+        return _WRITE_ERRNOS[exc.errno]
+    text = str(exc).lower()
+    return next((what for words, what in _WRITE_FAILURES.items() if words in text), None)
 
 
 _SHORT = reprlib.Repr()

@@ -8,9 +8,11 @@ succeeded, pass@k = 1 - C(n - c, k) / C(n, k), averaged over tasks.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from omrl.data.trajectory import END_REASONS, Episode, to_json
 from omrl.errors import OmrlError
@@ -43,36 +45,121 @@ def ks_for(samples: int) -> list[int]:
     return [*ks, samples]
 
 
+def measured(episodes: Sequence[Episode]) -> list[Episode]:
+    """The episodes that measured the model: all but those that failed in the env (``env_error``: a
+    server down, a simulator crash), which say nothing of the model and count as neither win nor loss."""
+    return [ep for ep in episodes if ep.end_reason != "env_error"]
+
+
+def env_error_reasons(episodes: Sequence[Episode], limit: int = 3) -> list[str]:
+    """The first ``limit`` distinct reasons episodes failed in the env, each with how many share it and
+    the first task it hit (``"3 episodes, from task 2: connection refused"``)."""
+    counts: Counter[str] = Counter()
+    first_task: dict[str, int] = {}
+    for ep in episodes:
+        if ep.end_reason == "env_error":
+            reason = ep.error or "no reason given"
+            counts[reason] += 1
+            first_task.setdefault(reason, ep.task_id)
+    lines = [f"{n} episode{'s' if n > 1 else ''}, from task {first_task[reason]}: {reason}"
+             for reason, n in counts.items()]
+    return lines[:limit] + ([f"... and {len(lines) - limit} other reasons"] if len(lines) > limit else [])
+
+
+def check_max_env_error_rate(max_rate: float) -> None:
+    """Before any episode plays: the share must be one."""
+    from omrl.errors import ConfigError
+
+    if not 0.0 <= max_rate <= 1.0:
+        raise ConfigError(f"max_env_error_rate must be a share between 0 and 1, got {max_rate!r} (e.g. 0.1: at most "
+                          "one episode in ten may fail in the env)")
+
+
+def check_env_errors(episodes: Sequence[Episode], max_rate: float, where: str) -> None:
+    """Raise EnvFailure when more than ``max_rate`` of ``episodes`` failed in the env ``where``: what is
+    left measures the model on a biased subset of the tasks (the ones the env did not break on)."""
+    from omrl.errors import EnvFailure
+
+    check_max_env_error_rate(max_rate)
+    failed = sum(ep.end_reason == "env_error" for ep in episodes)
+    if not episodes or failed / len(episodes) <= max_rate:
+        return
+    reasons = "; ".join(env_error_reasons(episodes))
+    if failed == len(episodes):
+        raise EnvFailure(f"every one of the {failed} episodes failed in the env {where}, so the model was not "
+                         f"measured; the first reasons: {reasons}")
+    raise EnvFailure(f"{failed} of {len(episodes)} episodes ({100 * failed / len(episodes):.0f}%) failed in the env "
+                     f"{where}, more than max_env_error_rate={max_rate:g} allows; success and scores cover only the "
+                     f"other {len(episodes) - failed}; the first reasons: {reasons}")
+
+
+@contextmanager
+def held_warnings() -> Iterator[list[warnings.WarningMessage]]:
+    """Hold the warnings raised while episodes play, for :func:`replay_warnings` to show once it is
+    known which episodes they speak of (all of them at once when playing fails)."""
+    failed: BaseException | None = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield caught
+        except BaseException as exc:  # noqa: BLE001 - shown, then raised again as it was
+            failed = exc
+    if failed is not None:
+        replay_warnings(caught, [])
+        raise failed
+
+
+def replay_warnings(caught: Sequence[warnings.WarningMessage], episodes: Sequence[Episode]) -> None:
+    """Show held warnings, but not "all rewards are 0" when no episode was measured: the env failed,
+    and that is said on its own (an exit naming the reasons), not as advice to check the reward weights."""
+    from omrl.rewards import ZeroRewardWarning
+
+    for warning in caught:
+        if issubclass(warning.category, ZeroRewardWarning) and episodes and not measured(episodes):
+            continue
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
 def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
-    """Every metric of a set of episodes (one or more samples per task), as a JSON-ready dict."""
+    """Every metric of a set of episodes (one or more samples per task), as a JSON-ready dict.
+
+    Success, score, reward and pass@k are over the :func:`measured` episodes only; ``env_errors``
+    (and ``env_error_rate``) count the others beside them. Counting an env failure as a loss would
+    report a dead server as a weak model.
+    """
     if not episodes:
         raise OmrlError("no episodes to evaluate")
     turns = [t for ep in episodes for t in ep.turns]
     stepped = [t for t in turns if t.action is not None]
+    played = measured(episodes)
     by_task: dict[tuple[str, str, int], list[Episode]] = defaultdict(list)
-    for ep in episodes:
+    for ep in played:
         by_task[(ep.env, ep.split, ep.task_id)].append(ep)
-    samples = min(len(group) for group in by_task.values())
-    n = len(episodes)
+    samples = max((len(group) for group in by_task.values()), default=0)
+    n, m = len(episodes), len(played)
     metrics: dict[str, Any] = {
         "episodes": n,
-        "tasks": len(by_task),
+        "tasks": len({(ep.env, ep.split, ep.task_id) for ep in episodes}),
         "samples_per_task": samples,
-        "success_rate": sum(ep.won for ep in episodes) / n,
-        "mean_score": sum(ep.score for ep in episodes) / n,
-        "mean_reward": sum(ep.total_reward for ep in episodes) / n,
+        "success_rate": _rate(sum(ep.won for ep in played), m),
+        "mean_score": _rate(sum(ep.score for ep in played), m),
+        "mean_reward": _rate(sum(ep.total_reward for ep in played), m),
         "mean_turns": len(turns) / n,
         "invalid_action_rate": _rate(sum(bool(t.info.get("invalid")) for t in stepped), len(stepped)),
         "format_error_rate": _rate(sum(not t.format_ok for t in turns), len(turns)),
         "truncated_turn_rate": _rate(sum(truncated_turns(ep) for ep in episodes), len(turns)),
         "tokens_per_episode": sum(len(ep.token_ids) for ep in episodes) / n,
         "generated_tokens_per_episode": sum(generated_tokens(ep) for ep in episodes) / n,
-        "env_errors": sum(ep.end_reason == "env_error" for ep in episodes),
+        "env_errors": n - m,
+        "env_error_rate": (n - m) / n,
         "not_token_exact": sum(not token_exact(ep) for ep in episodes),
         "end_reasons": {reason: count for reason, count in Counter(ep.end_reason for ep in episodes).items()},
     }
-    for k in ks_for(samples):
-        metrics[f"pass@{k}"] = sum(pass_at_k(len(g), sum(ep.won for ep in g), k) for g in by_task.values()) / len(by_task)
+    if not by_task:  # every episode failed in the env: nothing to estimate pass@k from
+        return metrics
+    for k in ks_for(samples):  # a task whose env failed some samples counts where it has k measured ones
+        groups = [g for g in by_task.values() if len(g) >= k]
+        metrics[f"pass@{k}"] = sum(pass_at_k(len(g), sum(ep.won for ep in g), k) for g in groups) / len(groups)
     metrics[f"best_of_{samples}_score"] = sum(max(ep.score for ep in g) for g in by_task.values()) / len(by_task)
     return metrics
 
@@ -88,7 +175,7 @@ def metrics_table(metrics: dict[str, Any], title: str = "evaluation"):
     table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    percent = {"success_rate", "invalid_action_rate", "format_error_rate", "truncated_turn_rate"}
+    percent = {"success_rate", "invalid_action_rate", "format_error_rate", "truncated_turn_rate", "env_error_rate"}
     for key, value in metrics.items():
         if key == "end_reasons":
             for reason in sorted(value, key=lambda r: END_REASONS.index(r) if r in END_REASONS else 99):

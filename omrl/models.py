@@ -25,13 +25,15 @@ import torch
 import yaml
 
 from omrl.builtin_models import BUILTIN_MODELS, tuned_for
-from omrl.errors import OmrlError
+from omrl.errors import DamagedModelError, OmrlError
 
 DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_TOKENIZER_DIR = Path(__file__).parent / "assets" / "tiny_tokenizer"
 WEBSHOP_DELTA = Path(__file__).parent / "assets" / "smollm2-135m-webshop.delta.safetensors"
 _DELTA_DIGEST = "omrl_delta.sha256"  # beside a model built from a delta: which delta it was
+#: beside a run's final model: the sha256 of each of its files (see :func:`check_model_files`)
+MODEL_MANIFEST = "omrl_model.sha256"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -55,12 +57,62 @@ def resolve_model_path(name_or_path: str) -> str:
         if not (path / "config.json").exists():
             raise OmrlError(f"model directory {path} has no config.json; expected a Hugging Face model "
                             f"directory, or a built-in name: {', '.join(BUILTIN_MODELS)}")
+        check_model_files(path)
         return str(path)
     looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
     if looks_like_path or "/" not in name_or_path:
         raise OmrlError(f"model {name_or_path!r} not found: no such directory, and not a built-in "
                         f"name ({', '.join(BUILTIN_MODELS)}) or an 'org/name' hub id")
     return name_or_path  # a hub id; transformers reports if it is not cached offline
+
+
+_checked: dict[Path, tuple] = {}  # model directories found intact, by what their files looked like then
+
+
+def check_model_files(path: str | os.PathLike) -> None:
+    """DamagedModelError naming the file when model directory ``path`` is not as omrl wrote it, or
+    when a weights file of it is cut or garbled.
+
+    Checked against the manifest omrl writes: :data:`MODEL_MANIFEST` beside a run's final model,
+    or, for a checkpoint's ``model/``, the digests in the checkpoint's COMPLETE marker. A directory
+    with neither (any Hugging Face model, an older omrl's final model) has nothing to check against: only
+    its weights files' headers and lengths are (a flipped byte inside a tensor goes unseen there).
+    Each directory is checked once a process while its files' sizes and times stay the same.
+    """
+    from omrl.training.checkpoint import manifest_damage
+
+    path = Path(path).resolve()
+    seen = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.iterdir()) if p.is_file())
+    if _checked.get(path) == seen:
+        return
+    manifest = _manifest_of(path)
+    problem = None if manifest is None else manifest_damage(manifest[0], manifest[1])
+    if problem is not None:
+        raise DamagedModelError(f"model {path} is damaged: {problem} (checked against {manifest[2]}); restore "
+                                "the file from a copy or retrain; a run's checkpoints hold earlier weights "
+                                "(<run>/checkpoints/step-*/model)")
+    unreadable = _unreadable(str(path))
+    if unreadable is not None:
+        raise DamagedModelError(f"cannot read the weights of model {path}: {unreadable}; the file is damaged "
+                                "or cut: write or download it again")
+    _checked[path] = seen
+
+
+def _manifest_of(path: Path) -> tuple[Path, list[str], Path] | None:
+    """(the directory its names are relative to, the manifest lines, the file holding them) for model
+    directory ``path``: its own :data:`MODEL_MANIFEST`, or as a checkpoint's ``model/`` the lines of
+    the checkpoint's COMPLETE marker about it; None when it has no manifest."""
+    from omrl.training.checkpoint import COMPLETE_MARKER
+
+    if (path / MODEL_MANIFEST).is_file():
+        lines = (path / MODEL_MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()
+        return path, [line for line in lines if line], path / MODEL_MANIFEST
+    marker = path.parent / COMPLETE_MARKER
+    if path.name == "model" and marker.is_file():
+        lines = [line for line in marker.read_text(encoding="utf-8", errors="replace").splitlines()
+                 if line.startswith("sha256 ") and line.split(" ", 2)[-1].startswith("model/")]
+        return (path.parent, lines, marker) if lines else None
+    return None
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
@@ -79,6 +131,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device: str | None = None,
                trust_remote_code: bool = False, **kwargs: Any):
     """Load ``(model, tokenizer)`` from a built-in name, a local directory or a hub id."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     if dtype not in _DTYPES:
@@ -89,9 +142,25 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device
             path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs)
     except OSError as exc:
         raise OmrlError(f"cannot load model {name_or_path!r}: {exc}") from exc
+    except SafetensorError as exc:  # not an OSError: a cut or garbled weights file
+        raise DamagedModelError(f"cannot read the weights of model {name_or_path!r}: {_unreadable(path) or exc}; "
+                                "the file is damaged or cut: write or download it again") from exc
     if device:
         model.to(device)
     return model, load_tokenizer(name_or_path, trust_remote_code)
+
+
+def _unreadable(directory: str) -> str | None:
+    """``<file>: <why>`` for the first weights file in ``directory`` whose header cannot be read, or None."""
+    from safetensors import safe_open
+
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - whatever safetensors raises is the answer
+            return f"{file}: {exc}"
+    return None
 
 
 def _build_atomically(target: Path, builder) -> None:

@@ -125,6 +125,9 @@ class RolloutRunConfig:
     group_size: int = opt(1, "Samples per task.")
     use_expert: bool = opt(False, "Play the env's scripted expert instead of a model.")
     output: str = opt("rollouts/trajectories.parquet", "Trajectory parquet (a .jsonl of readable episodes goes beside it).")
+    max_env_error_rate: float = opt(0.1, "Largest share of episodes that may fail in the env (a server down, a "
+                                         "simulator crash: end_reason env_error) before the command exits non-zero "
+                                         "(status 2); they never count as the model's losses.")
     strategy: str = opt("chain", "Rollout strategy (see `omrl plugins --kind strategy`); its options in "
                                  "plugins.<name>.")
     budget: int = opt(0, "Model tokens each task's search may generate (0: no limit).")
@@ -146,6 +149,9 @@ class EvalRunConfig:
     num_tasks: int = opt(5, "Tasks to evaluate (from the start of the split).")
     samples_per_task: int = opt(1, "Samples per task for pass@k and best-of-N (k <= this).")
     report: str = opt("", "JSON report path (default: beside the model, or eval_report.json).")
+    max_env_error_rate: float = opt(0.1, "Largest share of episodes that may fail in the env (a server down, a "
+                                         "simulator crash: end_reason env_error) before the command exits non-zero "
+                                         "(status 2); they never count as the model's losses.")
     strategy: str = opt("chain", "Rollout strategy (see `omrl plugins --kind strategy`); its options in "
                                  "plugins.<name>.")
     budget: int = opt(0, "Model tokens each task's search may generate (0: no limit).")

@@ -166,10 +166,11 @@ def compose_rewards(episodes: Sequence[Episode], weights: dict[str, float],
     n = max(len(episodes), 1)
     means = {name: sum(sum(v) for v in values) / n for name, values in components.items()}
     means[TOTAL] = sum(sum(ep.rewards[TOTAL]) for ep in episodes) / n
-    if (len(episodes) >= ZERO_WARNING_MIN_EPISODES and any(weights.values())
-            and all(v == 0.0 for ep in episodes for v in ep.rewards[TOTAL])):
+    played = [ep for ep in episodes if ep.end_reason != "env_error"]  # an env that failed measured nothing
+    if (len(played) >= ZERO_WARNING_MIN_EPISODES and any(weights.values())
+            and all(v == 0.0 for ep in played for v in ep.rewards[TOTAL])):
         warnings.warn(
-            f"all rewards are 0 over {len(episodes)} episodes (components: {', '.join(weights)}) — "
+            f"all rewards are 0 over {len(played)} episodes (components: {', '.join(weights)}) — "
             "check the env's score (Episode.score / Episode.won) and the reward weights",
             ZeroRewardWarning, stacklevel=2)
     return means

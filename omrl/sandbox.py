@@ -27,10 +27,18 @@ standard library):
   mounts are nosuid anyway). So it cannot chroot out, remount, raise its limits or signal another
   run; the kernel also refuses a chrooted process a new user namespace, the usual way back to
   capabilities.
-- **Limits** (rlimits, set before the program starts): address space (``memory_mb``), CPU seconds
-  (``cpu_time_s``, SIGXCPU), processes and threads (``max_processes``: RLIMIT_NPROC counts the uid's
-  processes, which root's would not be, and each run has its own uid), file size (``max_file_mb``,
-  SIGXFSZ or EFBIG), open files, no core files.
+- **Limits** (rlimits, set before the program starts): memory (``memory_mb``, for the run as a
+  whole: see below), CPU seconds (``cpu_time_s``, SIGXCPU), processes and threads
+  (``max_processes``: RLIMIT_NPROC counts the uid's processes, which root's would not be, and each
+  run has its own uid), file size (``max_file_mb``, SIGXFSZ or EFBIG), open files, no core files.
+- **Memory, in total**: rlimits are per process, and a run may have ``max_processes`` of them, so
+  each gets an equal share: its address space (RLIMIT_AS) is ``memory_mb / max_processes``. As
+  RLIMIT_NPROC caps the run's processes and threads together at ``max_processes``, and threads
+  share their process's address space, the address space of all the run's processes together
+  never passes ``memory_mb`` (at the defaults 512 MB: 8 processes of 64 MB). A program that needs
+  one big process asks for fewer processes (``max_processes=1`` gives it all of ``memory_mb``).
+  This holds on any Linux; no cgroup is used (see below). A share below
+  :data:`MIN_PROCESS_MB` is refused, since Python alone needs about 17 MB of address space.
 - **Wall time**: at ``timeout_s`` the whole process group is killed. The helper is the PID
   namespace's init, and when it dies the kernel kills everything else in the namespace, so a
   program cannot outlive its run by forking or by leaving the process group. The helper also kills
@@ -48,8 +56,10 @@ What is not isolated:
 
 - The kernel is shared. This contains buggy, greedy or curious code; it is not a VM and a kernel
   exploit gets out.
-- Memory is limited per process, not in total: ``max_processes * memory_mb`` bounds a run. No
-  cgroup is used, so the CPU is not shared out fairly either, only limited in time.
+- Memory is bounded as address space, which is more than the memory really used (a thread's
+  stack and malloc arena are reserved whole), so the bound is strict rather than exact. Memory
+  the kernel keeps for the run (page tables, pipe buffers) is not counted. No cgroup is used, so
+  the CPU is not shared out fairly either, only limited in time (``cpu_time_s`` per process).
 - The scratch tmpfs is in RAM: ``disk_mb`` of it counts against the host's memory.
 - Software under ``/usr`` is readable, and ``/proc`` shows the host's CPU, memory, uptime and kernel
   version. Python comes with its standard library and whatever its base install holds (pip, say);
@@ -91,6 +101,7 @@ _NAMESPACES = ("net", "mnt", "pid", "ipc", "uts")  # what _UNSHARE_FLAGS must ha
 _UID_BASE, _UID_SPAN = 200_000_000, 800_000_000  # far above any uid a distribution hands out
 _KILL_GRACE_S = 5.0  # after killing the group, wait this long at most for the pipes to close
 _CUT_NOTE = b"\n[omrl sandbox: output truncated after %d bytes]\n"
+MIN_PROCESS_MB = 32  # the least address space a process of a run gets: Python starts in about 17 MB
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ def run_sandboxed(
     timeout_s: float = 10.0,
     cpu_time_s: int | None = None,
     memory_mb: int = 512,
-    max_processes: int = 32,
+    max_processes: int = 8,
     max_file_mb: int = 16,
     disk_mb: int = 64,
     max_output_bytes: int = 64 * 1024,
@@ -134,7 +145,8 @@ def run_sandboxed(
     :param stdin: fed to the program's stdin, which is then closed.
     :param timeout_s: wall-clock limit; the whole run is killed when it is reached.
     :param cpu_time_s: CPU-seconds limit per process; default: ``timeout_s`` rounded up.
-    :param memory_mb: address-space limit per process.
+    :param memory_mb: address space of the whole run, all its processes together; each process
+        gets ``memory_mb / max_processes`` of it (at least :data:`MIN_PROCESS_MB`).
     :param max_processes: processes and threads the run may have at once.
     :param max_file_mb: the largest file it may write.
     :param disk_mb: size of its scratch dir, all files together.
@@ -147,6 +159,7 @@ def run_sandboxed(
                         ("max_file_mb", max_file_mb), ("disk_mb", disk_mb), ("max_output_bytes", max_output_bytes)]:
         if value <= 0:
             raise OmrlError(f"run_sandboxed: {name} must be positive, got {value}")
+    process_bytes = _process_share(memory_mb, max_processes)
     unshare = _check_host()
     spec = {
         "argv": argv,
@@ -157,6 +170,7 @@ def run_sandboxed(
         "timeout_s": timeout_s,
         "cpu_time_s": int(cpu_time_s or math.ceil(timeout_s)),
         "memory_mb": memory_mb,
+        "process_memory_bytes": process_bytes,
         "max_processes": max_processes,
         "max_file_mb": max_file_mb,
         "disk_mb": disk_mb,
@@ -179,6 +193,19 @@ def _program(command: str | Sequence[str], language: str) -> tuple[list[str], st
     if language == "shell":
         return ["/bin/sh", "-c", command], None
     raise OmrlError(f"run_sandboxed: unknown language {language!r}; valid: {', '.join(LANGUAGES)}")
+
+
+def _process_share(memory_mb: int, max_processes: int) -> int:
+    """Each process's address space in bytes: an equal share of ``memory_mb``, so that the run's
+    ``max_processes`` processes together stay within it; OmrlError when a share is too small to
+    run anything."""
+    share = memory_mb * 1024 * 1024 // max_processes
+    if share < MIN_PROCESS_MB * 1024 * 1024:
+        raise OmrlError(f"run_sandboxed: memory_mb={memory_mb} shared by max_processes={max_processes} leaves "
+                        f"{share / 2**20:.1f} MB a process, under the {MIN_PROCESS_MB} MB a process needs; valid: "
+                        f"memory_mb >= {MIN_PROCESS_MB * max_processes} for {max_processes} processes, or fewer "
+                        "processes")
+    return share
 
 
 def sandbox_python() -> str:

@@ -153,8 +153,8 @@ def _become_sandboxed(spec: dict) -> None:
     import resource
 
     mb = 1024 * 1024
-    limits = {
-        resource.RLIMIT_AS: spec["memory_mb"] * mb,
+    limits = {  # the address space is this process's share of the run's: see omrl.sandbox, "Memory, in total"
+        resource.RLIMIT_AS: spec["process_memory_bytes"],
         resource.RLIMIT_NPROC: spec["max_processes"],
         resource.RLIMIT_FSIZE: spec["max_file_mb"] * mb,
         resource.RLIMIT_NOFILE: 256,

@@ -12,7 +12,11 @@ Every route takes the id under either name. Routes:
 
 - ``GET /`` a greeting.
 - ``POST /create``, with no body or a JSON object -> ``{"id", "instance", "deterministic",
-  "observation", "task_id", "done": false, "reward": 0.0}``. ``deterministic`` is the env's own
+  "idle_timeout", "observation", "task_id", "done": false, "reward": 0.0}``. Ids never repeat
+  across restarts (a start numbers from the microsecond clock, :mod:`omrl.serve_store`), so a
+  client's id from before a restart is unknown here (404), never another client's env;
+  ``idle_timeout`` is the seconds after which an env no call touches is closed (null: never),
+  and a call about it then gets 410 saying so. ``deterministic`` is the env's own
   flag (replaying a task's actions replays its episode: tree search forks such envs by replay).
   A body that names a task (any task field below) resets the new env to it and its episode
   starts; otherwise ``observation`` shows the first task of the env's first split, as AgentGym's
@@ -64,11 +68,13 @@ from typing import Any, Iterator, Sequence
 from omrl.envs import Env, UnknownTaskError, create_env
 from omrl.errors import OmrlError
 from omrl.serve_guard import DEFAULT_MAX_BODY, INSTANCE_HEADER, TOKEN_ENV, Guard, exposure_warning, is_loopback
-from omrl.serve_store import DEFAULT_MAX_ENVS, Opening, Rejected, ServedEnvs, opening_of, with_goal
+from omrl.serve_store import (
+    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_ENVS, Opening, Rejected, ServedEnvs, opening_of, with_goal,
+)
 
-__all__ = ["DEFAULT_MAX_BODY", "DEFAULT_MAX_ENVS", "ENV_IDX_PREFIX", "INSTANCE_HEADER", "TASK_FIELDS", "TOKEN_ENV",
-           "Rejected", "ServedEnvs", "background_server", "create_app", "exposure_warning", "is_loopback",
-           "open_env", "run_server", "with_goal"]
+__all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_BODY", "DEFAULT_MAX_ENVS", "ENV_IDX_PREFIX", "INSTANCE_HEADER",
+           "TASK_FIELDS", "TOKEN_ENV", "Rejected", "ServedEnvs", "background_server", "create_app", "exposure_warning",
+           "is_loopback", "open_env", "run_server", "with_goal"]
 
 ENV_IDX_PREFIX = "/env_idx"
 ID_FIELDS = ("id", "env_idx")
@@ -157,11 +163,13 @@ class _Preview:
 
 
 def create_app(name: str, options: dict[str, Any] | None = None, *, token: str | None = None,
-               max_envs: int = DEFAULT_MAX_ENVS, max_body: int = DEFAULT_MAX_BODY):
+               max_envs: int = DEFAULT_MAX_ENVS, max_body: int = DEFAULT_MAX_BODY,
+               idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT):
     """A FastAPI app serving env ``name`` built with ``options``; bad options fail here, at once.
 
     ``token``: every request must carry ``Authorization: Bearer <token>``; ``max_envs`` caps the
-    live envs, ``max_body`` the bytes of a request body. ``app.state.envs`` holds the envs.
+    live envs, ``max_body`` the bytes of a request body; envs no call touched for ``idle_timeout``
+    seconds are closed (None or 0: never). ``app.state.envs`` holds the envs.
     """
     fastapi, _ = _require_server_packages()
     from fastapi.exceptions import RequestValidationError
@@ -172,12 +180,14 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
         raise OmrlError("the server token must be a non-empty string")
     if max_envs < 1 or max_body < 1:
         raise OmrlError(f"max_envs and max_body must be >= 1, got {max_envs} and {max_body}")
+    if idle_timeout is not None and not (isinstance(idle_timeout, (int, float)) and idle_timeout >= 0):
+        raise OmrlError(f"idle_timeout must be a number of seconds >= 0 (0: never), got {idle_timeout!r}")
     options = dict(options or {})
     catalog = open_env(name, options)  # answers /tasks; also checks the options before serving
     catalog_lock = threading.Lock()
     preview = _Preview(catalog, catalog_lock)
     deterministic = getattr(catalog, "deterministic", False) is True
-    served = ServedEnvs(name, lambda: type(catalog)(**options), max_envs)
+    served = ServedEnvs(name, lambda: type(catalog)(**options), max_envs, idle_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -227,7 +237,8 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
                     served.close(env_id)
                 raise
         return {"id": env_id, "instance": served.instance, "deterministic": deterministic,
-                "observation": opening.shown if opening else "", "task_id": opening.task_id if opening else None,
+                "idle_timeout": served.idle_timeout, "observation": opening.shown if opening else "",
+                "task_id": opening.task_id if opening else None,
                 "done": False, "reward": 0.0}
 
     @app.post("/create")

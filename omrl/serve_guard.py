@@ -6,8 +6,9 @@ Guards, in this order (the first that fails answers ``{"error": message}`` with 
   request must carry ``Authorization: Bearer <token>``, else 401;
 - restarts: each start of the server draws a new instance name, sent in the ``X-Omrl-Instance``
   header of every answer and in the ``/create`` answer. A request that names another instance in
-  that header gets 410: its id was handed out before a restart and may now be another client's
-  env (a restarted server numbers its ids from 0 again). omrl's ``agentgym`` client sends it;
+  that header gets 410: its id was handed out before a restart. omrl's ``agentgym`` client sends
+  it; any other client's stale id is unknown to a restarted server (404), since a start never
+  hands out an earlier start's ids (:mod:`omrl.serve_store`);
 - bodies over ``max_body`` bytes (1 MiB) get 413 unread.
 
 Also here: whether a listening address is reachable from other machines, and what to tell the
@@ -68,8 +69,7 @@ class Guard:
         claimed = headers.get(INSTANCE_HEADER.lower().encode())
         if claimed is not None and claimed.decode("latin-1") != instance:
             return 410, (f"this server restarted: env ids of instance {claimed.decode('latin-1')[:40]!r} are gone "
-                         f"(this is instance {instance!r}), and the same number may now be another client's "
-                         "env; create a new env")
+                         f"(this is instance {instance!r}); create a new env")
         declared = headers.get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.max_body:
             return 413, self._too_large()

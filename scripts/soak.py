@@ -2,13 +2,17 @@
 
     python scripts/soak.py --episodes 300 --seed 0
 
-Each server is `omrl env serve gridworld` (its app, run by uvicorn in a thread of this process, on
-127.0.0.1 only) wrapped in a layer that injects faults at random: answers HTTP 500 or garbage or
+Each server is `omrl env serve gridworld` or, every other one, a gridworld server that behaves as
+AgentGym's do (:func:`agentgym_like_app`: ids from 0 at each start, a bare ``false`` under HTTP 200
+for an id it does not hold, no instance name), run by uvicorn in a thread of this process on
+127.0.0.1 only and wrapped in a layer that injects faults at random: answers HTTP 500 or garbage or
 ``{"error": ...}``, loses an answer after the env acted, slows down, or puts NaN, infinities and
 mistyped values into step answers. Meanwhile a chaos thread kills servers (a new one comes up on
-the same port, numbering env ids from 0 again, as a restarted process would) and pauses them
-(every request waits, longer than the client's timeout at times). Episodes are played by omrl's
-own rollout loop (`collect`, as training does) with a random policy or the served env's expert.
+the same port, as a restarted process would) and pauses them (every request waits, longer than
+the client's timeout at times), and every server restarts once right after answering its 6th step
+(``--mid-episode-after``), so episodes are sure to be cut mid-way while new ones start. Episodes
+are played by omrl's own rollout loop (`collect`, as training does) with a random policy or the
+served env's expert.
 
 Invariants checked (the script exits 1 when one breaks, naming it):
 
@@ -17,7 +21,8 @@ Invariants checked (the script exits 1 when one breaks, naming it):
 - a finished episode's rewards and score are finite numbers and ``won`` is a boolean;
 - no client ever acts on an env that another client created: the fault layer records which
   client created each env id of each start of a server, and which client each call about an id comes
-  from; a call the server refuses as coming from before a restart (410) does not count.
+  from; a call the server refuses as not its env (410 from omrl's server, ``false`` from an
+  AgentGym-like one) does not count.
 
 Every loop is bounded: episodes by ``--episodes``, each batch by a deadline, the chaos thread by
 the run's end, every HTTP call by the client's timeout and retries.
@@ -56,8 +61,9 @@ FAULTS = {"http500": 3, "garbage": 2, "error": 2, "nonfinite": 3, "lost": 2, "sl
 NONFINITE = ({"reward": float("nan")}, {"reward": float("inf")}, {"score": float("-inf")},
              {"done": "yes"}, {"won": 1}, {"reward": "0.5"})
 #: failure reasons, grouped by the first of these words their message holds
-REASON_KINDS = ("restarted", "no longer knows", "is over", "cannot connect", "timed out", "Timeout", "not JSON",
-                "finite number", "true or false", "HTTP 500", "injected", "not resent", "malformed")
+REASON_KINDS = ("another client's env", "answered false", "restarted", "no longer knows", "is over", "cannot connect",
+                "timed out", "Timeout", "not JSON", "finite number", "true or false", "HTTP 500", "injected",
+                "not resent", "malformed")
 
 
 @dataclass
@@ -71,6 +77,14 @@ class Chaos:
     owners: dict[tuple[str, int], str] = field(default_factory=dict)  # (server, env id) -> client
     paused_until: dict[int, float] = field(default_factory=dict)  # port -> monotonic time
     lock: threading.Lock = field(default_factory=threading.Lock)
+    mid_episode_after: int = 0  # each server restarts right after answering this many steps (0: never)
+    steps: Counter = field(default_factory=Counter)  # server name -> steps it answered over all its starts
+
+    def stepped(self, server: str) -> bool:
+        """Count a step ``server`` answered; True for the one after which it restarts mid-episode."""
+        with self.lock:
+            self.steps[server] += 1
+            return self.steps[server] == self.mid_episode_after
 
     def draw(self, path: str) -> str | None:
         """The fault for one request, or None."""
@@ -106,11 +120,13 @@ class Chaos:
 class FaultyApp:
     """ASGI layer around an env server's app: injects faults and records who uses which env."""
 
-    def __init__(self, inner, chaos: Chaos, port: int, incarnation: str):
+    def __init__(self, inner, chaos: Chaos, port: int, incarnation: str, server: str = "", restart=None):
         self.inner = inner
         self.chaos = chaos
         self.port = port
         self.incarnation = incarnation  # which start of the server: ids are numbered per start
+        self.server = server  # which server, over all its starts
+        self.restart = restart  # called (from a thread of its own) to restart this server mid-episode
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -140,7 +156,10 @@ class FaultyApp:
         if scope["path"] == "/create" and status == 200:
             self.chaos.created(self.incarnation, json.loads(payload)["id"], client)
             return
-        if scope["path"] not in ID_ROUTES or status == 410:  # 410: refused, from before a restart
+        if scope["path"] == "/step" and status == 200 and self.restart and self.chaos.stepped(self.server):
+            self.chaos.counts["mid-episode restart"] += 1
+            threading.Thread(target=self.restart, name="soak-restart", daemon=True).start()
+        if scope["path"] not in ID_ROUTES or status == 410 or payload.strip() == b"false":  # refused: not its env
             return
         env_id = _id_of(scope, body)
         if env_id is not None:
@@ -196,13 +215,84 @@ def _id_of(scope, body: bytes) -> int | None:
         return None
 
 
-class Server:
-    """One env server on a fixed loopback port that can be killed and started again."""
+def agentgym_like_app(options: dict[str, Any]):
+    """A gridworld server that behaves as AgentGym's servers do where restarts matter: ids from 0 at
+    each start, a bare ``false`` under HTTP 200 for an id it does not hold, ``{"error"}`` under 200
+    when the env raises, no instance name (a client cannot tell a restart by name). It also answers
+    ``GET /tasks`` and ``GET /expert_action`` as omrl's server does, so the client needs no splits
+    and the expert can play. ``app.state.envs.ids()`` lists the live ids, as on omrl's server."""
+    from fastapi import Body, FastAPI
 
-    def __init__(self, name: str, chaos: Chaos, options: dict[str, Any]):
+    app = FastAPI()
+    app.state.envs = envs = _LiveEnvs()
+    ids, lock, catalog = itertools.count(), threading.Lock(), GridWorld(**options)
+
+    def played(body: dict[str, Any], call) -> Any:
+        env = envs.get(body.get("id")) if isinstance(body, dict) else None
+        if env is None:
+            return False
+        try:
+            return call(env)
+        except Exception as exc:  # noqa: BLE001 - AgentGym's servers answer a raise so
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
+    @app.post("/create")
+    def create(body: Any = Body(None)):
+        with lock:
+            env_id = next(ids)
+            envs[env_id] = GridWorld(**options)
+        return {"id": env_id, "observation": "", "done": False, "reward": 0}
+
+    @app.post("/reset")
+    def reset(body: Any = Body(None)):
+        def start(env):
+            first = env.reset(int(body["data_idx"]))
+            return {"id": body["id"], "observation": first.text, "instruction": first.instruction,
+                    "done": False, "reward": 0}
+        return played(body, start)
+
+    @app.post("/step")
+    def step(body: Any = Body(None)):
+        def move(env):
+            r = env.step(str(body["action"]))
+            return {"observation": r.observation, "reward": r.reward, "done": r.done, "won": r.won, "score": r.score}
+        return played(body, move)
+
+    @app.get("/expert_action")
+    def expert_action(id: int):
+        return played({"id": id}, lambda env: {"action": env.expert_action()})
+
+    @app.post("/close")
+    def close(body: Any = Body(None)):
+        return envs.pop(body.get("id"), None) is not None if isinstance(body, dict) else False
+
+    @app.get("/tasks")
+    def tasks(split: str | None = None):
+        if split is None:
+            return {"env": "gridworld", "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
+                    "action_help": catalog.action_help, "max_turns": catalog.max_turns}
+        ids = catalog.split_of(split)
+        if isinstance(ids, range):
+            return {"split": split, "range": [ids.start, ids.stop, ids.step]}
+        return {"split": split, "task_ids": [int(t) for t in ids]}
+
+    return app
+
+
+class _LiveEnvs(dict):
+    def ids(self) -> list[int]:
+        return sorted(self)
+
+
+class Server:
+    """One env server on a fixed loopback port that can be killed and started again: ``omrl env
+    serve`` (kind ``omrl``) or :func:`agentgym_like_app` (kind ``agentgym``)."""
+
+    def __init__(self, name: str, chaos: Chaos, options: dict[str, Any], kind: str = "omrl"):
         self.name = name
         self.chaos = chaos
         self.options = options
+        self.kind = kind
         self.port = 0
         self.starts = 0
         self.app: FaultyApp | None = None
@@ -219,10 +309,12 @@ class Server:
             self.chaos.counts["restart"] += 1
 
     def start(self) -> None:
-        """A fresh server process, as it were: a new app, so new envs, ids from 0, a new instance."""
+        """A fresh server process, as it were: a new app, so new envs (an AgentGym-like one numbers
+        them from 0 again; omrl's, above every earlier start's) and a new instance."""
         self.starts += 1
-        label = f"{self.name} start {self.starts}"
-        self.app = app = FaultyApp(create_app("gridworld", self.options), self.chaos, self.port, label)
+        label = f"{self.name} ({self.kind}) start {self.starts}"
+        inner = create_app("gridworld", self.options) if self.kind == "omrl" else agentgym_like_app(self.options)
+        self.app = app = FaultyApp(inner, self.chaos, self.port, label, self.name, lambda: self.restart(down=0.05))
         config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="soak-server", daemon=True)
@@ -327,29 +419,35 @@ def check_batch(report: Report, requested: int, episodes: Sequence[Any]) -> None
 
 def soak(episodes: int = 300, seed: int = 0, servers: int = 2, fault_rate: float = 0.1,
          timeout: float = 0.5, batch: int = 16, chaos_interval: float = 1.0, tokenizer: Any = None,
-         batch_seconds: float = 120.0) -> Report:
+         batch_seconds: float = 120.0, kinds: Sequence[str] = ("omrl", "agentgym"),
+         mid_episode_after: int = 6, pools_per_server: int = 2) -> Report:
     """Play ``episodes`` episodes against ``servers`` faulty servers; the counts and broken invariants.
 
-    Each server has its own clients (a rollout pool kept across batches, as a trainer keeps it);
-    the servers play one batch each at a time, and between rounds a server is sometimes
-    restarted, as one might be between two training steps.
+    Server ``n`` is of kind ``kinds[n % len(kinds)]``. Each server has ``pools_per_server`` sets of
+    clients (rollout pools kept across batches, as trainers sharing a server keep them); each pool
+    plays one batch at a time, all at once,
+    and between rounds a server is sometimes restarted, as one might be between two training
+    steps. Each server restarts once right after answering its ``mid_episode_after``-th step (0: no
+    such restart), while other episodes are mid-way and new ones start (half a batch plays at once):
+    early, while the ids held are low, so the new start soon hands them out again.
     """
     tokenizer = tokenizer or _tiny_tokenizer()
     rng = random.Random(seed)
-    chaos = Chaos(random.Random(seed + 1), fault_rate)
-    farm = [Server(f"server {n}", chaos, {"max_turns": 8}) for n in range(servers)]
+    chaos = Chaos(random.Random(seed + 1), fault_rate, mid_episode_after=mid_episode_after)
+    farm = [Server(f"server {n}", chaos, {"max_turns": 8}, kinds[n % len(kinds)]) for n in range(servers)]
     for server in farm:
         server.start()
     report, started, stop = Report(), time.monotonic(), threading.Event()
     monkey = threading.Thread(target=chaos_monkey, args=(farm, chaos, stop, chaos_interval), daemon=True)
     monkey.start()
-    pools = [EnvPool(_client_class(), {"base_url": s.url, "env_name": "gridworld", "timeout": timeout,
-                                       "retries": 2, "backoff": 0.02}, name="agentgym", num_workers=8) for s in farm]
+    pools = [EnvPool(_client_class(f"{n}.{k}."), {"base_url": s.url, "env_name": "gridworld", "timeout": timeout,
+                                                 "retries": 2, "backoff": 0.02}, name="agentgym", num_workers=8)
+             for n, s in enumerate(farm) for k in range(pools_per_server)]
     try:
         plans = _plan(episodes, batch)
-        for first in range(0, len(plans), len(farm)):
-            seeds = [rng.randrange(1 << 30) for _ in plans[first:first + len(farm)]]
-            if not _play_round(report, pools, plans[first:first + len(farm)], first, seeds, tokenizer, batch_seconds):
+        for first in range(0, len(plans), len(pools)):
+            seeds = [rng.randrange(1 << 30) for _ in plans[first:first + len(pools)]]
+            if not _play_round(report, pools, plans[first:first + len(pools)], first, seeds, tokenizer, batch_seconds):
                 break  # a batch hung: its threads are daemons, the report says so
             if rng.random() < 0.3:
                 farm[rng.randrange(len(farm))].restart(down=rng.uniform(0.0, 0.2))
@@ -369,13 +467,14 @@ def soak(episodes: int = 300, seed: int = 0, servers: int = 2, fault_rate: float
     return report
 
 
-def _client_class() -> type[AgentGymEnv]:
-    """The agentgym client, numbering its instances in a header so the servers can tell clients apart."""
+def _client_class(prefix: str = "") -> type[AgentGymEnv]:
+    """The agentgym client, numbering its instances in a header (after ``prefix``, one per pool) so
+    the servers can tell clients apart."""
     numbers = itertools.count()
 
     class SoakClient(AgentGymEnv):
         def __init__(self, **options: Any):
-            super().__init__(headers={CLIENT_HEADER: str(next(numbers))}, **options)
+            super().__init__(headers={CLIENT_HEADER: f"{prefix}{next(numbers)}"}, **options)
 
     return SoakClient
 
@@ -409,7 +508,8 @@ def _play_batch(outcomes: list, index: int, pool, size: int, expert: bool, seed:
     limits = RolloutLimits(max_new_tokens=24, max_context=4096, max_turns=8)
     try:
         outcomes[index] = collect(pool, ActionTemplate(), tokenizer, tasks, backend=backend, limits=limits,
-                                  split="test", group_size=2, seed=seed, expert=expert)
+                                  split="test", group_size=2, seed=seed, expert=expert,
+                                  max_parallel=max(1, size // 2))  # episodes start while others play
     except BaseException as exc:  # noqa: BLE001 - the report names it as a broken invariant
         outcomes[index] = exc
 
@@ -468,11 +568,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-rate", type=float, default=0.1, help="share of requests that get a fault")
     parser.add_argument("--timeout", type=float, default=0.5, help="the client's timeout per HTTP call (s)")
     parser.add_argument("--chaos-interval", type=float, default=1.0, help="mean seconds between kills/pauses")
+    parser.add_argument("--kinds", default="omrl,agentgym",
+                        help="server kinds, taken in turn: omrl (omrl env serve), agentgym (AgentGym-like)")
+    parser.add_argument("--mid-episode-after", type=int, default=6,
+                        help="each server restarts once, right after answering this many steps (0: never)")
     args = parser.parse_args(argv)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if args.episodes < 1 or args.servers < 1 or not 0 <= args.fault_rate <= 1:
         parser.error("--episodes and --servers must be >= 1, --fault-rate in [0, 1]")
+    if not kinds or set(kinds) - {"omrl", "agentgym"} or args.mid_episode_after < 0:
+        parser.error("--kinds takes omrl and agentgym, comma-separated; --mid-episode-after must be >= 0")
     report = soak(args.episodes, args.seed, args.servers, args.fault_rate, args.timeout,
-                  chaos_interval=args.chaos_interval)
+                  chaos_interval=args.chaos_interval, kinds=kinds, mid_episode_after=args.mid_episode_after)
     print("\n".join(report.lines()))
     return 1 if report.violations else 0
 

@@ -217,6 +217,10 @@ def test_compose_warns_when_a_whole_batch_scores_zero():
         compose_rewards(losers[:7], {"goal": 1.0})  # too few to tell
         compose_rewards(losers, {"goal": 0.0})  # nothing is trained on
         compose_rewards(losers[:7] + [episode(turn(done=True), won=True)], {"goal": 1.0})
+        failed = [episode(turn(done=True), task_id=i) for i in range(8)]
+        for ep in failed:  # the env failed: no reward measured anything, so this is no zero-reward batch
+            ep.end_reason = "env_error"
+        compose_rewards(failed, {"goal": 1.0})
 
 
 # --- allocation to tokens -----------------------------------------------------------------------

@@ -193,6 +193,39 @@ def test_allocating_2_gb_fails():
 
 
 @needs_sandbox
+def test_the_memory_limit_holds_for_the_run_as_a_whole_not_each_process():
+    """Four processes of 100 MB each would be 400 MB: with memory_mb=256 for the run, none gets it;
+    a share of the run's memory (256 / 4 = 64 MB a process) is what each may have."""
+    code = (
+        "import os\n"
+        "def grab(mb):\n"
+        "    try:\n        b = bytearray(mb * 2**20)\n        return 'ok'\n"
+        "    except MemoryError:\n        return 'MemoryError'\n"
+        "for mb in (100, 20):\n"
+        "    children = []\n"
+        "    for _ in range(3):\n"
+        "        pid = os.fork()\n"
+        "        if pid == 0:\n            os._exit(0 if grab(mb) == 'ok' else 1)\n"
+        "        children.append(pid)\n"
+        "    mine = grab(mb)\n"
+        "    held = sum(os.waitstatus_to_exitcode(os.waitpid(c, 0)[1]) == 0 for c in children)\n"
+        "    print(mb, mine, held)\n"
+    )
+    result = run_sandboxed(code, memory_mb=256, max_processes=4, timeout_s=20)
+    assert result.stdout.splitlines() == ["100 MemoryError 0", "20 ok 3"], result.stderr
+    # one process may have it all when the run asks for no other
+    alone = run_sandboxed("b = bytearray(200 * 2**20)\nprint('allocated')", memory_mb=256, max_processes=1)
+    assert alone.stdout == "allocated\n", alone.stderr
+
+
+@needs_sandbox
+def test_a_memory_share_too_small_to_run_a_process_is_refused():
+    with pytest.raises(OmrlError, match=r"memory_mb=256 shared by max_processes=16 leaves 16.0 MB a process, under "
+                                        r"the 32 MB a process needs; valid: memory_mb >= 512 for 16 processes"):
+        run_sandboxed("print(1)", memory_mb=256, max_processes=16)
+
+
+@needs_sandbox
 def test_files_are_cut_at_the_file_size_limit_and_the_scratch_dir_at_its_size():
     one_file = run_sandboxed(
         "import os\nwith open('big', 'wb') as f:\n"

@@ -8,10 +8,16 @@ token-id prompts (an HTTP 4xx) the backend switches to
 turns are tokenized locally and marked ``token_exact=False``, so they can be
 evaluated but not trained on. Requests run concurrently (``batch_size`` at a
 time) with timeouts and retries on connection errors, 429 and 5xx.
+
+What comes back is checked where it is received, since a trajectory keeps it for
+training: a body that is not JSON, text that is not valid Unicode (a lone
+surrogate), a token id outside the tokenizer's vocabulary and a log-prob that is
+not a finite number are each an :class:`EndpointError` naming the request.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from omrl.backends.base import Backend, Generation, SamplingParams
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, short_repr
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
@@ -103,7 +109,7 @@ class OpenAIBackend(Backend):
                     raise EndpointError(f"cannot reach {self.client.base_url.join(path)}: {exc}") from exc
             else:
                 if reply.status_code < 300:
-                    return reply.json()
+                    return _json(reply, self.client.base_url.join(path))
                 if reply.status_code in RETRY_STATUS and attempt < self.retries:
                     pass
                 elif 400 <= reply.status_code < 500 and refusal_ok:
@@ -119,15 +125,32 @@ class OpenAIBackend(Backend):
             choice = response["choices"][0]
         except (KeyError, IndexError, TypeError) as exc:
             raise EndpointError(f"the completion has no choices: {str(response)[:300]}") from exc
+        if not isinstance(choice, dict) or not isinstance(choice.get("logprobs") or {}, dict):
+            raise EndpointError(f"the completion's choice is not an object with a logprobs object: "
+                                f"{short_repr(choice)}")
         logprobs = choice.get("logprobs") or {}
         ids = choice.get("token_ids")
         if ids is None:
             ids = _ids_from_logprob_tokens(logprobs.get("tokens") or [])
-        values = [0.0 if v is None else float(v) for v in (logprobs.get("token_logprobs") or [])]
         if ids is None:  # neither extension: only text came back
             return self._from_text(choice.get("text") or "", choice.get("finish_reason"), limit)
+        ids = self._checked_ids(ids)
+        values = _checked_logprobs(logprobs.get("token_logprobs") or [])
         values = (values + [0.0] * len(ids))[:len(ids)]
         return self._cut(ids, values, limit)
+
+    def _checked_ids(self, ids: Any) -> list[int]:
+        """``ids`` if it is a list of ids of the tokenizer's vocabulary; a -1 or an id past the vocabulary
+        (another model served, a server bug) would be written into trajectories and fail training later."""
+        vocab = len(self.tokenizer)
+        if not isinstance(ids, list):
+            raise EndpointError(f"the completion's token ids are not a list: {short_repr(ids)}")
+        for i, token in enumerate(ids):
+            if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
+                raise EndpointError(f"the completion's token {i} has the id {short_repr(token)}, outside the "
+                                    f"tokenizer's vocabulary (0 to {vocab - 1}); is the server serving another "
+                                    f"model than {self.model!r} (model.name), with another tokenizer?")
+        return ids
 
     def _from_chat(self, response: dict[str, Any], limit: int) -> Generation:
         try:
@@ -139,6 +162,14 @@ class OpenAIBackend(Backend):
 
     def _from_text(self, text: str, finish_reason: str | None, limit: int) -> Generation:
         """Text tokenized locally: not the sampled ids, so marked not token-exact."""
+        if not isinstance(text, str):
+            raise EndpointError(f"the completion's text is not a string: {short_repr(text)}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (\ud800): JSON allows it, no tokenizer does
+            raise EndpointError(f"the completion's text is not valid Unicode ({exc.reason} at character "
+                                f"{exc.start}: {short_repr(text[max(exc.start - 20, 0):exc.end + 20])}); the "
+                                "server sent a lone UTF-16 surrogate") from exc
         ids = self.tokenizer.encode(text, add_special_tokens=False)[:limit]
         if finish_reason == "stop" and len(ids) < limit:
             ids.append(self.eos_token_id)
@@ -148,6 +179,32 @@ class OpenAIBackend(Backend):
 
     def close(self) -> None:
         self.client.close()
+
+
+def _json(reply: httpx.Response, url: Any) -> Any:
+    """The JSON body of a successful ``reply``; EndpointError naming ``url`` when it is not JSON
+    (a proxy's HTML page, a cut body, bytes that are not UTF-8)."""
+    try:
+        return reply.json()
+    except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError both are
+        raise EndpointError(f"{url} answered HTTP {reply.status_code} with a body that is not JSON ({exc}): "
+                            f"{short_repr(reply.content[:300])}; is generation.base_url an OpenAI-compatible "
+                            "server (e.g. http://127.0.0.1:8000/v1)?") from exc
+
+
+def _checked_logprobs(values: Any) -> list[float]:
+    """The log-probs as floats (a missing one as 0.0, as before); EndpointError for one that is not a
+    finite number: a NaN or infinite log-prob makes every importance ratio of the turn NaN."""
+    if not isinstance(values, list):
+        raise EndpointError(f"the completion's token_logprobs are not a list: {short_repr(values)}")
+    out = []
+    for i, value in enumerate(values):
+        number = 0.0 if value is None else value
+        if not isinstance(number, (int, float)) or isinstance(number, bool) or not math.isfinite(number):
+            raise EndpointError(f"the completion's log-prob of token {i} is {short_repr(value)}, not a finite "
+                                "number: its turn cannot be trained on; check the server's logprobs output")
+        out.append(float(number))
+    return out
 
 
 def _usage(response: Any) -> dict[str, Any]:
@@ -176,4 +233,7 @@ def _ids_from_logprob_tokens(tokens: Sequence[str]) -> list[int] | None:
     """Ids from vLLM's ``token_id:123`` log-prob tokens, or None if they are plain text."""
     if not tokens or not all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
         return None
-    return [int(t.split(":", 1)[1]) for t in tokens]
+    try:
+        return [int(t.split(":", 1)[1]) for t in tokens]
+    except ValueError as exc:
+        raise EndpointError(f"a completion's log-prob token is 'token_id:' without an integer id: {exc}") from exc

@@ -21,11 +21,12 @@ def convert(
     from pathlib import Path
 
     from omrl.datasets import load_conversations, reward_summary, write_conversations
-    from omrl.errors import OmrlError
+    from omrl.outputs import check_outputs
+    from omrl.rollout.convert import jsonl_path_for
 
-    if Path(target).exists() and Path(target).resolve() == Path(source).resolve():
-        raise OmrlError(f"{target} is the source itself: converting in place would replace it (rollout token ids and "
-                        "log-probs would be lost); write to another file")
+    # a rollout's readable JSONL is read in place of its parquet's token ids: neither may be replaced
+    check_outputs({"the target": target}, {"the source": source, "the source's readable JSONL":
+                                           jsonl_path_for(source) if Path(source).suffix == ".parquet" else None})
     conversations = load_conversations(source, min_reward)
     write_conversations(conversations, target, style)
     typer.echo(f"wrote {reward_summary(conversations)} to {target}")

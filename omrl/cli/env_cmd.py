@@ -140,11 +140,16 @@ def serve(name: str = typer.Argument(..., help="A registered env (see `omrl env 
           max_envs: int = typer.Option(256, "--max-envs", min=1, help="Most live envs at once (then HTTP 503)."),
           max_body: int = typer.Option(1 << 20, "--max-body", min=1,
                                        help="Largest request body in bytes (larger: HTTP 413)."),
+          idle_timeout: float = typer.Option(1800.0, "--idle-timeout", min=0,
+                                             help="Close an env no call has touched for this many seconds (its "
+                                                  "client was likely killed); calls about it then get HTTP 410. "
+                                                  "0: never."),
           option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP)) -> None:
     r"""Serve an env over HTTP for AgentGym clients: `id` dialect at the root, `env_idx` dialect under /env_idx (needs omrl\[server])."""
     from omrl.serve import create_app, exposure_warning, run_server
 
-    app = create_app(name, parse_options(option), token=token or None, max_envs=max_envs, max_body=max_body)
+    app = create_app(name, parse_options(option), token=token or None, max_envs=max_envs, max_body=max_body,
+                     idle_timeout=idle_timeout)
     console = Console(stderr=True)
     warning = exposure_warning(host, token)
     if warning:
@@ -153,7 +158,9 @@ def serve(name: str = typer.Argument(..., help="A registered env (see `omrl env 
     console.print(
         f"serving env [bold]{name}[/] on http://{host}:{port} (AgentGym id dialect; env_idx dialect at "
         f"http://{host}:{port}/env_idx); play it with "
-        f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={name}{needs}",
+        f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={name}{needs}; "
+        + (f"envs idle for {idle_timeout:g} s are closed (--idle-timeout)" if idle_timeout else
+           "envs are never closed for idleness (--idle-timeout 0)"),
         highlight=False, soft_wrap=True)
     run_server(app, host, port)
 

@@ -11,6 +11,7 @@ from omrl.cli.rollout_cmd import (ARGS_HELP, BUDGET_HELP, SELECT_HELP, STRATEGY_
 from omrl.cli.model_prompts import prompts_as_trained
 from omrl.config import command_line_config
 from omrl.errors import ConfigError
+from omrl.outputs import check_outputs
 
 
 def default_report_path(model_name: str) -> Path:
@@ -21,6 +22,22 @@ def default_report_path(model_name: str) -> Path:
     if model_name not in BUILTIN_MODELS and path.is_dir():
         return path / "eval_report.json"
     return Path("eval_report.json")
+
+
+def say_env_errors(console, episodes, env: str) -> None:
+    """Episodes that failed in the env are no result of the model: say how many and why, beside the table."""
+    from rich.markup import escape
+
+    from omrl.evaluation import env_error_reasons
+
+    reasons = env_error_reasons(episodes)
+    if reasons:
+        failed = sum(ep.end_reason == "env_error" for ep in episodes)
+        console.print(f"[yellow]env errors:[/] {failed} of {len(episodes)} episodes failed in the env {escape(env)!r} "
+                      "and are left out of success, scores and pass@k; the first reasons:", highlight=False,
+                      soft_wrap=True)
+        for reason in reasons:
+            console.print(f"  {escape(reason)}", highlight=False, soft_wrap=True)
 
 
 def evaluate_command(
@@ -45,8 +62,8 @@ def evaluate_command(
     from omrl.cli.view_cmd import view_command
     from omrl.config import to_dict
     from omrl.training.metrics import peak_memory
-    from omrl.errors import EnvFailure
-    from omrl.evaluation import evaluate, metrics_table, write_report
+    from omrl.evaluation import (check_env_errors, check_max_env_error_rate, evaluate, held_warnings, metrics_table,
+                                 replay_warnings, write_report)
     from omrl.options import EvalRunConfig
     from omrl.rollout import RolloutSession
 
@@ -63,10 +80,13 @@ def evaluate_command(
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "
                           "valid: --samples 1, or sampling, e.g. generation.temperature=1.0")
+    report_path = Path(cfg.report) if cfg.report else default_report_path(cfg.model.name)
+    check_outputs({"--report": report_path}, {"the --model": cfg.model.name})
+    check_max_env_error_rate(cfg.max_env_error_rate)
     console = Console()
     prompts_as_trained(cfg, args, console)
     searched: dict = {}
-    with RolloutSession.from_config(cfg) as session:
+    with held_warnings() as caught, RolloutSession.from_config(cfg) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         if strategy is None:
             bar, progress = progress_bar(len(tasks) * cfg.samples_per_task, f"eval {cfg.env.name}")
@@ -87,17 +107,17 @@ def evaluate_command(
             rewards = compose_rewards(episodes, session.reward_weights, session.plugin_options)
             searched = search_metrics(trees)
         generation = session.backend.take_stats() if session.backend is not None else {}
+    replay_warnings(caught, episodes)
     metrics = evaluate(episodes)
     metrics.update(generation_metrics(generation), **peak_memory())
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
     metrics.update({f"search/{name}": value for name, value in searched.items()})
-    path = write_report(cfg.report or default_report_path(cfg.model.name), metrics, episodes, to_dict(cfg))
+    path = write_report(report_path, metrics, episodes, to_dict(cfg))
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
     console.print(f"report: {path}", soft_wrap=True)
     console.print(f"look at it: {view_command(path)}", highlight=False, soft_wrap=True)
-    if episodes and all(ep.end_reason == "env_error" for ep in episodes):  # a broken env, not a model scoring 0
-        raise EnvFailure(f"every one of the {len(episodes)} episodes failed in the env {cfg.env.name!r}, so the "
-                         f"model was not measured (the report lists them); the first reason: {episodes[0].error}")
+    say_env_errors(console, episodes, cfg.env.name)
+    check_env_errors(episodes, cfg.max_env_error_rate, f"{cfg.env.name!r} (the report lists them)")
 
 
 def add_to(app: typer.Typer) -> None:

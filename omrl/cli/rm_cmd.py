@@ -43,10 +43,13 @@ def train(
     from omrl.config import command_line_config
     from omrl.options import RmTrainRunConfig
     from omrl.parallel import is_main_process
+    from omrl.outputs import check_run_dir
     from omrl.rm.train import run_rm_train
 
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
     cfg = command_line_config(RmTrainRunConfig, args, {**flags, "resume": True if resume else None})
+    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, "--data": cfg.dataset,
+                                           "--eval-data": cfg.eval_dataset})
     hf_logging.disable_progress_bar()
     summary = stop_on_interrupt(lambda: run_rm_train(cfg), err_console)
     if is_main_process():
@@ -66,10 +69,21 @@ def evaluate(
     """Accuracy, AUC and calibration on held-out episodes, and best-of-N selection against random and oracle."""
     from pathlib import Path
 
+    from omrl.models import check_model_files
+    from omrl.outputs import check_outputs
+    from omrl.rm.data import check_trajectory_ids
     from omrl.rm.evaluate import evaluate_reward_model, write_rm_report
+    from omrl.rm.model import RewardModel
 
-    result = evaluate_reward_model(model, data, text=text)
-    path = write_rm_report(result, report or Path(model) / "rm_eval.json")
+    report_path = Path(report) if report else Path(model) / "rm_eval.json"
+    check_outputs({"--report": report_path}, {"the --model": model, "the --data": data})
+    if Path(model).expanduser().is_dir():
+        check_model_files(Path(model).expanduser())  # a damaged file is named, not met mid-load
+    reward_model = RewardModel.load(model)
+    if not text:  # the episodes' own ids are scored: one the model lacks is named before any work
+        check_trajectory_ids(data, reward_model.tokenizer)
+    result = evaluate_reward_model(model, data, text=text, reward_model=reward_model)
+    path = write_rm_report(result, report_path)
     _print_report(result)
     typer.echo(f"report written to {path}")
 

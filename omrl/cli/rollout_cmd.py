@@ -41,6 +41,22 @@ def check_strategy(strategy: str | None, budget: int, max_new_tokens: int) -> No
         check_budget(budget, max_new_tokens)
 
 
+def check_rollout_outputs(cfg) -> None:
+    """The parquet and its readable JSONL go to two paths, neither over the model nor a run's own files
+    (``-o expert.jsonl`` once wrote the parquet, then the JSONL over it)."""
+    from pathlib import Path
+
+    from omrl.outputs import OutputError, check_outputs
+    from omrl.rollout.convert import jsonl_path_for
+
+    output = Path(cfg.output)
+    if output.suffix.lower() == ".jsonl":
+        raise OutputError(f"--output {output} names the readable JSONL, which goes beside the trajectory parquet; "
+                          f"valid: a .parquet path, e.g. --output {output.with_suffix('.parquet')}")
+    check_outputs({"--output": cfg.output, "the readable JSONL": jsonl_path_for(cfg.output)},
+                  {"the --model": cfg.model.name})
+
+
 def progress_bar(total: int, label: str):
     """A rich progress bar plus the RolloutProgress that drives it: episodes, success so far, tokens/s."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -83,10 +99,12 @@ def rollout(
     """
     from rich.console import Console
 
+    from omrl.cli.eval_cmd import say_env_errors
     from omrl.cli.view_cmd import view_command
     from omrl.data import write_episodes
     from omrl.errors import EnvFailure
-    from omrl.evaluation import evaluate, metrics_table
+    from omrl.evaluation import (check_env_errors, check_max_env_error_rate, env_error_reasons, evaluate,
+                                 held_warnings, metrics_table, replay_warnings)
     from omrl.config import command_line_config
     from omrl.options import RolloutRunConfig
     from omrl.rollout import RolloutSession, write_jsonl
@@ -102,9 +120,11 @@ def rollout(
     strategy = None if cfg.strategy == "chain" and not cfg.budget else cfg.strategy
     budget = cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
+    check_rollout_outputs(cfg)
+    check_max_env_error_rate(cfg.max_env_error_rate)
     console = Console()
     prompts_as_trained(cfg, args, console)
-    with RolloutSession.from_config(cfg, expert=cfg.use_expert) as session:
+    with held_warnings() as caught, RolloutSession.from_config(cfg, expert=cfg.use_expert) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         if len(tasks) < cfg.num_tasks:
             console.print(f"[yellow]{cfg.env.name} has only {len(tasks)} tasks in split {cfg.env.split!r}[/]")
@@ -122,15 +142,18 @@ def rollout(
                                                 group_size=cfg.group_size, seed=cfg.seed, expert=cfg.use_expert,
                                                 progress=progress)
             console.print(metrics_table(search_metrics(trees), title=f"search: {strategy}"))
+    replay_warnings(caught, episodes)
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):
         who = "expert" if cfg.use_expert else "env"
-        raise EnvFailure(f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reason: "
-                         f"{episodes[0].error}")
+        raise EnvFailure(f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reasons: "
+                         f"{'; '.join(env_error_reasons(episodes))}")
     parquet = write_episodes(episodes, cfg.output)
     readable = write_jsonl(episodes, jsonl_path_for(parquet))
     console.print(metrics_table(evaluate(episodes), title=f"rollout: {cfg.env.name}"))
     console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}", soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
+    say_env_errors(console, episodes, cfg.env.name)
+    check_env_errors(episodes, cfg.max_env_error_rate, f"{cfg.env.name!r} (they are written, as end_reason env_error)")
 
 
 def add_to(app: typer.Typer) -> None:

@@ -40,6 +40,19 @@ def parse_budgets(text: str | None) -> list[int] | None:
     return [int(item) for item in items]
 
 
+def check_sweep_outputs(cfg) -> None:
+    """<out> holds sweep.json and sweep.png: neither may land on the model or in a run's own files."""
+    from pathlib import Path
+
+    from omrl.outputs import OutputError, check_outputs
+
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out} is a file; give a folder for sweep.json and sweep.png (e.g. runs/sweep)")
+    check_outputs({"--out's sweep.json": out / "sweep.json", "--out's sweep.png": out / "sweep.png"},
+                  {"the --model": cfg.model.name})
+
+
 def sweep_command(
     args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "sweep"), show_default=False),
     env: str = typer.Option(None, "--env", help="Env name (env.name)."),
@@ -71,6 +84,7 @@ def sweep_command(
         "env.name": env, "model.name": model, "strategies": split_list(strategies, "--strategies"),
         "budgets": parse_budgets(budgets), "env.split": split, "num_tasks": num_tasks, "seed": seed, "out": out,
     })
+    check_sweep_outputs(cfg)
     console = Console()
     prompts_as_trained(cfg, args, console)
     # soft_wrap: a long --out path is not broken over lines

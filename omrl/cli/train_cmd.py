@@ -29,6 +29,7 @@ def train(
     from omrl.config import command_line_config
     from omrl.errors import ConfigError
     from omrl.options import TrainRunConfig
+    from omrl.outputs import check_run_dir
     from omrl.parallel import is_main_process
     from omrl.training.rl import run_rl
 
@@ -41,6 +42,7 @@ def train(
     cfg = command_line_config(TrainRunConfig, args, flags, algo or "grpo")
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algorithm.name}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
     start_from_base_outside_its_env(cfg, list(args or []), model, console)
     console.print(f"omrl train: {cfg.algorithm.name} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "

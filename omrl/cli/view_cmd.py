@@ -12,6 +12,14 @@ def view_command(path: object) -> str:
     return f"omrl view {shlex.quote(str(path))}"
 
 
+def read_by(store) -> dict[str, object]:
+    """The files a store read, by their label: none of them may be what ``--out`` writes."""
+    source = store.source
+    files = [source.metrics, source.config, source.tokenizer, *source.trajectories, *source.records,
+             *source.reports]
+    return {f"the shown {source.label(path)}": path for path in files if path is not None}
+
+
 def view(
     path: str = typer.Argument(..., help="A run directory, a trajectory .parquet or .jsonl, or an eval report .json."),
     port: int = typer.Option(None, "--port", help="Port to serve on (default 8765, or the next free one; "
@@ -40,8 +48,10 @@ def view(
         console.print(f"[{colour}]{problem['level']}:[/] {escape(problem['file'])}: {escape(problem['message'])}",
                       highlight=False, soft_wrap=True)
     if out:
+        from omrl.outputs import check_outputs
         from omrl.view.page import write_page
 
+        check_outputs({"--out": out}, {"the viewed path": path, **read_by(store)})
         written = write_page(store, out, max_episodes)
         kept = min(len(store.summaries), max(0, max_episodes))
         console.print(f"wrote {written} ({kept} of {len(store.summaries)} episodes; opens offline)", highlight=False,

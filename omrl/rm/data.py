@@ -46,16 +46,46 @@ def trajectory_files(path: str) -> list[Path]:
     return [root]
 
 
+class TokenIdError(OmrlError):
+    """A trajectory holding a token id that the model's tokenizer does not have."""
+
+
+def check_token_ids(episodes: Sequence[Episode], source: str | Path, tokenizer: Any) -> None:
+    """TokenIdError naming the file, row and id of the first token id outside ``tokenizer``'s vocabulary.
+
+    Such ids (a -1, an id of another model's vocabulary: written by a server that sent them) would
+    fail the model's embedding lookup mid-run, or pass as some other token; they are found when the
+    data is loaded, before any work."""
+    vocab = len(tokenizer)
+    for row, ep in enumerate(episodes):
+        if not ep.token_ids or 0 <= min(ep.token_ids) and max(ep.token_ids) < vocab:
+            continue
+        bad = next(t for t in ep.token_ids if not 0 <= t < vocab)
+        raise TokenIdError(f"{source} row {row} (task {ep.task_id}, {ep.env}) holds the token id {bad}, outside "
+                           f"the tokenizer's vocabulary (0 to {vocab - 1}): it was played with another model's "
+                           "tokenizer or written from a server's bad answer; play it again, or drop the row")
+
+
+def check_trajectory_ids(path: str, tokenizer: Any) -> None:
+    """:func:`check_token_ids` on every trajectory file at ``path``."""
+    for file in trajectory_files(path):
+        check_token_ids(read_episodes(file), file, tokenizer)
+
+
 def load_examples(path: str, kind: str, label: str, max_seq_length: int, text_tokenizer: Any = None,
-                  for_training: bool = True) -> tuple[list[Example], list[Episode], int]:
+                  for_training: bool = True, tokenizer: Any = None) -> tuple[list[Example], list[Episode], int]:
     """Every labelled example of the trajectory files at ``path``, the episodes, and how many were cut.
 
     Files are labelled one at a time: tree node ids and task groups are per file.
-    ``for_training``: refuse data whose labels are all the same.
+    ``for_training``: refuse data whose labels are all the same. ``tokenizer``: the model's, whose
+    vocabulary the episodes' own ids must be in (:func:`check_token_ids`; not needed with
+    ``text_tokenizer``, which re-encodes the chats).
     """
     out, all_episodes, cut = [], [], 0
     for file in trajectory_files(path):
         episodes = read_episodes(file)
+        if tokenizer is not None and text_tokenizer is None:
+            check_token_ids(episodes, file, tokenizer)
         found, n_cut = examples(episodes, kind, label, str(file), max_seq_length, text_tokenizer)
         out += found
         all_episodes += episodes

@@ -32,7 +32,8 @@ from omrl.config import to_dict, to_yaml
 from omrl.errors import ConfigError
 from omrl.options import RmTrainRunConfig
 from omrl.parallel import make_strategy
-from omrl.rm.data import collate, fingerprint, load_examples, pair_rows, pointwise_rows
+from omrl.rm.data import (check_trajectory_ids, collate, fingerprint, load_examples, pair_rows,
+                          pointwise_rows)
 from omrl.rm.labels import check_label
 from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
 from omrl.training import checkpoint as ckpt
@@ -112,7 +113,9 @@ class RmRecipe:
     def _setup_data(self) -> None:
         cfg = self.cfg
         found, episodes, self.cut = load_examples(cfg.dataset, cfg.kind, cfg.label, cfg.max_seq_length,
-                                                  self.tokenizer if cfg.text else None)
+                                                  self.tokenizer if cfg.text else None, tokenizer=self.tokenizer)
+        if cfg.eval_dataset and not cfg.text:  # evaluated after training: a bad id must not cost the run
+            check_trajectory_ids(cfg.eval_dataset, self.tokenizer)
         if not cfg.text:
             bad = mismatched_episode(self.tokenizer, episodes)
             if bad is not None:

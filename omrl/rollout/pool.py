@@ -41,14 +41,20 @@ class EnvPool:
         return self._idle.pop() if self._idle else self._create()
 
     def release(self, env: Env, broken: bool = False) -> None:
-        """Give ``env`` back; a broken one (it raised) is closed and never handed out again."""
+        """Give ``env`` back, its episode over; a broken one (it raised) is closed and never handed
+        out again. The env frees what its episode held now (:meth:`Env.end_episode`): a server-side
+        env kept until the next reset could outlive a server restart and end another client's env."""
         if broken:
             self._all.remove(env)
             if env is self._template_env:
                 self._template_env = None
             _close_quietly(env)
-        else:
-            self._idle.append(env)
+            return
+        try:
+            env.end_episode()
+        except Exception:  # noqa: BLE001 - the episode is recorded already; the next reset starts afresh
+            pass
+        self._idle.append(env)
 
     def probe(self) -> Env:
         """One instance for questions that need no episode (task ids, prompts); it stays in the pool."""

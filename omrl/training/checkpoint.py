@@ -12,12 +12,20 @@ A checkpoint is a directory ``<output_dir>/checkpoints/step-00000012/``::
 
 It is written into a hidden temporary directory, every file fsync'd, then
 renamed into place: only a ``step-*`` directory holding ``COMPLETE`` counts, so a
-crash mid-write never leaves a checkpoint that looks complete. Old checkpoints
-are renamed away before they are deleted, for the same reason.
+crash mid-write (or a full disk: :class:`~omrl.errors.WriteFailed`, the partial
+directory removed) never leaves a checkpoint that looks complete. Old checkpoints are renamed
+away before they are deleted, for the same reason.
+
+``COMPLETE`` lists every file's sha256 digest (the manifest); resuming checks them and
+skips a damaged checkpoint. Those of an older omrl have no manifest: nothing can tell
+a byte flipped in their weights, so resuming refuses them until the user vouches for
+their files with ``python -m omrl.training.checkpoint trust CHECKPOINT`` (which writes
+the manifest of the files as they are now).
 
 Resuming with a config that differs from the saved one fails naming the keys,
 except keys in :data:`MAY_CHANGE_ON_RESUME` (they change neither the data nor the
-maths: logging, checkpoint cadence, gradient checkpointing, the NaN patience).
+maths: logging, checkpoint cadence, gradient checkpointing, the NaN patience) and
+secrets (tokens, keys: ``state.json`` holds them redacted, see :func:`omrl.config.redact`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import os
 import random
 import re
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +46,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from omrl.errors import Interrupted, OmrlError
+from omrl.errors import Interrupted, OmrlError, WriteFailed, short_repr, write_failure
 from omrl.parallel import Strategy
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -106,6 +115,13 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
             _remove(final)
         os.replace(tmp, final)
         _fsync_dir(root)
+    except Exception as exc:
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        raise WriteFailed(f"cannot write checkpoint {final}: {reason} ({short_repr(str(exc))}); the partial "
+                          "checkpoint was removed and the ones before it are kept: free some space, then "
+                          "continue with --resume") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if keep > 0:
@@ -131,27 +147,80 @@ def checkpoint_path(output_dir: str | os.PathLike, step: int) -> Path:
 def _manifest(directory: Path) -> str:
     """One ``sha256 <digest> <relative path>`` line per file: the COMPLETE marker's body, so a file
     damaged after the checkpoint was written is found before resuming from it."""
-    lines = []
-    for file in sorted(p for p in directory.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER):
-        with open(file, "rb") as handle:
-            digest = hashlib.file_digest(handle, "sha256").hexdigest()
-        lines.append(f"sha256 {digest} {file.relative_to(directory).as_posix()}\n")
-    return "".join(lines)
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+    return manifest(directory, [file.relative_to(directory).as_posix() for file in files])
+
+
+def manifest(directory: Path, names: Iterable[str]) -> str:
+    """One ``sha256 <digest> <name>`` line per file ``names`` (relative to ``directory``): what
+    :func:`manifest_damage` checks. Checkpoints keep it in COMPLETE, final models beside their weights."""
+    return "".join(f"sha256 {_digest(directory / name)} {name}\n" for name in names)
+
+
+def manifest_damage(directory: Path, lines: Iterable[str]) -> str | None:
+    """The first file of the manifest ``lines`` that is missing under ``directory`` or changed since the
+    manifest was written, said in words, or None when every one is as it was."""
+    for line in lines:
+        parts = line.split(" ", 2)
+        if len(parts) != 3 or parts[0] != "sha256":
+            return f"its manifest line {short_repr(line)} is not 'sha256 <digest> <path>' (damaged manifest?)"
+        _, digest, name = parts
+        if not (directory / name).is_file():
+            return f"{name} is missing"
+        if _digest(directory / name) != digest:
+            return f"{name} changed since it was written (damaged file?)"
+    return None
+
+
+def _digest(file: Path) -> str:
+    with open(file, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _manifest_lines(path: Path) -> list[str]:
+    """The manifest in checkpoint ``path``'s COMPLETE marker (after its ``step N`` line)."""
+    return [line for line in (path / COMPLETE_MARKER).read_text().splitlines()[1:] if line]
+
+
+def has_manifest(path: Path) -> bool:
+    """Whether complete checkpoint ``path`` lists its files' digests (an older omrl's do not)."""
+    return bool(_manifest_lines(path))
 
 
 def damage(path: Path) -> str | None:
     """What is wrong with complete checkpoint ``path`` (a file missing or changed since it was
-    written), or None. Checkpoints of omrl 0.1 carry no manifest and pass."""
-    expected = [line.split(" ", 2) for line in (path / COMPLETE_MARKER).read_text().splitlines()[1:] if line]
-    if not expected:
-        return None
-    actual = {line.split(" ", 2)[2]: line.split(" ", 2)[1] for line in _manifest(path).splitlines()}
-    for _, digest, name in expected:
-        if name not in actual:
-            return f"{name} is missing"
-        if actual[name] != digest:
-            return f"{name} changed since it was written (damaged file?)"
-    return None
+    written), or None. One without a manifest (an older omrl's) cannot be checked and passes here:
+    :func:`resume_checkpoint` refuses it (see :func:`has_manifest`)."""
+    return manifest_damage(path, _manifest_lines(path))
+
+
+def trust_checkpoint(path: str | os.PathLike) -> bool:
+    """Write the manifest of complete checkpoint ``path``'s files as they are now into its COMPLETE
+    marker, so a run resumes from it; False when it has one already (left as it is).
+
+    For checkpoints of an older omrl, whose files nothing can check: the user, who knows where they
+    have been, vouches for them; from then on any change to them is found."""
+    path = Path(path)
+    if not (path / COMPLETE_MARKER).is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); expected a "
+                              f"directory like <output_dir>/{CHECKPOINTS_DIR}/step-00000012")
+    if has_manifest(path):
+        return False
+    step_line = (path / COMPLETE_MARKER).read_text().splitlines()[0]
+    tmp = path / f".{COMPLETE_MARKER}.tmp-{os.getpid()}"
+    tmp.write_text(step_line + "\n" + _manifest(path))
+    _fsync_tree(path)
+    os.replace(tmp, path / COMPLETE_MARKER)
+    _fsync_dir(path)
+    return True
+
+
+def _unverified(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"cannot resume from {path}: an older omrl wrote it, and it lists no sha256 digests of its files, so "
+        "damage since (a flipped byte in its weights would become this run's model) cannot be found. If you "
+        f"trust its files, vouch for them with `python -m omrl.training.checkpoint trust {path}` and resume "
+        "again; else start a new run in another output_dir")
 
 
 def _remove(path: Path) -> None:
@@ -270,7 +339,10 @@ def _load_model_weights(model: nn.Module, model_dir: Path, strategy: Strategy | 
         raise CheckpointError(f"{model_dir} holds no .safetensors weights")
     weights: dict[str, torch.Tensor] = {}
     for file in files:
-        weights.update(load_file(file))
+        try:
+            weights.update(load_file(file))
+        except Exception as exc:  # safetensors' own error type: a damaged header or a cut file
+            raise CheckpointError(f"cannot read {file}: {exc} (a damaged or cut file)") from exc
     if (model_dir / "adapter_config.json").exists():
         from peft import set_peft_model_state_dict
 
@@ -295,6 +367,8 @@ def resume_checkpoint(output_dir: str | os.PathLike, config: dict[str, Any],
         raise CheckpointError(f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
                               "run without --resume to start fresh")
     for path in reversed(found):  # the newest intact one
+        if not has_manifest(path):
+            raise _unverified(path)
         problem = damage(path)
         if problem is None:
             break
@@ -345,13 +419,21 @@ def check_same_config(saved: dict[str, Any], current: dict[str, Any],
         warnings.warn(f"resuming a run made before omrl had the option(s) {', '.join(added)}: they take their "
                       f"defaults ({', '.join(f'{k}={new[k]!r}' for k in added)})", stacklevel=2)
     differ = [k for k in sorted(set(old) | set(new))
-              if k not in added and old.get(k, "<absent>") != new.get(k, "<absent>")
+              if k not in added and old.get(k, "<absent>") != new.get(k, "<absent>") and not _secret(k)
               and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in allowed)]
     if differ:
         details = "; ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in differ)
         raise CheckpointError(f"cannot resume: the config differs from the checkpoint's in {details}. "
                               f"Use the original values, or start a new run in another output_dir "
                               f"(keys that may change: {', '.join(a + '*' if a.endswith('.') else a for a in allowed)})")
+
+
+def _secret(key: str) -> bool:
+    """A secret may change on resume (a rotated token): checkpoints keep it redacted (see
+    :func:`omrl.config.to_dict`), older ones in clear, and the run uses the one it is given now."""
+    from omrl.config import is_secret_key
+
+    return any(is_secret_key(part) for part in key.split("."))
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -362,3 +444,22 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m omrl.training.checkpoint trust CHECKPOINT...``: see :func:`trust_checkpoint`."""
+    if len(argv) < 2 or argv[0] != "trust":
+        print("usage: python -m omrl.training.checkpoint trust CHECKPOINT...", file=sys.stderr)
+        return 2
+    for path in argv[1:]:
+        try:
+            wrote = trust_checkpoint(path)
+        except OmrlError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{path}: {'manifest written' if wrote else 'has a manifest already; left as it is'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

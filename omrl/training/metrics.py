@@ -60,21 +60,25 @@ def peak_memory() -> dict[str, float]:
 
 
 def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) -> dict[str, float]:
-    """Means over a rollout's episodes (reward, success, score, turns, response tokens, well-formed
-    replies), env errors, generation speed, each reward term's mean (``reward_<name>``), and the rows
+    """Means over a rollout's episodes (reward, success and score over those that did not fail in the
+    env; turns, response tokens, well-formed replies over all), env errors (a count and a share),
+    generation speed, each reward term's mean (``reward_<name>``), and the rows
     the chat history made: ``rows_per_episode`` (1 unless ``as_template`` split episodes) and
     ``prefix_breaks`` (how many new rows it started, summed)."""
     n = max(1, len(episodes))
+    played = [ep for ep in episodes if ep.end_reason != "env_error"]  # the others measured no model
+    m = max(1, len(played))
     turns = sum(ep.num_turns for ep in episodes)
     generated = sum(sum(ep.loss_mask) for ep in episodes)
     metrics = {
-        "reward": sum(ep.total_reward for ep in episodes) / n,
-        "success": sum(ep.won for ep in episodes) / n,
-        "score": sum(ep.score for ep in episodes) / n,
+        "reward": sum(ep.total_reward for ep in played) / m,
+        "success": sum(ep.won for ep in played) / m,
+        "score": sum(ep.score for ep in played) / m,
         "turns": turns / n,
         "response_tokens": generated / n,
         "format_ok": sum(t.format_ok for ep in episodes for t in ep.turns) / max(1, turns),
-        "env_errors": float(sum(ep.end_reason == "env_error" for ep in episodes)),
+        "env_errors": float(len(episodes) - len(played)),
+        "env_error_rate": (len(episodes) - len(played)) / n,
         "tokens_per_s": generated / max(seconds, 1e-9),
         "rollout_time": seconds,
         "rows_per_episode": sum(1 + len(ep.row_starts) for ep in episodes) / n,

@@ -7,8 +7,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from omrl.models import load_model
+from omrl.errors import WriteFailed, short_repr, write_failure
+from omrl.models import MODEL_MANIFEST, load_model
 from omrl.options import ModelConfig
+from omrl.training.checkpoint import manifest
 
 
 def load_trainable_model(cfg: ModelConfig, device: str) -> tuple[Any, Any]:
@@ -42,7 +44,9 @@ def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, 
     ``state_dict``: the weights to write instead of the model's own (FSDP: the gathered ones).
 
     Files are written to a temporary directory and moved in with config.json last:
-    a directory with a config.json always holds a complete model.
+    a directory with a config.json always holds a complete model. Their sha256 digests go
+    into :data:`~omrl.models.MODEL_MANIFEST` beside them, which every load checks.
+    A full disk is a :class:`~omrl.errors.WriteFailed`, and nothing of the new model is moved in.
     """
     output_dir = Path(output_dir)
     if merge_lora:
@@ -53,8 +57,16 @@ def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, 
     try:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
-        for name in sorted((p.name for p in tmp.iterdir()), key=lambda n: n == "config.json"):
+        names = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
+        (tmp / MODEL_MANIFEST).write_text(manifest(tmp, names))
+        for name in sorted((p.name for p in tmp.iterdir()), key=lambda n: (n == "config.json", n == MODEL_MANIFEST)):
             os.replace(tmp / name, output_dir / name)
+    except Exception as exc:
+        reason = write_failure(exc)
+        if reason is None:
+            raise
+        raise WriteFailed(f"cannot write the final model into {output_dir}: {reason} ({short_repr(str(exc))}); "
+                          "the newest checkpoint is kept: free some space, then continue with --resume") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -10,7 +10,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from rich.console import Console
@@ -33,6 +33,10 @@ from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.rl_data import TaskOrder
+
+#: a step whose every episode failed in the env is played again this many times before the run stops
+ENV_FAILURE_REPLAYS = 2
+ENV_FAILURE_WAIT = 5.0  # seconds before the first replay, doubled before each next one
 
 
 def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
@@ -219,6 +223,8 @@ class OnlineRecipe:
         self.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
         self.strategy = make_strategy(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
         self.episodes_played, self.env_failures, self.first_env_error = 0, 0, ""
+        self.env_failed_step = ""  # why this step's every episode failed in the env ("" when some did not)
+        self.env_failed_tries = 0  # rollouts of this step in a row in which every episode failed in the env
         self.episodes_with_a_turn, self.longest_prompt = 0, 0
 
     # -- setup pieces ---------------------------------------------------------------------------------
@@ -269,14 +275,15 @@ class OnlineRecipe:
     # -- step pieces ----------------------------------------------------------------------------------
     def _save_rollout(self, episodes: list[Any]) -> None:
         """This process's episodes of the step, as a trajectory parquet under rollouts/ (for omrl view)."""
-        if self.cfg.logging.save_rollouts and episodes:
+        if self.cfg.logging.save_rollouts and episodes and not self.env_failed_step:  # such a step is not kept
             name = f"step-{self.step + 1:08d}" + (f"-rank{self.strategy.rank}" if self.strategy.world_size > 1 else "")
             write_episodes(episodes, self.output_dir / "rollouts" / f"{name}.parquet")
 
-    def _check_rollout(self, episodes: list[Any]) -> None:
+    def _check_rollout(self, episodes: list[Any]) -> bool:
         """Say so when every episode of this step failed in the env, or none got a model turn (the
         step cannot train); the run's counts decide at its end whether it was a result at all
-        (:meth:`_finish`)."""
+        (:meth:`_finish`). False when every episode failed in the env: such a step must not count
+        (see :meth:`_play_counted`)."""
         failed = [ep for ep in episodes if ep.end_reason == "env_error"]
         played, lost, with_turn = self.strategy.sum([len(episodes), len(failed),
                                                      sum(bool(ep.turns) for ep in episodes)])
@@ -290,9 +297,37 @@ class OnlineRecipe:
                              f"{int(prompt)} tokens, generation.max_context={self.cfg.generation.max_context})")
         if failed and not self.first_env_error:
             self.first_env_error = failed[0].error or "no reason given"
+        self.env_failed_step = ""
+        self.env_failed_tries = self.env_failed_tries + 1 if played and lost == played else 0
         if played and lost == played:
+            self.env_failed_step = next((ep.error for ep in failed if ep.error), "") or "on another process"
             self.logger.warn(f"step {self.step + 1}: every episode failed in the env {self.cfg.env.name!r} "
-                             f"({self.first_env_error or 'on another process'}); nothing to train on")
+                             f"({self.env_failed_step}); nothing to train on")
+        return not self.env_failed_step
+
+    def _play_counted(self, play: Callable[[], list[Any]]) -> list[Any]:
+        """This step's episodes from ``play()`` (which takes its tasks from the task order), checked;
+        played again, after a wait, while every one of them failed in the env.
+
+        Such a step measured nothing: counted as done it would be checkpointed, rotate a good
+        checkpoint out, and a resumed run would never play it again. A replay starts from the same
+        place in the task order; when ``ENV_FAILURE_REPLAYS`` of them failed too, ``env_failed_step``
+        stays set and the recipe stops the run (:class:`EnvFailure`) without counting the step, so
+        ``--resume`` plays it.
+        """
+        position = (self.task_order.epoch, self.task_order.cursor)
+        episodes = play()
+        for replay in range(ENV_FAILURE_REPLAYS):
+            if self._check_rollout(episodes):
+                return episodes
+            wait = ENV_FAILURE_WAIT * 2 ** replay
+            self.logger.warn(f"step {self.step + 1}: playing it again in {wait:g} s (replay {replay + 1} of "
+                             f"{ENV_FAILURE_REPLAYS}); a step with no episode played is not counted")
+            time.sleep(wait)
+            self.task_order.epoch, self.task_order.cursor = position
+            episodes = play()
+        self._check_rollout(episodes)
+        return episodes
 
     def _optimizer_step(self) -> dict[str, float]:
         """Sum gradients over processes, clip, then step unless the gradient is not finite."""
@@ -309,7 +344,11 @@ class OnlineRecipe:
 
     def _end_step(self, metrics: dict[str, float], started: float) -> None:
         """After an update (or a skipped one): refresh the rollout weights, then EVAL (every
-        ``eval_every`` steps and after the last), log, CHECKPOINT."""
+        ``eval_every`` steps and after the last), log, CHECKPOINT. A step whose every episode failed
+        in the env is none of these: the run stops with :class:`EnvFailure`, the step not counted,
+        not logged and not checkpointed, so the checkpoints before it stay and ``--resume`` plays it."""
+        if self.env_failed_step:
+            raise EnvFailure(self._env_failure_message())
         sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
         self.step += 1
         cfg = self.cfg
@@ -322,6 +361,15 @@ class OnlineRecipe:
             self.save_checkpoint()
         if self.on_step_end is not None:
             self.on_step_end(self.step, metrics)
+
+    def _env_failure_message(self) -> str:
+        newest = ckpt.latest_checkpoint(self.output_dir)
+        kept = f"the newest checkpoint, {newest.name}, is kept" if newest else "no checkpoint was written before it"
+        tries = self.env_failed_tries
+        return (f"step {self.step + 1}: every episode failed in the env {self.cfg.env.name!r}"
+                f"{f' in {tries} rollouts in a row' if tries > 1 else ''} (the last reason: "
+                f"{self.env_failed_step}); the step is not counted and nothing of it was saved ({kept}): bring "
+                "the env back (is its server down or full?), then continue with --resume")
 
     def evaluate(self) -> dict[str, float]:
         """eval_success and eval_score of the model as it is now (see :func:`evaluate`)."""

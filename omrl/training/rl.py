@@ -32,6 +32,7 @@ import torch
 from rich.console import Console
 
 from omrl import registry
+from omrl.errors import EnvFailure
 from omrl.options import TrainRunConfig
 from omrl.training import checkpoint as ckpt
 from omrl.training import online
@@ -93,11 +94,13 @@ class RLRecipe(online.OnlineRecipe):
 
             # ROLLOUT: every sample of every task in batched generate calls, envs stepped together;
             # with a search (rollout.strategy), every root-to-leaf path of each task's trees
+            # (played again while every episode fails in the env: such a step is never counted)
             self.model.eval()
-            tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
-            episodes = online.play_step(cfg, self.session, tasks, seed)
+            episodes = self._play_counted(lambda: online.play_step(
+                cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed))
+            if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
+                raise EnvFailure(self._env_failure_message())
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
-            self._check_rollout(episodes)
             self._save_rollout(episodes)
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's

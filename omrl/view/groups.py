@@ -81,8 +81,8 @@ def build_tree(paths: list[tuple[dict[str, Any], dict[str, Any]]], limit: int = 
                 if len(nodes) >= limit:
                     break
                 node = nodes[node_id] = {
-                    "id": node_id, "parent": turn.get("parent_id"), "action": turn.get("action"),
-                    "response": (turn.get("response") or "")[:300], "reward": turn.get("reward"),
+                    "id": node_id, "parent": turn.get("parent_id"), "action": _short(turn.get("action")),
+                    "response": _short(turn.get("response") or ""), "reward": turn.get("reward"),
                     "score": search.get("score"), "chosen": False, "end": None, "won": False, "episodes": []}
             node["episodes"].append(summary["id"])
             node["chosen"] = node["chosen"] or bool(search.get("chosen"))
@@ -95,6 +95,11 @@ def build_tree(paths: list[tuple[dict[str, Any], dict[str, Any]]], limit: int = 
             parent["chosen"] = True
             parent = nodes.get(parent["parent"]) if parent["parent"] is not None else None
     return {"nodes": list(nodes.values()), "truncated": len(nodes) >= limit}
+
+
+def _short(text: Any, limit: int = 300) -> Any:
+    """A node's text in the tree: its first ``limit`` characters, "..." marking a cut (the episode shows more)."""
+    return text[:limit] + "..." if isinstance(text, str) and len(text) > limit else text
 
 
 def info_dict(text: Any) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The page: one HTML document with its stylesheet and script inlined.
 
 Served, it fetches its data from the server's ``api/`` endpoints. Saved with ``--out``, it
-carries a bounded number of episodes as JSON inside the document and opens offline. Either
+carries a bounded number of episodes as JSON inside the document and opens offline: at most
+``--max-episodes`` of them, and no more than :data:`DEFAULT_MAX_BYTES` of episodes, groups and
+trees together (each answer's texts and token lists cut as :mod:`omrl.view.bounds` says). Either
 way a Content-Security-Policy forbids loading anything from elsewhere, and the JSON placed
 in the document has ``<``, ``>`` and ``&`` escaped, so no text from a model or an env can
 close the script element that holds it.
@@ -20,6 +22,8 @@ from typing import Any
 from omrl.view.store import EpisodeStore
 
 DEFAULT_MAX_EPISODES = 200
+# JSON of the episodes, groups and trees a saved page embeds; the overview (config, curves) comes on top
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 _CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
         "base-uri 'none'; form-action 'none'; connect-src {connect}")
 _SLOTS = re.compile(r"__(CSP|CSS|JS|DATA)__")
@@ -53,23 +57,39 @@ def script_json(value: Any) -> str:
     return dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def embedded_data(store: EpisodeStore, max_episodes: int = DEFAULT_MAX_EPISODES) -> dict[str, Any]:
-    """The first ``max_episodes`` episodes in full, with their groups and trees, and the overview."""
+def embedded_data(store: EpisodeStore, max_episodes: int = DEFAULT_MAX_EPISODES,
+                  max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+    """The first ``max_episodes`` episodes in full, with their groups and trees, and the overview;
+    the episodes after the one that would take the embedded JSON past ``max_bytes`` are left out,
+    so a run of long episodes still makes a page a browser opens (the note says so)."""
     total = len(store.summaries)
     kept = [store.summary(i) for i in range(min(total, max(0, max_episodes)))]
+    embedded: dict[str, dict[str, Any]] = {"details": {}, "groups": {}, "trees": {}}
+    used, full = 0, False
+    for e in kept:
+        parts = {"details": {str(e["id"]): store.episode(e["id"])}}
+        if e["group"] not in embedded["groups"]:
+            parts["groups"] = {e["group"]: store.group(e["group"])}
+        if e["tree"] and e["group"] not in embedded["trees"]:
+            parts["trees"] = {e["group"]: store.tree(e["group"])}
+        size = sum(len(script_json(value)) for part in parts.values() for value in part.values())
+        if used + size > max_bytes:
+            full = True
+            break
+        used += size
+        for name, part in parts.items():
+            embedded[name].update(part)
+    kept = kept[:len(embedded["details"])]
     note = ""
     if len(kept) < total:
-        note = (f"This saved page holds the first {len(kept)} of the run's {total} episodes (--max-episodes "
-                f"{max_episodes}); `omrl view {store.source.path}` serves them all.")
-    keys = list(dict.fromkeys(e["group"] for e in kept))
-    trees = list(dict.fromkeys(e["group"] for e in kept if e["tree"]))
+        why = (f"past them its {max_bytes / 2**20:g} MiB bound on embedded episodes would be crossed" if full
+               else f"--max-episodes {max_episodes}")
+        note = (f"This saved page holds the first {len(kept)} of the run's {total} episodes ({why}); "
+                f"`omrl view {store.source.path}` serves them all.")
     return {
         "note": note or "every episode is in this page",
         "run": {**store.overview(), "embedded_note": note},
-        "summaries": kept,
-        "details": {str(e["id"]): store.episode(e["id"]) for e in kept},
-        "groups": {key: store.group(key) for key in keys},
-        "trees": {key: store.tree(key) for key in trees},
+        "summaries": kept, **embedded,
     }
 
 

@@ -4,13 +4,16 @@ A run directory is searched (a few levels deep, skipping checkpoints and logger 
 for ``metrics.jsonl``, ``config.yaml``, trajectory parquet files, readable episode JSONL
 files with no parquet beside them, and eval reports. A file that cannot be used becomes a
 :class:`Problem` naming it, and the rest is still shown; only a path with nothing usable
-at all is an error.
+at all is an error. A link found in the run that leads out of it is never followed (a
+warning names it): what a run dir links to is not the run's to show. Nor is anything but a
+regular file opened (a warning names it): reading a FIFO or a device would hang the viewer.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +84,9 @@ def discover(path: str | os.PathLike) -> RunSource:
     if not path.exists():
         raise OmrlError(f"{path}: no such file or directory; give a run directory, a trajectory parquet or "
                         "JSONL, or an eval report JSON")
+    if not path.is_dir() and not path.is_file():
+        raise OmrlError(f"{path} is {_kind_of(path)}, not a regular file: reading it could wait forever; give a run "
+                        "directory, a trajectory parquet or JSONL, or an eval report JSON")
     source = _discover_dir(path) if path.is_dir() else _discover_file(path)
     if source.empty and path.is_file():  # the one file could not be read: nothing else to show
         raise OmrlError("; ".join(str(p) for p in source.problems))
@@ -98,7 +104,7 @@ def _discover_file(path: Path) -> RunSource:
     source = RunSource(path=path, kind="trajectory")
     if name == METRICS_FILE:
         source.kind, source.metrics = "run", path
-        source.config = _beside(path, CONFIG_FILE)
+        source.config = _beside(path, CONFIG_FILE, source)
     elif suffix == ".parquet":
         _add_parquet(source, path)
     elif suffix == ".jsonl":
@@ -112,16 +118,18 @@ def _discover_file(path: Path) -> RunSource:
     else:
         raise OmrlError(f"{path}: not something omrl view shows; give a run directory, a trajectory .parquet or "
                         ".jsonl, or an eval report .json")
-    source.tokenizer = _beside(path, TOKENIZER_FILE)
+    source.tokenizer = _beside(path, TOKENIZER_FILE, source)
     return source
 
 
 def _discover_dir(root: Path) -> RunSource:
     source = RunSource(path=root, kind="run")
-    source.metrics = _beside(root / METRICS_FILE, METRICS_FILE)
-    source.config = _beside(root / CONFIG_FILE, CONFIG_FILE)
-    source.tokenizer = _beside(root / TOKENIZER_FILE, TOKENIZER_FILE)
+    source.metrics = _beside(root / METRICS_FILE, METRICS_FILE, source)
+    source.config = _beside(root / CONFIG_FILE, CONFIG_FILE, source)
+    source.tokenizer = _beside(root / TOKENIZER_FILE, TOKENIZER_FILE, source)
     for path in _walk(root):
+        if not _stays_inside(path, root, source) or not _regular(path, source):
+            continue
         suffix = path.suffix.lower()
         if suffix == ".parquet":
             _add_parquet(source, path)
@@ -145,9 +153,45 @@ def _walk(root: Path) -> list[Path]:
     return sorted(found)
 
 
-def _beside(path: Path, name: str) -> Path | None:
+def _beside(path: Path, name: str, source: RunSource) -> Path | None:
     candidate = path if path.name == name else path.parent / name
-    return candidate if candidate.is_file() else None
+    if not os.path.lexists(candidate) or not _stays_inside(candidate, candidate.parent, source):
+        return None
+    return candidate if _regular(candidate, source) else None
+
+
+def _regular(path: Path, source: RunSource) -> bool:
+    """Whether ``path`` is a regular file (a link's target counted): anything else (a FIFO, a socket,
+    a device, a folder named like a file) is never opened, since reading a FIFO no one writes to
+    waits forever. It becomes a warning naming it."""
+    if path.is_file():
+        return True
+    source.problems.append(Problem(source.label(path), f"{_kind_of(path)}, not a regular file; not read",
+                                   level="warning"))
+    return False
+
+
+def _kind_of(path: Path) -> str:
+    """What ``path`` is, in words, when it is not a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "a broken link"
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+    return next((words for test, words in kinds if test(mode)), "not a regular file")
+
+
+def _stays_inside(path: Path, root: Path, source: RunSource) -> bool:
+    """Whether ``path`` (found in ``root``, not named by the user) is really there: a link that leads
+    out of ``root`` is never followed, or a run dir holding ``config.yaml -> ~/.netrc`` would put a
+    private file in a page meant to be shared. It becomes a warning naming the link."""
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+        return True
+    source.problems.append(Problem(source.label(path), "a link to a file outside the run directory; not followed",
+                                   level="warning"))
+    return False
 
 
 def _add_parquet(source: RunSource, path: Path) -> None:

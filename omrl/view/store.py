@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
+from omrl.config import redact
 from omrl.view import groups
+from omrl.view.bounds import MAX_GROUP_TEXT, TextBudget, cut_tokens
 from omrl.view.metrics import columns, panels, read_metrics_file
 from omrl.view.readers import ParquetEpisodes, RecordEpisodes, ReportEpisodes, Unreadable
 from omrl.view.sources import Problem, RunSource, discover
@@ -48,6 +51,8 @@ class EpisodeStore:
         for summary in self.summaries:
             self._members.setdefault(summary["group"], []).append(summary["id"])
         self._advantages = self._group_advantages()
+        self._metrics_cache: tuple[Any, dict[str, Any], list[Problem]] | None = None
+        self._metrics_lock = threading.Lock()
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -77,7 +82,9 @@ class EpisodeStore:
             self.problems.append(Problem(self.source.label(path), f"not valid YAML ({str(exc).splitlines()[0]})",
                                          level="warning"))
             return text, None
-        return text, data if isinstance(data, dict) else None
+        if not isinstance(data, dict):
+            return text, None
+        return _without_secrets(text, data), data
 
     def _add(self, make: Any, path: Path) -> None:
         import pyarrow as pa
@@ -100,14 +107,15 @@ class EpisodeStore:
         if self.config_text == "" and isinstance(report.get("config"), dict):
             import yaml
 
-            self.config_text = f"# from {label}\n" + yaml.safe_dump(report["config"], sort_keys=False)
+            self.config_text = f"# from {label}\n" + yaml.safe_dump(redact(report["config"]), sort_keys=False)
 
     def _index(self, reader: Any) -> None:
         number = len(self.files)
         self.files.append(reader)
         base = len(self.summaries)
         for row, summary in enumerate(reader.summaries):
-            summary.update(id=base + row, file=number, row=row, group=f"{number}:{summary['group']}")
+            summary.update(id=base + row, file=number, row=row, group=f"{number}:{summary['group']}",
+                           error=TextBudget()(summary.get("error")))  # in every list page: kept short
             self.summaries.append(summary)
 
     def _group_advantages(self) -> dict[int, float | None]:
@@ -120,17 +128,30 @@ class EpisodeStore:
                 result[i] = value
         return result
 
+    def _curves(self) -> tuple[dict[str, Any], list[Problem]]:
+        """The metrics' curves and the problems met reading them, parsed again only when
+        ``metrics.jsonl`` changed (its size or modification time): a live run goes on writing it,
+        but parsing 100,000 steps on every request of the page took seconds each time."""
+        path = self.source.metrics
+        if path is None:
+            return {"step": [], "series": {}}, []
+        try:
+            seen = (path.stat().st_size, path.stat().st_mtime_ns)
+        except OSError:
+            seen = None  # read_metrics_file says why
+        with self._metrics_lock:  # two requests at once parse it once
+            if seen is None or self._metrics_cache is None or self._metrics_cache[0] != seen:
+                records, found = read_metrics_file(path, self.source.label(path))
+                self._metrics_cache = (seen, columns(records), found)
+            return self._metrics_cache[1], self._metrics_cache[2]
+
     # -- what the page asks for ---------------------------------------------------------------
 
     def overview(self) -> dict[str, Any]:
-        """Everything but the episodes: metrics (re-read: a live run goes on writing), config,
+        """Everything but the episodes: metrics (read again when the file changed: a live run goes on writing), config,
         eval reports, what the filters can choose from, and every problem found."""
-        problems = list(self.problems)
-        curves: dict[str, Any] = {"step": [], "series": {}}
-        if self.source.metrics is not None:
-            records, found = read_metrics_file(self.source.metrics, self.source.label(self.source.metrics))
-            problems += found
-            curves = columns(records)
+        curves, found = self._curves()
+        problems = self.problems + found
         s = self.summaries
         return {
             "path": str(self.source.path), "kind": self.source.kind, "title": self.source.path.name,
@@ -175,14 +196,16 @@ class EpisodeStore:
         if ids is None:
             raise KeyError(f"no group {key!r}")
         members = []
+        cut = TextBudget(limit=MAX_GROUP_TEXT)  # side by side, each text shorter than in an episode's own view
         for i in ids[:MAX_GROUP]:
             summary = {**self.summaries[i], "advantage": self._advantages.get(i)}
             try:
                 row = self.files[summary["file"]].row(summary["row"])
-                turns = [{"observation": t.get("observation") or "", "response": t.get("response") or "",
-                          "action": t.get("action"), "reward": t.get("reward"), "format_ok": t.get("format_ok")}
+                turns = [{"observation": cut(t.get("observation") or ""), "response": cut(t.get("response") or ""),
+                          "action": cut(t.get("action")), "reward": t.get("reward"), "format_ok": t.get("format_ok")}
                          for t in row.get("turns") or []]
-                members.append({"summary": summary, "instruction": row.get("instruction") or "", "turns": turns})
+                members.append({"summary": summary, "instruction": cut(row.get("instruction") or ""),
+                                "turns": turns})
             except Unreadable as exc:
                 members.append({"summary": summary, "unavailable": str(exc), "turns": []})
         return {"key": key, "size": len(ids), "shown": len(members), "members": members,
@@ -206,6 +229,17 @@ class EpisodeStore:
         if not 0 <= episode_id < len(self.summaries):
             raise KeyError(f"no episode {episode_id} (this run has {len(self.summaries)})")
         return {**self.summaries[episode_id], "advantage": self._advantages.get(episode_id)}
+
+
+def _without_secrets(text: str, data: dict[str, Any]) -> str:
+    """A run's config.yaml as the page shows it: as written, unless it holds a secret (a run made
+    before omrl redacted them, or a hand-written file), which the page never carries."""
+    import yaml
+
+    clean = redact(data)
+    if clean == data:
+        return text
+    return "# secrets redacted by omrl view\n" + yaml.safe_dump(clean, sort_keys=False)
 
 
 def open_run(path: str | os.PathLike, tokenizer: str | None = None) -> EpisodeStore:
@@ -235,7 +269,9 @@ def matches(summary: dict[str, Any], params: dict[str, str]) -> bool:
 
 def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: TokenText | None,
                    advantage: float | None, advantage_note: str, stored_advantages: bool) -> dict[str, Any]:
-    """The page's view of one episode row (see :mod:`omrl.view.readers` for the row's shape)."""
+    """The page's view of one episode row (see :mod:`omrl.view.readers` for the row's shape), its texts
+    and token lists cut as :mod:`omrl.view.bounds` says."""
+    cut = TextBudget()
     rewards = dict(row.get("rewards") or [])
     row_starts = [int(x) for x in row.get("row_starts") or []]  # where chat.history=as_template split it
     turns = []
@@ -243,9 +279,10 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
         span = list(turn.get("span") or [0, 0])
         turns.append({
             "row": sum(start <= span[0] for start in row_starts),
-            "observation": turn.get("observation") or "", "response": turn.get("response") or "",
-            "action": turn.get("action"), "format_ok": turn.get("format_ok"), "parse_error": turn.get("parse_error"),
-            "reward": turn.get("reward"), "done": turn.get("done"), "info": groups.info_dict(turn.get("info")),
+            "observation": cut(turn.get("observation") or ""), "response": cut(turn.get("response") or ""),
+            "action": cut(turn.get("action")), "format_ok": turn.get("format_ok"),
+            "parse_error": cut(turn.get("parse_error")), "reward": turn.get("reward"), "done": turn.get("done"),
+            "info": _cut_info(groups.info_dict(turn.get("info")), cut),
             "rewards": {name: values[i] for name, values in rewards.items() if values and i < len(values)},
             "span": list(turn.get("span") or [0, 0]), "node": turn.get("node_id"), "parent": turn.get("parent_id"),
         })
@@ -263,12 +300,20 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
         tokens["advantage"] = advantage  # one number for every trained token
         tokens["advantage_note"] = advantage_note
     return {
-        "summary": summary, "instruction": row.get("instruction") or "", "turns": turns,
+        "summary": summary, "instruction": cut(row.get("instruction") or ""), "turns": turns,
         "reward_totals": {name: float(sum(v for v in values or [] if v is not None))
                           for name, values in rewards.items()},
         "prompt_length": row.get("prompt_length") or 0, "demo_messages": row.get("demo_messages") or 0,
-        "row_starts": row_starts, "tokens": tokens,
+        "row_starts": row_starts, "tokens": cut_tokens(tokens),
     }
+
+
+def _cut_info(info: dict[str, Any], cut: TextBudget) -> dict[str, Any]:
+    """A turn's info as the page shows it: whole, or, when its JSON is long (an env may put a whole
+    page there), that JSON as one cut text."""
+    text = json.dumps(info, default=str)
+    shown = cut(text)
+    return info if shown == text else {"cut": shown}
 
 
 def _int(value: str | None, default: int) -> int:

@@ -69,14 +69,22 @@ before the restart may now be another client's env. An ``omrl env serve`` server
 instance in the ``/create`` answer; the client sends that name with every call about the id, and
 a restarted server refuses it (HTTP 410) instead of acting on another client's env, so such an id
 is kept across episodes. A foreign server cannot tell, so its ids live one episode: ``reset``
-creates a new env, and a finished episode's env is closed at once, where a refused close (the
-server no longer knew the id: it restarted, or another client closed it) makes that last step
-an EnvError, since another client may have shared the env. Servers without ``/close`` (WebShop,
-SQLGym, ALFWorld, LMRL-Gym, the tool envs) are never sent one and then keep one env per episode
-in memory; ``reuse_ids=true`` trades that for the risk above. It is the default for WebShop and
-SQLGym, which hand out live ids again once they hold 8,000 and 8 envs (one env per episode would
-soon make two clients share one) and draw random ids, which a restart hardly hands to another
-client. A server answering a close with a bare 404 or 405 (no such route) is not sent another.
+creates a new env, and an episode's env is closed the moment it ends (:meth:`end_episode`, which
+the rollout's pool calls for episodes cut short by a turn cap too), where a refused close (the
+server no longer knew the id: it restarted, or another client closed it) makes a finished
+episode's last step an EnvError, since another client may have shared the env. A bare ``false``
+(AgentGym's answer for an id it does not hold) is such a refusal. The clients of one process share
+what they see of a foreign server's ids: a create answered with an id one of them holds, or (ids
+counting up) one not above an id answered before, means the server restarted or handed the env
+out again, and the holder's next call (a step, a retry, a close) becomes an EnvError instead of
+reaching the other client's env. A restart whose new ids go to another process's clients first,
+or a call already on its way, is not seen: the answers carry nothing of the episode. Servers
+without ``/close`` (WebShop, SQLGym, ALFWorld, LMRL-Gym, the tool envs) are never sent one and
+then keep one env per episode in memory; ``reuse_ids=true`` trades that for the risk above (and
+compares created ids only with held ones). It is the default for WebShop and SQLGym, which hand
+out live ids again once they hold 8,000 and 8 envs (one env per episode would soon make two
+clients share one) and draw random ids, which a restart hardly hands to another client. A server
+answering a close with a bare 404 or 405 (no such route) is not sent another.
 A step answered 404 or 410 names the lost id in its EnvError. An id dropped after a failure on
 an omrl server is closed at the next ``reset`` or ``close`` (the instance name makes that safe),
 so timeouts do not leak envs there.
@@ -103,6 +111,71 @@ from omrl_plugins.envs.agentgym_http import HttpTransport, ServerFailure, Server
 GONE = (404, 410)  # statuses that say the server no longer has the env id
 MAX_ORPHANS = 32  # dropped omrl ids remembered for closing (a server down for long drops more)
 MALFORMED = (KeyError, TypeError, ValueError, OverflowError)  # what reading a malformed answer raises
+
+
+@dataclasses.dataclass(eq=False)
+class _Claim:
+    """One client's hold on a foreign server's env id; ``lost`` says why another may now share it."""
+
+    env_id: int
+    lost: str = ""
+
+
+class _IdLedger:
+    """The env ids this process's clients hold on one foreign server, so what one client sees warns
+    the others (a foreign server names no instance, so a restart is only seen in its ids).
+
+    A create answering an id that a client here still holds means the server handed that env to
+    someone else: the holder's episode is lost. On a server whose ids count up (every foreign
+    server but those that hand out ids again, ``reuse_ids``), a create answering an id at or below
+    the highest it had answered before the call was sent means it restarted: every id held here
+    may now be another client's env, so every such episode is lost.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holders: dict[int, _Claim] = {}
+        self.highest = -1  # the highest id the server answered a create here with
+        self.restarts = 0  # restarts seen: a create sent before one is not compared with ``highest``
+
+    def before_create(self) -> tuple[int, int]:
+        """What a create about to be sent is compared with once answered: (highest id, restarts)."""
+        with self.lock:
+            return self.highest, self.restarts
+
+    def claim(self, env_id: int, seen: tuple[int, int], counts_up: bool) -> _Claim:
+        """Hold ``env_id``, just answered by a create sent when the ledger stood at ``seen``."""
+        highest, restarts = seen
+        with self.lock:
+            if counts_up and env_id <= highest and restarts == self.restarts:
+                self.restarts += 1
+                why = (f"the server answered a create with env id {env_id}, not above the {highest} it had "
+                       "handed out before: it restarted, numbering its ids from 0 again")
+                for held in self.holders.values():
+                    held.lost = held.lost or why
+                self.holders.clear()
+                self.highest = env_id
+            elif env_id in self.holders:
+                held = self.holders.pop(env_id)
+                held.lost = held.lost or f"the server handed env id {env_id} to another episode of this process"
+            self.highest = max(self.highest, env_id)
+            self.holders[env_id] = claim = _Claim(env_id)
+            return claim
+
+    def release(self, claim: _Claim) -> None:
+        with self.lock:
+            if self.holders.get(claim.env_id) is claim:
+                del self.holders[claim.env_id]
+
+
+_LEDGERS: dict[str, _IdLedger] = {}
+_LEDGERS_LOCK = threading.Lock()
+
+
+def _ledger(server: str) -> _IdLedger:
+    """The ledger of the server (base URL and route prefix) ``server``, shared by this process's clients."""
+    with _LEDGERS_LOCK:
+        return _LEDGERS.setdefault(server, _IdLedger())
 
 
 def parse_splits(splits: Any, where: str = "plugins.agentgym.splits") -> dict[str, range]:
@@ -163,6 +236,8 @@ class AgentGymEnv(Env):
         self._lock = threading.Lock()  # calls on one env id are serialized
         self._env_id: int | None = None
         self._instance: str | None = None  # the omrl server instance that handed out _env_id
+        self._claim: _Claim | None = None  # this client's hold on a foreign server's _env_id
+        self._ledger = _ledger(self._server.base_url + self._spec.route_prefix)
         self._orphans: list[tuple[int, str]] = []  # dropped omrl ids to close: (id, instance)
         self._started = False
         self._done = False
@@ -260,6 +335,7 @@ class AgentGymEnv(Env):
             except ServerFailure:
                 self._drop_id()  # the server may have lost it: the next reset makes a new one
                 raise
+            self._check_claim("POST /reset")
             self._started = True
             return Observation(observation, instruction, {"task_id": task_id, **info})
 
@@ -274,24 +350,31 @@ class AgentGymEnv(Env):
             try:
                 return self._call_with_id("POST", "/reset", body)
             except ServerRefused as exc:  # e.g. a restarted server (410): make a new one
-                self._drop_id(gone=exc.status in GONE)
+                self._drop_id(gone=exc.status in GONE or exc.unknown_id)
         self._env_id, self._instance = self._create(task_id)
         return self._call_with_id("POST", "/reset", body)
 
     def _create(self, task_id: int) -> tuple[int, str | None]:
         """A new env id, and the omrl server instance that handed it out (None: a foreign server)."""
         route = self._route("/create")
+        seen = self._ledger.before_create()
         answer = self._server.call("POST", route, body=create_body(self._spec, task_id))
         try:
             env_id, instance, self._deterministic = read_create(self._spec, answer)
         except MALFORMED as exc:
             raise ServerFailure(self._server.message(f"POST {route}", str(exc))) from exc
+        if instance is None:  # an omrl server's instance name guards its ids; a foreign server's, the ledger
+            self._claim = self._ledger.claim(env_id, seen, counts_up=not self._reuse_ids)
         if instance is not None and not self._self_describing and not self._omrl_answers:
             self._spec, self._omrl_answers = as_omrl_server(self._spec), True  # e.g. `omrl env serve webshop`
             self._has_expert = True
         return env_id, instance
 
     def _parse_reset(self, answer: Any) -> tuple[str, str, dict[str, Any]]:
+        echoed = answer.get(self._id_key) if isinstance(answer, dict) else None
+        if type(echoed) is int and echoed != self._env_id:  # TextCraft's and omrl's answers name the id
+            raise ServerFailure(self._server.message(f"POST {self._route('/reset')}", f"the answer is about env id "
+                                                     f"{echoed}, not {self._env_id}: another client's env"))
         try:
             parts = read_reset(self._spec, answer)
         except MALFORMED as exc:
@@ -315,18 +398,20 @@ class AgentGymEnv(Env):
             if not self._started or self._env_id is None:
                 raise EnvError(f"agentgym env {self.env_name!r}: call reset(task_id) before step")
             env_id = self._env_id
+            self._check_claim("POST /step")
             try:
                 answer = self._call_with_id("POST", "/step", {"action": action}, resend_safe=False)
                 result = self._parse_step(answer)
             except ServerRefused as exc:
-                if exc.status not in GONE:
+                if exc.status not in GONE and not exc.unknown_id:
                     raise
-                self._drop_id(gone=True)
+                self._drop_id(gone=True)  # never closed: the number may be another client's env by then
                 raise ServerRefused(f"{exc} (the server no longer knows env id {env_id}: it restarted, "
                                     "or another client closed it)", exc.status) from exc
             except ServerFailure:
                 self._drop_id()
                 raise
+            self._check_claim("POST /step")  # a restart seen while the step was away: the answer may be another's
             self._done = result.done
             if result.done and not self._reusable():
                 self._close_finished(env_id)
@@ -338,7 +423,7 @@ class AgentGymEnv(Env):
         A refused close means the server no longer knew the env (it restarted, or another client
         closed it), so another client may have played it too: the episode is not trusted.
         """
-        self._env_id = None
+        self._forget_id()
         if not self._has_close:
             return
         try:
@@ -387,6 +472,15 @@ class AgentGymEnv(Env):
         action = answer.get("action") if isinstance(answer, dict) else None
         return None if action is None else str(action)
 
+    def end_episode(self) -> None:
+        """The episode is over, finished or not (a turn cap, a full context): a foreign server's env
+        id lives one episode, so it is closed now, not at the next reset, when the server may have
+        restarted and handed the number to another client (whose env that close would end)."""
+        with self._lock:
+            if self._env_id is not None and not self._reusable():
+                self._close_id()
+            self._started = False
+
     def close(self) -> None:
         with self._lock:
             self._close_orphans()
@@ -395,18 +489,36 @@ class AgentGymEnv(Env):
             self._server.close()
 
     # -- env ids -------------------------------------------------------------------------
+    def _check_claim(self, what: str) -> None:
+        """EnvError when another client may now share this episode's env (the ledger saw the server
+        hand its id out again); the id is forgotten unclosed, since closing it would end that client's env."""
+        if self._claim is None or not self._claim.lost:
+            return
+        env_id, why = self._env_id, self._claim.lost
+        self._drop_id(gone=True)
+        raise EnvError(self._server.message(what, f"env id {env_id} may now be another client's env ({why}); "
+                                                  "this episode is not trusted"))
+
+    def _forget_id(self) -> None:
+        """No env id any more (and no hold on it in the ledger)."""
+        if self._claim is not None:
+            self._ledger.release(self._claim)
+        self._env_id, self._instance, self._claim = None, None, None
+
     def _drop_id(self, gone: bool = False) -> None:
         """Forget the env id after a failure; an omrl server's id that may live on is kept for
         closing later (its instance name makes that safe even after a restart)."""
         if self._env_id is not None and not gone and self._instance is not None and self._has_close:
             self._orphans = [*self._orphans, (self._env_id, self._instance)][-MAX_ORPHANS:]
-        self._env_id, self._instance, self._started = None, None, False
+        self._forget_id()
+        self._started = False
 
     def _close_id(self) -> None:
-        """Close the env id, best effort: the server may be gone, and it frees ids on restart."""
-        env_id, instance = self._env_id, self._instance
-        self._env_id, self._instance = None, None
-        if env_id is not None and self._has_close:
+        """Close the env id, best effort: the server may be gone, and it frees ids on restart. An id
+        the server handed out again (the ledger says so) is not closed: it is another client's env now."""
+        env_id, instance, lost = self._env_id, self._instance, self._claim is not None and self._claim.lost
+        self._forget_id()
+        if env_id is not None and self._has_close and not lost:
             try:
                 self._close_on_server(env_id, instance)
             except EnvError:
@@ -437,11 +549,12 @@ class AgentGymEnv(Env):
         """A call about this instance's env id (in the body for POST, the query for GET), naming the
         omrl server instance that handed it out, so a restarted server refuses it."""
         headers = {INSTANCE_HEADER: self._instance} if self._instance else None
+        check = None if self._claim is None else lambda: self._check_claim(f"{method} {self._route(path)}")
         if method == "GET":
             return self._server.call(method, self._route(path), params={self._id_key: self._env_id},
-                                     headers=headers, **kw)
+                                     headers=headers, before_send=check, **kw)
         return self._server.call(method, self._route(path), body={self._id_key: self._env_id, **(body or {})},
-                                 headers=headers, **kw)
+                                 headers=headers, before_send=check, **kw)
 
 
 def _request_headers(token: str | None, headers: dict[str, str] | None) -> dict[str, str]:

@@ -40,6 +40,12 @@ Scoring (``score`` in [0, 1], ``won`` on every step): the sum of rewards, clippe
 (reward 1 at the goal); the server's running ``score`` for babyai (won at >= 0.5, its own done
 rule) and sciworld (/ 100, won at 100); the latest reward for the tool envs, whose reward is a
 progress rate that ends as 1 on success.
+
+Refused actions: these servers answer an action they did not play as an ordinary step, with the
+reason as the observation; the step's ``info["invalid"]`` is true when it begins as a refusal of
+its server does (textcraft "Could not ...", babyai "The action is not recognized...", sciworld
+"No known action matches...", alfworld "Nothing happens."), so ``invalid_action_rate`` counts
+them. An omrl server says ``invalid`` itself.
 """
 
 from __future__ import annotations
@@ -95,6 +101,9 @@ class ServerSpec:
     #: restart as another client's id)
     reuse_ids: bool = False
     actions_route: str | None = None  # a GET route with the admissible actions (WebShop)
+    #: how the server's step observation begins when it refused the action (played nothing): these
+    #: servers answer a refusal as an ordinary step, so ``info["invalid"]`` is read from the text
+    refused: tuple[str, ...] = ()
     expert_route: str | None = None  # omrl servers: GET /expert_action
     action_help: str = Env.action_help
     max_turns: int = Env.max_turns
@@ -113,20 +122,23 @@ def _tool_env(**kw: Any) -> ServerSpec:
 KNOWN_SERVERS: dict[str, ServerSpec] = {
     "textcraft": ServerSpec(
         create_body="empty", splits={"test": (0, 100), "train": (100, 544)}, max_turns=20,
+        refused=("Could not ", "Wrong item format"),  # TextCraftEnv.step's ActionFailed messages
         action_help="One command per turn: get [count] [item], craft [count] [target] using "
                     "[count] [ingredient], ..., or inventory."),
     "babyai": ServerSpec(
         splits={"test": (0, 400), "train": (400, 4400)}, score_field="score", win_score=0.5,
+        refused=("The action is not recognized", "There is a barrier in front of you"),  # check_action_is_valid
         max_turns=20,
         action_help="One action per turn: turn left, turn right, move forward, go to <object>, "
                     "pick up <object>, go through <door>, toggle and go through <door>, toggle."),
     "sciworld": ServerSpec(
         splits={"test": (0, 4639, 10), "train": (1, 4639, 2)}, score_field="score", instruction_key="task_description",
+        refused=("No known action matches that input",),  # ScienceWorld's parser
         score_scale=100.0, max_turns=30,
         action_help="One command per turn, e.g. look around, go to LOC, open OBJ, pick up OBJ, "
                     "move OBJ to OBJ, use OBJ on OBJ, focus on OBJ, wait."),
     "alfworld": ServerSpec(
-        task_field="game", splits={"train": (0, 2420), "test": (2420, 2620)},
+        task_field="game", splits={"train": (0, 2420), "test": (2420, 2620)}, refused=("Nothing happens",),
         reset_fields={"world_type": "Text"}, has_close=False, max_turns=30,
         action_help="One command per turn, e.g. go to LOC, take OBJ from RECEP, put OBJ in/on "
                     "RECEP, open RECEP, heat/cool/clean OBJ with RECEP, use OBJ, look."),
@@ -168,7 +180,7 @@ GENERIC_SERVER = ServerSpec(create_keys=("id", "env_idx"), bare_id=True, reset_s
 #: ``env_name=webshop``): its create answer names an instance, and from then on its answers are
 #: read with GENERIC_SERVER's shapes and routes (it takes the known server's requests as they are)
 OMRL_ANSWER_FIELDS = ("reset_shapes", "observe_after_reset", "observation_keys", "done_keys", "instruction_key",
-                      "instruction_route", "actions_route", "expert_route")
+                      "instruction_route", "actions_route", "expert_route", "refused")
 
 
 def as_omrl_server(spec: ServerSpec) -> ServerSpec:
@@ -268,9 +280,11 @@ def read_step(spec: ServerSpec, answer: Any, score_before: float) -> StepParts:
             reward = number(answer, "reward")
             score = clip(score_before + reward)
         won = any(done) and score >= spec.win_score
-    info = answer["info"] if isinstance(answer.get("info"), dict) else {}
-    return StepParts(as_text(observation), reward, any(done), score, won, info,
-                     _action_list(answer.get("available_actions")))
+    info = dict(answer["info"]) if isinstance(answer.get("info"), dict) else {}
+    text = as_text(observation)
+    if spec.refused and "invalid" not in info:  # an omrl server says it itself, in info
+        info["invalid"] = text.lstrip().startswith(spec.refused)
+    return StepParts(text, reward, any(done), score, won, info, _action_list(answer.get("available_actions")))
 
 
 def number(answer: dict[str, Any], key: str) -> float:

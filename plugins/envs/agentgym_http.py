@@ -1,8 +1,9 @@
 """HTTP calls to an AgentGym-style env server: keep-alive, retries, and its error answers.
 
-AgentGym servers answer failures with HTTP 200 and ``{"error": ...}``; only a body that fails
-their schema gets a 422. :class:`HttpTransport` turns those, any 4xx and bodies that are not
-JSON into :class:`~omrl.envs.EnvError` subclasses that name the server, the call and the message.
+AgentGym servers answer failures with HTTP 200 and ``{"error": ...}`` (some with a bare
+``false``, e.g. for an id they do not hold); only a body that fails their schema gets a 422.
+:class:`HttpTransport` turns those, any 4xx and bodies that are not JSON into
+:class:`~omrl.envs.EnvError` subclasses that name the server, the call and the message.
 
 Retries: a call is sent again after a connection error that proves it never reached the server
 (it could not connect, or no pooled connection came free). Any other failure, an HTTP 5xx or a
@@ -14,7 +15,7 @@ reads are sent again, up to ``retries`` more times.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 
@@ -28,13 +29,15 @@ class ServerFailure(EnvError):
 class ServerRefused(EnvError):
     """The server answered this call with an error (``{"error": ...}`` or a 4xx).
 
-    ``error_body`` tells a server's own ``{"error": ...}`` from a bare 4xx (e.g. a route it lacks).
+    ``error_body`` tells a server's own ``{"error": ...}`` from a bare 4xx (e.g. a route it lacks);
+    ``unknown_id``: the server answered a bare ``false``, as AgentGym's do for an id they do not hold.
     """
 
-    def __init__(self, message: str, status: int, error_body: bool = False):
+    def __init__(self, message: str, status: int, error_body: bool = False, unknown_id: bool = False):
         super().__init__(message)
         self.status = status
         self.error_body = error_body
+        self.unknown_id = unknown_id
 
 
 class HttpTransport:
@@ -49,11 +52,12 @@ class HttpTransport:
 
     def call(self, method: str, path: str, *, body: dict | None = None, params: dict | None = None,
              headers: dict[str, str] | None = None, resend_safe: bool = True, retry: bool = True,
-             json_answer: bool = True) -> Any:
+             json_answer: bool = True, before_send: Callable[[], None] | None = None) -> Any:
         """The decoded JSON answer (``json_answer=False``: the text of an answer that is not JSON).
 
         ``resend_safe=False`` resends only requests that never reached the server; ``retry=False``
-        sends once.
+        sends once. ``before_send`` runs before every attempt and may raise to stop the call (a
+        server that restarted during the backoff may have handed the env id to another client).
         """
         what = f"{method} {path}"
         attempts = self.retries + 1 if retry else 1
@@ -61,6 +65,8 @@ class HttpTransport:
         for attempt in range(attempts):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
+            if before_send is not None:
+                before_send()
             try:
                 response = self._client.request(method, path, json=body, params=params, headers=headers)
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
@@ -91,6 +97,9 @@ class HttpTransport:
                 if not json_answer:
                     return response.text
                 raise ServerFailure(self.message(what, f"the answer is not JSON: {snippet(response.text)}"))
+        if answer is False:  # no route answers a bare false on success: an id the server does not hold
+            raise ServerRefused(self.message(what, "the server answered false (it does not hold this env id?)"),
+                                response.status_code, error_body=True, unknown_id=True)
         if isinstance(answer, dict) and "error" in answer:
             status = f"HTTP {response.status_code}: " if response.status_code >= 400 else ""
             raise ServerRefused(self.message(what, status + _cut(str(answer["error"]))),

@@ -672,3 +672,56 @@ def agentgym_like_app(log: list[tuple[str, int, Optional[int]]], close_status: O
         return True
 
     return app
+
+
+def falsy_textcraft_app(refuse_close: bool = False) -> FastAPI:
+    """A TextCraft-shaped server as an AgentGym restart leaves its clients facing: ids from 0 at
+    each start (a new app is a restarted server), and a bare ``false`` under HTTP 200 for an id it
+    does not hold (``refuse_close``: for every close). Crafting ``stick<task>`` wins."""
+    app = FastAPI()
+    tasks: dict[int, int] = {}
+    ids = itertools.count()
+
+    @app.post("/create")
+    def create(body: TextCraftCreate):
+        env_id = next(ids)
+        tasks[env_id] = env_id
+        return {"id": env_id, "observation": f"Goal: craft stick{env_id}.", "done": False, "reward": 0}
+
+    @app.post("/reset")
+    def reset(body: TextCraftReset):
+        if body.id not in tasks:
+            return False
+        tasks[body.id] = body.data_idx
+        return {"id": body.id, "observation": f"Goal: craft stick{body.data_idx}.", "done": False, "reward": 0}
+
+    @app.post("/step")
+    def step(body: IdStep):
+        if body.id not in tasks:
+            return False
+        won = body.action == f"craft stick{tasks[body.id]}"
+        return {"observation": "Crafted it." if won else "Nothing happens.", "reward": int(won), "done": won}
+
+    @app.post("/close")
+    def close(body: IdClose):
+        if refuse_close or body.id not in tasks:
+            return False
+        del tasks[body.id]
+        return True
+
+    return app
+
+
+class Restartable:
+    """ASGI app standing for a server process restarted on its port: :meth:`restart` swaps in a
+    fresh ``make()`` (its envs gone, its ids from 0 again) while clients keep their connections."""
+
+    def __init__(self, make):
+        self.make = make
+        self.app = make()
+
+    def restart(self) -> None:
+        self.app = self.make()
+
+    async def __call__(self, scope, receive, send):
+        return await self.app(scope, receive, send)

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from agentgym_apps import (
-    Recorder, agentgym_like_app, alfworld_app, flaky_app, lmrlgym_app, running_score_app, served_app, sqlgym_app,
-    textcraft_app, tool_app, webarena_app, webshop_app,
+    Recorder, Restartable, agentgym_like_app, alfworld_app, falsy_textcraft_app, flaky_app, lmrlgym_app,
+    running_score_app, served_app, sqlgym_app, textcraft_app, tool_app, webarena_app, webshop_app,
 )
 from fastapi.responses import PlainTextResponse, Response
 
@@ -23,6 +23,7 @@ from omrl.envs import (
 )
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
+from omrl.rollout import EnvPool
 from omrl.serve import background_server, create_app
 from omrl_plugins.envs.agentgym import AgentGymEnv, parse_splits
 
@@ -334,22 +335,23 @@ def test_env_without_default_splits_on_a_server_that_lists_none_asks_for_them():
 
 
 def test_restarted_omrl_server_never_lets_a_stale_id_reach_another_clients_env(register_plugin):
-    """A restarted server numbers ids from 0 again: client A's id 0 from before the restart must
-    not reset the env that client B was just handed under the same number."""
+    """A restarted server never hands out an earlier start's ids, and refuses them to omrl's client
+    (410): client A's id from before the restart cannot reset the env client B was just handed."""
     register_plugin(CounterPlugin(), name="test-counter")
     with background_server(create_app("counter")) as url:
         a = AgentGymEnv(base_url=url, env_name="counter", **FAST)
         b = AgentGymEnv(base_url=url, env_name="counter", **FAST)
-        assert play_with_expert(a, 8).won and a._env_id == 0
+        assert play_with_expert(a, 8).won
+        before = a._env_id
     with background_server(create_app("counter"), port=int(url.rsplit(":", 1)[1])):  # a new process
         assert b.reset(9).instruction == "Count to 3, then submit."
-        assert b._env_id == 0  # the new server's first id: the number A still holds
-        assert a.reset(10).instruction == "Count to 4, then submit."
-        assert a._env_id != b._env_id
+        assert b._env_id > before  # a new start numbers its ids above every earlier start's
+        assert a.reset(10).instruction == "Count to 4, then submit."  # its old id got 410: a new env
+        assert a._env_id not in (before, b._env_id)
         for action in ("up", "up", "up"):
             b.step(action)
         assert b.step("submit").won  # B's env still counts to 3: A never touched it
-        assert httpx.get(f"{url}/list_envs").json() == [0, 1]
+        assert httpx.get(f"{url}/list_envs").json() == sorted([a._env_id, b._env_id])
         a.close()
         b.close()
 
@@ -391,6 +393,71 @@ def test_env_gone_on_step_or_close_is_an_env_error_with_a_reason():
         with pytest.raises(EnvError, match=r"closing env id 0 .* refused .*another client may have shared"):
             env.step("craft")  # done, but the server no longer knew the env: the result is not trusted
         env.close()
+
+
+def test_an_agentgym_like_server_restarted_mid_episode_ends_the_stale_episode_as_an_env_error():
+    """The server restarts between two of A's steps and hands B the number A holds: A's next step
+    would craft B's goal and count as A's win. The create answer showed the restart (an id not
+    above one handed out before), so A's step is refused before it is sent, and B's env is untouched."""
+    server = Restartable(falsy_textcraft_app)
+    with background_server(server) as url:
+        a = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        b = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        a.reset(5)
+        assert not a.step("craft stick3").done  # A's goal is stick5
+        server.restart()
+        b.reset(3)
+        assert b._env_id == 0 == a._env_id
+        with pytest.raises(EnvError, match=r"POST /step failed: env id 0 may now be another client's env "
+                                           r"\(.*restarted.*\); this episode is not trusted"):
+            a.step("craft stick3")
+        assert b.step("craft stick3").won  # B's env was neither stepped nor closed by A
+        a.reset(5)  # A plays on with a new env
+        assert a._env_id == 1 and a.step("craft stick5").won
+        a.close()
+        b.close()
+
+
+def test_false_under_200_for_a_known_id_is_a_refusal_and_a_refused_close_untrusts_the_win():
+    server = Restartable(falsy_textcraft_app)
+    with background_server(server) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        env.reset(2)
+        server.restart()  # nobody holds id 0 on the new start
+        with pytest.raises(EnvError, match=r"POST /step failed: the server answered false"):
+            env.step("craft stick2")
+        env.close()
+    with background_server(falsy_textcraft_app(refuse_close=True)) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        env.reset(4)
+        with pytest.raises(EnvError, match=r"closing env id 0 was refused .*answered false.*not trusted"):
+            env.step("craft stick4")  # a win, but the server denied holding the env when it was closed
+        env.close()
+
+
+def test_an_unfinished_episodes_env_is_closed_the_moment_the_episode_ends():
+    """A turn cap ends an episode without ``done``: its env is closed when the rollout gives the
+    instance back, not at the next reset, by when a restarted server may have handed its number
+    to another client (whose env that late close would end)."""
+    log: list = []
+    server = Restartable(lambda: agentgym_like_app(log))
+    with background_server(server) as url:
+        pool = EnvPool(AgentGymEnv, {"base_url": url, "env_name": "textcraft", **FAST})
+        env = pool.acquire()
+        env.reset(1)
+        assert not env.step("look").done  # the turn cap ends the episode here
+        pool.release(env)
+        assert log[-1] == ("close", 0, 1)
+        server.restart()
+        other = httpx.post(f"{url}/create", json={}).json()["id"]  # another process's client gets id 0
+        httpx.post(f"{url}/reset", json={"id": other, "data_idx": 7})
+        log.clear()
+        again = pool.acquire()
+        again.reset(2)
+        assert again._env_id == 1 and ("close", 0, 7) not in log
+        assert httpx.post(f"{url}/step", json={"id": other, "action": "look"}).json()["observation"] == \
+            "task 7, step 1"  # the other client's env lives on
+        pool.close()
 
 
 @pytest.mark.parametrize("body, problem", [

@@ -265,3 +265,14 @@ def test_serve_takes_a_token_and_caps_from_the_command_line_or_env(runner, serve
     runner.invoke(build_app(), ["env", "serve", "switch", "--token", "other"])
     with TestClient(served[-1][0]) as http:
         assert http.get("/", headers={"Authorization": "Bearer other"}).status_code == 200
+
+
+def test_serve_states_and_takes_the_idle_timeout(runner, served):
+    default = runner.invoke(build_app(), ["env", "serve", "switch"], env={"COLUMNS": "250"})
+    assert default.exit_code == 0, default.output
+    assert "envs idle for 1800 s are closed (--idle-timeout)" in default.output
+    assert served[-1][0].state.envs.idle_timeout == 1800
+    never = runner.invoke(build_app(), ["env", "serve", "switch", "--idle-timeout", "0"], env={"COLUMNS": "250"})
+    assert never.exit_code == 0 and "never closed for idleness" in never.output
+    assert served[-1][0].state.envs.idle_timeout is None
+    assert runner.invoke(build_app(), ["env", "serve", "switch", "--idle-timeout", "-1"]).exit_code != 0

@@ -80,6 +80,30 @@ def test_live_envs_are_capped_with_a_clear_503():
         assert http.post("/create").status_code == 200
 
 
+def test_envs_idle_past_the_timeout_are_reclaimed_and_their_ids_say_so():
+    """Envs of killed clients must not fill the server for good: an env no call touched for
+    idle_timeout seconds is closed (the next create finds room), and its id answers 410 saying why."""
+    import time
+
+    app = create_app("gridworld", max_envs=2, idle_timeout=0.5)
+    with TestClient(app) as http:
+        created = http.post("/create").json()
+        assert created["idle_timeout"] == 0.5
+        dead, alive = created["id"], http.post("/create").json()["id"]
+        assert_error(http.post("/create"), 503, "limit of 2 live envs", "idle for 0.5 s are closed")
+        time.sleep(0.7)
+        http.post("/reset", json={"id": alive, "data_idx": 0})  # a live client's call: its env stays
+        fresh = http.post("/create")
+        assert fresh.status_code == 200
+        assert http.get("/list_envs").json() == sorted([alive, fresh.json()["id"]])
+        assert_error(http.post("/step", json={"id": dead, "action": "up"}), 410, f"env id {dead} was closed after no "
+                     "call touched it for 0.5 s", "--idle-timeout", "create a new env")
+        assert_error(http.post("/close", json={"id": dead}), 410)
+        assert http.post("/step", json={"id": alive, "action": "up"}).status_code == 200
+    with TestClient(create_app("gridworld", idle_timeout=0)) as http:
+        assert http.post("/create").json()["idle_timeout"] is None  # never reclaimed
+
+
 def test_token_is_required_on_every_request():
     app = create_app("gridworld", token="s3cret")
     with TestClient(app) as http:
@@ -91,7 +115,7 @@ def test_token_is_required_on_every_request():
             assert_error(http.request(method, path, headers={"Authorization": "s3cret"}), 401)
         good = {"Authorization": "Bearer s3cret"}
         assert http.get("/tasks", headers=good).status_code == 200
-        assert http.post("/create", headers=good).json()["id"] == 0
+        assert isinstance(http.post("/create", headers=good).json()["id"], int)
     with pytest.raises(Exception, match="non-empty"):
         create_app("gridworld", token=" ")
 
@@ -105,11 +129,12 @@ def test_a_restarted_server_refuses_ids_of_its_previous_instance(grid_app):
         reset = httpx.post(f"{url}/reset", json={"id": created["id"], "data_idx": 0}, headers=same)
         assert reset.status_code == 200
     with background_server(grid_app, port=int(url.rsplit(":", 1)[1])):
-        after = httpx.post(f"{url}/create").json()["instance"]
-        assert after != before
-        stale = httpx.post(f"{url}/reset", json={"id": created["id"] + 1, "data_idx": 0}, headers=same)
+        again = httpx.post(f"{url}/create").json()
+        after = again["instance"]
+        assert after != before and again["id"] > created["id"]
+        stale = httpx.post(f"{url}/reset", json={"id": again["id"], "data_idx": 0}, headers=same)
         assert_error(stale, 410, "this server restarted", "create a new env")
-        assert httpx.post(f"{url}/reset", json={"id": created["id"] + 1, "data_idx": 0},
+        assert httpx.post(f"{url}/reset", json={"id": again["id"], "data_idx": 0},
                           headers={INSTANCE_HEADER: after}).status_code == 200
 
 
@@ -147,8 +172,8 @@ def test_create_shows_the_first_task_with_its_goal_and_says_whether_the_env_is_d
     first = local.reset(first_task)
     created = http.post("/create").json()
     assert created == {"id": created["id"], "instance": created["instance"], "deterministic": True,
-                       "observation": f"{first.instruction}\n\n{first.text}", "task_id": first_task,
-                       "done": False, "reward": 0.0}
+                       "idle_timeout": 1800.0, "observation": f"{first.instruction}\n\n{first.text}",
+                       "task_id": first_task, "done": False, "reward": 0.0}
     # it shows a task but starts no episode: every AgentGym client resets first
     assert_error(http.post("/step", json={"id": created["id"], "action": "up"}), 409, "reset it first")
 

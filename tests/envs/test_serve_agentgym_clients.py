@@ -333,3 +333,29 @@ def test_sqlgym_client_reads_state_and_the_observation_route(served, http):
     outputs = play(client, 12)
     assert outputs[-1].reward == 1.0 and outputs[-1].done is True
     assert client.observe() == outputs[-1].state  # after the first step: the step's own observation
+
+
+def test_agentgym_clients_stale_ids_never_reach_another_clients_env_after_a_restart(http):
+    """AgentGym's clients send no instance header and keep their id: after `omrl env serve`
+    restarts, client A's id must not step the env client B was just handed, for any number of
+    restarts (a start never hands out an id an earlier start handed out)."""
+    with background_server(create_app("gridworld")) as url:
+        a = BabyAIClient(http, url)
+        a.reset(GRID_TASKS[0])
+        port = int(url.rsplit(":", 1)[1])
+    stale = [a.env_id]
+    for task in GRID_TASKS[1:3]:
+        with background_server(create_app("gridworld"), port=port):  # a new process on the same port
+            b = BabyAIClient(http, url)
+            assert b.env_id not in stale
+            b.reset(task)
+            shown = b.observe()
+            for env_id in stale:  # an AgentGym client whose server restarted under it
+                a.env_id = env_id
+                with pytest.raises(AssertionError, match="is not valid"):
+                    a.step("move forward")
+                with pytest.raises(AssertionError, match="is not valid"):
+                    a.reset(GRID_TASKS[0])
+            assert b.observe() == shown and b._get("observation") == shown  # B's env is untouched
+            assert play(b, 12)[-1].reward == 1.0
+            stale.append(b.env_id)

@@ -35,8 +35,25 @@ def test_short_soak_keeps_every_invariant(soak_module, tiny_model_dir):
     assert report.requested == 48 == report.finished + report.failed
     assert report.failed_without_reason == 0
     assert report.finished > 0 and report.failed > 0  # both ends were exercised
-    assert report.faults["restart"] >= 1 and report.faults["pause"] >= 1
+    assert report.faults["restart"] >= 1 and report.faults["pause"] >= 1 and report.faults["mid-episode restart"] >= 1
     assert sum(report.faults[k] for k in soak_module.FAULTS) > 10
+
+
+@pytest.mark.parametrize("seed", [1, 3, 4])
+def test_agentgym_like_servers_restarted_mid_episode_never_share_an_env(soak_module, tiny_model_dir, seed):
+    """A server that behaves as AgentGym's do (ids from 0 at each start, `false` for an id it does
+    not hold, no instance name), played by two rollout pools, restarts right after its 6th step and
+    at random: no client ever acts on an env another created (with these seeds, stale steps of
+    unfinished episodes reached other clients' new envs before the client watched the ids)."""
+    from omrl.models import load_tokenizer
+
+    report = soak_module.soak(episodes=32, seed=seed, servers=1, kinds=("agentgym",), fault_rate=0.02, timeout=0.5,
+                              batch=8, chaos_interval=1.0, mid_episode_after=6, batch_seconds=60,
+                              tokenizer=load_tokenizer(tiny_model_dir))
+    print("\n".join(report.lines()))
+    assert report.violations == []
+    assert report.requested == 32 == report.finished + report.failed and report.failed_without_reason == 0
+    assert report.faults["mid-episode restart"] == 1
 
 
 def test_soak_counts_expose_a_broken_invariant(soak_module):

@@ -50,17 +50,20 @@ def test_metrics_on_a_hand_checked_set():
     ]
     m = evaluate(episodes)
     assert (m["episodes"], m["tasks"], m["samples_per_task"]) == (8, 2, 4)
-    assert m["success_rate"] == pytest.approx(1 / 8)
-    assert m["mean_score"] == pytest.approx((1 + 0.5 + 4 * 0.25) / 8)
+    # the env_error episode measured nothing: success, score and pass@k are over the 7 others
+    assert m["success_rate"] == pytest.approx(1 / 7)
+    assert m["mean_score"] == pytest.approx((1 + 0.5 + 4 * 0.25) / 7)
     assert m["mean_turns"] == pytest.approx(9 / 8)
     assert m["invalid_action_rate"] == pytest.approx(1 / 8)  # 8 turns with an action, 1 invalid
     assert m["format_error_rate"] == pytest.approx(1 / 9)
     assert m["truncated_turn_rate"] == pytest.approx(1 / 9)
-    assert m["pass@1"] == pytest.approx(0.125) and m["pass@2"] == pytest.approx(0.25)
-    assert m["pass@4"] == pytest.approx(0.5)
+    # task 0 has 3 measured samples (1 win): pass@1 1/3, pass@2 2/3, and no pass@4 of its own
+    assert m["pass@1"] == pytest.approx((1 / 3) / 2) and m["pass@2"] == pytest.approx((2 / 3) / 2)
+    assert m["pass@4"] == pytest.approx(0.0)  # task 1 alone has 4 measured samples
     assert m["best_of_4_score"] == pytest.approx((1 + 0.25) / 2)
     assert m["end_reasons"] == {"done": 1, "max_turns": 2, "env_error": 1, "max_context": 4}
-    assert m["env_errors"] == 1 and m["generated_tokens_per_episode"] == 4
+    assert m["env_errors"] == 1 and m["env_error_rate"] == pytest.approx(1 / 8)
+    assert m["generated_tokens_per_episode"] == 4
     with pytest.raises(OmrlError, match="no episodes"):
         evaluate([])
 

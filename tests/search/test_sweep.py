@@ -148,3 +148,53 @@ def test_a_strategy_the_env_cannot_fork_for_fails_before_any_cell_plays(chest_pl
 def test_docstring_examples_hold(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+def _final_model(path, scale: float):
+    """The tiny model written at ``path`` as a run's final model is, manifest included, its weights scaled by
+    ``scale``: another scale is the same model retrained."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from omrl.models import MODEL_MANIFEST, resolve_model_path
+    from omrl.training.checkpoint import manifest
+
+    if path.exists():
+        shutil.rmtree(path)
+    shutil.copytree(resolve_model_path("tiny"), path)
+    weights = load_file(path / "model.safetensors")
+    save_file({k: v * scale for k, v in weights.items()}, path / "model.safetensors", metadata={"format": "pt"})
+    names = sorted(p.name for p in path.iterdir() if p.is_file())
+    (path / MODEL_MANIFEST).write_text(manifest(path, names))
+
+
+def test_a_model_retrained_at_the_same_path_does_not_resume_the_earlier_models_sweep(tmp_path):
+    model, out = tmp_path / "final", tmp_path / "sweep"
+    _final_model(model, 1.0)
+    args = ["sweep", *FAST, "--model", str(model), "--strategies", "chain", "-o", str(out)]
+    assert invoke(*args).exit_code == 0
+    record = json.loads((out / "sweep.json").read_text())
+    assert set(record["setup"]["model_content"]) == {"manifest_sha256"}  # a final model: by its manifest
+    assert invoke(*args).exit_code == 0  # the same content resumes: nothing left to play
+    _final_model(model, 0.5)  # retrained at the same path
+    with pytest.raises(ConfigError, match=r"holds a sweep of another model at .*final \(manifest sha256 \w{12}\.\.\. "
+                                          r"there, manifest sha256 \w{12}\.\.\. now: retrained"):
+        invoke(*args)
+    assert json.loads((out / "sweep.json").read_text()) == record  # left as it was
+    assert invoke(*args, "resume=false").exit_code == 0  # a new table for the new model
+
+
+def test_a_model_without_a_manifest_is_identified_by_its_weights_files(tmp_path):
+    import os
+
+    from omrl.search.sweep import model_content
+
+    model = tmp_path / "hf"
+    _final_model(model, 1.0)
+    (model / "omrl_model.sha256").unlink()
+    before = model_content(str(model))
+    assert set(before) == {"files_sha256"} and model_content(str(model)) == before
+    os.utime(model / "model.safetensors", ns=(1, 1))  # rewritten in place
+    assert model_content(str(model)) != before
+    assert model_content("org/some-hub-model") == {"hub_id": "org/some-hub-model"}

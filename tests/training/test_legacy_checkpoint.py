@@ -10,6 +10,10 @@ built-in ``tiny`` model (value head, KL to a reference, entropy bonus), written 
         optim.micro_batch_size=4 kl_coef=0.05 entropy_coef=0.01 logging.save_steps=1 seed=3
 
 with the step-2 checkpoint removed; ``expected_step2.json`` holds what that run logged at step 2.
+
+Its COMPLETE marker lists no sha256 digests (that omrl wrote none), so nothing could tell a byte
+flipped in its weights: resuming refuses it, saying how to vouch for its files
+(``python -m omrl.training.checkpoint trust``); once vouched for, it resumes to the same step.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from omrl.cli import build_app
+from omrl.training.checkpoint import CheckpointError, _main
 from omrl.training.metrics import read_metrics
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "legacy_ppo_run"
@@ -30,7 +35,14 @@ FIXTURE = Path(__file__).parent.parent / "fixtures" / "legacy_ppo_run"
 def test_a_checkpoint_from_before_the_reorganisation_resumes_to_the_same_step(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
-    result = CliRunner().invoke(build_app(), ["train", str(run / "config.yaml"), "--resume", "--output-dir", str(run)])
+    resume = ["train", str(run / "config.yaml"), "--resume", "--output-dir", str(run)]
+    refused = CliRunner().invoke(build_app(), resume)
+    assert isinstance(refused.exception, CheckpointError), refused.output
+    assert "lists no sha256 digests" in str(refused.exception)
+    assert "python -m omrl.training.checkpoint trust" in str(refused.exception)
+    assert not (run / "checkpoints" / "step-00000002").exists()
+    assert _main(["trust", str(run / "checkpoints" / "step-00000001")]) == 0
+    result = CliRunner().invoke(build_app(), resume)
     assert result.exit_code == 0, result.output
     step2 = [r for r in read_metrics(run) if r["step"] == 2][0]
     expected = json.loads((FIXTURE / "expected_step2.json").read_text())

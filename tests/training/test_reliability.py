@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import io
 import shutil
+from pathlib import Path
 from typing import Sequence
 
 import pytest
@@ -19,6 +20,7 @@ from omrl.options import TrainRunConfig
 from omrl.training.checkpoint import complete_checkpoints
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
+from omrl_plugins.envs.gridworld import GridWorld
 
 QUIET = Console(file=io.StringIO())
 
@@ -81,11 +83,93 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(rl_config):
     assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2, 3]  # step 2 trained again
 
 
-def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, register_plugin):
+@pytest.fixture
+def no_wait(monkeypatch):
+    """A step whose every episode failed is played again at once (not after seconds)."""
+    import omrl.training.online
+
+    monkeypatch.setattr(omrl.training.online, "ENV_FAILURE_WAIT", 0.0)
+
+
+def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, register_plugin, no_wait):
     register_plugin(DeadServer(), name="dead-server")
-    with pytest.raises(EnvFailure, match="every one of the 4 episodes .* failed in the env 'dead_server'.*"
-                                         "connection refused by 127.0.0.1:9"):
-        run_rl(rl_config("env.name=dead_server", "eval_tasks=0"), console=QUIET)
+    cfg = rl_config("env.name=dead_server", "eval_tasks=0")
+    with pytest.raises(EnvFailure, match=r"step 1: every episode failed in the env 'dead_server' in 3 rollouts in a "
+                                         r"row \(the last reason: .*connection refused by 127.0.0.1:9\); the step is "
+                                         r"not counted .*no checkpoint was written before it.*--resume"):
+        run_rl(cfg, console=QUIET)
+    assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
+
+
+def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(tiny_model_dir, tmp_path, register_plugin):
+    register_plugin(DeadServer(), name="dead-server")
+    cfg = load_config(TrainRunConfig, "dpo", [
+        f"model.name={tiny_model_dir}", "env.name=dead_server", "env.max_turns=2", "generation.max_new_tokens=6",
+        "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}", "logging.tensorboard=false",
+        "steps=2", "tasks_per_step=1", "group_size=2", "eval_tasks=0", "logging.save_steps=1"])
+    with pytest.raises(EnvFailure, match=r"step 1: every episode failed in the env 'dead_server' \(the last reason: "
+                                         r".*connection refused.*\); the step is not counted"):
+        run_rl(cfg, console=QUIET)
+    assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
+
+
+class FlakyServerEnv(GridWorld):
+    """Gridworld behind a server that fails the next ``failures`` resets (a server down, or full)."""
+
+    failures = 0
+
+    def reset(self, task_id: int) -> Observation:
+        if FlakyServerEnv.failures > 0:
+            FlakyServerEnv.failures -= 1
+            raise EnvError("every create got HTTP 503: the server holds its limit of 24 live envs")
+        return super().reset(task_id)
+
+
+class FlakyServer:
+    @hookimpl
+    def register_envs(self, register):
+        register("flaky_server", FlakyServerEnv)
+
+
+@pytest.fixture
+def flaky_server(register_plugin, no_wait):
+    register_plugin(FlakyServer(), name="flaky-server")
+    FlakyServerEnv.failures = 0
+    yield FlakyServerEnv
+    FlakyServerEnv.failures = 0
+
+
+def test_a_step_whose_every_episode_failed_in_the_env_is_played_again(rl_config, flaky_server):
+    def fail_next_rollout(step, metrics):
+        if step == 1:
+            flaky_server.failures = 2  # both episodes of step 2's first rollout
+    cfg = rl_config("env.name=flaky_server", "eval_tasks=0", "logging.save_steps=1")
+    run_rl(cfg, on_step_end=fail_next_rollout, console=QUIET)
+    records = read_metrics(cfg.logging.output_dir)
+    assert [r["step"] for r in records] == [1, 2] and records[1]["env_errors"] == 0  # the replay's episodes
+    assert flaky_server.failures == 0
+
+
+def test_a_step_on_a_dead_server_is_never_counted_checkpointed_or_rotated_over_a_good_one(rl_config, flaky_server):
+    """The server dies after step 1: step 2 is played again, fails again, and the run stops with
+    step 1's checkpoint kept (keep_checkpoints=1 would rotate it out for a step 2 checkpoint) and
+    no row for step 2; once the server is back, --resume plays steps 2 and 3."""
+    def kill_the_server(step, metrics):
+        if step == 1:
+            flaky_server.failures = 10**6
+    cfg = rl_config("env.name=flaky_server", "eval_tasks=0", "logging.save_steps=1", "logging.keep_checkpoints=1",
+                    "steps=3")
+    with pytest.raises(EnvFailure, match=r"step 2: every episode failed .* in 3 rollouts in a row .*HTTP 503.*not "
+                                         r"counted .*the newest checkpoint, step-00000001, is kept.*--resume"):
+        run_rl(cfg, on_step_end=kill_the_server, console=QUIET)
+    assert [c.name for c in complete_checkpoints(cfg.logging.output_dir)] == ["step-00000001"]
+    assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1]
+    assert not list((Path(cfg.logging.output_dir) / "rollouts").glob("step-00000002*"))
+    flaky_server.failures = 0  # the server is back
+    cfg.resume = True
+    run_rl(cfg, console=QUIET)
+    assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2, 3]
+    assert [c.name for c in complete_checkpoints(cfg.logging.output_dir)] == ["step-00000003"]
 
 
 @pytest.mark.parametrize("override, message", [

@@ -180,3 +180,75 @@ def test_opening_a_run_never_imports_torch(small_run):
             f"s = open_run({str(small_run)!r}); s.episode(0); s.group('0:0'); render(); "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _opens_in_time(call, fifos, seconds: float = 20.0):
+    """``call()``'s result, failing (not hanging) when it does not return in time: a reader blocked on
+    one of ``fifos`` is let go by opening it for writing."""
+    import os
+    import threading
+
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(value=call()), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        for fifo in fifos:
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                pass
+        pytest.fail(f"still reading after {seconds} s: blocked on a FIFO")
+    return result["value"]
+
+
+def test_a_fifo_in_a_run_is_named_and_never_opened(small_run):
+    import os
+
+    fifos = [small_run / name for name in ("live.jsonl", "stream.parquet", "eval_report.json")]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    store = _opens_in_time(lambda: open_run(small_run), fifos)
+    problems = {p["file"]: p for p in store.overview()["problems"]}
+    assert set(problems) == {"live.jsonl", "stream.parquet", "eval_report.json"}
+    assert all(p["level"] == "warning" and p["message"] == "a FIFO (named pipe), not a regular file; not read"
+               for p in problems.values())
+    assert store.overview()["episodes"] == 6  # the rest is shown
+    with pytest.raises(OmrlError, match=r"live.jsonl is a FIFO \(named pipe\), not a regular file"):
+        discover(small_run / "live.jsonl")  # named by the user: refused, not waited on
+
+
+def test_metrics_are_parsed_again_only_when_the_file_changed(small_run, monkeypatch):
+    import omrl.view.store as store_module
+
+    calls = []
+    real = store_module.read_metrics_file
+    monkeypatch.setattr(store_module, "read_metrics_file", lambda *a: calls.append(a) or real(*a))
+    store = open_run(small_run)
+    for _ in range(5):  # every request of the page asks for the overview
+        assert store.overview()["metrics"]["step"] == [1, 2, 3]
+    assert len(calls) == 1
+    write_metrics(small_run / "metrics.jsonl", steps=4)  # the run logs another step
+    assert store.overview()["metrics"]["step"] == [1, 2, 3, 4] and len(calls) == 2
+
+
+class _CountingKey(str):
+    """A metric key that counts how often it is compared: a list's ``in`` compares with every element."""
+
+    compared = 0
+
+    def __eq__(self, other):
+        _CountingKey.compared += 1
+        return str.__eq__(self, other)
+
+    __hash__ = str.__hash__
+
+
+def test_metric_keys_are_collected_in_linear_time():
+    steps, keys = 200, 100
+    records = [{"step": s, **{_CountingKey(f"metric_{k}"): float(s) for k in range(keys)}} for s in range(steps)]
+    _CountingKey.compared = 0
+    curves = columns(records)
+    assert len(curves["series"]) == keys and curves["series"]["metric_7"][:2] == [0.0, 1.0]
+    # a set lookup per key per record and one per value gathered: ~2 * steps * keys, not steps * keys**2 / 2
+    assert _CountingKey.compared <= 3 * steps * keys

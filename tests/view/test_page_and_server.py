@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from omrl.cli import plot_cmd, view_cmd
 from omrl.errors import OmrlError
 from omrl.view import open_run
-from omrl.view.page import embedded_data, render, script_json
+from omrl.view.page import dumps, embedded_data, render, script_json
 from omrl.view.server import make_server
 from .conftest import SCRIPT
 
@@ -144,3 +144,54 @@ def test_the_page_assets_are_package_data():
     setuptools = project["tool"]["setuptools"]
     assert "omrl.view" in setuptools["packages"]
     assert "assets/*" in setuptools["package-data"].get("omrl.view", [])
+
+
+def _long_run(tmp_path, episodes: int = 6, chars: int = 300_000, tokens: int = 40_000):
+    """A run whose episodes each hold a ``chars``-long observation and reply, an error as long, and
+    ``tokens`` tokens: what made a 493 MB saved page of 200 episodes."""
+    from omrl.data.trajectory import write_episodes
+
+    from .conftest import make_episode
+
+    made = []
+    for i in range(episodes):
+        episode = make_episode(i, 0, False, 0.0, observation="o" * chars)
+        episode.turns[0].response = "r" * chars
+        episode.error = "e" * chars
+        extra = tokens - len(episode.token_ids)
+        episode.token_ids += [7] * extra
+        episode.loss_mask += [0] * extra
+        episode.logprobs += [0.0] * extra
+        made.append(episode)
+    run = tmp_path / "long"
+    run.mkdir()
+    write_episodes(made, run / "rollout.parquet")
+    return open_run(run, tokenizer="tiny")
+
+
+def test_long_texts_and_token_lists_are_cut_with_a_note(tmp_path):
+    from omrl.view.bounds import MAX_GROUP_TEXT, MAX_TEXT, MAX_TOKENS
+
+    store = _long_run(tmp_path)
+    episode = store.episode(0)
+    for text in (episode["turns"][0]["observation"], episode["turns"][0]["response"], episode["summary"]["error"]):
+        assert text.startswith("o" * 100) or text.startswith("r" * 100) or text.startswith("e" * 100)
+        assert len(text) < MAX_TEXT + 300 and "[omrl view cut 280,000 more characters here" in text
+    tokens = episode["tokens"]
+    assert all(len(tokens[name]) == MAX_TOKENS for name in ("ids", "mask", "logprob", "text"))
+    assert tokens["cut"].startswith(f"the first {MAX_TOKENS:,} of this episode's 40,000 tokens are shown")
+    assert len(dumps(episode)) < 2_000_000  # the answer for 40,000 tokens and 900,000 characters of text
+    member = store.group("0:0")["members"][0]
+    assert len(member["turns"][0]["observation"]) < MAX_GROUP_TEXT + 300
+    assert "tk.cut" in render()  # the page shows the token note
+
+
+def test_a_saved_page_stops_embedding_episodes_at_its_byte_bound(tmp_path):
+    store = _long_run(tmp_path)
+    whole = len(script_json(embedded_data(store)))
+    assert whole < 6 * 2_500_000  # cut texts and tokens: no episode embeds its 900,000 characters
+    data = embedded_data(store, max_bytes=3 * 1024 * 1024)
+    assert 0 < len(data["details"]) < 6 and len(data["summaries"]) == len(data["details"])
+    assert len(script_json({k: data[k] for k in ("details", "groups", "trees")})) <= 3 * 1024 * 1024
+    assert (f"holds the first {len(data['details'])} of the run's 6 episodes (past them its 3 MiB bound on "
+            "embedded episodes would be crossed)") in data["run"]["embedded_note"]

@@ -424,6 +424,7 @@
         h("span", {class: "muted"}, " · hover a token for its log-prob" +
           (known(tk.advantage) ? " and advantage (" + tk.advantage_note + ")" : ""))),
       tk.text ? null : h("p", {class: "muted"}, run.tokenizer),
+      tk.cut ? h("p", {class: "muted cut"}, tk.cut) : null,
       box);
   }
 

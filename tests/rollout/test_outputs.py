@@ -1,0 +1,143 @@
+"""No command writes over one of its inputs or over a run's own files, and each says so before any work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omrl.cli import main
+
+FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
+
+
+def refused(capsys, *args: str) -> str:
+    """Run the real CLI; it must exit 2 with one line on stderr, which is returned (whitespace joined)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "bug in omrl" not in err
+    return " ".join(err.split())
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory as training leaves it: metrics, config, a checkpoint, a step's rollout, the model."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-00000001").mkdir(parents=True)
+    (run / "checkpoints" / "step-00000001" / "state.json").write_text('{"step": 1}')
+    (run / "rollouts").mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "model.safetensors").write_bytes(b"weights")
+    (run / "config.json").write_text("{}")
+    return run
+
+
+def snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_rollout_refuses_an_output_named_like_its_readable_jsonl(fake_plugins, tmp_path, capsys):
+    out = tmp_path / "expert.jsonl"
+    message = refused(capsys, "rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--expert",
+                      "--num-tasks", "1", "-o", str(out))
+    assert f"--output {out} names the readable JSONL" in message and "expert.parquet" in message
+    assert not out.exists()
+
+
+def test_rollout_refuses_to_write_into_a_runs_rollouts(fake_plugins, run_dir, capsys):
+    step = run_dir / "rollouts" / "step-00000001.parquet"
+    step.write_bytes(b"the run's own trajectories")
+    before = snapshot(run_dir)
+    message = refused(capsys, "rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--expert",
+                      "--num-tasks", "1", "-o", str(step))
+    assert "inside the run's rollouts/" in message
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "metrics.jsonl", "config.yaml", "config.json"])
+def test_eval_refuses_a_report_over_a_runs_files_before_loading_anything(fake_plugins, run_dir, capsys, name):
+    before = snapshot(run_dir)
+    message = refused(capsys, "eval", *FAST, "--env", "keys", "env.template=action", "--model", "tiny",
+                      "--num-tasks", "1", "--report", str(run_dir / name))
+    assert f"--report {run_dir / name} is" in message and "would destroy it" in message
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "model.safetensors", "rollouts/step-00000001.parquet",
+                                  "checkpoints/step-00000001/state.json", "."])
+def test_view_out_never_replaces_a_file_of_the_run(run_dir, capsys, name):
+    before = snapshot(run_dir)
+    message = refused(capsys, "view", str(run_dir), "--out", str(run_dir / name))
+    assert "--out" in message
+    assert snapshot(run_dir) == before
+
+
+def test_view_out_refuses_the_trajectory_it_shows(tmp_path, capsys):
+    from omrl.data import write_episodes
+    from omrl.data.trajectory import Episode
+
+    path = write_episodes([Episode(env="keys", task_id=0, split="test", instruction="")], tmp_path / "t.parquet")
+    before = path.read_bytes()
+    assert "is the viewed path itself" in refused(capsys, "view", str(path), "--out", str(path))
+    assert path.read_bytes() == before
+
+
+def test_view_out_beside_the_runs_files_is_written(run_dir, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["view", str(run_dir), "--out", str(run_dir / "page.html")])
+    assert exit_info.value.code in (0, None)
+    assert (run_dir / "page.html").read_text().startswith("<!")
+
+
+def test_data_convert_refuses_the_source_and_a_runs_files(run_dir, tmp_path, capsys):
+    source = tmp_path / "sft.jsonl"
+    source.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                               {"role": "assistant", "content": "hello"}]}) + "\n")
+    assert "is the source itself" in refused(capsys, "data", "convert", str(source), str(source))
+    before = snapshot(run_dir)
+    assert "a run's metrics.jsonl" in refused(capsys, "data", "convert", str(source), str(run_dir / "metrics.jsonl"))
+    assert snapshot(run_dir) == before
+
+
+def test_rm_eval_refuses_a_report_over_the_reward_models_weights(run_dir, tmp_path, capsys):
+    before = snapshot(run_dir)
+    message = refused(capsys, "rm", "eval", "--model", str(run_dir), "--data", str(tmp_path / "held_out.parquet"),
+                      "--report", str(run_dir / "model.safetensors"))
+    assert "model weights" in message
+    assert snapshot(run_dir) == before
+
+
+def test_rm_train_refuses_an_output_dir_that_is_its_base_model(run_dir, tmp_path, capsys):
+    before = snapshot(run_dir)
+    message = refused(capsys, "rm", "train", "--model", str(run_dir), "--data", str(tmp_path / "d.parquet"),
+                      "--output-dir", str(run_dir))
+    assert f"output_dir {run_dir} overlaps the input --model" in message
+    assert snapshot(run_dir) == before
+
+
+def test_sweep_refuses_an_out_that_is_a_file_or_inside_a_runs_checkpoints(fake_plugins, run_dir, capsys):
+    before = snapshot(run_dir)
+    assert "is a file" in refused(capsys, "sweep", "--env", "keys", "--model", "tiny", "--out",
+                                  str(run_dir / "metrics.jsonl"))
+    assert "inside the run's checkpoints/" in refused(capsys, "sweep", "--env", "keys", "--model", "tiny", "--out",
+                                                      str(run_dir / "checkpoints"))
+    assert snapshot(run_dir) == before
+
+
+def test_train_and_sft_never_write_a_run_over_their_base_model_or_dataset(tmp_path, tiny_model_dir, capsys):
+    """`omrl train`/`omrl sft` with output_dir the model they start from (or their dataset) stop before
+    any work, naming the overlap."""
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    before = snapshot(base)
+    message = refused(capsys, "train", "--model", str(base), "--env", "gridworld", "--output-dir", str(base))
+    assert "overlaps the input --model" in message and snapshot(base) == before
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n')
+    message = refused(capsys, "sft", "--model", "tiny", "--dataset", str(data), "--output-dir", str(data))
+    assert "overlaps the input --dataset" in message
