@@ -45,11 +45,11 @@ costs (the same ids: ``same_ids_as_a``), ``as_template`` prefills and trains eac
 
 Prints a table per variant and writes JSON (``benchmarks/results/history_modes.json`` unless ``--json``).
 
-Measured here with the defaults (2 CPU cores shared with other jobs, load average 2-3, one thread,
-20 minutes in all): SmolLM2 wrote ``</think>`` in 0 of 32 sampled replies, and 38% of them do not
-re-encode to their sampled ids. Forced: B/A 1.00 on every token count (the same ids), 1.08 step
-seconds (noise); C/A 4.5 rows per episode, trained tokens 1.00, update batch tokens 2.98, update
-forward tokens 3.38, prefill computed 1.07, update seconds 4.8, step seconds 3.5.
+Measured here with the defaults (2 CPU cores shared with other jobs, one thread, 14 minutes in all,
+2026-11-27): SmolLM2 wrote ``</think>`` in 0 of 32 sampled replies, and 38% of them do not re-encode
+to their sampled ids. Forced: B/A 1.00 on every token count (the same ids), 0.95 step seconds (noise);
+C/A 4.5 rows per episode, trained tokens 1.00, update batch tokens 2.98, update forward tokens 3.24
+(shared prefixes on), prefill computed 1.07, update seconds 5.0, step seconds 3.7.
 """
 
 from __future__ import annotations
