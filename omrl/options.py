@@ -215,6 +215,9 @@ class TrainRunConfig:
     eval_temperature: float = opt(0.0, "Sampling temperature of evaluations (0: greedy).")
     eval_samples_per_task: int = opt(1, "Samples per test task in evaluations (more than 1 needs "
                                         "eval_temperature > 0); eval_success is their mean.")
+    max_env_error_rate: float = opt(0.1, "Largest share of the run's episodes that may fail in the env (a server "
+                                         "down, a simulator crash: never trained on) before the run exits non-zero "
+                                         "(status 2, after saving its model).")
     resume: bool = opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
     plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
 

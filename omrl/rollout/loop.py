@@ -103,7 +103,10 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
         ep = state.episode
         ep.end_reason = reason
         ep.messages = [dict(m) for m in state.messages]
-        pool.release(state.env, broken=state.broken)
+        problem = pool.release(state.env, broken=state.broken)
+        if problem is not None:  # ending its env failed (a restarted server, say): nothing it did is trusted
+            ep.end_reason = "env_error"
+            ep.error = f"ending the episode's env failed: {type(problem).__name__}: {problem}"
         if backend is not None:  # its cached KV states, if the backend keeps some
             backend.release([ep.token_ids[start:end] for start, end in ep.rows()])
         finished.append(ep)

@@ -40,21 +40,26 @@ class EnvPool:
         """An idle instance, or a new one when all are playing."""
         return self._idle.pop() if self._idle else self._create()
 
-    def release(self, env: Env, broken: bool = False) -> None:
+    def release(self, env: Env, broken: bool = False) -> BaseException | None:
         """Give ``env`` back, its episode over; a broken one (it raised) is closed and never handed
         out again. The env frees what its episode held now (:meth:`Env.end_episode`): a server-side
-        env kept until the next reset could outlive a server restart and end another client's env."""
+        env kept until the next reset could outlive a server restart and end another client's env.
+        Returns what ``end_episode`` raised (the env is then broken too): the episode's env was not
+        what it should have been, so the caller cannot trust the episode."""
+        problem = None
+        if not broken:
+            try:
+                env.end_episode()
+            except Exception as exc:  # noqa: BLE001 - whatever the env raised: the caller records it
+                problem = broken = exc
         if broken:
             self._all.remove(env)
             if env is self._template_env:
                 self._template_env = None
             _close_quietly(env)
-            return
-        try:
-            env.end_episode()
-        except Exception:  # noqa: BLE001 - the episode is recorded already; the next reset starts afresh
-            pass
+            return problem
         self._idle.append(env)
+        return None
 
     def probe(self) -> Env:
         """One instance for questions that need no episode (task ids, prompts); it stays in the pool."""

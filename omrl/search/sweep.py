@@ -169,9 +169,9 @@ def _check_same_model(path: Path, old: Any, setup: dict[str, Any]) -> None:
                           f"omrl wrote it), so {name} now may not be the model they measured; give another "
                           "--out, or resume=false to start over there")
     if old[CONTENT] != setup[CONTENT]:
-        raise ConfigError(f"{path} holds a sweep of another model at {name} ({_content_label(old[CONTENT])} there, "
-                          f"{_content_label(setup[CONTENT])} now: retrained or replaced since); its cells would mix two "
-                          "models in one table: give another --out, or resume=false to start over there")
+        raise ConfigError(f"{path} holds a sweep of another model at {name} ({_content_label(old[CONTENT])} "
+                          f"there, {_content_label(setup[CONTENT])} now: retrained or replaced since); its cells "
+                          "would mix two models in one table: give another --out, or resume=false to start over there")
 
 
 def _content_label(content: Any) -> str:

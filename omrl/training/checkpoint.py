@@ -19,7 +19,7 @@ away before they are deleted, for the same reason.
 ``COMPLETE`` lists every file's sha256 digest (the manifest); resuming checks them and
 skips a damaged checkpoint. Those of an older omrl have no manifest: nothing can tell
 a byte flipped in their weights, so resuming refuses them until the user vouches for
-their files with ``python -m omrl.training.checkpoint trust CHECKPOINT`` (which writes
+their files with ``omrl checkpoint trust CHECKPOINT`` (which writes
 the manifest of the files as they are now).
 
 Resuming with a config that differs from the saved one fails naming the keys,
@@ -36,7 +36,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,7 +218,7 @@ def _unverified(path: Path) -> CheckpointError:
     return CheckpointError(
         f"cannot resume from {path}: an older omrl wrote it, and it lists no sha256 digests of its files, so "
         "damage since (a flipped byte in its weights would become this run's model) cannot be found. If you "
-        f"trust its files, vouch for them with `python -m omrl.training.checkpoint trust {path}` and resume "
+        f"trust its files, vouch for them with `omrl checkpoint trust {path}` and resume "
         "again; else start a new run in another output_dir")
 
 
@@ -444,22 +443,3 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def _main(argv: list[str]) -> int:
-    """``python -m omrl.training.checkpoint trust CHECKPOINT...``: see :func:`trust_checkpoint`."""
-    if len(argv) < 2 or argv[0] != "trust":
-        print("usage: python -m omrl.training.checkpoint trust CHECKPOINT...", file=sys.stderr)
-        return 2
-    for path in argv[1:]:
-        try:
-            wrote = trust_checkpoint(path)
-        except OmrlError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        print(f"{path}: {'manifest written' if wrote else 'has a manifest already; left as it is'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from omrl.errors import ConfigError
+from omrl.errors import ConfigError, EnvFailure
 from omrl.training import online
 from omrl.training.losses import dpo_loss
 from omrl.training.policy import sequence_log_prob
@@ -51,11 +51,14 @@ class DPORecipe(online.OnlineRecipe):
 
             # ROLLOUT: every sample of every task in batched generate calls, envs stepped together;
             # with a search (rollout.strategy), every root-to-leaf path of each task's trees
+            # (played again while every episode fails in the env: such a step is never counted)
             self.model.eval()
-            tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
-            episodes = online.play_step(cfg, self.session, tasks, online.rollout_seed(cfg, self.step, strategy))
+            seed = online.rollout_seed(cfg, self.step, strategy)
+            episodes = self._play_counted(lambda: online.play_step(
+                cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed))
+            if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
+                raise EnvFailure(self._env_failure_message())
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
-            self._check_rollout(episodes)
             self._save_rollout(episodes)
 
             # PAIRS: each task's best and worst sample, when their total rewards differ; from a search,

@@ -22,6 +22,7 @@ from omrl.atomic import atomic_write_text
 from omrl.config import to_dict, to_yaml
 from omrl.data import Episode, write_episodes
 from omrl.errors import ConfigError, EnvFailure, OmrlError
+from omrl.evaluation import check_max_env_error_rate
 from omrl.options import TrainRunConfig
 from omrl.parallel import Strategy, make_strategy
 from omrl.rollout import RolloutSession
@@ -66,6 +67,7 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
     if algo.critic not in ("head", "model"):
         raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
     check_rollout_strategy(cfg)
+    check_max_env_error_rate(cfg.max_env_error_rate)
 
 
 def check_rollout_strategy(cfg: TrainRunConfig) -> None:
@@ -387,6 +389,12 @@ class OnlineRecipe:
             raise EnvFailure(f"every one of the {self.episodes_played} episodes of this run failed in the env "
                              f"{self.cfg.env.name!r}, so nothing was learned; the first reason: "
                              f"{self.first_env_error or 'on another process'}")
+        if self.episodes_played and self.env_failures / self.episodes_played > self.cfg.max_env_error_rate:
+            raise EnvFailure(f"{self.env_failures} of the run's {self.episodes_played} episodes "
+                             f"({100 * self.env_failures / self.episodes_played:.0f}%) failed in the env "
+                             f"{self.cfg.env.name!r}, more than max_env_error_rate={self.cfg.max_env_error_rate:g} "
+                             f"allows; they were not trained on, and the model in {self.output_dir} learned from the "
+                             f"rest; the first reason: {self.first_env_error or 'on another process'}")
         if self.episodes_played and not self.episodes_with_a_turn:
             raise ConfigError(f"no episode of this run got a single model turn: the opening prompt (up to "
                               f"{self.longest_prompt} tokens) leaves no room within generation.max_context="

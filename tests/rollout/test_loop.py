@@ -362,3 +362,18 @@ def test_lone_surrogates_from_an_env_are_replaced_so_the_episode_can_be_written(
     assert ep.end_reason == "max_turns" or ep.end_reason == "done"
     write_episodes([ep], tmp_path / "episodes.parquet")  # a lone surrogate would fail this write
     assert "a chest \ufffd glows" in tiny_tokenizer.decode(ep.token_ids)
+
+
+def test_an_episode_whose_env_cannot_be_ended_is_an_env_error(tiny_tokenizer):
+    """Ending an episode's env can reveal that the env was not its own (a server restarted under it):
+    then nothing the episode did is trusted, and the env is never handed out again."""
+
+    class Unendable(KeyEnv):
+        def end_episode(self) -> None:
+            raise RuntimeError("the server no longer knows this env")
+
+    pool = EnvPool(Unendable, {}, name="keys")
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: ["Action: open", "Action: take key"][call % 2])
+    episodes = collect(pool, ActionTemplate(), tiny_tokenizer, [0, 1], backend=backend)
+    assert [ep.end_reason for ep in episodes] == ["env_error", "env_error"]
+    assert all("ending the episode's env failed" in ep.error for ep in episodes)

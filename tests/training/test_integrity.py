@@ -78,7 +78,7 @@ def test_a_checkpoint_without_digests_is_refused_on_resume_until_vouched_for(tmp
     _flip_a_byte(path / "model" / "model.safetensors")  # nothing can tell: it must not be resumed silently
     with pytest.raises(ckpt.CheckpointError, match="lists no sha256 digests") as refused:
         ckpt.resume_checkpoint(tmp_path, {"seed": 0})
-    assert str(path) in str(refused.value) and f"python -m omrl.training.checkpoint trust {path}" in str(refused.value)
+    assert str(path) in str(refused.value) and f"omrl checkpoint trust {path}" in str(refused.value)
 
     assert ckpt.trust_checkpoint(path) and not ckpt.trust_checkpoint(path)  # the second time: left as it is
     assert ckpt.resume_checkpoint(tmp_path, {"seed": 0}) == path
@@ -88,8 +88,10 @@ def test_a_checkpoint_without_digests_is_refused_on_resume_until_vouched_for(tmp
 
 
 def test_trusting_something_that_is_not_a_checkpoint_is_refused(tmp_path, capsys):
-    assert ckpt._main(["trust", str(tmp_path)]) == 2
-    assert f"{tmp_path} is not a complete checkpoint" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["checkpoint", "trust", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"{tmp_path} is not a complete checkpoint" in " ".join(capsys.readouterr().err.split())
 
 
 def test_a_damaged_checkpoint_model_loaded_as_a_model_is_refused_naming_the_file(tmp_path, tiny_model):

@@ -13,7 +13,7 @@ with the step-2 checkpoint removed; ``expected_step2.json`` holds what that run 
 
 Its COMPLETE marker lists no sha256 digests (that omrl wrote none), so nothing could tell a byte
 flipped in its weights: resuming refuses it, saying how to vouch for its files
-(``python -m omrl.training.checkpoint trust``); once vouched for, it resumes to the same step.
+(``omrl checkpoint trust``); once vouched for, it resumes to the same step.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from typer.testing import CliRunner
 
 from omrl.cli import build_app
-from omrl.training.checkpoint import CheckpointError, _main
+from omrl.training.checkpoint import CheckpointError
 from omrl.training.metrics import read_metrics
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "legacy_ppo_run"
@@ -39,9 +39,10 @@ def test_a_checkpoint_from_before_the_reorganisation_resumes_to_the_same_step(tm
     refused = CliRunner().invoke(build_app(), resume)
     assert isinstance(refused.exception, CheckpointError), refused.output
     assert "lists no sha256 digests" in str(refused.exception)
-    assert "python -m omrl.training.checkpoint trust" in str(refused.exception)
+    assert "omrl checkpoint trust" in str(refused.exception)
     assert not (run / "checkpoints" / "step-00000002").exists()
-    assert _main(["trust", str(run / "checkpoints" / "step-00000001")]) == 0
+    trusted = CliRunner().invoke(build_app(), ["checkpoint", "trust", str(run / "checkpoints" / "step-00000001")])
+    assert trusted.exit_code == 0 and "manifest written" in trusted.output
     result = CliRunner().invoke(build_app(), resume)
     assert result.exit_code == 0, result.output
     step2 = [r for r in read_metrics(run) if r["step"] == 2][0]

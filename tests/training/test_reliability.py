@@ -3,6 +3,7 @@ full disk) and settings that could never train: each is said plainly, and nothin
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import shutil
@@ -38,12 +39,15 @@ def rl_config(tiny_model_dir, tmp_path):
 
 
 class DeadServerEnv(Env):
-    """An env that fails every episode, as a server that went down would."""
+    """An env that fails every episode, as a server that went down would (``resets`` counts the tries)."""
+
+    resets = 0
 
     def task_ids(self, split: str) -> Sequence[int]:
         return range(4)
 
     def reset(self, task_id: int) -> Observation:
+        DeadServerEnv.resets += 1
         raise EnvError("connection refused by 127.0.0.1:9")
 
     def step(self, action: str) -> StepResult:
@@ -101,16 +105,23 @@ def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, reg
     assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
 
 
-def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(tiny_model_dir, tmp_path, register_plugin):
+def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(tiny_model_dir, tmp_path, register_plugin,
+                                                                        monkeypatch):
+    """DPO plays such a step again too (as GRPO does), then stops without counting it."""
+    import omrl.training.online
+
+    monkeypatch.setattr(omrl.training.online, "ENV_FAILURE_WAIT", 0.0)
+    monkeypatch.setattr(DeadServerEnv, "resets", 0)
     register_plugin(DeadServer(), name="dead-server")
     cfg = load_config(TrainRunConfig, "dpo", [
         f"model.name={tiny_model_dir}", "env.name=dead_server", "env.max_turns=2", "generation.max_new_tokens=6",
         "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}", "logging.tensorboard=false",
         "steps=2", "tasks_per_step=1", "group_size=2", "eval_tasks=0", "logging.save_steps=1"])
-    with pytest.raises(EnvFailure, match=r"step 1: every episode failed in the env 'dead_server' \(the last reason: "
-                                         r".*connection refused.*\); the step is not counted"):
+    with pytest.raises(EnvFailure, match=r"step 1: every episode failed in the env 'dead_server' in 3 rollouts in a "
+                                         r"row \(the last reason: .*connection refused.*\); the step is not counted"):
         run_rl(cfg, console=QUIET)
     assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
+    assert DeadServerEnv.resets >= 2 * (1 + omrl.training.online.ENV_FAILURE_REPLAYS)  # played, then replayed
 
 
 class FlakyServerEnv(GridWorld):
@@ -219,3 +230,38 @@ def test_resuming_a_finished_run_adds_no_metrics_row(rl_config):
     cfg.resume = True
     run_rl(cfg, console=QUIET)
     assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2]
+
+
+class HalfDeadEnv(GridWorld):
+    """Gridworld behind a server that fails every odd task's reset."""
+
+    def reset(self, task_id: int) -> Observation:
+        if task_id % 2:
+            raise EnvError(f"connection reset while creating task {task_id}")
+        return super().reset(task_id)
+
+
+class HalfDeadServer:
+    @hookimpl
+    def register_envs(self, register):
+        register("half_dead", HalfDeadEnv)
+
+
+@pytest.mark.parametrize("max_rate", [0.1, 0.6])
+def test_a_run_whose_env_errors_pass_the_stated_share_exits_non_zero_after_saving(tiny_model_dir, tmp_path,
+                                                                                   register_plugin, max_rate):
+    register_plugin(HalfDeadServer(), name="half-dead")
+    cfg = load_config(TrainRunConfig, "grpo", [
+        f"model.name={tiny_model_dir}", "env.name=half_dead", "env.max_turns=2", "generation.max_new_tokens=6",
+        "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}", "logging.tensorboard=false",
+        "steps=1", "tasks_per_step=4", "train_tasks=4", "group_size=2", "eval_tasks=0",
+        f"max_env_error_rate={max_rate}"])
+    if max_rate < 0.5:
+        with pytest.raises(EnvFailure, match=r"failed in the env 'half_dead', more than max_env_error_rate=0.1 "
+                                             r"allows.*connection reset while creating task"):
+            run_rl(cfg, console=QUIET)
+    else:
+        run_rl(cfg, console=QUIET)
+    assert (tmp_path / "run" / "model.safetensors").exists()  # the run's model is saved either way
+    with pytest.raises(ConfigError, match="max_env_error_rate must be a share between 0 and 1"):
+        run_rl(dataclasses.replace(cfg, max_env_error_rate=1.5), console=QUIET)
