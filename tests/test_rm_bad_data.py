@@ -84,3 +84,9 @@ def test_rm_eval_refuses_an_id_outside_the_vocabulary_before_scoring(data_dir, t
     weights.write_bytes(bytes(data))
     err = _exit_2(["rm", "eval", "--model", str(rm), "--data", str(data_dir / "good.parquet")], capsys)
     assert "is damaged: model.safetensors changed since it was written" in err, err
+    # and so does every other load of it (a reward plugin or a search scorer during training)
+    from omrl.errors import DamagedModelError
+    from omrl.rm.model import RewardModel
+
+    with pytest.raises(DamagedModelError, match="model.safetensors changed since it was written"):
+        RewardModel.load(rm)

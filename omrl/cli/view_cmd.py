@@ -52,8 +52,7 @@ def view(
         from omrl.view.page import write_page
 
         check_outputs({"--out": out}, {"the viewed path": path, **read_by(store)})
-        written = write_page(store, out, max_episodes)
-        kept = min(len(store.summaries), max(0, max_episodes))
+        written, kept = write_page(store, out, max_episodes)
         console.print(f"wrote {written} ({kept} of {len(store.summaries)} episodes; opens offline)", highlight=False,
                       soft_wrap=True)
         return

@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from safetensors import SafetensorError
 
 from omrl.chat import encode_conversation
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
-from omrl.models import _DTYPES, load_tokenizer, resolve_model_path
+from omrl.models import _DTYPES, check_model_files, load_tokenizer, resolve_model_path
 
 CONFIG_KEY = "omrl_reward_model"
 KINDS = ("orm", "prm")
@@ -159,9 +160,10 @@ class RewardModel:
         if not (path / "config.json").exists():
             raise RewardModelError(f"reward model {str(path)!r} not found: expected a directory written by "
                                    "`omrl rm train` (with config.json)")
+        check_model_files(path)  # damaged since `omrl rm train` wrote it: named, never scored with
         try:
             model = AutoModelForTokenClassification.from_pretrained(path, dtype=_DTYPES.get(dtype, "auto"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, SafetensorError) as exc:
             raise RewardModelError(f"cannot load reward model {str(path)!r}: {exc}") from exc
         return cls(model.to(device), load_tokenizer(str(path)), str(path))
 

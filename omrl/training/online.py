@@ -318,10 +318,13 @@ class OnlineRecipe:
         ``--resume`` plays it.
         """
         position = (self.task_order.epoch, self.task_order.cursor)
+        counts = (self.episodes_played, self.env_failures, self.episodes_with_a_turn)
         episodes = play()
         for replay in range(ENV_FAILURE_REPLAYS):
             if self._check_rollout(episodes):
                 return episodes
+            # a play that is played again is not the run's: its failures do not count toward max_env_error_rate
+            self.episodes_played, self.env_failures, self.episodes_with_a_turn = counts
             wait = ENV_FAILURE_WAIT * 2 ** replay
             self.logger.warn(f"step {self.step + 1}: playing it again in {wait:g} s (replay {replay + 1} of "
                              f"{ENV_FAILURE_REPLAYS}); a step with no episode played is not counted")

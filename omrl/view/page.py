@@ -93,13 +93,16 @@ def embedded_data(store: EpisodeStore, max_episodes: int = DEFAULT_MAX_EPISODES,
     }
 
 
-def write_page(store: EpisodeStore, out: str | os.PathLike, max_episodes: int = DEFAULT_MAX_EPISODES) -> Path:
-    """Write the self-contained page to ``out`` (atomically); returns its path."""
+def write_page(store: EpisodeStore, out: str | os.PathLike,
+               max_episodes: int = DEFAULT_MAX_EPISODES) -> tuple[Path, int]:
+    """Write the self-contained page to ``out`` (atomically); returns its path and how many episodes it
+    holds (``max_episodes`` or fewer, where the byte bound of :func:`embedded_data` stopped it)."""
     from omrl.atomic import atomic_write_text
 
     path = Path(out)
-    atomic_write_text(path, render(embedded_data(store, max_episodes)))
-    return path
+    data = embedded_data(store, max_episodes)
+    atomic_write_text(path, render(data))
+    return path, len(data["summaries"])
 
 
 def _finite(value: Any) -> Any:

@@ -109,6 +109,7 @@ def test_a_train_run_under_faults_keeps_its_steps_checkpoints_and_metrics_consis
         "generation.max_new_tokens=8", "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}",
         "logging.tensorboard=false", "logging.save_steps=1", "steps=3", "tasks_per_step=2", "group_size=2",
         "eval_tasks=2", "algorithm.entropy_coef=0.01",  # retries outlast a restart (down up to 0.4 s)
+        "max_env_error_rate=1.0",  # faults on purpose: this run is judged by its steps, not its env-error share
         f"plugins.agentgym={{base_url: '{server.url}', env_name: gridworld, timeout: 0.5, retries: 5, backoff: 0.05}}"])
 
     class Killed(Exception):

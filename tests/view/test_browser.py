@@ -139,7 +139,8 @@ def test_bad_files_are_named_and_the_rest_is_shown(small_run, chromium):
 
 
 def test_saved_page_opens_offline(small_run, chromium, tmp_path):
-    out = write_page(open_run(small_run), tmp_path / "report.html", max_episodes=4)
+    out, kept = write_page(open_run(small_run), tmp_path / "report.html", max_episodes=4)
+    assert kept == 4
     with page_of(chromium) as page:
         # offline: any request that leaves the file fails
         page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:") else route.abort())
