@@ -69,7 +69,7 @@ from rich.console import Console
 
 from _results import default_json, machine, save_json
 from omrl.backends.base import Generation, SamplingParams
-from omrl.backends.hf import HFBackend, _DecodeBatch
+from omrl.backends.hf import HFBackend
 from omrl.chat import encode_text
 from omrl.config import load_config
 from omrl.models import resolve_model_path
@@ -176,42 +176,29 @@ class ForcedBackend(HFBackend):
                                f"{limit}; raise generation.max_new_tokens")
         return ids
 
-    def _decode(self, prompts: list[torch.Tensor], firsts: list, limits: list[int], params: SamplingParams,
-                seed: int | None) -> list[tuple[list[int], list[float]]]:
-        cache, device = self.kv_cache, self.device
-        forced = [self.replies[tuple(p.tolist())][:limit] for p, limit in zip(prompts, limits)]
-        scale = params.temperature if not params.greedy else 1.0
+    def _sampler(self, params: SamplingParams, prompts: list[torch.Tensor]) -> "ScriptedSampler":
+        """The hf backend's own decode loop (batched, KV-cached), with each row's next id taken from its
+        scripted reply instead of sampled."""
         if params.top_p < 1.0:
             raise RuntimeError("the forced backend scores under temperature only; use generation.top_p=1")
-        rows = len(prompts)
-        ids: list[list[int]] = [[] for _ in range(rows)]
-        logprobs: list[list[float]] = [[] for _ in range(rows)]
-        live = list(range(rows))
-        logits = torch.stack([first[1] for first in firsts])
-        batch = None
-        with torch.no_grad():
-            while live:
-                scores = torch.log_softmax(logits / scale, dim=-1)
-                for index, row in enumerate(live):
-                    token = forced[row][len(ids[row])]
-                    ids[row].append(token)
-                    logprobs[row].append(float(scores[index, token]))
-                ended = {row for row in live if len(ids[row]) >= len(forced[row])}
-                for index, row in enumerate(live):
-                    if row in ended:  # its prompt and every id but the last, as the real loop keeps them
-                        states = firsts[row][0] if batch is None else batch.row(index)
-                        cache.put(torch.cat([prompts[row], torch.tensor(ids[row][:-1], dtype=torch.long)]), states)
-                going = [index for index, row in enumerate(live) if row not in ended]
-                live = [live[index] for index in going]
-                if not live:
-                    break
-                if batch is None:
-                    batch = _DecodeBatch([firsts[row][0] for row in live], device)
-                    firsts.clear()
-                elif len(going) < len(batch.pads):
-                    batch.keep(going)
-                logits = batch.step(self._forward, [ids[row][-1] for row in live])
-        return list(zip(ids, logprobs))
+        return ScriptedSampler([self.replies[tuple(p.tolist())] for p in prompts],
+                               params.temperature if not params.greedy else 1.0)
+
+
+class ScriptedSampler:
+    """Picks each live row's next scripted id; its log-prob is the model's under the sampling temperature."""
+
+    def __init__(self, replies: list[list[int]], temperature: float):
+        self.replies, self.temperature = replies, temperature
+        self.taken = [0] * len(replies)
+
+    def __call__(self, logits: torch.Tensor, live: list[int]) -> tuple[list[int], list[float]]:
+        scores = torch.log_softmax(logits / self.temperature, dim=-1)
+        picked = []
+        for row in live:
+            picked.append(self.replies[row][self.taken[row]])
+            self.taken[row] += 1
+        return picked, scores.gather(1, torch.tensor(picked)[:, None]).squeeze(1).tolist()
 
 
 def expert_script(cfg: TrainRunConfig, tasks: list[Any]):

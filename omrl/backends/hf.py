@@ -336,6 +336,11 @@ class HFBackend(Backend):
         elif common_prefix(source.ids, ids) < min(len(source.ids), len(ids)):
             cache.share(source, reused)
 
+    def _sampler(self, params: SamplingParams, prompts: list[torch.Tensor]) -> _Sampler:
+        """What picks each row's next id in the KV-reusing decode loop: ``sampler(logits, live)`` gives
+        the ids and log-probs of the live rows (a benchmark scripts replies through this loop here)."""
+        return _Sampler(params, len(prompts))
+
     def _decode(self, prompts: list[torch.Tensor], firsts: list[tuple[KV, torch.Tensor]], limits: list[int],
                 params: SamplingParams, seed: int | None) -> list[tuple[list[int], list[float]]]:
         """Sample every row until its end-of-turn id or its limit; a row leaves the batch the step it ends.
@@ -347,7 +352,7 @@ class HFBackend(Backend):
         cache = self.kv_cache
         assert cache is not None
         rows, device = len(prompts), self.device
-        sampler = _Sampler(params, rows)
+        sampler = self._sampler(params, prompts)
         ids: list[list[int]] = [[] for _ in range(rows)]
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         live = list(range(rows))
