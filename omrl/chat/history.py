@@ -70,9 +70,9 @@ def next_prompt(tokenizer, history: str, row: Sequence[int], messages: Sequence[
     row's ids (its prompt, replies and increments so far). With ``starts_row`` False the
     ids extend ``row``; with True they are a whole new row's prompt (``as_template`` only).
     """
-    messages, new = mark_messages(tokenizer, messages), mark_messages(tokenizer, new)  # their text is never special
-    if history == "keep":
+    if history == "keep":  # (marks what it renders)
         return kept_increment(tokenizer, messages, new, generated_eos, **kwargs), False
+    messages, new = mark_messages(tokenizer, messages), mark_messages(tokenizer, new)  # their text is never special
     text = _render_or_explain(tokenizer, [*messages, *new], "the chat so far", kwargs)
     prompt = encode_chat(tokenizer, text)
     if len(prompt) > len(row) and prompt[:len(row)] == list(row):

@@ -124,12 +124,16 @@ def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str,
     cached pieces where :mod:`omrl.chat.pieces` can prove them (a full render per turn
     costs time in proportion to the chat's length).
     """
-    messages, user_content = mark_messages(tokenizer, messages), mark(tokenizer, user_content)
+    user_content = mark(tokenizer, user_content)
+    # the pieces read only the history's roles, so its text is marked (a pass over every message) only
+    # where the chat is rendered in full
     ids = pieces.next_turn_ids(
         tokenizer, messages, user_content, generated_eos, kwargs, render, encode_chat,
-        rendered=lambda: rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs))
+        rendered=lambda: rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content,
+                                            generated_eos, **kwargs))
     if ids is None:
-        ids = encode_chat(tokenizer, rendered_turn_text(tokenizer, messages, user_content, generated_eos, **kwargs))
+        ids = encode_chat(tokenizer, rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content,
+                                                        generated_eos, **kwargs))
     return ids
 
 

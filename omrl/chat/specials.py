@@ -42,9 +42,9 @@ class _Marks:
         self.from_mark = {mark: s for s, mark in self.to_mark.items()}
         self.find_special = re.compile("|".join(map(re.escape, self.specials))) if self.specials else None
         self.find_mark = re.compile("[" + "".join(self.from_mark) + "]") if self.specials else None
-        # text -> marked text: a chat's earlier messages are the same strings every turn (and a str
-        # caches its hash), so marking a long history costs a lookup per message, not a scan
-        self.marked: dict[str, str] = {}
+        # text -> marked text (None: nothing to mark): a chat's earlier messages are the same strings every
+        # turn (and a str caches its hash), so marking a long history costs a lookup per message, not a scan
+        self.marked: dict[str, str | None] = {}
 
 
 _MARKS: "weakref.WeakKeyDictionary[Any, _Marks]" = weakref.WeakKeyDictionary()
@@ -62,45 +62,61 @@ def _marks(tokenizer: Any) -> _Marks:
 
 def mark(tokenizer: Any, text: str) -> str:
     """``text`` with every special token's string replaced by its mark (a no-op on marked text)."""
-    marks = _marks(tokenizer)
+    return _mark_text(_marks(tokenizer), text)
+
+
+def _mark_text(marks: _Marks, text: str) -> str:
     if marks.find_special is None or not isinstance(text, str):
         return text
-    done = marks.marked.get(text)
-    if done is None:
+    if text not in marks.marked:
         if len(marks.marked) >= MEMO_TEXTS:
             marks.marked.clear()
-        done = marks.marked[text] = marks.find_special.sub(lambda m: marks.to_mark[m.group()], text)
-    return done
+        found = marks.find_special.search(text)
+        marks.marked[text] = None if found is None else marks.find_special.sub(lambda m: marks.to_mark[m.group()],
+                                                                                 text)
+    done = marks.marked[text]
+    return text if done is None else done  # unchanged: the very string, so callers can tell
 
 
 def mark_messages(tokenizer: Any, messages: Sequence[dict]) -> list[dict]:
     """The messages with their text marked: content, reasoning, a tool message's name and each tool
     call's name and arguments (the template's roles and keys are structure, not text)."""
-    _marks(tokenizer)  # fresh, once for all the messages
-    return [_mark_message(tokenizer, m) for m in messages]
+    marks = _marks(tokenizer)  # once for all the messages
+    if marks.find_special is None:
+        return messages
+    marked = [_mark_message(marks, m) for m in messages]
+    # the common case, no special token's string anywhere: the very messages (no copies each turn)
+    return messages if all(a is b for a, b in zip(marked, messages)) else marked
 
 
 TEXT_KEYS = ("content", "reasoning_content", "thinking", "name")
 
 
-def _mark_message(tokenizer: Any, message: dict) -> dict:
-    out = dict(message)
+def _mark_message(marks: _Marks, message: dict) -> dict:
+    """``message`` with its text marked; ``message`` itself when there was nothing to mark."""
+    out = message
     for key in TEXT_KEYS:
-        value = out.get(key)
+        value = message.get(key)
         if value.__class__ is str:
-            out[key] = mark(tokenizer, value)
-    if out.get("tool_calls"):
-        out["tool_calls"] = [_mark_value(tokenizer, call) for call in out["tool_calls"]]
+            marked = _mark_text(marks, value)
+            if marked is not value:
+                out = dict(out) if out is message else out
+                out[key] = marked
+    if message.get("tool_calls"):
+        calls = [_mark_value(marks, call) for call in message["tool_calls"]]
+        if calls != message["tool_calls"]:
+            out = dict(out) if out is message else out
+            out["tool_calls"] = calls
     return out
 
 
-def _mark_value(tokenizer: Any, value: Any) -> Any:
+def _mark_value(marks: _Marks, value: Any) -> Any:
     if isinstance(value, str):
-        return mark(tokenizer, value)
+        return _mark_text(marks, value)
     if isinstance(value, dict):
-        return {key: _mark_value(tokenizer, item) for key, item in value.items()}
+        return {key: _mark_value(marks, item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_mark_value(tokenizer, item) for item in value]
+        return [_mark_value(marks, item) for item in value]
     return value
 
 
