@@ -35,7 +35,7 @@ from omrl.backends.base import Backend, SamplingParams
 from omrl.backends.hf import HFBackend
 from omrl.config import load_config
 from omrl.models import load_model
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training.rl_data import TaskOrder
 

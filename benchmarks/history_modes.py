@@ -73,7 +73,7 @@ from omrl.backends.hf import HFBackend
 from omrl.chat import encode_text
 from omrl.config import load_config
 from omrl.models import resolve_model_path
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training.rl import RLRecipe
 from omrl.training.rl_data import TaskOrder, episodes_to_batch, sort_by_length, trainable

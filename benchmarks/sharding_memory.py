@@ -53,7 +53,7 @@ def training_state(recipe) -> dict[str, int]:
 def worker(config_path: str, report_dir: str) -> None:
     """Run the SFT job in this process and write what it held to ``report_dir``."""
     from omrl.config import load_config
-    from omrl.options import SftRunConfig
+    from omrl.config.options import SftRunConfig
     from omrl.training.sft import SftRecipe
 
     def peak_rss() -> int:
@@ -85,7 +85,7 @@ def conversations(count: int) -> list[dict]:
 
 def run_mode(mode: str, args, work: Path) -> list[dict]:
     from omrl.config import load_config, to_yaml
-    from omrl.options import SftRunConfig
+    from omrl.config.options import SftRunConfig
 
     run_dir = work / mode
     run_dir.mkdir()

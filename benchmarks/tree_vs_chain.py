@@ -48,7 +48,7 @@ from pathlib import Path
 
 from omrl.atomic import atomic_write_text
 from omrl.config import load_config
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.threads import configure_threads
 from omrl.training.rl import RLRecipe
 

@@ -174,7 +174,7 @@ def omrl_prompts(args, model_dir: str) -> list[list[int]]:
     from omrl.backends.base import Backend, Generation
     from omrl.config import load_config
     from omrl.models import load_tokenizer
-    from omrl.options import TrainRunConfig
+    from omrl.config.options import TrainRunConfig
     from omrl.rollout import EnvPool, RolloutLimits, collect
     from omrl.training.rl_data import TaskOrder
 

@@ -62,7 +62,7 @@ PADDING_TARGET = 0.05
 
 def job_config(model: str, overrides: list[str]):
     from omrl.config import load_config
-    from omrl.options import TrainRunConfig
+    from omrl.config.options import TrainRunConfig
 
     return load_config(TrainRunConfig, "grpo", [f"model.name={model}", *overrides])
 

@@ -18,9 +18,9 @@ from omrl.config import load_config
 from omrl.data import write_episodes
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError
-from omrl.model_delta import export_low_rank_delta, file_digest
+from omrl.models.delta import export_low_rank_delta, file_digest
 from omrl.models import WEBSHOP_DELTA, resolve_model_path
-from omrl.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
+from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.rollout import RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics

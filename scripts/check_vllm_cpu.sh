@@ -42,7 +42,7 @@ from omrl import registry
 from omrl.backends import make_backend
 from omrl.backends.base import generation_metrics
 from omrl.models import load_model, resolve_model_path
-from omrl.options import GenerationConfig
+from omrl.config.options import GenerationConfig
 from omrl.rollout import EnvPool, RolloutLimits, collect, token_exact
 
 

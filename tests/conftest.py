@@ -62,3 +62,44 @@ def smollm2_dir() -> str:
     from omrl.models import resolve_model_path
 
     return resolve_model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from omrl.models import load_tokenizer
+
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_dir):
+    from omrl.models import load_tokenizer
+
+    return load_tokenizer(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tiny_model_dir):
+    """One tiny model + tokenizer shared by a test module (generation never changes its weights)."""
+    from omrl.models import load_model
+
+    return load_model(tiny_model_dir)
+
+
+@pytest.fixture
+def fake_plugins(register_plugin):
+    """The `keys` env and the `action` template of tests/fakes.py, registered for one test."""
+    from tests.fakes import FakePlugin, KeyEnv
+
+    KeyEnv.instances = 0
+    register_plugin(FakePlugin(), name="rollout-fakes")
+    return FakePlugin
+
+
+@pytest.fixture
+def chest_plugins(register_plugin):
+    """The chest envs and the `chest-action` template of tests/fakes.py, registered for one test."""
+    from tests.fakes import ChestPlugin
+
+    register_plugin(ChestPlugin(), name="search-fakes")
+    return ChestPlugin

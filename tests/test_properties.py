@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from omrl import registry
-from omrl.datasets import Conversation, load_conversations
+from omrl.data.conversations import Conversation, load_conversations
 from omrl.envs import Env, Observation, StepResult
 from omrl.errors import OmrlError
 from omrl.templates import ParsedAction
@@ -243,7 +243,7 @@ _VALUES = st.one_of(st.text(max_size=40), st.sampled_from(["{goal:1}", "{goal: 1
 def test_any_command_line_overrides_give_a_config_or_a_config_error(overrides):
     from omrl.config import load_config
     from omrl.errors import ConfigError
-    from omrl.options import TrainRunConfig
+    from omrl.config.options import TrainRunConfig
 
     try:
         cfg = load_config(TrainRunConfig, "grpo", overrides)

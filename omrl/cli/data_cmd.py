@@ -20,7 +20,7 @@ def convert(
     """Convert conversations (or rollout episodes) into OpenManus-RL or ShareGPT records."""
     from pathlib import Path
 
-    from omrl.datasets import load_conversations, reward_summary, write_conversations
+    from omrl.data.conversations import load_conversations, reward_summary, write_conversations
     from omrl.outputs import check_outputs
     from omrl.rollout.convert import jsonl_path_for
 
@@ -42,7 +42,7 @@ def show(
     from rich.console import Console
     from rich.markup import escape
 
-    from omrl.datasets import load_conversations, reward_summary
+    from omrl.data.conversations import load_conversations, reward_summary
 
     conversations = load_conversations(source, min_reward)
     console = Console()

@@ -64,7 +64,7 @@ def evaluate_command(
     from omrl.training.metrics import peak_memory
     from omrl.evaluation import (check_env_errors, check_max_env_error_rate, evaluate, held_warnings, metrics_table,
                                  replay_warnings, write_report)
-    from omrl.options import EvalRunConfig
+    from omrl.config.options import EvalRunConfig
     from omrl.rollout import RolloutSession
 
     cfg = command_line_config(EvalRunConfig, args, {

@@ -33,7 +33,7 @@ def start_from_base_outside_its_env(cfg: Any, args: list[str] | None, model_flag
     the run starts from that model's base instead, with the env's worked example back unless set,
     and says so."""
     from omrl.config import user_sets
-    from omrl.builtin_models import tuned_for
+    from omrl.models.builtin import tuned_for
 
     tuned = tuned_for(cfg.model.name)
     if model_flag is not None or user_sets(args, "model.name") or tuned is None or tuned[0] == cfg.env.name:

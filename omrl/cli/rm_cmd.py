@@ -41,7 +41,7 @@ def train(
 
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
-    from omrl.options import RmTrainRunConfig
+    from omrl.config.options import RmTrainRunConfig
     from omrl.parallel import is_main_process
     from omrl.outputs import check_run_dir
     from omrl.rm.train import run_rm_train

@@ -106,7 +106,7 @@ def rollout(
     from omrl.evaluation import (check_env_errors, check_max_env_error_rate, env_error_reasons, evaluate,
                                  held_warnings, metrics_table, replay_warnings)
     from omrl.config import command_line_config
-    from omrl.options import RolloutRunConfig
+    from omrl.config.options import RolloutRunConfig
     from omrl.rollout import RolloutSession, write_jsonl
     from omrl.rollout.convert import jsonl_path_for
 

@@ -57,7 +57,7 @@ def sft(
 
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
-    from omrl.options import SftRunConfig
+    from omrl.config.options import SftRunConfig
     from omrl.outputs import check_run_dir
     from omrl.parallel import is_main_process
     from omrl.training.sft import run_sft

@@ -77,7 +77,7 @@ def sweep_command(
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.cli.rollout_cmd import progress_bar
     from omrl.config import command_line_config
-    from omrl.options import SweepRunConfig
+    from omrl.config.options import SweepRunConfig
     from omrl.search.sweep import run_sweep, sweep_table
 
     cfg = command_line_config(SweepRunConfig, args, {

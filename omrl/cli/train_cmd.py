@@ -28,7 +28,7 @@ def train(
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
     from omrl.errors import ConfigError
-    from omrl.options import TrainRunConfig
+    from omrl.config.options import TrainRunConfig
     from omrl.outputs import check_run_dir
     from omrl.parallel import is_main_process
     from omrl.training.rl import run_rl

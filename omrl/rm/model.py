@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from omrl.chat import encode_conversation
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
-from omrl.models import _DTYPES, check_model_files, load_tokenizer, resolve_model_path
+from omrl.models.loading import _DTYPES, check_model_files, load_tokenizer, resolve_model_path
 
 CONFIG_KEY = "omrl_reward_model"
 KINDS = ("orm", "prm")

@@ -30,7 +30,7 @@ from rich.console import Console
 from omrl.atomic import atomic_write_text
 from omrl.config import to_dict, to_yaml
 from omrl.errors import ConfigError
-from omrl.options import RmTrainRunConfig
+from omrl.config.options import RmTrainRunConfig
 from omrl.parallel import make_strategy
 from omrl.rm.data import (check_trajectory_ids, collate, fingerprint, load_examples, pair_rows,
                           pointwise_rows)

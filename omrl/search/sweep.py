@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 from omrl.atomic import atomic_write_bytes
-from omrl.options import SweepRunConfig
+from omrl.config.options import SweepRunConfig
 
 CHAIN = "chain"  # pass@1: one sample a task, no budget
 FORMAT = "omrl-sweep/1"
@@ -127,7 +127,7 @@ def model_content(name: str) -> dict[str, str]:
     another model; a rewrite that keeps all three goes unseen). A hub id is identified by its name
     only (``hub_id``): the hub's cache keeps one revision a name.
     """
-    from omrl.builtin_models import BUILTIN_MODELS
+    from omrl.models.builtin import BUILTIN_MODELS
     from omrl.models import MODEL_MANIFEST, omrl_home
 
     path = omrl_home() / "models" / name if name in BUILTIN_MODELS else Path(name).expanduser()

@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from omrl.atomic import atomic_write_text
-from omrl.options import LoggingConfig
+from omrl.config.options import LoggingConfig
 
 METRICS_FILE = "metrics.jsonl"
 #: What recipes call after each step's logging and checkpoint: ``fn(step, metrics)``.

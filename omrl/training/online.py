@@ -23,7 +23,7 @@ from omrl.config import to_dict, to_yaml
 from omrl.data import Episode, write_episodes
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.evaluation import check_max_env_error_rate
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.parallel import Strategy, make_strategy
 from omrl.rollout import RolloutSession
 from omrl.search import play_strategy

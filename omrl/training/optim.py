@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from omrl.errors import ConfigError
-from omrl.options import OptimConfig
+from omrl.config.options import OptimConfig
 
 SCHEDULES = ("constant", "linear", "cosine")
 

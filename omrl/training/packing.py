@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from omrl.chat import conversation_rows
-from omrl.datasets import Conversation
+from omrl.data.conversations import Conversation
 from omrl.errors import OmrlError
 
 IGNORE_INDEX = -100

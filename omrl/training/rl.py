@@ -33,7 +33,7 @@ from rich.console import Console
 
 from omrl import registry
 from omrl.errors import EnvFailure
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.training import checkpoint as ckpt
 from omrl.training import online
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss

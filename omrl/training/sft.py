@@ -29,9 +29,9 @@ from rich.console import Console
 from omrl.config import to_dict, to_yaml
 from omrl.atomic import atomic_write_text
 from omrl.chat import check_history
-from omrl.datasets import load_conversations
+from omrl.data.conversations import load_conversations
 from omrl.errors import ConfigError, OmrlError
-from omrl.options import SftRunConfig
+from omrl.config.options import SftRunConfig
 from omrl.parallel import make_strategy
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything, step_or_skip

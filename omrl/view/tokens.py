@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from omrl.builtin_models import BUILTIN_MODELS
+from omrl.models.builtin import BUILTIN_MODELS
 from omrl.errors import OmrlError
 from omrl.view.sources import TOKENIZER_FILE, RunSource
 

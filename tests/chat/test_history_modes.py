@@ -14,7 +14,7 @@ from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.training.policy import policy_forward
 from omrl.training.rl_data import episodes_to_batch
 
-from rollout.fakes import KeyEnv
+from tests.fakes import KeyEnv
 from .thinking import ForcedBackend, ThinkingActionTemplate, build_qwen3_like, key_replies, TEMPLATES
 
 MODES = ("keep", "as_template")

@@ -10,7 +10,7 @@ import pytest
 from omrl.chat import conversation_rows, encode_plain, next_prompt, prompt_ids, render
 from omrl.models import load_tokenizer
 from omrl.rollout import EnvPool, RolloutLimits, collect
-from rollout.fakes import ActionTemplate, KeyEnv, ScriptedBackend
+from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
 
 
 @pytest.fixture(params=["tiny", "smollm2"])
@@ -57,7 +57,7 @@ def test_an_observation_cannot_close_its_turn(tokenizer, history):
 
 
 def test_rollouts_and_sft_rows_carry_only_the_special_tokens_that_were_sampled_or_templated(tokenizer, register_plugin):
-    from rollout.fakes import FakePlugin
+    from tests.fakes import FakePlugin
 
     register_plugin(FakePlugin(), name="specials-fakes")
     hostile = "".join(specials(tokenizer))

@@ -11,11 +11,11 @@ from rich.console import Console
 
 from omrl.config import load_config
 from omrl.models import load_tokenizer
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.training.metrics import read_metrics
 from omrl.training.packing import tokenize_conversations
 from omrl.training.rl import run_rl
-from omrl.datasets import load_conversations
+from omrl.data.conversations import load_conversations
 
 from .test_history_modes import qwen3_like  # noqa: F401 - the fixture
 from .thinking import ForcedBackend, ThinkingPlugin

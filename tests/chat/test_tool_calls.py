@@ -15,7 +15,7 @@ from omrl.rewards import compose_rewards
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.training.policy import policy_forward
 from omrl.training.rl_data import episodes_to_batch
-from rollout.fakes import KeyEnv
+from tests.fakes import KeyEnv
 
 from .thinking import LLAMA3_SPECIALS, TOOL_ROLE, ForcedBackend, build_qwen3_like, trl_template
 

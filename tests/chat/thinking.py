@@ -176,11 +176,11 @@ class ThinkingActionTemplate(Template):
 
 
 class ThinkingPlugin:
-    """The keys env (tests/rollout/fakes.py) and the thinking action template, as plugins."""
+    """The keys env (tests/fakes.py) and the thinking action template, as plugins."""
 
     @hookimpl
     def register_envs(self, register):
-        from rollout.fakes import KeyEnv
+        from tests.fakes import KeyEnv
 
         class ReplayableKeyEnv(KeyEnv):
             deterministic = True  # searches fork it by replaying actions from reset

@@ -9,7 +9,7 @@ their HTTP 500; WebArena is a Flask app (a missing key is a 500, a body that is 
 ``/close`` answers the text ``closed``). Routes a real server lacks are missing here too (no
 ``/close`` on ALFWorld, LMRL-Gym, WebShop, SQLGym and the tools). Sources: AgentGym's
 ``agentenv-*`` servers, summarized in ../shared/reference/agentgym-protocol.md and
-plugins/envs/agentgym_dialects.py.
+plugins/envs/agentgym/dialects.py.
 
 The games are tiny and scripted (one winning action per task), enough to play a full episode.
 :class:`Recorder` wraps any app and keeps every request (method, path, query, JSON body) so tests

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from agentgym_apps import (
+from tests.envs.agentgym_apps import (
     Recorder, Restartable, agentgym_like_app, alfworld_app, falsy_textcraft_app, flaky_app, lmrlgym_app,
     running_score_app, served_app, sqlgym_app, textcraft_app, tool_app, webarena_app, webshop_app,
 )

@@ -28,7 +28,7 @@ from omrl.rollout.pool import EnvPool
 from omrl.serve import background_server
 from omrl_plugins.envs.engines.common import MissingExtraError
 from omrl_plugins.envs.openenv import OpenEnvEnv, action_spec, render_observation, to_action
-from omrl_plugins.envs.openenv_session import SERVERS
+from omrl_plugins.envs.openenv.session import SERVERS
 
 FAST = {"retries": 1, "backoff": 0.01, "timeout": 10.0, "connect_timeout": 2.0}
 

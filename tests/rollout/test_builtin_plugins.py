@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omrl.chat import encode_conversation
 from omrl.config import command_line_config
-from omrl.options import EvalRunConfig, RolloutRunConfig
+from omrl.config.options import EvalRunConfig, RolloutRunConfig
 from omrl.rollout import RolloutSession, token_exact
 
 

@@ -14,7 +14,7 @@ from omrl.envs import EnvError
 from omrl.hookspecs import hookimpl
 from omrl.training.metrics import rollout_metrics
 
-from .fakes import KeyEnv
+from tests.fakes import KeyEnv
 
 FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
 EXPERT = ["rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--expert"]

@@ -9,11 +9,11 @@ from omrl.data import read_episodes, write_episodes
 from omrl.errors import OmrlError
 from omrl.rollout import EnvPool, RolloutLimits, RolloutProgress, collect
 from omrl.chat import render
-from omrl.datasets import episode_to_record
+from omrl.data.conversations import episode_to_record
 from omrl.envs import DemoTurn
 from omrl.rollout.loop import EMPTY_OBSERVATION
 
-from .fakes import ActionTemplate, CountingBackend, IOKeyEnv, KeyEnv, ScriptedBackend
+from tests.fakes import ActionTemplate, CountingBackend, IOKeyEnv, KeyEnv, ScriptedBackend
 
 
 def scripted(tokenizer, replies):
@@ -225,7 +225,7 @@ def test_a_demonstration_opens_the_chat_masked_out_and_stays_out_of_sft_records(
 
 
 def test_the_readable_jsonl_of_a_rollout_with_a_demonstration_trains_without_it(tiny_tokenizer, tmp_path):
-    from omrl.datasets import load_conversations
+    from omrl.data.conversations import load_conversations
     from omrl.rollout.convert import write_jsonl
 
     (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=DemoKeyEnv)

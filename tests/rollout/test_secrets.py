@@ -12,7 +12,7 @@ from rich.console import Console
 
 from omrl.cli import main
 from omrl.config import load_config, to_dict, to_yaml
-from omrl.options import EvalRunConfig, TrainRunConfig
+from omrl.config.options import EvalRunConfig, TrainRunConfig
 from omrl.training import checkpoint as ckpt
 
 SECRET = "s3cret-tok-9f2c"

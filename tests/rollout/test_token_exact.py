@@ -13,7 +13,7 @@ import pytest
 from omrl.chat import encode_conversation, render
 from omrl.rollout import EnvPool, RolloutLimits, collect
 
-from .fakes import ActionTemplate, KeyEnv, ScriptedBackend
+from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
 
 
 def char_by_char(tokenizer, text: str) -> list[int]:

@@ -9,7 +9,7 @@ from omrl.envs import EnvError, fork_support
 from omrl.rollout import EnvPool
 from omrl.search.fork import Forker, ForkError, ReplayState, check_forkable
 
-from .fakes import ChestEnv, LyingChestEnv, PlainChestEnv, ReplayChestEnv
+from tests.fakes import ChestEnv, LyingChestEnv, PlainChestEnv, ReplayChestEnv
 
 # (env, options, task, actions played before the snapshot, actions played after it)
 CASES = {

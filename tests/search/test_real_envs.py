@@ -8,7 +8,7 @@ from omrl import registry
 from omrl.rollout import EnvPool, RolloutLimits
 from omrl.search import SearchContext, run_strategy
 
-from .fakes import ScriptBackend
+from tests.fakes import ScriptedBackend
 
 # actions the scripted model cycles through (valid and invalid alike: both must fork faithfully)
 ACTIONS = {
@@ -30,7 +30,7 @@ def test_every_path_replays_from_reset(tiny_tokenizer, name, strategy, options):
     env_class = registry.envs.get(name)
     template = registry.templates.get("react")()
     moves = ACTIONS[name]
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: template.format_action(
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: template.format_action(
         moves[(call * 7 + i) % len(moves)], None, "go"))
     ctx = SearchContext(EnvPool(env_class, name=name), template, tiny_tokenizer, backend,
                         RolloutLimits(max_new_tokens=32, max_context=4096, max_turns=4), split="test",

@@ -10,7 +10,7 @@ from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.search import SearchContext, run_strategy
 from omrl.search.fork import ForkError
 
-from .fakes import ActionTemplate, ChestEnv, PlainChestEnv, ScriptBackend, by_call
+from tests.fakes import ActionTemplate, ChestEnv, PlainChestEnv, ScriptedBackend, by_call
 
 LIMITS = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=3)
 
@@ -66,14 +66,14 @@ BEAM_REPLIES = ("Action: open", "Action: smash", "no action here", "Action: take
 
 def test_every_branch_of_a_beam_is_laid_out_exactly_as_a_chain(tiny_tokenizer):
     """Replay each root-to-leaf path's sampled ids through the chain rollout: the same ids, mask and log-probs."""
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: BEAM_REPLIES[(call + i) % 4])
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: BEAM_REPLIES[(call + i) % 4])
     trees = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 3,
                                                                            "stop_on_win": False}), [0, 1])
     paths = [ep for tree in trees for ep in tree.episodes()]
     assert len({ep.end_reason for ep in paths}) >= 3  # won, smashed, pruned, ...
     for ep in paths:
         replies = [ep.token_ids[t.span[0]:t.span[1]] for t in ep.turns]
-        replay = ScriptBackend(tiny_tokenizer, lambda call, i, prompt, r=replies: r[call])
+        replay = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt, r=replies: r[call])
         (chain,) = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, [ep.task_id],
                            backend=replay, limits=RolloutLimits(max_new_tokens=12, max_context=1024,
                                                                 max_turns=len(replies)))
@@ -86,7 +86,7 @@ def test_every_branch_of_a_beam_is_laid_out_exactly_as_a_chain(tiny_tokenizer):
 
 
 def test_siblings_share_their_parent_prefix_and_node_ids_link_them(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: BEAM_REPLIES[i % 2])  # open, smash
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: BEAM_REPLIES[i % 2])  # open, smash
     (tree,) = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 1, "branch": 2}), [0])
     paths = tree.episodes()
     nodes = {node.id: node for node in tree.nodes}
@@ -101,14 +101,14 @@ def test_siblings_share_their_parent_prefix_and_node_ids_link_them(tiny_tokenize
 
 
 def test_all_candidates_of_a_round_generate_in_one_backend_call(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")  # never ends an episode
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")  # never ends an episode
     run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 3}), [0, 1])
     assert backend.calls == [6, 12, 12]  # 2 tasks x (1 node, then 2 kept) x 3 candidates, for 3 turns
 
 
 def test_the_budget_is_never_exceeded_and_every_token_is_counted(tiny_tokenizer):
     long_reply = "Action: open " + "and again " * 20  # cut at max_new_tokens, never parsed as a valid action
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: long_reply)
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: long_reply)
     budget = 3 * LIMITS.max_new_tokens + 5
     trees = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 2},
                                  budget=budget), [0, 1])
@@ -120,7 +120,7 @@ def test_the_budget_is_never_exceeded_and_every_token_is_counted(tiny_tokenizer)
 
 
 def test_a_branch_whose_env_raises_ends_alone(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: boom", "Action: open"], ["Action: take key"]))
+    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: boom", "Action: open"], ["Action: take key"]))
     (tree,) = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 2}), [0])
     boom, opened = tree.root.children
     assert boom.end == "env_error" and "exploded" in boom.episode.error
@@ -129,7 +129,7 @@ def test_a_branch_whose_env_raises_ends_alone(tiny_tokenizer):
 
 
 def test_a_tree_strategy_refuses_an_env_that_cannot_fork(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
     with pytest.raises(ForkError, match="strategy 'beam' branches episodes, but env 'chest'"):
         run_strategy(context(tiny_tokenizer, backend, "beam", env_class=PlainChestEnv), [0])
     # best-of-N only branches at the root, which a reset reaches
@@ -148,7 +148,7 @@ def test_a_tree_strategy_refuses_an_env_that_cannot_fork(tiny_tokenizer):
     ("beam", {}, {"group_size": 2}, "one tree per task"),
 ])
 def test_bad_settings_are_one_line_errors(tiny_tokenizer, strategy, options, settings, message):
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         run_strategy(context(tiny_tokenizer, backend, strategy, options=options, **settings), [0])
     assert "\n" not in str(info.value)
@@ -156,7 +156,7 @@ def test_bad_settings_are_one_line_errors(tiny_tokenizer, strategy, options, set
 
 
 def test_unknown_strategy_and_scorer_names_list_the_valid_ones(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
     with pytest.raises(UnknownNameError, match="unknown rollout strategy 'bean'. Did you mean 'beam'?.*Valid: beam"):
         run_strategy(context(tiny_tokenizer, backend, "bean"), [0])
     with pytest.raises(UnknownNameError, match="unknown scorer 'oracle'.*Valid: env_reward, logprob, majority, random, rm, self_eval"):
@@ -169,7 +169,7 @@ def test_searches_start_only_while_their_contexts_fit_in_what_the_backend_keeps_
     def reply(call, index, prompt):  # by what the chat shows, so waves do not change the replies
         return "Action: take key" if "is open" in tiny_tokenizer.decode(prompt) else "Action: open"
 
-    class Warm(ScriptBackend):
+    class Warm(ScriptedBackend):
         room = None
 
         def warm_tokens(self):

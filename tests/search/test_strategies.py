@@ -11,7 +11,7 @@ from omrl.hookspecs import hookimpl
 from omrl.rollout import EnvPool, RolloutLimits
 from omrl.search import Expand, Score, SearchContext, run_search, run_strategy
 
-from .fakes import ActionTemplate, ChestEnv, ScriptBackend, by_call
+from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend, by_call
 
 LIMITS = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=4)
 
@@ -27,7 +27,7 @@ def actions(node):
 
 
 def test_best_of_n_picks_the_chain_its_selector_likes(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open"], ["Action: take key"]))
+    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open"], ["Action: take key"]))
     (tree,) = search(tiny_tokenizer, backend, "best_of_n", {"n": 2})
     assert backend.calls == [2, 1]  # both chains in one call; then the one still going
     assert actions(tree.chosen()) == ["open", "take key"] and tree.chosen().won
@@ -39,7 +39,7 @@ def test_best_of_n_picks_the_chain_its_selector_likes(tiny_tokenizer):
 
 def test_dfsdt_backtracks_from_dead_ends(tiny_tokenizer):
     # root: smash (a dead end, tried first on the tie) and open; below open: smash again, then take key
-    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open"],
+    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open"],
                                                     ["Action: smash", "Action: take key"]))
     (tree,) = search(tiny_tokenizer, backend, "dfsdt", {"branch": 2})
     assert backend.calls == [2, 2]
@@ -48,7 +48,7 @@ def test_dfsdt_backtracks_from_dead_ends(tiny_tokenizer):
 
 
 def test_dfsdt_stops_after_max_expansions(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")  # never ends
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")  # never ends
     (tree,) = search(tiny_tokenizer, backend, "dfsdt", {"branch": 2, "max_expansions": 3})
     assert backend.calls == [2, 2, 2] and len(tree.nodes) == 1 + 6
     assert tree.chosen().depth == 3  # the deepest open node it reached
@@ -57,7 +57,7 @@ def test_dfsdt_stops_after_max_expansions(tiny_tokenizer):
 def test_mcts_rolls_out_then_explores_the_untried_candidate(tiny_tokenizer):
     # iteration 1: expand the root (smash, open, open) and roll out from smash: 0.
     # iteration 2: UCT picks an untried candidate (open), expands it; its roll-out takes the key: 1.
-    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open", "Action: open"],
+    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open", "Action: open"],
                                                     ["Action: take key"]))
     (tree,) = search(tiny_tokenizer, backend, "mcts", {"branch": 3, "iterations": 5})
     assert backend.calls == [3, 3]
@@ -66,7 +66,7 @@ def test_mcts_rolls_out_then_explores_the_untried_candidate(tiny_tokenizer):
 
 
 def test_mcts_runs_its_iterations_and_values_with_a_scorer(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")
     (tree,) = search(tiny_tokenizer, backend, "mcts", {"branch": 2, "iterations": 3, "value": "scorer",
                                                          "scorer": "logprob"})
     assert len(backend.calls) == 3 and tree.root.visits == 6  # each of 2 children backs up once per iteration
@@ -75,7 +75,7 @@ def test_mcts_runs_its_iterations_and_values_with_a_scorer(tiny_tokenizer):
 
 
 def test_beam_stops_at_its_first_win_and_answers_with_it(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash"],
+    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash"],
                                                     ["Action: take key", "Action: look"]))
     (tree,) = search(tiny_tokenizer, backend, "beam", {"width": 1, "branch": 2})
     assert backend.calls == [2, 2]
@@ -91,17 +91,17 @@ def test_beam_can_pick_its_answer_by_a_scorer_without_looking_at_the_outcome(tin
     register_plugin(LostFirst(), name="lost-first")
     script = by_call(["Action: open", "Action: smash"], ["Action: take key", "Action: look"])
     options = {"width": 1, "branch": 2, "stop_on_win": False}
-    (tree,) = search(tiny_tokenizer, ScriptBackend(tiny_tokenizer, script), "beam", {**options, "select": "lost_first"})
+    (tree,) = search(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "lost_first"})
     assert not tree.chosen().won and actions(tree.chosen()) == ["smash"]  # the scorer's choice, not the win
     assert any(node.won for node in tree.nodes)  # the search went on past its win
-    (tree,) = search(tiny_tokenizer, ScriptBackend(tiny_tokenizer, script), "beam", {**options, "select": "env_reward"})
+    (tree,) = search(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "env_reward"})
     assert tree.chosen().won
     with pytest.raises(Exception, match="unknown scorer 'nope'"):
-        search(tiny_tokenizer, ScriptBackend(tiny_tokenizer, script), "beam", {**options, "select": "nope"})
+        search(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "nope"})
 
 
 def test_env_reward_scorer_sums_rewards_and_can_add_partial_credit(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: open"], ["Action: take key"]))
+    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: open"], ["Action: take key"]))
     (tree,) = search(tiny_tokenizer, backend, "best_of_n", {"n": 1})
     opened, won = tree.nodes[1], tree.nodes[2]
     ctx = SearchContext(EnvPool(ChestEnv), ActionTemplate(), tiny_tokenizer, backend,
@@ -112,7 +112,7 @@ def test_env_reward_scorer_sums_rewards_and_can_add_partial_credit(tiny_tokenize
 
 
 def test_self_eval_asks_the_model_and_charges_the_budget(tiny_tokenizer):
-    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash", "Action: look"],
+    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash", "Action: look"],
                                                     ["yes", "no", "maybe"]), logprob=math.log(0.8))
     ctx = SearchContext(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, backend, LIMITS,
                         strategy="probe", budget=200)
@@ -148,6 +148,6 @@ def test_a_strategy_registered_by_a_plugin_runs_by_name(register_plugin, tiny_to
     register_plugin(ThirdParty(), name="third-party-search")
     assert registry.strategies.component("always_open").plugin == "third-party-search"
     assert "constant" in registry.strategies.names("scorer")
-    backend = ScriptBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")
     (tree,) = search(tiny_tokenizer, backend, "always_open", {"depth": 3})
     assert tree.chosen().depth == 3 and tree.strategy == "always_open"

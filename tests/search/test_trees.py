@@ -10,11 +10,11 @@ from omrl.rollout import EnvPool, RolloutLimits
 from omrl.search import SearchContext, run_strategy
 from omrl.search.tree import chain_tree
 
-from .fakes import ActionTemplate, ChestEnv, ScriptBackend, by_call
+from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend, by_call
 
 
 def beam_tree(tokenizer):
-    backend = ScriptBackend(tokenizer, by_call(["Action: open", "Action: smash", "Action: look"],
+    backend = ScriptedBackend(tokenizer, by_call(["Action: open", "Action: smash", "Action: look"],
                                                ["Action: take key", "Action: look", "Action: smash"]))
     ctx = SearchContext(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, backend,
                         RolloutLimits(max_new_tokens=12, max_turns=3), strategy="beam",
@@ -59,7 +59,7 @@ def test_files_without_node_ids_still_read(tmp_path):
 def test_chains_become_a_tree_whose_leaves_are_the_played_episodes(tiny_tokenizer):
     from omrl.rollout import collect
 
-    backend = ScriptBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash"], ["Action: take key"]))
+    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash"], ["Action: take key"]))
     played = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, [0], backend=backend,
                      group_size=2)
     tree = chain_tree(played, 0, 0)

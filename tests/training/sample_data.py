@@ -21,7 +21,7 @@ def agent_records(n: int = 8) -> list[dict]:
 def sft_run_config(model_dir: str, dataset, output_dir, /, **overrides):
     """A fast SFT config on ``model_dir`` (overrides as dotted keys written ``a__b``)."""
     from omrl.config import from_dict, merge
-    from omrl.options import SftRunConfig
+    from omrl.config.options import SftRunConfig
 
     data = {"model": {"name": model_dir}, "dataset": str(dataset), "max_seq_length": 256,
             "num_train_epochs": 2.0, "packing": False,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from omrl.options import OptimConfig
+from omrl.config.options import OptimConfig
 from omrl.training import checkpoint as ckpt
 from omrl.training.optim import build_optimizer, build_scheduler
 

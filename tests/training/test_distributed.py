@@ -43,7 +43,7 @@ RUN_JOBS = """
 import json, os, sys, torch
 from omrl.config import load_config
 from omrl.hookspecs import hookimpl
-from omrl.options import SftRunConfig, TrainRunConfig
+from omrl.config.options import SftRunConfig, TrainRunConfig
 from omrl.plugins import load_plugins
 import omrl.training.dpo as dpo
 import omrl.training.rl as rl
@@ -135,7 +135,7 @@ SFT_SETTINGS = dict(num_train_epochs=2.0, optim__gradient_accumulation_steps=3, 
 
 def _rl_config(tiny_model_dir, output_dir, algo: str = "grpo", *overrides: str):
     from omrl.config import load_config
-    from omrl.options import TrainRunConfig
+    from omrl.config.options import TrainRunConfig
 
     return load_config(TrainRunConfig, algo, [
         f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=3", "generation.max_new_tokens=8",
@@ -314,7 +314,7 @@ def test_a_non_finite_gradient_skips_the_update_in_every_mode(launched, mode):
 FAIL_ON_RANK_1 = """
 import os, sys
 from omrl.config import load_config
-from omrl.options import SftRunConfig
+from omrl.config.options import SftRunConfig
 from omrl.training.sft import SftRecipe
 
 recipe = SftRecipe(load_config(SftRunConfig, sys.argv[1]))
@@ -339,7 +339,7 @@ def test_an_error_on_one_process_ends_the_run_instead_of_hanging(sft_config, tmp
 
 def test_tasks_per_step_must_split_evenly_across_processes(tiny_model_dir, tmp_path):
     from omrl.config import load_config
-    from omrl.options import TrainRunConfig
+    from omrl.config.options import TrainRunConfig
 
     config = tmp_path / "train.yaml"
     config.write_text(to_yaml(load_config(TrainRunConfig, "grpo", [
@@ -447,7 +447,7 @@ def test_fsdp_settings_the_recipes_do_not_implement_are_refused(monkeypatch):
 
 def test_fsdp_refuses_lora(tiny_model_dir):
     from omrl.errors import ConfigError
-    from omrl.options import ModelConfig
+    from omrl.config.options import ModelConfig
     from omrl.parallel import fsdp
     from omrl.training.model_setup import load_trainable_model
 

@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 
 from omrl.errors import ConfigError
-from omrl.options import LoggingConfig, OptimConfig
+from omrl.config.options import LoggingConfig, OptimConfig
 from omrl.training.metrics import MetricsLogger, format_metrics, read_metrics
 from omrl.training.optim import build_optimizer, build_scheduler, lr_multiplier
 

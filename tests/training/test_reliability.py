@@ -17,7 +17,7 @@ from omrl.config import load_config
 from omrl.envs import Env, EnvError, Observation, StepResult
 from omrl.errors import ConfigError, EnvFailure, Interrupted
 from omrl.hookspecs import hookimpl
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.training.checkpoint import complete_checkpoints
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from omrl.config import load_config
 from omrl.hookspecs import hookimpl
 from omrl.models import load_model
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.training.checkpoint import CheckpointError, latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.errors import ConfigError, NonFiniteLossError

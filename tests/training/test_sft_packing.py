@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from omrl.chat import encode_conversation
-from omrl.datasets import Conversation, record_to_conversation
+from omrl.data.conversations import Conversation, record_to_conversation
 from omrl.training.packing import (IGNORE_INDEX, collate, micro_batches, pack_rows, shifted_labels,
                                    tokenize_conversations)
 from omrl.training.policy import labelled_nll_sum

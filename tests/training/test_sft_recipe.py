@@ -12,7 +12,7 @@ from rich.console import Console
 
 from omrl.config import from_dict
 from omrl.models import load_model
-from omrl.options import SftRunConfig
+from omrl.config.options import SftRunConfig
 from omrl.training.checkpoint import CheckpointError, complete_checkpoints
 from omrl.training.metrics import read_metrics
 from omrl.errors import NonFiniteLossError

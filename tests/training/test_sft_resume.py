@@ -22,7 +22,7 @@ QUIET = Console(file=io.StringIO())
 KILLED_RUN = """
 import os, signal, sys
 from omrl.config import load_config
-from omrl.options import SftRunConfig
+from omrl.config.options import SftRunConfig
 from omrl.training.sft import run_sft
 
 kill_at = int(sys.argv[2])

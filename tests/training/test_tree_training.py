@@ -17,7 +17,7 @@ from omrl.config import load_config
 from omrl.data import Batch, Episode, Turn, read_episodes
 from omrl.errors import ConfigError, OmrlError, UnknownNameError
 from omrl.hookspecs import hookimpl
-from omrl.options import TrainRunConfig
+from omrl.config.options import TrainRunConfig
 from omrl.search.tree import Node, Tree, copy_episode
 from omrl.training import rl as rl_module
 from omrl.training.metrics import read_metrics

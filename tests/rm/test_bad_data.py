@@ -1,0 +1,92 @@
+"""``omrl rm train`` / ``omrl rm eval`` on trajectories holding a token id the tokenizer does not have
+(a -1, or an id of another vocabulary, as a bad server's answer was once written): refused when the data
+is loaded, naming the file, the row and the id, before any training or scoring, never "a bug in omrl"."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from omrl.cli import build_app, main
+from omrl.config import load_config
+from omrl.data import read_episodes, write_episodes
+from omrl.config.options import RolloutRunConfig
+from omrl.rollout import RolloutSession
+
+GRIDWORLD = ["env.name=gridworld", "env.template=react", "model.name=tiny", "env.max_turns=12",
+             "generation.max_new_tokens=8", "generation.temperature=1.0"]
+TRAIN = ["--model", "tiny", "--kind", "orm", "--label", "success", "--num-train-epochs", "1",
+         "optim.micro_batch_size=4", "packing=false", "logging.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """Gridworld episodes with both outcomes on the tiny tokenizer: the expert's (won), the model's (lost)."""
+    out = tmp_path_factory.mktemp("rm-bad-data")
+    cfg = load_config(RolloutRunConfig, None, GRIDWORLD)
+    with RolloutSession.from_config(cfg) as session:
+        tasks = session.task_ids("train", 3)
+        won = session.play(tasks, split="train", expert=True)
+        lost = session.play(tasks, split="train", seed=1)
+    write_episodes(won + lost, out / "good.parquet")
+    return out
+
+
+def _with_bad_id(source: Path, target: Path, row: int, token: int) -> Path:
+    """``source`` with the first reply token of episode ``row`` replaced by ``token``."""
+    episodes = read_episodes(source)
+    ep = episodes[row]
+    ep.token_ids[ep.turns[0].span[0]] = token
+    write_episodes(episodes, target)
+    return target
+
+
+def _exit_2(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = " ".join(capsys.readouterr().err.split())
+    assert info.value.code == 2 and "bug in omrl" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("token", [-1, 4096, 151_000])
+def test_rm_train_refuses_an_id_outside_the_vocabulary_naming_file_row_and_id(data_dir, tmp_path, capsys, token):
+    bad = _with_bad_id(data_dir / "good.parquet", tmp_path / "bad.parquet", row=4, token=token)
+    err = _exit_2(["rm", "train", *TRAIN, "--data", str(bad), "--output-dir", str(tmp_path / "rm")], capsys)
+    assert f"{bad} row 4 (task " in err and f"holds the token id {token}, outside the tokenizer's vocabulary " \
+        "(0 to 4095)" in err, err
+    assert not (tmp_path / "rm" / "model.safetensors").exists()
+
+
+def test_rm_train_checks_the_eval_data_before_training(data_dir, tmp_path, capsys):
+    bad = _with_bad_id(data_dir / "good.parquet", tmp_path / "held_out.parquet", row=1, token=-1)
+    err = _exit_2(["rm", "train", *TRAIN, "--data", str(data_dir / "good.parquet"), "--eval-data", str(bad),
+                   "--output-dir", str(tmp_path / "rm")], capsys)
+    assert f"{bad} row 1 (task " in err and "holds the token id -1" in err, err
+    assert not (tmp_path / "rm" / "model.safetensors").exists()  # refused before any step
+
+
+def test_rm_eval_refuses_an_id_outside_the_vocabulary_before_scoring(data_dir, tmp_path, capsys):
+    rm = tmp_path / "rm"
+    result = CliRunner().invoke(build_app(), ["rm", "train", *TRAIN, "--data", str(data_dir / "good.parquet"),
+                                              "--output-dir", str(rm)])
+    assert result.exit_code == 0, result.output
+    bad = _with_bad_id(data_dir / "good.parquet", tmp_path / "bad.parquet", row=2, token=99_999)
+    err = _exit_2(["rm", "eval", "--model", str(rm), "--data", str(bad)], capsys)
+    assert f"{bad} row 2 (task " in err and "holds the token id 99999" in err, err
+    assert not (rm / "rm_eval.json").exists()
+    # the reward model carries a manifest too: a flipped byte in it is named, not scored with
+    weights = rm / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0x01
+    weights.write_bytes(bytes(data))
+    err = _exit_2(["rm", "eval", "--model", str(rm), "--data", str(data_dir / "good.parquet")], capsys)
+    assert "is damaged: model.safetensors changed since it was written" in err, err
+    # and so does every other load of it (a reward plugin or a search scorer during training)
+    from omrl.errors import DamagedModelError
+    from omrl.rm.model import RewardModel
+
+    with pytest.raises(DamagedModelError, match="model.safetensors changed since it was written"):
+        RewardModel.load(rm)
