@@ -106,7 +106,7 @@ def test_sft_rows_follow_the_history_mode(qwen3_like, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("history", ["keep", "as_template"])
 def test_an_sft_epoch_on_reasoning_data(qwen3_like, tmp_path, history):  # noqa: F811
-    from training.sample_data import sft_run_config
+    from tests.training.sample_data import sft_run_config
 
     from omrl.training.sft import run_sft
 

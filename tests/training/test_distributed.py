@@ -186,7 +186,7 @@ def launched(tiny_model_dir, tmp_path_factory) -> Launched:
     """Every multi-process SFT and RL run of the tests in this file, by (mode, case): one launch per
     mode runs them all in turn (a launch costs some 12 s before its first step), then one per mode
     resumes."""
-    from chat.thinking import KEEPS_ANSWER, build_qwen3_like
+    from tests.chat.thinking import KEEPS_ANSWER, build_qwen3_like
 
     root = tmp_path_factory.mktemp("launched")
     split_model = str(build_qwen3_like(root / "qwen3-keeps-answer", KEEPS_ANSWER))
