@@ -185,8 +185,8 @@ def cumulative_of(fn, names: Sequence[str]) -> dict[str, float]:
 
 
 # the loop's own parts, by the function that does them (cumulative time under cProfile)
-PARTS = ("loop.py:_start", "loop.py:_record_reply", "loop.py:_continue_chat", "pool.py:step_many",
-         "loop.py:_record_step", "chat.py:next_turn_ids", "chat.py:prompt_ids", "loop.py:_parse")
+PARTS = ("loop.py:_start", "live.py:record_reply", "live.py:continue_chat", "pool.py:step_many",
+         "live.py:record_step", "render.py:next_turn_ids", "render.py:prompt_ids", "live.py:_parse")
 
 
 def bench_env(name: str, script_kind: str, args, tokenizer) -> dict:

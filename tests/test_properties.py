@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 from omrl import registry
 from omrl.data.conversations import Conversation, load_conversations
-from omrl.envs import Env, Observation, StepResult
+from omrl.envs import Env, Observation
 from omrl.errors import OmrlError
 from omrl.templates import ParsedAction
+from tests.fakes import OneTaskEnv
 
 TEMPLATES = ("react", "xml", "tool_call")
 FAST = settings(max_examples=150, deadline=None)
@@ -31,7 +32,7 @@ FILES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCh
 
 # -- envs a reply is parsed for ------------------------------------------------------------------
 
-class ToolEnv(Env):
+class ToolEnv(OneTaskEnv):
     """An env with tools of several argument types."""
 
     action_help = "Actions: search[keywords], click[value] or dial[digits, loud]."
@@ -43,15 +44,6 @@ class ToolEnv(Env):
         {"name": "dial", "description": "Dial.", "parameters": {"type": "object", "properties": {
             "digits": {"type": "integer"}, "loud": {"type": "boolean"}}, "required": ["digits"]}},
     ]
-
-    def task_ids(self, split):
-        return [0]
-
-    def reset(self, task_id):
-        return Observation("page", "do the task")
-
-    def step(self, action):
-        return StepResult("ok", 0.0, True, {"won": False, "score": 0.0})
 
 
 class RoomEnv(ToolEnv):

@@ -30,7 +30,8 @@ from typing import Any, Callable, Generator, Sequence
 from omrl.backends.base import SamplingParams
 from omrl.envs import fork_support
 from omrl.errors import OmrlError
-from omrl.search.branch import Growing, add_reply, add_step, continue_chat, root_node
+from omrl.rollout.live import LiveEpisode, continue_chat, record_reply, record_step
+from omrl.search.branch import child_of, root_node
 from omrl.search.context import SearchContext
 from omrl.search.fork import Forker, check_forkable
 from omrl.search.tree import Node, Tree, path_episode
@@ -179,19 +180,22 @@ def _expand(ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]]
                                         messages=[node.messages for _, _, node, _ in slots]))
     for (tree, _, _, _), reply in zip(slots, replies):
         ctx.charge(tree, len(reply.token_ids))
-    grown = [add_reply(node, reply, ctx.template, ctx.tokenizer, probe) for (_, _, node, _), reply in zip(slots, replies)]
-    to_step = [(i, g) for i, g in enumerate(grown) if g.end is None and g.action is not None]
+    grown = [child_of(node) for _, _, node, _ in slots]
+    for g, reply in zip(grown, replies):
+        record_reply(g, reply, ctx.template, ctx.tokenizer, probe)
+    to_step = [(i, g) for i, g in enumerate(grown) if g.action is not None]
     results = forker.step_many([(slots[i][2].env_state, slots[i][0].task_id, g.action) for i, g in to_step])
     states: dict[int, Any] = {}
     for (i, g), (result, new_state) in zip(to_step, results):
-        add_step(g, result)
+        record_step(g, result)
         states[i] = new_state
     for i, ((tree, index, node, _), g) in enumerate(zip(slots, grown)):
         # an unparsed reply leaves the env as it was: the child goes on from its parent's state
         state = states.get(i, node.env_state) if g.end is None else states.get(i)
         continue_chat(g, ctx.tokenizer, chat_kwargs[id(tree)], turn_cap, limits.max_context, limits.history)
-        if g.end is not None and state is not None:
-            if i in states:
+        if g.end is not None:  # the branch ended here: nothing goes on from its env state
+            g.record_end()
+            if i in states and state is not None:
                 forker.drop([state])
             state = None
         child = tree.add(node, _node(g, state))
@@ -199,7 +203,7 @@ def _expand(ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]]
     return children
 
 
-def _node(g: Growing, state: Any) -> Node:
+def _node(g: LiveEpisode, state: Any) -> Node:
     return Node(-1, None, g.episode, g.messages, g.answering, env_state=state, end=g.end)
 
 

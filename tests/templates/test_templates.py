@@ -9,12 +9,13 @@ import pytest
 
 from omrl import registry
 from omrl.chat import next_turn_ids, render
-from omrl.envs import Env, Observation, StepResult
+from omrl.envs import Env
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import TemplateError
+from tests.fakes import OneTaskEnv
 
 
-class FakeShop(Env):
+class FakeShop(OneTaskEnv):
     """A shop with two tools: search[keywords] and click[value]."""
 
     action_help = "Actions: search[keywords] or click[value]."
@@ -25,30 +26,12 @@ class FakeShop(Env):
          "parameters": {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}},
     ]
 
-    def task_ids(self, split):
-        return [0]
 
-    def reset(self, task_id):
-        return Observation("page", "do the task")
-
-    def step(self, action):
-        return StepResult("ok", 0.0, True, {"won": False, "score": 0.0})
-
-
-class FakeRoom(Env):
+class FakeRoom(OneTaskEnv):
     """A room without tools whose valid actions are known."""
 
     action_help = "Actions: go north, look."
     action_example = "look"
-
-    def task_ids(self, split):
-        return [0]
-
-    def reset(self, task_id):
-        return Observation("page", "do the task")
-
-    def step(self, action):
-        return StepResult("ok", 0.0, True, {"won": False, "score": 0.0})
 
     def admissible_actions(self):
         return ["go north", "look"]

@@ -1,0 +1,168 @@
+"""An episode as it grows, turn by turn: a chain's (:mod:`omrl.rollout.loop`) or a search branch's (:mod:`omrl.search`).
+
+Both grow the same way, so both call the same three steps, and a search with one
+candidate per node gives the chain rollout's episodes id for id:
+
+- :func:`record_reply` appends the sampled ids as they are (loss_mask 1, with their
+  log-probs) as a new turn, and parses them into the action the env steps on;
+- :func:`record_step` fills that turn with the env's answer;
+- :func:`continue_chat` appends the chat-template increment that leads to the next
+  turn (loss_mask 0; under ``chat.history=as_template`` perhaps a new row), or ends
+  the episode at a limit.
+
+Nothing is decoded and re-encoded: the reply's text is decoded for the chat and the
+parser only, never to lay out ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omrl.backends.base import Generation
+from omrl.chat import next_prompt
+from omrl.chat.history import native_tool_calls
+from omrl.data.trajectory import Episode, Turn
+from omrl.envs import Env, StepResult, clean_text, step_problem
+from omrl.templates import ParsedAction, Template
+
+EMPTY_OBSERVATION = "(the environment returned no text)"
+
+
+@dataclass
+class LiveEpisode:
+    """An episode being played: its chat so far, what its next turn answers, and how its current turn went."""
+
+    episode: Episode
+    messages: list[dict[str, str]]
+    answering: str  # the env text (or format feedback) the next turn answers
+    next_user: str = ""  # the env text (or format feedback) that answers the current turn
+    eos_generated: bool = False
+    end: str | None = None
+    action: str | None = None  # the current reply's parsed action, when the env should step on it
+    tool_call: dict | None = None  # the current reply as a structured tool call ({content, tool_calls}), if it is one
+    # its env raised, or its reply could not be made: a chain's pool discards the instance
+    # (a search's forker has dropped such an instance already)
+    broken: bool = False
+
+    def record_end(self) -> None:
+        """Write why the episode ended (``end``, once set) and its chat into the episode."""
+        self.episode.end_reason = self.end or ""
+        self.episode.messages = [dict(m) for m in self.messages]
+
+
+def record_reply(live: LiveEpisode, reply: Generation | BaseException, template: Template, tokenizer: Any,
+                 env: Env) -> str | None:
+    """Append ``reply`` to the episode as a new turn and parse it; the action to step on (also
+    ``live.action``), or None: the turn's parse error set and the next user message saying why, or
+    ``live.end`` set when the reply was empty or is an exception (env_error)."""
+    live.action = live.tool_call = None
+    ep = live.episode
+    if isinstance(reply, BaseException):
+        live.end, live.broken = "env_error", True
+        ep.error = f"{type(reply).__name__}: {reply}"
+        return None
+    start = len(ep.token_ids)
+    ep.token_ids += reply.token_ids
+    ep.loss_mask += [1] * len(reply.token_ids)
+    ep.logprobs += reply.logprobs
+    live.eos_generated = bool(reply.token_ids) and reply.token_ids[-1] == tokenizer.eos_token_id
+    body = reply.token_ids[:-1] if live.eos_generated else reply.token_ids
+    response = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    rollout_info = {"truncated": not live.eos_generated, "token_exact": reply.token_exact,
+                    "new_tokens": len(reply.token_ids)}
+    turn = Turn(observation=live.answering, response=response, action=None, format_ok=False, reward=0.0,
+                done=False, info={"rollout": rollout_info}, span=(start, len(ep.token_ids)))
+    ep.turns.append(turn)
+    live.messages.append({"role": "assistant", "content": response})
+    if not response.strip():
+        turn.parse_error = "the reply was empty"
+        live.end = "empty_response"
+        return None
+    parsed = _parse(template, response, env)
+    turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
+    if parsed.tool_call is not None and parsed.action is not None:  # the reply as a structured tool call
+        live.tool_call = {"content": parsed.thought or "", "tool_calls": [parsed.tool_call]}
+    if parsed.action is None:
+        reason = parsed.error or "no action found in the reply."
+        if env.action_help not in reason:  # react and xml errors name the env's actions already
+            reason = f"{reason}\n{env.action_help}"
+        live.next_user = f"Your reply could not be parsed: {reason}"
+    live.action = parsed.action
+    return parsed.action
+
+
+def _parse(template: Template, response: str, env: Env) -> ParsedAction:
+    """``template.parse(response)``; whatever a template raises or returns amiss becomes a parse error.
+
+    Templates must never raise, but a model reply is arbitrary text: one that
+    trips a template bug must cost the episode a turn, not end the whole run.
+    """
+    name = type(template).__name__
+    try:
+        parsed = template.parse(response, env)
+    except Exception as exc:  # noqa: BLE001 - a template bug, whatever it raises
+        return ParsedAction(None, False, error=f"template {name} failed on this reply: {type(exc).__name__}: "
+                                               f"{str(exc)[:200]}")
+    if not isinstance(parsed, ParsedAction):
+        return ParsedAction(None, False, error=f"template {name} returned a {type(parsed).__name__}, "
+                                               "not a ParsedAction")
+    return parsed
+
+
+def record_step(live: LiveEpisode, result: StepResult | BaseException) -> None:
+    """Fill the last turn with the env's answer. An env that raised ends the episode as env_error
+    (``live.broken``); so does one that answered outside the protocol (the instance still works:
+    its next reset starts afresh)."""
+    ep, turn = live.episode, live.episode.turns[-1]
+    if isinstance(result, BaseException):
+        ep.error = f"step failed: {type(result).__name__}: {result}"
+        live.end, live.broken = "env_error", True
+        return
+    problem = step_problem(result)
+    if problem:
+        ep.error = f"step failed: env {ep.env!r} {problem}"
+        live.end = "env_error"
+        return
+    turn.reward, turn.done = float(result.reward), bool(result.done)
+    turn.info = {**result.info, "rollout": turn.info["rollout"]}
+    ep.won, ep.score = result.won, result.score
+    live.next_user = clean_text(result.observation) or EMPTY_OBSERVATION
+    if result.done:
+        live.end = "done"
+
+
+def continue_chat(live: LiveEpisode, tokenizer: Any, chat_kwargs: dict, turn_cap: int, max_context: int,
+                  history: str) -> None:
+    """Append the ids that lead from the last reply to the next turn: an increment of the current row,
+    or under ``as_template`` perhaps a new row. An episode that ended stays as it is; one at ``turn_cap``
+    turns ends as max_turns, one whose row would not leave room for one generated token as max_context.
+
+    ``live.next_user`` answers the reply as a user message; after a native tool call, where the chat
+    template renders them, the reply is recorded with its structured ``tool_calls`` (its content the
+    text before the call) and the answer is a ``tool`` message.
+    """
+    ep = live.episode
+    if live.end is not None:
+        return
+    if len(ep.turns) >= turn_cap:
+        live.end = "max_turns"
+        return
+    if live.tool_call is not None and native_tool_calls(tokenizer, chat_kwargs):
+        live.messages[-1] = {"role": "assistant", **live.tool_call}
+        name = live.tool_call["tool_calls"][0]["function"]["name"]
+        new = [{"role": "tool", "content": live.next_user, "name": name}]
+    else:
+        new = [{"role": "user", "content": live.next_user}]
+    ids, starts_row = next_prompt(tokenizer, history, ep.current_row(), live.messages, new, live.eos_generated,
+                                  **chat_kwargs)
+    if (0 if starts_row else len(ep.current_row())) + len(ids) >= max_context:
+        live.end = "max_context"
+        return
+    if starts_row:
+        ep.row_starts.append(len(ep.token_ids))
+    ep.token_ids += ids
+    ep.loss_mask += [0] * len(ids)
+    ep.logprobs += [0.0] * len(ids)
+    live.messages += new
+    live.answering = live.next_user
