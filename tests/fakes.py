@@ -14,6 +14,19 @@ from omrl.hookspecs import hookimpl
 from omrl.templates import ParsedAction, Template
 
 
+class OneTaskEnv(Env):
+    """Task 0 only: the first step ends the episode, neither won nor scored."""
+
+    def task_ids(self, split: str) -> Sequence[int]:
+        return [0]
+
+    def reset(self, task_id: int) -> Observation:
+        return Observation("page", "do the task")
+
+    def step(self, action: str) -> StepResult:
+        return StepResult("ok", 0.0, True, {"won": False, "score": 0.0})
+
+
 class KeyEnv(Env):
     """Find the key: ``open`` reveals it, ``take key`` wins; anything else is invalid."""
 
