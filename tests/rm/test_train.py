@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from rich.console import Console
 from typer.testing import CliRunner
 
 from omrl.cli import build_app
@@ -19,9 +21,11 @@ from omrl.rm.evaluate import evaluate_reward_model, selection_curve
 from omrl.rm.labels import LabelError, examples, pairs
 from omrl.rm.metrics import auc, expected_calibration_error
 from omrl.rm.model import RewardModel
-from omrl.rm.train import run_rm_train
+from omrl.rm.train import RmRecipe, run_rm_train
 from omrl.rollout import RolloutSession
 from omrl.search import play_strategy
+from omrl.training.metrics import read_metrics
+from omrl.training.optim import lr_multiplier
 
 GRIDWORLD = ["env.name=gridworld", "env.template=react", "model.name=tiny", "env.max_turns=4",
              "generation.max_new_tokens=8", "generation.temperature=1.0"]
@@ -202,6 +206,29 @@ def test_bradley_terry_trains_on_pairs_and_lora_merges_into_a_plain_model(data_d
     assert not any("lora" in name for name, _ in rm.model.named_parameters())
 
 
+def test_a_skipped_update_does_not_advance_the_schedule(data_dir, tmp_path):
+    cfg = config(data_dir, tmp_path / "nan", "num_train_epochs=1", "optim.warmup_steps=2", "optim.lr_schedule=linear")
+    recipe = RmRecipe(cfg, console=Console(file=io.StringIO()))
+    recipe.setup()
+    values, calls = recipe._values, []
+
+    def nan_on_the_second_call(batch):
+        calls.append(1)
+        return values(batch) * (float("nan") if len(calls) == 2 else 1.0)
+
+    recipe._values = nan_on_the_second_call  # one micro-batch a step: step 2's loss is NaN
+    try:
+        summary = recipe.train()
+    finally:
+        recipe.cleanup()
+    total = recipe.total_steps
+    assert summary["skipped_updates"] == 1 and summary["steps"] == total >= 4
+    applied_before = [0, 1, 1] + list(range(2, total - 1))  # step 3 uses the rate step 2 would have
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "nan")]
+    assert lrs == pytest.approx([1e-3 * lr_multiplier(n, total, 2, "linear") for n in applied_before])
+    assert recipe.scheduler.last_epoch == total - 1
+
+
 def test_resume_continues_to_the_same_weights(data_dir, tmp_path):
     whole = tmp_path / "whole"
     run_rm_train(config(data_dir, whole))
@@ -293,7 +320,7 @@ def test_two_processes_train_the_same_reward_model_as_one(data_dir, tmp_path):
     from omrl.config import to_yaml
     from omrl.training.metrics import read_metrics
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     settings = ("optim.gradient_accumulation_steps=3", "num_train_epochs=1")  # 5 micro-batches: 3 + 2 a step
     run_rm_train(config(data_dir, tmp_path / "single", *settings))
     two = config(data_dir, tmp_path / "two", *settings)

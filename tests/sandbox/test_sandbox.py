@@ -24,7 +24,7 @@ needs_sandbox = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
     reason="the sandbox needs Linux and root (CI has both); without them it raises, tested below",
 )
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def attempts(*lines: str) -> str:

@@ -17,7 +17,7 @@ import pytest
 from omrl.hookspecs import hookimpl
 from omrl.training.metrics import read_metrics
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "learn_gridworld.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "learn_gridworld.py"
 
 
 def _example():

@@ -24,7 +24,7 @@ from omrl.errors import ConfigError
 from omrl.models.delta import apply_low_rank_delta, file_digest
 from omrl.models import resolve_model_path
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "learn_webshop.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "learn_webshop.py"
 
 
 def _example():
