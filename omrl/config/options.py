@@ -109,78 +109,117 @@ class LoggingConfig:
     save_rollouts: bool = opt(True, "RL: write each step's episodes to <output_dir>/rollouts/ (omrl view shows them).")
 
 
-@dataclass
-class RolloutRunConfig:
-    """`omrl rollout`: play episodes and write trajectories."""
+# -- the commands' configs ----------------------------------------------------------------------------
+# Each command's config is a RunConfig: the fields every command opens with, in the order `omrl config
+# show` and `omrl config keys` list them (a dataclass lists a base's fields before its own). The fields
+# several commands share further down are built by the functions below, so each help text is written once.
 
-    command: str = opt("rollout", "Which command this config is for.")
+
+def command_opt(name: str) -> Any:
+    return opt(name, "Which command this config is for.")
+
+
+def plugins_opt(help: str = "Per-plugin options, keyed by plugin name.") -> Any:
+    return opt({}, help)
+
+
+def resume_opt() -> Any:
+    return opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
+
+
+def env_error_rate_opt() -> Any:
+    return opt(0.1, "Largest share of episodes that may fail in the env (a server down, a simulator crash: "
+                    "end_reason env_error) before the command exits non-zero (status 2); they never count as "
+                    "the model's losses.")
+
+
+def strategy_opt() -> Any:
+    return opt("chain", "Rollout strategy (see `omrl plugins --kind strategy`); its options in plugins.<name>.")
+
+
+def budget_opt() -> Any:
+    return opt(0, "Model tokens each task's search may generate (0: no limit).")
+
+
+def epochs_opt() -> Any:
+    return opt(1.0, "Passes over the data.")
+
+
+def bf16_opt() -> Any:
+    return opt(False, "Train in bfloat16 autocast.")
+
+
+@dataclass
+class RunConfig:
+    """What every command's config opens with; each command's class sets ``command``'s default."""
+
+    command: str = command_opt("")
     description: str = opt("", "One line about this preset.")
     seed: int = opt(0, "Random seed.")
     model: ModelConfig = field(default_factory=ModelConfig)
+
+
+@dataclass
+class EnvRunConfig(RunConfig):
+    """A command that plays episodes in an env: rollout, eval, train, sweep."""
+
     env: EnvConfig = field(default_factory=EnvConfig)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     chat: ChatConfig = field(default_factory=ChatConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+
+
+@dataclass
+class RolloutRunConfig(EnvRunConfig):
+    """`omrl rollout`: play episodes and write trajectories."""
+
+    command: str = command_opt("rollout")
     num_tasks: int = opt(8, "Tasks to play (from the start of the split).")
     group_size: int = opt(1, "Samples per task.")
     use_expert: bool = opt(False, "Play the env's scripted expert instead of a model.")
     output: str = opt("rollouts/trajectories.parquet", "Trajectory parquet (a .jsonl of readable episodes goes beside it).")
-    max_env_error_rate: float = opt(0.1, "Largest share of episodes that may fail in the env (a server down, a "
-                                         "simulator crash: end_reason env_error) before the command exits non-zero "
-                                         "(status 2); they never count as the model's losses.")
-    strategy: str = opt("chain", "Rollout strategy (see `omrl plugins --kind strategy`); its options in "
-                                 "plugins.<name>.")
-    budget: int = opt(0, "Model tokens each task's search may generate (0: no limit).")
-    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+    max_env_error_rate: float = env_error_rate_opt()
+    strategy: str = strategy_opt()
+    budget: int = budget_opt()
+    plugins: dict[str, dict[str, Any]] = plugins_opt()
 
 
 @dataclass
-class EvalRunConfig:
+class EvalRunConfig(EnvRunConfig):
     """`omrl eval`: success rate and friends on an env split."""
 
-    command: str = opt("eval", "Which command this config is for.")
-    description: str = opt("", "One line about this preset.")
-    seed: int = opt(0, "Random seed.")
-    model: ModelConfig = field(default_factory=ModelConfig)
+    command: str = command_opt("eval")
     env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=0.0))
-    chat: ChatConfig = field(default_factory=ChatConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
     num_tasks: int = opt(5, "Tasks to evaluate (from the start of the split).")
     samples_per_task: int = opt(1, "Samples per task for pass@k and best-of-N (k <= this).")
     report: str = opt("", "JSON report path (default: beside the model, or eval_report.json).")
-    max_env_error_rate: float = opt(0.1, "Largest share of episodes that may fail in the env (a server down, a "
-                                         "simulator crash: end_reason env_error) before the command exits non-zero "
-                                         "(status 2); they never count as the model's losses.")
-    strategy: str = opt("chain", "Rollout strategy (see `omrl plugins --kind strategy`); its options in "
-                                 "plugins.<name>.")
-    budget: int = opt(0, "Model tokens each task's search may generate (0: no limit).")
-    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+    max_env_error_rate: float = env_error_rate_opt()
+    strategy: str = strategy_opt()
+    budget: int = budget_opt()
+    plugins: dict[str, dict[str, Any]] = plugins_opt()
 
 
 @dataclass
-class SftRunConfig:
+class SftRunConfig(RunConfig):
     """`omrl sft`: supervised fine-tuning on agent conversations."""
 
-    command: str = opt("sft", "Which command this config is for.")
-    description: str = opt("", "One line about this preset.")
-    seed: int = opt(0, "Random seed.")
-    model: ModelConfig = field(default_factory=ModelConfig)
+    command: str = command_opt("sft")
     chat: ChatConfig = field(default_factory=ChatConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=2e-5))
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/sft"))
     dataset: str = opt("", "JSONL, parquet, HF dataset dir, or `omrl rollout` output.")
     min_reward: float = opt(float("-inf"), "For rollout output: keep episodes with total reward >= this.")
-    num_train_epochs: float = opt(1.0, "Passes over the data.")
+    num_train_epochs: float = epochs_opt()
     max_seq_length: int = opt(2048, "Longer conversations are truncated.")
     packing: bool = opt(True, "Pack several conversations into one sequence.")
-    bf16: bool = opt(False, "Train in bfloat16 autocast.")
-    resume: bool = opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
-    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+    bf16: bool = bf16_opt()
+    resume: bool = resume_opt()
+    plugins: dict[str, dict[str, Any]] = plugins_opt()
 
 
 @dataclass
-class TrainRunConfig:
+class TrainRunConfig(EnvRunConfig):
     """`omrl train`: online RL (grpo, ppo, dpo) in an env."""
 
     # keys of omrl 0.1 -> where they live now (still read, with a warning)
@@ -191,14 +230,7 @@ class TrainRunConfig:
             ("entropy_coef", "entropy_coef"), ("value_coef", "value_coef"), ("value_clip", "value_clip"),
             ("critic", "critic"), ("dpo_beta", "dpo_beta"))}
 
-    command: str = opt("train", "Which command this config is for.")
-    description: str = opt("", "One line about this preset.")
-    seed: int = opt(0, "Random seed.")
-    model: ModelConfig = field(default_factory=ModelConfig)
-    env: EnvConfig = field(default_factory=EnvConfig)
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
-    chat: ChatConfig = field(default_factory=ChatConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
+    command: str = command_opt("train")
     optim: OptimConfig = field(default_factory=OptimConfig)
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/train"))
     algorithm: AlgoConfig = field(default_factory=AlgoConfig)
@@ -218,23 +250,19 @@ class TrainRunConfig:
     max_env_error_rate: float = opt(0.1, "Largest share of the run's episodes that may fail in the env (a server "
                                          "down, a simulator crash: never trained on) before the run exits non-zero "
                                          "(status 2, after saving its model).")
-    resume: bool = opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
-    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+    resume: bool = resume_opt()
+    plugins: dict[str, dict[str, Any]] = plugins_opt()
 
 
 @dataclass
-class SweepRunConfig:
+class SweepRunConfig(EnvRunConfig):
     """`omrl sweep`: success against token budget for several rollout strategies."""
 
-    command: str = opt("sweep", "Which command this config is for.")
-    description: str = opt("", "One line about this preset.")
+    command: str = command_opt("sweep")
     seed: int = opt(0, "Random seed (the same for every cell).")
-    model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
     # sampled: best_of_n, beam, dfsdt and mcts draw several candidates of one prompt
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
-    chat: ChatConfig = field(default_factory=ChatConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
     num_tasks: int = opt(5, "Tasks every cell plays (from the start of the split).")
     strategies: list[str] = opt(["chain", "best_of_n", "beam", "dfsdt", "mcts"],
                                 "Rollout strategies to compare (chain: pass@1, one cell with no budget).")
@@ -242,17 +270,14 @@ class SweepRunConfig:
     out: str = opt("runs/sweep", "Folder for sweep.json and sweep.png.")
     resume: bool = opt(True, "Keep the cells <out>/sweep.json holds from a sweep with the same settings and play "
                              "only the others; false: start over.")
-    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name (plugins.beam.width=3).")
+    plugins: dict[str, dict[str, Any]] = plugins_opt("Per-plugin options, keyed by plugin name (plugins.beam.width=3).")
 
 
 @dataclass
-class RmTrainRunConfig:
+class RmTrainRunConfig(RunConfig):
     """`omrl rm train`: a reward model (outcome or process) from trajectory files."""
 
-    command: str = opt("rm-train", "Which command this config is for.")
-    description: str = opt("", "One line about this preset.")
-    seed: int = opt(0, "Random seed.")
-    model: ModelConfig = field(default_factory=ModelConfig)
+    command: str = command_opt("rm-train")
     chat: ChatConfig = field(default_factory=ChatConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=2e-5))
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/rm"))
@@ -267,12 +292,12 @@ class RmTrainRunConfig:
     text: bool = opt(False, "Re-encode each chat with the model's own tokenizer instead of the episodes' ids "
                             "(needed when the policy's tokenizer differs).")
     max_pairs_per_task: int = opt(16, "bt: most pairs taken from one task.")
-    num_train_epochs: float = opt(1.0, "Passes over the data.")
+    num_train_epochs: float = epochs_opt()
     max_seq_length: int = opt(2048, "orm: longer episodes are dropped; prm: cut (labels past the cut dropped).")
     packing: bool = opt(True, "Pack several episodes into one sequence (bce and mse).")
-    bf16: bool = opt(False, "Train in bfloat16 autocast.")
-    resume: bool = opt(False, "Continue the run in logging.output_dir from its last checkpoint.")
-    plugins: dict[str, dict[str, Any]] = opt({}, "Per-plugin options, keyed by plugin name.")
+    bf16: bool = bf16_opt()
+    resume: bool = resume_opt()
+    plugins: dict[str, dict[str, Any]] = plugins_opt()
 
 
 CONFIG_CLASSES = {"train": TrainRunConfig, "sft": SftRunConfig, "rollout": RolloutRunConfig, "eval": EvalRunConfig,

@@ -37,10 +37,10 @@ from omrl.rm.data import (check_trajectory_ids, collate, fingerprint, load_examp
 from omrl.rm.labels import check_label
 from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
 from omrl.training import checkpoint as ckpt
-from omrl.training.common import SkippedUpdates, seed_everything, step_or_skip
+from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
-from omrl.training.model_setup import save_final_from_every_process
-from omrl.training.optim import build_optimizer, build_scheduler
+from omrl.training.optim import apply_update, build_optimizer, build_scheduler
+from omrl.training.recipe import close_all, run_recipe, save_final, save_recipe_checkpoint
 
 
 class RmRecipe:
@@ -169,7 +169,6 @@ class RmRecipe:
         cfg, strategy = self.cfg, self.strategy
         accumulation = cfg.optim.gradient_accumulation_steps
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         last_loss, step_times = float("nan"), []
         self.model.train()
         micro = self.epoch_batches(self.epoch)
@@ -200,8 +199,8 @@ class RmRecipe:
             # UPDATE: sum over processes, clip, step, or skip a non-finite step
             loss_value, correct, nonfinite = strategy.sum([loss_value, correct, not finite])
             finite = not nonfinite
-            grad_norm, lr, applied = step_or_skip(strategy, self.params, self.optimizer, self.scheduler, self.skipped,
-                                                  self.logger, self.step, finite, max_norm)
+            grad_norm, lr, applied = apply_update(strategy, self.params, self.optimizer, self.scheduler, self.skipped,
+                                                  self.logger, self.step, cfg.optim.max_grad_norm, finite)
             if applied:
                 last_loss = loss_value
 
@@ -219,10 +218,7 @@ class RmRecipe:
                 self.on_step_end(self.step, metrics)
 
         # SAVE: the final checkpoint (resumable) and the reward model (LoRA merged)
-        if ckpt.latest_checkpoint(self.output_dir) != ckpt.checkpoint_path(self.output_dir, self.step):
-            self.save_checkpoint()
-        save_final_from_every_process(strategy, self.model, self.tokenizer, self.output_dir,
-                                      merge_lora=cfg.model.lora_rank > 0)
+        save_final(self)
         return {"steps": self.step, "final_loss": last_loss, "examples": self.examples,
                 "skipped_updates": self.skipped.count, "output_dir": str(self.output_dir),
                 "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0}
@@ -252,31 +248,19 @@ class RmRecipe:
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""
-        return ckpt.save_from_every_process(
-            self.strategy, self.output_dir, self.step, self.model, self.optimizer, scheduler=self.scheduler,
-            data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint},
-            config=self.config_dict, extra=self.skipped.state_dict(), tokenizer=self.tokenizer,
-            keep=self.cfg.logging.keep_checkpoints)
+        return save_recipe_checkpoint(self, data_state={"epoch": self.epoch, "index": self.index,
+                                                       "fingerprint": self.data_fingerprint})
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        logger = getattr(self, "logger", None)
-        if logger is not None:
-            logger.close()
-        self.strategy.close()
+        close_all(getattr(self, "logger", None), self.strategy)
 
 
 def run_rm_train(cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None,
                  console: Console | None = None) -> dict[str, Any]:
     """Set up, train and clean up; with ``eval_dataset``, also evaluate and write ``rm_eval.json``."""
     recipe = RmRecipe(cfg, on_step_end=on_step_end, console=console)
-    try:
-        recipe.setup()
-        summary = recipe.train()
-    except KeyboardInterrupt as stop:
-        raise ckpt.interrupted(cfg.logging.output_dir, "rm train") from stop
-    finally:
-        recipe.cleanup()
+    summary = run_recipe(recipe, "rm train")
     if cfg.eval_dataset and recipe.strategy.is_main:
         from omrl.rm.evaluate import evaluate_reward_model, write_rm_report
 

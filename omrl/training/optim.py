@@ -2,18 +2,24 @@
 
 The schedule is a multiplier on ``optim.learning_rate``: a linear warm-up from
 0 over ``warmup_steps``, then ``constant`` (1), ``linear`` (down to 0 at the last
-step) or ``cosine`` (half a cosine down to 0 at the last step).
+step) or ``cosine`` (half a cosine down to 0 at the last step). It counts the
+updates applied: :func:`apply_update` advances it only when the optimizer stepped.
 """
 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 
 from omrl.errors import ConfigError
 from omrl.config.options import OptimConfig
+
+if TYPE_CHECKING:
+    from omrl.parallel import Strategy
+    from omrl.training.common import SkippedUpdates
 
 SCHEDULES = ("constant", "linear", "cosine")
 
@@ -69,3 +75,39 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
         raise ConfigError(f"optim.warmup_steps must be >= 0, got {cfg.warmup_steps}")
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, total_steps, cfg.warmup_steps, cfg.lr_schedule))
+
+
+class Update(NamedTuple):
+    """What :func:`apply_update` did."""
+
+    grad_norm: float  # before clipping; nan when the loss was not finite (no gradient was summed)
+    lr: float  # the learning rate this update used (a skipped one: would have used)
+    applied: bool  # False: skipped, the weights, the optimizer's moments and the schedule as they were
+
+
+def apply_update(strategy: Strategy, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: SkippedUpdates, logger: Any, step: int,
+                 max_grad_norm: float, finite: bool = True) -> Update:
+    """The end of every recipe's optimizer step: sum the gradients over processes, clip them to
+    ``max_grad_norm`` (0 or less: no clipping), update and advance the schedule, unless the loss
+    (``finite``: whether it was finite on every process) or the gradient norm is not finite: then
+    drop the gradients and record the skip in ``skipped`` (warning through ``logger`` as ``step``).
+
+    The schedule's rule: a skipped update does not advance the schedule, so the schedule counts the
+    updates applied, as AdamW counts its own steps (its moments and bias correction move only on an
+    applied update, and warm-up is there to protect the first updates applied). This is the one rule
+    that holds for every recipe: an RL step's number of updates varies with its rollout, and a step
+    may apply none. The cost: after k skipped updates the schedule ends k updates short of its last
+    value. A checkpoint keeps the scheduler's state, so a resumed run continues it exactly either way.
+    """
+    max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
+    grad_norm = strategy.optimizer_step(params, optimizer, max_norm) if finite else float("nan")
+    lr = scheduler.get_last_lr()[0]
+    if finite and math.isfinite(grad_norm):
+        scheduler.step()
+        skipped.applied()
+        return Update(grad_norm, lr, True)
+    strategy.zero_grad(optimizer)
+    skipped.skip("non-finite loss" if not finite else f"non-finite gradient norm ({grad_norm})", logger, step,
+                 nan=True)
+    return Update(grad_norm, lr, False)

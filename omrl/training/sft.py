@@ -5,8 +5,9 @@ logger), ``train`` (the loop), ``cleanup``. The loss is the mean cross-entropy
 over the assistant tokens of each optimizer step (all its micro-batches
 together), with labels shifted per conversation (see :mod:`omrl.training.packing`).
 
-A step whose loss or gradient is not finite is skipped (no update) with a
-warning; ``optim.max_nan_steps`` such steps in a row stop the run. The strategy
+A step whose loss or gradient is not finite is skipped (no update, and the
+learning-rate schedule does not advance: :func:`omrl.training.optim.apply_update`)
+with a warning; ``optim.max_nan_steps`` such steps in a row stop the run. The strategy
 (:mod:`omrl.parallel`) hides how processes share the work.
 
 The output directory ends up holding the final model and tokenizer (LoRA merged
@@ -34,13 +35,14 @@ from omrl.errors import ConfigError, OmrlError
 from omrl.config.options import SftRunConfig
 from omrl.parallel import make_strategy
 from omrl.training import checkpoint as ckpt
-from omrl.training.common import SkippedUpdates, seed_everything, step_or_skip
+from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
-from omrl.training.model_setup import load_trainable_model, save_final_from_every_process
-from omrl.training.optim import build_optimizer, build_scheduler
+from omrl.training.model_setup import load_trainable_model
+from omrl.training.optim import apply_update, build_optimizer, build_scheduler
 from omrl.training.packing import (IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows,
                                    tokenize_conversations)
 from omrl.training.policy import labelled_nll_sum
+from omrl.training.recipe import close_all, run_recipe, save_final, save_recipe_checkpoint
 
 
 
@@ -144,7 +146,6 @@ class SftRecipe:
         cfg, model, strategy = self.cfg, self.model, self.strategy
         accumulation = cfg.optim.gradient_accumulation_steps
         pad_id = self.tokenizer.pad_token_id
-        max_norm = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         last_loss, step_times = float("nan"), []
         model.train()
         while self.step < self.total_steps:
@@ -176,8 +177,8 @@ class SftRecipe:
             # UPDATE: sum gradients over processes, clip, step, or skip a non-finite step
             loss_value, nonfinite_anywhere = strategy.sum([loss_value, not finite])
             finite = not nonfinite_anywhere
-            grad_norm, lr, applied = step_or_skip(strategy, self.params, self.optimizer, self.scheduler, self.skipped,
-                                                  self.logger, self.step, finite, max_norm)
+            grad_norm, lr, applied = apply_update(strategy, self.params, self.optimizer, self.scheduler, self.skipped,
+                                                  self.logger, self.step, cfg.optim.max_grad_norm, finite)
             if applied:
                 last_loss = loss_value
 
@@ -195,10 +196,7 @@ class SftRecipe:
                 self.on_step_end(self.step, metrics)
 
         # SAVE: the final checkpoint (resumable) and the final model (LoRA merged)
-        if ckpt.latest_checkpoint(self.output_dir) != ckpt.checkpoint_path(self.output_dir, self.step):
-            self.save_checkpoint()
-        save_final_from_every_process(strategy, self.model, self.tokenizer, self.output_dir,
-                                      merge_lora=cfg.model.lora_rank > 0)
+        save_final(self)
         return {"steps": self.step, "final_loss": last_loss, "skipped_updates": self.skipped.count,
                 "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
                 "output_dir": str(self.output_dir)}
@@ -213,29 +211,16 @@ class SftRecipe:
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""
-        return ckpt.save_from_every_process(
-            self.strategy, self.output_dir, self.step, self.model, self.optimizer, scheduler=self.scheduler,
-            data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint},
-            config=self.config_dict, extra=self.skipped.state_dict(), tokenizer=self.tokenizer,
-            keep=self.cfg.logging.keep_checkpoints)
+        return save_recipe_checkpoint(self, data_state={"epoch": self.epoch, "index": self.index,
+                                                       "fingerprint": self.data_fingerprint})
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        logger = getattr(self, "logger", None)
-        if logger is not None:
-            logger.close()
-        self.strategy.close()
+        close_all(getattr(self, "logger", None), self.strategy)
 
 
 def run_sft(cfg: SftRunConfig, on_step_end: StepCallback | None = None,
             console: Console | None = None) -> dict[str, Any]:
     """Set up, train and clean up; returns a summary (steps, final_loss, skipped_updates, mean_step_time)."""
-    recipe = SftRecipe(cfg, on_step_end=on_step_end, console=console)
-    try:
-        recipe.setup()
-        return recipe.train()
-    except KeyboardInterrupt as stop:
-        raise ckpt.interrupted(cfg.logging.output_dir, "sft") from stop
-    finally:
-        recipe.cleanup()
+    return run_recipe(SftRecipe(cfg, on_step_end=on_step_end, console=console), "sft")
 

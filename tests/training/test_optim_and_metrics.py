@@ -13,7 +13,9 @@ from rich.console import Console
 from omrl.errors import ConfigError
 from omrl.config.options import LoggingConfig, OptimConfig
 from omrl.training.metrics import MetricsLogger, format_metrics, read_metrics
-from omrl.training.optim import build_optimizer, build_scheduler, lr_multiplier
+from omrl.parallel import Strategy
+from omrl.training.common import SkippedUpdates
+from omrl.training.optim import apply_update, build_optimizer, build_scheduler, lr_multiplier
 
 
 def test_schedules_warm_up_then_hold_or_decay():
@@ -39,6 +41,45 @@ def test_scheduler_drives_the_optimizer_lr_and_decay_skips_vectors():
         optimizer.step()
         scheduler.step()
     assert seen == pytest.approx([0.0, 0.05, 0.1, 0.05])
+
+
+class _Warnings:
+    def __init__(self):
+        self.lines = []
+
+    def warn(self, text):
+        self.lines.append(text)
+
+
+def test_a_skipped_update_leaves_weights_moments_and_schedule_as_they_were():
+    """The one rule for every recipe: the schedule counts the updates applied."""
+    model = torch.nn.Linear(3, 1)
+    cfg = OptimConfig(learning_rate=0.1, warmup_steps=2, lr_schedule="linear")
+    optimizer = build_optimizer(model, cfg, fused=False)
+    scheduler = build_scheduler(optimizer, cfg, total_steps=5)
+    strategy, skipped, log = Strategy(), SkippedUpdates(max_nan_in_a_row=3), _Warnings()
+    lrs, applied = [], []
+    for step, poison in enumerate(["", "", "loss", "grad", "", ""], start=1):
+        loss = model(torch.ones(1, 3)).sum() * (float("nan") if poison == "grad" else 1.0)
+        loss.backward()
+        before = ([p.clone() for p in model.parameters()], scheduler.last_epoch,
+                  {k: v.clone() for k, v in optimizer.state[model.weight].items()})
+        update = apply_update(strategy, list(model.parameters()), optimizer, scheduler, skipped, log, step,
+                              cfg.max_grad_norm, finite=poison != "loss")
+        lrs.append(update.lr)
+        applied.append(update.applied)
+        if not update.applied:
+            assert all(torch.equal(a, b) for a, b in zip(before[0], model.parameters()))
+            assert scheduler.last_epoch == before[1]
+            assert all(torch.equal(v, optimizer.state[model.weight][k]) for k, v in before[2].items())
+            assert all(p.grad is None or not p.grad.any() for p in model.parameters())  # dropped
+    assert applied == [True, True, False, False, True, True]
+    # each update's lr is the multiplier of the updates applied before it: 0, 1, 2, 2, 2, 3
+    assert lrs == pytest.approx([0.1 * lr_multiplier(n, 5, 2, "linear") for n in (0, 1, 2, 2, 2, 3)])
+    assert scheduler.last_epoch == 4 == sum(applied) == int(optimizer.state[model.weight]["step"])  # AdamW's own count
+    assert skipped.count == 2 and skipped.nan_in_a_row == 0
+    assert log.lines[0] == "step 3: skipped the update: non-finite loss (1 skipped so far)"
+    assert log.lines[1] == "step 4: skipped the update: non-finite gradient norm (nan) (2 skipped so far)"
 
 
 def test_metrics_logger_writes_on_cadence_and_the_last_step(tmp_path):

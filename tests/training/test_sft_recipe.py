@@ -15,6 +15,7 @@ from omrl.models import load_model
 from omrl.config.options import SftRunConfig
 from omrl.training.checkpoint import CheckpointError, complete_checkpoints
 from omrl.training.metrics import read_metrics
+from omrl.training.optim import lr_multiplier
 from omrl.errors import NonFiniteLossError
 from omrl.training.sft import SftRecipe, run_sft
 
@@ -77,6 +78,25 @@ def test_a_nan_step_is_skipped_and_counted(sft_config):
     assert summary["skipped_updates"] == 1 and records[0]["loss"] is None and records[1]["skipped_updates"] == 1
     assert all(r["loss"] is not None for r in records[1:])
     assert any(not torch.equal(v, before[k]) for k, v in recipe.model.state_dict().items())
+
+
+def test_a_skipped_update_does_not_advance_the_schedule(sft_config):
+    cfg = sft_config(num_train_epochs=1.0, optim__warmup_steps=2, optim__lr_schedule="linear",
+                     optim__learning_rate=1e-3)
+    recipe = SftRecipe(cfg, console=QUIET)
+    recipe.setup()
+    _nan_on_calls(recipe.model, calls={2})
+    try:
+        summary = recipe.train()
+    finally:
+        recipe.cleanup()
+    total = recipe.total_steps
+    assert summary["skipped_updates"] == 1 and summary["steps"] == total >= 4
+    # step 2 is skipped: step 3 uses the rate step 2 would have, and every later step one update behind
+    applied_before = [0, 1, 1] + list(range(2, total - 1))
+    lrs = [r["lr"] for r in read_metrics(cfg.logging.output_dir)]
+    assert lrs == pytest.approx([1e-3 * lr_multiplier(n, total, 2, "linear") for n in applied_before])
+    assert recipe.scheduler.last_epoch == total - 1
 
 
 def test_nan_steps_in_a_row_stop_the_run_with_a_clear_error(sft_config):
