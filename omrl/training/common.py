@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import math
 import random
-import warnings
 from typing import Any
 
 import numpy as np
@@ -59,20 +57,3 @@ class SkippedUpdates:
         self.nan_in_a_row = int(extra.get("nan_in_a_row", extra.get("nan_streak", 0)))
 
 
-def step_or_skip(strategy: Any, params: list, optimizer: Any, scheduler: Any, skipped: SkippedUpdates, logger: Any,
-                 step: int, finite: bool, max_norm: float) -> tuple[float, float, bool]:
-    """The optimizer step of a supervised recipe (SFT, reward models): clip and step when the loss
-    (``finite``) and the gradient norm are finite, else drop the gradients and record the skip.
-    The schedule advances either way. Returns (gradient norm, the step's learning rate, applied)."""
-    grad_norm = strategy.optimizer_step(params, optimizer, max_norm) if finite else float("nan")
-    lr = scheduler.get_last_lr()[0]
-    applied = finite and math.isfinite(grad_norm)
-    if applied:
-        skipped.applied()
-    else:
-        strategy.zero_grad(optimizer)
-        skipped.skip(f"non-finite {'loss' if not finite else 'gradient norm'}", logger, step, nan=True)
-    with warnings.catch_warnings():  # a skipped step still advances the schedule, on purpose
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-        scheduler.step()
-    return grad_norm, lr, applied
