@@ -43,7 +43,7 @@ def list_presets() -> None:
 
 
 @config_app.command("keys")
-def keys(command: str = typer.Argument("train", help="Which command's config: train, sft, rollout, eval.")) -> None:
+def keys(command: str = typer.Argument("train", help="Which command's config: train, sft, rollout, eval, sweep, rm-train.")) -> None:
     """Every config key of a command with its type, default and help."""
     from rich.table import Table
 

@@ -398,17 +398,19 @@ def to_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
 
-def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(dotted key, type, default, help) for every field, nested ones included."""
+def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, help) for every field, nested ones included.
+
+    Defaults are read from ``cls()``, so a section shows the command's own (eval's ``env.split`` is
+    test, though EnvConfig's is train)."""
+    defaults = cls() if defaults is None else defaults
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
-            rows.extend(describe(tp, key + "."))
+            rows.extend(describe(tp, key + ".", getattr(defaults, f.name)))
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else "")
-        rows.append((key, _type_name(tp), repr(default), f.metadata.get("help", "")))
+        rows.append((key, _type_name(tp), repr(getattr(defaults, f.name)), f.metadata.get("help", "")))
     return rows

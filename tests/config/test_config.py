@@ -218,3 +218,14 @@ def test_user_sets_sees_overrides_sections_and_the_users_own_yaml_only(tmp_path)
     mine.write_text("env: {name: webshop}\n")
     assert not user_sets([str(mine)], "env.demonstration")
     assert user_sets([str(mine)], "env.name")
+
+
+def test_described_defaults_are_the_commands_own():
+    from omrl.config import describe
+    from omrl.config.options import EvalRunConfig, SftRunConfig
+
+    eval_rows = {key: default for key, _, default, _ in describe(EvalRunConfig)}
+    sft_rows = {key: default for key, _, default, _ in describe(SftRunConfig)}
+    assert eval_rows["env.split"] == "'test'" and eval_rows["generation.temperature"] == "0.0"
+    assert sft_rows["optim.learning_rate"] == repr(SftRunConfig().optim.learning_rate)
+    assert sft_rows["logging.output_dir"] == "'runs/sft'"
