@@ -65,6 +65,12 @@ def register_rollout_strategies(register):
         config's ``plugins.<name>`` block. A scorer is
         ``fn(nodes, ctx, **options) -> list[float]``, higher is better.
         Both conventions are documented in :mod:`omrl.search`.
+
+        A strategy declares how the core is to treat it as keywords,
+        ``register(name, fn, group_in_one_tree=True, batched_without_budget=True)``
+        (the fields of :class:`omrl.search.StrategyTraits`; all False when not given).
+        The core reads these, never the strategy's name, so a plugin that declares
+        what a built-in declares is treated exactly as that built-in.
     """
 
 

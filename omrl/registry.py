@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omrl.errors import PluginError, UnknownNameError
@@ -27,6 +27,7 @@ class Component:
     obj: Any
     plugin: str
     distribution: str
+    traits: dict[str, Any] = field(default_factory=dict)  # what the plugin declared of it (``register(..., **traits)``)
 
     @property
     def description(self) -> str:
@@ -43,7 +44,7 @@ def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[
     for impl in reversed(hook.get_hookimpls()):
         plugin = impl.plugin_name
 
-        def register(name: str, obj: Any, kind: str = default_kind, _plugin: str = plugin) -> None:
+        def register(name: str, obj: Any, kind: str = default_kind, _plugin: str = plugin, **traits: Any) -> None:
             if kind not in kinds:
                 raise PluginError(
                     f"plugin {_plugin!r} registered {name!r} with unknown kind {kind!r}; "
@@ -58,7 +59,7 @@ def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[
                     f"{kind} {name!r} is registered twice: by plugin {other.plugin!r} "
                     f"({other.distribution}) and by plugin {_plugin!r} ({distribution_of(_plugin)})"
                 )
-            found[key] = Component(kind, name, obj, _plugin, distribution_of(_plugin))
+            found[key] = Component(kind, name, obj, _plugin, distribution_of(_plugin), dict(traits))
 
         try:
             impl.function(**{arg: register for arg in impl.argnames})

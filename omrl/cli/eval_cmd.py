@@ -73,9 +73,7 @@ def evaluate_command(
         "plugins.best_of_n.select": select_scorer(select),
     })
     check_select(select, cfg.strategy)
-    # chain without a budget is the plain rollout; anything else goes through the search runner
-    strategy = None if cfg.strategy == "chain" and not cfg.budget else cfg.strategy
-    budget = cfg.budget
+    strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "
@@ -88,21 +86,18 @@ def evaluate_command(
     searched: dict = {}
     with held_warnings() as caught, RolloutSession.from_config(cfg) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
-        if strategy is None:
-            bar, progress = progress_bar(len(tasks) * cfg.samples_per_task, f"eval {cfg.env.name}")
-            with bar:
-                episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.samples_per_task, seed=cfg.seed,
-                                        progress=progress)
+        from omrl.rollout.session import compose_rewards
+        from omrl.search import chosen_episodes, play_strategy, plays_batched, search_metrics
+
+        every_sample = plays_batched(strategy, budget)  # the batched rollout's samples: each one counts (pass@k)
+        bar, progress = progress_bar(len(tasks), f"eval {cfg.env.name} ({strategy}, tasks)")
+        with bar:
+            trees, episodes = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget,
+                                            group_size=cfg.samples_per_task, seed=cfg.seed, progress=progress,
+                                            rewards=every_sample)
+        if every_sample:
             rewards = session.reward_summary
         else:
-            from omrl.rollout.session import compose_rewards
-            from omrl.search import chosen_episodes, play_strategy, search_metrics
-
-            bar, progress = progress_bar(len(tasks), f"eval {cfg.env.name} ({strategy}, tasks)")
-            with bar:
-                trees, _ = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget,
-                                         group_size=cfg.samples_per_task, seed=cfg.seed, progress=progress,
-                                         rewards=False)
             episodes = chosen_episodes(trees)  # each search's answer is what is evaluated
             rewards = compose_rewards(episodes, session.reward_weights, session.plugin_options)
             searched = search_metrics(trees)

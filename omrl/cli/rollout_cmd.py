@@ -9,7 +9,7 @@ from omrl.cli.model_prompts import prompts_as_trained
 ARGS_HELP = "\\[PRESET] \\[key=value ...]: a preset name or YAML path, then config overrides (see `omrl config keys rollout`)."
 STRATEGY_HELP = ("Rollout strategy: chain, best_of_n, beam, dfsdt, mcts, mc_value (process labels) or a plugin's "
                  "(`omrl plugins --kind strategy`); its options in plugins.NAME (e.g. plugins.beam.width=3). "
-                 "Default: the chain rollout.")
+                 "Default: rollout.strategy (chain: the batched rollout).")
 BUDGET_HELP = "With --strategy: model tokens each task's search may generate, scorer prompts included (0: no limit)."
 SELECT_HELP = ("With --strategy best_of_n: what picks each task's answer (plugins.best_of_n.select): env (the env's "
                "reward, an oracle), random, majority (the most common final action), rm (a reward model, "
@@ -31,14 +31,13 @@ def check_select(select: str | None, strategy: str) -> None:
                           f"strategy is {strategy!r}; valid: --strategy best_of_n --select {select}, or no --select")
 
 
-def check_strategy(strategy: str | None, budget: int, max_new_tokens: int) -> None:
+def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
     """Fail before any model loads: an unknown strategy, or a budget too small for one reply."""
     from omrl import registry
     from omrl.search.context import check_budget
 
-    if strategy is not None:
-        registry.strategies.get(strategy)
-        check_budget(budget, max_new_tokens)
+    registry.strategies.get(strategy)
+    check_budget(budget, max_new_tokens)
 
 
 def check_rollout_outputs(cfg) -> None:
@@ -116,9 +115,7 @@ def rollout(
         "strategy": strategy, "budget": budget or None, "plugins.best_of_n.select": select_scorer(select),
     })
     check_select(select, cfg.strategy)
-    # chain without a budget is the plain rollout; anything else goes through the search runner
-    strategy = None if cfg.strategy == "chain" and not cfg.budget else cfg.strategy
-    budget = cfg.budget
+    strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     check_rollout_outputs(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
@@ -128,19 +125,14 @@ def rollout(
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         if len(tasks) < cfg.num_tasks:
             console.print(f"[yellow]{cfg.env.name} has only {len(tasks)} tasks in split {cfg.env.split!r}[/]")
-        if strategy is None:
-            bar, progress = progress_bar(len(tasks) * cfg.group_size, "rollout")
-            with bar:
-                episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=cfg.seed,
-                                        expert=cfg.use_expert, progress=progress)
-        else:
-            from omrl.search import play_strategy, search_metrics
+        from omrl.search import play_strategy, plays_batched, search_metrics
 
-            bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)")
-            with bar:
-                trees, episodes = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget,
-                                                group_size=cfg.group_size, seed=cfg.seed, expert=cfg.use_expert,
-                                                progress=progress)
+        bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)")
+        with bar:
+            trees, episodes = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget,
+                                            group_size=cfg.group_size, seed=cfg.seed, expert=cfg.use_expert,
+                                            progress=progress)
+        if not plays_batched(strategy, budget):  # the batched rollout's samples were no search
             console.print(metrics_table(search_metrics(trees), title=f"search: {strategy}"))
     replay_warnings(caught, episodes)
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):

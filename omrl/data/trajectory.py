@@ -76,6 +76,11 @@ class Episode:
     error: str | None = None
     demo_messages: int = 0  # messages after the system prompt that are the env's worked example, not this episode
     row_starts: list[int] = field(default_factory=list)  # where token_ids start a new row (chat.history=as_template)
+    # what an RL update computed for it, per token (aligned with token_ids, as logprobs): the advantage and
+    # return the estimator gave its row, the critic's values (empty without one); all empty when it trained none
+    advantages: list[float] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
 
     def rows(self) -> list[tuple[int, int]]:
         """[start, end) of each row in ``token_ids``: one row, unless the history mode split the episode.
@@ -124,11 +129,14 @@ SCHEMA = pa.schema([
     ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
                                      ("tool_calls", pa.string()), ("name", pa.string())]))),
     ("error", pa.string()), ("demo_messages", pa.int64()), ("row_starts", pa.list_(pa.int64())),
-], metadata={b"omrl.schema": b"episode/4"})
+    ("advantages", pa.list_(pa.float32())), ("returns", pa.list_(pa.float32())), ("values", pa.list_(pa.float32())),
+], metadata={b"omrl.schema": b"episode/5"})
 # episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
 # episode/3 added each turn's node_id and parent_id; older files read with -1 for both
 # episode/4 added row_starts (older files read as one row per episode) and messages' tool_calls and name
-READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4")
+# episode/5 added advantages, returns and values (what the update computed); older files read with none
+READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4", b"episode/5")
+TRAINED_COLUMNS = ("advantages", "returns", "values")  # per token, written by the trainer
 
 
 def is_trajectory_schema(schema: pa.Schema) -> bool:
@@ -222,6 +230,7 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
         ]
         row["rewards"] = dict(row["rewards"] or [])
         row["row_starts"] = list(row.get("row_starts") or [])
+        row.update({key: list(row.get(key) or []) for key in TRAINED_COLUMNS})
         row["messages"] = [_message(m) for m in row.get("messages") or []]
         episodes.append(Episode(**row))
     return episodes

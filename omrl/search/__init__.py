@@ -4,7 +4,9 @@ Calling conventions (registered through the ``register_rollout_strategies`` hook
 
 - **strategy** ``fn(ctx, tasks, **options) -> list[Tree]``: one :class:`Tree` per task,
   in order. ``ctx`` is a :class:`SearchContext`; ``options`` come from the config's
-  ``plugins.<name>`` block. Tree strategies are usually a generator over one tree
+  ``plugins.<name>`` block. What the core must know of it (whether a task's samples are
+  one tree, whether it plays the batched rollout without a budget) it declares when it
+  registers, as :class:`StrategyTraits`. Tree strategies are usually a generator over one tree
   handed to :func:`run_search` (see :mod:`omrl.search.runner`), which batches every
   tree's candidate replies into one backend call per round, steps each candidate in
   its own env copy and enforces ``ctx.budget`` (generated tokens per task).
@@ -25,12 +27,13 @@ SFT, DPO and RL data paths read them unchanged.
     episodes = [ep for tree in trees for ep in tree.episodes()]
 """
 
-from omrl.search.context import SearchContext, run_strategy
+from omrl.search.context import SearchContext, StrategyTraits, plays_batched, run_strategy, strategy_traits
 from omrl.search.fork import Forker, ForkError, ReplayState
 from omrl.search.play import play_strategy
 from omrl.search.report import chosen_episodes, search_metrics
 from omrl.search.runner import Expand, Score, run_search
 from omrl.search.tree import Node, Tree
 
-__all__ = ["Expand", "ForkError", "Forker", "Node", "ReplayState", "Score", "SearchContext", "Tree",
-           "chosen_episodes", "play_strategy", "run_search", "run_strategy", "search_metrics"]
+__all__ = ["Expand", "ForkError", "Forker", "Node", "ReplayState", "Score", "SearchContext", "StrategyTraits", "Tree",
+           "chosen_episodes", "play_strategy", "plays_batched", "run_search", "run_strategy", "search_metrics",
+           "strategy_traits"]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 from omrl import registry
 from omrl.backends.base import Backend, Generation, SamplingParams
-from omrl.errors import ConfigError, OmrlError
+from omrl.errors import ConfigError, OmrlError, PluginError
 from omrl.rollout.loop import RolloutLimits
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
@@ -24,9 +24,10 @@ class SearchContext:
 
     ``budget`` is the number of model tokens each task's search may generate (0: no
     limit); scorer prompts count as well as replies. ``group_size`` is the number of
-    samples per task, which only ``chain`` takes (tree strategies build one tree per
-    task). ``plugin_options`` is the config's per-plugin block: a strategy's options
-    come from ``plugins.<strategy>``, a scorer's from ``plugins.<scorer>``.
+    samples per task, which only a strategy that declares ``group_in_one_tree`` takes
+    (:class:`StrategyTraits`; the others build one tree per task). ``plugin_options`` is the
+    config's per-plugin block: a strategy's options come from ``plugins.<strategy>``, a
+    scorer's from ``plugins.<scorer>``.
     """
 
     pool: EnvPool
@@ -113,6 +114,39 @@ class SearchContext:
             tree.generated_tokens += tokens
         if self.progress is not None:
             self.progress.generated(tokens)
+
+
+@dataclass(frozen=True)
+class StrategyTraits:
+    """What a strategy declares when it registers (``register(name, fn, **traits)``), so that the
+    core treats alike every strategy that declares the same, whatever its name.
+
+    ``group_in_one_tree``: a task's ``group_size`` samples are the paths of one tree, grown from
+    ``ctx.group_size``; otherwise training grows ``group_size`` trees per task, each with
+    ``group_size`` 1 (Tree-GRPO's M trees per prompt). ``batched_without_budget``: without a
+    budget its episodes are the batched rollout's (:func:`omrl.rollout.collect`), as played:
+    independent samples with no tree ids, so training batches them as chains, ``omrl eval``
+    scores every sample (pass@k) and a sweep plays it once, as pass@1 with no budget.
+    """
+
+    group_in_one_tree: bool = False
+    batched_without_budget: bool = False
+
+
+def strategy_traits(name: str) -> StrategyTraits:
+    """The traits strategy ``name`` registered with; an unknown name lists the valid ones."""
+    component = registry.strategies.component(name)
+    try:
+        return StrategyTraits(**component.traits)
+    except TypeError as exc:
+        valid = ", ".join(f.name for f in fields(StrategyTraits))
+        raise PluginError(f"plugin {component.plugin!r} registered strategy {name!r} with traits "
+                          f"{', '.join(sorted(component.traits))}; valid: {valid}") from exc
+
+
+def plays_batched(name: str, budget: int) -> bool:
+    """Whether strategy ``name`` at ``budget`` plays the plain batched rollout (see :class:`StrategyTraits`)."""
+    return not budget and strategy_traits(name).batched_without_budget
 
 
 def run_strategy(ctx: SearchContext, tasks: Sequence[int]) -> list:

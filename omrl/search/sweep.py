@@ -4,8 +4,10 @@ A sweep plays every (strategy, budget) *cell* on the same tasks with the same mo
 seed and settings, through :func:`~omrl.search.play_strategy` (exactly what ``omrl eval
 --strategy S --budget B`` plays), and records per cell the success rate of the chosen
 answers with its standard error, the mean score, the tokens generated per task against
-the budget, and the wall time. ``chain`` is pass@1, one sample a task with no budget:
-it is one cell (``budget`` null), drawn as one point and a dashed line across the plot.
+the budget, and the wall time. A strategy that plays the batched rollout without a budget
+(it declares ``batched_without_budget``, as ``chain`` does: :class:`~omrl.search.StrategyTraits`)
+is pass@1, one sample a task with no budget: it is one cell (``budget`` null), drawn as one
+point and a dashed line across the plot.
 
 Strategies also stop at their own limits (``best_of_n``'s ``n``, ``mcts``'s
 ``iterations``, ``dfsdt``'s ``max_expansions``, a won episode), so at large budgets the
@@ -34,7 +36,6 @@ from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
 
-CHAIN = "chain"  # pass@1: one sample a task, no budget
 FORMAT = "omrl-sweep/1"
 MARKERS = "osD^vP*X"  # lines that coincide (often all at 0% or 100%) stay told apart
 # config keys that say which cells to play and where, not how: a resumed sweep may change them
@@ -45,12 +46,20 @@ ProgressBar = Callable[[int, str], tuple[Any, Any]]  # (total, label) -> (contex
 
 
 def cells_of(strategies: Sequence[str], budgets: Sequence[int]) -> list[tuple[str, int | None]]:
-    """The (strategy, budget) cells of a sweep, in play order; chain's one cell has budget None.
+    """The (strategy, budget) cells of a sweep, in play order; a pass@1 strategy's one cell has budget None.
 
     >>> cells_of(["chain", "beam"], [500, 1000])
     [('chain', None), ('beam', 500), ('beam', 1000)]
     """
-    return [(s, None) for s in strategies if s == CHAIN] + [(s, b) for s in strategies if s != CHAIN for b in budgets]
+    once = [s for s in strategies if pass_at_1(s)]
+    return [(s, None) for s in once] + [(s, b) for s in strategies if s not in once for b in budgets]
+
+
+def pass_at_1(strategy: str) -> bool:
+    """Whether ``strategy`` is swept once, with no budget: it plays the batched rollout without one."""
+    from omrl.search.context import plays_batched
+
+    return plays_batched(strategy, 0)
 
 
 def check_sweep(cfg: SweepRunConfig) -> None:
@@ -65,7 +74,7 @@ def check_sweep(cfg: SweepRunConfig) -> None:
             raise ConfigError(f"{name} lists {', '.join(twice)} more than once; give each once")
     for strategy in cfg.strategies:
         registry.strategies.get(strategy)  # an unknown name lists the valid ones
-    if any(s != CHAIN for s in cfg.strategies):
+    if not all(pass_at_1(s) for s in cfg.strategies):
         if not cfg.budgets:
             raise ConfigError("no budgets to sweep; valid: positive whole numbers, e.g. budgets=[500,1000,2000]")
         reply = cfg.generation.max_new_tokens

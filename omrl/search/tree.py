@@ -82,6 +82,7 @@ class Tree:
     exhausted: bool = False  # a request was cut because the budget ran out
     best: Node | None = None  # the answer the strategy chose (None: the best leaf by outcome)
     nodes: list[Node] = field(default_factory=list)
+    as_played: bool = False  # its leaves hold episodes a batched rollout played: episodes() gives them unchanged
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -122,8 +123,11 @@ class Tree:
         reset failed, gives that turnless episode, as the chain rollout would).
 
         Open leaves end as ``pruned`` (or ``budget`` once the budget ran out); the
-        chosen leaf's last turn carries ``info["search"]["chosen"] = True``.
+        chosen leaf's last turn carries ``info["search"]["chosen"] = True``. A tree ``as_played``
+        gives its leaves' episodes themselves: the batched rollout's samples, no tree ids, no notes.
         """
+        if self.as_played:
+            return [leaf.episode for leaf in self.leaves()]
         chosen = self.chosen()
         return [path_episode(leaf, self, sample, leaf is chosen) for sample, leaf in enumerate(self.leaves())]
 
@@ -151,19 +155,22 @@ def copy_episode(ep: Episode) -> Episode:
     return replace(ep, turns=[replace(t, info=copy.deepcopy(t.info)) for t in ep.turns],
                    token_ids=list(ep.token_ids), loss_mask=list(ep.loss_mask), logprobs=list(ep.logprobs),
                    row_starts=list(ep.row_starts), rewards={k: list(v) for k, v in ep.rewards.items()},
-                   messages=[dict(m) for m in ep.messages])
+                   messages=[dict(m) for m in ep.messages], advantages=list(ep.advantages), returns=list(ep.returns),
+                   values=list(ep.values))
 
 
-def chain_tree(episodes: list[Episode], task_id: int, group: int, strategy: str = "chain") -> Tree:
+def chain_tree(episodes: list[Episode], task_id: int, group: int, strategy: str = "",
+               as_played: bool = False) -> Tree:
     """The tree of independent chains of one task (what ``collect`` played): G paths below one root.
 
     Each interior node holds its episode's ids up to the next turn's generation
     prompt, so a path's leaf is the played episode itself, unchanged. The root holds
-    the first chain's prompt.
+    the first chain's prompt. ``as_played``: :meth:`Tree.episodes` gives the played
+    episodes as they are (see :attr:`Tree.as_played`).
     """
     first = episodes[0]
     root = Node(0, None, _prefix(first, 0), [], first.instruction)
-    tree = Tree(task_id, group, root, strategy=strategy)
+    tree = Tree(task_id, group, root, strategy=strategy, as_played=as_played)
     for ep in episodes:
         node = root
         for i in range(len(ep.turns)):
@@ -181,4 +188,4 @@ def _prefix(ep: Episode, turns: int) -> Episode:
     score = float(ep.turns[turns - 1].info.get("score", 0.0)) if turns else 0.0
     return replace(ep, turns=list(ep.turns[:turns]), token_ids=ep.token_ids[:end], loss_mask=ep.loss_mask[:end],
                    logprobs=ep.logprobs[:end], row_starts=[s for s in ep.row_starts if s < end], messages=[], rewards={},
-                   end_reason="", won=False, score=score)
+                   end_reason="", won=False, score=score, advantages=[], returns=[], values=[])

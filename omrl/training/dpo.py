@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from omrl.errors import ConfigError, EnvFailure
+from omrl.search import strategy_traits
 from omrl.training import online
 from omrl.training.losses import dpo_loss
 from omrl.training.policy import sequence_log_prob
@@ -32,7 +33,7 @@ class DPORecipe(online.OnlineRecipe):
     def setup(self) -> None:
         cfg = self.cfg
         resume_from = self._start_setup(recipes=("dpo",))
-        if cfg.group_size < 2 and cfg.rollout.strategy == "chain":
+        if cfg.group_size < 2 and strategy_traits(cfg.rollout.strategy).group_in_one_tree:  # a lone path a task
             raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2 (or a tree "
                               "rollout.strategy, whose branch points give the pairs)")
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(

@@ -20,13 +20,13 @@ from omrl.algos import RECIPES, AdvantageInput
 from omrl.backends.base import generation_metrics
 from omrl.atomic import atomic_write_text
 from omrl.config import to_dict, to_yaml
-from omrl.data import Episode, write_episodes
+from omrl.data import Batch, Episode, write_episodes
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.evaluation import check_max_env_error_rate
 from omrl.config.options import TrainRunConfig
 from omrl.parallel import Strategy, make_strategy
 from omrl.rollout import RolloutSession
-from omrl.search import play_strategy
+from omrl.search import play_strategy, plays_batched, strategy_traits
 from omrl.search.context import check_budget
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything
@@ -34,6 +34,7 @@ from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_from_every_process
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.rl_data import TaskOrder
+from omrl.training.tree_batch import with_update_columns
 
 #: a step whose every episode failed in the env is played again this many times before the run stops
 ENV_FAILURE_REPLAYS = 2
@@ -77,23 +78,23 @@ def check_rollout_strategy(cfg: TrainRunConfig) -> None:
 
 
 def searched(cfg: TrainRunConfig) -> bool:
-    """Whether steps roll out through :mod:`omrl.search` (a tree strategy, or chain with a budget),
-    rather than the chain rollout itself."""
-    return cfg.rollout.strategy != "chain" or cfg.rollout.budget > 0
+    """Whether a step's episodes are search paths (trained as trees), rather than the batched rollout's
+    samples (trained as chains): the latter when the strategy declares it plays that rollout without a
+    budget and the run gives none (:class:`omrl.search.StrategyTraits`)."""
+    return not plays_batched(cfg.rollout.strategy, cfg.rollout.budget)
 
 
 def trees_per_task(cfg: TrainRunConfig) -> int:
-    """Search trees grown per task: ``group_size`` for a tree strategy (Tree-GRPO's M trees per
-    prompt), 1 for chain (its ``group_size`` chains are one tree)."""
-    return 1 if cfg.rollout.strategy == "chain" else cfg.group_size
+    """Search trees grown per task: 1 for a strategy whose ``group_size`` samples are one tree, else
+    ``group_size`` (Tree-GRPO's M trees per prompt), as the strategy declares it."""
+    return 1 if strategy_traits(cfg.rollout.strategy).group_in_one_tree else cfg.group_size
 
 
 def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int], seed: int) -> list[Episode]:
-    """This step's episodes of ``tasks``, rewards composed: ``group_size`` chain samples per task, or
-    with a search every root-to-leaf path of ``trees_per_task(cfg)`` trees per task, ``Episode.group``
-    numbering the trees (consecutive per task; see :func:`omrl.training.tree_batch.paths_to_batch`)."""
-    if not searched(cfg):
-        return session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=seed)
+    """This step's episodes of ``tasks`` as the strategy plays them, rewards composed: every root-to-leaf
+    path of ``trees_per_task(cfg)`` trees per task, ``Episode.group`` numbering the trees (consecutive
+    per task; see :func:`omrl.training.tree_batch.paths_to_batch`), or the batched rollout's
+    ``group_size`` samples per task where the strategy plays that (:func:`searched` is False)."""
     copies = trees_per_task(cfg)
     _, episodes = play_strategy(session, cfg.rollout.strategy, [task for task in tasks for _ in range(copies)],
                                 split=cfg.env.split, budget=cfg.rollout.budget,
@@ -106,8 +107,8 @@ def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool) -
     rollout: an estimator that needs what this run lacks (a critic's values) or a group size
     under which every advantage is 0 is refused now, naming the fix, not after a whole rollout."""
     algo, group = cfg.algorithm, cfg.group_size
-    if cfg.rollout.strategy != "chain":  # a task's group is the leaves of its trees: a tree has several
-        group = max(group, 2)
+    if not strategy_traits(cfg.rollout.strategy).group_in_one_tree:  # a task's group is the leaves of its
+        group = max(group, 2)  # group_size trees, and a tree has several
     rewards = torch.zeros(group, 3)
     rewards[:, -1] = torch.arange(1, group + 1, dtype=torch.float32)  # the samples of the task differ
     probe = AdvantageInput(token_rewards=rewards, loss_mask=torch.ones(group, 3),
@@ -275,11 +276,13 @@ class OnlineRecipe:
         return state
 
     # -- step pieces ----------------------------------------------------------------------------------
-    def _save_rollout(self, episodes: list[Any]) -> None:
-        """This process's episodes of the step, as a trajectory parquet under rollouts/ (for omrl view)."""
+    def _save_rollout(self, episodes: list[Any], batch: Batch | None = None) -> None:
+        """This process's episodes of the step, as a trajectory parquet under rollouts/ (for omrl view);
+        each that is a row of ``batch`` with the advantages, returns and values computed for it there."""
         if self.cfg.logging.save_rollouts and episodes and not self.env_failed_step:  # such a step is not kept
             name = f"step-{self.step + 1:08d}" + (f"-rank{self.strategy.rank}" if self.strategy.world_size > 1 else "")
-            write_episodes(episodes, self.output_dir / "rollouts" / f"{name}.parquet")
+            saved = with_update_columns(episodes, batch) if batch is not None else episodes
+            write_episodes(saved, self.output_dir / "rollouts" / f"{name}.parquet")
 
     def _check_rollout(self, episodes: list[Any]) -> bool:
         """Say so when every episode of this step failed in the env, or none got a model turn (the

@@ -41,8 +41,8 @@ from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
 from omrl.training.policy import ValueHead, policy_forward
 from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, with_shared_prefixes
-from omrl.training.rl_data import episodes_to_batch, join_columns, micro_batches, sort_by_length, trainable
-from omrl.training.tree_batch import paths_to_batch, train_each_turn_once, tree_advantage_input
+from omrl.training.rl_data import join_columns, micro_batches, sort_by_length
+from omrl.training.tree_batch import chain_rows, paths_to_batch, train_each_turn_once, tree_advantage_input
 
 
 class RLRecipe(online.OnlineRecipe):
@@ -101,7 +101,6 @@ class RLRecipe(online.OnlineRecipe):
             if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
                 raise EnvFailure(self._env_failure_message())
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
-            self._save_rollout(episodes)
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's
             # rows are its finished paths, each whole (omrl.training.tree_batch)
@@ -109,11 +108,11 @@ class RLRecipe(online.OnlineRecipe):
                 rows = paths_to_batch(episodes, online.trees_per_task(cfg), self.tokenizer.pad_token_id,
                                       cfg.reward.allocation, cfg.reward.gamma)
             else:
-                rows = episodes_to_batch(trainable(episodes), self.tokenizer.pad_token_id, cfg.reward.allocation,
-                                         cfg.reward.gamma)
+                rows = chain_rows(episodes, self.tokenizer.pad_token_id, cfg.reward.allocation, cfg.reward.gamma)
             batch = sort_by_length(rows).to(self.device)
             tokens = strategy.sum([batch["loss_mask"].sum()])[0]  # trained tokens on all processes
             if not tokens:
+                self._save_rollout(episodes)  # nothing trained: saved with no advantages
                 metrics.update(self._skip("no trainable episode in this rollout"))
                 self._end_step(metrics, started)
                 continue
@@ -137,6 +136,7 @@ class RLRecipe(online.OnlineRecipe):
             empty = torch.zeros_like(batch["token_rewards"])
             batch.tensors["advantages"], batch.tensors["returns"] = \
                 self.advantage_fn(tree_advantage_input(batch), algo) if len(batch) else (empty, empty)
+            self._save_rollout(episodes, batch)  # with what each row is trained with (all 0: a skipped update)
             if online.searched(cfg):  # a turn several paths share: trained once, with its copies' mean advantage
                 batch = train_each_turn_once(batch)
                 trained, rows_trained, paths = strategy.sum([batch["loss_mask"].sum(), len(batch), len(episodes)])

@@ -1,6 +1,6 @@
 """Search trees -> update rows: every finished root-to-leaf path is a row; every turn is trained once.
 
-A tree rollout (``rollout.strategy`` other than chain, see :mod:`omrl.search`) gives one
+A tree rollout (a ``rollout.strategy`` that searches, see :mod:`omrl.search`) gives one
 :class:`~omrl.data.Episode` per root-to-leaf path, and paths that branched apart late share their
 opening turns token for token. The update reads them in three moves:
 
@@ -19,6 +19,10 @@ opening turns token for token. The update reads them in three moves:
    gradient of training every path whole, with each shared turn's share divided by the number
    of paths through it; GRPO's mean over the leaves below a turn is TreeRL's global advantage
    of its node (V(node) - V(root), scaled).
+
+Every row carries the Episode it was made from (the non-tensor column ``ROW_EPISODE``; the
+batched rollout's rows too, :func:`chain_rows`), so :func:`with_update_columns` can hand each
+episode what the update computed for it, to be saved with the rollout.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 from omrl.algos import AdvantageInput
 from omrl.data import Batch, Episode
 from omrl.data.batch import pad_sequences
+from omrl.data.trajectory import TRAINED_COLUMNS
 from omrl.errors import OmrlError
 from omrl.search.tree import BUDGET, PRUNED
 from omrl.training.rl_data import advantage_input, episodes_to_batch, trainable
@@ -39,6 +44,8 @@ from omrl.training.rl_data import advantage_input, episodes_to_batch, trainable
 UNFINISHED = (PRUNED, BUDGET)
 #: the batch columns that describe the trees, [bs, K]
 TREE_KEYS = ("turn_node_ids", "turn_parent_ids")
+#: the non-tensor column holding each row's Episode (the very object the rollout played)
+ROW_EPISODE = "episode"
 ROOT = 0  # Turn.parent_id of a tree's first turns
 
 
@@ -82,7 +89,34 @@ def paths_to_batch(episodes: Sequence[Episode], trees_per_task: int, pad_token_i
     width = batch["turn_rewards"].shape[1]
     for key, rows in zip(TREE_KEYS, (node_rows, parent_rows)):
         batch.tensors[key] = pad_sequences([row + [-1] * (width - len(row)) for row in rows], -1)
+    batch.non_tensors[ROW_EPISODE] = paths  # the played paths, not the regrouped copies
     return batch
+
+
+def chain_rows(episodes: Sequence[Episode], pad_token_id: int, allocation: str = "last_token",
+               gamma: float = 1.0) -> Batch:
+    """Rows of the batched rollout's trainable episodes (:func:`~omrl.training.rl_data.episodes_to_batch`),
+    each tagged with its episode as :func:`paths_to_batch` tags its paths."""
+    played = trainable(episodes)
+    batch = episodes_to_batch(played, pad_token_id, allocation, gamma)
+    batch.non_tensors[ROW_EPISODE] = played
+    return batch
+
+
+def with_update_columns(episodes: Sequence[Episode], batch: Batch) -> list[Episode]:
+    """``episodes``, each one that is a row of ``batch`` as a copy holding, per token (aligned with
+    its token_ids), the ``advantages`` and ``returns`` the estimator gave its row and, with a
+    critic, its ``values``; the others (not trained: env errors, unfinished paths) as they are.
+
+    Read before :func:`train_each_turn_once`: a tree turn several paths share shows, on each
+    path, what the estimator gave that path (the update trains it once, with their mean).
+    """
+    columns = {key: batch[key].detach().float().cpu() for key in TRAINED_COLUMNS if key in batch.tensors}
+    computed = {}
+    for row, ep in enumerate(batch.non_tensors.get(ROW_EPISODE, [])):
+        length = len(ep.token_ids)
+        computed[id(ep)] = {key: values[row, :length].tolist() for key, values in columns.items()}
+    return [dataclasses.replace(ep, **computed[id(ep)]) if id(ep) in computed else ep for ep in episodes]
 
 
 def tree_advantage_input(batch: Batch) -> AdvantageInput:

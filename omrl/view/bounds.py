@@ -5,8 +5,8 @@ observation, a reply that never stopped, a traceback as the error): served whole
 episodes made a 493 MB saved page that no browser opens. So every answer (one episode, one
 group, and the saved page, made of those) carries of each text field at most :data:`MAX_TEXT`
 characters, of all its texts together at most :data:`MAX_ANSWER_TEXT`, and of each token list
-(ids, loss mask, log-probs, token text, advantages) at most :data:`MAX_TOKENS` entries. A cut
-text ends with a note saying how much was left out; a cut token list comes with one
+(ids, loss mask, log-probs, token text, advantages, returns, values) at most :data:`MAX_TOKENS`
+entries. A cut text ends with a note saying how much was left out; a cut token list comes with one
 (``tokens.cut``). The files keep everything: ``omrl rollout``'s JSONL or the parquet itself
 hold the whole text. The saved page also stops embedding episodes past
 :data:`omrl.view.page.DEFAULT_MAX_BYTES` (see there).
@@ -52,7 +52,7 @@ def cut_tokens(tokens: dict[str, Any]) -> dict[str, Any]:
     tokens["cut"] = ""
     if total <= MAX_TOKENS:
         return tokens
-    for name in ("ids", "mask", "logprob", "text", "advantage"):
+    for name in ("ids", "mask", "logprob", "text", "advantage", "return", "value"):
         if isinstance(tokens.get(name), list):
             tokens[name] = tokens[name][:MAX_TOKENS]
     tokens["cut"] = (f"the first {MAX_TOKENS:,} of this episode's {total:,} tokens are shown (omrl view shows at most "

@@ -1,63 +1,42 @@
-"""What a group-relative algorithm compared, and the trees of search rollouts.
+"""What the page says of advantages, and the trees of search rollouts.
 
-Trajectory files keep rewards but not advantages, so for the estimators whose advantage
-is one number per episode (grpo, dr_grpo, rloo) the page recomputes it from the episodes'
-total rewards exactly as :mod:`omrl_plugins.algos.advantages` does (group = the episodes
-of one file with the same ``group``; env_error episodes are never trained on and take no
-part). Per-token estimators (gae, gigpo, reinforce_plus_plus) cannot be recomputed from a
-file; a trajectory file that stores an ``advantages`` column is shown as stored instead.
+The advantages are the trainer's own: ``omrl train`` saves each step's rollout with the
+advantage, return and (with a critic) value it computed for every token it trained
+(:func:`omrl.training.tree_batch.with_update_columns`), whichever estimator that was. The
+page shows them as stored and recomputes nothing; a file without them (``omrl rollout``'s,
+an older trainer's, an episode the update left out) says they were not recorded.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
-RECOMPUTABLE = ("grpo", "dr_grpo", "rloo")
-_UNTRAINED = ("env_error",)
+RECORDED = "as the trainer recorded them (an episode's: the mean over its trained tokens)"
+NOT_RECORDED = ("not recorded: only the rollouts `omrl train` saves carry them (each step's, from this version on); "
+                "nothing is recomputed")
 
 
-def advantage_settings(config: dict[str, Any] | None) -> tuple[str, bool, float, str]:
-    """(estimator, norm_adv_by_std, eps, a line saying where these came from)."""
-    algo = (config or {}).get("algorithm") if isinstance(config, dict) else None
-    if not isinstance(algo, dict):
-        return "grpo", True, 1e-6, "GRPO advantage recomputed from the total rewards (no config.yaml: GRPO's defaults)"
-    name = str(algo.get("advantage", "grpo"))
-    norm = bool(algo.get("norm_adv_by_std", True))
-    eps = float(algo.get("eps", 1e-6))
-    if name not in RECOMPUTABLE:
-        return name, norm, eps, (f"algorithm.advantage={name} gives per-token advantages, which a trajectory file "
-                                 "does not keep")
-    return name, norm, eps, f"{name} advantage recomputed from the total rewards (algorithm.advantage in config.yaml)"
+def advantage_note(recorded: bool) -> str:
+    """The line the page shows about the advantages of a run whose files do (or do not) hold any."""
+    return f"advantages {RECORDED if recorded else NOT_RECORDED}"
 
 
-def group_advantages(rewards: list[float | None], estimator: str, norm_by_std: bool, eps: float) -> list[float | None]:
-    """One advantage per episode of a group (None for those not trained on).
+def trained_mean(advantages: Any, loss_mask: Any) -> float | None:
+    """The mean advantage over an episode's trained tokens, or None when none was recorded for it.
 
-    >>> group_advantages([1.0, 0.0], "grpo", True, 0.0)
-    [0.7071067811865475, -0.7071067811865475]
-    >>> group_advantages([1.0, 0.0, None], "rloo", True, 0.0)
-    [1.0, -1.0, None]
+    >>> trained_mean([0.0, 0.5, 1.5], [0, 1, 1])
+    1.0
+    >>> trained_mean([], [0, 1]) is None
+    True
     """
-    if estimator not in RECOMPUTABLE:
-        return [None] * len(rewards)
-    scores = [r for r in rewards if r is not None]
-    n = len(scores)
-    if n < 2:  # alone in its group: the estimators give 0
-        return [None if r is None else 0.0 for r in rewards]
-    mean = sum(scores) / n
-    if estimator == "rloo":
-        total = sum(scores)
-        return [None if r is None else r - (total - r) / (n - 1) for r in rewards]
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / (n - 1))  # unbiased, as torch.std
-    divide = norm_by_std and estimator == "grpo"
-    return [None if r is None else (r - mean) / (std + eps) if divide else r - mean for r in rewards]
+    import numpy as np
 
-
-def trainable_reward(summary: dict[str, Any]) -> float | None:
-    """The score an estimator sees, or None when the episode is not trained on."""
-    return None if summary["end"] in _UNTRAINED else summary["reward"]
+    values, mask = np.asarray(advantages, dtype=np.float64), np.asarray(loss_mask)
+    if not len(values) or len(values) != len(mask):
+        return None
+    trained = values[(mask > 0) & np.isfinite(values)]
+    return float(trained.mean()) if len(trained) else None
 
 
 def build_tree(paths: list[tuple[dict[str, Any], dict[str, Any]]], limit: int = 2000) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from omrl.view.groups import trained_mean
 from omrl.view.sources import Problem
 
 # Columns a summary needs, when the file has them (older schema versions lack some).
@@ -39,8 +40,8 @@ class ParquetEpisodes:
             start += self._file.metadata.row_group(index).num_rows
         self._cache: dict[int, Any] = {}
         self._lock = threading.Lock()
-        self.has_advantages = "advantages" in self._file.schema_arrow.names
         self.summaries = self._read_summaries()
+        self.has_advantages = any(summary["advantage"] is not None for summary in self.summaries)
 
     def _read_summaries(self) -> list[dict[str, Any]]:
         import pyarrow.compute as pc
@@ -48,7 +49,7 @@ class ParquetEpisodes:
         schema = self._file.schema_arrow
         names = set(schema.names)
         turn_fields = {f.name for f in schema.field("turns").type.value_type} if "turns" in names else set()
-        columns = [c for c in (*_SCALARS, "rewards", "loss_mask") if c in names]
+        columns = [c for c in (*_SCALARS, "rewards", "loss_mask", "advantages") if c in names]
         columns += [f"turns.list.element.{f}" for f in ("reward", "node_id") if f in turn_fields]
         table = self._file.read(columns=columns)
         rows = table.select([c for c in _SCALARS if c in names]).to_pylist()
@@ -60,6 +61,8 @@ class ParquetEpisodes:
             node_ids = pc.struct_field(pc.list_flatten(turns), "node_id")
             _, in_tree = _lengths_and_sums(turns, pc.greater_equal(node_ids.fill_null(-1), 0))
         totals = [_total(r) for r in table.column("rewards").to_pylist()] if "rewards" in names else []
+        recorded = "advantages" in names and "loss_mask" in names  # episode/5 on: what the trainer computed
+        advantages = _trained_means(table.column("advantages"), table.column("loss_mask")) if recorded else []
         summaries = []
         for i, row in enumerate(rows):
             score = _number(row.get("score"))
@@ -71,6 +74,7 @@ class ParquetEpisodes:
                 "turns": turn_counts[i] if turn_counts else 0, "tokens": tokens[i] if tokens else 0,
                 "generated": generated[i] if generated else 0, "error": row.get("error"),
                 "tree": bool(in_tree[i]) if len(in_tree) else False,
+                "advantage": advantages[i] if advantages else None,
             })
         return summaries
 
@@ -143,7 +147,7 @@ class ReportEpisodes:
             "env": env, "split": split, "task": ep.get("task_id"), "group": ep.get("task_id") or 0,
             "sample": ep.get("sample") or 0, "won": bool(ep.get("won")), "reward": _number(ep.get("reward")),
             "score": _number(ep.get("score")), "end": ep.get("end_reason") or "", "turns": ep.get("turns") or 0,
-            "tokens": 0, "generated": 0, "error": ep.get("error"), "tree": False,
+            "tokens": 0, "generated": 0, "error": ep.get("error"), "tree": False, "advantage": None,
         } for ep in episodes if isinstance(ep, dict)]
 
     def row(self, index: int) -> dict[str, Any]:
@@ -175,6 +179,31 @@ def _lengths_and_sums(lists: Any, values: Any = None) -> tuple[list[int], list[i
     return lengths.tolist(), sums.tolist()
 
 
+def _trained_means(advantages: Any, loss_mask: Any) -> list[float | None]:
+    """Per row, its recorded advantages' mean over its trained tokens (:func:`groups.trained_mean`), read
+    from the flattened lists one numpy slice a row: no token arrays as Python lists."""
+    adv_offsets, adv_values = _flat(advantages)
+    mask_offsets, mask_values = _flat(loss_mask)
+    return [trained_mean(adv_values[adv_offsets[i]:adv_offsets[i + 1]],
+                         mask_values[mask_offsets[i]:mask_offsets[i + 1]]) for i in range(len(adv_offsets) - 1)]
+
+
+def _flat(lists: Any) -> tuple[Any, Any]:
+    """(offsets from 0, values) of a list column, as numpy arrays (nulls read as 0)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    if isinstance(array, pa.ChunkedArray):  # a column with no chunks at all
+        return np.zeros(1, dtype=np.int64), np.zeros(0)
+    offsets = np.asarray(array.offsets, dtype=np.int64)
+    flat = pc.list_flatten(array)
+    flat = flat.combine_chunks() if isinstance(flat, pa.ChunkedArray) else flat
+    values = (pc.fill_null(flat, 0) if flat.null_count else flat).to_numpy(zero_copy_only=False)
+    return offsets - offsets[0], values
+
+
 def _total(rewards: list[tuple[str, list[float]]] | None) -> float | None:
     """The composed reward of an episode: its "total" component summed over turns."""
     for name, values in rewards or []:
@@ -194,7 +223,7 @@ def _record_summary(record: dict[str, Any]) -> dict[str, Any]:
         "reward": _number(record.get("total_reward", record.get("score"))), "score": _number(record.get("score")),
         "end": record.get("end_reason") or "", "turns": record.get("num_turns") or len(record.get("turns") or []),
         "tokens": record.get("tokens") or 0, "generated": record.get("generated_tokens") or 0,
-        "error": record.get("error"), "tree": False,
+        "error": record.get("error"), "tree": False, "advantage": None,
     }
 
 

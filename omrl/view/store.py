@@ -37,7 +37,6 @@ class EpisodeStore:
         self.problems: list[Problem] = list(source.problems)
         self.token_text, self.tokenizer_note = self._tokenizer(tokenizer)
         self.config_text, self.config = self._read_config()
-        self.estimator, self.norm_by_std, self.eps, self.advantage_note = groups.advantage_settings(self.config)
         self.files: list[Any] = []
         self.summaries: list[dict[str, Any]] = []
         self.reports: list[dict[str, Any]] = []
@@ -50,7 +49,7 @@ class EpisodeStore:
         self._members: dict[str, list[int]] = {}
         for summary in self.summaries:
             self._members.setdefault(summary["group"], []).append(summary["id"])
-        self._advantages = self._group_advantages()
+        self.advantage_note = groups.advantage_note(any(f.has_advantages for f in self.files))
         self._metrics_cache: tuple[Any, dict[str, Any], list[Problem]] | None = None
         self._metrics_lock = threading.Lock()
 
@@ -118,16 +117,6 @@ class EpisodeStore:
                            error=TextBudget()(summary.get("error")))  # in every list page: kept short
             self.summaries.append(summary)
 
-    def _group_advantages(self) -> dict[int, float | None]:
-        result: dict[int, float | None] = {}
-        for ids in self._members.values():
-            if isinstance(self.files[self.summaries[ids[0]]["file"]], ReportEpisodes):
-                continue  # evaluation samples: nothing was trained on them
-            rewards = [groups.trainable_reward(self.summaries[i]) for i in ids]
-            for i, value in zip(ids, groups.group_advantages(rewards, self.estimator, self.norm_by_std, self.eps)):
-                result[i] = value
-        return result
-
     def _curves(self) -> tuple[dict[str, Any], list[Problem]]:
         """The metrics' curves and the problems met reading them, parsed again only when
         ``metrics.jsonl`` changed (its size or modification time): a live run goes on writing it,
@@ -176,7 +165,7 @@ class EpisodeStore:
             items.sort(key=lambda e: e[key.lstrip("-")], reverse=key.startswith("-"))
         offset = max(0, _int(params.get("offset"), 0))
         limit = min(MAX_PAGE, max(1, _int(params.get("limit"), PAGE_SIZE)))
-        page = [{**e, "advantage": self._advantages.get(e["id"])} for e in items[offset:offset + limit]]
+        page = [dict(e) for e in items[offset:offset + limit]]
         return {"total": len(items), "offset": offset, "limit": limit, "items": page}
 
     def episode(self, episode_id: int) -> dict[str, Any]:
@@ -187,8 +176,7 @@ class EpisodeStore:
             row = reader.row(summary["row"])
         except Unreadable as exc:
             return {"summary": summary, "unavailable": str(exc)}
-        return episode_detail(summary, row, self.token_text, self._advantages.get(episode_id),
-                              self.advantage_note, reader.has_advantages)
+        return episode_detail(summary, row, self.token_text)
 
     def group(self, key: str) -> dict[str, Any]:
         """The samples of one task in one batch, side by side: what GRPO compared."""
@@ -198,7 +186,7 @@ class EpisodeStore:
         members = []
         cut = TextBudget(limit=MAX_GROUP_TEXT)  # side by side, each text shorter than in an episode's own view
         for i in ids[:MAX_GROUP]:
-            summary = {**self.summaries[i], "advantage": self._advantages.get(i)}
+            summary = dict(self.summaries[i])
             try:
                 row = self.files[summary["file"]].row(summary["row"])
                 turns = [{"observation": cut(t.get("observation") or ""), "response": cut(t.get("response") or ""),
@@ -225,10 +213,10 @@ class EpisodeStore:
         return {"key": key, "paths": len(ids), **groups.build_tree(paths)}
 
     def summary(self, episode_id: int) -> dict[str, Any]:
-        """One episode's summary with its advantage; KeyError for an id the run does not have."""
+        """One episode's summary, its recorded advantage included; KeyError for an id the run does not have."""
         if not 0 <= episode_id < len(self.summaries):
             raise KeyError(f"no episode {episode_id} (this run has {len(self.summaries)})")
-        return {**self.summaries[episode_id], "advantage": self._advantages.get(episode_id)}
+        return dict(self.summaries[episode_id])
 
 
 def _without_secrets(text: str, data: dict[str, Any]) -> str:
@@ -267,8 +255,7 @@ def matches(summary: dict[str, Any], params: dict[str, str]) -> bool:
     return True
 
 
-def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: TokenText | None,
-                   advantage: float | None, advantage_note: str, stored_advantages: bool) -> dict[str, Any]:
+def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: TokenText | None) -> dict[str, Any]:
     """The page's view of one episode row (see :mod:`omrl.view.readers` for the row's shape), its texts
     and token lists cut as :mod:`omrl.view.bounds` says."""
     cut = TextBudget()
@@ -286,19 +273,17 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
             "rewards": {name: values[i] for name, values in rewards.items() if values and i < len(values)},
             "span": list(turn.get("span") or [0, 0]), "node": turn.get("node_id"), "parent": turn.get("parent_id"),
         })
-    ids = list(row.get("token_ids") or [])
+    ids, mask = list(row.get("token_ids") or []), list(row.get("loss_mask") or [])
     tokens = {
-        "ids": ids, "mask": list(row.get("loss_mask") or []),
+        "ids": ids, "mask": mask,
         "logprob": [None if x is None or not math.isfinite(x) else round(x, 4) for x in row.get("logprobs") or []],
         "text": token_text.pieces(ids) if token_text is not None and ids else None,
-        "advantage": None, "advantage_note": "",
+        "advantage": None, "advantage_note": "", "return": None, "value": None,
     }
-    if stored_advantages and row.get("advantages") is not None:
-        tokens["advantage"] = [None if x is None or not math.isfinite(x) else round(x, 4) for x in row["advantages"]]
-        tokens["advantage_note"] = "advantages stored in the trajectory file"
-    elif advantage is not None:
-        tokens["advantage"] = advantage  # one number for every trained token
-        tokens["advantage_note"] = advantage_note
+    for key, column in (("advantage", "advantages"), ("return", "returns"), ("value", "values")):
+        tokens[key] = _trained_values(row.get(column), mask)
+    if tokens["advantage"] is not None:
+        tokens["advantage_note"] = "as the trainer recorded it"
     return {
         "summary": summary, "instruction": cut(row.get("instruction") or ""), "turns": turns,
         "reward_totals": {name: float(sum(v for v in values or [] if v is not None))
@@ -306,6 +291,13 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
         "prompt_length": row.get("prompt_length") or 0, "demo_messages": row.get("demo_messages") or 0,
         "row_starts": row_starts, "tokens": cut_tokens(tokens),
     }
+
+
+def _trained_values(values: Any, mask: list[int]) -> list[float | None] | None:
+    """A recorded per-token column on the trained tokens (None elsewhere); None when not recorded."""
+    if not values or len(values) != len(mask):
+        return None
+    return [round(x, 4) if trained and x is not None and math.isfinite(x) else None for x, trained in zip(values, mask)]
 
 
 def _cut_info(info: dict[str, Any], cut: TextBudget) -> dict[str, Any]:

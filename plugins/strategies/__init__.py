@@ -18,6 +18,8 @@ from omrl_plugins.strategies.scorers import env_reward, logprob, majority_vote, 
 
 STRATEGIES = {"chain": chain, "best_of_n": best_of_n, "beam": beam, "dfsdt": dfsdt, "mcts": mcts,
               "mc_value": mc_value}
+#: what each declares to the core (omrl.search.StrategyTraits); the rest grow one tree per task
+TRAITS = {"chain": {"group_in_one_tree": True, "batched_without_budget": True}}
 SCORERS = {"env_reward": env_reward, "logprob": logprob, "self_eval": self_eval, "rm": reward_model,
            "random": random_pick, "majority": majority_vote}
 
@@ -25,6 +27,6 @@ SCORERS = {"env_reward": env_reward, "logprob": logprob, "self_eval": self_eval,
 @hookimpl
 def register_rollout_strategies(register):
     for name, fn in STRATEGIES.items():
-        register(name, fn)
+        register(name, fn, **TRAITS.get(name, {}))
     for name, fn in SCORERS.items():
         register(name, fn, kind="scorer")

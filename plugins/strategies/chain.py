@@ -30,7 +30,8 @@ def chain(ctx: SearchContext, tasks: Sequence[int]) -> list[Tree]:
         trees = []
         for group, task in enumerate(tasks):
             played = [ep for ep in episodes if ep.group == group]
-            tree = chain_tree(played, int(task), group, strategy=ctx.strategy or "chain")
+            # as played: these are the batched rollout's own episodes (declared batched_without_budget)
+            tree = chain_tree(played, int(task), group, strategy=ctx.strategy or "chain", as_played=True)
             tree.generated_tokens = sum(sum(ep.loss_mask) for ep in played)
             trees.append(tree)
     for tree in trees:

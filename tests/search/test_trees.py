@@ -69,3 +69,5 @@ def test_chains_become_a_tree_whose_leaves_are_the_played_episodes(tiny_tokenize
     paths = tree.episodes()
     assert [ep.token_ids for ep in paths] == [ep.token_ids for ep in played]
     assert [[t.node_id for t in ep.turns] for ep in paths] == [[1, 2], [3]]
+    # a tree kept as played (the batched rollout's, as chain plays it without a budget) gives them unchanged
+    assert chain_tree(played, 0, 0, as_played=True).episodes() == played

@@ -138,6 +138,14 @@ def test_ppo_trains_a_value_head(rl_config):
     extra = torch.load(latest_checkpoint(cfg.logging.output_dir) / "extra.pt", weights_only=True)
     assert extra["value_head"]["proj.weight"].abs().sum() > 0  # it moved away from its zero init
     assert summary["skipped_updates"] == 0
+    # the rollout is saved with gae's advantages and returns and the critic's values, per token
+    from omrl.data.trajectory import read_episodes
+
+    episodes = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / "step-00000001.parquet")
+    for ep in episodes:
+        assert len(ep.advantages) == len(ep.returns) == len(ep.values) == len(ep.token_ids)
+        assert not any(v for v, m in zip(ep.values, ep.loss_mask) if not m)  # values on the sampled tokens only
+    assert any(any(ep.returns) for ep in episodes)  # the length penalty's (the values: the head's zero init)
 
 
 def test_dpo_trains_on_pairs_from_rollouts(rl_config, register_plugin):
@@ -286,4 +294,7 @@ def test_each_steps_episodes_are_written_for_omrl_view(rl_config):
     files = sorted((Path(cfg.logging.output_dir) / "rollouts").iterdir())
     assert [f.name for f in files] == ["step-00000001.parquet", "step-00000002.parquet"]
     assert all(len(read_episodes(f)) == 2 * 3 for f in files)  # tasks_per_step x group_size
+    # the random model never wins: each update is skipped, its rollout saved with the all-zero advantages
+    assert all(len(ep.advantages) == len(ep.token_ids) and not any(ep.advantages) for f in files
+               for ep in read_episodes(f))
     assert not discover(cfg.logging.output_dir).empty

@@ -305,6 +305,10 @@ def test_every_strategy_trains(tree_config, strategy, options):
     paths = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / "step-00000001.parquet")
     assert paths and all(turn.node_id > 0 for ep in paths for turn in ep.turns)  # tree paths
     assert summary["skipped_updates"] == 0 and math.isfinite(record["loss"]) and 0 < record["finished_paths"] <= 1
+    # saved with what the estimator gave each finished path, token for token; a path no row was made of has none
+    trained = finished_paths(paths)
+    assert trained and all(len(ep.advantages) == len(ep.token_ids) == len(ep.returns) for ep in trained)
+    assert all(not ep.advantages for ep in paths if ep not in trained)
 
 
 def test_dpo_trains_on_the_sibling_pairs_of_beam_trees(tree_config):

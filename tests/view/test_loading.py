@@ -38,18 +38,26 @@ def test_filters_and_sorts(small_run):
     assert (page["total"], len(page["items"])) == (6, 2)
 
 
-def test_group_advantages_match_the_grpo_plugin(small_run):
-    import torch
+def test_advantages_are_shown_as_recorded_and_never_recomputed(small_run, tmp_path):
+    from omrl.data.trajectory import write_episodes
 
-    from omrl_plugins.algos.advantages import group_normalize
+    store = open_run(small_run)  # a file without recorded advantages: nothing is made up
+    assert [store.summary(i)["advantage"] for i in range(6)] == [None] * 6
+    assert "not recorded" in store.overview()["advantage"]
+    assert store.episode(0)["tokens"]["advantage"] is None
 
-    store = open_run(small_run)
-    rewards = [1.0, 0.0, 0.0, 0.2]  # groups 0 and 1 (group 2 has an env_error episode, left out)
-    expected = group_normalize(torch.tensor(rewards), torch.tensor([0, 0, 1, 1]), True, 1e-6).tolist()
-    got = [store.summary(i)["advantage"] for i in range(4)]
-    assert got == pytest.approx(expected, abs=1e-5)
-    # the env_error episode is not trained on: no advantage; its group-mate is alone: 0
-    assert store.summary(4)["advantage"] is None and store.summary(5)["advantage"] == 0.0
+    recorded = small_episodes()[:2]
+    for ep, value in zip(recorded, (0.75, -0.75)):  # what a trainer wrote: per token, 0 off the trained ones
+        ep.advantages = [value if trained else 0.0 for trained in ep.loss_mask]
+        ep.returns = list(ep.advantages)
+    write_episodes(recorded, tmp_path / "trained.parquet")
+    store = open_run(tmp_path / "trained.parquet")
+    assert [store.summary(i)["advantage"] for i in range(2)] == [0.75, -0.75]
+    assert "as the trainer recorded them" in store.overview()["advantage"]
+    tokens = store.episode(1)["tokens"]
+    assert [tokens["advantage"][i] for i in (9, 10, 15)] == [None, -0.75, -0.75]  # the trained tokens only
+    assert tokens["return"][10] == -0.75 and tokens["value"] is None  # no critic: no values
+    assert store.query({})["items"][0]["advantage"] == 0.75
 
 
 def test_one_episode_in_full(small_run):
@@ -59,7 +67,6 @@ def test_one_episode_in_full(small_run):
     assert sum(tokens["mask"]) == 6 and len(tokens["ids"]) == 20
     assert tokens["text"] is not None and len(tokens["text"]) == 20  # config.yaml names the tiny model
     assert tokens["logprob"][10:13] == [-0.5, -1.25, -2.0]
-    assert tokens["advantage"] == pytest.approx(store.summary(0)["advantage"])
     turn = episode["turns"][1]
     assert (turn["action"], turn["rewards"], turn["reward"]) == ("up1", {"goal": 1.0, "total": 1.0}, 1.0)
     group = store.group("0:0")

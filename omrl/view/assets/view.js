@@ -414,6 +414,8 @@
         tk.mask[k] ? "trained (loss mask 1)" : "context (loss mask 0)"];
       if (tk.mask[k]) lines.push("log-prob  " + fmt(tk.logprob[k], 4));
       if (adv !== null && adv !== undefined) lines.push("advantage " + fmt(adv, 4));
+      if (tk.return && known(tk.return[k])) lines.push("return    " + fmt(tk.return[k], 4));
+      if (tk.value && known(tk.value[k])) lines.push("value     " + fmt(tk.value[k], 4));
       showTip(event, lines.join("\n"));
     });
     box.addEventListener("mouseleave", hideTip);
