@@ -8,10 +8,12 @@ out of the next one's numbers. Inside it, ``reset_peak`` lowers the kernel's hig
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 GIB = 2**30
 
@@ -40,6 +42,17 @@ def peak_while(run):
     before = memory_status()["VmRSS"]
     result = run()
     return result, before, memory_status()["VmHWM"]
+
+
+def parse_args(parser: argparse.ArgumentParser, worker: Callable[[str], None]) -> argparse.Namespace | None:
+    """``parser``'s arguments, or None when :func:`run_worker` started the script: it then ran
+    ``worker(spec file)``, given as the hidden ``--memory-worker``, and the script is done."""
+    parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_worker:
+        worker(args.memory_worker)
+        return None
+    return args
 
 
 def run_worker(script: str, spec: dict, spec_path: Path, timeout: float | None = None) -> dict:

@@ -72,7 +72,7 @@ from pathlib import Path
 
 import torch
 
-from _memory import GIB, memory_status, reset_peak, run_worker
+from _memory import GIB, memory_status, parse_args, reset_peak, run_worker
 from _results import default_json, save_json
 from _results import machine as describe_machine
 from update_throughput import job_config, load_policy
@@ -367,10 +367,8 @@ def main() -> None:
                         "(default: benchmarks/results/memory_sweep.json; with --quick, only when given)")
     parser.add_argument("--show", metavar="JSON", help="only print the table of a saved (maybe partial) run")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the grpo preset")
-    parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.memory_worker:
-        memory_worker(args.memory_worker)
+    args = parse_args(parser, memory_worker)
+    if args is None:
         return
     if args.show:
         saved = json.loads(Path(args.show).read_text())

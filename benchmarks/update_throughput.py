@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from _memory import GIB, peak_while, run_worker
+from _memory import GIB, parse_args, peak_while, run_worker
 from _results import default_json, machine, save_json
 
 TOKENS_TARGET = 0.9
@@ -230,10 +230,8 @@ def main() -> None:
                         help="memory runs play the whole pass, not just the longest micro-batch")
     parser.add_argument("--json", type=Path, default=default_json("update_throughput"), help="where the results go")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the grpo preset")
-    parser.add_argument("--memory-worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.memory_worker:
-        memory_worker(args.memory_worker)
+    args = parse_args(parser, memory_worker)
+    if args is None:
         return
 
     torch.set_num_threads(args.threads)

@@ -2,13 +2,20 @@
 (:mod:`.loading`), and the low-rank deltas that ship tuned built-ins (:mod:`.delta`)."""
 
 from omrl.models.builtin import BUILTIN_MODELS
-from omrl.models.loading import (
-    DEFAULT_MODEL, MODEL_MANIFEST, TINY_TOKENIZER_DIR, WEBSHOP_DELTA, check_model_files, load_model,
-    load_tokenizer, omrl_home, resolve_model_path, tiny_config, trained_demonstration,
+
+# .loading imports torch: its names load on first use, so that `omrl view` (which reads the
+# built-in names) never imports torch.
+_FROM_LOADING = (
+    "DEFAULT_MODEL", "MODEL_MANIFEST", "TINY_TOKENIZER_DIR", "WEBSHOP_DELTA", "check_model_files", "load_model",
+    "load_tokenizer", "omrl_home", "resolve_model_path", "tiny_config", "trained_demonstration",
 )
 
-__all__ = [
-    "BUILTIN_MODELS", "DEFAULT_MODEL", "MODEL_MANIFEST", "TINY_TOKENIZER_DIR", "WEBSHOP_DELTA",
-    "check_model_files", "load_model", "load_tokenizer", "omrl_home", "resolve_model_path", "tiny_config",
-    "trained_demonstration",
-]
+__all__ = ["BUILTIN_MODELS", *_FROM_LOADING]
+
+
+def __getattr__(name: str):
+    if name in _FROM_LOADING:
+        from omrl.models import loading
+
+        return getattr(loading, name)
+    raise AttributeError(f"module 'omrl.models' has no attribute {name!r}")

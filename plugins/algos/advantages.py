@@ -86,6 +86,32 @@ def broadcast_to_tokens(per_row: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return torch.where(mask, per_row[:, None], 0.0)
 
 
+def check_turn_input(fn_name: str, data: AdvantageInput, **per_turn: torch.Tensor | None) -> torch.Tensor:
+    """Check ``data.turn_index`` [bs, T] and the ``per_turn`` inputs [bs, K] (named as in ``data``; the
+    first one's shape counts); returns turn_index as int64, each entry -1 or in [0, K)."""
+    require_present(fn_name, turn_index=data.turn_index, **per_turn)
+    require_same_shape(fn_name, 2, token_rewards=data.token_rewards, turn_index=data.turn_index)
+    require_same_shape(fn_name, 2, **per_turn)
+    name, first = next(iter(per_turn.items()))
+    bs, num_turns = first.shape
+    if bs != data.token_rewards.shape[0]:
+        raise OmrlError(f"{fn_name}: {name} has {bs} rows but token_rewards has {data.token_rewards.shape[0]}; "
+                        "they must match")
+    turn_index = data.turn_index.long()
+    if turn_index.numel() and int(turn_index.max()) >= num_turns:
+        raise OmrlError(f"{fn_name}: turn_index reaches {int(turn_index.max())} but {name} has only "
+                        f"K={num_turns} turns per row; turn_index must be -1 or in [0, K)")
+    return turn_index
+
+
+def turns_to_tokens(per_turn: torch.Tensor, turn_index: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A [bs, K] value of each turn on the response tokens of that turn: [bs, K] -> [bs, T]; 0 off the
+    mask and on tokens outside any turn (turn_index -1)."""
+    # column 0 holds 0 for tokens outside any turn
+    per_turn = torch.cat([per_turn.new_zeros(len(per_turn), 1), per_turn], dim=1)
+    return torch.where(mask, per_turn.gather(1, (turn_index + 1).clamp(min=0)), 0.0)
+
+
 def next_response_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """For each position, the value of the next response token after it in the row (0 if none).
 

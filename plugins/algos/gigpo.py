@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from omrl.algos import AdvantageInput, AlgoConfig, require_present, require_range, require_same_shape
-from omrl.errors import OmrlError
+from omrl.algos import AdvantageInput, AlgoConfig, require_range
 from omrl_plugins.algos.advantages import (
     broadcast_to_tokens,
     check_advantage_input,
+    check_turn_input,
     episode_scores,
     group_normalize,
     reverse_discounted_sum,
+    turns_to_tokens,
 )
 
 
@@ -59,25 +60,12 @@ def gigpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Te
     advantages), float32 [bs, T], 0 off the mask.
     """
     rewards, mask = check_advantage_input("gigpo", data)
-    require_present("gigpo", turn_index=data.turn_index, turn_rewards=data.turn_rewards,
-                    turn_state_ids=data.turn_state_ids)
-    require_same_shape("gigpo", 2, token_rewards=data.token_rewards, turn_index=data.turn_index)
-    require_same_shape("gigpo", 2, turn_rewards=data.turn_rewards, turn_state_ids=data.turn_state_ids)
-    bs, num_turns = data.turn_rewards.shape
-    if bs != rewards.shape[0]:
-        raise OmrlError(f"gigpo: turn_rewards has {bs} rows but token_rewards has {rewards.shape[0]}; they must match")
-    turn_index = data.turn_index.long()
-    if turn_index.numel() and int(turn_index.max()) >= num_turns:
-        raise OmrlError(f"gigpo: turn_index reaches {int(turn_index.max())} but turn_rewards has only "
-                        f"K={num_turns} turns per row; turn_index must be -1 or in [0, K)")
+    turn_index = check_turn_input("gigpo", data, turn_rewards=data.turn_rewards, turn_state_ids=data.turn_state_ids)
     gamma = require_range(cfg, "gamma", 0.0, 1.0)
     weight = require_range(cfg, "gigpo_step_weight", 0.0)
 
     episode = group_normalize(episode_scores(rewards, mask), data.group_ids, cfg.norm_adv_by_std, cfg.eps)
     per_turn = step_advantages(data.turn_rewards, data.turn_state_ids, data.group_ids, gamma,
                                cfg.norm_adv_by_std, cfg.eps)
-    # column 0 holds 0 for tokens outside any turn (turn_index -1)
-    per_turn = torch.cat([per_turn.new_zeros(bs, 1), per_turn], dim=1)
-    step_on_tokens = torch.where(mask, per_turn.gather(1, (turn_index + 1).clamp(min=0)), 0.0)
-    advantages = broadcast_to_tokens(episode, mask) + weight * step_on_tokens
+    advantages = broadcast_to_tokens(episode, mask) + weight * turns_to_tokens(per_turn, turn_index, mask)
     return advantages, advantages

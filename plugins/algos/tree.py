@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from omrl.algos import AdvantageInput, AlgoConfig, require_present, require_range, require_same_shape
+from omrl.algos import AdvantageInput, AlgoConfig, require_range
 from omrl.errors import OmrlError
-from omrl_plugins.algos.advantages import broadcast_to_tokens, check_advantage_input, episode_scores, group_normalize
+from omrl_plugins.algos.advantages import (
+    broadcast_to_tokens,
+    check_advantage_input,
+    check_turn_input,
+    episode_scores,
+    group_normalize,
+    turns_to_tokens,
+)
 
 
 def branch_advantages(scores: torch.Tensor, turn_node_ids: torch.Tensor, turn_parent_ids: torch.Tensor,
@@ -75,21 +82,8 @@ def tree_grpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torc
     advantages = broadcast_to_tokens(group_normalize(scores, data.group_ids, cfg.norm_adv_by_std, cfg.eps), mask)
     if data.turn_node_ids is None and data.turn_parent_ids is None:
         return advantages, advantages
-    require_present("tree_grpo", turn_index=data.turn_index, turn_node_ids=data.turn_node_ids,
-                    turn_parent_ids=data.turn_parent_ids)
-    require_same_shape("tree_grpo", 2, token_rewards=data.token_rewards, turn_index=data.turn_index)
-    require_same_shape("tree_grpo", 2, turn_node_ids=data.turn_node_ids, turn_parent_ids=data.turn_parent_ids)
-    bs, num_turns = data.turn_node_ids.shape
-    if bs != rewards.shape[0]:
-        raise OmrlError(f"tree_grpo: turn_node_ids has {bs} rows but token_rewards has {rewards.shape[0]}; "
-                        "they must match")
-    turn_index = data.turn_index.long()
-    if turn_index.numel() and int(turn_index.max()) >= num_turns:
-        raise OmrlError(f"tree_grpo: turn_index reaches {int(turn_index.max())} but turn_node_ids has only "
-                        f"K={num_turns} turns per row; turn_index must be -1 or in [0, K)")
+    turn_index = check_turn_input("tree_grpo", data, turn_node_ids=data.turn_node_ids,
+                                  turn_parent_ids=data.turn_parent_ids)
     per_turn = branch_advantages(scores, data.turn_node_ids, data.turn_parent_ids, cfg.norm_adv_by_std, cfg.eps)
-    # column 0 holds 0 for tokens outside any turn (turn_index -1)
-    per_turn = torch.cat([per_turn.new_zeros(bs, 1), per_turn], dim=1)
-    step_on_tokens = torch.where(mask, per_turn.gather(1, (turn_index + 1).clamp(min=0)), 0.0)
-    advantages = advantages + weight * step_on_tokens
+    advantages = advantages + weight * turns_to_tokens(per_turn, turn_index, mask)
     return advantages, advantages

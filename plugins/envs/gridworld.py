@@ -35,9 +35,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
+from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
+
+from omrl_plugins.envs.engines.common import check_task_in_splits, split_ids
 
 Cell = tuple[int, int]
 
@@ -178,15 +180,11 @@ class GridWorld(Env):
         self._done = True
 
     def task_ids(self, split: str) -> Sequence[int]:
-        if split not in SPLITS:
-            raise UnknownTaskError(f"gridworld has no split {split!r}; valid: {', '.join(SPLITS)}")
-        return SPLITS[split]
+        return split_ids("gridworld", split, SPLITS)
 
     def maze(self, task_id: int) -> Maze:
         """The maze of ``task_id`` under this instance's options."""
-        if not any(task_id in ids for ids in SPLITS.values()):
-            valid = ", ".join(f"{name} {ids.start}..{ids.stop - 1}" for name, ids in SPLITS.items())
-            raise UnknownTaskError(f"gridworld: unknown task id {task_id!r}; valid: {valid}")
+        check_task_in_splits("gridworld", task_id, SPLITS)
         return generate_maze(task_id, self.size, self.wall_density, self.min_distance, self.max_distance)
 
     def reset(self, task_id: int) -> Observation:

@@ -72,6 +72,21 @@ def lone_action(text: str, env: Any) -> str | None:
     return None
 
 
+def reply_format_prompt(template: Any, env: Any, reply_format: tuple[str, ...]) -> str:
+    """A system prompt asking for replies in ``reply_format`` (its lines), after the env's action help
+    and before a worked example (the template's ``format_action``) where the env gives one."""
+    lines = [action_help(env), "Reply in this format, one action per reply:", *reply_format]
+    example = example_action(env)
+    if example:
+        lines += ["Example:", template.format_action(example, env, EXAMPLE_THOUGHT)]
+    return "\n".join(line for line in lines if line)
+
+
+def reply_format_error(problem: str, env: Any, reply_format: tuple[str, ...]) -> str:
+    """A parse error: ``problem``, then the format the reply should have had and the env's action help."""
+    return "\n".join([f"{problem} Reply in this format:", *reply_format, action_help(env)]).rstrip()
+
+
 def first_block(text: str, opening: re.Pattern, closing: re.Pattern,
                 pos: int = 0) -> tuple[re.Match, re.Match] | None:
     """The first opening tag at or after ``pos`` and the closing tag after it, or None when unclosed.

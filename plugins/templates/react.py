@@ -7,12 +7,13 @@ from typing import Any
 
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import (
-    EXAMPLE_THOUGHT, KEYWORD_LINE, action_help, example_action, lone_action, unwrap, without_reasoning,
+    KEYWORD_LINE, lone_action, reply_format_error, reply_format_prompt, unwrap, without_reasoning,
 )
 
 THINK_LINE = re.compile(r"^[ \t>*_#-]*(?:think|thought)[ \t*_]*:[ \t*_]*", re.I | re.M)
 ACT_LINE = re.compile(r"^[ \t>*_#-]*(?:act|action)[ \t*_]*:[ \t*_]*", re.I | re.M)
 ACT_INLINE = re.compile(r"\b(?:Act|Action):[ \t]*")  # "Think: ... Act: x" on one line; capitalised only
+REPLY_FORMAT = ("Think: <your reasoning>", "Act: <one action>")
 
 
 def _take_action(after: str) -> tuple[str, bool, str]:
@@ -53,12 +54,7 @@ class ReactTemplate(Template):
     """
 
     def system_prompt(self, env: Any) -> str:
-        lines = [action_help(env), "Reply in this format, one action per reply:",
-                 "Think: <your reasoning>", "Act: <one action>"]
-        example = example_action(env)
-        if example:
-            lines += ["Example:", self.format_action(example, env, EXAMPLE_THOUGHT)]
-        return "\n".join(line for line in lines if line)
+        return reply_format_prompt(self, env, REPLY_FORMAT)
 
     def format_action(self, action: str, env: Any, thought: str = "") -> str:
         """``action`` written as a well-formatted reply."""
@@ -67,7 +63,7 @@ class ReactTemplate(Template):
     def parse(self, response: str, env: Any) -> ParsedAction:
         text = without_reasoning(response).strip()
         if not text:
-            return ParsedAction(None, False, error=self._error("The reply was empty.", env))
+            return ParsedAction(None, False, error=reply_format_error("The reply was empty.", env, REPLY_FORMAT))
         marker = ACT_LINE.search(text) or ACT_INLINE.search(text)
         if marker is None:
             thought = _thought(text)
@@ -87,9 +83,4 @@ class ReactTemplate(Template):
         if action is not None:
             where = text.lower().rfind(action.lower())
             return ParsedAction(action, False, _thought(text[:where]) if where >= 0 else thought)
-        return ParsedAction(None, False, thought, error=self._error(problem, env))
-
-    @staticmethod
-    def _error(problem: str, env: Any) -> str:
-        return (f"{problem} Reply in this format:\nThink: <your reasoning>\n"
-                f"Act: <one action>\n{action_help(env)}").rstrip()
+        return ParsedAction(None, False, thought, error=reply_format_error(problem, env, REPLY_FORMAT))

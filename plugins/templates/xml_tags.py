@@ -6,11 +6,10 @@ import re
 from typing import Any
 
 from omrl.templates import ParsedAction, Template
-from omrl_plugins.templates.common import (
-    EXAMPLE_THOUGHT, action_help, example_action, first_block, lone_action, unwrap,
-)
+from omrl_plugins.templates.common import first_block, lone_action, reply_format_error, reply_format_prompt, unwrap
 
 TAGS = ("<think>", "</think>", "<action>", "</action>")
+REPLY_FORMAT = ("<think>your reasoning</think>", "<action>one action</action>")
 THINK = re.compile(r"<think>(.*?)(?:</think>|<action>|\Z)", re.S | re.I)
 OPEN_THINK, CLOSE_THINK = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
 OPEN_ACTION, CLOSE_ACTION = re.compile(r"<action>", re.I), re.compile(r"</action>", re.I)
@@ -38,12 +37,7 @@ class XmlTemplate(Template):
     """
 
     def system_prompt(self, env: Any) -> str:
-        lines = [action_help(env), "Reply in this format, one action per reply:",
-                 "<think>your reasoning</think>", "<action>one action</action>"]
-        example = example_action(env)
-        if example:
-            lines += ["Example:", self.format_action(example, env, EXAMPLE_THOUGHT)]
-        return "\n".join(line for line in lines if line)
+        return reply_format_prompt(self, env, REPLY_FORMAT)
 
     def format_action(self, action: str, env: Any, thought: str = "") -> str:
         """``action`` written as a well-formatted reply."""
@@ -51,7 +45,7 @@ class XmlTemplate(Template):
 
     def parse(self, response: str, env: Any) -> ParsedAction:
         if not response.strip():
-            return ParsedAction(None, False, error=self._error("The reply was empty.", env))
+            return ParsedAction(None, False, error=reply_format_error("The reply was empty.", env, REPLY_FORMAT))
         think = THINK.search(response)
         thought = (think.group(1).strip() or None) if think else None
         closed = first_block(response, OPEN_ACTION, CLOSE_ACTION)
@@ -71,9 +65,4 @@ class XmlTemplate(Template):
         if bare is not None:
             return ParsedAction(bare, False, thought)
         problem = "The <action> tag was empty." if OPEN_ACTION.search(response) else "No <action>...</action> found."
-        return ParsedAction(None, False, thought, error=self._error(problem, env))
-
-    @staticmethod
-    def _error(problem: str, env: Any) -> str:
-        return (f"{problem} Reply in this format:\n<think>your reasoning</think>\n"
-                f"<action>one action</action>\n{action_help(env)}").rstrip()
+        return ParsedAction(None, False, thought, error=reply_format_error(problem, env, REPLY_FORMAT))

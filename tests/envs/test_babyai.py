@@ -3,7 +3,6 @@ invalid actions, registration without importing minigrid, snapshot/restore, and 
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys
@@ -11,31 +10,18 @@ import sys
 import gymnasium
 import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
 import pytest
-from typer.testing import CliRunner
 
 from omrl import registry
-from omrl.cli import build_app
 from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError, create_env, fork_support
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.babyai import LEVEL_ENVS, LEVELS, BabyAIEnv, gym_id
 from omrl_plugins.envs.engines.babyai_text import shortest_path
 from omrl_plugins.envs.engines.common import MissingExtraError
+from tests.helpers import eval_two_tasks, play_expert
 
 # levels minigrid's BabyAIBot solves, from one room to the boss level
 EXPERT_LEVELS = ["GoToRedBall", "OpenRedDoor", "PickupLoc", "PutNextLocalS6N4", "UnlockLocalDist",
                  "BlockedUnlockPickup", "KeyCorridorS6R3", "BossLevel"]
-
-
-def play_expert(env, task_id):
-    """Reset and follow the expert to the end; the results of every step."""
-    env.reset(task_id)
-    results = []
-    while not results or not results[-1].done:
-        action = env.expert_action()
-        assert action is not None, f"the expert gave up after {len(results)} steps"
-        assert action in env.admissible_actions()
-        results.append(env.step(action))
-    return results
 
 
 def test_levels_are_agentgyms_forty_and_all_exist_in_minigrid():
@@ -49,7 +35,7 @@ def test_levels_are_agentgyms_forty_and_all_exist_in_minigrid():
 def test_expert_wins_with_minigrids_reward(level):
     env = create_env(LEVEL_ENVS[level])
     for task_id in list(env.task_ids("test"))[:2]:
-        results = play_expert(env, task_id)
+        results = play_expert(env, task_id, admissible=True)
         final = results[-1]
         game = env._episode.game
         assert game.step_count == len(results)  # the expert plays one low-level action per turn
@@ -279,11 +265,5 @@ def test_every_level_is_registered_without_importing_minigrid():
 
 
 def test_eval_plays_a_level_by_its_name(tmp_path):
-    report = tmp_path / "report.json"
-    result = CliRunner().invoke(build_app(), [
-        "eval", "--model", "tiny", "--env", "babyai:GoToRedBall", "--num-tasks", "2",
-        "generation.max_new_tokens=4", "env.max_turns=2", "--report", str(report)])
-    assert result.exit_code == 0, result.output
-    data = json.loads(report.read_text())
-    assert data["metrics"]["episodes"] == 2 and sum(data["metrics"]["end_reasons"].values()) == 2
+    data = eval_two_tasks("babyai:GoToRedBall", tmp_path)
     assert data["config"]["env"]["name"] == "babyai:GoToRedBall"

@@ -18,17 +18,7 @@ from omrl_plugins.envs.engines.textarena import (OFFLINE_GAMES, WRAPPER_SUFFIXES
                                                  hanoi_move)
 from omrl_plugins.envs.engines.textcraft import TextCraftEnv
 from omrl_plugins.envs.engines.textworld_express import TextWorldExpressEnv
-
-
-def play_expert(env, task_id):
-    """Reset and follow the expert to the end; the results of every step."""
-    env.reset(task_id)
-    results = []
-    while not results or not results[-1].done:
-        action = env.expert_action()
-        assert action is not None, f"the expert gave up after {len(results)} steps"
-        results.append(env.step(action))
-    return results
+from tests.helpers import eval_two_tasks, play_expert
 
 
 def assert_protocol(results):
@@ -245,19 +235,7 @@ def test_every_offline_textarena_game_has_its_own_name():
 
 
 def test_eval_runs_a_textarena_game_by_its_name(tmp_path):
-    from typer.testing import CliRunner
-
-    from omrl.cli import build_app
-
-    report = tmp_path / "report.json"
-    result = CliRunner().invoke(build_app(), [
-        "eval", "--env", "textarena:FrozenLake-v0", "--model", "tiny", "--num-tasks", "2",
-        "generation.max_new_tokens=4", "env.max_turns=2", "--report", str(report)])
-    assert result.exit_code == 0, result.output
-    import json
-
-    metrics = json.loads(report.read_text())["metrics"]
-    assert metrics["episodes"] == 2 and sum(metrics["end_reasons"].values()) == 2
+    eval_two_tasks("textarena:FrozenLake-v0", tmp_path)
 
 
 def test_hanoi_expert_is_optimal_from_any_position():

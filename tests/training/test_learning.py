@@ -8,24 +8,11 @@ move: the share of the agent's moves that go left.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from omrl.hookspecs import hookimpl
 from omrl.training.metrics import read_metrics
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "learn_gridworld.py"
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("learn_gridworld", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_example
 
 
 class MovesLeft:
@@ -43,7 +30,7 @@ class MovesLeft:
 @pytest.mark.slow
 def test_grpo_raises_the_reward_it_optimises(tmp_path, register_plugin):
     register_plugin(MovesLeft(), name="moves-left")
-    example = _example()
+    example = load_example("learn_gridworld")
     budget = example.Budget(expert_episodes=100, sft_epochs=16.0, grpo_steps=6, tasks_per_step=8, group_size=4,
                             eval_tasks=0, eval_every=0, grpo_learning_rate=5e-4, mini_batch_size=16)
     data = example.expert_data(tmp_path / "expert.parquet", budget.expert_episodes)
@@ -63,6 +50,6 @@ def test_the_example_plots_its_summary(tmp_path):
     summary = {"before_sft": {"sampled": 0.0, "greedy": 0.0}, "after_sft": {"sampled": 0.47, "greedy": 0.32},
                "after_grpo": {"sampled": 0.56, "greedy": 0.42}, "curve": [(0, 0.47), (5, 0.5), (10, 0.56)],
                "eval_tasks": 100, "eval_samples": 4}
-    _example().plot(summary, tmp_path / "success.png")
+    load_example("learn_gridworld").plot(summary, tmp_path / "success.png")
     assert (tmp_path / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["success.png"]  # no temporary file left behind

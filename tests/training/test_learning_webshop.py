@@ -10,10 +10,8 @@ a GRPO update raises the reward it optimises on a fixed batch. WebShop success i
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,22 +21,13 @@ from safetensors.torch import load_file
 from omrl.errors import ConfigError
 from omrl.models.delta import apply_low_rank_delta, file_digest
 from omrl.models import resolve_model_path
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "learn_webshop.py"
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("learn_webshop", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_example
 
 
 @pytest.fixture(scope="module")
 def toy_run(tmp_path_factory):
     """The whole toy pipeline (expert, sft, rl, eval), once for the tests below."""
-    example = _example()
+    example = load_example("learn_webshop")
     out = tmp_path_factory.mktemp("learn-webshop")
     return example, out, example.main(out, example.ws.TOY)
 
@@ -154,7 +143,7 @@ def _evaluation(success: list[float], samples: int = 1) -> dict:
 
 
 def test_the_targets_are_judged_as_the_issue_states_them(tmp_path):
-    example = _example()
+    example = load_example("learn_webshop")
     sft = [1.0] * 30 + [0.0] * 70  # 30% greedy: meets >= 25%
     rl = [1.0] * 40 + [0.0] * 60  # +10 points on the same goals, paired SE 3.0: more than 2 SE
     results = {"settings": {"model": "smollm2-135m", "seed": 0, "eval_goals": 100, "eval_samples": 1},

@@ -42,12 +42,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from omrl.envs import DemoTurn, Env, EnvError, Observation, StepResult, UnknownTaskError, env_variant
+from omrl.envs import DemoTurn, Env, EnvError, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 
 from omrl_plugins.envs.engines.babyai_text import CHECK, DROP, FORWARD, LEFT, PICKUP, RIGHT, TOGGLE, View, look
-from omrl_plugins.envs.engines.common import check_running, check_task_in_splits, clean_action, clip01, require
+from omrl_plugins.envs.engines.common import (check_running, check_task_in_splits, clean_action, clip01, require,
+                                              split_ids)
 
 #: AgentGym's BabyAI levels in its order (AgentGym's level n is LEVELS[n - 1]); minigrid ids BabyAI-<Level>-v0
 LEVELS = (
@@ -172,9 +173,7 @@ class BabyAIEnv(Env):
         self._episode: Episode | None = None
 
     def task_ids(self, split: str) -> Sequence[int]:
-        if split not in self._splits:
-            raise UnknownTaskError(f"{self.name} has no split {split!r}; valid: {', '.join(self._splits)}")
-        return self._splits[split]
+        return split_ids(self.name, split, self._splits)
 
     def level_and_seed(self, task_id: int) -> tuple[str, int]:
         """The level and seed a task id plays (AgentGym's numbering for the family)."""

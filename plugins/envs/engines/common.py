@@ -7,7 +7,7 @@ import importlib
 import math
 import random
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError
 from omrl.errors import OmrlError
@@ -70,6 +70,46 @@ def close_simulator(engine: Any, quietly: bool) -> None:
             engine.close()
     else:
         engine.close()
+
+
+class JavaSimulatorMixin:
+    """Start, ``close`` and the failure guard of an env that runs one Java simulator in ``self._engine``.
+
+    Messages name the env by its ``package``; a failed or closed simulator also ends the episode.
+    """
+
+    package: str
+    extra: str
+    #: the Java the simulator needs on PATH, as its start-up error names it
+    java_needed = "Java"
+    _engine: Any
+    _running: bool
+
+    def _start_simulator(self, start: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``start(*args, **kwargs)``, the simulator; EnvError when Java is missing or fails to start."""
+        try:
+            return start(*args, **kwargs)
+        except OSError as exc:  # no java on PATH, or it failed to start
+            raise EnvError(f"{self.package} could not start its Java simulator ({exc}); "
+                           f"it needs {self.java_needed} on PATH") from exc
+
+    def close(self) -> None:
+        self._discard_simulator(quietly=False)
+
+    def _discard_simulator(self, quietly: bool = True) -> None:
+        engine, self._engine = self._engine, None
+        self._running = False
+        close_simulator(engine, quietly)
+
+    def _guard(self) -> contextlib.AbstractContextManager[None]:
+        return simulator_guard(self.package, self.extra, self._discard_simulator)
+
+
+def split_ids(env_name: str, split: str, splits: Mapping[str, Sequence[int]]) -> Sequence[int]:
+    """``splits[split]``, or UnknownTaskError naming the valid splits."""
+    if split not in splits:
+        raise UnknownTaskError(f"{env_name} has no split {split!r}; valid: {', '.join(splits)}")
+    return splits[split]
 
 
 def check_task_in_splits(env_name: str, task_id: int, splits: dict[str, range]) -> None:

@@ -45,11 +45,12 @@ import re
 from fnmatch import fnmatchcase
 from typing import Any, Sequence
 
-from omrl.envs import Env, EnvError, Observation, StepResult, UnknownTaskError, env_variant
+from omrl.envs import Env, EnvError, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 
-from omrl_plugins.envs.engines.common import MissingExtraError, check_running, check_task_in_splits, require
+from omrl_plugins.envs.engines.common import (MissingExtraError, check_running, check_task_in_splits, require,
+                                              split_ids)
 from omrl_plugins.envs.engines.reasoning_gym import (DATASETS, EngineRandom, as_number, unit_score,
                                                      unknown_name)
 
@@ -143,9 +144,7 @@ class GemEnv(Env):
         self._running = False
 
     def task_ids(self, split: str) -> Sequence[int]:
-        if split not in SPLITS:
-            raise UnknownTaskError(f"gem has no split {split!r}; valid: {', '.join(SPLITS)}")
-        return SPLITS[split]
+        return split_ids("gem", split, SPLITS)
 
     def reset(self, task_id: int) -> Observation:
         check_task_in_splits(f"gem:{self.env_id}", task_id, SPLITS)

@@ -38,11 +38,11 @@ import math
 import numbers
 from typing import Any, Iterator, Sequence
 
-from omrl.envs import Env, Observation, StepResult, UnknownTaskError, env_variant
+from omrl.envs import Env, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 
-from omrl_plugins.envs.engines.common import PrivateRandom, check_running, check_task_in_splits, require
+from omrl_plugins.envs.engines.common import PrivateRandom, check_running, check_task_in_splits, require, split_ids
 
 DATASETS = (
     "ab", "acre", "advanced_geometry", "aiw", "arc_1d", "arc_agi", "base_conversion", "basic_arithmetic", "bf",
@@ -146,9 +146,7 @@ class ReasoningGymEnv(Env):
         self._running = False
 
     def task_ids(self, split: str) -> Sequence[int]:
-        if split not in SPLITS:
-            raise UnknownTaskError(f"reasoning-gym has no split {split!r}; valid: {', '.join(SPLITS)}")
-        return SPLITS[split]
+        return split_ids("reasoning-gym", split, SPLITS)
 
     def reset(self, task_id: int) -> Observation:
         check_task_in_splits(f"reasoning-gym:{self.dataset}", task_id, SPLITS)

@@ -27,16 +27,14 @@ resets; ``close()`` shuts it down. The env is ``io_bound``: instances step concu
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
 from typing import Any, Sequence
 
-from omrl.envs import Env, EnvError, Observation, StepResult, UnknownTaskError
+from omrl.envs import Env, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
 
-from omrl_plugins.envs.engines.common import (GoldPath, check_running, clean_action, clip01, close_simulator,
-                                              require, simulator_guard)
+from omrl_plugins.envs.engines.common import GoldPath, JavaSimulatorMixin, check_running, clean_action, clip01, require
 
 SPLITS = ("train", "dev", "test")
 VARIATION_SLOTS = 10_000  # > the most variations of any task (1,386)
@@ -61,7 +59,7 @@ def decode(task_id: int) -> tuple[str, int]:
     return f"{task // 100}-{task % 100}", variation
 
 
-class ScienceWorldEnv(Env):
+class ScienceWorldEnv(JavaSimulatorMixin, Env):
     """ScienceWorld science tasks (a Java simulator; pip install 'omrl[scienceworld]')."""
 
     package = "scienceworld"
@@ -72,6 +70,7 @@ class ScienceWorldEnv(Env):
     io_bound = True
     splits = SPLITS
     max_turns = 100
+    java_needed = "Java 17 or newer"
 
     def __init__(self, tasks: list[str] | None = None, simplifications: str = "", max_turns: int = 100,
                  expert: bool = True):
@@ -91,23 +90,8 @@ class ScienceWorldEnv(Env):
     # -- the simulator ---------------------------------------------------------------------
     def _simulator(self) -> Any:
         if self._engine is None:
-            try:
-                self._engine = self._package.ScienceWorldEnv("", envStepLimit=ENGINE_MOVE_LIMIT)
-            except OSError as exc:  # no java on PATH, or it failed to start
-                raise EnvError(f"scienceworld could not start its Java simulator ({exc}); it needs "
-                               "Java 17 or newer on PATH") from exc
+            self._engine = self._start_simulator(self._package.ScienceWorldEnv, "", envStepLimit=ENGINE_MOVE_LIMIT)
         return self._engine
-
-    def close(self) -> None:
-        self._discard_simulator(quietly=False)
-
-    def _discard_simulator(self, quietly: bool = True) -> None:
-        engine, self._engine = self._engine, None
-        self._running = False
-        close_simulator(engine, quietly)
-
-    def _guard(self) -> contextlib.AbstractContextManager[None]:
-        return simulator_guard("scienceworld", "scienceworld", self._discard_simulator)
 
     # -- tasks -----------------------------------------------------------------------------
     def variations(self, code: str, split: str) -> list[int]:

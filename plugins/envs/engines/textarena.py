@@ -27,11 +27,11 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Sequence
 
-from omrl.envs import Env, Observation, StepResult, UnknownTaskError
+from omrl.envs import Env, Observation, StepResult
 from omrl.errors import ConfigError
 
 from omrl_plugins.envs.engines.common import (PrivateRandom, check_running, check_task_in_splits, clip01,
-                                              require)
+                                              require, split_ids)
 
 # Each offline game's TextArena variants ("" is ``<Game>-v0`` itself), listed here so that registering
 # ``textarena:<id>`` names imports nothing; tests/envs/test_engines.py checks them against TextArena.
@@ -130,9 +130,7 @@ class TextArenaEnv(Env):
         self._running = False
 
     def task_ids(self, split: str) -> Sequence[int]:
-        if split not in SPLITS:
-            raise UnknownTaskError(f"textarena has no split {split!r}; valid: {', '.join(SPLITS)}")
-        return SPLITS[split]
+        return split_ids("textarena", split, SPLITS)
 
     def reset(self, task_id: int) -> Observation:
         check_task_in_splits("textarena", task_id, SPLITS)

@@ -24,15 +24,13 @@ shuts it down. The env is ``io_bound``: instances step concurrently.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any, Sequence
 
-from omrl.envs import Env, EnvError, Observation, StepResult, UnknownTaskError
+from omrl.envs import Env, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
 
-from omrl_plugins.envs.engines.common import (GoldPath, check_running, clean_action, clip01, close_simulator,
-                                              require, simulator_guard)
+from omrl_plugins.envs.engines.common import GoldPath, JavaSimulatorMixin, check_running, clean_action, clip01, require
 
 SPLITS = ("train", "dev", "test")
 UNKNOWN_ACTION = "Unknown action"
@@ -42,7 +40,7 @@ _seed_cache: dict[tuple[str, str], dict[str, list[int]]] = {}  # (game, params) 
 _seed_lock = threading.Lock()
 
 
-class TextWorldExpressEnv(Env):
+class TextWorldExpressEnv(JavaSimulatorMixin, Env):
     """TextWorld-Express games: cooking, coins, maps... (pip install 'omrl[textworld-express]')."""
 
     package = "textworld-express"
@@ -71,11 +69,7 @@ class TextWorldExpressEnv(Env):
 
     def _simulator(self) -> Any:
         if self._engine is None:
-            try:
-                self._engine = self._package.TextWorldExpressEnv(envStepLimit=ENGINE_STEP_LIMIT)
-            except OSError as exc:
-                raise EnvError(f"textworld-express could not start its Java simulator ({exc}); "
-                               "it needs Java on PATH") from exc
+            self._engine = self._start_simulator(self._package.TextWorldExpressEnv, envStepLimit=ENGINE_STEP_LIMIT)
             try:
                 self._engine.load(self.game, self.game_params)
             except ValueError as exc:  # the engine's message lists the known properties
@@ -83,17 +77,6 @@ class TextWorldExpressEnv(Env):
                 raise ConfigError(
                     f"textworld-express option game_params={self.game_params!r}: {exc}") from exc
         return self._engine
-
-    def close(self) -> None:
-        self._discard_simulator(quietly=False)
-
-    def _discard_simulator(self, quietly: bool = True) -> None:
-        engine, self._engine = self._engine, None
-        self._running = False
-        close_simulator(engine, quietly)
-
-    def _guard(self) -> contextlib.AbstractContextManager[None]:
-        return simulator_guard("textworld-express", "textworld-express", self._discard_simulator)
 
     def _seeds(self) -> dict[str, list[int]]:
         key = (self.game, self.game_params)
