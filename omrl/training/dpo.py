@@ -55,7 +55,7 @@ class DPORecipe(online.OnlineRecipe):
             # (played again while every episode fails in the env: such a step is never counted)
             self.model.eval()
             seed = online.rollout_seed(cfg, self.step, strategy)
-            episodes = self._play_counted(lambda: online.play_step(
+            episodes = self._play_counted(lambda seed=seed: online.play_step(
                 cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed))
             if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
                 raise EnvFailure(self._env_failure_message())

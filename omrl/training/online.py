@@ -7,7 +7,6 @@ evaluation, keeping the rollout backend's weights in step with the trained model
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,8 +30,9 @@ from omrl.search.context import check_budget
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, rollout_metrics
-from omrl.training.model_setup import load_frozen_copy, load_trainable_model, save_final_from_every_process
-from omrl.training.optim import build_optimizer, build_scheduler
+from omrl.training.model_setup import load_frozen_copy, load_trainable_model
+from omrl.training.optim import apply_update, build_optimizer, build_scheduler
+from omrl.training.recipe import close_all, save_final, save_recipe_checkpoint
 from omrl.training.rl_data import TaskOrder
 from omrl.training.tree_batch import with_update_columns
 
@@ -338,17 +338,18 @@ class OnlineRecipe:
         return episodes
 
     def _optimizer_step(self) -> dict[str, float]:
-        """Sum gradients over processes, clip, then step unless the gradient is not finite."""
-        grad_norm = self.strategy.optimizer_step(self.params, self.optimizer, self.cfg.optim.max_grad_norm)
-        if not math.isfinite(grad_norm):
-            return self._skip(f"non-finite gradient norm ({grad_norm})", nan=True)
-        self.scheduler.step()
-        self.skipped.applied()
-        return {"grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0]}
+        """Sum gradients over processes, clip, then step unless the gradient is not finite (the one
+        rule for a skipped update: :func:`omrl.training.optim.apply_update`)."""
+        update = apply_update(self.strategy, self.params, self.optimizer, self.scheduler, self.skipped, self.logger,
+                              self.step + 1, self.cfg.optim.max_grad_norm)
+        if not update.applied:
+            return self.skipped.metrics()
+        return {"grad_norm": update.grad_norm, "lr": update.lr}
 
-    def _skip(self, why: str, nan: bool = False) -> dict[str, float]:
+    def _skip(self, why: str) -> dict[str, float]:
+        """Skip this step's update for ``why`` (nothing to learn from): no optimizer step."""
         self.strategy.zero_grad(self.optimizer)
-        return self.skipped.skip(why, self.logger, self.step + 1, nan=nan)
+        return self.skipped.skip(why, self.logger, self.step + 1)
 
     def _end_step(self, metrics: dict[str, float], started: float) -> None:
         """After an update (or a skipped one): refresh the rollout weights, then EVAL (every
@@ -387,10 +388,7 @@ class OnlineRecipe:
     def _finish(self, metrics: dict[str, float]) -> dict[str, Any]:
         """The final checkpoint (unless the last step wrote it) and model; the run's summary. A run
         whose every episode failed in the env raises :class:`EnvFailure` after saving: it is no result."""
-        if ckpt.latest_checkpoint(self.output_dir) != ckpt.checkpoint_path(self.output_dir, self.step):
-            self.save_checkpoint()
-        save_final_from_every_process(self.strategy, self.model, self.tokenizer, self.output_dir,
-                                      merge_lora=self.cfg.model.lora_rank > 0)
+        save_final(self)
         if self.episodes_played and self.env_failures == self.episodes_played:
             raise EnvFailure(f"every one of the {self.episodes_played} episodes of this run failed in the env "
                              f"{self.cfg.env.name!r}, so nothing was learned; the first reason: "
@@ -414,15 +412,10 @@ class OnlineRecipe:
         return self.skipped.state_dict()
 
     def save_checkpoint(self) -> Path:
-        return ckpt.save_from_every_process(
-            self.strategy, self.output_dir, self.step, self.model, self.optimizer, scheduler=self.scheduler,
-            data_state={"task_epoch": self.task_order.epoch, "task_cursor": self.task_order.cursor},
-            config=self.config_dict, extra=self._checkpoint_extra(), tokenizer=self.tokenizer,
-            keep=self.cfg.logging.keep_checkpoints)
+        return save_recipe_checkpoint(self, data_state={"task_epoch": self.task_order.epoch,
+                                                        "task_cursor": self.task_order.cursor},
+                                      extra=self._checkpoint_extra())
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        for name in ("logger", "session", "strategy"):
-            thing = getattr(self, name, None)
-            if thing is not None:
-                thing.close()
+        close_all(*(getattr(self, name, None) for name in ("logger", "session", "strategy")))

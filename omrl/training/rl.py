@@ -24,6 +24,7 @@ EVAL and CHECKPOINT), ``cleanup``. DPO, which trains on pairs instead of advanta
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any
@@ -40,6 +41,7 @@ from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
 from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
 from omrl.training.policy import ValueHead, policy_forward
+from omrl.training.recipe import run_recipe
 from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, with_shared_prefixes
 from omrl.training.rl_data import join_columns, micro_batches, sort_by_length
 from omrl.training.tree_batch import chain_rows, paths_to_batch, train_each_turn_once, tree_advantage_input
@@ -86,7 +88,6 @@ class RLRecipe(online.OnlineRecipe):
     # -- TRAIN ----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
         cfg, algo, strategy = self.cfg, self.cfg.algorithm, self.strategy
-        mb_size = cfg.optim.micro_batch_size
         metrics: dict[str, float] = {}
         while self.step < cfg.steps:
             started = time.perf_counter()
@@ -96,7 +97,7 @@ class RLRecipe(online.OnlineRecipe):
             # with a search (rollout.strategy), every root-to-leaf path of each task's trees
             # (played again while every episode fails in the env: such a step is never counted)
             self.model.eval()
-            episodes = self._play_counted(lambda: online.play_step(
+            episodes = self._play_counted(lambda seed=seed: online.play_step(
                 cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed))
             if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
                 raise EnvFailure(self._env_failure_message())
@@ -104,12 +105,7 @@ class RLRecipe(online.OnlineRecipe):
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's
             # rows are its finished paths, each whole (omrl.training.tree_batch)
-            if online.searched(cfg):
-                rows = paths_to_batch(episodes, online.trees_per_task(cfg), self.tokenizer.pad_token_id,
-                                      cfg.reward.allocation, cfg.reward.gamma)
-            else:
-                rows = chain_rows(episodes, self.tokenizer.pad_token_id, cfg.reward.allocation, cfg.reward.gamma)
-            batch = sort_by_length(rows).to(self.device)
+            batch = sort_by_length(self._rows(episodes)).to(self.device)
             tokens = strategy.sum([batch["loss_mask"].sum()])[0]  # trained tokens on all processes
             if not tokens:
                 self._save_rollout(episodes)  # nothing trained: saved with no advantages
@@ -120,69 +116,90 @@ class RLRecipe(online.OnlineRecipe):
             # LOG-PROBS of the policy that sampled (old) and of the reference; the critic's values.
             # On-policy the update's own forward gives the old log-probs (detached): no forward here
             passes = self._mini_batch_count(batch)
-            self.on_policy = self._old_log_probs_from_update(passes)
-            with torch.no_grad():
-                scored = [self._score(mb) for mb in strategy.micro_batches(micro_batches(batch, mb_size),
-                                                                          idle=self._score, backward=False)] \
-                    if self._needs_scoring() else []
-            batch = join_columns(batch, scored)  # old_log_probs, ref_log_probs, values
+            on_policy = self._old_log_probs_from_update(passes)
+            batch = join_columns(batch, self._score_rollout(batch, on_policy))  # old/ref log-probs, values
             if self.ref_model is not None and algo.kl_in_reward and len(batch):
                 kl = self.kl_fn(batch["old_log_probs"], batch["ref_log_probs"])
                 batch.tensors["token_rewards"] = apply_kl_in_reward(batch["token_rewards"], kl, batch["loss_mask"],
                                                                     algo.kl_coef)
 
-            # ADVANTAGE: one calling convention for every estimator (omrl.algos.AdvantageInput); a
-            # process with no rows this step (others have them) has none to estimate
-            empty = torch.zeros_like(batch["token_rewards"])
-            batch.tensors["advantages"], batch.tensors["returns"] = \
-                self.advantage_fn(tree_advantage_input(batch), algo) if len(batch) else (empty, empty)
+            # ADVANTAGE: one calling convention for every estimator (omrl.algos.AdvantageInput)
+            batch.tensors["advantages"], batch.tensors["returns"] = self._advantages(batch)
             self._save_rollout(episodes, batch)  # with what each row is trained with (all 0: a skipped update)
             if online.searched(cfg):  # a turn several paths share: trained once, with its copies' mean advantage
                 batch = train_each_turn_once(batch)
                 trained, rows_trained, paths = strategy.sum([batch["loss_mask"].sum(), len(batch), len(episodes)])
                 metrics.update(finished_paths=rows_trained / max(paths, 1.0), trained_token_share=trained / tokens)
                 tokens = trained
-            any_advantage = strategy.sum([batch["advantages"].any()])[0]
-            other_terms = self.value_head is not None or (self.ref_model is not None and not algo.kl_in_reward) \
-                or algo.entropy_coef
-            if not any_advantage and not other_terms:  # the policy gradient is exactly 0
+            if not strategy.sum([batch["advantages"].any()])[0] and not self._other_loss_terms():
                 metrics.update(self._skip("every advantage is 0 (all samples of each task got the same reward)"))
                 self._end_step(metrics, started)
                 continue
 
-            # UPDATE: ppo_epochs passes; each shuffles the rollout into mini-batches (one optimizer
-            # step each, micro-batches accumulated); losses are weighted by the tokens they cover
-            shuffle = torch.Generator().manual_seed(seed)
-            for _ in range(cfg.ppo_epochs):
-                self.model.train()
-                sums: dict[str, float] = {}  # token-weighted means over this pass
-                norms: list[float] = []
-                for mini in self._mini_batches(batch, passes, shuffle):
-                    mini_tokens = max(strategy.sum([mini["loss_mask"].sum()])[0], 1.0)
-                    strategy.zero_grad(self.optimizer)
-                    for mb, prefix in self._update_micro_batches(mini, mb_size):
-                        out = self._policy_forward(mb, prefix)
-                        if self.on_policy:  # the policy that sampled is this very one, not yet updated
-                            mb.tensors["old_log_probs"] = out["log_probs"].detach()
-                        loss, parts = policy_gradient_loss(out, mb, algo, self.policy_loss_fn, self.kl_fn)
-                        mb_tokens = float(mb["loss_mask"].sum())
-                        strategy.backward(loss * (mb_tokens / mini_tokens))
-                        for key, value in parts.items():
-                            sums[key] = sums.get(key, 0.0) + mb_tokens / tokens * value
-                    update = self._optimizer_step()
-                    norms += [update.pop("grad_norm")] if "grad_norm" in update else []
-                    sums.update(update)
-            local_advantage = float((batch["advantages"] * batch["loss_mask"]).sum()) / tokens
-            # token-weighted parts add up over processes; the optimizer's numbers are the same everywhere
-            shared = {k: sums.pop(k) for k in ("lr", "skipped_updates") if k in sums}
-            metrics.update(strategy.sum_dicts({**sums, "advantage_mean": local_advantage}), **shared)
-            if norms:
-                metrics["grad_norm"] = sum(norms) / len(norms)
+            # UPDATE: ppo_epochs passes over the rollout, one optimizer step per mini-batch
+            metrics.update(self._update(batch, passes, seed, tokens, on_policy))
 
             # EVAL (every eval_every steps and after the last) and CHECKPOINT, shared with dpo
             self._end_step(metrics, started)
 
         return self._finish(metrics)
+
+    def _rows(self, episodes: list) -> Any:
+        """The step's rows: a search's finished paths (each whole, its trees numbered per task), or
+        the episodes themselves."""
+        pad, cfg = self.tokenizer.pad_token_id, self.cfg
+        if online.searched(cfg):
+            return paths_to_batch(episodes, online.trees_per_task(cfg), pad, cfg.reward.allocation, cfg.reward.gamma)
+        return chain_rows(episodes, pad, cfg.reward.allocation, cfg.reward.gamma)
+
+    def _advantages(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, returns) of ``batch``; a process with no rows this step (others have them)
+        has none to estimate."""
+        if not len(batch):
+            empty = torch.zeros_like(batch["token_rewards"])
+            return empty, empty
+        return self.advantage_fn(tree_advantage_input(batch), self.cfg.algorithm)
+
+    def _other_loss_terms(self) -> bool:
+        """Whether the loss has a term besides the policy gradient (value loss, KL loss, entropy
+        bonus): with every advantage 0, only then is an update worth making."""
+        algo = self.cfg.algorithm
+        kl_loss = self.ref_model is not None and not algo.kl_in_reward
+        return self.value_head is not None or kl_loss or bool(algo.entropy_coef)
+
+    def _update(self, batch, passes: int, seed: int, tokens: float, on_policy: bool) -> dict[str, float]:
+        """``ppo_epochs`` passes; each shuffles the rollout into ``passes`` mini-batches (one optimizer
+        step each, micro-batches accumulated). Returns the last pass's loss parts, weighted by the
+        tokens they cover (``tokens`` trained in all, on all processes), and its optimizer figures."""
+        cfg, strategy = self.cfg, self.strategy
+        shuffle = torch.Generator().manual_seed(seed)
+        for _ in range(cfg.ppo_epochs):
+            self.model.train()
+            loss_parts: dict[str, float] = {}  # token-weighted means over this pass
+            optimizer_figures: dict[str, float] = {}  # lr, skipped_updates: the same on every process
+            norms: list[float] = []
+            for mini in self._mini_batches(batch, passes, shuffle):
+                mini_tokens = max(strategy.sum([mini["loss_mask"].sum()])[0], 1.0)
+                strategy.zero_grad(self.optimizer)
+                for mb, prefix in self._update_micro_batches(mini, cfg.optim.micro_batch_size):
+                    out = self._policy_forward(mb, prefix)
+                    if on_policy:  # the policy that sampled is this very one, not yet updated
+                        mb.tensors["old_log_probs"] = out["log_probs"].detach()
+                    loss, parts = policy_gradient_loss(out, mb, cfg.algorithm, self.policy_loss_fn, self.kl_fn)
+                    mb_tokens = float(mb["loss_mask"].sum())
+                    strategy.backward(loss * (mb_tokens / mini_tokens))
+                    for key, value in parts.items():
+                        loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / tokens * value
+                update = self._optimizer_step()
+                if "grad_norm" in update:
+                    norms.append(update.pop("grad_norm"))
+                optimizer_figures.update(update)
+        advantage_mean = float((batch["advantages"] * batch["loss_mask"]).sum()) / tokens  # this process's part
+        figures = strategy.sum_dicts({**loss_parts, "advantage_mean": advantage_mean})  # parts add up over processes
+        figures.update(optimizer_figures)
+        if norms:
+            figures["grad_norm"] = sum(norms) / len(norms)
+        return figures
 
     def _mini_batch_count(self, batch) -> int:
         """Mini-batches (optimizer steps) per pass over the rollout: ``ceil(rollout / mini_batch_size)``."""
@@ -198,9 +215,15 @@ class RLRecipe(online.OnlineRecipe):
         return self.cfg.ppo_epochs == 1 and passes <= 1 and self.value_head is None \
             and not (self.ref_model is not None and algo.kl_in_reward)
 
-    def _needs_scoring(self) -> bool:
-        """Whether a forward before the update is needed: off-policy, or for the reference."""
-        return not self.on_policy or self.ref_model is not None
+    def _score_rollout(self, batch, on_policy: bool) -> list[dict[str, torch.Tensor]]:
+        """Every micro-batch's rollout-time columns (see :meth:`_score`); none when no forward is
+        needed before the update (on-policy, and no reference)."""
+        if on_policy and self.ref_model is None:
+            return []
+        score = functools.partial(self._score, on_policy=on_policy)
+        with torch.no_grad():
+            return [score(mb) for mb in self.strategy.micro_batches(
+                micro_batches(batch, self.cfg.optim.micro_batch_size), idle=score, backward=False)]
 
     def _mini_batches(self, batch, count: int, shuffle: torch.Generator) -> list:
         """This process's rows in ``count`` shuffled mini-batches (every process takes as many),
@@ -210,11 +233,11 @@ class RLRecipe(online.OnlineRecipe):
         order = torch.randperm(len(batch), generator=shuffle)
         return [sort_by_length(batch.rows(part)) for part in torch.tensor_split(order, count)]
 
-    def _score(self, mb) -> dict[str, torch.Tensor]:
+    def _score(self, mb, on_policy: bool) -> dict[str, torch.Tensor]:
         """The rollout-time columns of micro-batch ``mb``: old_log_probs (unless the update gives
-        them), ref_log_probs, values."""
+        them: ``on_policy``), ref_log_probs, values."""
         scored = {}
-        if not self.on_policy:
+        if not on_policy:
             out = self.strategy.forward(self._forward, mb, with_values=self.value_head is not None)
             scored["old_log_probs"] = out["log_probs"]
             if self.value_head is not None:
@@ -273,10 +296,4 @@ def run_rl(cfg: TrainRunConfig, on_step_end: StepCallback | None = None,
     from omrl.training.dpo import DPORecipe
 
     recipe = (DPORecipe if cfg.algorithm.name == "dpo" else RLRecipe)(cfg, on_step_end=on_step_end, console=console)
-    try:
-        recipe.setup()
-        return recipe.train()
-    except KeyboardInterrupt as stop:
-        raise ckpt.interrupted(cfg.logging.output_dir, "train") from stop
-    finally:
-        recipe.cleanup()
+    return run_recipe(recipe, "train")

@@ -264,9 +264,9 @@ def test_on_policy_old_log_probs_from_the_updates_forward_change_nothing(rl_conf
     calls = []
     real = RLRecipe._score
 
-    def counting(self, mb):
-        calls.append(self.on_policy)
-        return real(self, mb)
+    def counting(self, mb, on_policy):
+        calls.append(on_policy)
+        return real(self, mb, on_policy)
 
     monkeypatch.setattr(RLRecipe, "_score", counting)
     # whole rows in both runs: a shared prefix changes float rounding (tests/training/test_shared_prefix.py)
