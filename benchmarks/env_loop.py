@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-
 from _results import default_json, machine, save_json
+
 from omrl import registry
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import encode_text

@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-
 from _memory import GIB, peak_while
 from _results import default_json, machine, save_json
+
 from omrl.backends.base import Backend, SamplingParams
 from omrl.backends.hf import HFBackend
 from omrl.config import load_config
-from omrl.models import load_model
 from omrl.config.options import TrainRunConfig
+from omrl.models import load_model
 from omrl.rollout import RolloutSession
 from omrl.training.rl_data import TaskOrder
 

@@ -65,15 +65,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
+from _results import default_json, machine, save_json
 from rich.console import Console
 
-from _results import default_json, machine, save_json
 from omrl.backends.base import Generation, SamplingParams
 from omrl.backends.hf import HFBackend
 from omrl.chat import encode_text
 from omrl.config import load_config
-from omrl.models import resolve_model_path
 from omrl.config.options import TrainRunConfig
+from omrl.models import resolve_model_path
 from omrl.rollout import RolloutSession
 from omrl.training.rl import RLRecipe
 from omrl.training.rl_data import TaskOrder, episodes_to_batch, sort_by_length, trainable
@@ -434,7 +434,7 @@ def main() -> None:
             arms: dict[str, dict[str, Any]] = {}
             errors: dict[str, str] = {}
             rollout_only = variant == "sampled" and args.sampled != "steps"
-            for name, what, template, history in ARMS:
+            for name, _what, template, history in ARMS:
                 if variant == "sampled" and args.sampled == "probe" and name != "A":
                     continue
                 model_name = cfg.model.name if template is None else thinking_model

@@ -71,7 +71,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _memory import GIB, memory_status, parse_args, reset_peak, run_worker
 from _results import default_json, save_json
 from _results import machine as describe_machine
@@ -223,7 +222,7 @@ def memory_worker(spec_path: str) -> None:
     for step in range(spec["steps"]):
         strategy.zero_grad(optimizer)
         trace: list[int] = []
-        phases.append(phase(f"pass {step + 1}", lambda: update_pass(cfg, model, batch, spec["share_prefix"], trace),
+        phases.append(phase(f"pass {step + 1}", lambda trace=trace: update_pass(cfg, model, batch, spec["share_prefix"], trace),
                             trim))
         traces.append(trace)
         state["gradients"] = tensor_bytes(p.grad for p in params if p.grad is not None)

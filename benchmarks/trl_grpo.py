@@ -173,8 +173,8 @@ def omrl_prompts(args, model_dir: str) -> list[list[int]]:
     from omrl import registry
     from omrl.backends.base import Backend, Generation
     from omrl.config import load_config
-    from omrl.models import load_tokenizer
     from omrl.config.options import TrainRunConfig
+    from omrl.models import load_tokenizer
     from omrl.rollout import EnvPool, RolloutLimits, collect
     from omrl.training.rl_data import TaskOrder
 

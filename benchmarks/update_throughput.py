@@ -52,7 +52,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from _memory import GIB, parse_args, peak_while, run_worker
 from _results import default_json, machine, save_json
 
@@ -254,7 +253,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for unit in units:
             for name, fn in sides[turn % len(sides):] + sides[:turn % len(sides)]:
-                times[name].append(timed(lambda: fn(unit))[0])
+                times[name].append(timed(lambda fn=fn, unit=unit: fn(unit))[0])
             turn += 1
     real = sum(len(ep.token_ids) for ep in episodes)
     rows = []

@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omrl.config import load_config
-from omrl.data import write_episodes
 from omrl.atomic import atomic_save_figure, atomic_write_text
-from omrl.evaluation import evaluate
+from omrl.config import load_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
+from omrl.data import write_episodes
+from omrl.evaluation import evaluate
 from omrl.rollout import RolloutSession
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft

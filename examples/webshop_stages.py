@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from omrl.config import load_config
+from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.data import write_episodes
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError
-from omrl.models.delta import export_low_rank_delta, file_digest
 from omrl.models import WEBSHOP_DELTA, resolve_model_path
-from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
+from omrl.models.delta import export_low_rank_delta, file_digest
 from omrl.rollout import RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics

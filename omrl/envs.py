@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 import numbers
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence

@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from omrl.atomic import atomic_write_text
 from omrl.data.trajectory import END_REASONS, Episode, to_json
 from omrl.errors import OmrlError
-from omrl.atomic import atomic_write_text
 from omrl.rollout.convert import generated_tokens, token_exact, truncated_turns
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from omrl import registry
 from omrl.data.conversations import Conversation, load_conversations
-from omrl.envs import Env, Observation
+from omrl.envs import Env
 from omrl.errors import OmrlError
 from omrl.templates import ParsedAction
 from tests.fakes import OneTaskEnv
@@ -234,8 +234,8 @@ _VALUES = st.one_of(st.text(max_size=40), st.sampled_from(["{goal:1}", "{goal: 1
                 max_size=4))
 def test_any_command_line_overrides_give_a_config_or_a_config_error(overrides):
     from omrl.config import load_config
-    from omrl.errors import ConfigError
     from omrl.config.options import TrainRunConfig
+    from omrl.errors import ConfigError
 
     try:
         cfg = load_config(TrainRunConfig, "grpo", overrides)

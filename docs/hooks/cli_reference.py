@@ -8,7 +8,6 @@ with each key's default as that command's config really has it.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 

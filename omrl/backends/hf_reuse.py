@@ -24,8 +24,17 @@ from typing import Any, Callable, Protocol
 import torch
 
 from omrl.backends.base import SamplingParams
-from omrl.backends.kv_cache import (KV, Entry, PrefixCache, common_prefix, crop, from_dynamic_cache,
-                                    stack_left_padded, take_row, to_dynamic_cache)
+from omrl.backends.kv_cache import (
+    KV,
+    Entry,
+    PrefixCache,
+    common_prefix,
+    crop,
+    from_dynamic_cache,
+    stack_left_padded,
+    take_row,
+    to_dynamic_cache,
+)
 
 #: the model on ids (rows, new) at positions (rows, new) after a DynamicCache (which it extends), with an
 #: optional attention mask: (rows, vocab) float32 logits of each row's next token

@@ -11,7 +11,14 @@
 from omrl.chat.conversation import conversation_rows, encode_conversation, reply_text
 from omrl.chat.history import HISTORY_MODES, check_history, next_prompt
 from omrl.chat.render import (
-    Message, TemplateRewrites, encode_chat, encode_text, generation_end, next_turn_ids, prompt_ids, render,
+    Message,
+    TemplateRewrites,
+    encode_chat,
+    encode_text,
+    generation_end,
+    next_turn_ids,
+    prompt_ids,
+    render,
     rendered_turn_text,
 )
 from omrl.chat.specials import encode_plain, mark_messages

@@ -11,8 +11,6 @@ import os
 import sys
 from typing import Callable, TypeVar
 
-import click
-
 import typer
 from rich.console import Console
 
@@ -46,8 +44,22 @@ def root(
 
 
 def _add_builtin_commands() -> None:
-    from omrl.cli import (check_template_cmd, checkpoint_cmd, config_cmd, data_cmd, env_cmd, eval_cmd, plot_cmd,
-                          plugins_cmd, rm_cmd, rollout_cmd, sft_cmd, sweep_cmd, train_cmd, view_cmd)
+    from omrl.cli import (
+        check_template_cmd,
+        checkpoint_cmd,
+        config_cmd,
+        data_cmd,
+        env_cmd,
+        eval_cmd,
+        plot_cmd,
+        plugins_cmd,
+        rm_cmd,
+        rollout_cmd,
+        sft_cmd,
+        sweep_cmd,
+        train_cmd,
+        view_cmd,
+    )
 
     for module in (plugins_cmd, config_cmd, env_cmd, rollout_cmd, eval_cmd, sweep_cmd, sft_cmd, train_cmd, rm_cmd,
                    data_cmd, view_cmd, plot_cmd, check_template_cmd, checkpoint_cmd):

@@ -11,8 +11,8 @@ config_app = typer.Typer(help="Show config presets and resolved configs.", no_ar
 
 def config_class_for(preset_data: dict):
     """The config dataclass a preset is for, from its ``command`` key (default: train)."""
-    from omrl.errors import ConfigError
     from omrl.config.options import CONFIG_CLASSES
+    from omrl.errors import ConfigError
 
     command = preset_data.get("command", "train")
     if command not in CONFIG_CLASSES:

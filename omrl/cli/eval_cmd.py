@@ -6,9 +6,17 @@ from pathlib import Path
 
 import typer
 
-from omrl.cli.rollout_cmd import (ARGS_HELP, BUDGET_HELP, SELECT_HELP, STRATEGY_HELP, check_select, check_strategy,
-                                  progress_bar, select_scorer)
 from omrl.cli.model_prompts import prompts_as_trained
+from omrl.cli.rollout_cmd import (
+    ARGS_HELP,
+    BUDGET_HELP,
+    SELECT_HELP,
+    STRATEGY_HELP,
+    check_select,
+    check_strategy,
+    progress_bar,
+    select_scorer,
+)
 from omrl.config import command_line_config
 from omrl.errors import ConfigError
 from omrl.outputs import check_outputs
@@ -61,11 +69,18 @@ def evaluate_command(
     from omrl.backends.base import generation_metrics
     from omrl.cli.view_cmd import view_command
     from omrl.config import to_dict
-    from omrl.training.metrics import peak_memory
-    from omrl.evaluation import (check_env_errors, check_max_env_error_rate, evaluate, held_warnings, metrics_table,
-                                 replay_warnings, write_report)
     from omrl.config.options import EvalRunConfig
+    from omrl.evaluation import (
+        check_env_errors,
+        check_max_env_error_rate,
+        evaluate,
+        held_warnings,
+        metrics_table,
+        replay_warnings,
+        write_report,
+    )
     from omrl.rollout import RolloutSession
+    from omrl.training.metrics import peak_memory
 
     cfg = command_line_config(EvalRunConfig, args, {
         "env.name": env, "model.name": model, "env.split": split, "num_tasks": num_tasks,

@@ -42,8 +42,8 @@ def train(
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
     from omrl.config.options import RmTrainRunConfig
-    from omrl.parallel import is_main_process
     from omrl.outputs import check_run_dir
+    from omrl.parallel import is_main_process
     from omrl.rm.train import run_rm_train
 
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}

@@ -100,12 +100,19 @@ def rollout(
 
     from omrl.cli.eval_cmd import say_env_errors
     from omrl.cli.view_cmd import view_command
-    from omrl.data import write_episodes
-    from omrl.errors import EnvFailure
-    from omrl.evaluation import (check_env_errors, check_max_env_error_rate, env_error_reasons, evaluate,
-                                 held_warnings, metrics_table, replay_warnings)
     from omrl.config import command_line_config
     from omrl.config.options import RolloutRunConfig
+    from omrl.data import write_episodes
+    from omrl.errors import EnvFailure
+    from omrl.evaluation import (
+        check_env_errors,
+        check_max_env_error_rate,
+        env_error_reasons,
+        evaluate,
+        held_warnings,
+        metrics_table,
+        replay_warnings,
+    )
     from omrl.rollout import RolloutSession, write_jsonl
     from omrl.rollout.convert import jsonl_path_for
 

@@ -27,8 +27,8 @@ def train(
     from omrl.cli.model_prompts import start_from_base_outside_its_env
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
-    from omrl.errors import ConfigError
     from omrl.config.options import TrainRunConfig
+    from omrl.errors import ConfigError
     from omrl.outputs import check_run_dir
     from omrl.parallel import is_main_process
     from omrl.training.rl import run_rl

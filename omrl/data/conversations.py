@@ -33,7 +33,12 @@ import pyarrow as pa
 
 from omrl.atomic import atomic_write_parquet, atomic_write_text
 from omrl.data.trajectory import (
-    Episode, is_trajectory_schema, read_episodes, read_parquet, read_parquet_schema, to_json,
+    Episode,
+    is_trajectory_schema,
+    read_episodes,
+    read_parquet,
+    read_parquet_schema,
+    to_json,
 )
 from omrl.errors import OmrlError, short_repr
 

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import yaml
 
-from omrl.models.builtin import BUILTIN_MODELS, tuned_for
 from omrl.errors import DamagedModelError, OmrlError
+from omrl.models.builtin import BUILTIN_MODELS, tuned_for
 
 DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

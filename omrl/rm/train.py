@@ -29,11 +29,10 @@ from rich.console import Console
 
 from omrl.atomic import atomic_write_text
 from omrl.config import to_dict, to_yaml
-from omrl.errors import ConfigError
 from omrl.config.options import RmTrainRunConfig
+from omrl.errors import ConfigError
 from omrl.parallel import make_strategy
-from omrl.rm.data import (check_trajectory_ids, collate, fingerprint, load_examples, pair_rows,
-                          pointwise_rows)
+from omrl.rm.data import check_trajectory_ids, collate, fingerprint, load_examples, pair_rows, pointwise_rows
 from omrl.rm.labels import check_label
 from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
 from omrl.training import checkpoint as ckpt

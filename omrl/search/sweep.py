@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
+from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 
 FORMAT = "omrl-sweep/1"
 MARKERS = "osD^vP*X"  # lines that coincide (often all at 0% or 100%) stay told apart
@@ -136,8 +136,8 @@ def model_content(name: str) -> dict[str, str]:
     another model; a rewrite that keeps all three goes unseen). A hub id is identified by its name
     only (``hub_id``): the hub's cache keeps one revision a name.
     """
-    from omrl.models.builtin import BUILTIN_MODELS
     from omrl.models import MODEL_MANIFEST, omrl_home
+    from omrl.models.builtin import BUILTIN_MODELS
 
     path = omrl_home() / "models" / name if name in BUILTIN_MODELS else Path(name).expanduser()
     if not path.is_dir():

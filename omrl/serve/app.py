@@ -69,7 +69,13 @@ from omrl.envs import Env, UnknownTaskError, create_env
 from omrl.errors import OmrlError
 from omrl.serve.guard import DEFAULT_MAX_BODY, INSTANCE_HEADER, TOKEN_ENV, Guard, exposure_warning, is_loopback
 from omrl.serve.store import (
-    DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_ENVS, Opening, Rejected, ServedEnvs, opening_of, with_goal,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_ENVS,
+    Opening,
+    Rejected,
+    ServedEnvs,
+    opening_of,
+    with_goal,
 )
 
 __all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_BODY", "DEFAULT_MAX_ENVS", "ENV_IDX_PREFIX", "INSTANCE_HEADER",

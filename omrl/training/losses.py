@@ -9,8 +9,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from omrl.algos import (AlgoConfig, PolicyLossInput, aggregate_loss, masked_mean, require_agg_mode,
-                        require_same_shape)
+from omrl.algos import AlgoConfig, PolicyLossInput, aggregate_loss, masked_mean, require_agg_mode, require_same_shape
 from omrl.data import Batch
 from omrl.errors import ConfigError
 

@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from omrl.config.options import ModelConfig
 from omrl.errors import WriteFailed, short_repr, write_failure
 from omrl.models import MODEL_MANIFEST, load_model
-from omrl.config.options import ModelConfig
 from omrl.training.checkpoint import manifest
 
 

@@ -16,13 +16,13 @@ from rich.console import Console
 
 from omrl import registry
 from omrl.algos import RECIPES, AdvantageInput
-from omrl.backends.base import generation_metrics
 from omrl.atomic import atomic_write_text
+from omrl.backends.base import generation_metrics
 from omrl.config import to_dict, to_yaml
+from omrl.config.options import TrainRunConfig
 from omrl.data import Batch, Episode, write_episodes
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.evaluation import check_max_env_error_rate
-from omrl.config.options import TrainRunConfig
 from omrl.parallel import Strategy, make_strategy
 from omrl.rollout import RolloutSession
 from omrl.search import play_strategy, plays_batched, strategy_traits

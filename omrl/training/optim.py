@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import nn
 
-from omrl.errors import ConfigError
 from omrl.config.options import OptimConfig
+from omrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from omrl.parallel import Strategy

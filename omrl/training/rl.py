@@ -33,8 +33,8 @@ import torch
 from rich.console import Console
 
 from omrl import registry
-from omrl.errors import EnvFailure
 from omrl.config.options import TrainRunConfig
+from omrl.errors import EnvFailure
 from omrl.training import checkpoint as ckpt
 from omrl.training import online
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
@@ -42,8 +42,8 @@ from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
 from omrl.training.policy import ValueHead, policy_forward
 from omrl.training.recipe import run_recipe
-from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, with_shared_prefixes
 from omrl.training.rl_data import join_columns, micro_batches, sort_by_length
+from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, with_shared_prefixes
 from omrl.training.tree_batch import chain_rows, paths_to_batch, train_each_turn_once, tree_advantage_input
 
 

@@ -27,24 +27,21 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from omrl.config import to_dict, to_yaml
 from omrl.atomic import atomic_write_text
 from omrl.chat import check_history
+from omrl.config import to_dict, to_yaml
+from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
 from omrl.errors import ConfigError, OmrlError
-from omrl.config.options import SftRunConfig
 from omrl.parallel import make_strategy
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
 from omrl.training.model_setup import load_trainable_model
 from omrl.training.optim import apply_update, build_optimizer, build_scheduler
-from omrl.training.packing import (IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows,
-                                   tokenize_conversations)
+from omrl.training.packing import IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows, tokenize_conversations
 from omrl.training.policy import labelled_nll_sum
 from omrl.training.recipe import close_all, run_recipe, save_final, save_recipe_checkpoint
-
-
 
 
 class SftRecipe:

@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from omrl.models.builtin import BUILTIN_MODELS
 from omrl.errors import OmrlError
+from omrl.models.builtin import BUILTIN_MODELS
 from omrl.view.sources import TOKENIZER_FILE, RunSource
 
 # Where omrl.models keeps the tiny model's tokenizer. Not imported from there because omrl.models

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from omrl.algos import (AdvantageInput, AlgoConfig, masked_mean, require_present, require_range,
-                        require_same_shape)
+from omrl.algos import AdvantageInput, AlgoConfig, masked_mean, require_present, require_range, require_same_shape
 from omrl.errors import OmrlError
 
 # -- shared helpers ----------------------------------------------------------

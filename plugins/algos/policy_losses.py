@@ -17,8 +17,15 @@ import dataclasses
 
 import torch
 
-from omrl.algos import (AlgoConfig, PolicyLossInput, aggregate_loss, masked_mean, require_agg_mode, require_range,
-                        require_same_shape)
+from omrl.algos import (
+    AlgoConfig,
+    PolicyLossInput,
+    aggregate_loss,
+    masked_mean,
+    require_agg_mode,
+    require_range,
+    require_same_shape,
+)
 
 CLIP_HIGHER_MIN = 0.28  # DAPO's upper clip range
 

@@ -38,7 +38,6 @@ from typing import Any, Sequence
 from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
-
 from omrl_plugins.envs.engines.common import check_task_in_splits, split_ids
 
 Cell = tuple[int, int]

@@ -6,7 +6,6 @@ from typing import Sequence
 
 from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number
-
 from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task, pick_answer
 
 

@@ -9,7 +9,6 @@ from omrl.rollout.loop import collect
 from omrl.rollout.progress import RolloutProgress
 from omrl.search import Expand, SearchContext, Tree, run_search
 from omrl.search.tree import chain_tree
-
 from omrl_plugins.strategies.common import first_leaf
 
 

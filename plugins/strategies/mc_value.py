@@ -15,7 +15,6 @@ from typing import Sequence
 
 from omrl.search import Expand, Node, SearchContext, Tree, run_search
 from omrl.search.context import whole_number
-
 from omrl_plugins.strategies.common import needs_sampling, one_tree_per_task
 
 

@@ -11,7 +11,6 @@ from typing import Sequence
 from omrl.chat import prompt_ids
 from omrl.errors import ConfigError
 from omrl.search import Node, SearchContext
-
 from omrl_plugins.rewards.reward_model import load_reward_model
 
 SELF_EVAL_QUESTION = ("Is the agent on track to complete the task? Answer with one word: yes or no.")

@@ -7,7 +7,12 @@ from typing import Any
 
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import (
-    KEYWORD_LINE, lone_action, reply_format_error, reply_format_prompt, unwrap, without_reasoning,
+    KEYWORD_LINE,
+    lone_action,
+    reply_format_error,
+    reply_format_prompt,
+    unwrap,
+    without_reasoning,
 )
 
 THINK_LINE = re.compile(r"^[ \t>*_#-]*(?:think|thought)[ \t*_]*:[ \t*_]*", re.I | re.M)

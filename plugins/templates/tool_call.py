@@ -22,7 +22,13 @@ from typing import Any
 from omrl.errors import short_repr
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import (
-    EXAMPLE_THOUGHT, TemplateError, action_help, example_action, example_arguments, first_block, tool_signature,
+    EXAMPLE_THOUGHT,
+    TemplateError,
+    action_help,
+    example_action,
+    example_arguments,
+    first_block,
+    tool_signature,
 )
 
 OPEN_TAG = "<tool_call>"

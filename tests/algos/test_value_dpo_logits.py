@@ -11,7 +11,6 @@ from omrl.errors import ConfigError, OmrlError
 from omrl.training.logits import entropy_from_logits, token_log_probs
 from omrl.training.losses import dpo_loss, value_loss
 
-
 # -- value loss ---------------------------------------------------------------
 
 def test_value_clipping_by_hand():

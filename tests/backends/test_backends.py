@@ -9,12 +9,12 @@ from omrl.backends import SamplingParams, make_backend
 from omrl.backends.base import Generation, generation_metrics
 from omrl.backends.hf import HFBackend
 from omrl.backends.openai import EndpointError, OpenAIBackend
-from omrl.errors import OmrlError, UnknownNameError
 from omrl.config.options import GenerationConfig
+from omrl.errors import OmrlError, UnknownNameError
 from omrl.rollout import EnvPool, RolloutLimits, collect, token_exact
+from tests.fakes import ActionTemplate, KeyEnv
 
 from .fake_openai import FakeOpenAIServer
-from tests.fakes import ActionTemplate, KeyEnv
 
 
 def chat_prompt(tokenizer, text: str) -> list[int]:

@@ -17,7 +17,6 @@ from omrl.backends.hf import HFBackend
 from omrl.backends.kv_cache import PrefixCache, common_prefix
 from omrl.config.options import GenerationConfig
 from omrl.rollout import EnvPool, RolloutLimits, collect
-
 from tests.fakes import ActionTemplate, KeyEnv
 
 
@@ -61,7 +60,7 @@ def test_reuse_picks_what_generate_picks_greedy(tiny_hf):
     reuse, plain = HFBackend(model, tokenizer, batch_size=2), HFBackend(model, tokenizer, kv_reuse=False)
     greedy = SamplingParams(max_new_tokens=[4, 7, 5], temperature=0)
     chats = [chat(tokenizer, text) for text in ("open it", "take the key now", "look around the room")]
-    for turn in range(3):
+    for _turn in range(3):
         got, expected = reuse.generate(chats, greedy), plain.generate(chats, greedy)
         assert [g.token_ids for g in got] == [g.token_ids for g in expected]
         for a, b in zip(got, expected):

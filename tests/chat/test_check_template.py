@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from omrl.chat.probe import (EMPTY_BLOCK, END_TOKEN, IDS_CHANGED, REASONING_DROPPED, TOOL_CALLS, TURNS, WHITESPACE,
-                              check_template)
+from omrl.chat.probe import (
+    EMPTY_BLOCK,
+    END_TOKEN,
+    IDS_CHANGED,
+    REASONING_DROPPED,
+    TOOL_CALLS,
+    TURNS,
+    WHITESPACE,
+    check_template,
+)
 from omrl.cli import main
 from omrl.models import load_tokenizer
+
 from .thinking import TEMPLATES, build_qwen3_like
 
 # DeepSeek-R1-like, but a reply is closed by plain text: no special token where a sampled stop token could go,

@@ -13,9 +13,9 @@ from omrl.rewards import compose_rewards
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.training.policy import policy_forward
 from omrl.training.rl_data import episodes_to_batch
-
 from tests.fakes import KeyEnv
-from .thinking import ForcedBackend, ThinkingActionTemplate, build_qwen3_like, key_replies, TEMPLATES
+
+from .thinking import TEMPLATES, ForcedBackend, ThinkingActionTemplate, build_qwen3_like, key_replies
 
 MODES = ("keep", "as_template")
 

@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from omrl import registry
-from omrl.chat import pieces as chat_cache
 from omrl.chat import encode_chat, encode_text, mark_messages, next_turn_ids, prompt_ids, render, rendered_turn_text
+from omrl.chat import pieces as chat_cache
 from omrl.chat.template_check import cacheable_template
 from omrl.errors import OmrlError
 from omrl.models import load_tokenizer

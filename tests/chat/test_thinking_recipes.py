@@ -10,12 +10,12 @@ import pytest
 from rich.console import Console
 
 from omrl.config import load_config
-from omrl.models import load_tokenizer
 from omrl.config.options import TrainRunConfig
+from omrl.data.conversations import load_conversations
+from omrl.models import load_tokenizer
 from omrl.training.metrics import read_metrics
 from omrl.training.packing import tokenize_conversations
 from omrl.training.rl import run_rl
-from omrl.data.conversations import load_conversations
 
 from .test_history_modes import qwen3_like  # noqa: F401 - the fixture
 from .thinking import ForcedBackend, ThinkingPlugin
@@ -106,9 +106,8 @@ def test_sft_rows_follow_the_history_mode(qwen3_like, tmp_path):  # noqa: F811
 
 @pytest.mark.parametrize("history", ["keep", "as_template"])
 def test_an_sft_epoch_on_reasoning_data(qwen3_like, tmp_path, history):  # noqa: F811
-    from tests.training.sample_data import sft_run_config
-
     from omrl.training.sft import run_sft
+    from tests.training.sample_data import sft_run_config
 
     data = reasoning_dataset(tmp_path / "thinking.jsonl", 4)
     cfg = sft_run_config(qwen3_like("drops_reasoning"), data, tmp_path / "sft", chat__history=history,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from omrl.config import DeprecatedKeyWarning, describe, load_config, parse_overrides, preset_names, read_preset
-from omrl.errors import ConfigError
 from omrl.config.options import CONFIG_CLASSES, TrainRunConfig
+from omrl.errors import ConfigError
 
 
 def test_defaults_then_preset_then_overrides():

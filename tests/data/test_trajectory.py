@@ -38,7 +38,6 @@ def test_read_episodes_errors(tmp_path):
 
 def test_files_of_the_first_schema_still_read(tmp_path):
     """episode/1 files (before demo_messages existed) read with no worked example."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from omrl.data.trajectory import SCHEMA

@@ -12,20 +12,39 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from tests.envs.agentgym_apps import (
-    Recorder, Restartable, agentgym_like_app, alfworld_app, falsy_textcraft_app, flaky_app, lmrlgym_app,
-    running_score_app, served_app, sqlgym_app, textcraft_app, tool_app, webarena_app, webshop_app,
-)
 from fastapi.responses import PlainTextResponse, Response
 
 from omrl.envs import (
-    DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError, fork_support,
+    DemoTurn,
+    Env,
+    EnvError,
+    EpisodeFinishedError,
+    Observation,
+    StepResult,
+    UnknownTaskError,
+    fork_support,
 )
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl.rollout import EnvPool
 from omrl.serve import background_server, create_app
 from omrl_plugins.envs.agentgym import AgentGymEnv, parse_splits
+from tests.envs.agentgym_apps import (
+    Recorder,
+    Restartable,
+    agentgym_like_app,
+    alfworld_app,
+    falsy_textcraft_app,
+    flaky_app,
+    lmrlgym_app,
+    running_score_app,
+    served_app,
+    sqlgym_app,
+    textcraft_app,
+    tool_app,
+    webarena_app,
+    webshop_app,
+)
 
 FAST = {"retries": 2, "backoff": 0.01, "timeout": 5.0}
 

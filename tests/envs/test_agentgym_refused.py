@@ -4,13 +4,13 @@ is marked ``info["invalid"]``, so ``invalid_action_rate`` counts it."""
 from __future__ import annotations
 
 import pytest
-from tests.envs.agentgym_apps import textcraft_app
 
 from omrl.data.trajectory import Episode, Turn
 from omrl.evaluation import evaluate
 from omrl.serve import background_server
 from omrl_plugins.envs.agentgym import AgentGymEnv
 from omrl_plugins.envs.agentgym.dialects import GENERIC_SERVER, KNOWN_SERVERS, as_omrl_server, read_step
+from tests.envs.agentgym_apps import textcraft_app
 
 FAST = {"retries": 2, "backoff": 0.01, "timeout": 5.0}
 

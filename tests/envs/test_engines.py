@@ -9,13 +9,11 @@ import sys
 import pytest
 
 from omrl import registry
-from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError
+from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError, create_env
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.common import MissingExtraError
 from omrl_plugins.envs.engines.scienceworld import ScienceWorldEnv, decode, encode
-from omrl.envs import create_env
-from omrl_plugins.envs.engines.textarena import (OFFLINE_GAMES, WRAPPER_SUFFIXES, TextArenaEnv, base_game,
-                                                 hanoi_move)
+from omrl_plugins.envs.engines.textarena import OFFLINE_GAMES, WRAPPER_SUFFIXES, TextArenaEnv, base_game, hanoi_move
 from omrl_plugins.envs.engines.textcraft import TextCraftEnv
 from omrl_plugins.envs.engines.textworld_express import TextWorldExpressEnv
 from tests.helpers import eval_two_tasks, play_expert

@@ -16,9 +16,9 @@ from omrl import registry
 from omrl.envs import EpisodeFinishedError, UnknownTaskError, create_env, package_installed, step_problem
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.common import MissingExtraError
-from tests.helpers import eval_two_tasks, fresh_python_json
 from omrl_plugins.envs.engines.gem import ENV_IDS, GAMES, POOL_SIZE, TASKS, GemEnv, left_out_reason
 from omrl_plugins.envs.engines.reasoning_gym import DATASETS
+from tests.helpers import eval_two_tasks, fresh_python_json
 
 # A readable first move per game; the sweep over every game leaves out Sokoban-v0-hard, whose rooms
 # take seconds to build.

@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 from omrl import registry
 from omrl.cli import build_app
 from omrl.data import read_episodes
-from omrl.envs import EpisodeFinishedError, UnknownTaskError, create_env, package_installed, reset_problem, \
-    step_problem
+from omrl.envs import EpisodeFinishedError, UnknownTaskError, create_env, package_installed, reset_problem, step_problem
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.common import MissingExtraError
 from omrl_plugins.envs.engines.reasoning_gym import DATASETS, LEFT_OUT, SPLITS, ReasoningGymEnv

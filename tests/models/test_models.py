@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from omrl.errors import OmrlError
-from omrl.models.delta import file_digest
 from omrl.models import BUILTIN_MODELS, WEBSHOP_DELTA, load_model, resolve_model_path
+from omrl.models.delta import file_digest
 
 
 def test_tiny_is_about_a_million_parameters_with_a_chat_template(tiny_model):

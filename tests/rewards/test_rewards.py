@@ -15,7 +15,12 @@ from omrl.data import Episode, Turn
 from omrl.errors import OmrlError, UnknownNameError
 from omrl.hookspecs import hookimpl
 from omrl.rewards import (
-    ALLOCATION_MODES, RewardError, ZeroRewardWarning, allocate_rewards, compose_rewards, episode_reward,
+    ALLOCATION_MODES,
+    RewardError,
+    ZeroRewardWarning,
+    allocate_rewards,
+    compose_rewards,
+    episode_reward,
 )
 
 

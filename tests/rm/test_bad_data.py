@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from omrl.cli import build_app, main
 from omrl.config import load_config
-from omrl.data import read_episodes, write_episodes
 from omrl.config.options import RolloutRunConfig
+from omrl.data import read_episodes, write_episodes
 from omrl.rollout import RolloutSession
 
 GRIDWORLD = ["env.name=gridworld", "env.template=react", "model.name=tiny", "env.max_turns=12",

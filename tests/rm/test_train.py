@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from omrl.cli import build_app
 from omrl.config import load_config
+from omrl.config.options import RmTrainRunConfig, RolloutRunConfig
 from omrl.data import Episode, Turn, read_episodes, write_episodes
 from omrl.errors import ConfigError, OmrlError
-from omrl.config.options import RmTrainRunConfig, RolloutRunConfig
 from omrl.rm.evaluate import evaluate_reward_model, selection_curve
 from omrl.rm.labels import LabelError, examples, pairs
 from omrl.rm.metrics import auc, expected_calibration_error

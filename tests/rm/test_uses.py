@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from omrl.cli import build_app, main
 from omrl.config import load_config
+from omrl.config.options import EvalRunConfig
 from omrl.data import Episode, Turn
 from omrl.errors import ConfigError
-from omrl.config.options import EvalRunConfig
 from omrl.rewards import allocate_rewards, compose_rewards
 from omrl.rm.model import RewardModel, RewardModelError, build_reward_model
 from omrl.rollout import RolloutSession

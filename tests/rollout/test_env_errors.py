@@ -13,7 +13,6 @@ from omrl.data import read_episodes
 from omrl.envs import EnvError
 from omrl.hookspecs import hookimpl
 from omrl.training.metrics import rollout_metrics
-
 from tests.fakes import KeyEnv
 
 FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]

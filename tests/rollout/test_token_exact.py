@@ -12,7 +12,6 @@ import pytest
 
 from omrl.chat import encode_conversation, render
 from omrl.rollout import EnvPool, RolloutLimits, collect
-
 from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
 
 

@@ -8,7 +8,6 @@ from omrl import registry
 from omrl.envs import EnvError, fork_support
 from omrl.rollout import EnvPool
 from omrl.search.fork import Forker, ForkError, ReplayState, check_forkable
-
 from tests.fakes import ChestEnv, LyingChestEnv, PlainChestEnv, ReplayChestEnv
 
 # (env, options, task, actions played before the snapshot, actions played after it)

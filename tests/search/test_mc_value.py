@@ -10,15 +10,14 @@ from typer.testing import CliRunner
 
 from omrl.cli import build_app, main
 from omrl.config import command_line_config
+from omrl.config.options import RolloutRunConfig
 from omrl.data import Episode, Turn, read_episodes, write_episodes
 from omrl.errors import ConfigError, OmrlError
-from omrl.config.options import RolloutRunConfig
 from omrl.rm import labels_mc
 from omrl.rm.labels_mc import tree_mc_values
 from omrl.rollout import EnvPool, RolloutLimits, RolloutSession
 from omrl.search import SearchContext, play_strategy, run_strategy
 from omrl_plugins.strategies.common import first_leaf
-
 from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend
 
 K = 2

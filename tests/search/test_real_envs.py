@@ -7,7 +7,6 @@ import pytest
 from omrl import registry
 from omrl.rollout import EnvPool, RolloutLimits
 from omrl.search import SearchContext, run_strategy
-
 from tests.fakes import ScriptedBackend
 
 # actions the scripted model cycles through (valid and invalid alike: both must fork faithfully)

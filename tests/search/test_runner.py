@@ -9,7 +9,6 @@ from omrl.errors import ConfigError, UnknownNameError
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.search import SearchContext, run_strategy
 from omrl.search.fork import ForkError
-
 from tests.fakes import ActionTemplate, ChestEnv, PlainChestEnv, ScriptedBackend, by_call
 
 LIMITS = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=3)

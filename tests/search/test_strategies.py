@@ -10,7 +10,6 @@ from omrl import registry
 from omrl.hookspecs import hookimpl
 from omrl.rollout import EnvPool, RolloutLimits
 from omrl.search import Expand, Score, SearchContext, run_search, run_strategy
-
 from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend, by_call
 
 LIMITS = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=4)

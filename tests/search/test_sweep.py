@@ -42,7 +42,7 @@ def test_sweep_writes_one_cell_per_strategy_and_budget_and_a_png(tmp_path):
     assert set(found) == {("chain", None), ("best_of_n", 16), ("best_of_n", 40), ("beam", 16), ("beam", 40)}
     record = json.loads((out / "sweep.json").read_text())
     assert record["setup"]["tasks"] == [1_000_000, 1_000_001] and record["setup"]["env"]["name"] == "gridworld"
-    for (strategy, budget), cell in found.items():
+    for (_strategy, budget), cell in found.items():
         assert cell["tasks"] == 2 and len(cell["per_task"]) == 2
         assert 0.0 <= cell["success_rate"] <= 1.0 and 0.0 <= cell["any_success_rate"] <= 1.0
         assert math.isclose(cell["success_se"], math.sqrt(cell["success_rate"] * (1 - cell["success_rate"]) / 2))

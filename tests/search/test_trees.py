@@ -9,7 +9,6 @@ from omrl.data import Episode, Turn, read_episodes, write_episodes
 from omrl.rollout import EnvPool, RolloutLimits
 from omrl.search import SearchContext, run_strategy
 from omrl.search.tree import chain_tree
-
 from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend, by_call
 
 

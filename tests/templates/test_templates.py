@@ -9,7 +9,6 @@ import pytest
 
 from omrl import registry
 from omrl.chat import next_turn_ids, render
-from omrl.envs import Env
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import TemplateError
 from tests.fakes import OneTaskEnv

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from omrl.data import Episode, Turn, write_episodes
-from omrl.data.conversations import (DatasetFormatError, episode_to_record, load_conversations, write_conversations)
+from omrl.data.conversations import DatasetFormatError, episode_to_record, load_conversations, write_conversations
 
 from .sample_data import agent_records
 

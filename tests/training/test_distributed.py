@@ -398,8 +398,9 @@ def test_zero3_keeps_transformers_from_partitioning_models_as_they_load():
 
 
 def test_a_sharded_resume_refuses_an_optimizer_state_of_other_parameters(tiny_model_dir):
-    from omrl.parallel import FSDP, Trainables
     from transformers import AutoModelForCausalLM
+
+    from omrl.parallel import FSDP, Trainables
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -446,8 +447,8 @@ def test_fsdp_settings_the_recipes_do_not_implement_are_refused(monkeypatch):
 
 
 def test_fsdp_refuses_lora(tiny_model_dir):
-    from omrl.errors import ConfigError
     from omrl.config.options import ModelConfig
+    from omrl.errors import ConfigError
     from omrl.parallel import fsdp
     from omrl.training.model_setup import load_trainable_model
 

@@ -51,9 +51,9 @@ def _sft(tiny_model_dir, dataset, output_dir, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory, tiny_model_dir):
     """A finished one-step SFT run (final model and one checkpoint); tests copy it before changing it."""
-    from .sample_data import agent_records
-
     import json
+
+    from .sample_data import agent_records
 
     root = tmp_path_factory.mktemp("sft")
     dataset = root / "agent.jsonl"

@@ -15,12 +15,11 @@ import math
 from pathlib import Path
 
 import pytest
-
 from safetensors.torch import load_file
 
 from omrl.errors import ConfigError
-from omrl.models.delta import apply_low_rank_delta, file_digest
 from omrl.models import resolve_model_path
+from omrl.models.delta import apply_low_rank_delta, file_digest
 from tests.helpers import load_example
 
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from omrl.errors import ConfigError
 from omrl.config.options import LoggingConfig, OptimConfig
-from omrl.training.metrics import MetricsLogger, format_metrics, read_metrics
+from omrl.errors import ConfigError
 from omrl.parallel import Strategy
 from omrl.training.common import SkippedUpdates
+from omrl.training.metrics import MetricsLogger, format_metrics, read_metrics
 from omrl.training.optim import apply_update, build_optimizer, build_scheduler, lr_multiplier
 
 

@@ -14,10 +14,10 @@ import pytest
 from rich.console import Console
 
 from omrl.config import load_config
+from omrl.config.options import TrainRunConfig
 from omrl.envs import Env, EnvError, Observation, StepResult
 from omrl.errors import ConfigError, EnvFailure, Interrupted
 from omrl.hookspecs import hookimpl
-from omrl.config.options import TrainRunConfig
 from omrl.training.checkpoint import complete_checkpoints
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from omrl.config import load_config
-from omrl.data import Batch
 from omrl.config.options import TrainRunConfig
+from omrl.data import Batch
 from omrl.training.losses import policy_gradient_loss
 from omrl_plugins.algos.kl import k1
 from omrl_plugins.algos.policy_losses import ppo_clip

@@ -13,12 +13,12 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from omrl.config import load_config
+from omrl.config.options import TrainRunConfig
+from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.hookspecs import hookimpl
 from omrl.models import load_model
-from omrl.config.options import TrainRunConfig
 from omrl.training.checkpoint import CheckpointError, latest_checkpoint
 from omrl.training.metrics import read_metrics
-from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.training.rl import RLRecipe, run_rl
 
 QUIET = Console(file=io.StringIO())

@@ -6,8 +6,14 @@ import torch
 
 from omrl.chat import encode_conversation
 from omrl.data.conversations import Conversation, record_to_conversation
-from omrl.training.packing import (IGNORE_INDEX, collate, micro_batches, pack_rows, shifted_labels,
-                                   tokenize_conversations)
+from omrl.training.packing import (
+    IGNORE_INDEX,
+    collate,
+    micro_batches,
+    pack_rows,
+    shifted_labels,
+    tokenize_conversations,
+)
 from omrl.training.policy import labelled_nll_sum
 
 from .sample_data import agent_records

@@ -11,12 +11,12 @@ import yaml
 from rich.console import Console
 
 from omrl.config import from_dict
-from omrl.models import load_model
 from omrl.config.options import SftRunConfig
+from omrl.errors import NonFiniteLossError
+from omrl.models import load_model
 from omrl.training.checkpoint import CheckpointError, complete_checkpoints
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
-from omrl.errors import NonFiniteLossError
 from omrl.training.sft import SftRecipe, run_sft
 
 QUIET = Console(file=io.StringIO())

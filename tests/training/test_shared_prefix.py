@@ -9,9 +9,9 @@ import torch
 from rich.console import Console
 
 from omrl.config import load_config
+from omrl.config.options import TrainRunConfig
 from omrl.data.batch import Batch
 from omrl.models import load_model
-from omrl.config.options import TrainRunConfig
 from omrl.training.metrics import read_metrics
 from omrl.training.policy import policy_forward
 from omrl.training.rl import RLRecipe, run_rl

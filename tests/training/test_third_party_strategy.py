@@ -23,7 +23,6 @@ from omrl.training import online
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
 from omrl.view import open_run
-
 from omrl_plugins.strategies.best_of_n import best_of_n
 from omrl_plugins.strategies.chain import chain
 

@@ -14,17 +14,22 @@ from typer.testing import CliRunner
 
 from omrl.algos import AlgoConfig
 from omrl.config import load_config
+from omrl.config.options import TrainRunConfig
 from omrl.data import Batch, Episode, Turn, read_episodes
 from omrl.errors import ConfigError, OmrlError, UnknownNameError
 from omrl.hookspecs import hookimpl
-from omrl.config.options import TrainRunConfig
 from omrl.search.tree import Node, Tree, copy_episode
 from omrl.training import rl as rl_module
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import RLRecipe, run_rl
 from omrl.training.rl_data import episodes_to_batch, preference_pairs
-from omrl.training.tree_batch import (finished_paths, paths_to_batch, sibling_pairs, train_each_turn_once,
-                                     tree_advantage_input)
+from omrl.training.tree_batch import (
+    finished_paths,
+    paths_to_batch,
+    sibling_pairs,
+    train_each_turn_once,
+    tree_advantage_input,
+)
 from omrl_plugins.algos.advantages import episode_scores, grpo
 from omrl_plugins.algos.tree import branch_advantages, tree_grpo
 

@@ -13,6 +13,7 @@ import pytest
 from omrl.view import open_run
 from omrl.view.page import write_page
 from omrl.view.server import make_server
+
 from .conftest import SCRIPT, make_episode, small_episodes, write_metrics
 
 pytestmark = pytest.mark.slow  # a real training run and a browser: about a minute and a half

@@ -9,6 +9,7 @@ import pytest
 from omrl.errors import OmrlError
 from omrl.view import discover, open_run
 from omrl.view.metrics import columns, panels, read_metrics_file
+
 from .conftest import make_episode, small_episodes, write_metrics
 
 

@@ -17,6 +17,7 @@ from omrl.errors import OmrlError
 from omrl.view import open_run
 from omrl.view.page import dumps, embedded_data, render, script_json
 from omrl.view.server import make_server
+
 from .conftest import SCRIPT
 
 
@@ -137,8 +138,9 @@ def test_plot_without_matplotlib_names_the_extra(small_run, monkeypatch):
 
 
 def test_the_page_assets_are_package_data():
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     setuptools = project["tool"]["setuptools"]

@@ -103,8 +103,16 @@ from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl.serve import INSTANCE_HEADER, TOKEN_ENV
 from omrl_plugins.envs.agentgym.dialects import (
-    DIALECTS, GENERIC_SERVER, KNOWN_SERVERS, MalformedAnswer, as_omrl_server, as_text, create_body, read_create,
-    read_reset, read_step,
+    DIALECTS,
+    GENERIC_SERVER,
+    KNOWN_SERVERS,
+    MalformedAnswer,
+    as_omrl_server,
+    as_text,
+    create_body,
+    read_create,
+    read_reset,
+    read_step,
 )
 from omrl_plugins.envs.agentgym.transport import HttpTransport, ServerFailure, ServerRefused, snippet
 

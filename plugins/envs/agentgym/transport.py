@@ -96,7 +96,7 @@ class HttpTransport:
             if response.status_code < 400:
                 if not json_answer:
                     return response.text
-                raise ServerFailure(self.message(what, f"the answer is not JSON: {snippet(response.text)}"))
+                raise ServerFailure(self.message(what, f"the answer is not JSON: {snippet(response.text)}")) from None
         if answer is False:  # no route answers a bare false on success: an id the server does not hold
             raise ServerRefused(self.message(what, "the server answered false (it does not hold this env id?)"),
                                 response.status_code, error_body=True, unknown_id=True)

@@ -21,7 +21,6 @@ Each TextArena game variant is also registered under its own name, ``textarena:<
 
 from omrl.envs import env_variant
 from omrl.hookspecs import hookimpl
-
 from omrl_plugins.envs.engines.scienceworld import ScienceWorldEnv
 from omrl_plugins.envs.engines.textarena import TextArenaEnv, game_ids
 from omrl_plugins.envs.engines.textcraft import TextCraftEnv

@@ -45,10 +45,15 @@ from typing import Any, Sequence
 from omrl.envs import DemoTurn, Env, EnvError, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
-
 from omrl_plugins.envs.engines.babyai_text import CHECK, DROP, FORWARD, LEFT, PICKUP, RIGHT, TOGGLE, View, look
-from omrl_plugins.envs.engines.common import (check_running, check_task_in_splits, clean_action, clip01, require,
-                                              split_ids)
+from omrl_plugins.envs.engines.common import (
+    check_running,
+    check_task_in_splits,
+    clean_action,
+    clip01,
+    require,
+    split_ids,
+)
 
 #: AgentGym's BabyAI levels in its order (AgentGym's level n is LEVELS[n - 1]); minigrid ids BabyAI-<Level>-v0
 LEVELS = (

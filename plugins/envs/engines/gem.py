@@ -48,11 +48,8 @@ from typing import Any, Sequence
 from omrl.envs import Env, EnvError, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
-
-from omrl_plugins.envs.engines.common import (MissingExtraError, check_running, check_task_in_splits, require,
-                                              split_ids)
-from omrl_plugins.envs.engines.reasoning_gym import (DATASETS, EngineRandom, as_number, unit_score,
-                                                     unknown_name)
+from omrl_plugins.envs.engines.common import MissingExtraError, check_running, check_task_in_splits, require, split_ids
+from omrl_plugins.envs.engines.reasoning_gym import DATASETS, EngineRandom, as_number, unit_score, unknown_name
 
 GAMES = (
     "game:GuessTheNumber-v0-easy", "game:GuessTheNumber-v0-hard", "game:GuessTheNumber-v0-random",

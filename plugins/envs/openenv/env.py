@@ -57,8 +57,15 @@ from omrl.errors import ConfigError, short_repr
 from omrl.hookspecs import hookimpl
 from omrl_plugins.envs.agentgym import parse_splits
 from omrl_plugins.envs.engines.common import check_running, clip01, require
-from omrl_plugins.envs.openenv.session import (ServerAnswer, Session, SessionLost, Settings, describe, message,
-                                               open_session)
+from omrl_plugins.envs.openenv.session import (
+    ServerAnswer,
+    Session,
+    SessionLost,
+    Settings,
+    describe,
+    message,
+    open_session,
+)
 
 SPLITS = {"test": [0, 100], "train": [100, 100_000]}
 SCORES = ("sum", "last")

@@ -275,7 +275,7 @@ def open_session(urls: Sequence[str], reset_kwargs: dict[str, Any], settings: Se
                                     message_timeout_s=settings.timeout)
             try:
                 run(client.connect, settings.connect_timeout)
-                first = run(lambda: client.reset(**reset_kwargs), settings.timeout)
+                first = run(lambda client=client: client.reset(**reset_kwargs), settings.timeout)
                 return Session(url, client, settings), first
             except ServerAnswer as answer:
                 _close_quietly(client)

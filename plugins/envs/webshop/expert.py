@@ -14,7 +14,15 @@ from rapidfuzz import fuzz, utils
 
 from omrl_plugins.envs.webshop.catalog import Catalog, Goal
 from omrl_plugins.envs.webshop.pages import (
-    BACK_TO_SEARCH, BUY_NOW, ITEM, NEXT_PAGE, PREV_PAGE, PRODUCTS_PER_PAGE, RESULTS, SEARCH, PageState,
+    BACK_TO_SEARCH,
+    BUY_NOW,
+    ITEM,
+    NEXT_PAGE,
+    PREV_PAGE,
+    PRODUCTS_PER_PAGE,
+    RESULTS,
+    SEARCH,
+    PageState,
 )
 from omrl_plugins.envs.webshop.reward import FUZZY_THRESHOLD
 
