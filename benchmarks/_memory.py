@@ -63,8 +63,9 @@ def run_worker(script: str, spec: dict, spec_path: Path, timeout: float | None =
     """
     spec_path.write_text(json.dumps(spec))
     try:
-        done = subprocess.run([sys.executable, script, "--memory-worker", str(spec_path)],
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            [sys.executable, script, "--memory-worker", str(spec_path)], capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return {"timed_out": timeout}
     if done.returncode:

@@ -28,13 +28,21 @@ def machine(threads: int | None = None) -> dict[str, Any]:
     import torch
     import transformers
 
-    cpu = next((line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor() or platform.machine())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _lines("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
     mem_kib = next((int(line.split()[1]) for line in _lines("/proc/meminfo") if line.startswith("MemTotal:")), 0)
-    out = {"cpu": cpu, "cpus": len(os.sched_getaffinity(0)), "memory_gib": round(mem_kib / 2**20, 1),
-           "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-           "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "load_average": [round(x, 2) for x in os.getloadavg()]}
+    out = {
+        "cpu": cpu,
+        "cpus": len(os.sched_getaffinity(0)),
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
     if threads is not None:
         out["threads"] = threads
     return out

@@ -133,11 +133,17 @@ def tokens_pass(env: Env, tasks: Sequence[int], scripts: Sequence[Sequence[str]]
     return steps
 
 
-def loop_pass(pool: EnvPool, template, tokenizer, tasks: Sequence[int], policy: ReplayPolicy,
-              limits: RolloutLimits, demonstration: bool) -> int:
+def loop_pass(
+    pool: EnvPool,
+    template,
+    tokenizer,
+    tasks: Sequence[int],
+    policy: ReplayPolicy,
+    limits: RolloutLimits,
+    demonstration: bool,
+) -> int:
     """Play the same scripts through ``collect``; returns the env steps taken."""
-    episodes = collect(pool, template, tokenizer, tasks, backend=policy, limits=limits,
-                       demonstration=demonstration)
+    episodes = collect(pool, template, tokenizer, tasks, backend=policy, limits=limits, demonstration=demonstration)
     return sum(1 for ep in episodes for turn in ep.turns if turn.action is not None)
 
 
@@ -161,8 +167,15 @@ def profile_top(fn, count: int) -> list[dict]:
     total = sum(row[2] for row in stats.stats.values())  # own times add up to the whole run
     rows = []
     for (path, line, func), (_, calls, own, cumulative, _) in stats.stats.items():
-        rows.append({"function": f"{Path(path).name}:{line}({func})", "calls": calls, "own_s": own,
-                     "cumulative_s": cumulative, "own_share": own / total if total else 0.0})
+        rows.append(
+            {
+                "function": f"{Path(path).name}:{line}({func})",
+                "calls": calls,
+                "own_s": own,
+                "cumulative_s": cumulative,
+                "own_share": own / total if total else 0.0,
+            }
+        )
     rows.sort(key=lambda row: row["own_s"], reverse=True)
     return rows[:count]
 
@@ -185,8 +198,16 @@ def cumulative_of(fn, names: Sequence[str]) -> dict[str, float]:
 
 
 # the loop's own parts, by the function that does them (cumulative time under cProfile)
-PARTS = ("loop.py:_start", "live.py:record_reply", "live.py:continue_chat", "pool.py:step_many",
-         "live.py:record_step", "render.py:next_turn_ids", "render.py:prompt_ids", "live.py:_parse")
+PARTS = (
+    "loop.py:_start",
+    "live.py:record_reply",
+    "live.py:continue_chat",
+    "pool.py:step_many",
+    "live.py:record_step",
+    "render.py:next_turn_ids",
+    "render.py:prompt_ids",
+    "live.py:_parse",
+)
 
 
 def bench_env(name: str, script_kind: str, args, tokenizer) -> dict:
@@ -194,7 +215,7 @@ def bench_env(name: str, script_kind: str, args, tokenizer) -> dict:
     template = registry.templates.get(args.template)()
     pool = EnvPool(env_class, name=name)
     probe = pool.probe()
-    tasks = [int(t) for t in list(probe.split_of("train"))[:args.episodes]]
+    tasks = [int(t) for t in list(probe.split_of("train"))[: args.episodes]]
     cap = int(probe.max_turns)
     if script_kind == "expert":
         scripts = [expert_script(probe, task, cap) for task in tasks]
@@ -209,8 +230,9 @@ def bench_env(name: str, script_kind: str, args, tokenizer) -> dict:
                 encoded[action] = tokenizer.encode(text, add_special_tokens=False) + [eos]
     replies = [[encoded[a] for a in script] for script in scripts]
     policy = ReplayPolicy(tokenizer, replies)
-    limits = RolloutLimits(max_new_tokens=max(len(ids) for ids in encoded.values()),
-                           max_context=args.max_context, max_turns=cap)
+    limits = RolloutLimits(
+        max_new_tokens=max(len(ids) for ids in encoded.values()), max_context=args.max_context, max_turns=cap
+    )
     bare_env = create_env(env_class, {}, name)
 
     def run_bare() -> int:
@@ -227,23 +249,36 @@ def bench_env(name: str, script_kind: str, args, tokenizer) -> dict:
         fn()
     rounds = []
     for r in range(args.rounds):
-        order = sides[r % 3:] + sides[:r % 3]
+        order = sides[r % 3 :] + sides[: r % 3]
         got = {side: timed(fn, CLOCKS[args.clock]) for side, fn in order}
         counts = {side: steps for side, (_, steps) in got.items()}
         if len(set(counts.values())) != 1:
             raise SystemExit(f"{name}/{script_kind}: the sides took different step counts: {counts}")
         bare_s, tok_s, loop_s = got["bare"][0], got["bare+tok"][0], got["loop"][0]
-        rounds.append({"bare_s": bare_s, "bare_tok_s": tok_s, "loop_s": loop_s, "steps": counts["loop"],
-                       "ratio": bare_s / loop_s, "floor_ratio": tok_s / loop_s})
+        rounds.append(
+            {
+                "bare_s": bare_s,
+                "bare_tok_s": tok_s,
+                "loop_s": loop_s,
+                "steps": counts["loop"],
+                "ratio": bare_s / loop_s,
+                "floor_ratio": tok_s / loop_s,
+            }
+        )
     ratios = [r["ratio"] for r in rounds]
     steps = rounds[0]["steps"]
     row = {
-        "env": name, "script": script_kind, "episodes": len(tasks), "steps": steps,
+        "env": name,
+        "script": script_kind,
+        "episodes": len(tasks),
+        "steps": steps,
         "bare_us_per_step": 1e6 * statistics.median(r["bare_s"] for r in rounds) / steps,
         "bare_tok_us_per_step": 1e6 * statistics.median(r["bare_tok_s"] for r in rounds) / steps,
         "loop_us_per_step": 1e6 * statistics.median(r["loop_s"] for r in rounds) / steps,
-        "ratio_min": min(ratios), "ratio_median": statistics.median(ratios),
-        "floor_ratio_median": statistics.median(r["floor_ratio"] for r in rounds), "rounds": rounds,
+        "ratio_min": min(ratios),
+        "ratio_median": statistics.median(ratios),
+        "floor_ratio_median": statistics.median(r["floor_ratio"] for r in rounds),
+        "rounds": rounds,
     }
     row["met"] = row["ratio_median"] >= TARGET
     if not row["met"] and args.profile_top:
@@ -257,20 +292,34 @@ def bench_env(name: str, script_kind: str, args, tokenizer) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["gridworld", "webshop"])
-    parser.add_argument("--scripts", nargs="+", default=["expert", "fixed"], choices=["expert", "fixed"],
-                        help="fixed is only played by envs with a FIXED_ACTIONS entry")
+    parser.add_argument(
+        "--scripts",
+        nargs="+",
+        default=["expert", "fixed"],
+        choices=["expert", "fixed"],
+        help="fixed is only played by envs with a FIXED_ACTIONS entry",
+    )
     parser.add_argument("--episodes", type=int, default=32, help="tasks per pass (one episode each)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating bare/loop rounds")
     parser.add_argument("--model", default="smollm2-135m", help="whose tokenizer and chat template the loop uses")
     parser.add_argument("--template", default="react")
-    parser.add_argument("--max-context", type=int, default=32768,
-                        help="large, so no episode is cut short and both sides step alike")
-    parser.add_argument("--no-demonstration", dest="demonstration", action="store_false",
-                        help="leave the env's worked example out of the chat (the default job has it)")
+    parser.add_argument(
+        "--max-context", type=int, default=32768, help="large, so no episode is cut short and both sides step alike"
+    )
+    parser.add_argument(
+        "--no-demonstration",
+        dest="demonstration",
+        action="store_false",
+        help="leave the env's worked example out of the chat (the default job has it)",
+    )
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
-                        help="cpu: the process's CPU time, steadier than wall time on a machine others share "
-                             "(every side runs on one thread: the built-in envs step in the calling thread)")
+    parser.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="cpu: the process's CPU time, steadier than wall time on a machine others share "
+        "(every side runs on one thread: the built-in envs step in the calling thread)",
+    )
     parser.add_argument("--profile-top", type=int, default=15, help="functions listed on a miss (0: no profile)")
     parser.add_argument("--json", type=Path, default=default_json("env_loop"), help="where the results go")
     args = parser.parse_args()
@@ -284,25 +333,35 @@ def main() -> None:
                 continue
             results.append(bench_env(name, kind, args, tokenizer))
 
-    print(f"rollout loop (collect, instant scripted policy) vs bare env loop; {args.episodes} episodes a pass, "
-          f"{args.rounds} alternating rounds, {args.clock} clock, tokenizer {args.model}, template {args.template}, "
-          f"demonstration {'on' if args.demonstration else 'off'}")
-    print(f"{'env':10s} {'script':7s} {'steps':>6s} {'bare us/step':>13s} {'bare+tok us':>12s} "
-          f"{'loop us/step':>13s} {'ratio min':>10s} {'ratio med':>10s} {'floor ratio':>12s}  target >= {TARGET}")
+    print(
+        f"rollout loop (collect, instant scripted policy) vs bare env loop; {args.episodes} episodes a pass, "
+        f"{args.rounds} alternating rounds, {args.clock} clock, tokenizer {args.model}, template {args.template}, "
+        f"demonstration {'on' if args.demonstration else 'off'}"
+    )
+    print(
+        f"{'env':10s} {'script':7s} {'steps':>6s} {'bare us/step':>13s} {'bare+tok us':>12s} "
+        f"{'loop us/step':>13s} {'ratio min':>10s} {'ratio med':>10s} {'floor ratio':>12s}  target >= {TARGET}"
+    )
     for row in results:
-        print(f"{row['env']:10s} {row['script']:7s} {row['steps']:6d} {row['bare_us_per_step']:13.1f} "
-              f"{row['bare_tok_us_per_step']:12.1f} {row['loop_us_per_step']:13.1f} {row['ratio_min']:10.3f} "
-              f"{row['ratio_median']:10.3f} {row['floor_ratio_median']:12.3f}  {'met' if row['met'] else 'MISSED'}")
+        print(
+            f"{row['env']:10s} {row['script']:7s} {row['steps']:6d} {row['bare_us_per_step']:13.1f} "
+            f"{row['bare_tok_us_per_step']:12.1f} {row['loop_us_per_step']:13.1f} {row['ratio_min']:10.3f} "
+            f"{row['ratio_median']:10.3f} {row['floor_ratio_median']:12.3f}  {'met' if row['met'] else 'MISSED'}"
+        )
     missed = [row for row in results if not row["met"]]
     if missed:
-        print("\nthe token work bounds the ratio: a token-exact loop must decode each reply and encode each "
-              "observation,\nso its ratio can reach at most bare / bare+tok; floor ratio = bare+tok / loop is how "
-              "close it gets to that")
+        print(
+            "\nthe token work bounds the ratio: a token-exact loop must decode each reply and encode each "
+            "observation,\nso its ratio can reach at most bare / bare+tok; floor ratio = bare+tok / loop is how "
+            "close it gets to that"
+        )
     for row in missed:
         bare, floor, loop = row["bare_us_per_step"], row["bare_tok_us_per_step"], row["loop_us_per_step"]
-        print(f"  {row['env']}/{row['script']}: token work {floor - bare:.1f} us/step vs the env's step {bare:.1f}: "
-              f"best possible ratio {bare / floor:.3f}; the loop's own work beyond it {loop - floor:+.1f} us/step "
-              f"(floor ratio {row['floor_ratio_median']:.3f})")
+        print(
+            f"  {row['env']}/{row['script']}: token work {floor - bare:.1f} us/step vs the env's step {bare:.1f}: "
+            f"best possible ratio {bare / floor:.3f}; the loop's own work beyond it {loop - floor:+.1f} us/step "
+            f"(floor ratio {row['floor_ratio_median']:.3f})"
+        )
     for row in results:
         if "profile_top" not in row:
             continue
@@ -312,9 +371,16 @@ def main() -> None:
         print(f"  {'own s':>8s} {'share':>6s} {'calls':>8s}  function")
         for item in row["profile_top"]:
             print(f"  {item['own_s']:8.4f} {item['own_share']:6.1%} {item['calls']:8d}  {item['function']}")
-    save_json(args.json, {"benchmark": "env_loop", "target": f"ratio >= {TARGET}",
-                          "args": {**vars(args), "json": str(args.json)}, "machine": machine(args.threads),
-                          "results": results})
+    save_json(
+        args.json,
+        {
+            "benchmark": "env_loop",
+            "target": f"ratio >= {TARGET}",
+            "args": {**vars(args), "json": str(args.json)},
+            "machine": machine(args.threads),
+            "results": results,
+        },
+    )
     print(f"wrote {args.json}")
 
 

@@ -60,8 +60,9 @@ class Recorder(Backend):
         self.inner.release(conversations)
 
 
-def bare_generate(model: Any, tokenizer: Any, prompts: Sequence[list[int]], params: SamplingParams,
-                  batch_size: int) -> tuple[int, int]:
+def bare_generate(
+    model: Any, tokenizer: Any, prompts: Sequence[list[int]], params: SamplingParams, batch_size: int
+) -> tuple[int, int]:
     """``model.generate`` on ``prompts`` as the backend chunks them (sorted by length, same seeds).
 
     Returns (prompt tokens prefilled, new tokens kept up to each prompt's limit).
@@ -73,17 +74,24 @@ def bare_generate(model: Any, tokenizer: Any, prompts: Sequence[list[int]], para
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     prefilled = kept = 0
     for chunk_no, start in enumerate(range(0, len(order), batch_size)):
-        chunk = order[start:start + batch_size]
+        chunk = order[start : start + batch_size]
         width = max(len(prompts[i]) for i in chunk)
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, i in enumerate(chunk):
-            ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]):] = 1
-        sampling = {"do_sample": False} if params.greedy else {
-            "do_sample": True, "top_k": 0, "temperature": params.temperature, "top_p": params.top_p}
-        config = GenerationConfig(max_new_tokens=max(limits[i] for i in chunk), eos_token_id=tokenizer.eos_token_id,
-                                  pad_token_id=pad, **sampling)
+            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]) :] = 1
+        sampling = (
+            {"do_sample": False}
+            if params.greedy
+            else {"do_sample": True, "top_k": 0, "temperature": params.temperature, "top_p": params.top_p}
+        )
+        config = GenerationConfig(
+            max_new_tokens=max(limits[i] for i in chunk),
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+            **sampling,
+        )
         with torch.random.fork_rng(), torch.no_grad():
             torch.manual_seed(params.seed + chunk_no)
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
@@ -149,34 +157,58 @@ def main() -> None:
     same = all(a.token_ids == b.token_ids for a, b in zip(on, off))
     generation_on = sum(seconds for *_, seconds in recorder.calls)
     result = {
-        "model": cfg.model.name, "env": cfg.env.name, "preset": args.preset, "threads": args.threads,
-        "tasks": len(tasks), "group_size": cfg.group_size, "generate_calls": len(recorder.calls),
-        "max_new_tokens": gen.max_new_tokens, "max_context": gen.max_context, "temperature": gen.temperature,
-        "sampled_tokens": on_stats["decode_tokens"], "bare_sampled_tokens": bare_kept,
-        "generation_seconds_reuse": generation_on, "generation_seconds_bare": bare_seconds,
+        "model": cfg.model.name,
+        "env": cfg.env.name,
+        "preset": args.preset,
+        "threads": args.threads,
+        "tasks": len(tasks),
+        "group_size": cfg.group_size,
+        "generate_calls": len(recorder.calls),
+        "max_new_tokens": gen.max_new_tokens,
+        "max_context": gen.max_context,
+        "temperature": gen.temperature,
+        "sampled_tokens": on_stats["decode_tokens"],
+        "bare_sampled_tokens": bare_kept,
+        "generation_seconds_reuse": generation_on,
+        "generation_seconds_bare": bare_seconds,
         "generation_speedup": bare_seconds / generation_on,
-        "prefill_computed_reuse": on_stats["prefill_computed"], "prefill_reused": on_stats["prefill_reused"],
+        "prefill_computed_reuse": on_stats["prefill_computed"],
+        "prefill_reused": on_stats["prefill_reused"],
         "prefill_computed_bare": bare_prefill,
         "hit_rate": on_stats["prefill_reused"] / max(1, on_stats["prefill_reused"] + on_stats["prefill_computed"]),
-        "rollout_seconds_reuse_on": on_seconds, "rollout_seconds_reuse_off": off_seconds,
-        "rollout_ratio_on_off": on_seconds / off_seconds, "same_episodes_on_off": same,
+        "rollout_seconds_reuse_on": on_seconds,
+        "rollout_seconds_reuse_off": off_seconds,
+        "rollout_ratio_on_off": on_seconds / off_seconds,
+        "same_episodes_on_off": same,
         "prefill_computed_reuse_off": off_stats["prefill_computed"],
-        "memory_reuse_on": memory_on, "memory_reuse_off": memory_off, "machine": machine(args.threads),
+        "memory_reuse_on": memory_on,
+        "memory_reuse_off": memory_off,
+        "machine": machine(args.threads),
     }
-    print(f"{cfg.model.name} on {cfg.env.name} ({args.preset} preset): {len(tasks)} tasks x {cfg.group_size} "
-          f"samples, {len(recorder.calls)} generate calls, {on_stats['decode_tokens']:.0f} sampled tokens, "
-          f"{args.threads} threads")
+    print(
+        f"{cfg.model.name} on {cfg.env.name} ({args.preset} preset): {len(tasks)} tasks x {cfg.group_size} "
+        f"samples, {len(recorder.calls)} generate calls, {on_stats['decode_tokens']:.0f} sampled tokens, "
+        f"{args.threads} threads"
+    )
     print(f"  {'':34s} {'seconds':>8s} {'prefilled':>10s} {'reused':>8s} {'peak GiB':>9s} {'rose GiB':>9s}")
-    print(f"  {'generation, reuse (in rollout)':34s} {generation_on:8.1f} {on_stats['prefill_computed']:10.0f} "
-          f"{on_stats['prefill_reused']:8.0f}")
+    print(
+        f"  {'generation, reuse (in rollout)':34s} {generation_on:8.1f} {on_stats['prefill_computed']:10.0f} "
+        f"{on_stats['prefill_reused']:8.0f}"
+    )
     print(f"  {'generation, bare model.generate':34s} {bare_seconds:8.1f} {bare_prefill:10d} {0:8d}")
-    for name, seconds, stats, memory in (("rollout step, reuse on", on_seconds, on_stats, memory_on),
-                                         ("rollout step, reuse off", off_seconds, off_stats, memory_off)):
-        print(f"  {name:34s} {seconds:8.1f} {stats['prefill_computed']:10.0f} {stats['prefill_reused']:8.0f} "
-              f"{memory['peak_rss_gib']:9.2f} {memory['rose_gib']:9.2f}")
-    print(f"  generation speed-up from reuse: {result['generation_speedup']:.2f}x (target >= 2); "
-          f"rollout on/off: {result['rollout_ratio_on_off']:.2f} (target <= 0.5); hit rate {result['hit_rate']:.0%}; "
-          f"same episodes on/off: {same}; sampled tokens reuse/bare: {on_stats['decode_tokens']:.0f}/{bare_kept}")
+    for name, seconds, stats, memory in (
+        ("rollout step, reuse on", on_seconds, on_stats, memory_on),
+        ("rollout step, reuse off", off_seconds, off_stats, memory_off),
+    ):
+        print(
+            f"  {name:34s} {seconds:8.1f} {stats['prefill_computed']:10.0f} {stats['prefill_reused']:8.0f} "
+            f"{memory['peak_rss_gib']:9.2f} {memory['rose_gib']:9.2f}"
+        )
+    print(
+        f"  generation speed-up from reuse: {result['generation_speedup']:.2f}x (target >= 2); "
+        f"rollout on/off: {result['rollout_ratio_on_off']:.2f} (target <= 0.5); hit rate {result['hit_rate']:.0%}; "
+        f"same episodes on/off: {same}; sampled tokens reuse/bare: {on_stats['decode_tokens']:.0f}/{bare_kept}"
+    )
     save_json(args.json, result)
     print(f"  wrote {args.json}")
 

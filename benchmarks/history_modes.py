@@ -107,12 +107,23 @@ REASONING_DROPPING = """\
 """
 
 # (name, what, chat template: None for the model's own, chat.history)
-ARMS = (("A", "own template (ChatML, append-only)", None, "keep"),
-        ("B", "reasoning-dropping template, history=keep", REASONING_DROPPING, "keep"),
-        ("C", "reasoning-dropping template, history=as_template", REASONING_DROPPING, "as_template"))
+ARMS = (
+    ("A", "own template (ChatML, append-only)", None, "keep"),
+    ("B", "reasoning-dropping template, history=keep", REASONING_DROPPING, "keep"),
+    ("C", "reasoning-dropping template, history=as_template", REASONING_DROPPING, "as_template"),
+)
 SAMPLED_MODES = ("probe", "rollouts", "steps")
-RATIO_KEYS = ("rows_per_episode", "trained_tokens", "batch_tokens", "update_forward_tokens", "prefill_computed",
-              "prefill_reused", "rollout_seconds", "update_seconds", "step_seconds")
+RATIO_KEYS = (
+    "rows_per_episode",
+    "trained_tokens",
+    "batch_tokens",
+    "update_forward_tokens",
+    "prefill_computed",
+    "prefill_reused",
+    "rollout_seconds",
+    "update_seconds",
+    "step_seconds",
+)
 
 
 def template_copy(model: str, template: str, into: Path) -> str:
@@ -143,13 +154,18 @@ class ForcedBackend(HFBackend):
     def __init__(self, model: Any, tokenizer: Any, script, **kwargs: Any):
         super().__init__(model, tokenizer, **kwargs)
         if self.kv_cache is None:
-            raise RuntimeError("the forced backend feeds its replies through the KV-reusing decode loop; "
-                               "keep generation.kv_reuse on")
+            raise RuntimeError(
+                "the forced backend feeds its replies through the KV-reusing decode loop; keep generation.kv_reuse on"
+            )
         self.script = script
         self.replies: dict[tuple[int, ...], list[int]] = {}
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 messages: Sequence[Sequence[Mapping[str, str]]] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
+    ) -> list[Generation]:
         if messages is None:
             raise RuntimeError("the forced backend reads the chats to script the replies")
         limits = params.limits(len(prompts))
@@ -172,8 +188,10 @@ class ForcedBackend(HFBackend):
             text = opening + "<think>" + " ".join(reasoning.split(" ")[:-1]) + "</think>" + tail
             ids = encode_text(self.tokenizer, text) + [self.eos_token_id]
         if len(ids) > limit:
-            raise RuntimeError(f"the scripted reply {text!r} takes {len(ids)} tokens, over the turn's limit of "
-                               f"{limit}; raise generation.max_new_tokens")
+            raise RuntimeError(
+                f"the scripted reply {text!r} takes {len(ids)} tokens, over the turn's limit of "
+                f"{limit}; raise generation.max_new_tokens"
+            )
         return ids
 
     def _sampler(self, params: SamplingParams, prompts: list[torch.Tensor]) -> "ScriptedSampler":
@@ -181,8 +199,9 @@ class ForcedBackend(HFBackend):
         scripted reply instead of sampled."""
         if params.top_p < 1.0:
             raise RuntimeError("the forced backend scores under temperature only; use generation.top_p=1")
-        return ScriptedSampler([self.replies[tuple(p.tolist())] for p in prompts],
-                               params.temperature if not params.greedy else 1.0)
+        return ScriptedSampler(
+            [self.replies[tuple(p.tolist())] for p in prompts], params.temperature if not params.greedy else 1.0
+        )
 
 
 class ScriptedSampler:
@@ -219,10 +238,17 @@ def expert_script(cfg: TrainRunConfig, tasks: list[Any]):
         first_user = next(m["content"] for m in chat if m["role"] == "user")
         turn = sum(m["role"] == "assistant" for m in chat)
         action = actions[first_user][turn]
-        kind = "search for the item" if action.startswith("search[") else \
-            "buy it" if action == "click[buy now]" else f"choose {action[6:-1]}"
-        reasoning = (f"The next step: {kind}, since the page shows what the instruction asks for and "
-                     "nothing on it rules that out.")
+        kind = (
+            "search for the item"
+            if action.startswith("search[")
+            else "buy it"
+            if action == "click[buy now]"
+            else f"choose {action[6:-1]}"
+        )
+        reasoning = (
+            f"The next step: {kind}, since the page shows what the instruction asks for and "
+            "nothing on it rules that out."
+        )
         return template.format_action(action, None, reasoning)
 
     return script, [len(ep.turns) for ep in episodes]
@@ -250,9 +276,14 @@ class OneStep(RLRecipe):
         if self.script is not None:
             gen = self.cfg.generation
             self.session.backend.close()
-            self.session.backend = ForcedBackend(self.rollout_model, self.tokenizer, self.script,
-                                                 batch_size=gen.batch_size, kv_reuse=gen.kv_reuse,
-                                                 kv_cache_mb=gen.kv_cache_mb)
+            self.session.backend = ForcedBackend(
+                self.rollout_model,
+                self.tokenizer,
+                self.script,
+                batch_size=gen.batch_size,
+                kv_reuse=gen.kv_reuse,
+                kv_cache_mb=gen.kv_cache_mb,
+            )
         play = self.session.play
 
         def kept(*args: Any, **kwargs: Any) -> list[Any]:
@@ -288,7 +319,7 @@ def reencodes(tokenizer, ep) -> list[bool]:
     does not, a template render of the chat cannot extend the row, reasoning or none."""
     out = []
     for turn in ep.turns:
-        ids = ep.token_ids[turn.span[0]:turn.span[1]]
+        ids = ep.token_ids[turn.span[0] : turn.span[1]]
         if ids and ids[-1] == tokenizer.eos_token_id:
             ids = ids[:-1]
         out.append(encode_text(tokenizer, turn.response) == ids)
@@ -310,11 +341,18 @@ def run_arm(base: list[str], model_name: str, history: str, script, rollout_only
     shares, tokenizer = recipe._shares_prefix(), recipe.tokenizer
     packed_share = getattr(recipe.model.config, "_attn_implementation", None) in PACKED_MASK_ATTENTION
     episodes, logged = recipe.episodes, recipe.logged
-    stats = recipe.stats if rollout_only else {"prefill_computed": logged.get("prefill_tokens"),
-                                                "prefill_reused": logged.get("prefill_reused"),
-                                                "decode_tokens": logged.get("generated_tokens")}
-    batch = sort_by_length(episodes_to_batch(trainable(episodes), tokenizer.pad_token_id, cfg.reward.allocation,
-                                             cfg.reward.gamma))
+    stats = (
+        recipe.stats
+        if rollout_only
+        else {
+            "prefill_computed": logged.get("prefill_tokens"),
+            "prefill_reused": logged.get("prefill_reused"),
+            "decode_tokens": logged.get("generated_tokens"),
+        }
+    )
+    batch = sort_by_length(
+        episodes_to_batch(trainable(episodes), tokenizer.pad_token_id, cfg.reward.allocation, cfg.reward.gamma)
+    )
     replies = [turn.response for ep in episodes for turn in ep.turns]
     exact = [same for ep in episodes for same in reencodes(tokenizer, ep)]
     groups: dict[int, set[float]] = {}
@@ -326,21 +364,27 @@ def run_arm(base: list[str], model_name: str, history: str, script, rollout_only
     del recipe
     gc.collect()
     return {
-        "episodes": len(episodes), "turns": sum(len(ep.turns) for ep in episodes),
+        "episodes": len(episodes),
+        "turns": sum(len(ep.turns) for ep in episodes),
         "rows_per_episode": sum(1 + len(ep.row_starts) for ep in episodes) / max(1, len(episodes)),
         "prefix_breaks": sum(len(ep.row_starts) for ep in episodes),
         "think_share": sum("</think>" in text for text in replies) / max(1, len(replies)),
         "reencode_mismatch_share": exact.count(False) / max(1, len(exact)),
-        "trained_tokens": int(batch["loss_mask"].sum()), "batch_tokens": int(batch["attention_mask"].sum()),
-        "update_forward_tokens": forward_tokens(batch, shares, packed_share), "shared_prefixes": shares,
-        "prefill_computed": stats.get("prefill_computed"), "prefill_reused": stats.get("prefill_reused"),
+        "trained_tokens": int(batch["loss_mask"].sum()),
+        "batch_tokens": int(batch["attention_mask"].sum()),
+        "update_forward_tokens": forward_tokens(batch, shares, packed_share),
+        "shared_prefixes": shares,
+        "prefill_computed": stats.get("prefill_computed"),
+        "prefill_reused": stats.get("prefill_reused"),
         "generated_tokens": stats.get("decode_tokens"),
-        "rollout_seconds": rollout_s, "step_seconds": step_s,
+        "rollout_seconds": rollout_s,
+        "step_seconds": step_s,
         "update_seconds": None if step_s is None or rollout_s is None else step_s - rollout_s,
         "update_ran": None if rollout_only else "loss" in logged,
         "all_advantages_zero": all(len(r) == 1 for r in groups.values()),
         "success": sum(ep.won for ep in episodes) / max(1, len(episodes)),
-        "reward": sum(ep.total_reward for ep in episodes) / max(1, len(episodes)), "loss": logged.get("loss"),
+        "reward": sum(ep.total_reward for ep in episodes) / max(1, len(episodes)),
+        "loss": logged.get("loss"),
         "ids": [list(ep.token_ids) for ep in episodes],
     }
 
@@ -353,18 +397,27 @@ def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
         arm = arms.get(name)
         if peer is None or arm is None:
             continue
-        out[f"{name}/A"] = {key: arm[key] / peer[key] for key in RATIO_KEYS
-                            if isinstance(arm.get(key), (int, float)) and peer.get(key)}
+        out[f"{name}/A"] = {
+            key: arm[key] / peer[key] for key in RATIO_KEYS if isinstance(arm.get(key), (int, float)) and peer.get(key)
+        }
     return out
 
 
 def print_table(variant: str, arms: dict[str, dict[str, Any]], errors: dict[str, str], ratio: dict) -> None:
-    columns = (("episodes", "eps", "{:>4d}"), ("rows_per_episode", "rows/ep", "{:>7.2f}"),
-               ("prefix_breaks", "breaks", "{:>6.0f}"), ("think_share", "</think>", "{:>8.0%}"),
-               ("trained_tokens", "trained", "{:>7d}"), ("batch_tokens", "batch", "{:>6d}"),
-               ("update_forward_tokens", "upd fwd", "{:>7d}"), ("prefill_computed", "prefill", "{:>7.0f}"),
-               ("prefill_reused", "reused", "{:>6.0f}"), ("rollout_seconds", "roll s", "{:>6.1f}"),
-               ("update_seconds", "upd s", "{:>6.1f}"), ("step_seconds", "step s", "{:>6.1f}"))
+    columns = (
+        ("episodes", "eps", "{:>4d}"),
+        ("rows_per_episode", "rows/ep", "{:>7.2f}"),
+        ("prefix_breaks", "breaks", "{:>6.0f}"),
+        ("think_share", "</think>", "{:>8.0%}"),
+        ("trained_tokens", "trained", "{:>7d}"),
+        ("batch_tokens", "batch", "{:>6d}"),
+        ("update_forward_tokens", "upd fwd", "{:>7d}"),
+        ("prefill_computed", "prefill", "{:>7.0f}"),
+        ("prefill_reused", "reused", "{:>6.0f}"),
+        ("rollout_seconds", "roll s", "{:>6.1f}"),
+        ("update_seconds", "upd s", "{:>6.1f}"),
+        ("step_seconds", "step s", "{:>6.1f}"),
+    )
     widths = [len(title) for _, title, _ in columns]
     print(f"  {variant}:")
     print(f"  {'':50s} " + " ".join(f"{title:>{w}s}" for (_, title, _), w in zip(columns, widths)))
@@ -375,8 +428,10 @@ def print_table(variant: str, arms: dict[str, dict[str, Any]], errors: dict[str,
         if name in errors:
             print(f"  {label:50s} FAILED: {errors[name].strip().splitlines()[-1]}")
         elif name in arms:
-            cells = [f"{'-' if arms[name][key] is None else fmt.format(arms[name][key]):>{w}s}"
-                     for (key, _, fmt), w in zip(columns, widths)]
+            cells = [
+                f"{'-' if arms[name][key] is None else fmt.format(arms[name][key]):>{w}s}"
+                for (key, _, fmt), w in zip(columns, widths)
+            ]
             print(f"  {label:50s} " + " ".join(cells))
     for pair, values in ratio.items():
         shown = ", ".join(f"{key} {value:.2f}" for key, value in values.items())
@@ -390,9 +445,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     parser.add_argument("--variants", default="sampled,forced", help="comma-separated: sampled, forced")
-    parser.add_argument("--sampled", choices=SAMPLED_MODES, default="probe",
-                        help="what the sampled variant plays: probe (arm A's rollout: how often the model writes "
-                             "</think>), rollouts (every arm's rollout) or steps (every arm's rollout and update)")
+    parser.add_argument(
+        "--sampled",
+        choices=SAMPLED_MODES,
+        default="probe",
+        help="what the sampled variant plays: probe (arm A's rollout: how often the model writes "
+        "</think>), rollouts (every arm's rollout) or steps (every arm's rollout and update)",
+    )
     parser.add_argument("--json", type=Path, default=default_json("history_modes"), help="where the results go")
     parser.add_argument("overrides", nargs="*", help="key=value, as for omrl train")
     args = parser.parse_args()
@@ -403,9 +462,17 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="omrl-history-modes-"))
-    base = ["model.name=smollm2-135m", "env.template=xml", "plugins.tag_count.template=xml", "steps=1",
-            "eval_tasks=0", "algorithm.entropy_coef=1e-12", "logging.save_rollouts=false",
-            "logging.tensorboard=false", *args.overrides]
+    base = [
+        "model.name=smollm2-135m",
+        "env.template=xml",
+        "plugins.tag_count.template=xml",
+        "steps=1",
+        "eval_tasks=0",
+        "algorithm.entropy_coef=1e-12",
+        "logging.save_rollouts=false",
+        "logging.tensorboard=false",
+        *args.overrides,
+    ]
     cfg = load_config(TrainRunConfig, "grpo", base)
     session = RolloutSession.from_config(cfg, expert=True)
     try:
@@ -415,16 +482,31 @@ def main() -> None:
     thinking_model = template_copy(cfg.model.name, REASONING_DROPPING, work / "model")
     gen = cfg.generation
     record: dict[str, Any] = {
-        "model": cfg.model.name, "env": cfg.env.name, "preset": "grpo", "action_template": cfg.env.template,
-        "threads": args.threads, "tasks": tasks, "group_size": cfg.group_size, "max_new_tokens": gen.max_new_tokens,
-        "max_context": gen.max_context, "max_turns": cfg.env.max_turns, "temperature": gen.temperature,
-        "micro_batch_size": cfg.optim.micro_batch_size, "gradient_checkpointing": cfg.model.gradient_checkpointing,
-        "entropy_coef": cfg.algorithm.entropy_coef, "overrides": args.overrides, "sampled": args.sampled,
-        "arms": {name: what for name, what, _, _ in ARMS}, "variants": {},
+        "model": cfg.model.name,
+        "env": cfg.env.name,
+        "preset": "grpo",
+        "action_template": cfg.env.template,
+        "threads": args.threads,
+        "tasks": tasks,
+        "group_size": cfg.group_size,
+        "max_new_tokens": gen.max_new_tokens,
+        "max_context": gen.max_context,
+        "max_turns": cfg.env.max_turns,
+        "temperature": gen.temperature,
+        "micro_batch_size": cfg.optim.micro_batch_size,
+        "gradient_checkpointing": cfg.model.gradient_checkpointing,
+        "entropy_coef": cfg.algorithm.entropy_coef,
+        "overrides": args.overrides,
+        "sampled": args.sampled,
+        "arms": {name: what for name, what, _, _ in ARMS},
+        "variants": {},
     }
-    print(f"{cfg.model.name} on {cfg.env.name} (grpo preset shapes, xml action template): tasks {tasks} x "
-          f"{cfg.group_size} samples, max_new_tokens {gen.max_new_tokens}, max_context {gen.max_context}, "
-          f"{args.threads} threads", flush=True)
+    print(
+        f"{cfg.model.name} on {cfg.env.name} (grpo preset shapes, xml action template): tasks {tasks} x "
+        f"{cfg.group_size} samples, max_new_tokens {gen.max_new_tokens}, max_context {gen.max_context}, "
+        f"{args.threads} threads",
+        flush=True,
+    )
     try:
         for variant in variants:
             script = None
@@ -440,8 +522,13 @@ def main() -> None:
                 model_name = cfg.model.name if template is None else thinking_model
                 arm_started = time.perf_counter()
                 try:
-                    arms[name] = run_arm([*base, f"logging.output_dir={work / variant / name}"], model_name,
-                                         history, script, rollout_only)
+                    arms[name] = run_arm(
+                        [*base, f"logging.output_dir={work / variant / name}"],
+                        model_name,
+                        history,
+                        script,
+                        rollout_only,
+                    )
                 except Exception:  # noqa: BLE001 - an arm's failure is a result: record it, run the others
                     errors[name] = traceback.format_exc()
                     print(f"  {variant} {name} failed:\n{errors[name]}", flush=True)
@@ -451,10 +538,18 @@ def main() -> None:
                 if name in arms and "A" in ids:
                     arms[name]["same_ids_as_a"] = ids[name] == ids["A"]
             ratio = ratios(arms)
-            what = "scripted expert replies with a think block; real log-probs and prefill" if variant == "forced" \
+            what = (
+                "scripted expert replies with a think block; real log-probs and prefill"
+                if variant == "forced"
                 else f"the model's own samples, {args.sampled}"
-            record["variants"][variant] = {"what": what, "rollout_only": rollout_only, "arms": arms, "ratios": ratio,
-                                           "errors": errors}
+            )
+            record["variants"][variant] = {
+                "what": what,
+                "rollout_only": rollout_only,
+                "arms": arms,
+                "ratios": ratio,
+                "errors": errors,
+            }
             print_table(f"{variant} ({what})", arms, errors, ratio)
     finally:
         shutil.rmtree(work, ignore_errors=True)

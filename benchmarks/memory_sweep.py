@@ -89,16 +89,17 @@ def webshop_episode(cfg):
     return expert_episodes(cfg, 1)[0]
 
 
-def group_rows(episode, tokenizer, group: int, context: int, reply_tokens: int, trained_share: float,
-               seed: int = 0) -> dict[str, torch.Tensor]:
+def group_rows(
+    episode, tokenizer, group: int, context: int, reply_tokens: int, trained_share: float, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """``group`` rows of ``context`` tokens: a shared first prompt of context // 2, then per row
     replies (trained) and observations (not), ``trained_share`` of the rest trained."""
     ids, mask = episode.token_ids, episode.loss_mask
     first = mask.index(1)
     prompt = ids[:first]
     starts = [i for i, t in enumerate(prompt) if t == tokenizer.convert_tokens_to_ids("<|im_start|>")]
-    tail = prompt[starts[-2]:]  # the task's first observation and the assistant header
-    head = prompt[:starts[-2]]  # system prompt and worked example, repeated or cut to length
+    tail = prompt[starts[-2] :]  # the task's first observation and the assistant header
+    head = prompt[: starts[-2]]  # system prompt and worked example, repeated or cut to length
     body = context // 2 - len(tail)
     if body <= 0:
         raise SystemExit(f"--contexts {context} is too short: the first observation alone has {len(tail)} tokens")
@@ -107,8 +108,8 @@ def group_rows(episode, tokenizer, group: int, context: int, reply_tokens: int, 
     closer = tokenizer.encode("<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
     observation_pool = []  # the env's pages in this episode, without their chat markers
     for turn, nxt in zip(episode.turns, [*episode.turns[1:], None]):
-        run = ids[turn.span[1]:nxt.span[0] if nxt else len(ids)]
-        observation_pool += run[len(opener):len(run) - len(closer)]
+        run = ids[turn.span[1] : nxt.span[0] if nxt else len(ids)]
+        observation_pool += run[len(opener) : len(run) - len(closer)]
     observation_tokens = round(reply_tokens * (1 - trained_share) / trained_share)
     page_tokens = observation_tokens - len(opener) - len(closer)
     rng = torch.Generator().manual_seed(seed)
@@ -120,7 +121,7 @@ def group_rows(episode, tokenizer, group: int, context: int, reply_tokens: int, 
         while len(row) < own:
             reply = torch.randint(0, len(tokenizer), (reply_tokens - 1,), generator=rng).tolist() + [eos]
             at = (g * 7 + k) * page_tokens % len(observation_pool)
-            observation = opener + (observation_pool * 2)[at:at + page_tokens] + closer
+            observation = opener + (observation_pool * 2)[at : at + page_tokens] + closer
             row += reply + observation
             row_mask += [1] * len(reply) + [0] * len(observation)
             k += 1
@@ -128,8 +129,12 @@ def group_rows(episode, tokenizer, group: int, context: int, reply_tokens: int, 
         masks.append([0] * len(prompt) + row_mask[:own])
     loss_mask = torch.tensor(masks)
     signs = torch.tensor([1.0 if g % 2 else -1.0 for g in range(group)])[:, None]
-    return {"input_ids": torch.tensor(rows), "attention_mask": torch.ones_like(loss_mask),
-            "loss_mask": loss_mask, "advantages": signs * loss_mask}
+    return {
+        "input_ids": torch.tensor(rows),
+        "attention_mask": torch.ones_like(loss_mask),
+        "loss_mask": loss_mask,
+        "advantages": signs * loss_mask,
+    }
 
 
 # -- one configuration, in a fresh process ------------------------------------------------------
@@ -147,11 +152,19 @@ def update_pass(cfg, model, batch, share_prefix: bool, trace: list) -> None:
     kl_fn = registry.algorithms.get(algo.kl_estimator, kind="kl")
     temperature = cfg.generation.temperature if cfg.generation.temperature > 0 else 1.0
     tokens = float(batch["loss_mask"].sum())
-    parts = with_shared_prefixes(model, batch, size) if share_prefix else \
-        ((mb, None) for mb in micro_batches(batch, size))
+    parts = (
+        with_shared_prefixes(model, batch, size) if share_prefix else ((mb, None) for mb in micro_batches(batch, size))
+    )
     for mb, prefix in parts:
-        out = policy_forward(model, mb["input_ids"], mb["attention_mask"], temperature, with_entropy=True,
-                             token_mask=mb["loss_mask"], prefix=prefix)
+        out = policy_forward(
+            model,
+            mb["input_ids"],
+            mb["attention_mask"],
+            temperature,
+            with_entropy=True,
+            token_mask=mb["loss_mask"],
+            prefix=prefix,
+        )
         mb.tensors["old_log_probs"] = out["log_probs"].detach()
         loss, _ = policy_gradient_loss(out, mb, algo, policy_loss_fn, kl_fn)
         (loss * (float(mb["loss_mask"].sum()) / tokens)).backward()
@@ -185,8 +198,15 @@ def phase(name: str, fn, trim: bool = False) -> dict:
     fn()
     seconds = time.perf_counter() - start
     after = memory_status()
-    return {"phase": name, "rss_before": before, "peak": after["VmHWM"], "rss_after": after["VmRSS"],
-            "anon_after": after["RssAnon"], "file_after": after["RssFile"], "seconds": seconds}
+    return {
+        "phase": name,
+        "rss_before": before,
+        "peak": after["VmHWM"],
+        "rss_after": after["VmRSS"],
+        "anon_after": after["RssAnon"],
+        "file_after": after["RssFile"],
+        "seconds": seconds,
+    }
 
 
 def tensor_bytes(tensors) -> int:
@@ -222,20 +242,41 @@ def memory_worker(spec_path: str) -> None:
     for step in range(spec["steps"]):
         strategy.zero_grad(optimizer)
         trace: list[int] = []
-        phases.append(phase(f"pass {step + 1}", lambda trace=trace: update_pass(cfg, model, batch, spec["share_prefix"], trace),
-                            trim))
+        phases.append(
+            phase(
+                f"pass {step + 1}",
+                lambda trace=trace: update_pass(cfg, model, batch, spec["share_prefix"], trace),
+                trim,
+            )
+        )
         traces.append(trace)
         state["gradients"] = tensor_bytes(p.grad for p in params if p.grad is not None)
-        phases.append(phase(f"optimizer step {step + 1}",
-                            lambda: strategy.optimizer_step(params, optimizer, cfg.optim.max_grad_norm), trim))
-    state["adamw"] = tensor_bytes(v for s in optimizer.state.values() for v in s.values()
-                                  if torch.is_tensor(v) and v.dim() > 0)
-    print(json.dumps({"rss_start": started["VmRSS"], "rss_loaded": resident["VmRSS"], "peak_loading": loaded["VmHWM"],
-                      "rss_loaded_file": loaded["RssFile"], "rss_resident_file": resident["RssFile"],
-                      "malloc_env": {k: v for k, v in os.environ.items()
-                                     if k.startswith("MALLOC_") or k == "LD_PRELOAD"},
-                      "phases": phases, "rss_after_rows": traces, "state_bytes": state,
-                      "seconds": sum(p["seconds"] for p in phases)}))
+        phases.append(
+            phase(
+                f"optimizer step {step + 1}",
+                lambda: strategy.optimizer_step(params, optimizer, cfg.optim.max_grad_norm),
+                trim,
+            )
+        )
+    state["adamw"] = tensor_bytes(
+        v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0
+    )
+    print(
+        json.dumps(
+            {
+                "rss_start": started["VmRSS"],
+                "rss_loaded": resident["VmRSS"],
+                "peak_loading": loaded["VmHWM"],
+                "rss_loaded_file": loaded["RssFile"],
+                "rss_resident_file": resident["RssFile"],
+                "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_") or k == "LD_PRELOAD"},
+                "phases": phases,
+                "rss_after_rows": traces,
+                "state_bytes": state,
+                "seconds": sum(p["seconds"] for p in phases),
+            }
+        )
+    )
 
 
 # -- the sweep -----------------------------------------------------------------------------------
@@ -267,26 +308,44 @@ def sweep(args, cfg, episode, tokenizer, save) -> dict:
         for context in args.contexts:
             for group in args.groups:
                 rows_path = Path(tmp, ROWS_FILE)
-                rows = group_rows(episode, tokenizer, group, context, cfg.generation.max_new_tokens,
-                                  args.trained_share)
+                rows = group_rows(episode, tokenizer, group, context, cfg.generation.max_new_tokens, args.trained_share)
                 torch.save(rows, rows_path)
-                cell_configs = configs + ([(True, False), (False, False)]
-                                          if (group, context) == tuple(args.no_checkpointing_cell) else [])
+                cell_configs = configs + (
+                    [(True, False), (False, False)] if (group, context) == tuple(args.no_checkpointing_cell) else []
+                )
                 shared = None
                 for share, checkpointing in cell_configs:
-                    key = {"group": group, "context": context, "share_prefix": share,
-                           "gradient_checkpointing": checkpointing, "trained_tokens": int(rows["loss_mask"].sum())}
+                    key = {
+                        "group": group,
+                        "context": context,
+                        "share_prefix": share,
+                        "gradient_checkpointing": checkpointing,
+                        "trained_tokens": int(rows["loss_mask"].sum()),
+                    }
                     if not share and shared is not None and args.unshared_budget:
                         estimate = estimate_seconds(shared, group, context)
                         if estimate > args.unshared_budget:
-                            results["skipped"].append({**key, "estimated_pass_seconds": estimate,
-                                                       "why": f"estimated pass > {args.unshared_budget} s"})
+                            results["skipped"].append(
+                                {
+                                    **key,
+                                    "estimated_pass_seconds": estimate,
+                                    "why": f"estimated pass > {args.unshared_budget} s",
+                                }
+                            )
                             print(f"skip   G={group:2d} C={context}: unshared, estimated {estimate:.0f} s", flush=True)
                             save(results)
                             continue
-                    spec = {"model": args.model, "overrides": args.overrides, "threads": args.threads,
-                            "rows": str(rows_path), "share_prefix": share, "checkpointing": checkpointing,
-                            "steps": args.steps, "trim": args.trim, "mmap_threshold": args.mmap_threshold}
+                    spec = {
+                        "model": args.model,
+                        "overrides": args.overrides,
+                        "threads": args.threads,
+                        "rows": str(rows_path),
+                        "share_prefix": share,
+                        "checkpointing": checkpointing,
+                        "steps": args.steps,
+                        "trim": args.trim,
+                        "mmap_threshold": args.mmap_threshold,
+                    }
                     report = run_worker(__file__, spec, Path(tmp, "spec.json"), timeout=args.timeout)
                     if "timed_out" in report:
                         results["skipped"].append({**key, "why": f"ran past --timeout {args.timeout} s"})
@@ -295,8 +354,11 @@ def sweep(args, cfg, episode, tokenizer, save) -> dict:
                     if share and checkpointing:
                         shared = cell
                     results["cells"].append(cell)
-                    print(f"done   G={group:2d} C={context} share={share!s:5s} ckpt={checkpointing!s:5s} "
-                          f"peak {cell['peak_first_step'] / GIB:.2f} GiB, {cell['seconds']:.0f} s", flush=True)
+                    print(
+                        f"done   G={group:2d} C={context} share={share!s:5s} ckpt={checkpointing!s:5s} "
+                        f"peak {cell['peak_first_step'] / GIB:.2f} GiB, {cell['seconds']:.0f} s",
+                        flush=True,
+                    )
                     save(results)
     return results
 
@@ -309,18 +371,29 @@ def print_table(results: dict, args) -> None:
         cell = cells.get((group, context, share, checkpointing))
         if cell is None:
             s = skipped.get((group, context, share))
-            why = "" if s is None else (f"skipped, est. {s['estimated_pass_seconds']:.0f} s"
-                                        if "estimated_pass_seconds" in s else "skipped, timed out")
+            why = (
+                ""
+                if s is None
+                else (
+                    f"skipped, est. {s['estimated_pass_seconds']:.0f} s"
+                    if "estimated_pass_seconds" in s
+                    else "skipped, timed out"
+                )
+            )
             return f"{why:^{WIDTH}s}"
         steady = f"{cell['peak_steady'] / GIB:.2f}{'' if cell['peak_steady_measured'] else '*'}"
-        return (f"{steady:>6s} {cell['peak_first_step'] / GIB:5.2f} {cell['added_by_pass'] / GIB:6.2f} "
-                f"{cell['pass_seconds']:6.0f}").ljust(WIDTH)
+        return (
+            f"{steady:>6s} {cell['peak_first_step'] / GIB:5.2f} {cell['added_by_pass'] / GIB:6.2f} "
+            f"{cell['pass_seconds']:6.0f}"
+        ).ljust(WIDTH)
 
     loaded = results["cells"][0]["rss_loaded"] / GIB if results["cells"] else float("nan")
-    print(f"\nRL update memory (GiB of RSS), {args.model} float32 CPU, model loaded = {loaded:.2f} GiB, "
-          f"{args.threads} thread(s):\npeak = a step after the first (the pass with the AdamW state held: "
-          f"* = estimated as 1st pass peak + AdamW state), 1st = the first step's peak (pass, then AdamW step), "
-          f"added = the first pass's peak - the RSS before it, s = its seconds")
+    print(
+        f"\nRL update memory (GiB of RSS), {args.model} float32 CPU, model loaded = {loaded:.2f} GiB, "
+        f"{args.threads} thread(s):\npeak = a step after the first (the pass with the AdamW state held: "
+        f"* = estimated as 1st pass peak + AdamW state), 1st = the first step's peak (pass, then AdamW step), "
+        f"added = the first pass's peak - the RSS before it, s = its seconds"
+    )
     head = f"{'peak':>6s} {'1st':>5s} {'added':>6s} {'s':>6s}".ljust(WIDTH)
     print(f"{'G':>3s} {'C':>5s} | {'shared prefix (ckpt on)':^{WIDTH}s} | {'unshared (ckpt on)':^{WIDTH}s}")
     print(f"{'':9s} | {head} | {head}")
@@ -329,18 +402,24 @@ def print_table(results: dict, args) -> None:
             print(f"{group:3d} {context:5d} | {part(group, context, True)} | {part(group, context, False)}")
     group, context = args.no_checkpointing_cell
     if (group, context, True, False) in cells:
-        print(f"{group:3d} {context:5d} | {part(group, context, True, False)} | {part(group, context, False, False)}"
-              "  <- gradient checkpointing off")
+        print(
+            f"{group:3d} {context:5d} | {part(group, context, True, False)} | {part(group, context, False, False)}"
+            "  <- gradient checkpointing off"
+        )
     if results["cells"]:
         cell = max(results["cells"], key=lambda c: len(c["phases"]))
         state = cell["state_bytes"]
-        print(f"\nstate (GiB): weights {state['weights'] / GIB:.2f}, gradients {state['gradients'] / GIB:.2f}, "
-              f"AdamW {state['adamw'] / GIB:.2f}; process before loading {cell['rss_start'] / GIB:.2f}, "
-              f"loading peak {cell['peak_loading'] / GIB:.2f}")
+        print(
+            f"\nstate (GiB): weights {state['weights'] / GIB:.2f}, gradients {state['gradients'] / GIB:.2f}, "
+            f"AdamW {state['adamw'] / GIB:.2f}; process before loading {cell['rss_start'] / GIB:.2f}, "
+            f"loading peak {cell['peak_loading'] / GIB:.2f}"
+        )
         print(f"phases of G={cell['group']} C={cell['context']} share={cell['share_prefix']}:")
         for p in cell["phases"]:
-            print(f"  {p['phase']:18s} before {p['rss_before'] / GIB:5.2f}  peak {p['peak'] / GIB:5.2f}  "
-                  f"after {p['rss_after'] / GIB:5.2f}  {p['seconds']:6.1f} s")
+            print(
+                f"  {p['phase']:18s} before {p['rss_before'] / GIB:5.2f}  peak {p['peak'] / GIB:5.2f}  "
+                f"after {p['rss_after'] / GIB:5.2f}  {p['seconds']:6.1f} s"
+            )
 
 
 def main() -> None:
@@ -349,21 +428,45 @@ def main() -> None:
     parser.add_argument("--groups", type=int, nargs="+", default=[2, 4, 8, 16], help="rows sharing a first prompt")
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 2048, 4096], help="tokens per row")
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK}")
-    parser.add_argument("--steps", type=int, default=1,
-                        help="update steps per configuration (2: the steady-state peak is measured, not estimated)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=1,
+        help="update steps per configuration (2: the steady-state peak is measured, not estimated)",
+    )
     parser.add_argument("--trained-share", type=float, default=0.2, help="share of each row's own tokens trained")
-    parser.add_argument("--unshared-budget", type=float, default=180.0,
-                        help="skip an unshared cell whose pass would take longer (s, estimated; 0: never skip)")
-    parser.add_argument("--no-checkpointing-cell", type=int, nargs=2, default=[2, 1024], metavar=("G", "C"),
-                        help="the cell also run with gradient checkpointing off")
+    parser.add_argument(
+        "--unshared-budget",
+        type=float,
+        default=180.0,
+        help="skip an unshared cell whose pass would take longer (s, estimated; 0: never skip)",
+    )
+    parser.add_argument(
+        "--no-checkpointing-cell",
+        type=int,
+        nargs=2,
+        default=[2, 1024],
+        metavar=("G", "C"),
+        help="the cell also run with gradient checkpointing off",
+    )
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before a configuration is given up")
-    parser.add_argument("--trim", action="store_true",
-                        help="release the allocator's free pages (malloc_trim) before each phase")
-    parser.add_argument("--mmap-threshold", type=int, default=0, metavar="BYTES",
-                        help="allocations this large or larger get their own mapping (glibc mallopt; 0: glibc's default)")
+    parser.add_argument(
+        "--trim", action="store_true", help="release the allocator's free pages (malloc_trim) before each phase"
+    )
+    parser.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="allocations this large or larger get their own mapping (glibc mallopt; 0: glibc's default)",
+    )
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--json", type=Path, help="where the results go, rewritten after every configuration "
-                        "(default: benchmarks/results/memory_sweep.json; with --quick, only when given)")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        help="where the results go, rewritten after every configuration "
+        "(default: benchmarks/results/memory_sweep.json; with --quick, only when given)",
+    )
     parser.add_argument("--show", metavar="JSON", help="only print the table of a saved (maybe partial) run")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the grpo preset")
     args = parse_args(parser, memory_worker)
@@ -388,16 +491,27 @@ def main() -> None:
     tokenizer = load_tokenizer(cfg.model.name)
     episode = webshop_episode(cfg)
     machine = describe_machine(args.threads)
-    config = {"model": args.model, "dtype": cfg.model.dtype, "micro_batch_size": cfg.optim.micro_batch_size,
-              "reply_tokens": cfg.generation.max_new_tokens, "trained_share": args.trained_share}
+    config = {
+        "model": args.model,
+        "dtype": cfg.model.dtype,
+        "micro_batch_size": cfg.optim.micro_batch_size,
+        "reply_tokens": cfg.generation.max_new_tokens,
+        "trained_share": args.trained_share,
+    }
 
     def save(results: dict) -> None:
         if args.json is None:
             return
-        save_json(args.json, {
-            "benchmark": "memory_sweep",
-            "args": {k: str(v) if k == "json" else v for k, v in vars(args).items() if k != "memory_worker"},
-            "config": config, "machine": machine, **results})
+        save_json(
+            args.json,
+            {
+                "benchmark": "memory_sweep",
+                "args": {k: str(v) if k == "json" else v for k, v in vars(args).items() if k != "memory_worker"},
+                "config": config,
+                "machine": machine,
+                **results,
+            },
+        )
 
     results = sweep(args, cfg, episode, tokenizer, save)
     save(results)

@@ -86,10 +86,13 @@ def data_part(out: Path, model: Path, args, example) -> dict:
     plays = {
         "train_chains": ["env.split=train", f"num_tasks={args.train_tasks}", "group_size=8"],
         "test_chains": ["env.split=test", f"num_tasks={args.test_tasks}", "group_size=16"],
-        "train_trees": ["env.split=train", f"num_tasks={args.tree_tasks}", "strategy=mc_value",
-                        "plugins.mc_value.k=4"],
-        "test_trees": ["env.split=test", f"num_tasks={args.tree_tasks // 2}", "strategy=mc_value",
-                       "plugins.mc_value.k=4"],
+        "train_trees": ["env.split=train", f"num_tasks={args.tree_tasks}", "strategy=mc_value", "plugins.mc_value.k=4"],
+        "test_trees": [
+            "env.split=test",
+            f"num_tasks={args.tree_tasks // 2}",
+            "strategy=mc_value",
+            "plugins.mc_value.k=4",
+        ],
     }
     minutes = {}
     for name, extra in plays.items():
@@ -107,13 +110,34 @@ def rm_part(out: Path, model: Path, kind: str, args) -> dict:
     data, held_out = ("train_chains", "test_chains") if kind == "orm" else ("train_trees", "test_trees")
     label = "success" if kind == "orm" else "mc"
     started = time.perf_counter()
-    omrl("rm", "train", f"model.name={model}", f"kind={kind}", f"label={label}", "objective=bce",
-         f"dataset={out / 'data' / data}", f"logging.output_dir={out / kind}", f"num_train_epochs={args.rm_epochs}",
-         f"optim.learning_rate={args.rm_lr}", "optim.micro_batch_size=8", "optim.lr_schedule=cosine",
-         "logging.tensorboard=false", "logging.logging_steps=20", f"seed={args.seed}")
+    omrl(
+        "rm",
+        "train",
+        f"model.name={model}",
+        f"kind={kind}",
+        f"label={label}",
+        "objective=bce",
+        f"dataset={out / 'data' / data}",
+        f"logging.output_dir={out / kind}",
+        f"num_train_epochs={args.rm_epochs}",
+        f"optim.learning_rate={args.rm_lr}",
+        "optim.micro_batch_size=8",
+        "optim.lr_schedule=cosine",
+        "logging.tensorboard=false",
+        "logging.logging_steps=20",
+        f"seed={args.seed}",
+    )
     train_minutes = (time.perf_counter() - started) / 60
-    omrl("rm", "eval", "--model", str(out / kind), "--data", str(out / "data" / held_out),
-         "--report", str(out / f"{kind}_eval.json"))
+    omrl(
+        "rm",
+        "eval",
+        "--model",
+        str(out / kind),
+        "--data",
+        str(out / "data" / held_out),
+        "--report",
+        str(out / f"{kind}_eval.json"),
+    )
     report = json.loads((out / f"{kind}_eval.json").read_text())
     if kind == "orm":
         report["against_shortest"] = against_shortest(out)
@@ -128,8 +152,11 @@ def against_shortest(out: Path) -> list[dict]:
     from omrl.rm.labels import NO_OUTCOME
     from omrl.rm.model import RewardModel
 
-    episodes = [ep for ep in read_episodes(out / "data" / "test_chains" / "episodes.parquet")
-                if ep.turns and ep.end_reason not in NO_OUTCOME]
+    episodes = [
+        ep
+        for ep in read_episodes(out / "data" / "test_chains" / "episodes.parquet")
+        if ep.turns and ep.end_reason not in NO_OUTCOME
+    ]
     orm = RewardModel.load(out / "orm").score_episodes(episodes)
     # the length rule's pick scores 1 and the rest 0, so "selected" is the rule's success and its gain
     # over the ORM's pick is paired by task; both pick the first of equal scores, as rm eval does
@@ -143,7 +170,7 @@ def against_shortest(out: Path) -> list[dict]:
     for row in rows:
         diffs = []
         for group in by_task.values():
-            first = sorted(group, key=lambda pair: pair[0].sample)[:row["n"]]
+            first = sorted(group, key=lambda pair: pair[0].sample)[: row["n"]]
             by_orm = max(range(len(first)), key=lambda i: (first[i][1], -i))
             by_length = max(range(len(first)), key=lambda i: (-len(first[i][0].turns), -i))
             diffs.append(float(first[by_orm][0].won) - float(first[by_length][0].won))
@@ -160,10 +187,20 @@ def search_part(out: Path, model: Path, args, example) -> dict:
         "best_of_n/orm": ["strategy=best_of_n", "plugins.best_of_n.select=rm", f"plugins.rm.path={out / 'orm'}"],
         "best_of_n/env (oracle)": ["strategy=best_of_n", "plugins.best_of_n.select=env_reward"],
         # beam guided and answered by a reward model, never looking at the env's outcome (as best-of-N by the ORM)
-        "beam/prm": ["strategy=beam", "plugins.beam.scorer=rm", "plugins.beam.select=rm",
-                     "plugins.beam.stop_on_win=false", f"plugins.rm.path={out / 'prm'}"],
-        "beam/orm": ["strategy=beam", "plugins.beam.scorer=rm", "plugins.beam.select=rm",
-                     "plugins.beam.stop_on_win=false", f"plugins.rm.path={out / 'orm'}"],
+        "beam/prm": [
+            "strategy=beam",
+            "plugins.beam.scorer=rm",
+            "plugins.beam.select=rm",
+            "plugins.beam.stop_on_win=false",
+            f"plugins.rm.path={out / 'prm'}",
+        ],
+        "beam/orm": [
+            "strategy=beam",
+            "plugins.beam.scorer=rm",
+            "plugins.beam.select=rm",
+            "plugins.beam.stop_on_win=false",
+            f"plugins.rm.path={out / 'orm'}",
+        ],
     }
     results = {}
     for budget in args.budgets:
@@ -171,14 +208,26 @@ def search_part(out: Path, model: Path, args, example) -> dict:
         for name, extra in cells.items():
             report = out / "search" / f"{name.split(' ')[0].replace('/', '-')}-{budget}.json"
             started = time.perf_counter()
-            omrl("eval", f"model.name={model}", *settings(example), "env.split=test", f"num_tasks={args.test_tasks}",
-                 f"budget={budget}", f"plugins.best_of_n.n={n}", f"seed={args.seed}", *extra, f"report={report}")
+            omrl(
+                "eval",
+                f"model.name={model}",
+                *settings(example),
+                "env.split=test",
+                f"num_tasks={args.test_tasks}",
+                f"budget={budget}",
+                f"plugins.best_of_n.n={n}",
+                f"seed={args.seed}",
+                *extra,
+                f"report={report}",
+            )
             got = json.loads(report.read_text())["metrics"]
             results[f"{name} @ {budget}"] = {
-                "budget": budget, "success": got["success_rate"],
+                "budget": budget,
+                "success": got["success_rate"],
                 "success_se": math.sqrt(got["success_rate"] * (1 - got["success_rate"]) / args.test_tasks),
                 "tokens_per_task": got.get("search/generated_tokens_per_task"),
-                "minutes": (time.perf_counter() - started) / 60}
+                "minutes": (time.perf_counter() - started) / 60,
+            }
     return results
 
 
@@ -188,14 +237,24 @@ def grpo_part(out: Path, model: Path, args, example) -> dict:
     budget.grpo_steps, budget.eval_tasks, budget.eval_every = args.grpo_steps, 64, args.grpo_steps
     log: list[dict] = []
     started = time.perf_counter()
-    example.grpo_stage(model, out / "grpo-orm", budget, args.seed, reward="{rm: 1.0, goal: 0.0}",
-                       on_step_end=lambda step, m: log.append({"step": step, **m}),
-                       overrides=(f"plugins.rm.path={out / 'orm'}",))
+    example.grpo_stage(
+        model,
+        out / "grpo-orm",
+        budget,
+        args.seed,
+        reward="{rm: 1.0, goal: 0.0}",
+        on_step_end=lambda step, m: log.append({"step": step, **m}),
+        overrides=(f"plugins.rm.path={out / 'orm'}",),
+    )
     before = example.held_out_success(str(model), budget, args.seed)
     after = example.held_out_success(str(out / "grpo-orm"), budget, args.seed)
     keys = ("reward_rm", "reward_goal", "success", "score", "turns", "format_ok", "eval_success")
-    return {"minutes": (time.perf_counter() - started) / 60, "before": before, "after": after,
-            "steps": [{k: m[k] for k in ("step", *keys) if k in m} for m in log]}
+    return {
+        "minutes": (time.perf_counter() - started) / 60,
+        "before": before,
+        "after": after,
+        "steps": [{k: m[k] for k in ("step", *keys) if k in m} for m in log],
+    }
 
 
 def webshop_part(out: Path, args) -> dict:
@@ -207,8 +266,9 @@ def webshop_part(out: Path, args) -> dict:
     import webshop_stages as ws
 
     out = out / "webshop"
-    size = replace(ws.FULL, expert_episodes=args.webshop_sft_episodes, sft_epochs=1.0, sft_accumulation=1,
-                   save_steps=0)  # one episode a step: the reply format is learned within about 10 steps
+    size = replace(
+        ws.FULL, expert_episodes=args.webshop_sft_episodes, sft_epochs=1.0, sft_accumulation=1, save_steps=0
+    )  # one episode a step: the reply format is learned within about 10 steps
     minutes: dict[str, float] = {}
     started = time.perf_counter()
     if not (out / "sft" / "config.json").exists():
@@ -218,9 +278,11 @@ def webshop_part(out: Path, args) -> dict:
     common = [f"model.name={out / 'sft'}", *ws.ENV, *ws.GENERATION, "generation.temperature=1.0", f"seed={args.seed}"]
     # the test goals' 16 chains come as two files of 8 (the second seeded apart): earlier runs made the first
     test_goals = ["env.split=test", f"num_tasks={args.webshop_goals}", "group_size=8"]
-    for name, extra in (("train/episodes", ["env.split=train", f"num_tasks={args.webshop_goals}", "group_size=4"]),
-                        ("test/episodes", test_goals),
-                        ("test/episodes-more", [*test_goals, f"seed={args.seed + 1}"])):
+    for name, extra in (
+        ("train/episodes", ["env.split=train", f"num_tasks={args.webshop_goals}", "group_size=4"]),
+        ("test/episodes", test_goals),
+        ("test/episodes-more", [*test_goals, f"seed={args.seed + 1}"]),
+    ):
         output = out / "data" / f"{name}.parquet"
         if not output.exists():
             started = time.perf_counter()
@@ -228,14 +290,34 @@ def webshop_part(out: Path, args) -> dict:
             minutes[f"rollout_{name}"] = (time.perf_counter() - started) / 60
     if not (out / "orm" / "config.json").exists():
         started = time.perf_counter()
-        omrl("rm", "train", f"model.name={out / 'sft'}", "kind=orm", "label=score", "objective=bce",
-             f"dataset={out / 'data' / 'train'}", f"logging.output_dir={out / 'orm'}", "num_train_epochs=1",
-             "optim.learning_rate=2e-5", "optim.micro_batch_size=1", "packing=false", "logging.tensorboard=false",
-             f"seed={args.seed}")
+        omrl(
+            "rm",
+            "train",
+            f"model.name={out / 'sft'}",
+            "kind=orm",
+            "label=score",
+            "objective=bce",
+            f"dataset={out / 'data' / 'train'}",
+            f"logging.output_dir={out / 'orm'}",
+            "num_train_epochs=1",
+            "optim.learning_rate=2e-5",
+            "optim.micro_batch_size=1",
+            "packing=false",
+            "logging.tensorboard=false",
+            f"seed={args.seed}",
+        )
         minutes["rm_train"] = (time.perf_counter() - started) / 60
     started = time.perf_counter()
-    omrl("rm", "eval", "--model", str(out / "orm"), "--data", str(out / "data" / "test"),
-         "--report", str(out / "orm_eval.json"))
+    omrl(
+        "rm",
+        "eval",
+        "--model",
+        str(out / "orm"),
+        "--data",
+        str(out / "data" / "test"),
+        "--report",
+        str(out / "orm_eval.json"),
+    )
     minutes["rm_eval"] = (time.perf_counter() - started) / 60
     return {"minutes": minutes, **json.loads((out / "orm_eval.json").read_text())}
 
@@ -254,14 +336,34 @@ def webshop_search_part(out: Path, args) -> dict:
     trees = out / "data" / "train_trees" / "episodes.parquet"
     if not trees.exists():
         started = time.perf_counter()
-        omrl("rollout", *common, "env.split=train", f"num_tasks={args.webshop_tree_goals}", "strategy=mc_value",
-             "plugins.mc_value.k=2", f"output={trees}")
+        omrl(
+            "rollout",
+            *common,
+            "env.split=train",
+            f"num_tasks={args.webshop_tree_goals}",
+            "strategy=mc_value",
+            "plugins.mc_value.k=2",
+            f"output={trees}",
+        )
         minutes["rollout_trees"] = (time.perf_counter() - started) / 60
     if not (out / "prm" / "config.json").exists():
         started = time.perf_counter()
-        omrl("rm", "train", f"model.name={sft}", "kind=prm", "label=mc_score", "objective=bce", f"dataset={trees}",
-             f"logging.output_dir={out / 'prm'}", "num_train_epochs=1", "optim.learning_rate=2e-5",
-             "optim.micro_batch_size=1", "packing=false", "logging.tensorboard=false", f"seed={args.seed}")
+        omrl(
+            "rm",
+            "train",
+            f"model.name={sft}",
+            "kind=prm",
+            "label=mc_score",
+            "objective=bce",
+            f"dataset={trees}",
+            f"logging.output_dir={out / 'prm'}",
+            "num_train_epochs=1",
+            "optim.learning_rate=2e-5",
+            "optim.micro_batch_size=1",
+            "packing=false",
+            "logging.tensorboard=false",
+            f"seed={args.seed}",
+        )
         minutes["prm_train"] = (time.perf_counter() - started) / 60
     budget, n = args.webshop_budget, max(1, args.webshop_budget // 200)  # a WebShop chain spends ~150-250 tokens
     test = [*common, "env.split=test", f"num_tasks={args.webshop_goals}", f"budget={budget}"]
@@ -284,13 +386,24 @@ def webshop_search_part(out: Path, args) -> dict:
     report = out / "search" / f"beam-prm-{budget}.json"
     if not report.exists():
         started = time.perf_counter()
-        omrl("eval", *test, "strategy=beam", "plugins.beam.scorer=rm", "plugins.beam.select=rm",
-             "plugins.beam.stop_on_win=false", f"plugins.rm.path={out / 'prm'}", f"report={report}")
+        omrl(
+            "eval",
+            *test,
+            "strategy=beam",
+            "plugins.beam.scorer=rm",
+            "plugins.beam.select=rm",
+            "plugins.beam.stop_on_win=false",
+            f"plugins.rm.path={out / 'prm'}",
+            f"report={report}",
+        )
         minutes["beam/prm"] = (time.perf_counter() - started) / 60
     got = json.loads(report.read_text())
     scores = [e["score"] for e in got["episodes"]]
-    results["beam_prm"] = {"success": got["metrics"]["success_rate"], "mean_score": sum(scores) / len(scores),
-                           "tokens_per_task": got["metrics"].get("search/generated_tokens_per_task")}
+    results["beam_prm"] = {
+        "success": got["metrics"]["success_rate"],
+        "mean_score": sum(scores) / len(scores),
+        "tokens_per_task": got["metrics"].get("search/generated_tokens_per_task"),
+    }
     return results
 
 
@@ -299,15 +412,17 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--train-tasks", type=int, default=128)
     parser.add_argument("--test-tasks", type=int, default=64)
-    parser.add_argument("--tree-tasks", type=int, default=48, help="train tasks played as Math-Shepherd trees "
-                        "(half as many test tasks)")
+    parser.add_argument(
+        "--tree-tasks", type=int, default=48, help="train tasks played as Math-Shepherd trees (half as many test tasks)"
+    )
     parser.add_argument("--fresh", action="store_true", help="play the data again even where files exist")
     parser.add_argument("--budgets", type=int, nargs="+", default=[384])
     parser.add_argument("--rm-epochs", type=float, default=3.0)
     parser.add_argument("--rm-lr", type=float, default=5e-4)
     parser.add_argument("--grpo-steps", type=int, default=8)
-    parser.add_argument("--webshop-goals", type=int, default=12, help="train goals (4 samples each) and test "
-                        "goals (8 samples each)")
+    parser.add_argument(
+        "--webshop-goals", type=int, default=12, help="train goals (4 samples each) and test goals (8 samples each)"
+    )
     parser.add_argument("--webshop-tree-goals", type=int, default=6, help="train goals played as Math-Shepherd trees")
     parser.add_argument("--webshop-budget", type=int, default=800, help="generated tokens a test goal may use")
     parser.add_argument("--webshop-sft-episodes", type=int, default=16, help="expert episodes the short SFT sees")

@@ -46,23 +46,31 @@ def main() -> None:
     template = registry.templates.get(args.template)()
     limits = RolloutLimits(max_new_tokens=args.max_new_tokens, max_context=2048, max_turns=args.max_turns)
     pool = EnvPool(env_class, name=args.env)
-    tasks = list(pool.probe().split_of("train"))[:args.episodes]
+    tasks = list(pool.probe().split_of("train"))[: args.episodes]
     backend = HFBackend(model, tokenizer, batch_size=len(tasks))
 
     # one warm-up call so neither side pays for first-call set-up
     collect(pool, template, tokenizer, tasks[:1], backend=backend, limits=RolloutLimits(max_new_tokens=4, max_turns=1))
 
     batched = timed(lambda: collect(pool, template, tokenizer, tasks, backend=backend, limits=limits, seed=0))
-    sequential = timed(lambda: [ep for i, task in enumerate(tasks)
-                                for ep in collect(pool, template, tokenizer, [task], backend=backend,
-                                                  limits=limits, seed=i)])
+    sequential = timed(
+        lambda: [
+            ep
+            for i, task in enumerate(tasks)
+            for ep in collect(pool, template, tokenizer, [task], backend=backend, limits=limits, seed=i)
+        ]
+    )
     rows = [("batched", *batched), ("one at a time", *sequential)]
-    print(f"{args.model} on {args.env}: {len(tasks)} episodes, <= {args.max_turns} turns, "
-          f"<= {args.max_new_tokens} new tokens per turn, {args.threads} CPU threads")
+    print(
+        f"{args.model} on {args.env}: {len(tasks)} episodes, <= {args.max_turns} turns, "
+        f"<= {args.max_new_tokens} new tokens per turn, {args.threads} CPU threads"
+    )
     for name, tokens, seconds, episodes in rows:
         turns = sum(ep.num_turns for ep in episodes)
         print(f"  {name:14s} {tokens:6d} tokens {turns:4d} turns {seconds:7.2f} s  {tokens / seconds:8.1f} tokens/s")
-    print(f"  speed-up (tokens/s, batched / one at a time): {(batched[0] / batched[1]) / (sequential[0] / sequential[1]):.1f}x")
+    print(
+        f"  speed-up (tokens/s, batched / one at a time): {(batched[0] / batched[1]) / (sequential[0] / sequential[1]):.1f}x"
+    )
     print(f"  env instances built: {pool.created}")
 
 

@@ -71,8 +71,14 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "learn_gridworld.py"
 ALL_STRATEGIES = "chain,best_of_n,beam,dfsdt,mcts"
 # the WebShop presets' settings, on the prompts the default model was tuned on (no worked example)
-WEBSHOP = ["env.name=webshop", "env.template=react", "env.max_turns=8", "env.demonstration=false",
-           "generation.max_new_tokens=48", "generation.max_context=2048"]
+WEBSHOP = [
+    "env.name=webshop",
+    "env.template=react",
+    "env.max_turns=8",
+    "env.demonstration=false",
+    "generation.max_new_tokens=48",
+    "generation.max_context=2048",
+]
 WEBSHOP_MODEL = "smollm2-135m-webshop"  # the default model of `omrl train --algo grpo --env webshop`
 
 
@@ -92,8 +98,10 @@ def gridworld_sft(sft_dir: Path, seed: int, console: Console) -> Path:
         return sft_dir
     example = learn_gridworld()
     budget = example.QUICK
-    console.print(f"gridworld: training the SFT model into {sft_dir} ({budget.expert_episodes} expert episodes, "
-                  f"{budget.sft_epochs:g} epochs)")
+    console.print(
+        f"gridworld: training the SFT model into {sft_dir} ({budget.expert_episodes} expert episodes, "
+        f"{budget.sft_epochs:g} epochs)"
+    )
     started = time.perf_counter()
     data = example.expert_data(sft_dir.parent / "gridworld-expert.parquet", budget.expert_episodes)
     example.sft_stage(data, sft_dir, budget, seed)
@@ -104,18 +112,32 @@ def gridworld_sft(sft_dir: Path, seed: int, console: Console) -> Path:
 def sweep(env: str, model: str, settings: list[str], args: argparse.Namespace, console: Console) -> dict:
     """One env's sweep, through the same function as `omrl sweep`."""
     tasks, budgets = getattr(args, f"{env}_tasks"), getattr(args, f"{env}_budgets")
-    cfg = load_config(SweepRunConfig, None, [*settings, *args.overrides], {
-        "model.name": model, "env.name": env, "num_tasks": tasks, "budgets": parse_budgets(budgets),
-        "strategies": split_list(args.strategies, "--strategies"), "generation.temperature": 1.0,
-        "seed": args.seed, "out": str(args.out / env), "resume": args.resume,
-    })
+    cfg = load_config(
+        SweepRunConfig,
+        None,
+        [*settings, *args.overrides],
+        {
+            "model.name": model,
+            "env.name": env,
+            "num_tasks": tasks,
+            "budgets": parse_budgets(budgets),
+            "strategies": split_list(args.strategies, "--strategies"),
+            "generation.temperature": 1.0,
+            "seed": args.seed,
+            "out": str(args.out / env),
+            "resume": args.resume,
+        },
+    )
     started = time.perf_counter()
     log = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731 (paths stay whole)
     record = run_sweep(cfg, progress_bar=progress_bar, log=log)
     minutes = (time.perf_counter() - started) / 60
     console.print(sweep_table(record))
-    console.print(f"{env}: {minutes:.1f} min (this run); wrote {cfg.out}/sweep.json and sweep.png", highlight=False,
-                  soft_wrap=True)
+    console.print(
+        f"{env}: {minutes:.1f} min (this run); wrote {cfg.out}/sweep.json and sweep.png",
+        highlight=False,
+        soft_wrap=True,
+    )
     return record
 
 
@@ -125,16 +147,26 @@ def main() -> None:
     parser.add_argument("--envs", nargs="+", default=["gridworld", "webshop"], choices=["gridworld", "webshop"])
     parser.add_argument("--strategies", default=ALL_STRATEGIES, help="comma-separated (default: %(default)s)")
     parser.add_argument("--gridworld-tasks", type=int, default=50)
-    parser.add_argument("--gridworld-budgets", default="48,96,192,384,768",
-                        help="tokens per task (a whole chain is at most 144; default: %(default)s)")
+    parser.add_argument(
+        "--gridworld-budgets",
+        default="48,96,192,384,768",
+        help="tokens per task (a whole chain is at most 144; default: %(default)s)",
+    )
     parser.add_argument("--webshop-tasks", type=int, default=8)
     parser.add_argument("--webshop-budgets", default="160,320", help="tokens per task (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "search_budget")
-    parser.add_argument("--sft-dir", type=Path, default=ROOT / "runs" / "search-budget" / "gridworld-sft",
-                        help="where the gridworld SFT model is built once and reused (default: %(default)s)")
-    parser.add_argument("--resume", action="store_true", help="finish the sweeps in --out that stopped (same "
-                        "settings) instead of starting over")
+    parser.add_argument(
+        "--sft-dir",
+        type=Path,
+        default=ROOT / "runs" / "search-budget" / "gridworld-sft",
+        help="where the gridworld SFT model is built once and reused (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the sweeps in --out that stopped (same settings) instead of starting over",
+    )
     args = parser.parse_args()
 
     console = Console()

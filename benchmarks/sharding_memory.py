@@ -39,8 +39,12 @@ def local_bytes(tensor) -> int:
 def training_state(recipe) -> dict[str, int]:
     """Bytes of weights, gradients and optimizer state this process holds."""
     params = list(recipe.model.parameters())
-    optimizer = sum(local_bytes(v) for state in recipe.optimizer.state.values()
-                    for v in state.values() if getattr(v, "dim", lambda: 0)() > 0)
+    optimizer = sum(
+        local_bytes(v)
+        for state in recipe.optimizer.state.values()
+        for v in state.values()
+        if getattr(v, "dim", lambda: 0)() > 0
+    )
     if recipe.dist.mode == "zero3":  # DeepSpeed keeps gradient partitions and float32 masters apart
         zero = recipe.dist.engine.optimizer
         gradients = local_bytes(zero.grad_partitions_flat_buffer)
@@ -76,11 +80,17 @@ def worker(config_path: str, report_dir: str) -> None:
 
 def conversations(count: int) -> list[dict]:
     """Short agent conversations, enough for a few SFT steps."""
-    return [{"conversations": [
-        {"from": "human", "value": f"You are in room {i}. The key is in room {i + 1}. What do you do?"},
-        {"from": "gpt", "value": f"Thought: the key is next door.\nAction: go to room {i + 1}"},
-        {"from": "human", "value": "You see the key."},
-        {"from": "gpt", "value": "Thought: take it.\nAction: take key"}]} for i in range(count)]
+    return [
+        {
+            "conversations": [
+                {"from": "human", "value": f"You are in room {i}. The key is in room {i + 1}. What do you do?"},
+                {"from": "gpt", "value": f"Thought: the key is next door.\nAction: go to room {i + 1}"},
+                {"from": "human", "value": "You see the key."},
+                {"from": "gpt", "value": "Thought: take it.\nAction: take key"},
+            ]
+        }
+        for i in range(count)
+    ]
 
 
 def run_mode(mode: str, args, work: Path) -> list[dict]:
@@ -89,18 +99,42 @@ def run_mode(mode: str, args, work: Path) -> list[dict]:
 
     run_dir = work / mode
     run_dir.mkdir()
-    cfg = load_config(SftRunConfig, None, [
-        f"model.name={args.model}", f"dataset={work / 'data.jsonl'}", f"num_train_epochs={args.epochs}",
-        "optim.micro_batch_size=2", f"optim.gradient_accumulation_steps={args.processes}",
-        "max_seq_length=256", f"logging.output_dir={run_dir / 'run'}", "logging.tensorboard=false",
-        "logging.save_steps=0"])
+    cfg = load_config(
+        SftRunConfig,
+        None,
+        [
+            f"model.name={args.model}",
+            f"dataset={work / 'data.jsonl'}",
+            f"num_train_epochs={args.epochs}",
+            "optim.micro_batch_size=2",
+            f"optim.gradient_accumulation_steps={args.processes}",
+            "max_seq_length=256",
+            f"logging.output_dir={run_dir / 'run'}",
+            "logging.tensorboard=false",
+            "logging.save_steps=0",
+        ],
+    )
     config_path = run_dir / "sft.yaml"
     config_path.write_text(to_yaml(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": str(max(1, os.cpu_count() // args.processes))}
-    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch",
-                           "--config_file", str(ROOT / "configs" / "accelerate" / f"{mode}.yaml"),
-                           "--num_processes", str(args.processes), __file__, "--worker", str(config_path),
-                           str(run_dir)], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ROOT / "configs" / "accelerate" / f"{mode}.yaml"),
+            "--num_processes",
+            str(args.processes),
+            __file__,
+            "--worker",
+            str(config_path),
+            str(run_dir),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         sys.exit(f"{mode} run failed:\n{done.stderr[-3000:]}")
     return [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(args.processes)]
@@ -132,9 +166,11 @@ def main() -> None:
         rows[mode] = most
         print(f"{mode:10} " + " ".join(f"{most[k] / MIB:9.1f}" for k in columns))
     for mode in ("fsdp", "zero3"):
-        print(f"{mode} / ddp: state {rows[mode]['state'] / rows['ddp']['state']:.2f}, "
-              f"peak RSS in training {rows[mode]['peak_rss'] / rows['ddp']['peak_rss']:.2f}, "
-              f"with the final save {rows[mode]['peak_rss_with_save'] / rows['ddp']['peak_rss_with_save']:.2f}")
+        print(
+            f"{mode} / ddp: state {rows[mode]['state'] / rows['ddp']['state']:.2f}, "
+            f"peak RSS in training {rows[mode]['peak_rss'] / rows['ddp']['peak_rss']:.2f}, "
+            f"with the final save {rows[mode]['peak_rss_with_save'] / rows['ddp']['peak_rss_with_save']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -68,33 +68,72 @@ def side_overrides(args: argparse.Namespace, side: str) -> list[str]:
     """What differs between the two sides: how a step rolls out and which advantage credits it."""
     if side == "chain":
         return [f"group_size={args.chain_group}", f"algorithm.advantage={args.chain_advantage}"]
-    return [f"group_size={args.tree_group}", f"rollout.strategy={args.tree_strategy}",
-            f"rollout.budget={args.tree_budget}", "algorithm.advantage=tree_grpo"]
+    return [
+        f"group_size={args.tree_group}",
+        f"rollout.strategy={args.tree_strategy}",
+        f"rollout.budget={args.tree_budget}",
+        "algorithm.advantage=tree_grpo",
+    ]
 
 
 def train_side(example, sft: Path, out: Path, steps: int, overrides: list[str], args: argparse.Namespace) -> dict:
     """GRPO from ``sft`` for ``steps`` steps with learn_gridworld's GRPO settings plus ``overrides``;
     per step: tokens generated (every sampled token, the backend's count), rows, success, seconds."""
     budget = example.FULL
-    cfg = load_config(TrainRunConfig, "grpo", [
-        f"model.name={sft}", *example.ENV, *example.GENERATION, f"logging.output_dir={out}",
-        "logging.tensorboard=false", "logging.save_rollouts=false", "model.gradient_checkpointing=false",
-        f"steps={steps}",
-        f"tasks_per_step={args.tasks_per_step}", f"mini_batch_size={budget.mini_batch_size}",
-        f"ppo_epochs={budget.ppo_epochs}", f"algorithm.kl_coef={budget.kl_coef}", f"algorithm.gamma={budget.gamma}",
-        "eval_tasks=0", "reward.weights={goal: 1.0}", f"optim.learning_rate={budget.grpo_learning_rate}",
-        "optim.micro_batch_size=16", "algorithm.loss_agg_mode=seq-mean-token-mean", "generation.temperature=1.0",
-        f"seed={args.seed}", *overrides])
+    cfg = load_config(
+        TrainRunConfig,
+        "grpo",
+        [
+            f"model.name={sft}",
+            *example.ENV,
+            *example.GENERATION,
+            f"logging.output_dir={out}",
+            "logging.tensorboard=false",
+            "logging.save_rollouts=false",
+            "model.gradient_checkpointing=false",
+            f"steps={steps}",
+            f"tasks_per_step={args.tasks_per_step}",
+            f"mini_batch_size={budget.mini_batch_size}",
+            f"ppo_epochs={budget.ppo_epochs}",
+            f"algorithm.kl_coef={budget.kl_coef}",
+            f"algorithm.gamma={budget.gamma}",
+            "eval_tasks=0",
+            "reward.weights={goal: 1.0}",
+            f"optim.learning_rate={budget.grpo_learning_rate}",
+            "optim.micro_batch_size=16",
+            "algorithm.loss_agg_mode=seq-mean-token-mean",
+            "generation.temperature=1.0",
+            f"seed={args.seed}",
+            *overrides,
+        ],
+    )
     log: list[dict] = []
     generated: list[float] = []
 
     def on_step_end(step: int, metrics: dict[str, float]) -> None:
-        row = {"step": step, "generated_tokens": generated[-1] if generated else 0.0,
-               **{k: metrics[k] for k in ("success", "response_tokens", "step_time", "rollout_time",
-                                          "finished_paths", "trained_token_share", "skipped") if k in metrics}}
+        row = {
+            "step": step,
+            "generated_tokens": generated[-1] if generated else 0.0,
+            **{
+                k: metrics[k]
+                for k in (
+                    "success",
+                    "response_tokens",
+                    "step_time",
+                    "rollout_time",
+                    "finished_paths",
+                    "trained_token_share",
+                    "skipped",
+                )
+                if k in metrics
+            },
+        }
         log.append(row)
-        print(f"  step {step}: {row['generated_tokens']:.0f} tokens, rollout success {row.get('success', 0):.1%}, "
-              f"{row.get('step_time', 0):.1f} s", flush=True)
+        print(
+            f"  step {step}: {row['generated_tokens']:.0f} tokens, rollout success {row.get('success', 0):.1%}, "
+            f"{row.get('step_time', 0):.1f} s",
+            flush=True,
+        )
 
     recipe = RLRecipe(cfg, on_step_end=on_step_end)
     started = time.perf_counter()
@@ -112,8 +151,14 @@ def train_side(example, sft: Path, out: Path, steps: int, overrides: list[str], 
         recipe.train()
     finally:
         recipe.cleanup()
-    return {"overrides": overrides, "steps": steps, "generated_tokens": sum(r["generated_tokens"] for r in log),
-            "train_seconds": time.perf_counter() - started, "per_step": log, "model": str(out)}
+    return {
+        "overrides": overrides,
+        "steps": steps,
+        "generated_tokens": sum(r["generated_tokens"] for r in log),
+        "train_seconds": time.perf_counter() - started,
+        "per_step": log,
+        "model": str(out),
+    }
 
 
 def held_out(model: Path, out: Path, args: argparse.Namespace, example) -> dict:
@@ -122,9 +167,24 @@ def held_out(model: Path, out: Path, args: argparse.Namespace, example) -> dict:
     result = {}
     for name, temperature, samples in (("sampled", 1.0, args.eval_samples), ("greedy", 0.0, 1)):
         report = out / f"eval-{name}.json"
-        command = ["omrl", "eval", "--model", str(model), "--env", "gridworld", "--num-tasks", str(args.eval_tasks),
-                   "--samples", str(samples), "--report", str(report), *example.ENV[1:], *example.GENERATION,
-                   f"generation.temperature={temperature}", f"seed={args.seed}"]
+        command = [
+            "omrl",
+            "eval",
+            "--model",
+            str(model),
+            "--env",
+            "gridworld",
+            "--num-tasks",
+            str(args.eval_tasks),
+            "--samples",
+            str(samples),
+            "--report",
+            str(report),
+            *example.ENV[1:],
+            *example.GENERATION,
+            f"generation.temperature={temperature}",
+            f"seed={args.seed}",
+        ]
         started = time.perf_counter()
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
         episodes = json.loads(report.read_text(encoding="utf-8"))["episodes"]
@@ -132,8 +192,13 @@ def held_out(model: Path, out: Path, args: argparse.Namespace, example) -> dict:
         for ep in episodes:
             per_task.setdefault(ep["task_id"], []).append(bool(ep["won"]))
         means = {task: sum(won) / len(won) for task, won in per_task.items()}
-        result[name] = {**mean_se(list(means.values())), "per_task": means, "samples": samples,
-                        "eval_seconds": time.perf_counter() - started, "command": " ".join(command)}
+        result[name] = {
+            **mean_se(list(means.values())),
+            "per_task": means,
+            "samples": samples,
+            "eval_seconds": time.perf_counter() - started,
+            "command": " ".join(command),
+        }
     return result
 
 
@@ -158,8 +223,10 @@ def paired(a: dict, b: dict) -> dict[str, float]:
 
 def table(record: dict) -> str:
     """The README table: generated tokens, steps, train time, held-out success ± SE (and vs SFT)."""
-    lines = ["| model | steps | tokens generated | train min | sampled success | greedy success |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| model | steps | tokens generated | train min | sampled success | greedy success |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, row in record["models"].items():
         ev = row.get("eval", {})
         cells = []
@@ -171,8 +238,11 @@ def table(record: dict) -> str:
             vs = row.get("vs_sft", {}).get(kind)
             cells.append(text + (f" ({100 * vs['diff']:+.1f}, {vs['z']:+.1f} SE)" if vs else ""))
         train = row.get("train")
-        steps, tokens, minutes = (train["steps"], f"{train['generated_tokens']:,.0f}",
-                                  f"{train['train_seconds'] / 60:.1f}") if train else ("-", "-", "-")
+        steps, tokens, minutes = (
+            (train["steps"], f"{train['generated_tokens']:,.0f}", f"{train['train_seconds'] / 60:.1f}")
+            if train
+            else ("-", "-", "-")
+        )
         lines.append(f"| {name} | {steps} | {tokens} | {minutes} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
@@ -205,8 +275,10 @@ def main() -> None:
     for side, steps in (("chain", args.chain_steps), ("tree", args.tree_steps)):
         print(f"{side}: {steps} GRPO steps ({' '.join(side_overrides(args, side))})", flush=True)
         train = train_side(example, sft, args.out / side, steps, side_overrides(args, side), args)
-        print(f"{side}: {train['generated_tokens']:,.0f} tokens generated in {train['train_seconds'] / 60:.1f} min",
-              flush=True)
+        print(
+            f"{side}: {train['generated_tokens']:,.0f} tokens generated in {train['train_seconds'] / 60:.1f} min",
+            flush=True,
+        )
         models[side] = {"path": args.out / side, "train": train}
     for name, row in models.items():
         if args.eval_tasks:
@@ -216,12 +288,17 @@ def main() -> None:
         record["models"][name] = {k: str(v) if isinstance(v, Path) else v for k, v in row.items()}
     for name, row in record["models"].items():
         if name != "sft" and "eval" in row:
-            row["vs_sft"] = {kind: paired(row["eval"][kind]["per_task"], record["models"]["sft"]["eval"][kind]
-                                          ["per_task"]) for kind in ("sampled", "greedy")}
+            row["vs_sft"] = {
+                kind: paired(row["eval"][kind]["per_task"], record["models"]["sft"]["eval"][kind]["per_task"])
+                for kind in ("sampled", "greedy")
+            }
     if args.eval_tasks and {"chain", "tree"} <= set(record["models"]):
-        record["tree_minus_chain"] = {kind: paired(record["models"]["tree"]["eval"][kind]["per_task"],
-                                                   record["models"]["chain"]["eval"][kind]["per_task"])
-                                      for kind in ("sampled", "greedy")}
+        record["tree_minus_chain"] = {
+            kind: paired(
+                record["models"]["tree"]["eval"][kind]["per_task"], record["models"]["chain"]["eval"][kind]["per_task"]
+            )
+            for kind in ("sampled", "greedy")
+        }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.json, json.dumps(record, indent=2) + "\n")
     print(table(record))

@@ -110,36 +110,96 @@ def trl_worker(spec_path: str) -> None:
 
     model.generate = timed_generate
     config = GRPOConfig(
-        output_dir=spec["output_dir"], use_cpu=True, bf16=False, report_to="none", disable_tqdm=True,
-        max_steps=spec["steps"], per_device_train_batch_size=spec["tasks"] * spec["group_size"],
-        gradient_accumulation_steps=1, num_generations=spec["group_size"],
-        max_completion_length=spec["max_new_tokens"], temperature=1.0, top_p=1.0, learning_rate=spec["lr"],
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0, beta=0.0,
-        num_iterations=1, shuffle_dataset=False, logging_steps=1, save_strategy="no", seed=0,
-        gradient_checkpointing=spec["gradient_checkpointing"])
-    trainer = GRPOTrainer(model=model, reward_funcs=trl_reward, args=config, processing_class=tokenizer,
-                          train_dataset=Dataset.from_dict({"prompt": texts}), callbacks=[StepTimer()])
+        output_dir=spec["output_dir"],
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        disable_tqdm=True,
+        max_steps=spec["steps"],
+        per_device_train_batch_size=spec["tasks"] * spec["group_size"],
+        gradient_accumulation_steps=1,
+        num_generations=spec["group_size"],
+        max_completion_length=spec["max_new_tokens"],
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        num_iterations=1,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        gradient_checkpointing=spec["gradient_checkpointing"],
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=trl_reward,
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_dict({"prompt": texts}),
+        callbacks=[StepTimer()],
+    )
     start = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - start
-    logged = [{k: v for k, v in row.items() if k in ("reward", "reward_std", "loss", "grad_norm")}
-              for row in trainer.state.log_history if "reward" in row]
-    print(json.dumps({"steps": steps, "train_s": train_s, "same_prompt_ids": same_ids, "logged": logged,
-                      "peak_rss": vm_hwm(),
-                      "versions": {"trl": __import__("trl").__version__, "torch": torch.__version__,
-                                   "transformers": __import__("transformers").__version__},
-                      "config": {"gradient_checkpointing": config.gradient_checkpointing, "loss_type": config.loss_type,
-                                 "optim": str(config.optim), "beta": config.beta}}))
+    logged = [
+        {k: v for k, v in row.items() if k in ("reward", "reward_std", "loss", "grad_norm")}
+        for row in trainer.state.log_history
+        if "reward" in row
+    ]
+    print(
+        json.dumps(
+            {
+                "steps": steps,
+                "train_s": train_s,
+                "same_prompt_ids": same_ids,
+                "logged": logged,
+                "peak_rss": vm_hwm(),
+                "versions": {
+                    "trl": __import__("trl").__version__,
+                    "torch": torch.__version__,
+                    "transformers": __import__("transformers").__version__,
+                },
+                "config": {
+                    "gradient_checkpointing": config.gradient_checkpointing,
+                    "loss_type": config.loss_type,
+                    "optim": str(config.optim),
+                    "beta": config.beta,
+                },
+            }
+        )
+    )
 
 
 # -- the omrl side ---------------------------------------------------------------------------------
 def omrl_overrides(args, model_dir: str) -> list[str]:
-    return [f"model.name={model_dir}", "env.name=gridworld", "env.template=react", "env.max_turns=1",
-            f"generation.max_new_tokens={args.max_new_tokens}", "generation.temperature=1.0", "generation.top_p=1.0",
-            f"group_size={args.group_size}", f"tasks_per_step={args.tasks}", f"steps={args.steps}",
-            f"optim.learning_rate={args.lr}", "optim.lr_schedule=constant", "optim.warmup_steps=0",
-            "algorithm.kl_coef=0.0", "ppo_epochs=1", "mini_batch_size=0", "eval_tasks=0", "model.dtype=float32",
-            f"reward.weights={{{REWARD_NAME}: 1.0}}", "model.gradient_checkpointing=false", *args.omrl_arg]
+    return [
+        f"model.name={model_dir}",
+        "env.name=gridworld",
+        "env.template=react",
+        "env.max_turns=1",
+        f"generation.max_new_tokens={args.max_new_tokens}",
+        "generation.temperature=1.0",
+        "generation.top_p=1.0",
+        f"group_size={args.group_size}",
+        f"tasks_per_step={args.tasks}",
+        f"steps={args.steps}",
+        f"optim.learning_rate={args.lr}",
+        "optim.lr_schedule=constant",
+        "optim.warmup_steps=0",
+        "algorithm.kl_coef=0.0",
+        "ppo_epochs=1",
+        "mini_batch_size=0",
+        "eval_tasks=0",
+        "model.dtype=float32",
+        f"reward.weights={{{REWARD_NAME}: 1.0}}",
+        "model.gradient_checkpointing=false",
+        *args.omrl_arg,
+    ]
 
 
 class BenchRewardPlugin:
@@ -192,16 +252,31 @@ def omrl_prompts(args, model_dir: str) -> list[list[int]]:
             seen.extend(list(p) for p in prompts)
             return [Generation([self.eos_token_id], [0.0], "stop") for _ in prompts]
 
-    collect(pool, registry.templates.get(cfg.env.template)(), tokenizer, tasks, backend=Capture(tokenizer),
-            limits=RolloutLimits(max_new_tokens=cfg.generation.max_new_tokens, max_turns=1),
-            demonstration=cfg.env.demonstration)
+    collect(
+        pool,
+        registry.templates.get(cfg.env.template)(),
+        tokenizer,
+        tasks,
+        backend=Capture(tokenizer),
+        limits=RolloutLimits(max_new_tokens=cfg.generation.max_new_tokens, max_turns=1),
+        demonstration=cfg.env.demonstration,
+    )
     pool.close()
     return seen
 
 
 def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None) -> dict:
-    command = [sys.executable, *(["-m", "cProfile", "-o", profile_path] if profile_path else []), __file__,
-               "--omrl-worker", "--algo", "grpo", "--output-dir", out_dir, *omrl_overrides(args, model_dir)]
+    command = [
+        sys.executable,
+        *(["-m", "cProfile", "-o", profile_path] if profile_path else []),
+        __file__,
+        "--omrl-worker",
+        "--algo",
+        "grpo",
+        "--output-dir",
+        out_dir,
+        *omrl_overrides(args, model_dir),
+    ]
     env = {**os.environ, "OMRL_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
@@ -211,10 +286,15 @@ def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None
     rows = [json.loads(line) for line in Path(out_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
     rows = [row for row in rows if "step_time" in row]
     skipped = sum(1 for row in rows if row.get("skipped_updates"))
-    return {"steps": [{"step_time": row["step_time"], "generate_s": row.get("rollout_time", 0.0),
-                       "reward": row.get("reward")} for row in rows],
-            "peak_rss": max(row.get("peak_rss_gb", 0.0) for row in rows) * 1e9, "wall_s": wall,
-            "skipped_steps": skipped}
+    return {
+        "steps": [
+            {"step_time": row["step_time"], "generate_s": row.get("rollout_time", 0.0), "reward": row.get("reward")}
+            for row in rows
+        ],
+        "peak_rss": max(row.get("peak_rss_gb", 0.0) for row in rows) * 1e9,
+        "wall_s": wall,
+        "skipped_steps": skipped,
+    }
 
 
 def run_trl(args, spec: dict, out_dir: str) -> dict:
@@ -223,8 +303,9 @@ def run_trl(args, spec: dict, out_dir: str) -> dict:
     spec_path.write_text(json.dumps({**spec, "output_dir": out_dir}))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
     start = time.perf_counter()
-    done = subprocess.run([args.trl_python, __file__, "--trl-worker", str(spec_path)], capture_output=True,
-                          text=True, env=env)
+    done = subprocess.run(
+        [args.trl_python, __file__, "--trl-worker", str(spec_path)], capture_output=True, text=True, env=env
+    )
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"the TRL run failed:\n{done.stderr[-4000:]}")
@@ -252,9 +333,11 @@ def callees(stats, file: str, function: str, count: int) -> list[tuple[str, floa
 
 
 # where to look inside omrl's step: the recipe's loop, then the two parts that call into torch
-PROFILED = (("the train loop (rl.py:train) calls", "rl.py", "train"),
-            ("the rollout loop (loop.py:collect) calls", "loop.py", "collect"),
-            ("the optimizer step (parallel/base.py:optimizer_step) calls", "base.py", "optimizer_step"))
+PROFILED = (
+    ("the train loop (rl.py:train) calls", "rl.py", "train"),
+    ("the rollout loop (loop.py:collect) calls", "loop.py", "collect"),
+    ("the optimizer step (parallel/base.py:optimizer_step) calls", "base.py", "optimizer_step"),
+)
 ONCE = "online.py:_finish"  # the final checkpoint and model, once per run
 
 
@@ -270,9 +353,12 @@ def profile_omrl(args, model_dir: str, tmp: str) -> dict:
     def per_step(label: str, seconds: float) -> tuple[str, float]:
         return (f"{label} (once a run, not per step)", seconds) if label == ONCE else (label, seconds / steps)
 
-    return {"per_step_s": {title: [per_step(*row) for row in callees(stats, file, function, 8)]
-                           for title, file, function in PROFILED},
-            "profiled_step_times": [s["step_time"] for s in run["steps"]]}
+    return {
+        "per_step_s": {
+            title: [per_step(*row) for row in callees(stats, file, function, 8)] for title, file, function in PROFILED
+        },
+        "profiled_step_times": [s["step_time"] for s in run["steps"]],
+    }
 
 
 def main() -> None:
@@ -306,11 +392,21 @@ def main() -> None:
     model_dir = resolve_model_path(args.model)
     prompt_ids = omrl_prompts(args, model_dir)
     tokenizer = load_tokenizer(model_dir)
-    prompt_texts = [tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-                    for ids in prompt_ids]
-    spec = {"model_dir": model_dir, "prompt_texts": prompt_texts, "prompt_ids": prompt_ids, "steps": args.steps,
-            "tasks": args.tasks, "group_size": args.group_size, "max_new_tokens": args.max_new_tokens,
-            "lr": args.lr, "threads": args.threads, "gradient_checkpointing": args.trl_gradient_checkpointing}
+    prompt_texts = [
+        tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in prompt_ids
+    ]
+    spec = {
+        "model_dir": model_dir,
+        "prompt_texts": prompt_texts,
+        "prompt_ids": prompt_ids,
+        "steps": args.steps,
+        "tasks": args.tasks,
+        "group_size": args.group_size,
+        "max_new_tokens": args.max_new_tokens,
+        "lr": args.lr,
+        "threads": args.threads,
+        "gradient_checkpointing": args.trl_gradient_checkpointing,
+    }
 
     runs: dict[str, list[dict]] = {"trl": [], "omrl": []}
     profile = None
@@ -325,20 +421,28 @@ def main() -> None:
         if not met and args.profile:
             profile = profile_omrl(args, model_dir, tmp)
 
-    print(f"omrl train --algo grpo vs TRL {runs['trl'][0]['versions']['trl']} GRPOTrainer: {args.model}, "
-          f"{args.tasks} prompts x {args.group_size} completions of <= {args.max_new_tokens} tokens a step, "
-          f"lr {args.lr}, {args.steps} steps, {args.rounds} rounds, {args.threads} thread(s); "
-          f"identical prompt ids in TRL: {all(t['same_prompt_ids'] for t in runs['trl'])}")
-    print(f"{'side':5s} {'round':>5s} {'step times s':>24s} {'median*':>8s} {'generate s/step':>16s} "
-          f"{'peak RSS GiB':>13s} {'wall s':>7s}")
+    print(
+        f"omrl train --algo grpo vs TRL {runs['trl'][0]['versions']['trl']} GRPOTrainer: {args.model}, "
+        f"{args.tasks} prompts x {args.group_size} completions of <= {args.max_new_tokens} tokens a step, "
+        f"lr {args.lr}, {args.steps} steps, {args.rounds} rounds, {args.threads} thread(s); "
+        f"identical prompt ids in TRL: {all(t['same_prompt_ids'] for t in runs['trl'])}"
+    )
+    print(
+        f"{'side':5s} {'round':>5s} {'step times s':>24s} {'median*':>8s} {'generate s/step':>16s} "
+        f"{'peak RSS GiB':>13s} {'wall s':>7s}"
+    )
     for side in ("trl", "omrl"):
         for r, run in enumerate(runs[side]):
             times = " ".join(f"{s['step_time']:.1f}" for s in run["steps"])
-            print(f"{side:5s} {r:5d} {times:>24s} {steady(run['steps']):8.2f} "
-                  f"{statistics.mean(s['generate_s'] for s in run['steps']):16.2f} "
-                  f"{run['peak_rss'] / 2**30:13.2f} {run['wall_s']:7.1f}")
-    print(f"* median over the steps after the first.  omrl/TRL step time: min {min(ratios):.2f}, median "
-          f"{statistics.median(ratios):.2f}  (target <= {TARGET}: {'met' if met else 'MISSED'})")
+            print(
+                f"{side:5s} {r:5d} {times:>24s} {steady(run['steps']):8.2f} "
+                f"{statistics.mean(s['generate_s'] for s in run['steps']):16.2f} "
+                f"{run['peak_rss'] / 2**30:13.2f} {run['wall_s']:7.1f}"
+            )
+    print(
+        f"* median over the steps after the first.  omrl/TRL step time: min {min(ratios):.2f}, median "
+        f"{statistics.median(ratios):.2f}  (target <= {TARGET}: {'met' if met else 'MISSED'})"
+    )
     skipped = sum(run["skipped_steps"] for run in runs["omrl"])
     if skipped:
         print(f"warning: omrl skipped {skipped} update(s) (every advantage 0): those steps did less work than TRL's")
@@ -352,11 +456,20 @@ def main() -> None:
     from _results import default_json, machine, save_json  # here: the TRL worker's venv has no omrl
 
     path = args.json or default_json("trl_grpo")
-    save_json(path, {
-        "benchmark": "trl_grpo", "target": f"omrl step time <= {TARGET} x TRL's",
-        "args": {**vars(args), "json": str(path)}, "machine": machine(args.threads),
-        "prompt_lengths": [len(ids) for ids in prompt_ids], "runs": runs, "ratios": ratios, "met": met,
-        "profile": profile})
+    save_json(
+        path,
+        {
+            "benchmark": "trl_grpo",
+            "target": f"omrl step time <= {TARGET} x TRL's",
+            "args": {**vars(args), "json": str(path)},
+            "machine": machine(args.threads),
+            "prompt_lengths": [len(ids) for ids in prompt_ids],
+            "runs": runs,
+            "ratios": ratios,
+            "met": met,
+            "profile": profile,
+        },
+    )
     print(f"wrote {path}")
 
 

@@ -78,9 +78,15 @@ def expert_episodes(cfg, count: int):
     pool = EnvPool(registry.envs.get(cfg.env.name), name=cfg.env.name)
     tasks = list(pool.probe().split_of(cfg.env.split))[:count]
     template = registry.templates.get(cfg.env.template)()
-    episodes = collect(pool, template, tokenizer, tasks, expert=True,
-                       limits=RolloutLimits.from_config(cfg.generation, cfg.env.max_turns),
-                       demonstration=cfg.env.demonstration)
+    episodes = collect(
+        pool,
+        template,
+        tokenizer,
+        tasks,
+        expert=True,
+        limits=RolloutLimits.from_config(cfg.generation, cfg.env.max_turns),
+        demonstration=cfg.env.demonstration,
+    )
     pool.close()
     for i, ep in enumerate(episodes):
         ep.group, ep.sample = i // 2, i % 2
@@ -116,10 +122,10 @@ class RecipeUpdate:
         from omrl.training.rl_data import advantage_input, episodes_to_batch, sort_by_length, trainable
 
         cfg = self.cfg
-        batch = sort_by_length(episodes_to_batch(trainable(episodes), self.pad, cfg.reward.allocation,
-                                                 cfg.reward.gamma))
-        batch.tensors["advantages"], batch.tensors["returns"] = self.advantage_fn(advantage_input(batch),
-                                                                                  cfg.algorithm)
+        batch = sort_by_length(
+            episodes_to_batch(trainable(episodes), self.pad, cfg.reward.allocation, cfg.reward.gamma)
+        )
+        batch.tensors["advantages"], batch.tensors["returns"] = self.advantage_fn(advantage_input(batch), cfg.algorithm)
         return batch
 
     def micro_batches(self, episodes, size: int):
@@ -145,8 +151,15 @@ class RecipeUpdate:
         for i, (mb, prefix) in enumerate(parts):
             if limit and i >= limit:
                 break
-            out = policy_forward(self.model, mb["input_ids"], mb["attention_mask"], self.temperature,
-                                 with_entropy=True, token_mask=mb["loss_mask"], prefix=prefix)
+            out = policy_forward(
+                self.model,
+                mb["input_ids"],
+                mb["attention_mask"],
+                self.temperature,
+                with_entropy=True,
+                token_mask=mb["loss_mask"],
+                prefix=prefix,
+            )
             mb.tensors["old_log_probs"] = out["log_probs"].detach()
             loss, _ = policy_gradient_loss(out, mb, self.cfg.algorithm, self.policy_loss_fn, self.kl_fn)
             (loss * (float(mb["loss_mask"].sum()) / tokens)).backward()
@@ -198,8 +211,7 @@ def memory_worker(spec_path: str) -> None:
 
 
 def measure_memory(args, episodes) -> list[dict]:
-    configs = [("bare", 1, False), ("recipe", 1, False), ("recipe", 2, False), ("recipe", 1, True),
-               ("recipe", 2, True)]
+    configs = [("bare", 1, False), ("recipe", 1, False), ("recipe", 2, False), ("recipe", 1, True), ("recipe", 2, True)]
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         episodes_path = Path(tmp, "episodes.pkl")
@@ -207,12 +219,26 @@ def measure_memory(args, episodes) -> list[dict]:
         for side, size, checkpointing in configs:
             if side == "recipe" and size not in args.micro_batch_sizes:
                 continue
-            spec = {"model": args.model, "overrides": args.overrides, "threads": args.threads,
-                    "episodes": str(episodes_path), "side": side, "micro_batch_size": size,
-                    "checkpointing": checkpointing, "full_pass": args.memory_full_pass}
+            spec = {
+                "model": args.model,
+                "overrides": args.overrides,
+                "threads": args.threads,
+                "episodes": str(episodes_path),
+                "side": side,
+                "micro_batch_size": size,
+                "checkpointing": checkpointing,
+                "full_pass": args.memory_full_pass,
+            }
             report = run_worker(__file__, spec, Path(tmp, "spec.json"))
-            out.append({"side": side, "micro_batch_size": size, "gradient_checkpointing": checkpointing,
-                        **report, "added": report["peak_rss"] - report["rss_before"]})
+            out.append(
+                {
+                    "side": side,
+                    "micro_batch_size": size,
+                    "gradient_checkpointing": checkpointing,
+                    **report,
+                    "added": report["peak_rss"] - report["rss_before"],
+                }
+            )
     return out
 
 
@@ -220,13 +246,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--episodes", type=int, default=4, help="expert episodes of the job (one task each)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="passes over the rows; each pass times every side on each unit (pair) of rows in turn")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="passes over the rows; each pass times every side on each unit (pair) of rows in turn",
+    )
     parser.add_argument("--micro-batch-sizes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-RSS runs")
-    parser.add_argument("--memory-full-pass", action="store_true",
-                        help="memory runs play the whole pass, not just the longest micro-batch")
+    parser.add_argument(
+        "--memory-full-pass",
+        action="store_true",
+        help="memory runs play the whole pass, not just the longest micro-batch",
+    )
     parser.add_argument("--json", type=Path, default=default_json("update_throughput"), help="where the results go")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of the grpo preset")
     args = parse_args(parser, memory_worker)
@@ -242,7 +275,7 @@ def main() -> None:
     # in an order that rotates, so load on the machine hits the sides alike
     ordered = sorted(episodes, key=lambda ep: len(ep.token_ids), reverse=True)
     width = max(args.micro_batch_sizes)
-    units = [ordered[i:i + width] for i in range(0, len(ordered), width)]
+    units = [ordered[i : i + width] for i in range(0, len(ordered), width)]
     sides = [("bare", lambda unit: bare_pass(model, unit))]
     sides += [(f"recipe mb={size}", lambda unit, size=size: recipe.run(unit, size)) for size in args.micro_batch_sizes]
     sides += [("recipe shared", lambda unit: recipe.run(unit, 1, share_prefix=True))]
@@ -252,7 +285,7 @@ def main() -> None:
     turn = 0
     for _ in range(args.rounds):
         for unit in units:
-            for name, fn in sides[turn % len(sides):] + sides[:turn % len(sides)]:
+            for name, fn in sides[turn % len(sides) :] + sides[: turn % len(sides)]:
                 times[name].append(timed(lambda fn=fn, unit=unit: fn(unit))[0])
             turn += 1
     real = sum(len(ep.token_ids) for ep in episodes)
@@ -265,12 +298,20 @@ def main() -> None:
             padding = 0.0  # rows of a group run one at a time; the others as mb=1
         else:  # the whole rollout's micro-batches, as the recipe cuts them
             parts, _ = recipe.micro_batches(episodes, int(name.split("=")[1]))
-            padding = 1 - sum(int(mb["attention_mask"].sum()) for mb in parts) / sum(mb["input_ids"].numel()
-                                                                                       for mb in parts)
+            padding = 1 - sum(int(mb["attention_mask"].sum()) for mb in parts) / sum(
+                mb["input_ids"].numel() for mb in parts
+            )
         per_round = sum(times[name]) / args.rounds
-        row = {"side": name, "seconds": times[name], "seconds_per_pass": per_round,
-               "tokens_per_s": real / per_round, "ratio_min": min(ratios), "ratio_median": statistics.median(ratios),
-               "ratios": ratios, "padding_share": padding}
+        row = {
+            "side": name,
+            "seconds": times[name],
+            "seconds_per_pass": per_round,
+            "tokens_per_s": real / per_round,
+            "ratio_min": min(ratios),
+            "ratio_median": statistics.median(ratios),
+            "ratios": ratios,
+            "padding_share": padding,
+        }
         if name != "bare":
             row["met"] = row["ratio_median"] >= TOKENS_TARGET and padding < PADDING_TARGET
         rows.append(row)
@@ -278,27 +319,43 @@ def main() -> None:
 
     lengths = [len(ep.token_ids) for ep in episodes]
     sampled = sum(sum(ep.loss_mask) for ep in episodes)
-    print(f"update forward+backward, {args.model}, {len(episodes)} webshop expert episodes "
-          f"({sum(lengths)} tokens, rows {min(lengths)}-{max(lengths)}, {sampled} sampled), "
-          f"{args.rounds} round(s) x {len(units)} units of {width} rows, {args.threads} thread(s)")
-    print(f"{'side':14s} {'s / pass':>9s} {'tokens/s':>9s} {'ratio min':>10s} {'ratio med':>10s} {'padding':>8s}  "
-          f"target: ratio >= {TOKENS_TARGET}, padding < {PADDING_TARGET:.0%}")
+    print(
+        f"update forward+backward, {args.model}, {len(episodes)} webshop expert episodes "
+        f"({sum(lengths)} tokens, rows {min(lengths)}-{max(lengths)}, {sampled} sampled), "
+        f"{args.rounds} round(s) x {len(units)} units of {width} rows, {args.threads} thread(s)"
+    )
+    print(
+        f"{'side':14s} {'s / pass':>9s} {'tokens/s':>9s} {'ratio min':>10s} {'ratio med':>10s} {'padding':>8s}  "
+        f"target: ratio >= {TOKENS_TARGET}, padding < {PADDING_TARGET:.0%}"
+    )
     for row in rows:
         verdict = "" if "met" not in row else ("met" if row["met"] else "MISSED")
-        print(f"{row['side']:14s} {row['seconds_per_pass']:9.2f} {row['tokens_per_s']:9.1f} "
-              f"{row['ratio_min']:10.3f} {row['ratio_median']:10.3f} {row['padding_share']:8.1%}  {verdict}")
+        print(
+            f"{row['side']:14s} {row['seconds_per_pass']:9.2f} {row['tokens_per_s']:9.1f} "
+            f"{row['ratio_min']:10.3f} {row['ratio_median']:10.3f} {row['padding_share']:8.1%}  {verdict}"
+        )
     if memory:
         what = "whole pass" if args.memory_full_pass else "longest micro-batch"
         print(f"\npeak RSS, one fresh process each ({what}):")
         print(f"{'side':8s} {'mb':>3s} {'grad ckpt':>9s} {'peak GiB':>9s} {'added GiB':>10s} {'seconds':>8s}")
         for m in memory:
-            print(f"{m['side']:8s} {m['micro_batch_size']:3d} {str(m['gradient_checkpointing']):>9s} "
-                  f"{m['peak_rss'] / GIB:9.2f} {m['added'] / GIB:10.2f} {m['seconds']:8.2f}")
-    save_json(args.json, {
-        "benchmark": "update_throughput",
-        "target": f"tokens/s ratio >= {TOKENS_TARGET}, padding share < {PADDING_TARGET}",
-        "args": {**vars(args), "json": str(args.json)}, "sequence_lengths": lengths, "sampled_tokens": sampled,
-        "machine": machine(args.threads), "results": rows, "memory": memory})
+            print(
+                f"{m['side']:8s} {m['micro_batch_size']:3d} {str(m['gradient_checkpointing']):>9s} "
+                f"{m['peak_rss'] / GIB:9.2f} {m['added'] / GIB:10.2f} {m['seconds']:8.2f}"
+            )
+    save_json(
+        args.json,
+        {
+            "benchmark": "update_throughput",
+            "target": f"tokens/s ratio >= {TOKENS_TARGET}, padding share < {PADDING_TARGET}",
+            "args": {**vars(args), "json": str(args.json)},
+            "sequence_lengths": lengths,
+            "sampled_tokens": sampled,
+            "machine": machine(args.threads),
+            "results": rows,
+            "memory": memory,
+        },
+    )
     print(f"wrote {args.json}")
 
 

@@ -62,8 +62,24 @@ server.serve_forever()
 def make_source(workdir: Path) -> Path:
     """A real trajectory file from the tiny model (about 20 s on 2 CPU cores)."""
     out = workdir / "source" / "rollout.parquet"
-    subprocess.run(["omrl", "rollout", "--env", "gridworld", "--model", "tiny", "--num-tasks", "4",
-                    "--group-size", "2", "-o", str(out)], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            "omrl",
+            "rollout",
+            "--env",
+            "gridworld",
+            "--model",
+            "tiny",
+            "--num-tasks",
+            "4",
+            "--group-size",
+            "2",
+            "-o",
+            str(out),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return out
 
 
@@ -82,7 +98,8 @@ def synthesize(source: Path, episodes: int, seed: int = 0):
         "task_id": pa.array([i // group_size for i in range(episodes)], pa.int64()),
         "group": pa.array([(i // group_size) % 16 for i in range(episodes)], pa.int64()),
         "sample": pa.array([i % group_size for i in range(episodes)], pa.int64()),
-        "won": pa.array(won), "score": pa.array([float(w) for w in won]),
+        "won": pa.array(won),
+        "score": pa.array([float(w) for w in won]),
         "rewards": pa.array([[("goal", [r]), ("total", [r])] for r in reward], base.schema.field("rewards").type),
     }
     for name, column in updates.items():
@@ -98,10 +115,23 @@ def write_run(table, root: Path, layout: str) -> None:
     rng = random.Random(1)
     with (root / "metrics.jsonl").open("w") as f:
         for step in range(1, 501):
-            f.write(json.dumps({"step": step, "reward": 0.3 + step / 1000 + rng.gauss(0, 0.05), "success": step / 600,
-                                "kl": rng.random() * 0.01, "entropy": 2 - step / 500, "loss": rng.gauss(0, 1),
-                                "response_tokens": 280 + rng.gauss(0, 10), "step_time": 5 + rng.random(),
-                                "tokens_per_s": 350 + rng.gauss(0, 5), "time": 1.7e9 + step}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "reward": 0.3 + step / 1000 + rng.gauss(0, 0.05),
+                        "success": step / 600,
+                        "kl": rng.random() * 0.01,
+                        "entropy": 2 - step / 500,
+                        "loss": rng.gauss(0, 1),
+                        "response_tokens": 280 + rng.gauss(0, 10),
+                        "step_time": 5 + rng.random(),
+                        "tokens_per_s": 350 + rng.gauss(0, 5),
+                        "time": 1.7e9 + step,
+                    }
+                )
+                + "\n"
+            )
     if layout == "single":
         pq.write_table(table, root / "rollouts.parquet")
     elif layout == "single-rg64":
@@ -193,8 +223,13 @@ def main() -> None:
     try:
         source = args.source or make_source(workdir)
         table = synthesize(source, args.episodes)
-        results = {"episodes": args.episodes, "cpus": os.cpu_count(), "load_before": os.getloadavg()[0],
-                   "cli_start": cli_start(), "layouts": {}}
+        results = {
+            "episodes": args.episodes,
+            "cpus": os.cpu_count(),
+            "load_before": os.getloadavg()[0],
+            "cli_start": cli_start(),
+            "layouts": {},
+        }
         for layout in args.layouts.split(","):
             root = workdir / layout
             write_run(table, root, layout)
@@ -202,9 +237,11 @@ def main() -> None:
             rounds = [measure(root, chrome) for _ in range(args.rounds)]
             results["layouts"][layout] = {"parquet_mb": round(size, 1), "rounds": rounds}
         results["load_after"] = os.getloadavg()[0]
-        print(f"{args.episodes} episodes, {args.rounds} rounds (median / min); {results['cpus']} CPUs, load average "
-              f"{results['load_before']:.1f} -> {results['load_after']:.1f}; `omrl --help` (CLI start, plugins "
-              f"loaded): {results['cli_start']:.2f} s")
+        print(
+            f"{args.episodes} episodes, {args.rounds} rounds (median / min); {results['cpus']} CPUs, load average "
+            f"{results['load_before']:.1f} -> {results['load_after']:.1f}; `omrl --help` (CLI start, plugins "
+            f"loaded): {results['cli_start']:.2f} s"
+        )
         for layout, r in results["layouts"].items():
             cells = "  ".join(f"{key} {_spread(r['rounds'], key)}" for key in TIMINGS if key in r["rounds"][0])
             print(f"{layout:12} {r['parquet_mb']:6.1f} MB  {cells}")

@@ -61,10 +61,12 @@ class Budget:
     gamma: float = 0.9
 
 
-FULL = Budget(expert_episodes=1000, sft_epochs=6.0, grpo_steps=20, tasks_per_step=16, group_size=8,
-              eval_tasks=100, eval_every=5)
-QUICK = Budget(expert_episodes=300, sft_epochs=4.0, grpo_steps=4, tasks_per_step=8, group_size=8,
-               eval_tasks=32, eval_every=2)
+FULL = Budget(
+    expert_episodes=1000, sft_epochs=6.0, grpo_steps=20, tasks_per_step=16, group_size=8, eval_tasks=100, eval_every=5
+)
+QUICK = Budget(
+    expert_episodes=300, sft_epochs=4.0, grpo_steps=4, tasks_per_step=8, group_size=8, eval_tasks=32, eval_every=2
+)
 
 
 def held_out_success(model: str, budget: Budget, seed: int) -> dict[str, float]:
@@ -73,12 +75,22 @@ def held_out_success(model: str, budget: Budget, seed: int) -> dict[str, float]:
     ``greedy`` (one episode a task at temperature 0)."""
     result = {}
     for name, temperature, samples in (("sampled", 1.0, budget.eval_samples), ("greedy", 0.0, 1)):
-        cfg = load_config(EvalRunConfig, None, [f"model.name={model}", *ENV, *GENERATION,
-                                                 f"generation.temperature={temperature}",
-                                                 f"num_tasks={budget.eval_tasks}", f"seed={seed}"])
+        cfg = load_config(
+            EvalRunConfig,
+            None,
+            [
+                f"model.name={model}",
+                *ENV,
+                *GENERATION,
+                f"generation.temperature={temperature}",
+                f"num_tasks={budget.eval_tasks}",
+                f"seed={seed}",
+            ],
+        )
         with RolloutSession.from_config(cfg) as session:
-            episodes = session.play(session.task_ids("test", budget.eval_tasks), split="test", seed=seed,
-                                    group_size=samples)
+            episodes = session.play(
+                session.task_ids("test", budget.eval_tasks), split="test", seed=seed, group_size=samples
+            )
         result[name] = evaluate(episodes)["success_rate"]
     return result
 
@@ -94,27 +106,74 @@ def expert_data(path: Path, episodes: int) -> Path:
 
 def sft_stage(data: Path, out: Path, budget: Budget, seed: int) -> Path:
     """SFT of the random-init ``tiny`` model on the expert's turns."""
-    run_sft(load_config(SftRunConfig, None, [
-        "model.name=tiny", f"dataset={data}", f"logging.output_dir={out}", f"num_train_epochs={budget.sft_epochs}",
-        f"optim.learning_rate={budget.sft_learning_rate}", "optim.lr_schedule=cosine", "optim.warmup_steps=30",
-        "optim.micro_batch_size=16", "max_seq_length=1024", "packing=false", f"seed={seed}",
-        "logging.tensorboard=false", "logging.logging_steps=50"]))
+    run_sft(
+        load_config(
+            SftRunConfig,
+            None,
+            [
+                "model.name=tiny",
+                f"dataset={data}",
+                f"logging.output_dir={out}",
+                f"num_train_epochs={budget.sft_epochs}",
+                f"optim.learning_rate={budget.sft_learning_rate}",
+                "optim.lr_schedule=cosine",
+                "optim.warmup_steps=30",
+                "optim.micro_batch_size=16",
+                "max_seq_length=1024",
+                "packing=false",
+                f"seed={seed}",
+                "logging.tensorboard=false",
+                "logging.logging_steps=50",
+            ],
+        )
+    )
     return out
 
 
-def grpo_stage(model: Path, out: Path, budget: Budget, seed: int, reward: str = "{goal: 1.0}",
-               on_step_end=None, overrides: tuple[str, ...] = ()) -> dict:
+def grpo_stage(
+    model: Path,
+    out: Path,
+    budget: Budget,
+    seed: int,
+    reward: str = "{goal: 1.0}",
+    on_step_end=None,
+    overrides: tuple[str, ...] = (),
+) -> dict:
     """GRPO from ``model``: ``tasks_per_step`` x ``group_size`` episodes a step, in mini-batches;
     evaluated every ``eval_every`` steps like :func:`held_out_success` (sampled)."""
-    return run_rl(load_config(TrainRunConfig, "grpo", [
-        f"model.name={model}", *ENV, *GENERATION, f"logging.output_dir={out}", "logging.tensorboard=false",
-        f"steps={budget.grpo_steps}", f"tasks_per_step={budget.tasks_per_step}", f"group_size={budget.group_size}",
-        f"mini_batch_size={budget.mini_batch_size}", f"ppo_epochs={budget.ppo_epochs}", f"algorithm.kl_coef={budget.kl_coef}",
-        f"algorithm.advantage={budget.advantage}", f"algorithm.gamma={budget.gamma}", f"eval_every={budget.eval_every}",
-        f"eval_tasks={budget.eval_tasks}", "eval_temperature=1.0", f"eval_samples_per_task={budget.eval_samples}",
-        f"reward.weights={reward}", f"optim.learning_rate={budget.grpo_learning_rate}", "optim.micro_batch_size=16",
-        "algorithm.loss_agg_mode=seq-mean-token-mean", "generation.temperature=1.0", f"seed={seed}", *overrides]),
-        on_step_end=on_step_end)
+    return run_rl(
+        load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={model}",
+                *ENV,
+                *GENERATION,
+                f"logging.output_dir={out}",
+                "logging.tensorboard=false",
+                f"steps={budget.grpo_steps}",
+                f"tasks_per_step={budget.tasks_per_step}",
+                f"group_size={budget.group_size}",
+                f"mini_batch_size={budget.mini_batch_size}",
+                f"ppo_epochs={budget.ppo_epochs}",
+                f"algorithm.kl_coef={budget.kl_coef}",
+                f"algorithm.advantage={budget.advantage}",
+                f"algorithm.gamma={budget.gamma}",
+                f"eval_every={budget.eval_every}",
+                f"eval_tasks={budget.eval_tasks}",
+                "eval_temperature=1.0",
+                f"eval_samples_per_task={budget.eval_samples}",
+                f"reward.weights={reward}",
+                f"optim.learning_rate={budget.grpo_learning_rate}",
+                "optim.micro_batch_size=16",
+                "algorithm.loss_agg_mode=seq-mean-token-mean",
+                "generation.temperature=1.0",
+                f"seed={seed}",
+                *overrides,
+            ],
+        ),
+        on_step_end=on_step_end,
+    )
 
 
 def main(out: Path, budget: Budget, seed: int = 0) -> dict:
@@ -135,14 +194,25 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
 
     # GRPO from the SFT model, evaluated on the same test tasks along the way
     curve = [(0, after_sft["sampled"])]
-    grpo_stage(sft_dir, out / "grpo", budget, seed,
-               on_step_end=lambda step, m: curve.append((step, m["eval_success"])) if "eval_success" in m else None)
+    grpo_stage(
+        sft_dir,
+        out / "grpo",
+        budget,
+        seed,
+        on_step_end=lambda step, m: curve.append((step, m["eval_success"])) if "eval_success" in m else None,
+    )
     after_grpo = report("after GRPO", held_out_success(str(out / "grpo"), budget, seed))
     curve.append((budget.grpo_steps, after_grpo["sampled"]))
 
-    summary = {"before_sft": before, "after_sft": after_sft, "after_grpo": after_grpo, "curve": curve,
-               "eval_tasks": budget.eval_tasks, "eval_samples": budget.eval_samples,
-               "minutes": (time.perf_counter() - started) / 60}
+    summary = {
+        "before_sft": before,
+        "after_sft": after_sft,
+        "after_grpo": after_grpo,
+        "curve": curve,
+        "eval_tasks": budget.eval_tasks,
+        "eval_samples": budget.eval_samples,
+        "minutes": (time.perf_counter() - started) / 60,
+    }
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     plot(summary, out / "success.png")
     return summary
@@ -158,10 +228,16 @@ def plot(summary: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     steps, success = zip(*summary["curve"])
-    ax.plot(steps, [100 * s for s in success], marker="o",
-            label=f"sampled ({summary['eval_samples']} episodes a task, T=1)")
-    ax.plot([steps[0], steps[-1]], [100 * summary["after_sft"]["greedy"], 100 * summary["after_grpo"]["greedy"]],
-            marker="s", linestyle=":", label="greedy (one episode a task)")
+    ax.plot(
+        steps, [100 * s for s in success], marker="o", label=f"sampled ({summary['eval_samples']} episodes a task, T=1)"
+    )
+    ax.plot(
+        [steps[0], steps[-1]],
+        [100 * summary["after_sft"]["greedy"], 100 * summary["after_grpo"]["greedy"]],
+        marker="s",
+        linestyle=":",
+        label="greedy (one episode a task)",
+    )
     ax.axhline(100 * summary["before_sft"]["sampled"], color="grey", linestyle="--", label="before SFT (random init)")
     ax.set_xlabel("GRPO step (0: the SFT model)")
     ax.set_ylabel(f"success on {summary['eval_tasks']} held-out tasks (%)")

@@ -107,8 +107,10 @@ def main(out: Path, size: ws.Size, seed: int = 0, stage: str = "eval", lora_rank
     for name in STAGES[: STAGES.index(stage) + 1]:
         if name in results["stages"]:
             if not output_exists(out, name):
-                raise ConfigError(f"{out}/results.json says the {name} stage finished, but its output is gone; "
-                                  "the later stages were made from it. Delete the folder to start over")
+                raise ConfigError(
+                    f"{out}/results.json says the {name} stage finished, but its output is gone; "
+                    "the later stages were made from it. Delete the folder to start over"
+                )
             print(f"{name}: finished earlier ({results['stages'][name]['seconds']:.0f} s), skipped", flush=True)
         else:
             print(f"{name}: running", flush=True)
@@ -119,9 +121,12 @@ def main(out: Path, size: ws.Size, seed: int = 0, stage: str = "eval", lora_rank
         if name == "sft" and ("delta" not in results["stages"]["sft"] or not (out / ws.DELTA_FILE).exists()):
             results["stages"]["sft"]["delta"] = delta = ws.delta_stage(out / "sft", size)
             save()
-            print(f"sft: delta at rank {delta['rank']} keeps {100 * delta['kept']:.1f}% of the change; "
-                  f"{'the same bytes as' if delta['same_as_shipped'] else 'differs from'} the shipped "
-                  "smollm2-135m-webshop", flush=True)
+            print(
+                f"sft: delta at rank {delta['rank']} keeps {100 * delta['kept']:.1f}% of the change; "
+                f"{'the same bytes as' if delta['same_as_shipped'] else 'differs from'} the shipped "
+                "smollm2-135m-webshop",
+                flush=True,
+            )
     if results["eval"]:  # what the finished evaluations show, also when a stopped run has only some
         results["targets"] = verdicts(results)
         save()
@@ -130,8 +135,9 @@ def main(out: Path, size: ws.Size, seed: int = 0, stage: str = "eval", lora_rank
     return results
 
 
-def run_stage(name: str, out: Path, size: ws.Size, seed: int, lora_rank: int, results: dict[str, Any],
-              save) -> dict[str, Any]:
+def run_stage(
+    name: str, out: Path, size: ws.Size, seed: int, lora_rank: int, results: dict[str, Any], save
+) -> dict[str, Any]:
     if name == "expert":
         return ws.expert_stage(out / "expert.parquet", size, seed)
     if name == "sft":
@@ -147,18 +153,25 @@ def load_results(out: Path, settings: dict[str, Any]) -> dict[str, Any]:
     if not path.exists():
         return {"settings": settings, "stages": {}, "eval": {}}
     results = json.loads(path.read_text())
-    differ = [f"{k}: {results['settings'].get(k)!r} -> {v!r}" for k, v in settings.items()
-              if results["settings"].get(k) != v]
+    differ = [
+        f"{k}: {results['settings'].get(k)!r} -> {v!r}" for k, v in settings.items() if results["settings"].get(k) != v
+    ]
     if differ:
-        raise ConfigError(f"{out} holds a run with other settings ({'; '.join(differ)}); resuming it would mix "
-                          "two runs. Use another --out, or delete that folder to start over")
+        raise ConfigError(
+            f"{out} holds a run with other settings ({'; '.join(differ)}); resuming it would mix "
+            "two runs. Use another --out, or delete that folder to start over"
+        )
     return results
 
 
 def output_exists(out: Path, stage: str) -> bool:
     """Whether a finished stage's output is still in ``out`` (the eval stage's is results.json itself)."""
-    return {"expert": (out / "expert.parquet").exists(), "sft": (out / "sft" / "config.json").exists(),
-            "rl": (out / "rl" / "config.json").exists(), "eval": True}[stage]
+    return {
+        "expert": (out / "expert.parquet").exists(),
+        "sft": (out / "sft" / "config.json").exists(),
+        "rl": (out / "rl" / "config.json").exists(),
+        "eval": True,
+    }[stage]
 
 
 def eval_stage(out: Path, size: ws.Size, seed: int, results: dict[str, Any], save) -> dict[str, Any]:
@@ -196,30 +209,48 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
     sft, rl = evals.get("sft", {}), evals.get("rl", {})
     if "greedy" in sft:
         targets["sft_success"] = {
-            "target": f"greedy success after SFT >= {TARGET_SFT_SUCCESS:.0%}", "unit": "rate",
-            "measured": sft["greedy"]["success"], "se": sft["greedy"]["success_se"],
-            "met": sft["greedy"]["success"] >= TARGET_SFT_SUCCESS}
+            "target": f"greedy success after SFT >= {TARGET_SFT_SUCCESS:.0%}",
+            "unit": "rate",
+            "measured": sft["greedy"]["success"],
+            "se": sft["greedy"]["success_se"],
+            "met": sft["greedy"]["success"] >= TARGET_SFT_SUCCESS,
+        }
     for mode in ("sampled", "greedy"):
         if mode in sft and mode in rl:
             (gain, se), (score_gain, score_se) = (paired_gain(rl[mode], sft[mode], key) for key in ("success", "score"))
             targets[f"rl_gain_{mode}"] = {
                 "target": f"{mode}: success and mean score after RL above SFT by > {TARGET_RL_STANDARD_ERRORS:g} SE "
-                          "(paired over goals)", "unit": "gain", "measured": gain, "se": se,
-                "score_gain": score_gain, "score_se": score_se,
-                "met": all(g > 0 and g > TARGET_RL_STANDARD_ERRORS * e for g, e in ((gain, se), (score_gain, score_se)))}
+                "(paired over goals)",
+                "unit": "gain",
+                "measured": gain,
+                "se": se,
+                "score_gain": score_gain,
+                "score_se": score_se,
+                "met": all(
+                    g > 0 and g > TARGET_RL_STANDARD_ERRORS * e for g, e in ((gain, se), (score_gain, score_se))
+                ),
+            }
     if "eval" in results["stages"]:
-        hours = sum(stage["seconds"] + stage.get("delta", {}).get("seconds", 0.0)
-                    for stage in results["stages"].values()) / 3600
-        targets["total_time"] = {"target": f"whole run within {TARGET_HOURS:g} hours", "unit": "hours",
-                                 "measured": hours, "met": hours <= TARGET_HOURS}
+        hours = (
+            sum(stage["seconds"] + stage.get("delta", {}).get("seconds", 0.0) for stage in results["stages"].values())
+            / 3600
+        )
+        targets["total_time"] = {
+            "target": f"whole run within {TARGET_HOURS:g} hours",
+            "unit": "hours",
+            "measured": hours,
+            "met": hours <= TARGET_HOURS,
+        }
     return targets
 
 
 def line(evaluation: dict[str, Any]) -> str:
-    return (f"success {100 * evaluation['success']:5.1f}% +- {100 * evaluation['success_se']:4.1f}  "
-            f"score {evaluation['score']:.3f} +- {evaluation['score_se']:.3f}  "
-            f"format valid {100 * evaluation['format_valid']:5.1f}%  ({evaluation['goals']} goals x "
-            f"{evaluation['samples_per_goal']}, {evaluation['seconds']:.0f} s)")
+    return (
+        f"success {100 * evaluation['success']:5.1f}% +- {100 * evaluation['success_se']:4.1f}  "
+        f"score {evaluation['score']:.3f} +- {evaluation['score_se']:.3f}  "
+        f"format valid {100 * evaluation['format_valid']:5.1f}%  ({evaluation['goals']} goals x "
+        f"{evaluation['samples_per_goal']}, {evaluation['seconds']:.0f} s)"
+    )
 
 
 def report(results: dict[str, Any]) -> str:
@@ -228,14 +259,17 @@ def report(results: dict[str, Any]) -> str:
     for name in (name for name in ("base", "sft", "rl") if name in results["eval"]):
         for mode, evaluation in results["eval"][name].items():
             lines.append(f"  {name:4} {mode:7} {line(evaluation)}")
-    lines.append("wall time: " + ", ".join(f"{name} {stage['seconds']:.0f} s" for name, stage in
-                                           results["stages"].items()))
+    lines.append(
+        "wall time: " + ", ".join(f"{name} {stage['seconds']:.0f} s" for name, stage in results["stages"].items())
+    )
     for target in results.get("targets", {}).values():
         value, se = target["measured"], target.get("se", 0.0)
-        shown = {"rate": f"{100 * value:.1f}% +- {100 * se:.1f}",
-                 "gain": f"success {100 * value:+.1f} points, SE {100 * se:.1f}; score "
-                         f"{target.get('score_gain', 0.0):+.3f}, SE {target.get('score_se', 0.0):.3f}",
-                 "hours": f"{value:.2f} h"}[target["unit"]]
+        shown = {
+            "rate": f"{100 * value:.1f}% +- {100 * se:.1f}",
+            "gain": f"success {100 * value:+.1f} points, SE {100 * se:.1f}; score "
+            f"{target.get('score_gain', 0.0):+.3f}, SE {target.get('score_se', 0.0):.3f}",
+            "hours": f"{value:.2f} h",
+        }[target["unit"]]
         lines.append(f"target: {target['target']}: measured {shown} -> {'MET' if target['met'] else 'MISSED'}")
     return "\n".join(lines)
 
@@ -260,9 +294,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
     modes = [mode for mode in ("sampled", "greedy") if any(mode in results["eval"][name] for name in names)]
     for offset, mode in zip((-0.2, 0.2) if len(modes) == 2 else (0.0,), modes):  # not run yet: no bar, not 0
         done = [(i, results["eval"][name][mode]) for i, name in enumerate(names) if mode in results["eval"][name]]
-        ax.bar([i + offset for i, _ in done], [100 * e["success"] for _, e in done], width=0.4,
-               yerr=[100 * e["success_se"] for _, e in done], capsize=4,
-               label=f"sampled (k={results['settings']['eval_samples']}, T=1)" if mode == "sampled" else "greedy")
+        ax.bar(
+            [i + offset for i, _ in done],
+            [100 * e["success"] for _, e in done],
+            width=0.4,
+            yerr=[100 * e["success_se"] for _, e in done],
+            capsize=4,
+            label=f"sampled (k={results['settings']['eval_samples']}, T=1)" if mode == "sampled" else "greedy",
+        )
     ax.axhline(100 * TARGET_SFT_SUCCESS, color="grey", linestyle="--", label="target after SFT")
     ax.set_xticks(range(len(names)), [f"{LABELS[n]}\n({goals(results, n)} goals)" for n in names])
     ax.set_ylabel("success on held-out goals (%)")
@@ -280,7 +319,9 @@ if __name__ == "__main__":
     parser.add_argument("--model", help="base model (default: smollm2-135m; toy: tiny)")
     parser.add_argument("--stage", choices=STAGES, default="eval", help="run the stages up to this one")
     parser.add_argument("--lora-rank", type=int, default=0, help="SFT with LoRA of this rank (0: all weights)")
-    parser.add_argument("--out", type=Path, help="run folder (default: runs/learn-webshop, toy: runs/learn-webshop-toy)")
+    parser.add_argument(
+        "--out", type=Path, help="run folder (default: runs/learn-webshop, toy: runs/learn-webshop-toy)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     chosen = ws.SIZES[args.size]
@@ -289,7 +330,12 @@ if __name__ == "__main__":
 
         chosen = replace(chosen, model=args.model)
     try:
-        main(args.out or Path("runs/learn-webshop" + ("-toy" if args.size == "toy" else "")), chosen, args.seed,
-             args.stage, args.lora_rank)
+        main(
+            args.out or Path("runs/learn-webshop" + ("-toy" if args.size == "toy" else "")),
+            chosen,
+            args.seed,
+            args.stage,
+            args.lora_rank,
+        )
     except ConfigError as exc:  # a wrong option or run folder: the message says what to do, no traceback
         sys.exit(f"error: {exc}")

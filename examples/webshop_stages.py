@@ -66,12 +66,44 @@ class Size:
     gamma: float = 0.95
 
 
-FULL = Size(model="smollm2-135m", expert_episodes=200, sft_epochs=2.0, sft_learning_rate=5e-5, sft_micro_batch=1,
-            sft_accumulation=8, rl_steps=12, tasks_per_step=4, group_size=4, rl_learning_rate=2e-6, rl_micro_batch=1,
-            ppo_epochs=1, train_tasks=0, eval_goals=200, base_eval_goals=20, eval_samples=2, save_steps=10)
-TOY = Size(model="tiny", expert_episodes=32, sft_epochs=4.0, sft_learning_rate=6e-3, sft_micro_batch=1,
-           sft_accumulation=1, rl_steps=1, tasks_per_step=4, group_size=4, rl_learning_rate=1e-3, rl_micro_batch=16,
-           ppo_epochs=4, train_tasks=4, eval_goals=10, base_eval_goals=5, eval_samples=2, save_steps=0)
+FULL = Size(
+    model="smollm2-135m",
+    expert_episodes=200,
+    sft_epochs=2.0,
+    sft_learning_rate=5e-5,
+    sft_micro_batch=1,
+    sft_accumulation=8,
+    rl_steps=12,
+    tasks_per_step=4,
+    group_size=4,
+    rl_learning_rate=2e-6,
+    rl_micro_batch=1,
+    ppo_epochs=1,
+    train_tasks=0,
+    eval_goals=200,
+    base_eval_goals=20,
+    eval_samples=2,
+    save_steps=10,
+)
+TOY = Size(
+    model="tiny",
+    expert_episodes=32,
+    sft_epochs=4.0,
+    sft_learning_rate=6e-3,
+    sft_micro_batch=1,
+    sft_accumulation=1,
+    rl_steps=1,
+    tasks_per_step=4,
+    group_size=4,
+    rl_learning_rate=1e-3,
+    rl_micro_batch=16,
+    ppo_epochs=4,
+    train_tasks=4,
+    eval_goals=10,
+    base_eval_goals=5,
+    eval_samples=2,
+    save_steps=0,
+)
 SIZES = {"full": FULL, "toy": TOY}
 
 
@@ -82,25 +114,50 @@ def expert_stage(path: Path, size: Size, seed: int) -> dict[str, Any]:
         episodes = session.play(session.task_ids("train", size.expert_episodes), split="train", expert=True)
     write_episodes(episodes, path)
     n = len(episodes)
-    return {"episodes": n, "success": sum(ep.won for ep in episodes) / n,
-            "tokens_per_episode": sum(len(ep.token_ids) for ep in episodes) / n,
-            "trained_tokens_per_episode": sum(sum(ep.loss_mask) for ep in episodes) / n}
+    return {
+        "episodes": n,
+        "success": sum(ep.won for ep in episodes) / n,
+        "tokens_per_episode": sum(len(ep.token_ids) for ep in episodes) / n,
+        "trained_tokens_per_episode": sum(sum(ep.loss_mask) for ep in episodes) / n,
+    }
 
 
 def sft_stage(data: Path, out: Path, size: Size, seed: int, lora_rank: int = 0) -> dict[str, Any]:
     """``omrl sft`` of the base model on the expert's episodes -> ``out`` (LoRA merged in); continues
     from the newest checkpoint in ``out`` when a stopped run left one."""
     lr = size.sft_learning_rate * (LORA_LR_SCALE if lora_rank else 1)
-    summary = run_sft(load_config(SftRunConfig, None, [
-        f"model.name={size.model}", f"model.lora_rank={lora_rank}", f"dataset={data}", f"logging.output_dir={out}",
-        f"num_train_epochs={size.sft_epochs}", f"optim.learning_rate={lr}", "optim.lr_schedule=cosine",
-        "optim.warmup_steps=3", f"optim.micro_batch_size={size.sft_micro_batch}",
-        f"optim.gradient_accumulation_steps={size.sft_accumulation}", "max_seq_length=2048", "packing=false",
-        f"seed={seed}", "logging.tensorboard=false", f"logging.save_steps={size.save_steps}",
-        "logging.keep_checkpoints=1", f"resume={latest_checkpoint(out) is not None}"]))
+    summary = run_sft(
+        load_config(
+            SftRunConfig,
+            None,
+            [
+                f"model.name={size.model}",
+                f"model.lora_rank={lora_rank}",
+                f"dataset={data}",
+                f"logging.output_dir={out}",
+                f"num_train_epochs={size.sft_epochs}",
+                f"optim.learning_rate={lr}",
+                "optim.lr_schedule=cosine",
+                "optim.warmup_steps=3",
+                f"optim.micro_batch_size={size.sft_micro_batch}",
+                f"optim.gradient_accumulation_steps={size.sft_accumulation}",
+                "max_seq_length=2048",
+                "packing=false",
+                f"seed={seed}",
+                "logging.tensorboard=false",
+                f"logging.save_steps={size.save_steps}",
+                "logging.keep_checkpoints=1",
+                f"resume={latest_checkpoint(out) is not None}",
+            ],
+        )
+    )
     records = read_metrics(out)
-    return {"steps": summary["steps"], "first_loss": records[0]["loss"] if records else None,
-            "final_loss": summary["final_loss"], "tokens_per_s": _mean(r["tokens_per_s"] for r in records)}
+    return {
+        "steps": summary["steps"],
+        "first_loss": records[0]["loss"] if records else None,
+        "final_loss": summary["final_loss"],
+        "tokens_per_s": _mean(r["tokens_per_s"] for r in records),
+    }
 
 
 def delta_stage(sft: Path, size: Size) -> dict[str, Any]:
@@ -111,31 +168,65 @@ def delta_stage(sft: Path, size: Size) -> dict[str, Any]:
     started = time.perf_counter()
     files = [Path(resolve_model_path(size.model)) / "model.safetensors", sft / "model.safetensors"]
     if missing := [str(f) for f in files if not f.is_file()]:
-        raise ConfigError(f"the delta needs both models as one local model.safetensors each; missing: "
-                          f"{', '.join(missing)} (a hub id or a sharded checkpoint cannot be used here)")
+        raise ConfigError(
+            f"the delta needs both models as one local model.safetensors each; missing: "
+            f"{', '.join(missing)} (a hub id or a sharded checkpoint cannot be used here)"
+        )
     base, tuned = (load_file(f) for f in files)
     kept = export_low_rank_delta(base, tuned, sft.parent / DELTA_FILE, DELTA_RANK, base_name=size.model)
     digest = file_digest(sft.parent / DELTA_FILE)
-    return {**kept, "rank": DELTA_RANK, "sha256": digest, "seconds": time.perf_counter() - started,
-            "same_as_shipped": WEBSHOP_DELTA.exists() and digest == file_digest(WEBSHOP_DELTA)}
+    return {
+        **kept,
+        "rank": DELTA_RANK,
+        "sha256": digest,
+        "seconds": time.perf_counter() - started,
+        "same_as_shipped": WEBSHOP_DELTA.exists() and digest == file_digest(WEBSHOP_DELTA),
+    }
 
 
 def rl_stage(sft: Path, out: Path, size: Size, seed: int, reward: str = RL_REWARD) -> dict[str, Any]:
     """``omrl train --algo grpo`` from the SFT model ``sft`` -> ``out``: ``rl_steps`` steps of
     ``tasks_per_step`` goals x ``group_size`` samples; returns each step's reward, success and share
     of parseable replies (from metrics.jsonl). Continues from a checkpoint in ``out`` like sft_stage."""
-    run_rl(load_config(TrainRunConfig, "grpo", [
-        f"model.name={sft}", *ENV, *GENERATION, f"logging.output_dir={out}", "logging.tensorboard=false",
-        f"logging.save_steps={size.save_steps}", "logging.keep_checkpoints=1", f"steps={size.rl_steps}",
-        f"tasks_per_step={size.tasks_per_step}", f"group_size={size.group_size}", f"train_tasks={size.train_tasks}",
-        f"ppo_epochs={size.ppo_epochs}", "mini_batch_size=0", f"algorithm.advantage={size.advantage}",
-        f"algorithm.gamma={size.gamma}", "algorithm.kl_coef=0.0", "algorithm.loss_agg_mode=seq-mean-token-mean",
-        f"reward.weights={reward}", f"optim.learning_rate={size.rl_learning_rate}",
-        f"optim.micro_batch_size={size.rl_micro_batch}", "generation.temperature=1.0", "eval_tasks=0",
-        f"seed={seed}", f"resume={latest_checkpoint(out) is not None}"]))
+    run_rl(
+        load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={sft}",
+                *ENV,
+                *GENERATION,
+                f"logging.output_dir={out}",
+                "logging.tensorboard=false",
+                f"logging.save_steps={size.save_steps}",
+                "logging.keep_checkpoints=1",
+                f"steps={size.rl_steps}",
+                f"tasks_per_step={size.tasks_per_step}",
+                f"group_size={size.group_size}",
+                f"train_tasks={size.train_tasks}",
+                f"ppo_epochs={size.ppo_epochs}",
+                "mini_batch_size=0",
+                f"algorithm.advantage={size.advantage}",
+                f"algorithm.gamma={size.gamma}",
+                "algorithm.kl_coef=0.0",
+                "algorithm.loss_agg_mode=seq-mean-token-mean",
+                f"reward.weights={reward}",
+                f"optim.learning_rate={size.rl_learning_rate}",
+                f"optim.micro_batch_size={size.rl_micro_batch}",
+                "generation.temperature=1.0",
+                "eval_tasks=0",
+                f"seed={seed}",
+                f"resume={latest_checkpoint(out) is not None}",
+            ],
+        )
+    )
     records = read_metrics(out)
-    return {"steps": len(records), "reward": [r["reward"] for r in records],
-            "success": [r["success"] for r in records], "format_ok": [r["format_ok"] for r in records]}
+    return {
+        "steps": len(records),
+        "reward": [r["reward"] for r in records],
+        "success": [r["success"] for r in records],
+        "format_ok": [r["format_ok"] for r in records],
+    }
 
 
 def evaluate_model(model: str, size: Size, seed: int, sampled: bool, goals: int) -> dict[str, Any]:
@@ -143,11 +234,13 @@ def evaluate_model(model: str, size: Size, seed: int, sampled: bool, goals: int)
     temperature 1 (``sampled``), else one greedy episode a goal. See :func:`summarize`."""
     temperature, samples = (1.0, size.eval_samples) if sampled else (0.0, 1)
     started = time.perf_counter()
-    cfg = load_config(EvalRunConfig, None, [f"model.name={model}", *ENV, *GENERATION, f"seed={seed}",
-                                             f"generation.temperature={temperature}"])
+    cfg = load_config(
+        EvalRunConfig,
+        None,
+        [f"model.name={model}", *ENV, *GENERATION, f"seed={seed}", f"generation.temperature={temperature}"],
+    )
     with RolloutSession.from_config(cfg) as session:
-        episodes = session.play(session.task_ids("test", goals), split="test", group_size=samples,
-                                seed=seed)
+        episodes = session.play(session.task_ids("test", goals), split="test", group_size=samples, seed=seed)
     return {**summarize(episodes), "samples_per_goal": samples, "seconds": time.perf_counter() - started}
 
 
@@ -162,12 +255,17 @@ def summarize(episodes: list[Episode]) -> dict[str, Any]:
     success = [_mean(ep.won for ep in by_goal[g]) for g in goals]
     score = [_mean(ep.score for ep in by_goal[g]) for g in goals]
     turns = [t for ep in episodes for t in ep.turns]
-    return {"goals": len(goals), "episodes": len(episodes),
-            "success": _mean(success), "success_se": standard_error(success),
-            "score": _mean(score), "score_se": standard_error(score),
-            "format_valid": _mean(t.format_ok for t in turns) if turns else 0.0,
-            "mean_turns": len(turns) / len(episodes),
-            "per_goal": {"task_ids": goals, "success": success, "score": score}}
+    return {
+        "goals": len(goals),
+        "episodes": len(episodes),
+        "success": _mean(success),
+        "success_se": standard_error(success),
+        "score": _mean(score),
+        "score_se": standard_error(score),
+        "format_valid": _mean(t.format_ok for t in turns) if turns else 0.0,
+        "mean_turns": len(turns) / len(episodes),
+        "per_goal": {"task_ids": goals, "success": success, "score": score},
+    }
 
 
 def standard_error(values: list[float]) -> float:

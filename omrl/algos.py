@@ -35,31 +35,46 @@ class AlgoConfig:
     their maths. Algorithm functions receive it whole and read what they need."""
 
     name: str = field(default="grpo", metadata={"help": f"Training recipe: {', '.join(RECIPES)} (--algo)."})
-    advantage: str = field(default="grpo", metadata={
-        "help": "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, gigpo, tree_grpo "
-                "(`omrl plugins`)."})
+    advantage: str = field(
+        default="grpo",
+        metadata={
+            "help": "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, gigpo, tree_grpo "
+            "(`omrl plugins`)."
+        },
+    )
     policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: ppo_clip, dual_clip, clip_higher."})
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2, k3."})
-    kl_coef: float = field(default=0.0, metadata={
-        "help": "KL to the reference model; 0 turns it off (and skips the reference)."})
-    kl_in_reward: bool = field(default=False, metadata={"help": "Put the KL penalty in the reward instead of the loss."})
+    kl_coef: float = field(
+        default=0.0, metadata={"help": "KL to the reference model; 0 turns it off (and skips the reference)."}
+    )
+    kl_in_reward: bool = field(
+        default=False, metadata={"help": "Put the KL penalty in the reward instead of the loss."}
+    )
     entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus."})
     value_coef: float = field(default=0.5, metadata={"help": "PPO: value-loss weight."})
     value_clip: float = field(default=0.2, metadata={"help": "PPO: value clipping range (0 turns clipping off)."})
-    critic: str = field(default="head", metadata={
-        "help": "PPO critic: head (a value head on the policy's backbone) or model (separate copy)."})
+    critic: str = field(
+        default="head",
+        metadata={"help": "PPO critic: head (a value head on the policy's backbone) or model (separate copy)."},
+    )
     dpo_beta: float = field(default=0.1, metadata={"help": "DPO beta."})
     gamma: float = field(default=1.0, metadata={"help": "Discount per token (gae) or per turn (gigpo)."})
     lam: float = field(default=1.0, metadata={"help": "GAE lambda."})
     norm_adv_by_std: bool = field(default=True, metadata={"help": "GRPO: divide by the group's std (Dr. GRPO: no)."})
     eps: float = field(default=1e-6, metadata={"help": "Added to denominators."})
     clip_ratio_low: float = field(default=0.2, metadata={"help": "PPO clip: ratio >= 1 - clip_ratio_low."})
-    clip_ratio_high: float = field(default=0.2, metadata={"help": "PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28)."})
+    clip_ratio_high: float = field(
+        default=0.2, metadata={"help": "PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28)."}
+    )
     clip_ratio_c: float = field(default=3.0, metadata={"help": "Dual-clip bound for negative advantages."})
-    loss_agg_mode: str = field(default="token-mean", metadata={"help": f"How token losses become one number: {', '.join(LOSS_AGG_MODES)}."})
+    loss_agg_mode: str = field(
+        default="token-mean", metadata={"help": f"How token losses become one number: {', '.join(LOSS_AGG_MODES)}."}
+    )
     gigpo_step_weight: float = field(default=1.0, metadata={"help": "GiGPO: weight of the step-level advantage."})
-    tree_step_weight: float = field(default=1.0, metadata={
-        "help": "tree_grpo: weight of the step-level advantage (a turn's subtree against its siblings')."})
+    tree_step_weight: float = field(
+        default=1.0,
+        metadata={"help": "tree_grpo: weight of the step-level advantage (a turn's subtree against its siblings')."},
+    )
 
 
 @dataclass
@@ -145,6 +160,7 @@ def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.T
 # -- input checks every algorithm function runs first: a wrong shape would otherwise broadcast
 # silently into a wrong loss ----------------------------------------------------------------------
 
+
 def require_same_shape(fn_name: str, ndim: int, **tensors: torch.Tensor) -> None:
     """Every tensor has ``ndim`` dimensions and the shape of the first one."""
     names = list(tensors)
@@ -164,8 +180,7 @@ def require_present(fn_name: str, **tensors: torch.Tensor | None) -> None:
         raise OmrlError(f"{fn_name} needs AdvantageInput.{', '.join(missing)}; it was None")
 
 
-def require_range(cfg: AlgoConfig, name: str, low: float, high: float = math.inf,
-                  low_inclusive: bool = True) -> float:
+def require_range(cfg: AlgoConfig, name: str, low: float, high: float = math.inf, low_inclusive: bool = True) -> float:
     """``cfg.<name>`` lies in [low, high] (or (low, high] when not ``low_inclusive``)."""
     value = getattr(cfg, name)
     above_low = value >= low if low_inclusive else value > low

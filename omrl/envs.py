@@ -173,9 +173,7 @@ class Env(ABC):
     def split_of(self, split: str) -> Sequence[int]:
         """``task_ids`` with a clear error for an unknown split name."""
         if split not in self.splits:
-            raise UnknownTaskError(
-                f"{type(self).__name__} has no split {split!r}; valid: {', '.join(self.splits)}"
-            )
+            raise UnknownTaskError(f"{type(self).__name__} has no split {split!r}; valid: {', '.join(self.splits)}")
         return self.task_ids(split)
 
 
@@ -274,10 +272,14 @@ def env_variant(env_class: type[Env], class_name: str, doc: str, **fixed: Any) -
     def __init__(self, **options: Any) -> None:
         env_class.__init__(self, **fixed, **options)
 
-    variant = type(class_name, (env_class,), {"__init__": __init__, "__doc__": doc,
-                                              "__module__": env_class.__module__, "fixed_options": dict(fixed)})
+    variant = type(
+        class_name,
+        (env_class,),
+        {"__init__": __init__, "__doc__": doc, "__module__": env_class.__module__, "fixed_options": dict(fixed)},
+    )
     variant.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=[p for name, p in signature.parameters.items() if name not in fixed])
+        parameters=[p for name, p in signature.parameters.items() if name not in fixed]
+    )
     return variant
 
 
@@ -303,6 +305,8 @@ def create_env(env_class: type[Env], options: dict[str, Any] | None = None, name
         signature.bind(**options)
     except TypeError as exc:
         params = [p for p in signature.parameters if p not in ("args", "kwargs")]
-        raise ConfigError(f"env {name or env_class.__name__!r} does not take options {sorted(options)} ({exc}); "
-                          f"its options: {', '.join(params) or '(none)'}") from exc
+        raise ConfigError(
+            f"env {name or env_class.__name__!r} does not take options {sorted(options)} ({exc}); "
+            f"its options: {', '.join(params) or '(none)'}"
+        ) from exc
     return env_class(**options)

@@ -48,13 +48,21 @@ class DamagedModelError(OmrlError):
 
 # how torch, safetensors and the OS word a write the machine could not do: torch and safetensors
 # raise RuntimeError or their own error types, not OSError, so the errno is only in the text
-_WRITE_FAILURES = {"no space left on device": "the disk is full", "storagefull": "the disk is full",
-                   "disk quota exceeded": "the disk quota is used up", "input/output error": "an I/O error",
-                   "read-only file system": "the file system is read-only",
-                   "file write failed": "the write failed (is the disk full?)",
-                   "unexpected pos": "the write failed (is the disk full?)"}
-_WRITE_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-                 errno.EIO: "an I/O error", errno.EROFS: "the file system is read-only"}
+_WRITE_FAILURES = {
+    "no space left on device": "the disk is full",
+    "storagefull": "the disk is full",
+    "disk quota exceeded": "the disk quota is used up",
+    "input/output error": "an I/O error",
+    "read-only file system": "the file system is read-only",
+    "file write failed": "the write failed (is the disk full?)",
+    "unexpected pos": "the write failed (is the disk full?)",
+}
+_WRITE_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EIO: "an I/O error",
+    errno.EROFS: "the file system is read-only",
+}
 
 
 def write_failure(exc: BaseException) -> str | None:

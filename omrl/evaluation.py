@@ -61,8 +61,9 @@ def env_error_reasons(episodes: Sequence[Episode], limit: int = 3) -> list[str]:
             reason = ep.error or "no reason given"
             counts[reason] += 1
             first_task.setdefault(reason, ep.task_id)
-    lines = [f"{n} episode{'s' if n > 1 else ''}, from task {first_task[reason]}: {reason}"
-             for reason, n in counts.items()]
+    lines = [
+        f"{n} episode{'s' if n > 1 else ''}, from task {first_task[reason]}: {reason}" for reason, n in counts.items()
+    ]
     return lines[:limit] + ([f"... and {len(lines) - limit} other reasons"] if len(lines) > limit else [])
 
 
@@ -71,8 +72,10 @@ def check_max_env_error_rate(max_rate: float) -> None:
     from omrl.errors import ConfigError
 
     if not 0.0 <= max_rate <= 1.0:
-        raise ConfigError(f"max_env_error_rate must be a share between 0 and 1, got {max_rate!r} (e.g. 0.1: at most "
-                          "one episode in ten may fail in the env)")
+        raise ConfigError(
+            f"max_env_error_rate must be a share between 0 and 1, got {max_rate!r} (e.g. 0.1: at most "
+            "one episode in ten may fail in the env)"
+        )
 
 
 def check_env_errors(episodes: Sequence[Episode], max_rate: float, where: str) -> None:
@@ -86,11 +89,15 @@ def check_env_errors(episodes: Sequence[Episode], max_rate: float, where: str) -
         return
     reasons = "; ".join(env_error_reasons(episodes))
     if failed == len(episodes):
-        raise EnvFailure(f"every one of the {failed} episodes failed in the env {where}, so the model was not "
-                         f"measured; the first reasons: {reasons}")
-    raise EnvFailure(f"{failed} of {len(episodes)} episodes ({100 * failed / len(episodes):.0f}%) failed in the env "
-                     f"{where}, more than max_env_error_rate={max_rate:g} allows; success and scores cover only the "
-                     f"other {len(episodes) - failed}; the first reasons: {reasons}")
+        raise EnvFailure(
+            f"every one of the {failed} episodes failed in the env {where}, so the model was not "
+            f"measured; the first reasons: {reasons}"
+        )
+    raise EnvFailure(
+        f"{failed} of {len(episodes)} episodes ({100 * failed / len(episodes):.0f}%) failed in the env "
+        f"{where}, more than max_env_error_rate={max_rate:g} allows; success and scores cover only the "
+        f"other {len(episodes) - failed}; the first reasons: {reasons}"
+    )
 
 
 @contextmanager
@@ -189,15 +196,24 @@ def metrics_table(metrics: dict[str, Any], title: str = "evaluation"):
     return table
 
 
-def write_report(path: str | Path, metrics: dict[str, Any], episodes: Sequence[Episode],
-                 config: dict[str, Any] | None = None) -> Path:
+def write_report(
+    path: str | Path, metrics: dict[str, Any], episodes: Sequence[Episode], config: dict[str, Any] | None = None
+) -> Path:
     """Write the JSON report (metrics, config, one summary line per episode) atomically."""
     report = {
         "metrics": metrics,
         "config": config or {},
         "episodes": [
-            {"task_id": ep.task_id, "sample": ep.sample, "won": ep.won, "score": ep.score, "turns": ep.num_turns,
-             "end_reason": ep.end_reason, "error": ep.error, "reward": ep.total_reward}
+            {
+                "task_id": ep.task_id,
+                "sample": ep.sample,
+                "won": ep.won,
+                "score": ep.score,
+                "turns": ep.num_turns,
+                "end_reason": ep.end_reason,
+                "error": ep.error,
+                "reward": ep.total_reward,
+            }
             for ep in episodes
         ],
     }

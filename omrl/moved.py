@@ -38,8 +38,7 @@ class _MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module):
         new = self.moved[module.__name__]
-        warnings.warn(f"{module.__name__} moved to {new}: import it from there", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(f"{module.__name__} moved to {new}: import it from there", DeprecationWarning, stacklevel=2)
         # The import system returns what sys.modules holds under the old name once this returns.
         sys.modules[module.__name__] = importlib.import_module(new)
 

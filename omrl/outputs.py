@@ -29,17 +29,27 @@ CHECKPOINT_FILES = ("state.json", "COMPLETE")  # in a checkpoint directory
 RUN_DIRS = ("checkpoints", "rollouts", "tensorboard", "wandb")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 # what save_pretrained writes beside the weights
-MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "adapter_config.json",
-               "chat_template.jinja")
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "adapter_config.json",
+    "chat_template.jinja",
+)
 
 
 class OutputError(OmrlError):
     """An output path that would write over an input of the command or over a run's own files."""
 
 
-def check_outputs(outputs: Mapping[str, str | os.PathLike | None],
-                  inputs: Mapping[str, str | os.PathLike | None] | None = None) -> None:
+def check_outputs(
+    outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, str | os.PathLike | None] | None = None
+) -> None:
     """Refuse, before any work, outputs that would replace something that must stay.
 
     ``outputs`` and ``inputs`` map what each path is to the user (``"--report"``, ``"the
@@ -54,19 +64,25 @@ def check_outputs(outputs: Mapping[str, str | os.PathLike | None],
     for what, path in given.items():
         where = _resolved(path)
         if where in seen:
-            raise OutputError(f"{what} and {seen[where]} would both be written to {path}, the second over the first; "
-                              "give paths that differ")
+            raise OutputError(
+                f"{what} and {seen[where]} would both be written to {path}, the second over the first; "
+                "give paths that differ"
+            )
         seen[where] = what
         if path.is_dir():
             raise OutputError(f"{what} {path} is a directory; give a file path (e.g. {path / _example(what)})")
         for source_what, source in sources.items():
             if source.exists() and where == _resolved(source):
-                raise OutputError(f"{what} {path} is {source_what} itself: writing it would replace what this "
-                                  "command reads; write to another file")
+                raise OutputError(
+                    f"{what} {path} is {source_what} itself: writing it would replace what this "
+                    "command reads; write to another file"
+                )
         owned = own_file(path)
         if owned:
-            raise OutputError(f"{what} {path} is {owned}: writing it would destroy it; write to a path outside "
-                              "the run's own files (e.g. beside the run directory)")
+            raise OutputError(
+                f"{what} {path} is {owned}: writing it would destroy it; write to a path outside "
+                "the run's own files (e.g. beside the run directory)"
+            )
 
 
 def check_run_dir(output_dir: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
@@ -80,8 +96,10 @@ def check_run_dir(output_dir: str | os.PathLike, inputs: Mapping[str, str | os.P
         source = _resolved(Path(path).expanduser())
         inside = out in source.parents and source.relative_to(out).parts[0] in (*RUN_DIRS, *RUN_FILES)
         if out == source or source in out.parents or inside or (out in source.parents and own_file(source)):
-            raise OutputError(f"output_dir {output_dir} overlaps the input {what} {path}: the run would write its "
-                              "model, config.yaml and checkpoints over it; choose another output_dir")
+            raise OutputError(
+                f"output_dir {output_dir} overlaps the input {what} {path}: the run would write its "
+                "model, config.yaml and checkpoints over it; choose another output_dir"
+            )
 
 
 def own_file(path: Path) -> str | None:

@@ -61,8 +61,7 @@ def load_plugins() -> pluggy.PluginManager:
                 module = ep.load()
             except Exception as exc:
                 raise PluginError(
-                    f"plugin {ep.name!r} from {dist_name} failed to import: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"plugin {ep.name!r} from {dist_name} failed to import: {type(exc).__name__}: {exc}"
                 ) from exc
             pm.register(module, name=ep.name)
             _distributions[ep.name] = dist_name

@@ -67,8 +67,7 @@ def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[
             raise
         except Exception as exc:
             raise PluginError(
-                f"plugin {plugin!r} ({distribution_of(plugin)}) failed in {hook_name}: "
-                f"{type(exc).__name__}: {exc}"
+                f"plugin {plugin!r} ({distribution_of(plugin)}) failed in {hook_name}: {type(exc).__name__}: {exc}"
             ) from exc
     return list(found.values())
 
@@ -97,9 +96,7 @@ class Registry:
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         label = self.label if kind == self.kinds[0] else kind.replace("_", " ")
-        raise UnknownNameError(
-            f"unknown {label} {name!r}.{hint} Valid: {', '.join(valid) or '(none registered)'}"
-        )
+        raise UnknownNameError(f"unknown {label} {name!r}.{hint} Valid: {', '.join(valid) or '(none registered)'}")
 
     def get(self, name: str, kind: str | None = None) -> Any:
         """The registered object for ``name``; an unknown name lists the valid ones."""

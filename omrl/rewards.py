@@ -83,36 +83,47 @@ def _check_options(name: str, fn: RewardFn, options: dict[str, Any]) -> None:
     try:
         signature.bind([], **options)
     except TypeError as exc:
-        valid = [p.name for p in list(signature.parameters.values())[1:]
-                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        raise RewardError(f"reward {name!r} does not accept options {sorted(options)} ({exc}); "
-                          f"valid options: {', '.join(valid) or '(none)'}") from exc
+        valid = [
+            p.name
+            for p in list(signature.parameters.values())[1:]
+            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        raise RewardError(
+            f"reward {name!r} does not accept options {sorted(options)} ({exc}); "
+            f"valid options: {', '.join(valid) or '(none)'}"
+        ) from exc
 
 
 def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[float]]:
     """``values`` as floats, after checking one finite float per turn of every episode."""
     if not isinstance(values, (list, tuple)) or len(values) != len(episodes):
         got = f"{len(values)} lists" if isinstance(values, (list, tuple)) else type(values).__name__
-        raise RewardError(f"reward {name!r} returned {got} for {len(episodes)} episodes; "
-                          "expected one list of per-turn floats per episode")
+        raise RewardError(
+            f"reward {name!r} returned {got} for {len(episodes)} episodes; "
+            "expected one list of per-turn floats per episode"
+        )
     out = []
     for i, (ep, per_turn) in enumerate(zip(episodes, values)):
         if not isinstance(per_turn, (list, tuple)) or len(per_turn) != len(ep.turns):
             got = f"{len(per_turn)} values" if isinstance(per_turn, (list, tuple)) else repr(per_turn)
-            raise RewardError(f"reward {name!r} gave {_describe(ep, i)} {got} for its {len(ep.turns)} turns; "
-                              "expected one float per turn")
+            raise RewardError(
+                f"reward {name!r} gave {_describe(ep, i)} {got} for its {len(ep.turns)} turns; "
+                "expected one float per turn"
+            )
         row = []
         for t, value in enumerate(per_turn):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise RewardError(f"reward {name!r} gave {_describe(ep, i)} turn {t} the value {value!r}; "
-                                  "expected a finite float")
+                raise RewardError(
+                    f"reward {name!r} gave {_describe(ep, i)} turn {t} the value {value!r}; expected a finite float"
+                )
             row.append(float(value))
         out.append(row)
     return out
 
 
-def compose_rewards(episodes: Sequence[Episode], weights: dict[str, float],
-                    options: dict[str, dict[str, Any]] | None = None) -> dict[str, float]:
+def compose_rewards(
+    episodes: Sequence[Episode], weights: dict[str, float], options: dict[str, dict[str, Any]] | None = None
+) -> dict[str, float]:
     """Compute the weighted reward components of a batch and store them on the episodes.
 
     Each component in ``weights`` is looked up in ``omrl.registry.rewards`` and
@@ -138,11 +149,15 @@ def compose_rewards(episodes: Sequence[Episode], weights: dict[str, float],
     from omrl import registry
 
     if not weights:
-        raise RewardError("no reward components: give weights such as {'goal': 1.0}; "
-                          f"registered rewards: {', '.join(registry.rewards.names())}")
+        raise RewardError(
+            "no reward components: give weights such as {'goal': 1.0}; "
+            f"registered rewards: {', '.join(registry.rewards.names())}"
+        )
     if TOTAL in weights:
-        raise RewardError(f"{TOTAL!r} is the composed reward and cannot be a component; "
-                          f"registered rewards: {', '.join(registry.rewards.names())}")
+        raise RewardError(
+            f"{TOTAL!r} is the composed reward and cannot be a component; "
+            f"registered rewards: {', '.join(registry.rewards.names())}"
+        )
     for name, weight in weights.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise RewardError(f"reward weight for {name!r} must be a finite number, got {weight!r}")
@@ -167,12 +182,17 @@ def compose_rewards(episodes: Sequence[Episode], weights: dict[str, float],
     means = {name: sum(sum(v) for v in values) / n for name, values in components.items()}
     means[TOTAL] = sum(sum(ep.rewards[TOTAL]) for ep in episodes) / n
     played = [ep for ep in episodes if ep.end_reason != "env_error"]  # an env that failed measured nothing
-    if (len(played) >= ZERO_WARNING_MIN_EPISODES and any(weights.values())
-            and all(v == 0.0 for ep in played for v in ep.rewards[TOTAL])):
+    if (
+        len(played) >= ZERO_WARNING_MIN_EPISODES
+        and any(weights.values())
+        and all(v == 0.0 for ep in played for v in ep.rewards[TOTAL])
+    ):
         warnings.warn(
             f"all rewards are 0 over {len(played)} episodes (components: {', '.join(weights)}) — "
             "check the env's score (Episode.score / Episode.won) and the reward weights",
-            ZeroRewardWarning, stacklevel=2)
+            ZeroRewardWarning,
+            stacklevel=2,
+        )
     return means
 
 
@@ -180,16 +200,20 @@ def model_token_positions(episode: Episode) -> list[list[int]]:
     """For each turn, the positions in ``episode.token_ids`` of its model tokens (``loss_mask`` 1)."""
     n = len(episode.token_ids)
     if len(episode.loss_mask) != n:
-        raise RewardError(f"episode (env {episode.env!r}, task {episode.task_id}) has {len(episode.loss_mask)} "
-                          f"loss-mask values for {n} token ids; they must be equally long")
+        raise RewardError(
+            f"episode (env {episode.env!r}, task {episode.task_id}) has {len(episode.loss_mask)} "
+            f"loss-mask values for {n} token ids; they must be equally long"
+        )
     positions = []
     previous_end = 0
     for t, turn in enumerate(episode.turns):
         start, end = turn.span
         if not previous_end <= start <= end <= n:
-            raise RewardError(f"turn {t} of episode (env {episode.env!r}, task {episode.task_id}) has span "
-                              f"{turn.span}; spans must be [start, end) in order, not overlapping, "
-                              f"within its {n} token ids")
+            raise RewardError(
+                f"turn {t} of episode (env {episode.env!r}, task {episode.task_id}) has span "
+                f"{turn.span}; spans must be [start, end) in order, not overlapping, "
+                f"within its {n} token ids"
+            )
         previous_end = end
         positions.append([p for p in range(start, end) if episode.loss_mask[p]])
     return positions
@@ -227,12 +251,16 @@ def allocate_rewards(episode: Episode, mode: str, gamma: float = 1.0) -> list[fl
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
         raise RewardError(f"gamma must be a number in [0, 1], got {gamma!r}")
     if TOTAL not in episode.rewards:
-        raise RewardError(f"episode (env {episode.env!r}, task {episode.task_id}) has no composed reward; "
-                          "call omrl.rewards.compose_rewards on its batch first")
+        raise RewardError(
+            f"episode (env {episode.env!r}, task {episode.task_id}) has no composed reward; "
+            "call omrl.rewards.compose_rewards on its batch first"
+        )
     turn_rewards = episode.rewards[TOTAL]
     if len(turn_rewards) != len(episode.turns):
-        raise RewardError(f"episode (env {episode.env!r}, task {episode.task_id}) has {len(turn_rewards)} "
-                          f"total rewards for {len(episode.turns)} turns")
+        raise RewardError(
+            f"episode (env {episode.env!r}, task {episode.task_id}) has {len(turn_rewards)} "
+            f"total rewards for {len(episode.turns)} turns"
+        )
 
     segments = model_token_positions(episode)
     flat = [p for segment in segments for p in segment]

@@ -20,7 +20,7 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool
 CHAT_TEMPLATE = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    "{{- 'You may call these tools. Reply with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>.\\n' }}"
+    '{{- \'You may call these tools. Reply with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.\\n\' }}'
     "{%- for tool in tools %}{{- (tool | tojson) + '\\n' }}{%- endfor %}{{- '<|im_end|>\\n' }}"
     "{%- for message in messages %}{%- if not (loop.first and message.role == 'system') %}"
     "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
@@ -61,13 +61,20 @@ def main() -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=4096, min_frequency=2, special_tokens=SPECIAL, show_progress=False,
+        vocab_size=4096,
+        min_frequency=2,
+        special_tokens=SPECIAL,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(corpus(), trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        bos_token=None, unk_token=None, additional_special_tokens=SPECIAL[1:2],
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=SPECIAL[1:2],
     )
     fast.chat_template = CHAT_TEMPLATE
     OUT.mkdir(parents=True, exist_ok=True)

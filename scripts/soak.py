@@ -58,12 +58,32 @@ ID_ROUTES = ("/reset", "/step", "/close", "/observation", "/expert_action", "/av
 MOVES = ("up", "down", "left", "right")
 #: what a fault draw can give, with its weight (the fault rate sets how often a draw happens)
 FAULTS = {"http500": 3, "garbage": 2, "error": 2, "nonfinite": 3, "lost": 2, "slow": 4}
-NONFINITE = ({"reward": float("nan")}, {"reward": float("inf")}, {"score": float("-inf")},
-             {"done": "yes"}, {"won": 1}, {"reward": "0.5"})
+NONFINITE = (
+    {"reward": float("nan")},
+    {"reward": float("inf")},
+    {"score": float("-inf")},
+    {"done": "yes"},
+    {"won": 1},
+    {"reward": "0.5"},
+)
 #: failure reasons, grouped by the first of these words their message holds
-REASON_KINDS = ("another client's env", "answered false", "restarted", "no longer knows", "is over", "cannot connect",
-                "timed out", "Timeout", "not JSON", "finite number", "true or false", "HTTP 500", "injected",
-                "not resent", "malformed")
+REASON_KINDS = (
+    "another client's env",
+    "answered false",
+    "restarted",
+    "no longer knows",
+    "is over",
+    "cannot connect",
+    "timed out",
+    "Timeout",
+    "not JSON",
+    "finite number",
+    "true or false",
+    "HTTP 500",
+    "injected",
+    "not resent",
+    "malformed",
+)
 
 
 @dataclass
@@ -113,8 +133,9 @@ class Chaos:
         with self.lock:
             owner = self.owners.get((server, env_id))
             if owner is not None and owner != client:
-                self.violations.append(f"client {client} reached env {env_id} of server {server} ({what}), "
-                                       f"which client {owner} created")
+                self.violations.append(
+                    f"client {client} reached env {env_id} of server {server} ({what}), which client {owner} created"
+                )
 
 
 class FaultyApp:
@@ -247,8 +268,14 @@ def agentgym_like_app(options: dict[str, Any]):
     def reset(body: Any = Body(None)):
         def start(env):
             first = env.reset(int(body["data_idx"]))
-            return {"id": body["id"], "observation": first.text, "instruction": first.instruction,
-                    "done": False, "reward": 0}
+            return {
+                "id": body["id"],
+                "observation": first.text,
+                "instruction": first.instruction,
+                "done": False,
+                "reward": 0,
+            }
+
         return played(body, start)
 
     @app.post("/step")
@@ -256,6 +283,7 @@ def agentgym_like_app(options: dict[str, Any]):
         def move(env):
             r = env.step(str(body["action"]))
             return {"observation": r.observation, "reward": r.reward, "done": r.done, "won": r.won, "score": r.score}
+
         return played(body, move)
 
     @app.get("/expert_action")
@@ -269,8 +297,12 @@ def agentgym_like_app(options: dict[str, Any]):
     @app.get("/tasks")
     def tasks(split: str | None = None):
         if split is None:
-            return {"env": "gridworld", "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
-                    "action_help": catalog.action_help, "max_turns": catalog.max_turns}
+            return {
+                "env": "gridworld",
+                "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
+                "action_help": catalog.action_help,
+                "max_turns": catalog.max_turns,
+            }
         ids = catalog.split_of(split)
         if isinstance(ids, range):
             return {"split": split, "range": [ids.start, ids.stop, ids.step]}
@@ -383,11 +415,13 @@ class Report:
 
     def lines(self) -> list[str]:
         ends = ", ".join(f"{end} {n}" for end, n in sorted(self.ends.items()) if end != "env_error")
-        out = [f"episodes: {self.requested} requested = {self.finished} finished ({ends}) + {self.failed} failed "
-               f"with a reason ({self.failed_without_reason} without one), in {self.seconds:.1f} s",
-               "faults: " + ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())),
-               "failure reasons: " + ", ".join(f"{k} {n}" for k, n in self.reasons.most_common()),
-               f"envs left open on the servers after every client closed: {self.left_open}"]
+        out = [
+            f"episodes: {self.requested} requested = {self.finished} finished ({ends}) + {self.failed} failed "
+            f"with a reason ({self.failed_without_reason} without one), in {self.seconds:.1f} s",
+            "faults: " + ", ".join(f"{k} {n}" for k, n in sorted(self.faults.items())),
+            "failure reasons: " + ", ".join(f"{k} {n}" for k, n in self.reasons.most_common()),
+            f"envs left open on the servers after every client closed: {self.left_open}",
+        ]
         out += [f"  e.g. {kind}: {message[:300]}" for kind, message in sorted(self.examples.items())]
         if self.violations:
             out += [f"INVARIANT BROKEN ({len(self.violations)}):"] + [f"  {v}" for v in self.violations[:20]]
@@ -413,14 +447,25 @@ def check_batch(report: Report, requested: int, episodes: Sequence[Any]) -> None
             continue
         values = [t.reward for t in ep.turns] + [ep.score]
         if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values) or not isinstance(ep.won, bool):
-            report.violations.append(f"task {ep.task_id} finished ({ep.end_reason}) with rewards {values} "
-                                     f"and won {ep.won!r}")
+            report.violations.append(
+                f"task {ep.task_id} finished ({ep.end_reason}) with rewards {values} and won {ep.won!r}"
+            )
 
 
-def soak(episodes: int = 300, seed: int = 0, servers: int = 2, fault_rate: float = 0.1,
-         timeout: float = 0.5, batch: int = 16, chaos_interval: float = 1.0, tokenizer: Any = None,
-         batch_seconds: float = 120.0, kinds: Sequence[str] = ("omrl", "agentgym"),
-         mid_episode_after: int = 6, pools_per_server: int = 2) -> Report:
+def soak(
+    episodes: int = 300,
+    seed: int = 0,
+    servers: int = 2,
+    fault_rate: float = 0.1,
+    timeout: float = 0.5,
+    batch: int = 16,
+    chaos_interval: float = 1.0,
+    tokenizer: Any = None,
+    batch_seconds: float = 120.0,
+    kinds: Sequence[str] = ("omrl", "agentgym"),
+    mid_episode_after: int = 6,
+    pools_per_server: int = 2,
+) -> Report:
     """Play ``episodes`` episodes against ``servers`` faulty servers; the counts and broken invariants.
 
     Server ``n`` is of kind ``kinds[n % len(kinds)]``. Each server has ``pools_per_server`` sets of
@@ -440,14 +485,23 @@ def soak(episodes: int = 300, seed: int = 0, servers: int = 2, fault_rate: float
     report, started, stop = Report(), time.monotonic(), threading.Event()
     monkey = threading.Thread(target=chaos_monkey, args=(farm, chaos, stop, chaos_interval), daemon=True)
     monkey.start()
-    pools = [EnvPool(_client_class(f"{n}.{k}."), {"base_url": s.url, "env_name": "gridworld", "timeout": timeout,
-                                                 "retries": 2, "backoff": 0.02}, name="agentgym", num_workers=8)
-             for n, s in enumerate(farm) for k in range(pools_per_server)]
+    pools = [
+        EnvPool(
+            _client_class(f"{n}.{k}."),
+            {"base_url": s.url, "env_name": "gridworld", "timeout": timeout, "retries": 2, "backoff": 0.02},
+            name="agentgym",
+            num_workers=8,
+        )
+        for n, s in enumerate(farm)
+        for k in range(pools_per_server)
+    ]
     try:
         plans = _plan(episodes, batch)
         for first in range(0, len(plans), len(pools)):
-            seeds = [rng.randrange(1 << 30) for _ in plans[first:first + len(pools)]]
-            if not _play_round(report, pools, plans[first:first + len(pools)], first, seeds, tokenizer, batch_seconds):
+            seeds = [rng.randrange(1 << 30) for _ in plans[first : first + len(pools)]]
+            if not _play_round(
+                report, pools, plans[first : first + len(pools)], first, seeds, tokenizer, batch_seconds
+            ):
                 break  # a batch hung: its threads are daemons, the report says so
             if rng.random() < 0.3:
                 farm[rng.randrange(len(farm))].restart(down=rng.uniform(0.0, 0.2))
@@ -479,13 +533,17 @@ def _client_class(prefix: str = "") -> type[AgentGymEnv]:
     return SoakClient
 
 
-def _play_round(report: Report, pools: list, sizes: list[int], first: int, seeds: list[int], tokenizer: Any,
-                batch_seconds: float) -> bool:
+def _play_round(
+    report: Report, pools: list, sizes: list[int], first: int, seeds: list[int], tokenizer: Any, batch_seconds: float
+) -> bool:
     """One batch per pool, in parallel threads; False when one did not finish in ``batch_seconds``."""
     outcomes: list[Any] = [None] * len(sizes)
-    threads = [threading.Thread(target=_play_batch, args=(outcomes, i, pool, size, (first + i) % 3 == 2, seed,
-                                                           tokenizer), daemon=True)
-               for i, (pool, size, seed) in enumerate(zip(pools, sizes, seeds))]
+    threads = [
+        threading.Thread(
+            target=_play_batch, args=(outcomes, i, pool, size, (first + i) % 3 == 2, seed, tokenizer), daemon=True
+        )
+        for i, (pool, size, seed) in enumerate(zip(pools, sizes, seeds))
+    ]
     for thread in threads:
         thread.start()
     for i, thread in enumerate(threads):
@@ -507,9 +565,19 @@ def _play_batch(outcomes: list, index: int, pool, size: int, expert: bool, seed:
     backend = None if expert else RandomPolicy(tokenizer, random.Random(seed))
     limits = RolloutLimits(max_new_tokens=24, max_context=4096, max_turns=8)
     try:
-        outcomes[index] = collect(pool, ActionTemplate(), tokenizer, tasks, backend=backend, limits=limits,
-                                  split="test", group_size=2, seed=seed, expert=expert,
-                                  max_parallel=max(1, size // 2))  # episodes start while others play
+        outcomes[index] = collect(
+            pool,
+            ActionTemplate(),
+            tokenizer,
+            tasks,
+            backend=backend,
+            limits=limits,
+            split="test",
+            group_size=2,
+            seed=seed,
+            expert=expert,
+            max_parallel=max(1, size // 2),
+        )  # episodes start while others play
     except BaseException as exc:  # noqa: BLE001 - the report names it as a broken invariant
         outcomes[index] = exc
 
@@ -534,8 +602,8 @@ class ActionTemplate(Template):
 
     def parse(self, response: str, env) -> ParsedAction:
         text = response.strip()
-        if text.startswith("Action:") and text[len("Action:"):].strip():
-            return ParsedAction(text[len("Action:"):].strip(), True)
+        if text.startswith("Action:") and text[len("Action:") :].strip():
+            return ParsedAction(text[len("Action:") :].strip(), True)
         return ParsedAction(None, False, error="the reply must start with `Action:`")
 
     def format_action(self, action: str, env, thought: str = "") -> str:
@@ -568,18 +636,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-rate", type=float, default=0.1, help="share of requests that get a fault")
     parser.add_argument("--timeout", type=float, default=0.5, help="the client's timeout per HTTP call (s)")
     parser.add_argument("--chaos-interval", type=float, default=1.0, help="mean seconds between kills/pauses")
-    parser.add_argument("--kinds", default="omrl,agentgym",
-                        help="server kinds, taken in turn: omrl (omrl env serve), agentgym (AgentGym-like)")
-    parser.add_argument("--mid-episode-after", type=int, default=6,
-                        help="each server restarts once, right after answering this many steps (0: never)")
+    parser.add_argument(
+        "--kinds",
+        default="omrl,agentgym",
+        help="server kinds, taken in turn: omrl (omrl env serve), agentgym (AgentGym-like)",
+    )
+    parser.add_argument(
+        "--mid-episode-after",
+        type=int,
+        default=6,
+        help="each server restarts once, right after answering this many steps (0: never)",
+    )
     args = parser.parse_args(argv)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     if args.episodes < 1 or args.servers < 1 or not 0 <= args.fault_rate <= 1:
         parser.error("--episodes and --servers must be >= 1, --fault-rate in [0, 1]")
     if not kinds or set(kinds) - {"omrl", "agentgym"} or args.mid_episode_after < 0:
         parser.error("--kinds takes omrl and agentgym, comma-separated; --mid-episode-after must be >= 0")
-    report = soak(args.episodes, args.seed, args.servers, args.fault_rate, args.timeout,
-                  chaos_interval=args.chaos_interval, kinds=kinds, mid_episode_after=args.mid_episode_after)
+    report = soak(
+        args.episodes,
+        args.seed,
+        args.servers,
+        args.fault_rate,
+        args.timeout,
+        chaos_interval=args.chaos_interval,
+        kinds=kinds,
+        mid_episode_after=args.mid_episode_after,
+    )
     print("\n".join(report.lines()))
     return 1 if report.violations else 0
 

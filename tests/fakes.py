@@ -55,11 +55,14 @@ class KeyEnv(Env):
             raise EnvError(f"chest {self.task} exploded")
         if action == "open":
             self.opened = True
-            return StepResult(f"Chest {self.task} is open; a key glints inside.", 0.0, False, {"won": False, "score": 0.5})
+            return StepResult(
+                f"Chest {self.task} is open; a key glints inside.", 0.0, False, {"won": False, "score": 0.5}
+            )
         if action == "take key" and self.opened:
             return StepResult("You hold the key. Well done.", 1.0, True, {"won": True, "score": 1.0})
-        return StepResult(f"Nothing happens to chest {self.task}.", 0.0, False,
-                          {"won": False, "score": 0.0, "invalid": True})
+        return StepResult(
+            f"Nothing happens to chest {self.task}.", 0.0, False, {"won": False, "score": 0.0, "invalid": True}
+        )
 
     def expert_action(self) -> str | None:
         return "take key" if self.opened else "open"
@@ -79,8 +82,8 @@ class ActionTemplate(Template):
 
     def parse(self, response: str, env: Env) -> ParsedAction:
         text = response.strip()
-        if text.startswith("Action:") and text[len("Action:"):].strip():
-            return ParsedAction(text[len("Action:"):].strip(), True)
+        if text.startswith("Action:") and text[len("Action:") :].strip():
+            return ParsedAction(text[len("Action:") :].strip(), True)
         return ParsedAction(None, False, error="the reply must start with `Action:`")
 
     def format_action(self, action: str, env: Env, thought: str = "") -> str:
@@ -108,7 +111,11 @@ class ScriptedBackend(Backend):
         out = []
         for i, prompt in enumerate(prompts):
             got = self.reply(call, i, list(prompt))
-            ids = got if isinstance(got, list) else self.tokenizer.encode(got, add_special_tokens=False) + [self.eos_token_id]
+            ids = (
+                got
+                if isinstance(got, list)
+                else self.tokenizer.encode(got, add_special_tokens=False) + [self.eos_token_id]
+            )
             out.append(self._cut(ids, [self.logprob] * len(ids), params.limit(i)))
         return out
 
@@ -138,6 +145,7 @@ class FakePlugin:
     @hookimpl
     def register_templates(self, register):
         register("action", ActionTemplate)
+
 
 @dataclass(frozen=True)
 class ChestState:
@@ -180,8 +188,12 @@ class ChestEnv(Env):
         if action == "smash":
             self.done = True
             return StepResult("The key broke.", 0.0, True, {"won": False, "score": 0.0})
-        return StepResult(f"Nothing happens to chest {self.task}.", 0.0, False,
-                          {"won": False, "score": 0.5 if self.opened else 0.0, "invalid": True})
+        return StepResult(
+            f"Nothing happens to chest {self.task}.",
+            0.0,
+            False,
+            {"won": False, "score": 0.5 if self.opened else 0.0, "invalid": True},
+        )
 
     def snapshot(self) -> ChestState:
         return ChestState(self.task, self.opened, self.turn, self.done)
@@ -220,9 +232,11 @@ class LyingChestEnv(ReplayChestEnv):
 
 def by_call(*rounds: Sequence[str]) -> Callable[[int, int, list[int]], str]:
     """A reply function: ``rounds[call][index]`` (the last entry of a round repeats)."""
+
     def reply(call: int, index: int, prompt: list[int]) -> str:
         options = rounds[min(call, len(rounds) - 1)]
         return options[min(index, len(options) - 1)]
+
     return reply
 
 

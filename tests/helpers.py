@@ -39,8 +39,13 @@ def play_expert(env: Any, task_id: int, admissible: bool = False) -> list[Any]:
 
 def fresh_python_json(code: str) -> Any:
     """Run ``code`` in a fresh Python (nothing imported yet; HF_HUB_OFFLINE=1): the JSON its last line printed."""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -53,9 +58,22 @@ def eval_two_tasks(env_name: str, tmp_path: Path) -> dict[str, Any]:
     from omrl.cli import build_app
 
     report = tmp_path / "report.json"
-    result = CliRunner().invoke(build_app(), [
-        "eval", "--env", env_name, "--model", "tiny", "--num-tasks", "2",
-        "generation.max_new_tokens=4", "env.max_turns=2", "--report", str(report)])
+    result = CliRunner().invoke(
+        build_app(),
+        [
+            "eval",
+            "--env",
+            env_name,
+            "--model",
+            "tiny",
+            "--num-tasks",
+            "2",
+            "generation.max_new_tokens=4",
+            "env.max_turns=2",
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
     assert data["metrics"]["episodes"] == 2 and sum(data["metrics"]["end_reasons"].values()) == 2

@@ -15,8 +15,9 @@ from omrl.cli import build_app
 
 
 def omrl(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "omrl", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "omrl", *args], capture_output=True, text=True, env={**os.environ, **env}, timeout=300
+    )
 
 
 def _walk(command, path: tuple[str, ...] = ()):

@@ -19,11 +19,13 @@ PLUGIN_MOVES = {
 
 @pytest.mark.parametrize("old, new", sorted({**MOVED, **PLUGIN_MOVES}.items()))
 def test_an_old_path_gives_the_moved_module_with_a_warning(old, new):
-    code = (f"import warnings, importlib; warnings.simplefilter('error')\n"
-            f"try:\n    importlib.import_module({old!r})\n"
-            f"except DeprecationWarning as w:\n    assert {new!r} in str(w), w\nelse:\n    raise SystemExit('no warning')\n"
-            f"warnings.simplefilter('ignore')\n"
-            f"assert importlib.import_module({old!r}) is importlib.import_module({new!r})\n")
+    code = (
+        f"import warnings, importlib; warnings.simplefilter('error')\n"
+        f"try:\n    importlib.import_module({old!r})\n"
+        f"except DeprecationWarning as w:\n    assert {new!r} in str(w), w\nelse:\n    raise SystemExit('no warning')\n"
+        f"warnings.simplefilter('ignore')\n"
+        f"assert importlib.import_module({old!r}) is importlib.import_module({new!r})\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

@@ -103,10 +103,15 @@ def test_hookimpl_may_take_fewer_arguments(register_plugin):
 
 
 def test_every_hook_is_documented_and_tested():
-    hooks = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
-             if name.startswith("register_")]
-    assert set(hooks) == {"register_envs", "register_rewards", "register_templates",
-                          "register_algorithms", "register_rollout_strategies", "register_commands"}
+    hooks = [name for name, fn in inspect.getmembers(hookspecs, inspect.isfunction) if name.startswith("register_")]
+    assert set(hooks) == {
+        "register_envs",
+        "register_rewards",
+        "register_templates",
+        "register_algorithms",
+        "register_rollout_strategies",
+        "register_commands",
+    }
     tests_text = "\n".join(p.read_text() for p in Path(__file__).parent.rglob("test_*.py"))
     for name in hooks:
         assert inspect.getdoc(getattr(hookspecs, name)), f"{name} has no docstring"
@@ -122,8 +127,13 @@ def test_builtins_register_through_the_entry_point_group():
 
 
 def _omrl(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "omrl", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "omrl", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
 
 
 def test_env_var_limits_which_distributions_load():
@@ -143,11 +153,13 @@ def test_register_commands_adds_a_cli_command(tmp_path):
         "        '''Say hello.'''\n"
         "        print(f'hello {name}')\n"
     )
-    code = ("import sys; sys.path.insert(0, %r)\n"
-            "import hello_cmd\n"
-            "from omrl.plugins import load_plugins\n"
-            "load_plugins().register(hello_cmd, name='hello-cmd')\n"
-            "from omrl.cli import main\n"
-            "main(['hello', '--name', 'omrl'])\n") % str(tmp_path)
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import hello_cmd\n"
+        "from omrl.plugins import load_plugins\n"
+        "load_plugins().register(hello_cmd, name='hello-cmd')\n"
+        "from omrl.cli import main\n"
+        "main(['hello', '--name', 'omrl'])\n"
+    ) % str(tmp_path)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "hello omrl", result.stderr

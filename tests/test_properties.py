@@ -32,17 +32,35 @@ FILES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCh
 
 # -- envs a reply is parsed for ------------------------------------------------------------------
 
+
 class ToolEnv(OneTaskEnv):
     """An env with tools of several argument types."""
 
     action_help = "Actions: search[keywords], click[value] or dial[digits, loud]."
     tools = [
-        {"name": "search", "description": "Search.",
-         "parameters": {"type": "object", "properties": {"keywords": {"type": "string"}}, "required": ["keywords"]}},
-        {"name": "click", "description": "Click.", "parameters": {
-            "type": "object", "properties": {"value": {"type": "string", "enum": ["a", "b"]}}, "required": ["value"]}},
-        {"name": "dial", "description": "Dial.", "parameters": {"type": "object", "properties": {
-            "digits": {"type": "integer"}, "loud": {"type": "boolean"}}, "required": ["digits"]}},
+        {
+            "name": "search",
+            "description": "Search.",
+            "parameters": {"type": "object", "properties": {"keywords": {"type": "string"}}, "required": ["keywords"]},
+        },
+        {
+            "name": "click",
+            "description": "Click.",
+            "parameters": {
+                "type": "object",
+                "properties": {"value": {"type": "string", "enum": ["a", "b"]}},
+                "required": ["value"],
+            },
+        },
+        {
+            "name": "dial",
+            "description": "Dial.",
+            "parameters": {
+                "type": "object",
+                "properties": {"digits": {"type": "integer"}, "loud": {"type": "boolean"}},
+                "required": ["digits"],
+            },
+        },
     ]
 
 
@@ -73,18 +91,84 @@ ENVS = (ToolEnv(), RoomEnv(), BrokenEnv())
 # -- replies -------------------------------------------------------------------------------------
 
 # the pieces the templates look for, so random replies hit their branches, not just their "nothing found" path
-PIECES = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<action>", "</action>", "<ACTION>", "Think:",
-          "Act:", "Action:", "**Act:**", "Thought:", "Observation:", "\n", " ", "```", "`", "'", '"', "{", "}",
-          "[", "]", "(", ")", ":", ",", '"name"', '"arguments"', '"parameters"', '"search"', '"click"', '"dial"',
-          '"act"', '"action"', '"keywords"', '"value"', '"digits"', '"loud"', '"a"', '"3"', "3", "3.5", "-1",
-          "true", "null", '"true"', "\\u00e9", "\\ud800", "\\", "search[shoes]", "click[a]", "go north", "look",
-          "\x00", "\ufffd", "é", "\u2028", "1" * 5000]
+PIECES = [
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+    "<action>",
+    "</action>",
+    "<ACTION>",
+    "Think:",
+    "Act:",
+    "Action:",
+    "**Act:**",
+    "Thought:",
+    "Observation:",
+    "\n",
+    " ",
+    "```",
+    "`",
+    "'",
+    '"',
+    "{",
+    "}",
+    "[",
+    "]",
+    "(",
+    ")",
+    ":",
+    ",",
+    '"name"',
+    '"arguments"',
+    '"parameters"',
+    '"search"',
+    '"click"',
+    '"dial"',
+    '"act"',
+    '"action"',
+    '"keywords"',
+    '"value"',
+    '"digits"',
+    '"loud"',
+    '"a"',
+    '"3"',
+    "3",
+    "3.5",
+    "-1",
+    "true",
+    "null",
+    '"true"',
+    "\\u00e9",
+    "\\ud800",
+    "\\",
+    "search[shoes]",
+    "click[a]",
+    "go north",
+    "look",
+    "\x00",
+    "\ufffd",
+    "é",
+    "\u2028",
+    "1" * 5000,
+]
 adversarial = st.lists(st.sampled_from(PIECES) | st.text(max_size=8), max_size=40).map("".join)
-nested = st.builds(lambda prefix, unit, count, suffix: prefix + unit * count + suffix,
-                   st.sampled_from(["", "<tool_call>", '<tool_call>{"name": "search", "arguments": ',
-                                    '{"name": "dial", "arguments": {"digits": ', "Act: ", "<action>"]),
-                   st.sampled_from(["[", "{", "<", '{"a": ', "[{", '{"a": [', "<action>", "<tool_call>", "<think>"]),
-                   st.integers(500, 5000), st.sampled_from(["", "]", "}", "</tool_call>", "</action>"]))
+nested = st.builds(
+    lambda prefix, unit, count, suffix: prefix + unit * count + suffix,
+    st.sampled_from(
+        [
+            "",
+            "<tool_call>",
+            '<tool_call>{"name": "search", "arguments": ',
+            '{"name": "dial", "arguments": {"digits": ',
+            "Act: ",
+            "<action>",
+        ]
+    ),
+    st.sampled_from(["[", "{", "<", '{"a": ', "[{", '{"a": [', "<action>", "<tool_call>", "<think>"]),
+    st.integers(500, 5000),
+    st.sampled_from(["", "]", "}", "</tool_call>", "</action>"]),
+)
 invalid_utf8 = st.binary(max_size=200).map(lambda raw: raw.decode("utf-8", errors="replace"))
 replies = st.text() | adversarial | nested | invalid_utf8
 
@@ -130,13 +214,25 @@ def test_parse_never_raises_on_decoded_token_ids(tokenizer, name, ids, env):
 
 # -- dataset files -------------------------------------------------------------------------------
 
-GOOD = {"conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "search[x]"}],
-        "reward": 1.0}
-json_values = st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=10),
-                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-                               st.sampled_from(["conversations", "messages", "role", "content", "from", "value",
-                                                "reward", "demo_messages", "id"]) | st.text(max_size=5),
-                               inner, max_size=4), max_leaves=20)
+GOOD = {
+    "conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "search[x]"}],
+    "reward": 1.0,
+}
+json_values = st.recursive(
+    st.none() | st.booleans() | st.floats() | st.integers() | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                ["conversations", "messages", "role", "content", "from", "value", "reward", "demo_messages", "id"]
+            )
+            | st.text(max_size=5),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
 records = st.just(GOOD) | json_values
 # valid JSON lines, then some of their bytes overwritten, or cut off
 jsonl_bytes = st.lists(records, max_size=5).map(lambda rows: "".join(json.dumps(r) + "\n" for r in rows).encode())
@@ -161,7 +257,7 @@ def damage(data: bytes, edits: list[tuple[int, int]], cut: int | None) -> bytes:
     return bytes(out[:cut] if cut is not None else out)
 
 
-edits = st.lists(st.tuples(st.integers(0, 10 ** 6), st.integers(0, 255)), max_size=4)
+edits = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4)
 cuts = st.none() | st.integers(0, 5000)
 
 
@@ -198,13 +294,24 @@ def test_damaged_parquet_loads_or_raises_an_omrl_error(tmp_path, edits, cut):
     load_or_error(path)
 
 
-parquet_rows = st.lists(st.fixed_dictionaries({}, optional={
-    "conversations": st.none() | st.just(GOOD["conversations"]) | st.lists(st.text(max_size=5), max_size=2)
-    | st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "bot"]), "content": st.text()}),
-               max_size=3),
-    "reward": st.none() | st.floats(),
-    "demo_messages": st.none() | st.integers(-2, 3),
-}), min_size=1, max_size=4)
+parquet_rows = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "conversations": st.none()
+            | st.just(GOOD["conversations"])
+            | st.lists(st.text(max_size=5), max_size=2)
+            | st.lists(
+                st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "bot"]), "content": st.text()}),
+                max_size=3,
+            ),
+            "reward": st.none() | st.floats(),
+            "demo_messages": st.none() | st.integers(-2, 3),
+        },
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 @FILES
@@ -221,17 +328,52 @@ def test_parquet_of_any_rows_loads_or_raises_an_omrl_error(tmp_path, rows):
 
 # -- config overrides --------------------------------------------------------------------------------
 
-_KEYS = st.sampled_from(["steps", "group_size", "optim.learning_rate", "reward.weights", "env.name", "algorithm.gamma",
-                         "algo", "kl_coef", "model", "model.lora_target_modules", "plugins.webshop.x", "nosuch",
-                         "optim", "generation.temperature", "logging.save_steps", ""])
-_VALUES = st.one_of(st.text(max_size=40), st.sampled_from(["{goal:1}", "{goal: 1}", "[1, 2", "1e-3", "-1", "null",
-                                                           "true", "{a: {b: c}}", "!!python/object:os.system", "&a *a",
-                                                           "'", "1" * 400, "[" * 500]))
+_KEYS = st.sampled_from(
+    [
+        "steps",
+        "group_size",
+        "optim.learning_rate",
+        "reward.weights",
+        "env.name",
+        "algorithm.gamma",
+        "algo",
+        "kl_coef",
+        "model",
+        "model.lora_target_modules",
+        "plugins.webshop.x",
+        "nosuch",
+        "optim",
+        "generation.temperature",
+        "logging.save_steps",
+        "",
+    ]
+)
+_VALUES = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(
+        [
+            "{goal:1}",
+            "{goal: 1}",
+            "[1, 2",
+            "1e-3",
+            "-1",
+            "null",
+            "true",
+            "{a: {b: c}}",
+            "!!python/object:os.system",
+            "&a *a",
+            "'",
+            "1" * 400,
+            "[" * 500,
+        ]
+    ),
+)
 
 
 @FAST
-@given(st.lists(st.one_of(st.tuples(_KEYS, _VALUES).map(lambda kv: f"{kv[0]}={kv[1]}"), st.text(max_size=30)),
-                max_size=4))
+@given(
+    st.lists(st.one_of(st.tuples(_KEYS, _VALUES).map(lambda kv: f"{kv[0]}={kv[1]}"), st.text(max_size=30)), max_size=4)
+)
 def test_any_command_line_overrides_give_a_config_or_a_config_error(overrides):
     from omrl.config import load_config
     from omrl.config.options import TrainRunConfig

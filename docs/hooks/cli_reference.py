@@ -76,8 +76,14 @@ def keys_markdown() -> str:
     out = []
     for command, cls in CONFIG_CLASSES.items():
         config = cls()  # its own defaults: a nested section's may differ from the section class's
-        out += [f"### {command}", "", f"`{cls.__name__}`: {len(describe(cls))} keys.", "",
-                "| key | type | default | help |", "|---|---|---|---|"]
+        out += [
+            f"### {command}",
+            "",
+            f"`{cls.__name__}`: {len(describe(cls))} keys.",
+            "",
+            "| key | type | default | help |",
+            "|---|---|---|---|",
+        ]
         for key, type_name, _, help_text in describe(cls):
             out.append(f"| `{key}` | {cell(type_name)} | `{cell(default_of(config, key))}` | {cell(help_text)} |")
         out.append("")

@@ -42,8 +42,9 @@ class GuessNumberEnv(Env):
         try:
             guess = int(action.strip())
         except ValueError:
-            return StepResult(f"{action!r} is not a whole number.", 0.0, False,
-                              {"won": False, "score": 0.0, "invalid": True})
+            return StepResult(
+                f"{action!r} is not a whole number.", 0.0, False, {"won": False, "score": 0.0, "invalid": True}
+            )
         if guess == self.secret:
             self.done = True
             return StepResult("Correct!", 1.0, True, {"won": True, "score": 1.0})
@@ -59,8 +60,7 @@ class GuessNumberEnv(Env):
 
 def brevity(episodes, max_turns: int = 8):
     """1 minus the share of the turn budget used, on the last turn."""
-    return [[0.0] * (len(ep.turns) - 1) + [1.0 - len(ep.turns) / max_turns] if ep.turns else []
-            for ep in episodes]
+    return [[0.0] * (len(ep.turns) - 1) + [1.0 - len(ep.turns) / max_turns] if ep.turns else [] for ep in episodes]
 
 
 @hookimpl

@@ -21,8 +21,16 @@ BACKENDS = {
 }
 
 
-def make_backend(name: str, tokenizer: Any, generation: Any, *, model: Any = None, model_name: str = "",
-                 dtype: str = "float32", seed: int = 0) -> Backend:
+def make_backend(
+    name: str,
+    tokenizer: Any,
+    generation: Any,
+    *,
+    model: Any = None,
+    model_name: str = "",
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Backend:
     """Build the backend ``name`` from a GenerationConfig.
 
     ``model`` is an already loaded transformers model (hf; loaded from
@@ -39,21 +47,36 @@ def make_backend(name: str, tokenizer: Any, generation: Any, *, model: Any = Non
 
             model, _ = load_model(model_name, dtype=dtype, device="cuda" if torch.cuda.is_available() else None)
         # read defensively: a config from before these options has neither
-        return HFBackend(model, tokenizer, batch_size=generation.batch_size,
-                         kv_reuse=bool(getattr(generation, "kv_reuse", True)),
-                         kv_cache_mb=int(getattr(generation, "kv_cache_mb", 1024)))
+        return HFBackend(
+            model,
+            tokenizer,
+            batch_size=generation.batch_size,
+            kv_reuse=bool(getattr(generation, "kv_reuse", True)),
+            kv_cache_mb=int(getattr(generation, "kv_cache_mb", 1024)),
+        )
     if name == "vllm":
         from omrl.backends.vllm import VLLMBackend
         from omrl.models import resolve_model_path
 
-        return VLLMBackend(resolve_model_path(model_name), tokenizer, batch_size=generation.batch_size,
-                           dtype=dtype, max_model_len=generation.max_context,
-                           gpu_memory_utilization=generation.gpu_memory_utilization, seed=seed)
+        return VLLMBackend(
+            resolve_model_path(model_name),
+            tokenizer,
+            batch_size=generation.batch_size,
+            dtype=dtype,
+            max_model_len=generation.max_context,
+            gpu_memory_utilization=generation.gpu_memory_utilization,
+            seed=seed,
+        )
     if name == "openai":
         from omrl.backends.openai import OpenAIBackend
 
-        return OpenAIBackend.from_env(generation.base_url, model_name, tokenizer,
-                                      api_key_env=generation.api_key_env, batch_size=generation.batch_size)
+        return OpenAIBackend.from_env(
+            generation.base_url,
+            model_name,
+            tokenizer,
+            api_key_env=generation.api_key_env,
+            batch_size=generation.batch_size,
+        )
     raise UnknownNameError(f"unknown generation backend {name!r}; valid: {', '.join(BACKENDS)}")
 
 

@@ -32,9 +32,11 @@ def generation_metrics(stats: dict[str, float]) -> dict[str, float]:
     decoding speed (tokens sampled a second of decoding, prompt processing left out; the whole call's
     time where the backend cannot tell the two apart)."""
     prefill = stats.get("prefill_computed", 0) + stats.get("prefill_reused", 0)
-    out = {"generated_tokens": float(stats.get("decode_tokens", 0)),
-           "prefill_tokens": float(stats.get("prefill_computed", 0)),
-           "prefill_reused": float(stats.get("prefill_reused", 0))}
+    out = {
+        "generated_tokens": float(stats.get("decode_tokens", 0)),
+        "prefill_tokens": float(stats.get("prefill_computed", 0)),
+        "prefill_reused": float(stats.get("prefill_reused", 0)),
+    }
     if prefill:
         out["prefill_hit_rate"] = stats.get("prefill_reused", 0) / prefill
     decode_seconds = stats.get("generate_seconds", 0) - stats.get("prefill_seconds", 0)
@@ -112,16 +114,22 @@ class Backend(ABC):
         if batch_size < 1:
             raise OmrlError(f"generation.batch_size must be >= 1, got {batch_size}")
         if tokenizer.eos_token_id is None:
-            raise OmrlError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no eos_token; "
-                            "the rollout needs the end-of-turn token to stop a turn")
+            raise OmrlError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no eos_token; "
+                "the rollout needs the end-of-turn token to stop a turn"
+            )
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0)  # summed over calls; see take_stats
 
     @abstractmethod
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 messages: Sequence[Sequence[Mapping[str, str]]] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
+    ) -> list[Generation]:
         """One turn for each prompt, in order, chunked by ``batch_size`` internally.
 
         ``messages`` (the same chats as text) is only used by backends that can
@@ -152,8 +160,9 @@ class Backend(ABC):
     def close(self) -> None:
         """Free what the backend holds (engines, connections)."""
 
-    def _count_call(self, generations: Sequence[Generation], seconds: float, computed: int = 0,
-                    reused: int = 0) -> None:
+    def _count_call(
+        self, generations: Sequence[Generation], seconds: float, computed: int = 0, reused: int = 0
+    ) -> None:
         """Add one generate call to :attr:`stats`: its sampled tokens and seconds, and the prompt tokens
         the engine computed and took from its cache (when it tells; 0 otherwise)."""
         self.stats["decode_tokens"] += sum(len(g.token_ids) for g in generations)

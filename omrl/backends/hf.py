@@ -65,7 +65,11 @@ class _SampledLogprobs:
         """(batch, new_tokens) log-probs, once generate has returned ``sequences``."""
         self._gather(sequences)
         self.previous = None
-        return torch.stack(self.picked, dim=1) if self.picked else sequences.new_zeros((len(sequences), 0), dtype=torch.float)
+        return (
+            torch.stack(self.picked, dim=1)
+            if self.picked
+            else sequences.new_zeros((len(sequences), 0), dtype=torch.float)
+        )
 
 
 class HFBackend(Backend):
@@ -77,8 +81,9 @@ class HFBackend(Backend):
 
     name = "hf"
 
-    def __init__(self, model: Any, tokenizer: Any, batch_size: int = 32, kv_reuse: bool = True,
-                 kv_cache_mb: int = 1024):
+    def __init__(
+        self, model: Any, tokenizer: Any, batch_size: int = 32, kv_reuse: bool = True, kv_cache_mb: int = 1024
+    ):
         super().__init__(tokenizer, batch_size)
         self.model = model
         pad = tokenizer.pad_token_id
@@ -89,9 +94,12 @@ class HFBackend(Backend):
             if reuse_supported(self._owner):
                 self.reuse = ReuseEngine(max_bytes=kv_cache_mb * MIB)
             else:
-                warnings.warn(f"{type(self._owner).__name__} keeps KV states the reuse cache cannot crop "
-                              "(sliding-window, linear-attention or encoder-decoder layers, or an older "
-                              "transformers): the hf backend prefills every turn in full", stacklevel=2)
+                warnings.warn(
+                    f"{type(self._owner).__name__} keeps KV states the reuse cache cannot crop "
+                    "(sliding-window, linear-attention or encoder-decoder layers, or an older "
+                    "transformers): the hf backend prefills every turn in full",
+                    stacklevel=2,
+                )
 
     @property
     def kv_cache(self) -> PrefixCache | None:
@@ -107,8 +115,12 @@ class HFBackend(Backend):
         """The transformers model (a peft model's base, its adapters in place), which holds the generation config."""
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 messages: Sequence[Sequence[Mapping[str, str]]] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
+    ) -> list[Generation]:
         limits = params.limits(len(prompts))
         started = time.perf_counter()
         out: list[Generation | None] = [None] * len(prompts)
@@ -120,7 +132,7 @@ class HFBackend(Backend):
         self.model.eval()
         try:
             for chunk_no, start in enumerate(range(0, len(order), self.batch_size)):
-                chunk = order[start:start + self.batch_size]
+                chunk = order[start : start + self.batch_size]
                 seed = None if params.seed is None else params.seed + chunk_no
                 chunk_prompts, chunk_limits = [prompts[i] for i in chunk], [limits[i] for i in chunk]
                 if self.reuse is None:
@@ -135,8 +147,9 @@ class HFBackend(Backend):
         return out  # type: ignore[return-value]
 
     # -- without reuse: one model.generate call a chunk -------------------------------------------------
-    def _generate_chunk(self, prompts: list[Sequence[int]], limits: list[int], params: SamplingParams,
-                        seed: int | None) -> list[Generation]:
+    def _generate_chunk(
+        self, prompts: list[Sequence[int]], limits: list[int], params: SamplingParams, seed: int | None
+    ) -> list[Generation]:
         """One ``model.generate`` call: the whole prompts prefilled, left-padded, run to the longest member."""
         from transformers import GenerationConfig, LogitsProcessorList
 
@@ -145,15 +158,21 @@ class HFBackend(Backend):
         attention = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, ids in enumerate(prompts):
             if ids:
-                input_ids[row, width - len(ids):] = torch.tensor(list(ids), dtype=torch.long)
-                attention[row, width - len(ids):] = 1
+                input_ids[row, width - len(ids) :] = torch.tensor(list(ids), dtype=torch.long)
+                attention[row, width - len(ids) :] = 1
         self.stats["prefill_computed"] += sum(len(p) for p in prompts)
         recorder = _SampledLogprobs()
         # our own warpers, placed before the recorder (generate would append its own after it)
         processors = [*warpers(params), recorder]
         sampling = {} if params.greedy else {"top_k": 0}  # 0 turns off generate's default top-k of 50
-        config = GenerationConfig(max_new_tokens=max(limits), do_sample=not params.greedy, use_cache=True,
-                                  eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id, **sampling)
+        config = GenerationConfig(
+            max_new_tokens=max(limits),
+            do_sample=not params.greedy,
+            use_cache=True,
+            eos_token_id=self.eos_token_id,
+            pad_token_id=self.pad_token_id,
+            **sampling,
+        )
         device = self.device
         # generate fills unset flags from the model's own generation_config (top_k, repetition
         # penalty...), which would change what is sampled and its log-probs: hide it for the call
@@ -167,7 +186,9 @@ class HFBackend(Backend):
                     torch.manual_seed(seed)
                 started = time.perf_counter()
                 sequences = self.model.generate(
-                    input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention.to(device),
+                    generation_config=config,
                     logits_processor=LogitsProcessorList(processors),
                 )
         finally:
@@ -178,11 +199,25 @@ class HFBackend(Backend):
         return [self._cut(ids, lp, limit) for ids, lp, limit in zip(new_ids.cpu().tolist(), logprobs, limits)]
 
     # -- with KV reuse: the engine runs the chunk, through this backend's model call and sampler ----------
-    def _generate_chunk_reusing(self, engine: ReuseEngine, prompts: list[Sequence[int]], limits: list[int],
-                                params: SamplingParams, seed: int | None) -> list[Generation]:
+    def _generate_chunk_reusing(
+        self,
+        engine: ReuseEngine,
+        prompts: list[Sequence[int]],
+        limits: list[int],
+        params: SamplingParams,
+        seed: int | None,
+    ) -> list[Generation]:
         ids = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
-        sampled = engine.generate_chunk(ids, limits, seed, forward=self._forward, sampler=self._sampler(params, ids),
-                                        eos_token_id=self.eos_token_id, device=self.device, stats=self.stats)
+        sampled = engine.generate_chunk(
+            ids,
+            limits,
+            seed,
+            forward=self._forward,
+            sampler=self._sampler(params, ids),
+            eos_token_id=self.eos_token_id,
+            device=self.device,
+            stats=self.stats,
+        )
         return [self._cut(toks, lps, limit) for (toks, lps), limit in zip(sampled, limits)]
 
     @cached_property
@@ -192,8 +227,9 @@ class HFBackend(Backend):
         accepted = inspect.signature(self._owner.forward).parameters
         return ("cache" if "cache" in accepted else "past_key_values"), "logits_to_keep" in accepted
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any,
-                 mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The model on ``ids`` (rows, new) at ``positions`` (rows, new) after ``cache`` (which it extends);
         (rows, vocab) float32 logits of each row's next token. The reuse engine's only model call, kept on
         the backend (as :meth:`_sampler` is) so that a subclass or a test can wrap it."""
@@ -231,8 +267,9 @@ class HFBackend(Backend):
     def release(self, conversations: Sequence[Sequence[int]] | None = None) -> None:
         """Free the cached states of ended conversations (all of them when None); shared openings stay."""
         if self.reuse is not None:
-            self.reuse.cache.release(None if conversations is None else
-                                     [torch.tensor(list(c), dtype=torch.long) for c in conversations])
+            self.reuse.cache.release(
+                None if conversations is None else [torch.tensor(list(c), dtype=torch.long) for c in conversations]
+            )
 
     def close(self) -> None:
         if self.reuse is not None:

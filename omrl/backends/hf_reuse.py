@@ -172,9 +172,18 @@ class ReuseEngine:
             sums = torch.stack([p.sum(dtype=torch.float32) for p in params]).tolist()
         return (self.weights_updates, *(p._version for p in params), *sums)
 
-    def generate_chunk(self, prompts: list[torch.Tensor], limits: list[int], seed: int | None, *,
-                       forward: Forward, sampler: RowSampler, eos_token_id: int, device: torch.device,
-                       stats: dict[str, float]) -> list[tuple[list[int], list[float]]]:
+    def generate_chunk(
+        self,
+        prompts: list[torch.Tensor],
+        limits: list[int],
+        seed: int | None,
+        *,
+        forward: Forward,
+        sampler: RowSampler,
+        eos_token_id: int,
+        device: torch.device,
+        stats: dict[str, float],
+    ) -> list[tuple[list[int], list[float]]]:
         """Prefill what the cache lacks, then sample each row until it ends; store every row's states.
 
         ``prompts``: (length,) long CPU tensors. Returns each row's sampled ids and
@@ -188,8 +197,9 @@ class ReuseEngine:
         stats["prefill_seconds"] += time.perf_counter() - started
         return self._decode(prompts, firsts, limits, seed, forward, sampler, eos_token_id, device)
 
-    def _prefill(self, prompts: list[torch.Tensor], forward: Forward, device: torch.device,
-                 stats: dict[str, float]) -> list[tuple[KV, torch.Tensor]]:
+    def _prefill(
+        self, prompts: list[torch.Tensor], forward: Forward, device: torch.device, stats: dict[str, float]
+    ) -> list[tuple[KV, torch.Tensor]]:
         """Each prompt's states (batch 1) and next-token logits ((vocab,) float32), from its longest cached prefix.
 
         A prompt may also continue an earlier prompt of this chunk (two tasks' shared
@@ -225,9 +235,17 @@ class ReuseEngine:
         elif common_prefix(source.ids, ids) < min(len(source.ids), len(ids)):
             self.cache.share(source, reused)
 
-    def _decode(self, prompts: list[torch.Tensor], firsts: list[tuple[KV, torch.Tensor]], limits: list[int],
-                seed: int | None, forward: Forward, sampler: RowSampler, eos_token_id: int,
-                device: torch.device) -> list[tuple[list[int], list[float]]]:
+    def _decode(
+        self,
+        prompts: list[torch.Tensor],
+        firsts: list[tuple[KV, torch.Tensor]],
+        limits: list[int],
+        seed: int | None,
+        forward: Forward,
+        sampler: RowSampler,
+        eos_token_id: int,
+        device: torch.device,
+    ) -> list[tuple[list[int], list[float]]]:
         """Sample every row until its end-of-turn id or its limit; a row leaves the batch the step it ends.
 
         ``firsts`` (each row's prefill states and logits) is emptied once the batch
@@ -252,8 +270,7 @@ class ReuseEngine:
                 for index, row in enumerate(live):
                     if row in ended:
                         states = firsts[row][0] if batch is None else batch.row(index)
-                        self.cache.put(torch.cat([prompts[row], torch.tensor(ids[row][:-1], dtype=torch.long)]),
-                                       states)
+                        self.cache.put(torch.cat([prompts[row], torch.tensor(ids[row][:-1], dtype=torch.long)]), states)
                 going = [index for index, row in enumerate(live) if row not in ended]
                 live = [live[index] for index in going]
                 if not live:

@@ -216,7 +216,7 @@ def stack_left_padded(kvs: Sequence[KV]) -> tuple[Any, list[int]]:
             first = kvs[0][layer][part]
             out = first.new_zeros((len(kvs), first.shape[1], width, first.shape[3]))
             for row, kv in enumerate(kvs):
-                out[row, :, width - lengths[row]:] = kv[layer][part][0]
+                out[row, :, width - lengths[row] :] = kv[layer][part][0]
             padded.append(out)
         cache.update(padded[0], padded[1], layer)
     return cache, [width - n for n in lengths]
@@ -224,4 +224,6 @@ def stack_left_padded(kvs: Sequence[KV]) -> tuple[Any, list[int]]:
 
 def take_row(cache: Any, row: int, pad: int) -> KV:
     """Row ``row`` of a left-padded ``DynamicCache`` without its padding, as a KV of batch 1 (a copy)."""
-    return [(k[row:row + 1, :, pad:].clone(), v[row:row + 1, :, pad:].clone()) for k, v in from_dynamic_cache(cache)]
+    return [
+        (k[row : row + 1, :, pad:].clone(), v[row : row + 1, :, pad:].clone()) for k, v in from_dynamic_cache(cache)
+    ]

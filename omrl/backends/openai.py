@@ -40,28 +40,46 @@ class OpenAIBackend(Backend):
 
     name = "openai"
 
-    def __init__(self, base_url: str, model: str, tokenizer: Any, batch_size: int = 32, api_key: str = "",
-                 timeout: float = 120.0, retries: int = 3, backoff: float = 0.5,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: Any,
+        batch_size: int = 32,
+        api_key: str = "",
+        timeout: float = 120.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
+    ):
         super().__init__(tokenizer, batch_size)
         if not base_url:
             raise OmrlError("the openai backend needs generation.base_url, e.g. http://127.0.0.1:8000/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, transport=transport,
-                                   timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)))
+        self.client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            transport=transport,
+            timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
+        )
         self.model = model
         self.retries = retries
         self.backoff = backoff
         self.chat_only = False  # set once the server refuses token-id prompts
 
     @classmethod
-    def from_env(cls, base_url: str, model: str, tokenizer: Any, api_key_env: str = "OPENAI_API_KEY",
-                 **kwargs: Any) -> "OpenAIBackend":
+    def from_env(
+        cls, base_url: str, model: str, tokenizer: Any, api_key_env: str = "OPENAI_API_KEY", **kwargs: Any
+    ) -> "OpenAIBackend":
         """A backend whose API key is read from the environment variable ``api_key_env``."""
         return cls(base_url, model, tokenizer, api_key=os.environ.get(api_key_env, ""), **kwargs)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 messages: Sequence[Sequence[Mapping[str, str]]] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
+    ) -> list[Generation]:
         limits = params.limits(len(prompts))
         if messages is not None and len(messages) != len(prompts):
             raise OmrlError(f"generate got {len(messages)} chats for {len(prompts)} prompts")
@@ -78,24 +96,42 @@ class OpenAIBackend(Backend):
         self._count_call(out, time.perf_counter() - started, *_prompt_tokens([usage for _, usage in answers]))
         return out
 
-    def _one(self, prompt: list[int], chat: Sequence[Mapping[str, str]] | None, limit: int,
-             params: SamplingParams, seed: int | None) -> tuple[Generation, dict[str, Any]]:
+    def _one(
+        self,
+        prompt: list[int],
+        chat: Sequence[Mapping[str, str]] | None,
+        limit: int,
+        params: SamplingParams,
+        seed: int | None,
+    ) -> tuple[Generation, dict[str, Any]]:
         """One completion and the server's ``usage`` of it ({} when it sends none)."""
-        sampling: dict[str, Any] = {"model": self.model, "max_tokens": limit,
-                                    "temperature": max(params.temperature, 0.0), "top_p": params.top_p}
+        sampling: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": limit,
+            "temperature": max(params.temperature, 0.0),
+            "top_p": params.top_p,
+        }
         if seed is not None:
             sampling["seed"] = seed
         if not self.chat_only:
-            body = {**sampling, "prompt": prompt, "logprobs": 1,
-                    "return_token_ids": True, "return_tokens_as_token_ids": True,
-                    "stop_token_ids": [self.eos_token_id], "skip_special_tokens": False}
+            body = {
+                **sampling,
+                "prompt": prompt,
+                "logprobs": 1,
+                "return_token_ids": True,
+                "return_tokens_as_token_ids": True,
+                "stop_token_ids": [self.eos_token_id],
+                "skip_special_tokens": False,
+            }
             response = self._post("completions", body, refusal_ok=chat is not None)
             if response is not None:
                 return self._from_completion(response, limit), _usage(response)
             self.chat_only = True
         if chat is None:
-            raise EndpointError("the endpoint refuses token-id prompts and no chat messages were given "
-                                "to fall back to /chat/completions")
+            raise EndpointError(
+                "the endpoint refuses token-id prompts and no chat messages were given "
+                "to fall back to /chat/completions"
+            )
         response = self._post("chat/completions", {**sampling, "messages": [dict(m) for m in chat]})
         return self._from_chat(response, limit), _usage(response)
 
@@ -115,9 +151,10 @@ class OpenAIBackend(Backend):
                 elif 400 <= reply.status_code < 500 and refusal_ok:
                     return None
                 else:
-                    raise EndpointError(f"{self.client.base_url.join(path)} answered HTTP {reply.status_code}: "
-                                        f"{reply.text[:300]}")
-            time.sleep(self.backoff * 2 ** attempt)
+                    raise EndpointError(
+                        f"{self.client.base_url.join(path)} answered HTTP {reply.status_code}: {reply.text[:300]}"
+                    )
+            time.sleep(self.backoff * 2**attempt)
         raise EndpointError(f"{self.client.base_url.join(path)} kept failing after {self.retries} retries")
 
     def _from_completion(self, response: dict[str, Any], limit: int) -> Generation:
@@ -126,8 +163,9 @@ class OpenAIBackend(Backend):
         except (KeyError, IndexError, TypeError) as exc:
             raise EndpointError(f"the completion has no choices: {str(response)[:300]}") from exc
         if not isinstance(choice, dict) or not isinstance(choice.get("logprobs") or {}, dict):
-            raise EndpointError(f"the completion's choice is not an object with a logprobs object: "
-                                f"{short_repr(choice)}")
+            raise EndpointError(
+                f"the completion's choice is not an object with a logprobs object: {short_repr(choice)}"
+            )
         logprobs = choice.get("logprobs") or {}
         ids = choice.get("token_ids")
         if ids is None:
@@ -136,7 +174,7 @@ class OpenAIBackend(Backend):
             return self._from_text(choice.get("text") or "", choice.get("finish_reason"), limit)
         ids = self._checked_ids(ids)
         values = _checked_logprobs(logprobs.get("token_logprobs") or [])
-        values = (values + [0.0] * len(ids))[:len(ids)]
+        values = (values + [0.0] * len(ids))[: len(ids)]
         return self._cut(ids, values, limit)
 
     def _checked_ids(self, ids: Any) -> list[int]:
@@ -147,9 +185,11 @@ class OpenAIBackend(Backend):
             raise EndpointError(f"the completion's token ids are not a list: {short_repr(ids)}")
         for i, token in enumerate(ids):
             if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
-                raise EndpointError(f"the completion's token {i} has the id {short_repr(token)}, outside the "
-                                    f"tokenizer's vocabulary (0 to {vocab - 1}); is the server serving another "
-                                    f"model than {self.model!r} (model.name), with another tokenizer?")
+                raise EndpointError(
+                    f"the completion's token {i} has the id {short_repr(token)}, outside the "
+                    f"tokenizer's vocabulary (0 to {vocab - 1}); is the server serving another "
+                    f"model than {self.model!r} (model.name), with another tokenizer?"
+                )
         return ids
 
     def _from_chat(self, response: dict[str, Any], limit: int) -> Generation:
@@ -167,9 +207,11 @@ class OpenAIBackend(Backend):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:  # a lone surrogate (\ud800): JSON allows it, no tokenizer does
-            raise EndpointError(f"the completion's text is not valid Unicode ({exc.reason} at character "
-                                f"{exc.start}: {short_repr(text[max(exc.start - 20, 0):exc.end + 20])}); the "
-                                "server sent a lone UTF-16 surrogate") from exc
+            raise EndpointError(
+                f"the completion's text is not valid Unicode ({exc.reason} at character "
+                f"{exc.start}: {short_repr(text[max(exc.start - 20, 0) : exc.end + 20])}); the "
+                "server sent a lone UTF-16 surrogate"
+            ) from exc
         ids = self.tokenizer.encode(text, add_special_tokens=False)[:limit]
         if finish_reason == "stop" and len(ids) < limit:
             ids.append(self.eos_token_id)
@@ -187,9 +229,11 @@ def _json(reply: httpx.Response, url: Any) -> Any:
     try:
         return reply.json()
     except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError both are
-        raise EndpointError(f"{url} answered HTTP {reply.status_code} with a body that is not JSON ({exc}): "
-                            f"{short_repr(reply.content[:300])}; is generation.base_url an OpenAI-compatible "
-                            "server (e.g. http://127.0.0.1:8000/v1)?") from exc
+        raise EndpointError(
+            f"{url} answered HTTP {reply.status_code} with a body that is not JSON ({exc}): "
+            f"{short_repr(reply.content[:300])}; is generation.base_url an OpenAI-compatible "
+            "server (e.g. http://127.0.0.1:8000/v1)?"
+        ) from exc
 
 
 def _checked_logprobs(values: Any) -> list[float]:
@@ -201,8 +245,10 @@ def _checked_logprobs(values: Any) -> list[float]:
     for i, value in enumerate(values):
         number = 0.0 if value is None else value
         if not isinstance(number, (int, float)) or isinstance(number, bool) or not math.isfinite(number):
-            raise EndpointError(f"the completion's log-prob of token {i} is {short_repr(value)}, not a finite "
-                                "number: its turn cannot be trained on; check the server's logprobs output")
+            raise EndpointError(
+                f"the completion's log-prob of token {i} is {short_repr(value)}, not a finite "
+                "number: its turn cannot be trained on; check the server's logprobs output"
+            )
         out.append(float(number))
     return out
 

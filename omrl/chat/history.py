@@ -61,8 +61,15 @@ def check_history(mode: str) -> str:
     return mode
 
 
-def next_prompt(tokenizer, history: str, row: Sequence[int], messages: Sequence[Message],
-                new: Sequence[Message], generated_eos: bool, **kwargs: Any) -> tuple[list[int], bool]:
+def next_prompt(
+    tokenizer,
+    history: str,
+    row: Sequence[int],
+    messages: Sequence[Message],
+    new: Sequence[Message],
+    generated_eos: bool,
+    **kwargs: Any,
+) -> tuple[list[int], bool]:
     """The ids that lead from a reply to the next turn: ``(ids, starts_row)``.
 
     ``messages`` ends with the reply just sampled (its decoded text), ``new`` are the
@@ -75,8 +82,8 @@ def next_prompt(tokenizer, history: str, row: Sequence[int], messages: Sequence[
     messages, new = mark_messages(tokenizer, messages), mark_messages(tokenizer, new)  # their text is never special
     text = _render_or_explain(tokenizer, [*messages, *new], "the chat so far", kwargs)
     prompt = encode_chat(tokenizer, text)
-    if len(prompt) > len(row) and prompt[:len(row)] == list(row):
-        return prompt[len(row):], False
+    if len(prompt) > len(row) and prompt[: len(row)] == list(row):
+        return prompt[len(row) :], False
     return prompt, True
 
 
@@ -92,9 +99,11 @@ def native_tool_calls(tokenizer, kwargs: dict) -> bool:
     key = _template_key(tokenizer, kwargs)
     if key not in known:
         call = {"type": "function", "function": {"name": PROBE_TOOL, "arguments": {}}}
-        chat = [{"role": "user", "content": PLACEHOLDER_QUESTION},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "content": PROBE_RESULT, "name": PROBE_TOOL}]
+        chat = [
+            {"role": "user", "content": PLACEHOLDER_QUESTION},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": PROBE_RESULT, "name": PROBE_TOOL},
+        ]
         try:
             text = render(tokenizer, chat, add_generation_prompt=True, **kwargs)
             known[key] = PROBE_TOOL in text and PROBE_RESULT in text
@@ -107,8 +116,9 @@ def _template_key(tokenizer, kwargs: dict) -> tuple[str, str]:
     return str(getattr(tokenizer, "chat_template", "")), json.dumps(kwargs, sort_keys=True, default=repr)
 
 
-def kept_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool,
-                   **kwargs: Any) -> list[int]:
+def kept_increment(
+    tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool, **kwargs: Any
+) -> list[int]:
     """``keep`` mode's ids after a reply: the real-history increment while the template renders the longer
     chat as an extension (:func:`omrl.chat.render.next_turn_ids`), else :func:`anchored_increment`'s.
 
@@ -127,8 +137,9 @@ def kept_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message
     return encode_chat(tokenizer, anchored_increment(tokenizer, messages, new, generated_eos, **kwargs))
 
 
-def anchored_increment(tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool,
-                       **kwargs: Any) -> str:
+def anchored_increment(
+    tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool, **kwargs: Any
+) -> str:
     """The text the template writes after a reply for ``new`` and the next generation prompt, rendered after
     placeholder messages (the real system message, a placeholder question and reply) instead of the real
     history, so a template that rewrites earlier replies cannot change it.
@@ -138,21 +149,28 @@ def anchored_increment(tokenizer, messages: Sequence[Message], new: Sequence[Mes
     """
     messages, new = mark_messages(tokenizer, messages[:1]), mark_messages(tokenizer, new)
     system = [dict(m) for m in messages[:1] if m.get("role") == "system"]
-    anchor = [*system, {"role": "user", "content": PLACEHOLDER_QUESTION},
-              {"role": "assistant", "content": PLACEHOLDER_REPLY}]
+    anchor = [
+        *system,
+        {"role": "user", "content": PLACEHOLDER_QUESTION},
+        {"role": "assistant", "content": PLACEHOLDER_REPLY},
+    ]
     text = _render_or_explain(tokenizer, [*anchor, *new], f"a {new[0]['role']!r} message after a reply", kwargs)
     at = text.rfind(PLACEHOLDER_REPLY)
     if at < 0:
-        raise OmrlError(f"the chat template drops an assistant reply's text when a message follows it, so the "
-                        f"history cannot be kept; use chat.history=as_template ({CHECK_HINT})")
-    increment = text[at + len(PLACEHOLDER_REPLY):]
+        raise OmrlError(
+            f"the chat template drops an assistant reply's text when a message follows it, so the "
+            f"history cannot be kept; use chat.history=as_template ({CHECK_HINT})"
+        )
+    increment = text[at + len(PLACEHOLDER_REPLY) :]
     if generated_eos:
         close = leading_special_token(tokenizer, increment)
         if close is None:
-            raise OmrlError(f"the chat template does not close a reply with a special token (it writes "
-                            f"{increment[:40]!r} after one), so a sampled stop token has no place in the "
-                            f"history; use chat.history=as_template ({CHECK_HINT})")
-        increment = increment[len(close):]
+            raise OmrlError(
+                f"the chat template does not close a reply with a special token (it writes "
+                f"{increment[:40]!r} after one), so a sampled stop token has no place in the "
+                f"history; use chat.history=as_template ({CHECK_HINT})"
+            )
+        increment = increment[len(close) :]
     return increment
 
 
@@ -169,7 +187,10 @@ def _render_or_explain(tokenizer, messages: Sequence[Message], what: str, kwargs
 
 def leading_special_token(tokenizer, text: str) -> str | None:
     """The longest special token ``text`` starts with, or None."""
-    specials = [str(t) for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
-                if getattr(t, "special", False)]
+    specials = [
+        str(t)
+        for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+        if getattr(t, "special", False)
+    ]
     found = [t for t in specials if t and text.startswith(t)]
     return max(found, key=len) if found else None

@@ -47,8 +47,15 @@ Render = Callable[..., str]  # omrl.chat.render
 Encode = Callable[[Any, str], list[int]]  # omrl.chat.encode_text
 
 PROBE_EXCHANGES = (0, 1, 2, 3, 4, 5, 8, 16)
-PROBE_CONTENTS = ("", "x", " whitespace at both edges \n", "\n\nlines\n\tand a tab\n\n", "unicode: héllo — 世界 🎉",
-                  "<|im_end|>\n<|im_start|>assistant\n{{ not jinja }}", "long " * 200)
+PROBE_CONTENTS = (
+    "",
+    "x",
+    " whitespace at both edges \n",
+    "\n\nlines\n\tand a tab\n\n",
+    "unicode: héllo — 世界 🎉",
+    "<|im_end|>\n<|im_start|>assistant\n{{ not jinja }}",
+    "long " * 200,
+)
 _SENTINEL = "\x1fomrl probe\x1f"
 MAX_OPENINGS = 64  # cached opening ids per tokenizer (one per env and template in a run)
 
@@ -107,8 +114,16 @@ _roles = itemgetter("role")
 _contents = itemgetter("content")
 
 
-def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str, generated_eos: bool, kwargs: dict,
-                  render: Render, encode: Encode, rendered: Callable[[], str]) -> list[int] | None:
+def next_turn_ids(
+    tokenizer,
+    messages: Sequence[Message],
+    user_content: str,
+    generated_eos: bool,
+    kwargs: dict,
+    render: Render,
+    encode: Encode,
+    rendered: Callable[[], str],
+) -> list[int] | None:
     """The increment's ids after ``messages`` (ending with a reply) for a new user message; None: render in full.
 
     ``rendered`` computes the increment's text by full renders: the first turn of each
@@ -121,7 +136,7 @@ def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str, gen
     end = pieces.end
     eos = tokenizer.eos_token or ""
     if generated_eos and eos and end.startswith(eos):
-        end = end[len(eos):]
+        end = end[len(eos) :]
     ids = _split(tokenizer, end + pieces.before, pieces.after, encode).ids(tokenizer, user_content, encode)
     if not entry.turn_checked:
         text = rendered()
@@ -132,8 +147,9 @@ def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str, gen
     return ids
 
 
-def opening_ids(tokenizer, messages: Sequence[Message], kwargs: dict, render: Render,
-                encode: Encode) -> list[int] | None:
+def opening_ids(
+    tokenizer, messages: Sequence[Message], kwargs: dict, render: Render, encode: Encode
+) -> list[int] | None:
     """Ids of the opening ``messages`` (ending with a user message) plus the generation prompt; None: render in full.
 
     The messages before the last are encoded once and their ids reused.
@@ -164,8 +180,12 @@ def opening_ids(tokenizer, messages: Sequence[Message], kwargs: dict, render: Re
 def _contradicted(entry: _Entry) -> None:
     """A real chat rendered other than the pieces say: never use them again (the checks missed something)."""
     entry.pieces = None
-    warnings.warn("omrl.chat.pieces: a chat template passed the piece checks but a real chat rendered differently; "
-                  "rendering this template in full from now on", RuntimeWarning, stacklevel=4)
+    warnings.warn(
+        "omrl.chat.pieces: a chat template passed the piece checks but a real chat rendered differently; "
+        "rendering this template in full from now on",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def turn_pieces(tokenizer, render: Render, kwargs: dict | None = None, has_system: bool = True) -> TurnPieces | None:
@@ -208,8 +228,11 @@ def _lookup(tokenizer, kwargs: dict, has_system: bool, render: Render) -> _Entry
 def _plain_chat(messages: Sequence[Message], has_system: bool, last_role: str) -> bool:
     """Whether ``messages`` is [system,] user, assistant, ... ending with ``last_role``, each {role, content: str}."""
     try:
-        return list(map(_roles, messages)) == _role_pattern(has_system, len(messages), last_role) \
-            and set(map(len, messages)) == {2} and set(map(type, map(_contents, messages))) == {str}
+        return (
+            list(map(_roles, messages)) == _role_pattern(has_system, len(messages), last_role)
+            and set(map(len, messages)) == {2}
+            and set(map(type, map(_contents, messages))) == {str}
+        )
     except (KeyError, TypeError):
         return False
 
@@ -235,21 +258,34 @@ def _split(tokenizer, head: str, tail: str, encode: Encode) -> _Split:
     if split is not None:
         return split
     added = _added_tokens(tokenizer)
-    cut_head = next((i for i in range(len(head), 0, -1)
-                     if _hard_boundary(tokenizer, added, head[:i], head[i:], open_right=True)), 0)
-    cut_tail = next((i for i in range(len(tail))
-                     if _hard_boundary(tokenizer, added, tail[:i], tail[i:], open_left=True)), len(tail))
-    split = _Split(encode(tokenizer, head[:cut_head]), head[cut_head:], tail[:cut_tail],
-                   encode(tokenizer, tail[cut_tail:]))
-    if any(split.ids(tokenizer, content, encode) != encode(tokenizer, head + content + tail)
-           for content in (*PROBE_CONTENTS, _SENTINEL)):
+    cut_head = next(
+        (i for i in range(len(head), 0, -1) if _hard_boundary(tokenizer, added, head[:i], head[i:], open_right=True)), 0
+    )
+    cut_tail = next(
+        (i for i in range(len(tail)) if _hard_boundary(tokenizer, added, tail[:i], tail[i:], open_left=True)), len(tail)
+    )
+    split = _Split(
+        encode(tokenizer, head[:cut_head]), head[cut_head:], tail[:cut_tail], encode(tokenizer, tail[cut_tail:])
+    )
+    if any(
+        split.ids(tokenizer, content, encode) != encode(tokenizer, head + content + tail)
+        for content in (*PROBE_CONTENTS, _SENTINEL)
+    ):
         split = _Split([], head, tail, [])  # encode it all together
     splits[(head, tail)] = split
     return split
 
 
-def _shared_ids(tokenizer, messages: Sequence[Message], head: str, tail: str, split: _Split, kwargs: dict,
-                render: Render, encode: Encode) -> tuple[list[int] | None, list[int], bool]:
+def _shared_ids(
+    tokenizer,
+    messages: Sequence[Message],
+    head: str,
+    tail: str,
+    split: _Split,
+    kwargs: dict,
+    render: Render,
+    encode: Encode,
+) -> tuple[list[int] | None, list[int], bool]:
     """The ids of the rendered ``messages[:-1]`` when the opening's ids can be built on them exactly (else None),
     the opening's ids, and whether the pieces gave the rendered text."""
     shared = render(tokenizer, messages[:-1], **kwargs) if len(messages) > 1 else ""
@@ -269,8 +305,9 @@ def _added_tokens(tokenizer) -> list[Any]:
     return list((getattr(tokenizer, "added_tokens_decoder", None) or {}).values())
 
 
-def _hard_boundary(tokenizer, added: list[Any], left: str, right: str, open_left: bool = False,
-                   open_right: bool = False) -> bool:
+def _hard_boundary(
+    tokenizer, added: list[Any], left: str, right: str, open_left: bool = False, open_right: bool = False
+) -> bool:
     """Whether encoding ``left + right`` must split between them, so the two encode apart exactly:
     a special token that takes in no neighbouring text ends ``left`` or opens ``right``, and no
     added token can span the boundary. ``open_left`` (``open_right``): any text may come
@@ -282,8 +319,9 @@ def _hard_boundary(tokenizer, added: list[Any], left: str, right: str, open_left
     for token in map(str, added):
         for k in range(1, len(token)):
             start, rest = token[:k], token[k:]
-            if (left.endswith(start) or open_left and start.endswith(left)) \
-                    and (right.startswith(rest) or open_right and rest.startswith(right)):
+            if (left.endswith(start) or open_left and start.endswith(left)) and (
+                right.startswith(rest) or open_right and rest.startswith(right)
+            ):
                 return False
     ends = max((t for t in added if left.endswith(str(t))), key=lambda t: len(str(t)), default=None)
     opens = max((t for t in added if right.startswith(str(t))), key=lambda t: len(str(t)), default=None)
@@ -292,8 +330,12 @@ def _hard_boundary(tokenizer, added: list[Any], left: str, right: str, open_left
 
 def _clean_special(token: Any, strip_side: str) -> bool:
     """Whether ``token`` is a special token that takes in no text beside it on the boundary's side."""
-    return token is not None and bool(getattr(token, "special", False)) and not getattr(token, strip_side, False) \
+    return (
+        token is not None
+        and bool(getattr(token, "special", False))
+        and not getattr(token, strip_side, False)
         and not getattr(token, "single_word", False)
+    )
 
 
 def _derive(tokenizer, kwargs: dict, has_system: bool, render: Render) -> TurnPieces | None:
@@ -307,14 +349,22 @@ def _derive(tokenizer, kwargs: dict, has_system: bool, render: Render) -> TurnPi
             for variant in range(2):
                 history = _probe_history(has_system, exchanges, variant)
                 base = render(tokenizer, history, **kwargs) if history else ""  # an empty chat cannot render
-                probe = render(tokenizer, [*history, {"role": "user", "content": _SENTINEL}],
-                               add_generation_prompt=True, **kwargs)
+                probe = render(
+                    tokenizer, [*history, {"role": "user", "content": _SENTINEL}], add_generation_prompt=True, **kwargs
+                )
                 if not probe.startswith(base) or probe.count(_SENTINEL) != 1:
                     return None
-                before, _, after = probe[len(base):].partition(_SENTINEL)
+                before, _, after = probe[len(base) :].partition(_SENTINEL)
                 for content in PROBE_CONTENTS:
-                    if render(tokenizer, [*history, {"role": "user", "content": content}], add_generation_prompt=True,
-                              **kwargs) != base + before + content + after:
+                    if (
+                        render(
+                            tokenizer,
+                            [*history, {"role": "user", "content": content}],
+                            add_generation_prompt=True,
+                            **kwargs,
+                        )
+                        != base + before + content + after
+                    ):
                         return None
                 pieces: tuple[str, ...] = (before, after)
                 if exchanges:
@@ -322,7 +372,7 @@ def _derive(tokenizer, kwargs: dict, has_system: bool, render: Render) -> TurnPi
                     reply = history[-1]["content"]
                     if not base.startswith(prompt + reply):
                         return None
-                    pieces += (base[len(prompt) + len(reply):],)
+                    pieces += (base[len(prompt) + len(reply) :],)
                 if found.setdefault(exchanges > 0, pieces) != pieces:
                     return None
     except Exception:  # noqa: BLE001 - a template that raises on a probe is rendered in full
@@ -335,6 +385,8 @@ def _probe_history(has_system: bool, exchanges: int, variant: int) -> list[Messa
     contents = PROBE_CONTENTS
     history = [{"role": "system", "content": contents[variant * 3]}] if has_system else []
     for i in range(exchanges):
-        history += [{"role": "user", "content": contents[(i + variant) % len(contents)]},
-                    {"role": "assistant", "content": contents[(i * 3 + variant + 2) % len(contents)]}]
+        history += [
+            {"role": "user", "content": contents[(i + variant) % len(contents)]},
+            {"role": "assistant", "content": contents[(i * 3 + variant + 2) % len(contents)]},
+        ]
     return history

@@ -25,8 +25,11 @@ TURNS = 4  # replies in a probe chat: enough for "earlier" replies to be rewritt
 SYSTEM = "You are an agent in a house. Answer with one action."
 TASK = "Find the brass key."
 TOOL_RESULT = "The drawer holds a brass key."
-TOOL_CALL_REPLY = {"role": "assistant", "content": "", "tool_calls": [
-    {"type": "function", "function": {"name": "look_inside", "arguments": {"where": "drawer 1"}}}]}
+TOOL_CALL_REPLY = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"type": "function", "function": {"name": "look_inside", "arguments": {"where": "drawer 1"}}}],
+}
 EMPTY_THINK = re.compile(r"<think>\s*</think>")
 _HINT = re.compile(r";? \(?(run )?`omrl check-template MODEL`[^)]*\)?")  # omrl's errors point here
 
@@ -88,11 +91,14 @@ def check_template(tokenizer, chat_kwargs: dict[str, Any] | None = None) -> Temp
     kwargs = dict(chat_kwargs or {})
     opening = _opening(tokenizer, kwargs)
     plain, thinking = probe_chat(opening, "plain"), probe_chat(opening, "think")
-    findings = [found for style in REPLY_STYLES
-                for found in _rewrites(tokenizer, probe_chat(opening, style), kwargs, written=style != "fields")]
+    findings = [
+        found
+        for style in REPLY_STYLES
+        for found in _rewrites(tokenizer, probe_chat(opening, style), kwargs, written=style != "fields")
+    ]
     tool_calls, rewritten = _tool_calls(tokenizer, opening, kwargs)
     findings += rewritten
-    tool_step = _tool_step(tokenizer, [plain[:len(opening) + 1], [*opening, TOOL_CALL_REPLY]], kwargs)
+    tool_step = _tool_step(tokenizer, [plain[: len(opening) + 1], [*opening, TOOL_CALL_REPLY]], kwargs)
     episode = thinking[:-1]  # an episode ends on a reply: nothing answers a last observation
     modes = {mode: _play(tokenizer, episode, mode, kwargs, tool_step) for mode in HISTORY_MODES}
     if not findings and modes["as_template"].works and modes["as_template"].rows > 1:
@@ -108,8 +114,10 @@ def probe_chat(opening: Sequence[Message], style: str) -> list[Message]:
     chat = [dict(m) for m in opening]
     for turn in range(1, TURNS + 1):
         answer, reasoning = f"open drawer {turn}", _reasoning(turn)
-        reply = {"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n\n{answer}" if style == "think"
-                 else answer}
+        reply = {
+            "role": "assistant",
+            "content": f"<think>\n{reasoning}\n</think>\n\n{answer}" if style == "think" else answer,
+        }
         if style == "fields":
             reply.update(reasoning_content=reasoning, thinking=reasoning)
         chat += [reply, {"role": "user", "content": f"Drawer {turn} is empty."}]
@@ -148,10 +156,10 @@ def _rewrites(tokenizer, chat: list[Message], kwargs: dict, written: bool = True
             stage = "a reply"
             opened = render(tokenizer, chat[:i], add_generation_prompt=True, **kwargs)
             sampled = reply_text(tokenizer, chat[:i], chat[i], **kwargs)
-            sampled = sampled[:-len(eos)] if eos and sampled.endswith(eos) else sampled
-            last = render(tokenizer, chat[:i + 1], **kwargs)
+            sampled = sampled[: -len(eos)] if eos and sampled.endswith(eos) else sampled
+            last = render(tokenizer, chat[: i + 1], **kwargs)
             stage = "a message after a reply"
-            followed = render(tokenizer, chat[:i + 2], add_generation_prompt=True, **kwargs)
+            followed = render(tokenizer, chat[: i + 2], add_generation_prompt=True, **kwargs)
             found += _step(opened + sampled, last, _answer(chat[i]), len(opened), reasonings) if written else []
             found += _step(last, followed, _answer(chat[i]), 0, reasonings)
     except Exception as exc:  # noqa: BLE001 - a template that raises on a longer chat is a finding
@@ -172,7 +180,7 @@ def _step(shorter: str, longer: str, answer: str, prompt_end: int, reasonings: S
     cut = next((k for k, (a, b) in enumerate(zip(shorter, longer)) if a != b), min(len(shorter), len(longer)))
     at_short, at_long = shorter.rfind(answer), longer.rfind(answer)
     back = max(0, cut - len("<think>"))  # the renders may part inside the tag: '<' + 'think>' vs '<' + 'tool_call>'
-    if _empty_block(shorter[back:max(cut, at_short)]) != _empty_block(longer[back:max(cut, at_long)]):
+    if _empty_block(shorter[back : max(cut, at_short)]) != _empty_block(longer[back : max(cut, at_long)]):
         return [EMPTY_BLOCK]
     if 0 <= at_short and at_short + len(answer) <= cut:
         return [END_TOKEN]  # the reply is intact, what closes it is not (gpt-oss: <|return|> last, <|end|> after)
@@ -215,8 +223,10 @@ def _tool_step(tokenizer, chats: Sequence[list[Message]], kwargs: dict) -> list[
     result only after a reply that called a tool."""
     for chat in chats:
         try:
-            tool, user = (render(tokenizer, [*chat, {"role": role, "content": TOOL_RESULT}],
-                                 add_generation_prompt=True, **kwargs) for role in ("tool", "user"))
+            tool, user = (
+                render(tokenizer, [*chat, {"role": role, "content": TOOL_RESULT}], add_generation_prompt=True, **kwargs)
+                for role in ("tool", "user")
+            )
         except Exception:  # noqa: BLE001 - a template that raises on the role here
             continue
         if tool != user:
@@ -232,8 +242,14 @@ def _play(tokenizer, episode: list[Message], mode: str, kwargs: dict, tool_step:
         rows = conversation_rows(tokenizer, episode, mode, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the template's failure is the report
         return ModeCost(mode, False, _reason(exc))
-    cost = ModeCost(mode, True, rows=len(rows), tokens=sum(len(ids) for ids, _ in rows),
-                    trained=sum(sum(mask) for _, mask in rows), prefill=sum(_prefill(mask) for _, mask in rows))
+    cost = ModeCost(
+        mode,
+        True,
+        rows=len(rows),
+        tokens=sum(len(ids) for ids, _ in rows),
+        trained=sum(sum(mask) for _, mask in rows),
+        prefill=sum(_prefill(mask) for _, mask in rows),
+    )
     if mode == "keep" and tool_step is not None:
         try:
             kept_increment(tokenizer, tool_step, [{"role": "tool", "content": TOOL_RESULT}], True, **kwargs)

@@ -33,10 +33,13 @@ class TemplateRewrites(OmrlError):
 def render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False, **kwargs: Any) -> str:
     """The chat template applied to ``messages`` as text."""
     if not getattr(tokenizer, "chat_template", None):
-        raise OmrlError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
-                        "use a chat/instruct model or set tokenizer.chat_template")
-    return tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                         add_generation_prompt=add_generation_prompt, **kwargs)
+        raise OmrlError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
+            "use a chat/instruct model or set tokenizer.chat_template"
+        )
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
 
 
 def encode_text(tokenizer, text: str) -> list[int]:
@@ -51,8 +54,12 @@ def encode_text(tokenizer, text: str) -> list[int]:
     if not text:
         return []
     backend = tokenizer.backend_tokenizer if _plain_fast(type(tokenizer)) else None
-    if backend is not None and backend.truncation is None and backend.padding is None \
-            and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)):
+    if (
+        backend is not None
+        and backend.truncation is None
+        and backend.padding is None
+        and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False))
+    ):
         return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -66,8 +73,12 @@ def _plain_fast(cls: type) -> bool:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
     except ImportError:
         return False
-    return issubclass(cls, TokenizersBackend) and cls.encode is PreTrainedTokenizerBase.encode \
-        and cls._encode_plus is TokenizersBackend._encode_plus and hasattr(Tokenizer, "encode_batch_fast")
+    return (
+        issubclass(cls, TokenizersBackend)
+        and cls.encode is PreTrainedTokenizerBase.encode
+        and cls._encode_plus is TokenizersBackend._encode_plus
+        and hasattr(Tokenizer, "encode_batch_fast")
+    )
 
 
 def prompt_ids(tokenizer, messages: Sequence[Message], **kwargs: Any) -> list[int]:
@@ -92,10 +103,12 @@ def encode_chat(tokenizer, text: str) -> list[int]:
 
 def _suffix(longer: str, shorter: str, what: str) -> str:
     if not longer.startswith(shorter):
-        raise TemplateRewrites(f"the chat template is not prefix-stable ({what}): rendering a longer chat "
-                               "changed earlier text, so turns cannot be appended token-exactly; "
-                               "`omrl check-template MODEL` shows where")
-    return longer[len(shorter):]
+        raise TemplateRewrites(
+            f"the chat template is not prefix-stable ({what}): rendering a longer chat "
+            "changed earlier text, so turns cannot be appended token-exactly; "
+            "`omrl check-template MODEL` shows where"
+        )
+    return longer[len(shorter) :]
 
 
 def generation_end(tokenizer, messages: Sequence[Message], **kwargs: Any) -> str:
@@ -105,13 +118,16 @@ def generation_end(tokenizer, messages: Sequence[Message], **kwargs: Any) -> str
     # locate the content from the front: a short reply such as "end" also occurs inside "<|im_end|>"
     before = render(tokenizer, messages[:-1], add_generation_prompt=True, **kwargs) + content
     if not text.startswith(before):
-        raise TemplateRewrites("the chat template rewrites assistant messages; cannot append turns token-exactly; "
-                               "`omrl check-template MODEL` shows where")
-    return text[len(before):]
+        raise TemplateRewrites(
+            "the chat template rewrites assistant messages; cannot append turns token-exactly; "
+            "`omrl check-template MODEL` shows where"
+        )
+    return text[len(before) :]
 
 
-def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str,
-                  generated_eos: bool, **kwargs: Any) -> list[int]:
+def next_turn_ids(
+    tokenizer, messages: Sequence[Message], user_content: str, generated_eos: bool, **kwargs: Any
+) -> list[int]:
     """Ids to append after a model turn so the chat continues with ``user_content``.
 
     ``messages`` ends with the assistant turn just generated (its decoded text
@@ -128,23 +144,35 @@ def next_turn_ids(tokenizer, messages: Sequence[Message], user_content: str,
     # the pieces read only the history's roles, so its text is marked (a pass over every message) only
     # where the chat is rendered in full
     ids = pieces.next_turn_ids(
-        tokenizer, messages, user_content, generated_eos, kwargs, render, encode_chat,
-        rendered=lambda: rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content,
-                                            generated_eos, **kwargs))
+        tokenizer,
+        messages,
+        user_content,
+        generated_eos,
+        kwargs,
+        render,
+        encode_chat,
+        rendered=lambda: rendered_turn_text(
+            tokenizer, mark_messages(tokenizer, messages), user_content, generated_eos, **kwargs
+        ),
+    )
     if ids is None:
-        ids = encode_chat(tokenizer, rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content,
-                                                        generated_eos, **kwargs))
+        ids = encode_chat(
+            tokenizer,
+            rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content, generated_eos, **kwargs),
+        )
     return ids
 
 
-def rendered_turn_text(tokenizer, messages: Sequence[Message], user_content: str,
-                       generated_eos: bool, **kwargs: Any) -> str:
+def rendered_turn_text(
+    tokenizer, messages: Sequence[Message], user_content: str, generated_eos: bool, **kwargs: Any
+) -> str:
     """The text of :func:`next_turn_ids`' increment, by rendering the chat without and with the new message."""
     after = generation_end(tokenizer, messages, **kwargs)
     eos = tokenizer.eos_token or ""
     if generated_eos and eos and after.startswith(eos):
-        after = after[len(eos):]
+        after = after[len(eos) :]
     before = render(tokenizer, messages, **kwargs)
-    longer = render(tokenizer, [*messages, {"role": "user", "content": user_content}],
-                    add_generation_prompt=True, **kwargs)
+    longer = render(
+        tokenizer, [*messages, {"role": "user", "content": user_content}], add_generation_prompt=True, **kwargs
+    )
     return after + _suffix(longer, before, "adding a user turn")

@@ -28,14 +28,25 @@ MEMO_TEXTS = 4096  # marked texts remembered per tokenizer (forgotten all at onc
 class _Marks:
     """One tokenizer's special-token strings, the mark of each, and how to find them."""
 
-    __slots__ = ("size", "specials", "ids", "to_mark", "from_mark", "find_special", "find_mark", "marked",
-                 "__weakref__")
+    __slots__ = (
+        "size",
+        "specials",
+        "ids",
+        "to_mark",
+        "from_mark",
+        "find_special",
+        "find_mark",
+        "marked",
+        "__weakref__",
+    )
 
     def __init__(self, tokenizer: Any) -> None:
         self.size = len(tokenizer)  # tokens added later make these stale
         added = (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
-        pairs = sorted(((str(t), int(i)) for i, t in added if getattr(t, "special", False) and str(t)),
-                       key=lambda pair: -len(pair[0]))  # longest first: one special may contain another
+        pairs = sorted(
+            ((str(t), int(i)) for i, t in added if getattr(t, "special", False) and str(t)),
+            key=lambda pair: -len(pair[0]),
+        )  # longest first: one special may contain another
         self.specials = [s for s, _ in pairs]
         self.ids = dict(pairs)
         self.to_mark = {s: chr(MARK_BASE + i) for i, s in enumerate(self.specials)}
@@ -72,8 +83,7 @@ def _mark_text(marks: _Marks, text: str) -> str:
         if len(marks.marked) >= MEMO_TEXTS:
             marks.marked.clear()
         found = marks.find_special.search(text)
-        marks.marked[text] = None if found is None else marks.find_special.sub(lambda m: marks.to_mark[m.group()],
-                                                                                 text)
+        marks.marked[text] = None if found is None else marks.find_special.sub(lambda m: marks.to_mark[m.group()], text)
     done = marks.marked[text]
     return text if done is None else done  # unchanged: the very string, so callers can tell
 
@@ -145,7 +155,7 @@ def encode_marked(tokenizer: Any, text: str, encode: Any) -> list[int]:
     ids: list[int] = []
     start = 0
     for special in marks.find_special.finditer(text):  # type: ignore[union-attr]
-        ids += encode_plain(tokenizer, unmark(tokenizer, text[start:special.start()]))
+        ids += encode_plain(tokenizer, unmark(tokenizer, text[start : special.start()]))
         ids.append(marks.ids[special.group()])
         start = special.end()
     return ids + encode_plain(tokenizer, unmark(tokenizer, text[start:]))

@@ -48,8 +48,12 @@ def cacheable_template(source: str) -> bool:
             kind, what, value = _access(node, parents)
             if (kind, what) == ("key", "content"):
                 _check_content(value, parents)
-            if isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name) and node.node.name == "loop" \
-                    and node.attr in ("previtem", "nextitem"):
+            if (
+                isinstance(node, nodes.Getattr)
+                and isinstance(node.node, nodes.Name)
+                and node.node.name == "loop"
+                and node.attr in ("previtem", "nextitem")
+            ):
                 _follow_messages(node, parents, tainted)
         while tainted - seen:
             names = tainted - seen
@@ -118,7 +122,8 @@ def _follow_messages(value: nodes.Node, parents: dict, tainted: set[str]) -> Non
             raise _Unsafe  # items(), values(), ...: content read under no name
     elif isinstance(parent, nodes.Filter) and parent.node is value:
         if parent.name not in _STILL_MESSAGES | _COUNTS or any(
-                isinstance(arg, nodes.Const) and arg.value == "content" for arg in parent.find_all(nodes.Const)):
+            isinstance(arg, nodes.Const) and arg.value == "content" for arg in parent.find_all(nodes.Const)
+        ):
             raise _Unsafe  # e.g. selectattr('content', ...): messages picked by their content
         if parent.name in _STILL_MESSAGES:
             _follow_messages(parent, parents, tainted)
@@ -127,12 +132,21 @@ def _follow_messages(value: nodes.Node, parents: dict, tainted: set[str]) -> Non
         tainted.update(n.name for n in (target, *target.find_all(nodes.Name)) if isinstance(n, nodes.Name))
     elif isinstance(parent, nodes.Assign) and parent.node is value and isinstance(parent.target, nodes.Name):
         tainted.add(parent.target.name)
-    elif not (isinstance(parent, (nodes.If, nodes.CondExpr)) and parent.test is value
-              or isinstance(parent, nodes.Test) and parent.node is value or isinstance(parent, nodes.Not)):
+    elif not (
+        isinstance(parent, (nodes.If, nodes.CondExpr))
+        and parent.test is value
+        or isinstance(parent, nodes.Test)
+        and parent.node is value
+        or isinstance(parent, nodes.Not)
+    ):
         raise _Unsafe
 
 
 def _is_generation_block(node: nodes.Node) -> bool:
     """transformers' ``{% generation %}`` block, which outputs its body unchanged."""
-    return isinstance(node, nodes.CallBlock) and isinstance(node.call, nodes.Call) \
-        and isinstance(node.call.node, nodes.ExtensionAttribute) and node.call.node.name == "_generation_support"
+    return (
+        isinstance(node, nodes.CallBlock)
+        and isinstance(node.call, nodes.Call)
+        and isinstance(node.call.node, nodes.ExtensionAttribute)
+        and node.call.node.name == "_generation_support"
+    )

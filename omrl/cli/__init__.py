@@ -36,8 +36,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def root(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
 ) -> None:
     """Train LLM agents with reinforcement learning in multi-turn environments."""
@@ -61,8 +62,22 @@ def _add_builtin_commands() -> None:
         view_cmd,
     )
 
-    for module in (plugins_cmd, config_cmd, env_cmd, rollout_cmd, eval_cmd, sweep_cmd, sft_cmd, train_cmd, rm_cmd,
-                   data_cmd, view_cmd, plot_cmd, check_template_cmd, checkpoint_cmd):
+    for module in (
+        plugins_cmd,
+        config_cmd,
+        env_cmd,
+        rollout_cmd,
+        eval_cmd,
+        sweep_cmd,
+        sft_cmd,
+        train_cmd,
+        rm_cmd,
+        data_cmd,
+        view_cmd,
+        plot_cmd,
+        check_template_cmd,
+        checkpoint_cmd,
+    ):
         module.add_to(app)
 
 
@@ -84,9 +99,15 @@ def build_app(plugins: bool = True) -> typer.Typer:
 
 
 # failures of the machine or the files, not of omrl: reported as such, with exit status 2
-WORLD_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-                errno.EACCES: "permission denied", errno.EROFS: "the file system is read-only",
-                errno.EIO: "an I/O error", errno.ENOMEM: "out of memory", errno.EMFILE: "too many open files"}
+WORLD_ERRNOS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EACCES: "permission denied",
+    errno.EROFS: "the file system is read-only",
+    errno.EIO: "an I/O error",
+    errno.ENOMEM: "out of memory",
+    errno.EMFILE: "too many open files",
+}
 
 
 def stop_on_interrupt(run: Callable[[], T], console: Console) -> T:
@@ -113,9 +134,12 @@ def report_error(exc: BaseException, debug: bool) -> int:
     elif isinstance(exc, OmrlError):
         err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
     else:
-        err_console.print(f"[bold red]error:[/] {type(exc).__name__}: {exc} "
-                          "(this is a bug in omrl or a plugin; run with --debug for the traceback)",
-                          highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {type(exc).__name__}: {exc} "
+            "(this is a bug in omrl or a plugin; run with --debug for the traceback)",
+            highlight=False,
+            soft_wrap=True,
+        )
     return 2 if isinstance(exc, OmrlError) else 1
 
 

@@ -20,11 +20,13 @@ def parse_kwargs(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise OmrlError(f"--kwargs is not valid JSON ({exc}); expected an object such as "
-                        "'{\"enable_thinking\": false}'") from exc
+        raise OmrlError(
+            f"--kwargs is not valid JSON ({exc}); expected an object such as '{{\"enable_thinking\": false}}'"
+        ) from exc
     if not isinstance(value, dict):
-        raise OmrlError(f"--kwargs must be a JSON object, not {type(value).__name__}; "
-                        "e.g. '{\"enable_thinking\": false}'")
+        raise OmrlError(
+            f"--kwargs must be a JSON object, not {type(value).__name__}; e.g. '{{\"enable_thinking\": false}}'"
+        )
     return value
 
 
@@ -52,8 +54,10 @@ def check_template_command(
         for finding in report.findings:
             say(f"  - {finding}")
     calls = "written" + (", re-rendered" if TOOL_CALLS in report.findings else "")
-    say(f"tool role: {'yes' if report.tool_role else 'no'}; "
-        f"structured tool calls: {calls if report.tool_calls else 'not written'}")
+    say(
+        f"tool role: {'yes' if report.tool_role else 'no'}; "
+        f"structured tool calls: {calls if report.tool_calls else 'not written'}"
+    )
     say(f"history modes on a sample episode ({TURNS} replies with reasoning):")
     console.print(_modes_table(report))
     say("tokens: all in the rows; trained: those with loss; prefill: prompt tokens computed with no KV reuse")
@@ -91,11 +95,13 @@ def _advice(report) -> str:
     tools = "; with an env that sends tool results, chat.history=as_template" if keep.tool_problem else ""
     if report.append_only and as_template.rows == keep.rows:
         return f"chat.history=keep (omrl's default){tools}; the template only appends, so both modes give the same rows"
-    return (f"chat.history=keep (omrl's default): one row per episode with the sampled ids as they are, so the model "
-            f"sees its history as it sampled it, not as the template rewrites it{tools}; chat.history=as_template "
-            f"shows the model exactly what deployment shows, at {as_template.rows} rows, "
-            f"{as_template.tokens / max(keep.tokens, 1):.1f}x the tokens and "
-            f"{as_template.prefill / max(keep.prefill, 1):.1f}x the prefill")
+    return (
+        f"chat.history=keep (omrl's default): one row per episode with the sampled ids as they are, so the model "
+        f"sees its history as it sampled it, not as the template rewrites it{tools}; chat.history=as_template "
+        f"shows the model exactly what deployment shows, at {as_template.rows} rows, "
+        f"{as_template.tokens / max(keep.tokens, 1):.1f}x the tokens and "
+        f"{as_template.prefill / max(keep.prefill, 1):.1f}x the prefill"
+    )
 
 
 def add_to(app: typer.Typer) -> None:

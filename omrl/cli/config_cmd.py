@@ -21,8 +21,10 @@ def config_class_for(preset_data: dict):
 
 
 @config_app.command("show")
-def show(preset: str = typer.Argument(..., help="A preset name (see `omrl config list`) or a YAML path."),
-         overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. algorithm.gamma=0.99")) -> None:
+def show(
+    preset: str = typer.Argument(..., help="A preset name (see `omrl config list`) or a YAML path."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides, e.g. algorithm.gamma=0.99"),
+) -> None:
     """Print the config that a preset plus overrides resolves to."""
     from omrl.config import command_line_config, read_preset, to_yaml
 
@@ -43,7 +45,9 @@ def list_presets() -> None:
 
 
 @config_app.command("keys")
-def keys(command: str = typer.Argument("train", help="Which command's config: train, sft, rollout, eval, sweep, rm-train.")) -> None:
+def keys(
+    command: str = typer.Argument("train", help="Which command's config: train, sft, rollout, eval, sweep, rm-train."),
+) -> None:
     """Every config key of a command with its type, default and help."""
     from rich.table import Table
 

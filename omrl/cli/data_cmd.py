@@ -13,8 +13,9 @@ data_app = typer.Typer(help="Convert and inspect SFT conversation datasets.", no
 def convert(
     source: str = typer.Argument(..., help="JSONL/JSON/parquet file, HF dataset directory, or `omrl rollout` output."),
     target: str = typer.Argument(..., help="Output file: .jsonl or .parquet."),
-    style: str = typer.Option("openmanus", "--style", help="Message form: openmanus (role/content) or "
-                              "sharegpt (from/value)."),
+    style: str = typer.Option(
+        "openmanus", "--style", help="Message form: openmanus (role/content) or sharegpt (from/value)."
+    ),
     min_reward: float = typer.Option(float("-inf"), "--min-reward", help="Keep only records with reward >= this."),
 ) -> None:
     """Convert conversations (or rollout episodes) into OpenManus-RL or ShareGPT records."""
@@ -25,8 +26,13 @@ def convert(
     from omrl.rollout.convert import jsonl_path_for
 
     # a rollout's readable JSONL is read in place of its parquet's token ids: neither may be replaced
-    check_outputs({"the target": target}, {"the source": source, "the source's readable JSONL":
-                                           jsonl_path_for(source) if Path(source).suffix == ".parquet" else None})
+    check_outputs(
+        {"the target": target},
+        {
+            "the source": source,
+            "the source's readable JSONL": jsonl_path_for(source) if Path(source).suffix == ".parquet" else None,
+        },
+    )
     conversations = load_conversations(source, min_reward)
     write_conversations(conversations, target, style)
     typer.echo(f"wrote {reward_summary(conversations)} to {target}")

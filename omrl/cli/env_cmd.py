@@ -32,9 +32,14 @@ def describe_env(component, build: bool = False) -> dict[str, Any]:
     cls = component.obj
     package, extra = getattr(cls, "package", ""), getattr(cls, "extra", "")
     installed = package_installed(cls) if isinstance(cls, type) else True
-    row = {"name": component.name, "distribution": component.distribution, "package": package or None,
-           "installed": installed, "install": None if installed or not extra else f"pip install 'omrl[{extra}]'",
-           "description": component.description}
+    row = {
+        "name": component.name,
+        "distribution": component.distribution,
+        "package": package or None,
+        "installed": installed,
+        "install": None if installed or not extra else f"pip install 'omrl[{extra}]'",
+        "description": component.description,
+    }
     if not build:
         return row
     from omrl.serve import open_env
@@ -81,19 +86,31 @@ def family_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     families: dict[str, dict[str, Any]] = {}
     for row in rows:
         family = row["name"].split(":", 1)[0]
-        entry = families.setdefault(family, {"family": family, "envs": 0, "package": row["package"],
-                                             "installed": row["installed"], "install": row["install"]})
+        entry = families.setdefault(
+            family,
+            {
+                "family": family,
+                "envs": 0,
+                "package": row["package"],
+                "installed": row["installed"],
+                "install": row["install"],
+            },
+        )
         entry["envs"] += 1
     return list(families.values())
 
 
 @env_app.command("list")
-def list_envs(names: list[str] = typer.Argument(None, help="Only these envs: names or globs such as 'babyai:*' "
-                                                           "(default: every registered one)."),
-              splits: bool = typer.Option(False, "--splits", help="Also build each env and show its splits "
-                                                                  "(starts engines: slower)."),
-              families: bool = typer.Option(False, "--families", help="One row per family with its env count."),
-              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+def list_envs(
+    names: list[str] = typer.Argument(
+        None, help="Only these envs: names or globs such as 'babyai:*' (default: every registered one)."
+    ),
+    splits: bool = typer.Option(
+        False, "--splits", help="Also build each env and show its splits (starts engines: slower)."
+    ),
+    families: bool = typer.Option(False, "--families", help="One row per family with its env count."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
     """Every registered env: its source package, whether that is installed, and (--splits) its splits."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -110,8 +127,11 @@ def list_envs(names: list[str] = typer.Argument(None, help="Only these envs: nam
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title="omrl envs")
-    columns = ["family", "envs", "package", "installed"] if families else \
-        ["name", "package", "installed", "description"] + (["splits"] if splits else [])
+    columns = (
+        ["family", "envs", "package", "installed"]
+        if families
+        else ["name", "package", "installed", "description"] + (["splits"] if splits else [])
+    )
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -122,34 +142,58 @@ def list_envs(names: list[str] = typer.Argument(None, help="Only these envs: nam
             continue
         cells = [Text(row["name"]), Text(package), installed, Text(row["description"])]
         if splits:
-            cells.append(Text(", ".join(f"{name} {size}" for name, size in row["splits"].items()))
-                         if not row["error"] else Text(f"unavailable: {row['error']}", style="red"))
+            cells.append(
+                Text(", ".join(f"{name} {size}" for name, size in row["splits"].items()))
+                if not row["error"]
+                else Text(f"unavailable: {row['error']}", style="red")
+            )
         table.add_row(*cells)
     Console().print(table)
 
 
 @env_app.command("serve")
-def serve(name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
-          host: str = typer.Option("127.0.0.1", help="Interface to listen on. The default takes connections "
-                                                    "from this machine only; any other (0.0.0.0: every one) "
-                                                    "is served with a warning."),
-          port: int = typer.Option(8000, help="Port to listen on."),
-          token: str = typer.Option(None, "--token", envvar="OMRL_SERVE_TOKEN", show_default=False,
-                                    help="Require `Authorization: Bearer <token>` on every request. Prefer the "
-                                         "environment variable: a command line is visible to other users."),
-          max_envs: int = typer.Option(256, "--max-envs", min=1, help="Most live envs at once (then HTTP 503)."),
-          max_body: int = typer.Option(1 << 20, "--max-body", min=1,
-                                       help="Largest request body in bytes (larger: HTTP 413)."),
-          idle_timeout: float = typer.Option(1800.0, "--idle-timeout", min=0,
-                                             help="Close an env no call has touched for this many seconds (its "
-                                                  "client was likely killed); calls about it then get HTTP 410. "
-                                                  "0: never."),
-          option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP)) -> None:
+def serve(
+    name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        help="Interface to listen on. The default takes connections "
+        "from this machine only; any other (0.0.0.0: every one) "
+        "is served with a warning.",
+    ),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    token: str = typer.Option(
+        None,
+        "--token",
+        envvar="OMRL_SERVE_TOKEN",
+        show_default=False,
+        help="Require `Authorization: Bearer <token>` on every request. Prefer the "
+        "environment variable: a command line is visible to other users.",
+    ),
+    max_envs: int = typer.Option(256, "--max-envs", min=1, help="Most live envs at once (then HTTP 503)."),
+    max_body: int = typer.Option(
+        1 << 20, "--max-body", min=1, help="Largest request body in bytes (larger: HTTP 413)."
+    ),
+    idle_timeout: float = typer.Option(
+        1800.0,
+        "--idle-timeout",
+        min=0,
+        help="Close an env no call has touched for this many seconds (its "
+        "client was likely killed); calls about it then get HTTP 410. "
+        "0: never.",
+    ),
+    option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
+) -> None:
     r"""Serve an env over HTTP for AgentGym clients: `id` dialect at the root, `env_idx` dialect under /env_idx (needs omrl\[server])."""
     from omrl.serve import create_app, exposure_warning, run_server
 
-    app = create_app(name, parse_options(option), token=token or None, max_envs=max_envs, max_body=max_body,
-                     idle_timeout=idle_timeout)
+    app = create_app(
+        name,
+        parse_options(option),
+        token=token or None,
+        max_envs=max_envs,
+        max_body=max_body,
+        idle_timeout=idle_timeout,
+    )
     console = Console(stderr=True)
     warning = exposure_warning(host, token)
     if warning:
@@ -159,18 +203,25 @@ def serve(name: str = typer.Argument(..., help="A registered env (see `omrl env 
         f"serving env [bold]{name}[/] on http://{host}:{port} (AgentGym id dialect; env_idx dialect at "
         f"http://{host}:{port}/env_idx); play it with "
         f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={name}{needs}; "
-        + (f"envs idle for {idle_timeout:g} s are closed (--idle-timeout)" if idle_timeout else
-           "envs are never closed for idleness (--idle-timeout 0)"),
-        highlight=False, soft_wrap=True)
+        + (
+            f"envs idle for {idle_timeout:g} s are closed (--idle-timeout)"
+            if idle_timeout
+            else "envs are never closed for idleness (--idle-timeout 0)"
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
     run_server(app, host, port)
 
 
 @env_app.command("play")
-def play(name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
-         task: int = typer.Option(None, "--task", help="Task id (default: the split's first)."),
-         split: str = typer.Option("test", "--split", help="Split to take the task from."),
-         max_turns: int = typer.Option(0, "--max-turns", help="Turn cap; 0 uses the env's own."),
-         option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP)) -> None:
+def play(
+    name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
+    task: int = typer.Option(None, "--task", help="Task id (default: the split's first)."),
+    split: str = typer.Option("test", "--split", help="Split to take the task from."),
+    max_turns: int = typer.Option(0, "--max-turns", help="Turn cap; 0 uses the env's own."),
+    option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
+) -> None:
     """Play one episode yourself: type actions, `:expert` for the expert's, `:quit` to stop."""
     from omrl.errors import OmrlError
     from omrl.serve import open_env
@@ -184,8 +235,9 @@ def play(name: str = typer.Argument(..., help="A registered env (see `omrl env l
                 raise OmrlError(f"split {split!r} of env {name!r} has no tasks")
             task = ids[0]
         first = env.reset(task)
-        console.print(Panel(Text(first.instruction or "(no separate instruction)"),
-                            title=f"{name} task {task}: instruction"))
+        console.print(
+            Panel(Text(first.instruction or "(no separate instruction)"), title=f"{name} task {task}: instruction")
+        )
         console.print(Panel(Text(first.text), title="observation"))
         turns, total, played, result = max_turns or env.max_turns, 0.0, 0, None
         for turn in range(1, turns + 1):
@@ -200,8 +252,9 @@ def play(name: str = typer.Argument(..., help="A registered env (see `omrl env l
                 break
         ended = "done" if result is not None and result.done else "not finished"
         won, score = (result.won, result.score) if result is not None else (False, 0.0)
-        console.print(f"episode {ended}: won {'yes' if won else 'no'}, score {score:.2f}, "
-                      f"total reward {total:g}, turns {played}")
+        console.print(
+            f"episode {ended}: won {'yes' if won else 'no'}, score {score:.2f}, total reward {total:g}, turns {played}"
+        )
     finally:
         env.close()
 

@@ -41,9 +41,12 @@ def say_env_errors(console, episodes, env: str) -> None:
     reasons = env_error_reasons(episodes)
     if reasons:
         failed = sum(ep.end_reason == "env_error" for ep in episodes)
-        console.print(f"[yellow]env errors:[/] {failed} of {len(episodes)} episodes failed in the env {escape(env)!r} "
-                      "and are left out of success, scores and pass@k; the first reasons:", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"[yellow]env errors:[/] {failed} of {len(episodes)} episodes failed in the env {escape(env)!r} "
+            "and are left out of success, scores and pass@k; the first reasons:",
+            highlight=False,
+            soft_wrap=True,
+        )
         for reason in reasons:
             console.print(f"  {escape(reason)}", highlight=False, soft_wrap=True)
 
@@ -82,17 +85,29 @@ def evaluate_command(
     from omrl.rollout import RolloutSession
     from omrl.training.metrics import peak_memory
 
-    cfg = command_line_config(EvalRunConfig, args, {
-        "env.name": env, "model.name": model, "env.split": split, "num_tasks": num_tasks,
-        "samples_per_task": samples, "report": report, "strategy": strategy, "budget": budget or None,
-        "plugins.best_of_n.select": select_scorer(select),
-    })
+    cfg = command_line_config(
+        EvalRunConfig,
+        args,
+        {
+            "env.name": env,
+            "model.name": model,
+            "env.split": split,
+            "num_tasks": num_tasks,
+            "samples_per_task": samples,
+            "report": report,
+            "strategy": strategy,
+            "budget": budget or None,
+            "plugins.best_of_n.select": select_scorer(select),
+        },
+    )
     check_select(select, cfg.strategy)
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
-        raise ConfigError(f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "
-                          "valid: --samples 1, or sampling, e.g. generation.temperature=1.0")
+        raise ConfigError(
+            f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "
+            "valid: --samples 1, or sampling, e.g. generation.temperature=1.0"
+        )
     report_path = Path(cfg.report) if cfg.report else default_report_path(cfg.model.name)
     check_outputs({"--report": report_path}, {"the --model": cfg.model.name})
     check_max_env_error_rate(cfg.max_env_error_rate)
@@ -107,9 +122,17 @@ def evaluate_command(
         every_sample = plays_batched(strategy, budget)  # the batched rollout's samples: each one counts (pass@k)
         bar, progress = progress_bar(len(tasks), f"eval {cfg.env.name} ({strategy}, tasks)")
         with bar:
-            trees, episodes = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget,
-                                            group_size=cfg.samples_per_task, seed=cfg.seed, progress=progress,
-                                            rewards=every_sample)
+            trees, episodes = play_strategy(
+                session,
+                strategy,
+                tasks,
+                split=cfg.env.split,
+                budget=budget,
+                group_size=cfg.samples_per_task,
+                seed=cfg.seed,
+                progress=progress,
+                rewards=every_sample,
+            )
         if every_sample:
             rewards = session.reward_summary
         else:

@@ -21,9 +21,11 @@ def prompts_as_trained(cfg: Any, args: list[str] | None, console: Any) -> None:
     if trained is None or trained == cfg.env.demonstration:
         return
     cfg.env.demonstration = trained
-    console.print(f"env.demonstration={str(trained).lower()}: {cfg.model.name} was trained on {cfg.env.name} "
-                  f"{'with' if trained else 'without'} its worked example (env.demonstration= chooses)",
-                  highlight=False)
+    console.print(
+        f"env.demonstration={str(trained).lower()}: {cfg.model.name} was trained on {cfg.env.name} "
+        f"{'with' if trained else 'without'} its worked example (env.demonstration= chooses)",
+        highlight=False,
+    )
 
 
 def start_from_base_outside_its_env(cfg: Any, args: list[str] | None, model_flag: str | None, console: Any) -> None:
@@ -38,8 +40,11 @@ def start_from_base_outside_its_env(cfg: Any, args: list[str] | None, model_flag
     tuned = tuned_for(cfg.model.name)
     if model_flag is not None or user_sets(args, "model.name") or tuned is None or tuned[0] == cfg.env.name:
         return
-    console.print(f"model: {tuned[1]} ({cfg.model.name}, the preset's model, is fine-tuned for {tuned[0]}, "
-                  f"not {cfg.env.name}; --model chooses)", highlight=False)
+    console.print(
+        f"model: {tuned[1]} ({cfg.model.name}, the preset's model, is fine-tuned for {tuned[0]}, "
+        f"not {cfg.env.name}; --model chooses)",
+        highlight=False,
+    )
     cfg.model.name = tuned[1]
     if not user_sets(args, "env.demonstration"):
         cfg.env.demonstration = True

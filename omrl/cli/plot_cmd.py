@@ -8,8 +8,9 @@ import typer
 def plot(
     run: str = typer.Argument(..., help="A run directory (or its metrics.jsonl)."),
     out: str = typer.Option(None, "--out", "-o", help="Folder for the PNG files (default: RUN/plots)."),
-    metric: list[str] = typer.Option(None, "--metric", "-m", help="Only these panels or metrics (repeatable), "
-                                     "e.g. -m reward -m kl."),
+    metric: list[str] = typer.Option(
+        None, "--metric", "-m", help="Only these panels or metrics (repeatable), e.g. -m reward -m kl."
+    ),
     dpi: int = typer.Option(150, "--dpi", help="Resolution of the PNG files."),
 ) -> None:
     """Write one PNG per group of curves (reward and its components, success, KL, entropy, loss,

@@ -9,9 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 
-def plugins(as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
-            kind: str = typer.Option(None, "--kind", help="Only this kind: env, reward, template, "
-                                     "advantage, policy_loss, kl.")) -> None:
+def plugins(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    kind: str = typer.Option(None, "--kind", help="Only this kind: env, reward, template, advantage, policy_loss, kl."),
+) -> None:
     """List every registered env, reward, template and algorithm."""
     from omrl.registry import all_components
 
@@ -24,9 +25,21 @@ def plugins(as_json: bool = typer.Option(False, "--json", help="Print JSON for s
 
             raise UnknownNameError(f"unknown kind {kind!r}; valid: {', '.join(kinds)}")
     if as_json:
-        typer.echo(json.dumps([{"kind": c.kind, "name": c.name, "plugin": c.plugin,
-                                "distribution": c.distribution, "description": c.description}
-                               for c in rows], indent=2))
+        typer.echo(
+            json.dumps(
+                [
+                    {
+                        "kind": c.kind,
+                        "name": c.name,
+                        "plugin": c.plugin,
+                        "distribution": c.distribution,
+                        "description": c.description,
+                    }
+                    for c in rows
+                ],
+                indent=2,
+            )
+        )
         return
     table = Table(title="omrl plugins")
     for col in ("kind", "name", "distribution", "description"):

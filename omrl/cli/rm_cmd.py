@@ -1,7 +1,7 @@
 """``omrl rm``: train and evaluate reward models (outcome and process) on trajectory files.
 
-    omrl rm train [PRESET] [key=value ...] --data ROLLOUTS --kind orm --label success --output-dir runs/rm
-    omrl rm eval --model runs/rm --data HELD_OUT_ROLLOUTS
+omrl rm train [PRESET] [key=value ...] --data ROLLOUTS --kind orm --label success --output-dir runs/rm
+omrl rm eval --model runs/rm --data HELD_OUT_ROLLOUTS
 """
 
 from __future__ import annotations
@@ -13,16 +13,25 @@ import typer
 rm_app = typer.Typer(help="Train and evaluate agent reward models (outcome and process).", no_args_is_help=True)
 
 FLAG_KEYS = {
-    "model": "model.name", "data": "dataset", "eval_data": "eval_dataset", "kind": "kind", "label": "label",
-    "objective": "objective", "learning_rate": "optim.learning_rate", "num_train_epochs": "num_train_epochs",
-    "output_dir": "logging.output_dir", "lora_rank": "model.lora_rank", "seed": "seed",
+    "model": "model.name",
+    "data": "dataset",
+    "eval_data": "eval_dataset",
+    "kind": "kind",
+    "label": "label",
+    "objective": "objective",
+    "learning_rate": "optim.learning_rate",
+    "num_train_epochs": "num_train_epochs",
+    "output_dir": "logging.output_dir",
+    "lora_rank": "model.lora_rank",
+    "seed": "seed",
 }
 
 
 @rm_app.command("train")
 def train(
-    args: Optional[list[str]] = typer.Argument(None, help="An optional preset name or YAML path, then key=value "
-                                               "overrides (see `omrl config keys rm-train`)."),
+    args: Optional[list[str]] = typer.Argument(
+        None, help="An optional preset name or YAML path, then key=value overrides (see `omrl config keys rm-train`)."
+    ),
     model: Optional[str] = typer.Option(None, "--model", help="Base model: the policy's (same tokenizer)."),
     data: Optional[str] = typer.Option(None, "--data", help="Trajectory parquet (file or directory)."),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out trajectories to report on."),
@@ -48,13 +57,16 @@ def train(
 
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
     cfg = command_line_config(RmTrainRunConfig, args, {**flags, "resume": True if resume else None})
-    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, "--data": cfg.dataset,
-                                           "--eval-data": cfg.eval_dataset})
+    check_run_dir(
+        cfg.logging.output_dir, {"--model": cfg.model.name, "--data": cfg.dataset, "--eval-data": cfg.eval_dataset}
+    )
     hf_logging.disable_progress_bar()
     summary = stop_on_interrupt(lambda: run_rm_train(cfg), err_console)
     if is_main_process():
-        typer.echo(f"trained the {cfg.kind} reward model on {summary['examples']} examples in {summary['steps']} "
-                   f"steps (final loss {summary['final_loss']:.4f}); reward model saved in {summary['output_dir']}")
+        typer.echo(
+            f"trained the {cfg.kind} reward model on {summary['examples']} examples in {summary['steps']} "
+            f"steps (final loss {summary['final_loss']:.4f}); reward model saved in {summary['output_dir']}"
+        )
         if "eval" in summary:
             _print_report(summary["eval"])
 
@@ -106,8 +118,14 @@ def _print_report(report: dict) -> None:
         for column in ("N", "tasks", "selected", "random", "oracle", "gain (paired)"):
             table.add_column(column, justify="right")
         for row in report["selection"]:
-            table.add_row(str(row["n"]), str(row["tasks"]), *(f"{row[k + measure]:.3f} ± {row[k + measure + '_se']:.3f}"
-                                                              for k in ("selected", "random", "oracle", "gain")))
+            table.add_row(
+                str(row["n"]),
+                str(row["tasks"]),
+                *(
+                    f"{row[k + measure]:.3f} ± {row[k + measure + '_se']:.3f}"
+                    for k in ("selected", "random", "oracle", "gain")
+                ),
+            )
         console.print(table)
 
 

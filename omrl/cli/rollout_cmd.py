@@ -6,14 +6,20 @@ import typer
 
 from omrl.cli.model_prompts import prompts_as_trained
 
-ARGS_HELP = "\\[PRESET] \\[key=value ...]: a preset name or YAML path, then config overrides (see `omrl config keys rollout`)."
-STRATEGY_HELP = ("Rollout strategy: chain, best_of_n, beam, dfsdt, mcts, mc_value (process labels) or a plugin's "
-                 "(`omrl plugins --kind strategy`); its options in plugins.NAME (e.g. plugins.beam.width=3). "
-                 "Default: rollout.strategy (chain: the batched rollout).")
+ARGS_HELP = (
+    "\\[PRESET] \\[key=value ...]: a preset name or YAML path, then config overrides (see `omrl config keys rollout`)."
+)
+STRATEGY_HELP = (
+    "Rollout strategy: chain, best_of_n, beam, dfsdt, mcts, mc_value (process labels) or a plugin's "
+    "(`omrl plugins --kind strategy`); its options in plugins.NAME (e.g. plugins.beam.width=3). "
+    "Default: rollout.strategy (chain: the batched rollout)."
+)
 BUDGET_HELP = "With --strategy: model tokens each task's search may generate, scorer prompts included (0: no limit)."
-SELECT_HELP = ("With --strategy best_of_n: what picks each task's answer (plugins.best_of_n.select): env (the env's "
-               "reward, an oracle), random, majority (the most common final action), rm (a reward model, "
-               "plugins.rm.path=DIR), logprob, self_eval or a plugin's scorer.")
+SELECT_HELP = (
+    "With --strategy best_of_n: what picks each task's answer (plugins.best_of_n.select): env (the env's "
+    "reward, an oracle), random, majority (the most common final action), rm (a reward model, "
+    "plugins.rm.path=DIR), logprob, self_eval or a plugin's scorer."
+)
 SELECT_ALIASES = {"env": "env_reward"}
 
 
@@ -27,8 +33,10 @@ def check_select(select: str | None, strategy: str) -> None:
     from omrl.errors import ConfigError
 
     if select and strategy != "best_of_n":
-        raise ConfigError(f"--select {select} is for --strategy best_of_n (how it picks its answer), but the "
-                          f"strategy is {strategy!r}; valid: --strategy best_of_n --select {select}, or no --select")
+        raise ConfigError(
+            f"--select {select} is for --strategy best_of_n (how it picks its answer), but the "
+            f"strategy is {strategy!r}; valid: --strategy best_of_n --select {select}, or no --select"
+        )
 
 
 def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
@@ -50,10 +58,13 @@ def check_rollout_outputs(cfg) -> None:
 
     output = Path(cfg.output)
     if output.suffix.lower() == ".jsonl":
-        raise OutputError(f"--output {output} names the readable JSONL, which goes beside the trajectory parquet; "
-                          f"valid: a .parquet path, e.g. --output {output.with_suffix('.parquet')}")
-    check_outputs({"--output": cfg.output, "the readable JSONL": jsonl_path_for(cfg.output)},
-                  {"the --model": cfg.model.name})
+        raise OutputError(
+            f"--output {output} names the readable JSONL, which goes beside the trajectory parquet; "
+            f"valid: a .parquet path, e.g. --output {output.with_suffix('.parquet')}"
+        )
+    check_outputs(
+        {"--output": cfg.output, "the readable JSONL": jsonl_path_for(cfg.output)}, {"the --model": cfg.model.name}
+    )
 
 
 def progress_bar(total: int, label: str):
@@ -62,9 +73,15 @@ def progress_bar(total: int, label: str):
 
     from omrl.rollout import RolloutProgress
 
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("success {task.fields[success]}"), TextColumn("{task.fields[speed]} tok/s"),
-                   TimeElapsedColumn(), transient=False)
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("success {task.fields[success]}"),
+        TextColumn("{task.fields[speed]} tok/s"),
+        TimeElapsedColumn(),
+        transient=False,
+    )
     task = bar.add_task(label, total=total, success="-", speed="-")
 
     class BarProgress(RolloutProgress):
@@ -116,11 +133,22 @@ def rollout(
     from omrl.rollout import RolloutSession, write_jsonl
     from omrl.rollout.convert import jsonl_path_for
 
-    cfg = command_line_config(RolloutRunConfig, args, {
-        "env.name": env, "model.name": model, "env.template": template, "num_tasks": num_tasks,
-        "group_size": group_size, "output": output, "use_expert": True if expert else None,
-        "strategy": strategy, "budget": budget or None, "plugins.best_of_n.select": select_scorer(select),
-    })
+    cfg = command_line_config(
+        RolloutRunConfig,
+        args,
+        {
+            "env.name": env,
+            "model.name": model,
+            "env.template": template,
+            "num_tasks": num_tasks,
+            "group_size": group_size,
+            "output": output,
+            "use_expert": True if expert else None,
+            "strategy": strategy,
+            "budget": budget or None,
+            "plugins.best_of_n.select": select_scorer(select),
+        },
+    )
     check_select(select, cfg.strategy)
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
@@ -136,16 +164,26 @@ def rollout(
 
         bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)")
         with bar:
-            trees, episodes = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget,
-                                            group_size=cfg.group_size, seed=cfg.seed, expert=cfg.use_expert,
-                                            progress=progress)
+            trees, episodes = play_strategy(
+                session,
+                strategy,
+                tasks,
+                split=cfg.env.split,
+                budget=budget,
+                group_size=cfg.group_size,
+                seed=cfg.seed,
+                expert=cfg.use_expert,
+                progress=progress,
+            )
         if not plays_batched(strategy, budget):  # the batched rollout's samples were no search
             console.print(metrics_table(search_metrics(trees), title=f"search: {strategy}"))
     replay_warnings(caught, episodes)
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):
         who = "expert" if cfg.use_expert else "env"
-        raise EnvFailure(f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reasons: "
-                         f"{'; '.join(env_error_reasons(episodes))}")
+        raise EnvFailure(
+            f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reasons: "
+            f"{'; '.join(env_error_reasons(episodes))}"
+        )
     parquet = write_episodes(episodes, cfg.output)
     readable = write_jsonl(episodes, jsonl_path_for(parquet))
     console.print(metrics_table(evaluate(episodes), title=f"rollout: {cfg.env.name}"))

@@ -15,42 +15,58 @@ import typer
 
 # flag name -> dotted config key
 FLAG_KEYS = {
-    "model": "model.name", "dataset": "dataset", "learning_rate": "optim.learning_rate",
-    "num_train_epochs": "num_train_epochs", "max_seq_length": "max_seq_length", "packing": "packing",
+    "model": "model.name",
+    "dataset": "dataset",
+    "learning_rate": "optim.learning_rate",
+    "num_train_epochs": "num_train_epochs",
+    "max_seq_length": "max_seq_length",
+    "packing": "packing",
     "per_device_train_batch_size": "optim.micro_batch_size",
     "gradient_accumulation_steps": "optim.gradient_accumulation_steps",
-    "gradient_checkpointing": "model.gradient_checkpointing", "bf16": "bf16", "logging_steps": "logging.logging_steps",
-    "save_steps": "logging.save_steps", "output_dir": "logging.output_dir", "lora_rank": "model.lora_rank",
-    "min_reward": "min_reward", "seed": "seed",
+    "gradient_checkpointing": "model.gradient_checkpointing",
+    "bf16": "bf16",
+    "logging_steps": "logging.logging_steps",
+    "save_steps": "logging.save_steps",
+    "output_dir": "logging.output_dir",
+    "lora_rank": "model.lora_rank",
+    "min_reward": "min_reward",
+    "seed": "seed",
 }
 
 
 def sft(
-    args: Optional[list[str]] = typer.Argument(None, help="An optional preset name or YAML path, then key=value "
-                                               "overrides (see `omrl config keys sft`)."),
+    args: Optional[list[str]] = typer.Argument(
+        None, help="An optional preset name or YAML path, then key=value overrides (see `omrl config keys sft`)."
+    ),
     model: Optional[str] = typer.Option(None, "--model", help="Model name or directory."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", help="JSONL, parquet, HF dataset "
-                                          "directory, or `omrl rollout` output."),
+    dataset: Optional[str] = typer.Option(
+        None, "--dataset", help="JSONL, parquet, HF dataset directory, or `omrl rollout` output."
+    ),
     learning_rate: Optional[float] = typer.Option(None, "--learning-rate", help="Peak learning rate."),
     num_train_epochs: Optional[float] = typer.Option(None, "--num-train-epochs", help="Passes over the data."),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Tokens per row."),
     packing: Optional[bool] = typer.Option(None, "--packing/--no-packing", help="Pack conversations into rows."),
-    per_device_train_batch_size: Optional[int] = typer.Option(None, "--per-device-train-batch-size",
-                                                              help="Rows per forward/backward pass."),
-    gradient_accumulation_steps: Optional[int] = typer.Option(None, "--gradient-accumulation-steps",
-                                                              help="Micro-batches per optimizer step."),
-    gradient_checkpointing: Optional[bool] = typer.Option(None, "--gradient-checkpointing/--no-gradient-checkpointing",
-                                                          help="Recompute activations to save memory."),
+    per_device_train_batch_size: Optional[int] = typer.Option(
+        None, "--per-device-train-batch-size", help="Rows per forward/backward pass."
+    ),
+    gradient_accumulation_steps: Optional[int] = typer.Option(
+        None, "--gradient-accumulation-steps", help="Micro-batches per optimizer step."
+    ),
+    gradient_checkpointing: Optional[bool] = typer.Option(
+        None, "--gradient-checkpointing/--no-gradient-checkpointing", help="Recompute activations to save memory."
+    ),
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bfloat16 autocast."),
     logging_steps: Optional[int] = typer.Option(None, "--logging-steps", help="Log every N steps."),
     save_steps: Optional[int] = typer.Option(None, "--save-steps", help="Checkpoint every N steps (0: at the end)."),
     output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Run directory."),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: train all weights)."),
-    min_reward: Optional[float] = typer.Option(None, "--min-reward", help="Rollout data: keep episodes with "
-                                               "total reward >= this."),
+    min_reward: Optional[float] = typer.Option(
+        None, "--min-reward", help="Rollout data: keep episodes with total reward >= this."
+    ),
     seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
-    resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint in "
-                                "the output directory."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the newest complete checkpoint in the output directory."
+    ),
 ) -> None:
     """Fine-tune a model on agent conversations (loss on the assistant's tokens only)."""
     from transformers.utils import logging as hf_logging
@@ -68,9 +84,11 @@ def sft(
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)
     if is_main_process():  # under accelerate launch, one summary rather than one per process
-        typer.echo(f"trained {summary['steps']} steps (final loss {summary['final_loss']:.4f}, "
-                   f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_updates']} skipped); "
-                   f"model saved in {summary['output_dir']}")
+        typer.echo(
+            f"trained {summary['steps']} steps (final loss {summary['final_loss']:.4f}, "
+            f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_updates']} skipped); "
+            f"model saved in {summary['output_dir']}"
+        )
 
 
 def add_to(app: typer.Typer) -> None:

@@ -35,8 +35,10 @@ def parse_budgets(text: str | None) -> list[int] | None:
         return None
     for item in items:
         if not (item.isascii() and item.isdigit()) or int(item) < 1:
-            raise ConfigError(f"--budgets {text!r}: {item!r} is not a positive whole number of tokens; valid: "
-                              "e.g. --budgets 500,1000,2000")
+            raise ConfigError(
+                f"--budgets {text!r}: {item!r} is not a positive whole number of tokens; valid: "
+                "e.g. --budgets 500,1000,2000"
+            )
     return [int(item) for item in items]
 
 
@@ -49,19 +51,29 @@ def check_sweep_outputs(cfg) -> None:
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise OutputError(f"--out {out} is a file; give a folder for sweep.json and sweep.png (e.g. runs/sweep)")
-    check_outputs({"--out's sweep.json": out / "sweep.json", "--out's sweep.png": out / "sweep.png"},
-                  {"the --model": cfg.model.name})
+    check_outputs(
+        {"--out's sweep.json": out / "sweep.json", "--out's sweep.png": out / "sweep.png"},
+        {"the --model": cfg.model.name},
+    )
 
 
 def sweep_command(
     args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "sweep"), show_default=False),
     env: str = typer.Option(None, "--env", help="Env name (env.name)."),
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
-    strategies: str = typer.Option(None, "--strategies", help="Strategies to compare, comma-separated, e.g. "
-                                   "chain,best_of_n,beam,dfsdt,mcts (chain: pass@1, one point); options in "
-                                   "plugins.NAME."),
-    budgets: str = typer.Option(None, "--budgets", help="Generated tokens per task, comma-separated, e.g. "
-                                "500,1000,2000: each strategy but chain plays once at each."),
+    strategies: str = typer.Option(
+        None,
+        "--strategies",
+        help="Strategies to compare, comma-separated, e.g. "
+        "chain,best_of_n,beam,dfsdt,mcts (chain: pass@1, one point); options in "
+        "plugins.NAME.",
+    ),
+    budgets: str = typer.Option(
+        None,
+        "--budgets",
+        help="Generated tokens per task, comma-separated, e.g. "
+        "500,1000,2000: each strategy but chain plays once at each.",
+    ),
     split: str = typer.Option(None, "--split", help="Task split (env.split)."),
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks every cell plays, from the start of the split."),
     seed: int = typer.Option(None, "--seed", help="Random seed, the same for every cell."),
@@ -80,10 +92,20 @@ def sweep_command(
     from omrl.config.options import SweepRunConfig
     from omrl.search.sweep import run_sweep, sweep_table
 
-    cfg = command_line_config(SweepRunConfig, args, {
-        "env.name": env, "model.name": model, "strategies": split_list(strategies, "--strategies"),
-        "budgets": parse_budgets(budgets), "env.split": split, "num_tasks": num_tasks, "seed": seed, "out": out,
-    })
+    cfg = command_line_config(
+        SweepRunConfig,
+        args,
+        {
+            "env.name": env,
+            "model.name": model,
+            "strategies": split_list(strategies, "--strategies"),
+            "budgets": parse_budgets(budgets),
+            "env.split": split,
+            "num_tasks": num_tasks,
+            "seed": seed,
+            "out": out,
+        },
+    )
     check_sweep_outputs(cfg)
     console = Console()
     prompts_as_trained(cfg, args, console)

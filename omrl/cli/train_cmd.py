@@ -8,9 +8,13 @@ import typer
 
 
 def train(
-    args: list[str] = typer.Argument(None, help="An optional preset (see `omrl config list`) or YAML path, default "
-                                     "the --algo preset, then key=value overrides, e.g. group_size=8 "
-                                     "optim.learning_rate=1e-6 (see `omrl config keys train`).", show_default=False),
+    args: list[str] = typer.Argument(
+        None,
+        help="An optional preset (see `omrl config list`) or YAML path, default "
+        "the --algo preset, then key=value overrides, e.g. group_size=8 "
+        "optim.learning_rate=1e-6 (see `omrl config keys train`).",
+        show_default=False,
+    ),
     algo: str = typer.Option(None, "--algo", help="grpo, ppo or dpo (algorithm.name)."),
     env: str = typer.Option(None, "--env", help="Registered env name (see `omrl env list`)."),
     model: str = typer.Option(None, "--model", help="Built-in name, local directory or hub id."),
@@ -37,16 +41,25 @@ def train(
         raise ConfigError(f"unknown --algo {algo!r}; valid: {', '.join(RECIPES)}")
     if resume and output_dir is None:
         raise ConfigError("--resume needs --output-dir: the run directory to continue")
-    flags = {"algorithm.name": algo, "env.name": env, "model.name": model, "steps": steps,
-             "logging.output_dir": output_dir, "resume": True if resume else None}
+    flags = {
+        "algorithm.name": algo,
+        "env.name": env,
+        "model.name": model,
+        "steps": steps,
+        "logging.output_dir": output_dir,
+        "resume": True if resume else None,
+    }
     cfg = command_line_config(TrainRunConfig, args, flags, algo or "grpo")
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algorithm.name}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
     start_from_base_outside_its_env(cfg, list(args or []), model, console)
-    console.print(f"omrl train: {cfg.algorithm.name} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
-                  f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}", highlight=False)
+    console.print(
+        f"omrl train: {cfg.algorithm.name} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
+        f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}",
+        highlight=False,
+    )
     summary = stop_on_interrupt(lambda: run_rl(cfg, console=console), err_console)
     table = Table(title="omrl train: done")
     table.add_column("metric")
@@ -55,8 +68,9 @@ def train(
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console(quiet=not is_main_process()).print(table)
     # eval reads the run's config.yaml and plays the prompts the run trained on
-    console.print(f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False,
-                  soft_wrap=True)
+    console.print(
+        f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False, soft_wrap=True
+    )
     console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False, soft_wrap=True)
 
 

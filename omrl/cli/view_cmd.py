@@ -15,23 +15,36 @@ def view_command(path: object) -> str:
 def read_by(store) -> dict[str, object]:
     """The files a store read, by their label: none of them may be what ``--out`` writes."""
     source = store.source
-    files = [source.metrics, source.config, source.tokenizer, *source.trajectories, *source.records,
-             *source.reports]
+    files = [source.metrics, source.config, source.tokenizer, *source.trajectories, *source.records, *source.reports]
     return {f"the shown {source.label(path)}": path for path in files if path is not None}
 
 
 def view(
     path: str = typer.Argument(..., help="A run directory, a trajectory .parquet or .jsonl, or an eval report .json."),
-    port: int = typer.Option(None, "--port", help="Port to serve on (default 8765, or the next free one; "
-                             "0: any free one)."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to serve on. Loopback by default: anyone who can "
-                             "reach another address can read the run."),
-    out: str = typer.Option(None, "--out", "-o", help="Write one self-contained HTML file instead of serving "
-                            "(opens offline; holds --max-episodes episodes)."),
-    max_episodes: int = typer.Option(200, "--max-episodes", help="With --out: how many episodes the file holds "
-                                     "(the first ones; the overview and curves are always whole)."),
-    tokenizer: str = typer.Option(None, "--tokenizer", help="tokenizer.json, model directory or built-in model name "
-                                  "for token text (default: the run's own)."),
+    port: int = typer.Option(
+        None, "--port", help="Port to serve on (default 8765, or the next free one; 0: any free one)."
+    ),
+    host: str = typer.Option(
+        "127.0.0.1",
+        "--host",
+        help="Address to serve on. Loopback by default: anyone who can reach another address can read the run.",
+    ),
+    out: str = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Write one self-contained HTML file instead of serving (opens offline; holds --max-episodes episodes).",
+    ),
+    max_episodes: int = typer.Option(
+        200,
+        "--max-episodes",
+        help="With --out: how many episodes the file holds (the first ones; the overview and curves are always whole).",
+    ),
+    tokenizer: str = typer.Option(
+        None,
+        "--tokenizer",
+        help="tokenizer.json, model directory or built-in model name for token text (default: the run's own).",
+    ),
     open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser."),
 ) -> None:
     """Serve a page on loopback (or write one HTML file) showing the run's config, learning curves,
@@ -45,25 +58,33 @@ def view(
     store = open_run(path, tokenizer)
     for problem in store.overview()["problems"]:
         colour = "red" if problem["level"] == "error" else "yellow"
-        console.print(f"[{colour}]{problem['level']}:[/] {escape(problem['file'])}: {escape(problem['message'])}",
-                      highlight=False, soft_wrap=True)
+        console.print(
+            f"[{colour}]{problem['level']}:[/] {escape(problem['file'])}: {escape(problem['message'])}",
+            highlight=False,
+            soft_wrap=True,
+        )
     if out:
         from omrl.outputs import check_outputs
         from omrl.view.page import write_page
 
         check_outputs({"--out": out}, {"the viewed path": path, **read_by(store)})
         written, kept = write_page(store, out, max_episodes)
-        console.print(f"wrote {written} ({kept} of {len(store.summaries)} episodes; opens offline)", highlight=False,
-                      soft_wrap=True)
+        console.print(
+            f"wrote {written} ({kept} of {len(store.summaries)} episodes; opens offline)",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     from omrl.view.server import LOOPBACK, make_server, serve_forever
 
     server = make_server(store, host, port)
     if host not in LOOPBACK:
-        console.print(f"[yellow]warning:[/] serving on {escape(host)}: anyone who can reach it can read this run",
-                      highlight=False)
-    console.print(f"omrl view: {server.url} ({len(store.summaries)} episodes; Ctrl-C stops)", highlight=False,
-                  soft_wrap=True)
+        console.print(
+            f"[yellow]warning:[/] serving on {escape(host)}: anyone who can reach it can read this run", highlight=False
+        )
+    console.print(
+        f"omrl view: {server.url} ({len(store.summaries)} episodes; Ctrl-C stops)", highlight=False, soft_wrap=True
+    )
     if open_browser:
         import webbrowser
 

@@ -51,8 +51,9 @@ def read_preset(preset: str | Path) -> dict[str, Any]:
     if not path.suffix:
         path = presets_dir() / f"{preset}.yaml"
         if not path.exists():
-            raise ConfigError(f"unknown preset {str(preset)!r}; valid: {', '.join(preset_names())} "
-                              f"(or a path to a .yaml file)")
+            raise ConfigError(
+                f"unknown preset {str(preset)!r}; valid: {', '.join(preset_names())} (or a path to a .yaml file)"
+            )
     elif not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
@@ -78,8 +79,9 @@ class _StrictLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} is given twice",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -89,7 +91,7 @@ def renamed_path(cls: type, path: list[str]) -> list[str]:
     old = ".".join(path)
     for before, after in getattr(cls, "renamed_keys", {}).items():
         if old == before or old.startswith(before + "."):
-            return (after + old[len(before):]).split(".")
+            return (after + old[len(before) :]).split(".")
     return path
 
 
@@ -97,8 +99,11 @@ def warn_renamed(renamed: dict[str, str], source: str) -> None:
     """One warning naming every renamed key ``source`` used (old -> new)."""
     if renamed:
         pairs = ", ".join(f"{old} -> {new}" for old, new in renamed.items())
-        warnings.warn(f"{source} uses config keys that were renamed ({pairs}); the old names still work for now",
-                      DeprecatedKeyWarning, stacklevel=3)
+        warnings.warn(
+            f"{source} uses config keys that were renamed ({pairs}); the old names still work for now",
+            DeprecatedKeyWarning,
+            stacklevel=3,
+        )
 
 
 def upgrade_keys(cls: type, data: dict[str, Any], source: str, warn: bool = True) -> dict[str, Any]:
@@ -213,8 +218,12 @@ def merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_config(cls: type[T], preset: str | Path | None = None, overrides: list[str] | None = None,
-                values: dict[str, Any] | None = None) -> T:
+def load_config(
+    cls: type[T],
+    preset: str | Path | None = None,
+    overrides: list[str] | None = None,
+    values: dict[str, Any] | None = None,
+) -> T:
     """Build ``cls`` from its defaults, then the preset, then ``key=value`` overrides, then ``values``.
 
     ``values`` maps dotted keys to already typed values (command-line flags); one that an
@@ -243,24 +252,28 @@ def load_config(cls: type[T], preset: str | Path | None = None, overrides: list[
             for part in key.split("."):
                 value = value[part] if isinstance(value, dict) else getattr(value, part)
             if value != flags[key]:
-                raise ConfigError(f"the override {key}={given[key]!r} and the flag for {key} ({flags[key]!r}) "
-                                  "disagree; give one of them")
+                raise ConfigError(
+                    f"the override {key}={given[key]!r} and the flag for {key} ({flags[key]!r}) "
+                    "disagree; give one of them"
+                )
     for key, value in flags.items():
         set_path(data, key.split("."), value)
     data.pop("preset", None)
     return from_dict(cls, data)
 
 
-def command_line_config(cls: type[T], args: list[str] | None, flags: dict[str, Any] | None = None,
-                        default_preset: str | None = None) -> T:
+def command_line_config(
+    cls: type[T], args: list[str] | None, flags: dict[str, Any] | None = None, default_preset: str | None = None
+) -> T:
     """The config of a command invoked as ``omrl CMD [PRESET] [key=value ...] --flags``.
 
     ``flags`` maps dotted keys to typed values; None means the flag was not given.
     """
     args = list(args or [])
     preset, overrides = split_preset(args[0] if args else None, args[1:])
-    return load_config(cls, preset or default_preset, overrides,
-                       {k: v for k, v in (flags or {}).items() if v is not None})
+    return load_config(
+        cls, preset or default_preset, overrides, {k: v for k, v in (flags or {}).items() if v is not None}
+    )
 
 
 def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: T | None = None) -> T:
@@ -316,8 +329,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config key {path!r} expects a list, got {value!r}")
         inner = args[0] if args else Any
-        return type(value)(_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value)) if origin is list \
+        return (
+            type(value)(_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value))
+            if origin is list
             else tuple(_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value))
+        )
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"config key {path!r} expects a mapping, got {value!r}")
@@ -325,8 +341,10 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         for k, v in value.items():
             if v is None and isinstance(k, str) and ":" in k:  # YAML read {goal:1} as the key "goal:1"
                 name, _, number = k.partition(":")
-                raise ConfigError(f"config key {path!r} got {{{k}}}, which YAML reads as the key {k!r} with no value; "
-                                  f"write a space after the colon: {{{name}: {number}}}")
+                raise ConfigError(
+                    f"config key {path!r} got {{{k}}}, which YAML reads as the key {k!r} with no value; "
+                    f"write a space after the colon: {{{name}: {number}}}"
+                )
         return {k: _coerce(v, inner, f"{path}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
@@ -336,8 +354,10 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             try:
                 return float(value)
             except OverflowError:  # an int past float's range (about 1.8e308)
-                raise ConfigError(f"config key {path!r} expects a number, got an integer too large for one: "
-                                  f"{str(value)[:20]}... ({len(str(value))} digits)") from None
+                raise ConfigError(
+                    f"config key {path!r} expects a number, got an integer too large for one: "
+                    f"{str(value)[:20]}... ({len(str(value))} digits)"
+                ) from None
         if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
             try:
                 return float(value)
@@ -357,8 +377,19 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
 #: what a secret's value becomes in every file omrl writes
 REDACTED = "<redacted>"
 #: the last part of a config key that names a secret (see :func:`is_secret_key`)
-SECRET_WORDS = ("token", "api_key", "apikey", "key", "secret", "password", "passwd", "credential", "credentials",
-                "authorization", "cookie")
+SECRET_WORDS = (
+    "token",
+    "api_key",
+    "apikey",
+    "key",
+    "secret",
+    "password",
+    "passwd",
+    "credential",
+    "credentials",
+    "authorization",
+    "cookie",
+)
 
 
 def is_secret_key(name: object) -> bool:
@@ -380,8 +411,10 @@ def redact(data: Any) -> Any:
     """``data`` (nested mappings and lists) with the value of every secret key (:func:`is_secret_key`)
     replaced by :data:`REDACTED`; an unset one (None, "") stays as it is, so a reader sees that none was given."""
     if isinstance(data, dict):
-        return {key: REDACTED if is_secret_key(key) and value not in (None, "", {}, []) else redact(value)
-                for key, value in data.items()}
+        return {
+            key: REDACTED if is_secret_key(key) and value not in (None, "", {}, []) else redact(value)
+            for key, value in data.items()
+        }
     if isinstance(data, (list, tuple)):
         return type(data)(redact(v) for v in data)
     return data

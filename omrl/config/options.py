@@ -20,8 +20,9 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
 
 @dataclass
 class ModelConfig:
-    name: str = opt("smollm2-135m", "Built-in name (smollm2-135m, smollm2-135m-webshop, tiny), local HF directory "
-                    "or hub id.")
+    name: str = opt(
+        "smollm2-135m", "Built-in name (smollm2-135m, smollm2-135m-webshop, tiny), local HF directory or hub id."
+    )
     dtype: str = opt("float32", "Weights dtype: float32, bfloat16, float16.")
     trust_remote_code: bool = opt(False, "Run code shipped with the model (off unless asked for).")
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
@@ -38,8 +39,11 @@ class EnvConfig:
     template: str = opt("react", "Action template: react, xml, tool_call.")
     max_turns: int = opt(0, "Turns per episode; 0 uses the env's own cap.")
     num_workers: int = opt(8, "Threads stepping I/O-bound envs concurrently.")
-    demonstration: bool = opt(True, "Open the chat with the env's worked example when it has one (a one-shot "
-                                    "prompt: small models need it to follow the action format); false: zero-shot.")
+    demonstration: bool = opt(
+        True,
+        "Open the chat with the env's worked example when it has one (a one-shot "
+        "prompt: small models need it to follow the action format); false: zero-shot.",
+    )
 
 
 @dataclass
@@ -53,19 +57,28 @@ class GenerationConfig:
     base_url: str = opt("", "openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = opt("OPENAI_API_KEY", "openai backend: environment variable holding the key.")
     gpu_memory_utilization: float = opt(0.5, "vllm backend: share of GPU memory for the engine.")
-    kv_reuse: bool = opt(True, "hf backend: keep each conversation's KV states between turns, so a turn prefills "
-                               "only its new tokens (the same samples as without).")
-    kv_cache_mb: int = opt(1024, "hf backend: most MiB of KV states kept between generate calls (least recently used "
-                                 "dropped first; 0: no bound).")
+    kv_reuse: bool = opt(
+        True,
+        "hf backend: keep each conversation's KV states between turns, so a turn prefills "
+        "only its new tokens (the same samples as without).",
+    )
+    kv_cache_mb: int = opt(
+        1024,
+        "hf backend: most MiB of KV states kept between generate calls (least recently used "
+        "dropped first; 0: no bound).",
+    )
 
 
 @dataclass
 class ChatConfig:
-    history: str = opt("keep", "How earlier turns reach the next prompt when the chat template rewrites them "
-                               "(thinking models): keep (one row per episode, the sampled ids verbatim; the model "
-                               "sees its earlier reasoning) or as_template (each prompt as the template renders it, "
-                               "the episode split into rows where it rewrites). `omrl check-template MODEL` reports "
-                               "what each does for a model.")
+    history: str = opt(
+        "keep",
+        "How earlier turns reach the next prompt when the chat template rewrites them "
+        "(thinking models): keep (one row per episode, the sampled ids verbatim; the model "
+        "sees its earlier reasoning) or as_template (each prompt as the template renders it, "
+        "the episode split into rows where it rewrites). `omrl check-template MODEL` reports "
+        "what each does for a model.",
+    )
 
 
 @dataclass
@@ -77,10 +90,13 @@ class RewardConfig:
 
 @dataclass
 class TrainRolloutConfig:
-    strategy: str = opt("chain", "How each step plays its tasks: chain (group_size samples per task), or a search "
-                                 "(best_of_n, beam, dfsdt, mcts or a plugin's; options in plugins.<name>) growing "
-                                 "group_size trees per task, whose finished paths are the episodes; grpo and ppo "
-                                 "train a turn several paths share once, dpo pairs sibling replies' paths.")
+    strategy: str = opt(
+        "chain",
+        "How each step plays its tasks: chain (group_size samples per task), or a search "
+        "(best_of_n, beam, dfsdt, mcts or a plugin's; options in plugins.<name>) growing "
+        "group_size trees per task, whose finished paths are the episodes; grpo and ppo "
+        "train a turn several paths share once, dpo pairs sibling replies' paths.",
+    )
     budget: int = opt(0, "Model tokens each tree's search may generate (0: no limit).")
 
 
@@ -94,8 +110,11 @@ class OptimConfig:
     micro_batch_size: int = opt(4, "Sequences per forward/backward pass.")
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step (SFT).")
     max_nan_steps: int = opt(5, "Stop after this many consecutive non-finite losses.")
-    share_prefix: bool = opt(True, "RL update: rows opening with the same prompt run it once (same gradients, "
-                                   "fewer tokens; one process or data parallel, no critic).")
+    share_prefix: bool = opt(
+        True,
+        "RL update: rows opening with the same prompt run it once (same gradients, "
+        "fewer tokens; one process or data parallel, no critic).",
+    )
 
 
 @dataclass
@@ -128,9 +147,12 @@ def resume_opt() -> Any:
 
 
 def env_error_rate_opt() -> Any:
-    return opt(0.1, "Largest share of episodes that may fail in the env (a server down, a simulator crash: "
-                    "end_reason env_error) before the command exits non-zero (status 2); they never count as "
-                    "the model's losses.")
+    return opt(
+        0.1,
+        "Largest share of episodes that may fail in the env (a server down, a simulator crash: "
+        "end_reason env_error) before the command exits non-zero (status 2); they never count as "
+        "the model's losses.",
+    )
 
 
 def strategy_opt() -> Any:
@@ -177,7 +199,9 @@ class RolloutRunConfig(EnvRunConfig):
     num_tasks: int = opt(8, "Tasks to play (from the start of the split).")
     group_size: int = opt(1, "Samples per task.")
     use_expert: bool = opt(False, "Play the env's scripted expert instead of a model.")
-    output: str = opt("rollouts/trajectories.parquet", "Trajectory parquet (a .jsonl of readable episodes goes beside it).")
+    output: str = opt(
+        "rollouts/trajectories.parquet", "Trajectory parquet (a .jsonl of readable episodes goes beside it)."
+    )
     max_env_error_rate: float = env_error_rate_opt()
     strategy: str = strategy_opt()
     budget: int = budget_opt()
@@ -224,11 +248,21 @@ class TrainRunConfig(EnvRunConfig):
 
     # keys of omrl 0.1 -> where they live now (still read, with a warning)
     renamed_keys: ClassVar[dict[str, str]] = {
-        key: f"algorithm.{new}" for key, new in (
-            ("algo", "name"), ("advantage", "advantage"), ("policy_loss", "policy_loss"),
-            ("kl_estimator", "kl_estimator"), ("kl_coef", "kl_coef"), ("kl_in_reward", "kl_in_reward"),
-            ("entropy_coef", "entropy_coef"), ("value_coef", "value_coef"), ("value_clip", "value_clip"),
-            ("critic", "critic"), ("dpo_beta", "dpo_beta"))}
+        key: f"algorithm.{new}"
+        for key, new in (
+            ("algo", "name"),
+            ("advantage", "advantage"),
+            ("policy_loss", "policy_loss"),
+            ("kl_estimator", "kl_estimator"),
+            ("kl_coef", "kl_coef"),
+            ("kl_in_reward", "kl_in_reward"),
+            ("entropy_coef", "entropy_coef"),
+            ("value_coef", "value_coef"),
+            ("value_clip", "value_clip"),
+            ("critic", "critic"),
+            ("dpo_beta", "dpo_beta"),
+        )
+    }
 
     command: str = command_opt("train")
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -240,16 +274,23 @@ class TrainRunConfig(EnvRunConfig):
     train_tasks: int = opt(0, "Train on only the first N tasks of env.split (0: all of them).")
     group_size: int = opt(4, "Samples per task (G).")
     ppo_epochs: int = opt(1, "Passes over each rollout batch.")
-    mini_batch_size: int = opt(0, "Episodes per optimizer step; each pass over the rollout takes "
-                                  "ceil(episodes / mini_batch_size) steps (0: one step for the whole rollout).")
+    mini_batch_size: int = opt(
+        0,
+        "Episodes per optimizer step; each pass over the rollout takes "
+        "ceil(episodes / mini_batch_size) steps (0: one step for the whole rollout).",
+    )
     eval_every: int = opt(0, "Evaluate on the test split every N steps (0: at the end only).")
     eval_tasks: int = opt(10, "Test tasks per evaluation.")
     eval_temperature: float = opt(0.0, "Sampling temperature of evaluations (0: greedy).")
-    eval_samples_per_task: int = opt(1, "Samples per test task in evaluations (more than 1 needs "
-                                        "eval_temperature > 0); eval_success is their mean.")
-    max_env_error_rate: float = opt(0.1, "Largest share of the run's episodes that may fail in the env (a server "
-                                         "down, a simulator crash: never trained on) before the run exits non-zero "
-                                         "(status 2, after saving its model).")
+    eval_samples_per_task: int = opt(
+        1, "Samples per test task in evaluations (more than 1 needs eval_temperature > 0); eval_success is their mean."
+    )
+    max_env_error_rate: float = opt(
+        0.1,
+        "Largest share of the run's episodes that may fail in the env (a server "
+        "down, a simulator crash: never trained on) before the run exits non-zero "
+        "(status 2, after saving its model).",
+    )
     resume: bool = resume_opt()
     plugins: dict[str, dict[str, Any]] = plugins_opt()
 
@@ -264,12 +305,17 @@ class SweepRunConfig(EnvRunConfig):
     # sampled: best_of_n, beam, dfsdt and mcts draw several candidates of one prompt
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
     num_tasks: int = opt(5, "Tasks every cell plays (from the start of the split).")
-    strategies: list[str] = opt(["chain", "best_of_n", "beam", "dfsdt", "mcts"],
-                                "Rollout strategies to compare (chain: pass@1, one cell with no budget).")
+    strategies: list[str] = opt(
+        ["chain", "best_of_n", "beam", "dfsdt", "mcts"],
+        "Rollout strategies to compare (chain: pass@1, one cell with no budget).",
+    )
     budgets: list[int] = opt([500, 1000, 2000], "Generated tokens per task each strategy may use, one cell each.")
     out: str = opt("runs/sweep", "Folder for sweep.json and sweep.png.")
-    resume: bool = opt(True, "Keep the cells <out>/sweep.json holds from a sweep with the same settings and play "
-                             "only the others; false: start over.")
+    resume: bool = opt(
+        True,
+        "Keep the cells <out>/sweep.json holds from a sweep with the same settings and play "
+        "only the others; false: start over.",
+    )
     plugins: dict[str, dict[str, Any]] = plugins_opt("Per-plugin options, keyed by plugin name (plugins.beam.width=3).")
 
 
@@ -282,15 +328,24 @@ class RmTrainRunConfig(RunConfig):
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=2e-5))
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/rm"))
     kind: str = opt("orm", "orm: one score per episode (at its last token); prm: one per assistant turn.")
-    label: str = opt("success", "What is learned. orm: success (won or not) or score (the env's final score); "
-                                "prm: mc (each turn's Monte Carlo value, from trees), mc_score (the same on the env's "
-                                "final score) or step_reward.")
-    objective: str = opt("bce", "bce: binary cross-entropy (scores are probabilities); mse: regression; bt: "
-                                "Bradley-Terry on pairs of one task's episodes with different outcomes (orm).")
+    label: str = opt(
+        "success",
+        "What is learned. orm: success (won or not) or score (the env's final score); "
+        "prm: mc (each turn's Monte Carlo value, from trees), mc_score (the same on the env's "
+        "final score) or step_reward.",
+    )
+    objective: str = opt(
+        "bce",
+        "bce: binary cross-entropy (scores are probabilities); mse: regression; bt: "
+        "Bradley-Terry on pairs of one task's episodes with different outcomes (orm).",
+    )
     dataset: str = opt("", "Trajectory parquet from `omrl rollout` (a file, or a directory of them).")
     eval_dataset: str = opt("", "Held-out trajectories: reported at the end (as `omrl rm eval`).")
-    text: bool = opt(False, "Re-encode each chat with the model's own tokenizer instead of the episodes' ids "
-                            "(needed when the policy's tokenizer differs).")
+    text: bool = opt(
+        False,
+        "Re-encode each chat with the model's own tokenizer instead of the episodes' ids "
+        "(needed when the policy's tokenizer differs).",
+    )
     max_pairs_per_task: int = opt(16, "bt: most pairs taken from one task.")
     num_train_epochs: float = epochs_opt()
     max_seq_length: int = opt(2048, "orm: longer episodes are dropped; prm: cut (labels past the cut dropped).")
@@ -300,5 +355,11 @@ class RmTrainRunConfig(RunConfig):
     plugins: dict[str, dict[str, Any]] = plugins_opt()
 
 
-CONFIG_CLASSES = {"train": TrainRunConfig, "sft": SftRunConfig, "rollout": RolloutRunConfig, "eval": EvalRunConfig,
-                  "sweep": SweepRunConfig, "rm-train": RmTrainRunConfig}
+CONFIG_CLASSES = {
+    "train": TrainRunConfig,
+    "sft": SftRunConfig,
+    "rollout": RolloutRunConfig,
+    "eval": EvalRunConfig,
+    "sweep": SweepRunConfig,
+    "rm-train": RmTrainRunConfig,
+}

@@ -93,8 +93,9 @@ class Batch:
 
     def union(self, other: "Batch") -> "Batch":
         """Columns of both batches side by side (same number of rows)."""
-        return Batch({**self.tensors, **other.tensors}, {**self.non_tensors, **other.non_tensors},
-                     {**self.meta, **other.meta})
+        return Batch(
+            {**self.tensors, **other.tensors}, {**self.non_tensors, **other.non_tensors}, {**self.meta, **other.meta}
+        )
 
     # -- splitting and joining --------------------------------------------
     def split(self, size: int) -> list["Batch"]:
@@ -181,8 +182,12 @@ class Batch:
         return Batch(tensors, non_tensors, info.get("meta", {}))
 
 
-def pad_sequences(seqs: Sequence[Sequence[int | float]], pad_value: int | float = 0,
-                  dtype: torch.dtype = torch.long, left: bool = False) -> torch.Tensor:
+def pad_sequences(
+    seqs: Sequence[Sequence[int | float]],
+    pad_value: int | float = 0,
+    dtype: torch.dtype = torch.long,
+    left: bool = False,
+) -> torch.Tensor:
     """Pad variable-length sequences into a (len(seqs), max_len) tensor."""
     width = max((len(s) for s in seqs), default=0)
     out = torch.full((len(seqs), width), pad_value, dtype=dtype)
@@ -190,7 +195,7 @@ def pad_sequences(seqs: Sequence[Sequence[int | float]], pad_value: int | float 
         if len(s):
             values = torch.as_tensor(list(s), dtype=dtype)
             if left:
-                out[i, width - len(s):] = values
+                out[i, width - len(s) :] = values
             else:
                 out[i, : len(s)] = values
     return out

@@ -43,13 +43,21 @@ from omrl.data.trajectory import (
 from omrl.errors import OmrlError, short_repr
 
 # Role names as they appear in files -> the chat-template role.
-ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "tool": "tool",
-                "human": "user", "gpt": "assistant"}
+ROLE_ALIASES = {
+    "system": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "human": "user",
+    "gpt": "assistant",
+}
 MESSAGE_KEYS = ("conversations", "messages")
 STYLES = ("openmanus", "sharegpt")
 _SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
-_EXPECTED = ("expected a record with a 'conversations' list of {'role', 'content'} messages (OpenManus-RL) "
-             "or {'from', 'value'} messages (ShareGPT; roles human, gpt, system)")
+_EXPECTED = (
+    "expected a record with a 'conversations' list of {'role', 'content'} messages (OpenManus-RL) "
+    "or {'from', 'value'} messages (ShareGPT; roles human, gpt, system)"
+)
 
 
 class DatasetFormatError(OmrlError):
@@ -68,12 +76,14 @@ class Conversation:
 
 # -- reading ----------------------------------------------------------------------------------------
 
+
 def load_conversations(path: str | os.PathLike, min_reward: float = float("-inf")) -> list[Conversation]:
     """Every conversation in ``path`` (a file or a directory) whose reward reaches ``min_reward``."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise DatasetFormatError(f"dataset {str(path)!r} does not exist; expected a .jsonl, .json or "
-                                 ".parquet file, or a dataset directory")
+        raise DatasetFormatError(
+            f"dataset {str(path)!r} does not exist; expected a .jsonl, .json or .parquet file, or a dataset directory"
+        )
     conversations = []
     for file in _data_files(path):
         if file.suffix == ".parquet" and _is_trajectory_file(file):
@@ -88,7 +98,7 @@ def load_conversations(path: str | os.PathLike, min_reward: float = float("-inf"
 
 def without_demonstration(messages: list[dict[str, str]], count: int) -> list[dict[str, str]]:
     """``messages`` less the ``count`` messages of a worked example that follow the system prompt."""
-    return messages[:1] + messages[1 + count:]
+    return messages[:1] + messages[1 + count :]
 
 
 def record_to_conversation(row: Any, source: str) -> Conversation:
@@ -97,8 +107,9 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
         raise DatasetFormatError(f"{source}: is a {type(row).__name__}; {_EXPECTED}")
     key = next((k for k in MESSAGE_KEYS if k in row), None)
     if key is None:
-        raise DatasetFormatError(f"{source}: has no 'conversations' key (keys: {', '.join(map(str, row))}); "
-                                 f"{_EXPECTED}")
+        raise DatasetFormatError(
+            f"{source}: has no 'conversations' key (keys: {', '.join(map(str, row))}); {_EXPECTED}"
+        )
     raw = row[key]
     if not isinstance(raw, (list, tuple)) or not raw:
         raise DatasetFormatError(f"{source}: '{key}' must be a non-empty list of messages; {_EXPECTED}")
@@ -123,14 +134,18 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     elif isinstance(message, dict) and "from" in message and "value" in message:
         role, content = message["from"], message["value"]
     else:
-        raise DatasetFormatError(f"{where}: {message!r} is not a message; expected {{'role': ..., "
-                                 "'content': ...}} or {'from': ..., 'value': ...}")
+        raise DatasetFormatError(
+            f"{where}: {message!r} is not a message; expected {{'role': ..., "
+            "'content': ...}} or {'from': ..., 'value': ...}"
+        )
     if role not in ROLE_ALIASES:
         raise DatasetFormatError(f"{where}: unknown role {role!r}; valid: {', '.join(ROLE_ALIASES)}")
     calls = message.get("tool_calls")
     if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
-        raise DatasetFormatError(f"{where}: tool_calls must be a list of calls ({{'function': {{'name', "
-                                 f"'arguments'}}}}), got {short_repr(calls)}")
+        raise DatasetFormatError(
+            f"{where}: tool_calls must be a list of calls ({{'function': {{'name', "
+            f"'arguments'}}}}), got {short_repr(calls)}"
+        )
     if content is None and calls:
         content = ""
     if not isinstance(content, str):
@@ -160,8 +175,10 @@ def _keep(conv: Conversation, min_reward: float) -> bool:
     if min_reward == float("-inf"):
         return True
     if "reward" not in conv.meta:
-        raise DatasetFormatError(f"{conv.source}: min_reward={min_reward} needs a numeric 'reward' in "
-                                 "every record (omrl rollout output and `omrl data convert` records have one)")
+        raise DatasetFormatError(
+            f"{conv.source}: min_reward={min_reward} needs a numeric 'reward' in "
+            "every record (omrl rollout output and `omrl data convert` records have one)"
+        )
     return float(conv.meta["reward"]) >= min_reward
 
 
@@ -169,33 +186,42 @@ def _data_files(path: Path) -> list[Path]:
     """The files a path stands for, in a stable order."""
     if path.is_file():
         if path.suffix not in (".jsonl", ".json", ".parquet", ".arrow"):
-            raise DatasetFormatError(f"{path}: unsupported file type {path.suffix!r}; expected .jsonl, "
-                                     ".json, .parquet or .arrow")
+            raise DatasetFormatError(
+                f"{path}: unsupported file type {path.suffix!r}; expected .jsonl, .json, .parquet or .arrow"
+            )
         return [path]
     if (path / "dataset_dict.json").exists():
         splits = _json_object(path / "dataset_dict.json").get("splits", [])
         if not isinstance(splits, list) or not all(isinstance(split, str) for split in splits):
             raise DatasetFormatError(f"{path / 'dataset_dict.json'}: 'splits' must be a list of names")
         if "train" not in splits:
-            raise DatasetFormatError(f"{path}: a DatasetDict without a 'train' split (splits: "
-                                     f"{', '.join(splits)}); pass the split's directory, e.g. {path / splits[0]}"
-                                     if splits else f"{path}: dataset_dict.json lists no splits")
+            raise DatasetFormatError(
+                f"{path}: a DatasetDict without a 'train' split (splits: "
+                f"{', '.join(splits)}); pass the split's directory, e.g. {path / splits[0]}"
+                if splits
+                else f"{path}: dataset_dict.json lists no splits"
+            )
         return _data_files(path / "train")
     if (path / "state.json").exists():
         listed = _json_object(path / "state.json").get("_data_files", [])
-        if not isinstance(listed, list) or not all(isinstance(f, dict) and isinstance(f.get("filename"), str)
-                                                   for f in listed):
+        if not isinstance(listed, list) or not all(
+            isinstance(f, dict) and isinstance(f.get("filename"), str) for f in listed
+        ):
             raise DatasetFormatError(f"{path / 'state.json'}: '_data_files' must be a list of {{'filename': ...}}")
         files = [path / f["filename"] for f in listed]
         missing = [str(f) for f in files if not f.exists()]
         if missing or not files:
-            raise DatasetFormatError(f"{path}: state.json lists missing arrow files {missing}" if missing
-                                     else f"{path}: state.json lists no data files")
+            raise DatasetFormatError(
+                f"{path}: state.json lists missing arrow files {missing}"
+                if missing
+                else f"{path}: state.json lists no data files"
+            )
         return files
     files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl") and p.is_file())
     if not files:
-        raise DatasetFormatError(f"{path}: no .parquet or .jsonl files, and not a save_to_disk directory "
-                                 "(no state.json)")
+        raise DatasetFormatError(
+            f"{path}: no .parquet or .jsonl files, and not a save_to_disk directory (no state.json)"
+        )
     return files
 
 
@@ -241,8 +267,10 @@ def _decode(raw: bytes, file: Path, offset: int = 0, line: int = 1) -> str:
     try:
         return raw.decode("utf-8-sig" if offset == 0 else "utf-8")
     except UnicodeDecodeError as exc:
-        raise DatasetFormatError(f"{file}: not UTF-8 at byte {offset + exc.start} (line {line}: "
-                                 f"0x{raw[exc.start:exc.start + 1].hex()}); save it as UTF-8") from exc
+        raise DatasetFormatError(
+            f"{file}: not UTF-8 at byte {offset + exc.start} (line {line}: "
+            f"0x{raw[exc.start : exc.start + 1].hex()}); save it as UTF-8"
+        ) from exc
 
 
 def _json(text: str, where: str) -> Any:
@@ -276,8 +304,10 @@ def _read_arrow(file: Path) -> pa.Table:
         table.validate(full=True)  # checks that strings are UTF-8: to_pylist would raise on the first bad one
         return table
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-        raise DatasetFormatError(f"{file}: truncated, damaged or not an Arrow IPC stream or file "
-                                 f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from exc
+        raise DatasetFormatError(
+            f"{file}: truncated, damaged or not an Arrow IPC stream or file "
+            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        ) from exc
 
 
 def _is_trajectory_file(file: Path) -> bool:
@@ -299,15 +329,20 @@ def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
 
 # -- converting and writing -------------------------------------------------------------------------
 
+
 def episode_to_record(episode: Episode) -> dict[str, Any]:
     """An OpenManus-RL conversation record of one episode, with its reward and outcome. A worked
     example that opened the chat is left out: it is not this episode, and SFT must not learn it again."""
     messages = without_demonstration(episode.messages, episode.demo_messages)
     return {
         "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}",
-        "conversations": [{key: m[key] for key in ("role", "content", "tool_calls", "name") if key in m}
-                          for m in messages],
-        "reward": episode.total_reward, "won": episode.won, "env": episode.env, "task_id": episode.task_id,
+        "conversations": [
+            {key: m[key] for key in ("role", "content", "tool_calls", "name") if key in m} for m in messages
+        ],
+        "reward": episode.total_reward,
+        "won": episode.won,
+        "env": episode.env,
+        "task_id": episode.task_id,
     }
 
 
@@ -322,8 +357,9 @@ def conversation_to_record(conv: Conversation, style: str = "openmanus") -> dict
     return {"id": conv.id, "conversations": messages, **conv.meta}
 
 
-def write_conversations(conversations: Iterable[Conversation], path: str | os.PathLike,
-                        style: str = "openmanus") -> Path:
+def write_conversations(
+    conversations: Iterable[Conversation], path: str | os.PathLike, style: str = "openmanus"
+) -> Path:
     """Write conversations as ``.jsonl`` or ``.parquet`` atomically (temp file, then rename)."""
     path = Path(path)
     records = [conversation_to_record(c, style) for c in conversations]
@@ -331,8 +367,9 @@ def write_conversations(conversations: Iterable[Conversation], path: str | os.Pa
         try:
             table = pa.Table.from_pylist(records)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise OmrlError(f"cannot write {path}: the records' fields differ in type ({exc}); "
-                            "write .jsonl instead") from exc
+            raise OmrlError(
+                f"cannot write {path}: the records' fields differ in type ({exc}); write .jsonl instead"
+            ) from exc
         atomic_write_parquet(table, path)
     elif path.suffix == ".jsonl":
         atomic_write_text(path, "".join(to_json(r) + "\n" for r in records))

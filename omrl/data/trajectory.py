@@ -93,7 +93,7 @@ class Episode:
 
     def current_row(self) -> list[int]:
         """The ids of the row the next turn extends (what the backend is given)."""
-        return self.token_ids[self.row_starts[-1]:] if self.row_starts else self.token_ids
+        return self.token_ids[self.row_starts[-1] :] if self.row_starts else self.token_ids
 
     def position_ids(self) -> list[int]:
         """Each token's position within its row."""
@@ -111,26 +111,61 @@ class Episode:
         return len(self.turns)
 
 
-_TURN_TYPE = pa.struct([
-    ("observation", pa.string()), ("response", pa.string()), ("action", pa.string()),
-    ("format_ok", pa.bool_()), ("reward", pa.float64()), ("done", pa.bool_()),
-    ("info", pa.string()), ("span", pa.list_(pa.int64())), ("parse_error", pa.string()),
-    ("node_id", pa.int64()), ("parent_id", pa.int64()),
-])
+_TURN_TYPE = pa.struct(
+    [
+        ("observation", pa.string()),
+        ("response", pa.string()),
+        ("action", pa.string()),
+        ("format_ok", pa.bool_()),
+        ("reward", pa.float64()),
+        ("done", pa.bool_()),
+        ("info", pa.string()),
+        ("span", pa.list_(pa.int64())),
+        ("parse_error", pa.string()),
+        ("node_id", pa.int64()),
+        ("parent_id", pa.int64()),
+    ]
+)
 
-SCHEMA = pa.schema([
-    ("env", pa.string()), ("task_id", pa.int64()), ("split", pa.string()),
-    ("instruction", pa.string()), ("turns", pa.list_(_TURN_TYPE)),
-    ("token_ids", pa.list_(pa.int64())), ("loss_mask", pa.list_(pa.int8())),
-    ("logprobs", pa.list_(pa.float32())), ("prompt_length", pa.int64()),
-    ("won", pa.bool_()), ("score", pa.float64()), ("end_reason", pa.string()),
-    ("group", pa.int64()), ("sample", pa.int64()),
-    ("rewards", pa.map_(pa.string(), pa.list_(pa.float64()))),
-    ("messages", pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()),
-                                     ("tool_calls", pa.string()), ("name", pa.string())]))),
-    ("error", pa.string()), ("demo_messages", pa.int64()), ("row_starts", pa.list_(pa.int64())),
-    ("advantages", pa.list_(pa.float32())), ("returns", pa.list_(pa.float32())), ("values", pa.list_(pa.float32())),
-], metadata={b"omrl.schema": b"episode/5"})
+SCHEMA = pa.schema(
+    [
+        ("env", pa.string()),
+        ("task_id", pa.int64()),
+        ("split", pa.string()),
+        ("instruction", pa.string()),
+        ("turns", pa.list_(_TURN_TYPE)),
+        ("token_ids", pa.list_(pa.int64())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("prompt_length", pa.int64()),
+        ("won", pa.bool_()),
+        ("score", pa.float64()),
+        ("end_reason", pa.string()),
+        ("group", pa.int64()),
+        ("sample", pa.int64()),
+        ("rewards", pa.map_(pa.string(), pa.list_(pa.float64()))),
+        (
+            "messages",
+            pa.list_(
+                pa.struct(
+                    [
+                        ("role", pa.string()),
+                        ("content", pa.string()),
+                        ("tool_calls", pa.string()),
+                        ("name", pa.string()),
+                    ]
+                )
+            ),
+        ),
+        ("error", pa.string()),
+        ("demo_messages", pa.int64()),
+        ("row_starts", pa.list_(pa.int64())),
+        ("advantages", pa.list_(pa.float32())),
+        ("returns", pa.list_(pa.float32())),
+        ("values", pa.list_(pa.float32())),
+    ],
+    metadata={b"omrl.schema": b"episode/5"},
+)
 # episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
 # episode/3 added each turn's node_id and parent_id; older files read with -1 for both
 # episode/4 added row_starts (older files read as one row per episode) and messages' tool_calls and name
@@ -170,9 +205,15 @@ def _episode_row(ep: Episode) -> dict[str, Any]:
     row = asdict(ep)
     row["turns"] = [{**t, "info": to_json(t["info"]), "span": list(t["span"])} for t in row["turns"]]
     row["rewards"] = list(ep.rewards.items())
-    row["messages"] = [{"role": m.get("role"), "content": m.get("content"),
-                        "tool_calls": to_json(m["tool_calls"]) if m.get("tool_calls") else None,
-                        "name": m.get("name")} for m in ep.messages]
+    row["messages"] = [
+        {
+            "role": m.get("role"),
+            "content": m.get("content"),
+            "tool_calls": to_json(m["tool_calls"]) if m.get("tool_calls") else None,
+            "name": m.get("name"),
+        }
+        for m in ep.messages
+    ]
     return row
 
 
@@ -219,13 +260,22 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
         raise OmrlError(f"no trajectory file at {path}")
     table = read_parquet(path)
     if not is_trajectory_schema(table.schema):
-        raise OmrlError(f"{path} is not an omrl trajectory file (expected schema "
-                        f"{' or '.join(tag.decode() for tag in READABLE_SCHEMAS)})")
+        raise OmrlError(
+            f"{path} is not an omrl trajectory file (expected schema "
+            f"{' or '.join(tag.decode() for tag in READABLE_SCHEMAS)})"
+        )
     episodes = []
     for row in table.to_pylist():
         row["turns"] = [
-            Turn(**{**t, "info": json.loads(t["info"]), "span": tuple(t["span"]),
-                    "node_id": _id_or_none(t.get("node_id")), "parent_id": _id_or_none(t.get("parent_id"))})
+            Turn(
+                **{
+                    **t,
+                    "info": json.loads(t["info"]),
+                    "span": tuple(t["span"]),
+                    "node_id": _id_or_none(t.get("node_id")),
+                    "parent_id": _id_or_none(t.get("parent_id")),
+                }
+            )
             for t in row["turns"]
         ]
         row["rewards"] = dict(row["rewards"] or [])

@@ -6,8 +6,17 @@ from omrl.models.builtin import BUILTIN_MODELS
 # .loading imports torch: its names load on first use, so that `omrl view` (which reads the
 # built-in names) never imports torch.
 _FROM_LOADING = (
-    "DEFAULT_MODEL", "MODEL_MANIFEST", "TINY_TOKENIZER_DIR", "WEBSHOP_DELTA", "check_model_files", "load_model",
-    "load_tokenizer", "omrl_home", "resolve_model_path", "tiny_config", "trained_demonstration",
+    "DEFAULT_MODEL",
+    "MODEL_MANIFEST",
+    "TINY_TOKENIZER_DIR",
+    "WEBSHOP_DELTA",
+    "check_model_files",
+    "load_model",
+    "load_tokenizer",
+    "omrl_home",
+    "resolve_model_path",
+    "tiny_config",
+    "trained_demonstration",
 )
 
 __all__ = ["BUILTIN_MODELS", *_FROM_LOADING]

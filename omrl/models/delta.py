@@ -27,8 +27,9 @@ _ABOUT = "omrl_delta"  # the one metadata key: JSON with format, base model name
 _UP, _DOWN, _FULL, _SCALE = ".delta_up", ".delta_down", ".delta", ".scale"
 
 
-def export_low_rank_delta(base: dict[str, torch.Tensor], tuned: dict[str, torch.Tensor], path: Path, rank: int,
-                          base_name: str) -> dict[str, float]:
+def export_low_rank_delta(
+    base: dict[str, torch.Tensor], tuned: dict[str, torch.Tensor], path: Path, rank: int, base_name: str
+) -> dict[str, float]:
     """Write ``tuned - base`` at ``rank`` to ``path`` (safetensors); returns how much of it was kept.
 
     base, tuned: state dicts with the same keys and shapes. Each 2-D delta ``D`` (out, in) becomes
@@ -49,9 +50,11 @@ def export_low_rank_delta(base: dict[str, torch.Tensor], tuned: dict[str, torch.
         for name in sorted(base):
             if base[name].shape != tuned[name].shape or base[name].dtype != tuned[name].dtype:
                 # a bfloat16 copy of a float32 base differs from it by more than fine-tuning moved it
-                raise OmrlError(f"{name}: {tuple(base[name].shape)} {base[name].dtype} in the base, "
-                                f"{tuple(tuned[name].shape)} {tuned[name].dtype} in the tuned model; "
-                                "both must be saved with the same shapes and dtype")
+                raise OmrlError(
+                    f"{name}: {tuple(base[name].shape)} {base[name].dtype} in the base, "
+                    f"{tuple(tuned[name].shape)} {tuned[name].dtype} in the tuned model; "
+                    "both must be saved with the same shapes and dtype"
+                )
             delta = tuned[name].double() - base[name].double()
             total += float(delta.square().sum())
             if delta.ndim != 2:
@@ -87,8 +90,10 @@ def apply_low_rank_delta(base: dict[str, torch.Tensor], path: Path) -> dict[str,
             up = delta[key].float() * delta[parts[0]]
             changes[name] = up @ (delta[parts[1]].float() * delta[parts[2]][:, None])
         elif not key.endswith((_DOWN, _SCALE)):
-            raise OmrlError(f"{path}: unknown entry {key!r}; every entry ends in one of "
-                            f"{', '.join((_FULL, _UP, _DOWN, _UP + _SCALE, _DOWN + _SCALE))}")
+            raise OmrlError(
+                f"{path}: unknown entry {key!r}; every entry ends in one of "
+                f"{', '.join((_FULL, _UP, _DOWN, _UP + _SCALE, _DOWN + _SCALE))}"
+            )
     out = dict(base)
     for name, change in changes.items():
         if name not in base:
@@ -134,8 +139,9 @@ def _about(metadata: dict[str, str] | None, path: Path) -> dict:
     except (KeyError, ValueError):
         about = {}
     if about.get("format") != FORMAT:
-        raise OmrlError(f"{path}: a safetensors file, but not an omrl delta (format {about.get('format')!r}, "
-                        f"expected {FORMAT!r})")
+        raise OmrlError(
+            f"{path}: a safetensors file, but not an omrl delta (format {about.get('format')!r}, expected {FORMAT!r})"
+        )
     return about
 
 

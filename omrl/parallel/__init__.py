@@ -26,8 +26,7 @@ from omrl.parallel.zero3 import ZeRO3
 # checked in order: the sharded ones first (they run under WORLD_SIZE > 1 as data parallel does)
 STRATEGIES: tuple[type[Strategy], ...] = (FSDP, ZeRO3, DataParallel, Strategy)
 
-__all__ = ["STRATEGIES", "DataParallel", "FSDP", "Strategy", "Trainables", "ZeRO3", "is_main_process",
-           "make_strategy"]
+__all__ = ["STRATEGIES", "DataParallel", "FSDP", "Strategy", "Trainables", "ZeRO3", "is_main_process", "make_strategy"]
 
 
 def make_strategy(model_dtype: str = "float32") -> Strategy:

@@ -53,8 +53,10 @@ def check_optimizer_names(owner: nn.Module, own_groups: list[set[str]], state: d
     if saved != own_groups:
         own_names, saved_names = set().union(*own_groups), set().union(*saved)
         missing, unexpected = sorted(own_names - saved_names), sorted(saved_names - own_names)
-        raise ValueError(f"the saved optimizer state does not fit this run: {len(saved)} parameter group(s) "
-                         f"against {len(own_groups)}, missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"the saved optimizer state does not fit this run: {len(saved)} parameter group(s) "
+            f"against {len(own_groups)}, missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
 
 
 class Strategy:
@@ -90,13 +92,18 @@ class Strategy:
 
         kind = self.accelerator.distributed_type
         # on CPUs accelerate reports MULTI_CPU for FSDP and DeepSpeed configs; the request is read from the environment
-        supported = (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.FSDP,
-                     DistributedType.DEEPSPEED)
+        supported = (
+            DistributedType.MULTI_CPU,
+            DistributedType.MULTI_GPU,
+            DistributedType.FSDP,
+            DistributedType.DEEPSPEED,
+        )
         if kind not in supported:
             raise ConfigError(
                 f"accelerate is set up for {kind.value}; omrl's recipes run data parallel, FSDP or DeepSpeed ZeRO-3 "
                 f"(valid: {', '.join(m.value for m in supported)}, e.g. configs/accelerate/ddp.yaml, fsdp.yaml "
-                "or zero3.yaml)")
+                "or zero3.yaml)"
+            )
 
     @classmethod
     def requested(cls) -> bool:
@@ -118,15 +125,17 @@ class Strategy:
         """The model a recipe trains (or, ``frozen``, only runs forward)."""
         return model
 
-    def prepare_optimizer(self, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
-                          max_grad_norm: float) -> Trainables:
+    def prepare_optimizer(
+        self, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer, max_grad_norm: float
+    ) -> Trainables:
         """Register every module ``optimizer`` trains, by name."""
         self.owner = Trainables(modules)
         return self.owner
 
     # -- one step: forward, backward, update ------------------------------------------------------
-    def micro_batches(self, items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None = None,
-                      backward: bool = True) -> Iterator[T]:
+    def micro_batches(
+        self, items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None = None, backward: bool = True
+    ) -> Iterator[T]:
         """This process's micro-batches of a step. ``idle(batch)`` runs the same forward as a real
         micro-batch; strategies whose processes must run as many passes call it on a dummy row
         (then a zero loss goes back when ``backward``) once the real ones are done."""
@@ -144,8 +153,9 @@ class Strategy:
         """Drop the gradients accumulated since the last update."""
         optimizer.zero_grad(set_to_none=True)
 
-    def optimizer_step(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer,
-                       max_norm: float) -> float:
+    def optimizer_step(
+        self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float
+    ) -> float:
         """End the step: sum the gradients over processes, clip them to ``max_norm`` and update,
         unless their norm is not finite (then drop them). Returns the norm before clipping."""
         self.sum_gradients(params)
@@ -168,8 +178,9 @@ class Strategy:
         writes) on the main process at least. Every process must call."""
         return model.state_dict()
 
-    def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: Iterable[str] = ()
-                     ) -> tuple[list[str], list[str]]:
+    def load_weights(
+        self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: Iterable[str] = ()
+    ) -> tuple[list[str], list[str]]:
         """Load whole ``weights`` into ``model``; returns the (missing, unexpected) names, leaving
         out ``ignore`` (e.g. tied weights)."""
         result = model.load_state_dict(weights, strict=False)
@@ -180,8 +191,7 @@ class Strategy:
         """Copy ``model``'s weights into its unsharded ``replica`` in place."""
         replica.load_state_dict(model.state_dict())
 
-    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-                              ) -> dict[str, Any]:
+    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
         """What ``save_checkpoint`` writes instead of the model's and optimizer's own state dicts
         (``model_state``, ``optimizer_state``): nothing unless sharded. Every process must call."""
         return {}
@@ -194,13 +204,15 @@ class Strategy:
     # -- numbers, data and files shared by the processes ------------------------------------------
     def shard(self, items: Sequence[T]) -> list[T]:
         """This process's share of ``items``: every world_size-th one, starting at its rank."""
-        return list(items[self.rank::self.world_size])
+        return list(items[self.rank :: self.world_size])
 
     def check_divisible(self, name: str, value: int) -> None:
         """Refuse a per-step count that cannot be split evenly across processes."""
         if value % self.world_size:
-            raise ConfigError(f"{name}={value} does not split evenly across {self.world_size} processes; "
-                              f"use a multiple of {self.world_size}")
+            raise ConfigError(
+                f"{name}={value} does not split evenly across {self.world_size} processes; "
+                f"use a multiple of {self.world_size}"
+            )
 
     def sum(self, values: Iterable[float]) -> list[float]:
         """Element-wise sum of ``values`` over all processes."""

@@ -50,5 +50,5 @@ def all_reduce_gradients(params: Sequence[nn.Parameter]) -> None:
         torch.distributed.all_reduce(flat)
         offset = 0
         for p in group:
-            p.grad.copy_(flat[offset:offset + p.grad.numel()].view_as(p.grad))
+            p.grad.copy_(flat[offset : offset + p.grad.numel()].view_as(p.grad))
             offset += p.grad.numel()

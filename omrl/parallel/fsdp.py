@@ -60,12 +60,16 @@ def check_options() -> None:
     from torch.distributed.fsdp import FSDPModule
 
     if not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
-        raise ConfigError(f"FSDP needs torch >= 2.8 (fully_shard with sum reductions); this is torch "
-                          f"{torch.__version__}. Use configs/accelerate/ddp.yaml or a newer torch")
+        raise ConfigError(
+            f"FSDP needs torch >= 2.8 (fully_shard with sum reductions); this is torch "
+            f"{torch.__version__}. Use configs/accelerate/ddp.yaml or a newer torch"
+        )
     version = os.environ.get("FSDP_VERSION", "2")
     if version != "2":
-        raise ConfigError(f"fsdp_version {version} is not supported; valid: 2 (torch's fully_shard), "
-                          "e.g. configs/accelerate/fsdp.yaml")
+        raise ConfigError(
+            f"fsdp_version {version} is not supported; valid: 2 (torch's fully_shard), "
+            "e.g. configs/accelerate/fsdp.yaml"
+        )
     for key, (refused, valid) in UNSUPPORTED.items():
         if os.environ.get(key, "").lower() == refused.lower():
             raise ConfigError(f"{key.lower()}: {refused} is not supported under omrl's FSDP; valid: {valid}")
@@ -83,11 +87,14 @@ def shard(model: nn.Module) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     if getattr(model, "peft_config", None):
-        raise ConfigError("LoRA (model.lora_rank > 0) cannot be combined with FSDP: use lora_rank=0, "
-                          "or the data-parallel config configs/accelerate/ddp.yaml")
+        raise ConfigError(
+            "LoRA (model.lora_rank > 0) cannot be combined with FSDP: use lora_rank=0, "
+            "or the data-parallel config configs/accelerate/ddp.yaml"
+        )
     named = os.environ.get("FSDP_TRANSFORMER_CLS_TO_WRAP", "")
     layer_classes = {c.strip() for c in named.split(",") if c.strip()} or set(
-        getattr(model, "_no_split_modules", None) or [])
+        getattr(model, "_no_split_modules", None) or []
+    )
     # innermost first: a unit nested in another must be sharded before its parent
     layers = [m for m in reversed(list(model.modules())) if type(m).__name__ in layer_classes]
     if not layers:
@@ -122,8 +129,9 @@ def copy_whole_weights(model: nn.Module, replica: nn.Module) -> None:
             targets[name].copy_(value.full_tensor() if is_sharded(value) else value)
 
 
-def load_full_state_dict(model: nn.Module, weights: dict[str, torch.Tensor], ignore: set[str] = frozenset()
-                         ) -> tuple[list[str], list[str]]:
+def load_full_state_dict(
+    model: nn.Module, weights: dict[str, torch.Tensor], ignore: set[str] = frozenset()
+) -> tuple[list[str], list[str]]:
     """Load unsharded ``weights`` (read by every process) into this process's shards; returns the
     (missing, unexpected) names, leaving out ``ignore`` (e.g. tied weights)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -193,8 +201,9 @@ class FSDP(Strategy):
     def prepare(self, model: nn.Module, frozen: bool = False) -> nn.Module:
         return shard(model)
 
-    def micro_batches(self, items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None = None,
-                      backward: bool = True) -> Iterator[T]:
+    def micro_batches(
+        self, items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None = None, backward: bool = True
+    ) -> Iterator[T]:
         return lockstep(items, idle, backward, self.device, self.backward)
 
     def sum_gradients(self, params: Sequence[nn.Parameter]) -> None:
@@ -209,8 +218,9 @@ class FSDP(Strategy):
             return full_state_dict(model, all_ranks=all_ranks)
         return model.state_dict()
 
-    def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: Iterable[str] = ()
-                     ) -> tuple[list[str], list[str]]:
+    def load_weights(
+        self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: Iterable[str] = ()
+    ) -> tuple[list[str], list[str]]:
         if _has_shards(model):
             return load_full_state_dict(model, weights, ignore=set(ignore))
         return super().load_weights(model, weights, ignore)
@@ -218,8 +228,7 @@ class FSDP(Strategy):
     def copy_whole_weights(self, model: nn.Module, replica: nn.Module) -> None:
         copy_whole_weights(model, replica)
 
-    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-                              ) -> dict[str, Any]:
+    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
         gathered: dict[str, Any] = {"model_state": full_state_dict(model, all_ranks=False)}
         if optimizer is not None:
             gathered["optimizer_state"] = full_optimizer_state(self.owner, optimizer)
@@ -227,8 +236,9 @@ class FSDP(Strategy):
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
         name_of = {id(p): name for name, p in self.owner.named_parameters()}
-        check_optimizer_names(self.owner, [{name_of[id(p)] for p in group["params"]}
-                                           for group in optimizer.param_groups], state)
+        check_optimizer_names(
+            self.owner, [{name_of[id(p)] for p in group["params"]} for group in optimizer.param_groups], state
+        )
         load_full_optimizer_state(self.owner, optimizer, state)
 
 

@@ -20,12 +20,22 @@ def idle_batch(device: torch.device) -> dict[str, torch.Tensor]:
     """The dummy row of an idle pass: two tokens, the second one trained on (RL reads ``loss_mask``;
     SFT reads ``labels``, shifted: position 0 predicts token 1, -100 where nothing is trained)."""
     ids = torch.zeros((1, 2), dtype=torch.long, device=device)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.arange(2)[None].to(ids),
-            "loss_mask": torch.tensor([[0, 1]]).to(ids), "labels": torch.tensor([[0, -100]]).to(ids)}
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "position_ids": torch.arange(2)[None].to(ids),
+        "loss_mask": torch.tensor([[0, 1]]).to(ids),
+        "labels": torch.tensor([[0, -100]]).to(ids),
+    }
 
 
-def lockstep(items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None, backward: bool,
-             device: torch.device, run_backward: Callable[[torch.Tensor], None]) -> Iterator[T]:
+def lockstep(
+    items: Iterable[T],
+    idle: Callable[[dict[str, torch.Tensor]], Any] | None,
+    backward: bool,
+    device: torch.device,
+    run_backward: Callable[[torch.Tensor], None],
+) -> Iterator[T]:
     """Yield ``items``, then run as many idle passes as another process has more micro-batches.
     ``idle(batch)`` runs what a real micro-batch runs; ``run_backward`` is the strategy's backward."""
     items = list(items)

@@ -52,17 +52,22 @@ def requested() -> bool:
 
 # accelerate DeepSpeed settings omrl does not implement -> (what it accepts, what to use instead)
 UNSUPPORTED = {
-    "ACCELERATE_DEEPSPEED_ZERO_STAGE": ({"3"}, "3 (configs/accelerate/zero3.yaml); for stages 0-2 use "
-                                               "configs/accelerate/ddp.yaml"),
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE": (
+        {"3"},
+        "3 (configs/accelerate/zero3.yaml); for stages 0-2 use configs/accelerate/ddp.yaml",
+    ),
     "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": ({"none"}, "none"),
     "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": ({"none"}, "none"),
     "ACCELERATE_DEEPSPEED_ZERO3_INIT": ({"false"}, "false (every process loads the model, then it is partitioned)"),
     "ACCELERATE_MIXED_PRECISION": ({"no"}, "no (the recipes' own bf16 option and model.dtype decide precision)"),
     # DeepSpeed would take these from the accelerate config; omrl's own options decide them
     "ACCELERATE_GRADIENT_CLIPPING": (set(), "leave gradient_clipping out; set optim.max_grad_norm"),
-    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": ({"1"}, "1, or leave it out; the recipes accumulate micro-batches "
-                                                      "themselves (optim.micro_batch_size, "
-                                                      "optim.gradient_accumulation_steps)"),
+    "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": (
+        {"1"},
+        "1, or leave it out; the recipes accumulate micro-batches "
+        "themselves (optim.micro_batch_size, "
+        "optim.gradient_accumulation_steps)",
+    ),
 }
 
 
@@ -71,19 +76,27 @@ def check_options(model_dtype: str = "float32") -> None:
     try:
         import deepspeed  # noqa: F401
     except ImportError as err:
-        raise ConfigError("accelerate is set up for DeepSpeed, but deepspeed is not installed: "
-                          "pip install deepspeed (or use configs/accelerate/fsdp.yaml)") from err
+        raise ConfigError(
+            "accelerate is set up for DeepSpeed, but deepspeed is not installed: "
+            "pip install deepspeed (or use configs/accelerate/fsdp.yaml)"
+        ) from err
     if os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE"):
-        raise ConfigError("deepspeed_config_file is not supported: omrl builds the DeepSpeed config from its own "
-                          "options (optim.*); valid: the deepspeed_config keys of configs/accelerate/zero3.yaml")
+        raise ConfigError(
+            "deepspeed_config_file is not supported: omrl builds the DeepSpeed config from its own "
+            "options (optim.*); valid: the deepspeed_config keys of configs/accelerate/zero3.yaml"
+        )
     for key, (valid, hint) in UNSUPPORTED.items():
         value = os.environ.get(key)
         if value is not None and value.lower() not in valid:
-            raise ConfigError(f"{key.removeprefix('ACCELERATE_').lower()}: {value} is not supported under omrl's "
-                              f"ZeRO-3; valid: {hint}")
+            raise ConfigError(
+                f"{key.removeprefix('ACCELERATE_').lower()}: {value} is not supported under omrl's "
+                f"ZeRO-3; valid: {hint}"
+            )
     if model_dtype != "float32":
-        raise ConfigError(f"model.dtype={model_dtype} is not supported under ZeRO-3 (DeepSpeed keeps float32 weights "
-                          "in its optimizer); valid: model.dtype=float32, with bf16=true for autocast in SFT")
+        raise ConfigError(
+            f"model.dtype={model_dtype} is not supported under ZeRO-3 (DeepSpeed keeps float32 weights "
+            "in its optimizer); valid: model.dtype=float32, with bf16=true for autocast in SFT"
+        )
 
 
 def load_models_whole() -> None:
@@ -102,18 +115,23 @@ def _config(model: nn.Module, max_grad_norm: float, optimizer: bool = True) -> d
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,  # bookkeeping only: the recipes batch the data themselves
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": 3, "reduce_bucket_size": hidden * hidden,
-                              "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
-                              "stage3_param_persistence_threshold": 10 * hidden},
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": hidden * hidden,
+            "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+            "stage3_param_persistence_threshold": 10 * hidden,
+        },
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
     if optimizer:
-        config.update({
-            "managed_gradient_accumulation": False,  # the recipe ends a step by calling step()
-            "gradient_clipping": max_grad_norm if 0 < max_grad_norm < float("inf") else 0.0,
-            "zero_allow_untested_optimizer": True,
-        })
+        config.update(
+            {
+                "managed_gradient_accumulation": False,  # the recipe ends a step by calling step()
+                "gradient_clipping": max_grad_norm if 0 < max_grad_norm < float("inf") else 0.0,
+                "zero_allow_untested_optimizer": True,
+            }
+        )
     return config
 
 
@@ -122,14 +140,16 @@ def initialize(owner: Trainables, optimizer: torch.optim.Optimizer, max_grad_nor
     import deepspeed
 
     if any(getattr(m, "peft_config", None) for m in owner.values()):
-        raise ConfigError("LoRA (model.lora_rank > 0) cannot be combined with ZeRO-3: use lora_rank=0, "
-                          "or the data-parallel config configs/accelerate/ddp.yaml")
+        raise ConfigError(
+            "LoRA (model.lora_rank > 0) cannot be combined with ZeRO-3: use lora_rank=0, "
+            "or the data-parallel config configs/accelerate/ddp.yaml"
+        )
     names = {id(p): name for name, p in owner.named_parameters()}
     group_names = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
     with _quiet():
-        engine, *_ = deepspeed.initialize(model=owner, optimizer=optimizer,
-                                          config=_config(owner["policy"], max_grad_norm),
-                                          dist_init_required=False)
+        engine, *_ = deepspeed.initialize(
+            model=owner, optimizer=optimizer, config=_config(owner["policy"], max_grad_norm), dist_init_required=False
+        )
     engine.omrl_group_names = group_names  # DeepSpeed empties the groups' params: checkpoints name them
     return engine
 
@@ -139,8 +159,9 @@ def partition_frozen(model: nn.Module) -> nn.Module:
     import deepspeed
 
     with _quiet():
-        engine, *_ = deepspeed.initialize(model=model, config=_config(model, 0.0, optimizer=False),
-                                          dist_init_required=False)
+        engine, *_ = deepspeed.initialize(
+            model=model, config=_config(model, 0.0, optimizer=False), dist_init_required=False
+        )
     return engine.module
 
 
@@ -201,8 +222,9 @@ def copy_whole_weights(model: nn.Module, replica: nn.Module) -> None:
                 targets[name].copy_(value.detach())
 
 
-def load_full_state_dict(model: nn.Module, weights: dict[str, torch.Tensor], engine=None,
-                         ignore: set[str] = frozenset()) -> tuple[list[str], list[str]]:
+def load_full_state_dict(
+    model: nn.Module, weights: dict[str, torch.Tensor], engine=None, ignore: set[str] = frozenset()
+) -> tuple[list[str], list[str]]:
     """Load whole ``weights`` (read by every process) into the partitions; returns the (missing,
     unexpected) names, leaving out ``ignore`` (e.g. tied weights). ``engine``: the engine training
     ``model``, whose float32 master weights are then refreshed from the loaded ones."""
@@ -238,8 +260,10 @@ def full_optimizer_state(owner: nn.Module, engine) -> dict[str, Any]:
             if main:
                 scalars = {k: v.clone() if torch.is_tensor(v) else v for k, v in flat_state.items() if k not in keys}
                 state[name] = {**scalars, **per_param}
-    groups = [{**{k: v for k, v in group.items() if k != "params"}, "params": names}
-              for group, names in zip(inner.param_groups, engine.omrl_group_names)]
+    groups = [
+        {**{k: v for k, v in group.items() if k != "params"}, "params": names}
+        for group, names in zip(inner.param_groups, engine.omrl_group_names)
+    ]
     return {"state": state, "param_groups": groups} if main else {}
 
 
@@ -269,9 +293,9 @@ def _set_own_partition(zero, param: nn.Parameter, value: torch.Tensor, key: str)
     part, _ = zero._get_fp32_opt_state_partition(param, release_swap_buffers=False, optim_state_key=key)
     flat = value.reshape(-1)
     start = part.numel() * zero._get_param_partition_rank(param)
-    mine = flat[start:start + part.numel()]
+    mine = flat[start : start + part.numel()]
     part.data.zero_()
-    part.data[:mine.numel()].copy_(mine)
+    part.data[: mine.numel()].copy_(mine)
 
 
 class ZeRO3(Strategy):
@@ -297,14 +321,16 @@ class ZeRO3(Strategy):
         """A frozen model (the reference) is partitioned now, trained ones with the optimizer."""
         return partition_frozen(model) if frozen else model
 
-    def prepare_optimizer(self, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer,
-                          max_grad_norm: float) -> Trainables:
+    def prepare_optimizer(
+        self, modules: dict[str, nn.Module], optimizer: torch.optim.Optimizer, max_grad_norm: float
+    ) -> Trainables:
         owner = super().prepare_optimizer(modules, optimizer, max_grad_norm)
         self.engine = initialize(owner, optimizer, max_grad_norm)
         return owner
 
-    def micro_batches(self, items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None = None,
-                      backward: bool = True) -> Iterator[T]:
+    def micro_batches(
+        self, items: Iterable[T], idle: Callable[[dict[str, torch.Tensor]], Any] | None = None, backward: bool = True
+    ) -> Iterator[T]:
         return lockstep(items, idle, backward, self.device, self.backward)
 
     def forward(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -316,23 +342,24 @@ class ZeRO3(Strategy):
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
         zero_grad(self.engine)
 
-    def optimizer_step(self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer,
-                       max_norm: float) -> float:
+    def optimizer_step(
+        self, params: Sequence[nn.Parameter], optimizer: torch.optim.Optimizer, max_norm: float
+    ) -> float:
         """The engine reduces, clips (``max_norm`` was given to :meth:`prepare_optimizer`) and steps."""
         return step(self.engine)
 
     def state_dict(self, model: nn.Module, all_ranks: bool = True) -> dict[str, torch.Tensor]:
         return full_state_dict(model, all_ranks=all_ranks)
 
-    def load_weights(self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: Iterable[str] = ()
-                     ) -> tuple[list[str], list[str]]:
+    def load_weights(
+        self, model: nn.Module, weights: dict[str, torch.Tensor], ignore: Iterable[str] = ()
+    ) -> tuple[list[str], list[str]]:
         return load_full_state_dict(model, weights, engine=self.engine, ignore=set(ignore))
 
     def copy_whole_weights(self, model: nn.Module, replica: nn.Module) -> None:
         copy_whole_weights(model, replica)
 
-    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
-                              ) -> dict[str, Any]:
+    def gather_for_checkpoint(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, Any]:
         gathered: dict[str, Any] = {"model_state": full_state_dict(model, all_ranks=False)}
         if optimizer is not None:
             gathered["optimizer_state"] = full_optimizer_state(self.owner, self.engine)

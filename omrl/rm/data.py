@@ -61,9 +61,11 @@ def check_token_ids(episodes: Sequence[Episode], source: str | Path, tokenizer: 
         if not ep.token_ids or 0 <= min(ep.token_ids) and max(ep.token_ids) < vocab:
             continue
         bad = next(t for t in ep.token_ids if not 0 <= t < vocab)
-        raise TokenIdError(f"{source} row {row} (task {ep.task_id}, {ep.env}) holds the token id {bad}, outside "
-                           f"the tokenizer's vocabulary (0 to {vocab - 1}): it was played with another model's "
-                           "tokenizer or written from a server's bad answer; play it again, or drop the row")
+        raise TokenIdError(
+            f"{source} row {row} (task {ep.task_id}, {ep.env}) holds the token id {bad}, outside "
+            f"the tokenizer's vocabulary (0 to {vocab - 1}): it was played with another model's "
+            "tokenizer or written from a server's bad answer; play it again, or drop the row"
+        )
 
 
 def check_trajectory_ids(path: str, tokenizer: Any) -> None:
@@ -72,8 +74,15 @@ def check_trajectory_ids(path: str, tokenizer: Any) -> None:
         check_token_ids(read_episodes(file), file, tokenizer)
 
 
-def load_examples(path: str, kind: str, label: str, max_seq_length: int, text_tokenizer: Any = None,
-                  for_training: bool = True, tokenizer: Any = None) -> tuple[list[Example], list[Episode], int]:
+def load_examples(
+    path: str,
+    kind: str,
+    label: str,
+    max_seq_length: int,
+    text_tokenizer: Any = None,
+    for_training: bool = True,
+    tokenizer: Any = None,
+) -> tuple[list[Example], list[Episode], int]:
     """Every labelled example of the trajectory files at ``path``, the episodes, and how many were cut.
 
     Files are labelled one at a time: tree node ids and task groups are per file.
@@ -103,13 +112,16 @@ def pointwise_rows(found: Sequence[Example], max_seq_length: int, packing: bool)
     return [_row([found[i] for i in members]) for members in pack_bins([len(r) for r in rows], max_seq_length)]
 
 
-def pair_rows(found: Sequence[Example], max_pairs_per_task: int, source: str, seed: int = 0
-              ) -> list[tuple[RmRow, RmRow]]:
+def pair_rows(
+    found: Sequence[Example], max_pairs_per_task: int, source: str, seed: int = 0
+) -> list[tuple[RmRow, RmRow]]:
     """(chosen, rejected) rows of every pair; OmrlError when no task has two different outcomes."""
     found_pairs = pairs(found, max_pairs_per_task, seed)
     if not found_pairs:
-        raise OmrlError(f"{source} has no task with two episodes of different outcomes, so there are no pairs "
-                        "for objective=bt; play more samples per task (group_size) or use objective=bce")
+        raise OmrlError(
+            f"{source} has no task with two episodes of different outcomes, so there are no pairs "
+            "for objective=bt; play more samples per task (group_size) or use objective=bce"
+        )
     return [(_row([p.chosen]), _row([p.rejected])) for p in found_pairs]
 
 
@@ -139,8 +151,13 @@ def collate(rows: Sequence[RmRow], pad_token_id: int) -> dict[str, torch.Tensor]
         row_index += [i] * len(row.positions)
         positions += row.positions
         targets += row.targets
-    return {"input_ids": input_ids, "position_ids": position_ids, "row": torch.tensor(row_index),
-            "position": torch.tensor(positions), "targets": torch.tensor(targets, dtype=torch.float32)}
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "row": torch.tensor(row_index),
+        "position": torch.tensor(positions),
+        "targets": torch.tensor(targets, dtype=torch.float32),
+    }
 
 
 def fingerprint(rows: Sequence[RmRow]) -> str:

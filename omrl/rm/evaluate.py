@@ -29,32 +29,49 @@ from omrl.rm.metrics import auc, binary_report, pair_accuracy, regression_report
 from omrl.rm.model import RewardModel, ScoringInput
 
 
-def evaluate_reward_model(model_path: str | Path, data: str, text: bool = False,
-                          reward_model: RewardModel | None = None) -> dict[str, Any]:
+def evaluate_reward_model(
+    model_path: str | Path, data: str, text: bool = False, reward_model: RewardModel | None = None
+) -> dict[str, Any]:
     """The report of the reward model at ``model_path`` on the trajectory files at ``data``."""
     rm = reward_model or RewardModel.load(model_path)
-    found, episodes, _ = load_examples(data, rm.kind, rm.label, max_seq_length=1 << 30,
-                                       text_tokenizer=rm.tokenizer if text else None, for_training=False)
+    found, episodes, _ = load_examples(
+        data,
+        rm.kind,
+        rm.label,
+        max_seq_length=1 << 30,
+        text_tokenizer=rm.tokenizer if text else None,
+        for_training=False,
+    )
     if not text:
         rm.check_tokenizer(episodes)
     values = rm.values([ScoringInput(ex.input_ids, ex.positions) for ex in found])
     flat_values = [v for vals in values for v in vals]
     targets = [t for ex in found for t in ex.targets]
-    report: dict[str, Any] = {"model": str(model_path), "data": str(data), "kind": rm.kind,
-                              "objective": rm.objective, "label": rm.label}
+    report: dict[str, Any] = {
+        "model": str(model_path),
+        "data": str(data),
+        "kind": rm.kind,
+        "objective": rm.objective,
+        "label": rm.label,
+    }
     if rm.objective == "bce":
         report["scores"] = binary_report([rm.to_score(v) for v in flat_values], targets)
     elif rm.objective == "bt":  # values only rank: their scale means nothing against the labels
         report["scores"] = {"examples": len(targets), "auc": auc(flat_values, [t >= 0.5 for t in targets])}
     else:
-        report["scores"] = {**regression_report(flat_values, targets),
-                            "auc": auc(flat_values, [t >= 0.5 for t in targets])}
+        report["scores"] = {
+            **regression_report(flat_values, targets),
+            "auc": auc(flat_values, [t >= 0.5 for t in targets]),
+        }
     if rm.kind == "orm":
         by_id = {id(ex): vals[0] for ex, vals in zip(found, values)}
         found_pairs = pairs(found, max_pairs_per_task=1 << 30)
-        report["pairs"] = {"pairs": len(found_pairs),
-                           "accuracy": pair_accuracy([by_id[id(p.chosen)] for p in found_pairs],
-                                                     [by_id[id(p.rejected)] for p in found_pairs])}
+        report["pairs"] = {
+            "pairs": len(found_pairs),
+            "accuracy": pair_accuracy(
+                [by_id[id(p.chosen)] for p in found_pairs], [by_id[id(p.rejected)] for p in found_pairs]
+            ),
+        }
     finished = [ep for ep in episodes if ep.turns and ep.end_reason not in NO_OUTCOME]
     report["selection"] = selection_curve(finished, rm.score_episodes(finished, text=text))
     return report
@@ -82,8 +99,14 @@ def selection_curve(episodes: Sequence[Episode], scores: Sequence[float]) -> lis
                 random_pick.append(sum(value(ep) for ep, _ in first) / n)
                 oracle.append(max(value(ep) for ep, _ in first))
             gain = [p - r for p, r in zip(picked, random_pick)]  # paired by task: the gain's own standard error
-            row.update({**_mean_se(f"selected{measure}", picked), **_mean_se(f"random{measure}", random_pick),
-                        **_mean_se(f"oracle{measure}", oracle), **_mean_se(f"gain{measure}", gain)})
+            row.update(
+                {
+                    **_mean_se(f"selected{measure}", picked),
+                    **_mean_se(f"random{measure}", random_pick),
+                    **_mean_se(f"oracle{measure}", oracle),
+                    **_mean_se(f"gain{measure}", gain),
+                }
+            )
         out.append(row)
         n *= 2
     return out

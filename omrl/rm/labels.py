@@ -78,8 +78,9 @@ def check_label(kind: str, label: str) -> None:
         raise LabelError(f"label {label!r} is not one a {kind!r} reward model is trained on; valid ({valid})")
 
 
-def examples(episodes: Sequence[Episode], kind: str, label: str, source: str, max_seq_length: int,
-             text_tokenizer: Any = None) -> tuple[list[Example], int]:
+def examples(
+    episodes: Sequence[Episode], kind: str, label: str, source: str, max_seq_length: int, text_tokenizer: Any = None
+) -> tuple[list[Example], int]:
     """The labelled examples of ``episodes`` (read from ``source``) and how many were cut or dropped
     for ``max_seq_length``. LabelError names the file and the missing field when none can be labelled.
 
@@ -99,8 +100,10 @@ def examples(episodes: Sequence[Episode], kind: str, label: str, source: str, ma
     if text_tokenizer is None:  # the episodes' own ids: a split episode's labels are read in their rows
         out = [part for ex in out for part in _per_row(ex)]
     if not out:
-        raise LabelError(f"{source} has no finished episode with {label!r} labels (episodes: {len(episodes)}, "
-                         f"finished: {len(played)}); play some with `omrl rollout`")
+        raise LabelError(
+            f"{source} has no finished episode with {label!r} labels (episodes: {len(episodes)}, "
+            f"finished: {len(played)}); play some with `omrl rollout`"
+        )
     kept, cut = [], 0
     for ex in out:
         if len(ex.input_ids) <= max_seq_length:
@@ -109,12 +112,13 @@ def examples(episodes: Sequence[Episode], kind: str, label: str, source: str, ma
         cut += 1
         inside = [(p, t) for p, t in zip(ex.positions, ex.targets) if p < max_seq_length]
         if kind == "prm" and inside:  # a process label needs only what came before its turn
-            kept.append(Example(ex.input_ids[:max_seq_length], [p for p, _ in inside], [t for _, t in inside],
-                                ex.task))
+            kept.append(Example(ex.input_ids[:max_seq_length], [p for p, _ in inside], [t for _, t in inside], ex.task))
     if not kept:
         longest = max(len(ex.input_ids) for ex in out)
-        raise LabelError(f"every labelled episode in {source} is longer than max_seq_length={max_seq_length} tokens "
-                         f"(the longest: {longest}); raise max_seq_length")
+        raise LabelError(
+            f"every labelled episode in {source} is longer than max_seq_length={max_seq_length} tokens "
+            f"(the longest: {longest}); raise max_seq_length"
+        )
     return kept, cut
 
 
@@ -122,9 +126,11 @@ def check_outcomes(found: Sequence[Example], label: str, source: str) -> None:
     """LabelError when every label is the same: a model learns nothing from one outcome."""
     targets = {t for ex in found for t in ex.targets}
     if len(targets) == 1:
-        raise LabelError(f"every label in {source} is {targets.pop()!r} ({label}, {len(found)} examples): a reward "
-                         "model learns nothing from one outcome; add episodes with other outcomes (more samples "
-                         "per task, a stronger or weaker policy)")
+        raise LabelError(
+            f"every label in {source} is {targets.pop()!r} ({label}, {len(found)} examples): a reward "
+            "model learns nothing from one outcome; add episodes with other outcomes (more samples "
+            "per task, a stronger or weaker policy)"
+        )
 
 
 def pairs(found: Sequence[Example], max_pairs_per_task: int, seed: int = 0) -> list[Pair]:
@@ -135,8 +141,12 @@ def pairs(found: Sequence[Example], max_pairs_per_task: int, seed: int = 0) -> l
         by_task[ex.task].append(ex)
     out = []
     for task, group in by_task.items():
-        candidates = [Pair(a, b) if a.targets[0] > b.targets[0] else Pair(b, a)
-                      for i, a in enumerate(group) for b in group[i + 1:] if a.targets[0] != b.targets[0]]
+        candidates = [
+            Pair(a, b) if a.targets[0] > b.targets[0] else Pair(b, a)
+            for i, a in enumerate(group)
+            for b in group[i + 1 :]
+            if a.targets[0] != b.targets[0]
+        ]
         if len(candidates) > max_pairs_per_task:
             candidates = random.Random(f"{seed}/{task}").sample(candidates, max_pairs_per_task)
         out += candidates
@@ -159,22 +169,29 @@ def _orm_example(ep: Episode, label: str, ids: list[int], ends: list[int]) -> Ex
     target = float(ep.won) if label == "success" else float(ep.score)
     if not math.isfinite(target):
         return None
-    return Example(ids[:ends[-1] + 1], [ends[-1]], [target], _task(ep), ep.rows() if ep.row_starts else None)
+    return Example(ids[: ends[-1] + 1], [ends[-1]], [target], _task(ep), ep.rows() if ep.row_starts else None)
 
 
 def _step_reward_example(ep: Episode, ids: list[int], ends: list[int]) -> Example:
     return Example(ids, ends, [float(t.reward) for t in ep.turns], _task(ep), ep.rows() if ep.row_starts else None)
 
 
-def _mc_examples(played: Sequence[Episode], episodes: Sequence[Episode], source: str,
-                 layout: dict[int, tuple[list[int], list[int]]], score: bool = False) -> list[Example]:
+def _mc_examples(
+    played: Sequence[Episode],
+    episodes: Sequence[Episode],
+    source: str,
+    layout: dict[int, tuple[list[int], list[int]]],
+    score: bool = False,
+) -> list[Example]:
     """Each tree node's MC value, labelled once: on the first path (in file order) that passes it."""
     from omrl.rm.labels_mc import tree_mc_means
 
     if not any(turn.node_id >= 0 for ep in episodes for turn in ep.turns):
-        raise LabelError(f"{source} holds chains without tree node ids, so no turn has Monte Carlo labels; "
-                         "play trees with `omrl rollout --strategy mc_value` (or another search), or use "
-                         "label=step_reward")
+        raise LabelError(
+            f"{source} holds chains without tree node ids, so no turn has Monte Carlo labels; "
+            "play trees with `omrl rollout --strategy mc_value` (or another search), or use "
+            "label=step_reward"
+        )
     by_task: dict[tuple, list[Episode]] = defaultdict(list)
     for ep in episodes:
         by_task[(ep.env, ep.split, ep.task_id)].append(ep)

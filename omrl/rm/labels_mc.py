@@ -58,9 +58,11 @@ def tree_mc_values(episodes: Sequence[Episode]) -> dict[tuple[int, int], tuple[i
             key = (ep.group, turn.node_id)
             where = (turn.parent_id, ep.task_id)
             if seen.setdefault(key, where) != where:
-                raise OmrlError(f"two paths of group {ep.group} disagree on node {turn.node_id}: parent "
-                                f"{seen[key][0]} of task {seen[key][1]} and parent {where[0]} of task {where[1]}; "
-                                "the paths of one group must come from one search tree (Tree.episodes)")
+                raise OmrlError(
+                    f"two paths of group {ep.group} disagree on node {turn.node_id}: parent "
+                    f"{seen[key][0]} of task {seen[key][1]} and parent {where[0]} of task {where[1]}; "
+                    "the paths of one group must come from one search tree (Tree.episodes)"
+                )
             wins, total = counts.get(key, (0, 0))
             counts[key] = (wins + int(won), total + int(finished))
     return counts

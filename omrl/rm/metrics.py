@@ -34,8 +34,7 @@ def auc(scores: Sequence[float], positives: Sequence[bool]) -> float:
     return (rank_sum - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
 
 
-def expected_calibration_error(probs: Sequence[float], targets: Sequence[float], bins: int = CALIBRATION_BINS
-                               ) -> float:
+def expected_calibration_error(probs: Sequence[float], targets: Sequence[float], bins: int = CALIBRATION_BINS) -> float:
     """Mean |predicted - observed| over equal-width probability bins, weighted by their counts (Guo et al. 2017).
 
     >>> expected_calibration_error([0.9, 0.9, 0.1, 0.1], [1, 1, 0, 0])
@@ -76,8 +75,11 @@ def regression_report(values: Sequence[float], targets: Sequence[float]) -> dict
     cov = sum((v - mv) * (t - mt) for v, t in zip(values, targets))
     sv = math.sqrt(sum((v - mv) ** 2 for v in values))
     st = math.sqrt(sum((t - mt) ** 2 for t in targets))
-    return {"examples": n, "mse": sum((v - t) ** 2 for v, t in zip(values, targets)) / n,
-            "pearson": cov / (sv * st) if sv and st else float("nan")}
+    return {
+        "examples": n,
+        "mse": sum((v - t) ** 2 for v, t in zip(values, targets)) / n,
+        "pearson": cov / (sv * st) if sv and st else float("nan"),
+    }
 
 
 def pair_accuracy(chosen: Sequence[float], rejected: Sequence[float]) -> float:

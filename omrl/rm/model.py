@@ -52,8 +52,15 @@ class ScoringInput:
     position_ids: list[int] | None = None
 
 
-def build_reward_model(base: str, kind: str, objective: str, label: str, dtype: str = "float32",
-                       device: str = "cpu", trust_remote_code: bool = False) -> tuple[Any, Any]:
+def build_reward_model(
+    base: str,
+    kind: str,
+    objective: str,
+    label: str,
+    dtype: str = "float32",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+) -> tuple[Any, Any]:
     """(model, tokenizer): the LM ``base`` (a built-in name, directory or hub id) with a fresh value head."""
     from transformers import AutoConfig, AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
@@ -66,7 +73,8 @@ def build_reward_model(base: str, kind: str, objective: str, label: str, dtype: 
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         config.num_labels, config.classifier_dropout = 1, 0.0  # a deterministic value: no dropout before the head
         model = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code)
+            path, config=config, dtype=_DTYPES[dtype], trust_remote_code=trust_remote_code
+        )
     except (OSError, ValueError) as exc:
         raise RewardModelError(f"cannot build a reward model on {base!r}: {exc}") from exc
     finally:
@@ -103,7 +111,7 @@ def mismatched_episode(tokenizer: Any, episodes: Sequence[Episode]) -> Episode |
         if not ep.token_ids or not opening or head in checked:
             continue
         checked.add(head)
-        decoded = tokenizer.decode(ep.token_ids[:max(ep.prompt_length, 1)], clean_up_tokenization_spaces=False)
+        decoded = tokenizer.decode(ep.token_ids[: max(ep.prompt_length, 1)], clean_up_tokenization_spaces=False)
         if opening not in " ".join(decoded.split()):
             return ep
     return None
@@ -122,7 +130,7 @@ def encode_episode_text(tokenizer: Any, ep: Episode) -> tuple[list[int], list[in
         return [], []
     ids, mask = encode_conversation(tokenizer, messages)
     ends = [t for t in range(len(mask)) if mask[t] and (t + 1 == len(mask) or not mask[t + 1])]
-    demo_replies = sum(m["role"] == "assistant" for m in ep.messages[1:1 + ep.demo_messages])
+    demo_replies = sum(m["role"] == "assistant" for m in ep.messages[1 : 1 + ep.demo_messages])
     return ids, ends[demo_replies:]
 
 
@@ -144,8 +152,10 @@ class RewardModel:
     def __init__(self, model: Any, tokenizer: Any, path: str = "", batch_tokens: int = 8192):
         meta = getattr(model.config, CONFIG_KEY, None)
         if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
-            raise RewardModelError(f"{path or 'this model'} is not an omrl reward model (its config.json has no "
-                                   f"{CONFIG_KEY!r} with a kind of {', '.join(KINDS)}); train one with `omrl rm train`")
+            raise RewardModelError(
+                f"{path or 'this model'} is not an omrl reward model (its config.json has no "
+                f"{CONFIG_KEY!r} with a kind of {', '.join(KINDS)}); train one with `omrl rm train`"
+            )
         self.model, self.tokenizer, self.path = model.eval(), tokenizer, path
         self.kind, self.objective = meta["kind"], meta.get("objective", "bce")
         self.label = meta.get("label", "")
@@ -158,8 +168,10 @@ class RewardModel:
 
         path = Path(path).expanduser()
         if not (path / "config.json").exists():
-            raise RewardModelError(f"reward model {str(path)!r} not found: expected a directory written by "
-                                   "`omrl rm train` (with config.json)")
+            raise RewardModelError(
+                f"reward model {str(path)!r} not found: expected a directory written by "
+                "`omrl rm train` (with config.json)"
+            )
         check_model_files(path)  # damaged since `omrl rm train` wrote it: named, never scored with
         try:
             model = AutoModelForTokenClassification.from_pretrained(path, dtype=_DTYPES.get(dtype, "auto"))
@@ -181,15 +193,17 @@ class RewardModel:
             if text:
                 ids, ends = encode_episode_text(self.tokenizer, ep)
                 if len(ends) != len(ep.turns):
-                    raise RewardModelError(f"episode of task {ep.task_id} ({ep.env}) has {len(ep.turns)} turns but "
-                                           f"its chat re-encodes to {len(ends)} replies; it cannot be scored as text")
+                    raise RewardModelError(
+                        f"episode of task {ep.task_id} ({ep.env}) has {len(ep.turns)} turns but "
+                        f"its chat re-encodes to {len(ends)} replies; it cannot be scored as text"
+                    )
             else:
                 ids, ends = list(ep.token_ids), [turn.span[1] - 1 for turn in ep.turns]
             if not ends:
                 out.append(ScoringInput([], []))
                 continue
-            packed = ep.position_ids()[:ends[-1] + 1] if ep.row_starts and not text else None
-            out.append(ScoringInput(ids[:ends[-1] + 1], ends[-1:] if self.kind == "orm" else ends, packed))
+            packed = ep.position_ids()[: ends[-1] + 1] if ep.row_starts and not text else None
+            out.append(ScoringInput(ids[: ends[-1] + 1], ends[-1:] if self.kind == "orm" else ends, packed))
         return out
 
     def check_tokenizer(self, episodes: Sequence[Episode], policy_tokenizer: Any = None) -> None:
@@ -205,13 +219,18 @@ class RewardModel:
             raise RewardModelError(self._tokenizer_message("the policy's tokenizer has a different vocabulary"))
         bad = mismatched_episode(self.tokenizer, episodes)
         if bad is not None:
-            raise RewardModelError(self._tokenizer_message(
-                f"episode of task {bad.task_id} ({bad.env}) does not decode to its own messages with it"))
+            raise RewardModelError(
+                self._tokenizer_message(
+                    f"episode of task {bad.task_id} ({bad.env}) does not decode to its own messages with it"
+                )
+            )
 
     def _tokenizer_message(self, why: str) -> str:
-        return (f"reward model {self.path or '(in memory)'} uses another tokenizer than the policy ({why}); "
-                "train the reward model on the policy's base model, or set text=true to score the chat "
-                "re-encoded with the reward model's own tokenizer")
+        return (
+            f"reward model {self.path or '(in memory)'} uses another tokenizer than the policy ({why}); "
+            "train the reward model on the policy's base model, or set text=true to score the chat "
+            "re-encoded with the reward model's own tokenizer"
+        )
 
     # -- scoring -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -226,8 +245,10 @@ class RewardModel:
         for i, key in enumerate(keys):
             if key in self._memo:
                 out[i] = list(self._memo[key])
-        order = sorted((i for i, x in enumerate(inputs) if x.positions and keys[i] not in self._memo),
-                       key=lambda i: len(inputs[i].input_ids))
+        order = sorted(
+            (i for i, x in enumerate(inputs) if x.positions and keys[i] not in self._memo),
+            key=lambda i: len(inputs[i].input_ids),
+        )
         device = next(self.model.parameters()).device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         start = 0
@@ -239,14 +260,14 @@ class RewardModel:
             width = max(len(inputs[i].input_ids) for i in chunk)
             ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             for row, i in enumerate(chunk):  # right padding: causal attention keeps real tokens blind to it
-                ids[row, :len(inputs[i].input_ids)] = torch.tensor(inputs[i].input_ids)
+                ids[row, : len(inputs[i].input_ids)] = torch.tensor(inputs[i].input_ids)
             positions = None
             if any(inputs[i].position_ids for i in chunk):  # packed rows: positions restart, padding continues
                 positions = torch.arange(width).repeat(len(chunk), 1)
                 for row, i in enumerate(chunk):
                     given = inputs[i].position_ids or list(range(len(inputs[i].input_ids)))
-                    positions[row, :len(given)] = torch.tensor(given)
-                    positions[row, len(given):] = torch.arange(given[-1] + 1, given[-1] + 1 + width - len(given))
+                    positions[row, : len(given)] = torch.tensor(given)
+                    positions[row, len(given) :] = torch.arange(given[-1] + 1, given[-1] + 1 + width - len(given))
                 positions = positions.to(device)
             values = head_values(self.model, ids.to(device), positions).cpu()
             for row, i in enumerate(chunk):
@@ -263,8 +284,9 @@ class RewardModel:
             return 1.0 / (1.0 + math.exp(-value)) if value >= 0 else math.exp(value) / (1.0 + math.exp(value))
         return value
 
-    def score_turns(self, episodes: Sequence[Episode], text: bool = False, policy_tokenizer: Any = None
-                    ) -> list[list[float]]:
+    def score_turns(
+        self, episodes: Sequence[Episode], text: bool = False, policy_tokenizer: Any = None
+    ) -> list[list[float]]:
         """One score per turn of each episode: a ``prm``'s score of every turn, or an ``orm``'s score of
         the whole episode on its last turn (0 elsewhere). Episodes without turns get ``[]``."""
         if not text:
@@ -282,8 +304,9 @@ class RewardModel:
                 out.append(scores + [0.0] * (n - len(scores)))
         return out
 
-    def score_episodes(self, episodes: Sequence[Episode], text: bool = False, policy_tokenizer: Any = None
-                       ) -> list[float]:
+    def score_episodes(
+        self, episodes: Sequence[Episode], text: bool = False, policy_tokenizer: Any = None
+    ) -> list[float]:
         """One number per episode: an ``orm``'s score, or a ``prm``'s score of the last turn (the value of
         where the path got to). Episodes without turns score 0."""
         return [turns[-1] if turns else 0.0 for turns in self.score_turns(episodes, text, policy_tokenizer)]

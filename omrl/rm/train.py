@@ -45,8 +45,7 @@ from omrl.training.recipe import close_all, run_recipe, save_final, save_recipe_
 class RmRecipe:
     """Reward-model training: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_rm_train`)."""
 
-    def __init__(self, cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None,
-                 console: Console | None = None):
+    def __init__(self, cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
         self.cfg = cfg
         self.on_step_end = on_step_end
         self.console = console or Console(stderr=True)
@@ -67,14 +66,17 @@ class RmRecipe:
         if cfg.num_train_epochs <= 0:
             raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
         if cfg.max_seq_length < 2 or cfg.max_pairs_per_task < 1:
-            raise ConfigError(f"max_seq_length={cfg.max_seq_length} and max_pairs_per_task={cfg.max_pairs_per_task}: "
-                              "valid: max_seq_length >= 2 and max_pairs_per_task >= 1")
+            raise ConfigError(
+                f"max_seq_length={cfg.max_seq_length} and max_pairs_per_task={cfg.max_pairs_per_task}: "
+                "valid: max_seq_length >= 2 and max_pairs_per_task >= 1"
+            )
         if cfg.optim.micro_batch_size < 1 or cfg.optim.gradient_accumulation_steps < 1:
-            raise ConfigError("optim.micro_batch_size and optim.gradient_accumulation_steps must be >= 1, got "
-                              f"{cfg.optim.micro_batch_size} and {cfg.optim.gradient_accumulation_steps}")
+            raise ConfigError(
+                "optim.micro_batch_size and optim.gradient_accumulation_steps must be >= 1, got "
+                f"{cfg.optim.micro_batch_size} and {cfg.optim.gradient_accumulation_steps}"
+            )
         self.config_dict = to_dict(cfg)
-        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, cfg.resume,
-                                       defaults=to_dict(type(cfg)()))
+        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, cfg.resume, defaults=to_dict(type(cfg)()))
         seed_everything(cfg.seed)
         self.device = self.strategy.device
         self._setup_model()
@@ -82,49 +84,83 @@ class RmRecipe:
         self._setup_optimizer()
         if resume_from is not None:
             self._load_resume_state(resume_from)
-        self.logger = MetricsLogger(self.output_dir, cfg.logging, self.total_steps, start_step=self.step,
-                                    run_config=self.config_dict, console=self.console, description="rm") \
-            if self.strategy.is_main else NullLogger()
+        self.logger = (
+            MetricsLogger(
+                self.output_dir,
+                cfg.logging,
+                self.total_steps,
+                start_step=self.step,
+                run_config=self.config_dict,
+                console=self.console,
+                description="rm",
+            )
+            if self.strategy.is_main
+            else NullLogger()
+        )
         if self.cut:
-            self.logger.warn(f"{self.cut} episodes were longer than max_seq_length={cfg.max_seq_length} tokens "
-                             + ("and were left out" if cfg.kind == "orm" else "and were cut (later labels dropped)"))
+            self.logger.warn(
+                f"{self.cut} episodes were longer than max_seq_length={cfg.max_seq_length} tokens "
+                + ("and were left out" if cfg.kind == "orm" else "and were cut (later labels dropped)")
+            )
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
         cfg = self.cfg
-        model, self.tokenizer = build_reward_model(cfg.model.name, cfg.kind, cfg.objective, cfg.label,
-                                                   dtype=cfg.model.dtype, device=str(self.device),
-                                                   trust_remote_code=cfg.model.trust_remote_code)
+        model, self.tokenizer = build_reward_model(
+            cfg.model.name,
+            cfg.kind,
+            cfg.objective,
+            cfg.label,
+            dtype=cfg.model.dtype,
+            device=str(self.device),
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
         if cfg.model.gradient_checkpointing:
-            enable = getattr(model, "activation_checkpointing_enable", None) \
-                or model.gradient_checkpointing_enable  # the older name (transformers < 5)
+            enable = (
+                getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            )  # the older name (transformers < 5)
             enable({"use_reentrant": False})
         if cfg.model.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
-            lora = LoraConfig(r=cfg.model.lora_rank, lora_alpha=cfg.model.lora_alpha,
-                              lora_dropout=cfg.model.lora_dropout, target_modules=list(cfg.model.lora_target_modules),
-                              task_type="TOKEN_CLS", modules_to_save=["score"])  # the new head trains whole
+            lora = LoraConfig(
+                r=cfg.model.lora_rank,
+                lora_alpha=cfg.model.lora_alpha,
+                lora_dropout=cfg.model.lora_dropout,
+                target_modules=list(cfg.model.lora_target_modules),
+                task_type="TOKEN_CLS",
+                modules_to_save=["score"],
+            )  # the new head trains whole
             model = get_peft_model(model, lora)
         self.model = self.strategy.prepare(model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _setup_data(self) -> None:
         cfg = self.cfg
-        found, episodes, self.cut = load_examples(cfg.dataset, cfg.kind, cfg.label, cfg.max_seq_length,
-                                                  self.tokenizer if cfg.text else None, tokenizer=self.tokenizer)
+        found, episodes, self.cut = load_examples(
+            cfg.dataset,
+            cfg.kind,
+            cfg.label,
+            cfg.max_seq_length,
+            self.tokenizer if cfg.text else None,
+            tokenizer=self.tokenizer,
+        )
         if cfg.eval_dataset and not cfg.text:  # evaluated after training: a bad id must not cost the run
             check_trajectory_ids(cfg.eval_dataset, self.tokenizer)
         if not cfg.text:
             bad = mismatched_episode(self.tokenizer, episodes)
             if bad is not None:
-                raise ConfigError(f"the episodes in {cfg.dataset} were not tokenized with {cfg.model.name!r}'s "
-                                  f"tokenizer (task {bad.task_id} does not decode to its messages); train on the "
-                                  "policy's own base model, or set text=true to re-encode the chats")
+                raise ConfigError(
+                    f"the episodes in {cfg.dataset} were not tokenized with {cfg.model.name!r}'s "
+                    f"tokenizer (task {bad.task_id} does not decode to its messages); train on the "
+                    "policy's own base model, or set text=true to re-encode the chats"
+                )
         outside = next((t for ex in found for t in ex.targets if not 0.0 <= t <= 1.0), None)
         if cfg.objective == "bce" and outside is not None:
-            raise ConfigError(f"{cfg.dataset} has the label {outside!r} ({cfg.label}), but objective=bce needs labels "
-                              "in [0, 1]; valid: objective=mse for other values")
+            raise ConfigError(
+                f"{cfg.dataset} has the label {outside!r} ({cfg.label}), but objective=bce needs labels "
+                "in [0, 1]; valid: objective=mse for other values"
+            )
         if cfg.objective == "bt":
             self.pairs = pair_rows(found, cfg.max_pairs_per_task, cfg.dataset, cfg.seed)
             self.rows = [row for pair in self.pairs for row in pair]  # chosen, rejected, chosen, ...
@@ -145,12 +181,14 @@ class RmRecipe:
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
 
     def _load_resume_state(self, path: Path) -> None:
-        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                     strategy=self.strategy)
+        state = ckpt.load_checkpoint(
+            path, self.model, optimizer=self.optimizer, scheduler=self.scheduler, strategy=self.strategy
+        )
         if state.data_state.get("fingerprint") != self.data_fingerprint:
             raise ckpt.CheckpointError(
                 f"cannot resume from {path}: the training data changed since it was written (fingerprint "
-                f"{state.data_state.get('fingerprint')} -> {self.data_fingerprint})")
+                f"{state.data_state.get('fingerprint')} -> {self.data_fingerprint})"
+            )
         self.step = state.step
         self.epoch, self.index = state.data_state["epoch"], state.data_state["index"]
         self.skipped.load_state_dict(state.extra)
@@ -161,7 +199,7 @@ class RmRecipe:
         batches would each hold one class and the head would swing between them."""
         order = np.random.default_rng([self.cfg.seed % 2**32, epoch]).permutation(len(self.units)).tolist()
         size = self.cfg.optim.micro_batch_size
-        return [[r for u in order[i:i + size] for r in self.units[u]] for i in range(0, len(order), size)]
+        return [[r for u in order[i : i + size] for r in self.units[u]] for i in range(0, len(order), size)]
 
     # -- TRAIN ----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -176,7 +214,7 @@ class RmRecipe:
             if self.index >= len(micro):
                 self.epoch, self.index = self.epoch + 1, 0
                 micro = self.epoch_batches(self.epoch)
-            chosen = micro[self.index:self.index + accumulation]
+            chosen = micro[self.index : self.index + accumulation]
             self.index += len(chosen)
             self.step += 1
             started = time.perf_counter()
@@ -198,18 +236,34 @@ class RmRecipe:
             # UPDATE: sum over processes, clip, step, or skip a non-finite step
             loss_value, correct, nonfinite = strategy.sum([loss_value, correct, not finite])
             finite = not nonfinite
-            grad_norm, lr, applied = apply_update(strategy, self.params, self.optimizer, self.scheduler, self.skipped,
-                                                  self.logger, self.step, cfg.optim.max_grad_norm, finite)
+            grad_norm, lr, applied = apply_update(
+                strategy,
+                self.params,
+                self.optimizer,
+                self.scheduler,
+                self.skipped,
+                self.logger,
+                self.step,
+                cfg.optim.max_grad_norm,
+                finite,
+            )
             if applied:
                 last_loss = loss_value
 
             # LOG and CHECKPOINT
             step_time = time.perf_counter() - started
             step_times.append(step_time)
-            metrics = {"loss": loss_value if finite else float("nan"), "train_accuracy": correct / labels,
-                       "lr": lr, "grad_norm": grad_norm, "labels": labels, "step_time": step_time,
-                       "epoch": self.epoch + self.index / len(micro), **peak_memory(),
-                       **self.skipped.metrics()}
+            metrics = {
+                "loss": loss_value if finite else float("nan"),
+                "train_accuracy": correct / labels,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "labels": labels,
+                "step_time": step_time,
+                "epoch": self.epoch + self.index / len(micro),
+                **peak_memory(),
+                **self.skipped.metrics(),
+            }
             self.logger.log(self.step, metrics)
             if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
                 self.save_checkpoint()
@@ -218,9 +272,14 @@ class RmRecipe:
 
         # SAVE: the final checkpoint (resumable) and the reward model (LoRA merged)
         save_final(self)
-        return {"steps": self.step, "final_loss": last_loss, "examples": self.examples,
-                "skipped_updates": self.skipped.count, "output_dir": str(self.output_dir),
-                "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0}
+        return {
+            "steps": self.step,
+            "final_loss": last_loss,
+            "examples": self.examples,
+            "skipped_updates": self.skipped.count,
+            "output_dir": str(self.output_dir),
+            "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
+        }
 
     def _labels(self, rows: list[int]) -> int:
         """What a micro-batch's loss is averaged over: its pairs (bt) or its labelled positions."""
@@ -247,16 +306,18 @@ class RmRecipe:
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""
-        return save_recipe_checkpoint(self, data_state={"epoch": self.epoch, "index": self.index,
-                                                       "fingerprint": self.data_fingerprint})
+        return save_recipe_checkpoint(
+            self, data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint}
+        )
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
         close_all(getattr(self, "logger", None), self.strategy)
 
 
-def run_rm_train(cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None,
-                 console: Console | None = None) -> dict[str, Any]:
+def run_rm_train(
+    cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None
+) -> dict[str, Any]:
     """Set up, train and clean up; with ``eval_dataset``, also evaluate and write ``rm_eval.json``."""
     recipe = RmRecipe(cfg, on_step_end=on_step_end, console=console)
     summary = run_recipe(recipe, "rm train")

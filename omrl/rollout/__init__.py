@@ -13,5 +13,13 @@ from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.session import RolloutSession
 
-__all__ = ["EnvPool", "RolloutLimits", "RolloutProgress", "RolloutSession", "collect", "episode_record",
-           "token_exact", "write_jsonl"]
+__all__ = [
+    "EnvPool",
+    "RolloutLimits",
+    "RolloutProgress",
+    "RolloutSession",
+    "collect",
+    "episode_record",
+    "token_exact",
+    "write_jsonl",
+]

@@ -28,15 +28,31 @@ def generated_tokens(episode: Episode) -> int:
 def episode_record(episode: Episode) -> dict[str, Any]:
     """A readable summary of an episode: the chat, each turn's action and outcome, no token arrays."""
     return {
-        "env": episode.env, "split": episode.split, "task_id": episode.task_id,
-        "group": episode.group, "sample": episode.sample,
-        "won": episode.won, "score": episode.score, "end_reason": episode.end_reason, "error": episode.error,
-        "num_turns": episode.num_turns, "total_reward": episode.total_reward,
-        "tokens": len(episode.token_ids), "generated_tokens": generated_tokens(episode),
+        "env": episode.env,
+        "split": episode.split,
+        "task_id": episode.task_id,
+        "group": episode.group,
+        "sample": episode.sample,
+        "won": episode.won,
+        "score": episode.score,
+        "end_reason": episode.end_reason,
+        "error": episode.error,
+        "num_turns": episode.num_turns,
+        "total_reward": episode.total_reward,
+        "tokens": len(episode.token_ids),
+        "generated_tokens": generated_tokens(episode),
         "token_exact": token_exact(episode),
         "instruction": episode.instruction,
-        "turns": [{"action": t.action, "format_ok": t.format_ok, "reward": t.reward, "done": t.done,
-                   "parse_error": t.parse_error} for t in episode.turns],
+        "turns": [
+            {
+                "action": t.action,
+                "format_ok": t.format_ok,
+                "reward": t.reward,
+                "done": t.done,
+                "parse_error": t.parse_error,
+            }
+            for t in episode.turns
+        ],
         "rewards": episode.rewards,
         "messages": episode.messages,
         "demo_messages": episode.demo_messages,
@@ -54,5 +70,3 @@ def write_jsonl(episodes: Iterable[Episode], path: str | os.PathLike) -> Path:
     lines = "".join(to_json(episode_record(ep)) + "\n" for ep in episodes)
     atomic_write_text(path, lines)
     return path
-
-

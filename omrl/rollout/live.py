@@ -51,8 +51,9 @@ class LiveEpisode:
         self.episode.messages = [dict(m) for m in self.messages]
 
 
-def record_reply(live: LiveEpisode, reply: Generation | BaseException, template: Template, tokenizer: Any,
-                 env: Env) -> str | None:
+def record_reply(
+    live: LiveEpisode, reply: Generation | BaseException, template: Template, tokenizer: Any, env: Env
+) -> str | None:
     """Append ``reply`` to the episode as a new turn and parse it; the action to step on (also
     ``live.action``), or None: the turn's parse error set and the next user message saying why, or
     ``live.end`` set when the reply was empty or is an exception (env_error)."""
@@ -69,10 +70,21 @@ def record_reply(live: LiveEpisode, reply: Generation | BaseException, template:
     live.eos_generated = bool(reply.token_ids) and reply.token_ids[-1] == tokenizer.eos_token_id
     body = reply.token_ids[:-1] if live.eos_generated else reply.token_ids
     response = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-    rollout_info = {"truncated": not live.eos_generated, "token_exact": reply.token_exact,
-                    "new_tokens": len(reply.token_ids)}
-    turn = Turn(observation=live.answering, response=response, action=None, format_ok=False, reward=0.0,
-                done=False, info={"rollout": rollout_info}, span=(start, len(ep.token_ids)))
+    rollout_info = {
+        "truncated": not live.eos_generated,
+        "token_exact": reply.token_exact,
+        "new_tokens": len(reply.token_ids),
+    }
+    turn = Turn(
+        observation=live.answering,
+        response=response,
+        action=None,
+        format_ok=False,
+        reward=0.0,
+        done=False,
+        info={"rollout": rollout_info},
+        span=(start, len(ep.token_ids)),
+    )
     ep.turns.append(turn)
     live.messages.append({"role": "assistant", "content": response})
     if not response.strip():
@@ -102,11 +114,13 @@ def _parse(template: Template, response: str, env: Env) -> ParsedAction:
     try:
         parsed = template.parse(response, env)
     except Exception as exc:  # noqa: BLE001 - a template bug, whatever it raises
-        return ParsedAction(None, False, error=f"template {name} failed on this reply: {type(exc).__name__}: "
-                                               f"{str(exc)[:200]}")
+        return ParsedAction(
+            None, False, error=f"template {name} failed on this reply: {type(exc).__name__}: {str(exc)[:200]}"
+        )
     if not isinstance(parsed, ParsedAction):
-        return ParsedAction(None, False, error=f"template {name} returned a {type(parsed).__name__}, "
-                                               "not a ParsedAction")
+        return ParsedAction(
+            None, False, error=f"template {name} returned a {type(parsed).__name__}, not a ParsedAction"
+        )
     return parsed
 
 
@@ -132,8 +146,9 @@ def record_step(live: LiveEpisode, result: StepResult | BaseException) -> None:
         live.end = "done"
 
 
-def continue_chat(live: LiveEpisode, tokenizer: Any, chat_kwargs: dict, turn_cap: int, max_context: int,
-                  history: str) -> None:
+def continue_chat(
+    live: LiveEpisode, tokenizer: Any, chat_kwargs: dict, turn_cap: int, max_context: int, history: str
+) -> None:
     """Append the ids that lead from the last reply to the next turn: an increment of the current row,
     or under ``as_template`` perhaps a new row. An episode that ended stays as it is; one at ``turn_cap``
     turns ends as max_turns, one whose row would not leave room for one generated token as max_context.
@@ -154,8 +169,9 @@ def continue_chat(live: LiveEpisode, tokenizer: Any, chat_kwargs: dict, turn_cap
         new = [{"role": "tool", "content": live.next_user, "name": name}]
     else:
         new = [{"role": "user", "content": live.next_user}]
-    ids, starts_row = next_prompt(tokenizer, history, ep.current_row(), live.messages, new, live.eos_generated,
-                                  **chat_kwargs)
+    ids, starts_row = next_prompt(
+        tokenizer, history, ep.current_row(), live.messages, new, live.eos_generated, **chat_kwargs
+    )
     if (0 if starts_row else len(ep.current_row())) + len(ids) >= max_context:
         live.end = "max_context"
         return

@@ -49,8 +49,14 @@ class RolloutLimits:
     @classmethod
     def from_config(cls, generation: Any, max_turns: int = 0, history: str = "keep") -> "RolloutLimits":
         """From a GenerationConfig plus the env config's ``max_turns`` and the chat config's ``history``."""
-        return cls(generation.max_new_tokens, generation.max_context, max_turns,
-                   generation.temperature, generation.top_p, check_history(history))
+        return cls(
+            generation.max_new_tokens,
+            generation.max_context,
+            max_turns,
+            generation.temperature,
+            generation.top_p,
+            check_history(history),
+        )
 
 
 @dataclass(kw_only=True)
@@ -61,10 +67,22 @@ class _Chain(LiveEpisode):
     chat_kwargs: dict[str, Any]
 
 
-def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[int], *,
-            backend: Backend | None = None, limits: RolloutLimits | None = None, split: str = "train",
-            group_size: int = 1, seed: int = 0, expert: bool = False, max_parallel: int = 0,
-            demonstration: bool = True, progress: RolloutProgress | None = None) -> list[Episode]:
+def collect(
+    pool: EnvPool,
+    template: Template,
+    tokenizer: Any,
+    tasks: Sequence[int],
+    *,
+    backend: Backend | None = None,
+    limits: RolloutLimits | None = None,
+    split: str = "train",
+    group_size: int = 1,
+    seed: int = 0,
+    expert: bool = False,
+    max_parallel: int = 0,
+    demonstration: bool = True,
+    progress: RolloutProgress | None = None,
+) -> list[Episode]:
     """Play ``group_size`` episodes of each task and return them ordered by (group, sample).
 
     ``backend`` generates the replies, or, with ``expert=True``, the env's
@@ -82,8 +100,9 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
         raise OmrlError("collect needs a generation backend, or expert=True to play the env's scripted expert")
     check_history(limits.history)
     if limits.max_new_tokens < 1 or limits.max_context < 2:
-        raise OmrlError(f"max_new_tokens must be >= 1 and max_context >= 2, got "
-                        f"{limits.max_new_tokens} and {limits.max_context}")
+        raise OmrlError(
+            f"max_new_tokens must be >= 1 and max_context >= 2, got {limits.max_new_tokens} and {limits.max_context}"
+        )
     progress = progress or RolloutProgress()
     queue = deque((group, sample, int(task)) for group, task in enumerate(tasks) for sample in range(group_size))
     finished: list[Episode] = []
@@ -116,14 +135,24 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
         if expert:
             replies: list[Generation | BaseException] = _expert_replies(pool, template, tokenizer, live, caps)
         else:
-            params = SamplingParams(max_new_tokens=caps, temperature=limits.temperature, top_p=limits.top_p,
-                                    seed=seed * 1_000_003 + calls * 10_007)
-            replies = list(backend.generate([s.episode.current_row() for s in live], params,  # type: ignore[union-attr]
-                                            messages=[s.messages for s in live]))
+            params = SamplingParams(
+                max_new_tokens=caps,
+                temperature=limits.temperature,
+                top_p=limits.top_p,
+                seed=seed * 1_000_003 + calls * 10_007,
+            )
+            replies = list(
+                backend.generate(
+                    [s.episode.current_row() for s in live],
+                    params,  # type: ignore[union-attr]
+                    messages=[s.messages for s in live],
+                )
+            )
         calls += 1
         progress.generated(sum(len(r.token_ids) for r in replies if isinstance(r, Generation)))
-        to_step = [s for s, reply in zip(live, replies)
-                   if record_reply(s, reply, template, tokenizer, s.env) is not None]
+        to_step = [
+            s for s, reply in zip(live, replies) if record_reply(s, reply, template, tokenizer, s.env) is not None
+        ]
         results = pool.step_many([(s.env, s.action) for s in to_step])
         for state, result in zip(to_step, results):
             record_step(state, result)
@@ -131,8 +160,14 @@ def collect(pool: EnvPool, template: Template, tokenizer: Any, tasks: Sequence[i
         for state in live:
             if state.end is None:
                 # an env's max_turns may be a per-instance option, so ask the instance
-                continue_chat(state, tokenizer, state.chat_kwargs, limits.max_turns or int(state.env.max_turns),
-                              limits.max_context, limits.history)
+                continue_chat(
+                    state,
+                    tokenizer,
+                    state.chat_kwargs,
+                    limits.max_turns or int(state.env.max_turns),
+                    limits.max_context,
+                    limits.history,
+                )
             if state.end:
                 finish(state)
             else:
@@ -150,15 +185,24 @@ def demonstration_messages(template: Template, env: Env, demonstration: Sequence
         try:
             reply = template.format_action(turn.action, env, turn.thought)
         except Exception as exc:
-            raise OmrlError(f"template {type(template).__name__} cannot write {type(env).__name__}'s worked example "
-                            f"(action {turn.action!r}): {type(exc).__name__}: {exc}; set env.demonstration=false "
-                            "to play without it") from exc
+            raise OmrlError(
+                f"template {type(template).__name__} cannot write {type(env).__name__}'s worked example "
+                f"(action {turn.action!r}): {type(exc).__name__}: {exc}; set env.demonstration=false "
+                "to play without it"
+            ) from exc
         messages += [{"role": "user", "content": turn.observation}, {"role": "assistant", "content": reply}]
     return messages
 
 
-def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tuple[int, int, int]],
-           split: str, max_context: int, demonstration: bool) -> list[_Chain]:
+def _start(
+    pool: EnvPool,
+    template: Template,
+    tokenizer: Any,
+    started: list[tuple[int, int, int]],
+    split: str,
+    max_context: int,
+    demonstration: bool,
+) -> list[_Chain]:
     """Reset an env for each new episode and lay out its opening prompt."""
     envs = [pool.acquire() for _ in started]
     firsts = pool.reset_many([(env, task) for env, (_, _, task) in zip(envs, started)])
@@ -167,8 +211,9 @@ def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tupl
         ep = Episode(env=pool.name, task_id=task, split=split, instruction="", group=group, sample=sample)
         opened = open_episode(ep, env, first, template, tokenizer, pool.name, demonstration)
         if opened is None:
-            states.append(_Chain(ep, [], "", env=env, chat_kwargs={}, end="env_error",
-                                 broken=isinstance(first, BaseException)))
+            states.append(
+                _Chain(ep, [], "", env=env, chat_kwargs={}, end="env_error", broken=isinstance(first, BaseException))
+            )
             continue
         messages, kwargs, observation = opened
         # at least one generated token must fit, or the episode cannot start
@@ -177,8 +222,15 @@ def _start(pool: EnvPool, template: Template, tokenizer: Any, started: list[tupl
     return states
 
 
-def open_episode(ep: Episode, env: Env, first: Observation | BaseException, template: Template, tokenizer: Any,
-                 env_name: str, demonstration: bool) -> tuple[list[dict[str, str]], dict, str] | None:
+def open_episode(
+    ep: Episode,
+    env: Env,
+    first: Observation | BaseException,
+    template: Template,
+    tokenizer: Any,
+    env_name: str,
+    demonstration: bool,
+) -> tuple[list[dict[str, str]], dict, str] | None:
     """Fill ``ep``'s instruction and first prompt (ids, masks) from the env's reset answer ``first``.
 
     Returns the chat so far, the template's chat-template kwargs and the first observation; or None,
@@ -187,8 +239,11 @@ def open_episode(ep: Episode, env: Env, first: Observation | BaseException, temp
     """
     problem = None if isinstance(first, BaseException) else reset_problem(first)
     if isinstance(first, BaseException) or problem:
-        ep.error = f"reset failed: {type(first).__name__}: {first}" if problem is None else \
-            f"reset failed: env {env_name!r} {problem}"
+        ep.error = (
+            f"reset failed: {type(first).__name__}: {first}"
+            if problem is None
+            else f"reset failed: env {env_name!r} {problem}"
+        )
         return None
     ep.instruction = clean_text(first.instruction)
     observation = clean_text(first.text) or EMPTY_OBSERVATION
@@ -204,16 +259,20 @@ def open_episode(ep: Episode, env: Env, first: Observation | BaseException, temp
     return messages, kwargs, observation
 
 
-def _expert_replies(pool: EnvPool, template: Template, tokenizer: Any, live: list[_Chain],
-                    caps: list[int]) -> list[Generation | BaseException]:
+def _expert_replies(
+    pool: EnvPool, template: Template, tokenizer: Any, live: list[_Chain], caps: list[int]
+) -> list[Generation | BaseException]:
     """The scripted expert's next action per episode, as the ids of the template-formatted reply."""
     actions = pool.call_many(lambda env: env.expert_action(), [s.env for s in live])
     eos = int(tokenizer.eos_token_id)
     out: list[Generation | BaseException] = []
     for state, action, cap in zip(live, actions, caps):
         if isinstance(action, BaseException) or action is None:
-            out.append(action if isinstance(action, BaseException) else
-                       OmrlError(f"{pool.name} has no scripted expert action here"))
+            out.append(
+                action
+                if isinstance(action, BaseException)
+                else OmrlError(f"{pool.name} has no scripted expert action here")
+            )
             continue
         text = template.format_action(action, state.env)
         ids = (encode_plain(tokenizer, text) + [eos])[:cap]  # a reply's text is never special tokens

@@ -20,8 +20,9 @@ T = TypeVar("T")
 class EnvPool:
     """Instances of one env class, handed out with :meth:`acquire` and given back with :meth:`release`."""
 
-    def __init__(self, env_class: type[Env], options: dict[str, Any] | None = None, name: str = "",
-                 num_workers: int = 8):
+    def __init__(
+        self, env_class: type[Env], options: dict[str, Any] | None = None, name: str = "", num_workers: int = 8
+    ):
         self.env_class = env_class
         self.options = dict(options or {})
         self.name = name or env_class.__name__

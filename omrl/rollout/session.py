@@ -22,9 +22,17 @@ from omrl.templates import Template
 class RolloutSession:
     """Plays episodes of one env with one template and one backend (or the env's expert)."""
 
-    def __init__(self, pool: EnvPool, template: Template, tokenizer: Any, backend: Backend | None,
-                 limits: RolloutLimits, reward_weights: dict[str, float] | None = None,
-                 plugin_options: dict[str, dict[str, Any]] | None = None, demonstration: bool = True):
+    def __init__(
+        self,
+        pool: EnvPool,
+        template: Template,
+        tokenizer: Any,
+        backend: Backend | None,
+        limits: RolloutLimits,
+        reward_weights: dict[str, float] | None = None,
+        plugin_options: dict[str, dict[str, Any]] | None = None,
+        demonstration: bool = True,
+    ):
         self.pool = pool
         self.template = template
         self.tokenizer = tokenizer
@@ -36,8 +44,9 @@ class RolloutSession:
         self.reward_summary: dict[str, float] = {}  # what compose_rewards returned for the last play
 
     @classmethod
-    def from_config(cls, cfg: Any, *, model: Any = None, tokenizer: Any = None, expert: bool = False,
-                    backend: Backend | None = None) -> "RolloutSession":
+    def from_config(
+        cls, cfg: Any, *, model: Any = None, tokenizer: Any = None, expert: bool = False, backend: Backend | None = None
+    ) -> "RolloutSession":
         """Build from a run config with ``env``, ``generation``, ``chat``, ``model``, ``reward`` and ``plugins`` sections.
 
         ``model``/``tokenizer`` reuse objects the caller already holds (the
@@ -48,18 +57,31 @@ class RolloutSession:
         env_class = registry.envs.get(cfg.env.name)
         template_class = registry.templates.get(cfg.env.template)
         plugins = dict(getattr(cfg, "plugins", {}) or {})
-        pool = EnvPool(env_class, plugins.get(cfg.env.name, {}), name=cfg.env.name,
-                       num_workers=cfg.env.num_workers)
+        pool = EnvPool(env_class, plugins.get(cfg.env.name, {}), name=cfg.env.name, num_workers=cfg.env.num_workers)
         template = template_class(**plugins.get(cfg.env.template, {}))
         if tokenizer is None:
             tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
         if backend is None and not expert:
-            backend = make_backend(cfg.generation.backend, tokenizer, cfg.generation, model=model,
-                                   model_name=cfg.model.name, dtype=cfg.model.dtype, seed=cfg.seed)
+            backend = make_backend(
+                cfg.generation.backend,
+                tokenizer,
+                cfg.generation,
+                model=model,
+                model_name=cfg.model.name,
+                dtype=cfg.model.dtype,
+                seed=cfg.seed,
+            )
         limits = RolloutLimits.from_config(cfg.generation, cfg.env.max_turns, cfg.chat.history)
-        return cls(pool, template, tokenizer, backend, limits,
-                   reward_weights=cfg.reward.weights, plugin_options=plugins,
-                   demonstration=cfg.env.demonstration)
+        return cls(
+            pool,
+            template,
+            tokenizer,
+            backend,
+            limits,
+            reward_weights=cfg.reward.weights,
+            plugin_options=plugins,
+            demonstration=cfg.env.demonstration,
+        )
 
     def task_ids(self, split: str, count: int) -> list[int]:
         """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""
@@ -67,12 +89,33 @@ class RolloutSession:
             raise OmrlError(f"num_tasks must be >= 1, got {count}")
         return list(self.pool.probe().split_of(split))[:count]
 
-    def play(self, tasks: Sequence[int], *, split: str, group_size: int = 1, seed: int = 0, expert: bool = False,
-             progress: RolloutProgress | None = None, max_parallel: int = 0) -> list[Episode]:
+    def play(
+        self,
+        tasks: Sequence[int],
+        *,
+        split: str,
+        group_size: int = 1,
+        seed: int = 0,
+        expert: bool = False,
+        progress: RolloutProgress | None = None,
+        max_parallel: int = 0,
+    ) -> list[Episode]:
         """Play ``group_size`` samples of each task, then compose their rewards."""
-        episodes = collect(self.pool, self.template, self.tokenizer, tasks, backend=self.backend,
-                           limits=self.limits, split=split, group_size=group_size, seed=seed, expert=expert,
-                           max_parallel=max_parallel, demonstration=self.demonstration, progress=progress)
+        episodes = collect(
+            self.pool,
+            self.template,
+            self.tokenizer,
+            tasks,
+            backend=self.backend,
+            limits=self.limits,
+            split=split,
+            group_size=group_size,
+            seed=seed,
+            expert=expert,
+            max_parallel=max_parallel,
+            demonstration=self.demonstration,
+            progress=progress,
+        )
         self.reward_summary = compose_rewards(episodes, self.reward_weights, self.plugin_options)
         return episodes
 
@@ -88,8 +131,9 @@ class RolloutSession:
         self.close()
 
 
-def compose_rewards(episodes: list[Episode], weights: dict[str, float],
-                    options: dict[str, dict[str, Any]]) -> dict[str, float]:
+def compose_rewards(
+    episodes: list[Episode], weights: dict[str, float], options: dict[str, dict[str, Any]]
+) -> dict[str, float]:
     """Fill ``episode.rewards`` through :func:`omrl.rewards.compose_rewards`.
 
     ``options`` is the config's per-plugin block; each weighted reward gets its own entry.

@@ -35,6 +35,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 
 # --- in the sandbox: the helper, PID 1 of the new namespaces, still root ---------------------------
 
+
 def main(spec_fd: int, status_fd: int) -> None:
     """Build the new root, start the program in it, wait, and report how it ended on ``status_fd``."""
     os.set_inheritable(status_fd, False)  # the program must not be able to forge the report
@@ -108,8 +109,13 @@ def _make_scratch(spec: dict) -> None:
     """A fresh tmpfs of ``disk_mb`` owned by the run's user, at /scratch and /tmp; the Python source in it."""
     scratch, uid = _NEW_ROOT + _SCRATCH, spec["uid"]
     os.mkdir(scratch)
-    _mount("omrl-scratch", scratch, "tmpfs", _MS_NOSUID | _MS_NODEV,
-           f"size={spec['disk_mb']}m,nr_inodes=16384,mode=0700,uid={uid},gid={uid}")
+    _mount(
+        "omrl-scratch",
+        scratch,
+        "tmpfs",
+        _MS_NOSUID | _MS_NODEV,
+        f"size={spec['disk_mb']}m,nr_inodes=16384,mode=0700,uid={uid},gid={uid}",
+    )
     os.mkdir(f"{_NEW_ROOT}/tmp")
     _mount(scratch, f"{_NEW_ROOT}/tmp", None, _MS_BIND)
     if spec["code"] is not None:
@@ -142,9 +148,9 @@ def _start_program(spec: dict) -> int:
         message = f.read().decode(errors="replace")
     if message.startswith("setup:"):
         os.waitpid(pid, 0)
-        raise RuntimeError(f"could not drop into the sandbox: {message[len('setup:'):]}")
+        raise RuntimeError(f"could not drop into the sandbox: {message[len('setup:') :]}")
     if message:  # the program itself cannot run: report it as a shell would
-        os.write(2, f"omrl sandbox: {message[len('exec:'):]}\n".encode())
+        os.write(2, f"omrl sandbox: {message[len('exec:') :]}\n".encode())
     return pid
 
 
@@ -201,6 +207,7 @@ def _libc() -> ctypes.CDLL:
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     """mount(2) (Python 3.11 has no os.mount); raises OSError naming the mount."""
+
     def arg(s):
         return None if s is None else os.fsencode(s)
 

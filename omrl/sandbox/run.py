@@ -95,8 +95,7 @@ LANGUAGES = ("python", "shell")
 _SCRATCH = "/scratch"
 _PATH = "/usr/local/bin:/usr/bin:/bin"
 
-_UNSHARE_FLAGS = ("--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child",
-                  "--propagation", "private")
+_UNSHARE_FLAGS = ("--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--propagation", "private")
 _NAMESPACES = ("net", "mnt", "pid", "ipc", "uts")  # what _UNSHARE_FLAGS must have made new
 _UID_BASE, _UID_SPAN = 200_000_000, 800_000_000  # far above any uid a distribution hands out
 _KILL_GRACE_S = 5.0  # after killing the group, wait this long at most for the pipes to close
@@ -155,8 +154,14 @@ def run_sandboxed(
     :raises OmrlError: on bad arguments, or when the isolation cannot be set up.
     """
     argv, code = _program(command, language)
-    for name, value in [("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_processes", max_processes),
-                        ("max_file_mb", max_file_mb), ("disk_mb", disk_mb), ("max_output_bytes", max_output_bytes)]:
+    for name, value in [
+        ("timeout_s", timeout_s),
+        ("memory_mb", memory_mb),
+        ("max_processes", max_processes),
+        ("max_file_mb", max_file_mb),
+        ("disk_mb", disk_mb),
+        ("max_output_bytes", max_output_bytes),
+    ]:
         if value <= 0:
             raise OmrlError(f"run_sandboxed: {name} must be positive, got {value}")
     process_bytes = _process_share(memory_mb, max_processes)
@@ -181,6 +186,7 @@ def run_sandboxed(
 
 # --- in the caller's process ---------------------------------------------------------------------
 
+
 def _program(command: str | Sequence[str], language: str) -> tuple[list[str], str | None]:
     """The argv to run inside the sandbox, and the Python source to write to the scratch dir."""
     if not isinstance(command, str):
@@ -201,10 +207,12 @@ def _process_share(memory_mb: int, max_processes: int) -> int:
     run anything."""
     share = memory_mb * 1024 * 1024 // max_processes
     if share < MIN_PROCESS_MB * 1024 * 1024:
-        raise OmrlError(f"run_sandboxed: memory_mb={memory_mb} shared by max_processes={max_processes} leaves "
-                        f"{share / 2**20:.1f} MB a process, under the {MIN_PROCESS_MB} MB a process needs; valid: "
-                        f"memory_mb >= {MIN_PROCESS_MB * max_processes} for {max_processes} processes, or fewer "
-                        "processes")
+        raise OmrlError(
+            f"run_sandboxed: memory_mb={memory_mb} shared by max_processes={max_processes} leaves "
+            f"{share / 2**20:.1f} MB a process, under the {MIN_PROCESS_MB} MB a process needs; valid: "
+            f"memory_mb >= {MIN_PROCESS_MB * max_processes} for {max_processes} processes, or fewer "
+            "processes"
+        )
     return share
 
 
@@ -237,15 +245,18 @@ def _namespaces() -> dict[str, str]:
 def _check_host() -> str:
     """The path of ``unshare``, once sure this host can build the sandbox; else an OmrlError saying why."""
     if not sys.platform.startswith("linux"):
-        raise OmrlError(f"the sandbox needs Linux namespaces; this is {sys.platform}, "
-                        "so model-written code cannot run")
+        raise OmrlError(f"the sandbox needs Linux namespaces; this is {sys.platform}, so model-written code cannot run")
     if os.geteuid() != 0:
-        raise OmrlError(f"the sandbox needs root to create namespaces and switch to an unprivileged uid; "
-                        f"running as uid {os.geteuid()}, so model-written code cannot run")
+        raise OmrlError(
+            f"the sandbox needs root to create namespaces and switch to an unprivileged uid; "
+            f"running as uid {os.geteuid()}, so model-written code cannot run"
+        )
     unshare = shutil.which("unshare", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin", "/bin"]))
     if unshare is None:
-        raise OmrlError("the sandbox needs util-linux's `unshare` (apt-get install util-linux); "
-                        "it is not on PATH, so model-written code cannot run")
+        raise OmrlError(
+            "the sandbox needs util-linux's `unshare` (apt-get install util-linux); "
+            "it is not on PATH, so model-written code cannot run"
+        )
     return unshare
 
 
@@ -254,13 +265,20 @@ def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
     spec_r, spec_w = os.pipe()
     status_r, status_w = os.pipe()
     package_parent = str(Path(__file__).resolve().parents[2])
-    bootstrap = (f"import sys; sys.path.insert(0, {package_parent!r}); "
-                 f"from omrl.sandbox.child import main; main({spec_r}, {status_w})")
+    bootstrap = (
+        f"import sys; sys.path.insert(0, {package_parent!r}); "
+        f"from omrl.sandbox.child import main; main({spec_r}, {status_w})"
+    )
     try:
         proc = subprocess.Popen(
             [unshare, *_UNSHARE_FLAGS, "--", sys.executable, "-I", "-S", "-c", bootstrap],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            pass_fds=(spec_r, status_w), start_new_session=True, cwd="/", env={"PATH": _PATH},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(spec_r, status_w),
+            start_new_session=True,
+            cwd="/",
+            env={"PATH": _PATH},
         )
     except OSError as e:
         os.close(spec_w)
@@ -338,7 +356,7 @@ def _write_some(proc: subprocess.Popen, selector: selectors.BaseSelector, pendin
     """Write what a writable pipe takes without blocking (PIPE_BUF); close stdin when all is written,
     or when the program closed its end."""
     try:
-        pending = pending[os.write(proc.stdin.fileno(), pending[:select.PIPE_BUF]):]
+        pending = pending[os.write(proc.stdin.fileno(), pending[: select.PIPE_BUF]) :]
     except BrokenPipeError:
         pending = pending[:0]
     if not pending:
@@ -372,8 +390,10 @@ def _result(status: dict | None, out: bytes, err: bytes, truncated: bool, timed_
         raise OmrlError(f"the sandbox could not be set up, so the code was not run: {status['error']}")
     if status is None and not timed_out:
         why = err.decode(errors="replace").strip() or "no message"
-        raise OmrlError(f"the sandbox could not be set up (is this a container that forbids namespaces?), "
-                        f"so the code was not run: {why}")
+        raise OmrlError(
+            f"the sandbox could not be set up (is this a container that forbids namespaces?), "
+            f"so the code was not run: {why}"
+        )
     if timed_out or status["backstop"]:
         exit_code, reason, timed_out = -signal.SIGKILL, "timeout", True
     else:

@@ -34,6 +34,21 @@ from omrl.search.report import chosen_episodes, search_metrics
 from omrl.search.runner import Expand, Score, run_search
 from omrl.search.tree import Node, Tree
 
-__all__ = ["Expand", "ForkError", "Forker", "Node", "ReplayState", "Score", "SearchContext", "StrategyTraits", "Tree",
-           "chosen_episodes", "play_strategy", "plays_batched", "run_search", "run_strategy", "search_metrics",
-           "strategy_traits"]
+__all__ = [
+    "Expand",
+    "ForkError",
+    "Forker",
+    "Node",
+    "ReplayState",
+    "Score",
+    "SearchContext",
+    "StrategyTraits",
+    "Tree",
+    "chosen_episodes",
+    "play_strategy",
+    "plays_batched",
+    "run_search",
+    "run_strategy",
+    "search_metrics",
+    "strategy_traits",
+]

@@ -22,8 +22,19 @@ from omrl.search.tree import Node, copy_episode
 from omrl.templates import Template
 
 
-def root_node(env: Env, first: Observation | BaseException, template: Template, tokenizer: Any, *, env_name: str,
-              task_id: int, split: str, group: int, max_context: int, demonstration: bool) -> tuple[Node, dict]:
+def root_node(
+    env: Env,
+    first: Observation | BaseException,
+    template: Template,
+    tokenizer: Any,
+    *,
+    env_name: str,
+    task_id: int,
+    split: str,
+    group: int,
+    max_context: int,
+    demonstration: bool,
+) -> tuple[Node, dict]:
     """The root of a task's tree (the prompt alone) and the chat-template kwargs of its chats."""
     ep = Episode(env=env_name, task_id=task_id, split=split, instruction="", group=group)
     opened = open_episode(ep, env, first, template, tokenizer, env_name, demonstration)

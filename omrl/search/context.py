@@ -49,9 +49,17 @@ class SearchContext:
     @classmethod
     def from_session(cls, session: Any, strategy: str, **settings: Any) -> "SearchContext":
         """A context over a :class:`~omrl.rollout.RolloutSession`'s pool, template, tokenizer and backend."""
-        return cls(session.pool, session.template, session.tokenizer, session.backend, session.limits,
-                   demonstration=session.demonstration, plugin_options=session.plugin_options,
-                   strategy=strategy, **settings)
+        return cls(
+            session.pool,
+            session.template,
+            session.tokenizer,
+            session.backend,
+            session.limits,
+            demonstration=session.demonstration,
+            plugin_options=session.plugin_options,
+            strategy=strategy,
+            **settings,
+        )
 
     def options(self, name: str) -> dict[str, Any]:
         """The ``plugins.<name>`` block (a strategy's or a scorer's options)."""
@@ -66,14 +74,17 @@ class SearchContext:
         def score(nodes: list) -> list[float]:
             values = fn(nodes, self, **options)
             if len(values) != len(nodes) or not all(_finite(v) for v in values):
-                raise OmrlError(f"scorer {name!r} returned {len(values)} values for {len(nodes)} nodes "
-                                "(one finite number per node is needed)")
+                raise OmrlError(
+                    f"scorer {name!r} returned {len(values)} values for {len(nodes)} nodes "
+                    "(one finite number per node is needed)"
+                )
             return [float(v) for v in values]
 
         return score
 
-    def generate(self, nodes: Sequence[Any], prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 temperature: float = 0.0) -> list[Generation | None]:
+    def generate(
+        self, nodes: Sequence[Any], prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float = 0.0
+    ) -> list[Generation | None]:
         """Generate for scorers: one prompt per node, charged to each node's tree budget.
 
         A node whose tree cannot afford ``max_new_tokens`` more gets None (and its tree
@@ -94,8 +105,9 @@ class SearchContext:
         out: list[Generation | None] = [None] * len(nodes)
         if not chosen:
             return out
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0,
-                                seed=self.next_seed())
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=self.next_seed()
+        )
         replies = self.backend.generate([prompts[i] for i in chosen], params)
         for i, reply in zip(chosen, replies):
             out[i] = reply
@@ -140,8 +152,10 @@ def strategy_traits(name: str) -> StrategyTraits:
         return StrategyTraits(**component.traits)
     except TypeError as exc:
         valid = ", ".join(f.name for f in fields(StrategyTraits))
-        raise PluginError(f"plugin {component.plugin!r} registered strategy {name!r} with traits "
-                          f"{', '.join(sorted(component.traits))}; valid: {valid}") from exc
+        raise PluginError(
+            f"plugin {component.plugin!r} registered strategy {name!r} with traits "
+            f"{', '.join(sorted(component.traits))}; valid: {valid}"
+        ) from exc
 
 
 def plays_batched(name: str, budget: int) -> bool:
@@ -168,8 +182,10 @@ def run_strategy(ctx: SearchContext, tasks: Sequence[int]) -> list:
 def check_budget(budget: int, max_new_tokens: int) -> None:
     """A budget is 0 (no limit) or room for at least one whole reply."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0 or 0 < budget < max_new_tokens:
-        raise ConfigError(f"budget {budget!r} is smaller than one reply (generation.max_new_tokens={max_new_tokens}); "
-                          f"valid: 0 (no limit) or at least {max_new_tokens}")
+        raise ConfigError(
+            f"budget {budget!r} is smaller than one reply (generation.max_new_tokens={max_new_tokens}); "
+            f"valid: 0 (no limit) or at least {max_new_tokens}"
+        )
 
 
 def check_options(fn: Callable, what: str, options: dict[str, Any], fixed: int) -> None:
@@ -180,8 +196,9 @@ def check_options(fn: Callable, what: str, options: dict[str, Any], fixed: int) 
     known = [p.name for p in params]
     unknown = sorted(set(options) - set(known))
     if unknown:
-        raise ConfigError(f"{what} has no option {', '.join(map(repr, unknown))}; "
-                          f"valid: {', '.join(known) or '(none)'}")
+        raise ConfigError(
+            f"{what} has no option {', '.join(map(repr, unknown))}; valid: {', '.join(known) or '(none)'}"
+        )
 
 
 def whole_number(what: str, name: str, value: Any, low: int = 1) -> int:

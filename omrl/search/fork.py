@@ -45,7 +45,8 @@ def check_forkable(pool: EnvPool, strategy: str) -> str:
         raise ForkError(
             f"strategy {strategy!r} branches episodes, but env {pool.name!r} ({pool.env_class.__name__}) cannot copy "
             "one: it has neither snapshot()/restore() nor deterministic = True (to replay actions from reset); "
-            "valid strategies for it: chain, best_of_n")
+            "valid strategies for it: chain, best_of_n"
+        )
     return method
 
 
@@ -96,8 +97,9 @@ class Forker:
                 self._restore(env, state)
             result = env.step(action)
             observation = result.observation if isinstance(result, StepResult) else None
-            new_state = None if getattr(result, "done", True) else self._state_after(env, state, task, action,
-                                                                                      observation)
+            new_state = (
+                None if getattr(result, "done", True) else self._state_after(env, state, task, action, observation)
+            )
             return result, new_state
 
         outcomes = self.pool.call_many(play, envs)
@@ -161,11 +163,15 @@ class Forker:
         if tuple(o or "" for o in seen) != state.observations:
             at = next(i for i, (a, b) in enumerate(zip(seen, state.observations)) if (a or "") != b)
             if self.method is None:
-                raise EnvError(f"env {self.pool.name!r} showed another first observation when task {state.task_id} "
-                               "was reset again, so chains cannot share its prompt; valid strategy for it: chain")
-            raise EnvError(f"env {self.pool.name!r} is declared deterministic, but replaying task {state.task_id} "
-                           f"showed another observation at step {at}; set deterministic = False or add "
-                           "snapshot()/restore()")
+                raise EnvError(
+                    f"env {self.pool.name!r} showed another first observation when task {state.task_id} "
+                    "was reset again, so chains cannot share its prompt; valid strategy for it: chain"
+                )
+            raise EnvError(
+                f"env {self.pool.name!r} is declared deterministic, but replaying task {state.task_id} "
+                f"showed another observation at step {at}; set deterministic = False or add "
+                "snapshot()/restore()"
+            )
 
     def _park(self, state: Any, env: Env) -> None:
         earlier = self._parked.pop(id(state), None)

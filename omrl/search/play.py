@@ -11,16 +11,34 @@ from omrl.search.context import SearchContext, run_strategy
 from omrl.search.tree import Tree
 
 
-def play_strategy(session: Any, strategy: str, tasks: Sequence[int], *, split: str, budget: int = 0,
-                  group_size: int = 1, seed: int = 0, expert: bool = False,
-                  progress: RolloutProgress | None = None, rewards: bool = True) -> tuple[list[Tree], list[Episode]]:
+def play_strategy(
+    session: Any,
+    strategy: str,
+    tasks: Sequence[int],
+    *,
+    split: str,
+    budget: int = 0,
+    group_size: int = 1,
+    seed: int = 0,
+    expert: bool = False,
+    progress: RolloutProgress | None = None,
+    rewards: bool = True,
+) -> tuple[list[Tree], list[Episode]]:
     """The trees of ``strategy`` on ``tasks`` and every root-to-leaf episode (``rewards``: composed).
 
     ``progress`` hears of each task once its search is over (``finished`` gets the
     chosen episode) and of every generated token.
     """
-    ctx = SearchContext.from_session(session, strategy, split=split, seed=seed, budget=budget,
-                                     group_size=group_size, expert=expert, progress=progress)
+    ctx = SearchContext.from_session(
+        session,
+        strategy,
+        split=split,
+        seed=seed,
+        budget=budget,
+        group_size=group_size,
+        expert=expert,
+        progress=progress,
+    )
     trees = run_strategy(ctx, tasks)
     episodes = [ep for tree in trees for ep in tree.episodes()]
     if rewards:

@@ -57,16 +57,19 @@ Request = Expand | Score
 Grow = Callable[..., Generator[Request, Any, None]]
 
 
-def run_search(ctx: SearchContext, tasks: Sequence[int], grow: Grow, *, forks: bool = True,
-               **options: Any) -> list[Tree]:
+def run_search(
+    ctx: SearchContext, tasks: Sequence[int], grow: Grow, *, forks: bool = True, **options: Any
+) -> list[Tree]:
     """Grow one tree per task with ``grow(tree, ctx, **options)``; returns the trees in task order.
 
     ``forks=False`` is for strategies that only branch at the root (independent
     chains), which any env allows: every chain starts from its own ``reset``.
     """
     if ctx.backend is None:
-        raise OmrlError(f"strategy {ctx.strategy!r} needs a generation backend (a model); the scripted expert "
-                        "plays only the chain strategy")
+        raise OmrlError(
+            f"strategy {ctx.strategy!r} needs a generation backend (a model); the scripted expert "
+            "plays only the chain strategy"
+        )
     probe = ctx.pool.probe()
     method = check_forkable(ctx.pool, ctx.strategy) if forks else fork_support(probe)
     forker = Forker(ctx.pool, method)
@@ -81,9 +84,18 @@ def run_search(ctx: SearchContext, tasks: Sequence[int], grow: Grow, *, forks: b
     def start(batch: list[tuple[int, int]]) -> None:
         """Reset the envs of ``batch`` ((group, task) pairs) together and start their searches."""
         for (group, task), (first, state) in zip(batch, forker.start([task for _, task in batch])):
-            root, kwargs = root_node(probe, first, ctx.template, ctx.tokenizer, env_name=ctx.pool.name,
-                                     task_id=int(task), split=ctx.split, group=group,
-                                     max_context=ctx.limits.max_context, demonstration=ctx.demonstration)
+            root, kwargs = root_node(
+                probe,
+                first,
+                ctx.template,
+                ctx.tokenizer,
+                env_name=ctx.pool.name,
+                task_id=int(task),
+                split=ctx.split,
+                group=group,
+                max_context=ctx.limits.max_context,
+                demonstration=ctx.demonstration,
+            )
             root.env_state = None if root.terminal else state
             if root.terminal:
                 forker.drop([state])
@@ -108,7 +120,9 @@ def run_search(ctx: SearchContext, tasks: Sequence[int], grow: Grow, *, forks: b
             if expands:
                 answers.update(_expand(ctx, forker, expands, chat_kwargs, turn_cap, probe))
             for name in dict.fromkeys(req.scorer for _, _, req in pending.values() if isinstance(req, Score)):
-                asked = [(tree, req) for tree, _, req in pending.values() if isinstance(req, Score) and req.scorer == name]
+                asked = [
+                    (tree, req) for tree, _, req in pending.values() if isinstance(req, Score) and req.scorer == name
+                ]
                 answers.update(_score(ctx, name, asked))
             for key, answer in answers.items():
                 tree, gen, req = pending.pop(key)
@@ -128,8 +142,13 @@ def run_search(ctx: SearchContext, tasks: Sequence[int], grow: Grow, *, forks: b
 
 def _round_tokens(pending: dict, ctx: SearchContext) -> int:
     """Tokens of context the pending Expands' candidates may come to hold: each may grow to max_context."""
-    return sum(req.k * ctx.limits.max_context
-               for _, _, req in pending.values() if isinstance(req, Expand) for node in req.nodes if not node.terminal)
+    return sum(
+        req.k * ctx.limits.max_context
+        for _, _, req in pending.values()
+        if isinstance(req, Expand)
+        for node in req.nodes
+        if not node.terminal
+    )
 
 
 def _advance(ctx: SearchContext, forker: Forker, pending: dict, tree: Tree, gen: Generator, answer: Any) -> None:
@@ -152,8 +171,9 @@ def _finish(ctx: SearchContext, forker: Forker, tree: Tree) -> None:
         ctx.progress.finished(path_episode(tree.chosen(), tree, 0))
 
 
-def _expand(ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]], chat_kwargs: dict,
-            turn_cap: int, probe: Any) -> dict[int, list[list[Node]]]:
+def _expand(
+    ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]], chat_kwargs: dict, turn_cap: int, probe: Any
+) -> dict[int, list[list[Node]]]:
     """Answer every Expand with one backend call; each candidate becomes a child node."""
     limits = ctx.limits
     slots: list[tuple[Tree, int, Node, int]] = []  # (tree, index of the node in its request, node, token cap)
@@ -172,12 +192,21 @@ def _expand(ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]]
     children: dict[int, list[list[Node]]] = {id(tree): [[] for _ in req.nodes] for tree, req in asked}
     if not slots:
         return children
-    params = SamplingParams(max_new_tokens=[cap for *_, cap in slots], temperature=limits.temperature,
-                            top_p=limits.top_p, seed=ctx.next_seed())
+    params = SamplingParams(
+        max_new_tokens=[cap for *_, cap in slots],
+        temperature=limits.temperature,
+        top_p=limits.top_p,
+        seed=ctx.next_seed(),
+    )
     # as in the chain rollout, a backend that fails stops the run: it is no branch's fault
     rows = [node.episode.current_row() for _, _, node, _ in slots]
-    replies = list(ctx.backend.generate(rows, params,  # type: ignore[union-attr]
-                                        messages=[node.messages for _, _, node, _ in slots]))
+    replies = list(
+        ctx.backend.generate(
+            rows,
+            params,  # type: ignore[union-attr]
+            messages=[node.messages for _, _, node, _ in slots],
+        )
+    )
     for (tree, _, _, _), reply in zip(slots, replies):
         ctx.charge(tree, len(reply.token_ids))
     grown = [child_of(node) for _, _, node, _ in slots]
@@ -213,7 +242,7 @@ def _score(ctx: SearchContext, name: str, asked: list[tuple[Tree, Score]]) -> di
     values = ctx.scorer(name)(nodes) if nodes else []
     out, at = {}, 0
     for tree, req in asked:
-        out[id(tree)] = values[at:at + len(req.nodes)]
+        out[id(tree)] = values[at : at + len(req.nodes)]
         for node, value in zip(req.nodes, out[id(tree)]):
             node.score = value
         at += len(req.nodes)

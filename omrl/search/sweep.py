@@ -80,11 +80,15 @@ def check_sweep(cfg: SweepRunConfig) -> None:
         reply = cfg.generation.max_new_tokens
         for budget in cfg.budgets:
             if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-                raise ConfigError(f"budget {budget!r} is invalid; valid: a whole number of tokens >= {reply} "
-                                  "(generation.max_new_tokens: one whole reply)")
+                raise ConfigError(
+                    f"budget {budget!r} is invalid; valid: a whole number of tokens >= {reply} "
+                    "(generation.max_new_tokens: one whole reply)"
+                )
             if budget < reply:  # search would stop before its first reply
-                raise ConfigError(f"budget {budget} is smaller than one reply (generation.max_new_tokens={reply}); "
-                                  f"valid: budgets of at least {reply} tokens")
+                raise ConfigError(
+                    f"budget {budget} is smaller than one reply (generation.max_new_tokens={reply}); "
+                    f"valid: budgets of at least {reply} tokens"
+                )
     if cfg.num_tasks < 1:
         raise ConfigError(f"num_tasks={cfg.num_tasks} is invalid; valid: a whole number >= 1")
     require_matplotlib()
@@ -95,8 +99,9 @@ def require_matplotlib():
     try:
         import matplotlib
     except ImportError as exc:
-        raise OmrlError("omrl sweep draws sweep.png with matplotlib, which is in the plot extra: "
-                        "pip install 'omrl[plot]'") from exc
+        raise OmrlError(
+            "omrl sweep draws sweep.png with matplotlib, which is in the plot extra: pip install 'omrl[plot]'"
+        ) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -159,13 +164,16 @@ def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
         record = json.loads(path.read_text(encoding="utf-8"))
         old, cells = record["setup"], record["cells"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{path} is not a sweep record ({exc}); give another --out, or resume=false to "
-                          "overwrite it") from exc
+        raise ConfigError(
+            f"{path} is not a sweep record ({exc}); give another --out, or resume=false to overwrite it"
+        ) from exc
     _check_same_model(path, old, setup)
     changed = _differences(old, setup)
     if changed:
-        raise ConfigError(f"{path} holds a sweep with other settings ({'; '.join(changed[:3])}); give another "
-                          "--out, or resume=false to start over there")
+        raise ConfigError(
+            f"{path} holds a sweep with other settings ({'; '.join(changed[:3])}); give another "
+            "--out, or resume=false to start over there"
+        )
     return list(cells)
 
 
@@ -174,27 +182,34 @@ def _check_same_model(path: Path, old: Any, setup: dict[str, Any]) -> None:
     or when the record does not say (an older omrl wrote it): the two would share one table."""
     name = setup["model"]["name"]
     if not isinstance(old, dict) or CONTENT not in old:
-        raise ConfigError(f"{path} does not record which model content its cells were played with (an older "
-                          f"omrl wrote it), so {name} now may not be the model they measured; give another "
-                          "--out, or resume=false to start over there")
+        raise ConfigError(
+            f"{path} does not record which model content its cells were played with (an older "
+            f"omrl wrote it), so {name} now may not be the model they measured; give another "
+            "--out, or resume=false to start over there"
+        )
     if old[CONTENT] != setup[CONTENT]:
-        raise ConfigError(f"{path} holds a sweep of another model at {name} ({_content_label(old[CONTENT])} "
-                          f"there, {_content_label(setup[CONTENT])} now: retrained or replaced since); its cells "
-                          "would mix two models in one table: give another --out, or resume=false to start over there")
+        raise ConfigError(
+            f"{path} holds a sweep of another model at {name} ({_content_label(old[CONTENT])} "
+            f"there, {_content_label(setup[CONTENT])} now: retrained or replaced since); its cells "
+            "would mix two models in one table: give another --out, or resume=false to start over there"
+        )
 
 
 def _content_label(content: Any) -> str:
     """``{"manifest_sha256": "3f2a..."}`` as ``manifest sha256 3f2a...`` (12 hex digits tell models apart)."""
     if not isinstance(content, dict) or len(content) != 1:
         return _short(content)
-    (kind, value), = content.items()
+    ((kind, value),) = content.items()
     return f"{kind.replace('_', ' ')} {str(value)[:12]}{'...' if len(str(value)) > 12 else ''}"
 
 
 def _differences(old: Any, new: Any, path: str = "") -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
-        return [d for key in sorted(set(old) | set(new), key=str)
-                for d in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else key)]
+        return [
+            d
+            for key in sorted(set(old) | set(new), key=str)
+            for d in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else key)
+        ]
     return [] if old == new else [f"{path or 'setup'}: {_short(old)} there, {_short(new)} now"]
 
 
@@ -203,14 +218,23 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def run_cell(session: Any, cfg: SweepRunConfig, tasks: Sequence[int], strategy: str, budget: int | None,
-             progress: Any = None) -> dict[str, Any]:
+def run_cell(
+    session: Any, cfg: SweepRunConfig, tasks: Sequence[int], strategy: str, budget: int | None, progress: Any = None
+) -> dict[str, Any]:
     """Play one cell: ``strategy`` at ``budget`` on ``tasks``, summarised as :func:`cell_summary` says."""
     from omrl.search import play_strategy
 
     started = time.perf_counter()
-    trees, _ = play_strategy(session, strategy, tasks, split=cfg.env.split, budget=budget or 0, seed=cfg.seed,
-                             progress=progress, rewards=False)
+    trees, _ = play_strategy(
+        session,
+        strategy,
+        tasks,
+        split=cfg.env.split,
+        budget=budget or 0,
+        seed=cfg.seed,
+        progress=progress,
+        rewards=False,
+    )
     return cell_summary(trees, budget, time.perf_counter() - started)
 
 
@@ -223,26 +247,43 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float) -> di
     metrics = search_metrics(trees)
     chosen = chosen_episodes(trees)
     if all(ep.end_reason == "env_error" for ep in chosen):  # a broken env, not a model scoring 0
-        raise EnvFailure(f"every task of {metrics['strategy']} at budget {budget} failed in the env, so nothing "
-                         f"was measured; the first reason: {chosen[0].error}")
+        raise EnvFailure(
+            f"every task of {metrics['strategy']} at budget {budget} failed in the env, so nothing "
+            f"was measured; the first reason: {chosen[0].error}"
+        )
     n, p = len(trees), metrics["success_rate"]
     tokens = [tree.generated_tokens for tree in trees]
     return {
-        "strategy": metrics["strategy"], "budget": budget, "tasks": n,
-        "success_rate": p, "success_se": math.sqrt(p * (1 - p) / n),
-        "any_success_rate": metrics["any_success_rate"], "mean_score": metrics["mean_score"],
-        "generated_tokens_per_task": metrics["generated_tokens_per_task"], "max_generated_tokens": max(tokens),
+        "strategy": metrics["strategy"],
+        "budget": budget,
+        "tasks": n,
+        "success_rate": p,
+        "success_se": math.sqrt(p * (1 - p) / n),
+        "any_success_rate": metrics["any_success_rate"],
+        "mean_score": metrics["mean_score"],
+        "generated_tokens_per_task": metrics["generated_tokens_per_task"],
+        "max_generated_tokens": max(tokens),
         "budget_used": metrics["generated_tokens_per_task"] / budget if budget else None,
-        "budget_exhausted": metrics["budget_exhausted"], "nodes_per_task": metrics["nodes_per_task"],
-        "wall_seconds": seconds, "env_errors": sum(ep.end_reason == "env_error" for ep in chosen),
-        "per_task": [{"task_id": ep.task_id, "won": ep.won, "score": ep.score,
-                      "generated_tokens": tree.generated_tokens, "exhausted": tree.exhausted}
-                     for ep, tree in zip(chosen, trees)],
+        "budget_exhausted": metrics["budget_exhausted"],
+        "nodes_per_task": metrics["nodes_per_task"],
+        "wall_seconds": seconds,
+        "env_errors": sum(ep.end_reason == "env_error" for ep in chosen),
+        "per_task": [
+            {
+                "task_id": ep.task_id,
+                "won": ep.won,
+                "score": ep.score,
+                "generated_tokens": tree.generated_tokens,
+                "exhausted": tree.exhausted,
+            }
+            for ep, tree in zip(chosen, trees)
+        ],
     }
 
 
-def run_sweep(cfg: SweepRunConfig, progress_bar: ProgressBar | None = None,
-              log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+def run_sweep(
+    cfg: SweepRunConfig, progress_bar: ProgressBar | None = None, log: Callable[[str], None] = lambda line: None
+) -> dict[str, Any]:
     """Play every cell of ``cfg`` not finished yet, writing ``<out>/sweep.json`` and ``sweep.png`` after
     each; returns the record (``setup``, ``cells``). ``progress_bar(tasks, label)`` drives a display."""
     from omrl.rollout import RolloutSession
@@ -265,8 +306,10 @@ def run_sweep(cfg: SweepRunConfig, progress_bar: ProgressBar | None = None,
                     cells.append(run_cell(session, cfg, tasks, strategy, budget, progress))
             except KeyboardInterrupt as stop:
                 kept = f"the {len(cells)} finished cells are in {out / 'sweep.json'}" if cells else "no cell finished"
-                raise Interrupted(f"interrupted during {cell_label(strategy, budget)}; {kept}. The same command "
-                                  "again plays the cells not finished (resume=true).") from stop
+                raise Interrupted(
+                    f"interrupted during {cell_label(strategy, budget)}; {kept}. The same command "
+                    "again plays the cells not finished (resume=true)."
+                ) from stop
             write_sweep(out, {"format": FORMAT, "setup": setup, "cells": _ordered(cells, cfg.strategies)})
     record = {"format": FORMAT, "setup": setup, "cells": _ordered(cells, cfg.strategies)}
     if not todo:  # every cell was done already: only the picture is drawn again
@@ -303,8 +346,9 @@ def plot_png(record: dict[str, Any], dpi: int = 120) -> bytes:
     strategies = list(dict.fromkeys(c["strategy"] for c in record["cells"]))
     for index, strategy in enumerate(strategies):
         color = f"C{index % 10}"
-        mine = sorted((c for c in record["cells"] if c["strategy"] == strategy),
-                      key=lambda c: c["generated_tokens_per_task"])
+        mine = sorted(
+            (c for c in record["cells"] if c["strategy"] == strategy), key=lambda c: c["generated_tokens_per_task"]
+        )
         xs = [c["generated_tokens_per_task"] for c in mine]
         ys = [100 * c["success_rate"] for c in mine]
         errors = [100 * c["success_se"] for c in mine]
@@ -313,12 +357,14 @@ def plot_png(record: dict[str, Any], dpi: int = 120) -> bytes:
             label = f"{strategy} (pass@1, no budget)"
         else:
             label = strategy
-        axes.errorbar(xs, ys, yerr=errors, color=color, marker=MARKERS[index % len(MARKERS)], markersize=5,
-                      capsize=3, label=label)
+        axes.errorbar(
+            xs, ys, yerr=errors, color=color, marker=MARKERS[index % len(MARKERS)], markersize=5, capsize=3, label=label
+        )
         for c, x, y in zip(mine, xs, ys):
             if c["budget"] is not None:
-                axes.annotate(str(c["budget"]), (x, y), textcoords="offset points", xytext=(3, 4), fontsize=7,
-                              color=color)
+                axes.annotate(
+                    str(c["budget"]), (x, y), textcoords="offset points", xytext=(3, 4), fontsize=7, color=color
+                )
     tokens = [c["generated_tokens_per_task"] for c in record["cells"]]
     if tokens and min(tokens) > 0 and max(tokens) / min(tokens) > 4:  # budgets usually double: even steps
         from matplotlib.ticker import FuncFormatter, NullFormatter
@@ -330,8 +376,10 @@ def plot_png(record: dict[str, Any], dpi: int = 120) -> bytes:
     axes.set_xlabel("tokens generated per task (points: budget)")
     axes.set_ylabel(f"success on {len(setup['tasks'])} tasks (%)")
     axes.set_ylim(-5, 105)
-    axes.set_title(f"{Path(setup['model']['name']).name} on {setup['env']['name']} ({setup['env']['split']}): "
-                   "success vs tokens", fontsize=10)
+    axes.set_title(
+        f"{Path(setup['model']['name']).name} on {setup['env']['name']} ({setup['env']['split']}): success vs tokens",
+        fontsize=10,
+    )
     axes.grid(alpha=0.3)
     if strategies:
         axes.legend(fontsize=8, loc="best")
@@ -348,20 +396,33 @@ def sweep_table(record: dict[str, Any]):
     from rich.table import Table
 
     setup = record["setup"]
-    title = (f"sweep: {setup['model']['name']} on {setup['env']['name']} ({setup['env']['split']}, "
-             f"{len(setup['tasks'])} tasks, seed {setup['seed']})")
-    caption = ("success of the chosen answers (se: its standard error), any: some path won, tok/task and max: tokens "
-               "generated per task, used: tok/task / budget, exh: tasks that ran out of budget")
+    title = (
+        f"sweep: {setup['model']['name']} on {setup['env']['name']} ({setup['env']['split']}, "
+        f"{len(setup['tasks'])} tasks, seed {setup['seed']})"
+    )
+    caption = (
+        "success of the chosen answers (se: its standard error), any: some path won, tok/task and max: tokens "
+        "generated per task, used: tok/task / budget, exh: tasks that ran out of budget"
+    )
     # no outer edge and one space between columns: eleven columns fit 80 characters
-    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
-                  collapse_padding=True)
+    table = Table(
+        title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
+    )
     for name in ("strategy", "budget", "success", "se", "any", "score", "tok/task", "max", "used", "exh", "sec"):
         table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for c in record["cells"]:
         budget = c["budget"]
-        table.add_row(c["strategy"], "pass@1" if budget is None else str(budget), f"{100 * c['success_rate']:.1f}%",
-                      f"{100 * c['success_se']:.1f}", f"{100 * c['any_success_rate']:.1f}%", f"{c['mean_score']:.3f}",
-                      f"{c['generated_tokens_per_task']:.0f}", str(c["max_generated_tokens"]),
-                      "-" if c["budget_used"] is None else f"{100 * c['budget_used']:.0f}%",
-                      f"{c['budget_exhausted']}/{c['tasks']}", f"{c['wall_seconds']:.0f}")
+        table.add_row(
+            c["strategy"],
+            "pass@1" if budget is None else str(budget),
+            f"{100 * c['success_rate']:.1f}%",
+            f"{100 * c['success_se']:.1f}",
+            f"{100 * c['any_success_rate']:.1f}%",
+            f"{c['mean_score']:.3f}",
+            f"{c['generated_tokens_per_task']:.0f}",
+            str(c["max_generated_tokens"]),
+            "-" if c["budget_used"] is None else f"{100 * c['budget_used']:.0f}%",
+            f"{c['budget_exhausted']}/{c['tasks']}",
+            f"{c['wall_seconds']:.0f}",
+        )
     return table

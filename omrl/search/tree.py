@@ -152,15 +152,22 @@ def path_episode(leaf: Node, tree: Tree, sample: int, chosen: bool = False) -> E
 
 def copy_episode(ep: Episode) -> Episode:
     """A copy of ``ep`` that shares nothing mutable with it (token lists, turns, their info)."""
-    return replace(ep, turns=[replace(t, info=copy.deepcopy(t.info)) for t in ep.turns],
-                   token_ids=list(ep.token_ids), loss_mask=list(ep.loss_mask), logprobs=list(ep.logprobs),
-                   row_starts=list(ep.row_starts), rewards={k: list(v) for k, v in ep.rewards.items()},
-                   messages=[dict(m) for m in ep.messages], advantages=list(ep.advantages), returns=list(ep.returns),
-                   values=list(ep.values))
+    return replace(
+        ep,
+        turns=[replace(t, info=copy.deepcopy(t.info)) for t in ep.turns],
+        token_ids=list(ep.token_ids),
+        loss_mask=list(ep.loss_mask),
+        logprobs=list(ep.logprobs),
+        row_starts=list(ep.row_starts),
+        rewards={k: list(v) for k, v in ep.rewards.items()},
+        messages=[dict(m) for m in ep.messages],
+        advantages=list(ep.advantages),
+        returns=list(ep.returns),
+        values=list(ep.values),
+    )
 
 
-def chain_tree(episodes: list[Episode], task_id: int, group: int, strategy: str = "",
-               as_played: bool = False) -> Tree:
+def chain_tree(episodes: list[Episode], task_id: int, group: int, strategy: str = "", as_played: bool = False) -> Tree:
     """The tree of independent chains of one task (what ``collect`` played): G paths below one root.
 
     Each interior node holds its episode's ids up to the next turn's generation
@@ -186,6 +193,19 @@ def _prefix(ep: Episode, turns: int) -> Episode:
     """``ep`` up to the generation prompt of turn ``turns`` (0: the prompt alone)."""
     end = ep.turns[turns].span[0] if turns < len(ep.turns) else len(ep.token_ids)
     score = float(ep.turns[turns - 1].info.get("score", 0.0)) if turns else 0.0
-    return replace(ep, turns=list(ep.turns[:turns]), token_ids=ep.token_ids[:end], loss_mask=ep.loss_mask[:end],
-                   logprobs=ep.logprobs[:end], row_starts=[s for s in ep.row_starts if s < end], messages=[], rewards={},
-                   end_reason="", won=False, score=score, advantages=[], returns=[], values=[])
+    return replace(
+        ep,
+        turns=list(ep.turns[:turns]),
+        token_ids=ep.token_ids[:end],
+        loss_mask=ep.loss_mask[:end],
+        logprobs=ep.logprobs[:end],
+        row_starts=[s for s in ep.row_starts if s < end],
+        messages=[],
+        rewards={},
+        end_reason="",
+        won=False,
+        score=score,
+        advantages=[],
+        returns=[],
+        values=[],
+    )

@@ -5,6 +5,13 @@ from omrl.serve.app import ENV_IDX_PREFIX, background_server, create_app, open_e
 from omrl.serve.guard import INSTANCE_HEADER, TOKEN_ENV, exposure_warning, is_loopback
 
 __all__ = [
-    "ENV_IDX_PREFIX", "INSTANCE_HEADER", "TOKEN_ENV", "background_server", "create_app", "exposure_warning",
-    "is_loopback", "open_env", "run_server",
+    "ENV_IDX_PREFIX",
+    "INSTANCE_HEADER",
+    "TOKEN_ENV",
+    "background_server",
+    "create_app",
+    "exposure_warning",
+    "is_loopback",
+    "open_env",
+    "run_server",
 ]

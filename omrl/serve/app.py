@@ -78,9 +78,24 @@ from omrl.serve.store import (
     with_goal,
 )
 
-__all__ = ["DEFAULT_IDLE_TIMEOUT", "DEFAULT_MAX_BODY", "DEFAULT_MAX_ENVS", "ENV_IDX_PREFIX", "INSTANCE_HEADER",
-           "TASK_FIELDS", "TOKEN_ENV", "Rejected", "ServedEnvs", "background_server", "create_app", "exposure_warning",
-           "is_loopback", "open_env", "run_server", "with_goal"]
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_BODY",
+    "DEFAULT_MAX_ENVS",
+    "ENV_IDX_PREFIX",
+    "INSTANCE_HEADER",
+    "TASK_FIELDS",
+    "TOKEN_ENV",
+    "Rejected",
+    "ServedEnvs",
+    "background_server",
+    "create_app",
+    "exposure_warning",
+    "is_loopback",
+    "open_env",
+    "run_server",
+    "with_goal",
+]
 
 ENV_IDX_PREFIX = "/env_idx"
 ID_FIELDS = ("id", "env_idx")
@@ -168,9 +183,15 @@ class _Preview:
             return self.opening
 
 
-def create_app(name: str, options: dict[str, Any] | None = None, *, token: str | None = None,
-               max_envs: int = DEFAULT_MAX_ENVS, max_body: int = DEFAULT_MAX_BODY,
-               idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT):
+def create_app(
+    name: str,
+    options: dict[str, Any] | None = None,
+    *,
+    token: str | None = None,
+    max_envs: int = DEFAULT_MAX_ENVS,
+    max_body: int = DEFAULT_MAX_BODY,
+    idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+):
     """A FastAPI app serving env ``name`` built with ``options``; bad options fail here, at once.
 
     ``token``: every request must carry ``Authorization: Bearer <token>``; ``max_envs`` caps the
@@ -219,7 +240,8 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
     def http_error(request, exc: HTTPException):  # unknown routes, wrong methods: FastAPI's {"detail"}
         path = request.url.path[:100]
         message = {404: f"no route {path!r}", 405: f"{request.method} is not allowed on {path!r}"}.get(
-            exc.status_code, str(exc.detail)[:200])
+            exc.status_code, str(exc.detail)[:200]
+        )
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
@@ -230,8 +252,11 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
         body = body or {}
         for key in ("commands", "goal"):  # TextCraft's own server builds a task from these
             if body.get(key) is not None:
-                raise Rejected(422, f"this server plays env {name!r}'s own tasks and takes no {key!r}; "
-                                    f"name a task with one of {', '.join(TASK_FIELDS)} instead")
+                raise Rejected(
+                    422,
+                    f"this server plays env {name!r}'s own tasks and takes no {key!r}; "
+                    f"name a task with one of {', '.join(TASK_FIELDS)} instead",
+                )
         task_id = _task_id(body)
         opening = preview.get() if task_id is None else None  # before the env: a failure leaves none
         env_id = served.create()
@@ -242,10 +267,16 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
                 with contextlib.suppress(Rejected):  # a create that failed leaves no env behind
                     served.close(env_id)
                 raise
-        return {"id": env_id, "instance": served.instance, "deterministic": deterministic,
-                "idle_timeout": served.idle_timeout, "observation": opening.shown if opening else "",
-                "task_id": opening.task_id if opening else None,
-                "done": False, "reward": 0.0}
+        return {
+            "id": env_id,
+            "instance": served.instance,
+            "deterministic": deterministic,
+            "idle_timeout": served.idle_timeout,
+            "observation": opening.shown if opening else "",
+            "task_id": opening.task_id if opening else None,
+            "done": False,
+            "reward": 0.0,
+        }
 
     @app.post("/create")
     def create_id(body: dict[str, Any] | None = Body(None)) -> dict:
@@ -259,8 +290,10 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
 
     @router.get("/")
     def greeting() -> str:
-        return (f"This is the omrl env server for {name!r} (AgentGym id dialect; "
-                f"the env_idx dialect under {ENV_IDX_PREFIX}).")
+        return (
+            f"This is the omrl env server for {name!r} (AgentGym id dialect; "
+            f"the env_idx dialect under {ENV_IDX_PREFIX})."
+        )
 
     @router.post("/reset")
     def reset(body: dict[str, Any] = Body(...), instance: str | None = Header(None, alias=INSTANCE_HEADER)) -> dict:
@@ -268,21 +301,40 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
         if task_id is None:
             raise Rejected(422, f"the body needs the task as one of {', '.join(TASK_FIELDS)} (int), got none")
         opening = served.reset(env_id, task_id)
-        return {"id": env_id, "task_id": task_id, "observation": opening.text if instance else opening.shown,
-                "instruction": opening.instruction, "task_description": "", "info": opening.info,
-                "available_actions": opening.actions, "reward": 0.0, "score": 0.0, "done": False}
+        return {
+            "id": env_id,
+            "task_id": task_id,
+            "observation": opening.text if instance else opening.shown,
+            "instruction": opening.instruction,
+            "task_description": "",
+            "info": opening.info,
+            "available_actions": opening.actions,
+            "reward": 0.0,
+            "score": 0.0,
+            "done": False,
+        }
 
     @router.post("/step")
     def step(body: dict[str, Any] = Body(...)) -> dict:
         env_id, action = _env_id(body), _field(body, "action", str)
         result = served.step(env_id, action)
-        return {"observation": result.observation, "state": result.observation, "reward": result.reward,
-                "score": result.score, "done": result.done, "won": result.won, "info": result.info,
-                "available_actions": result.actions}
+        return {
+            "observation": result.observation,
+            "state": result.observation,
+            "reward": result.reward,
+            "score": result.score,
+            "done": result.done,
+            "won": result.won,
+            "info": result.info,
+            "available_actions": result.actions,
+        }
 
     @router.get("/observation")
-    def observation(id: int | None = Query(None), env_idx: int | None = Query(None),
-                    instance: str | None = Header(None, alias=INSTANCE_HEADER)) -> str:
+    def observation(
+        id: int | None = Query(None),
+        env_idx: int | None = Query(None),
+        instance: str | None = Header(None, alias=INSTANCE_HEADER),
+    ) -> str:
         return served.observation(_query_id(id, env_idx), with_goal=not instance)
 
     @router.get("/available_actions")
@@ -307,10 +359,14 @@ def create_app(name: str, options: dict[str, Any] | None = None, *, token: str |
     def tasks(split: str | None = None) -> dict:
         with catalog_lock:
             if split is None:
-                return {"env": name, "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
-                        "action_help": catalog.action_help, "max_turns": catalog.max_turns,
-                        "deterministic": getattr(catalog, "deterministic", False) is True,
-                        "demonstration": [[t.observation, t.thought, t.action] for t in catalog.demonstration]}
+                return {
+                    "env": name,
+                    "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
+                    "action_help": catalog.action_help,
+                    "max_turns": catalog.max_turns,
+                    "deterministic": getattr(catalog, "deterministic", False) is True,
+                    "demonstration": [[t.observation, t.thought, t.action] for t in catalog.demonstration],
+                }
             try:
                 ids = catalog.split_of(split)
             except UnknownTaskError as exc:

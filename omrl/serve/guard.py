@@ -68,8 +68,10 @@ class Guard:
             return 401, f"this server needs the header `Authorization: Bearer <token>` ({TOKEN_ENV})"
         claimed = headers.get(INSTANCE_HEADER.lower().encode())
         if claimed is not None and claimed.decode("latin-1") != instance:
-            return 410, (f"this server restarted: env ids of instance {claimed.decode('latin-1')[:40]!r} are gone "
-                         f"(this is instance {instance!r}); create a new env")
+            return 410, (
+                f"this server restarted: env ids of instance {claimed.decode('latin-1')[:40]!r} are gone "
+                f"(this is instance {instance!r}); create a new env"
+            )
         declared = headers.get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.max_body:
             return 413, self._too_large()
@@ -118,7 +120,11 @@ def exposure_warning(host: str, token: str | None) -> str | None:
     if is_loopback(host):
         return None
     if token:
-        return (f"warning: {host} is not a loopback address: other machines can reach this server "
-                "(every request needs the token; it travels in clear over plain HTTP)")
-    return (f"warning: {host} is not a loopback address: anyone who can reach this machine can create, "
-            f"step and close its envs; set --token or {TOKEN_ENV} to require a token")
+        return (
+            f"warning: {host} is not a loopback address: other machines can reach this server "
+            "(every request needs the token; it travels in clear over plain HTTP)"
+        )
+    return (
+        f"warning: {host} is not a loopback address: anyone who can reach this machine can create, "
+        f"step and close its envs; set --token or {TOKEN_ENV} to require a token"
+    )

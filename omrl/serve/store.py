@@ -102,8 +102,13 @@ class ServedEnvs:
     """The env instances of one server, by id, at most ``max_envs`` at once; those idle past
     ``idle_timeout`` seconds are closed (None or 0: never)."""
 
-    def __init__(self, name: str, make_env: Callable[[], Env], max_envs: int = DEFAULT_MAX_ENVS,
-                 idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT):
+    def __init__(
+        self,
+        name: str,
+        make_env: Callable[[], Env],
+        max_envs: int = DEFAULT_MAX_ENVS,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    ):
         self.name = name
         self.max_envs = max_envs
         self.idle_timeout = idle_timeout or None
@@ -131,9 +136,11 @@ class ServedEnvs:
         self.reclaim_idle()
         with self._lock:
             if len(self._slots) + self._creating >= self.max_envs:
-                raise Rejected(503, f"this server holds its limit of {self.max_envs} live envs (max_envs); "
-                                    "close some with POST /close, or restart it with a higher --max-envs"
-                                    + self._idle_hint())
+                raise Rejected(
+                    503,
+                    f"this server holds its limit of {self.max_envs} live envs (max_envs); "
+                    "close some with POST /close, or restart it with a higher --max-envs" + self._idle_hint(),
+                )
             self._creating += 1
         try:
             env = self._make_env()
@@ -218,8 +225,11 @@ class ServedEnvs:
         return [env_id for env_id, _ in taken]
 
     def _gone(self, env_id: int) -> Rejected:
-        return Rejected(410, f"env id {env_id} was closed after no call touched it for {self.idle_timeout:g} s "
-                             "(this server's --idle-timeout): its client looked dead; create a new env")
+        return Rejected(
+            410,
+            f"env id {env_id} was closed after no call touched it for {self.idle_timeout:g} s "
+            "(this server's --idle-timeout): its client looked dead; create a new env",
+        )
 
     def _idle_hint(self) -> str:
         if self.idle_timeout:
@@ -251,9 +261,15 @@ class ServedEnvs:
             try:
                 result = slot.env.step(action)
                 done = bool(result.done)
-                step = Step(clean_text(result.observation), _finite(result.reward, "reward"),
-                            _finite(result.score, "score"), done, result.won, _jsonable(result.info),
-                            [] if done else _actions(slot.env))
+                step = Step(
+                    clean_text(result.observation),
+                    _finite(result.reward, "reward"),
+                    _finite(result.score, "score"),
+                    done,
+                    result.won,
+                    _jsonable(result.info),
+                    [] if done else _actions(slot.env),
+                )
             except EpisodeFinishedError as exc:
                 slot.ended = "finished"
                 raise Rejected(409, str(exc)) from exc

@@ -52,8 +52,7 @@ CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # Dotted config keys (or prefixes ending in ".") that may differ between a run and its resumption.
-MAY_CHANGE_ON_RESUME = ("description", "logging.", "model.gradient_checkpointing", "optim.max_nan_steps",
-                        "resume")
+MAY_CHANGE_ON_RESUME = ("description", "logging.", "model.gradient_checkpointing", "optim.max_nan_steps", "resume")
 
 
 class CheckpointError(OmrlError):
@@ -73,12 +72,22 @@ class Checkpoint:
 
 # -- saving -----------------------------------------------------------------------------------------
 
-def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, *,
-                    optimizer: torch.optim.Optimizer | None = None, scheduler: Any = None,
-                    data_state: dict[str, Any] | None = None, config: dict[str, Any] | None = None,
-                    extra: dict[str, Any] | None = None, tokenizer: Any = None, keep: int = 2,
-                    model_state: dict[str, torch.Tensor] | None = None,
-                    optimizer_state: dict[str, Any] | None = None) -> Path:
+
+def save_checkpoint(
+    output_dir: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    data_state: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
+    tokenizer: Any = None,
+    keep: int = 2,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
+) -> Path:
     """Write checkpoint ``step`` atomically and keep only the newest ``keep`` (0 keeps all).
 
     ``data_state`` and ``config`` must be JSON-serialisable; ``extra`` may hold tensors and
@@ -98,8 +107,7 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "model")
         if optimizer_state is not None or optimizer is not None:
-            torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(),
-                       tmp / "optimizer.pt")
+            torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
@@ -118,9 +126,11 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
         reason = write_failure(exc)
         if reason is None:
             raise
-        raise WriteFailed(f"cannot write checkpoint {final}: {reason} ({short_repr(str(exc))}); the partial "
-                          "checkpoint was removed and the ones before it are kept: free some space, then "
-                          "continue with --resume") from exc
+        raise WriteFailed(
+            f"cannot write checkpoint {final}: {reason} ({short_repr(str(exc))}); the partial "
+            "checkpoint was removed and the ones before it are kept: free some space, then "
+            "continue with --resume"
+        ) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if keep > 0:
@@ -129,8 +139,14 @@ def save_checkpoint(output_dir: str | os.PathLike, step: int, model: nn.Module, 
     return final
 
 
-def save_from_every_process(strategy: Strategy, output_dir: str | os.PathLike, step: int, model: nn.Module,
-                            optimizer: torch.optim.Optimizer, **kwargs: Any) -> Path:
+def save_from_every_process(
+    strategy: Strategy,
+    output_dir: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    **kwargs: Any,
+) -> Path:
     """:func:`save_checkpoint` in a recipe: every process calls; what a sharded ``strategy`` holds in
     shards is gathered, the main process writes and the others wait. Returns the checkpoint's path."""
     gathered = strategy.gather_for_checkpoint(model, optimizer)
@@ -201,8 +217,10 @@ def trust_checkpoint(path: str | os.PathLike) -> bool:
     have been, vouches for them; from then on any change to them is found."""
     path = Path(path)
     if not (path / COMPLETE_MARKER).is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); expected a "
-                              f"directory like <output_dir>/{CHECKPOINTS_DIR}/step-00000012")
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); expected a "
+            f"directory like <output_dir>/{CHECKPOINTS_DIR}/step-00000012"
+        )
     if has_manifest(path):
         return False
     step_line = (path / COMPLETE_MARKER).read_text().splitlines()[0]
@@ -219,7 +237,8 @@ def _unverified(path: Path) -> CheckpointError:
         f"cannot resume from {path}: an older omrl wrote it, and it lists no sha256 digests of its files, so "
         "damage since (a flipped byte in its weights would become this run's model) cannot be found. If you "
         f"trust its files, vouch for them with `omrl checkpoint trust {path}` and resume "
-        "again; else start a new run in another output_dir")
+        "again; else start a new run in another output_dir"
+    )
 
 
 def _remove(path: Path) -> None:
@@ -274,13 +293,17 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 # -- finding and loading ----------------------------------------------------------------------------
 
+
 def complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Complete checkpoints under ``output_dir``, oldest first."""
     root = Path(output_dir) / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir()
-             if (m := _STEP_DIR.match(p.name)) and (p / COMPLETE_MARKER).is_file()]
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and (p / COMPLETE_MARKER).is_file()
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -290,8 +313,15 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
-def load_checkpoint(path: str | os.PathLike, model: nn.Module, *, optimizer: torch.optim.Optimizer | None = None,
-                    scheduler: Any = None, restore_rng: bool = True, strategy: Strategy | None = None) -> Checkpoint:
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any = None,
+    restore_rng: bool = True,
+    strategy: Strategy | None = None,
+) -> Checkpoint:
     """Restore the model, optimizer, scheduler and random states from ``path`` in place.
 
     ``strategy``: the :class:`~omrl.parallel.Strategy` the model runs under (one process when
@@ -326,8 +356,10 @@ def _check_optimizer_layout(path: Path, state: dict[str, Any], sharded: bool) ->
     by_name = bool(params) and isinstance(params[0], str)
     if params and by_name != sharded:
         written, now = ("a sharded", "a data-parallel") if by_name else ("a data-parallel", "a sharded")
-        raise CheckpointError(f"{path} was written by {written} run (FSDP or ZeRO-3 vs one process or DDP), but "
-                              f"this is {now} run; resume with the accelerate config the run started with")
+        raise CheckpointError(
+            f"{path} was written by {written} run (FSDP or ZeRO-3 vs one process or DDP), but "
+            f"this is {now} run; resume with the accelerate config the run started with"
+        )
 
 
 def _load_model_weights(model: nn.Module, model_dir: Path, strategy: Strategy | None = None) -> None:
@@ -352,19 +384,24 @@ def _load_model_weights(model: nn.Module, model_dir: Path, strategy: Strategy | 
         tied = set(getattr(model, "_tied_weights_keys", None) or [])
         missing, unexpected = (strategy or Strategy()).load_weights(model, weights, ignore=tied)
     if missing or unexpected:
-        raise CheckpointError(f"{model_dir} does not fit the model: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
+        raise CheckpointError(f"{model_dir} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
-def resume_checkpoint(output_dir: str | os.PathLike, config: dict[str, Any],
-                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME, defaults: dict[str, Any] | None = None,
-                      renamed: dict[str, str] | None = None) -> Path:
+def resume_checkpoint(
+    output_dir: str | os.PathLike,
+    config: dict[str, Any],
+    may_change: Iterable[str] = MAY_CHANGE_ON_RESUME,
+    defaults: dict[str, Any] | None = None,
+    renamed: dict[str, str] | None = None,
+) -> Path:
     """The checkpoint to resume from: the newest complete one, whose config must match ``config``
     (``defaults``, ``renamed``: see :func:`check_same_config`)."""
     found = complete_checkpoints(output_dir)
     if not found:
-        raise CheckpointError(f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
-                              "run without --resume to start fresh")
+        raise CheckpointError(
+            f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
+            "run without --resume to start fresh"
+        )
     for path in reversed(found):  # the newest intact one
         if not has_manifest(path):
             raise _unverified(path)
@@ -373,8 +410,10 @@ def resume_checkpoint(output_dir: str | os.PathLike, config: dict[str, Any],
             break
         warnings.warn(f"not resuming from {path}: {problem}; trying the checkpoint before it", stacklevel=2)
     else:
-        raise CheckpointError(f"every checkpoint in {Path(output_dir) / CHECKPOINTS_DIR} is damaged (the newest: "
-                              f"{damage(found[-1])}); start a new run in another output_dir")
+        raise CheckpointError(
+            f"every checkpoint in {Path(output_dir) / CHECKPOINTS_DIR} is damaged (the newest: "
+            f"{damage(found[-1])}); start a new run in another output_dir"
+        )
     saved = json.loads((path / "state.json").read_text())["config"]
     check_same_config(saved, config, may_change, defaults, renamed)
     return path
@@ -385,25 +424,38 @@ def interrupted(output_dir: str | os.PathLike, command: str) -> Interrupted:
     kept = latest_checkpoint(output_dir)
     if kept is None:
         return Interrupted(f"interrupted before the first checkpoint of {output_dir}: nothing to resume")
-    return Interrupted(f"interrupted; the newest complete checkpoint is {kept}. Continue with: "
-                       f"omrl {command} ... --resume --output-dir {output_dir}")
+    return Interrupted(
+        f"interrupted; the newest complete checkpoint is {kept}. Continue with: "
+        f"omrl {command} ... --resume --output-dir {output_dir}"
+    )
 
 
-def resume_point(output_dir: str | os.PathLike, config: dict[str, Any], resume: bool,
-                 defaults: dict[str, Any] | None = None, renamed: dict[str, str] | None = None) -> Path | None:
+def resume_point(
+    output_dir: str | os.PathLike,
+    config: dict[str, Any],
+    resume: bool,
+    defaults: dict[str, Any] | None = None,
+    renamed: dict[str, str] | None = None,
+) -> Path | None:
     """Where a recipe starts: with ``resume``, the checkpoint to continue from (see
     :func:`resume_checkpoint`); else None, refusing to start fresh over an earlier run's checkpoints."""
     if resume:
         return resume_checkpoint(output_dir, config, defaults=defaults, renamed=renamed)
     if latest_checkpoint(output_dir) is not None:
-        raise CheckpointError(f"{output_dir} holds checkpoints of an earlier run; pass --resume to continue it, "
-                              "or choose another output_dir")
+        raise CheckpointError(
+            f"{output_dir} holds checkpoints of an earlier run; pass --resume to continue it, "
+            "or choose another output_dir"
+        )
     return None
 
 
-def check_same_config(saved: dict[str, Any], current: dict[str, Any],
-                      may_change: Iterable[str] = MAY_CHANGE_ON_RESUME, defaults: dict[str, Any] | None = None,
-                      renamed: dict[str, str] | None = None) -> None:
+def check_same_config(
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    may_change: Iterable[str] = MAY_CHANGE_ON_RESUME,
+    defaults: dict[str, Any] | None = None,
+    renamed: dict[str, str] | None = None,
+) -> None:
     """Raise naming every key (outside ``may_change``) whose value differs between the configs.
 
     An option the saved run did not have yet (a newer omrl added it) only warns when it is at its
@@ -415,16 +467,26 @@ def check_same_config(saved: dict[str, Any], current: dict[str, Any],
     default = _flatten(json.loads(json.dumps(defaults or {}, default=str)))
     added = sorted(k for k in set(new) - set(old) if k in default and default[k] == new[k])
     if added:
-        warnings.warn(f"resuming a run made before omrl had the option(s) {', '.join(added)}: they take their "
-                      f"defaults ({', '.join(f'{k}={new[k]!r}' for k in added)})", stacklevel=2)
-    differ = [k for k in sorted(set(old) | set(new))
-              if k not in added and old.get(k, "<absent>") != new.get(k, "<absent>") and not _secret(k)
-              and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in allowed)]
+        warnings.warn(
+            f"resuming a run made before omrl had the option(s) {', '.join(added)}: they take their "
+            f"defaults ({', '.join(f'{k}={new[k]!r}' for k in added)})",
+            stacklevel=2,
+        )
+    differ = [
+        k
+        for k in sorted(set(old) | set(new))
+        if k not in added
+        and old.get(k, "<absent>") != new.get(k, "<absent>")
+        and not _secret(k)
+        and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in allowed)
+    ]
     if differ:
         details = "; ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in differ)
-        raise CheckpointError(f"cannot resume: the config differs from the checkpoint's in {details}. "
-                              f"Use the original values, or start a new run in another output_dir "
-                              f"(keys that may change: {', '.join(a + '*' if a.endswith('.') else a for a in allowed)})")
+        raise CheckpointError(
+            f"cannot resume: the config differs from the checkpoint's in {details}. "
+            f"Use the original values, or start a new run in another output_dir "
+            f"(keys that may change: {', '.join(a + '*' if a.endswith('.') else a for a in allowed)})"
+        )
 
 
 def _secret(key: str) -> bool:

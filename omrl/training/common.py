@@ -38,7 +38,8 @@ class SkippedUpdates:
                 raise NonFiniteLossError(
                     f"{self.nan_in_a_row} updates in a row (up to step {step}) had a non-finite loss or gradient "
                     f"(optim.max_nan_steps={self.max_nan_in_a_row}); lower optim.learning_rate, use float32 "
-                    "instead of bf16, or check the data and rewards")
+                    "instead of bf16, or check the data and rewards"
+                )
         return self.metrics()
 
     def applied(self) -> None:
@@ -55,5 +56,3 @@ class SkippedUpdates:
         """From a checkpoint's extra state (also the names omrl 0.1 saved: skipped_steps, nan_streak)."""
         self.count = int(extra.get("skipped_updates", extra.get("skipped_steps", 0)))
         self.nan_in_a_row = int(extra.get("nan_in_a_row", extra.get("nan_streak", 0)))
-
-

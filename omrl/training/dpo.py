@@ -34,10 +34,13 @@ class DPORecipe(online.OnlineRecipe):
         cfg = self.cfg
         resume_from = self._start_setup(recipes=("dpo",))
         if cfg.group_size < 2 and strategy_traits(cfg.rollout.strategy).group_in_one_tree:  # a lone path a task
-            raise ConfigError("dpo builds pairs from samples of the same task: group_size must be >= 2 (or a tree "
-                              "rollout.strategy, whose branch points give the pairs)")
+            raise ConfigError(
+                "dpo builds pairs from samples of the same task: group_size must be >= 2 (or a tree "
+                "rollout.strategy, whose branch points give the pairs)"
+            )
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
-            cfg, self.strategy, with_reference=True)
+            cfg, self.strategy, with_reference=True
+        )
         self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
         self._setup_optimizer({}, updates_per_step=1)
         self._finish_setup(resume_from)
@@ -55,8 +58,11 @@ class DPORecipe(online.OnlineRecipe):
             # (played again while every episode fails in the env: such a step is never counted)
             self.model.eval()
             seed = online.rollout_seed(cfg, self.step, strategy)
-            episodes = self._play_counted(lambda seed=seed: online.play_step(
-                cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed))
+            episodes = self._play_counted(
+                lambda seed=seed: online.play_step(
+                    cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed
+                )
+            )
             if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
                 raise EnvFailure(self._env_failure_message())
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
@@ -67,8 +73,11 @@ class DPORecipe(online.OnlineRecipe):
             pairs = sibling_pairs(episodes) if online.searched(cfg) else preference_pairs(trainable(episodes))
             total_pairs = strategy.sum([len(pairs)])[0]
             if not total_pairs:
-                why = ("no branch point's replies led to different rewards" if online.searched(cfg)
-                       else "every sample of each task scored the same")
+                why = (
+                    "no branch point's replies led to different rewards"
+                    if online.searched(cfg)
+                    else "every sample of each task scored the same"
+                )
                 metrics.update(self._skip(f"no preference pair: {why}"))
                 self._end_step(metrics, started)
                 continue
@@ -79,8 +88,10 @@ class DPORecipe(online.OnlineRecipe):
             self.model.train()
             strategy.zero_grad(self.optimizer)
             sums: dict[str, float] = {}
-            for c_mb, r_mb in strategy.micro_batches(zip(micro_batches(chosen, size), micro_batches(rejected, size)),
-                                                     idle=lambda row: self._log_probs(row, row)):
+            for c_mb, r_mb in strategy.micro_batches(
+                zip(micro_batches(chosen, size), micro_batches(rejected, size)),
+                idle=lambda row: self._log_probs(row, row),
+            ):
                 policy, ref = self._log_probs(c_mb, r_mb)
                 loss, parts = dpo_loss(policy[0], policy[1], ref[0], ref[1], cfg.algorithm.dpo_beta)
                 weight = len(c_mb) / total_pairs
@@ -98,6 +109,7 @@ class DPORecipe(online.OnlineRecipe):
         (through the strategy: a forward it counts) and under the frozen reference."""
         with torch.no_grad():
             ref = [sequence_log_prob(self.ref_model, mb, self.temperature) for mb in (chosen, rejected)]
-        policy = self.strategy.forward(lambda: [sequence_log_prob(self.model, mb, self.temperature)
-                                                for mb in (chosen, rejected)])
+        policy = self.strategy.forward(
+            lambda: [sequence_log_prob(self.model, mb, self.temperature) for mb in (chosen, rejected)]
+        )
         return policy, ref

@@ -24,8 +24,9 @@ def _chunks(logits: torch.Tensor, chunk_tokens: int) -> tuple[torch.Tensor, list
     return flat, [slice(i, i + chunk_tokens) for i in range(0, flat.shape[0], chunk_tokens)]
 
 
-def token_log_probs(logits: torch.Tensor, labels: torch.Tensor,
-                    chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+def token_log_probs(
+    logits: torch.Tensor, labels: torch.Tensor, chunk_tokens: int = DEFAULT_CHUNK_TOKENS
+) -> torch.Tensor:
     """log softmax(logits)[label] per position: [bs, T, V], [bs, T] -> [bs, T] float32.
 
     ``logits[:, t]`` must already score ``labels[:, t]``: for a causal LM pass
@@ -34,8 +35,10 @@ def token_log_probs(logits: torch.Tensor, labels: torch.Tensor,
     Differentiable.
     """
     if labels.shape != logits.shape[:-1]:
-        raise OmrlError(f"token_log_probs: labels have shape {tuple(labels.shape)}, logits "
-                        f"{tuple(logits.shape)}; labels must be logits' shape without V")
+        raise OmrlError(
+            f"token_log_probs: labels have shape {tuple(labels.shape)}, logits "
+            f"{tuple(logits.shape)}; labels must be logits' shape without V"
+        )
     flat, parts = _chunks(logits, chunk_tokens)
     flat_labels = labels.reshape(-1, 1).long()
     pieces = []

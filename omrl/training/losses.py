@@ -14,8 +14,14 @@ from omrl.data import Batch
 from omrl.errors import ConfigError
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float, agg_mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    agg_mode: str,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO value loss with value clipping (Schulman et al. 2017; as in OpenAI baselines).
 
     values, old_values, returns, mask [bs, T]. The new value may move at most
@@ -49,9 +55,13 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     return aggregate_loss(token_loss, mask, agg_mode), metrics
 
 
-def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
-             ref_chosen_logps: torch.Tensor, ref_rejected_logps: torch.Tensor,
-             beta: float) -> tuple[torch.Tensor, dict[str, float]]:
+def dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Direct Preference Optimization (Rafailov et al. 2023, arXiv:2305.18290).
 
     All inputs [bs]: each sequence's summed log-probs over its response tokens.
@@ -61,9 +71,14 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     ``reward_margin`` (means) and ``reward_accuracy`` (share of pairs with
     reward_chosen > reward_rejected).
     """
-    require_same_shape("dpo_loss", 1, policy_chosen_logps=policy_chosen_logps,
-                       policy_rejected_logps=policy_rejected_logps, ref_chosen_logps=ref_chosen_logps,
-                       ref_rejected_logps=ref_rejected_logps)
+    require_same_shape(
+        "dpo_loss",
+        1,
+        policy_chosen_logps=policy_chosen_logps,
+        policy_rejected_logps=policy_rejected_logps,
+        ref_chosen_logps=ref_chosen_logps,
+        ref_rejected_logps=ref_rejected_logps,
+    )
     if beta <= 0:
         raise ConfigError(f"dpo_beta must be > 0, got {beta}")
     reward_chosen = beta * (policy_chosen_logps - ref_chosen_logps.detach())
@@ -80,8 +95,9 @@ def dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Ten
     return loss, metrics
 
 
-def apply_kl_in_reward(token_rewards: torch.Tensor, kl: torch.Tensor, loss_mask: torch.Tensor,
-                       coef: float) -> torch.Tensor:
+def apply_kl_in_reward(
+    token_rewards: torch.Tensor, kl: torch.Tensor, loss_mask: torch.Tensor, coef: float
+) -> torch.Tensor:
     """KL-in-reward: token_rewards - coef * kl on response tokens, unchanged elsewhere.
 
     All [bs, T]; ``kl`` from a registered KL estimator. The penalty is a reward,
@@ -92,8 +108,9 @@ def apply_kl_in_reward(token_rewards: torch.Tensor, kl: torch.Tensor, loss_mask:
     return token_rewards.float() - penalty
 
 
-def policy_gradient_loss(out: dict[str, torch.Tensor], mb: Batch, algo: AlgoConfig, policy_loss_fn: Callable,
-                         kl_fn: Callable) -> tuple[torch.Tensor, dict[str, float]]:
+def policy_gradient_loss(
+    out: dict[str, torch.Tensor], mb: Batch, algo: AlgoConfig, policy_loss_fn: Callable, kl_fn: Callable
+) -> tuple[torch.Tensor, dict[str, float]]:
     """(loss, its parts as floats) of one policy-gradient micro-batch: the registered policy
     loss, minus the entropy bonus, plus the KL penalty to the reference (unless it went into the
     rewards) and the critic's value loss, each weighted as ``algo`` says.

@@ -91,9 +91,17 @@ def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) 
 class MetricsLogger:
     """Metrics to metrics.jsonl, TensorBoard, wandb and the console. Use as a context manager."""
 
-    def __init__(self, output_dir: str | os.PathLike, cfg: LoggingConfig, total_steps: int, *,
-                 start_step: int = 0, run_config: dict[str, Any] | None = None,
-                 console: Console | None = None, description: str = "train"):
+    def __init__(
+        self,
+        output_dir: str | os.PathLike,
+        cfg: LoggingConfig,
+        total_steps: int,
+        *,
+        start_step: int = 0,
+        run_config: dict[str, Any] | None = None,
+        console: Console | None = None,
+        description: str = "train",
+    ):
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.every = max(1, cfg.logging_steps)
@@ -107,9 +115,14 @@ class MetricsLogger:
         self._progress: Progress | None = None
         if self.console.is_terminal:
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[line]}"),
-                console=self.console)
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[line]}"),
+                console=self.console,
+            )
             self._task = self._progress.add_task(description, total=total_steps, completed=start_step, line="")
             self._progress.start()
 
@@ -125,8 +138,10 @@ class MetricsLogger:
         if not cfg.wandb_project:
             return None
         if importlib.util.find_spec("wandb") is None:
-            self.warn(f"logging.wandb_project={cfg.wandb_project!r} but wandb is not installed "
-                      "(pip install wandb); logging to metrics.jsonl only")
+            self.warn(
+                f"logging.wandb_project={cfg.wandb_project!r} but wandb is not installed "
+                "(pip install wandb); logging to metrics.jsonl only"
+            )
             return None
         import wandb
 
@@ -134,8 +149,9 @@ class MetricsLogger:
         # our own id (wandb takes any short lowercase string): wandb's helpers for one have moved between versions
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         atomic_write_text(id_file, run_id)
-        return wandb.init(project=cfg.wandb_project, id=run_id, resume="allow", config=run_config,
-                          dir=str(self.output_dir))
+        return wandb.init(
+            project=cfg.wandb_project, id=run_id, resume="allow", config=run_config, dir=str(self.output_dir)
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> bool:
         """Show ``metrics`` for optimizer step ``step``; write them out on the logging cadence.

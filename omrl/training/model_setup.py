@@ -17,14 +17,20 @@ def load_trainable_model(cfg: ModelConfig, device: str) -> tuple[Any, Any]:
     """(model, tokenizer) with gradient checkpointing and LoRA applied as configured."""
     model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device, trust_remote_code=cfg.trust_remote_code)
     if cfg.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) \
-            or model.gradient_checkpointing_enable  # the older name (transformers < 5)
+        enable = (
+            getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        )  # the older name (transformers < 5)
         enable({"use_reentrant": False})
     if cfg.lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                          target_modules=list(cfg.lora_target_modules), task_type="CAUSAL_LM")
+        lora = LoraConfig(
+            r=cfg.lora_rank,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=list(cfg.lora_target_modules),
+            task_type="CAUSAL_LM",
+        )
         model = get_peft_model(model, lora)
     return model, tokenizer
 
@@ -38,8 +44,13 @@ def load_frozen_copy(cfg: ModelConfig, device: str) -> Any:
     return model
 
 
-def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, merge_lora: bool,
-                     state_dict: dict[str, Any] | None = None) -> None:
+def save_final_model(
+    model: Any,
+    tokenizer: Any,
+    output_dir: str | os.PathLike,
+    merge_lora: bool,
+    state_dict: dict[str, Any] | None = None,
+) -> None:
     """The model (LoRA merged) and tokenizer into ``output_dir``, so ``--model <output_dir>`` loads it.
     ``state_dict``: the weights to write instead of the model's own (FSDP: the gathered ones).
 
@@ -65,16 +76,18 @@ def save_final_model(model: Any, tokenizer: Any, output_dir: str | os.PathLike, 
         reason = write_failure(exc)
         if reason is None:
             raise
-        raise WriteFailed(f"cannot write the final model into {output_dir}: {reason} ({short_repr(str(exc))}); "
-                          "the newest checkpoint is kept: free some space, then continue with --resume") from exc
+        raise WriteFailed(
+            f"cannot write the final model into {output_dir}: {reason} ({short_repr(str(exc))}); "
+            "the newest checkpoint is kept: free some space, then continue with --resume"
+        ) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_final_from_every_process(strategy: Any, model: Any, tokenizer: Any, output_dir: str | os.PathLike,
-                                  merge_lora: bool) -> None:
+def save_final_from_every_process(
+    strategy: Any, model: Any, tokenizer: Any, output_dir: str | os.PathLike, merge_lora: bool
+) -> None:
     """:func:`save_final_model` in a recipe: every process calls; a sharded ``strategy`` gathers
     the whole weights and the main process writes them."""
     weights = strategy.gather_for_checkpoint(model).get("model_state")
     strategy.on_main(save_final_model, model, tokenizer, output_dir, merge_lora=merge_lora, state_dict=weights)
-

@@ -54,17 +54,23 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
     if cfg.mini_batch_size < 0:
         raise ConfigError(f"mini_batch_size must be >= 0 (0: the whole rollout), got {cfg.mini_batch_size}")
     if cfg.eval_samples_per_task < 1 or (cfg.eval_samples_per_task > 1 and cfg.eval_temperature <= 0):
-        raise ConfigError(f"eval_samples_per_task={cfg.eval_samples_per_task} is invalid; valid: 1, or more "
-                          "with eval_temperature > 0 (greedy samples of a task are all the same)")
+        raise ConfigError(
+            f"eval_samples_per_task={cfg.eval_samples_per_task} is invalid; valid: 1, or more "
+            "with eval_temperature > 0 (greedy samples of a task are all the same)"
+        )
     if cfg.train_tasks < 0:
         raise ConfigError(f"train_tasks must be >= 0 (0: the whole split), got {cfg.train_tasks}")
     gen = cfg.generation
     if not gen.temperature >= 0 or not 0 < gen.top_p <= 1:
-        raise ConfigError(f"generation.temperature must be >= 0 (0: greedy) and generation.top_p in (0, 1]; got "
-                          f"temperature={gen.temperature}, top_p={gen.top_p}")
+        raise ConfigError(
+            f"generation.temperature must be >= 0 (0: greedy) and generation.top_p in (0, 1]; got "
+            f"temperature={gen.temperature}, top_p={gen.top_p}"
+        )
     if gen.max_new_tokens < 1 or gen.max_context <= gen.max_new_tokens:
-        raise ConfigError(f"generation.max_new_tokens must be >= 1 and generation.max_context larger than it (it holds "
-                          f"the prompt too); got max_new_tokens={gen.max_new_tokens}, max_context={gen.max_context}")
+        raise ConfigError(
+            f"generation.max_new_tokens must be >= 1 and generation.max_context larger than it (it holds "
+            f"the prompt too); got max_new_tokens={gen.max_new_tokens}, max_context={gen.max_context}"
+        )
     if algo.critic not in ("head", "model"):
         raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
     check_rollout_strategy(cfg)
@@ -96,9 +102,15 @@ def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int]
     per task; see :func:`omrl.training.tree_batch.paths_to_batch`), or the batched rollout's
     ``group_size`` samples per task where the strategy plays that (:func:`searched` is False)."""
     copies = trees_per_task(cfg)
-    _, episodes = play_strategy(session, cfg.rollout.strategy, [task for task in tasks for _ in range(copies)],
-                                split=cfg.env.split, budget=cfg.rollout.budget,
-                                group_size=cfg.group_size if copies == 1 else 1, seed=seed)
+    _, episodes = play_strategy(
+        session,
+        cfg.rollout.strategy,
+        [task for task in tasks for _ in range(copies)],
+        split=cfg.env.split,
+        budget=cfg.rollout.budget,
+        group_size=cfg.group_size if copies == 1 else 1,
+        seed=seed,
+    )
     return episodes
 
 
@@ -111,22 +123,30 @@ def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool) -
         group = max(group, 2)  # group_size trees, and a tree has several
     rewards = torch.zeros(group, 3)
     rewards[:, -1] = torch.arange(1, group + 1, dtype=torch.float32)  # the samples of the task differ
-    probe = AdvantageInput(token_rewards=rewards, loss_mask=torch.ones(group, 3),
-                           group_ids=torch.zeros(group, dtype=torch.long),
-                           values=torch.zeros(group, 3) if has_critic else None,
-                           turn_index=torch.zeros(group, 3, dtype=torch.long), turn_rewards=rewards[:, -1:],
-                           turn_state_ids=torch.zeros(group, 1, dtype=torch.long),
-                           turn_node_ids=torch.arange(group)[:, None] if searched(cfg) else None,
-                           turn_parent_ids=torch.full((group, 1), -1) if searched(cfg) else None)
+    probe = AdvantageInput(
+        token_rewards=rewards,
+        loss_mask=torch.ones(group, 3),
+        group_ids=torch.zeros(group, dtype=torch.long),
+        values=torch.zeros(group, 3) if has_critic else None,
+        turn_index=torch.zeros(group, 3, dtype=torch.long),
+        turn_rewards=rewards[:, -1:],
+        turn_state_ids=torch.zeros(group, 1, dtype=torch.long),
+        turn_node_ids=torch.arange(group)[:, None] if searched(cfg) else None,
+        turn_parent_ids=torch.full((group, 1), -1) if searched(cfg) else None,
+    )
     try:
         advantages, _ = advantage_fn(probe, algo)
     except OmrlError as err:
-        raise ConfigError(f"algorithm.advantage={algo.advantage} cannot run with algorithm.name={algo.name}: {err}"
-                          + ("; gae needs a critic: use algorithm.name=ppo" if not has_critic else "")) from err
+        raise ConfigError(
+            f"algorithm.advantage={algo.advantage} cannot run with algorithm.name={algo.name}: {err}"
+            + ("; gae needs a critic: use algorithm.name=ppo" if not has_critic else "")
+        ) from err
     if not advantages.any():
-        raise ConfigError(f"algorithm.advantage={algo.advantage} gives every sample an advantage of 0 with "
-                          f"group_size={group} (it compares the samples of a task): nothing would be learned; "
-                          "use group_size >= 2")
+        raise ConfigError(
+            f"algorithm.advantage={algo.advantage} gives every sample an advantage of 0 with "
+            f"group_size={group} (it compares the samples of a task): nothing would be learned; "
+            "use group_size >= 2"
+        )
 
 
 def load_models(cfg: TrainRunConfig, strategy: Strategy, with_reference: bool) -> tuple[Any, Any, Any, Any]:
@@ -142,8 +162,9 @@ def load_models(cfg: TrainRunConfig, strategy: Strategy, with_reference: bool) -
     return model, tokenizer, rollout_model, ref_model
 
 
-def setup_rollout(cfg: TrainRunConfig, rollout_model: Any, tokenizer: Any
-                  ) -> tuple[RolloutSession, TaskOrder, list[Any]]:
+def setup_rollout(
+    cfg: TrainRunConfig, rollout_model: Any, tokenizer: Any
+) -> tuple[RolloutSession, TaskOrder, list[Any]]:
     """(session, training task order, test tasks of the evaluations)."""
     session = RolloutSession.from_config(cfg, model=rollout_model, tokenizer=tokenizer)
     splits = session.pool.probe()
@@ -154,13 +175,21 @@ def setup_rollout(cfg: TrainRunConfig, rollout_model: Any, tokenizer: Any
     return session, task_order, list(splits.split_of("test"))[: cfg.eval_tasks]
 
 
-def make_logger(cfg: TrainRunConfig, strategy: Strategy, start_step: int, config_dict: dict[str, Any],
-                console: Console) -> MetricsLogger | NullLogger:
+def make_logger(
+    cfg: TrainRunConfig, strategy: Strategy, start_step: int, config_dict: dict[str, Any], console: Console
+) -> MetricsLogger | NullLogger:
     """The main process logs; the others hold a logger that drops everything."""
     if not strategy.is_main:
         return NullLogger()
-    return MetricsLogger(Path(cfg.logging.output_dir), cfg.logging, cfg.steps, start_step=start_step,
-                         run_config=config_dict, console=console, description=cfg.algorithm.name)
+    return MetricsLogger(
+        Path(cfg.logging.output_dir),
+        cfg.logging,
+        cfg.steps,
+        start_step=start_step,
+        run_config=config_dict,
+        console=console,
+        description=cfg.algorithm.name,
+    )
 
 
 def rollout_seed(cfg: TrainRunConfig, step: int, strategy: Strategy) -> int:
@@ -168,8 +197,7 @@ def rollout_seed(cfg: TrainRunConfig, step: int, strategy: Strategy) -> int:
     return (cfg.seed * 1_000_003 + step) * strategy.world_size + strategy.rank
 
 
-def step_metrics(episodes: list[Any], seconds: float, session: RolloutSession, strategy: Strategy
-                 ) -> dict[str, float]:
+def step_metrics(episodes: list[Any], seconds: float, session: RolloutSession, strategy: Strategy) -> dict[str, float]:
     """The rollout's metrics over every process: means average (every process played as many
     episodes), counts add, and so does ``tokens_per_s``; the backend's speeds (``decode_tokens_per_s``,
     ``prefill_tokens_per_s``) are one process's, from the tokens and seconds of all of them."""
@@ -182,8 +210,9 @@ def step_metrics(episodes: list[Any], seconds: float, session: RolloutSession, s
     return {**metrics, **generation_metrics(stats)}
 
 
-def evaluate(cfg: TrainRunConfig, session: RolloutSession, strategy: Strategy, test_tasks: list[Any]
-             ) -> dict[str, float]:
+def evaluate(
+    cfg: TrainRunConfig, session: RolloutSession, strategy: Strategy, test_tasks: list[Any]
+) -> dict[str, float]:
     """Success and score on the test tasks: greedy, or the mean of ``eval_samples_per_task``
     samples at ``eval_temperature``; and the evaluation's own generation metrics, prefixed ``eval_``
     (taken here, so the next step's rollout metrics count only its own generation)."""
@@ -192,8 +221,9 @@ def evaluate(cfg: TrainRunConfig, session: RolloutSession, strategy: Strategy, t
     sampling = session.limits
     session.limits = dataclasses.replace(sampling, temperature=cfg.eval_temperature)
     try:
-        episodes = session.play(strategy.shard(test_tasks), split="test", group_size=cfg.eval_samples_per_task,
-                                seed=cfg.seed)
+        episodes = session.play(
+            strategy.shard(test_tasks), split="test", group_size=cfg.eval_samples_per_task, seed=cfg.seed
+        )
     finally:
         session.limits = sampling
     n, won, score = strategy.sum([len(episodes), sum(ep.won for ep in episodes), sum(ep.score for ep in episodes)])
@@ -236,11 +266,14 @@ class OnlineRecipe:
         cfg = self.cfg
         check_config(cfg, self.strategy)
         if cfg.algorithm.name not in recipes:
-            raise ConfigError(f"{type(self).__name__} runs algorithm.name {' or '.join(recipes)}, "
-                              f"not {cfg.algorithm.name!r} (omrl.training.rl.run_rl picks the recipe)")
+            raise ConfigError(
+                f"{type(self).__name__} runs algorithm.name {' or '.join(recipes)}, "
+                f"not {cfg.algorithm.name!r} (omrl.training.rl.run_rl picks the recipe)"
+            )
         self.config_dict = to_dict(cfg)
-        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, cfg.resume, defaults=to_dict(type(cfg)()),
-                                        renamed=type(cfg).renamed_keys)
+        resume_from = ckpt.resume_point(
+            self.output_dir, self.config_dict, cfg.resume, defaults=to_dict(type(cfg)()), renamed=type(cfg).renamed_keys
+        )
         seed_everything(cfg.seed)
         self.device = self.strategy.device
         # log-probs are scored under the distribution the rollout sampled from
@@ -251,10 +284,12 @@ class OnlineRecipe:
         """AdamW over the policy's trainable weights and ``extra_modules`` (by name), and the schedule."""
         extra = [p for module in extra_modules.values() for p in module.parameters()]
         self.params = [p for p in self.model.parameters() if p.requires_grad] + extra
-        self.optimizer = build_optimizer(self.model, self.cfg.optim, extra_params=extra,
-                                         fused=self.strategy.fused_optimizer)
-        self.strategy.prepare_optimizer({"policy": self.model, **extra_modules}, self.optimizer,
-                                        self.cfg.optim.max_grad_norm)
+        self.optimizer = build_optimizer(
+            self.model, self.cfg.optim, extra_params=extra, fused=self.strategy.fused_optimizer
+        )
+        self.strategy.prepare_optimizer(
+            {"policy": self.model, **extra_modules}, self.optimizer, self.cfg.optim.max_grad_norm
+        )
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.cfg.steps * updates_per_step)
 
     def _finish_setup(self, resume_from: Path | None) -> ckpt.Checkpoint | None:
@@ -262,8 +297,9 @@ class OnlineRecipe:
         resumed from, whose ``extra`` a recipe may read further."""
         state = None
         if resume_from is not None:
-            state = ckpt.load_checkpoint(resume_from, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                         strategy=self.strategy)
+            state = ckpt.load_checkpoint(
+                resume_from, self.model, optimizer=self.optimizer, scheduler=self.scheduler, strategy=self.strategy
+            )
             self.step = state.step
             self.task_order.epoch = int(state.data_state["task_epoch"])
             self.task_order.cursor = int(state.data_state["task_cursor"])
@@ -290,24 +326,29 @@ class OnlineRecipe:
         (:meth:`_finish`). False when every episode failed in the env: such a step must not count
         (see :meth:`_play_counted`)."""
         failed = [ep for ep in episodes if ep.end_reason == "env_error"]
-        played, lost, with_turn = self.strategy.sum([len(episodes), len(failed),
-                                                     sum(bool(ep.turns) for ep in episodes)])
+        played, lost, with_turn = self.strategy.sum(
+            [len(episodes), len(failed), sum(bool(ep.turns) for ep in episodes)]
+        )
         prompt = max((ep.prompt_length for ep in episodes), default=0)  # this process's
         self.episodes_played += int(played)
         self.env_failures += int(lost)
         self.episodes_with_a_turn += int(with_turn)
         self.longest_prompt = max(self.longest_prompt, int(prompt))
         if played and not with_turn and lost < played:
-            self.logger.warn(f"step {self.step + 1}: no episode got a model turn (an opening prompt of up to "
-                             f"{int(prompt)} tokens, generation.max_context={self.cfg.generation.max_context})")
+            self.logger.warn(
+                f"step {self.step + 1}: no episode got a model turn (an opening prompt of up to "
+                f"{int(prompt)} tokens, generation.max_context={self.cfg.generation.max_context})"
+            )
         if failed and not self.first_env_error:
             self.first_env_error = failed[0].error or "no reason given"
         self.env_failed_step = ""
         self.env_failed_tries = self.env_failed_tries + 1 if played and lost == played else 0
         if played and lost == played:
             self.env_failed_step = next((ep.error for ep in failed if ep.error), "") or "on another process"
-            self.logger.warn(f"step {self.step + 1}: every episode failed in the env {self.cfg.env.name!r} "
-                             f"({self.env_failed_step}); nothing to train on")
+            self.logger.warn(
+                f"step {self.step + 1}: every episode failed in the env {self.cfg.env.name!r} "
+                f"({self.env_failed_step}); nothing to train on"
+            )
         return not self.env_failed_step
 
     def _play_counted(self, play: Callable[[], list[Any]]) -> list[Any]:
@@ -328,9 +369,11 @@ class OnlineRecipe:
                 return episodes
             # a play that is played again is not the run's: its failures do not count toward max_env_error_rate
             self.episodes_played, self.env_failures, self.episodes_with_a_turn = counts
-            wait = ENV_FAILURE_WAIT * 2 ** replay
-            self.logger.warn(f"step {self.step + 1}: playing it again in {wait:g} s (replay {replay + 1} of "
-                             f"{ENV_FAILURE_REPLAYS}); a step with no episode played is not counted")
+            wait = ENV_FAILURE_WAIT * 2**replay
+            self.logger.warn(
+                f"step {self.step + 1}: playing it again in {wait:g} s (replay {replay + 1} of "
+                f"{ENV_FAILURE_REPLAYS}); a step with no episode played is not counted"
+            )
             time.sleep(wait)
             self.task_order.epoch, self.task_order.cursor = position
             episodes = play()
@@ -340,8 +383,16 @@ class OnlineRecipe:
     def _optimizer_step(self) -> dict[str, float]:
         """Sum gradients over processes, clip, then step unless the gradient is not finite (the one
         rule for a skipped update: :func:`omrl.training.optim.apply_update`)."""
-        update = apply_update(self.strategy, self.params, self.optimizer, self.scheduler, self.skipped, self.logger,
-                              self.step + 1, self.cfg.optim.max_grad_norm)
+        update = apply_update(
+            self.strategy,
+            self.params,
+            self.optimizer,
+            self.scheduler,
+            self.skipped,
+            self.logger,
+            self.step + 1,
+            self.cfg.optim.max_grad_norm,
+        )
         if not update.applied:
             return self.skipped.metrics()
         return {"grad_norm": update.grad_norm, "lr": update.lr}
@@ -375,10 +426,12 @@ class OnlineRecipe:
         newest = ckpt.latest_checkpoint(self.output_dir)
         kept = f"the newest checkpoint, {newest.name}, is kept" if newest else "no checkpoint was written before it"
         tries = self.env_failed_tries
-        return (f"step {self.step + 1}: every episode failed in the env {self.cfg.env.name!r}"
-                f"{f' in {tries} rollouts in a row' if tries > 1 else ''} (the last reason: "
-                f"{self.env_failed_step}); the step is not counted and nothing of it was saved ({kept}): bring "
-                "the env back (is its server down or full?), then continue with --resume")
+        return (
+            f"step {self.step + 1}: every episode failed in the env {self.cfg.env.name!r}"
+            f"{f' in {tries} rollouts in a row' if tries > 1 else ''} (the last reason: "
+            f"{self.env_failed_step}); the step is not counted and nothing of it was saved ({kept}): bring "
+            "the env back (is its server down or full?), then continue with --resume"
+        )
 
     def evaluate(self) -> dict[str, float]:
         """eval_success and eval_score of the model as it is now (see :func:`evaluate`)."""
@@ -390,31 +443,43 @@ class OnlineRecipe:
         whose every episode failed in the env raises :class:`EnvFailure` after saving: it is no result."""
         save_final(self)
         if self.episodes_played and self.env_failures == self.episodes_played:
-            raise EnvFailure(f"every one of the {self.episodes_played} episodes of this run failed in the env "
-                             f"{self.cfg.env.name!r}, so nothing was learned; the first reason: "
-                             f"{self.first_env_error or 'on another process'}")
+            raise EnvFailure(
+                f"every one of the {self.episodes_played} episodes of this run failed in the env "
+                f"{self.cfg.env.name!r}, so nothing was learned; the first reason: "
+                f"{self.first_env_error or 'on another process'}"
+            )
         if self.episodes_played and self.env_failures / self.episodes_played > self.cfg.max_env_error_rate:
-            raise EnvFailure(f"{self.env_failures} of the run's {self.episodes_played} episodes "
-                             f"({100 * self.env_failures / self.episodes_played:.0f}%) failed in the env "
-                             f"{self.cfg.env.name!r}, more than max_env_error_rate={self.cfg.max_env_error_rate:g} "
-                             f"allows; they were not trained on, and the model in {self.output_dir} learned from the "
-                             f"rest; the first reason: {self.first_env_error or 'on another process'}")
+            raise EnvFailure(
+                f"{self.env_failures} of the run's {self.episodes_played} episodes "
+                f"({100 * self.env_failures / self.episodes_played:.0f}%) failed in the env "
+                f"{self.cfg.env.name!r}, more than max_env_error_rate={self.cfg.max_env_error_rate:g} "
+                f"allows; they were not trained on, and the model in {self.output_dir} learned from the "
+                f"rest; the first reason: {self.first_env_error or 'on another process'}"
+            )
         if self.episodes_played and not self.episodes_with_a_turn:
-            raise ConfigError(f"no episode of this run got a single model turn: the opening prompt (up to "
-                              f"{self.longest_prompt} tokens) leaves no room within generation.max_context="
-                              f"{self.cfg.generation.max_context}; raise it, or shorten the prompt "
-                              "(env.demonstration=false drops the worked example)")
-        return {"steps": self.step, "skipped_updates": self.skipped.count, "output_dir": str(self.output_dir),
-                **{k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+            raise ConfigError(
+                f"no episode of this run got a single model turn: the opening prompt (up to "
+                f"{self.longest_prompt} tokens) leaves no room within generation.max_context="
+                f"{self.cfg.generation.max_context}; raise it, or shorten the prompt "
+                "(env.demonstration=false drops the worked example)"
+            )
+        return {
+            "steps": self.step,
+            "skipped_updates": self.skipped.count,
+            "output_dir": str(self.output_dir),
+            **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
+        }
 
     def _checkpoint_extra(self) -> dict[str, Any]:
         """What a checkpoint keeps besides weights, optimizer, schedule, RNG and task position."""
         return self.skipped.state_dict()
 
     def save_checkpoint(self) -> Path:
-        return save_recipe_checkpoint(self, data_state={"task_epoch": self.task_order.epoch,
-                                                        "task_cursor": self.task_order.cursor},
-                                      extra=self._checkpoint_extra())
+        return save_recipe_checkpoint(
+            self,
+            data_state={"task_epoch": self.task_order.epoch, "task_cursor": self.task_order.cursor},
+            extra=self._checkpoint_extra(),
+        )
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:

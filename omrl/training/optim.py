@@ -43,8 +43,9 @@ def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str)
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, extra_params: list[nn.Parameter] | None = None,
-                    fused: bool = True) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, extra_params: list[nn.Parameter] | None = None, fused: bool = True
+) -> torch.optim.AdamW:
     """AdamW over the trainable parameters (plus ``extra_params``, e.g. a value head).
 
     Weight decay applies to matrices only: biases and norm scales (1-D) are not decayed. ``fused``:
@@ -60,21 +61,25 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, extra_params: list[nn.Pa
         raise ConfigError("the model has no trainable parameters (is every weight frozen?)")
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
-    fused = fused and all(type(p) in (torch.Tensor, nn.Parameter) and p.is_floating_point() for p in params) \
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    fused = (
+        fused
+        and all(type(p) in (torch.Tensor, nn.Parameter) and p.is_floating_point() for p in params)
         and all(p.device.type in ("cpu", "cuda") for p in params)
+    )
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.learning_rate, fused=fused or None)
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
-                    ) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     """A scheduler to ``step()`` once per optimizer step; its state goes into checkpoints."""
     lr_multiplier(0, total_steps, cfg.warmup_steps, cfg.lr_schedule)  # validate the name now
     if cfg.warmup_steps < 0:
         raise ConfigError(f"optim.warmup_steps must be >= 0, got {cfg.warmup_steps}")
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(step, total_steps, cfg.warmup_steps, cfg.lr_schedule))
+        optimizer, lambda step: lr_multiplier(step, total_steps, cfg.warmup_steps, cfg.lr_schedule)
+    )
 
 
 class Update(NamedTuple):
@@ -85,9 +90,17 @@ class Update(NamedTuple):
     applied: bool  # False: skipped, the weights, the optimizer's moments and the schedule as they were
 
 
-def apply_update(strategy: Strategy, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
-                 scheduler: torch.optim.lr_scheduler.LRScheduler, skipped: SkippedUpdates, logger: Any, step: int,
-                 max_grad_norm: float, finite: bool = True) -> Update:
+def apply_update(
+    strategy: Strategy,
+    params: list[nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    skipped: SkippedUpdates,
+    logger: Any,
+    step: int,
+    max_grad_norm: float,
+    finite: bool = True,
+) -> Update:
     """The end of every recipe's optimizer step: sum the gradients over processes, clip them to
     ``max_grad_norm`` (0 or less: no clipping), update and advance the schedule, unless the loss
     (``finite``: whether it was finite on every process) or the gradient norm is not finite: then
@@ -108,6 +121,5 @@ def apply_update(strategy: Strategy, params: list[nn.Parameter], optimizer: torc
         skipped.applied()
         return Update(grad_norm, lr, True)
     strategy.zero_grad(optimizer)
-    skipped.skip("non-finite loss" if not finite else f"non-finite gradient norm ({grad_norm})", logger, step,
-                 nan=True)
+    skipped.skip("non-finite loss" if not finite else f"non-finite gradient norm ({grad_norm})", logger, step, nan=True)
     return Update(grad_norm, lr, False)

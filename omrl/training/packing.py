@@ -53,8 +53,9 @@ def shifted_labels(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[i
     return [input_ids[t + 1] if loss_mask[t + 1] else IGNORE_INDEX for t in range(len(input_ids) - 1)] + [IGNORE_INDEX]
 
 
-def tokenize_conversations(tokenizer, conversations: Sequence[Conversation], max_seq_length: int,
-                           history: str = "keep") -> tuple[list[Row], int, int]:
+def tokenize_conversations(
+    tokenizer, conversations: Sequence[Conversation], max_seq_length: int, history: str = "keep"
+) -> tuple[list[Row], int, int]:
     """One row per conversation, truncated to ``max_seq_length``; returns (rows, number dropped,
     number truncated).
 
@@ -146,7 +147,7 @@ def micro_batches(rows: Sequence[Row], size: int) -> list[list[int]]:
     if size < 1:
         raise OmrlError(f"optim.micro_batch_size must be >= 1, got {size}")
     order = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))
-    return [order[i:i + size] for i in range(0, len(order), size)]
+    return [order[i : i + size] for i in range(0, len(order), size)]
 
 
 def collate(rows: Sequence[Row], pad_token_id: int) -> dict[str, torch.Tensor]:

@@ -46,11 +46,17 @@ def _output_head(model: nn.Module) -> nn.Module | None:
     return model.get_output_embeddings()
 
 
-def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False,
-                   value_head: ValueHead | None = None, token_mask: torch.Tensor | None = None,
-                   prefix: SharedPrefix | None = None, position_ids: torch.Tensor | None = None
-                   ) -> dict[str, torch.Tensor]:
+def policy_forward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    value_head: ValueHead | None = None,
+    token_mask: torch.Tensor | None = None,
+    prefix: SharedPrefix | None = None,
+    position_ids: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
     """Log-probs (and optionally entropy and values) of every token given the tokens before it.
 
     Returns tensors [bs, L]: ``log_probs[:, t]`` = log p(input_ids[t] | input_ids[:t]) under the
@@ -80,14 +86,20 @@ def policy_forward(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         packed = {"position_ids": position_ids, "attention_mask": None}
     else:
         packed = {"position_ids": position_ids[:, start:], "attention_mask": packed_mask(model, position_ids, start)}
-    out = model(input_ids=input_ids[:, start:], **packed, use_cache=False,
-                output_hidden_states=need_hidden, **({"logits_to_keep": 1} if head is not None else {}),
-                **(prefix.cache_kwargs() if prefix is not None else {}))
-    targets = input_ids[:, start + 1:]
+    out = model(
+        input_ids=input_ids[:, start:],
+        **packed,
+        use_cache=False,
+        output_hidden_states=need_hidden,
+        **({"logits_to_keep": 1} if head is not None else {}),
+        **(prefix.cache_kwargs() if prefix is not None else {}),
+    )
+    targets = input_ids[:, start + 1 :]
     if head is not None:  # only the positions asked for, in chunks recomputed in backward
-        chosen = token_mask[:, start + 1:].bool()
-        log_probs, entropy = _head_stats(head, out.hidden_states[-1][:, :-1][chosen], targets[chosen], temperature,
-                                         with_entropy)
+        chosen = token_mask[:, start + 1 :].bool()
+        log_probs, entropy = _head_stats(
+            head, out.hidden_states[-1][:, :-1][chosen], targets[chosen], temperature, with_entropy
+        )
         result = {"log_probs": _place(log_probs, chosen, start)}
         if with_entropy:
             result["entropy"] = _place(entropy, chosen, start)
@@ -112,8 +124,10 @@ def packed_mask(model: nn.Module, position_ids: torch.Tensor, start: int = 0) ->
     """
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation not in PACKED_MASK_ATTENTION:
-        raise ValueError(f"packed rows on a shared prefix need {' or '.join(PACKED_MASK_ATTENTION)} attention, "
-                         f"not {implementation!r}")
+        raise ValueError(
+            f"packed rows on a shared prefix need {' or '.join(PACKED_MASK_ATTENTION)} attention, "
+            f"not {implementation!r}"
+        )
     follows = torch.ones_like(position_ids, dtype=torch.bool)
     follows[:, 1:] = position_ids[:, 1:] == position_ids[:, :-1] + 1
     sequence = (~follows).cumsum(-1)
@@ -131,13 +145,20 @@ def packed_mask(model: nn.Module, position_ids: torch.Tensor, start: int = 0) ->
 HEAD_CHUNK = 256
 
 
-def _head_stats(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _head_stats(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of ``targets`` [n] (and entropy) from ``hidden`` [n, H] through the LM head, HEAD_CHUNK
     positions at a time; with gradients, each chunk's logits are recomputed in backward instead of kept."""
     log_probs, entropies = [], []
     for start in range(0, hidden.shape[0], HEAD_CHUNK):
-        args = (head, hidden[start:start + HEAD_CHUNK], targets[start:start + HEAD_CHUNK], temperature, with_entropy)
+        args = (
+            head,
+            hidden[start : start + HEAD_CHUNK],
+            targets[start : start + HEAD_CHUNK],
+            temperature,
+            with_entropy,
+        )
         if torch.is_grad_enabled() and hidden.requires_grad:
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_stats, *args, use_reentrant=False)
         else:
@@ -149,8 +170,9 @@ def _head_stats(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, te
     return log_probs_all, (torch.cat(entropies) if entropies else empty) if with_entropy else None
 
 
-def _chunk_stats(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _chunk_stats(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(hidden).float()[None]  # [1, c, V]
     if temperature and temperature != 1.0:
         logits = logits / temperature
@@ -165,8 +187,9 @@ def _place(values: torch.Tensor, chosen: torch.Tensor, start: int = 0) -> torch.
     return _align(full, start)
 
 
-def labelled_nll_sum(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                     labels: torch.Tensor) -> torch.Tensor:
+def labelled_nll_sum(
+    model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
     """Summed cross-entropy of the labelled positions (SFT's loss before its normalisation): a scalar.
 
     ``labels`` [bs, L] are already shifted (``labels[:, t]`` is the token after position t, -100 where
@@ -176,8 +199,13 @@ def labelled_nll_sum(model: nn.Module, input_ids: torch.Tensor, position_ids: to
     ``head(last hidden state)`` take the plain path on full logits.
     """
     head = _output_head(model)
-    out = model(input_ids=input_ids, position_ids=position_ids, use_cache=False,
-                output_hidden_states=head is not None, **({"logits_to_keep": 1} if head is not None else {}))
+    out = model(
+        input_ids=input_ids,
+        position_ids=position_ids,
+        use_cache=False,
+        output_hidden_states=head is not None,
+        **({"logits_to_keep": 1} if head is not None else {}),
+    )
     chosen = labels != IGNORE_INDEX
     if head is None:
         return torch.nn.functional.cross_entropy(out.logits.float()[chosen], labels[chosen], reduction="sum")
@@ -187,6 +215,12 @@ def labelled_nll_sum(model: nn.Module, input_ids: torch.Tensor, position_ids: to
 
 def sequence_log_prob(model: nn.Module, mb, temperature: float = 1.0) -> torch.Tensor:
     """Summed log-prob of each row's sampled tokens (``mb["loss_mask"]``): [bs]."""
-    out = policy_forward(model, mb["input_ids"], mb["attention_mask"], temperature, token_mask=mb["loss_mask"],
-                         position_ids=mb.get("position_ids"))
+    out = policy_forward(
+        model,
+        mb["input_ids"],
+        mb["attention_mask"],
+        temperature,
+        token_mask=mb["loss_mask"],
+        position_ids=mb.get("position_ids"),
+    )
     return (out["log_probs"] * mb["loss_mask"]).sum(-1)

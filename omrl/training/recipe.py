@@ -67,10 +67,18 @@ def save_recipe_checkpoint(recipe: Recipe, data_state: dict[str, Any], extra: di
     (default: its skipped-update counts), keeping ``logging.keep_checkpoints`` of them. Every
     process calls; the main one writes."""
     return ckpt.save_from_every_process(
-        recipe.strategy, recipe.output_dir, recipe.step, recipe.model, recipe.optimizer, scheduler=recipe.scheduler,
-        data_state=data_state, config=recipe.config_dict,
-        extra=recipe.skipped.state_dict() if extra is None else extra, tokenizer=recipe.tokenizer,
-        keep=recipe.cfg.logging.keep_checkpoints)
+        recipe.strategy,
+        recipe.output_dir,
+        recipe.step,
+        recipe.model,
+        recipe.optimizer,
+        scheduler=recipe.scheduler,
+        data_state=data_state,
+        config=recipe.config_dict,
+        extra=recipe.skipped.state_dict() if extra is None else extra,
+        tokenizer=recipe.tokenizer,
+        keep=recipe.cfg.logging.keep_checkpoints,
+    )
 
 
 def save_final(recipe: Recipe) -> None:
@@ -78,8 +86,9 @@ def save_final(recipe: Recipe) -> None:
     the final model with its tokenizer in ``output_dir`` (LoRA merged in). Every process calls."""
     if ckpt.latest_checkpoint(recipe.output_dir) != ckpt.checkpoint_path(recipe.output_dir, recipe.step):
         recipe.save_checkpoint()
-    save_final_from_every_process(recipe.strategy, recipe.model, recipe.tokenizer, recipe.output_dir,
-                                  merge_lora=recipe.cfg.model.lora_rank > 0)
+    save_final_from_every_process(
+        recipe.strategy, recipe.model, recipe.tokenizer, recipe.output_dir, merge_lora=recipe.cfg.model.lora_rank > 0
+    )
 
 
 def close_all(*things: Any) -> None:

@@ -55,15 +55,19 @@ class RLRecipe(online.OnlineRecipe):
         cfg, algo = self.cfg, self.cfg.algorithm
         resume_from = self._start_setup(recipes=("grpo", "ppo"))
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
-            cfg, self.strategy, with_reference=algo.kl_coef > 0)
+            cfg, self.strategy, with_reference=algo.kl_coef > 0
+        )
         self._setup_critic()
         self.advantage_fn = registry.algorithms.get(algo.advantage, kind="advantage")
         self.policy_loss_fn = registry.algorithms.get(algo.policy_loss, kind="policy_loss")
         self.kl_fn = registry.algorithms.get(algo.kl_estimator, kind="kl")
         online.check_algorithms(cfg, self.advantage_fn, has_critic=self.value_head is not None)
         self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
-        critic = {name: module for name, module in (("value_head", self.value_head), ("critic", self.critic_model))
-                  if module is not None}
+        critic = {
+            name: module
+            for name, module in (("value_head", self.value_head), ("critic", self.critic_model))
+            if module is not None
+        }
         passes = math.ceil(cfg.tasks_per_step * cfg.group_size / cfg.mini_batch_size) if cfg.mini_batch_size else 1
         self._setup_optimizer(critic, updates_per_step=cfg.ppo_epochs * passes)
         resumed = self._finish_setup(resume_from)
@@ -71,8 +75,10 @@ class RLRecipe(online.OnlineRecipe):
             if resumed is not None and module is not None:
                 missing, unexpected = self.strategy.load_weights(module, resumed.extra[key])
                 if missing or unexpected:
-                    raise ckpt.CheckpointError(f"{resumed.path}: the saved {key} does not fit: missing "
-                                               f"{missing[:5]}, unexpected {unexpected[:5]}")
+                    raise ckpt.CheckpointError(
+                        f"{resumed.path}: the saved {key} does not fit: missing "
+                        f"{missing[:5]}, unexpected {unexpected[:5]}"
+                    )
 
     def _setup_critic(self) -> None:
         """PPO's critic: a value head on the policy's backbone, or on a backbone of its own."""
@@ -97,8 +103,11 @@ class RLRecipe(online.OnlineRecipe):
             # with a search (rollout.strategy), every root-to-leaf path of each task's trees
             # (played again while every episode fails in the env: such a step is never counted)
             self.model.eval()
-            episodes = self._play_counted(lambda seed=seed: online.play_step(
-                cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed))
+            episodes = self._play_counted(
+                lambda seed=seed: online.play_step(
+                    cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed
+                )
+            )
             if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
                 raise EnvFailure(self._env_failure_message())
             metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
@@ -120,8 +129,9 @@ class RLRecipe(online.OnlineRecipe):
             batch = join_columns(batch, self._score_rollout(batch, on_policy))  # old/ref log-probs, values
             if self.ref_model is not None and algo.kl_in_reward and len(batch):
                 kl = self.kl_fn(batch["old_log_probs"], batch["ref_log_probs"])
-                batch.tensors["token_rewards"] = apply_kl_in_reward(batch["token_rewards"], kl, batch["loss_mask"],
-                                                                    algo.kl_coef)
+                batch.tensors["token_rewards"] = apply_kl_in_reward(
+                    batch["token_rewards"], kl, batch["loss_mask"], algo.kl_coef
+                )
 
             # ADVANTAGE: one calling convention for every estimator (omrl.algos.AdvantageInput)
             batch.tensors["advantages"], batch.tensors["returns"] = self._advantages(batch)
@@ -212,8 +222,12 @@ class RLRecipe(online.OnlineRecipe):
         mini-batch) and nothing needs the old log-probs before it (a critic's values for the
         advantages, the KL put into the rewards). TRL detaches the current log-probs likewise."""
         algo = self.cfg.algorithm
-        return self.cfg.ppo_epochs == 1 and passes <= 1 and self.value_head is None \
+        return (
+            self.cfg.ppo_epochs == 1
+            and passes <= 1
+            and self.value_head is None
             and not (self.ref_model is not None and algo.kl_in_reward)
+        )
 
     def _score_rollout(self, batch, on_policy: bool) -> list[dict[str, torch.Tensor]]:
         """Every micro-batch's rollout-time columns (see :meth:`_score`); none when no forward is
@@ -222,8 +236,12 @@ class RLRecipe(online.OnlineRecipe):
             return []
         score = functools.partial(self._score, on_policy=on_policy)
         with torch.no_grad():
-            return [score(mb) for mb in self.strategy.micro_batches(
-                micro_batches(batch, self.cfg.optim.micro_batch_size), idle=score, backward=False)]
+            return [
+                score(mb)
+                for mb in self.strategy.micro_batches(
+                    micro_batches(batch, self.cfg.optim.micro_batch_size), idle=score, backward=False
+                )
+            ]
 
     def _mini_batches(self, batch, count: int, shuffle: torch.Generator) -> list:
         """This process's rows in ``count`` shuffled mini-batches (every process takes as many),
@@ -243,9 +261,14 @@ class RLRecipe(online.OnlineRecipe):
             if self.value_head is not None:
                 scored["values"] = out["values"] * mb["loss_mask"]
         if self.ref_model is not None:
-            scored["ref_log_probs"] = policy_forward(self.ref_model, mb["input_ids"], mb["attention_mask"],
-                                                     self.temperature, token_mask=mb["loss_mask"],
-                                                     position_ids=mb.get("position_ids"))["log_probs"]
+            scored["ref_log_probs"] = policy_forward(
+                self.ref_model,
+                mb["input_ids"],
+                mb["attention_mask"],
+                self.temperature,
+                token_mask=mb["loss_mask"],
+                position_ids=mb.get("position_ids"),
+            )["log_probs"]
         return scored
 
     def _update_micro_batches(self, mini, mb_size: int):
@@ -254,30 +277,50 @@ class RLRecipe(online.OnlineRecipe):
         if self._shares_prefix():
             yield from with_shared_prefixes(self.model, mini, mb_size)
         else:
-            yield from ((mb, None) for mb in self.strategy.micro_batches(micro_batches(mini, mb_size),
-                                                                         idle=self._policy_forward))
+            yield from (
+                (mb, None)
+                for mb in self.strategy.micro_batches(micro_batches(mini, mb_size), idle=self._policy_forward)
+            )
 
     def _shares_prefix(self) -> bool:
         """Shared prefixes need the whole model in this process (not sharded) and no critic."""
-        return self.cfg.optim.share_prefix and not self.strategy.sharded and self.value_head is None \
+        return (
+            self.cfg.optim.share_prefix
+            and not self.strategy.sharded
+            and self.value_head is None
             and supports_shared_prefix(self.model)
+        )
 
     def _policy_forward(self, mb, prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
         """The update's forward: log-probs, entropy and (ppo) values of ``mb``."""
-        return self.strategy.forward(self._forward, mb, with_values=self.value_head is not None, with_entropy=True,
-                                     prefix=prefix)
+        return self.strategy.forward(
+            self._forward, mb, with_values=self.value_head is not None, with_entropy=True, prefix=prefix
+        )
 
-    def _forward(self, mb, with_values: bool = False, with_entropy: bool = False,
-                 prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
+    def _forward(
+        self, mb, with_values: bool = False, with_entropy: bool = False, prefix: SharedPrefix | None = None
+    ) -> dict[str, torch.Tensor]:
         """Log-probs (entropy, values) of the sampled tokens; the LM head runs on those alone."""
-        out = policy_forward(self.model, mb["input_ids"], mb["attention_mask"], self.temperature,
-                             with_entropy=with_entropy, token_mask=mb["loss_mask"], prefix=prefix,
-                             position_ids=mb.get("position_ids"),
-                             value_head=self.value_head if with_values and self.critic_model is None else None)
+        out = policy_forward(
+            self.model,
+            mb["input_ids"],
+            mb["attention_mask"],
+            self.temperature,
+            with_entropy=with_entropy,
+            token_mask=mb["loss_mask"],
+            prefix=prefix,
+            position_ids=mb.get("position_ids"),
+            value_head=self.value_head if with_values and self.critic_model is None else None,
+        )
         if with_values and self.critic_model is not None:
-            out["values"] = policy_forward(self.critic_model, mb["input_ids"], mb["attention_mask"],
-                                           value_head=self.value_head, token_mask=mb["loss_mask"],
-                                           position_ids=mb.get("position_ids"))["values"]
+            out["values"] = policy_forward(
+                self.critic_model,
+                mb["input_ids"],
+                mb["attention_mask"],
+                value_head=self.value_head,
+                token_mask=mb["loss_mask"],
+                position_ids=mb.get("position_ids"),
+            )["values"]
         return out
 
     def _checkpoint_extra(self) -> dict[str, Any]:
@@ -289,8 +332,9 @@ class RLRecipe(online.OnlineRecipe):
         return extra
 
 
-def run_rl(cfg: TrainRunConfig, on_step_end: StepCallback | None = None,
-           console: Console | None = None) -> dict[str, Any]:
+def run_rl(
+    cfg: TrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None
+) -> dict[str, Any]:
     """Set up, train and clean up with the recipe ``cfg.algorithm.name`` names (grpo, ppo or dpo);
     returns a summary of the last step and its evaluation."""
     from omrl.training.dpo import DPORecipe

@@ -27,12 +27,16 @@ UNTRAINABLE_END_REASONS = ("env_error",)
 
 def trainable(episodes: Sequence[Episode]) -> list[Episode]:
     """The episodes an update may use: token-exact, with at least one model turn, env intact."""
-    return [ep for ep in episodes
-            if ep.end_reason not in UNTRAINABLE_END_REASONS and ep.turns and any(ep.loss_mask) and token_exact(ep)]
+    return [
+        ep
+        for ep in episodes
+        if ep.end_reason not in UNTRAINABLE_END_REASONS and ep.turns and any(ep.loss_mask) and token_exact(ep)
+    ]
 
 
-def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation: str = "last_token",
-                      gamma: float = 1.0) -> Batch:
+def episodes_to_batch(
+    episodes: Sequence[Episode], pad_token_id: int, allocation: str = "last_token", gamma: float = 1.0
+) -> Batch:
     """Right-padded tensors for an RL update.
 
     Tensors, [bs, L] unless noted (L = longest episode in tokens, K = most turns):
@@ -60,16 +64,20 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation
         state_rows.append([state_ids.setdefault((ep.group, turn.observation), len(state_ids)) for turn in ep.turns])
         turn_reward_rows.append(ep.rewards.get("total", [0.0] * len(ep.turns)))
     input_ids = pad_sequences([ep.token_ids for ep in episodes], pad_token_id)
-    packed = {"position_ids": pad_sequences([ep.position_ids() for ep in episodes], 0)} \
-        if any(ep.row_starts for ep in episodes) else {}
+    packed = (
+        {"position_ids": pad_sequences([ep.position_ids() for ep in episodes], 0)}
+        if any(ep.row_starts for ep in episodes)
+        else {}
+    )
     return Batch(
         tensors={
             **packed,
             "input_ids": input_ids,
             "attention_mask": pad_sequences([[1] * len(ep.token_ids) for ep in episodes], 0),
             "loss_mask": pad_sequences([ep.loss_mask for ep in episodes], 0),
-            "token_rewards": pad_sequences([allocate_rewards(ep, allocation, gamma) for ep in episodes],
-                                           0.0, torch.float32),
+            "token_rewards": pad_sequences(
+                [allocate_rewards(ep, allocation, gamma) for ep in episodes], 0.0, torch.float32
+            ),
             "turn_index": pad_sequences(turn_index_rows, -1),
             "turn_rewards": pad_sequences(turn_reward_rows, 0.0, torch.float32),
             "turn_state_ids": pad_sequences(state_rows, -1),
@@ -81,17 +89,22 @@ def episodes_to_batch(episodes: Sequence[Episode], pad_token_id: int, allocation
 
 def advantage_input(batch: Batch) -> AdvantageInput:
     """What an advantage estimator reads, from an RL batch (values when the critic scored them)."""
-    return AdvantageInput(token_rewards=batch["token_rewards"], loss_mask=batch["loss_mask"],
-                          group_ids=batch["group_ids"], values=batch.tensors.get("values"),
-                          turn_index=batch["turn_index"], turn_rewards=batch["turn_rewards"],
-                          turn_state_ids=batch["turn_state_ids"])
+    return AdvantageInput(
+        token_rewards=batch["token_rewards"],
+        loss_mask=batch["loss_mask"],
+        group_ids=batch["group_ids"],
+        values=batch.tensors.get("values"),
+        turn_index=batch["turn_index"],
+        turn_rewards=batch["turn_rewards"],
+        turn_state_ids=batch["turn_state_ids"],
+    )
 
 
 def join_columns(batch: Batch, parts: Sequence[dict[str, torch.Tensor]]) -> Batch:
     """Add the columns computed per micro-batch (``parts``, in :func:`micro_batches` order, each
     [mb, w] for its own width w) to ``batch``, right-padded with zeros to its width."""
     width = batch["input_ids"].shape[1]
-    for key in (parts[0] if parts else {}):
+    for key in parts[0] if parts else {}:
         batch.tensors[key] = torch.cat([pad_to(part[key], width) for part in parts])
     return batch
 
@@ -111,8 +124,13 @@ def micro_batches(batch: Batch, size: int) -> list[Batch]:
     out = []
     for part in batch.split(size):
         width = int(part["attention_mask"].sum(-1).max())
-        out.append(Batch({k: t[:, :width] if t.dim() == 2 and k not in PER_TURN_KEYS else t
-                          for k, t in part.tensors.items()}, part.non_tensors, part.meta))
+        out.append(
+            Batch(
+                {k: t[:, :width] if t.dim() == 2 and k not in PER_TURN_KEYS else t for k, t in part.tensors.items()},
+                part.non_tensors,
+                part.meta,
+            )
+        )
     return out
 
 
@@ -149,7 +167,7 @@ class TaskOrder:
         while len(out) < count:
             order = np.random.default_rng(self.seed + self.epoch).permutation(len(self.tasks))
             step = min(count - len(out), len(order) - self.cursor)
-            out += [self.tasks[i] for i in order[self.cursor:self.cursor + step]]
+            out += [self.tasks[i] for i in order[self.cursor : self.cursor + step]]
             self.cursor += step
             if self.cursor >= len(order):
                 self.epoch, self.cursor = self.epoch + 1, 0

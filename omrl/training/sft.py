@@ -66,8 +66,9 @@ class SftRecipe:
         if cfg.optim.micro_batch_size < 1:
             raise ConfigError(f"optim.micro_batch_size must be >= 1, got {cfg.optim.micro_batch_size}")
         self.config_dict = to_dict(cfg)
-        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, self.cfg.resume,
-                                       defaults=to_dict(type(cfg)()))
+        resume_from = ckpt.resume_point(
+            self.output_dir, self.config_dict, self.cfg.resume, defaults=to_dict(type(cfg)())
+        )
         seed_everything(cfg.seed)
         self.device = self.strategy.device
         self._setup_model()
@@ -75,15 +76,29 @@ class SftRecipe:
         self._setup_optimizer()
         if resume_from is not None:
             self._load_resume_state(resume_from)
-        self.logger = MetricsLogger(self.output_dir, cfg.logging, self.total_steps, start_step=self.step,
-                                    run_config=self.config_dict, console=self.console, description="sft") \
-            if self.strategy.is_main else NullLogger()
+        self.logger = (
+            MetricsLogger(
+                self.output_dir,
+                cfg.logging,
+                self.total_steps,
+                start_step=self.step,
+                run_config=self.config_dict,
+                console=self.console,
+                description="sft",
+            )
+            if self.strategy.is_main
+            else NullLogger()
+        )
         if self.truncated:
-            self.logger.warn(f"{self.truncated} conversations were longer than max_seq_length={cfg.max_seq_length} "
-                             "tokens and were cut to it (raise max_seq_length to keep them whole)")
+            self.logger.warn(
+                f"{self.truncated} conversations were longer than max_seq_length={cfg.max_seq_length} "
+                "tokens and were cut to it (raise max_seq_length to keep them whole)"
+            )
         if self.dropped:
-            self.logger.warn(f"{self.dropped} conversations had no assistant token within max_seq_length="
-                             f"{cfg.max_seq_length} and were dropped")
+            self.logger.warn(
+                f"{self.dropped} conversations had no assistant token within max_seq_length="
+                f"{cfg.max_seq_length} and were dropped"
+            )
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
@@ -95,17 +110,22 @@ class SftRecipe:
         cfg = self.cfg
         conversations = load_conversations(cfg.dataset, cfg.min_reward)
         if not conversations:
-            raise OmrlError(f"{cfg.dataset} holds no conversations"
-                            + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else ""))
-        rows, self.dropped, self.truncated = tokenize_conversations(self.tokenizer, conversations, cfg.max_seq_length,
-                                                                      check_history(cfg.chat.history))
+            raise OmrlError(
+                f"{cfg.dataset} holds no conversations"
+                + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else "")
+            )
+        rows, self.dropped, self.truncated = tokenize_conversations(
+            self.tokenizer, conversations, cfg.max_seq_length, check_history(cfg.chat.history)
+        )
         if not rows:
-            raise OmrlError(f"no conversation in {cfg.dataset} has an assistant token within max_seq_length="
-                            f"{cfg.max_seq_length}")
+            raise OmrlError(
+                f"no conversation in {cfg.dataset} has an assistant token within max_seq_length={cfg.max_seq_length}"
+            )
         self.rows = pack_rows(rows, cfg.max_seq_length) if cfg.packing else rows
         self.micro = micro_batches(self.rows, cfg.optim.micro_batch_size)
-        self.micro_label_tokens = [sum(label != IGNORE_INDEX for r in rows for label in self.rows[r].labels)
-                                   for rows in self.micro]
+        self.micro_label_tokens = [
+            sum(label != IGNORE_INDEX for r in rows for label in self.rows[r].labels) for rows in self.micro
+        ]
         self.data_fingerprint = fingerprint(self.rows)
         accumulation = cfg.optim.gradient_accumulation_steps
         if accumulation < 1:
@@ -120,13 +140,15 @@ class SftRecipe:
         self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
 
     def _load_resume_state(self, path: Path) -> None:
-        state = ckpt.load_checkpoint(path, self.model, optimizer=self.optimizer, scheduler=self.scheduler,
-                                     strategy=self.strategy)
+        state = ckpt.load_checkpoint(
+            path, self.model, optimizer=self.optimizer, scheduler=self.scheduler, strategy=self.strategy
+        )
         if state.data_state.get("fingerprint") != self.data_fingerprint:
             raise ckpt.CheckpointError(
                 f"cannot resume from {path}: the training data changed since it was written (fingerprint "
                 f"{state.data_state.get('fingerprint')} -> {self.data_fingerprint}); resuming would not continue "
-                "the same run")
+                "the same run"
+            )
         self.step = state.step
         self.epoch, self.index = state.data_state["epoch"], state.data_state["index"]
         self.skipped.load_state_dict(state.extra)
@@ -151,7 +173,7 @@ class SftRecipe:
             if self.index >= len(order):
                 self.epoch, self.index = self.epoch + 1, 0
                 continue
-            chosen = order[self.index:self.index + accumulation]
+            chosen = order[self.index : self.index + accumulation]
             self.index += len(chosen)
             self.step += 1
             started = time.perf_counter()
@@ -174,18 +196,34 @@ class SftRecipe:
             # UPDATE: sum gradients over processes, clip, step, or skip a non-finite step
             loss_value, nonfinite_anywhere = strategy.sum([loss_value, not finite])
             finite = not nonfinite_anywhere
-            grad_norm, lr, applied = apply_update(strategy, self.params, self.optimizer, self.scheduler, self.skipped,
-                                                  self.logger, self.step, cfg.optim.max_grad_norm, finite)
+            grad_norm, lr, applied = apply_update(
+                strategy,
+                self.params,
+                self.optimizer,
+                self.scheduler,
+                self.skipped,
+                self.logger,
+                self.step,
+                cfg.optim.max_grad_norm,
+                finite,
+            )
             if applied:
                 last_loss = loss_value
 
             # LOG and CHECKPOINT
             step_time = time.perf_counter() - started
             step_times.append(step_time)
-            metrics = {"loss": loss_value if finite else float("nan"), "lr": lr, "tokens_per_s": tokens / step_time,
-                       "step_time": step_time, "grad_norm": grad_norm, "label_tokens": label_tokens,
-                       "epoch": self.epoch + self.index / len(order), **peak_memory(),
-                       **self.skipped.metrics()}
+            metrics = {
+                "loss": loss_value if finite else float("nan"),
+                "lr": lr,
+                "tokens_per_s": tokens / step_time,
+                "step_time": step_time,
+                "grad_norm": grad_norm,
+                "label_tokens": label_tokens,
+                "epoch": self.epoch + self.index / len(order),
+                **peak_memory(),
+                **self.skipped.metrics(),
+            }
             self.logger.log(self.step, metrics)
             if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
                 self.save_checkpoint()
@@ -194,9 +232,13 @@ class SftRecipe:
 
         # SAVE: the final checkpoint (resumable) and the final model (LoRA merged)
         save_final(self)
-        return {"steps": self.step, "final_loss": last_loss, "skipped_updates": self.skipped.count,
-                "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
-                "output_dir": str(self.output_dir)}
+        return {
+            "steps": self.step,
+            "final_loss": last_loss,
+            "skipped_updates": self.skipped.count,
+            "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
+            "output_dir": str(self.output_dir),
+        }
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """A micro-batch's summed token loss, through the strategy (a forward it counts)."""
@@ -208,16 +250,17 @@ class SftRecipe:
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""
-        return save_recipe_checkpoint(self, data_state={"epoch": self.epoch, "index": self.index,
-                                                       "fingerprint": self.data_fingerprint})
+        return save_recipe_checkpoint(
+            self, data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint}
+        )
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
         close_all(getattr(self, "logger", None), self.strategy)
 
 
-def run_sft(cfg: SftRunConfig, on_step_end: StepCallback | None = None,
-            console: Console | None = None) -> dict[str, Any]:
+def run_sft(
+    cfg: SftRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None
+) -> dict[str, Any]:
     """Set up, train and clean up; returns a summary (steps, final_loss, skipped_updates, mean_step_time)."""
     return run_recipe(SftRecipe(cfg, on_step_end=on_step_end, console=console), "sft")
-

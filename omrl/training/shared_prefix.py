@@ -55,15 +55,18 @@ def shared_prefix_groups(batch: Batch, packed_rows_share: bool = False) -> list[
     :func:`omrl.training.policy.packed_mask` builds (transformers builds none beside a cache).
     """
     ids, mask, loss_mask = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
-    prompts = [ids[i, :_prompt_length(ids[i], mask[i], loss_mask[i])] for i in range(len(batch))]
+    prompts = [ids[i, : _prompt_length(ids[i], mask[i], loss_mask[i])] for i in range(len(batch))]
     positions = batch.tensors.get("position_ids")
     if positions is not None and not packed_rows_share:
         restarts = ((positions[:, 1:] == 0) & (mask[:, 1:] == 1)).any(-1).tolist()
         packed = [i for i, restart in enumerate(restarts) if restart]
         if packed:
             rest = [i for i in range(len(batch)) if i not in set(packed)]
-            groups = [([rest[i] for i in members], length)
-                      for members, length in shared_prefix_groups(batch.rows(rest))] if rest else []
+            groups = (
+                [([rest[i] for i in members], length) for members, length in shared_prefix_groups(batch.rows(rest))]
+                if rest
+                else []
+            )
             return groups + [([i], 0) for i in packed]
     if not prompts:
         return []
@@ -161,8 +164,9 @@ def _keep_cache_under_checkpointing(model: nn.Module) -> Iterator[None]:
                 layer._can_checkpoint_with_cache = value
 
 
-def with_shared_prefixes(model: nn.Module, batch: Batch, micro_batch_size: int
-                         ) -> Iterator[tuple[Batch, "SharedPrefix | None"]]:
+def with_shared_prefixes(
+    model: nn.Module, batch: Batch, micro_batch_size: int
+) -> Iterator[tuple[Batch, "SharedPrefix | None"]]:
     """The update's micro-batches of ``batch``, each with the shared prefix it runs on (or None).
 
     Rows in a group run one at a time (no padding) on their group's prefix, whose backward runs
@@ -226,8 +230,12 @@ class SharedPrefix:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None and torch.is_grad_enabled():
-                pairs = [(out, leaf.grad) for outs, leaves in zip(self._captured, self._leaves)
-                         for out, leaf in zip(outs, leaves) if leaf.grad is not None and out.requires_grad]
+                pairs = [
+                    (out, leaf.grad)
+                    for outs, leaves in zip(self._captured, self._leaves)
+                    for out, leaf in zip(outs, leaves)
+                    if leaf.grad is not None and out.requires_grad
+                ]
                 if pairs:
                     torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         finally:

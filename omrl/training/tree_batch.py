@@ -55,8 +55,13 @@ def finished_paths(episodes: Sequence[Episode]) -> list[Episode]:
     return [ep for ep in trainable(episodes) if ep.end_reason not in UNFINISHED]
 
 
-def paths_to_batch(episodes: Sequence[Episode], trees_per_task: int, pad_token_id: int,
-                   allocation: str = "last_token", gamma: float = 1.0) -> Batch:
+def paths_to_batch(
+    episodes: Sequence[Episode],
+    trees_per_task: int,
+    pad_token_id: int,
+    allocation: str = "last_token",
+    gamma: float = 1.0,
+) -> Batch:
     """Rows of the finished paths of ``episodes`` (every path of every tree, as the search wrote them).
 
     ``Episode.group`` numbers the trees (``trees_per_task`` consecutive ones per task), so
@@ -77,9 +82,11 @@ def paths_to_batch(episodes: Sequence[Episode], trees_per_task: int, pad_token_i
         for turn in ep.turns:
             node = ids.setdefault((ep.group, turn.node_id), len(ids)) if turn.node_id >= 0 else -1
             if node >= 0 and spans.setdefault(node, turn.span) != turn.span:
-                raise OmrlError(f"two paths of tree {ep.group} (task {ep.task_id}) hold node {turn.node_id} at "
-                                f"different tokens ({spans[node]} and {turn.span}); a tree's paths share "
-                                "their common turns token for token (omrl.search.Tree.episodes)")
+                raise OmrlError(
+                    f"two paths of tree {ep.group} (task {ep.task_id}) hold node {turn.node_id} at "
+                    f"different tokens ({spans[node]} and {turn.span}); a tree's paths share "
+                    "their common turns token for token (omrl.search.Tree.episodes)"
+                )
             nodes.append(node)
             parents.append(ids.setdefault((ep.group, turn.parent_id), len(ids)) if turn.parent_id > ROOT else -1)
         node_rows.append(nodes)
@@ -93,8 +100,9 @@ def paths_to_batch(episodes: Sequence[Episode], trees_per_task: int, pad_token_i
     return batch
 
 
-def chain_rows(episodes: Sequence[Episode], pad_token_id: int, allocation: str = "last_token",
-               gamma: float = 1.0) -> Batch:
+def chain_rows(
+    episodes: Sequence[Episode], pad_token_id: int, allocation: str = "last_token", gamma: float = 1.0
+) -> Batch:
     """Rows of the batched rollout's trainable episodes (:func:`~omrl.training.rl_data.episodes_to_batch`),
     each tagged with its episode as :func:`paths_to_batch` tags its paths."""
     played = trainable(episodes)
@@ -189,7 +197,9 @@ def sibling_pairs(episodes: Sequence[Episode]) -> list[tuple[Episode, Episode]]:
     pairs = []
     for key in sorted(children):
         below = [(max(through, key=rank), min(through, key=rank)) for through in children[key].values()]
-        candidates = [(best, worst) for i, (best, _) in enumerate(below) for j, (_, worst) in enumerate(below) if i != j]
+        candidates = [
+            (best, worst) for i, (best, _) in enumerate(below) for j, (_, worst) in enumerate(below) if i != j
+        ]
         if candidates:
             best, worst = max(candidates, key=preference)
             if best.total_reward > worst.total_reward:

@@ -42,8 +42,10 @@ class TextBudget:
 
 def cut_note(left_out: int) -> str:
     """The line that ends a cut text, so no one takes it for the whole."""
-    return (f"\n[omrl view cut {left_out:,} more characters here: it shows at most {MAX_TEXT:,} characters of one "
-            f"text and {MAX_ANSWER_TEXT:,} of one episode; the run's files hold them all]")
+    return (
+        f"\n[omrl view cut {left_out:,} more characters here: it shows at most {MAX_TEXT:,} characters of one "
+        f"text and {MAX_ANSWER_TEXT:,} of one episode; the run's files hold them all]"
+    )
 
 
 def cut_tokens(tokens: dict[str, Any]) -> dict[str, Any]:
@@ -55,6 +57,8 @@ def cut_tokens(tokens: dict[str, Any]) -> dict[str, Any]:
     for name in ("ids", "mask", "logprob", "text", "advantage", "return", "value"):
         if isinstance(tokens.get(name), list):
             tokens[name] = tokens[name][:MAX_TOKENS]
-    tokens["cut"] = (f"the first {MAX_TOKENS:,} of this episode's {total:,} tokens are shown (omrl view shows at most "
-                     f"{MAX_TOKENS:,}); the trajectory file holds them all")
+    tokens["cut"] = (
+        f"the first {MAX_TOKENS:,} of this episode's {total:,} tokens are shown (omrl view shows at most "
+        f"{MAX_TOKENS:,}); the trajectory file holds them all"
+    )
     return tokens

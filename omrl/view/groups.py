@@ -13,8 +13,10 @@ import json
 from typing import Any
 
 RECORDED = "as the trainer recorded them (an episode's: the mean over its trained tokens)"
-NOT_RECORDED = ("not recorded: only the rollouts `omrl train` saves carry them (each step's, from this version on); "
-                "nothing is recomputed")
+NOT_RECORDED = (
+    "not recorded: only the rollouts `omrl train` saves carry them (each step's, from this version on); "
+    "nothing is recomputed"
+)
 
 
 def advantage_note(recorded: bool) -> str:
@@ -46,8 +48,20 @@ def build_tree(paths: list[tuple[dict[str, Any], dict[str, Any]]], limit: int = 
     action, step reward, the scorer's last score, whether the search chose the path through
     it, and how the paths that end there ended.
     """
-    nodes: dict[int, dict[str, Any]] = {0: {"id": 0, "parent": None, "action": None, "response": "", "reward": None,
-                                            "score": None, "chosen": False, "end": None, "won": False, "episodes": []}}
+    nodes: dict[int, dict[str, Any]] = {
+        0: {
+            "id": 0,
+            "parent": None,
+            "action": None,
+            "response": "",
+            "reward": None,
+            "score": None,
+            "chosen": False,
+            "end": None,
+            "won": False,
+            "episodes": [],
+        }
+    }
     for summary, row in paths:
         turns = row.get("turns") or []
         for i, turn in enumerate(turns):
@@ -60,9 +74,17 @@ def build_tree(paths: list[tuple[dict[str, Any], dict[str, Any]]], limit: int = 
                 if len(nodes) >= limit:
                     break
                 node = nodes[node_id] = {
-                    "id": node_id, "parent": turn.get("parent_id"), "action": _short(turn.get("action")),
-                    "response": _short(turn.get("response") or ""), "reward": turn.get("reward"),
-                    "score": search.get("score"), "chosen": False, "end": None, "won": False, "episodes": []}
+                    "id": node_id,
+                    "parent": turn.get("parent_id"),
+                    "action": _short(turn.get("action")),
+                    "response": _short(turn.get("response") or ""),
+                    "reward": turn.get("reward"),
+                    "score": search.get("score"),
+                    "chosen": False,
+                    "end": None,
+                    "won": False,
+                    "episodes": [],
+                }
             node["episodes"].append(summary["id"])
             node["chosen"] = node["chosen"] or bool(search.get("chosen"))
             if i == len(turns) - 1:

@@ -47,8 +47,11 @@ def read_metrics_file(path: Path, label: str) -> tuple[list[dict[str, Any]], lis
         try:
             record = json.loads(line)
         except ValueError:
-            why = ("the last line is half-written (a run still writing, or killed mid-line)" if last
-                   else f"line {number} is not JSON")
+            why = (
+                "the last line is half-written (a run still writing, or killed mid-line)"
+                if last
+                else f"line {number} is not JSON"
+            )
             problems.append(Problem(label, f"{why}; skipped", level="warning"))
             continue
         if not isinstance(record, dict) or not _is_number(record.get("step")):

@@ -24,8 +24,10 @@ from omrl.view.store import EpisodeStore
 DEFAULT_MAX_EPISODES = 200
 # JSON of the episodes, groups and trees a saved page embeds; the overview (config, curves) comes on top
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
-        "base-uri 'none'; form-action 'none'; connect-src {connect}")
+_CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
+    "base-uri 'none'; form-action 'none'; connect-src {connect}"
+)
 _SLOTS = re.compile(r"__(CSP|CSS|JS|DATA)__")
 
 
@@ -45,8 +47,7 @@ def render(data: dict[str, Any] | None = None) -> str:
         "CSP": _CSP.format(connect="'none'" if data is not None else "'self'"),
         "CSS": (assets / "view.css").read_text(encoding="utf-8"),
         "JS": (assets / "view.js").read_text(encoding="utf-8"),
-        "DATA": "" if data is None else
-        f'<script type="application/json" id="omrl-data">{script_json(data)}</script>',
+        "DATA": "" if data is None else f'<script type="application/json" id="omrl-data">{script_json(data)}</script>',
     }
     # one pass over the template: text put into a slot is never searched for slots itself
     return _SLOTS.sub(lambda m: slots[m.group(1)], template)
@@ -57,8 +58,9 @@ def script_json(value: Any) -> str:
     return dumps(value).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def embedded_data(store: EpisodeStore, max_episodes: int = DEFAULT_MAX_EPISODES,
-                  max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+def embedded_data(
+    store: EpisodeStore, max_episodes: int = DEFAULT_MAX_EPISODES, max_bytes: int = DEFAULT_MAX_BYTES
+) -> dict[str, Any]:
     """The first ``max_episodes`` episodes in full, with their groups and trees, and the overview;
     the episodes after the one that would take the embedded JSON past ``max_bytes`` are left out,
     so a run of long episodes still makes a page a browser opens (the note says so)."""
@@ -79,22 +81,29 @@ def embedded_data(store: EpisodeStore, max_episodes: int = DEFAULT_MAX_EPISODES,
         used += size
         for name, part in parts.items():
             embedded[name].update(part)
-    kept = kept[:len(embedded["details"])]
+    kept = kept[: len(embedded["details"])]
     note = ""
     if len(kept) < total:
-        why = (f"past them its {max_bytes / 2**20:g} MiB bound on embedded episodes would be crossed" if full
-               else f"--max-episodes {max_episodes}")
-        note = (f"This saved page holds the first {len(kept)} of the run's {total} episodes ({why}); "
-                f"`omrl view {store.source.path}` serves them all.")
+        why = (
+            f"past them its {max_bytes / 2**20:g} MiB bound on embedded episodes would be crossed"
+            if full
+            else f"--max-episodes {max_episodes}"
+        )
+        note = (
+            f"This saved page holds the first {len(kept)} of the run's {total} episodes ({why}); "
+            f"`omrl view {store.source.path}` serves them all."
+        )
     return {
         "note": note or "every episode is in this page",
         "run": {**store.overview(), "embedded_note": note},
-        "summaries": kept, **embedded,
+        "summaries": kept,
+        **embedded,
     }
 
 
-def write_page(store: EpisodeStore, out: str | os.PathLike,
-               max_episodes: int = DEFAULT_MAX_EPISODES) -> tuple[Path, int]:
+def write_page(
+    store: EpisodeStore, out: str | os.PathLike, max_episodes: int = DEFAULT_MAX_EPISODES
+) -> tuple[Path, int]:
     """Write the self-contained page to ``out`` (atomically); returns its path and how many episodes it
     holds (``max_episodes`` or fewer, where the byte bound of :func:`embedded_data` stopped it)."""
     from omrl.atomic import atomic_write_text

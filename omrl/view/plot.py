@@ -27,15 +27,17 @@ def require_matplotlib():
     return plt
 
 
-def plot_run(run: str | os.PathLike, out_dir: str | os.PathLike | None = None, only: list[str] | None = None,
-             dpi: int = 150) -> tuple[list[Path], list[Problem]]:
+def plot_run(
+    run: str | os.PathLike, out_dir: str | os.PathLike | None = None, only: list[str] | None = None, dpi: int = 150
+) -> tuple[list[Path], list[Problem]]:
     """Write ``<panel>.png`` for each panel of ``run``'s metrics.jsonl into ``out_dir``
     (default ``<run>/plots``); ``only`` keeps the panels whose name or metric keys it lists.
     Returns the files written and the problems met reading the metrics."""
     source = discover(run)
     if source.metrics is None:
-        raise OmrlError(f"{run}: no metrics.jsonl to plot (omrl train and omrl sft write one in their output "
-                        "directory)")
+        raise OmrlError(
+            f"{run}: no metrics.jsonl to plot (omrl train and omrl sft write one in their output directory)"
+        )
     records, problems = read_metrics_file(source.metrics, source.label(source.metrics))
     curves = columns(records)
     if not curves["step"]:

@@ -67,15 +67,25 @@ class ParquetEpisodes:
         for i, row in enumerate(rows):
             score = _number(row.get("score"))
             total = totals[i] if totals and totals[i] is not None else score
-            summaries.append({
-                "env": row.get("env") or "", "split": row.get("split") or "", "task": row.get("task_id"),
-                "group": row.get("group") or 0, "sample": row.get("sample") or 0, "won": bool(row.get("won")),
-                "reward": total, "score": score, "end": row.get("end_reason") or "",
-                "turns": turn_counts[i] if turn_counts else 0, "tokens": tokens[i] if tokens else 0,
-                "generated": generated[i] if generated else 0, "error": row.get("error"),
-                "tree": bool(in_tree[i]) if len(in_tree) else False,
-                "advantage": advantages[i] if advantages else None,
-            })
+            summaries.append(
+                {
+                    "env": row.get("env") or "",
+                    "split": row.get("split") or "",
+                    "task": row.get("task_id"),
+                    "group": row.get("group") or 0,
+                    "sample": row.get("sample") or 0,
+                    "won": bool(row.get("won")),
+                    "reward": total,
+                    "score": score,
+                    "end": row.get("end_reason") or "",
+                    "turns": turn_counts[i] if turn_counts else 0,
+                    "tokens": tokens[i] if tokens else 0,
+                    "generated": generated[i] if generated else 0,
+                    "error": row.get("error"),
+                    "tree": bool(in_tree[i]) if len(in_tree) else False,
+                    "advantage": advantages[i] if advantages else None,
+                }
+            )
         return summaries
 
     def row(self, index: int) -> dict[str, Any]:
@@ -122,8 +132,9 @@ class RecordEpisodes:
             self.problems.append(Problem(self.label, f"{why}; skipped", level="warning"))
             return None
         if not isinstance(record, dict) or "turns" not in record:
-            self.problems.append(Problem(self.label, f"line {number} is not an episode record; skipped",
-                                         level="warning"))
+            self.problems.append(
+                Problem(self.label, f"line {number} is not an episode record; skipped", level="warning")
+            )
             return None
         return record
 
@@ -143,16 +154,33 @@ class ReportEpisodes:
         env = str(((report.get("config") or {}).get("env") or {}).get("name", ""))
         split = str(((report.get("config") or {}).get("env") or {}).get("split", ""))
         episodes = report.get("episodes") if isinstance(report.get("episodes"), list) else []
-        self.summaries = [{
-            "env": env, "split": split, "task": ep.get("task_id"), "group": ep.get("task_id") or 0,
-            "sample": ep.get("sample") or 0, "won": bool(ep.get("won")), "reward": _number(ep.get("reward")),
-            "score": _number(ep.get("score")), "end": ep.get("end_reason") or "", "turns": ep.get("turns") or 0,
-            "tokens": 0, "generated": 0, "error": ep.get("error"), "tree": False, "advantage": None,
-        } for ep in episodes if isinstance(ep, dict)]
+        self.summaries = [
+            {
+                "env": env,
+                "split": split,
+                "task": ep.get("task_id"),
+                "group": ep.get("task_id") or 0,
+                "sample": ep.get("sample") or 0,
+                "won": bool(ep.get("won")),
+                "reward": _number(ep.get("reward")),
+                "score": _number(ep.get("score")),
+                "end": ep.get("end_reason") or "",
+                "turns": ep.get("turns") or 0,
+                "tokens": 0,
+                "generated": 0,
+                "error": ep.get("error"),
+                "tree": False,
+                "advantage": None,
+            }
+            for ep in episodes
+            if isinstance(ep, dict)
+        ]
 
     def row(self, index: int) -> dict[str, Any]:
-        raise Unreadable(f"{self.label}: an eval report keeps one summary line per episode, not its turns or tokens "
-                         "(`omrl rollout` writes whole episodes)")
+        raise Unreadable(
+            f"{self.label}: an eval report keeps one summary line per episode, not its turns or tokens "
+            "(`omrl rollout` writes whole episodes)"
+        )
 
 
 def _lengths_and_sums(lists: Any, values: Any = None) -> tuple[list[int], list[int]]:
@@ -184,8 +212,12 @@ def _trained_means(advantages: Any, loss_mask: Any) -> list[float | None]:
     from the flattened lists one numpy slice a row: no token arrays as Python lists."""
     adv_offsets, adv_values = _flat(advantages)
     mask_offsets, mask_values = _flat(loss_mask)
-    return [trained_mean(adv_values[adv_offsets[i]:adv_offsets[i + 1]],
-                         mask_values[mask_offsets[i]:mask_offsets[i + 1]]) for i in range(len(adv_offsets) - 1)]
+    return [
+        trained_mean(
+            adv_values[adv_offsets[i] : adv_offsets[i + 1]], mask_values[mask_offsets[i] : mask_offsets[i + 1]]
+        )
+        for i in range(len(adv_offsets) - 1)
+    ]
 
 
 def _flat(lists: Any) -> tuple[Any, Any]:
@@ -218,12 +250,21 @@ def _number(value: Any) -> float:
 
 def _record_summary(record: dict[str, Any]) -> dict[str, Any]:
     return {
-        "env": record.get("env") or "", "split": record.get("split") or "", "task": record.get("task_id"),
-        "group": record.get("group") or 0, "sample": record.get("sample") or 0, "won": bool(record.get("won")),
-        "reward": _number(record.get("total_reward", record.get("score"))), "score": _number(record.get("score")),
-        "end": record.get("end_reason") or "", "turns": record.get("num_turns") or len(record.get("turns") or []),
-        "tokens": record.get("tokens") or 0, "generated": record.get("generated_tokens") or 0,
-        "error": record.get("error"), "tree": False, "advantage": None,
+        "env": record.get("env") or "",
+        "split": record.get("split") or "",
+        "task": record.get("task_id"),
+        "group": record.get("group") or 0,
+        "sample": record.get("sample") or 0,
+        "won": bool(record.get("won")),
+        "reward": _number(record.get("total_reward", record.get("score"))),
+        "score": _number(record.get("score")),
+        "end": record.get("end_reason") or "",
+        "turns": record.get("num_turns") or len(record.get("turns") or []),
+        "tokens": record.get("tokens") or 0,
+        "generated": record.get("generated_tokens") or 0,
+        "error": record.get("error"),
+        "tree": False,
+        "advantage": None,
     }
 
 
@@ -233,15 +274,29 @@ def _record_row(record: dict[str, Any]) -> dict[str, Any]:
     messages = [m for m in record.get("messages") or [] if isinstance(m, dict)]
     chat = messages
     if messages and messages[0].get("role") == "system":
-        chat = messages[1 + int(record.get("demo_messages") or 0):]
+        chat = messages[1 + int(record.get("demo_messages") or 0) :]
     users = [m.get("content", "") for m in chat if m.get("role") == "user"]
     replies = [m.get("content", "") for m in chat if m.get("role") == "assistant"]
     turns = []
     for i, turn in enumerate(record.get("turns") or []):
-        turns.append({**turn, "observation": users[i] if i < len(users) else "",
-                      "response": replies[i] if i < len(replies) else "", "info": "{}", "span": [0, 0]})
-    return {**record, "turns": turns, "rewards": list((record.get("rewards") or {}).items()),
-            "token_ids": [], "loss_mask": [], "logprobs": [], "end_reason": record.get("end_reason")}
+        turns.append(
+            {
+                **turn,
+                "observation": users[i] if i < len(users) else "",
+                "response": replies[i] if i < len(replies) else "",
+                "info": "{}",
+                "span": [0, 0],
+            }
+        )
+    return {
+        **record,
+        "turns": turns,
+        "rewards": list((record.get("rewards") or {}).items()),
+        "token_ids": [],
+        "loss_mask": [],
+        "logprobs": [],
+        "end_reason": record.get("end_reason"),
+    }
 
 
 def _first_line(exc: BaseException) -> str:

@@ -27,9 +27,18 @@ MODEL_KEY = b"omrl.model"  # read when a writer records the model; none does yet
 # Folders a run keeps that hold no trajectories: walking them would only cost time.
 _SKIP_DIRS = {"checkpoints", "tensorboard", "wandb", "__pycache__", "node_modules"}
 # JSON files a saved Hugging Face model keeps beside the run's files: never eval reports.
-_MODEL_JSON = {"config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
-               "special_tokens_map.json", "added_tokens.json", "vocab.json", "state.json",
-               "model.safetensors.index.json", "adapter_config.json"}
+_MODEL_JSON = {
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "state.json",
+    "model.safetensors.index.json",
+    "adapter_config.json",
+}
 _MAX_DEPTH = 4
 _MAX_REPORT_BYTES = 200 * 1024 * 1024
 
@@ -82,19 +91,25 @@ def discover(path: str | os.PathLike) -> RunSource:
     """Find what ``path`` holds; raise OmrlError when it holds nothing omrl wrote."""
     path = Path(path).expanduser()
     if not path.exists():
-        raise OmrlError(f"{path}: no such file or directory; give a run directory, a trajectory parquet or "
-                        "JSONL, or an eval report JSON")
+        raise OmrlError(
+            f"{path}: no such file or directory; give a run directory, a trajectory parquet or "
+            "JSONL, or an eval report JSON"
+        )
     if not path.is_dir() and not path.is_file():
-        raise OmrlError(f"{path} is {_kind_of(path)}, not a regular file: reading it could wait forever; give a run "
-                        "directory, a trajectory parquet or JSONL, or an eval report JSON")
+        raise OmrlError(
+            f"{path} is {_kind_of(path)}, not a regular file: reading it could wait forever; give a run "
+            "directory, a trajectory parquet or JSONL, or an eval report JSON"
+        )
     source = _discover_dir(path) if path.is_dir() else _discover_file(path)
     if source.empty and path.is_file():  # the one file could not be read: nothing else to show
         raise OmrlError("; ".join(str(p) for p in source.problems))
     if source.empty:
         found = f"; what it holds: {'; '.join(str(p) for p in source.problems)}" if source.problems else ""
-        raise OmrlError(f"{path} is not an omrl run: it holds no readable {METRICS_FILE}, {CONFIG_FILE}, trajectory "
-                        "parquet/JSONL or eval report (give a run's output directory, e.g. runs/grpo-webshop-..., "
-                        f"or a file `omrl rollout` or `omrl eval` wrote){found}")
+        raise OmrlError(
+            f"{path} is not an omrl run: it holds no readable {METRICS_FILE}, {CONFIG_FILE}, trajectory "
+            "parquet/JSONL or eval report (give a run's output directory, e.g. runs/grpo-webshop-..., "
+            f"or a file `omrl rollout` or `omrl eval` wrote){found}"
+        )
     return source
 
 
@@ -116,8 +131,10 @@ def _discover_file(path: Path) -> RunSource:
     elif suffix in (".yaml", ".yml"):
         source.kind, source.config = "run", path
     else:
-        raise OmrlError(f"{path}: not something omrl view shows; give a run directory, a trajectory .parquet or "
-                        ".jsonl, or an eval report .json")
+        raise OmrlError(
+            f"{path}: not something omrl view shows; give a run directory, a trajectory .parquet or "
+            ".jsonl, or an eval report .json"
+        )
     source.tokenizer = _beside(path, TOKENIZER_FILE, source)
     return source
 
@@ -147,8 +164,7 @@ def _walk(root: Path) -> list[Path]:
     base_depth = len(root.parts)
     for folder, dirs, files in os.walk(root):
         depth = len(Path(folder).parts) - base_depth
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".")
-                         and depth < _MAX_DEPTH)
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".") and depth < _MAX_DEPTH)
         found += [Path(folder) / f for f in files if not f.startswith(".")]
     return sorted(found)
 
@@ -166,8 +182,9 @@ def _regular(path: Path, source: RunSource) -> bool:
     waits forever. It becomes a warning naming it."""
     if path.is_file():
         return True
-    source.problems.append(Problem(source.label(path), f"{_kind_of(path)}, not a regular file; not read",
-                                   level="warning"))
+    source.problems.append(
+        Problem(source.label(path), f"{_kind_of(path)}, not a regular file; not read", level="warning")
+    )
     return False
 
 
@@ -177,8 +194,13 @@ def _kind_of(path: Path) -> str:
         mode = path.stat().st_mode
     except OSError:
         return "a broken link"
-    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a folder"))
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a folder"),
+    )
     return next((words for test, words in kinds if test(mode)), "not a regular file")
 
 
@@ -189,8 +211,9 @@ def _stays_inside(path: Path, root: Path, source: RunSource) -> bool:
     real, base = os.path.realpath(path), os.path.realpath(root)
     if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
         return True
-    source.problems.append(Problem(source.label(path), "a link to a file outside the run directory; not followed",
-                                   level="warning"))
+    source.problems.append(
+        Problem(source.label(path), "a link to a file outside the run directory; not followed", level="warning")
+    )
     return False
 
 
@@ -201,13 +224,19 @@ def _add_parquet(source: RunSource, path: Path) -> None:
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-        source.problems.append(Problem(source.label(path),
-                                       f"truncated, damaged or not a parquet file ({_first_line(exc)})"))
+        source.problems.append(
+            Problem(source.label(path), f"truncated, damaged or not a parquet file ({_first_line(exc)})")
+        )
         return
     tag = (schema.metadata or {}).get(SCHEMA_KEY, b"")
     if not tag.startswith(b"episode/"):
-        source.problems.append(Problem(source.label(path), "not an omrl trajectory file (no omrl.schema episode/N "
-                                       "in its metadata); skipped", level="warning"))
+        source.problems.append(
+            Problem(
+                source.label(path),
+                "not an omrl trajectory file (no omrl.schema episode/N in its metadata); skipped",
+                level="warning",
+            )
+        )
         return
     source.trajectories.append(path)
     model = (schema.metadata or {}).get(MODEL_KEY)

@@ -78,8 +78,9 @@ class EpisodeStore:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:  # shown as text all the same
-            self.problems.append(Problem(self.source.label(path), f"not valid YAML ({str(exc).splitlines()[0]})",
-                                         level="warning"))
+            self.problems.append(
+                Problem(self.source.label(path), f"not valid YAML ({str(exc).splitlines()[0]})", level="warning")
+            )
             return text, None
         if not isinstance(data, dict):
             return text, None
@@ -113,8 +114,13 @@ class EpisodeStore:
         self.files.append(reader)
         base = len(self.summaries)
         for row, summary in enumerate(reader.summaries):
-            summary.update(id=base + row, file=number, row=row, group=f"{number}:{summary['group']}",
-                           error=TextBudget()(summary.get("error")))  # in every list page: kept short
+            summary.update(
+                id=base + row,
+                file=number,
+                row=row,
+                group=f"{number}:{summary['group']}",
+                error=TextBudget()(summary.get("error")),
+            )  # in every list page: kept short
             self.summaries.append(summary)
 
     def _curves(self) -> tuple[dict[str, Any], list[Problem]]:
@@ -143,13 +149,21 @@ class EpisodeStore:
         problems = self.problems + found
         s = self.summaries
         return {
-            "path": str(self.source.path), "kind": self.source.kind, "title": self.source.path.name,
-            "config": self.config_text, "metrics": curves, "panels": panels(list(curves["series"])),
-            "reports": self.reports, "problems": [p.as_dict() for p in problems],
+            "path": str(self.source.path),
+            "kind": self.source.kind,
+            "title": self.source.path.name,
+            "config": self.config_text,
+            "metrics": curves,
+            "panels": panels(list(curves["series"])),
+            "reports": self.reports,
+            "problems": [p.as_dict() for p in problems],
             "files": [{"file": f.label, "episodes": len(f.summaries)} for f in self.files],
-            "episodes": len(s), "tokenizer": self.tokenizer_note, "advantage": self.advantage_note,
+            "episodes": len(s),
+            "tokenizer": self.tokenizer_note,
+            "advantage": self.advantage_note,
             "facets": {
-                "split": sorted({e["split"] for e in s}), "end": sorted({e["end"] for e in s}),
+                "split": sorted({e["split"] for e in s}),
+                "end": sorted({e["end"] for e in s}),
                 "file": [f.label for f in self.files],
                 "reward": [min((e["reward"] for e in s), default=0.0), max((e["reward"] for e in s), default=0.0)],
                 "trees": any(e["tree"] for e in s),
@@ -165,7 +179,7 @@ class EpisodeStore:
             items.sort(key=lambda e: e[key.lstrip("-")], reverse=key.startswith("-"))
         offset = max(0, _int(params.get("offset"), 0))
         limit = min(MAX_PAGE, max(1, _int(params.get("limit"), PAGE_SIZE)))
-        page = [dict(e) for e in items[offset:offset + limit]]
+        page = [dict(e) for e in items[offset : offset + limit]]
         return {"total": len(items), "offset": offset, "limit": limit, "items": page}
 
     def episode(self, episode_id: int) -> dict[str, Any]:
@@ -189,15 +203,26 @@ class EpisodeStore:
             summary = dict(self.summaries[i])
             try:
                 row = self.files[summary["file"]].row(summary["row"])
-                turns = [{"observation": cut(t.get("observation") or ""), "response": cut(t.get("response") or ""),
-                          "action": cut(t.get("action")), "reward": t.get("reward"), "format_ok": t.get("format_ok")}
-                         for t in row.get("turns") or []]
-                members.append({"summary": summary, "instruction": cut(row.get("instruction") or ""),
-                                "turns": turns})
+                turns = [
+                    {
+                        "observation": cut(t.get("observation") or ""),
+                        "response": cut(t.get("response") or ""),
+                        "action": cut(t.get("action")),
+                        "reward": t.get("reward"),
+                        "format_ok": t.get("format_ok"),
+                    }
+                    for t in row.get("turns") or []
+                ]
+                members.append({"summary": summary, "instruction": cut(row.get("instruction") or ""), "turns": turns})
             except Unreadable as exc:
                 members.append({"summary": summary, "unavailable": str(exc), "turns": []})
-        return {"key": key, "size": len(ids), "shown": len(members), "members": members,
-                "advantage": self.advantage_note}
+        return {
+            "key": key,
+            "size": len(ids),
+            "shown": len(members),
+            "members": members,
+            "advantage": self.advantage_note,
+        }
 
     def tree(self, key: str) -> dict[str, Any]:
         """The search tree the paths of one group were cut from."""
@@ -264,32 +289,49 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
     turns = []
     for i, turn in enumerate(row.get("turns") or []):
         span = list(turn.get("span") or [0, 0])
-        turns.append({
-            "row": sum(start <= span[0] for start in row_starts),
-            "observation": cut(turn.get("observation") or ""), "response": cut(turn.get("response") or ""),
-            "action": cut(turn.get("action")), "format_ok": turn.get("format_ok"),
-            "parse_error": cut(turn.get("parse_error")), "reward": turn.get("reward"), "done": turn.get("done"),
-            "info": _cut_info(groups.info_dict(turn.get("info")), cut),
-            "rewards": {name: values[i] for name, values in rewards.items() if values and i < len(values)},
-            "span": list(turn.get("span") or [0, 0]), "node": turn.get("node_id"), "parent": turn.get("parent_id"),
-        })
+        turns.append(
+            {
+                "row": sum(start <= span[0] for start in row_starts),
+                "observation": cut(turn.get("observation") or ""),
+                "response": cut(turn.get("response") or ""),
+                "action": cut(turn.get("action")),
+                "format_ok": turn.get("format_ok"),
+                "parse_error": cut(turn.get("parse_error")),
+                "reward": turn.get("reward"),
+                "done": turn.get("done"),
+                "info": _cut_info(groups.info_dict(turn.get("info")), cut),
+                "rewards": {name: values[i] for name, values in rewards.items() if values and i < len(values)},
+                "span": list(turn.get("span") or [0, 0]),
+                "node": turn.get("node_id"),
+                "parent": turn.get("parent_id"),
+            }
+        )
     ids, mask = list(row.get("token_ids") or []), list(row.get("loss_mask") or [])
     tokens = {
-        "ids": ids, "mask": mask,
+        "ids": ids,
+        "mask": mask,
         "logprob": [None if x is None or not math.isfinite(x) else round(x, 4) for x in row.get("logprobs") or []],
         "text": token_text.pieces(ids) if token_text is not None and ids else None,
-        "advantage": None, "advantage_note": "", "return": None, "value": None,
+        "advantage": None,
+        "advantage_note": "",
+        "return": None,
+        "value": None,
     }
     for key, column in (("advantage", "advantages"), ("return", "returns"), ("value", "values")):
         tokens[key] = _trained_values(row.get(column), mask)
     if tokens["advantage"] is not None:
         tokens["advantage_note"] = "as the trainer recorded it"
     return {
-        "summary": summary, "instruction": cut(row.get("instruction") or ""), "turns": turns,
-        "reward_totals": {name: float(sum(v for v in values or [] if v is not None))
-                          for name, values in rewards.items()},
-        "prompt_length": row.get("prompt_length") or 0, "demo_messages": row.get("demo_messages") or 0,
-        "row_starts": row_starts, "tokens": cut_tokens(tokens),
+        "summary": summary,
+        "instruction": cut(row.get("instruction") or ""),
+        "turns": turns,
+        "reward_totals": {
+            name: float(sum(v for v in values or [] if v is not None)) for name, values in rewards.items()
+        },
+        "prompt_length": row.get("prompt_length") or 0,
+        "demo_messages": row.get("demo_messages") or 0,
+        "row_starts": row_starts,
+        "tokens": cut_tokens(tokens),
     }
 
 

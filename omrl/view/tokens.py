@@ -47,13 +47,17 @@ def find_tokenizer(source: RunSource, name: str | None = None) -> tuple[TokenTex
     if name:
         path = _resolve(name)
         if path is None:
-            raise OmrlError(f"--tokenizer {name!r}: no tokenizer.json found; valid: a tokenizer.json file, a model "
-                            f"directory holding one, or a built-in model name ({', '.join(BUILTIN_MODELS)})")
+            raise OmrlError(
+                f"--tokenizer {name!r}: no tokenizer.json found; valid: a tokenizer.json file, a model "
+                f"directory holding one, or a built-in model name ({', '.join(BUILTIN_MODELS)})"
+            )
         return TokenText(path), f"tokenizer: {path}"
     if source.tokenizer is not None:
         return TokenText(source.tokenizer), f"tokenizer: {source.tokenizer}"
-    for model, where in ((_config_model(source.config), "model.name in config.yaml"),
-                         (source.model, "the model the trajectory file names")):
+    for model, where in (
+        (_config_model(source.config), "model.name in config.yaml"),
+        (source.model, "the model the trajectory file names"),
+    ):
         path = _resolve(model) if model else None
         if path is not None:
             return TokenText(path), f"tokenizer: {path} ({where})"

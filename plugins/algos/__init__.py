@@ -14,9 +14,15 @@ from omrl_plugins.algos.kl import k1, k2, k3
 from omrl_plugins.algos.policy_losses import clip_higher, dual_clip, ppo_clip
 from omrl_plugins.algos.tree import tree_grpo
 
-ADVANTAGES = {"gae": gae, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo,
-              "reinforce_plus_plus": reinforce_plus_plus, "gigpo": gigpo,
-              "tree_grpo": tree_grpo}
+ADVANTAGES = {
+    "gae": gae,
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce_plus_plus": reinforce_plus_plus,
+    "gigpo": gigpo,
+    "tree_grpo": tree_grpo,
+}
 POLICY_LOSSES = {"ppo_clip": ppo_clip, "dual_clip": dual_clip, "clip_higher": clip_higher}
 KL_ESTIMATORS = {"k1": k1, "k2": k2, "k3": k3}
 

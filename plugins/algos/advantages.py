@@ -94,12 +94,15 @@ def check_turn_input(fn_name: str, data: AdvantageInput, **per_turn: torch.Tenso
     name, first = next(iter(per_turn.items()))
     bs, num_turns = first.shape
     if bs != data.token_rewards.shape[0]:
-        raise OmrlError(f"{fn_name}: {name} has {bs} rows but token_rewards has {data.token_rewards.shape[0]}; "
-                        "they must match")
+        raise OmrlError(
+            f"{fn_name}: {name} has {bs} rows but token_rewards has {data.token_rewards.shape[0]}; they must match"
+        )
     turn_index = data.turn_index.long()
     if turn_index.numel() and int(turn_index.max()) >= num_turns:
-        raise OmrlError(f"{fn_name}: turn_index reaches {int(turn_index.max())} but {name} has only "
-                        f"K={num_turns} turns per row; turn_index must be -1 or in [0, K)")
+        raise OmrlError(
+            f"{fn_name}: turn_index reaches {int(turn_index.max())} but {name} has only "
+            f"K={num_turns} turns per row; turn_index must be -1 or in [0, K)"
+        )
     return turn_index
 
 

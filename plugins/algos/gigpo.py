@@ -23,8 +23,14 @@ from omrl_plugins.algos.advantages import (
 )
 
 
-def step_advantages(turn_rewards: torch.Tensor, turn_state_ids: torch.Tensor, group_ids: torch.Tensor,
-                    gamma: float, use_std: bool, eps: float) -> torch.Tensor:
+def step_advantages(
+    turn_rewards: torch.Tensor,
+    turn_state_ids: torch.Tensor,
+    group_ids: torch.Tensor,
+    gamma: float,
+    use_std: bool,
+    eps: float,
+) -> torch.Tensor:
     """Step-level advantage of every turn. [bs, K], [bs, K], [bs] -> [bs, K] float32.
 
     A turn's return is its discounted reward-to-go over the row's later turns
@@ -65,7 +71,8 @@ def gigpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Te
     weight = require_range(cfg, "gigpo_step_weight", 0.0)
 
     episode = group_normalize(episode_scores(rewards, mask), data.group_ids, cfg.norm_adv_by_std, cfg.eps)
-    per_turn = step_advantages(data.turn_rewards, data.turn_state_ids, data.group_ids, gamma,
-                               cfg.norm_adv_by_std, cfg.eps)
+    per_turn = step_advantages(
+        data.turn_rewards, data.turn_state_ids, data.group_ids, gamma, cfg.norm_adv_by_std, cfg.eps
+    )
     advantages = broadcast_to_tokens(episode, mask) + weight * turns_to_tokens(per_turn, turn_index, mask)
     return advantages, advantages

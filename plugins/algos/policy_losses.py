@@ -38,8 +38,14 @@ def clipped_surrogate(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Ten
 
     loss_t = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - clip_ratio_low, 1 + clip_ratio_high))
     """
-    require_same_shape("policy loss", 2, log_probs=data.log_probs, old_log_probs=data.old_log_probs,
-                       advantages=data.advantages, loss_mask=data.loss_mask)
+    require_same_shape(
+        "policy loss",
+        2,
+        log_probs=data.log_probs,
+        old_log_probs=data.old_log_probs,
+        advantages=data.advantages,
+        loss_mask=data.loss_mask,
+    )
     low = require_range(cfg, "clip_ratio_low", 0.0, 1.0)
     high = require_range(cfg, "clip_ratio_high", 0.0)
     mask = data.loss_mask.bool()

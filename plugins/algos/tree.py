@@ -26,8 +26,9 @@ from omrl_plugins.algos.advantages import (
 )
 
 
-def branch_advantages(scores: torch.Tensor, turn_node_ids: torch.Tensor, turn_parent_ids: torch.Tensor,
-                      use_std: bool, eps: float) -> torch.Tensor:
+def branch_advantages(
+    scores: torch.Tensor, turn_node_ids: torch.Tensor, turn_parent_ids: torch.Tensor, use_std: bool, eps: float
+) -> torch.Tensor:
     """Step-level advantage of every turn. [bs], [bs, K], [bs, K] -> [bs, K] float32.
 
     A node's value is the mean score of the rows (finished root-to-leaf paths) that pass through
@@ -46,8 +47,10 @@ def branch_advantages(scores: torch.Tensor, turn_node_ids: torch.Tensor, turn_pa
     parent = parents.new_full((count,), -1).scatter_(0, inverse, parents)
     if not torch.equal(parent[inverse], parents):
         bad = int(nodes[parent[inverse] != parents][0])
-        raise OmrlError(f"tree_grpo: node {bad} has different parents in different rows; turn_node_ids must name "
-                        "each node of a tree once in the batch (rows sharing a node share its whole path)")
+        raise OmrlError(
+            f"tree_grpo: node {bad} has different parents in different rows; turn_node_ids must name "
+            "each node of a tree once in the batch (rows sharing a node share its whole path)"
+        )
     step = torch.zeros_like(value)
     branched = parent >= 0
     step[branched] = group_normalize(value[branched], parent[branched], use_std, eps)
@@ -82,8 +85,9 @@ def tree_grpo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torc
     advantages = broadcast_to_tokens(group_normalize(scores, data.group_ids, cfg.norm_adv_by_std, cfg.eps), mask)
     if data.turn_node_ids is None and data.turn_parent_ids is None:
         return advantages, advantages
-    turn_index = check_turn_input("tree_grpo", data, turn_node_ids=data.turn_node_ids,
-                                  turn_parent_ids=data.turn_parent_ids)
+    turn_index = check_turn_input(
+        "tree_grpo", data, turn_node_ids=data.turn_node_ids, turn_parent_ids=data.turn_parent_ids
+    )
     per_turn = branch_advantages(scores, data.turn_node_ids, data.turn_parent_ids, cfg.norm_adv_by_std, cfg.eps)
     advantages = advantages + weight * turns_to_tokens(per_turn, turn_index, mask)
     return advantages, advantages

@@ -145,21 +145,31 @@ class GridWorld(Env):
     """A small text maze: reach the goal with up/down/left/right; BFS shortest-path expert."""
 
     action_help = "Reply with one move: up, down, left or right."
-    tools = [{
-        "name": "move",
-        "description": "Move one cell on the grid.",
-        "parameters": {
-            "type": "object",
-            "properties": {"direction": {"type": "string", "enum": list(MOVES),
-                                         "description": "Which way to move."}},
-            "required": ["direction"],
-        },
-    }]
+    tools = [
+        {
+            "name": "move",
+            "description": "Move one cell on the grid.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "direction": {"type": "string", "enum": list(MOVES), "description": "Which way to move."}
+                },
+                "required": ["direction"],
+            },
+        }
+    ]
     max_turns = 12
     deterministic = True
 
-    def __init__(self, size: int = 5, wall_density: float = 0.3, min_distance: int = 2,
-                 max_distance: int = 6, max_turns: int = 12, show_grid: bool = False):
+    def __init__(
+        self,
+        size: int = 5,
+        wall_density: float = 0.3,
+        min_distance: int = 2,
+        max_distance: int = 6,
+        max_turns: int = 12,
+        show_grid: bool = False,
+    ):
         _check_option("size", size, 3, 12, integer=True)
         _check_option("wall_density", wall_density, 0.0, 0.5)
         # the farthest two cells of an empty grid are 2 * (size - 1) apart
@@ -192,10 +202,14 @@ class GridWorld(Env):
         self._agent = self._maze.start
         self._turn = 0
         self._done = False
-        instruction = (f"Walk to the goal on a {self.size}x{self.size} grid with walls "
-                       f"in at most {self.max_turns} moves.")
-        return Observation(describe(self._maze, self._agent, self.show_grid), instruction,
-                           {"won": False, "score": 0.0, "distance": self._distance[self._agent]})
+        instruction = (
+            f"Walk to the goal on a {self.size}x{self.size} grid with walls in at most {self.max_turns} moves."
+        )
+        return Observation(
+            describe(self._maze, self._agent, self.show_grid),
+            instruction,
+            {"won": False, "score": 0.0, "distance": self._distance[self._agent]},
+        )
 
     def step(self, action: str) -> StepResult:
         if self._done or self._maze is None:

@@ -17,18 +17,21 @@ def load_reward_model(path: Any, text: Any, device: Any, what: str = "reward 'rm
     from omrl.rm.model import cached_reward_model  # torch and transformers: only when an rm is used
 
     if not isinstance(path, str) or not path:
-        raise ConfigError(f"{what} needs the option path (a reward model directory written by `omrl rm train`), "
-                          f"got {path!r}; set it with plugins.rm.path=DIR")
+        raise ConfigError(
+            f"{what} needs the option path (a reward model directory written by `omrl rm train`), "
+            f"got {path!r}; set it with plugins.rm.path=DIR"
+        )
     if not isinstance(text, bool):
-        raise ConfigError(f"{what} option text={text!r} is invalid; valid: true (score the chat re-encoded with "
-                          "the reward model's tokenizer) or false (score the policy's token ids)")
+        raise ConfigError(
+            f"{what} option text={text!r} is invalid; valid: true (score the chat re-encoded with "
+            "the reward model's tokenizer) or false (score the policy's token ids)"
+        )
     if not isinstance(device, str) or not device:
         raise ConfigError(f"{what} option device={device!r} is invalid; valid: a torch device such as cpu or cuda")
     return cached_reward_model(path, device)
 
 
-def rm_reward(episodes: list[Episode], path: str = "", text: bool = False, device: str = "cpu"
-              ) -> list[list[float]]:
+def rm_reward(episodes: list[Episode], path: str = "", text: bool = False, device: str = "cpu") -> list[list[float]]:
     """The reward model's scores: an ``orm``'s score of the episode on its last turn, a ``prm``'s score of
     every turn (so with ``reward.allocation=per_turn`` each turn is trained on its own).
 

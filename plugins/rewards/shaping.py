@@ -40,8 +40,9 @@ def format_reward(episodes: list[Episode], normalize: bool = True) -> list[list[
     return [_spread([float(t.format_ok) for t in ep.turns], normalize) for ep in episodes]
 
 
-def tag_count_reward(episodes: list[Episode], template: str = "react", tags: list[str] | None = None,
-                     normalize: bool = True) -> list[list[float]]:
+def tag_count_reward(
+    episodes: list[Episode], template: str = "react", tags: list[str] | None = None, normalize: bool = True
+) -> list[list[float]]:
     """Per turn, partial credit (DeepSeek-R1 style): the share of expected tags that appear exactly once.
 
     ``template`` picks the tags (react: ``Think:``/``Act:`` at a line start; xml:
@@ -62,8 +63,10 @@ def tag_count_reward(episodes: list[Episode], template: str = "react", tags: lis
     elif template in TAG_SETS:
         patterns = list(TAG_SETS[template])
     else:
-        raise RewardError(f"reward 'tag_count' has no tags for template {template!r}; "
-                          f"valid: {', '.join(TAG_SETS)} (or pass tags=[...])")
+        raise RewardError(
+            f"reward 'tag_count' has no tags for template {template!r}; "
+            f"valid: {', '.join(TAG_SETS)} (or pass tags=[...])"
+        )
     compiled = [re.compile(p, re.M) for p in patterns]
 
     def share(response: str) -> float:
@@ -72,8 +75,9 @@ def tag_count_reward(episodes: list[Episode], template: str = "react", tags: lis
     return [_spread([share(t.response) for t in ep.turns], normalize) for ep in episodes]
 
 
-def length_penalty(episodes: list[Episode], budget: int = 64, per_token: float = 0.005,
-                   scope: str = "turn") -> list[list[float]]:
+def length_penalty(
+    episodes: list[Episode], budget: int = 64, per_token: float = 0.005, scope: str = "turn"
+) -> list[list[float]]:
     """``-per_token`` for every model token beyond ``budget`` (a value <= 0).
 
     ``scope="turn"`` gives each reply its own budget and penalty (it curbs the
@@ -94,8 +98,11 @@ def length_penalty(episodes: list[Episode], budget: int = 64, per_token: float =
     if scope not in LENGTH_SCOPES:
         raise RewardError(f"reward 'length_penalty' has no scope {scope!r}; valid: {', '.join(LENGTH_SCOPES)}")
     if budget < 0 or per_token < 0:
-        raise RewardError(f"reward 'length_penalty' needs budget >= 0 and per_token >= 0, "
-                          f"got budget={budget!r}, per_token={per_token!r}")
+        raise RewardError(
+            f"reward 'length_penalty' needs budget >= 0 and per_token >= 0, "
+            f"got budget={budget!r}, per_token={per_token!r}"
+        )
+
     def penalty(tokens: int) -> float:
         excess = max(0, tokens - budget)
         return -per_token * excess if excess else 0.0  # never -0.0
@@ -103,8 +110,10 @@ def length_penalty(episodes: list[Episode], budget: int = 64, per_token: float =
     out = []
     for ep in episodes:
         if ep.turns and not ep.token_ids:
-            raise RewardError(f"reward 'length_penalty' counts tokens, but episode (env {ep.env!r}, task "
-                              f"{ep.task_id}) has no token ids (was it played by a backend that keeps none?)")
+            raise RewardError(
+                f"reward 'length_penalty' counts tokens, but episode (env {ep.env!r}, task "
+                f"{ep.task_id}) has no token ids (was it played by a backend that keeps none?)"
+            )
         lengths = [len(positions) for positions in model_token_positions(ep)]
         if scope == "turn":
             out.append([penalty(n) for n in lengths])
@@ -128,6 +137,7 @@ def process_reward(episodes: list[Episode], invalid_penalty: float = 0.0) -> lis
     >>> process_reward([ep], invalid_penalty=0.1)
     [[0.5, -0.1]]
     """
+
     def value(turn) -> float:
         invalid = bool(turn.info.get("invalid", False)) or turn.action is None
         return float(turn.reward) - (invalid_penalty if invalid else 0.0)

@@ -16,12 +16,17 @@ from omrl_plugins.strategies.mc_value import mc_value
 from omrl_plugins.strategies.mcts import mcts
 from omrl_plugins.strategies.scorers import env_reward, logprob, majority_vote, random_pick, reward_model, self_eval
 
-STRATEGIES = {"chain": chain, "best_of_n": best_of_n, "beam": beam, "dfsdt": dfsdt, "mcts": mcts,
-              "mc_value": mc_value}
+STRATEGIES = {"chain": chain, "best_of_n": best_of_n, "beam": beam, "dfsdt": dfsdt, "mcts": mcts, "mc_value": mc_value}
 #: what each declares to the core (omrl.search.StrategyTraits); the rest grow one tree per task
 TRAITS = {"chain": {"group_in_one_tree": True, "batched_without_budget": True}}
-SCORERS = {"env_reward": env_reward, "logprob": logprob, "self_eval": self_eval, "rm": reward_model,
-           "random": random_pick, "majority": majority_vote}
+SCORERS = {
+    "env_reward": env_reward,
+    "logprob": logprob,
+    "self_eval": self_eval,
+    "rm": reward_model,
+    "random": random_pick,
+    "majority": majority_vote,
+}
 
 
 @hookimpl

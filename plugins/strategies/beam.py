@@ -9,8 +9,15 @@ from omrl.search.context import whole_number
 from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task, pick_answer
 
 
-def beam(ctx: SearchContext, tasks: Sequence[int], width: int = 2, branch: int = 3, scorer: str = "env_reward",
-         stop_on_win: bool = True, select: str = "") -> list[Tree]:
+def beam(
+    ctx: SearchContext,
+    tasks: Sequence[int],
+    width: int = 2,
+    branch: int = 3,
+    scorer: str = "env_reward",
+    stop_on_win: bool = True,
+    select: str = "",
+) -> list[Tree]:
     """Breadth-first tree search (ToT): keep the ``width`` best of ``branch`` candidates per node.
 
     Every kept node gets ``branch`` candidate replies, each stepped in its own env copy;
@@ -27,8 +34,9 @@ def beam(ctx: SearchContext, tasks: Sequence[int], width: int = 2, branch: int =
     check_scorer(ctx, scorer)
     if select:
         check_scorer(ctx, select)
-    return run_search(ctx, tasks, _grow, width=width, branch=branch, scorer=scorer, stop_on_win=stop_on_win,
-                      select=select)
+    return run_search(
+        ctx, tasks, _grow, width=width, branch=branch, scorer=scorer, stop_on_win=stop_on_win, select=select
+    )
 
 
 def _grow(tree: Tree, ctx: SearchContext, width: int, branch: int, scorer: str, stop_on_win: bool, select: str):

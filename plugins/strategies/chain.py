@@ -23,9 +23,20 @@ def chain(ctx: SearchContext, tasks: Sequence[int]) -> list[Tree]:
         trees = run_search(ctx, tasks, grow_chains, forks=False, n=ctx.group_size)
     else:
         progress = _PerTask(ctx.progress, ctx.group_size) if ctx.progress is not None else None
-        episodes = collect(ctx.pool, ctx.template, ctx.tokenizer, tasks, backend=ctx.backend, limits=ctx.limits,
-                           split=ctx.split, group_size=ctx.group_size, seed=ctx.seed, expert=ctx.expert,
-                           demonstration=ctx.demonstration, progress=progress)
+        episodes = collect(
+            ctx.pool,
+            ctx.template,
+            ctx.tokenizer,
+            tasks,
+            backend=ctx.backend,
+            limits=ctx.limits,
+            split=ctx.split,
+            group_size=ctx.group_size,
+            seed=ctx.seed,
+            expert=ctx.expert,
+            demonstration=ctx.demonstration,
+            progress=progress,
+        )
         trees = []
         for group, task in enumerate(tasks):
             played = [ep for ep in episodes if ep.group == group]

@@ -11,16 +11,20 @@ from omrl.search import Node, SearchContext
 def one_tree_per_task(ctx: SearchContext) -> None:
     """Tree strategies build one tree per task; several samples per task are ``chain``'s business."""
     if ctx.group_size != 1:
-        raise ConfigError(f"strategy {ctx.strategy!r} builds one tree per task, so samples per task must be 1 "
-                          f"(got {ctx.group_size}); valid: 1, or strategy chain for several samples")
+        raise ConfigError(
+            f"strategy {ctx.strategy!r} builds one tree per task, so samples per task must be 1 "
+            f"(got {ctx.group_size}); valid: 1, or strategy chain for several samples"
+        )
 
 
 def needs_sampling(ctx: SearchContext, what: str, count: int) -> None:
     """Several candidates of one prompt differ only when sampled: greedy decoding would repeat one."""
     if count > 1 and ctx.limits.temperature <= 0:
-        raise ConfigError(f"{what}={count} samples several replies per node, but decoding is greedy "
-                          "(generation.temperature=0), so they would all be the same; valid: "
-                          "generation.temperature>0 (e.g. 1.0), or 1")
+        raise ConfigError(
+            f"{what}={count} samples several replies per node, but decoding is greedy "
+            "(generation.temperature=0), so they would all be the same; valid: "
+            "generation.temperature>0 (e.g. 1.0), or 1"
+        )
 
 
 def check_scorer(ctx: SearchContext, name: str) -> None:

@@ -9,8 +9,9 @@ from omrl.search.context import whole_number
 from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task, pick_answer
 
 
-def dfsdt(ctx: SearchContext, tasks: Sequence[int], branch: int = 2, scorer: str = "env_reward",
-          max_expansions: int = 32) -> list[Tree]:
+def dfsdt(
+    ctx: SearchContext, tasks: Sequence[int], branch: int = 2, scorer: str = "env_reward", max_expansions: int = 32
+) -> list[Tree]:
     """Depth-first search with backtracking (ToolLLM's DFSDT): on a dead end, try the next candidate.
 
     A node is expanded into ``branch`` candidates and the best one (by ``scorer``) is

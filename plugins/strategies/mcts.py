@@ -13,8 +13,16 @@ from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tre
 VALUES = ("rollout", "scorer")
 
 
-def mcts(ctx: SearchContext, tasks: Sequence[int], iterations: int = 16, branch: int = 3, exploration: float = 1.0,
-         value: str = "rollout", scorer: str = "env_reward", stop_on_win: bool = True) -> list[Tree]:
+def mcts(
+    ctx: SearchContext,
+    tasks: Sequence[int],
+    iterations: int = 16,
+    branch: int = 3,
+    exploration: float = 1.0,
+    value: str = "rollout",
+    scorer: str = "env_reward",
+    stop_on_win: bool = True,
+) -> list[Tree]:
     """Monte Carlo tree search (UCT) over sampled replies, valued by roll-outs or a scorer.
 
     Select by ``Q + exploration * sqrt(ln N_parent / N)``, expand a leaf into ``branch``
@@ -35,8 +43,17 @@ def mcts(ctx: SearchContext, tasks: Sequence[int], iterations: int = 16, branch:
     one_tree_per_task(ctx)
     needs_sampling(ctx, "mcts option branch", branch)
     check_scorer(ctx, scorer)
-    return run_search(ctx, tasks, _grow, iterations=iterations, branch=branch, exploration=float(exploration),
-                      value=value, scorer=scorer, stop_on_win=stop_on_win)
+    return run_search(
+        ctx,
+        tasks,
+        _grow,
+        iterations=iterations,
+        branch=branch,
+        exploration=float(exploration),
+        value=value,
+        scorer=scorer,
+        stop_on_win=stop_on_win,
+    )
 
 
 def uct(node: Node, exploration: float) -> float:
@@ -60,8 +77,16 @@ def backup(node: Node, value: float) -> None:
         step.value_sum += value
 
 
-def _grow(tree: Tree, ctx: SearchContext, iterations: int, branch: int, exploration: float, value: str,
-          scorer: str, stop_on_win: bool):
+def _grow(
+    tree: Tree,
+    ctx: SearchContext,
+    iterations: int,
+    branch: int,
+    exploration: float,
+    value: str,
+    scorer: str,
+    stop_on_win: bool,
+):
     expanded: set[int] = set()  # ids of nodes MCTS expanded (a roll-out's nodes are not, until selected)
     for _ in range(iterations):
         node = tree.root

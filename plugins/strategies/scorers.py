@@ -13,7 +13,7 @@ from omrl.errors import ConfigError
 from omrl.search import Node, SearchContext
 from omrl_plugins.rewards.reward_model import load_reward_model
 
-SELF_EVAL_QUESTION = ("Is the agent on track to complete the task? Answer with one word: yes or no.")
+SELF_EVAL_QUESTION = "Is the agent on track to complete the task? Answer with one word: yes or no."
 EXCERPT = 400  # characters kept of each message in the self-evaluation transcript
 
 
@@ -37,8 +37,9 @@ def logprob(nodes: Sequence[Node], ctx: SearchContext) -> list[float]:
     return out
 
 
-def self_eval(nodes: Sequence[Node], ctx: SearchContext, question: str = SELF_EVAL_QUESTION,
-              max_new_tokens: int = 4) -> list[float]:
+def self_eval(
+    nodes: Sequence[Node], ctx: SearchContext, question: str = SELF_EVAL_QUESTION, max_new_tokens: int = 4
+) -> list[float]:
     """The model asked whether the path is on track (ToT's state evaluation): its probability of "yes".
 
     Each node's chat (after the worked example) is shown as a transcript, then
@@ -63,17 +64,20 @@ def self_eval(nodes: Sequence[Node], ctx: SearchContext, question: str = SELF_EV
 
 def _judge_messages(node: Node, question: str) -> list[dict[str, str]]:
     """A fresh two-message chat: the task and the path so far as a transcript, then the question."""
-    chat = node.messages[1 + node.episode.demo_messages:]  # after the system prompt and the worked example
+    chat = node.messages[1 + node.episode.demo_messages :]  # after the system prompt and the worked example
     lines = [f"Task: {node.episode.instruction}"]
     for message in chat:
         who = "Agent" if message["role"] == "assistant" else "Environment"
         lines.append(f"{who}: {message['content'][:EXCERPT]}")
-    return [{"role": "system", "content": "You judge how well an agent is doing at a task."},
-            {"role": "user", "content": "\n".join(lines) + f"\n\n{question}"}]
+    return [
+        {"role": "system", "content": "You judge how well an agent is doing at a task."},
+        {"role": "user", "content": "\n".join(lines) + f"\n\n{question}"},
+    ]
 
 
-def reward_model(nodes: Sequence[Node], ctx: SearchContext, path: str = "", text: bool = False,
-                 device: str = "cpu") -> list[float]:
+def reward_model(
+    nodes: Sequence[Node], ctx: SearchContext, path: str = "", text: bool = False, device: str = "cpu"
+) -> list[float]:
     """A trained reward model's score of each node's path (options in ``plugins.rm``, shared with the reward).
 
     An ``orm`` scores the path as a whole, a ``prm`` its last turn. The node's token ids
@@ -105,8 +109,7 @@ def majority_vote(nodes: Sequence[Node], ctx: SearchContext) -> list[float]:
     trees = [id(node.tree) for node in nodes]
     counts = Counter(zip(trees, actions))
     sizes = Counter(trees)
-    return [counts[(tree, action)] / sizes[tree] if action is not None else 0.0
-            for tree, action in zip(trees, actions)]
+    return [counts[(tree, action)] / sizes[tree] if action is not None else 0.0 for tree, action in zip(trees, actions)]
 
 
 def _task(node: Node) -> int:

@@ -87,8 +87,7 @@ def reply_format_error(problem: str, env: Any, reply_format: tuple[str, ...]) ->
     return "\n".join([f"{problem} Reply in this format:", *reply_format, action_help(env)]).rstrip()
 
 
-def first_block(text: str, opening: re.Pattern, closing: re.Pattern,
-                pos: int = 0) -> tuple[re.Match, re.Match] | None:
+def first_block(text: str, opening: re.Pattern, closing: re.Pattern, pos: int = 0) -> tuple[re.Match, re.Match] | None:
     """The first opening tag at or after ``pos`` and the closing tag after it, or None when unclosed.
 
     What ``re.search("<a>(.*?)</a>")`` finds, in linear time: that regex
@@ -137,5 +136,7 @@ def example_action(env: Any) -> str:
     try:
         return env.action_from_tool_call(tools[0]["name"], example_arguments(tools[0]))
     except Exception as exc:
-        raise TemplateError(f"{type(env).__name__}.action_from_tool_call failed on its own first tool "
-                            f"{tools[0].get('name')!r}: {type(exc).__name__}: {exc}") from exc
+        raise TemplateError(
+            f"{type(env).__name__}.action_from_tool_call failed on its own first tool "
+            f"{tools[0].get('name')!r}: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -37,14 +37,14 @@ def _take_action(after: str) -> tuple[str, bool, str]:
     if end < len(lines) and lines[end].lstrip().startswith("```"):
         close = next((k for k in range(end + 1, len(lines)) if lines[k].strip().startswith("```")), len(lines) - 1)
         end = close + 1
-    action = "\n".join([lines[i].strip(), *lines[i + 1:end]]).strip()
+    action = "\n".join([lines[i].strip(), *lines[i + 1 : end]]).strip()
     return action, i == 0, "\n".join(lines[end:]).strip()
 
 
 def _thought(before_act: str) -> str | None:
     """The reasoning before the action: after the last "Think:" if there is one, else all of it."""
     markers = list(THINK_LINE.finditer(before_act))
-    text = before_act[markers[-1].end():] if markers else before_act
+    text = before_act[markers[-1].end() :] if markers else before_act
     return text.strip() or None
 
 
@@ -74,14 +74,21 @@ class ReactTemplate(Template):
             thought = _thought(text)
             problem = "No 'Act:' line found."
         else:
-            thought = _thought(text[:marker.start()])
-            action, on_act_line, rest = _take_action(text[marker.end():])
+            thought = _thought(text[: marker.start()])
+            action, on_act_line, rest = _take_action(text[marker.end() :])
             if action:
                 action, unwrapped = unwrap(action)
                 markers = list(KEYWORD_LINE.finditer(text))
-                ok = (len(markers) == 2 and markers[0].start() == 0 and markers[0].group(0) == "Think:"
-                      and markers[1].start() == marker.start() and marker.group(0).strip() == "Act:"
-                      and on_act_line and not rest and not unwrapped)
+                ok = (
+                    len(markers) == 2
+                    and markers[0].start() == 0
+                    and markers[0].group(0) == "Think:"
+                    and markers[1].start() == marker.start()
+                    and marker.group(0).strip() == "Act:"
+                    and on_act_line
+                    and not rest
+                    and not unwrapped
+                )
                 return ParsedAction(action, ok, thought)
             problem = "'Act:' was not followed by an action."
         action = lone_action(text, env)

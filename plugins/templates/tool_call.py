@@ -36,8 +36,12 @@ OPENING, CLOSING = re.compile(re.escape(OPEN_TAG)), re.compile(re.escape("</tool
 SURROGATE = re.compile("[\ud800-\udfff]")  # from JSON escapes such as \ud800; not writable as UTF-8
 GENERIC_TOOL = "act"
 _TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-    "array": (list,), "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
 }
 
 
@@ -96,13 +100,22 @@ def check_arguments(tool: dict[str, Any], args: dict[str, Any]) -> tuple[dict[st
         spec = props.get(key, {})
         fitted = _coerce(value, spec.get("type"))
         if fitted is None:
-            return args, False, (f"Argument {key!r} of tool {tool['name']!r} must be of type {spec['type']}, "
-                                 f"got {short_repr(value)}.")
+            return (
+                args,
+                False,
+                (f"Argument {key!r} of tool {tool['name']!r} must be of type {spec['type']}, got {short_repr(value)}."),
+            )
         out[key], unchanged = fitted
         exact &= unchanged
         if spec.get("enum") and out[key] not in spec["enum"]:
-            return args, False, (f"Argument {key!r} of tool {tool['name']!r} must be one of "
-                                 f"{', '.join(map(repr, spec['enum']))}, got {short_repr(value)}.")
+            return (
+                args,
+                False,
+                (
+                    f"Argument {key!r} of tool {tool['name']!r} must be one of "
+                    f"{', '.join(map(repr, spec['enum']))}, got {short_repr(value)}."
+                ),
+            )
     return out, exact, None
 
 
@@ -203,8 +216,10 @@ class ToolCallTemplate(Template):
                     return name, fitted
             except Exception:  # a converter that rejects a guess: try the next one
                 continue
-        raise TemplateError(f"action {action!r} cannot be written as a call to the tools of {type(env).__name__} "
-                            f"({'; '.join(tool_signature(t) for t in tools)})")
+        raise TemplateError(
+            f"action {action!r} cannot be written as a call to the tools of {type(env).__name__} "
+            f"({'; '.join(tool_signature(t) for t in tools)})"
+        )
 
     @staticmethod
     def _candidate_calls(action: str, tools: list[dict[str, Any]]):
@@ -229,13 +244,13 @@ class ToolCallTemplate(Template):
         thought = response[:start].strip() if start >= 0 else None
         hermes = self.format == "hermes"
         if block:
-            payload = response[block[0].end():block[1].start()]
-            exact = hermes and not response[block[1].end():].strip()  # also false when a second call follows
+            payload = response[block[0].end() : block[1].start()]
+            exact = hermes and not response[block[1].end() :].strip()  # also false when a second call follows
         elif start >= 0:
-            payload, exact = response[start + len(OPEN_TAG):], False
+            payload, exact = response[start + len(OPEN_TAG) :], False
         elif "{" in response:
-            payload, exact = response[response.find("{"):], not hermes
-            thought = response[:response.find("{")].strip()
+            payload, exact = response[response.find("{") :], not hermes
+            thought = response[: response.find("{")].strip()
         else:
             return self._failed("No <tool_call> found.", env, response.strip() or None)
         thought = thought or None
@@ -256,8 +271,9 @@ class ToolCallTemplate(Template):
         tools = {t.get("name"): t for t in self.tools(env)}
         tool = tools.get(call["name"])
         if tool is None:
-            return self._failed(f"Unknown tool {short_repr(call['name'])}; valid tools: {', '.join(tools)}.", env,
-                                thought)
+            return self._failed(
+                f"Unknown tool {short_repr(call['name'])}; valid tools: {', '.join(tools)}.", env, thought
+            )
         args, args_exact, error = check_arguments(tool, args)
         if error:
             return self._failed(error, env, thought)
@@ -271,8 +287,9 @@ class ToolCallTemplate(Template):
         if not isinstance(action, str) or not action.strip():
             return self._failed("The tool call gave an empty action.", env, thought)
         structured = {"type": "function", "function": {"name": call["name"], "arguments": args}}
-        return ParsedAction(SURROGATE.sub("\ufffd", action.strip()), exact and args_exact, thought,
-                            tool_call=structured)
+        return ParsedAction(
+            SURROGATE.sub("\ufffd", action.strip()), exact and args_exact, thought, tool_call=structured
+        )
 
     def _failed(self, problem: str, env: Any, thought: str | None) -> ParsedAction:
         try:

@@ -20,7 +20,7 @@ def _without_thoughts(text: str) -> str:
     """``text`` less every closed ``<think>...</think>`` block."""
     kept, pos = [], 0
     while block := first_block(text, OPEN_THINK, CLOSE_THINK, pos):
-        kept.append(text[pos:block[0].start()])
+        kept.append(text[pos : block[0].start()])
         pos = block[1].end()
     return "".join(kept) + text[pos:]
 
@@ -50,16 +50,20 @@ class XmlTemplate(Template):
         thought = (think.group(1).strip() or None) if think else None
         closed = first_block(response, OPEN_ACTION, CLOSE_ACTION)
         if closed:
-            action = response[closed[0].end():closed[1].start()]
+            action = response[closed[0].end() : closed[1].start()]
         else:
             opened = OPEN_ACTION.search(response)
             # an unclosed action runs to the end of the reply or the next tag
-            action = response[opened.end():].split("<", 1)[0] if opened else ""
+            action = response[opened.end() :].split("<", 1)[0] if opened else ""
         action, unwrapped = unwrap(action)
         if action:
             # the tag counts first: with each tag once, STRICT's lazy groups cannot backtrack far
-            ok = (closed is not None and not unwrapped and all(response.count(tag) == 1 for tag in TAGS)
-                  and STRICT.fullmatch(response) is not None)
+            ok = (
+                closed is not None
+                and not unwrapped
+                and all(response.count(tag) == 1 for tag in TAGS)
+                and STRICT.fullmatch(response) is not None
+            )
             return ParsedAction(action, ok, thought)
         bare = lone_action(_without_thoughts(response), env)
         if bare is not None:

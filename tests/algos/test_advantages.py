@@ -26,6 +26,7 @@ def rows(*token_rewards, mask=None, groups=None, values=None) -> AdvantageInput:
 
 # -- GRPO / Dr. GRPO / RLOO ---------------------------------------------------
 
+
 def test_grpo_two_groups_of_two():
     # group 0 scores [1, 0]: mean 0.5, unbiased std sqrt((0.25 + 0.25) / 1) = 0.70711
     #   -> advantages +0.5 / 0.70711 = +0.70711 and -0.70711
@@ -50,8 +51,14 @@ def test_grpo_score_is_the_sum_over_response_tokens_and_groups_may_interleave():
     # row scores: 0.5 + 0.5 = 1 (group 7), 3 (group 3), 0 (group 7), 1 (group 3);
     # the reward 9 sits on a masked-out token and is not read.
     # group 7: [1, 0] -> +-0.5; group 3: [3, 1] -> mean 2 -> +1, -1 (no std)
-    data = rows([0.5, 0.5, 9.0], [3.0, 0, 0], [0, 0, 0], [1.0, 0, 0],
-                mask=[[1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0]], groups=[7, 3, 7, 3])
+    data = rows(
+        [0.5, 0.5, 9.0],
+        [3.0, 0, 0],
+        [0, 0, 0],
+        [1.0, 0, 0],
+        mask=[[1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 0, 0]],
+        groups=[7, 3, 7, 3],
+    )
     advantages, _ = grpo(data, AlgoConfig(norm_adv_by_std=False))
     expected = torch.tensor([[0.5, 0.5, 0.0], [1.0, 1.0, 1.0], [-0.5, -0.5, -0.5], [-1.0, 0.0, 0.0]])
     torch.testing.assert_close(advantages, expected)
@@ -120,6 +127,7 @@ def test_gae_rejects_lambda_out_of_range():
 
 # -- REINFORCE++ --------------------------------------------------------------
 
+
 def test_reinforce_plus_plus_returns_to_go_then_batch_whitening():
     # gamma 0.5. row 0 rewards [0, 0, 1] -> G = [0.25, 0.5, 1]
     #            row 1 rewards [1, 0, -] (last token masked) -> G = [1, 0]
@@ -141,6 +149,7 @@ def test_reinforce_plus_plus_discounts_per_response_token_across_turns():
 
 
 # -- input checks -------------------------------------------------------------
+
 
 def test_mismatched_shapes_name_the_tensor():
     data = AdvantageInput(torch.zeros(2, 3), torch.ones(2, 4), torch.zeros(2, dtype=torch.long))

@@ -16,9 +16,9 @@ POLICY_LOSSES = ["clip_higher", "dual_clip", "ppo_clip"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
 
 
-@pytest.mark.parametrize("kind, names", [
-    ("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES), ("kl", KL_ESTIMATORS),
-])
+@pytest.mark.parametrize(
+    "kind, names", [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES), ("kl", KL_ESTIMATORS)]
+)
 def test_builtins_are_listed_with_a_docstring(kind, names):
     assert set(names) <= set(algorithms.names(kind))
     for name in names:
@@ -69,8 +69,12 @@ def test_every_estimator_gives_bs_by_T_zero_off_the_mask(name):
 def test_every_policy_loss_gives_a_scalar_with_finite_gradients(name):
     torch.manual_seed(0)
     log_probs = (-torch.rand(3, 5)).requires_grad_()
-    data = PolicyLossInput(log_probs=log_probs, old_log_probs=-torch.rand(3, 5), advantages=torch.randn(3, 5),
-                           loss_mask=torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]]))
+    data = PolicyLossInput(
+        log_probs=log_probs,
+        old_log_probs=-torch.rand(3, 5),
+        advantages=torch.randn(3, 5),
+        loss_mask=torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 1], [1, 0, 0, 0, 0]]),
+    )
     loss, metrics = algorithms.get(name, kind="policy_loss")(data, AlgoConfig())
     assert loss.dim() == 0
     loss.backward()

@@ -80,15 +80,21 @@ def test_clip_higher_raises_the_upper_bound_to_at_least_0_28():
 
 # ratio 1 everywhere, so each token's loss is -A: row 0 [-1, -2, -3], row 1 [-4],
 # row 2 has no response token (left out of every mean)
-RAGGED = dict(ratios=[[1.0, 1.0, 1.0]] * 3, advantages=[[1.0, 2.0, 3.0], [4.0, 50.0, 60.0], [7.0, 8.0, 9.0]],
-              mask=[[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+RAGGED = dict(
+    ratios=[[1.0, 1.0, 1.0]] * 3,
+    advantages=[[1.0, 2.0, 3.0], [4.0, 50.0, 60.0], [7.0, 8.0, 9.0]],
+    mask=[[1, 1, 1], [1, 0, 0], [0, 0, 0]],
+)
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token-mean", -10 / 4),  # (-1 - 2 - 3 - 4) / 4 tokens
-    ("seq-mean-token-sum", -10 / 2),  # (-6 + -4) / 2 sequences
-    ("seq-mean-token-mean", -3.0),  # (-6/3 + -4/1) / 2 sequences
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token-mean", -10 / 4),  # (-1 - 2 - 3 - 4) / 4 tokens
+        ("seq-mean-token-sum", -10 / 2),  # (-6 + -4) / 2 sequences
+        ("seq-mean-token-mean", -3.0),  # (-6/3 + -4/1) / 2 sequences
+    ],
+)
 def test_loss_aggregation_modes_on_a_ragged_mask(mode, expected):
     loss, _ = ppo_clip(policy_input(**RAGGED), AlgoConfig(loss_agg_mode=mode))
     assert loss.item() == pytest.approx(expected)

@@ -32,7 +32,8 @@ def paths(*rows, groups=None) -> AdvantageInput:
         rewards[i, 3 * len(nodes) - 1] = score
     pad = lambda ids: list(ids) + [-1] * (3 - len(ids))  # noqa: E731
     return AdvantageInput(
-        token_rewards=rewards, loss_mask=mask,
+        token_rewards=rewards,
+        loss_mask=mask,
         group_ids=torch.zeros(bs, dtype=torch.long) if groups is None else torch.tensor(groups),
         turn_index=turn_index,
         turn_node_ids=torch.tensor([pad(nodes) for _, nodes, _ in rows]),
@@ -78,11 +79,18 @@ def test_a_subtree_is_worth_the_mean_of_its_leaves_and_siblings_count_once():
     #   (not 1/2, the mean over the 4 rows) -> n3 +1/3, n4 -1/3.
     # Tokens: rows 0, 1: [0.5, 0.5 + 1/6, 0.5 + 1/6]; row 2: [-0.5, -0.5 + 1/6, -0.5 - 1/3];
     #         row 3: [-0.5, -0.5 - 1/6]
-    data = paths((1.0, [1, 3, 5], [-1, 1, 3]), (1.0, [1, 3, 6], [-1, 1, 3]), (0.0, [1, 3, 7], [-1, 1, 3]),
-                 (0.0, [1, 4], [-1, 1]))
+    data = paths(
+        (1.0, [1, 3, 5], [-1, 1, 3]), (1.0, [1, 3, 6], [-1, 1, 3]), (0.0, [1, 3, 7], [-1, 1, 3]), (0.0, [1, 4], [-1, 1])
+    )
     advantages, _ = tree_grpo(data, AlgoConfig(norm_adv_by_std=False, tree_step_weight=0.5))
-    expected = torch.tensor([on_tokens(0.5, 2 / 3, 2 / 3), on_tokens(0.5, 2 / 3, 2 / 3),
-                             on_tokens(-0.5, -1 / 3, -5 / 6), on_tokens(-0.5, -2 / 3)])
+    expected = torch.tensor(
+        [
+            on_tokens(0.5, 2 / 3, 2 / 3),
+            on_tokens(0.5, 2 / 3, 2 / 3),
+            on_tokens(-0.5, -1 / 3, -5 / 6),
+            on_tokens(-0.5, -2 / 3),
+        ]
+    )
     torch.testing.assert_close(advantages, expected)
 
 
@@ -90,15 +98,20 @@ def test_branch_advantages_per_turn():
     # the step level alone for THREE_LEAVES, per turn: only n3 and n4 were compared
     data = paths(*THREE_LEAVES)
     step = branch_advantages(torch.tensor([1.0, 0.0, 1.0]), data.turn_node_ids, data.turn_parent_ids, True, 1e-6)
-    torch.testing.assert_close(step, torch.tensor([[0.0, S, 0.0], [0.0, -S, 0.0], [0.0, 0.0, 0.0]]), atol=1e-5,
-                               rtol=0)
+    torch.testing.assert_close(step, torch.tensor([[0.0, S, 0.0], [0.0, -S, 0.0], [0.0, 0.0, 0.0]]), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("norm", [True, False])
 def test_chains_reduce_to_grpo(norm):
     # Chains branch only at the root: every node has one child, so no step group; two tasks of 3 and 2.
-    data = paths((1.0, [1, 2], [-1, 1]), (0.0, [3, 4, 5], [-1, 3, 4]), (0.5, [6], [-1]),
-                 (2.0, [7, 8], [-1, 7]), (0.0, [9], [-1]), groups=[0, 0, 0, 1, 1])
+    data = paths(
+        (1.0, [1, 2], [-1, 1]),
+        (0.0, [3, 4, 5], [-1, 3, 4]),
+        (0.5, [6], [-1]),
+        (2.0, [7, 8], [-1, 7]),
+        (0.0, [9], [-1]),
+        groups=[0, 0, 0, 1, 1],
+    )
     cfg = AlgoConfig(norm_adv_by_std=norm, tree_step_weight=3.0)
     torch.testing.assert_close(tree_grpo(data, cfg)[0], grpo(data, cfg)[0])
     # a chain rollout's rows carry no tree at all
@@ -111,8 +124,15 @@ def test_leaves_of_other_tasks_are_other_groups():
     # Task 1: episode +-0.70711; step at m1: +-0.70711 (m1 itself grew from the root: 0).
     data = paths(*THREE_LEAVES, (1.0, [10, 11], [-1, 10]), (0.0, [10, 12], [-1, 10]), groups=[0, 0, 0, 1, 1])
     advantages, _ = tree_grpo(data, AlgoConfig())
-    expected = torch.tensor([on_tokens(R, R + S, R), on_tokens(-2 * R, -2 * R - S), on_tokens(R),
-                             on_tokens(S, 2 * S), on_tokens(-S, -2 * S)])
+    expected = torch.tensor(
+        [
+            on_tokens(R, R + S, R),
+            on_tokens(-2 * R, -2 * R - S),
+            on_tokens(R),
+            on_tokens(S, 2 * S),
+            on_tokens(-S, -2 * S),
+        ]
+    )
     torch.testing.assert_close(advantages, expected, atol=1e-5, rtol=0)
 
 

@@ -13,6 +13,7 @@ from omrl.training.losses import dpo_loss, value_loss
 
 # -- value loss ---------------------------------------------------------------
 
+
 def test_value_clipping_by_hand():
     # old value 1.0, return 2.0, clip 0.2 (the new value may be read as at most 1.2 / at least 0.8):
     #   v=1.5: clipped 1.2; max((1.5-2)^2, (1.2-2)^2) = max(0.25, 0.64) = 0.64 -> 0.5 * 0.64 = 0.32  (clipped)
@@ -32,14 +33,16 @@ def test_value_clipping_by_hand():
 def test_value_loss_without_clipping_and_with_a_mask():
     # clip 0: plain 0.5 * (v - R)^2 = 0.5 * 0.25 = 0.125 on the one response token
     values = torch.tensor([[1.5, 99.0]])
-    loss, metrics = value_loss(values, torch.ones(1, 2), torch.full((1, 2), 2.0), torch.tensor([[1, 0]]),
-                               clip=0.0, agg_mode="token-mean")
+    loss, metrics = value_loss(
+        values, torch.ones(1, 2), torch.full((1, 2), 2.0), torch.tensor([[1, 0]]), clip=0.0, agg_mode="token-mean"
+    )
     assert loss.item() == pytest.approx(0.125)
     assert metrics["value_clip_frac"] == 0.0
     assert metrics["value_mean"] == pytest.approx(1.5)
 
 
 # -- DPO ----------------------------------------------------------------------
+
 
 def test_dpo_at_equal_log_probs_is_log_2():
     # margin 0: -log sigmoid(0) = log 2
@@ -56,8 +59,9 @@ def test_dpo_by_hand_and_gradient_direction():
     rejected = torch.tensor([-3.0], requires_grad=True)
     loss, metrics = dpo_loss(chosen, rejected, torch.tensor([-2.0]), torch.tensor([-2.0]), beta=0.1)
     assert loss.item() == pytest.approx(math.log(1 + math.exp(-0.2)))
-    assert metrics == pytest.approx({"reward_chosen": 0.1, "reward_rejected": -0.1,
-                                     "reward_margin": 0.2, "reward_accuracy": 1.0})
+    assert metrics == pytest.approx(
+        {"reward_chosen": 0.1, "reward_rejected": -0.1, "reward_margin": 0.2, "reward_accuracy": 1.0}
+    )
     loss.backward()
     # dL/d chosen = -beta * sigmoid(-0.2) = -0.1 * 0.450166: raising chosen lowers the loss
     assert chosen.grad.item() == pytest.approx(-0.1 / (1 + math.exp(0.2)))

@@ -42,10 +42,12 @@ class FakeOpenAIServer:
             if not isinstance(prompt, list) or self.mode == "text_only":
                 raise HTTPException(400, "prompt must be text")
             gen = self._generate(prompt, body)
-            choice = {"index": 0, "text": tokenizer.decode(gen.token_ids, skip_special_tokens=True),
-                      "finish_reason": gen.finish_reason,
-                      "logprobs": {"tokens": [f"token_id:{i}" for i in gen.token_ids],
-                                   "token_logprobs": gen.logprobs}}
+            choice = {
+                "index": 0,
+                "text": tokenizer.decode(gen.token_ids, skip_special_tokens=True),
+                "finish_reason": gen.finish_reason,
+                "logprobs": {"tokens": [f"token_id:{i}" for i in gen.token_ids], "token_logprobs": gen.logprobs},
+            }
             answer = {"id": "cmpl-1", "object": "text_completion", "choices": [choice]}
             if self.mode == "vllm" and body.get("return_token_ids"):
                 choice["token_ids"] = gen.token_ids
@@ -62,9 +64,13 @@ class FakeOpenAIServer:
             prompt = tokenizer.apply_chat_template(body["messages"], tokenize=False, add_generation_prompt=True)
             gen = self._generate(tokenizer.encode(prompt, add_special_tokens=False), body)
             text = tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-            return {"id": "chat-1", "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                 "finish_reason": gen.finish_reason}]}
+            return {
+                "id": "chat-1",
+                "object": "chat.completion",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": gen.finish_reason}
+                ],
+            }
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -78,8 +84,12 @@ class FakeOpenAIServer:
 
     def _generate(self, prompt: list[int], body: dict):
         self.backend.take_stats()
-        params = SamplingParams(max_new_tokens=body.get("max_tokens", 16), temperature=body.get("temperature", 1.0),
-                                top_p=body.get("top_p", 1.0), seed=body.get("seed"))
+        params = SamplingParams(
+            max_new_tokens=body.get("max_tokens", 16),
+            temperature=body.get("temperature", 1.0),
+            top_p=body.get("top_p", 1.0),
+            seed=body.get("seed"),
+        )
         return self.backend.generate([prompt], params)[0]
 
     def start(self):

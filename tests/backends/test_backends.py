@@ -18,8 +18,9 @@ from .fake_openai import FakeOpenAIServer
 
 
 def chat_prompt(tokenizer, text: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                         add_generation_prompt=True, return_dict=False)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, return_dict=False
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def prompts(tiny_hf):
 def tempered_logprobs(model, prompt, ids, temperature):
     """Log-probs of ``ids`` after ``prompt`` under softmax(logits / temperature), by one forward pass."""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1]
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
     return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(ids)[:, None]).squeeze(1).tolist()
 
 
@@ -77,8 +78,9 @@ def test_hf_ignores_the_models_own_sampling_defaults(tiny_hf, prompts):
     model.generation_config.repetition_penalty = 50.0
     model.generation_config.top_k = 1
     try:
-        assert [g.token_ids for g in backend.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0))] == \
-            [g.token_ids for g in clean]
+        assert [g.token_ids for g in backend.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0))] == [
+            g.token_ids for g in clean
+        ]
         assert model.generation_config.repetition_penalty == 50.0
     finally:
         model.generation_config = saved
@@ -183,8 +185,14 @@ def test_openai_backend_falls_back_to_chat_and_marks_episodes_not_token_exact(se
     server.mode = "text_only"
     try:
         backend = OpenAIBackend(server.base_url, "tiny", tokenizer)
-        episodes = collect(EnvPool(KeyEnv, name="keys"), ActionTemplate(), tokenizer, [0], backend=backend,
-                           limits=RolloutLimits(max_new_tokens=5, max_turns=2))
+        episodes = collect(
+            EnvPool(KeyEnv, name="keys"),
+            ActionTemplate(),
+            tokenizer,
+            [0],
+            backend=backend,
+            limits=RolloutLimits(max_new_tokens=5, max_turns=2),
+        )
     finally:
         server.mode = "vllm"
     assert backend.chat_only and server.requests[-1][0] == "/chat/completions"

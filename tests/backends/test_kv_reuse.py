@@ -20,16 +20,35 @@ from omrl.rollout import EnvPool, RolloutLimits, collect
 from tests.fakes import ActionTemplate, KeyEnv
 
 
-def play(model, tokenizer, reuse: bool, *, tasks=(0, 1, 2), group_size=2, temperature=1.0, max_new_tokens=12,
-         max_turns=4, cache_bytes=None):
+def play(
+    model,
+    tokenizer,
+    reuse: bool,
+    *,
+    tasks=(0, 1, 2),
+    group_size=2,
+    temperature=1.0,
+    max_new_tokens=12,
+    max_turns=4,
+    cache_bytes=None,
+):
     """A rollout of the keys env; returns (episodes, the backend's stats, the backend)."""
     backend = HFBackend(model, tokenizer, batch_size=3, kv_reuse=reuse)
     if cache_bytes is not None:
         backend.kv_cache.max_bytes = cache_bytes
-    limits = RolloutLimits(max_new_tokens=max_new_tokens, max_context=1024, max_turns=max_turns,
-                           temperature=temperature)
-    episodes = collect(EnvPool(KeyEnv, name="keys"), ActionTemplate(), tokenizer, list(tasks), backend=backend,
-                       group_size=group_size, seed=5, limits=limits)
+    limits = RolloutLimits(
+        max_new_tokens=max_new_tokens, max_context=1024, max_turns=max_turns, temperature=temperature
+    )
+    episodes = collect(
+        EnvPool(KeyEnv, name="keys"),
+        ActionTemplate(),
+        tokenizer,
+        list(tasks),
+        backend=backend,
+        group_size=group_size,
+        seed=5,
+        limits=limits,
+    )
     return episodes, backend.take_stats(), backend
 
 
@@ -91,8 +110,9 @@ def test_a_small_cache_evicts_and_still_samples_the_same(tiny_hf):
 
 
 def chat(tokenizer, text: str) -> list[int]:
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                         add_generation_prompt=True, return_dict=False)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, return_dict=False
+    )
 
 
 def continued(prompt: list[int], gen) -> list[int]:
@@ -175,9 +195,12 @@ def test_samples_of_a_task_share_their_first_prompt_and_tasks_their_opening(tiny
     model, tokenizer = tiny_hf
     backend = HFBackend(model, tokenizer)
     system = {"role": "system", "content": "You play a text game. Reply with one action, and think first."}
-    a, b = [tokenizer.apply_chat_template([system, {"role": "user", "content": text}], tokenize=True,
-                                          add_generation_prompt=True, return_dict=False)
-            for text in ("find the key", "open chest two")]
+    a, b = [
+        tokenizer.apply_chat_template(
+            [system, {"role": "user", "content": text}], tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        for text in ("find the key", "open chest two")
+    ]
     backend.generate([a, a, b, b], SamplingParams(max_new_tokens=3, seed=0))
     stats = backend.take_stats()
     opening = common_prefix(torch.tensor(a), torch.tensor(b))

@@ -20,8 +20,13 @@ CHAT = [{"role": "user", "content": "hi"}]
 
 
 def _completion(ids, logprobs, text="") -> bytes:
-    return json.dumps({"choices": [{"text": text, "token_ids": ids, "finish_reason": "length",
-                                    "logprobs": {"token_logprobs": logprobs}}]}).encode()
+    return json.dumps(
+        {
+            "choices": [
+                {"text": text, "token_ids": ids, "finish_reason": "length", "logprobs": {"token_logprobs": logprobs}}
+            ]
+        }
+    ).encode()
 
 
 # the raw bytes a broken server answers under HTTP 200, and what the error must say
@@ -30,18 +35,28 @@ BAD_ANSWERS = {
     "cut json": (b'{"choices": [{"token_ids": [5, 6', "with a body that is not JSON"),
     "not utf-8": (b'{"choices": [{"text": "\xff\xfe"}]}', "with a body that is not JSON"),
     "id -1": (_completion([5, -1], [-0.1, -0.2]), "token 1 has the id -1, outside the tokenizer's vocabulary"),
-    "id past the vocabulary": (_completion([5, 4096], [-0.1, -0.2]),
-                               "token 1 has the id 4096, outside the tokenizer's vocabulary (0 to 4095)"),
+    "id past the vocabulary": (
+        _completion([5, 4096], [-0.1, -0.2]),
+        "token 1 has the id 4096, outside the tokenizer's vocabulary (0 to 4095)",
+    ),
     "id not a number": (_completion([5, "6"], [-0.1, -0.2]), "token 1 has the id '6'"),
-    "NaN log-prob": (b'{"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.1, NaN]}}]}',
-                     "log-prob of token 1 is nan, not a finite number"),
-    "infinite log-prob": (b'{"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-Infinity, -1]}}]}',
-                          "log-prob of token 0 is -inf, not a finite number"),
+    "NaN log-prob": (
+        b'{"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.1, NaN]}}]}',
+        "log-prob of token 1 is nan, not a finite number",
+    ),
+    "infinite log-prob": (
+        b'{"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-Infinity, -1]}}]}',
+        "log-prob of token 0 is -inf, not a finite number",
+    ),
     "log-prob not a number": (_completion([5, 6], ["x", -0.2]), "log-prob of token 0 is 'x', not a finite number"),
-    "bad token_id token": (b'{"choices": [{"logprobs": {"tokens": ["token_id:5", "token_id:x"]}}]}',
-                           "'token_id:' without an integer id"),
-    "lone surrogate": (b'{"choices": [{"text": "go \\ud800 north", "finish_reason": "stop"}]}',
-                       "not valid Unicode (surrogates not allowed at character 3"),
+    "bad token_id token": (
+        b'{"choices": [{"logprobs": {"tokens": ["token_id:5", "token_id:x"]}}]}',
+        "'token_id:' without an integer id",
+    ),
+    "lone surrogate": (
+        b'{"choices": [{"text": "go \\ud800 north", "finish_reason": "stop"}]}',
+        "not valid Unicode (surrogates not allowed at character 3",
+    ),
     "text not a string": (b'{"choices": [{"text": ["go"], "finish_reason": "stop"}]}', "text is not a string"),
 }
 
@@ -103,13 +118,26 @@ def canned_server():
 
 
 @pytest.mark.parametrize("case", ["not json", "id -1", "NaN log-prob", "lone surrogate"])
-def test_eval_against_a_broken_server_exits_2_naming_the_cause(canned_server, tiny_model_dir, capsys, case,
-                                                              monkeypatch):
+def test_eval_against_a_broken_server_exits_2_naming_the_cause(
+    canned_server, tiny_model_dir, capsys, case, monkeypatch
+):
     body, message = BAD_ANSWERS[case]
     monkeypatch.setattr(_Canned, "body", body)
     with pytest.raises(SystemExit) as info:
-        main(["eval", "--env", "gridworld", "--model", tiny_model_dir, "--num-tasks", "1",
-              "generation.backend=openai", f"generation.base_url={canned_server}", "generation.max_new_tokens=4"])
+        main(
+            [
+                "eval",
+                "--env",
+                "gridworld",
+                "--model",
+                tiny_model_dir,
+                "--num-tasks",
+                "1",
+                "generation.backend=openai",
+                f"generation.base_url={canned_server}",
+                "generation.max_new_tokens=4",
+            ]
+        )
     err = " ".join(capsys.readouterr().err.split())
     assert info.value.code == 2 and "bug in omrl" not in err, err
     assert message in err, err

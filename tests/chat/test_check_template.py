@@ -55,13 +55,13 @@ NEEDS_KWARG = r"""
 CHATML_END = "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 ONE_REWRITE = {
     END_TOKEN: "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content -}}"
-               "{{- '<|endoftext|>' if m.role == 'assistant' and loop.last else '<|im_end|>\\n' -}}{%- endfor -%}",
+    "{{- '<|endoftext|>' if m.role == 'assistant' and loop.last else '<|im_end|>\\n' -}}{%- endfor -%}",
     WHITESPACE: "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content -}}"
-                "{{- ' ' if m.role == 'assistant' and loop.last else '' -}}{{- '<|im_end|>\\n' -}}{%- endfor -%}",
+    "{{- ' ' if m.role == 'assistant' and loop.last else '' -}}{{- '<|im_end|>\\n' -}}{%- endfor -%}",
     TOOL_CALLS: "{%- for m in messages -%}{%- set last = loop.last -%}{{- '<|im_start|>' + m.role + '\\n' -}}"
-                "{{- m.content or '' -}}{%- for c in m.tool_calls or [] -%}"
-                "{{- '<tool_call>' + c.function.name + ('()' if last else '') + '</tool_call>' -}}{%- endfor -%}"
-                "{{- '<|im_end|>\\n' -}}{%- endfor -%}",
+    "{{- m.content or '' -}}{%- for c in m.tool_calls or [] -%}"
+    "{{- '<tool_call>' + c.function.name + ('()' if last else '') + '</tool_call>' -}}{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}{%- endfor -%}",
 }
 
 EXTRA = {"ends_in_text": ENDS_IN_TEXT, "raises_after_reply": RAISES_AFTER_REPLY, "needs_kwarg": NEEDS_KWARG}
@@ -72,8 +72,10 @@ def model_dirs(tmp_path_factory) -> dict[str, str]:
     """A tiny Qwen3 directory per template; drops_reasoning's under a long path, which must not wrap."""
     root = tmp_path_factory.mktemp("templates")
     long = root / ("a-directory-name-long-enough-to-pass-eighty-columns-" * 2)
-    return {name: str(build_qwen3_like((long if name == "drops_reasoning" else root) / name, template))
-            for name, template in {**TEMPLATES, **EXTRA}.items()}
+    return {
+        name: str(build_qwen3_like((long if name == "drops_reasoning" else root) / name, template))
+        for name, template in {**TEMPLATES, **EXTRA}.items()
+    }
 
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -99,9 +101,11 @@ def test_ids_that_stop_extending_a_row_are_a_finding():
     from omrl.models import TINY_TOKENIZER_DIR
 
     tokenizer = AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)  # "\n\n" alone: one token; "\n\nopen": three
-    tokenizer.chat_template = ("{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n\\n' + m.content + "
-                               "'<|im_end|>\\n' -}}{%- endfor -%}"
-                               "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n\\n' -}}{%- endif -%}")
+    tokenizer.chat_template = (
+        "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n\\n' + m.content + "
+        "'<|im_end|>\\n' -}}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n\\n' -}}{%- endif -%}"
+    )
     report = check_template(tokenizer)
     assert report.findings == [IDS_CHANGED] and report.modes["as_template"].rows == TURNS
 

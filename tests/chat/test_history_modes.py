@@ -39,8 +39,15 @@ def play(model_dir: str, history: str, tasks=(0, 1), group_size: int = 2):
     opens_think = "<think>" in render(tokenizer, [{"role": "user", "content": "x"}], add_generation_prompt=True)
     backend = ForcedBackend(model, tokenizer, key_replies(opens_think))
     pool = EnvPool(KeyEnv, {}, name="keys")
-    episodes = collect(pool, ThinkingActionTemplate(), tokenizer, list(tasks), backend=backend, group_size=group_size,
-                       limits=RolloutLimits(max_new_tokens=64, max_context=1024, history=history))
+    episodes = collect(
+        pool,
+        ThinkingActionTemplate(),
+        tokenizer,
+        list(tasks),
+        backend=backend,
+        group_size=group_size,
+        limits=RolloutLimits(max_new_tokens=64, max_context=1024, history=history),
+    )
     return model, tokenizer, backend, episodes
 
 
@@ -56,12 +63,11 @@ def test_every_row_is_a_backend_input_plus_what_was_sampled(qwen3_like, template
         trained = [0] * len(ep.token_ids)
         for turn in ep.turns:
             start = max(s for s, _ in rows if s <= turn.span[0])
-            assert tuple(ep.token_ids[start:turn.span[0]]) in sampled  # what the backend was given
+            assert tuple(ep.token_ids[start : turn.span[0]]) in sampled  # what the backend was given
             reply = encode_text(tokenizer, turn.response) + [tokenizer.eos_token_id]
             assert ep.token_ids[slice(*turn.span)] == reply  # exactly what was sampled
             trained[slice(*turn.span)] = [1] * (turn.span[1] - turn.span[0])
         assert ep.loss_mask == trained
-
 
 
 @pytest.mark.parametrize("template", ["drops_reasoning", "keeps_answer"])
@@ -71,10 +77,10 @@ def test_as_template_prompts_are_the_templates_own_render(qwen3_like, template):
     for ep in episodes:
         for k, turn in enumerate(ep.turns):
             start = max(s for s, _ in ep.rows() if s <= turn.span[0])
-            chat = ep.messages[:2 + 2 * k]  # system, first user, then k replies and their answers
+            chat = ep.messages[: 2 + 2 * k]  # system, first user, then k replies and their answers
             expected = encode_text(tokenizer, render(tokenizer, chat, add_generation_prompt=True))
-            assert ep.token_ids[start:turn.span[0]] == expected
-        assert "Chest step 0" not in tokenizer.decode(ep.token_ids[ep.row_starts[-1]:])  # the dropped reasoning
+            assert ep.token_ids[start : turn.span[0]] == expected
+        assert "Chest step 0" not in tokenizer.decode(ep.token_ids[ep.row_starts[-1] :])  # the dropped reasoning
 
 
 @pytest.mark.parametrize("template", ["drops_reasoning", "keeps_answer"])
@@ -85,7 +91,7 @@ def test_keep_shows_the_earlier_reasoning_in_one_append_only_row(qwen3_like, tem
         text = tokenizer.decode(ep.token_ids)
         assert "Chest step 0: I should open." in text and "Chest step 1: I should take key." in text
         first = encode_text(tokenizer, render(tokenizer, ep.messages[:2], add_generation_prompt=True))
-        assert ep.token_ids[:len(first)] == first
+        assert ep.token_ids[: len(first)] == first
 
 
 @pytest.mark.parametrize("template", ["drops_reasoning", "keeps_answer"])
@@ -96,11 +102,16 @@ def test_the_updates_log_probs_equal_the_rollouts(qwen3_like, template, history)
     batch = episodes_to_batch(episodes, tokenizer.pad_token_id)
     assert ("position_ids" in batch.tensors) == (history == "as_template")
     with torch.no_grad():
-        out = policy_forward(model, batch["input_ids"], batch["attention_mask"], token_mask=batch["loss_mask"],
-                             position_ids=batch.tensors.get("position_ids"))
+        out = policy_forward(
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            token_mask=batch["loss_mask"],
+            position_ids=batch.tensors.get("position_ids"),
+        )
     for i, ep in enumerate(episodes):
         mask = torch.tensor(ep.loss_mask, dtype=torch.bool)
-        got = out["log_probs"][i, :len(ep.token_ids)][mask]
+        got = out["log_probs"][i, : len(ep.token_ids)][mask]
         assert torch.allclose(got, torch.tensor(ep.logprobs)[mask], atol=2e-4), (got, ep.logprobs)
     if history == "as_template":  # the packing matters: one unmasked sequence gives other numbers
         with torch.no_grad():
@@ -126,8 +137,9 @@ def test_reward_model_data_and_scores_read_each_reply_in_its_own_row(qwen3_like)
     rm = RewardModel(model, rm_tokenizer)
     packed = rm.score_turns(episodes)
     for ep, scores in zip(episodes, packed):
-        alone = rm.values([ScoringInput(ep.token_ids[s:e], [t.span[1] - 1 - s])
-                           for (s, e), t in zip(ep.rows(), ep.turns)])
+        alone = rm.values(
+            [ScoringInput(ep.token_ids[s:e], [t.span[1] - 1 - s]) for (s, e), t in zip(ep.rows(), ep.turns)]
+        )
         assert scores == pytest.approx([rm.to_score(v[0]) for v in alone], abs=1e-4)
 
 
@@ -143,8 +155,16 @@ def test_kv_reuse_survives_the_split(qwen3_like):
     def run(reuse: bool):
         backend = HFBackend(model, tokenizer, batch_size=4, kv_reuse=reuse)
         limits = RolloutLimits(max_new_tokens=10, max_context=1024, max_turns=3, history="as_template")
-        episodes = collect(EnvPool(KeyEnv, {}, name="keys"), ThinkingActionTemplate(), tokenizer, [0, 1],
-                           backend=backend, group_size=2, seed=3, limits=limits)
+        episodes = collect(
+            EnvPool(KeyEnv, {}, name="keys"),
+            ThinkingActionTemplate(),
+            tokenizer,
+            [0, 1],
+            backend=backend,
+            group_size=2,
+            seed=3,
+            limits=limits,
+        )
         return episodes, backend.take_stats()
 
     on, stats_on = run(True)

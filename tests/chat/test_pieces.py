@@ -16,12 +16,49 @@ from omrl.errors import OmrlError
 from omrl.models import load_tokenizer
 from omrl.rollout.loop import demonstration_messages
 
-TOOLS = [{"type": "function", "function": {"name": "move", "description": "Move one cell.",
-                                           "parameters": {"type": "object", "properties": {"to": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "move",
+            "description": "Move one cell.",
+            "parameters": {"type": "object", "properties": {"to": {"type": "string"}}},
+        },
+    }
+]
 # bits of text whose joins stress BPE merges: whitespace runs, digits, unicode, special-token look-alikes
-BITS = ["", " ", "  ", "\n", "\n\n", "\t", "\r\n", "\u00a0", "word", "Word", " up", "down ", "'s", "123", "4.5", "...",
-        "héllo", "世界", "🎉", "—", "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_call>", "{{ x }}", "{% if %}",
-        "Thought:", "Action: up", "user", "assistant\n"]
+BITS = [
+    "",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    "\r\n",
+    "\u00a0",
+    "word",
+    "Word",
+    " up",
+    "down ",
+    "'s",
+    "123",
+    "4.5",
+    "...",
+    "héllo",
+    "世界",
+    "🎉",
+    "—",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<tool_call>",
+    "{{ x }}",
+    "{% if %}",
+    "Thought:",
+    "Action: up",
+    "user",
+    "assistant\n",
+]
 
 
 @pytest.fixture(params=["tiny", "smollm2"])
@@ -38,14 +75,16 @@ def text(rng: random.Random) -> str:
 def full_prompt_ids(tokenizer, messages, **kwargs) -> list[int]:
     """The definition: the ids of the whole rendered opening (the messages' special-token strings kept as
     text: tests/chat/test_special_tokens.py checks that encoding against transformers)."""
-    return encode_chat(tokenizer, render(tokenizer, mark_messages(tokenizer, messages), add_generation_prompt=True,
-                                         **kwargs))
+    return encode_chat(
+        tokenizer, render(tokenizer, mark_messages(tokenizer, messages), add_generation_prompt=True, **kwargs)
+    )
 
 
 def full_turn_ids(tokenizer, messages, user_content, generated_eos, **kwargs) -> list[int]:
     marked = mark_messages(tokenizer, [*messages, {"role": "user", "content": user_content}])
-    return encode_chat(tokenizer, rendered_turn_text(tokenizer, marked[:-1], marked[-1]["content"], generated_eos,
-                                                     **kwargs))
+    return encode_chat(
+        tokenizer, rendered_turn_text(tokenizer, marked[:-1], marked[-1]["content"], generated_eos, **kwargs)
+    )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -73,9 +112,11 @@ def test_random_conversations_match_full_renders_token_for_token(tokenizer, seed
 def test_after_the_first_turn_nothing_is_rendered(tokenizer, monkeypatch):
     env, tpl = registry.envs.get("gridworld")(), registry.templates.get("react")()
     first = env.reset(0)
-    opening = [{"role": "system", "content": tpl.system_prompt(env)},
-               *demonstration_messages(tpl, env, env.demonstration),
-               {"role": "user", "content": f"{first.instruction}\n\n{first.text}"}]
+    opening = [
+        {"role": "system", "content": tpl.system_prompt(env)},
+        *demonstration_messages(tpl, env, env.demonstration),
+        {"role": "user", "content": f"{first.instruction}\n\n{first.text}"},
+    ]
     chat = [*opening, {"role": "assistant", "content": "Action: up"}]
     prompt_ids(tokenizer, opening)
     next_turn_ids(tokenizer, chat, "blocked.", True)  # pieces derived and checked against a full render
@@ -107,27 +148,35 @@ def chatml(body: str, before: str = "") -> str:
 
 def late(condition: str) -> str:
     """A ChatML body that marks, after the content, each message where ``condition`` holds."""
-    return chatml("{{ '<|im_start|>' + m.role + '\\n' + m.content }}"
-                  "{% if " + condition + " %}{{ ' (late)' }}{% endif %}{{ '<|im_end|>\\n' }}")
+    return chatml(
+        "{{ '<|im_start|>' + m.role + '\\n' + m.content }}"
+        "{% if " + condition + " %}{{ ' (late)' }}{% endif %}{{ '<|im_end|>\\n' }}"
+    )
 
 
 # each is prefix-stable (so the full render works) but its pieces are not fixed, or not provably so
 UNPROVABLE = {
-    "numbers its turns": chatml("{{ '<|im_start|>' + m.role + '\\n' + m.content + ' #' + (loop.index|string)"
-                                " + '<|im_end|>\\n' }}"),
+    "numbers its turns": chatml(
+        "{{ '<|im_start|>' + m.role + '\\n' + m.content + ' #' + (loop.index|string) + '<|im_end|>\\n' }}"
+    ),
     "changes past the 7th message": late("loop.index0 > 6"),
     "counts past what the probes cover": late("loop.index0 > 60"),
     "trims contents": chatml("{{ '<|im_start|>' + m.role + '\\n' + (m.content | trim) + '<|im_end|>\\n' }}"),
     "drops earlier thinking": chatml(
         "{{ '<|im_start|>' + m.role + '\\n' }}{% if m.role == 'assistant' and not loop.last %}"
-        "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}{{ '<|im_end|>\\n' }}"),
+        "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}{{ '<|im_end|>\\n' }}"
+    ),
     "is steered by an empty message": chatml(
         "{{ '<|im_start|>' + m.role + '\\n' + m.content + ('!' if ns.empty else '') + '<|im_end|>\\n' }}"
-        "{% if not m.content %}{% set ns.empty = true %}{% endif %}", before="{% set ns = namespace(empty=false) %}"),
+        "{% if not m.content %}{% set ns.empty = true %}{% endif %}",
+        before="{% set ns = namespace(empty=false) %}",
+    ),
     "writes the date": chatml("{{ " + CHATML_TURN + " }}", before="{{ strftime_now('%Y') }}"),
-    "reads contents under no name": chatml("{{ '<|im_start|>' + m.role + '\\n' }}{% for key, value in m.items() %}"
-                                           "{% if key == 'content' %}{{ value }}{% endif %}{% endfor %}"
-                                           "{{ '<|im_end|>\\n' }}"),
+    "reads contents under no name": chatml(
+        "{{ '<|im_start|>' + m.role + '\\n' }}{% for key, value in m.items() %}"
+        "{% if key == 'content' %}{{ value }}{% endif %}{% endfor %}"
+        "{{ '<|im_end|>\\n' }}"
+    ),
 }
 
 
@@ -144,8 +193,9 @@ def test_a_template_that_cannot_be_proven_piecewise_renders_in_full(tokenizer, w
     for turn in range(4):
         messages.append({"role": "assistant", "content": f"reply {turn}"})
         observation = text(rng)
-        assert next_turn_ids(tokenizer, messages, observation, True) == \
-            full_turn_ids(tokenizer, messages, observation, True)
+        assert next_turn_ids(tokenizer, messages, observation, True) == full_turn_ids(
+            tokenizer, messages, observation, True
+        )
         messages.append({"role": "user", "content": observation})
 
 
@@ -155,21 +205,30 @@ def test_the_system_prompt_in_the_last_message_still_raises(tokenizer):
         "{% for m in messages %}{% if m.role == 'user' %}{{ '<|im_start|>user\\n' }}"
         "{% if loop.last and messages[0].role == 'system' %}{{ messages[0].content + '\\n\\n' }}{% endif %}"
         "{{ m.content + '<|im_end|>\\n' }}{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content"
-        " + '<|im_end|>\\n' }}{% endif %}{% endfor %}" + GENERATION_PROMPT)
+        " + '<|im_end|>\\n' }}{% endif %}{% endfor %}" + GENERATION_PROMPT
+    )
     assert chat_cache.turn_pieces(tokenizer, render, {}, True) is None
-    chat = [{"role": "system", "content": "Play."}, {"role": "user", "content": "go"},
-            {"role": "assistant", "content": "up"}]
+    chat = [
+        {"role": "system", "content": "Play."},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "up"},
+    ]
     with pytest.raises(OmrlError, match="rewrites assistant messages"):
         next_turn_ids(tokenizer, chat, "ok", True)
 
 
 def test_an_opening_split_where_bpe_could_merge_is_encoded_whole(tokenizer):
     # no special tokens: the text after the shared opening starts with plain text, so no split is proven
-    tokenizer.chat_template = ("{% for m in messages %}{{ m.role + ':' + m.content + '\\n' }}{% endfor %}"
-                               "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m.role + ':' + m.content + '\\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+    )
     assert chat_cache.turn_pieces(tokenizer, render, {}, True) is not None
-    shared = [{"role": "system", "content": "Play.  "}, {"role": "user", "content": "a"},
-              {"role": "assistant", "content": "b \n"}]
+    shared = [
+        {"role": "system", "content": "Play.  "},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b \n"},
+    ]
     for last in ["  spaced", "\n\nlines", "word", "", " 12"]:
         messages = [*shared, {"role": "user", "content": last}]
         assert prompt_ids(tokenizer, messages) == full_prompt_ids(tokenizer, messages)
@@ -182,8 +241,11 @@ def test_other_chat_shapes_render_in_full(tokenizer):
     odd = [
         [*opening, {"role": "assistant", "content": "up", "name": "bot"}],  # a field the template might render
         [*opening, {"role": "tool", "content": "ok"}, {"role": "assistant", "content": "up"}],  # roles off the pattern
-        [{"role": "user", "content": "go"}, {"role": "user", "content": "again"},
-         {"role": "assistant", "content": "up"}],
+        [
+            {"role": "user", "content": "go"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "up"},
+        ],
     ]
     for chat in odd:
         assert chat_cache.next_turn_ids(tokenizer, chat, "next", True, {}, render, encode_text, lambda: "") is None
@@ -191,12 +253,16 @@ def test_other_chat_shapes_render_in_full(tokenizer):
 
 
 def test_pieces_that_a_real_turn_contradicts_are_dropped_with_a_warning(tokenizer):
-    chat = [{"role": "system", "content": "Play."}, {"role": "user", "content": "go"},
-            {"role": "assistant", "content": "up"}]
+    chat = [
+        {"role": "system", "content": "Play."},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "up"},
+    ]
     pieces = chat_cache.turn_pieces(tokenizer, render, {}, True)
     entry = next(iter(chat_cache._CACHES[tokenizer].entries.values()))
-    entry.pieces = chat_cache.TurnPieces(pieces.end, pieces.before + "wrong ", pieces.after, pieces.first_before,
-                                         pieces.first_after)
+    entry.pieces = chat_cache.TurnPieces(
+        pieces.end, pieces.before + "wrong ", pieces.after, pieces.first_before, pieces.first_after
+    )
     with pytest.warns(RuntimeWarning, match="rendered differently"):
         assert next_turn_ids(tokenizer, chat, "ok", True) == full_turn_ids(tokenizer, chat, "ok", True)
     assert chat_cache.turn_pieces(tokenizer, render, {}, True) is None
@@ -218,8 +284,11 @@ def test_encode_text_gives_transformers_ids(tokenizer):
 
 
 def test_tokens_added_after_caching_are_seen(tokenizer):
-    chat = [{"role": "system", "content": "Play."}, {"role": "user", "content": "go"},
-            {"role": "assistant", "content": "up"}]
+    chat = [
+        {"role": "system", "content": "Play."},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": "up"},
+    ]
     before = next_turn_ids(tokenizer, chat, "ok", True)
     assert prompt_ids(tokenizer, chat[:2]) == full_prompt_ids(tokenizer, chat[:2])
     tokenizer.add_tokens(["assistant\n", "go"], special_tokens=True)  # changes how the cached pieces encode
@@ -228,20 +297,23 @@ def test_tokens_added_after_caching_are_seen(tokenizer):
     assert prompt_ids(tokenizer, chat[:2]) == full_prompt_ids(tokenizer, chat[:2])
 
 
-@pytest.mark.parametrize("source, cacheable", [
-    ("{% for m in messages %}{{ m.content if m.content is string else '' }}{% endfor %}", True),
-    ("{% for m in messages %}{{ m.get('content') }}{% endfor %}", True),
-    ("{% for m in messages|selectattr('role', 'equalto', 'user') %}{{ m.content }}{% endfor %}", True),
-    ("{% if messages|length > 1 %}{{ messages[0].content + '!' }}{% endif %}", True),
-    ("{% for m in messages %}{{ m.get('content') | upper }}{% endfor %}", False),
-    ("{% for m in messages|selectattr('content') %}{{ m.role }}{% endfor %}", False),  # picked by content
-    ("{% for m in messages %}{% for part in m.content %}{{ part }}{% endfor %}{% endfor %}", False),
-    ("{% for m in messages %}{% set text = m.content %}{{ text }}{% endfor %}", False),
-    ("{% for m in messages %}{{ loop.previtem | tojson }}{% endfor %}", False),
-    ("{% for m in messages %}{% filter upper %}{{ m.content }}{% endfilter %}{% endfor %}", False),
-    ("{% for m in messages %}{% if '<think>' in m.content %}x{% endif %}{% endfor %}", False),
-    ("{{ messages | tojson }}", False),
-    ("{% for m in messages %}{{ m.content }}{% if loop.index > 20 %}!{% endif %}{% endfor %}", False),
-])
+@pytest.mark.parametrize(
+    "source, cacheable",
+    [
+        ("{% for m in messages %}{{ m.content if m.content is string else '' }}{% endfor %}", True),
+        ("{% for m in messages %}{{ m.get('content') }}{% endfor %}", True),
+        ("{% for m in messages|selectattr('role', 'equalto', 'user') %}{{ m.content }}{% endfor %}", True),
+        ("{% if messages|length > 1 %}{{ messages[0].content + '!' }}{% endif %}", True),
+        ("{% for m in messages %}{{ m.get('content') | upper }}{% endfor %}", False),
+        ("{% for m in messages|selectattr('content') %}{{ m.role }}{% endfor %}", False),  # picked by content
+        ("{% for m in messages %}{% for part in m.content %}{{ part }}{% endfor %}{% endfor %}", False),
+        ("{% for m in messages %}{% set text = m.content %}{{ text }}{% endfor %}", False),
+        ("{% for m in messages %}{{ loop.previtem | tojson }}{% endfor %}", False),
+        ("{% for m in messages %}{% filter upper %}{{ m.content }}{% endfilter %}{% endfor %}", False),
+        ("{% for m in messages %}{% if '<think>' in m.content %}x{% endif %}{% endfor %}", False),
+        ("{{ messages | tojson }}", False),
+        ("{% for m in messages %}{{ m.content }}{% if loop.index > 20 %}!{% endif %}{% endfor %}", False),
+    ],
+)
 def test_the_syntax_tree_check(source, cacheable):
     assert cacheable_template(source) is cacheable

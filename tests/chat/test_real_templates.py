@@ -17,10 +17,16 @@ from omrl.models import TINY_TOKENIZER_DIR
 FAMILIES = {  # template -> (special tokens it needs, end-of-turn token, begin-of-text token)
     "qwen3": ([], None, None),
     "qwen3_6": ([], None, None),
-    "deepseek_r1_distill": (["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"],
-                            "<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>"),
-    "gptoss": (["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"],
-               "<|return|>", None),
+    "deepseek_r1_distill": (
+        ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"],
+        "<｜end▁of▁sentence｜>",
+        "<｜begin▁of▁sentence｜>",
+    ),
+    "gptoss": (
+        ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"],
+        "<|return|>",
+        None,
+    ),
 }
 
 
@@ -54,7 +60,7 @@ def test_keep_is_one_append_only_row_holding_every_reply(family, reasoning):
     chat = episode(reasoning)
     [(ids, mask)] = conversation_rows(tokenizer, chat, "keep")
     first = encode_text(tokenizer, render(tokenizer, chat[:2], add_generation_prompt=True))
-    assert ids[:len(first)] == first
+    assert ids[: len(first)] == first
     replies = [reply_text(tokenizer, chat[:i], m) for i, m in enumerate(chat) if m["role"] == "assistant"]
     trained = [t for t, m in zip(ids, mask) if m]
     assert trained == [t for text in replies for t in encode_text(tokenizer, text)]
@@ -72,8 +78,8 @@ def test_as_template_rows_open_with_the_templates_own_render(family, reasoning):
     for row, at in zip(rows, [i for i, m in enumerate(chat) if m["role"] == "assistant"]):
         prompt = encode_text(tokenizer, render(tokenizer, chat[:at], add_generation_prompt=True))
         ids, mask = row
-        assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
-        assert ids[len(prompt):] == encode_text(tokenizer, reply_text(tokenizer, chat[:at], chat[at]))
+        assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
+        assert ids[len(prompt) :] == encode_text(tokenizer, reply_text(tokenizer, chat[:at], chat[at]))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -84,5 +90,6 @@ def test_the_second_turn_is_no_longer_refused(family):
     ids, starts_row = next_prompt(tokenizer, "keep", row, chat, [{"role": "user", "content": "Next."}], True)
     assert not starts_row and "Next." in tokenizer.decode(ids)
     ids, starts_row = next_prompt(tokenizer, "as_template", row, chat, [{"role": "user", "content": "Next."}], True)
-    assert starts_row and ids == encode_text(tokenizer, render(
-        tokenizer, [*chat, {"role": "user", "content": "Next."}], add_generation_prompt=True))
+    assert starts_row and ids == encode_text(
+        tokenizer, render(tokenizer, [*chat, {"role": "user", "content": "Next."}], add_generation_prompt=True)
+    )

@@ -43,8 +43,11 @@ def test_increment_after_a_cut_turn_carries_the_end_token_unlearned(tokenizer):
     with_eos = next_turn_ids(tokenizer, history, "next", generated_eos=True)
     without = next_turn_ids(tokenizer, history, "next", generated_eos=False)
     assert tokenizer.decode(without).startswith("<|im_end|>")
-    assert tokenizer.decode(without)[len("<|im_end|>"):] == tokenizer.decode(with_eos)
-    assert prompt_ids(tokenizer, CHAT[:2])[-3:] == tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)[-3:]
+    assert tokenizer.decode(without)[len("<|im_end|>") :] == tokenizer.decode(with_eos)
+    assert (
+        prompt_ids(tokenizer, CHAT[:2])[-3:]
+        == tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)[-3:]
+    )
 
 
 def test_bad_role_order_is_named(tokenizer):

@@ -25,12 +25,18 @@ QUIET = Console(quiet=True)
 
 def reasoning_dataset(path, count: int):
     """A JSONL of ``count`` two-reply conversations: reasoning as `<think>` text, then as a reasoning_content field."""
-    records = [{"messages": [
-        {"role": "system", "content": "Act."}, {"role": "user", "content": f"Chest {i}."},
-        {"role": "assistant", "content": "<think>\nOpen it first.\n</think>\n\nAction: open"},
-        {"role": "user", "content": "It is open."},
-        {"role": "assistant", "content": "Action: take key", "reasoning_content": "Now the key."}]}
-        for i in range(count)]
+    records = [
+        {
+            "messages": [
+                {"role": "system", "content": "Act."},
+                {"role": "user", "content": f"Chest {i}."},
+                {"role": "assistant", "content": "<think>\nOpen it first.\n</think>\n\nAction: open"},
+                {"role": "user", "content": "It is open."},
+                {"role": "assistant", "content": "Action: take key", "reasoning_content": "Now the key."},
+            ]
+        }
+        for i in range(count)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
@@ -47,6 +53,7 @@ def thinking_run(qwen3_like, register_plugin, monkeypatch, tmp_path):  # noqa: F
         def reply(call, index, prompt):
             action = "dance" if wrong_odd["on"] and index % 2 else "open" if call % 2 == 0 else "take key"
             return f"<think>\nStep {call}, sample {index}: {action}.\n</think>\n\nAction: {action}"
+
         return ForcedBackend(model, tokenizer, reply)
 
     monkeypatch.setattr("omrl.rollout.session.make_backend", forced)
@@ -54,12 +61,27 @@ def thinking_run(qwen3_like, register_plugin, monkeypatch, tmp_path):  # noqa: F
     def run(history: str, *overrides: str, siblings_differ: bool = False) -> list[dict]:
         wrong_odd["on"] = siblings_differ
         out = tmp_path / f"run-{history}-{len(list(tmp_path.iterdir()))}"
-        cfg = load_config(TrainRunConfig, "grpo", [
-            f"model.name={qwen3_like('drops_reasoning')}", "env.name=keys", "env.template=think_action",
-            f"chat.history={history}", "generation.max_new_tokens=48", "generation.max_context=1024",
-            f"logging.output_dir={out}", "logging.tensorboard=false", "steps=1", "tasks_per_step=2",
-            "group_size=2", "eval_tasks=1", "reward.weights={sample_index: 1.0}", "optim.learning_rate=1e-3",
-            *overrides])
+        cfg = load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={qwen3_like('drops_reasoning')}",
+                "env.name=keys",
+                "env.template=think_action",
+                f"chat.history={history}",
+                "generation.max_new_tokens=48",
+                "generation.max_context=1024",
+                f"logging.output_dir={out}",
+                "logging.tensorboard=false",
+                "steps=1",
+                "tasks_per_step=2",
+                "group_size=2",
+                "eval_tasks=1",
+                "reward.weights={sample_index: 1.0}",
+                "optim.learning_rate=1e-3",
+                *overrides,
+            ],
+        )
         run_rl(cfg, console=QUIET)
         return read_metrics(out)
 
@@ -77,9 +99,15 @@ def test_a_grpo_step_trains_every_row(thinking_run, history):
 
 
 def test_a_beam_search_step_trains_on_split_paths(thinking_run):
-    record = thinking_run("as_template", "rollout.strategy=beam", "plugins.beam.width=2", "plugins.beam.branch=2",
-                          "plugins.beam.stop_on_win=false",
-                          "reward.weights={goal: 1.0}", siblings_differ=True)[0]
+    record = thinking_run(
+        "as_template",
+        "rollout.strategy=beam",
+        "plugins.beam.width=2",
+        "plugins.beam.branch=2",
+        "plugins.beam.stop_on_win=false",
+        "reward.weights={goal: 1.0}",
+        siblings_differ=True,
+    )[0]
     assert math.isfinite(record["loss"]) and record["rows_per_episode"] > 1
 
 
@@ -110,16 +138,21 @@ def test_an_sft_epoch_on_reasoning_data(qwen3_like, tmp_path, history):  # noqa:
     from tests.training.sample_data import sft_run_config
 
     data = reasoning_dataset(tmp_path / "thinking.jsonl", 4)
-    cfg = sft_run_config(qwen3_like("drops_reasoning"), data, tmp_path / "sft", chat__history=history,
-                         num_train_epochs=1.0)
+    cfg = sft_run_config(
+        qwen3_like("drops_reasoning"), data, tmp_path / "sft", chat__history=history, num_train_epochs=1.0
+    )
     run_sft(cfg, console=QUIET)
     records = read_metrics(tmp_path / "sft")
     assert records and all(math.isfinite(r["loss"]) for r in records if "loss" in r)
 
 
 @pytest.mark.parametrize("history", ["keep", "as_template"])
-def test_omrl_eval_runs_a_qwen3_like_model_with_the_xml_template(qwen3_like, tmp_path, monkeypatch,  # noqa: F811
-                                                                  history):
+def test_omrl_eval_runs_a_qwen3_like_model_with_the_xml_template(
+    qwen3_like,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    history,
+):
     """The issue's first report: `omrl eval --env gridworld --model ./qwen3-like env.template=xml` failed on its
     second turn once a reply held </think>, as the xml template asks replies to; here every reply does."""
     from typer.testing import CliRunner
@@ -131,14 +164,28 @@ def test_omrl_eval_runs_a_qwen3_like_model_with_the_xml_template(qwen3_like, tmp
         def reply(call, index, prompt):
             move = ["left", "up", "right", "down"][call % 4]
             return f"<think>\nTry {move}.\n</think>\n<action>{move}</action>"
+
         return ForcedBackend(load_model(model_name)[0], tokenizer, reply)
 
     monkeypatch.setattr("omrl.rollout.session.make_backend", forced)
     report = tmp_path / f"report-{history}.json"
-    result = CliRunner().invoke(build_app(), [
-        "eval", "--env", "gridworld", "--model", qwen3_like("drops_reasoning"), "env.template=xml",
-        f"chat.history={history}", "num_tasks=2", "env.max_turns=3", "generation.max_new_tokens=16",
-        "--report", str(report)])
+    result = CliRunner().invoke(
+        build_app(),
+        [
+            "eval",
+            "--env",
+            "gridworld",
+            "--model",
+            qwen3_like("drops_reasoning"),
+            "env.template=xml",
+            f"chat.history={history}",
+            "num_tasks=2",
+            "env.max_turns=3",
+            "generation.max_new_tokens=16",
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     episodes = json.loads(report.read_text())["episodes"]
     assert len(episodes) == 2 and all(ep["turns"] == 3 for ep in episodes)  # no episode ended early

@@ -46,8 +46,14 @@ def play(model_dir: str, fmt: str, history: str):
         return template.format_action("open" if call == 0 else "take key", env, f"Step {call}.")
 
     backend = ForcedBackend(model, tokenizer, reply)
-    episodes = collect(EnvPool(KeyEnv, {}, name="keys"), template, tokenizer, [0, 1], backend=backend,
-                       limits=RolloutLimits(max_new_tokens=96, max_context=2048, history=history))
+    episodes = collect(
+        EnvPool(KeyEnv, {}, name="keys"),
+        template,
+        tokenizer,
+        [0, 1],
+        backend=backend,
+        limits=RolloutLimits(max_new_tokens=96, max_context=2048, history=history),
+    )
     return model, tokenizer, backend, episodes
 
 
@@ -59,33 +65,41 @@ def test_calls_are_structured_and_answered_as_tool_messages(family_model, fmt, h
     for ep in episodes:
         assert ep.won and [t.action for t in ep.turns] == ["open", "take key"] and all(t.format_ok for t in ep.turns)
         replies = [m for m in ep.messages if m["role"] == "assistant"]
-        assert replies[0]["tool_calls"] == [{"type": "function",
-                                             "function": {"name": "act", "arguments": {"action": "open"}}}]
+        assert replies[0]["tool_calls"] == [
+            {"type": "function", "function": {"name": "act", "arguments": {"action": "open"}}}
+        ]
         assert replies[0]["content"] == "Step 0."
         assert [m["role"] for m in ep.messages[1:]] == ["user", "assistant", "tool", "assistant"]
         for turn in ep.turns:  # rows: a backend input, then exactly the sampled ids
             start = max([0, *[s for s in ep.row_starts if s <= turn.span[0]]])
-            assert tuple(ep.token_ids[start:turn.span[0]]) in prompts
+            assert tuple(ep.token_ids[start : turn.span[0]]) in prompts
             assert ep.token_ids[slice(*turn.span)] == encode_text(tokenizer, turn.response) + [tokenizer.eos_token_id]
         if history == "as_template":  # each prompt is the template's own render of the structured chat
             for k, turn in enumerate(ep.turns):
                 start = max([0, *[s for s in ep.row_starts if s <= turn.span[0]]])
-                chat = ep.messages[:2 + 2 * k]
+                chat = ep.messages[: 2 + 2 * k]
                 kwargs = registry.templates.get("tool_call")(format=fmt).chat_template_kwargs(KeyEnv())
                 # (the system prompt's example call is text: with this tokenizer <tool_call> is special)
-                assert ep.token_ids[start:turn.span[0]] == encode_chat(
-                    tokenizer, render(tokenizer, mark_messages(tokenizer, chat), add_generation_prompt=True, **kwargs))
+                assert ep.token_ids[start : turn.span[0]] == encode_chat(
+                    tokenizer, render(tokenizer, mark_messages(tokenizer, chat), add_generation_prompt=True, **kwargs)
+                )
         else:
             assert ep.row_starts == []
     compose_rewards(episodes, {"goal": 1.0})
     batch = episodes_to_batch(episodes, tokenizer.pad_token_id)
     with torch.no_grad():
-        out = policy_forward(model, batch["input_ids"], batch["attention_mask"], token_mask=batch["loss_mask"],
-                             position_ids=batch.tensors.get("position_ids"))
+        out = policy_forward(
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            token_mask=batch["loss_mask"],
+            position_ids=batch.tensors.get("position_ids"),
+        )
     for i, ep in enumerate(episodes):
         mask = torch.tensor(ep.loss_mask, dtype=torch.bool)
-        assert torch.allclose(out["log_probs"][i, :len(ep.token_ids)][mask], torch.tensor(ep.logprobs)[mask],
-                              atol=2e-4)
+        assert torch.allclose(
+            out["log_probs"][i, : len(ep.token_ids)][mask], torch.tensor(ep.logprobs)[mask], atol=2e-4
+        )
 
 
 def test_the_tool_results_are_rendered_in_the_familys_tool_role(family_model):
@@ -98,9 +112,16 @@ def test_the_tool_results_are_rendered_in_the_familys_tool_role(family_model):
 def test_a_model_without_native_tool_calls_keeps_text_and_user_answers(tiny_model_dir):
     model, tokenizer = load_model(tiny_model_dir)
     template = registry.templates.get("tool_call")()
-    backend = ForcedBackend(model, tokenizer, lambda call, i, p: template.format_action(
-        "open" if call == 0 else "take key", KeyEnv()))
-    [ep] = collect(EnvPool(KeyEnv, {}, name="keys"), template, tokenizer, [0], backend=backend,
-                   limits=RolloutLimits(max_new_tokens=96, history="as_template"))
+    backend = ForcedBackend(
+        model, tokenizer, lambda call, i, p: template.format_action("open" if call == 0 else "take key", KeyEnv())
+    )
+    [ep] = collect(
+        EnvPool(KeyEnv, {}, name="keys"),
+        template,
+        tokenizer,
+        [0],
+        backend=backend,
+        limits=RolloutLimits(max_new_tokens=96, history="as_template"),
+    )
     assert ep.won and all("tool_calls" not in m for m in ep.messages)
     assert [m["role"] for m in ep.messages[1:]] == ["user", "assistant", "user", "assistant"]

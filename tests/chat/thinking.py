@@ -82,8 +82,11 @@ TOOL_ROLE = r"""
 TEMPLATES = {"drops_reasoning": DROPS_REASONING, "keeps_answer": KEEPS_ANSWER, "tool_role": TOOL_ROLE}
 
 
-LLAMA3_SPECIALS = (["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"],
-                   "<|eot_id|>", "<|begin_of_text|>")
+LLAMA3_SPECIALS = (
+    ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"],
+    "<|eot_id|>",
+    "<|begin_of_text|>",
+)
 
 
 def family_tokenizer(template: str, specials: tuple = ((), None, None)):
@@ -116,9 +119,19 @@ def build_qwen3_like(out: Path, template: str, specials: tuple = ((), None, None
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = family_tokenizer(template, specials)
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -147,9 +160,9 @@ class ForcedBackend(Backend):
         for i, prompt in enumerate(prompts):
             self.prompts.append(list(prompt))
             ids = self.tokenizer.encode(self.reply(self.calls, i, list(prompt)), add_special_tokens=False)
-            ids = (ids + [self.eos_token_id])[:params.limit(i)]
+            ids = (ids + [self.eos_token_id])[: params.limit(i)]
             logits = self.model(input_ids=torch.tensor([list(prompt) + ids])).logits[0].float()
-            picked = torch.log_softmax(logits[len(prompt) - 1:-1], -1).gather(-1, torch.tensor(ids)[:, None])
+            picked = torch.log_softmax(logits[len(prompt) - 1 : -1], -1).gather(-1, torch.tensor(ids)[:, None])
             out.append(Generation(ids, picked[:, 0].tolist(), "stop" if ids[-1] == self.eos_token_id else "length"))
         self.calls += 1
         return out
@@ -167,8 +180,8 @@ class ThinkingActionTemplate(Template):
 
     def parse(self, response, env):
         answer = response.split("</think>")[-1].strip()
-        if answer.startswith("Action:") and answer[len("Action:"):].strip():
-            return ParsedAction(answer[len("Action:"):].strip(), True)
+        if answer.startswith("Action:") and answer[len("Action:") :].strip():
+            return ParsedAction(answer[len("Action:") :].strip(), True)
         return ParsedAction(None, False, error="the answer must start with `Action:`")
 
     def format_action(self, action, env, thought=""):
@@ -203,9 +216,14 @@ class ThinkingPlugin:
 def key_replies(opens_think: bool) -> Callable[[int, int, list[int]], str]:
     """Scripted replies for the keys env with real reasoning: open the chest, then take the key (a
     template whose generation prompt opens ``<think>`` gets the reply without its opening tag)."""
+
     def reply(call: int, index: int, prompt: list[int]) -> str:
         action = "open" if call == 0 else "take key"
         thought = f"Chest step {call}: I should {action}."
-        return (f"{thought}\n</think>\n\nAction: {action}" if opens_think
-                else f"<think>\n{thought}\n</think>\n\nAction: {action}")
+        return (
+            f"{thought}\n</think>\n\nAction: {action}"
+            if opens_think
+            else f"<think>\n{thought}\n</think>\n\nAction: {action}"
+        )
+
     return reply

@@ -27,7 +27,9 @@ def test_every_shipped_preset_loads_into_its_config_class():
 
 
 def test_unknown_key_names_its_path_and_suggests():
-    with pytest.raises(ConfigError, match=r"unknown config key 'optim.learning_rat'; did you mean 'optim.learning_rate'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'optim.learning_rat'; did you mean 'optim.learning_rate'"
+    ):
         load_config(TrainRunConfig, None, ["optim.learning_rat=0.1"])
 
 
@@ -112,8 +114,12 @@ def test_renamed_keys_still_work_with_one_warning(tmp_path):
     with pytest.warns(DeprecatedKeyWarning, match="algo -> algorithm.name, advantage -> algorithm.advantage") as seen:
         cfg = load_config(TrainRunConfig, preset)
     assert len(seen) == 1
-    assert (cfg.algorithm.name, cfg.algorithm.advantage, cfg.algorithm.kl_coef, cfg.algorithm.gamma) == \
-        ("ppo", "gae", 0.1, 0.9)
+    assert (cfg.algorithm.name, cfg.algorithm.advantage, cfg.algorithm.kl_coef, cfg.algorithm.gamma) == (
+        "ppo",
+        "gae",
+        0.1,
+        0.9,
+    )
     preset.write_text("command: train\nalgo: ppo\nalgorithm: {name: grpo}\n")
     with pytest.raises(ConfigError, match="algo='ppo' and algorithm.name='grpo' disagree; give algorithm.name only"):
         load_config(TrainRunConfig, preset)
@@ -170,8 +176,9 @@ def test_the_webshop_presets_start_from_the_webshop_model_and_other_envs_from_it
     assert train_config([], model="smollm2-135m-webshop", env="gridworld") == ("smollm2-135m-webshop", False)
     assert train_config(["model.name=smollm2-135m-webshop", "env.name=gridworld"])[0] == "smollm2-135m-webshop"
     mine = tmp_path / "mine.yaml"
-    mine.write_text("command: train\nmodel: {name: smollm2-135m-webshop}\n"
-                    "env: {name: gridworld, demonstration: false}\n")
+    mine.write_text(
+        "command: train\nmodel: {name: smollm2-135m-webshop}\nenv: {name: gridworld, demonstration: false}\n"
+    )
     assert train_config([str(mine)]) == ("smollm2-135m-webshop", False)
 
 

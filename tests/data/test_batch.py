@@ -18,8 +18,11 @@ def make(n: int = 5) -> Batch:
             "scores": torch.arange(n, dtype=torch.float32),
             "cube": torch.randn(n, 2, 2),
         },
-        non_tensors={"task": [f"t{i}" for i in range(n)], "info": [{"k": i, "v": [i] * i} for i in range(n)],
-                     "mixed": ([1, "a", None, 2.5, [1]] * 2)[:n]},
+        non_tensors={
+            "task": [f"t{i}" for i in range(n)],
+            "info": [{"k": i, "v": [i] * i} for i in range(n)],
+            "mixed": ([1, "a", None, 2.5, [1]] * 2)[:n],
+        },
         meta={"step": 3},
     )
 

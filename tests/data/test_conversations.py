@@ -12,8 +12,12 @@ from omrl.cli import main
 from omrl.data.conversations import Conversation, DatasetFormatError, load_conversations, write_conversations
 from omrl.errors import OmrlError
 
-RECORD = {"conversations": [{"role": "user", "content": "Buy a café table."},
-                            {"role": "assistant", "content": "search[café table]"}]}
+RECORD = {
+    "conversations": [
+        {"role": "user", "content": "Buy a café table."},
+        {"role": "assistant", "content": "search[café table]"},
+    ]
+}
 LINE = json.dumps(RECORD, ensure_ascii=False) + "\n"
 LATIN1 = LINE.encode("utf-8") + LINE.encode("latin-1")  # a good line, then one in latin-1
 BINARY = bytes(range(256)) * 4
@@ -26,19 +30,21 @@ def _parquet_bytes(tmp_path) -> bytes:
     return (tmp_path / "good.parquet").read_bytes()
 
 
-LATIN1_AT = len(LINE.encode()) + LINE.encode("latin-1").index(0xe9)  # the first byte that is not UTF-8
+LATIN1_AT = len(LINE.encode()) + LINE.encode("latin-1").index(0xE9)  # the first byte that is not UTF-8
 
 # file name -> (its bytes, given a good parquet file's bytes; what the error says)
 DAMAGED = {
     "latin1.jsonl": (lambda good: LATIN1, f"not UTF-8 at byte {LATIN1_AT} (line 2: 0xe9)"),
-    "latin1.json": (lambda good: b"[" + LINE.encode("latin-1") + b"]",
-                    f"not UTF-8 at byte {1 + LINE.encode('latin-1').index(0xe9)} (line 1: 0xe9)"),
+    "latin1.json": (
+        lambda good: b"[" + LINE.encode("latin-1") + b"]",
+        f"not UTF-8 at byte {1 + LINE.encode('latin-1').index(0xE9)} (line 1: 0xe9)",
+    ),
     "binary.jsonl": (lambda good: BINARY, "row 1: not valid JSON"),  # its first line is ASCII
     "binary.json": (lambda good: BINARY, "not UTF-8 at byte 128"),
     "empty.json": (lambda good: b"", "the file is empty"),
     "deep.jsonl": (lambda good: b"[" * 100_000, "JSON nested too deeply to read"),
     "huge_number.jsonl": (lambda good: b"1" * 5000, "unreadable JSON (Exceeds the limit (4300 digits)"),
-    "truncated.parquet": (lambda good: good[:len(good) // 2], f"{NOT_PARQUET} (Parquet magic bytes not found"),
+    "truncated.parquet": (lambda good: good[: len(good) // 2], f"{NOT_PARQUET} (Parquet magic bytes not found"),
     "empty.parquet": (lambda good: b"", f"{NOT_PARQUET} (Parquet file size is 0 bytes)"),
     "binary.parquet": (lambda good: BINARY, NOT_PARQUET),
     "text.parquet": (lambda good: LINE.encode() * 50, NOT_PARQUET),
@@ -73,19 +79,22 @@ def test_a_byte_order_mark_is_not_an_error(tmp_path):
     assert len(load_conversations(path)) == 1
 
 
-@pytest.mark.parametrize("state, expected", [
-    (b"\xff{}", "state.json: not UTF-8 at byte 0"),
-    (b"{oops", "state.json: not valid JSON"),
-    (b"[]", "state.json: must hold a JSON object, got a list"),
-    (b'{"_data_files": [3]}', "'_data_files' must be a list of {'filename': ...}"),
-])
+@pytest.mark.parametrize(
+    "state, expected",
+    [
+        (b"\xff{}", "state.json: not UTF-8 at byte 0"),
+        (b"{oops", "state.json: not valid JSON"),
+        (b"[]", "state.json: must hold a JSON object, got a list"),
+        (b'{"_data_files": [3]}', "'_data_files' must be a list of {'filename': ...}"),
+    ],
+)
 def test_a_broken_save_to_disk_directory_is_an_error_naming_its_state_file(tmp_path, state, expected):
     (tmp_path / "state.json").write_bytes(state)
     with pytest.raises(DatasetFormatError, match=expected.replace("[", r"\[").replace("{", r"\{")):
         load_conversations(tmp_path)
 
 
-@pytest.mark.parametrize("reward", [float("nan"), float("inf"), pytest.param(10 ** 400, id="10**400")])
+@pytest.mark.parametrize("reward", [float("nan"), float("inf"), pytest.param(10**400, id="10**400")])
 def test_a_non_finite_reward_is_a_format_error(tmp_path, reward):
     path = tmp_path / "a.jsonl"
     path.write_text(json.dumps({**RECORD, "reward": reward}) + "\n")

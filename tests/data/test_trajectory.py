@@ -15,14 +15,26 @@ from omrl.rollout.convert import write_jsonl
 
 def test_episode_parquet_round_trip(tmp_path):
     ep = Episode(
-        env="gridworld", task_id=7, split="test", instruction="reach the goal",
-        turns=[Turn("obs", "Act: up", "up", True, 0.0, False, {"won": False, "nested": {"a": [1, 2]}}, (5, 8)),
-               Turn("obs2", "junk", None, False, 1.0, True, {"won": True, "score": 1.0}, (12, 14), "no action")],
-        token_ids=list(range(14)), loss_mask=[0] * 5 + [1] * 3 + [0] * 4 + [1] * 2,
+        env="gridworld",
+        task_id=7,
+        split="test",
+        instruction="reach the goal",
+        turns=[
+            Turn("obs", "Act: up", "up", True, 0.0, False, {"won": False, "nested": {"a": [1, 2]}}, (5, 8)),
+            Turn("obs2", "junk", None, False, 1.0, True, {"won": True, "score": 1.0}, (12, 14), "no action"),
+        ],
+        token_ids=list(range(14)),
+        loss_mask=[0] * 5 + [1] * 3 + [0] * 4 + [1] * 2,
         logprobs=[0.0] * 5 + [-0.5, -0.25, -0.125] + [0.0] * 4 + [-1.0, -2.0],
-        prompt_length=5, won=True, score=1.0, end_reason="done", group=2, sample=1,
+        prompt_length=5,
+        won=True,
+        score=1.0,
+        end_reason="done",
+        group=2,
+        sample=1,
         rewards={"goal": [0.0, 1.0], "total": [0.0, 1.0]},
-        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Act: up"}], demo_messages=2,
+        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Act: up"}],
+        demo_messages=2,
     )
     path = write_episodes([ep, Episode("e", 1, "train", "i")], tmp_path / "t.parquet")
     back = read_episodes(path)
@@ -42,8 +54,10 @@ def test_files_of_the_first_schema_still_read(tmp_path):
 
     from omrl.data.trajectory import SCHEMA
 
-    write_episodes([Episode("gridworld", 3, "train", "reach the goal", messages=[{"role": "user", "content": "hi"}])],
-                   tmp_path / "new.parquet")
+    write_episodes(
+        [Episode("gridworld", 3, "train", "reach the goal", messages=[{"role": "user", "content": "hi"}])],
+        tmp_path / "new.parquet",
+    )
     table = pq.read_table(tmp_path / "new.parquet").drop_columns(["demo_messages"])
     old = table.replace_schema_metadata({b"omrl.schema": b"episode/1"})
     assert old.schema.remove_metadata() != SCHEMA.remove_metadata()
@@ -55,7 +69,7 @@ def test_files_of_the_first_schema_still_read(tmp_path):
 @pytest.mark.parametrize("damage", ["empty", "truncated", "text"])
 def test_a_damaged_trajectory_file_is_an_error_naming_it(tmp_path, damage):
     good = write_episodes([Episode("e", 1, "train", "i")], tmp_path / "good.parquet").read_bytes()
-    data = {"empty": b"", "truncated": good[:len(good) // 2], "text": b"hello\n" * 100}[damage]
+    data = {"empty": b"", "truncated": good[: len(good) // 2], "text": b"hello\n" * 100}[damage]
     path = tmp_path / f"{damage}.parquet"
     path.write_bytes(data)
     with pytest.raises(UnreadableFileError, match=re.escape(f"{path}: truncated, damaged or not a parquet file")):
@@ -68,9 +82,16 @@ def _no_constants(name: str):
 
 def test_non_finite_numbers_and_lone_surrogates_are_written_as_strict_json(tmp_path):
     nan, inf = float("nan"), float("inf")
-    ep = Episode("e", 1, "train", "i", score=nan, rewards={"total": [nan], "goal": [inf]},
-                 turns=[Turn("obs", "reply", "go \ud800", True, -inf, True, {"x": inf, "deep": [{"y": nan}]})],
-                 messages=[{"role": "assistant", "content": "\udcff"}])
+    ep = Episode(
+        "e",
+        1,
+        "train",
+        "i",
+        score=nan,
+        rewards={"total": [nan], "goal": [inf]},
+        turns=[Turn("obs", "reply", "go \ud800", True, -inf, True, {"x": inf, "deep": [{"y": nan}]})],
+        messages=[{"role": "assistant", "content": "\udcff"}],
+    )
     path = write_jsonl([ep], tmp_path / "r.jsonl")
     record = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constants)
     assert record["score"] is None and record["total_reward"] is None

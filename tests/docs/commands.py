@@ -28,7 +28,7 @@ def omrl_args(segment: str) -> list[str] | None:
         return words[1:]
     for i in range(len(words) - 1):
         if words[i] == "-m" and words[i + 1] == "omrl":
-            return words[i + 2:]
+            return words[i + 2 :]
     return None
 
 
@@ -58,9 +58,12 @@ def examples() -> list[tuple[str, str, bool]]:
 
 def skipped() -> list[tuple[str, str]]:
     """The omrl command lines left out for a placeholder."""
-    return [(path.relative_to(REPO).as_posix(), line) for path in doc_files()
-            for line, _ in command_lines(path.read_text(encoding="utf-8"))
-            if PLACEHOLDER.search(line) and line.lstrip().startswith("omrl")]
+    return [
+        (path.relative_to(REPO).as_posix(), line)
+        for path in doc_files()
+        for line, _ in command_lines(path.read_text(encoding="utf-8"))
+        if PLACEHOLDER.search(line) and line.lstrip().startswith("omrl")
+    ]
 
 
 def remaining_args(ctx) -> list[str]:

@@ -20,28 +20,38 @@ def test_command_line_parses(where, line, inline):
 
 
 def test_command_lines_are_found_in_every_form():
-    text = ("```bash\nomrl train --algo grpo \\\n  --env webshop\nomrl eval --env gridworld && omrl view runs/x\n"
-            "MALLOC_ARENA_MAX=2 omrl sft --dataset a.parquet\n"
-            "accelerate launch --config_file configs/accelerate/ddp.yaml -m omrl train --algo grpo\n```\n"
-            "```python\nomrl = 1\n```\nInline: `omrl plugins --json`.")
+    text = (
+        "```bash\nomrl train --algo grpo \\\n  --env webshop\nomrl eval --env gridworld && omrl view runs/x\n"
+        "MALLOC_ARENA_MAX=2 omrl sft --dataset a.parquet\n"
+        "accelerate launch --config_file configs/accelerate/ddp.yaml -m omrl train --algo grpo\n```\n"
+        "```python\nomrl = 1\n```\nInline: `omrl plugins --json`."
+    )
     lines = command_lines(text)
     assert [inline for _, inline in lines] == [False] * 5 + [True]
     assert [omrl_args(line) for line, _ in lines] == [
-        ["train", "--algo", "grpo", "--env", "webshop"], ["eval", "--env", "gridworld"], ["view", "runs/x"],
-        ["sft", "--dataset", "a.parquet"], ["train", "--algo", "grpo"], ["plugins", "--json"]]
+        ["train", "--algo", "grpo", "--env", "webshop"],
+        ["eval", "--env", "gridworld"],
+        ["view", "runs/x"],
+        ["sft", "--dataset", "a.parquet"],
+        ["train", "--algo", "grpo"],
+        ["plugins", "--json"],
+    ]
 
 
-@pytest.mark.parametrize("args,why", [
-    (["trian", "--algo", "grpo"], "No such command"),
-    (["train", "--algorithm", "grpo"], "No such option"),
-    (["env", "lst"], "No such command"),
-    (["rollout", "--num-tasks", "many"], "num-tasks"),
-    (["train", "--algo", "grpo", "group_sise=8"], "group_sise"),
-    (["eval", "generation.temprature=1.0"], "temprature"),
-    (["rm", "train", "kind=orm", "optim.learning_rate=fast"], "learning_rate"),
-    (["config", "show", "grpo", "stepz=3"], "stepz"),
-    (["train", "sft"], "sft"),  # a preset for another command
-])
+@pytest.mark.parametrize(
+    "args,why",
+    [
+        (["trian", "--algo", "grpo"], "No such command"),
+        (["train", "--algorithm", "grpo"], "No such option"),
+        (["env", "lst"], "No such command"),
+        (["rollout", "--num-tasks", "many"], "num-tasks"),
+        (["train", "--algo", "grpo", "group_sise=8"], "group_sise"),
+        (["eval", "generation.temprature=1.0"], "temprature"),
+        (["rm", "train", "kind=orm", "optim.learning_rate=fast"], "learning_rate"),
+        (["config", "show", "grpo", "stepz=3"], "stepz"),
+        (["train", "sft"], "sft"),  # a preset for another command
+    ],
+)
 def test_a_broken_command_line_fails(args, why):
     with pytest.raises(AssertionError, match=why):
         check_command(args)

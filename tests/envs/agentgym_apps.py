@@ -133,8 +133,9 @@ class Recorder:
             decoded = json.loads(body) if body else None
         except ValueError:
             decoded = body.decode("latin-1")
-        self.calls.append(Call(scope["method"], scope["path"], dict(parse_qsl(scope["query_string"].decode())),
-                               decoded))
+        self.calls.append(
+            Call(scope["method"], scope["path"], dict(parse_qsl(scope["query_string"].decode())), decoded)
+        )
         replayed = False
 
         async def replay():
@@ -234,11 +235,23 @@ def running_score_app(env: str) -> FastAPI:
             return not_valid(body.id)
         envs[body.id] = {"started": True, "done": False, "score": 0, "task": body.data_idx}
         if env == "babyai":
-            return {"observation": f"Your goal: go to the red ball\nlevel {body.data_idx % 40 + 1}",
-                    "reward": 0, "score": 0, "deleted": False, "done": False}
-        return {"task_name": "boil", "var_num": body.data_idx, "task_description": "Your task is to boil water.",
-                "observation": "This room is called the kitchen.", "reward": 0, "score": 0, "deleted": False,
-                "done": False}
+            return {
+                "observation": f"Your goal: go to the red ball\nlevel {body.data_idx % 40 + 1}",
+                "reward": 0,
+                "score": 0,
+                "deleted": False,
+                "done": False,
+            }
+        return {
+            "task_name": "boil",
+            "var_num": body.data_idx,
+            "task_description": "Your task is to boil water.",
+            "observation": "This room is called the kitchen.",
+            "reward": 0,
+            "score": 0,
+            "deleted": False,
+            "done": False,
+        }
 
     @app.post("/step")
     def step(body: IdStep):
@@ -257,8 +270,12 @@ def running_score_app(env: str) -> FastAPI:
             before = state["score"]
             state["score"] = {"focus on water": max(before, 50), "heat water": 100}.get(body.action, before)
             reward, state["done"] = state["score"] - before, state["score"] == 100
-        return {"observation": f"You did {body.action}.", "reward": reward, "score": state["score"],
-                "done": state["done"]}
+        return {
+            "observation": f"You did {body.action}.",
+            "reward": reward,
+            "score": state["score"],
+            "done": state["done"],
+        }
 
     @app.post("/close")
     def close(body: IdClose):
@@ -286,8 +303,12 @@ def alfworld_app() -> FastAPI:
         if body.id not in envs:
             return not_valid(body.id)
         envs[body.id] = {"done": False}
-        return {"id": body.id, "observation": f"You are in the middle of a room. Your task is to: put a mug {body.game}"
-                " in the cabinet.", "available_actions": ["go to cabinet 1", "look"], "task_type": "pick_and_place"}
+        return {
+            "id": body.id,
+            "observation": f"You are in the middle of a room. Your task is to: put a mug {body.game} in the cabinet.",
+            "available_actions": ["go to cabinet 1", "look"],
+            "task_type": "pick_and_place",
+        }
 
     @app.post("/step")
     def step(body: IdStep):
@@ -297,9 +318,12 @@ def alfworld_app() -> FastAPI:
             return finished(body.id)
         won = body.action == "put mug in cabinet 1"
         envs[body.id]["done"] = won
-        return {"observation": "You put the mug in the cabinet 1." if won else "Nothing happens.",
-                "reward": float(won), "available_actions": [] if won else ["put mug in cabinet 1", "look"],
-                "done": won}
+        return {
+            "observation": "You put the mug in the cabinet 1." if won else "Nothing happens.",
+            "reward": float(won),
+            "available_actions": [] if won else ["put mug in cabinet 1", "look"],
+            "done": won,
+        }
 
     return app
 
@@ -483,6 +507,7 @@ def tool_app(with_close: bool) -> FastAPI:
         return "Observation: ..." if env_idx in tasks else crash()
 
     if with_close:
+
         @app.post("/close")
         def close(body: EnvIdxClose):
             return tasks.pop(body.env_idx, None) is not None
@@ -526,8 +551,13 @@ def webarena_app() -> FastAPI:
         if not isinstance(body, dict):
             return body
         stop = body["action"].startswith("```stop")
-        return {"observation": "[1] RootWebArea 'Dashboard'", "reward": float(stop), "terminated": stop,
-                "truncated": False, "info": {}}
+        return {
+            "observation": "[1] RootWebArea 'Dashboard'",
+            "reward": float(stop),
+            "terminated": stop,
+            "truncated": False,
+            "info": {},
+        }
 
     @app.post("/close")
     async def close(request: Request):
@@ -560,8 +590,14 @@ def served_app(deterministic: Optional[bool]) -> FastAPI:
     @app.get("/tasks")
     def tasks(split: Optional[str] = None):
         if split is None:
-            return {"env": "echo", "splits": {"test": 2}, "action_help": "say the task id", "max_turns": 3,
-                    "demonstration": [], **({} if deterministic is None else {"deterministic": deterministic})}
+            return {
+                "env": "echo",
+                "splits": {"test": 2},
+                "action_help": "say the task id",
+                "max_turns": 3,
+                "demonstration": [],
+                **({} if deterministic is None else {"deterministic": deterministic}),
+            }
         return {"split": split, "range": [0, 2, 1]}
 
     @app.post("/reset")
@@ -569,15 +605,27 @@ def served_app(deterministic: Optional[bool]) -> FastAPI:
         if body.id not in envs:
             return JSONResponse({"error": f"unknown env id {body.id}"}, status_code=404)
         envs[body.id] = body.data_idx
-        return {"id": body.id, "task_id": body.data_idx, "observation": "Say the task id.",
-                "instruction": f"Task {body.data_idx}.", "info": {"level": 1}, "available_actions": None}
+        return {
+            "id": body.id,
+            "task_id": body.data_idx,
+            "observation": "Say the task id.",
+            "instruction": f"Task {body.data_idx}.",
+            "info": {"level": 1},
+            "available_actions": None,
+        }
 
     @app.post("/step")
     def step(body: IdStep):
         won = body.action == str(envs[body.id])
-        return {"observation": "Right." if won else "Wrong.", "reward": float(won), "done": True,
-                "info": {"won": won, "score": float(won)}, "score": float(won), "won": won,
-                "available_actions": None}
+        return {
+            "observation": "Right." if won else "Wrong.",
+            "reward": float(won),
+            "done": True,
+            "info": {"won": won, "score": float(won)},
+            "score": float(won),
+            "won": won,
+            "available_actions": None,
+        }
 
     @app.post("/close")
     def close(body: IdClose):
@@ -606,13 +654,17 @@ def flaky_app(calls: dict, create_answer=None, reset_answer=None, step_answer=No
 
     @app.post("/create")
     def create(body: TextCraftCreate):
-        return answer("create", create_answer, {"id": 7, "observation": "Goal: craft stick.", "done": False,
-                                                "reward": 0})
+        return answer(
+            "create", create_answer, {"id": 7, "observation": "Goal: craft stick.", "done": False, "reward": 0}
+        )
 
     @app.post("/reset")
     def reset(body: TextCraftReset):
-        return answer("reset", reset_answer, {"id": body.id, "observation": "Crafting commands: ... Goal: craft "
-                                              "stick.", "done": False, "reward": 0})
+        return answer(
+            "reset",
+            reset_answer,
+            {"id": body.id, "observation": "Crafting commands: ... Goal: craft stick.", "done": False, "reward": 0},
+        )
 
     @app.post("/step")
     def step(body: IdStep):

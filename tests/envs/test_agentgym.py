@@ -81,10 +81,12 @@ class CounterEnv(Env):
         if action == "submit":
             self.done = True
             won = self.value == self.target
-            return StepResult("You submitted.", float(won), True,
-                              {"won": won, "score": min(self.value / self.target, 1.0)})
-        return StepResult(f"{action!r} is not an action; try up or submit.", 0.0, False,
-                          {"won": False, "score": 0.0, "invalid": True})
+            return StepResult(
+                "You submitted.", float(won), True, {"won": won, "score": min(self.value / self.target, 1.0)}
+            )
+        return StepResult(
+            f"{action!r} is not an action; try up or submit.", 0.0, False, {"won": False, "score": 0.0, "invalid": True}
+        )
 
     def admissible_actions(self):
         return ["up", "submit"]
@@ -244,9 +246,11 @@ def test_a_5xx_on_create_or_reset_is_retried():
     def fails_once(answer):
         return lambda n: PlainTextResponse("Internal Server Error", status_code=500) if n == 1 else answer
 
-    app = flaky_app(calls, create_answer=fails_once({"id": 7, "observation": "Goal: craft stick.", "done": False,
-                                                     "reward": 0}),
-                    reset_answer=fails_once({"id": 7, "observation": "Goal: craft stick.", "done": False, "reward": 0}))
+    app = flaky_app(
+        calls,
+        create_answer=fails_once({"id": 7, "observation": "Goal: craft stick.", "done": False, "reward": 0}),
+        reset_answer=fails_once({"id": 7, "observation": "Goal: craft stick.", "done": False, "reward": 0}),
+    )
     with background_server(app) as url:
         env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
         assert env.reset(3).text == "Goal: craft stick."
@@ -343,8 +347,11 @@ def test_env_without_default_splits_on_a_server_that_lists_none_asks_for_them():
     with background_server(flaky_app({})) as url:
         for name in ("mystery", "sqlgym"):
             env = AgentGymEnv(base_url=url, env_name=name, **FAST)
-            with pytest.raises(ConfigError, match=rf"does not list its tasks .*HTTP 404.* env_name '{name}' "
-                                                  r"has no default splits; set plugins.agentgym.splits"):
+            with pytest.raises(
+                ConfigError,
+                match=rf"does not list its tasks .*HTTP 404.* env_name '{name}' "
+                r"has no default splits; set plugins.agentgym.splits",
+            ):
                 env.split_of("test")
             env.close()
         assert AgentGymEnv(base_url=url, env_name="sqlgym", splits={"test": 5}, **FAST).split_of("test") == range(5)
@@ -427,8 +434,11 @@ def test_an_agentgym_like_server_restarted_mid_episode_ends_the_stale_episode_as
         server.restart()
         b.reset(3)
         assert b._env_id == 0 == a._env_id
-        with pytest.raises(EnvError, match=r"POST /step failed: env id 0 may now be another client's env "
-                                           r"\(.*restarted.*\); this episode is not trusted"):
+        with pytest.raises(
+            EnvError,
+            match=r"POST /step failed: env id 0 may now be another client's env "
+            r"\(.*restarted.*\); this episode is not trusted",
+        ):
             a.step("craft stick3")
         assert b.step("craft stick3").won  # B's env was neither stepped nor closed by A
         a.reset(5)  # A plays on with a new env
@@ -474,24 +484,32 @@ def test_an_unfinished_episodes_env_is_closed_the_moment_the_episode_ends():
         again = pool.acquire()
         again.reset(2)
         assert again._env_id == 1 and ("close", 0, 7) not in log
-        assert httpx.post(f"{url}/step", json={"id": other, "action": "look"}).json()["observation"] == \
-            "task 7, step 1"  # the other client's env lives on
+        assert (
+            httpx.post(f"{url}/step", json={"id": other, "action": "look"}).json()["observation"] == "task 7, step 1"
+        )  # the other client's env lives on
         pool.close()
 
 
-@pytest.mark.parametrize("body, problem", [
-    ('{"observation": "x", "reward": NaN, "done": true}', "'reward' must be a finite number, got nan"),
-    ('{"observation": "x", "reward": Infinity, "done": false}', "'reward' must be a finite number, got inf"),
-    ('{"observation": "x", "reward": 1e999, "done": false}', "'reward' must be a finite number, got inf"),
-    ('{"observation": "x", "reward": "1", "done": false}', "'reward' must be a finite number, got '1'"),
-    ('{"observation": "x", "reward": 0, "done": "no"}', "'done' must be true or false, got 'no'"),
-    ('{"observation": "x", "reward": 0, "done": 1}', "'done' must be true or false, got 1"),
-    ('{"observation": "x", "reward": 0, "done": true, "score": -Infinity, "won": true}',
-     "'score' must be a finite number, got -inf"),
-    ('{"observation": "x", "reward": 0, "done": true, "score": 1, "won": "yes"}',
-     "'won' must be true or false, got 'yes'"),
-    ('[1, 2]', "expected an object"),
-])
+@pytest.mark.parametrize(
+    "body, problem",
+    [
+        ('{"observation": "x", "reward": NaN, "done": true}', "'reward' must be a finite number, got nan"),
+        ('{"observation": "x", "reward": Infinity, "done": false}', "'reward' must be a finite number, got inf"),
+        ('{"observation": "x", "reward": 1e999, "done": false}', "'reward' must be a finite number, got inf"),
+        ('{"observation": "x", "reward": "1", "done": false}', "'reward' must be a finite number, got '1'"),
+        ('{"observation": "x", "reward": 0, "done": "no"}', "'done' must be true or false, got 'no'"),
+        ('{"observation": "x", "reward": 0, "done": 1}', "'done' must be true or false, got 1"),
+        (
+            '{"observation": "x", "reward": 0, "done": true, "score": -Infinity, "won": true}',
+            "'score' must be a finite number, got -inf",
+        ),
+        (
+            '{"observation": "x", "reward": 0, "done": true, "score": 1, "won": "yes"}',
+            "'won' must be true or false, got 'yes'",
+        ),
+        ("[1, 2]", "expected an object"),
+    ],
+)
 def test_non_finite_or_mistyped_step_values_are_env_errors(body, problem):
     answer = lambda n: Response(body, media_type="application/json")  # noqa: E731 - raw text keeps NaN
     with background_server(flaky_app({}, step_answer=answer)) as url:
@@ -506,8 +524,11 @@ def test_token_protected_server_is_played_with_the_token(register_plugin, monkey
     register_plugin(CounterPlugin(), name="test-counter")
     with background_server(create_app("counter", token="s3cret")) as url:
         refused = AgentGymEnv(base_url=url, env_name="counter", **FAST)
-        with pytest.raises(EnvError, match=r"GET /tasks failed: HTTP 401: this server needs the header "
-                                           r"`Authorization: Bearer <token>`"):
+        with pytest.raises(
+            EnvError,
+            match=r"GET /tasks failed: HTTP 401: this server needs the header "
+            r"`Authorization: Bearer <token>`",
+        ):
             refused.split_of("test")
         refused.close()
         played = AgentGymEnv(base_url=url, env_name="counter", token="s3cret", **FAST)
@@ -532,58 +553,180 @@ def episode(name, make_app, task, actions, sent, rewards, score, first="", instr
 
 EPISODES = [
     # TextCraft's /create needs a JSON body ({} is valid); its finished env is closed at once
-    episode("textcraft", textcraft_app, 3, ["get 2 planks", "craft 1 stick3 using 2 planks"],
-            [("POST", "/create", {}), ("POST", "/reset", {"id": 0, "data_idx": 3}),
-             *posts("id", 0, "get 2 planks", "craft 1 stick3 using 2 planks"), ("POST", "/close", {"id": 0})],
-            [0.0, 1.0], 1.0, first="Goal: craft stick3."),
-    episode("babyai", lambda: running_score_app("babyai"), 41, ["turn left", "go to red ball"],
-            [("POST", "/create", None), ("POST", "/reset", {"id": 0, "data_idx": 41}),
-             *posts("id", 0, "turn left", "go to red ball"), ("POST", "/close", {"id": 0})],
-            [0.0, 0.8], 0.8, first="Your goal: go to the red ball"),
-    episode("sciworld", lambda: running_score_app("sciworld"), 10, ["focus on water", "heat water"],
-            [("POST", "/create", None), ("POST", "/reset", {"id": 0, "data_idx": 10}),
-             *posts("id", 0, "focus on water", "heat water"), ("POST", "/close", {"id": 0})],
-            [0.5, 0.5], 1.0, first="the kitchen", instruction="Your task is to boil water."),
-    episode("alfworld", alfworld_app, 2500, ["look", "put mug in cabinet 1"],  # no /close on ALFWorld
-            [("POST", "/create", None), ("POST", "/reset", {"id": 0, "game": 2500, "world_type": "Text"}),
-             *posts("id", 0, "look", "put mug in cabinet 1")],
-            [0.0, 1.0], 1.0, first="put a mug 2500 in the cabinet"),
-    episode("maze", lmrlgym_app, 2, ["move up", "move down"],
-            [("POST", "/maze/create", None), ("POST", "/maze/reset", {"id": 0, "game": 2}),
-             *[("POST", "/maze/step", {"id": 0, "action": a}) for a in ("move up", "move down")]],
-            [0.0, 1.0], 1.0, first="Your current position is at position 1, 2."),
-    episode("wordle", lmrlgym_app, 5, ["c r a n e", "s h i r e"],
-            [("POST", "/wordle/create", None), ("POST", "/wordle/reset", {"id": 0, "seed": 5}),
-             *[("POST", "/wordle/step", {"id": 0, "action": a}) for a in ("c r a n e", "s h i r e")]],
-            [0.0, 1.0], 1.0, first="Let's start Wordle!"),
-    episode("webshop", webshop_app, 3, ["search[red shoes]", "click[b01]", "click[buy now]"],
-            [("POST", "/create", None), ("POST", "/reset", {"env_idx": 48_000_000, "session_id": 3}),
-             *posts("env_idx", 48_000_000, "search[red shoes]", "click[b01]", "click[buy now]")],
-            [0.0, 0.0, 1.0], 1.0, first="goal 3", instruction="i need red shoes, price lower than 40.00 dollars"),
-    episode("sqlgym", sqlgym_app, 4, ["SELECT * FROM x", "SELECT COUNT(*) FROM t4"],
-            [("POST", "/create", None), ("POST", "/reset", {"env_idx": 300_000, "item_id": 4}),
-             *posts("env_idx", 300_000, "SELECT * FROM x", "SELECT COUNT(*) FROM t4")],
-            [0.0, 1.0], 1.0, first="CREATE TABLE t4", splits={"test": 10}),
+    episode(
+        "textcraft",
+        textcraft_app,
+        3,
+        ["get 2 planks", "craft 1 stick3 using 2 planks"],
+        [
+            ("POST", "/create", {}),
+            ("POST", "/reset", {"id": 0, "data_idx": 3}),
+            *posts("id", 0, "get 2 planks", "craft 1 stick3 using 2 planks"),
+            ("POST", "/close", {"id": 0}),
+        ],
+        [0.0, 1.0],
+        1.0,
+        first="Goal: craft stick3.",
+    ),
+    episode(
+        "babyai",
+        lambda: running_score_app("babyai"),
+        41,
+        ["turn left", "go to red ball"],
+        [
+            ("POST", "/create", None),
+            ("POST", "/reset", {"id": 0, "data_idx": 41}),
+            *posts("id", 0, "turn left", "go to red ball"),
+            ("POST", "/close", {"id": 0}),
+        ],
+        [0.0, 0.8],
+        0.8,
+        first="Your goal: go to the red ball",
+    ),
+    episode(
+        "sciworld",
+        lambda: running_score_app("sciworld"),
+        10,
+        ["focus on water", "heat water"],
+        [
+            ("POST", "/create", None),
+            ("POST", "/reset", {"id": 0, "data_idx": 10}),
+            *posts("id", 0, "focus on water", "heat water"),
+            ("POST", "/close", {"id": 0}),
+        ],
+        [0.5, 0.5],
+        1.0,
+        first="the kitchen",
+        instruction="Your task is to boil water.",
+    ),
+    episode(
+        "alfworld",
+        alfworld_app,
+        2500,
+        ["look", "put mug in cabinet 1"],  # no /close on ALFWorld
+        [
+            ("POST", "/create", None),
+            ("POST", "/reset", {"id": 0, "game": 2500, "world_type": "Text"}),
+            *posts("id", 0, "look", "put mug in cabinet 1"),
+        ],
+        [0.0, 1.0],
+        1.0,
+        first="put a mug 2500 in the cabinet",
+    ),
+    episode(
+        "maze",
+        lmrlgym_app,
+        2,
+        ["move up", "move down"],
+        [
+            ("POST", "/maze/create", None),
+            ("POST", "/maze/reset", {"id": 0, "game": 2}),
+            *[("POST", "/maze/step", {"id": 0, "action": a}) for a in ("move up", "move down")],
+        ],
+        [0.0, 1.0],
+        1.0,
+        first="Your current position is at position 1, 2.",
+    ),
+    episode(
+        "wordle",
+        lmrlgym_app,
+        5,
+        ["c r a n e", "s h i r e"],
+        [
+            ("POST", "/wordle/create", None),
+            ("POST", "/wordle/reset", {"id": 0, "seed": 5}),
+            *[("POST", "/wordle/step", {"id": 0, "action": a}) for a in ("c r a n e", "s h i r e")],
+        ],
+        [0.0, 1.0],
+        1.0,
+        first="Let's start Wordle!",
+    ),
+    episode(
+        "webshop",
+        webshop_app,
+        3,
+        ["search[red shoes]", "click[b01]", "click[buy now]"],
+        [
+            ("POST", "/create", None),
+            ("POST", "/reset", {"env_idx": 48_000_000, "session_id": 3}),
+            *posts("env_idx", 48_000_000, "search[red shoes]", "click[b01]", "click[buy now]"),
+        ],
+        [0.0, 0.0, 1.0],
+        1.0,
+        first="goal 3",
+        instruction="i need red shoes, price lower than 40.00 dollars",
+    ),
+    episode(
+        "sqlgym",
+        sqlgym_app,
+        4,
+        ["SELECT * FROM x", "SELECT COUNT(*) FROM t4"],
+        [
+            ("POST", "/create", None),
+            ("POST", "/reset", {"env_idx": 300_000, "item_id": 4}),
+            *posts("env_idx", 300_000, "SELECT * FROM x", "SELECT COUNT(*) FROM t4"),
+        ],
+        [0.0, 1.0],
+        1.0,
+        first="CREATE TABLE t4",
+        splits={"test": 10},
+    ),
     # SearchQA and the tools create with the task's id; SearchQA closes, the tools have no /close
-    episode("searchqa", lambda: tool_app(with_close=True), 2, ["look", "finish"],
-            [("POST", "/create", {"id": 2}), ("POST", "/reset", {"env_idx": 0, "id": 2}),
-             *posts("env_idx", 0, "look", "finish"), ("POST", "/close", {"env_idx": 0})],
-            [0.5, 1.0], 1.0, first="goal 2", splits={"test": 5}),
-    episode("todo", lambda: tool_app(with_close=False), 1, ["look", "look", "finish"],  # reward: a progress rate
-            [("POST", "/create", {"id": 1}), ("POST", "/reset", {"env_idx": 0, "id": 1}),
-             *posts("env_idx", 0, "look", "look", "finish")],
-            [0.5, 0.0, 0.5], 1.0, first="goal 1", splits={"test": 5}),
+    episode(
+        "searchqa",
+        lambda: tool_app(with_close=True),
+        2,
+        ["look", "finish"],
+        [
+            ("POST", "/create", {"id": 2}),
+            ("POST", "/reset", {"env_idx": 0, "id": 2}),
+            *posts("env_idx", 0, "look", "finish"),
+            ("POST", "/close", {"env_idx": 0}),
+        ],
+        [0.5, 1.0],
+        1.0,
+        first="goal 2",
+        splits={"test": 5},
+    ),
+    episode(
+        "todo",
+        lambda: tool_app(with_close=False),
+        1,
+        ["look", "look", "finish"],  # reward: a progress rate
+        [
+            ("POST", "/create", {"id": 1}),
+            ("POST", "/reset", {"env_idx": 0, "id": 1}),
+            *posts("env_idx", 0, "look", "look", "finish"),
+        ],
+        [0.5, 0.0, 0.5],
+        1.0,
+        first="goal 1",
+        splits={"test": 5},
+    ),
     # WebArena (Flask): {"env_idx"} creates, terminated/truncated, a plain-text close answer
-    episode("webarena", webarena_app, 7, ["```click [1]```", "```stop [done]```"],
-            [("POST", "/create", None), ("POST", "/reset", {"env_idx": 0, "seed": 0, "idx": 7}),
-             *posts("env_idx", 0, "```click [1]```", "```stop [done]```"), ("POST", "/close", {"env_idx": 0})],
-            [0.0, 1.0], 1.0, first="OBJECTIVE: task 7", splits={"test": 812}),
+    episode(
+        "webarena",
+        webarena_app,
+        7,
+        ["```click [1]```", "```stop [done]```"],
+        [
+            ("POST", "/create", None),
+            ("POST", "/reset", {"env_idx": 0, "seed": 0, "idx": 7}),
+            *posts("env_idx", 0, "```click [1]```", "```stop [done]```"),
+            ("POST", "/close", {"env_idx": 0}),
+        ],
+        [0.0, 1.0],
+        1.0,
+        first="OBJECTIVE: task 7",
+        splits={"test": 812},
+    ),
 ]
 
 
 @pytest.mark.parametrize("name, make_app, task, actions, sent, rewards, score, first, instruction, options", EPISODES)
 def test_each_known_env_plays_a_full_episode_speaking_exactly_its_servers_protocol(
-        name, make_app, task, actions, sent, rewards, score, first, instruction, options):
+    name, make_app, task, actions, sent, rewards, score, first, instruction, options
+):
     app = Recorder(make_app())
     with background_server(app) as url:
         env = AgentGymEnv(base_url=url, env_name=name, **FAST, **options)

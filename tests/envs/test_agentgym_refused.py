@@ -27,12 +27,18 @@ def test_a_textcraft_refusal_is_an_invalid_action_and_the_rate_counts_it():
     assert evaluate([episode])["invalid_action_rate"] == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("name, refusal, played", [
-    ("babyai", "The action is not recognized. Please check valid actions.\nAvailable actions: [\"turn left\"]",
-     "In front of you in this room, you can see several objects"),
-    ("sciworld", "No known action matches that input.", "You move to the kitchen."),
-    ("alfworld", "Nothing happens.", "You arrive at loc 5. On the countertop 1, you see a apple 1."),
-])
+@pytest.mark.parametrize(
+    "name, refusal, played",
+    [
+        (
+            "babyai",
+            'The action is not recognized. Please check valid actions.\nAvailable actions: ["turn left"]',
+            "In front of you in this room, you can see several objects",
+        ),
+        ("sciworld", "No known action matches that input.", "You move to the kitchen."),
+        ("alfworld", "Nothing happens.", "You arrive at loc 5. On the countertop 1, you see a apple 1."),
+    ],
+)
 def test_each_known_servers_refusal_is_recognised(name, refusal, played):
     spec = KNOWN_SERVERS[name]
     answer = {"observation": "", "reward": 0, "score": 0, "done": False}
@@ -41,7 +47,13 @@ def test_each_known_servers_refusal_is_recognised(name, refusal, played):
 
 
 def test_an_omrl_server_says_invalid_itself_and_is_never_read_from_its_text():
-    answer = {"observation": "Could not find it", "reward": 0.0, "score": 0.0, "won": False, "done": False,
-              "info": {"invalid": False}}
+    answer = {
+        "observation": "Could not find it",
+        "reward": 0.0,
+        "score": 0.0,
+        "won": False,
+        "done": False,
+        "info": {"invalid": False},
+    }
     assert read_step(as_omrl_server(KNOWN_SERVERS["textcraft"]), answer, 0.0).info["invalid"] is False
     assert "invalid" not in read_step(GENERIC_SERVER, {**answer, "info": {}}, 0.0).info

@@ -20,8 +20,16 @@ from omrl_plugins.envs.engines.common import MissingExtraError
 from tests.helpers import eval_two_tasks, play_expert
 
 # levels minigrid's BabyAIBot solves, from one room to the boss level
-EXPERT_LEVELS = ["GoToRedBall", "OpenRedDoor", "PickupLoc", "PutNextLocalS6N4", "UnlockLocalDist",
-                 "BlockedUnlockPickup", "KeyCorridorS6R3", "BossLevel"]
+EXPERT_LEVELS = [
+    "GoToRedBall",
+    "OpenRedDoor",
+    "PickupLoc",
+    "PutNextLocalS6N4",
+    "UnlockLocalDist",
+    "BlockedUnlockPickup",
+    "KeyCorridorS6R3",
+    "BossLevel",
+]
 
 
 def test_levels_are_agentgyms_forty_and_all_exist_in_minigrid():
@@ -129,10 +137,12 @@ def test_invalid_actions_explain_and_cost_no_step():
     env = create_env(LEVEL_ENVS["GoToRedBall"])
     env.reset(0)
     game = env._episode.game
-    for action, message in [("fly away", "The action is not recognized"),
-                            ("drop", "you are not carrying anything"),
-                            ("", "The action is not recognized"),
-                            ("pickup red ball 9", "The action is not recognized")]:
+    for action, message in [
+        ("fly away", "The action is not recognized"),
+        ("drop", "you are not carrying anything"),
+        ("", "The action is not recognized"),
+        ("pickup red ball 9", "The action is not recognized"),
+    ]:
         result = env.step(action)
         assert result.info["invalid"] and not result.done and result.reward == 0
         assert message in result.observation
@@ -157,8 +167,11 @@ def test_pick_up_carry_and_drop():
     assert not picked.info["invalid"] and not picked.done  # PickupLoc asks for another object
     assert f"You are carrying a {name}." in picked.observation
     assert not any(a.startswith("pickup ") for a in env.admissible_actions())
-    other = next(a.removeprefix("go to ") for a in env.admissible_actions()
-                 if a.startswith("go to ") and a.split()[-2] in ("ball", "key", "box"))
+    other = next(
+        a.removeprefix("go to ")
+        for a in env.admissible_actions()
+        if a.startswith("go to ") and a.split()[-2] in ("ball", "key", "box")
+    )
     refused = env.step(f"pickup {other}")
     assert refused.info["invalid"] and f"as you are already carrying a {name}" in refused.observation
     while "drop" not in env.admissible_actions():
@@ -185,8 +198,12 @@ def test_every_macro_action_does_what_it_says():
                 if result.done:  # the walk there met the goal first
                     continue
                 at, facing = tuple(map(int, game.agent_pos)), tuple(map(int, game.front_pos))
-                done = {"go to": facing == macro.target, "pickup": game.carrying is not None,
-                        "go through": at == macro.target, "toggle and go through": at == macro.target}[verb]
+                done = {
+                    "go to": facing == macro.target,
+                    "pickup": game.carrying is not None,
+                    "go through": at == macro.target,
+                    "toggle and go through": at == macro.target,
+                }[verb]
                 assert done and not result.info["invalid"], (task_id, name, result.observation)
                 checked.add(verb)
             env.step(rng.choice(env.admissible_actions()))
@@ -221,8 +238,9 @@ def test_snapshot_restores_a_copy_that_steps_alike_and_shares_nothing():
     mine = [env.step(env.expert_action()) for _ in range(3)]
     assert state.game.step_count == 4 and other._episode.game.step_count == 4
     theirs = [other.step(other.expert_action()) for _ in range(3)]
-    assert [(r.observation, r.reward, r.done, r.info) for r in mine] == \
-           [(r.observation, r.reward, r.done, r.info) for r in theirs]
+    assert [(r.observation, r.reward, r.done, r.info) for r in mine] == [
+        (r.observation, r.reward, r.done, r.info) for r in theirs
+    ]
     assert state.game.step_count == 4 and state.game.agent_pos is not other._episode.game.agent_pos
     other.restore(state)  # a snapshot restores any number of times
     assert other._episode.game.step_count == 4
@@ -253,10 +271,12 @@ def test_a_missing_minigrid_names_the_extra(monkeypatch):
 
 
 def test_every_level_is_registered_without_importing_minigrid():
-    script = ("import sys; from omrl import registry; names = registry.envs.names(); "
-              "cls = registry.envs.get('babyai:GoToRedBall'); "
-              "print(sorted(n for n in names if n.startswith('babyai')), cls.package, cls.extra, "
-              "'minigrid' in sys.modules, 'gymnasium' in sys.modules)")
+    script = (
+        "import sys; from omrl import registry; names = registry.envs.names(); "
+        "cls = registry.envs.get('babyai:GoToRedBall'); "
+        "print(sorted(n for n in names if n.startswith('babyai')), cls.package, cls.extra, "
+        "'minigrid' in sys.modules, 'gymnasium' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     names = sorted(["babyai"] + [f"babyai:{level}" for level in LEVELS])
     assert out.strip() == f"{names} minigrid babyai False False"

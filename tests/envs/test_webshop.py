@@ -28,8 +28,11 @@ def env() -> WebShopEnv:
 
 def goal_with_paging(env: WebShopEnv) -> int:
     """A test task whose search fills all five result pages."""
-    return next(t for t in env.task_ids("test")
-                if len(env.shop.index.search(search_keywords(env.catalog.goals[t].instruction))) == 50)
+    return next(
+        t
+        for t in env.task_ids("test")
+        if len(env.shop.index.search(search_keywords(env.catalog.goals[t].instruction))) == 50
+    )
 
 
 def play_expert(env: WebShopEnv, task_id: int):
@@ -45,6 +48,7 @@ def play_expert(env: WebShopEnv, task_id: int):
 
 
 # catalog and splits
+
 
 def test_catalog_has_enough_products_categories_and_goals(env):
     catalog = env.catalog
@@ -88,6 +92,7 @@ def test_instances_share_one_catalog_and_start_fast(env):
 
 
 # search and pages
+
 
 def test_search_finds_the_goal_product(env):
     for task_id in env.task_ids("test")[:40]:
@@ -147,8 +152,10 @@ def test_item_page_shows_options_price_and_sub_pages(env):
     text = env.step(f"click[{asin.lower()}]").observation  # ASINs click case-insensitively
     group, values = next(iter(product.options.items()))
     assert text.startswith(f"Back to Search [SEP] < Prev [SEP] {group} [SEP] {values[0]}")
-    assert text.endswith(f"{product.title} [SEP] Price: {product.price_tag} [SEP] Rating: N.A. "
-                         "[SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now")
+    assert text.endswith(
+        f"{product.title} [SEP] Price: {product.price_tag} [SEP] Rating: N.A. "
+        "[SEP] Description [SEP] Features [SEP] Reviews [SEP] Buy Now"
+    )
     assert f"click[{values[-1]}]" in env.admissible_actions()
     env.step(f"click[{values[-1]}]")
     assert env.state.chosen == {group: values[-1]}
@@ -164,16 +171,19 @@ def test_item_page_shows_options_price_and_sub_pages(env):
     assert env.state.kind == "results" and env.state.page_asins[2] == asin
 
 
-@pytest.mark.parametrize("page, action, reason", [
-    ("search", "buy now", "could not read"),
-    ("search", "click[buy now]", "nothing is clickable here"),
-    ("search", "search[]", "needs keywords"),
-    ("search", "jump[home]", "unknown action 'jump'"),
-    ("results", "search[red shoes]", "no search bar"),
-    ("results", "click[B000000000]", "not clickable on this page"),
-    ("item", "click[next >]", "clickables here: "),
-    ("item", "click[nonexistent colour]", "not clickable"),
-])
+@pytest.mark.parametrize(
+    "page, action, reason",
+    [
+        ("search", "buy now", "could not read"),
+        ("search", "click[buy now]", "nothing is clickable here"),
+        ("search", "search[]", "needs keywords"),
+        ("search", "jump[home]", "unknown action 'jump'"),
+        ("results", "search[red shoes]", "no search bar"),
+        ("results", "click[B000000000]", "not clickable on this page"),
+        ("item", "click[next >]", "clickables here: "),
+        ("item", "click[nonexistent colour]", "not clickable"),
+    ],
+)
 def test_invalid_actions_explain_and_change_nothing(env, page, action, reason):
     env.reset(3)
     if page != "search":
@@ -190,21 +200,36 @@ def test_invalid_actions_explain_and_change_nothing(env, page, action, reason):
 
 # reward
 
+
 def product(**changes) -> Product:
     fields = dict(
-        asin="B000000001", title="Acme Gluten Free Smoked Vegetarian Bacon Strips", category="grocery",
-        query="bacon", product_category="Grocery & Gourmet Food › Meat Substitutes › Bacon", price=25.0,
-        price_tag="$25.0", options={"size": ("4 ounce (pack of 1)", "4 ounce (pack of 2)"), "color": ("navy blue",)},
-        bullet_points=("Crisps up in minutes",), description="Smoky taste without the meat.", reviews=(),
-        rating="N.A.", attributes=("gluten free", "vegetarian"),
+        asin="B000000001",
+        title="Acme Gluten Free Smoked Vegetarian Bacon Strips",
+        category="grocery",
+        query="bacon",
+        product_category="Grocery & Gourmet Food › Meat Substitutes › Bacon",
+        price=25.0,
+        price_tag="$25.0",
+        options={"size": ("4 ounce (pack of 1)", "4 ounce (pack of 2)"), "color": ("navy blue",)},
+        bullet_points=("Crisps up in minutes",),
+        description="Smoky taste without the meat.",
+        reviews=(),
+        rating="N.A.",
+        attributes=("gluten free", "vegetarian"),
     )
     return Product(**{**fields, **changes})
 
 
-GOAL = Goal(asin="B000000001", instruction="i need gluten free vegetarian bacon",
-            attributes=("gluten free", "vegetarian"), options=("4 ounce (pack of 2)",), price_upper=40.0,
-            query="bacon", product_category="Grocery & Gourmet Food › Meat Substitutes › Bacon",
-            name="Acme Gluten Free Smoked Vegetarian Bacon Strips")
+GOAL = Goal(
+    asin="B000000001",
+    instruction="i need gluten free vegetarian bacon",
+    attributes=("gluten free", "vegetarian"),
+    options=("4 ounce (pack of 2)",),
+    price_upper=40.0,
+    query="bacon",
+    product_category="Grocery & Gourmet Food › Meat Substitutes › Bacon",
+    name="Acme Gluten Free Smoked Vegetarian Bacon Strips",
+)
 
 
 def test_reward_is_one_when_everything_matches():
@@ -220,8 +245,7 @@ def test_reward_loses_the_share_of_a_missing_attribute_option_or_price():
     assert webshop_reward(product(), GOAL, 41.0, {"size": "4 ounce (pack of 2)"}).reward == pytest.approx(3 / 4)
     assert webshop_reward(product(), GOAL, 41.0, {}).reward == pytest.approx(2 / 4)
     # an attribute found only in the description still counts
-    described = product(attributes=("gluten free",), title="Acme Bacon Strips",
-                        description="A vegetarian favourite.")
+    described = product(attributes=("gluten free",), title="Acme Bacon Strips", description="A vegetarian favourite.")
     assert webshop_reward(described, GOAL, 25.0, {"size": "4 ounce (pack of 2)"}).reward == 1.0
 
 
@@ -233,10 +257,13 @@ def test_reward_matches_colour_options_after_normalising():
 def test_wrong_type_scales_the_reward():
     other_type = dict(query="ground coffee", product_category="Grocery & Gourmet Food › Beverages › Coffee")
     # 2 of the goal title's 7 content words shared (0.29 > 0.2): the type still counts as right
-    assert webshop_reward(product(title="Acme Bacon Flavored Ground Coffee", **other_type),
-                          GOAL, 25.0, {}).r_type == 1.0
+    assert (
+        webshop_reward(product(title="Acme Bacon Flavored Ground Coffee", **other_type), GOAL, 25.0, {}).r_type == 1.0
+    )
     # 1 of 7 (0.14): r_type 0.5; below 0.1: 0.1; none: 0
-    half = webshop_reward(product(title="Acme Ground Coffee", **other_type), GOAL, 25.0, {"size": "4 ounce (pack of 2)"})
+    half = webshop_reward(
+        product(title="Acme Ground Coffee", **other_type), GOAL, 25.0, {"size": "4 ounce (pack of 2)"}
+    )
     assert half.r_type == 0.5 and half.reward == pytest.approx(0.5)
     long_goal = Goal(**{**GOAL.__dict__, "name": GOAL.name + " Pack Thick Cut Crispy Maple Breakfast Rashers Deli"})
     assert webshop_reward(product(title="Acme Ground Coffee", **other_type), long_goal, 25.0, {}).r_type == 0.1
@@ -244,6 +271,7 @@ def test_wrong_type_scales_the_reward():
 
 
 # episodes
+
 
 def test_buying_ends_the_episode_with_webshop_reward(env):
     env.reset(7)
@@ -257,7 +285,9 @@ def test_buying_ends_the_episode_with_webshop_reward(env):
     assert result.reward == pytest.approx(expected.reward)
     assert result.won is (result.reward == 1.0)
     assert result.info["purchased"]["asin"] == goal.asin
-    assert result.observation.startswith(f"Thank you for shopping with us! [SEP] Purchased [SEP] asin [SEP] {goal.asin}")
+    assert result.observation.startswith(
+        f"Thank you for shopping with us! [SEP] Purchased [SEP] asin [SEP] {goal.asin}"
+    )
     assert env.admissible_actions() == [] and env.expert_action() is None
     with pytest.raises(EpisodeFinishedError):
         env.step("click[back to search]")
@@ -271,9 +301,11 @@ def test_expert_wins_at_least_95_percent_of_test_goals(env):
 
 
 def test_expert_pages_to_a_product_beyond_the_first_page(env):
-    task_id = next(t for t in env.task_ids("train")
-                   if env.catalog.goals[t].asin in env.shop.index.search(
-                       search_keywords(env.catalog.goals[t].instruction))[10:])
+    task_id = next(
+        t
+        for t in env.task_ids("train")
+        if env.catalog.goals[t].asin in env.shop.index.search(search_keywords(env.catalog.goals[t].instruction))[10:]
+    )
     env.reset(task_id)
     actions = []
     while not env.done:
@@ -292,50 +324,104 @@ def test_tools_and_action_help_describe_search_and_click(env):
 
 # WebShop's own files and options
 
+
 def write_webshop_files(tmp_path: Path) -> dict[str, str]:
     """Tiny items_shuffle / items_ins_v2 / items_human_ins files in WebShop's own format."""
     items = [
-        {"asin": "B07CRAVEN1", "name": "Earth Mama Smoked Peppered Vegetarian Bacon", "category": "grocery",
-         "query": "Bacon ", "product_category": "Grocery & Gourmet Food › Meat Substitutes › Bacon",
-         "pricing": "$12.99", "small_description": "Gluten free plant based bacon.",
-         "full_description": "Smoky strips made from wheat-free protein.",
-         "customization_options": {"Size": [{"value": "4 Ounce (Pack of 2)", "image": None},
-                                            {"value": "4 Ounce (Pack of 1)", "image": None}],
-                                   "Flavor Name": [{"value": "Peppered/Smoked", "image": None}]},
-         "images": ["x.jpg"], "Reviews": [{"title": "Tasty", "stars": "5", "review": "Great on toast"}]},
-        {"asin": "B07SHOE002", "name": "Trail Runner Running Shoes", "category": "fashion",
-         "query": "running shoes", "product_category": "Clothing › Shoes › Running",
-         "pricing": "$40.00 - $55.50", "small_description": ["Non slip rubber sole"],
-         "full_description": "Light shoes.", "customization_options": {"color": [{"value": "Black/White"}]}},
-        {"asin": "B07SHOE002", "name": "a repeated ASIN is skipped", "category": "fashion", "query": "x",
-         "product_category": "x", "pricing": "$1", "small_description": [], "full_description": "",
-         "customization_options": {}},
-        {"asin": "B07LAMP003", "name": "Desk Lamp", "category": "garden", "query": "lamp",
-         "product_category": "Home › Lamps", "pricing": "", "small_description": [],
-         "full_description": "", "customization_options": None},
+        {
+            "asin": "B07CRAVEN1",
+            "name": "Earth Mama Smoked Peppered Vegetarian Bacon",
+            "category": "grocery",
+            "query": "Bacon ",
+            "product_category": "Grocery & Gourmet Food › Meat Substitutes › Bacon",
+            "pricing": "$12.99",
+            "small_description": "Gluten free plant based bacon.",
+            "full_description": "Smoky strips made from wheat-free protein.",
+            "customization_options": {
+                "Size": [
+                    {"value": "4 Ounce (Pack of 2)", "image": None},
+                    {"value": "4 Ounce (Pack of 1)", "image": None},
+                ],
+                "Flavor Name": [{"value": "Peppered/Smoked", "image": None}],
+            },
+            "images": ["x.jpg"],
+            "Reviews": [{"title": "Tasty", "stars": "5", "review": "Great on toast"}],
+        },
+        {
+            "asin": "B07SHOE002",
+            "name": "Trail Runner Running Shoes",
+            "category": "fashion",
+            "query": "running shoes",
+            "product_category": "Clothing › Shoes › Running",
+            "pricing": "$40.00 - $55.50",
+            "small_description": ["Non slip rubber sole"],
+            "full_description": "Light shoes.",
+            "customization_options": {"color": [{"value": "Black/White"}]},
+        },
+        {
+            "asin": "B07SHOE002",
+            "name": "a repeated ASIN is skipped",
+            "category": "fashion",
+            "query": "x",
+            "product_category": "x",
+            "pricing": "$1",
+            "small_description": [],
+            "full_description": "",
+            "customization_options": {},
+        },
+        {
+            "asin": "B07LAMP003",
+            "name": "Desk Lamp",
+            "category": "garden",
+            "query": "lamp",
+            "product_category": "Home › Lamps",
+            "pricing": "",
+            "small_description": [],
+            "full_description": "",
+            "customization_options": None,
+        },
     ]
-    attributes = {"B07CRAVEN1": {"attributes": ["gluten free", "vegetarian"], "instruction": "",
-                                 "instruction_attributes": []},
-                  "B07SHOE002": {"attributes": ["non slip"]}}
+    attributes = {
+        "B07CRAVEN1": {"attributes": ["gluten free", "vegetarian"], "instruction": "", "instruction_attributes": []},
+        "B07SHOE002": {"attributes": ["non slip"]},
+    }
     human = {
-        "B07CRAVEN1": [{"instruction": "i need gluten free vegetarian smoked peppered bacon - 4 ounce (pack of 2).",
-                        "instruction_attributes": ["gluten free", "vegetarian"],
-                        "instruction_options": ["4 ounce (pack of 2)", "peppered | smoked"]},
-                       {"instruction": "no attributes: skipped as in WebShop", "instruction_attributes": [],
-                        "instruction_options": []}],
-        "B07SHOE002": [{"instruction": "i want non slip running shoes in black and white",
-                        "instruction_attributes": ["non slip"], "instruction_options": {"color": "black | white"}}],
+        "B07CRAVEN1": [
+            {
+                "instruction": "i need gluten free vegetarian smoked peppered bacon - 4 ounce (pack of 2).",
+                "instruction_attributes": ["gluten free", "vegetarian"],
+                "instruction_options": ["4 ounce (pack of 2)", "peppered | smoked"],
+            },
+            {
+                "instruction": "no attributes: skipped as in WebShop",
+                "instruction_attributes": [],
+                "instruction_options": [],
+            },
+        ],
+        "B07SHOE002": [
+            {
+                "instruction": "i want non slip running shoes in black and white",
+                "instruction_attributes": ["non slip"],
+                "instruction_options": {"color": "black | white"},
+            }
+        ],
         "B07LAMP003": [{"instruction": "a desk lamp", "instruction_attributes": ["bright"], "instruction_options": []}],
     }
     paths = {}
-    for name, data in (("items_shuffle_1000.json", items), ("items_ins_v2_1000.json", attributes),
-                       ("items_human_ins.json", human)):
+    for name, data in (
+        ("items_shuffle_1000.json", items),
+        ("items_ins_v2_1000.json", attributes),
+        ("items_human_ins.json", human),
+    ):
         (tmp_path / name).write_text(json.dumps(data))
         paths[name] = str(tmp_path / name)
     with gzip.open(tmp_path / "items_human_ins.json.gz", "wt") as f:
         json.dump(human, f)
-    return {"items_path": paths["items_shuffle_1000.json"], "attributes_path": paths["items_ins_v2_1000.json"],
-            "human_goals_path": paths["items_human_ins.json"]}
+    return {
+        "items_path": paths["items_shuffle_1000.json"],
+        "attributes_path": paths["items_ins_v2_1000.json"],
+        "human_goals_path": paths["items_human_ins.json"],
+    }
 
 
 def test_loads_webshop_files_and_plays_to_a_reward(tmp_path):
@@ -344,8 +430,10 @@ def test_loads_webshop_files_and_plays_to_a_reward(tmp_path):
     catalog = env.catalog
     assert [p.asin for p in catalog.products] == ["B07CRAVEN1", "B07SHOE002", "B07LAMP003"]
     bacon = catalog.by_asin["B07CRAVEN1"]
-    assert bacon.options == {"size": ("4 ounce (pack of 2)", "4 ounce (pack of 1)"),
-                             "flavor name": ("peppered | smoked",)}
+    assert bacon.options == {
+        "size": ("4 ounce (pack of 2)", "4 ounce (pack of 1)"),
+        "flavor name": ("peppered | smoked",),
+    }
     assert bacon.query == "bacon" and bacon.bullet_points == ("Gluten free plant based bacon.",)
     assert bacon.reviews[0].score == "5" and bacon.reviews[0].body == "Great on toast"
     shoes, lamp = catalog.by_asin["B07SHOE002"], catalog.by_asin["B07LAMP003"]
@@ -354,8 +442,9 @@ def test_loads_webshop_files_and_plays_to_a_reward(tmp_path):
     assert len(catalog.goals) == 3 and len(env.task_ids("test")) == 1 and len(env.task_ids("train")) == 2
     task_id = next(i for i, g in enumerate(catalog.goals) if g.asin == "B07CRAVEN1")
     goal = catalog.goals[task_id]
-    assert goal.instruction.startswith("i need gluten free vegetarian smoked peppered bacon - 4 ounce (pack of 2), "
-                                       "and price lower than ")
+    assert goal.instruction.startswith(
+        "i need gluten free vegetarian smoked peppered bacon - 4 ounce (pack of 2), and price lower than "
+    )
     assert goal.price_upper in (30.0, 40.0, 50.0)
     result = play_expert(env, task_id)
     assert result.done and result.reward == 1.0 and result.won
@@ -371,13 +460,16 @@ def test_webshop_files_are_cached_per_source(tmp_path):
     assert len(WebShopEnv(**options, num_products=2).catalog.products) == 2
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"catalog": "/data/items.json"}, "unknown option(s) catalog; valid: items_path"),
-    ({"items_path": "/nonexistent/items.json", "human_goals_path": "/nonexistent/h.json"}, "is not a file"),
-    ({"human_goals_path": "h.json"}, "need items_path"),
-    ({"num_products": 0}, "num_products must be a positive whole number"),
-    ({"num_test_goals": 5000}, "num_test_goals=5000 must be between 1 and 999"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"catalog": "/data/items.json"}, "unknown option(s) catalog; valid: items_path"),
+        ({"items_path": "/nonexistent/items.json", "human_goals_path": "/nonexistent/h.json"}, "is not a file"),
+        ({"human_goals_path": "h.json"}, "need items_path"),
+        ({"num_products": 0}, "num_products must be a positive whole number"),
+        ({"num_test_goals": 5000}, "num_test_goals=5000 must be between 1 and 999"),
+    ],
+)
 def test_bad_options_raise_config_errors(options, message):
     with pytest.raises(ConfigError) as caught:
         WebShopEnv(**options)
@@ -411,12 +503,13 @@ def test_the_demonstration_is_a_winning_episode_in_the_shops_own_page_format(env
     demo = WebShopEnv.demonstration
     first = env.reset(env.task_ids("test")[0]).text
     assert demo[0].observation.split("[SEP]")[:2] == first.split("[SEP]")[:2]  # "WebShop", "Instruction:"
-    results = env.step(f"search[{demo[0].action[len('search['):-1]}]").observation
+    results = env.step(f"search[{demo[0].action[len('search[') : -1]}]").observation
+
     def header(page: str) -> list[str]:  # back, page and count, next
         return [re.sub(r"\d+", "N", part) for part in page.split("[SEP]")[:3]]
 
     assert header(demo[1].observation) == header(results)
-    assert demo[1].action[len("click["):-1] in demo[1].observation  # it clicks a product listed there
+    assert demo[1].action[len("click[") : -1] in demo[1].observation  # it clicks a product listed there
     assert demo[2].observation.endswith("Buy Now") and demo[2].action == "click[buy now]"
     template = ReactTemplate()
     for turn in demo:

@@ -33,10 +33,14 @@ def test_tiny_is_built_deterministically(tmp_path, monkeypatch, tiny_model_dir):
 def test_default_model_is_the_real_smollm2(smollm2_dir):
     model, tok = load_model(smollm2_dir)
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
-    assert "Paris" in tok.decode(out[0, prompt["input_ids"].shape[1]:])
+    assert "Paris" in tok.decode(out[0, prompt["input_ids"].shape[1] :])
 
 
 def test_local_directory_loads(tiny_model_dir):
@@ -79,9 +83,19 @@ def test_the_webshop_model_is_built_from_the_shipped_delta_and_buys(smollm2_dir)
     from omrl.config.options import EvalRunConfig
     from omrl.rollout import RolloutSession
 
-    cfg = load_config(EvalRunConfig, None, [  # the prompts and limits of the WebShop presets
-        "model.name=smollm2-135m-webshop", "env.name=webshop", "env.max_turns=8", "env.demonstration=false",
-        "generation.temperature=0", "generation.max_new_tokens=48", "generation.max_context=2048"])
+    cfg = load_config(
+        EvalRunConfig,
+        None,
+        [  # the prompts and limits of the WebShop presets
+            "model.name=smollm2-135m-webshop",
+            "env.name=webshop",
+            "env.max_turns=8",
+            "env.demonstration=false",
+            "generation.temperature=0",
+            "generation.max_new_tokens=48",
+            "generation.max_context=2048",
+        ],
+    )
     with RolloutSession.from_config(cfg) as session:
         episodes = session.play(session.task_ids("test", 5), split="test")
     scores = [ep.score for ep in episodes]

@@ -24,14 +24,23 @@ from omrl.rewards import (
 )
 
 
-def turn(response="Think: go\nAct: up", action="up", format_ok=True, reward=0.0, done=False, info=None,
-         span=(0, 0)) -> Turn:
+def turn(
+    response="Think: go\nAct: up", action="up", format_ok=True, reward=0.0, done=False, info=None, span=(0, 0)
+) -> Turn:
     return Turn("obs", response, action, format_ok, reward, done, info or {}, span)
 
 
 def episode(*turns: Turn, won=False, score=0.0, **fields) -> Episode:
-    return Episode(env="fake", task_id=fields.pop("task_id", 0), split="train", instruction="do it",
-                   turns=list(turns), won=won, score=score, **fields)
+    return Episode(
+        env="fake",
+        task_id=fields.pop("task_id", 0),
+        split="train",
+        instruction="do it",
+        turns=list(turns),
+        won=won,
+        score=score,
+        **fields,
+    )
 
 
 def reward(name: str):
@@ -43,6 +52,7 @@ def answered(action: str, **info) -> Episode:
 
 
 # --- built-in rewards ---------------------------------------------------------------------------
+
 
 def test_builtin_rewards_register_through_the_entry_point():
     expected = {"goal", "format", "length_penalty", "tag_count", "exact_match", "accuracy", "bleu", "process"}
@@ -72,8 +82,11 @@ def test_format_is_per_turn_and_normalised_by_default():
 
 
 def test_tag_count_gives_partial_credit_per_tag():
-    ep = episode(turn("<think>a</think><action>up</action>"), turn("<think>a</think><think>b</think><action>up"),
-                 turn("no tags at all"))
+    ep = episode(
+        turn("<think>a</think><action>up</action>"),
+        turn("<think>a</think><think>b</think><action>up"),
+        turn("no tags at all"),
+    )
     assert reward("tag_count")([ep], template="xml", normalize=False) == [[1.0, 0.25, 0.0]]  # only <action> once
     react = episode(turn("Think: a\nAct: up"), turn("Act: up\nAct: down"), turn("ReAct: up"))
     assert reward("tag_count")([react], normalize=False) == [[1.0, 0.0, 0.0]]
@@ -85,8 +98,12 @@ def test_tag_count_gives_partial_credit_per_tag():
 
 def test_length_penalty_counts_model_tokens_beyond_the_budget():
     # turn 0: 3 model tokens; turn 1: 6 tokens in its span, of which 5 are model tokens
-    ep = episode(turn(span=(1, 4)), turn(span=(5, 11), done=True),
-                 token_ids=list(range(11)), loss_mask=[0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0])
+    ep = episode(
+        turn(span=(1, 4)),
+        turn(span=(5, 11), done=True),
+        token_ids=list(range(11)),
+        loss_mask=[0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0],
+    )
     assert reward("length_penalty")([ep], budget=4, per_token=0.1) == [[0.0, pytest.approx(-0.1)]]
     assert reward("length_penalty")([ep], budget=4, per_token=0.1, scope="episode") == [[0.0, pytest.approx(-0.4)]]
     assert reward("length_penalty")([ep], budget=100) == [[0.0, 0.0]]
@@ -103,20 +120,24 @@ def test_process_adds_step_rewards_and_penalises_invalid_actions():
 
 
 def test_exact_match_normalises_and_unwraps_answer_actions():
-    eps = [answered("answer[The Eiffel Tower!]", ground_truth="eiffel tower"),
-           answered("finish(Paris)", answer=["London", "paris"]),
-           answered("answer[Paris, France]", ground_truth="Paris"),
-           episode(turn(action=None, done=True, info={"answer": "Paris"})),
-           episode()]
+    eps = [
+        answered("answer[The Eiffel Tower!]", ground_truth="eiffel tower"),
+        answered("finish(Paris)", answer=["London", "paris"]),
+        answered("answer[Paris, France]", ground_truth="Paris"),
+        episode(turn(action=None, done=True, info={"answer": "Paris"})),
+        episode(),
+    ]
     assert reward("exact_match")(eps) == [[0.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.0], []]
 
 
 def test_accuracy_accepts_numbers_and_contained_phrases():
-    eps = [answered("answer[There are 1,200 files]", answer=1200),
-           answered("answer[3.50]", ground_truth="3.5"),
-           answered("answer[12 or 13]", ground_truth="12"),
-           answered("answer[Paris, France]", ground_truth="paris"),
-           answered("answer[Parisian food]", ground_truth="paris")]
+    eps = [
+        answered("answer[There are 1,200 files]", answer=1200),
+        answered("answer[3.50]", ground_truth="3.5"),
+        answered("answer[12 or 13]", ground_truth="12"),
+        answered("answer[Paris, France]", ground_truth="paris"),
+        answered("answer[Parisian food]", ground_truth="paris"),
+    ]
     assert [values[-1] for values in reward("accuracy")(eps)] == [1.0, 1.0, 0.0, 1.0, 0.0]
 
 
@@ -128,9 +149,11 @@ def test_answer_rewards_without_a_ground_truth_raise_naming_the_reward(name):
 
 
 def test_bleu_scales_sentence_bleu_to_unit_range():
-    eps = [answered("answer[the cat sat on the mat]", ground_truth="the cat sat on the mat"),
-           answered("answer[the cat sat on a red mat today]", ground_truth="the cat sat on the mat"),
-           answered("answer[completely unrelated words]", ground_truth="the cat sat on the mat")]
+    eps = [
+        answered("answer[the cat sat on the mat]", ground_truth="the cat sat on the mat"),
+        answered("answer[the cat sat on a red mat today]", ground_truth="the cat sat on the mat"),
+        answered("answer[completely unrelated words]", ground_truth="the cat sat on the mat"),
+    ]
     perfect, partial, unrelated = (values[-1] for values in reward("bleu")(eps))
     assert perfect == 1.0 and 0.0 < partial < 1.0 and unrelated == 0.0
 
@@ -153,6 +176,7 @@ def test_episode_reward_puts_the_scalar_on_the_last_turn():
 
 # --- the composer -------------------------------------------------------------------------------
 
+
 class FakeRewards:
     """Rewards that misbehave in each way the composer must catch."""
 
@@ -171,26 +195,38 @@ def fake_rewards(register_plugin):
 
 
 def test_compose_stores_components_and_the_weighted_total(fake_rewards):
-    eps = [episode(turn(format_ok=True), turn(format_ok=False, done=True), won=True),
-           episode(turn(format_ok=True, done=True), score=0.5), episode()]
+    eps = [
+        episode(turn(format_ok=True), turn(format_ok=False, done=True), won=True),
+        episode(turn(format_ok=True, done=True), score=0.5),
+        episode(),
+    ]
     # options as in a run config's plugins block: the env's own options are not for the rewards
-    means = compose_rewards(eps, {"goal": 2.0, "format": 1.0, "one_per_turn": -0.5},
-                            options={"format": {"normalize": False}, "one_per_turn": {"value": 0.2},
-                                     "webshop": {"catalog": "items.json"}})
-    assert eps[0].rewards == {"goal": [0.0, 1.0], "format": [1.0, 0.0], "one_per_turn": [0.2, 0.2],
-                              "total": [pytest.approx(0.9), pytest.approx(1.9)]}
+    means = compose_rewards(
+        eps,
+        {"goal": 2.0, "format": 1.0, "one_per_turn": -0.5},
+        options={"format": {"normalize": False}, "one_per_turn": {"value": 0.2}, "webshop": {"catalog": "items.json"}},
+    )
+    assert eps[0].rewards == {
+        "goal": [0.0, 1.0],
+        "format": [1.0, 0.0],
+        "one_per_turn": [0.2, 0.2],
+        "total": [pytest.approx(0.9), pytest.approx(1.9)],
+    }
     assert eps[1].rewards["total"] == [pytest.approx(1.9)]
     assert eps[2].rewards == {"goal": [], "format": [], "one_per_turn": [], "total": []}
     assert means == pytest.approx({"goal": 0.5, "format": 2 / 3, "one_per_turn": 0.2, "total": 4.7 / 3})
     assert eps[0].total_reward == pytest.approx(2.8)
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("too_few_episodes", r"reward 'too_few_episodes' returned 1 lists for 2 episodes"),
-    ("too_few_turns", r"reward 'too_few_turns' gave episode 1 \(env 'fake', task 7\) 1 values for its 2 turns"),
-    ("not_finite", r"reward 'not_finite' gave episode 0 .* turn 0 the value nan"),
-    ("not_a_number", r"reward 'not_a_number' gave episode 0 .* the value '1.0'"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("too_few_episodes", r"reward 'too_few_episodes' returned 1 lists for 2 episodes"),
+        ("too_few_turns", r"reward 'too_few_turns' gave episode 1 \(env 'fake', task 7\) 1 values for its 2 turns"),
+        ("not_finite", r"reward 'not_finite' gave episode 0 .* turn 0 the value nan"),
+        ("not_a_number", r"reward 'not_a_number' gave episode 0 .* the value '1.0'"),
+    ],
+)
 def test_compose_rejects_wrong_shapes_naming_the_reward_and_writes_nothing(fake_rewards, bad, message):
     eps = [episode(turn(done=True), won=True), episode(turn(), turn(done=True), task_id=7)]
     with pytest.raises(RewardError, match=message):
@@ -237,8 +273,9 @@ SPANS = [(3, 5), (7, 10), (11, 14)]
 
 def three_turns(totals: list[float], spans=SPANS, mask=MASK) -> Episode:
     turns = [turn(span=span, done=i == len(spans) - 1) for i, span in enumerate(spans)]
-    return episode(*turns, token_ids=list(range(100, 100 + len(mask))), loss_mask=list(mask),
-                   rewards={"total": list(totals)})
+    return episode(
+        *turns, token_ids=list(range(100, 100 + len(mask))), loss_mask=list(mask), rewards={"total": list(totals)}
+    )
 
 
 def test_last_token_puts_the_sum_on_the_last_model_token():
@@ -259,7 +296,7 @@ def test_uniform_positive_spreads_a_positive_sum_and_blames_a_negative_one_on_th
 
 def test_discounted_walks_turns_backwards():
     values = allocate_rewards(three_turns([0.5, -0.25, 1.0]), "discounted", gamma=0.5)
-    last, middle, first = 1.25 / 2, 1.25 * 0.5 ** 2 / 3, 1.25 * 0.5 ** 2 * 0.5 ** 3 / 2
+    last, middle, first = 1.25 / 2, 1.25 * 0.5**2 / 3, 1.25 * 0.5**2 * 0.5**3 / 2
     assert values == pytest.approx([0, 0, 0, first, first, 0, 0, middle, middle, middle, 0, last, last, 0])
     # with gamma 1 every turn's tokens carry the whole reward: the episode sum is not preserved
     assert sum(allocate_rewards(three_turns([0.5, -0.25, 1.0]), "discounted")) == pytest.approx(3 * 1.25)
@@ -275,18 +312,18 @@ def test_sums_are_preserved_and_only_model_tokens_get_rewards(mode, totals):
 
 
 def test_a_turn_without_model_tokens_hands_its_reward_back():
-    empty_middle = three_turns([0.5, 0.25, 1.0], spans=[(3, 5), (5, 5), (7, 10)],
-                               mask=[0, 0, 0, 1, 1, 0, 0, 1, 1, 1])
+    empty_middle = three_turns([0.5, 0.25, 1.0], spans=[(3, 5), (5, 5), (7, 10)], mask=[0, 0, 0, 1, 1, 0, 0, 1, 1, 1])
     assert allocate_rewards(empty_middle, "per_turn") == [0, 0, 0, 0, 0.75, 0, 0, 0, 0, 1.0]
-    empty_first = three_turns([0.5, 0.25, 1.0], spans=[(3, 3), (3, 5), (7, 10)],
-                              mask=[0, 0, 0, 1, 1, 0, 0, 1, 1, 1])
+    empty_first = three_turns([0.5, 0.25, 1.0], spans=[(3, 3), (3, 5), (7, 10)], mask=[0, 0, 0, 1, 1, 0, 0, 1, 1, 1])
     assert allocate_rewards(empty_first, "per_turn") == [0, 0, 0, 0.5, 0.25, 0, 0, 0, 0, 1.0]  # first model token
     no_tokens = three_turns([1.0, 1.0, 1.0], mask=[0] * 14)
     assert allocate_rewards(no_tokens, "last_token") == [0.0] * 14
 
 
 def test_allocation_rejects_bad_input():
-    with pytest.raises(RewardError, match="unknown reward allocation 'first_token'; valid: " + ", ".join(ALLOCATION_MODES)):
+    with pytest.raises(
+        RewardError, match="unknown reward allocation 'first_token'; valid: " + ", ".join(ALLOCATION_MODES)
+    ):
         allocate_rewards(three_turns([0, 0, 1]), "first_token")
     with pytest.raises(RewardError, match=r"gamma must be a number in \[0, 1\]"):
         allocate_rewards(three_turns([0, 0, 1]), "discounted", gamma=1.5)

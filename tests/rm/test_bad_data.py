@@ -15,10 +15,27 @@ from omrl.config.options import RolloutRunConfig
 from omrl.data import read_episodes, write_episodes
 from omrl.rollout import RolloutSession
 
-GRIDWORLD = ["env.name=gridworld", "env.template=react", "model.name=tiny", "env.max_turns=12",
-             "generation.max_new_tokens=8", "generation.temperature=1.0"]
-TRAIN = ["--model", "tiny", "--kind", "orm", "--label", "success", "--num-train-epochs", "1",
-         "optim.micro_batch_size=4", "packing=false", "logging.tensorboard=false"]
+GRIDWORLD = [
+    "env.name=gridworld",
+    "env.template=react",
+    "model.name=tiny",
+    "env.max_turns=12",
+    "generation.max_new_tokens=8",
+    "generation.temperature=1.0",
+]
+TRAIN = [
+    "--model",
+    "tiny",
+    "--kind",
+    "orm",
+    "--label",
+    "success",
+    "--num-train-epochs",
+    "1",
+    "optim.micro_batch_size=4",
+    "packing=false",
+    "logging.tensorboard=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,23 +72,38 @@ def _exit_2(args: list[str], capsys) -> str:
 def test_rm_train_refuses_an_id_outside_the_vocabulary_naming_file_row_and_id(data_dir, tmp_path, capsys, token):
     bad = _with_bad_id(data_dir / "good.parquet", tmp_path / "bad.parquet", row=4, token=token)
     err = _exit_2(["rm", "train", *TRAIN, "--data", str(bad), "--output-dir", str(tmp_path / "rm")], capsys)
-    assert f"{bad} row 4 (task " in err and f"holds the token id {token}, outside the tokenizer's vocabulary " \
-        "(0 to 4095)" in err, err
+    assert (
+        f"{bad} row 4 (task " in err
+        and f"holds the token id {token}, outside the tokenizer's vocabulary (0 to 4095)" in err
+    ), err
     assert not (tmp_path / "rm" / "model.safetensors").exists()
 
 
 def test_rm_train_checks_the_eval_data_before_training(data_dir, tmp_path, capsys):
     bad = _with_bad_id(data_dir / "good.parquet", tmp_path / "held_out.parquet", row=1, token=-1)
-    err = _exit_2(["rm", "train", *TRAIN, "--data", str(data_dir / "good.parquet"), "--eval-data", str(bad),
-                   "--output-dir", str(tmp_path / "rm")], capsys)
+    err = _exit_2(
+        [
+            "rm",
+            "train",
+            *TRAIN,
+            "--data",
+            str(data_dir / "good.parquet"),
+            "--eval-data",
+            str(bad),
+            "--output-dir",
+            str(tmp_path / "rm"),
+        ],
+        capsys,
+    )
     assert f"{bad} row 1 (task " in err and "holds the token id -1" in err, err
     assert not (tmp_path / "rm" / "model.safetensors").exists()  # refused before any step
 
 
 def test_rm_eval_refuses_an_id_outside_the_vocabulary_before_scoring(data_dir, tmp_path, capsys):
     rm = tmp_path / "rm"
-    result = CliRunner().invoke(build_app(), ["rm", "train", *TRAIN, "--data", str(data_dir / "good.parquet"),
-                                              "--output-dir", str(rm)])
+    result = CliRunner().invoke(
+        build_app(), ["rm", "train", *TRAIN, "--data", str(data_dir / "good.parquet"), "--output-dir", str(rm)]
+    )
     assert result.exit_code == 0, result.output
     bad = _with_bad_id(data_dir / "good.parquet", tmp_path / "bad.parquet", row=2, token=99_999)
     err = _exit_2(["rm", "eval", "--model", str(rm), "--data", str(bad)], capsys)

@@ -27,8 +27,14 @@ from omrl.search import play_strategy
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
 
-GRIDWORLD = ["env.name=gridworld", "env.template=react", "model.name=tiny", "env.max_turns=4",
-             "generation.max_new_tokens=8", "generation.temperature=1.0"]
+GRIDWORLD = [
+    "env.name=gridworld",
+    "env.template=react",
+    "model.name=tiny",
+    "env.max_turns=4",
+    "generation.max_new_tokens=8",
+    "generation.temperature=1.0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -50,30 +56,61 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def config(data: Path, out: Path, *overrides: str) -> RmTrainRunConfig:
-    return load_config(RmTrainRunConfig, None, [
-        "model.name=tiny", f"dataset={data}", f"logging.output_dir={out}", "optim.learning_rate=1e-3",
-        "optim.micro_batch_size=4", "num_train_epochs=3", "packing=false", "logging.tensorboard=false", *overrides])
+    return load_config(
+        RmTrainRunConfig,
+        None,
+        [
+            "model.name=tiny",
+            f"dataset={data}",
+            f"logging.output_dir={out}",
+            "optim.learning_rate=1e-3",
+            "optim.micro_batch_size=4",
+            "num_train_epochs=3",
+            "packing=false",
+            "logging.tensorboard=false",
+            *overrides,
+        ],
+    )
 
 
-def episode(task: int, won: bool, node_ids: list[int], parents: list[int], end: str = "done", sample: int = 0
-            ) -> Episode:
+def episode(
+    task: int, won: bool, node_ids: list[int], parents: list[int], end: str = "done", sample: int = 0
+) -> Episode:
     """A hand-built path: turn t's reply is token 10 + t at position 2t + 1."""
-    turns = [Turn("obs", "Act: up", "up", True, 0.5 * t, False, span=(2 * t + 1, 2 * t + 2), node_id=n, parent_id=p)
-             for t, (n, p) in enumerate(zip(node_ids, parents))]
+    turns = [
+        Turn("obs", "Act: up", "up", True, 0.5 * t, False, span=(2 * t + 1, 2 * t + 2), node_id=n, parent_id=p)
+        for t, (n, p) in enumerate(zip(node_ids, parents))
+    ]
     ids = [1] + [x for t in range(len(turns)) for x in (10 + t, 2)]
-    return Episode(env="gridworld", task_id=task, split="train", instruction="", turns=turns, token_ids=ids,
-                   loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids), won=won, score=float(won), end_reason=end,
-                   sample=sample)
+    return Episode(
+        env="gridworld",
+        task_id=task,
+        split="train",
+        instruction="",
+        turns=turns,
+        token_ids=ids,
+        loss_mask=[0] * len(ids),
+        logprobs=[0.0] * len(ids),
+        won=won,
+        score=float(won),
+        end_reason=end,
+        sample=sample,
+    )
 
 
 # -- labels ------------------------------------------------------------------------------------------
 def test_outcome_labels_sit_on_the_last_token_and_pairs_put_the_winner_first():
-    eps = [episode(0, True, [1, 2], [0, 1]), episode(0, False, [3], [0], sample=1),
-           episode(1, False, [1], [0], end="env_error")]
+    eps = [
+        episode(0, True, [1, 2], [0, 1]),
+        episode(0, False, [3], [0], sample=1),
+        episode(1, False, [1], [0], end="env_error"),
+    ]
     found, cut = examples(eps, "orm", "success", "f.parquet", max_seq_length=100)
     # read at the last reply's end (not the env's words after it); env_error left out
-    assert [(ex.input_ids, ex.positions, ex.targets) for ex in found] == [([1, 10, 2, 11], [3], [1.0]),
-                                                                           ([1, 10], [1], [0.0])]
+    assert [(ex.input_ids, ex.positions, ex.targets) for ex in found] == [
+        ([1, 10, 2, 11], [3], [1.0]),
+        ([1, 10], [1], [0.0]),
+    ]
     assert cut == 0
     (pair,) = pairs(found, max_pairs_per_task=8)
     assert pair.chosen.targets == [1.0] and pair.rejected.targets == [0.0]
@@ -81,10 +118,13 @@ def test_outcome_labels_sit_on_the_last_token_and_pairs_put_the_winner_first():
 
 def test_monte_carlo_labels_are_the_share_of_won_finished_leaves_below_each_turn():
     # root 0 -> node 1 -> {2 (won), 3 (lost), 4 (pruned: no outcome)}
-    eps = [episode(0, True, [1, 2], [0, 1]), episode(0, False, [1, 3], [0, 1], sample=1),
-           episode(0, False, [1, 4], [0, 1], end="pruned", sample=2)]
+    eps = [
+        episode(0, True, [1, 2], [0, 1]),
+        episode(0, False, [1, 3], [0, 1], sample=1),
+        episode(0, False, [1, 4], [0, 1], end="pruned", sample=2),
+    ]
     found, _ = examples(eps, "prm", "mc", "trees.parquet", max_seq_length=100)
-    labelled = {(tuple(ex.input_ids[:p + 1]), t) for ex in found for p, t in zip(ex.positions, ex.targets)}
+    labelled = {(tuple(ex.input_ids[: p + 1]), t) for ex in found for p, t in zip(ex.positions, ex.targets)}
     # node 1 (shared) is labelled once: 1 win of 2 finished; node 2: 1/1; node 3: 0/1
     assert labelled == {((1, 10), 0.5), ((1, 10, 2, 11), 1.0), ((1, 10, 2, 11), 0.0)}
 
@@ -94,6 +134,7 @@ def test_mc_score_labels_use_each_paths_final_score_where_nothing_won():
     eps[0].score, eps[1].score = 0.8, 0.2
     with pytest.raises(LabelError, match="every label in trees is 0.0"):
         from omrl.rm.labels import check_outcomes
+
         check_outcomes(examples(eps, "prm", "mc", "trees", 100)[0], "mc", "trees")
     found, _ = examples(eps, "prm", "mc_score", "trees", 100)
     labelled = sorted(t for ex in found for t in ex.targets)
@@ -109,7 +150,9 @@ def test_missing_labels_name_the_file_and_what_is_missing():
     chains = [episode(0, True, [-1], [-1]), episode(0, False, [-1], [-1])]
     with pytest.raises(LabelError, match=r"chains\.parquet holds chains without tree node ids.*mc_value"):
         examples(chains, "prm", "mc", "chains.parquet", 100)
-    with pytest.raises(LabelError, match=r"label 'mc' is not one a 'orm'.*orm: success, score; prm: mc, mc_score, step_reward"):
+    with pytest.raises(
+        LabelError, match=r"label 'mc' is not one a 'orm'.*orm: success, score; prm: mc, mc_score, step_reward"
+    ):
         examples(chains, "orm", "mc", "chains.parquet", 100)
     with pytest.raises(LabelError, match=r"empty\.parquet has no finished episode"):
         examples([episode(0, True, [1], [0], end="budget")], "orm", "success", "empty.parquet", 100)
@@ -135,12 +178,19 @@ def test_an_orm_scores_an_open_search_node_at_its_last_reply_not_the_next_prompt
 
 def test_bad_labels_fail_naming_the_file_and_value(data_dir, tmp_path):
     with pytest.raises(LabelError, match=r"every labelled episode in f is longer than max_seq_length=3.*longest: 4"):
-        examples([episode(0, True, [-1, -1], [-1, -1]), episode(0, False, [-1, -1], [-1, -1])], "orm", "success",
-                 "f", max_seq_length=3)
+        examples(
+            [episode(0, True, [-1, -1], [-1, -1]), episode(0, False, [-1, -1], [-1, -1])],
+            "orm",
+            "success",
+            "f",
+            max_seq_length=3,
+        )
     eps = read_episodes(data_dir / "expert.parquet")
     eps[0].score = 2.5
     write_episodes(eps + read_episodes(data_dir / "model.parquet"), tmp_path / "scores.parquet")
-    with pytest.raises(ConfigError, match=r"scores\.parquet has the label 2\.5 \(score\).*bce needs labels in \[0, 1\]"):
+    with pytest.raises(
+        ConfigError, match=r"scores\.parquet has the label 2\.5 \(score\).*bce needs labels in \[0, 1\]"
+    ):
         run_rm_train(config(tmp_path / "scores.parquet", tmp_path / "rm", "label=score"))
 
 
@@ -166,8 +216,16 @@ def test_auc_and_calibration_on_worked_examples():
 
 def test_selection_curve_compares_the_pick_with_random_and_the_oracle():
     eps = [episode(t, won, [-1], [-1], sample=s) for t in range(2) for s, won in enumerate([False, True, False, False])]
-    scores = [0.1, 0.9, 0.2, 0.3,   # task 0: the model ranks the winner first
-              0.1, 0.0, 0.5, 0.2]   # task 1: it picks a loser
+    scores = [
+        0.1,
+        0.9,
+        0.2,
+        0.3,  # task 0: the model ranks the winner first
+        0.1,
+        0.0,
+        0.5,
+        0.2,
+    ]  # task 1: it picks a loser
     curve = selection_curve(eps, scores)
     assert [row["n"] for row in curve] == [1, 2, 4]
     n2 = curve[1]
@@ -178,8 +236,10 @@ def test_selection_curve_compares_the_pick_with_random_and_the_oracle():
 # -- the recipe ----------------------------------------------------------------------------------------
 def test_an_outcome_model_learns_to_tell_wins_from_losses(data_dir, tmp_path):
     losses = []
-    summary = run_rm_train(config(data_dir, tmp_path / "orm", f"eval_dataset={data_dir}"),
-                           on_step_end=lambda step, m: losses.append(m["loss"]))
+    summary = run_rm_train(
+        config(data_dir, tmp_path / "orm", f"eval_dataset={data_dir}"),
+        on_step_end=lambda step, m: losses.append(m["loss"]),
+    )
     assert summary["examples"] == 18 and summary["steps"] == 15
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3  # it fits its training data
     report = json.loads((tmp_path / "orm" / "rm_eval.json").read_text())
@@ -198,8 +258,11 @@ def test_an_outcome_model_learns_to_tell_wins_from_losses(data_dir, tmp_path):
 
 
 def test_bradley_terry_trains_on_pairs_and_lora_merges_into_a_plain_model(data_dir, tmp_path):
-    summary = run_rm_train(config(data_dir, tmp_path / "bt", "objective=bt", "model.lora_rank=4",
-                                  "model.lora_target_modules=[q_proj, v_proj]"))
+    summary = run_rm_train(
+        config(
+            data_dir, tmp_path / "bt", "objective=bt", "model.lora_rank=4", "model.lora_target_modules=[q_proj, v_proj]"
+        )
+    )
     assert summary["examples"] == 18 and summary["steps"] == 9  # 12 pairs (2 per task), 4 a micro-batch
     rm = RewardModel.load(tmp_path / "bt")
     assert rm.objective == "bt"
@@ -256,8 +319,9 @@ def test_a_process_model_trains_on_monte_carlo_values_from_trees(tmp_path):
     for i, ep in enumerate(paths):  # the random-init model never wins: make every third path a win
         ep.won = i % 3 == 0
     write_episodes(paths, tmp_path / "trees.parquet")
-    summary = run_rm_train(config(tmp_path / "trees.parquet", tmp_path / "prm", "kind=prm", "label=mc",
-                                  "num_train_epochs=1"))
+    summary = run_rm_train(
+        config(tmp_path / "trees.parquet", tmp_path / "prm", "kind=prm", "label=mc", "num_train_epochs=1")
+    )
     assert summary["steps"] >= 1
     rm = RewardModel.load(tmp_path / "prm")
     assert rm.kind == "prm"
@@ -284,8 +348,22 @@ def test_cli_trains_and_evaluates(data_dir, tmp_path):
     runner = CliRunner()
     app = build_app()
     out = tmp_path / "cli-rm"
-    result = runner.invoke(app, ["rm", "train", "--model", "tiny", "--data", str(data_dir), "--output-dir", str(out),
-                                 "--learning-rate", "1e-3", "logging.tensorboard=false"])
+    result = runner.invoke(
+        app,
+        [
+            "rm",
+            "train",
+            "--model",
+            "tiny",
+            "--data",
+            str(data_dir),
+            "--output-dir",
+            str(out),
+            "--learning-rate",
+            "1e-3",
+            "logging.tensorboard=false",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "reward model saved in" in result.output
     result = runner.invoke(app, ["rm", "eval", "--model", str(out), "--data", str(data_dir)])
@@ -326,11 +404,25 @@ def test_two_processes_train_the_same_reward_model_as_one(data_dir, tmp_path):
     two = config(data_dir, tmp_path / "two", *settings)
     (tmp_path / "rm.yaml").write_text(to_yaml(two))
     (tmp_path / "run.py").write_text(TWO_PROCESS_SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                           str(root / "configs" / "accelerate" / "ddp.yaml"), "--num_processes", "2",
-                           str(tmp_path / "run.py"), str(tmp_path / "rm.yaml"), str(tmp_path)],
-                          cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(root / "configs" / "accelerate" / "ddp.yaml"),
+            "--num_processes",
+            "2",
+            str(tmp_path / "run.py"),
+            str(tmp_path / "rm.yaml"),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     single = read_metrics(tmp_path / "single")
     assert [r["loss"] for r in read_metrics(tmp_path / "two")] == pytest.approx([r["loss"] for r in single], rel=1e-4)

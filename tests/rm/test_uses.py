@@ -20,8 +20,13 @@ from omrl.rollout import RolloutSession
 from omrl.search import Node, Tree, play_strategy
 from omrl_plugins.strategies.scorers import majority_vote, random_pick, reward_model
 
-FAST = ["env.name=gridworld", "model.name=tiny", "generation.max_new_tokens=8", "env.max_turns=3",
-        "generation.temperature=1.0"]
+FAST = [
+    "env.name=gridworld",
+    "model.name=tiny",
+    "generation.max_new_tokens=8",
+    "env.max_turns=3",
+    "generation.temperature=1.0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +35,9 @@ def rm_dirs(tmp_path_factory):
     ``smollm2-135m`` (another tokenizer)."""
     out = {}
     for name, base, kind in [("orm", "tiny", "orm"), ("prm", "tiny", "prm"), ("smol", "smollm2-135m", "orm")]:
-        model, tokenizer = build_reward_model(base, kind, "bce", "success",
-                                              dtype="bfloat16" if base != "tiny" else "float32")
+        model, tokenizer = build_reward_model(
+            base, kind, "bce", "success", dtype="bfloat16" if base != "tiny" else "float32"
+        )
         out[name] = str(tmp_path_factory.mktemp(name))
         model.save_pretrained(out[name])
         tokenizer.save_pretrained(out[name])
@@ -99,7 +105,8 @@ def test_best_of_n_answers_with_the_reward_models_favourite(rm_dirs, kind):
         assert tree.chosen() is leaves[scores.index(max(scores))]
     ctx = SimpleNamespace(tokenizer=tokenizer)
     assert reward_model(leaves, ctx, path=rm_dirs[kind], text=True) == pytest.approx(
-        rm.score_episodes([leaf.episode for leaf in leaves], text=True))
+        rm.score_episodes([leaf.episode for leaf in leaves], text=True)
+    )
     with pytest.raises(RewardModelError, match="different vocabulary"):
         reward_model(leaves, ctx, path=rm_dirs["smol"])
 
@@ -134,7 +141,7 @@ def test_random_is_reproducible_and_uniform():
     assert scores == random_pick(nodes, SimpleNamespace(seed=7))
     assert scores[3:6] == random_pick(nodes[3:6], SimpleNamespace(seed=7))  # however the trees are batched
     assert scores != random_pick(nodes, SimpleNamespace(seed=8))
-    picks = [chosen(scores[i:i + 3]) for i in range(0, len(scores), 3)]
+    picks = [chosen(scores[i : i + 3]) for i in range(0, len(scores), 3)]
     assert all(150 < picks.count(i) < 250 for i in range(3)), [picks.count(i) for i in range(3)]
 
 
@@ -147,21 +154,42 @@ def invoke(*args: str):
 
 def test_eval_selects_with_the_reward_model_and_rewards_with_it(rm_dirs, tmp_path):
     report = tmp_path / "report.json"
-    result = invoke("eval", "--env", "gridworld", "--model", "tiny", "--num-tasks", "2", "--strategy", "best_of_n",
-                    "--select", "rm", f"plugins.rm.path={rm_dirs['orm']}", "reward.weights={rm: 1.0}",
-                    "plugins.best_of_n.n=2", *FAST[2:], "--report", str(report))
+    result = invoke(
+        "eval",
+        "--env",
+        "gridworld",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "2",
+        "--strategy",
+        "best_of_n",
+        "--select",
+        "rm",
+        f"plugins.rm.path={rm_dirs['orm']}",
+        "reward.weights={rm: 1.0}",
+        "plugins.best_of_n.n=2",
+        *FAST[2:],
+        "--report",
+        str(report),
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
     assert data["config"]["plugins"]["best_of_n"]["select"] == "rm" and data["metrics"]["episodes"] == 2
     assert 0 < data["metrics"]["reward/rm"] < 1
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--strategy", "best_of_n", "--select", "env", "plugins.best_of_n.select=logprob"],
-     "plugins.best_of_n.select='logprob' and the flag for plugins.best_of_n.select ('env_reward')"),
-    (["--strategy", "beam", "--select", "rm"], "--select rm is for --strategy best_of_n"),
-    (["--select", "majority"], "but the strategy is 'chain'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--strategy", "best_of_n", "--select", "env", "plugins.best_of_n.select=logprob"],
+            "plugins.best_of_n.select='logprob' and the flag for plugins.best_of_n.select ('env_reward')",
+        ),
+        (["--strategy", "beam", "--select", "rm"], "--select rm is for --strategy best_of_n"),
+        (["--select", "majority"], "but the strategy is 'chain'"),
+    ],
+)
 def test_select_errors_are_one_line(capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "--env", "gridworld", "--model", "tiny", *args])

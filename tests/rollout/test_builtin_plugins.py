@@ -9,8 +9,17 @@ from omrl.rollout import RolloutSession, token_exact
 
 
 def gridworld_config(*overrides: str) -> RolloutRunConfig:
-    return command_line_config(RolloutRunConfig, ["env.name=gridworld", "env.template=react", "model.name=tiny",
-                                           "reward.weights={goal: 1.0, format: 0.5}", *overrides], {})
+    return command_line_config(
+        RolloutRunConfig,
+        [
+            "env.name=gridworld",
+            "env.template=react",
+            "model.name=tiny",
+            "reward.weights={goal: 1.0, format: 0.5}",
+            *overrides,
+        ],
+        {},
+    )
 
 
 def test_expert_demonstrations_have_the_sft_layout():
@@ -22,7 +31,7 @@ def test_expert_demonstrations_have_the_sft_layout():
     for ep in episodes:
         assert all(t.format_ok and t.response.endswith(f"Act: {t.action}") for t in ep.turns)
         ids, mask = encode_conversation(session.tokenizer, ep.messages)
-        assert ids[:len(ep.token_ids)] == ep.token_ids and mask[:len(ep.loss_mask)] == ep.loss_mask
+        assert ids[: len(ep.token_ids)] == ep.token_ids and mask[: len(ep.loss_mask)] == ep.loss_mask
         assert ep.rewards["goal"][-1] == 1.0 and len(ep.rewards["total"]) == ep.num_turns
 
 
@@ -45,8 +54,11 @@ def test_model_rollout_on_gridworld_is_token_exact_and_rewarded():
 
 
 def test_overriding_one_key_keeps_the_commands_section_defaults():
-    cfg = command_line_config(EvalRunConfig, ["eval", "generation.max_new_tokens=5", "reward.weights={format: 1.0}"],
-                       {"env.name": "gridworld"})
+    cfg = command_line_config(
+        EvalRunConfig,
+        ["eval", "generation.max_new_tokens=5", "reward.weights={format: 1.0}"],
+        {"env.name": "gridworld"},
+    )
     assert (cfg.env.name, cfg.env.split, cfg.generation.temperature) == ("gridworld", "test", 0.0)
     assert cfg.generation.max_new_tokens == 5
     assert cfg.reward.weights == {"format": 1.0}  # a mapping is replaced whole, not merged with the default
@@ -56,8 +68,9 @@ def test_webshop_chats_open_with_its_worked_example_unless_turned_off():
     from omrl_plugins.envs.webshop import WebShopEnv
 
     for flag, expected in (("true", WebShopEnv.demonstration), ("false", ())):
-        cfg = command_line_config(RolloutRunConfig, ["env.name=webshop", "model.name=tiny",
-                                                     f"env.demonstration={flag}"], {})
+        cfg = command_line_config(
+            RolloutRunConfig, ["env.name=webshop", "model.name=tiny", f"env.demonstration={flag}"], {}
+        )
         with RolloutSession.from_config(cfg, expert=True) as session:
             assert session.demonstration is (flag == "true")
             (ep,) = session.play(session.task_ids("test", 1), split="test", expert=True)

@@ -22,8 +22,22 @@ def invoke(*args: str):
 
 def test_rollout_writes_parquet_and_readable_jsonl(fake_plugins, tmp_path):
     out = tmp_path / "runs" / "t.parquet"
-    result = invoke("rollout", *FAST, "--env", "keys", "--template", "action", "--model", "tiny",
-                    "--num-tasks", "2", "--group-size", "2", "--output", str(out))
+    result = invoke(
+        "rollout",
+        *FAST,
+        "--env",
+        "keys",
+        "--template",
+        "action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "2",
+        "--group-size",
+        "2",
+        "--output",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
     assert [(ep.group, ep.sample) for ep in episodes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -37,8 +51,20 @@ def test_rollout_writes_parquet_and_readable_jsonl(fake_plugins, tmp_path):
 
 def test_rollout_expert_makes_winning_sft_data(fake_plugins, tmp_path):
     out = tmp_path / "expert.parquet"
-    result = invoke("rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--expert",
-                    "--num-tasks", "3", "-o", str(out))
+    result = invoke(
+        "rollout",
+        "--env",
+        "keys",
+        "--template",
+        "action",
+        "--model",
+        "tiny",
+        "--expert",
+        "--num-tasks",
+        "3",
+        "-o",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
     assert len(episodes) == 3 and all(ep.won for ep in episodes)
@@ -47,8 +73,22 @@ def test_rollout_expert_makes_winning_sft_data(fake_plugins, tmp_path):
 
 def test_eval_prints_the_table_and_writes_the_report(fake_plugins, tmp_path):
     report = tmp_path / "report.json"
-    result = invoke("eval", *FAST, "generation.temperature=1.0", "--env", "keys", "env.template=action",
-                    "--model", "tiny", "--num-tasks", "3", "--samples", "2", "--report", str(report))
+    result = invoke(
+        "eval",
+        *FAST,
+        "generation.temperature=1.0",
+        "--env",
+        "keys",
+        "env.template=action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "3",
+        "--samples",
+        "2",
+        "--report",
+        str(report),
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
     metrics = data["metrics"]
@@ -56,19 +96,31 @@ def test_eval_prints_the_table_and_writes_the_report(fake_plugins, tmp_path):
     assert sum(metrics["end_reasons"].values()) == 6
     assert data["config"]["env"]["split"] == "test"
     assert "pass@2" in result.output and "format_error_rate" in result.output
-    for key in ("generated_tokens", "prefill_tokens", "prefill_reused", "prefill_hit_rate", "decode_tokens_per_s",
-                "peak_rss_gb"):  # what generation cost, as a training step logs it
+    for key in (
+        "generated_tokens",
+        "prefill_tokens",
+        "prefill_reused",
+        "prefill_hit_rate",
+        "decode_tokens_per_s",
+        "peak_rss_gb",
+    ):  # what generation cost, as a training step logs it
         assert metrics[key] > 0 if key != "prefill_reused" else metrics[key] >= 0, key
         assert key in result.output
 
 
-@pytest.mark.parametrize("args, message", [
-    (["rollout", "eval"], "preset 'eval' is for `omrl eval`, not `omrl rollout`"),
-    (["rollout", "--env", "nosuch", "--expert"], "unknown env 'nosuch'"),
-    (["eval", "num_taks=3"], "did you mean 'num_tasks'"),
-    (["eval", "--samples", "4"], "--samples 4 with greedy decoding gives the same sample every time; valid: "
-                                 "--samples 1, or sampling, e.g. generation.temperature=1.0"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["rollout", "eval"], "preset 'eval' is for `omrl eval`, not `omrl rollout`"),
+        (["rollout", "--env", "nosuch", "--expert"], "unknown env 'nosuch'"),
+        (["eval", "num_taks=3"], "did you mean 'num_tasks'"),
+        (
+            ["eval", "--samples", "4"],
+            "--samples 4 with greedy decoding gives the same sample every time; valid: "
+            "--samples 1, or sampling, e.g. generation.temperature=1.0",
+        ),
+    ],
+)
 def test_bad_input_is_one_clear_line(fake_plugins, capsys, args, message):
     with pytest.raises(SystemExit) as exit_info:
         main(args)
@@ -79,15 +131,38 @@ def test_bad_input_is_one_clear_line(fake_plugins, capsys, args, message):
 def test_the_paths_and_commands_printed_for_copying_are_never_broken_over_lines(fake_plugins, tmp_path):
     """Piped output (no terminal: 80 columns) keeps a long path and the command that reads it whole."""
     deep = tmp_path / ("a-directory-name-long-enough-to-pass-eighty-columns-" * 2) / "t.parquet"
-    result = invoke("rollout", *FAST, "--env", "keys", "--template", "action", "--model", "tiny",
-                    "--num-tasks", "1", "--output", str(deep))
+    result = invoke(
+        "rollout",
+        *FAST,
+        "--env",
+        "keys",
+        "--template",
+        "action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "1",
+        "--output",
+        str(deep),
+    )
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert f"look at them: omrl view {deep}" in lines
     assert any(line.startswith("wrote 1 episodes to ") and str(deep) in line for line in lines)
     report = deep.with_name("report.json")
-    result = invoke("eval", *FAST, "--env", "keys", "env.template=action", "--model", "tiny", "--num-tasks", "1",
-                    "--report", str(report))
+    result = invoke(
+        "eval",
+        *FAST,
+        "--env",
+        "keys",
+        "env.template=action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "1",
+        "--report",
+        str(report),
+    )
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert f"report: {report}" in lines and f"look at it: omrl view {report}" in lines

@@ -59,9 +59,22 @@ def test_env_errors_are_no_losses_and_past_the_share_the_rollout_exits_2(fake_pl
 
 def test_under_the_share_the_run_succeeds_and_says_why_episodes_failed(down_env, tmp_path, capsys):
     report = tmp_path / "report.json"
-    code, text = run(capsys, "eval", *FAST, "--env", "keys_down", "env.template=action", "--model", "tiny",
-                     "--num-tasks", "4", "plugins.keys_down.fail_task=1", "max_env_error_rate=0.5",
-                     "--report", str(report))
+    code, text = run(
+        capsys,
+        "eval",
+        *FAST,
+        "--env",
+        "keys_down",
+        "env.template=action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "4",
+        "plugins.keys_down.fail_task=1",
+        "max_env_error_rate=0.5",
+        "--report",
+        str(report),
+    )
     assert code == 0, text
     assert "env errors: 1 of 4 episodes failed in the env 'keys_down'" in text
     assert "1 episode, from task 1:" in text and "connection refused (task 1)" in text
@@ -72,8 +85,21 @@ def test_under_the_share_the_run_succeeds_and_says_why_episodes_failed(down_env,
 
 def test_eval_past_the_share_exits_2_naming_the_reasons(down_env, tmp_path, capsys):
     report = tmp_path / "report.json"
-    code, text = run(capsys, "eval", *FAST, "--env", "keys_down", "env.template=action", "--model", "tiny",
-                     "--num-tasks", "4", "plugins.keys_down.fail_task=1", "--report", str(report))
+    code, text = run(
+        capsys,
+        "eval",
+        *FAST,
+        "--env",
+        "keys_down",
+        "env.template=action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "4",
+        "plugins.keys_down.fail_task=1",
+        "--report",
+        str(report),
+    )
     assert code == 2 and "1 of 4 episodes (25%) failed in the env 'keys_down'" in text
     assert "connection refused (task 1)" in text
     assert report.exists()  # the report lists them
@@ -82,8 +108,17 @@ def test_eval_past_the_share_exits_2_naming_the_reasons(down_env, tmp_path, caps
 def test_every_episode_failing_says_so_without_the_zero_reward_advice(fake_plugins, tmp_path, capsys):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        code, text = run(capsys, *EXPERT, "--num-tasks", "1", "--group-size", "8", "plugins.keys.fail_task=0",
-                         "-o", str(tmp_path / "t.parquet"))
+        code, text = run(
+            capsys,
+            *EXPERT,
+            "--num-tasks",
+            "1",
+            "--group-size",
+            "8",
+            "plugins.keys.fail_task=0",
+            "-o",
+            str(tmp_path / "t.parquet"),
+        )
     assert code == 2 and "every episode failed in the keys expert" in text and "chest 0 exploded" in text
     assert not [w for w in caught if "all rewards are 0" in str(w.message)]
     assert "all rewards are 0" not in text
@@ -98,8 +133,18 @@ def test_a_bad_share_is_refused_before_any_episode(fake_plugins, tmp_path, capsy
 def test_training_metrics_leave_env_errors_out_of_success(fake_plugins):
     from omrl.data.trajectory import Episode
 
-    episodes = [Episode(env="keys", task_id=t, split="train", instruction="", won=t < 2, score=float(t < 2),
-                        end_reason="env_error" if t >= 2 else "done") for t in range(4)]
+    episodes = [
+        Episode(
+            env="keys",
+            task_id=t,
+            split="train",
+            instruction="",
+            won=t < 2,
+            score=float(t < 2),
+            end_reason="env_error" if t >= 2 else "done",
+        )
+        for t in range(4)
+    ]
     metrics = rollout_metrics(episodes, 1.0, {})
     assert metrics["success"] == 1.0 and metrics["score"] == 1.0
     assert metrics["env_errors"] == 2.0 and metrics["env_error_rate"] == 0.5

@@ -18,9 +18,19 @@ def turn(action="go", format_ok=True, invalid=False, truncated=False):
 
 
 def episode(task, sample, won, score=None, turns=(), end="done", tokens=10, generated=4):
-    return Episode(env="keys", task_id=task, split="test", instruction="", sample=sample, won=won,
-                   score=float(won) if score is None else score, turns=list(turns), end_reason=end,
-                   token_ids=[0] * tokens, loss_mask=[1] * generated + [0] * (tokens - generated))
+    return Episode(
+        env="keys",
+        task_id=task,
+        split="test",
+        instruction="",
+        sample=sample,
+        won=won,
+        score=float(won) if score is None else score,
+        turns=list(turns),
+        end_reason=end,
+        token_ids=[0] * tokens,
+        loss_mask=[1] * generated + [0] * (tokens - generated),
+    )
 
 
 def test_pass_at_k_matches_the_binomial_formula():

@@ -28,8 +28,15 @@ def open_then_take(call: int, index: int) -> str:
 
 def run(tokenizer, backend, tasks=(0,), group_size=1, env_class=KeyEnv, options=None, template=None, **limits):
     pool = EnvPool(env_class, options, name="keys")
-    episodes = collect(pool, template or ActionTemplate(), tokenizer, list(tasks), backend=backend,
-                       group_size=group_size, limits=RolloutLimits(**{"max_new_tokens": 24, "max_context": 1024, **limits}))
+    episodes = collect(
+        pool,
+        template or ActionTemplate(),
+        tokenizer,
+        list(tasks),
+        backend=backend,
+        group_size=group_size,
+        limits=RolloutLimits(**{"max_new_tokens": 24, "max_context": 1024, **limits}),
+    )
     return episodes, pool
 
 
@@ -39,7 +46,13 @@ def test_one_backend_call_per_turn_for_all_live_episodes(tiny_hf):
     episodes, pool = run(tokenizer, backend, tasks=[0, 1, 2], group_size=2, max_new_tokens=8, max_turns=3)
     assert backend.calls == [6, 6, 6]  # random replies never finish early: all 6 live for 3 turns
     assert [(ep.group, ep.sample, ep.task_id) for ep in episodes] == [
-        (0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
+        (0, 0, 0),
+        (0, 1, 0),
+        (1, 0, 1),
+        (1, 1, 1),
+        (2, 0, 2),
+        (2, 1, 2),
+    ]
     assert all(ep.end_reason == "max_turns" and ep.num_turns == 3 for ep in episodes)
     assert pool.created == 6
     for ep in episodes:
@@ -65,8 +78,16 @@ def test_seeded_sampling_is_reproducible(tiny_hf):
 
     def ids(seed):
         pool = EnvPool(KeyEnv, name="keys")
-        eps = collect(pool, ActionTemplate(), tokenizer, [0], backend=backend, group_size=2, seed=seed,
-                      limits=RolloutLimits(max_new_tokens=6, max_turns=2))
+        eps = collect(
+            pool,
+            ActionTemplate(),
+            tokenizer,
+            [0],
+            backend=backend,
+            group_size=2,
+            seed=seed,
+            limits=RolloutLimits(max_new_tokens=6, max_turns=2),
+        )
         return [ep.token_ids for ep in eps]
 
     first = ids(1)
@@ -117,8 +138,9 @@ def test_unparsable_reply_does_not_step_the_env_and_explains_the_format(tiny_tok
 
 
 def test_env_raising_mid_batch_ends_only_its_episode(tiny_tokenizer):
-    episodes, pool = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1, 2],
-                         options={"fail_task": 1})
+    episodes, pool = run(
+        tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1, 2], options={"fail_task": 1}
+    )
     broken = episodes[1]
     assert broken.end_reason == "env_error" and "chest 1 exploded" in broken.error
     assert broken.num_turns == 1 and broken.turns[0].action == "open"
@@ -134,16 +156,16 @@ def test_unknown_task_fails_its_reset_not_the_rollout(tiny_tokenizer):
 
 
 def test_empty_observation_gets_a_placeholder(tiny_tokenizer):
-    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, [["Action: open"]]), options={"empty_task": 0},
-                   max_turns=1)
+    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, [["Action: open"]]), options={"empty_task": 0}, max_turns=1)
     assert ep.messages[1]["content"].endswith(EMPTY_OBSERVATION)
     assert ep.turns[0].observation == EMPTY_OBSERVATION
 
 
 def test_io_bound_envs_step_from_threads_with_the_same_result(tiny_tokenizer):
     inline, _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1, 2, 3])
-    threaded, pool = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1, 2, 3],
-                         env_class=IOKeyEnv)
+    threaded, pool = run(
+        tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1, 2, 3], env_class=IOKeyEnv
+    )
     assert pool._threads is not None
     assert [ep.token_ids for ep in threaded] == [ep.token_ids for ep in inline]
     assert all(ep.won for ep in threaded)
@@ -158,8 +180,11 @@ def test_expert_plays_through_the_template(tiny_tokenizer):
     assert all(ep.won and ep.end_reason == "done" for ep in episodes)
     assert [t.response for t in episodes[0].turns] == ["Action: open", "Action: take key"]
     assert all(t.format_ok for ep in episodes for t in ep.turns)
-    assert progress.episodes == 2 and progress.success_rate == 1.0 and progress.tokens == sum(
-        sum(ep.loss_mask) for ep in episodes)
+    assert (
+        progress.episodes == 2
+        and progress.success_rate == 1.0
+        and progress.tokens == sum(sum(ep.loss_mask) for ep in episodes)
+    )
 
 
 def test_won_and_score_come_from_the_last_step(tiny_tokenizer):
@@ -177,13 +202,17 @@ def test_bad_arguments_raise_clear_errors(tiny_tokenizer):
 
 def test_parquet_round_trip_of_real_rollout_output(tiny_hf, tmp_path):
     model, tokenizer = tiny_hf
-    episodes, _ = run(tokenizer, HFBackend(model, tokenizer), tasks=[0, 1], group_size=2, max_new_tokens=6,
-                      max_turns=2)
+    episodes, _ = run(tokenizer, HFBackend(model, tokenizer), tasks=[0, 1], group_size=2, max_new_tokens=6, max_turns=2)
     back = read_episodes(write_episodes(episodes, tmp_path / "t.parquet"))
     assert len(back) == 4
     for a, b in zip(episodes, back):
-        assert (a.token_ids, a.loss_mask, a.messages, a.group, a.sample) == (b.token_ids, b.loss_mask, b.messages,
-                                                                             b.group, b.sample)
+        assert (a.token_ids, a.loss_mask, a.messages, a.group, a.sample) == (
+            b.token_ids,
+            b.loss_mask,
+            b.messages,
+            b.group,
+            b.sample,
+        )
         assert [t.span for t in a.turns] == [t.span for t in b.turns]
         assert [t.info for t in a.turns] == [t.info for t in b.turns]
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
@@ -192,8 +221,10 @@ def test_parquet_round_trip_of_real_rollout_output(tiny_hf, tmp_path):
 class DemoKeyEnv(KeyEnv):
     """KeyEnv with a worked example of another chest."""
 
-    demonstration = (DemoTurn("Chest 99 is locked.", "Open it first.", "open"),
-                     DemoTurn("Chest 99 is open; a key glints inside.", "Now the key.", "take key"))
+    demonstration = (
+        DemoTurn("Chest 99 is locked.", "Open it first.", "open"),
+        DemoTurn("Chest 99 is open; a key glints inside.", "Now the key.", "take key"),
+    )
 
 
 def test_a_template_error_that_names_the_actions_is_not_followed_by_them_again(tiny_tokenizer):
@@ -213,10 +244,12 @@ def test_a_demonstration_opens_the_chat_masked_out_and_stays_out_of_sft_records(
     assert ep.messages[2]["content"] == ActionTemplate().format_action("open", KeyEnv()) == "Action: open"
     assert ep.messages[3]["content"] == "Chest 99 is open; a key glints inside."
     # the demonstration is prompt: it precedes every generated token and the ids decode to the whole chat
-    prompt = tiny_tokenizer.decode(ep.token_ids[:ep.prompt_length], skip_special_tokens=False)
+    prompt = tiny_tokenizer.decode(ep.token_ids[: ep.prompt_length], skip_special_tokens=False)
     assert "Chest 99 is locked." in prompt and "Action: take key" in prompt
-    assert sum(ep.loss_mask[:ep.prompt_length]) == 0
-    assert render(tiny_tokenizer, ep.messages).startswith(tiny_tokenizer.decode(ep.token_ids, skip_special_tokens=False))
+    assert sum(ep.loss_mask[: ep.prompt_length]) == 0
+    assert render(tiny_tokenizer, ep.messages).startswith(
+        tiny_tokenizer.decode(ep.token_ids, skip_special_tokens=False)
+    )
     # the model saw the example, but SFT on this episode learns only the episode's own turns
     record = episode_to_record(ep)
     assert [m["content"] for m in record["conversations"]] == [m["content"] for m in ep.messages[:1] + ep.messages[5:]]
@@ -239,8 +272,12 @@ def test_a_template_that_cannot_write_the_worked_example_names_the_option_to_tur
             return f"Action: {action}"
 
     with pytest.raises(OmrlError, match=r"cannot write DemoKeyEnv's worked example .*set env.demonstration=false"):
-        run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=DemoKeyEnv,
-            template=TwoArgumentTemplate())
+        run(
+            tiny_tokenizer,
+            scripted(tiny_tokenizer, open_then_take),
+            env_class=DemoKeyEnv,
+            template=TwoArgumentTemplate(),
+        )
 
 
 class RaisingTemplate(ActionTemplate):
@@ -268,18 +305,30 @@ def test_a_template_that_returns_no_parsed_action_costs_a_turn(tiny_tokenizer):
         def parse(self, response, env):
             return "open"
 
-    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, lambda call, index: "Action: open"),
-                   template=TextTemplate(), max_turns=1)
+    (ep,), _ = run(
+        tiny_tokenizer,
+        scripted(tiny_tokenizer, lambda call, index: "Action: open"),
+        template=TextTemplate(),
+        max_turns=1,
+    )
     assert "TextTemplate returned a str, not a ParsedAction" in ep.turns[0].parse_error
 
 
 def test_a_deeply_nested_tool_call_reply_is_a_parse_error(tiny_tokenizer):
     from omrl import registry
 
-    backend = scripted(tiny_tokenizer, [["<tool_call>" + "[" * 1000],
-                                        ['<tool_call>{"name": "act", "arguments": {"action": "open"}}</tool_call>']])
-    (ep,), _ = run(tiny_tokenizer, backend, template=registry.templates.get("tool_call")(), max_turns=2,
-                   max_new_tokens=1100, max_context=4096)
+    backend = scripted(
+        tiny_tokenizer,
+        [["<tool_call>" + "[" * 1000], ['<tool_call>{"name": "act", "arguments": {"action": "open"}}</tool_call>']],
+    )
+    (ep,), _ = run(
+        tiny_tokenizer,
+        backend,
+        template=registry.templates.get("tool_call")(),
+        max_turns=2,
+        max_new_tokens=1100,
+        max_context=4096,
+    )
     assert ep.turns[0].response.count("[") == 1000
     assert "nested too deeply" in ep.turns[0].parse_error
     assert ep.turns[1].action == "open" and ep.end_reason == "max_turns"
@@ -301,16 +350,31 @@ class BadValueEnv(KeyEnv):
         return result
 
 
-@pytest.mark.parametrize("field, value, shown", [
-    ("reward", float("nan"), "reward nan"), ("reward", float("-inf"), "reward -inf"), ("reward", "1", "reward '1'"),
-    ("reward", None, "reward None"), ("score", 1e999, "score inf"), ("score", "0.5", "score '0.5'"),
-    pytest.param("score", 10 ** 400, "score 1000", id="score-10**400"),
-    ("won", "yes", "won 'yes'"), ("won", 1, "won 1"), ("won", None, "won None"), ("observation", 5, "observation 5"),
-    ("info", ["won"], "info ['won']"),
-])
+@pytest.mark.parametrize(
+    "field, value, shown",
+    [
+        ("reward", float("nan"), "reward nan"),
+        ("reward", float("-inf"), "reward -inf"),
+        ("reward", "1", "reward '1'"),
+        ("reward", None, "reward None"),
+        ("score", 1e999, "score inf"),
+        ("score", "0.5", "score '0.5'"),
+        pytest.param("score", 10**400, "score 1000", id="score-10**400"),
+        ("won", "yes", "won 'yes'"),
+        ("won", 1, "won 1"),
+        ("won", None, "won None"),
+        ("observation", 5, "observation 5"),
+        ("info", ["won"], "info ['won']"),
+    ],
+)
 def test_env_values_outside_the_protocol_end_the_episode_as_env_error(tiny_tokenizer, field, value, shown):
-    episodes, pool = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), tasks=[0, 1],
-                         env_class=BadValueEnv, options={"field": field, "value": value})
+    episodes, pool = run(
+        tiny_tokenizer,
+        scripted(tiny_tokenizer, open_then_take),
+        tasks=[0, 1],
+        env_class=BadValueEnv,
+        options={"field": field, "value": value},
+    )
     for ep in episodes:
         assert ep.end_reason == "env_error" and ep.num_turns == 1
         assert ep.error.startswith(f"step failed: env 'keys' returned {shown}")
@@ -322,8 +386,12 @@ def test_numpy_values_are_fine(tiny_tokenizer):
     import numpy as np
 
     for field, value in [("reward", np.float32(0.5)), ("score", np.float64(0.5)), ("won", np.bool_(False))]:
-        (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=BadValueEnv,
-                       options={"field": field, "value": value})
+        (ep,), _ = run(
+            tiny_tokenizer,
+            scripted(tiny_tokenizer, open_then_take),
+            env_class=BadValueEnv,
+            options={"field": field, "value": value},
+        )
         assert ep.end_reason == "done" and ep.error is None, (field, ep.error)
 
 
@@ -342,13 +410,22 @@ class BadResetEnv(KeyEnv):
         return first
 
 
-@pytest.mark.parametrize("field, value, shown", [
-    ("", None, "returned a NoneType, not an Observation"), ("", "A room.", "returned a str, not an Observation"),
-    ("instruction", 42, "returned instruction 42; it must be text"), ("info", "x", "returned info 'x'"),
-])
+@pytest.mark.parametrize(
+    "field, value, shown",
+    [
+        ("", None, "returned a NoneType, not an Observation"),
+        ("", "A room.", "returned a str, not an Observation"),
+        ("instruction", 42, "returned instruction 42; it must be text"),
+        ("info", "x", "returned info 'x'"),
+    ],
+)
 def test_reset_values_outside_the_protocol_end_the_episode_as_env_error(tiny_tokenizer, field, value, shown):
-    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=BadResetEnv,
-                   options={"field": field, "value": value})
+    (ep,), _ = run(
+        tiny_tokenizer,
+        scripted(tiny_tokenizer, open_then_take),
+        env_class=BadResetEnv,
+        options={"field": field, "value": value},
+    )
     assert ep.end_reason == "env_error" and ep.num_turns == 0
     assert ep.error.startswith(f"reset failed: env 'keys' {shown}")
 
@@ -356,8 +433,12 @@ def test_reset_values_outside_the_protocol_end_the_episode_as_env_error(tiny_tok
 def test_lone_surrogates_from_an_env_are_replaced_so_the_episode_can_be_written(tiny_tokenizer, tmp_path):
     from omrl.data import write_episodes
 
-    (ep,), _ = run(tiny_tokenizer, scripted(tiny_tokenizer, open_then_take), env_class=BadValueEnv,
-                   options={"field": "observation", "value": "a chest \ud800 glows"})
+    (ep,), _ = run(
+        tiny_tokenizer,
+        scripted(tiny_tokenizer, open_then_take),
+        env_class=BadValueEnv,
+        options={"field": "observation", "value": "a chest \ud800 glows"},
+    )
     assert ep.end_reason == "max_turns" or ep.end_reason == "done"
     write_episodes([ep], tmp_path / "episodes.parquet")  # a lone surrogate would fail this write
     assert "a chest \ufffd glows" in tiny_tokenizer.decode(ep.token_ids)

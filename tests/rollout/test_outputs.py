@@ -41,8 +41,21 @@ def snapshot(folder):
 
 def test_rollout_refuses_an_output_named_like_its_readable_jsonl(fake_plugins, tmp_path, capsys):
     out = tmp_path / "expert.jsonl"
-    message = refused(capsys, "rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--expert",
-                      "--num-tasks", "1", "-o", str(out))
+    message = refused(
+        capsys,
+        "rollout",
+        "--env",
+        "keys",
+        "--template",
+        "action",
+        "--model",
+        "tiny",
+        "--expert",
+        "--num-tasks",
+        "1",
+        "-o",
+        str(out),
+    )
     assert f"--output {out} names the readable JSONL" in message and "expert.parquet" in message
     assert not out.exists()
 
@@ -51,8 +64,21 @@ def test_rollout_refuses_to_write_into_a_runs_rollouts(fake_plugins, run_dir, ca
     step = run_dir / "rollouts" / "step-00000001.parquet"
     step.write_bytes(b"the run's own trajectories")
     before = snapshot(run_dir)
-    message = refused(capsys, "rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--expert",
-                      "--num-tasks", "1", "-o", str(step))
+    message = refused(
+        capsys,
+        "rollout",
+        "--env",
+        "keys",
+        "--template",
+        "action",
+        "--model",
+        "tiny",
+        "--expert",
+        "--num-tasks",
+        "1",
+        "-o",
+        str(step),
+    )
     assert "inside the run's rollouts/" in message
     assert snapshot(run_dir) == before
 
@@ -60,14 +86,35 @@ def test_rollout_refuses_to_write_into_a_runs_rollouts(fake_plugins, run_dir, ca
 @pytest.mark.parametrize("name", ["model.safetensors", "metrics.jsonl", "config.yaml", "config.json"])
 def test_eval_refuses_a_report_over_a_runs_files_before_loading_anything(fake_plugins, run_dir, capsys, name):
     before = snapshot(run_dir)
-    message = refused(capsys, "eval", *FAST, "--env", "keys", "env.template=action", "--model", "tiny",
-                      "--num-tasks", "1", "--report", str(run_dir / name))
+    message = refused(
+        capsys,
+        "eval",
+        *FAST,
+        "--env",
+        "keys",
+        "env.template=action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "1",
+        "--report",
+        str(run_dir / name),
+    )
     assert f"--report {run_dir / name} is" in message and "would destroy it" in message
     assert snapshot(run_dir) == before
 
 
-@pytest.mark.parametrize("name", ["metrics.jsonl", "config.yaml", "model.safetensors", "rollouts/step-00000001.parquet",
-                                  "checkpoints/step-00000001/state.json", "."])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "metrics.jsonl",
+        "config.yaml",
+        "model.safetensors",
+        "rollouts/step-00000001.parquet",
+        "checkpoints/step-00000001/state.json",
+        ".",
+    ],
+)
 def test_view_out_never_replaces_a_file_of_the_run(run_dir, capsys, name):
     before = snapshot(run_dir)
     message = refused(capsys, "view", str(run_dir), "--out", str(run_dir / name))
@@ -94,8 +141,9 @@ def test_view_out_beside_the_runs_files_is_written(run_dir, capsys):
 
 def test_data_convert_refuses_the_source_and_a_runs_files(run_dir, tmp_path, capsys):
     source = tmp_path / "sft.jsonl"
-    source.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                               {"role": "assistant", "content": "hello"}]}) + "\n")
+    source.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
+    )
     assert "is the source itself" in refused(capsys, "data", "convert", str(source), str(source))
     before = snapshot(run_dir)
     assert "a run's metrics.jsonl" in refused(capsys, "data", "convert", str(source), str(run_dir / "metrics.jsonl"))
@@ -104,26 +152,46 @@ def test_data_convert_refuses_the_source_and_a_runs_files(run_dir, tmp_path, cap
 
 def test_rm_eval_refuses_a_report_over_the_reward_models_weights(run_dir, tmp_path, capsys):
     before = snapshot(run_dir)
-    message = refused(capsys, "rm", "eval", "--model", str(run_dir), "--data", str(tmp_path / "held_out.parquet"),
-                      "--report", str(run_dir / "model.safetensors"))
+    message = refused(
+        capsys,
+        "rm",
+        "eval",
+        "--model",
+        str(run_dir),
+        "--data",
+        str(tmp_path / "held_out.parquet"),
+        "--report",
+        str(run_dir / "model.safetensors"),
+    )
     assert "model weights" in message
     assert snapshot(run_dir) == before
 
 
 def test_rm_train_refuses_an_output_dir_that_is_its_base_model(run_dir, tmp_path, capsys):
     before = snapshot(run_dir)
-    message = refused(capsys, "rm", "train", "--model", str(run_dir), "--data", str(tmp_path / "d.parquet"),
-                      "--output-dir", str(run_dir))
+    message = refused(
+        capsys,
+        "rm",
+        "train",
+        "--model",
+        str(run_dir),
+        "--data",
+        str(tmp_path / "d.parquet"),
+        "--output-dir",
+        str(run_dir),
+    )
     assert f"output_dir {run_dir} overlaps the input --model" in message
     assert snapshot(run_dir) == before
 
 
 def test_sweep_refuses_an_out_that_is_a_file_or_inside_a_runs_checkpoints(fake_plugins, run_dir, capsys):
     before = snapshot(run_dir)
-    assert "is a file" in refused(capsys, "sweep", "--env", "keys", "--model", "tiny", "--out",
-                                  str(run_dir / "metrics.jsonl"))
-    assert "inside the run's checkpoints/" in refused(capsys, "sweep", "--env", "keys", "--model", "tiny", "--out",
-                                                      str(run_dir / "checkpoints"))
+    assert "is a file" in refused(
+        capsys, "sweep", "--env", "keys", "--model", "tiny", "--out", str(run_dir / "metrics.jsonl")
+    )
+    assert "inside the run's checkpoints/" in refused(
+        capsys, "sweep", "--env", "keys", "--model", "tiny", "--out", str(run_dir / "checkpoints")
+    )
     assert snapshot(run_dir) == before
 
 

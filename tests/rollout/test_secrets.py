@@ -37,11 +37,20 @@ def test_the_rule_names_secrets_and_spares_names_that_only_mention_one():
         assert is_secret_key(key), key
     for key in ("api_key_env", "max_new_tokens", "keys", "tokenizer", "keep_checkpoints", "monkey"):
         assert not is_secret_key(key), key
-    data = {"plugins": {"agentgym": {"token": SECRET, "headers": {"Authorization": f"Bearer {SECRET}", "X-Id": 3}},
-                        "other": {"api_key": None, "password": ""}}, "seed": 0}
-    assert redact(data) == {"plugins": {"agentgym": {"token": REDACTED, "headers": {"Authorization": REDACTED,
-                                                                                     "X-Id": 3}},
-                                        "other": {"api_key": None, "password": ""}}, "seed": 0}
+    data = {
+        "plugins": {
+            "agentgym": {"token": SECRET, "headers": {"Authorization": f"Bearer {SECRET}", "X-Id": 3}},
+            "other": {"api_key": None, "password": ""},
+        },
+        "seed": 0,
+    }
+    assert redact(data) == {
+        "plugins": {
+            "agentgym": {"token": REDACTED, "headers": {"Authorization": REDACTED, "X-Id": 3}},
+            "other": {"api_key": None, "password": ""},
+        },
+        "seed": 0,
+    }
 
 
 def test_the_config_written_is_redacted_and_the_live_one_is_not():
@@ -53,8 +62,20 @@ def test_the_config_written_is_redacted_and_the_live_one_is_not():
 
 def test_the_eval_report_and_its_page_hold_no_secret(fake_plugins, tmp_path):
     report, page = tmp_path / "report.json", tmp_path / "page.html"
-    run_cli("eval", *FAST, "--env", "keys", "env.template=action", "--model", "tiny", "--num-tasks", "1",
-            f"plugins.agentgym.token={SECRET}", "--report", str(report))
+    run_cli(
+        "eval",
+        *FAST,
+        "--env",
+        "keys",
+        "env.template=action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "1",
+        f"plugins.agentgym.token={SECRET}",
+        "--report",
+        str(report),
+    )
     assert json.loads(report.read_text())["config"]["plugins"]["agentgym"]["token"] == REDACTED
     run_cli("view", str(report), "--out", str(page))
     assert SECRET not in report.read_text() and SECRET not in page.read_text()
@@ -74,8 +95,9 @@ def test_view_never_follows_a_link_out_of_the_run(tmp_path, capsys):
     private = tmp_path / "private"
     private.mkdir()
     (private / "netrc.yaml").write_text("machine: example.org\nlogin: me\nprivate_note: do-not-share-4711\n")
-    (private / "notes.jsonl").write_text(json.dumps({"task_id": 0, "turns": [], "instruction": "do-not-share-4711"})
-                                         + "\n")
+    (private / "notes.jsonl").write_text(
+        json.dumps({"task_id": 0, "turns": [], "instruction": "do-not-share-4711"}) + "\n"
+    )
     run = tmp_path / "run"
     (run / "rollouts").mkdir(parents=True)
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")
@@ -107,11 +129,27 @@ def test_a_training_run_writes_no_secret_and_resumes_with_a_new_one(tiny_model_d
     out = tmp_path / "run"
 
     def config(token: str) -> TrainRunConfig:
-        return load_config(TrainRunConfig, "grpo", [
-            f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=2", "generation.max_new_tokens=4",
-            "generation.max_context=512", f"logging.output_dir={out}", "logging.tensorboard=false", "steps=2",
-            "tasks_per_step=1", "group_size=2", "eval_tasks=1", "reward.weights={goal: 1.0}", "logging.save_steps=1",
-            "optim.micro_batch_size=4", f"plugins.agentgym.token={token}"])
+        return load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={tiny_model_dir}",
+                "env.name=gridworld",
+                "env.max_turns=2",
+                "generation.max_new_tokens=4",
+                "generation.max_context=512",
+                f"logging.output_dir={out}",
+                "logging.tensorboard=false",
+                "steps=2",
+                "tasks_per_step=1",
+                "group_size=2",
+                "eval_tasks=1",
+                "reward.weights={goal: 1.0}",
+                "logging.save_steps=1",
+                "optim.micro_batch_size=4",
+                f"plugins.agentgym.token={token}",
+            ],
+        )
 
     def stop_after_one(step, metrics):
         if step == 1:

@@ -52,8 +52,15 @@ def play(tokenizer):
 
     backend = ScriptedBackend(tokenizer, reply)
     pool = EnvPool(KeyEnv, name="keys")
-    episodes = collect(pool, ActionTemplate(), tokenizer, [0, 1], backend=backend, group_size=2,
-                       limits=RolloutLimits(max_new_tokens=16, max_context=1024, max_turns=3))
+    episodes = collect(
+        pool,
+        ActionTemplate(),
+        tokenizer,
+        [0, 1],
+        backend=backend,
+        group_size=2,
+        limits=RolloutLimits(max_new_tokens=16, max_context=1024, max_turns=3),
+    )
     return episodes, backend, rambling
 
 
@@ -83,7 +90,7 @@ def test_masked_in_tokens_are_exactly_the_sampled_turns(tokenizer):
             body = ids[:-1] if ids[-1] == eos else ids
             assert tokenizer.decode(body, skip_special_tokens=False) == turn.response
         assert all((lp == -0.5) == bool(m) for lp, m in zip(ep.logprobs, ep.loss_mask))
-        assert ep.token_ids[:ep.prompt_length] == ep.token_ids[:ep.turns[0].span[0]]
+        assert ep.token_ids[: ep.prompt_length] == ep.token_ids[: ep.turns[0].span[0]]
 
 
 def test_no_env_or_template_token_is_ever_in_the_mask(tokenizer):
@@ -108,7 +115,7 @@ def test_no_env_or_template_token_is_ever_in_the_mask(tokenizer):
         rendered = render(tokenizer, ep.messages)
         assert rendered.startswith(decoded)
         ended_with_eos = ep.token_ids[-1] == eos
-        assert rendered[len(decoded):] == ("\n" if ended_with_eos else tokenizer.eos_token + "\n")
+        assert rendered[len(decoded) :] == ("\n" if ended_with_eos else tokenizer.eos_token + "\n")
 
 
 def test_sft_layout_matches_the_rollout_layout(tokenizer):
@@ -117,5 +124,5 @@ def test_sft_layout_matches_the_rollout_layout(tokenizer):
     ep = next(e for e in episodes if (e.group, e.sample) == (1, 0))
     assert ep.won
     ids, mask = encode_conversation(tokenizer, ep.messages)
-    assert ids[:len(ep.token_ids)] == ep.token_ids
-    assert mask[:len(ep.loss_mask)] == ep.loss_mask
+    assert ids[: len(ep.token_ids)] == ep.token_ids
+    assert mask[: len(ep.loss_mask)] == ep.loss_mask

@@ -29,9 +29,10 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def attempts(*lines: str) -> str:
     """Python source that runs each ``label: statement`` and prints ``label ok`` or ``label <Error>``."""
-    body = [f"try:\n    {stmt}\n    print({label!r}, 'ok')\n"
-            f"except Exception as e:\n    print({label!r}, type(e).__name__)"
-            for label, stmt in (line.split(": ", 1) for line in lines)]
+    body = [
+        f"try:\n    {stmt}\n    print({label!r}, 'ok')\nexcept Exception as e:\n    print({label!r}, type(e).__name__)"
+        for label, stmt in (line.split(": ", 1) for line in lines)
+    ]
     return "import os, socket\n" + "\n".join(body)
 
 
@@ -54,6 +55,7 @@ def host_processes_with(marker: str) -> list[str]:
 
 
 # --- what works ----------------------------------------------------------------------------------
+
 
 @needs_sandbox
 def test_a_python_program_gets_stdin_and_returns_stdout_stderr_and_exit_code():
@@ -88,6 +90,7 @@ def test_bad_arguments_name_what_is_valid():
 
 # --- escapes that must fail ------------------------------------------------------------------------
 
+
 @needs_sandbox
 def test_host_files_cannot_be_read(tmp_path):
     token = secrets.token_hex(16)
@@ -95,34 +98,50 @@ def test_host_files_cannot_be_read(tmp_path):
     secret.write_text(token)
     secret.chmod(0o644)  # readable by every user: only its absence from the sandbox protects it
     tmp_path.chmod(0o755)
-    result = run_sandboxed(attempts(
-        f"readme: open({str(README)!r}).read()",
-        "shadow: open('/etc/shadow').read()",
-        f"secret: print(open({str(secret)!r}).read())",
-        f"init_root: open('/proc/1/root{secret}').read()",  # through the helper's root, which is the host's
-        "root_home: os.listdir('/root/.ssh')",
-    ), timeout_s=10)
+    result = run_sandboxed(
+        attempts(
+            f"readme: open({str(README)!r}).read()",
+            "shadow: open('/etc/shadow').read()",
+            f"secret: print(open({str(secret)!r}).read())",
+            f"init_root: open('/proc/1/root{secret}').read()",  # through the helper's root, which is the host's
+            "root_home: os.listdir('/root/.ssh')",
+        ),
+        timeout_s=10,
+    )
     assert token not in result.stdout
-    assert outcomes(result) == {"readme": "FileNotFoundError", "shadow": "FileNotFoundError",
-                                "secret": "FileNotFoundError", "init_root": "FileNotFoundError",
-                                "root_home": "FileNotFoundError"}, result.stderr
+    assert outcomes(result) == {
+        "readme": "FileNotFoundError",
+        "shadow": "FileNotFoundError",
+        "secret": "FileNotFoundError",
+        "init_root": "FileNotFoundError",
+        "root_home": "FileNotFoundError",
+    }, result.stderr
 
 
 @needs_sandbox
 def test_nothing_outside_the_scratch_dir_can_be_written_and_the_scratch_dir_is_fresh(tmp_path):
     tmp_path.chmod(0o777)  # writable by every user: only its absence from the sandbox protects it
-    result = run_sandboxed(attempts(
-        f"host_tmp: open({str(tmp_path / 'pwned')!r}, 'w').write('x')",
-        "root: open('/pwned', 'w').write('x')",
-        "usr: open('/usr/pwned', 'w').write('x')",
-        "etc: open('/etc/pwned', 'w').write('x')",
-        "passwd: open('/etc/passwd', 'a').write('x')",
-        "scratch: open('/scratch/mine', 'w').write('x')",
-        "tmp: open('/tmp/mine2', 'w').write('x')",
-    ), timeout_s=10)
-    assert outcomes(result) == {"host_tmp": "FileNotFoundError", "root": "OSError", "usr": "OSError",
-                                "etc": "OSError", "passwd": "PermissionError",  # read-only, or root's
-                                "scratch": "ok", "tmp": "ok"}, result.stderr
+    result = run_sandboxed(
+        attempts(
+            f"host_tmp: open({str(tmp_path / 'pwned')!r}, 'w').write('x')",
+            "root: open('/pwned', 'w').write('x')",
+            "usr: open('/usr/pwned', 'w').write('x')",
+            "etc: open('/etc/pwned', 'w').write('x')",
+            "passwd: open('/etc/passwd', 'a').write('x')",
+            "scratch: open('/scratch/mine', 'w').write('x')",
+            "tmp: open('/tmp/mine2', 'w').write('x')",
+        ),
+        timeout_s=10,
+    )
+    assert outcomes(result) == {
+        "host_tmp": "FileNotFoundError",
+        "root": "OSError",
+        "usr": "OSError",
+        "etc": "OSError",
+        "passwd": "PermissionError",  # read-only, or root's
+        "scratch": "ok",
+        "tmp": "ok",
+    }, result.stderr
     assert list(tmp_path.iterdir()) == []
     assert run_sandboxed("ls -A /scratch", language="shell", timeout_s=10).stdout == ""  # "mine" is gone
 
@@ -131,9 +150,10 @@ def test_nothing_outside_the_scratch_dir_can_be_written_and_the_scratch_dir_is_f
 def test_it_has_no_capabilities_and_cannot_gain_any():
     result = run_sandboxed(
         "grep -E '^(CapPrm|CapEff|CapAmb|NoNewPrivs)' /proc/self/status; unshare --user --map-root-user id",
-        language="shell", timeout_s=10)
-    assert result.stdout.split() == ["CapPrm:", "0" * 16, "CapEff:", "0" * 16, "CapAmb:", "0" * 16,
-                                     "NoNewPrivs:", "1"]
+        language="shell",
+        timeout_s=10,
+    )
+    assert result.stdout.split() == ["CapPrm:", "0" * 16, "CapEff:", "0" * 16, "CapAmb:", "0" * 16, "NoNewPrivs:", "1"]
     assert "Operation not permitted" in result.stderr  # no user namespace, the usual way out of a chroot
 
 
@@ -143,17 +163,24 @@ def test_no_network_not_even_to_a_server_on_the_hosts_loopback():
         port = server.getsockname()[1]
         socket.create_connection(("127.0.0.1", port), timeout=5).close()  # the server does listen
         server.accept()[0].close()
-        result = run_sandboxed(attempts(
-            f"loopback: socket.create_connection(('127.0.0.1', {port}), timeout=3)",
-            "dns: socket.getaddrinfo('pypi.org', 443)",
-            "localhost: socket.getaddrinfo('localhost', 80)",
-            "internet: socket.create_connection(('1.1.1.1', 53), timeout=3)",
-        ), timeout_s=10)
+        result = run_sandboxed(
+            attempts(
+                f"loopback: socket.create_connection(('127.0.0.1', {port}), timeout=3)",
+                "dns: socket.getaddrinfo('pypi.org', 443)",
+                "localhost: socket.getaddrinfo('localhost', 80)",
+                "internet: socket.create_connection(('1.1.1.1', 53), timeout=3)",
+            ),
+            timeout_s=10,
+        )
         server.setblocking(False)
         with pytest.raises(BlockingIOError):
             server.accept()  # nothing from the sandbox ever arrived
-    assert outcomes(result) == {"loopback": "OSError", "dns": "gaierror", "localhost": "gaierror",
-                                "internet": "OSError"}, result.stderr
+    assert outcomes(result) == {
+        "loopback": "OSError",
+        "dns": "gaierror",
+        "localhost": "gaierror",
+        "internet": "OSError",
+    }, result.stderr
 
 
 @needs_sandbox
@@ -220,8 +247,11 @@ def test_the_memory_limit_holds_for_the_run_as_a_whole_not_each_process():
 
 @needs_sandbox
 def test_a_memory_share_too_small_to_run_a_process_is_refused():
-    with pytest.raises(OmrlError, match=r"memory_mb=256 shared by max_processes=16 leaves 16.0 MB a process, under "
-                                        r"the 32 MB a process needs; valid: memory_mb >= 512 for 16 processes"):
+    with pytest.raises(
+        OmrlError,
+        match=r"memory_mb=256 shared by max_processes=16 leaves 16.0 MB a process, under "
+        r"the 32 MB a process needs; valid: memory_mb >= 512 for 16 processes",
+    ):
         run_sandboxed("print(1)", memory_mb=256, max_processes=16)
 
 
@@ -231,7 +261,10 @@ def test_files_are_cut_at_the_file_size_limit_and_the_scratch_dir_at_its_size():
         "import os\nwith open('big', 'wb') as f:\n"
         "    try:\n        while True:\n            f.write(b'x' * 2**20); f.flush()\n"
         "    except OSError as e:\n        print(os.strerror(e.errno))\n"
-        "print(os.path.getsize('big'))", max_file_mb=4, timeout_s=10)
+        "print(os.path.getsize('big'))",
+        max_file_mb=4,
+        timeout_s=10,
+    )
     assert one_file.stdout.split("\n")[:2] == ["File too large", str(4 * 2**20)], one_file.stderr
     # a program that keeps the default SIGXFSZ is killed by it
     shell = run_sandboxed("exec head -c 10000000 /dev/zero > big", language="shell", max_file_mb=2, timeout_s=10)
@@ -241,7 +274,10 @@ def test_files_are_cut_at_the_file_size_limit_and_the_scratch_dir_at_its_size():
         "try:\n    for i in range(100):\n        with open(f'f{i}', 'wb') as f:\n"
         "            for _ in range(3):\n                f.write(b'x' * 2**20); f.flush(); total += 2**20\n"
         "except OSError as e:\n    print(os.strerror(e.errno), total)",
-        max_file_mb=4, disk_mb=8, timeout_s=10)
+        max_file_mb=4,
+        disk_mb=8,
+        timeout_s=10,
+    )
     error, total = many_files.stdout.rsplit(" ", 1)
     assert error == "No space left on device" and int(total) <= 8 * 2**20, many_files.stderr
 
@@ -271,6 +307,7 @@ def test_output_is_capped_and_says_so():
 
 
 # --- failing closed ----------------------------------------------------------------------------------
+
 
 def test_without_unshare_it_refuses_to_run(monkeypatch):
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)

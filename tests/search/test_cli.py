@@ -10,8 +10,15 @@ from typer.testing import CliRunner
 from omrl.cli import build_app, main
 from omrl.data import read_episodes
 
-FAST = ["generation.max_new_tokens=4", "env.max_turns=2", "generation.temperature=1.0",
-        "--env", "chest", "--model", "tiny"]
+FAST = [
+    "generation.max_new_tokens=4",
+    "env.max_turns=2",
+    "generation.temperature=1.0",
+    "--env",
+    "chest",
+    "--model",
+    "tiny",
+]
 
 
 def invoke(*args: str):
@@ -23,8 +30,22 @@ def invoke(*args: str):
 
 def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
     out = tmp_path / "beam.parquet"
-    result = invoke("rollout", *FAST, "--template", "chest-action", "--num-tasks", "2", "--strategy", "beam",
-                    "--budget", "40", "plugins.beam.width=1", "plugins.beam.branch=2", "-o", str(out))
+    result = invoke(
+        "rollout",
+        *FAST,
+        "--template",
+        "chest-action",
+        "--num-tasks",
+        "2",
+        "--strategy",
+        "beam",
+        "--budget",
+        "40",
+        "plugins.beam.width=1",
+        "plugins.beam.branch=2",
+        "-o",
+        str(out),
+    )
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
     assert {ep.group for ep in episodes} == {0, 1} and len(episodes) >= 4  # at least two paths per tree
@@ -38,19 +59,60 @@ def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
 def test_sft_reads_a_search_file_as_it_reads_chains(chest_plugins, tiny_model_dir, tmp_path):
     """A tree's paths are ordinary episodes: ``omrl sft`` trains on a search's parquet unchanged."""
     trees = tmp_path / "beam.parquet"
-    assert invoke("rollout", *FAST, "--template", "chest-action", "--num-tasks", "2", "--strategy", "beam",
-                  "--budget", "40", "plugins.beam.width=1", "plugins.beam.branch=2", "-o", str(trees)).exit_code == 0
+    assert (
+        invoke(
+            "rollout",
+            *FAST,
+            "--template",
+            "chest-action",
+            "--num-tasks",
+            "2",
+            "--strategy",
+            "beam",
+            "--budget",
+            "40",
+            "plugins.beam.width=1",
+            "plugins.beam.branch=2",
+            "-o",
+            str(trees),
+        ).exit_code
+        == 0
+    )
     out = tmp_path / "sft"
-    result = invoke("sft", f"model.name={tiny_model_dir}", "--dataset", str(trees), "--output-dir", str(out),
-                    "--num-train-epochs", "1", "--per-device-train-batch-size", "64", "--logging-steps", "1")
+    result = invoke(
+        "sft",
+        f"model.name={tiny_model_dir}",
+        "--dataset",
+        str(trees),
+        "--output-dir",
+        str(out),
+        "--num-train-epochs",
+        "1",
+        "--per-device-train-batch-size",
+        "64",
+        "--logging-steps",
+        "1",
+    )
     assert result.exit_code == 0, result.output
     assert "trained 1 steps" in result.output and (out / "model.safetensors").exists()
 
 
 def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path):
     report = tmp_path / "report.json"
-    result = invoke("eval", *FAST, "env.template=chest-action", "--num-tasks", "2", "--strategy", "best_of_n",
-                    "--budget", "48", "plugins.best_of_n.n=3", "--report", str(report))
+    result = invoke(
+        "eval",
+        *FAST,
+        "env.template=chest-action",
+        "--num-tasks",
+        "2",
+        "--strategy",
+        "best_of_n",
+        "--budget",
+        "48",
+        "plugins.best_of_n.n=3",
+        "--report",
+        str(report),
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(report.read_text())
     metrics = data["metrics"]
@@ -61,17 +123,31 @@ def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path
     assert data["config"]["strategy"] == "best_of_n" and data["config"]["budget"] == 48
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--strategy", "bean"], "unknown rollout strategy 'bean'. Did you mean 'beam'?"),
-    (["--budget", "1"], "budget 1 is smaller than one reply"),  # the default strategy, chain, with a budget
-    (["--strategy", "beam", "--budget", "2"], "budget 2 is smaller than one reply"),
-    (["--strategy", "beam", "plugins.beam.branch=0"], "beam option branch=0 is invalid"),
-    (["--strategy", "beam", "--env", "chest-plain"], "env 'chest-plain' (PlainChestEnv) cannot copy one"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--strategy", "bean"], "unknown rollout strategy 'bean'. Did you mean 'beam'?"),
+        (["--budget", "1"], "budget 1 is smaller than one reply"),  # the default strategy, chain, with a budget
+        (["--strategy", "beam", "--budget", "2"], "budget 2 is smaller than one reply"),
+        (["--strategy", "beam", "plugins.beam.branch=0"], "beam option branch=0 is invalid"),
+        (["--strategy", "beam", "--env", "chest-plain"], "env 'chest-plain' (PlainChestEnv) cannot copy one"),
+    ],
+)
 def test_bad_strategy_input_is_one_line(chest_plugins, capsys, tmp_path, args, message):
     with pytest.raises(SystemExit) as exit_info:
-        main(["rollout", *FAST, "--template", "chest-action", "--num-tasks", "1", *args,
-              "-o", str(tmp_path / "x.parquet")])
+        main(
+            [
+                "rollout",
+                *FAST,
+                "--template",
+                "chest-action",
+                "--num-tasks",
+                "1",
+                *args,
+                "-o",
+                str(tmp_path / "x.parquet"),
+            ]
+        )
     assert exit_info.value.code != 0
     err = capsys.readouterr().err
     assert message in " ".join(err.split()) and "Traceback" not in err

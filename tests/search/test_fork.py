@@ -12,11 +12,24 @@ from tests.fakes import ChestEnv, LyingChestEnv, PlainChestEnv, ReplayChestEnv
 
 # (env, options, task, actions played before the snapshot, actions played after it)
 CASES = {
-    "gridworld": ({"size": 6, "min_distance": 4, "max_distance": 8, "max_turns": 30}, 1_000_003, "expert:2", ["up", "left", "down", "right", "up", "jump"]),
-    "webshop": ({}, 7, "expert:2", ["click[back to search]", "search[red shoes]", "click[next >]", "click[< prev]",
-                                    "search[usb microphone]"]),
-    "textcraft": ({}, 5, "expert:2", ["inventory", "get 1 oak logs", "craft 4 oak planks using 1 oak logs",
-                                      "inventory", "get 2 dirt"]),
+    "gridworld": (
+        {"size": 6, "min_distance": 4, "max_distance": 8, "max_turns": 30},
+        1_000_003,
+        "expert:2",
+        ["up", "left", "down", "right", "up", "jump"],
+    ),
+    "webshop": (
+        {},
+        7,
+        "expert:2",
+        ["click[back to search]", "search[red shoes]", "click[next >]", "click[< prev]", "search[usb microphone]"],
+    ),
+    "textcraft": (
+        {},
+        5,
+        "expert:2",
+        ["inventory", "get 1 oak logs", "craft 4 oak planks using 1 oak logs", "inventory", "get 2 dirt"],
+    ),
 }
 
 
@@ -40,8 +53,16 @@ def trace(env, actions: list[str]) -> list:
     out = []
     for action in actions:
         result = env.step(action)
-        out.append((result.observation, result.reward, result.done, result.info,
-                    env.admissible_actions(), env.expert_action() if not result.done else None))
+        out.append(
+            (
+                result.observation,
+                result.reward,
+                result.done,
+                result.info,
+                env.admissible_actions(),
+                env.expert_action() if not result.done else None,
+            )
+        )
         if result.done:
             break
     return out

@@ -22,8 +22,14 @@ from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend
 
 K = 2
 TURNS = 3  # env.max_turns: the tiny model's replies never parse, so every episode runs to it
-GRIDWORLD = ["env.name=gridworld", "env.template=react", "model.name=tiny", "generation.max_new_tokens=8",
-             f"env.max_turns={TURNS}", "generation.temperature=1.0"]
+GRIDWORLD = [
+    "env.name=gridworld",
+    "env.template=react",
+    "model.name=tiny",
+    "generation.max_new_tokens=8",
+    f"env.max_turns={TURNS}",
+    "generation.temperature=1.0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -119,16 +125,29 @@ def test_written_paths_carry_node_ids_and_give_each_node_its_leaves(session, tmp
 
 def test_omrl_rollout_writes_the_trees_and_marks_the_spine_as_the_answer(tmp_path):
     out = tmp_path / "mc.parquet"
-    result = CliRunner().invoke(build_app(), ["rollout", *GRIDWORLD, "--num-tasks", "2", "--strategy", "mc_value",
-                                              f"plugins.mc_value.k={K}", "-o", str(out)])
+    result = CliRunner().invoke(
+        build_app(),
+        [
+            "rollout",
+            *GRIDWORLD,
+            "--num-tasks",
+            "2",
+            "--strategy",
+            "mc_value",
+            f"plugins.mc_value.k={K}",
+            "-o",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
     assert {ep.group for ep in episodes} == {0, 1} and len(episodes) == 2 * (1 + K * (TURNS - 1))
     values = tree_mc_values(episodes)
     for group in (0, 1):
         (answer,) = [ep for ep in episodes if ep.group == group and ep.turns[-1].info["search"].get("chosen")]
-        assert [values[(group, turn.node_id)][1] for turn in answer.turns] == [1 + K * (TURNS - depth)
-                                                                               for depth in range(1, TURNS + 1)]
+        assert [values[(group, turn.node_id)][1] for turn in answer.turns] == [
+            1 + K * (TURNS - depth) for depth in range(1, TURNS + 1)
+        ]
     assert "search: mc_value" in result.output
 
 
@@ -143,8 +162,16 @@ def chest(tokenizer, options, temperature=1.0, reply=None, **settings):
     """mc_value over the scripted chest (open, then take the key; smashing loses); ``reply``: the script."""
     limits = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=4, temperature=temperature)
     backend = ScriptedBackend(tokenizer, reply) if reply else None
-    return SearchContext(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, backend, limits,
-                         strategy="mc_value", plugin_options={"mc_value": options}, **settings)
+    return SearchContext(
+        EnvPool(ChestEnv, name="chest"),
+        ActionTemplate(),
+        tokenizer,
+        backend,
+        limits,
+        strategy="mc_value",
+        plugin_options={"mc_value": options},
+        **settings,
+    )
 
 
 def scripted_chest_reply(call, index, prompt):
@@ -177,10 +204,23 @@ def path(group, *nodes, won=False, end="done", task=7):
 
 
 def test_unfinished_leaves_are_no_labels_and_groups_are_trees_of_their_own():
-    episodes = [path(0, 1, 2, won=True), path(0, 1, 3, end="max_turns"), path(0, 1, 4, end="pruned"),
-                path(0, 5, end="budget"), path(1, 1, won=True, task=8), path(1, 2, end="budget", won=True, task=8)]
-    assert tree_mc_values(episodes) == {(0, 1): (1, 2), (0, 2): (1, 1), (0, 3): (0, 1), (0, 4): (0, 0),
-                                        (0, 5): (0, 0), (1, 1): (1, 1), (1, 2): (0, 0)}
+    episodes = [
+        path(0, 1, 2, won=True),
+        path(0, 1, 3, end="max_turns"),
+        path(0, 1, 4, end="pruned"),
+        path(0, 5, end="budget"),
+        path(1, 1, won=True, task=8),
+        path(1, 2, end="budget", won=True, task=8),
+    ]
+    assert tree_mc_values(episodes) == {
+        (0, 1): (1, 2),
+        (0, 2): (1, 1),
+        (0, 3): (0, 1),
+        (0, 4): (0, 0),
+        (0, 5): (0, 0),
+        (1, 1): (1, 1),
+        (1, 2): (0, 0),
+    }
 
 
 def test_chains_have_no_tree_and_give_no_labels():
@@ -209,11 +249,18 @@ def test_a_bad_k_is_one_line_naming_it(tokenizer, k):
     assert str(error.value) == f"mc_value option k={k!r} is invalid; valid: a whole number >= 1"
 
 
-@pytest.mark.parametrize("options, settings, message", [
-    ({"k": 2}, {"temperature": 0.0}, r"mc_value option k=2 samples several replies per node, but decoding is greedy"),
-    ({}, {"group_size": 2}, "strategy 'mc_value' builds one tree per task"),
-    ({"width": 2}, {}, "strategy 'mc_value' has no option 'width'; valid: k"),
-])
+@pytest.mark.parametrize(
+    "options, settings, message",
+    [
+        (
+            {"k": 2},
+            {"temperature": 0.0},
+            r"mc_value option k=2 samples several replies per node, but decoding is greedy",
+        ),
+        ({}, {"group_size": 2}, "strategy 'mc_value' builds one tree per task"),
+        ({"width": 2}, {}, "strategy 'mc_value' has no option 'width'; valid: k"),
+    ],
+)
 def test_settings_mc_value_cannot_use_are_refused(tokenizer, options, settings, message):
     with pytest.raises(ConfigError, match=message):
         run_strategy(chest(tokenizer, options, reply=scripted_chest_reply, **settings), [0])
@@ -228,8 +275,19 @@ def test_greedy_decoding_is_fine_with_one_completion_and_the_expert_is_refused(t
 
 def test_a_bad_k_on_the_command_line_is_one_error_line(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
-        main(["rollout", *GRIDWORLD, "--num-tasks", "1", "--strategy", "mc_value", "plugins.mc_value.k=0",
-              "-o", str(tmp_path / "x.parquet")])
+        main(
+            [
+                "rollout",
+                *GRIDWORLD,
+                "--num-tasks",
+                "1",
+                "--strategy",
+                "mc_value",
+                "plugins.mc_value.k=0",
+                "-o",
+                str(tmp_path / "x.parquet"),
+            ]
+        )
     assert exit_info.value.code != 0
     err = capsys.readouterr().err
     assert "mc_value option k=0 is invalid; valid: a whole number >= 1" in " ".join(err.split())

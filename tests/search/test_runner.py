@@ -16,8 +16,16 @@ LIMITS = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=3)
 
 def context(tokenizer, backend, strategy, env_class=ChestEnv, options=None, **settings):
     pool = EnvPool(env_class, name="chest")
-    return SearchContext(pool, ActionTemplate(), tokenizer, backend, settings.pop("limits", LIMITS),
-                         strategy=strategy, plugin_options={strategy: options or {}}, **settings)
+    return SearchContext(
+        pool,
+        ActionTemplate(),
+        tokenizer,
+        backend,
+        settings.pop("limits", LIMITS),
+        strategy=strategy,
+        plugin_options={strategy: options or {}},
+        **settings,
+    )
 
 
 def same_episode(a, b):
@@ -26,8 +34,9 @@ def same_episode(a, b):
     assert a.loss_mask == b.loss_mask
     assert a.logprobs == b.logprobs
     assert (a.won, a.score, a.end_reason, a.prompt_length) == (b.won, b.score, b.end_reason, b.prompt_length)
-    assert [(t.response, t.action, t.reward, t.span) for t in a.turns] == [(t.response, t.action, t.reward, t.span)
-                                                                          for t in b.turns]
+    assert [(t.response, t.action, t.reward, t.span) for t in a.turns] == [
+        (t.response, t.action, t.reward, t.span) for t in b.turns
+    ]
     assert a.messages == b.messages
 
 
@@ -36,8 +45,16 @@ def test_best_of_n_samples_exactly_what_the_chain_rollout_samples(tiny_hf):
     model, tokenizer = tiny_hf
     backend = HFBackend(model, tokenizer, batch_size=8)
     limits = RolloutLimits(max_new_tokens=6, max_context=1024, max_turns=3)
-    chains = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, [0, 1], backend=backend,
-                     limits=limits, group_size=2, seed=3)
+    chains = collect(
+        EnvPool(ChestEnv, name="chest"),
+        ActionTemplate(),
+        tokenizer,
+        [0, 1],
+        backend=backend,
+        limits=limits,
+        group_size=2,
+        seed=3,
+    )
     ctx = context(tokenizer, backend, "best_of_n", options={"n": 2}, limits=limits, seed=3)
     trees = run_strategy(ctx, [0, 1])
     searched = [ep for tree in trees for ep in tree.episodes()]
@@ -52,8 +69,16 @@ def test_chain_is_the_chain_rollout(tiny_hf):
     model, tokenizer = tiny_hf
     backend = HFBackend(model, tokenizer, batch_size=8)
     limits = RolloutLimits(max_new_tokens=6, max_context=1024, max_turns=2)
-    played = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, [2, 3], backend=backend,
-                     limits=limits, group_size=2, seed=5)
+    played = collect(
+        EnvPool(ChestEnv, name="chest"),
+        ActionTemplate(),
+        tokenizer,
+        [2, 3],
+        backend=backend,
+        limits=limits,
+        group_size=2,
+        seed=5,
+    )
     trees = run_strategy(context(tokenizer, backend, "chain", limits=limits, seed=5, group_size=2), [2, 3])
     for a, b in zip([ep for tree in trees for ep in tree.episodes()], played):
         same_episode(a, b)
@@ -66,20 +91,26 @@ BEAM_REPLIES = ("Action: open", "Action: smash", "no action here", "Action: take
 def test_every_branch_of_a_beam_is_laid_out_exactly_as_a_chain(tiny_tokenizer):
     """Replay each root-to-leaf path's sampled ids through the chain rollout: the same ids, mask and log-probs."""
     backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: BEAM_REPLIES[(call + i) % 4])
-    trees = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 3,
-                                                                           "stop_on_win": False}), [0, 1])
+    trees = run_strategy(
+        context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 3, "stop_on_win": False}), [0, 1]
+    )
     paths = [ep for tree in trees for ep in tree.episodes()]
     assert len({ep.end_reason for ep in paths}) >= 3  # won, smashed, pruned, ...
     for ep in paths:
-        replies = [ep.token_ids[t.span[0]:t.span[1]] for t in ep.turns]
+        replies = [ep.token_ids[t.span[0] : t.span[1]] for t in ep.turns]
         replay = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt, r=replies: r[call])
-        (chain,) = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, [ep.task_id],
-                           backend=replay, limits=RolloutLimits(max_new_tokens=12, max_context=1024,
-                                                                max_turns=len(replies)))
-        assert chain.token_ids == ep.token_ids[:len(chain.token_ids)]
+        (chain,) = collect(
+            EnvPool(ChestEnv, name="chest"),
+            ActionTemplate(),
+            tiny_tokenizer,
+            [ep.task_id],
+            backend=replay,
+            limits=RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=len(replies)),
+        )
+        assert chain.token_ids == ep.token_ids[: len(chain.token_ids)]
         if ep.end_reason != "pruned":  # a pruned path stops before the next prompt's increment
             assert chain.token_ids == ep.token_ids
-        assert chain.loss_mask == ep.loss_mask[:len(chain.loss_mask)]
+        assert chain.loss_mask == ep.loss_mask[: len(chain.loss_mask)]
         assert [t.span for t in chain.turns] == [t.span for t in ep.turns]
         assert [(t.action, t.reward) for t in chain.turns] == [(t.action, t.reward) for t in ep.turns]
 
@@ -95,7 +126,7 @@ def test_siblings_share_their_parent_prefix_and_node_ids_link_them(tiny_tokenize
             assert turn.parent_id == before.node_id
         for turn in ep.turns:
             parent = nodes[turn.parent_id]
-            assert ep.token_ids[:len(parent.episode.token_ids)] == parent.episode.token_ids
+            assert ep.token_ids[: len(parent.episode.token_ids)] == parent.episode.token_ids
     assert {node.parent.id for node in tree.nodes[1:3]} == {0}
 
 
@@ -109,8 +140,9 @@ def test_the_budget_is_never_exceeded_and_every_token_is_counted(tiny_tokenizer)
     long_reply = "Action: open " + "and again " * 20  # cut at max_new_tokens, never parsed as a valid action
     backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: long_reply)
     budget = 3 * LIMITS.max_new_tokens + 5
-    trees = run_strategy(context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 2},
-                                 budget=budget), [0, 1])
+    trees = run_strategy(
+        context(tiny_tokenizer, backend, "beam", options={"width": 2, "branch": 2}, budget=budget), [0, 1]
+    )
     for tree in trees:
         own = sum(node.episode.turns[-1].span[1] - node.episode.turns[-1].span[0] for node in tree.nodes[1:])
         assert tree.generated_tokens == own <= budget
@@ -132,20 +164,24 @@ def test_a_tree_strategy_refuses_an_env_that_cannot_fork(tiny_tokenizer):
     with pytest.raises(ForkError, match="strategy 'beam' branches episodes, but env 'chest'"):
         run_strategy(context(tiny_tokenizer, backend, "beam", env_class=PlainChestEnv), [0])
     # best-of-N only branches at the root, which a reset reaches
-    (tree,) = run_strategy(context(tiny_tokenizer, backend, "best_of_n", env_class=PlainChestEnv,
-                                   options={"n": 2}), [0])
+    (tree,) = run_strategy(
+        context(tiny_tokenizer, backend, "best_of_n", env_class=PlainChestEnv, options={"n": 2}), [0]
+    )
     assert len(tree.episodes()) == 2 and all(ep.end_reason == "max_turns" for ep in tree.episodes())
 
 
-@pytest.mark.parametrize("strategy, options, settings, message", [
-    ("beam", {"branch": 0}, {}, "beam option branch=0 is invalid; valid: a whole number >= 1"),
-    ("beam", {"width": "two"}, {}, "beam option width='two' is invalid"),
-    ("best_of_n", {"n": 3}, {"limits": RolloutLimits(temperature=0.0)}, "greedy"),
-    ("mcts", {"value": "oracle"}, {}, "mcts option value='oracle' is invalid; valid: rollout, scorer"),
-    ("beam", {"depth": 3}, {}, "strategy 'beam' has no option 'depth'; valid: width, branch, scorer, stop_on_win"),
-    ("beam", {}, {"budget": 5}, "budget 5 is smaller than one reply (generation.max_new_tokens=12); valid: 0"),
-    ("beam", {}, {"group_size": 2}, "one tree per task"),
-])
+@pytest.mark.parametrize(
+    "strategy, options, settings, message",
+    [
+        ("beam", {"branch": 0}, {}, "beam option branch=0 is invalid; valid: a whole number >= 1"),
+        ("beam", {"width": "two"}, {}, "beam option width='two' is invalid"),
+        ("best_of_n", {"n": 3}, {"limits": RolloutLimits(temperature=0.0)}, "greedy"),
+        ("mcts", {"value": "oracle"}, {}, "mcts option value='oracle' is invalid; valid: rollout, scorer"),
+        ("beam", {"depth": 3}, {}, "strategy 'beam' has no option 'depth'; valid: width, branch, scorer, stop_on_win"),
+        ("beam", {}, {"budget": 5}, "budget 5 is smaller than one reply (generation.max_new_tokens=12); valid: 0"),
+        ("beam", {}, {"group_size": 2}, "one tree per task"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(tiny_tokenizer, strategy, options, settings, message):
     backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
@@ -158,13 +194,16 @@ def test_unknown_strategy_and_scorer_names_list_the_valid_ones(tiny_tokenizer):
     backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
     with pytest.raises(UnknownNameError, match="unknown rollout strategy 'bean'. Did you mean 'beam'?.*Valid: beam"):
         run_strategy(context(tiny_tokenizer, backend, "bean"), [0])
-    with pytest.raises(UnknownNameError, match="unknown scorer 'oracle'.*Valid: env_reward, logprob, majority, random, rm, self_eval"):
+    with pytest.raises(
+        UnknownNameError, match="unknown scorer 'oracle'.*Valid: env_reward, logprob, majority, random, rm, self_eval"
+    ):
         run_strategy(context(tiny_tokenizer, backend, "beam", options={"scorer": "oracle"}), [0])
 
 
 def test_searches_start_only_while_their_contexts_fit_in_what_the_backend_keeps_warm(tiny_tokenizer):
     """A backend that keeps few KV states gets the tasks in waves (no call beyond its room), and
     every task still gets its tree, in task order, played as without the bound."""
+
     def reply(call, index, prompt):  # by what the chat shows, so waves do not change the replies
         return "Action: take key" if "is open" in tiny_tokenizer.decode(prompt) else "Action: open"
 
@@ -189,8 +228,13 @@ def test_searches_start_only_while_their_contexts_fit_in_what_the_backend_keeps_
 def test_an_hf_backend_keeps_as_many_tokens_warm_as_its_kv_cap_holds(tiny_hf):
     model, tokenizer = tiny_hf
     config = model.config
-    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * (config.hidden_size //
-                                                                             config.num_attention_heads) * 4
-    assert HFBackend(model, tokenizer, kv_cache_mb=3).warm_tokens() == 3 * 2 ** 20 // per_token
+    per_token = (
+        2
+        * config.num_hidden_layers
+        * config.num_key_value_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * 4
+    )
+    assert HFBackend(model, tokenizer, kv_cache_mb=3).warm_tokens() == 3 * 2**20 // per_token
     assert HFBackend(model, tokenizer, kv_cache_mb=0).warm_tokens() is None  # no bound
     assert HFBackend(model, tokenizer, kv_reuse=False).warm_tokens() is None  # nothing kept

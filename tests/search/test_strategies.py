@@ -16,8 +16,16 @@ LIMITS = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=4)
 
 
 def search(tokenizer, backend, strategy, options=None, tasks=(0,), **settings):
-    ctx = SearchContext(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, backend, LIMITS,
-                        strategy=strategy, plugin_options={strategy: options or {}}, **settings)
+    ctx = SearchContext(
+        EnvPool(ChestEnv, name="chest"),
+        ActionTemplate(),
+        tokenizer,
+        backend,
+        LIMITS,
+        strategy=strategy,
+        plugin_options={strategy: options or {}},
+        **settings,
+    )
     return run_strategy(ctx, list(tasks))
 
 
@@ -38,8 +46,9 @@ def test_best_of_n_picks_the_chain_its_selector_likes(tiny_tokenizer):
 
 def test_dfsdt_backtracks_from_dead_ends(tiny_tokenizer):
     # root: smash (a dead end, tried first on the tie) and open; below open: smash again, then take key
-    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open"],
-                                                    ["Action: smash", "Action: take key"]))
+    backend = ScriptedBackend(
+        tiny_tokenizer, by_call(["Action: smash", "Action: open"], ["Action: smash", "Action: take key"])
+    )
     (tree,) = search(tiny_tokenizer, backend, "dfsdt", {"branch": 2})
     assert backend.calls == [2, 2]
     assert actions(tree.chosen()) == ["open", "take key"] and tree.chosen().won
@@ -56,8 +65,9 @@ def test_dfsdt_stops_after_max_expansions(tiny_tokenizer):
 def test_mcts_rolls_out_then_explores_the_untried_candidate(tiny_tokenizer):
     # iteration 1: expand the root (smash, open, open) and roll out from smash: 0.
     # iteration 2: UCT picks an untried candidate (open), expands it; its roll-out takes the key: 1.
-    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: smash", "Action: open", "Action: open"],
-                                                    ["Action: take key"]))
+    backend = ScriptedBackend(
+        tiny_tokenizer, by_call(["Action: smash", "Action: open", "Action: open"], ["Action: take key"])
+    )
     (tree,) = search(tiny_tokenizer, backend, "mcts", {"branch": 3, "iterations": 5})
     assert backend.calls == [3, 3]
     assert tree.root.visits == 2 and tree.root.value_sum == 1.0
@@ -66,16 +76,18 @@ def test_mcts_rolls_out_then_explores_the_untried_candidate(tiny_tokenizer):
 
 def test_mcts_runs_its_iterations_and_values_with_a_scorer(tiny_tokenizer):
     backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")
-    (tree,) = search(tiny_tokenizer, backend, "mcts", {"branch": 2, "iterations": 3, "value": "scorer",
-                                                         "scorer": "logprob"})
+    (tree,) = search(
+        tiny_tokenizer, backend, "mcts", {"branch": 2, "iterations": 3, "value": "scorer", "scorer": "logprob"}
+    )
     assert len(backend.calls) == 3 and tree.root.visits == 6  # each of 2 children backs up once per iteration
     expected = math.exp(-0.5)  # every scripted token has log-prob -0.5
     assert all(node.score == pytest.approx(expected) for node in tree.nodes[1:])
 
 
 def test_beam_stops_at_its_first_win_and_answers_with_it(tiny_tokenizer):
-    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash"],
-                                                    ["Action: take key", "Action: look"]))
+    backend = ScriptedBackend(
+        tiny_tokenizer, by_call(["Action: open", "Action: smash"], ["Action: take key", "Action: look"])
+    )
     (tree,) = search(tiny_tokenizer, backend, "beam", {"width": 1, "branch": 2})
     assert backend.calls == [2, 2]
     assert tree.chosen().won and actions(tree.chosen()) == ["open", "take key"]
@@ -90,10 +102,14 @@ def test_beam_can_pick_its_answer_by_a_scorer_without_looking_at_the_outcome(tin
     register_plugin(LostFirst(), name="lost-first")
     script = by_call(["Action: open", "Action: smash"], ["Action: take key", "Action: look"])
     options = {"width": 1, "branch": 2, "stop_on_win": False}
-    (tree,) = search(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "lost_first"})
+    (tree,) = search(
+        tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "lost_first"}
+    )
     assert not tree.chosen().won and actions(tree.chosen()) == ["smash"]  # the scorer's choice, not the win
     assert any(node.won for node in tree.nodes)  # the search went on past its win
-    (tree,) = search(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "env_reward"})
+    (tree,) = search(
+        tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "env_reward"}
+    )
     assert tree.chosen().won
     with pytest.raises(Exception, match="unknown scorer 'nope'"):
         search(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "nope"})
@@ -103,18 +119,27 @@ def test_env_reward_scorer_sums_rewards_and_can_add_partial_credit(tiny_tokenize
     backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: open"], ["Action: take key"]))
     (tree,) = search(tiny_tokenizer, backend, "best_of_n", {"n": 1})
     opened, won = tree.nodes[1], tree.nodes[2]
-    ctx = SearchContext(EnvPool(ChestEnv), ActionTemplate(), tiny_tokenizer, backend,
-                        plugin_options={"env_reward": {"partial_credit": True}})
+    ctx = SearchContext(
+        EnvPool(ChestEnv),
+        ActionTemplate(),
+        tiny_tokenizer,
+        backend,
+        plugin_options={"env_reward": {"partial_credit": True}},
+    )
     assert ctx.scorer("env_reward")([opened, won]) == [0.5, 2.0]  # returns 0 + score 0.5; returns 1 + score 1
     ctx.plugin_options = {}
     assert ctx.scorer("env_reward")([opened, won]) == [0.0, 1.0]
 
 
 def test_self_eval_asks_the_model_and_charges_the_budget(tiny_tokenizer):
-    backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash", "Action: look"],
-                                                    ["yes", "no", "maybe"]), logprob=math.log(0.8))
-    ctx = SearchContext(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, backend, LIMITS,
-                        strategy="probe", budget=200)
+    backend = ScriptedBackend(
+        tiny_tokenizer,
+        by_call(["Action: open", "Action: smash", "Action: look"], ["yes", "no", "maybe"]),
+        logprob=math.log(0.8),
+    )
+    ctx = SearchContext(
+        EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, backend, LIMITS, strategy="probe", budget=200
+    )
 
     def grow(tree, ctx):
         (children,) = yield Expand([tree.root], 3)
@@ -130,12 +155,14 @@ def test_self_eval_asks_the_model_and_charges_the_budget(tiny_tokenizer):
 def test_a_strategy_registered_by_a_plugin_runs_by_name(register_plugin, tiny_tokenizer):
     def always_open(ctx, tasks, depth: int = 2):
         """Open the chest ``depth`` times (a third-party strategy)."""
+
         def grow(tree, ctx):
             node = tree.root
             for _ in range(depth):
                 (children,) = yield Expand([node], 1)
                 node = children[0]
             tree.best = node
+
         return run_search(ctx, tasks, grow)
 
     class ThirdParty:

@@ -16,8 +16,17 @@ from omrl.hookspecs import hookimpl
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n"
 # short replies and episodes keep every cell to a fraction of a second; sampling, as search needs
-FAST = ["--env", "gridworld", "--model", "tiny", "--num-tasks", "2", "generation.max_new_tokens=8",
-        "env.max_turns=3", "generation.temperature=1.0"]
+FAST = [
+    "--env",
+    "gridworld",
+    "--model",
+    "tiny",
+    "--num-tasks",
+    "2",
+    "generation.max_new_tokens=8",
+    "env.max_turns=3",
+    "generation.temperature=1.0",
+]
 
 
 def invoke(*args: str):
@@ -34,8 +43,17 @@ def cells(out) -> dict:
 
 def test_sweep_writes_one_cell_per_strategy_and_budget_and_a_png(tmp_path):
     out = tmp_path / "sweep"
-    result = invoke("sweep", *FAST, "--strategies", "chain,best_of_n,beam", "--budgets", "16,40", "-o", str(out),
-                    "plugins.best_of_n.n=2")
+    result = invoke(
+        "sweep",
+        *FAST,
+        "--strategies",
+        "chain,best_of_n,beam",
+        "--budgets",
+        "16,40",
+        "-o",
+        str(out),
+        "plugins.best_of_n.n=2",
+    )
     assert result.exit_code == 0, result.output
     found = cells(out)
     # chain is pass@1: one cell with no budget; the others one cell per budget
@@ -63,12 +81,14 @@ def test_sweep_writes_one_cell_per_strategy_and_budget_and_a_png(tmp_path):
 
 def test_a_sweep_run_again_plays_only_the_new_cells(tmp_path):
     out = tmp_path / "sweep"
-    first = invoke("sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16", "-o", str(out),
-                   "plugins.best_of_n.n=2")
+    first = invoke(
+        "sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16", "-o", str(out), "plugins.best_of_n.n=2"
+    )
     assert first.exit_code == 0, first.output
     before = cells(out)[("best_of_n", 16)]
-    again = invoke("sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16,24", "-o", str(out),
-                   "plugins.best_of_n.n=2")
+    again = invoke(
+        "sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16,24", "-o", str(out), "plugins.best_of_n.n=2"
+    )
     assert again.exit_code == 0, again.output
     assert "1 cells done, 1 to play" in again.output
     after = cells(out)
@@ -76,11 +96,34 @@ def test_a_sweep_run_again_plays_only_the_new_cells(tmp_path):
     assert after[("best_of_n", 16)] == before  # kept as it was, wall time included: not played again
     # another setting (here the seed) would mix two sweeps in one file: refused, naming what differs
     with pytest.raises(ConfigError, match=r"holds a sweep with other settings \(seed: 0 there, 1 now\)"):
-        invoke("sweep", *FAST, "--strategies", "best_of_n", "--budgets", "32", "--seed", "1", "-o", str(out),
-               "plugins.best_of_n.n=2")
+        invoke(
+            "sweep",
+            *FAST,
+            "--strategies",
+            "best_of_n",
+            "--budgets",
+            "32",
+            "--seed",
+            "1",
+            "-o",
+            str(out),
+            "plugins.best_of_n.n=2",
+        )
     assert set(cells(out)) == {("best_of_n", 16), ("best_of_n", 24)}
-    fresh = invoke("sweep", *FAST, "--strategies", "best_of_n", "--budgets", "32", "--seed", "1", "-o", str(out),
-                   "plugins.best_of_n.n=2", "resume=false")
+    fresh = invoke(
+        "sweep",
+        *FAST,
+        "--strategies",
+        "best_of_n",
+        "--budgets",
+        "32",
+        "--seed",
+        "1",
+        "-o",
+        str(out),
+        "plugins.best_of_n.n=2",
+        "resume=false",
+    )
     assert fresh.exit_code == 0, fresh.output
     assert set(cells(out)) == {("best_of_n", 32)}
 
@@ -101,8 +144,19 @@ class Interrupting:
 def test_an_interrupted_sweep_keeps_its_finished_cells_and_says_how_to_go_on(register_plugin, capsys, tmp_path):
     register_plugin(Interrupting(), name="interrupting-strategy")
     with pytest.raises(SystemExit) as exit_info:
-        main(["sweep", *FAST, "--strategies", "best_of_n,interrupting", "--budgets", "16", "-o", str(tmp_path),
-              "plugins.best_of_n.n=2"])
+        main(
+            [
+                "sweep",
+                *FAST,
+                "--strategies",
+                "best_of_n,interrupting",
+                "--budgets",
+                "16",
+                "-o",
+                str(tmp_path),
+                "plugins.best_of_n.n=2",
+            ]
+        )
     assert exit_info.value.code == 130
     err = " ".join(capsys.readouterr().err.split())
     assert "interrupted during interrupting @ 16 tokens; the 1 finished cells are in" in err
@@ -111,17 +165,23 @@ def test_an_interrupted_sweep_keeps_its_finished_cells_and_says_how_to_go_on(reg
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--strategies", "chain,bean"], "unknown rollout strategy 'bean'. Did you mean 'beam'? Valid: beam, best_of_n, "
-                                     "chain, dfsdt, mc_value, mcts"),
-    (["--budgets", "500,abc"], "--budgets '500,abc': 'abc' is not a positive whole number of tokens"),
-    (["--budgets", "0"], "'0' is not a positive whole number of tokens"),
-    (["--budgets", "-20"], "'-20' is not a positive whole number of tokens"),
-    (["--budgets", "500,,1000"], "has an empty item"),
-    (["--budgets", "4"], "budget 4 is smaller than one reply (generation.max_new_tokens=8)"),
-    (["--budgets", "16,16"], "budgets lists 16 more than once"),
-    (["plugins.beam.width=0"], "beam option width=0 is invalid"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--strategies", "chain,bean"],
+            "unknown rollout strategy 'bean'. Did you mean 'beam'? Valid: beam, best_of_n, "
+            "chain, dfsdt, mc_value, mcts",
+        ),
+        (["--budgets", "500,abc"], "--budgets '500,abc': 'abc' is not a positive whole number of tokens"),
+        (["--budgets", "0"], "'0' is not a positive whole number of tokens"),
+        (["--budgets", "-20"], "'-20' is not a positive whole number of tokens"),
+        (["--budgets", "500,,1000"], "has an empty item"),
+        (["--budgets", "4"], "budget 4 is smaller than one reply (generation.max_new_tokens=8)"),
+        (["--budgets", "16,16"], "budgets lists 16 more than once"),
+        (["plugins.beam.width=0"], "beam option width=0 is invalid"),
+    ],
+)
 def test_bad_sweep_input_is_one_line_and_plays_nothing(capsys, tmp_path, args, message):
     with pytest.raises(SystemExit) as exit_info:
         main(["sweep", *FAST, "--strategies", "chain,beam", "--budgets", "16", "-o", str(tmp_path), *args])
@@ -134,9 +194,26 @@ def test_bad_sweep_input_is_one_line_and_plays_nothing(capsys, tmp_path, args, m
 def test_a_strategy_the_env_cannot_fork_for_fails_before_any_cell_plays(chest_plugins, capsys, tmp_path):
     # chain (which needs no fork) comes first: without the check up front it would play and be written
     with pytest.raises(SystemExit) as exit_info:
-        main(["sweep", "--env", "chest-plain", "env.template=chest-action", "--model", "tiny", "--num-tasks", "1",
-              "--strategies", "chain,best_of_n,mcts", "--budgets", "8", "generation.max_new_tokens=4",
-              "generation.temperature=1.0", "-o", str(tmp_path)])
+        main(
+            [
+                "sweep",
+                "--env",
+                "chest-plain",
+                "env.template=chest-action",
+                "--model",
+                "tiny",
+                "--num-tasks",
+                "1",
+                "--strategies",
+                "chain,best_of_n,mcts",
+                "--budgets",
+                "8",
+                "generation.max_new_tokens=4",
+                "generation.temperature=1.0",
+                "-o",
+                str(tmp_path),
+            ]
+        )
     assert exit_info.value.code == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "strategy 'mcts' branches episodes, but env 'chest-plain' (PlainChestEnv) cannot copy one" in err
@@ -178,8 +255,11 @@ def test_a_model_retrained_at_the_same_path_does_not_resume_the_earlier_models_s
     assert set(record["setup"]["model_content"]) == {"manifest_sha256"}  # a final model: by its manifest
     assert invoke(*args).exit_code == 0  # the same content resumes: nothing left to play
     _final_model(model, 0.5)  # retrained at the same path
-    with pytest.raises(ConfigError, match=r"holds a sweep of another model at .*final \(manifest sha256 \w{12}\.\.\. "
-                                          r"there, manifest sha256 \w{12}\.\.\. now: retrained"):
+    with pytest.raises(
+        ConfigError,
+        match=r"holds a sweep of another model at .*final \(manifest sha256 \w{12}\.\.\. "
+        r"there, manifest sha256 \w{12}\.\.\. now: retrained",
+    ):
         invoke(*args)
     assert json.loads((out / "sweep.json").read_text()) == record  # left as it was
     assert invoke(*args, "resume=false").exit_code == 0  # a new table for the new model

@@ -13,11 +13,21 @@ from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend, by_call
 
 
 def beam_tree(tokenizer):
-    backend = ScriptedBackend(tokenizer, by_call(["Action: open", "Action: smash", "Action: look"],
-                                               ["Action: take key", "Action: look", "Action: smash"]))
-    ctx = SearchContext(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tokenizer, backend,
-                        RolloutLimits(max_new_tokens=12, max_turns=3), strategy="beam",
-                        plugin_options={"beam": {"width": 2, "branch": 3, "stop_on_win": False}})
+    backend = ScriptedBackend(
+        tokenizer,
+        by_call(
+            ["Action: open", "Action: smash", "Action: look"], ["Action: take key", "Action: look", "Action: smash"]
+        ),
+    )
+    ctx = SearchContext(
+        EnvPool(ChestEnv, name="chest"),
+        ActionTemplate(),
+        tokenizer,
+        backend,
+        RolloutLimits(max_new_tokens=12, max_turns=3),
+        strategy="beam",
+        plugin_options={"beam": {"width": 2, "branch": 3, "stop_on_win": False}},
+    )
     (tree,) = run_strategy(ctx, [1])
     return tree
 
@@ -38,15 +48,26 @@ def test_tree_paths_round_trip_through_parquet_with_their_ids(tiny_tokenizer, tm
 
 def test_files_without_node_ids_still_read(tmp_path):
     """An episode/2 file: turns have no node_id or parent_id; they read as -1."""
-    ep = Episode("gridworld", 3, "train", "go", turns=[Turn("obs", "Act: up", "up", True, 0.0, True, span=(2, 4))],
-                 token_ids=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], logprobs=[0, 0, -1, -1])
+    ep = Episode(
+        "gridworld",
+        3,
+        "train",
+        "go",
+        turns=[Turn("obs", "Act: up", "up", True, 0.0, True, span=(2, 4))],
+        token_ids=[1, 2, 3, 4],
+        loss_mask=[0, 0, 1, 1],
+        logprobs=[0, 0, -1, -1],
+    )
     write_episodes([ep], tmp_path / "new.parquet")
     table = pq.read_table(tmp_path / "new.parquet")
     turns = table.column("turns").to_pylist()
-    old_turn_type = pa.struct([field for field in table.schema.field("turns").type.value_type
-                               if field.name not in ("node_id", "parent_id")])
-    old_turns = pa.array([[{k: v for k, v in t.items() if k not in ("node_id", "parent_id")} for t in row]
-                          for row in turns], type=pa.list_(old_turn_type))
+    old_turn_type = pa.struct(
+        [field for field in table.schema.field("turns").type.value_type if field.name not in ("node_id", "parent_id")]
+    )
+    old_turns = pa.array(
+        [[{k: v for k, v in t.items() if k not in ("node_id", "parent_id")} for t in row] for row in turns],
+        type=pa.list_(old_turn_type),
+    )
     old = table.set_column(table.schema.get_field_index("turns"), "turns", old_turns)
     old = old.replace_schema_metadata({b"omrl.schema": b"episode/2"})
     pq.write_table(old, tmp_path / "old.parquet")
@@ -59,12 +80,13 @@ def test_chains_become_a_tree_whose_leaves_are_the_played_episodes(tiny_tokenize
     from omrl.rollout import collect
 
     backend = ScriptedBackend(tiny_tokenizer, by_call(["Action: open", "Action: smash"], ["Action: take key"]))
-    played = collect(EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, [0], backend=backend,
-                     group_size=2)
+    played = collect(
+        EnvPool(ChestEnv, name="chest"), ActionTemplate(), tiny_tokenizer, [0], backend=backend, group_size=2
+    )
     tree = chain_tree(played, 0, 0)
     assert [leaf.episode for leaf in tree.leaves()] == played  # the very episodes, unchanged
     opened = tree.root.children[0]
-    assert opened.episode.token_ids == played[0].token_ids[:played[0].turns[1].span[0]]
+    assert opened.episode.token_ids == played[0].token_ids[: played[0].turns[1].span[0]]
     paths = tree.episodes()
     assert [ep.token_ids for ep in paths] == [ep.token_ids for ep in played]
     assert [[t.node_id for t in ep.turns] for ep in paths] == [[1, 2], [3]]

@@ -93,22 +93,34 @@ class BabyAIClient(Client):
 
     def step(self, action: str) -> StepOutput:
         response = self._post("step", {"action": action})
-        self.info = {"observation": response["observation"], "reward": response["reward"],
-                     "score": response["score"], "done": response["done"]}
+        self.info = {
+            "observation": response["observation"],
+            "reward": response["reward"],
+            "score": response["score"],
+            "done": response["done"],
+        }
         return StepOutput(response["observation"], response["score"], response["done"])  # the score is its reward
 
     def reset(self, data_idx: int = 0) -> dict:
         response = self._post("reset", {"data_idx": data_idx})
-        self.info = {"observation": response["observation"], "reward": response["reward"],
-                     "score": response["score"], "done": response["done"]}
+        self.info = {
+            "observation": response["observation"],
+            "reward": response["reward"],
+            "score": response["score"],
+            "done": response["done"],
+        }
         return response
 
 
 class SciWorldClient(BabyAIClient):
     def reset(self, data_idx: int = 0) -> dict:
         response = self._post("reset", {"data_idx": data_idx})
-        self.info = {"observation": response["task_description"] + "\n" + response["observation"],
-                     "reward": 0, "score": 0, "done": False}
+        self.info = {
+            "observation": response["task_description"] + "\n" + response["observation"],
+            "reward": 0,
+            "score": 0,
+            "done": False,
+        }
         return response
 
 
@@ -127,15 +139,22 @@ class ALFWorldClient(Client):
         response = self._post("step", {"action": action})
         if "observation" not in response:
             raise KeyError(f"AlfWorld step response missing 'observation': {response}")
-        self.info = {"observation": response["observation"],
-                     "available_actions": response.get("available_actions", []),
-                     "reward": response.get("reward", 0.0), "done": response.get("done", False)}
+        self.info = {
+            "observation": response["observation"],
+            "available_actions": response.get("available_actions", []),
+            "reward": response.get("reward", 0.0),
+            "done": response.get("done", False),
+        }
         return StepOutput(response["observation"], response.get("reward", 0.0), response.get("done", False))
 
     def reset(self, game: int, world_type: str = "Text") -> dict:
         response = self._post("reset", {"game": game, "world_type": world_type})
-        self.info = {"observation": response["observation"],
-                     "available_actions": response.get("available_actions", []), "reward": 0, "done": False}
+        self.info = {
+            "observation": response["observation"],
+            "available_actions": response.get("available_actions", []),
+            "reward": 0,
+            "done": False,
+        }
         return response
 
     def close(self):
@@ -160,8 +179,13 @@ class MazeClient(Client):
         if "error" in response:
             self.info.update({"observation": response["error"], "done": True})
             return StepOutput(response["error"], 0.0, True)
-        self.info.update({"observation": response["observation"], "reward": self.info["reward"] + response["reward"],
-                          "done": response["done"]})
+        self.info.update(
+            {
+                "observation": response["observation"],
+                "reward": self.info["reward"] + response["reward"],
+                "done": response["done"],
+            }
+        )
         return StepOutput(response["observation"], response["reward"], response["done"])
 
     def reset(self, idx: int = 0) -> dict:
@@ -235,8 +259,10 @@ def opening(name: str, task_id: int):
 def served():
     """Base URLs of real servers on 127.0.0.1 for gridworld, webshop and textcraft."""
     with contextlib.ExitStack() as stack:
-        yield {name: stack.enter_context(background_server(create_app(name)))
-               for name in ("gridworld", "webshop", "textcraft")}
+        yield {
+            name: stack.enter_context(background_server(create_app(name)))
+            for name in ("gridworld", "webshop", "textcraft")
+        }
 
 
 @pytest.fixture

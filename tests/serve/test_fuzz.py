@@ -14,17 +14,41 @@ from hypothesis import strategies as st
 from omrl.serve import create_app
 
 MAX_BODY = 4096  # a small cap, so bodies on both sides of it are cheap to send
-ROUTES = [("POST", "/create"), ("POST", "/reset"), ("POST", "/step"), ("POST", "/close"),
-          ("GET", "/observation"), ("GET", "/available_actions"), ("GET", "/expert_action"),
-          ("GET", "/tasks"), ("GET", "/list_envs"), ("GET", "/")]
-FUZZ = settings(max_examples=150, deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+ROUTES = [
+    ("POST", "/create"),
+    ("POST", "/reset"),
+    ("POST", "/step"),
+    ("POST", "/close"),
+    ("GET", "/observation"),
+    ("GET", "/available_actions"),
+    ("GET", "/expert_action"),
+    ("GET", "/tasks"),
+    ("GET", "/list_envs"),
+    ("GET", "/"),
+]
+FUZZ = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 # JSON the protocol might see: its own keys with values of every kind, including ids that are live
-scalars = (st.none() | st.booleans() | st.integers(-3, 8) | st.integers() | st.floats(allow_nan=True)
-           | st.text(max_size=30) | st.sampled_from(["up", "down", "left", "right", "train", "test"]))
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=12)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 8)
+    | st.integers()
+    | st.floats(allow_nan=True)
+    | st.text(max_size=30)
+    | st.sampled_from(["up", "down", "left", "right", "train", "test"])
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 keys = st.sampled_from(["id", "data_idx", "action", "env_idx", "split"]) | st.text(max_size=8)
 bodies = st.dictionaries(keys, json_values, max_size=4) | json_values
 
@@ -73,9 +97,20 @@ def test_random_json_bodies(http, route, body):
 
 
 @FUZZ
-@given(route=st.sampled_from(ROUTES), content=st.binary(max_size=300),
-       content_type=st.sampled_from(["application/json", "text/plain", "application/x-www-form-urlencoded",
-                                     "multipart/form-data", "application/json; charset=latin-1", ""]))
+@given(
+    route=st.sampled_from(ROUTES),
+    content=st.binary(max_size=300),
+    content_type=st.sampled_from(
+        [
+            "application/json",
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+            "application/json; charset=latin-1",
+            "",
+        ]
+    ),
+)
 def test_random_bytes(http, route, content, content_type):
     method, path = route
     headers = {"content-type": content_type} if content_type else {}
@@ -83,16 +118,21 @@ def test_random_bytes(http, route, content, content_type):
 
 
 @FUZZ
-@given(route=st.sampled_from(ROUTES), params=st.dictionaries(keys, st.text(max_size=20) | st.integers().map(str),
-                                                             max_size=3))
+@given(
+    route=st.sampled_from(ROUTES),
+    params=st.dictionaries(keys, st.text(max_size=20) | st.integers().map(str), max_size=3),
+)
 def test_random_query_strings(http, route, params):
     method, path = route
     check_answer(http.request(method, path, params=params), path, http)
 
 
 @FUZZ
-@given(route=st.sampled_from([r for r in ROUTES if r[0] == "POST"]), size=st.integers(MAX_BODY - 64, MAX_BODY + 64),
-       fill=st.sampled_from([b" ", b"[", b"x", b'"']))
+@given(
+    route=st.sampled_from([r for r in ROUTES if r[0] == "POST"]),
+    size=st.integers(MAX_BODY - 64, MAX_BODY + 64),
+    fill=st.sampled_from([b" ", b"[", b"x", b'"']),
+)
 def test_bodies_around_the_cap(http, route, size, fill):
     method, path = route
     content = b'{"id": 0, "action": "' + fill * size + b'"}'
@@ -102,9 +142,12 @@ def test_bodies_around_the_cap(http, route, size, fill):
 
 
 @FUZZ
-@given(path=st.text(alphabet=st.characters(exclude_categories=("Cc", "Cs", "Zl", "Zp"), exclude_characters="?#%\\"),
-                   max_size=40),
-       method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]))
+@given(
+    path=st.text(
+        alphabet=st.characters(exclude_categories=("Cc", "Cs", "Zl", "Zp"), exclude_characters="?#%\\"), max_size=40
+    ),
+    method=st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH"]),
+)
 def test_random_routes_and_methods(http, path, method):
     path = "/" + path.lstrip("/")
     check_answer(http.request(method, path), path, http)

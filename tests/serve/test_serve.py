@@ -41,8 +41,12 @@ def test_unknown_routes_and_methods_answer_in_the_protocols_shape(http):
 def test_a_bad_body_is_never_echoed_back(http):
     env_id = http.post("/create").json()["id"]
     marker = "ECHO" * 200_000  # 800 kB, under the 1 MiB cap
-    for body in ({"id": env_id, "action": {"a": marker}}, {"id": marker, "data_idx": 0}, [marker],
-                 {"id": env_id, "data_idx": marker}):
+    for body in (
+        {"id": env_id, "action": {"a": marker}},
+        {"id": marker, "data_idx": 0},
+        [marker],
+        {"id": env_id, "data_idx": marker},
+    ):
         route = "/step" if "action" in body else "/reset"
         response = http.post(route, json=body)
         message = assert_error(response, 422)
@@ -50,8 +54,9 @@ def test_a_bad_body_is_never_echoed_back(http):
     plain = http.post("/step", content=marker.encode(), headers={"content-type": "text/plain"})
     assert_error(plain, 422)
     assert "ECHO" not in plain.text
-    broken = http.post("/step", content=b'{"id": 0, "action": "' + marker.encode(),
-                       headers={"content-type": "application/json"})
+    broken = http.post(
+        "/step", content=b'{"id": 0, "action": "' + marker.encode(), headers={"content-type": "application/json"}
+    )
     assert_error(broken, 422, "JSON decode error")
     assert "ECHO" not in broken.text
     deep = http.post("/step", content=b"[" * 200_000 + b"]" * 200_000)  # deeper than json parses
@@ -96,8 +101,13 @@ def test_envs_idle_past_the_timeout_are_reclaimed_and_their_ids_say_so():
         fresh = http.post("/create")
         assert fresh.status_code == 200
         assert http.get("/list_envs").json() == sorted([alive, fresh.json()["id"]])
-        assert_error(http.post("/step", json={"id": dead, "action": "up"}), 410, f"env id {dead} was closed after no "
-                     "call touched it for 0.5 s", "--idle-timeout", "create a new env")
+        assert_error(
+            http.post("/step", json={"id": dead, "action": "up"}),
+            410,
+            f"env id {dead} was closed after no call touched it for 0.5 s",
+            "--idle-timeout",
+            "create a new env",
+        )
         assert_error(http.post("/close", json={"id": dead}), 410)
         assert http.post("/step", json={"id": alive, "action": "up"}).status_code == 200
     with TestClient(create_app("gridworld", idle_timeout=0)) as http:
@@ -134,8 +144,12 @@ def test_a_restarted_server_refuses_ids_of_its_previous_instance(grid_app):
         assert after != before and again["id"] > created["id"]
         stale = httpx.post(f"{url}/reset", json={"id": again["id"], "data_idx": 0}, headers=same)
         assert_error(stale, 410, "this server restarted", "create a new env")
-        assert httpx.post(f"{url}/reset", json={"id": again["id"], "data_idx": 0},
-                          headers={INSTANCE_HEADER: after}).status_code == 200
+        assert (
+            httpx.post(
+                f"{url}/reset", json={"id": again["id"], "data_idx": 0}, headers={INSTANCE_HEADER: after}
+            ).status_code
+            == 200
+        )
 
 
 def test_an_env_returning_a_non_finite_reward_is_a_500_in_the_protocols_shape(grid_app, http, monkeypatch):
@@ -171,9 +185,16 @@ def test_create_shows_the_first_task_with_its_goal_and_says_whether_the_env_is_d
     first_task = local.split_of(local.splits[0])[0]
     first = local.reset(first_task)
     created = http.post("/create").json()
-    assert created == {"id": created["id"], "instance": created["instance"], "deterministic": True,
-                       "idle_timeout": 1800.0, "observation": f"{first.instruction}\n\n{first.text}",
-                       "task_id": first_task, "done": False, "reward": 0.0}
+    assert created == {
+        "id": created["id"],
+        "instance": created["instance"],
+        "deterministic": True,
+        "idle_timeout": 1800.0,
+        "observation": f"{first.instruction}\n\n{first.text}",
+        "task_id": first_task,
+        "done": False,
+        "reward": 0.0,
+    }
     # it shows a task but starts no episode: every AgentGym client resets first
     assert_error(http.post("/step", json={"id": created["id"], "action": "up"}), 409, "reset it first")
 

@@ -19,10 +19,16 @@ class FakeShop(OneTaskEnv):
 
     action_help = "Actions: search[keywords] or click[value]."
     tools = [
-        {"name": "search", "description": "Search the shop.",
-         "parameters": {"type": "object", "properties": {"keywords": {"type": "string"}}, "required": ["keywords"]}},
-        {"name": "click", "description": "Click a button.",
-         "parameters": {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}},
+        {
+            "name": "search",
+            "description": "Search the shop.",
+            "parameters": {"type": "object", "properties": {"keywords": {"type": "string"}}, "required": ["keywords"]},
+        },
+        {
+            "name": "click",
+            "description": "Click a button.",
+            "parameters": {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]},
+        },
     ]
 
 
@@ -65,8 +71,13 @@ CASES = [
     # react: good
     ("react", SHOP, "Think: find shoes first\nAct: search[red shoes]", "search[red shoes]", True),
     ("react", SHOP, "Think:\nAct: click[Buy Now]", "click[Buy Now]", True),
-    ("react", ROOM, "Think: need a list\nAct: bash\n```bash\nls -1 /etc | wc -l\n```",
-     "bash\n```bash\nls -1 /etc | wc -l\n```", True),
+    (
+        "react",
+        ROOM,
+        "Think: need a list\nAct: bash\n```bash\nls -1 /etc | wc -l\n```",
+        "bash\n```bash\nls -1 /etc | wc -l\n```",
+        True,
+    ),
     # react: sloppy
     ("react", SHOP, "search[red shoes]", "search[red shoes]", False),
     ("react", SHOP, "Thought: buy it\nAction: click[Buy Now]", "click[Buy Now]", False),
@@ -95,23 +106,61 @@ CASES = [
     ("xml", SHOP, "<think>x</think><action> </action>", None, False),
     ("xml", SHOP, "", None, False),
     # tool_call: good
-    ("tool_call", SHOP, '<tool_call>\n{"name": "search", "arguments": {"keywords": "red shoes"}}\n</tool_call>',
-     "search[red shoes]", True),
-    ("tool_call", SHOP, 'I should buy.\n<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}</tool_call>',
-     "click[Buy Now]", True),
-    ("tool_call", ROOM, '<tool_call>{"name": "act", "arguments": {"action": "go north"}}</tool_call>', "go north", True),
+    (
+        "tool_call",
+        SHOP,
+        '<tool_call>\n{"name": "search", "arguments": {"keywords": "red shoes"}}\n</tool_call>',
+        "search[red shoes]",
+        True,
+    ),
+    (
+        "tool_call",
+        SHOP,
+        'I should buy.\n<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}</tool_call>',
+        "click[Buy Now]",
+        True,
+    ),
+    (
+        "tool_call",
+        ROOM,
+        '<tool_call>{"name": "act", "arguments": {"action": "go north"}}</tool_call>',
+        "go north",
+        True,
+    ),
     # tool_call: sloppy
     ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}', "click[Buy Now]", False),
     ("tool_call", SHOP, '{"name": "click", "arguments": {"value": "Buy Now"}}', "click[Buy Now]", False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": "{\\"value\\": \\"a\\"}"}</tool_call>',
-     "click[a]", False),
+    (
+        "tool_call",
+        SHOP,
+        '<tool_call>{"name": "click", "arguments": "{\\"value\\": \\"a\\"}"}</tool_call>',
+        "click[a]",
+        False,
+    ),
     ("tool_call", SHOP, '<tool_call>{"name": "click", "parameters": {"value": "a"}}</tool_call>', "click[a]", False),
     ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": 3}}</tool_call>', "click[3]", False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a"}} oops</tool_call>', "click[a]", False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call>\n'
-                        '<tool_call>{"name": "click", "arguments": {"value": "b"}}</tool_call>', "click[a]", False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call> and more', "click[a]",
-     False),
+    (
+        "tool_call",
+        SHOP,
+        '<tool_call>{"name": "click", "arguments": {"value": "a"}} oops</tool_call>',
+        "click[a]",
+        False,
+    ),
+    (
+        "tool_call",
+        SHOP,
+        '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call>\n'
+        '<tool_call>{"name": "click", "arguments": {"value": "b"}}</tool_call>',
+        "click[a]",
+        False,
+    ),
+    (
+        "tool_call",
+        SHOP,
+        '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call> and more',
+        "click[a]",
+        False,
+    ),
     # tool_call: garbage
     ("tool_call", SHOP, "I will click the button.", None, False),
     ("tool_call", SHOP, '<tool_call>{"name": "click", arguments}</tool_call>', None, False),
@@ -156,8 +205,9 @@ def test_errors_are_helpful():
 
 
 @pytest.mark.parametrize("name", ["react", "xml", "tool_call"])
-@pytest.mark.parametrize("env, action", [(SHOP, "search[red running shoes]"), (SHOP, "click[Buy Now]"),
-                                         (ROOM, "go north")])
+@pytest.mark.parametrize(
+    "env, action", [(SHOP, "search[red running shoes]"), (SHOP, "click[Buy Now]"), (ROOM, "go north")]
+)
 @pytest.mark.parametrize("thought", ["", "I need to act now."])
 def test_rendered_reply_round_trips(name, env, action, thought):
     tpl = template(name)
@@ -196,19 +246,34 @@ def test_tool_call_passes_tools_in_the_function_format():
 
 def test_tool_call_checks_argument_types_and_enums():
     class Dial(FakeShop):
-        tools = [{"name": "dial", "description": "Dial a number.", "parameters": {
-            "type": "object", "required": ["digits", "mode"],
-            "properties": {"digits": {"type": "integer"}, "mode": {"type": "string", "enum": ["tone", "pulse"]}}}}]
+        tools = [
+            {
+                "name": "dial",
+                "description": "Dial a number.",
+                "parameters": {
+                    "type": "object",
+                    "required": ["digits", "mode"],
+                    "properties": {
+                        "digits": {"type": "integer"},
+                        "mode": {"type": "string", "enum": ["tone", "pulse"]},
+                    },
+                },
+            }
+        ]
 
     tpl, env = template("tool_call"), Dial()
 
     def parse(args):
-        return tpl.parse(f'<tool_call>{json.dumps({"name": "dial", "arguments": args})}</tool_call>', env)
+        return tpl.parse(f"<tool_call>{json.dumps({'name': 'dial', 'arguments': args})}</tool_call>", env)
 
     assert (parse({"digits": 42, "mode": "tone"}).action, parse({"digits": 42, "mode": "tone"}).format_ok) == (
-        "dial[42, tone]", True)
+        "dial[42, tone]",
+        True,
+    )
     assert (parse({"digits": "42", "mode": "tone"}).action, parse({"digits": "42", "mode": "tone"}).format_ok) == (
-        "dial[42, tone]", False)
+        "dial[42, tone]",
+        False,
+    )
     assert "must be of type integer" in parse({"digits": "forty", "mode": "tone"}).error
     assert "'tone', 'pulse'" in parse({"digits": 4, "mode": "fax"}).error
     assert "must be of type integer" in parse({"digits": True, "mode": "tone"}).error
@@ -216,9 +281,17 @@ def test_tool_call_checks_argument_types_and_enums():
 
 def test_tool_call_renders_actions_of_envs_with_their_own_conversion():
     class Grid(FakeShop):
-        tools = [{"name": "move", "description": "Move one cell.", "parameters": {
-            "type": "object", "required": ["direction"],
-            "properties": {"direction": {"type": "string", "enum": ["up", "down"]}}}}]
+        tools = [
+            {
+                "name": "move",
+                "description": "Move one cell.",
+                "parameters": {
+                    "type": "object",
+                    "required": ["direction"],
+                    "properties": {"direction": {"type": "string", "enum": ["up", "down"]}},
+                },
+            }
+        ]
 
         def action_from_tool_call(self, name, arguments):
             return arguments["direction"] if name == "move" else name
@@ -226,8 +299,9 @@ def test_tool_call_renders_actions_of_envs_with_their_own_conversion():
     tpl, env = template("tool_call"), Grid()
     reply = tpl.format_action("down", env)
     assert json.loads(reply.split("\n")[1]) == {"name": "move", "arguments": {"direction": "down"}}
-    assert tpl.parse(reply, env) == ParsedAction("down", True, tool_call={
-        "type": "function", "function": {"name": "move", "arguments": {"direction": "down"}}})
+    assert tpl.parse(reply, env) == ParsedAction(
+        "down", True, tool_call={"type": "function", "function": {"name": "move", "arguments": {"direction": "down"}}}
+    )
     assert '"direction": "up"' in tpl.system_prompt(env)  # the example uses the enum's first value
     with pytest.raises(TemplateError, match="'left'"):
         tpl.format_action("left", env)
@@ -238,9 +312,21 @@ def test_tool_call_cannot_render_an_action_no_tool_expresses():
         template("tool_call").format_action("go north", SHOP)
 
 
-WEIRD = ["<tool_call>", "</tool_call>", "{", "Act:", "<action>", "<think>", "Think:\n\n", "\x00\ufffd", "[]" * 50,
-         '<tool_call>{"name": 1}</tool_call>', '<tool_call>{"name": "click", "arguments": 5}</tool_call>',
-         '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call>', "click[a]"]
+WEIRD = [
+    "<tool_call>",
+    "</tool_call>",
+    "{",
+    "Act:",
+    "<action>",
+    "<think>",
+    "Think:\n\n",
+    "\x00\ufffd",
+    "[]" * 50,
+    '<tool_call>{"name": 1}</tool_call>',
+    '<tool_call>{"name": "click", "arguments": 5}</tool_call>',
+    '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call>',
+    "click[a]",
+]
 
 
 @pytest.mark.parametrize("name", ["react", "xml", "tool_call"])
@@ -260,17 +346,23 @@ def test_tool_call_with_the_tiny_models_chat_template(tiny_model_dir):
     tpl = template("tool_call")
     kwargs = tpl.chat_template_kwargs(SHOP)
     reply = tpl.format_action("search[red shoes]", SHOP, "Search first.")
-    messages = [{"role": "system", "content": tpl.system_prompt(SHOP)},
-                {"role": "user", "content": "Buy red shoes."},
-                {"role": "assistant", "content": reply}]
+    messages = [
+        {"role": "system", "content": tpl.system_prompt(SHOP)},
+        {"role": "user", "content": "Buy red shoes."},
+        {"role": "assistant", "content": reply},
+    ]
     text = render(tokenizer, messages, **kwargs)
     assert json.dumps(kwargs["tools"][0]) in text  # the chat template rendered the tools
     assert tpl.system_prompt(SHOP) in text
     # the reply survives the chat template, and the conversation continues token-exactly with tools on
     start = text.index("<|im_start|>assistant\n") + len("<|im_start|>assistant\n")
-    assistant = text[start:text.index("<|im_end|>", start)]
-    assert tpl.parse(assistant, SHOP) == ParsedAction("search[red shoes]", True, "Search first.", tool_call={
-        "type": "function", "function": {"name": "search", "arguments": {"keywords": "red shoes"}}})
+    assistant = text[start : text.index("<|im_end|>", start)]
+    assert tpl.parse(assistant, SHOP) == ParsedAction(
+        "search[red shoes]",
+        True,
+        "Search first.",
+        tool_call={"type": "function", "function": {"name": "search", "arguments": {"keywords": "red shoes"}}},
+    )
     increment = tokenizer.decode(next_turn_ids(tokenizer, messages, "Results: ...", False, **kwargs))
     assert increment.startswith("<|im_end|>") and "Results: ..." in increment
 
@@ -278,22 +370,30 @@ def test_tool_call_with_the_tiny_models_chat_template(tiny_model_dir):
 class Phone(FakeShop):
     """A shop with one integer-argument tool: dial[digits]."""
 
-    tools = [{"name": "dial", "description": "Dial a number.", "parameters": {
-        "type": "object", "properties": {"digits": {"type": "integer"}}, "required": ["digits"]}}]
+    tools = [
+        {
+            "name": "dial",
+            "description": "Dial a number.",
+            "parameters": {"type": "object", "properties": {"digits": {"type": "integer"}}, "required": ["digits"]},
+        }
+    ]
 
 
 def dial(args: str) -> str:
     return f'<tool_call>{{"name": "dial", "arguments": {args}}}</tool_call>'
 
 
-@pytest.mark.parametrize("reply, problem", [
-    ("<tool_call>" + "[" * 1000, "not valid JSON (nested too deeply)"),
-    ('<tool_call>{"name": "dial", "arguments": {"digits": ' + "[" * 5000, "not valid JSON (nested too deeply)"),
-    ("{" + '"a": {' * 3000, "not valid JSON (nested too deeply)"),
-    (dial('{"digits": ' + "1" * 5000 + "}"), "not valid JSON (Exceeds the limit (4300 digits)"),
-    (dial('{"digits": "' + "1" * 5000 + '"}'), "must be of type integer, got '111111"),
-    (dial("[" * 500 + "]" * 500), '"arguments" must be a JSON object, got [[[[...]]]].'),
-])
+@pytest.mark.parametrize(
+    "reply, problem",
+    [
+        ("<tool_call>" + "[" * 1000, "not valid JSON (nested too deeply)"),
+        ('<tool_call>{"name": "dial", "arguments": {"digits": ' + "[" * 5000, "not valid JSON (nested too deeply)"),
+        ("{" + '"a": {' * 3000, "not valid JSON (nested too deeply)"),
+        (dial('{"digits": ' + "1" * 5000 + "}"), "not valid JSON (Exceeds the limit (4300 digits)"),
+        (dial('{"digits": "' + "1" * 5000 + '"}'), "must be of type integer, got '111111"),
+        (dial("[" * 500 + "]" * 500), '"arguments" must be a JSON object, got [[[[...]]]].'),
+    ],
+)
 def test_tool_call_replies_that_break_python_json_are_parse_errors(reply, problem):
     parsed = template("tool_call").parse(reply, Phone())
     assert parsed.action is None and problem in parsed.error
@@ -301,14 +401,16 @@ def test_tool_call_replies_that_break_python_json_are_parse_errors(reply, proble
 
 
 def test_tool_call_json_escapes_of_lone_surrogates_give_writable_actions():
-    parsed = template("tool_call").parse('<tool_call>{"name": "act", "arguments": {"action": "go \\ud800"}}'
-                                         "</tool_call>", ROOM)
+    parsed = template("tool_call").parse(
+        '<tool_call>{"name": "act", "arguments": {"action": "go \\ud800"}}</tool_call>', ROOM
+    )
     assert parsed.action == "go \ufffd"
     parsed.action.encode("utf-8")
 
 
-@pytest.mark.parametrize("name, unit", [("xml", "<action>"), ("xml", "<think>"), ("tool_call", "<tool_call>"),
-                                        ("react", "Think:\n")])
+@pytest.mark.parametrize(
+    "name, unit", [("xml", "<action>"), ("xml", "<think>"), ("tool_call", "<tool_call>"), ("react", "Think:\n")]
+)
 def test_parse_time_is_linear_in_replies_of_repeated_unclosed_tags(name, unit):
     reply = unit * (200_000 // len(unit))
     start = time.perf_counter()

@@ -8,13 +8,21 @@ def agent_records(n: int = 8) -> list[dict]:
     records = []
     for i in range(n):
         k = i % 4
-        records.append({"id": f"os_{i}", "conversations": [
-            {"role": "system", "content": "You are an agent in a Linux shell."},
-            {"role": "user", "content": f"Count files in /etc/dir{k}"},
-            {"role": "assistant", "content": "Think: Need reliable counting method\nAct: bash\n```bash\nls -1 | wc -l\n```"},
-            {"role": "user", "content": f"OS Output: {220 + k}"},
-            {"role": "assistant", "content": f"Think: Verified through execution\nAct: answer({220 + k})"},
-        ]})
+        records.append(
+            {
+                "id": f"os_{i}",
+                "conversations": [
+                    {"role": "system", "content": "You are an agent in a Linux shell."},
+                    {"role": "user", "content": f"Count files in /etc/dir{k}"},
+                    {
+                        "role": "assistant",
+                        "content": "Think: Need reliable counting method\nAct: bash\n```bash\nls -1 | wc -l\n```",
+                    },
+                    {"role": "user", "content": f"OS Output: {220 + k}"},
+                    {"role": "assistant", "content": f"Think: Verified through execution\nAct: answer({220 + k})"},
+                ],
+            }
+        )
     return records
 
 
@@ -23,10 +31,15 @@ def sft_run_config(model_dir: str, dataset, output_dir, /, **overrides):
     from omrl.config import from_dict, merge
     from omrl.config.options import SftRunConfig
 
-    data = {"model": {"name": model_dir}, "dataset": str(dataset), "max_seq_length": 256,
-            "num_train_epochs": 2.0, "packing": False,
-            "optim": {"learning_rate": 2e-3, "micro_batch_size": 2, "gradient_accumulation_steps": 1},
-            "logging": {"output_dir": str(output_dir), "tensorboard": False}}
+    data = {
+        "model": {"name": model_dir},
+        "dataset": str(dataset),
+        "max_seq_length": 256,
+        "num_train_epochs": 2.0,
+        "packing": False,
+        "optim": {"learning_rate": 2e-3, "micro_batch_size": 2, "gradient_accumulation_steps": 1},
+        "logging": {"output_dir": str(output_dir), "tensorboard": False},
+    }
     for key, value in overrides.items():
         node: dict = {}
         top = node

@@ -33,8 +33,17 @@ def trained(tiny_model):
 
 def _save(tmp_path, trained, step, **kw):
     model, tok, optimizer, scheduler = trained
-    return ckpt.save_checkpoint(tmp_path, step, model, optimizer=optimizer, scheduler=scheduler, tokenizer=tok,
-                                data_state={"epoch": 1, "index": 3}, config={"seed": 0, "optim": {"lr": 1.0}}, **kw)
+    return ckpt.save_checkpoint(
+        tmp_path,
+        step,
+        model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        tokenizer=tok,
+        data_state={"epoch": 1, "index": 3},
+        config={"seed": 0, "optim": {"lr": 1.0}},
+        **kw,
+    )
 
 
 def test_load_restores_weights_optimizer_scheduler_rng_and_extra(tmp_path, trained, tiny_model_dir):
@@ -55,7 +64,10 @@ def test_load_restores_weights_optimizer_scheduler_rng_and_extra(tmp_path, train
     assert (state.step, state.data_state, state.config["optim"]) == (7, {"epoch": 1, "index": 3}, {"lr": 1.0})
     assert all(torch.equal(v, expected_weights[k]) for k, v in fresh.state_dict().items())
     assert torch.equal(state.extra["value_head"]["weight"], head.weight) and state.extra["rl_position"] == {"batch": 5}
-    assert fresh_sched.last_epoch == scheduler.last_epoch == 1 and fresh_opt.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+    assert (
+        fresh_sched.last_epoch == scheduler.last_epoch == 1
+        and fresh_opt.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
+    )
     first = next(iter(optimizer.state.values()))
     assert torch.equal(next(iter(fresh_opt.state.values()))["exp_avg"], first["exp_avg"])
     assert (random.random(), np.random.rand()) == expected_draws[:2] and torch.equal(torch.rand(1), expected_draws[2])
@@ -118,7 +130,9 @@ def test_an_option_newer_than_the_checkpoint_warns_at_its_default_and_refuses_ot
     _save(tmp_path, trained, 1)  # saved config: {"seed": 0, "optim": {"lr": 1.0}}
     defaults = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": True}}
     newer = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": True}}
-    with pytest.warns(UserWarning, match=r"before omrl had the option\(s\) env.demonstration: .*env.demonstration=True"):
+    with pytest.warns(
+        UserWarning, match=r"before omrl had the option\(s\) env.demonstration: .*env.demonstration=True"
+    ):
         assert ckpt.resume_checkpoint(tmp_path, newer, defaults=defaults).name == "step-00000001"
     changed = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": False}}
     with pytest.raises(ckpt.CheckpointError, match="env.demonstration: '<absent>' -> False"):

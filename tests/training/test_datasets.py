@@ -13,10 +13,19 @@ from omrl.data.conversations import DatasetFormatError, episode_to_record, load_
 
 from .sample_data import agent_records
 
-SHAREGPT = {"id": "sg1", "conversations": [
-    {"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello."}]}
-EXPECTED_SHAREGPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                     {"role": "assistant", "content": "Hello."}]
+SHAREGPT = {
+    "id": "sg1",
+    "conversations": [
+        {"from": "system", "value": "Be brief."},
+        {"from": "human", "value": "Hi"},
+        {"from": "gpt", "value": "Hello."},
+    ],
+}
+EXPECTED_SHAREGPT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello."},
+]
 
 
 def _write_jsonl(path, records):
@@ -34,8 +43,9 @@ def _save_to_disk(directory, records):
         with pa.OSFile(str(directory / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
             writer.write_table(part)
     (directory / "dataset_info.json").write_text(json.dumps({"features": {}}))
-    (directory / "state.json").write_text(json.dumps({"_data_files": [{"filename": n} for n in names],
-                                                      "_fingerprint": "abc", "_split": "train"}))
+    (directory / "state.json").write_text(
+        json.dumps({"_data_files": [{"filename": n} for n in names], "_fingerprint": "abc", "_split": "train"})
+    )
     return directory
 
 
@@ -82,15 +92,18 @@ def test_directory_of_files_loads_all_in_name_order(tmp_path):
     assert [c.id for c in convs] == ["sg1", "os_0", "os_1"]
 
 
-@pytest.mark.parametrize("line, expected", [
-    ({"id": "x"}, "row 2: has no 'conversations' key"),
-    ({"conversations": [{"role": "robot", "content": "hi"}]}, "row 2 message 0: unknown role 'robot'"),
-    ({"conversations": [{"role": "user", "content": 3}]}, "content must be text"),
-    ({"conversations": [{"text": "hi"}]}, "is not a message"),
-    ({"conversations": [{"role": "user", "content": "hi"}]}, "has no assistant"),
-    ({"conversations": []}, "non-empty list"),
-    ([1, 2], "row 2: is a list"),
-])
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ({"id": "x"}, "row 2: has no 'conversations' key"),
+        ({"conversations": [{"role": "robot", "content": "hi"}]}, "row 2 message 0: unknown role 'robot'"),
+        ({"conversations": [{"role": "user", "content": 3}]}, "content must be text"),
+        ({"conversations": [{"text": "hi"}]}, "is not a message"),
+        ({"conversations": [{"role": "user", "content": "hi"}]}, "has no assistant"),
+        ({"conversations": []}, "non-empty list"),
+        ([1, 2], "row 2: is a list"),
+    ],
+)
 def test_wrong_rows_fail_with_file_and_row(tmp_path, line, expected):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(agent_records(1)[0]) + "\n" + json.dumps(line) + "\n")
@@ -112,13 +125,28 @@ def test_invalid_json_line_and_unknown_file_type_fail(tmp_path):
 
 
 def _episode(task_id: int, reward: float) -> Episode:
-    messages = [{"role": "system", "content": "Shop."}, {"role": "user", "content": f"Buy item {task_id}"},
-                {"role": "assistant", "content": "Action: search[item]"}, {"role": "user", "content": "Results"},
-                {"role": "assistant", "content": "Action: click[buy]"}]
-    turns = [Turn("Buy", "Action: search[item]", "search[item]", True, 0.0, False),
-             Turn("Results", "Action: click[buy]", "click[buy]", True, reward, True)]
-    return Episode(env="webshop", task_id=task_id, split="train", instruction=f"Buy item {task_id}", turns=turns,
-                   won=reward > 0.5, score=reward, rewards={"total": [0.0, reward]}, messages=messages)
+    messages = [
+        {"role": "system", "content": "Shop."},
+        {"role": "user", "content": f"Buy item {task_id}"},
+        {"role": "assistant", "content": "Action: search[item]"},
+        {"role": "user", "content": "Results"},
+        {"role": "assistant", "content": "Action: click[buy]"},
+    ]
+    turns = [
+        Turn("Buy", "Action: search[item]", "search[item]", True, 0.0, False),
+        Turn("Results", "Action: click[buy]", "click[buy]", True, reward, True),
+    ]
+    return Episode(
+        env="webshop",
+        task_id=task_id,
+        split="train",
+        instruction=f"Buy item {task_id}",
+        turns=turns,
+        won=reward > 0.5,
+        score=reward,
+        rewards={"total": [0.0, reward]},
+        messages=messages,
+    )
 
 
 def test_rollout_parquet_filtered_by_min_reward(tmp_path):

@@ -92,10 +92,23 @@ leave_group()
 
 def _launch(cwd, *args: str, mode: str = "ddp", timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core per process
-    return subprocess.run([sys.executable, "-m", "accelerate.commands.launch",
-                           "--config_file", str(ACCELERATE_CONFIGS / f"{mode}.yaml"),
-                           "--num_processes", "2", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ACCELERATE_CONFIGS / f"{mode}.yaml"),
+            "--num_processes",
+            "2",
+            *args,
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @dataclasses.dataclass
@@ -117,8 +130,15 @@ def _run_jobs(cwd: Path, mode: str, jobs: list[Job]) -> list[dict[int, dict[str,
         job.out.mkdir(parents=True, exist_ok=True)
         config = job.out / f"{job.kind}.yaml"
         config.write_text(to_yaml(job.cfg))
-        specs.append({"kind": job.kind, "config": str(config), "out": str(job.out), "uneven": job.uneven,
-                      "nan_call": job.nan_call})
+        specs.append(
+            {
+                "kind": job.kind,
+                "config": str(config),
+                "out": str(job.out),
+                "uneven": job.uneven,
+                "nan_call": job.nan_call,
+            }
+        )
     listing = cwd / f"jobs-{mode}-{len(list(cwd.glob('jobs-*.json')))}.json"
     listing.write_text(json.dumps(specs))
     (cwd / "run_jobs.py").write_text(RUN_JOBS)
@@ -129,20 +149,43 @@ def _run_jobs(cwd: Path, mode: str, jobs: list[Job]) -> list[dict[int, dict[str,
 
 # 8 conversations, 2 per micro-batch, 3 micro-batches per step: the processes take 2 and 1, then 1 and
 # none (when sharded the idle process runs idle passes to keep the collectives in step)
-SFT_SETTINGS = dict(num_train_epochs=2.0, optim__gradient_accumulation_steps=3, optim__lr_schedule="cosine",
-                    optim__warmup_steps=1, logging__save_steps=2)
+SFT_SETTINGS = dict(
+    num_train_epochs=2.0,
+    optim__gradient_accumulation_steps=3,
+    optim__lr_schedule="cosine",
+    optim__warmup_steps=1,
+    logging__save_steps=2,
+)
 
 
 def _rl_config(tiny_model_dir, output_dir, algo: str = "grpo", *overrides: str):
     from omrl.config import load_config
     from omrl.config.options import TrainRunConfig
 
-    return load_config(TrainRunConfig, algo, [
-        f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=3", "generation.max_new_tokens=8",
-        "generation.max_context=512", "steps=2", "tasks_per_step=2", "group_size=2", "mini_batch_size=2",
-        "eval_tasks=2", "eval_every=1", "reward.weights={goal: 1.0}", "algorithm.entropy_coef=0.01",
-        "optim.learning_rate=1e-3", "logging.save_steps=1", "logging.tensorboard=false",
-        f"logging.output_dir={output_dir}", *overrides])
+    return load_config(
+        TrainRunConfig,
+        algo,
+        [
+            f"model.name={tiny_model_dir}",
+            "env.name=gridworld",
+            "env.max_turns=3",
+            "generation.max_new_tokens=8",
+            "generation.max_context=512",
+            "steps=2",
+            "tasks_per_step=2",
+            "group_size=2",
+            "mini_batch_size=2",
+            "eval_tasks=2",
+            "eval_every=1",
+            "reward.weights={goal: 1.0}",
+            "algorithm.entropy_coef=0.01",
+            "optim.learning_rate=1e-3",
+            "logging.save_steps=1",
+            "logging.tensorboard=false",
+            f"logging.output_dir={output_dir}",
+            *overrides,
+        ],
+    )
 
 
 # Sharded runs must agree with DDP's, case by case: process 1 has a micro-batch fewer (idle passes,
@@ -192,25 +235,46 @@ def launched(tiny_model_dir, tmp_path_factory) -> Launched:
     split_model = str(build_qwen3_like(root / "qwen3-keeps-answer", KEEPS_ANSWER))
     main_index = "reward.weights={main_sample_index: 1.0}"
     jobs: dict[str, dict[str, Job]] = {mode: {} for mode in MODES}
-    jobs["ddp"]["plain-grpo"] = Job("train", _rl_config(tiny_model_dir, root / "ddp" / "plain-grpo" / "run"),
-                                    root / "ddp" / "plain-grpo")
+    jobs["ddp"]["plain-grpo"] = Job(
+        "train", _rl_config(tiny_model_dir, root / "ddp" / "plain-grpo" / "run"), root / "ddp" / "plain-grpo"
+    )
     dataset = root / "agent.jsonl"
     dataset.write_text("".join(json.dumps(record) + "\n" for record in agent_records()))
     for mode in MODES:
-        jobs[mode]["sft"] = Job("sft", sft_run_config(tiny_model_dir, dataset, root / mode / "sft" / "run",
-                                                      **SFT_SETTINGS), root / mode / "sft")
+        jobs[mode]["sft"] = Job(
+            "sft",
+            sft_run_config(tiny_model_dir, dataset, root / mode / "sft" / "run", **SFT_SETTINGS),
+            root / mode / "sft",
+        )
         for case, (algo, overrides, uneven) in SHARDED_CASES.items():
             out = root / mode / case
             model = split_model if case == SPLIT_MODEL else tiny_model_dir
-            jobs[mode][case] = Job("train", _rl_config(model, out / "run", algo, main_index, *overrides),
-                                   out, uneven=uneven)
+            jobs[mode][case] = Job(
+                "train", _rl_config(model, out / "run", algo, main_index, *overrides), out, uneven=uneven
+            )
         out = root / mode / "nan"  # process 0's second micro-batch loss is NaN
-        jobs[mode]["nan"] = Job("train", _rl_config(tiny_model_dir, out / "run", "grpo", main_index, "steps=3",
-                                                    "eval_tasks=0"), out, nan_call=2)
+        jobs[mode]["nan"] = Job(
+            "train",
+            _rl_config(tiny_model_dir, out / "run", "grpo", main_index, "steps=3", "eval_tasks=0"),
+            out,
+            nan_call=2,
+        )
     for case, (mode, algo, overrides) in RESUMED_CASES.items():
         out = root / mode / case
-        jobs[mode][case] = Job("train", _rl_config(tiny_model_dir, out / "run", algo, "steps=3", main_index,
-                                                   "logging.keep_checkpoints=0", "eval_tasks=0", *overrides), out)
+        jobs[mode][case] = Job(
+            "train",
+            _rl_config(
+                tiny_model_dir,
+                out / "run",
+                algo,
+                "steps=3",
+                main_index,
+                "logging.keep_checkpoints=0",
+                "eval_tasks=0",
+                *overrides,
+            ),
+            out,
+        )
 
     runs = Launched()
     runs.split_model = split_model
@@ -224,7 +288,8 @@ def launched(tiny_model_dir, tmp_path_factory) -> Launched:
         shutil.rmtree(latest_checkpoint(run.output_dir))  # as if killed before the step-3 checkpoint
         assert latest_checkpoint(run.output_dir).name == "step-00000002"
         resumed.setdefault(mode, []).append(
-            Job("train", dataclasses.replace(job.cfg, resume=True), job.out.with_name(f"{case}-resumed")))
+            Job("train", dataclasses.replace(job.cfg, resume=True), job.out.with_name(f"{case}-resumed"))
+        )
     for mode, mode_jobs in resumed.items():
         for job, weights in zip(mode_jobs, _run_jobs(root, mode, mode_jobs)):
             output_dir = Path(job.cfg.logging.output_dir)
@@ -235,8 +300,9 @@ def launched(tiny_model_dir, tmp_path_factory) -> Launched:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["ddp", "fsdp", "zero3"])
 def test_two_process_sft_matches_one_process(launched, sft_config, tmp_path, mode):
-    run_sft(sft_config(logging__output_dir=str(tmp_path / "single"), **SFT_SETTINGS),
-            console=Console(file=io.StringIO()))
+    run_sft(
+        sft_config(logging__output_dir=str(tmp_path / "single"), **SFT_SETTINGS), console=Console(file=io.StringIO())
+    )
     single_weights = AutoModelForCausalLM.from_pretrained(tmp_path / "single").state_dict()
     two = launched[mode, "sft"]
 
@@ -269,7 +335,8 @@ def test_sharded_rl_matches_data_parallel(launched, tiny_model_dir, case):
     """Same seed, same processes: FSDP and ZeRO-3 shard what DDP replicates, so the runs must agree."""
     ddp = launched["ddp", case]
     start = AutoModelForCausalLM.from_pretrained(
-        launched.split_model if case == SPLIT_MODEL else tiny_model_dir).state_dict()
+        launched.split_model if case == SPLIT_MODEL else tiny_model_dir
+    ).state_dict()
     if case == SPLIT_MODEL:  # the episodes really were split into rows, and trained packed
         assert all(r["rows_per_episode"] > 1 for r in ddp.records if "rows_per_episode" in r)
     for mode in ("fsdp", "zero3"):
@@ -342,9 +409,21 @@ def test_tasks_per_step_must_split_evenly_across_processes(tiny_model_dir, tmp_p
     from omrl.config.options import TrainRunConfig
 
     config = tmp_path / "train.yaml"
-    config.write_text(to_yaml(load_config(TrainRunConfig, "grpo", [
-        f"model.name={tiny_model_dir}", "env.name=gridworld", "tasks_per_step=3", "steps=1",
-        f"logging.output_dir={tmp_path / 'run'}"])))
+    config.write_text(
+        to_yaml(
+            load_config(
+                TrainRunConfig,
+                "grpo",
+                [
+                    f"model.name={tiny_model_dir}",
+                    "env.name=gridworld",
+                    "tasks_per_step=3",
+                    "steps=1",
+                    f"logging.output_dir={tmp_path / 'run'}",
+                ],
+            )
+        )
+    )
     done = _launch(tmp_path, "-m", "omrl", "train", str(config))
     assert done.returncode != 0
     assert "tasks_per_step=3 does not split evenly across 2 processes" in done.stderr
@@ -365,15 +444,18 @@ def test_unsupported_accelerate_modes_are_refused_by_name(mode):
         Strategy._check_launch(process)
 
 
-@pytest.mark.parametrize("setting, value, error", [
-    ("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2", "zero_stage: 2 is not supported under omrl's ZeRO-3; valid: 3"),
-    ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu", "offload_optimizer_device: cpu .*valid: none"),
-    ("ACCELERATE_DEEPSPEED_ZERO3_INIT", "true", "zero3_init: true .*valid: false"),
-    ("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds.json", "deepspeed_config_file is not supported"),
-    ("ACCELERATE_MIXED_PRECISION", "bf16", "mixed_precision: bf16 .*valid: no"),
-    ("ACCELERATE_GRADIENT_CLIPPING", "1.0", "gradient_clipping: 1.0 .*set optim.max_grad_norm"),
-    ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4", "gradient_accumulation_steps: 4 .*valid: 1, or leave it out"),
-])
+@pytest.mark.parametrize(
+    "setting, value, error",
+    [
+        ("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2", "zero_stage: 2 is not supported under omrl's ZeRO-3; valid: 3"),
+        ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "cpu", "offload_optimizer_device: cpu .*valid: none"),
+        ("ACCELERATE_DEEPSPEED_ZERO3_INIT", "true", "zero3_init: true .*valid: false"),
+        ("ACCELERATE_DEEPSPEED_CONFIG_FILE", "ds.json", "deepspeed_config_file is not supported"),
+        ("ACCELERATE_MIXED_PRECISION", "bf16", "mixed_precision: bf16 .*valid: no"),
+        ("ACCELERATE_GRADIENT_CLIPPING", "1.0", "gradient_clipping: 1.0 .*set optim.max_grad_norm"),
+        ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4", "gradient_accumulation_steps: 4 .*valid: 1, or leave it out"),
+    ],
+)
 def test_deepspeed_settings_the_recipes_do_not_implement_are_refused(monkeypatch, setting, value, error):
     from omrl.errors import ConfigError
     from omrl.parallel import zero3
@@ -408,8 +490,11 @@ def test_a_sharded_resume_refuses_an_optimizer_state_of_other_parameters(tiny_mo
     process.owner = Trainables({"policy": model})
     names = [name for name, _ in process.owner.named_parameters()]
     saved = {"state": {}, "param_groups": [{"lr": 1e-3, "params": names[:-1] + ["critic.head.weight"]}]}
-    with pytest.raises(ValueError, match=r"does not fit this run: 1 parameter group\(s\) against 1, "
-                                         rf"missing \['{names[-1]}'\], unexpected \['critic.head.weight'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"does not fit this run: 1 parameter group\(s\) against 1, "
+        rf"missing \['{names[-1]}'\], unexpected \['critic.head.weight'\]",
+    ):
         process.load_optimizer_state(optimizer, saved)
 
 
@@ -417,7 +502,9 @@ def test_zero3_refuses_other_weight_dtypes():
     from omrl.errors import ConfigError
     from omrl.parallel import zero3
 
-    with pytest.raises(ConfigError, match="model.dtype=bfloat16 is not supported under ZeRO-3 .*valid: model.dtype=float32"):
+    with pytest.raises(
+        ConfigError, match="model.dtype=bfloat16 is not supported under ZeRO-3 .*valid: model.dtype=float32"
+    ):
         zero3.check_options("bfloat16")
 
 

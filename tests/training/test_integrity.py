@@ -18,10 +18,12 @@ from omrl.models import MODEL_MANIFEST, load_model, resolve_model_path
 from omrl.training import checkpoint as ckpt
 from omrl.training.model_setup import save_final_model
 
-TORCH_FULL = RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file "
-                          "data/0: file write failed")
-SAFETENSORS_FULL = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
-                                   '"No space left on device" })')
+TORCH_FULL = RuntimeError(
+    "[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file data/0: file write failed"
+)
+SAFETENSORS_FULL = SafetensorError(
+    'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+)
 
 
 def _flip_a_byte(file: Path, offset: int = -100) -> None:
@@ -43,9 +45,22 @@ def _as_an_older_omrl(path: Path) -> None:
 
 
 def _sft(tiny_model_dir, dataset, output_dir, *extra: str) -> list[str]:
-    return ["sft", f"model.name={tiny_model_dir}", "--dataset", str(dataset), "--output-dir", str(output_dir),
-            "--num-train-epochs", "0.5", "--per-device-train-batch-size", "8", "--gradient-accumulation-steps", "1",
-            "logging.tensorboard=false", *extra]
+    return [
+        "sft",
+        f"model.name={tiny_model_dir}",
+        "--dataset",
+        str(dataset),
+        "--output-dir",
+        str(output_dir),
+        "--num-train-epochs",
+        "0.5",
+        "--per-device-train-batch-size",
+        "8",
+        "--gradient-accumulation-steps",
+        "1",
+        "logging.tensorboard=false",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +86,7 @@ def run(sft_run, tmp_path):
 
 
 # -- checkpoints without a manifest -----------------------------------------------------------------
+
 
 def test_a_checkpoint_without_digests_is_refused_on_resume_until_vouched_for(tmp_path, tiny_model):
     path = _save(tmp_path, tiny_model, 1)
@@ -103,6 +119,7 @@ def test_a_damaged_checkpoint_model_loaded_as_a_model_is_refused_naming_the_file
 
 # -- the final model ----------------------------------------------------------------------------------
 
+
 def test_the_final_model_carries_a_manifest_and_loads(run):
     lines = (run / MODEL_MANIFEST).read_text().splitlines()
     names = {line.split(" ", 2)[2] for line in lines}
@@ -129,16 +146,18 @@ def test_a_cut_or_garbled_weights_file_without_a_manifest_is_an_error_naming_it(
     shutil.copytree(tiny_model_dir, model_dir)
     weights = model_dir / "model.safetensors"
     data = weights.read_bytes()
-    weights.write_bytes(data[:len(data) // 2] if damage == "cut" else data[:8] + b"#" * 32 + data[40:])
+    weights.write_bytes(data[: len(data) // 2] if damage == "cut" else data[:8] + b"#" * 32 + data[40:])
     with pytest.raises(DamagedModelError, match=f"{weights}: Error while deserializing header"):
         resolve_model_path(str(model_dir))
 
 
 # -- a full disk --------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("writer", ["torch", "safetensors"])
-def test_a_full_disk_during_a_checkpoint_save_names_the_checkpoint_and_keeps_the_last(tmp_path, tiny_model,
-                                                                                      monkeypatch, writer):
+def test_a_full_disk_during_a_checkpoint_save_names_the_checkpoint_and_keeps_the_last(
+    tmp_path, tiny_model, monkeypatch, writer
+):
     import transformers.modeling_utils
 
     first = _save(tmp_path, tiny_model, 1)
@@ -151,8 +170,14 @@ def test_a_full_disk_during_a_checkpoint_save_names_the_checkpoint_and_keeps_the
     else:
         monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full)
     with pytest.raises(WriteFailed) as failed:
-        ckpt.save_checkpoint(tmp_path, 2, tiny_model[0], optimizer=torch.optim.SGD(tiny_model[0].parameters(), 0.1),
-                             tokenizer=tiny_model[1], config={"seed": 0})
+        ckpt.save_checkpoint(
+            tmp_path,
+            2,
+            tiny_model[0],
+            optimizer=torch.optim.SGD(tiny_model[0].parameters(), 0.1),
+            tokenizer=tiny_model[1],
+            config={"seed": 0},
+        )
     assert str(ckpt.checkpoint_path(tmp_path, 2)) in str(failed.value)
     assert ("the disk is full" if writer == "safetensors" else "is the disk full?") in str(failed.value)
     monkeypatch.undo()

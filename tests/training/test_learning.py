@@ -31,12 +31,22 @@ class MovesLeft:
 def test_grpo_raises_the_reward_it_optimises(tmp_path, register_plugin):
     register_plugin(MovesLeft(), name="moves-left")
     example = load_example("learn_gridworld")
-    budget = example.Budget(expert_episodes=100, sft_epochs=16.0, grpo_steps=6, tasks_per_step=8, group_size=4,
-                            eval_tasks=0, eval_every=0, grpo_learning_rate=5e-4, mini_batch_size=16)
+    budget = example.Budget(
+        expert_episodes=100,
+        sft_epochs=16.0,
+        grpo_steps=6,
+        tasks_per_step=8,
+        group_size=4,
+        eval_tasks=0,
+        eval_every=0,
+        grpo_learning_rate=5e-4,
+        mini_batch_size=16,
+    )
     data = example.expert_data(tmp_path / "expert.parquet", budget.expert_episodes)
     sft = example.sft_stage(data, tmp_path / "sft", budget, seed=0)
-    example.grpo_stage(sft, tmp_path / "grpo", budget, seed=0, reward="{moves_left: 1.0}",
-                       overrides=("env.max_turns=4",))  # short episodes: a fast test
+    example.grpo_stage(
+        sft, tmp_path / "grpo", budget, seed=0, reward="{moves_left: 1.0}", overrides=("env.max_turns=4",)
+    )  # short episodes: a fast test
 
     records = read_metrics(tmp_path / "grpo")
     rewards = [r["reward"] for r in records]
@@ -47,9 +57,14 @@ def test_grpo_raises_the_reward_it_optimises(tmp_path, register_plugin):
 
 
 def test_the_example_plots_its_summary(tmp_path):
-    summary = {"before_sft": {"sampled": 0.0, "greedy": 0.0}, "after_sft": {"sampled": 0.47, "greedy": 0.32},
-               "after_grpo": {"sampled": 0.56, "greedy": 0.42}, "curve": [(0, 0.47), (5, 0.5), (10, 0.56)],
-               "eval_tasks": 100, "eval_samples": 4}
+    summary = {
+        "before_sft": {"sampled": 0.0, "greedy": 0.0},
+        "after_sft": {"sampled": 0.47, "greedy": 0.32},
+        "after_grpo": {"sampled": 0.56, "greedy": 0.42},
+        "curve": [(0, 0.47), (5, 0.5), (10, 0.56)],
+        "eval_tasks": 100,
+        "eval_samples": 4,
+    }
     load_example("learn_gridworld").plot(summary, tmp_path / "success.png")
     assert (tmp_path / "success.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["success.png"]  # no temporary file left behind

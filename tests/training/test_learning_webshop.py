@@ -61,8 +61,9 @@ def test_the_run_writes_its_results_and_resumes(toy_run):
     delta = results["stages"]["sft"]["delta"]
     assert delta["rank"] == example.ws.DELTA_RANK and 0 < delta["kept"] <= 1 and not delta["same_as_shipped"]
     assert file_digest(out / example.ws.DELTA_FILE) == delta["sha256"]
-    rebuilt = apply_low_rank_delta(load_file(f"{resolve_model_path('tiny')}/model.safetensors"),
-                                   out / example.ws.DELTA_FILE)
+    rebuilt = apply_low_rank_delta(
+        load_file(f"{resolve_model_path('tiny')}/model.safetensors"), out / example.ws.DELTA_FILE
+    )
     tuned = load_file(out / "sft" / "model.safetensors")
     base = load_file(f"{resolve_model_path('tiny')}/model.safetensors")
     missed = sum(float((tuned[k] - rebuilt[k]).square().sum()) for k in tuned)
@@ -136,20 +137,38 @@ def test_a_grpo_update_raises_the_reward_it_optimises_on_a_fixed_batch(toy_run):
 def _evaluation(success: list[float], samples: int = 1) -> dict:
     from_goals = {"task_ids": list(range(len(success))), "success": success, "score": success}
     mean = sum(success) / len(success)
-    return {"goals": len(success), "episodes": len(success) * samples, "samples_per_goal": samples,
-            "success": mean, "success_se": 0.05, "score": mean, "score_se": 0.05, "format_valid": 1.0,
-            "mean_turns": 4.0, "seconds": 60.0, "per_goal": from_goals}
+    return {
+        "goals": len(success),
+        "episodes": len(success) * samples,
+        "samples_per_goal": samples,
+        "success": mean,
+        "success_se": 0.05,
+        "score": mean,
+        "score_se": 0.05,
+        "format_valid": 1.0,
+        "mean_turns": 4.0,
+        "seconds": 60.0,
+        "per_goal": from_goals,
+    }
 
 
 def test_the_targets_are_judged_as_the_issue_states_them(tmp_path):
     example = load_example("learn_webshop")
     sft = [1.0] * 30 + [0.0] * 70  # 30% greedy: meets >= 25%
     rl = [1.0] * 40 + [0.0] * 60  # +10 points on the same goals, paired SE 3.0: more than 2 SE
-    results = {"settings": {"model": "smollm2-135m", "seed": 0, "eval_goals": 100, "eval_samples": 1},
-               "stages": {"expert": {"seconds": 5.0}, "sft": {"seconds": 3600.0}, "rl": {"seconds": 3000.0},
-                          "eval": {"seconds": 900.0}},
-               "eval": {name: {"sampled": _evaluation(values), "greedy": _evaluation(values)}
-                        for name, values in (("base", [0.0] * 100), ("sft", sft), ("rl", rl))}}
+    results = {
+        "settings": {"model": "smollm2-135m", "seed": 0, "eval_goals": 100, "eval_samples": 1},
+        "stages": {
+            "expert": {"seconds": 5.0},
+            "sft": {"seconds": 3600.0},
+            "rl": {"seconds": 3000.0},
+            "eval": {"seconds": 900.0},
+        },
+        "eval": {
+            name: {"sampled": _evaluation(values), "greedy": _evaluation(values)}
+            for name, values in (("base", [0.0] * 100), ("sft", sft), ("rl", rl))
+        },
+    }
     targets = example.verdicts(results)
     assert targets["sft_success"]["met"] and targets["sft_success"]["measured"] == pytest.approx(0.30)
     for mode in ("sampled", "greedy"):
@@ -168,13 +187,18 @@ def test_the_targets_are_judged_as_the_issue_states_them(tmp_path):
     results["targets"] = targets
     text = example.report(results)
     assert "greedy success after SFT >= 25%: measured 30.0% +- 5.0 -> MET" in text
-    assert "greedy: success and mean score after RL above SFT by > 2 SE (paired over goals): measured success " \
-           "+10.0 points, SE 3.0; score +0.100, SE 0.030 -> MET" in text
+    assert (
+        "greedy: success and mean score after RL above SFT by > 2 SE (paired over goals): measured success "
+        "+10.0 points, SE 3.0; score +0.100, SE 0.030 -> MET" in text
+    )
     assert "whole run within 2 hours: measured 2.08 h -> MISSED" in text
 
     # a stopped eval stage: only what was evaluated is judged
-    partial = {**results, "stages": {k: v for k, v in results["stages"].items() if k != "eval"},
-               "eval": {"sft": {"greedy": _evaluation(sft)}, "rl": {"greedy": _evaluation(rl)}}}
+    partial = {
+        **results,
+        "stages": {k: v for k, v in results["stages"].items() if k != "eval"},
+        "eval": {"sft": {"greedy": _evaluation(sft)}, "rl": {"greedy": _evaluation(rl)}},
+    }
     assert set(example.verdicts(partial)) == {"sft_success", "rl_gain_greedy"}
 
     example.plot(results, tmp_path / "success.png")

@@ -62,10 +62,22 @@ def test_a_skipped_update_leaves_weights_moments_and_schedule_as_they_were():
     for step, poison in enumerate(["", "", "loss", "grad", "", ""], start=1):
         loss = model(torch.ones(1, 3)).sum() * (float("nan") if poison == "grad" else 1.0)
         loss.backward()
-        before = ([p.clone() for p in model.parameters()], scheduler.last_epoch,
-                  {k: v.clone() for k, v in optimizer.state[model.weight].items()})
-        update = apply_update(strategy, list(model.parameters()), optimizer, scheduler, skipped, log, step,
-                              cfg.max_grad_norm, finite=poison != "loss")
+        before = (
+            [p.clone() for p in model.parameters()],
+            scheduler.last_epoch,
+            {k: v.clone() for k, v in optimizer.state[model.weight].items()},
+        )
+        update = apply_update(
+            strategy,
+            list(model.parameters()),
+            optimizer,
+            scheduler,
+            skipped,
+            log,
+            step,
+            cfg.max_grad_norm,
+            finite=poison != "loss",
+        )
         lrs.append(update.lr)
         applied.append(update.applied)
         if not update.applied:
@@ -109,8 +121,7 @@ def test_metrics_logger_on_resume_drops_steps_after_the_checkpoint(tmp_path):
         for step in range(3, 7):
             logger.log(step, {"loss": 10.0 + step})
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0),
-                                                         (6, 16.0)]
+    assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0), (6, 16.0)]
 
 
 def test_format_metrics_puts_the_usual_keys_first():

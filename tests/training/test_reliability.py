@@ -29,11 +29,26 @@ QUIET = Console(file=io.StringIO())
 @pytest.fixture
 def rl_config(tiny_model_dir, tmp_path):
     def make(*overrides: str) -> TrainRunConfig:
-        return load_config(TrainRunConfig, "grpo", [
-            f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=2", "generation.max_new_tokens=6",
-            "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}", "logging.tensorboard=false",
-            "steps=2", "tasks_per_step=1", "group_size=2", "eval_tasks=1", "optim.learning_rate=1e-3",
-            "algorithm.entropy_coef=0.01", *overrides])  # the entropy bonus: every step updates
+        return load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={tiny_model_dir}",
+                "env.name=gridworld",
+                "env.max_turns=2",
+                "generation.max_new_tokens=6",
+                "generation.max_context=512",
+                f"logging.output_dir={tmp_path / 'run'}",
+                "logging.tensorboard=false",
+                "steps=2",
+                "tasks_per_step=1",
+                "group_size=2",
+                "eval_tasks=1",
+                "optim.learning_rate=1e-3",
+                "algorithm.entropy_coef=0.01",
+                *overrides,
+            ],
+        )  # the entropy bonus: every step updates
 
     return make
 
@@ -98,27 +113,48 @@ def no_wait(monkeypatch):
 def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, register_plugin, no_wait):
     register_plugin(DeadServer(), name="dead-server")
     cfg = rl_config("env.name=dead_server", "eval_tasks=0")
-    with pytest.raises(EnvFailure, match=r"step 1: every episode failed in the env 'dead_server' in 3 rollouts in a "
-                                         r"row \(the last reason: .*connection refused by 127.0.0.1:9\); the step is "
-                                         r"not counted .*no checkpoint was written before it.*--resume"):
+    with pytest.raises(
+        EnvFailure,
+        match=r"step 1: every episode failed in the env 'dead_server' in 3 rollouts in a "
+        r"row \(the last reason: .*connection refused by 127.0.0.1:9\); the step is "
+        r"not counted .*no checkpoint was written before it.*--resume",
+    ):
         run_rl(cfg, console=QUIET)
     assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
 
 
-def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(tiny_model_dir, tmp_path, register_plugin,
-                                                                        monkeypatch):
+def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(
+    tiny_model_dir, tmp_path, register_plugin, monkeypatch
+):
     """DPO plays such a step again too (as GRPO does), then stops without counting it."""
     import omrl.training.online
 
     monkeypatch.setattr(omrl.training.online, "ENV_FAILURE_WAIT", 0.0)
     monkeypatch.setattr(DeadServerEnv, "resets", 0)
     register_plugin(DeadServer(), name="dead-server")
-    cfg = load_config(TrainRunConfig, "dpo", [
-        f"model.name={tiny_model_dir}", "env.name=dead_server", "env.max_turns=2", "generation.max_new_tokens=6",
-        "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}", "logging.tensorboard=false",
-        "steps=2", "tasks_per_step=1", "group_size=2", "eval_tasks=0", "logging.save_steps=1"])
-    with pytest.raises(EnvFailure, match=r"step 1: every episode failed in the env 'dead_server' in 3 rollouts in a "
-                                         r"row \(the last reason: .*connection refused.*\); the step is not counted"):
+    cfg = load_config(
+        TrainRunConfig,
+        "dpo",
+        [
+            f"model.name={tiny_model_dir}",
+            "env.name=dead_server",
+            "env.max_turns=2",
+            "generation.max_new_tokens=6",
+            "generation.max_context=512",
+            f"logging.output_dir={tmp_path / 'run'}",
+            "logging.tensorboard=false",
+            "steps=2",
+            "tasks_per_step=1",
+            "group_size=2",
+            "eval_tasks=0",
+            "logging.save_steps=1",
+        ],
+    )
+    with pytest.raises(
+        EnvFailure,
+        match=r"step 1: every episode failed in the env 'dead_server' in 3 rollouts in a "
+        r"row \(the last reason: .*connection refused.*\); the step is not counted",
+    ):
         run_rl(cfg, console=QUIET)
     assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
     assert DeadServerEnv.resets >= 2 * (1 + omrl.training.online.ENV_FAILURE_REPLAYS)  # played, then replayed
@@ -154,6 +190,7 @@ def test_a_step_whose_every_episode_failed_in_the_env_is_played_again(rl_config,
     def fail_next_rollout(step, metrics):
         if step == 1:
             flaky_server.failures = 2  # both episodes of step 2's first rollout
+
     cfg = rl_config("env.name=flaky_server", "eval_tasks=0", "logging.save_steps=1")
     run_rl(cfg, on_step_end=fail_next_rollout, console=QUIET)
     records = read_metrics(cfg.logging.output_dir)
@@ -165,13 +202,19 @@ def test_a_step_on_a_dead_server_is_never_counted_checkpointed_or_rotated_over_a
     """The server dies after step 1: step 2 is played again, fails again, and the run stops with
     step 1's checkpoint kept (keep_checkpoints=1 would rotate it out for a step 2 checkpoint) and
     no row for step 2; once the server is back, --resume plays steps 2 and 3."""
+
     def kill_the_server(step, metrics):
         if step == 1:
             flaky_server.failures = 10**6
-    cfg = rl_config("env.name=flaky_server", "eval_tasks=0", "logging.save_steps=1", "logging.keep_checkpoints=1",
-                    "steps=3")
-    with pytest.raises(EnvFailure, match=r"step 2: every episode failed .* in 3 rollouts in a row .*HTTP 503.*not "
-                                         r"counted .*the newest checkpoint, step-00000001, is kept.*--resume"):
+
+    cfg = rl_config(
+        "env.name=flaky_server", "eval_tasks=0", "logging.save_steps=1", "logging.keep_checkpoints=1", "steps=3"
+    )
+    with pytest.raises(
+        EnvFailure,
+        match=r"step 2: every episode failed .* in 3 rollouts in a row .*HTTP 503.*not "
+        r"counted .*the newest checkpoint, step-00000001, is kept.*--resume",
+    ):
         run_rl(cfg, on_step_end=kill_the_server, console=QUIET)
     assert [c.name for c in complete_checkpoints(cfg.logging.output_dir)] == ["step-00000001"]
     assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1]
@@ -183,14 +226,20 @@ def test_a_step_on_a_dead_server_is_never_counted_checkpointed_or_rotated_over_a
     assert [c.name for c in complete_checkpoints(cfg.logging.output_dir)] == ["step-00000003"]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("optim.learning_rate=-1", "optim.learning_rate must be a finite number >= 0, got -1"),
-    ("optim.micro_batch_size=0", "optim.micro_batch_size must be >= 1, got 0"),
-    ("algorithm.advantage=gae", "algorithm.advantage=gae cannot run with algorithm.name=grpo.*use algorithm.name=ppo"),
-    ("group_size=1", "algorithm.advantage=grpo gives every sample an advantage of 0 with group_size=1"),
-    ("generation.temperature=-1", "generation.temperature must be >= 0"),
-    ("generation.max_context=6", "generation.max_context larger than it"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.learning_rate=-1", "optim.learning_rate must be a finite number >= 0, got -1"),
+        ("optim.micro_batch_size=0", "optim.micro_batch_size must be >= 1, got 0"),
+        (
+            "algorithm.advantage=gae",
+            "algorithm.advantage=gae cannot run with algorithm.name=grpo.*use algorithm.name=ppo",
+        ),
+        ("group_size=1", "algorithm.advantage=grpo gives every sample an advantage of 0 with group_size=1"),
+        ("generation.temperature=-1", "generation.temperature must be >= 0"),
+        ("generation.max_context=6", "generation.max_context larger than it"),
+    ],
+)
 def test_settings_that_could_never_train_are_refused_before_any_rollout(rl_config, override, message):
     cfg = rl_config(override)
     with pytest.raises(ConfigError, match=message):
@@ -219,8 +268,11 @@ def test_a_final_model_save_killed_halfway_leaves_nothing_behind_next_time(tiny_
 
 
 def test_a_run_whose_prompts_leave_no_room_for_a_turn_says_so(rl_config):
-    with pytest.raises(ConfigError, match=r"no episode of this run got a single model turn: the opening prompt \(up to "
-                                          r"\d+ tokens\) leaves no room within generation.max_context=20"):
+    with pytest.raises(
+        ConfigError,
+        match=r"no episode of this run got a single model turn: the opening prompt \(up to "
+        r"\d+ tokens\) leaves no room within generation.max_context=20",
+    ):
         run_rl(rl_config("generation.max_context=20", "eval_tasks=0"), console=QUIET)
 
 
@@ -248,17 +300,35 @@ class HalfDeadServer:
 
 
 @pytest.mark.parametrize("max_rate", [0.1, 0.6])
-def test_a_run_whose_env_errors_pass_the_stated_share_exits_non_zero_after_saving(tiny_model_dir, tmp_path,
-                                                                                   register_plugin, max_rate):
+def test_a_run_whose_env_errors_pass_the_stated_share_exits_non_zero_after_saving(
+    tiny_model_dir, tmp_path, register_plugin, max_rate
+):
     register_plugin(HalfDeadServer(), name="half-dead")
-    cfg = load_config(TrainRunConfig, "grpo", [
-        f"model.name={tiny_model_dir}", "env.name=half_dead", "env.max_turns=2", "generation.max_new_tokens=6",
-        "generation.max_context=512", f"logging.output_dir={tmp_path / 'run'}", "logging.tensorboard=false",
-        "steps=1", "tasks_per_step=4", "train_tasks=4", "group_size=2", "eval_tasks=0",
-        f"max_env_error_rate={max_rate}"])
+    cfg = load_config(
+        TrainRunConfig,
+        "grpo",
+        [
+            f"model.name={tiny_model_dir}",
+            "env.name=half_dead",
+            "env.max_turns=2",
+            "generation.max_new_tokens=6",
+            "generation.max_context=512",
+            f"logging.output_dir={tmp_path / 'run'}",
+            "logging.tensorboard=false",
+            "steps=1",
+            "tasks_per_step=4",
+            "train_tasks=4",
+            "group_size=2",
+            "eval_tasks=0",
+            f"max_env_error_rate={max_rate}",
+        ],
+    )
     if max_rate < 0.5:
-        with pytest.raises(EnvFailure, match=r"failed in the env 'half_dead', more than max_env_error_rate=0.1 "
-                                             r"allows.*connection reset while creating task"):
+        with pytest.raises(
+            EnvFailure,
+            match=r"failed in the env 'half_dead', more than max_env_error_rate=0.1 "
+            r"allows.*connection reset while creating task",
+        ):
             run_rl(cfg, console=QUIET)
     else:
         run_rl(cfg, console=QUIET)

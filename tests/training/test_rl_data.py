@@ -7,8 +7,16 @@ from omrl.training.rl_data import TaskOrder, preference_pairs
 
 
 def _sample(group: int, sample: int, reward: float, won: bool = False) -> Episode:
-    return Episode(env="gridworld", task_id=group, split="train", instruction="walk", group=group, sample=sample,
-                   won=won, rewards={"total": [reward]})
+    return Episode(
+        env="gridworld",
+        task_id=group,
+        split="train",
+        instruction="walk",
+        group=group,
+        sample=sample,
+        won=won,
+        rewards={"total": [reward]},
+    )
 
 
 def test_each_task_pairs_its_best_sample_with_its_worst():

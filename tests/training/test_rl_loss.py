@@ -15,14 +15,22 @@ from omrl_plugins.algos.policy_losses import ppo_clip
 
 def _micro_batch(**extra) -> Batch:
     # 1 row, 3 tokens; token 0 is a prompt token (mask 0)
-    return Batch({"loss_mask": torch.tensor([[0.0, 1.0, 1.0]]),
-                  "old_log_probs": torch.tensor([[0.0, -1.0, -2.0]]),
-                  "advantages": torch.tensor([[0.0, 1.0, -1.0]]), **extra})
+    return Batch(
+        {
+            "loss_mask": torch.tensor([[0.0, 1.0, 1.0]]),
+            "old_log_probs": torch.tensor([[0.0, -1.0, -2.0]]),
+            "advantages": torch.tensor([[0.0, 1.0, -1.0]]),
+            **extra,
+        }
+    )
 
 
 def _out(**extra) -> dict[str, torch.Tensor]:
-    return {"log_probs": torch.tensor([[0.0, -1.0, -2.0]]),  # ratio 1: the surrogate is -A, token-mean 0
-            "entropy": torch.tensor([[9.0, 2.0, 4.0]]), **extra}
+    return {
+        "log_probs": torch.tensor([[0.0, -1.0, -2.0]]),  # ratio 1: the surrogate is -A, token-mean 0
+        "entropy": torch.tensor([[9.0, 2.0, 4.0]]),
+        **extra,
+    }
 
 
 def test_entropy_bonus_and_kl_penalty_are_added_with_their_coefficients():

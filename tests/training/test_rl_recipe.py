@@ -22,6 +22,8 @@ from omrl.training.metrics import read_metrics
 from omrl.training.rl import RLRecipe, run_rl
 
 QUIET = Console(file=io.StringIO())
+
+
 def varies(key: str) -> bool:
     """Speeds, times and memory: not the run's numbers."""
     return key.endswith("_per_s") or "time" in key or key.startswith("peak_")
@@ -32,11 +34,27 @@ def rl_config(tiny_model_dir, tmp_path):
     """``rl_config(*overrides)``: a run of a few seconds a step on gridworld."""
 
     def make(*overrides: str, out: str = "run") -> TrainRunConfig:
-        return load_config(TrainRunConfig, "grpo", [
-            f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=3",
-            "generation.max_new_tokens=8", "generation.max_context=512", f"logging.output_dir={tmp_path / out}",
-            "logging.tensorboard=false", "steps=2", "tasks_per_step=2", "group_size=3", "eval_tasks=2",
-            "reward.weights={goal: 1.0}", "optim.learning_rate=1e-3", "optim.micro_batch_size=4", *overrides])
+        return load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={tiny_model_dir}",
+                "env.name=gridworld",
+                "env.max_turns=3",
+                "generation.max_new_tokens=8",
+                "generation.max_context=512",
+                f"logging.output_dir={tmp_path / out}",
+                "logging.tensorboard=false",
+                "steps=2",
+                "tasks_per_step=2",
+                "group_size=3",
+                "eval_tasks=2",
+                "reward.weights={goal: 1.0}",
+                "optim.learning_rate=1e-3",
+                "optim.micro_batch_size=4",
+                *overrides,
+            ],
+        )
 
     return make
 
@@ -84,8 +102,13 @@ def test_each_step_logs_its_own_generation_and_the_evaluation_its_own(rl_config)
 def test_each_mini_batch_is_one_optimizer_step(rl_config, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
     # 2 tasks x 3 samples = 6 episodes: 3 mini-batches of 2 a pass, 2 passes, 2 steps -> 12 updates
-    cfg = rl_config("mini_batch_size=2", "ppo_epochs=2", "reward.weights={sample_index: 1.0}", "eval_tasks=0",
-                    "optim.lr_schedule=linear")
+    cfg = rl_config(
+        "mini_batch_size=2",
+        "ppo_epochs=2",
+        "reward.weights={sample_index: 1.0}",
+        "eval_tasks=0",
+        "optim.lr_schedule=linear",
+    )
     run_rl(cfg, console=QUIET)
     checkpoint = latest_checkpoint(cfg.logging.output_dir)
     optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
@@ -102,8 +125,10 @@ def test_mini_batch_size_must_not_be_negative(rl_config):
 
 
 def test_evaluation_samples_each_test_task_at_the_eval_temperature(rl_config):
-    recipe = RLRecipe(rl_config("eval_temperature=1.0", "eval_samples_per_task=3", "eval_tasks=2",
-                                "generation.temperature=0.7"), console=QUIET)
+    recipe = RLRecipe(
+        rl_config("eval_temperature=1.0", "eval_samples_per_task=3", "eval_tasks=2", "generation.temperature=0.7"),
+        console=QUIET,
+    )
     played = []
     try:
         recipe.setup()
@@ -130,8 +155,14 @@ def test_several_greedy_eval_samples_are_refused(rl_config):
 
 def test_ppo_trains_a_value_head(rl_config):
     # a length penalty makes the returns nonzero even when the random model never reaches a goal
-    cfg = rl_config("algorithm.name=ppo", "algorithm.advantage=gae", "steps=1", "algorithm.lam=0.95",
-                    "reward.weights={goal: 1.0, length_penalty: 1.0}", "plugins.length_penalty={budget: 2, per_token: 0.1}")
+    cfg = rl_config(
+        "algorithm.name=ppo",
+        "algorithm.advantage=gae",
+        "steps=1",
+        "algorithm.lam=0.95",
+        "reward.weights={goal: 1.0, length_penalty: 1.0}",
+        "plugins.length_penalty={budget: 2, per_token: 0.1}",
+    )
     summary = run_rl(cfg, console=QUIET)
     record = read_metrics(cfg.logging.output_dir)[0]
     assert math.isfinite(record["value_loss"]) and record["value_loss"] > 0
@@ -154,7 +185,9 @@ def test_dpo_trains_on_pairs_from_rollouts(rl_config, register_plugin):
     run_rl(cfg, console=QUIET)
     record = read_metrics(cfg.logging.output_dir)[0]
     assert record["dpo_pairs"] == cfg.tasks_per_step
-    assert math.isfinite(record["loss"]) and record["loss"] == pytest.approx(math.log(2), abs=0.05)  # policy == reference
+    assert math.isfinite(record["loss"]) and record["loss"] == pytest.approx(
+        math.log(2), abs=0.05
+    )  # policy == reference
 
 
 def test_an_update_with_all_zero_advantages_is_skipped_loudly(rl_config):
@@ -168,7 +201,9 @@ def test_an_update_with_all_zero_advantages_is_skipped_loudly(rl_config):
 
 def test_kl_to_the_reference_is_logged(rl_config, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
-    cfg = rl_config("steps=1", "algorithm.kl_coef=0.1", "algorithm.kl_estimator=k3", "reward.weights={sample_index: 1.0}")
+    cfg = rl_config(
+        "steps=1", "algorithm.kl_coef=0.1", "algorithm.kl_estimator=k3", "reward.weights={sample_index: 1.0}"
+    )
     run_rl(cfg, console=QUIET)
     record = read_metrics(cfg.logging.output_dir)[0]
     assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # before the first update the policy is the reference
@@ -201,7 +236,10 @@ def test_resumed_run_matches_an_uninterrupted_one(rl_config, register_plugin):
     assert [r["step"] for r in resumed] == [1, 2, 3], "each step logged once, the last with the final evaluation"
     for record in resumed:
         for key in keys:
-            assert record[key] == pytest.approx(expected[record["step"]][key], rel=1e-4, abs=1e-6), (record["step"], key)
+            assert record[key] == pytest.approx(expected[record["step"]][key], rel=1e-4, abs=1e-6), (
+                record["step"],
+                key,
+            )
 
 
 def test_resume_with_a_different_config_names_the_keys(rl_config):
@@ -230,26 +268,57 @@ class NanLoss:
 def test_non_finite_updates_are_skipped_then_stop_the_run(rl_config, register_plugin):
     register_plugin(NanLoss(), name="nan-loss")
     register_plugin(SampleIndexReward(), name="sample-index")
-    cfg = rl_config("algorithm.policy_loss=nan_loss", "steps=2", "optim.max_nan_steps=5", "eval_tasks=0",
-                    "reward.weights={sample_index: 1.0}")
+    cfg = rl_config(
+        "algorithm.policy_loss=nan_loss",
+        "steps=2",
+        "optim.max_nan_steps=5",
+        "eval_tasks=0",
+        "reward.weights={sample_index: 1.0}",
+    )
     before = {k: v.clone() for k, v in load_model(cfg.model.name)[0].state_dict().items()}
     summary = run_rl(cfg, console=QUIET)
     assert summary["skipped_updates"] == 2
     after = load_model(cfg.logging.output_dir)[0].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "a skipped update changed the weights"
     with pytest.raises(NonFiniteLossError, match="2 updates in a row"):
-        run_rl(rl_config("algorithm.policy_loss=nan_loss", "steps=3", "optim.max_nan_steps=2", "reward.weights={sample_index: 1.0}",
-                         out="stops"), console=QUIET)
+        run_rl(
+            rl_config(
+                "algorithm.policy_loss=nan_loss",
+                "steps=3",
+                "optim.max_nan_steps=2",
+                "reward.weights={sample_index: 1.0}",
+                out="stops",
+            ),
+            console=QUIET,
+        )
 
 
 def test_train_command(tiny_model_dir, tmp_path):
     from omrl.cli import build_app
 
     out = tmp_path / "cli-run"
-    result = CliRunner().invoke(build_app(), [
-        "train", "--algo", "grpo", "--env", "gridworld", "--model", tiny_model_dir, "--steps", "1",
-        "--output-dir", str(out), "tasks_per_step=1", "group_size=2", "env.max_turns=2", "eval_tasks=1",
-        "generation.max_new_tokens=6", "logging.tensorboard=false"])
+    result = CliRunner().invoke(
+        build_app(),
+        [
+            "train",
+            "--algo",
+            "grpo",
+            "--env",
+            "gridworld",
+            "--model",
+            tiny_model_dir,
+            "--steps",
+            "1",
+            "--output-dir",
+            str(out),
+            "tasks_per_step=1",
+            "group_size=2",
+            "env.max_turns=2",
+            "eval_tasks=1",
+            "generation.max_new_tokens=6",
+            "logging.tensorboard=false",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "omrl train: done" in result.output and (out / "config.json").exists()
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
@@ -295,6 +364,7 @@ def test_each_steps_episodes_are_written_for_omrl_view(rl_config):
     assert [f.name for f in files] == ["step-00000001.parquet", "step-00000002.parquet"]
     assert all(len(read_episodes(f)) == 2 * 3 for f in files)  # tasks_per_step x group_size
     # the random model never wins: each update is skipped, its rollout saved with the all-zero advantages
-    assert all(len(ep.advantages) == len(ep.token_ids) and not any(ep.advantages) for f in files
-               for ep in read_episodes(f))
+    assert all(
+        len(ep.advantages) == len(ep.token_ids) and not any(ep.advantages) for f in files for ep in read_episodes(f)
+    )
     assert not discover(cfg.logging.output_dir).empty

@@ -14,16 +14,42 @@ from omrl.data import Episode, write_episodes
 
 def test_sft_flags_override_preset_and_key_values(tiny_model_dir, agent_jsonl, tmp_path):
     out = tmp_path / "run"
-    args = ["sft", f"model.name={tiny_model_dir}", "optim.weight_decay=0.1", "optim.learning_rate=1e-3",
-            "--dataset", str(agent_jsonl), "--output-dir", str(out), "--learning-rate", "1e-3",
-            "--num-train-epochs", "1", "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "1",
-            "--no-packing", "--max-seq-length", "200", "--logging-steps", "1", "--save-steps", "1"]
+    args = [
+        "sft",
+        f"model.name={tiny_model_dir}",
+        "optim.weight_decay=0.1",
+        "optim.learning_rate=1e-3",
+        "--dataset",
+        str(agent_jsonl),
+        "--output-dir",
+        str(out),
+        "--learning-rate",
+        "1e-3",
+        "--num-train-epochs",
+        "1",
+        "--per-device-train-batch-size",
+        "4",
+        "--gradient-accumulation-steps",
+        "1",
+        "--no-packing",
+        "--max-seq-length",
+        "200",
+        "--logging-steps",
+        "1",
+        "--save-steps",
+        "1",
+    ]
     result = CliRunner().invoke(build_app(), args)
     assert result.exit_code == 0, result.output
     assert "trained 2 steps" in result.output and str(out) in result.output
     cfg = yaml.safe_load((out / "config.yaml").read_text())
-    assert cfg["optim"] == {**cfg["optim"], "learning_rate": 1e-3, "weight_decay": 0.1, "micro_batch_size": 4,
-                            "gradient_accumulation_steps": 1}
+    assert cfg["optim"] == {
+        **cfg["optim"],
+        "learning_rate": 1e-3,
+        "weight_decay": 0.1,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+    }
     assert (cfg["packing"], cfg["max_seq_length"], cfg["logging"]["save_steps"]) == (False, 200, 1)
     assert cfg["description"].startswith("SFT on agent conversations")  # the default `sft` preset underneath
     assert (out / "model.safetensors").exists()
@@ -31,22 +57,47 @@ def test_sft_flags_override_preset_and_key_values(tiny_model_dir, agent_jsonl, t
 
 def test_a_flag_and_an_override_that_disagree_are_refused(tiny_model_dir, agent_jsonl, tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
-        main(["sft", f"model.name={tiny_model_dir}", "optim.learning_rate=0.5", "--learning-rate", "1e-3",
-              "--dataset", str(agent_jsonl), "--output-dir", str(tmp_path / "run")])
+        main(
+            [
+                "sft",
+                f"model.name={tiny_model_dir}",
+                "optim.learning_rate=0.5",
+                "--learning-rate",
+                "1e-3",
+                "--dataset",
+                str(agent_jsonl),
+                "--output-dir",
+                str(tmp_path / "run"),
+            ]
+        )
     assert info.value.code == 2
     assert "optim.learning_rate=0.5 and the flag for optim.learning_rate (0.001) disagree" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
 def test_sft_resume_with_a_changed_flag_exits_2_naming_the_key(tiny_model_dir, agent_jsonl, tmp_path, capsys):
-    base = ["sft", f"model.name={tiny_model_dir}", "--dataset", str(agent_jsonl), "--output-dir", str(tmp_path),
-            "--num-train-epochs", "0.5", "--per-device-train-batch-size", "8", "--gradient-accumulation-steps", "1"]
+    base = [
+        "sft",
+        f"model.name={tiny_model_dir}",
+        "--dataset",
+        str(agent_jsonl),
+        "--output-dir",
+        str(tmp_path),
+        "--num-train-epochs",
+        "0.5",
+        "--per-device-train-batch-size",
+        "8",
+        "--gradient-accumulation-steps",
+        "1",
+    ]
     assert CliRunner().invoke(build_app(), base).exit_code == 0
     with pytest.raises(SystemExit) as info:
         main([*base, "--learning-rate", "0.01", "--resume"])
     assert info.value.code == 2
-    assert "cannot resume: the config differs from the checkpoint's in optim.learning_rate: 2e-05 -> 0.01" \
+    assert (
+        "cannot resume: the config differs from the checkpoint's in optim.learning_rate: 2e-05 -> 0.01"
         in capsys.readouterr().err.replace("\n", "")
+    )
 
 
 def test_sft_bad_dataset_row_exits_2_with_file_and_row(tiny_model_dir, tmp_path, capsys):
@@ -60,8 +111,10 @@ def test_sft_bad_dataset_row_exits_2_with_file_and_row(tiny_model_dir, tmp_path,
 
 def test_data_convert_and_show(tmp_path):
     messages = [{"role": "user", "content": "Find [red] shoes"}, {"role": "assistant", "content": "search[red shoes]"}]
-    episodes = [Episode(env="webshop", task_id=i, split="train", instruction="x", messages=messages, score=float(i))
-                for i in range(3)]
+    episodes = [
+        Episode(env="webshop", task_id=i, split="train", instruction="x", messages=messages, score=float(i))
+        for i in range(3)
+    ]
     traj = write_episodes(episodes, tmp_path / "traj.parquet")
     out = tmp_path / "good.jsonl"
     runner, app = CliRunner(), build_app()

@@ -109,8 +109,9 @@ def test_the_loss_on_labelled_positions_only_equals_cross_entropy_on_full_logits
 
     model.zero_grad()
     logits = model(input_ids=args[0], position_ids=args[1], use_cache=False).logits.float()
-    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1),
-                                                 ignore_index=IGNORE_INDEX, reduction="sum")
+    expected = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
     expected.backward()
     expected_grads = [p.grad.clone() for p in model.parameters()]
 
@@ -126,8 +127,9 @@ def test_the_loss_on_labelled_positions_only_equals_cross_entropy_on_full_logits
 def test_a_huge_message_is_cut_before_tokenizing_to_the_same_row(tiny_model):
     _, tok = tiny_model
     long_reply = "Act: " + "go north and look around. " * 4_000  # ~100 KB
-    conv = Conversation([{"role": "user", "content": "Find the key."}, {"role": "assistant", "content": long_reply}],
-                        "test row 1")
+    conv = Conversation(
+        [{"role": "user", "content": "Find the key."}, {"role": "assistant", "content": long_reply}], "test row 1"
+    )
     ids, mask = encode_conversation(tok, conv.messages)  # the whole conversation, uncut
     (row,), dropped, truncated = tokenize_conversations(tok, [conv], max_seq_length=64)
     assert (dropped, truncated) == (0, 1)
@@ -139,6 +141,7 @@ def test_a_huge_message_is_cut_before_tokenizing_to_the_same_row(tiny_model):
 
 def test_a_conversation_cut_before_its_first_reply_is_dropped(tiny_model):
     _, tok = tiny_model
-    conv = Conversation([{"role": "user", "content": "y" * 1_000_000}, {"role": "assistant", "content": "Act: go"}],
-                        "test row 1")
+    conv = Conversation(
+        [{"role": "user", "content": "y" * 1_000_000}, {"role": "assistant", "content": "Act: go"}], "test row 1"
+    )
     assert tokenize_conversations(tok, [conv], max_seq_length=32) == ([], 1, 0)

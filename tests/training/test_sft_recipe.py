@@ -23,16 +23,24 @@ QUIET = Console(file=io.StringIO())
 
 
 def test_short_run_lowers_the_loss_and_fills_the_output_dir(sft_config):
-    cfg = sft_config(num_train_epochs=3.0, packing=True, max_seq_length=230, optim__learning_rate=3e-3,
-                     logging__save_steps=3)
+    cfg = sft_config(
+        num_train_epochs=3.0, packing=True, max_seq_length=230, optim__learning_rate=3e-3, logging__save_steps=3
+    )
     summary = run_sft(cfg, console=QUIET)
     losses = [r["loss"] for r in read_metrics(cfg.logging.output_dir)]
     assert summary["steps"] == len(losses) >= 6
     assert losses[-1] < 0.8 * losses[0]  # 4 distinct conversations, seen 3 times each
     out = cfg.logging.output_dir
     names = {p.name for p in Path(out).iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja", "config.yaml",
-            "metrics.jsonl", "checkpoints"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "chat_template.jinja",
+        "config.yaml",
+        "metrics.jsonl",
+        "checkpoints",
+    } <= names
     assert from_dict(SftRunConfig, yaml.safe_load((Path(out) / "config.yaml").read_text())) == cfg
     assert [p.name for p in complete_checkpoints(out)][-1] == f"step-{summary['steps']:08d}"  # the final one
     model, tok = load_model(out)
@@ -40,8 +48,12 @@ def test_short_run_lowers_the_loss_and_fills_the_output_dir(sft_config):
 
 
 def test_lora_run_saves_a_merged_model_that_loads_plainly(sft_config, tiny_model_dir):
-    cfg = sft_config(model__lora_rank=4, model__lora_target_modules=["q_proj", "v_proj"], optim__learning_rate=1e-2,
-                     num_train_epochs=1.0)
+    cfg = sft_config(
+        model__lora_rank=4,
+        model__lora_target_modules=["q_proj", "v_proj"],
+        optim__learning_rate=1e-2,
+        num_train_epochs=1.0,
+    )
     run_sft(cfg, console=QUIET)
     out = cfg.logging.output_dir
     assert not any(p.name.startswith("adapter_") for p in Path(out).iterdir())
@@ -81,8 +93,9 @@ def test_a_nan_step_is_skipped_and_counted(sft_config):
 
 
 def test_a_skipped_update_does_not_advance_the_schedule(sft_config):
-    cfg = sft_config(num_train_epochs=1.0, optim__warmup_steps=2, optim__lr_schedule="linear",
-                     optim__learning_rate=1e-3)
+    cfg = sft_config(
+        num_train_epochs=1.0, optim__warmup_steps=2, optim__lr_schedule="linear", optim__learning_rate=1e-3
+    )
     recipe = SftRecipe(cfg, console=QUIET)
     recipe.setup()
     _nan_on_calls(recipe.model, calls={2})
@@ -115,8 +128,10 @@ def test_nan_steps_in_a_row_stop_the_run_with_a_clear_error(sft_config):
 
 def test_a_conversation_the_template_cannot_lay_out_fails_with_file_and_row(sft_config, tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"conversations": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
-                   '{"role": "assistant", "content": "c"}]}\n')
+    bad.write_text(
+        '{"conversations": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, '
+        '{"role": "assistant", "content": "c"}]}\n'
+    )
     with pytest.raises(Exception, match=rf"{bad} row 1: message 2 has role 'assistant'"):
         run_sft(sft_config(dataset=str(bad)), console=QUIET)
 

@@ -47,8 +47,14 @@ def _assert_same_losses(resumed, reference):
 
 def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, tmp_path):
     # 8 conversations, 2 per micro-batch, 2 micro-batches per step: 2 steps an epoch, 3 epochs.
-    settings = dict(num_train_epochs=3.0, optim__gradient_accumulation_steps=2, optim__lr_schedule="cosine",
-                    optim__warmup_steps=2, optim__weight_decay=0.01, logging__save_steps=3)
+    settings = dict(
+        num_train_epochs=3.0,
+        optim__gradient_accumulation_steps=2,
+        optim__lr_schedule="cosine",
+        optim__warmup_steps=2,
+        optim__weight_decay=0.01,
+        logging__save_steps=3,
+    )
     reference_cfg = sft_config(logging__output_dir=str(tmp_path / "reference"), **settings)
     run_sft(reference_cfg, console=QUIET)
     reference = _losses(reference_cfg.logging.output_dir)
@@ -58,8 +64,9 @@ def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, tmp_path):
     config_file = tmp_path / "killed.yaml"
     config_file.write_text(to_yaml(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # see the one_torch_thread fixture
-    proc = subprocess.run([sys.executable, "-c", KILLED_RUN, str(config_file), "4"], capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_RUN, str(config_file), "4"], capture_output=True, text=True, timeout=300, env=env
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert latest_checkpoint(cfg.logging.output_dir).name == "step-00000003"  # mid-epoch 1
     assert [s for s, _ in _losses(cfg.logging.output_dir)] == [1, 2, 3, 4]  # step 4 was never checkpointed
@@ -76,8 +83,15 @@ class _Stop(Exception):
 
 def test_lora_run_with_dropout_stopped_by_a_hook_resumes_exactly(sft_config, tmp_path):
     """LoRA dropout draws random numbers: the restored RNG states make the resumed steps identical."""
-    settings = dict(model__lora_rank=4, model__lora_dropout=0.2, optim__learning_rate=1e-2, num_train_epochs=1.5,
-                    logging__save_steps=2, packing=True, max_seq_length=220)
+    settings = dict(
+        model__lora_rank=4,
+        model__lora_dropout=0.2,
+        optim__learning_rate=1e-2,
+        num_train_epochs=1.5,
+        logging__save_steps=2,
+        packing=True,
+        max_seq_length=220,
+    )
     reference_cfg = sft_config(logging__output_dir=str(tmp_path / "reference"), **settings)
     run_sft(reference_cfg, console=QUIET)
     reference = _losses(reference_cfg.logging.output_dir)

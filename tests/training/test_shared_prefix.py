@@ -27,9 +27,9 @@ def rows_batch(rows: list[tuple[list[int], int]]) -> Batch:
     mask = torch.zeros(len(rows), width, dtype=torch.long)
     loss = torch.zeros(len(rows), width)
     for i, (row, prompt) in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row)
-        mask[i, :len(row)] = 1
-        loss[i, prompt:len(row)] = 1
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+        loss[i, prompt : len(row)] = 1
     return Batch({"input_ids": ids, "attention_mask": mask, "loss_mask": loss})
 
 
@@ -74,7 +74,8 @@ def test_a_shared_prefix_gives_the_gradients_of_whole_rows(rows, checkpointing):
         model, _ = load_model("tiny", dtype="float32", device="cpu")
         if checkpointing:
             (getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable)(
-                {"use_reentrant": False})
+                {"use_reentrant": False}
+            )
         model.train()
         models.append(model)
     whole, shared = models
@@ -83,10 +84,11 @@ def test_a_shared_prefix_gives_the_gradients_of_whole_rows(rows, checkpointing):
 
     def loss_of(model, row, **kwargs):
         mask = torch.zeros(1, len(row))
-        mask[0, len(prefix):] = 1
-        out = policy_forward(model, row[None], torch.ones(1, len(row), dtype=torch.long), token_mask=mask,
-                             with_entropy=True, **kwargs)
-        assert out["log_probs"].shape == (1, len(row)) and not out["log_probs"][0, :len(prefix)].any()
+        mask[0, len(prefix) :] = 1
+        out = policy_forward(
+            model, row[None], torch.ones(1, len(row), dtype=torch.long), token_mask=mask, with_entropy=True, **kwargs
+        )
+        assert out["log_probs"].shape == (1, len(row)) and not out["log_probs"][0, : len(prefix)].any()
         return -(out["log_probs"] * mask).sum() - 0.01 * (out["entropy"] * mask).sum(), out["log_probs"]
 
     expected = []
@@ -122,11 +124,26 @@ def test_grpo_with_shared_prefixes_learns_what_whole_rows_learn(tiny_model_dir, 
     monkeypatch.setattr(RLRecipe, "_update_micro_batches", counting)
 
     def run(share: bool, out: str):
-        cfg = load_config(TrainRunConfig, "grpo", [
-            f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=2", "generation.max_new_tokens=6",
-            "generation.max_context=512", f"logging.output_dir={tmp_path / out}", "logging.tensorboard=false",
-            "steps=2", "tasks_per_step=2", "group_size=3", "eval_tasks=0", "optim.learning_rate=1e-3",
-            "algorithm.entropy_coef=0.01", f"optim.share_prefix={str(share).lower()}"])
+        cfg = load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={tiny_model_dir}",
+                "env.name=gridworld",
+                "env.max_turns=2",
+                "generation.max_new_tokens=6",
+                "generation.max_context=512",
+                f"logging.output_dir={tmp_path / out}",
+                "logging.tensorboard=false",
+                "steps=2",
+                "tasks_per_step=2",
+                "group_size=3",
+                "eval_tasks=0",
+                "optim.learning_rate=1e-3",
+                "algorithm.entropy_coef=0.01",
+                f"optim.share_prefix={str(share).lower()}",
+            ],
+        )
         run_rl(cfg, console=QUIET)
         return read_metrics(cfg.logging.output_dir), load_model(cfg.logging.output_dir)[0]
 
@@ -165,11 +182,17 @@ def test_packed_rows_on_a_shared_prefix_give_the_gradients_of_whole_packed_rows(
 
     def loss_of(model, row, positions, **kwargs):
         mask = torch.ones(1, len(row))
-        mask[0, :len(prefix)] = 0
+        mask[0, : len(prefix)] = 0
         second = int((positions == 0).nonzero()[1])
-        mask[0, second:second + 3] = 0  # the second sequence's prompt is not trained
-        out = policy_forward(model, row[None], torch.ones(1, len(row), dtype=torch.long), token_mask=mask,
-                             position_ids=positions[None], **kwargs)
+        mask[0, second : second + 3] = 0  # the second sequence's prompt is not trained
+        out = policy_forward(
+            model,
+            row[None],
+            torch.ones(1, len(row), dtype=torch.long),
+            token_mask=mask,
+            position_ids=positions[None],
+            **kwargs,
+        )
         return -(out["log_probs"] * mask).sum(), out["log_probs"]
 
     expected = []
@@ -187,6 +210,7 @@ def test_packed_rows_on_a_shared_prefix_give_the_gradients_of_whole_packed_rows(
     # without the mask the second sequence would see the first: other numbers
     with torch.no_grad():
         row, positions, _ = packed[0]
-        leaky = policy_forward(whole, row[None], torch.ones(1, len(row), dtype=torch.long),
-                               token_mask=torch.ones(1, len(row)))["log_probs"]
+        leaky = policy_forward(
+            whole, row[None], torch.ones(1, len(row), dtype=torch.long), token_mask=torch.ones(1, len(row))
+        )["log_probs"]
     assert not torch.allclose(leaky, expected[0], atol=1e-3)

@@ -77,19 +77,37 @@ def config(tiny_model_dir, tmp_path, register_plugin):
     register_plugin(ThirdParty(), name="third-party")
 
     def make(*overrides: str, out: str = "run") -> TrainRunConfig:
-        return load_config(TrainRunConfig, "grpo", [
-            f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=2", "generation.max_new_tokens=8",
-            "generation.max_context=512", f"logging.output_dir={tmp_path / out}", "logging.tensorboard=false",
-            "steps=2", "tasks_per_step=2", "group_size=3", "eval_tasks=0", "reward.weights={sample_rank: 1.0}",
-            "optim.learning_rate=1e-3", "optim.micro_batch_size=4", *overrides])
+        return load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={tiny_model_dir}",
+                "env.name=gridworld",
+                "env.max_turns=2",
+                "generation.max_new_tokens=8",
+                "generation.max_context=512",
+                f"logging.output_dir={tmp_path / out}",
+                "logging.tensorboard=false",
+                "steps=2",
+                "tasks_per_step=2",
+                "group_size=3",
+                "eval_tasks=0",
+                "reward.weights={sample_rank: 1.0}",
+                "optim.learning_rate=1e-3",
+                "optim.micro_batch_size=4",
+                *overrides,
+            ],
+        )
 
     return make
 
 
 def the_numbers(out: str) -> list[dict]:
     """The run's logged numbers, less times and speeds."""
-    return [{k: v for k, v in record.items() if not (k.endswith("_per_s") or "time" in k or k.startswith("peak_"))}
-            for record in read_metrics(out)]
+    return [
+        {k: v for k, v in record.items() if not (k.endswith("_per_s") or "time" in k or k.startswith("peak_"))}
+        for record in read_metrics(out)
+    ]
 
 
 def test_a_strategy_declaring_what_chain_declares_trains_exactly_as_chain(config):
@@ -139,16 +157,25 @@ def test_the_plugins_batched_rollout_is_the_sessions_own(config):
 def test_what_a_strategy_declares_decides_how_the_core_treats_it(config):
     assert strategy_traits("relay") == strategy_traits("chain") == StrategyTraits(True, True)
     assert strategy_traits("pick") == strategy_traits("beam") == StrategyTraits()
-    batched, with_budget, tree = (config("rollout.strategy=relay"), config("rollout.strategy=relay", "rollout.budget=64"),
-                                  config("rollout.strategy=pick"))
+    batched, with_budget, tree = (
+        config("rollout.strategy=relay"),
+        config("rollout.strategy=relay", "rollout.budget=64"),
+        config("rollout.strategy=pick"),
+    )
     assert not online.searched(batched) and online.searched(with_budget) and online.searched(tree)
     assert online.trees_per_task(batched) == 1 and online.trees_per_task(tree) == 3  # group_size trees
     assert cells_of(["relay", "pick"], [100, 200]) == [("relay", None), ("pick", 100), ("pick", 200)]
 
 
 def test_a_tree_strategy_of_a_plugin_trains_with_its_own_estimator(config):
-    cfg = config("rollout.strategy=pick", "algorithm.advantage=centered", "steps=1", "group_size=1",
-                 "generation.temperature=1.0", "plugins.pick={n: 3}")
+    cfg = config(
+        "rollout.strategy=pick",
+        "algorithm.advantage=centered",
+        "steps=1",
+        "group_size=1",
+        "generation.temperature=1.0",
+        "plugins.pick={n: 3}",
+    )
     summary = run_rl(cfg, console=QUIET)
     paths = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / "step-00000001.parquet")
     assert summary["skipped_updates"] == 0 and all(turn.node_id > 0 for ep in paths for turn in ep.turns)
@@ -163,6 +190,9 @@ def test_unknown_traits_name_the_plugin_and_the_valid_ones(register_plugin):
             register("sloppy", relay, one_tree=True)
 
     register_plugin(Sloppy(), name="sloppy-plugin")
-    with pytest.raises(PluginError, match="'sloppy-plugin' registered strategy 'sloppy' with traits one_tree; "
-                                          "valid: group_in_one_tree, batched_without_budget"):
+    with pytest.raises(
+        PluginError,
+        match="'sloppy-plugin' registered strategy 'sloppy' with traits one_tree; "
+        "valid: group_in_one_tree, batched_without_budget",
+    ):
         strategy_traits("sloppy")

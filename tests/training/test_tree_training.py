@@ -41,10 +41,20 @@ OBSERVATION = 12  # the id each env answer takes in the hand-made trees
 
 # -- hand-made trees -------------------------------------------------------------------------------
 
+
 def new_tree(task: int = 0, group: int = 0) -> Tree:
     """A tree whose root is a two-token prompt."""
-    ep = Episode("toy", task, "train", "", token_ids=[10, 11], loss_mask=[0, 0], logprobs=[0.0, 0.0],
-                 prompt_length=2, group=group)
+    ep = Episode(
+        "toy",
+        task,
+        "train",
+        "",
+        token_ids=[10, 11],
+        loss_mask=[0, 0],
+        logprobs=[0.0, 0.0],
+        prompt_length=2,
+        group=group,
+    )
     return Tree(task, group, Node(0, None, ep, [], ""))
 
 
@@ -123,8 +133,12 @@ def test_chains_grown_as_a_tree_pair_as_the_chain_rollout_does():
     chains = scored(tree.episodes(), {1: 0.5, 2: 1.0, 3: 0.0})
     assert sibling_pairs(chains) == preference_pairs(chains) == [(chains[1], chains[2])]
     # ties break alike: by reward, then a won chosen and a lost rejected, then the last chosen, the first rejected
-    for finals, won, pair in (({1: 1.0, 2: 1.0, 3: 0.0}, (), (1, 2)), ({1: 1.0, 2: 1.0, 3: 0.0}, (0,), (0, 2)),
-                              ({1: 1.0, 2: 0.0, 3: 0.0}, (1,), (0, 2)), ({1: 1.0, 2: 0.0, 3: 0.0}, (), (0, 1))):
+    for finals, won, pair in (
+        ({1: 1.0, 2: 1.0, 3: 0.0}, (), (1, 2)),
+        ({1: 1.0, 2: 1.0, 3: 0.0}, (0,), (0, 2)),
+        ({1: 1.0, 2: 0.0, 3: 0.0}, (1,), (0, 2)),
+        ({1: 1.0, 2: 0.0, 3: 0.0}, (), (0, 1)),
+    ):
         chains = scored(tree.episodes(), finals)
         for i, ep in enumerate(chains):
             ep.score, ep.won = (1.0, True) if i in won else (0.0, False)
@@ -136,8 +150,10 @@ def test_a_tree_where_nothing_finished_gives_no_rows():
     grow(tree, grow(tree, tree.root, [20]), [30])
     batch = paths_to_batch(scored(tree.episodes(), {}), trees_per_task=1, pad_token_id=0)
     assert len(batch) == 0 and batch["turn_node_ids"].shape[0] == 0
-    assert len(train_each_turn_once(batch.union(Batch({"advantages": torch.zeros(0, 0),
-                                                        "returns": torch.zeros(0, 0)})))) == 0
+    assert (
+        len(train_each_turn_once(batch.union(Batch({"advantages": torch.zeros(0, 0), "returns": torch.zeros(0, 0)}))))
+        == 0
+    )
 
 
 def test_shared_turns_are_trained_once_with_tree_grpo_by_hand():
@@ -157,8 +173,9 @@ def test_shared_turns_are_trained_once_with_tree_grpo_by_hand():
     assert path_tokens == 4 + 4 + 2 and int(once["loss_mask"].sum()) == 2 + 2 + 2 + 2  # a, a1, a2, b
     assert once["loss_mask"].tolist() == [[0, 0, 1, 1, 0, 1, 1], [0, 0, 0, 0, 0, 1, 1], [0, 0, 1, 1, 0, 0, 0]]
     a = (R - 2 * R) / 2
-    expected = torch.tensor([[0, 0, a, a, 0, R + S, R + S], [0, 0, 0, 0, 0, -2 * R - S, -2 * R - S],
-                             [0, 0, R, R, 0, 0, 0]])
+    expected = torch.tensor(
+        [[0, 0, a, a, 0, R + S, R + S], [0, 0, 0, 0, 0, -2 * R - S, -2 * R - S], [0, 0, R, R, 0, 0, 0]]
+    )
     torch.testing.assert_close(once["advantages"], expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(once["returns"], expected, atol=1e-5, rtol=0)
     assert "turn_node_ids" not in once.tensors and once["input_ids"].equal(batch["input_ids"])
@@ -217,6 +234,7 @@ def test_a_chain_batch_has_no_tree_and_tree_grpo_is_grpo_on_it():
 
 # -- omrl train with rollout.strategy --------------------------------------------------------------
 
+
 class LeafIndexReward:
     """A reward of the path's index among its tree's leaves (``Episode.sample``), on its last turn:
     sibling leaves differ, so every branch point has something to compare."""
@@ -236,12 +254,29 @@ def tree_config(tiny_model_dir, tmp_path, register_plugin):
     register_plugin(LeafIndexReward(), name="leaf-index")
 
     def make(*overrides: str, out: str = "run") -> TrainRunConfig:
-        return load_config(TrainRunConfig, "grpo", [
-            f"model.name={tiny_model_dir}", "env.name=gridworld", "env.max_turns=2", "generation.max_new_tokens=8",
-            "generation.max_context=512", f"logging.output_dir={tmp_path / out}", "logging.tensorboard=false",
-            "steps=1", "tasks_per_step=2", "group_size=1", "eval_tasks=0", "reward.weights={leaf_index: 1.0}",
-            "optim.learning_rate=1e-3", "optim.micro_batch_size=4", "rollout.strategy=beam",
-            "plugins.beam={width: 2, branch: 3}", *overrides])
+        return load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={tiny_model_dir}",
+                "env.name=gridworld",
+                "env.max_turns=2",
+                "generation.max_new_tokens=8",
+                "generation.max_context=512",
+                f"logging.output_dir={tmp_path / out}",
+                "logging.tensorboard=false",
+                "steps=1",
+                "tasks_per_step=2",
+                "group_size=1",
+                "eval_tasks=0",
+                "reward.weights={leaf_index: 1.0}",
+                "optim.learning_rate=1e-3",
+                "optim.micro_batch_size=4",
+                "rollout.strategy=beam",
+                "plugins.beam={width: 2, branch: 3}",
+                *overrides,
+            ],
+        )
 
     return make
 
@@ -281,12 +316,14 @@ def test_beam_training_trains_each_tree_turn_once_with_step_level_credit(tree_co
     assert len(data.group_ids) == len(finished)
     nodes = data.turn_node_ids[data.turn_node_ids >= 0]
     assert len(nodes.unique()) < len(nodes)  # turns shared by several rows
-    step = branch_advantages(episode_scores(data.token_rewards, data.loss_mask.bool()), data.turn_node_ids,
-                             data.turn_parent_ids, True, 1e-6)
+    step = branch_advantages(
+        episode_scores(data.token_rewards, data.loss_mask.bool()), data.turn_node_ids, data.turn_parent_ids, True, 1e-6
+    )
     assert step.abs().sum() > 0
     # the update trained every turn of the finished paths once: the tokens of the unique (tree, node) turns
-    unique_turns = {(ep.group, turn.node_id): sum(ep.loss_mask[slice(*turn.span)]) for ep in finished
-                    for turn in ep.turns}
+    unique_turns = {
+        (ep.group, turn.node_id): sum(ep.loss_mask[slice(*turn.span)]) for ep in finished for turn in ep.turns
+    }
     path_tokens = sum(sum(ep.loss_mask) for ep in finished)
     trained = int(sum(mask.sum() for mask in seen["masks"]))
     assert trained == sum(unique_turns.values()) < path_tokens
@@ -297,12 +334,15 @@ def test_beam_training_trains_each_tree_turn_once_with_step_level_credit(tree_co
     assert math.isfinite(record["loss"]) and record["grad_norm"] > 0
 
 
-@pytest.mark.parametrize("strategy, options", [
-    ("dfsdt", ("plugins.dfsdt={branch: 2, max_expansions: 4}",)),
-    ("mcts", ("plugins.mcts={iterations: 3, branch: 2}",)),
-    ("best_of_n", ("plugins.best_of_n={n: 3}",)),
-    ("chain", ("rollout.budget=64", "group_size=2")),  # chains grown by the search runner, one tree per task
-])
+@pytest.mark.parametrize(
+    "strategy, options",
+    [
+        ("dfsdt", ("plugins.dfsdt={branch: 2, max_expansions: 4}",)),
+        ("mcts", ("plugins.mcts={iterations: 3, branch: 2}",)),
+        ("best_of_n", ("plugins.best_of_n={n: 3}",)),
+        ("chain", ("rollout.budget=64", "group_size=2")),  # chains grown by the search runner, one tree per task
+    ],
+)
 def test_every_strategy_trains(tree_config, strategy, options):
     cfg = tree_config(f"rollout.strategy={strategy}", *options)
     summary = run_rl(cfg, console=QUIET)
@@ -331,20 +371,42 @@ def test_train_command_with_a_tree_strategy(tiny_model_dir, tmp_path, register_p
 
     register_plugin(LeafIndexReward(), name="leaf-index")
     out = tmp_path / "cli-run"
-    result = CliRunner().invoke(build_app(), [
-        "train", "--algo", "grpo", "--env", "gridworld", "--model", tiny_model_dir, "--steps", "1",
-        "--output-dir", str(out), "rollout.strategy=beam", "algorithm.advantage=tree_grpo", "tasks_per_step=1",
-        "env.max_turns=2", "eval_tasks=1", "generation.max_new_tokens=6", "logging.tensorboard=false",
-        "reward.weights={leaf_index: 1.0}"])
+    result = CliRunner().invoke(
+        build_app(),
+        [
+            "train",
+            "--algo",
+            "grpo",
+            "--env",
+            "gridworld",
+            "--model",
+            tiny_model_dir,
+            "--steps",
+            "1",
+            "--output-dir",
+            str(out),
+            "rollout.strategy=beam",
+            "algorithm.advantage=tree_grpo",
+            "tasks_per_step=1",
+            "env.max_turns=2",
+            "eval_tasks=1",
+            "generation.max_new_tokens=6",
+            "logging.tensorboard=false",
+            "reward.weights={leaf_index: 1.0}",
+        ],
+    )
     assert result.exit_code == 0, result.output
     record = read_metrics(out)[0]
     assert record["step"] == 1 and record["trained_token_share"] < 1  # group_size 2: two beam trees per task
 
 
-@pytest.mark.parametrize("overrides, error, match", [
-    (("rollout.strategy=bean",), UnknownNameError, "Did you mean 'beam'"),
-    (("rollout.budget=4",), ConfigError, "budget 4 is smaller than one reply"),
-])
+@pytest.mark.parametrize(
+    "overrides, error, match",
+    [
+        (("rollout.strategy=bean",), UnknownNameError, "Did you mean 'beam'"),
+        (("rollout.budget=4",), ConfigError, "budget 4 is smaller than one reply"),
+    ],
+)
 def test_rollout_settings_that_cannot_train_are_refused_before_any_model_loads(tree_config, overrides, error, match):
     recipe = RLRecipe(tree_config(*overrides), console=QUIET)
     try:

@@ -11,11 +11,19 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = "<script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned = 2\"><b>bold?</b>"
+SCRIPT = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><b>bold?</b>'
 
 
-def make_episode(task: int, sample: int, won: bool, reward: float, observation: str = "goal: 1 up.",
-                 end: str = "done", group: int | None = None, node_ids: tuple[int, ...] = ()):
+def make_episode(
+    task: int,
+    sample: int,
+    won: bool,
+    reward: float,
+    observation: str = "goal: 1 up.",
+    end: str = "done",
+    group: int | None = None,
+    node_ids: tuple[int, ...] = (),
+):
     """An Episode with two turns and a token sequence: prompt, then 3 sampled tokens per turn."""
     from omrl.data.trajectory import Episode, Turn
 
@@ -27,31 +35,72 @@ def make_episode(task: int, sample: int, won: bool, reward: float, observation: 
         logprobs += [-0.5, -1.25, -2.0]
         node = node_ids[i] if node_ids else -1
         parent = (node_ids[i - 1] if i else 0) if node_ids else -1
-        turns.append(Turn(observation=observation, response=f"Think: go.\nAct: up{i}", action=f"up{i}",
-                          format_ok=True, reward=reward if i == 1 else 0.0, done=i == 1,
-                          info={"search": {"strategy": "beam", "score": 0.5}} if node_ids else {},
-                          span=(start, start + 3), node_id=node, parent_id=parent))
+        turns.append(
+            Turn(
+                observation=observation,
+                response=f"Think: go.\nAct: up{i}",
+                action=f"up{i}",
+                format_ok=True,
+                reward=reward if i == 1 else 0.0,
+                done=i == 1,
+                info={"search": {"strategy": "beam", "score": 0.5}} if node_ids else {},
+                span=(start, start + 3),
+                node_id=node,
+                parent_id=parent,
+            )
+        )
         ids += [50, 51]  # the observation after the turn
         mask += [0, 0]
         logprobs += [0.0, 0.0]
-    return Episode(env="gridworld", task_id=task, split="train", instruction="Walk to the goal.", turns=turns,
-                   token_ids=ids, loss_mask=mask, logprobs=logprobs, prompt_length=10, won=won, score=float(won),
-                   end_reason=end, group=task if group is None else group, sample=sample,
-                   rewards={"goal": [0.0, reward], "total": [0.0, reward]},
-                   messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": observation}])
+    return Episode(
+        env="gridworld",
+        task_id=task,
+        split="train",
+        instruction="Walk to the goal.",
+        turns=turns,
+        token_ids=ids,
+        loss_mask=mask,
+        logprobs=logprobs,
+        prompt_length=10,
+        won=won,
+        score=float(won),
+        end_reason=end,
+        group=task if group is None else group,
+        sample=sample,
+        rewards={"goal": [0.0, reward], "total": [0.0, reward]},
+        messages=[{"role": "system", "content": "sys"}, {"role": "user", "content": observation}],
+    )
 
 
 def small_episodes() -> list:
     """Three tasks x two samples: task 0 one win, task 1 none, task 2 an env error."""
-    return [make_episode(0, 0, True, 1.0), make_episode(0, 1, False, 0.0),
-            make_episode(1, 0, False, 0.0, end="max_turns"), make_episode(1, 1, False, 0.2, end="max_turns"),
-            make_episode(2, 0, False, 0.0, end="env_error"), make_episode(2, 1, True, 1.0)]
+    return [
+        make_episode(0, 0, True, 1.0),
+        make_episode(0, 1, False, 0.0),
+        make_episode(1, 0, False, 0.0, end="max_turns"),
+        make_episode(1, 1, False, 0.2, end="max_turns"),
+        make_episode(2, 0, False, 0.0, end="env_error"),
+        make_episode(2, 1, True, 1.0),
+    ]
 
 
 def write_metrics(path: Path, steps: int = 3, tail: str = "") -> None:
-    lines = [json.dumps({"step": s, "reward": 0.1 * s, "reward_goal": 0.05 * s, "success": s / 10, "kl": 0.01,
-                         "entropy": 2.0, "step_time": 1.5, "tokens_per_s": 300.0, "time": 1.7e9 + s})
-             for s in range(1, steps + 1)]
+    lines = [
+        json.dumps(
+            {
+                "step": s,
+                "reward": 0.1 * s,
+                "reward_goal": 0.05 * s,
+                "success": s / 10,
+                "kl": 0.01,
+                "entropy": 2.0,
+                "step_time": 1.5,
+                "tokens_per_s": 300.0,
+                "time": 1.7e9 + s,
+            }
+        )
+        for s in range(1, steps + 1)
+    ]
     path.write_text("\n".join(lines) + "\n" + tail)
 
 
@@ -62,16 +111,22 @@ def small_run(tmp_path) -> Path:
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text("model:\n  name: tiny\nalgorithm:\n  advantage: grpo\n  norm_adv_by_std: true\n"
-                                     "  eps: 1.0e-06\n")
+    (run / "config.yaml").write_text(
+        "model:\n  name: tiny\nalgorithm:\n  advantage: grpo\n  norm_adv_by_std: true\n  eps: 1.0e-06\n"
+    )
     write_metrics(run / "metrics.jsonl")
     write_episodes(small_episodes(), run / "rollout.parquet")
     return run
 
 
 def _omrl(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "omrl", *args], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.PIPE, env={**os.environ, "OMRL_NUM_THREADS": "1"})
+    subprocess.run(
+        [sys.executable, "-m", "omrl", *args],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "OMRL_NUM_THREADS": "1"},
+    )
 
 
 @pytest.fixture(scope="session")
@@ -79,10 +134,33 @@ def tiny_run(tmp_path_factory) -> Path:
     """A real run: 2 GRPO steps of the tiny model on gridworld, plus a rollout written into it (~50 s)."""
     run = tmp_path_factory.mktemp("tiny") / "run"
     # the run's own step rollouts are left out, so the list holds exactly the rollout's 8 episodes
-    _omrl("train", "--algo", "grpo", "--env", "gridworld", "--model", "tiny", "--steps", "2", "--output-dir", str(run),
-          "logging.save_rollouts=false")
-    _omrl("rollout", "--env", "gridworld", "--model", "tiny", "--num-tasks", "4", "--group-size", "2",
-          "-o", str(run / "rollout.parquet"))
+    _omrl(
+        "train",
+        "--algo",
+        "grpo",
+        "--env",
+        "gridworld",
+        "--model",
+        "tiny",
+        "--steps",
+        "2",
+        "--output-dir",
+        str(run),
+        "logging.save_rollouts=false",
+    )
+    _omrl(
+        "rollout",
+        "--env",
+        "gridworld",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "4",
+        "--group-size",
+        "2",
+        "-o",
+        str(run / "rollout.parquet"),
+    )
     return run
 
 
@@ -96,8 +174,10 @@ def chromium():
     except ImportError:
         sync_playwright = None
     if binary is None or sync_playwright is None:
-        why = ("needs Debian's Chromium (apt-get install -y chromium) and Playwright (pip install playwright); "
-               f"found chromium={binary}, playwright={sync_playwright is not None}")
+        why = (
+            "needs Debian's Chromium (apt-get install -y chromium) and Playwright (pip install playwright); "
+            f"found chromium={binary}, playwright={sync_playwright is not None}"
+        )
         if os.environ.get("OMRL_ALLOW_NO_BROWSER") == "1":
             pytest.skip(why)
         pytest.fail(why)

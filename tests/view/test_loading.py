@@ -79,8 +79,10 @@ def test_one_episode_in_full(small_run):
 def test_search_paths_become_a_tree(tmp_path):
     from omrl.data.trajectory import write_episodes
 
-    paths = [make_episode(0, 0, False, 0.0, node_ids=(1, 2), group=0),
-             make_episode(0, 1, True, 1.0, node_ids=(1, 3), group=0)]
+    paths = [
+        make_episode(0, 0, False, 0.0, node_ids=(1, 2), group=0),
+        make_episode(0, 1, True, 1.0, node_ids=(1, 3), group=0),
+    ]
     paths[1].turns[-1].info["search"]["chosen"] = True
     write_episodes(paths, tmp_path / "beam.parquet")
     store = open_run(tmp_path / "beam.parquet", tokenizer="tiny")
@@ -139,15 +141,27 @@ def test_a_metrics_file_with_a_half_written_last_line(small_run):
     records, problems = read_metrics_file(small_run / "metrics.jsonl", "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3]
     assert [str(p) for p in problems] == [
-        "metrics.jsonl: the last line is half-written (a run still writing, or killed mid-line); skipped"]
+        "metrics.jsonl: the last line is half-written (a run still writing, or killed mid-line); skipped"
+    ]
     overview = open_run(small_run).overview()
     assert overview["metrics"]["step"] == [1, 2, 3]
     assert overview["problems"][0]["file"] == "metrics.jsonl"
 
 
 def test_metric_panels():
-    keys = ["reward", "reward_goal", "success", "eval_success", "kl", "entropy", "loss", "response_tokens",
-            "step_time", "tokens_per_s", "lr"]
+    keys = [
+        "reward",
+        "reward_goal",
+        "success",
+        "eval_success",
+        "kl",
+        "entropy",
+        "loss",
+        "response_tokens",
+        "step_time",
+        "tokens_per_s",
+        "lr",
+    ]
     by_title = {p["title"]: p["keys"] for p in panels(keys)}
     assert by_title["Reward"] == ["reward", "reward_goal"]
     assert by_title["Success and score"] == ["success", "eval_success"]
@@ -162,8 +176,13 @@ def test_non_trajectory_parquet_is_a_warning(small_run):
 
     pq.write_table(pa.table({"x": [1, 2]}), small_run / "other.parquet")
     problems = open_run(small_run).overview()["problems"]
-    assert problems == [{"file": "other.parquet", "level": "warning",
-                         "message": "not an omrl trajectory file (no omrl.schema episode/N in its metadata); skipped"}]
+    assert problems == [
+        {
+            "file": "other.parquet",
+            "level": "warning",
+            "message": "not an omrl trajectory file (no omrl.schema episode/N in its metadata); skipped",
+        }
+    ]
     assert json.dumps(problems)  # what the page gets
 
 
@@ -183,10 +202,12 @@ def test_opening_a_run_never_imports_torch(small_run):
     import subprocess
     import sys
 
-    code = ("import sys; from omrl.view import open_run; from omrl.view.server import make_server; "
-            "from omrl.view.page import render; from omrl.cli import view_cmd, plot_cmd; "
-            f"s = open_run({str(small_run)!r}); s.episode(0); s.group('0:0'); render(); "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys; from omrl.view import open_run; from omrl.view.server import make_server; "
+        "from omrl.view.page import render; from omrl.cli import view_cmd, plot_cmd; "
+        f"s = open_run({str(small_run)!r}); s.episode(0); s.group('0:0'); render(); "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -219,8 +240,10 @@ def test_a_fifo_in_a_run_is_named_and_never_opened(small_run):
     store = _opens_in_time(lambda: open_run(small_run), fifos)
     problems = {p["file"]: p for p in store.overview()["problems"]}
     assert set(problems) == {"live.jsonl", "stream.parquet", "eval_report.json"}
-    assert all(p["level"] == "warning" and p["message"] == "a FIFO (named pipe), not a regular file; not read"
-               for p in problems.values())
+    assert all(
+        p["level"] == "warning" and p["message"] == "a FIFO (named pipe), not a regular file; not read"
+        for p in problems.values()
+    )
     assert store.overview()["episodes"] == 6  # the rest is shown
     with pytest.raises(OmrlError, match=r"live.jsonl is a FIFO \(named pipe\), not a regular file"):
         discover(small_run / "live.jsonl")  # named by the user: refused, not waited on

@@ -195,5 +195,7 @@ def test_a_saved_page_stops_embedding_episodes_at_its_byte_bound(tmp_path):
     data = embedded_data(store, max_bytes=3 * 1024 * 1024)
     assert 0 < len(data["details"]) < 6 and len(data["summaries"]) == len(data["details"])
     assert len(script_json({k: data[k] for k in ("details", "groups", "trees")})) <= 3 * 1024 * 1024
-    assert (f"holds the first {len(data['details'])} of the run's 6 episodes (past them its 3 MiB bound on "
-            "embedded episodes would be crossed)") in data["run"]["embedded_note"]
+    assert (
+        f"holds the first {len(data['details'])} of the run's 6 episodes (past them its 3 MiB bound on "
+        "embedded episodes would be crossed)"
+    ) in data["run"]["embedded_note"]

@@ -61,8 +61,22 @@ from omrl_plugins.envs.agentgym.transport import snippet
 
 DIALECTS = ("id", "env_idx")
 #: keys of a reset answer that are protocol, not information about the task
-RESET_PROTOCOL_KEYS = frozenset({"id", "env_idx", "observation", "state", "instruction", "task_description",
-                                 "available_actions", "reward", "score", "done", "deleted", "info"})
+RESET_PROTOCOL_KEYS = frozenset(
+    {
+        "id",
+        "env_idx",
+        "observation",
+        "state",
+        "instruction",
+        "task_description",
+        "available_actions",
+        "reward",
+        "score",
+        "done",
+        "deleted",
+        "info",
+    }
+)
 
 
 class MalformedAnswer(ValueError):
@@ -109,78 +123,149 @@ class ServerSpec:
     max_turns: int = Env.max_turns
 
 
-_TOOL_HELP = ('One action per turn: "Action: <tool> with Action Input: <JSON arguments>"; end with '
-              '"Action: finish with Action Input: {\\"answer\\": ...}".')
+_TOOL_HELP = (
+    'One action per turn: "Action: <tool> with Action Input: <JSON arguments>"; end with '
+    '"Action: finish with Action Input: {\\"answer\\": ...}".'
+)
 
 
 def _tool_env(**kw: Any) -> ServerSpec:
     """SearchQA and the tool envs: ``{"id": task}`` creates, ``{"env_idx", "id"}`` resets, text answers."""
-    return ServerSpec(dialect="env_idx", task_field="id", create_body="task", create_keys=(), bare_id=True,
-                      reset_shapes=("text",), **kw)
+    return ServerSpec(
+        dialect="env_idx",
+        task_field="id",
+        create_body="task",
+        create_keys=(),
+        bare_id=True,
+        reset_shapes=("text",),
+        **kw,
+    )
 
 
 KNOWN_SERVERS: dict[str, ServerSpec] = {
     "textcraft": ServerSpec(
-        create_body="empty", splits={"test": (0, 100), "train": (100, 544)}, max_turns=20,
+        create_body="empty",
+        splits={"test": (0, 100), "train": (100, 544)},
+        max_turns=20,
         refused=("Could not ", "Wrong item format"),  # TextCraftEnv.step's ActionFailed messages
         action_help="One command per turn: get [count] [item], craft [count] [target] using "
-                    "[count] [ingredient], ..., or inventory."),
+        "[count] [ingredient], ..., or inventory.",
+    ),
     "babyai": ServerSpec(
-        splits={"test": (0, 400), "train": (400, 4400)}, score_field="score", win_score=0.5,
+        splits={"test": (0, 400), "train": (400, 4400)},
+        score_field="score",
+        win_score=0.5,
         refused=("The action is not recognized", "There is a barrier in front of you"),  # check_action_is_valid
         max_turns=20,
         action_help="One action per turn: turn left, turn right, move forward, go to <object>, "
-                    "pick up <object>, go through <door>, toggle and go through <door>, toggle."),
+        "pick up <object>, go through <door>, toggle and go through <door>, toggle.",
+    ),
     "sciworld": ServerSpec(
-        splits={"test": (0, 4639, 10), "train": (1, 4639, 2)}, score_field="score", instruction_key="task_description",
+        splits={"test": (0, 4639, 10), "train": (1, 4639, 2)},
+        score_field="score",
+        instruction_key="task_description",
         refused=("No known action matches that input",),  # ScienceWorld's parser
-        score_scale=100.0, max_turns=30,
+        score_scale=100.0,
+        max_turns=30,
         action_help="One command per turn, e.g. look around, go to LOC, open OBJ, pick up OBJ, "
-                    "move OBJ to OBJ, use OBJ on OBJ, focus on OBJ, wait."),
+        "move OBJ to OBJ, use OBJ on OBJ, focus on OBJ, wait.",
+    ),
     "alfworld": ServerSpec(
-        task_field="game", splits={"train": (0, 2420), "test": (2420, 2620)}, refused=("Nothing happens",),
-        reset_fields={"world_type": "Text"}, has_close=False, max_turns=30,
+        task_field="game",
+        splits={"train": (0, 2420), "test": (2420, 2620)},
+        refused=("Nothing happens",),
+        reset_fields={"world_type": "Text"},
+        has_close=False,
+        max_turns=30,
         action_help="One command per turn, e.g. go to LOC, take OBJ from RECEP, put OBJ in/on "
-                    "RECEP, open RECEP, heat/cool/clean OBJ with RECEP, use OBJ, look."),
+        "RECEP, open RECEP, heat/cool/clean OBJ with RECEP, use OBJ, look.",
+    ),
     "maze": ServerSpec(
-        task_field="game", route_prefix="/maze", splits={"train": (0, 26), "test": (0, 26)},
-        has_close=False, action_help='One move per turn: "move up", "move down", "move left" or "move right".'),
+        task_field="game",
+        route_prefix="/maze",
+        splits={"train": (0, 26), "test": (0, 26)},
+        has_close=False,
+        action_help='One move per turn: "move up", "move down", "move left" or "move right".',
+    ),
     "wordle": ServerSpec(
-        task_field="seed", route_prefix="/wordle", splits={"test": (0, 200), "train": (200, 10200)},
-        has_close=False, max_turns=6,
-        action_help='Guess a 5-letter word from the vocabulary as spaced letters, e.g. "s h i r e".'),
+        task_field="seed",
+        route_prefix="/wordle",
+        splits={"test": (0, 200), "train": (200, 10200)},
+        has_close=False,
+        max_turns=6,
+        action_help='Guess a 5-letter word from the vocabulary as spaced letters, e.g. "s h i r e".',
+    ),
     "webshop": ServerSpec(
-        dialect="env_idx", task_field="session_id", create_keys=(), bare_id=True, reset_shapes=("pair",),
-        observation_keys=("state",), splits={"test": (0, 500), "train": (1500, 12087)}, has_close=False,
-        reuse_ids=True, actions_route="/available_actions", instruction_route="/instruction_text",
-        action_help="search[keywords] (where there is a search bar) or click[value] with a "
-                    "clickable from the page."),
+        dialect="env_idx",
+        task_field="session_id",
+        create_keys=(),
+        bare_id=True,
+        reset_shapes=("pair",),
+        observation_keys=("state",),
+        splits={"test": (0, 500), "train": (1500, 12087)},
+        has_close=False,
+        reuse_ids=True,
+        actions_route="/available_actions",
+        instruction_route="/instruction_text",
+        action_help="search[keywords] (where there is a search bar) or click[value] with a clickable from the page.",
+    ),
     "sqlgym": ServerSpec(
-        dialect="env_idx", task_field="item_id", create_keys=(), bare_id=True, reset_shapes=(),
-        observe_after_reset=True, observation_keys=("state",), has_close=False, reuse_ids=True, max_turns=5,
-        action_help="One SQLite statement per turn, on one line."),
+        dialect="env_idx",
+        task_field="item_id",
+        create_keys=(),
+        bare_id=True,
+        reset_shapes=(),
+        observe_after_reset=True,
+        observation_keys=("state",),
+        has_close=False,
+        reuse_ids=True,
+        max_turns=5,
+        action_help="One SQLite statement per turn, on one line.",
+    ),
     "searchqa": _tool_env(
-        max_turns=10, action_help="Search with <search> query </search>; give the final answer as "
-                                  "<answer> answer </answer>."),
-    **{name: _tool_env(has_close=False, score_field="reward", max_turns=20, action_help=_TOOL_HELP)
-       for name in ("academia", "movie", "sheet", "todo", "weather")},
+        max_turns=10,
+        action_help="Search with <search> query </search>; give the final answer as <answer> answer </answer>.",
+    ),
+    **{
+        name: _tool_env(has_close=False, score_field="reward", max_turns=20, action_help=_TOOL_HELP)
+        for name in ("academia", "movie", "sheet", "todo", "weather")
+    },
     "webarena": ServerSpec(
-        dialect="env_idx", task_field="idx", reset_fields={"seed": 0}, create_keys=("env_idx",),
-        done_keys=("terminated", "truncated"), max_turns=30,
+        dialect="env_idx",
+        task_field="idx",
+        reset_fields={"seed": 0},
+        create_keys=("env_idx",),
+        done_keys=("terminated", "truncated"),
+        max_turns=30,
         action_help="One browser action per turn between ``` marks, e.g. ```click [12]```, "
-                    "```type [5] [red shoes] [1]```, ```stop [answer]```."),
+        "```type [5] [red shoes] [1]```, ```stop [answer]```.",
+    ),
 }
 #: any other name: an `omrl env serve` server (or a compatible one) that describes itself
-GENERIC_SERVER = ServerSpec(create_keys=("id", "env_idx"), bare_id=True, reset_shapes=("object", "pair", "text"),
-                            observation_keys=("observation", "state"), instruction_key="instruction",
-                            expert_route="/expert_action")
+GENERIC_SERVER = ServerSpec(
+    create_keys=("id", "env_idx"),
+    bare_id=True,
+    reset_shapes=("object", "pair", "text"),
+    observation_keys=("observation", "state"),
+    instruction_key="instruction",
+    expert_route="/expert_action",
+)
 
 
 #: what an omrl server answers under any env name (``omrl env serve webshop`` is played as
 #: ``env_name=webshop``): its create answer names an instance, and from then on its answers are
 #: read with GENERIC_SERVER's shapes and routes (it takes the known server's requests as they are)
-OMRL_ANSWER_FIELDS = ("reset_shapes", "observe_after_reset", "observation_keys", "done_keys", "instruction_key",
-                      "instruction_route", "actions_route", "expert_route", "refused")
+OMRL_ANSWER_FIELDS = (
+    "reset_shapes",
+    "observe_after_reset",
+    "observation_keys",
+    "done_keys",
+    "instruction_key",
+    "instruction_route",
+    "actions_route",
+    "expert_route",
+    "refused",
+)
 
 
 def as_omrl_server(spec: ServerSpec) -> ServerSpec:
@@ -230,9 +315,12 @@ def read_reset(spec: ServerSpec, answer: Any) -> ResetParts:
     if "object" in spec.reset_shapes and isinstance(answer, dict):
         observation = answer[_present(answer, spec.observation_keys)]
         key = spec.instruction_key
-        parts = ResetParts(observation, str(answer[key]) if key and answer.get(key) else "",
-                           _action_list(answer.get("available_actions")),
-                           {k: v for k, v in answer.items() if k not in RESET_PROTOCOL_KEYS})
+        parts = ResetParts(
+            observation,
+            str(answer[key]) if key and answer.get(key) else "",
+            _action_list(answer.get("available_actions")),
+            {k: v for k, v in answer.items() if k not in RESET_PROTOCOL_KEYS},
+        )
         if isinstance(answer.get("info"), dict):  # an omrl server's env info
             parts.info.update(answer["info"])
         if spec.score_field and spec.score_field in answer:
@@ -243,8 +331,9 @@ def read_reset(spec: ServerSpec, answer: Any) -> ResetParts:
     if "text" in spec.reset_shapes and isinstance(answer, str):
         return ResetParts(answer)
     shapes = {"object": "an object with an observation", "pair": "[observation, null]", "text": "a string"}
-    raise MalformedAnswer(f"expected {' or '.join(shapes[s] for s in spec.reset_shapes)}, got "
-                          f"{snippet(json.dumps(answer))}")
+    raise MalformedAnswer(
+        f"expected {' or '.join(shapes[s] for s in spec.reset_shapes)}, got {snippet(json.dumps(answer))}"
+    )
 
 
 @dataclass

@@ -157,8 +157,10 @@ class _IdLedger:
         with self.lock:
             if counts_up and env_id <= highest and restarts == self.restarts:
                 self.restarts += 1
-                why = (f"the server answered a create with env id {env_id}, not above the {highest} it had "
-                       "handed out before: it restarted, numbering its ids from 0 again")
+                why = (
+                    f"the server answered a create with env id {env_id}, not above the {highest} it had "
+                    "handed out before: it restarted, numbering its ids from 0 again"
+                )
                 for held in self.holders.values():
                     held.lost = held.lost or why
                 self.holders.clear()
@@ -194,12 +196,17 @@ def parse_splits(splits: Any, where: str = "plugins.agentgym.splits") -> dict[st
     for name, value in splits.items():
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             out[str(name)] = range(next_start, next_start + value)
-        elif (isinstance(value, (list, tuple)) and len(value) in (2, 3) and list(value[2:]) != [0]
-              and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+        elif (
+            isinstance(value, (list, tuple))
+            and len(value) in (2, 3)
+            and list(value[2:]) != [0]
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
             out[str(name)] = range(*value)
         else:
-            raise ConfigError(f"{where}.{name} must be a task count or [start, stop(, step)] of "
-                              f"integers, got {value!r}")
+            raise ConfigError(
+                f"{where}.{name} must be a task count or [start, stop(, step)] of integers, got {value!r}"
+            )
         next_start = out[str(name)].stop
     return out
 
@@ -209,33 +216,51 @@ class AgentGymEnv(Env):
 
     io_bound = True
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", env_name: str = "textcraft",
-                 dialect: str | None = None, timeout: float = 30.0, retries: int = 3,
-                 backoff: float = 0.5, splits: dict[str, Any] | None = None,
-                 task_field: str | None = None, reset_fields: dict[str, Any] | None = None,
-                 token: str | None = None, headers: dict[str, str] | None = None, reuse_ids: bool | None = None):
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        env_name: str = "textcraft",
+        dialect: str | None = None,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        splits: dict[str, Any] | None = None,
+        task_field: str | None = None,
+        reset_fields: dict[str, Any] | None = None,
+        token: str | None = None,
+        headers: dict[str, str] | None = None,
+        reuse_ids: bool | None = None,
+    ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"plugins.agentgym.base_url must be an http(s) URL, got {base_url!r}")
         if dialect is not None and dialect not in DIALECTS:
             raise ConfigError(f"plugins.agentgym.dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}")
-        for name, value, low, kinds in (("timeout", timeout, 1e-3, (int, float)), ("retries", retries, 0, int),
-                                        ("backoff", backoff, 0, (int, float))):
+        for name, value, low, kinds in (
+            ("timeout", timeout, 1e-3, (int, float)),
+            ("retries", retries, 0, int),
+            ("backoff", backoff, 0, (int, float)),
+        ):
             if isinstance(value, bool) or not isinstance(value, kinds) or value < low:
                 raise ConfigError(f"plugins.agentgym.{name} must be a number >= {low}, got {value!r}")
         if not isinstance(env_name, str) or not env_name:
-            raise ConfigError(f"plugins.agentgym.env_name must name the server's env (e.g. textcraft), "
-                              f"got {env_name!r}")
+            raise ConfigError(
+                f"plugins.agentgym.env_name must name the server's env (e.g. textcraft), got {env_name!r}"
+            )
         self.env_name = env_name
         spec = KNOWN_SERVERS.get(env_name.lower(), GENERIC_SERVER)
         self._self_describing = spec is GENERIC_SERVER
         self._spec = dataclasses.replace(
-            spec, dialect=dialect or spec.dialect, task_field=task_field or spec.task_field,
-            reset_fields={**spec.reset_fields, **(reset_fields or {})})
+            spec,
+            dialect=dialect or spec.dialect,
+            task_field=task_field or spec.task_field,
+            reset_fields={**spec.reset_fields, **(reset_fields or {})},
+        )
         chosen = splits if splits is not None else spec.splits
         self._splits = parse_splits(chosen) if chosen is not None else None
         self._id_key = self._spec.dialect  # the body/query key naming the env id: "id" or "env_idx"
-        self._server = HttpTransport(base_url, float(timeout), retries, float(backoff),
-                                     _request_headers(token, headers))
+        self._server = HttpTransport(
+            base_url, float(timeout), retries, float(backoff), _request_headers(token, headers)
+        )
         if reuse_ids is not None and not isinstance(reuse_ids, bool):
             raise ConfigError(f"plugins.agentgym.reuse_ids must be true or false, got {reuse_ids!r}")
         self._reuse_ids = spec.reuse_ids if reuse_ids is None else reuse_ids
@@ -267,10 +292,12 @@ class AgentGymEnv(Env):
                 raise ConfigError(
                     f"the server at {self._server.base_url} does not list its tasks ({exc}) and env_name "
                     f"{self.env_name!r} has no default splits; set plugins.agentgym.splits, e.g. "
-                    "{test: [0, 100]}") from exc
+                    "{test: [0, 100]}"
+                ) from exc
             if not isinstance(answer, dict) or not isinstance(answer.get("splits"), dict):
-                raise ServerFailure(self._server.message("GET /tasks", f"expected {{'splits': ...}}, got "
-                                                                        f"{snippet(json.dumps(answer))}"))
+                raise ServerFailure(
+                    self._server.message("GET /tasks", f"expected {{'splits': ...}}, got {snippet(json.dumps(answer))}")
+                )
             self._description = answer
         return self._description
 
@@ -282,8 +309,9 @@ class AgentGymEnv(Env):
                 ids = _task_ids_of(answer)
                 if ids is None:
                     problem = "expected {'range': [start, stop, step]} or {'task_ids': [...]}, got "
-                    raise ServerFailure(self._server.message(f"GET /tasks?split={name}",
-                                                             problem + snippet(str(answer))))
+                    raise ServerFailure(
+                        self._server.message(f"GET /tasks?split={name}", problem + snippet(str(answer)))
+                    )
                 splits[name] = ids
             self._splits = splits
         return self._splits
@@ -322,8 +350,7 @@ class AgentGymEnv(Env):
     def task_ids(self, split: str) -> Sequence[int]:
         splits = self._split_ids()
         if split not in splits:
-            raise UnknownTaskError(f"agentgym env {self.env_name!r} has no split {split!r}; "
-                                   f"valid: {', '.join(splits)}")
+            raise UnknownTaskError(f"agentgym env {self.env_name!r} has no split {split!r}; valid: {', '.join(splits)}")
         return splits[split]
 
     # -- episodes ------------------------------------------------------------------------
@@ -381,8 +408,12 @@ class AgentGymEnv(Env):
     def _parse_reset(self, answer: Any) -> tuple[str, str, dict[str, Any]]:
         echoed = answer.get(self._id_key) if isinstance(answer, dict) else None
         if type(echoed) is int and echoed != self._env_id:  # TextCraft's and omrl's answers name the id
-            raise ServerFailure(self._server.message(f"POST {self._route('/reset')}", f"the answer is about env id "
-                                                     f"{echoed}, not {self._env_id}: another client's env"))
+            raise ServerFailure(
+                self._server.message(
+                    f"POST {self._route('/reset')}",
+                    f"the answer is about env id {echoed}, not {self._env_id}: another client's env",
+                )
+            )
         try:
             parts = read_reset(self._spec, answer)
         except MALFORMED as exc:
@@ -414,8 +445,10 @@ class AgentGymEnv(Env):
                 if exc.status not in GONE and not exc.unknown_id:
                     raise
                 self._drop_id(gone=True)  # never closed: the number may be another client's env by then
-                raise ServerRefused(f"{exc} (the server no longer knows env id {env_id}: it restarted, "
-                                    "or another client closed it)", exc.status) from exc
+                raise ServerRefused(
+                    f"{exc} (the server no longer knows env id {env_id}: it restarted, or another client closed it)",
+                    exc.status,
+                ) from exc
             except ServerFailure:
                 self._drop_id()
                 raise
@@ -440,9 +473,11 @@ class AgentGymEnv(Env):
             if exc.status in (404, 405) and not exc.error_body:  # no such route, not an unknown id
                 self._has_close = False
                 return
-            raise EnvError(f"agentgym env {self.env_name!r}: the episode ended, but closing env id {env_id} "
-                           f"was refused ({exc}): the server no longer knew it, so another client may have "
-                           "shared this env (a server restart?); its result is not trusted") from exc
+            raise EnvError(
+                f"agentgym env {self.env_name!r}: the episode ended, but closing env id {env_id} "
+                f"was refused ({exc}): the server no longer knew it, so another client may have "
+                "shared this env (a server restart?); its result is not trusted"
+            ) from exc
         except ServerFailure:
             pass  # the server went away after its answer: the answer itself stands
 
@@ -453,8 +488,9 @@ class AgentGymEnv(Env):
             problem = f"malformed answer ({type(exc).__name__}: {exc}): {snippet(json.dumps(answer))}"
             raise ServerFailure(self._server.message(f"POST {self._route('/step')}", problem)) from exc
         self._score, self._actions = parts.score, parts.actions
-        return StepResult(parts.observation, parts.reward, parts.done,
-                          {**parts.info, "won": parts.won, "score": parts.score})
+        return StepResult(
+            parts.observation, parts.reward, parts.done, {**parts.info, "won": parts.won, "score": parts.score}
+        )
 
     def admissible_actions(self) -> list[str] | None:
         with self._lock:
@@ -504,8 +540,11 @@ class AgentGymEnv(Env):
             return
         env_id, why = self._env_id, self._claim.lost
         self._drop_id(gone=True)
-        raise EnvError(self._server.message(what, f"env id {env_id} may now be another client's env ({why}); "
-                                                  "this episode is not trusted"))
+        raise EnvError(
+            self._server.message(
+                what, f"env id {env_id} may now be another client's env ({why}); this episode is not trusted"
+            )
+        )
 
     def _forget_id(self) -> None:
         """No env id any more (and no hold on it in the ledger)."""
@@ -546,8 +585,9 @@ class AgentGymEnv(Env):
         Any answer but an error is a success: servers answer a bool, an object or (WebArena) text.
         """
         headers = {INSTANCE_HEADER: instance} if instance else None
-        self._server.call("POST", self._route("/close"), body={self._id_key: env_id}, headers=headers,
-                          retry=False, json_answer=False)
+        self._server.call(
+            "POST", self._route("/close"), body={self._id_key: env_id}, headers=headers, retry=False, json_answer=False
+        )
 
     # -- plumbing ------------------------------------------------------------------------
     def _route(self, path: str) -> str:
@@ -559,10 +599,17 @@ class AgentGymEnv(Env):
         headers = {INSTANCE_HEADER: self._instance} if self._instance else None
         check = None if self._claim is None else lambda: self._check_claim(f"{method} {self._route(path)}")
         if method == "GET":
-            return self._server.call(method, self._route(path), params={self._id_key: self._env_id},
-                                     headers=headers, before_send=check, **kw)
-        return self._server.call(method, self._route(path), body={self._id_key: self._env_id, **(body or {})},
-                                 headers=headers, before_send=check, **kw)
+            return self._server.call(
+                method, self._route(path), params={self._id_key: self._env_id}, headers=headers, before_send=check, **kw
+            )
+        return self._server.call(
+            method,
+            self._route(path),
+            body={self._id_key: self._env_id, **(body or {})},
+            headers=headers,
+            before_send=check,
+            **kw,
+        )
 
 
 def _request_headers(token: str | None, headers: dict[str, str] | None) -> dict[str, str]:
@@ -571,8 +618,9 @@ def _request_headers(token: str | None, headers: dict[str, str] | None) -> dict[
         token = os.environ.get(TOKEN_ENV) or None
     if token is not None and (not isinstance(token, str) or not token.strip()):
         raise ConfigError(f"plugins.agentgym.token must be a non-empty string, got {type(token).__name__}")
-    if headers is not None and not (isinstance(headers, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items())):
+    if headers is not None and not (
+        isinstance(headers, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
         raise ConfigError(f"plugins.agentgym.headers must map header names to strings, got {headers!r}")
     return {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}
 

@@ -43,16 +43,27 @@ class ServerRefused(EnvError):
 class HttpTransport:
     """One keep-alive connection pool to a server, with retries and AgentGym's error answers."""
 
-    def __init__(self, base_url: str, timeout: float, retries: int, backoff: float,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self, base_url: str, timeout: float, retries: int, backoff: float, headers: dict[str, str] | None = None
+    ):
         self.base_url = base_url.rstrip("/")
         self.retries = retries
         self.backoff = backoff
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
-    def call(self, method: str, path: str, *, body: dict | None = None, params: dict | None = None,
-             headers: dict[str, str] | None = None, resend_safe: bool = True, retry: bool = True,
-             json_answer: bool = True, before_send: Callable[[], None] | None = None) -> Any:
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: dict | None = None,
+        params: dict | None = None,
+        headers: dict[str, str] | None = None,
+        resend_safe: bool = True,
+        retry: bool = True,
+        json_answer: bool = True,
+        before_send: Callable[[], None] | None = None,
+    ) -> Any:
         """The decoded JSON answer (``json_answer=False``: the text of an answer that is not JSON).
 
         ``resend_safe=False`` resends only requests that never reached the server; ``retry=False``
@@ -76,17 +87,23 @@ class HttpTransport:
                 problem = f"{type(exc).__name__}: {exc or 'no detail'}"
                 if resend_safe:
                     continue
-                raise ServerFailure(self.message(what, f"{problem}; not resent, since the server "
-                                                       "may have run it")) from exc
+                raise ServerFailure(
+                    self.message(what, f"{problem}; not resent, since the server may have run it")
+                ) from exc
             if response.status_code >= 500:
                 problem = f"HTTP {response.status_code}: {snippet(response.text)}"
                 if resend_safe:
                     continue
-                raise ServerFailure(self.message(what, f"{problem}; not resent, since the server may "
-                                                       "have acted on it before failing"))
+                raise ServerFailure(
+                    self.message(what, f"{problem}; not resent, since the server may have acted on it before failing")
+                )
             return self._decode(response, what, json_answer)
-        raise ServerFailure(self.message(what, f"{problem} (gave up after {attempts} attempt"
-                                               f"{'s' if attempts > 1 else ''}); is the server running?"))
+        raise ServerFailure(
+            self.message(
+                what,
+                f"{problem} (gave up after {attempts} attempt{'s' if attempts > 1 else ''}); is the server running?",
+            )
+        )
 
     def _decode(self, response: httpx.Response, what: str, json_answer: bool = True) -> Any:
         try:
@@ -98,15 +115,21 @@ class HttpTransport:
                     return response.text
                 raise ServerFailure(self.message(what, f"the answer is not JSON: {snippet(response.text)}")) from None
         if answer is False:  # no route answers a bare false on success: an id the server does not hold
-            raise ServerRefused(self.message(what, "the server answered false (it does not hold this env id?)"),
-                                response.status_code, error_body=True, unknown_id=True)
+            raise ServerRefused(
+                self.message(what, "the server answered false (it does not hold this env id?)"),
+                response.status_code,
+                error_body=True,
+                unknown_id=True,
+            )
         if isinstance(answer, dict) and "error" in answer:
             status = f"HTTP {response.status_code}: " if response.status_code >= 400 else ""
-            raise ServerRefused(self.message(what, status + _cut(str(answer["error"]))),
-                                response.status_code, error_body=True)
+            raise ServerRefused(
+                self.message(what, status + _cut(str(answer["error"]))), response.status_code, error_body=True
+            )
         if response.status_code >= 400:
-            raise ServerRefused(self.message(what, f"HTTP {response.status_code}: {snippet(response.text)}"),
-                                response.status_code)
+            raise ServerRefused(
+                self.message(what, f"HTTP {response.status_code}: {snippet(response.text)}"), response.status_code
+            )
         return answer
 
     def message(self, what: str, detail: str) -> str:

@@ -34,6 +34,12 @@ def register_envs(register):
     register("textworld-express", TextWorldExpressEnv)
     register("textarena", TextArenaEnv)
     for game in game_ids():
-        register(f"textarena:{game}", env_variant(TextArenaEnv, f"TextArena_{game.replace('-', '_')}",
-                                                  f"TextArena's {game} (pip install 'omrl[textarena]').",
-                                                  game=game))
+        register(
+            f"textarena:{game}",
+            env_variant(
+                TextArenaEnv,
+                f"TextArena_{game.replace('-', '_')}",
+                f"TextArena's {game} (pip install 'omrl[textarena]').",
+                game=game,
+            ),
+        )

@@ -57,13 +57,46 @@ from omrl_plugins.envs.engines.common import (
 
 #: AgentGym's BabyAI levels in its order (AgentGym's level n is LEVELS[n - 1]); minigrid ids BabyAI-<Level>-v0
 LEVELS = (
-    "GoToRedBallGrey", "GoToRedBall", "GoToRedBallNoDists", "GoToObjS6", "GoToLocalS8N7", "GoToObjMazeS7",
-    "GoToImpUnlock", "GoToSeqS5R2", "GoToRedBlueBall", "GoToDoor", "GoToObjDoor", "Open", "OpenRedDoor",
-    "OpenDoorLoc", "OpenRedBlueDoorsDebug", "OpenDoorsOrderN4Debug", "Pickup", "UnblockPickup", "PickupLoc",
-    "PickupDistDebug", "PickupAbove", "PutNextLocalS6N4", "PutNextS7N4Carrying", "Unlock", "UnlockLocalDist",
-    "KeyInBox", "UnlockPickupDist", "BlockedUnlockPickup", "UnlockToUnlock", "ActionObjDoor", "FindObjS7",
-    "KeyCorridorS6R3", "OneRoomS20", "MoveTwoAcrossS8N9", "SynthS5R2", "SynthLoc", "SynthSeq", "MiniBossLevel",
-    "BossLevel", "BossLevelNoUnlock",
+    "GoToRedBallGrey",
+    "GoToRedBall",
+    "GoToRedBallNoDists",
+    "GoToObjS6",
+    "GoToLocalS8N7",
+    "GoToObjMazeS7",
+    "GoToImpUnlock",
+    "GoToSeqS5R2",
+    "GoToRedBlueBall",
+    "GoToDoor",
+    "GoToObjDoor",
+    "Open",
+    "OpenRedDoor",
+    "OpenDoorLoc",
+    "OpenRedBlueDoorsDebug",
+    "OpenDoorsOrderN4Debug",
+    "Pickup",
+    "UnblockPickup",
+    "PickupLoc",
+    "PickupDistDebug",
+    "PickupAbove",
+    "PutNextLocalS6N4",
+    "PutNextS7N4Carrying",
+    "Unlock",
+    "UnlockLocalDist",
+    "KeyInBox",
+    "UnlockPickupDist",
+    "BlockedUnlockPickup",
+    "UnlockToUnlock",
+    "ActionObjDoor",
+    "FindObjS7",
+    "KeyCorridorS6R3",
+    "OneRoomS20",
+    "MoveTwoAcrossS8N9",
+    "SynthS5R2",
+    "SynthLoc",
+    "SynthSeq",
+    "MiniBossLevel",
+    "BossLevel",
+    "BossLevelNoUnlock",
 )
 #: minigrid 3 registers GoToObjS6 as v1 only (v0 had wrong registry parameters)
 GYM_IDS = {"GoToObjS6": "BabyAI-GoToObjS6-v1"}
@@ -99,8 +132,15 @@ def effect_state(game: Any) -> tuple[Any, ...]:
     """What a low-level action can change: the agent's cell, direction and load, and the state of
     the cell in front (a door opened, a box opened)."""
     front = game.grid.get(*game.front_pos)
-    return (int(game.agent_pos[0]), int(game.agent_pos[1]), game.agent_dir, id(game.carrying), id(front),
-            getattr(front, "is_open", None), getattr(front, "is_locked", None))
+    return (
+        int(game.agent_pos[0]),
+        int(game.agent_pos[1]),
+        game.agent_dir,
+        id(game.carrying),
+        id(front),
+        getattr(front, "is_open", None),
+        getattr(front, "is_locked", None),
+    )
 
 
 class PlanStack(list):
@@ -135,9 +175,11 @@ class Episode:
 class BabyAIEnv(Env):
     """BabyAI grid-world levels as text, like AgentGym's BabyAI (pip install 'omrl[babyai]')."""
 
-    action_help = ("One action per turn, exactly as written in the list of available actions: turn left, "
-                   "turn right, move forward, go to <object> <n>, pickup <object> <n>, drop, toggle, "
-                   "go through <door> <n>, toggle and go through <door> <n>, check available actions.")
+    action_help = (
+        "One action per turn, exactly as written in the list of available actions: turn left, "
+        "turn right, move forward, go to <object> <n>, pickup <object> <n>, drop, toggle, "
+        "go through <door> <n>, toggle and go through <door> <n>, check available actions."
+    )
     action_example = "go to red ball 1"
     max_turns = 20
     deterministic = True
@@ -145,22 +187,28 @@ class BabyAIEnv(Env):
     extra = "babyai"
     #: GoToLocalS8N7, seed 1002 (a train task): the target is out of sight until the agent turns
     demonstration = (
-        DemoTurn("Your goal: go to the blue box\nIn front of you in this room, you can see several objects: "
-                 "There is a green key 1 1 steps in front of you and 2 steps to your right. There is a blue "
-                 "ball 1 1 steps in front of you and 3 steps to your left. The room has walls around you. You "
-                 "are facing a wall 3 steps away. You are not carrying anything.\n"
-                 'Available actions: ["turn left", "turn right", "move forward", "pickup green key 1", '
-                 '"pickup blue ball 1", "go to green key 1", "go to blue ball 1", "check available actions"]',
-                 "I cannot see a blue box. I will turn to look around.", "turn left"),
-        DemoTurn("In front of you in this room, you can see several objects: There is a blue box 1 2 steps in "
-                 "front of you and 1 steps to your left. There is a blue ball 1 3 steps in front of you and 1 "
-                 "steps to your right. There is a yellow ball 1 2 steps in front of you and 2 steps to your "
-                 "left. There is a grey box 1 3 steps in front of you and 3 steps to your left. The room has "
-                 "walls around you. You are facing a wall 4 steps away. You are not carrying anything.\n"
-                 'Available actions: ["turn left", "turn right", "move forward", "pickup blue box 1", '
-                 '"pickup blue ball 1", "pickup yellow ball 1", "pickup grey box 1", "go to blue box 1", '
-                 '"go to blue ball 1", "go to yellow ball 1", "go to grey box 1", "check available actions"]',
-                 "The blue box is in sight now: go to it.", "go to blue box 1"),
+        DemoTurn(
+            "Your goal: go to the blue box\nIn front of you in this room, you can see several objects: "
+            "There is a green key 1 1 steps in front of you and 2 steps to your right. There is a blue "
+            "ball 1 1 steps in front of you and 3 steps to your left. The room has walls around you. You "
+            "are facing a wall 3 steps away. You are not carrying anything.\n"
+            'Available actions: ["turn left", "turn right", "move forward", "pickup green key 1", '
+            '"pickup blue ball 1", "go to green key 1", "go to blue ball 1", "check available actions"]',
+            "I cannot see a blue box. I will turn to look around.",
+            "turn left",
+        ),
+        DemoTurn(
+            "In front of you in this room, you can see several objects: There is a blue box 1 2 steps in "
+            "front of you and 1 steps to your left. There is a blue ball 1 3 steps in front of you and 1 "
+            "steps to your right. There is a yellow ball 1 2 steps in front of you and 2 steps to your "
+            "left. There is a grey box 1 3 steps in front of you and 3 steps to your left. The room has "
+            "walls around you. You are facing a wall 4 steps away. You are not carrying anything.\n"
+            'Available actions: ["turn left", "turn right", "move forward", "pickup blue box 1", '
+            '"pickup blue ball 1", "pickup yellow ball 1", "pickup grey box 1", "go to blue box 1", '
+            '"go to blue ball 1", "go to yellow ball 1", "go to grey box 1", "check available actions"]',
+            "The blue box is in sight now: go to it.",
+            "go to blue box 1",
+        ),
     )
 
     def __init__(self, level: str = ""):
@@ -210,8 +258,9 @@ class BabyAIEnv(Env):
         if command == CHECK:
             return StepResult(self._text(episode, ""), 0.0, False, self._info(episode, invalid=False))
         if not macro.steps:
-            return StepResult(f"No change in state.\n{episode.view.action_list()}", 0.0, False,
-                              self._info(episode, invalid=False))
+            return StepResult(
+                f"No change in state.\n{episode.view.action_list()}", 0.0, False, self._info(episode, invalid=False)
+            )
         reward, ending = self._play(episode, macro.steps)
         episode.reward += reward
         episode.view = look(episode.game)
@@ -227,8 +276,14 @@ class BabyAIEnv(Env):
         if episode is None or not episode.running or episode.suggestion is None:
             return None
         if episode.suggestion == PICKUP:
-            name = next((name for name, macro in episode.view.actions.items()
-                         if name.startswith("pickup ") and macro.steps == (PICKUP,)), None)
+            name = next(
+                (
+                    name
+                    for name, macro in episode.view.actions.items()
+                    if name.startswith("pickup ") and macro.steps == (PICKUP,)
+                ),
+                None,
+            )
         else:
             name = BOT_ACTIONS.get(episode.suggestion)  # `done` (the bot thinks the goal is met): none
         return name if name in episode.view.actions else None
@@ -284,15 +339,25 @@ class BabyAIEnv(Env):
 
     def _info(self, episode: Episode, invalid: bool) -> dict[str, Any]:
         won = not episode.running and episode.reward > 0
-        return {"won": won, "score": clip01(episode.reward), "invalid": invalid, "level": episode.level,
-                "seed": episode.seed}
+        return {
+            "won": won,
+            "score": clip01(episode.reward),
+            "invalid": invalid,
+            "level": episode.level,
+            "seed": episode.seed,
+        }
 
 
 #: one env per level, built once so that every registry lookup returns the same class
-LEVEL_ENVS = {level: env_variant(BabyAIEnv, f"BabyAI{level}Env",
-                                 f"BabyAI level {level} (AgentGym's level {number}) as text "
-                                 "(pip install 'omrl[babyai]').", level=level)
-              for number, level in enumerate(LEVELS, start=1)}
+LEVEL_ENVS = {
+    level: env_variant(
+        BabyAIEnv,
+        f"BabyAI{level}Env",
+        f"BabyAI level {level} (AgentGym's level {number}) as text (pip install 'omrl[babyai]').",
+        level=level,
+    )
+    for number, level in enumerate(LEVELS, start=1)
+}
 
 
 @hookimpl

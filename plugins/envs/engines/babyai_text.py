@@ -49,7 +49,7 @@ class Seen:
 
     @property
     def door_state(self) -> str:
-        """"open", "closed" or "locked" for a door ("" for anything else)."""
+        """ "open", "closed" or "locked" for a door ("" for anything else)."""
         return self.name.split()[1] if self.kind == "door" else ""
 
     def where(self) -> str:
@@ -84,7 +84,7 @@ class View:
 
 
 def object_name(cell: Any) -> str:
-    """"red ball", "blue locked door"."""
+    """ "red ball", "blue locked door"."""
     if cell.type == "door":
         state = "open" if cell.is_open else "locked" if cell.is_locked else "closed"
         return f"{cell.color} {state} door"
@@ -111,7 +111,8 @@ def look(env: Any) -> View:
         actions["drop"] = Macro((DROP,), front)
     else:
         refusals["drop"] = "You cannot drop the object, as " + (
-            "there is already an object in front of you." if here.carrying else "you are not carrying anything.")
+            "there is already an object in front of you." if here.carrying else "you are not carrying anything."
+        )
     _doors(here, seen, actions, refusals)
     _toggle(here, actions, refusals)
     _go_tos(here, seen, actions, refusals)
@@ -119,12 +120,17 @@ def look(env: Any) -> View:
     return View(describe(cells, seen, pos, direction, here.carrying), actions, refusals)
 
 
-def describe(cells: dict[tuple[int, int], Any], seen: list[Seen], pos: tuple[int, int], direction: int,
-             carrying: Any) -> str:
+def describe(
+    cells: dict[tuple[int, int], Any], seen: list[Seen], pos: tuple[int, int], direction: int, carrying: Any
+) -> str:
     """AgentGym's description: the objects in sight, the nearest wall or box straight ahead, the load."""
-    parts = ["In front of you in this room, you can see several objects: "
-             + " ".join(f"There is a {s.label} {s.where()}" for s in seen) if seen
-             else "You cannot see any objects within sight.", "The room has walls around you."]
+    parts = [
+        "In front of you in this room, you can see several objects: "
+        + " ".join(f"There is a {s.label} {s.where()}" for s in seen)
+        if seen
+        else "You cannot see any objects within sight.",
+        "The room has walls around you.",
+    ]
     (dx, dy), k = DIRECTIONS[direction], 1
     while (pos[0] + k * dx, pos[1] + k * dy) in cells:  # along the line of sight
         obj = cells[(pos[0] + k * dx, pos[1] + k * dy)]
@@ -132,8 +138,9 @@ def describe(cells: dict[tuple[int, int], Any], seen: list[Seen], pos: tuple[int
             parts.append(f"You are facing a {obj.type} {k} steps away.")
             break
         k += 1
-    parts.append(f"You are carrying a {carrying.color} {carrying.type}." if carrying
-                 else "You are not carrying anything.")
+    parts.append(
+        f"You are carrying a {carrying.color} {carrying.type}." if carrying else "You are not carrying anything."
+    )
     return " ".join(parts)
 
 
@@ -159,8 +166,10 @@ def _pickups(here: _Here, seen: list[Seen], actions: dict[str, Macro], refusals:
             continue
         name, steps = f"pickup {s.label}", here.path(s.pos, arrive=False)
         if here.carrying:
-            refusals[name] = (f"You cannot pickup {s.label}, as you are already carrying a "
-                              f"{here.carrying.color} {here.carrying.type}.")
+            refusals[name] = (
+                f"You cannot pickup {s.label}, as you are already carrying a "
+                f"{here.carrying.color} {here.carrying.type}."
+            )
         elif steps is None:
             refusals[name] = f"You cannot pickup {s.label}, as there is no path leading to it."
         else:
@@ -182,16 +191,16 @@ def _doors(here: _Here, seen: list[Seen], actions: dict[str, Macro], refusals: d
             else:
                 actions[through] = Macro(steps, s.pos)
             continue
-        refusals[through] = (f"You cannot go through {s.label}, as it is {s.door_state}. "
-                             "You should toggle it first.")
+        refusals[through] = f"You cannot go through {s.label}, as it is {s.door_state}. You should toggle it first."
         key = here.carrying if here.carrying is not None and here.carrying.type == "key" else None
         steps = here.path(s.pos, arrive=False)
         if s.door_state == "locked" and key is None:
-            refusals[toggle_through] = (f"You cannot toggle and go through {s.label}, "
-                                        "as you are not carrying a key.")
+            refusals[toggle_through] = f"You cannot toggle and go through {s.label}, as you are not carrying a key."
         elif s.door_state == "locked" and key.color != s.name.split()[0]:
-            refusals[toggle_through] = (f"You cannot toggle and go through {s.label}, as the color of the key "
-                                        "you are carrying does not match the color of door.")
+            refusals[toggle_through] = (
+                f"You cannot toggle and go through {s.label}, as the color of the key "
+                "you are carrying does not match the color of door."
+            )
         elif steps is None:
             refusals[toggle_through] = f"You cannot toggle and go through {s.label}, {no_path}"
         else:
@@ -242,8 +251,11 @@ def visible_cells(env: Any) -> dict[tuple[int, int], Any]:
     for j in range(size):
         for i in range(size):
             x, y = (int(v) for v in top_left - forward * j + right * i)
-            if not vis_mask[i, j] or not (0 <= x < env.width and 0 <= y < env.height) \
-                    or (x, y) == (int(pos[0]), int(pos[1])):
+            if (
+                not vis_mask[i, j]
+                or not (0 <= x < env.width and 0 <= y < env.height)
+                or (x, y) == (int(pos[0]), int(pos[1]))
+            ):
                 continue
             cells[(x, y)] = env.grid.get(x, y)
     return cells
@@ -260,8 +272,9 @@ def visible_objects(cells: dict[tuple[int, int], Any], pos: tuple[int, int], dir
         name = object_name(obj)
         counts[name] = counts.get(name, 0) + 1
         dx, dy = cell[0] - pos[0], cell[1] - pos[1]
-        seen.append(Seen(name, counts[name], obj.type, cell, dx * forward[0] + dy * forward[1],
-                         dx * right[0] + dy * right[1]))
+        seen.append(
+            Seen(name, counts[name], obj.type, cell, dx * forward[0] + dy * forward[1], dx * right[0] + dy * right[1])
+        )
     return seen
 
 
@@ -270,8 +283,9 @@ def passable(obj: Any) -> bool:
     return obj is None or (obj.can_overlap() and obj.type != "lava")
 
 
-def shortest_path(pos: tuple[int, int], direction: int, target: tuple[int, int],
-                  free: set[tuple[int, int]], arrive: bool) -> tuple[int, ...] | None:
+def shortest_path(
+    pos: tuple[int, int], direction: int, target: tuple[int, int], free: set[tuple[int, int]], arrive: bool
+) -> tuple[int, ...] | None:
     """The fewest low-level actions (forward, left, right) through ``free`` cells that stand on
     ``target`` (``arrive``) or face it; None when there is no such path."""
 

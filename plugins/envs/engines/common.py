@@ -57,8 +57,9 @@ def simulator_guard(env_name: str, extra: str, on_failure: Callable[[], None]) -
         yield
     except py4j_error as exc:
         on_failure()
-        raise EnvError(f"{env_name}: the Java simulator failed ({type(exc).__name__}: {exc}); "
-                       "the next reset starts a new one") from exc
+        raise EnvError(
+            f"{env_name}: the Java simulator failed ({type(exc).__name__}: {exc}); the next reset starts a new one"
+        ) from exc
 
 
 def close_simulator(engine: Any, quietly: bool) -> None:
@@ -90,8 +91,9 @@ class JavaSimulatorMixin:
         try:
             return start(*args, **kwargs)
         except OSError as exc:  # no java on PATH, or it failed to start
-            raise EnvError(f"{self.package} could not start its Java simulator ({exc}); "
-                           f"it needs {self.java_needed} on PATH") from exc
+            raise EnvError(
+                f"{self.package} could not start its Java simulator ({exc}); it needs {self.java_needed} on PATH"
+            ) from exc
 
     def close(self) -> None:
         self._discard_simulator(quietly=False)

@@ -52,15 +52,32 @@ from omrl_plugins.envs.engines.common import MissingExtraError, check_running, c
 from omrl_plugins.envs.engines.reasoning_gym import DATASETS, EngineRandom, as_number, unit_score, unknown_name
 
 GAMES = (
-    "game:GuessTheNumber-v0-easy", "game:GuessTheNumber-v0-hard", "game:GuessTheNumber-v0-random",
-    "game:Mastermind-v0-easy", "game:Mastermind-v0-hard", "game:Mastermind-v0-random",
-    "game:Minesweeper-v0-easy", "game:Minesweeper-v0-hard", "game:Minesweeper-v0-random",
-    "game:FifteenPuzzle-v0-easy", "game:FifteenPuzzle-v0-hard",
-    "game:Sudoku-v0-easy", "game:Sudoku-v0-hard", "game:Sudoku-v0-random",
-    "game:TowerofHanoi-v0-easy", "game:TowerofHanoi-v0-hard", "game:TowerofHanoi-v0-random",
-    "game:Game2048-v0-easy", "game:Game2048-v0-hard", "game:Game2048-v0-extreme-hard", "game:Game2048-v0-random",
-    "game:Sokoban-v0-easy", "game:Sokoban-v0-hard", "game:Sokoban-v0-random",
-    "game:Crosswords-v0-easy", "game:Crosswords-v0-hard",
+    "game:GuessTheNumber-v0-easy",
+    "game:GuessTheNumber-v0-hard",
+    "game:GuessTheNumber-v0-random",
+    "game:Mastermind-v0-easy",
+    "game:Mastermind-v0-hard",
+    "game:Mastermind-v0-random",
+    "game:Minesweeper-v0-easy",
+    "game:Minesweeper-v0-hard",
+    "game:Minesweeper-v0-random",
+    "game:FifteenPuzzle-v0-easy",
+    "game:FifteenPuzzle-v0-hard",
+    "game:Sudoku-v0-easy",
+    "game:Sudoku-v0-hard",
+    "game:Sudoku-v0-random",
+    "game:TowerofHanoi-v0-easy",
+    "game:TowerofHanoi-v0-hard",
+    "game:TowerofHanoi-v0-random",
+    "game:Game2048-v0-easy",
+    "game:Game2048-v0-hard",
+    "game:Game2048-v0-extreme-hard",
+    "game:Game2048-v0-random",
+    "game:Sokoban-v0-easy",
+    "game:Sokoban-v0-hard",
+    "game:Sokoban-v0-random",
+    "game:Crosswords-v0-easy",
+    "game:Crosswords-v0-hard",
 )
 TASKS = tuple(f"rg:{name}" for name in DATASETS)  # one turn each
 ENV_IDS = GAMES + TASKS
@@ -92,7 +109,8 @@ REFUSALS = re.compile(
     r"outside the (?:range|bounds)|out of bounds|already (?:been )?(?:guessed|revealed|filled|tried)|"
     r"which is empty|is larger than the top disk|entries but the code has length|letters but the secret|"
     r"doesn't change the board|violates Sudoku rules|chose an invalid action|cannot move|invalid move|"
-    r"black dot and cannot be filled|not valid because words must be")
+    r"black dot and cannot be filled|not valid because words must be"
+)
 
 
 def left_out_reason(env_id: str) -> str | None:
@@ -116,8 +134,10 @@ class GemEnv(Env):
 
     package = "gem-llm"
     extra = "gem"
-    action_help = ("One move per turn, in the format the game's rules give; the \\boxed{} around it may be "
-                   "left out (25 is read as \\boxed{25}).")
+    action_help = (
+        "One move per turn, in the format the game's rules give; the \\boxed{} around it may be "
+        "left out (25 is read as \\boxed{25})."
+    )
     max_turns = 100  # every game ends sooner by its own turn limit
     deterministic = True
 
@@ -127,8 +147,9 @@ class GemEnv(Env):
             raise unknown_name("gem env", env_id, ENV_IDS, {env_id: reason} if reason else {})
         self._gem = import_gem()
         if env_id not in require("gem.envs.registration", f"gem:{env_id}", "gem").ENV_REGISTRY:
-            raise ConfigError(f"the installed gem-llm has no env {env_id!r}; omrl plays gem-llm 0.1.0's envs: "
-                              "pip install 'omrl[gem]'")
+            raise ConfigError(
+                f"the installed gem-llm has no env {env_id!r}; omrl plays gem-llm 0.1.0's envs: pip install 'omrl[gem]'"
+            )
         self.env_id = env_id
         self.one_turn = env_id in TASKS
         constants = require("gem.utils.constants", f"gem:{env_id}", "gem")
@@ -163,8 +184,12 @@ class GemEnv(Env):
         except Exception as exc:  # noqa: BLE001 - GEM failed on this action
             self._running = False
             if self.one_turn:  # the dataset's scorer could not read the answer
-                return StepResult(f"The answer could not be scored ({type(exc).__name__}: {exc}); it scores 0.",
-                                  0.0, True, {"won": False, "score": 0.0, "invalid": True})
+                return StepResult(
+                    f"The answer could not be scored ({type(exc).__name__}: {exc}); it scores 0.",
+                    0.0,
+                    True,
+                    {"won": False, "score": 0.0, "invalid": True},
+                )
             raise EnvError(f"gem:{self.env_id} failed on the move {move!r}: {type(exc).__name__}: {exc}") from exc
         reward = as_number(reward)
         if isinstance(reward, float):
@@ -212,8 +237,10 @@ class GemEnv(Env):
             try:
                 entry = self._engines[key] = [self._gem.make(self.env_id, **options), 0]
             except ImportError as exc:  # GEM names the module it could not import
-                raise MissingExtraError(f"gem:{self.env_id} needs a package gem-llm does not install ({exc}); "
-                                        "install it, or pip install 'omrl[gem]'") from exc
+                raise MissingExtraError(
+                    f"gem:{self.env_id} needs a package gem-llm does not install ({exc}); "
+                    "install it, or pip install 'omrl[gem]'"
+                ) from exc
         entry[1] += 1
         return entry[0]
 
@@ -221,12 +248,15 @@ class GemEnv(Env):
 def _variant(env_id: str) -> type[Env]:
     one_turn = env_id in TASKS
     kind = "one question, scored by the dataset" if one_turn else "a game"
-    variant = env_variant(GemEnv, "Gem_" + re.sub(r"\W", "_", env_id),
-                          f"GEM's {env_id}: {kind} (pip install 'omrl[gem]').", env_id=env_id)
+    variant = env_variant(
+        GemEnv, "Gem_" + re.sub(r"\W", "_", env_id), f"GEM's {env_id}: {kind} (pip install 'omrl[gem]').", env_id=env_id
+    )
     if one_turn:
         variant.max_turns = 1
-        variant.action_help = ("One action: your final answer alone, written as the question asks for it "
-                               "(GEM reads it from \\boxed{}, which is added when you leave it out).")
+        variant.action_help = (
+            "One action: your final answer alone, written as the question asks for it "
+            "(GEM reads it from \\boxed{}, which is added when you leave it out)."
+        )
     return variant
 
 

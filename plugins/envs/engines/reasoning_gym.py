@@ -44,23 +44,109 @@ from omrl.hookspecs import hookimpl
 from omrl_plugins.envs.engines.common import PrivateRandom, check_running, check_task_in_splits, require, split_ids
 
 DATASETS = (
-    "ab", "acre", "advanced_geometry", "aiw", "arc_1d", "arc_agi", "base_conversion", "basic_arithmetic", "bf",
-    "binary_alternation", "binary_matrix", "bitwise_arithmetic", "boxnet", "caesar_cipher", "calendar_arithmetic",
-    "chain_sum", "circuit_logic", "codeio", "color_cube_rotation", "complex_arithmetic", "count_bits",
-    "count_primes", "countdown", "course_schedule", "cryptarithm", "decimal_arithmetic", "decimal_chain_sum",
-    "dice", "emoji_mystery", "family_relationships", "figlet_font", "fraction_simplification", "futoshiki",
-    "game_of_life", "game_of_life_halting", "gcd", "graph_color", "group_anagrams", "gsm_symbolic",
-    "intermediate_integration", "isomorphic_strings", "jugs", "kakurasu", "knight_swap", "knights_knaves",
-    "largest_island", "lcm", "leg_counting", "letter_counting", "letter_jumble", "list_functions", "mahjong_puzzle",
-    "manipulate_matrix", "maze", "mini_sudoku", "modulo_grid", "n_queens", "needle_haystack", "number_filtering",
-    "number_format", "number_sequence", "number_sorting", "palindrome_generation", "palindrome_partitioning",
-    "polynomial_equations", "polynomial_multiplication", "pool_matrix", "power_function", "prime_factorization",
-    "products", "propositional_logic", "puzzle24", "quantum_lock", "ransom_note", "rearc", "rectangle_count",
-    "rotate_matrix", "rotten_oranges", "rubiks_cube", "rush_hour", "self_reference", "sentence_reordering",
-    "shortest_path", "simple_equations", "simple_geometry", "simple_integration", "sokoban", "spell_backward",
-    "spiral_matrix", "string_insertion", "string_manipulation", "string_splitting", "string_synthesis", "sudoku",
-    "survo", "syllogism", "time_intervals", "tower_of_hanoi", "tsumego", "word_ladder", "word_sequence_reversal",
-    "word_sorting", "zebra_puzzles",
+    "ab",
+    "acre",
+    "advanced_geometry",
+    "aiw",
+    "arc_1d",
+    "arc_agi",
+    "base_conversion",
+    "basic_arithmetic",
+    "bf",
+    "binary_alternation",
+    "binary_matrix",
+    "bitwise_arithmetic",
+    "boxnet",
+    "caesar_cipher",
+    "calendar_arithmetic",
+    "chain_sum",
+    "circuit_logic",
+    "codeio",
+    "color_cube_rotation",
+    "complex_arithmetic",
+    "count_bits",
+    "count_primes",
+    "countdown",
+    "course_schedule",
+    "cryptarithm",
+    "decimal_arithmetic",
+    "decimal_chain_sum",
+    "dice",
+    "emoji_mystery",
+    "family_relationships",
+    "figlet_font",
+    "fraction_simplification",
+    "futoshiki",
+    "game_of_life",
+    "game_of_life_halting",
+    "gcd",
+    "graph_color",
+    "group_anagrams",
+    "gsm_symbolic",
+    "intermediate_integration",
+    "isomorphic_strings",
+    "jugs",
+    "kakurasu",
+    "knight_swap",
+    "knights_knaves",
+    "largest_island",
+    "lcm",
+    "leg_counting",
+    "letter_counting",
+    "letter_jumble",
+    "list_functions",
+    "mahjong_puzzle",
+    "manipulate_matrix",
+    "maze",
+    "mini_sudoku",
+    "modulo_grid",
+    "n_queens",
+    "needle_haystack",
+    "number_filtering",
+    "number_format",
+    "number_sequence",
+    "number_sorting",
+    "palindrome_generation",
+    "palindrome_partitioning",
+    "polynomial_equations",
+    "polynomial_multiplication",
+    "pool_matrix",
+    "power_function",
+    "prime_factorization",
+    "products",
+    "propositional_logic",
+    "puzzle24",
+    "quantum_lock",
+    "ransom_note",
+    "rearc",
+    "rectangle_count",
+    "rotate_matrix",
+    "rotten_oranges",
+    "rubiks_cube",
+    "rush_hour",
+    "self_reference",
+    "sentence_reordering",
+    "shortest_path",
+    "simple_equations",
+    "simple_geometry",
+    "simple_integration",
+    "sokoban",
+    "spell_backward",
+    "spiral_matrix",
+    "string_insertion",
+    "string_manipulation",
+    "string_splitting",
+    "string_synthesis",
+    "sudoku",
+    "survo",
+    "syllogism",
+    "time_intervals",
+    "tower_of_hanoi",
+    "tsumego",
+    "word_ladder",
+    "word_sequence_reversal",
+    "word_sorting",
+    "zebra_puzzles",
 )
 LEFT_OUT = {"composite": "it only mixes other datasets and needs their configs; play those by name"}
 SPLITS = {"train": range(0, 10_000), "test": range(1_000_000, 1_000_500)}
@@ -133,8 +219,10 @@ class ReasoningGymEnv(Env):
         self._package = require("reasoning_gym", f"reasoning-gym:{dataset}", "reasoning-gym")
         registered = self._package.factory.DATASETS
         if dataset not in registered:
-            raise ConfigError(f"the installed reasoning_gym has no dataset {dataset!r}; omrl plays "
-                              "reasoning-gym 0.1.23's datasets: pip install 'omrl[reasoning-gym]'")
+            raise ConfigError(
+                f"the installed reasoning_gym has no dataset {dataset!r}; omrl plays "
+                "reasoning-gym 0.1.23's datasets: pip install 'omrl[reasoning-gym]'"
+            )
         self.dataset = dataset
         self.config = dict(config or {})
         _check_config(dataset, registered[dataset][1], self.config)
@@ -154,7 +242,8 @@ class ReasoningGymEnv(Env):
         with self._random.active():
             if split not in self._datasets:
                 self._datasets[split] = self._package.create_dataset(
-                    self.dataset, **self.config, seed=ids.start, size=len(ids))
+                    self.dataset, **self.config, seed=ids.start, size=len(ids)
+                )
             self._entry = self._datasets[split][task_id - ids.start]
         self._running = True
         question = self._entry["question"]  # passed on as it is: the rollout checks that it is text
@@ -167,12 +256,20 @@ class ReasoningGymEnv(Env):
             with self._random.active():
                 score = self._datasets[self._split].score_answer(answer=action.strip(), entry=self._entry)
         except Exception as exc:  # noqa: BLE001 - the dataset's own parser refused the answer
-            return StepResult(f"The answer could not be scored ({type(exc).__name__}: {exc}); it scores 0.",
-                              0.0, True, {"won": False, "score": 0.0, "invalid": True})
+            return StepResult(
+                f"The answer could not be scored ({type(exc).__name__}: {exc}); it scores 0.",
+                0.0,
+                True,
+                {"won": False, "score": 0.0, "invalid": True},
+            )
         reward = as_number(score)
         won = isinstance(reward, float) and reward >= 1.0
-        return StepResult(f"Your answer scored {reward} (1 is correct).", reward, True,
-                          {"won": won, "score": unit_score(reward), "invalid": False})
+        return StepResult(
+            f"Your answer scored {reward} (1 is correct).",
+            reward,
+            True,
+            {"won": won, "score": unit_score(reward), "invalid": False},
+        )
 
     def expert_action(self) -> str | None:
         answer = self._entry.get("answer")
@@ -184,12 +281,16 @@ def _check_config(dataset: str, config_class: type, config: dict[str, Any]) -> N
     fields = [f.name for f in dataclasses.fields(config_class)]
     taken = sorted({"seed", "size"} & set(config))
     if taken:
-        raise ConfigError(f"reasoning-gym:{dataset} option config: {taken} are set by the split (train and "
-                          "test have fixed seeds and sizes); leave them out")
+        raise ConfigError(
+            f"reasoning-gym:{dataset} option config: {taken} are set by the split (train and "
+            "test have fixed seeds and sizes); leave them out"
+        )
     unknown = sorted(set(config) - set(fields))
     if unknown:
-        raise ConfigError(f"reasoning-gym:{dataset} option config: unknown settings {unknown}; valid: "
-                          f"{', '.join(name for name in fields if name not in ('seed', 'size'))}")
+        raise ConfigError(
+            f"reasoning-gym:{dataset} option config: unknown settings {unknown}; valid: "
+            f"{', '.join(name for name in fields if name not in ('seed', 'size'))}"
+        )
     try:
         settings = config_class(**config)
         if hasattr(settings, "validate"):
@@ -199,10 +300,15 @@ def _check_config(dataset: str, config_class: type, config: dict[str, Any]) -> N
 
 
 # Built once: the registry asks the hook at every lookup and must get the same classes back.
-VARIANTS = {f"reasoning-gym:{name}": env_variant(
-    ReasoningGymEnv, f"ReasoningGym_{name}",
-    f"reasoning_gym's {name}: one question, scored by the dataset (pip install 'omrl[reasoning-gym]').",
-    dataset=name) for name in DATASETS}
+VARIANTS = {
+    f"reasoning-gym:{name}": env_variant(
+        ReasoningGymEnv,
+        f"ReasoningGym_{name}",
+        f"reasoning_gym's {name}: one question, scored by the dataset (pip install 'omrl[reasoning-gym]').",
+        dataset=name,
+    )
+    for name in DATASETS
+}
 
 
 @hookimpl

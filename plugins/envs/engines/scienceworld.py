@@ -63,16 +63,19 @@ class ScienceWorldEnv(JavaSimulatorMixin, Env):
 
     package = "scienceworld"
     extra = "scienceworld"
-    action_help = ("One command per turn, e.g. look around, open door to kitchen, go to kitchen, "
-                   "pick up thermometer, look at <object>, move <object> to <container>, "
-                   "activate <device>, focus on <object>, wait1. Answer a numbered question with its number.")
+    action_help = (
+        "One command per turn, e.g. look around, open door to kitchen, go to kitchen, "
+        "pick up thermometer, look at <object>, move <object> to <container>, "
+        "activate <device>, focus on <object>, wait1. Answer a numbered question with its number."
+    )
     io_bound = True
     splits = SPLITS
     max_turns = 100
     java_needed = "Java 17 or newer"
 
-    def __init__(self, tasks: list[str] | None = None, simplifications: str = "", max_turns: int = 100,
-                 expert: bool = True):
+    def __init__(
+        self, tasks: list[str] | None = None, simplifications: str = "", max_turns: int = 100, expert: bool = True
+    ):
         self._package = require("scienceworld", "scienceworld", "scienceworld")
         constants = require("scienceworld.constants", "scienceworld", "scienceworld")
         names = dict(constants.ID2TASK)  # "1-1" -> "boil"
@@ -101,8 +104,11 @@ class ScienceWorldEnv(JavaSimulatorMixin, Env):
                 with self._guard():
                     engine = self._simulator()
                     engine.load(name, 0, "")
-                    found = {"train": engine.get_variations_train(), "dev": engine.get_variations_dev(),
-                             "test": engine.get_variations_test()}
+                    found = {
+                        "train": engine.get_variations_train(),
+                        "dev": engine.get_variations_dev(),
+                        "test": engine.get_variations_test(),
+                    }
                 for key, values in found.items():
                     _split_cache[(name, key)] = [int(v) for v in values]
         return _split_cache[(name, split)]
@@ -132,8 +138,7 @@ class ScienceWorldEnv(JavaSimulatorMixin, Env):
             try:
                 engine.load(self._tasks[code], variation, self.simplifications, generateGoldPath=self.expert)
             except ValueError as exc:  # the engine's message lists the valid simplifications
-                raise ConfigError(
-                    f"scienceworld option simplifications={self.simplifications!r}: {exc}") from exc
+                raise ConfigError(f"scienceworld option simplifications={self.simplifications!r}: {exc}") from exc
             text, _ = engine.reset()
             self._gold = GoldPath(engine.get_gold_action_sequence() if self.expert else [])
             instruction = engine.get_task_description()
@@ -184,10 +189,11 @@ def _select_tasks(names: dict[str, str], wanted: list[str] | None) -> dict[str, 
     for entry in wanted:
         code = entry if entry in names else codes.get(entry)
         if code is None:
-            raise ConfigError(f"scienceworld option tasks: unknown task {entry!r}; valid: "
-                              f"{', '.join(f'{c} ({n})' for c, n in names.items())}")
+            raise ConfigError(
+                f"scienceworld option tasks: unknown task {entry!r}; valid: "
+                f"{', '.join(f'{c} ({n})' for c, n in names.items())}"
+            )
         chosen.append(code)
     if not chosen:
-        raise ConfigError("scienceworld option tasks is empty; name at least one task, "
-                          "or leave it out for all 30")
+        raise ConfigError("scienceworld option tasks is empty; name at least one task, or leave it out for all 30")
     return {code: names[code] for code in names if code in chosen}

@@ -41,25 +41,65 @@ from omrl_plugins.envs.engines.common import (
 # Each offline game's TextArena variants ("" is ``<Game>-v0`` itself), listed here so that registering
 # ``textarena:<id>`` names imports nothing; tests/envs/test_engines.py checks them against TextArena.
 GAME_VARIANTS: dict[str, tuple[str, ...]] = {
-    "2048": ("", "10x10", "3x3", "5x5", "6x6", "8x8", "easy", "extreme", "hard", "mega-easy", "super-easy",
-             "ultra-easy", "very-easy", "very-hard"),
-    "Bandit": ("", "hard"), "Blackjack": ("", "long"), "Crosswords": ("", "hardcore"), "FifteenPuzzle": ("",),
-    "FrozenLake": ("", "hardcore", "random"), "GuessTheNumber": ("", "hardcore"), "LightsOut": ("",),
-    "Mastermind": ("", "extreme", "hard"), "Minesweeper": ("", "hard", "medium", "small"), "PegJump": ("",),
-    "RushHour": ("",), "Sokoban": ("", "medium"), "Sudoku": ("", "easy", "hard", "medium", "very-easy"),
-    "ThreeCardMonte": ("",), "TowerOfHanoi": ("", "extreme", "hard", "hardcore", "medium"),
+    "2048": (
+        "",
+        "10x10",
+        "3x3",
+        "5x5",
+        "6x6",
+        "8x8",
+        "easy",
+        "extreme",
+        "hard",
+        "mega-easy",
+        "super-easy",
+        "ultra-easy",
+        "very-easy",
+        "very-hard",
+    ),
+    "Bandit": ("", "hard"),
+    "Blackjack": ("", "long"),
+    "Crosswords": ("", "hardcore"),
+    "FifteenPuzzle": ("",),
+    "FrozenLake": ("", "hardcore", "random"),
+    "GuessTheNumber": ("", "hardcore"),
+    "LightsOut": ("",),
+    "Mastermind": ("", "extreme", "hard"),
+    "Minesweeper": ("", "hard", "medium", "small"),
+    "PegJump": ("",),
+    "RushHour": ("",),
+    "Sokoban": ("", "medium"),
+    "Sudoku": ("", "easy", "hard", "medium", "very-easy"),
+    "ThreeCardMonte": ("",),
+    "TowerOfHanoi": ("", "extreme", "hard", "hardcore", "medium"),
 }
-OFFLINE_GAMES = ("2048", "Bandit", "Blackjack", "Crosswords", "FifteenPuzzle", "FrozenLake", "GuessTheNumber",
-                 "LightsOut", "Mastermind", "Minesweeper", "PegJump", "RushHour", "Sokoban", "Sudoku",
-                 "ThreeCardMonte", "TowerOfHanoi")
+OFFLINE_GAMES = (
+    "2048",
+    "Bandit",
+    "Blackjack",
+    "Crosswords",
+    "FifteenPuzzle",
+    "FrozenLake",
+    "GuessTheNumber",
+    "LightsOut",
+    "Mastermind",
+    "Minesweeper",
+    "PegJump",
+    "RushHour",
+    "Sokoban",
+    "Sudoku",
+    "ThreeCardMonte",
+    "TowerOfHanoi",
+)
 WRAPPER_SUFFIXES = ("-raw", "-train")  # TextArena's ids for the same game with other wrappers
 SPLITS = {"train": range(0, 100_000), "test": range(1_000_000, 1_000_500)}
 
 
 def game_ids() -> list[str]:
     """Every TextArena env id omrl plays offline: ``2048-v0``, ``2048-v0-3x3``, ..."""
-    return [f"{game}-v0" + (f"-{variant}" if variant else "") for game in OFFLINE_GAMES
-            for variant in GAME_VARIANTS[game]]
+    return [
+        f"{game}-v0" + (f"-{variant}" if variant else "") for game in OFFLINE_GAMES for variant in GAME_VARIANTS[game]
+    ]
 
 
 def base_game(env_id: str) -> str:
@@ -96,8 +136,12 @@ def frozen_lake_move(game_state: dict[str, Any]) -> str | None:
             return f"[{first[(row, col)]}]"
         for name, (dr, dc) in moves.items():
             cell = (row + dr, col + dc)
-            if 0 <= cell[0] < len(grid) and 0 <= cell[1] < len(grid[0]) and cell not in first \
-                    and grid[cell[0]][cell[1]] != "H":
+            if (
+                0 <= cell[0] < len(grid)
+                and 0 <= cell[1] < len(grid[0])
+                and cell not in first
+                and grid[cell[0]][cell[1]] != "H"
+            ):
                 first[cell] = first[(row, col)] or name
                 queue.append(cell)
     return None
@@ -112,8 +156,9 @@ EXPERTS: dict[str, Callable[[dict[str, Any]], str | None]] = {
 class TextArenaEnv(Env):
     """TextArena single-player puzzles: Sokoban, FrozenLake... (pip install 'omrl[textarena]')."""
 
-    action_help = ("One move per turn, in the format the game's rules give (usually in square brackets, "
-                   "e.g. [A C] or [up]).")
+    action_help = (
+        "One move per turn, in the format the game's rules give (usually in square brackets, e.g. [A C] or [up])."
+    )
     max_turns = 100
     package = "textarena"
     extra = "textarena"
@@ -121,11 +166,16 @@ class TextArenaEnv(Env):
     def __init__(self, game: str = "TowerOfHanoi-v0", max_turns: int = 100):
         self._package = require("textarena", "textarena", "textarena")
         registry = require("textarena.envs.registration", "textarena", "textarena").ENV_REGISTRY
-        playable = sorted(env_id for env_id in registry
-                          if base_game(env_id) in OFFLINE_GAMES and not env_id.endswith(WRAPPER_SUFFIXES))
+        playable = sorted(
+            env_id
+            for env_id in registry
+            if base_game(env_id) in OFFLINE_GAMES and not env_id.endswith(WRAPPER_SUFFIXES)
+        )
         if game not in playable:
-            raise ConfigError(f"textarena option game: {game!r} is not a single-player game that runs "
-                              f"offline; valid: {', '.join(playable)}")
+            raise ConfigError(
+                f"textarena option game: {game!r} is not a single-player game that runs "
+                f"offline; valid: {', '.join(playable)}"
+            )
         self.game = game
         self.max_turns = int(max_turns)  # type: ignore[misc]  # per instance: an option
         self._expert = EXPERTS.get(base_game(game))
@@ -149,8 +199,11 @@ class TextArenaEnv(Env):
         board = "\n".join(text for text, kind in messages if kind != kinds.PROMPT)
         self._turn = 0
         self._running = True
-        return Observation(board or "The game has started: make your first move.", rules,
-                           {"won": False, "score": 0.0, "game": self.game})
+        return Observation(
+            board or "The game has started: make your first move.",
+            rules,
+            {"won": False, "score": 0.0, "game": self.game},
+        )
 
     def step(self, action: str) -> StepResult:
         check_running("textarena", self._running)

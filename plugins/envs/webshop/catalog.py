@@ -189,29 +189,39 @@ def goals_for(product: Product, instructions: list[dict[str, Any]]) -> list[Goal
             options = list(options.values())
         upper = price_bound(product.price, random.Random(f"{product.asin}:{k}"))
         price_text = f", and price lower than {upper:.2f} dollars" if upper != NO_PRICE_BOUND else ""
-        goals.append(Goal(
-            asin=product.asin,
-            instruction=str(ins["instruction"]).strip().strip(".") + price_text,
-            attributes=tuple(str(a) for a in attributes),
-            options=tuple(str(o) for o in options),
-            price_upper=upper,
-            query=product.query,
-            product_category=product.product_category,
-            name=product.title,
-        ))
+        goals.append(
+            Goal(
+                asin=product.asin,
+                instruction=str(ins["instruction"]).strip().strip(".") + price_text,
+                attributes=tuple(str(a) for a in attributes),
+                options=tuple(str(o) for o in options),
+                price_upper=upper,
+                query=product.query,
+                product_category=product.product_category,
+                name=product.title,
+            )
+        )
     return goals
 
 
-def build_catalog(items: list[dict[str, Any]], attributes: dict[str, Any], human_goals: dict[str, Any],
-                  source: str, num_products: int | None = None, num_test_goals: int | None = None) -> Catalog:
+def build_catalog(
+    items: list[dict[str, Any]],
+    attributes: dict[str, Any],
+    human_goals: dict[str, Any],
+    source: str,
+    num_products: int | None = None,
+    num_test_goals: int | None = None,
+) -> Catalog:
     """WebShop's three files -> a Catalog with a train/test split of the goals.
 
     Goals are shuffled with WebShop's seed; the first ``num_test_goals`` (default:
     a fifth, at most 500 as in WebShop's evaluation) are the test split.
     """
     if not isinstance(items, list) or not isinstance(attributes, dict) or not isinstance(human_goals, dict):
-        raise ConfigError(f"webshop: {source} does not have WebShop's layout: items must be a list, "
-                          "attributes and human goals objects keyed by ASIN")
+        raise ConfigError(
+            f"webshop: {source} does not have WebShop's layout: items must be a list, "
+            "attributes and human goals objects keyed by ASIN"
+        )
     if num_products is not None:
         items = items[:num_products]
     products: list[Product] = []
@@ -228,30 +238,40 @@ def build_catalog(items: list[dict[str, Any]], attributes: dict[str, Any], human
     except (KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"webshop: a record in {source} lacks a field WebShop's format has: {exc!r}") from exc
     if not goals:
-        raise ConfigError(f"webshop: {source} yields no goals: the human goals must name ASINs of the items "
-                          "and have instruction_attributes")
+        raise ConfigError(
+            f"webshop: {source} yields no goals: the human goals must name ASINs of the items "
+            "and have instruction_attributes"
+        )
     random.Random(GOAL_SHUFFLE_SEED).shuffle(goals)
     n_test = min(500, max(1, len(goals) // 5)) if num_test_goals is None else num_test_goals
     if not 0 < n_test < len(goals):
-        raise ConfigError(f"webshop: num_test_goals={n_test} must be between 1 and {len(goals) - 1} "
-                          f"({len(goals)} goals in {source})")
+        raise ConfigError(
+            f"webshop: num_test_goals={n_test} must be between 1 and {len(goals) - 1} ({len(goals)} goals in {source})"
+        )
     return Catalog(products, by_asin, goals, range(0, n_test), range(n_test, len(goals)), source)
 
 
-def load_catalog(items_path: str | None = None, attributes_path: str | None = None,
-                 human_goals_path: str | None = None, num_products: int | None = None,
-                 num_test_goals: int | None = None) -> Catalog:
+def load_catalog(
+    items_path: str | None = None,
+    attributes_path: str | None = None,
+    human_goals_path: str | None = None,
+    num_products: int | None = None,
+    num_test_goals: int | None = None,
+) -> Catalog:
     """The shipped catalog, or WebShop's own files when ``items_path`` is given."""
     if items_path is None:
         if attributes_path or human_goals_path:
-            raise ConfigError("webshop: attributes_path and human_goals_path need items_path "
-                              "(WebShop's items_shuffle*.json)")
+            raise ConfigError(
+                "webshop: attributes_path and human_goals_path need items_path (WebShop's items_shuffle*.json)"
+            )
         data = read_json(BUILTIN_DATA, "shipped catalog")
-        return build_catalog(data["items"], data["attributes"], data["human_goals"], "the shipped catalog",
-                             num_products, num_test_goals)
+        return build_catalog(
+            data["items"], data["attributes"], data["human_goals"], "the shipped catalog", num_products, num_test_goals
+        )
     if human_goals_path is None:
-        raise ConfigError("webshop: items_path needs human_goals_path (WebShop's items_human_ins.json): "
-                          "the goals come from it")
+        raise ConfigError(
+            "webshop: items_path needs human_goals_path (WebShop's items_human_ins.json): the goals come from it"
+        )
     items = read_json(items_path, "items_path")
     attributes = read_json(attributes_path, "attributes_path") if attributes_path else {}
     human_goals = read_json(human_goals_path, "human_goals_path")

@@ -46,12 +46,21 @@ def _file_key(path: str | None) -> tuple | None:
     return (str(resolved), stat.st_mtime_ns, stat.st_size)
 
 
-def shared_shop(items_path: str | None = None, attributes_path: str | None = None,
-                human_goals_path: str | None = None, num_products: int | None = None,
-                num_test_goals: int | None = None) -> Shop:
+def shared_shop(
+    items_path: str | None = None,
+    attributes_path: str | None = None,
+    human_goals_path: str | None = None,
+    num_products: int | None = None,
+    num_test_goals: int | None = None,
+) -> Shop:
     """The Shop of a data source, built on first use (changed files make a new one)."""
-    key = (_file_key(items_path) or _file_key(str(BUILTIN_DATA)), _file_key(attributes_path),
-           _file_key(human_goals_path), num_products, num_test_goals)
+    key = (
+        _file_key(items_path) or _file_key(str(BUILTIN_DATA)),
+        _file_key(attributes_path),
+        _file_key(human_goals_path),
+        num_products,
+        num_test_goals,
+    )
     with _SHOPS_LOCK:
         shop = _SHOPS.get(key)
         if shop is None:
@@ -106,7 +115,7 @@ class WebShopEnv(Env):
         {
             "name": "click",
             "description": "Click something shown on the current page: a product ID, an option value, "
-                           "or a button (back to search, next >, < prev, description, features, reviews, buy now).",
+            "or a button (back to search, next >, < prev, description, features, reviews, buy now).",
             "parameters": {
                 "type": "object",
                 "properties": {"value": {"type": "string", "description": "The clickable's text, e.g. buy now."}},
@@ -118,23 +127,39 @@ class WebShopEnv(Env):
     deterministic = True  # BM25 search and the reward depend on the actions alone
     # a short made-up episode in the shop's own page format (not a product of the catalog)
     demonstration = (
-        DemoTurn("WebShop [SEP] Instruction: [SEP] i want a noise cancelling usb microphone, and price lower than "
-                 "60.00 dollars [SEP] Search",
-                 "I should search for the product first.", "search[noise cancelling usb microphone]"),
-        DemoTurn("Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP] B0DEMO1XYZ [SEP] Orbit Studio "
-                 "Condenser Microphone, XLR [SEP] $89.99 [SEP] B0DEMO2XYZ [SEP] EchoLess USB Microphone, Noise "
-                 "Cancelling, Plug and Play [SEP] $39.99 [SEP] B0DEMO3XYZ [SEP] Pocket Lavalier Microphone "
-                 "[SEP] $12.49",
-                 "The second result is a noise cancelling USB microphone under 60 dollars.", "click[B0DEMO2XYZ]"),
-        DemoTurn("Back to Search [SEP] < Prev [SEP] EchoLess USB Microphone, Noise Cancelling, Plug and Play "
-                 "[SEP] Price: $39.99 [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] "
-                 "Buy Now",
-                 "It matches the instruction and the price. I will buy it.", "click[buy now]"),
+        DemoTurn(
+            "WebShop [SEP] Instruction: [SEP] i want a noise cancelling usb microphone, and price lower than "
+            "60.00 dollars [SEP] Search",
+            "I should search for the product first.",
+            "search[noise cancelling usb microphone]",
+        ),
+        DemoTurn(
+            "Back to Search [SEP] Page 1 (Total results: 50) [SEP] Next > [SEP] B0DEMO1XYZ [SEP] Orbit Studio "
+            "Condenser Microphone, XLR [SEP] $89.99 [SEP] B0DEMO2XYZ [SEP] EchoLess USB Microphone, Noise "
+            "Cancelling, Plug and Play [SEP] $39.99 [SEP] B0DEMO3XYZ [SEP] Pocket Lavalier Microphone "
+            "[SEP] $12.49",
+            "The second result is a noise cancelling USB microphone under 60 dollars.",
+            "click[B0DEMO2XYZ]",
+        ),
+        DemoTurn(
+            "Back to Search [SEP] < Prev [SEP] EchoLess USB Microphone, Noise Cancelling, Plug and Play "
+            "[SEP] Price: $39.99 [SEP] Rating: N.A. [SEP] Description [SEP] Features [SEP] Reviews [SEP] "
+            "Buy Now",
+            "It matches the instruction and the price. I will buy it.",
+            "click[buy now]",
+        ),
     )
 
-    def __init__(self, *, items_path: str | None = None, attributes_path: str | None = None,
-                 human_goals_path: str | None = None, num_products: int | None = None,
-                 num_test_goals: int | None = None, **unknown: Any):
+    def __init__(
+        self,
+        *,
+        items_path: str | None = None,
+        attributes_path: str | None = None,
+        human_goals_path: str | None = None,
+        num_products: int | None = None,
+        num_test_goals: int | None = None,
+        **unknown: Any,
+    ):
         if unknown:
             raise ConfigError(f"webshop: unknown option(s) {', '.join(sorted(unknown))}; valid: {', '.join(OPTIONS)}")
         for name, value in (("num_products", num_products), ("num_test_goals", num_test_goals)):
@@ -168,8 +193,9 @@ class WebShopEnv(Env):
         self.page = render(state, self.catalog, self.goal.instruction, self.score)
 
     def _invalid(self, reason: str) -> StepResult:
-        return StepResult(f"Invalid action: {reason}\n{self.page.text}", 0.0, False,
-                          {"won": False, "score": 0.0, "invalid": True})
+        return StepResult(
+            f"Invalid action: {reason}\n{self.page.text}", 0.0, False, {"won": False, "score": 0.0, "invalid": True}
+        )
 
     def step(self, action: str) -> StepResult:
         if self.done:
@@ -204,13 +230,18 @@ class WebShopEnv(Env):
         self.done = True
         self.score = info.reward
         self._go(PageState(kind=DONE, asin=product.asin, options=self.state.options))
-        return StepResult(self.page.text, info.reward, True, {
-            "won": info.reward == 1.0,
-            "score": info.reward,
-            "invalid": False,
-            "purchased": {"asin": product.asin, "options": chosen, "price": product.price},
-            "reward_info": asdict(info),
-        })
+        return StepResult(
+            self.page.text,
+            info.reward,
+            True,
+            {
+                "won": info.reward == 1.0,
+                "score": info.reward,
+                "invalid": False,
+                "purchased": {"asin": product.asin, "options": chosen, "price": product.price},
+                "reward_info": asdict(info),
+            },
+        )
 
     def snapshot(self) -> WebShopState:
         if self.goal is None:

@@ -47,7 +47,7 @@ class PageState:
     @property
     def page_asins(self) -> tuple[str, ...]:
         start = (self.page - 1) * PRODUCTS_PER_PAGE
-        return self.results[start:start + PRODUCTS_PER_PAGE]
+        return self.results[start : start + PRODUCTS_PER_PAGE]
 
     @property
     def has_next_page(self) -> bool:
@@ -87,8 +87,18 @@ def render(state: PageState, catalog: Catalog, instruction: str, score: float = 
         return Page(SEP.join(parts), clickables, False)
     if state.kind == DONE:
         options = json.dumps(state.chosen)
-        text = SEP.join(["Thank you for shopping with us!", "Purchased", "asin", state.asin, "options", options,
-                         "Your score (min 0.0, max 1.0)", str(round(score, 4))])
+        text = SEP.join(
+            [
+                "Thank you for shopping with us!",
+                "Purchased",
+                "asin",
+                state.asin,
+                "options",
+                options,
+                "Your score (min 0.0, max 1.0)",
+                str(round(score, 4)),
+            ]
+        )
         return Page(text, {}, False)
     product = catalog.by_asin[state.asin]
     parts = ["Back to Search", "< Prev"]
@@ -99,8 +109,15 @@ def render(state: PageState, catalog: Catalog, instruction: str, score: float = 
             for value in values:
                 parts.append(value)
                 clickables.setdefault(value, value)
-        parts += [product.title, f"Price: {product.price_tag}", f"Rating: {product.rating}",
-                  "Description", "Features", "Reviews", "Buy Now"]
+        parts += [
+            product.title,
+            f"Price: {product.price_tag}",
+            f"Rating: {product.rating}",
+            "Description",
+            "Features",
+            "Reviews",
+            "Buy Now",
+        ]
         # buttons win over an option value that reads the same
         clickables.update(_buttons(BACK_TO_SEARCH, PREV_PAGE, *SUB_PAGES, BUY_NOW))
         return Page(SEP.join(parts), clickables, False)

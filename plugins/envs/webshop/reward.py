@@ -25,10 +25,45 @@ EXACT_MATCH_OPTIONS = ("size",)
 
 # Colour names an option value is reduced to before matching ("navy blue" -> "navy").
 COLORS = (
-    "black", "white", "grey", "gray", "silver", "gold", "rose gold", "red", "burgundy", "wine", "maroon",
-    "pink", "purple", "lavender", "violet", "blue", "navy", "teal", "turquoise", "aqua", "green", "olive",
-    "mint", "khaki", "beige", "ivory", "cream", "tan", "brown", "coffee", "camel", "yellow", "mustard",
-    "orange", "coral", "peach", "multicolor", "clear", "charcoal",
+    "black",
+    "white",
+    "grey",
+    "gray",
+    "silver",
+    "gold",
+    "rose gold",
+    "red",
+    "burgundy",
+    "wine",
+    "maroon",
+    "pink",
+    "purple",
+    "lavender",
+    "violet",
+    "blue",
+    "navy",
+    "teal",
+    "turquoise",
+    "aqua",
+    "green",
+    "olive",
+    "mint",
+    "khaki",
+    "beige",
+    "ivory",
+    "cream",
+    "tan",
+    "brown",
+    "coffee",
+    "camel",
+    "yellow",
+    "mustard",
+    "orange",
+    "coral",
+    "peach",
+    "multicolor",
+    "clear",
+    "charcoal",
 )
 _COLOR_RE = re.compile(r"\b(" + "|".join(sorted(map(re.escape, COLORS), key=len, reverse=True)) + r")\b")
 
@@ -52,8 +87,11 @@ def similar(a: str, b: str) -> bool:
 
 def _in_text(needle: str, product: Product) -> bool:
     needle = needle.lower()
-    return (needle in product.title.lower() or needle in " ".join(product.bullet_points).lower()
-            or needle in product.description.lower())
+    return (
+        needle in product.title.lower()
+        or needle in " ".join(product.bullet_points).lower()
+        or needle in product.description.lower()
+    )
 
 
 def title_words(title: str) -> set[str]:
@@ -79,7 +117,8 @@ def type_reward(product: Product, goal: Goal) -> tuple[float, float]:
 
 def attribute_matches(product: Product, goal: Goal) -> int:
     return sum(
-        1 for wanted in goal.attributes
+        1
+        for wanted in goal.attributes
         if any(similar(have, wanted) for have in product.attributes) or _in_text(wanted, product)
     )
 

@@ -39,8 +39,9 @@ class SearchIndex:
     def __init__(self, products: list[Product]):
         self._asins = [p.asin for p in products]
         self._stemmer = Stemmer.Stemmer("porter")
-        tokens = bm25s.tokenize([document_text(p) for p in products], stopwords="en",
-                                stemmer=self._stemmer, show_progress=False)
+        tokens = bm25s.tokenize(
+            [document_text(p) for p in products], stopwords="en", stemmer=self._stemmer, show_progress=False
+        )
         self._bm25 = bm25s.BM25()
         self._bm25.index(tokens, show_progress=False)
         self._cache: OrderedDict[tuple[str, ...], tuple[str, ...]] = OrderedDict()
@@ -48,8 +49,9 @@ class SearchIndex:
 
     def query_terms(self, keywords: str) -> list[str]:
         """The stemmed, stop-word-free terms of a query that occur in the index."""
-        terms = bm25s.tokenize([keywords.lower()], stopwords="en", stemmer=self._stemmer,
-                               return_ids=False, show_progress=False)[0]
+        terms = bm25s.tokenize(
+            [keywords.lower()], stopwords="en", stemmer=self._stemmer, return_ids=False, show_progress=False
+        )[0]
         return [t for t in terms if t in self._bm25.vocab_dict]
 
     def search(self, keywords: str, k: int = TOP_K) -> tuple[str, ...]:
