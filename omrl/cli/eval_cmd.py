@@ -12,12 +12,10 @@ from omrl.cli.rollout_cmd import (
     BUDGET_HELP,
     SELECT_HELP,
     STRATEGY_HELP,
-    check_select,
     check_strategy,
+    config_with_select,
     progress_bar,
-    select_scorer,
 )
-from omrl.config import command_line_config
 from omrl.errors import ConfigError
 from omrl.outputs import check_outputs
 
@@ -85,7 +83,7 @@ def evaluate_command(
     from omrl.rollout import RolloutSession
     from omrl.training.metrics import peak_memory
 
-    cfg = command_line_config(
+    cfg = config_with_select(
         EvalRunConfig,
         args,
         {
@@ -97,10 +95,9 @@ def evaluate_command(
             "report": report,
             "strategy": strategy,
             "budget": budget or None,
-            "plugins.best_of_n.select": select_scorer(select),
         },
+        select,
     )
-    check_select(select, cfg.strategy)
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:

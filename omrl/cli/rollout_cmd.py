@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from omrl.cli.model_prompts import prompts_as_trained
@@ -16,7 +18,7 @@ STRATEGY_HELP = (
 )
 BUDGET_HELP = "With --strategy: model tokens each task's search may generate, scorer prompts included (0: no limit)."
 SELECT_HELP = (
-    "With --strategy best_of_n: what picks each task's answer (plugins.best_of_n.select): env (the env's "
+    "With a strategy that has a select option (best_of_n, beam): what picks each task's answer (plugins.<strategy>.select): env (the env's "
     "reward, an oracle), random, majority (the most common final action), rm (a reward model, "
     "plugins.rm.path=DIR), logprob, self_eval or a plugin's scorer."
 )
@@ -29,14 +31,36 @@ def select_scorer(select: str | None) -> str | None:
 
 
 def check_select(select: str | None, strategy: str) -> None:
-    """--select chooses best_of_n's answer, so it means nothing to another strategy."""
+    """--select sets how a strategy picks its answer (its ``select`` option), so it means nothing
+    to a strategy without one."""
+    from omrl import registry
     from omrl.errors import ConfigError
 
-    if select and strategy != "best_of_n":
-        raise ConfigError(
-            f"--select {select} is for --strategy best_of_n (how it picks its answer), but the "
-            f"strategy is {strategy!r}; valid: --strategy best_of_n --select {select}, or no --select"
-        )
+    if not select or "select" in _options_of(registry.strategies.get(strategy)):
+        return
+    kind = registry.strategies.kinds[0]
+    takers = [c.name for c in registry.strategies.components(kind) if "select" in _options_of(c.obj)]
+    raise ConfigError(
+        f"--select {select} is for --strategy {' or '.join(takers) or '(none installed)'} (how it picks its "
+        f"answer), but the strategy is {strategy!r}; valid: --strategy {takers[0] if takers else '...'} "
+        f"--select {select}, or no --select"
+    )
+
+
+def _options_of(strategy_fn) -> set[str]:
+    return set(inspect.signature(strategy_fn).parameters)
+
+
+def config_with_select(cls: type, args: list[str], flags: dict, select: str | None):
+    """The command's config, with --select as the ``select`` option of the strategy it plays
+    (``plugins.<strategy>.select``), which must have one."""
+    from omrl.config import command_line_config
+
+    cfg = command_line_config(cls, args, flags)
+    if not select:
+        return cfg
+    check_select(select, cfg.strategy)
+    return command_line_config(cls, args, {**flags, f"plugins.{cfg.strategy}.select": select_scorer(select)})
 
 
 def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
@@ -117,7 +141,6 @@ def rollout(
 
     from omrl.cli.eval_cmd import say_env_errors
     from omrl.cli.view_cmd import view_command
-    from omrl.config import command_line_config
     from omrl.config.options import RolloutRunConfig
     from omrl.data import write_episodes
     from omrl.errors import EnvFailure
@@ -133,7 +156,7 @@ def rollout(
     from omrl.rollout import RolloutSession, write_jsonl
     from omrl.rollout.convert import jsonl_path_for
 
-    cfg = command_line_config(
+    cfg = config_with_select(
         RolloutRunConfig,
         args,
         {
@@ -146,10 +169,9 @@ def rollout(
             "use_expert": True if expert else None,
             "strategy": strategy,
             "budget": budget or None,
-            "plugins.best_of_n.select": select_scorer(select),
         },
+        select,
     )
-    check_select(select, cfg.strategy)
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     check_rollout_outputs(cfg)

@@ -186,7 +186,7 @@ def test_eval_selects_with_the_reward_model_and_rewards_with_it(rm_dirs, tmp_pat
             ["--strategy", "best_of_n", "--select", "env", "plugins.best_of_n.select=logprob"],
             "plugins.best_of_n.select='logprob' and the flag for plugins.best_of_n.select ('env_reward')",
         ),
-        (["--strategy", "beam", "--select", "rm"], "--select rm is for --strategy best_of_n"),
+        (["--strategy", "dfsdt", "--select", "rm"], "--select rm is for --strategy best_of_n or beam"),
         (["--select", "majority"], "but the strategy is 'chain'"),
     ],
 )
