@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from omrl import sandbox
 from omrl.errors import OmrlError
+from omrl.sandbox import run as sandbox
 from omrl.sandbox import run_sandboxed
 
 needs_sandbox = pytest.mark.skipif(

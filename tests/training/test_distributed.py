@@ -47,6 +47,7 @@ from omrl.config.options import SftRunConfig, TrainRunConfig
 from omrl.plugins import load_plugins
 import omrl.training.dpo as dpo
 import omrl.training.rl as rl
+import omrl.training.tree_batch as tree_batch
 from omrl.training.dpo import DPORecipe
 from omrl.training.rl import RLRecipe
 from omrl.training.sft import SftRecipe
@@ -62,7 +63,7 @@ class MainSampleIndex:
 load_plugins().register(MainSampleIndex(), name="main-sample-index")
 # the jobs share one process group: a group destroyed and made again on the launcher's store hangs
 leave_group, torch.distributed.destroy_process_group = torch.distributed.destroy_process_group, lambda *a, **k: None
-real_trainable, real_loss = rl.trainable, rl.policy_gradient_loss
+real_trainable, real_loss = tree_batch.trainable, rl.policy_gradient_loss
 
 def one_fewer(episodes):
     return real_trainable(episodes)[1:]
@@ -76,7 +77,7 @@ def nan_at(call):
     return policy_gradient_loss
 
 for job in json.loads(open(sys.argv[1]).read()):
-    rl.trainable = dpo.trainable = one_fewer if job["uneven"] and RANK == "1" else real_trainable
+    tree_batch.trainable = dpo.trainable = one_fewer if job["uneven"] and RANK == "1" else real_trainable
     rl.policy_gradient_loss = nan_at(job["nan_call"]) if job["nan_call"] and RANK == "0" else real_loss
     cfg = load_config(SftRunConfig if job["kind"] == "sft" else TrainRunConfig, job["config"])
     recipe = SftRecipe(cfg) if job["kind"] == "sft" else (DPORecipe if cfg.algorithm.name == "dpo" else RLRecipe)(cfg)
