@@ -18,8 +18,10 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # only annotations: the config schema must load without torch
+    import torch
 
 from omrl.errors import ConfigError, OmrlError
 

@@ -8,8 +8,7 @@ Processes launched together (``accelerate launch``) share the cores between them
 from __future__ import annotations
 
 import os
-
-import torch
+import sys
 
 from omrl.errors import ConfigError
 
@@ -22,7 +21,7 @@ def free_cores() -> int:
 
 
 def configure_threads() -> int:
-    """Set torch's intra-op thread count and return it: ``OMRL_NUM_THREADS`` when set, else the free
+    """Set torch's intra-op thread count (now, or when torch loads) and return it: ``OMRL_NUM_THREADS`` when set, else the free
     cores divided among the processes launched together on this machine."""
     asked = os.environ.get("OMRL_NUM_THREADS", "").strip()
     if asked:
@@ -32,5 +31,8 @@ def configure_threads() -> int:
     else:
         local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         threads = max(1, free_cores() // local_processes)
-    torch.set_num_threads(threads)
+    # torch reads OMP_NUM_THREADS when it loads, so a command that never computes need not import it
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
     return threads

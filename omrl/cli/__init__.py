@@ -13,6 +13,8 @@ from typing import Callable, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape  # messages name extras such as omrl[plot]: markup would eat the brackets
+from rich.text import Text
 
 from omrl import __version__
 
@@ -115,7 +117,7 @@ def stop_on_interrupt(run: Callable[[], T], console: Console) -> T:
     try:
         return run()
     except KeyboardInterrupt as stop:
-        console.print(f"[yellow]{stop or 'interrupted'}[/]", highlight=False, soft_wrap=True)
+        console.print(Text(str(stop or "interrupted"), style="yellow"), highlight=False, soft_wrap=True)
         raise typer.Exit(130) from stop
 
 
@@ -129,13 +131,13 @@ def report_error(exc: BaseException, debug: bool) -> int:
     elif world:
         what = "out of memory" if isinstance(exc, MemoryError) else WORLD_ERRNOS[exc.errno]
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        err_console.print(f"[bold red]error:[/] {what}{where}: {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(f'{what}{where}: {exc}')}", highlight=False, soft_wrap=True)
         return 2
     elif isinstance(exc, OmrlError):
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     else:
         err_console.print(
-            f"[bold red]error:[/] {type(exc).__name__}: {exc} "
+            f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))} "
             "(this is a bug in omrl or a plugin; run with --debug for the traceback)",
             highlight=False,
             soft_wrap=True,

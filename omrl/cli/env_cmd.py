@@ -7,6 +7,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.prompt import Prompt
 from rich.table import Table
@@ -200,9 +201,9 @@ def serve(
         console.print(Text(warning, style="bold red"), soft_wrap=True)
     needs = " (and the token: OMRL_SERVE_TOKEN or plugins.agentgym.token)" if token else ""
     console.print(
-        f"serving env [bold]{name}[/] on http://{host}:{port} (AgentGym id dialect; env_idx dialect at "
+        f"serving env [bold]{escape(name)}[/] on http://{host}:{port} (AgentGym id dialect; env_idx dialect at "
         f"http://{host}:{port}/env_idx); play it with "
-        f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={name}{needs}; "
+        f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={escape(name)}{needs}; "
         + (
             f"envs idle for {idle_timeout:g} s are closed (--idle-timeout)"
             if idle_timeout

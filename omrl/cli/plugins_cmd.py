@@ -7,6 +7,7 @@ import json
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def plugins(
@@ -45,7 +46,7 @@ def plugins(
     for col in ("kind", "name", "distribution", "description"):
         table.add_column(col)
     for c in rows:
-        table.add_row(c.kind, c.name, c.distribution, c.description)
+        table.add_row(*(Text(cell) for cell in (c.kind, c.name, c.distribution, c.description)))  # text, not markup
     Console().print(table)
 
 

@@ -138,6 +138,7 @@ def rollout(
     With --strategy, every root-to-leaf path of each task's search tree is written, with node and parent ids.
     """
     from rich.console import Console
+    from rich.text import Text
 
     from omrl.cli.eval_cmd import say_env_errors
     from omrl.cli.view_cmd import view_command
@@ -181,7 +182,9 @@ def rollout(
     with held_warnings() as caught, RolloutSession.from_config(cfg, expert=cfg.use_expert) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         if len(tasks) < cfg.num_tasks:
-            console.print(f"[yellow]{cfg.env.name} has only {len(tasks)} tasks in split {cfg.env.split!r}[/]")
+            console.print(
+                Text(f"{cfg.env.name} has only {len(tasks)} tasks in split {cfg.env.split!r}", style="yellow")
+            )
         from omrl.search import play_strategy, plays_batched, search_metrics
 
         bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)")

@@ -1,6 +1,15 @@
 """omrl's data model: the Batch container and the trajectory (Episode) records."""
 
-from omrl.data.batch import Batch
 from omrl.data.trajectory import Episode, Turn, read_episodes, write_episodes
 
 __all__ = ["Batch", "Episode", "Turn", "read_episodes", "write_episodes"]
+
+
+def __getattr__(name: str):
+    # Batch holds tensors: importing it (and torch) waits until someone asks for it,
+    # so reading or listing episodes (`omrl view`, `omrl plugins`) never loads torch
+    if name == "Batch":
+        from omrl.data.batch import Batch
+
+        return Batch
+    raise AttributeError(f"module 'omrl.data' has no attribute {name!r}")
