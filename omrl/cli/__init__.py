@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from pathlib import Path
 from typing import Callable, TypeVar
 
 import typer
@@ -145,8 +146,25 @@ def report_error(exc: BaseException, debug: bool) -> int:
     return 2 if isinstance(exc, OmrlError) else 1
 
 
+def quiet_third_parties() -> None:
+    """omrl draws its own progress bars and says its own warnings, one line each: turn off the hub's and
+    transformers' bars (unless the user set them) and print Python warnings without their source lines."""
+    import warnings
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when huggingface_hub loads
+
+    def one_line(message, category, filename, lineno, file=None, line=None) -> None:
+        where = Path(filename).name
+        err_console.print(
+            Text(f"warning: {category.__name__}: {message} ({where}:{lineno})", style="yellow"), soft_wrap=True
+        )
+
+    warnings.showwarning = one_line
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_third_parties()
     debug = "--debug" in argv or bool(os.environ.get("OMRL_DEBUG"))
     try:
         light = next((a for a in argv if not a.startswith("-")), None) in LIGHT_COMMANDS

@@ -20,14 +20,43 @@ from omrl.errors import ConfigError
 from omrl.outputs import check_outputs
 
 
-def default_report_path(model_name: str) -> Path:
-    """Beside the model when it is a local directory, else ``eval_report.json`` here."""
-    from omrl.models import BUILTIN_MODELS
+def default_output_dir(model_name: str, env_name: str) -> Path:
+    """``evals/<model>-<env>-<time>``: a fresh folder per evaluation, never the model's own."""
+    import re
+    import time
 
-    path = Path(model_name).expanduser()
-    if model_name not in BUILTIN_MODELS and path.is_dir():
-        return path / "eval_report.json"
-    return Path("eval_report.json")
+    def slug(text: str) -> str:
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
+
+    model = Path(model_name.rstrip("/")).name or model_name
+    return Path("evals") / f"{slug(model)}-{slug(env_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def eval_outputs(cfg) -> tuple[Path, Path]:
+    """Where the report and the episodes go: ``<output_dir>/report.json`` and ``episodes.parquet`` (with its
+    readable JSONL); a ``--report`` path alone puts the episodes beside it as ``<name>.episodes.parquet``.
+    Refused before any model loads: a model directory as the destination, or files that must stay."""
+    from omrl.outputs import OutputError
+    from omrl.rollout.convert import jsonl_path_for
+
+    if cfg.report and not cfg.output_dir:
+        report = Path(cfg.report)
+        episodes = report.with_name(f"{report.stem}.episodes.parquet")
+    else:
+        folder = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.model.name, cfg.env.name)
+        report = Path(cfg.report) if cfg.report else folder / "report.json"
+        episodes = folder / "episodes.parquet"
+    folder = episodes.parent
+    if (folder / "config.json").exists() and any(folder.glob("*.safetensors")):
+        raise OutputError(
+            f"the eval output {folder} is a model directory: the report and episodes go elsewhere; "
+            "valid: --output-dir DIR (default: a new folder under evals/)"
+        )
+    check_outputs(
+        {"--report": report, "the episodes": episodes, "their readable JSONL": jsonl_path_for(episodes)},
+        {"the --model": cfg.model.name},
+    )
+    return report, episodes
 
 
 def say_env_errors(console, episodes, env: str) -> None:
@@ -49,6 +78,30 @@ def say_env_errors(console, episodes, env: str) -> None:
             console.print(f"  {escape(reason)}", highlight=False, soft_wrap=True)
 
 
+SAMPLING_TEMPERATURE = 1.0
+
+
+def sample_when_asked(cfg, args: list[str] | None, console) -> None:
+    """Evaluation decodes greedily by default, but several samples per task (pass@k) or a search are
+    only worth running when replies differ: they sample at temperature 1.0 unless the command line
+    chooses a temperature, and say so."""
+    from omrl.config import user_sets
+    from omrl.search import plays_batched
+
+    searching = not plays_batched(cfg.strategy, cfg.budget)
+    if cfg.generation.temperature > 0 or user_sets(args, "generation.temperature"):
+        return
+    if cfg.samples_per_task > 1 or searching:
+        cfg.generation.temperature = SAMPLING_TEMPERATURE
+        why = f"strategy {cfg.strategy}" if searching else f"--samples {cfg.samples_per_task}"
+        console.print(
+            f"generation.temperature={SAMPLING_TEMPERATURE:g}: {why} samples its replies "
+            "(greedy decoding would repeat one; generation.temperature= chooses)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 def evaluate_command(
     args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "eval"), show_default=False),
     env: str = typer.Option(None, "--env", help="Env name (env.name)."),
@@ -56,7 +109,10 @@ def evaluate_command(
     split: str = typer.Option(None, "--split", help="Task split (env.split)."),
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to evaluate from the start of the split."),
     samples: int = typer.Option(None, "--samples", help="Samples per task, for pass@k and best-of-N."),
-    report: str = typer.Option(None, "--report", help="JSON report path."),
+    report: str = typer.Option(None, "--report", help="JSON report path (default: <output dir>/report.json)."),
+    output_dir: str = typer.Option(
+        None, "--output-dir", help="Folder for the report and every episode (default: evals/<model>-<env>-<time>)."
+    ),
     strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
     budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
     select: str = typer.Option(None, "--select", help=SELECT_HELP),
@@ -71,6 +127,7 @@ def evaluate_command(
     from omrl.cli.view_cmd import view_command
     from omrl.config import to_dict
     from omrl.config.options import EvalRunConfig
+    from omrl.data import write_episodes
     from omrl.evaluation import (
         check_env_errors,
         check_max_env_error_rate,
@@ -81,6 +138,7 @@ def evaluate_command(
         write_report,
     )
     from omrl.rollout import RolloutSession
+    from omrl.rollout.convert import jsonl_path_for, write_jsonl
     from omrl.training.metrics import peak_memory
 
     cfg = config_with_select(
@@ -93,6 +151,7 @@ def evaluate_command(
             "num_tasks": num_tasks,
             "samples_per_task": samples,
             "report": report,
+            "output_dir": output_dir,
             "strategy": strategy,
             "budget": budget or None,
         },
@@ -100,15 +159,15 @@ def evaluate_command(
     )
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
+    console = Console()
+    sample_when_asked(cfg, args, console)
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(
             f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "
             "valid: --samples 1, or sampling, e.g. generation.temperature=1.0"
         )
-    report_path = Path(cfg.report) if cfg.report else default_report_path(cfg.model.name)
-    check_outputs({"--report": report_path}, {"the --model": cfg.model.name})
+    report_path, episodes_path = eval_outputs(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
-    console = Console()
     prompts_as_trained(cfg, args, console)
     searched: dict = {}
     with held_warnings() as caught, RolloutSession.from_config(cfg) as session:
@@ -143,9 +202,11 @@ def evaluate_command(
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
     metrics.update({f"search/{name}": value for name, value in searched.items()})
     path = write_report(report_path, metrics, episodes, to_dict(cfg))
+    parquet = write_episodes(episodes, episodes_path)  # the same trajectory files omrl rollout writes
+    readable = write_jsonl(episodes, jsonl_path_for(parquet))
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
-    console.print(f"report: {path}", soft_wrap=True)
-    console.print(f"look at it: {view_command(path)}", highlight=False, soft_wrap=True)
+    console.print(f"report: {path}; episodes: {parquet} and {readable}", highlight=False, soft_wrap=True)
+    console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
     say_env_errors(console, episodes, cfg.env.name)
     check_env_errors(episodes, cfg.max_env_error_rate, f"{cfg.env.name!r} (the report lists them)")
 

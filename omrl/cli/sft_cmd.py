@@ -73,13 +73,15 @@ def sft(
 
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
+    from omrl.config.loading import resumed_preset
     from omrl.config.options import SftRunConfig
     from omrl.outputs import check_run_dir
     from omrl.parallel import is_main_process
     from omrl.training.sft import run_sft
 
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
-    cfg = command_line_config(SftRunConfig, args, {**flags, "resume": True if resume else None}, "sft")
+    preset = resumed_preset(output_dir, resume, "sft")
+    cfg = command_line_config(SftRunConfig, args, {**flags, "resume": True if resume else None}, preset)
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, "--dataset": cfg.dataset})
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)

@@ -31,6 +31,7 @@ def train(
     from omrl.cli.model_prompts import start_from_base_outside_its_env
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
+    from omrl.config.loading import resumed_preset
     from omrl.config.options import TrainRunConfig
     from omrl.errors import ConfigError
     from omrl.outputs import check_run_dir
@@ -49,7 +50,7 @@ def train(
         "logging.output_dir": output_dir,
         "resume": True if resume else None,
     }
-    cfg = command_line_config(TrainRunConfig, args, flags, algo or "grpo")
+    cfg = command_line_config(TrainRunConfig, args, flags, resumed_preset(output_dir, resume, algo or "grpo"))
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algorithm.name}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads

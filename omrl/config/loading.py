@@ -262,6 +262,16 @@ def load_config(
     return from_dict(cls, data)
 
 
+def resumed_preset(output_dir: str | None, resume: bool, preset: str) -> str:
+    """The preset a command starts from: with ``--resume``, the run's own ``config.yaml`` (so only
+    what changes needs typing again), else ``preset``."""
+    if resume and output_dir:
+        saved = Path(output_dir).expanduser() / "config.yaml"
+        if saved.is_file():
+            return str(saved)
+    return preset
+
+
 def command_line_config(
     cls: type[T], args: list[str] | None, flags: dict[str, Any] | None = None, default_preset: str | None = None
 ) -> T:

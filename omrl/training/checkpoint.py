@@ -53,6 +53,8 @@ COMPLETE_MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # Dotted config keys (or prefixes ending in ".") that may differ between a run and its resumption.
 MAY_CHANGE_ON_RESUME = ("description", "logging.", "model.gradient_checkpointing", "optim.max_nan_steps", "resume")
+# keys that extend a run rather than change it: raised on resume, a run (finished or not) goes on
+EXTEND_ON_RESUME = ("steps", "num_train_epochs")
 
 
 class CheckpointError(OmrlError):
@@ -426,7 +428,7 @@ def interrupted(output_dir: str | os.PathLike, command: str) -> Interrupted:
         return Interrupted(f"interrupted before the first checkpoint of {output_dir}: nothing to resume")
     return Interrupted(
         f"interrupted; the newest complete checkpoint is {kept}. Continue with: "
-        f"omrl {command} ... --resume --output-dir {output_dir}"
+        f"omrl {command} --resume --output-dir {output_dir}"
     )
 
 
@@ -479,14 +481,22 @@ def check_same_config(
         and old.get(k, "<absent>") != new.get(k, "<absent>")
         and not _secret(k)
         and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in allowed)
+        and not _extended(k, old.get(k), new.get(k))
     ]
     if differ:
         details = "; ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in differ)
         raise CheckpointError(
             f"cannot resume: the config differs from the checkpoint's in {details}. "
             f"Use the original values, or start a new run in another output_dir "
-            f"(keys that may change: {', '.join(a + '*' if a.endswith('.') else a for a in allowed)})"
+            f"(keys that may change: {', '.join(a + '*' if a.endswith('.') else a for a in allowed)}; "
+            f"that may be raised: {', '.join(EXTEND_ON_RESUME)})"
         )
+
+
+def _extended(key: str, old: Any, new: Any) -> bool:
+    """Whether ``key`` went up on resume and is one that extends a run (:data:`EXTEND_ON_RESUME`)."""
+    numbers = isinstance(old, (int, float)) and isinstance(new, (int, float))
+    return key in EXTEND_ON_RESUME and numbers and new > old
 
 
 def _secret(key: str) -> bool:

@@ -1,0 +1,52 @@
+"""``--resume`` continues a run from its own config.yaml: nothing typed again, and ``steps`` may be raised."""
+
+from __future__ import annotations
+
+import json
+
+from omrl.training.checkpoint import interrupted
+
+RUN = (
+    "--algo",
+    "grpo",
+    "--env",
+    "gridworld",
+    "--model",
+    "tiny",
+    "tasks_per_step=2",
+    "group_size=2",
+    "env.max_turns=2",
+    "generation.max_new_tokens=4",
+    "logging.tensorboard=false",
+)
+
+
+def steps_logged(run) -> list[int]:
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resume_reads_the_runs_config_and_extends_a_finished_run(omrl_main, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = omrl_main("train", *RUN, "--steps", "2", "--output-dir", str(run))
+    assert code == 0, err
+    code, out, err = omrl_main("train", "--resume", "--output-dir", str(run), "--steps", "3")
+    assert code == 0, err
+    assert "grpo on gridworld with tiny, 3 steps x 2 tasks x 2 samples" in out + err
+    assert "before omrl had the option" not in out + err  # the run's own options: nothing is new
+    assert steps_logged(run) == [1, 2, 3]
+
+    code, _, err = omrl_main("train", "--resume", "--output-dir", str(run), "--steps", "2")
+    assert code == 2
+    assert "the config differs from the checkpoint's in steps: 3 -> 2" in err
+    assert "that may be raised: steps, num_train_epochs" in err
+    code, _, err = omrl_main("train", "--resume", "--output-dir", str(run), "group_size=4")
+    assert code == 2
+    assert "group_size: 2 -> 4" in err
+
+
+def test_the_ctrl_c_line_is_a_command_that_runs(tmp_path):
+    kept = tmp_path / "checkpoints" / "step-00000001"
+    kept.mkdir(parents=True)
+    (kept / "COMPLETE").write_text("")
+    message = str(interrupted(tmp_path, "train"))
+    assert message.endswith(f"Continue with: omrl train --resume --output-dir {tmp_path}"), message
