@@ -72,6 +72,30 @@ def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[
     return list(found.values())
 
 
+def short_list(names: list[str], kind: str, most: int = 20) -> str:
+    """``names`` to read in one go: a family of ``family:member`` names as ``family:* (N)``, and past
+    ``most`` entries a count and where the whole list is (330 env names once filled a screen)."""
+    if not names:
+        return "(none registered)"
+    families: dict[str, int] = {}
+    for name in names:
+        if ":" in name:
+            family = name.split(":", 1)[0]
+            families[family] = families.get(family, 0) + 1
+    shown: list[str] = []
+    for name in names:
+        family = name.split(":", 1)[0]
+        if ":" not in name or families[family] == 1:
+            shown.append(name)
+        elif families[family]:
+            shown.append(f"{family}:* ({families[family]})")
+            families[family] = 0  # listed once
+    if len(shown) > most:
+        more = len(shown) - most
+        shown = [*shown[:most], f"and {more} more (omrl plugins --kind {kind})"]
+    return ", ".join(shown)
+
+
 class Registry:
     """A lazily built registry of one kind of component."""
 
@@ -96,7 +120,7 @@ class Registry:
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         label = self.label if kind == self.kinds[0] else kind.replace("_", " ")
-        raise UnknownNameError(f"unknown {label} {name!r}.{hint} Valid: {', '.join(valid) or '(none registered)'}")
+        raise UnknownNameError(f"unknown {label} {name!r}.{hint} Valid: {short_list(valid, kind)}")
 
     def get(self, name: str, kind: str | None = None) -> Any:
         """The registered object for ``name``; an unknown name lists the valid ones."""

@@ -31,7 +31,12 @@ def show(
     data = read_preset(preset)
     cls = config_class_for(data)
     cfg = command_line_config(cls, [preset, *(overrides or [])])
-    Console().print(Syntax(f"# {data.get('command', 'train')} config\n" + to_yaml(cfg), "yaml"))
+    text = f"# {data.get('command', 'train')} config\n" + to_yaml(cfg)
+    console = Console()
+    if console.is_terminal:
+        console.print(Syntax(text, "yaml", word_wrap=True))
+    else:  # a pipe or a file gets the YAML as it is, every line whole
+        typer.echo(text, nl=False)
 
 
 @config_app.command("list")
@@ -55,9 +60,11 @@ def keys(
 
     cls = config_class_for({"command": command})
     table = Table(title=f"{command} config keys")
-    for col in ("key", "type", "default", "help"):
+    rows = describe(cls)
+    table.add_column("key", no_wrap=True, min_width=max(len(row[0]) for row in rows))  # a key is typed whole
+    for col in ("type", "default", "help"):
         table.add_column(col, overflow="fold")
-    for row in describe(cls):
+    for row in rows:
         table.add_row(*row)
     Console().print(table)
 

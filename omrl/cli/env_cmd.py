@@ -93,6 +93,7 @@ def family_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "family": family,
                 "envs": 0,
                 "package": row["package"],
+                "distribution": row["distribution"],
                 "installed": row["installed"],
                 "install": row["install"],
             },
@@ -110,6 +111,7 @@ def list_envs(
         False, "--splits", help="Also build each env and show its splits (starts engines: slower)."
     ),
     families: bool = typer.Option(False, "--families", help="One row per family with its env count."),
+    every: bool = typer.Option(False, "--all", help="Every env, one row each (the default with no names: families)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
     """Every registered env: its source package, whether that is installed, and (--splits) its splits."""
@@ -122,8 +124,8 @@ def list_envs(
             rows = list(pool.map(lambda c: describe_env(c, build=True), components))
     else:
         rows = [describe_env(c) for c in components]
-    if families:
-        rows = family_rows(rows)
+    if families or not (names or every or splits or as_json):  # 330 rows would not fit a screen
+        families, rows = True, family_rows(rows)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -137,7 +139,7 @@ def list_envs(
         table.add_column(column, overflow="fold")
     for row in rows:
         installed = Text("yes") if row["installed"] else Text(f"no: {row['install'] or 'missing'}", style="yellow")
-        package = row["package"] or (f"{row['distribution']} (built in)" if not families else "built in")
+        package = row["package"] or ("built in" if row["distribution"] == "omrl" else row["distribution"])
         if families:
             table.add_row(row["family"], str(row["envs"]), package, installed)
             continue
@@ -150,6 +152,8 @@ def list_envs(
             )
         table.add_row(*cells)
     Console().print(table)
+    if families and not names:
+        Console().print("one family: omrl env list 'babyai:*'; every env: omrl env list --all", highlight=False)
 
 
 @env_app.command("serve")
