@@ -6,7 +6,6 @@ from pathlib import Path
 
 import typer
 
-from omrl.cli.model_prompts import prompts_as_trained
 from omrl.cli.rollout_cmd import (
     ARGS_HELP,
     BUDGET_HELP,
@@ -16,6 +15,7 @@ from omrl.cli.rollout_cmd import (
     config_with_select,
     progress_bar,
 )
+from omrl.cli.settings import play_settings, settings_block
 from omrl.errors import ConfigError
 from omrl.outputs import check_outputs
 
@@ -156,10 +156,12 @@ def evaluate_command(
             "budget": budget or None,
         },
         select,
+        "eval",
     )
+    console = Console()
+    play_settings(cfg, args, "eval", console)
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
-    console = Console()
     sample_when_asked(cfg, args, console)
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(
@@ -168,7 +170,7 @@ def evaluate_command(
         )
     report_path, episodes_path = eval_outputs(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
-    prompts_as_trained(cfg, args, console)
+    console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     searched: dict = {}
     with held_warnings() as caught, RolloutSession.from_config(cfg) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)

@@ -6,8 +6,6 @@ import inspect
 
 import typer
 
-from omrl.cli.model_prompts import prompts_as_trained
-
 ARGS_HELP = (
     "\\[PRESET] \\[key=value ...]: a preset name or YAML path, then config overrides (see `omrl config keys rollout`)."
 )
@@ -51,16 +49,16 @@ def _options_of(strategy_fn) -> set[str]:
     return set(inspect.signature(strategy_fn).parameters)
 
 
-def config_with_select(cls: type, args: list[str], flags: dict, select: str | None):
-    """The command's config, with --select as the ``select`` option of the strategy it plays
-    (``plugins.<strategy>.select``), which must have one."""
+def config_with_select(cls: type, args: list[str], flags: dict, select: str | None, preset: str | None = None):
+    """The command's config (``preset`` when the command line names none), with --select as the
+    ``select`` option of the strategy it plays (``plugins.<strategy>.select``), which must have one."""
     from omrl.config import command_line_config
 
-    cfg = command_line_config(cls, args, flags)
+    cfg = command_line_config(cls, args, flags, preset)
     if not select:
         return cfg
     check_select(select, cfg.strategy)
-    return command_line_config(cls, args, {**flags, f"plugins.{cfg.strategy}.select": select_scorer(select)})
+    return command_line_config(cls, args, {**flags, f"plugins.{cfg.strategy}.select": select_scorer(select)}, preset)
 
 
 def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
@@ -141,6 +139,7 @@ def rollout(
     from rich.text import Text
 
     from omrl.cli.eval_cmd import say_env_errors
+    from omrl.cli.settings import play_settings, settings_block
     from omrl.cli.view_cmd import view_command
     from omrl.config.options import RolloutRunConfig
     from omrl.data import write_episodes
@@ -178,7 +177,8 @@ def rollout(
     check_rollout_outputs(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
     console = Console()
-    prompts_as_trained(cfg, args, console)
+    play_settings(cfg, args, None, console)
+    console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     with held_warnings() as caught, RolloutSession.from_config(cfg, expert=cfg.use_expert) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         if len(tasks) < cfg.num_tasks:

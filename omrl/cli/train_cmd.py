@@ -29,9 +29,10 @@ def train(
     from omrl.algos import RECIPES
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.cli.model_prompts import start_from_base_outside_its_env
+    from omrl.cli.settings import outside_the_presets_env, settings_block
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
-    from omrl.config.loading import resumed_preset
+    from omrl.config.loading import resumed_preset, split_preset
     from omrl.config.options import TrainRunConfig
     from omrl.errors import ConfigError
     from omrl.outputs import check_run_dir
@@ -56,11 +57,15 @@ def train(
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
     start_from_base_outside_its_env(cfg, list(args or []), model, console)
+    if not resume:  # a resumed run plays its own config.yaml
+        preset = split_preset(args[0] if args else None, [])[0] or algo or "grpo"
+        outside_the_presets_env(cfg, list(args or []), preset, console)
     console.print(
         f"omrl train: {cfg.algorithm.name} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
         f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}",
         highlight=False,
     )
+    console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     summary = stop_on_interrupt(lambda: run_rl(cfg, console=console), err_console)
     table = Table(title="omrl train: done")
     table.add_column("metric")

@@ -1,0 +1,60 @@
+"""One rule for settings: a preset is a recipe for its env, a trained model is evaluated as it
+trained, and every run prints what it plays in one block."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+TINY = ("--model", "tiny", "logging.tensorboard=false")
+SMALL_STEP = ("tasks_per_step=2", "group_size=2", "generation.max_new_tokens=4")
+
+
+def test_a_webshop_preset_on_gridworld_says_what_it_keeps_and_takes_the_envs_turn_cap(omrl_main, tmp_path):
+    run = tmp_path / "run"
+    code, out, err = omrl_main("train", "--algo", "grpo", "--env", "gridworld", *TINY, *SMALL_STEP,
+                               "--steps", "1", "--output-dir", str(run))  # fmt: skip
+    assert code == 0, err
+    said = out + err
+    assert (
+        "preset grpo is a recipe for webshop; on gridworld: env.max_turns=0 (the env's own cap, not webshop's 8)"
+        in said
+    )
+    assert "kept from it: env.demonstration=False, reward.weights={goal: 1, format: 0.1, tag_count: 0.1}" in said
+    assert "turns      the env's own cap" in said and "tokens     4 new a reply" in said
+    assert yaml.safe_load((run / "config.yaml").read_text())["env"]["max_turns"] == 0
+
+
+def test_what_the_user_sets_is_kept_and_not_named(omrl_main, tmp_path):
+    code, out, err = omrl_main("train", "--algo", "grpo", "--env", "gridworld", *TINY, *SMALL_STEP, "env.max_turns=3",
+                               "reward.weights={goal: 1.0}", "env.demonstration=true", "--steps", "1",
+                               "--output-dir", str(tmp_path / "run"))  # fmt: skip
+    assert code == 0, err
+    assert "env.max_turns=0" not in out + err and "kept from it" not in out + err
+    assert "turns      3" in out + err
+
+
+def test_eval_plays_a_trained_model_with_its_training_settings(omrl_main, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = omrl_main("train", "--algo", "grpo", "--env", "gridworld", *TINY, *SMALL_STEP, "env.max_turns=2",
+                             "--steps", "1", "--output-dir", str(run))  # fmt: skip
+    assert code == 0, err
+    code, out, err = omrl_main("eval", "--env", "gridworld", "--model", str(run), "--num-tasks", "1",
+                               "--output-dir", str(tmp_path / "eval"))  # fmt: skip
+    assert code == 0, err
+    assert f"as {run} trained: env.max_turns=2, generation.max_new_tokens=4" in out
+    played = json.loads((tmp_path / "eval" / "report.json").read_text())["config"]
+    assert (played["env"]["max_turns"], played["generation"]["max_new_tokens"]) == (2, 4)
+
+
+def test_eval_applies_the_preset_config_show_shows(omrl_main, tmp_path):
+    code, shown, _ = omrl_main("config", "show", "eval")
+    assert code == 0
+    preset_tokens = yaml.safe_load(shown)["generation"]["max_new_tokens"]
+    code, out, err = omrl_main("eval", "--env", "gridworld", "--model", "tiny", "--num-tasks", "1", "env.max_turns=1",
+                               "--output-dir", str(tmp_path / "eval"))  # fmt: skip
+    assert code == 0, err
+    played = json.loads((tmp_path / "eval" / "report.json").read_text())["config"]
+    assert played["generation"]["max_new_tokens"] == preset_tokens
+    assert f"tokens     {preset_tokens} new a reply" in out
