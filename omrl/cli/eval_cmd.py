@@ -11,6 +11,7 @@ from omrl.cli.rollout_cmd import (
     BUDGET_HELP,
     SELECT_HELP,
     STRATEGY_HELP,
+    check_before_loading,
     check_strategy,
     config_with_select,
     progress_bar,
@@ -162,6 +163,7 @@ def evaluate_command(
     play_settings(cfg, args, "eval", console)
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
+    check_before_loading(cfg)
     sample_when_asked(cfg, args, console)
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(

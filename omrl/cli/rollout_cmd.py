@@ -70,6 +70,25 @@ def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
     check_budget(budget, max_new_tokens)
 
 
+def check_before_loading(cfg) -> None:
+    """What can be refused before a model loads (seconds to minutes): an unknown env, an env whose
+    package is not installed (naming its extra), and for training, unknown algorithm names."""
+    from omrl import registry
+    from omrl.envs import package_installed
+    from omrl.errors import ConfigError
+
+    env_class = registry.envs.get(cfg.env.name)
+    if isinstance(env_class, type) and not package_installed(env_class):
+        extra = getattr(env_class, "extra", "")
+        install = f"pip install 'omrl[{extra}]'" if extra else f"pip install {env_class.package}"
+        raise ConfigError(f"the {cfg.env.name} env needs the package {env_class.package}, not installed: {install}")
+    algorithm = getattr(cfg, "algorithm", None)
+    if algorithm is not None:
+        registry.algorithms.get(algorithm.advantage, kind="advantage")
+        registry.algorithms.get(algorithm.policy_loss, kind="policy_loss")
+        registry.algorithms.get(algorithm.kl_estimator, kind="kl")
+
+
 def check_rollout_outputs(cfg) -> None:
     """The parquet and its readable JSONL go to two paths, neither over the model nor a run's own files
     (``-o expert.jsonl`` once wrote the parquet, then the JSONL over it)."""
@@ -174,6 +193,7 @@ def rollout(
     )
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
+    check_before_loading(cfg)
     check_rollout_outputs(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
     console = Console()

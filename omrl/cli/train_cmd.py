@@ -29,6 +29,7 @@ def train(
     from omrl.algos import RECIPES
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.cli.model_prompts import start_from_base_outside_its_env
+    from omrl.cli.rollout_cmd import check_before_loading
     from omrl.cli.settings import outside_the_presets_env, settings_block
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
@@ -55,6 +56,7 @@ def train(
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = f"runs/{cfg.algorithm.name}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
+    check_before_loading(cfg)
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
     start_from_base_outside_its_env(cfg, list(args or []), model, console)
     if not resume:  # a resumed run plays its own config.yaml
