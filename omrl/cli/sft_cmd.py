@@ -9,6 +9,7 @@ script's options).
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import typer
@@ -58,7 +59,7 @@ def sft(
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bfloat16 autocast."),
     logging_steps: Optional[int] = typer.Option(None, "--logging-steps", help="Log every N steps."),
     save_steps: Optional[int] = typer.Option(None, "--save-steps", help="Checkpoint every N steps (0: at the end)."),
-    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Run directory."),
+    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Run directory (default: runs/sft-<time>)."),
     lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: train all weights)."),
     min_reward: Optional[float] = typer.Option(
         None, "--min-reward", help="Rollout data: keep episodes with total reward >= this."
@@ -82,6 +83,8 @@ def sft(
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
     preset = resumed_preset(output_dir, resume, "sft")
     cfg = command_line_config(SftRunConfig, args, {**flags, "resume": True if resume else None}, preset)
+    if cfg.logging.output_dir in ("", "runs/sft"):  # the default: a fresh directory per run, as train does
+        cfg.logging.output_dir = f"runs/sft-{time.strftime('%Y%m%d-%H%M%S')}"
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, "--dataset": cfg.dataset})
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)

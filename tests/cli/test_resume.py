@@ -50,3 +50,13 @@ def test_the_ctrl_c_line_is_a_command_that_runs(tmp_path):
     (kept / "COMPLETE").write_text("")
     message = str(interrupted(tmp_path, "train"))
     assert message.endswith(f"Continue with: omrl train --resume --output-dir {tmp_path}"), message
+
+
+def test_two_sft_runs_in_a_row_each_get_a_directory(omrl_main, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Act: left"}]
+    (tmp_path / "data.jsonl").write_text(json.dumps({"messages": messages}) + "\n")
+    for _ in range(2):
+        code, _, err = omrl_main("sft", "--model", "tiny", "--dataset", "data.jsonl", "logging.tensorboard=false")
+        assert code == 0, err
+    assert len(list((tmp_path / "runs").glob("sft-*"))) == 2
