@@ -13,7 +13,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 GIB = 2**30
 
@@ -42,6 +42,11 @@ def peak_while(run):
     before = memory_status()["VmRSS"]
     result = run()
     return result, before, memory_status()["VmHWM"]
+
+
+def worker_spec(args: argparse.Namespace, **spec: Any) -> dict:
+    """What a worker reads (:func:`run_worker`): the model, its overrides and the threads, then ``spec``."""
+    return {"model": args.model, "overrides": args.overrides, "threads": args.threads, **spec}
 
 
 def parse_args(parser: argparse.ArgumentParser, worker: Callable[[str], None]) -> argparse.Namespace | None:

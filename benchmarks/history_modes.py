@@ -68,7 +68,7 @@ import torch
 from _results import default_json, machine, save_json
 from rich.console import Console
 
-from omrl.backends.base import Generation, SamplingParams
+from omrl.backends.base import Chats, Generation, Prompts, SamplingParams
 from omrl.backends.hf import HFBackend
 from omrl.chat import encode_text
 from omrl.config import load_config
@@ -160,12 +160,7 @@ class ForcedBackend(HFBackend):
         self.script = script
         self.replies: dict[tuple[int, ...], list[int]] = {}
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
-    ) -> list[Generation]:
+    def generate(self, prompts: Prompts, params: SamplingParams, messages: Chats | None = None) -> list[Generation]:
         if messages is None:
             raise RuntimeError("the forced backend reads the chats to script the replies")
         limits = params.limits(len(prompts))

@@ -71,7 +71,7 @@ import time
 from pathlib import Path
 
 import torch
-from _memory import GIB, memory_status, parse_args, reset_peak, run_worker
+from _memory import GIB, memory_status, parse_args, reset_peak, run_worker, worker_spec
 from _results import default_json, save_json
 from _results import machine as describe_machine
 from update_throughput import job_config, load_policy
@@ -335,17 +335,15 @@ def sweep(args, cfg, episode, tokenizer, save) -> dict:
                             print(f"skip   G={group:2d} C={context}: unshared, estimated {estimate:.0f} s", flush=True)
                             save(results)
                             continue
-                    spec = {
-                        "model": args.model,
-                        "overrides": args.overrides,
-                        "threads": args.threads,
-                        "rows": str(rows_path),
-                        "share_prefix": share,
-                        "checkpointing": checkpointing,
-                        "steps": args.steps,
-                        "trim": args.trim,
-                        "mmap_threshold": args.mmap_threshold,
-                    }
+                    spec = worker_spec(
+                        args,
+                        rows=str(rows_path),
+                        share_prefix=share,
+                        checkpointing=checkpointing,
+                        steps=args.steps,
+                        trim=args.trim,
+                        mmap_threshold=args.mmap_threshold,
+                    )
                     report = run_worker(__file__, spec, Path(tmp, "spec.json"), timeout=args.timeout)
                     if "timed_out" in report:
                         results["skipped"].append({**key, "why": f"ran past --timeout {args.timeout} s"})

@@ -257,6 +257,27 @@ def grpo_part(out: Path, model: Path, args, example) -> dict:
     }
 
 
+def train_webshop_rm(out: Path, kind: str, label: str, dataset: Path, seed: int) -> None:
+    """``omrl rm train`` of a WebShop reward model on the SFT model (``out/sft``) into ``out/<kind>``:
+    bce, one epoch at 2e-5, one episode a micro-batch, no packing."""
+    omrl(
+        "rm",
+        "train",
+        f"model.name={out / 'sft'}",
+        f"kind={kind}",
+        f"label={label}",
+        "objective=bce",
+        f"dataset={dataset}",
+        f"logging.output_dir={out / kind}",
+        "num_train_epochs=1",
+        "optim.learning_rate=2e-5",
+        "optim.micro_batch_size=1",
+        "packing=false",
+        "logging.tensorboard=false",
+        f"seed={seed}",
+    )
+
+
 def webshop_part(out: Path, args) -> dict:
     """WebShop: SmolLM2 after a short SFT on the expert, chains on train and test goals, an ORM on the
     env's score (partial credit: this policy rarely buys exactly right), its report on the test goals."""
@@ -290,22 +311,7 @@ def webshop_part(out: Path, args) -> dict:
             minutes[f"rollout_{name}"] = (time.perf_counter() - started) / 60
     if not (out / "orm" / "config.json").exists():
         started = time.perf_counter()
-        omrl(
-            "rm",
-            "train",
-            f"model.name={out / 'sft'}",
-            "kind=orm",
-            "label=score",
-            "objective=bce",
-            f"dataset={out / 'data' / 'train'}",
-            f"logging.output_dir={out / 'orm'}",
-            "num_train_epochs=1",
-            "optim.learning_rate=2e-5",
-            "optim.micro_batch_size=1",
-            "packing=false",
-            "logging.tensorboard=false",
-            f"seed={args.seed}",
-        )
+        train_webshop_rm(out, "orm", "score", out / "data" / "train", args.seed)
         minutes["rm_train"] = (time.perf_counter() - started) / 60
     started = time.perf_counter()
     omrl(
@@ -348,22 +354,7 @@ def webshop_search_part(out: Path, args) -> dict:
         minutes["rollout_trees"] = (time.perf_counter() - started) / 60
     if not (out / "prm" / "config.json").exists():
         started = time.perf_counter()
-        omrl(
-            "rm",
-            "train",
-            f"model.name={sft}",
-            "kind=prm",
-            "label=mc_score",
-            "objective=bce",
-            f"dataset={trees}",
-            f"logging.output_dir={out / 'prm'}",
-            "num_train_epochs=1",
-            "optim.learning_rate=2e-5",
-            "optim.micro_batch_size=1",
-            "packing=false",
-            "logging.tensorboard=false",
-            f"seed={args.seed}",
-        )
+        train_webshop_rm(out, "prm", "mc_score", trees, args.seed)
         minutes["prm_train"] = (time.perf_counter() - started) / 60
     budget, n = args.webshop_budget, max(1, args.webshop_budget // 200)  # a WebShop chain spends ~150-250 tokens
     test = [*common, "env.split=test", f"num_tasks={args.webshop_goals}", f"budget={budget}"]

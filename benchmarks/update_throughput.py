@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 import torch
-from _memory import GIB, parse_args, peak_while, run_worker
+from _memory import GIB, parse_args, peak_while, run_worker, worker_spec
 from _results import default_json, machine, save_json
 
 TOKENS_TARGET = 0.9
@@ -219,16 +219,14 @@ def measure_memory(args, episodes) -> list[dict]:
         for side, size, checkpointing in configs:
             if side == "recipe" and size not in args.micro_batch_sizes:
                 continue
-            spec = {
-                "model": args.model,
-                "overrides": args.overrides,
-                "threads": args.threads,
-                "episodes": str(episodes_path),
-                "side": side,
-                "micro_batch_size": size,
-                "checkpointing": checkpointing,
-                "full_pass": args.memory_full_pass,
-            }
+            spec = worker_spec(
+                args,
+                episodes=str(episodes_path),
+                side=side,
+                micro_batch_size=size,
+                checkpointing=checkpointing,
+                full_pass=args.memory_full_pass,
+            )
             report = run_worker(__file__, spec, Path(tmp, "spec.json"))
             out.append(
                 {

@@ -85,6 +85,19 @@ def check_outputs(
             )
 
 
+def fresh_dir(parent: str, stem: str) -> str:
+    """``<parent>/<stem>-<time>``, with ``-2``, ``-3``... when runs started in the same second: a default
+    output directory that no earlier run holds."""
+    import time
+
+    base = Path(parent) / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return str(path)
+
+
 def check_run_dir(output_dir: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
     """A training run's ``output_dir`` must not be an input, lie inside one, or hold one among its own
     files: the run writes its model, config.yaml, metrics.jsonl and checkpoints there, over a base

@@ -27,6 +27,16 @@ class OneTaskEnv(Env):
         return StepResult("ok", 0.0, True, {"won": False, "score": 0.0})
 
 
+def tool(name: str, description: str, required: list[str], **properties: dict) -> dict:
+    """A tool as an env lists it in ``tools``: the function ``name`` of an object of ``properties`` (each
+    argument's JSON schema), of which ``required`` must be given."""
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {"type": "object", "properties": properties, "required": required},
+    }
+
+
 class KeyEnv(Env):
     """Find the key: ``open`` reveals it, ``take key`` wins; anything else is invalid."""
 
@@ -135,16 +145,29 @@ class CountingBackend(Backend):
         return self.inner.generate(prompts, params, messages)
 
 
-class FakePlugin:
-    """Registers the `keys` env and the `action` template."""
+class Registers:
+    """A plugin that registers ``envs`` and ``templates`` (each a dict of names to classes), for one test
+    with the ``register_plugin`` fixture: ``register_plugin(Registers({"switch": SwitchEnv}), name=...)``."""
+
+    def __init__(self, envs: dict[str, type], templates: dict[str, type] | None = None):
+        self.envs, self.templates = envs, templates or {}
 
     @hookimpl
     def register_envs(self, register):
-        register("keys", KeyEnv)
+        for name, env_class in self.envs.items():
+            register(name, env_class)
 
     @hookimpl
     def register_templates(self, register):
-        register("action", ActionTemplate)
+        for name, template_class in self.templates.items():
+            register(name, template_class)
+
+
+class FakePlugin(Registers):
+    """Registers the `keys` env and the `action` template."""
+
+    def __init__(self):
+        super().__init__({"keys": KeyEnv}, {"action": ActionTemplate})
 
 
 @dataclass(frozen=True)
@@ -240,15 +263,9 @@ def by_call(*rounds: Sequence[str]) -> Callable[[int, int, list[int]], str]:
     return reply
 
 
-class ChestPlugin:
+class ChestPlugin(Registers):
     """Registers the chest envs and the `chest-action` template."""
 
-    @hookimpl
-    def register_envs(self, register):
-        register("chest", ChestEnv)
-        register("chest-replay", ReplayChestEnv)
-        register("chest-plain", PlainChestEnv)
-
-    @hookimpl
-    def register_templates(self, register):
-        register("chest-action", ActionTemplate)
+    def __init__(self):
+        envs = {"chest": ChestEnv, "chest-replay": ReplayChestEnv, "chest-plain": PlainChestEnv}
+        super().__init__(envs, {"chest-action": ActionTemplate})

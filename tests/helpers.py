@@ -11,7 +11,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
+"""CLI overrides that keep an episode of the `tiny` model short: 4 new tokens a reply, 2 turns."""
+REACT_GRIDWORLD = [
+    *("env.name=gridworld", "env.template=react", "model.name=tiny"),
+    *("generation.max_new_tokens=8", "generation.temperature=1.0"),
+]
+"""Rollout overrides: the `tiny` model on gridworld with the react template, sampling replies of up to 8 tokens."""
 
 
 def load_example(name: str) -> ModuleType:
@@ -50,31 +59,91 @@ def fresh_python_json(code: str) -> Any:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def eval_two_tasks(env_name: str, tmp_path: Path) -> dict[str, Any]:
-    """``omrl eval`` of the `tiny` model on 2 tasks of ``env_name`` (2 turns, 4 new tokens a reply), which
-    must play both episodes to an end; its report."""
+def invoke(*args: str) -> Any:
+    """The real CLI (``omrl *args``) in-process through typer's CliRunner: its result (exit code, output).
+    An exception other than an exit is raised rather than kept in the result."""
     from typer.testing import CliRunner
 
     from omrl.cli import build_app
 
+    result = CliRunner().invoke(build_app(), list(args))
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def cli_exit(capsys: Any, *args: str) -> tuple[Any, str, str]:
+    """The real CLI's ``main(args)`` in-process, which must exit as the console script does: its exit status
+    (``SystemExit.code``), what it printed to stdout and to stderr."""
+    from omrl.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def eval_report(tmp_path: Path, *args: str) -> tuple[Any, dict[str, Any]]:
+    """``omrl *args --report <tmp_path>/report.json``, with ``args`` "eval" and its words, which must exit 0:
+    its result and the report it wrote."""
     report = tmp_path / "report.json"
-    result = CliRunner().invoke(
-        build_app(),
-        [
-            "eval",
-            "--env",
-            env_name,
-            "--model",
-            "tiny",
-            "--num-tasks",
-            "2",
-            "generation.max_new_tokens=4",
-            "env.max_turns=2",
-            "--report",
-            str(report),
-        ],
-    )
+    result = invoke(*args, "--report", str(report))
     assert result.exit_code == 0, result.output
-    data = json.loads(report.read_text())
+    return result, json.loads(report.read_text())
+
+
+def keys_rollout(num_tasks: int, *args: str) -> list[str]:
+    """The words of ``omrl rollout`` on the fake `keys` env (action template) with the `tiny` model for
+    ``num_tasks`` tasks, then ``args``."""
+    return ["rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--num-tasks", str(num_tasks), *args]
+
+
+def keys_eval(num_tasks: int, *args: str, env: str = "keys") -> list[str]:
+    """The words of ``omrl eval`` on the fake `keys` env (or another ``env`` that takes its action template)
+    with the `tiny` model and short episodes (FAST) for ``num_tasks`` tasks, then ``args``."""
+    return ["eval", *FAST, "--env", env, "env.template=action", "--model", "tiny", "--num-tasks", str(num_tasks), *args]
+
+
+def eval_two_tasks(env_name: str, tmp_path: Path) -> dict[str, Any]:
+    """``omrl eval`` of the `tiny` model on 2 tasks of ``env_name`` (2 turns, 4 new tokens a reply), which
+    must play both episodes to an end; its report."""
+    _, data = eval_report(tmp_path, "eval", "--env", env_name, "--model", "tiny", "--num-tasks", "2", *FAST)
     assert data["metrics"]["episodes"] == 2 and sum(data["metrics"]["end_reasons"].values()) == 2
     return data
+
+
+def gridworld_grpo_config(model_dir: str, output_dir: Path, *overrides: str) -> Any:
+    """The ``TrainRunConfig`` of a grpo run of ``model_dir`` on gridworld (2 turns, 512 tokens of context)
+    that writes to ``output_dir`` without tensorboard, then ``overrides`` (steps, tasks, rewards, ...)."""
+    from omrl.config import load_config
+    from omrl.config.options import TrainRunConfig
+
+    return load_config(
+        TrainRunConfig,
+        "grpo",
+        [
+            f"model.name={model_dir}",
+            "env.name=gridworld",
+            "env.max_turns=2",
+            "generation.max_context=512",
+            f"logging.output_dir={output_dir}",
+            "logging.tensorboard=false",
+            *overrides,
+        ],
+    )
+
+
+def expert_and_model_episodes(num_tasks: int, group_size: int = 1) -> tuple[list[Any], list[Any]]:
+    """Episodes with both outcomes for a reward model, on the tiny tokenizer: the expert's (it wins in the
+    12 turns allowed) and ``group_size`` sampled ones of the random-init `tiny` model (seed 1, it loses),
+    on the first ``num_tasks`` train tasks of gridworld (REACT_GRIDWORLD)."""
+    from omrl.config import load_config
+    from omrl.config.options import RolloutRunConfig
+    from omrl.rollout import RolloutSession
+
+    overrides = [*REACT_GRIDWORLD, "env.max_turns=12"]
+    with RolloutSession.from_config(load_config(RolloutRunConfig, None, overrides)) as session:
+        tasks = session.task_ids("train", num_tasks)
+        won = session.play(tasks, split="train", expert=True)
+        lost = session.play(tasks, split="train", group_size=group_size, seed=1)
+    return won, lost

@@ -22,7 +22,7 @@ from omrl.data.conversations import Conversation, load_conversations
 from omrl.envs import Env
 from omrl.errors import OmrlError
 from omrl.templates import ParsedAction
-from tests.fakes import OneTaskEnv
+from tests.fakes import OneTaskEnv, tool
 
 TEMPLATES = ("react", "xml", "tool_call")
 FAST = settings(max_examples=150, deadline=None)
@@ -38,29 +38,9 @@ class ToolEnv(OneTaskEnv):
 
     action_help = "Actions: search[keywords], click[value] or dial[digits, loud]."
     tools = [
-        {
-            "name": "search",
-            "description": "Search.",
-            "parameters": {"type": "object", "properties": {"keywords": {"type": "string"}}, "required": ["keywords"]},
-        },
-        {
-            "name": "click",
-            "description": "Click.",
-            "parameters": {
-                "type": "object",
-                "properties": {"value": {"type": "string", "enum": ["a", "b"]}},
-                "required": ["value"],
-            },
-        },
-        {
-            "name": "dial",
-            "description": "Dial.",
-            "parameters": {
-                "type": "object",
-                "properties": {"digits": {"type": "integer"}, "loud": {"type": "boolean"}},
-                "required": ["digits"],
-            },
-        },
+        tool("search", "Search.", ["keywords"], keywords={"type": "string"}),
+        tool("click", "Click.", ["value"], value={"type": "string", "enum": ["a", "b"]}),
+        tool("dial", "Dial.", ["digits"], digits={"type": "integer"}, loud={"type": "boolean"}),
     ]
 
 

@@ -16,6 +16,11 @@ from omrl.errors import OmrlError
 
 FINISH_REASONS = ("stop", "length")
 
+#: token-id prompts, one a conversation
+Prompts = Sequence[Sequence[int]]
+#: the same conversations as chat messages (role and content)
+Chats = Sequence[Sequence[Mapping[str, str]]]
+
 #: what :attr:`Backend.stats` counts (a backend that cannot tell leaves a count at 0)
 STATS = {
     "prefill_computed": "prompt tokens run through the model",
@@ -124,12 +129,7 @@ class Backend(ABC):
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0)  # summed over calls; see take_stats
 
     @abstractmethod
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
-    ) -> list[Generation]:
+    def generate(self, prompts: Prompts, params: SamplingParams, messages: Chats | None = None) -> list[Generation]:
         """One turn for each prompt, in order, chunked by ``batch_size`` internally.
 
         ``messages`` (the same chats as text) is only used by backends that can
@@ -145,7 +145,7 @@ class Backend(ABC):
         a caller that keeps more live at once makes it prefill them again. None: no bound known."""
         return None
 
-    def release(self, conversations: Sequence[Sequence[int]] | None = None) -> None:
+    def release(self, conversations: Prompts | None = None) -> None:
         """Forget what is cached for these conversations (token ids; every one when None): they ended.
 
         A no-op for backends that keep nothing between calls.

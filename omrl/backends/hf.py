@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
 from omrl.backends.hf_reuse import ReuseEngine, RowSampler, Sampler, reuse_supported, wait_for, warpers
 from omrl.backends.kv_cache import PrefixCache, kv_bytes_per_token
 
@@ -115,12 +115,7 @@ class HFBackend(Backend):
         """The transformers model (a peft model's base, its adapters in place), which holds the generation config."""
         return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
-    ) -> list[Generation]:
+    def generate(self, prompts: Prompts, params: SamplingParams, messages: Chats | None = None) -> list[Generation]:
         limits = params.limits(len(prompts))
         started = time.perf_counter()
         out: list[Generation | None] = [None] * len(prompts)
@@ -264,7 +259,7 @@ class HFBackend(Backend):
         dtype = next(self.model.parameters()).dtype
         return self.reuse.cache.max_bytes // kv_bytes_per_token(self._owner.config, dtype.itemsize)
 
-    def release(self, conversations: Sequence[Sequence[int]] | None = None) -> None:
+    def release(self, conversations: Prompts | None = None) -> None:
         """Free the cached states of ended conversations (all of them when None); shared openings stay."""
         if self.reuse is not None:
             self.reuse.cache.release(

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
 from omrl.errors import OmrlError, short_repr
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -74,12 +74,7 @@ class OpenAIBackend(Backend):
         """A backend whose API key is read from the environment variable ``api_key_env``."""
         return cls(base_url, model, tokenizer, api_key=os.environ.get(api_key_env, ""), **kwargs)
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
-    ) -> list[Generation]:
+    def generate(self, prompts: Prompts, params: SamplingParams, messages: Chats | None = None) -> list[Generation]:
         limits = params.limits(len(prompts))
         if messages is not None and len(messages) != len(prompts):
             raise OmrlError(f"generate got {len(messages)} chats for {len(prompts)} prompts")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
 from omrl.errors import OmrlError
 
 
@@ -75,12 +75,7 @@ class VLLMBackend(Backend):
             kwargs.pop("logprobs_mode")
             self.llm = vllm.LLM(**kwargs)
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        messages: Sequence[Sequence[Mapping[str, str]]] | None = None,
-    ) -> list[Generation]:
+    def generate(self, prompts: Prompts, params: SamplingParams, messages: Chats | None = None) -> list[Generation]:
         from vllm.inputs import TokensPrompt
 
         limits = params.limits(len(prompts))

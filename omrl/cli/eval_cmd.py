@@ -24,13 +24,14 @@ from omrl.outputs import check_outputs
 def default_output_dir(model_name: str, env_name: str) -> Path:
     """``evals/<model>-<env>-<time>``: a fresh folder per evaluation, never the model's own."""
     import re
-    import time
+
+    from omrl.outputs import fresh_dir
 
     def slug(text: str) -> str:
         return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "model"
 
     model = Path(model_name.rstrip("/")).name or model_name
-    return Path("evals") / f"{slug(model)}-{slug(env_name)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(fresh_dir("evals", f"{slug(model)}-{slug(env_name)}"))
 
 
 def eval_outputs(cfg) -> tuple[Path, Path]:
@@ -47,16 +48,16 @@ def eval_outputs(cfg) -> tuple[Path, Path]:
         folder = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.model.name, cfg.env.name)
         report = Path(cfg.report) if cfg.report else folder / "report.json"
         episodes = folder / "episodes.parquet"
+    check_outputs(
+        {"--report": report, "the episodes": episodes, "their readable JSONL": jsonl_path_for(episodes)},
+        {"the --model": cfg.model.name},
+    )
     folder = episodes.parent
     if (folder / "config.json").exists() and any(folder.glob("*.safetensors")):
         raise OutputError(
             f"the eval output {folder} is a model directory: the report and episodes go elsewhere; "
             "valid: --output-dir DIR (default: a new folder under evals/)"
         )
-    check_outputs(
-        {"--report": report, "the episodes": episodes, "their readable JSONL": jsonl_path_for(episodes)},
-        {"the --model": cfg.model.name},
-    )
     return report, episodes
 
 
@@ -209,7 +210,8 @@ def evaluate_command(
     parquet = write_episodes(episodes, episodes_path)  # the same trajectory files omrl rollout writes
     readable = write_jsonl(episodes, jsonl_path_for(parquet))
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
-    console.print(f"report: {path}; episodes: {parquet} and {readable}", highlight=False, soft_wrap=True)
+    console.print(f"report: {path}", highlight=False, soft_wrap=True)
+    console.print(f"episodes: {parquet} and {readable}", highlight=False, soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
     say_env_errors(console, episodes, cfg.env.name)
     check_env_errors(episodes, cfg.max_env_error_rate, f"{cfg.env.name!r} (the report lists them)")

@@ -9,7 +9,6 @@ script's options).
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import typer
@@ -76,7 +75,7 @@ def sft(
     from omrl.config import command_line_config
     from omrl.config.loading import resumed_preset
     from omrl.config.options import SftRunConfig
-    from omrl.outputs import check_run_dir
+    from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process
     from omrl.training.sft import run_sft
 
@@ -84,7 +83,7 @@ def sft(
     preset = resumed_preset(output_dir, resume, "sft")
     cfg = command_line_config(SftRunConfig, args, {**flags, "resume": True if resume else None}, preset)
     if cfg.logging.output_dir in ("", "runs/sft"):  # the default: a fresh directory per run, as train does
-        cfg.logging.output_dir = f"runs/sft-{time.strftime('%Y%m%d-%H%M%S')}"
+        cfg.logging.output_dir = fresh_dir("runs", "sft")
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, "--dataset": cfg.dataset})
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import typer
 
 
@@ -36,7 +34,7 @@ def train(
     from omrl.config.loading import resumed_preset, split_preset
     from omrl.config.options import TrainRunConfig
     from omrl.errors import ConfigError
-    from omrl.outputs import check_run_dir
+    from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process
     from omrl.training.rl import run_rl
 
@@ -54,7 +52,7 @@ def train(
     }
     cfg = command_line_config(TrainRunConfig, args, flags, resumed_preset(output_dir, resume, algo or "grpo"))
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
-        cfg.logging.output_dir = f"runs/{cfg.algorithm.name}-{cfg.env.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        cfg.logging.output_dir = fresh_dir("runs", f"{cfg.algorithm.name}-{cfg.env.name}")
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
     check_before_loading(cfg)
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process

@@ -186,18 +186,18 @@ def to_json(value: Any, indent: int | None = None) -> str:
     Python's json writes NaN and Infinity, which other JSON readers reject, and
     a lone surrogate (from a model's JSON escape) cannot be written as UTF-8.
     """
-    text = json.dumps(_finite(value), ensure_ascii=False, allow_nan=False, default=str, indent=indent)
+    text = json.dumps(nonfinite_to_none(value), ensure_ascii=False, allow_nan=False, default=str, indent=indent)
     return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
-def _finite(value: Any) -> Any:
+def nonfinite_to_none(value: Any) -> Any:
     """``value`` with every non-finite float, however deep, replaced by None."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: nonfinite_to_none(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
+        return [nonfinite_to_none(item) for item in value]
     return value
 
 

@@ -28,31 +28,22 @@ import torch.nn.functional as F
 from rich.console import Console
 
 from omrl.atomic import atomic_write_text
-from omrl.config import to_dict, to_yaml
+from omrl.config import to_yaml
 from omrl.config.options import RmTrainRunConfig
 from omrl.errors import ConfigError
-from omrl.parallel import make_strategy
 from omrl.rm.data import check_trajectory_ids, collate, fingerprint, load_examples, pair_rows, pointwise_rows
 from omrl.rm.labels import check_label
 from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
-from omrl.training import checkpoint as ckpt
-from omrl.training.common import SkippedUpdates, seed_everything
-from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
-from omrl.training.optim import apply_update, build_optimizer, build_scheduler
-from omrl.training.recipe import close_all, run_recipe, save_final, save_recipe_checkpoint
+from omrl.training import recipe
+from omrl.training.metrics import StepCallback
 
 
 class RmRecipe:
     """Reward-model training: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_rm_train`)."""
 
     def __init__(self, cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
-        self.cfg = cfg
-        self.on_step_end = on_step_end
-        self.console = console or Console(stderr=True)
-        self.output_dir = Path(cfg.logging.output_dir)
-        self.step, self.epoch, self.index = 0, 0, 0  # index: next micro-batch in the epoch's order
-        self.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
-        self.strategy = make_strategy(cfg.model.dtype)
+        recipe.start_recipe(self, cfg, on_step_end, console)
+        self.epoch, self.index = 0, 0  # index: next micro-batch in the epoch's order
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -75,28 +66,10 @@ class RmRecipe:
                 "optim.micro_batch_size and optim.gradient_accumulation_steps must be >= 1, got "
                 f"{cfg.optim.micro_batch_size} and {cfg.optim.gradient_accumulation_steps}"
             )
-        self.config_dict = to_dict(cfg)
-        resume_from = ckpt.resume_point(self.output_dir, self.config_dict, cfg.resume, defaults=to_dict(type(cfg)()))
-        seed_everything(cfg.seed)
-        self.device = self.strategy.device
+        resume_from = recipe.start_setup(self)
         self._setup_model()
         self._setup_data()
-        self._setup_optimizer()
-        if resume_from is not None:
-            self._load_resume_state(resume_from)
-        self.logger = (
-            MetricsLogger(
-                self.output_dir,
-                cfg.logging,
-                self.total_steps,
-                start_step=self.step,
-                run_config=self.config_dict,
-                console=self.console,
-                description="rm",
-            )
-            if self.strategy.is_main
-            else NullLogger()
-        )
+        recipe.finish_setup(self, resume_from, "rm")
         if self.cut:
             self.logger.warn(
                 f"{self.cut} episodes were longer than max_seq_length={cfg.max_seq_length} tokens "
@@ -175,24 +148,6 @@ class RmRecipe:
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / cfg.optim.gradient_accumulation_steps)
         self.total_steps = max(1, math.ceil(cfg.num_train_epochs * self.steps_per_epoch))
 
-    def _setup_optimizer(self) -> None:
-        self.optimizer = build_optimizer(self.model, self.cfg.optim, fused=self.strategy.fused_optimizer)
-        self.strategy.prepare_optimizer({"policy": self.model}, self.optimizer, self.cfg.optim.max_grad_norm)
-        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
-
-    def _load_resume_state(self, path: Path) -> None:
-        state = ckpt.load_checkpoint(
-            path, self.model, optimizer=self.optimizer, scheduler=self.scheduler, strategy=self.strategy
-        )
-        if state.data_state.get("fingerprint") != self.data_fingerprint:
-            raise ckpt.CheckpointError(
-                f"cannot resume from {path}: the training data changed since it was written (fingerprint "
-                f"{state.data_state.get('fingerprint')} -> {self.data_fingerprint})"
-            )
-        self.step = state.step
-        self.epoch, self.index = state.data_state["epoch"], state.data_state["index"]
-        self.skipped.load_state_dict(state.extra)
-
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The micro-batches (row indices) of ``epoch``: units shuffled by the seed and the epoch, then cut
         in order. Not grouped by length: when length goes with outcome (short wins, long losses), such
@@ -236,17 +191,7 @@ class RmRecipe:
             # UPDATE: sum over processes, clip, step, or skip a non-finite step
             loss_value, correct, nonfinite = strategy.sum([loss_value, correct, not finite])
             finite = not nonfinite
-            grad_norm, lr, applied = apply_update(
-                strategy,
-                self.params,
-                self.optimizer,
-                self.scheduler,
-                self.skipped,
-                self.logger,
-                self.step,
-                cfg.optim.max_grad_norm,
-                finite,
-            )
+            grad_norm, lr, applied = recipe.update(self, finite)
             if applied:
                 last_loss = loss_value
 
@@ -260,26 +205,11 @@ class RmRecipe:
                 "grad_norm": grad_norm,
                 "labels": labels,
                 "step_time": step_time,
-                "epoch": self.epoch + self.index / len(micro),
-                **peak_memory(),
-                **self.skipped.metrics(),
             }
-            self.logger.log(self.step, metrics)
-            if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
-                self.save_checkpoint()
-            if self.on_step_end is not None:
-                self.on_step_end(self.step, metrics)
+            recipe.end_step(self, metrics)  # with the epoch, peak memory and skipped updates
 
         # SAVE: the final checkpoint (resumable) and the reward model (LoRA merged)
-        save_final(self)
-        return {
-            "steps": self.step,
-            "final_loss": last_loss,
-            "examples": self.examples,
-            "skipped_updates": self.skipped.count,
-            "output_dir": str(self.output_dir),
-            "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
-        }
+        return recipe.finish(self, last_loss, step_times, examples=self.examples)
 
     def _labels(self, rows: list[int]) -> int:
         """What a micro-batch's loss is averaged over: its pairs (bt) or its labelled positions."""
@@ -306,22 +236,20 @@ class RmRecipe:
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""
-        return save_recipe_checkpoint(
-            self, data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint}
-        )
+        return recipe.save_epoch_checkpoint(self)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        close_all(getattr(self, "logger", None), self.strategy)
+        recipe.close_all(getattr(self, "logger", None), self.strategy)
 
 
 def run_rm_train(
     cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None
 ) -> dict[str, Any]:
     """Set up, train and clean up; with ``eval_dataset``, also evaluate and write ``rm_eval.json``."""
-    recipe = RmRecipe(cfg, on_step_end=on_step_end, console=console)
-    summary = run_recipe(recipe, "rm train")
-    if cfg.eval_dataset and recipe.strategy.is_main:
+    rm_recipe = RmRecipe(cfg, on_step_end=on_step_end, console=console)
+    summary = recipe.run_recipe(rm_recipe, "rm train")
+    if cfg.eval_dataset and rm_recipe.strategy.is_main:
         from omrl.rm.evaluate import evaluate_reward_model, write_rm_report
 
         report = evaluate_reward_model(summary["output_dir"], cfg.eval_dataset, text=cfg.text)

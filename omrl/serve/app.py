@@ -67,7 +67,7 @@ from typing import Any, Iterator, Sequence
 
 from omrl.envs import Env, UnknownTaskError, create_env
 from omrl.errors import OmrlError
-from omrl.serve.guard import DEFAULT_MAX_BODY, INSTANCE_HEADER, TOKEN_ENV, Guard, exposure_warning, is_loopback
+from omrl.serve.guard import DEFAULT_MAX_BODY, INSTANCE_HEADER, Guard
 from omrl.serve.store import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_ENVS,
@@ -85,13 +85,10 @@ __all__ = [
     "ENV_IDX_PREFIX",
     "INSTANCE_HEADER",
     "TASK_FIELDS",
-    "TOKEN_ENV",
     "Rejected",
     "ServedEnvs",
     "background_server",
     "create_app",
-    "exposure_warning",
-    "is_loopback",
     "open_env",
     "run_server",
     "with_goal",

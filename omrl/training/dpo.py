@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from omrl.errors import ConfigError, EnvFailure
+from omrl.errors import ConfigError
 from omrl.search import strategy_traits
 from omrl.training import online
 from omrl.training.losses import dpo_loss
@@ -53,19 +53,8 @@ class DPORecipe(online.OnlineRecipe):
         while self.step < cfg.steps:
             started = time.perf_counter()
 
-            # ROLLOUT: every sample of every task in batched generate calls, envs stepped together;
-            # with a search (rollout.strategy), every root-to-leaf path of each task's trees
-            # (played again while every episode fails in the env: such a step is never counted)
-            self.model.eval()
-            seed = online.rollout_seed(cfg, self.step, strategy)
-            episodes = self._play_counted(
-                lambda seed=seed: online.play_step(
-                    cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed
-                )
-            )
-            if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
-                raise EnvFailure(self._env_failure_message())
-            metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
+            # ROLLOUT: every sample of every task, or every path of a search's trees
+            episodes, metrics = self._rollout(started)
             self._save_rollout(episodes)
 
             # PAIRS: each task's best and worst sample, when their total rewards differ; from a search,

@@ -23,16 +23,16 @@ from omrl.config.options import TrainRunConfig
 from omrl.data import Batch, Episode, write_episodes
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.evaluation import check_max_env_error_rate
-from omrl.parallel import Strategy, make_strategy
+from omrl.parallel import Strategy
 from omrl.rollout import RolloutSession
 from omrl.search import play_strategy, plays_batched, strategy_traits
 from omrl.search.context import check_budget
 from omrl.training import checkpoint as ckpt
-from omrl.training.common import SkippedUpdates, seed_everything
+from omrl.training.common import seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, rollout_metrics
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model
 from omrl.training.optim import apply_update, build_optimizer, build_scheduler
-from omrl.training.recipe import close_all, save_final, save_recipe_checkpoint
+from omrl.training.recipe import close_all, save_final, save_recipe_checkpoint, start_recipe
 from omrl.training.rl_data import TaskOrder
 from omrl.training.tree_batch import with_update_columns
 
@@ -248,13 +248,7 @@ class OnlineRecipe:
     CHECKPOINT), the end of the run, and cleanup."""
 
     def __init__(self, cfg: TrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
-        self.cfg = cfg
-        self.on_step_end = on_step_end  # called after each step's logging and checkpoint
-        self.console = console or Console(stderr=True)
-        self.output_dir = Path(cfg.logging.output_dir)
-        self.step = 0
-        self.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
-        self.strategy = make_strategy(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
+        start_recipe(self, cfg, on_step_end, console)
         self.episodes_played, self.env_failures, self.first_env_error = 0, 0, ""
         self.env_failed_step = ""  # why this step's every episode failed in the env ("" when some did not)
         self.env_failed_tries = 0  # rollouts of this step in a row in which every episode failed in the env
@@ -379,6 +373,21 @@ class OnlineRecipe:
             episodes = play()
         self._check_rollout(episodes)
         return episodes
+
+    def _rollout(self, started: float) -> tuple[list[Any], dict[str, float]]:
+        """ROLLOUT: this step's episodes (every sample of every task in batched generate calls, envs
+        stepped together; with a search, every root-to-leaf path of each task's trees) and their
+        metrics. Played again while every episode fails in the env; when its replays failed too the
+        run stops (:class:`EnvFailure`): such a step is never counted, logged nor checkpointed."""
+        cfg, strategy = self.cfg, self.strategy
+        seed = rollout_seed(cfg, self.step, strategy)
+        self.model.eval()
+        episodes = self._play_counted(
+            lambda: play_step(cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed)
+        )
+        if self.env_failed_step:
+            raise EnvFailure(self._env_failure_message())
+        return episodes, step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
 
     def _optimizer_step(self) -> dict[str, float]:
         """Sum gradients over processes, clip, then step unless the gradient is not finite (the one

@@ -34,7 +34,6 @@ from rich.console import Console
 
 from omrl import registry
 from omrl.config.options import TrainRunConfig
-from omrl.errors import EnvFailure
 from omrl.training import checkpoint as ckpt
 from omrl.training import online
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
@@ -99,18 +98,8 @@ class RLRecipe(online.OnlineRecipe):
             started = time.perf_counter()
             seed = online.rollout_seed(cfg, self.step, strategy)
 
-            # ROLLOUT: every sample of every task in batched generate calls, envs stepped together;
-            # with a search (rollout.strategy), every root-to-leaf path of each task's trees
-            # (played again while every episode fails in the env: such a step is never counted)
-            self.model.eval()
-            episodes = self._play_counted(
-                lambda seed=seed: online.play_step(
-                    cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed
-                )
-            )
-            if self.env_failed_step:  # its replays failed too: not counted, logged nor checkpointed
-                raise EnvFailure(self._env_failure_message())
-            metrics = online.step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
+            # ROLLOUT: every sample of every task, or every path of a search's trees
+            episodes, metrics = self._rollout(started)
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's
             # rows are its finished paths, each whole (omrl.training.tree_batch)

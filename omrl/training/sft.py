@@ -29,32 +29,23 @@ from rich.console import Console
 
 from omrl.atomic import atomic_write_text
 from omrl.chat import check_history
-from omrl.config import to_dict, to_yaml
+from omrl.config import to_yaml
 from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
 from omrl.errors import ConfigError, OmrlError
-from omrl.parallel import make_strategy
-from omrl.training import checkpoint as ckpt
-from omrl.training.common import SkippedUpdates, seed_everything
-from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
+from omrl.training import recipe
+from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
-from omrl.training.optim import apply_update, build_optimizer, build_scheduler
 from omrl.training.packing import IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows, tokenize_conversations
 from omrl.training.policy import labelled_nll_sum
-from omrl.training.recipe import close_all, run_recipe, save_final, save_recipe_checkpoint
 
 
 class SftRecipe:
     """Supervised fine-tuning: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_sft`)."""
 
     def __init__(self, cfg: SftRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
-        self.cfg = cfg
-        self.on_step_end = on_step_end  # called after each step's logging and checkpoint
-        self.console = console or Console(stderr=True)
-        self.output_dir = Path(cfg.logging.output_dir)
-        self.step, self.epoch, self.index = 0, 0, 0  # index: next micro-batch in the epoch's order
-        self.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
-        self.strategy = make_strategy(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
+        recipe.start_recipe(self, cfg, on_step_end, console)
+        self.epoch, self.index = 0, 0  # index: next micro-batch in the epoch's order
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -65,30 +56,10 @@ class SftRecipe:
             raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
         if cfg.optim.micro_batch_size < 1:
             raise ConfigError(f"optim.micro_batch_size must be >= 1, got {cfg.optim.micro_batch_size}")
-        self.config_dict = to_dict(cfg)
-        resume_from = ckpt.resume_point(
-            self.output_dir, self.config_dict, self.cfg.resume, defaults=to_dict(type(cfg)())
-        )
-        seed_everything(cfg.seed)
-        self.device = self.strategy.device
+        resume_from = recipe.start_setup(self)
         self._setup_model()
         self._setup_data()
-        self._setup_optimizer()
-        if resume_from is not None:
-            self._load_resume_state(resume_from)
-        self.logger = (
-            MetricsLogger(
-                self.output_dir,
-                cfg.logging,
-                self.total_steps,
-                start_step=self.step,
-                run_config=self.config_dict,
-                console=self.console,
-                description="sft",
-            )
-            if self.strategy.is_main
-            else NullLogger()
-        )
+        recipe.finish_setup(self, resume_from, "sft", "; resuming would not continue the same run")
         if self.truncated:
             self.logger.warn(
                 f"{self.truncated} conversations were longer than max_seq_length={cfg.max_seq_length} "
@@ -123,6 +94,7 @@ class SftRecipe:
             )
         self.rows = pack_rows(rows, cfg.max_seq_length) if cfg.packing else rows
         self.micro = micro_batches(self.rows, cfg.optim.micro_batch_size)
+        self.micro_per_epoch = len(self.micro)
         self.micro_label_tokens = [
             sum(label != IGNORE_INDEX for r in rows for label in self.rows[r].labels) for rows in self.micro
         ]
@@ -133,25 +105,6 @@ class SftRecipe:
         self.steps_per_epoch = math.ceil(len(self.micro) / accumulation)
         self.total_steps = max(1, math.ceil(cfg.num_train_epochs * self.steps_per_epoch))
         self._orders: dict[int, list[int]] = {}
-
-    def _setup_optimizer(self) -> None:
-        self.optimizer = build_optimizer(self.model, self.cfg.optim, fused=self.strategy.fused_optimizer)
-        self.strategy.prepare_optimizer({"policy": self.model}, self.optimizer, self.cfg.optim.max_grad_norm)
-        self.scheduler = build_scheduler(self.optimizer, self.cfg.optim, self.total_steps)
-
-    def _load_resume_state(self, path: Path) -> None:
-        state = ckpt.load_checkpoint(
-            path, self.model, optimizer=self.optimizer, scheduler=self.scheduler, strategy=self.strategy
-        )
-        if state.data_state.get("fingerprint") != self.data_fingerprint:
-            raise ckpt.CheckpointError(
-                f"cannot resume from {path}: the training data changed since it was written (fingerprint "
-                f"{state.data_state.get('fingerprint')} -> {self.data_fingerprint}); resuming would not continue "
-                "the same run"
-            )
-        self.step = state.step
-        self.epoch, self.index = state.data_state["epoch"], state.data_state["index"]
-        self.skipped.load_state_dict(state.extra)
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The micro-batch order of ``epoch``: a shuffle that depends only on the seed and the epoch."""
@@ -196,17 +149,7 @@ class SftRecipe:
             # UPDATE: sum gradients over processes, clip, step, or skip a non-finite step
             loss_value, nonfinite_anywhere = strategy.sum([loss_value, not finite])
             finite = not nonfinite_anywhere
-            grad_norm, lr, applied = apply_update(
-                strategy,
-                self.params,
-                self.optimizer,
-                self.scheduler,
-                self.skipped,
-                self.logger,
-                self.step,
-                cfg.optim.max_grad_norm,
-                finite,
-            )
+            grad_norm, lr, applied = recipe.update(self, finite)
             if applied:
                 last_loss = loss_value
 
@@ -220,25 +163,11 @@ class SftRecipe:
                 "step_time": step_time,
                 "grad_norm": grad_norm,
                 "label_tokens": label_tokens,
-                "epoch": self.epoch + self.index / len(order),
-                **peak_memory(),
-                **self.skipped.metrics(),
             }
-            self.logger.log(self.step, metrics)
-            if cfg.logging.save_steps and self.step % cfg.logging.save_steps == 0:
-                self.save_checkpoint()
-            if self.on_step_end is not None:
-                self.on_step_end(self.step, metrics)
+            recipe.end_step(self, metrics)  # with the epoch, peak memory and skipped updates
 
         # SAVE: the final checkpoint (resumable) and the final model (LoRA merged)
-        save_final(self)
-        return {
-            "steps": self.step,
-            "final_loss": last_loss,
-            "skipped_updates": self.skipped.count,
-            "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
-            "output_dir": str(self.output_dir),
-        }
+        return recipe.finish(self, last_loss, step_times)
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """A micro-batch's summed token loss, through the strategy (a forward it counts)."""
@@ -250,17 +179,15 @@ class SftRecipe:
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""
-        return save_recipe_checkpoint(
-            self, data_state={"epoch": self.epoch, "index": self.index, "fingerprint": self.data_fingerprint}
-        )
+        return recipe.save_epoch_checkpoint(self)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        close_all(getattr(self, "logger", None), self.strategy)
+        recipe.close_all(getattr(self, "logger", None), self.strategy)
 
 
 def run_sft(
     cfg: SftRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None
 ) -> dict[str, Any]:
     """Set up, train and clean up; returns a summary (steps, final_loss, skipped_updates, mean_step_time)."""
-    return run_recipe(SftRecipe(cfg, on_step_end=on_step_end, console=console), "sft")
+    return recipe.run_recipe(SftRecipe(cfg, on_step_end=on_step_end, console=console), "sft")

@@ -12,7 +12,6 @@ close the script element that holds it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from importlib import resources
@@ -36,7 +35,9 @@ def dumps(value: Any) -> str:
     try:
         return json.dumps(value, allow_nan=False, default=str)
     except ValueError:  # a non-finite float somewhere: rare, so only then walk the whole value
-        return json.dumps(_finite(value), allow_nan=False, default=str)
+        from omrl.data.trajectory import nonfinite_to_none  # only here: that module loads pyarrow
+
+        return json.dumps(nonfinite_to_none(value), allow_nan=False, default=str)
 
 
 def render(data: dict[str, Any] | None = None) -> str:
@@ -112,13 +113,3 @@ def write_page(
     data = embedded_data(store, max_episodes)
     atomic_write_text(path, render(data))
     return path, len(data["summaries"])
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

@@ -69,12 +69,7 @@ class ParquetEpisodes:
             total = totals[i] if totals and totals[i] is not None else score
             summaries.append(
                 {
-                    "env": row.get("env") or "",
-                    "split": row.get("split") or "",
-                    "task": row.get("task_id"),
-                    "group": row.get("group") or 0,
-                    "sample": row.get("sample") or 0,
-                    "won": bool(row.get("won")),
+                    **_where_played(row),
                     "reward": total,
                     "score": score,
                     "end": row.get("end_reason") or "",
@@ -248,14 +243,22 @@ def _number(value: Any) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
+def _where_played(row: dict[str, Any]) -> dict[str, Any]:
+    """A summary's first fields, alike for a parquet row and a JSONL record: env, split, task,
+    group, sample and whether it was won."""
+    return {
+        "env": row.get("env") or "",
+        "split": row.get("split") or "",
+        "task": row.get("task_id"),
+        "group": row.get("group") or 0,
+        "sample": row.get("sample") or 0,
+        "won": bool(row.get("won")),
+    }
+
+
 def _record_summary(record: dict[str, Any]) -> dict[str, Any]:
     return {
-        "env": record.get("env") or "",
-        "split": record.get("split") or "",
-        "task": record.get("task_id"),
-        "group": record.get("group") or 0,
-        "sample": record.get("sample") or 0,
-        "won": bool(record.get("won")),
+        **_where_played(record),
         "reward": _number(record.get("total_reward", record.get("score"))),
         "score": _number(record.get("score")),
         "end": record.get("end_reason") or "",

@@ -15,8 +15,8 @@ from omrl.chat.probe import (
     WHITESPACE,
     check_template,
 )
-from omrl.cli import main
 from omrl.models import load_tokenizer
+from tests.helpers import cli_exit
 
 from .thinking import TEMPLATES, build_qwen3_like
 
@@ -80,10 +80,7 @@ def model_dirs(tmp_path_factory) -> dict[str, str]:
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:
     """``omrl check-template ARGS`` in-process, as the console script runs it: (exit status, stdout, stderr)."""
-    with pytest.raises(SystemExit) as info:
-        main(["check-template", *args])
-    out = capsys.readouterr()
-    return info.value.code, out.out, out.err
+    return cli_exit(capsys, "check-template", *args)
 
 
 @pytest.mark.parametrize("finding", list(ONE_REWRITE))

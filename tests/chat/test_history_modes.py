@@ -9,13 +9,11 @@ import torch
 
 from omrl.chat import encode_text, render
 from omrl.models import load_model
-from omrl.rewards import compose_rewards
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.training.policy import policy_forward
-from omrl.training.rl_data import episodes_to_batch
 from tests.fakes import KeyEnv
 
-from .thinking import TEMPLATES, ForcedBackend, ThinkingActionTemplate, build_qwen3_like, key_replies
+from .thinking import TEMPLATES, ForcedBackend, ThinkingActionTemplate, build_qwen3_like, key_replies, update_log_probs
 
 MODES = ("keep", "as_template")
 
@@ -98,17 +96,8 @@ def test_keep_shows_the_earlier_reasoning_in_one_append_only_row(qwen3_like, tem
 @pytest.mark.parametrize("history", MODES)
 def test_the_updates_log_probs_equal_the_rollouts(qwen3_like, template, history):
     model, tokenizer, _, episodes = play(qwen3_like(template), history)
-    compose_rewards(episodes, {"goal": 1.0})
-    batch = episodes_to_batch(episodes, tokenizer.pad_token_id)
+    batch, out = update_log_probs(model, tokenizer, episodes)
     assert ("position_ids" in batch.tensors) == (history == "as_template")
-    with torch.no_grad():
-        out = policy_forward(
-            model,
-            batch["input_ids"],
-            batch["attention_mask"],
-            token_mask=batch["loss_mask"],
-            position_ids=batch.tensors.get("position_ids"),
-        )
     for i, ep in enumerate(episodes):
         mask = torch.tensor(ep.loss_mask, dtype=torch.bool)
         got = out["log_probs"][i, : len(ep.token_ids)][mask]

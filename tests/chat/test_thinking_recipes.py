@@ -16,6 +16,7 @@ from omrl.models import load_tokenizer
 from omrl.training.metrics import read_metrics
 from omrl.training.packing import tokenize_conversations
 from omrl.training.rl import run_rl
+from tests.helpers import eval_report
 
 from .test_history_modes import qwen3_like  # noqa: F401 - the fixture
 from .thinking import ForcedBackend, ThinkingPlugin
@@ -155,9 +156,6 @@ def test_omrl_eval_runs_a_qwen3_like_model_with_the_xml_template(
 ):
     """The issue's first report: `omrl eval --env gridworld --model ./qwen3-like env.template=xml` failed on its
     second turn once a reply held </think>, as the xml template asks replies to; here every reply does."""
-    from typer.testing import CliRunner
-
-    from omrl.cli import build_app
     from omrl.models import load_model
 
     def forced(name, tokenizer, generation, *, model=None, model_name="", **_):
@@ -168,26 +166,20 @@ def test_omrl_eval_runs_a_qwen3_like_model_with_the_xml_template(
         return ForcedBackend(load_model(model_name)[0], tokenizer, reply)
 
     monkeypatch.setattr("omrl.rollout.session.make_backend", forced)
-    report = tmp_path / f"report-{history}.json"
-    result = CliRunner().invoke(
-        build_app(),
-        [
-            "eval",
-            "--env",
-            "gridworld",
-            "--model",
-            qwen3_like("drops_reasoning"),
-            "env.template=xml",
-            f"chat.history={history}",
-            "num_tasks=2",
-            "env.max_turns=3",
-            "generation.max_new_tokens=16",
-            "--report",
-            str(report),
-        ],
+    _, data = eval_report(
+        tmp_path,
+        "eval",
+        "--env",
+        "gridworld",
+        "--model",
+        qwen3_like("drops_reasoning"),
+        "env.template=xml",
+        f"chat.history={history}",
+        "num_tasks=2",
+        "env.max_turns=3",
+        "generation.max_new_tokens=16",
     )
-    assert result.exit_code == 0, result.output
-    episodes = json.loads(report.read_text())["episodes"]
+    episodes = data["episodes"]
     assert len(episodes) == 2 and all(ep["turns"] == 3 for ep in episodes)  # no episode ended early
 
 

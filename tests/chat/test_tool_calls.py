@@ -11,13 +11,10 @@ import torch
 from omrl import registry
 from omrl.chat import encode_chat, encode_text, mark_messages, render
 from omrl.models import load_model
-from omrl.rewards import compose_rewards
 from omrl.rollout import EnvPool, RolloutLimits, collect
-from omrl.training.policy import policy_forward
-from omrl.training.rl_data import episodes_to_batch
 from tests.fakes import KeyEnv
 
-from .thinking import LLAMA3_SPECIALS, TOOL_ROLE, ForcedBackend, build_qwen3_like, trl_template
+from .thinking import LLAMA3_SPECIALS, TOOL_ROLE, ForcedBackend, build_qwen3_like, trl_template, update_log_probs
 
 FAMILIES = {"hermes": (TOOL_ROLE, ((), None, None)), "llama3": ("llama3_2", LLAMA3_SPECIALS)}
 
@@ -85,16 +82,7 @@ def test_calls_are_structured_and_answered_as_tool_messages(family_model, fmt, h
                 )
         else:
             assert ep.row_starts == []
-    compose_rewards(episodes, {"goal": 1.0})
-    batch = episodes_to_batch(episodes, tokenizer.pad_token_id)
-    with torch.no_grad():
-        out = policy_forward(
-            model,
-            batch["input_ids"],
-            batch["attention_mask"],
-            token_mask=batch["loss_mask"],
-            position_ids=batch.tensors.get("position_ids"),
-        )
+    _, out = update_log_probs(model, tokenizer, episodes)
     for i, ep in enumerate(episodes):
         mask = torch.tensor(ep.loss_mask, dtype=torch.bool)
         assert torch.allclose(

@@ -107,6 +107,26 @@ def family_tokenizer(template: str, specials: tuple = ((), None, None)):
     return tok
 
 
+def update_log_probs(model, tokenizer, episodes) -> tuple:
+    """The episodes as an update reads them (rewarded for ``goal``, in one batch): that batch and the policy
+    forward's output on it (``log_probs`` per token), with the batch's position ids where its rows are packed."""
+    from omrl.rewards import compose_rewards
+    from omrl.training.policy import policy_forward
+    from omrl.training.rl_data import episodes_to_batch
+
+    compose_rewards(episodes, {"goal": 1.0})
+    batch = episodes_to_batch(episodes, tokenizer.pad_token_id)
+    with torch.no_grad():
+        out = policy_forward(
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            token_mask=batch["loss_mask"],
+            position_ids=batch.tensors.get("position_ids"),
+        )
+    return batch, out
+
+
 def trl_template(name: str) -> str:
     """A real model family's chat template, from the package data of PyPI `trl`."""
     import importlib.resources

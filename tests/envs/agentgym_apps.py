@@ -16,6 +16,7 @@ The games are tiny and scripted (one winning action per task), enough to play a 
 can assert exactly what a client sent.
 """
 
+import copy
 import itertools
 import json
 from dataclasses import dataclass
@@ -157,6 +158,30 @@ def finished(env_id: int) -> dict:
     return {"error": f"The task with environment {env_id} has finished."}
 
 
+def step_refusal(envs: dict[int, dict], env_id: int) -> Optional[dict]:
+    """The id-dialect servers' answer to a step of an id ``envs`` does not hold (:func:`not_valid`) or of an
+    episode that is done (:func:`finished`); None when the step may be played."""
+    if env_id not in envs:
+        return not_valid(env_id)
+    return finished(env_id) if envs[env_id].get("done") else None
+
+
+def id_app(new_env: Any, **answer: Any) -> tuple[FastAPI, dict[int, Any]]:
+    """An id-dialect app whose body-less ``/create`` files a copy of ``new_env`` under the next id (0, 1, ...)
+    and answers ``{"id": ..., **answer}``: the app, to add the other routes to, and its envs by id."""
+    app = FastAPI()
+    envs: dict[int, Any] = {}
+    ids = itertools.count()
+
+    @app.post("/create")
+    def create():
+        env_id = next(ids)
+        envs[env_id] = copy.copy(new_env)
+        return {"id": env_id, **answer}
+
+    return app, envs
+
+
 def crash() -> PlainTextResponse:
     """What an ``env_idx`` server answers when its handler raises (an unknown index: a KeyError)."""
     return PlainTextResponse("Internal Server Error", status_code=500)
@@ -219,15 +244,7 @@ def running_score_app(env: str) -> FastAPI:
     BabyAI: "go to red ball" wins (reward 0.8, score += reward). SciWorld: "focus on water" scores
     50, then "heat water" 100 (reward = the change in score); the reset names the task.
     """
-    app = FastAPI()
-    envs: dict[int, dict] = {}
-    ids = itertools.count()
-
-    @app.post("/create")
-    def create():
-        env_id = next(ids)
-        envs[env_id] = {"started": False}
-        return {"id": env_id}
+    app, envs = id_app({"started": False})
 
     @app.post("/reset")
     def reset(body: DataIdxReset):
@@ -255,13 +272,11 @@ def running_score_app(env: str) -> FastAPI:
 
     @app.post("/step")
     def step(body: IdStep):
-        if body.id not in envs:
-            return not_valid(body.id)
+        if (refused := step_refusal(envs, body.id)) is not None:
+            return refused
         state = envs[body.id]
         if not state["started"]:  # BabyAI must be reset before its first step
             return {"error": f"{body.id}"}
-        if state["done"]:
-            return finished(body.id)
         if env == "babyai":
             reward = 0.8 if body.action == "go to red ball" else 0.0
             state["score"] += reward
@@ -286,15 +301,7 @@ def running_score_app(env: str) -> FastAPI:
 
 def alfworld_app() -> FastAPI:
     """ALFWorld: resets take ``game`` and ``world_type``; answers carry ``available_actions``; no /close."""
-    app = FastAPI()
-    envs: dict[int, dict] = {}
-    ids = itertools.count()
-
-    @app.post("/create")
-    def create():
-        env_id = next(ids)
-        envs[env_id] = {"done": False}
-        return {"id": env_id}
+    app, envs = id_app({"done": False})
 
     @app.post("/reset")
     def reset(body: AlfWorldReset):
@@ -312,10 +319,8 @@ def alfworld_app() -> FastAPI:
 
     @app.post("/step")
     def step(body: IdStep):
-        if body.id not in envs:
-            return not_valid(body.id)
-        if envs[body.id]["done"]:
-            return finished(body.id)
+        if (refused := step_refusal(envs, body.id)) is not None:
+            return refused
         won = body.action == "put mug in cabinet 1"
         envs[body.id]["done"] = won
         return {
@@ -331,54 +336,44 @@ def alfworld_app() -> FastAPI:
 def lmrlgym_app() -> FastAPI:
     """LMRL-Gym: maze and wordle under /maze and /wordle; reward 1 at the goal / right word; no /close."""
     app = FastAPI()
-    envs: dict[tuple[str, int], dict] = {}
-    ids = {"maze": itertools.count(), "wordle": itertools.count()}
+    envs: dict[str, dict[int, dict]] = {"maze": {}, "wordle": {}}
 
-    def create(game: str) -> dict:
-        env_id = next(ids[game])
-        envs[game, env_id] = {"done": False}
-        return {"id": env_id}
+    def game_routes(game: str, goal: str) -> None:
+        """``/<game>/create`` and ``/<game>/step``, where ``goal`` wins."""
+        ids = itertools.count()
 
-    def step(game: str, body: IdStep, goal: str) -> dict:
-        if (game, body.id) not in envs:
-            return not_valid(body.id)
-        if envs[game, body.id]["done"]:
-            return finished(body.id)
-        won = body.action == goal
-        envs[game, body.id]["done"] = won
-        return {"observation": "You reached the goal." if won else "You moved.", "reward": float(won), "done": won}
+        @app.post(f"/{game}/create")
+        def create():
+            env_id = next(ids)
+            envs[game][env_id] = {"done": False}
+            return {"id": env_id}
 
-    @app.post("/maze/create")
-    def maze_create():
-        return create("maze")
+        @app.post(f"/{game}/step")
+        def step(body: IdStep):
+            if (refused := step_refusal(envs[game], body.id)) is not None:
+                return refused
+            won = body.action == goal
+            envs[game][body.id]["done"] = won
+            return {"observation": "You reached the goal." if won else "You moved.", "reward": float(won), "done": won}
+
+    game_routes("maze", "move down")
+    game_routes("wordle", "s h i r e")
 
     @app.post("/maze/reset")
     def maze_reset(body: MazeReset):
-        if ("maze", body.id) not in envs:
+        if body.id not in envs["maze"]:
             return not_valid(body.id)
         if body.game >= 26:
             return {"error": f"The game {body.game} is not valid."}
-        envs["maze", body.id] = {"done": False}
+        envs["maze"][body.id] = {"done": False}
         return {"observation": f"The goal is at position 8, 6. Your current position is at position 1, {body.game}."}
-
-    @app.post("/maze/step")
-    def maze_step(body: IdStep):
-        return step("maze", body, "move down")
-
-    @app.post("/wordle/create")
-    def wordle_create():
-        return create("wordle")
 
     @app.post("/wordle/reset")
     def wordle_reset(body: WordleReset):
-        if ("wordle", body.id) not in envs:
+        if body.id not in envs["wordle"]:
             return not_valid(body.id)
-        envs["wordle", body.id] = {"done": False}
+        envs["wordle"][body.id] = {"done": False}
         return {"id": body.id, "observation": "Let's start Wordle!"}
-
-    @app.post("/wordle/step")
-    def wordle_step(body: IdStep):
-        return step("wordle", body, "s h i r e")
 
     return app
 
@@ -576,16 +571,8 @@ def webarena_app() -> FastAPI:
 def served_app(deterministic: Optional[bool]) -> FastAPI:
     """Answers like ``omrl env serve`` (instance names, ``GET /tasks``, ``won``/``score`` in step
     answers), with ``deterministic`` in its ``/create`` and ``GET /tasks`` answers unless it is None."""
-    app = FastAPI()
-    envs: dict[int, int] = {}
-    ids = itertools.count()
-
-    @app.post("/create")
-    def create():
-        env_id = next(ids)
-        envs[env_id] = -1
-        extra = {} if deterministic is None else {"deterministic": deterministic}
-        return {"id": env_id, "instance": "abc123", **extra}
+    extra = {} if deterministic is None else {"deterministic": deterministic}
+    app, envs = id_app(-1, instance="abc123", **extra)
 
     @app.get("/tasks")
     def tasks(split: Optional[str] = None):
@@ -596,7 +583,7 @@ def served_app(deterministic: Optional[bool]) -> FastAPI:
                 "action_help": "say the task id",
                 "max_turns": 3,
                 "demonstration": [],
-                **({} if deterministic is None else {"deterministic": deterministic}),
+                **extra,
             }
         return {"split": split, "range": [0, 2, 1]}
 

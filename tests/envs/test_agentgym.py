@@ -25,7 +25,6 @@ from omrl.envs import (
     fork_support,
 )
 from omrl.errors import ConfigError
-from omrl.hookspecs import hookimpl
 from omrl.rollout import EnvPool
 from omrl.serve import background_server, create_app
 from omrl_plugins.envs.agentgym import AgentGymEnv, parse_splits
@@ -45,6 +44,7 @@ from tests.envs.agentgym_apps import (
     webarena_app,
     webshop_app,
 )
+from tests.fakes import Registers
 
 FAST = {"retries": 2, "backoff": 0.01, "timeout": 5.0}
 
@@ -95,15 +95,9 @@ class CounterEnv(Env):
         return "up" if self.value < self.target else "submit"
 
 
-class CounterPlugin:
-    @hookimpl
-    def register_envs(self, register):
-        register("counter", CounterEnv)
-
-
 @pytest.fixture
 def counter_app(register_plugin):
-    register_plugin(CounterPlugin(), name="test-counter")
+    register_plugin(Registers({"counter": CounterEnv}), name="test-counter")
     return create_app("counter")
 
 
@@ -363,7 +357,7 @@ def test_env_without_default_splits_on_a_server_that_lists_none_asks_for_them():
 def test_restarted_omrl_server_never_lets_a_stale_id_reach_another_clients_env(register_plugin):
     """A restarted server never hands out an earlier start's ids, and refuses them to omrl's client
     (410): client A's id from before the restart cannot reset the env client B was just handed."""
-    register_plugin(CounterPlugin(), name="test-counter")
+    register_plugin(Registers({"counter": CounterEnv}), name="test-counter")
     with background_server(create_app("counter")) as url:
         a = AgentGymEnv(base_url=url, env_name="counter", **FAST)
         b = AgentGymEnv(base_url=url, env_name="counter", **FAST)
@@ -521,7 +515,7 @@ def test_non_finite_or_mistyped_step_values_are_env_errors(body, problem):
 
 
 def test_token_protected_server_is_played_with_the_token(register_plugin, monkeypatch):
-    register_plugin(CounterPlugin(), name="test-counter")
+    register_plugin(Registers({"counter": CounterEnv}), name="test-counter")
     with background_server(create_app("counter", token="s3cret")) as url:
         refused = AgentGymEnv(base_url=url, env_name="counter", **FAST)
         with pytest.raises(
@@ -808,15 +802,8 @@ class ReplayableCounter(CounterEnv):
     deterministic = True
 
 
-class CountersPlugin:
-    @hookimpl
-    def register_envs(self, register):
-        register("counter", CounterEnv)
-        register("replayable-counter", ReplayableCounter)
-
-
 def test_omrl_serve_tells_the_client_whether_its_env_replays(register_plugin):
-    register_plugin(CountersPlugin(), name="test-counters")
+    register_plugin(Registers({"counter": CounterEnv, "replayable-counter": ReplayableCounter}), name="test-counters")
     for name, fork in (("replayable-counter", "replay"), ("counter", None)):
         with background_server(create_app(name)) as url:
             env = AgentGymEnv(base_url=url, env_name=name, **FAST)

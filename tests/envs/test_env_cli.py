@@ -16,10 +16,10 @@ from typer.testing import CliRunner
 from omrl.cli import build_app
 from omrl.envs import Env, Observation, StepResult
 from omrl.errors import ConfigError, OmrlError
-from omrl.hookspecs import hookimpl
 from omrl.serve import create_app
 from omrl_plugins.envs.agentgym import AgentGymEnv
 from omrl_plugins.envs.gridworld import GridWorld
+from tests.fakes import Registers
 from tests.helpers import fresh_python_json
 
 
@@ -71,16 +71,9 @@ class BrokenEnv(Env):
         raise AssertionError
 
 
-class TestPlugin:
-    @hookimpl
-    def register_envs(self, register):
-        register("switch", SwitchEnv)
-        register("broken", BrokenEnv)
-
-
 @pytest.fixture
 def runner(register_plugin):
-    register_plugin(TestPlugin(), name="test-env-cli")
+    register_plugin(Registers({"switch": SwitchEnv, "broken": BrokenEnv}), name="test-env-cli")
     return CliRunner()
 
 
@@ -114,16 +107,11 @@ class NotInstalledEnv(SwitchEnv):
     extra = "no-such-engine"
 
 
-class FamilyPlugin:
-    @hookimpl
-    def register_envs(self, register):
-        register("fam:one", SwitchEnv)
-        register("fam:two", SwitchEnv)
-        register("missing-engine", NotInstalledEnv)
-
-
 def test_list_reads_package_and_install_state_without_building_any_env(runner, register_plugin):
-    register_plugin(FamilyPlugin(), name="test-env-families")
+    register_plugin(
+        Registers({"fam:one": SwitchEnv, "fam:two": SwitchEnv, "missing-engine": NotInstalledEnv}),
+        name="test-env-families",
+    )
     # `broken` raises when built: a plain listing never builds it
     result = runner.invoke(build_app(), ["env", "list", "--json", "broken", "missing-engine", "fam:*", "gridworld"])
     assert result.exit_code == 0, result.output
@@ -135,11 +123,12 @@ def test_list_reads_package_and_install_state_without_building_any_env(runner, r
     assert rows["gridworld"]["package"] is None and rows["gridworld"]["distribution"] == "omrl"
     families = runner.invoke(build_app(), ["env", "list", "--json", "--families", "fam:*", "missing-engine"])
     assert json.loads(families.output) == [
-        {"family": "fam", "envs": 2, "package": None, "installed": True, "install": None},
+        {"family": "fam", "envs": 2, "package": None, "distribution": "-", "installed": True, "install": None},
         {
             "family": "missing-engine",
             "envs": 1,
             "package": "omrl-no-such-engine",
+            "distribution": "-",
             "installed": False,
             "install": "pip install 'omrl[no-such-engine]'",
         },

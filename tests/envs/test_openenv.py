@@ -4,7 +4,6 @@ served by uvicorn in a thread of the test."""
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -19,9 +18,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, Observation, State
 from openenv.core.generic_client import GenericEnvClient
 from pydantic import Field
-from typer.testing import CliRunner
 
-from omrl.cli import build_app
 from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError, fork_support
 from omrl.errors import ConfigError
 from omrl.rollout.pool import EnvPool
@@ -29,6 +26,7 @@ from omrl.serve import background_server
 from omrl_plugins.envs.engines.common import MissingExtraError
 from omrl_plugins.envs.openenv import OpenEnvEnv, action_spec, render_observation, to_action
 from omrl_plugins.envs.openenv.session import SERVERS
+from tests.helpers import eval_report
 
 FAST = {"retries": 1, "backoff": 0.01, "timeout": 10.0, "connect_timeout": 2.0}
 
@@ -438,27 +436,20 @@ def test_a_missing_openenv_names_its_extra(monkeypatch):
 
 # -- the CLI ----------------------------------------------------------------------------------------
 def test_omrl_eval_plays_an_openenv_server(guess_url, tmp_path):
-    report = tmp_path / "report.json"
-    result = CliRunner().invoke(
-        build_app(),
-        [
-            "eval",
-            "--model",
-            "tiny",
-            "--env",
-            "openenv",
-            f"plugins.openenv.base_url={guess_url}",
-            "plugins.openenv.retries=1",
-            "--num-tasks",
-            "3",
-            "generation.max_new_tokens=4",
-            "env.max_turns=2",
-            "--report",
-            str(report),
-        ],
+    _, written = eval_report(
+        tmp_path,
+        "eval",
+        "--model",
+        "tiny",
+        "--env",
+        "openenv",
+        f"plugins.openenv.base_url={guess_url}",
+        "plugins.openenv.retries=1",
+        "--num-tasks",
+        "3",
+        "generation.max_new_tokens=4",
+        "env.max_turns=2",
     )
-    assert result.exit_code == 0, result.output
-    written = json.loads(report.read_text())
     assert written["metrics"]["episodes"] == 3 and written["metrics"]["env_errors"] == 0
     assert [ep["task_id"] for ep in written["episodes"]] == [0, 1, 2]  # the default test split
     assert SERVERS.open_sessions(guess_url) == 0

@@ -3,23 +3,20 @@ wins, its own scorer gives the reward, splits are fixed item indices, and names 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from omrl import registry
-from omrl.cli import build_app
 from omrl.data import read_episodes
 from omrl.envs import EpisodeFinishedError, UnknownTaskError, create_env, package_installed, reset_problem, step_problem
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.common import MissingExtraError
 from omrl_plugins.envs.engines.reasoning_gym import DATASETS, LEFT_OUT, SPLITS, ReasoningGymEnv
-from tests.helpers import fresh_python_json
+from tests.helpers import eval_report, fresh_python_json, invoke
 
 
 def make(name, **options):
@@ -112,23 +109,38 @@ def test_what_the_package_gives_reaches_the_protocol_check_unchanged(monkeypatch
     assert "returned text 42; it must be text" in reset_problem(make("basic_arithmetic").reset(1_000_000))
 
 
-def test_dataset_settings_are_an_option_and_bad_ones_name_the_valid_ones():
+def test_dataset_settings_are_an_option():
     env = make("chain_sum", config={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1})
     question = env.reset(1_000_000).text
     assert question.count("+") + question.count("-") == 1 and env.step(env.expert_action()).won
-    with pytest.raises(ConfigError, match="unknown settings \\['min_term'\\]; valid: min_terms, max_terms"):
-        make("chain_sum", config={"min_term": 2})
-    with pytest.raises(ConfigError, match="\\['seed'\\] are set by the split"):
-        make("chain_sum", config={"seed": 3})
-    with pytest.raises(ConfigError, match="min_terms must be positive"):
-        make("chain_sum", config={"min_terms": 0})
 
 
-def test_unknown_and_left_out_datasets_say_what_is_valid():
-    with pytest.raises(ConfigError, match="unknown reasoning-gym dataset 'chain_summ'; close matches: chain_sum"):
-        ReasoningGymEnv(dataset="chain_summ")
-    with pytest.raises(ConfigError, match="'composite' is left out: it only mixes other datasets"):
-        ReasoningGymEnv(dataset="composite")
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"min_term": 2}, "unknown settings \\['min_term'\\]; valid: min_terms, max_terms"),
+        ({"seed": 3}, "\\['seed'\\] are set by the split"),
+        ({"min_terms": 0}, "min_terms must be positive"),
+    ],
+)
+def test_bad_dataset_settings_name_the_valid_ones(config, message):
+    with pytest.raises(ConfigError, match=message):
+        make("chain_sum", config=config)
+
+
+@pytest.mark.parametrize(
+    "dataset, message",
+    [
+        ("chain_summ", "unknown reasoning-gym dataset 'chain_summ'; close matches: chain_sum"),
+        ("composite", "'composite' is left out: it only mixes other datasets"),
+    ],
+)
+def test_unknown_and_left_out_datasets_say_what_is_valid(dataset, message):
+    with pytest.raises(ConfigError, match=message):
+        ReasoningGymEnv(dataset=dataset)
+
+
+def test_a_named_dataset_takes_no_dataset_option():
     with pytest.raises(ConfigError, match="does not take options \\['dataset'\\].*its options: config"):
         make("chain_sum", dataset="gcd")
 
@@ -153,20 +165,8 @@ def test_the_callers_random_states_are_untouched():
 
 def test_an_expert_rollout_through_the_cli_wins_every_episode(tmp_path):
     out = tmp_path / "expert.parquet"
-    result = CliRunner().invoke(
-        build_app(),
-        [
-            "rollout",
-            "--env",
-            "reasoning-gym:chain_sum",
-            "--model",
-            "tiny",
-            "--expert",
-            "--num-tasks",
-            "3",
-            "-o",
-            str(out),
-        ],
+    result = invoke(
+        "rollout", "--env", "reasoning-gym:chain_sum", "--model", "tiny", "--expert", "--num-tasks", "3", "-o", str(out)
     )
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
@@ -175,22 +175,16 @@ def test_an_expert_rollout_through_the_cli_wins_every_episode(tmp_path):
 
 
 def test_eval_runs_a_dataset_by_its_name(tmp_path):
-    report = tmp_path / "report.json"
-    result = CliRunner().invoke(
-        build_app(),
-        [
-            "eval",
-            "--env",
-            "reasoning-gym:chain_sum",
-            "--model",
-            "tiny",
-            "--num-tasks",
-            "2",
-            "generation.max_new_tokens=4",
-            "--report",
-            str(report),
-        ],
+    _, data = eval_report(
+        tmp_path,
+        "eval",
+        "--env",
+        "reasoning-gym:chain_sum",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "2",
+        "generation.max_new_tokens=4",
     )
-    assert result.exit_code == 0, result.output
-    metrics = json.loads(report.read_text())["metrics"]
+    metrics = data["metrics"]
     assert metrics["episodes"] == 2 and sum(metrics["end_reasons"].values()) == 2

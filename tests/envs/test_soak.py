@@ -25,21 +25,24 @@ def soak_module():
         sys.modules.pop(spec.name, None)
 
 
-def test_short_soak_keeps_every_invariant(soak_module, tiny_model_dir):
+@pytest.fixture
+def soak(soak_module, tiny_model_dir):
+    """``soak(**settings)``: the report, printed, of a soak of ``settings`` with the tiny tokenizer, timeouts of
+    0.5 s, batches of 8 episodes and at most 60 s a batch."""
     from omrl.models import load_tokenizer
 
-    report = soak_module.soak(
-        episodes=48,
-        seed=0,
-        servers=2,
-        fault_rate=0.15,
-        timeout=0.5,
-        batch=8,
-        chaos_interval=0.4,
-        tokenizer=load_tokenizer(tiny_model_dir),
-        batch_seconds=60,
-    )
-    print("\n".join(report.lines()))
+    def run(**settings):
+        report = soak_module.soak(
+            **settings, timeout=0.5, batch=8, batch_seconds=60, tokenizer=load_tokenizer(tiny_model_dir)
+        )
+        print("\n".join(report.lines()))
+        return report
+
+    return run
+
+
+def test_short_soak_keeps_every_invariant(soak, soak_module):
+    report = soak(episodes=48, seed=0, servers=2, fault_rate=0.15, chaos_interval=0.4)
     assert report.violations == []
     assert report.requested == 48 == report.finished + report.failed
     assert report.failed_without_reason == 0
@@ -49,27 +52,14 @@ def test_short_soak_keeps_every_invariant(soak_module, tiny_model_dir):
 
 
 @pytest.mark.parametrize("seed", [1, 3, 4])
-def test_agentgym_like_servers_restarted_mid_episode_never_share_an_env(soak_module, tiny_model_dir, seed):
+def test_agentgym_like_servers_restarted_mid_episode_never_share_an_env(soak, seed):
     """A server that behaves as AgentGym's do (ids from 0 at each start, `false` for an id it does
     not hold, no instance name), played by two rollout pools, restarts right after its 6th step and
     at random: no client ever acts on an env another created (with these seeds, stale steps of
     unfinished episodes reached other clients' new envs before the client watched the ids)."""
-    from omrl.models import load_tokenizer
-
-    report = soak_module.soak(
-        episodes=32,
-        seed=seed,
-        servers=1,
-        kinds=("agentgym",),
-        fault_rate=0.02,
-        timeout=0.5,
-        batch=8,
-        chaos_interval=1.0,
-        mid_episode_after=6,
-        batch_seconds=60,
-        tokenizer=load_tokenizer(tiny_model_dir),
+    report = soak(
+        episodes=32, seed=seed, servers=1, kinds=("agentgym",), fault_rate=0.02, chaos_interval=1.0, mid_episode_after=6
     )
-    print("\n".join(report.lines()))
     assert report.violations == []
     assert report.requested == 32 == report.finished + report.failed and report.failed_without_reason == 0
     assert report.faults["mid-episode restart"] == 1

@@ -7,22 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from omrl.cli import build_app, main
-from omrl.config import load_config
-from omrl.config.options import RolloutRunConfig
 from omrl.data import read_episodes, write_episodes
-from omrl.rollout import RolloutSession
+from tests.helpers import cli_exit, expert_and_model_episodes, invoke
 
-GRIDWORLD = [
-    "env.name=gridworld",
-    "env.template=react",
-    "model.name=tiny",
-    "env.max_turns=12",
-    "generation.max_new_tokens=8",
-    "generation.temperature=1.0",
-]
 TRAIN = [
     "--model",
     "tiny",
@@ -42,11 +30,7 @@ TRAIN = [
 def data_dir(tmp_path_factory) -> Path:
     """Gridworld episodes with both outcomes on the tiny tokenizer: the expert's (won), the model's (lost)."""
     out = tmp_path_factory.mktemp("rm-bad-data")
-    cfg = load_config(RolloutRunConfig, None, GRIDWORLD)
-    with RolloutSession.from_config(cfg) as session:
-        tasks = session.task_ids("train", 3)
-        won = session.play(tasks, split="train", expert=True)
-        lost = session.play(tasks, split="train", seed=1)
+    won, lost = expert_and_model_episodes(3)
     write_episodes(won + lost, out / "good.parquet")
     return out
 
@@ -61,10 +45,9 @@ def _with_bad_id(source: Path, target: Path, row: int, token: int) -> Path:
 
 
 def _exit_2(args: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as info:
-        main(args)
-    err = " ".join(capsys.readouterr().err.split())
-    assert info.value.code == 2 and "bug in omrl" not in err, err
+    code, _, err = cli_exit(capsys, *args)
+    err = " ".join(err.split())
+    assert code == 2 and "bug in omrl" not in err, err
     return err
 
 
@@ -101,9 +84,7 @@ def test_rm_train_checks_the_eval_data_before_training(data_dir, tmp_path, capsy
 
 def test_rm_eval_refuses_an_id_outside_the_vocabulary_before_scoring(data_dir, tmp_path, capsys):
     rm = tmp_path / "rm"
-    result = CliRunner().invoke(
-        build_app(), ["rm", "train", *TRAIN, "--data", str(data_dir / "good.parquet"), "--output-dir", str(rm)]
-    )
+    result = invoke("rm", "train", *TRAIN, "--data", str(data_dir / "good.parquet"), "--output-dir", str(rm))
     assert result.exit_code == 0, result.output
     bad = _with_bad_id(data_dir / "good.parquet", tmp_path / "bad.parquet", row=2, token=99_999)
     err = _exit_2(["rm", "eval", "--model", str(rm), "--data", str(bad)], capsys)

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from rich.console import Console
-from typer.testing import CliRunner
 
-from omrl.cli import build_app
 from omrl.config import load_config
 from omrl.config.options import RmTrainRunConfig, RolloutRunConfig
 from omrl.data import Episode, Turn, read_episodes, write_episodes
@@ -26,15 +24,9 @@ from omrl.rollout import RolloutSession
 from omrl.search import play_strategy
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
+from tests.helpers import REACT_GRIDWORLD, expert_and_model_episodes, invoke
 
-GRIDWORLD = [
-    "env.name=gridworld",
-    "env.template=react",
-    "model.name=tiny",
-    "env.max_turns=4",
-    "generation.max_new_tokens=8",
-    "generation.temperature=1.0",
-]
+GRIDWORLD = [*REACT_GRIDWORLD, "env.max_turns=4"]
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +34,7 @@ def data_dir(tmp_path_factory) -> Path:
     """Gridworld episodes with both outcomes, on the tiny tokenizer: the expert's (won) and the
     random-init tiny model's (lost), two samples of each of 6 train tasks."""
     out = tmp_path_factory.mktemp("rm-data")
-    cfg = load_config(RolloutRunConfig, None, [*GRIDWORLD, "env.max_turns=12"])  # room for the expert to win
-    with RolloutSession.from_config(cfg) as session:
-        tasks = session.task_ids("train", 6)
-        won = session.play(tasks, split="train", expert=True)
-        lost = session.play(tasks, split="train", group_size=2, seed=1)
+    won, lost = expert_and_model_episodes(6, group_size=2)
     for ep in won:
         ep.sample = 2  # the expert's episode is each task's third sample
     write_episodes(won, out / "expert.parquet")
@@ -345,28 +333,23 @@ def test_bad_settings_and_foreign_tokens_are_refused_before_training(data_dir, t
 
 
 def test_cli_trains_and_evaluates(data_dir, tmp_path):
-    runner = CliRunner()
-    app = build_app()
     out = tmp_path / "cli-rm"
-    result = runner.invoke(
-        app,
-        [
-            "rm",
-            "train",
-            "--model",
-            "tiny",
-            "--data",
-            str(data_dir),
-            "--output-dir",
-            str(out),
-            "--learning-rate",
-            "1e-3",
-            "logging.tensorboard=false",
-        ],
+    result = invoke(
+        "rm",
+        "train",
+        "--model",
+        "tiny",
+        "--data",
+        str(data_dir),
+        "--output-dir",
+        str(out),
+        "--learning-rate",
+        "1e-3",
+        "logging.tensorboard=false",
     )
     assert result.exit_code == 0, result.output
     assert "reward model saved in" in result.output
-    result = runner.invoke(app, ["rm", "eval", "--model", str(out), "--data", str(data_dir)])
+    result = invoke("rm", "eval", "--model", str(out), "--data", str(data_dir))
     assert result.exit_code == 0, result.output
     assert "best-of-N" in result.output and (out / "rm_eval.json").exists()
     written = json.loads((out / "rm_eval.json").read_text())

@@ -3,13 +3,10 @@ majority selectors, and ``omrl eval --select``; on the tiny model and gridworld.
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
-from typer.testing import CliRunner
 
-from omrl.cli import build_app, main
 from omrl.config import load_config
 from omrl.config.options import EvalRunConfig
 from omrl.data import Episode, Turn
@@ -19,6 +16,7 @@ from omrl.rm.model import RewardModel, RewardModelError, build_reward_model
 from omrl.rollout import RolloutSession
 from omrl.search import Node, Tree, play_strategy
 from omrl_plugins.strategies.scorers import majority_vote, random_pick, reward_model
+from tests.helpers import cli_exit, eval_report
 
 FAST = [
     "env.name=gridworld",
@@ -145,21 +143,11 @@ def test_random_is_reproducible_and_uniform():
     assert all(150 < picks.count(i) < 250 for i in range(3)), [picks.count(i) for i in range(3)]
 
 
-def invoke(*args: str):
-    result = CliRunner().invoke(build_app(), list(args))
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
 def test_eval_selects_with_the_reward_model_and_rewards_with_it(rm_dirs, tmp_path):
-    report = tmp_path / "report.json"
-    result = invoke(
+    _, data = eval_report(
+        tmp_path,
         "eval",
-        "--env",
-        "gridworld",
-        "--model",
-        "tiny",
+        *FAST,
         "--num-tasks",
         "2",
         "--strategy",
@@ -169,12 +157,7 @@ def test_eval_selects_with_the_reward_model_and_rewards_with_it(rm_dirs, tmp_pat
         f"plugins.rm.path={rm_dirs['orm']}",
         "reward.weights={rm: 1.0}",
         "plugins.best_of_n.n=2",
-        *FAST[2:],
-        "--report",
-        str(report),
     )
-    assert result.exit_code == 0, result.output
-    data = json.loads(report.read_text())
     assert data["config"]["plugins"]["best_of_n"]["select"] == "rm" and data["metrics"]["episodes"] == 2
     assert 0 < data["metrics"]["reward/rm"] < 1
 
@@ -191,8 +174,6 @@ def test_eval_selects_with_the_reward_model_and_rewards_with_it(rm_dirs, tmp_pat
     ],
 )
 def test_select_errors_are_one_line(capsys, args, message):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["eval", "--env", "gridworld", "--model", "tiny", *args])
-    err = capsys.readouterr().err
-    assert exit_info.value.code != 0 and message in " ".join(err.split()) and "Traceback" not in err, err
+    code, _, err = cli_exit(capsys, "eval", "--env", "gridworld", "--model", "tiny", *args)
+    assert code != 0 and message in " ".join(err.split()) and "Traceback" not in err, err
     assert sum("error" in line for line in err.splitlines()) == 1, err

@@ -5,39 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from omrl.cli import build_app, main
 from omrl.data import read_episodes
-
-FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
-
-
-def invoke(*args: str):
-    result = CliRunner().invoke(build_app(), list(args))
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+from tests.helpers import FAST, cli_exit, eval_report, invoke, keys_eval, keys_rollout
 
 
 def test_rollout_writes_parquet_and_readable_jsonl(fake_plugins, tmp_path):
     out = tmp_path / "runs" / "t.parquet"
-    result = invoke(
-        "rollout",
-        *FAST,
-        "--env",
-        "keys",
-        "--template",
-        "action",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "2",
-        "--group-size",
-        "2",
-        "--output",
-        str(out),
-    )
+    result = invoke(*keys_rollout(2, *FAST, "--group-size", "2", "--output", str(out)))
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
     assert [(ep.group, ep.sample) for ep in episodes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -51,20 +26,7 @@ def test_rollout_writes_parquet_and_readable_jsonl(fake_plugins, tmp_path):
 
 def test_rollout_expert_makes_winning_sft_data(fake_plugins, tmp_path):
     out = tmp_path / "expert.parquet"
-    result = invoke(
-        "rollout",
-        "--env",
-        "keys",
-        "--template",
-        "action",
-        "--model",
-        "tiny",
-        "--expert",
-        "--num-tasks",
-        "3",
-        "-o",
-        str(out),
-    )
+    result = invoke(*keys_rollout(3, "--expert", "-o", str(out)))
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
     assert len(episodes) == 3 and all(ep.won for ep in episodes)
@@ -72,25 +34,7 @@ def test_rollout_expert_makes_winning_sft_data(fake_plugins, tmp_path):
 
 
 def test_eval_prints_the_table_and_writes_the_report(fake_plugins, tmp_path):
-    report = tmp_path / "report.json"
-    result = invoke(
-        "eval",
-        *FAST,
-        "generation.temperature=1.0",
-        "--env",
-        "keys",
-        "env.template=action",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "3",
-        "--samples",
-        "2",
-        "--report",
-        str(report),
-    )
-    assert result.exit_code == 0, result.output
-    data = json.loads(report.read_text())
+    result, data = eval_report(tmp_path, *keys_eval(3, "generation.temperature=1.0", "--samples", "2"))
     metrics = data["metrics"]
     assert metrics["episodes"] == 6 and metrics["samples_per_task"] == 2 and "pass@2" in metrics
     assert sum(metrics["end_reasons"].values()) == 6
@@ -115,54 +59,29 @@ def test_eval_prints_the_table_and_writes_the_report(fake_plugins, tmp_path):
         (["rollout", "--env", "nosuch", "--expert"], "unknown env 'nosuch'"),
         (["eval", "num_taks=3"], "did you mean 'num_tasks'"),
         (
-            ["eval", "--samples", "4"],
+            ["eval", "--samples", "4", "generation.temperature=0"],
             "--samples 4 with greedy decoding gives the same sample every time; valid: "
             "--samples 1, or sampling, e.g. generation.temperature=1.0",
         ),
     ],
 )
 def test_bad_input_is_one_clear_line(fake_plugins, capsys, args, message):
-    with pytest.raises(SystemExit) as exit_info:
-        main(args)
-    assert exit_info.value.code == 2
-    assert message in " ".join(capsys.readouterr().err.split())
+    code, _, err = cli_exit(capsys, *args)
+    assert code == 2
+    assert message in " ".join(err.split())
 
 
 def test_the_paths_and_commands_printed_for_copying_are_never_broken_over_lines(fake_plugins, tmp_path):
     """Piped output (no terminal: 80 columns) keeps a long path and the command that reads it whole."""
     deep = tmp_path / ("a-directory-name-long-enough-to-pass-eighty-columns-" * 2) / "t.parquet"
-    result = invoke(
-        "rollout",
-        *FAST,
-        "--env",
-        "keys",
-        "--template",
-        "action",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "1",
-        "--output",
-        str(deep),
-    )
+    result = invoke(*keys_rollout(1, *FAST, "--output", str(deep)))
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert f"look at them: omrl view {deep}" in lines
     assert any(line.startswith("wrote 1 episodes to ") and str(deep) in line for line in lines)
     report = deep.with_name("report.json")
-    result = invoke(
-        "eval",
-        *FAST,
-        "--env",
-        "keys",
-        "env.template=action",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "1",
-        "--report",
-        str(report),
-    )
+    result = invoke(*keys_eval(1, "--report", str(report)))
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert f"report: {report}" in lines and f"look at it: omrl view {report}" in lines
+    episodes = report.with_name("report.episodes.parquet")
+    assert f"report: {report}" in lines and f"look at them: omrl view {episodes}" in lines

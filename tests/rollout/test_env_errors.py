@@ -8,15 +8,11 @@ import warnings
 
 import pytest
 
-from omrl.cli import main
 from omrl.data import read_episodes
 from omrl.envs import EnvError
-from omrl.hookspecs import hookimpl
 from omrl.training.metrics import rollout_metrics
-from tests.fakes import KeyEnv
-
-FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
-EXPERT = ["rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--expert"]
+from tests.fakes import KeyEnv, Registers
+from tests.helpers import cli_exit, keys_eval, keys_rollout
 
 
 class DownKeyEnv(KeyEnv):
@@ -28,28 +24,20 @@ class DownKeyEnv(KeyEnv):
         return super().reset(task_id)
 
 
-class DownPlugin:
-    @hookimpl
-    def register_envs(self, register):
-        register("keys_down", DownKeyEnv)
-
-
 @pytest.fixture
 def down_env(fake_plugins, register_plugin):
-    register_plugin(DownPlugin(), name="keys-down")
+    register_plugin(Registers({"keys_down": DownKeyEnv}), name="keys-down")
 
 
 def run(capsys, *args: str) -> tuple[int, str]:
     """The real CLI: its exit status and everything it printed (whitespace joined)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    captured = capsys.readouterr()
-    return exit_info.value.code or 0, " ".join((captured.out + captured.err).split())
+    code, out, err = cli_exit(capsys, *args)
+    return code or 0, " ".join((out + err).split())
 
 
 def test_env_errors_are_no_losses_and_past_the_share_the_rollout_exits_2(fake_plugins, tmp_path, capsys):
     out = tmp_path / "expert.parquet"
-    code, text = run(capsys, *EXPERT, "--num-tasks", "4", "plugins.keys.fail_task=1", "-o", str(out))
+    code, text = run(capsys, *keys_rollout(4, "--expert", "plugins.keys.fail_task=1", "-o", str(out)))
     assert code == 2
     assert "error: 1 of 4 episodes (25%) failed in the env 'keys'" in text
     assert "more than max_env_error_rate=0.1 allows" in text and "chest 1 exploded" in text
@@ -61,19 +49,9 @@ def test_under_the_share_the_run_succeeds_and_says_why_episodes_failed(down_env,
     report = tmp_path / "report.json"
     code, text = run(
         capsys,
-        "eval",
-        *FAST,
-        "--env",
-        "keys_down",
-        "env.template=action",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "4",
-        "plugins.keys_down.fail_task=1",
-        "max_env_error_rate=0.5",
-        "--report",
-        str(report),
+        *keys_eval(
+            4, "plugins.keys_down.fail_task=1", "max_env_error_rate=0.5", "--report", str(report), env="keys_down"
+        ),
     )
     assert code == 0, text
     assert "env errors: 1 of 4 episodes failed in the env 'keys_down'" in text
@@ -85,21 +63,7 @@ def test_under_the_share_the_run_succeeds_and_says_why_episodes_failed(down_env,
 
 def test_eval_past_the_share_exits_2_naming_the_reasons(down_env, tmp_path, capsys):
     report = tmp_path / "report.json"
-    code, text = run(
-        capsys,
-        "eval",
-        *FAST,
-        "--env",
-        "keys_down",
-        "env.template=action",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "4",
-        "plugins.keys_down.fail_task=1",
-        "--report",
-        str(report),
-    )
+    code, text = run(capsys, *keys_eval(4, "plugins.keys_down.fail_task=1", "--report", str(report), env="keys_down"))
     assert code == 2 and "1 of 4 episodes (25%) failed in the env 'keys_down'" in text
     assert "connection refused (task 1)" in text
     assert report.exists()  # the report lists them
@@ -110,14 +74,9 @@ def test_every_episode_failing_says_so_without_the_zero_reward_advice(fake_plugi
         warnings.simplefilter("always")
         code, text = run(
             capsys,
-            *EXPERT,
-            "--num-tasks",
-            "1",
-            "--group-size",
-            "8",
-            "plugins.keys.fail_task=0",
-            "-o",
-            str(tmp_path / "t.parquet"),
+            *keys_rollout(
+                1, "--expert", "--group-size", "8", "plugins.keys.fail_task=0", "-o", str(tmp_path / "t.parquet")
+            ),
         )
     assert code == 2 and "every episode failed in the keys expert" in text and "chest 0 exploded" in text
     assert not [w for w in caught if "all rewards are 0" in str(w.message)]
@@ -125,7 +84,7 @@ def test_every_episode_failing_says_so_without_the_zero_reward_advice(fake_plugi
 
 
 def test_a_bad_share_is_refused_before_any_episode(fake_plugins, tmp_path, capsys):
-    code, text = run(capsys, *EXPERT, "--num-tasks", "1", "max_env_error_rate=2", "-o", str(tmp_path / "t.parquet"))
+    code, text = run(capsys, *keys_rollout(1, "--expert", "max_env_error_rate=2", "-o", str(tmp_path / "t.parquet")))
     assert code == 2 and "max_env_error_rate must be a share between 0 and 1, got 2.0" in text
     assert not (tmp_path / "t.parquet").exists()
 

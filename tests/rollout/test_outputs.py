@@ -7,16 +7,13 @@ import json
 import pytest
 
 from omrl.cli import main
-
-FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
+from tests.helpers import cli_exit, keys_eval, keys_rollout
 
 
 def refused(capsys, *args: str) -> str:
     """Run the real CLI; it must exit 2 with one line on stderr, which is returned (whitespace joined)."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    code, _, err = cli_exit(capsys, *args)
+    assert code == 2
     assert "Traceback" not in err and "bug in omrl" not in err
     return " ".join(err.split())
 
@@ -41,21 +38,7 @@ def snapshot(folder):
 
 def test_rollout_refuses_an_output_named_like_its_readable_jsonl(fake_plugins, tmp_path, capsys):
     out = tmp_path / "expert.jsonl"
-    message = refused(
-        capsys,
-        "rollout",
-        "--env",
-        "keys",
-        "--template",
-        "action",
-        "--model",
-        "tiny",
-        "--expert",
-        "--num-tasks",
-        "1",
-        "-o",
-        str(out),
-    )
+    message = refused(capsys, *keys_rollout(1, "--expert", "-o", str(out)))
     assert f"--output {out} names the readable JSONL" in message and "expert.parquet" in message
     assert not out.exists()
 
@@ -64,21 +47,7 @@ def test_rollout_refuses_to_write_into_a_runs_rollouts(fake_plugins, run_dir, ca
     step = run_dir / "rollouts" / "step-00000001.parquet"
     step.write_bytes(b"the run's own trajectories")
     before = snapshot(run_dir)
-    message = refused(
-        capsys,
-        "rollout",
-        "--env",
-        "keys",
-        "--template",
-        "action",
-        "--model",
-        "tiny",
-        "--expert",
-        "--num-tasks",
-        "1",
-        "-o",
-        str(step),
-    )
+    message = refused(capsys, *keys_rollout(1, "--expert", "-o", str(step)))
     assert "inside the run's rollouts/" in message
     assert snapshot(run_dir) == before
 
@@ -86,20 +55,7 @@ def test_rollout_refuses_to_write_into_a_runs_rollouts(fake_plugins, run_dir, ca
 @pytest.mark.parametrize("name", ["model.safetensors", "metrics.jsonl", "config.yaml", "config.json"])
 def test_eval_refuses_a_report_over_a_runs_files_before_loading_anything(fake_plugins, run_dir, capsys, name):
     before = snapshot(run_dir)
-    message = refused(
-        capsys,
-        "eval",
-        *FAST,
-        "--env",
-        "keys",
-        "env.template=action",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "1",
-        "--report",
-        str(run_dir / name),
-    )
+    message = refused(capsys, *keys_eval(1, "--report", str(run_dir / name)))
     assert f"--report {run_dir / name} is" in message and "would destroy it" in message
     assert snapshot(run_dir) == before
 
@@ -150,37 +106,18 @@ def test_data_convert_refuses_the_source_and_a_runs_files(run_dir, tmp_path, cap
     assert snapshot(run_dir) == before
 
 
-def test_rm_eval_refuses_a_report_over_the_reward_models_weights(run_dir, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "command, flag, target, expected",
+    [
+        ("eval", "--report", "model.safetensors", "model weights"),  # a report over the reward model's weights
+        ("train", "--output-dir", ".", "output_dir {run} overlaps the input --model"),  # a run over its base model
+    ],
+)
+def test_rm_refuses_to_write_over_its_model(run_dir, tmp_path, capsys, command, flag, target, expected):
     before = snapshot(run_dir)
-    message = refused(
-        capsys,
-        "rm",
-        "eval",
-        "--model",
-        str(run_dir),
-        "--data",
-        str(tmp_path / "held_out.parquet"),
-        "--report",
-        str(run_dir / "model.safetensors"),
-    )
-    assert "model weights" in message
-    assert snapshot(run_dir) == before
-
-
-def test_rm_train_refuses_an_output_dir_that_is_its_base_model(run_dir, tmp_path, capsys):
-    before = snapshot(run_dir)
-    message = refused(
-        capsys,
-        "rm",
-        "train",
-        "--model",
-        str(run_dir),
-        "--data",
-        str(tmp_path / "d.parquet"),
-        "--output-dir",
-        str(run_dir),
-    )
-    assert f"output_dir {run_dir} overlaps the input --model" in message
+    data = tmp_path / "d.parquet"
+    message = refused(capsys, "rm", command, "--model", str(run_dir), "--data", str(data), flag, str(run_dir / target))
+    assert expected.format(run=run_dir) in message
     assert snapshot(run_dir) == before
 
 

@@ -14,10 +14,10 @@ from omrl.cli import main
 from omrl.config import load_config, to_dict, to_yaml
 from omrl.config.options import EvalRunConfig, TrainRunConfig
 from omrl.training import checkpoint as ckpt
+from tests.helpers import gridworld_grpo_config, keys_eval
 
 SECRET = "s3cret-tok-9f2c"
 REDACTED = "<redacted>"  # what a secret becomes in a written file
-FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
 
 
 def run_cli(*args: str) -> None:
@@ -62,20 +62,7 @@ def test_the_config_written_is_redacted_and_the_live_one_is_not():
 
 def test_the_eval_report_and_its_page_hold_no_secret(fake_plugins, tmp_path):
     report, page = tmp_path / "report.json", tmp_path / "page.html"
-    run_cli(
-        "eval",
-        *FAST,
-        "--env",
-        "keys",
-        "env.template=action",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "1",
-        f"plugins.agentgym.token={SECRET}",
-        "--report",
-        str(report),
-    )
+    run_cli(*keys_eval(1, f"plugins.agentgym.token={SECRET}", "--report", str(report)))
     assert json.loads(report.read_text())["config"]["plugins"]["agentgym"]["token"] == REDACTED
     run_cli("view", str(report), "--out", str(page))
     assert SECRET not in report.read_text() and SECRET not in page.read_text()
@@ -129,26 +116,18 @@ def test_a_training_run_writes_no_secret_and_resumes_with_a_new_one(tiny_model_d
     out = tmp_path / "run"
 
     def config(token: str) -> TrainRunConfig:
-        return load_config(
-            TrainRunConfig,
-            "grpo",
-            [
-                f"model.name={tiny_model_dir}",
-                "env.name=gridworld",
-                "env.max_turns=2",
-                "generation.max_new_tokens=4",
-                "generation.max_context=512",
-                f"logging.output_dir={out}",
-                "logging.tensorboard=false",
-                "steps=2",
-                "tasks_per_step=1",
-                "group_size=2",
-                "eval_tasks=1",
-                "reward.weights={goal: 1.0}",
-                "logging.save_steps=1",
-                "optim.micro_batch_size=4",
-                f"plugins.agentgym.token={token}",
-            ],
+        return gridworld_grpo_config(
+            tiny_model_dir,
+            out,
+            "generation.max_new_tokens=4",
+            "steps=2",
+            "tasks_per_step=1",
+            "group_size=2",
+            "eval_tasks=1",
+            "reward.weights={goal: 1.0}",
+            "logging.save_steps=1",
+            "optim.micro_batch_size=4",
+            f"plugins.agentgym.token={token}",
         )
 
     def stop_after_one(step, metrics):

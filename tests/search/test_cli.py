@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
-from omrl.cli import build_app, main
 from omrl.data import read_episodes
+from tests.helpers import cli_exit, eval_report, invoke
 
 FAST = [
     "generation.max_new_tokens=4",
@@ -21,16 +20,9 @@ FAST = [
 ]
 
 
-def invoke(*args: str):
-    result = CliRunner().invoke(build_app(), list(args))
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
-
-
-def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
-    out = tmp_path / "beam.parquet"
-    result = invoke(
+def beam_rollout(out) -> object:
+    """``omrl rollout --strategy beam`` (width 1, branch 2, budget 40) on 2 chest tasks into ``out``: its result."""
+    return invoke(
         "rollout",
         *FAST,
         "--template",
@@ -46,6 +38,11 @@ def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
         "-o",
         str(out),
     )
+
+
+def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
+    out = tmp_path / "beam.parquet"
+    result = beam_rollout(out)
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
     assert {ep.group for ep in episodes} == {0, 1} and len(episodes) >= 4  # at least two paths per tree
@@ -59,25 +56,7 @@ def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
 def test_sft_reads_a_search_file_as_it_reads_chains(chest_plugins, tiny_model_dir, tmp_path):
     """A tree's paths are ordinary episodes: ``omrl sft`` trains on a search's parquet unchanged."""
     trees = tmp_path / "beam.parquet"
-    assert (
-        invoke(
-            "rollout",
-            *FAST,
-            "--template",
-            "chest-action",
-            "--num-tasks",
-            "2",
-            "--strategy",
-            "beam",
-            "--budget",
-            "40",
-            "plugins.beam.width=1",
-            "plugins.beam.branch=2",
-            "-o",
-            str(trees),
-        ).exit_code
-        == 0
-    )
+    assert beam_rollout(trees).exit_code == 0
     out = tmp_path / "sft"
     result = invoke(
         "sft",
@@ -98,8 +77,8 @@ def test_sft_reads_a_search_file_as_it_reads_chains(chest_plugins, tiny_model_di
 
 
 def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path):
-    report = tmp_path / "report.json"
-    result = invoke(
+    _, data = eval_report(
+        tmp_path,
         "eval",
         *FAST,
         "env.template=chest-action",
@@ -110,11 +89,7 @@ def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path
         "--budget",
         "48",
         "plugins.best_of_n.n=3",
-        "--report",
-        str(report),
     )
-    assert result.exit_code == 0, result.output
-    data = json.loads(report.read_text())
     metrics = data["metrics"]
     assert metrics["episodes"] == 2  # one answer per task
     assert metrics["search/strategy"] == "best_of_n" and metrics["search/budget_per_task"] == 48
@@ -134,21 +109,18 @@ def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path
     ],
 )
 def test_bad_strategy_input_is_one_line(chest_plugins, capsys, tmp_path, args, message):
-    with pytest.raises(SystemExit) as exit_info:
-        main(
-            [
-                "rollout",
-                *FAST,
-                "--template",
-                "chest-action",
-                "--num-tasks",
-                "1",
-                *args,
-                "-o",
-                str(tmp_path / "x.parquet"),
-            ]
-        )
-    assert exit_info.value.code != 0
-    err = capsys.readouterr().err
+    code, _, err = cli_exit(
+        capsys,
+        "rollout",
+        *FAST,
+        "--template",
+        "chest-action",
+        "--num-tasks",
+        "1",
+        *args,
+        "-o",
+        str(tmp_path / "x.parquet"),
+    )
+    assert code != 0
     assert message in " ".join(err.split()) and "Traceback" not in err
     assert sum("error" in line for line in err.splitlines()) == 1, err

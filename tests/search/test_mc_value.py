@@ -6,9 +6,7 @@ from __future__ import annotations
 import doctest
 
 import pytest
-from typer.testing import CliRunner
 
-from omrl.cli import build_app, main
 from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig
 from omrl.data import Episode, Turn, read_episodes, write_episodes
@@ -19,6 +17,7 @@ from omrl.rollout import EnvPool, RolloutLimits, RolloutSession
 from omrl.search import SearchContext, play_strategy, run_strategy
 from omrl_plugins.strategies.common import first_leaf
 from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend
+from tests.helpers import cli_exit, invoke
 
 K = 2
 TURNS = 3  # env.max_turns: the tiny model's replies never parse, so every episode runs to it
@@ -125,19 +124,8 @@ def test_written_paths_carry_node_ids_and_give_each_node_its_leaves(session, tmp
 
 def test_omrl_rollout_writes_the_trees_and_marks_the_spine_as_the_answer(tmp_path):
     out = tmp_path / "mc.parquet"
-    result = CliRunner().invoke(
-        build_app(),
-        [
-            "rollout",
-            *GRIDWORLD,
-            "--num-tasks",
-            "2",
-            "--strategy",
-            "mc_value",
-            f"plugins.mc_value.k={K}",
-            "-o",
-            str(out),
-        ],
+    result = invoke(
+        "rollout", *GRIDWORLD, "--num-tasks", "2", "--strategy", "mc_value", f"plugins.mc_value.k={K}", "-o", str(out)
     )
     assert result.exit_code == 0, result.output
     episodes = read_episodes(out)
@@ -274,22 +262,19 @@ def test_greedy_decoding_is_fine_with_one_completion_and_the_expert_is_refused(t
 
 
 def test_a_bad_k_on_the_command_line_is_one_error_line(capsys, tmp_path):
-    with pytest.raises(SystemExit) as exit_info:
-        main(
-            [
-                "rollout",
-                *GRIDWORLD,
-                "--num-tasks",
-                "1",
-                "--strategy",
-                "mc_value",
-                "plugins.mc_value.k=0",
-                "-o",
-                str(tmp_path / "x.parquet"),
-            ]
-        )
-    assert exit_info.value.code != 0
-    err = capsys.readouterr().err
+    code, _, err = cli_exit(
+        capsys,
+        "rollout",
+        *GRIDWORLD,
+        "--num-tasks",
+        "1",
+        "--strategy",
+        "mc_value",
+        "plugins.mc_value.k=0",
+        "-o",
+        str(tmp_path / "x.parquet"),
+    )
+    assert code != 0
     assert "mc_value option k=0 is invalid; valid: a whole number >= 1" in " ".join(err.split())
     assert "Traceback" not in err and sum("error" in line.lower() for line in err.splitlines()) == 1, err
     assert not (tmp_path / "x.parquet").exists()

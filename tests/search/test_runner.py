@@ -28,6 +28,19 @@ def context(tokenizer, backend, strategy, env_class=ChestEnv, options=None, **se
     )
 
 
+def chain_rollout(tokenizer, backend, task_ids, limits, **options):
+    """The chain rollout (:func:`collect`) of ``task_ids`` of the chest env with the action template."""
+    return collect(
+        EnvPool(ChestEnv, name="chest"),
+        ActionTemplate(),
+        tokenizer,
+        task_ids,
+        backend=backend,
+        limits=limits,
+        **options,
+    )
+
+
 def same_episode(a, b):
     """Equal in every played number (node ids and search notes aside)."""
     assert a.token_ids == b.token_ids
@@ -45,16 +58,7 @@ def test_best_of_n_samples_exactly_what_the_chain_rollout_samples(tiny_hf):
     model, tokenizer = tiny_hf
     backend = HFBackend(model, tokenizer, batch_size=8)
     limits = RolloutLimits(max_new_tokens=6, max_context=1024, max_turns=3)
-    chains = collect(
-        EnvPool(ChestEnv, name="chest"),
-        ActionTemplate(),
-        tokenizer,
-        [0, 1],
-        backend=backend,
-        limits=limits,
-        group_size=2,
-        seed=3,
-    )
+    chains = chain_rollout(tokenizer, backend, [0, 1], limits, group_size=2, seed=3)
     ctx = context(tokenizer, backend, "best_of_n", options={"n": 2}, limits=limits, seed=3)
     trees = run_strategy(ctx, [0, 1])
     searched = [ep for tree in trees for ep in tree.episodes()]
@@ -69,16 +73,7 @@ def test_chain_is_the_chain_rollout(tiny_hf):
     model, tokenizer = tiny_hf
     backend = HFBackend(model, tokenizer, batch_size=8)
     limits = RolloutLimits(max_new_tokens=6, max_context=1024, max_turns=2)
-    played = collect(
-        EnvPool(ChestEnv, name="chest"),
-        ActionTemplate(),
-        tokenizer,
-        [2, 3],
-        backend=backend,
-        limits=limits,
-        group_size=2,
-        seed=5,
-    )
+    played = chain_rollout(tokenizer, backend, [2, 3], limits, group_size=2, seed=5)
     trees = run_strategy(context(tokenizer, backend, "chain", limits=limits, seed=5, group_size=2), [2, 3])
     for a, b in zip([ep for tree in trees for ep in tree.episodes()], played):
         same_episode(a, b)
@@ -99,14 +94,8 @@ def test_every_branch_of_a_beam_is_laid_out_exactly_as_a_chain(tiny_tokenizer):
     for ep in paths:
         replies = [ep.token_ids[t.span[0] : t.span[1]] for t in ep.turns]
         replay = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt, r=replies: r[call])
-        (chain,) = collect(
-            EnvPool(ChestEnv, name="chest"),
-            ActionTemplate(),
-            tiny_tokenizer,
-            [ep.task_id],
-            backend=replay,
-            limits=RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=len(replies)),
-        )
+        limits = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=len(replies))
+        (chain,) = chain_rollout(tiny_tokenizer, replay, [ep.task_id], limits)
         assert chain.token_ids == ep.token_ids[: len(chain.token_ids)]
         if ep.end_reason != "pruned":  # a pruned path stops before the next prompt's increment
             assert chain.token_ids == ep.token_ids

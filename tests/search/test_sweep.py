@@ -8,11 +8,10 @@ import json
 import math
 
 import pytest
-from typer.testing import CliRunner
 
-from omrl.cli import build_app, main
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
+from tests.helpers import cli_exit, invoke
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n"
 # short replies and episodes keep every cell to a fraction of a second; sampling, as search needs
@@ -29,11 +28,20 @@ FAST = [
 ]
 
 
-def invoke(*args: str):
-    result = CliRunner().invoke(build_app(), list(args))
-    if result.exception and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+def best_of_n_sweep(out, budgets: str, *args: str):
+    """``omrl sweep`` of best_of_n (n=2) at ``budgets`` (comma-separated) into ``out``, then ``args``: its result."""
+    return invoke(
+        "sweep",
+        *FAST,
+        "--strategies",
+        "best_of_n",
+        "--budgets",
+        budgets,
+        "-o",
+        str(out),
+        "plugins.best_of_n.n=2",
+        *args,
+    )
 
 
 def cells(out) -> dict:
@@ -81,14 +89,10 @@ def test_sweep_writes_one_cell_per_strategy_and_budget_and_a_png(tmp_path):
 
 def test_a_sweep_run_again_plays_only_the_new_cells(tmp_path):
     out = tmp_path / "sweep"
-    first = invoke(
-        "sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16", "-o", str(out), "plugins.best_of_n.n=2"
-    )
+    first = best_of_n_sweep(out, "16")
     assert first.exit_code == 0, first.output
     before = cells(out)[("best_of_n", 16)]
-    again = invoke(
-        "sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16,24", "-o", str(out), "plugins.best_of_n.n=2"
-    )
+    again = best_of_n_sweep(out, "16,24")
     assert again.exit_code == 0, again.output
     assert "1 cells done, 1 to play" in again.output
     after = cells(out)
@@ -96,34 +100,9 @@ def test_a_sweep_run_again_plays_only_the_new_cells(tmp_path):
     assert after[("best_of_n", 16)] == before  # kept as it was, wall time included: not played again
     # another setting (here the seed) would mix two sweeps in one file: refused, naming what differs
     with pytest.raises(ConfigError, match=r"holds a sweep with other settings \(seed: 0 there, 1 now\)"):
-        invoke(
-            "sweep",
-            *FAST,
-            "--strategies",
-            "best_of_n",
-            "--budgets",
-            "32",
-            "--seed",
-            "1",
-            "-o",
-            str(out),
-            "plugins.best_of_n.n=2",
-        )
+        best_of_n_sweep(out, "32", "--seed", "1")
     assert set(cells(out)) == {("best_of_n", 16), ("best_of_n", 24)}
-    fresh = invoke(
-        "sweep",
-        *FAST,
-        "--strategies",
-        "best_of_n",
-        "--budgets",
-        "32",
-        "--seed",
-        "1",
-        "-o",
-        str(out),
-        "plugins.best_of_n.n=2",
-        "resume=false",
-    )
+    fresh = best_of_n_sweep(out, "32", "--seed", "1", "resume=false")
     assert fresh.exit_code == 0, fresh.output
     assert set(cells(out)) == {("best_of_n", 32)}
 
@@ -143,22 +122,20 @@ class Interrupting:
 
 def test_an_interrupted_sweep_keeps_its_finished_cells_and_says_how_to_go_on(register_plugin, capsys, tmp_path):
     register_plugin(Interrupting(), name="interrupting-strategy")
-    with pytest.raises(SystemExit) as exit_info:
-        main(
-            [
-                "sweep",
-                *FAST,
-                "--strategies",
-                "best_of_n,interrupting",
-                "--budgets",
-                "16",
-                "-o",
-                str(tmp_path),
-                "plugins.best_of_n.n=2",
-            ]
-        )
-    assert exit_info.value.code == 130
-    err = " ".join(capsys.readouterr().err.split())
+    code, _, err = cli_exit(
+        capsys,
+        "sweep",
+        *FAST,
+        "--strategies",
+        "best_of_n,interrupting",
+        "--budgets",
+        "16",
+        "-o",
+        str(tmp_path),
+        "plugins.best_of_n.n=2",
+    )
+    assert code == 130
+    err = " ".join(err.split())
     assert "interrupted during interrupting @ 16 tokens; the 1 finished cells are in" in err
     assert set(cells(tmp_path)) == {("best_of_n", 16)}  # whole JSON, the finished cell in it
     assert (tmp_path / "sweep.png").read_bytes().startswith(PNG_HEADER)
@@ -183,39 +160,37 @@ def test_an_interrupted_sweep_keeps_its_finished_cells_and_says_how_to_go_on(reg
     ],
 )
 def test_bad_sweep_input_is_one_line_and_plays_nothing(capsys, tmp_path, args, message):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["sweep", *FAST, "--strategies", "chain,beam", "--budgets", "16", "-o", str(tmp_path), *args])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    code, _, err = cli_exit(
+        capsys, "sweep", *FAST, "--strategies", "chain,beam", "--budgets", "16", "-o", str(tmp_path), *args
+    )
+    assert code == 2
     assert message in " ".join(err.split()) and "Traceback" not in err
     assert not (tmp_path / "sweep.json").exists()
 
 
 def test_a_strategy_the_env_cannot_fork_for_fails_before_any_cell_plays(chest_plugins, capsys, tmp_path):
     # chain (which needs no fork) comes first: without the check up front it would play and be written
-    with pytest.raises(SystemExit) as exit_info:
-        main(
-            [
-                "sweep",
-                "--env",
-                "chest-plain",
-                "env.template=chest-action",
-                "--model",
-                "tiny",
-                "--num-tasks",
-                "1",
-                "--strategies",
-                "chain,best_of_n,mcts",
-                "--budgets",
-                "8",
-                "generation.max_new_tokens=4",
-                "generation.temperature=1.0",
-                "-o",
-                str(tmp_path),
-            ]
-        )
-    assert exit_info.value.code == 2
-    err = " ".join(capsys.readouterr().err.split())
+    code, _, err = cli_exit(
+        capsys,
+        "sweep",
+        "--env",
+        "chest-plain",
+        "env.template=chest-action",
+        "--model",
+        "tiny",
+        "--num-tasks",
+        "1",
+        "--strategies",
+        "chain,best_of_n,mcts",
+        "--budgets",
+        "8",
+        "generation.max_new_tokens=4",
+        "generation.temperature=1.0",
+        "-o",
+        str(tmp_path),
+    )
+    assert code == 2
+    err = " ".join(err.split())
     assert "strategy 'mcts' branches episodes, but env 'chest-plain' (PlainChestEnv) cannot copy one" in err
     assert "neither snapshot()/restore() nor deterministic = True" in err
     assert not (tmp_path / "sweep.json").exists()

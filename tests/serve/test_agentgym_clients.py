@@ -49,6 +49,15 @@ class Client:
         assert res.status_code == 200, res.text
         return res.json()
 
+    def _create(self, body: dict[str, Any] | None = None) -> Any:
+        """POST /create, as each client's constructor does; the answer."""
+        ok = self.http.post(f"{self.base}/create", json=body)
+        assert ok.status_code == 200, ok.text
+        return ok.json()
+
+    def observe(self) -> str:
+        return self.info["observation"]
+
     def expert(self) -> str:
         """Not a client call: the action an agent would reply with, from the served env's expert."""
         return self._get("expert_action")["action"]
@@ -57,15 +66,9 @@ class Client:
 class TextCraftClient(Client):
     def __init__(self, http, base):
         super().__init__(http, base)
-        dir_info = {"minecraft_dir": "agentenv_textcraft/", "commands": None, "goal": None}
-        ok = http.post(f"{base}/create", json=dir_info)
-        assert ok.status_code == 200, ok.text
-        ok = ok.json()
+        ok = self._create({"minecraft_dir": "agentenv_textcraft/", "commands": None, "goal": None})
         self.env_id = ok["id"]
         self.info = {"observation": ok["observation"], "reward": 0, "done": False}
-
-    def observe(self) -> str:
-        return self.info["observation"]
 
     def step(self, action: str) -> StepOutput:
         response = self._post("step", {"action": action})
@@ -84,31 +87,20 @@ class TextCraftClient(Client):
 class BabyAIClient(Client):
     def __init__(self, http, base):
         super().__init__(http, base)
-        ok = http.post(f"{base}/create")
-        assert ok.status_code == 200, ok.text
-        self.env_id = ok.json()["id"]
+        self.env_id = self._create()["id"]
 
-    def observe(self) -> str:
-        return self.info["observation"]
+    def _keep(self, response: dict[str, Any]) -> None:
+        """What the client keeps of a step's or a reset's answer."""
+        self.info = {key: response[key] for key in ("observation", "reward", "score", "done")}
 
     def step(self, action: str) -> StepOutput:
         response = self._post("step", {"action": action})
-        self.info = {
-            "observation": response["observation"],
-            "reward": response["reward"],
-            "score": response["score"],
-            "done": response["done"],
-        }
+        self._keep(response)
         return StepOutput(response["observation"], response["score"], response["done"])  # the score is its reward
 
     def reset(self, data_idx: int = 0) -> dict:
         response = self._post("reset", {"data_idx": data_idx})
-        self.info = {
-            "observation": response["observation"],
-            "reward": response["reward"],
-            "score": response["score"],
-            "done": response["done"],
-        }
+        self._keep(response)
         return response
 
 
@@ -127,9 +119,7 @@ class SciWorldClient(BabyAIClient):
 class ALFWorldClient(Client):
     def __init__(self, http, base):
         super().__init__(http, base)
-        ok = http.post(f"{base}/create")
-        assert ok.status_code == 200, ok.text
-        self.env_id = ok.json()["id"]
+        self.env_id = self._create()["id"]
         self.info = None
 
     def observe(self) -> str:
@@ -166,13 +156,8 @@ class MazeClient(Client):
 
     def __init__(self, http, base):
         super().__init__(http, base)
-        ok = http.post(f"{base}/create")
-        assert ok.status_code == 200, ok.text
-        self.env_id = ok.json()["id"]
+        self.env_id = self._create()["id"]
         self.info = {"reward": 0, "done": False}
-
-    def observe(self) -> str:
-        return self.info["observation"]
 
     def step(self, action: str) -> StepOutput:
         response = self._post("step", {"action": action})
@@ -203,9 +188,7 @@ class WebShopClient(Client):
 
     def __init__(self, http, base):
         super().__init__(http, base)
-        ok = http.post(f"{base}/create")
-        assert ok.status_code == 200, ok.text
-        self.env_id = ok.json()
+        self.env_id = self._create()
 
     def observe(self) -> str:
         return self._get("observation")
@@ -239,20 +222,14 @@ def play(client: Client, turns: int) -> list[StepOutput]:
 
 def split(name: str, split_name: str):
     """The task ids of a split of env ``name``."""
-    env = open_env(name)
-    try:
+    with contextlib.closing(open_env(name)) as env:
         return env.split_of(split_name)
-    finally:
-        env.close()
 
 
 def opening(name: str, task_id: int):
     """The env's own first observation of ``task_id``, played locally."""
-    env = open_env(name)
-    try:
+    with contextlib.closing(open_env(name)) as env:
         return env.reset(task_id)
-    finally:
-        env.close()
 
 
 @pytest.fixture(scope="module")

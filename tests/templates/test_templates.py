@@ -11,7 +11,7 @@ from omrl import registry
 from omrl.chat import next_turn_ids, render
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import TemplateError
-from tests.fakes import OneTaskEnv
+from tests.fakes import OneTaskEnv, tool
 
 
 class FakeShop(OneTaskEnv):
@@ -19,16 +19,8 @@ class FakeShop(OneTaskEnv):
 
     action_help = "Actions: search[keywords] or click[value]."
     tools = [
-        {
-            "name": "search",
-            "description": "Search the shop.",
-            "parameters": {"type": "object", "properties": {"keywords": {"type": "string"}}, "required": ["keywords"]},
-        },
-        {
-            "name": "click",
-            "description": "Click a button.",
-            "parameters": {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]},
-        },
+        tool("search", "Search the shop.", ["keywords"], keywords={"type": "string"}),
+        tool("click", "Click a button.", ["value"], value={"type": "string"}),
     ]
 
 
@@ -66,114 +58,94 @@ def test_builtin_templates_register_through_the_entry_point():
         assert registry.templates.component(name).distribution == "omrl"
 
 
-# (template, env, reply, expected action, expected format_ok)
-CASES = [
-    # react: good
-    ("react", SHOP, "Think: find shoes first\nAct: search[red shoes]", "search[red shoes]", True),
-    ("react", SHOP, "Think:\nAct: click[Buy Now]", "click[Buy Now]", True),
-    (
-        "react",
-        ROOM,
-        "Think: need a list\nAct: bash\n```bash\nls -1 /etc | wc -l\n```",
-        "bash\n```bash\nls -1 /etc | wc -l\n```",
-        True,
-    ),
-    # react: sloppy
-    ("react", SHOP, "search[red shoes]", "search[red shoes]", False),
-    ("react", SHOP, "Thought: buy it\nAction: click[Buy Now]", "click[Buy Now]", False),
-    ("react", SHOP, "**Think:** ok\n**Act:** click[Buy Now]", "click[Buy Now]", False),
-    ("react", SHOP, "Think: ok Act: click[Buy Now]", "click[Buy Now]", False),
-    ("react", SHOP, "Think: ok\nAct: click[a]\nObservation: you clicked a", "click[a]", False),
-    ("react", SHOP, "Think: ok\nAct: `click[a]`", "click[a]", False),
-    ("react", SHOP, "Think: ok\nAct:\nclick[a]", "click[a]", False),
-    ("react", SHOP, "Act: click[a]", "click[a]", False),
-    ("react", ROOM, "I will look around.\nGo North", "go north", False),
-    # react: garbage
-    ("react", SHOP, "I really do not know what to do here.", None, False),
-    ("react", SHOP, "", None, False),
-    ("react", SHOP, "Think: hmm\nAct:", None, False),
-    # xml: good
-    ("xml", SHOP, "<think>find shoes</think>\n<action>search[red shoes]</action>", "search[red shoes]", True),
-    ("xml", SHOP, "<think></think><action>click[Buy Now]</action>", "click[Buy Now]", True),
-    # xml: sloppy
-    ("xml", SHOP, "<action>click[Buy Now]</action>", "click[Buy Now]", False),
-    ("xml", SHOP, "<think>ok</think><action>click[Buy Now]", "click[Buy Now]", False),
-    ("xml", SHOP, "<think>ok</think><action>click[a]</action><action>click[b]</action>", "click[a]", False),
-    ("xml", SHOP, "Sure! <think>ok</think><action>click[a]</action>", "click[a]", False),
-    ("xml", SHOP, "<think>ok</think>\nclick[a]", "click[a]", False),
-    # xml: garbage
-    ("xml", SHOP, "<think>only thinking</think>", None, False),
-    ("xml", SHOP, "<think>x</think><action> </action>", None, False),
-    ("xml", SHOP, "", None, False),
-    # tool_call: good
-    (
-        "tool_call",
-        SHOP,
-        '<tool_call>\n{"name": "search", "arguments": {"keywords": "red shoes"}}\n</tool_call>',
-        "search[red shoes]",
-        True,
-    ),
-    (
-        "tool_call",
-        SHOP,
-        'I should buy.\n<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}</tool_call>',
-        "click[Buy Now]",
-        True,
-    ),
-    (
-        "tool_call",
-        ROOM,
-        '<tool_call>{"name": "act", "arguments": {"action": "go north"}}</tool_call>',
-        "go north",
-        True,
-    ),
-    # tool_call: sloppy
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}', "click[Buy Now]", False),
-    ("tool_call", SHOP, '{"name": "click", "arguments": {"value": "Buy Now"}}', "click[Buy Now]", False),
-    (
-        "tool_call",
-        SHOP,
-        '<tool_call>{"name": "click", "arguments": "{\\"value\\": \\"a\\"}"}</tool_call>',
-        "click[a]",
-        False,
-    ),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "parameters": {"value": "a"}}</tool_call>', "click[a]", False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": 3}}</tool_call>', "click[3]", False),
-    (
-        "tool_call",
-        SHOP,
-        '<tool_call>{"name": "click", "arguments": {"value": "a"}} oops</tool_call>',
-        "click[a]",
-        False,
-    ),
-    (
-        "tool_call",
-        SHOP,
-        '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call>\n'
-        '<tool_call>{"name": "click", "arguments": {"value": "b"}}</tool_call>',
-        "click[a]",
-        False,
-    ),
-    (
-        "tool_call",
-        SHOP,
-        '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call> and more',
-        "click[a]",
-        False,
-    ),
-    # tool_call: garbage
-    ("tool_call", SHOP, "I will click the button.", None, False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", arguments}</tool_call>', None, False),
-    ("tool_call", SHOP, '<tool_call>{"name": "buy", "arguments": {}}</tool_call>', None, False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"button": "a"}}</tool_call>', None, False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a", "x": 1}}</tool_call>', None, False),
-    ("tool_call", SHOP, '<tool_call>["click", "a"]</tool_call>', None, False),
-    ("tool_call", SHOP, '<tool_call>{"name": "click", "arguments": {"value": ["a"]}}</tool_call>', None, False),
-    ("tool_call", ROOM, '<tool_call>{"name": "act", "arguments": {"action": "  "}}</tool_call>', None, False),
-]
+# for each template: (env, reply, expected action, expected format_ok)
+CASES = {
+    "react": [
+        # good
+        (SHOP, "Think: find shoes first\nAct: search[red shoes]", "search[red shoes]", True),
+        (SHOP, "Think:\nAct: click[Buy Now]", "click[Buy Now]", True),
+        (
+            ROOM,
+            "Think: need a list\nAct: bash\n```bash\nls -1 /etc | wc -l\n```",
+            "bash\n```bash\nls -1 /etc | wc -l\n```",
+            True,
+        ),
+        # sloppy
+        (SHOP, "search[red shoes]", "search[red shoes]", False),
+        (SHOP, "Thought: buy it\nAction: click[Buy Now]", "click[Buy Now]", False),
+        (SHOP, "**Think:** ok\n**Act:** click[Buy Now]", "click[Buy Now]", False),
+        (SHOP, "Think: ok Act: click[Buy Now]", "click[Buy Now]", False),
+        (SHOP, "Think: ok\nAct: click[a]\nObservation: you clicked a", "click[a]", False),
+        (SHOP, "Think: ok\nAct: `click[a]`", "click[a]", False),
+        (SHOP, "Think: ok\nAct:\nclick[a]", "click[a]", False),
+        (SHOP, "Act: click[a]", "click[a]", False),
+        (ROOM, "I will look around.\nGo North", "go north", False),
+        # garbage
+        (SHOP, "I really do not know what to do here.", None, False),
+        (SHOP, "", None, False),
+        (SHOP, "Think: hmm\nAct:", None, False),
+    ],
+    "xml": [
+        # good
+        (SHOP, "<think>find shoes</think>\n<action>search[red shoes]</action>", "search[red shoes]", True),
+        (SHOP, "<think></think><action>click[Buy Now]</action>", "click[Buy Now]", True),
+        # sloppy
+        (SHOP, "<action>click[Buy Now]</action>", "click[Buy Now]", False),
+        (SHOP, "<think>ok</think><action>click[Buy Now]", "click[Buy Now]", False),
+        (SHOP, "<think>ok</think><action>click[a]</action><action>click[b]</action>", "click[a]", False),
+        (SHOP, "Sure! <think>ok</think><action>click[a]</action>", "click[a]", False),
+        (SHOP, "<think>ok</think>\nclick[a]", "click[a]", False),
+        # garbage
+        (SHOP, "<think>only thinking</think>", None, False),
+        (SHOP, "<think>x</think><action> </action>", None, False),
+        (SHOP, "", None, False),
+    ],
+    "tool_call": [
+        # good
+        (
+            SHOP,
+            '<tool_call>\n{"name": "search", "arguments": {"keywords": "red shoes"}}\n</tool_call>',
+            "search[red shoes]",
+            True,
+        ),
+        (
+            SHOP,
+            'I should buy.\n<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}</tool_call>',
+            "click[Buy Now]",
+            True,
+        ),
+        (ROOM, '<tool_call>{"name": "act", "arguments": {"action": "go north"}}</tool_call>', "go north", True),
+        # sloppy
+        (SHOP, '<tool_call>{"name": "click", "arguments": {"value": "Buy Now"}}', "click[Buy Now]", False),
+        (SHOP, '{"name": "click", "arguments": {"value": "Buy Now"}}', "click[Buy Now]", False),
+        (SHOP, '<tool_call>{"name": "click", "arguments": "{\\"value\\": \\"a\\"}"}</tool_call>', "click[a]", False),
+        (SHOP, '<tool_call>{"name": "click", "parameters": {"value": "a"}}</tool_call>', "click[a]", False),
+        (SHOP, '<tool_call>{"name": "click", "arguments": {"value": 3}}</tool_call>', "click[3]", False),
+        (SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a"}} oops</tool_call>', "click[a]", False),
+        (
+            SHOP,
+            '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call>\n'
+            '<tool_call>{"name": "click", "arguments": {"value": "b"}}</tool_call>',
+            "click[a]",
+            False,
+        ),
+        (SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a"}}</tool_call> and more', "click[a]", False),
+        # garbage
+        (SHOP, "I will click the button.", None, False),
+        (SHOP, '<tool_call>{"name": "click", arguments}</tool_call>', None, False),
+        (SHOP, '<tool_call>{"name": "buy", "arguments": {}}</tool_call>', None, False),
+        (SHOP, '<tool_call>{"name": "click", "arguments": {"button": "a"}}</tool_call>', None, False),
+        (SHOP, '<tool_call>{"name": "click", "arguments": {"value": "a", "x": 1}}</tool_call>', None, False),
+        (SHOP, '<tool_call>["click", "a"]</tool_call>', None, False),
+        (SHOP, '<tool_call>{"name": "click", "arguments": {"value": ["a"]}}</tool_call>', None, False),
+        (ROOM, '<tool_call>{"name": "act", "arguments": {"action": "  "}}</tool_call>', None, False),
+    ],
+}
 
 
-@pytest.mark.parametrize("name, env, reply, action, format_ok", CASES)
+@pytest.mark.parametrize(
+    "name, env, reply, action, format_ok", [(name, *case) for name, cases in CASES.items() for case in cases]
+)
 def test_parse(name, env, reply, action, format_ok):
     parsed = template(name).parse(reply, env)
     assert isinstance(parsed, ParsedAction)
@@ -247,18 +219,13 @@ def test_tool_call_passes_tools_in_the_function_format():
 def test_tool_call_checks_argument_types_and_enums():
     class Dial(FakeShop):
         tools = [
-            {
-                "name": "dial",
-                "description": "Dial a number.",
-                "parameters": {
-                    "type": "object",
-                    "required": ["digits", "mode"],
-                    "properties": {
-                        "digits": {"type": "integer"},
-                        "mode": {"type": "string", "enum": ["tone", "pulse"]},
-                    },
-                },
-            }
+            tool(
+                "dial",
+                "Dial a number.",
+                ["digits", "mode"],
+                digits={"type": "integer"},
+                mode={"type": "string", "enum": ["tone", "pulse"]},
+            )
         ]
 
     tpl, env = template("tool_call"), Dial()
@@ -281,17 +248,7 @@ def test_tool_call_checks_argument_types_and_enums():
 
 def test_tool_call_renders_actions_of_envs_with_their_own_conversion():
     class Grid(FakeShop):
-        tools = [
-            {
-                "name": "move",
-                "description": "Move one cell.",
-                "parameters": {
-                    "type": "object",
-                    "required": ["direction"],
-                    "properties": {"direction": {"type": "string", "enum": ["up", "down"]}},
-                },
-            }
-        ]
+        tools = [tool("move", "Move one cell.", ["direction"], direction={"type": "string", "enum": ["up", "down"]})]
 
         def action_from_tool_call(self, name, arguments):
             return arguments["direction"] if name == "move" else name
@@ -370,13 +327,7 @@ def test_tool_call_with_the_tiny_models_chat_template(tiny_model_dir):
 class Phone(FakeShop):
     """A shop with one integer-argument tool: dial[digits]."""
 
-    tools = [
-        {
-            "name": "dial",
-            "description": "Dial a number.",
-            "parameters": {"type": "object", "properties": {"digits": {"type": "integer"}}, "required": ["digits"]},
-        }
-    ]
+    tools = [tool("dial", "Dial a number.", ["digits"], digits={"type": "integer"})]
 
 
 def dial(args: str) -> str:

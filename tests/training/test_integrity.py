@@ -17,6 +17,7 @@ from omrl.errors import DamagedModelError, WriteFailed
 from omrl.models import MODEL_MANIFEST, load_model, resolve_model_path
 from omrl.training import checkpoint as ckpt
 from omrl.training.model_setup import save_final_model
+from tests.training.helpers import sft_command
 
 TORCH_FULL = RuntimeError(
     "[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file data/0: file write failed"
@@ -44,25 +45,6 @@ def _as_an_older_omrl(path: Path) -> None:
     marker.write_text(marker.read_text().splitlines()[0] + "\n")
 
 
-def _sft(tiny_model_dir, dataset, output_dir, *extra: str) -> list[str]:
-    return [
-        "sft",
-        f"model.name={tiny_model_dir}",
-        "--dataset",
-        str(dataset),
-        "--output-dir",
-        str(output_dir),
-        "--num-train-epochs",
-        "0.5",
-        "--per-device-train-batch-size",
-        "8",
-        "--gradient-accumulation-steps",
-        "1",
-        "logging.tensorboard=false",
-        *extra,
-    ]
-
-
 @pytest.fixture(scope="module")
 def sft_run(tmp_path_factory, tiny_model_dir):
     """A finished one-step SFT run (final model and one checkpoint); tests copy it before changing it."""
@@ -73,7 +55,9 @@ def sft_run(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("sft")
     dataset = root / "agent.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in agent_records()))
-    result = CliRunner().invoke(build_app(), _sft(tiny_model_dir, dataset, root / "run"))
+    result = CliRunner().invoke(
+        build_app(), sft_command(tiny_model_dir, dataset, root / "run", "logging.tensorboard=false")
+    )
     assert result.exit_code == 0, result.output
     return root / "run"
 
@@ -203,7 +187,7 @@ def test_a_full_disk_mid_run_exits_2_saying_so(tiny_model_dir, agent_jsonl, tmp_
 
     monkeypatch.setattr(torch, "save", full)
     with pytest.raises(SystemExit) as info:
-        main(_sft(tiny_model_dir, agent_jsonl, tmp_path / "run"))
+        main(sft_command(tiny_model_dir, agent_jsonl, tmp_path / "run", "logging.tensorboard=false"))
     err = " ".join(capsys.readouterr().err.split())
     assert info.value.code == 2 and "bug in omrl" not in err, err
     assert f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'step-00000001'}: the write failed" in err

@@ -31,16 +31,8 @@ class MovesLeft:
 def test_grpo_raises_the_reward_it_optimises(tmp_path, register_plugin):
     register_plugin(MovesLeft(), name="moves-left")
     example = load_example("learn_gridworld")
-    budget = example.Budget(
-        expert_episodes=100,
-        sft_epochs=16.0,
-        grpo_steps=6,
-        tasks_per_step=8,
-        group_size=4,
-        eval_tasks=0,
-        eval_every=0,
-        grpo_learning_rate=5e-4,
-        mini_batch_size=16,
+    budget = example.Budget(  # the example's GRPO settings (learning rate 5e-4, mini-batches of 16)
+        expert_episodes=100, sft_epochs=16.0, grpo_steps=6, tasks_per_step=8, group_size=4, eval_tasks=0, eval_every=0
     )
     data = example.expert_data(tmp_path / "expert.parquet", budget.expert_episodes)
     sft = example.sft_stage(data, tmp_path / "sft", budget, seed=0)

@@ -13,44 +13,26 @@ from typing import Sequence
 import pytest
 from rich.console import Console
 
-from omrl.config import load_config
-from omrl.config.options import TrainRunConfig
 from omrl.envs import Env, EnvError, Observation, StepResult
 from omrl.errors import ConfigError, EnvFailure, Interrupted
-from omrl.hookspecs import hookimpl
 from omrl.training.checkpoint import complete_checkpoints
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
 from omrl_plugins.envs.gridworld import GridWorld
+from tests.training.helpers import EnvPlugin, gridworld_configs
 
 QUIET = Console(file=io.StringIO())
 
 
 @pytest.fixture
 def rl_config(tiny_model_dir, tmp_path):
-    def make(*overrides: str) -> TrainRunConfig:
-        return load_config(
-            TrainRunConfig,
-            "grpo",
-            [
-                f"model.name={tiny_model_dir}",
-                "env.name=gridworld",
-                "env.max_turns=2",
-                "generation.max_new_tokens=6",
-                "generation.max_context=512",
-                f"logging.output_dir={tmp_path / 'run'}",
-                "logging.tensorboard=false",
-                "steps=2",
-                "tasks_per_step=1",
-                "group_size=2",
-                "eval_tasks=1",
-                "optim.learning_rate=1e-3",
-                "algorithm.entropy_coef=0.01",
-                *overrides,
-            ],
-        )  # the entropy bonus: every step updates
-
-    return make
+    """``rl_config(*overrides, algo=...)``: one task of two samples a step, one evaluation task."""
+    return gridworld_configs(
+        tiny_model_dir,
+        tmp_path,
+        *("generation.max_new_tokens=6", "tasks_per_step=1", "group_size=2", "eval_tasks=1"),
+        "algorithm.entropy_coef=0.01",  # the entropy bonus: every step updates
+    )
 
 
 class DeadServerEnv(Env):
@@ -67,12 +49,6 @@ class DeadServerEnv(Env):
 
     def step(self, action: str) -> StepResult:
         raise EnvError("connection refused by 127.0.0.1:9")
-
-
-class DeadServer:
-    @hookimpl
-    def register_envs(self, register):
-        register("dead_server", DeadServerEnv)
 
 
 def test_ctrl_c_names_the_checkpoint_kept_and_how_to_resume(rl_config):
@@ -111,7 +87,7 @@ def no_wait(monkeypatch):
 
 
 def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, register_plugin, no_wait):
-    register_plugin(DeadServer(), name="dead-server")
+    register_plugin(EnvPlugin("dead_server", DeadServerEnv), name="dead-server")
     cfg = rl_config("env.name=dead_server", "eval_tasks=0")
     with pytest.raises(
         EnvFailure,
@@ -123,33 +99,14 @@ def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, reg
     assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
 
 
-def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(
-    tiny_model_dir, tmp_path, register_plugin, monkeypatch
-):
+def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(rl_config, register_plugin, monkeypatch):
     """DPO plays such a step again too (as GRPO does), then stops without counting it."""
     import omrl.training.online
 
     monkeypatch.setattr(omrl.training.online, "ENV_FAILURE_WAIT", 0.0)
     monkeypatch.setattr(DeadServerEnv, "resets", 0)
-    register_plugin(DeadServer(), name="dead-server")
-    cfg = load_config(
-        TrainRunConfig,
-        "dpo",
-        [
-            f"model.name={tiny_model_dir}",
-            "env.name=dead_server",
-            "env.max_turns=2",
-            "generation.max_new_tokens=6",
-            "generation.max_context=512",
-            f"logging.output_dir={tmp_path / 'run'}",
-            "logging.tensorboard=false",
-            "steps=2",
-            "tasks_per_step=1",
-            "group_size=2",
-            "eval_tasks=0",
-            "logging.save_steps=1",
-        ],
-    )
+    register_plugin(EnvPlugin("dead_server", DeadServerEnv), name="dead-server")
+    cfg = rl_config("env.name=dead_server", "eval_tasks=0", "logging.save_steps=1", algo="dpo")
     with pytest.raises(
         EnvFailure,
         match=r"step 1: every episode failed in the env 'dead_server' in 3 rollouts in a "
@@ -172,15 +129,9 @@ class FlakyServerEnv(GridWorld):
         return super().reset(task_id)
 
 
-class FlakyServer:
-    @hookimpl
-    def register_envs(self, register):
-        register("flaky_server", FlakyServerEnv)
-
-
 @pytest.fixture
 def flaky_server(register_plugin, no_wait):
-    register_plugin(FlakyServer(), name="flaky-server")
+    register_plugin(EnvPlugin("flaky_server", FlakyServerEnv), name="flaky-server")
     FlakyServerEnv.failures = 0
     yield FlakyServerEnv
     FlakyServerEnv.failures = 0
@@ -293,35 +244,14 @@ class HalfDeadEnv(GridWorld):
         return super().reset(task_id)
 
 
-class HalfDeadServer:
-    @hookimpl
-    def register_envs(self, register):
-        register("half_dead", HalfDeadEnv)
-
-
 @pytest.mark.parametrize("max_rate", [0.1, 0.6])
 def test_a_run_whose_env_errors_pass_the_stated_share_exits_non_zero_after_saving(
-    tiny_model_dir, tmp_path, register_plugin, max_rate
+    rl_config, tmp_path, register_plugin, max_rate
 ):
-    register_plugin(HalfDeadServer(), name="half-dead")
-    cfg = load_config(
-        TrainRunConfig,
-        "grpo",
-        [
-            f"model.name={tiny_model_dir}",
-            "env.name=half_dead",
-            "env.max_turns=2",
-            "generation.max_new_tokens=6",
-            "generation.max_context=512",
-            f"logging.output_dir={tmp_path / 'run'}",
-            "logging.tensorboard=false",
-            "steps=1",
-            "tasks_per_step=4",
-            "train_tasks=4",
-            "group_size=2",
-            "eval_tasks=0",
-            f"max_env_error_rate={max_rate}",
-        ],
+    register_plugin(EnvPlugin("half_dead", HalfDeadEnv), name="half-dead")
+    cfg = rl_config(
+        *("env.name=half_dead", "steps=1", "tasks_per_step=4", "train_tasks=4", "eval_tasks=0"),
+        f"max_env_error_rate={max_rate}",
     )
     if max_rate < 0.5:
         with pytest.raises(

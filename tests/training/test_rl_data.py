@@ -8,14 +8,7 @@ from omrl.training.rl_data import TaskOrder, preference_pairs
 
 def _sample(group: int, sample: int, reward: float, won: bool = False) -> Episode:
     return Episode(
-        env="gridworld",
-        task_id=group,
-        split="train",
-        instruction="walk",
-        group=group,
-        sample=sample,
-        won=won,
-        rewards={"total": [reward]},
+        "gridworld", group, "train", "walk", group=group, sample=sample, won=won, rewards={"total": [reward]}
     )
 
 

@@ -12,14 +12,13 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from omrl.config import load_config
-from omrl.config.options import TrainRunConfig
 from omrl.errors import ConfigError, NonFiniteLossError
 from omrl.hookspecs import hookimpl
 from omrl.models import load_model
 from omrl.training.checkpoint import CheckpointError, latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import RLRecipe, run_rl
+from tests.training.helpers import SampleIndexReward, gridworld_configs, train_command
 
 QUIET = Console(file=io.StringIO())
 
@@ -33,42 +32,14 @@ def varies(key: str) -> bool:
 def rl_config(tiny_model_dir, tmp_path):
     """``rl_config(*overrides)``: a run of a few seconds a step on gridworld."""
 
-    def make(*overrides: str, out: str = "run") -> TrainRunConfig:
-        return load_config(
-            TrainRunConfig,
-            "grpo",
-            [
-                f"model.name={tiny_model_dir}",
-                "env.name=gridworld",
-                "env.max_turns=3",
-                "generation.max_new_tokens=8",
-                "generation.max_context=512",
-                f"logging.output_dir={tmp_path / out}",
-                "logging.tensorboard=false",
-                "steps=2",
-                "tasks_per_step=2",
-                "group_size=3",
-                "eval_tasks=2",
-                "reward.weights={goal: 1.0}",
-                "optim.learning_rate=1e-3",
-                "optim.micro_batch_size=4",
-                *overrides,
-            ],
-        )
-
-    return make
-
-
-class SampleIndexReward:
-    """A reward that ranks the samples of each task by their index: every task yields a pair."""
-
-    @hookimpl
-    def register_rewards(self, register):
-        def sample_index(episodes):
-            """The sample's index, on the last turn."""
-            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample)] for ep in episodes]
-
-        register("sample_index", sample_index)
+    return gridworld_configs(
+        tiny_model_dir,
+        tmp_path,
+        "env.max_turns=3",
+        "eval_tasks=2",
+        "reward.weights={goal: 1.0}",
+        "optim.micro_batch_size=4",
+    )
 
 
 def test_grpo_run_writes_metrics_checkpoints_and_a_loadable_model(rl_config, register_plugin):
@@ -297,28 +268,7 @@ def test_train_command(tiny_model_dir, tmp_path):
     from omrl.cli import build_app
 
     out = tmp_path / "cli-run"
-    result = CliRunner().invoke(
-        build_app(),
-        [
-            "train",
-            "--algo",
-            "grpo",
-            "--env",
-            "gridworld",
-            "--model",
-            tiny_model_dir,
-            "--steps",
-            "1",
-            "--output-dir",
-            str(out),
-            "tasks_per_step=1",
-            "group_size=2",
-            "env.max_turns=2",
-            "eval_tasks=1",
-            "generation.max_new_tokens=6",
-            "logging.tensorboard=false",
-        ],
-    )
+    result = train_command(tiny_model_dir, out, "tasks_per_step=1", "group_size=2")
     assert result.exit_code == 0, result.output
     assert "omrl train: done" in result.output and (out / "config.json").exists()
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1

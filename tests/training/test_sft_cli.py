@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from omrl.cli import build_app, main
 from omrl.data import Episode, write_episodes
+from tests.training.helpers import sft_command
 
 
 def test_sft_flags_override_preset_and_key_values(tiny_model_dir, agent_jsonl, tmp_path):
@@ -76,20 +77,7 @@ def test_a_flag_and_an_override_that_disagree_are_refused(tiny_model_dir, agent_
 
 
 def test_sft_resume_with_a_changed_flag_exits_2_naming_the_key(tiny_model_dir, agent_jsonl, tmp_path, capsys):
-    base = [
-        "sft",
-        f"model.name={tiny_model_dir}",
-        "--dataset",
-        str(agent_jsonl),
-        "--output-dir",
-        str(tmp_path),
-        "--num-train-epochs",
-        "0.5",
-        "--per-device-train-batch-size",
-        "8",
-        "--gradient-accumulation-steps",
-        "1",
-    ]
+    base = sft_command(tiny_model_dir, agent_jsonl, tmp_path)
     assert CliRunner().invoke(build_app(), base).exit_code == 0
     with pytest.raises(SystemExit) as info:
         main([*base, "--learning-rate", "0.01", "--resume"])

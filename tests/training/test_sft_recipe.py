@@ -18,6 +18,7 @@ from omrl.training.checkpoint import CheckpointError, complete_checkpoints
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
 from omrl.training.sft import SftRecipe, run_sft
+from tests.training.helpers import train_then_clean_up
 
 QUIET = Console(file=io.StringIO())
 
@@ -82,10 +83,7 @@ def test_a_nan_step_is_skipped_and_counted(sft_config):
     recipe.setup()
     before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     _nan_on_calls(recipe.model, calls={1})
-    try:
-        summary = recipe.train()
-    finally:
-        recipe.cleanup()
+    summary = train_then_clean_up(recipe)
     records = read_metrics(cfg.logging.output_dir)
     assert summary["skipped_updates"] == 1 and records[0]["loss"] is None and records[1]["skipped_updates"] == 1
     assert all(r["loss"] is not None for r in records[1:])
@@ -99,10 +97,7 @@ def test_a_skipped_update_does_not_advance_the_schedule(sft_config):
     recipe = SftRecipe(cfg, console=QUIET)
     recipe.setup()
     _nan_on_calls(recipe.model, calls={2})
-    try:
-        summary = recipe.train()
-    finally:
-        recipe.cleanup()
+    summary = train_then_clean_up(recipe)
     total = recipe.total_steps
     assert summary["skipped_updates"] == 1 and summary["steps"] == total >= 4
     # step 2 is skipped: step 3 uses the rate step 2 would have, and every later step one update behind
@@ -119,10 +114,7 @@ def test_nan_steps_in_a_row_stop_the_run_with_a_clear_error(sft_config):
     before = {k: v.clone() for k, v in recipe.model.state_dict().items()}
     _nan_on_calls(recipe.model, calls=set(range(1, 100)))
     with pytest.raises(NonFiniteLossError, match=r"2 updates in a row \(up to step 2\).*optim.max_nan_steps=2"):
-        try:
-            recipe.train()
-        finally:
-            recipe.cleanup()
+        train_then_clean_up(recipe)
     assert all(torch.equal(v, before[k]) for k, v in recipe.model.state_dict().items())  # no update applied
 
 

@@ -46,15 +46,10 @@ def _assert_same_losses(resumed, reference):
 
 
 def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, tmp_path):
-    # 8 conversations, 2 per micro-batch, 2 micro-batches per step: 2 steps an epoch, 3 epochs.
-    settings = dict(
-        num_train_epochs=3.0,
-        optim__gradient_accumulation_steps=2,
-        optim__lr_schedule="cosine",
-        optim__warmup_steps=2,
-        optim__weight_decay=0.01,
-        logging__save_steps=3,
-    )
+    # 8 conversations, 2 per micro-batch, 2 micro-batches per step: 2 steps an epoch, 3 epochs, a checkpoint
+    # every 3 steps; with a schedule and weight decay, whose state a resume must restore as well
+    settings = dict(num_train_epochs=3.0, optim__gradient_accumulation_steps=2, logging__save_steps=3)
+    settings |= dict(optim__lr_schedule="cosine", optim__warmup_steps=2, optim__weight_decay=0.01)
     reference_cfg = sft_config(logging__output_dir=str(tmp_path / "reference"), **settings)
     run_sft(reference_cfg, console=QUIET)
     reference = _losses(reference_cfg.logging.output_dir)

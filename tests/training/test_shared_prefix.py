@@ -8,14 +8,13 @@ import pytest
 import torch
 from rich.console import Console
 
-from omrl.config import load_config
-from omrl.config.options import TrainRunConfig
 from omrl.data.batch import Batch
 from omrl.models import load_model
 from omrl.training.metrics import read_metrics
 from omrl.training.policy import policy_forward
 from omrl.training.rl import RLRecipe, run_rl
 from omrl.training.shared_prefix import MIN_SHARED_TOKENS, SharedPrefix, shared_prefix_groups, supports_shared_prefix
+from tests.training.helpers import gridworld_config
 
 QUIET = Console(file=io.StringIO())
 
@@ -124,25 +123,11 @@ def test_grpo_with_shared_prefixes_learns_what_whole_rows_learn(tiny_model_dir, 
     monkeypatch.setattr(RLRecipe, "_update_micro_batches", counting)
 
     def run(share: bool, out: str):
-        cfg = load_config(
-            TrainRunConfig,
-            "grpo",
-            [
-                f"model.name={tiny_model_dir}",
-                "env.name=gridworld",
-                "env.max_turns=2",
-                "generation.max_new_tokens=6",
-                "generation.max_context=512",
-                f"logging.output_dir={tmp_path / out}",
-                "logging.tensorboard=false",
-                "steps=2",
-                "tasks_per_step=2",
-                "group_size=3",
-                "eval_tasks=0",
-                "optim.learning_rate=1e-3",
-                "algorithm.entropy_coef=0.01",
-                f"optim.share_prefix={str(share).lower()}",
-            ],
+        cfg = gridworld_config(
+            tiny_model_dir,
+            tmp_path / out,
+            *("generation.max_new_tokens=6", "algorithm.entropy_coef=0.01"),
+            f"optim.share_prefix={str(share).lower()}",
         )
         run_rl(cfg, console=QUIET)
         return read_metrics(cfg.logging.output_dir), load_model(cfg.logging.output_dir)[0]

@@ -11,8 +11,6 @@ import pytest
 import torch
 from rich.console import Console
 
-from omrl.config import load_config
-from omrl.config.options import TrainRunConfig
 from omrl.data.trajectory import read_episodes
 from omrl.errors import PluginError
 from omrl.hookspecs import hookimpl
@@ -25,6 +23,7 @@ from omrl.training.rl import run_rl
 from omrl.view import open_run
 from omrl_plugins.strategies.best_of_n import best_of_n
 from omrl_plugins.strategies.chain import chain
+from tests.training.helpers import SampleIndexReward, gridworld_configs
 
 QUIET = Console(file=io.StringIO())
 
@@ -49,9 +48,9 @@ def centered(data, algo):
     return advantages, advantages
 
 
-class ThirdParty:
+class ThirdParty(SampleIndexReward):
     """A plugin as an installed package would be: a strategy, one that declares nothing, an estimator
-    and a reward that ranks the samples of a task by their index."""
+    and (from SampleIndexReward) a reward that ranks the samples of a task by their index."""
 
     @hookimpl
     def register_rollout_strategies(self, register):
@@ -62,44 +61,13 @@ class ThirdParty:
     def register_algorithms(self, register):
         register("centered", centered, kind="advantage")
 
-    @hookimpl
-    def register_rewards(self, register):
-        def sample_rank(episodes):
-            """The sample's index, on the last turn."""
-            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample)] for ep in episodes]
-
-        register("sample_rank", sample_rank)
-
 
 @pytest.fixture
 def config(tiny_model_dir, tmp_path, register_plugin):
     """``config(*overrides, out=...)``: a two-step grpo run on gridworld with the third-party plugin."""
-    register_plugin(ThirdParty(), name="third-party")
+    register_plugin(ThirdParty("sample_rank"), name="third-party")
 
-    def make(*overrides: str, out: str = "run") -> TrainRunConfig:
-        return load_config(
-            TrainRunConfig,
-            "grpo",
-            [
-                f"model.name={tiny_model_dir}",
-                "env.name=gridworld",
-                "env.max_turns=2",
-                "generation.max_new_tokens=8",
-                "generation.max_context=512",
-                f"logging.output_dir={tmp_path / out}",
-                "logging.tensorboard=false",
-                "steps=2",
-                "tasks_per_step=2",
-                "group_size=3",
-                "eval_tasks=0",
-                "reward.weights={sample_rank: 1.0}",
-                "optim.learning_rate=1e-3",
-                "optim.micro_batch_size=4",
-                *overrides,
-            ],
-        )
-
-    return make
+    return gridworld_configs(tiny_model_dir, tmp_path, "reward.weights={sample_rank: 1.0}", "optim.micro_batch_size=4")
 
 
 def the_numbers(out: str) -> list[dict]:

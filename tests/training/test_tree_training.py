@@ -10,14 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 from rich.console import Console
-from typer.testing import CliRunner
 
 from omrl.algos import AlgoConfig
-from omrl.config import load_config
-from omrl.config.options import TrainRunConfig
 from omrl.data import Batch, Episode, Turn, read_episodes
 from omrl.errors import ConfigError, OmrlError, UnknownNameError
-from omrl.hookspecs import hookimpl
 from omrl.search.tree import Node, Tree, copy_episode
 from omrl.training import rl as rl_module
 from omrl.training.metrics import read_metrics
@@ -32,6 +28,7 @@ from omrl.training.tree_batch import (
 )
 from omrl_plugins.algos.advantages import episode_scores, grpo
 from omrl_plugins.algos.tree import branch_advantages, tree_grpo
+from tests.training.helpers import SampleIndexReward, gridworld_configs, train_command
 
 QUIET = Console(file=io.StringIO())
 R = 1 / math.sqrt(3)  # 0.57735: the std of the scores [1, 0, 1]
@@ -235,50 +232,17 @@ def test_a_chain_batch_has_no_tree_and_tree_grpo_is_grpo_on_it():
 # -- omrl train with rollout.strategy --------------------------------------------------------------
 
 
-class LeafIndexReward:
-    """A reward of the path's index among its tree's leaves (``Episode.sample``), on its last turn:
-    sibling leaves differ, so every branch point has something to compare."""
-
-    @hookimpl
-    def register_rewards(self, register):
-        def leaf_index(episodes):
-            """The leaf's index in its tree, on the last turn."""
-            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample)] for ep in episodes]
-
-        register("leaf_index", leaf_index)
-
-
 @pytest.fixture
 def tree_config(tiny_model_dir, tmp_path, register_plugin):
     """``tree_config(*overrides)``: one step of beam on gridworld (2 turns) with the tiny model."""
-    register_plugin(LeafIndexReward(), name="leaf-index")
+    register_plugin(SampleIndexReward("leaf_index"), name="leaf-index")  # sibling leaves differ
 
-    def make(*overrides: str, out: str = "run") -> TrainRunConfig:
-        return load_config(
-            TrainRunConfig,
-            "grpo",
-            [
-                f"model.name={tiny_model_dir}",
-                "env.name=gridworld",
-                "env.max_turns=2",
-                "generation.max_new_tokens=8",
-                "generation.max_context=512",
-                f"logging.output_dir={tmp_path / out}",
-                "logging.tensorboard=false",
-                "steps=1",
-                "tasks_per_step=2",
-                "group_size=1",
-                "eval_tasks=0",
-                "reward.weights={leaf_index: 1.0}",
-                "optim.learning_rate=1e-3",
-                "optim.micro_batch_size=4",
-                "rollout.strategy=beam",
-                "plugins.beam={width: 2, branch: 3}",
-                *overrides,
-            ],
-        )
-
-    return make
+    return gridworld_configs(
+        tiny_model_dir,
+        tmp_path,
+        *("steps=1", "group_size=1", "reward.weights={leaf_index: 1.0}", "optim.micro_batch_size=4"),
+        *("rollout.strategy=beam", "plugins.beam={width: 2, branch: 3}"),
+    )
 
 
 def test_beam_training_trains_each_tree_turn_once_with_step_level_credit(tree_config, monkeypatch):
@@ -367,33 +331,13 @@ def test_dpo_trains_on_the_sibling_pairs_of_beam_trees(tree_config):
 
 
 def test_train_command_with_a_tree_strategy(tiny_model_dir, tmp_path, register_plugin):
-    from omrl.cli import build_app
-
-    register_plugin(LeafIndexReward(), name="leaf-index")
+    register_plugin(SampleIndexReward("leaf_index"), name="leaf-index")  # sibling leaves differ
     out = tmp_path / "cli-run"
-    result = CliRunner().invoke(
-        build_app(),
-        [
-            "train",
-            "--algo",
-            "grpo",
-            "--env",
-            "gridworld",
-            "--model",
-            tiny_model_dir,
-            "--steps",
-            "1",
-            "--output-dir",
-            str(out),
-            "rollout.strategy=beam",
-            "algorithm.advantage=tree_grpo",
-            "tasks_per_step=1",
-            "env.max_turns=2",
-            "eval_tasks=1",
-            "generation.max_new_tokens=6",
-            "logging.tensorboard=false",
-            "reward.weights={leaf_index: 1.0}",
-        ],
+    result = train_command(
+        tiny_model_dir,
+        out,
+        *("rollout.strategy=beam", "algorithm.advantage=tree_grpo", "tasks_per_step=1"),
+        "reward.weights={leaf_index: 1.0}",
     )
     assert result.exit_code == 0, result.output
     record = read_metrics(out)[0]

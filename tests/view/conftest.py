@@ -14,17 +14,9 @@ import pytest
 SCRIPT = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><b>bold?</b>'
 
 
-def make_episode(
-    task: int,
-    sample: int,
-    won: bool,
-    reward: float,
-    observation: str = "goal: 1 up.",
-    end: str = "done",
-    group: int | None = None,
-    node_ids: tuple[int, ...] = (),
-):
-    """An Episode with two turns and a token sequence: prompt, then 3 sampled tokens per turn."""
+def make_episode(task, sample, won, reward, *, observation="goal: 1 up.", end="done", group=None, node_ids=()):
+    """An Episode with two turns and a token sequence: prompt, then 3 sampled tokens per turn. ``group``
+    defaults to ``task``; ``node_ids`` (one per turn) make it a path of a search tree."""
     from omrl.data.trajectory import Episode, Turn
 
     ids, mask, logprobs, turns = list(range(10, 20)), [0] * 10, [0.0] * 10, []
@@ -53,10 +45,10 @@ def make_episode(
         mask += [0, 0]
         logprobs += [0.0, 0.0]
     return Episode(
-        env="gridworld",
-        task_id=task,
-        split="train",
-        instruction="Walk to the goal.",
+        "gridworld",
+        task,
+        "train",
+        "Walk to the goal.",
         turns=turns,
         token_ids=ids,
         loss_mask=mask,
@@ -135,32 +127,11 @@ def tiny_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("tiny") / "run"
     # the run's own step rollouts are left out, so the list holds exactly the rollout's 8 episodes
     _omrl(
-        "train",
-        "--algo",
-        "grpo",
-        "--env",
-        "gridworld",
-        "--model",
-        "tiny",
-        "--steps",
-        "2",
-        "--output-dir",
+        *"train --algo grpo --env gridworld --model tiny --steps 2 --output-dir".split(),
         str(run),
         "logging.save_rollouts=false",
     )
-    _omrl(
-        "rollout",
-        "--env",
-        "gridworld",
-        "--model",
-        "tiny",
-        "--num-tasks",
-        "4",
-        "--group-size",
-        "2",
-        "-o",
-        str(run / "rollout.parquet"),
-    )
+    _omrl(*"rollout --env gridworld --model tiny --num-tasks 4 --group-size 2 -o".split(), str(run / "rollout.parquet"))
     return run
 
 

@@ -142,6 +142,20 @@ def _tool_env(**kw: Any) -> ServerSpec:
     )
 
 
+def _state_env(**kw: Any) -> ServerSpec:
+    """WebShop and SQLGym: ``/create`` answers the bare id, ids are reused, the observation is
+    ``state``, and there is no ``/close``."""
+    return ServerSpec(
+        dialect="env_idx",
+        create_keys=(),
+        bare_id=True,
+        observation_keys=("state",),
+        has_close=False,
+        reuse_ids=True,
+        **kw,
+    )
+
+
 KNOWN_SERVERS: dict[str, ServerSpec] = {
     "textcraft": ServerSpec(
         create_body="empty",
@@ -195,30 +209,18 @@ KNOWN_SERVERS: dict[str, ServerSpec] = {
         max_turns=6,
         action_help='Guess a 5-letter word from the vocabulary as spaced letters, e.g. "s h i r e".',
     ),
-    "webshop": ServerSpec(
-        dialect="env_idx",
+    "webshop": _state_env(
         task_field="session_id",
-        create_keys=(),
-        bare_id=True,
         reset_shapes=("pair",),
-        observation_keys=("state",),
         splits={"test": (0, 500), "train": (1500, 12087)},
-        has_close=False,
-        reuse_ids=True,
         actions_route="/available_actions",
         instruction_route="/instruction_text",
         action_help="search[keywords] (where there is a search bar) or click[value] with a clickable from the page.",
     ),
-    "sqlgym": ServerSpec(
-        dialect="env_idx",
+    "sqlgym": _state_env(
         task_field="item_id",
-        create_keys=(),
-        bare_id=True,
         reset_shapes=(),
         observe_after_reset=True,
-        observation_keys=("state",),
-        has_close=False,
-        reuse_ids=True,
         max_turns=5,
         action_help="One SQLite statement per turn, on one line.",
     ),

