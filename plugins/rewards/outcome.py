@@ -60,6 +60,12 @@ def final_answer(episode: Episode) -> str:
     return (wrapped.group(1) if wrapped else action).strip()
 
 
+def unanswered(episode: Episode) -> bool:
+    """Whether the last reply did not parse: the env saw no answer, so it reported no ground truth
+    either; an answer reward scores such an episode 0 (the agent's failure) instead of stopping."""
+    return episode.turns[-1].action is None
+
+
 def ground_truths(episode: Episode, reward: str) -> list[str]:
     """The accepted answers from the last turn's info (``ground_truth`` or ``answer``; a list means any of them).
 
@@ -92,6 +98,8 @@ def exact_match_reward(episode: Episode) -> float:
     >>> exact_match_reward([Episode(env="qa", task_id=0, split="test", instruction="", turns=[turn])])
     [[1.0]]
     """
+    if unanswered(episode):
+        return 0.0
     predicted = normalize_answer(final_answer(episode))
     return float(any(predicted == normalize_answer(truth) for truth in ground_truths(episode, "exact_match")))
 
@@ -123,6 +131,8 @@ def accuracy_reward(episode: Episode) -> float:
     >>> accuracy_reward([Episode(env="os", task_id=0, split="test", instruction="", turns=[turn])])
     [[1.0]]
     """
+    if unanswered(episode):
+        return 0.0
     predicted = final_answer(episode)
     return float(any(_is_correct(predicted, truth) for truth in ground_truths(episode, "accuracy")))
 
@@ -143,6 +153,8 @@ def bleu_reward(episode: Episode) -> float:
         import sacrebleu
     except ImportError as exc:
         raise RewardError("reward 'bleu' needs sacrebleu; install it with: pip install 'omrl[bleu]'") from exc
+    if unanswered(episode):
+        return 0.0
     truths = ground_truths(episode, "bleu")
     # sacrebleu reports 0..100 with float noise (100.00000000000004 on a perfect match)
     return min(1.0, sacrebleu.sentence_bleu(final_answer(episode), truths).score / 100.0)

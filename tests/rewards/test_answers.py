@@ -1,0 +1,184 @@
+"""The answer rewards: numeric_match (numbers within a tolerance) and math_verify (math-verify's equivalence)."""
+
+from __future__ import annotations
+
+import doctest
+import sys
+import threading
+from fractions import Fraction
+
+import pytest
+
+from omrl import registry
+from omrl.data import Episode, Turn
+from omrl.rewards import RewardError, compose_rewards
+from omrl_plugins.rewards import answers
+from omrl_plugins.rewards.answers import final_number, math_equivalent, numbers_match
+
+
+def answered(action: str | None, **info) -> Episode:
+    """An episode whose last turn answered ``action`` (None: the reply did not parse) with ``info``."""
+    turns = [
+        Turn("obs", "Act: look", "look", True, 0.0, False),
+        Turn("obs", f"Act: {action}", action, action is not None, 0.0, True, info=info),
+    ]
+    return Episode(env="qa", task_id=7, split="test", instruction="", turns=turns)
+
+
+def score(name: str, action: str | None, truth, **options) -> float:
+    return registry.rewards.get(name)([answered(action, ground_truth=truth)], **options)[0][-1]
+
+
+def test_registered_as_built_ins():
+    for name in ("numeric_match", "math_verify"):
+        assert registry.rewards.component(name).distribution == "omrl"
+
+
+def test_docstring_examples_hold():
+    result = doctest.testmod(answers)
+    assert result.attempted > 8 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("42", [42]),
+        ("The answer is 1,234,567.", [1234567]),
+        ("$1,200.50 in total", [Fraction("1200.5")]),
+        ("-$5", [-5]),
+        ("$-5", [-5]),
+        ("\u22123", [-3]),  # a typographic minus
+        ("x = -0.25", [Fraction(-1, 4)]),
+        (".5", [Fraction(1, 2)]),
+        ("3/4 of it", [Fraction(3, 4)]),
+        ("1.5/3", [Fraction(1, 2)]),
+        ("2.5e3", [2500]),
+        ("12%", [12, Fraction(12, 100)]),
+        ("first 3, then 7", [7]),
+        ("1,2,3", [3]),  # no thousands separator: a list
+        ("5-3", [3]),  # a hyphen between numbers is no minus sign
+        ("Natalia sold 48/2 = 24 clips in May. #### 72", [72]),  # GSM8K's answer field
+        ("x2 and v1.5", []),  # numbers glued to words are not read
+        ("1/0", []),
+        ("no number here", []),
+        ("", []),
+        ("9" * 5000, []),  # past Python's int-from-text limit: no number rather than an error
+    ],
+)
+def test_final_number(text, expected):
+    assert final_number(text) == [Fraction(v) for v in expected]
+
+
+def test_final_number_of_a_huge_exponent_is_exact_and_compares_without_overflow():
+    assert final_number("1e999") == [Fraction(10) ** 999]
+    assert numbers_match("1e999", "1e999") and not numbers_match("1e999", "1e998")
+
+
+@pytest.mark.parametrize(
+    "predicted,truth,options,expected",
+    [
+        ("72", "72", {}, True),
+        ("72.0", "72", {}, True),
+        ("I think 1,000", "1000", {}, True),
+        ("50%", "0.5", {}, True),
+        ("0.5", "50%", {}, True),
+        ("0.3333333", "1/3", {}, True),
+        ("0.333", "1/3", {}, False),
+        ("0.333", "1/3", {"rel_tol": 1e-2}, True),
+        ("0.001", "0", {}, False),
+        ("0.001", "0", {"abs_tol": 0.01}, True),
+        ("1e-12", "0", {}, True),  # within the default abs_tol of 1e-9
+        ("73", "72", {}, False),
+        ("-72", "72", {}, False),
+        ("seventy-two", "72", {}, False),
+    ],
+)
+def test_numbers_match(predicted, truth, options, expected):
+    assert numbers_match(predicted, truth, **options) is expected
+    assert score("numeric_match", predicted, truth, **options) == float(expected)
+
+
+def test_numeric_match_reads_the_answer_and_the_truths_as_exact_match_does():
+    assert score("numeric_match", "answer[$72]", "72") == 1.0  # unwrapped from answer[...]
+    assert score("numeric_match", "12", ["11", "12"]) == 1.0  # any accepted answer
+    assert score("numeric_match", "answer[no idea]", "72") == 0.0
+    # a reply that did not parse never reached the env: 0, even without a ground truth to read
+    assert registry.rewards.get("numeric_match")([answered(None)]) == [[0.0, 0.0]]
+
+
+def test_numeric_match_refuses_what_it_cannot_score():
+    with pytest.raises(RewardError, match=r"ground truth 'Paris' .* holds no number; use exact_match"):
+        score("numeric_match", "Paris", "Paris")
+    with pytest.raises(RewardError, match="needs a ground truth in the last turn's info"):
+        registry.rewards.get("numeric_match")([answered("72")])
+    with pytest.raises(RewardError, match=r"rel_tol=-0\.1 is invalid; valid: a finite number >= 0"):
+        score("numeric_match", "1", "1", rel_tol=-0.1)
+    with pytest.raises(RewardError, match=r"abs_tol=nan is invalid"):
+        score("numeric_match", "1", "1", abs_tol=float("nan"))
+    with pytest.raises(RewardError, match=r"abs_tol=True is invalid"):
+        score("numeric_match", "1", "1", abs_tol=True)
+
+
+def test_options_come_from_the_plugins_block():
+    episodes = [answered("3.14", ground_truth="3.14159")]
+    assert compose_rewards(episodes, {"numeric_match": 1.0})["numeric_match"] == 0.0
+    means = compose_rewards(episodes, {"numeric_match": 1.0}, {"numeric_match": {"rel_tol": 0.001}})
+    assert means["numeric_match"] == 1.0
+    with pytest.raises(RewardError, match="valid options: rel_tol, abs_tol"):
+        compose_rewards(episodes, {"numeric_match": 1.0}, {"numeric_match": {"tolerance": 0.1}})
+
+
+@pytest.mark.parametrize(
+    "predicted,truth,expected",
+    [
+        ("\\frac{1}{2}", "0.5", True),
+        ("$\\frac{1}{2}$", "1/2", True),
+        ("The answer is \\boxed{42}.", "42", True),
+        ("x = 3", "3", True),
+        ("2\\sqrt{2}", "\\sqrt{8}", True),
+        ("\\{1, 2\\}", "\\{2, 1\\}", True),
+        ("0.51", "1/2", False),
+        ("41", "42", False),
+        ("I don't know", "42", False),
+        ("", "42", False),
+        ("Paris", "Paris", True),  # a truth math-verify reads as no expression compares as text
+        ("paris!", "Paris", True),
+        ("Lyon", "Paris", False),
+    ],
+)
+def test_math_verify(predicted, truth, expected):
+    assert math_equivalent(predicted, truth) is expected
+    assert score("math_verify", predicted, truth) == float(expected)
+
+
+def test_math_verify_works_off_the_main_thread_and_skips_unparsed_replies():
+    results = []
+    thread = threading.Thread(target=lambda: results.append(score("math_verify", "\\frac{6}{3}", "2")))
+    thread.start()
+    thread.join()
+    assert results == [1.0]
+    assert registry.rewards.get("math_verify")([answered(None)]) == [[0.0, 0.0]]
+
+
+def test_math_verify_without_the_package_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "math_verify", None)
+    with pytest.raises(
+        RewardError, match=r"reward 'math_verify' needs the math-verify package.*pip install 'omrl\[math\]'"
+    ):
+        score("math_verify", "1", "1")
+
+
+def test_math_verify_is_imported_only_when_used():
+    from tests.helpers import fresh_python_json
+
+    loaded = fresh_python_json(
+        "import json, sys; from omrl import registry; registry.rewards.get('numeric_match'); "
+        "print(json.dumps('math_verify' in sys.modules))"
+    )
+    assert loaded is False
+
+
+@pytest.mark.parametrize("name", ["exact_match", "accuracy", "bleu", "numeric_match", "math_verify"])
+def test_an_unparsed_last_reply_scores_0_with_every_answer_reward(name):
+    # the env never saw an answer, so it reported no ground truth: the agent failed, nothing is broken
+    assert registry.rewards.get(name)([answered(None)]) == [[0.0, 0.0]]
