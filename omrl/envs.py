@@ -257,6 +257,12 @@ def package_installed(env_class: type[Env]) -> bool:
         return False
 
 
+def install_command(env_class: type[Env]) -> str:
+    """How to install the package ``env_class`` needs: its omrl extra, else the package itself."""
+    extra = getattr(env_class, "extra", "")
+    return f"pip install 'omrl[{extra}]'" if extra else f"pip install {env_class.package}"
+
+
 def env_variant(env_class: type[Env], class_name: str, doc: str, **fixed: Any) -> type[Env]:
     """A subclass of ``env_class`` with the options ``fixed`` set, for registering one game of a family
     under its own name (``textarena:Sudoku-v0``) without importing the game's package.

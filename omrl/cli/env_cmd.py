@@ -28,7 +28,7 @@ def parse_options(options: list[str] | None) -> dict[str, Any]:
 def describe_env(component, build: bool = False) -> dict[str, Any]:
     """One row of ``omrl env list``: where the env comes from and whether its package is installed,
     read from the class alone; with ``build``, also its splits (or why it would not build)."""
-    from omrl.envs import package_installed
+    from omrl.envs import install_command, package_installed
 
     cls = component.obj
     package, extra = getattr(cls, "package", ""), getattr(cls, "extra", "")
@@ -38,7 +38,7 @@ def describe_env(component, build: bool = False) -> dict[str, Any]:
         "distribution": component.distribution,
         "package": package or None,
         "installed": installed,
-        "install": None if installed or not extra else f"pip install 'omrl[{extra}]'",
+        "install": None if installed or not extra else install_command(cls),
         "description": component.description,
     }
     if not build:

@@ -129,7 +129,6 @@ def evaluate_command(
     from omrl.cli.view_cmd import view_command
     from omrl.config import to_dict
     from omrl.config.options import EvalRunConfig
-    from omrl.data import write_episodes
     from omrl.evaluation import (
         check_env_errors,
         check_max_env_error_rate,
@@ -140,7 +139,7 @@ def evaluate_command(
         write_report,
     )
     from omrl.rollout import RolloutSession
-    from omrl.rollout.convert import jsonl_path_for, write_jsonl
+    from omrl.rollout.convert import write_trajectories
     from omrl.training.metrics import peak_memory
 
     cfg = config_with_select(
@@ -207,8 +206,7 @@ def evaluate_command(
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
     metrics.update({f"search/{name}": value for name, value in searched.items()})
     path = write_report(report_path, metrics, episodes, to_dict(cfg))
-    parquet = write_episodes(episodes, episodes_path)  # the same trajectory files omrl rollout writes
-    readable = write_jsonl(episodes, jsonl_path_for(parquet))
+    parquet, readable = write_trajectories(episodes, episodes_path)  # the files omrl rollout writes
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
     console.print(f"report: {path}", highlight=False, soft_wrap=True)
     console.print(f"episodes: {parquet} and {readable}", highlight=False, soft_wrap=True)

@@ -74,14 +74,14 @@ def check_before_loading(cfg) -> None:
     """What can be refused before a model loads (seconds to minutes): an unknown env, an env whose
     package is not installed (naming its extra), and for training, unknown algorithm names."""
     from omrl import registry
-    from omrl.envs import package_installed
+    from omrl.envs import install_command, package_installed
     from omrl.errors import ConfigError
 
     env_class = registry.envs.get(cfg.env.name)
     if isinstance(env_class, type) and not package_installed(env_class):
-        extra = getattr(env_class, "extra", "")
-        install = f"pip install 'omrl[{extra}]'" if extra else f"pip install {env_class.package}"
-        raise ConfigError(f"the {cfg.env.name} env needs the package {env_class.package}, not installed: {install}")
+        raise ConfigError(
+            f"the {cfg.env.name} env needs the package {env_class.package}, not installed: {install_command(env_class)}"
+        )
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None:
         registry.algorithms.get(algorithm.advantage, kind="advantage")
@@ -161,7 +161,6 @@ def rollout(
     from omrl.cli.settings import play_settings, settings_block
     from omrl.cli.view_cmd import view_command
     from omrl.config.options import RolloutRunConfig
-    from omrl.data import write_episodes
     from omrl.errors import EnvFailure
     from omrl.evaluation import (
         check_env_errors,
@@ -172,8 +171,8 @@ def rollout(
         metrics_table,
         replay_warnings,
     )
-    from omrl.rollout import RolloutSession, write_jsonl
-    from omrl.rollout.convert import jsonl_path_for
+    from omrl.rollout import RolloutSession
+    from omrl.rollout.convert import write_trajectories
 
     cfg = config_with_select(
         RolloutRunConfig,
@@ -229,8 +228,7 @@ def rollout(
             f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reasons: "
             f"{'; '.join(env_error_reasons(episodes))}"
         )
-    parquet = write_episodes(episodes, cfg.output)
-    readable = write_jsonl(episodes, jsonl_path_for(parquet))
+    parquet, readable = write_trajectories(episodes, cfg.output)
     console.print(metrics_table(evaluate(episodes), title=f"rollout: {cfg.env.name}"))
     console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}", soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)

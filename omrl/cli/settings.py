@@ -98,13 +98,14 @@ def trained_settings(model: str, env: str) -> dict[str, Any]:
         return {}  # not a run's config: nothing is known of how the model was trained
 
 
-def settings_as_trained(cfg: Any, args: list[str] | None, console: Any) -> None:
+def settings_as_trained(cfg: Any, args: list[str] | None, trained: dict[str, Any], console: Any) -> None:
     """Evaluate a model trained by omrl with the template, turn cap and token limits it trained
-    with on this env, unless the command line sets them; say which were taken."""
+    with on this env (``trained``: see :func:`trained_settings`), unless the command line sets
+    them; say which were taken."""
     from omrl.config import user_sets
 
     taken = []
-    for key, value in trained_settings(cfg.model.name, cfg.env.name).items():
+    for key, value in trained.items():
         if value != value_at(cfg, key) and not user_sets(args, key):
             set_value(cfg, key, value)
             taken.append(f"{key}={shown(value)}")
@@ -123,8 +124,9 @@ def play_settings(cfg: Any, args: list[str] | None, default_preset: str | None, 
     from omrl.cli.model_prompts import prompts_as_trained
     from omrl.config.loading import split_preset
 
-    if trained_settings(cfg.model.name, cfg.env.name):
-        settings_as_trained(cfg, args, console)
+    trained = trained_settings(cfg.model.name, cfg.env.name)
+    if trained:
+        settings_as_trained(cfg, args, trained, console)
     else:
         preset = split_preset(args[0] if args else None, [])[0] or default_preset
         outside_the_presets_env(cfg, args, preset, console)
