@@ -54,7 +54,7 @@ class DPORecipe(online.OnlineRecipe):
             started = time.perf_counter()
 
             # ROLLOUT: every sample of every task, or every path of a search's trees
-            episodes, metrics = self._rollout(started)
+            episodes, metrics = self._rollout(started, online.rollout_seed(cfg, self.step, strategy))
             self._save_rollout(episodes)
 
             # PAIRS: each task's best and worst sample, when their total rewards differ; from a search,

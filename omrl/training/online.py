@@ -374,13 +374,13 @@ class OnlineRecipe:
         self._check_rollout(episodes)
         return episodes
 
-    def _rollout(self, started: float) -> tuple[list[Any], dict[str, float]]:
+    def _rollout(self, started: float, seed: int) -> tuple[list[Any], dict[str, float]]:
         """ROLLOUT: this step's episodes (every sample of every task in batched generate calls, envs
-        stepped together; with a search, every root-to-leaf path of each task's trees) and their
-        metrics. Played again while every episode fails in the env; when its replays failed too the
-        run stops (:class:`EnvFailure`): such a step is never counted, logged nor checkpointed."""
+        stepped together; with a search, every root-to-leaf path of each task's trees), sampled from
+        ``seed`` (:func:`rollout_seed`), and their metrics. Played again while every episode fails in
+        the env; when its replays failed too the run stops (:class:`EnvFailure`): such a step is
+        never counted, logged nor checkpointed."""
         cfg, strategy = self.cfg, self.strategy
-        seed = rollout_seed(cfg, self.step, strategy)
         self.model.eval()
         episodes = self._play_counted(
             lambda: play_step(cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed)

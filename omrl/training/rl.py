@@ -99,7 +99,7 @@ class RLRecipe(online.OnlineRecipe):
             seed = online.rollout_seed(cfg, self.step, strategy)
 
             # ROLLOUT: every sample of every task, or every path of a search's trees
-            episodes, metrics = self._rollout(started)
+            episodes, metrics = self._rollout(started, seed)
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's
             # rows are its finished paths, each whole (omrl.training.tree_batch)
