@@ -94,7 +94,9 @@ def bare_generate(
         )
         with torch.random.fork_rng(), torch.no_grad():
             torch.manual_seed(params.seed + chunk_no)
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+            out = model.generate(
+                input_ids=ids.to(model.device), attention_mask=mask.to(model.device), generation_config=config
+            )
         for row, i in enumerate(chunk):
             new = out[row, width:].tolist()
             end = new.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in new else len(new)
@@ -127,7 +129,8 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     cfg = load_config(TrainRunConfig, args.preset, args.overrides)
-    model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype)
+    device = "cuda" if torch.cuda.is_available() else None  # where `omrl train` would generate
+    model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
     model.eval()
     gen = cfg.generation
     # warm-up: first calls pay for lazy set-up (kernels, allocator)

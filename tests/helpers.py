@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -9,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Sequence
 
 import pytest
 
@@ -147,3 +148,29 @@ def expert_and_model_episodes(num_tasks: int, group_size: int = 1) -> tuple[list
         won = session.play(tasks, split="train", expert=True)
         lost = session.play(tasks, split="train", group_size=group_size, seed=1)
     return won, lost
+
+
+def first_difference(played: Sequence[Any], expected: Sequence[Any], logprob_tolerance: float = 1e-4) -> str | None:
+    """Where two lists of episodes first differ, for an assertion message: the episode, the field and, for
+    token ids, the position with the ids and log-probs there; None when they are the same. Log-probs may differ
+    by ``logprob_tolerance``: a GPU rounds a row differently in batches of other shapes (the ids stay the same)."""
+    if len(played) != len(expected):
+        return f"{len(played)} episodes, expected {len(expected)}"
+    for i, (a, b) in enumerate(zip(played, expected)):
+        if a.token_ids != b.token_ids:
+            at = next((t for t, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), None)
+            if at is None:
+                return f"episode {i}: {len(a.token_ids)} tokens, expected {len(b.token_ids)}"
+            return (
+                f"episode {i}: token {at} is {a.token_ids[at]} (log-prob {a.logprobs[at]:.7f}), expected "
+                f"{b.token_ids[at]} (log-prob {b.logprobs[at]:.7f})"
+            )
+        gap = max((abs(x - y) for x, y in zip(a.logprobs, b.logprobs)), default=0.0)
+        if len(a.logprobs) != len(b.logprobs) or gap > logprob_tolerance:
+            return f"episode {i}: log-probs differ by up to {gap:.2e}"
+        fields = [
+            f.name for f in dataclasses.fields(a) if f.name != "logprobs" and getattr(a, f.name) != getattr(b, f.name)
+        ]
+        if fields:
+            return f"episode {i}: {', '.join(fields)} differ"
+    return None

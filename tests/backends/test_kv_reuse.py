@@ -123,7 +123,7 @@ def continued(prompt: list[int], gen) -> list[int]:
 def fused_adamw_step(model) -> None:
     """One training step whose in-place update bumps no version counter."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
-    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    model(torch.tensor([[1, 2, 3]], device=model.device)).logits.sum().backward()
     optimizer.step()
     optimizer.zero_grad()
 

@@ -330,7 +330,7 @@ def test_a_deeply_nested_tool_call_reply_is_a_parse_error(tiny_tokenizer):
         max_context=4096,
     )
     assert ep.turns[0].response.count("[") == 1000
-    assert "nested too deeply" in ep.turns[0].parse_error
+    assert "not valid JSON" in ep.turns[0].parse_error  # Python 3.11: nested too deeply; 3.12: unterminated
     assert ep.turns[1].action == "open" and ep.end_reason == "max_turns"
 
 

@@ -45,7 +45,7 @@ def same_episode(a, b):
     """Equal in every played number (node ids and search notes aside)."""
     assert a.token_ids == b.token_ids
     assert a.loss_mask == b.loss_mask
-    assert a.logprobs == b.logprobs
+    assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)  # other batch shapes round otherwise on a GPU
     assert (a.won, a.score, a.end_reason, a.prompt_length) == (b.won, b.score, b.end_reason, b.prompt_length)
     assert [(t.response, t.action, t.reward, t.span) for t in a.turns] == [
         (t.response, t.action, t.reward, t.span) for t in b.turns

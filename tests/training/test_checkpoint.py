@@ -15,7 +15,7 @@ from omrl.training.optim import build_optimizer, build_scheduler
 
 
 def _train_one_step(model, optimizer, scheduler):
-    ids = torch.arange(1, 17).unsqueeze(0)
+    ids = torch.arange(1, 17, device=model.device).unsqueeze(0)
     model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
     optimizer.step()
     optimizer.zero_grad()
@@ -62,17 +62,17 @@ def test_load_restores_weights_optimizer_scheduler_rng_and_extra(tmp_path, train
     state = ckpt.load_checkpoint(path, fresh, optimizer=fresh_opt, scheduler=fresh_sched)
 
     assert (state.step, state.data_state, state.config["optim"]) == (7, {"epoch": 1, "index": 3}, {"lr": 1.0})
-    assert all(torch.equal(v, expected_weights[k]) for k, v in fresh.state_dict().items())
+    assert all(torch.equal(v, expected_weights[k].to(v.device)) for k, v in fresh.state_dict().items())
     assert torch.equal(state.extra["value_head"]["weight"], head.weight) and state.extra["rl_position"] == {"batch": 5}
     assert (
         fresh_sched.last_epoch == scheduler.last_epoch == 1
         and fresh_opt.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"]
     )
     first = next(iter(optimizer.state.values()))
-    assert torch.equal(next(iter(fresh_opt.state.values()))["exp_avg"], first["exp_avg"])
+    assert torch.equal(next(iter(fresh_opt.state.values()))["exp_avg"], first["exp_avg"].to("cpu"))
     assert (random.random(), np.random.rand()) == expected_draws[:2] and torch.equal(torch.rand(1), expected_draws[2])
     reloaded, _ = load_model(str(path / "model"))  # the checkpoint's model is a plain HF directory
-    assert torch.equal(reloaded.lm_head.weight, model.lm_head.weight)
+    assert torch.equal(reloaded.lm_head.weight, model.lm_head.weight.to("cpu"))
 
 
 def test_a_crash_mid_write_leaves_no_complete_looking_checkpoint(tmp_path, trained, monkeypatch):

@@ -19,7 +19,7 @@ def _inputs(vocab: int):
 
 def test_log_probs_match_a_manual_log_softmax(tiny_model):
     model, _ = tiny_model
-    ids, attention, _ = _inputs(model.config.vocab_size)
+    ids, attention, _ = (t.to(model.device) for t in _inputs(model.config.vocab_size))
     out = policy_forward(model, ids, attention, temperature=0.5)
     logits = model(input_ids=ids, attention_mask=attention).logits.float() / 0.5
     want = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
@@ -29,8 +29,8 @@ def test_log_probs_match_a_manual_log_softmax(tiny_model):
 
 def test_response_only_head_gives_the_same_values_and_gradients(tiny_model):
     model, _ = tiny_model
-    ids, attention, response = _inputs(model.config.vocab_size)
-    head = ValueHead(model.config.hidden_size)
+    ids, attention, response = (t.to(model.device) for t in _inputs(model.config.vocab_size))
+    head = ValueHead(model.config.hidden_size).to(model.device)
     results, grads = [], []
     for token_mask in (None, response):
         model.zero_grad()

@@ -77,10 +77,13 @@ def test_packed_row_attends_only_within_each_conversation(tiny_model):
     packed = pack_rows(rows, max_seq_length=sum(len(r) for r in rows))
     assert len(packed) == 1 and packed[0].num_conversations == 3
     with torch.no_grad():
-        batch = collate(packed, tok.pad_token_id)
+        batch = {k: v.to(model.device) for k, v in collate(packed, tok.pad_token_id).items()}
         logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
         for start, end in _segments(packed[0]):
-            alone = model(input_ids=torch.tensor([packed[0].input_ids[start:end]]), use_cache=False).logits[0]
+            alone = model(
+                input_ids=torch.tensor([packed[0].input_ids[start:end]], device=model.device), use_cache=False
+            )
+            alone = alone.logits[0]
             assert torch.allclose(logits[start:end], alone, atol=1e-4)
 
 
@@ -104,7 +107,7 @@ def test_the_loss_on_labelled_positions_only_equals_cross_entropy_on_full_logits
     """The LM head runs only where labels are; loss and gradients match the full-vocabulary path."""
     model, tok = tiny_model
     rows, _, _ = tokenize_conversations(tok, _conversations(3), max_seq_length=1024)
-    batch = collate(rows, pad_token_id=tok.pad_token_id)
+    batch = {k: v.to(model.device) for k, v in collate(rows, pad_token_id=tok.pad_token_id).items()}
     args = (batch["input_ids"], batch["position_ids"])
 
     model.zero_grad()
@@ -120,7 +123,8 @@ def test_the_loss_on_labelled_positions_only_equals_cross_entropy_on_full_logits
     got.backward()
     assert torch.allclose(got, expected, rtol=1e-5)
     for p, want in zip(model.parameters(), expected_grads):
-        assert torch.allclose(p.grad, want, rtol=1e-4, atol=1e-6)
+        # atol relative to the largest gradient: a GPU sums the full and the labelled-only paths in other orders
+        assert torch.allclose(p.grad, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
     model.zero_grad()
 
 

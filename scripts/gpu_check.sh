@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The GPU check: one prepared run on a machine with one CUDA GPU, about 5 minutes on an H100.
+#
+#   bash scripts/gpu_check.sh [OUT_DIR]
+#
+# Runs, each step timed and logged to OUT_DIR/gpu_check.log (OUT_DIR: $OUT, else gpu-check/):
+#   1. the tests marked gpu (tests/gpu): recipes on CUDA in fp32 and bf16, exact resume with CUDA's RNG,
+#      KV reuse token-exact, the sampler's log-probs against the trainer's;
+#   2. the model tests with their models on the GPU (OMRL_TEST_DEVICE=cuda): backends, rollouts,
+#      training, algorithms, search, reward models (not the slow ones, not the multi-process ones, not
+#      those whose expected numbers were recorded with the CPU's random stream, that need packages the
+#      image lacks (uvicorn, wandb) or SmolLM2 itself, as the reward models' default base);
+#   3. `omrl train` then `omrl eval` from the command line, on the GPU;
+#   4. benchmarks/generation_reuse.py on the GPU, with `tiny` and with a random-init model of
+#      SmolLM2-135M's shape (the real one's 98 MB file does not travel to a lent GPU machine).
+# Packages the GPU image lacks travel as wheels in .whl/: fetch them first with scripts/gpu_wheels.sh.
+# Exits non-zero when any step failed; every step runs regardless. GPU_CHECK_TESTS_ONLY=1: steps 1-2 only.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-gpu-check}}
+mkdir -p "$OUT_DIR"
+exec > >(tee "$OUT_DIR/gpu_check.log") 2>&1
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMRL_HOME=/tmp/omrl-home
+failed=()
+
+step() {  # step NAME LIMIT_S COMMAND...: run it under a time limit, log its seconds and status
+    local name=$1 limit=$2 started=$SECONDS
+    shift 2
+    echo "=== $name"
+    timeout "$limit" "$@"
+    local rc=$?
+    echo "=== $name: exit $rc, $((SECONDS - started)) s"
+    [ "$rc" -eq 0 ] || failed+=("$name")
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import sys, torch, transformers; print(sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'cuda', torch.cuda.is_available())"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+# the entry points (built-in plugins) need omrl installed; its dependencies are the image's or the wheels',
+# setuptools the wheels' (PYTHONPATH comes first for --no-build-isolation)
+python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device: this is the GPU check'" || exit 1
+
+step "tests marked gpu" 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/gpu -rA --durations=5
+step "model tests on cuda" 200 env OMRL_TEST_DEVICE=cuda python3 -m pytest -v -p no:cacheprovider -n 8 \
+    -m "not slow" tests/backends tests/rollout tests/training tests/algos tests/search tests/rm \
+    --deselect tests/training/test_distributed.py --deselect tests/training/test_fsdp.py \
+    --deselect tests/training/test_legacy_checkpoint.py \
+    --ignore tests/backends/test_backends.py \
+    --deselect tests/rm/test_uses.py \
+    --deselect tests/rm/test_train.py::test_bad_settings_and_foreign_tokens_are_refused_before_training \
+    --deselect tests/training/test_optim_and_metrics.py::test_metrics_go_to_wandb_and_a_resumed_run_continues_the_same_wandb_run \
+    --durations=10
+if [ -n "${GPU_CHECK_TESTS_ONLY:-}" ]; then
+    [ ${#failed[@]} -eq 0 ] && echo "gpu check (tests only): passed" && exit 0
+    printf 'gpu check (tests only): FAILED: %s\n' "${failed[@]}"
+    exit 1
+fi
+run_dir=/tmp/gpu-check-run
+rm -rf "$run_dir" "$OUT_DIR/eval"
+step "omrl train on cuda" 90 python3 -m omrl train --algo grpo --env gridworld --model tiny --steps 3 --output-dir "$run_dir"
+[ -f "$run_dir/metrics.jsonl" ] && cp "$run_dir/metrics.jsonl" "$OUT_DIR/train_metrics.jsonl"
+step "omrl eval on cuda" 60 python3 -m omrl eval --model "$run_dir" --env gridworld --num-tasks 20 --output-dir "$OUT_DIR/eval"
+
+python3 - <<'EOF' || failed+=("random smollm2-shaped model")
+# A random-init model of SmolLM2-135M's shape (its config.json) with tiny's tokenizer: real compute, no download.
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from omrl.models.loading import TINY_TOKENIZER_DIR
+
+tok = AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)
+config = LlamaConfig(
+    vocab_size=len(tok), hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0, tie_word_embeddings=True,
+    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+)
+torch.manual_seed(0)
+model = LlamaForCausalLM(config)
+model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+model.save_pretrained("/tmp/smollm2-shape")
+tok.save_pretrained("/tmp/smollm2-shape")
+print(f"random SmolLM2-135M-shaped model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters")
+EOF
+for model in tiny /tmp/smollm2-shape; do
+    name=$(basename "$model")
+    step "generation_reuse $name" 90 python3 benchmarks/generation_reuse.py --json "$OUT_DIR/generation_reuse-$name.json" \
+        "model.name=$model"
+done
+
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+if [ ${#failed[@]} -gt 0 ]; then
+    printf 'gpu check: FAILED: %s\n' "${failed[@]}"
+    exit 1
+fi
+echo "gpu check: all steps passed"
