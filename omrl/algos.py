@@ -8,6 +8,9 @@ of them the same way:
 - ``policy_loss``: ``fn(data: PolicyLossInput, cfg: AlgoConfig) -> (loss, metrics)``,
   ``loss`` a scalar tensor, ``metrics`` a dict of floats.
 - ``kl``:          ``fn(log_probs, ref_log_probs) -> kl`` elementwise, (bs, T) -> (bs, T).
+- ``rollout_correction``: ``fn(data: CorrectionInput, cfg: AlgoConfig) -> (weights, keep, metrics)``,
+  ``weights`` (bs, T) multiplying each token's loss, ``keep`` (bs, T) bool the tokens left in the
+  loss, ``metrics`` a dict of floats.
 
 Shapes: ``bs`` rows (one per trajectory), ``T`` token positions of the trained
 sequence, ``K`` the most turns in any row.
@@ -72,6 +75,19 @@ class AlgoConfig:
     loss_agg_mode: str = field(
         default="token-mean", metadata={"help": f"How token losses become one number: {', '.join(LOSS_AGG_MODES)}."}
     )
+    rollout_correction: str = field(
+        default="auto",
+        metadata={
+            "help": "Correction for the sampler's log-probs differing from the trainer's: none, token_tis, "
+            "seq_tis, token_mask, seq_mask; auto: none for the hf backend in float32, else token_tis."
+        },
+    )
+    rollout_is_cap: float = field(
+        default=2.0,
+        metadata={"help": "token_tis, seq_tis: the weights' cap; seq_mask: the ratio above which a row drops."},
+    )
+    rollout_band_low: float = field(default=0.5, metadata={"help": "token_mask: a token with a lower ratio drops."})
+    rollout_band_high: float = field(default=5.0, metadata={"help": "token_mask: a token with a higher ratio drops."})
     gigpo_step_weight: float = field(default=1.0, metadata={"help": "GiGPO: weight of the step-level advantage."})
     tree_step_weight: float = field(
         default=1.0,
@@ -125,6 +141,20 @@ class PolicyLossInput:
     def response_mask(self) -> torch.Tensor:
         """Deprecated name of :attr:`loss_mask` (omrl 0.1), kept for plugins written against it."""
         return _renamed("PolicyLossInput.response_mask", "loss_mask", self.loss_mask)
+
+
+@dataclass
+class CorrectionInput:
+    """What a rollout correction reads. All [bs, T].
+
+    old_log_probs      the trainer's log-probs of the policy that sampled (the proximal policy)
+    sampler_log_probs  the log-probs the rollout's sampler reported for the same tokens
+    loss_mask          1 on the trained tokens
+    """
+
+    old_log_probs: torch.Tensor
+    sampler_log_probs: torch.Tensor
+    loss_mask: torch.Tensor
 
 
 def _renamed(old: str, new: str, value):

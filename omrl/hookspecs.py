@@ -48,7 +48,8 @@ def register_algorithms(register):
 
     :param register: ``register(name, fn, kind=KIND)`` with ``KIND`` one of
         ``"advantage"`` (advantage estimators), ``"policy_loss"`` (policy
-        losses) or ``"kl"`` (KL-divergence estimators).
+        losses), ``"kl"`` (KL-divergence estimators) or ``"rollout_correction"``
+        (corrections for the sampler's log-probs).
         Every function of one kind shares one calling convention, documented in
         :mod:`omrl.algos`, so the training recipe never branches on a name.
     """

@@ -14,7 +14,7 @@ from typing import Any
 from omrl.errors import PluginError, UnknownNameError
 from omrl.plugins import distribution_of, load_plugins
 
-ALGORITHM_KINDS = ("advantage", "policy_loss", "kl")
+ALGORITHM_KINDS = ("advantage", "policy_loss", "kl", "rollout_correction")
 STRATEGY_KINDS = ("strategy", "scorer")
 
 
@@ -22,7 +22,7 @@ STRATEGY_KINDS = ("strategy", "scorer")
 class Component:
     """One registered thing and where it came from."""
 
-    kind: str  # env, reward, template, advantage, policy_loss, kl, strategy, scorer
+    kind: str  # env, reward, template, advantage, policy_loss, kl, rollout_correction, strategy, scorer
     name: str
     obj: Any
     plugin: str

@@ -12,7 +12,9 @@ from rich.text import Text
 
 def plugins(
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
-    kind: str = typer.Option(None, "--kind", help="Only this kind: env, reward, template, advantage, policy_loss, kl."),
+    kind: str = typer.Option(
+        None, "--kind", help="Only this kind: env, reward, template, advantage, policy_loss, kl, rollout_correction."
+    ),
     every: bool = typer.Option(False, "--all", help="Every env of a family, one row each (default: a row a family)."),
 ) -> None:
     """List every registered env, reward, template and algorithm."""

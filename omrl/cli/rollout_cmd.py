@@ -87,6 +87,8 @@ def check_before_loading(cfg) -> None:
         registry.algorithms.get(algorithm.advantage, kind="advantage")
         registry.algorithms.get(algorithm.policy_loss, kind="policy_loss")
         registry.algorithms.get(algorithm.kl_estimator, kind="kl")
+        if algorithm.rollout_correction != "auto":
+            registry.algorithms.get(algorithm.rollout_correction, kind="rollout_correction")
 
 
 def check_rollout_outputs(cfg) -> None:

@@ -147,4 +147,15 @@ def settings_block(cfg: Any) -> str:
     reward = getattr(cfg, "reward", None)
     if reward is not None:
         lines.append(f"reward     {shown(reward.weights)} ({reward.allocation})")
+    algorithm = getattr(cfg, "algorithm", None)
+    if algorithm is not None and algorithm.name != "dpo":
+        from omrl.training.rollout_correction import correction_name
+
+        chosen = correction_name(cfg)
+        why = (
+            f" (auto: {generation.backend} backend, {cfg.model.dtype})"
+            if algorithm.rollout_correction == "auto"
+            else ""
+        )
+        lines.append(f"sampler    rollout correction {chosen}{why}")
     return "\n".join(lines)

@@ -118,11 +118,15 @@ def policy_gradient_loss(
     ``out`` is the policy's forward on ``mb`` (:func:`omrl.training.policy.policy_forward`):
     log_probs and entropy [bs, L], and values [bs, L] when there is a critic. ``mb`` holds
     loss_mask, old_log_probs and advantages [bs, L], plus ref_log_probs when there is a
-    reference model and values and returns when there is a critic.
+    reference model, values and returns when there is a critic, and rollout_weights when a rollout
+    correction weighs the tokens (:mod:`omrl.training.rollout_correction`). Those weights (>= 0)
+    multiply the advantages, which weighs each token's loss for every policy loss that scales
+    with its advantage (max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)): all the built-ins).
     """
     mask = mb["loss_mask"]
     agg = algo.loss_agg_mode
-    loss, parts = policy_loss_fn(PolicyLossInput(out["log_probs"], mb["old_log_probs"], mb["advantages"], mask), algo)
+    advantages = mb["advantages"] * mb["rollout_weights"] if "rollout_weights" in mb.tensors else mb["advantages"]
+    loss, parts = policy_loss_fn(PolicyLossInput(out["log_probs"], mb["old_log_probs"], advantages, mask), algo)
     parts = {f"pg_{k}": float(v) for k, v in parts.items()}
     parts["pg_loss"] = loss.item()
     entropy = aggregate_loss(out["entropy"], mask, agg)

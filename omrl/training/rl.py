@@ -5,8 +5,9 @@ logger), ``train`` (one step = ROLLOUT -> REWARD -> LOG-PROBS -> ADVANTAGE -> UP
 EVAL and CHECKPOINT), ``cleanup``. DPO, which trains on pairs instead of advantages, is
 :mod:`omrl.training.dpo`.
 
-- The advantage estimator, policy loss and KL estimator are plugins looked up by name
-  (``algorithm.advantage``, ``.policy_loss``, ``.kl_estimator``); they share one calling
+- The advantage estimator, policy loss, KL estimator and rollout correction are plugins looked up
+  by name (``algorithm.advantage``, ``.policy_loss``, ``.kl_estimator``, ``.rollout_correction``,
+  :mod:`omrl.training.rollout_correction`); they share one calling
   convention (:mod:`omrl.algos`), so nothing here depends on which one is chosen. ``ppo``
   adds a critic: a value head on the policy (``algorithm.critic=head``) or its own model.
 - ``rollout.strategy`` may play the tasks by a tree search (:mod:`omrl.search`): its finished
@@ -42,6 +43,7 @@ from omrl.training.model_setup import load_trainable_model
 from omrl.training.policy import ValueHead, policy_forward
 from omrl.training.recipe import run_recipe
 from omrl.training.rl_data import join_columns, micro_batches, sort_by_length
+from omrl.training.rollout_correction import correct, correction_name, mismatch_means
 from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, with_shared_prefixes
 from omrl.training.tree_batch import chain_rows, paths_to_batch, train_each_turn_once, tree_advantage_input
 
@@ -60,6 +62,8 @@ class RLRecipe(online.OnlineRecipe):
         self.advantage_fn = registry.algorithms.get(algo.advantage, kind="advantage")
         self.policy_loss_fn = registry.algorithms.get(algo.policy_loss, kind="policy_loss")
         self.kl_fn = registry.algorithms.get(algo.kl_estimator, kind="kl")
+        self.correction = correction_name(cfg)
+        self.correction_fn = registry.algorithms.get(self.correction, kind="rollout_correction")
         online.check_algorithms(cfg, self.advantage_fn, has_critic=self.value_head is not None)
         self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
         critic = {
@@ -116,6 +120,8 @@ class RLRecipe(online.OnlineRecipe):
             passes = self._mini_batch_count(batch)
             on_policy = self._old_log_probs_from_update(passes)
             batch = join_columns(batch, self._score_rollout(batch, on_policy))  # old/ref log-probs, values
+            if not on_policy and "sampler_log_probs" in batch.tensors:  # the sampler's gap
+                metrics.update(self._mismatch(batch))
             if self.ref_model is not None and algo.kl_in_reward and len(batch):
                 kl = self.kl_fn(batch["old_log_probs"], batch["ref_log_probs"])
                 batch.tensors["token_rewards"] = apply_kl_in_reward(
@@ -130,6 +136,13 @@ class RLRecipe(online.OnlineRecipe):
                 trained, rows_trained, paths = strategy.sum([batch["loss_mask"].sum(), len(batch), len(episodes)])
                 metrics.update(finished_paths=rows_trained / max(paths, 1.0), trained_token_share=trained / tokens)
                 tokens = trained
+            if self.correction != "none":  # weights for the sampler's gap; dropped tokens leave the loss
+                metrics.update(correct(batch, self.correction_fn, algo) if len(batch) else {})
+                tokens = strategy.sum([batch["loss_mask"].sum()])[0]
+                if not tokens:
+                    metrics.update(self._skip(f"the rollout correction ({self.correction}) dropped every token"))
+                    self._end_step(metrics, started)
+                    continue
             if not strategy.sum([batch["advantages"].any()])[0] and not self._other_loss_terms():
                 metrics.update(self._skip("every advantage is 0 (all samples of each task got the same reward)"))
                 self._end_step(metrics, started)
@@ -185,6 +198,8 @@ class RLRecipe(online.OnlineRecipe):
                     if on_policy:  # the policy that sampled is this very one, not yet updated
                         mb.tensors["old_log_probs"] = out["log_probs"].detach()
                     loss, parts = policy_gradient_loss(out, mb, cfg.algorithm, self.policy_loss_fn, self.kl_fn)
+                    if on_policy and "sampler_log_probs" in mb.tensors:  # the sampler's gap, measured here
+                        parts.update(mismatch_means(mb["old_log_probs"], mb["sampler_log_probs"], mb["loss_mask"]))
                     mb_tokens = float(mb["loss_mask"].sum())
                     strategy.backward(loss * (mb_tokens / mini_tokens))
                     for key, value in parts.items():
@@ -216,7 +231,16 @@ class RLRecipe(online.OnlineRecipe):
             and passes <= 1
             and self.value_head is None
             and not (self.ref_model is not None and algo.kl_in_reward)
+            and self.correction == "none"  # a correction weighs and masks the batch before the update
         )
+
+    def _mismatch(self, batch) -> dict[str, float]:
+        """The sampler's gap to the old policy over this process's loss tokens, averaged over processes
+        by tokens (:func:`~omrl.training.rollout_correction.mismatch_means`)."""
+        tokens = float(batch["loss_mask"].sum())
+        means = mismatch_means(batch["old_log_probs"], batch["sampler_log_probs"], batch["loss_mask"])
+        total = max(self.strategy.sum([tokens])[0], 1.0)
+        return self.strategy.sum_dicts({key: value * tokens / total for key, value in means.items()})
 
     def _score_rollout(self, batch, on_policy: bool) -> list[dict[str, torch.Tensor]]:
         """Every micro-batch's rollout-time columns (see :meth:`_score`); none when no forward is

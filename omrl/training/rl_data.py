@@ -43,7 +43,8 @@ def episodes_to_batch(
     input_ids, attention_mask, loss_mask (1 on sampled tokens), token_rewards (the composed
     reward allocated to tokens), turn_index (turn of each sampled token, -1 elsewhere),
     turn_rewards [bs, K], turn_state_ids [bs, K] (equal ids = same group and same
-    observation: GiGPO's anchor states, -1 padding), group_ids [bs]. No episodes give 0 rows
+    observation: GiGPO's anchor states, -1 padding), group_ids [bs], and sampler_log_probs
+    (the log-probs the sampler reported, when every episode has them). No episodes give 0 rows
     (a process whose share of a step has nothing to train on still joins the step's collectives).
 
     An episode the ``as_template`` history split into rows stays one row here, its rows packed:
@@ -82,9 +83,18 @@ def episodes_to_batch(
             "turn_rewards": pad_sequences(turn_reward_rows, 0.0, torch.float32),
             "turn_state_ids": pad_sequences(state_rows, -1),
             "group_ids": torch.tensor([ep.group for ep in episodes], dtype=torch.long),
+            **_sampler_log_probs(episodes),
         },
         non_tensors={"task_id": [ep.task_id for ep in episodes], "env": [ep.env for ep in episodes]},
     )
+
+
+def _sampler_log_probs(episodes: Sequence[Episode]) -> dict[str, torch.Tensor]:
+    """``sampler_log_probs`` [bs, L]: each token's log-prob as its sampler reported it (0 off the sampled
+    tokens); none when an episode has no log-probs for its tokens (one written by hand or an older omrl)."""
+    if any(len(ep.logprobs) != len(ep.token_ids) for ep in episodes):
+        return {}
+    return {"sampler_log_probs": pad_sequences([ep.logprobs for ep in episodes], 0.0, torch.float32)}
 
 
 def advantage_input(batch: Batch) -> AdvantageInput:

@@ -1,4 +1,4 @@
-"""Built-in RL algorithms: advantage estimators, policy losses and KL estimators.
+"""Built-in RL algorithms: advantage estimators, policy losses, KL estimators and rollout corrections.
 
 Registered through the ``register_algorithms`` hook, exactly as a third-party package
 registers its own (calling conventions in :mod:`omrl.algos`); the recipes reach them by
@@ -17,6 +17,7 @@ def register_algorithms(register):
     from omrl_plugins.algos.gigpo import gigpo
     from omrl_plugins.algos.kl import k1, k2, k3
     from omrl_plugins.algos.policy_losses import clip_higher, dual_clip, ppo_clip
+    from omrl_plugins.algos.rollout_correction import none, seq_mask, seq_tis, token_mask, token_tis
     from omrl_plugins.algos.tree import tree_grpo
 
     advantages = {
@@ -30,6 +31,14 @@ def register_algorithms(register):
     }
     policy_losses = {"ppo_clip": ppo_clip, "dual_clip": dual_clip, "clip_higher": clip_higher}
     kl_estimators = {"k1": k1, "k2": k2, "k3": k3}
-    for kind, functions in (("advantage", advantages), ("policy_loss", policy_losses), ("kl", kl_estimators)):
+    corrections = {
+        "none": none,
+        "token_tis": token_tis,
+        "seq_tis": seq_tis,
+        "token_mask": token_mask,
+        "seq_mask": seq_mask,
+    }
+    kinds = (("advantage", advantages), ("policy_loss", policy_losses), ("kl", kl_estimators))
+    for kind, functions in (*kinds, ("rollout_correction", corrections)):
         for name, fn in functions.items():
             register(name, fn, kind=kind)

@@ -14,10 +14,17 @@ from omrl.registry import algorithms
 ADVANTAGES = ["dr_grpo", "gae", "gigpo", "grpo", "reinforce_plus_plus", "rloo", "tree_grpo"]
 POLICY_LOSSES = ["clip_higher", "dual_clip", "ppo_clip"]
 KL_ESTIMATORS = ["k1", "k2", "k3"]
+CORRECTIONS = ["none", "seq_mask", "seq_tis", "token_mask", "token_tis"]
 
 
 @pytest.mark.parametrize(
-    "kind, names", [("advantage", ADVANTAGES), ("policy_loss", POLICY_LOSSES), ("kl", KL_ESTIMATORS)]
+    "kind, names",
+    [
+        ("advantage", ADVANTAGES),
+        ("policy_loss", POLICY_LOSSES),
+        ("kl", KL_ESTIMATORS),
+        ("rollout_correction", CORRECTIONS),
+    ],
 )
 def test_builtins_are_listed_with_a_docstring(kind, names):
     assert set(names) <= set(algorithms.names(kind))

@@ -297,7 +297,12 @@ def test_on_policy_old_log_probs_from_the_updates_forward_change_nothing(rl_conf
     run_rl(slow, console=QUIET)
     assert calls and not any(calls)
     for a, b in zip(read_metrics(fast.logging.output_dir), read_metrics(slow.logging.output_dir), strict=True):
-        assert {k: v for k, v in a.items() if not varies(k)} == {k: v for k, v in b.items() if not varies(k)}
+        # the sampler's mismatch is summed per micro-batch in one, over the batch in the other: rounding apart
+        measured = [k for k in a if k.startswith("mismatch_")]
+        assert measured and [a[k] for k in measured] == pytest.approx([b[k] for k in measured], abs=1e-12)
+        assert {k: v for k, v in a.items() if not varies(k) and k not in measured} == {
+            k: v for k, v in b.items() if not varies(k) and k not in measured
+        }
     fast_model, _ = load_model(fast.logging.output_dir)
     slow_model, _ = load_model(slow.logging.output_dir)
     for (name, p), q in zip(fast_model.state_dict().items(), slow_model.state_dict().values()):
