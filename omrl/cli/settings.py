@@ -152,10 +152,10 @@ def settings_block(cfg: Any) -> str:
         from omrl.training.rollout_correction import correction_name
 
         chosen = correction_name(cfg)
-        why = (
-            f" (auto: {generation.backend} backend, {cfg.model.dtype})"
-            if algorithm.rollout_correction == "auto"
-            else ""
-        )
-        lines.append(f"sampler    rollout correction {chosen}{why}")
+        rollout = cfg.rollout
+        lag = f", weights {rollout.max_staleness} behind" if rollout.async_generation and rollout.max_staleness else ""
+        auto = algorithm.rollout_correction == "auto"
+        why = f" (auto: {generation.backend} backend, {cfg.model.dtype}{lag})" if auto else ""
+        where = f"generation process {rollout.max_staleness} steps ahead; " if rollout.async_generation else ""
+        lines.append(f"sampler    {where}rollout correction {chosen}{why}")
     return "\n".join(lines)

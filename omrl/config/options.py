@@ -98,6 +98,15 @@ class TrainRolloutConfig:
         "train a turn several paths share once, dpo pairs sibling replies' paths.",
     )
     budget: int = opt(0, "Model tokens each tree's search may generate (0: no limit).")
+    async_generation: bool = opt(
+        False,
+        "Generate in a process of its own (hf backend) that plays ahead while the trainer updates "
+        "(omrl.training.async_generation).",
+    )
+    max_staleness: int = opt(
+        1, "With async_generation: step k plays with the weights of step k - max_staleness (0: the synchronous run's)."
+    )
+    generation_threads: int = opt(0, "With async_generation: torch threads of the generation process (0: default).")
 
 
 @dataclass

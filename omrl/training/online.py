@@ -27,6 +27,7 @@ from omrl.parallel import Strategy
 from omrl.rollout import RolloutSession
 from omrl.search import play_strategy, plays_batched, strategy_traits
 from omrl.search.context import check_budget
+from omrl.training import async_generation
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, rollout_metrics
@@ -75,6 +76,7 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
         raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
     check_rollout_strategy(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
+    async_generation.check_async(cfg, strategy.world_size)
 
 
 def check_rollout_strategy(cfg: TrainRunConfig) -> None:
@@ -253,6 +255,7 @@ class OnlineRecipe:
         self.env_failed_step = ""  # why this step's every episode failed in the env ("" when some did not)
         self.env_failed_tries = 0  # rollouts of this step in a row in which every episode failed in the env
         self.episodes_with_a_turn, self.longest_prompt = 0, 0
+        self.generation = None  # the generation process, with rollout.async_generation (set up in setup)
 
     # -- setup pieces ---------------------------------------------------------------------------------
     def _start_setup(self, recipes: tuple[str, ...]) -> Path | None:
@@ -303,6 +306,7 @@ class OnlineRecipe:
             self.console.print(f"resuming from {resume_from} at step {self.step}", highlight=False, soft_wrap=True)
         self.logger = make_logger(self.cfg, self.strategy, self.step, self.config_dict, self.console)
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(self.cfg))
+        self.generation = async_generation.start(self, state)  # None: the rollouts play in this process
         return state
 
     # -- step pieces ----------------------------------------------------------------------------------
@@ -382,6 +386,11 @@ class OnlineRecipe:
         never counted, logged nor checkpointed."""
         cfg, strategy = self.cfg, self.strategy
         self.model.eval()
+        if self.generation is not None:  # played ahead by the generation process
+            episodes, metrics = async_generation.take(self)
+            if self.env_failed_step:
+                raise EnvFailure(self._env_failure_message())
+            return episodes, metrics
         episodes = self._play_counted(
             lambda: play_step(cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed)
         )
@@ -420,6 +429,8 @@ class OnlineRecipe:
             raise EnvFailure(self._env_failure_message())
         sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
         self.step += 1
+        if self.generation is not None:  # it plays the step these weights are for while this one goes on
+            async_generation.after_update(self)
         cfg = self.cfg
         if self.step == cfg.steps or (cfg.eval_every and self.step % cfg.eval_every == 0):
             metrics.update(self.evaluate())
@@ -480,8 +491,9 @@ class OnlineRecipe:
         }
 
     def _checkpoint_extra(self) -> dict[str, Any]:
-        """What a checkpoint keeps besides weights, optimizer, schedule, RNG and task position."""
-        return self.skipped.state_dict()
+        """What a checkpoint keeps besides weights, optimizer, schedule, RNG and task position: the
+        skipped-update counts, and the steps the generation process played ahead."""
+        return {**self.skipped.state_dict(), **async_generation.checkpoint_extra(self)}
 
     def save_checkpoint(self) -> Path:
         return save_recipe_checkpoint(
@@ -492,4 +504,4 @@ class OnlineRecipe:
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        close_all(*(getattr(self, name, None) for name in ("logger", "session", "strategy")))
+        close_all(*(getattr(self, name, None) for name in ("generation", "logger", "session", "strategy")))

@@ -28,11 +28,15 @@ MAX_LOG_RATIO = 20.0
 
 def correction_name(cfg: Any) -> str:
     """The ``rollout_correction`` a run of ``cfg`` applies: ``algorithm.rollout_correction``, with
-    ``auto`` resolved by the backend and the weights' dtype."""
+    ``auto`` resolved by the backend, the weights' dtype and whether generation runs behind the trainer
+    (``rollout.async_generation`` with ``max_staleness`` above 0)."""
     chosen = cfg.algorithm.rollout_correction
     if chosen != "auto":
         return chosen
-    return "none" if (cfg.generation.backend, cfg.model.dtype) == EXACT_SAMPLER else DEFAULT_CORRECTION
+    rollout = getattr(cfg, "rollout", None)
+    behind = rollout is not None and getattr(rollout, "async_generation", False) and rollout.max_staleness > 0
+    exact = (cfg.generation.backend, cfg.model.dtype) == EXACT_SAMPLER and not behind
+    return "none" if exact else DEFAULT_CORRECTION
 
 
 def correct(batch, correction_fn, algo) -> dict[str, float]:

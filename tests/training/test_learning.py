@@ -28,7 +28,12 @@ class MovesLeft:
 
 
 @pytest.mark.slow
-def test_grpo_raises_the_reward_it_optimises(tmp_path, register_plugin):
+@pytest.mark.parametrize(
+    "generation",
+    [(), ("rollout.async_generation=true", "rollout.max_staleness=1", "rollout.generation_threads=1")],
+    ids=["sync", "async-staleness-1"],
+)
+def test_grpo_raises_the_reward_it_optimises(tmp_path, register_plugin, generation):
     register_plugin(MovesLeft(), name="moves-left")
     example = load_example("learn_gridworld")
     budget = example.Budget(  # the example's GRPO settings (learning rate 5e-4, mini-batches of 16)
@@ -37,7 +42,7 @@ def test_grpo_raises_the_reward_it_optimises(tmp_path, register_plugin):
     data = example.expert_data(tmp_path / "expert.parquet", budget.expert_episodes)
     sft = example.sft_stage(data, tmp_path / "sft", budget, seed=0)
     example.grpo_stage(
-        sft, tmp_path / "grpo", budget, seed=0, reward="{moves_left: 1.0}", overrides=("env.max_turns=4",)
+        sft, tmp_path / "grpo", budget, seed=0, reward="{moves_left: 1.0}", overrides=("env.max_turns=4", *generation)
     )  # short episodes: a fast test
 
     records = read_metrics(tmp_path / "grpo")

@@ -1,0 +1,325 @@
+"""Generation in a process of its own, running ahead of the trainer by a fixed number of weight versions.
+
+With ``rollout.async_generation=true`` the online recipes take each step's episodes from a
+:class:`GenerationProcess`: a spawned process with its own copy of the policy, its own envs and
+its own ``hf`` backend. While the trainer updates on step k, that process plays step k+1.
+
+The lag is exact, which makes a run reproducible. Version v means the weights after v updates.
+Step j is played with version ``max(0, j - max_staleness)``; the trainer sends each version when
+its update is done, and the process holds back any version it does not need yet. So every
+episode of a step, and every turn of it, is exactly ``min(j, max_staleness)`` versions behind
+the weights it is trained with. Nothing is ever too stale to use, a task's group always comes
+from one version (its baseline compares like with like), and ``max_staleness=0`` plays what the
+synchronous run plays. Each turn records the version it was sampled with
+(``Turn.info["weights_version"]``). The trainer's old log-probs are the proximal policy, and the
+sampler's log-probs are the behaviour policy: ``algorithm.rollout_correction`` (``auto``:
+``token_tis`` once the lag is above 0) corrects between them.
+
+A checkpoint keeps the steps already played ahead (their episodes and metrics), so a resumed run
+trains exactly what the stopped one would have. An episode never continues across a weight
+update: partial rollouts are not done.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import queue
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from omrl.errors import ConfigError, OmrlError
+
+POLL_SECONDS = 1.0  # how often a wait for the process checks that it is still alive
+
+
+def version_for(step: int, max_staleness: int) -> int:
+    """The weight version step ``step`` (0-based) is played with."""
+    return max(0, step - max_staleness)
+
+
+def check_async(cfg: Any, world_size: int) -> None:
+    """Refuse what the generation process cannot do yet, naming the setting and what is valid."""
+    rollout = cfg.rollout
+    if rollout.max_staleness < 0:
+        raise ConfigError(f"rollout.max_staleness must be >= 0, got {rollout.max_staleness}")
+    if rollout.generation_threads < 0:
+        raise ConfigError(
+            f"rollout.generation_threads must be >= 0 (0: torch's default), got {rollout.generation_threads}"
+        )
+    if not rollout.async_generation:
+        return
+    problems = []
+    if cfg.generation.backend != "hf":
+        problems.append(f"generation.backend={cfg.generation.backend} (valid: hf)")
+    if world_size > 1:
+        problems.append(f"{world_size} training processes (valid: one)")
+    if cfg.model.lora_rank:
+        problems.append(f"model.lora_rank={cfg.model.lora_rank} (valid: 0, full fine-tuning)")
+    if problems:
+        raise ConfigError(
+            "rollout.async_generation=true runs the hf backend beside one training process of full weights; "
+            f"this run has {', '.join(problems)}; set rollout.async_generation=false or change them"
+        )
+
+
+def runtime_plugins() -> list[tuple[str, Any]]:
+    """The plugins registered in this process at run time (not through an entry point), which the
+    spawned process must register too; each must pickle (a module-level class)."""
+    import pickle
+
+    from omrl.plugins import _distributions, load_plugins
+
+    plugins = []
+    for name, plugin in load_plugins().list_name_plugin():
+        if name in _distributions or plugin is None:
+            continue
+        try:
+            pickle.dumps(plugin)
+        except Exception as exc:
+            raise ConfigError(
+                f"plugin {name!r} was registered at run time and cannot be sent to the generation process "
+                f"({type(exc).__name__}: {exc}); register it through an entry point, or set "
+                "rollout.async_generation=false"
+            ) from exc
+        plugins.append((name, plugin))
+    return plugins
+
+
+class GenerationProcess:
+    """The trainer's handle on the generation process: ``request`` steps, ``take`` their episodes,
+    ``publish`` each new weight version, ``close``."""
+
+    def __init__(self, cfg: Any, weights: dict[str, torch.Tensor], version: int):
+        self.cfg = cfg
+        self.staleness = cfg.rollout.max_staleness
+        context = multiprocessing.get_context("spawn")  # fork would copy torch's threads and locks
+        self.requests, self.results = context.Queue(), context.Queue()
+        self.requested: dict[int, tuple[list[Any], int]] = {}  # step -> (tasks, seed)
+        self.taken: dict[int, tuple[list[Any], int]] = {}  # step -> (tasks, seed), once its episodes are taken
+        self.ready: dict[int, tuple[list[Any], dict[str, float]]] = {}  # step -> (episodes, metrics)
+        self.process = context.Process(
+            target=_serve,
+            args=(cfg, runtime_plugins(), _cpu_copy(weights), version, self.requests, self.results),
+            name="omrl-generation",
+            daemon=True,
+        )
+        self.process.start()
+
+    def request(self, step: int, tasks: Sequence[Any], seed: int) -> None:
+        """Play ``tasks`` for ``step`` with the weights of its version (:func:`version_for`)."""
+        self.requested[step] = (list(tasks), seed)
+        self.requests.put(("play", step, list(tasks), seed, version_for(step, self.staleness)))
+
+    def replay(self, step: int) -> None:
+        """Play ``step`` again (every episode failed in the env), with the newest weights the process holds."""
+        tasks, seed = self.requested[step] = self.taken.pop(step)
+        self.requests.put(("play", step, tasks, seed, -1))
+
+    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        """The weights after ``version`` updates; the process applies them when a step needs them."""
+        self.requests.put(("weights", version, _cpu_copy(weights)))
+
+    def take(self, step: int) -> tuple[list[Any], dict[str, float], float]:
+        """(episodes, their rollout metrics, seconds waited for them) of ``step``."""
+        started = time.perf_counter()
+        while step not in self.ready:
+            self._receive()
+        episodes, metrics = self.ready.pop(step)
+        self.taken = {step: self.requested.pop(step)}
+        return episodes, metrics, time.perf_counter() - started
+
+    def played_ahead(self) -> dict[int, tuple[list[Any], dict[str, float]]]:
+        """Every requested step not yet taken, waiting for those still being played (for a checkpoint)."""
+        while any(step not in self.ready for step in self.requested):
+            self._receive()
+        return {step: self.ready[step] for step in sorted(self.requested)}
+
+    def restore(
+        self, played: dict[int, tuple[list[Any], dict[str, float]]], tasks: dict[int, tuple[list, int]]
+    ) -> None:
+        """Steps a checkpoint kept as played ahead: taken from here, not played again."""
+        self.ready.update(played)
+        self.requested.update(tasks)
+
+    def _receive(self) -> None:
+        try:
+            message = self.results.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            if not self.process.is_alive():
+                raise OmrlError(
+                    f"the generation process stopped (exit code {self.process.exitcode}) without a word: killed, "
+                    "or out of memory? continue with --resume"
+                ) from None
+            return
+        if message[0] == "error":
+            raise OmrlError(f"the generation process failed: {message[1]}")
+        _, step, episodes, metrics = message
+        self.ready[step] = (episodes, metrics)
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            self.requests.put(("stop",))
+            self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=5)
+
+
+def _cpu_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A copy the trainer's next update cannot change (queues share tensors' memory, not copy it)."""
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
+
+
+def _serve(cfg, plugins, weights, version, requests, results) -> None:
+    """The generation process: apply weight versions as steps need them, play each requested step."""
+    try:
+        from omrl.models import load_model
+        from omrl.parallel import Strategy
+        from omrl.plugins import load_plugins
+        from omrl.rollout import RolloutSession
+        from omrl.training.online import play_step, step_metrics
+
+        if cfg.rollout.generation_threads:
+            torch.set_num_threads(cfg.rollout.generation_threads)
+        pm = load_plugins()
+        for name, plugin in plugins:
+            pm.register(plugin, name=name)
+        device = "cuda" if torch.cuda.is_available() else None
+        model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
+        model.load_state_dict(weights)
+        model.eval()
+        session = RolloutSession.from_config(cfg, model=model, tokenizer=tokenizer)
+        held: dict[int, dict[str, torch.Tensor]] = {}  # versions sent before a step needs them
+        while True:
+            message = requests.get()
+            if message[0] == "stop":
+                break
+            if message[0] == "weights":
+                held[message[1]] = message[2]
+                continue
+            _, step, tasks, seed, needed = message
+            newest = max(held, default=version) if needed < 0 else needed  # a replay takes the newest
+            while version < newest:
+                while version + 1 not in held:  # its weights are on their way: the trainer sent them first
+                    kind, *rest = requests.get()
+                    if kind == "weights":
+                        held[rest[0]] = rest[1]
+                version += 1
+                session.backend.update_weights(held.pop(version))
+            started = time.perf_counter()
+            episodes = play_step(cfg, session, tasks, seed)
+            for ep in episodes:
+                for turn in ep.turns:
+                    turn.info["weights_version"] = version
+            metrics = step_metrics(episodes, time.perf_counter() - started, session, Strategy())
+            results.put(("played", step, episodes, metrics))
+        session.close()
+    except BaseException as exc:  # reported to the trainer, which stops the run with it
+        results.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
+
+
+def played_to_tensors(played: dict[int, tuple[list[Any], dict[str, float]]]) -> dict[str, torch.Tensor]:
+    """Steps played ahead as a checkpoint's ``extra`` holds them: tensors only (it loads weights-only)."""
+    from omrl.data import write_episodes
+
+    out: dict[str, torch.Tensor] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for step, (episodes, metrics) in played.items():
+            path = write_episodes(episodes, Path(tmp) / f"{step}.parquet")
+            out[f"async_step_{step}_episodes"] = _bytes_tensor(path.read_bytes())
+            out[f"async_step_{step}_metrics"] = _bytes_tensor(json.dumps(metrics).encode())
+    return out
+
+
+def played_from_tensors(extra: dict[str, Any]) -> dict[int, tuple[list[Any], dict[str, float]]]:
+    """The inverse of :func:`played_to_tensors` (steps absent: none kept)."""
+    from omrl.data.trajectory import read_episodes
+
+    played = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for key, value in extra.items():
+            if key.startswith("async_step_") and key.endswith("_episodes"):
+                step = int(key[len("async_step_") : -len("_episodes")])
+                path = Path(tmp) / f"{step}.parquet"
+                path.write_bytes(bytes(value.numpy()))
+                metrics = json.loads(bytes(extra[f"async_step_{step}_metrics"].numpy()).decode())
+                played[step] = (read_episodes(path), metrics)
+    return played
+
+
+def _bytes_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
+
+
+# -- the recipe's side: what OnlineRecipe calls ------------------------------------------------------
+
+
+def start(recipe: Any, resumed: Any) -> GenerationProcess | None:
+    """The generation process of ``recipe`` (None unless ``rollout.async_generation``), holding the
+    weights of its step; the steps a resumed checkpoint played ahead are restored, the rest requested."""
+    cfg = recipe.cfg
+    if not cfg.rollout.async_generation:
+        return None
+    generation = GenerationProcess(cfg, recipe.strategy.state_dict(recipe.model), version=recipe.step)
+    if resumed is not None:
+        played = played_from_tensors(resumed.extra)
+        tasks = {
+            step: (list(dict.fromkeys(ep.task_id for ep in episodes)), _seed(recipe, step))
+            for step, (episodes, _) in played.items()
+        }
+        generation.restore(played, tasks)
+    for step in range(recipe.step, min(cfg.steps, recipe.step + cfg.rollout.max_staleness + 1)):
+        if step not in generation.requested:
+            _request(recipe, generation, step)
+    return generation
+
+
+def take(recipe: Any) -> tuple[list[Any], dict[str, float]]:
+    """This step's episodes, played ahead by the generation process (again, with its newest weights,
+    when ``recipe`` plays the step again after every episode failed in the env), and their metrics."""
+    generation, step = recipe.generation, recipe.step
+    waited = 0.0
+    metrics: dict[str, float] = {}
+
+    def play() -> list[Any]:
+        nonlocal waited, metrics
+        if step in generation.taken:  # taken before: every episode failed in the env
+            generation.replay(step)
+        episodes, metrics, seconds = generation.take(step)
+        waited += seconds
+        return episodes
+
+    episodes = recipe._play_counted(play)
+    lag = step - version_for(step, recipe.cfg.rollout.max_staleness)
+    return episodes, {**metrics, "weights_lag": float(lag), "generation_wait_s": waited}
+
+
+def after_update(recipe: Any) -> None:
+    """Send the weights of ``recipe.step`` updates, and request the step that plays with them."""
+    generation, cfg = recipe.generation, recipe.cfg
+    generation.publish(recipe.step, recipe.strategy.state_dict(recipe.model))
+    ahead = recipe.step + cfg.rollout.max_staleness
+    if ahead < cfg.steps and ahead not in generation.requested:
+        _request(recipe, generation, ahead)
+
+
+def checkpoint_extra(recipe: Any) -> dict[str, torch.Tensor]:
+    """The steps played ahead of ``recipe.step``, waited for, as tensors for the checkpoint."""
+    return played_to_tensors(recipe.generation.played_ahead()) if recipe.generation is not None else {}
+
+
+def _request(recipe: Any, generation: GenerationProcess, step: int) -> None:
+    tasks = recipe.strategy.shard(recipe.task_order.take(recipe.cfg.tasks_per_step))
+    generation.request(step, tasks, _seed(recipe, step))
+
+
+def _seed(recipe: Any, step: int) -> int:
+    from omrl.training.online import rollout_seed
+
+    return rollout_seed(recipe.cfg, step, recipe.strategy)

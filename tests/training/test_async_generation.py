@@ -1,0 +1,144 @@
+"""`rollout.async_generation`: a generation process plays ahead of the trainer by an exact number of weight
+versions; with none it plays what the synchronous run plays, a stopped run resumes exactly, and a
+failure of that process stops the run with a clear error."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from omrl.data.trajectory import read_episodes
+from omrl.errors import ConfigError, OmrlError
+from omrl.hookspecs import hookimpl
+from omrl.models import load_model
+from omrl.training import async_generation
+from omrl.training.checkpoint import latest_checkpoint
+from omrl.training.metrics import read_metrics
+from omrl.training.rl import run_rl
+from tests.training.helpers import SampleIndexReward, gridworld_configs
+
+QUIET = Console(file=io.StringIO())
+ASYNC_ONLY = ("weights_lag", "generation_wait_s")
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.fixture
+def config(tiny_model_dir, tmp_path, register_plugin):
+    # a run-time plugin: the generation process must register it too
+    register_plugin(SampleIndexReward(), name="sample-index")
+    return gridworld_configs(
+        tiny_model_dir,
+        tmp_path,
+        "steps=3",
+        "reward.weights={sample_index: 1.0}",
+        "optim.micro_batch_size=8",
+        "rollout.generation_threads=1",
+    )
+
+
+def numbers(out) -> list[dict]:
+    """The run's logged numbers, less times, speeds, memory and the async-only keys."""
+    return [
+        {
+            k: v
+            for k, v in r.items()
+            if not (k.endswith("_per_s") or "time" in k or k.startswith("peak_") or k in ASYNC_ONLY)
+        }
+        for r in read_metrics(out)
+    ]
+
+
+def same_weights(a: str, b: str) -> bool:
+    first, _ = load_model(a)
+    second, _ = load_model(b)
+    return all(torch.equal(p, q) for p, q in zip(first.state_dict().values(), second.state_dict().values()))
+
+
+def test_no_staleness_plays_exactly_what_the_synchronous_run_plays(config):
+    sync = config(out="sync")
+    ahead = config("rollout.async_generation=true", "rollout.max_staleness=0", out="async0")
+    run_rl(sync, console=QUIET)
+    run_rl(ahead, console=QUIET)
+    assert numbers(sync.logging.output_dir) == numbers(ahead.logging.output_dir)
+    assert [r["weights_lag"] for r in read_metrics(ahead.logging.output_dir)] == [0.0, 0.0, 0.0]
+    assert same_weights(sync.logging.output_dir, ahead.logging.output_dir)
+
+
+def test_each_step_plays_with_the_weights_max_staleness_behind_and_says_so(config):
+    cfg = config("rollout.async_generation=true", "rollout.max_staleness=1")
+    run_rl(cfg, console=QUIET)
+    records = read_metrics(cfg.logging.output_dir)
+    assert [r["weights_lag"] for r in records] == [0.0, 1.0, 1.0]
+    assert all(not r.get("skipped_updates") for r in records) and all("rollout_is_mean" in r for r in records)
+    for step in (1, 2, 3):  # step k (1-based) plays with the weights after max(0, k - 2) updates
+        episodes = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
+        versions = {turn.info["weights_version"] for ep in episodes for turn in ep.turns}
+        assert versions == {max(0, step - 2)}, step
+    # the sampler's log-probs are a version behind the trainer's from step 2 on: a real gap, measured
+    assert records[0]["mismatch_kl_k3"] < 1e-8 < records[1]["mismatch_kl_k3"]
+
+
+def test_a_stopped_run_resumes_to_the_same_numbers_and_weights(config):
+    settings = ("rollout.async_generation=true", "rollout.max_staleness=1", "steps=4", "logging.save_steps=1")
+    full = config(*settings, out="full")
+    run_rl(full, console=QUIET)
+    stopped = config(*settings, out="stopped")
+
+    def stop_after_two(step, metrics):
+        if step == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_rl(stopped, on_step_end=stop_after_two, console=QUIET)
+    assert latest_checkpoint(stopped.logging.output_dir).name == "step-00000002"
+    stopped.resume = True
+    run_rl(stopped, console=QUIET)
+    assert numbers(stopped.logging.output_dir) == numbers(full.logging.output_dir)
+    assert same_weights(full.logging.output_dir, stopped.logging.output_dir)
+
+
+def test_a_generation_process_that_dies_stops_the_run_naming_it(config, monkeypatch):
+    take = async_generation.GenerationProcess.take
+
+    def killed_first(self, step):
+        self.process.kill()
+        self.process.join()
+        return take(self, step)
+
+    monkeypatch.setattr(async_generation.GenerationProcess, "take", killed_first)
+    with pytest.raises(OmrlError, match="generation process stopped .*exit code -9.*--resume"):
+        run_rl(config("rollout.async_generation=true"), console=QUIET)
+
+
+class BrokenReward:
+    """A reward plugin that raises: it runs in the generation process, where the episodes are scored."""
+
+    @hookimpl
+    def register_rewards(self, register):
+        def broken(episodes):
+            """Raises."""
+            raise RuntimeError("the scoring service answered 503")
+
+        register("broken", broken)
+
+
+def test_a_failure_inside_the_generation_process_is_reported_with_its_reason(config, register_plugin):
+    register_plugin(BrokenReward(), name="broken-reward")
+    with pytest.raises(OmrlError, match="generation process failed: .*the scoring service answered 503"):
+        run_rl(config("rollout.async_generation=true", "reward.weights={broken: 1.0}"), console=QUIET)
+
+
+@pytest.mark.parametrize(
+    "setting, named",
+    [("generation.backend=vllm", "generation.backend=vllm"), ("model.lora_rank=4", "model.lora_rank=4")],
+)
+def test_what_the_generation_process_cannot_do_is_refused_before_it_starts(config, setting, named):
+    with pytest.raises(ConfigError, match=f"async_generation=true.*{named}"):
+        run_rl(config("rollout.async_generation=true", setting), console=QUIET)
