@@ -73,11 +73,11 @@ def runtime_plugins() -> list[tuple[str, Any]]:
     spawned process must register too; each must pickle (a module-level class)."""
     import pickle
 
-    from omrl.plugins import _distributions, load_plugins
+    from omrl.plugins import distribution_of, load_plugins
 
     plugins = []
     for name, plugin in load_plugins().list_name_plugin():
-        if name in _distributions or plugin is None:
+        if distribution_of(name) != "-" or plugin is None:  # an entry point's: the process loads it itself
             continue
         try:
             pickle.dumps(plugin)

@@ -1,0 +1,88 @@
+"""Synchronous vs asynchronous generation on the same cores, in one run: the default job's steps.
+
+    python benchmarks/async_overlap.py [--steps 4] [--threads 2] [--json out.json] [key=value ...]
+
+Runs `omrl train --algo grpo --env webshop` (the default job: SmolLM2 after WebShop SFT, 2 tasks x 2
+samples a step; ``key=value`` overrides as on the command line, evaluation off) twice, each in a
+fresh process:
+
+1. synchronous: generation then update, both with ``--threads`` torch threads;
+2. asynchronous: ``rollout.async_generation=true rollout.max_staleness=1``; the generation process
+   and the trainer each get half the threads, so both sides use the same cores.
+
+Prints and writes (``benchmarks/results/async_overlap.json`` unless ``--json``) the wall time of
+each run and its steady state: the steps after the first (the first pays for loading and has
+nothing to overlap), as seconds a step, trained tokens a second (the tokens sampled in those
+steps, over their seconds) and episodes an hour. The ratio is async / sync throughput. The
+target is >= 1.5x. Overlap can at best hide the shorter side, generation or update, behind the
+longer one, so the ceiling is (generation + update) / max(generation, update) at the threads
+each side gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _results import default_json, machine, save_json
+
+
+def run(out: Path, threads: int, overrides: list[str]) -> dict:
+    env = {**os.environ, "OMRL_NUM_THREADS": str(threads)}
+    command = [sys.executable, "-m", "omrl", "train", "--algo", "grpo", "--env", "webshop", "--output-dir", str(out)]
+    started = time.perf_counter()
+    subprocess.run([*command, *overrides], env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steady = records[1:]
+    seconds = sum(r["step_time"] for r in steady)
+    tokens = sum(r["generated_tokens"] for r in steady)
+    episodes = len(steady) * 2 * 2  # the job's tasks_per_step x group_size
+    return {
+        "wall_seconds": wall,
+        "step_seconds": [r["step_time"] for r in records],
+        "steady_seconds_per_step": seconds / len(steady),
+        "steady_tokens_per_s": tokens / seconds,
+        "steady_episodes_per_hour": episodes / seconds * 3600,
+        "generation_wait_s": [r.get("generation_wait_s") for r in records],
+        "rollout_time": [r.get("rollout_time") for r in records],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads in all (split in half when async)")
+    parser.add_argument("--json", type=Path, default=default_json("async_overlap"))
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    common = [f"steps={args.steps}", "eval_tasks=0", "logging.tensorboard=false", *args.overrides]
+    half = max(1, args.threads // 2)
+    with tempfile.TemporaryDirectory() as tmp:
+        sync = run(Path(tmp) / "sync", args.threads, common)
+        ahead = run(
+            Path(tmp) / "async",
+            half,
+            [*common, "rollout.async_generation=true", "rollout.max_staleness=1", f"rollout.generation_threads={half}"],
+        )
+    ratio = ahead["steady_tokens_per_s"] / sync["steady_tokens_per_s"]
+    result = {"steps": args.steps, "threads": args.threads, "sync": sync, "async": ahead, "ratio": ratio}
+    result["machine"] = machine(args.threads)
+    for name, side in (("sync", sync), ("async", ahead)):
+        print(
+            f"{name:6} wall {side['wall_seconds']:7.1f} s   steady {side['steady_seconds_per_step']:6.1f} s/step   "
+            f"{side['steady_tokens_per_s']:6.1f} tokens/s   {side['steady_episodes_per_hour']:6.0f} episodes/h"
+        )
+    print(f"async / sync throughput: {ratio:.2f}x (target >= 1.5)")
+    save_json(args.json, result)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
