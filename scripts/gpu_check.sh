@@ -10,7 +10,8 @@
 #      training, algorithms, search, reward models (not the slow ones, not the multi-process ones, not
 #      those whose expected numbers were recorded with the CPU's random stream, that need packages the
 #      image lacks (uvicorn, wandb) or SmolLM2 itself, as the reward models' default base);
-#   3. `omrl train` then `omrl eval` from the command line, on the GPU;
+#   3. `omrl train` then `omrl eval` from the command line, on the GPU, and `omrl train` with its rollouts
+#      played ahead by a generation process (rollout.async_generation; not yet run on a GPU);
 #   4. benchmarks/generation_reuse.py on the GPU, with `tiny` and with a random-init model of
 #      SmolLM2-135M's shape (the real one's 98 MB file does not travel to a lent GPU machine).
 # Packages the GPU image lacks travel as wheels in .whl/: fetch them first with scripts/gpu_wheels.sh.
@@ -64,6 +65,10 @@ rm -rf "$run_dir" "$OUT_DIR/eval"
 step "omrl train on cuda" 90 python3 -m omrl train --algo grpo --env gridworld --model tiny --steps 3 --output-dir "$run_dir"
 [ -f "$run_dir/metrics.jsonl" ] && cp "$run_dir/metrics.jsonl" "$OUT_DIR/train_metrics.jsonl"
 step "omrl eval on cuda" 60 python3 -m omrl eval --model "$run_dir" --env gridworld --num-tasks 20 --output-dir "$OUT_DIR/eval"
+rm -rf "$run_dir-async"
+step "omrl train, async generation, on cuda" 120 python3 -m omrl train --algo grpo --env gridworld --model tiny \
+    --steps 3 --output-dir "$run_dir-async" rollout.async_generation=true rollout.max_staleness=1
+[ -f "$run_dir-async/metrics.jsonl" ] && cp "$run_dir-async/metrics.jsonl" "$OUT_DIR/train_async_metrics.jsonl"
 
 python3 - <<'EOF' || failed+=("random smollm2-shaped model")
 # A random-init model of SmolLM2-135M's shape (its config.json) with tiny's tokenizer: real compute, no download.

@@ -146,12 +146,19 @@ def report_error(exc: BaseException, debug: bool) -> int:
     return 2 if isinstance(exc, OmrlError) else 1
 
 
+#: device files whose presence means a GPU DeepSpeed could use (NVIDIA, AMD)
+ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
+
+
 def quiet_third_parties() -> None:
     """omrl draws its own progress bars and says its own warnings, one line each: turn off the hub's and
     transformers' bars (unless the user set them) and print Python warnings without their source lines."""
     import warnings
 
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # read when huggingface_hub loads
+    if not any(Path(device).exists() for device in ACCELERATOR_DEVICES):
+        # DeepSpeed, imported by accelerate when installed, would log "Setting accelerator to CPU" on every run
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
     def one_line(message, category, filename, lineno, file=None, line=None) -> None:
         where = Path(filename).name

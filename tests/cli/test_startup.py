@@ -60,3 +60,12 @@ def test_a_command_that_needs_no_model_does_not_import_torch(argv):
 
 def test_data_show_reads_a_dataset_without_torch(conversations_file):
     assert imports_of("data", "show", str(conversations_file)) == {"code": 0, "torch": False, "transformers": False}
+
+
+def test_a_run_on_a_machine_without_a_gpu_prints_no_third_party_accelerator_line(tmp_path):
+    """DeepSpeed (installed with the dev extra) logs "Setting accelerator to CPU" when imported on such a
+    machine; omrl tells it the accelerator first."""
+    probe = "from omrl.cli import quiet_third_parties; quiet_third_parties(); import deepspeed"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "real_accelerator" not in done.stderr + done.stdout

@@ -19,19 +19,14 @@ from rich.console import Console
 from omrl.backends.hf import HFBackend
 from omrl.models import load_model
 from omrl.rollout import EnvPool, RolloutLimits, collect
-from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.logits import token_log_probs
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
 from tests.fakes import ActionTemplate, KeyEnv
-from tests.training.helpers import SampleIndexReward, gridworld_configs
+from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
 
 pytestmark = pytest.mark.gpu
 QUIET = Console(file=io.StringIO())
-
-
-class Stop(Exception):
-    pass
 
 
 @pytest.fixture
@@ -60,16 +55,7 @@ def test_a_resumed_gpu_run_matches_an_uninterrupted_one(rl_config):
     full = rl_config("steps=3", "logging.save_steps=1", out="full")
     run_rl(full, console=QUIET)
     killed = rl_config("steps=3", "logging.save_steps=1", out="killed")
-
-    def stop_after_two(step, metrics):
-        if step == 2:
-            raise Stop
-
-    with pytest.raises(Stop):
-        run_rl(killed, on_step_end=stop_after_two, console=QUIET)
-    assert latest_checkpoint(killed.logging.output_dir).name == "step-00000002"
-    killed.resume = True
-    run_rl(killed, console=QUIET)
+    stop_then_resume(killed, console=QUIET)
     expected = {r["step"]: r for r in read_metrics(full.logging.output_dir)}
     for record in read_metrics(killed.logging.output_dir):
         for key in ("reward", "loss", "grad_norm", "response_tokens"):

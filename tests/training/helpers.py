@@ -97,3 +97,28 @@ def train_then_clean_up(recipe: Any) -> dict:
         return recipe.train()
     finally:
         recipe.cleanup()
+
+
+class Stop(Exception):
+    """Stands in for a run killed after a checkpoint."""
+
+
+def stop_then_resume(cfg: TrainRunConfig, after: int = 2, **run_options: Any) -> None:
+    """Run ``cfg`` (which checkpoints every step) until step ``after`` ends, as if killed there, then
+    resume it with ``--resume`` to its end."""
+    from omrl.training.checkpoint import latest_checkpoint
+    from omrl.training.rl import run_rl
+
+    def stop(step: int, metrics: dict) -> None:
+        if step == after:
+            raise Stop
+
+    try:
+        run_rl(cfg, on_step_end=stop, **run_options)
+    except Stop:
+        pass
+    else:
+        raise AssertionError(f"the run ended before step {after}")
+    assert latest_checkpoint(cfg.logging.output_dir).name == f"step-{after:08d}"
+    cfg.resume = True
+    run_rl(cfg, **run_options)

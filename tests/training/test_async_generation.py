@@ -16,17 +16,12 @@ from omrl.errors import ConfigError, OmrlError
 from omrl.hookspecs import hookimpl
 from omrl.models import load_model
 from omrl.training import async_generation
-from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
-from tests.training.helpers import SampleIndexReward, gridworld_configs
+from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
 
 QUIET = Console(file=io.StringIO())
 ASYNC_ONLY = ("weights_lag", "generation_wait_s")
-
-
-class Stop(Exception):
-    pass
 
 
 @pytest.fixture
@@ -90,16 +85,7 @@ def test_a_stopped_run_resumes_to_the_same_numbers_and_weights(config):
     full = config(*settings, out="full")
     run_rl(full, console=QUIET)
     stopped = config(*settings, out="stopped")
-
-    def stop_after_two(step, metrics):
-        if step == 2:
-            raise Stop
-
-    with pytest.raises(Stop):
-        run_rl(stopped, on_step_end=stop_after_two, console=QUIET)
-    assert latest_checkpoint(stopped.logging.output_dir).name == "step-00000002"
-    stopped.resume = True
-    run_rl(stopped, console=QUIET)
+    stop_then_resume(stopped, console=QUIET)
     assert numbers(stopped.logging.output_dir) == numbers(full.logging.output_dir)
     assert same_weights(full.logging.output_dir, stopped.logging.output_dir)
 

@@ -18,7 +18,7 @@ from omrl.models import load_model
 from omrl.training.checkpoint import CheckpointError, latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import RLRecipe, run_rl
-from tests.training.helpers import SampleIndexReward, gridworld_configs, train_command
+from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume, train_command
 
 QUIET = Console(file=io.StringIO())
 
@@ -180,10 +180,6 @@ def test_kl_to_the_reference_is_logged(rl_config, register_plugin):
     assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # before the first update the policy is the reference
 
 
-class Stop(Exception):
-    """Stands in for a run killed after a checkpoint."""
-
-
 def test_resumed_run_matches_an_uninterrupted_one(rl_config, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
     keys = ("reward", "success", "loss", "grad_norm", "response_tokens")
@@ -191,16 +187,7 @@ def test_resumed_run_matches_an_uninterrupted_one(rl_config, register_plugin):
     run_rl(full, console=QUIET)
 
     killed = rl_config("steps=3", "logging.save_steps=1", "reward.weights={sample_index: 1.0}", out="killed")
-
-    def stop_after_two(step, metrics):
-        if step == 2:
-            raise Stop
-
-    with pytest.raises(Stop):
-        run_rl(killed, on_step_end=stop_after_two, console=QUIET)
-    assert latest_checkpoint(killed.logging.output_dir).name == "step-00000002"
-    killed.resume = True
-    run_rl(killed, console=QUIET)
+    stop_then_resume(killed, console=QUIET)
 
     expected = {r["step"]: r for r in read_metrics(full.logging.output_dir)}
     resumed = read_metrics(killed.logging.output_dir)
