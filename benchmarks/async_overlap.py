@@ -8,7 +8,8 @@ fresh process:
 
 1. synchronous: generation then update, both with ``--threads`` torch threads;
 2. asynchronous: ``rollout.async_generation=true rollout.max_staleness=1``; the generation process
-   and the trainer each get half the threads, so both sides use the same cores.
+   and the trainer each get half the threads, so both sides use the same cores (``--split T,G``
+   gives the trainer T threads and the generation process G instead).
 
 Prints and writes (``benchmarks/results/async_overlap.json`` unless ``--json``) the wall time of
 each run and its steady state: the steps after the first (the first pays for loading and has
@@ -59,20 +60,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2, help="torch threads in all (split in half when async)")
+    parser.add_argument("--split", default="", help="async: the trainer's and the generation process's threads, T,G")
     parser.add_argument("--json", type=Path, default=default_json("async_overlap"))
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     common = [f"steps={args.steps}", "eval_tasks=0", "logging.tensorboard=false", *args.overrides]
     half = max(1, args.threads // 2)
+    trainer, generator = (int(n) for n in args.split.split(",")) if args.split else (half, half)
     with tempfile.TemporaryDirectory() as tmp:
         sync = run(Path(tmp) / "sync", args.threads, common)
         ahead = run(
             Path(tmp) / "async",
-            half,
-            [*common, "rollout.async_generation=true", "rollout.max_staleness=1", f"rollout.generation_threads={half}"],
+            trainer,
+            [
+                *common,
+                "rollout.async_generation=true",
+                "rollout.max_staleness=1",
+                f"rollout.generation_threads={generator}",
+            ],
         )
     ratio = ahead["steady_tokens_per_s"] / sync["steady_tokens_per_s"]
-    result = {"steps": args.steps, "threads": args.threads, "sync": sync, "async": ahead, "ratio": ratio}
+    result = {"steps": args.steps, "threads": args.threads, "async_threads": [trainer, generator]}
+    result.update({"sync": sync, "async": ahead, "ratio": ratio})
     result["machine"] = machine(args.threads)
     for name, side in (("sync", sync), ("async", ahead)):
         print(

@@ -176,3 +176,16 @@ def test_an_episode_split_into_rows_shows_where(chromium, tmp_path):
         page.goto(url + "#/episode/1")
         page.wait_for_selector(".tokens .tok")
         assert page.locator(".tokens .row-break").count() == 0 and page.locator(".turn .row-start").count() == 0
+
+
+def test_a_large_task_id_shows_whole(chromium, tmp_path):
+    """Task ids of a million and more (gridworld's seeds, a dataset's row numbers) read as numbers, not 1.23e+6."""
+    from omrl.data.trajectory import write_episodes
+
+    write_episodes(
+        [make_episode(1_234_567, 0, True, 1.0), make_episode(1_234_567, 1, False, 0.0)], tmp_path / "big.parquet"
+    )
+    with serving(tmp_path / "big.parquet", tokenizer="tiny") as url, page_of(chromium) as page:
+        page.goto(url + "#/episode/0")
+        page.wait_for_selector("table.facts")
+        assert "1234567" in page.inner_text("table.facts") and "e+" not in page.inner_text("table.facts")

@@ -40,7 +40,7 @@
   function fmt(x, digits) {
     if (x === null || x === undefined) return "–";
     if (typeof x !== "number") return String(x);
-    if (Number.isInteger(x) && Math.abs(x) < 1e6) return String(x);
+    if (Number.isSafeInteger(x)) return String(x);  // ids and counts whole: task 1000000, not 1.00e+6
     const a = Math.abs(x);
     if (a !== 0 && (a < 1e-3 || a >= 1e5)) return x.toExponential(2);
     return x.toFixed(digits === undefined ? 3 : digits).replace(/\.?0+$/, "") || "0";
