@@ -227,7 +227,7 @@ def play(
     max_turns: int = typer.Option(0, "--max-turns", help="Turn cap; 0 uses the env's own."),
     option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
 ) -> None:
-    """Play one episode yourself: type actions, `:expert` for the expert's, `:quit` to stop."""
+    """Play one episode yourself: type actions, `:expert` for the expert's, `:quit` to stop, `:help`."""
     from omrl.errors import OmrlError
     from omrl.serve import open_env
 
@@ -264,8 +264,13 @@ def play(
         env.close()
 
 
+PLAY_COMMANDS = {":expert": "take the expert's action", ":quit": "end the episode", ":help": "this list"}
+
+
 def _ask_action(console: Console, env, turn: int, turns: int) -> str | None:
-    """The next action from the person (None: quit); ``:expert`` asks the env's expert."""
+    """The next action from the person (None: quit); ``:expert`` asks the env's expert. Any other line
+    starting with ``:`` is a command, never an action: ``:help`` (or an unknown one) lists them and costs
+    no turn."""
     actions = env.admissible_actions()
     if actions:
         console.print(Text("actions: " + " | ".join(actions), style="dim"))
@@ -283,6 +288,11 @@ def _ask_action(console: Console, env, turn: int, turns: int) -> str | None:
                 continue
             console.print(Text(f"expert: {expert}", style="cyan"))
             return expert
+        if typed.startswith(":"):
+            unknown = "" if typed == ":help" else f"unknown command {typed}; "
+            listed = ", ".join(f"{name} ({what})" for name, what in PLAY_COMMANDS.items())
+            console.print(Text(f"{unknown}commands: {listed}; anything else is an action"))
+            continue
         if typed:
             return typed
 

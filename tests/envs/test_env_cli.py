@@ -174,6 +174,16 @@ def test_play_typed_actions_invalid_and_quit(runner):
     assert "episode not finished: won no, score 0.00, total reward 0, turns 2" in result.output
 
 
+def test_help_and_unknown_commands_cost_no_turn(runner):
+    result = runner.invoke(
+        build_app(), ["env", "play", "switch", "--task", "1"], input=":help\n:undo\n" + ":expert\n" * 4
+    )
+    assert result.exit_code == 0, result.output
+    assert "commands: :expert (take the expert's action), :quit (end the episode), :help" in result.output
+    assert "unknown command :undo; commands:" in result.output
+    assert "episode done: won yes, score 1.00, total reward 1, turns 3" in result.output  # as without them
+
+
 def test_play_rejects_unknown_options_and_splits(runner):
     result = runner.invoke(build_app(), ["env", "play", "switch", "--option", "colour=red"])
     assert isinstance(result.exception, ConfigError)
