@@ -156,6 +156,24 @@ class CorrectionInput:
     sampler_log_probs: torch.Tensor
     loss_mask: torch.Tensor
 
+    def log_ratio(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log rho = old - sampler per token, float32, 0 off the mask and clamped to +-20 so that
+        exp() cannot overflow; the mask as bool). Checks the three shapes first."""
+        require_same_shape(
+            "rollout correction",
+            2,
+            old_log_probs=self.old_log_probs,
+            sampler_log_probs=self.sampler_log_probs,
+            loss_mask=self.loss_mask,
+        )
+        mask = self.loss_mask.bool()
+        gap = (self.old_log_probs.detach().float() - self.sampler_log_probs.float()).masked_fill(~mask, 0.0)
+        return gap.clamp(-MAX_CORRECTION_LOG_RATIO, MAX_CORRECTION_LOG_RATIO), mask
+
+
+#: a rollout correction's log ratios (per token, and summed per sequence) are clamped to +-this
+MAX_CORRECTION_LOG_RATIO = 20.0
+
 
 def _renamed(old: str, new: str, value):
     warnings.warn(f"{old} is deprecated; read .{new} (the same tensor)", DeprecationWarning, stacklevel=3)

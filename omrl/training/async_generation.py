@@ -96,7 +96,6 @@ class GenerationProcess:
     ``publish`` each new weight version, ``close``."""
 
     def __init__(self, cfg: Any, weights: dict[str, torch.Tensor], version: int):
-        self.cfg = cfg
         self.staleness = cfg.rollout.max_staleness
         context = multiprocessing.get_context("spawn")  # fork would copy torch's threads and locks
         self.requests, self.results = context.Queue(), context.Queue()

@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # the settings block names the correction before torch is loa
 
 EXACT_SAMPLER = ("hf", "float32")  # (generation.backend, model.dtype) whose log-probs are the trainer's
 DEFAULT_CORRECTION = "token_tis"
-MAX_LOG_RATIO = 20.0
 
 
 def correction_name(cfg: Any) -> str:
@@ -66,12 +65,8 @@ def mismatch_means(
     the mean of log p_sampler - log p_old, ``mismatch_kl_k3`` the mean of rho - 1 - log rho with
     rho = p_old / p_sampler. Both estimate KL(sampler || old) from the sampled tokens (Schulman
     2020, "Approximating KL Divergence"); k3 is never negative. All inputs [bs, T]."""
-    import torch
-
-    mask = loss_mask.bool()
-    log_ratio = torch.where(mask, old_log_probs.detach().float() - sampler_log_probs.float(), 0.0)
-    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_ratio, mask = CorrectionInput(old_log_probs, sampler_log_probs, loss_mask).log_ratio()
     return {
         "mismatch_kl_k1": float(masked_mean(-log_ratio, mask)),
-        "mismatch_kl_k3": float(masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask)),
+        "mismatch_kl_k3": float(masked_mean(log_ratio.exp() - 1.0 - log_ratio, mask)),
     }

@@ -13,35 +13,21 @@ per-token ratio ``rho_t = exp(old_log_probs_t - sampler_log_probs_t)``:
   ``rollout_masked_share`` (loss tokens dropped).
 
 Positions off ``loss_mask`` get weight 1 and keep False. Each log ratio is clamped to +-20 before
-``exp`` (a sum to +-20 per sequence), so no weight overflows.
+``exp`` (a sum to +-20 per sequence; :meth:`omrl.algos.CorrectionInput.log_ratio`), so no weight
+overflows.
 """
 
 from __future__ import annotations
 
 import torch
 
-from omrl.algos import AlgoConfig, CorrectionInput, masked_mean, require_range, require_same_shape
-
-MAX_LOG_RATIO = 20.0
-
-
-def _log_ratio(data: CorrectionInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log rho [bs, T], 0 off the mask; the mask as bool)."""
-    require_same_shape(
-        "rollout correction",
-        2,
-        old_log_probs=data.old_log_probs,
-        sampler_log_probs=data.sampler_log_probs,
-        loss_mask=data.loss_mask,
-    )
-    mask = data.loss_mask.bool()
-    log_ratio = torch.where(mask, data.old_log_probs.detach().float() - data.sampler_log_probs.float(), 0.0)
-    return log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO), mask
+from omrl.algos import MAX_CORRECTION_LOG_RATIO, AlgoConfig, CorrectionInput, masked_mean, require_range
 
 
 def _sequence_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
     """log of each row's product of token ratios, on every position of the row: [bs, T] -> [bs, T]."""
-    return log_ratio.sum(-1, keepdim=True).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO).expand_as(log_ratio)
+    bound = MAX_CORRECTION_LOG_RATIO
+    return log_ratio.sum(-1, keepdim=True).clamp(-bound, bound).expand_as(log_ratio)
 
 
 def _result(weights: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor):
@@ -60,7 +46,7 @@ def none(data: CorrectionInput, cfg: AlgoConfig):
 
     Reads old_log_probs, sampler_log_probs, loss_mask [bs, T] (only their shapes and the mask).
     """
-    _, mask = _log_ratio(data)
+    _, mask = data.log_ratio()
     return _result(torch.ones_like(data.old_log_probs, dtype=torch.float32), mask, mask)
 
 
@@ -73,7 +59,7 @@ def token_tis(data: CorrectionInput, cfg: AlgoConfig):
     large ratio would bring, at the price of a bias towards the sampler.
     """
     cap = require_range(cfg, "rollout_is_cap", 0.0, low_inclusive=False)
-    log_ratio, mask = _log_ratio(data)
+    log_ratio, mask = data.log_ratio()
     return _result(torch.exp(log_ratio).clamp(max=cap), mask, mask)
 
 
@@ -87,7 +73,7 @@ def seq_tis(data: CorrectionInput, cfg: AlgoConfig):
     product's variance grows with the episode's length.
     """
     cap = require_range(cfg, "rollout_is_cap", 0.0, low_inclusive=False)
-    log_ratio, mask = _log_ratio(data)
+    log_ratio, mask = data.log_ratio()
     return _result(torch.exp(_sequence_log_ratio(log_ratio)).clamp(max=cap), mask, mask)
 
 
@@ -101,7 +87,7 @@ def token_mask(data: CorrectionInput, cfg: AlgoConfig):
     """
     low = require_range(cfg, "rollout_band_low", 0.0, 1.0)
     high = require_range(cfg, "rollout_band_high", 1.0)
-    log_ratio, mask = _log_ratio(data)
+    log_ratio, mask = data.log_ratio()
     ratio = torch.exp(log_ratio)
     return _result(ratio, mask & (ratio >= low) & (ratio <= high), mask)
 
@@ -116,6 +102,6 @@ def seq_mask(data: CorrectionInput, cfg: AlgoConfig):
     episodes the sampler saw most differently.
     """
     cap = require_range(cfg, "rollout_is_cap", 0.0, low_inclusive=False)
-    log_ratio, mask = _log_ratio(data)
+    log_ratio, mask = data.log_ratio()
     ratio = torch.exp(_sequence_log_ratio(log_ratio))
     return _result(ratio, mask & (ratio <= cap), mask)
