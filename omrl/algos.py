@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # only annotations: the config schema must load without torch
 
 from omrl.errors import ConfigError, OmrlError
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
 
 
 RECIPES = ("grpo", "ppo", "dpo")
@@ -43,15 +43,29 @@ class AlgoConfig:
     advantage: str = field(
         default="grpo",
         metadata={
-            "help": "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, gigpo, tree_grpo "
-            "(`omrl plugins`)."
+            "help": "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, "
+            "reinforce_plus_plus_baseline, opo, remax, pass_at_k, gigpo, tree_grpo (`omrl plugins`)."
         },
     )
-    policy_loss: str = field(default="ppo_clip", metadata={"help": "Policy loss: ppo_clip, dual_clip, clip_higher."})
-    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2, k3."})
+    policy_loss: str = field(
+        default="ppo_clip",
+        metadata={
+            "help": "Policy loss: ppo_clip, dual_clip, clip_higher, gspo, gmpo, cispo, sapo, clip_cov, kl_cov, "
+            "reinforce."
+        },
+    )
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2, k3, abs, k1+, k3+."})
     kl_coef: float = field(
         default=0.0, metadata={"help": "KL to the reference model; 0 turns it off (and skips the reference)."}
     )
+    kl_target: float = field(
+        default=0.0,
+        metadata={
+            "help": "Adaptive KL: the KL per token the coefficient steers toward (Ziegler et al. 2019); "
+            "0 keeps kl_coef fixed."
+        },
+    )
+    kl_horizon: int = field(default=10000, metadata={"help": "Adaptive KL: samples over which the coefficient adapts."})
     kl_in_reward: bool = field(
         default=False, metadata={"help": "Put the KL penalty in the reward instead of the loss."}
     )
@@ -75,6 +89,47 @@ class AlgoConfig:
     loss_agg_mode: str = field(
         default="token-mean", metadata={"help": f"How token losses become one number: {', '.join(LOSS_AGG_MODES)}."}
     )
+    loss_norm_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "seq-mean-token-sum-norm: the constant each sequence's token sum is divided by; 0: the "
+            "run's token budget per episode (generation.max_new_tokens x env.max_turns)."
+        },
+    )
+    sapo_tau_pos: float = field(default=1.0, metadata={"help": "SAPO: gate temperature for positive advantages."})
+    sapo_tau_neg: float = field(default=1.05, metadata={"help": "SAPO: gate temperature for negative advantages."})
+    cov_clip_ratio: float = field(default=2e-4, metadata={"help": "Clip-Cov: share of tokens whose gradient is cut."})
+    cov_clip_low: float = field(default=1.0, metadata={"help": "Clip-Cov: lowest covariance of a token it may cut."})
+    cov_clip_high: float = field(default=5.0, metadata={"help": "Clip-Cov: highest covariance of a token it may cut."})
+    kl_cov_ratio: float = field(
+        default=2e-3, metadata={"help": "KL-Cov: share of tokens (highest covariance) given the KL penalty."}
+    )
+    kl_cov_coef: float = field(default=1.0, metadata={"help": "KL-Cov: weight of that penalty."})
+    pass_k: int = field(default=4, metadata={"help": "pass_at_k: the k of pass@k the advantages optimise."})
+    pass_threshold: float = field(
+        default=1.0, metadata={"help": "pass_at_k: a sample whose score reaches this counts as a pass."}
+    )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: drop groups whose samples all got the same reward and draw more "
+            "tasks until the step has tasks_per_step groups."
+        },
+    )
+    dynamic_sampling_max_draws: int = field(
+        default=4, metadata={"help": "Dynamic sampling: extra rollouts a step may draw at most."}
+    )
+    teacher: str = field(
+        default="",
+        metadata={
+            "help": "On-policy distillation: a teacher model (name or path) whose per-token log-probs on the "
+            "student's rollouts become a dense reward; empty turns it off."
+        },
+    )
+    teacher_coef: float = field(
+        default=1.0,
+        metadata={"help": "On-policy distillation: weight of the per-token reward log p_teacher - log p_student."},
+    )
     rollout_correction: str = field(
         default="auto",
         metadata={
@@ -91,7 +146,14 @@ class AlgoConfig:
     gigpo_step_weight: float = field(default=1.0, metadata={"help": "GiGPO: weight of the step-level advantage."})
     tree_step_weight: float = field(
         default=1.0,
-        metadata={"help": "tree_grpo: weight of the step-level advantage (a turn's subtree against its siblings')."},
+        metadata={"help": "tree_grpo: weight of the step-level advantage (see tree_step_mode)."},
+    )
+    tree_step_mode: str = field(
+        default="siblings",
+        metadata={
+            "help": "tree_grpo's step level: siblings (each turn's subtree against its siblings' at a branch "
+            "point) or intra_tree (GRPO over one tree's leaves, Tree-GRPO's intra-tree advantage)."
+        },
     )
 
 
@@ -110,6 +172,9 @@ class AdvantageInput:
                             share an id share that turn (a tree's shared prefix); -1 for padding
     turn_parent_ids [bs, K] the node each turn grew from (its branch point, same ids), -1 when that is
                             a tree's root (the task's start) and for padding; both None off a tree
+    tree_ids       [bs]     the search tree each row (a root-to-leaf path) belongs to; None off a tree
+    greedy_scores  [bs]     the score of a greedy episode of each row's task (ReMax's baseline); set when
+                            the estimator registered with ``needs=("greedy_scores",)``, else None
     """
 
     token_rewards: torch.Tensor
@@ -121,6 +186,8 @@ class AdvantageInput:
     turn_state_ids: torch.Tensor | None = None
     turn_node_ids: torch.Tensor | None = None
     turn_parent_ids: torch.Tensor | None = None
+    tree_ids: torch.Tensor | None = None
+    greedy_scores: torch.Tensor | None = None
 
     @property
     def response_mask(self) -> torch.Tensor:
@@ -188,12 +255,16 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1.0)
 
 
-def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """Reduce a [bs, T] token loss to a scalar.
+def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str, norm_tokens: float = 0.0) -> torch.Tensor:
+    """Reduce a [bs, T] token loss to a scalar. Sequences are the rows with a token in ``mask``.
 
-    token-mean:          sum over all tokens / number of tokens (DAPO)
-    seq-mean-token-sum:  per sequence the token sum, then the mean over sequences (Dr. GRPO)
-    seq-mean-token-mean: per sequence the token mean, then the mean over sequences (GRPO paper)
+    token-mean:              sum over all tokens / number of tokens (DAPO)
+    seq-mean-token-sum:      per sequence the token sum, then the mean over sequences
+    seq-mean-token-mean:     per sequence the token mean, then the mean over sequences (GRPO paper)
+    token-sum:               the sum over all tokens, no normaliser
+    seq-mean-token-sum-norm: per sequence the token sum divided by the constant ``norm_tokens``
+                             (> 0), then the mean over sequences (Dr. GRPO's constant normaliser,
+                             Liu et al. 2025, arXiv:2503.20783: no length bias)
     """
     mask = mask.to(loss.dtype)
     has_tokens = (mask.sum(-1) > 0).to(loss.dtype)
@@ -204,7 +275,33 @@ def aggregate_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.T
         return ((loss * mask).sum(-1) * has_tokens).sum() / n_seq
     if mode == "seq-mean-token-mean":
         return (masked_mean(loss, mask, dim=-1) * has_tokens).sum() / n_seq
+    if mode == "token-sum":
+        return (loss * mask).sum()
+    if mode == "seq-mean-token-sum-norm":
+        if not norm_tokens > 0:
+            raise ConfigError(
+                f"loss_agg_mode seq-mean-token-sum-norm divides by algorithm.loss_norm_tokens, which must be "
+                f"> 0 here (the recipe sets 0 to the run's token budget); got {norm_tokens}"
+            )
+        return ((loss * mask).sum(-1) * has_tokens).sum() / (n_seq * norm_tokens)
     raise ConfigError(f"unknown loss_agg_mode {mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
+
+
+def aggregate(loss: torch.Tensor, mask: torch.Tensor, cfg: AlgoConfig) -> torch.Tensor:
+    """:func:`aggregate_loss` with the mode and normaliser ``cfg`` names (what policy losses call)."""
+    return aggregate_loss(loss, mask, require_agg_mode(cfg.loss_agg_mode), cfg.loss_norm_tokens)
+
+
+def micro_batch_share(mode: str, mb_mask: torch.Tensor, total_tokens: float, total_seqs: float) -> float:
+    """The weight of one micro-batch's aggregated loss when micro-batches are accumulated into one
+    mini-batch of ``total_tokens`` trained tokens in ``total_seqs`` sequences with tokens, so that
+    the sum of weighted losses is the mini-batch's loss under ``mode``: its share of the tokens
+    (token-mean), of the sequences (the seq-mean modes), or 1 (token-sum: sums add)."""
+    if mode == "token-sum":
+        return 1.0
+    if mode.startswith("seq-mean"):
+        return float((mb_mask.sum(-1) > 0).sum()) / max(total_seqs, 1.0)
+    return float(mb_mask.sum()) / max(total_tokens, 1.0)
 
 
 # -- input checks every algorithm function runs first: a wrong shape would otherwise broadcast

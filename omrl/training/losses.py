@@ -9,7 +9,15 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from omrl.algos import AlgoConfig, PolicyLossInput, aggregate_loss, masked_mean, require_agg_mode, require_same_shape
+from omrl.algos import (
+    AlgoConfig,
+    PolicyLossInput,
+    aggregate,
+    aggregate_loss,
+    masked_mean,
+    require_agg_mode,
+    require_same_shape,
+)
 from omrl.data import Batch
 from omrl.errors import ConfigError
 
@@ -21,6 +29,7 @@ def value_loss(
     mask: torch.Tensor,
     clip: float,
     agg_mode: str,
+    norm_tokens: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO value loss with value clipping (Schulman et al. 2017; as in OpenAI baselines).
 
@@ -30,7 +39,7 @@ def value_loss(
         clipped_t = old_t + clamp(values_t - old_t, -clip, clip)
         loss_t    = 0.5 * max((values_t - returns_t)^2, (clipped_t - returns_t)^2)
 
-    reduced by ``agg_mode`` (see :func:`omrl.algos.aggregate_loss`). ``clip <= 0``
+    reduced by ``agg_mode`` (and ``norm_tokens``, see :func:`omrl.algos.aggregate_loss`). ``clip <= 0``
     turns clipping off. Metrics: ``value_clip_frac`` (share of response tokens where
     the clipped term is larger), ``value_mean``, ``value_error`` (mean squared error).
     """
@@ -52,7 +61,7 @@ def value_loss(
             "value_mean": float(masked_mean(values, keep)),
             "value_error": float(masked_mean(unclipped, keep)),
         }
-    return aggregate_loss(token_loss, mask, agg_mode), metrics
+    return aggregate_loss(token_loss, mask, agg_mode, norm_tokens), metrics
 
 
 def dpo_loss(
@@ -129,17 +138,19 @@ def policy_gradient_loss(
     loss, parts = policy_loss_fn(PolicyLossInput(out["log_probs"], mb["old_log_probs"], advantages, mask), algo)
     parts = {f"pg_{k}": float(v) for k, v in parts.items()}
     parts["pg_loss"] = loss.item()
-    entropy = aggregate_loss(out["entropy"], mask, agg)
+    entropy = aggregate(out["entropy"], mask, algo)
     parts["entropy"] = entropy.item()
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * entropy
     if "ref_log_probs" in mb.tensors:
-        kl = aggregate_loss(kl_fn(out["log_probs"], mb["ref_log_probs"]), mask, agg)
+        kl = aggregate(kl_fn(out["log_probs"], mb["ref_log_probs"]), mask, algo)
         parts["kl"] = kl.item()
         if not algo.kl_in_reward:  # in the reward, it already shaped the advantages
             loss = loss + algo.kl_coef * kl
     if "values" in out:
-        v_loss, v_parts = value_loss(out["values"], mb["values"], mb["returns"], mask, algo.value_clip, agg)
+        v_loss, v_parts = value_loss(
+            out["values"], mb["values"], mb["returns"], mask, algo.value_clip, agg, algo.loss_norm_tokens
+        )
         loss = loss + algo.value_coef * v_loss
         parts.update({f"value_{k}": float(v) for k, v in v_parts.items()}, value_loss=v_loss.item())
     parts["loss"] = loss.item()

@@ -27,7 +27,7 @@ from omrl.parallel import Strategy
 from omrl.rollout import RolloutSession
 from omrl.search import play_strategy, plays_batched, strategy_traits
 from omrl.search.context import check_budget
-from omrl.training import async_generation
+from omrl.training import async_generation, dynamic_sampling
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, rollout_metrics
@@ -77,6 +77,7 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
     check_rollout_strategy(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
     async_generation.check_async(cfg, strategy.world_size)
+    dynamic_sampling.check(cfg)
 
 
 def check_rollout_strategy(cfg: TrainRunConfig) -> None:
@@ -116,15 +117,24 @@ def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int]
     return episodes
 
 
-def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool) -> None:
+def episode_token_budget(cfg: TrainRunConfig) -> int:
+    """The most tokens an episode can train on: generation.max_new_tokens times the turn cap
+    (env.max_turns, or the env's own); the constant of loss_agg_mode seq-mean-token-sum-norm."""
+    turns = cfg.env.max_turns or int(getattr(registry.envs.get(cfg.env.name), "max_turns", 1))
+    return cfg.generation.max_new_tokens * turns
+
+
+def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool, greedy: bool = False) -> None:
     """Run the advantage estimator once on a tiny made-up rollout of one task, before any real
     rollout: an estimator that needs what this run lacks (a critic's values) or a group size
-    under which every advantage is 0 is refused now, naming the fix, not after a whole rollout."""
+    under which every advantage is 0 is refused now, naming the fix, not after a whole rollout.
+    ``greedy``: the run plays the greedy baselines the estimator asked for."""
     algo, group = cfg.algorithm, cfg.group_size
     if not strategy_traits(cfg.rollout.strategy).group_in_one_tree:  # a task's group is the leaves of its
         group = max(group, 2)  # group_size trees, and a tree has several
     rewards = torch.zeros(group, 3)
-    rewards[:, -1] = torch.arange(1, group + 1, dtype=torch.float32)  # the samples of the task differ
+    # the samples of the task differ, the last one at pass_threshold: estimators counting passes see both
+    rewards[:, -1] = torch.arange(1 - group, 1, dtype=torch.float32) + algo.pass_threshold
     probe = AdvantageInput(
         token_rewards=rewards,
         loss_mask=torch.ones(group, 3),
@@ -135,6 +145,8 @@ def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool) -
         turn_state_ids=torch.zeros(group, 1, dtype=torch.long),
         turn_node_ids=torch.arange(group)[:, None] if searched(cfg) else None,
         turn_parent_ids=torch.full((group, 1), -1) if searched(cfg) else None,
+        tree_ids=torch.zeros(group, dtype=torch.long) if searched(cfg) else None,
+        greedy_scores=torch.full((group,), algo.pass_threshold - group) if greedy else None,
     )
     try:
         advantages, _ = advantage_fn(probe, algo)
@@ -391,12 +403,32 @@ class OnlineRecipe:
             if self.env_failed_step:
                 raise EnvFailure(self._env_failure_message())
             return episodes, metrics
-        episodes = self._play_counted(
-            lambda: play_step(cfg, self.session, strategy.shard(self.task_order.take(cfg.tasks_per_step)), seed)
+
+        def play(draw: int = 0) -> list[Episode]:
+            tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
+            played = self._play_counted(
+                lambda: play_step(cfg, self.session, tasks, seed + draw * dynamic_sampling.DRAW_SEED_STRIDE)
+            )
+            if self.env_failed_step:
+                raise EnvFailure(self._env_failure_message())
+            return played
+
+        if not cfg.algorithm.dynamic_sampling:
+            episodes = play()
+            return episodes, step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
+        wanted = cfg.tasks_per_step // strategy.world_size  # this process's share of the groups
+        episodes, played, extra = dynamic_sampling.fill(
+            play, wanted, cfg.algorithm.dynamic_sampling_max_draws, lambda missing: strategy.sum([missing])[0] > 0
         )
-        if self.env_failed_step:
-            raise EnvFailure(self._env_failure_message())
-        return episodes, step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
+        extra = strategy.sum_dicts(extra)
+        if extra["groups_short"]:
+            self.logger.warn(
+                f"step {self.step + 1}: dynamic sampling found {int(extra['groups_short'])} fewer groups with "
+                f"varied rewards than tasks_per_step={cfg.tasks_per_step} in "
+                f"{int(extra['sampling_draws'])} extra draws; training on those it has"
+            )
+        metrics = step_metrics(played, time.perf_counter() - started, self.session, strategy)
+        return episodes, {**metrics, **extra}
 
     def _optimizer_step(self) -> dict[str, float]:
         """Sum gradients over processes, clip, then step unless the gradient is not finite (the one

@@ -34,9 +34,12 @@ import torch
 from rich.console import Console
 
 from omrl import registry
+from omrl.algos import AlgoConfig, micro_batch_share
 from omrl.config.options import TrainRunConfig
 from omrl.training import checkpoint as ckpt
-from omrl.training import online
+from omrl.training import greedy_baseline, online
+from omrl.training.distillation import add_teacher_rewards, load_teacher
+from omrl.training.kl_control import AdaptiveKL
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
 from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
@@ -64,7 +67,12 @@ class RLRecipe(online.OnlineRecipe):
         self.kl_fn = registry.algorithms.get(algo.kl_estimator, kind="kl")
         self.correction = correction_name(cfg)
         self.correction_fn = registry.algorithms.get(self.correction, kind="rollout_correction")
-        online.check_algorithms(cfg, self.advantage_fn, has_critic=self.value_head is not None)
+        self.kl_control = AdaptiveKL(algo)
+        self.greedy_baseline = greedy_baseline.needed(cfg)  # ReMax: a greedy episode per task, as baseline
+        online.check_algorithms(
+            cfg, self.advantage_fn, has_critic=self.value_head is not None, greedy=self.greedy_baseline
+        )
+        self.teacher = load_teacher(cfg, self.strategy, self.tokenizer) if algo.teacher else None
         self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
         critic = {
             name: module
@@ -73,7 +81,10 @@ class RLRecipe(online.OnlineRecipe):
         }
         passes = math.ceil(cfg.tasks_per_step * cfg.group_size / cfg.mini_batch_size) if cfg.mini_batch_size else 1
         self._setup_optimizer(critic, updates_per_step=cfg.ppo_epochs * passes)
+        self.loss_norm_tokens = algo.loss_norm_tokens or online.episode_token_budget(cfg)
         resumed = self._finish_setup(resume_from)
+        if resumed is not None:
+            self.kl_control.load_state_dict(resumed.extra)
         for module, key in ((self.value_head, "value_head"), (self.critic_model, "critic_model")):
             if resumed is not None and module is not None:
                 missing, unexpected = self.strategy.load_weights(module, resumed.extra[key])
@@ -96,10 +107,11 @@ class RLRecipe(online.OnlineRecipe):
 
     # -- TRAIN ----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        cfg, algo, strategy = self.cfg, self.cfg.algorithm, self.strategy
+        cfg, strategy = self.cfg, self.strategy
         metrics: dict[str, float] = {}
         while self.step < cfg.steps:
             started = time.perf_counter()
+            algo = self._step_algorithm()  # this step's values: the adaptive KL coefficient moves
             seed = online.rollout_seed(cfg, self.step, strategy)
 
             # ROLLOUT: every sample of every task, or every path of a search's trees
@@ -122,6 +134,8 @@ class RLRecipe(online.OnlineRecipe):
             batch = join_columns(batch, self._score_rollout(batch, on_policy))  # old/ref log-probs, values
             if not on_policy and "sampler_log_probs" in batch.tensors:  # the sampler's gap
                 metrics.update(self._mismatch(batch))
+            if self.teacher is not None:  # on-policy distillation: the teacher's log-probs as a dense reward
+                metrics.update(add_teacher_rewards(batch, batch["teacher_log_probs"], algo.teacher_coef, strategy))
             if self.ref_model is not None and algo.kl_in_reward and len(batch):
                 kl = self.kl_fn(batch["old_log_probs"], batch["ref_log_probs"])
                 batch.tensors["token_rewards"] = apply_kl_in_reward(
@@ -129,7 +143,8 @@ class RLRecipe(online.OnlineRecipe):
                 )
 
             # ADVANTAGE: one calling convention for every estimator (omrl.algos.AdvantageInput)
-            batch.tensors["advantages"], batch.tensors["returns"] = self._advantages(batch)
+            greedy = self._greedy_scores(batch, seed, metrics) if self.greedy_baseline else None
+            batch.tensors["advantages"], batch.tensors["returns"] = self._advantages(batch, algo, greedy)
             self._save_rollout(episodes, batch)  # with what each row is trained with (all 0: a skipped update)
             if online.searched(cfg):  # a turn several paths share: trained once, with its copies' mean advantage
                 batch = train_each_turn_once(batch)
@@ -149,7 +164,9 @@ class RLRecipe(online.OnlineRecipe):
                 continue
 
             # UPDATE: ppo_epochs passes over the rollout, one optimizer step per mini-batch
-            metrics.update(self._update(batch, passes, seed, tokens, on_policy))
+            metrics.update(self._update(batch, algo, passes, seed, tokens, on_policy))
+            if self.kl_control.adaptive and "kl" in metrics:  # steered by the KL the update measured
+                self.kl_control.update(metrics["kl"], int(strategy.sum([len(batch)])[0]))
 
             # EVAL (every eval_every steps and after the last) and CHECKPOINT, shared with dpo
             self._end_step(metrics, started)
@@ -164,13 +181,32 @@ class RLRecipe(online.OnlineRecipe):
             return paths_to_batch(episodes, online.trees_per_task(cfg), pad, cfg.reward.allocation, cfg.reward.gamma)
         return chain_rows(episodes, pad, cfg.reward.allocation, cfg.reward.gamma)
 
-    def _advantages(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step_algorithm(self) -> AlgoConfig:
+        """The algorithm's values for this step: the config's, with the KL coefficient the controller
+        reached (:class:`~omrl.training.kl_control.AdaptiveKL`) and the constant loss normaliser
+        resolved."""
+        return dataclasses.replace(
+            self.cfg.algorithm, kl_coef=self.kl_control.coef, loss_norm_tokens=self.loss_norm_tokens
+        )
+
+    def _greedy_scores(self, batch, seed: int, metrics: dict[str, float]) -> torch.Tensor:
+        """ReMax's baselines: the reward of a greedy episode of each row's task (its metrics into
+        ``metrics``, averaged over processes)."""
+        scores, found = greedy_baseline.greedy_scores(self.session, batch, self.cfg.env.split, seed)
+        found = self.strategy.sum_dicts(found)
+        found["greedy_score"] /= self.strategy.world_size
+        metrics.update(found)
+        return scores
+
+    def _advantages(self, batch, algo: AlgoConfig, greedy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(advantages, returns) of ``batch``; a process with no rows this step (others have them)
         has none to estimate."""
         if not len(batch):
             empty = torch.zeros_like(batch["token_rewards"])
             return empty, empty
-        return self.advantage_fn(tree_advantage_input(batch), self.cfg.algorithm)
+        data = tree_advantage_input(batch)
+        data.greedy_scores = greedy
+        return self.advantage_fn(data, algo)
 
     def _other_loss_terms(self) -> bool:
         """Whether the loss has a term besides the policy gradient (value loss, KL loss, entropy
@@ -179,7 +215,9 @@ class RLRecipe(online.OnlineRecipe):
         kl_loss = self.ref_model is not None and not algo.kl_in_reward
         return self.value_head is not None or kl_loss or bool(algo.entropy_coef)
 
-    def _update(self, batch, passes: int, seed: int, tokens: float, on_policy: bool) -> dict[str, float]:
+    def _update(
+        self, batch, algo: AlgoConfig, passes: int, seed: int, tokens: float, on_policy: bool
+    ) -> dict[str, float]:
         """``ppo_epochs`` passes; each shuffles the rollout into ``passes`` mini-batches (one optimizer
         step each, micro-batches accumulated). Returns the last pass's loss parts, weighted by the
         tokens they cover (``tokens`` trained in all, on all processes), and its optimizer figures."""
@@ -191,17 +229,19 @@ class RLRecipe(online.OnlineRecipe):
             optimizer_figures: dict[str, float] = {}  # lr, skipped_updates: the same on every process
             norms: list[float] = []
             for mini in self._mini_batches(batch, passes, shuffle):
-                mini_tokens = max(strategy.sum([mini["loss_mask"].sum()])[0], 1.0)
+                mask = mini["loss_mask"]
+                mini_tokens, mini_seqs = strategy.sum([mask.sum(), (mask.sum(-1) > 0).sum()])
                 strategy.zero_grad(self.optimizer)
                 for mb, prefix in self._update_micro_batches(mini, cfg.optim.micro_batch_size):
                     out = self._policy_forward(mb, prefix)
                     if on_policy:  # the policy that sampled is this very one, not yet updated
                         mb.tensors["old_log_probs"] = out["log_probs"].detach()
-                    loss, parts = policy_gradient_loss(out, mb, cfg.algorithm, self.policy_loss_fn, self.kl_fn)
+                    loss, parts = policy_gradient_loss(out, mb, algo, self.policy_loss_fn, self.kl_fn)
                     if on_policy and "sampler_log_probs" in mb.tensors:  # the sampler's gap, measured here
                         parts.update(mismatch_means(mb["old_log_probs"], mb["sampler_log_probs"], mb["loss_mask"]))
                     mb_tokens = float(mb["loss_mask"].sum())
-                    strategy.backward(loss * (mb_tokens / mini_tokens))
+                    share = micro_batch_share(algo.loss_agg_mode, mb["loss_mask"], mini_tokens, mini_seqs)
+                    strategy.backward(loss * share)
                     for key, value in parts.items():
                         loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / tokens * value
                 update = self._optimizer_step()
@@ -211,6 +251,8 @@ class RLRecipe(online.OnlineRecipe):
         advantage_mean = float((batch["advantages"] * batch["loss_mask"]).sum()) / tokens  # this process's part
         figures = strategy.sum_dicts({**loss_parts, "advantage_mean": advantage_mean})  # parts add up over processes
         figures.update(optimizer_figures)
+        if self.kl_control.adaptive:
+            figures["kl_coef"] = algo.kl_coef
         if norms:
             figures["grad_norm"] = sum(norms) / len(norms)
         return figures
@@ -232,6 +274,7 @@ class RLRecipe(online.OnlineRecipe):
             and self.value_head is None
             and not (self.ref_model is not None and algo.kl_in_reward)
             and self.correction == "none"  # a correction weighs and masks the batch before the update
+            and self.teacher is None  # the teacher's reward needs them before the advantages
         )
 
     def _mismatch(self, batch) -> dict[str, float]:
@@ -245,7 +288,7 @@ class RLRecipe(online.OnlineRecipe):
     def _score_rollout(self, batch, on_policy: bool) -> list[dict[str, torch.Tensor]]:
         """Every micro-batch's rollout-time columns (see :meth:`_score`); none when no forward is
         needed before the update (on-policy, and no reference)."""
-        if on_policy and self.ref_model is None:
+        if on_policy and self.ref_model is None:  # (a teacher makes the run not on_policy)
             return []
         score = functools.partial(self._score, on_policy=on_policy)
         with torch.no_grad():
@@ -266,22 +309,23 @@ class RLRecipe(online.OnlineRecipe):
 
     def _score(self, mb, on_policy: bool) -> dict[str, torch.Tensor]:
         """The rollout-time columns of micro-batch ``mb``: old_log_probs (unless the update gives
-        them: ``on_policy``), ref_log_probs, values."""
+        them: ``on_policy``), ref_log_probs, teacher_log_probs, values."""
         scored = {}
         if not on_policy:
             out = self.strategy.forward(self._forward, mb, with_values=self.value_head is not None)
             scored["old_log_probs"] = out["log_probs"]
             if self.value_head is not None:
                 scored["values"] = out["values"] * mb["loss_mask"]
-        if self.ref_model is not None:
-            scored["ref_log_probs"] = policy_forward(
-                self.ref_model,
-                mb["input_ids"],
-                mb["attention_mask"],
-                self.temperature,
-                token_mask=mb["loss_mask"],
-                position_ids=mb.get("position_ids"),
-            )["log_probs"]
+        for key, frozen in (("ref_log_probs", self.ref_model), ("teacher_log_probs", self.teacher)):
+            if frozen is not None:
+                scored[key] = policy_forward(
+                    frozen,
+                    mb["input_ids"],
+                    mb["attention_mask"],
+                    self.temperature,
+                    token_mask=mb["loss_mask"],
+                    position_ids=mb.get("position_ids"),
+                )["log_probs"]
         return scored
 
     def _update_micro_batches(self, mini, mb_size: int):
@@ -337,7 +381,7 @@ class RLRecipe(online.OnlineRecipe):
         return out
 
     def _checkpoint_extra(self) -> dict[str, Any]:
-        extra = super()._checkpoint_extra()
+        extra = {**super()._checkpoint_extra(), **self.kl_control.state_dict()}
         if self.value_head is not None:
             extra["value_head"] = self.strategy.state_dict(self.value_head, all_ranks=False)
         if self.critic_model is not None:

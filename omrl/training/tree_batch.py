@@ -6,11 +6,12 @@ opening turns token for token. The update reads them in three moves:
 
 1. :func:`paths_to_batch`: the *finished* paths become rows, as any episodes would
    (:func:`~omrl.training.rl_data.episodes_to_batch`), plus the tree columns ``turn_node_ids``
-   and ``turn_parent_ids`` [bs, K] that say which turns rows share. A path the search ended
-   (``pruned``) or ran out of tokens on (``budget``) has no outcome: it is no row, so it counts
-   neither as a leaf of its task's group nor in any subtree's value. Its turns that a finished
-   path shares are trained through that path; the ones below which nothing finished are not
-   trained at all (there is nothing to credit them with).
+   and ``turn_parent_ids`` [bs, K] that say which turns rows share and ``tree_ids`` [bs] that
+   says which tree each row is a path of. A path the search ended (``pruned``) or ran out of
+   tokens on (``budget``) has no outcome: it is no row, so it counts neither as a leaf of its
+   task's group nor in any subtree's value. Its turns that a finished path shares are trained
+   through that path; the ones below which nothing finished are not trained at all (there is
+   nothing to credit them with).
 2. The advantage estimator runs on the rows as on any episodes (every row's loss_mask covers
    its whole path), with :func:`tree_advantage_input`.
 3. :func:`train_each_turn_once`: a turn several rows share keeps its tokens in the loss of
@@ -44,6 +45,8 @@ from omrl.training.rl_data import advantage_input, episodes_to_batch, trainable
 UNFINISHED = (PRUNED, BUDGET)
 #: the batch columns that describe the trees, [bs, K]
 TREE_KEYS = ("turn_node_ids", "turn_parent_ids")
+#: the batch column naming each row's tree, [bs] (a row's, not a turn's: train_each_turn_once keeps it)
+TREE_IDS = "tree_ids"
 #: the non-tensor column holding each row's Episode (the very object the rollout played)
 ROW_EPISODE = "episode"
 ROOT = 0  # Turn.parent_id of a tree's first turns
@@ -69,7 +72,8 @@ def paths_to_batch(
     task's trees. Adds to :func:`~omrl.training.rl_data.episodes_to_batch`'s tensors:
     turn_node_ids [bs, K] (each turn's node, numbered across the batch: equal ids = the same
     turn of the same tree) and turn_parent_ids [bs, K] (the node it grew from, -1 for a tree's
-    root), both -1 past a row's last turn.
+    root), both -1 past a row's last turn, and tree_ids [bs] (int64: the path's own
+    ``Episode.group``, one id per tree of the batch, which Tree-GRPO's intra-tree groups read).
     """
     if trees_per_task < 1:
         raise OmrlError(f"trees_per_task must be >= 1, got {trees_per_task}")
@@ -96,6 +100,7 @@ def paths_to_batch(
     width = batch["turn_rewards"].shape[1]
     for key, rows in zip(TREE_KEYS, (node_rows, parent_rows)):
         batch.tensors[key] = pad_sequences([row + [-1] * (width - len(row)) for row in rows], -1)
+    batch.tensors[TREE_IDS] = torch.tensor([ep.group for ep in paths], dtype=torch.long)
     batch.non_tensors[ROW_EPISODE] = paths  # the played paths, not the regrouped copies
     return batch
 
@@ -128,9 +133,11 @@ def with_update_columns(episodes: Sequence[Episode], batch: Batch) -> list[Episo
 
 
 def tree_advantage_input(batch: Batch) -> AdvantageInput:
-    """What an advantage estimator reads, with the tree columns when ``batch`` has them (else None)."""
+    """What an advantage estimator reads, with the tree columns (turn_node_ids, turn_parent_ids,
+    tree_ids) when ``batch`` has them, else None (a chain batch, :func:`chain_rows`)."""
     data = advantage_input(batch)
     data.turn_node_ids, data.turn_parent_ids = (batch.tensors.get(key) for key in TREE_KEYS)
+    data.tree_ids = batch.tensors.get(TREE_IDS)
     return data
 
 
@@ -142,7 +149,8 @@ def train_each_turn_once(batch: Batch) -> Batch:
     parent's), so a token's copies are the tokens of equal (node, position). Returns a batch
     whose loss_mask keeps each copy once (in the first row holding it) and whose advantages
     and returns are the copies' means there and 0 where the mask dropped them; the tree
-    columns are dropped (they are turn-indexed, not token-indexed, and the update needs none).
+    columns TREE_KEYS are dropped (they are turn-indexed, not token-indexed, and the update needs
+    none); tree_ids, one per row, stays with its row.
     """
     mask = batch["loss_mask"].bool()
     turn_index = batch["turn_index"].long()

@@ -40,3 +40,34 @@ def k3(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     require_same_shape("k3", 2, log_probs=log_probs, ref_log_probs=ref_log_probs)
     d = (ref_log_probs - log_probs).clamp(-K3_MAX_LOG_RATIO, K3_MAX_LOG_RATIO)
     return (torch.exp(d) - d - 1.0).clamp(max=K3_MAX)
+
+
+def abs_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """abs: |log p - log p_ref| (biased, >= 0; verl's "abs"). [bs, T] -> [bs, T]."""
+    require_same_shape("abs", 2, log_probs=log_probs, ref_log_probs=ref_log_probs)
+    return (log_probs - ref_log_probs).abs()
+
+
+def straight_through(estimator):
+    """``estimator``'s value with k2's gradient: k2's gradient, (log p - log p_ref) * grad log p, is
+    the unbiased gradient of KL(policy || reference) for tokens sampled from the policy, which k1's
+    (grad log p, zero in expectation) and k3's are not (Zhang et al. 2025, "On the Design of
+    KL-Regularized Policy Gradient Algorithms for LLM Reasoning", arXiv:2505.17508; verl's "+"
+    estimators). The reported number stays the chosen estimate."""
+
+    def kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+        value = estimator(log_probs, ref_log_probs)
+        gradient = k2(log_probs, ref_log_probs)
+        return gradient - gradient.detach() + value.detach()
+
+    return kl
+
+
+def k1_plus(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """k1+: k1's value, k2's gradient (straight-through, see :func:`straight_through`). [bs, T] -> [bs, T]."""
+    return straight_through(k1)(log_probs, ref_log_probs)
+
+
+def k3_plus(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """k3+: k3's value, k2's gradient (straight-through, see :func:`straight_through`). [bs, T] -> [bs, T]."""
+    return straight_through(k3)(log_probs, ref_log_probs)

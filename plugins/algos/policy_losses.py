@@ -1,7 +1,7 @@
 """Policy losses: ``fn(data: PolicyLossInput, cfg: AlgoConfig) -> (loss, metrics)``.
 
 ``loss`` is a scalar tensor (token losses reduced by cfg.loss_agg_mode through
-:func:`omrl.algos.aggregate_loss`); ``metrics`` holds floats:
+:func:`omrl.algos.aggregate`); ``metrics`` holds floats:
 
 - ``clip_frac``:  share of response tokens whose ratio clipping is active (no gradient)
 - ``approx_kl``:  KL(old || new) estimated as mean(ratio - 1 - log ratio) (Schulman's k3)
@@ -20,7 +20,7 @@ import torch
 from omrl.algos import (
     AlgoConfig,
     PolicyLossInput,
-    aggregate_loss,
+    aggregate,
     masked_mean,
     require_agg_mode,
     require_range,
@@ -74,9 +74,8 @@ def ppo_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict
     loss_t = max(-A * ratio, -A * clip(ratio, 1 - clip_ratio_low, 1 + clip_ratio_high)),
     reduced to a scalar by cfg.loss_agg_mode. Returns (loss, metrics).
     """
-    mode = require_agg_mode(cfg.loss_agg_mode)
     token_loss, metrics = clipped_surrogate(data, cfg)
-    return aggregate_loss(token_loss, data.loss_mask, mode), metrics
+    return aggregate(token_loss, data.loss_mask, cfg), metrics
 
 
 def dual_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
@@ -88,7 +87,7 @@ def dual_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dic
     clip_ratio_c * |A|. Positive advantages are handled as in ppo_clip.
     Metrics add ``dual_clip_frac``: share of response tokens at that cap.
     """
-    mode = require_agg_mode(cfg.loss_agg_mode)
+    require_agg_mode(cfg.loss_agg_mode)
     cap = require_range(cfg, "clip_ratio_c", 1.0, low_inclusive=False)
     token_loss, metrics = clipped_surrogate(data, cfg)
     mask = data.loss_mask.bool()
@@ -97,7 +96,7 @@ def dual_clip(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dic
     capped = (advantages < 0) & (token_loss > bound)
     token_loss = torch.where(capped, bound, token_loss)
     metrics["dual_clip_frac"] = float(masked_mean(capped.float(), mask))
-    return aggregate_loss(token_loss, data.loss_mask, mode), metrics
+    return aggregate(token_loss, data.loss_mask, cfg), metrics
 
 
 def clip_higher(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:

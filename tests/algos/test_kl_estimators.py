@@ -9,7 +9,7 @@ import torch
 
 from omrl.errors import OmrlError
 from omrl.training.losses import apply_kl_in_reward
-from omrl_plugins.algos.kl import k1, k2, k3
+from omrl_plugins.algos.kl import abs_kl, k1, k1_plus, k2, k3, k3_plus
 
 LN2 = math.log(2.0)  # 0.693147
 
@@ -58,3 +58,37 @@ def test_kl_in_reward_subtracts_on_response_tokens_only():
 def test_shape_mismatch_is_reported():
     with pytest.raises(OmrlError, match=r"k3: ref_log_probs has shape \(2, 2\)"):
         k3(torch.zeros(2, 3), torch.zeros(2, 2))
+
+
+def test_abs_is_the_absolute_log_ratio():
+    log_probs, ref = torch.tensor([[-2.0, -1.0, -0.5]]), torch.tensor([[-1.0, -1.5, -0.5]])
+    torch.testing.assert_close(abs_kl(log_probs, ref), torch.tensor([[1.0, 0.5, 0.0]]))
+
+
+@pytest.mark.parametrize(("name", "estimator", "plain"), [("k1+", k1_plus, k1), ("k3+", k3_plus, k3)])
+def test_straight_through_keeps_the_value_and_takes_k2s_gradient(name, estimator, plain):
+    # the value is the plain estimate; d(value)/d(log p) is k2's: log p - log p_ref, token by token
+    log_probs = torch.tensor([[-2.0, -1.0, -0.25]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.5, -0.25]], dtype=torch.float64)
+    value = estimator(log_probs, ref)
+    torch.testing.assert_close(value, plain(log_probs, ref), msg=name)
+    value.sum().backward()
+    by_hand = [lp - r for lp, r in zip([-2.0, -1.0, -0.25], [-1.0, -1.5, -0.25])]  # d/dlp of 0.5 (lp - r)^2
+    torch.testing.assert_close(log_probs.grad, torch.tensor([by_hand], dtype=torch.float64), msg=name)
+
+
+def test_straight_through_gradient_is_kls_on_policy():
+    # over a whole (tiny) vocabulary, sum_x q(x) * grad k2(x) = grad KL(q || p) exactly, while the
+    # plain k1's expected gradient is 0 and k3's is not KL's
+    logits = torch.tensor([0.3, -0.2, 1.1], dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([0.0, 0.5, -0.4], dtype=torch.float64), -1)
+    log_q = torch.log_softmax(logits, -1)
+    true_kl = (log_q.exp() * (log_q - ref)).sum()
+    (true_grad,) = torch.autograd.grad(true_kl, logits, retain_graph=True)
+    weights = log_q.exp().detach()  # samples x ~ q: each token weighted by its probability, not differentiated
+    for estimator in (k1_plus, k3_plus):
+        expected = (weights * estimator(log_q[None], ref[None])[0]).sum()
+        (grad,) = torch.autograd.grad(expected, logits, retain_graph=True)
+        torch.testing.assert_close(grad, true_grad)
+    (k1_grad,) = torch.autograd.grad((weights * k1(log_q[None], ref[None])[0]).sum(), logits, retain_graph=True)
+    torch.testing.assert_close(k1_grad, torch.zeros(3, dtype=torch.float64))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from omrl.algos import AlgoConfig, PolicyLossInput
+from omrl.algos import LOSS_AGG_MODES, AlgoConfig, PolicyLossInput, micro_batch_share
 from omrl.errors import ConfigError
 from omrl_plugins.algos.policy_losses import clip_higher, clipped_surrogate, dual_clip, ppo_clip
 
@@ -93,16 +93,44 @@ RAGGED = dict(
         ("token-mean", -10 / 4),  # (-1 - 2 - 3 - 4) / 4 tokens
         ("seq-mean-token-sum", -10 / 2),  # (-6 + -4) / 2 sequences
         ("seq-mean-token-mean", -3.0),  # (-6/3 + -4/1) / 2 sequences
+        ("token-sum", -10.0),  # -1 - 2 - 3 - 4
+        ("seq-mean-token-sum-norm", -10 / 2 / 8),  # (-6/8 + -4/8) / 2 sequences, loss_norm_tokens=8
     ],
 )
 def test_loss_aggregation_modes_on_a_ragged_mask(mode, expected):
-    loss, _ = ppo_clip(policy_input(**RAGGED), AlgoConfig(loss_agg_mode=mode))
+    loss, _ = ppo_clip(policy_input(**RAGGED), AlgoConfig(loss_agg_mode=mode, loss_norm_tokens=8))
     assert loss.item() == pytest.approx(expected)
 
 
 def test_unknown_aggregation_mode_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match="token-mean, seq-mean-token-sum, seq-mean-token-mean"):
+    with pytest.raises(ConfigError, match="token-mean, seq-mean-token-sum, seq-mean-token-mean, token-sum"):
         ppo_clip(policy_input([[1.0]], [[1.0]]), AlgoConfig(loss_agg_mode="sum"))
+
+
+def test_constant_normaliser_must_be_set():
+    with pytest.raises(ConfigError, match="loss_norm_tokens, which must be > 0"):
+        ppo_clip(policy_input([[1.0]], [[1.0]]), AlgoConfig(loss_agg_mode="seq-mean-token-sum-norm"))
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_micro_batches_weighted_by_their_share_add_up_to_the_whole(mode):
+    # rows 0-1 in one micro-batch, row 2 (no token) and a 4th row in the other: the weighted sum of the
+    # micro-batches' losses is the loss of the whole batch, whatever the mode
+    whole = policy_input(
+        ratios=[[1.0, 1.0, 1.0]] * 4,
+        advantages=[[1.0, 2.0, 3.0], [4.0, 50.0, 60.0], [7.0, 8.0, 9.0], [-2.0, 5.0, 0.5]],
+        mask=[[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0]],
+    )
+    cfg = AlgoConfig(loss_agg_mode=mode, loss_norm_tokens=8)
+    tokens, seqs = float(whole.loss_mask.sum()), float((whole.loss_mask.sum(-1) > 0).sum())
+    parts = 0.0
+    for rows in ([0, 1], [2, 3]):
+        part = PolicyLossInput(
+            *(t[rows] for t in (whole.log_probs, whole.old_log_probs, whole.advantages, whole.loss_mask))
+        )
+        loss, _ = ppo_clip(part, cfg)
+        parts += micro_batch_share(mode, part.loss_mask, tokens, seqs) * loss.item()
+    assert parts == pytest.approx(ppo_clip(whole, cfg)[0].item())
 
 
 @pytest.mark.parametrize("loss_fn", [ppo_clip, dual_clip, clip_higher])

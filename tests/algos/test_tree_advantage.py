@@ -1,4 +1,5 @@
-"""tree_grpo: GRPO over a task's leaves plus subtree-against-sibling credit at branch points, by hand."""
+"""tree_grpo: GRPO over a task's leaves plus a step level, by hand: the sibling-subtree comparison at
+branch points (the default) or Tree-GRPO's intra-tree GRPO over one tree's leaves."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from omrl.algos import AdvantageInput, AlgoConfig
 from omrl.errors import ConfigError, OmrlError
 from omrl.registry import algorithms
 from omrl_plugins.algos.advantages import grpo
-from omrl_plugins.algos.tree import branch_advantages, tree_grpo
+from omrl_plugins.algos.tree import TREE_STEP_MODES, branch_advantages, tree_grpo
 
 R = 1 / math.sqrt(3)  # 0.57735: the std of the scores [1, 0, 1] (see test_tree_grpo_three_leaves)
 S = math.sqrt(0.5)  # 0.70711: GRPO advantage of [1, 0]
@@ -21,9 +22,10 @@ S = math.sqrt(0.5)  # 0.70711: GRPO advantage of [1, 0]
 LAYOUT = [-1, 0, 0, -1, 1, 1, -1, 2, 2]
 
 
-def paths(*rows, groups=None) -> AdvantageInput:
+def paths(*rows, groups=None, trees=None) -> AdvantageInput:
     """Rows ``(score, [node ids], [parent ids])``, one per root-to-leaf path; the score lies on the
-    row's last token. Node and parent lists are padded with -1 to K = 3 turns."""
+    row's last token. Node and parent lists are padded with -1 to K = 3 turns; ``trees`` the
+    rows' tree ids (None: no tree_ids column)."""
     bs = len(rows)
     turn_index = torch.tensor([[k if 0 <= k < len(nodes) else -1 for k in LAYOUT] for _, nodes, _ in rows])
     mask = (turn_index >= 0).long()
@@ -38,6 +40,7 @@ def paths(*rows, groups=None) -> AdvantageInput:
         turn_index=turn_index,
         turn_node_ids=torch.tensor([pad(nodes) for _, nodes, _ in rows]),
         turn_parent_ids=torch.tensor([pad(parents) for _, _, parents in rows]),
+        tree_ids=None if trees is None else torch.tensor(trees),
     )
 
 
@@ -158,3 +161,94 @@ def test_half_a_tree_and_a_negative_weight_are_refused():
         tree_grpo(data, AlgoConfig())
     with pytest.raises(ConfigError, match="algorithm.tree_step_weight must be >= 0.0, got -1.0"):
         tree_grpo(paths(*THREE_LEAVES), AlgoConfig(tree_step_weight=-1.0))
+
+
+# -- step mode: siblings (default) or intra_tree (Tree-GRPO's Eq. 6) ------------------------------------
+
+
+def grpo_by_hand(scores: list[float], keys: list, use_std: bool, eps: float = 1e-6) -> list[float]:
+    """GRPO of each score within the rows of equal key, with plain loops (unbiased std; alone: 0)."""
+    out = []
+    for i, key in enumerate(keys):
+        group = [scores[j] for j in range(len(keys)) if keys[j] == key]
+        if len(group) == 1:
+            out.append(0.0)
+            continue
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((x - mean) ** 2 for x in group) / (len(group) - 1))
+        out.append((scores[i] - mean) / (std + eps) if use_std else scores[i] - mean)
+    return out
+
+
+# Two tasks x two trees of different shapes (tree ids 10, 11 for task 0; 12, 13 for task 1):
+#   tree 10: THREE_LEAVES (root -> n1 -> {n3 -> n5 (1), n4 (0)}; root -> n2 (1))
+#   tree 11: root -> m1 -> {m2 (0), m3 (1)}
+#   tree 12: root -> c1 -> {c2 (2), c3 -> c4 (0)}; root -> c5 (1)
+#   tree 13: one path root -> d1 -> d2 (0.5): a tree of one leaf, whose intra-tree advantage is 0
+FOREST = (
+    *THREE_LEAVES,
+    (0.0, [20, 21], [-1, 20]),
+    (1.0, [20, 22], [-1, 20]),
+    (2.0, [30, 31], [-1, 30]),
+    (0.0, [30, 32, 33], [-1, 30, 32]),
+    (1.0, [34], [-1]),
+    (0.5, [40, 41], [-1, 40]),
+)
+FOREST_GROUPS = [0, 0, 0, 0, 0, 1, 1, 1, 1]
+FOREST_TREES = [10, 10, 10, 11, 11, 12, 12, 12, 13]
+
+
+@pytest.mark.parametrize("norm, weight", [(True, 1.0), (False, 1.0), (True, 0.5), (False, 2.0)])
+def test_intra_tree_is_grpo_over_each_trees_leaves_by_hand(norm, weight):
+    # Task 0 by hand (std): episode over [1, 0, 1, 0, 1]: mean 0.6, unbiased var 1.2 / 4 = 0.3, std 0.54772
+    #   -> [+0.73030, -1.09545, +0.73030, -1.09545, +0.73030]; intra tree 10: [R, -2R, R]; tree 11: [-S, +S].
+    #   Row 0, weight 1: 0.73030 + 0.57735 = 1.30765 on each of its 3 turns.
+    data = paths(*FOREST, groups=FOREST_GROUPS, trees=FOREST_TREES)
+    advantages, returns = tree_grpo(
+        data, AlgoConfig(tree_step_mode="intra_tree", norm_adv_by_std=norm, tree_step_weight=weight)
+    )
+    scores = [score for score, _, _ in FOREST]
+    episode = grpo_by_hand(scores, FOREST_GROUPS, norm)
+    intra = grpo_by_hand(scores, FOREST_TREES, norm)
+    expected = []
+    for (_, nodes, _), e, i in zip(FOREST, episode, intra):
+        expected.append(on_tokens(*[e + weight * i] * len(nodes)))
+    torch.testing.assert_close(advantages, torch.tensor(expected), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(returns, advantages)
+    if norm and weight == 1.0:
+        assert advantages[0, 1].item() == pytest.approx(0.73030 + R, abs=1e-4)
+        assert intra[-1] == 0.0  # tree 13 has one leaf
+
+
+def test_intra_tree_with_one_tree_per_task_doubles_grpo():
+    # the tree is the task's whole group: intra-tree = inter-tree, so the sum is (1 + weight) x GRPO
+    data = paths(*THREE_LEAVES, trees=[7, 7, 7])
+    cfg = AlgoConfig(tree_step_mode="intra_tree", tree_step_weight=0.5)
+    torch.testing.assert_close(tree_grpo(data, cfg)[0], 1.5 * grpo(data, cfg)[0])
+
+
+def test_intra_tree_without_tree_ids_is_grpo():
+    # a chain rollout's rows carry no tree_ids (and maybe no nodes either): exactly grpo, as siblings
+    data = paths(*FOREST, groups=FOREST_GROUPS)
+    cfg = AlgoConfig(tree_step_mode="intra_tree")
+    assert torch.equal(tree_grpo(data, cfg)[0], grpo(data, cfg)[0])
+    data.turn_node_ids = data.turn_parent_ids = None
+    assert torch.equal(tree_grpo(data, cfg)[0], grpo(data, cfg)[0])
+
+
+def test_siblings_is_the_default_and_ignores_tree_ids():
+    assert AlgoConfig().tree_step_mode == "siblings" and TREE_STEP_MODES == ("siblings", "intra_tree")
+    with_ids = paths(*FOREST, groups=FOREST_GROUPS, trees=FOREST_TREES)
+    without = paths(*FOREST, groups=FOREST_GROUPS)
+    default = tree_grpo(without, AlgoConfig())[0]
+    assert torch.equal(tree_grpo(with_ids, AlgoConfig(tree_step_mode="siblings"))[0], default)
+    assert torch.equal(tree_grpo(with_ids, AlgoConfig())[0], default)
+    assert not torch.equal(tree_grpo(with_ids, AlgoConfig(tree_step_mode="intra_tree"))[0], default)
+
+
+def test_an_unknown_step_mode_and_misshapen_tree_ids_are_refused():
+    with pytest.raises(ConfigError, match="algorithm.tree_step_mode 'leaves' is unknown; valid: siblings, intra_tree"):
+        tree_grpo(paths(*THREE_LEAVES), AlgoConfig(tree_step_mode="leaves"))
+    data = paths(*THREE_LEAVES, trees=[[1], [1], [1]])
+    with pytest.raises(OmrlError, match=r"tree_grpo: tree_ids has shape \(3, 1\); it must be \[bs\] = \(3,\)"):
+        tree_grpo(data, AlgoConfig(tree_step_mode="intra_tree"))

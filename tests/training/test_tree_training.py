@@ -18,8 +18,9 @@ from omrl.search.tree import Node, Tree, copy_episode
 from omrl.training import rl as rl_module
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import RLRecipe, run_rl
-from omrl.training.rl_data import episodes_to_batch, preference_pairs
+from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, sort_by_length
 from omrl.training.tree_batch import (
+    chain_rows,
     finished_paths,
     paths_to_batch,
     sibling_pairs,
@@ -101,7 +102,7 @@ def test_finished_paths_are_the_rows_and_unfinished_ones_are_no_leaves():
     # nodes numbered across the batch in the order met: a 0, a1 1, a2 2, b 3; a's parent is the root (-1)
     assert batch["turn_node_ids"].tolist() == [[0, 1], [0, 2], [3, -1]]
     assert batch["turn_parent_ids"].tolist() == [[-1, 0], [-1, 0], [-1, -1]]
-    assert batch["group_ids"].tolist() == [0, 0, 0]
+    assert batch["group_ids"].tolist() == [0, 0, 0] and batch["tree_ids"].tolist() == [0, 0, 0]
     # GRPO over the 3 finished leaves [1, 0, 1]; counting [c] as a 0 would make it [1, 0, 1, 0]
     advantages, _ = grpo(tree_advantage_input(batch), AlgoConfig())
     assert advantages[batch["loss_mask"].bool()].unique().tolist() == pytest.approx([-2 * R, R], abs=1e-5)
@@ -202,6 +203,32 @@ def test_several_trees_per_task_are_one_group_with_their_own_nodes():
     assert batch["group_ids"].tolist() == [0] * 6
     assert batch["turn_node_ids"].tolist() == [[0, 1], [0, 2], [3, -1], [4, 5], [4, 6], [7, -1]]
     assert batch["turn_parent_ids"].tolist() == [[-1, 0], [-1, 0], [-1, -1], [-1, 4], [-1, 4], [-1, -1]]
+    assert batch["tree_ids"].tolist() == [0, 0, 0, 1, 1, 1]  # each path's own tree (Episode.group)
+
+
+def test_tree_ids_reach_the_estimator_and_stay_with_their_rows():
+    # Two trees of one task, leaves [1, 0, 1] each. intra_tree by hand: episode level over the 6 leaves:
+    #   mean 2/3, unbiased var (4/9 + 8/9) / 5 = 4/15, std 0.51640 -> +0.64550 (score 1), -1.29099 (score 0);
+    #   intra-tree (each tree [1, 0, 1]): +R, -2R. Row 0: 0.64550 + 0.57735 = 1.22285 on its tokens.
+    _, first = forked_tree(group=0)
+    _, second = forked_tree(group=1)
+    batch = paths_to_batch(first + second, trees_per_task=2, pad_token_id=0)
+    data = tree_advantage_input(batch)
+    assert data.tree_ids is batch["tree_ids"] and data.tree_ids.dtype == torch.long
+    advantages, _ = tree_grpo(data, AlgoConfig(tree_step_mode="intra_tree"))
+    mask = batch["loss_mask"].bool()
+    win, loss = 1 / math.sqrt(4 / 15) / 3 + R, -2 / math.sqrt(4 / 15) / 3 - 2 * R
+    per_row = torch.tensor([win, loss, win, win, loss, win])
+    torch.testing.assert_close(advantages, torch.where(mask, per_row[:, None], 0.0), atol=1e-5, rtol=0)
+    # a [bs] column: sorting, micro-batches and train_each_turn_once keep it with its row
+    batch.tensors["advantages"], batch.tensors["returns"] = advantages, advantages
+    once = train_each_turn_once(batch)
+    assert once["tree_ids"].equal(batch["tree_ids"]) and "turn_node_ids" not in once.tensors
+    ordered = sort_by_length(once)
+    parts = micro_batches(ordered, 4)
+    assert torch.cat([part["tree_ids"] for part in parts]).equal(ordered["tree_ids"])
+    # a chain rollout's rows have no tree
+    assert tree_advantage_input(chain_rows(finished_paths(first), pad_token_id=0)).tree_ids is None
 
 
 def test_paths_that_disagree_on_a_shared_turn_are_refused():

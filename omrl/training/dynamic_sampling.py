@@ -1,0 +1,89 @@
+"""DAPO's dynamic sampling (``algorithm.dynamic_sampling``): a step trains only groups whose samples
+got different rewards, drawing more tasks until it has ``tasks_per_step`` of them.
+
+Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (arXiv:2503.14476),
+section 3.2. A group whose samples all scored the same has advantage 0 under every group estimator:
+it adds no gradient, only shrinks the batch (and, with token-mean, dilutes the rest). Here such
+groups are dropped and more tasks are drawn from the task order, at most
+``dynamic_sampling_max_draws`` extra rollouts a step (a step that is still short trains on the
+groups it has and says so in its metrics). Draws take the task order's next tasks and a seed of their
+own, so a resumed run draws exactly what the uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Any, Callable, Sequence
+
+from omrl.data import Episode
+from omrl.errors import ConfigError
+from omrl.training.rl_data import trainable
+
+#: draw ``d`` of a step plays with seed ``step_seed + d * DRAW_SEED_STRIDE``
+DRAW_SEED_STRIDE = 1_000_000_007
+
+
+def check(cfg: Any) -> None:
+    """Refuse what dynamic sampling cannot run with, naming the fix."""
+    algo = cfg.algorithm
+    if not algo.dynamic_sampling:
+        return
+    if algo.dynamic_sampling_max_draws < 1:
+        raise ConfigError(
+            f"algorithm.dynamic_sampling_max_draws must be >= 1 (extra rollouts a step may draw), "
+            f"got {algo.dynamic_sampling_max_draws}"
+        )
+    if cfg.group_size < 2:
+        raise ConfigError(
+            f"algorithm.dynamic_sampling keeps groups whose samples differ; group_size={cfg.group_size} "
+            "makes groups of one, which never do: use group_size >= 2"
+        )
+    if algo.name == "dpo" or cfg.rollout.async_generation or cfg.rollout.strategy != "chain":
+        raise ConfigError(
+            "algorithm.dynamic_sampling runs with the grpo and ppo recipes, the chain rollout and "
+            f"synchronous generation; this run has algorithm.name={algo.name}, rollout.strategy="
+            f"{cfg.rollout.strategy}, rollout.async_generation={cfg.rollout.async_generation}"
+        )
+
+
+def varied_groups(episodes: Sequence[Episode]) -> tuple[list[list[Episode]], int]:
+    """(the groups whose trainable episodes got at least two different rewards, each a list in play
+    order; how many groups were dropped). A group is the episodes with one ``Episode.group``."""
+    groups: dict[int, list[Episode]] = defaultdict(list)
+    for ep in episodes:
+        groups[ep.group].append(ep)
+    kept = []
+    for members in groups.values():
+        rewards = {ep.total_reward for ep in trainable(members)}
+        if len(rewards) > 1:
+            kept.append(members)
+    return kept, len(groups) - len(kept)
+
+
+def fill(
+    play: Callable[[int], list[Episode]], wanted: int, max_draws: int, short_anywhere: Callable[[int], bool]
+) -> tuple[list[Episode], list[Episode], dict[str, float]]:
+    """Play draws ``play(0)``, ``play(1)``, ... (each a rollout of the next tasks) until ``wanted``
+    varied groups are in hand on every process (``short_anywhere(missing)`` asks them all) or
+    ``max_draws`` extra draws were made. Returns (the first ``wanted`` varied groups' episodes,
+    renumbered so that groups of different draws never share a number; every episode played;
+    metrics: ``sampling_draws`` (extra rollouts made), ``groups_dropped`` (groups whose samples
+    all scored the same), ``groups_short`` (varied groups missing when the draws ran out))."""
+    kept: list[list[Episode]] = []
+    played: list[Episode] = []
+    dropped = draws = 0
+    while True:
+        episodes = play(draws)
+        played.extend(episodes)
+        varied, lost = varied_groups(episodes)
+        kept.extend(varied)
+        dropped += lost
+        if not short_anywhere(max(wanted - len(kept), 0)) or draws >= max_draws:
+            break
+        draws += 1
+    kept = kept[:wanted]
+    renumbered = [dataclasses.replace(ep, group=number) for number, members in enumerate(kept) for ep in members]
+    metrics = {"sampling_draws": float(draws), "groups_dropped": float(dropped)}
+    metrics["groups_short"] = float(max(wanted - len(kept), 0))
+    return renumbered, played, metrics

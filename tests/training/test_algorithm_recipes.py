@@ -1,0 +1,229 @@
+"""The 2025-26 additions to `omrl train`, run for real on the tiny model: the adaptive KL coefficient,
+DAPO's dynamic sampling, ReMax's greedy baseline, on-policy distillation from a teacher, and the
+constant loss normaliser; each resumes exactly where it has state."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from omrl.config.options import TrainRunConfig
+from omrl.data.trajectory import read_episodes
+from omrl.errors import ConfigError
+from omrl.hookspecs import hookimpl
+from omrl.models.loading import load_model
+from omrl.training.metrics import read_metrics
+from omrl.training.online import episode_token_budget
+from omrl.training.rl import run_rl
+from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
+
+QUIET = Console(file=io.StringIO())
+
+
+class HalfConstantReward:
+    """``half_constant``: 1 for every sample of an even task (a group with nothing to compare), the
+    sample's index for an odd one."""
+
+    @hookimpl
+    def register_rewards(self, register):
+        def half_constant(episodes):
+            """1 on even tasks, the sample index on odd ones, on the last turn."""
+            value = [1.0 if ep.task_id % 2 == 0 else float(ep.sample) for ep in episodes]
+            return [[0.0] * (len(ep.turns) - 1) + [v] for ep, v in zip(episodes, value)]
+
+        register("half_constant", half_constant)
+
+
+@pytest.fixture
+def config(tiny_model_dir, tmp_path, register_plugin):
+    register_plugin(SampleIndexReward(), name="sample-index")
+    register_plugin(HalfConstantReward(), name="half-constant")
+    return gridworld_configs(tiny_model_dir, tmp_path, "reward.weights={sample_index: 1.0}", "optim.micro_batch_size=8")
+
+
+def numbers(out) -> list[dict]:
+    """The run's logged numbers, less times, speeds and memory."""
+    return [
+        {k: v for k, v in r.items() if not (k.endswith("_per_s") or "time" in k or k.startswith("peak_"))}
+        for r in read_metrics(out)
+    ]
+
+
+def rollout(cfg: TrainRunConfig, step: int) -> list:
+    return read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
+
+
+# -- adaptive KL ---------------------------------------------------------------------------------------
+
+
+def test_the_kl_coefficient_follows_ziegler_s_rule_and_resumes(config):
+    settings = ("algorithm.kl_coef=0.05", "algorithm.kl_target=0.001", "algorithm.kl_horizon=10", "steps=3")
+    full = config(*settings, "logging.save_steps=1", out="full")
+    run_rl(full, console=QUIET)
+    records = read_metrics(full.logging.output_dir)
+    coef = 0.05
+    for record in records:  # the coefficient a step used, then moved by the KL that step measured
+        assert record["kl_coef"] == pytest.approx(coef, rel=1e-9)
+        error = min(max(record["kl"] / 0.001 - 1.0, -0.2), 0.2)
+        coef *= 1.0 + error * 6 / 10  # 2 tasks x 3 samples
+    # step 1 updates the very policy the reference copies: KL 0, below target, so the coefficient falls
+    assert records[0]["kl"] == 0.0 and records[1]["kl_coef"] < 0.05
+    stopped = config(*settings, "logging.save_steps=1", out="stopped")
+    stop_then_resume(stopped, console=QUIET)
+    assert numbers(stopped.logging.output_dir) == numbers(full.logging.output_dir)
+
+
+def test_an_adaptive_kl_needs_a_coefficient_to_adapt(config):
+    with pytest.raises(ConfigError, match="kl_target=0.01 adapts kl_coef, which must then start above 0"):
+        run_rl(config("algorithm.kl_target=0.01"), console=QUIET)
+
+
+# -- dynamic sampling ----------------------------------------------------------------------------------
+
+
+def test_dynamic_sampling_trains_only_groups_that_differ_and_keeps_the_batch_full(config):
+    cfg = config(
+        "reward.weights={half_constant: 1.0}", "algorithm.dynamic_sampling=true", "tasks_per_step=4", "steps=2"
+    )
+    run_rl(cfg, console=QUIET)
+    records = read_metrics(cfg.logging.output_dir)
+    for step, record in enumerate(records, start=1):
+        episodes = rollout(cfg, step)
+        groups = {ep.group for ep in episodes}
+        assert len(groups) == 4 and len(episodes) == 12, step  # tasks_per_step groups of group_size
+        assert all(ep.task_id % 2 == 1 for ep in episodes)  # only the tasks whose samples differ
+        for group in groups:  # a group is one task, never two
+            assert len({ep.task_id for ep in episodes if ep.group == group}) == 1
+        # half the tasks drawn are constant: 4 varied groups take 8 tasks, 2 draws of 4
+        assert record["sampling_draws"] >= 1 and record["groups_dropped"] >= 2 and record["groups_short"] == 0
+        assert not record.get("skipped_updates")
+
+
+def test_dynamic_sampling_resumes_to_the_same_draws(config):
+    settings = ("reward.weights={half_constant: 1.0}", "algorithm.dynamic_sampling=true", "steps=3")
+    full = config(*settings, "logging.save_steps=1", out="full")
+    run_rl(full, console=QUIET)
+    stopped = config(*settings, "logging.save_steps=1", out="stopped")
+    stop_then_resume(stopped, console=QUIET)
+    assert numbers(stopped.logging.output_dir) == numbers(full.logging.output_dir)
+    assert [ep.task_id for ep in rollout(stopped, 3)] == [ep.task_id for ep in rollout(full, 3)]
+
+
+def test_dynamic_sampling_stops_drawing_at_its_bound_and_says_so(config):
+    cfg = config(
+        "reward.weights={goal: 1.0}",  # the untrained model never reaches the goal: every group is constant
+        "algorithm.dynamic_sampling=true",
+        "algorithm.dynamic_sampling_max_draws=2",
+        "steps=1",
+    )
+    summary = run_rl(cfg, console=QUIET)
+    record = read_metrics(cfg.logging.output_dir)[0]
+    assert record["sampling_draws"] == 2 and record["groups_dropped"] == 6 and record["groups_short"] == 2
+    assert summary["skipped_updates"] == 1  # nothing left to train on
+
+
+def test_dynamic_sampling_refuses_groups_of_one(config):
+    with pytest.raises(ConfigError, match="group_size=1 makes groups of one"):
+        run_rl(config("algorithm.dynamic_sampling=true", "group_size=1"), console=QUIET)
+
+
+# -- ReMax ------------------------------------------------------------------------------------------------
+
+
+def test_remax_compares_each_sample_with_a_greedy_episode_of_its_task(config):
+    cfg = config("algorithm.advantage=remax", "steps=1")
+    run_rl(cfg, console=QUIET)
+    record = read_metrics(cfg.logging.output_dir)[0]
+    assert record["greedy_env_errors"] == 0
+    episodes = rollout(cfg, 1)
+    # the sample-index reward gives the greedy episode index 0, so each sample's advantage is its index
+    assert record["greedy_score"] == 0.0
+    for ep in episodes:
+        trained = [a for a, m in zip(ep.advantages, ep.loss_mask) if m]
+        assert trained and all(a == pytest.approx(float(ep.sample)) for a in trained)
+
+
+def test_remax_refuses_a_search_rollout(config):
+    with pytest.raises(ConfigError, match="remax compares each sample with a greedy episode"):
+        run_rl(config("algorithm.advantage=remax", "rollout.strategy=best_of_n"), console=QUIET)
+
+
+# -- on-policy distillation -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def teacher_dir(tiny_model_dir, tmp_path) -> Path:
+    """Another model of the student's tokenizer: the tiny model with its weights moved at random."""
+    model, tokenizer = load_model(tiny_model_dir)
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 3.0 * param.std().clamp(min=0.02))
+    out = tmp_path / "teacher"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_distillation_alone_pulls_the_student_toward_its_teacher(config, teacher_dir, tiny_model_dir):
+    cfg = config(
+        f"algorithm.teacher={teacher_dir}",
+        "reward.weights={goal: 0.0}",  # the teacher's reward alone
+        "algorithm.advantage=reinforce_plus_plus",
+        "algorithm.gamma=0.0",  # each token's own reward: dense
+        "steps=30",
+        "tasks_per_step=4",
+        "optim.learning_rate=3e-3",
+    )
+    run_rl(cfg, console=QUIET)
+    records = read_metrics(cfg.logging.output_dir)
+    assert all(record["teacher_kl"] > 0 for record in records[:2])  # the moved weights disagree
+    # the exact reverse KL, over the whole vocabulary, at the student's own tokens of step 1
+    episodes = rollout(cfg, 1)
+    teacher = load_model(str(teacher_dir))[0]
+    before = reverse_kl(load_model(tiny_model_dir)[0], teacher, episodes)
+    after = reverse_kl(load_model(cfg.logging.output_dir)[0], teacher, episodes)
+    assert after < 0.85 * before, (before, after)
+
+
+def reverse_kl(student, teacher, episodes) -> float:
+    """KL(student || teacher) per model token of ``episodes``, exact over the vocabulary."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for ep in episodes:
+            ids = torch.tensor([ep.token_ids])
+            log_p = student(ids).logits[0, :-1].log_softmax(-1)
+            log_q = teacher(ids).logits[0, :-1].log_softmax(-1)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+            mask = torch.tensor(ep.loss_mask[1:], dtype=torch.bool)  # position t predicts token t + 1
+            total += float(kl[mask].sum())
+            tokens += int(mask.sum())
+    return total / tokens
+
+
+def test_a_teacher_with_another_tokenizer_is_refused(config, tiny_model_dir, tmp_path):
+    model, tokenizer = load_model(tiny_model_dir)
+    tokenizer.add_tokens(["<only_the_teacher_has_this>"])
+    other = tmp_path / "other"
+    model.save_pretrained(other)
+    tokenizer.save_pretrained(other)
+    with pytest.raises(ConfigError, match="has another tokenizer than the student"):
+        run_rl(config(f"algorithm.teacher={other}"), console=QUIET)
+
+
+# -- the constant loss normaliser ------------------------------------------------------------------------
+
+
+def test_seq_mean_token_sum_norm_divides_by_the_runs_token_budget(config):
+    assert episode_token_budget(config()) == 8 * 2  # max_new_tokens x env.max_turns
+    summed = config("algorithm.loss_agg_mode=token-sum", "steps=1", out="sum")
+    normed = config("algorithm.loss_agg_mode=seq-mean-token-sum-norm", "steps=1", out="norm")
+    run_rl(summed, console=QUIET)
+    run_rl(normed, console=QUIET)
+    rows = sum(any(ep.loss_mask) for ep in rollout(normed, 1))
+    total = read_metrics(summed.logging.output_dir)[0]["pg_loss"]
+    assert read_metrics(normed.logging.output_dir)[0]["pg_loss"] == pytest.approx(total / (rows * 16), rel=1e-5)
