@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
 import shutil
@@ -75,18 +74,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _results import default_json, machine, save_json
+from search_budget import learn_gridworld
+from tree_vs_chain import mean_se
 
 from omrl.atomic import atomic_write_text
-from omrl.config import load_config
 from omrl.config.loading import read_preset
-from omrl.config.options import EvalRunConfig
 from omrl.evaluation import measured
-from omrl.rollout import RolloutSession
 from omrl.threads import configure_threads
 from omrl.training.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "learn_gridworld.py"
 
 
 @dataclass(frozen=True)
@@ -177,15 +174,6 @@ SMOKE = Settings(
 )
 
 
-def learn_gridworld():
-    """examples/learn_gridworld.py as a module (examples are scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location("learn_gridworld", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def example_budget(example, settings: Settings):
     """The example's Budget for these settings; no evaluation inside the runs (this file evaluates)."""
     return example.Budget(
@@ -197,18 +185,6 @@ def example_budget(example, settings: Settings):
         eval_tasks=0,
         eval_every=0,
     )
-
-
-def mean_se(values: list[float]) -> dict[str, float]:
-    """Mean and its standard error (sample std / sqrt(n)).
-
-    >>> {k: round(v, 4) for k, v in mean_se([0.0, 1.0, 1.0, 0.0]).items()}
-    {'mean': 0.5, 'se': 0.2887}
-    """
-    n = len(values)
-    mean = sum(values) / n
-    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
-    return {"mean": mean, "se": math.sqrt(var / n)}
 
 
 def binomial_se(p: float, n: int) -> float:
@@ -226,22 +202,7 @@ def held_out(model: str, example, settings: Settings, seed: int) -> dict:
     temperature 1; SE over tasks) and greedy (one a task; binomial SE)."""
     result = {}
     for name, temperature, samples in (("sampled", 1.0, settings.eval_samples), ("greedy", 0.0, 1)):
-        cfg = load_config(
-            EvalRunConfig,
-            None,
-            [
-                f"model.name={model}",
-                *example.ENV,
-                *example.GENERATION,
-                f"generation.temperature={temperature}",
-                f"num_tasks={settings.eval_tasks}",
-                f"seed={seed}",
-            ],
-        )
-        with RolloutSession.from_config(cfg) as session:
-            episodes = session.play(
-                session.task_ids("test", settings.eval_tasks), split="test", seed=seed, group_size=samples
-            )
+        episodes = example.held_out_episodes(model, settings.eval_tasks, seed, temperature, samples)
         per_task: dict[int, list[bool]] = {}
         for ep in measured(episodes):  # an env failure is neither a win nor a loss
             per_task.setdefault(ep.task_id, []).append(bool(ep.won))

@@ -73,26 +73,28 @@ def held_out_success(model: str, budget: Budget, seed: int) -> dict[str, float]:
     """Success on the first ``eval_tasks`` tasks of gridworld's held-out test split: ``sampled`` (the
     mean over ``eval_samples`` episodes a task at temperature 1, the policy GRPO optimises) and
     ``greedy`` (one episode a task at temperature 0)."""
-    result = {}
-    for name, temperature, samples in (("sampled", 1.0, budget.eval_samples), ("greedy", 0.0, 1)):
-        cfg = load_config(
-            EvalRunConfig,
-            None,
-            [
-                f"model.name={model}",
-                *ENV,
-                *GENERATION,
-                f"generation.temperature={temperature}",
-                f"num_tasks={budget.eval_tasks}",
-                f"seed={seed}",
-            ],
-        )
-        with RolloutSession.from_config(cfg) as session:
-            episodes = session.play(
-                session.task_ids("test", budget.eval_tasks), split="test", seed=seed, group_size=samples
-            )
-        result[name] = evaluate(episodes)["success_rate"]
-    return result
+    return {
+        name: evaluate(held_out_episodes(model, budget.eval_tasks, seed, temperature, samples))["success_rate"]
+        for name, temperature, samples in (("sampled", 1.0, budget.eval_samples), ("greedy", 0.0, 1))
+    }
+
+
+def held_out_episodes(model: str, tasks: int, seed: int, temperature: float, samples: int) -> list:
+    """``samples`` episodes of each of the first ``tasks`` test tasks at ``temperature``, seeded."""
+    cfg = load_config(
+        EvalRunConfig,
+        None,
+        [
+            f"model.name={model}",
+            *ENV,
+            *GENERATION,
+            f"generation.temperature={temperature}",
+            f"num_tasks={tasks}",
+            f"seed={seed}",
+        ],
+    )
+    with RolloutSession.from_config(cfg) as session:
+        return session.play(session.task_ids("test", tasks), split="test", seed=seed, group_size=samples)
 
 
 def expert_data(path: Path, episodes: int) -> Path:

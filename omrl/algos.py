@@ -14,6 +14,10 @@ of them the same way:
 
 Shapes: ``bs`` rows (one per trajectory), ``T`` token positions of the trained
 sequence, ``K`` the most turns in any row.
+
+An advantage estimator that needs more than the rollout says so when it registers:
+``register("remax", remax, kind="advantage", needs=("greedy_scores",))`` makes the recipe play a
+greedy episode of each task and fill :attr:`AdvantageInput.greedy_scores`.
 """
 
 from __future__ import annotations

@@ -21,12 +21,13 @@ from omrl.errors import ConfigError
 from omrl.search import strategy_traits
 from omrl.training import online
 from omrl.training.losses import dpo_loss
+from omrl.training.online_recipe import OnlineRecipe
 from omrl.training.policy import sequence_log_prob
 from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, trainable
 from omrl.training.tree_batch import sibling_pairs
 
 
-class DPORecipe(online.OnlineRecipe):
+class DPORecipe(OnlineRecipe):
     """DPO: ``setup()``, ``train()``, ``cleanup()`` (or :func:`omrl.training.rl.run_rl`)."""
 
     # -- SETUP ----------------------------------------------------------------------------------------

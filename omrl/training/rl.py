@@ -43,6 +43,7 @@ from omrl.training.kl_control import AdaptiveKL
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
 from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
+from omrl.training.online_recipe import OnlineRecipe
 from omrl.training.policy import ValueHead, policy_forward
 from omrl.training.recipe import run_recipe
 from omrl.training.rl_data import join_columns, micro_batches, sort_by_length
@@ -51,7 +52,7 @@ from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, wi
 from omrl.training.tree_batch import chain_rows, paths_to_batch, train_each_turn_once, tree_advantage_input
 
 
-class RLRecipe(online.OnlineRecipe):
+class RLRecipe(OnlineRecipe):
     """GRPO or PPO: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_rl`)."""
 
     # -- SETUP ----------------------------------------------------------------------------------------

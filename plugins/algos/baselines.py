@@ -43,7 +43,6 @@ def group_sum(values: torch.Tensor, inverse: torch.Tensor, groups: int) -> torch
 def opo(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """OPO's optimal reward baseline (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585).
 
-    Authors: Hao, Dong, Wu, Huang, Chi and Wei.
     Reads token_rewards, loss_mask [bs, T], group_ids [bs]. No cfg field.
     The baseline that minimises the policy gradient's variance is E[|grad log p|^2 R] /
     E[|grad log p|^2]; with |grad log p(o)|^2 taken proportional to the length |o| it is the
@@ -106,8 +105,8 @@ def pass_at_k_terms(n: torch.Tensor, c: torch.Tensor, k: int) -> tuple[torch.Ten
 def pass_at_k(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k training, its analytical advantage (Chen et al. 2025, "Pass@k Training", arXiv:2508.10751).
 
-    Authors: Chen, Qin, Wu, Ling, Ye, Zhao and Shi; title: "Pass@k Training for Adaptively
-    Balancing Exploration and Exploitation of Large Reasoning Models".
+    Title: "Pass@k Training for Adaptively Balancing Exploration and Exploitation of Large
+    Reasoning Models".
     Reads token_rewards, loss_mask [bs, T], group_ids [bs]; cfg.pass_k (k), cfg.pass_threshold,
     cfg.eps. A row passes when its score >= cfg.pass_threshold. For a group of n rows with c
     passes, averaging the pass@k reward (1 when any of k rows drawn without replacement passes)
@@ -149,8 +148,8 @@ def pass_at_k(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torc
 def remax(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax, a greedy episode's score as the baseline (Li et al. 2023, "ReMax", arXiv:2310.10505).
 
-    Authors: Li, Xu, Zhang, Lin, Yu, Sun and Luo; title: "ReMax: A Simple, Effective, and Efficient
-    Reinforcement Learning Method for Aligning Large Language Models".
+    Title: "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
+    Large Language Models".
     Reads token_rewards, loss_mask [bs, T], greedy_scores [bs]. No cfg field.
     The baseline of a sampled episode is the score of a greedy (argmax) episode of the same task:
 
