@@ -3,6 +3,11 @@
 A plugin is a module (or object) listed under the ``omrl`` entry-point group that
 implements any of these with ``@omrl.hookimpl``. ``register`` is a callback the
 host passes in; the registries are built from it lazily at each lookup.
+
+Any ``register`` also takes, instead of the object, its import path
+``"package.module:attribute"``: omrl imports it when the component is used, and
+lists it (``omrl plugins``) from its source's docstring, so a plugin whose code
+needs torch costs nothing to list.
 """
 
 import pluggy

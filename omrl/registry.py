@@ -6,13 +6,21 @@ seen at once and gone once it is unregistered.
 
 from __future__ import annotations
 
+import ast
 import difflib
+import importlib
+import importlib.util
 import inspect
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from omrl.errors import PluginError, UnknownNameError
 from omrl.plugins import distribution_of, load_plugins
+
+#: what a plugin may register instead of an object: its import path, imported on first use
+IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl", "rollout_correction")
 STRATEGY_KINDS = ("strategy", "scorer")
@@ -20,20 +28,57 @@ STRATEGY_KINDS = ("strategy", "scorer")
 
 @dataclass(frozen=True)
 class Component:
-    """One registered thing and where it came from."""
+    """One registered thing and where it came from.
+
+    ``target`` is the object, or an import path ``"package.module:attribute"`` that :attr:`obj`
+    imports on first use: a plugin whose objects need a heavy import (torch) registers paths, so
+    that listing it (``omrl plugins``) reads their docstrings from source and imports nothing.
+    """
 
     kind: str  # env, reward, template, advantage, policy_loss, kl, rollout_correction, strategy, scorer
     name: str
-    obj: Any
+    target: Any
     plugin: str
     distribution: str
     traits: dict[str, Any] = field(default_factory=dict)  # what the plugin declared of it (``register(..., **traits)``)
 
     @property
+    def obj(self) -> Any:
+        """The registered object (imported now when it was registered by its path)."""
+        if not isinstance(self.target, str):
+            return self.target
+        module, _, attribute = self.target.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as exc:
+            raise PluginError(
+                f"plugin {self.plugin!r} ({self.distribution}) registered {self.kind} {self.name!r} as "
+                f"{self.target!r}, which does not import: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    @property
     def description(self) -> str:
-        """The first line of the object's docstring."""
-        doc = inspect.getdoc(self.obj) or ""
-        return doc.strip().splitlines()[0] if doc.strip() else ""
+        """The first line of the object's docstring (for a path, read from its source, not imported)."""
+        doc = source_docstring(self.target) if isinstance(self.target, str) else inspect.getdoc(self.obj)
+        doc = (doc or "").strip()
+        return doc.splitlines()[0] if doc else ""
+
+
+def source_docstring(path: str) -> str | None:
+    """The docstring of ``"package.module:attribute"`` (a function or class defined at the module's
+    top level), read from the module's source without importing it; None when not found there."""
+    module, _, attribute = path.partition(":")
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attribute:
+            return ast.get_docstring(node)
+    return None
 
 
 def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[Component]:
@@ -52,6 +97,11 @@ def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[
                 )
             if not isinstance(name, str) or not name:
                 raise PluginError(f"plugin {_plugin!r} registered a component without a name")
+            if isinstance(obj, str) and not IMPORT_PATH.fullmatch(obj):
+                raise PluginError(
+                    f"plugin {_plugin!r} registered {kind} {name!r} as the string {obj!r}; a string must be "
+                    "an import path 'package.module:attribute' (or register the object itself)"
+                )
             key = (kind, name)
             if key in found:
                 other = found[key]

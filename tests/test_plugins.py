@@ -92,6 +92,49 @@ def test_algorithm_kinds_are_checked(register_plugin):
         registry.algorithms.names()
 
 
+class LazyRewardPlugin:
+    """Registers a reward by its import path (a module of this test file's package)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @hookimpl
+    def register_rewards(self, register):
+        register("lazy-reward", self.path)
+
+
+def test_a_component_registered_by_its_import_path_is_listed_unimported_and_loaded_on_use(
+    register_plugin, tmp_path, monkeypatch
+):
+    module = tmp_path / "lazy_reward_module.py"
+    module.write_text(
+        'import sys\nsys.modules["lazy_reward_module_imported"] = sys\n\n\n'
+        'def reward(episodes):\n    """A reward listed from source."""\n    return [[1.0] for _ in episodes]\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    register_plugin(LazyRewardPlugin("lazy_reward_module:reward"), name="lazy-plugin")
+    component = registry.rewards.component("lazy-reward")
+    assert component.description == "A reward listed from source."
+    assert "lazy_reward_module_imported" not in sys.modules  # listing read the source only
+    assert registry.rewards.get("lazy-reward")([object()]) == [[1.0]]
+    assert "lazy_reward_module_imported" in sys.modules
+    sys.modules.pop("lazy_reward_module_imported")
+    sys.modules.pop("lazy_reward_module")
+
+
+def test_an_import_path_that_does_not_import_is_named(register_plugin):
+    register_plugin(LazyRewardPlugin("no_such_module_here:reward"), name="lazy-plugin")
+    assert registry.rewards.component("lazy-reward").description == ""
+    with pytest.raises(PluginError, match="registered reward 'lazy-reward' as 'no_such_module_here:reward'"):
+        registry.rewards.get("lazy-reward")
+
+
+def test_a_string_that_is_no_import_path_is_refused(register_plugin):
+    register_plugin(LazyRewardPlugin("just a name"), name="lazy-plugin")
+    with pytest.raises(PluginError, match="must be an import path 'package.module:attribute'"):
+        registry.rewards.names()
+
+
 def test_hookimpl_may_take_fewer_arguments(register_plugin):
     class NoArgs:
         @hookimpl

@@ -51,6 +51,8 @@ def conversations_file(tmp_path_factory):
         ["config", "keys", "train"],
         ["env", "list"],
         ["view", "--help"],
+        ["plugins"],  # the algorithms are registered by import path: listed from their docstrings
+        ["plugins", "--kind", "policy_loss"],
     ],
     ids=" ".join,
 )
