@@ -36,7 +36,8 @@ METRICS_FILE = "metrics.jsonl"
 #: What recipes call after each step's logging and checkpoint: ``fn(step, metrics)``.
 StepCallback = Callable[[int, dict[str, float]], None]
 # Shown first on the progress line, in this order; other metrics follow in the order given.
-_LEADING = ("loss", "lr", "tokens_per_s", "step_time")
+#: what a step's console line shows (all of them go to metrics.jsonl, TensorBoard and wandb)
+HEADLINE = ("loss", "reward", "success", "eval_success", "kl", "grad_norm", "lr", "step_time", "skipped_updates")
 
 
 def peak_rss_gb() -> float:
@@ -158,7 +159,7 @@ class MetricsLogger:
 
         Returns whether the step was written. Non-finite values are written as null.
         """
-        line = format_metrics(metrics)
+        line = step_line(metrics)
         if self._progress is not None:
             self._progress.update(self._task, completed=step, line=line)
         if step % self.every and step != self.total_steps:
@@ -211,19 +212,13 @@ class NullLogger:
         pass
 
 
-def format_metrics(metrics: dict[str, Any]) -> str:
-    """``loss 1.234 lr 2.00e-05 tokens_per_s 5.1e+03 ...``: leading keys first."""
-    keys = [k for k in _LEADING if k in metrics] + [k for k in metrics if k not in _LEADING]
-    parts = []
-    for key in keys:
-        value = metrics[key]
-        if key == "lr" and isinstance(value, float):
-            parts.append(f"lr {value:.2e}")
-        elif isinstance(value, float):
-            parts.append(f"{key} {value:.4g}")
-        else:
-            parts.append(f"{key} {value}")
-    return " ".join(parts)
+def step_line(metrics: dict[str, Any]) -> str:
+    """The console's line for a step: the :data:`HEADLINE` metrics it has, and how many more went to
+    the files (a step logs 30-40 numbers; all of them on one line read badly in a log or a pipe)."""
+    shown = {key: metrics[key] for key in HEADLINE if key in metrics}
+    line = " ".join(f"{key} {value:.2e}" if key == "lr" else f"{key} {value:.4g}" for key, value in shown.items())
+    more = len(metrics) - len(shown)
+    return f"{line} (+{more} in {METRICS_FILE})" if more else line
 
 
 def read_metrics(output_dir: str | os.PathLike) -> list[dict[str, Any]]:

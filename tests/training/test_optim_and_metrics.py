@@ -14,7 +14,7 @@ from omrl.config.options import LoggingConfig, OptimConfig
 from omrl.errors import ConfigError
 from omrl.parallel import Strategy
 from omrl.training.common import SkippedUpdates
-from omrl.training.metrics import MetricsLogger, format_metrics, read_metrics
+from omrl.training.metrics import MetricsLogger, read_metrics, step_line
 from omrl.training.optim import apply_update, build_optimizer, build_scheduler, lr_multiplier
 
 
@@ -105,7 +105,7 @@ def test_metrics_logger_writes_on_cadence_and_the_last_step(tmp_path):
     assert [r["step"] for r in records] == [2, 4, 5, 6]
     assert records[0]["loss"] == 0.5 and records[0]["reward"] == 0.5
     assert records[-1]["loss"] is None  # NaN is written as null: the file stays valid JSON
-    assert "step 4/5 loss 0.25 lr 1.00e-05 reward 0.5" in out.getvalue()  # plain lines off a terminal
+    assert "step 4/5 loss 0.25 reward 0.5 lr 1.00e-05\n" in out.getvalue()  # plain lines off a terminal
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
 
 
@@ -124,9 +124,10 @@ def test_metrics_logger_on_resume_drops_steps_after_the_checkpoint(tmp_path):
     assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0), (6, 16.0)]
 
 
-def test_format_metrics_puts_the_usual_keys_first():
-    line = format_metrics({"kl": 0.01, "step_time": 0.5, "loss": 2.0, "tokens_per_s": 1234.5, "lr": 3e-6})
-    assert line == "loss 2 lr 3.00e-06 tokens_per_s 1234 step_time 0.5 kl 0.01"
+def test_a_steps_console_line_shows_the_headline_and_counts_the_rest():
+    metrics = {"reward_goal": 0.5, "kl": 0.01, "loss": 2.0, "tokens_per_s": 1234.5, "lr": 3e-6, "reward": 0.25}
+    assert step_line(metrics) == "loss 2 reward 0.25 kl 0.01 lr 3.00e-06 (+2 in metrics.jsonl)"
+    assert step_line({"loss": 1.0}) == "loss 1"
 
 
 def test_metrics_go_to_wandb_and_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
