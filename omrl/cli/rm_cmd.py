@@ -73,24 +73,43 @@ def train(
 
 @rm_app.command("eval")
 def evaluate(
-    model: str = typer.Option(..., "--model", help="Reward model directory (from `omrl rm train`)."),
-    data: str = typer.Option(..., "--data", help="Held-out trajectory parquet (file or directory)."),
+    args: Optional[list[str]] = typer.Argument(
+        None, help="An optional preset name or YAML path, then key=value overrides (see `omrl config keys rm-eval`)."
+    ),
+    model: Optional[str] = typer.Option(None, "--model", help="Reward model directory (from `omrl rm train`)."),
+    data: Optional[str] = typer.Option(None, "--data", help="Held-out trajectory parquet (file or directory)."),
     report: Optional[str] = typer.Option(None, "--report", help="JSON report path (default: <model>/rm_eval.json)."),
-    text: bool = typer.Option(False, "--text", help="Re-encode the chats with the reward model's tokenizer."),
+    text: Optional[bool] = typer.Option(
+        None,
+        "--text/--no-text",
+        help="Re-encode the chats with the reward model's tokenizer (default: as the model was trained).",
+    ),
 ) -> None:
     """Accuracy, AUC and calibration on held-out episodes, and best-of-N selection against random and oracle."""
     from pathlib import Path
 
+    from omrl.config import command_line_config
+    from omrl.config.options import RmEvalRunConfig
+    from omrl.errors import ConfigError
     from omrl.models import check_model_files
     from omrl.outputs import check_outputs
     from omrl.rm.data import check_trajectory_ids
     from omrl.rm.evaluate import evaluate_reward_model, write_rm_report
     from omrl.rm.model import RewardModel
 
-    report_path = Path(report) if report else Path(model) / "rm_eval.json"
+    flags = {"model.name": model, "dataset": data, "report": report, "text": text}
+    cfg = command_line_config(RmEvalRunConfig, args, flags)
+    model, data = cfg.model.name, cfg.dataset
+    if not Path(model).expanduser().is_dir() or not data:
+        raise ConfigError(
+            f"omrl rm eval needs --model (a reward model directory from `omrl rm train`; got {model!r}) and "
+            f"--data (held-out trajectories; got {data!r})"
+        )
+    given = text is not None or any(arg.split("=", 1)[0] == "text" for arg in args or [])
+    text = cfg.text if given else trained_with_text(Path(model).expanduser())
+    report_path = Path(cfg.report) if cfg.report else Path(model) / "rm_eval.json"
     check_outputs({"--report": report_path}, {"the --model": model, "the --data": data})
-    if Path(model).expanduser().is_dir():
-        check_model_files(Path(model).expanduser())  # a damaged file is named, not met mid-load
+    check_model_files(Path(model).expanduser())  # a damaged file is named, not met mid-load
     reward_model = RewardModel.load(model)
     if not text:  # the episodes' own ids are scored: one the model lacks is named before any work
         check_trajectory_ids(data, reward_model.tokenizer)
@@ -98,6 +117,17 @@ def evaluate(
     path = write_rm_report(result, report_path)
     _print_report(result)
     typer.echo(f"report written to {path}")
+
+
+def trained_with_text(model_dir) -> bool:
+    """Whether the reward model in ``model_dir`` was trained with ``text=true`` (its config.yaml says;
+    False when it has none, e.g. a model from elsewhere)."""
+    import yaml
+
+    config = model_dir / "config.yaml"
+    if not config.is_file():
+        return False
+    return bool((yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("text", False))
 
 
 def _print_report(report: dict) -> None:

@@ -365,6 +365,20 @@ class RmTrainRunConfig(RunConfig):
     plugins: dict[str, dict[str, Any]] = plugins_opt()
 
 
+@dataclass
+class RmEvalRunConfig(RunConfig):
+    """`omrl rm eval`: a reward model scored on held-out trajectories."""
+
+    command: str = command_opt("rm-eval")
+    dataset: str = opt("", "Held-out trajectory parquet (a file, or a directory of them).")
+    report: str = opt("", "JSON report path (default: <model>/rm_eval.json).")
+    text: bool = opt(
+        False,
+        "Re-encode each chat with the model's own tokenizer; when not given, as the model was trained "
+        "(its config.yaml).",
+    )
+
+
 CONFIG_CLASSES = {
     "train": TrainRunConfig,
     "sft": SftRunConfig,
@@ -372,4 +386,5 @@ CONFIG_CLASSES = {
     "eval": EvalRunConfig,
     "sweep": SweepRunConfig,
     "rm-train": RmTrainRunConfig,
+    "rm-eval": RmEvalRunConfig,
 }

@@ -53,6 +53,7 @@ def evaluate_reward_model(
         "kind": rm.kind,
         "objective": rm.objective,
         "label": rm.label,
+        "text": bool(text),  # re-encoded with the reward model's tokenizer, or the episodes' own ids
     }
     if rm.objective == "bce":
         report["scores"] = binary_report([rm.to_score(v) for v in flat_values], targets)

@@ -356,6 +356,24 @@ def test_cli_trains_and_evaluates(data_dir, tmp_path):
     assert written["scores"] == pytest.approx(evaluate_reward_model(out, str(data_dir))["scores"])
 
 
+def test_rm_eval_takes_key_value_overrides_and_remembers_how_the_model_read_its_chats(data_dir, tmp_path):
+    out = tmp_path / "text-rm"
+    result = invoke(
+        "rm", "train", "--model", "tiny", "--data", str(data_dir), "--output-dir", str(out),
+        "text=true", "num_train_epochs=0.5", "logging.tensorboard=false",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = tmp_path / "report.json"
+    result = invoke("rm", "eval", f"model.name={out}", f"dataset={data_dir}", f"report={report}")
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["text"] is True  # as trained, without --text
+    result = invoke("rm", "eval", "--model", str(out), "--data", str(data_dir), "--no-text", "--report", str(report))
+    assert result.exit_code == 0, result.output
+    assert json.loads(report.read_text())["text"] is False
+    with pytest.raises(ConfigError, match="unknown config key 'datset'; did you mean 'dataset'"):
+        invoke("rm", "eval", f"model.name={out}", "datset=x")
+
+
 TWO_PROCESS_SCRIPT = """
 import sys, torch
 from omrl.config import load_config
