@@ -59,10 +59,7 @@ class RLRecipe(OnlineRecipe):
     def setup(self) -> None:
         cfg, algo = self.cfg, self.cfg.algorithm
         resume_from = self._start_setup(recipes=("grpo", "ppo"))
-        self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
-            cfg, self.strategy, with_reference=algo.kl_coef > 0
-        )
-        self._setup_critic()
+        # the algorithms first: a wrong name or setting is refused before any model loads
         self.advantage_fn = registry.algorithms.get(algo.advantage, kind="advantage")
         self.policy_loss_fn = registry.algorithms.get(algo.policy_loss, kind="policy_loss")
         self.kl_fn = registry.algorithms.get(algo.kl_estimator, kind="kl")
@@ -70,9 +67,11 @@ class RLRecipe(OnlineRecipe):
         self.correction_fn = registry.algorithms.get(self.correction, kind="rollout_correction")
         self.kl_control = AdaptiveKL(algo)
         self.greedy_baseline = greedy_baseline.needed(cfg)  # ReMax: a greedy episode per task, as baseline
-        online.check_algorithms(
-            cfg, self.advantage_fn, has_critic=self.value_head is not None, greedy=self.greedy_baseline
+        online.check_algorithms(cfg, self.advantage_fn, has_critic=algo.name == "ppo", greedy=self.greedy_baseline)
+        self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
+            cfg, self.strategy, with_reference=algo.kl_coef > 0
         )
+        self._setup_critic()
         self.teacher = load_teacher(cfg, self.strategy, self.tokenizer) if algo.teacher else None
         self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
         critic = {

@@ -13,9 +13,10 @@ from rich.console import Console
 
 from omrl.config.options import TrainRunConfig
 from omrl.data.trajectory import read_episodes
-from omrl.errors import ConfigError
+from omrl.errors import ConfigError, UnknownNameError
 from omrl.hookspecs import hookimpl
 from omrl.models.loading import load_model
+from omrl.training import online
 from omrl.training.metrics import read_metrics
 from omrl.training.online import episode_token_budget
 from omrl.training.rl import run_rl
@@ -55,6 +56,19 @@ def numbers(out) -> list[dict]:
 
 def rollout(cfg: TrainRunConfig, step: int) -> list:
     return read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
+
+
+def test_a_wrong_algorithm_setting_is_refused_before_any_model_loads(config, monkeypatch):
+    def load_models(*args, **kwargs):
+        raise AssertionError("a model was loaded before the algorithm settings were checked")
+
+    monkeypatch.setattr(online, "load_models", load_models)
+    with pytest.raises(UnknownNameError, match="unknown algorithm 'grpoo'. Did you mean 'grpo'"):
+        run_rl(config("algorithm.advantage=grpoo"), console=QUIET)
+    with pytest.raises(UnknownNameError, match="unknown policy loss 'gspoo'"):
+        run_rl(config("algorithm.policy_loss=gspoo"), console=QUIET)
+    with pytest.raises(ConfigError, match="pass_k must be an integer with 1 <= pass_k <= the group size"):
+        run_rl(config("algorithm.advantage=pass_at_k", "algorithm.pass_k=5"), console=QUIET)
 
 
 # -- adaptive KL ---------------------------------------------------------------------------------------
