@@ -58,6 +58,27 @@ def show(
         for message in conv.messages:
             console.print(f"[bold]{message['role']}:[/] {escape(message['content'])}", highlight=False)
     typer.echo(reward_summary(conversations))
+    for line in tokenizer_lines(source):
+        typer.echo(line)
+
+
+def tokenizer_lines(source: str) -> list[str]:
+    """For each trajectory file at ``source``, the tokenizer its token ids came from, as recorded."""
+    from pathlib import Path
+
+    from omrl.data.conversations import _is_trajectory_file
+    from omrl.data.trajectory import recorded_tokenizer
+
+    path = Path(source)
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.suffix == ".parquet" else []
+    lines = []
+    for file in files:
+        if not _is_trajectory_file(file):
+            continue
+        found = recorded_tokenizer(file)
+        said = f"{found['name']!r} ({found['size']} tokens)" if found else "not recorded (an older omrl)"
+        lines.append(f"{file.name}: token ids of the tokenizer {said}")
+    return lines
 
 
 def add_to(app: typer.Typer) -> None:

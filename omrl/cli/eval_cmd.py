@@ -206,7 +206,7 @@ def evaluate_command(
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
     metrics.update({f"search/{name}": value for name, value in searched.items()})
     path = write_report(report_path, metrics, episodes, to_dict(cfg))
-    parquet, readable = write_trajectories(episodes, episodes_path)  # the files omrl rollout writes
+    parquet, readable = write_trajectories(episodes, episodes_path, session.tokenizer)  # as omrl rollout writes
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
     console.print(f"report: {path}", highlight=False, soft_wrap=True)
     console.print(f"episodes: {parquet} and {readable}", highlight=False, soft_wrap=True)

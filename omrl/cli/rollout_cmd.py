@@ -230,7 +230,7 @@ def rollout(
             f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reasons: "
             f"{'; '.join(env_error_reasons(episodes))}"
         )
-    parquet, readable = write_trajectories(episodes, cfg.output)
+    parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer)
     console.print(metrics_table(evaluate(episodes), title=f"rollout: {cfg.env.name}"))
     console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}", soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)

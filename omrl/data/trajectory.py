@@ -12,6 +12,7 @@ paths that share a prefix can be told apart and put back together.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -25,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from omrl.atomic import atomic_write_parquet
-from omrl.errors import OmrlError
+from omrl.errors import ConfigError, OmrlError
 
 END_REASONS = ("done", "max_turns", "max_context", "env_error", "empty_response", "pruned", "budget")
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -217,10 +218,59 @@ def _episode_row(ep: Episode) -> dict[str, Any]:
     return row
 
 
-def write_episodes(episodes: Iterable[Episode], path: str | os.PathLike) -> Path:
-    """Write episodes to a parquet file atomically; returns the path."""
+#: the parquet metadata key under which a trajectory file records the tokenizer of its token ids
+TOKENIZER_KEY = b"omrl.tokenizer"
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
+    """What identifies a tokenizer's ids: its name, vocabulary size and a hash of its whole
+    vocabulary (token -> id), computed once per tokenizer object."""
+    cached = getattr(tokenizer, "_omrl_fingerprint", None)
+    if cached is None:
+        vocab = sorted(tokenizer.get_vocab().items())
+        digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode("utf-8")).hexdigest()[:16]
+        cached = {"name": str(getattr(tokenizer, "name_or_path", "") or ""), "size": len(vocab), "vocab": digest}
+        try:
+            tokenizer._omrl_fingerprint = cached
+        except AttributeError:  # a tokenizer that takes no attributes: computed again next time
+            pass
+    return cached
+
+
+def recorded_tokenizer(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The tokenizer fingerprint a trajectory file recorded (:func:`tokenizer_fingerprint`), or None
+    for a file written without one (by an older omrl, or with no tokenizer at hand)."""
+    metadata = read_parquet_schema(path).metadata or {}
+    if TOKENIZER_KEY not in metadata:
+        return None
+    try:
+        return json.loads(metadata[TOKENIZER_KEY])
+    except ValueError:
+        return None
+
+
+def check_tokenizer(path: str | os.PathLike, tokenizer: Any, model: str) -> None:
+    """Refuse a trajectory file whose token ids another tokenizer made than ``model``'s ``tokenizer``
+    (a file that recorded none is let through: the caller's own id checks still run)."""
+    recorded = recorded_tokenizer(path)
+    if recorded is None or recorded.get("vocab") == tokenizer_fingerprint(tokenizer)["vocab"]:
+        return
+    mine = tokenizer_fingerprint(tokenizer)
+    raise ConfigError(
+        f"{path}: its token ids were made by the tokenizer of {recorded.get('name') or 'another model'!r} "
+        f"({recorded.get('size')} tokens), not by {model!r}'s ({mine['size']} tokens, another vocabulary); "
+        "use a model of that family, or re-encode the chats (text=true where the command has it)"
+    )
+
+
+def write_episodes(episodes: Iterable[Episode], path: str | os.PathLike, tokenizer: Any = None) -> Path:
+    """Write episodes to a parquet file atomically; returns the path. ``tokenizer``: the one that made
+    their token ids, recorded in the file's metadata (:func:`recorded_tokenizer`)."""
     rows = [_episode_row(ep) for ep in episodes]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    if tokenizer is not None:
+        recorded = json.dumps(tokenizer_fingerprint(tokenizer))
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), TOKENIZER_KEY: recorded})
     # row groups of 64 episodes: a reader wanting one episode (omrl view) reads 64, not the whole file
     atomic_write_parquet(table, path, row_group_size=64)
     return Path(path)

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import torch
 
-from omrl.data.trajectory import Episode, read_episodes
+from omrl.data.trajectory import Episode, check_tokenizer, read_episodes
 from omrl.errors import OmrlError
 from omrl.rm.labels import Example, check_outcomes, examples, pairs
 from omrl.training.packing import pack_bins
@@ -71,6 +71,7 @@ def check_token_ids(episodes: Sequence[Episode], source: str | Path, tokenizer: 
 def check_trajectory_ids(path: str, tokenizer: Any) -> None:
     """:func:`check_token_ids` on every trajectory file at ``path``."""
     for file in trajectory_files(path):
+        check_tokenizer(file, tokenizer, tokenizer.name_or_path)
         check_token_ids(read_episodes(file), file, tokenizer)
 
 
@@ -92,6 +93,8 @@ def load_examples(
     """
     out, all_episodes, cut = [], [], 0
     for file in trajectory_files(path):
+        if tokenizer is not None and text_tokenizer is None:  # the file's own ids are trained on
+            check_tokenizer(file, tokenizer, tokenizer.name_or_path)
         episodes = read_episodes(file)
         if tokenizer is not None and text_tokenizer is None:
             check_token_ids(episodes, file, tokenizer)

@@ -64,11 +64,14 @@ def jsonl_path_for(parquet_path: str | os.PathLike) -> Path:
     return Path(parquet_path).with_suffix(".jsonl")
 
 
-def write_trajectories(episodes: list[Episode], parquet_path: str | os.PathLike) -> tuple[Path, Path]:
-    """The trajectory parquet and its readable JSONL beside it (see :func:`jsonl_path_for`): their paths."""
+def write_trajectories(
+    episodes: list[Episode], parquet_path: str | os.PathLike, tokenizer: Any = None
+) -> tuple[Path, Path]:
+    """The trajectory parquet (recording ``tokenizer``, the one that made the token ids) and its
+    readable JSONL beside it (see :func:`jsonl_path_for`): their paths."""
     from omrl.data import write_episodes
 
-    parquet = write_episodes(episodes, parquet_path)
+    parquet = write_episodes(episodes, parquet_path, tokenizer)
     return parquet, write_jsonl(episodes, jsonl_path_for(parquet))
 
 

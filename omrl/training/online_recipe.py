@@ -110,7 +110,7 @@ class OnlineRecipe:
         if self.cfg.logging.save_rollouts and episodes and not self.env_failed_step:  # such a step is not kept
             name = f"step-{self.step + 1:08d}" + (f"-rank{self.strategy.rank}" if self.strategy.world_size > 1 else "")
             saved = with_update_columns(episodes, batch) if batch is not None else episodes
-            write_episodes(saved, self.output_dir / "rollouts" / f"{name}.parquet")
+            write_episodes(saved, self.output_dir / "rollouts" / f"{name}.parquet", self.tokenizer)
 
     def _check_rollout(self, episodes: list[Any]) -> bool:
         """Say so when every episode of this step failed in the env, or none got a model turn (the

@@ -101,3 +101,30 @@ def test_non_finite_numbers_and_lone_surrogates_are_written_as_strict_json(tmp_p
     ep.turns[0].action, ep.messages = "go", []
     (turn,) = read_episodes(write_episodes([ep], tmp_path / "t.parquet"))[0].turns
     assert turn.info == {"x": None, "deep": [{"y": None}]}  # info is stored as JSON text in the parquet
+
+
+def test_a_trajectory_file_records_the_tokenizer_of_its_ids_and_refuses_another(tmp_path, tiny_tokenizer):
+    from omrl.data.conversations import load_conversations
+    from omrl.data.trajectory import check_tokenizer, recorded_tokenizer, tokenizer_fingerprint
+    from omrl.errors import ConfigError
+
+    episode = Episode(env="gridworld", task_id=1, split="train", instruction="go", token_ids=[1, 2, 3])
+    episode.messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "Act: up"}]
+    path = write_episodes([episode], tmp_path / "made.parquet", tiny_tokenizer)
+    assert recorded_tokenizer(path) == tokenizer_fingerprint(tiny_tokenizer)
+    assert len(load_conversations(str(path))) == 1  # still a trajectory file to every reader
+    check_tokenizer(path, tiny_tokenizer, "tiny")  # the same vocabulary: fine
+
+    class Other:  # another vocabulary of the same size
+        name_or_path = "other-model"
+
+        def get_vocab(self):
+            vocab = tiny_tokenizer.get_vocab()
+            first, second = sorted(vocab)[:2]
+            return {**vocab, first: vocab[second], second: vocab[first]}
+
+    with pytest.raises(ConfigError, match="made by the tokenizer of .* not by 'other'"):
+        check_tokenizer(path, Other(), "other")
+    unrecorded = write_episodes([episode], tmp_path / "old.parquet")
+    assert recorded_tokenizer(unrecorded) is None
+    check_tokenizer(unrecorded, Other(), "other")  # nothing recorded: the ids' own checks decide
