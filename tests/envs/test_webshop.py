@@ -314,6 +314,22 @@ def test_expert_pages_to_a_product_beyond_the_first_page(env):
     assert "click[next >]" in actions and env.score == 1.0
 
 
+def test_expert_recovers_from_a_search_that_is_not_its_own(env):
+    """A person (or a model) searched something else and opened a wrong product: the expert goes back
+    to search instead of buying what is on the page."""
+    task_id = next(t for t in env.task_ids("test") if play_expert(env, t).won)
+    goal = env.catalog.goals[task_id]
+    env.reset(task_id)
+    wrong = next(a for a in env.shop.index.search("zzzz banana phone")[:10] if a != goal.asin)
+    env.step("search[zzzz banana phone]")
+    assert goal.asin not in env.state.results  # this search did not find the goal
+    env.step(f"click[{wrong}]")
+    assert env.expert_action() == "click[back to search]"
+    while not env.done:
+        env.step(env.expert_action())
+    assert env.score == 1.0
+
+
 def test_tools_and_action_help_describe_search_and_click(env):
     assert [t["name"] for t in env.tools] == ["search", "click"]
     assert env.tools[0]["parameters"]["required"] == ["keywords"]

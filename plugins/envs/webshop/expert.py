@@ -16,6 +16,7 @@ from omrl_plugins.envs.webshop.catalog import Catalog, Goal
 from omrl_plugins.envs.webshop.pages import (
     BACK_TO_SEARCH,
     BUY_NOW,
+    DONE,
     ITEM,
     NEXT_PAGE,
     PREV_PAGE,
@@ -54,10 +55,23 @@ def choose_option(wanted: str, options: dict[str, tuple[str, ...]]) -> tuple[str
     return (best[1], best[2]) if best else None
 
 
+def off_path(goal: Goal, state: PageState) -> bool:
+    """Whether the browser holds results of a search the expert would not have made (a person's in
+    ``omrl env play``, or a model's) that lack the goal product: then no page of them leads to it.
+    On the expert's own path this is never so, so its episodes stay as they were."""
+    return (
+        state.kind not in (SEARCH, DONE)
+        and state.keywords != search_keywords(goal.instruction)
+        and goal.asin not in state.results
+    )
+
+
 def next_action(goal: Goal, state: PageState, catalog: Catalog) -> str | None:
     """The expert's action on the page of ``state``; None once the episode is over."""
     if state.kind == SEARCH:
         return f"search[{search_keywords(goal.instruction)}]"
+    if off_path(goal, state):  # another search than the expert's, without the goal: start over
+        return f"click[{BACK_TO_SEARCH}]"
     if state.kind == RESULTS:
         if goal.asin in state.page_asins:
             return f"click[{goal.asin}]"
