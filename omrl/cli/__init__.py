@@ -88,10 +88,33 @@ def _add_builtin_commands() -> None:
 LIGHT_COMMANDS = ("view", "plot")
 
 
+def _fold_long_flags() -> None:
+    """In ``--help`` at 80 columns, a flag name longer than its column (``--per-device-train-batch-size``)
+    wraps onto a second line instead of being cut to ``--per-device-train-…``: typer's option table
+    takes the names' text from these two highlighters, so theirs is made to fold."""
+    from typer import rich_utils
+
+    for name in ("highlighter", "negative_highlighter"):
+        plain = getattr(rich_utils, name, None)
+        if plain is None or getattr(plain, "_omrl_folds", False):
+            continue
+
+        class Folding(type(plain)):
+            _omrl_folds = True
+
+            def __call__(self, text):
+                out = super().__call__(text)
+                out.overflow = "fold"
+                return out
+
+        setattr(rich_utils, name, Folding())
+
+
 def build_app(plugins: bool = True) -> typer.Typer:
     """The root app with built-in commands and (unless ``plugins`` is False) plugin commands added."""
     if not getattr(app, "_omrl_built", False):
         _add_builtin_commands()
+        _fold_long_flags()
         app._omrl_built = True
     if plugins and not getattr(app, "_omrl_plugins", False):
         from omrl.plugins import load_plugins

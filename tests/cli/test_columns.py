@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typer
 from typer.testing import CliRunner
 
 from omrl.cli import build_app
@@ -60,3 +61,20 @@ def test_a_piped_config_show_keeps_every_line():
     shown = run("config", "show", "grpo")
     expected = to_yaml(command_line_config(TrainRunConfig, ["grpo"]))
     assert all(line in shown for line in expected.splitlines())
+
+
+def test_help_at_80_columns_keeps_every_flag_name_whole():
+    """A flag name longer than its column wraps (read it by joining the column's lines); none is cut."""
+    for command in ("sft", "train", "eval", "rollout"):
+        shown = run(command, "--help")
+        assert widest(shown) <= 80 and "…" not in shown, command
+        names: list[str] = []  # the options' first column, each name's folded lines joined
+        for line in shown.splitlines():
+            cell = line[2:].split("  ")[0].strip() if line.startswith("│ ") else ""
+            if cell.startswith("--"):
+                names.append(cell)
+            elif names and cell and not cell.startswith("<"):
+                names[-1] += cell  # the rest of a folded name
+        click_command = typer.main.get_command(build_app()).commands[command]
+        flags = [o for p in click_command.params if p.param_type_name == "option" for o in p.opts if o[:2] == "--"]
+        assert len(flags) > 5 and set(flags) <= {name.split()[0] for name in names}, (command, flags, names)
