@@ -50,6 +50,8 @@ def greedy_scores(session: RolloutSession, batch: Batch, split: str, seed: int) 
         greedy = session.play([tasks[group] for group in groups], split=split, group_size=1, seed=seed)
     finally:
         session.limits = sampling
+    if session.backend is not None:  # their generation is not the next step's rollout: not counted there
+        session.backend.take_stats()
     score = {groups[ep.group]: ep.total_reward for ep in greedy if ep.end_reason != "env_error"}
     own = (batch["token_rewards"].float() * batch["loss_mask"]).sum(-1)  # a row's score, as estimators sum it
     baseline = own.clone()

@@ -202,7 +202,8 @@ class OnlineRecipe:
         episodes, played, extra = dynamic_sampling.fill(
             play, wanted, cfg.algorithm.dynamic_sampling_max_draws, lambda missing: strategy.sum([missing])[0] > 0
         )
-        extra = strategy.sum_dicts(extra)
+        # groups add up over processes; the draws are the same on each (they draw together)
+        extra.update(strategy.sum_dicts({key: extra[key] for key in ("groups_dropped", "groups_short")}))
         if extra["groups_short"]:
             self.logger.warn(
                 f"step {self.step + 1}: dynamic sampling found {int(extra['groups_short'])} fewer groups with "
