@@ -74,7 +74,10 @@ def source_docstring(path: str) -> str | None:
         return None
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
         return None
-    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    try:
+        tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):  # using it will say what is wrong
+        return None
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == attribute:
             return ast.get_docstring(node)

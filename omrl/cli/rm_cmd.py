@@ -88,7 +88,7 @@ def evaluate(
     """Accuracy, AUC and calibration on held-out episodes, and best-of-N selection against random and oracle."""
     from pathlib import Path
 
-    from omrl.config import command_line_config
+    from omrl.config import command_line_config, user_sets
     from omrl.config.options import RmEvalRunConfig
     from omrl.errors import ConfigError
     from omrl.models import check_model_files
@@ -105,7 +105,7 @@ def evaluate(
             f"omrl rm eval needs --model (a reward model directory from `omrl rm train`; got {model!r}) and "
             f"--data (held-out trajectories; got {data!r})"
         )
-    given = text is not None or any(arg.split("=", 1)[0] == "text" for arg in args or [])
+    given = text is not None or user_sets(args, "text")
     text = cfg.text if given else trained_with_text(Path(model).expanduser())
     report_path = Path(cfg.report) if cfg.report else Path(model) / "rm_eval.json"
     check_outputs({"--report": report_path}, {"the --model": model, "the --data": data})

@@ -53,11 +53,16 @@ def check_same_tokenizer(teacher: str, teacher_tokenizer: Any, student: str, stu
         )
 
 
-def add_teacher_rewards(batch: Any, teacher_log_probs: torch.Tensor, coef: float, strategy: Any) -> dict[str, float]:
+def add_teacher_rewards(batch: Any, coef: float, strategy: Any) -> dict[str, float]:
     """Add ``coef * (teacher - student)`` log-probs to ``batch``'s token_rewards on its loss tokens (the
-    student's are old_log_probs: the policy that sampled). Returns ``teacher_kl``: the mean over the
-    loss tokens of every process of student - teacher log-probs, the k1 estimate of KL(student ||
-    teacher) per token, which distillation drives down."""
+    teacher's are its teacher_log_probs, the student's its old_log_probs: the policy that sampled).
+    Returns ``teacher_kl``: the mean over the loss tokens of every process of student - teacher
+    log-probs, the k1 estimate of KL(student || teacher) per token, which distillation drives down.
+    A process with no rows this step (the others have some) adds nothing but still counts."""
+    if not len(batch):
+        total, tokens = strategy.sum([0.0, 0.0])
+        return {"teacher_kl": total / max(tokens, 1.0)}
+    teacher_log_probs = batch["teacher_log_probs"]
     require_same_shape(
         "add_teacher_rewards",
         2,

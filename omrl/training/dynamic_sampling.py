@@ -39,9 +39,23 @@ def check(cfg: Any) -> None:
             f"algorithm.dynamic_sampling keeps groups whose samples differ; group_size={cfg.group_size} "
             "makes groups of one, which never do: use group_size >= 2"
         )
+    dense = [
+        why
+        for why, present in (
+            ("a critic's values (ppo)", algo.name == "ppo"),
+            ("the teacher's per-token reward (algorithm.teacher)", bool(algo.teacher)),
+            ("the KL in the reward (algorithm.kl_in_reward)", algo.kl_in_reward and algo.kl_coef > 0),
+        )
+        if present
+    ]
+    if dense:
+        raise ConfigError(
+            "algorithm.dynamic_sampling drops groups whose samples got the same env reward, which carry no "
+            f"signal only when the advantages come from that reward alone; here they also come from {dense[0]}"
+        )
     if algo.name == "dpo" or cfg.rollout.async_generation or cfg.rollout.strategy != "chain":
         raise ConfigError(
-            "algorithm.dynamic_sampling runs with the grpo and ppo recipes, the chain rollout and "
+            "algorithm.dynamic_sampling runs with the grpo recipe, the chain rollout and "
             f"synchronous generation; this run has algorithm.name={algo.name}, rollout.strategy="
             f"{cfg.rollout.strategy}, rollout.async_generation={cfg.rollout.async_generation}"
         )
@@ -87,3 +101,17 @@ def fill(
     metrics = {"sampling_draws": float(draws), "groups_dropped": float(dropped)}
     metrics["groups_short"] = float(max(wanted - len(kept), 0))
     return renumbered, played, metrics
+
+
+def mean_summary(summaries: Sequence[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """The reward summary of several draws (each ``(episodes, summary)``), their means weighted by
+    episodes: what one rollout of all of them would have reported.
+
+    >>> mean_summary([(2, {"goal": 1.0}), (6, {"goal": 0.0})])
+    {'goal': 0.25}
+    """
+    total = sum(count for count, _ in summaries) or 1
+    keys = [key for _, summary in summaries for key in summary]
+    return {
+        key: sum(count * summary.get(key, 0.0) for count, summary in summaries) / total for key in dict.fromkeys(keys)
+    }

@@ -39,8 +39,9 @@ def needed(cfg: Any) -> bool:
 
 def greedy_scores(session: RolloutSession, batch: Batch, split: str, seed: int) -> tuple[torch.Tensor, dict]:
     """([bs] float32: the composed reward of a greedy episode of each row's task, aligned with
-    ``batch``'s rows (a row's own score where that episode failed in the env); metrics
-    ``greedy_score`` (their mean) and ``greedy_env_errors``)."""
+    ``batch``'s rows (a row's own score where that episode failed in the env); sums to add up over
+    processes: ``greedy_score_sum`` and ``greedy_tasks`` (of the episodes that did not fail),
+    ``greedy_env_errors``)."""
     rows = batch.non_tensors[ROW_EPISODE]
     tasks = {ep.group: ep.task_id for ep in rows}  # one greedy episode per group (a task of this step)
     groups = list(tasks)
@@ -59,5 +60,5 @@ def greedy_scores(session: RolloutSession, batch: Batch, split: str, seed: int) 
         if ep.group in score:
             baseline[row] = score[ep.group]
     failed = sum(ep.end_reason == "env_error" for ep in greedy)
-    metrics = {"greedy_score": sum(score.values()) / max(len(score), 1), "greedy_env_errors": float(failed)}
+    metrics = {"greedy_score_sum": sum(score.values()), "greedy_tasks": float(len(score)), "greedy_env_errors": failed}
     return baseline, metrics

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from omrl.algos import AlgoConfig
 from omrl.errors import ConfigError
 
@@ -13,7 +15,8 @@ class AdaptiveKL:
     """Ziegler et al. 2019's adaptive KL controller ("Fine-Tuning Language Models from Human
     Preferences", arXiv:1909.08593, section 2.2), as TRL and verl implement it.
 
-    After each step with measured KL per token ``kl`` over ``samples`` episodes:
+    After each step that updated, with the KL per token ``kl`` (the mean over the trained tokens,
+    ``kl_token_mean``, whatever loss_agg_mode) over ``samples`` episodes:
 
         error = clip(kl / kl_target - 1, -0.2, 0.2)
         coef  = coef * (1 + error * samples / kl_horizon)
@@ -40,8 +43,9 @@ class AdaptiveKL:
         return self.target > 0
 
     def update(self, kl: float, samples: int) -> None:
-        """Move the coefficient after a step that measured ``kl`` per token over ``samples`` episodes."""
-        if self.adaptive:
+        """Move the coefficient after a step that measured ``kl`` per token over ``samples`` episodes;
+        a KL that is not finite (a step whose loss was not) leaves it as it is."""
+        if self.adaptive and math.isfinite(kl):
             error = min(max(kl / self.target - 1.0, -MAX_ERROR), MAX_ERROR)
             self.coef *= 1.0 + error * samples / self.horizon
 
@@ -50,4 +54,7 @@ class AdaptiveKL:
 
     def load_state_dict(self, state: dict) -> None:
         if self.adaptive and "kl_coef" in state:
-            self.coef = float(state["kl_coef"])
+            coef = float(state["kl_coef"])
+            if not (math.isfinite(coef) and coef > 0):
+                raise ConfigError(f"the checkpoint's adaptive kl_coef is {coef}; it must be a number > 0")
+            self.coef = coef

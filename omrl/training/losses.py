@@ -130,7 +130,8 @@ def policy_gradient_loss(
     reference model, values and returns when there is a critic, and rollout_weights when a rollout
     correction weighs the tokens (:mod:`omrl.training.rollout_correction`). Those weights (>= 0)
     multiply the advantages, which weighs each token's loss for every policy loss that scales
-    with its advantage (max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)): all the built-ins).
+    with its advantage token by token (max(-A w r, -A w clip(r)) = w max(-A r, -A clip(r)): all the
+    built-ins but gmpo, which averages w A over a sequence, and kl_cov's penalty term, which has no A).
     """
     mask = mb["loss_mask"]
     agg = algo.loss_agg_mode
@@ -143,8 +144,10 @@ def policy_gradient_loss(
     if algo.entropy_coef:
         loss = loss - algo.entropy_coef * entropy
     if "ref_log_probs" in mb.tensors:
-        kl = aggregate(kl_fn(out["log_probs"], mb["ref_log_probs"]), mask, algo)
+        per_token = kl_fn(out["log_probs"], mb["ref_log_probs"])
+        kl = aggregate(per_token, mask, algo)
         parts["kl"] = kl.item()
+        parts["kl_token_mean"] = float(masked_mean(per_token.detach(), mask))  # what adaptive KL steers
         if not algo.kl_in_reward:  # in the reward, it already shaped the advantages
             loss = loss + algo.kl_coef * kl
     if "values" in out:

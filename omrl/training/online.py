@@ -61,6 +61,12 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
         )
     if algo.critic not in ("head", "model"):
         raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
+    ignored = [key for key, value in (("kl_target", algo.kl_target), ("teacher", algo.teacher)) if value]
+    if algo.name == "dpo" and ignored:
+        raise ConfigError(
+            f"algorithm.{ignored[0]} is for the grpo and ppo recipes; dpo trains on pairs with a fixed beta "
+            "and no reward to add to"
+        )
     check_rollout_strategy(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
     async_generation.check_async(cfg, strategy.world_size)
@@ -106,8 +112,13 @@ def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int]
 
 def episode_token_budget(cfg: TrainRunConfig) -> int:
     """The most tokens an episode can train on: generation.max_new_tokens times the turn cap
-    (env.max_turns, or the env's own); the constant of loss_agg_mode seq-mean-token-sum-norm."""
-    turns = cfg.env.max_turns or int(getattr(registry.envs.get(cfg.env.name), "max_turns", 1))
+    (env.max_turns, or the env class's own); the constant of loss_agg_mode seq-mean-token-sum-norm."""
+    turns = cfg.env.max_turns or getattr(registry.envs.get(cfg.env.name), "max_turns", None)
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        raise ConfigError(
+            f"loss_agg_mode seq-mean-token-sum-norm divides by the tokens an episode may train on, but the env "
+            f"{cfg.env.name!r} declares no turn cap of its own; set env.max_turns, or algorithm.loss_norm_tokens"
+        )
     return cfg.generation.max_new_tokens * turns
 
 

@@ -186,6 +186,8 @@ class OnlineRecipe:
                 raise EnvFailure(self._env_failure_message())
             return episodes, metrics
 
+        summaries: list[tuple[int, dict[str, float]]] = []  # each draw's reward summary, by its episodes
+
         def play(draw: int = 0) -> list[Episode]:
             tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
             played = self._play_counted(
@@ -193,6 +195,7 @@ class OnlineRecipe:
             )
             if self.env_failed_step:
                 raise EnvFailure(self._env_failure_message())
+            summaries.append((len(played), dict(self.session.reward_summary)))
             return played
 
         if not cfg.algorithm.dynamic_sampling:
@@ -210,6 +213,7 @@ class OnlineRecipe:
                 f"varied rewards than tasks_per_step={cfg.tasks_per_step} in "
                 f"{int(extra['sampling_draws'])} extra draws; training on those it has"
             )
+        self.session.reward_summary = dynamic_sampling.mean_summary(summaries)  # of every draw, not the last
         metrics = step_metrics(played, time.perf_counter() - started, self.session, strategy)
         return episodes, {**metrics, **extra}
 

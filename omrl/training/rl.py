@@ -81,7 +81,9 @@ class RLRecipe(OnlineRecipe):
         }
         passes = math.ceil(cfg.tasks_per_step * cfg.group_size / cfg.mini_batch_size) if cfg.mini_batch_size else 1
         self._setup_optimizer(critic, updates_per_step=cfg.ppo_epochs * passes)
-        self.loss_norm_tokens = algo.loss_norm_tokens or online.episode_token_budget(cfg)
+        self.loss_norm_tokens = algo.loss_norm_tokens
+        if algo.loss_agg_mode == "seq-mean-token-sum-norm" and not algo.loss_norm_tokens:
+            self.loss_norm_tokens = online.episode_token_budget(cfg)
         resumed = self._finish_setup(resume_from)
         if resumed is not None:
             self.kl_control.load_state_dict(resumed.extra)
@@ -135,7 +137,7 @@ class RLRecipe(OnlineRecipe):
             if not on_policy and "sampler_log_probs" in batch.tensors:  # the sampler's gap
                 metrics.update(self._mismatch(batch))
             if self.teacher is not None:  # on-policy distillation: the teacher's log-probs as a dense reward
-                metrics.update(add_teacher_rewards(batch, batch["teacher_log_probs"], algo.teacher_coef, strategy))
+                metrics.update(add_teacher_rewards(batch, algo.teacher_coef, strategy))
             if self.ref_model is not None and algo.kl_in_reward and len(batch):
                 kl = self.kl_fn(batch["old_log_probs"], batch["ref_log_probs"])
                 batch.tensors["token_rewards"] = apply_kl_in_reward(
@@ -165,8 +167,9 @@ class RLRecipe(OnlineRecipe):
 
             # UPDATE: ppo_epochs passes over the rollout, one optimizer step per mini-batch
             metrics.update(self._update(batch, algo, passes, seed, tokens, on_policy))
-            if self.kl_control.adaptive and "kl" in metrics:  # steered by the KL the update measured
-                self.kl_control.update(metrics["kl"], int(strategy.sum([len(batch)])[0]))
+            if self.kl_control.adaptive and "kl_token_mean" in metrics and "grad_norm" in metrics:
+                # steered by the KL per token the update measured (not after a skipped update)
+                self.kl_control.update(metrics["kl_token_mean"], int(strategy.sum([len(batch)])[0]))
 
             # EVAL (every eval_every steps and after the last) and CHECKPOINT, shared with dpo
             self._end_step(metrics, started)
@@ -194,7 +197,8 @@ class RLRecipe(OnlineRecipe):
         ``metrics``, averaged over processes)."""
         scores, found = greedy_baseline.greedy_scores(self.session, batch, self.cfg.env.split, seed)
         found = self.strategy.sum_dicts(found)
-        found["greedy_score"] /= self.strategy.world_size
+        tasks = found.pop("greedy_tasks")
+        found["greedy_score"] = found.pop("greedy_score_sum") / max(tasks, 1.0)  # over every process's tasks
         metrics.update(found)
         return scores
 

@@ -120,22 +120,24 @@ def pass_at_k(data: AdvantageInput, cfg: AlgoConfig) -> tuple[torch.Tensor, torc
     on every trained token of the row (eps as in the authors' code and GRPO). sigma = 0 (every
     row passes, or none) gives 0. k = 1 is GRPO on the pass/fail outcomes with the population
     std: A = (pass - c/n) / (sqrt(c/n (1 - c/n)) + eps). Needs 1 <= k <= n in every group, so a
-    row alone in its group is refused unless k = 1, when it gets 0 (sigma = 0).
+    row alone in its group gets 0 (sigma = 0 when k = 1). A group smaller than k (one that lost
+    untrainable rows) has no pass@k and gets 0; k above every group's size is refused.
     Returns (advantages, advantages), float32 [bs, T]; raises ConfigError for a k out of range.
     """
     rewards, mask = check_advantage_input("pass_at_k", data)
     k = cfg.pass_k
     passed = episode_scores(rewards, mask) >= cfg.pass_threshold
     inverse, counts = group_index(data.group_ids)
-    if not isinstance(k, int) or k < 1 or (len(counts) and k > int(counts.min())):
-        smallest = int(counts.min()) if len(counts) else 0
+    if not isinstance(k, int) or k < 1 or (len(counts) and k > int(counts.max())):
+        largest = int(counts.max()) if len(counts) else 0
         raise ConfigError(
             f"pass_at_k: algorithm.pass_k must be an integer with 1 <= pass_k <= the group size, but pass_k is "
-            f"{k!r} and the smallest group has {smallest} rows; lower pass_k or raise group_size"
+            f"{k!r} and the largest group has {largest} rows; lower pass_k or raise group_size"
         )
     passes = group_sum(passed.long(), inverse, len(counts))
-    mean, fail_alone = pass_at_k_terms(counts, passes, k)
-    sigma = (mean * (1.0 - mean)).clamp(min=0.0).sqrt()
+    whole = counts >= k  # a group that lost rows (env errors) below k has no pass@k: its rows get 0
+    mean, fail_alone = pass_at_k_terms(torch.where(whole, counts, k), torch.where(whole, passes, 0), k)
+    sigma = torch.where(whole, (mean * (1.0 - mean)).clamp(min=0.0).sqrt(), 0.0)
     a_pass = (1.0 - mean) / (sigma + cfg.eps)
     a_fail = (1.0 - mean - fail_alone) / (sigma + cfg.eps)
     per_group = torch.stack([a_fail, a_pass])  # [2, G]

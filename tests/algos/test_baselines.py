@@ -234,16 +234,19 @@ def test_pass_at_k_with_k_1_leaves_a_lone_row_at_zero():
 
 
 @pytest.mark.parametrize("k", [0, 4])
-def test_pass_at_k_refuses_k_outside_1_to_the_group_size(k):
+def test_pass_at_k_refuses_k_outside_1_to_the_largest_group(k):
     data = rows((0, TWO_TURNS, {5: 1.0}), (0, ONE_TURN, {}), (0, ONE_TURN, {}), (1, TWO_TURNS, {}), (1, ONE_TURN, {}))
-    with pytest.raises(ConfigError, match=rf"pass_k .*pass_k is {k} and the smallest group has 2 rows"):
+    with pytest.raises(ConfigError, match=rf"pass_k .*pass_k is {k} and the largest group has 3 rows"):
         pass_at_k(data, AlgoConfig(pass_k=k))
 
 
-def test_pass_at_k_refuses_a_lone_row_when_k_exceeds_1():
+def test_pass_at_k_gives_0_to_a_group_smaller_than_k_and_keeps_the_others():
+    # group 1 lost a row (an env error drops untrainable rows before the estimator): one row, k = 2
+    whole = rows((0, TWO_TURNS, {5: 1.0}), (0, ONE_TURN, {}))
     data = rows((0, TWO_TURNS, {5: 1.0}), (0, ONE_TURN, {}), (1, TWO_TURNS, {5: 1.0}))
-    with pytest.raises(ConfigError, match="smallest group has 1 rows"):
-        pass_at_k(data, AlgoConfig(pass_k=2))
+    advantages, _ = pass_at_k(data, AlgoConfig(pass_k=2))
+    assert advantages[2].eq(0).all()
+    torch.testing.assert_close(advantages[:2], pass_at_k(whole, AlgoConfig(pass_k=2))[0])
 
 
 # -- ReMax ----------------------------------------------------------------------------------------------

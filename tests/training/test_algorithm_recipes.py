@@ -109,13 +109,26 @@ def test_the_kl_coefficient_follows_ziegler_s_rule_and_resumes(config):
     coef = 0.05
     for record in records:  # the coefficient a step used, then moved by the KL that step measured
         assert record["kl_coef"] == pytest.approx(coef, rel=1e-9)
-        error = min(max(record["kl"] / 0.001 - 1.0, -0.2), 0.2)
+        error = min(max(record["kl_token_mean"] / 0.001 - 1.0, -0.2), 0.2)
         coef *= 1.0 + error * 6 / 10  # 2 tasks x 3 samples
     # step 1 updates the very policy the reference copies: KL 0, below target, so the coefficient falls
-    assert records[0]["kl"] == 0.0 and records[1]["kl_coef"] < 0.05
+    assert records[0]["kl_token_mean"] == 0.0 and records[1]["kl_coef"] < 0.05
     stopped = config(*settings, "logging.save_steps=1", out="stopped")
     stop_then_resume(stopped, console=QUIET)
     assert numbers(stopped.logging.output_dir) == numbers(full.logging.output_dir)
+
+
+def test_a_kl_that_is_not_finite_leaves_the_coefficient_and_a_checkpoint_must_hold_a_number():
+    from omrl.algos import AlgoConfig
+    from omrl.training.kl_control import AdaptiveKL
+
+    control = AdaptiveKL(AlgoConfig(kl_coef=0.05, kl_target=0.01, kl_horizon=10))
+    control.update(float("nan"), 6)
+    assert control.coef == 0.05
+    control.update(0.02, 5)  # twice the target: the error is clipped to +0.2
+    assert control.coef == pytest.approx(0.05 * (1 + 0.2 * 5 / 10))
+    with pytest.raises(ConfigError, match="adaptive kl_coef is nan"):
+        control.load_state_dict({"kl_coef": float("nan")})
 
 
 def test_an_adaptive_kl_needs_a_coefficient_to_adapt(config):
@@ -167,9 +180,18 @@ def test_dynamic_sampling_stops_drawing_at_its_bound_and_says_so(config):
     assert summary["skipped_updates"] == 1  # nothing left to train on
 
 
-def test_dynamic_sampling_refuses_groups_of_one(config):
+def test_dynamic_sampling_refuses_groups_of_one_and_advantages_not_from_the_env_reward_alone(config):
     with pytest.raises(ConfigError, match="group_size=1 makes groups of one"):
         run_rl(config("algorithm.dynamic_sampling=true", "group_size=1"), console=QUIET)
+    with pytest.raises(ConfigError, match="also come from the teacher's per-token reward"):
+        run_rl(config("algorithm.dynamic_sampling=true", "algorithm.teacher=tiny"), console=QUIET)
+    with pytest.raises(ConfigError, match="also come from a critic's values"):
+        run_rl(config("algorithm.dynamic_sampling=true", algo="ppo"), console=QUIET)
+
+
+def test_dpo_refuses_what_it_would_ignore(config):
+    with pytest.raises(ConfigError, match="algorithm.kl_target is for the grpo and ppo recipes"):
+        run_rl(config("algorithm.kl_target=0.01", "algorithm.kl_coef=0.1", algo="dpo"), console=QUIET)
 
 
 # -- ReMax ------------------------------------------------------------------------------------------------
