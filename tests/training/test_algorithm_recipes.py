@@ -20,7 +20,7 @@ from omrl.training import online
 from omrl.training.metrics import read_metrics
 from omrl.training.online import episode_token_budget
 from omrl.training.rl import run_rl
-from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
+from tests.training.helpers import EnvPlugin, SampleIndexReward, gridworld_configs, stop_then_resume
 
 QUIET = Console(file=io.StringIO())
 
@@ -279,6 +279,28 @@ def test_a_teacher_with_another_tokenizer_is_refused(config, tiny_model_dir, tmp
 
 
 # -- the constant loss normaliser ------------------------------------------------------------------------
+
+
+def test_an_env_whose_turn_cap_is_per_instance_trains_and_the_normaliser_then_asks_for_one(config, register_plugin):
+    """Client envs (agentgym, openenv) learn their turn cap from their server: a property, no class number."""
+    from omrl import registry
+
+    class PerInstanceCap(registry.envs.get("gridworld")):
+        """gridworld whose turn cap is known only per instance, as a client env's."""
+
+        @property
+        def max_turns(self):
+            return self._cap
+
+        @max_turns.setter
+        def max_turns(self, value):
+            self._cap = value
+
+    register_plugin(EnvPlugin("per-instance-cap", PerInstanceCap), name="per-instance-cap")
+    run_rl(config("env.name=per-instance-cap", "env.max_turns=0", "steps=1", out="plain"), console=QUIET)
+    norm = config("env.name=per-instance-cap", "env.max_turns=0", "algorithm.loss_agg_mode=seq-mean-token-sum-norm")
+    with pytest.raises(ConfigError, match="declares no turn cap of its own; set env.max_turns, or algorithm.loss_norm"):
+        run_rl(norm, console=QUIET)
 
 
 def test_seq_mean_token_sum_norm_divides_by_the_runs_token_budget(config):
