@@ -33,36 +33,56 @@ CLIP_HIGHER_MIN = 0.28  # DAPO's upper clip range
 MAX_LOG_RATIO = 20.0
 
 
-def clipped_surrogate(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped token losses [bs, T] (0 off the mask) and the metrics above.
+def masked_inputs(data: PolicyLossInput, fn_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check the four [bs, T] shapes; return (mask as bool, log ratio = log_probs - old_log_probs
+    (old detached), advantages (detached)), both 0 off the mask and not yet clamped.
 
-    loss_t = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - clip_ratio_low, 1 + clip_ratio_high))
+    ``torch.where`` runs before any arithmetic that could meet the garbage (-inf, NaN) that
+    padding and env tokens may hold, so it never reaches a loss or a gradient.
     """
     require_same_shape(
-        "policy loss",
+        fn_name,
         2,
         log_probs=data.log_probs,
         old_log_probs=data.old_log_probs,
         advantages=data.advantages,
         loss_mask=data.loss_mask,
     )
-    low = require_range(cfg, "clip_ratio_low", 0.0, 1.0)
-    high = require_range(cfg, "clip_ratio_high", 0.0)
     mask = data.loss_mask.bool()
-    # where() before exp(): garbage log-probs off the mask must not turn into NaN gradients
     log_ratio = torch.where(mask, data.log_probs - data.old_log_probs.detach(), 0.0)
-    log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
     advantages = torch.where(mask, data.advantages.detach(), 0.0)
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
-    token_loss = torch.where(mask, torch.maximum(unclipped, clipped), 0.0)
+    return mask, log_ratio, advantages
+
+
+def masked_log_probs(data: PolicyLossInput, mask: torch.Tensor) -> torch.Tensor:
+    """``data.log_probs`` on the mask, 0 off it (a loss may multiply by it safely)."""
+    return torch.where(mask, data.log_probs, 0.0)
+
+
+def ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """``approx_kl`` and ``ratio_mean`` of the per-token ratios, as floats."""
     with torch.no_grad():
-        metrics = {
-            "clip_frac": float(masked_mean((clipped > unclipped).float(), mask)),
+        log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+        ratio = torch.exp(log_ratio)
+        return {
             "approx_kl": float(masked_mean(ratio - 1.0 - log_ratio, mask)),
             "ratio_mean": float(masked_mean(ratio, mask)),
         }
+
+
+def clipped_surrogate(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped token losses [bs, T] (0 off the mask) and the metrics above.
+
+    loss_t = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - clip_ratio_low, 1 + clip_ratio_high))
+    """
+    mask, log_ratio, advantages = masked_inputs(data, "policy loss")
+    low = require_range(cfg, "clip_ratio_low", 0.0, 1.0)
+    high = require_range(cfg, "clip_ratio_high", 0.0)
+    ratio = torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+    token_loss = torch.where(mask, torch.maximum(unclipped, clipped), 0.0)
+    metrics = {"clip_frac": float(masked_mean((clipped > unclipped).float(), mask)), **ratio_metrics(log_ratio, mask)}
     return token_loss, metrics
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 
 from omrl.algos import AlgoConfig, PolicyLossInput, aggregate, masked_mean, require_range
-from omrl_plugins.algos.policy_losses import MAX_LOG_RATIO
-from omrl_plugins.algos.token_weighted_losses import masked_inputs, masked_log_probs, ratio_metrics
+from omrl_plugins.algos.policy_losses import MAX_LOG_RATIO, masked_inputs, masked_log_probs, ratio_metrics
 
 
 def _sequence_mean(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

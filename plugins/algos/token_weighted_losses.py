@@ -7,54 +7,14 @@ without gradient (as in :mod:`omrl_plugins.algos.policy_losses`):
 - ``approx_kl``:  mean over the mask of ratio - 1 - log ratio (Schulman's k3 of KL(old || new))
 - ``ratio_mean``: mean over the mask of ratio = exp(log_probs - old_log_probs)
 - ``clip_frac``:  CISPO only: share of tokens whose weight was clipped (they keep their gradient)
-
-Also home of :func:`masked_inputs` and :func:`ratio_metrics`, the input checks and metrics the
-sequence and covariance losses share.
 """
 
 from __future__ import annotations
 
 import torch
 
-from omrl.algos import AlgoConfig, PolicyLossInput, aggregate, masked_mean, require_range, require_same_shape
-from omrl_plugins.algos.policy_losses import MAX_LOG_RATIO
-
-
-def masked_inputs(data: PolicyLossInput, fn_name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Check the four [bs, T] shapes; return (mask as bool, log ratio = log_probs - old_log_probs
-    (old detached), advantages (detached)), both 0 off the mask and not yet clamped.
-
-    ``torch.where`` runs before any arithmetic that could meet the garbage (-inf, NaN) that
-    padding and env tokens may hold, so it never reaches a loss or a gradient.
-    """
-    require_same_shape(
-        fn_name,
-        2,
-        log_probs=data.log_probs,
-        old_log_probs=data.old_log_probs,
-        advantages=data.advantages,
-        loss_mask=data.loss_mask,
-    )
-    mask = data.loss_mask.bool()
-    log_ratio = torch.where(mask, data.log_probs - data.old_log_probs.detach(), 0.0)
-    advantages = torch.where(mask, data.advantages.detach(), 0.0)
-    return mask, log_ratio, advantages
-
-
-def masked_log_probs(data: PolicyLossInput, mask: torch.Tensor) -> torch.Tensor:
-    """``data.log_probs`` on the mask, 0 off it (a loss may multiply by it safely)."""
-    return torch.where(mask, data.log_probs, 0.0)
-
-
-def ratio_metrics(log_ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """``approx_kl`` and ``ratio_mean`` of the per-token ratios, as floats."""
-    with torch.no_grad():
-        log_ratio = log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
-        ratio = torch.exp(log_ratio)
-        return {
-            "approx_kl": float(masked_mean(ratio - 1.0 - log_ratio, mask)),
-            "ratio_mean": float(masked_mean(ratio, mask)),
-        }
+from omrl.algos import AlgoConfig, PolicyLossInput, aggregate, masked_mean, require_range
+from omrl_plugins.algos.policy_losses import MAX_LOG_RATIO, masked_inputs, masked_log_probs, ratio_metrics
 
 
 def cispo(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str, float]]:
