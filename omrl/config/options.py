@@ -34,7 +34,11 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: str = opt("webshop", "Registered env name (see `omrl env list`).")
+    name: str = opt(
+        "webshop",
+        "Registered env name (see `omrl env list`), or several with weights: webshop:0.5,gridworld:0.5 "
+        "(a mixture; see env.mix for each env's own settings).",
+    )
     split: str = opt("train", "Task split to draw tasks from.")
     template: str = opt("react", "Action template: react, xml, tool_call.")
     max_turns: int = opt(0, "Turns per episode; 0 uses the env's own cap.")
@@ -43,6 +47,12 @@ class EnvConfig:
         True,
         "Open the chat with the env's worked example when it has one (a one-shot "
         "prompt: small models need it to follow the action format); false: zero-shot.",
+    )
+    mix: list[Any] = opt(
+        [],
+        "Several envs in one run, each an env name or a mapping: {name, weight, and any of split, "
+        "template, max_turns, demonstration, num_workers, reward (its reward weights), plugins}; what "
+        "an entry leaves out is this section's (omrl.mixture).",
     )
 
 
@@ -86,6 +96,11 @@ class RewardConfig:
     weights: dict[str, float] = opt({"goal": 1.0}, "Reward components and their weights, e.g. {goal: 1, format: 0.1}.")
     allocation: str = opt("last_token", "Reward to tokens: last_token, uniform_positive, discounted, per_turn.")
     gamma: float = opt(1.0, "Discount for the discounted allocation.")
+    per_env_scale: str = opt(
+        "none",
+        "With several envs (grpo, ppo): std divides each env's rewards by their spread in the step, so "
+        "one env's reward scale cannot dominate the update (omrl.training.env_scale); none: as composed.",
+    )
 
 
 @dataclass

@@ -12,6 +12,10 @@ episode's current row starts a new row (:mod:`omrl.chat.history`); the backend i
 always given the current row. An episode grows by the steps of :mod:`omrl.rollout.live`,
 as a search branch does.
 
+Several envs play in one rollout as *lanes* (:func:`collect_lanes`): each lane has its own
+pool, template, split and turn cap, their episodes share every generate call, and each turn
+steps the lanes' envs concurrently, so a turn waits for the slowest env's step, not their sum.
+
 Each turn's ``info`` holds the env's step info plus ``info["rollout"]``:
 ``truncated`` (cut at the token limit), ``token_exact`` (False when a backend
 could only return text) and ``new_tokens``.
@@ -20,8 +24,9 @@ could only return text) and ``new_tokens``.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import check_history, prompt_ids
@@ -59,12 +64,29 @@ class RolloutLimits:
         )
 
 
+@dataclass(eq=False)
+class Lane:
+    """One env of a rollout: the pool its instances come from, its action template, the split its
+    tasks are drawn from, its turn cap (0: the env's own) and whether its worked example opens each
+    chat. A one-env rollout has one lane; a mixture (:mod:`omrl.mixture`) one per env."""
+
+    pool: EnvPool
+    template: Template
+    split: str = "train"
+    max_turns: int = 0
+    demonstration: bool = True
+
+
 @dataclass(kw_only=True)
 class _Chain(LiveEpisode):
-    """A chain's live episode, with the env instance that plays it and its chat-template kwargs."""
+    """A chain's live episode, with its lane, the env instance that plays it and its chat-template kwargs."""
 
+    lane: Lane
     env: Env
     chat_kwargs: dict[str, Any]
+
+
+T = TypeVar("T")
 
 
 def collect(
@@ -94,6 +116,38 @@ def collect(
     (``env.demonstration``, if it has one) opens every chat, after the system prompt.
     """
     limits = limits or RolloutLimits()
+    lane = Lane(pool, template, split, limits.max_turns, demonstration)
+    return collect_lanes(
+        [lane],
+        tokenizer,
+        [(0, int(task)) for task in tasks],
+        backend=backend,
+        limits=limits,
+        group_size=group_size,
+        seed=seed,
+        expert=expert,
+        max_parallel=max_parallel,
+        progress=progress,
+    )
+
+
+def collect_lanes(
+    lanes: Sequence[Lane],
+    tokenizer: Any,
+    tasks: Sequence[tuple[int, int]],
+    *,
+    backend: Backend | None = None,
+    limits: RolloutLimits | None = None,
+    group_size: int = 1,
+    seed: int = 0,
+    expert: bool = False,
+    max_parallel: int = 0,
+    progress: RolloutProgress | None = None,
+) -> list[Episode]:
+    """:func:`collect` over several envs at once: ``tasks`` are ``(lane index, task id)`` pairs and each
+    episode plays in its lane (``limits.max_turns`` is not read: each lane has its own). Episodes of
+    every lane share each generate call; a lane whose episodes end early leaves the batch early."""
+    limits = limits or RolloutLimits()
     if group_size < 1:
         raise OmrlError(f"group_size must be >= 1, got {group_size}")
     if backend is None and not expert:
@@ -104,7 +158,11 @@ def collect(
             f"max_new_tokens must be >= 1 and max_context >= 2, got {limits.max_new_tokens} and {limits.max_context}"
         )
     progress = progress or RolloutProgress()
-    queue = deque((group, sample, int(task)) for group, task in enumerate(tasks) for sample in range(group_size))
+    queue = deque(
+        (group, sample, lanes[lane], int(task))
+        for group, (lane, task) in enumerate(tasks)
+        for sample in range(group_size)
+    )
     finished: list[Episode] = []
     live: list[_Chain] = []
     calls = 0
@@ -112,7 +170,7 @@ def collect(
     def finish(state: _Chain) -> None:
         state.record_end()
         ep = state.episode
-        problem = pool.release(state.env, broken=state.broken)
+        problem = state.lane.pool.release(state.env, broken=state.broken)
         if problem is not None:  # ending its env failed (a restarted server, say): nothing it did is trusted
             ep.end_reason = "env_error"
             ep.error = f"ending the episode's env failed: {type(problem).__name__}: {problem}"
@@ -124,7 +182,7 @@ def collect(
     while queue or live:
         room = len(queue) if not max_parallel else max(0, max_parallel - len(live))
         started = [queue.popleft() for _ in range(min(room, len(queue)))]
-        for state in _start(pool, template, tokenizer, started, split, limits.max_context, demonstration):
+        for state in _start(tokenizer, started, limits.max_context):
             if state.end:
                 finish(state)
             else:
@@ -133,7 +191,7 @@ def collect(
             continue
         caps = [min(limits.max_new_tokens, limits.max_context - len(s.episode.current_row())) for s in live]
         if expert:
-            replies: list[Generation | BaseException] = _expert_replies(pool, template, tokenizer, live, caps)
+            replies: list[Generation | BaseException] = _expert_replies(tokenizer, live, caps)
         else:
             params = SamplingParams(
                 max_new_tokens=caps,
@@ -151,9 +209,13 @@ def collect(
         calls += 1
         progress.generated(sum(len(r.token_ids) for r in replies if isinstance(r, Generation)))
         to_step = [
-            s for s, reply in zip(live, replies) if record_reply(s, reply, template, tokenizer, s.env) is not None
+            s
+            for s, reply in zip(live, replies)
+            if record_reply(s, reply, s.lane.template, tokenizer, s.env) is not None
         ]
-        results = pool.step_many([(s.env, s.action) for s in to_step])
+        results = per_lane(
+            to_step, lambda s: s.lane, lambda lane, some: lane.pool.step_many([(s.env, s.action) for s in some])
+        )
         for state, result in zip(to_step, results):
             record_step(state, result)
         still: list[_Chain] = []
@@ -164,7 +226,7 @@ def collect(
                     state,
                     tokenizer,
                     state.chat_kwargs,
-                    limits.max_turns or int(state.env.max_turns),
+                    state.lane.max_turns or int(state.env.max_turns),
                     limits.max_context,
                     limits.history,
                 )
@@ -194,32 +256,62 @@ def demonstration_messages(template: Template, env: Env, demonstration: Sequence
     return messages
 
 
-def _start(
-    pool: EnvPool,
-    template: Template,
-    tokenizer: Any,
-    started: list[tuple[int, int, int]],
-    split: str,
-    max_context: int,
-    demonstration: bool,
-) -> list[_Chain]:
-    """Reset an env for each new episode and lay out its opening prompt."""
-    envs = [pool.acquire() for _ in started]
-    firsts = pool.reset_many([(env, task) for env, (_, _, task) in zip(envs, started)])
+def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_context: int) -> list[_Chain]:
+    """Reset an env for each new episode (in its lane) and lay out its opening prompt."""
+    envs = [lane.pool.acquire() for _, _, lane, _ in started]
+    firsts = per_lane(
+        list(zip(envs, started)),
+        lambda pair: pair[1][2],
+        lambda lane, some: lane.pool.reset_many([(env, task) for env, (_, _, _, task) in some]),
+    )
     states = []
-    for env, (group, sample, task), first in zip(envs, started, firsts):
-        ep = Episode(env=pool.name, task_id=task, split=split, instruction="", group=group, sample=sample)
-        opened = open_episode(ep, env, first, template, tokenizer, pool.name, demonstration)
+    for env, (group, sample, lane, task), first in zip(envs, started, firsts):
+        name = lane.pool.name
+        ep = Episode(env=name, task_id=task, split=lane.split, instruction="", group=group, sample=sample)
+        opened = open_episode(ep, env, first, lane.template, tokenizer, name, lane.demonstration)
         if opened is None:
             states.append(
-                _Chain(ep, [], "", env=env, chat_kwargs={}, end="env_error", broken=isinstance(first, BaseException))
+                _Chain(
+                    ep,
+                    [],
+                    "",
+                    lane=lane,
+                    env=env,
+                    chat_kwargs={},
+                    end="env_error",
+                    broken=isinstance(first, BaseException),
+                )
             )
             continue
         messages, kwargs, observation = opened
         # at least one generated token must fit, or the episode cannot start
         end = "max_context" if len(ep.token_ids) >= max_context else None
-        states.append(_Chain(ep, messages, observation, env=env, chat_kwargs=kwargs, end=end))
+        states.append(_Chain(ep, messages, observation, lane=lane, env=env, chat_kwargs=kwargs, end=end))
     return states
+
+
+def per_lane(
+    items: Sequence[Any], lane_of: Callable[[Any], Lane], call: Callable[[Lane, list[Any]], list[T]]
+) -> list[T]:
+    """``call(lane, its items)`` for each lane among ``items``, results back in the items' order. Lanes
+    run concurrently when there are several (one lane's slow env steps while another's do), each
+    lane's own pool deciding how to run its items."""
+    lanes: dict[int, tuple[Lane, list[int]]] = {}
+    for index, item in enumerate(items):
+        lane = lane_of(item)
+        lanes.setdefault(id(lane), (lane, []))[1].append(index)
+    groups = list(lanes.values())
+    run = lambda group: call(group[0], [items[i] for i in group[1]])  # noqa: E731
+    if len(groups) > 1:
+        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="omrl-lane") as threads:
+            answers = list(threads.map(run, groups))
+    else:
+        answers = [run(group) for group in groups]
+    out: list[Any] = [None] * len(items)
+    for (_, indices), answer in zip(groups, answers):
+        for index, value in zip(indices, answer):
+            out[index] = value
+    return out
 
 
 def open_episode(
@@ -259,11 +351,13 @@ def open_episode(
     return messages, kwargs, observation
 
 
-def _expert_replies(
-    pool: EnvPool, template: Template, tokenizer: Any, live: list[_Chain], caps: list[int]
-) -> list[Generation | BaseException]:
+def _expert_replies(tokenizer: Any, live: list[_Chain], caps: list[int]) -> list[Generation | BaseException]:
     """The scripted expert's next action per episode, as the ids of the template-formatted reply."""
-    actions = pool.call_many(lambda env: env.expert_action(), [s.env for s in live])
+    actions = per_lane(
+        live,
+        lambda s: s.lane,
+        lambda lane, some: lane.pool.call_many(lambda env: env.expert_action(), [s.env for s in some]),
+    )
     eos = int(tokenizer.eos_token_id)
     out: list[Generation | BaseException] = []
     for state, action, cap in zip(live, actions, caps):
@@ -271,10 +365,10 @@ def _expert_replies(
             out.append(
                 action
                 if isinstance(action, BaseException)
-                else OmrlError(f"{pool.name} has no scripted expert action here")
+                else OmrlError(f"{state.lane.pool.name} has no scripted expert action here")
             )
             continue
-        text = template.format_action(action, state.env)
+        text = state.lane.template.format_action(action, state.env)
         ids = (encode_plain(tokenizer, text) + [eos])[:cap]  # a reply's text is never special tokens
         out.append(Generation(ids, [0.0] * len(ids), "stop" if ids[-1] == eos else "length"))
     return out

@@ -37,3 +37,22 @@ class RolloutProgress:
     def tokens_per_second(self) -> float:
         elapsed = time.perf_counter() - self.started
         return self.tokens / elapsed if elapsed > 0 else 0.0
+
+
+class PerTaskProgress(RolloutProgress):
+    """Passes tokens on to ``inner``, and a task's first sample once all ``group_size`` samples of it
+    finished: what strategies report (one answer per task) from the batched rollout's episodes."""
+
+    def __init__(self, inner: RolloutProgress, group_size: int):
+        super().__init__()
+        self.inner, self.group_size = inner, group_size
+        self.samples: dict[int, list[Episode]] = {}
+
+    def generated(self, tokens: int) -> None:
+        self.inner.generated(tokens)
+
+    def finished(self, episode: Episode) -> None:
+        done = self.samples.setdefault(episode.group, [])
+        done.append(episode)
+        if len(done) == self.group_size:
+            self.inner.finished(min(done, key=lambda ep: ep.sample))

@@ -50,9 +50,16 @@ class RolloutSession:
         """Build from a run config with ``env``, ``generation``, ``chat``, ``model``, ``reward`` and ``plugins`` sections.
 
         ``model``/``tokenizer`` reuse objects the caller already holds (the
-        trainer's policy); ``expert=True`` builds no backend at all.
+        trainer's policy); ``expert=True`` builds no backend at all. A config naming a mixture of envs
+        (:mod:`omrl.mixture`) gets a :class:`~omrl.rollout.mixed.MixedSession`, which plays like this.
         """
+        from omrl.mixture import is_mixture
         from omrl.models import load_tokenizer
+
+        if is_mixture(cfg.env):
+            from omrl.rollout.mixed import MixedSession
+
+            return MixedSession.from_config(cfg, model=model, tokenizer=tokenizer, expert=expert, backend=backend)  # type: ignore[return-value]
 
         env_class = registry.envs.get(cfg.env.name)
         template_class = registry.templates.get(cfg.env.template)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from omrl.data.trajectory import Episode
-from omrl.rollout.progress import RolloutProgress
+from omrl.rollout.progress import PerTaskProgress, RolloutProgress
 from omrl.rollout.session import compose_rewards
-from omrl.search.context import SearchContext, run_strategy
-from omrl.search.tree import Tree
+from omrl.search.context import SearchContext, plays_batched, run_strategy
+from omrl.search.tree import Tree, chain_tree
 
 
 def play_strategy(
@@ -27,8 +27,13 @@ def play_strategy(
     """The trees of ``strategy`` on ``tasks`` and every root-to-leaf episode (``rewards``: composed).
 
     ``progress`` hears of each task once its search is over (``finished`` gets the
-    chosen episode) and of every generated token.
+    chosen episode) and of every generated token. On a mixture (:class:`~omrl.rollout.mixed.MixedSession`)
+    see :func:`play_mixture`.
     """
+    if hasattr(session, "sessions"):
+        return play_mixture(
+            session, strategy, tasks, budget=budget, group_size=group_size, seed=seed, expert=expert, progress=progress
+        )
     ctx = SearchContext.from_session(
         session,
         strategy,
@@ -44,3 +49,68 @@ def play_strategy(
     if rewards:
         session.reward_summary = compose_rewards(episodes, session.reward_weights, session.plugin_options)
     return trees, episodes
+
+
+def play_mixture(
+    session: Any,
+    strategy: str,
+    tasks: Sequence[Any],
+    *,
+    budget: int = 0,
+    group_size: int = 1,
+    seed: int = 0,
+    expert: bool = False,
+    progress: RolloutProgress | None = None,
+) -> tuple[list[Tree], list[Episode]]:
+    """:func:`play_strategy` on a mixture's tasks (each an :class:`~omrl.mixture.EnvTask`), rewards
+    composed per env. A strategy that plays the batched rollout (no budget) plays every env's chains
+    in one rollout, and each task's tree is its chains with the first sample as the answer, as the
+    strategy declared; any other strategy searches each env's tasks with that env's session in turn.
+    Episode.group is the task's position in ``tasks`` either way."""
+    if plays_batched(strategy, budget):
+        episodes = session.play(
+            tasks,
+            group_size=group_size,
+            seed=seed,
+            expert=expert,
+            progress=PerTaskProgress(progress, group_size) if progress is not None else None,
+        )
+        trees = []
+        for group, task in enumerate(tasks):
+            played = [ep for ep in episodes if ep.group == group]
+            tree = chain_tree(played, int(task.task), group, strategy=strategy, as_played=True)
+            tree.generated_tokens = sum(sum(ep.loss_mask) for ep in played)
+            tree.best = _first_leaf(tree.root)
+            trees.append(tree)
+        return trees, episodes
+    placed: list[Tree | None] = [None] * len(tasks)
+    for env, positions in session.split_by_env(tasks).items():
+        by_split: dict[str, list[int]] = {}
+        for position in positions:
+            by_split.setdefault(tasks[position].split, []).append(position)
+        for split, where in by_split.items():
+            trees, _ = play_strategy(
+                session.session_of(env),
+                strategy,
+                [tasks[i].task for i in where],
+                split=split,
+                budget=budget,
+                group_size=group_size,
+                seed=seed,
+                expert=expert,
+                progress=progress,
+                rewards=False,
+            )
+            for tree in trees:
+                tree.group = where[tree.group]
+                placed[tree.group] = tree
+    trees = [tree for tree in placed if tree is not None]
+    episodes = [ep for tree in trees for ep in tree.episodes()]
+    session.compose(episodes)
+    return trees, episodes
+
+
+def _first_leaf(node: Any) -> Any:
+    while node.children:
+        node = node.children[0]
+    return node

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from omrl.errors import ConfigError, OmrlError
+from omrl.mixture import is_mixture, task_of
 
 POLL_SECONDS = 1.0  # how often a wait for the process checks that it is still alive
 
@@ -268,8 +269,9 @@ def start(recipe: Any, resumed: Any) -> GenerationProcess | None:
     generation = GenerationProcess(cfg, recipe.strategy.state_dict(recipe.model), version=recipe.step)
     if resumed is not None:
         played = played_from_tensors(resumed.extra)
+        mixed = is_mixture(cfg.env)
         tasks = {
-            step: (list(dict.fromkeys(ep.task_id for ep in episodes)), _seed(recipe, step))
+            step: (list(dict.fromkeys(task_of(ep, mixed) for ep in episodes)), _seed(recipe, step))
             for step, (episodes, _) in played.items()
         }
         generation.restore(played, tasks)

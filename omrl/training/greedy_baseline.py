@@ -17,6 +17,7 @@ import torch
 from omrl import registry
 from omrl.data import Batch
 from omrl.errors import ConfigError
+from omrl.mixture import task_of
 from omrl.rollout import RolloutSession
 from omrl.training.tree_batch import ROW_EPISODE
 
@@ -43,7 +44,8 @@ def greedy_scores(session: RolloutSession, batch: Batch, split: str, seed: int) 
     processes: ``greedy_score_sum`` and ``greedy_tasks`` (of the episodes that did not fail),
     ``greedy_env_errors``)."""
     rows = batch.non_tensors[ROW_EPISODE]
-    tasks = {ep.group: ep.task_id for ep in rows}  # one greedy episode per group (a task of this step)
+    mixed = hasattr(session, "sessions")  # a mixture's tasks name their env
+    tasks = {ep.group: task_of(ep, mixed) for ep in rows}  # one greedy episode per group (a task of this step)
     groups = list(tasks)
     sampling = session.limits
     session.limits = dataclasses.replace(sampling, temperature=0.0)

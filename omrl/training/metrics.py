@@ -89,6 +89,29 @@ def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) 
     return metrics
 
 
+#: per-env metrics that are counts (they add up over envs and processes); the others are means
+PER_ENV_COUNTS = ("episodes", "env_errors", "prefix_breaks")
+
+
+def per_env_metrics(
+    episodes: list[Any], seconds: float, summaries: dict[str, dict[str, float]], envs: list[str]
+) -> dict[str, float]:
+    """Each of :func:`rollout_metrics` for each env's episodes, named ``<metric>/<env>`` (``success/webshop``),
+    with ``episodes/<env>``; ``tokens_per_s`` and ``rollout_time`` are the rollout's, not an env's (every
+    env's episodes share its generate calls). Weighted by ``episodes/<env>`` (by the episodes that did
+    not fail in the env, for reward, success and score), they add up to the overall metrics."""
+    out: dict[str, float] = {}
+    for env in envs:
+        mine = [ep for ep in episodes if ep.env == env]
+        if not mine:
+            continue
+        metrics = rollout_metrics(mine, seconds, summaries.get(env, {}))
+        del metrics["tokens_per_s"], metrics["rollout_time"]
+        metrics["episodes"] = float(len(mine))
+        out.update({f"{key}/{env}": value for key, value in metrics.items()})
+    return out
+
+
 class MetricsLogger:
     """Metrics to metrics.jsonl, TensorBoard, wandb and the console. Use as a context manager."""
 

@@ -19,12 +19,13 @@ from omrl.config.options import TrainRunConfig
 from omrl.data import Episode
 from omrl.errors import ConfigError, OmrlError
 from omrl.evaluation import check_max_env_error_rate
+from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members
 from omrl.parallel import Strategy
 from omrl.rollout import RolloutSession
 from omrl.search import play_strategy, plays_batched, strategy_traits
 from omrl.search.context import check_budget
-from omrl.training import async_generation, dynamic_sampling
-from omrl.training.metrics import MetricsLogger, NullLogger, rollout_metrics
+from omrl.training import async_generation, dynamic_sampling, env_scale
+from omrl.training.metrics import PER_ENV_COUNTS, MetricsLogger, NullLogger, per_env_metrics, rollout_metrics
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model
 from omrl.training.rl_data import TaskOrder
 
@@ -68,6 +69,9 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
             "and no reward to add to"
         )
     check_rollout_strategy(cfg)
+    env_scale.check(cfg.reward.per_env_scale)
+    if is_mixture(cfg.env):
+        mix_members(cfg)  # names, weights and per-env keys, before any model loads
     check_max_env_error_rate(cfg.max_env_error_rate)
     async_generation.check_async(cfg, strategy.world_size)
     dynamic_sampling.check(cfg)
@@ -112,14 +116,18 @@ def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int]
 
 def episode_token_budget(cfg: TrainRunConfig) -> int:
     """The most tokens an episode can train on: generation.max_new_tokens times the turn cap
-    (env.max_turns, or the env class's own); the constant of loss_agg_mode seq-mean-token-sum-norm."""
-    turns = cfg.env.max_turns or getattr(registry.envs.get(cfg.env.name), "max_turns", None)
-    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
-        raise ConfigError(
-            f"loss_agg_mode seq-mean-token-sum-norm divides by the tokens an episode may train on, but the env "
-            f"{cfg.env.name!r} declares no turn cap of its own; set env.max_turns, or algorithm.loss_norm_tokens"
-        )
-    return cfg.generation.max_new_tokens * turns
+    (env.max_turns, or the env class's own; in a mixture, the largest env's); the constant of
+    loss_agg_mode seq-mean-token-sum-norm."""
+    caps = []
+    for member in mix_members(cfg):
+        turns = member.env.max_turns or getattr(registry.envs.get(member.name), "max_turns", None)
+        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            raise ConfigError(
+                f"loss_agg_mode seq-mean-token-sum-norm divides by the tokens an episode may train on, but the env "
+                f"{member.name!r} declares no turn cap of its own; set env.max_turns, or algorithm.loss_norm_tokens"
+            )
+        caps.append(turns)
+    return cfg.generation.max_new_tokens * max(caps)
 
 
 def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool, greedy: bool = False) -> None:
@@ -174,17 +182,37 @@ def load_models(cfg: TrainRunConfig, strategy: Strategy, with_reference: bool) -
     return model, tokenizer, rollout_model, ref_model
 
 
-def setup_rollout(
-    cfg: TrainRunConfig, rollout_model: Any, tokenizer: Any
-) -> tuple[RolloutSession, TaskOrder, list[Any]]:
-    """(session, training task order, test tasks of the evaluations)."""
+def setup_rollout(cfg: TrainRunConfig, rollout_model: Any, tokenizer: Any) -> tuple[Any, Any, list[Any]]:
+    """(session, training task order, test tasks of the evaluations). In a mixture (:mod:`omrl.mixture`)
+    the session plays every env, the order draws each step's tasks by the envs' weights, and the
+    evaluations play ``eval_tasks`` test tasks of each env."""
     session = RolloutSession.from_config(cfg, model=rollout_model, tokenizer=tokenizer)
+    if not is_mixture(cfg.env):
+        task_order, test_tasks = _env_tasks(cfg, session, cfg.env.name, cfg.env.split, lambda task: task)
+        return session, task_order, test_tasks
+    orders, test_tasks = {}, []
+    for member in session.members:
+        name, split = member.name, member.env.split
+        order, tests = _env_tasks(
+            cfg, session.session_of(name), name, split, lambda task, n=name, s=split: EnvTask(n, s, task)
+        )
+        orders[name] = order
+        test_tasks += [EnvTask(name, "test", task.task) for task in tests]
+    weights = {member.name: member.weight for member in session.members}
+    return session, MixedTaskOrder(orders, weights, cfg.seed), test_tasks
+
+
+def _env_tasks(
+    cfg: TrainRunConfig, session: RolloutSession, name: str, split: str, wrap: Any
+) -> tuple[TaskOrder, list]:
+    """One env's training task order (of ``split``, ``train_tasks`` of them) and its first ``eval_tasks``
+    test tasks, each task as ``wrap`` makes it."""
     splits = session.pool.probe()
-    tasks = splits.split_of(cfg.env.split)
-    task_order = TaskOrder(list(tasks[: cfg.train_tasks] if cfg.train_tasks else tasks), cfg.seed)
+    tasks = splits.split_of(split)
+    task_order = TaskOrder([wrap(task) for task in (tasks[: cfg.train_tasks] if cfg.train_tasks else tasks)], cfg.seed)
     if not task_order.tasks:
-        raise ConfigError(f"env {cfg.env.name!r} has no tasks in split {cfg.env.split!r}; choose another env.split")
-    return session, task_order, list(splits.split_of("test"))[: cfg.eval_tasks]
+        raise ConfigError(f"env {name!r} has no tasks in split {split!r}; choose another env.split")
+    return task_order, [wrap(task) for task in list(splits.split_of("test"))[: cfg.eval_tasks]]
 
 
 def make_logger(
@@ -209,17 +237,36 @@ def rollout_seed(cfg: TrainRunConfig, step: int, strategy: Strategy) -> int:
     return (cfg.seed * 1_000_003 + step) * strategy.world_size + strategy.rank
 
 
-def step_metrics(episodes: list[Any], seconds: float, session: RolloutSession, strategy: Strategy) -> dict[str, float]:
+def step_metrics(episodes: list[Any], seconds: float, session: Any, strategy: Strategy) -> dict[str, float]:
     """The rollout's metrics over every process: means average (every process played as many
     episodes), counts add, and so does ``tokens_per_s``; the backend's speeds (``decode_tokens_per_s``,
-    ``prefill_tokens_per_s``) are one process's, from the tokens and seconds of all of them."""
+    ``prefill_tokens_per_s``) are one process's, from the tokens and seconds of all of them. In a
+    mixture, each metric of the episodes also per env (``success/webshop``, :func:`per_env_metrics`)."""
     metrics = rollout_metrics(episodes, seconds, session.reward_summary)
+    if hasattr(session, "sessions"):
+        metrics.update(per_env_metrics(episodes, seconds, session.reward_summaries, session.env_names))
     stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
     if strategy.world_size > 1:
         added = ("env_errors", "tokens_per_s")
-        metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(metrics).items()}
+        overall = {k: v for k, v in metrics.items() if "/" not in k}
+        metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(overall).items()}
+        metrics.update(sum_per_env(strategy, {k: v for k, v in metrics.items() if "/" in k}))
         stats = strategy.sum_dicts(stats)
     return {**metrics, **generation_metrics(stats)}
+
+
+def sum_per_env(strategy: Strategy, metrics: dict[str, float]) -> dict[str, float]:
+    """Per-env metrics over every process: counts add, means are weighted by each process's episodes
+    of that env (processes play different numbers of each env's episodes)."""
+    weighted = {
+        k: v if k.split("/")[0] in PER_ENV_COUNTS else v * metrics[f"episodes/{k.split('/', 1)[1]}"]
+        for k, v in metrics.items()
+    }
+    summed = strategy.sum_dicts(weighted)
+    return {
+        k: v if k.split("/")[0] in PER_ENV_COUNTS else v / max(1.0, summed[f"episodes/{k.split('/', 1)[1]}"])
+        for k, v in summed.items()
+    }
 
 
 def evaluate(
@@ -243,7 +290,16 @@ def evaluate(
     if strategy.world_size > 1:
         stats = strategy.sum_dicts(stats)
     generation = {f"eval_{name}": value for name, value in generation_metrics(stats).items()}
-    return {"eval_success": won / n, "eval_score": score / n, **generation}
+    per_env: dict[str, float] = {}
+    if hasattr(session, "sessions"):  # each env's, and their macro average (every env counts alike)
+        for env in session.env_names:
+            mine = [ep for ep in episodes if ep.env == env]
+            k, w, s = strategy.sum([len(mine), sum(ep.won for ep in mine), sum(ep.score for ep in mine)])
+            if k:
+                per_env[f"eval_success/{env}"], per_env[f"eval_score/{env}"] = w / k, s / k
+        successes = [v for key, v in per_env.items() if key.startswith("eval_success/")]
+        per_env["eval_success_macro"] = sum(successes) / max(1, len(successes))
+    return {"eval_success": won / n, "eval_score": score / n, **per_env, **generation}
 
 
 def sync_rollout_weights(strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSession) -> None:

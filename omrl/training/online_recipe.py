@@ -92,8 +92,7 @@ class OnlineRecipe:
                 resume_from, self.model, optimizer=self.optimizer, scheduler=self.scheduler, strategy=self.strategy
             )
             self.step = state.step
-            self.task_order.epoch = int(state.data_state["task_epoch"])
-            self.task_order.cursor = int(state.data_state["task_cursor"])
+            self.task_order.load_state(state.data_state)
             self.skipped.load_state_dict(state.extra)
             # a backend with its own copy must roll out with the resumed weights
             sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
@@ -153,7 +152,7 @@ class OnlineRecipe:
         stays set and the recipe stops the run (:class:`EnvFailure`) without counting the step, so
         ``--resume`` plays it.
         """
-        position = (self.task_order.epoch, self.task_order.cursor)
+        position = self.task_order.state()
         counts = (self.episodes_played, self.env_failures, self.episodes_with_a_turn)
         episodes = play()
         for replay in range(ENV_FAILURE_REPLAYS):
@@ -167,7 +166,7 @@ class OnlineRecipe:
                 f"{ENV_FAILURE_REPLAYS}); a step with no episode played is not counted"
             )
             time.sleep(wait)
-            self.task_order.epoch, self.task_order.cursor = position
+            self.task_order.load_state(position)
             episodes = play()
         self._check_rollout(episodes)
         return episodes
@@ -317,7 +316,7 @@ class OnlineRecipe:
     def save_checkpoint(self) -> Path:
         return save_recipe_checkpoint(
             self,
-            data_state={"task_epoch": self.task_order.epoch, "task_cursor": self.task_order.cursor},
+            data_state=self.task_order.state(),
             extra=self._checkpoint_extra(),
         )
 

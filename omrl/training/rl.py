@@ -37,7 +37,7 @@ from omrl import registry
 from omrl.algos import AlgoConfig, micro_batch_share
 from omrl.config.options import TrainRunConfig
 from omrl.training import checkpoint as ckpt
-from omrl.training import greedy_baseline, online
+from omrl.training import env_scale, greedy_baseline, online
 from omrl.training.distillation import add_teacher_rewards, load_teacher
 from omrl.training.kl_control import AdaptiveKL
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
@@ -118,6 +118,8 @@ class RLRecipe(OnlineRecipe):
 
             # ROLLOUT: every sample of every task, or every path of a search's trees
             episodes, metrics = self._rollout(started, seed)
+            if cfg.reward.per_env_scale != "none" and hasattr(self.session, "sessions"):
+                metrics.update(env_scale.scale_per_env(episodes, self.session.env_names, strategy))
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's
             # rows are its finished paths, each whole (omrl.training.tree_batch)

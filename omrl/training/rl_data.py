@@ -182,3 +182,10 @@ class TaskOrder:
             if self.cursor >= len(order):
                 self.epoch, self.cursor = self.epoch + 1, 0
         return out
+
+    def state(self) -> dict[str, int]:
+        """Where the order stands, for a checkpoint's data state."""
+        return {"task_epoch": self.epoch, "task_cursor": self.cursor}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.epoch, self.cursor = int(state["task_epoch"]), int(state["task_cursor"])

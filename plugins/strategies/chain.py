@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from omrl.data.trajectory import Episode
 from omrl.rollout.loop import collect
-from omrl.rollout.progress import RolloutProgress
+from omrl.rollout.progress import PerTaskProgress
 from omrl.search import Expand, SearchContext, Tree, run_search
 from omrl.search.tree import chain_tree
 from omrl_plugins.strategies.common import first_leaf
@@ -22,7 +21,7 @@ def chain(ctx: SearchContext, tasks: Sequence[int]) -> list[Tree]:
     if ctx.budget:
         trees = run_search(ctx, tasks, grow_chains, forks=False, n=ctx.group_size)
     else:
-        progress = _PerTask(ctx.progress, ctx.group_size) if ctx.progress is not None else None
+        progress = PerTaskProgress(ctx.progress, ctx.group_size) if ctx.progress is not None else None
         episodes = collect(
             ctx.pool,
             ctx.template,
@@ -56,21 +55,3 @@ def grow_chains(tree: Tree, ctx: SearchContext, n: int):
     while live:
         grown = yield Expand(live, 1)
         live = [child for kids in grown for child in kids if not child.terminal]
-
-
-class _PerTask(RolloutProgress):
-    """Passes tokens on, and a task's first sample once all its samples finished (strategies report tasks)."""
-
-    def __init__(self, inner: RolloutProgress, group_size: int):
-        super().__init__()
-        self.inner, self.group_size = inner, group_size
-        self.samples: dict[int, list[Episode]] = {}
-
-    def generated(self, tokens: int) -> None:
-        self.inner.generated(tokens)
-
-    def finished(self, episode: Episode) -> None:
-        done = self.samples.setdefault(episode.group, [])
-        done.append(episode)
-        if len(done) == self.group_size:
-            self.inner.finished(min(done, key=lambda ep: ep.sample))
