@@ -147,9 +147,12 @@ def _entry(item: Any, index: int) -> dict[str, Any]:
 
 @dataclass
 class MixedTaskOrder:
-    """Each take draws, for every slot, an env by weight (from the run's seed and the count of takes
-    so far), then that env's next task from its own seeded shuffle (:class:`TaskOrder`). ``draws`` and
-    every env's position go into checkpoints (:meth:`state`), so a resumed run draws what it would have."""
+    """Each take gives every env ``floor(weight * count)`` of the slots and draws the rest by the
+    fractions left over, then shuffles the slots (seeded by the run's seed and the count of takes so
+    far); each slot takes its env's next task from that env's own seeded shuffle (:class:`TaskOrder`).
+    So a step's mix is as close to the weights as whole tasks allow, and over many steps it matches
+    them. ``draws`` and every env's position go into checkpoints (:meth:`state`), so a resumed run
+    draws what it would have."""
 
     orders: dict[str, Any]  # env name -> TaskOrder of EnvTask
     weights: dict[str, float]
@@ -158,10 +161,19 @@ class MixedTaskOrder:
 
     def take(self, count: int) -> list[EnvTask]:
         names = list(self.orders)
-        p = np.array([self.weights[name] for name in names], dtype=np.float64)
-        picks = np.random.default_rng([self.seed, 0x6D1C, self.draws]).choice(len(names), size=count, p=p / p.sum())
+        rng = np.random.default_rng([self.seed, 0x6D1C, self.draws])
         self.draws += 1
-        drawn = {i: iter(self.orders[names[i]].take(int((picks == i).sum()))) for i in set(picks.tolist())}
+        share = np.array([self.weights[name] for name in names], dtype=np.float64)
+        expected = share / share.sum() * count
+        slots = np.floor(expected).astype(int)
+        left = count - int(slots.sum())
+        if left:
+            rest = expected - slots
+            slots += np.bincount(
+                rng.choice(len(names), size=left, replace=False, p=rest / rest.sum()), minlength=len(names)
+            )
+        picks = rng.permutation(np.repeat(np.arange(len(names)), slots))
+        drawn = {i: iter(self.orders[names[i]].take(int(slots[i]))) for i in range(len(names)) if slots[i]}
         return [next(drawn[i]) for i in picks.tolist()]
 
     def state(self) -> dict[str, Any]:

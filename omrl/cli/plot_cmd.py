@@ -9,12 +9,18 @@ def plot(
     run: str = typer.Argument(..., help="A run directory (or its metrics.jsonl)."),
     out: str = typer.Option(None, "--out", "-o", help="Folder for the PNG files (default: RUN/plots)."),
     metric: list[str] = typer.Option(
-        None, "--metric", "-m", help="Only these panels or metrics (repeatable), e.g. -m reward -m kl."
+        None,
+        "--metric",
+        "-m",
+        help="Only these panels or metrics (repeatable), e.g. -m reward -m kl; on a run over several envs "
+        "-m success also draws by-env/success.png (success and success/<env> for each env).",
     ),
     dpi: int = typer.Option(150, "--dpi", help="Resolution of the PNG files."),
 ) -> None:
     """Write one PNG per group of curves (reward and its components, success, KL, entropy, loss,
-    lengths, step time, throughput, ...) from metrics.jsonl. Needs the plot extra (matplotlib)."""
+    lengths, step time, throughput, ...) from metrics.jsonl. On a run over several envs, each metric
+    logged per env also gets by-env/<metric>.png: the overall curve and one line per env (e.g.
+    by-env/success.png draws success and success/<env> for each env). Needs the plot extra (matplotlib)."""
     from rich.console import Console
     from rich.markup import escape
 

@@ -48,7 +48,8 @@ def view(
     open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser."),
 ) -> None:
     """Serve a page on loopback (or write one HTML file) showing the run's config, learning curves,
-    episodes turn by turn, the tokens trained on, groups and search trees."""
+    episodes turn by turn, the tokens trained on, groups and search trees. On a run over several envs
+    the episodes filter by env and each metric logged per env has a curve per env beside the overall one."""
     from rich.console import Console
     from rich.markup import escape
 

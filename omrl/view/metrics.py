@@ -3,6 +3,11 @@
 Unlike :func:`omrl.training.metrics.read_metrics`, which silently skips a bad line (right for
 resuming), this reader says which line of which file was skipped and why, so the page can.
 The panels are defined once here and used by both the page and ``omrl plot``.
+
+A run over several envs logs each metric per env too, as ``<metric>/<env>`` (``success/gridworld``;
+an env name may hold ``:``), and ``episodes/<env>`` for every env: those keys name the run's envs.
+The per-env keys stay out of the ordinary panels (which then look as a one-env run's) and get
+panels of their own, one per metric: its overall curve and a line per env (:func:`env_panels`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from omrl.view.sources import Problem
 
 # Not curves: the x axis and the wall-clock time of the line.
 _NOT_PLOTTED = {"step", "time"}
+# The per-env key every env of a mixture logs each step (omrl.training.metrics.per_env_metrics).
+_ENV_COUNT = "episodes"
 
 # (title, file stem for `omrl plot`, which keys it holds). The first panel that takes a key gets it;
 # a key no panel takes gets a panel of its own, since unrelated metrics rarely share a scale.
@@ -78,11 +85,27 @@ def columns(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"step": [r["step"] for r in records], "series": series}
 
 
+def envs_of(keys: list[str]) -> list[str]:
+    """The envs a run's metric keys name through ``episodes/<env>``, in first-seen order; none for a one-env run."""
+    return [key.partition("/")[2] for key in keys if key.startswith(_ENV_COUNT + "/")]
+
+
+def env_metric(key: str, envs: list[str]) -> tuple[str, str | None]:
+    """``(metric, env)`` of a per-env key (``success/gridworld`` -> ``("success", "gridworld")``);
+    ``(key, None)`` for a key of the whole run. The metric ends at the first ``/``, as the trainer names it."""
+    metric, _, env = key.partition("/")
+    return (metric, env) if env in envs else (key, None)
+
+
 def panels(keys: list[str]) -> list[dict[str, Any]]:
-    """The plot panels for these metric keys: ``[{"title", "name", "keys"}]`` in a fixed order."""
+    """The plot panels for these metric keys: ``[{"title", "name", "keys"}]`` in a fixed order.
+    Per-env keys are left out: :func:`env_panels` draws them."""
+    envs = envs_of(keys)
     taken: dict[str, list[str]] = {title: [] for title, _, _ in PANELS}
     own = []
     for key in keys:
+        if env_metric(key, envs)[1] is not None:
+            continue
         title = next((t for t, _, takes in PANELS if takes(key)), None)
         if title is None:
             own.append(key)
@@ -90,6 +113,34 @@ def panels(keys: list[str]) -> list[dict[str, Any]]:
             taken[title].append(key)
     result = [{"title": title, "name": name, "keys": taken[title]} for title, name, _ in PANELS if taken[title]]
     return result + [{"title": key, "name": _file_stem(key), "keys": [key]} for key in own]
+
+
+def env_panels(keys: list[str]) -> list[dict[str, Any]]:
+    """One panel per metric logged per env: ``{"title", "name", "metric", "keys", "labels"}``, its
+    keys the overall curve (when logged) then one per env, labelled by env. In the order of the
+    ordinary panels (reward, success, ...); none for a one-env run."""
+    envs = envs_of(keys)
+    per_metric: dict[str, list[str]] = {}
+    for key in keys:
+        metric, env = env_metric(key, envs)
+        if env is not None:
+            per_metric.setdefault(metric, []).append(key)
+    ranks = {title: rank for rank, (title, _, _) in enumerate(PANELS)}
+    order = sorted(per_metric, key=lambda m: ranks.get(next((t for t, _, takes in PANELS if takes(m)), ""), len(ranks)))
+    result = []
+    for metric in order:
+        env_keys = sorted(per_metric[metric], key=lambda k: envs.index(env_metric(k, envs)[1]))
+        overall = [metric] if metric in keys else []
+        result.append(
+            {
+                "title": f"{metric} by env",
+                "name": _file_stem(metric),
+                "metric": metric,
+                "keys": overall + env_keys,
+                "labels": [f"{metric} (all envs)"] * len(overall) + [env_metric(k, envs)[1] for k in env_keys],
+            }
+        )
+    return result
 
 
 def _is_number(value: Any) -> bool:

@@ -151,7 +151,7 @@ class ReportEpisodes:
         episodes = report.get("episodes") if isinstance(report.get("episodes"), list) else []
         self.summaries = [
             {
-                "env": env,
+                "env": str(ep.get("env") or env),  # a mixture's report names each episode's env
                 "split": split,
                 "task": ep.get("task_id"),
                 "group": ep.get("task_id") or 0,

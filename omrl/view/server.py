@@ -2,7 +2,7 @@
 
     GET /                    the page
     GET /api/run             overview: config, metrics, panels, eval reports, problems, facets
-    GET /api/episodes?...    a page of summaries (filters and sort: see EpisodeStore.query)
+    GET /api/episodes?...    a page of summaries (filters, env=NAME among them, and sort: see EpisodeStore.query)
     GET /api/episode/ID      one episode in full
     GET /api/group/KEY       the samples of one group side by side
     GET /api/tree/KEY        the search tree of one group

@@ -17,7 +17,7 @@ from typing import Any
 from omrl.config import redact
 from omrl.view import groups
 from omrl.view.bounds import MAX_GROUP_TEXT, TextBudget, cut_tokens
-from omrl.view.metrics import columns, panels, read_metrics_file
+from omrl.view.metrics import columns, env_panels, panels, read_metrics_file
 from omrl.view.readers import ParquetEpisodes, RecordEpisodes, ReportEpisodes, Unreadable
 from omrl.view.sources import Problem, RunSource, discover
 from omrl.view.tokens import TokenText, find_tokenizer
@@ -102,7 +102,8 @@ class EpisodeStore:
     def _add_report(self, path: Path) -> None:
         label = self.source.label(path)
         report = json.loads(path.read_text(encoding="utf-8"))  # discover() parsed it already
-        self.reports.append({"file": label, "metrics": report.get("metrics") or {}})
+        by_env = {name: report.get(name) or {} for name in ("per_env", "macro", "micro")}  # a mixture's report
+        self.reports.append({"file": label, "metrics": report.get("metrics") or {}, **by_env})
         self._index(ReportEpisodes(report, label))  # summaries only: the report keeps no turns
         if self.config_text == "" and isinstance(report.get("config"), dict):
             import yaml
@@ -155,6 +156,8 @@ class EpisodeStore:
             "config": self.config_text,
             "metrics": curves,
             "panels": panels(list(curves["series"])),
+            "env_panels": env_panels(list(curves["series"])),
+            "envs": self.env_counts(),
             "reports": self.reports,
             "problems": [p.as_dict() for p in problems],
             "files": [{"file": f.label, "episodes": len(f.summaries)} for f in self.files],
@@ -162,6 +165,7 @@ class EpisodeStore:
             "tokenizer": self.tokenizer_note,
             "advantage": self.advantage_note,
             "facets": {
+                "env": sorted({e["env"] for e in s}),
                 "split": sorted({e["split"] for e in s}),
                 "end": sorted({e["end"] for e in s}),
                 "file": [f.label for f in self.files],
@@ -170,8 +174,15 @@ class EpisodeStore:
             },
         }
 
+    def env_counts(self) -> list[dict[str, Any]]:
+        """``[{"env", "episodes"}]``: how many episodes of each env, in the order the files first show them."""
+        counts: dict[str, int] = {}
+        for summary in self.summaries:
+            counts[summary["env"]] = counts.get(summary["env"], 0) + 1
+        return [{"env": env, "episodes": n} for env, n in counts.items()]
+
     def query(self, params: dict[str, str]) -> dict[str, Any]:
-        """A page of summaries: filters split, task, group, success (won/lost), end, file,
+        """A page of summaries: filters env, split, task, group, success (won/lost), end, file,
         rmin, rmax; sort one of SORTS, "-" first for descending; offset and limit."""
         items = [e for e in self.summaries if matches(e, params)]
         key = params.get("sort", "")
@@ -262,6 +273,8 @@ def open_run(path: str | os.PathLike, tokenizer: str | None = None) -> EpisodeSt
 
 def matches(summary: dict[str, Any], params: dict[str, str]) -> bool:
     """Whether an episode summary passes the list's filters (empty ones pass everything)."""
+    if params.get("env") and summary["env"] != params["env"]:
+        return False
     if params.get("split") and summary["split"] != params["split"]:
         return False
     if params.get("task") and str(summary["task"]) != params["task"].strip():

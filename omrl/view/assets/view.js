@@ -86,6 +86,7 @@
   function localApi(data) {
     const missing = (what) => Promise.reject(new Error(what + " is not in this saved page (" + data.note + ")"));
     function matches(e, q) {
+      if (q.env && e.env !== q.env) return false;
       if (q.split && e.split !== q.split) return false;
       if (q.task && String(e.task) !== q.task.trim()) return false;
       if (q.group && e.group !== q.group) return false;
@@ -159,15 +160,19 @@
       h("div", {class: "muted"},
         run.episodes + " episodes in " + run.files.length + " trajectory file(s); " + run.tokenizer),
       run.files.length ? h("ul", {}, run.files.map((f, i) =>
-        h("li", {}, h("a", {href: "#/episodes?file=" + i}, f.file), " — " + f.episodes + " episodes"))) : null));
+        h("li", {}, h("a", {href: "#/episodes?file=" + i}, f.file), " — " + f.episodes + " episodes"))) : null,
+      run.envs.length > 1 ? h("div", {class: "envs"}, "Envs: ", run.envs.map((e, i) => [i ? " · " : null,
+        h("a", {href: "#/episodes?" + new URLSearchParams({env: e.env})}, e.env), " (" + e.episodes + ")"])) : null));
     body.push(h("h2", {}, "Learning curves"));
     if (run.metrics.step.length) {
       body.push(h("div", {class: "plots"}, run.panels.map((p) => plot(p, run.metrics))));
+      if (run.env_panels.length) body.push(h("h2", {}, "By env"), byEnv(run.env_panels, run.metrics));
     } else {
       body.push(h("p", {class: "muted"}, "No metrics.jsonl steps to plot."));
     }
     for (const report of run.reports) {
       body.push(h("h2", {}, "Evaluation: ", h("code", {}, report.file)), metricsTable(report.metrics));
+      if (Object.keys(report.per_env || {}).length) body.push(h("h3", {}, "By env"), envTable(report));
     }
     if (run.config) body.push(h("h2", {}, "Config"), h("pre", {class: "config"}, run.config));
     display(...body);
@@ -183,14 +188,44 @@
     return keyValues(rows);
   }
 
+  /** A run over several envs: one metric's overall curve and a line per env, the metric chosen in a list. */
+  function byEnv(panels, metrics) {
+    const first = panels.find((p) => p.metric === "success") || panels[0];
+    const slot = h("div", {class: "plots"}, plot(first, metrics));
+    const choose = (event) => {
+      slot.replaceChildren(plot(panels.find((p) => p.metric === event.target.value), metrics));
+    };
+    return h("div", {class: "by-env"},
+      h("form", {class: "filters card", onsubmit: (e) => e.preventDefault()},
+        h("label", {}, "metric (its overall curve and one line per env)",
+          h("select", {name: "env-metric", onchange: choose},
+            panels.map((p) => h("option", {value: p.metric, selected: p === first}, p.metric))))),
+      slot);
+  }
+
+  /** A mixture's eval report by env: a row per metric, a column per env, then macro (the mean of the
+   * envs' values) and micro (over every episode). */
+  function envTable(report) {
+    const envs = Object.keys(report.per_env);
+    const columns = [...envs.map((e) => [e, report.per_env[e]]), ["macro", report.macro], ["micro", report.micro]];
+    const keys = [...new Set(envs.flatMap((e) => Object.keys(report.per_env[e])))]
+      .filter((k) => envs.some((e) => typeof report.per_env[e][k] === "number"));
+    return h("table", {class: "card env-report"},
+      h("thead", {}, h("tr", {}, h("th", {}, "metric"), columns.map(([name]) => h("th", {class: "num"}, name)))),
+      h("tbody", {}, keys.map((k) => h("tr", {}, h("td", {}, k),
+        columns.map(([, metrics]) => h("td", {class: "num"}, fmt((metrics || {})[k], 4)))))));
+  }
+
   /** A two-column table of [name, number] rows. */
   function keyValues(rows) {
     return h("table", {class: "card"},
       h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {class: "num"}, fmt(v, 4))))));
   }
 
-  /** One learning-curve panel as inline SVG: a line per metric (broken where a step lacks it). */
+  /** One learning-curve panel as inline SVG: a line per metric (broken where a step lacks it), named
+   * in the legend by the panel's labels where it has them (a by-env panel's: the envs). */
   function plot(panel, metrics) {
+    const label = (i) => (panel.labels || panel.keys)[i];
     const W = 420, H = 220, L = 52, R = 12, T = 10, B = 28;
     const steps = metrics.step;
     const values = panel.keys.flatMap((k) => metrics.series[k]).filter((v) => v !== null);
@@ -226,7 +261,8 @@
         pen = "L";
         if (steps.length <= 40) chart.append(s("circle", {cx: X(steps[j]), cy: Y(v), r: 2.4, fill: color}));
       });
-      if (d) chart.append(s("path", {class: "series", d, stroke: color, "data-key": key}));
+      const overall = key === panel.metric;  // a by-env panel's overall curve, dashed
+      if (d) chart.append(s("path", {class: "series" + (overall ? " overall" : ""), d, stroke: color, "data-key": key}));
     });
     const cursor = s("line", {class: "cursor", y1: T, y2: H - B, visibility: "hidden"});
     const hit = s("rect", {x: L, y: T, width: W - L - R, height: H - T - B, fill: "transparent"});
@@ -237,14 +273,15 @@
       steps.forEach((step, k) => { if (Math.abs(step - x) < Math.abs(steps[j] - x)) j = k; });
       cursor.setAttribute("x1", X(steps[j])); cursor.setAttribute("x2", X(steps[j]));
       cursor.setAttribute("visibility", "visible");
-      const values = panel.keys.map((k) => k + "  " + fmt(metrics.series[k][j], 4));
+      const values = panel.keys.map((k, i) => label(i) + "  " + fmt(metrics.series[k][j], 4));
       showTip(event, "step " + steps[j] + "\n" + values.join("\n"));
     });
     hit.addEventListener("mouseleave", () => { cursor.setAttribute("visibility", "hidden"); hideTip(); });
     chart.append(cursor, hit);
     return h("figure", {class: "plot", "data-panel": panel.name}, h("figcaption", {}, panel.title), chart,
-      h("div", {class: "legend"},
-        panel.keys.map((k, i) => h("span", {}, h("i", {style: "background:" + PALETTE[i % PALETTE.length]}), k))));
+      h("div", {class: "legend"}, panel.keys.map((k, i) =>
+        h("span", {"data-key": k}, h("i", {class: k === panel.metric ? "overall" : null,
+          style: "background:" + PALETTE[i % PALETTE.length]}), label(i)))));
   }
 
   /** About `count` round numbers spanning [lo, hi]. */
@@ -272,7 +309,9 @@
       h("input", {name, class: "short", type: type || "text", value: q[name] || "", step: "any",
         onchange: (e) => set({[name]: e.target.value})}));
     const all = (values) => [["", "all"], ...values.map((x) => [x, x])];
+    const envs = f.env.length > 1;  // a run over several envs: filter and show by env
     const form = h("form", {class: "filters card", onsubmit: (e) => e.preventDefault()},
+      envs ? select("env", all(f.env), "env") : null,
       select("split", all(f.split), "split"),
       input("task", "task"),
       input("group", "group"),
@@ -296,12 +335,13 @@
       h("button", {type: "button", disabled: offset + page.limit >= page.total,
         onclick: () => set({offset: String(offset + page.limit)})}, "next →"));
     const multi = f.file.length > 1;
-    const columns = ["#", multi ? "file" : null, "split", "task", "group", "sample", "success", "reward", "advantage",
+    const columns = ["#", multi ? "file" : null, envs ? "env" : null, "split", "task", "group", "sample", "success", "reward", "advantage",
       "score", "end", "turns", "tokens", "trained"];
     const num = (x) => h("td", {class: "num"}, x);
     const row = (e) => h("tr", {"data-id": e.id, onclick: () => { location.hash = "#/episode/" + e.id; }},
       num(h("a", {href: "#/episode/" + e.id}, String(e.id))),
       multi ? h("td", {}, f.file[e.file]) : null,
+      envs ? h("td", {class: "env"}, e.env) : null,
       h("td", {}, e.split), num(fmt(e.task)),
       h("td", {}, h("a", {href: "#/group/" + encodeURIComponent(e.group), onclick: (ev) => ev.stopPropagation()},
         e.group)),

@@ -1,0 +1,313 @@
+"""omrl learns several envs at once: the `tiny` model through expert data of three envs, SFT on the
+mixture, then GRPO on the mixture, against GRPO on each env alone.
+
+    python examples/learn_generalist.py            # the full run (see the measured time below)
+    python examples/learn_generalist.py --quick    # a small budget (the suite runs a smaller one still)
+
+Stages, each written under ``--out`` and skipped when its result is there (so a stopped run goes on
+from the stage it was in; a GRPO stage resumes from its last checkpoint):
+
+1. EXPERT: each env's scripted expert plays training tasks; one trajectory file, rows naming their env.
+2. SFT of the random-init model on the mixture.
+3. GRPO from the SFT model on the mixture (equal weights; each env with its own turn cap).
+4. GRPO from the SFT model on each env alone, with as many episodes of that env as the mixture run
+   gave it (the same steps, ``tasks_per_step`` times the env's weight): the specialists.
+
+Held-out success per env (the first ``eval_tasks`` test tasks of each) is measured before SFT, after
+SFT, after the mixture's GRPO and for each specialist, two ways: sampled (``eval_samples`` episodes a
+task at temperature 1, the policy GRPO optimises) and greedy (one episode a task), each with its
+standard error over tasks. The macro average weighs every env alike. ``summary.json`` holds every
+number and whether the targets held; ``success.png`` draws them. Everything is seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from omrl.atomic import atomic_save_figure, atomic_write_text
+from omrl.config import load_config
+from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
+from omrl.data import write_episodes
+from omrl.rollout import RolloutSession
+from omrl.training.checkpoint import latest_checkpoint
+from omrl.training.rl import run_rl
+from omrl.training.sft import run_sft
+
+#: the envs and each one's own settings (a YAML list for env.mix)
+ENVS = {
+    "gridworld": "{name: gridworld, max_turns: 12, demonstration: false}",
+    "babyai:GoToRedBallNoDists": "{name: 'babyai:GoToRedBallNoDists', max_turns: 10, demonstration: false}",
+    "reasoning-gym:letter_counting": "{name: 'reasoning-gym:letter_counting', demonstration: false}",
+}
+GENERATION = ["generation.max_new_tokens=12", "generation.max_context=1024", "generation.batch_size=64"]
+
+
+@dataclass
+class Budget:
+    """How much work each stage does, and the GRPO settings."""
+
+    expert_episodes: int  # per env
+    sft_epochs: float
+    grpo_steps: int
+    tasks_per_step: int  # of the mixture; a specialist plays tasks_per_step / len(ENVS) of its env
+    group_size: int
+    eval_tasks: int  # per env
+    eval_samples: int = 4
+    sft_learning_rate: float = 2e-3
+    grpo_learning_rate: float = 5e-4
+    mini_batch_size: int = 16
+    ppo_epochs: int = 2
+    kl_coef: float = 0.02
+    advantage: str = "gigpo"  # step-level credit for the multi-turn envs; plain GRPO for one-turn tasks
+    gamma: float = 0.9
+
+
+FULL = Budget(expert_episodes=500, sft_epochs=4.0, grpo_steps=16, tasks_per_step=12, group_size=8, eval_tasks=60)
+QUICK = Budget(expert_episodes=150, sft_epochs=3.0, grpo_steps=4, tasks_per_step=6, group_size=6, eval_tasks=20)
+
+
+def mix(envs: list[str]) -> str:
+    """The env.mix override of ``envs`` (equal weights)."""
+    return f"env.mix=[{', '.join(ENVS[env] for env in envs)}]"
+
+
+def expert_data(path: Path, budget: Budget, envs: list[str] | None = None) -> Path:
+    """Each env's expert (of ``envs``, default all) plays ``expert_episodes`` training tasks, all in one
+    batched rollout."""
+    cfg = load_config(
+        RolloutRunConfig, None, ["model.name=tiny", "env.name=gridworld", mix(envs or list(ENVS)), *GENERATION]
+    )
+    with RolloutSession.from_config(cfg, expert=True) as session:
+        episodes = session.play(session.task_ids("train", budget.expert_episodes), expert=True)
+    write_episodes([ep for ep in episodes if ep.won], path)  # the expert's wins are the demonstrations
+    return path
+
+
+def held_out(model: str, budget: Budget, seed: int) -> dict[str, dict[str, dict[str, float]]]:
+    """{sampled|greedy: {env: {success, se}}} on each env's first ``eval_tasks`` test tasks."""
+    out = {}
+    for name, temperature, samples in (("sampled", 1.0, budget.eval_samples), ("greedy", 0.0, 1)):
+        cfg = load_config(
+            EvalRunConfig,
+            None,
+            [f"model.name={model}", "env.name=gridworld", mix(list(ENVS)), *GENERATION]
+            + [f"generation.temperature={temperature}", f"seed={seed}"],
+        )
+        with RolloutSession.from_config(cfg) as session:
+            episodes = session.play(session.task_ids("test", budget.eval_tasks), group_size=samples, seed=seed)
+        out[name] = {env: success_with_se([ep for ep in episodes if ep.env == env]) for env in ENVS}
+        out[name]["macro"] = macro(out[name])
+    return out
+
+
+def success_with_se(episodes: list) -> dict[str, float]:
+    """Success over tasks (each task's mean over its samples) and its standard error over tasks; an
+    episode that failed in the env is not counted (none should: these envs run in process)."""
+    by_task: dict[int, list[float]] = {}
+    for ep in episodes:
+        if ep.end_reason != "env_error":
+            by_task.setdefault(ep.task_id, []).append(float(ep.won))
+    means = [sum(v) / len(v) for v in by_task.values()]
+    n = len(means)
+    mean = sum(means) / n
+    var = sum((m - mean) ** 2 for m in means) / (n - 1) if n > 1 else 0.0
+    return {"success": mean, "se": math.sqrt(var / n), "tasks": n}
+
+
+def macro(per_env: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The mean over envs, each alike; its SE from the envs' (independent test sets)."""
+    values = [per_env[env] for env in ENVS]
+    return {
+        "success": sum(v["success"] for v in values) / len(values),
+        "se": math.sqrt(sum(v["se"] ** 2 for v in values)) / len(values),
+    }
+
+
+def sft_stage(data: Path, out: Path, budget: Budget, seed: int) -> Path:
+    """SFT of the random-init ``tiny`` model on every env's expert turns."""
+    run_sft(
+        load_config(
+            SftRunConfig,
+            None,
+            [
+                "model.name=tiny",
+                f"dataset={data}",
+                f"logging.output_dir={out}",
+                f"num_train_epochs={budget.sft_epochs}",
+                f"optim.learning_rate={budget.sft_learning_rate}",
+                "optim.lr_schedule=cosine",
+                "optim.warmup_steps=30",
+                "optim.micro_batch_size=16",
+                "max_seq_length=1024",
+                "packing=false",
+                f"seed={seed}",
+                "logging.tensorboard=false",
+                "logging.logging_steps=50",
+                f"resume={str((out / 'checkpoints').exists()).lower()}",
+            ],
+        )
+    )
+    return out
+
+
+def grpo_stage(
+    model: Path,
+    out: Path,
+    envs: list[str],
+    budget: Budget,
+    seed: int,
+    reward: str = "{goal: 1.0}",
+    overrides: tuple[str, ...] = (),
+) -> Path:
+    """GRPO from ``model`` on ``envs`` (a mixture of equal weights when several), ``tasks_per_step``
+    scaled by their share of the envs; checkpointed every 2 steps and resumed when stopped."""
+    tasks = max(1, budget.tasks_per_step * len(envs) // len(ENVS))
+    run_rl(
+        load_config(
+            TrainRunConfig,
+            "grpo",
+            [
+                f"model.name={model}",
+                "env.name=gridworld",
+                mix(envs),
+                *GENERATION,
+                f"logging.output_dir={out}",
+                "logging.tensorboard=false",
+                "logging.save_steps=2",
+                f"resume={str(latest_checkpoint(out) is not None).lower()}",
+                f"steps={budget.grpo_steps}",
+                f"tasks_per_step={tasks}",
+                f"group_size={budget.group_size}",
+                f"mini_batch_size={budget.mini_batch_size}",
+                f"ppo_epochs={budget.ppo_epochs}",
+                f"algorithm.kl_coef={budget.kl_coef}",
+                f"algorithm.advantage={budget.advantage}",
+                f"algorithm.gamma={budget.gamma}",
+                "eval_tasks=0",
+                f"reward.weights={reward}",
+                f"optim.learning_rate={budget.grpo_learning_rate}",
+                "optim.micro_batch_size=16",
+                "algorithm.loss_agg_mode=seq-mean-token-mean",
+                "generation.temperature=1.0",
+                f"seed={seed}",
+                *overrides,
+            ],
+        )
+    )
+    return out
+
+
+def stage(out: Path, name: str, run):
+    """``run()``'s JSON result, kept in ``out/stages/<name>.json``: a stage done before is not run again."""
+    path = out / "stages" / f"{name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    started = time.perf_counter()
+    result = run()
+    print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"result": result, "seconds": time.perf_counter() - started}))
+    return json.loads(path.read_text())
+
+
+def main(out: Path, budget: Budget, seed: int = 0) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    seconds = {}
+
+    def done(name: str, run):
+        record = stage(out, name, run)
+        seconds[name] = record["seconds"]
+        return record["result"]
+
+    data = done("expert", lambda: str(expert_data(out / "expert.parquet", budget)))
+    results = {"before_sft": done("eval_before_sft", lambda: held_out("tiny", budget, seed))}
+    sft = done("sft", lambda: str(sft_stage(Path(data), out / "sft", budget, seed)))
+    results["after_sft"] = done("eval_after_sft", lambda: held_out(sft, budget, seed))
+    mixed = done("grpo_mixture", lambda: str(grpo_stage(Path(sft), out / "grpo-mixture", list(ENVS), budget, seed)))
+    results["after_rl"] = done("eval_after_rl", lambda: held_out(mixed, budget, seed))
+    alone = {}
+    for i, env in enumerate(ENVS):
+        run = done(
+            f"grpo_alone_{i}",
+            lambda env=env, i=i: str(grpo_stage(Path(sft), out / f"grpo-alone-{i}", [env], budget, seed)),
+        )
+        alone[env] = done(f"eval_alone_{i}", lambda run=run: held_out(run, budget, seed))
+    results["alone"] = {kind: {env: alone[env][kind][env] for env in ENVS} for kind in ("sampled", "greedy")}
+    for kind in ("sampled", "greedy"):
+        results["alone"][kind]["macro"] = macro(results["alone"][kind])
+    summary = {
+        "envs": list(ENVS),
+        "budget": asdict(budget),
+        "results": results,
+        "targets": targets(results),
+        "minutes": sum(seconds.values()) / 60,
+        "stage_minutes": {name: s / 60 for name, s in seconds.items()},
+    }
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
+    plot(summary, out / "success.png")
+    return summary
+
+
+def targets(results: dict) -> dict:
+    """After RL against after SFT (sampled): the macro gain in standard errors of the difference, and
+    each env's change; and the mixture against the specialists, per env."""
+
+    def gap(a: dict, b: dict) -> dict:
+        se = math.sqrt(a["se"] ** 2 + b["se"] ** 2)
+        return {
+            "diff": a["success"] - b["success"],
+            "se": se,
+            "in_se": (a["success"] - b["success"]) / se if se else 0.0,
+        }
+
+    rl, sft, alone = results["after_rl"]["sampled"], results["after_sft"]["sampled"], results["alone"]["sampled"]
+    per_env = {env: gap(rl[env], sft[env]) for env in ENVS}
+    return {
+        "macro_rl_minus_sft": gap(rl["macro"], sft["macro"]),
+        "macro_above_sft_by_2se": gap(rl["macro"], sft["macro"])["in_se"] > 2,
+        "rl_minus_sft": per_env,
+        "no_env_worse_by_2se": all(g["in_se"] >= -2 for g in per_env.values()),
+        "mixture_minus_alone": {env: gap(rl[env], alone[env]) for env in ENVS},
+    }
+
+
+def plot(summary: dict, path: Path) -> None:
+    """Sampled held-out success per env and macro, per stage, with standard-error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = summary["results"]
+    groups = [*summary["envs"], "macro"]
+    stages = [("before_sft", "before SFT"), ("after_sft", "after SFT"), ("after_rl", "GRPO on the mixture")]
+    stages.append(("alone", "GRPO on the env alone"))
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(stages)
+    for i, (key, label) in enumerate(stages):
+        values = [results[key]["sampled"][g] for g in groups]
+        xs = [j + (i - (len(stages) - 1) / 2) * width for j in range(len(groups))]
+        ax.bar(xs, [100 * v["success"] for v in values], width, yerr=[100 * v["se"] for v in values], label=label)
+    ax.set_xticks(range(len(groups)), [g.replace(":", ":\n") for g in groups])
+    ax.set_ylabel(f"held-out success, {summary['budget']['eval_samples']} samples a task (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("tiny model, three envs: SFT then GRPO on the mixture")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    atomic_save_figure(fig, path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("runs/learn-generalist"))
+    parser.add_argument("--quick", action="store_true", help="a small budget")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    result = main(args.out, QUICK if args.quick else FULL, args.seed)
+    print(json.dumps({k: result[k] for k in ("targets", "minutes", "stage_minutes")}, indent=2))

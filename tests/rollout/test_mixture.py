@@ -1,0 +1,164 @@
+"""Several envs in one rollout: naming a mixture, drawing its tasks by weight, playing its envs in one
+batched rollout with each env's own settings (omrl.mixture, omrl.rollout.mixed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omrl.config import load_config
+from omrl.config.options import RolloutRunConfig, TrainRunConfig
+from omrl.errors import ConfigError, UnknownNameError
+from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members, parse_env_spec
+from omrl.rollout import RolloutSession
+from omrl.rollout.mixed import MixedSession
+from omrl.search import play_strategy
+from omrl.training.rl_data import TaskOrder
+
+ARITHMETIC = "reasoning-gym:basic_arithmetic"
+SMALL = ("generation.max_new_tokens=8", "generation.max_context=512")
+
+
+def test_a_mixture_is_named_with_weights_and_env_names_keep_their_colons():
+    assert parse_env_spec("webshop") == [("webshop", 1.0)]
+    assert parse_env_spec("babyai:GoToObjS6") == [("babyai:GoToObjS6", 1.0)]
+    assert parse_env_spec("gridworld:0.6, babyai:GoToObjS6:0.4") == [("gridworld", 0.6), ("babyai:GoToObjS6", 0.4)]
+    cfg = load_config(TrainRunConfig, "grpo", [f"env.name=gridworld:3,{ARITHMETIC}"])
+    assert is_mixture(cfg.env) and not is_mixture(load_config(TrainRunConfig, "grpo", ["env.name=gridworld"]).env)
+    assert [(m.name, m.weight) for m in mix_members(cfg)] == [("gridworld", 0.75), (ARITHMETIC, 0.25)]
+
+
+def test_each_env_of_a_mixture_keeps_its_own_settings_and_inherits_the_rest():
+    cfg = load_config(
+        TrainRunConfig,
+        "grpo",
+        [
+            "env.max_turns=5",
+            "env.demonstration=false",
+            "plugins={gridworld: {size: 4}}",
+            "env.mix=[{name: gridworld, max_turns: 2, reward: {goal: 2}, plugins: {gridworld: {walls: 0}}}, "
+            f"{{name: '{ARITHMETIC}', weight: 3, demonstration: true}}]",
+        ],
+    )
+    grid, arithmetic = mix_members(cfg)
+    assert (grid.weight, grid.env.max_turns, grid.env.demonstration, grid.reward_weights) == (0.25, 2, False, {"goal": 2})
+    assert grid.plugins["gridworld"] == {"size": 4, "walls": 0}  # merged over the run's block
+    assert (arithmetic.env.max_turns, arithmetic.env.demonstration) == (5, True)
+    assert arithmetic.reward_weights == dict(cfg.reward.weights)
+
+
+@pytest.mark.parametrize(
+    "setting, error, match",
+    [
+        ("env.name=gridworld:0,babyai:GoToObjS6", ConfigError, "'gridworld' has weight 0.0; a weight must be a positive"),
+        ("env.name=gridworld,gridworld:2", ConfigError, "'gridworld' is named twice"),
+        ("env.name=gridworld,", ConfigError, "has an empty entry"),
+        ("env.name=gridworld,gridwrld", UnknownNameError, "unknown env 'gridwrld'. Did you mean 'gridworld'"),
+        ("env.mix=[{name: gridworld, maxturns: 1}]", ConfigError, "unknown key 'maxturns'; valid: name, weight"),
+        ("env.mix=[3]", ConfigError, r"env.mix\[0\] is 3; each entry is an env name or a mapping"),
+    ],
+)
+def test_a_bad_mixture_is_refused_naming_what_is_wrong(setting, error, match):
+    with pytest.raises(error, match=match):
+        mix_members(load_config(TrainRunConfig, "grpo", [setting]))
+
+
+def test_a_mixture_named_twice_is_refused():
+    cfg = load_config(TrainRunConfig, "grpo", ["env.name=gridworld:1,babyai:GoToObjS6:1", "env.mix=[gridworld]"])
+    with pytest.raises(ConfigError, match="name the mixture once"):
+        mix_members(cfg)
+
+
+def _order(seed: int = 3) -> MixedTaskOrder:
+    orders = {
+        name: TaskOrder([EnvTask(name, "train", i) for i in range(size)], seed)
+        for name, size in (("a", 5), ("b", 50), ("c", 7))
+    }
+    return MixedTaskOrder(orders, {"a": 0.5, "b": 0.3, "c": 0.2}, seed)
+
+
+def test_the_drawn_mixture_matches_its_weights_over_many_steps():
+    order = _order()
+    steps = [[task.env for task in order.take(8)] for _ in range(500)]
+    for step in steps:  # each step as close to the weights as 8 tasks allow: 4, 2.4 and 1.6 of them
+        assert step.count("a") == 4 and step.count("b") in (2, 3) and step.count("c") in (1, 2), step
+    drawn = [env for step in steps for env in step]
+    for name, weight in (("a", 0.5), ("b", 0.3), ("c", 0.2)):
+        share, se = drawn.count(name) / len(drawn), np.sqrt(weight * (1 - weight) / len(drawn))
+        assert abs(share - weight) < 4 * se, (name, share)
+    # each env's tasks come in its own shuffled passes: every task of a small env before any repeats
+    a_tasks = [task.task for _ in range(1) for task in _order().take(40) if task.env == "a"]
+    assert sorted(a_tasks[:5]) == list(range(5))
+
+
+def test_a_mixed_task_order_resumes_where_it_stood_and_refuses_another_mixture():
+    first, second = _order(), _order()
+    first.take(8), first.take(8)
+    state = first.state()
+    second.load_state(state)
+    assert [first.take(8) for _ in range(5)] == [second.take(8) for _ in range(5)]
+    other = MixedTaskOrder({"a": TaskOrder([EnvTask("a", "train", 0)], 0)}, {"a": 1.0}, 0)
+    with pytest.raises(ConfigError, match="this run mixes"):
+        other.load_state(state)
+    with pytest.raises(ConfigError, match="of a one-env run"):
+        other.load_state(TaskOrder([1], 0).state())
+
+
+class CountingBackend:
+    """Wraps a backend and records how many prompts, and of which envs' episodes, each generate call had."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def generate(self, prompts, params, messages=None):
+        self.calls.append([m[0]["content"][:40] for m in messages])
+        return self.inner.generate(prompts, params, messages=messages)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_every_env_plays_in_one_batched_rollout_with_its_own_turn_cap_and_rewards(tiny_model_dir):
+    cfg = load_config(
+        RolloutRunConfig,
+        None,
+        [
+            f"model.name={tiny_model_dir}",
+            *SMALL,
+            f"env.mix=[{{name: gridworld, max_turns: 3, reward: {{goal: 1, format: 0.5}}}}, '{ARITHMETIC}']",
+        ],
+    )
+    with RolloutSession.from_config(cfg) as session:
+        assert isinstance(session, MixedSession)
+        session.backend = spy = CountingBackend(session.backend)
+        tasks = session.task_ids("test", 2)
+        assert [(t.env, t.split) for t in tasks] == [("gridworld", "test")] * 2 + [(ARITHMETIC, "test")] * 2
+        episodes = session.play(tasks, group_size=2, seed=1)
+    assert [(ep.env, ep.group, ep.sample) for ep in episodes] == [
+        (env, group, sample) for group, env in enumerate(["gridworld"] * 2 + [ARITHMETIC] * 2) for sample in range(2)
+    ]
+    assert len(spy.calls[0]) == 8 and len(set(spy.calls[0])) == 2  # both envs' episodes share the first call
+    assert max(ep.num_turns for ep in episodes if ep.env == "gridworld") <= 3
+    assert all(ep.num_turns == 1 for ep in episodes if ep.env == ARITHMETIC)  # the env's own cap
+    assert all(ep.split == "test" for ep in episodes)
+    grid = [ep for ep in episodes if ep.env == "gridworld"]
+    assert all(set(ep.rewards) == {"goal", "format", "total"} for ep in grid)
+    assert all(set(ep.rewards) == {"goal", "total"} for ep in episodes if ep.env == ARITHMETIC)
+    format_mean = sum(sum(ep.rewards["format"]) for ep in grid) / len(grid)
+    assert session.reward_summaries["gridworld"]["format"] == pytest.approx(format_mean)
+    assert session.reward_summary["format"] == pytest.approx(format_mean)  # over the envs that reward it
+
+
+def test_a_search_on_a_mixture_searches_each_env_and_keeps_the_tasks_order(tiny_model_dir):
+    cfg = load_config(
+        RolloutRunConfig,
+        None,
+        [f"model.name={tiny_model_dir}", *SMALL, "env.max_turns=2", f"env.name={ARITHMETIC}:1,gridworld:1"],
+    )
+    with RolloutSession.from_config(cfg) as session:
+        tasks = [EnvTask("gridworld", "test", 1_000_000), EnvTask(ARITHMETIC, "test", 1_000_000)]
+        tasks += [EnvTask("gridworld", "test", 1_000_001)]
+        trees, episodes = play_strategy(session, "best_of_n", tasks, split="test", budget=40, group_size=1, seed=0)
+    assert [(tree.group, tree.task_id) for tree in trees] == [(0, 1_000_000), (1, 1_000_000), (2, 1_000_001)]
+    assert {ep.group: ep.env for ep in episodes} == {0: "gridworld", 1: ARITHMETIC, 2: "gridworld"}
+    assert set(session.reward_summaries) == {"gridworld", ARITHMETIC}

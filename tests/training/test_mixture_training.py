@@ -1,0 +1,116 @@
+"""`omrl train` on a mixture of envs, for real on the tiny model: groups never mix envs or tasks,
+per-env metrics add up to the overall ones, each env keeps its own settings, per-env reward scaling,
+and a stopped run resumes to the same numbers."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from omrl.data.trajectory import read_episodes
+from omrl.errors import ConfigError
+from omrl.training.checkpoint import CheckpointError
+from omrl.training.metrics import read_metrics
+from omrl.training.rl import run_rl
+from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
+
+QUIET = Console(file=io.StringIO())
+ARITHMETIC = "reasoning-gym:basic_arithmetic"
+MIX = f"env.name=gridworld:0.5,{ARITHMETIC}:0.5"
+
+
+@pytest.fixture
+def config(tiny_model_dir, tmp_path, register_plugin):
+    register_plugin(SampleIndexReward(), name="sample-index")
+    return gridworld_configs(
+        tiny_model_dir, tmp_path, MIX, "reward.weights={sample_index: 1.0}", "optim.micro_batch_size=8", "tasks_per_step=4"
+    )
+
+
+def rollout(cfg, step: int) -> list:
+    return read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
+
+
+def numbers(out) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if not (k.endswith("_per_s") or "time" in k or k.startswith("peak_"))}
+        for r in read_metrics(out)
+    ]
+
+
+def test_groups_never_mix_envs_and_per_env_metrics_add_up(config):
+    cfg = config("steps=3", "eval_tasks=2")
+    run_rl(cfg, console=QUIET)
+    records = read_metrics(cfg.logging.output_dir)
+    envs = Counter()
+    for step, record in enumerate(records, start=1):
+        episodes = rollout(cfg, step)
+        assert len(episodes) == 4 * 3
+        for group in {ep.group for ep in episodes}:  # a group is one task of one env
+            assert len({(ep.env, ep.task_id) for ep in episodes if ep.group == group}) == 1
+        envs.update(ep.env for ep in episodes)
+        counts = {env: record.get(f"episodes/{env}", 0.0) for env in ("gridworld", ARITHMETIC)}
+        assert counts == {env: sum(ep.env == env for ep in episodes) for env in counts}
+        for metric in ("reward", "success", "turns", "response_tokens", "reward_sample_index"):  # weighted means
+            per_env = sum(record[f"{metric}/{env}"] * n for env, n in counts.items() if n)
+            assert per_env / len(episodes) == pytest.approx(record[metric]), (step, metric)
+        assert sum(record.get(f"env_errors/{env}", 0.0) for env in counts) == record["env_errors"]
+    assert set(envs) == {"gridworld", ARITHMETIC}
+    last = records[-1]
+    for env in ("gridworld", ARITHMETIC):  # each env's 2 test tasks, and the macro average
+        assert f"eval_success/{env}" in last
+    assert last["eval_success_macro"] == pytest.approx(
+        (last["eval_success/gridworld"] + last[f"eval_success/{ARITHMETIC}"]) / 2
+    )
+
+
+def test_each_env_trains_with_its_own_turn_cap_and_reward_weights(config):
+    cfg = config(
+        "env.name=gridworld",  # the mixture is named once: here by env.mix
+        "env.mix=[{name: gridworld, max_turns: 3, reward: {sample_index: 10.0}}, "
+        f"{{name: '{ARITHMETIC}', max_turns: 1, reward: {{sample_index: 1.0}}}}]",
+        "steps=1",
+        "tasks_per_step=8",
+        "algorithm.advantage=dr_grpo",
+        "reward.per_env_scale=std",
+    )
+    run_rl(cfg, console=QUIET)
+    episodes = rollout(cfg, 1)
+    assert {ep.env for ep in episodes} == {"gridworld", ARITHMETIC}
+    assert max(ep.num_turns for ep in episodes if ep.env == "gridworld") == 3  # untrained: never reaches the goal
+    assert all(ep.num_turns == 1 for ep in episodes if ep.env == ARITHMETIC)  # its own cap, not the run's 2
+    record = read_metrics(cfg.logging.output_dir)[0]
+    # sample indices 0, 1, 2: spread sqrt(2/3), ten times that where the env's weight is 10
+    assert record["reward_scale/gridworld"] == pytest.approx(10 * (2 / 3) ** 0.5)
+    assert record[f"reward_scale/{ARITHMETIC}"] == pytest.approx((2 / 3) ** 0.5)
+    for ep in episodes:  # what was trained on: each env's rewards in units of its own spread
+        assert sum(ep.rewards["total"]) == pytest.approx(ep.sample / (2 / 3) ** 0.5)
+
+
+def test_a_stopped_mixture_run_resumes_to_the_same_numbers(config):
+    settings = ("steps=3", "logging.save_steps=1")
+    full = config(*settings, out="full")
+    run_rl(full, console=QUIET)
+    stopped = config(*settings, out="stopped")
+    stop_then_resume(stopped, console=QUIET)
+    assert numbers(stopped.logging.output_dir) == numbers(full.logging.output_dir)
+    for step in (1, 2, 3):
+        ran, resumed = rollout(full, step), rollout(stopped, step)
+        assert [(ep.env, ep.task_id) for ep in resumed] == [(ep.env, ep.task_id) for ep in ran]
+
+
+def test_a_run_resumed_with_other_envs_is_refused(config):
+    first = config("steps=1", "logging.save_steps=1", out="run")
+    run_rl(first, console=QUIET)
+    other = config("steps=2", f"env.name=gridworld:0.5,{ARITHMETIC}:0.5,babyai:GoToObjS6:1", "resume=true", out="run")
+    with pytest.raises(CheckpointError, match="differs from the checkpoint's in env.name"):
+        run_rl(other, console=QUIET)
+
+
+def test_an_unknown_per_env_scale_is_refused(config):
+    with pytest.raises(ConfigError, match="unknown reward.per_env_scale 'z'; valid: none, std"):
+        run_rl(config("reward.per_env_scale=z"), console=QUIET)
