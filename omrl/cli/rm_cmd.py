@@ -1,6 +1,7 @@
 """``omrl rm``: train and evaluate reward models (outcome and process) on trajectory files.
 
 omrl rm train [PRESET] [key=value ...] --data ROLLOUTS --kind orm --label success --output-dir runs/rm
+omrl rm train --data expert.parquet:0.3,policy/:0.7 ...   (several datasets mixed by weight)
 omrl rm eval --model runs/rm --data HELD_OUT_ROLLOUTS
 """
 
@@ -33,7 +34,9 @@ def train(
         None, help="An optional preset name or YAML path, then key=value overrides (see `omrl config keys rm-train`)."
     ),
     model: Optional[str] = typer.Option(None, "--model", help="Base model: the policy's (same tokenizer)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Trajectory parquet (file or directory)."),
+    data: Optional[str] = typer.Option(
+        None, "--data", help="Trajectory parquet (file or directory); several with weights: a.parquet:0.5,b:0.5."
+    ),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Held-out trajectories to report on."),
     kind: Optional[str] = typer.Option(None, "--kind", help="orm (per episode) or prm (per turn)."),
     label: Optional[str] = typer.Option(None, "--label", help="orm: success, score; prm: mc, mc_score, step_reward."),
@@ -51,15 +54,15 @@ def train(
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
     from omrl.config.options import RmTrainRunConfig
+    from omrl.data.mixture import dataset_inputs, mix_line
     from omrl.outputs import check_run_dir
     from omrl.parallel import is_main_process
     from omrl.rm.train import run_rm_train
 
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
     cfg = command_line_config(RmTrainRunConfig, args, {**flags, "resume": True if resume else None})
-    check_run_dir(
-        cfg.logging.output_dir, {"--model": cfg.model.name, "--data": cfg.dataset, "--eval-data": cfg.eval_dataset}
-    )
+    datasets = dataset_inputs(cfg.dataset, "--data")  # each dataset of a mixture
+    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, **datasets, "--eval-data": cfg.eval_dataset})
     hf_logging.disable_progress_bar()
     summary = stop_on_interrupt(lambda: run_rm_train(cfg), err_console)
     if is_main_process():
@@ -67,6 +70,9 @@ def train(
             f"trained the {cfg.kind} reward model on {summary['examples']} examples in {summary['steps']} "
             f"steps (final loss {summary['final_loss']:.4f}); reward model saved in {summary['output_dir']}"
         )
+        if "data_mix" in summary:
+            unit = "pairs" if cfg.objective == "bt" else "examples"
+            typer.echo(f"dataset mixture: {mix_line(summary['data_mix'], unit)}")
         if "eval" in summary:
             _print_report(summary["eval"])
 

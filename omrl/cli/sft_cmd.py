@@ -4,7 +4,8 @@
 
 The config is built from the defaults, then the preset (default: ``sft``), then
 the ``key=value`` overrides, then the flags (which mirror the OpenManus-RL SFT
-script's options).
+script's options). Several datasets are mixed by weight, named in one string:
+``--dataset a.parquet:0.7,b.jsonl:0.3`` (see :mod:`omrl.data.mixture`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def sft(
     ),
     model: Optional[str] = typer.Option(None, "--model", help="Model name or directory."),
     dataset: Optional[str] = typer.Option(
-        None, "--dataset", help="JSONL, parquet, HF dataset directory, or `omrl rollout` output."
+        None,
+        "--dataset",
+        help="JSONL, parquet, HF dataset directory, or `omrl rollout` output; several with weights: "
+        "a.parquet:0.7,b.jsonl:0.3 (a mixture).",
     ),
     learning_rate: Optional[float] = typer.Option(None, "--learning-rate", help="Peak learning rate."),
     num_train_epochs: Optional[float] = typer.Option(None, "--num-train-epochs", help="Passes over the data."),
@@ -75,6 +79,7 @@ def sft(
     from omrl.config import command_line_config
     from omrl.config.loading import resumed_preset
     from omrl.config.options import SftRunConfig
+    from omrl.data.mixture import dataset_inputs, mix_line
     from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process
     from omrl.training.sft import run_sft
@@ -84,7 +89,7 @@ def sft(
     cfg = command_line_config(SftRunConfig, args, {**flags, "resume": True if resume else None}, preset)
     if cfg.logging.output_dir in ("", "runs/sft"):  # the default: a fresh directory per run, as train does
         cfg.logging.output_dir = fresh_dir("runs", "sft")
-    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, "--dataset": cfg.dataset})
+    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, **dataset_inputs(cfg.dataset, "--dataset")})
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)
     if is_main_process():  # under accelerate launch, one summary rather than one per process
@@ -93,6 +98,8 @@ def sft(
             f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_updates']} skipped); "
             f"model saved in {summary['output_dir']}"
         )
+        if "data_mix" in summary:
+            typer.echo(f"dataset mixture: {mix_line(summary['data_mix'], 'conversations')}")
 
 
 def add_to(app: typer.Typer) -> None:

@@ -257,7 +257,11 @@ class SftRunConfig(RunConfig):
     chat: ChatConfig = field(default_factory=ChatConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(learning_rate=2e-5))
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/sft"))
-    dataset: str = opt("", "JSONL, parquet, HF dataset dir, or `omrl rollout` output.")
+    dataset: str = opt(
+        "",
+        "JSONL, parquet, HF dataset dir, or `omrl rollout` output; several mixed by weight, each "
+        "share drawn once, seeded: a.parquet:0.7,b.jsonl:0.3 (omrl.data.mixture).",
+    )
     min_reward: float = opt(float("-inf"), "For rollout output: keep episodes with total reward >= this.")
     num_train_epochs: float = epochs_opt()
     max_seq_length: int = opt(2048, "Longer conversations are truncated.")
@@ -364,7 +368,11 @@ class RmTrainRunConfig(RunConfig):
         "bce: binary cross-entropy (scores are probabilities); mse: regression; bt: "
         "Bradley-Terry on pairs of one task's episodes with different outcomes (orm).",
     )
-    dataset: str = opt("", "Trajectory parquet from `omrl rollout` (a file, or a directory of them).")
+    dataset: str = opt(
+        "",
+        "Trajectory parquet from `omrl rollout` (a file, or a directory of them); several mixed by "
+        "weight, each share drawn once, seeded: a.parquet:0.5,b.parquet:0.5 (omrl.data.mixture).",
+    )
     eval_dataset: str = opt("", "Held-out trajectories: reported at the end (as `omrl rm eval`).")
     text: bool = opt(
         False,

@@ -13,6 +13,12 @@ Loss falls only where labels are; every other token only feeds the backbone. The
 output directory ends up holding the reward model (LoRA merged) in Hugging Face
 format, ``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, and with
 ``eval_dataset`` an ``rm_eval.json`` report.
+
+Several trajectory datasets with weights (``dataset=a.parquet:0.5,b.parquet:0.5``, each a
+file or a directory of them) are drawn once, seeded, as SFT draws them (:mod:`omrl.data.mixture`):
+their examples, or for ``bt`` their pairs (made within each dataset), in the shares the weights
+ask; the per-dataset counts go to the console and ``data_mix.json``. A mixture's labels must not
+all be the same; one dataset of it may hold one outcome (expert wins beside a policy's losses).
 """
 
 from __future__ import annotations
@@ -30,12 +36,15 @@ from rich.console import Console
 from omrl.atomic import atomic_write_text
 from omrl.config import to_yaml
 from omrl.config.options import RmTrainRunConfig
+from omrl.data.mixture import MIX_FILE, dataset_sources, draw_mixture, mix_json, mix_line, mix_summary
 from omrl.errors import ConfigError
 from omrl.rm.data import check_trajectory_ids, collate, fingerprint, load_examples, pair_rows, pointwise_rows
-from omrl.rm.labels import check_label
+from omrl.rm.labels import check_label, check_outcomes
 from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
 from omrl.training import recipe
 from omrl.training.metrics import StepCallback
+
+IN_MIXTURE = "(in a mixture each dataset pairs its own episodes)"
 
 
 class RmRecipe:
@@ -50,6 +59,7 @@ class RmRecipe:
         cfg = self.cfg
         if not cfg.dataset:
             raise ConfigError("no dataset given; set dataset=<trajectory parquet or directory> (or --data)")
+        self.sources = dataset_sources(cfg.dataset)  # a mixture's mistakes named before the model loads
         check_kind(cfg.kind, cfg.objective)
         check_label(cfg.kind, cfg.label)
         if cfg.objective == "bce" and cfg.label == "step_reward":
@@ -75,6 +85,7 @@ class RmRecipe:
                 f"{self.cut} episodes were longer than max_seq_length={cfg.max_seq_length} tokens "
                 + ("and were left out" if cfg.kind == "orm" else "and were cut (later labels dropped)")
             )
+        self._report_mix()
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
@@ -110,14 +121,22 @@ class RmRecipe:
 
     def _setup_data(self) -> None:
         cfg = self.cfg
-        found, episodes, self.cut = load_examples(
-            cfg.dataset,
-            cfg.kind,
-            cfg.label,
-            cfg.max_seq_length,
-            self.tokenizer if cfg.text else None,
-            tokenizer=self.tokenizer,
-        )
+        mixed = len(self.sources) > 1  # a mixture's outcomes are checked once drawn: one source may have one
+        loaded = [
+            load_examples(
+                source.path,
+                cfg.kind,
+                cfg.label,
+                cfg.max_seq_length,
+                self.tokenizer if cfg.text else None,
+                for_training=not mixed,
+                tokenizer=self.tokenizer,
+            )
+            for source in self.sources
+        ]
+        found = [ex for examples, _, _ in loaded for ex in examples]
+        episodes = [ep for _, source_episodes, _ in loaded for ep in source_episodes]
+        self.cut = sum(cut for _, _, cut in loaded)
         if cfg.eval_dataset and not cfg.text:  # evaluated after training: a bad id must not cost the run
             check_trajectory_ids(cfg.eval_dataset, self.tokenizer)
         if not cfg.text:
@@ -134,11 +153,22 @@ class RmRecipe:
                 f"{cfg.dataset} has the label {outside!r} ({cfg.label}), but objective=bce needs labels "
                 "in [0, 1]; valid: objective=mse for other values"
             )
+        # what a mixture draws by weight: a source's pairs (bt, made within the source) or its examples
+        self.mix: list[dict[str, Any]] = []
         if cfg.objective == "bt":
-            self.pairs = pair_rows(found, cfg.max_pairs_per_task, cfg.dataset, cfg.seed)
+            per_source = [
+                pair_rows(
+                    examples, cfg.max_pairs_per_task, f"{source.path} {IN_MIXTURE}" if mixed else cfg.dataset, cfg.seed
+                )
+                for (examples, _, _), source in zip(loaded, self.sources)
+            ]
+            self.pairs = self._draw(per_source, "pairs")
             self.rows = [row for pair in self.pairs for row in pair]  # chosen, rejected, chosen, ...
             units = [[2 * i, 2 * i + 1] for i in range(len(self.pairs))]
         else:
+            found = self._draw([examples for examples, _, _ in loaded], "examples")
+            if mixed:
+                check_outcomes(found, cfg.label, cfg.dataset)
             self.rows = pointwise_rows(found, cfg.max_seq_length, cfg.packing)
             units = [[i] for i in range(len(self.rows))]
         self.units = units
@@ -147,6 +177,33 @@ class RmRecipe:
         self.micro_per_epoch = math.ceil(len(units) / cfg.optim.micro_batch_size)
         self.steps_per_epoch = math.ceil(self.micro_per_epoch / cfg.optim.gradient_accumulation_steps)
         self.total_steps = max(1, math.ceil(cfg.num_train_epochs * self.steps_per_epoch))
+
+    def _draw(self, per_source: list[list[Any]], unit: str) -> list[Any]:
+        """One source's units as they are; a mixture's drawn by weight (:mod:`omrl.data.mixture`), with
+        ``self.mix`` its per-source counts."""
+        if len(per_source) == 1:
+            return per_source[0]
+        empty = next((s.path for s, units in zip(self.sources, per_source) if not units), None)
+        if empty is not None:
+            raise ConfigError(
+                f"{empty} gives no {unit} to train on, so its weight in dataset={self.cfg.dataset} cannot be met"
+            )
+        sizes = [len(units) for units in per_source]
+        drawn = draw_mixture(sizes, [s.weight for s in self.sources], self.cfg.seed)
+        self.mix = mix_summary(self.sources, sizes, drawn, unit)
+        return [per_source[source][item] for source, item in drawn]
+
+    def _report_mix(self) -> None:
+        """A mixture's per-source counts: on the console at the start and in ``<output_dir>/data_mix.json``."""
+        if not self.mix:
+            return
+        unit = "pairs" if self.cfg.objective == "bt" else "examples"
+        if self.strategy.is_main:
+            line = mix_line(self.mix, unit)
+            self.console.print(f"dataset mixture (seed {self.cfg.seed}): {line}", highlight=False, soft_wrap=True)
+        self.strategy.on_main(
+            atomic_write_text, self.output_dir / MIX_FILE, mix_json(self.cfg.dataset, self.cfg.seed, self.mix)
+        )
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The micro-batches (row indices) of ``epoch``: units shuffled by the seed and the epoch, then cut
@@ -209,7 +266,8 @@ class RmRecipe:
             recipe.end_step(self, metrics)  # with the epoch, peak memory and skipped updates
 
         # SAVE: the final checkpoint (resumable) and the reward model (LoRA merged)
-        return recipe.finish(self, last_loss, step_times, examples=self.examples)
+        mix = {"data_mix": self.mix} if self.mix else {}
+        return recipe.finish(self, last_loss, step_times, examples=self.examples, **mix)
 
     def _labels(self, rows: list[int]) -> int:
         """What a micro-batch's loss is averaged over: its pairs (bt) or its labelled positions."""

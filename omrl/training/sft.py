@@ -10,10 +10,17 @@ learning-rate schedule does not advance: :func:`omrl.training.optim.apply_update
 with a warning; ``optim.max_nan_steps`` such steps in a row stop the run. The strategy
 (:mod:`omrl.parallel`) hides how processes share the work.
 
+Several datasets with weights (``dataset=a.parquet:0.7,b.jsonl:0.3``) are drawn
+once, seeded, into one training set whose conversations come from each dataset in
+the share its weight asks (how: :mod:`omrl.data.mixture`; the share is of the
+conversations that fit ``max_seq_length``). Each step then logs
+``conversations/<dataset>``, how many of its conversations each dataset gave, and
+the start's per-dataset counts go to the console and ``data_mix.json``.
+
 The output directory ends up holding the final model and tokenizer (LoRA merged
 in, so ``omrl eval --model <output_dir>`` loads it), ``config.yaml``,
-``metrics.jsonl`` and ``checkpoints/``. ``cfg.resume`` continues from the newest
-complete checkpoint at exactly the next batch.
+``metrics.jsonl``, ``checkpoints/`` and, for a mixture, ``data_mix.json``.
+``cfg.resume`` continues from the newest complete checkpoint at exactly the next batch.
 """
 
 from __future__ import annotations
@@ -32,11 +39,21 @@ from omrl.chat import check_history
 from omrl.config import to_yaml
 from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
+from omrl.data.mixture import MIX_FILE, dataset_sources, draw_mixture, mix_json, mix_line, mix_summary
 from omrl.errors import ConfigError, OmrlError
 from omrl.training import recipe
 from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
-from omrl.training.packing import IGNORE_INDEX, collate, fingerprint, micro_batches, pack_rows, tokenize_conversations
+from omrl.training.packing import (
+    IGNORE_INDEX,
+    Row,
+    collate,
+    fingerprint,
+    micro_batches,
+    pack_bins,
+    pack_rows,
+    tokenize_conversations,
+)
 from omrl.training.policy import labelled_nll_sum
 
 
@@ -52,6 +69,7 @@ class SftRecipe:
         cfg = self.cfg
         if not cfg.dataset:
             raise ConfigError("no dataset given; set dataset=<file or directory> (or --dataset)")
+        self.sources = dataset_sources(cfg.dataset)  # a mixture's mistakes named before the model loads
         if cfg.num_train_epochs <= 0:
             raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
         if cfg.optim.micro_batch_size < 1:
@@ -70,6 +88,7 @@ class SftRecipe:
                 f"{self.dropped} conversations had no assistant token within max_seq_length="
                 f"{cfg.max_seq_length} and were dropped"
             )
+        self._report_mix()
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
@@ -79,20 +98,26 @@ class SftRecipe:
 
     def _setup_data(self) -> None:
         cfg = self.cfg
-        conversations = load_conversations(cfg.dataset, cfg.min_reward)
-        if not conversations:
-            raise OmrlError(
-                f"{cfg.dataset} holds no conversations"
-                + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else "")
-            )
-        rows, self.dropped, self.truncated = tokenize_conversations(
-            self.tokenizer, conversations, cfg.max_seq_length, check_history(cfg.chat.history)
-        )
-        if not rows:
-            raise OmrlError(
-                f"no conversation in {cfg.dataset} has an assistant token within max_seq_length={cfg.max_seq_length}"
-            )
+        sources = self.sources
+        loaded = [self._source_rows(source.path) for source in sources]
+        self.dropped, self.truncated = sum(x[1] for x in loaded), sum(x[2] for x in loaded)
+        self.mix: list[dict[str, Any]] = []  # per source of a mixture: its weight, conversations and draw
+        row_source: list[int] = []  # in a mixture, the source of each conversation's row
+        if len(sources) == 1:  # one dataset: read and trained on as it always was
+            rows = loaded[0][0]
+        else:
+            sizes = [len(source_rows) for source_rows, _, _ in loaded]
+            drawn = draw_mixture(sizes, [source.weight for source in sources], cfg.seed)
+            rows = [loaded[source][0][item] for source, item in drawn]
+            row_source = [source for source, _ in drawn]
+            self.mix = mix_summary(sources, sizes, drawn, "conversations")
         self.rows = pack_rows(rows, cfg.max_seq_length) if cfg.packing else rows
+        # the sources each training row holds: packed, in the bins pack_rows made
+        packed = cfg.packing and row_source
+        bins = (
+            pack_bins([len(r) for r in rows], cfg.max_seq_length) if packed else [[i] for i in range(len(row_source))]
+        )
+        self.row_sources = [[row_source[i] for i in members] for members in bins]
         self.micro = micro_batches(self.rows, cfg.optim.micro_batch_size)
         self.micro_per_epoch = len(self.micro)
         self.micro_label_tokens = [
@@ -105,6 +130,46 @@ class SftRecipe:
         self.steps_per_epoch = math.ceil(len(self.micro) / accumulation)
         self.total_steps = max(1, math.ceil(cfg.num_train_epochs * self.steps_per_epoch))
         self._orders: dict[int, list[int]] = {}
+
+    def _source_rows(self, path: str) -> tuple[list[Row], int, int]:
+        """One dataset's training rows (one per conversation unless chat.history splits it), and how
+        many conversations were dropped and truncated; an error naming ``path`` when it gives none."""
+        cfg = self.cfg
+        conversations = load_conversations(path, cfg.min_reward)
+        if not conversations:
+            raise OmrlError(
+                f"{path} holds no conversations"
+                + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else "")
+            )
+        rows, dropped, truncated = tokenize_conversations(
+            self.tokenizer, conversations, cfg.max_seq_length, check_history(cfg.chat.history)
+        )
+        if not rows:
+            raise OmrlError(
+                f"no conversation in {path} has an assistant token within max_seq_length={cfg.max_seq_length}"
+            )
+        return rows, dropped, truncated
+
+    def step_mix(self, chosen: list[int]) -> dict[str, float]:
+        """In a mixture: how many of a step's conversations (rows before packing) came from each dataset,
+        as ``conversations/<dataset>``; nothing for one dataset."""
+        if not self.mix:
+            return {}
+        counts = np.bincount(
+            [source for j in chosen for r in self.micro[j] for source in self.row_sources[r]], minlength=len(self.mix)
+        )
+        return {f"conversations/{s['dataset']}": float(n) for s, n in zip(self.mix, counts.tolist())}
+
+    def _report_mix(self) -> None:
+        """A mixture's per-source counts: on the console at the start and in ``<output_dir>/data_mix.json``."""
+        if not self.mix:
+            return
+        if self.strategy.is_main:
+            line = mix_line(self.mix, "conversations")
+            self.console.print(f"dataset mixture (seed {self.cfg.seed}): {line}", highlight=False, soft_wrap=True)
+        self.strategy.on_main(
+            atomic_write_text, self.output_dir / MIX_FILE, mix_json(self.cfg.dataset, self.cfg.seed, self.mix)
+        )
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The micro-batch order of ``epoch``: a shuffle that depends only on the seed and the epoch."""
@@ -163,11 +228,12 @@ class SftRecipe:
                 "step_time": step_time,
                 "grad_norm": grad_norm,
                 "label_tokens": label_tokens,
+                **self.step_mix(chosen),
             }
             recipe.end_step(self, metrics)  # with the epoch, peak memory and skipped updates
 
         # SAVE: the final checkpoint (resumable) and the final model (LoRA merged)
-        return recipe.finish(self, last_loss, step_times)
+        return recipe.finish(self, last_loss, step_times, **({"data_mix": self.mix} if self.mix else {}))
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """A micro-batch's summed token loss, through the strategy (a forward it counts)."""
