@@ -3,8 +3,11 @@
     python benchmarks/mixture_rollout.py [--latency 0.2] [--tasks 8] [--group 4] [--rounds 3] [--json out.json]
 
 A mixture's episodes share every generate call (omrl.rollout.loop.collect_lanes), each env with its
-own turn cap, and each turn steps the envs' lanes concurrently. Two cases, the `tiny` model
-generating (hf backend), each side timed in every round with the order rotating, medians reported:
+own turn cap, and each turn steps the envs' lanes concurrently. Two cases, each played by two
+policies: ``expert`` (each env's scripted expert: every reply is a valid action and costs nothing, so
+the time is the envs' own) and ``model`` (the `tiny` model generating with the hf backend; its
+replies are mostly not valid actions, so generation dominates). Each side is timed in every round,
+the order rotating; medians reported:
 
 - **long and short**: a slow multi-turn env (gridworld, every step ``--latency`` seconds longer, as a
   remote env's; up to 6 turns) beside a fast one-turn env (reasoning-gym's letter_counting). Peer:
@@ -54,7 +57,7 @@ def register_slow_envs(latency: float) -> None:
     load_plugins().register(Plugin(), name="benchmark-slow-envs")
 
 
-def session_for(envs: list[str]) -> RolloutSession:
+def session_for(envs: list[str], expert: bool) -> RolloutSession:
     entries = ", ".join(
         f"{{name: '{env}', max_turns: {1 if env == FAST else 6}, demonstration: false}}" for env in envs
     )
@@ -64,16 +67,16 @@ def session_for(envs: list[str]) -> RolloutSession:
         ["model.name=tiny", "env.name=gridworld", f"env.mix=[{entries}]"]
         + ["generation.max_new_tokens=12", "generation.max_context=1024", "generation.temperature=1.0"],
     )
-    return RolloutSession.from_config(cfg)
+    return RolloutSession.from_config(cfg, expert=expert)
 
 
-def timed(envs: list[str], tasks: int, group: int, seed: int) -> tuple[float, int]:
+def timed(envs: list[str], tasks: int, group: int, seed: int, expert: bool) -> tuple[float, int]:
     """Seconds of one rollout of ``tasks`` test tasks of each env in ``envs`` (``group`` samples each),
     and the turns played (the session is built outside the timing)."""
-    with session_for(envs) as session:
+    with session_for(envs, expert) as session:
         chosen = session.task_ids("test", tasks)
         started = time.perf_counter()
-        episodes = session.play(chosen, group_size=group, seed=seed)
+        episodes = session.play(chosen, group_size=group, seed=seed, expert=expert)
         return time.perf_counter() - started, sum(ep.num_turns for ep in episodes)
 
 
@@ -93,25 +96,34 @@ def main() -> None:
         "slow-2": ["slow-gridworld-2"],
         "slow+slow-2": ["slow-gridworld", "slow-gridworld-2"],
     }
+    result = {"machine": machine(), "settings": vars(args)}
+    for policy in ("expert", "model"):
+        result[policy] = measure(sides, args, expert=policy == "expert")
+        for case in ("long_and_short", "two_slow"):
+            ratios = result[policy][case]
+            print(f"{policy}, {case}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()), flush=True)
+    path = args.json or default_json("mixture_rollout")
+    save_json(path, result)
+    print(f"wrote {path}")
+
+
+def measure(sides: dict[str, list[str]], args: argparse.Namespace, expert: bool) -> dict:
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     turns: dict[str, int] = {}
     for round_ in range(args.rounds):
         names = list(sides)
         for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
-            took, played = timed(sides[name], args.tasks, args.group, seed=round_)
+            took, played = timed(sides[name], args.tasks, args.group, round_, expert)
             seconds[name].append(took)
             turns[name] = played
-            print(f"round {round_ + 1} {name}: {took:.2f} s, {played} turns", flush=True)
+            print(f"{'expert' if expert else 'model'} round {round_ + 1} {name}: {took:.2f} s, {played} turns")
     median = {name: statistics.median(values) for name, values in seconds.items()}
-    sequential = median["slow"] + median["fast"]
-    result = {
-        "machine": machine(),
-        "settings": vars(args),
+    return {
         "seconds": seconds,
         "median_s": median,
         "turns": turns,
         "long_and_short": {
-            "mixture_over_sequential": median["slow+fast"] / sequential,
+            "mixture_over_sequential": median["slow+fast"] / (median["slow"] + median["fast"]),
             "mixture_over_slow_alone": median["slow+fast"] / median["slow"],
         },
         "two_slow": {
@@ -119,11 +131,6 @@ def main() -> None:
             "mixture_over_one_alone": median["slow+slow-2"] / max(median["slow"], median["slow-2"]),
         },
     }
-    for case, ratios in (("long and short", result["long_and_short"]), ("two slow", result["two_slow"])):
-        print(f"{case}: " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
-    path = args.json or default_json("mixture_rollout")
-    save_json(path, result)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

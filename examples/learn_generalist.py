@@ -67,7 +67,7 @@ class Budget:
     gamma: float = 0.9
 
 
-FULL = Budget(expert_episodes=500, sft_epochs=4.0, grpo_steps=16, tasks_per_step=12, group_size=8, eval_tasks=60)
+FULL = Budget(expert_episodes=800, sft_epochs=5.0, grpo_steps=16, tasks_per_step=12, group_size=6, eval_tasks=60)
 QUICK = Budget(expert_episodes=150, sft_epochs=3.0, grpo_steps=4, tasks_per_step=6, group_size=6, eval_tasks=20)
 
 
