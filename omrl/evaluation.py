@@ -175,6 +175,49 @@ def _rate(count: int, total: int) -> float:
     return count / total if total else 0.0
 
 
+def episodes_by_env(episodes: Sequence[Episode]) -> dict[str, list[Episode]]:
+    """The episodes of each env (``Episode.env``), envs in the order they first appear."""
+    out: dict[str, list[Episode]] = {}
+    for ep in episodes:
+        out.setdefault(ep.env, []).append(ep)
+    return out
+
+
+def evaluate_by_env(
+    episodes: Sequence[Episode], overall: dict[str, Any], extra: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """A mixture's metrics per env and averaged two ways, for the report's ``per_env``, ``macro`` and ``micro``.
+
+    ``per_env``: :func:`evaluate` of each env's episodes, plus that env's ``extra`` metrics (its reward
+    terms). ``macro``: the mean over envs of every rate and mean (a float) all envs have, each env
+    counting alike however many episodes it played; ``micro``: the same keys from ``overall`` (the run's
+    metrics over every episode, which stay the report's top-level ``metrics``).
+    """
+    per_env = {env: {**evaluate(mine), **(extra or {}).get(env, {})} for env, mine in episodes_by_env(episodes).items()}
+    first = next(iter(per_env.values()))
+    shared = [key for key in first if all(_averaged(metrics.get(key)) for metrics in per_env.values())]
+    return {
+        "per_env": per_env,
+        "macro": {key: sum(metrics[key] for metrics in per_env.values()) / len(per_env) for key in shared},
+        "micro": {key: overall[key] for key in shared if key in overall},
+    }
+
+
+def _averaged(value: Any) -> bool:
+    """Rates and means are floats; counts (episodes, env_errors) and labels are not averaged over envs."""
+    return isinstance(value, float)
+
+
+PERCENT = {"success_rate", "invalid_action_rate", "format_error_rate", "truncated_turn_rate", "env_error_rate"}
+
+
+def shown_metric(key: str, value: Any) -> str:
+    """A metric's value as the tables show it: rates as percentages, floats to 3 decimals."""
+    if key in PERCENT or key.startswith("pass@"):
+        return f"{100 * value:.1f}%"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def metrics_table(metrics: dict[str, Any], title: str = "evaluation"):
     """A rich Table of the metrics (rates as percentages, end reasons one per row)."""
     from rich.table import Table
@@ -182,29 +225,67 @@ def metrics_table(metrics: dict[str, Any], title: str = "evaluation"):
     table = Table(title=title)
     table.add_column("metric")
     table.add_column("value", justify="right")
-    percent = {"success_rate", "invalid_action_rate", "format_error_rate", "truncated_turn_rate", "env_error_rate"}
     for key, value in metrics.items():
         if key == "end_reasons":
             for reason in sorted(value, key=lambda r: END_REASONS.index(r) if r in END_REASONS else 99):
                 table.add_row(f"ended: {reason}", str(value[reason]))
-        elif key in percent or key.startswith("pass@"):
-            table.add_row(key, f"{100 * value:.1f}%")
-        elif isinstance(value, float):
-            table.add_row(key, f"{value:.3f}")
         else:
-            table.add_row(key, str(value))
+            table.add_row(key, shown_metric(key, value))
+    return table
+
+
+# the per-env table's columns (the report has every metric): metric key, header
+ENV_COLUMNS = (
+    ("episodes", "eps"),
+    ("success_rate", "success"),
+    ("mean_score", "score"),
+    ("mean_reward", "reward"),
+    ("format_error_rate", "fmt err"),
+    ("env_error_rate", "env err"),
+)
+
+
+def env_table(by_env: dict[str, Any], title: str = "per env"):
+    """A rich Table of :func:`evaluate_by_env`: a row per env, then ``macro`` (each env alike) and
+    ``micro`` (each episode alike), a column per main metric and per pass@k beyond pass@1."""
+    from rich import box
+    from rich.table import Table
+
+    per_env = by_env["per_env"]
+    passes = [key for key in by_env["macro"] if key.startswith("pass@") and key != "pass@1"]
+    columns = [*ENV_COLUMNS, *((key, key) for key in passes)]
+    # no outer edge, one space between columns, env names whole: reasoning-gym:basic_arithmetic and six
+    # columns fit 80 characters
+    caption = "macro: the mean of the envs' values; micro: over every episode"
+    table = Table(
+        title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
+    )
+    table.add_column("env", no_wrap=True)
+    for _, header in columns:
+        table.add_column(header, justify="right", no_wrap=True)
+    rows = [*per_env.items(), ("macro", by_env["macro"]), ("micro", by_env["micro"])]
+    for label, metrics in rows:
+        table.add_row(label, *(shown_metric(key, metrics[key]) if key in metrics else "" for key, _ in columns))
     return table
 
 
 def write_report(
-    path: str | Path, metrics: dict[str, Any], episodes: Sequence[Episode], config: dict[str, Any] | None = None
+    path: str | Path,
+    metrics: dict[str, Any],
+    episodes: Sequence[Episode],
+    config: dict[str, Any] | None = None,
+    by_env: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the JSON report (metrics, config, one summary line per episode) atomically."""
+    """Write the JSON report (metrics, config, one summary line per episode) atomically. A mixture's
+    report adds ``by_env`` (:func:`evaluate_by_env`: ``per_env``, ``macro``, ``micro``) beside the
+    metrics, and each episode's line names its env; a single env's report has neither."""
     report = {
         "metrics": metrics,
+        **(by_env or {}),
         "config": config or {},
         "episodes": [
             {
+                **({"env": ep.env} if by_env else {}),
                 "task_id": ep.task_id,
                 "sample": ep.sample,
                 "won": ep.won,

@@ -94,13 +94,16 @@ class Generation:
     under the sampling distribution (temperature and top-p applied; the model's
     own distribution when greedy). ``token_exact`` is False when the backend
     could only return text that was tokenized locally (the ids may then differ
-    from what the model sampled, and training must not use the turn).
+    from what the model sampled, and training must not use the turn). ``prefill_reused``: how many
+    of the prompt's tokens the engine took from its cache instead of computing them (None: the
+    backend cannot tell); the rollout records it per turn, so prefill figures add up per env.
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     token_exact: bool = True
+    prefill_reused: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

@@ -22,6 +22,7 @@ through (:meth:`HFBackend._forward`, :meth:`HFBackend._sampler`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
 import warnings
@@ -191,7 +192,11 @@ class HFBackend(Backend):
         self.stats["prefill_seconds"] += (recorder.first_scores_at or time.perf_counter()) - started
         new_ids = sequences[:, width:]
         logprobs = recorder.finish(sequences).cpu().tolist()
-        return [self._cut(ids, lp, limit) for ids, lp, limit in zip(new_ids.cpu().tolist(), logprobs, limits)]
+        # every prompt is computed whole: none of it comes from a cache
+        return [
+            dataclasses.replace(self._cut(ids, lp, limit), prefill_reused=0)
+            for ids, lp, limit in zip(new_ids.cpu().tolist(), logprobs, limits)
+        ]
 
     # -- with KV reuse: the engine runs the chunk, through this backend's model call and sampler ----------
     def _generate_chunk_reusing(
@@ -213,7 +218,10 @@ class HFBackend(Backend):
             device=self.device,
             stats=self.stats,
         )
-        return [self._cut(toks, lps, limit) for (toks, lps), limit in zip(sampled, limits)]
+        return [
+            dataclasses.replace(self._cut(toks, lps, limit), prefill_reused=reused)
+            for (toks, lps, reused), limit in zip(sampled, limits)
+        ]
 
     @cached_property
     def _forward_arguments(self) -> tuple[str, bool]:

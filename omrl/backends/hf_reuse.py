@@ -183,27 +183,36 @@ class ReuseEngine:
         eos_token_id: int,
         device: torch.device,
         stats: dict[str, float],
-    ) -> list[tuple[list[int], list[float]]]:
+    ) -> list[tuple[list[int], list[float], int]]:
         """Prefill what the cache lacks, then sample each row until it ends; store every row's states.
 
         ``prompts``: (length,) long CPU tensors. Returns each row's sampled ids and
-        log-probs (the last id is the end-of-turn id or the row's limit was reached).
+        log-probs (the last id is the end-of-turn id or the row's limit was reached), and
+        how many of its prompt's tokens came from the cache.
         ``stats`` gets the prefill's tokens computed and reused, and its seconds.
         """
         started = time.perf_counter()
+        reused: list[int] = []
         with torch.no_grad():
-            firsts = self._prefill(prompts, forward, device, stats)
+            firsts = self._prefill(prompts, forward, device, stats, reused)
         wait_for(device)
         stats["prefill_seconds"] += time.perf_counter() - started
-        return self._decode(prompts, firsts, limits, seed, forward, sampler, eos_token_id, device)
+        sampled = self._decode(prompts, firsts, limits, seed, forward, sampler, eos_token_id, device)
+        return [(ids, logprobs, cached) for (ids, logprobs), cached in zip(sampled, reused)]
 
     def _prefill(
-        self, prompts: list[torch.Tensor], forward: Forward, device: torch.device, stats: dict[str, float]
+        self,
+        prompts: list[torch.Tensor],
+        forward: Forward,
+        device: torch.device,
+        stats: dict[str, float],
+        reused_per_prompt: list[int],
     ) -> list[tuple[KV, torch.Tensor]]:
         """Each prompt's states (batch 1) and next-token logits ((vocab,) float32), from its longest cached prefix.
 
         A prompt may also continue an earlier prompt of this chunk (two tasks' shared
-        opening); identical prompts are run once and share the result.
+        opening); identical prompts are run once and share the result. ``reused_per_prompt``
+        gets, per prompt, how many of its tokens were not computed for it.
         """
         done: dict[tuple[int, ...], tuple[KV, torch.Tensor]] = {}
         fresh: list[Entry] = []  # this chunk's prompts, as sources for the ones after them
@@ -212,6 +221,7 @@ class ReuseEngine:
             key = tuple(ids.tolist())
             if key in done:
                 stats["prefill_reused"] += len(ids)
+                reused_per_prompt.append(len(ids))
                 out.append(done[key])
                 continue
             source, reused = self.cache.longest(ids, also=fresh)
@@ -224,6 +234,7 @@ class ReuseEngine:
             fresh.append(Entry(ids, done[key][0]))
             stats["prefill_computed"] += len(ids) - reused
             stats["prefill_reused"] += reused
+            reused_per_prompt.append(reused)
             out.append(done[key])
         return out
 

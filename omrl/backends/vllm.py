@@ -97,6 +97,8 @@ class VLLMBackend(Backend):
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         out = [self._from_output(output.outputs[0], limit) for output, limit in zip(outputs, limits)]
         cached = [getattr(output, "num_cached_tokens", None) for output in outputs]
+        for gen, tokens in zip(out, cached):
+            gen.prefill_reused = tokens
         reused = sum(cached) if None not in cached else 0  # RequestOutput.num_cached_tokens: vLLM >= 0.6
         computed = sum(len(p) for p in prompts) - reused if None not in cached else 0
         self._count_call(out, time.perf_counter() - started, computed, reused)

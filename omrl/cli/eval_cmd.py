@@ -9,6 +9,7 @@ import typer
 from omrl.cli.rollout_cmd import (
     ARGS_HELP,
     BUDGET_HELP,
+    ENV_HELP,
     SELECT_HELP,
     STRATEGY_HELP,
     check_before_loading,
@@ -16,7 +17,7 @@ from omrl.cli.rollout_cmd import (
     config_with_select,
     progress_bar,
 )
-from omrl.cli.settings import play_settings, settings_block
+from omrl.cli.settings import env_folder_name, env_label, play_settings, settings_block
 from omrl.errors import ConfigError
 from omrl.outputs import check_outputs
 
@@ -45,7 +46,7 @@ def eval_outputs(cfg) -> tuple[Path, Path]:
         report = Path(cfg.report)
         episodes = report.with_name(f"{report.stem}.episodes.parquet")
     else:
-        folder = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.model.name, cfg.env.name)
+        folder = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.model.name, env_folder_name(cfg))
         report = Path(cfg.report) if cfg.report else folder / "report.json"
         episodes = folder / "episodes.parquet"
     check_outputs(
@@ -80,6 +81,41 @@ def say_env_errors(console, episodes, env: str) -> None:
             console.print(f"  {escape(reason)}", highlight=False, soft_wrap=True)
 
 
+def env_errors_of_each_env(console, cfg, episodes, where: str) -> None:
+    """Say, then check against max_env_error_rate, the env errors of each env of the run on its own: one
+    env of a mixture that fails is not hidden by the others playing well. ``where`` ends the message."""
+    from omrl.evaluation import check_env_errors, episodes_by_env
+    from omrl.mixture import is_mixture
+
+    by_env = episodes_by_env(episodes) if is_mixture(cfg.env) else {cfg.env.name: list(episodes)}
+    for env, mine in by_env.items():
+        say_env_errors(console, mine, env)
+    for env, mine in by_env.items():
+        check_env_errors(mine, cfg.max_env_error_rate, f"{env!r} ({where})")
+
+
+def compose_chosen(session, episodes) -> dict[str, float]:
+    """The rewards of each search's answer, composed as the session composes (a mixture: per env)."""
+    from omrl.rollout.session import compose_rewards
+
+    if hasattr(session, "sessions"):  # a MixedSession: each env's weights and options
+        return session.compose(episodes)
+    return compose_rewards(episodes, session.reward_weights, session.plugin_options)
+
+
+def each_envs_extra(session, trees, episodes, searched: bool) -> dict[str, dict]:
+    """A mixture's metrics per env beyond :func:`~omrl.evaluation.evaluate`: its reward terms and, after a
+    search (``episodes`` then the answers of ``trees``, in order), its search metrics."""
+    from omrl.search import search_metrics
+
+    extra = {env: {f"reward/{k}": v for k, v in terms.items()} for env, terms in session.reward_summaries.items()}
+    if searched:
+        for env, metrics in extra.items():
+            mine = [tree for tree, ep in zip(trees, episodes) if ep.env == env]
+            metrics.update({f"search/{k}": v for k, v in search_metrics(mine).items()})
+    return extra
+
+
 SAMPLING_TEMPERATURE = 1.0
 
 
@@ -106,7 +142,7 @@ def sample_when_asked(cfg, args: list[str] | None, console) -> None:
 
 def evaluate_command(
     args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "eval"), show_default=False),
-    env: str = typer.Option(None, "--env", help="Env name (env.name)."),
+    env: str = typer.Option(None, "--env", help=ENV_HELP),
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
     split: str = typer.Option(None, "--split", help="Task split (env.split)."),
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to evaluate from the start of the split."),
@@ -130,14 +166,16 @@ def evaluate_command(
     from omrl.config import to_dict
     from omrl.config.options import EvalRunConfig
     from omrl.evaluation import (
-        check_env_errors,
         check_max_env_error_rate,
+        env_table,
         evaluate,
+        evaluate_by_env,
         held_warnings,
         metrics_table,
         replay_warnings,
         write_report,
     )
+    from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
     from omrl.rollout.convert import write_trajectories
     from omrl.training.metrics import peak_memory
@@ -160,10 +198,10 @@ def evaluate_command(
         "eval",
     )
     console = Console()
+    check_before_loading(cfg)  # first: the settings below name a mixture's envs
     play_settings(cfg, args, "eval", console)
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
-    check_before_loading(cfg)
     sample_when_asked(cfg, args, console)
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(
@@ -174,13 +212,14 @@ def evaluate_command(
     check_max_env_error_rate(cfg.max_env_error_rate)
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     searched: dict = {}
+    mixed = is_mixture(cfg.env)
     with held_warnings() as caught, RolloutSession.from_config(cfg) as session:
-        tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
-        from omrl.rollout.session import compose_rewards
+        tasks = session.task_ids(cfg.env.split, cfg.num_tasks)  # a mixture: num_tasks of each env
         from omrl.search import chosen_episodes, play_strategy, plays_batched, search_metrics
 
         every_sample = plays_batched(strategy, budget)  # the batched rollout's samples: each one counts (pass@k)
-        bar, progress = progress_bar(len(tasks), f"eval {cfg.env.name} ({strategy}, tasks)")
+        playing = f"{len(session.env_names)} envs" if mixed else cfg.env.name  # a bar's label is one short line
+        bar, progress = progress_bar(len(tasks), f"eval {playing} ({strategy}, tasks)")
         with bar:
             trees, episodes = play_strategy(
                 session,
@@ -197,22 +236,25 @@ def evaluate_command(
             rewards = session.reward_summary
         else:
             episodes = chosen_episodes(trees)  # each search's answer is what is evaluated
-            rewards = compose_rewards(episodes, session.reward_weights, session.plugin_options)
+            rewards = compose_chosen(session, episodes)
             searched = search_metrics(trees)
+        env_extra = each_envs_extra(session, trees, episodes, searched=not every_sample) if mixed else {}
         generation = session.backend.take_stats() if session.backend is not None else {}
     replay_warnings(caught, episodes)
     metrics = evaluate(episodes)
     metrics.update(generation_metrics(generation), **peak_memory())
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
     metrics.update({f"search/{name}": value for name, value in searched.items()})
-    path = write_report(report_path, metrics, episodes, to_dict(cfg))
+    by_env = evaluate_by_env(episodes, metrics, env_extra) if mixed else None
+    path = write_report(report_path, metrics, episodes, to_dict(cfg), by_env)
     parquet, readable = write_trajectories(episodes, episodes_path, session.tokenizer)  # as omrl rollout writes
-    console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {cfg.env.name} ({cfg.env.split})"))
+    console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {env_label(cfg)} ({cfg.env.split})"))
+    if by_env:
+        console.print(env_table(by_env, title=f"eval per env ({len(by_env['per_env'])} envs)"))
     console.print(f"report: {path}", highlight=False, soft_wrap=True)
     console.print(f"episodes: {parquet} and {readable}", highlight=False, soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
-    say_env_errors(console, episodes, cfg.env.name)
-    check_env_errors(episodes, cfg.max_env_error_rate, f"{cfg.env.name!r} (the report lists them)")
+    env_errors_of_each_env(console, cfg, episodes, "the report lists them")
 
 
 def add_to(app: typer.Typer) -> None:

@@ -21,6 +21,10 @@ SELECT_HELP = (
     "plugins.rm.path=DIR), logprob, self_eval or a plugin's scorer."
 )
 SELECT_ALIASES = {"env": "env_reward"}
+ENV_HELP = (
+    "Env name (env.name; see `omrl env list`), or a mixture: gridworld:0.5,textcraft:0.5 "
+    "(env.mix: each env's own settings)."
+)
 
 
 def select_scorer(select: str | None) -> str | None:
@@ -72,16 +76,20 @@ def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
 
 def check_before_loading(cfg) -> None:
     """What can be refused before a model loads (seconds to minutes): an unknown env, an env whose
-    package is not installed (naming its extra), and for training, unknown algorithm names."""
+    package is not installed (naming its extra), each env of a mixture alike (and the mixture itself:
+    weights, an env named twice), and for training, unknown algorithm names."""
     from omrl import registry
     from omrl.envs import install_command, package_installed
     from omrl.errors import ConfigError
+    from omrl.mixture import mix_members
 
-    env_class = registry.envs.get(cfg.env.name)
-    if isinstance(env_class, type) and not package_installed(env_class):
-        raise ConfigError(
-            f"the {cfg.env.name} env needs the package {env_class.package}, not installed: {install_command(env_class)}"
-        )
+    for member in mix_members(cfg):  # one member for a single env
+        env_class = registry.envs.get(member.name)
+        if isinstance(env_class, type) and not package_installed(env_class):
+            raise ConfigError(
+                f"the {member.name} env needs the package {env_class.package}, not installed: "
+                f"{install_command(env_class)}"
+            )
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None:
         registry.algorithms.get(algorithm.advantage, kind="advantage")
@@ -108,6 +116,13 @@ def check_rollout_outputs(cfg) -> None:
     check_outputs(
         {"--output": cfg.output, "the readable JSONL": jsonl_path_for(cfg.output)}, {"the --model": cfg.model.name}
     )
+
+
+def tasks_of_each_env(cfg, session, tasks) -> dict[str, int]:
+    """How many of ``tasks`` each env of the run has (one env: its tasks are ids, all of them its)."""
+    if not hasattr(session, "sessions"):
+        return {cfg.env.name: len(tasks)}
+    return {env: sum(task.env == env for task in tasks) for env in session.env_names}
 
 
 def progress_bar(total: int, label: str):
@@ -141,7 +156,7 @@ def progress_bar(total: int, label: str):
 
 def rollout(
     args: list[str] = typer.Argument(None, help=ARGS_HELP, show_default=False),
-    env: str = typer.Option(None, "--env", help="Env name (env.name)."),
+    env: str = typer.Option(None, "--env", help=ENV_HELP),
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
     template: str = typer.Option(None, "--template", help="Action template (env.template)."),
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to play from the start of the split."),
@@ -159,20 +174,22 @@ def rollout(
     from rich.console import Console
     from rich.text import Text
 
-    from omrl.cli.eval_cmd import say_env_errors
-    from omrl.cli.settings import play_settings, settings_block
+    from omrl.cli.eval_cmd import env_errors_of_each_env
+    from omrl.cli.settings import env_label, play_settings, settings_block
     from omrl.cli.view_cmd import view_command
     from omrl.config.options import RolloutRunConfig
     from omrl.errors import EnvFailure
     from omrl.evaluation import (
-        check_env_errors,
         check_max_env_error_rate,
         env_error_reasons,
+        env_table,
         evaluate,
+        evaluate_by_env,
         held_warnings,
         metrics_table,
         replay_warnings,
     )
+    from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
     from omrl.rollout.convert import write_trajectories
 
@@ -201,11 +218,10 @@ def rollout(
     play_settings(cfg, args, None, console)
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     with held_warnings() as caught, RolloutSession.from_config(cfg, expert=cfg.use_expert) as session:
-        tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
-        if len(tasks) < cfg.num_tasks:
-            console.print(
-                Text(f"{cfg.env.name} has only {len(tasks)} tasks in split {cfg.env.split!r}", style="yellow")
-            )
+        tasks = session.task_ids(cfg.env.split, cfg.num_tasks)  # a mixture: num_tasks of each env
+        for name, count in tasks_of_each_env(cfg, session, tasks).items():
+            if count < cfg.num_tasks:
+                console.print(Text(f"{name} has only {count} tasks in split {cfg.env.split!r}", style="yellow"))
         from omrl.search import play_strategy, plays_batched, search_metrics
 
         bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)")
@@ -227,15 +243,17 @@ def rollout(
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):
         who = "expert" if cfg.use_expert else "env"
         raise EnvFailure(
-            f"every episode failed in the {cfg.env.name} {who} (nothing written); the first reasons: "
+            f"every episode failed in the {env_label(cfg)} {who} (nothing written); the first reasons: "
             f"{'; '.join(env_error_reasons(episodes))}"
         )
     parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer)
-    console.print(metrics_table(evaluate(episodes), title=f"rollout: {cfg.env.name}"))
+    metrics = evaluate(episodes)
+    console.print(metrics_table(metrics, title=f"rollout: {env_label(cfg)}"))
+    if is_mixture(cfg.env):
+        console.print(env_table(evaluate_by_env(episodes, metrics), title="rollout per env"))
     console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}", soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
-    say_env_errors(console, episodes, cfg.env.name)
-    check_env_errors(episodes, cfg.max_env_error_rate, f"{cfg.env.name!r} (they are written, as end_reason env_error)")
+    env_errors_of_each_env(console, cfg, episodes, "they are written, as end_reason env_error")
 
 
 def add_to(app: typer.Typer) -> None:

@@ -57,7 +57,7 @@ def outside_the_presets_env(cfg: Any, args: list[str] | None, preset: str | None
     from omrl.config import user_sets
 
     own = preset_env(preset)
-    if own is None or own == cfg.env.name:
+    if own is None or (own == cfg.env.name and not cfg.env.mix):  # env.mix: a mixture, whatever env.name says
         return
     said = []
     if cfg.env.max_turns and not user_sets(args, "env.max_turns"):
@@ -73,15 +73,19 @@ def outside_the_presets_env(cfg: Any, args: list[str] | None, preset: str | None
     ]
     if kept:
         said.append(f"kept from it: {', '.join(kept)}")
+    if not said:  # the command line set everything the recipe tunes
+        return
     console.print(
-        f"preset {preset} is a recipe for {own}; on {cfg.env.name}: {'; '.join(said)} (key=value sets any of them)",
+        f"preset {preset} is a recipe for {own}; on {env_label(cfg)}: {'; '.join(said)} (key=value sets any of them)",
         highlight=False,
         soft_wrap=True,
     )
 
 
-def trained_settings(model: str, env: str) -> dict[str, Any]:
-    """The :data:`TRAINED_KEYS` of the run directory ``model`` when it trained on ``env`` ({} otherwise)."""
+def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict[str, Any]:
+    """The :data:`TRAINED_KEYS` of the run directory ``model`` when it trained on ``env`` ({} otherwise):
+    the same ``env.name`` and the same ``env.mix`` but for splits (a mixture's envs each take the run's
+    settings unless its entry sets its own, so the same mixture plays them as it trained)."""
     from pathlib import Path
 
     import yaml
@@ -91,11 +95,16 @@ def trained_settings(model: str, env: str) -> dict[str, Any]:
         return {}
     try:
         data = yaml.safe_load(run_config.read_text(encoding="utf-8"))
-        if value_at(data, "env.name") != env:
+        if value_at(data, "env.name") != env or mix_less_splits(data["env"].get("mix")) != mix_less_splits(mix):
             return {}
         return {key: value_at(data, key) for key in TRAINED_KEYS}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, AttributeError):
         return {}  # not a run's config: nothing is known of how the model was trained
+
+
+def mix_less_splits(mix: list[Any] | None) -> list[Any]:
+    """``env.mix`` less each env's own split: a model is evaluated on other splits of the envs it trained on."""
+    return [{k: v for k, v in e.items() if k != "split"} if isinstance(e, dict) else e for e in mix or []]
 
 
 def settings_as_trained(cfg: Any, args: list[str] | None, trained: dict[str, Any], console: Any) -> None:
@@ -124,7 +133,7 @@ def play_settings(cfg: Any, args: list[str] | None, default_preset: str | None, 
     from omrl.cli.model_prompts import prompts_as_trained
     from omrl.config.loading import split_preset
 
-    trained = trained_settings(cfg.model.name, cfg.env.name)
+    trained = trained_settings(cfg.model.name, cfg.env.name, cfg.env.mix)
     if trained:
         settings_as_trained(cfg, args, trained, console)
     else:
@@ -135,18 +144,30 @@ def play_settings(cfg: Any, args: list[str] | None, default_preset: str | None, 
 
 def settings_block(cfg: Any) -> str:
     """What a run will play, in one block: env, template, turn cap, token limits, reward weights."""
+    from omrl.mixture import is_mixture, mix_members
+
     env, generation = cfg.env, cfg.generation
-    turns = str(env.max_turns) if env.max_turns else "the env's own cap"
-    lines = [
-        f"env        {env.name} (split {env.split}), template {env.template}, "
-        f"worked example {'on' if env.demonstration else 'off'}",
-        f"turns      {turns}",
+    if is_mixture(env):
+        lines = mixture_lines(cfg)
+    else:
+        lines = [
+            f"env        {env.name} (split {env.split}), template {env.template}, "
+            f"worked example {'on' if env.demonstration else 'off'}",
+            f"turns      {turns_shown(env.max_turns)}",
+        ]
+    lines.append(
         f"tokens     {generation.max_new_tokens} new a reply, {generation.max_context} a whole episode, "
-        f"temperature {generation.temperature:g}",
-    ]
+        f"temperature {generation.temperature:g}"
+    )
     reward = getattr(cfg, "reward", None)
     if reward is not None:
         lines.append(f"reward     {shown(reward.weights)} ({reward.allocation})")
+        if is_mixture(env):
+            lines += [
+                f"           {m.name}: {shown(m.reward_weights)}"
+                for m in mix_members(cfg)
+                if m.reward_weights != dict(reward.weights)
+            ]
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None and algorithm.name != "dpo":
         from omrl.training.rollout_correction import correction_name
@@ -160,6 +181,49 @@ def settings_block(cfg: Any) -> str:
         lines.append(f"sampler    {where}rollout correction {chosen}{why}")
         lines.append(f"algorithm  {algorithm_line(algorithm)}")
     return "\n".join(lines)
+
+
+def turns_shown(max_turns: int) -> str:
+    return str(max_turns) if max_turns else "the env's own cap"
+
+
+def mixture_lines(cfg: Any) -> list[str]:
+    """A mixture's envs in the settings block: each with its weight (its share of the tasks drawn in
+    training) and its own split, template, worked example and turn cap."""
+    from omrl.mixture import mix_members
+
+    members = mix_members(cfg)
+    width = max(len(m.name) for m in members)
+    lines = [f"envs       a mixture of {len(members)}: {', '.join(f'{m.name} {m.weight:.3g}' for m in members)}"]
+    for m in members:
+        env = m.env
+        lines.append(
+            f"  {m.name:<{width}}  split {env.split}, template {env.template}, worked example "
+            f"{'on' if env.demonstration else 'off'}, turns {turns_shown(env.max_turns)}"
+        )
+    return lines
+
+
+def env_label(cfg: Any) -> str:
+    """The env a run plays, for messages: its name, or a mixture's envs joined by " + "."""
+    from omrl.mixture import is_mixture, mix_members
+
+    return " + ".join(m.name for m in mix_members(cfg)) if is_mixture(cfg.env) else cfg.env.name
+
+
+def env_folder_name(cfg: Any, longest: int = 60) -> str:
+    """The env part of a default output folder's name: the env's name, or for a mixture ``mix-`` and
+    its envs' names, with only letters, digits, ``.``, ``_`` and ``-`` (``mix-gridworld-reasoning-gym_basic_arithmetic``);
+    a mixture of many envs is ``mix-of-<n>-envs`` rather than a name too long to read."""
+    import re
+
+    from omrl.mixture import is_mixture, mix_members
+
+    if not is_mixture(cfg.env):
+        return cfg.env.name
+    names = [re.sub(r"[^A-Za-z0-9._-]+", "_", m.name).strip("_") for m in mix_members(cfg)]
+    folder = "mix-" + "-".join(names)
+    return folder if len(folder) <= longest else f"mix-of-{len(names)}-envs"
 
 
 def algorithm_line(algo: Any) -> str:

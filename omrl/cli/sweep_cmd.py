@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 
 from omrl.cli.model_prompts import prompts_as_trained
-from omrl.cli.rollout_cmd import ARGS_HELP
+from omrl.cli.rollout_cmd import ARGS_HELP, ENV_HELP
 from omrl.errors import ConfigError
 
 
@@ -59,7 +59,7 @@ def check_sweep_outputs(cfg) -> None:
 
 def sweep_command(
     args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "sweep"), show_default=False),
-    env: str = typer.Option(None, "--env", help="Env name (env.name)."),
+    env: str = typer.Option(None, "--env", help=ENV_HELP),
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
     strategies: str = typer.Option(
         None,
@@ -81,13 +81,14 @@ def sweep_command(
 ) -> None:
     """Play each strategy at each budget on the same tasks: a table, <out>/sweep.json and <out>/sweep.png.
 
-    Each cell is what `omrl eval --strategy S --budget B` measures. Run it again with the same settings to
-    play only the cells not finished yet (resume=false starts over).
+    Each cell is what `omrl eval --strategy S --budget B` measures; on a mixture (--env a,b) each cell
+    plays num_tasks of each env, and sweep.json adds each env's success. Run it again with the same
+    settings to play only the cells not finished yet (resume=false starts over).
     """
     from rich.console import Console
 
     from omrl.cli import err_console, stop_on_interrupt
-    from omrl.cli.rollout_cmd import progress_bar
+    from omrl.cli.rollout_cmd import check_before_loading, progress_bar
     from omrl.config import command_line_config
     from omrl.config.options import SweepRunConfig
     from omrl.search.sweep import run_sweep, sweep_table
@@ -106,6 +107,7 @@ def sweep_command(
             "out": out,
         },
     )
+    check_before_loading(cfg)  # each env of a mixture known and installed
     check_sweep_outputs(cfg)
     console = Console()
     prompts_as_trained(cfg, args, console)

@@ -4,6 +4,25 @@ from __future__ import annotations
 
 import typer
 
+from omrl.cli.rollout_cmd import ENV_HELP
+
+
+def eval_hint(cfg) -> str:
+    """The command that evaluates the run's model on its envs, quoted for a shell: ``--env NAME`` (a
+    mixture's list too), or for a mixture in env.mix that list as an override, less each env's split
+    (eval plays its own, the test split)."""
+    import json
+    import shlex
+
+    from omrl.cli.settings import mix_less_splits
+
+    words = ["omrl", "eval", "--model", cfg.logging.output_dir]
+    if cfg.env.mix:
+        words.append(f"env.mix={json.dumps(mix_less_splits(cfg.env.mix))}")
+    else:
+        words += ["--env", cfg.env.name]
+    return shlex.join(str(word) for word in words)
+
 
 def train(
     args: list[str] = typer.Argument(
@@ -14,7 +33,7 @@ def train(
         show_default=False,
     ),
     algo: str = typer.Option(None, "--algo", help="grpo, ppo or dpo (algorithm.name)."),
-    env: str = typer.Option(None, "--env", help="Registered env name (see `omrl env list`)."),
+    env: str = typer.Option(None, "--env", help=ENV_HELP),
     model: str = typer.Option(None, "--model", help="Built-in name, local directory or hub id."),
     steps: int = typer.Option(None, "--steps", help="RL steps (rollout + update each)."),
     output_dir: str = typer.Option(None, "--output-dir", help="Run directory (default: runs/<algo>-<env>-<time>)."),
@@ -28,7 +47,7 @@ def train(
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.cli.model_prompts import start_from_base_outside_its_env
     from omrl.cli.rollout_cmd import check_before_loading
-    from omrl.cli.settings import outside_the_presets_env, settings_block
+    from omrl.cli.settings import env_folder_name, env_label, outside_the_presets_env, settings_block
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
     from omrl.config.loading import resumed_preset, split_preset
@@ -52,7 +71,7 @@ def train(
     }
     cfg = command_line_config(TrainRunConfig, args, flags, resumed_preset(output_dir, resume, algo or "grpo"))
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
-        cfg.logging.output_dir = fresh_dir("runs", f"{cfg.algorithm.name}-{cfg.env.name}")
+        cfg.logging.output_dir = fresh_dir("runs", f"{cfg.algorithm.name}-{env_folder_name(cfg)}")
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
     check_before_loading(cfg)
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
@@ -61,9 +80,10 @@ def train(
         preset = split_preset(args[0] if args else None, [])[0] or algo or "grpo"
         outside_the_presets_env(cfg, list(args or []), preset, console)
     console.print(
-        f"omrl train: {cfg.algorithm.name} on {cfg.env.name} with {cfg.model.name}, {cfg.steps} steps "
+        f"omrl train: {cfg.algorithm.name} on {env_label(cfg)} with {cfg.model.name}, {cfg.steps} steps "
         f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}",
         highlight=False,
+        soft_wrap=True,
     )
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     summary = stop_on_interrupt(lambda: run_rl(cfg, console=console), err_console)
@@ -74,9 +94,7 @@ def train(
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     Console(quiet=not is_main_process()).print(table)
     # eval reads the run's config.yaml and plays the prompts the run trained on
-    console.print(
-        f"evaluate it: omrl eval --model {cfg.logging.output_dir} --env {cfg.env.name}", highlight=False, soft_wrap=True
-    )
+    console.print(f"evaluate it: {eval_hint(cfg)}", highlight=False, soft_wrap=True)
     console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False, soft_wrap=True)
 
 

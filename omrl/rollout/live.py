@@ -64,6 +64,7 @@ def record_reply(
         ep.error = f"{type(reply).__name__}: {reply}"
         return None
     start = len(ep.token_ids)
+    prompt_tokens = len(ep.current_row())
     ep.token_ids += reply.token_ids
     ep.loss_mask += [1] * len(reply.token_ids)
     ep.logprobs += reply.logprobs
@@ -75,6 +76,9 @@ def record_reply(
         "token_exact": reply.token_exact,
         "new_tokens": len(reply.token_ids),
     }
+    if reply.prefill_reused is not None:  # what the engine prefilled for this turn, for per-env figures
+        rollout_info["prefill_tokens"] = prompt_tokens - reply.prefill_reused
+        rollout_info["prefill_reused"] = reply.prefill_reused
     turn = Turn(
         observation=live.answering,
         response=response,

@@ -22,8 +22,16 @@ from omrl.rollout.session import RolloutSession, compose_rewards
 class MixedSession:
     """Plays episodes of several envs with one backend; ``sessions`` maps each env to its own session."""
 
-    def __init__(self, members: list[MixMember], sessions: dict[str, RolloutSession], tokenizer: Any, backend: Any):
+    def __init__(
+        self,
+        members: list[MixMember],
+        sessions: dict[str, RolloutSession],
+        tokenizer: Any,
+        backend: Any,
+        split: str = "",
+    ):
         self.members = members
+        self.split = split  # the run's env.split: asked for it, each env gives its own (env.mix's split)
         self.sessions = sessions
         self.tokenizer = tokenizer
         self.backend = backend
@@ -61,7 +69,7 @@ class MixedSession:
             if backend is not None:
                 backend.close()
             raise
-        return cls(members, sessions, tokenizer, backend)
+        return cls(members, sessions, tokenizer, backend, cfg.env.split)
 
     @property
     def env_names(self) -> list[str]:
@@ -84,8 +92,13 @@ class MixedSession:
         return self.sessions[env]
 
     def task_ids(self, split: str, count: int) -> list[EnvTask]:
-        """The first ``count`` task ids of ``split`` of every env (fewer where an env has fewer)."""
-        return [EnvTask(env, split, task) for env, s in self.sessions.items() for task in s.task_ids(split, count)]
+        """The first ``count`` task ids of ``split`` of every env (fewer where an env has fewer); asked for
+        the run's own split, each env's own split (an ``env.mix`` entry may set one)."""
+        out = []
+        for member in self.members:
+            own = member.env.split if split == self.split else split
+            out += [EnvTask(member.name, own, task) for task in self.sessions[member.name].task_ids(own, count)]
+        return out
 
     def play(
         self,
@@ -97,9 +110,11 @@ class MixedSession:
         expert: bool = False,
         progress: RolloutProgress | None = None,
         max_parallel: int = 0,
+        rewards: bool = True,
     ) -> list[Episode]:
         """``group_size`` samples of each task, every env's chains in one batched rollout, each env's
-        rewards composed with its own weights. ``split`` is not read: each task names its own."""
+        rewards composed with its own weights (``rewards=False``: not composed). ``split`` is not read:
+        each task names its own."""
         lanes: dict[tuple[str, str], int] = {}
         lane_list: list[Lane] = []
         pairs = []
@@ -125,7 +140,8 @@ class MixedSession:
             max_parallel=max_parallel,
             progress=progress,
         )
-        self.compose(episodes)
+        if rewards:
+            self.compose(episodes)
         return episodes
 
     def compose(self, episodes: list[Episode]) -> dict[str, float]:

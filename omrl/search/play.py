@@ -32,7 +32,15 @@ def play_strategy(
     """
     if hasattr(session, "sessions"):
         return play_mixture(
-            session, strategy, tasks, budget=budget, group_size=group_size, seed=seed, expert=expert, progress=progress
+            session,
+            strategy,
+            tasks,
+            budget=budget,
+            group_size=group_size,
+            seed=seed,
+            expert=expert,
+            progress=progress,
+            rewards=rewards,
         )
     ctx = SearchContext.from_session(
         session,
@@ -61,6 +69,7 @@ def play_mixture(
     seed: int = 0,
     expert: bool = False,
     progress: RolloutProgress | None = None,
+    rewards: bool = True,
 ) -> tuple[list[Tree], list[Episode]]:
     """:func:`play_strategy` on a mixture's tasks (each an :class:`~omrl.mixture.EnvTask`), rewards
     composed per env. A strategy that plays the batched rollout (no budget) plays every env's chains
@@ -74,6 +83,7 @@ def play_mixture(
             seed=seed,
             expert=expert,
             progress=PerTaskProgress(progress, group_size) if progress is not None else None,
+            rewards=rewards,
         )
         trees = []
         for group, task in enumerate(tasks):
@@ -106,7 +116,8 @@ def play_mixture(
                 placed[tree.group] = tree
     trees = [tree for tree in placed if tree is not None]
     episodes = [ep for tree in trees for ep in tree.episodes()]
-    session.compose(episodes)
+    if rewards:
+        session.compose(episodes)
     return trees, episodes
 
 

@@ -35,6 +35,7 @@ from typing import Any, Callable, Sequence
 from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
 from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
+from omrl.evaluation import episodes_by_env
 
 FORMAT = "omrl-sweep/1"
 MARKERS = "osD^vP*X"  # lines that coincide (often all at 0% or 100%) stay told apart
@@ -115,17 +116,19 @@ def check_strategies(session: Any, cfg: SweepRunConfig) -> None:
     from omrl.search.context import SearchContext, run_strategy
 
     for strategy, budget in dict(cells_of(cfg.strategies, cfg.budgets[:1])).items():
-        ctx = SearchContext.from_session(session, strategy, split=cfg.env.split, seed=cfg.seed, budget=budget or 0)
-        run_strategy(ctx, [])
+        for one in getattr(session, "sessions", {"": session}).values():  # a mixture: each env's session
+            ctx = SearchContext.from_session(one, strategy, split=cfg.env.split, seed=cfg.seed, budget=budget or 0)
+            run_strategy(ctx, [])
 
 
-def setup_of(cfg: SweepRunConfig, tasks: Sequence[int]) -> dict[str, Any]:
-    """What every cell shares (the config less the cell list and output, plus the task ids): a
-    sweep resumes only cells played with the same setup."""
+def setup_of(cfg: SweepRunConfig, tasks: Sequence[Any]) -> dict[str, Any]:
+    """What every cell shares (the config less the cell list and output, plus the task ids; a
+    mixture's tasks as [env, split, id]): a sweep resumes only cells played with the same setup."""
     from omrl.config import to_dict
 
     setup = {k: v for k, v in to_dict(cfg).items() if k not in NOT_SETUP}
-    setup = {**setup, CONTENT: model_content(cfg.model.name), "tasks": [int(t) for t in tasks]}
+    tasks = [list(t) if isinstance(t, tuple) else int(t) for t in tasks]
+    setup = {**setup, CONTENT: model_content(cfg.model.name), "tasks": tasks}
     return json.loads(json.dumps(setup))  # as it reads back from the file
 
 
@@ -235,13 +238,15 @@ def run_cell(
         progress=progress,
         rewards=False,
     )
-    return cell_summary(trees, budget, time.perf_counter() - started)
+    return cell_summary(trees, budget, time.perf_counter() - started, mixed=hasattr(session, "sessions"))
 
 
-def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float) -> dict[str, Any]:
+def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed: bool = False) -> dict[str, Any]:
     """A cell's numbers: success of the chosen answers with its standard error (sqrt(p(1 - p) / n)
     over the tasks), mean score, tokens generated per task (mean and most) against the budget,
-    wall seconds, and each task's outcome (for paired comparisons between cells)."""
+    wall seconds, and each task's outcome (for paired comparisons between cells). On a mixture
+    (``mixed``) each task names its env, and ``per_env`` and ``success_macro`` (the mean of the
+    envs' success, each env alike) are added."""
     from omrl.search import chosen_episodes, search_metrics
 
     metrics = search_metrics(trees)
@@ -253,7 +258,7 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float) -> di
         )
     n, p = len(trees), metrics["success_rate"]
     tokens = [tree.generated_tokens for tree in trees]
-    return {
+    cell = {
         "strategy": metrics["strategy"],
         "budget": budget,
         "tasks": n,
@@ -270,6 +275,7 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float) -> di
         "env_errors": sum(ep.end_reason == "env_error" for ep in chosen),
         "per_task": [
             {
+                **({"env": ep.env} if mixed else {}),
                 "task_id": ep.task_id,
                 "won": ep.won,
                 "score": ep.score,
@@ -279,6 +285,18 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float) -> di
             for ep, tree in zip(chosen, trees)
         ],
     }
+    if mixed:
+        cell["per_env"] = {env: _success(eps) for env, eps in episodes_by_env(chosen).items()}
+        cell["success_macro"] = sum(e["success_rate"] for e in cell["per_env"].values()) / len(cell["per_env"])
+    return cell
+
+
+def _success(chosen: Sequence[Any]) -> dict[str, Any]:
+    """One env's part of a cell: its tasks, success of the chosen answers with its standard error, mean score."""
+    n = len(chosen)
+    p = sum(ep.won for ep in chosen) / n
+    score = sum(ep.score for ep in chosen) / n
+    return {"tasks": n, "success_rate": p, "success_se": math.sqrt(p * (1 - p) / n), "mean_score": score}
 
 
 def run_sweep(
@@ -377,7 +395,7 @@ def plot_png(record: dict[str, Any], dpi: int = 120) -> bytes:
     axes.set_ylabel(f"success on {len(setup['tasks'])} tasks (%)")
     axes.set_ylim(-5, 105)
     axes.set_title(
-        f"{Path(setup['model']['name']).name} on {setup['env']['name']} ({setup['env']['split']}): success vs tokens",
+        f"{Path(setup['model']['name']).name} on {env_title(setup['env'])} ({setup['env']['split']}): success vs tokens",
         fontsize=10,
     )
     axes.grid(alpha=0.3)
@@ -390,6 +408,15 @@ def plot_png(record: dict[str, Any], dpi: int = 120) -> bytes:
     return buffer.getvalue()
 
 
+def env_title(env: dict[str, Any]) -> str:
+    """The env a sweep played, for titles: its name, or a mixture's envs joined by " + " (their weights
+    say nothing here: a sweep plays the same tasks of each env)."""
+    from omrl.mixture import parse_env_spec
+
+    entries = [e if isinstance(e, str) else str(e.get("name")) for e in env.get("mix") or []] or [env["name"]]
+    return " + ".join(name for entry in entries for name, _ in parse_env_spec(entry))
+
+
 def sweep_table(record: dict[str, Any]):
     """A rich Table with one row per cell."""
     from rich import box
@@ -397,7 +424,7 @@ def sweep_table(record: dict[str, Any]):
 
     setup = record["setup"]
     title = (
-        f"sweep: {setup['model']['name']} on {setup['env']['name']} ({setup['env']['split']}, "
+        f"sweep: {setup['model']['name']} on {env_title(setup['env'])} ({setup['env']['split']}, "
         f"{len(setup['tasks'])} tasks, seed {setup['seed']})"
     )
     caption = (

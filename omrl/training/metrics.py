@@ -90,16 +90,19 @@ def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) 
 
 
 #: per-env metrics that are counts (they add up over envs and processes); the others are means
-PER_ENV_COUNTS = ("episodes", "env_errors", "prefix_breaks")
+PER_ENV_COUNTS = ("episodes", "env_errors", "prefix_breaks", "prefill_tokens", "prefill_reused")
 
 
 def per_env_metrics(
     episodes: list[Any], seconds: float, summaries: dict[str, dict[str, float]], envs: list[str]
 ) -> dict[str, float]:
     """Each of :func:`rollout_metrics` for each env's episodes, named ``<metric>/<env>`` (``success/webshop``),
-    with ``episodes/<env>``; ``tokens_per_s`` and ``rollout_time`` are the rollout's, not an env's (every
-    env's episodes share its generate calls). Weighted by ``episodes/<env>`` (by the episodes that did
-    not fail in the env, for reward, success and score), they add up to the overall metrics."""
+    with ``episodes/<env>``, and the prompt tokens the engine computed and took from its cache for the
+    env's turns (``prefill_tokens/<env>``, ``prefill_reused/<env>``, ``prefill_hit_rate/<env>``, where
+    the backend tells them per prompt). Speeds (``tokens_per_s``, decode and prefill tokens a second)
+    and ``rollout_time`` are the rollout's only: every env's episodes share its generate calls, so a
+    per-env speed would be made up. Weighted by ``episodes/<env>`` (by the episodes that did not fail
+    in the env, for reward, success and score), the means add up to the overall metrics."""
     out: dict[str, float] = {}
     for env in envs:
         mine = [ep for ep in episodes if ep.env == env]
@@ -108,7 +111,22 @@ def per_env_metrics(
         metrics = rollout_metrics(mine, seconds, summaries.get(env, {}))
         del metrics["tokens_per_s"], metrics["rollout_time"]
         metrics["episodes"] = float(len(mine))
+        metrics.update(prefill_counts(mine))
         out.update({f"{key}/{env}": value for key, value in metrics.items()})
+    return out
+
+
+def prefill_counts(episodes: list[Any]) -> dict[str, float]:
+    """The prompt tokens computed and reused for these episodes' turns, from what each turn recorded
+    (``info["rollout"]``); nothing when the backend did not tell them per prompt."""
+    recorded = [t.info["rollout"] for ep in episodes for t in ep.turns if "prefill_reused" in t.info.get("rollout", {})]
+    if not recorded:
+        return {}
+    computed = sum(r["prefill_tokens"] for r in recorded)
+    reused = sum(r["prefill_reused"] for r in recorded)
+    out = {"prefill_tokens": float(computed), "prefill_reused": float(reused)}
+    if computed + reused:
+        out["prefill_hit_rate"] = reused / (computed + reused)
     return out
 
 

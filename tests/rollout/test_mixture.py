@@ -13,6 +13,7 @@ from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members, parse
 from omrl.rollout import RolloutSession
 from omrl.rollout.mixed import MixedSession
 from omrl.search import play_strategy
+from omrl.training.metrics import prefill_counts
 from omrl.training.rl_data import TaskOrder
 
 ARITHMETIC = "reasoning-gym:basic_arithmetic"
@@ -41,7 +42,12 @@ def test_each_env_of_a_mixture_keeps_its_own_settings_and_inherits_the_rest():
         ],
     )
     grid, arithmetic = mix_members(cfg)
-    assert (grid.weight, grid.env.max_turns, grid.env.demonstration, grid.reward_weights) == (0.25, 2, False, {"goal": 2})
+    assert (grid.weight, grid.env.max_turns, grid.env.demonstration, grid.reward_weights) == (
+        0.25,
+        2,
+        False,
+        {"goal": 2},
+    )
     assert grid.plugins["gridworld"] == {"size": 4, "walls": 0}  # merged over the run's block
     assert (arithmetic.env.max_turns, arithmetic.env.demonstration) == (5, True)
     assert arithmetic.reward_weights == dict(cfg.reward.weights)
@@ -50,7 +56,11 @@ def test_each_env_of_a_mixture_keeps_its_own_settings_and_inherits_the_rest():
 @pytest.mark.parametrize(
     "setting, error, match",
     [
-        ("env.name=gridworld:0,babyai:GoToObjS6", ConfigError, "'gridworld' has weight 0.0; a weight must be a positive"),
+        (
+            "env.name=gridworld:0,babyai:GoToObjS6",
+            ConfigError,
+            "'gridworld' has weight 0.0; a weight must be a positive",
+        ),
         ("env.name=gridworld,gridworld:2", ConfigError, "'gridworld' is named twice"),
         ("env.name=gridworld,", ConfigError, "has an empty entry"),
         ("env.name=gridworld,gridwrld", UnknownNameError, "unknown env 'gridwrld'. Did you mean 'gridworld'"),
@@ -133,7 +143,9 @@ def test_every_env_plays_in_one_batched_rollout_with_its_own_turn_cap_and_reward
         session.backend = spy = CountingBackend(session.backend)
         tasks = session.task_ids("test", 2)
         assert [(t.env, t.split) for t in tasks] == [("gridworld", "test")] * 2 + [(ARITHMETIC, "test")] * 2
+        spy.take_stats()
         episodes = session.play(tasks, group_size=2, seed=1)
+        stats = spy.take_stats()
     assert [(ep.env, ep.group, ep.sample) for ep in episodes] == [
         (env, group, sample) for group, env in enumerate(["gridworld"] * 2 + [ARITHMETIC] * 2) for sample in range(2)
     ]
@@ -147,6 +159,24 @@ def test_every_env_plays_in_one_batched_rollout_with_its_own_turn_cap_and_reward
     format_mean = sum(sum(ep.rewards["format"]) for ep in grid) / len(grid)
     assert session.reward_summaries["gridworld"]["format"] == pytest.approx(format_mean)
     assert session.reward_summary["format"] == pytest.approx(format_mean)  # over the envs that reward it
+    # each turn records what the engine prefilled for it: per env, they add up to the backend's counts
+    per_env = [prefill_counts([ep for ep in episodes if ep.env == env]) for env in ("gridworld", ARITHMETIC)]
+    assert sum(c["prefill_tokens"] for c in per_env) == stats["prefill_computed"] > 0
+    assert sum(c["prefill_reused"] for c in per_env) == stats["prefill_reused"] > 0  # later turns reuse KV
+
+
+def test_an_env_of_a_mixture_draws_from_its_own_split(tiny_model_dir):
+    cfg = load_config(
+        RolloutRunConfig,
+        None,
+        [f"model.name={tiny_model_dir}", *SMALL, f"env.mix=[gridworld, {{name: '{ARITHMETIC}', split: test}}]"],
+    )
+    with RolloutSession.from_config(cfg, expert=True) as session:
+        tasks = session.task_ids("train", 1)  # the run's split: each env's own
+        assert [(t.env, t.split) for t in tasks] == [("gridworld", "train"), (ARITHMETIC, "test")]
+        assert {t.split for t in session.task_ids("test", 1)} == {"test"}  # another split: as asked
+        episodes = session.play(tasks, expert=True)
+    assert [(ep.env, ep.split) for ep in episodes] == [("gridworld", "train"), (ARITHMETIC, "test")]
 
 
 def test_a_search_on_a_mixture_searches_each_env_and_keeps_the_tasks_order(tiny_model_dir):

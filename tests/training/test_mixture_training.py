@@ -27,7 +27,12 @@ MIX = f"env.name=gridworld:0.5,{ARITHMETIC}:0.5"
 def config(tiny_model_dir, tmp_path, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
     return gridworld_configs(
-        tiny_model_dir, tmp_path, MIX, "reward.weights={sample_index: 1.0}", "optim.micro_batch_size=8", "tasks_per_step=4"
+        tiny_model_dir,
+        tmp_path,
+        MIX,
+        "reward.weights={sample_index: 1.0}",
+        "optim.micro_batch_size=8",
+        "tasks_per_step=4",
     )
 
 
