@@ -68,6 +68,14 @@ def parse_env_spec(text: str) -> list[tuple[str, float]]:
     return out
 
 
+def same_envs(first: Any, second: Any) -> bool:
+    """Whether two ``env.name`` values name the same envs, weights and order aside (``a:0.7,b`` and ``b,a``)."""
+    try:
+        return sorted(n for n, _ in parse_env_spec(first)) == sorted(n for n, _ in parse_env_spec(second))
+    except (ConfigError, AttributeError):  # not a name at all
+        return False
+
+
 def is_mixture(env_cfg: Any) -> bool:
     """Whether the env section names a mixture (several envs, a weight, or ``env.mix``) rather than one env."""
     return bool(env_cfg.mix) or _names_a_mixture(env_cfg.name)
@@ -127,8 +135,13 @@ def task_of(episode: Any, mixed: bool) -> Any:
 def _entry(item: Any, index: int) -> dict[str, Any]:
     """One ``env.mix`` entry checked: a mapping with a name, known keys, a weight (default 1)."""
     if isinstance(item, str):
-        ((name, weight),) = parse_env_spec(item)
-        return {"name": name, "weight": weight}
+        named = parse_env_spec(item)
+        if len(named) != 1:
+            raise ConfigError(
+                f"env.mix[{index}] is {item!r}, which names {len(named)} envs; each entry names one env "
+                "(a list of entries, or the mixture in env.name)"
+            )
+        return {"name": named[0][0], "weight": named[0][1]}
     if not isinstance(item, dict) or not isinstance(item.get("name"), str):
         raise ConfigError(
             f"env.mix[{index}] is {item!r}; each entry is an env name or a mapping with a name, "

@@ -90,12 +90,15 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
 
     import yaml
 
+    from omrl.mixture import same_envs
+
     run_config = Path(model).expanduser() / "config.yaml"
     if not run_config.is_file():
         return {}
     try:
         data = yaml.safe_load(run_config.read_text(encoding="utf-8"))
-        if value_at(data, "env.name") != env or mix_less_splits(data["env"].get("mix")) != mix_less_splits(mix):
+        same_mix = mix_less_splits(data["env"].get("mix")) == mix_less_splits(mix)
+        if not same_envs(value_at(data, "env.name"), env) or not same_mix:
             return {}
         return {key: value_at(data, key) for key in TRAINED_KEYS}
     except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, AttributeError):

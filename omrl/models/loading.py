@@ -261,7 +261,13 @@ def trained_demonstration(model: str, env: str) -> bool | None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None  # not a run's config: nothing is known about the model's prompts
     section = data.get("env") if isinstance(data, dict) else None
-    if isinstance(section, dict) and section.get("name") == env and isinstance(section.get("demonstration"), bool):
+    from omrl.mixture import same_envs
+
+    if (
+        isinstance(section, dict)
+        and same_envs(section.get("name"), env)
+        and isinstance(section.get("demonstration"), bool)
+    ):
         return section["demonstration"]
     return None
 

@@ -14,7 +14,8 @@ as a search branch does.
 
 Several envs play in one rollout as *lanes* (:func:`collect_lanes`): each lane has its own
 pool, template, split and turn cap, their episodes share every generate call, and each turn
-steps the lanes' envs concurrently, so a turn waits for the slowest env's step, not their sum.
+steps the lanes' I/O-bound envs concurrently, so a turn waits for the slowest such env's step, not
+their sum (in-process envs step on the loop's thread: :func:`per_pool`).
 
 Each turn's ``info`` holds the env's step info plus ``info["rollout"]``:
 ``truncated`` (cut at the token limit), ``token_exact`` (False when a backend
@@ -213,8 +214,8 @@ def collect_lanes(
             for s, reply in zip(live, replies)
             if record_reply(s, reply, s.lane.template, tokenizer, s.env) is not None
         ]
-        results = per_lane(
-            to_step, lambda s: s.lane, lambda lane, some: lane.pool.step_many([(s.env, s.action) for s in some])
+        results = per_pool(
+            to_step, lambda s: s.lane.pool, lambda pool, some: pool.step_many([(s.env, s.action) for s in some])
         )
         for state, result in zip(to_step, results):
             record_step(state, result)
@@ -259,10 +260,10 @@ def demonstration_messages(template: Template, env: Env, demonstration: Sequence
 def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_context: int) -> list[_Chain]:
     """Reset an env for each new episode (in its lane) and lay out its opening prompt."""
     envs = [lane.pool.acquire() for _, _, lane, _ in started]
-    firsts = per_lane(
+    firsts = per_pool(
         list(zip(envs, started)),
-        lambda pair: pair[1][2],
-        lambda lane, some: lane.pool.reset_many([(env, task) for env, (_, _, _, task) in some]),
+        lambda pair: pair[1][2].pool,
+        lambda pool, some: pool.reset_many([(env, task) for env, (_, _, _, task) in some]),
     )
     states = []
     for env, (group, sample, lane, task), first in zip(envs, started, firsts):
@@ -290,26 +291,30 @@ def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_contex
     return states
 
 
-def per_lane(
-    items: Sequence[Any], lane_of: Callable[[Any], Lane], call: Callable[[Lane, list[Any]], list[T]]
+def per_pool(
+    items: Sequence[Any], pool_of: Callable[[Any], EnvPool], call: Callable[[EnvPool, list[Any]], list[T]]
 ) -> list[T]:
-    """``call(lane, its items)`` for each lane among ``items``, results back in the items' order. Lanes
-    run concurrently when there are several (one lane's slow env steps while another's do), each
-    lane's own pool deciding how to run its items."""
-    lanes: dict[int, tuple[Lane, list[int]]] = {}
+    """``call(pool, its items)`` for each env pool among ``items``, results back in the items' order. With
+    several pools, those of I/O-bound envs run on threads of their own meanwhile (one env's slow steps
+    overlap another's); the others run on this thread, one after another: an in-process engine may
+    keep state per process (its random generator), which two threads would trample."""
+    pools: dict[int, tuple[EnvPool, list[int]]] = {}
     for index, item in enumerate(items):
-        lane = lane_of(item)
-        lanes.setdefault(id(lane), (lane, []))[1].append(index)
-    groups = list(lanes.values())
+        pool = pool_of(item)
+        pools.setdefault(id(pool), (pool, []))[1].append(index)
+    groups = list(pools.values())
     run = lambda group: call(group[0], [items[i] for i in group[1]])  # noqa: E731
-    if len(groups) > 1:
-        with ThreadPoolExecutor(max_workers=len(groups), thread_name_prefix="omrl-lane") as threads:
-            answers = list(threads.map(run, groups))
+    threaded = [group for group in groups if group[0].io_bound] if len(groups) > 1 else []
+    if not threaded:  # one pool (every one-env rollout), or none that waits on I/O
+        answers = {id(group[0]): run(group) for group in groups}
     else:
-        answers = [run(group) for group in groups]
+        with ThreadPoolExecutor(max_workers=len(threaded), thread_name_prefix="omrl-lane") as threads:
+            waiting = {id(group[0]): threads.submit(run, group) for group in threaded}
+            answers = {id(group[0]): run(group) for group in groups if id(group[0]) not in waiting}
+            answers.update({key: future.result() for key, future in waiting.items()})
     out: list[Any] = [None] * len(items)
-    for (_, indices), answer in zip(groups, answers):
-        for index, value in zip(indices, answer):
+    for pool, indices in groups:
+        for index, value in zip(indices, answers[id(pool)]):
             out[index] = value
     return out
 
@@ -353,10 +358,10 @@ def open_episode(
 
 def _expert_replies(tokenizer: Any, live: list[_Chain], caps: list[int]) -> list[Generation | BaseException]:
     """The scripted expert's next action per episode, as the ids of the template-formatted reply."""
-    actions = per_lane(
+    actions = per_pool(
         live,
-        lambda s: s.lane,
-        lambda lane, some: lane.pool.call_many(lambda env: env.expert_action(), [s.env for s in some]),
+        lambda s: s.lane.pool,
+        lambda pool, some: pool.call_many(lambda env: env.expert_action(), [s.env for s in some]),
     )
     eos = int(tokenizer.eos_token_id)
     out: list[Generation | BaseException] = []

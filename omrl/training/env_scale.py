@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from omrl import registry
 from omrl.errors import ConfigError
 from omrl.rewards import TOTAL
 
@@ -20,9 +21,25 @@ SCALES = ("none", "std")
 MIN_STD = 1e-6
 
 
-def check(scale: str) -> None:
+def check(cfg: Any) -> None:
+    """A known scale, and a run whose advantages come from the scaled rewards alone."""
+    scale = cfg.reward.per_env_scale
     if scale not in SCALES:
         raise ConfigError(f"unknown reward.per_env_scale {scale!r}; valid: {', '.join(SCALES)}")
+    if scale == "none":
+        return
+    if cfg.algorithm.name == "dpo":
+        raise ConfigError(
+            "reward.per_env_scale is for the grpo and ppo recipes: dpo pairs one task's replies by their "
+            "reward, which scaling an env's rewards does not change"
+        )
+    needs = registry.algorithms.component(cfg.algorithm.advantage, kind="advantage").traits.get("needs", ())
+    if needs:
+        raise ConfigError(
+            f"reward.per_env_scale={scale} scales the sampled episodes' rewards, but algorithm.advantage="
+            f"{cfg.algorithm.advantage} compares them with {', '.join(needs)} it plays apart, which would stay "
+            "unscaled; use reward.per_env_scale=none with it"
+        )
 
 
 def scale_per_env(episodes: list[Any], envs: list[str], strategy: Any) -> dict[str, float]:

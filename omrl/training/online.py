@@ -69,7 +69,7 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
             "and no reward to add to"
         )
     check_rollout_strategy(cfg)
-    env_scale.check(cfg.reward.per_env_scale)
+    env_scale.check(cfg)
     if is_mixture(cfg.env):
         mix_members(cfg)  # names, weights and per-env keys, before any model loads
     check_max_env_error_rate(cfg.max_env_error_rate)
@@ -248,25 +248,45 @@ def step_metrics(episodes: list[Any], seconds: float, session: Any, strategy: St
     stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
     if strategy.world_size > 1:
         added = ("env_errors", "tokens_per_s")
+        per_env = {k: v for k, v in metrics.items() if "/" in k}
         overall = {k: v for k, v in metrics.items() if "/" not in k}
         metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(overall).items()}
-        metrics.update(sum_per_env(strategy, {k: v for k, v in metrics.items() if "/" in k}))
+        metrics.update(sum_per_env(strategy, per_env))
         stats = strategy.sum_dicts(stats)
     return {**metrics, **generation_metrics(stats)}
 
 
+#: per-env means over the episodes that did not fail in the env (the others measured no model)
+PLAYED_MEANS = ("reward", "success", "score")
+
+
 def sum_per_env(strategy: Strategy, metrics: dict[str, float]) -> dict[str, float]:
-    """Per-env metrics over every process: counts add, means are weighted by each process's episodes
-    of that env (processes play different numbers of each env's episodes)."""
-    weighted = {
-        k: v if k.split("/")[0] in PER_ENV_COUNTS else v * metrics[f"episodes/{k.split('/', 1)[1]}"]
-        for k, v in metrics.items()
-    }
-    summed = strategy.sum_dicts(weighted)
-    return {
-        k: v if k.split("/")[0] in PER_ENV_COUNTS else v / max(1.0, summed[f"episodes/{k.split('/', 1)[1]}"])
-        for k, v in summed.items()
-    }
+    """Per-env metrics (``<metric>/<env>``) over every process, as one process would have computed them
+    from all the episodes: counts add; each mean is weighted by what it is a mean over on each process
+    (episodes, played episodes, turns); the prefill hit rate comes from the summed counts."""
+
+    def weight(key: str) -> float:
+        name, env = key.split("/", 1)
+        episodes = metrics[f"episodes/{env}"]
+        if name in PLAYED_MEANS:
+            return episodes - metrics[f"env_errors/{env}"]
+        return episodes * metrics[f"turns/{env}"] if name == "format_ok" else episodes
+
+    means = [k for k in metrics if k.split("/")[0] not in PER_ENV_COUNTS and not k.startswith("prefill_hit_rate/")]
+    sent = {k: metrics[k] for k in metrics if k.split("/")[0] in PER_ENV_COUNTS}
+    sent.update({k: metrics[k] * weight(k) for k in means})
+    sent.update({f"weight of {k}": weight(k) for k in means})
+    summed = strategy.sum_dicts(sent)
+    out = {k: v for k, v in summed.items() if k.split("/")[0] in PER_ENV_COUNTS}
+    for key in [k for k in summed if not k.startswith("weight of ") and k.split("/")[0] not in PER_ENV_COUNTS]:
+        total = summed[f"weight of {key}"]
+        out[key] = summed[key] / total if total else 0.0
+    for key in [k for k in out if k.startswith("prefill_reused/")]:
+        env = key.split("/", 1)[1]
+        computed, reused = out.get(f"prefill_tokens/{env}", 0.0), out[key]
+        if computed + reused:
+            out[f"prefill_hit_rate/{env}"] = reused / (computed + reused)
+    return out
 
 
 def evaluate(

@@ -186,6 +186,7 @@ class OnlineRecipe:
             return episodes, metrics
 
         summaries: list[tuple[int, dict[str, float]]] = []  # each draw's reward summary, by its episodes
+        env_summaries: dict[str, list[tuple[int, dict[str, float]]]] = {}  # in a mixture, each env's
 
         def play(draw: int = 0) -> list[Episode]:
             tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
@@ -195,6 +196,8 @@ class OnlineRecipe:
             if self.env_failed_step:
                 raise EnvFailure(self._env_failure_message())
             summaries.append((len(played), dict(self.session.reward_summary)))
+            for env, summary in getattr(self.session, "reward_summaries", {}).items():
+                env_summaries.setdefault(env, []).append((sum(ep.env == env for ep in played), dict(summary)))
             return played
 
         if not cfg.algorithm.dynamic_sampling:
@@ -213,6 +216,8 @@ class OnlineRecipe:
                 f"{int(extra['sampling_draws'])} extra draws; training on those it has"
             )
         self.session.reward_summary = dynamic_sampling.mean_summary(summaries)  # of every draw, not the last
+        if env_summaries:
+            self.session.reward_summaries = {e: dynamic_sampling.mean_summary(s) for e, s in env_summaries.items()}
         metrics = step_metrics(played, time.perf_counter() - started, self.session, strategy)
         return episodes, {**metrics, **extra}
 

@@ -149,12 +149,19 @@ class ReportEpisodes:
         env = str(((report.get("config") or {}).get("env") or {}).get("name", ""))
         split = str(((report.get("config") or {}).get("env") or {}).get("split", ""))
         episodes = report.get("episodes") if isinstance(report.get("episodes"), list) else []
+        # a group is one task's samples; in a mixture's report, task ids of different envs may be equal
+        pairs: dict[tuple[str, Any], int] = {}
+        mixed = any(isinstance(ep, dict) and ep.get("env") for ep in episodes)
         self.summaries = [
             {
                 "env": str(ep.get("env") or env),  # a mixture's report names each episode's env
                 "split": split,
                 "task": ep.get("task_id"),
-                "group": ep.get("task_id") or 0,
+                "group": (
+                    pairs.setdefault((str(ep.get("env")), ep.get("task_id")), len(pairs))
+                    if mixed
+                    else ep.get("task_id") or 0
+                ),
                 "sample": ep.get("sample") or 0,
                 "won": bool(ep.get("won")),
                 "reward": _number(ep.get("reward")),

@@ -9,7 +9,7 @@ import pytest
 from omrl.config import load_config
 from omrl.config.options import RolloutRunConfig, TrainRunConfig
 from omrl.errors import ConfigError, UnknownNameError
-from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members, parse_env_spec
+from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members, parse_env_spec, same_envs
 from omrl.rollout import RolloutSession
 from omrl.rollout.mixed import MixedSession
 from omrl.search import play_strategy
@@ -66,11 +66,18 @@ def test_each_env_of_a_mixture_keeps_its_own_settings_and_inherits_the_rest():
         ("env.name=gridworld,gridwrld", UnknownNameError, "unknown env 'gridwrld'. Did you mean 'gridworld'"),
         ("env.mix=[{name: gridworld, maxturns: 1}]", ConfigError, "unknown key 'maxturns'; valid: name, weight"),
         ("env.mix=[3]", ConfigError, r"env.mix\[0\] is 3; each entry is an env name or a mapping"),
+        ("env.mix=['gridworld,babyai:GoToObjS6']", ConfigError, "names 2 envs; each entry names one env"),
     ],
 )
 def test_a_bad_mixture_is_refused_naming_what_is_wrong(setting, error, match):
     with pytest.raises(error, match=match):
         mix_members(load_config(TrainRunConfig, "grpo", [setting]))
+
+
+def test_two_names_of_one_mixture_are_the_same_envs_whatever_their_weights():
+    assert same_envs(f"gridworld:0.7,{ARITHMETIC}:0.3", f"{ARITHMETIC}, gridworld")
+    assert same_envs("babyai:GoToObjS6", "babyai:GoToObjS6:2")
+    assert not same_envs("gridworld", f"gridworld,{ARITHMETIC}") and not same_envs(None, "gridworld")
 
 
 def test_a_mixture_named_twice_is_refused():

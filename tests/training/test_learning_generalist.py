@@ -35,7 +35,7 @@ def test_grpo_on_a_mixture_raises_the_reward_in_both_envs(tmp_path, register_plu
     register_plugin(GoesLeft(), name="goes-left")
     example = load_example("learn_generalist")
     budget = example.Budget(
-        expert_episodes=60, sft_epochs=8.0, grpo_steps=6, tasks_per_step=12, group_size=4, eval_tasks=0
+        expert_episodes=100, sft_epochs=16.0, grpo_steps=6, tasks_per_step=12, group_size=4, eval_tasks=0
     )  # tasks_per_step 12 of three envs: 8 a step for two
     data = example.expert_data(tmp_path / "expert.parquet", budget, ENVS)
     sft = example.sft_stage(data, tmp_path / "sft", budget, seed=0)

@@ -5,16 +5,22 @@ and a stopped run resumes to the same numbers."""
 from __future__ import annotations
 
 import io
+import threading
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 
+from omrl.config import load_config
+from omrl.config.options import RolloutRunConfig
 from omrl.data.trajectory import read_episodes
 from omrl.errors import ConfigError
+from omrl.rollout import RolloutSession
 from omrl.training.checkpoint import CheckpointError
-from omrl.training.metrics import read_metrics
+from omrl.training.metrics import per_env_metrics, read_metrics
+from omrl.training.online import step_metrics
 from omrl.training.rl import run_rl
 from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
 
@@ -116,6 +122,73 @@ def test_a_run_resumed_with_other_envs_is_refused(config):
         run_rl(other, console=QUIET)
 
 
-def test_an_unknown_per_env_scale_is_refused(config):
+def test_per_env_scaling_is_refused_where_it_would_be_wrong_or_ignored(config):
     with pytest.raises(ConfigError, match="unknown reward.per_env_scale 'z'; valid: none, std"):
         run_rl(config("reward.per_env_scale=z"), console=QUIET)
+    with pytest.raises(ConfigError, match="compares them with greedy_scores it plays apart"):
+        run_rl(config("reward.per_env_scale=std", "algorithm.advantage=remax"), console=QUIET)
+    with pytest.raises(ConfigError, match="reward.per_env_scale is for the grpo and ppo recipes"):
+        run_rl(config("reward.per_env_scale=std", algo="dpo"), console=QUIET)
+
+
+class TwoProcesses:
+    """``sum_dicts`` of two processes, played by two threads (each key summed over both, a missing key 0),
+    as the strategies' all-gather does."""
+
+    def __init__(self):
+        self.barrier, self.slots = threading.Barrier(2), [{}, {}]
+
+    def rank(self, rank: int):
+        outer = self
+
+        class Rank:
+            world_size = 2
+
+            def sum_dicts(self, values):
+                outer.slots[rank] = dict(values)
+                outer.barrier.wait()
+                keys = set(outer.slots[0]) | set(outer.slots[1])
+                out = {k: outer.slots[0].get(k, 0.0) + outer.slots[1].get(k, 0.0) for k in keys}
+                outer.barrier.wait()
+                return out
+
+        return Rank()
+
+
+def test_per_env_metrics_over_two_processes_are_what_one_process_computes_from_all(tiny_model_dir):
+    cfg = load_config(
+        RolloutRunConfig,
+        None,
+        [f"model.name={tiny_model_dir}", "env.max_turns=2", "generation.max_new_tokens=8", MIX],
+    )
+    with RolloutSession.from_config(cfg) as session:
+        episodes = session.play(session.task_ids("test", 3), group_size=2, seed=0)
+        for i, ep in enumerate(episodes):  # outcomes that differ, so every weighting shows
+            ep.won, ep.score = i % 3 == 0, i / 10
+        episodes[0].end_reason = "env_error"  # reward, success and score leave it out
+        parts = [episodes[:3], episodes[3:]]  # uneven: one process played fewer gridworld episodes
+        summaries = []
+        for part in parts:
+            session.compose(part)
+            summaries.append(dict(session.reward_summaries))
+        session.compose(episodes)
+        whole = per_env_metrics(episodes, 1.0, session.reward_summaries, session.env_names)
+    processes, results = TwoProcesses(), [None, None]
+
+    def run(rank: int) -> None:
+        played = SimpleNamespace(
+            sessions={}, env_names=["gridworld", ARITHMETIC], reward_summary={}, reward_summaries=summaries[rank]
+        )
+        played.backend = None
+        metrics = step_metrics(parts[rank], 1.0, played, processes.rank(rank))
+        results[rank] = {k: v for k, v in metrics.items() if "/" in k}
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results[0] == results[1]
+    assert set(results[0]) == set(whole)
+    for key, value in whole.items():
+        assert results[0][key] == pytest.approx(value), key

@@ -222,3 +222,17 @@ def test_the_page_of_a_one_env_run_has_no_env_control(small_run, chromium):
         page.wait_for_selector("table.list tbody tr")
         assert page.locator("select[name=env]").count() == 0 and page.locator("table.list td.env").count() == 0
         assert "env" not in page.locator("table.list thead th").all_inner_texts()
+
+
+def test_a_mixture_report_groups_each_env_s_tasks_apart():
+    from omrl.view.readers import ReportEpisodes
+
+    episodes = [
+        {"env": env, "task_id": 1_000_000, "sample": sample, "won": False}
+        for env in ("gridworld", "reasoning-gym:basic_arithmetic")
+        for sample in (0, 1)
+    ]
+    groups = [row["group"] for row in ReportEpisodes({"episodes": episodes}, "report").summaries]
+    assert groups[0] == groups[1] != groups[2] == groups[3]  # the same task id, two envs: two groups
+    single = ReportEpisodes({"episodes": [{"task_id": 7, "sample": 0}]}, "report").summaries
+    assert single[0]["group"] == 7  # a one-env report keeps the task id as its group
