@@ -150,6 +150,15 @@ def expert_and_model_episodes(num_tasks: int, group_size: int = 1) -> tuple[list
     return won, lost
 
 
+#: what a turn records of the engine, not of the episode: a warm cache prefills less of the same turn
+MEASURED = ("prefill_tokens", "prefill_reused")
+
+
+def _unmeasured(turn: Any) -> Any:
+    rollout = {k: v for k, v in turn.info.get("rollout", {}).items() if k not in MEASURED}
+    return dataclasses.replace(turn, info={**turn.info, "rollout": rollout})
+
+
 def first_difference(played: Sequence[Any], expected: Sequence[Any], logprob_tolerance: float = 1e-4) -> str | None:
     """Where two lists of episodes first differ, for an assertion message: the episode, the field and, for
     token ids, the position with the ids and log-probs there; None when they are the same. Log-probs may differ
@@ -169,8 +178,12 @@ def first_difference(played: Sequence[Any], expected: Sequence[Any], logprob_tol
         if len(a.logprobs) != len(b.logprobs) or gap > logprob_tolerance:
             return f"episode {i}: log-probs differ by up to {gap:.2e}"
         fields = [
-            f.name for f in dataclasses.fields(a) if f.name != "logprobs" and getattr(a, f.name) != getattr(b, f.name)
+            f.name
+            for f in dataclasses.fields(a)
+            if f.name not in ("logprobs", "turns") and getattr(a, f.name) != getattr(b, f.name)
         ]
+        if [_unmeasured(t) for t in a.turns] != [_unmeasured(t) for t in b.turns]:
+            fields.append("turns")
         if fields:
             return f"episode {i}: {', '.join(fields)} differ"
     return None
