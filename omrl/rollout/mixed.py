@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from omrl.backends import Backend, make_backend
+from omrl.backends import Backend
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
 from omrl.mixture import EnvTask, MixMember, member_config, mix_members
 from omrl.rollout.loop import Lane, RolloutLimits, collect_lanes
 from omrl.rollout.progress import RolloutProgress
-from omrl.rollout.session import RolloutSession, compose_rewards
+from omrl.rollout.session import RolloutSession, backend_of, compose_rewards
 
 
 class MixedSession:
@@ -48,15 +48,7 @@ class MixedSession:
         if tokenizer is None:
             tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
         if backend is None and not expert:
-            backend = make_backend(
-                cfg.generation.backend,
-                tokenizer,
-                cfg.generation,
-                model=model,
-                model_name=cfg.model.name,
-                dtype=cfg.model.dtype,
-                seed=cfg.seed,
-            )
+            backend = backend_of(cfg, tokenizer, model)
         sessions: dict[str, RolloutSession] = {}
         try:
             for member in members:

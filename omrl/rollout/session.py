@@ -69,15 +69,7 @@ class RolloutSession:
         if tokenizer is None:
             tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
         if backend is None and not expert:
-            backend = make_backend(
-                cfg.generation.backend,
-                tokenizer,
-                cfg.generation,
-                model=model,
-                model_name=cfg.model.name,
-                dtype=cfg.model.dtype,
-                seed=cfg.seed,
-            )
+            backend = backend_of(cfg, tokenizer, model)
         limits = RolloutLimits.from_config(cfg.generation, cfg.env.max_turns, cfg.chat.history)
         return cls(
             pool,
@@ -136,6 +128,19 @@ class RolloutSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def backend_of(cfg: Any, tokenizer: Any, model: Any = None) -> Backend:
+    """The generation backend a run config names (``model``: a loaded model the hf backend may share)."""
+    return make_backend(
+        cfg.generation.backend,
+        tokenizer,
+        cfg.generation,
+        model=model,
+        model_name=cfg.model.name,
+        dtype=cfg.model.dtype,
+        seed=cfg.seed,
+    )
 
 
 def compose_rewards(
