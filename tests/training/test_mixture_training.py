@@ -192,3 +192,20 @@ def test_per_env_metrics_over_two_processes_are_what_one_process_computes_from_a
     assert set(results[0]) == set(whole)
     for key, value in whole.items():
         assert results[0][key] == pytest.approx(value), key
+
+
+def test_per_env_metrics_reach_tensorboard_under_their_own_tags(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from omrl.config.options import LoggingConfig
+    from omrl.training.metrics import MetricsLogger
+
+    cfg = LoggingConfig(output_dir=str(tmp_path), tensorboard=True)
+    metrics = {"success": 0.5, "success/gridworld": 0.25, f"success/{ARITHMETIC}": 0.75}
+    with MetricsLogger(tmp_path, cfg, total_steps=1, console=QUIET) as logger:
+        logger.log(1, metrics)
+    (events,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    scalars = EventAccumulator(str(events)).Reload()
+    for key, value in metrics.items():
+        assert scalars.Scalars(f"train/{key}")[0].value == pytest.approx(value)
+    assert read_metrics(tmp_path)[0][f"success/{ARITHMETIC}"] == 0.75
