@@ -1,7 +1,7 @@
 """omrl learns several envs at once: the `tiny` model through expert data of three envs, SFT on the
 mixture, then GRPO on the mixture, against GRPO on each env alone.
 
-    python examples/learn_generalist.py            # the full run (30 minutes on 2 CPU cores)
+    python examples/learn_generalist.py            # the full run (33 minutes on 2 CPU cores)
     python examples/learn_generalist.py --quick    # a small budget (about 8 minutes)
 
 Stages, each written under ``--out`` and skipped when its result is there (so a stopped run goes on
@@ -18,6 +18,10 @@ SFT, after the mixture's GRPO and for each specialist, two ways: sampled (``eval
 task at temperature 1, the policy GRPO optimises) and greedy (one episode a task), each with its
 standard error over tasks. The macro average weighs every env alike. ``summary.json`` holds every
 number and whether the targets held; ``success.png`` draws them. Everything is seeded.
+
+Measured here (2 CPU cores, 33 minutes): sampled macro success 0% -> 57.1 +- 2.6% after SFT ->
+62.1 +- 3.3% after GRPO on the mixture (letter counting +19.5 points, gridworld and BabyAI level);
+the one-env specialists 65.1 +- 3.1%. The macro gain is 1.2 standard errors (docs/learning.md).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ class Budget:
     gamma: float = 0.9
 
 
-FULL = Budget(expert_episodes=800, sft_epochs=5.0, grpo_steps=16, tasks_per_step=12, group_size=6, eval_tasks=60)
+FULL = Budget(expert_episodes=1000, sft_epochs=8.0, grpo_steps=24, tasks_per_step=12, group_size=8, eval_tasks=60)
 QUICK = Budget(expert_episodes=150, sft_epochs=3.0, grpo_steps=4, tasks_per_step=6, group_size=6, eval_tasks=20)
 
 
