@@ -96,9 +96,10 @@ def env_errors_of_each_env(console, cfg, episodes, where: str) -> None:
 
 def compose_chosen(session, episodes) -> dict[str, float]:
     """The rewards of each search's answer, composed as the session composes (a mixture: per env)."""
+    from omrl.rollout.mixed import is_mixed
     from omrl.rollout.session import compose_rewards
 
-    if hasattr(session, "sessions"):  # a MixedSession: each env's weights and options
+    if is_mixed(session):  # each env's weights and options
         return session.compose(episodes)
     return compose_rewards(episodes, session.reward_weights, session.plugin_options)
 

@@ -120,7 +120,9 @@ def check_rollout_outputs(cfg) -> None:
 
 def tasks_of_each_env(cfg, session, tasks) -> dict[str, int]:
     """How many of ``tasks`` each env of the run has (one env: its tasks are ids, all of them its)."""
-    if not hasattr(session, "sessions"):
+    from omrl.rollout.mixed import is_mixed
+
+    if not is_mixed(session):
         return {cfg.env.name: len(tasks)}
     return {env: sum(task.env == env for task in tasks) for env in session.env_names}
 

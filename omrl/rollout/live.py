@@ -64,7 +64,7 @@ def record_reply(
         ep.error = f"{type(reply).__name__}: {reply}"
         return None
     start = len(ep.token_ids)
-    prompt_tokens = len(ep.current_row())
+    prompt_tokens = start - (ep.row_starts[-1] if ep.row_starts else 0)  # the current row's length, uncopied
     ep.token_ids += reply.token_ids
     ep.loss_mask += [1] * len(reply.token_ids)
     ep.logprobs += reply.logprobs

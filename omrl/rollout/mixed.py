@@ -19,6 +19,12 @@ from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.session import RolloutSession, backend_of, compose_rewards
 
 
+def is_mixed(session: Any) -> bool:
+    """Whether ``session`` plays a mixture (a :class:`MixedSession`, or anything with its ``sessions``
+    per env), whose tasks are :class:`~omrl.mixture.EnvTask` values and whose metrics go per env."""
+    return hasattr(session, "sessions")
+
+
 class MixedSession:
     """Plays episodes of several envs with one backend; ``sessions`` maps each env to its own session."""
 

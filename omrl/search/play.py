@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from omrl.data.trajectory import Episode
+from omrl.rollout.mixed import is_mixed
 from omrl.rollout.progress import PerTaskProgress, RolloutProgress
 from omrl.rollout.session import compose_rewards
 from omrl.search.context import SearchContext, plays_batched, run_strategy
@@ -30,7 +31,7 @@ def play_strategy(
     chosen episode) and of every generated token. On a mixture (:class:`~omrl.rollout.mixed.MixedSession`)
     see :func:`play_mixture`.
     """
-    if hasattr(session, "sessions"):
+    if is_mixed(session):
         return play_mixture(
             session,
             strategy,

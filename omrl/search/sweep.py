@@ -36,6 +36,7 @@ from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
 from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 from omrl.evaluation import episodes_by_env
+from omrl.rollout.mixed import is_mixed
 
 FORMAT = "omrl-sweep/1"
 MARKERS = "osD^vP*X"  # lines that coincide (often all at 0% or 100%) stay told apart
@@ -238,7 +239,7 @@ def run_cell(
         progress=progress,
         rewards=False,
     )
-    return cell_summary(trees, budget, time.perf_counter() - started, mixed=hasattr(session, "sessions"))
+    return cell_summary(trees, budget, time.perf_counter() - started, mixed=is_mixed(session))
 
 
 def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed: bool = False) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from omrl.data import Batch
 from omrl.errors import ConfigError
 from omrl.mixture import task_of
 from omrl.rollout import RolloutSession
+from omrl.rollout.mixed import is_mixed
 from omrl.training.tree_batch import ROW_EPISODE
 
 NEED = "greedy_scores"
@@ -44,7 +45,7 @@ def greedy_scores(session: RolloutSession, batch: Batch, split: str, seed: int) 
     processes: ``greedy_score_sum`` and ``greedy_tasks`` (of the episodes that did not fail),
     ``greedy_env_errors``)."""
     rows = batch.non_tensors[ROW_EPISODE]
-    mixed = hasattr(session, "sessions")  # a mixture's tasks name their env
+    mixed = is_mixed(session)  # a mixture's tasks name their env
     tasks = {ep.group: task_of(ep, mixed) for ep in rows}  # one greedy episode per group (a task of this step)
     groups = list(tasks)
     sampling = session.limits

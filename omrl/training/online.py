@@ -22,6 +22,7 @@ from omrl.evaluation import check_max_env_error_rate
 from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members
 from omrl.parallel import Strategy
 from omrl.rollout import RolloutSession
+from omrl.rollout.mixed import is_mixed
 from omrl.search import play_strategy, plays_batched, strategy_traits
 from omrl.search.context import check_budget
 from omrl.training import async_generation, dynamic_sampling, env_scale
@@ -243,7 +244,7 @@ def step_metrics(episodes: list[Any], seconds: float, session: Any, strategy: St
     ``prefill_tokens_per_s``) are one process's, from the tokens and seconds of all of them. In a
     mixture, each metric of the episodes also per env (``success/webshop``, :func:`per_env_metrics`)."""
     metrics = rollout_metrics(episodes, seconds, session.reward_summary)
-    if hasattr(session, "sessions"):
+    if is_mixed(session):
         metrics.update(per_env_metrics(episodes, seconds, session.reward_summaries, session.env_names))
     stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
     if strategy.world_size > 1:
@@ -311,7 +312,7 @@ def evaluate(
         stats = strategy.sum_dicts(stats)
     generation = {f"eval_{name}": value for name, value in generation_metrics(stats).items()}
     per_env: dict[str, float] = {}
-    if hasattr(session, "sessions"):  # each env's, and their macro average (every env counts alike)
+    if is_mixed(session):  # each env's, and their macro average (every env counts alike)
         for env in session.env_names:
             mine = [ep for ep in episodes if ep.env == env]
             k, w, s = strategy.sum([len(mine), sum(ep.won for ep in mine), sum(ep.score for ep in mine)])

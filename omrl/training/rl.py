@@ -36,6 +36,7 @@ from rich.console import Console
 from omrl import registry
 from omrl.algos import AlgoConfig, micro_batch_share
 from omrl.config.options import TrainRunConfig
+from omrl.rollout.mixed import is_mixed
 from omrl.training import checkpoint as ckpt
 from omrl.training import env_scale, greedy_baseline, online
 from omrl.training.distillation import add_teacher_rewards, load_teacher
@@ -118,7 +119,7 @@ class RLRecipe(OnlineRecipe):
 
             # ROLLOUT: every sample of every task, or every path of a search's trees
             episodes, metrics = self._rollout(started, seed)
-            if cfg.reward.per_env_scale != "none" and hasattr(self.session, "sessions"):
+            if cfg.reward.per_env_scale != "none" and is_mixed(self.session):
                 metrics.update(env_scale.scale_per_env(episodes, self.session.env_names, strategy))
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's
