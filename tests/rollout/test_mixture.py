@@ -199,3 +199,22 @@ def test_a_search_on_a_mixture_searches_each_env_and_keeps_the_tasks_order(tiny_
     assert [(tree.group, tree.task_id) for tree in trees] == [(0, 1_000_000), (1, 1_000_000), (2, 1_000_001)]
     assert {ep.group: ep.env for ep in episodes} == {0: "gridworld", 1: ARITHMETIC, 2: "gridworld"}
     assert set(session.reward_summaries) == {"gridworld", ARITHMETIC}
+
+
+def test_in_process_envs_step_on_the_loop_s_thread_and_io_bound_ones_on_their_own():
+    import threading
+
+    from omrl.rollout.loop import per_pool
+
+    class Pool:
+        def __init__(self, io_bound):
+            self.io_bound = io_bound
+
+    engine, another, server = Pool(False), Pool(False), Pool(True)
+    items = [engine, server, another, engine, server]
+    seen = per_pool(items, lambda pool: pool, lambda pool, some: [threading.current_thread().name] * len(some))
+    here = threading.current_thread().name
+    # an in-process engine may keep process-wide random state: never stepped from another thread
+    assert seen[0] == seen[2] == seen[3] == here
+    assert seen[1] == seen[4] != here  # a server's waits overlap the others'
+    assert per_pool(items, lambda pool: pool, lambda pool, some: [id(pool)] * len(some)) == [id(p) for p in items]
