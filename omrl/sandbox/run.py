@@ -85,6 +85,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from omrl.errors import OmrlError
 
@@ -154,19 +155,45 @@ def run_sandboxed(
     :raises OmrlError: on bad arguments, or when the isolation cannot be set up.
     """
     argv, code = _program(command, language)
+    spec = build_spec(
+        argv,
+        code,
+        timeout_s=timeout_s,
+        cpu_time_s=cpu_time_s,
+        memory_mb=memory_mb,
+        max_processes=max_processes,
+        max_file_mb=max_file_mb,
+        disk_mb=disk_mb,
+    )
+    if max_output_bytes <= 0:
+        raise OmrlError(f"run_sandboxed: max_output_bytes must be positive, got {max_output_bytes}")
+    unshare = check_host()
+    data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+    return _run(unshare, spec, data, max_output_bytes)
+
+
+def build_spec(
+    argv: list[str],
+    code: str | None,
+    *,
+    timeout_s: float,
+    cpu_time_s: int | None,
+    memory_mb: int,
+    max_processes: int,
+    max_file_mb: int,
+    disk_mb: int,
+) -> dict:
+    """The helper's spec for one run (see `run_sandboxed` for the limits); OmrlError on a bad limit."""
     for name, value in [
         ("timeout_s", timeout_s),
         ("memory_mb", memory_mb),
         ("max_processes", max_processes),
         ("max_file_mb", max_file_mb),
         ("disk_mb", disk_mb),
-        ("max_output_bytes", max_output_bytes),
     ]:
         if value <= 0:
             raise OmrlError(f"run_sandboxed: {name} must be positive, got {value}")
-    process_bytes = _process_share(memory_mb, max_processes)
-    unshare = _check_host()
-    spec = {
+    return {
         "argv": argv,
         "code": code,
         "uid": _UID_BASE + secrets.randbelow(_UID_SPAN),
@@ -175,13 +202,11 @@ def run_sandboxed(
         "timeout_s": timeout_s,
         "cpu_time_s": int(cpu_time_s or math.ceil(timeout_s)),
         "memory_mb": memory_mb,
-        "process_memory_bytes": process_bytes,
+        "process_memory_bytes": _process_share(memory_mb, max_processes),
         "max_processes": max_processes,
         "max_file_mb": max_file_mb,
         "disk_mb": disk_mb,
     }
-    data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
-    return _run(unshare, spec, data, max_output_bytes)
 
 
 # --- in the caller's process ---------------------------------------------------------------------
@@ -242,7 +267,7 @@ def _namespaces() -> dict[str, str]:
     return {name: os.readlink(f"/proc/self/ns/{name}") for name in _NAMESPACES}
 
 
-def _check_host() -> str:
+def check_host() -> str:
     """The path of ``unshare``, once sure this host can build the sandbox; else an OmrlError saying why."""
     if not sys.platform.startswith("linux"):
         raise OmrlError(f"the sandbox needs Linux namespaces; this is {sys.platform}, so model-written code cannot run")
@@ -260,8 +285,9 @@ def _check_host() -> str:
     return unshare
 
 
-def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
-    """Start the helper in new namespaces, feed it the spec, pump the program's I/O, read how it ended."""
+def launch(unshare: str, spec: dict) -> tuple[subprocess.Popen, BinaryIO]:
+    """Start the helper in new namespaces and send it the spec. Returns the process (its stdin,
+    stdout and stderr are the program's) and the read end of the pipe of the helper's report."""
     spec_r, spec_w = os.pipe()
     status_r, status_w = os.pipe()
     package_parent = str(Path(__file__).resolve().parents[2])
@@ -287,23 +313,29 @@ def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
     finally:
         os.close(spec_r)
         os.close(status_w)
-    with proc, os.fdopen(status_r, "rb") as status_file:
+    _send_spec(spec_w, spec)
+    return proc, os.fdopen(status_r, "rb")
+
+
+def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
+    """Start the helper, pump the program's I/O, read how it ended."""
+    proc, status_file = launch(unshare, spec)
+    with proc, status_file:
         try:
-            _send_spec(spec_w, spec)
             deadline = time.monotonic() + spec["timeout_s"]
             out, err, truncated, timed_out = _pump(proc, stdin, deadline, cap)
             if not timed_out:  # both pipes are closed, but a program can close them and go on running
                 timed_out = _wait_until(proc, deadline)
         finally:
             if proc.poll() is None:  # only after an exception above: never leave a run behind
-                _kill_group(proc)
+                kill_group(proc)
         proc.wait()
         raw_status = status_file.read()
-    return _result(json.loads(raw_status) if raw_status else None, out, err, truncated, timed_out)
+    return result_of(json.loads(raw_status) if raw_status else None, out, err, truncated, timed_out)
 
 
 def _send_spec(fd: int, spec: dict) -> None:
-    """Write the spec to the helper; if ``unshare`` already failed, `_result` reports its message."""
+    """Write the spec to the helper; if ``unshare`` already failed, `result_of` reports its message."""
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(json.dumps(spec).encode())
@@ -331,7 +363,7 @@ def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, cap: int) -> tu
         while selector.get_map():
             left = deadline - time.monotonic()
             if left <= 0 and not timed_out:
-                _kill_group(proc)
+                kill_group(proc)
                 timed_out, deadline, left = True, deadline + _KILL_GRACE_S, _KILL_GRACE_S
             elif left <= 0:
                 break  # killed and still open: something outside the namespace holds the pipe
@@ -371,11 +403,11 @@ def _wait_until(proc: subprocess.Popen, deadline: float) -> bool:
         proc.wait(timeout=max(deadline - time.monotonic(), 0))
         return False
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         return True
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """SIGKILL ``unshare`` and the helper; the helper's death takes the whole PID namespace with it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -383,7 +415,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _result(status: dict | None, out: bytes, err: bytes, truncated: bool, timed_out: bool) -> SandboxResult:
+def result_of(status: dict | None, out: bytes, err: bytes, truncated: bool, timed_out: bool) -> SandboxResult:
     """Turn the helper's report (None if it never wrote one) into a SandboxResult, or an OmrlError
     if the sandbox was never set up."""
     if status and "error" in status:

@@ -1,0 +1,84 @@
+"""``code`` and ``code:<env>``: a sandboxed Python interpreter as a tool beside any env's actions.
+
+``code:reasoning-gym:products`` is reasoning-gym's ``products`` with a ``python`` tool: the model
+may run code (``python[print(1663 * 5242)]``, or a native tool call), reads its output, and
+answers with ``answer[8717446]``; the dataset's own scorer scores the answer. Every reasoning-gym
+dataset has its ``code:`` name; ``code`` with ``env=`` wraps any other env (``env=gem:...``,
+``env=dataset`` with ``options={"path": ...}``).
+
+Options (``plugins."code:reasoning-gym:products".<option>``): ``env`` and ``options`` (the wrapped
+env and its own options; fixed in the ``code:`` names), ``persistent`` (False: each call starts a
+fresh interpreter; True: one interpreter per episode keeps its variables), ``timeout_s`` (5, per
+call), ``memory_mb`` (256), ``max_output_chars`` (2000, a longer result is cut and says so),
+``max_calls`` (4 python calls an episode), ``warm`` (2 interpreters kept started per process).
+
+The code runs in omrl's sandbox (`omrl.sandbox`), never outside it: a host that cannot build the
+sandbox (not Linux, not root, no ``unshare``) is refused when the env is built.
+
+The expert (``omrl rollout --expert``) of an arithmetic question runs its expression through the
+tool (``python[print(1663 * 5242)]``) and then gives the wrapped env's own expert answer.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from omrl.envs import create_env
+from omrl.registry import envs as env_registry
+from omrl_plugins.envs.code.python_tool import PythonTool
+from omrl_plugins.envs.tooling import ANSWER_TOOL, ToolEnv
+
+# an arithmetic expression inside a question: numbers joined by + - * / and parentheses
+_EXPRESSION = re.compile(r"[-(]*\s*\d[\d.\s]*(?:\)*\s*[-+*/]\s*[-(\s]*\d[\d.\s]*)+\)*")
+
+
+def expression_in(question: str) -> str | None:
+    """The longest arithmetic expression in ``question`` ("Calculate 5 - 3 - 6." -> "5 - 3 - 6")."""
+    found = [match.group(0).strip().rstrip(".").strip() for match in _EXPRESSION.finditer(question)]
+    found = [text for text in found if text.count("(") == text.count(")")]
+    return max(found, key=len) if found else None
+
+
+class CodeEnv(ToolEnv):
+    """A Python interpreter in omrl's sandbox as a tool beside any env's actions (``env=``)."""
+
+    def __init__(
+        self,
+        env: str = "reasoning-gym:products",
+        options: dict[str, Any] | None = None,
+        persistent: bool = False,
+        timeout_s: float = 5.0,
+        memory_mb: int = 256,
+        max_output_chars: int = 2000,
+        max_calls: int = 4,
+        warm: int = 2,
+    ):
+        tool = PythonTool(persistent, timeout_s, memory_mb, max_output_chars, warm)
+        super().__init__(create_env(env_registry.get(env), options, env), [tool], max_calls)
+        self.question = ""
+
+    def reset(self, task_id: int):
+        first = super().reset(task_id)
+        self.question = first.text
+        return first
+
+    def expert_action(self) -> str | None:
+        expression = expression_in(self.question)
+        if self.calls == 0 and expression is not None:
+            return f"python[print({expression})]"
+        return super().expert_action()
+
+
+def code_variant(inner: str, package: str = "", extra: str = "") -> type[CodeEnv]:
+    """``code:<inner>``: CodeEnv with its wrapped env fixed, as its own registry name."""
+    from omrl.envs import env_variant
+
+    variant = env_variant(
+        CodeEnv,
+        "Code_" + re.sub(r"\W", "_", inner),
+        f"{inner} with a sandboxed python tool ({ANSWER_TOOL}[...] ends the episode).",
+        env=inner,
+    )
+    variant.package, variant.extra = package, extra
+    return variant

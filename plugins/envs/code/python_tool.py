@@ -1,0 +1,109 @@
+"""The ``python`` tool: model-written code run in omrl's sandbox, its output the tool's result.
+
+Each call runs in a fresh interpreter by default (nothing carries over, so a call's result depends
+on its code alone); ``persistent=True`` keeps one live interpreter per episode, so variables and
+imports carry from call to call, as in a notebook. Either way the interpreter is sandboxed
+(`omrl.sandbox`: no network, no host files, an unprivileged uid, time, memory and output limits),
+and a few are kept started (``warm``) so that no call waits for a sandbox to start.
+
+Code that raises, times out or is killed by a limit is the model's doing: its traceback or the
+limit is the result (``error``). A sandbox that cannot start is not: `call` raises
+`omrl.envs.EnvError`, and the episode ends as ``env_error``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from omrl.envs import EnvError
+from omrl.errors import ConfigError, OmrlError
+from omrl.sandbox.interpreter import Interpreter, InterpreterPool
+from omrl.sandbox.run import check_host
+from omrl_plugins.envs.tooling import ToolResult, truncate
+
+SPEC = {
+    "name": "python",
+    "description": (
+        "Run Python 3 code (standard library only, no network, no files kept) and see what it prints; "
+        "the value of a last bare expression is printed too."
+    ),
+    "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+}
+
+_pools: dict[tuple, InterpreterPool] = {}
+_pools_lock = threading.Lock()
+
+
+def shared_pool(size: int, limits: dict[str, Any]) -> InterpreterPool:
+    """One pool per process for each size and limits: every env instance of a rollout draws from it."""
+    key = (size, tuple(sorted(limits.items())))
+    with _pools_lock:
+        if key not in _pools:
+            _pools[key] = InterpreterPool(size, **limits)
+        return _pools[key]
+
+
+class PythonTool:
+    """Runs the ``code`` argument in a sandboxed interpreter; see the module docstring."""
+
+    spec = SPEC
+
+    def __init__(
+        self,
+        persistent: bool = False,
+        timeout_s: float = 5.0,
+        memory_mb: int = 256,
+        max_output_chars: int = 2000,
+        warm: int = 2,
+    ):
+        for name, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_output_chars", max_output_chars)):
+            if not value > 0:
+                raise ConfigError(f"the python tool's {name} must be positive, got {value!r}")
+        if warm < 0:
+            raise ConfigError(f"the python tool's warm (interpreters kept started) must be 0 or more, got {warm!r}")
+        try:
+            check_host()  # refuse now, before any model loads: model-written code never runs unsandboxed
+        except OmrlError as exc:
+            raise ConfigError(f"the python tool cannot run here: {exc}") from exc
+        self.persistent, self.timeout_s, self.max_output_chars = persistent, timeout_s, max_output_chars
+        limits = {"memory_mb": memory_mb, "max_processes": 4, "cpu_time_s": int(timeout_s * 20) + 5}
+        self.pool = shared_pool(warm, limits)
+        self.live: Interpreter | None = None
+
+    def call(self, arguments: dict[str, Any]) -> ToolResult:
+        code = arguments.get("code")
+        if not isinstance(code, str) or not code.strip():
+            return ToolResult("The python tool needs code to run: python[print(1 + 1)].", error=True)
+        interpreter = self._interpreter()
+        result = interpreter.run(code, timeout_s=self.timeout_s, max_output_bytes=self.max_output_chars)
+        text = (result.stdout + result.stderr) or "(no output)"
+        if interpreter.dead:
+            text += f"\n[the interpreter was stopped: {result.killed_reason or 'it exited'}"
+            text += "; its variables are gone]" if self.persistent else "]"
+        if not self.persistent or interpreter.dead:
+            self._drop(interpreter)
+        return ToolResult(truncate(text, self.max_output_chars), error=result.exit_code != 0)
+
+    def _interpreter(self) -> Interpreter:
+        if self.live is not None:
+            return self.live
+        try:
+            interpreter = self.pool.take()
+        except OmrlError as exc:
+            raise EnvError(f"the python sandbox could not start: {exc}") from exc
+        if self.persistent:
+            self.live = interpreter
+        return interpreter
+
+    def _drop(self, interpreter: Interpreter) -> None:
+        if interpreter is self.live:
+            self.live = None
+        interpreter.close()
+
+    def end_episode(self) -> None:
+        if self.live is not None:
+            self._drop(self.live)
+
+    def close(self) -> None:
+        self.end_episode()

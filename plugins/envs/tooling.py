@@ -1,0 +1,198 @@
+"""Tools beside an env's own actions: the shared core of the ``code`` and ``mcp`` env families.
+
+A :class:`ToolEnv` wraps an env that holds the tasks and scores the answers (a reasoning-gym dataset,
+your own file through the ``dataset`` env) and offers the model some :class:`Tool` s as well: a
+Python interpreter in omrl's sandbox, an MCP server's tools. A tool call is a turn: its result is
+the next observation (a ``tool`` message under the ``tool_call`` template), the episode goes on, and
+only the wrapped env's answer ends it and is scored.
+
+Action text (what text templates parse, and what native tool calls become):
+
+- ``name[text]`` for a tool with one string argument (``python[print(6 * 7)]``; the text may span
+  lines and hold brackets: everything up to the last ``]`` is the argument);
+- ``name[{"arg": ..., ...}]`` (a JSON object) for any other tool;
+- ``answer[text]``: the final answer, when the wrapped env has no tools of its own (a one-turn
+  env's action is its answer); anything that names no tool goes to the wrapped env as it is.
+
+Failures are split by whose they are. What the agent sent wrong (code that raises or times out, a
+tool call with bad arguments, an unknown tool, a server's own error result) is its observation,
+``info["tool_error"] = True``, and the episode goes on. A tool that cannot do its job (a sandbox
+that cannot start, a server that died or does not answer) raises :class:`omrl.envs.EnvError`: the
+episode ends as ``env_error`` with that reason, is counted, and never trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from omrl.envs import Env, Observation, StepResult
+from omrl.errors import short_repr
+
+ANSWER_TOOL = "answer"
+_CALL = re.compile(r"\s*([A-Za-z_][\w.-]*)\[(.*)\]\s*\Z", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one call gave: the text shown to the model, and whether the call itself was at fault."""
+
+    text: str
+    error: bool = False
+
+
+class Tool(Protocol):
+    """A callable tool: its spec in the OpenAI function format, and a call on an argument dict."""
+
+    spec: dict[str, Any]  # {"name", "description", "parameters" (a JSON schema)}
+
+    def call(self, arguments: dict[str, Any]) -> ToolResult:
+        """Run the call; raise omrl.envs.EnvError when the tool (not the call) failed."""
+
+    def end_episode(self) -> None:
+        """The episode is over: drop what belonged to it (a live interpreter)."""
+
+    def close(self) -> None:
+        """Free what the tool holds (processes, connections)."""
+
+
+def single_string_argument(spec: dict[str, Any]) -> str | None:
+    """The name of a tool's only argument when it is a string (``code`` of ``python``), else None."""
+    props = (spec.get("parameters") or {}).get("properties") or {}
+    if len(props) == 1:
+        ((name, schema),) = props.items()
+        if schema.get("type", "string") == "string":
+            return name
+    return None
+
+
+def truncate(text: str, limit: int, what: str = "output") -> str:
+    """``text`` cut to ``limit`` characters, ending with a note saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[{what} truncated: {len(text) - limit} more characters]"
+
+
+class ToolEnv(Env):
+    """An env with tools beside its own actions; the wrapped env holds the tasks and the scoring."""
+
+    io_bound = True
+    deterministic = False
+
+    def __init__(self, inner: Env, tools: Sequence[Tool], max_calls: int = 4):
+        if max_calls < 1:
+            raise ValueError(f"max_calls must be at least 1, got {max_calls!r}")
+        self.inner, self.max_calls = inner, max_calls
+        self.own_tools = {tool.spec["name"]: tool for tool in tools}
+        inner_tools = list(getattr(inner, "tools", None) or [])
+        clash = sorted(set(self.own_tools) & ({t["name"] for t in inner_tools} | {ANSWER_TOOL}))
+        if clash:
+            raise ValueError(f"tool name(s) {clash} clash with the wrapped env's actions; rename the tool")
+        self.answers_as_tool = not inner_tools
+        if self.answers_as_tool:
+            inner_tools = [
+                {
+                    "name": ANSWER_TOOL,
+                    "description": f"Give your final answer; it ends the episode. {inner.action_help}".strip(),
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"answer": {"type": "string"}},
+                        "required": ["answer"],
+                    },
+                }
+            ]
+        self.tools = [*inner_tools, *(tool.spec for tool in tools)]
+        self.splits = inner.splits
+        self.max_turns = inner.max_turns + max_calls
+        self.demonstration = ()
+        self.calls = 0
+        names = ", ".join(f"{name}[...]" for name in self.own_tools)
+        final = "answer[your answer]" if self.answers_as_tool else "one of the task's actions"
+        self.action_help = (
+            f"Call a tool ({names}) to compute something, at most {max_calls} times, then finish with {final}. "
+            f"{inner.action_help}"
+        ).strip()
+
+    def task_ids(self, split: str) -> Sequence[int]:
+        return self.inner.task_ids(split)
+
+    def reset(self, task_id: int) -> Observation:
+        self.end_tools()
+        self.calls = 0
+        return self.inner.reset(task_id)
+
+    def step(self, action: str) -> StepResult:
+        call = _CALL.match(action)
+        name = call.group(1) if call else None
+        if name in self.own_tools:
+            return self._call(self.own_tools[name], call.group(2))
+        if name == ANSWER_TOOL and self.answers_as_tool:
+            action = call.group(2).strip()
+        return self.inner.step(action)
+
+    def _call(self, tool: Tool, raw: str) -> StepResult:
+        name = tool.spec["name"]
+        info = {"won": False, "score": 0.0, "tool": name}
+        if self.calls >= self.max_calls:
+            text = f"No tool calls left (at most {self.max_calls} an episode); give your answer now."
+            return StepResult(text, 0.0, False, {**info, "tool_error": True, "invalid": True})
+        self.calls += 1
+        arguments, problem = self._arguments(tool.spec, raw)
+        result = ToolResult(problem, error=True) if problem else tool.call(arguments)
+        return StepResult(result.text, 0.0, False, {**info, "tool_error": result.error})
+
+    @staticmethod
+    def _arguments(spec: dict[str, Any], raw: str) -> tuple[dict[str, Any], str]:
+        """A call's arguments from its action text, or ({}, what is wrong with it)."""
+        only = single_string_argument(spec)
+        if only is not None:
+            return {only: raw}, ""
+        try:
+            value = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            return {}, f"The arguments of {spec['name']} must be a JSON object: {exc}."
+        if not isinstance(value, dict):
+            return {}, f"The arguments of {spec['name']} must be a JSON object, got {short_repr(value)}."
+        return value, ""
+
+    def action_from_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
+        if name in self.own_tools:
+            only = single_string_argument(self.own_tools[name].spec)
+            if only is not None and set(arguments) <= {only}:
+                return f"{name}[{arguments.get(only, '')}]"
+            return f"{name}[{json.dumps(arguments, ensure_ascii=False)}]"
+        if name == ANSWER_TOOL and self.answers_as_tool:
+            return f"{ANSWER_TOOL}[{arguments.get('answer', '')}]"
+        return self.inner.action_from_tool_call(name, arguments)
+
+    def admissible_actions(self) -> list[str] | None:
+        return None
+
+    def expert_action(self) -> str | None:
+        action = self.inner.expert_action()
+        if action is None or not self.answers_as_tool:
+            return action
+        return f"{ANSWER_TOOL}[{action}]"
+
+    def end_tools(self) -> None:
+        for tool in self.own_tools.values():
+            tool.end_episode()
+
+    def end_episode(self) -> None:
+        self.end_tools()
+        self.inner.end_episode()
+
+    def close(self) -> None:
+        try:
+            for tool in self.own_tools.values():
+                tool.close()
+        finally:
+            self.inner.close()
+
+
+def tool_counts(turns: Sequence[Any]) -> dict[str, int]:
+    """An episode's tool use: calls made, calls that went wrong (``tool_error``), from its turns' info."""
+    calls = [turn.info for turn in turns if turn.info.get("tool")]
+    return {"tool_calls": len(calls), "tool_errors": sum(bool(info.get("tool_error")) for info in calls)}

@@ -1,0 +1,166 @@
+"""The ``code`` env family: a sandboxed python tool beside a task env, its failures sorted by whose they are."""
+
+from __future__ import annotations
+
+import secrets
+import stat
+
+import pytest
+
+from omrl import registry
+from omrl.envs import EnvError, create_env
+from omrl.errors import ConfigError
+from omrl.models import load_model
+from omrl.rollout import EnvPool, RolloutLimits, collect
+from omrl.sandbox import run as sandbox
+from omrl.training.rl_data import trainable
+from omrl_plugins.envs.code.env import expression_in
+from omrl_plugins.envs.tooling import tool_counts
+from tests.chat.thinking import TOOL_ROLE, ForcedBackend, build_qwen3_like
+from tests.sandbox.test_sandbox import README, attempts, needs_sandbox, outcomes
+
+pytestmark = needs_sandbox
+NAME = "code:reasoning-gym:chain_sum"
+
+
+def build(name: str = NAME, **options):
+    return create_env(registry.envs.get(name), {"warm": 0, **options}, name)
+
+
+def test_the_expert_computes_with_the_tool_and_its_answer_is_scored_by_the_dataset():
+    env = build()
+    try:
+        first = env.reset(3)
+        assert [tool["name"] for tool in env.tools] == ["answer", "python"]
+        expression = expression_in(first.text)
+        call = env.step(env.expert_action())
+        assert env.expert_action() == f"answer[{eval(expression)}]"  # noqa: S307 - the test's own arithmetic
+        assert call.observation == f"{eval(expression)}\n" and not call.done  # noqa: S307
+        assert call.info == {"won": False, "score": 0.0, "tool": "python", "tool_error": False}
+        final = env.step(env.expert_action())
+        assert final.done and final.won and final.reward == 1.0
+        env.reset(3)
+        assert not env.step("answer[12345678]").won  # a wrong answer scores 0
+    finally:
+        env.close()
+
+
+def test_a_failing_call_is_the_agents_turn_and_the_episode_goes_on():
+    env = build(max_calls=2)
+    try:
+        env.reset(0)
+        bad = env.step("python[1 / 0]")
+        assert bad.info["tool_error"] and "ZeroDivisionError" in bad.observation and not bad.done
+        slow = env.step("python[while True: pass]")
+        assert slow.info["tool_error"] and "ran past" in slow.observation
+        spent = env.step("python[print(1)]")
+        assert spent.info["invalid"] and "No tool calls left" in spent.observation and not spent.done
+        assert env.step("answer[0]").done
+    finally:
+        env.close()
+
+
+def test_each_call_is_fresh_unless_the_interpreter_is_persistent():
+    for persistent, seen in ((False, "NameError"), (True, "41")):
+        env = build(persistent=persistent)
+        try:
+            env.reset(0)
+            env.step("python[x = 41]")
+            assert seen in env.step("python[x]").observation
+            env.reset(1)  # a new episode never sees the last one's variables
+            assert "NameError" in env.step("python[x]").observation
+        finally:
+            env.close()
+
+
+def test_code_sent_through_the_tool_cannot_escape(tmp_path):
+    token = secrets.token_hex(16)
+    (tmp_path / "secret.txt").write_text(token)
+    tmp_path.chmod(0o777)
+    code = attempts(
+        f"readme: open({str(README)!r}).read()",
+        f"secret: print(open({str(tmp_path / 'secret.txt')!r}).read())",
+        f"write: open({str(tmp_path / 'pwned')!r}, 'w').write('x')",
+        "internet: socket.create_connection(('1.1.1.1', 53), timeout=3)",
+        "root: os.setuid(0)",
+    )
+    env = build(persistent=True)
+    try:
+        env.reset(0)
+        result = env.step(f"python[{code}]")
+    finally:
+        env.close()
+    assert token not in result.observation
+    assert outcomes(type("R", (), {"stdout": result.observation})) == {
+        "readme": "FileNotFoundError",
+        "secret": "FileNotFoundError",
+        "write": "FileNotFoundError",
+        "internet": "OSError",
+        "root": "PermissionError",
+    }
+    assert list(tmp_path.iterdir()) == [tmp_path / "secret.txt"]
+
+
+def test_a_host_without_the_sandbox_is_refused_before_any_code_runs(monkeypatch):
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="python tool cannot run here: .*needs root"):
+        build()
+
+
+def test_a_sandbox_that_cannot_start_ends_the_episode_as_env_error_never_trained_on(
+    monkeypatch, tmp_path, tiny_model_dir
+):
+    fake = tmp_path / "unshare"  # what unshare does in a container that forbids namespaces
+    fake.write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    env = build()
+    env.reset(0)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda *a, **k: str(fake))
+    with pytest.raises(EnvError, match="python sandbox could not start.*Operation not permitted"):
+        env.step("python[print(1)]")
+    env.close()
+
+    model, tokenizer = load_model(tiny_model_dir)
+    template = registry.templates.get("react")()
+    backend = ForcedBackend(model, tokenizer, lambda call, i, p: "Think: add.\nAct: python[print(2 + 2)]")
+    episodes = collect(
+        EnvPool(registry.envs.get(NAME), {"warm": 0}, name=NAME),
+        template,
+        tokenizer,
+        [0, 1],
+        backend=backend,
+        limits=RolloutLimits(max_new_tokens=64),
+    )
+    assert [ep.end_reason for ep in episodes] == ["env_error", "env_error"]
+    assert all("Operation not permitted" in ep.error for ep in episodes)
+    assert trainable(episodes) == []
+
+
+def test_native_tool_calls_run_the_code_and_answer_with_a_tool_message(tmp_path):
+    model_dir = build_qwen3_like(tmp_path / "qwen3", TOOL_ROLE)
+    model, tokenizer = load_model(str(model_dir))
+    template = registry.templates.get("tool_call")()
+    env_class = registry.envs.get(NAME)
+    probe = create_env(env_class, {"warm": 0}, NAME)
+    probe.reset(0)
+    expression = expression_in(probe.reset(0).text)
+    probe.close()
+    actions = [f"python[print({expression})]", f"answer[{eval(expression)}]"]  # noqa: S307
+    backend = ForcedBackend(
+        model, tokenizer, lambda call, i, p: template.format_action(actions[min(call, 1)], probe, "Compute it.")
+    )
+    [ep] = collect(
+        EnvPool(env_class, {"warm": 0}, name=NAME),
+        template,
+        tokenizer,
+        [0],
+        backend=backend,
+        limits=RolloutLimits(max_new_tokens=128, max_context=4096),
+    )
+    assert ep.won and [m["role"] for m in ep.messages[1:]] == ["user", "assistant", "tool", "assistant"]
+    assert ep.messages[2]["tool_calls"][0]["function"] == {
+        "name": "python",
+        "arguments": {"code": f"print({expression})"},
+    }
+    assert ep.messages[3]["content"] == f"{eval(expression)}\n"  # noqa: S307
+    assert tool_counts(ep.turns) == {"tool_calls": 1, "tool_errors": 0}
