@@ -19,7 +19,9 @@ Life of an instance::
     env.close()
 
 ``StepResult.info`` always carries ``won`` (bool) and ``score`` (float in [0, 1]),
-kept apart from the step reward. An invalid action returns an explanatory
+kept apart from the step reward. A step that was a tool call (code run, a server's tool) names the
+tool in ``info["tool"]`` and sets ``info["tool_error"]`` when the call went wrong; the metrics
+count them (``tool_call_rate``, ``valid_tool_call_rate``). An invalid action returns an explanatory
 observation with ``info["invalid"] = True``; it never raises. Stepping a finished
 episode raises :class:`EpisodeFinishedError`; an unknown task raises
 :class:`UnknownTaskError`.

@@ -161,6 +161,7 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
         "env_error_rate": (n - m) / n,
         "not_token_exact": sum(not token_exact(ep) for ep in episodes),
         "end_reasons": {reason: count for reason, count in Counter(ep.end_reason for ep in episodes).items()},
+        **tool_use(played),
     }
     if not by_task:  # every episode failed in the env: nothing to estimate pass@k from
         return metrics
@@ -169,6 +170,23 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
         metrics[f"pass@{k}"] = sum(pass_at_k(len(g), sum(ep.won for ep in g), k) for g in groups) / len(groups)
     metrics[f"best_of_{samples}_score"] = sum(max(ep.score for ep in g) for g in by_task.values()) / len(by_task)
     return metrics
+
+
+def tool_use(episodes: Sequence[Episode]) -> dict[str, float]:
+    """How the episodes used tools, read from the turns an env marked as tool calls (``info["tool"]``):
+    ``tool_call_rate`` (the share of episodes with a call), ``tool_calls_per_episode`` and
+    ``valid_tool_call_rate`` (the share of calls that ran without ``info["tool_error"]``: code that
+    raised or timed out, bad arguments, a call over the limit). Empty when no turn called a tool, so an
+    env without tools reports nothing about them."""
+    calls = [[t.info for t in ep.turns if t.info.get("tool")] for ep in episodes]
+    made = sum(len(c) for c in calls)
+    if not made:
+        return {}
+    return {
+        "tool_call_rate": sum(bool(c) for c in calls) / len(episodes),
+        "tool_calls_per_episode": made / len(episodes),
+        "valid_tool_call_rate": sum(not info.get("tool_error") for c in calls for info in c) / made,
+    }
 
 
 def _rate(count: int, total: int) -> float:

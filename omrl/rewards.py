@@ -130,13 +130,16 @@ def compose_rewards(
     called once with the whole batch and ``options[name]``; its per-turn values
     go to ``episode.rewards[name]`` and the weighted per-turn sum to
     ``episode.rewards["total"]``. A weight of 0 logs a component without
-    training on it. Nothing is stored unless every component succeeds.
+    training on it. Nothing is stored unless every component succeeds. Episodes whose env failed
+    (``end_reason`` ``env_error``) are passed to no component: they measured nothing, so each
+    component and the total are 0 on their turns and they count in no mean.
 
     ``options`` may be a run config's whole ``plugins`` block (options keyed by
     plugin name): keys that name no weighted component, such as the env's or
     the template's options, are left alone.
 
-    Returns each component's (and the total's) mean per-episode sum, for logging.
+    Returns each component's (and the total's) mean per-episode sum over the episodes that did not
+    fail in the env, for logging.
 
     >>> from omrl.data import Episode, Turn
     >>> ep = Episode(env="gridworld", task_id=0, split="train", instruction="", won=True, score=1.0,
@@ -164,24 +167,29 @@ def compose_rewards(
     options = dict(options or {})
 
     episodes = list(episodes)
+    # an episode whose env failed measured nothing: no reward function sees it, and it scores 0
+    played = [ep for ep in episodes if ep.end_reason != "env_error"]
     components: dict[str, list[list[float]]] = {}
     for name in weights:
         fn = registry.rewards.get(name)
         opts = dict(options.get(name) or {})
         _check_options(name, fn, opts)
-        components[name] = _checked(name, fn(episodes, **opts), episodes)
+        components[name] = _checked(name, fn(played, **opts), played) if played else []
 
-    for i, ep in enumerate(episodes):
+    for ep in episodes:
+        for name in weights:
+            ep.rewards[name] = [0.0] * len(ep.turns)
+        ep.rewards[TOTAL] = [0.0] * len(ep.turns)
+    for i, ep in enumerate(played):
         for name, values in components.items():
             ep.rewards[name] = values[i]
         ep.rewards[TOTAL] = [
             sum(weights[name] * components[name][i][t] for name in weights) for t in range(len(ep.turns))
         ]
 
-    n = max(len(episodes), 1)
+    n = max(len(played), 1)
     means = {name: sum(sum(v) for v in values) / n for name, values in components.items()}
-    means[TOTAL] = sum(sum(ep.rewards[TOTAL]) for ep in episodes) / n
-    played = [ep for ep in episodes if ep.end_reason != "env_error"]  # an env that failed measured nothing
+    means[TOTAL] = sum(sum(ep.rewards[TOTAL]) for ep in played) / n
     if (
         len(played) >= ZERO_WARNING_MIN_EPISODES
         and any(weights.values())

@@ -31,6 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from omrl.atomic import atomic_write_text
 from omrl.config.options import LoggingConfig
+from omrl.evaluation import tool_use
 
 METRICS_FILE = "metrics.jsonl"
 #: What recipes call after each step's logging and checkpoint: ``fn(step, metrics)``.
@@ -86,6 +87,7 @@ def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) 
         "prefix_breaks": float(sum(len(ep.row_starts) for ep in episodes)),
     }
     metrics.update({f"reward_{k}": float(v) for k, v in reward_summary.items()})
+    metrics.update(tool_use(played))
     return metrics
 
 

@@ -190,9 +190,3 @@ class ToolEnv(Env):
                 tool.close()
         finally:
             self.inner.close()
-
-
-def tool_counts(turns: Sequence[Any]) -> dict[str, int]:
-    """An episode's tool use: calls made, calls that went wrong (``tool_error``), from its turns' info."""
-    calls = [turn.info for turn in turns if turn.info.get("tool")]
-    return {"tool_calls": len(calls), "tool_errors": sum(bool(info.get("tool_error")) for info in calls)}

@@ -10,12 +10,12 @@ import pytest
 from omrl import registry
 from omrl.envs import EnvError, create_env
 from omrl.errors import ConfigError
+from omrl.evaluation import tool_use
 from omrl.models import load_model
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.sandbox import run as sandbox
 from omrl.training.rl_data import trainable
 from omrl_plugins.envs.code.env import expression_in
-from omrl_plugins.envs.tooling import tool_counts
 from tests.chat.thinking import TOOL_ROLE, ForcedBackend, build_qwen3_like
 from tests.sandbox.test_sandbox import README, attempts, needs_sandbox, outcomes
 
@@ -163,4 +163,4 @@ def test_native_tool_calls_run_the_code_and_answer_with_a_tool_message(tmp_path)
         "arguments": {"code": f"print({expression})"},
     }
     assert ep.messages[3]["content"] == f"{eval(expression)}\n"  # noqa: S307
-    assert tool_counts(ep.turns) == {"tool_calls": 1, "tool_errors": 0}
+    assert tool_use([ep]) == {"tool_call_rate": 1.0, "tool_calls_per_episode": 1.0, "valid_tool_call_rate": 1.0}

@@ -10,7 +10,8 @@ Options (``plugins."code:reasoning-gym:products".<option>``): ``env`` and ``opti
 env and its own options; fixed in the ``code:`` names), ``persistent`` (False: each call starts a
 fresh interpreter; True: one interpreter per episode keeps its variables), ``timeout_s`` (5, per
 call), ``memory_mb`` (256), ``max_output_chars`` (2000, a longer result is cut and says so),
-``max_calls`` (4 python calls an episode), ``warm`` (2 interpreters kept started per process).
+``max_calls`` (4 python calls an episode), ``warm`` (2 interpreters kept started per process),
+``expert_uses_tool`` (True; False: the expert answers at once, for demonstrations without the tool).
 
 The code runs in omrl's sandbox (`omrl.sandbox`), never outside it: a host that cannot build the
 sandbox (not Linux, not root, no ``unshare``) is refused when the env is built.
@@ -53,10 +54,11 @@ class CodeEnv(ToolEnv):
         max_output_chars: int = 2000,
         max_calls: int = 4,
         warm: int = 2,
+        expert_uses_tool: bool = True,
     ):
         tool = PythonTool(persistent, timeout_s, memory_mb, max_output_chars, warm)
         super().__init__(create_env(env_registry.get(env), options, env), [tool], max_calls)
-        self.question = ""
+        self.question, self.expert_uses_tool = "", expert_uses_tool
 
     def reset(self, task_id: int):
         first = super().reset(task_id)
@@ -65,7 +67,7 @@ class CodeEnv(ToolEnv):
 
     def expert_action(self) -> str | None:
         expression = expression_in(self.question)
-        if self.calls == 0 and expression is not None:
+        if self.expert_uses_tool and self.calls == 0 and expression is not None:
             return f"python[print({expression})]"
         return super().expert_action()
 
