@@ -226,7 +226,15 @@ def _averaged(value: Any) -> bool:
     return isinstance(value, float)
 
 
-PERCENT = {"success_rate", "invalid_action_rate", "format_error_rate", "truncated_turn_rate", "env_error_rate"}
+PERCENT = {
+    "success_rate",
+    "invalid_action_rate",
+    "format_error_rate",
+    "truncated_turn_rate",
+    "env_error_rate",
+    "tool_call_rate",
+    "valid_tool_call_rate",
+}
 
 
 def shown_metric(key: str, value: Any) -> str:

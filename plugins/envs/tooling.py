@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from omrl.envs import Env, Observation, StepResult
+from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult
 from omrl.errors import short_repr
 
 ANSWER_TOOL = "answer"
@@ -107,7 +107,7 @@ class ToolEnv(Env):
         self.splits = inner.splits
         self.max_turns = inner.max_turns + max_calls
         self.demonstration = ()
-        self.calls = 0
+        self.calls, self.finished = 0, True
         names = ", ".join(f"{name}[...]" for name in self.own_tools)
         final = "answer[your answer]" if self.answers_as_tool else "one of the task's actions"
         self.action_help = (
@@ -120,17 +120,22 @@ class ToolEnv(Env):
 
     def reset(self, task_id: int) -> Observation:
         self.end_tools()
-        self.calls = 0
-        return self.inner.reset(task_id)
+        first = self.inner.reset(task_id)
+        self.calls, self.finished = 0, False
+        return first
 
     def step(self, action: str) -> StepResult:
+        if self.finished:  # the wrapped env would refuse an answer; a tool call must not run either
+            raise EpisodeFinishedError(f"{type(self).__name__}: the episode is over; call reset(task_id) first")
         call = _CALL.match(action)
         name = call.group(1) if call else None
         if name in self.own_tools:
             return self._call(self.own_tools[name], call.group(2))
         if name == ANSWER_TOOL and self.answers_as_tool:
             action = call.group(2).strip()
-        return self.inner.step(action)
+        result = self.inner.step(action)
+        self.finished = result.done
+        return result
 
     def _call(self, tool: Tool, raw: str) -> StepResult:
         name = tool.spec["name"]
@@ -181,6 +186,7 @@ class ToolEnv(Env):
             tool.end_episode()
 
     def end_episode(self) -> None:
+        self.finished = True
         self.end_tools()
         self.inner.end_episode()
 

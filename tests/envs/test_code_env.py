@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import secrets
 import stat
+import time
+from pathlib import Path
 
 import pytest
 
 from omrl import registry
-from omrl.envs import EnvError, create_env
+from omrl.envs import EnvError, EpisodeFinishedError, create_env
 from omrl.errors import ConfigError
 from omrl.evaluation import tool_use
 from omrl.models import load_model
@@ -164,3 +166,44 @@ def test_native_tool_calls_run_the_code_and_answer_with_a_tool_message(tmp_path)
     }
     assert ep.messages[3]["content"] == f"{eval(expression)}\n"  # noqa: S307
     assert tool_use([ep]) == {"tool_call_rate": 1.0, "tool_calls_per_episode": 1.0, "valid_tool_call_rate": 1.0}
+
+
+def test_the_warm_sandboxes_end_when_the_last_env_using_them_closes():
+    first, second = build(warm=2), build(warm=2)
+    pool = first.own_tools["python"].pool
+    assert second.own_tools["python"].pool is pool  # one pool per process for the same settings
+    deadline = time.monotonic() + 20
+    while len(pool._ready) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = [interpreter.proc.pid for interpreter in pool._ready]
+    assert len(pids) == 2 and all(Path(f"/proc/{pid}").exists() for pid in pids)
+    first.close()
+    assert all(Path(f"/proc/{pid}").exists() for pid in pids)  # still in use by the second env
+    second.close()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+def test_code_wraps_any_env_by_name_here_a_gem_task_scored_by_gem():
+    env = create_env(registry.envs.get("code"), {"env": "gem:rg:products", "warm": 0}, "code")
+    try:
+        question = env.reset(env.task_ids("test")[0]).text
+        computed = env.step(f"python[print({expression_in(question)})]").observation.strip()
+        assert computed == str(eval(expression_in(question)))  # noqa: S307
+        assert env.step(f"answer[\\boxed{{{computed}}}]").won
+    finally:
+        env.close()
+
+
+def test_after_the_answer_ends_the_episode_no_tool_call_runs():
+    env = build()
+    try:
+        with pytest.raises(EpisodeFinishedError):
+            env.step("python[print(1)]")  # before any reset
+        env.reset(0)
+        assert env.step("answer[0]").done
+        with pytest.raises(EpisodeFinishedError, match="episode is over"):
+            env.step("python[print(1)]")
+        env.reset(1)
+        assert env.step("python[print(1)]").observation == "1\n"
+    finally:
+        env.close()

@@ -31,17 +31,29 @@ SPEC = {
     "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
 }
 
-_pools: dict[tuple, InterpreterPool] = {}
+_pools: dict[tuple, tuple[InterpreterPool, int]] = {}  # (size, limits) -> (pool, tools using it)
 _pools_lock = threading.Lock()
 
 
-def shared_pool(size: int, limits: dict[str, Any]) -> InterpreterPool:
-    """One pool per process for each size and limits: every env instance of a rollout draws from it."""
+def acquire_pool(size: int, limits: dict[str, Any]) -> InterpreterPool:
+    """One pool per process for each size and limits, shared by every tool (every env instance of a
+    rollout) that uses it; the last `release_pool` closes it, so no idle sandbox outlives its envs."""
     key = (size, tuple(sorted(limits.items())))
     with _pools_lock:
-        if key not in _pools:
-            _pools[key] = InterpreterPool(size, **limits)
-        return _pools[key]
+        pool, users = _pools.get(key) or (InterpreterPool(size, **limits), 0)
+        _pools[key] = (pool, users + 1)
+        return pool
+
+
+def release_pool(pool: InterpreterPool) -> None:
+    with _pools_lock:
+        for key, (known, users) in list(_pools.items()):
+            if known is pool:
+                if users > 1:
+                    _pools[key] = (known, users - 1)
+                else:
+                    del _pools[key]
+                    pool.close()
 
 
 class PythonTool:
@@ -68,7 +80,7 @@ class PythonTool:
             raise ConfigError(f"the python tool cannot run here: {exc}") from exc
         self.persistent, self.timeout_s, self.max_output_chars = persistent, timeout_s, max_output_chars
         limits = {"memory_mb": memory_mb, "max_processes": 4, "cpu_time_s": int(timeout_s * 20) + 5}
-        self.pool = shared_pool(warm, limits)
+        self.pool: InterpreterPool | None = acquire_pool(warm, limits)
         self.live: Interpreter | None = None
 
     def call(self, arguments: dict[str, Any]) -> ToolResult:
@@ -88,6 +100,8 @@ class PythonTool:
     def _interpreter(self) -> Interpreter:
         if self.live is not None:
             return self.live
+        if self.pool is None:
+            raise EnvError("the python tool was closed")
         try:
             interpreter = self.pool.take()
         except OmrlError as exc:
@@ -107,3 +121,6 @@ class PythonTool:
 
     def close(self) -> None:
         self.end_episode()
+        if self.pool is not None:
+            release_pool(self.pool)
+            self.pool = None

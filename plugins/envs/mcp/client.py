@@ -1,0 +1,378 @@
+"""Sessions with MCP servers: one per env instance, each served by a task on one background event loop.
+
+The mcp SDK is asyncio (anyio) code whose context managers (``stdio_client``, the streamable-HTTP
+client, ``ClientSession``) must be entered and left in one task. So a :class:`Connection` is one
+long-lived task on the process's session loop (a daemon thread that every instance shares): it opens
+the transport and the session, lists the server's tools, then answers the requests the env's
+thread queues, one at a time, each under its deadline. Leaving the task closes the session; for a
+stdio server the SDK then closes its stdin, and after 2 s sends SIGTERM, then SIGKILL, to its process
+group, so no server outlives its connection.
+
+A connection that failed (the server could not start, died, or did not answer in time) is closed, and
+the request raises :class:`ServerLost` (an :class:`omrl.envs.EnvError`) naming the server, the request
+and why, with the end of the server's stderr; the env opens a new connection at its next reset. An
+error answer from a live server (a JSON-RPC error) is :class:`ErrorAnswer`, and the session goes on.
+
+This is the only module that touches the SDK; it works with mcp 1.x (from 1.20) and 2.x, whose
+field names differ (``isError`` / ``is_error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import json
+import os
+import shlex
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from omrl.envs import EnvError
+
+SLACK = 5.0  # seconds the env's thread waits past a deadline that the loop enforces itself
+STOP_WAIT = 10.0  # a stdio server's shutdown takes at most ~6.5 s (the SDK's stdin close, SIGTERM, SIGKILL)
+STDERR_TAIL = 800  # characters of a server's stderr quoted in an error
+MAX_PAGES = 100  # tools/list pages read at most (a server that keeps handing out cursors)
+CONNECTION_CLOSED = -32000  # the code the SDK fails requests with once the connection is gone (mcp.types)
+INVALID_PARAMS = -32602  # JSON-RPC: the request's arguments are wrong
+
+
+class ServerLost(EnvError):
+    """The connection failed (the server could not start, died, or did not answer in time) and is closed."""
+
+
+class ErrorAnswer(Exception):
+    """The server answered a request with a JSON-RPC error; the connection lives on."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(f"{message} (JSON-RPC error {code})")
+        self.code, self.message = code, message
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Where the server is: a stdio command (its argv, extra environment variables) or a streamable-HTTP url."""
+
+    argv: tuple[str, ...] = ()
+    url: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+
+    def __str__(self) -> str:
+        return f"MCP server {self.url}" if self.url else f"MCP server `{shlex.join(self.argv)}`"
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """A tools/call result as text (its content's text parts; other parts named), and whether the
+    server marked it an error (``isError``: the call failed, the server did not)."""
+
+    text: str
+    is_error: bool
+
+
+@dataclass
+class _Request:
+    """One request for the session task: what it is (for messages), how to run it, its deadline."""
+
+    what: str
+    run: Callable[[Any], Awaitable[Any]]
+    timeout: float
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    def fail(self, problem: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(problem)
+
+
+# -- the event loop ----------------------------------------------------------------------------
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None  # (pid, loop, its thread)
+_open: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+def session_loop() -> asyncio.AbstractEventLoop:
+    """The process's MCP session loop, started on first use (and again in a forked child)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid() or not _loop[2].is_alive():
+            loop = asyncio.new_event_loop()
+            thread = threading.Thread(target=loop.run_forever, name="omrl-mcp-sessions", daemon=True)
+            thread.start()
+            _loop = (os.getpid(), loop, thread)
+        return _loop[1]
+
+
+@atexit.register
+def _close_all() -> None:
+    """Stop the servers of connections nobody closed, before the loop's daemon thread dies with the process."""
+    for connection in list(_open):
+        connection.close()
+
+
+# -- one session -------------------------------------------------------------------------------
+class Connection:
+    """One MCP session (and, over stdio, one server process), held by a task on the session loop."""
+
+    def __init__(self, spec: ServerSpec, start_timeout: float):
+        self.spec, self.start_timeout = spec, start_timeout
+        self.tools: list[dict[str, Any]] = []
+        self._pid = os.getpid()  # a forked child has the object but not the loop thread that serves it
+        self._loop = session_loop()
+        self._queue: asyncio.Queue[_Request | None] = asyncio.Queue()
+        # the server's stderr, quoted when it fails (read through a handle of our own: the server's
+        # shares this one's file offset)
+        self._stderr = (
+            tempfile.NamedTemporaryFile("w", prefix="omrl-mcp-", suffix=".log", delete=False) if spec.argv else None
+        )
+        self._started: concurrent.futures.Future = concurrent.futures.Future()
+        self._ended = threading.Event()  # set when the task is over and the server stopped
+        self._lost = ""  # why the task ended, once it did
+        self._task = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
+        _open.add(self)
+
+    @property
+    def alive(self) -> bool:
+        return not self._ended.is_set()
+
+    def wait_started(self) -> list[dict[str, Any]]:
+        """The server's tools once it started and answered; ServerLost (and closed) when it did not."""
+        try:
+            self.tools = self._started.result(self.start_timeout + SLACK)
+            return self.tools
+        except concurrent.futures.TimeoutError:
+            self.close()
+            raise ServerLost(f"{self.spec}: did not start within {self.start_timeout:g} s (start_timeout_s)") from None
+        except ServerLost:
+            self.close()
+            raise
+
+    def ping(self, timeout: float) -> None:
+        """Check that the server answers; ServerLost when it is gone (ErrorAnswer: alive, without ping)."""
+        self._request("ping", lambda session: session.send_ping(), timeout)
+
+    def call_tool(self, name: str, arguments: dict[str, Any], timeout: float) -> ToolOutcome:
+        """Tool ``name``'s outcome; ErrorAnswer for an error answer, ServerLost when the connection failed."""
+        return self._request(f"tools/call {name}", lambda session: _call_tool(session, name, arguments), timeout)
+
+    def _request(self, what: str, run: Callable[[Any], Awaitable[Any]], timeout: float) -> Any:
+        """``await run(session)`` in the session task: its result, ErrorAnswer, or ServerLost."""
+        request = _Request(what, run, timeout)
+        self._loop.call_soon_threadsafe(self._enqueue, request)
+        try:
+            return request.future.result(timeout + SLACK)
+        except concurrent.futures.TimeoutError:  # the loop itself is stuck: the task's own deadline did not fire
+            self.close()
+            raise ServerLost(f"{self.spec}: {what}: no answer within {timeout:g} s (timeout_s)") from None
+
+    def close(self) -> None:
+        """End the session (a stdio server stops) and wait for it; a stuck task is cancelled."""
+        if os.getpid() != self._pid:
+            return
+        if self.alive:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+            if not self._ended.wait(STOP_WAIT):
+                self._task.cancel()
+                self._ended.wait(STOP_WAIT)
+        _open.discard(self)
+        if self._stderr is not None and not self.alive and not self._stderr.closed:
+            self._stderr.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._stderr.name)
+
+    # -- on the session loop ---------------------------------------------------------------------
+    def _enqueue(self, request: _Request) -> None:
+        if self.alive:
+            self._queue.put_nowait(request)
+        else:
+            request.fail(ServerLost(f"{self.spec}: {request.what} failed: {self._lost}"))
+
+    async def _serve(self) -> None:
+        import anyio
+
+        current: _Request | None = None
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                session = await self._open_session(stack)
+                try:
+                    with anyio.fail_after(self.start_timeout):
+                        await session.initialize()
+                        tools = await _list_tools(session)
+                except TimeoutError:
+                    raise TimeoutError(f"no answer within {self.start_timeout:g} s (start_timeout_s)") from None
+                self._started.set_result(tools)
+                while (current := await self._queue.get()) is not None:
+                    if not await self._answer(session, current):
+                        break  # the connection is lost: leave the session, stopping the server
+                    current = None
+        except BaseException as exc:  # noqa: BLE001 - the transport's task group failing, a cancel: all end here
+            self._lost = f"{_describe(exc)}{self._stderr_tail()}"
+            if not self._started.done():
+                self._started.set_exception(ServerLost(f"{self.spec}: could not start: {self._lost}"))
+            if current is not None:
+                current.fail(ServerLost(f"{self.spec}: {current.what} failed: the connection is gone: {self._lost}"))
+        finally:
+            self._lost = self._lost or "the connection was closed"
+            if not self._started.done():
+                self._started.set_exception(ServerLost(f"{self.spec}: could not start: {self._lost}"))
+            while not self._queue.empty():
+                if (waiting := self._queue.get_nowait()) is not None:
+                    waiting.fail(ServerLost(f"{self.spec}: {waiting.what} failed: {self._lost}"))
+            self._ended.set()
+
+    async def _open_session(self, stack: contextlib.AsyncExitStack) -> Any:
+        from mcp import ClientSession, StdioServerParameters, stdio_client
+
+        if self.spec.url:
+            streams = await stack.enter_async_context(_http_client()(self.spec.url))
+        else:
+            argv = self.spec.argv
+            server = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=dict(self.spec.env) or None)
+            streams = await stack.enter_async_context(stdio_client(server, errlog=self._stderr))
+        return await stack.enter_async_context(ClientSession(streams[0], streams[1]))
+
+    async def _answer(self, session: Any, request: _Request) -> bool:
+        """Run one request under its deadline; False when the connection is lost with it."""
+        import anyio
+
+        try:
+            with anyio.fail_after(request.timeout):
+                result = await request.run(session)
+        except TimeoutError:
+            self._lost = f"no answer to {request.what} within {request.timeout:g} s (timeout_s)"
+            request.fail(ServerLost(f"{self.spec}: {self._lost}; the connection is closed"))
+            return False
+        except _mcp_error() as exc:
+            code, message = exc.error.code, exc.error.message
+            if code == CONNECTION_CLOSED:
+                self._lost = f"the connection closed: the server exited or closed its output{self._stderr_tail()}"
+                request.fail(ServerLost(f"{self.spec}: {request.what} failed: {self._lost}"))
+                return False
+            request.fail(ErrorAnswer(code, message))
+        except Exception as exc:  # noqa: BLE001 - a closed stream (mcp 1), a malformed answer: not to be trusted
+            self._lost = f"{_describe(exc)}{self._stderr_tail()}"
+            request.fail(ServerLost(f"{self.spec}: {request.what} failed: {self._lost}; the connection is closed"))
+            return False
+        else:
+            request.future.set_result(result)
+        return True
+
+    def _stderr_tail(self) -> str:
+        """``; its stderr ends: ...`` with the last lines the server wrote, or "" when it wrote none."""
+        if self._stderr is None or self._stderr.closed:
+            return ""
+        try:
+            with open(self._stderr.name, "rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(0, size - 4 * STDERR_TAIL))
+                text = log.read().decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+        if not text:
+            return ""
+        tail = text[-STDERR_TAIL:]
+        return f"; its stderr ends: {'...' if len(tail) < len(text) else ''}{tail}"
+
+
+# -- the SDK's calls -----------------------------------------------------------------------------
+async def _list_tools(session: Any) -> list[dict[str, Any]]:
+    """Every tool the server lists (all pages), as ``{name, description, parameters}``."""
+    import mcp.types as types
+
+    tools, cursor = [], None
+    for _ in range(MAX_PAGES):
+        page = await (
+            session.list_tools(params=types.PaginatedRequestParams(cursor=cursor)) if cursor else session.list_tools()
+        )
+        tools += [
+            {
+                "name": tool.name,
+                "description": tool.description or "",
+                "parameters": _field(tool, "input_schema", "inputSchema") or {"type": "object", "properties": {}},
+            }
+            for tool in page.tools
+        ]
+        cursor = _field(page, "next_cursor", "nextCursor")
+        if not cursor:
+            break
+    return tools
+
+
+async def _call_tool(session: Any, name: str, arguments: dict[str, Any]) -> ToolOutcome:
+    result = await session.call_tool(name, arguments)
+    return ToolOutcome(result_text(result), bool(_field(result, "is_error", "isError")))
+
+
+def result_text(result: Any) -> str:
+    """A tools/call result as text: its text parts joined by newlines, other parts named (``[image:
+    image/png]``); with no content, its structured content as JSON."""
+    parts = []
+    for block in result.content or ():
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        elif kind in ("image", "audio"):
+            parts.append(f"[{kind}: {_field(block, 'mime_type', 'mimeType')}]")
+        elif kind == "resource_link":
+            parts.append(f"[resource link: {block.uri}]")
+        elif kind == "resource":
+            resource = block.resource
+            text = getattr(resource, "text", None)
+            mime = _field(resource, "mime_type", "mimeType") or "unknown type"
+            parts.append(text if isinstance(text, str) else f"[resource: {resource.uri} ({mime})]")
+        else:
+            parts.append(f"[{kind or type(block).__name__} content]")
+    structured = _field(result, "structured_content", "structuredContent")
+    if not parts and structured is not None:
+        parts.append(json.dumps(structured, ensure_ascii=False))
+    return "\n".join(parts)
+
+
+def _field(obj: Any, name: str, v1_name: str) -> Any:
+    """A field of an SDK model: mcp 2 spells it ``name``, mcp 1 ``v1_name``."""
+    return getattr(obj, name, getattr(obj, v1_name, None))
+
+
+def _http_client() -> Callable[[str], Any]:
+    """The streamable-HTTP transport: ``streamable_http_client`` (mcp 2, late 1.x) or ``streamablehttp_client``."""
+    import mcp.client.streamable_http as http
+
+    return getattr(http, "streamable_http_client", None) or http.streamablehttp_client
+
+
+def _mcp_error() -> type[Exception]:
+    """The SDK's error-answer exception: MCPError (mcp 2) or McpError (mcp 1)."""
+    import mcp.shared.exceptions as exceptions
+
+    return getattr(exceptions, "MCPError", None) or exceptions.McpError
+
+
+def _describe(exc: BaseException) -> str:
+    """What went wrong, one line: the innermost errors of an exception group, not the group."""
+    leaves = _leaves(exc)
+    if not leaves:
+        return "cancelled"
+    text = "; ".join(_one_line(leaf) for leaf in leaves[:3])
+    return text if len(text) <= 500 else text[:500] + "..."
+
+
+def _one_line(exc: BaseException) -> str:
+    import anyio
+
+    closed = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)  # mcp 1's way to say it
+    if isinstance(exc, closed) or getattr(getattr(exc, "error", None), "code", None) == CONNECTION_CLOSED:
+        return "the connection closed (the server exited, or closed its output)"
+    return f"{type(exc).__name__}: {str(exc).strip() or 'no detail'}"
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, asyncio.CancelledError):
+        return []
+    inner = getattr(exc, "exceptions", None)  # an ExceptionGroup (anyio's task groups raise them)
+    if inner:
+        return [leaf for sub in inner for leaf in _leaves(sub)]
+    return [exc]

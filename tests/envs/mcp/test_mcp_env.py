@@ -1,0 +1,360 @@
+"""The `mcp` env against real MCP servers in processes of their own: the test server of ``server.py``
+over stdio and over streamable HTTP, and the real ``mcp-server-sqlite`` behind ``mcp:sqlite``; its
+episodes, whose failures are whose (tool_error or EnvError), reconnects, no orphan servers, the
+rollout and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import sys
+import time
+from contextlib import closing
+
+import pytest
+
+from omrl import registry
+from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError, create_env
+from omrl.errors import ConfigError
+from omrl.rollout.loop import RolloutLimits, collect
+from omrl.rollout.pool import EnvPool
+from omrl_plugins.envs.engines.common import MissingExtraError
+from omrl_plugins.envs.mcp import McpEnv, sqlite_demo
+from tests.envs.mcp.conftest import (
+    free_port,
+    gone_soon,
+    http_server,
+    running,
+    server_pid,
+    stdio_options,
+)
+from tests.fakes import ActionTemplate, ScriptedBackend
+from tests.helpers import eval_report, fresh_python_json, play_expert
+
+ADD = 'add[{"a": 2, "b": 3}]'
+
+
+@pytest.fixture
+def stdio_env(tasks, pid_file):
+    env = McpEnv(**stdio_options(tasks, pid_file, timeout_s=5))
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+# -- episodes over stdio ------------------------------------------------------------------------------
+def test_the_servers_tools_are_the_envs_and_a_call_is_a_turn(stdio_env, pid_file):
+    assert not pid_file.exists()  # nothing starts before the first reset
+    first = stdio_env.reset(0)
+    assert first.text == "What is 2 + 3?"
+    tools = {tool["name"]: tool for tool in stdio_env.tools}
+    assert set(tools) == {"answer", "add", "lookup", "fail", "slow", "crash", "picture", "long_text"}
+    assert tools["add"]["description"] == "Add two integers."
+    assert tools["add"]["parameters"]["properties"] == {
+        "a": {"title": "A", "type": "integer"},
+        "b": {"title": "B", "type": "integer"},
+    }
+    assert tools["add"]["parameters"]["required"] == ["a", "b"]
+    assert "add[...]" in stdio_env.action_help and "answer[your answer]" in stdio_env.action_help
+
+    result = stdio_env.step(ADD)
+    assert (result.observation, result.reward, result.done) == ("5", 0.0, False)
+    assert result.info["tool"] == "add" and result.info["tool_error"] is False
+    # a one-string tool takes its text as it is
+    assert stdio_env.step("lookup[alice]").observation == "42"
+    assert stdio_env.action_from_tool_call("lookup", {"key": "bob"}) == "lookup[bob]"
+    assert stdio_env.step(stdio_env.action_from_tool_call("lookup", {"key": "bob"})).observation == "7"
+    # non-text parts are named; a long result is cut and says so
+    assert stdio_env.step("picture[]").observation == "a red pixel\n[image: image/png]"
+    cut = stdio_env.step('long_text[{"count": 4100}]').observation
+    assert cut == "x" * 4000 + "\n[result truncated: 100 more characters]"
+    final = stdio_env.step("answer[5]")
+    assert (final.reward, final.done, final.won) == (1.0, True, True)
+
+    # the next episode plays on the same server process; a wrong answer scores 0
+    pid = server_pid(pid_file)
+    stdio_env.reset(1)
+    assert server_pid(pid_file) == pid
+    wrong = stdio_env.step("answer[41]")
+    assert (wrong.reward, wrong.done, wrong.won, wrong.info["ground_truth"]) == (0.0, True, False, "42")
+    with pytest.raises(EpisodeFinishedError):
+        stdio_env.step(ADD)
+    with pytest.raises(UnknownTaskError):
+        stdio_env.reset(99)
+
+
+def test_the_agents_mistakes_are_tool_errors_and_the_episode_goes_on(tasks, pid_file):
+    env = McpEnv(**stdio_options(tasks, pid_file, max_calls=5))
+    try:
+        env.reset(1)
+        failed = env.step("fail[]")
+        assert failed.info["tool_error"] is True and not failed.done
+        assert "this tool always fails" in failed.observation
+        missing = env.step("lookup[carol]")  # the tool raised: isError
+        assert missing.info["tool_error"] is True and "no key 'carol'" in missing.observation
+        bad_type = env.step('add[{"a": "two", "b": 3}]')  # the server's argument validation
+        assert bad_type.info["tool_error"] is True and "valid integer" in bad_type.observation
+        not_json = env.step("add[2 and 3]")  # never reaches the server
+        assert not_json.info["tool_error"] is True and "must be a JSON object" in not_json.observation
+        assert env.step(ADD).observation == "5"  # the session is fine after all that
+        spent = env.step(ADD)  # the sixth call of an episode of five
+        assert spent.info["invalid"] is True and "No tool calls left" in spent.observation
+        assert env.step("answer[42]").won
+    finally:
+        env.close()
+
+
+def test_a_tool_that_does_not_answer_in_time_is_an_env_error(tasks, pid_file):
+    env = McpEnv(**stdio_options(tasks, pid_file, timeout_s=1))
+    try:
+        env.reset(0)
+        first = server_pid(pid_file)
+        started = time.monotonic()
+        with pytest.raises(EnvError, match=r"no answer to tools/call slow within 1 s \(timeout_s\)"):
+            env.step('slow[{"seconds": 30}]')
+        assert time.monotonic() - started < 10
+        assert gone_soon(first)  # the stuck server is stopped, not left behind
+        # the next reset starts a new server and plays on
+        env.reset(0)
+        assert server_pid(pid_file) != first
+        assert env.step(ADD).observation == "5"
+    finally:
+        env.close()
+
+
+def test_a_server_killed_mid_episode_is_an_env_error_and_the_next_reset_restarts_it(stdio_env, pid_file):
+    stdio_env.reset(0)
+    assert stdio_env.step(ADD).observation == "5"
+    pid = server_pid(pid_file)
+    os.kill(pid, signal.SIGKILL)
+    assert gone_soon(pid)
+    with pytest.raises(EnvError, match="tools/call add failed: the connection closed"):
+        stdio_env.step(ADD)
+    with pytest.raises(EnvError, match="not connected"):  # until the next reset
+        stdio_env.step(ADD)
+    stdio_env.reset(0)
+    assert server_pid(pid_file) != pid and stdio_env.step(ADD).observation == "5"
+    # a server that dies between episodes is replaced by the reset (it pings the one it holds)
+    pid = server_pid(pid_file)
+    os.kill(pid, signal.SIGKILL)
+    assert gone_soon(pid)
+    stdio_env.reset(2)
+    assert stdio_env.step('add[{"a": 20, "b": 22}]').observation == "42"
+    # and a server that exits in the middle of a call (the crash tool) is one as well
+    with pytest.raises(EnvError, match="tools/call crash failed"):
+        stdio_env.step("crash[]")
+
+
+def test_each_instance_has_its_own_server_and_close_stops_it(tasks, tmp_path):
+    envs = [McpEnv(**stdio_options(tasks, tmp_path / f"pid{i}")) for i in range(3)]
+    try:
+        for env in envs:
+            env.reset(0)
+        pids = [server_pid(tmp_path / f"pid{i}") for i in range(3)]
+        assert len(set(pids)) == 3 and all(running(pid) for pid in pids)
+    finally:
+        for env in envs:
+            env.close()
+    assert all(gone_soon(pid, within=1.0) for pid in pids)  # close waited for each to stop
+    envs[0].close()  # a second close does nothing
+
+
+def test_a_server_that_cannot_start_is_an_env_error_with_its_stderr(tasks):
+    failing = [sys.executable, "-c", "import sys; sys.stderr.write('no database here\\n'); sys.exit(2)"]
+    env = McpEnv(command=failing, path=str(tasks))
+    try:
+        for _ in range(2):  # each reset tries again
+            with pytest.raises(EnvError, match="could not start: .*its stderr ends: no database here"):
+                env.reset(0)
+    finally:
+        env.close()
+    silent = McpEnv(command=[sys.executable, "-c", "import time; time.sleep(60)"], path=str(tasks), start_timeout_s=1)
+    try:
+        with pytest.raises(EnvError, match=r"could not start: .*no answer within 1 s \(start_timeout_s\)"):
+            silent.reset(0)
+    finally:
+        silent.close()
+
+
+# -- over streamable HTTP -----------------------------------------------------------------------------
+def test_a_streamable_http_server_its_death_and_its_return(tasks):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    env = McpEnv(url=url, path=str(tasks), timeout_s=5, start_timeout_s=10)
+    try:
+        with http_server(port) as server:
+            env.reset(1)
+            assert {tool["name"] for tool in env.tools} >= {"add", "lookup", "slow"}
+            assert env.step("lookup[alice]").observation == "42"
+            assert env.step("fail[]").info["tool_error"] is True
+            assert env.step("answer[42]").won
+            env.reset(0)
+            server.kill()
+            server.wait()
+            with pytest.raises(EnvError, match=f"MCP server {url}: tools/call add failed"):
+                env.step(ADD)
+            with pytest.raises(EnvError, match="could not start: ConnectError"):
+                env.reset(0)  # nobody listens there now
+        with http_server(port):  # back on the same port: the next reset connects again
+            env.reset(0)
+            assert env.step(ADD).observation == "5"
+    finally:
+        env.close()
+
+
+# -- bad options ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({}, r"plugins.mcp.command and plugins.mcp.url are unset; set one of them"),
+        ({"command": "x", "url": "http://h/mcp"}, r"both name a server; set one of them"),
+        ({"url": "ftp://h/mcp"}, r"url must be an http:// or https:// URL"),
+        ({"url": "http://h/mcp", "env": {"A": "1"}}, r"env sets a stdio server's environment"),
+        (
+            {"command": "no-such-mcp-server --x"},
+            r"'no-such-mcp-server' is not an executable file nor a program on PATH",
+        ),
+        ({"command": "server 'unclosed"}, r"does not split into words"),
+        ({"command": [sys.executable], "env": ["A=1"]}, r"env must map variable names to values"),
+        ({"command": [sys.executable], "timeout_s": 0}, r"timeout_s must be a number >= 0.001"),
+        ({"command": [sys.executable], "max_calls": 0}, r"max_calls must be a number >= 1"),
+        ({"command": [sys.executable], "allowed_tools": "add"}, r"allowed_tools must be a list of tool names"),
+    ],
+)
+def test_bad_server_options_are_config_errors(tasks, options, message):
+    with pytest.raises(ConfigError, match=message):
+        McpEnv(**{"path": str(tasks), **options})
+
+
+def test_bad_task_options_and_unknown_options_name_what_is_valid(tasks, tmp_path):
+    with pytest.raises(ConfigError, match=r"the mcp env needs plugins.mcp.path=FILE"):
+        McpEnv(command=[sys.executable])
+    with pytest.raises(ConfigError, match=r"mcp env, its tasks .*no such file"):
+        McpEnv(command=[sys.executable], path=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(
+        ConfigError, match=r"does not take options .*'bogus'.*its options: command, url, env, timeout_s"
+    ):
+        create_env(McpEnv, {"command": "x", "bogus": 1}, name="mcp")
+    variant = registry.envs.get("mcp:sqlite")
+    with pytest.raises(
+        ConfigError, match=r"does not take options \['command'\].*its options: timeout_s, start_timeout_s"
+    ):
+        create_env(variant, {"command": "x"}, name="mcp:sqlite")
+
+
+def test_allowed_tools_picks_the_servers_tools_and_names_the_ones_it_lacks(tasks, pid_file):
+    env = McpEnv(**stdio_options(tasks, pid_file, allowed_tools=["add"]))
+    try:
+        env.reset(0)
+        assert [tool["name"] for tool in env.tools] == ["answer", "add"]
+        not_offered = env.step("lookup[alice]")  # not a tool here: the text is the (wrong) answer
+        assert "tool" not in not_offered.info and not_offered.done and not not_offered.won
+    finally:
+        env.close()
+    env = McpEnv(**stdio_options(tasks, pid_file, allowed_tools=["add", "multiply"]))
+    try:
+        with pytest.raises(ConfigError, match=r"allowed_tools names \['multiply'\].*its tools: add, lookup, fail"):
+            env.reset(0)
+    finally:
+        env.close()
+
+
+def test_registering_imports_no_mcp():
+    loaded = fresh_python_json(
+        "import sys, json; from omrl.registry import envs; envs.get('mcp:sqlite'); "
+        "print(json.dumps([n for n in sys.modules if n.split('.')[0] in ('mcp', 'mcp_types')]))"
+    )
+    assert loaded == []
+
+
+# -- mcp:sqlite, the real mcp-server-sqlite ---------------------------------------------------------------
+def test_every_shipped_answer_is_what_its_sql_computes():
+    rows = [json.loads(line) for path in (sqlite_demo.TASKS, sqlite_demo.TEST_TASKS) for line in path.open()]
+    assert len(rows) == 42
+    with closing(sqlite3.connect(sqlite_demo.shop_database())) as db:
+        for row in rows:
+            (value,) = db.execute(row["sql"]).fetchone()
+            assert str(value) == row["answer"], row["question"]
+
+
+def test_mcp_sqlite_answers_a_shipped_question_with_the_servers_tools(sqlite_server):
+    env = create_env(registry.envs.get("mcp:sqlite"), {}, name="mcp:sqlite")
+    try:
+        assert (len(env.task_ids("train")), len(env.task_ids("test"))) == (32, 10)
+        first = env.reset(0)
+        assert "How many orders did Alice place?" in first.text and "SQLite database" in first.text
+        assert {tool["name"] for tool in env.tools} == {"answer", *sqlite_demo.READ_ONLY_TOOLS}
+        tables = env.step("list_tables[]").observation
+        assert all(name in tables for name in ("customers", "products", "orders", "order_items"))
+        assert "'name': 'city'" in env.step("describe_table[customers]").observation
+        count = env.step(
+            "read_query[SELECT COUNT(*) AS n FROM orders JOIN customers ON customers.id = orders.customer_id "
+            "WHERE customers.name = 'Alice']"
+        )
+        assert count.observation == "[{'n': 3}]" and not count.info["tool_error"]
+        refused = env.step("read_query[DELETE FROM orders]")  # read-only: the server says no
+        assert "Only SELECT queries are allowed" in refused.observation
+        assert env.step("answer[3]").won
+        # the expert answers (through the answer tool), scored by the tasks' answers
+        assert play_expert(env, 1_000_000)[-1].won
+    finally:
+        env.close()
+
+
+def test_mcp_sqlite_without_a_runnable_server_names_the_install(monkeypatch, tmp_path):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(MissingExtraError, match=r"not installed .*pip install mcp-server-sqlite"):
+        sqlite_demo.find_server()
+
+
+# -- through the rollout ------------------------------------------------------------------------------------
+def test_omrl_eval_plays_mcp_sqlite_with_the_tiny_model(sqlite_server, tmp_path):
+    _, report = eval_report(
+        tmp_path,
+        "eval",
+        "--model",
+        "tiny",
+        "--env",
+        "mcp:sqlite",
+        "--num-tasks",
+        "4",
+        "generation.max_new_tokens=8",
+        "generation.max_context=1024",
+    )
+    metrics = report["metrics"]
+    assert metrics["episodes"] == 4 and metrics["env_errors"] == 0
+    assert [ep["task_id"] for ep in report["episodes"]] == [1_000_000 + i for i in range(4)]  # the test split
+    assert "env_error" not in metrics["end_reasons"]
+
+
+def test_a_server_killed_mid_episode_ends_it_as_env_error_in_the_rollout(tasks, pid_file, tiny_tokenizer):
+    def reply(call: int, index: int, prompt: list[int]) -> str:
+        if call == 1:  # the server dies while the model thinks about its second turn
+            os.kill(server_pid(pid_file), signal.SIGKILL)
+            assert gone_soon(server_pid(pid_file))
+        return "Action: " + ('add[{"a": 1, "b": 2}]' if call < 2 else "answer[5]")
+
+    pool = EnvPool(McpEnv, stdio_options(tasks, pid_file), name="mcp")
+    try:
+        backend = ScriptedBackend(tiny_tokenizer, reply)
+        limits = RolloutLimits(max_new_tokens=24, max_context=1024)
+        (killed,) = collect(pool, ActionTemplate(), tiny_tokenizer, [0], backend=backend, limits=limits)
+        assert killed.end_reason == "env_error"
+        assert "tools/call add failed: the connection closed" in killed.error
+        assert killed.turns[1].observation == "3"  # the first call's result, answered before the kill
+        # the pool closed the broken instance; a new one starts its own server and plays to the end
+        backend = ScriptedBackend(
+            tiny_tokenizer, lambda call, index, prompt: ["Action: " + ADD, "Action: answer[5]"][min(call, 1)]
+        )
+        (played,) = collect(pool, ActionTemplate(), tiny_tokenizer, [0], backend=backend, limits=limits)
+        assert (
+            played.end_reason != "env_error" and played.turns[1].observation == "5" and played.turns[-1].reward == 1.0
+        )
+        pid = server_pid(pid_file)
+    finally:
+        pool.close()
+    assert gone_soon(pid, within=1.0)
