@@ -83,10 +83,10 @@ FULL = Budget(
     tool_share=0.75,
     sft_epochs=1.0,
     sft_learning_rate=5e-5,
-    grpo_steps=8,
-    tasks_per_step=8,
+    grpo_steps=4,
+    tasks_per_step=4,
     group_size=8,
-    grpo_learning_rate=3e-6,
+    grpo_learning_rate=1e-5,
     eval_tasks=40,
 )
 # `tiny`: the same stages in minutes. Measured: it learns to call the tool (66% of episodes after SFT

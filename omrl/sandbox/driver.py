@@ -5,8 +5,10 @@ unprivileged user; `Interpreter` passes this file's source as the run's ``main.p
 imported by omrl itself.
 
 Protocol, one JSON object a line (``ensure_ascii``, so a line never holds a raw newline): it writes
-``{"ready": true}`` once set up, then answers each request ``{"code": ..., "timeout_s": ...,
-"max_bytes": ...}`` with ``{"stdout", "stderr", "error", "timed_out", "truncated"}``. The protocol
+``{"ready": true}`` once set up, then answers each request ``{"id": ..., "code": ..., "timeout_s": ...,
+"max_chars": ...}`` with ``{"id", "stdout", "stderr", "error", "timed_out", "truncated"}`` (the
+host drops the interpreter on any other answer). A process the code forked never answers: it
+exits when it comes back to the REPL loop. The protocol
 uses copies of the original stdin and stdout; the code's own fds 0, 1 and 2 are /dev/null and two
 files in the scratch dir, so what the code (or a program it starts) prints is caught and never
 mixes with the protocol. Variables live in one namespace from call to call. Like a notebook cell,
@@ -35,13 +37,17 @@ def main() -> None:
     os.close(null)
     signal.signal(signal.SIGALRM, _on_alarm)
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    me = os.getpid()
     _reply(replies, {"ready": True})
     for line in requests:
         request = json.loads(line)
-        _reply(replies, run_cell(request["code"], namespace, request["timeout_s"], request["max_bytes"]))
+        reply = run_cell(request["code"], namespace, request["timeout_s"], request["max_chars"])
+        if os.getpid() != me:  # a child the code forked, back in the loop: only the REPL itself answers
+            os._exit(0)
+        _reply(replies, {"id": request["id"], **reply})
 
 
-def run_cell(code: str, namespace: dict, timeout_s: float, max_bytes: int) -> dict:
+def run_cell(code: str, namespace: dict, timeout_s: float, max_chars: int) -> dict:
     """Run ``code`` in ``namespace`` with its output caught, stopped at ``timeout_s``."""
     _redirect_output()
     error = timed_out = False
@@ -58,8 +64,8 @@ def run_cell(code: str, namespace: dict, timeout_s: float, max_bytes: int) -> di
         signal.setitimer(signal.ITIMER_REAL, 0)
     sys.stdout.flush()
     sys.stderr.flush()
-    stdout, cut_out = _read(_OUT, max_bytes, tail=False)
-    stderr, cut_err = _read(_ERR, max_bytes, tail=True)  # a traceback's last line says the most
+    stdout, cut_out = _read(_OUT, max_chars, tail=False)
+    stderr, cut_err = _read(_ERR, max_chars, tail=True)  # a traceback's last line says the most
     return {"stdout": stdout, "stderr": stderr, "error": error, "timed_out": timed_out, "truncated": cut_out or cut_err}
 
 
@@ -92,18 +98,20 @@ def _redirect_output() -> None:
     sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
 
 
-def _read(path: str, max_bytes: int, tail: bool) -> tuple[str, bool]:
-    """The first (or last) ``max_bytes`` of a file, and whether there was more."""
+def _read(path: str, max_chars: int, tail: bool) -> tuple[str, bool]:
+    """The first (or last) ``max_chars`` characters of a file, and whether there was more."""
+    span = 4 * max_chars + 4  # UTF-8 takes at most 4 bytes a character
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if tail and size > max_bytes:
-                f.seek(size - max_bytes)
-            data = f.read(max_bytes + (0 if tail else 1))
+            if tail and size > span:
+                f.seek(size - span)
+            data = f.read(span)
     except OSError:  # the code deleted it
         return "", False
-    cut = size > max_bytes
-    return data[:max_bytes].decode("utf-8", errors="replace"), cut
+    text = data.decode("utf-8", errors="replace")
+    cut = size > len(data) or len(text) > max_chars
+    return (text[-max_chars:] if tail else text[:max_chars]), cut
 
 
 def _reply(replies, message: dict) -> None:

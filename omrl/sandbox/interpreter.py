@@ -24,7 +24,9 @@ from __future__ import annotations
 import collections
 import json
 import os
+import select
 import selectors
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -32,7 +34,8 @@ from pathlib import Path
 from omrl.errors import OmrlError
 from omrl.sandbox.run import SandboxResult, build_spec, check_host, kill_group, launch, result_of, sandbox_python
 
-_DRIVER = Path(__file__).with_name("driver.py")
+# read once: every interpreter of this process runs the driver this module was written for
+_DRIVER_SOURCE = Path(__file__).with_name("driver.py").read_text(encoding="utf-8")
 _GRACE_S = 2.0  # past a call's own time limit, how long the driver gets to report before it is killed
 _START_TIMEOUT_S = 20.0
 
@@ -62,7 +65,7 @@ class Interpreter:
         argv = [sandbox_python(), "-E", "-s", "/scratch/main.py"]
         spec = build_spec(
             argv,
-            _DRIVER.read_text(encoding="utf-8"),
+            _DRIVER_SOURCE,
             timeout_s=lifetime_s,
             cpu_time_s=cpu_time_s,
             memory_mb=memory_mb,
@@ -70,57 +73,89 @@ class Interpreter:
             max_file_mb=max_file_mb,
             disk_mb=disk_mb,
         )
+        self.started, self.lifetime_s = time.monotonic(), lifetime_s
         self.proc, self._status = launch(unshare, spec)
         self._buffer = b""
-        self.dead = False
+        self.dead, self._report = False, None
         self.calls = 0
-        reply = self._read_reply(time.monotonic() + _START_TIMEOUT_S)
+        reply = self._read_reply(time.monotonic() + _START_TIMEOUT_S, limit=4096)
         if not isinstance(reply, dict) or not reply.get("ready"):
             why = self._failure(reply)
             self.close()
             raise OmrlError(f"the Python sandbox did not start: {why}")
 
-    def run(self, code: str, *, timeout_s: float = 5.0, max_output_bytes: int = 16_384) -> SandboxResult:
+    def run(self, code: str, *, timeout_s: float = 5.0, max_output_chars: int = 16_384) -> SandboxResult:
         """Run ``code``; its stdout (plus a last expression's value), stderr and how it ended.
 
-        ``exit_code`` is 0 when the code ran through, 1 when it raised or timed out; a killed
-        interpreter gives minus the signal's number and ``killed_reason`` (``timeout``,
-        ``cpu_time``, ``file_size``, ``signal SIGKILL``...), and is then ``dead``.
+        ``exit_code`` is 0 when the code ran through, 1 when it raised or timed out. An interpreter
+        the code ended or broke is ``dead`` afterwards (its variables are gone), and the result says
+        why in ``killed_reason``: ``timeout`` (it would not stop), ``cpu_time``, ``file_size``,
+        ``signal SIGSEGV``..., ``exited`` (the code ended the interpreter) or ``protocol`` (the code
+        wrote to the interpreter's own reply channel, or forked a second REPL). Each stream keeps at
+        most ``max_output_chars`` characters: stdout its start, stderr its end.
+
+        :raises OmrlError: when the sandbox itself failed (the host's problem, not the code's).
         """
         if self.dead:
             raise OmrlError("this sandboxed interpreter was killed; start another")
-        if timeout_s <= 0 or max_output_bytes <= 0:
-            raise OmrlError(f"timeout_s and max_output_bytes must be positive, got {timeout_s}, {max_output_bytes}")
+        if timeout_s <= 0 or max_output_chars <= 0:
+            raise OmrlError(f"timeout_s and max_output_chars must be positive, got {timeout_s}, {max_output_chars}")
         self.calls += 1
-        request = {"code": code, "timeout_s": timeout_s, "max_bytes": max_output_bytes}
-        try:
-            self.proc.stdin.write((json.dumps(request) + "\n").encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            return self._killed(timed_out=False)
-        reply = self._read_reply(time.monotonic() + timeout_s + _GRACE_S)
+        deadline = time.monotonic() + timeout_s + _GRACE_S
+        request = {"id": self.calls, "code": code, "timeout_s": timeout_s, "max_chars": max_output_chars}
+        written = self._write((json.dumps(request) + "\n").encode(), deadline)
+        if written == "eof":
+            return self._exited()
+        if not written:  # the driver does not read: something the code left running holds it
+            return self._stop("timeout")
+        reply = self._read_reply(deadline, limit=16 * max_output_chars + 4096)
         if reply is None:
-            return self._killed(timed_out=True)
+            return self._stop("timeout")
         if reply == "eof":
-            return self._killed(timed_out=False)
+            return self._exited()
+        if not _well_formed(reply, self.calls):
+            return self._stop("protocol")
         out, err = reply["stdout"], reply["stderr"]
-        if reply["truncated"]:  # the driver kept stdout's head and stderr's tail
-            err += f"\n[omrl sandbox: output cut to {max_output_bytes} bytes per stream]\n"
+        if reply["truncated"]:
+            err += f"\n[omrl sandbox: output cut to {max_output_chars} characters per stream]\n"
         return SandboxResult(
             out,
             err,
             1 if reply["error"] else 0,
-            bool(reply["timed_out"]),
+            reply["timed_out"],
             "timeout" if reply["timed_out"] else None,
-            bool(reply["truncated"]),
+            reply["truncated"],
         )
 
-    def _read_reply(self, deadline: float) -> dict | str | None:
-        """The driver's next line as JSON; "eof" when it closed its end; None at the deadline."""
+    def _write(self, data: bytes, deadline: float) -> bool | str:
+        """Send a request without ever blocking past ``deadline``: True when sent, False at the
+        deadline, "eof" when the driver closed its end."""
+        fd = self.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        view = memoryview(data)
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_WRITE)
+            while view:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(timeout=left):
+                    return False
+                try:
+                    view = view[os.write(fd, view[: select.PIPE_BUF]) :]
+                except BlockingIOError:
+                    continue
+                except (BrokenPipeError, OSError):
+                    return "eof"
+        return True
+
+    def _read_reply(self, deadline: float, limit: int) -> dict | str | None:
+        """The driver's next line as JSON (anything else: "bad"); "eof" when it closed its end;
+        None at the deadline; "bad" past ``limit`` bytes without a line end."""
         fd = self.proc.stdout.fileno()
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self._buffer:
+            while (end := self._buffer.find(b"\n")) < 0:
+                if len(self._buffer) > limit:
+                    return "bad"
                 left = deadline - time.monotonic()
                 if left <= 0 or not selector.select(timeout=left):
                     return None
@@ -128,27 +163,46 @@ class Interpreter:
                 if not chunk:
                     return "eof"
                 self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
+        line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
         try:
             return json.loads(line)
         except ValueError:
-            return "eof"  # not the driver speaking: treat it as a dead interpreter
+            return "bad"
 
-    def _killed(self, timed_out: bool) -> SandboxResult:
-        """Kill the sandbox and say how the call ended: at the time limit, or how the interpreter died."""
+    def _stop(self, reason: str) -> SandboxResult:
+        """Kill the sandbox because of what the code did; say so in the result."""
+        self._end()
+        why = {
+            "timeout": "the code ran past its time and would not stop",
+            "protocol": "the code wrote to the interpreter's own reply channel (or forked a second interpreter)",
+        }[reason]
+        return SandboxResult(
+            "", f"[omrl sandbox: {why}; the interpreter was stopped]\n", -9, reason == "timeout", reason
+        )
+
+    def _exited(self) -> SandboxResult:
+        """The driver closed its end: read how it ended (the code ended it, or a limit killed it);
+        OmrlError when the sandbox itself failed or reached its lifetime."""
+        try:
+            self.proc.wait(timeout=_GRACE_S)  # the helper reports once the driver has exited
+        except subprocess.TimeoutExpired:
+            return self._stop("protocol")  # it closed its reply channel and runs on
         status = self._end()
-        if timed_out:
-            return SandboxResult("", "", -9, True, "timeout")
-        err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-        if not status or "error" in status:
-            raise OmrlError(f"the Python sandbox failed while running code: {self._failure(status, err)}")
-        return result_of(status, b"", b"", False, False)
+        if not status or "error" in status or status.get("backstop"):
+            raise OmrlError(f"the Python sandbox failed while running code: {self._failure(status)}")
+        result = result_of(status, b"", b"", False, False)
+        reason = result.killed_reason or "exited"
+        return SandboxResult(
+            "", f"[omrl sandbox: the interpreter ended: {reason}]\n", result.exit_code or -1, False, reason
+        )
 
     def _failure(self, reply: object, err: str = "") -> str:
-        """Why the sandbox did not come up: the helper's report, or what it wrote to stderr."""
+        """Why the sandbox did not come up or failed: the helper's report, or what it wrote to stderr."""
         status = self._end()
         if isinstance(status, dict) and "error" in status:
             return status["error"]
+        if isinstance(status, dict) and status.get("backstop"):
+            return f"it reached its lifetime of {self.lifetime_s:g} s"
         if not err and self.proc.stderr:
             err = self.proc.stderr.read().decode(errors="replace")
         return err.strip() or (f"it exited with status {status.get('exit_code')}" if status else f"no answer ({reply})")
@@ -156,15 +210,22 @@ class Interpreter:
     def _end(self) -> dict | None:
         """Kill the sandbox (if alive), reap it and read the helper's report (None if none)."""
         if self.dead:
-            return getattr(self, "_report", None)
+            return self._report
         self.dead = True
         if self.proc.poll() is None:
             kill_group(self.proc)
         self.proc.wait()
         raw = self._status.read()
         self._status.close()
-        self._report = json.loads(raw) if raw else None
+        try:
+            self._report = json.loads(raw) if raw else None
+        except ValueError:
+            self._report = None
         return self._report
+
+    def age(self) -> float:
+        """Seconds since the sandbox started."""
+        return time.monotonic() - self.started
 
     def alive(self) -> bool:
         return not self.dead and self.proc.poll() is None
@@ -181,6 +242,15 @@ class Interpreter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _well_formed(reply: object, call: int) -> bool:
+    """Whether a reply is the driver's answer to call number ``call``, every field of its type."""
+    if not isinstance(reply, dict) or reply.get("id") != call:
+        return False
+    return all(isinstance(reply.get(key), str) for key in ("stdout", "stderr")) and all(
+        isinstance(reply.get(key), bool) for key in ("error", "timed_out", "truncated")
+    )
 
 
 class InterpreterPool:
@@ -206,7 +276,8 @@ class InterpreterPool:
         with self._lock:
             while self._ready:
                 interpreter = self._ready.popleft()
-                if interpreter.alive():
+                # one that waited half its lifetime is dropped: it must not die of old age mid-call
+                if interpreter.alive() and interpreter.age() < interpreter.lifetime_s / 2:
                     self._wanted.set()
                     return interpreter
                 interpreter.close()

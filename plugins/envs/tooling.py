@@ -13,6 +13,8 @@ Action text (what text templates parse, and what native tool calls become):
 - ``name[{"arg": ..., ...}]`` (a JSON object) for any other tool;
 - ``answer[text]``: the final answer, when the wrapped env has no tools of its own (a one-turn
   env's action is its answer); anything that names no tool goes to the wrapped env as it is.
+  A call without its closing ``]`` (a reply cut off mid-code) is neither run nor scored: the model
+  is told, and the episode goes on.
 
 Failures are split by whose they are. What the agent sent wrong (code that raises or times out, a
 tool call with bad arguments, an unknown tool, a server's own error result) is its observation,
@@ -24,7 +26,6 @@ episode ends as ``env_error`` with that reason, is counted, and never trained on
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -32,7 +33,6 @@ from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult
 from omrl.errors import short_repr
 
 ANSWER_TOOL = "answer"
-_CALL = re.compile(r"\s*([A-Za-z_][\w.-]*)\[(.*)\]\s*\Z", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,7 @@ class ToolEnv(Env):
                 }
             ]
         self.tools = [*inner_tools, *(tool.spec for tool in tools)]
+        self._call_names = [*self.own_tools, *([ANSWER_TOOL] if self.answers_as_tool else [])]
         self.splits = inner.splits
         self.max_turns = inner.max_turns + max_calls
         self.demonstration = ()
@@ -127,13 +128,29 @@ class ToolEnv(Env):
     def step(self, action: str) -> StepResult:
         if self.finished:  # the wrapped env would refuse an answer; a tool call must not run either
             raise EpisodeFinishedError(f"{type(self).__name__}: the episode is over; call reset(task_id) first")
-        call = _CALL.match(action)
-        name = call.group(1) if call else None
+        call = self._split_call(action)
+        if call is None:
+            return self._finish(self.inner.step(action))
+        name, raw = call
+        if raw is None:  # a call cut off (the reply's token cap) or unclosed: neither run nor scored
+            text = f"The call to {name} has no closing `]`: write {name}[...] with its argument inside."
+            info = {"won": False, "score": 0.0, "tool": name, "tool_error": True, "invalid": True}
+            return StepResult(text, 0.0, False, info)
         if name in self.own_tools:
-            return self._call(self.own_tools[name], call.group(2))
-        if name == ANSWER_TOOL and self.answers_as_tool:
-            action = call.group(2).strip()
-        result = self.inner.step(action)
+            return self._call(self.own_tools[name], raw)
+        return self._finish(self.inner.step(raw.strip()))  # answer[...]
+
+    def _split_call(self, action: str) -> tuple[str, str | None] | None:
+        """(tool, its argument text) when ``action`` calls one of this env's tools (``answer`` too,
+        where it is one), the text None when the ``]`` is missing; None for any other action.
+        Tool names are matched as they are, so an MCP tool named ``files/read`` works too."""
+        text = action.strip()
+        for name in self._call_names:
+            if text.startswith(name + "["):
+                return name, (text[len(name) + 1 : -1] if text.endswith("]") else None)
+        return None
+
+    def _finish(self, result: StepResult) -> StepResult:
         self.finished = result.done
         return result
 

@@ -18,6 +18,7 @@ from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.sandbox import run as sandbox
 from omrl.training.rl_data import trainable
 from omrl_plugins.envs.code.env import expression_in
+from omrl_plugins.envs.tooling import ToolEnv, ToolResult
 from tests.chat.thinking import TOOL_ROLE, ForcedBackend, build_qwen3_like
 from tests.sandbox.test_sandbox import README, attempts, needs_sandbox, outcomes
 
@@ -207,3 +208,44 @@ def test_after_the_answer_ends_the_episode_no_tool_call_runs():
         assert env.step("python[print(1)]").observation == "1\n"
     finally:
         env.close()
+
+
+def test_a_call_cut_off_before_its_bracket_is_neither_run_nor_scored():
+    env = build()
+    try:
+        env.reset(0)
+        cut = env.step("python[\n```\nprint(1663 * 5242")
+        assert not cut.done and cut.info["tool_error"] and "no closing `]`" in cut.observation
+        assert env.calls == 0  # not a call: the budget is intact
+        assert env.step("answer[0]").done  # the episode went on to its answer
+    finally:
+        env.close()
+
+
+class OddNames:
+    """Tools whose names are not identifiers, as MCP servers may name them."""
+
+    def __init__(self, name):
+        self.spec = {
+            "name": name,
+            "description": "",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+        }
+
+    def call(self, arguments):
+        return ToolResult(f"{self.spec['name']} got {arguments['q']}")
+
+    def end_episode(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_tools_are_called_by_their_names_as_they_are():
+    names = ["files/read", "2fa", "get weather"]
+    env = ToolEnv(create_env(registry.envs.get("reasoning-gym:chain_sum"), {}, "x"), [OddNames(n) for n in names])
+    env.reset(0)
+    for name in names:
+        result = env.step(env.action_from_tool_call(name, {"q": "x"}))
+        assert result.observation == f"{name} got x" and not result.done

@@ -9,7 +9,9 @@ dataset has its ``code:`` name; ``code`` with ``env=`` wraps any other env (``en
 Options (``plugins."code:reasoning-gym:products".<option>``): ``env`` and ``options`` (the wrapped
 env and its own options; fixed in the ``code:`` names), ``persistent`` (False: each call starts a
 fresh interpreter; True: one interpreter per episode keeps its variables), ``timeout_s`` (5, per
-call), ``memory_mb`` (256), ``max_output_chars`` (2000, a longer result is cut and says so),
+call), ``memory_mb`` (512: the sandbox's address space, shared by its up to 4 processes, so the
+interpreter gets 128 MB), ``max_output_chars`` (2000: stdout's start and stderr's end, half each; a
+cut result says so),
 ``max_calls`` (4 python calls an episode), ``warm`` (2 interpreters kept started per process),
 ``expert_uses_tool`` (True; False: the expert answers at once, for demonstrations without the tool).
 
@@ -50,7 +52,7 @@ class CodeEnv(ToolEnv):
         options: dict[str, Any] | None = None,
         persistent: bool = False,
         timeout_s: float = 5.0,
-        memory_mb: int = 256,
+        memory_mb: int = 512,
         max_output_chars: int = 2000,
         max_calls: int = 4,
         warm: int = 2,

@@ -20,7 +20,7 @@ from omrl.envs import EnvError
 from omrl.errors import ConfigError, OmrlError
 from omrl.sandbox.interpreter import Interpreter, InterpreterPool
 from omrl.sandbox.run import check_host
-from omrl_plugins.envs.tooling import ToolResult, truncate
+from omrl_plugins.envs.tooling import ToolResult
 
 SPEC = {
     "name": "python",
@@ -65,7 +65,7 @@ class PythonTool:
         self,
         persistent: bool = False,
         timeout_s: float = 5.0,
-        memory_mb: int = 256,
+        memory_mb: int = 512,
         max_output_chars: int = 2000,
         warm: int = 2,
     ):
@@ -88,14 +88,21 @@ class PythonTool:
         if not isinstance(code, str) or not code.strip():
             return ToolResult("The python tool needs code to run: python[print(1 + 1)].", error=True)
         interpreter = self._interpreter()
-        result = interpreter.run(code, timeout_s=self.timeout_s, max_output_bytes=self.max_output_chars)
-        text = (result.stdout + result.stderr) or "(no output)"
-        if interpreter.dead:
-            text += f"\n[the interpreter was stopped: {result.killed_reason or 'it exited'}"
-            text += "; its variables are gone]" if self.persistent else "]"
-        if not self.persistent or interpreter.dead:
+        try:
+            # each stream gets half the budget, so a long stdout never hides the traceback after it
+            result = interpreter.run(
+                code, timeout_s=self.timeout_s, max_output_chars=max(1, self.max_output_chars // 2)
+            )
+        except OmrlError as exc:  # the sandbox itself failed
             self._drop(interpreter)
-        return ToolResult(truncate(text, self.max_output_chars), error=result.exit_code != 0)
+            raise EnvError(f"the python sandbox failed: {exc}") from exc
+        died = interpreter.dead  # the code ended or broke it
+        if not self.persistent or died:
+            self._drop(interpreter)
+        text = (result.stdout + result.stderr) or "(no output)"
+        if died and self.persistent:
+            text += "[the interpreter's variables are gone; the next call starts a new one]\n"
+        return ToolResult(text, error=result.exit_code != 0 or died)
 
     def _interpreter(self) -> Interpreter:
         if self.live is not None:
