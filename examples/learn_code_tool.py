@@ -31,7 +31,7 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from omrl.atomic import atomic_write_text
@@ -273,5 +273,9 @@ if __name__ == "__main__":
     parser.add_argument("--out", type=Path, default=Path("runs/learn-code-tool"))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tool-share", type=float, help="the share of SFT data that uses the tool (default 0.75)")
     args = parser.parse_args()
-    main(args.out, QUICK if args.quick else FULL, args.seed)
+    budget = QUICK if args.quick else FULL
+    if args.tool_share is not None:
+        budget = replace(budget, tool_share=args.tool_share)
+    main(args.out, budget, args.seed)

@@ -257,20 +257,24 @@ def step_metrics(episodes: list[Any], seconds: float, session: Any, strategy: St
     return {**metrics, **generation_metrics(stats)}
 
 
-#: per-env means over the episodes that did not fail in the env (the others measured no model)
-PLAYED_MEANS = ("reward", "success", "score")
+#: per-env means over the episodes that did not fail in the env (the others measured no model):
+#: these, each reward term's (``reward_<name>``) and the tool-use rates (omrl.evaluation.tool_use)
+PLAYED_MEANS = ("reward", "success", "score", "tool_call_rate", "tool_calls_per_episode")
 
 
 def sum_per_env(strategy: Strategy, metrics: dict[str, float]) -> dict[str, float]:
     """Per-env metrics (``<metric>/<env>``) over every process, as one process would have computed them
     from all the episodes: counts add; each mean is weighted by what it is a mean over on each process
-    (episodes, played episodes, turns); the prefill hit rate comes from the summed counts."""
+    (episodes, played episodes, turns, tool calls); the prefill hit rate comes from the summed counts."""
 
     def weight(key: str) -> float:
         name, env = key.split("/", 1)
         episodes = metrics[f"episodes/{env}"]
-        if name in PLAYED_MEANS:
-            return episodes - metrics[f"env_errors/{env}"]
+        played = episodes - metrics[f"env_errors/{env}"]
+        if name in PLAYED_MEANS or name.startswith("reward_"):
+            return played
+        if name == "valid_tool_call_rate":  # a share of the tool calls
+            return played * metrics[f"tool_calls_per_episode/{env}"]
         return episodes * metrics[f"turns/{env}"] if name == "format_ok" else episodes
 
     means = [k for k in metrics if k.split("/")[0] not in PER_ENV_COUNTS and not k.startswith("prefill_hit_rate/")]
