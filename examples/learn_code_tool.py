@@ -1,20 +1,20 @@
-"""omrl learns to use a tool: the `tiny` model on multiplications with a sandboxed python tool.
+"""omrl learns to use a tool: SmolLM2-135M on multiplications with a sandboxed python tool.
 
-    python examples/learn_code_tool.py            # the full run
-    python examples/learn_code_tool.py --quick    # a small budget
+    python examples/learn_code_tool.py --tool-share 0.3   # the full run (about 30 minutes on 2 CPU cores)
+    python examples/learn_code_tool.py --quick            # the same stages with `tiny`, in minutes
 
-The env is ``code:reasoning-gym:products`` (reasoning-gym's products of two numbers of 1-5 digits,
+The env is ``code:reasoning-gym:products`` (reasoning-gym's products of two numbers of 1-3 digits,
 scored by the dataset's own scorer) with the ``python`` tool: the model may run code in omrl's
-sandbox, read what it printed, and answer. A 1M-parameter model cannot multiply 1663 by 5242 in its
-head; it can learn to copy the numbers into ``python[print(1663 * 5242)]`` and the printed result
-into ``answer[8717446]``.
+sandbox, read what it printed, and answer. A small model cannot multiply 1663 by 5242 in its head;
+it can learn to copy the numbers into ``python[print(1663 * 5242)]`` and the printed result into
+``answer[8717446]``.
 
 Stages, each written under ``--out`` and skipped when its result is there:
 
 1. EXPERT: demonstrations of two kinds, on different training tasks: the expert that runs the
    question's expression through the tool, then answers; and the expert that answers at once
    (``expert_uses_tool=false``), which a model can only imitate by guessing.
-2. SFT of the random-init model on both, half and half (``dataset=tool.parquet:0.5,direct.parquet:0.5``):
+2. SFT on both, ``--tool-share`` of the draw from the tool's (``dataset=tool.parquet:0.3,direct.parquet:0.7``):
    the SFT model calls the tool on some questions and guesses on others.
 3. GRPO from the SFT model, reward 1 for a right answer: tool use is never rewarded as such.
 
@@ -23,6 +23,11 @@ temperature 1, the policy GRPO optimises), before SFT, after SFT (before GRPO) a
 success, ``tool_call_rate`` (episodes with a python call), ``valid_tool_call_rate`` (calls whose
 code ran without an error) and tool calls per episode, each rate with its standard error.
 ``summary.json`` holds every number.
+
+Measured here (SmolLM2-135M, 2 busy CPU cores, about 30 minutes, ``--tool-share 0.3``): success
+45.6 +- 6.3% after SFT -> 71.9 +- 3.3% after 4 GRPO steps (+26.2 points, 3.7 SE); episodes with a
+python call 18.1% -> 85.6%; calls that ran cleanly 94.1% -> 91.3%. With the default share (0.75):
+95.0 +- 1.6% -> 100%, tool calls 94.4% -> 100%. docs/tools.md has the table.
 """
 
 from __future__ import annotations

@@ -333,8 +333,11 @@ def result_text(result: Any) -> str:
 
 
 def _field(obj: Any, name: str, v1_name: str) -> Any:
-    """A field of an SDK model: mcp 2 spells it ``name``, mcp 1 ``v1_name``."""
-    return getattr(obj, name, getattr(obj, v1_name, None))
+    """A field of an SDK model: mcp 2 spells it ``name``, mcp 1 ``v1_name`` (read only where the
+    first is missing: mcp 2 warns on every read of the old spelling)."""
+    if hasattr(obj, name):
+        return getattr(obj, name)
+    return getattr(obj, v1_name, None)
 
 
 def _http_client() -> Callable[[str], Any]:
