@@ -177,9 +177,8 @@ def compose_rewards(
         components[name] = _checked(name, fn(played, **opts), played) if played else []
 
     for ep in episodes:
-        for name in weights:
-            ep.rewards[name] = [0.0] * len(ep.turns)
-        ep.rewards[TOTAL] = [0.0] * len(ep.turns)
+        if ep.end_reason == "env_error":
+            ep.rewards.update({name: [0.0] * len(ep.turns) for name in [*weights, TOTAL]})
     for i, ep in enumerate(played):
         for name, values in components.items():
             ep.rewards[name] = values[i]

@@ -8,8 +8,7 @@ Protocol, one JSON object a line (``ensure_ascii``, so a line never holds a raw 
 ``{"ready": true}`` once set up, then answers each request ``{"id": ..., "code": ..., "timeout_s": ...,
 "max_chars": ...}`` with ``{"id", "stdout", "stderr", "error", "timed_out", "truncated"}`` (the
 host drops the interpreter on any other answer). A process the code forked never answers: it
-exits when it comes back to the REPL loop. The protocol
-uses copies of the original stdin and stdout; the code's own fds 0, 1 and 2 are /dev/null and two
+exits when it comes back to the REPL loop. The protocol uses copies of the original stdin and stdout; the code's own fds 0, 1 and 2 are /dev/null and two
 files in the scratch dir, so what the code (or a program it starts) prints is caught and never
 mixes with the protocol. Variables live in one namespace from call to call. Like a notebook cell,
 the value of a last bare expression is printed.

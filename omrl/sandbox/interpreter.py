@@ -196,15 +196,14 @@ class Interpreter:
             "", f"[omrl sandbox: the interpreter ended: {reason}]\n", result.exit_code or -1, False, reason
         )
 
-    def _failure(self, reply: object, err: str = "") -> str:
+    def _failure(self, reply: object) -> str:
         """Why the sandbox did not come up or failed: the helper's report, or what it wrote to stderr."""
         status = self._end()
         if isinstance(status, dict) and "error" in status:
             return status["error"]
         if isinstance(status, dict) and status.get("backstop"):
             return f"it reached its lifetime of {self.lifetime_s:g} s"
-        if not err and self.proc.stderr:
-            err = self.proc.stderr.read().decode(errors="replace")
+        err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
         return err.strip() or (f"it exited with status {status.get('exit_code')}" if status else f"no answer ({reply})")
 
     def _end(self) -> dict | None:
@@ -265,7 +264,6 @@ class InterpreterPool:
         self._lock = threading.Lock()
         self._wanted = threading.Event()
         self._closed = False
-        self.start_error: OmrlError | None = None
         self._thread = threading.Thread(target=self._fill, name="omrl-sandbox-pool", daemon=True)
         if size:
             self._thread.start()
@@ -273,16 +271,19 @@ class InterpreterPool:
 
     def take(self) -> Interpreter:
         """A started interpreter, used by no one (start one now if none is ready)."""
+        stale, found = [], None
         with self._lock:
-            while self._ready:
+            while self._ready and found is None:
                 interpreter = self._ready.popleft()
                 # one that waited half its lifetime is dropped: it must not die of old age mid-call
                 if interpreter.alive() and interpreter.age() < interpreter.lifetime_s / 2:
-                    self._wanted.set()
-                    return interpreter
-                interpreter.close()
+                    found = interpreter
+                else:
+                    stale.append(interpreter)
         self._wanted.set()
-        return Interpreter(**self.limits)
+        for interpreter in stale:  # killed outside the lock: other callers need not wait for it
+            interpreter.close()
+        return found or Interpreter(**self.limits)
 
     def _fill(self) -> None:
         while not self._closed:
@@ -291,8 +292,7 @@ class InterpreterPool:
             while not self._closed and len(self._ready) < self.size:
                 try:
                     interpreter = Interpreter(**self.limits)
-                except OmrlError as exc:
-                    self.start_error = exc  # `take` starts its own and raises the reason then
+                except OmrlError:  # `take` starts its own, and raises the reason then
                     break
                 with self._lock:
                     if self._closed:

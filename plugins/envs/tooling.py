@@ -75,6 +75,11 @@ def truncate(text: str, limit: int, what: str = "output") -> str:
     return text[:limit] + f"\n[{what} truncated: {len(text) - limit} more characters]"
 
 
+def _refused(tool: str, why: str) -> StepResult:
+    """A call that was not made (no calls left, no closing bracket): the agent's error, the episode goes on."""
+    return StepResult(why, 0.0, False, {"won": False, "score": 0.0, "tool": tool, "tool_error": True, "invalid": True})
+
+
 class ToolEnv(Env):
     """An env with tools beside its own actions; the wrapped env holds the tasks and the scoring."""
 
@@ -133,9 +138,7 @@ class ToolEnv(Env):
             return self._finish(self.inner.step(action))
         name, raw = call
         if raw is None:  # a call cut off (the reply's token cap) or unclosed: neither run nor scored
-            text = f"The call to {name} has no closing `]`: write {name}[...] with its argument inside."
-            info = {"won": False, "score": 0.0, "tool": name, "tool_error": True, "invalid": True}
-            return StepResult(text, 0.0, False, info)
+            return _refused(name, f"The call to {name} has no closing `]`: write {name}[...] with its argument inside.")
         if name in self.own_tools:
             return self._call(self.own_tools[name], raw)
         return self._finish(self.inner.step(raw.strip()))  # answer[...]
@@ -156,14 +159,14 @@ class ToolEnv(Env):
 
     def _call(self, tool: Tool, raw: str) -> StepResult:
         name = tool.spec["name"]
-        info = {"won": False, "score": 0.0, "tool": name}
         if self.calls >= self.max_calls:
-            text = f"No tool calls left (at most {self.max_calls} an episode); give your answer now."
-            return StepResult(text, 0.0, False, {**info, "tool_error": True, "invalid": True})
+            return _refused(name, f"No tool calls left (at most {self.max_calls} an episode); give your answer now.")
         self.calls += 1
         arguments, problem = self._arguments(tool.spec, raw)
         result = ToolResult(problem, error=True) if problem else tool.call(arguments)
-        return StepResult(result.text, 0.0, False, {**info, "tool_error": result.error})
+        return StepResult(
+            result.text, 0.0, False, {"won": False, "score": 0.0, "tool": name, "tool_error": result.error}
+        )
 
     @staticmethod
     def _arguments(spec: dict[str, Any], raw: str) -> tuple[dict[str, Any], str]:
@@ -188,9 +191,6 @@ class ToolEnv(Env):
         if name == ANSWER_TOOL and self.answers_as_tool:
             return f"{ANSWER_TOOL}[{arguments.get('answer', '')}]"
         return self.inner.action_from_tool_call(name, arguments)
-
-    def admissible_actions(self) -> list[str] | None:
-        return None
 
     def expert_action(self) -> str | None:
         action = self.inner.expert_action()

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from omrl.envs import create_env
+from omrl.envs import create_env, env_variant
 from omrl.registry import envs as env_registry
 from omrl_plugins.envs.code.python_tool import PythonTool
 from omrl_plugins.envs.tooling import ANSWER_TOOL, ToolEnv
@@ -76,8 +76,6 @@ class CodeEnv(ToolEnv):
 
 def code_variant(inner: str, package: str = "", extra: str = "") -> type[CodeEnv]:
     """``code:<inner>``: CodeEnv with its wrapped env fixed, as its own registry name."""
-    from omrl.envs import env_variant
-
     variant = env_variant(
         CodeEnv,
         "Code_" + re.sub(r"\W", "_", inner),

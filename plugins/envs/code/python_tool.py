@@ -35,25 +35,25 @@ _pools: dict[tuple, tuple[InterpreterPool, int]] = {}  # (size, limits) -> (pool
 _pools_lock = threading.Lock()
 
 
-def acquire_pool(size: int, limits: dict[str, Any]) -> InterpreterPool:
+def acquire_pool(size: int, limits: dict[str, Any]) -> tuple[tuple, InterpreterPool]:
     """One pool per process for each size and limits, shared by every tool (every env instance of a
-    rollout) that uses it; the last `release_pool` closes it, so no idle sandbox outlives its envs."""
+    rollout) that uses it, and its key; the last `release_pool` of that key closes it, so no idle
+    sandbox outlives its envs."""
     key = (size, tuple(sorted(limits.items())))
     with _pools_lock:
         pool, users = _pools.get(key) or (InterpreterPool(size, **limits), 0)
         _pools[key] = (pool, users + 1)
-        return pool
+        return key, pool
 
 
-def release_pool(pool: InterpreterPool) -> None:
+def release_pool(key: tuple) -> None:
     with _pools_lock:
-        for key, (known, users) in list(_pools.items()):
-            if known is pool:
-                if users > 1:
-                    _pools[key] = (known, users - 1)
-                else:
-                    del _pools[key]
-                    pool.close()
+        pool, users = _pools[key]
+        if users > 1:
+            _pools[key] = (pool, users - 1)
+            return
+        del _pools[key]
+    pool.close()
 
 
 class PythonTool:
@@ -80,7 +80,8 @@ class PythonTool:
             raise ConfigError(f"the python tool cannot run here: {exc}") from exc
         self.persistent, self.timeout_s, self.max_output_chars = persistent, timeout_s, max_output_chars
         limits = {"memory_mb": memory_mb, "max_processes": 4, "cpu_time_s": int(timeout_s * 20) + 5}
-        self.pool: InterpreterPool | None = acquire_pool(warm, limits)
+        self._pool_key, pool = acquire_pool(warm, limits)
+        self.pool: InterpreterPool | None = pool
         self.live: Interpreter | None = None
 
     def call(self, arguments: dict[str, Any]) -> ToolResult:
@@ -129,5 +130,5 @@ class PythonTool:
     def close(self) -> None:
         self.end_episode()
         if self.pool is not None:
-            release_pool(self.pool)
+            release_pool(self._pool_key)
             self.pool = None

@@ -33,6 +33,7 @@ rollout ends that episode as ``env_error``, never trains on it, and the next res
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 import shutil
@@ -144,17 +145,7 @@ class McpEnv(Env):
         max_result_chars: int = 4000,
         max_calls: int = 8,
         allowed_tools: Sequence[str] | None = None,
-        path: str = "",
-        prompt_key: str = "",
-        answer_key: str = "",
-        test_path: str = "",
-        test_fraction: float = 0.0,
-        seed: int = 0,
-        max_attempts: int = 1,
-        instruction: str = "",
-        match: str = "exact",
-        rel_tol: float = 1e-6,
-        abs_tol: float = 1e-9,
+        **task_options: Any,
     ):
         require("mcp.client.session", NAME, "mcp")  # a missing extra says so at once
         for option, value, low, kinds in (
@@ -172,25 +163,14 @@ class McpEnv(Env):
                 f"plugins.{NAME}.allowed_tools must be a list of tool names, got {short_repr(allowed_tools)}"
             )
         spec = server_spec(command, url, env)
+        path = task_options.get("path")
         if not isinstance(path, str) or not path:
             raise ConfigError(
                 f"the {NAME} env needs plugins.{NAME}.path=FILE: the questions and their answers, as the "
                 "dataset env reads them (a .jsonl file with a question and an answer a line, or .parquet)"
             )
         try:
-            self.dataset = DatasetEnv(
-                path=path,
-                prompt_key=prompt_key,
-                answer_key=answer_key,
-                test_path=test_path,
-                test_fraction=test_fraction,
-                seed=seed,
-                max_attempts=max_attempts,
-                instruction=instruction,
-                match=match,
-                rel_tol=rel_tol,
-                abs_tol=abs_tol,
-            )
+            self.dataset = DatasetEnv(**task_options)  # create_env checked the names against the signature
         except ConfigError as exc:
             raise ConfigError(f"{NAME} env, its tasks (read by the dataset env): {exc}") from exc
         self.client = McpClient(spec, float(start_timeout_s), float(timeout_s))
@@ -266,6 +246,17 @@ class McpEnv(Env):
                 self._tool_env.close()
         finally:
             self.client.close()
+
+
+def _signature_with_task_options() -> inspect.Signature:
+    """McpEnv's options as `create_env` checks them: its own, then the dataset env's task options
+    (``**task_options`` goes to DatasetEnv whole), so neither list is written twice."""
+    own = [p for p in inspect.signature(McpEnv.__init__).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    tasks = [p.replace(kind=p.KEYWORD_ONLY) for p in inspect.signature(DatasetEnv).parameters.values()]
+    return inspect.Signature([p.replace(kind=p.KEYWORD_ONLY) for p in own[1:]] + tasks)
+
+
+McpEnv.__signature__ = _signature_with_task_options()  # type: ignore[attr-defined]
 
 
 def server_spec(command: Any, url: Any, env: Any) -> ServerSpec:
