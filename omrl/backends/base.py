@@ -139,6 +139,9 @@ class Backend(ABC):
         fall back to a chat API when the server does not take token ids.
         """
 
+    #: one engine that every training process samples from (a server): only the main process sends it weights
+    shared: bool = False
+
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load the trainer's weights (a state dict) into the generation engine in place."""
         raise OmrlError(f"the {self.name} backend cannot load new weights; use the hf or vllm backend for training")

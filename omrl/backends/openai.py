@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
+from omrl.backends.weight_sync import WeightSync
 from omrl.errors import OmrlError, short_repr
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -51,8 +52,11 @@ class OpenAIBackend(Backend):
         retries: int = 3,
         backoff: float = 0.5,
         transport: httpx.BaseTransport | None = None,
+        weight_sync: WeightSync | None = None,
     ):
         super().__init__(tokenizer, batch_size)
+        self.weight_sync = weight_sync  # how trained weights reach the server; None: it never gets any
+        self.weights_version = 0
         if not base_url:
             raise OmrlError("the openai backend needs generation.base_url, e.g. http://127.0.0.1:8000/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -90,6 +94,21 @@ class OpenAIBackend(Backend):
         out = [gen for gen, _ in answers]
         self._count_call(out, time.perf_counter() - started, *_prompt_tokens([usage for _, usage in answers]))
         return out
+
+    @property
+    def shared(self) -> bool:
+        """One server for every training process: the main one sends it the weights."""
+        return self.weight_sync is not None
+
+    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
+        """Send the trained weights to the server (``generation.weight_sync``), as its next version."""
+        if self.weight_sync is None:
+            raise OmrlError(
+                "the openai backend sends trained weights to its server only with generation.weight_sync=files "
+                "or nccl (omrl.backends.weight_sync)"
+            )
+        self.weights_version += 1
+        self.weight_sync.push(state_dict, self.weights_version)
 
     def _one(
         self,
@@ -216,6 +235,8 @@ class OpenAIBackend(Backend):
 
     def close(self) -> None:
         self.client.close()
+        if self.weight_sync is not None:
+            self.weight_sync.close()
 
 
 def _json(reply: httpx.Response, url: Any) -> Any:

@@ -66,6 +66,18 @@ class GenerationConfig:
     batch_size: int = opt(32, "Sequences per generate call.")
     base_url: str = opt("", "openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = opt("OPENAI_API_KEY", "openai backend: environment variable holding the key.")
+    weight_sync: str = opt(
+        "none",
+        "openai backend, training: how trained weights reach the vLLM server: files (a safetensors file "
+        "the server reloads from generation.weight_dir), nccl (vLLM's weight transfer, GPU to GPU) or "
+        "none (omrl.backends.weight_sync).",
+    )
+    weight_dir: str = opt(
+        "", "weight_sync=files: a folder the server can read too (shared storage across machines; '': a temp folder)."
+    )
+    weight_sync_address: str = opt(
+        "", "weight_sync=nccl: HOST:PORT this trainer listens on for the server's workers ('': 127.0.0.1, a free port)."
+    )
     gpu_memory_utilization: float = opt(0.5, "vllm backend: share of GPU memory for the engine.")
     kv_reuse: bool = opt(
         True,

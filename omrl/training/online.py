@@ -15,6 +15,7 @@ from rich.console import Console
 from omrl import registry
 from omrl.algos import RECIPES, AdvantageInput
 from omrl.backends.base import generation_metrics
+from omrl.backends.weight_sync import check_weight_sync
 from omrl.config.options import TrainRunConfig
 from omrl.data import Episode
 from omrl.errors import ConfigError, OmrlError
@@ -75,6 +76,7 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
         mix_members(cfg)  # names, weights and per-env keys, before any model loads
     check_max_env_error_rate(cfg.max_env_error_rate)
     async_generation.check_async(cfg, strategy.world_size)
+    check_weight_sync(cfg.generation, trains=True)
     dynamic_sampling.check(cfg)
 
 
@@ -331,5 +333,10 @@ def sync_rollout_weights(strategy: Strategy, model: Any, rollout_model: Any, ses
     """The rollout backend gets the trained weights (a no-op for hf sharing the very model)."""
     if rollout_model is not model:  # sharded, with hf: refresh the unsharded copy in place
         strategy.copy_whole_weights(model, rollout_model)
+    elif session.backend.shared:  # one server for every process: the main one sends, the rest wait for it
+        state = strategy.state_dict(model)
+        if strategy.is_main:
+            session.backend.update_weights(state)
+        strategy.barrier()
     else:
         session.backend.update_weights(strategy.state_dict(model))

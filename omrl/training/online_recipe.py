@@ -94,9 +94,11 @@ class OnlineRecipe:
             self.step = state.step
             self.task_order.load_state(state.data_state)
             self.skipped.load_state_dict(state.extra)
-            # a backend with its own copy must roll out with the resumed weights
-            sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
             self.console.print(f"resuming from {resume_from} at step {self.step}", highlight=False, soft_wrap=True)
+        if resume_from is not None or self.session.backend.shared:
+            # a backend with its own copy must roll out with the resumed weights, and a server may have
+            # loaded other weights than the ones this run starts from
+            sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
         self.logger = make_logger(self.cfg, self.strategy, self.step, self.config_dict, self.console)
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(self.cfg))
         self.generation = async_generation.start(self, state)  # None: the rollouts play in this process

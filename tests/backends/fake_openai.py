@@ -6,10 +6,16 @@ Modes (``server.mode``):
 - ``logprob_tokens``: token ids only as ``token_id:N`` log-prob tokens;
 - ``text_only``: refuses token-id prompts (HTTP 400), serves chat completions as text.
 ``fail_next`` answers that many requests with HTTP 503 first (to exercise retries).
+
+With ``rl_routes`` (as ``VLLM_SERVER_DEV_MODE=1 vllm serve``): vLLM's ``/pause``, ``/resume``,
+``/collective_rpc`` (``reload_weights`` from a ``weights_path`` folder of safetensors, loaded into
+the served model for real), ``/reset_prefix_cache``, ``/update_weight_version``, ``/weight_info``
+and ``/get_world_size``. ``self.calls`` lists the RL routes called, in order.
 """
 
 import socket
 import threading
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
@@ -72,6 +78,58 @@ class FakeOpenAIServer:
                 ],
             }
 
+        self.rl_routes = True
+        self.calls: list[str] = []
+        self.weight_version: str | None = None
+        self.paused = False
+
+        def rl(route: str) -> None:
+            if not self.rl_routes:
+                raise HTTPException(404, "Not Found")
+            self.calls.append(route)
+
+        @app.post("/pause")
+        async def pause(mode: str = "abort"):
+            rl(f"pause?mode={mode}")
+            self.paused = True
+            return {"status": "paused"}
+
+        @app.post("/resume")
+        async def resume():
+            rl("resume")
+            self.paused = False
+            return {"status": "resumed"}
+
+        @app.post("/collective_rpc")
+        async def collective_rpc(request: Request):
+            body = await request.json()
+            rl(f"collective_rpc:{body['method']}")
+            if body["method"] != "reload_weights":
+                raise HTTPException(400, f"no method {body['method']}")
+            self._reload(Path(body["kwargs"]["weights_path"]))
+            return {"results": [None]}
+
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache():
+            rl("reset_prefix_cache")
+            return {"success": True}
+
+        @app.post("/update_weight_version")
+        async def update_weight_version(request: Request):
+            self.weight_version = (await request.json())["new_version"]
+            rl("update_weight_version")
+            return {"success": True, "new_version": self.weight_version}
+
+        @app.get("/weight_info")
+        async def weight_info():
+            rl("weight_info")
+            return {"weight_version": self.weight_version}
+
+        @app.get("/get_world_size")
+        async def get_world_size():
+            rl("get_world_size")
+            return {"world_size": 1}
+
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -91,6 +149,19 @@ class FakeOpenAIServer:
             seed=body.get("seed"),
         )
         return self.backend.generate([prompt], params)[0]
+
+    def _reload(self, folder: Path) -> None:
+        """vLLM's reload_weights from a folder: every safetensors file in it, into the served model."""
+        from safetensors.torch import load_file
+
+        state = {}
+        for file in sorted(folder.glob("*.safetensors")):
+            state.update(load_file(str(file)))
+        model = self.backend.model
+        missing = set(model.state_dict()) - set(state) - {"lm_head.weight"}  # a tied head may be left out
+        if missing:
+            raise HTTPException(500, f"reload_weights: {sorted(missing)[:3]} missing")
+        self.backend.update_weights(state)
 
     def start(self):
         self.thread.start()

@@ -1,0 +1,260 @@
+"""Trained weights into a running generation server (``generation.weight_sync``, openai backend).
+
+A ``vllm serve`` started with ``VLLM_SERVER_DEV_MODE=1`` offers vLLM's own RL routes: ``/pause``
+(``mode=keep`` freezes requests in flight, which go on under the new weights after ``/resume``),
+``/resume``, the weight-transfer protocol (``/init_weight_transfer_engine``,
+``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``), ``/collective_rpc``,
+``/reset_prefix_cache`` and ``/update_weight_version``. Two ways to move the weights:
+
+- ``files``: the trainer writes the state dict as one safetensors file under ``weight_dir`` (a
+  folder the server can read: the same machine, or shared storage) and the server's workers
+  reload it in place (``reload_weights`` with ``weights_path``). Works wherever vLLM runs, the
+  CPU included; costs a write and a read of the weights per update.
+- ``nccl``: vLLM's weight-transfer engine. The trainer joins the server's workers in an NCCL group
+  (rank 0, listening on ``address``) and broadcasts the weights GPU to GPU; the server must be
+  started with ``--weight-transfer-config '{"backend": "nccl"}'``. Needs CUDA and vllm on the
+  trainer's machine, and a network path between the GPUs.
+
+Either way an update is: pause (keep), move the weights, drop cached prefixes (their KV states
+came from the old weights), name the new version, resume. The server's answers are checked; a
+route the server does not offer is an error that says how to start it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import httpx
+import torch
+
+from omrl.errors import ConfigError, OmrlError
+
+WEIGHT_SYNCS = ("none", "files", "nccl")
+SERVER_HINT = (
+    "start the server with VLLM_SERVER_DEV_MODE=1 (vLLM's RL routes), e.g. "
+    "VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-prompt-tokens-details"
+)
+
+
+class ServerControl:
+    """vLLM's RL routes at the server's root (``base_url`` without its ``/v1``)."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0, transport: httpx.BaseTransport | None = None):
+        root = base_url.rstrip("/")
+        root = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.root = root
+        self.client = httpx.Client(base_url=root, timeout=httpx.Timeout(timeout, connect=10.0), transport=transport)
+
+    def call(self, method: str, route: str, **kwargs: Any) -> Any:
+        """The JSON answer of ``route`` (None for an empty one); an error naming the route otherwise."""
+        url = f"{self.root}/{route}"
+        try:
+            reply = self.client.request(method, route, **kwargs)
+        except httpx.TransportError as exc:
+            raise OmrlError(f"cannot reach the generation server at {url}: {exc}") from exc
+        if reply.status_code in (404, 405):
+            raise OmrlError(f"the generation server has no {method} /{route} (HTTP {reply.status_code}); {SERVER_HINT}")
+        if reply.status_code >= 300:
+            raise OmrlError(f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}")
+        if not reply.content:
+            return None
+        try:
+            return reply.json()
+        except ValueError as exc:
+            raise OmrlError(f"{url} answered something that is not JSON: {reply.text[:300]!r}") from exc
+
+    def post(self, route: str, body: Any = None, **params: Any) -> Any:
+        return self.call("POST", route, json=body, params=params or None)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class WeightSync:
+    """One way to move weights into the server; :meth:`push` is one whole update."""
+
+    def __init__(self, control: ServerControl):
+        self.control = control
+
+    def push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        self.control.post("pause", mode="keep")
+        try:
+            self.send(state_dict)
+            # cached prefixes hold KV states of the old weights; a request still in flight keeps its
+            # own (it continues under the new weights with its finished tokens' states, as a partial
+            # rollout does), so a reset refused for its blocks is not an error
+            self.control.post("reset_prefix_cache")
+            self.control.post("update_weight_version", {"new_version": str(version)})
+        finally:
+            self.control.post("resume")
+
+    def send(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.control.close()
+
+
+class FileSync(WeightSync):
+    """The weights as a safetensors file the server reloads in place."""
+
+    def __init__(self, control: ServerControl, weight_dir: str = ""):
+        super().__init__(control)
+        self.owned = not weight_dir  # a folder of our own is removed on close
+        self.root = Path(weight_dir or tempfile.mkdtemp(prefix="omrl-server-weights-"))
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.written: Path | None = None
+        self.count = 0
+
+    def send(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        self.count += 1
+        folder = self.root / f"update-{self.count}"
+        partial = self.root / f".update-{self.count}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        save_file(_unshared(state_dict), str(partial / "model.safetensors"))
+        partial.rename(folder)  # the server never sees a half-written file
+        answer = self.control.post(
+            "collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
+        )
+        _check_rpc(answer, "reload_weights")
+        if self.written is not None:
+            shutil.rmtree(self.written, ignore_errors=True)
+        self.written = folder
+
+    def close(self) -> None:
+        if self.owned:
+            shutil.rmtree(self.root, ignore_errors=True)
+        super().close()
+
+
+class NcclSync(WeightSync):
+    """vLLM's NCCL weight-transfer engine, set up at the first push (the weights' device known then)."""
+
+    def __init__(self, control: ServerControl, address: str = ""):
+        super().__init__(control)
+        try:
+            import vllm.distributed.weight_transfer.factory  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(
+                "generation.weight_sync=nccl drives vLLM's weight-transfer engine from the trainer, which "
+                f"needs vllm here (pip install 'omrl[vllm]'; import failed: {exc}); valid without it: files"
+            ) from exc
+        if not torch.cuda.is_available():
+            raise ConfigError("generation.weight_sync=nccl broadcasts from a CUDA GPU; none here (valid: files)")
+        host, _, port = (address or "").rpartition(":")
+        self.host = host or "127.0.0.1"
+        self.port = int(port) if port else _free_port()
+        self.engine: Any = None
+        self.source: Any = None
+
+    def send(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        if self.engine is None:
+            self.engine, self.source = self._start()
+        self.source.state = state_dict
+        self.engine.send_weights()  # start, update (beside the broadcast), finish
+
+    def _start(self) -> tuple[Any, Any]:
+        from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+        from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
+
+        workers = self.control.call("GET", "get_world_size")
+        if not isinstance(workers, dict) or not isinstance(workers.get("world_size"), int):
+            raise OmrlError(f"the generation server's /get_world_size answered {workers!r}")
+        info = NCCLTrainerInitInfo(
+            master_address=self.host, master_port=self.port, world_size=1 + workers["world_size"], rank=0
+        )
+        source = _state_source()
+        engine = WeightTransferTrainerFactory.trainer_init(
+            info, client=HTTPVLLMWeightSyncClient(self.control.root), source=source
+        )
+        return engine, source
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+        super().close()
+
+
+def make_weight_sync(generation: Any) -> WeightSync | None:
+    """The ``generation.weight_sync`` of an openai backend (None for ``none``; a config from before
+    the option has none)."""
+    kind = getattr(generation, "weight_sync", "none")
+    if kind not in WEIGHT_SYNCS:
+        raise ConfigError(f"unknown generation.weight_sync {kind!r}; valid: {', '.join(WEIGHT_SYNCS)}")
+    if kind == "none":
+        return None
+    control = ServerControl(generation.base_url)
+    if kind == "files":
+        return FileSync(control, generation.weight_dir)
+    return NcclSync(control, generation.weight_sync_address)
+
+
+def check_weight_sync(generation: Any, trains: bool) -> None:
+    """Refuse a weight_sync the backend cannot use, and a training run whose server gets no weights."""
+    kind = generation.weight_sync
+    if kind not in WEIGHT_SYNCS:
+        raise ConfigError(f"unknown generation.weight_sync {kind!r}; valid: {', '.join(WEIGHT_SYNCS)}")
+    if kind != "none" and generation.backend != "openai":
+        raise ConfigError(
+            f"generation.weight_sync={kind} sends weights to a server (generation.backend=openai); the "
+            f"{generation.backend} backend gets them in process: leave generation.weight_sync=none"
+        )
+    if trains and generation.backend == "openai" and kind == "none":
+        raise ConfigError(
+            "training with generation.backend=openai needs the trained weights on the server: set "
+            "generation.weight_sync=files (any vLLM server that can read generation.weight_dir) or nccl "
+            "(GPU to GPU); without it every step would sample from the first weights"
+        )
+
+
+def _check_rpc(answer: Any, method: str) -> None:
+    """A collective_rpc answers one result per worker; an error string from any is an error."""
+    results = answer.get("results") if isinstance(answer, dict) else None
+    if answer is not None and not isinstance(results, list):
+        raise OmrlError(f"the generation server's {method} answered {json.dumps(answer)[:300]}")
+    for result in results or []:
+        if result is not None:
+            raise OmrlError(f"the generation server's {method} answered {str(result)[:300]}")
+
+
+def _unshared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU tensors that share no memory (safetensors refuses tied weights as one tensor twice)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().to("cpu")
+        key = tensor.untyped_storage().data_ptr()
+        out[name] = tensor.clone() if key in seen else tensor.contiguous()
+        seen.add(key)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def _state_source() -> Any:
+    """A vLLM ``WeightSource`` over the state dict set on it before each send."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class StateSource(WeightSource):
+        state: Mapping[str, torch.Tensor] = {}
+
+        def metadata(self) -> list[Any]:
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.state.items()]
+
+        def __iter__(self):
+            yield from self.state.items()
+
+    return StateSource()

@@ -1,0 +1,157 @@
+"""Trained weights into a generation server (``generation.weight_sync``): the files path against a
+server speaking vLLM's RL routes, with the tiny model reloading the weights for real; the checks
+that refuse what cannot work; a GRPO run whose rollouts come from the server."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omrl.backends import SamplingParams, make_backend
+from omrl.backends.hf import HFBackend
+from omrl.backends.weight_sync import check_weight_sync, make_weight_sync
+from omrl.config.options import GenerationConfig
+from omrl.errors import ConfigError, OmrlError
+from omrl.models import load_model
+from omrl.training.metrics import read_metrics
+from tests.training.helpers import SampleIndexReward
+
+from .fake_openai import FakeOpenAIServer
+from .test_backends import chat_prompt, tempered_logprobs
+
+UPDATE = [
+    "pause?mode=keep",
+    "collective_rpc:reload_weights",
+    "reset_prefix_cache",
+    "update_weight_version",
+    "resume",
+]
+
+
+@pytest.fixture
+def served(tiny_model_dir):
+    """A server with its own copy of the tiny model, and the trainer's copy."""
+    model, tokenizer = load_model(tiny_model_dir)
+    server = FakeOpenAIServer(HFBackend(model, tokenizer), tokenizer).start()
+    trainer, _ = load_model(tiny_model_dir)
+    yield server, trainer, tokenizer
+    server.stop()
+
+
+def generation(server, **options) -> GenerationConfig:
+    return GenerationConfig(backend="openai", base_url=server.base_url, weight_sync="files", **options)
+
+
+def test_files_sync_puts_the_trainers_weights_into_the_server(served, tmp_path):
+    server, trainer, tokenizer = served
+    backend = make_backend("openai", tokenizer, generation(server, weight_dir=str(tmp_path)), model_name="tiny")
+    prompt = chat_prompt(tokenizer, "open the chest")
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=5)
+    (before,) = backend.generate([prompt], params)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    backend.update_weights(trainer.state_dict())
+    assert server.calls == UPDATE and server.weight_version == "1" and not server.paused
+    (after,) = backend.generate([prompt], params)
+    # the server samples from the trainer's new weights: its log-probs are the trainer's
+    assert after.logprobs == pytest.approx(tempered_logprobs(trainer, prompt, after.token_ids, 1.0), abs=1e-4)
+    assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)
+    backend.update_weights(trainer.state_dict())
+    assert server.weight_version == "2"
+    assert [p.name for p in tmp_path.iterdir()] == ["update-2"]  # the file the server read before is gone
+    backend.close()
+    assert tmp_path.exists()  # the user's folder stays; only a temp folder of omrl's own is removed
+
+
+def test_a_temp_weight_folder_is_removed_on_close(served):
+    server, trainer, tokenizer = served
+    sync = make_weight_sync(generation(server))
+    sync.push(trainer.state_dict(), 1)
+    assert sync.root.exists()
+    sync.close()
+    assert not sync.root.exists()
+
+
+def test_a_server_without_the_rl_routes_is_named_with_how_to_start_it(served):
+    server, trainer, tokenizer = served
+    server.rl_routes = False
+    backend = make_backend("openai", tokenizer, generation(server), model_name="tiny")
+    with pytest.raises(OmrlError, match="no POST /pause .*VLLM_SERVER_DEV_MODE=1"):
+        backend.update_weights(trainer.state_dict())
+    backend.close()
+
+
+def test_a_failed_reload_is_an_error_and_the_server_is_resumed(served, tmp_path):
+    server, trainer, tokenizer = served
+    backend = make_backend("openai", tokenizer, generation(server, weight_dir=str(tmp_path)), model_name="tiny")
+    state = {k: v for k, v in trainer.state_dict().items() if "layers.0." not in k}  # weights missing
+    with pytest.raises(OmrlError, match="HTTP 500.*missing"):
+        backend.update_weights(state)
+    assert server.calls[-1] == "resume" and not server.paused  # never left paused
+    backend.close()
+
+
+def test_what_cannot_work_is_refused_naming_the_valid_choices():
+    with pytest.raises(ConfigError, match="valid: none, files, nccl"):
+        check_weight_sync(GenerationConfig(backend="openai", weight_sync="rsync"), trains=True)
+    with pytest.raises(ConfigError, match="hf backend gets them in process"):
+        check_weight_sync(GenerationConfig(backend="hf", weight_sync="files"), trains=True)
+    with pytest.raises(ConfigError, match="needs the trained weights on the server: set generation.weight_sync"):
+        check_weight_sync(GenerationConfig(backend="openai"), trains=True)
+    check_weight_sync(GenerationConfig(backend="openai"), trains=False)  # evaluation needs no weights
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="weight_sync=nccl"):
+            make_weight_sync(GenerationConfig(backend="openai", base_url="http://127.0.0.1:9/v1", weight_sync="nccl"))
+
+
+def test_openai_backend_without_weight_sync_refuses_weights(served):
+    server, trainer, tokenizer = served
+    backend = make_backend("openai", tokenizer, GenerationConfig(base_url=server.base_url), model_name="tiny")
+    with pytest.raises(OmrlError, match="only with generation.weight_sync=files"):
+        backend.update_weights(trainer.state_dict())
+
+
+def test_grpo_trains_with_rollouts_from_the_server(served, tmp_path, tiny_model_dir, register_plugin):
+    """Two GRPO steps whose episodes the server samples: it gets the starting weights, then each
+    update's, and ends serving exactly the weights the run saved."""
+    from omrl.config import load_config
+    from omrl.config.options import TrainRunConfig
+    from omrl.training.rl import run_rl
+
+    server, _, _ = served
+    register_plugin(SampleIndexReward(), name="sample-index")  # rewards that differ within a group
+    out = tmp_path / "run"
+    cfg = load_config(
+        TrainRunConfig,
+        "grpo",
+        [
+            "model.name=tiny",
+            "env.name=gridworld",
+            "generation.backend=openai",
+            f"generation.base_url={server.base_url}",
+            "generation.weight_sync=files",
+            f"generation.weight_dir={tmp_path / 'weights'}",
+            "generation.max_new_tokens=8",
+            "generation.max_context=512",
+            "env.max_turns=2",
+            "steps=2",
+            "tasks_per_step=2",
+            "group_size=2",
+            "eval_tasks=0",
+            "reward.weights={sample_index: 1.0}",
+            "optim.learning_rate=1e-3",
+            f"logging.output_dir={out}",
+            "logging.tensorboard=false",
+        ],
+    )
+    run_rl(cfg)
+    assert server.weight_version == "3"  # the starting weights, then one update per step
+    assert server.calls == UPDATE * 3
+    assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]  # both steps updated
+    saved, _ = load_model(str(out))
+    served_state = server.backend.model.state_dict()
+    for name, tensor in saved.state_dict().items():
+        assert torch.equal(served_state[name], tensor), name
+    start, _ = load_model(tiny_model_dir)
+    assert any(not torch.equal(served_state[n], t) for n, t in start.state_dict().items())  # it trained
