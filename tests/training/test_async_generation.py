@@ -123,7 +123,10 @@ def test_a_failure_inside_the_generation_process_is_reported_with_its_reason(con
 
 @pytest.mark.parametrize(
     "setting, named",
-    [("generation.backend=vllm", "generation.backend=vllm"), ("model.lora_rank=4", "model.lora_rank=4")],
+    [
+        ("generation.backend=openai", "generation.backend=openai .valid: hf, vllm"),
+        ("model.lora_rank=4", "model.lora_rank=4"),
+    ],
 )
 def test_what_the_generation_process_cannot_do_is_refused_before_it_starts(config, setting, named):
     with pytest.raises(ConfigError, match=f"async_generation=true.*{named}"):
