@@ -97,6 +97,8 @@ class Generation:
     from what the model sampled, and training must not use the turn). ``prefill_reused``: how many
     of the prompt's tokens the engine took from its cache instead of computing them (None: the
     backend cannot tell); the rollout records it per turn, so prefill figures add up per env.
+    ``weights_version``: the trainer's weight version that sampled it, where the sampler changes
+    versions between turns (partial rollouts); the rollout records it in ``Turn.info``.
     """
 
     token_ids: list[int]
@@ -104,6 +106,7 @@ class Generation:
     finish_reason: str
     token_exact: bool = True
     prefill_reused: int | None = None
+    weights_version: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

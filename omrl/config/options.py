@@ -134,6 +134,12 @@ class TrainRolloutConfig:
         1, "With async_generation: step k plays with the weights of step k - max_staleness (0: the synchronous run's)."
     )
     generation_threads: int = opt(0, "With async_generation: torch threads of the generation process (0: default).")
+    partial_rollouts: bool = opt(
+        False,
+        "With async_generation: the generation process loads each new weight version as it arrives, between "
+        "turns, and episodes in flight continue under it with their finished turns kept (each turn records "
+        "its version); false: every step plays whole with one version (reproducible).",
+    )
 
 
 @dataclass

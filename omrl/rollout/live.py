@@ -89,6 +89,8 @@ def record_reply(
         info={"rollout": rollout_info},
         span=(start, len(ep.token_ids)),
     )
+    if reply.weights_version is not None:  # the sampler changed versions between turns
+        turn.info["weights_version"] = reply.weights_version
     ep.turns.append(turn)
     live.messages.append({"role": "assistant", "content": response})
     if not response.strip():

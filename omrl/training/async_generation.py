@@ -30,6 +30,7 @@ import queue
 import tempfile
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -57,6 +58,11 @@ def check_async(cfg: Any, world_size: int) -> None:
             f"rollout.generation_threads must be >= 0 (0: torch's default), got {rollout.generation_threads}"
         )
     if not rollout.async_generation:
+        if rollout.partial_rollouts:
+            raise ConfigError(
+                "rollout.partial_rollouts=true loads new weights between the turns of the generation process "
+                "(rollout.async_generation=true); a synchronous run has no update in flight"
+            )
         return
     problems = []
     if cfg.generation.backend not in GENERATION_BACKENDS:
@@ -179,8 +185,62 @@ def _cpu_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
 
 
+class Versions:
+    """The generation process's side of the weight versions: those received and not yet loaded
+    (``held``), the one its backend holds (``version``), and the other messages read on the way."""
+
+    def __init__(self, backend: Any, version: int, requests: Any):
+        self.backend, self.version, self.requests = backend, version, requests
+        self.held: dict[int, dict[str, torch.Tensor]] = {}
+        self.pending: deque = deque()  # play and stop requests, in order
+
+    def read(self, block: bool) -> bool:
+        """Take one message (waiting for it when ``block``): weights are held, the rest queued in
+        ``pending``. False when none was waiting."""
+        try:
+            message = self.requests.get(block=block)
+        except queue.Empty:
+            return False
+        if message[0] == "weights":
+            self.held[message[1]] = message[2]
+        else:
+            self.pending.append(message)
+        return True
+
+    def next_request(self) -> tuple:
+        while not self.pending:
+            self.read(block=True)
+        return self.pending.popleft()
+
+    def load(self, wanted: int) -> None:
+        """Load version ``wanted`` (-1: the newest received) into the backend, dropping older ones.
+        The trainer sends each version before any step that needs it, so it has been read."""
+        wanted = max(self.held, default=self.version) if wanted < 0 else wanted
+        if wanted > self.version:
+            self.backend.update_weights(self.held[wanted])
+            self.version = wanted
+        self.held = {v: w for v, w in self.held.items() if v > self.version}
+
+    def newest_at_every_turn(self) -> None:
+        """Partial rollouts: before every generate call, load the newest version received, and stamp
+        each reply with the version that sampled it (the rollout keeps it in ``Turn.info``)."""
+        sample = self.backend.generate
+
+        def generate(prompts, params, messages=None):
+            while self.read(block=False):
+                pass
+            self.load(-1)
+            replies = sample(prompts, params, messages)
+            for reply in replies:
+                reply.weights_version = self.version
+            return replies
+
+        self.backend.generate = generate  # on the object: every session of a mixture holds this one backend
+
+
 def _serve(cfg, plugins, weights, version, requests, results) -> None:
-    """The generation process: apply weight versions as steps need them, play each requested step."""
+    """The generation process: load weight versions as steps need them (or, with partial rollouts,
+    the newest at every turn), play each requested step."""
     try:
         from omrl.models import load_model, load_tokenizer
         from omrl.parallel import Strategy
@@ -201,28 +261,21 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
             model, tokenizer = None, load_tokenizer(cfg.model.name)
         session = RolloutSession.from_config(cfg, model=model, tokenizer=tokenizer)
         session.backend.update_weights(weights)  # the version it starts from (a resumed run's)
-        held: dict[int, dict[str, torch.Tensor]] = {}  # versions sent before a step needs them
+        versions = Versions(session.backend, version, requests)
+        partial = cfg.rollout.partial_rollouts
+        if partial:
+            versions.newest_at_every_turn()
         while True:
-            message = requests.get()
+            message = versions.next_request()
             if message[0] == "stop":
                 break
-            if message[0] == "weights":
-                held[message[1]] = message[2]
-                continue
             _, step, tasks, seed, needed = message
-            newest = max(held, default=version) if needed < 0 else needed  # a replay takes the newest
-            while version < newest:
-                while version + 1 not in held:  # its weights are on their way: the trainer sent them first
-                    kind, *rest = requests.get()
-                    if kind == "weights":
-                        held[rest[0]] = rest[1]
-                version += 1
-                session.backend.update_weights(held.pop(version))
+            versions.load(-1 if partial else needed)  # a replay (needed -1) takes the newest too
             started = time.perf_counter()
             episodes = play_step(cfg, session, tasks, seed)
             for ep in episodes:
                 for turn in ep.turns:
-                    turn.info["weights_version"] = version
+                    turn.info.setdefault("weights_version", versions.version)
             metrics = step_metrics(episodes, time.perf_counter() - started, session, Strategy())
             results.put(("played", step, episodes, metrics))
         session.close()
@@ -303,8 +356,16 @@ def take(recipe: Any) -> tuple[list[Any], dict[str, float]]:
         return episodes
 
     episodes = recipe._play_counted(play)
-    lag = step - version_for(step, recipe.cfg.rollout.max_staleness)
-    return episodes, {**metrics, "weights_lag": float(lag), "generation_wait_s": waited}
+    # versions behind the weights this step trains with, over the turns (with partial rollouts a turn
+    # sampled after an update is behind by less than the episode's first)
+    lags = [step - turn.info["weights_version"] for ep in episodes for turn in ep.turns]
+    lags = lags or [step - version_for(step, recipe.cfg.rollout.max_staleness)]
+    return episodes, {
+        **metrics,
+        "weights_lag": sum(lags) / len(lags),
+        "weights_lag_max": float(max(lags)),
+        "generation_wait_s": waited,
+    }
 
 
 def after_update(recipe: Any) -> None:

@@ -4,13 +4,17 @@ failure of that process stops the run with a clear error."""
 
 from __future__ import annotations
 
+import copy
 import io
+import queue
 from pathlib import Path
 
 import pytest
 import torch
 from rich.console import Console
 
+from omrl.backends import SamplingParams
+from omrl.backends.hf import HFBackend
 from omrl.data.trajectory import read_episodes
 from omrl.errors import ConfigError, OmrlError
 from omrl.hookspecs import hookimpl
@@ -21,7 +25,7 @@ from omrl.training.rl import run_rl
 from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
 
 QUIET = Console(file=io.StringIO())
-ASYNC_ONLY = ("weights_lag", "generation_wait_s")
+ASYNC_ONLY = ("weights_lag", "weights_lag_max", "generation_wait_s")
 
 
 @pytest.fixture
@@ -70,7 +74,7 @@ def test_each_step_plays_with_the_weights_max_staleness_behind_and_says_so(confi
     cfg = config("rollout.async_generation=true", "rollout.max_staleness=1")
     run_rl(cfg, console=QUIET)
     records = read_metrics(cfg.logging.output_dir)
-    assert [r["weights_lag"] for r in records] == [0.0, 1.0, 1.0]
+    assert [r["weights_lag"] for r in records] == [r["weights_lag_max"] for r in records] == [0.0, 1.0, 1.0]
     assert all(not r.get("skipped_updates") for r in records) and all("rollout_is_mean" in r for r in records)
     for step in (1, 2, 3):  # step k (1-based) plays with the weights after max(0, k - 2) updates
         episodes = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
@@ -131,3 +135,55 @@ def test_a_failure_inside_the_generation_process_is_reported_with_its_reason(con
 def test_what_the_generation_process_cannot_do_is_refused_before_it_starts(config, setting, named):
     with pytest.raises(ConfigError, match=f"async_generation=true.*{named}"):
         run_rl(config("rollout.async_generation=true", setting), console=QUIET)
+
+
+def test_partial_rollouts_load_the_newest_weights_between_turns(tiny_model_dir):
+    """The generation process's side: a version that arrives between two generate calls is loaded
+    before the second, which it samples (its log-probs are the new model's) and is stamped with; a
+    step request read on the way is kept for later."""
+    model, tokenizer = load_model(tiny_model_dir)
+    backend = HFBackend(model, tokenizer)
+    requests: queue.Queue = queue.Queue()
+    versions = async_generation.Versions(backend, 0, requests)
+    versions.newest_at_every_turn()
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "go"}], tokenize=True, add_generation_prompt=True, return_dict=False
+    )
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, seed=0)
+    (first,) = backend.generate([prompt], params)
+    assert first.weights_version == 0
+    other = copy.deepcopy(model)  # perturbed as parameters, so tied weights stay tied
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    newer = other.state_dict()
+    requests.put(("weights", 1, newer))
+    requests.put(("play", 2, [0], 7, 1))
+    (second,) = backend.generate([prompt], params)
+    assert second.weights_version == 1 and versions.version == 1 and not versions.held
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in newer.items())
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + second.token_ids])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(second.token_ids)[:, None]).squeeze(1)
+    assert second.logprobs == pytest.approx(expected.tolist(), abs=1e-4)
+    assert versions.next_request() == ("play", 2, [0], 7, 1)  # not lost while reading weights
+
+
+def test_partial_rollouts_record_every_turns_version_within_the_staleness(config):
+    cfg = config("rollout.async_generation=true", "rollout.max_staleness=1", "rollout.partial_rollouts=true")
+    run_rl(cfg, console=QUIET)
+    records = read_metrics(cfg.logging.output_dir)
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
+    for step, record in zip((1, 2, 3), records):
+        episodes = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
+        for ep in episodes:
+            versions = [turn.info["weights_version"] for turn in ep.turns]
+            assert versions == sorted(versions)  # an episode only moves on to newer weights
+            # step k (1-based) is requested once the weights of update k - 2 are sent, and trains on k - 1
+            assert all(max(0, step - 2) <= v <= step - 1 for v in versions), (step, versions)
+        assert 0 <= record["weights_lag"] <= record["weights_lag_max"] <= 1
+
+
+def test_partial_rollouts_need_the_generation_process(config):
+    with pytest.raises(ConfigError, match="partial_rollouts=true .*rollout.async_generation=true"):
+        run_rl(config("rollout.partial_rollouts=true"), console=QUIET)
