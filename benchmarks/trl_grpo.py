@@ -3,6 +3,7 @@
     python3 -m venv /tmp/trl-venv
     /tmp/trl-venv/bin/pip install -c constraints-cpu.txt -r benchmarks/requirements-trl.txt
     python benchmarks/trl_grpo.py [--trl-python /tmp/trl-venv/bin/python] [--steps 3] [--rounds 2] [--json out.json]
+    python benchmarks/trl_grpo.py --threads 2 --async-split 1,1   # and omrl with its generation process
 
 Peer: TRL (pinned in ``benchmarks/requirements-trl.txt``), run from its own venv as a
 subprocess, so TRL never becomes a dependency of omrl's. omrl runs as the real CLI
@@ -30,6 +31,13 @@ rounds with the two sides alternating. The ratio is omrl's median step time / TR
 over rounds); the first step of each run is left out of the median when there are more.
 Target: omrl <= 0.5x TRL's step time. On a miss, one more omrl run goes under cProfile and
 the time of its main parts is printed.
+
+``--async-split T,G`` adds a third side to every round: omrl with ``rollout.async_generation``
+(``max_staleness=1``), its trainer on T threads and its generation process on G (``--threads``
+stays the other two sides'; give them the same cores in all, e.g. ``--threads 2 --async-split 1,1``
+on 2 cores). Its step time (the trainer's, waiting for episodes included) is compared with TRL's
+and with omrl's synchronous run. Its peak RSS is the trainer process's alone: the generation
+process holds a second copy of the model beside it.
 """
 
 from __future__ import annotations
@@ -265,7 +273,13 @@ def omrl_prompts(args, model_dir: str) -> list[list[int]]:
     return seen
 
 
-def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None) -> dict:
+def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None, split: str = "") -> dict:
+    """One ``omrl train`` run; with ``split`` ("T,G") asynchronous, T trainer and G generation threads."""
+    threads, extra = args.threads, []
+    if split:
+        trainer, generation = split.split(",")
+        threads = int(trainer)
+        extra = ["rollout.async_generation=true", "rollout.max_staleness=1", f"rollout.generation_threads={generation}"]
     command = [
         sys.executable,
         *(["-m", "cProfile", "-o", profile_path] if profile_path else []),
@@ -276,8 +290,9 @@ def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None
         "--output-dir",
         out_dir,
         *omrl_overrides(args, model_dir),
+        *extra,
     ]
-    env = {**os.environ, "OMRL_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "OMRL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
     wall = time.perf_counter() - start
@@ -376,6 +391,7 @@ def main() -> None:
     parser.add_argument("--omrl-arg", action="append", default=[], help="extra key=value for omrl train")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="no cProfile run on a miss")
     parser.add_argument("--json", type=Path, help="where the results go (default: benchmarks/results/trl_grpo.json)")
+    parser.add_argument("--async-split", default="", help="T,G: also omrl async, T trainer + G generation threads")
     parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
     if sys.argv[1:2] == ["--omrl-worker"]:
         omrl_worker(sys.argv[2:])
@@ -408,15 +424,23 @@ def main() -> None:
         "gradient_checkpointing": args.trl_gradient_checkpointing,
     }
 
-    runs: dict[str, list[dict]] = {"trl": [], "omrl": []}
+    sides = ["trl", "omrl", *(["omrl-async"] if args.async_split else [])]
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
     profile = None
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            order = ("trl", "omrl") if r % 2 == 0 else ("omrl", "trl")
-            for side in order:
+            for side in sides[r % len(sides) :] + sides[: r % len(sides)]:  # each round starts with another side
                 out = str(Path(tmp, f"{side}-{r}"))
-                runs[side].append(run_trl(args, spec, out) if side == "trl" else run_omrl(args, model_dir, out))
+                if side == "trl":
+                    runs[side].append(run_trl(args, spec, out))
+                else:
+                    split = args.async_split if side == "omrl-async" else ""
+                    runs[side].append(run_omrl(args, model_dir, out, split=split))
         ratios = [steady(o["steps"]) / steady(t["steps"]) for o, t in zip(runs["omrl"], runs["trl"])]
+        async_ratios = [
+            steady(a["steps"]) / steady(t["steps"]) for a, t in zip(runs.get("omrl-async", []), runs["trl"])
+        ]
+        speedups = [steady(o["steps"]) / steady(a["steps"]) for a, o in zip(runs.get("omrl-async", []), runs["omrl"])]
         met = statistics.median(ratios) <= TARGET
         if not met and args.profile:
             profile = profile_omrl(args, model_dir, tmp)
@@ -428,22 +452,29 @@ def main() -> None:
         f"identical prompt ids in TRL: {all(t['same_prompt_ids'] for t in runs['trl'])}"
     )
     print(
-        f"{'side':5s} {'round':>5s} {'step times s':>24s} {'median*':>8s} {'generate s/step':>16s} "
-        f"{'peak RSS GiB':>13s} {'wall s':>7s}"
+        f"{'side':10s} {'round':>5s} {'step times s':>24s} {'median*':>8s} {'generate s/step':>16s} "
+        f"{'peak RSS GiB':>13s} {'wall s':>7s} {'episodes/h':>10s}"
     )
-    for side in ("trl", "omrl"):
+    for side in sides:
         for r, run in enumerate(runs[side]):
             times = " ".join(f"{s['step_time']:.1f}" for s in run["steps"])
             print(
-                f"{side:5s} {r:5d} {times:>24s} {steady(run['steps']):8.2f} "
+                f"{side:10s} {r:5d} {times:>24s} {steady(run['steps']):8.2f} "
                 f"{statistics.mean(s['generate_s'] for s in run['steps']):16.2f} "
-                f"{run['peak_rss'] / 2**30:13.2f} {run['wall_s']:7.1f}"
+                f"{run['peak_rss'] / 2**30:13.2f} {run['wall_s']:7.1f} "
+                f"{3600 * args.tasks * args.group_size / steady(run['steps']):10.0f}"
             )
     print(
         f"* median over the steps after the first.  omrl/TRL step time: min {min(ratios):.2f}, median "
         f"{statistics.median(ratios):.2f}  (target <= {TARGET}: {'met' if met else 'MISSED'})"
     )
-    skipped = sum(run["skipped_steps"] for run in runs["omrl"])
+    if async_ratios:
+        print(
+            f"omrl async ({args.async_split} threads) / TRL step time: min {min(async_ratios):.2f}, median "
+            f"{statistics.median(async_ratios):.2f} (target <= {TARGET}); async speed-up over omrl's "
+            f"synchronous run: median {statistics.median(speedups):.2f}x"
+        )
+    skipped = sum(run["skipped_steps"] for side in sides[1:] for run in runs[side])
     if skipped:
         print(f"warning: omrl skipped {skipped} update(s) (every advantage 0): those steps did less work than TRL's")
     if profile:
@@ -467,6 +498,8 @@ def main() -> None:
             "runs": runs,
             "ratios": ratios,
             "met": met,
+            "async_ratios": async_ratios,
+            "async_speedups": speedups,
             "profile": profile,
         },
     )

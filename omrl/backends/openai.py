@@ -56,7 +56,6 @@ class OpenAIBackend(Backend):
     ):
         super().__init__(tokenizer, batch_size)
         self.weight_sync = weight_sync  # how trained weights reach the server; None: it never gets any
-        self.weights_version = 0
         if not base_url:
             raise OmrlError("the openai backend needs generation.base_url, e.g. http://127.0.0.1:8000/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -100,15 +99,15 @@ class OpenAIBackend(Backend):
         """One server for every training process: the main one sends it the weights."""
         return self.weight_sync is not None
 
-    def update_weights(self, state_dict: Mapping[str, Any]) -> None:
-        """Send the trained weights to the server (``generation.weight_sync``), as its next version."""
+    def update_weights(self, state_dict: Mapping[str, Any], version: int = 0) -> None:
+        """Send the trained weights to the server (``generation.weight_sync``), named ``version`` there
+        (the trainer's updates so far)."""
         if self.weight_sync is None:
             raise OmrlError(
                 "the openai backend sends trained weights to its server only with generation.weight_sync=files "
                 "or nccl (omrl.backends.weight_sync)"
             )
-        self.weights_version += 1
-        self.weight_sync.push(state_dict, self.weights_version)
+        self.weight_sync.push(state_dict, version)
 
     def _one(
         self,

@@ -82,16 +82,33 @@ class WeightSync:
         self.control = control
 
     def push(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """One update: the server holds ``state_dict`` as version ``version`` (the trainer's updates so
+        far) when this returns, and is resumed whatever happens."""
+        self.prepare()  # before the pause: a transport that cannot start must not stall the server
         self.control.post("pause", mode="keep")
         try:
             self.send(state_dict)
-            # cached prefixes hold KV states of the old weights; a request still in flight keeps its
-            # own (it continues under the new weights with its finished tokens' states, as a partial
-            # rollout does), so a reset refused for its blocks is not an error
-            self.control.post("reset_prefix_cache")
+            # every cached KV state came from the old weights, those of the requests frozen in flight
+            # too: they are recomputed under the new weights (vLLM refuses a reset while requests hold
+            # blocks unless they are reset with it)
+            answer = self.control.post("reset_prefix_cache", reset_running_requests="true")
+            if not (isinstance(answer, dict) and answer.get("success") is True):
+                raise OmrlError(
+                    f"the generation server did not drop its prefix cache after new weights ({answer!r}); "
+                    "later requests could reuse KV states of the old weights"
+                )
             self.control.post("update_weight_version", {"new_version": str(version)})
-        finally:
-            self.control.post("resume")
+        except BaseException as failure:
+            try:
+                self.control.post("resume")
+            except OmrlError as also:  # the update's own failure is the one to report, with this beside it
+                if isinstance(failure, OmrlError):
+                    raise OmrlError(f"{failure} (and resuming the server failed too: {also})") from failure
+            raise
+        self.control.post("resume")
+
+    def prepare(self) -> None:
+        """Set up the transport, if it needs to (once)."""
 
     def send(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         raise NotImplementedError
@@ -105,9 +122,11 @@ class FileSync(WeightSync):
 
     def __init__(self, control: ServerControl, weight_dir: str = ""):
         super().__init__(control)
-        self.owned = not weight_dir  # a folder of our own is removed on close
-        self.root = Path(weight_dir or tempfile.mkdtemp(prefix="omrl-server-weights-"))
-        self.root.mkdir(parents=True, exist_ok=True)
+        # a folder of this run's own, removed on close: runs (or a resumed run) sharing weight_dir never
+        # meet; absolute, since the server resolves the path in its own working directory
+        parent = Path(weight_dir).resolve() if weight_dir else Path(tempfile.gettempdir())
+        parent.mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix="omrl-server-weights-", dir=parent))
         self.written: Path | None = None
         self.count = 0
 
@@ -130,8 +149,7 @@ class FileSync(WeightSync):
         self.written = folder
 
     def close(self) -> None:
-        if self.owned:
-            shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.root, ignore_errors=True)
         super().close()
 
 
@@ -150,14 +168,16 @@ class NcclSync(WeightSync):
         if not torch.cuda.is_available():
             raise ConfigError("generation.weight_sync=nccl broadcasts from a CUDA GPU; none here (valid: files)")
         host, _, port = (address or "").rpartition(":")
-        self.host = host or "127.0.0.1"
+        self.host = host or _address_towards(self.control.root)
         self.port = int(port) if port else _free_port()
         self.engine: Any = None
         self.source: Any = None
 
-    def send(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def prepare(self) -> None:
         if self.engine is None:
             self.engine, self.source = self._start()
+
+    def send(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.source.state = state_dict
         self.engine.send_weights()  # start, update (beside the broadcast), finish
 
@@ -173,14 +193,25 @@ class NcclSync(WeightSync):
             master_address=self.host, master_port=self.port, world_size=1 + workers["world_size"], rank=0
         )
         source = _state_source()
-        engine = WeightTransferTrainerFactory.trainer_init(
-            info, client=HTTPVLLMWeightSyncClient(self.control.root), source=source
-        )
+        try:
+            engine = WeightTransferTrainerFactory.trainer_init(
+                info, client=HTTPVLLMWeightSyncClient(self.control.root), source=source
+            )
+        except Exception as exc:  # vLLM waits for the workers' rendezvous, then names only the timeout
+            raise OmrlError(
+                f"the NCCL weight transfer with the generation server did not start ({type(exc).__name__}: "
+                f'{exc}); was it started with --weight-transfer-config \'{{"backend": "nccl"}}\', and can '
+                f"its GPUs reach {self.host}:{self.port} (generation.weight_sync_address)?"
+            ) from exc
         return engine, source
 
     def close(self) -> None:
         if self.engine is not None:
             self.engine.shutdown()
+            try:  # the server drops its side of the group; it serves on either way
+                self.control.post("shutdown_weight_transfer_engine")
+            except OmrlError:
+                pass
         super().close()
 
 
@@ -198,7 +229,7 @@ def make_weight_sync(generation: Any) -> WeightSync | None:
     return NcclSync(control, generation.weight_sync_address)
 
 
-def check_weight_sync(generation: Any, trains: bool) -> None:
+def check_weight_sync(generation: Any, trains: bool, lora_rank: int = 0) -> None:
     """Refuse a weight_sync the backend cannot use, and a training run whose server gets no weights."""
     kind = generation.weight_sync
     if kind not in WEIGHT_SYNCS:
@@ -213,6 +244,11 @@ def check_weight_sync(generation: Any, trains: bool) -> None:
             "training with generation.backend=openai needs the trained weights on the server: set "
             "generation.weight_sync=files (any vLLM server that can read generation.weight_dir) or nccl "
             "(GPU to GPU); without it every step would sample from the first weights"
+        )
+    if kind != "none" and lora_rank:
+        raise ConfigError(
+            f"generation.weight_sync={kind} sends the model's full weights; model.lora_rank={lora_rank} trains "
+            "adapters the server does not have (valid: model.lora_rank=0)"
         )
 
 
@@ -233,9 +269,20 @@ def _unshared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     for name, tensor in state_dict.items():
         tensor = tensor.detach().to("cpu")
         key = tensor.untyped_storage().data_ptr()
-        out[name] = tensor.clone() if key in seen else tensor.contiguous()
+        out[name] = tensor.clone(memory_format=torch.contiguous_format) if key in seen else tensor.contiguous()
         seen.add(key)
     return out
+
+
+def _address_towards(url: str) -> str:
+    """This machine's address on the route to ``url``'s host (what the server's workers can reach)."""
+    host = httpx.URL(url).host or "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, 9))  # no packet is sent: this only picks the route
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
 
 
 def _free_port() -> int:
@@ -255,6 +302,7 @@ def _state_source() -> Any:
             return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.state.items()]
 
         def __iter__(self):
-            yield from self.state.items()
+            for name, tensor in self.state.items():  # NCCL broadcasts from the GPU
+                yield name, tensor.to("cuda", non_blocking=True)
 
     return StateSource()

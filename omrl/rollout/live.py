@@ -27,6 +27,7 @@ from omrl.envs import Env, StepResult, clean_text, step_problem
 from omrl.templates import ParsedAction, Template
 
 EMPTY_OBSERVATION = "(the environment returned no text)"
+ROLLOUT_KEYS = ("rollout", "weights_version")  # what the rollout records in Turn.info; the env's step adds the rest
 
 
 @dataclass
@@ -145,7 +146,7 @@ def record_step(live: LiveEpisode, result: StepResult | BaseException) -> None:
         live.end = "env_error"
         return
     turn.reward, turn.done = float(result.reward), bool(result.done)
-    turn.info = {**result.info, "rollout": turn.info["rollout"]}
+    turn.info = {**result.info, **{key: turn.info[key] for key in ROLLOUT_KEYS if key in turn.info}}
     ep.won, ep.score = result.won, result.score
     live.next_user = clean_text(result.observation) or EMPTY_OBSERVATION
     if result.done:

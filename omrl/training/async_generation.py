@@ -6,7 +6,7 @@ its own backend: ``hf``, or the ``vllm`` engine (each version loaded into it in 
 evaluations during training then play on the trainer's model with ``hf``). While the trainer
 updates on step k, that process plays step k+1.
 
-The lag is exact, which makes a run reproducible. Version v means the weights after v updates.
+By default the lag is exact, which makes a run reproducible. Version v means the weights after v updates.
 Step j is played with version ``max(0, j - max_staleness)``; the trainer sends each version when
 its update is done, and the process holds back any version it does not need yet. So every
 episode of a step, and every turn of it, is exactly ``min(j, max_staleness)`` versions behind
@@ -17,9 +17,17 @@ synchronous run plays. Each turn records the version it was sampled with
 sampler's log-probs are the behaviour policy: ``algorithm.rollout_correction`` (``auto``:
 ``token_tis`` once the lag is above 0) corrects between them.
 
+With ``rollout.partial_rollouts=true`` the process instead loads the newest version it has
+received before every generate call (:meth:`Versions.newest_at_every_turn`): an episode in flight
+keeps its finished turns and goes on under the new weights, each turn recording its own version.
+A step is still requested only once the weights of update ``j - max_staleness`` are sent, so no
+turn is more than ``max_staleness`` versions behind; the members of a group are sampled in the
+same generate calls, so turn k of each comes from the same version. Which turn an update lands
+on depends on timing, so such runs are not reproducible (with ``max_staleness=0`` no update is
+ever in flight and they are).
+
 A checkpoint keeps the steps already played ahead (their episodes and metrics), so a resumed run
-trains exactly what the stopped one would have. An episode never continues across a weight
-update: partial rollouts are not done.
+trains exactly what the stopped one would have.
 """
 
 from __future__ import annotations

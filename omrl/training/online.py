@@ -76,7 +76,7 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
         mix_members(cfg)  # names, weights and per-env keys, before any model loads
     check_max_env_error_rate(cfg.max_env_error_rate)
     async_generation.check_async(cfg, strategy.world_size)
-    check_weight_sync(cfg.generation, trains=True)
+    check_weight_sync(cfg.generation, trains=True, lora_rank=cfg.model.lora_rank)
     dynamic_sampling.check(cfg)
 
 
@@ -333,14 +333,17 @@ def evaluate(
     return {"eval_success": won / n, "eval_score": score / n, **per_env, **generation}
 
 
-def sync_rollout_weights(strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSession) -> None:
-    """The rollout backend gets the trained weights (a no-op for hf sharing the very model)."""
+def sync_rollout_weights(
+    strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSession, version: int
+) -> None:
+    """The rollout backend gets the trained weights, those after ``version`` updates (a no-op for hf
+    sharing the very model)."""
     if rollout_model is not model:  # sharded, with hf: refresh the unsharded copy in place
         strategy.copy_whole_weights(model, rollout_model)
     elif session.backend.shared:  # one server for every process: the main one sends, the rest wait for it
-        state = strategy.state_dict(model)
+        state = strategy.state_dict(model, all_ranks=False)  # gathered whole on the main process only
         if strategy.is_main:
-            session.backend.update_weights(state)
+            session.backend.update_weights(state, version=version)
         strategy.barrier()
     else:
         session.backend.update_weights(strategy.state_dict(model))

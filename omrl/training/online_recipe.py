@@ -98,7 +98,7 @@ class OnlineRecipe:
         if resume_from is not None or self.session.backend.shared:
             # a backend with its own copy must roll out with the resumed weights, and a server may have
             # loaded other weights than the ones this run starts from
-            sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
+            sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session, self.step)
         self.logger = make_logger(self.cfg, self.strategy, self.step, self.config_dict, self.console)
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(self.cfg))
         self.generation = async_generation.start(self, state)  # None: the rollouts play in this process
@@ -252,7 +252,7 @@ class OnlineRecipe:
         not logged and not checkpointed, so the checkpoints before it stay and ``--resume`` plays it."""
         if self.env_failed_step:
             raise EnvFailure(self._env_failure_message())
-        sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session)
+        sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session, self.step + 1)
         self.step += 1
         if self.generation is not None:  # it plays the step these weights are for while this one goes on
             async_generation.after_update(self)

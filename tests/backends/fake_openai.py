@@ -82,6 +82,8 @@ class FakeOpenAIServer:
         self.calls: list[str] = []
         self.weight_version: str | None = None
         self.paused = False
+        self.requests_hold_blocks = False  # as vLLM with requests in flight: a plain prefix reset is refused
+        self.resume_fails = False
 
         def rl(route: str) -> None:
             if not self.rl_routes:
@@ -97,6 +99,8 @@ class FakeOpenAIServer:
         @app.post("/resume")
         async def resume():
             rl("resume")
+            if self.resume_fails:
+                raise HTTPException(500, "resume broke")
             self.paused = False
             return {"status": "resumed"}
 
@@ -110,9 +114,9 @@ class FakeOpenAIServer:
             return {"results": [None]}
 
         @app.post("/reset_prefix_cache")
-        async def reset_prefix_cache():
-            rl("reset_prefix_cache")
-            return {"success": True}
+        async def reset_prefix_cache(reset_running_requests: bool = False):
+            rl(f"reset_prefix_cache?reset_running_requests={str(reset_running_requests).lower()}")
+            return {"success": reset_running_requests or not self.requests_hold_blocks}
 
         @app.post("/update_weight_version")
         async def update_weight_version(request: Request):

@@ -22,7 +22,7 @@ from .test_backends import chat_prompt, tempered_logprobs
 UPDATE = [
     "pause?mode=keep",
     "collective_rpc:reload_weights",
-    "reset_prefix_cache",
+    "reset_prefix_cache?reset_running_requests=true",
     "update_weight_version",
     "resume",
 ]
@@ -51,26 +51,34 @@ def test_files_sync_puts_the_trainers_weights_into_the_server(served, tmp_path):
     with torch.no_grad():
         for p in trainer.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    backend.update_weights(trainer.state_dict())
+    backend.update_weights(trainer.state_dict(), version=1)
     assert server.calls == UPDATE and server.weight_version == "1" and not server.paused
     (after,) = backend.generate([prompt], params)
     # the server samples from the trainer's new weights: its log-probs are the trainer's
     assert after.logprobs == pytest.approx(tempered_logprobs(trainer, prompt, after.token_ids, 1.0), abs=1e-4)
     assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)
-    backend.update_weights(trainer.state_dict())
+    backend.update_weights(trainer.state_dict(), version=2)
     assert server.weight_version == "2"
-    assert [p.name for p in tmp_path.iterdir()] == ["update-2"]  # the file the server read before is gone
+    (own,) = tmp_path.iterdir()  # this run's own folder: runs sharing weight_dir never meet
+    assert [p.name for p in own.iterdir()] == ["update-2"]  # the file the server read before is gone
     backend.close()
-    assert tmp_path.exists()  # the user's folder stays; only a temp folder of omrl's own is removed
+    assert tmp_path.exists() and not own.exists()  # the user's folder stays, this run's is removed
 
 
-def test_a_temp_weight_folder_is_removed_on_close(served):
+def test_a_weight_folder_is_absolute_and_removed_on_close(served, tmp_path, monkeypatch):
     server, trainer, tokenizer = served
-    sync = make_weight_sync(generation(server))
-    sync.push(trainer.state_dict(), 1)
+    monkeypatch.chdir(tmp_path)
+    sync = make_weight_sync(generation(server, weight_dir="relative/weights"))
+    assert sync.root.is_absolute() and sync.root.parent == tmp_path / "relative" / "weights"
+    sync.push(trainer.state_dict(), 1)  # the server resolves the path in its own working directory
     assert sync.root.exists()
     sync.close()
     assert not sync.root.exists()
+    two = [make_weight_sync(generation(server, weight_dir=str(tmp_path / "shared"))) for _ in range(2)]
+    for sync in two * 2:  # two runs (or a run and its resumption) on one folder
+        sync.push(trainer.state_dict(), 1)
+    for sync in two:
+        sync.close()
 
 
 def test_a_server_without_the_rl_routes_is_named_with_how_to_start_it(served):
@@ -89,7 +97,34 @@ def test_a_failed_reload_is_an_error_and_the_server_is_resumed(served, tmp_path)
     with pytest.raises(OmrlError, match="HTTP 500.*missing"):
         backend.update_weights(state)
     assert server.calls[-1] == "resume" and not server.paused  # never left paused
+    server.resume_fails = True
+    with pytest.raises(OmrlError, match=r"HTTP 500.*missing.*\(and resuming the server failed too: .*resume broke"):
+        backend.update_weights(state)  # the reload's failure is the one reported, the resume's beside it
     backend.close()
+
+
+def test_a_refused_prefix_reset_is_an_error(served, monkeypatch):
+    """vLLM answers 200 with success false when it keeps its cache: old KV states would be reused."""
+    server, trainer, tokenizer = served
+    sync = make_weight_sync(generation(server))
+    sync.push(trainer.state_dict(), 1)  # requests hold blocks: reset with them, as vLLM does itself
+    server.requests_hold_blocks = True
+    sync.push(trainer.state_dict(), 2)
+    monkeypatch.setattr(sync.control, "post", refusing_reset(sync.control.post))
+    with pytest.raises(OmrlError, match="did not drop its prefix cache"):
+        sync.push(trainer.state_dict(), 3)
+    assert server.calls[-1] == "resume" and not server.paused
+    sync.close()
+
+
+def refusing_reset(post):
+    """``post`` whose prefix reset asks the plain way (no reset of running requests), as a server
+    that refuses it sees it."""
+
+    def post_(route, body=None, **params):
+        return post(route, body) if route == "reset_prefix_cache" else post(route, body, **params)
+
+    return post_
 
 
 def test_what_cannot_work_is_refused_naming_the_valid_choices():
@@ -100,6 +135,8 @@ def test_what_cannot_work_is_refused_naming_the_valid_choices():
     with pytest.raises(ConfigError, match="needs the trained weights on the server: set generation.weight_sync"):
         check_weight_sync(GenerationConfig(backend="openai"), trains=True)
     check_weight_sync(GenerationConfig(backend="openai"), trains=False)  # evaluation needs no weights
+    with pytest.raises(ConfigError, match="model.lora_rank=8 trains adapters the server does not have"):
+        check_weight_sync(GenerationConfig(backend="openai", weight_sync="files"), trains=True, lora_rank=8)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="weight_sync=nccl"):
             make_weight_sync(GenerationConfig(backend="openai", base_url="http://127.0.0.1:9/v1", weight_sync="nccl"))
@@ -146,7 +183,7 @@ def test_grpo_trains_with_rollouts_from_the_server(served, tmp_path, tiny_model_
         ],
     )
     run_rl(cfg)
-    assert server.weight_version == "3"  # the starting weights, then one update per step
+    assert server.weight_version == "2"  # the starting weights (version 0), then one update per step
     assert server.calls == UPDATE * 3
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]  # both steps updated
     saved, _ = load_model(str(out))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import io
 import queue
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,10 @@ from omrl.models import load_model
 from omrl.training import async_generation
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
+from omrl_plugins.envs.gridworld import GridWorld
+from tests.fakes import Registers
 from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
+from tests.training.test_tool_failures import AnyReply
 
 QUIET = Console(file=io.StringIO())
 ASYNC_ONLY = ("weights_lag", "weights_lag_max", "generation_wait_s")
@@ -169,19 +173,48 @@ def test_partial_rollouts_load_the_newest_weights_between_turns(tiny_model_dir):
     assert versions.next_request() == ("play", 2, [0], 7, 1)  # not lost while reading weights
 
 
-def test_partial_rollouts_record_every_turns_version_within_the_staleness(config):
-    cfg = config("rollout.async_generation=true", "rollout.max_staleness=1", "rollout.partial_rollouts=true")
+class SlowGridWorld(GridWorld):
+    """gridworld whose every step takes STEP_SECONDS: a turn of a step's 6 episodes takes 3 s."""
+
+    def step(self, action):
+        time.sleep(STEP_SECONDS)
+        return super().step(action)
+
+
+STEP_SECONDS = 0.5
+SEND_DELAY = 1.5  # the trainer sends each version this late: after a step's first turn, before its second
+
+
+def test_partial_rollouts_continue_episodes_under_each_new_version(config, register_plugin, monkeypatch):
+    register_plugin(Registers({"slow-gridworld": SlowGridWorld}, {"any_reply": AnyReply}), name="slow-gridworld")
+    send = async_generation.after_update
+
+    def late(recipe):
+        time.sleep(SEND_DELAY)
+        send(recipe)
+
+    monkeypatch.setattr(async_generation, "after_update", late)
+    cfg = config(
+        "env.name=slow-gridworld",
+        "env.template=any_reply",  # every reply steps the env: the tiny model's rarely parse otherwise
+        "env.max_turns=3",
+        "rollout.async_generation=true",
+        "rollout.max_staleness=1",
+        "rollout.partial_rollouts=true",
+    )
     run_rl(cfg, console=QUIET)
     records = read_metrics(cfg.logging.output_dir)
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
-    for step, record in zip((1, 2, 3), records):
+    played = {}
+    for step in (1, 2, 3):
         episodes = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
-        for ep in episodes:
-            versions = [turn.info["weights_version"] for turn in ep.turns]
-            assert versions == sorted(versions)  # an episode only moves on to newer weights
-            # step k (1-based) is requested once the weights of update k - 2 are sent, and trains on k - 1
-            assert all(max(0, step - 2) <= v <= step - 1 for v in versions), (step, versions)
-        assert 0 <= record["weights_lag"] <= record["weights_lag_max"] <= 1
+        played[step] = [[turn.info["weights_version"] for turn in ep.turns] for ep in episodes]
+    # step 1 plays with the first weights; steps 2 and 3 start under one version, and the next one
+    # (the trainer's update of the step before) arrives during their first turn: every episode goes on
+    # under it from its second turn, its first turn kept
+    assert played[1] == [[0, 0, 0]] * 6
+    assert played[2] == [[0, 1, 1]] * 6 and played[3] == [[1, 2, 2]] * 6
+    assert [(r["weights_lag"], r["weights_lag_max"]) for r in records] == [(0.0, 0.0), (1 / 3, 1.0), (1 / 3, 1.0)]
 
 
 def test_partial_rollouts_need_the_generation_process(config):

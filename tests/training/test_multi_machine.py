@@ -110,7 +110,7 @@ def test_two_machines_train_with_rollouts_from_a_server(tiny_model_dir, tmp_path
     assert sum(path == "/completions" for path, _ in server.requests) == turns
     # machine 0 alone sent the weights: the starting ones, then each update's, and the server ends
     # serving exactly what the run saved
-    assert server.calls == UPDATE * (STEPS + 1) and server.weight_version == str(STEPS + 1)
+    assert server.calls == UPDATE * (STEPS + 1) and server.weight_version == str(STEPS)
     saved, _ = load_model(str(out))
     served = server.backend.model.state_dict()
     assert all(torch.equal(served[name], tensor) for name, tensor in saved.state_dict().items())
