@@ -53,6 +53,14 @@ import tempfile
 import time
 from pathlib import Path
 
+try:
+    from omrl.hookspecs import hookimpl
+except ImportError:  # TRL's venv runs the TRL side of this file only
+
+    def hookimpl(function):
+        return function
+
+
 TARGET = 0.5
 TAGS = (r"^Think:", r"^Act:")
 REWARD_NAME = "bench_text"
@@ -211,20 +219,16 @@ def omrl_overrides(args, model_dir: str) -> list[str]:
 
 
 class BenchRewardPlugin:
-    """Registers :func:`text_reward` with omrl as ``bench_text`` (omrl's calling convention)."""
+    """Registers :func:`text_reward` with omrl as ``bench_text`` (omrl's calling convention). A class of
+    this module, so omrl's generation process (``--async-split``) can register it too."""
 
     @staticmethod
     def bench_text(episodes) -> list[list[float]]:
         return [[text_reward(turn.response) for turn in ep.turns] for ep in episodes]
 
-    def __init__(self):
-        from omrl.hookspecs import hookimpl
-
-        @hookimpl
-        def register_rewards(register):
-            register(REWARD_NAME, self.bench_text)
-
-        self.register_rewards = register_rewards
+    @hookimpl
+    def register_rewards(self, register):
+        register(REWARD_NAME, self.bench_text)
 
 
 def omrl_worker(argv: list[str]) -> None:

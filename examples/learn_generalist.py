@@ -3,12 +3,13 @@ mixture, then GRPO on the mixture, against GRPO on each env alone.
 
     python examples/learn_generalist.py            # the full run (33 minutes on 2 CPU cores)
     python examples/learn_generalist.py --quick    # a small budget (about 8 minutes)
+    python examples/learn_generalist.py --smollm2  # SmolLM2-135M-Instruct at what 2 cores allow
 
 Stages, each written under ``--out`` and skipped when its result is there (so a stopped run goes on
 from the stage it was in; a GRPO stage resumes from its last checkpoint):
 
 1. EXPERT: each env's scripted expert plays training tasks; one trajectory file, rows naming their env.
-2. SFT of the random-init model on the mixture.
+2. SFT of the model (random-init ``tiny``, or SmolLM2) on the mixture.
 3. GRPO from the SFT model on the mixture (equal weights; each env with its own turn cap).
 4. GRPO from the SFT model on each env alone, with as many episodes of that env as the mixture run
    gave it (the same steps, ``tasks_per_step`` times the env's weight): the specialists.
@@ -19,9 +20,13 @@ task at temperature 1, the policy GRPO optimises) and greedy (one episode a task
 standard error over tasks. The macro average weighs every env alike. ``summary.json`` holds every
 number and whether the targets held; ``success.png`` draws them. Everything is seeded.
 
+Both models of a comparison play the same test tasks, so a difference's standard error is the
+paired one, over tasks (:func:`targets`).
+
 Measured here (2 CPU cores, 33 minutes): sampled macro success 0% -> 57.1 +- 2.6% after SFT ->
-62.1 +- 3.3% after GRPO on the mixture (letter counting +19.5 points, gridworld and BabyAI level);
-the one-env specialists 65.1 +- 3.1%. The macro gain is 1.2 standard errors (docs/learning.md).
+62.1 +- 3.3% after GRPO on the mixture (letter counting +19.6 points, gridworld and BabyAI level);
+the one-env specialists 65.1 +- 3.1%. The macro gain is +5.0 +- 2.4 points, 2.1 paired standard
+errors (docs/learning.md).
 """
 
 from __future__ import annotations
@@ -69,10 +74,26 @@ class Budget:
     kl_coef: float = 0.02
     advantage: str = "gigpo"  # step-level credit for the multi-turn envs; plain GRPO for one-turn tasks
     gamma: float = 0.9
+    model: str = "tiny"  # what SFT starts from
 
 
 FULL = Budget(expert_episodes=1000, sft_epochs=8.0, grpo_steps=24, tasks_per_step=12, group_size=8, eval_tasks=60)
 QUICK = Budget(expert_episodes=150, sft_epochs=3.0, grpo_steps=4, tasks_per_step=6, group_size=6, eval_tasks=20)
+# a pretrained model: fine-tuning learning rates, and a budget 2 CPU cores get through in about 40 minutes
+SMOLLM2 = Budget(
+    model="smollm2-135m",
+    expert_episodes=200,
+    sft_epochs=1.0,
+    sft_learning_rate=5e-5,
+    grpo_steps=4,
+    tasks_per_step=6,
+    group_size=4,
+    grpo_learning_rate=1e-5,
+    mini_batch_size=8,
+    ppo_epochs=1,
+    eval_tasks=20,
+    eval_samples=2,
+)
 
 
 def mix(envs: list[str]) -> str:
@@ -84,7 +105,9 @@ def expert_data(path: Path, budget: Budget, envs: list[str] | None = None) -> Pa
     """Each env's expert (of ``envs``, default all) plays ``expert_episodes`` training tasks, all in one
     batched rollout."""
     cfg = load_config(
-        RolloutRunConfig, None, ["model.name=tiny", "env.name=gridworld", mix(envs or list(ENVS)), *GENERATION]
+        RolloutRunConfig,
+        None,
+        [f"model.name={budget.model}", "env.name=gridworld", mix(envs or list(ENVS)), *GENERATION],
     )
     with RolloutSession.from_config(cfg, expert=True) as session:
         episodes = session.play(session.task_ids("train", budget.expert_episodes), expert=True)
@@ -92,8 +115,9 @@ def expert_data(path: Path, budget: Budget, envs: list[str] | None = None) -> Pa
     return path
 
 
-def held_out(model: str, budget: Budget, seed: int) -> dict[str, dict[str, dict[str, float]]]:
-    """{sampled|greedy: {env: {success, se}}} on each env's first ``eval_tasks`` test tasks."""
+def held_out(model: str, budget: Budget, seed: int) -> dict[str, dict[str, dict]]:
+    """{sampled|greedy: {env: {success, se, tasks, per_task}}} on each env's first ``eval_tasks`` test
+    tasks (``per_task``: each task's success, by task id, for paired comparisons)."""
     out = {}
     for name, temperature, samples in (("sampled", 1.0, budget.eval_samples), ("greedy", 0.0, 1)):
         cfg = load_config(
@@ -109,18 +133,24 @@ def held_out(model: str, budget: Budget, seed: int) -> dict[str, dict[str, dict[
     return out
 
 
-def success_with_se(episodes: list) -> dict[str, float]:
-    """Success over tasks (each task's mean over its samples) and its standard error over tasks; an
-    episode that failed in the env is not counted (none should: these envs run in process)."""
-    by_task: dict[int, list[float]] = {}
+def success_with_se(episodes: list) -> dict:
+    """Success over tasks (each task's mean over its samples), its standard error over tasks, and each
+    task's success; an episode that failed in the env is not counted (none should: these envs run in
+    process)."""
+    by_task: dict[str, list[float]] = {}
     for ep in episodes:
         if ep.end_reason != "env_error":
-            by_task.setdefault(ep.task_id, []).append(float(ep.won))
-    means = [sum(v) / len(v) for v in by_task.values()]
-    n = len(means)
-    mean = sum(means) / n
-    var = sum((m - mean) ** 2 for m in means) / (n - 1) if n > 1 else 0.0
-    return {"success": mean, "se": math.sqrt(var / n), "tasks": n}
+            by_task.setdefault(str(ep.task_id), []).append(float(ep.won))
+    per_task = {task: sum(v) / len(v) for task, v in by_task.items()}
+    mean, se = mean_and_se(list(per_task.values()))
+    return {"success": mean, "se": se, "tasks": len(per_task), "per_task": per_task}
+
+
+def mean_and_se(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    var = sum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0
+    return mean, math.sqrt(var / n)
 
 
 def macro(per_env: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -133,13 +163,13 @@ def macro(per_env: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def sft_stage(data: Path, out: Path, budget: Budget, seed: int) -> Path:
-    """SFT of the random-init ``tiny`` model on every env's expert turns."""
+    """SFT of ``budget.model`` on every env's expert turns."""
     run_sft(
         load_config(
             SftRunConfig,
             None,
             [
-                "model.name=tiny",
+                f"model.name={budget.model}",
                 f"dataset={data}",
                 f"logging.output_dir={out}",
                 f"num_train_epochs={budget.sft_epochs}",
@@ -206,16 +236,23 @@ def grpo_stage(
     return out
 
 
-def stage(out: Path, name: str, run):
-    """``run()``'s JSON result, kept in ``out/stages/<name>.json``: a stage done before is not run again."""
+def stage(out: Path, name: str, run, budget: Budget):
+    """``run()``'s JSON result, kept in ``out/stages/<name>.json``: a stage done before is not run again.
+    One done with another budget is refused (its result would be passed off as this budget's)."""
     path = out / "stages" / f"{name}.json"
     if path.exists():
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
+        if {**asdict(budget), **record.get("budget", {})} != asdict(budget):  # a setting added since: as now
+            raise SystemExit(
+                f"{path} was made with another budget ({record['budget']}); use another --out for this one"
+            )
+        return record
     started = time.perf_counter()
     result = run()
     print(f"{name}: {time.perf_counter() - started:.0f} s", flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"result": result, "seconds": time.perf_counter() - started}))
+    record = {"result": result, "seconds": time.perf_counter() - started, "budget": asdict(budget)}
+    atomic_write_text(path, json.dumps(record))
     return json.loads(path.read_text())
 
 
@@ -224,23 +261,23 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
     seconds = {}
 
     def done(name: str, run):
-        record = stage(out, name, run)
+        record = stage(out, name, run, budget)
         seconds[name] = record["seconds"]
         return record["result"]
 
     data = done("expert", lambda: str(expert_data(out / "expert.parquet", budget)))
-    results = {"before_sft": done("eval_before_sft", lambda: held_out("tiny", budget, seed))}
+    results = {"before_sft": done("held_out_before_sft", lambda: held_out(budget.model, budget, seed))}
     sft = done("sft", lambda: str(sft_stage(Path(data), out / "sft", budget, seed)))
-    results["after_sft"] = done("eval_after_sft", lambda: held_out(sft, budget, seed))
+    results["after_sft"] = done("held_out_after_sft", lambda: held_out(sft, budget, seed))
     mixed = done("grpo_mixture", lambda: str(grpo_stage(Path(sft), out / "grpo-mixture", list(ENVS), budget, seed)))
-    results["after_rl"] = done("eval_after_rl", lambda: held_out(mixed, budget, seed))
+    results["after_rl"] = done("held_out_after_rl", lambda: held_out(mixed, budget, seed))
     alone = {}
     for i, env in enumerate(ENVS):
         run = done(
             f"grpo_alone_{i}",
             lambda env=env, i=i: str(grpo_stage(Path(sft), out / f"grpo-alone-{i}", [env], budget, seed)),
         )
-        alone[env] = done(f"eval_alone_{i}", lambda run=run: held_out(run, budget, seed))
+        alone[env] = done(f"held_out_alone_{i}", lambda run=run: held_out(run, budget, seed))
     results["alone"] = {kind: {env: alone[env][kind][env] for env in ENVS} for kind in ("sampled", "greedy")}
     for kind in ("sampled", "greedy"):
         results["alone"][kind]["macro"] = macro(results["alone"][kind])
@@ -259,24 +296,43 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
 
 def targets(results: dict) -> dict:
     """After RL against after SFT (sampled): the macro gain in standard errors of the difference, and
-    each env's change; and the mixture against the specialists, per env."""
+    each env's change; and the mixture against the specialists, per env.
+
+    Both models play the same test tasks, so the difference's standard error is the paired one: over
+    tasks, of each task's success after RL minus after SFT (a task's own difficulty, shared by both,
+    cancels). The unpaired one, sqrt(se_a^2 + se_b^2), treats the two as separate samples of tasks
+    and is kept beside it as ``se_unpaired``; the envs' test sets are independent, so a macro SE is
+    sqrt(sum of the envs' squared SEs) / the number of envs either way."""
 
     def gap(a: dict, b: dict) -> dict:
-        se = math.sqrt(a["se"] ** 2 + b["se"] ** 2)
+        """a - b per env, paired over their common tasks."""
+        common = sorted(set(a["per_task"]) & set(b["per_task"]))
+        diff, se = mean_and_se([a["per_task"][t] - b["per_task"][t] for t in common])
+        unpaired = math.sqrt(a["se"] ** 2 + b["se"] ** 2)
         return {
-            "diff": a["success"] - b["success"],
+            "diff": diff,
             "se": se,
-            "in_se": (a["success"] - b["success"]) / se if se else 0.0,
+            "in_se": diff / se if se else 0.0,
+            "se_unpaired": unpaired,
+            "tasks": len(common),
         }
+
+    def macro_gap(gaps: dict) -> dict:
+        diff = sum(g["diff"] for g in gaps.values()) / len(gaps)
+        se = math.sqrt(sum(g["se"] ** 2 for g in gaps.values())) / len(gaps)
+        unpaired = math.sqrt(sum(g["se_unpaired"] ** 2 for g in gaps.values())) / len(gaps)
+        return {"diff": diff, "se": se, "in_se": diff / se if se else 0.0, "se_unpaired": unpaired}
 
     rl, sft, alone = results["after_rl"]["sampled"], results["after_sft"]["sampled"], results["alone"]["sampled"]
     per_env = {env: gap(rl[env], sft[env]) for env in ENVS}
+    macro_rl = macro_gap(per_env)
     return {
-        "macro_rl_minus_sft": gap(rl["macro"], sft["macro"]),
-        "macro_above_sft_by_2se": gap(rl["macro"], sft["macro"])["in_se"] > 2,
+        "macro_rl_minus_sft": macro_rl,
+        "macro_above_sft_by_2se": macro_rl["in_se"] > 2,
         "rl_minus_sft": per_env,
         "no_env_worse_by_2se": all(g["in_se"] >= -2 for g in per_env.values()),
         "mixture_minus_alone": {env: gap(rl[env], alone[env]) for env in ENVS},
+        "macro_mixture_minus_alone": macro_gap({env: gap(rl[env], alone[env]) for env in ENVS}),
     }
 
 
@@ -300,7 +356,7 @@ def plot(summary: dict, path: Path) -> None:
     ax.set_xticks(range(len(groups)), [g.replace(":", ":\n") for g in groups])
     ax.set_ylabel(f"held-out success, {summary['budget']['eval_samples']} samples a task (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("tiny model, three envs: SFT then GRPO on the mixture")
+    ax.set_title(f"{summary['budget']['model']}, three envs: SFT then GRPO on the mixture")
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     atomic_save_figure(fig, path)
@@ -310,8 +366,10 @@ def plot(summary: dict, path: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/learn-generalist"))
-    parser.add_argument("--quick", action="store_true", help="a small budget")
+    budgets = parser.add_mutually_exclusive_group()
+    budgets.add_argument("--quick", action="store_true", help="a small budget")
+    budgets.add_argument("--smollm2", action="store_true", help="SmolLM2-135M-Instruct, at what 2 cores allow")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    result = main(args.out, QUICK if args.quick else FULL, args.seed)
+    result = main(args.out, QUICK if args.quick else SMOLLM2 if args.smollm2 else FULL, args.seed)
     print(json.dumps({k: result[k] for k in ("targets", "minutes", "stage_minutes")}, indent=2))
