@@ -146,6 +146,11 @@ def success_with_se(episodes: list) -> dict:
     return {"success": mean, "se": se, "tasks": len(per_task), "per_task": per_task}
 
 
+def in_se(diff: float, se: float) -> float:
+    """``diff`` in standard errors (a change with no spread at all is infinitely many)."""
+    return diff / se if se else math.copysign(math.inf, diff) if diff else 0.0
+
+
 def mean_and_se(values: list[float]) -> tuple[float, float]:
     n = len(values)
     mean = sum(values) / n
@@ -312,7 +317,7 @@ def targets(results: dict) -> dict:
         return {
             "diff": diff,
             "se": se,
-            "in_se": diff / se if se else 0.0,
+            "in_se": in_se(diff, se),
             "se_unpaired": unpaired,
             "tasks": len(common),
         }
@@ -321,7 +326,7 @@ def targets(results: dict) -> dict:
         diff = sum(g["diff"] for g in gaps.values()) / len(gaps)
         se = math.sqrt(sum(g["se"] ** 2 for g in gaps.values())) / len(gaps)
         unpaired = math.sqrt(sum(g["se_unpaired"] ** 2 for g in gaps.values())) / len(gaps)
-        return {"diff": diff, "se": se, "in_se": diff / se if se else 0.0, "se_unpaired": unpaired}
+        return {"diff": diff, "se": se, "in_se": in_se(diff, se), "se_unpaired": unpaired}
 
     rl, sft, alone = results["after_rl"]["sampled"], results["after_sft"]["sampled"], results["alone"]["sampled"]
     per_env = {env: gap(rl[env], sft[env]) for env in ENVS}

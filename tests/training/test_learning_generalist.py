@@ -52,3 +52,23 @@ def test_grpo_on_a_mixture_raises_the_reward_in_both_envs(tmp_path, register_plu
         assert all(r[f"format_ok/{env}"] > 0.5 for r in records if f"format_ok/{env}" in r)  # SFT taught the format
         first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
         assert last > first + 0.1, f"GRPO did not raise the reward in {env}: {rewards}"
+
+
+def test_a_difference_is_paired_over_the_same_test_tasks():
+    """Both models play the same tasks: the difference's standard error is over each task's change, so
+    a uniform gain on tasks of very different difficulty is many standard errors (unpaired: few)."""
+    example = load_example("learn_generalist")
+
+    def env(values):
+        mean, se = example.mean_and_se(values)
+        return {"success": mean, "se": se, "tasks": len(values), "per_task": dict(enumerate(values))}
+
+    sft = {name: env([0.0, 0.25, 0.5, 1.0 - 0.1]) for name in example.ENVS}
+    rl = {name: env([0.1, 0.35, 0.6, 1.0]) for name in example.ENVS}  # every task up by 0.1
+    results = {kind: {"sampled": models} for kind, models in (("after_sft", sft), ("after_rl", rl), ("alone", rl))}
+    targets = example.targets(results)
+    gridworld = targets["rl_minus_sft"]["gridworld"]
+    assert gridworld["diff"] == pytest.approx(0.1) and gridworld["se"] == pytest.approx(0.0, abs=1e-12)
+    assert gridworld["se_unpaired"] > 0.2  # the tasks' own spread, which pairing cancels
+    assert targets["macro_rl_minus_sft"]["diff"] == pytest.approx(0.1) and targets["macro_above_sft_by_2se"]
+    assert targets["no_env_worse_by_2se"] and targets["mixture_minus_alone"]["gridworld"]["diff"] == 0.0
