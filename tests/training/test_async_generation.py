@@ -174,17 +174,18 @@ def test_partial_rollouts_load_the_newest_weights_between_turns(tiny_model_dir):
 
 
 class SlowGridWorld(GridWorld):
-    """gridworld whose every step takes STEP_SECONDS: a turn of a step's 6 episodes takes 3 s."""
+    """gridworld whose every step takes STEP_SECONDS: a turn of a step's 6 episodes takes 6 s."""
 
     def step(self, action):
         time.sleep(STEP_SECONDS)
         return super().step(action)
 
 
-STEP_SECONDS = 0.5
+STEP_SECONDS = 1.0
 SEND_DELAY = 1.5  # the trainer sends each version this late: after a step's first turn, before its second
 
 
+@pytest.mark.slow
 def test_partial_rollouts_continue_episodes_under_each_new_version(config, register_plugin, monkeypatch):
     register_plugin(Registers({"slow-gridworld": SlowGridWorld}, {"any_reply": AnyReply}), name="slow-gridworld")
     send = async_generation.after_update
@@ -210,11 +211,15 @@ def test_partial_rollouts_continue_episodes_under_each_new_version(config, regis
         episodes = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
         played[step] = [[turn.info["weights_version"] for turn in ep.turns] for ep in episodes]
     # step 1 plays with the first weights; steps 2 and 3 start under one version, and the next one
-    # (the trainer's update of the step before) arrives during their first turn: every episode goes on
-    # under it from its second turn, its first turn kept
+    # (the trainer's update of the step before) arrives during their first turn's env steps: every
+    # episode goes on under it, its first turn kept (here from its second turn; a loaded machine may
+    # land it a turn later)
     assert played[1] == [[0, 0, 0]] * 6
-    assert played[2] == [[0, 1, 1]] * 6 and played[3] == [[1, 2, 2]] * 6
-    assert [(r["weights_lag"], r["weights_lag_max"]) for r in records] == [(0.0, 0.0), (1 / 3, 1.0), (1 / 3, 1.0)]
+    for step in (2, 3):
+        for versions in played[step]:
+            assert versions == sorted(versions) and versions[0] == step - 2 and versions[-1] == step - 1, versions
+    assert [r["weights_lag_max"] for r in records] == [0.0, 1.0, 1.0]
+    assert all(0 < r["weights_lag"] < 1 for r in records[1:])
 
 
 def test_partial_rollouts_need_the_generation_process(config):
