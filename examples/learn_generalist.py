@@ -75,13 +75,18 @@ class Budget:
     advantage: str = "gigpo"  # step-level credit for the multi-turn envs; plain GRPO for one-turn tasks
     gamma: float = 0.9
     model: str = "tiny"  # what SFT starts from
+    micro_batch_size: int = 16  # rows a forward pass, SFT and GRPO
+    specialists: bool = True  # also GRPO on each env alone, to compare
 
 
 FULL = Budget(expert_episodes=1000, sft_epochs=8.0, grpo_steps=24, tasks_per_step=12, group_size=8, eval_tasks=60)
 QUICK = Budget(expert_episodes=150, sft_epochs=3.0, grpo_steps=4, tasks_per_step=6, group_size=6, eval_tasks=20)
-# a pretrained model: fine-tuning learning rates, and a budget 2 CPU cores get through in about 40 minutes
+# a pretrained model: fine-tuning learning rates, and what 2 CPU cores get through in about an hour
+# (its untrained evaluation alone takes 20 minutes: it rambles to every turn cap); no specialists
 SMOLLM2 = Budget(
     model="smollm2-135m",
+    micro_batch_size=2,
+    specialists=False,
     expert_episodes=200,
     sft_epochs=1.0,
     sft_learning_rate=5e-5,
@@ -181,7 +186,7 @@ def sft_stage(data: Path, out: Path, budget: Budget, seed: int) -> Path:
                 f"optim.learning_rate={budget.sft_learning_rate}",
                 "optim.lr_schedule=cosine",
                 "optim.warmup_steps=30",
-                "optim.micro_batch_size=16",
+                f"optim.micro_batch_size={budget.micro_batch_size}",
                 "max_seq_length=1024",
                 "packing=false",
                 f"seed={seed}",
@@ -230,7 +235,7 @@ def grpo_stage(
                 "eval_tasks=0",
                 f"reward.weights={reward}",
                 f"optim.learning_rate={budget.grpo_learning_rate}",
-                "optim.micro_batch_size=16",
+                f"optim.micro_batch_size={budget.micro_batch_size}",
                 "algorithm.loss_agg_mode=seq-mean-token-mean",
                 "generation.temperature=1.0",
                 f"seed={seed}",
@@ -277,15 +282,16 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
     mixed = done("grpo_mixture", lambda: str(grpo_stage(Path(sft), out / "grpo-mixture", list(ENVS), budget, seed)))
     results["after_rl"] = done("held_out_after_rl", lambda: held_out(mixed, budget, seed))
     alone = {}
-    for i, env in enumerate(ENVS):
+    for i, env in enumerate(ENVS if budget.specialists else []):
         run = done(
             f"grpo_alone_{i}",
             lambda env=env, i=i: str(grpo_stage(Path(sft), out / f"grpo-alone-{i}", [env], budget, seed)),
         )
         alone[env] = done(f"held_out_alone_{i}", lambda run=run: held_out(run, budget, seed))
-    results["alone"] = {kind: {env: alone[env][kind][env] for env in ENVS} for kind in ("sampled", "greedy")}
-    for kind in ("sampled", "greedy"):
-        results["alone"][kind]["macro"] = macro(results["alone"][kind])
+    if alone:
+        results["alone"] = {kind: {env: alone[env][kind][env] for env in ENVS} for kind in ("sampled", "greedy")}
+        for kind in ("sampled", "greedy"):
+            results["alone"][kind]["macro"] = macro(results["alone"][kind])
     summary = {
         "envs": list(ENVS),
         "budget": asdict(budget),
@@ -328,17 +334,20 @@ def targets(results: dict) -> dict:
         unpaired = math.sqrt(sum(g["se_unpaired"] ** 2 for g in gaps.values())) / len(gaps)
         return {"diff": diff, "se": se, "in_se": in_se(diff, se), "se_unpaired": unpaired}
 
-    rl, sft, alone = results["after_rl"]["sampled"], results["after_sft"]["sampled"], results["alone"]["sampled"]
+    rl, sft = results["after_rl"]["sampled"], results["after_sft"]["sampled"]
     per_env = {env: gap(rl[env], sft[env]) for env in ENVS}
     macro_rl = macro_gap(per_env)
-    return {
+    out = {
         "macro_rl_minus_sft": macro_rl,
         "macro_above_sft_by_2se": macro_rl["in_se"] > 2,
         "rl_minus_sft": per_env,
         "no_env_worse_by_2se": all(g["in_se"] >= -2 for g in per_env.values()),
-        "mixture_minus_alone": {env: gap(rl[env], alone[env]) for env in ENVS},
-        "macro_mixture_minus_alone": macro_gap({env: gap(rl[env], alone[env]) for env in ENVS}),
     }
+    if "alone" in results:  # the specialists ran
+        alone = results["alone"]["sampled"]
+        out["mixture_minus_alone"] = {env: gap(rl[env], alone[env]) for env in ENVS}
+        out["macro_mixture_minus_alone"] = macro_gap(out["mixture_minus_alone"])
+    return out
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -351,7 +360,8 @@ def plot(summary: dict, path: Path) -> None:
     results = summary["results"]
     groups = [*summary["envs"], "macro"]
     stages = [("before_sft", "before SFT"), ("after_sft", "after SFT"), ("after_rl", "GRPO on the mixture")]
-    stages.append(("alone", "GRPO on the env alone"))
+    if "alone" in results:
+        stages.append(("alone", "GRPO on the env alone"))
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(stages)
     for i, (key, label) in enumerate(stages):
