@@ -26,6 +26,7 @@ import json
 import shutil
 import socket
 import tempfile
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -75,8 +76,8 @@ class ServerControl:
         self.client.close()
 
 
-class WeightSync:
-    """One way to move weights into the server; :meth:`push` is one whole update."""
+class WeightSync(ABC):
+    """One way to move weights into the server (:meth:`send`); :meth:`push` is one whole update."""
 
     def __init__(self, control: ServerControl):
         self.control = control
@@ -110,8 +111,9 @@ class WeightSync:
     def prepare(self) -> None:
         """Set up the transport, if it needs to (once)."""
 
+    @abstractmethod
     def send(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        raise NotImplementedError
+        """Move ``state_dict`` into the paused server's model."""
 
     def close(self) -> None:
         self.control.close()
@@ -218,9 +220,7 @@ class NcclSync(WeightSync):
 def make_weight_sync(generation: Any) -> WeightSync | None:
     """The ``generation.weight_sync`` of an openai backend (None for ``none``; a config from before
     the option has none)."""
-    kind = getattr(generation, "weight_sync", "none")
-    if kind not in WEIGHT_SYNCS:
-        raise ConfigError(f"unknown generation.weight_sync {kind!r}; valid: {', '.join(WEIGHT_SYNCS)}")
+    kind = sync_kind(generation)
     if kind == "none":
         return None
     control = ServerControl(generation.base_url)
@@ -229,11 +229,17 @@ def make_weight_sync(generation: Any) -> WeightSync | None:
     return NcclSync(control, generation.weight_sync_address)
 
 
-def check_weight_sync(generation: Any, trains: bool, lora_rank: int = 0) -> None:
-    """Refuse a weight_sync the backend cannot use, and a training run whose server gets no weights."""
-    kind = generation.weight_sync
+def sync_kind(generation: Any) -> str:
+    """``generation.weight_sync``, checked (a config from before the option has none)."""
+    kind = getattr(generation, "weight_sync", "none")
     if kind not in WEIGHT_SYNCS:
         raise ConfigError(f"unknown generation.weight_sync {kind!r}; valid: {', '.join(WEIGHT_SYNCS)}")
+    return kind
+
+
+def check_weight_sync(generation: Any, trains: bool, lora_rank: int = 0) -> None:
+    """Refuse a weight_sync the backend cannot use, and a training run whose server gets no weights."""
+    kind = sync_kind(generation)
     if kind != "none" and generation.backend != "openai":
         raise ConfigError(
             f"generation.weight_sync={kind} sends weights to a server (generation.backend=openai); the "

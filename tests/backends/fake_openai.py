@@ -83,6 +83,7 @@ class FakeOpenAIServer:
         self.weight_version: str | None = None
         self.paused = False
         self.requests_hold_blocks = False  # as vLLM with requests in flight: a plain prefix reset is refused
+        self.refuse_prefix_reset = False  # as a server that keeps its cache whatever it is asked
         self.resume_fails = False
 
         def rl(route: str) -> None:
@@ -116,7 +117,8 @@ class FakeOpenAIServer:
         @app.post("/reset_prefix_cache")
         async def reset_prefix_cache(reset_running_requests: bool = False):
             rl(f"reset_prefix_cache?reset_running_requests={str(reset_running_requests).lower()}")
-            return {"success": reset_running_requests or not self.requests_hold_blocks}
+            held = self.requests_hold_blocks and not reset_running_requests
+            return {"success": not (held or self.refuse_prefix_reset)}
 
         @app.post("/update_weight_version")
         async def update_weight_version(request: Request):

@@ -103,28 +103,18 @@ def test_a_failed_reload_is_an_error_and_the_server_is_resumed(served, tmp_path)
     backend.close()
 
 
-def test_a_refused_prefix_reset_is_an_error(served, monkeypatch):
+def test_a_refused_prefix_reset_is_an_error(served):
     """vLLM answers 200 with success false when it keeps its cache: old KV states would be reused."""
     server, trainer, tokenizer = served
     sync = make_weight_sync(generation(server))
-    sync.push(trainer.state_dict(), 1)  # requests hold blocks: reset with them, as vLLM does itself
+    sync.push(trainer.state_dict(), 1)
     server.requests_hold_blocks = True
-    sync.push(trainer.state_dict(), 2)
-    monkeypatch.setattr(sync.control, "post", refusing_reset(sync.control.post))
+    sync.push(trainer.state_dict(), 2)  # requests hold blocks: reset with them, as vLLM does itself
+    server.refuse_prefix_reset = True
     with pytest.raises(OmrlError, match="did not drop its prefix cache"):
         sync.push(trainer.state_dict(), 3)
     assert server.calls[-1] == "resume" and not server.paused
     sync.close()
-
-
-def refusing_reset(post):
-    """``post`` whose prefix reset asks the plain way (no reset of running requests), as a server
-    that refuses it sees it."""
-
-    def post_(route, body=None, **params):
-        return post(route, body) if route == "reset_prefix_cache" else post(route, body, **params)
-
-    return post_
 
 
 def test_what_cannot_work_is_refused_naming_the_valid_choices():
