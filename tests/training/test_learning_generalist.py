@@ -72,3 +72,13 @@ def test_a_difference_is_paired_over_the_same_test_tasks():
     assert gridworld["se_unpaired"] > 0.2  # the tasks' own spread, which pairing cancels
     assert targets["macro_rl_minus_sft"]["diff"] == pytest.approx(0.1) and targets["macro_above_sft_by_2se"]
     assert targets["no_env_worse_by_2se"] and targets["mixture_minus_alone"]["gridworld"]["diff"] == 0.0
+
+
+def test_a_stage_made_with_another_budget_is_refused(tmp_path):
+    """A stage's result is reused only by the budget that made it (a smaller run's models once stood in
+    for the full run's)."""
+    example = load_example("learn_generalist")
+    assert example.stage(tmp_path, "sft", lambda: "quick", example.QUICK)["result"] == "quick"
+    assert example.stage(tmp_path, "sft", lambda: "again", example.QUICK)["result"] == "quick"  # kept
+    with pytest.raises(SystemExit, match="another budget"):
+        example.stage(tmp_path, "sft", lambda: "full", example.FULL)
