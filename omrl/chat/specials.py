@@ -120,6 +120,12 @@ def _mark_message(marks: _Marks, message: dict) -> dict:
     return out
 
 
+def mark_value(tokenizer: Any, value: Any) -> Any:
+    """``value`` (text, or lists and dicts of it: tool specs) with every string marked."""
+    marks = _marks(tokenizer)
+    return value if marks.find_special is None else _mark_value(marks, value)
+
+
 def _mark_value(marks: _Marks, value: Any) -> Any:
     if isinstance(value, str):
         return _mark_text(marks, value)

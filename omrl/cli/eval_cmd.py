@@ -7,11 +7,15 @@ from pathlib import Path
 import typer
 
 from omrl.cli.rollout_cmd import (
+    AGENT_CMD_HELP,
+    AGENT_HELP,
     ARGS_HELP,
     BUDGET_HELP,
     ENV_HELP,
+    REWARD_HELP,
     SELECT_HELP,
     STRATEGY_HELP,
+    agent_flags,
     check_before_loading,
     check_strategy,
     config_with_select,
@@ -155,6 +159,9 @@ def evaluate_command(
     strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
     budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
     select: str = typer.Option(None, "--select", help=SELECT_HELP),
+    agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
+    agent_cmd: str = typer.Option(None, "--agent-cmd", help=AGENT_CMD_HELP),
+    reward: str = typer.Option(None, "--reward", help=REWARD_HELP),
 ) -> None:
     """Evaluate a model on an env split: a table of metrics plus a JSON report.
 
@@ -194,6 +201,7 @@ def evaluate_command(
             "output_dir": output_dir,
             "strategy": strategy,
             "budget": budget or None,
+            **agent_flags(agent, agent_cmd, reward),
         },
         select,
         "eval",

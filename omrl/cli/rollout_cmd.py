@@ -26,6 +26,15 @@ ENV_HELP = (
     "(env.mix: each env's own settings)."
 )
 
+AGENT_HELP = "An agent program that plays each episode through omrl's OpenAI-compatible endpoint: module:function (agent.callable)."
+AGENT_CMD_HELP = "The same as a command, e.g. 'python my_agent.py' (agent.command; OPENAI_BASE_URL and OMRL_TASK in its environment)."
+REWARD_HELP = "With an agent: module:function scoring its episodes (agent.reward); default: the env scores its answer."
+
+
+def agent_flags(agent: str | None, agent_cmd: str | None, reward: str | None) -> dict[str, str | None]:
+    """The config keys the --agent, --agent-cmd and --reward flags set."""
+    return {"agent.callable": agent, "agent.command": agent_cmd, "agent.reward": reward}
+
 
 def select_scorer(select: str | None) -> str | None:
     """The scorer a --select name means (``env`` is ``env_reward``); None when the flag was not given."""
@@ -90,6 +99,7 @@ def check_before_loading(cfg) -> None:
                 f"the {member.name} env needs the package {env_class.package}, not installed: "
                 f"{install_command(env_class)}"
             )
+    check_agent(cfg)
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None:
         registry.algorithms.get(algorithm.advantage, kind="advantage")
@@ -97,6 +107,40 @@ def check_before_loading(cfg) -> None:
         registry.algorithms.get(algorithm.kl_estimator, kind="kl")
         if algorithm.rollout_correction != "auto":
             registry.algorithms.get(algorithm.rollout_correction, kind="rollout_correction")
+
+
+def check_agent(cfg) -> None:
+    """An agent program (``agent.*``) is refused where it cannot play: beside the scripted expert, in a
+    mixture, under a search strategy or async generation; and its callable and reward must import."""
+    from omrl.config.options import AGENT_SAMPLING
+    from omrl.errors import ConfigError
+    from omrl.rollout.session import agent_of
+
+    agent = getattr(cfg, "agent", None)
+    if agent is None or agent_of(cfg) is None:
+        return
+    if agent.sampling not in AGENT_SAMPLING:
+        raise ConfigError(f"agent.sampling is {agent.sampling!r}; valid: {', '.join(AGENT_SAMPLING)}")
+    if getattr(cfg, "use_expert", False):
+        raise ConfigError("--expert plays the env's scripted expert; an agent program plays with the model (drop one)")
+    if cfg.env.mix or "," in cfg.env.name:
+        raise ConfigError("an agent program plays one env's tasks; a mixture of envs is not supported with agent.*")
+    from omrl.search.context import plays_batched
+
+    where = getattr(cfg, "rollout", cfg)  # train keeps them under rollout.*, the other commands at the top
+    strategy, budget = getattr(where, "strategy", ""), getattr(where, "budget", 0)
+    if strategy and not plays_batched(strategy, budget):
+        raise ConfigError(
+            f"an agent program plays whole episodes: strategy {strategy!r} (budget {budget}) would fork an "
+            "agent's process mid-episode; use a strategy that plays the batched rollout with no budget (chain)"
+        )
+    if getattr(getattr(cfg, "rollout", None), "async_generation", False):
+        raise ConfigError("rollout.async_generation is not supported with an agent program yet; set it to false")
+    if cfg.generation.backend != "hf":
+        raise ConfigError(
+            f"an agent program plays through the gateway on the hf backend; generation.backend is "
+            f"{cfg.generation.backend!r}, valid with agent.*: hf"
+        )
 
 
 def check_rollout_outputs(cfg) -> None:
@@ -168,6 +212,9 @@ def rollout(
     strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
     budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
     select: str = typer.Option(None, "--select", help=SELECT_HELP),
+    agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
+    agent_cmd: str = typer.Option(None, "--agent-cmd", help=AGENT_CMD_HELP),
+    reward: str = typer.Option(None, "--reward", help=REWARD_HELP),
 ) -> None:
     """Play episodes and write them as a trajectory parquet plus a readable JSONL.
 
@@ -208,6 +255,7 @@ def rollout(
             "use_expert": True if expert else None,
             "strategy": strategy,
             "budget": budget or None,
+            **agent_flags(agent, agent_cmd, reward),
         },
         select,
     )

@@ -150,7 +150,15 @@ def settings_block(cfg: Any) -> str:
     from omrl.mixture import is_mixture, mix_members
 
     env, generation = cfg.env, cfg.generation
-    if is_mixture(env):
+    agent = getattr(cfg, "agent", None)
+    if agent is not None and (agent.callable or agent.command):
+        scorer = f"reward {agent.reward}" if agent.reward else "the env scores its answer"
+        lines = [
+            f"env        {env.name} (split {env.split}): its tasks, played by an agent program",
+            f"agent      {agent.callable or agent.command} through omrl's OpenAI-compatible endpoint, "
+            f"{agent.timeout_s:g} s an episode; {scorer}",
+        ]
+    elif is_mixture(env):
         lines = mixture_lines(cfg)
     else:
         lines = [
@@ -163,7 +171,7 @@ def settings_block(cfg: Any) -> str:
         f"temperature {generation.temperature:g}"
     )
     reward = getattr(cfg, "reward", None)
-    if reward is not None:
+    if reward is not None and not (agent is not None and agent.reward):
         lines.append(f"reward     {shown(reward.weights)} ({reward.allocation})")
         if is_mixture(env):
             lines += [

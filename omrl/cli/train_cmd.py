@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from omrl.cli.rollout_cmd import ENV_HELP
+from omrl.cli.rollout_cmd import AGENT_CMD_HELP, AGENT_HELP, ENV_HELP, REWARD_HELP, agent_flags
 
 
 def eval_hint(cfg) -> str:
@@ -21,6 +21,8 @@ def eval_hint(cfg) -> str:
         words.append(f"env.mix={json.dumps(mix_less_splits(cfg.env.mix))}")
     else:
         words += ["--env", cfg.env.name]
+    flags = {"--agent": cfg.agent.callable, "--agent-cmd": cfg.agent.command, "--reward": cfg.agent.reward}
+    words += [word for flag, value in flags.items() if value for word in (flag, value)]
     return shlex.join(str(word) for word in words)
 
 
@@ -38,6 +40,9 @@ def train(
     steps: int = typer.Option(None, "--steps", help="RL steps (rollout + update each)."),
     output_dir: str = typer.Option(None, "--output-dir", help="Run directory (default: runs/<algo>-<env>-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir from its last checkpoint."),
+    agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
+    agent_cmd: str = typer.Option(None, "--agent-cmd", help=AGENT_CMD_HELP),
+    reward: str = typer.Option(None, "--reward", help=REWARD_HELP),
 ) -> None:
     """Train a model with online RL in a multi-turn environment."""
     from rich.console import Console
@@ -68,6 +73,7 @@ def train(
         "steps": steps,
         "logging.output_dir": output_dir,
         "resume": True if resume else None,
+        **agent_flags(agent, agent_cmd, reward),
     }
     cfg = command_line_config(TrainRunConfig, args, flags, resumed_preset(output_dir, resume, algo or "grpo"))
     if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run

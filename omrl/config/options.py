@@ -104,6 +104,39 @@ class ChatConfig:
 
 
 @dataclass
+class AgentConfig:
+    callable: str = opt(
+        "",
+        "An agent program to play the episodes as it is (docs/agents.md): module:function, called per "
+        "episode as fn(task, base_url=, api_key=, model=) on its own thread; it talks to the policy "
+        "through the OpenAI-compatible endpoint omrl serves. '': the env and template play (no agent).",
+    )
+    command: str = opt(
+        "",
+        "The same as a command, e.g. 'python my_agent.py': run per episode with OPENAI_BASE_URL, "
+        "OPENAI_API_KEY, OMRL_TASK (JSON) and OMRL_RESULT_FILE in its environment.",
+    )
+    reward: str = opt(
+        "",
+        "module:function scoring an agent's episode: fn(task, result, transcript) -> a number or named "
+        "numbers (summed); '': the env scores the agent's answer (the dataset env matches it).",
+    )
+    timeout_s: float = opt(300.0, "Seconds an agent may take for one episode; past it the episode is env_error.")
+    reward_timeout_s: float = opt(60.0, "Seconds agent.reward may take for one episode; past it, env_error.")
+    sampling: str = opt(
+        "run",
+        "Whose temperature and top_p apply: run (generation.*; what training's log-probs assume) or "
+        "request (each call's own).",
+    )
+    host: str = opt("127.0.0.1", "Where the endpoint listens (loopback; another address lets other machines in).")
+    port: int = opt(0, "The endpoint's port (0: a free one).")
+    batch_window_ms: float = opt(20.0, "How long a call waits for other agents' calls to share its generate call.")
+
+
+AGENT_SAMPLING = ("run", "request")
+
+
+@dataclass
 class RewardConfig:
     weights: dict[str, float] = opt({"goal": 1.0}, "Reward components and their weights, e.g. {goal: 1, format: 0.1}.")
     allocation: str = opt("last_token", "Reward to tokens: last_token, uniform_positive, discounted, per_turn.")
@@ -231,6 +264,7 @@ class EnvRunConfig(RunConfig):
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     chat: ChatConfig = field(default_factory=ChatConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 @dataclass

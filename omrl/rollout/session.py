@@ -32,6 +32,8 @@ class RolloutSession:
         reward_weights: dict[str, float] | None = None,
         plugin_options: dict[str, dict[str, Any]] | None = None,
         demonstration: bool = True,
+        agent: Any = None,
+        agent_options: Any = None,
     ):
         self.pool = pool
         self.template = template
@@ -42,6 +44,11 @@ class RolloutSession:
         self.plugin_options = dict(plugin_options or {})
         self.demonstration = demonstration  # open every chat with the env's worked example (if it has one)
         self.reward_summary: dict[str, float] = {}  # what compose_rewards returned for the last play
+        # an agent program plays instead of the template (omrl.gateway.play.AgentSpec), through a gateway
+        # built at its first play from the run's agent section (host, port, sampling, batch window)
+        self.agent = agent
+        self.agent_options = agent_options
+        self._gateway: Any = None
 
     @classmethod
     def from_config(
@@ -71,7 +78,8 @@ class RolloutSession:
         if backend is None and not expert:
             backend = backend_of(cfg, tokenizer, model)
         limits = RolloutLimits.from_config(cfg.generation, cfg.env.max_turns, cfg.chat.history)
-        return cls(
+        agent = agent_of(cfg)
+        session = cls(
             pool,
             template,
             tokenizer,
@@ -80,7 +88,11 @@ class RolloutSession:
             reward_weights=cfg.reward.weights,
             plugin_options=plugins,
             demonstration=cfg.env.demonstration,
+            agent=agent,
+            agent_options=cfg.agent if agent is not None else None,
         )
+        session.model_label = cfg.model.name  # what the gateway's /v1/models names
+        return session
 
     def task_ids(self, split: str, count: int) -> list[int]:
         """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""
@@ -100,6 +112,8 @@ class RolloutSession:
         max_parallel: int = 0,
     ) -> list[Episode]:
         """Play ``group_size`` samples of each task, then compose their rewards."""
+        if self.agent is not None:
+            return self._play_agents(tasks, split, group_size, seed, expert, progress, max_parallel)
         episodes = collect(
             self.pool,
             self.template,
@@ -118,7 +132,59 @@ class RolloutSession:
         self.reward_summary = compose_rewards(episodes, self.reward_weights, self.plugin_options)
         return episodes
 
+    def _play_agents(
+        self,
+        tasks: Sequence[int],
+        split: str,
+        group_size: int,
+        seed: int,
+        expert: bool,
+        progress: RolloutProgress | None,
+        max_parallel: int,
+    ) -> list[Episode]:
+        """The agent program plays every episode through the gateway (:mod:`omrl.gateway.play`)."""
+        from omrl.gateway.play import play_agents, reward_components
+        from omrl.gateway.server import Gateway
+
+        if expert or self.backend is None:
+            raise OmrlError("an agent program plays with the policy; the env's scripted expert cannot play with it")
+        if self._gateway is None:
+            options = self.agent_options
+            self._gateway = Gateway(
+                self.tokenizer,
+                self.backend,
+                self.limits,
+                model_name=self.model_name,
+                host=options.host,
+                port=options.port,
+                window_s=options.batch_window_ms / 1000,
+                honor_sampling=options.sampling == "request",
+            )
+        self._gateway.limits, self._gateway.batcher.seed = self.limits, seed  # evaluations swap the limits
+        episodes = play_agents(
+            self.agent,
+            self._gateway,
+            self.pool,
+            tasks,
+            split=split,
+            group_size=group_size,
+            max_parallel=max_parallel,
+            progress=progress,
+        )
+        if self.agent.reward is not None:
+            self.reward_summary = reward_components(episodes)
+        else:
+            self.reward_summary = compose_rewards(episodes, self.reward_weights, self.plugin_options)
+        return episodes
+
+    @property
+    def model_name(self) -> str:
+        return str(getattr(self, "model_label", "") or "omrl-policy")
+
     def close(self) -> None:
+        if self._gateway is not None:
+            self._gateway.close()
+            self._gateway = None
         self.pool.close()
         if self.backend is not None:
             self.backend.close()
@@ -128,6 +194,16 @@ class RolloutSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def agent_of(cfg: Any) -> Any:
+    """The agent program a run config names (:class:`omrl.gateway.play.AgentSpec`), or None."""
+    section = getattr(cfg, "agent", None)
+    if section is None:
+        return None
+    from omrl.gateway.play import AgentSpec
+
+    return AgentSpec.from_config(section)
 
 
 def backend_of(cfg: Any, tokenizer: Any, model: Any = None) -> Backend:

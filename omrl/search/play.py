@@ -43,6 +43,10 @@ def play_strategy(
             progress=progress,
             rewards=rewards,
         )
+    if getattr(session, "agent", None) is not None:  # an agent program plays whole chains (omrl.gateway)
+        per_task = PerTaskProgress(progress, group_size) if progress is not None else None
+        episodes = session.play(tasks, split=split, group_size=group_size, seed=seed, expert=expert, progress=per_task)
+        return _chain_trees(episodes, [int(task) for task in tasks], strategy), episodes
     ctx = SearchContext.from_session(
         session,
         strategy,
@@ -86,14 +90,7 @@ def play_mixture(
             progress=PerTaskProgress(progress, group_size) if progress is not None else None,
             rewards=rewards,
         )
-        trees = []
-        for group, task in enumerate(tasks):
-            played = [ep for ep in episodes if ep.group == group]
-            tree = chain_tree(played, int(task.task), group, strategy=strategy, as_played=True)
-            tree.generated_tokens = sum(sum(ep.loss_mask) for ep in played)
-            tree.best = _first_leaf(tree.root)
-            trees.append(tree)
-        return trees, episodes
+        return _chain_trees(episodes, [int(task.task) for task in tasks], strategy), episodes
     placed: list[Tree | None] = [None] * len(tasks)
     for env, positions in session.split_by_env(tasks).items():
         by_split: dict[str, list[int]] = {}
@@ -120,6 +117,18 @@ def play_mixture(
     if rewards:
         session.compose(episodes)
     return trees, episodes
+
+
+def _chain_trees(episodes: list[Episode], task_ids: list[int], strategy: str) -> list[Tree]:
+    """Each task's chains as its tree, the first sample the answer (a strategy that plays the batched rollout)."""
+    trees = []
+    for group, task in enumerate(task_ids):
+        played = [ep for ep in episodes if ep.group == group]
+        tree = chain_tree(played, task, group, strategy=strategy, as_played=True)
+        tree.generated_tokens = sum(sum(ep.loss_mask) for ep in played)
+        tree.best = _first_leaf(tree.root)
+        trees.append(tree)
+    return trees
 
 
 def _first_leaf(node: Any) -> Any:

@@ -1,0 +1,210 @@
+"""Tool calls in a model's reply, read the way a serving engine's ``hermes`` parser reads them, and
+every attempt classified.
+
+A reply calls tools with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5,
+Qwen3, Hermes, SmolLM2 when told to). Each block is one *attempt*, and each attempt gets a status:
+
+- ``ok``: a JSON object naming an offered tool, its arguments fitting the tool's schema;
+- ``invalid_json``: the block is not a JSON object;
+- ``unclosed``: an opening tag with no closing tag (a reply cut at its token limit, say);
+- ``missing_name``: a JSON object without a string ``name``;
+- ``unknown_tool``: a name no offered tool has;
+- ``bad_arguments``: arguments that are not an object, lack a required key, name a key the schema
+  does not have, or hold a value of another JSON type.
+
+Only the first three lose the call: a call that parsed (``ok``, ``unknown_tool``, ``bad_arguments``)
+is handed to the agent, as an engine's parser would, and the agent's framework answers it; the status
+says what the model got wrong, so a run can count it (a run whose tool calls all fail to parse must
+never look like a run that chose not to call tools).
+
+For chat templates that do not render tools themselves, :func:`tools_system_text`,
+:func:`call_text` and :func:`result_text` write the same format as text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+STATUSES = ("ok", "invalid_json", "unclosed", "missing_name", "unknown_tool", "bad_arguments")
+PARSED = ("ok", "unknown_tool", "bad_arguments")  # statuses whose call reaches the agent
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
+MAX_JSON_DEPTH = 64  # deeper replies are junk, and json's recursion must not be the limit
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+@dataclass(frozen=True)
+class CallAttempt:
+    """One ``<tool_call>`` block of a reply: its status, and the call when it parsed."""
+
+    status: str
+    name: str | None = None
+    arguments: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def parsed(self) -> bool:
+        """Whether the call reaches the agent (it has a name and object arguments)."""
+        return self.status in PARSED
+
+    def record(self) -> dict[str, Any]:
+        """What an episode keeps of the attempt (``Turn.info["tool_calls"]``)."""
+        out: dict[str, Any] = {"status": self.status, "name": self.name}
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """A reply split into its text and its tool-call attempts."""
+
+    content: str  # the text the agent gets: before the first call when a call parsed, else the whole reply
+    attempts: tuple[CallAttempt, ...] = ()
+
+    @property
+    def calls(self) -> list[CallAttempt]:
+        return [a for a in self.attempts if a.parsed]
+
+
+def parse_tool_calls(text: str, tools: Sequence[dict[str, Any]]) -> ParsedReply:
+    """``text``'s tool-call attempts against ``tools`` (OpenAI function specs, ``{"type": "function",
+    "function": {name, parameters}}`` or the bare function); see the module docstring.
+
+    >>> tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object",
+    ...     "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
+    >>> reply = parse_tool_calls('Sure.<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', tools)
+    >>> reply.content, [a.status for a in reply.attempts], reply.calls[0].arguments
+    ('Sure.', ['ok'], {'a': 1})
+    >>> [a.status for a in parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": "x"}}', tools).attempts]
+    ['unclosed']
+    """
+    specs = {spec["name"]: spec for spec in map(function_of, tools) if isinstance(spec.get("name"), str)}
+    attempts: list[CallAttempt] = []
+    at = text.find(OPEN)
+    first = at
+    while at >= 0:
+        end = text.find(CLOSE, at + len(OPEN))
+        if end < 0:
+            attempts.append(CallAttempt("unclosed", error="the <tool_call> block is never closed"))
+            break
+        attempts.append(_attempt(text[at + len(OPEN) : end], specs))
+        at = text.find(OPEN, end + len(CLOSE))
+    parsed = any(a.parsed for a in attempts)
+    content = text[:first].strip() if parsed else text
+    return ParsedReply(content, tuple(attempts))
+
+
+def function_of(tool: Any) -> dict[str, Any]:
+    """The function spec inside an OpenAI tool (``{"type": "function", "function": {...}}``), or the tool."""
+    if not isinstance(tool, dict):
+        return {}
+    inner = tool.get("function")
+    return inner if isinstance(inner, dict) else tool
+
+
+def _attempt(payload: str, specs: dict[str, dict[str, Any]]) -> CallAttempt:
+    call = _load(payload.strip())
+    if not isinstance(call, dict):
+        return CallAttempt("invalid_json", error="the block is not a JSON object")
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        return CallAttempt("missing_name", error='the call has no string "name"')
+    arguments = call.get("arguments", call.get("parameters", {}))
+    if isinstance(arguments, str):  # arguments written as a JSON string: what the OpenAI API itself sends
+        arguments = _load(arguments) if arguments.strip() else {}
+    if not isinstance(arguments, dict):
+        return CallAttempt("bad_arguments", name, None, "the arguments are not a JSON object")
+    spec = specs.get(name)
+    if spec is None:
+        valid = ", ".join(sorted(specs)) or "none were offered"
+        return CallAttempt("unknown_tool", name, arguments, f"no tool is named {name!r} (valid: {valid})")
+    problem = schema_problem(spec.get("parameters") or {}, arguments)
+    if problem:
+        return CallAttempt("bad_arguments", name, arguments, problem)
+    return CallAttempt("ok", name, arguments)
+
+
+def _load(text: str) -> Any:
+    """The JSON value of ``text``, or None when it is not JSON (or nests past :data:`MAX_JSON_DEPTH`)."""
+    if _depth(text) > MAX_JSON_DEPTH:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _depth(text: str) -> int:
+    """An upper bound on the nesting of brackets in ``text`` (strings' brackets counted too)."""
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def schema_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:
+    """What is wrong with ``arguments`` under a tool's JSON schema (top-level keys: required, known,
+    of the declared type or enum), or None."""
+    properties = schema.get("properties") or {}
+    missing = [key for key in schema.get("required") or [] if key not in arguments]
+    if missing:
+        return f"missing required argument {', '.join(map(repr, missing))}"
+    unknown = [key for key in arguments if key not in properties]
+    if unknown and properties and schema.get("additionalProperties") is not True:
+        return f"unknown argument {', '.join(map(repr, unknown))} (valid: {', '.join(properties)})"
+    for key, value in arguments.items():
+        spec = properties.get(key) or {}
+        kinds = spec.get("type")
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
+        if kinds and not any(_is_type(value, kind) for kind in kinds):
+            return f"argument {key!r} must be of type {' or '.join(kinds)}, got {type(value).__name__}"
+        if spec.get("enum") and value not in spec["enum"]:
+            return f"argument {key!r} must be one of {spec['enum']}, got {value!r}"
+    return None
+
+
+def _is_type(value: Any, kind: str) -> bool:
+    types = _JSON_TYPES.get(kind)
+    if types is None:
+        return True  # a type this check does not know: not ours to refuse
+    if isinstance(value, bool) and kind in ("integer", "number"):
+        return False
+    if kind == "integer" and isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, types)
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """One call as the format writes it."""
+    return f"{OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CLOSE}"
+
+
+def result_text(content: str) -> str:
+    """A tool's result as the format writes it (in a user message, for templates without a tool role)."""
+    return f"{RESULT_OPEN}\n{content}\n{RESULT_CLOSE}"
+
+
+def tools_system_text(tools: Sequence[dict[str, Any]]) -> str:
+    """The tools and how to call them, for a system message (templates that do not render ``tools``)."""
+    lines = [
+        "You may call these tools. To call one, reply with",
+        f'{OPEN}\n{{"name": <tool name>, "arguments": {{<argument>: <value>}}}}\n{CLOSE}',
+        "Tools:",
+        *(json.dumps(function_of(tool), ensure_ascii=False) for tool in tools),
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""Agent programs and reward functions, run with a time limit each.
+
+An agent is either a Python callable named ``module:function`` (``agent.callable``) or any command
+(``agent.command``). A callable is called on a thread of its own as ``fn(task, base_url=...,
+api_key=..., model=...)``, each keyword only where its signature takes it; an ``async def`` runs in an
+event loop of its own. A command runs in a process group of its own with ``OPENAI_BASE_URL``,
+``OPENAI_API_KEY``, ``OMRL_MODEL``, ``OMRL_TASK`` (the task as JSON), ``OMRL_TASK_FILE`` (the same in a
+file) and ``OMRL_RESULT_FILE`` (where it may write its answer) in its environment; a non-zero exit is
+a failure, with the end of its stderr.
+
+A reward function named ``module:function`` is called as ``fn(task, result, transcript)`` (each
+positional only where it takes it): ``result`` is the agent's return value (a command's result file,
+else None) and ``transcript`` the chat's messages. It returns a number, or a mapping of named numbers
+that are summed.
+
+A failure of any of these (it raises, exits non-zero, outlives its limit) is an :class:`AgentFailure`,
+never a score: the episode is then ``env_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from omrl.errors import ConfigError
+
+STDERR_TAIL = 2000
+
+
+class AgentFailure(Exception):
+    """The agent or its reward function failed: the world's failure, not the model's."""
+
+
+def load_callable(spec: str, what: str) -> Callable[..., Any]:
+    """The function ``module:function`` (a dotted path after the colon too), or a ConfigError naming what is wrong."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"{what} {spec!r} must be module:function, e.g. mypkg.agent:run")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # a module beside the user, as `python -m` finds it
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{what} {spec!r}: cannot import {module_name!r} ({exc})") from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ConfigError(f"{what} {spec!r}: {module_name!r} has no {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ConfigError(f"{what} {spec!r} is a {type(target).__name__}, not a function")
+    return target
+
+
+def check_command(command: str) -> list[str]:
+    """``command`` split as a shell would, or a ConfigError."""
+    try:
+        words = shlex.split(command)
+    except ValueError as exc:
+        raise ConfigError(f"agent.command {command!r} cannot be split into words: {exc}") from exc
+    if not words:
+        raise ConfigError("agent.command is empty; give the command that runs your agent, e.g. 'python my_agent.py'")
+    return words
+
+
+def within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()`` on a thread of its own, or AgentFailure when it raises or outlives ``seconds``.
+
+    A Python thread cannot be killed: one past its limit is left running (daemon), its episode's key
+    already refused, so nothing it does reaches a row. Use ``agent.command`` for a hard stop."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            value = fn()
+            box["value"] = asyncio.run(value) if inspect.iscoroutine(value) else value
+        except BaseException as exc:  # noqa: BLE001 - reported as the agent's failure
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name=f"omrl-{what.split()[0]}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise AgentFailure(f"{what} did not finish within {seconds:g} s")
+    if "error" in box:
+        exc = box["error"]
+        raise AgentFailure(f"{what} raised {type(exc).__name__}: {str(exc)[:500]}") from exc
+    return box.get("value")
+
+
+def call_agent(
+    fn: Callable[..., Any], task: dict[str, Any], base_url: str, api_key: str, model: str, seconds: float
+) -> Any:
+    """Run an agent callable on ``task`` (see the module docstring); its return value."""
+    offered = {"base_url": base_url, "api_key": api_key, "model": model}
+    accepted = _keywords(fn, offered)
+    return within(seconds, "the agent", lambda: fn(task, **accepted))
+
+
+def _keywords(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return offered
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return offered
+    return {key: value for key, value in offered.items() if key in parameters}
+
+
+def run_command(words: list[str], task: dict[str, Any], base_url: str, api_key: str, model: str, seconds: float) -> Any:
+    """Run an agent command on ``task`` (see the module docstring); the JSON (or text) of its result file, or None."""
+    with tempfile.TemporaryDirectory(prefix="omrl-agent-") as folder:
+        task_file, result_file = Path(folder, "task.json"), Path(folder, "result")
+        task_file.write_text(json.dumps(task, ensure_ascii=False))
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_KEY": api_key,
+            "OMRL_MODEL": model,
+            "OMRL_TASK": json.dumps(task, ensure_ascii=False),
+            "OMRL_TASK_FILE": str(task_file),
+            "OMRL_RESULT_FILE": str(result_file),
+        }
+        with open(Path(folder, "stderr"), "w+b") as stderr:
+            try:
+                process = subprocess.Popen(
+                    words,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=stderr,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise AgentFailure(f"the agent command {shlex.join(words)!r} could not start: {exc}") from exc
+            try:
+                code = process.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                _kill_group(process)
+                raise AgentFailure(f"the agent command did not finish within {seconds:g} s (killed)") from None
+            finally:
+                _kill_group(process)  # whatever it left behind in its group
+            if code != 0:
+                stderr.seek(0)
+                tail = stderr.read().decode("utf-8", "replace")[-STDERR_TAIL:]
+                raise AgentFailure(f"the agent command exited with {code}: {tail.strip()}")
+        if not result_file.exists():
+            return None
+        text = result_file.read_text(encoding="utf-8", errors="replace")
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if process.poll() is None:
+        process.wait(timeout=10)
+
+
+def score(
+    fn: Callable[..., Any], task: dict[str, Any], result: Any, transcript: list[dict[str, Any]], seconds: float
+) -> dict[str, float]:
+    """The reward function's components for one episode (a number becomes ``{"reward": value}``)."""
+    arguments = (task, result, transcript)
+    try:
+        positional = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+        count = (
+            3
+            if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values())
+            else len(positional)
+        )
+    except (TypeError, ValueError):
+        count = 3
+    value = within(seconds, "the reward function", lambda: fn(*arguments[: max(1, min(3, count))]))
+    components = value if isinstance(value, dict) else {"reward": value}
+    out = {}
+    for name, number in components.items():
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+            raise AgentFailure(f"the reward function returned {name}={number!r}; it must return finite numbers")
+        out[str(name)] = float(number)
+    if not out:
+        raise AgentFailure("the reward function returned an empty mapping; it must return a number or named numbers")
+    return out

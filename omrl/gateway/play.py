@@ -1,0 +1,206 @@
+"""Episodes played by agent programs through the gateway: the agent counterpart of :func:`omrl.rollout.loop.collect`.
+
+For each task (times ``group_size``) an env instance is reset to give the task, the agent runs with its
+own API key on a thread of its own (all of a group's members at once), and the episode is what the
+gateway recorded of its calls. Then it is scored: by the run's reward function (``agent.reward``), given
+the task with the env's ground truth where the env gives one, or else by the env itself, which takes
+the agent's answer as one step (the ``dataset`` env matches it against the answers).
+
+The answer is the agent's return value when it is text (or a mapping with an ``answer``), else the
+content of the last reply the model gave it. An agent or reward function that fails or outlives its
+limit, an env that fails, and an agent that never called the model end the episode as ``env_error``
+with the reason: such an episode is no measure of the model and is never trained on. A call that found
+the episode's context full was answered ``finish_reason: "length"`` and the episode ends
+``max_context`` (truncated), scored as it stands.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from omrl.data.trajectory import Episode
+from omrl.envs import StepResult, step_problem
+from omrl.gateway.agents import AgentFailure, call_agent, check_command, load_callable, run_command, score
+from omrl.gateway.server import Gateway
+from omrl.rollout.pool import EnvPool
+from omrl.rollout.progress import RolloutProgress
+
+SCORED = "agent_reward"  # Turn.info key of the reward function's components
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """What plays the episodes and what scores them, from a run's ``agent`` config section."""
+
+    run: Callable[..., Any] | None  # a callable agent, or
+    command: list[str] | None  # a command
+    reward: Callable[..., Any] | None  # None: the env scores the answer
+    timeout_s: float = 300.0
+    reward_timeout_s: float = 60.0
+
+    @classmethod
+    def from_config(cls, agent: Any) -> "AgentSpec | None":
+        """None when the section names no agent; a ConfigError for a name that does not load."""
+        from omrl.errors import ConfigError
+
+        if not agent.callable and not agent.command:
+            if agent.reward:
+                raise ConfigError(
+                    "agent.reward scores an agent's episodes; name the agent too (--agent or --agent-cmd)"
+                )
+            return None
+        if agent.callable and agent.command:
+            raise ConfigError("give one agent: agent.callable (--agent) or agent.command (--agent-cmd), not both")
+        for key in ("timeout_s", "reward_timeout_s"):
+            if not getattr(agent, key) > 0:
+                raise ConfigError(f"agent.{key} must be > 0 seconds, got {getattr(agent, key)!r}")
+        return cls(
+            run=load_callable(agent.callable, "agent.callable") if agent.callable else None,
+            command=check_command(agent.command) if agent.command else None,
+            reward=load_callable(agent.reward, "agent.reward") if agent.reward else None,
+            timeout_s=float(agent.timeout_s),
+            reward_timeout_s=float(agent.reward_timeout_s),
+        )
+
+
+def play_agents(
+    spec: AgentSpec,
+    gateway: Gateway,
+    pool: EnvPool,
+    tasks: Sequence[int],
+    *,
+    split: str = "train",
+    group_size: int = 1,
+    max_parallel: int = 0,
+    progress: RolloutProgress | None = None,
+) -> list[Episode]:
+    """Play ``group_size`` episodes of each task with the agent; ordered by (group, sample)."""
+    progress = progress or RolloutProgress()
+    jobs = [(group, sample, int(task)) for group, task in enumerate(tasks) for sample in range(group_size)]
+    lock = threading.Lock()  # the pool and the progress are not thread-safe
+
+    def one(job: tuple[int, int, int]) -> Episode:
+        group, sample, task = job
+        ep = Episode(env=pool.name, task_id=task, split=split, instruction="", group=group, sample=sample)
+        with lock:
+            env = pool.acquire()
+        broken = False
+        try:
+            broken = _play(spec, gateway, env, ep)
+        finally:
+            with lock:
+                problem = pool.release(env, broken=broken)
+                if problem is not None and ep.end_reason != "env_error":
+                    ep.end_reason, ep.error = (
+                        "env_error",
+                        f"ending the episode's env failed: {type(problem).__name__}: {problem}",
+                    )
+                progress.generated(sum(ep.loss_mask))
+                progress.finished(ep)
+        return ep
+
+    workers = max(1, min(len(jobs), max_parallel or len(jobs)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="omrl-agent") as threads:
+        episodes = list(threads.map(one, jobs))
+    if gateway.batcher.failure is not None:  # the engine broke: no episode measured the agent
+        failure = gateway.batcher.failure
+        raise RuntimeError(f"generation failed in the gateway: {type(failure).__name__}: {failure}") from failure
+    return episodes
+
+
+def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
+    """Play and score one episode in ``ep``; whether its env instance broke (it raised)."""
+    try:
+        first = env.reset(ep.task_id)
+    except Exception as exc:  # noqa: BLE001 - the env's failure, recorded
+        _failed(ep, f"reset failed: {type(exc).__name__}: {exc}")
+        return True
+    task = {"id": ep.task_id, "split": ep.split, "env": ep.env, "prompt": first.text, "instruction": first.instruction}
+    key, recorder = gateway.open(ep)
+    try:
+        if spec.run is not None:
+            result = call_agent(spec.run, dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s)
+        else:
+            result = run_command(
+                spec.command or [], dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s
+            )
+    except AgentFailure as exc:
+        gateway.end(key)
+        _failed(ep, str(exc))
+        return False
+    gateway.end(key)
+    ep.messages = recorder.chat()
+    if not ep.turns:
+        _failed(ep, "the agent finished without calling the model")
+        return False
+    ep.end_reason = "max_context" if recorder.over_budget else "done"
+    ep.turns[-1].done = True
+    ep.turns[-1].info["agent_result"] = _short(result)
+    answer = _answer(result, ep)
+    stepped: StepResult | None = None
+    try:
+        stepped = env.step(answer)
+        problem = step_problem(stepped)
+        if problem:
+            raise AgentFailure(f"the env {ep.env!r} {problem}")
+    except Exception as exc:  # noqa: BLE001 - the env could not score the answer
+        if spec.reward is None:
+            _failed(ep, f"the env could not score the agent's answer: {type(exc).__name__}: {exc}")
+            return not isinstance(exc, AgentFailure)
+        stepped = None
+    last = ep.turns[-1]
+    if spec.reward is None and stepped is not None:
+        last.reward = float(stepped.reward)
+        last.info.update({k: v for k, v in stepped.info.items() if k not in last.info})
+        ep.won, ep.score = stepped.won, stepped.score
+        return False
+    truth = stepped.info.get("ground_truth") if stepped is not None else None
+    try:
+        components = score(spec.reward, {**task, "ground_truth": truth}, result, ep.messages, spec.reward_timeout_s)  # type: ignore[arg-type]
+    except AgentFailure as exc:
+        _failed(ep, str(exc))
+        return False
+    total = sum(components.values())
+    last.reward = total
+    last.info[SCORED] = components
+    ep.won, ep.score = total >= 1.0, min(1.0, max(0.0, total))
+    return False
+
+
+def _answer(result: Any, ep: Episode) -> str:
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict) and isinstance(result.get("answer"), str):
+        return result["answer"]
+    replies = [m for m in ep.messages if m["role"] == "assistant"]
+    return replies[-1]["content"] if replies else ""
+
+
+def _failed(ep: Episode, reason: str) -> None:
+    ep.end_reason, ep.error = "env_error", reason
+
+
+def _short(value: Any, limit: int = 500) -> Any:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def reward_components(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Rewards of episodes a reward function scored: each component and the total on the last turn of
+    each (``Episode.rewards``; 0 on an ``env_error`` episode's turns), and their means over the episodes
+    that played, for logging."""
+    played = [ep for ep in episodes if ep.end_reason != "env_error"]
+    names = [*sorted({name for ep in played for name in ep.turns[-1].info.get(SCORED, {})}), "total"]
+    sums = dict.fromkeys(names, 0.0)
+    for ep in episodes:
+        components = ep.turns[-1].info.get(SCORED, {}) if ep.turns and ep.end_reason != "env_error" else {}
+        for name in names:
+            value = sum(components.values()) if name == "total" else components.get(name, 0.0)
+            ep.rewards[name] = [0.0] * len(ep.turns)
+            if ep.turns:
+                ep.rewards[name][-1] = value
+            sums[name] += value
+    return {name: value / max(1, len(played)) for name, value in sums.items()}

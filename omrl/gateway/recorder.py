@@ -1,0 +1,224 @@
+"""One agent episode's rows, recorded token-exactly from the requests its agent sends.
+
+Each request carries the agent's whole chat. Where it continues the episode (its messages start with
+the last request's and the reply the gateway gave: :func:`omrl.gateway.messages.continues`), the row
+grows by the chat template's increment for the new messages, exactly as a native rollout's row grows
+after an env's answer (:func:`omrl.chat.next_prompt`, so both history modes apply, and ``as_template``
+may start a new row there). Where it does not (the agent edited, cut or summarised its history), a
+new row starts with the template's render of the request. Either way the backend is given the row's
+ids and the reply's ids are appended as sampled (loss_mask 1): no reply is decoded and re-encoded, and
+no text the agent sends becomes a special token (:mod:`omrl.chat.specials`).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from omrl.backends.base import Generation
+from omrl.chat import next_prompt, prompt_ids
+from omrl.chat.specials import mark_value
+from omrl.chat.tool_calls import ParsedReply, parse_tool_calls
+from omrl.data.trajectory import Episode, Turn
+from omrl.gateway.messages import ToolLayout, continues, describe_tools, for_template
+
+
+@dataclass
+class Reply:
+    """What one choice of a call answers the agent: its text, tool calls and why it stopped."""
+
+    content: str
+    tool_calls: list[dict[str, Any]]  # normalized: {id, name, arguments}
+    finish_reason: str  # stop, length or tool_calls
+    token_ids: list[int]
+    logprobs: list[float]
+
+    def message(self) -> dict[str, Any]:
+        """The reply as a normalized message (what the agent is expected to send back)."""
+        out: dict[str, Any] = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        return out
+
+
+class EpisodeRecorder:
+    """The rows of one agent episode (see the module docstring); a lock serialises its agent's calls."""
+
+    def __init__(self, episode: Episode, tokenizer: Any, history: str, max_context: int, layout: ToolLayout):
+        self.episode = episode
+        self.tokenizer = tokenizer
+        self.history = history
+        self.max_context = max_context
+        self.layout = layout
+        self.lock = threading.Lock()
+        self.said: list[dict[str, Any]] = []  # the chat the current row stands for, as the template was given it
+        self.seen: list[dict[str, Any]] = []  # the last request's messages (normalized) and the reply given
+        self.transcript: list[dict[str, Any]] = []  # the longest chat seen, for people and SFT
+        self.names: dict[str, str] = {}  # tool-call id -> tool name
+        self.kwargs: dict[str, Any] = {}
+        self.answering = ""  # the text of the messages the next reply answers
+        self.eos_generated = False
+        self.over_budget = False  # a call found no room left in the episode's context: it is truncated
+        self.calls = 0
+
+    # -- before a call -------------------------------------------------------------------------------
+    def prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[int] | None:
+        """Lay out the row this request generates in and return its ids; None when not one generated token
+        fits in ``max_context`` (the episode is then marked over budget and nothing is appended)."""
+        ep, tokenizer = self.episode, self.tokenizer
+        kwargs = {"tools": mark_value(tokenizer, list(tools))} if tools and self.layout.renders_tools else {}
+        same_tools = json.dumps(kwargs, sort_keys=True, default=repr) == json.dumps(
+            self.kwargs, sort_keys=True, default=repr
+        )
+        if ep.token_ids and same_tools and continues(messages, self.seen):
+            new = for_template(messages[len(self.seen) :], self.layout, self.names)
+            ids, starts_row = next_prompt(
+                tokenizer, self.history, ep.current_row(), self.said, new, self.eos_generated, **kwargs
+            )
+            said = [*self.said, *new]
+            fresh = messages[len(self.seen) :]
+        else:
+            said = describe_tools(for_template(messages, self.layout, self.names), tools, self.layout)
+            ids, starts_row = prompt_ids(tokenizer, said, **kwargs), bool(ep.token_ids)
+            fresh = messages[-1:]
+        if (0 if starts_row else len(ep.current_row())) + len(ids) >= self.max_context:
+            self.over_budget = True
+            return None
+        if starts_row:
+            ep.row_starts.append(len(ep.token_ids))
+        ep.token_ids += ids
+        ep.loss_mask += [0] * len(ids)
+        ep.logprobs += [0.0] * len(ids)
+        if not ep.prompt_length:
+            ep.prompt_length = len(ids)
+            ep.instruction = next((m["content"] for m in messages if m["role"] == "user"), "")
+        self.said, self.seen, self.kwargs = said, list(messages), kwargs
+        self.answering = "\n".join(m["content"] for m in fresh)
+        if len(messages) >= len(self.transcript):
+            self.transcript = list(messages)
+        return ep.current_row()
+
+    def room(self) -> int:
+        """Tokens the current row may still grow by."""
+        return self.max_context - len(self.episode.current_row())
+
+    # -- after a call --------------------------------------------------------------------------------
+    def record(
+        self, generation: Generation, tools: Sequence[dict[str, Any]], cut_by_budget: bool, stop_at: int | None = None
+    ) -> Reply:
+        """Append the sampled ids as a turn, parse them, and return the reply the agent gets.
+        ``cut_by_budget``: the call's token cap was the context's room, not the agent's ``max_tokens``;
+        ``stop_at``: where a stop string starts in the reply's text (the agent gets the text before it)."""
+        ep, tokenizer = self.episode, self.tokenizer
+        reply, parsed = self.reply(generation, tools, stop_at)
+        start = len(ep.token_ids)
+        prompt_tokens = start - (ep.row_starts[-1] if ep.row_starts else 0)
+        ep.token_ids += generation.token_ids
+        ep.loss_mask += [1] * len(generation.token_ids)
+        ep.logprobs += generation.logprobs
+        self.eos_generated = bool(generation.token_ids) and generation.token_ids[-1] == tokenizer.eos_token_id
+        truncated = generation.finish_reason == "length"
+        if truncated and cut_by_budget:
+            self.over_budget = True
+        rollout: dict[str, Any] = {
+            "truncated": truncated,
+            "token_exact": generation.token_exact,
+            "new_tokens": len(generation.token_ids),
+            "row": len(ep.row_starts),
+        }
+        if generation.prefill_reused is not None:
+            rollout["prefill_tokens"] = prompt_tokens - generation.prefill_reused
+            rollout["prefill_reused"] = generation.prefill_reused
+        info: dict[str, Any] = {"rollout": rollout}
+        if parsed.attempts:
+            info["tool_calls"] = [attempt.record() for attempt in parsed.attempts]
+            info["tool"] = next((a.name for a in parsed.attempts if a.name), "(unparsed)")
+            problem = next((a for a in parsed.attempts if a.status != "ok"), None)
+            if problem is not None:
+                info["tool_error"] = f"{problem.status}: {problem.error}"
+        ep.turns.append(
+            Turn(
+                observation=self.answering,
+                response=self._decoded(generation.token_ids),
+                action=None,
+                format_ok=all(a.status == "ok" for a in parsed.attempts),
+                reward=0.0,
+                done=False,
+                info=info,
+                span=(start, len(ep.token_ids)),
+                parse_error=info.get("tool_error"),
+            )
+        )
+        if self.layout.native and reply.tool_calls:
+            structured = [
+                {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in reply.tool_calls
+            ]
+            self.said.append({"role": "assistant", "content": reply.content, "tool_calls": structured})
+        else:  # the reply as sampled: its tool calls stay the text the model wrote
+            self.said.append({"role": "assistant", "content": self._decoded(generation.token_ids)})
+        self.names.update({c["id"]: c["name"] for c in reply.tool_calls})
+        self.seen.append(reply.message())
+        self.transcript = list(self.seen)
+        self.calls += 1
+        return reply
+
+    def reply(
+        self, generation: Generation, tools: Sequence[dict[str, Any]], stop_at: int | None = None
+    ) -> tuple[Reply, ParsedReply]:
+        """What ``generation`` answers the agent, recorded or not (a call's further choices are not)."""
+        text = self._decoded(generation.token_ids)
+        text = text if stop_at is None else text[:stop_at]
+        parsed = parse_tool_calls(text, tools) if tools else ParsedReply(text)
+        calls = [{"id": f"call_{secrets.token_hex(6)}", "name": a.name, "arguments": a.arguments} for a in parsed.calls]
+        finish = "tool_calls" if calls else generation.finish_reason
+        return Reply(parsed.content, calls, finish, generation.token_ids, generation.logprobs), parsed
+
+    def _decoded(self, ids: Sequence[int]) -> str:
+        eos = self.tokenizer.eos_token_id
+        body = ids[:-1] if ids and ids[-1] == eos else ids
+        return self.tokenizer.decode(list(body), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def chat(self) -> list[dict[str, Any]]:
+        """The episode's longest chat in the shape an Episode keeps (structured tool calls, named tool messages)."""
+        out = []
+        for message in self.transcript:
+            item: dict[str, Any] = {"role": message["role"], "content": message["content"]}
+            if message.get("tool_calls"):
+                item["tool_calls"] = [
+                    {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                    for c in message["tool_calls"]
+                ]
+            if message["role"] == "tool":
+                item["name"] = self.names.get(message.get("tool_call_id", ""), "")
+            out.append(item)
+        return out
+
+
+def cut_at_stop(tokenizer: Any, generation: Generation, stops: Sequence[str]) -> tuple[Generation, int | None]:
+    """``generation`` cut after the token that completes the first of ``stops`` in its text (finish
+    reason ``stop``), and where that stop string starts in the cut text; unchanged and None when no
+    stop string occurs. The ids kept are sampled ids: the row never holds a token the model did not sample."""
+    if not stops:
+        return generation, None
+    ids = generation.token_ids
+    text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    if not any(stop in text for stop in stops):
+        return generation, None
+    for k in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        found = [text.find(stop) for stop in stops if stop in text]
+        if found:
+            cut = Generation(
+                ids[:k],
+                generation.logprobs[:k],
+                "stop",
+                generation.token_exact,
+                generation.prefill_reused,
+                generation.weights_version,
+            )
+            return cut, min(found)
+    return generation, None

@@ -1,0 +1,237 @@
+"""The policy behind an OpenAI-compatible endpoint: every call recorded into its episode token-exactly.
+
+``Gateway`` serves ``GET /v1/models`` and ``POST /v1/chat/completions`` (whole or streamed:
+:mod:`omrl.gateway.protocol`) on loopback unless told otherwise. Each episode gets its own API key
+(:meth:`Gateway.open`); a call's key says which episode it belongs to, and an unknown or ended key
+is refused (401), so an agent that outlives its episode cannot write into another. A call lays out
+its row (:mod:`omrl.gateway.recorder`), waits for its generate call (:mod:`omrl.gateway.batcher`)
+and is answered with the reply parsed into ``tool_calls`` where tools were offered.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+from concurrent.futures import TimeoutError as FutureTimeout
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from omrl.backends.base import Backend
+from omrl.chat.history import native_tool_calls
+from omrl.chat.render import render
+from omrl.data.trajectory import Episode
+from omrl.gateway.batcher import Batcher
+from omrl.gateway.messages import RequestError, ToolLayout
+from omrl.gateway.protocol import ChatRequest, chunks, completion, error_body
+from omrl.gateway.recorder import EpisodeRecorder, Reply, cut_at_stop
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+PROBE_TOOL = {"type": "function", "function": {"name": "omrl_probe_tool", "description": "", "parameters": {}}}
+
+
+def tool_layout(tokenizer: Any) -> ToolLayout:
+    """How the tokenizer's chat template takes tools (see :class:`~omrl.gateway.messages.ToolLayout`)."""
+    try:
+        text = render(tokenizer, [{"role": "user", "content": "x"}], add_generation_prompt=True, tools=[PROBE_TOOL])
+        renders = "omrl_probe_tool" in text
+    except Exception:  # noqa: BLE001 - a template that refuses tools renders none
+        renders = False
+    return ToolLayout(native=native_tool_calls(tokenizer, {}), renders_tools=renders)
+
+
+class Gateway:
+    """An OpenAI-compatible endpoint for agent episodes (see the module docstring).
+
+    ``limits``: the run's :class:`~omrl.rollout.loop.RolloutLimits` (a call's cap is the agent's
+    ``max_tokens`` or ``max_new_tokens``, never past ``max_context``); with ``honor_sampling`` a
+    request's ``temperature`` and ``top_p`` apply, else the run's (training needs its own).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        backend: Backend,
+        limits: Any,
+        *,
+        model_name: str = "omrl-policy",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        window_s: float = 0.02,
+        seed: int = 0,
+        honor_sampling: bool = False,
+        call_timeout_s: float = 600.0,
+    ):
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.model_name = model_name
+        self.honor_sampling = honor_sampling
+        self.call_timeout_s = call_timeout_s
+        self.layout = tool_layout(tokenizer)
+        self._episodes: dict[str, EpisodeRecorder] = {}
+        self._lock = threading.Lock()
+        self.batcher = Batcher(backend, window_s, seed, waiting_for=lambda: len(self._episodes))
+        self._server = ThreadingHTTPServer((host, port), _handler(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="omrl-gateway", daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    # -- episodes ------------------------------------------------------------------------------------
+    def open(self, episode: Episode) -> tuple[str, EpisodeRecorder]:
+        """A new API key for ``episode`` and the recorder its calls write into."""
+        key = f"omrl-{secrets.token_urlsafe(18)}"
+        recorder = EpisodeRecorder(episode, self.tokenizer, self.limits.history, self.limits.max_context, self.layout)
+        with self._lock:
+            self._episodes[key] = recorder
+        return key, recorder
+
+    def end(self, key: str) -> None:
+        """Refuse ``key`` from now on, wait for a call of its still in progress, and let the backend forget the
+        episode's cached states."""
+        with self._lock:
+            recorder = self._episodes.pop(key, None)
+        if recorder is not None:
+            with recorder.lock:
+                ep = recorder.episode
+                self.batcher.release([ep.token_ids[start:end] for start, end in ep.rows()])
+
+    def recorder(self, key: str) -> EpisodeRecorder | None:
+        with self._lock:
+            return self._episodes.get(key)
+
+    # -- one call ------------------------------------------------------------------------------------
+    def complete(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int]:
+        """Generate ``request``'s choices in its episode; the replies and the prompt's length in tokens."""
+        limits = self.limits
+        with recorder.lock:
+            row = recorder.prompt(request.messages, request.tools)
+            if row is None:  # not one token fits: the episode is over its budget
+                empty = Reply("", [], "length", [], [])
+                return [empty] * request.n, 0
+            asked = request.max_tokens or limits.max_new_tokens
+            cap = min(asked, recorder.room())
+            temperature, top_p = limits.temperature, limits.top_p
+            if self.honor_sampling:
+                temperature = limits.temperature if request.temperature is None else request.temperature
+                top_p = limits.top_p if request.top_p is None else request.top_p
+            futures = [self.batcher.generate(row, cap, temperature, top_p) for _ in range(request.n)]
+            try:
+                generations = [future.result(timeout=self.call_timeout_s) for future in futures]
+            except FutureTimeout as exc:
+                raise TimeoutError(f"generation took longer than {self.call_timeout_s:g} s") from exc
+            replies = []
+            for index, generation in enumerate(generations):
+                generation, stop_at = cut_at_stop(self.tokenizer, generation, request.stop)
+                if index == 0:  # the episode continues with the first choice
+                    replies.append(recorder.record(generation, request.tools, cap < asked, stop_at))
+                else:
+                    replies.append(recorder.reply(generation, request.tools, stop_at)[0])
+            return replies, len(row)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self.batcher.close()
+
+
+def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # the run's own output says what happened
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self.path.rstrip("/") not in ("/v1/models", "/models"):
+                return self._send(
+                    404,
+                    error_body(
+                        f"no route GET {self.path}; served: GET /v1/models, POST /v1/chat/completions",
+                        "not_found_error",
+                    ),
+                )
+            if self._episode() is None:
+                return None
+            model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "omrl"}
+            return self._send(200, {"object": "list", "data": [model]})
+
+        def do_POST(self) -> None:  # noqa: N802
+            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+                self._drain()
+                return self._send(
+                    404, error_body(f"no route POST {self.path}; served: POST /v1/chat/completions", "not_found_error")
+                )
+            recorder = self._episode()
+            if recorder is None:
+                return self._drain()
+            try:
+                request = ChatRequest.from_json(self._body())
+            except RequestError as exc:
+                return self._send(400, error_body(str(exc)))
+            try:
+                replies, prompt_tokens = gateway.complete(recorder, request)
+            except RequestError as exc:
+                return self._send(400, error_body(str(exc)))
+            except Exception as exc:  # noqa: BLE001 - the agent gets a server error with the reason
+                return self._send(500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
+            model = request.model or gateway.model_name
+            if not request.stream:
+                return self._send(200, completion(request, replies, prompt_tokens, model, gateway.tokenizer))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for chunk in chunks(request, replies, prompt_tokens, model, gateway.tokenizer):
+                self.wfile.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+            return None
+
+        def _episode(self) -> EpisodeRecorder | None:
+            auth = self.headers.get("Authorization", "")
+            key = auth[len("Bearer ") :].strip() if auth.startswith("Bearer ") else self.headers.get("api-key", "")
+            recorder = gateway.recorder(key) if key else None
+            if recorder is None:
+                self._send(
+                    401,
+                    error_body(
+                        "unknown or ended API key: each episode has its own key, valid while it plays",
+                        "authentication_error",
+                        "invalid_api_key",
+                    ),
+                )
+            return recorder
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY_BYTES:
+                raise RequestError(f"the body is {length} bytes; at most {MAX_BODY_BYTES} are read")
+            raw = self.rfile.read(length)
+            try:
+                return json.loads(raw)
+            except (ValueError, RecursionError) as exc:
+                raise RequestError(f"the body is not JSON ({str(exc)[:80]})") from exc
+
+        def _drain(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if 0 < length <= MAX_BODY_BYTES:
+                self.rfile.read(length)
+            else:
+                self.close_connection = True
+
+        def _send(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body, ensure_ascii=False).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    return Handler
