@@ -1,0 +1,204 @@
+"""Agent episodes end to end: tasks from the dataset env, agents that fail, commands, scoring, the CLI."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from omrl.config import command_line_config
+from omrl.config.options import RolloutRunConfig
+from omrl.errors import ConfigError
+from omrl.rollout import RolloutSession
+from tests.helpers import cli_exit, invoke
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def questions(tmp_path):
+    path = tmp_path / "qa.jsonl"
+    rows = [{"question": f"What is {a} times {b}?", "answer": str(a * b)} for a, b in [(6, 7), (2, 3), (4, 5), (3, 3)]]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def session_for(questions, *overrides: str) -> RolloutSession:
+    cfg = command_line_config(
+        RolloutRunConfig,
+        [
+            f"plugins.dataset.path={questions}",
+            "generation.max_new_tokens=24",
+            "agent.timeout_s=20",
+            *overrides,
+        ],
+        {"env.name": "dataset", "model.name": "tiny"},
+    )
+    return RolloutSession.from_config(cfg)
+
+
+def test_agents_play_every_task_and_the_env_scores_their_answers(questions):
+    with session_for(questions, "agent.callable=tests.gateway.agents:tool_loop") as session:
+        episodes = session.play([0, 1], split="train", group_size=2)
+    assert [(ep.group, ep.sample, ep.task_id) for ep in episodes] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1)]
+    for ep in episodes:
+        assert ep.end_reason == "done" and ep.turns and ep.turns[-1].done
+        assert ep.turns[-1].info["ground_truth"] in ("42", "6")  # the dataset env scored the answer
+        assert ep.rewards["goal"][-1] == ep.score
+        assert ep.messages[0] == {"role": "system", "content": "Answer with a number."}
+    assert "reward" in ep.turns[0].info or "won" in ep.turns[-1].info
+
+
+@pytest.mark.parametrize(
+    "agent, reason",
+    [
+        ("tests.gateway.agents:raises", "the agent raised ValueError: the agent's own bug"),
+        ("tests.gateway.agents:never_calls", "the agent finished without calling the model"),
+    ],
+)
+def test_an_agent_that_fails_is_an_env_error_never_a_score(questions, agent, reason):
+    with session_for(questions, f"agent.callable={agent}") as session:
+        episodes = session.play([0], split="train", group_size=2)
+    assert all(ep.end_reason == "env_error" and ep.error == reason for ep in episodes)
+    assert all(set(ep.rewards["total"]) <= {0.0} for ep in episodes)
+
+
+def test_an_agent_past_its_time_is_cut_off_and_its_key_refused(questions):
+    import openai
+
+    with session_for(questions, "agent.callable=tests.gateway.agents:hangs", "agent.timeout_s=3") as session:
+        began = time.monotonic()
+        (ep,) = session.play([0], split="train")
+        assert time.monotonic() - began < 30
+        assert ep.end_reason == "env_error" and ep.error == "the agent did not finish within 3 s"
+        gateway = session._gateway
+        assert gateway.recorder is not None and not gateway._episodes  # every key refused now
+        stale = openai.OpenAI(base_url=gateway.base_url, api_key="omrl-not-a-key", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            stale.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+
+
+def test_a_reward_function_gives_named_components(questions):
+    overrides = ["agent.callable=tests.gateway.agents:one_call", "agent.reward=tests.gateway.agents:length_reward"]
+    with session_for(questions, *overrides) as session:
+        episodes = session.play([0, 1], split="train")
+        summary = session.reward_summary
+    for ep in episodes:
+        components = ep.turns[-1].info["agent_reward"]
+        assert set(components) == {"words", "bonus"} and components["bonus"] == 0.5
+        assert ep.rewards["total"][-1] == pytest.approx(components["words"] + 0.5)
+    assert summary["bonus"] == 0.5 and set(summary) == {"words", "bonus", "total"}
+
+
+def test_a_reward_function_that_raises_is_an_env_error(questions):
+    overrides = ["agent.callable=tests.gateway.agents:one_call", "agent.reward=tests.gateway.agents:reward_raises"]
+    with session_for(questions, *overrides) as session:
+        (ep,) = session.play([0], split="train")
+    assert ep.end_reason == "env_error"
+    assert ep.error == "the reward function raised RuntimeError: the reward function's own bug"
+
+
+def test_a_reward_function_is_given_the_envs_ground_truth(questions):
+    overrides = [
+        "agent.command=" + f"{sys.executable} {HERE / 'agent_cmd.py'}",
+        "agent.reward=tests.gateway.agents:truth_reward",
+    ]
+    with session_for(questions, *overrides) as session:
+        episodes = session.play([0, 1], split="train")
+    # the command answers the prompt's last word ("7?" and "3?"): the truth is 42 and 6, so never right
+    assert [ep.turns[-1].info["agent_result"] for ep in episodes] == ["{'answer': '7?'}", "{'answer': '3?'}"]
+    assert [ep.rewards["total"][-1] for ep in episodes] == [0.0, 0.0]
+    assert all(ep.end_reason == "done" and len(ep.turns) == 1 for ep in episodes)
+
+
+def test_a_command_agent_that_exits_non_zero_is_an_env_error(questions, tmp_path):
+    crash = tmp_path / "crash.jsonl"
+    crash.write_text(json.dumps({"question": "crash now", "answer": "1"}) + "\n")
+    with session_for(crash, "agent.command=" + f"{sys.executable} {HERE / 'agent_cmd.py'}") as session:
+        (ep,) = session.play([0], split="train")
+    assert ep.end_reason == "env_error"
+    assert ep.error == "the agent command exited with 3: this agent cannot handle crashes"
+
+
+@pytest.mark.parametrize(
+    "overrides, named",
+    [
+        (["agent.callable=tests.gateway.agents"], "must be module:function"),
+        (["agent.callable=tests.gateway.nowhere:run"], "cannot import 'tests.gateway.nowhere'"),
+        (["agent.callable=tests.gateway.agents:nothing"], "has no 'nothing'"),
+        (["agent.reward=tests.gateway.agents:truth_reward"], "name the agent too"),
+        (["agent.callable=tests.gateway.agents:one_call", "agent.command=python x.py"], "not both"),
+        (["agent.callable=tests.gateway.agents:one_call", "agent.timeout_s=0"], "agent.timeout_s must be > 0"),
+    ],
+)
+def test_a_bad_agent_setting_is_refused_by_name(questions, overrides, named):
+    with pytest.raises(ConfigError, match=named):
+        session_for(questions, *overrides)
+
+
+def test_the_commands_refuse_what_an_agent_cannot_play(questions, capsys):
+    base = [
+        "--env",
+        "dataset",
+        "--model",
+        "tiny",
+        f"plugins.dataset.path={questions}",
+        "--agent",
+        "tests.gateway.agents:one_call",
+    ]
+    for extra, named in [
+        (["--expert"], "--expert plays the env's scripted expert"),
+        (["--strategy", "beam"], "strategy 'beam'"),
+        (["agent.sampling=mine"], "agent.sampling is 'mine'; valid: run, request"),
+    ]:
+        code, out, err = cli_exit(capsys, "rollout", *base, *extra)
+        assert code == 2 and named in err, err
+
+
+def test_eval_and_train_through_the_gateway(questions, tmp_path):
+    agent = ["--agent", "tests.gateway.agents:tool_loop", "--reward", "tests.gateway.agents:length_reward"]
+    common = [
+        "--env",
+        "dataset",
+        "--model",
+        "tiny",
+        f"plugins.dataset.path={questions}",
+        "plugins.dataset.test_fraction=0.5",
+    ]
+    result = invoke(
+        "train",
+        *common,
+        *agent,
+        "--steps",
+        "2",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "tasks_per_step=2",
+        "group_size=2",
+        "generation.max_new_tokens=24",
+        "eval_every=0",
+    )
+    assert result.exit_code == 0, result.output
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [s for s in steps if "reward_words" in s]
+    assert len(trained) == 2 and all(s["rows_per_episode"] >= 1 for s in trained)
+    assert any(not s.get("skipped_update") for s in trained), trained  # the word counts differ: an update ran
+    assert "--agent tests.gateway.agents:tool_loop --reward tests.gateway.agents:length_reward" in result.output
+    report = tmp_path / "report.json"
+    evaluated = invoke(
+        "eval",
+        *common,
+        *agent,
+        "--model",
+        str(tmp_path / "run"),
+        "--report",
+        str(report),
+        "--output-dir",
+        str(tmp_path / "ev"),
+    )
+    assert evaluated.exit_code == 0, evaluated.output
+    metrics = json.loads(report.read_text())["metrics"]
+    assert metrics["episodes"] == 2 and metrics["env_errors"] == 0
