@@ -82,6 +82,26 @@ def outside_the_presets_env(cfg: Any, args: list[str] | None, preset: str | None
     )
 
 
+def agent_reward_weights(cfg: Any, args: list[str] | None, console: Any) -> None:
+    """An agent program plays no action template, so a preset's reward terms that score a template's
+    replies mean nothing for it: unless the command line sets ``reward.weights``, an agent run takes
+    the config's default weights, and says so."""
+    from omrl.config import user_sets
+
+    agent, reward = getattr(cfg, "agent", None), getattr(cfg, "reward", None)
+    if agent is None or reward is None or not (agent.callable or agent.command) or user_sets(args, "reward.weights"):
+        return
+    default = type(reward)().weights
+    if dict(reward.weights) != default:
+        console.print(
+            f"an agent program plays no action template: reward.weights={shown(default)}, not the preset's "
+            f"{shown(reward.weights)} (key=value sets it)",
+            highlight=False,
+            soft_wrap=True,
+        )
+        reward.weights = default
+
+
 def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict[str, Any]:
     """The :data:`TRAINED_KEYS` of the run directory ``model`` when it trained on ``env`` ({} otherwise):
     the same ``env.name`` and the same ``env.mix`` but for splits (a mixture's envs each take the run's
@@ -142,6 +162,7 @@ def play_settings(cfg: Any, args: list[str] | None, default_preset: str | None, 
     else:
         preset = split_preset(args[0] if args else None, [])[0] or default_preset
         outside_the_presets_env(cfg, args, preset, console)
+    agent_reward_weights(cfg, args, console)
     prompts_as_trained(cfg, args, console)
 
 

@@ -52,7 +52,13 @@ def train(
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.cli.model_prompts import start_from_base_outside_its_env
     from omrl.cli.rollout_cmd import check_before_loading
-    from omrl.cli.settings import env_folder_name, env_label, outside_the_presets_env, settings_block
+    from omrl.cli.settings import (
+        agent_reward_weights,
+        env_folder_name,
+        env_label,
+        outside_the_presets_env,
+        settings_block,
+    )
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
     from omrl.config.loading import resumed_preset, split_preset
@@ -85,6 +91,7 @@ def train(
     if not resume:  # a resumed run plays its own config.yaml
         preset = split_preset(args[0] if args else None, [])[0] or algo or "grpo"
         outside_the_presets_env(cfg, list(args or []), preset, console)
+        agent_reward_weights(cfg, list(args or []), console)
     console.print(
         f"omrl train: {cfg.algorithm.name} on {env_label(cfg)} with {cfg.model.name}, {cfg.steps} steps "
         f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}",
