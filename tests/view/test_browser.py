@@ -171,11 +171,11 @@ def test_an_episode_split_into_rows_shows_where(chromium, tmp_path):
         page.goto(url + "#/episode/0")
         page.wait_for_selector(".tokens .tok")
         assert page.locator(".tokens .row-break").count() == 1
-        assert page.locator(".turn .row-start").all_inner_texts() == ["row 2"]
-        assert "rows (chat.history=as_template)" in page.inner_text("table.facts")
+        assert page.locator("main > .row-break").all_inner_texts() == ["row 2 (new prompt)"]
+        assert "(chat.history=as_template)" in page.inner_text("tr[data-fact=rows]")
         page.goto(url + "#/episode/1")
         page.wait_for_selector(".tokens .tok")
-        assert page.locator(".tokens .row-break").count() == 0 and page.locator(".turn .row-start").count() == 0
+        assert page.locator(".row-break, tr[data-fact=rows]").count() == 0
 
 
 def test_a_large_task_id_shows_whole(chromium, tmp_path):
