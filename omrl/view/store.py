@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.config import redact
-from omrl.view import groups
+from omrl.view import agents, groups
 from omrl.view.bounds import MAX_GROUP_TEXT, TextBudget, cut_tokens
 from omrl.view.metrics import columns, env_panels, panels, read_metrics_file
 from omrl.view.readers import ParquetEpisodes, RecordEpisodes, ReportEpisodes, Unreadable
@@ -298,10 +298,12 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
     and token lists cut as :mod:`omrl.view.bounds` says."""
     cut = TextBudget()
     rewards = dict(row.get("rewards") or [])
-    row_starts = [int(x) for x in row.get("row_starts") or []]  # where chat.history=as_template split it
-    turns = []
+    row_starts = [int(x) for x in row.get("row_starts") or []]  # chat.history=as_template, or an agent's new prompt
+    turns, infos = [], []
     for i, turn in enumerate(row.get("turns") or []):
         span = list(turn.get("span") or [0, 0])
+        info = groups.info_dict(turn.get("info"))
+        infos.append(info)
         turns.append(
             {
                 "row": sum(start <= span[0] for start in row_starts),
@@ -312,7 +314,10 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
                 "parse_error": cut(turn.get("parse_error")),
                 "reward": turn.get("reward"),
                 "done": turn.get("done"),
-                "info": _cut_info(groups.info_dict(turn.get("info")), cut),
+                "info": _cut_info(info, cut),
+                "tool_calls": agents.tool_attempts(info, cut),
+                "agent_result": agents.agent_result(info, cut),
+                "agent_reward": agents.agent_reward(info),
                 "rewards": {name: values[i] for name, values in rewards.items() if values and i < len(values)},
                 "span": list(turn.get("span") or [0, 0]),
                 "node": turn.get("node_id"),
@@ -344,6 +349,8 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
         "prompt_length": row.get("prompt_length") or 0,
         "demo_messages": row.get("demo_messages") or 0,
         "row_starts": row_starts,
+        "agent": agents.played_by_agent(infos),  # how the page words its rows
+        "tool_calls": agents.status_counts(turns),
         "tokens": cut_tokens(tokens),
     }
 

@@ -10,7 +10,7 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 def test_the_gateway_benchmark_plays_the_same_tokens_both_ways(tmp_path):
     out = tmp_path / "gateway.json"
-    args = ["--episodes", "2", "--turns", "2", "--tokens", "4", "--rounds", "1", "--json", str(out)]
+    args = ["--episodes", "2", "--turns", "2", "--tokens", "32", "--rounds", "1", "--json", str(out)]
     run = subprocess.run(
         [sys.executable, str(BENCHMARKS / "gateway.py"), *args], capture_output=True, text=True, timeout=600
     )

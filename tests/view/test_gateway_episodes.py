@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from omrl.view import open_run
+from omrl.view.page import write_page
 
+from .conftest import SCRIPT
 from .test_browser import page_of, serving
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,6 +173,25 @@ def test_the_page_shows_what_the_agent_returned_and_its_reward(agent_file, chrom
         page.wait_for_selector(".turn")
         assert page.inner_text("tr[data-fact='agent returned'] td") == "None"
         assert page.locator("tr[data-fact='agent reward'], .agent-reward").count() == 0
+
+
+@pytest.mark.slow
+def test_tool_names_errors_and_results_show_as_text(chromium, tmp_path):
+    """A model writes the tool names and the agent returns what it likes: shown exactly, never as HTML."""
+    from omrl.data.trajectory import write_episodes
+
+    attempt = {"status": "unknown_tool", "name": "<b>tool</b>", "error": SCRIPT}
+    path = write_episodes([agent_episode([[[attempt]]], result=SCRIPT)], tmp_path / "agent.parquet")
+    write_page(open_run(path, tokenizer="tiny"), tmp_path / "saved.html")
+    with serving(path, tokenizer="tiny") as url, page_of(chromium) as page:
+        for address in (url + "#/episode/0", (tmp_path / "saved.html").as_uri() + "#/episode/0"):
+            page.goto(address)
+            page.wait_for_selector("li.tool-call")
+            assert page.text_content("li.tool-call code") == "<b>tool</b>"
+            assert page.text_content("li.tool-call .error") == " " + SCRIPT
+            assert page.text_content("pre.agent-result") == SCRIPT
+            assert page.evaluate("window.__pwned") is None
+            assert page.locator("main img, main b, main script").count() == 0
 
 
 @pytest.fixture(scope="module")

@@ -378,9 +378,8 @@
         ["group / sample", e.group + " / " + e.sample], ["success", e.won ? "won" : "lost"],
         ["total reward", fmt(e.reward, 4)], ["advantage", fmt(e.advantage, 4)], ["score", fmt(e.score, 4)],
         ["end reason", e.end], ["turns", e.turns], ["tokens (trained)", e.tokens + " (" + e.generated + ")"],
-        ...((ep.row_starts || []).length ? [["rows (chat.history=as_template)", (ep.row_starts.length + 1) +
-          ": a new row starts where the template rewrote earlier turns"]] : [])]
-        .map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, String(v))))));
+        ...agentFacts(ep)]
+        .map(([k, v]) => h("tr", {"data-fact": k}, h("th", {}, k), h("td", {}, v)))));
     const body = [problemsBox(), links, h("h2", {}, "Episode " + id), facts];
     if (e.error) body.push(h("div", {class: "card problems"}, h("strong", {}, "error: "), e.error));
     if (ep.unavailable) {
@@ -394,25 +393,76 @@
         keyValues(totals));
     }
     body.push(h("h3", {}, "Task"), h("pre", {class: "instruction"}, ep.instruction));
-    ep.turns.forEach((t, i) => { t.prevRow = i ? ep.turns[i - 1].row : 0; });
-    body.push(h("h2", {}, "Turns"), ep.turns.length ? ep.turns.map(turnView) : h("p", {class: "muted"}, "No model turn."));
+    const turns = ep.turns.map((t, i) => [i && t.row !== ep.turns[i - 1].row ? rowDivider(ep, t.row) : null, turnView(t, i)]);
+    body.push(h("h2", {}, "Turns"), ep.turns.length ? turns : h("p", {class: "muted"}, "No model turn."));
     body.push(h("h2", {}, "Tokens"), tokenView(ep));
     display(...body);
   }
 
+  /** The summary's rows about how the episode was played: its rows (whenever it has several, and for an
+   * agent's episode always), its tool-call attempts by status, what the agent returned and how it scored. */
+  function agentFacts(ep) {
+    const rows = (ep.row_starts || []).length + 1;
+    const last = ep.turns[ep.turns.length - 1] || {};
+    const facts = [];
+    if (rows > 1 || ep.agent) facts.push(["rows", rows + " — " + rowsNote(ep, rows)]);
+    const statuses = Object.entries(ep.tool_calls || {});
+    if (statuses.length) facts.push(["tool calls", statuses.map(([status, n]) => statusBadge(status, status + " × " + n))]);
+    if (known(last.agent_result)) facts.push(["agent returned", h("code", {class: "agent-result"}, last.agent_result)]);
+    if (last.agent_reward) facts.push(["agent reward", componentBadges(last.agent_reward)]);
+    return facts;
+  }
+
+  function rowsNote(ep, rows) {
+    if (!ep.agent) return "a new row starts where the template rewrote earlier turns (chat.history=as_template)";
+    if (rows === 1) return "every call of the agent continued the same prompt";
+    return "a new row starts where the agent sent a prompt that did not continue the last row's " +
+      "(or the template rewrote earlier turns); each row is trained as its own sequence";
+  }
+
+  /** The line that opens row ``row`` (0-based) of the episode, in the turn list and among the tokens. */
+  function rowDivider(ep, row) {
+    const why = ep.agent ? "the agent's request did not continue the last row: a whole new prompt"
+      : "the template rewrote earlier turns: a whole new prompt (chat.history=as_template)";
+    return h("div", {class: "row-break", "data-row": row + 1, title: why}, "row " + (row + 1) + " (new prompt)");
+  }
+
+  /** A tool-call status as a badge: ok green, every other status (a malformed or refused call) red. */
+  function statusBadge(status, text) {
+    return h("span", {class: "badge " + (status === "ok" ? "good" : "bad"), "data-status": status}, text);
+  }
+
+  function componentBadges(components) {
+    return Object.entries(components).map(([k, v]) => h("span", {class: "badge", "data-component": k}, k + " " + fmt(v, 4)));
+  }
+
+  /** Each <tool_call> attempt of a reply: its status, the tool it named, and why it failed. */
+  function toolCallsView(calls) {
+    return [h("div", {class: "label"}, "tool calls"),
+      h("ul", {class: "tool-calls"}, calls.map((c) => h("li", {class: "tool-call" + (c.status === "ok" ? "" : " bad"), "data-status": c.status},
+        statusBadge(c.status, c.status), h("code", {}, known(c.name) ? c.name : "(no name)"),
+        known(c.error) ? h("span", {class: "error"}, " " + c.error) : null)))];
+  }
+
   function turnView(t, i) {
     const rewards = Object.entries(t.rewards || {});
-    return h("div", {class: "turn", "data-turn": i},
+    const calls = t.tool_calls || [];
+    const failed = calls.filter((c) => c.status !== "ok").length;
+    return h("div", {class: "turn" + (failed ? " failed-calls" : ""), "data-turn": i},
       h("div", {}, h("strong", {}, "Turn " + (i + 1)), " ",
         h("span", {class: "badge " + (t.format_ok ? "good" : "bad")}, t.format_ok ? "format ok" : "format error"),
         t.done ? h("span", {class: "badge"}, "done") : null,
         known(t.node) && t.node >= 0 ? h("span", {class: "badge"}, "node " + t.node + " ← " + t.parent) : null,
-        t.row && (i === 0 || t.row !== t.prevRow) ? h("span", {class: "badge row-start"}, "row " + (t.row + 1)) : null,
+        failed ? h("span", {class: "badge bad"}, failed + " of " + calls.length + " tool call(s) failed") : null,
         h("span", {class: "muted"}, " step reward " + fmt(t.reward, 4))),
       h("div", {class: "label"}, "observation"), h("pre", {class: "observation"}, t.observation),
       h("div", {class: "label"}, "response"), h("pre", {class: "response"}, t.response),
+      calls.length ? toolCallsView(calls) : null,
       h("div", {class: "label"}, "action"), h("pre", {class: "action"}, t.action === null ? "(none parsed)" : t.action),
       t.parse_error ? [h("div", {class: "label"}, "parse error"), h("pre", {class: "error"}, t.parse_error)] : null,
+      known(t.agent_result) ? [h("div", {class: "label"}, "agent returned"), h("pre", {class: "agent-result"}, t.agent_result)] : null,
+      t.agent_reward ? [h("div", {class: "label"}, "agent reward (the reward function's components)"),
+        h("div", {class: "agent-reward"}, componentBadges(t.agent_reward))] : null,
       rewards.length ? [h("div", {class: "label"}, "reward breakdown"),
         h("div", {}, rewards.map(([k, v]) => h("span", {class: "badge"}, k + " " + fmt(v, 4))))] : null,
       Object.keys(t.info || {}).length
@@ -429,14 +479,10 @@
     const perToken = Array.isArray(tk.advantage);
     const box = h("div", {class: "tokens mono" + (tk.text ? "" : " ids")});
     const frag = document.createDocumentFragment();
-    const rowStarts = new Set(ep.row_starts || []);
+    const rowAt = new Map((ep.row_starts || []).map((start, k) => [start, k + 1]));
     tk.ids.forEach((id, i) => {
-      if (rowStarts.has(i)) {  // the episode's next row: a whole new prompt, trained packed beside the others
-        const mark = document.createElement("div");
-        mark.className = "row-break muted";
-        mark.textContent = "— new row (the template rewrote earlier turns) —";
-        frag.appendChild(mark);
-      }
+      // the episode's next row: a whole new prompt, trained packed beside the others
+      if (rowAt.has(i)) frag.appendChild(rowDivider(ep, rowAt.get(i)));
       const span = document.createElement("span");
       span.className = "tok " + (tk.mask[i] ? "trained" : "context");
       span.dataset.i = i;
