@@ -349,7 +349,7 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
         "prompt_length": row.get("prompt_length") or 0,
         "demo_messages": row.get("demo_messages") or 0,
         "row_starts": row_starts,
-        "agent": agents.played_by_agent(infos),  # how the page words its rows
+        "played_by_agent": agents.played_by_agent(infos),  # how the page words its rows
         "tool_calls": agents.status_counts(turns),
         "tokens": cut_tokens(tokens),
     }

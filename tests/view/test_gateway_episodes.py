@@ -105,7 +105,7 @@ def agent_file(tmp_path):
 
 def test_the_episode_answer_carries_rows_attempts_and_the_agents_outcome(agent_file):
     detail = open_run(agent_file).episode(0)
-    assert detail["agent"] is True and len(detail["row_starts"]) == 2
+    assert detail["played_by_agent"] is True and len(detail["row_starts"]) == 2
     assert [t["row"] for t in detail["turns"]] == [0, 1, 1, 2]
     assert [c["status"] for c in detail["turns"][1]["tool_calls"]] == STATUSES
     assert detail["turns"][1]["tool_calls"][4] == {
@@ -121,7 +121,7 @@ def test_the_episode_answer_carries_rows_attempts_and_the_agents_outcome(agent_f
 
 def test_an_env_loop_episode_is_not_taken_for_an_agents(small_run):
     detail = open_run(small_run).episode(0)
-    assert detail["agent"] is False and detail["tool_calls"] == {}
+    assert detail["played_by_agent"] is False and detail["tool_calls"] == {}
     assert all(t["tool_calls"] == [] and t["agent_reward"] is None for t in detail["turns"])
 
 
@@ -220,7 +220,7 @@ def gateway_run(tmp_path_factory):
 @pytest.mark.slow
 def test_a_real_gateway_episode_on_the_page(gateway_run, chromium):
     detail = open_run(gateway_run).episode(0)
-    assert detail["agent"] is True and len(detail["row_starts"]) == 1  # the agent's second prompt: a new row
+    assert detail["played_by_agent"] is True and len(detail["row_starts"]) == 1  # the agent's second prompt: a new row
     with serving(gateway_run) as url, page_of(chromium) as page:
         page.goto(url + "#/episode/0")
         page.wait_for_selector(".tokens .tok")

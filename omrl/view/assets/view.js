@@ -378,7 +378,7 @@
         ["group / sample", e.group + " / " + e.sample], ["success", e.won ? "won" : "lost"],
         ["total reward", fmt(e.reward, 4)], ["advantage", fmt(e.advantage, 4)], ["score", fmt(e.score, 4)],
         ["end reason", e.end], ["turns", e.turns], ["tokens (trained)", e.tokens + " (" + e.generated + ")"],
-        ...agentFacts(ep)]
+        ...playFacts(ep)]
         .map(([k, v]) => h("tr", {"data-fact": k}, h("th", {}, k), h("td", {}, v)))));
     const body = [problemsBox(), links, h("h2", {}, "Episode " + id), facts];
     if (e.error) body.push(h("div", {class: "card problems"}, h("strong", {}, "error: "), e.error));
@@ -401,11 +401,11 @@
 
   /** The summary's rows about how the episode was played: its rows (whenever it has several, and for an
    * agent's episode always), its tool-call attempts by status, what the agent returned and how it scored. */
-  function agentFacts(ep) {
+  function playFacts(ep) {
     const rows = (ep.row_starts || []).length + 1;
     const last = ep.turns[ep.turns.length - 1] || {};
     const facts = [];
-    if (rows > 1 || ep.agent) facts.push(["rows", rows + " — " + rowsNote(ep, rows)]);
+    if (rows > 1 || ep.played_by_agent) facts.push(["rows", rows + " — " + rowsNote(ep, rows)]);
     const statuses = Object.entries(ep.tool_calls || {});
     if (statuses.length) facts.push(["tool calls", statuses.map(([status, n]) => statusBadge(status, status + " × " + n))]);
     if (known(last.agent_result)) facts.push(["agent returned", h("code", {class: "agent-result"}, last.agent_result)]);
@@ -414,7 +414,7 @@
   }
 
   function rowsNote(ep, rows) {
-    if (!ep.agent) return "a new row starts where the template rewrote earlier turns (chat.history=as_template)";
+    if (!ep.played_by_agent) return "a new row starts where the template rewrote earlier turns (chat.history=as_template)";
     if (rows === 1) return "every call of the agent continued the same prompt";
     return "a new row starts where the agent sent a prompt that did not continue the last row's " +
       "(or the template rewrote earlier turns); each row is trained as its own sequence";
@@ -422,7 +422,7 @@
 
   /** The line that opens row ``row`` (0-based) of the episode, in the turn list and among the tokens. */
   function rowDivider(ep, row) {
-    const why = ep.agent ? "the agent's request did not continue the last row: a whole new prompt"
+    const why = ep.played_by_agent ? "the agent's request did not continue the last row: a whole new prompt"
       : "the template rewrote earlier turns: a whole new prompt (chat.history=as_template)";
     return h("div", {class: "row-break", "data-row": row + 1, title: why}, "row " + (row + 1) + " (new prompt)");
   }
