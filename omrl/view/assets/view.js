@@ -439,9 +439,10 @@
   /** Each <tool_call> attempt of a reply: its status, the tool it named, and why it failed. */
   function toolCallsView(calls) {
     return [h("div", {class: "label"}, "tool calls"),
-      h("ul", {class: "tool-calls"}, calls.map((c) => h("li", {class: "tool-call" + (c.status === "ok" ? "" : " bad"), "data-status": c.status},
-        statusBadge(c.status, c.status), h("code", {}, known(c.name) ? c.name : "(no name)"),
-        known(c.error) ? h("span", {class: "error"}, " " + c.error) : null)))];
+      h("ul", {class: "tool-calls"}, calls.map((c) =>
+        h("li", {class: "tool-call" + (c.status === "ok" ? "" : " bad"), "data-status": c.status},
+          statusBadge(c.status, c.status), h("code", {}, known(c.name) ? c.name : "(no name)"),
+          known(c.error) ? h("span", {class: "error"}, " " + c.error) : null)))];
   }
 
   function turnView(t, i) {
@@ -460,7 +461,8 @@
       calls.length ? toolCallsView(calls) : null,
       h("div", {class: "label"}, "action"), h("pre", {class: "action"}, t.action === null ? "(none parsed)" : t.action),
       t.parse_error ? [h("div", {class: "label"}, "parse error"), h("pre", {class: "error"}, t.parse_error)] : null,
-      known(t.agent_result) ? [h("div", {class: "label"}, "agent returned"), h("pre", {class: "agent-result"}, t.agent_result)] : null,
+      known(t.agent_result)
+        ? [h("div", {class: "label"}, "agent returned"), h("pre", {class: "agent-result"}, t.agent_result)] : null,
       t.agent_reward ? [h("div", {class: "label"}, "agent reward (the reward function's components)"),
         h("div", {class: "agent-reward"}, componentBadges(t.agent_reward))] : null,
       rewards.length ? [h("div", {class: "label"}, "reward breakdown"),
