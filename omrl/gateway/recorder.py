@@ -56,7 +56,6 @@ class EpisodeRecorder:
         self.lock = threading.Lock()
         self.said: list[dict[str, Any]] = []  # the chat the current row stands for, as the template was given it
         self.seen: list[dict[str, Any]] = []  # the last request's messages (normalized) and the reply given
-        self.transcript: list[dict[str, Any]] = []  # the longest chat seen, for people and SFT
         self.names: dict[str, str] = {}  # tool-call id -> tool name
         self.kwargs: dict[str, Any] = {}
         self.answering = ""  # the text of the messages the next reply answers
@@ -97,8 +96,6 @@ class EpisodeRecorder:
             ep.instruction = next((m["content"] for m in messages if m["role"] == "user"), "")
         self.said, self.seen, self.kwargs = said, list(messages), kwargs
         self.answering = "\n".join(m["content"] for m in fresh)
-        if len(messages) >= len(self.transcript):
-            self.transcript = list(messages)
         return ep.current_row()
 
     def room(self) -> int:
@@ -162,7 +159,6 @@ class EpisodeRecorder:
             self.said.append({"role": "assistant", "content": self._decoded(generation.token_ids)})
         self.names.update({c["id"]: c["name"] for c in reply.tool_calls})
         self.seen.append(reply.message())
-        self.transcript = list(self.seen)
         self.calls += 1
         return reply
 
@@ -183,19 +179,10 @@ class EpisodeRecorder:
         return self.tokenizer.decode(list(body), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def chat(self) -> list[dict[str, Any]]:
-        """The episode's longest chat in the shape an Episode keeps (structured tool calls, named tool messages)."""
-        out = []
-        for message in self.transcript:
-            item: dict[str, Any] = {"role": message["role"], "content": message["content"]}
-            if message.get("tool_calls"):
-                item["tool_calls"] = [
-                    {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                    for c in message["tool_calls"]
-                ]
-            if message["role"] == "tool":
-                item["name"] = self.names.get(message.get("tool_call_id", ""), "")
-            out.append(item)
-        return out
+        """The chat of the episode's last row as the chat template was given it (an Episode's ``messages``):
+        where the template has no tool role, calls are the text the model wrote and tool results are user
+        messages, so SFT on the episode renders the very prompts the model played in."""
+        return [{key: value for key, value in message.items()} for message in self.said]
 
 
 def cut_at_stop(tokenizer: Any, generation: Generation, stops: Sequence[str]) -> tuple[Generation, int | None]:

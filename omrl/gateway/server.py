@@ -232,6 +232,10 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            # one connection a call: a client that pools connections (langchain-openai keeps one per base URL
+            # for the whole process) must never reuse one to a gateway that closed, whose port a later one took
+            self.send_header("Connection", "close")
+            self.close_connection = True
             self.end_headers()
             self.wfile.write(data)
 
