@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 
@@ -58,8 +59,10 @@ def client_for(gateway, ep):
     return openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0), key, recorder
 
 
-def test_a_tool_using_chat_is_one_token_exact_row(scripted):
+@pytest.mark.parametrize("history", ["keep", "as_template"])
+def test_a_tool_using_chat_is_one_token_exact_row(scripted, history):
     gateway, backend = scripted
+    gateway.limits = dataclasses.replace(gateway.limits, history=history)
     ep = episode()
     client, _, _ = client_for(gateway, ep)
     messages = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "What is 6 times 7?"}]
@@ -72,12 +75,14 @@ def test_a_tool_using_chat_is_one_token_exact_row(scripted):
     messages += [{"role": "tool", "tool_call_id": call.id, "content": "42"}]
     second = client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
     assert second.choices[0].message.content == "The answer is 42." and second.choices[0].finish_reason == "stop"
-    assert ep.row_starts == [] and len(ep.turns) == 2  # the second call continued the row
+    # keep: the second call continued the row; as_template: where the template's render of the reply is not
+    # the sampled ids (here the reply's text encodes otherwise after the prompt), a new row starts
+    assert len(ep.turns) == 2 and len(ep.row_starts) == (0 if history == "keep" else 1)
     assert_token_exact(ep, backend)
     assert ep.turns[0].info["tool_calls"] == [{"status": "ok", "name": "multiply"}]
     assert ep.turns[0].info["tool"] == "multiply" and "tool_error" not in ep.turns[0].info
-    between = gateway.tokenizer.decode(ep.token_ids[ep.turns[0].span[1] : ep.turns[1].span[0]])
-    assert "<tool_response>\n42\n</tool_response>" in between  # the tiny template has no tool role: as text
+    second_prompt = gateway.tokenizer.decode(ep.token_ids[ep.rows()[-1][0] : ep.turns[1].span[0]])
+    assert "<tool_response>\n42\n</tool_response>" in second_prompt  # the tiny template has no tool role: as text
 
 
 def test_an_echo_in_another_shape_still_continues_the_row(scripted):
