@@ -71,8 +71,7 @@ class Gateway:
         self._episodes: dict[str, EpisodeRecorder] = {}
         self._lock = threading.Lock()
         self.batcher = Batcher(backend, window_s, seed, waiting_for=lambda: len(self._episodes))
-        self._server = ThreadingHTTPServer((host, port), _handler(self))
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name="omrl-gateway", daemon=True)
         self._thread.start()
 
@@ -137,6 +136,11 @@ class Gateway:
         self._server.shutdown()
         self._server.server_close()
         self.batcher.close()
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 4096  # every episode's agent may connect at once (the default backlog is 5)
+    daemon_threads = True
 
 
 def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:

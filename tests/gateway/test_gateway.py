@@ -272,3 +272,26 @@ def test_the_real_model_reuses_its_kv_cache_across_calls(tiny_tokenizer, tiny_hf
         assert all(t.info["rollout"]["prefill_reused"] > 0 for t in ep.turns[1:])
     finally:
         gateway.close()
+
+
+def test_hundreds_of_agents_connect_at_once(tiny_tokenizer):
+    """A training step starts every episode's agent together: none may be refused a connection."""
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "ok"))
+    errors = []
+
+    def call():
+        client, _, _ = client_for(gateway, episode())
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        except openai.APIError as exc:
+            errors.append(repr(exc))
+
+    try:
+        threads = [threading.Thread(target=call) for _ in range(300)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+    finally:
+        gateway.close()
