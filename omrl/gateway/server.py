@@ -1,7 +1,7 @@
 """The policy behind an OpenAI-compatible endpoint: every call recorded into its episode token-exactly.
 
-``Gateway`` serves ``GET /v1/models`` and ``POST /v1/chat/completions`` (whole or streamed:
-:mod:`omrl.gateway.protocol`) on loopback unless told otherwise. Each episode gets its own API key
+``Gateway`` serves ``GET /v1/models``, ``POST /v1/chat/completions`` (whole or streamed:
+:mod:`omrl.gateway.protocol`) and ``POST /v1/responses`` (:mod:`omrl.gateway.responses`) on loopback unless told otherwise. Each episode gets its own API key
 (:meth:`Gateway.open`); a call's key says which episode it belongs to, and an unknown or ended key
 is refused (401), so an agent that outlives its episode cannot write into another. A call lays out
 its row (:mod:`omrl.gateway.recorder`), waits for its generate call (:mod:`omrl.gateway.batcher`)
@@ -10,6 +10,7 @@ and is answered with the reply parsed into ``tool_calls`` where tools were offer
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 import threading
@@ -21,6 +22,7 @@ from omrl.backends.base import Backend
 from omrl.chat.history import native_tool_calls
 from omrl.chat.render import render
 from omrl.data.trajectory import Episode
+from omrl.gateway import responses
 from omrl.gateway.batcher import Batcher
 from omrl.gateway.messages import RequestError, ToolLayout
 from omrl.gateway.protocol import ChatRequest, chunks, completion, error_body
@@ -166,16 +168,17 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
             return self._send(200, {"object": "list", "data": [model]})
 
         def do_POST(self) -> None:  # noqa: N802
-            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            route = self.path.rstrip("/").removeprefix("/v1")
+            if route not in ("/chat/completions", "/responses"):
                 self._drain()
-                return self._send(
-                    404, error_body(f"no route POST {self.path}; served: POST /v1/chat/completions", "not_found_error")
-                )
+                served = "POST /v1/chat/completions, POST /v1/responses"
+                return self._send(404, error_body(f"no route POST {self.path}; served: {served}", "not_found_error"))
             recorder = self._episode()
             if recorder is None:
                 return self._drain()
             try:
-                request = ChatRequest.from_json(self._body())
+                body = self._body()
+                request = ChatRequest.from_json(body) if route == "/chat/completions" else responses.chat_request(body)
             except RequestError as exc:
                 return self._send(400, error_body(str(exc)))
             try:
@@ -185,19 +188,33 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
             except Exception as exc:  # noqa: BLE001 - the agent gets a server error with the reason
                 return self._send(500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
             model = request.model or gateway.model_name
+            if route == "/responses":
+                whole = responses.response(request, replies[0], prompt_tokens, model)
+                if not request.stream:
+                    return self._send(200, whole)
+                return self._stream(
+                    f"event: {kind}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+                    for kind, event in responses.events(whole)
+                )
             if not request.stream:
                 return self._send(200, completion(request, replies, prompt_tokens, model, gateway.tokenizer))
+            lines = (
+                f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+                for chunk in chunks(request, replies, prompt_tokens, model, gateway.tokenizer)
+            )
+            return self._stream(itertools.chain(lines, ["data: [DONE]\n\n"]))
+
+        def _stream(self, events: Any) -> None:
+            """Server-sent events, then the connection closes."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Connection", "close")
             self.end_headers()
-            for chunk in chunks(request, replies, prompt_tokens, model, gateway.tokenizer):
-                self.wfile.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())
-            self.wfile.write(b"data: [DONE]\n\n")
+            for event in events:
+                self.wfile.write(event.encode())
             self.wfile.flush()
             self.close_connection = True
-            return None
 
         def _episode(self) -> EpisodeRecorder | None:
             auth = self.headers.get("Authorization", "")

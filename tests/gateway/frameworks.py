@@ -74,3 +74,38 @@ def smolagents(task, base_url, api_key):
     model = OpenAIServerModel(model_id="policy", api_base=base_url, api_key=api_key, client_kwargs={"max_retries": 0})
     agent = ToolCallingAgent(tools=[tool(multiply)], model=model, max_steps=4, verbosity_level=0)
     return agent.run(task[QUESTION_KEY])
+
+
+def openai_agents_default(task, base_url, api_key):
+    """The Agents SDK on its default model, which speaks the Responses API."""
+    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    set_default_openai_client(AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0), use_for_tracing=False)
+    agent = Agent(
+        name="calc", instructions="You are a calculator. Use tools.", tools=[function_tool(multiply)], model="policy"
+    )
+    return Runner.run_sync(agent, task[QUESTION_KEY]).final_output
+
+
+def openai_agents_streamed(task, base_url, api_key):
+    """The same, streamed (``Runner.run_streamed``: Responses events)."""
+    import asyncio
+
+    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    set_default_openai_client(AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0), use_for_tracing=False)
+    agent = Agent(
+        name="calc", instructions="You are a calculator. Use tools.", tools=[function_tool(multiply)], model="policy"
+    )
+
+    async def main():
+        run = Runner.run_streamed(agent, task[QUESTION_KEY])
+        async for _ in run.stream_events():
+            pass
+        return run.final_output
+
+    return asyncio.run(main())

@@ -43,6 +43,8 @@ def gateway(tiny_tokenizer):
     "agent, rows",
     [
         (frameworks.openai_agents, "one"),
+        (frameworks.openai_agents_default, "one"),  # the Responses API
+        (frameworks.openai_agents_streamed, "one"),
         (frameworks.langgraph, "one"),
         (frameworks.langgraph_streaming, "one"),
         (frameworks.pydantic_ai, "one"),

@@ -295,3 +295,28 @@ def test_hundreds_of_agents_connect_at_once(tiny_tokenizer):
         assert errors == []
     finally:
         gateway.close()
+
+
+def test_the_responses_api_is_served_statelessly(scripted):
+    gateway, backend = scripted
+    ep = episode()
+    client, _, _ = client_for(gateway, ep)
+    tool = {"type": "function", "name": "multiply", "parameters": TOOLS[0]["function"]["parameters"]}
+    first = client.responses.create(model="m", instructions="Use tools.", input="What is 6 times 7?", tools=[tool])
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    assert (call.name, json.loads(call.arguments)) == ("multiply", {"a": 6, "b": 7})
+    items = [
+        {"role": "user", "content": "What is 6 times 7?"},
+        *[item.model_dump(exclude_none=True) for item in first.output],
+        {"type": "function_call_output", "call_id": call.call_id, "output": "42"},
+    ]
+    second = client.responses.create(model="m", instructions="Use tools.", input=items, tools=[tool])
+    assert second.output_text == "The answer is 42." and second.status == "completed"
+    assert ep.row_starts == [] and len(ep.turns) == 2
+    assert_token_exact(ep, backend)
+    for bad, named in [
+        ({"previous_response_id": "resp_1"}, "previous_response_id is not served"),
+        ({"tools": [{"type": "web_search"}]}, "function tools only"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=named):
+            client.responses.create(model="m", input="hi", **bad)
