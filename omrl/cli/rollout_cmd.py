@@ -111,7 +111,8 @@ def check_before_loading(cfg) -> None:
 
 def check_agent(cfg) -> None:
     """An agent program (``agent.*``) is refused where it cannot play: beside the scripted expert, in a
-    mixture, under a search strategy or async generation; and its callable and reward must import."""
+    mixture, under a search strategy or async generation; and its callable and reward must import.
+    Any backend serves it (the gateway gives each backend token ids and records the ids it returns)."""
     from omrl.config.options import AGENT_SAMPLING
     from omrl.errors import ConfigError
     from omrl.rollout.session import agent_of
@@ -136,11 +137,6 @@ def check_agent(cfg) -> None:
         )
     if getattr(getattr(cfg, "rollout", None), "async_generation", False):
         raise ConfigError("rollout.async_generation is not supported with an agent program yet; set it to false")
-    if cfg.generation.backend != "hf":
-        raise ConfigError(
-            f"an agent program plays through the gateway on the hf backend; generation.backend is "
-            f"{cfg.generation.backend!r}, valid with agent.*: hf"
-        )
 
 
 def check_rollout_outputs(cfg) -> None:

@@ -202,3 +202,33 @@ def test_eval_and_train_through_the_gateway(questions, tmp_path):
     assert evaluated.exit_code == 0, evaluated.output
     metrics = json.loads(report.read_text())["metrics"]
     assert metrics["episodes"] == 2 and metrics["env_errors"] == 0
+
+
+def test_a_generation_server_serves_the_gateway_with_token_ids(questions, tiny_hf):
+    """With the openai backend the calls pass through to a vLLM-like server as token ids; the ids it
+    returns are the ids recorded."""
+    from omrl.backends.hf import HFBackend
+    from tests.backends.fake_openai import FakeOpenAIServer
+
+    model, tokenizer = tiny_hf
+    server = FakeOpenAIServer(HFBackend(model, tokenizer), tokenizer).start()
+    try:
+        overrides = [
+            "agent.callable=tests.gateway.agents:tool_loop",
+            "generation.backend=openai",
+            f"generation.base_url={server.base_url}",
+        ]
+        with session_for(questions, *overrides) as session:
+            episodes = session.play([0, 1], split="train")
+    finally:
+        server.stop()
+    turns = [turn for ep in episodes for turn in ep.turns]
+    assert turns and all(turn.info["rollout"]["token_exact"] for turn in turns)
+    prompts = [body["prompt"] for path, body in server.requests if path.endswith("/completions") and "chat" not in path]
+    assert len(prompts) == len(turns) and all(
+        isinstance(p, list) and all(isinstance(i, int) for i in p) for p in prompts
+    )
+    for ep in episodes:  # each turn's prompt is the row's ids up to it, as sent
+        for turn in ep.turns:
+            row = max(s for s in [0, *ep.row_starts] if s <= turn.span[0])
+            assert ep.token_ids[row : turn.span[0]] in prompts
