@@ -91,7 +91,13 @@ class Batcher:
                         break
                     self._ready.wait(left)
                 jobs, self._jobs = self._jobs, []
-            self._serve(jobs)
+            try:
+                self._serve(jobs)
+            except BaseException as exc:  # noqa: BLE001 - the thread must outlive a failed release, and say why
+                self.failure = self.failure or exc
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
 
     def _pending(self) -> int:
         return sum(job.prompt is not None for job in self._jobs)

@@ -25,7 +25,7 @@ def tool_loop(task, base_url, api_key, max_calls=3):
     client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     messages = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": task["prompt"]}]
     for _ in range(max_calls):
-        reply = client.chat.completions.create(model="policy", messages=messages, tools=[MULTIPLY], max_tokens=24)
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=[MULTIPLY], max_tokens=48)
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:
