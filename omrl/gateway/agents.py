@@ -169,8 +169,10 @@ def _kill_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if process.poll() is None:
+    try:
         process.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # unkillable (stuck in the kernel): nothing more to do from here
+        pass
 
 
 def score(

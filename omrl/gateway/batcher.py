@@ -24,7 +24,7 @@ from omrl.backends.base import Backend, Generation, SamplingParams
 class _Job:
     prompt: list[int] | None  # None: a release job
     cap: int = 0
-    sampling: tuple[float, float] = (1.0, 1.0)  # temperature, top_p
+    sampling: tuple[float, float, int | None] = (1.0, 1.0, None)  # temperature, top_p, a request's own seed
     releases: list[list[int]] = field(default_factory=list)
     future: Future = field(default_factory=Future)
 
@@ -53,9 +53,12 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="omrl-gateway-batcher", daemon=True)
         self._thread.start()
 
-    def generate(self, prompt: list[int], cap: int, temperature: float, top_p: float) -> Future:
-        """A future of the :class:`Generation` for ``prompt`` (at most ``cap`` new tokens)."""
-        return self._put(_Job(list(prompt), cap, (temperature, top_p)))
+    def generate(
+        self, prompt: list[int], cap: int, temperature: float, top_p: float, seed: int | None = None
+    ) -> Future:
+        """A future of the :class:`Generation` for ``prompt`` (at most ``cap`` new tokens). A request with its
+        own ``seed`` is generated in a call of its own settings (the same seed and prompts: the same samples)."""
+        return self._put(_Job(list(prompt), cap, (temperature, top_p, seed)))
 
     def release(self, rows: list[list[int]]) -> None:
         """Forget the backend's cached states of these rows (an ended episode's), in turn with the calls."""
@@ -111,16 +114,16 @@ class Batcher:
                 for job in jobs:
                     if job.prompt is None:
                         job.future.set_result(None)
-        by_sampling: dict[tuple[float, float], list[_Job]] = {}
+        by_sampling: dict[tuple[float, float, int | None], list[_Job]] = {}
         for job in jobs:
             if job.prompt is not None:
                 by_sampling.setdefault(job.sampling, []).append(job)
-        for (temperature, top_p), batch in by_sampling.items():
+        for (temperature, top_p, seed), batch in by_sampling.items():
             params = SamplingParams(
                 max_new_tokens=[job.cap for job in batch],
                 temperature=temperature,
                 top_p=top_p,
-                seed=self.seed * 1_000_003 + self.calls * 10_007,
+                seed=self.seed * 1_000_003 + self.calls * 10_007 if seed is None else seed,
             )
             self.calls += 1
             self.batch_sizes.append(len(batch))
@@ -131,8 +134,15 @@ class Batcher:
                 for job in batch:
                     job.future.set_exception(exc)
                 continue
+            if len(replies) != len(batch) or not all(isinstance(reply, Generation) for reply in replies):
+                wrong = next((r for r in replies if not isinstance(r, Generation)), None)
+                broken = RuntimeError(
+                    f"the {type(self.backend).__name__} backend answered {len(batch)} prompts with {len(replies)} "
+                    f"replies{'' if wrong is None else f', one of them {type(wrong).__name__}: {wrong}'}"
+                )
+                self.failure = self.failure or broken
+                for job in batch:
+                    job.future.set_exception(broken)
+                continue
             for job, reply in zip(batch, replies):
-                if isinstance(reply, Generation):
-                    job.future.set_result(reply)
-                else:
-                    job.future.set_exception(reply if isinstance(reply, BaseException) else RuntimeError(repr(reply)))
+                job.future.set_result(reply)

@@ -121,17 +121,19 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
     task = {"id": ep.task_id, "split": ep.split, "env": ep.env, "prompt": first.text, "instruction": first.instruction}
     key, recorder = gateway.open(ep)
     try:
-        if spec.run is not None:
-            result = call_agent(spec.run, dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s)
-        else:
-            result = run_command(
-                spec.command or [], dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s
-            )
+        result = _run_agent(spec, task, gateway, key)
     except AgentFailure as exc:
-        gateway.end(key)
-        _failed(ep, str(exc))
+        gateway.end(key)  # first: an agent thread left running past its limit can write no more
+        ep.messages = recorder.chat()
+        if _rejected_a_tool_call(ep):  # the framework refused the model's malformed call: the model's failure
+            ep.end_reason, ep.won, ep.score = "done", False, 0.0
+            ep.turns[-1].done = True
+            ep.turns[-1].info["agent_error"] = str(exc)
+        else:
+            _failed(ep, str(exc))
         return False
-    gateway.end(key)
+    finally:
+        gateway.end(key)  # whatever happened, the key is refused from now on
     ep.messages = recorder.chat()
     if not ep.turns:
         _failed(ep, "the agent finished without calling the model")
@@ -139,35 +141,55 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
     ep.end_reason = "max_context" if recorder.over_budget else "done"
     ep.turns[-1].done = True
     ep.turns[-1].info["agent_result"] = _short(result)
-    answer = _answer(result, ep)
+    return _score(spec, env, ep, task, result)
+
+
+def _run_agent(spec: AgentSpec, task: dict[str, Any], gateway: Gateway, key: str) -> Any:
+    if spec.run is not None:
+        return call_agent(spec.run, dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s)
+    return run_command(spec.command or [], dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s)
+
+
+def _rejected_a_tool_call(ep: Episode) -> bool:
+    """Whether the agent failed right after a reply whose tool calls did not all parse cleanly: frameworks
+    raise on an unknown tool or arguments that are not JSON (the OpenAI Agents SDK's ModelBehaviorError,
+    pydantic-ai's UnexpectedModelBehavior), which is the model's mistake, not the world's."""
+    return bool(ep.turns) and any(a["status"] != "ok" for a in ep.turns[-1].info.get("tool_calls", []))
+
+
+def _score(spec: AgentSpec, env: Any, ep: Episode, task: dict[str, Any], result: Any) -> bool:
+    """Score the finished episode (the env steps on the answer, then the reward function where there is
+    one); whether the env instance broke."""
     stepped: StepResult | None = None
+    broken = False
     try:
-        stepped = env.step(answer)
+        stepped = env.step(_answer(result, ep))
         problem = step_problem(stepped)
         if problem:
             raise AgentFailure(f"the env {ep.env!r} {problem}")
     except Exception as exc:  # noqa: BLE001 - the env could not score the answer
+        broken = not isinstance(exc, AgentFailure)
         if spec.reward is None:
             _failed(ep, f"the env could not score the agent's answer: {type(exc).__name__}: {exc}")
-            return not isinstance(exc, AgentFailure)
-        stepped = None
+            return broken
+        stepped = None  # the reward function scores without the env's ground truth
     last = ep.turns[-1]
     if spec.reward is None and stepped is not None:
         last.reward = float(stepped.reward)
         last.info.update({k: v for k, v in stepped.info.items() if k not in last.info})
         ep.won, ep.score = stepped.won, stepped.score
-        return False
+        return broken
     truth = stepped.info.get("ground_truth") if stepped is not None else None
     try:
         components = score(spec.reward, {**task, "ground_truth": truth}, result, ep.messages, spec.reward_timeout_s)  # type: ignore[arg-type]
     except AgentFailure as exc:
         _failed(ep, str(exc))
-        return False
+        return broken
     total = sum(components.values())
     last.reward = total
     last.info[SCORED] = components
     ep.won, ep.score = total >= 1.0, min(1.0, max(0.0, total))
-    return False
+    return broken
 
 
 def _answer(result: Any, ep: Episode) -> str:

@@ -60,8 +60,33 @@ class EpisodeRecorder:
         self.kwargs: dict[str, Any] = {}
         self.answering = ""  # the text of the messages the next reply answers
         self.eos_generated = False
-        self.over_budget = False  # a call found no room left in the episode's context: it is truncated
+        self.over_budget = False  # a call found no room left (context or calls): the episode is truncated
         self.calls = 0
+        self.ended = False  # set by the gateway when the episode ends: a later call is refused
+        self.tools_key = ""  # the tools the current row was laid out with
+
+    def state(self) -> tuple:
+        """What a call may change, so a call that fails can leave the episode as it found it."""
+        ep = self.episode
+        lengths = (len(ep.token_ids), len(ep.loss_mask), len(ep.logprobs), len(ep.row_starts), len(ep.turns))
+        return (
+            lengths,
+            ep.prompt_length,
+            ep.instruction,
+            list(self.said),
+            list(self.seen),
+            self.kwargs,
+            self.tools_key,
+            self.answering,
+            self.eos_generated,
+            dict(self.names),
+        )
+
+    def restore(self, state: tuple) -> None:
+        ep = self.episode
+        (tokens, mask, logprobs, rows, turns), ep.prompt_length, ep.instruction, *rest = state
+        del ep.token_ids[tokens:], ep.loss_mask[mask:], ep.logprobs[logprobs:], ep.row_starts[rows:], ep.turns[turns:]
+        self.said, self.seen, self.kwargs, self.tools_key, self.answering, self.eos_generated, self.names = rest
 
     # -- before a call -------------------------------------------------------------------------------
     def prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[int] | None:
@@ -69,10 +94,8 @@ class EpisodeRecorder:
         fits in ``max_context`` (the episode is then marked over budget and nothing is appended)."""
         ep, tokenizer = self.episode, self.tokenizer
         kwargs = {"tools": mark_value(tokenizer, list(tools))} if tools and self.layout.renders_tools else {}
-        same_tools = json.dumps(kwargs, sort_keys=True, default=repr) == json.dumps(
-            self.kwargs, sort_keys=True, default=repr
-        )
-        if ep.token_ids and same_tools and continues(messages, self.seen):
+        tools_key = json.dumps(list(tools), sort_keys=True, default=repr)  # other tools: another opening
+        if ep.token_ids and tools_key == self.tools_key and continues(messages, self.seen):
             new = for_template(messages[len(self.seen) :], self.layout, self.names)
             ids, starts_row = next_prompt(
                 tokenizer, self.history, ep.current_row(), self.said, new, self.eos_generated, **kwargs
@@ -94,7 +117,7 @@ class EpisodeRecorder:
         if not ep.prompt_length:
             ep.prompt_length = len(ids)
             ep.instruction = next((m["content"] for m in messages if m["role"] == "user"), "")
-        self.said, self.seen, self.kwargs = said, list(messages), kwargs
+        self.said, self.seen, self.kwargs, self.tools_key = said, list(messages), kwargs, tools_key
         self.answering = "\n".join(m["content"] for m in fresh)
         return ep.current_row()
 

@@ -44,6 +44,9 @@ def chat_request(body: Any) -> ChatRequest:
             raise RequestError(f"tools[{index}] is a {kind!r} tool; the gateway serves function tools only")
         spec = {key: tool[key] for key in ("name", "description", "parameters") if key in tool}
         tools.append({"type": "function", "function": spec})
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":
+        raise RequestError(f"text.format {fmt.get('type')!r} is not served (nothing constrains decoding); valid: text")
     chat = {
         "model": body.get("model"),
         "messages": messages,
@@ -54,7 +57,14 @@ def chat_request(body: Any) -> ChatRequest:
         "top_p": body.get("top_p"),
         "stream": body.get("stream"),
     }
-    return ChatRequest.from_json({key: value for key, value in chat.items() if value is not None})
+    try:
+        return ChatRequest.from_json({key: value for key, value in chat.items() if value is not None})
+    except RequestError as exc:  # it names the translated chat's fields: say how they map back
+        offset = 1 if body.get("instructions") else 0
+        raise RequestError(
+            f"{exc} (in the chat the Responses request translates to: messages[{offset}:] are input's items, "
+            f"{'messages[0] is instructions, ' if offset else ''}max_tokens is max_output_tokens)"
+        ) from exc
 
 
 def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:

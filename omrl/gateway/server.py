@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import secrets
+import sys
 import threading
 from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +30,13 @@ from omrl.gateway.protocol import ChatRequest, chunks, completion, error_body
 from omrl.gateway.recorder import EpisodeRecorder, Reply, cut_at_stop
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
+READ_TIMEOUT_S = 60  # a client that stalls mid-request gives its thread back
+
+
+class EpisodeEnded(Exception):
+    """A call for an episode that ended while the call waited (HTTP 401, as an unknown key)."""
+
+
 PROBE_TOOL = {"type": "function", "function": {"name": "omrl_probe_tool", "description": "", "parameters": {}}}
 
 
@@ -47,7 +55,9 @@ class Gateway:
 
     ``limits``: the run's :class:`~omrl.rollout.loop.RolloutLimits` (a call's cap is the agent's
     ``max_tokens`` or ``max_new_tokens``, never past ``max_context``); with ``honor_sampling`` a
-    request's ``temperature`` and ``top_p`` apply, else the run's (training needs its own).
+    request's ``temperature``, ``top_p`` and ``seed`` apply, else the run's (training needs its own).
+    ``max_calls`` bounds an episode's calls, as ``max_context`` bounds each row: past either, a call is
+    answered ``finish_reason: "length"`` and the episode is marked over budget (truncated).
     """
 
     def __init__(
@@ -62,13 +72,15 @@ class Gateway:
         window_s: float = 0.02,
         seed: int = 0,
         honor_sampling: bool = False,
-        call_timeout_s: float = 600.0,
+        call_timeout_s: float = 300.0,
+        max_calls: int = 64,
     ):
         self.tokenizer = tokenizer
         self.limits = limits
         self.model_name = model_name
         self.honor_sampling = honor_sampling
-        self.call_timeout_s = call_timeout_s
+        self.call_timeout_s = call_timeout_s  # longer than this, generate is stuck: the engine's failure
+        self.max_calls = max_calls  # an episode's calls; past them each is answered "length"
         self.layout = tool_layout(tokenizer)
         self._episodes: dict[str, EpisodeRecorder] = {}
         self._lock = threading.Lock()
@@ -97,7 +109,8 @@ class Gateway:
         with self._lock:
             recorder = self._episodes.pop(key, None)
         if recorder is not None:
-            with recorder.lock:
+            with recorder.lock:  # a call in progress finishes first; one that comes later finds it ended
+                recorder.ended = True
                 ep = recorder.episode
                 self.batcher.release([ep.token_ids[start:end] for start, end in ep.rows()])
 
@@ -107,32 +120,48 @@ class Gateway:
 
     # -- one call ------------------------------------------------------------------------------------
     def complete(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int]:
-        """Generate ``request``'s choices in its episode; the replies and the prompt's length in tokens."""
-        limits = self.limits
+        """Generate ``request``'s choices in its episode; the replies and the prompt's length in tokens.
+        A call that fails leaves the episode as it was before it."""
         with recorder.lock:
-            row = recorder.prompt(request.messages, request.tools)
-            if row is None:  # not one token fits: the episode is over its budget
-                empty = Reply("", [], "length", [], [])
-                return [empty] * request.n, 0
-            asked = request.max_tokens or limits.max_new_tokens
-            cap = min(asked, recorder.room())
-            temperature, top_p = limits.temperature, limits.top_p
-            if self.honor_sampling:
-                temperature = limits.temperature if request.temperature is None else request.temperature
-                top_p = limits.top_p if request.top_p is None else request.top_p
-            futures = [self.batcher.generate(row, cap, temperature, top_p) for _ in range(request.n)]
+            if recorder.ended:
+                raise EpisodeEnded("this episode has ended; its key is no longer valid")
+            if recorder.calls >= self.max_calls:
+                recorder.over_budget = True
+                return [Reply("", [], "length", [], [])] * request.n, 0
+            before = recorder.state()
             try:
-                generations = [future.result(timeout=self.call_timeout_s) for future in futures]
-            except FutureTimeout as exc:
-                raise TimeoutError(f"generation took longer than {self.call_timeout_s:g} s") from exc
-            replies = []
-            for index, generation in enumerate(generations):
-                generation, stop_at = cut_at_stop(self.tokenizer, generation, request.stop)
-                if index == 0:  # the episode continues with the first choice
-                    replies.append(recorder.record(generation, request.tools, cap < asked, stop_at))
-                else:
-                    replies.append(recorder.reply(generation, request.tools, stop_at)[0])
-            return replies, len(row)
+                return self._generate(recorder, request)
+            except BaseException:
+                recorder.restore(before)
+                raise
+
+    def _generate(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int]:
+        limits = self.limits
+        row = recorder.prompt(request.messages, request.tools)
+        if row is None:  # not one token fits: the episode is over its budget
+            return [Reply("", [], "length", [], [])] * request.n, 0
+        asked = request.max_tokens or limits.max_new_tokens
+        cap = min(asked, recorder.room())
+        temperature, top_p, seed = limits.temperature, limits.top_p, None
+        if self.honor_sampling:
+            temperature = limits.temperature if request.temperature is None else request.temperature
+            top_p = limits.top_p if request.top_p is None else request.top_p
+            seed = request.seed
+        futures = [self.batcher.generate(row, cap, temperature, top_p, seed) for _ in range(request.n)]
+        try:
+            generations = [future.result(timeout=self.call_timeout_s) for future in futures]
+        except FutureTimeout as exc:  # the engine is stuck: the run's failure, not the agent's
+            stuck = TimeoutError(f"a generate call took longer than {self.call_timeout_s:g} s")
+            self.batcher.failure = self.batcher.failure or stuck
+            raise stuck from exc
+        replies = []
+        for index, generation in enumerate(generations):
+            generation, stop_at = cut_at_stop(self.tokenizer, generation, request.stop)
+            if index == 0:  # the episode continues with the first choice
+                replies.append(recorder.record(generation, request.tools, cap < asked, stop_at))
+            else:
+                replies.append(recorder.reply(generation, request.tools, stop_at)[0])
+        return replies, len(row)
 
     def close(self) -> None:
         self._server.shutdown()
@@ -144,10 +173,16 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 4096  # every episode's agent may connect at once (the default backlog is 5)
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up or stalled is its own business: no traceback on the run's output."""
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, OSError)):
+            super().handle_error(request, client_address)
+
 
 def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = READ_TIMEOUT_S
         disable_nagle_algorithm = True  # a reply is two writes (headers, body): no 40 ms wait for an ACK between them
 
         def log_message(self, *args: Any) -> None:  # the run's own output says what happened
@@ -183,8 +218,12 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
                 return self._send(400, error_body(str(exc)))
             try:
                 replies, prompt_tokens = gateway.complete(recorder, request)
+            except EpisodeEnded as exc:
+                return self._send(401, error_body(str(exc), "authentication_error", "invalid_api_key"))
             except RequestError as exc:
                 return self._send(400, error_body(str(exc)))
+            except RecursionError:
+                return self._send(400, error_body("the request nests too deeply to lay out (a tool schema, arguments)"))
             except Exception as exc:  # noqa: BLE001 - the agent gets a server error with the reason
                 return self._send(500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
             model = request.model or gateway.model_name
@@ -231,9 +270,17 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
                 )
             return recorder
 
+        def _length(self) -> int:
+            text = self.headers.get("Content-Length") or "0"
+            if not text.isdigit():
+                self.close_connection = True
+                raise RequestError(f"Content-Length is {text!r}; it must be the body's size in bytes")
+            return int(text)
+
         def _body(self) -> Any:
-            length = int(self.headers.get("Content-Length") or 0)
+            length = self._length()
             if length > MAX_BODY_BYTES:
+                self.close_connection = True
                 raise RequestError(f"the body is {length} bytes; at most {MAX_BODY_BYTES} are read")
             raw = self.rfile.read(length)
             try:
@@ -242,7 +289,8 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
                 raise RequestError(f"the body is not JSON ({str(exc)[:80]})") from exc
 
         def _drain(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
+            text = self.headers.get("Content-Length") or "0"
+            length = int(text) if text.isdigit() else -1
             if 0 < length <= MAX_BODY_BYTES:
                 self.rfile.read(length)
             else:

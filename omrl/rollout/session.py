@@ -34,6 +34,7 @@ class RolloutSession:
         demonstration: bool = True,
         agent: Any = None,
         agent_options: Any = None,
+        model_label: str = "omrl-policy",
     ):
         self.pool = pool
         self.template = template
@@ -48,6 +49,7 @@ class RolloutSession:
         # built at its first play from the run's agent section (host, port, sampling, batch window)
         self.agent = agent
         self.agent_options = agent_options
+        self.model_label = model_label  # what the gateway's /v1/models names
         self._gateway: Any = None
 
     @classmethod
@@ -79,7 +81,7 @@ class RolloutSession:
             backend = backend_of(cfg, tokenizer, model)
         limits = RolloutLimits.from_config(cfg.generation, cfg.env.max_turns, cfg.chat.history)
         agent = agent_of(cfg)
-        session = cls(
+        return cls(
             pool,
             template,
             tokenizer,
@@ -90,9 +92,8 @@ class RolloutSession:
             demonstration=cfg.env.demonstration,
             agent=agent,
             agent_options=cfg.agent if agent is not None else None,
+            model_label=cfg.model.name,
         )
-        session.model_label = cfg.model.name  # what the gateway's /v1/models names
-        return session
 
     def task_ids(self, split: str, count: int) -> list[int]:
         """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""
@@ -159,6 +160,8 @@ class RolloutSession:
                 port=options.port,
                 window_s=options.batch_window_ms / 1000,
                 honor_sampling=options.sampling == "request",
+                call_timeout_s=self.agent.timeout_s,  # a generate call as long as a whole episode is stuck
+                max_calls=options.max_calls,
             )
         self._gateway.limits, self._gateway.batcher.seed = self.limits, seed  # evaluations swap the limits
         episodes = play_agents(
@@ -168,7 +171,7 @@ class RolloutSession:
             tasks,
             split=split,
             group_size=group_size,
-            max_parallel=max_parallel,
+            max_parallel=max_parallel or self.agent_options.max_parallel,
             progress=progress,
         )
         if self.agent.reward is not None:
@@ -179,7 +182,7 @@ class RolloutSession:
 
     @property
     def model_name(self) -> str:
-        return str(getattr(self, "model_label", "") or "omrl-policy")
+        return self.model_label or "omrl-policy"
 
     def close(self) -> None:
         if self._gateway is not None:

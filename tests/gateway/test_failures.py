@@ -1,0 +1,191 @@
+"""What goes wrong around a call: late calls, failed calls, a broken engine, hostile requests, budgets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from omrl.backends.base import Backend
+from omrl.config import command_line_config
+from omrl.config.options import RolloutRunConfig
+from omrl.data.trajectory import Episode
+from omrl.rollout import RolloutSession
+from tests.fakes import ScriptedBackend
+from tests.gateway.conftest import make_gateway
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def episode() -> Episode:
+    return Episode(env="agent", task_id=0, split="train", instruction="")
+
+
+def address(gateway) -> tuple[str, int]:
+    host, port = gateway.base_url.removeprefix("http://").removesuffix("/v1").split(":")
+    return host, int(port)
+
+
+def test_a_call_whose_body_arrives_after_the_episode_ended_is_refused(tiny_tokenizer):
+    gateway, backend = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "ok"))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        body = json.dumps({"model": "m", "messages": CHAT}).encode()
+        with socket.create_connection(address(gateway)) as conn:
+            head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            conn.sendall(head.encode())
+            time.sleep(0.3)  # the handler has looked the key up and waits for the body
+            gateway.end(key)
+            conn.sendall(body)
+            status = conn.recv(4096).split(b"\r\n", 1)[0]
+        assert b"401" in status
+        assert ep.token_ids == [] and ep.turns == [] and backend.calls == []
+    finally:
+        gateway.close()
+
+
+class FailsOnce(Backend):
+    """Raises on its first call, then answers "ok"."""
+
+    name = "fails_once"
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer)
+        self.inner = ScriptedBackend(tokenizer, lambda *_: "ok")
+        self.calls = 0
+
+    def generate(self, prompts, params, messages=None):
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("the engine hiccuped")
+        return self.inner.generate(prompts, params, messages)
+
+
+def test_a_failed_call_leaves_the_episode_as_it_was(tiny_tokenizer):
+    gateway, _ = make_gateway(tiny_tokenizer, FailsOnce(tiny_tokenizer))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        with pytest.raises(openai.InternalServerError, match="the engine hiccuped"):
+            client.chat.completions.create(model="m", messages=CHAT)
+        assert ep.token_ids == [] and ep.turns == []
+        client.chat.completions.create(model="m", messages=[*CHAT, {"role": "user", "content": "again"}])
+        assert (
+            len(ep.turns) == 1 and ep.row_starts == [] and sum(ep.loss_mask) == len(ep.token_ids) - ep.turns[0].span[0]
+        )
+    finally:
+        gateway.close()
+
+
+class Drops(Backend):
+    """Answers a batch with fewer replies than prompts: a broken engine."""
+
+    name = "drops"
+
+    def generate(self, prompts, params, messages=None):
+        return []
+
+
+def test_an_engine_that_drops_replies_fails_the_call_at_once_and_is_named(tiny_tokenizer):
+    gateway, _ = make_gateway(tiny_tokenizer, Drops(tiny_tokenizer))
+    try:
+        key, _ = gateway.open(episode())
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        began = time.monotonic()
+        with pytest.raises(openai.InternalServerError, match="answered 1 prompts with 0 replies"):
+            client.chat.completions.create(model="m", messages=CHAT)
+        assert time.monotonic() - began < 10
+        assert "0 replies" in str(gateway.batcher.failure)
+    finally:
+        gateway.close()
+
+
+def test_hostile_requests_get_a_400_naming_the_problem(tiny_tokenizer):
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "ok"))
+    try:
+        key, _ = gateway.open(episode())
+        auth = {"Authorization": f"Bearer {key}"}
+        url = f"{gateway.base_url}/chat/completions"
+        with socket.create_connection(address(gateway)) as conn:  # no client library sends such a header
+            conn.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Length: abc\r\n\r\n{{}}".encode()
+            )
+            answer = b"".join(iter(lambda: conn.recv(4096), b""))  # until the gateway closes the connection
+        assert answer.startswith(b"HTTP/1.1 400") and b"Content-Length is 'abc'" in answer
+        for depth in (600, 3000):  # JSON that loads but nests past what laying it out can recurse; and past loading
+            deep = '{"type": "object", "properties": {"x": ' * depth + "{}" + "}}" * depth
+            body = f'{{"messages": {json.dumps(CHAT)}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep}}}}}]}}'
+            nested = httpx.post(url, content=body, headers=auth, timeout=60)
+            assert nested.status_code == 400, nested.text
+        fmt = httpx.post(
+            f"{gateway.base_url}/responses",
+            json={"input": "hi", "text": {"format": {"type": "json_schema"}}},
+            headers=auth,
+        )
+        assert fmt.status_code == 400 and "text.format 'json_schema' is not served" in fmt.json()["error"]["message"]
+        named = httpx.post(
+            f"{gateway.base_url}/responses", json={"input": [{"role": "robot", "content": "x"}]}, headers=auth
+        )
+        assert "messages[0].role is 'robot'" in named.json()["error"]["message"]
+        assert "input's items" in named.json()["error"]["message"]
+    finally:
+        gateway.close()
+
+
+def test_past_its_calls_an_episode_is_answered_length_and_truncated(tiny_tokenizer, tmp_path):
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "42"}) + "\n")
+    cfg = command_line_config(
+        RolloutRunConfig,
+        [f"plugins.dataset.path={questions}", "agent.callable=tests.gateway.agents:tool_loop", "agent.max_calls=2"],
+        {"env.name": "dataset", "model.name": "tiny"},
+    )
+    call = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: call)) as session:
+        (ep,) = session.play([0], split="train")
+    assert len(ep.turns) == 2 and ep.end_reason == "max_context"  # the third call got "length", nothing recorded
+
+
+def test_a_framework_that_rejects_the_models_tool_call_is_the_models_failure(tiny_tokenizer, tmp_path):
+    """The Agents SDK raises on a call to a tool it does not have: the episode is scored 0 and trained,
+    never an env_error (which would hide the model's mistake from training)."""
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "42"}) + "\n")
+    cfg = command_line_config(
+        RolloutRunConfig,
+        [f"plugins.dataset.path={questions}", "agent.callable=tests.gateway.frameworks:openai_agents"],
+        {"env.name": "dataset", "model.name": "tiny"},
+    )
+    call = '<tool_call>{"name": "divide", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: call)) as session:
+        (ep,) = session.play([0], split="train")
+    assert ep.end_reason == "done" and ep.score == 0.0 and ep.rewards["total"] == [0.0]
+    assert ep.turns[-1].info["tool_calls"][0]["status"] == "unknown_tool"
+    assert "divide" in ep.turns[-1].info["agent_error"]
+
+
+def test_new_tools_start_a_new_row_even_where_the_template_renders_none(smollm2_tokenizer):
+    gateway, _ = make_gateway(smollm2_tokenizer, ScriptedBackend(smollm2_tokenizer, lambda *_: "ok"))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        tool = {"type": "function", "function": {"name": "first", "parameters": {"type": "object", "properties": {}}}}
+        reply = client.chat.completions.create(model="m", messages=CHAT, tools=[tool])
+        chat = [
+            *CHAT,
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "more"},
+        ]
+        other = {"type": "function", "function": {"name": "second", "parameters": {"type": "object", "properties": {}}}}
+        client.chat.completions.create(model="m", messages=chat, tools=[other])
+        assert len(ep.row_starts) == 1
+        assert "second" in smollm2_tokenizer.decode(ep.token_ids[ep.row_starts[0] :])
+    finally:
+        gateway.close()
