@@ -1,8 +1,11 @@
-"""Tool calls in a model's reply, read the way a serving engine's ``hermes`` parser reads them, and
+"""Tool calls in a model's reply, read the way a serving engine's parser for the family reads them, and
 every attempt classified.
 
-A reply calls tools with ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5,
-Qwen3, Hermes, SmolLM2 when told to). Each block is one *attempt*, and each attempt gets a status:
+Two formats (:data:`FORMATS`): ``hermes``, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+blocks (Qwen2.5, Qwen3, Hermes, and any model told so), and ``json``, a reply that is the call's JSON
+object itself, ``{"name": ..., "parameters": {...}}`` (Llama 3.1-3.3; several joined by ``;``).
+:func:`template_format` reads a chat template's own from how it writes a call. Each block or object is
+one *attempt*, and each attempt gets a status:
 
 - ``ok``: a JSON object naming an offered tool, its arguments fitting the tool's schema;
 - ``invalid_json``: the block is not a JSON object;
@@ -24,9 +27,11 @@ For chat templates that do not render tools themselves, :func:`tools_system_text
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+FORMATS = ("hermes", "json")
 STATUSES = ("ok", "invalid_json", "unclosed", "missing_name", "unknown_tool", "bad_arguments")
 PARSED = ("ok", "unknown_tool", "bad_arguments")  # statuses whose call reaches the agent
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -77,9 +82,9 @@ class ParsedReply:
         return [a for a in self.attempts if a.parsed]
 
 
-def parse_tool_calls(text: str, tools: Sequence[dict[str, Any]]) -> ParsedReply:
-    """``text``'s tool-call attempts against ``tools`` (OpenAI function specs, ``{"type": "function",
-    "function": {name, parameters}}`` or the bare function); see the module docstring.
+def parse_tool_calls(text: str, tools: Sequence[dict[str, Any]], fmt: str = "hermes") -> ParsedReply:
+    """``text``'s tool-call attempts in format ``fmt`` against ``tools`` (OpenAI function specs,
+    ``{"type": "function", "function": {name, parameters}}`` or the bare function); see the module docstring.
 
     >>> tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object",
     ...     "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}]
@@ -90,6 +95,8 @@ def parse_tool_calls(text: str, tools: Sequence[dict[str, Any]]) -> ParsedReply:
     ['unclosed']
     """
     specs = {spec["name"]: spec for spec in map(function_of, tools) if isinstance(spec.get("name"), str)}
+    if fmt == "json":
+        return _json_calls(text, specs)
     attempts: list[CallAttempt] = []
     at = text.find(OPEN)
     first = at
@@ -103,6 +110,42 @@ def parse_tool_calls(text: str, tools: Sequence[dict[str, Any]]) -> ParsedReply:
     parsed = any(a.parsed for a in attempts)
     content = text[:first].strip() if parsed else text
     return ParsedReply(content, tuple(attempts))
+
+
+def _json_calls(text: str, specs: dict[str, dict[str, Any]]) -> ParsedReply:
+    """A reply that is one JSON call object or several joined by ``;`` (Llama 3's custom tools); a reply
+    that does not open with ``{`` is text, with no attempt."""
+    body = text.strip()
+    if not body.startswith("{"):
+        return ParsedReply(text)
+    attempts, at = [], 0
+    while at < len(body):
+        if _depth(body[at:]) > MAX_JSON_DEPTH:
+            attempts.append(CallAttempt("invalid_json", error="the call nests too deeply"))
+            break
+        try:
+            _, end = json.JSONDecoder().raw_decode(body, at)
+        except (ValueError, RecursionError):
+            attempts.append(CallAttempt("invalid_json", error="the reply opens a JSON object that does not parse"))
+            break
+        attempts.append(_attempt(body[at:end], specs))
+        at = end
+        while at < len(body) and body[at] in " \t\n;":
+            at += 1
+    parsed = any(a.parsed for a in attempts)
+    return ParsedReply("" if parsed else text, tuple(attempts))
+
+
+def template_format(rendered_call: str, probe_name: str) -> str | None:
+    """The format a chat template writes a call to ``probe_name`` in (``rendered_call``: its render of a
+    reply holding that call), or None when it is neither of :data:`FORMATS` (gpt-oss channels, GLM's
+    ``<arg_key>`` blocks, Mistral's ``[TOOL_CALLS]``)."""
+    name = re.escape(json.dumps(probe_name))
+    if re.search(rf'{re.escape(OPEN)}\s*\{{\s*"name"\s*:\s*{name}', rendered_call):
+        return "hermes"
+    if re.search(rf'\{{\s*"name"\s*:\s*{name}\s*,\s*"(?:parameters|arguments)"', rendered_call):
+        return "json"
+    return None
 
 
 def function_of(tool: Any) -> dict[str, Any]:

@@ -31,10 +31,12 @@ class RequestError(OmrlError):
 @dataclass(frozen=True)
 class ToolLayout:
     """How a chat template takes tools: ``native`` (it renders a reply's ``tool_calls`` and ``tool``
-    messages) and ``renders_tools`` (it writes the ``tools=`` specs itself)."""
+    messages), ``renders_tools`` (it writes the ``tools=`` specs itself) and ``format``, how a reply
+    writes a call (:data:`omrl.chat.tool_calls.FORMATS`; None: a native format the gateway cannot read)."""
 
     native: bool
     renders_tools: bool
+    format: str | None = "hermes"
 
 
 def normalize(raw: Any) -> list[dict[str, Any]]:

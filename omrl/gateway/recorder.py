@@ -191,7 +191,7 @@ class EpisodeRecorder:
         """What ``generation`` answers the agent, recorded or not (a call's further choices are not)."""
         text = self._decoded(generation.token_ids)
         text = text if stop_at is None else text[:stop_at]
-        parsed = parse_tool_calls(text, tools) if tools else ParsedReply(text)
+        parsed = parse_tool_calls(text, tools, self.layout.format or "hermes") if tools else ParsedReply(text)
         calls = [{"id": f"call_{secrets.token_hex(6)}", "name": a.name, "arguments": a.arguments} for a in parsed.calls]
         finish = "tool_calls" if calls else generation.finish_reason
         return Reply(parsed.content, calls, finish, generation.token_ids, generation.logprobs), parsed

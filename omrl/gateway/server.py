@@ -22,6 +22,7 @@ from typing import Any
 from omrl.backends.base import Backend
 from omrl.chat.history import native_tool_calls
 from omrl.chat.render import render
+from omrl.chat.tool_calls import template_format
 from omrl.data.trajectory import Episode
 from omrl.gateway import responses
 from omrl.gateway.batcher import Batcher
@@ -37,17 +38,38 @@ class EpisodeEnded(Exception):
     """A call for an episode that ended while the call waited (HTTP 401, as an unknown key)."""
 
 
-PROBE_TOOL = {"type": "function", "function": {"name": "omrl_probe_tool", "description": "", "parameters": {}}}
+PROBE_NAME = "omrl_probe_tool"
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": PROBE_NAME,
+        "description": "A probe.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+    },
+}
+PROBE_QUESTION = "omrl probe question"
 
 
 def tool_layout(tokenizer: Any) -> ToolLayout:
-    """How the tokenizer's chat template takes tools (see :class:`~omrl.gateway.messages.ToolLayout`)."""
+    """How the tokenizer's chat template takes tools (see :class:`~omrl.gateway.messages.ToolLayout`):
+    where it renders calls itself, the format is read from its render of one."""
+    question = {"role": "user", "content": PROBE_QUESTION}
     try:
-        text = render(tokenizer, [{"role": "user", "content": "x"}], add_generation_prompt=True, tools=[PROBE_TOOL])
-        renders = "omrl_probe_tool" in text
+        renders = PROBE_NAME in render(tokenizer, [question], add_generation_prompt=True, tools=[PROBE_TOOL])
     except Exception:  # noqa: BLE001 - a template that refuses tools renders none
         renders = False
-    return ToolLayout(native=native_tool_calls(tokenizer, {}), renders_tools=renders)
+    native = native_tool_calls(tokenizer, {})
+    if not native:
+        return ToolLayout(False, renders, "hermes")  # the gateway writes the calls, in its own format
+    call = {"type": "function", "function": {"name": PROBE_NAME, "arguments": {"x": 1}}}
+    try:
+        text = render(
+            tokenizer, [question, {"role": "assistant", "content": "", "tool_calls": [call]}], tools=[PROBE_TOOL]
+        )
+        fmt = template_format(text[text.rfind(PROBE_QUESTION) :], PROBE_NAME)
+    except Exception:  # noqa: BLE001 - a template that cannot render a call has no format to read
+        fmt = None
+    return ToolLayout(True, renders, fmt)
 
 
 class Gateway:
@@ -137,6 +159,12 @@ class Gateway:
 
     def _generate(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int]:
         limits = self.limits
+        if request.tools and self.layout.format is None:
+            raise RequestError(
+                "the model's chat template writes tool calls in a format the gateway cannot parse yet (served: "
+                "<tool_call> JSON blocks, or a bare JSON object as Llama 3 writes them); call without tools, or "
+                "use a model whose template writes one of those"
+            )
         row = recorder.prompt(request.messages, request.tools)
         if row is None:  # not one token fits: the episode is over its budget
             return [Reply("", [], "length", [], [])] * request.n, 0

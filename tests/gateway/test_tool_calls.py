@@ -71,3 +71,22 @@ def test_the_text_format_round_trips():
     assert parse_tool_calls(written, [MULTIPLY]).calls[0].arguments == {"a": 6, "b": 7}
     assert "multiply" in tools_system_text([MULTIPLY]) and "<tool_call>" in tools_system_text([MULTIPLY])
     assert result_text("42") == "<tool_response>\n42\n</tool_response>"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"name": "multiply", "parameters": {"a": 6, "b": 7}}', ["ok"]),
+        (
+            '{"name": "multiply", "parameters": {"a": 6, "b": 7}}; {"name": "nope", "parameters": {}}',
+            ["ok", "unknown_tool"],
+        ),
+        ('{"name": "multiply", "parameters": {"a": 6', ["invalid_json"]),
+        ('{"parameters": {"a": 6, "b": 7}}', ["missing_name"]),
+        ("The answer is 42.", []),
+    ],
+)
+def test_the_json_format_as_llama_3_writes_it(text, expected):
+    reply = parse_tool_calls(text, [MULTIPLY], "json")
+    assert [a.status for a in reply.attempts] == expected
+    assert reply.content == ("" if reply.calls else text)
