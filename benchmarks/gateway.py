@@ -1,6 +1,6 @@
 """The gateway against omrl's own loop: the same chats, model and token counts, played both ways.
 
-    python benchmarks/gateway.py [--episodes 32] [--turns 4] [--tokens 32] [--threads 2] [--json out.json]
+    python benchmarks/gateway.py [--model tiny] [--episodes 32] [--turns 4] [--tokens 32] [--threads 2] [--json out.json]
 
 Both arms play the same multi-turn chats: a system prompt, a question, then ``--turns`` replies each
 answered "Go on.". The native arm is :func:`omrl.rollout.loop.collect` over an env that answers so;
@@ -11,7 +11,8 @@ printed side by side).
 
 Printed, in one run:
 
-- **throughput**: generated tokens a second on the ``tiny`` model, gateway / native (target >= 0.8);
+- **throughput**: generated tokens a second on ``--model`` (``tiny``, or ``smollm2-135m``), gateway /
+  native (target >= 0.8);
 - **per-call overhead**: with a backend that samples nothing (a fixed reply, no model), one episode of
   32 calls at a time, the extra milliseconds a call costs through the gateway (HTTP, JSON, the client, laying out
   the row, parsing) over the loop's own turn.
@@ -101,6 +102,9 @@ class FixedReply(Backend):
         return [Generation(list(self.reply), [0.0] * len(self.reply), "stop") for _ in prompts]
 
 
+BATCHES: dict[str, list[int]] = {}  # the gateway arm's last batch sizes
+
+
 def native(backend: Backend, tokenizer: Any, limits: RolloutLimits, tasks: list[int]) -> tuple[float, list[Any]]:
     with EnvPool(GoOnEnv, name="go_on") as pool:
         began = time.perf_counter()
@@ -109,12 +113,13 @@ def native(backend: Backend, tokenizer: Any, limits: RolloutLimits, tasks: list[
 
 
 def gateway(backend: Backend, tokenizer: Any, limits: RolloutLimits, tasks: list[int]) -> tuple[float, list[Any]]:
-    served = Gateway(tokenizer, backend, limits, window_s=0.02)
+    served = Gateway(tokenizer, backend, limits, window_s=0.02, batch_on_caller=True)  # as a session builds it
     try:
         with EnvPool(GoOnEnv, name="go_on") as pool:
             began = time.perf_counter()
             spec = AgentSpec(run=agent, command=None, reward=None, timeout_s=600)
             episodes = play_agents(spec, served, pool, tasks)
+            BATCHES["gateway"] = list(served.batcher.batch_sizes)
             return time.perf_counter() - began, episodes
     finally:
         served.close()
@@ -127,33 +132,48 @@ def generated(episodes: list[Any]) -> int:
 def main() -> None:
     global TURNS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="tiny", help="a built-in model: tiny or smollm2-135m")
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32, help="max_new_tokens a reply")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of both arms (the best of each kept)")
-    parser.add_argument("--json", default=str(default_json("gateway")))
+    parser.add_argument("--json", default="", help="default: benchmarks/results/gateway_<model>.json")
     args = parser.parse_args()
     TURNS = args.turns
     torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(resolve_model_path("tiny"))
+    args.json = args.json or str(default_json(f"gateway_{args.model}"))
+    model, tokenizer = load_model(resolve_model_path(args.model))
     limits = RolloutLimits(max_new_tokens=args.tokens, max_context=8192, temperature=0.0)
     tasks = list(range(args.episodes))
-    record: dict[str, Any] = {"machine": machine(args.threads), "episodes": args.episodes, "turns": args.turns}
+    record: dict[str, Any] = {
+        "machine": machine(args.threads),
+        "model": args.model,
+        "episodes": args.episodes,
+        "turns": args.turns,
+        "tokens": args.tokens,
+    }
 
     best: dict[str, tuple[float, int]] = {}
+    generating: dict[str, float] = {}
+    batches: list[int] = []
     for _ in range(args.rounds):  # alternating, so both arms see the same load
         for name, arm in (("native", native), ("gateway", gateway)):
-            seconds, episodes = arm(HFBackend(model, tokenizer), tokenizer, limits, tasks)
+            backend = HFBackend(model, tokenizer)
+            seconds, episodes = arm(backend, tokenizer, limits, tasks)
             assert all(ep.end_reason != "env_error" for ep in episodes), [ep.error for ep in episodes][:3]
             if name not in best or seconds < best[name][0]:
                 best[name] = (seconds, generated(episodes))
+                generating[name] = backend.take_stats()["generate_seconds"]
+                batches = list(BATCHES.get("gateway", [])) if name == "gateway" else batches
     rate = {name: tokens / seconds for name, (seconds, tokens) in best.items()}
-    record["tiny"] = {
+    record["model_arms"] = {
         name: {"seconds": round(seconds, 3), "generated_tokens": tokens, "tokens_per_s": round(rate[name], 1)}
         for name, (seconds, tokens) in best.items()
     }
     record["throughput_ratio"] = round(rate["gateway"] / rate["native"], 3)
+    record["generate_seconds"] = {name: round(value, 3) for name, value in generating.items()}
+    record["gateway_batch_sizes"] = batches
 
     TURNS = OVERHEAD_TURNS  # one long episode at a time: each call's own latency, the episode's start amortised
     calls = OVERHEAD_EPISODES * TURNS
@@ -177,6 +197,9 @@ def main() -> None:
         seconds, tokens = best[name]
         print(f"  {name:8} {seconds:7.2f} s  {tokens:6d} tokens  {rate[name]:8.1f} tok/s")
     print(f"  gateway / native throughput: {record['throughput_ratio']:.2f}x (target >= 0.8)")
+    print(
+        f"  in generate calls: native {generating['native']:.2f} s, gateway {generating['gateway']:.2f} s; gateway batches {batches}"
+    )
     print(
         f"no model, {OVERHEAD_TURNS} calls an episode: native {record['no_model']['native']['ms_per_call']} ms a call, gateway {record['no_model']['gateway']['ms_per_call']} ms"
     )

@@ -1,12 +1,21 @@
 """Requests of many agents, generated together.
 
 Agents call the gateway on threads of their own and at their own pace. The batcher's one thread owns
-the backend: it waits for the first request, keeps collecting for a short window (or until every live
-episode is waiting, whichever comes first), then runs everything collected in as few generate calls as
-there are sampling settings among them. Requests that arrive meanwhile go in the next call, so no
+the backend: it waits for the first request, then keeps collecting while requests keep coming, or until
+every live episode is waiting, whichever comes first, then runs everything collected in as few generate
+calls as there are sampling settings among them. "While requests keep coming": until a gap with none
+new passes, ``window_s`` or a tenth of the last generate call's time if longer, and at most
+``max_wait_s`` (or half the last call's time) after the first. A request that misses a call waits for
+the whole next one, so the longer a call takes, the longer it pays to wait for a straggler; an agent
+busy with its tools holds the others back by that gap at most. Requests that arrive meanwhile go in the next call, so no
 agent waits for another agent's tool or its next thought, only for the generate call it is in.
 Releasing an ended episode's cached KV states goes through the same thread (the backend is not
 thread-safe).
+
+Which thread: a rollout drives the batcher from its own (the main) thread while the agents play
+(:meth:`Batcher.drive`), because torch computes slower from a thread it was not set up on (measured:
+SmolLM2's generate of 16 prompts took 4.0-4.3 s from another thread, 2.7-3.4 s from the main one); a
+gateway used on its own runs the batcher on a thread of its own (``own_thread``).
 """
 
 from __future__ import annotations
@@ -18,6 +27,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from omrl.backends.base import Backend, Generation, SamplingParams
+
+STRAGGLER_GAP = 0.1  # of the last generate call's time: how long a gap between requests may be in one batch
+STRAGGLER_WAIT = 0.5  # of it: how long after the first request a batch may wait at most
+DRIVE_POLL_S = 0.05  # how often a driving thread with nothing to serve asks whether it is done
 
 
 @dataclass(eq=False)
@@ -38,10 +51,19 @@ class Batcher:
     """
 
     def __init__(
-        self, backend: Backend, window_s: float = 0.02, seed: int = 0, waiting_for: Callable[[], int] | None = None
+        self,
+        backend: Backend,
+        window_s: float = 0.02,
+        seed: int = 0,
+        waiting_for: Callable[[], int] | None = None,
+        max_wait_s: float = 0.25,
+        own_thread: bool = True,
     ):
         self.backend = backend
         self.window_s = window_s
+        self.max_wait_s = max(max_wait_s, window_s)
+        self._last_arrival = 0.0
+        self._last_call_s = 0.0  # how long the last generate call took
         self.seed = seed
         self.waiting_for = waiting_for or (lambda: 0)
         self.calls = 0
@@ -50,8 +72,26 @@ class Batcher:
         self._jobs: list[_Job] = []
         self._ready = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="omrl-gateway-batcher", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if own_thread:
+            self._thread = threading.Thread(target=self._run, name="omrl-gateway-batcher", daemon=True)
+            self._thread.start()
+
+    @property
+    def serves_itself(self) -> bool:
+        """Whether a thread of its own serves the requests (else someone must :meth:`drive` it)."""
+        return self._thread is not None
+
+    def drive(self, until: Callable[[], bool]) -> None:
+        """Serve requests on the calling thread until ``until()`` holds with none waiting (a batcher made
+        without ``own_thread``). A failure is raised here, after every waiting request has been told."""
+        if self._thread is not None:
+            raise RuntimeError("this batcher serves on a thread of its own; drive() is for one made without")
+        try:
+            self._loop(until)
+        except BaseException as exc:
+            self._fail_all(exc)
+            raise
 
     def generate(
         self, prompt: list[int], cap: int, temperature: float, top_p: float, seed: int | None = None
@@ -68,9 +108,11 @@ class Batcher:
     def _put(self, job: _Job) -> Future:
         with self._ready:
             if self._closed:
-                job.future.set_exception(RuntimeError("the gateway's batcher is closed"))
+                why = f": {type(self.failure).__name__}: {self.failure}" if self.failure else ""
+                job.future.set_exception(RuntimeError(f"the gateway's batcher is closed{why}"))
                 return job.future
             self._jobs.append(job)
+            self._last_arrival = time.monotonic()
             self._ready.notify()
         return job.future
 
@@ -78,18 +120,39 @@ class Batcher:
         with self._ready:
             self._closed = True
             self._ready.notify()
-        self._thread.join(timeout=60)
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        else:  # nobody will serve what is still waiting
+            self._fail_all(RuntimeError("the gateway closed"))
 
     def _run(self) -> None:
+        try:
+            self._loop(lambda: False)
+        except BaseException as exc:  # noqa: BLE001 - no request may wait on a thread that is gone
+            self._fail_all(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self.failure = self.failure or exc
+        with self._ready:
+            self._closed = True
+            jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(exc)
+
+    def _loop(self, until: Callable[[], bool]) -> None:
         while True:
             with self._ready:
                 while not self._jobs and not self._closed:
-                    self._ready.wait()
+                    if until():
+                        return
+                    self._ready.wait(DRIVE_POLL_S)
                 if self._closed and not self._jobs:
                     return
-                deadline = time.monotonic() + self.window_s
+                gap = max(self.window_s, STRAGGLER_GAP * self._last_call_s)
+                latest = time.monotonic() + max(self.max_wait_s, STRAGGLER_WAIT * self._last_call_s)
                 while not self._closed and self._pending() < max(1, self.waiting_for()):
-                    left = deadline - time.monotonic()
+                    left = min(self._last_arrival + gap, latest) - time.monotonic()
                     if left <= 0:
                         break
                     self._ready.wait(left)
@@ -127,8 +190,10 @@ class Batcher:
             )
             self.calls += 1
             self.batch_sizes.append(len(batch))
+            began = time.monotonic()
             try:
                 replies: list[Any] = list(self.backend.generate([job.prompt for job in batch], params))
+                self._last_call_s = time.monotonic() - began
             except BaseException as exc:  # noqa: BLE001 - every waiting request learns why
                 self.failure = self.failure or exc
                 for job in batch:

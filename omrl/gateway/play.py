@@ -104,7 +104,10 @@ def play_agents(
 
     workers = max(1, min(len(jobs), max_parallel or len(jobs)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="omrl-agent") as threads:
-        episodes = list(threads.map(one, jobs))
+        futures = [threads.submit(one, job) for job in jobs]
+        if not gateway.batcher.serves_itself:  # generate on this thread while the agents play
+            gateway.batcher.drive(until=lambda: all(future.done() for future in futures))
+        episodes = [future.result() for future in futures]
     if gateway.batcher.failure is not None:  # the engine broke: no episode measured the agent
         failure = gateway.batcher.failure
         raise RuntimeError(f"generation failed in the gateway: {type(failure).__name__}: {failure}") from failure

@@ -96,6 +96,7 @@ class Gateway:
         honor_sampling: bool = False,
         call_timeout_s: float = 300.0,
         max_calls: int = 64,
+        batch_on_caller: bool = False,
     ):
         self.tokenizer = tokenizer
         self.limits = limits
@@ -106,7 +107,10 @@ class Gateway:
         self.layout = tool_layout(tokenizer)
         self._episodes: dict[str, EpisodeRecorder] = {}
         self._lock = threading.Lock()
-        self.batcher = Batcher(backend, window_s, seed, waiting_for=lambda: len(self._episodes))
+        # batch_on_caller: whoever plays the episodes drives the batcher from its own thread (Batcher.drive)
+        self.batcher = Batcher(
+            backend, window_s, seed, waiting_for=lambda: len(self._episodes), own_thread=not batch_on_caller
+        )
         self._server = _Server((host, port), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, name="omrl-gateway", daemon=True)
         self._thread.start()

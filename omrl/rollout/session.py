@@ -162,6 +162,7 @@ class RolloutSession:
                 honor_sampling=options.sampling == "request",
                 call_timeout_s=self.agent.timeout_s,  # a generate call as long as a whole episode is stuck
                 max_calls=options.max_calls,
+                batch_on_caller=True,  # play_agents generates on this thread (torch is slower on others)
             )
         self._gateway.limits, self._gateway.batcher.seed = self.limits, seed  # evaluations swap the limits
         episodes = play_agents(

@@ -16,6 +16,6 @@ def test_the_gateway_benchmark_plays_the_same_tokens_both_ways(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-2000:]
     record = json.loads(out.read_text())
-    assert record["tiny"]["native"]["generated_tokens"] == record["tiny"]["gateway"]["generated_tokens"] > 0
+    assert record["model_arms"]["native"]["generated_tokens"] == record["model_arms"]["gateway"]["generated_tokens"] > 0
     assert record["throughput_ratio"] > 0 and "overhead_ms_per_call" in record
     assert "gateway / native throughput" in run.stdout
