@@ -37,7 +37,7 @@ PARSED = ("ok", "unknown_tool", "bad_arguments")  # statuses whose call reaches 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
 MAX_JSON_DEPTH = 64  # deeper replies are junk, and json's recursion must not be the limit
-_JSON_TYPES: dict[str, tuple[type, ...]] = {
+JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
     "number": (int, float),
@@ -222,7 +222,7 @@ def schema_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str | N
 
 
 def _is_type(value: Any, kind: str) -> bool:
-    types = _JSON_TYPES.get(kind)
+    types = JSON_TYPES.get(kind)
     if types is None:
         return True  # a type this check does not know: not ours to refuse
     if isinstance(value, bool) and kind in ("integer", "number"):

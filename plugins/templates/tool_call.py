@@ -19,6 +19,7 @@ import json
 import re
 from typing import Any
 
+from omrl.chat.tool_calls import JSON_TYPES
 from omrl.errors import short_repr
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import (
@@ -35,14 +36,7 @@ OPEN_TAG = "<tool_call>"
 OPENING, CLOSING = re.compile(re.escape(OPEN_TAG)), re.compile(re.escape("</tool_call>"))
 SURROGATE = re.compile("[\ud800-\udfff]")  # from JSON escapes such as \ud800; not writable as UTF-8
 GENERIC_TOOL = "act"
-_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list,),
-    "object": (dict,),
-}
+_TYPES = JSON_TYPES  # what each JSON-schema type admits
 
 
 def generic_tool(env: Any) -> dict[str, Any]:

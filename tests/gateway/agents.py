@@ -13,7 +13,7 @@ MULTIPLY = {
         "description": "Multiply two integers.",
         "parameters": {
             "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "unit": {"enum": ["m", "s"]}},
             "required": ["a", "b"],
         },
     },

@@ -14,22 +14,10 @@ from omrl.backends.hf import HFBackend
 from omrl.data.trajectory import Episode
 from omrl.rollout.loop import RolloutLimits
 from tests.fakes import ScriptedBackend
+from tests.gateway.agents import MULTIPLY
 from tests.gateway.conftest import assert_token_exact, make_gateway
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "multiply",
-            "description": "Multiply two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    }
-]
+TOOLS = [MULTIPLY]
 CALL = '<tool_call>\n{"name": "multiply", "arguments": {"a": 6, "b": 7}}\n</tool_call>'
 
 

@@ -3,19 +3,7 @@
 import pytest
 
 from omrl.chat.tool_calls import STATUSES, call_text, parse_tool_calls, result_text, tools_system_text
-
-MULTIPLY = {
-    "type": "function",
-    "function": {
-        "name": "multiply",
-        "description": "Multiply two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "unit": {"enum": ["m", "s"]}},
-            "required": ["a", "b"],
-        },
-    },
-}
+from tests.gateway.agents import MULTIPLY
 
 
 def statuses(text: str) -> list[str]:
