@@ -186,13 +186,16 @@ class Gateway:
             stuck = TimeoutError(f"a generate call took longer than {self.call_timeout_s:g} s")
             self.batcher.failure = self.batcher.failure or stuck
             raise stuck from exc
-        replies = []
-        for index, generation in enumerate(generations):
-            generation, stop_at = cut_at_stop(self.tokenizer, generation, request.stop)
+        replies, unused = [], []
+        for index, sampled in enumerate(generations):
+            generation, stop_at = cut_at_stop(self.tokenizer, sampled, request.stop)
             if index == 0:  # the episode continues with the first choice
                 replies.append(recorder.record(generation, request.tools, cap < asked, stop_at))
             else:
                 replies.append(recorder.reply(generation, request.tools, stop_at)[0])
+            if index or stop_at is not None:  # no row will extend what the engine cached for it
+                unused.append([*row, *sampled.token_ids])
+        self.batcher.release(unused)
         return replies, len(row)
 
     def close(self) -> None:
