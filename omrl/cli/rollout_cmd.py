@@ -124,7 +124,9 @@ def check_agent(cfg) -> None:
         raise ConfigError(f"agent.sampling is {agent.sampling!r}; valid: {', '.join(AGENT_SAMPLING)}")
     if getattr(cfg, "use_expert", False):
         raise ConfigError("--expert plays the env's scripted expert; an agent program plays with the model (drop one)")
-    if cfg.env.mix or "," in cfg.env.name:
+    from omrl.mixture import is_mixture
+
+    if is_mixture(cfg.env):
         raise ConfigError("an agent program plays one env's tasks; a mixture of envs is not supported with agent.*")
     from omrl.search.context import plays_batched
 

@@ -153,6 +153,7 @@ def test_the_commands_refuse_what_an_agent_cannot_play(questions, capsys):
         (["--expert"], "--expert plays the env's scripted expert"),
         (["--strategy", "beam"], "strategy 'beam'"),
         (["agent.sampling=mine"], "agent.sampling is 'mine'; valid: run, request"),
+        (["--env", "gridworld:0.5,dataset:0.5"], "a mixture of envs is not supported"),
     ]:
         code, out, err = cli_exit(capsys, "rollout", *base, *extra)
         assert code == 2 and named in err, err
