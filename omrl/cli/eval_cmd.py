@@ -145,6 +145,19 @@ def sample_when_asked(cfg, args: list[str] | None, console) -> None:
         )
 
 
+WHOLE_SPLIT_UP_TO = 100  # a split this small is evaluated whole when --num-tasks is not given
+
+
+def split_size(session, split: str) -> int:
+    """How many tasks ``split`` holds (a mixture: over every env, each asked for its own split)."""
+    if hasattr(session, "sessions"):
+        return sum(
+            len(session.session_of(m.name).task_ids(m.env.split if split == session.split else split, 10**9))
+            for m in session.members
+        )
+    return len(session.pool.probe().split_of(split))
+
+
 def evaluate_command(
     args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "eval"), show_default=False),
     env: str = typer.Option(None, "--env", help=ENV_HELP),
@@ -171,7 +184,7 @@ def evaluate_command(
 
     from omrl.backends.base import generation_metrics
     from omrl.cli.view_cmd import view_command
-    from omrl.config import to_dict
+    from omrl.config import to_dict, user_sets
     from omrl.config.options import EvalRunConfig
     from omrl.evaluation import (
         check_max_env_error_rate,
@@ -223,7 +236,12 @@ def evaluate_command(
     searched: dict = {}
     mixed = is_mixture(cfg.env)
     with held_warnings() as caught, RolloutSession.from_config(cfg) as session:
-        tasks = session.task_ids(cfg.env.split, cfg.num_tasks)  # a mixture: num_tasks of each env
+        size = split_size(session, cfg.env.split)
+        count = cfg.num_tasks
+        if num_tasks is None and not user_sets(list(args or []), "num_tasks") and size <= WHOLE_SPLIT_UP_TO:
+            count = max(1, size)  # a small split is evaluated whole unless asked otherwise
+        tasks = session.task_ids(cfg.env.split, count)  # a mixture: count of each env
+        console.print(f"eval: {len(tasks)} of {size} tasks of the {cfg.env.split} split", highlight=False)
         from omrl.search import chosen_episodes, play_strategy, plays_batched, search_metrics
 
         every_sample = plays_batched(strategy, budget)  # the batched rollout's samples: each one counts (pass@k)
@@ -251,6 +269,7 @@ def evaluate_command(
         generation = session.backend.take_stats() if session.backend is not None else {}
     replay_warnings(caught, episodes)
     metrics = evaluate(episodes)
+    metrics["split_tasks"] = size  # what "tasks" is a part of
     metrics.update(generation_metrics(generation), **peak_memory())
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
     metrics.update({f"search/{name}": value for name, value in searched.items()})

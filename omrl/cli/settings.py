@@ -8,7 +8,10 @@ one block, the env, template, turn cap, token limits and reward weights it will 
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+from omrl.errors import ConfigError
 
 # what a preset tunes for its env, beyond the env's name; the turn cap falls back to the env's own
 RECIPE_KEYS = (
@@ -103,14 +106,16 @@ def agent_reward_weights(cfg: Any, args: list[str] | None, console: Any) -> None
 
 
 def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict[str, Any]:
-    """The :data:`TRAINED_KEYS` of the run directory ``model`` when it trained on ``env`` ({} otherwise):
-    the same ``env.name`` and the same ``env.mix`` but for splits (a mixture's envs each take the run's
-    settings unless its entry sets its own, so the same mixture plays them as it trained)."""
+    """The :data:`TRAINED_KEYS` of the run directory ``model`` when it trained on ``env`` ({} otherwise),
+    and each of its envs' own options (``plugins.<env>``: the dataset file, a server's address...) with no
+    secret in them: the same ``env.name`` and the same ``env.mix`` but for splits (a mixture's envs each
+    take the run's settings unless its entry sets its own, so the same mixture plays them as it trained)."""
     from pathlib import Path
 
     import yaml
 
-    from omrl.mixture import same_envs
+    from omrl.config import REDACTED
+    from omrl.mixture import parse_env_spec, same_envs
 
     run_config = Path(model).expanduser() / "config.yaml"
     if not run_config.is_file():
@@ -120,8 +125,14 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
         same_mix = mix_less_splits(data["env"].get("mix")) == mix_less_splits(mix)
         if not same_envs(value_at(data, "env.name"), env) or not same_mix:
             return {}
-        return {key: value_at(data, key) for key in TRAINED_KEYS}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        out = {key: value_at(data, key) for key in TRAINED_KEYS}
+        plugins = data.get("plugins") or {}
+        for name, _ in parse_env_spec(value_at(data, "env.name")):
+            options = plugins.get(name)
+            if isinstance(options, dict) and options and REDACTED not in json.dumps(options, default=str):
+                out[f"plugins.{name}"] = options
+        return out
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, AttributeError, ConfigError):
         return {}  # not a run's config: nothing is known of how the model was trained
 
 
@@ -131,14 +142,21 @@ def mix_less_splits(mix: list[Any] | None) -> list[Any]:
 
 
 def settings_as_trained(cfg: Any, args: list[str] | None, trained: dict[str, Any], console: Any) -> None:
-    """Evaluate a model trained by omrl with the template, turn cap and token limits it trained
+    """Evaluate a model trained by omrl with the template, turn cap, token limits and env options it trained
     with on this env (``trained``: see :func:`trained_settings`), unless the command line sets
     them; say which were taken."""
     from omrl.config import user_sets
 
     taken = []
     for key, value in trained.items():
-        if value != value_at(cfg, key) and not user_sets(args, key):
+        if key.startswith("plugins."):  # an env's options: what the command line gives of them wins
+            name = key.split(".", 1)[1]
+            given = dict(cfg.plugins.get(name) or {})
+            merged = {**value, **given}
+            if merged != given:
+                cfg.plugins[name] = merged
+                taken.append(f"{key}={shown(merged)}")
+        elif value != value_at(cfg, key) and not user_sets(args, key):
             set_value(cfg, key, value)
             taken.append(f"{key}={shown(value)}")
     if taken:

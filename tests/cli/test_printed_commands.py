@@ -1,0 +1,67 @@
+"""The commands omrl prints for the user to run next do run: a run's "evaluate it:" line plays the
+env with the options it trained with, and eval says how many of the split's tasks it played."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+
+from tests.helpers import invoke
+
+
+def test_the_evaluate_it_line_of_a_run_with_env_options_runs(tmp_path):
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(
+        "".join(json.dumps({"question": f"{n} + {n} =", "answer": str(2 * n)}) + "\n" for n in range(12))
+    )
+    run = tmp_path / "run"
+    trained = invoke(
+        "train",
+        "--algo",
+        "grpo",
+        "--env",
+        "dataset",
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--output-dir",
+        str(run),
+        f"plugins.dataset.path={questions}",
+        "plugins.dataset.test_fraction=0.5",
+        "tasks_per_step=2",
+        "group_size=2",
+        "eval_every=0",
+    )
+    assert trained.exit_code == 0, trained.output
+    (line,) = re.findall(r"evaluate it: (.+)", trained.output)
+    words = shlex.split(line)
+    assert words[:2] == ["omrl", "eval"] and not any("plugins.dataset" in word for word in words)
+    report = tmp_path / "report.json"
+    evaluated = invoke(*words[1:], "--report", str(report), "--output-dir", str(tmp_path / "eval"))
+    assert evaluated.exit_code == 0, evaluated.output
+    assert f"plugins.dataset={{path: {questions}" in evaluated.output  # taken from the run, and said so
+    metrics = json.loads(report.read_text())["metrics"]
+    # a small test split is evaluated whole (6 of the 12 rows), and the report says of how many
+    assert metrics["episodes"] == 6 and metrics["split_tasks"] == 6
+    assert "eval: 6 of 6 tasks of the test split" in evaluated.output
+
+
+def test_eval_says_how_many_of_the_splits_tasks_it_played(tmp_path):
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(
+        "".join(json.dumps({"question": f"{n} + 1 =", "answer": str(n + 1)}) + "\n" for n in range(20))
+    )
+    args = [
+        "eval",
+        "--env",
+        "dataset",
+        "--model",
+        "tiny",
+        f"plugins.dataset.path={questions}",
+        "plugins.dataset.test_fraction=0.6",
+    ]
+    asked = invoke(*args, "--num-tasks", "3", "--output-dir", str(tmp_path / "a"))
+    assert asked.exit_code == 0, asked.output
+    assert "eval: 3 of 12 tasks of the test split" in asked.output
