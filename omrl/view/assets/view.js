@@ -222,45 +222,80 @@
       h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {class: "num"}, fmt(v, 4))))));
   }
 
-  /** One learning-curve panel as inline SVG: a line per metric (broken where a step lacks it), named
-   * in the legend by the panel's labels where it has them (a by-env panel's: the envs). */
+  /** One learning-curve panel as inline SVG: a line per metric (broken where a step lacks it or logged
+   * NaN or ±inf, which reach the page as null), named in the legend by the panel's labels where it has
+   * them (a by-env panel's: the envs). A panel with nothing to draw, or that fails to draw, says so in
+   * its own figure, and the rest of the page is shown. */
   function plot(panel, metrics) {
-    const label = (i) => (panel.labels || panel.keys)[i];
-    const W = 420, H = 220, L = 52, R = 12, T = 10, B = 28;
-    const steps = metrics.step;
-    const values = panel.keys.flatMap((k) => metrics.series[k]).filter((v) => v !== null);
-    // reduce, not Math.min(...values): a long run has more values than a call may take arguments
-    let y0 = values.reduce((a, b) => Math.min(a, b), Infinity), y1 = values.reduce((a, b) => Math.max(a, b), -Infinity);
-    if (!values.length) [y0, y1] = [0, 1];
-    if (y0 === y1) { const pad = Math.abs(y0) * 0.1 || 1; y0 -= pad; y1 += pad; }
-    let [x0, x1] = [steps[0], steps[steps.length - 1]];
-    if (x0 === x1) { x0 -= 1; x1 += 1; }
-    const X = (x) => L + (x - x0) / (x1 - x0) * (W - L - R);
-    const Y = (y) => T + (1 - (y - y0) / (y1 - y0)) * (H - T - B);
-    const chart = s("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": panel.title});
-    const yTicks = ticks(y0, y1, 5);
-    // as many decimals as the tick spacing needs: 0.8445 and 0.8450 must not both read 0.845
-    const digits = yTicks.length > 1 ? Math.min(8, Math.max(0, Math.ceil(-Math.log10(yTicks[1] - yTicks[0]) - 1e-9))) : 3;
-    for (const t of yTicks) {
-      const label = Math.abs(t) >= 1e5 ? t.toExponential(1) : t.toFixed(digits);
-      chart.append(s("line", {class: "grid", x1: L, x2: W - R, y1: Y(t), y2: Y(t)}),
-        s("text", {x: L - 6, y: Y(t) + 3.5, "text-anchor": "end"}, label));
+    try {
+      return drawPlot(panel, metrics);
+    } catch (err) {
+      console.error("omrl view: could not draw the chart " + JSON.stringify(panel.title), err);
+      return plotFigure(panel, metrics, h("p", {class: "plot-note"}, "Could not draw this chart: " + err.message));
     }
+  }
+
+  /** A number a curve can place: finite (non-finite values reach the page as null). */
+  function drawable(v) { return typeof v === "number" && Number.isFinite(v); }
+
+  /** The steps at which ``key`` has a value to draw. */
+  function drawnSteps(metrics, key) {
+    return (metrics.series[key] || []).flatMap((v, j) => drawable(v) && drawable(metrics.step[j]) ? [j] : []);
+  }
+
+  /** The panel's figure: its title, ``body`` (the chart or a note), and a legend that names the keys
+   * with no value to draw. */
+  function plotFigure(panel, metrics, body) {
+    const label = (i) => (panel.labels || panel.keys)[i];
+    return h("figure", {class: "plot", "data-panel": panel.name}, h("figcaption", {}, panel.title), body,
+      h("div", {class: "legend"}, panel.keys.map((k, i) => {
+        const empty = !drawnSteps(metrics, k).length;
+        return h("span", {"data-key": k, class: empty ? "empty" : null},
+          h("i", {class: k === panel.metric ? "overall" : null, style: "background:" + PALETTE[i % PALETTE.length]}),
+          label(i), empty ? " (no finite value)" : null);
+      })));
+  }
+
+  function drawPlot(panel, metrics) {
+    const label = (i) => (panel.labels || panel.keys)[i];
+    const steps = metrics.step;
+    const drawn = panel.keys.map((k) => drawnSteps(metrics, k));
+    if (!drawn.some((js) => js.length)) {
+      return plotFigure(panel, metrics, h("p", {class: "plot-note"},
+        "Nothing to draw: every logged value of this chart is NaN or ±inf."));
+    }
+    const [y0, y1] = extent(panel.keys.flatMap((k, i) => drawn[i].map((j) => metrics.series[k][j])));
+    // every chart spans the run's steps, so that charts side by side line up
+    let x0 = steps.reduce((a, x) => drawable(x) ? Math.min(a, x) : a, Infinity);
+    let x1 = steps.reduce((a, x) => drawable(x) ? Math.max(a, x) : a, -Infinity);
+    if (x0 === x1) { x0 -= 1; x1 += 1; }
+    const yTicks = ticks(y0, y1, 5), yLabels = tickLabels(yTicks);
+    // room on the left for the longest label (10.5px text is about 6px a character)
+    const W = 420, H = 220, R = 12, T = 10, B = 28;
+    const L = Math.max(52, 10 + 6 * Math.max(...yLabels.map((t) => t.length)));
+    // in halves, so that a range wider than the largest double (-1e308 to 1e308) does not overflow
+    const X = (x) => L + (x / 2 - x0 / 2) / (x1 / 2 - x0 / 2) * (W - L - R);
+    const Y = (y) => T + (1 - (y / 2 - y0 / 2) / (y1 / 2 - y0 / 2)) * (H - T - B);
+    const chart = s("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": panel.title});
+    yTicks.forEach((t, i) => {
+      chart.append(s("line", {class: "grid", x1: L, x2: W - R, y1: Y(t), y2: Y(t)}),
+        s("text", {class: "tick-y", x: L - 6, y: Y(t) + 3.5, "text-anchor": "end"}, yLabels[i]));
+    });
     for (const t of ticks(x0, x1, 6).filter((t) => Number.isInteger(t))) {
-      chart.append(s("text", {x: X(t), y: H - B + 14, "text-anchor": "middle"}, String(t)));
+      chart.append(s("text", {class: "tick-x", x: X(t), y: H - B + 14, "text-anchor": "middle"}, String(t)));
     }
     chart.append(s("line", {class: "axis", x1: L, x2: L, y1: T, y2: H - B}),
       s("line", {class: "axis", x1: L, x2: W - R, y1: H - B, y2: H - B}),
       s("text", {x: W - R, y: H - 3, "text-anchor": "end"}, "step"));
     panel.keys.forEach((key, i) => {
       const color = PALETTE[i % PALETTE.length];
-      let d = "", pen = "M";
-      metrics.series[key].forEach((v, j) => {
-        if (v === null) { pen = "M"; return; }
-        d += `${pen}${X(steps[j]).toFixed(1)},${Y(v).toFixed(1)}`;
-        pen = "L";
+      let d = "", last = -2;
+      for (const j of drawn[i]) {
+        const v = metrics.series[key][j];
+        d += `${j === last + 1 ? "L" : "M"}${X(steps[j]).toFixed(1)},${Y(v).toFixed(1)}`;
+        last = j;
         if (steps.length <= 40) chart.append(s("circle", {cx: X(steps[j]), cy: Y(v), r: 2.4, fill: color}));
-      });
+      }
       const overall = key === panel.metric;  // a by-env panel's overall curve, dashed
       if (d) chart.append(s("path", {class: "series" + (overall ? " overall" : ""), d, stroke: color, "data-key": key}));
     });
@@ -269,8 +304,10 @@
     hit.addEventListener("mousemove", (event) => {
       const box = chart.getBoundingClientRect();
       const x = x0 + ((event.clientX - box.left) * W / box.width - L) / (W - L - R) * (x1 - x0);
-      let j = 0;
-      steps.forEach((step, k) => { if (Math.abs(step - x) < Math.abs(steps[j] - x)) j = k; });
+      let j = -1;
+      steps.forEach((step, k) => {
+        if (drawable(step) && (j < 0 || Math.abs(step - x) < Math.abs(steps[j] - x))) j = k;
+      });
       cursor.setAttribute("x1", X(steps[j])); cursor.setAttribute("x2", X(steps[j]));
       cursor.setAttribute("visibility", "visible");
       const values = panel.keys.map((k, i) => label(i) + "  " + fmt(metrics.series[k][j], 4));
@@ -278,20 +315,52 @@
     });
     hit.addEventListener("mouseleave", () => { cursor.setAttribute("visibility", "hidden"); hideTip(); });
     chart.append(cursor, hit);
-    return h("figure", {class: "plot", "data-panel": panel.name}, h("figcaption", {}, panel.title), chart,
-      h("div", {class: "legend"}, panel.keys.map((k, i) =>
-        h("span", {"data-key": k}, h("i", {class: k === panel.metric ? "overall" : null,
-          style: "background:" + PALETTE[i % PALETTE.length]}), label(i)))));
+    return plotFigure(panel, metrics, chart);
   }
 
-  /** About `count` round numbers spanning [lo, hi]. */
+  /** The [low, high] an axis spans for these finite values (at least one). A spread below a
+   * billionth of their size (a ratio of 1 logged as 0.9999999999999998, float noise) is no spread:
+   * such values, like a constant, get an axis 10% either side of their middle. */
+  function extent(values) {
+    // reduce, not Math.min(...values): a long run has more values than a call may take arguments
+    const lo = values.reduce((a, b) => Math.min(a, b), Infinity);
+    const hi = values.reduce((a, b) => Math.max(a, b), -Infinity);
+    const size = Math.max(Math.abs(lo), Math.abs(hi));
+    if (hi - lo > size * 1e-9) return [lo, hi];
+    const middle = lo / 2 + hi / 2;
+    const pad = Math.abs(middle) * 0.1 || 1;
+    const limit = (x) => Math.max(-Number.MAX_VALUE, Math.min(Number.MAX_VALUE, x));  // 1e308 + 10% is no number
+    return [limit(middle - pad), limit(middle + pad)];
+  }
+
+  /** Round numbers spanning [lo, hi]: a step of 1, 2 or 5 times a power of ten, about (hi - lo) / count
+   * and never below a few units of the values' own resolution, so that no two ticks are the same
+   * number and there are at most count + 1 of them (the two ends where no such step exists). The ticks
+   * are counted by an integer, never by adding the step to a float until it passes hi. */
   function ticks(lo, hi, count) {
-    const raw = (hi - lo) / count;
+    if (!drawable(lo) || !drawable(hi) || hi < lo) return [];
+    if (hi === lo) return [lo];
+    const resolution = 4 * Number.EPSILON * Math.max(Math.abs(lo), Math.abs(hi));
+    const raw = Math.max((hi / 2 - lo / 2) / count * 2, resolution);
     const mag = Math.pow(10, Math.floor(Math.log10(raw)));
     const step = [1, 2, 5, 10].map((m) => m * mag).find((st) => st >= raw) || raw;
+    const first = Math.ceil(lo / step - 1e-9), last = Math.floor(hi / step + 1e-9);  // 0.0001 / 0.0001 > 1
+    if (!(last - first >= 1 && last - first <= count)) return [lo, hi];
     const out = [];
-    for (let t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(Math.round(t / step) * step);
+    for (let i = first; i <= last; i++) out.push(i * step);
     return out;
+  }
+
+  /** The labels of a chart's y ticks, with as many digits as their spacing needs (0.8445 and 0.8450
+   * must not both read 0.845); in exponent form for large numbers, and for small ones that would need
+   * more than 8 decimals. */
+  function tickLabels(values) {
+    const gap = values.length > 1 ? values[1] - values[0] : 0;
+    const top = values.reduce((a, v) => Math.max(a, Math.abs(v)), 0);
+    const decimals = gap > 0 ? Math.max(0, Math.ceil(-Math.log10(gap) - 1e-9)) : 3;
+    if (top < 1e5 && (decimals <= 8 || top >= 1)) return values.map((t) => t.toFixed(decimals));
+    const digits = gap > 0 ? Math.min(10, Math.max(1, Math.floor(Math.log10(top)) - Math.floor(Math.log10(gap)))) : 1;
+    return values.map((t) => t === 0 ? "0" : t.toExponential(digits));
   }
 
   // ---- the episode list: filters, sort, pages ---------------------------------------------
