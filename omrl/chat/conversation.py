@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from omrl.chat.history import next_prompt
 from omrl.chat.render import Message, encode_chat, prompt_ids, render
+from omrl.chat.replies import REASONING_FIELDS, parse_reply, reply_shape, sampled_end
 from omrl.chat.specials import mark_messages
 from omrl.errors import OmrlError
 
@@ -28,12 +29,11 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
     first_reply = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
     if first_reply is None:
         raise OmrlError("conversation has no assistant message to learn from")
-    messages = mark_messages(tokenizer, messages)  # no text of theirs becomes a special token
+    messages = mark_messages(tokenizer, [reasoning_in_field(tokenizer, m, i, kwargs) for i, m in enumerate(messages)])
     ids = prompt_ids(tokenizer, messages[:first_reply], **kwargs)
     mask = [0] * len(ids)
     rows: Rows = []
     said: list[Message] = [dict(m) for m in messages[:first_reply]]  # the chat as the template is given it
-    eos = tokenizer.eos_token or ""
     i = first_reply
     while i < len(messages):
         reply = messages[i]
@@ -57,10 +57,11 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
             )
         if not new:
             break
-        # keep: the history holds the reply as sampled; as_template: as the dataset gives it (reasoning field too)
-        sampled = {"role": "assistant", "content": text[: -len(eos)] if eos and text.endswith(eos) else text}
-        said.append(sampled if history == "keep" else dict(reply))
-        increment, starts_row = next_prompt(tokenizer, history, ids, said, new, bool(eos), **kwargs)
+        # keep: the history holds the reply as sampled; as_template: as the template reads it back (its fields)
+        end = sampled_end(tokenizer, text, kwargs)
+        sampled = {"role": "assistant", "content": text[: len(text) - len(end)]}
+        said.append(sampled if history == "keep" else _as_read_back(tokenizer, reply, kwargs))
+        increment, starts_row = next_prompt(tokenizer, history, ids, said, new, end, **kwargs)
         if starts_row:
             rows.append((ids, mask))
             ids, mask = [], []
@@ -69,6 +70,33 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
         i = nxt
     rows.append((ids, mask))
     return rows
+
+
+def reasoning_in_field(tokenizer, message: Message, at: int, kwargs: dict) -> Message:
+    """``message`` with its reasoning in the field the chat template reads (a dataset's ``thinking`` becomes
+    ``reasoning_content`` for Qwen3, and the reverse for gpt-oss); a reply whose reasoning the template has no
+    field for is an error, never dropped."""
+    given = [name for name in REASONING_FIELDS if message.get(name)]
+    if message.get("role") != "assistant" or not given:
+        return message
+    wanted = reply_shape(tokenizer, kwargs).field
+    if wanted is None:
+        raise OmrlError(
+            f"message {at} carries reasoning in {given[0]!r}, but the chat template writes no reasoning "
+            f"(it reads none of {', '.join(REASONING_FIELDS)}); put it in the content, or drop it"
+        )
+    out = {key: value for key, value in message.items() if key not in REASONING_FIELDS}
+    out[wanted] = message[given[0]]
+    return out
+
+
+def _as_read_back(tokenizer, reply: Message, kwargs: dict) -> Message:
+    """A dataset's reply as a server's reasoning parser would return it: reasoning written inline in the
+    content moves to the template's field (a reply that has the field already is as given)."""
+    if any(reply.get(name) for name in REASONING_FIELDS) or not isinstance(reply.get("content"), str):
+        return dict(reply)
+    parsed = parse_reply(tokenizer, reply["content"], kwargs)
+    return {**reply, **parsed.message}
 
 
 def encode_conversation(tokenizer, messages: Sequence[Message], **kwargs: Any) -> tuple[list[int], list[int]]:
@@ -93,8 +121,8 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
     opened = render(tokenizer, before, add_generation_prompt=True, **kwargs)
     whole = render(tokenizer, [*before, dict(reply)], **kwargs)
     body = whole[len(opened) :] if whole.startswith(opened) else ""
-    if eos and eos in body:
-        return body[: body.rindex(eos) + len(eos)]
+    if eos and eos in body:  # the model stops at its first end token: a template's text after it is not sampled
+        return body[: body.index(eos) + len(eos)]
     if reply.get("tool_calls"):
         raise OmrlError(
             "the chat template does not write a reply's tool calls after its generation prompt, "

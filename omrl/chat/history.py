@@ -30,13 +30,13 @@ Which mode a template needs, and what each costs, is reported by ``omrl check-te
 
 from __future__ import annotations
 
-import json
 import weakref
 from typing import Any, Sequence
 
 from jinja2 import TemplateError
 
 from omrl.chat.render import Message, TemplateRewrites, encode_chat, next_turn_ids, render
+from omrl.chat.replies import leading_specials, special_strings, template_key, trailing_specials
 from omrl.chat.specials import mark_messages
 from omrl.errors import OmrlError
 
@@ -67,18 +67,19 @@ def next_prompt(
     row: Sequence[int],
     messages: Sequence[Message],
     new: Sequence[Message],
-    generated_eos: bool,
+    sampled_end: str,
     **kwargs: Any,
 ) -> tuple[list[int], bool]:
     """The ids that lead from a reply to the next turn: ``(ids, starts_row)``.
 
-    ``messages`` ends with the reply just sampled (its decoded text), ``new`` are the
+    ``messages`` ends with the reply just sampled (its decoded text, less ``sampled_end``: the
+    tokens that ended it, :func:`omrl.chat.replies.sampled_end`), ``new`` are the
     messages that answer it (a user observation, or tool results), ``row`` is the current
     row's ids (its prompt, replies and increments so far). With ``starts_row`` False the
     ids extend ``row``; with True they are a whole new row's prompt (``as_template`` only).
     """
     if history == "keep":  # (marks what it renders)
-        return kept_increment(tokenizer, messages, new, generated_eos, **kwargs), False
+        return kept_increment(tokenizer, messages, new, sampled_end, **kwargs), False
     messages, new = mark_messages(tokenizer, messages), mark_messages(tokenizer, new)  # their text is never special
     text = _render_or_explain(tokenizer, [*messages, *new], "the chat so far", kwargs)
     prompt = encode_chat(tokenizer, text)
@@ -96,7 +97,7 @@ def native_tool_calls(tokenizer, kwargs: dict) -> bool:
         known = _NATIVE_TOOLS.setdefault(tokenizer, {})
     except TypeError:
         known = {}
-    key = _template_key(tokenizer, kwargs)
+    key = template_key(tokenizer, kwargs)
     if key not in known:
         call = {"type": "function", "function": {"name": PROBE_TOOL, "arguments": {}}}
         chat = [
@@ -112,12 +113,8 @@ def native_tool_calls(tokenizer, kwargs: dict) -> bool:
     return known[key]
 
 
-def _template_key(tokenizer, kwargs: dict) -> tuple[str, str]:
-    return str(getattr(tokenizer, "chat_template", "")), json.dumps(kwargs, sort_keys=True, default=repr)
-
-
 def kept_increment(
-    tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool, **kwargs: Any
+    tokenizer, messages: Sequence[Message], new: Sequence[Message], sampled_end: str, **kwargs: Any
 ) -> list[int]:
     """``keep`` mode's ids after a reply: the real-history increment while the template renders the longer
     chat as an extension (:func:`omrl.chat.render.next_turn_ids`), else :func:`anchored_increment`'s.
@@ -128,24 +125,25 @@ def kept_increment(
         known = _APPENDS.setdefault(tokenizer, {})
     except TypeError:  # cannot be weakly referenced: try the real history every time
         known = {}
-    key = _template_key(tokenizer, kwargs)
+    key = template_key(tokenizer, kwargs)
     if known.get(key, True) and len(new) == 1 and new[0]["role"] == "user":
         try:
-            return next_turn_ids(tokenizer, messages, new[0]["content"], generated_eos, **kwargs)
+            return next_turn_ids(tokenizer, messages, new[0]["content"], sampled_end, **kwargs)
         except (TemplateRewrites, TemplateError):  # it rewrites, or refuses sampled text (gpt-oss: channel tags)
             known[key] = False
-    return encode_chat(tokenizer, anchored_increment(tokenizer, messages, new, generated_eos, **kwargs))
+    return encode_chat(tokenizer, anchored_increment(tokenizer, messages, new, sampled_end, **kwargs))
 
 
 def anchored_increment(
-    tokenizer, messages: Sequence[Message], new: Sequence[Message], generated_eos: bool, **kwargs: Any
+    tokenizer, messages: Sequence[Message], new: Sequence[Message], sampled_end: str, **kwargs: Any
 ) -> str:
     """The text the template writes after a reply for ``new`` and the next generation prompt, rendered after
     placeholder messages (the real system message, a placeholder question and reply) instead of the real
     history, so a template that rewrites earlier replies cannot change it.
 
-    When the reply ended with a stop token the template's closing special token is left out: the sampled
-    stop token closes the turn (gpt-oss samples ``<|return|>`` where its history writes ``<|end|>``).
+    The tokens that ended the reply (``sampled_end``) were sampled, so the increment starts after the template's
+    closing: the very text where the template writes it so (Cohere2's two tokens, ChatML's one), else as many
+    special tokens as were sampled (gpt-oss samples ``<|return|>`` where its history writes ``<|end|>``).
     """
     messages, new = mark_messages(tokenizer, messages[:1]), mark_messages(tokenizer, new)
     system = [dict(m) for m in messages[:1] if m.get("role") == "system"]
@@ -162,16 +160,17 @@ def anchored_increment(
             f"history cannot be kept; use chat.history=as_template ({CHECK_HINT})"
         )
     increment = text[at + len(PLACEHOLDER_REPLY) :]
-    if generated_eos:
-        close = leading_special_token(tokenizer, increment)
-        if close is None:
-            raise OmrlError(
-                f"the chat template does not close a reply with a special token (it writes "
-                f"{increment[:40]!r} after one), so a sampled stop token has no place in the "
-                f"history; use chat.history=as_template ({CHECK_HINT})"
-            )
-        increment = increment[len(close) :]
-    return increment
+    if not sampled_end or increment.startswith(sampled_end):
+        return increment[len(sampled_end) :]
+    specials = special_strings(tokenizer)
+    closing, sampled = leading_specials(increment, specials), trailing_specials(sampled_end, specials)
+    if len(closing) < len(sampled) or not sampled:
+        raise OmrlError(
+            f"the chat template does not close a reply with special tokens (it writes {increment[:40]!r} "
+            f"after one), so the sampled {sampled_end!r} has no place in the history; use "
+            f"chat.history=as_template ({CHECK_HINT})"
+        )
+    return increment[len("".join(closing[: len(sampled)])) :]
 
 
 def _render_or_explain(tokenizer, messages: Sequence[Message], what: str, kwargs: dict) -> str:
@@ -183,14 +182,3 @@ def _render_or_explain(tokenizer, messages: Sequence[Message], what: str, kwargs
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the template raises
         raise OmrlError(f"the chat template cannot render {what} ({type(exc).__name__}: {exc}); {CHECK_HINT}") from exc
-
-
-def leading_special_token(tokenizer, text: str) -> str | None:
-    """The longest special token ``text`` starts with, or None."""
-    specials = [
-        str(t)
-        for t in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
-        if getattr(t, "special", False)
-    ]
-    found = [t for t in specials if t and text.startswith(t)]
-    return max(found, key=len) if found else None

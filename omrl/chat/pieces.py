@@ -118,7 +118,7 @@ def next_turn_ids(
     tokenizer,
     messages: Sequence[Message],
     user_content: str,
-    generated_eos: bool,
+    sampled_end: str,
     kwargs: dict,
     render: Render,
     encode: Encode,
@@ -134,9 +134,10 @@ def next_turn_ids(
         return None
     pieces = entry.pieces
     end = pieces.end
-    eos = tokenizer.eos_token or ""
-    if generated_eos and eos and end.startswith(eos):
-        end = end[len(eos) :]
+    if sampled_end:
+        if not end.startswith(sampled_end):
+            return None  # the template closes a reply otherwise than it was sampled: render in full
+        end = end[len(sampled_end) :]
     ids = _split(tokenizer, end + pieces.before, pieces.after, encode).ids(tokenizer, user_content, encode)
     if not entry.turn_checked:
         text = rendered()

@@ -252,7 +252,9 @@ def _play(tokenizer, episode: list[Message], mode: str, kwargs: dict, tool_step:
     )
     if mode == "keep" and tool_step is not None:
         try:
-            kept_increment(tokenizer, tool_step, [{"role": "tool", "content": TOOL_RESULT}], True, **kwargs)
+            kept_increment(
+                tokenizer, tool_step, [{"role": "tool", "content": TOOL_RESULT}], tokenizer.eos_token or "", **kwargs
+            )
         except Exception as exc:  # noqa: BLE001
             cost.tool_problem = _reason(exc)
     return cost

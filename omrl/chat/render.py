@@ -126,14 +126,14 @@ def generation_end(tokenizer, messages: Sequence[Message], **kwargs: Any) -> str
 
 
 def next_turn_ids(
-    tokenizer, messages: Sequence[Message], user_content: str, generated_eos: bool, **kwargs: Any
+    tokenizer, messages: Sequence[Message], user_content: str, sampled_end: str, **kwargs: Any
 ) -> list[int]:
     """Ids to append after a model turn so the chat continues with ``user_content``.
 
     ``messages`` ends with the assistant turn just generated (its decoded text
-    without the end-of-turn token); ``generated_eos`` says whether the sampled
-    ids already end with the tokenizer's end-of-turn token. When they do not
-    (the turn was cut at the token limit), the end-of-turn text is part of the
+    without the tokens that end it); ``sampled_end`` is the text of those tokens
+    (:func:`omrl.chat.replies.sampled_end`, e.g. ``'<|im_end|>'``). When it is empty
+    (the turn was cut at the token limit), the template's closing is part of the
     increment, so it carries loss_mask 0 like every template token.
 
     Exactly the ids of :func:`rendered_turn_text`'s text; built from the template's
@@ -147,30 +147,29 @@ def next_turn_ids(
         tokenizer,
         messages,
         user_content,
-        generated_eos,
+        sampled_end,
         kwargs,
         render,
         encode_chat,
         rendered=lambda: rendered_turn_text(
-            tokenizer, mark_messages(tokenizer, messages), user_content, generated_eos, **kwargs
+            tokenizer, mark_messages(tokenizer, messages), user_content, sampled_end, **kwargs
         ),
     )
     if ids is None:
         ids = encode_chat(
             tokenizer,
-            rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content, generated_eos, **kwargs),
+            rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content, sampled_end, **kwargs),
         )
     return ids
 
 
 def rendered_turn_text(
-    tokenizer, messages: Sequence[Message], user_content: str, generated_eos: bool, **kwargs: Any
+    tokenizer, messages: Sequence[Message], user_content: str, sampled_end: str, **kwargs: Any
 ) -> str:
     """The text of :func:`next_turn_ids`' increment, by rendering the chat without and with the new message."""
     after = generation_end(tokenizer, messages, **kwargs)
-    eos = tokenizer.eos_token or ""
-    if generated_eos and eos and after.startswith(eos):
-        after = after[len(eos) :]
+    if sampled_end and after.startswith(sampled_end):
+        after = after[len(sampled_end) :]
     before = render(tokenizer, messages, **kwargs)
     longer = render(
         tokenizer, [*messages, {"role": "user", "content": user_content}], add_generation_prompt=True, **kwargs

@@ -99,7 +99,7 @@ def mark_messages(tokenizer: Any, messages: Sequence[dict]) -> list[dict]:
     return messages if all(a is b for a, b in zip(marked, messages)) else marked
 
 
-TEXT_KEYS = ("content", "reasoning_content", "thinking", "name")
+TEXT_KEYS = ("content", "reasoning_content", "thinking", "reasoning", "name")
 
 
 def _mark_message(marks: _Marks, message: dict) -> dict:

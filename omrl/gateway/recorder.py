@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from omrl.backends.base import Generation
 from omrl.chat import next_prompt, prompt_ids
+from omrl.chat.replies import sampled_end
 from omrl.chat.specials import mark_value
 from omrl.chat.tool_calls import ParsedReply, parse_tool_calls
 from omrl.data.trajectory import Episode, Turn
@@ -59,7 +60,7 @@ class EpisodeRecorder:
         self.names: dict[str, str] = {}  # tool-call id -> tool name
         self.kwargs: dict[str, Any] = {}
         self.answering = ""  # the text of the messages the next reply answers
-        self.eos_generated = False
+        self.sampled_end = ""  # the special tokens that ended the last reply ('' when it was cut)
         self.over_budget = False  # a call found no room left (context or calls): the episode is truncated
         self.calls = 0
         self.ended = False  # set by the gateway when the episode ends: a later call is refused
@@ -78,7 +79,7 @@ class EpisodeRecorder:
             self.kwargs,
             self.tools_key,
             self.answering,
-            self.eos_generated,
+            self.sampled_end,
             dict(self.names),
         )
 
@@ -86,7 +87,7 @@ class EpisodeRecorder:
         ep = self.episode
         (tokens, mask, logprobs, rows, turns), ep.prompt_length, ep.instruction, *rest = state
         del ep.token_ids[tokens:], ep.loss_mask[mask:], ep.logprobs[logprobs:], ep.row_starts[rows:], ep.turns[turns:]
-        self.said, self.seen, self.kwargs, self.tools_key, self.answering, self.eos_generated, self.names = rest
+        self.said, self.seen, self.kwargs, self.tools_key, self.answering, self.sampled_end, self.names = rest
 
     # -- before a call -------------------------------------------------------------------------------
     def prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[int] | None:
@@ -98,7 +99,7 @@ class EpisodeRecorder:
         if ep.token_ids and tools_key == self.tools_key and continues(messages, self.seen):
             new = for_template(messages[len(self.seen) :], self.layout, self.names)
             ids, starts_row = next_prompt(
-                tokenizer, self.history, ep.current_row(), self.said, new, self.eos_generated, **kwargs
+                tokenizer, self.history, ep.current_row(), self.said, new, self.sampled_end, **kwargs
             )
             said = [*self.said, *new]
             fresh = messages[len(self.seen) :]
@@ -139,7 +140,9 @@ class EpisodeRecorder:
         ep.token_ids += generation.token_ids
         ep.loss_mask += [1] * len(generation.token_ids)
         ep.logprobs += generation.logprobs
-        self.eos_generated = bool(generation.token_ids) and generation.token_ids[-1] == tokenizer.eos_token_id
+        stopped = bool(generation.token_ids) and generation.token_ids[-1] == tokenizer.eos_token_id
+        text = tokenizer.decode(generation.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        self.sampled_end = sampled_end(tokenizer, text, self.kwargs) if stopped else ""
         truncated = generation.finish_reason == "length"
         if truncated and cut_by_budget:
             self.over_budget = True
@@ -197,9 +200,10 @@ class EpisodeRecorder:
         return Reply(parsed.content, calls, finish, generation.token_ids, generation.logprobs), parsed
 
     def _decoded(self, ids: Sequence[int]) -> str:
-        eos = self.tokenizer.eos_token_id
-        body = ids[:-1] if ids and ids[-1] == eos else ids
-        return self.tokenizer.decode(list(body), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        """The reply's text less the tokens that ended it (:func:`omrl.chat.replies.sampled_end`)."""
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        stopped = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
+        return text[: len(text) - len(sampled_end(self.tokenizer, text, self.kwargs))] if stopped else text
 
     def chat(self) -> list[dict[str, Any]]:
         """The chat of the episode's last row as the chat template was given it (an Episode's ``messages``):

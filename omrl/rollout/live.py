@@ -22,6 +22,7 @@ from typing import Any
 from omrl.backends.base import Generation
 from omrl.chat import next_prompt
 from omrl.chat.history import native_tool_calls
+from omrl.chat.replies import parse_reply, sampled_end
 from omrl.data.trajectory import Episode, Turn
 from omrl.envs import Env, StepResult, clean_text, step_problem
 from omrl.templates import ParsedAction, Template
@@ -39,6 +40,7 @@ class LiveEpisode:
     answering: str  # the env text (or format feedback) the next turn answers
     next_user: str = ""  # the env text (or format feedback) that answers the current turn
     eos_generated: bool = False
+    sampled_end: str = ""  # the special tokens that ended the current reply, as sampled ('' when it was cut)
     end: str | None = None
     action: str | None = None  # the current reply's parsed action, when the env should step on it
     tool_call: dict | None = None  # the current reply as a structured tool call ({content, tool_calls}), if it is one
@@ -53,11 +55,19 @@ class LiveEpisode:
 
 
 def record_reply(
-    live: LiveEpisode, reply: Generation | BaseException, template: Template, tokenizer: Any, env: Env
+    live: LiveEpisode,
+    reply: Generation | BaseException,
+    template: Template,
+    tokenizer: Any,
+    env: Env,
+    chat_kwargs: dict | None = None,
 ) -> str | None:
     """Append ``reply`` to the episode as a new turn and parse it; the action to step on (also
     ``live.action``), or None: the turn's parse error set and the next user message saying why, or
-    ``live.end`` set when the reply was empty or is an exception (env_error)."""
+    ``live.end`` set when the reply was empty or is an exception (env_error).
+
+    The chat holds the reply as the template reads it back (:func:`omrl.chat.replies.parse_reply`: its
+    reasoning in the template's field, its answer as content); the action template reads the whole text."""
     live.action = live.tool_call = None
     ep = live.episode
     if isinstance(reply, BaseException):
@@ -70,8 +80,9 @@ def record_reply(
     ep.loss_mask += [1] * len(reply.token_ids)
     ep.logprobs += reply.logprobs
     live.eos_generated = bool(reply.token_ids) and reply.token_ids[-1] == tokenizer.eos_token_id
-    body = reply.token_ids[:-1] if live.eos_generated else reply.token_ids
-    response = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    text = tokenizer.decode(reply.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    live.sampled_end = sampled_end(tokenizer, text, chat_kwargs) if live.eos_generated else ""
+    response = text[: len(text) - len(live.sampled_end)]
     rollout_info = {
         "truncated": not live.eos_generated,
         "token_exact": reply.token_exact,
@@ -93,7 +104,7 @@ def record_reply(
     if reply.weights_version is not None:  # the sampler changed versions between turns
         turn.info["weights_version"] = reply.weights_version
     ep.turns.append(turn)
-    live.messages.append({"role": "assistant", "content": response})
+    live.messages.append(parse_reply(tokenizer, response, chat_kwargs).message)
     if not response.strip():
         turn.parse_error = "the reply was empty"
         live.end = "empty_response"
@@ -171,13 +182,16 @@ def continue_chat(
         live.end = "max_turns"
         return
     if live.tool_call is not None and native_tool_calls(tokenizer, chat_kwargs):
-        live.messages[-1] = {"role": "assistant", **live.tool_call}
+        call = dict(live.tool_call)
+        if len(live.messages[-1]) > 2:  # the reply's reasoning has a field: the call's text is its answer
+            call["content"] = parse_reply(tokenizer, call["content"], chat_kwargs).answer
+        live.messages[-1] = {**live.messages[-1], **call}
         name = live.tool_call["tool_calls"][0]["function"]["name"]
         new = [{"role": "tool", "content": live.next_user, "name": name}]
     else:
         new = [{"role": "user", "content": live.next_user}]
     ids, starts_row = next_prompt(
-        tokenizer, history, ep.current_row(), live.messages, new, live.eos_generated, **chat_kwargs
+        tokenizer, history, ep.current_row(), live.messages, new, live.sampled_end, **chat_kwargs
     )
     if (0 if starts_row else len(ep.current_row())) + len(ids) >= max_context:
         live.end = "max_context"

@@ -212,7 +212,7 @@ def collect_lanes(
         to_step = [
             s
             for s, reply in zip(live, replies)
-            if record_reply(s, reply, s.lane.template, tokenizer, s.env) is not None
+            if record_reply(s, reply, s.lane.template, tokenizer, s.env, s.chat_kwargs) is not None
         ]
         results = per_pool(
             to_step, lambda s: s.lane.pool, lambda pool, some: pool.step_many([(s.env, s.action) for s in some])

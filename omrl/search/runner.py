@@ -211,7 +211,7 @@ def _expand(
         ctx.charge(tree, len(reply.token_ids))
     grown = [child_of(node) for _, _, node, _ in slots]
     for g, reply in zip(grown, replies):
-        record_reply(g, reply, ctx.template, ctx.tokenizer, probe)
+        record_reply(g, reply, ctx.template, ctx.tokenizer, probe, chat_kwargs[id(tree)])
     to_step = [(i, g) for i, g in enumerate(grown) if g.action is not None]
     results = forker.step_many([(slots[i][2].env_state, slots[i][0].task_id, g.action) for i, g in to_step])
     states: dict[int, Any] = {}

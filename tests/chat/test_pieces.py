@@ -80,10 +80,10 @@ def full_prompt_ids(tokenizer, messages, **kwargs) -> list[int]:
     )
 
 
-def full_turn_ids(tokenizer, messages, user_content, generated_eos, **kwargs) -> list[int]:
+def full_turn_ids(tokenizer, messages, user_content, sampled_end, **kwargs) -> list[int]:
     marked = mark_messages(tokenizer, [*messages, {"role": "user", "content": user_content}])
     return encode_chat(
-        tokenizer, rendered_turn_text(tokenizer, marked[:-1], marked[-1]["content"], generated_eos, **kwargs)
+        tokenizer, rendered_turn_text(tokenizer, marked[:-1], marked[-1]["content"], sampled_end, **kwargs)
     )
 
 
@@ -99,7 +99,7 @@ def test_random_conversations_match_full_renders_token_for_token(tokenizer, seed
         assert prompt_ids(tokenizer, messages, **kwargs) == full_prompt_ids(tokenizer, messages, **kwargs)
         for _ in range(rng.randint(1, 6)):
             messages.append({"role": "assistant", "content": text(rng)})
-            observation, eos = text(rng), rng.random() < 0.7
+            observation, eos = text(rng), tokenizer.eos_token if rng.random() < 0.7 else ""
             got = next_turn_ids(tokenizer, messages, observation, eos, **kwargs)
             assert got == full_turn_ids(tokenizer, messages, observation, eos, **kwargs), (messages, observation)
             messages.append({"role": "user", "content": observation})
@@ -119,7 +119,7 @@ def test_after_the_first_turn_nothing_is_rendered(tokenizer, monkeypatch):
     ]
     chat = [*opening, {"role": "assistant", "content": "Action: up"}]
     prompt_ids(tokenizer, opening)
-    next_turn_ids(tokenizer, chat, "blocked.", True)  # pieces derived and checked against a full render
+    next_turn_ids(tokenizer, chat, "blocked.", tokenizer.eos_token)  # pieces derived and checked against a full render
     renders = []
     real = tokenizer.apply_chat_template
     monkeypatch.setattr(tokenizer, "apply_chat_template", lambda *a, **k: renders.append(1) or real(*a, **k))
@@ -128,13 +128,16 @@ def test_after_the_first_turn_nothing_is_rendered(tokenizer, monkeypatch):
         first = env.reset(task)
         other = [*opening[:-1], {"role": "user", "content": f"{first.instruction}\n\n{first.text}"}]
         observation = env.step("left").observation
-        got = (prompt_ids(tokenizer, other), next_turn_ids(tokenizer, [*other, chat[-1]], observation, True))
+        got = (
+            prompt_ids(tokenizer, other),
+            next_turn_ids(tokenizer, [*other, chat[-1]], observation, tokenizer.eos_token),
+        )
         expected.append((other, observation, got))
     assert renders == []
     monkeypatch.undo()
     for other, observation, (opening_ids, increment) in expected:
         assert opening_ids == full_prompt_ids(tokenizer, other)
-        assert increment == full_turn_ids(tokenizer, [*other, chat[-1]], observation, True)
+        assert increment == full_turn_ids(tokenizer, [*other, chat[-1]], observation, tokenizer.eos_token)
 
 
 CHATML_TURN = "'<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n'"
@@ -193,8 +196,8 @@ def test_a_template_that_cannot_be_proven_piecewise_renders_in_full(tokenizer, w
     for turn in range(4):
         messages.append({"role": "assistant", "content": f"reply {turn}"})
         observation = text(rng)
-        assert next_turn_ids(tokenizer, messages, observation, True) == full_turn_ids(
-            tokenizer, messages, observation, True
+        assert next_turn_ids(tokenizer, messages, observation, tokenizer.eos_token) == full_turn_ids(
+            tokenizer, messages, observation, tokenizer.eos_token
         )
         messages.append({"role": "user", "content": observation})
 
@@ -214,7 +217,7 @@ def test_the_system_prompt_in_the_last_message_still_raises(tokenizer):
         {"role": "assistant", "content": "up"},
     ]
     with pytest.raises(OmrlError, match="rewrites assistant messages"):
-        next_turn_ids(tokenizer, chat, "ok", True)
+        next_turn_ids(tokenizer, chat, "ok", tokenizer.eos_token)
 
 
 def test_an_opening_split_where_bpe_could_merge_is_encoded_whole(tokenizer):
@@ -233,7 +236,7 @@ def test_an_opening_split_where_bpe_could_merge_is_encoded_whole(tokenizer):
         messages = [*shared, {"role": "user", "content": last}]
         assert prompt_ids(tokenizer, messages) == full_prompt_ids(tokenizer, messages)
         chat = [*messages, {"role": "assistant", "content": last + " "}]
-        assert next_turn_ids(tokenizer, chat, last, False) == full_turn_ids(tokenizer, chat, last, False)
+        assert next_turn_ids(tokenizer, chat, last, "") == full_turn_ids(tokenizer, chat, last, "")
 
 
 def test_other_chat_shapes_render_in_full(tokenizer):
@@ -248,8 +251,13 @@ def test_other_chat_shapes_render_in_full(tokenizer):
         ],
     ]
     for chat in odd:
-        assert chat_cache.next_turn_ids(tokenizer, chat, "next", True, {}, render, encode_text, lambda: "") is None
-        assert next_turn_ids(tokenizer, chat, "next", True) == full_turn_ids(tokenizer, chat, "next", True)
+        assert (
+            chat_cache.next_turn_ids(tokenizer, chat, "next", tokenizer.eos_token, {}, render, encode_text, lambda: "")
+            is None
+        )
+        assert next_turn_ids(tokenizer, chat, "next", tokenizer.eos_token) == full_turn_ids(
+            tokenizer, chat, "next", tokenizer.eos_token
+        )
 
 
 def test_pieces_that_a_real_turn_contradicts_are_dropped_with_a_warning(tokenizer):
@@ -264,11 +272,15 @@ def test_pieces_that_a_real_turn_contradicts_are_dropped_with_a_warning(tokenize
         pieces.end, pieces.before + "wrong ", pieces.after, pieces.first_before, pieces.first_after
     )
     with pytest.warns(RuntimeWarning, match="rendered differently"):
-        assert next_turn_ids(tokenizer, chat, "ok", True) == full_turn_ids(tokenizer, chat, "ok", True)
+        assert next_turn_ids(tokenizer, chat, "ok", tokenizer.eos_token) == full_turn_ids(
+            tokenizer, chat, "ok", tokenizer.eos_token
+        )
     assert chat_cache.turn_pieces(tokenizer, render, {}, True) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert next_turn_ids(tokenizer, chat, "ok", True) == full_turn_ids(tokenizer, chat, "ok", True)
+        assert next_turn_ids(tokenizer, chat, "ok", tokenizer.eos_token) == full_turn_ids(
+            tokenizer, chat, "ok", tokenizer.eos_token
+        )
 
 
 def test_encode_text_gives_transformers_ids(tokenizer):
@@ -289,11 +301,11 @@ def test_tokens_added_after_caching_are_seen(tokenizer):
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": "up"},
     ]
-    before = next_turn_ids(tokenizer, chat, "ok", True)
+    before = next_turn_ids(tokenizer, chat, "ok", tokenizer.eos_token)
     assert prompt_ids(tokenizer, chat[:2]) == full_prompt_ids(tokenizer, chat[:2])
     tokenizer.add_tokens(["assistant\n", "go"], special_tokens=True)  # changes how the cached pieces encode
-    after = next_turn_ids(tokenizer, chat, "ok", True)
-    assert after != before and after == full_turn_ids(tokenizer, chat, "ok", True)
+    after = next_turn_ids(tokenizer, chat, "ok", tokenizer.eos_token)
+    assert after != before and after == full_turn_ids(tokenizer, chat, "ok", tokenizer.eos_token)
     assert prompt_ids(tokenizer, chat[:2]) == full_prompt_ids(tokenizer, chat[:2])
 
 

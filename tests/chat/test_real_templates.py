@@ -87,9 +87,13 @@ def test_the_second_turn_is_no_longer_refused(family):
     tokenizer = family_tokenizer(family)
     chat = episode(True)[:3]
     row = encode_text(tokenizer, render(tokenizer, chat[:2], add_generation_prompt=True) + chat[2]["content"])
-    ids, starts_row = next_prompt(tokenizer, "keep", row, chat, [{"role": "user", "content": "Next."}], True)
+    ids, starts_row = next_prompt(
+        tokenizer, "keep", row, chat, [{"role": "user", "content": "Next."}], tokenizer.eos_token
+    )
     assert not starts_row and "Next." in tokenizer.decode(ids)
-    ids, starts_row = next_prompt(tokenizer, "as_template", row, chat, [{"role": "user", "content": "Next."}], True)
+    ids, starts_row = next_prompt(
+        tokenizer, "as_template", row, chat, [{"role": "user", "content": "Next."}], tokenizer.eos_token
+    )
     assert starts_row and ids == encode_text(
         tokenizer, render(tokenizer, [*chat, {"role": "user", "content": "Next."}], add_generation_prompt=True)
     )

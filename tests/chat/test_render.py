@@ -40,8 +40,8 @@ def test_no_template_or_user_token_is_learned(tokenizer):
 
 def test_increment_after_a_cut_turn_carries_the_end_token_unlearned(tokenizer):
     history = CHAT[:3]
-    with_eos = next_turn_ids(tokenizer, history, "next", generated_eos=True)
-    without = next_turn_ids(tokenizer, history, "next", generated_eos=False)
+    with_eos = next_turn_ids(tokenizer, history, "next", sampled_end=tokenizer.eos_token)
+    without = next_turn_ids(tokenizer, history, "next", sampled_end="")
     assert tokenizer.decode(without).startswith("<|im_end|>")
     assert tokenizer.decode(without)[len("<|im_end|>") :] == tokenizer.decode(with_eos)
     assert (

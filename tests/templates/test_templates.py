@@ -320,7 +320,7 @@ def test_tool_call_with_the_tiny_models_chat_template(tiny_model_dir):
         "Search first.",
         tool_call={"type": "function", "function": {"name": "search", "arguments": {"keywords": "red shoes"}}},
     )
-    increment = tokenizer.decode(next_turn_ids(tokenizer, messages, "Results: ...", False, **kwargs))
+    increment = tokenizer.decode(next_turn_ids(tokenizer, messages, "Results: ...", "", **kwargs))
     assert increment.startswith("<|im_end|>") and "Results: ..." in increment
 
 

@@ -1,0 +1,196 @@
+"""A sampled reply read the way the family's server reads it: reasoning, answer and the tokens that end it.
+
+A serving engine's reasoning parser splits a reply into its reasoning channel and its answer
+(Qwen3's ``<think>`` block, gpt-oss's ``analysis`` channel, Gemma 4's ``thought`` channel,
+DeepSeek-R1's text before ``</think>``), and the chat template reads them back from a
+message's fields (``reasoning_content``, ``thinking``, ``reasoning``). omrl learns both ends
+of that contract from the template itself (:func:`reply_shape`): it renders a reply whose
+reasoning and answer are sentinels, once per template and options, and reads off the text the
+template writes around them. :func:`parse_reply` then splits a sampled reply at the same text,
+so the message a history holds is the one the template expects back, and the template, not
+omrl, decides what an earlier reply shows.
+
+The end of a reply is the run of special tokens its ids end with that the template itself closes
+a reply with (Cohere2 samples ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``, ChatML ``<|im_end|>``,
+gpt-oss ``<|return|>``): :func:`sampled_end`. Those ids were sampled, so the history's increment
+starts after them (:func:`omrl.chat.history.kept_increment`), never writing them again.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Any, Sequence
+
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # Qwen3/GLM/Nemotron, gpt-oss, others
+ANSWER = "omrl answer sentinel"
+REASONING = "omrl reasoning sentinel"
+QUESTION = "omrl question sentinel"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+_SHAPES: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], ReplyShape]]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class ReplyShape:
+    """The text a chat template writes around a reply's parts, after its generation prompt.
+
+    ``field`` is the message field the template reads reasoning from (None: it writes none);
+    ``opens``/``closes`` the text before and after the reasoning (``opens`` is empty where the
+    generation prompt itself opens the block, as DeepSeek-R1's does); ``answer_opens`` what stands
+    before an answer that has no reasoning (gpt-oss's ``<|channel|>final<|message|>``, Qwen3's empty
+    block); ``closing`` the special tokens the template ends a last reply with."""
+
+    field: str | None = None
+    opens: str = ""
+    closes: str = ""
+    answer_opens: str = ""
+    closing: tuple[str, ...] = ()
+    specials: frozenset[str] = dataclass_field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class ParsedReply:
+    """A reply's text split: its ``reasoning`` (None: it has none), its ``answer`` (the text after any
+    reasoning and channel header) and ``message``: the assistant message the template is given back."""
+
+    reasoning: str | None
+    answer: str
+    message: dict[str, Any]
+
+
+def template_key(tokenizer: Any, kwargs: dict) -> tuple[str, str]:
+    """What a per-tokenizer cache of a template's behaviour is keyed by: the template and its options."""
+    return str(getattr(tokenizer, "chat_template", "")), json.dumps(kwargs, sort_keys=True, default=repr)
+
+
+def special_strings(tokenizer: Any) -> list[str]:
+    """The tokenizer's special tokens as strings, longest first (one may contain another)."""
+    added = (getattr(tokenizer, "added_tokens_decoder", None) or {}).values()
+    return sorted({str(t) for t in added if getattr(t, "special", False) and str(t)}, key=len, reverse=True)
+
+
+def leading_specials(text: str, specials: Sequence[str]) -> list[str]:
+    """The special tokens ``text`` opens with, one after another with nothing between them."""
+    found: list[str] = []
+    at = 0
+    while True:
+        token = next((s for s in specials if text.startswith(s, at)), None)
+        if token is None:
+            return found
+        found.append(token)
+        at += len(token)
+
+
+def trailing_specials(text: str, specials: Sequence[str]) -> list[str]:
+    """The special tokens ``text`` ends with, one after another with nothing between them (in order)."""
+    found: list[str] = []
+    end = len(text)
+    while True:
+        token = next((s for s in specials if text.endswith(s, 0, end)), None)
+        if token is None:
+            return found[::-1]
+        found.append(token)
+        end -= len(token)
+
+
+def reply_shape(tokenizer: Any, kwargs: dict | None = None) -> ReplyShape:
+    """The :class:`ReplyShape` of ``tokenizer``'s chat template under ``kwargs`` (rendered once, then cached)."""
+    kwargs = dict(kwargs or {})
+    try:
+        known = _SHAPES.setdefault(tokenizer, {})
+    except TypeError:
+        known = {}
+    key = template_key(tokenizer, kwargs)
+    if key not in known:
+        known[key] = _learn_shape(tokenizer, kwargs)
+    return known[key]
+
+
+def _render(tokenizer: Any, messages: list[dict], generation: bool, kwargs: dict) -> str | None:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kwargs)
+    except Exception:  # noqa: BLE001 - a template that refuses the probe tells nothing here
+        return None
+
+
+def _learn_shape(tokenizer: Any, kwargs: dict) -> ReplyShape:
+    specials = special_strings(tokenizer)
+    opening = [{"role": "user", "content": QUESTION}]
+    prompt = _render(tokenizer, opening, True, kwargs)
+    plain = _render(tokenizer, [*opening, {"role": "assistant", "content": ANSWER}], False, kwargs)
+    if prompt is None or plain is None:
+        return ReplyShape(specials=frozenset(specials))
+    answer_opens, closing = "", ()
+    if ANSWER in plain:  # the closing is read from the reply's own end, wherever its prompt stands
+        closing = tuple(leading_specials(plain[plain.rindex(ANSWER) + len(ANSWER) :], specials))
+    if plain.startswith(prompt) and ANSWER in plain[len(prompt) :]:
+        body = plain[len(prompt) :]
+        answer_opens = body[: body.index(ANSWER)]
+    shape = dict(answer_opens=answer_opens, closing=closing, specials=frozenset(specials))
+    call = {"type": "function", "function": {"name": "omrl_probe_tool", "arguments": {}}}
+    for name in REASONING_FIELDS:
+        reply = {"role": "assistant", "content": ANSWER, name: REASONING}
+        called = {
+            "role": "assistant",
+            "content": "",
+            name: REASONING,
+            "tool_calls": [call],
+        }  # Gemma 4 writes it only so
+        for chat in ([*opening, reply], [*opening, reply, {"role": "user", "content": QUESTION}], [*opening, called]):
+            text = _render(tokenizer, chat, False, kwargs)
+            if text is None or not text.startswith(prompt):
+                continue
+            body = text[len(prompt) :]
+            at, answer = body.find(REASONING), body.find(ANSWER)
+            if at < 0:
+                continue
+            after = body[at + len(REASONING) :]
+            if answer > at:
+                return ReplyShape(name, body[:at], body[at + len(REASONING) : answer], **shape)
+            first = min((after.find(s) + len(s) for s in specials if s in after), default=-1)
+            if first > 0:  # no answer written: the reasoning closes at its first special token
+                return ReplyShape(name, body[:at], after[:first], **shape)
+    if prompt.rstrip().endswith(THINK_OPEN):  # the prompt opens the block and no field is written: DeepSeek-R1
+        return ReplyShape("reasoning_content", "", THINK_CLOSE, **shape)
+    return ReplyShape(**shape)
+
+
+def sampled_end(tokenizer: Any, text: str, kwargs: dict | None = None) -> str:
+    """The special tokens a reply's decoded text ends with that close a reply in the template: its longest
+    trailing run of specials that ends as the template's own closing does (``''``: the reply was cut, or
+    ends otherwise). A run that ends with the eos token counts where the template writes no closing."""
+    shape = reply_shape(tokenizer, kwargs)
+    specials = sorted(shape.specials, key=len, reverse=True)
+    tail = trailing_specials(text, specials)
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    closing = list(shape.closing)
+    for k in range(min(len(tail), max(len(closing), 1)), 0, -1):
+        if closing and tail[-k:] == closing[-k:] or tail[-k:] == closing[:k] or k == 1 and tail[-1] == eos:
+            return "".join(tail[-k:])
+    return ""
+
+
+def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None) -> ParsedReply:
+    """``text`` (a reply's decoded text without its :func:`sampled_end`) split the way the template writes a
+    reply: the reasoning between the template's reasoning markers, the answer after them (less the header
+    the template puts before an answer), and the message holding both in the field the template reads."""
+    shape = reply_shape(tokenizer, kwargs)
+    reasoning, answer = None, text
+    if shape.field and shape.closes.strip():
+        for opens, closes in ((shape.opens, shape.closes), (shape.opens.strip(), shape.closes.strip())):
+            if not opens and closes.strip() == THINK_CLOSE:
+                opens = THINK_OPEN if text.lstrip().startswith(THINK_OPEN) else ""  # a block the prompt opened
+            body = text.lstrip() if opens != shape.opens else text
+            if body.startswith(opens) and closes in body[len(opens) :]:
+                reasoning, answer = body[len(opens) :].split(closes, 1)
+                break
+    header = shape.answer_opens.strip()
+    if reasoning is None and header and answer.startswith(header):
+        answer = answer[len(header) :]
+    message: dict[str, Any] = {"role": "assistant", "content": answer}
+    if reasoning is not None and shape.field:
+        message[shape.field] = reasoning
+    return ParsedReply(reasoning, answer, message)
