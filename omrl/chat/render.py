@@ -16,6 +16,7 @@ built from cached pieces, and a shared opening's ids are encoded once.
 
 from __future__ import annotations
 
+import weakref
 from functools import lru_cache
 from typing import Any, Sequence
 
@@ -37,9 +38,65 @@ def render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool =
             f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
             "use a chat/instruct model or set tokenizer.chat_template"
         )
-    return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
-    )
+    from jinja2 import TemplateError
+
+    messages = list(messages)
+    if _wants_parts(tokenizer):
+        messages = [_as_parts(m) for m in messages]
+    try:
+        return tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+    except TemplateError:
+        folded = _system_folded(messages)
+        if folded is None:
+            raise
+        return tokenizer.apply_chat_template(
+            folded, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+
+
+_PARTS: "weakref.WeakKeyDictionary[Any, dict[str, bool]]" = weakref.WeakKeyDictionary()
+_PART_PROBE = "omrl text probe"
+
+
+def _wants_parts(tokenizer) -> bool:
+    """Whether the template writes a message's text only from content parts (SmolVLM, Idefics3 and LLaVA-NeXT
+    templates write nothing, or raise, for a string): then every string content is given as one text part."""
+    try:
+        known = _PARTS.setdefault(tokenizer, {})
+    except TypeError:
+        known = {}
+    key = str(tokenizer.chat_template)
+    if key not in known:
+        known[key] = not _renders(tokenizer, _PART_PROBE) and _renders(
+            tokenizer, [{"type": "text", "text": _PART_PROBE}]
+        )
+    return known[key]
+
+
+def _renders(tokenizer, content: Any) -> bool:
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that refuses this form of content
+        return False
+    return _PART_PROBE in text
+
+
+def _as_parts(message: Message) -> Message:
+    content = message.get("content")
+    return {**message, "content": [{"type": "text", "text": content}]} if isinstance(content, str) else message
+
+
+def _system_folded(messages: list[Message]) -> list[Message] | None:
+    """A chat whose system message opens its first user message, for templates that refuse a system role
+    (Gemma 1 and 2 raise on one; their model cards fold it so); None where there is none to fold."""
+    if len(messages) < 2 or messages[0].get("role") != "system" or messages[1].get("role") != "user":
+        return None
+    system, user = messages[0].get("content"), messages[1].get("content")
+    if not isinstance(system, str) or not isinstance(user, str):
+        return None
+    return [{**messages[1], "content": f"{system}\n\n{user}"}, *messages[2:]]
 
 
 def encode_text(tokenizer, text: str) -> list[int]:

@@ -110,8 +110,10 @@ def reply_shape(tokenizer: Any, kwargs: dict | None = None) -> ReplyShape:
 
 
 def _render(tokenizer: Any, messages: list[dict], generation: bool, kwargs: dict) -> str | None:
+    from omrl.chat.render import render  # (render's module reads this one's shapes)
+
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kwargs)
+        return render(tokenizer, messages, add_generation_prompt=generation, **kwargs)
     except Exception:  # noqa: BLE001 - a template that refuses the probe tells nothing here
         return None
 
@@ -187,9 +189,10 @@ def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None) -> Parsed
             if body.startswith(opens) and closes in body[len(opens) :]:
                 reasoning, answer = body[len(opens) :].split(closes, 1)
                 break
-    header = shape.answer_opens.strip()
-    if reasoning is None and header and answer.startswith(header):
-        answer = answer[len(header) :]
+    for header in (shape.answer_opens, shape.answer_opens.strip()):
+        if reasoning is None and header and answer.startswith(header):
+            answer = answer[len(header) :]
+            break
     message: dict[str, Any] = {"role": "assistant", "content": answer}
     if reasoning is not None and shape.field:
         message[shape.field] = reasoning

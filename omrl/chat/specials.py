@@ -36,26 +36,35 @@ class _Marks:
         "from_mark",
         "find_special",
         "find_mark",
+        "only_special",
+        "plain",
+        "find_plain",
         "marked",
+        "marked_reply",
         "__weakref__",
     )
 
     def __init__(self, tokenizer: Any) -> None:
         self.size = len(tokenizer)  # tokens added later make these stale
         added = (getattr(tokenizer, "added_tokens_decoder", None) or {}).items()
-        pairs = sorted(
-            ((str(t), int(i)) for i, t in added if getattr(t, "special", False) and str(t)),
-            key=lambda pair: -len(pair[0]),
-        )  # longest first: one special may contain another
+        # every added token, special or not (Qwen's <think> and <tool_response> are added, not special), longest
+        # first: one may contain another
+        pairs = sorted(((str(t), int(i)) for i, t in added if str(t)), key=lambda pair: -len(pair[0]))
+        special = {str(t) for _, t in added if getattr(t, "special", False)}
         self.specials = [s for s, _ in pairs]
         self.ids = dict(pairs)
         self.to_mark = {s: chr(MARK_BASE + i) for i, s in enumerate(self.specials)}
         self.from_mark = {mark: s for s, mark in self.to_mark.items()}
         self.find_special = re.compile("|".join(map(re.escape, self.specials))) if self.specials else None
         self.find_mark = re.compile("[" + "".join(self.from_mark) + "]") if self.specials else None
+        # a reply's own text marks special tokens only: a <tool_call> in it was sampled as that added token
+        self.only_special = re.compile("|".join(re.escape(s) for s in self.specials if s in special) or "(?!)")
+        self.plain = [s for s in self.specials if s not in special]
+        self.find_plain = re.compile("|".join(map(re.escape, self.plain))) if self.plain else None
         # text -> marked text (None: nothing to mark): a chat's earlier messages are the same strings every
         # turn (and a str caches its hash), so marking a long history costs a lookup per message, not a scan
         self.marked: dict[str, str | None] = {}
+        self.marked_reply: dict[str, str | None] = {}
 
 
 _MARKS: "weakref.WeakKeyDictionary[Any, _Marks]" = weakref.WeakKeyDictionary()
@@ -76,15 +85,16 @@ def mark(tokenizer: Any, text: str) -> str:
     return _mark_text(_marks(tokenizer), text)
 
 
-def _mark_text(marks: _Marks, text: str) -> str:
+def _mark_text(marks: _Marks, text: str, reply: bool = False) -> str:
     if marks.find_special is None or not isinstance(text, str):
         return text
-    if text not in marks.marked:
-        if len(marks.marked) >= MEMO_TEXTS:
-            marks.marked.clear()
-        found = marks.find_special.search(text)
-        marks.marked[text] = None if found is None else marks.find_special.sub(lambda m: marks.to_mark[m.group()], text)
-    done = marks.marked[text]
+    memo, find = (marks.marked_reply, marks.only_special) if reply else (marks.marked, marks.find_special)
+    if text not in memo:
+        if len(memo) >= MEMO_TEXTS:
+            memo.clear()
+        found = find.search(text)
+        memo[text] = None if found is None else find.sub(lambda m: marks.to_mark[m.group()], text)
+    done = memo[text]
     return text if done is None else done  # unchanged: the very string, so callers can tell
 
 
@@ -105,10 +115,11 @@ TEXT_KEYS = ("content", "reasoning_content", "thinking", "reasoning", "name")
 def _mark_message(marks: _Marks, message: dict) -> dict:
     """``message`` with its text marked; ``message`` itself when there was nothing to mark."""
     out = message
+    reply = message.get("role") == "assistant"
     for key in TEXT_KEYS:
         value = message.get(key)
         if value.__class__ is str:
-            marked = _mark_text(marks, value)
+            marked = _mark_text(marks, value, reply)
             if marked is not value:
                 out = dict(out) if out is message else out
                 out[key] = marked
@@ -145,10 +156,21 @@ def unmark(tokenizer: Any, text: str) -> str:
 
 
 def encode_plain(tokenizer: Any, text: str) -> list[int]:
-    """Ids of ``text`` with no special token parsed (a special token's string is encoded as text)."""
+    """Ids of ``text`` with no added token parsed (a special or added token's string is encoded as text: an
+    added one's first character apart from the rest, since the tokenizer parses those strings whole)."""
     if not text:
         return []
-    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    marks = _marks(tokenizer)
+    if marks.find_plain is None or not marks.find_plain.search(text):
+        return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    ids: list[int] = []
+    start = 0
+    for found in marks.find_plain.finditer(text):
+        for piece in (text[start : found.start()], found.group()[:1], found.group()[1:]):
+            ids += tokenizer.encode(piece, add_special_tokens=False, split_special_tokens=True) if piece else []
+        start = found.end()
+    rest = text[start:]
+    return ids + (tokenizer.encode(rest, add_special_tokens=False, split_special_tokens=True) if rest else [])
 
 
 def encode_marked(tokenizer: Any, text: str, encode: Any) -> list[int]:

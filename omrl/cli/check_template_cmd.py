@@ -38,12 +38,15 @@ def check_template_command(
     history mode does on a sample episode. Exits non-zero when omrl cannot train it token-exactly."""
     from rich.console import Console
 
+    from omrl.chat.conformance import conformance, first_broken
     from omrl.chat.probe import TOOL_CALLS, TURNS, check_template
     from omrl.errors import OmrlError
     from omrl.models import load_tokenizer
 
     chat_kwargs = parse_kwargs(kwargs)
-    report = check_template(load_tokenizer(model), chat_kwargs)
+    tokenizer = load_tokenizer(model)
+    report = check_template(tokenizer, chat_kwargs)
+    cases = conformance(tokenizer, chat_kwargs)
     console = Console(highlight=False)
     say = lambda line: console.print(line, markup=False, soft_wrap=True)  # noqa: E731 - paths must not wrap
     say(f"chat template of {model}" + (f" with {json.dumps(chat_kwargs)}" if chat_kwargs else ""))
@@ -66,6 +69,17 @@ def check_template_command(
             say(f"{cost.mode} does not work: {cost.problem}")
         elif cost.tool_problem:
             say(f"{cost.mode} works for user turns, not tool results: {cost.tool_problem}")
+    say("episodes played the rollout's way, each row checked against the template (docs/templates.md):")
+    console.print(_cases_table(cases))
+    for case in cases:
+        if case.status in ("broken", "refused"):
+            say(f"{case.mode} {case.case}: {case.status}: {case.problem}")
+    broken = first_broken(cases)
+    if broken is not None:
+        raise OmrlError(
+            f"omrl would lay out {model}'s {broken.case} episodes wrongly under chat.history={broken.mode}: "
+            f"{broken.problem}"
+        )
     if not report.trainable:
         raise OmrlError(f"omrl cannot train the chat template of {model} token-exactly: {report.why_not()}")
     say(f"use: {_advice(report)}")
@@ -82,6 +96,19 @@ def _modes_table(report):
         numbers = [str(n) for n in (cost.rows, cost.tokens, cost.trained, cost.prefill)] if cost.works else ["-"] * 4
         works = ("not for tools" if cost.tool_problem else "yes") if cost.works else "no"
         table.add_row(cost.mode, works, *numbers)
+    return table
+
+
+def _cases_table(cases):
+    """One row per history mode, one column per case: ok, broken, refused or n/a."""
+    from rich.table import Table
+
+    names = list(dict.fromkeys(c.case for c in cases))
+    table = Table()
+    for column in ("mode", *names):
+        table.add_column(column, no_wrap=True)
+    for mode in dict.fromkeys(c.mode for c in cases):
+        table.add_row(mode, *(c.status for name in names for c in cases if c.mode == mode and c.case == name))
     return table
 
 

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence, TypeVar
 
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import check_history, prompt_ids
+from omrl.chat.conformance import check_run_template
 from omrl.chat.specials import encode_plain
 from omrl.data.trajectory import Episode
 from omrl.envs import DemoTurn, Env, Observation, clean_text, reset_problem
@@ -154,6 +155,8 @@ def collect_lanes(
     if backend is None and not expert:
         raise OmrlError("collect needs a generation backend, or expert=True to play the env's scripted expert")
     check_history(limits.history)
+    if not expert:  # a model's rows must be laid out as its template lays them out, or not at all
+        check_run_template(tokenizer, limits.history)
     if limits.max_new_tokens < 1 or limits.max_context < 2:
         raise OmrlError(
             f"max_new_tokens must be >= 1 and max_context >= 2, got {limits.max_new_tokens} and {limits.max_context}"

@@ -36,6 +36,7 @@ from rich.console import Console
 
 from omrl.atomic import atomic_write_text
 from omrl.chat import check_history
+from omrl.chat.conformance import check_run_template
 from omrl.config import to_yaml
 from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
@@ -141,8 +142,9 @@ class SftRecipe:
                 f"{path} holds no conversations"
                 + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else "")
             )
+        check_run_template(self.tokenizer, check_history(cfg.chat.history))
         rows, dropped, truncated = tokenize_conversations(
-            self.tokenizer, conversations, cfg.max_seq_length, check_history(cfg.chat.history)
+            self.tokenizer, conversations, cfg.max_seq_length, cfg.chat.history
         )
         if not rows:
             raise OmrlError(

@@ -1,0 +1,321 @@
+"""Whether omrl lays out a chat template's episodes token-exactly: scripted episodes played through the very
+code a rollout runs, each row checked against the template itself.
+
+Each *case* is a three-reply episode; each reply is *sampled* as the model would sample it, the template's own
+text for the reply after its generation prompt up to its end token (:func:`omrl.chat.reply_text`), and then
+goes the rollout's way: decoded, its end split off (:func:`omrl.chat.replies.sampled_end`), parsed
+(:func:`omrl.chat.replies.parse_reply`, and tool calls where the case has them), and followed by the env's
+answer through :func:`omrl.chat.next_prompt` in the history mode. Per row it checks:
+
+- the ids trained (loss mask 1) are exactly the ids sampled, in order;
+- under ``as_template``, the ids before each reply are the template's own render of the chat so far, the
+  replies as the template reads them (reasoning in its field, tool calls structured);
+- under ``keep``, each increment is the text the template itself writes after that reply in the longer chat;
+- env text never becomes a special or added token (the ``specials`` case against its clean twin).
+
+Cases: ``plain`` answers; ``reasoning`` (where the template reads a reasoning field); ``tools`` (where it
+writes structured calls and a tool role); ``specials``, env text holding every special and added token's
+string; ``noncanonical``, replies sampled as other ids than their text encodes to.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from omrl.chat.conversation import reply_text
+from omrl.chat.history import HISTORY_MODES, native_tool_calls, next_prompt
+from omrl.chat.render import Message, encode_chat, prompt_ids, render
+from omrl.chat.replies import (
+    leading_specials,
+    parse_reply,
+    reply_shape,
+    sampled_end,
+    special_strings,
+    template_key,
+)
+from omrl.chat.specials import encode_plain, mark_messages
+from omrl.chat.tool_calls import FORMATS, parse_tool_calls, template_format
+from omrl.errors import OmrlError
+
+CASES = ("plain", "reasoning", "tools", "specials", "noncanonical")
+REPLIES = 3
+SYSTEM = "You are an agent in a house. Answer with one action."
+TASK = "Find the brass key."
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "look_inside",
+        "description": "Look inside a container.",
+        "parameters": {"type": "object", "properties": {"where": {"type": "string"}}, "required": ["where"]},
+    },
+}
+STRUCTURE = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One case in one history mode: ``status`` is ``ok``, ``broken`` (a row would be wrong: ``problem`` says
+    where), ``refused`` (omrl refuses it by name: ``problem`` is the refusal) or ``n/a`` (the template has no
+    such thing: no reasoning field, no tool role)."""
+
+    case: str
+    mode: str
+    status: str
+    problem: str = ""
+
+
+def conformance(
+    tokenizer: Any, kwargs: dict | None = None, modes: Sequence[str] = HISTORY_MODES, cases: Sequence[str] = CASES
+) -> list[CaseResult]:
+    """Every case in every mode on ``tokenizer``'s chat template (with ``kwargs``, e.g. ``enable_thinking``)."""
+    kwargs = dict(kwargs or {})
+    return [_run_case(tokenizer, kwargs, case, mode) for mode in modes for case in cases]
+
+
+def first_broken(results: Sequence[CaseResult]) -> CaseResult | None:
+    """The first case a run would get wrong, or None."""
+    return next((r for r in results if r.status == "broken"), None)
+
+
+def _run_case(tokenizer: Any, kwargs: dict, case: str, mode: str) -> CaseResult:
+    shape = reply_shape(tokenizer, kwargs)
+    if case == "reasoning" and not shape.field:
+        return CaseResult(case, mode, "n/a", "the template writes no reasoning")
+    tools = case == "tools"
+    if tools:
+        refusal = _tool_refusal(tokenizer, kwargs)
+        if refusal is not None:
+            return CaseResult(case, mode, *refusal)
+    try:
+        problem = _play(tokenizer, kwargs, case, mode)
+        if not problem and case == "specials":
+            problem = _specials_problem(tokenizer, kwargs, mode)
+    except OmrlError as exc:
+        return CaseResult(case, mode, "refused", _line(exc))
+    except Exception as exc:  # noqa: BLE001 - a rollout would crash here: the case is broken
+        return CaseResult(case, mode, "broken", f"{type(exc).__name__}: {_line(exc)}")
+    return CaseResult(case, mode, "broken" if problem else "ok", problem)
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _tool_refusal(tokenizer: Any, kwargs: dict) -> tuple[str, str] | None:
+    """Why the ``tools`` case does not apply (``n/a``) or is refused, or None when it is played."""
+    with_tools = {**kwargs, "tools": [TOOL]}
+    if not native_tool_calls(tokenizer, with_tools):
+        return "n/a", "the template renders no structured tool calls and tool results"
+    call = {"role": "assistant", "content": "", "tool_calls": [_call(1)]}
+    written = render(tokenizer, [*_opening(tokenizer, kwargs), call], **with_tools)
+    fmt = template_format(written, "look_inside")
+    if fmt not in FORMATS:
+        return "refused", (
+            "the template writes tool calls in a format omrl does not parse (it parses: "
+            f"{', '.join(FORMATS)}); its tool calls are refused, so an env's tools are offered as text"
+        )
+    return None
+
+
+def _call(turn: int) -> dict:
+    return {"type": "function", "function": {"name": "look_inside", "arguments": {"where": f"drawer {turn}"}}}
+
+
+def _opening(tokenizer: Any, kwargs: dict) -> list[Message]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+
+
+def _replies(tokenizer: Any, kwargs: dict, case: str) -> list[Message]:
+    field = reply_shape(tokenizer, kwargs).field
+    out = []
+    for turn in range(1, REPLIES + 1):
+        reply: Message = {"role": "assistant", "content": f"open drawer {turn}"}
+        if case == "reasoning":
+            reply[field] = f"The key may be in drawer {turn}."
+        if case == "tools":
+            reply = {"role": "assistant", "content": "", "tool_calls": [_call(turn)]}
+        out.append(reply)
+    return out
+
+
+def _answer(tokenizer: Any, case: str, turn: int) -> Message:
+    text = f"Drawer {turn} is empty."
+    if case == "specials":
+        text += " " + " ".join([*special_strings(tokenizer), *STRUCTURE])
+    role = "tool" if case == "tools" else "user"
+    return {"role": role, "content": text, **({"name": "look_inside"} if role == "tool" else {})}
+
+
+def _sample(tokenizer: Any, said: list[Message], reply: Message, kwargs: dict, case: str) -> list[int]:
+    """The ids the model samples for ``reply``: the template's text for it, up to its end token; under
+    ``noncanonical`` the same text as other ids (each character encoded alone)."""
+    text = reply_text(tokenizer, said, reply, **kwargs)
+    shape = reply_shape(tokenizer, kwargs)
+    reasoning = reply.get(shape.field or "")
+    if case == "reasoning" and reasoning and reasoning not in text:  # a final reply's channel the template drops
+        text = shape.opens + reasoning + shape.closes + text  # (Gemma 4): written as the model samples it
+    ids = encode_chat(tokenizer, text)
+    if case != "noncanonical":
+        return ids
+    specials = {tokenizer.convert_tokens_to_ids(s) for s in special_strings(tokenizer)}
+    out: list[int] = []
+    run: list[int] = []
+    for token in [*ids, None]:
+        if token is None or token in specials:
+            piece = tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            out += [i for ch in piece for i in encode_plain(tokenizer, ch)]
+            run = []
+            if token is not None:
+                out.append(token)
+        else:
+            run.append(token)
+    return out
+
+
+def _play(tokenizer: Any, kwargs: dict, case: str, mode: str, rows_out: list | None = None) -> str:
+    """Play ``case`` in ``mode`` the rollout's way; the first problem found, '' when every check holds."""
+    kwargs = {**kwargs, "tools": [TOOL]} if case == "tools" else kwargs
+    replies = _replies(tokenizer, kwargs, case)
+    expected: list[Message] = _opening(tokenizer, kwargs)  # the chat as the template should be given it
+    said: list[Message] = [dict(m) for m in expected]  # the chat as the rollout gives it
+    row = prompt_ids(tokenizer, said, **kwargs)
+    rows: list[tuple[list[int], list[int]]] = []
+    all_sampled: list[int] = []
+    mask = [0] * len(row)
+    problem = _prompt_problem(tokenizer, row, expected, kwargs, mode, 0)
+    for turn, reply in enumerate(replies, start=1):
+        sampled = _sample(tokenizer, expected, reply, kwargs, case)
+        all_sampled += sampled
+        row, mask = row + sampled, mask + [1] * len(sampled)
+        text = tokenizer.decode(sampled, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        stopped = bool(sampled) and sampled[-1] == tokenizer.eos_token_id
+        end = sampled_end(tokenizer, text, kwargs) if stopped else ""
+        message = parse_reply(tokenizer, text[: len(text) - len(end)], kwargs).message
+        if case == "tools":
+            fmt = template_format(render(tokenizer, [*expected, reply], **kwargs), "look_inside") or "hermes"
+            calls = parse_tool_calls(message["content"], [TOOL], fmt).calls
+            if not calls:
+                return problem or f"reply {turn}: the tool call the template wrote was not parsed back"
+            message = {
+                **message,
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+                ],
+            }
+        problem = problem or _parse_problem(reply, message, turn)
+        said.append(message)
+        expected.append(message)  # the reply as the family's server returns it: what a deployment's history holds
+        if turn == REPLIES:
+            break
+        new = [_answer(tokenizer, case, turn)]
+        increment, starts_row = next_prompt(tokenizer, mode, row, said, new, end, **kwargs)
+        problem = problem or _increment_problem(tokenizer, expected, new, text, end, increment, kwargs, mode, turn)
+        if starts_row:
+            rows.append((row, mask))
+            row, mask = [], []
+        row, mask = row + increment, mask + [0] * len(increment)
+        said += new
+        expected += new
+        problem = problem or _prompt_problem(tokenizer, row, expected, kwargs, mode, turn)
+    rows.append((row, mask))
+    if rows_out is not None:
+        rows_out += rows
+    trained = [t for ids, m in rows for t, bit in zip(ids, m) if bit]
+    if trained != all_sampled:
+        return problem or "the ids trained are not the ids sampled"
+    return problem
+
+
+def _parse_problem(reply: Message, message: Message, turn: int) -> str:
+    """Whether the parsed reply holds the reply's answer, reasoning and calls (whitespace at their edges aside)."""
+    for key, value in reply.items():
+        got = message.get(key)
+        if isinstance(value, str) and (got or "").strip() != value.strip() or key == "tool_calls" and got != value:
+            return f"reply {turn} parsed back with {key} {str(got)[:60]!r}, not {str(value)[:60]!r}"
+    return ""
+
+
+def _prompt_problem(tokenizer: Any, row: list[int], chat: list[Message], kwargs: dict, mode: str, turn: int) -> str:
+    """Under ``as_template``, whether the row's ids up to the next reply are the template's own render."""
+    text = render(tokenizer, mark_messages(tokenizer, chat), add_generation_prompt=True, **kwargs)
+    if any(isinstance(m.get("content"), str) and m["content"] and m["content"] not in text for m in chat[:2]):
+        return "the template drops a message's text (it wants content as parts, as a VLM's does)"
+    if mode != "as_template":
+        return ""
+    if row != encode_chat(tokenizer, text):
+        return f"the prompt of reply {turn + 1} is not the template's own render of the chat"
+    return ""
+
+
+def _increment_problem(
+    tokenizer: Any,
+    expected: list[Message],
+    new: list[Message],
+    text: str,
+    end: str,
+    increment: list[int],
+    kwargs: dict,
+    mode: str,
+    turn: int,
+) -> str:
+    """Under ``keep``, whether the increment is the text the template writes after the reply in the longer chat
+    (found after the reply's last characters; a template that rewrites them is not checked here)."""
+    if mode != "keep":
+        return ""
+    full = render(tokenizer, mark_messages(tokenizer, [*expected, *new]), add_generation_prompt=True, **kwargs)
+    body = text[: len(text) - len(end)]
+    anchor = body[-12:]
+    at = full.rfind(anchor) if anchor else -1
+    if at < 0:
+        return ""
+    tail = full[at + len(anchor) :]
+    if end and tail.startswith(end):
+        tail = tail[len(end) :]
+    elif end:
+        specials = special_strings(tokenizer)
+        closing = leading_specials(tail, specials)
+        tail = tail[len("".join(closing[: len(leading_specials(end, specials))])) :]
+    if increment != encode_chat(tokenizer, tail):
+        got = tokenizer.decode(increment, skip_special_tokens=False)
+        return f"after reply {turn} keep appends {got[:60]!r} where the template writes {tail[:60]!r}"
+    return ""
+
+
+def _specials_problem(tokenizer: Any, kwargs: dict, mode: str) -> str:
+    """Whether env text became special or added tokens: the ``specials`` episode's rows against its clean twin's."""
+    added = set((getattr(tokenizer, "added_tokens_decoder", None) or {}).keys())
+    counts: list[int] = []
+    for case in ("specials", "specials-clean"):
+        rows: list = []
+        _play(tokenizer, kwargs, case, mode, rows)
+        counts.append(sum(1 for ids, _ in rows for t in ids if t in added))
+    if counts[0] != counts[1]:
+        return f"env text became {counts[0] - counts[1]} special or added tokens"
+    return ""
+
+
+_CHECKED: "weakref.WeakKeyDictionary[Any, dict[tuple, str]]" = weakref.WeakKeyDictionary()
+RUN_CASES = ("plain", "reasoning", "specials", "noncanonical")
+
+
+def check_run_template(tokenizer: Any, mode: str, kwargs: dict | None = None) -> None:
+    """Refuse, before a row is laid out, a chat template whose episodes ``mode`` would lay out wrongly (a
+    ``broken`` case of :func:`conformance`), naming the case; once per tokenizer, template, options and mode.
+    A refused case is left to the point that refuses it, where its message names the way out."""
+    kwargs = dict(kwargs or {})
+    try:
+        known = _CHECKED.setdefault(tokenizer, {})
+    except TypeError:
+        known = {}
+    key = (*template_key(tokenizer, kwargs), mode)
+    if key not in known:
+        broken = first_broken(conformance(tokenizer, kwargs, (mode,), RUN_CASES))
+        known[key] = "" if broken is None else f"{broken.case} episodes: {broken.problem}"
+    if known[key]:
+        raise OmrlError(
+            f"omrl would lay out this chat template's episodes wrongly under chat.history={mode} ({known[key]}); "
+            f"`omrl check-template MODEL` shows every case and which mode works"
+        )

@@ -1,0 +1,58 @@
+"""The conformance suite: every chat template trl ships, in both history modes, each case played the
+rollout's way and every row checked against the template (:mod:`omrl.chat.conformance`). A template trl
+adds is covered the day it appears. docs/templates.md's table is this suite's result, written by it
+(``OMRL_WRITE_TEMPLATE_TABLE=1``) and checked against it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from omrl.chat.conformance import CASES, conformance
+from omrl.chat.history import HISTORY_MODES
+
+from .families import family_tokenizer, template_names
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "templates.md"
+BEGIN, END = "<!-- conformance table: written by tests/chat/test_conformance.py -->", "<!-- end of table -->"
+_RESULTS: dict[str, list] = {}
+
+
+def results(name: str):
+    if name not in _RESULTS:
+        _RESULTS[name] = conformance(family_tokenizer(name))
+    return _RESULTS[name]
+
+
+def test_the_suite_finds_every_template_trl_ships():
+    names = template_names()
+    assert len(names) >= 70 and "qwen3" in names and "gptoss_training" in names
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_no_case_is_laid_out_wrongly(name):
+    broken = [f"{r.mode} {r.case}: {r.problem}" for r in results(name) if r.status == "broken"]
+    assert not broken, broken
+    assert {r.status for r in results(name) if r.case == "plain"} & {"ok"}, "no mode plays plain episodes"
+
+
+def table() -> str:
+    short = {"ok": "ok", "n/a": "–", "refused": "refused", "broken": "BROKEN"}
+    head = ["template", *(f"{mode} {case}" for mode in HISTORY_MODES for case in CASES)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in template_names():
+        status = {(r.mode, r.case): short[r.status] for r in results(name)}
+        lines.append("| " + " | ".join([f"`{name}`", *(status[(m, c)] for m in HISTORY_MODES for c in CASES)]) + " |")
+    return "\n".join(lines)
+
+
+def test_the_docs_table_is_the_suites_result():
+    text = DOC.read_text()
+    start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+    if os.environ.get("OMRL_WRITE_TEMPLATE_TABLE"):
+        DOC.write_text(text[:start] + "\n" + table() + "\n" + text[stop:])
+        text = DOC.read_text()
+        start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
+    assert text[start:stop].strip() == table(), "run with OMRL_WRITE_TEMPLATE_TABLE=1 to write docs/templates.md"
