@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Sequence
 
+from omrl.chat.replies import stop_token_ids
 from omrl.errors import OmrlError
 
 FINISH_REASONS = ("stop", "length")
@@ -132,6 +133,9 @@ class Backend(ABC):
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.eos_token_id = int(tokenizer.eos_token_id)
+        # every token a reply ends at, eos first: the chat template's own (gpt-oss's <|call|>, Gemma's <end_of_turn>)
+        self.stop_token_ids = list(stop_token_ids(tokenizer)) if getattr(tokenizer, "chat_template", None) else []
+        self.stop_token_ids = self.stop_token_ids or [self.eos_token_id]
         self.stats: dict[str, float] = dict.fromkeys(STATS, 0)  # summed over calls; see take_stats
 
     @abstractmethod
@@ -180,9 +184,10 @@ class Backend(ABC):
         self.stats["prefill_reused"] += reused
 
     def _cut(self, ids: Sequence[int], logprobs: Sequence[float], limit: int) -> Generation:
-        """Stop at the first end-of-turn token (kept) or at ``limit`` ids."""
+        """Stop at the first stop token (kept: :attr:`stop_token_ids`) or at ``limit`` ids."""
         ids, logprobs = list(ids), list(logprobs)
-        if self.eos_token_id in ids[:limit]:
-            end = ids.index(self.eos_token_id) + 1
+        stops = set(self.stop_token_ids)
+        end = next((k + 1 for k, token in enumerate(ids[:limit]) if token in stops), None)
+        if end is not None:
             return Generation(ids[:end], [float(x) for x in logprobs[:end]], "stop")
         return Generation(ids[:limit], [float(x) for x in logprobs[:limit]], "length")

@@ -165,7 +165,7 @@ class HFBackend(Backend):
             max_new_tokens=max(limits),
             do_sample=not params.greedy,
             use_cache=True,
-            eos_token_id=self.eos_token_id,
+            eos_token_id=list(self.stop_token_ids),
             pad_token_id=self.pad_token_id,
             **sampling,
         )
@@ -175,7 +175,9 @@ class HFBackend(Backend):
         # (a peft-wrapped model generates through its base model, which holds the config)
         owner = self._owner
         saved = owner.generation_config
-        owner.generation_config = GenerationConfig(eos_token_id=self.eos_token_id, pad_token_id=self.pad_token_id)
+        owner.generation_config = GenerationConfig(
+            eos_token_id=list(self.stop_token_ids), pad_token_id=self.pad_token_id
+        )
         try:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
                 if seed is not None:
@@ -214,7 +216,7 @@ class HFBackend(Backend):
             seed,
             forward=self._forward,
             sampler=self._sampler(params, ids),
-            eos_token_id=self.eos_token_id,
+            stop_token_ids=frozenset(self.stop_token_ids),
             device=self.device,
             stats=self.stats,
         )

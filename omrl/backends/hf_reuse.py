@@ -180,7 +180,7 @@ class ReuseEngine:
         *,
         forward: Forward,
         sampler: RowSampler,
-        eos_token_id: int,
+        stop_token_ids: frozenset[int],
         device: torch.device,
         stats: dict[str, float],
     ) -> list[tuple[list[int], list[float], int]]:
@@ -197,7 +197,7 @@ class ReuseEngine:
             firsts = self._prefill(prompts, forward, device, stats, reused)
         wait_for(device)
         stats["prefill_seconds"] += time.perf_counter() - started
-        sampled = self._decode(prompts, firsts, limits, seed, forward, sampler, eos_token_id, device)
+        sampled = self._decode(prompts, firsts, limits, seed, forward, sampler, stop_token_ids, device)
         return [(ids, logprobs, cached) for (ids, logprobs), cached in zip(sampled, reused)]
 
     def _prefill(
@@ -254,7 +254,7 @@ class ReuseEngine:
         seed: int | None,
         forward: Forward,
         sampler: RowSampler,
-        eos_token_id: int,
+        stop_token_ids: frozenset[int],
         device: torch.device,
     ) -> list[tuple[list[int], list[float]]]:
         """Sample every row until its end-of-turn id or its limit; a row leaves the batch the step it ends.
@@ -277,7 +277,7 @@ class ReuseEngine:
                 for row, token, logprob in zip(live, picked, picked_logprobs):
                     ids[row].append(token)
                     logprobs[row].append(logprob)
-                ended = {r for r in live if ids[r][-1] == eos_token_id or len(ids[r]) >= limits[r]}
+                ended = {r for r in live if ids[r][-1] in stop_token_ids or len(ids[r]) >= limits[r]}
                 for index, row in enumerate(live):
                     if row in ended:
                         states = firsts[row][0] if batch is None else batch.row(index)

@@ -133,7 +133,7 @@ class OpenAIBackend(Backend):
                 "logprobs": 1,
                 "return_token_ids": True,
                 "return_tokens_as_token_ids": True,
-                "stop_token_ids": [self.eos_token_id],
+                "stop_token_ids": list(self.stop_token_ids),
                 "skip_special_tokens": False,
             }
             response = self._post("completions", body, refusal_ok=chat is not None)
@@ -228,7 +228,7 @@ class OpenAIBackend(Backend):
         ids = self.tokenizer.encode(text, add_special_tokens=False)[:limit]
         if finish_reason == "stop" and len(ids) < limit:
             ids.append(self.eos_token_id)
-        gen = Generation(ids, [0.0] * len(ids), "stop" if ids and ids[-1] == self.eos_token_id else "length")
+        gen = Generation(ids, [0.0] * len(ids), "stop" if ids and ids[-1] in self.stop_token_ids else "length")
         gen.token_exact = False
         return gen
 

@@ -87,7 +87,7 @@ class VLLMBackend(Backend):
                 top_p=params.top_p,
                 seed=None if params.seed is None else params.seed + i,
                 logprobs=0,
-                stop_token_ids=[self.eos_token_id],
+                stop_token_ids=list(self.stop_token_ids),
                 skip_special_tokens=False,
                 detokenize=False,
             )

@@ -20,11 +20,12 @@ string; ``noncanonical``, replies sampled as other ids than their text encodes t
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from omrl.chat.conversation import reply_text
+from omrl.chat.conversation import conversation_rows, reply_text
 from omrl.chat.history import HISTORY_MODES, native_tool_calls, next_prompt
 from omrl.chat.render import Message, encode_chat, prompt_ids, render
 from omrl.chat.replies import (
@@ -33,9 +34,10 @@ from omrl.chat.replies import (
     reply_shape,
     sampled_end,
     special_strings,
+    stop_token_ids,
     template_key,
 )
-from omrl.chat.specials import encode_plain, mark_messages
+from omrl.chat.specials import encode_plain, mark_messages, unmark
 from omrl.chat.tool_calls import FORMATS, parse_tool_calls, template_format
 from omrl.errors import OmrlError
 
@@ -152,10 +154,6 @@ def _sample(tokenizer: Any, said: list[Message], reply: Message, kwargs: dict, c
     """The ids the model samples for ``reply``: the template's text for it, up to its end token; under
     ``noncanonical`` the same text as other ids (each character encoded alone)."""
     text = reply_text(tokenizer, said, reply, **kwargs)
-    shape = reply_shape(tokenizer, kwargs)
-    reasoning = reply.get(shape.field or "")
-    if case == "reasoning" and reasoning and reasoning not in text:  # a final reply's channel the template drops
-        text = shape.opens + reasoning + shape.closes + text  # (Gemma 4): written as the model samples it
     ids = encode_chat(tokenizer, text)
     if case != "noncanonical":
         return ids
@@ -190,7 +188,7 @@ def _play(tokenizer: Any, kwargs: dict, case: str, mode: str, rows_out: list | N
         all_sampled += sampled
         row, mask = row + sampled, mask + [1] * len(sampled)
         text = tokenizer.decode(sampled, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        stopped = bool(sampled) and sampled[-1] == tokenizer.eos_token_id
+        stopped = bool(sampled) and sampled[-1] in stop_token_ids(tokenizer, kwargs)
         end = sampled_end(tokenizer, text, kwargs) if stopped else ""
         message = parse_reply(tokenizer, text[: len(text) - len(end)], kwargs).message
         if case == "tools":
@@ -226,7 +224,24 @@ def _play(tokenizer: Any, kwargs: dict, case: str, mode: str, rows_out: list | N
     trained = [t for ids, m in rows for t, bit in zip(ids, m) if bit]
     if trained != all_sampled:
         return problem or "the ids trained are not the ids sampled"
+    if not problem and case != "noncanonical":  # SFT on the episode's chat must train the rows it was played in
+        sft = conversation_rows(tokenizer, said, mode, **kwargs)
+        if sft != rows:
+            return _sft_problem(tokenizer, sft, rows)
     return problem
+
+
+def _sft_problem(tokenizer: Any, sft: list, rows: list) -> str:
+    """Where SFT's rows of an episode's chat part from the rows the episode was played in."""
+    if len(sft) != len(rows):
+        return f"SFT on the episode's chat lays it out in {len(sft)} rows, the rollout in {len(rows)}"
+    for (ids, mask), (want, want_mask) in zip(sft, rows):
+        cut = next((k for k, (a, b) in enumerate(zip(ids, want)) if a != b), min(len(ids), len(want)))
+        if ids != want or mask != want_mask:
+            got = tokenizer.decode(ids[cut : cut + 12], skip_special_tokens=False)
+            played = tokenizer.decode(want[cut : cut + 12], skip_special_tokens=False)
+            return f"SFT on the episode's chat trains {got!r} where the rollout sampled {played!r}"
+    return ""
 
 
 def _parse_problem(reply: Message, message: Message, turn: int) -> str:
@@ -280,7 +295,8 @@ def _increment_problem(
         tail = tail[len("".join(closing[: len(leading_specials(end, specials))])) :]
     if increment != encode_chat(tokenizer, tail):
         got = tokenizer.decode(increment, skip_special_tokens=False)
-        return f"after reply {turn} keep appends {got[:60]!r} where the template writes {tail[:60]!r}"
+        want = unmark(tokenizer, tail)
+        return f"after reply {turn} keep appends {got[:60]!r} where the template writes {want[:60]!r}"
     return ""
 
 
@@ -299,6 +315,7 @@ def _specials_problem(tokenizer: Any, kwargs: dict, mode: str) -> str:
 
 _CHECKED: "weakref.WeakKeyDictionary[Any, dict[tuple, str]]" = weakref.WeakKeyDictionary()
 RUN_CASES = ("plain", "reasoning", "specials", "noncanonical")
+_CHECKING = threading.Lock()
 
 
 def check_run_template(tokenizer: Any, mode: str, kwargs: dict | None = None) -> None:
@@ -311,11 +328,40 @@ def check_run_template(tokenizer: Any, mode: str, kwargs: dict | None = None) ->
     except TypeError:
         known = {}
     key = (*template_key(tokenizer, kwargs), mode)
-    if key not in known:
-        broken = first_broken(conformance(tokenizer, kwargs, (mode,), RUN_CASES))
-        known[key] = "" if broken is None else f"{broken.case} episodes: {broken.problem}"
+    with _CHECKING:  # rollouts on several threads share a tokenizer: one plays the cases, the others wait
+        if key not in known:
+            broken = first_broken(conformance(tokenizer, kwargs, (mode,), RUN_CASES))
+            known[key] = "" if broken is None else f"{broken.case} episodes: {broken.problem}"
     if known[key]:
         raise OmrlError(
             f"omrl would lay out this chat template's episodes wrongly under chat.history={mode} ({known[key]}); "
             f"`omrl check-template MODEL` shows every case and which mode works"
         )
+
+
+def check_template_options(tokenizer: Any, options: dict) -> None:
+    """An error naming each of ``options`` (``chat.template_kwargs``) the chat template never reads, with the
+    variables it does read: a misspelt ``enable_thinkng`` would otherwise change nothing, silently."""
+    if not options:
+        return
+    read = template_variables(tokenizer)
+    unread = sorted(set(options) - read)
+    if unread:
+        offered = ", ".join(sorted(read - {"messages", "add_generation_prompt", "tools", "documents"})) or "none"
+        raise OmrlError(
+            f"chat.template_kwargs names {', '.join(unread)}, which the chat template does not read; "
+            f"the options it reads: {offered}"
+        )
+
+
+def template_variables(tokenizer: Any) -> set[str]:
+    """The variables the chat template reads that it does not set itself (its options, the messages...)."""
+    from jinja2 import meta
+
+    from omrl.chat.template_check import _environment
+
+    source = str(getattr(tokenizer, "chat_template", "") or "")
+    try:
+        return set(meta.find_undeclared_variables(_environment(source).parse(source)))
+    except Exception:  # noqa: BLE001 - a template jinja cannot parse reads what it reads: nothing is refused
+        return set()

@@ -18,7 +18,7 @@ from omrl.chat.replies import REASONING_FIELDS, parse_reply, reply_shape, sample
 from omrl.chat.specials import mark_messages
 from omrl.errors import OmrlError
 
-THINK_OPEN = "<think>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 Rows = list[tuple[list[int], list[int]]]
 
@@ -60,6 +60,8 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
         # keep: the history holds the reply as sampled; as_template: as the template reads it back (its fields)
         end = sampled_end(tokenizer, text, kwargs)
         sampled = {"role": "assistant", "content": text[: len(text) - len(end)]}
+        if reply.get("tool_calls"):  # what follows a call is rendered after the call itself, as the template has it
+            sampled = dict(reply)
         said.append(sampled if history == "keep" else _as_read_back(tokenizer, reply, kwargs))
         increment, starts_row = next_prompt(tokenizer, history, ids, said, new, end, **kwargs)
         if starts_row:
@@ -99,6 +101,24 @@ def _as_read_back(tokenizer, reply: Message, kwargs: dict) -> Message:
     return {**reply, **parsed.message}
 
 
+def _after_opened_block(tokenizer, before: Sequence[Message], whole: str, kwargs: dict) -> str:
+    """What the model samples after a generation prompt that opens a reasoning block (``<think>\\n``) for a
+    reply the template writes otherwise: Nemotron 3 writes a tool call after an empty ``<think></think>``, so
+    the model closes the block it was given; DeepSeek-V3 writes one with no block, so it closes the block first.
+    ``''`` where the reply does not start as the generation prompt does."""
+    base = render(tokenizer, before, **kwargs)
+    prompt = render(tokenizer, before, add_generation_prompt=True, **kwargs)[len(base) :]
+    if not whole.startswith(base) or not prompt.rstrip().endswith(THINK_OPEN):
+        return ""
+    reply = whole[len(base) :]
+    opened = prompt.rstrip()[: -len(THINK_OPEN)]  # the prompt before the block it opens
+    if reply.startswith(opened + THINK_OPEN):
+        return reply[len(opened + THINK_OPEN) :]
+    if reply.startswith(opened):
+        return f"{THINK_CLOSE}\n\n" + reply[len(opened) :]
+    return ""
+
+
 def encode_conversation(tokenizer, messages: Sequence[Message], **kwargs: Any) -> tuple[list[int], list[int]]:
     """Ids and loss mask of a whole conversation as one row (``keep`` history)."""
     return conversation_rows(tokenizer, messages, "keep", **kwargs)[0]
@@ -118,11 +138,24 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
     """
     before, reply = mark_messages(tokenizer, before), mark_messages(tokenizer, [reply])[0]
     eos = tokenizer.eos_token or ""
+    shape = reply_shape(tokenizer, kwargs)
     opened = render(tokenizer, before, add_generation_prompt=True, **kwargs)
     whole = render(tokenizer, [*before, dict(reply)], **kwargs)
     body = whole[len(opened) :] if whole.startswith(opened) else ""
-    if eos and eos in body:  # the model stops at its first end token: a template's text after it is not sampled
-        return body[: body.index(eos) + len(eos)]
+    if not body and reply.get("tool_calls"):
+        body = _after_opened_block(tokenizer, before, whole, kwargs)
+    stop = min((body.find(s) + len(s) for s in shape.stops or (eos,) if s and s in body), default=-1)
+    if stop > 0:  # the model stops at its first stop token: a template's text after it is not sampled
+        body = body[:stop]
+    elif body and reply.get("tool_calls") and shape.call_end:  # GLM writes no end: its model stops at the next turn
+        body += shape.call_end
+    if stop > 0 or body and reply.get("tool_calls") and shape.call_end:
+        reasoning = reply.get(shape.field or "")
+        if isinstance(reasoning, str) and reasoning and reasoning not in body and shape.closes:
+            # a final reply's reasoning the template does not write (Gemma 4 writes its thought channel only
+            # beside tool calls): the model samples it where the template writes it elsewhere
+            body = shape.opens + reasoning + shape.closes + body
+        return body
     if reply.get("tool_calls"):
         raise OmrlError(
             "the chat template does not write a reply's tool calls after its generation prompt, "

@@ -38,6 +38,7 @@ from jinja2 import TemplateError
 from omrl.chat.render import Message, TemplateRewrites, encode_chat, next_turn_ids, render
 from omrl.chat.replies import leading_specials, special_strings, template_key, trailing_specials
 from omrl.chat.specials import mark_messages
+from omrl.chat.tool_calls import template_format
 from omrl.errors import OmrlError
 
 HISTORY_MODES = ("keep", "as_template")
@@ -51,7 +52,7 @@ PROBE_RESULT = "omrl probe result"
 # per tokenizer: (template, kwargs) -> False once the template was seen rewriting a chat
 _APPENDS: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], bool]]" = weakref.WeakKeyDictionary()
 # per tokenizer: (template, kwargs) -> whether it renders structured tool calls and tool results
-_NATIVE_TOOLS: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], bool]]" = weakref.WeakKeyDictionary()
+_NATIVE_TOOLS: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], str | None]]" = weakref.WeakKeyDictionary()
 
 
 def check_history(mode: str) -> str:
@@ -93,6 +94,12 @@ def native_tool_calls(tokenizer, kwargs: dict) -> bool:
     content: then a parsed tool call is recorded as such and the env's answer goes back as a ``tool``
     message. A template that renders neither (SmolLM2's, ChatML without tools) keeps text replies and
     user-message answers."""
+    return native_call_format(tokenizer, kwargs) is not None
+
+
+def native_call_format(tokenizer, kwargs: dict) -> str | None:
+    """The format the chat template writes structured tool calls in (:data:`omrl.chat.tool_calls.FORMATS`;
+    ``''`` for one omrl does not parse), or None where it renders no tool calls and tool results."""
     try:
         known = _NATIVE_TOOLS.setdefault(tokenizer, {})
     except TypeError:
@@ -107,9 +114,10 @@ def native_tool_calls(tokenizer, kwargs: dict) -> bool:
         ]
         try:
             text = render(tokenizer, chat, add_generation_prompt=True, **kwargs)
-            known[key] = PROBE_TOOL in text and PROBE_RESULT in text
+            native = PROBE_TOOL in text and PROBE_RESULT in text
+            known[key] = (template_format(text, PROBE_TOOL) or "") if native else None
         except Exception:  # noqa: BLE001 - a template that refuses tool calls has none
-            known[key] = False
+            known[key] = None
     return known[key]
 
 
@@ -144,9 +152,17 @@ def anchored_increment(
     The tokens that ended the reply (``sampled_end``) were sampled, so the increment starts after the template's
     closing: the very text where the template writes it so (Cohere2's two tokens, ChatML's one), else as many
     special tokens as were sampled (gpt-oss samples ``<|return|>`` where its history writes ``<|end|>``).
+
+    After a reply holding tool calls the placeholder reply holds the same calls, since what follows a call
+    differs from what follows an answer (Gemma 4 writes the result inside the model's turn).
     """
+    reply = messages[-1]
     messages, new = mark_messages(tokenizer, messages[:1]), mark_messages(tokenizer, new)
     system = [dict(m) for m in messages[:1] if m.get("role") == "system"]
+    if reply.get("tool_calls") and sampled_end:
+        after_call = _after_call(tokenizer, system, mark_messages(tokenizer, [reply])[0], new, sampled_end, kwargs)
+        if after_call is not None:
+            return after_call
     anchor = [
         *system,
         {"role": "user", "content": PLACEHOLDER_QUESTION},
@@ -173,11 +189,25 @@ def anchored_increment(
     return increment[len("".join(closing[: len(sampled)])) :]
 
 
-def _render_or_explain(tokenizer, messages: Sequence[Message], what: str, kwargs: dict) -> str:
-    """The chat rendered with its generation prompt; a template that raises (its own ``raise_exception``,
-    a jinja error) is an OmrlError saying what it could not render."""
+def _after_call(
+    tokenizer, system: list[Message], reply: Message, new: Sequence[Message], sampled_end: str, kwargs: dict
+) -> str | None:
+    """The text after a tool-calling reply's ``sampled_end``, rendered after the system message, a placeholder
+    question and the reply itself; None where the longer chat rewrites the reply's own render."""
+    anchor = [*system, {"role": "user", "content": PLACEHOLDER_QUESTION}, dict(reply)]
+    last = _render_or_explain(tokenizer, anchor, "a reply holding tool calls", kwargs, generation=False)
+    text = _render_or_explain(tokenizer, [*anchor, *new], f"a {new[0]['role']!r} message after a tool call", kwargs)
+    end = last.rfind(sampled_end)
+    if not text.startswith(last) or end < 0:
+        return None
+    return text[end + len(sampled_end) :]
+
+
+def _render_or_explain(tokenizer, messages: Sequence[Message], what: str, kwargs: dict, generation: bool = True) -> str:
+    """The chat rendered (with its generation prompt unless not ``generation``); a template that raises (its
+    own ``raise_exception``, a jinja error) is an OmrlError saying what it could not render."""
     try:
-        return render(tokenizer, messages, add_generation_prompt=True, **kwargs)
+        return render(tokenizer, messages, add_generation_prompt=generation, **kwargs)
     except OmrlError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever the template raises

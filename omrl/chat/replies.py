@@ -30,7 +30,7 @@ REASONING = "omrl reasoning sentinel"
 QUESTION = "omrl question sentinel"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
-_SHAPES: "weakref.WeakKeyDictionary[Any, dict[tuple[str, str], ReplyShape]]" = weakref.WeakKeyDictionary()
+_SHAPES: "weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], ReplyShape]]" = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class ReplyShape:
     ``opens``/``closes`` the text before and after the reasoning (``opens`` is empty where the
     generation prompt itself opens the block, as DeepSeek-R1's does); ``answer_opens`` what stands
     before an answer that has no reasoning (gpt-oss's ``<|channel|>final<|message|>``, Qwen3's empty
-    block); ``closing`` the special tokens the template ends a last reply with."""
+    block); ``closing`` the special tokens the template ends a last reply with; ``stops`` the tokens
+    a reply ends at (:func:`stop_token_ids`)."""
 
     field: str | None = None
     opens: str = ""
@@ -49,6 +50,8 @@ class ReplyShape:
     answer_opens: str = ""
     closing: tuple[str, ...] = ()
     specials: frozenset[str] = dataclass_field(default_factory=frozenset)
+    stops: tuple[str, ...] = ()  # the special tokens a reply ends at (see stop_token_ids)
+    call_end: str = ""  # the one a reply holding a tool call ends at, where the template writes none itself
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def reply_shape(tokenizer: Any, kwargs: dict | None = None) -> ReplyShape:
         known = _SHAPES.setdefault(tokenizer, {})
     except TypeError:
         known = {}
-    key = template_key(tokenizer, kwargs)
+    key = (*template_key(tokenizer, kwargs), str(getattr(tokenizer, "eos_token", "")))
     if key not in known:
         known[key] = _learn_shape(tokenizer, kwargs)
     return known[key]
@@ -131,8 +134,11 @@ def _learn_shape(tokenizer: Any, kwargs: dict) -> ReplyShape:
     if plain.startswith(prompt) and ANSWER in plain[len(prompt) :]:
         body = plain[len(prompt) :]
         answer_opens = body[: body.index(ANSWER)]
-    shape = dict(answer_opens=answer_opens, closing=closing, specials=frozenset(specials))
     call = {"type": "function", "function": {"name": "omrl_probe_tool", "arguments": {}}}
+    stops, call_end = _stops(tokenizer, opening, closing, call, specials, kwargs)
+    shape = dict(
+        answer_opens=answer_opens, closing=closing, specials=frozenset(specials), stops=stops, call_end=call_end
+    )
     for name in REASONING_FIELDS:
         reply = {"role": "assistant", "content": ANSWER, name: REASONING}
         called = {
@@ -160,6 +166,54 @@ def _learn_shape(tokenizer: Any, kwargs: dict) -> ReplyShape:
     return ReplyShape(**shape)
 
 
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "omrl_probe_tool",
+        "description": "A probe.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+
+
+def _stops(tokenizer: Any, opening: list, closing: tuple, call: dict, specials: list, kwargs: dict) -> tuple:
+    """The special tokens a reply ends at: the eos token, the last of the template's closing of an answer
+    and of a tool call (gpt-oss ends a call with ``<|call|>``), and where the template closes no reply (GLM)
+    the token that opens the next turn after an answer and after a call (``<|user|>``, ``<|observation|>``);
+    and the one a call ends at where the template does not write it after the call (GLM's), else ''."""
+    stops = [str(tokenizer.eos_token)] if getattr(tokenizer, "eos_token", None) else []
+    stops += list(closing[-1:])
+    call_end = ""
+    with_tools = {**kwargs, "tools": [PROBE_TOOL]}
+    called = [*opening, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    call_text = _render(tokenizer, called, False, with_tools)
+    if call_text and "omrl_probe_tool" in call_text:
+        stops += trailing_specials(call_text.rstrip(), specials)[-1:]
+    if not closing:
+        followed = _render(tokenizer, [*opening, {"role": "assistant", "content": ANSWER}, opening[0]], False, kwargs)
+        if followed and ANSWER in followed:
+            stops += leading_specials(followed[followed.rindex(ANSWER) + len(ANSWER) :].lstrip(), specials)[:1]
+        answered = _render(
+            tokenizer, [*called, {"role": "tool", "content": ANSWER, "name": "omrl_probe_tool"}], False, with_tools
+        )
+        if call_text and answered and answered.startswith(call_text):
+            opener = leading_specials(answered[len(call_text) :].lstrip(), specials)[:1]
+            stops += opener
+            call_end = "".join(opener)
+    return tuple(dict.fromkeys(s for s in stops if s)), call_end
+
+
+def stop_token_ids(tokenizer: Any, kwargs: dict | None = None) -> tuple[int, ...]:
+    """The ids a reply ends at, the eos token's first: what a server stops at (a model's generation config
+    lists them; omrl reads them off the chat template, so a turn ends where the template ends one)."""
+    ids = [int(tokenizer.eos_token_id)] if getattr(tokenizer, "eos_token_id", None) is not None else []
+    for token in reply_shape(tokenizer, kwargs).stops:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id not in ids and token_id != getattr(tokenizer, "unk_token_id", None):
+            ids.append(token_id)
+    return tuple(ids)
+
+
 def sampled_end(tokenizer: Any, text: str, kwargs: dict | None = None) -> str:
     """The special tokens a reply's decoded text ends with that close a reply in the template: its longest
     trailing run of specials that ends as the template's own closing does (``''``: the reply was cut, or
@@ -167,12 +221,14 @@ def sampled_end(tokenizer: Any, text: str, kwargs: dict | None = None) -> str:
     shape = reply_shape(tokenizer, kwargs)
     specials = sorted(shape.specials, key=len, reverse=True)
     tail = trailing_specials(text, specials)
-    eos = getattr(tokenizer, "eos_token", None) or ""
-    closing = list(shape.closing)
-    for k in range(min(len(tail), max(len(closing), 1)), 0, -1):
-        if closing and tail[-k:] == closing[-k:] or tail[-k:] == closing[:k] or k == 1 and tail[-1] == eos:
-            return "".join(tail[-k:])
-    return ""
+    stops = {*shape.stops, getattr(tokenizer, "eos_token", None) or ""}
+    if not tail or tail[-1] not in stops:
+        return ""
+    ending = set(shape.closing) | stops  # a run such as Cohere2's <|END_RESPONSE|><|END_OF_TURN_TOKEN|>
+    k = 1
+    while k < len(tail) and tail[-k - 1] in ending:
+        k += 1
+    return "".join(tail[-k:])
 
 
 def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None) -> ParsedReply:

@@ -1,16 +1,29 @@
 """Tool calls in a model's reply, read the way a serving engine's parser for the family reads them, and
 every attempt classified.
 
-Two formats (:data:`FORMATS`): ``hermes``, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-blocks (Qwen2.5, Qwen3, Hermes, and any model told so), and ``json``, a reply that is the call's JSON
-object itself, ``{"name": ..., "parameters": {...}}`` (Llama 3.1-3.3; several joined by ``;``).
-:func:`template_format` reads a chat template's own from how it writes a call. Each block or object is
-one *attempt*, and each attempt gets a status:
+The formats (:data:`FORMATS`), by the vLLM parser of the same name where there is one:
 
-- ``ok``: a JSON object naming an offered tool, its arguments fitting the tool's schema;
-- ``invalid_json``: the block is not a JSON object;
+- ``hermes``: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (Qwen2.5, Qwen3, Hermes,
+  and any model told so);
+- ``json``: a reply that is the call's JSON object itself, ``{"name": ..., "parameters": {...}}``
+  (Llama 3.1-3.3; several joined by ``;``);
+- ``qwen3_coder``: ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>``
+  (Qwen3.5 and later, Qwen3-Coder, Nemotron 3);
+- ``glm45``: ``<tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value></tool_call>`` (GLM-4.5);
+- ``harmony``: a commentary-channel message to ``functions.NAME`` holding JSON, ended by ``<|call|>`` (gpt-oss);
+- ``deepseek``: ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME`` and a fenced JSON block (DeepSeek-V3);
+- ``gemma4``: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`` (Gemma 4);
+- ``pythonic``: ``<|tool_call_start|>[NAME(key='text', n=1)]<|tool_call_end|>`` (LFM2, LFM2.5).
+
+The formats after ``json`` are read by :mod:`omrl.chat.tool_formats`, which says how each writes its
+values. :func:`template_format` reads a chat template's own from how it writes a call. Each block, object
+or message holding a call is one *attempt*, and each attempt gets a status:
+
+- ``ok``: a call naming an offered tool, its arguments fitting the tool's schema;
+- ``invalid_json``: the block cannot be read (not a JSON object; in the other formats, its structure or
+  its arguments do not parse);
 - ``unclosed``: an opening tag with no closing tag (a reply cut at its token limit, say);
-- ``missing_name``: a JSON object without a string ``name``;
+- ``missing_name``: a call without a name (a JSON object without a string ``name``);
 - ``unknown_tool``: a name no offered tool has;
 - ``bad_arguments``: arguments that are not an object, lack a required key, name a key the schema
   does not have, or hold a value of another JSON type.
@@ -21,7 +34,7 @@ says what the model got wrong, so a run can count it (a run whose tool calls all
 never look like a run that chose not to call tools).
 
 For chat templates that do not render tools themselves, :func:`tools_system_text`,
-:func:`call_text` and :func:`result_text` write the same format as text.
+:func:`call_text` and :func:`result_text` write ``hermes`` calls as text.
 """
 
 from __future__ import annotations
@@ -31,12 +44,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-FORMATS = ("hermes", "json")
+from omrl.chat.tool_formats import MAX_JSON_DEPTH, READERS, SIGNS, json_depth
+
+FORMATS = ("hermes", "json", *READERS)
 STATUSES = ("ok", "invalid_json", "unclosed", "missing_name", "unknown_tool", "bad_arguments")
 PARSED = ("ok", "unknown_tool", "bad_arguments")  # statuses whose call reaches the agent
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
-MAX_JSON_DEPTH = 64  # deeper replies are junk, and json's recursion must not be the limit
 JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -74,7 +88,8 @@ class CallAttempt:
 class ParsedReply:
     """A reply split into its text and its tool-call attempts."""
 
-    content: str  # the text the agent gets: before the first call when a call parsed, else the whole reply
+    content: str  # the text the agent gets: before the first call when a call parsed (Gemma 4: and after
+    # the last, where its template writes a reply's text), else the whole reply
     attempts: tuple[CallAttempt, ...] = ()
 
     @property
@@ -97,6 +112,16 @@ def parse_tool_calls(text: str, tools: Sequence[dict[str, Any]], fmt: str = "her
     specs = {spec["name"]: spec for spec in map(function_of, tools) if isinstance(spec.get("name"), str)}
     if fmt == "json":
         return _json_calls(text, specs)
+    if fmt in READERS:
+        content, reads = READERS[fmt](text, specs)
+        attempts = [
+            _classify(r.name, r.arguments, specs)
+            if r.failure is None
+            else CallAttempt(r.failure, r.name, None, r.error)
+            for r in reads
+        ]
+        parsed = any(a.parsed for a in attempts)
+        return ParsedReply(content if parsed else text, tuple(attempts))
     attempts: list[CallAttempt] = []
     at = text.find(OPEN)
     first = at
@@ -120,7 +145,7 @@ def _json_calls(text: str, specs: dict[str, dict[str, Any]]) -> ParsedReply:
         return ParsedReply(text)
     attempts, at = [], 0
     while at < len(body):
-        if _depth(body[at:]) > MAX_JSON_DEPTH:
+        if json_depth(body[at:]) > MAX_JSON_DEPTH:
             attempts.append(CallAttempt("invalid_json", error="the call nests too deeply"))
             break
         try:
@@ -138,11 +163,14 @@ def _json_calls(text: str, specs: dict[str, dict[str, Any]]) -> ParsedReply:
 
 def template_format(rendered_call: str, probe_name: str) -> str | None:
     """The format a chat template writes a call to ``probe_name`` in (``rendered_call``: its render of a
-    reply holding that call), or None when it is neither of :data:`FORMATS` (gpt-oss channels, GLM's
-    ``<arg_key>`` blocks, Mistral's ``[TOOL_CALLS]``)."""
+    reply holding that call), or None when it is none of :data:`FORMATS` (Mistral's ``[TOOL_CALLS]``,
+    Muse Glimmer's ``<atem:function_calls>``)."""
     name = re.escape(json.dumps(probe_name))
     if re.search(rf'{re.escape(OPEN)}\s*\{{\s*"name"\s*:\s*{name}', rendered_call):
         return "hermes"
+    for fmt, sign in SIGNS.items():
+        if re.search(sign.replace("NAME", re.escape(probe_name)), rendered_call):
+            return fmt
     if re.search(rf'\{{\s*"name"\s*:\s*{name}\s*,\s*"(?:parameters|arguments)"', rendered_call):
         return "json"
     return None
@@ -166,6 +194,11 @@ def _attempt(payload: str, specs: dict[str, dict[str, Any]]) -> CallAttempt:
     arguments = call.get("arguments", call.get("parameters", {}))
     if isinstance(arguments, str):  # arguments written as a JSON string: what the OpenAI API itself sends
         arguments = _load(arguments) if arguments.strip() else {}
+    return _classify(name, arguments, specs)
+
+
+def _classify(name: str, arguments: Any, specs: dict[str, dict[str, Any]]) -> CallAttempt:
+    """The status of a call that named a tool: unknown, arguments off the schema, or ok."""
     if not isinstance(arguments, dict):
         return CallAttempt("bad_arguments", name, None, "the arguments are not a JSON object")
     spec = specs.get(name)
@@ -180,24 +213,12 @@ def _attempt(payload: str, specs: dict[str, dict[str, Any]]) -> CallAttempt:
 
 def _load(text: str) -> Any:
     """The JSON value of ``text``, or None when it is not JSON (or nests past :data:`MAX_JSON_DEPTH`)."""
-    if _depth(text) > MAX_JSON_DEPTH:
+    if json_depth(text) > MAX_JSON_DEPTH:
         return None
     try:
         return json.loads(text)
     except (ValueError, RecursionError):
         return None
-
-
-def _depth(text: str) -> int:
-    """An upper bound on the nesting of brackets in ``text`` (strings' brackets counted too)."""
-    depth = deepest = 0
-    for char in text:
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
 
 
 def schema_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:

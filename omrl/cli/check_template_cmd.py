@@ -74,14 +74,14 @@ def check_template_command(
     for case in cases:
         if case.status in ("broken", "refused"):
             say(f"{case.mode} {case.case}: {case.status}: {case.problem}")
+    if not report.trainable:
+        raise OmrlError(f"omrl cannot train the chat template of {model} token-exactly: {report.why_not()}")
     broken = first_broken(cases)
     if broken is not None:
         raise OmrlError(
             f"omrl would lay out {model}'s {broken.case} episodes wrongly under chat.history={broken.mode}: "
             f"{broken.problem}"
         )
-    if not report.trainable:
-        raise OmrlError(f"omrl cannot train the chat template of {model} token-exactly: {report.why_not()}")
     say(f"use: {_advice(report)}")
 
 

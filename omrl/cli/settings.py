@@ -23,6 +23,7 @@ RECIPE_KEYS = (
 )
 # what an evaluation takes over from the run that trained the model (sampling stays eval's own)
 TRAINED_KEYS = ("env.template", "env.max_turns", "generation.max_new_tokens", "generation.max_context")
+CHAT_KEYS = ("chat.history", "chat.template_kwargs")  # the model's own, in whichever env it plays
 
 
 def value_at(cfg: Any, dotted: str) -> Any:
@@ -106,7 +107,8 @@ def agent_reward_weights(cfg: Any, args: list[str] | None, console: Any) -> None
 
 
 def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict[str, Any]:
-    """The :data:`TRAINED_KEYS` of the run directory ``model`` when it trained on ``env`` ({} otherwise),
+    """The :data:`TRAINED_KEYS` of the run directory ``model`` when it trained on ``env`` (else only its
+    :data:`CHAT_KEYS`: how its chat template was rendered holds in any env),
     and each of its envs' own options (``plugins.<env>``: the dataset file, a server's address...) with no
     secret in them: the same ``env.name`` and the same ``env.mix`` but for splits (a mixture's envs each
     take the run's settings unless its entry sets its own, so the same mixture plays them as it trained)."""
@@ -122,10 +124,11 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
         return {}
     try:
         data = yaml.safe_load(run_config.read_text(encoding="utf-8"))
+        chat = {key: value_at(data, key) for key in CHAT_KEYS if key.split(".")[1] in (data.get("chat") or {})}
         same_mix = mix_less_splits(data["env"].get("mix")) == mix_less_splits(mix)
         if not same_envs(value_at(data, "env.name"), env) or not same_mix:
-            return {}
-        out = {key: value_at(data, key) for key in TRAINED_KEYS}
+            return chat
+        out = {**{key: value_at(data, key) for key in TRAINED_KEYS}, **chat}
         plugins = data.get("plugins") or {}
         for name, _ in parse_env_spec(value_at(data, "env.name")):
             options = plugins.get(name)
@@ -149,7 +152,12 @@ def settings_as_trained(cfg: Any, args: list[str] | None, trained: dict[str, Any
 
     taken = []
     for key, value in trained.items():
-        if key.startswith("plugins."):  # an env's options: what the command line gives of them wins
+        if key == "chat.template_kwargs":  # the template's options: what the command line gives of them wins
+            merged = {**value, **cfg.chat.template_kwargs}
+            if merged != cfg.chat.template_kwargs:
+                cfg.chat.template_kwargs = merged
+                taken.append(f"{key}={shown(merged)}")
+        elif key.startswith("plugins."):  # an env's options: what the command line gives of them wins
             name = key.split(".", 1)[1]
             given = dict(cfg.plugins.get(name) or {})
             merged = {**value, **given}

@@ -101,6 +101,12 @@ class ChatConfig:
         "the episode split into rows where it rewrites). `omrl check-template MODEL` reports "
         "what each does for a model.",
     )
+    template_kwargs: dict[str, Any] = opt(
+        {},
+        "Options the model's chat template reads, as jinja variables (e.g. chat.template_kwargs.enable_thinking=false, "
+        "chat.template_kwargs.reasoning_effort=low): used by every render in rollout, train, eval and sft, kept in "
+        "the run's config and used again by `omrl eval` of the run. A name the template does not read is an error.",
+    )
 
 
 @dataclass

@@ -32,12 +32,14 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 
 from omrl.atomic import atomic_write_parquet, atomic_write_text
+from omrl.chat.replies import REASONING_FIELDS
 from omrl.data.trajectory import (
     Episode,
     is_trajectory_schema,
     read_episodes,
     read_parquet,
     read_parquet_schema,
+    recorded_tokenizer,
     to_json,
 )
 from omrl.errors import OmrlError, short_repr
@@ -127,7 +129,7 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
 
 
 def _message(message: Any, where: str) -> dict[str, Any]:
-    """``{"role", "content"}``, plus a reply's ``reasoning_content`` (text) and ``tool_calls`` (a list of
+    """``{"role", "content"}``, plus a reply's reasoning (``reasoning_content``, ``thinking`` or ``reasoning``: text) and ``tool_calls`` (a list of
     calls; the content may then be empty or null) when the record has them."""
     if isinstance(message, dict) and "role" in message and "content" in message:
         role, content = message["role"], message["content"]
@@ -151,11 +153,12 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(content, str):
         raise DatasetFormatError(f"{where}: content must be text, got {type(content).__name__}")
     out: dict[str, Any] = {"role": ROLE_ALIASES[role], "content": content}
-    reasoning = message.get("reasoning_content")
-    if reasoning is not None:
-        if not isinstance(reasoning, str):
-            raise DatasetFormatError(f"{where}: reasoning_content must be text, got {type(reasoning).__name__}")
-        out["reasoning_content"] = reasoning
+    for key in REASONING_FIELDS:  # a chat template reads one of them: SFT moves it to that one
+        reasoning = message.get(key)
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise DatasetFormatError(f"{where}: {key} must be text, got {type(reasoning).__name__}")
+            out[key] = reasoning
     if calls:
         out["tool_calls"] = calls
     if isinstance(message.get("name"), str) and out["role"] == "tool":
@@ -316,14 +319,20 @@ def _is_trajectory_file(file: Path) -> bool:
 
 def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
     out = []
+    vocab = (recorded_tokenizer(file) or {}).get("vocab")
     for number, episode in enumerate(read_episodes(file), 1):
         if episode.total_reward < min_reward:
             continue
         source = f"{file} row {number}"
         if not episode.messages:
             raise DatasetFormatError(f"{source}: episode has no messages (written by an old omrl rollout?)")
-        record = episode_to_record(episode)
-        out.append(record_to_conversation(record, source))
+        conversation = record_to_conversation(episode_to_record(episode), source)
+        # the ids it was played in: SFT trains them where the tokenizer is the same (an episode that opened with
+        # a worked example is laid out again without it: SFT never learns the example, nor its prompt)
+        if vocab and episode.token_ids and not episode.demo_messages:
+            conversation.meta["rows"] = [(episode.token_ids[a:b], episode.loss_mask[a:b]) for a, b in episode.rows()]
+            conversation.meta["vocab"] = vocab
+        out.append(conversation)
     return out
 
 
@@ -337,12 +346,14 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
     return {
         "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}",
         "conversations": [
-            {key: m[key] for key in ("role", "content", "tool_calls", "name") if key in m} for m in messages
+            {key: m[key] for key in ("role", "content", "tool_calls", "name", *REASONING_FIELDS) if key in m}
+            for m in messages
         ],
         "reward": episode.total_reward,
         "won": episode.won,
         "env": episode.env,
         "task_id": episode.task_id,
+        **({"chat_kwargs": episode.chat_kwargs} if episode.chat_kwargs else {}),
     }
 
 

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from omrl.atomic import atomic_write_parquet
+from omrl.chat.replies import REASONING_FIELDS
 from omrl.errors import ConfigError, OmrlError
 
 END_REASONS = ("done", "max_turns", "max_context", "env_error", "empty_response", "pruned", "budget")
@@ -77,6 +78,8 @@ class Episode:
     error: str | None = None
     demo_messages: int = 0  # messages after the system prompt that are the env's worked example, not this episode
     row_starts: list[int] = field(default_factory=list)  # where token_ids start a new row (chat.history=as_template)
+    # what the chat template was rendered with (tools, chat.template_kwargs): SFT on the episode renders the same
+    chat_kwargs: dict[str, Any] = field(default_factory=dict)
     # what an RL update computed for it, per token (aligned with token_ids, as logprobs): the advantage and
     # return the estimator gave its row, the critic's values (empty without one); all empty when it trained none
     advantages: list[float] = field(default_factory=list)
@@ -154,6 +157,7 @@ SCHEMA = pa.schema(
                         ("content", pa.string()),
                         ("tool_calls", pa.string()),
                         ("name", pa.string()),
+                        ("reasoning", pa.string()),
                     ]
                 )
             ),
@@ -164,14 +168,16 @@ SCHEMA = pa.schema(
         ("advantages", pa.list_(pa.float32())),
         ("returns", pa.list_(pa.float32())),
         ("values", pa.list_(pa.float32())),
+        ("chat_kwargs", pa.string()),
     ],
-    metadata={b"omrl.schema": b"episode/5"},
+    metadata={b"omrl.schema": b"episode/6"},
 )
 # episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
 # episode/3 added each turn's node_id and parent_id; older files read with -1 for both
 # episode/4 added row_starts (older files read as one row per episode) and messages' tool_calls and name
 # episode/5 added advantages, returns and values (what the update computed); older files read with none
-READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4", b"episode/5")
+# episode/6 added messages' reasoning and the episode's chat_kwargs; older files read with neither
+READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4", b"episode/5", b"episode/6")
 TRAINED_COLUMNS = ("advantages", "returns", "values")  # per token, written by the trainer
 
 
@@ -212,9 +218,11 @@ def _episode_row(ep: Episode) -> dict[str, Any]:
             "content": m.get("content"),
             "tool_calls": to_json(m["tool_calls"]) if m.get("tool_calls") else None,
             "name": m.get("name"),
+            "reasoning": next((m[key] for key in REASONING_FIELDS if isinstance(m.get(key), str)), None),
         }
         for m in ep.messages
     ]
+    row["chat_kwargs"] = to_json(ep.chat_kwargs) if ep.chat_kwargs else None
     return row
 
 
@@ -332,13 +340,17 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
         row["row_starts"] = list(row.get("row_starts") or [])
         row.update({key: list(row.get(key) or []) for key in TRAINED_COLUMNS})
         row["messages"] = [_message(m) for m in row.get("messages") or []]
+        row["chat_kwargs"] = json.loads(row["chat_kwargs"]) if row.get("chat_kwargs") else {}
         episodes.append(Episode(**row))
     return episodes
 
 
 def _message(stored: dict[str, Any]) -> dict[str, Any]:
-    """A chat message as read back: role and content, plus tool_calls and name where it had them."""
+    """A chat message as read back: role and content, plus tool_calls, name and reasoning (as
+    ``reasoning_content``: SFT moves it to the field the template reads) where it had them."""
     message = {"role": stored["role"], "content": stored["content"]}
+    if stored.get("reasoning") is not None:
+        message["reasoning_content"] = stored["reasoning"]
     if stored.get("tool_calls"):
         message["tool_calls"] = json.loads(stored["tool_calls"])
     if stored.get("name"):

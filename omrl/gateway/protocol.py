@@ -148,6 +148,8 @@ def completion(
     choices = []
     for index, reply in enumerate(replies):
         message: dict[str, Any] = {"role": "assistant", "content": reply.content or (None if reply.tool_calls else "")}
+        if reply.reasoning is not None:  # where vLLM's reasoning parsers put it
+            message["reasoning_content"] = reply.reasoning
         if reply.tool_calls:
             message["tool_calls"] = _wire_calls(reply)
         choice = {"index": index, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}
@@ -192,6 +194,8 @@ def chunks(
 
     for index, reply in enumerate(replies):
         yield event(index, {"role": "assistant", "content": ""})
+        if reply.reasoning:
+            yield event(index, {"reasoning_content": reply.reasoning})
         if reply.content:
             yield event(
                 index, {"content": reply.content}, logprobs=_logprobs(tokenizer, reply) if request.logprobs else None

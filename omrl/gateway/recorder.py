@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 from omrl.backends.base import Generation
 from omrl.chat import next_prompt, prompt_ids
-from omrl.chat.replies import sampled_end
+from omrl.chat.replies import parse_reply, sampled_end, stop_token_ids
 from omrl.chat.specials import mark_value
 from omrl.chat.tool_calls import ParsedReply, parse_tool_calls
 from omrl.data.trajectory import Episode, Turn
@@ -36,6 +36,7 @@ class Reply:
     finish_reason: str  # stop, length or tool_calls
     token_ids: list[int]
     logprobs: list[float]
+    reasoning: str | None = None  # the reasoning channel, as a reasoning parser returns it (reasoning_content)
 
     def message(self) -> dict[str, Any]:
         """The reply as a normalized message (what the agent is expected to send back)."""
@@ -48,8 +49,17 @@ class Reply:
 class EpisodeRecorder:
     """The rows of one agent episode (see the module docstring); a lock serialises its agent's calls."""
 
-    def __init__(self, episode: Episode, tokenizer: Any, history: str, max_context: int, layout: ToolLayout):
+    def __init__(
+        self,
+        episode: Episode,
+        tokenizer: Any,
+        history: str,
+        max_context: int,
+        layout: ToolLayout,
+        options: dict | None = None,
+    ):
         self.episode = episode
+        self.options = dict(options or {})  # the run's chat-template options (chat.template_kwargs)
         self.tokenizer = tokenizer
         self.history = history
         self.max_context = max_context
@@ -58,7 +68,7 @@ class EpisodeRecorder:
         self.said: list[dict[str, Any]] = []  # the chat the current row stands for, as the template was given it
         self.seen: list[dict[str, Any]] = []  # the last request's messages (normalized) and the reply given
         self.names: dict[str, str] = {}  # tool-call id -> tool name
-        self.kwargs: dict[str, Any] = {}
+        self.kwargs: dict[str, Any] = dict(self.options)
         self.answering = ""  # the text of the messages the next reply answers
         self.sampled_end = ""  # the special tokens that ended the last reply ('' when it was cut)
         self.over_budget = False  # a call found no room left (context or calls): the episode is truncated
@@ -94,7 +104,9 @@ class EpisodeRecorder:
         """Lay out the row this request generates in and return its ids; None when not one generated token
         fits in ``max_context`` (the episode is then marked over budget and nothing is appended)."""
         ep, tokenizer = self.episode, self.tokenizer
-        kwargs = {"tools": mark_value(tokenizer, list(tools))} if tools and self.layout.renders_tools else {}
+        kwargs = dict(self.options)
+        if tools and self.layout.renders_tools:
+            kwargs["tools"] = mark_value(tokenizer, list(tools))
         tools_key = json.dumps(list(tools), sort_keys=True, default=repr)  # other tools: another opening
         if ep.token_ids and tools_key == self.tools_key and continues(messages, self.seen):
             new = for_template(messages[len(self.seen) :], self.layout, self.names)
@@ -140,7 +152,7 @@ class EpisodeRecorder:
         ep.token_ids += generation.token_ids
         ep.loss_mask += [1] * len(generation.token_ids)
         ep.logprobs += generation.logprobs
-        stopped = bool(generation.token_ids) and generation.token_ids[-1] == tokenizer.eos_token_id
+        stopped = bool(generation.token_ids) and generation.token_ids[-1] in stop_token_ids(tokenizer, self.kwargs)
         text = tokenizer.decode(generation.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         self.sampled_end = sampled_end(tokenizer, text, self.kwargs) if stopped else ""
         truncated = generation.finish_reason == "length"
@@ -194,15 +206,18 @@ class EpisodeRecorder:
         """What ``generation`` answers the agent, recorded or not (a call's further choices are not)."""
         text = self._decoded(generation.token_ids)
         text = text if stop_at is None else text[:stop_at]
+        split = parse_reply(self.tokenizer, text, self.kwargs)  # the reasoning apart, as a server's parser puts it
+        text = split.answer
         parsed = parse_tool_calls(text, tools, self.layout.format or "hermes") if tools else ParsedReply(text)
         calls = [{"id": f"call_{secrets.token_hex(6)}", "name": a.name, "arguments": a.arguments} for a in parsed.calls]
         finish = "tool_calls" if calls else generation.finish_reason
-        return Reply(parsed.content, calls, finish, generation.token_ids, generation.logprobs), parsed
+        reply = Reply(parsed.content, calls, finish, generation.token_ids, generation.logprobs, split.reasoning)
+        return reply, parsed
 
     def _decoded(self, ids: Sequence[int]) -> str:
         """The reply's text less the tokens that ended it (:func:`omrl.chat.replies.sampled_end`)."""
         text = self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        stopped = bool(ids) and ids[-1] == self.tokenizer.eos_token_id
+        stopped = bool(ids) and ids[-1] in stop_token_ids(self.tokenizer, self.kwargs)
         return text[: len(text) - len(sampled_end(self.tokenizer, text, self.kwargs))] if stopped else text
 
     def chat(self) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from typing import Any
 from omrl.backends.base import Backend
 from omrl.chat.history import native_tool_calls
 from omrl.chat.render import render
-from omrl.chat.tool_calls import template_format
+from omrl.chat.tool_calls import FORMATS, template_format
 from omrl.data.trajectory import Episode
 from omrl.gateway import responses
 from omrl.gateway.batcher import Batcher
@@ -124,7 +124,14 @@ class Gateway:
     def open(self, episode: Episode) -> tuple[str, EpisodeRecorder]:
         """A new API key for ``episode`` and the recorder its calls write into."""
         key = f"omrl-{secrets.token_urlsafe(18)}"
-        recorder = EpisodeRecorder(episode, self.tokenizer, self.limits.history, self.limits.max_context, self.layout)
+        recorder = EpisodeRecorder(
+            episode,
+            self.tokenizer,
+            self.limits.history,
+            self.limits.max_context,
+            self.layout,
+            getattr(self.limits, "template_kwargs", {}),
+        )
         with self._lock:
             self._episodes[key] = recorder
         return key, recorder
@@ -166,8 +173,8 @@ class Gateway:
         if request.tools and self.layout.format is None:
             raise RequestError(
                 "the model's chat template writes tool calls in a format the gateway cannot parse yet (served: "
-                "<tool_call> JSON blocks, or a bare JSON object as Llama 3 writes them); call without tools, or "
-                "use a model whose template writes one of those"
+                f"{', '.join(FORMATS)}: docs/templates.md); call without tools, or use a model whose template "
+                "writes one of those"
             )
         row = recorder.prompt(request.messages, request.tools)
         if row is None:  # not one token fits: the episode is over its budget

@@ -21,8 +21,9 @@ from typing import Any
 
 from omrl.backends.base import Generation
 from omrl.chat import next_prompt
-from omrl.chat.history import native_tool_calls
-from omrl.chat.replies import parse_reply, sampled_end
+from omrl.chat.history import native_call_format
+from omrl.chat.replies import parse_reply, sampled_end, stop_token_ids
+from omrl.chat.tool_calls import template_format
 from omrl.data.trajectory import Episode, Turn
 from omrl.envs import Env, StepResult, clean_text, step_problem
 from omrl.templates import ParsedAction, Template
@@ -79,7 +80,7 @@ def record_reply(
     ep.token_ids += reply.token_ids
     ep.loss_mask += [1] * len(reply.token_ids)
     ep.logprobs += reply.logprobs
-    live.eos_generated = bool(reply.token_ids) and reply.token_ids[-1] == tokenizer.eos_token_id
+    live.eos_generated = bool(reply.token_ids) and reply.token_ids[-1] in stop_token_ids(tokenizer, chat_kwargs)
     text = tokenizer.decode(reply.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     live.sampled_end = sampled_end(tokenizer, text, chat_kwargs) if live.eos_generated else ""
     response = text[: len(text) - len(live.sampled_end)]
@@ -164,6 +165,15 @@ def record_step(live: LiveEpisode, result: StepResult | BaseException) -> None:
         live.end = "done"
 
 
+def _as_template_writes(tokenizer: Any, live: LiveEpisode, chat_kwargs: dict) -> bool:
+    """Whether the reply's tool call was sampled in the format the chat template writes calls in: only then is
+    it recorded as a structured call answered by a ``tool`` message (a model told to write ``<tool_call>``
+    JSON whose template writes gpt-oss's channels keeps its call as text, and the answer as a user message)."""
+    fmt = native_call_format(tokenizer, chat_kwargs)
+    name = live.tool_call["tool_calls"][0]["function"]["name"]
+    return bool(fmt) and template_format(live.episode.turns[-1].response, name) == fmt
+
+
 def continue_chat(
     live: LiveEpisode, tokenizer: Any, chat_kwargs: dict, turn_cap: int, max_context: int, history: str
 ) -> None:
@@ -172,8 +182,8 @@ def continue_chat(
     turns ends as max_turns, one whose row would not leave room for one generated token as max_context.
 
     ``live.next_user`` answers the reply as a user message; after a native tool call, where the chat
-    template renders them, the reply is recorded with its structured ``tool_calls`` (its content the
-    text before the call) and the answer is a ``tool`` message.
+    template renders them in the format the call was sampled in, the reply is recorded with its structured
+    ``tool_calls`` (its content the text before the call) and the answer is a ``tool`` message.
     """
     ep = live.episode
     if live.end is not None:
@@ -181,7 +191,7 @@ def continue_chat(
     if len(ep.turns) >= turn_cap:
         live.end = "max_turns"
         return
-    if live.tool_call is not None and native_tool_calls(tokenizer, chat_kwargs):
+    if live.tool_call is not None and _as_template_writes(tokenizer, live, chat_kwargs):
         call = dict(live.tool_call)
         if len(live.messages[-1]) > 2:  # the reply's reasoning has a field: the call's text is its answer
             call["content"] = parse_reply(tokenizer, call["content"], chat_kwargs).answer

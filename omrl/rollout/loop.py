@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TypeVar
 
 from omrl.backends.base import Backend, Generation, SamplingParams
@@ -52,10 +52,14 @@ class RolloutLimits:
     temperature: float = 1.0
     top_p: float = 1.0
     history: str = "keep"  # chat.history: keep or as_template (omrl.chat.history)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat.template_kwargs: the template's options
 
     @classmethod
-    def from_config(cls, generation: Any, max_turns: int = 0, history: str = "keep") -> "RolloutLimits":
-        """From a GenerationConfig plus the env config's ``max_turns`` and the chat config's ``history``."""
+    def from_config(
+        cls, generation: Any, max_turns: int = 0, history: str = "keep", template_kwargs: dict | None = None
+    ) -> "RolloutLimits":
+        """From a GenerationConfig plus the env config's ``max_turns`` and the chat config's ``history`` and
+        ``template_kwargs``."""
         return cls(
             generation.max_new_tokens,
             generation.max_context,
@@ -63,6 +67,7 @@ class RolloutLimits:
             generation.temperature,
             generation.top_p,
             check_history(history),
+            dict(template_kwargs or {}),
         )
 
 
@@ -156,7 +161,7 @@ def collect_lanes(
         raise OmrlError("collect needs a generation backend, or expert=True to play the env's scripted expert")
     check_history(limits.history)
     if not expert:  # a model's rows must be laid out as its template lays them out, or not at all
-        check_run_template(tokenizer, limits.history)
+        check_run_template(tokenizer, limits.history, limits.template_kwargs)
     if limits.max_new_tokens < 1 or limits.max_context < 2:
         raise OmrlError(
             f"max_new_tokens must be >= 1 and max_context >= 2, got {limits.max_new_tokens} and {limits.max_context}"
@@ -186,7 +191,7 @@ def collect_lanes(
     while queue or live:
         room = len(queue) if not max_parallel else max(0, max_parallel - len(live))
         started = [queue.popleft() for _ in range(min(room, len(queue)))]
-        for state in _start(tokenizer, started, limits.max_context):
+        for state in _start(tokenizer, started, limits.max_context, limits.template_kwargs):
             if state.end:
                 finish(state)
             else:
@@ -260,7 +265,7 @@ def demonstration_messages(template: Template, env: Env, demonstration: Sequence
     return messages
 
 
-def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_context: int) -> list[_Chain]:
+def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_context: int, options: dict) -> list[_Chain]:
     """Reset an env for each new episode (in its lane) and lay out its opening prompt."""
     envs = [lane.pool.acquire() for _, _, lane, _ in started]
     firsts = per_pool(
@@ -272,7 +277,7 @@ def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_contex
     for env, (group, sample, lane, task), first in zip(envs, started, firsts):
         name = lane.pool.name
         ep = Episode(env=name, task_id=task, split=lane.split, instruction="", group=group, sample=sample)
-        opened = open_episode(ep, env, first, lane.template, tokenizer, name, lane.demonstration)
+        opened = open_episode(ep, env, first, lane.template, tokenizer, name, lane.demonstration, options)
         if opened is None:
             states.append(
                 _Chain(
@@ -330,6 +335,7 @@ def open_episode(
     tokenizer: Any,
     env_name: str,
     demonstration: bool,
+    options: dict | None = None,
 ) -> tuple[list[dict[str, str]], dict, str] | None:
     """Fill ``ep``'s instruction and first prompt (ids, masks) from the env's reset answer ``first``.
 
@@ -352,7 +358,8 @@ def open_episode(
     demo = demonstration_messages(template, env, env.demonstration) if demonstration else []
     ep.demo_messages = len(demo)
     messages = [{"role": "system", "content": template.system_prompt(env)}, *demo, {"role": "user", "content": user}]
-    kwargs = template.chat_template_kwargs(env)
+    kwargs = {**(options or {}), **template.chat_template_kwargs(env)}  # the run's template options, then the env's
+    ep.chat_kwargs = dict(kwargs)  # SFT on the episode renders its chat as it was rendered here
     ids = prompt_ids(tokenizer, messages, **kwargs)
     ep.token_ids, ep.loss_mask, ep.logprobs = ids, [0] * len(ids), [0.0] * len(ids)
     ep.prompt_length = len(ids)

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from omrl import registry, rewards
 from omrl.backends import Backend, make_backend
+from omrl.chat.conformance import check_run_template, check_template_options
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
 from omrl.rollout.loop import RolloutLimits, collect
@@ -77,9 +78,14 @@ class RolloutSession:
         template = template_class(**plugins.get(cfg.env.template, {}))
         if tokenizer is None:
             tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
+        limits = RolloutLimits.from_config(
+            cfg.generation, cfg.env.max_turns, cfg.chat.history, cfg.chat.template_kwargs
+        )
+        if not expert:  # a template whose episodes would be laid out wrongly is refused before a model loads
+            check_template_options(tokenizer, limits.template_kwargs)
+            check_run_template(tokenizer, limits.history, limits.template_kwargs)
         if backend is None and not expert:
             backend = backend_of(cfg, tokenizer, model)
-        limits = RolloutLimits.from_config(cfg.generation, cfg.env.max_turns, cfg.chat.history)
         agent = agent_of(cfg)
         return cls(
             pool,

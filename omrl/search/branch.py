@@ -34,10 +34,11 @@ def root_node(
     group: int,
     max_context: int,
     demonstration: bool,
+    options: dict | None = None,
 ) -> tuple[Node, dict]:
     """The root of a task's tree (the prompt alone) and the chat-template kwargs of its chats."""
     ep = Episode(env=env_name, task_id=task_id, split=split, instruction="", group=group)
-    opened = open_episode(ep, env, first, template, tokenizer, env_name, demonstration)
+    opened = open_episode(ep, env, first, template, tokenizer, env_name, demonstration, options)
     if opened is None:
         ep.end_reason = "env_error"
         return Node(0, None, ep, [], "", end="env_error"), {}

@@ -94,6 +94,7 @@ def run_search(
                 split=ctx.split,
                 group=group,
                 max_context=ctx.limits.max_context,
+                options=ctx.limits.template_kwargs,
                 demonstration=ctx.demonstration,
             )
             root.env_state = None if root.terminal else state

@@ -26,6 +26,7 @@ import torch
 
 from omrl.chat import conversation_rows
 from omrl.data.conversations import Conversation
+from omrl.data.trajectory import tokenizer_fingerprint
 from omrl.errors import OmrlError
 
 IGNORE_INDEX = -100
@@ -54,13 +55,19 @@ def shifted_labels(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[i
 
 
 def tokenize_conversations(
-    tokenizer, conversations: Sequence[Conversation], max_seq_length: int, history: str = "keep"
+    tokenizer,
+    conversations: Sequence[Conversation],
+    max_seq_length: int,
+    history: str = "keep",
+    template_kwargs: dict | None = None,
 ) -> tuple[list[Row], int, int]:
     """One row per conversation, truncated to ``max_seq_length``; returns (rows, number dropped,
     number truncated).
 
-    A conversation is dropped when truncation leaves it no assistant token to learn from.
-    Ids come from :func:`omrl.chat.conversation_rows`: the layout the rollout generates in, one row
+    A conversation is dropped when truncation leaves it no assistant token to learn from. An episode
+    of an omrl rollout file whose tokenizer is this one is its own rows: the ids sampled and the template's
+    text between them, as they were played (in whichever history mode). Other ids come from
+    :func:`omrl.chat.conversation_rows`: the layout the rollout generates in, one row
     per conversation unless the ``as_template`` history splits it (each split row is a row here).
     Text that cannot reach the first ``max_seq_length`` tokens is cut before tokenizing, so a
     megabytes-long message costs no more than one that just fills the row.
@@ -71,15 +78,21 @@ def tokenize_conversations(
     longest_token = max((len(token) for token in tokenizer.get_vocab()), default=1)
     budget = max_seq_length * longest_token + 1024  # the margin keeps the tokens at the cut unchanged
     rows, dropped, truncated = [], 0, 0
+    vocab = tokenizer_fingerprint(tokenizer)["vocab"] if any(c.meta.get("rows") for c in conversations) else None
     for conv in conversations:
-        messages = _cut_text(conv.messages, budget)
-        if not any(m["role"] == "assistant" for m in messages):  # cut before the first reply
-            dropped += 1
-            continue
-        try:
-            split = conversation_rows(tokenizer, messages, history)
-        except OmrlError as exc:
-            raise OmrlError(f"{conv.source}: {exc}") from exc
+        if conv.meta.get("rows") and conv.meta.get("vocab") == vocab:
+            split = conv.meta["rows"]  # a rollout's episode, by this tokenizer: the very ids it was played in
+        else:
+            messages = _cut_text(conv.messages, budget)
+            if not any(m["role"] == "assistant" for m in messages):  # cut before the first reply
+                dropped += 1
+                continue
+            try:
+                # a rollout's episode is rendered as it was played (its tools, its template options)
+                kwargs = {**(template_kwargs or {}), **(conv.meta.get("chat_kwargs") or {})}
+                split = conversation_rows(tokenizer, messages, history, **kwargs)
+            except OmrlError as exc:
+                raise OmrlError(f"{conv.source}: {exc}") from exc
         kept = 0
         for ids, mask in split:
             truncated += len(ids) > max_seq_length

@@ -36,7 +36,7 @@ from rich.console import Console
 
 from omrl.atomic import atomic_write_text
 from omrl.chat import check_history
-from omrl.chat.conformance import check_run_template
+from omrl.chat.conformance import check_run_template, check_template_options
 from omrl.config import to_yaml
 from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
@@ -142,9 +142,10 @@ class SftRecipe:
                 f"{path} holds no conversations"
                 + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else "")
             )
-        check_run_template(self.tokenizer, check_history(cfg.chat.history))
+        check_template_options(self.tokenizer, cfg.chat.template_kwargs)
+        check_run_template(self.tokenizer, check_history(cfg.chat.history), cfg.chat.template_kwargs)
         rows, dropped, truncated = tokenize_conversations(
-            self.tokenizer, conversations, cfg.max_seq_length, cfg.chat.history
+            self.tokenizer, conversations, cfg.max_seq_length, cfg.chat.history, cfg.chat.template_kwargs
         )
         if not rows:
             raise OmrlError(

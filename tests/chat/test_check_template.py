@@ -64,7 +64,29 @@ ONE_REWRITE = {
     "{{- '<|im_end|>\\n' -}}{%- endfor -%}",
 }
 
-EXTRA = {"ends_in_text": ENDS_IN_TEXT, "raises_after_reply": RAISES_AFTER_REPLY, "needs_kwarg": NEEDS_KWARG}
+# Qwen3's rule (earlier reasoning dropped, so keep renders after placeholders) and messages numbered: keep's
+# placeholder chat is shorter than the real one, so its increments would carry the wrong numbers
+NUMBERED = r"""
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
+{%- for m in messages -%}
+{%- if m.role == 'assistant' and loop.index0 > ns.last_user and m.reasoning_content -%}
+{{- '<|im_start|>assistant\n<think>\n' + m.reasoning_content + '\n</think>\n\n' + m.content + '<|im_end|>\n' -}}
+{%- elif m.role == 'assistant' -%}
+{{- '<|im_start|>assistant\n' + m.content + '<|im_end|>\n' -}}
+{%- else -%}
+{{- '<|im_start|>' + m.role + ' (message ' + loop.index|string + ')\n' + m.content + '<|im_end|>\n' -}}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+EXTRA = {
+    "ends_in_text": ENDS_IN_TEXT,
+    "raises_after_reply": RAISES_AFTER_REPLY,
+    "needs_kwarg": NEEDS_KWARG,
+    "numbered": NUMBERED,
+}
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +194,24 @@ def test_cli_fails_on_a_template_no_mode_can_train(model_dirs, capsys):
     assert len(lines) == 1 and lines[0].startswith(f"error: omrl cannot train the chat template of {path}"), err
     assert "keep: " in err and "as_template: " in err and "a reply must be the last message" in err
     assert "keep does not work" in out and "Traceback" not in err
+
+
+def test_cli_fails_naming_a_case_a_mode_would_lay_out_wrongly(model_dirs, capsys):
+    path = model_dirs["numbered"]
+    code, out, err = cli(capsys, path)
+    assert code == 2 and "Traceback" not in err
+    assert f"omrl would lay out {path}'s reasoning episodes wrongly under chat.history=keep" in err
+    assert "(message 4)" in err and "(message 6)" in err  # what keep appends, and what the template writes
+    assert "keep reasoning: broken" in out
+
+
+def test_cli_shows_every_case_of_a_template_it_passes(tiny_model_dir, capsys):
+    code, out, err = cli(capsys, "tiny")
+    assert code == 0, err
+    assert "episodes played the rollout's way" in out
+    for case in ("plain", "specials", "noncanonical"):
+        assert case in out
+    assert "broken" not in out
 
 
 def test_cli_passes_kwargs_to_the_template(model_dirs, capsys):

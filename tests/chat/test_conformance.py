@@ -56,3 +56,30 @@ def test_the_docs_table_is_the_suites_result():
         text = DOC.read_text()
         start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
     assert text[start:stop].strip() == table(), "run with OMRL_WRITE_TEMPLATE_TABLE=1 to write docs/templates.md"
+
+
+def test_a_run_refuses_a_template_its_mode_would_lay_out_wrongly_before_a_reply(tiny_tokenizer):
+    import copy
+
+    from omrl.chat.conformance import check_run_template
+    from omrl.errors import OmrlError
+    from omrl.rollout import EnvPool, RolloutLimits, collect
+    from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
+
+    from .test_check_template import NUMBERED
+
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = NUMBERED
+    tokenizer.add_tokens(["<think>", "</think>"])  # as a thinking model's tokenizer has them
+    check_run_template(tokenizer, "as_template")  # the template's own render every turn: right
+    backend = ScriptedBackend(tokenizer, lambda call, index, prompt: "Action: open")
+    with pytest.raises(OmrlError, match=r"wrongly under chat.history=keep \(reasoning episodes: after reply 2"):
+        collect(
+            EnvPool(KeyEnv, name="keys"),
+            ActionTemplate(),
+            tokenizer,
+            [0],
+            backend=backend,
+            limits=RolloutLimits(history="keep"),
+        )
+    assert backend.calls == []  # refused before the first row was generated

@@ -67,7 +67,7 @@ def test_a_familys_tool_calls_are_read_in_its_own_format(family):
 
 
 def test_a_family_whose_call_format_cannot_be_read_refuses_tools_by_name():
-    tokenizer = family_tokenizer("glm4moe", [], None)  # <tool_call>name<arg_key>...: not JSON
+    tokenizer = family_tokenizer("muse_glimmer", [], None)  # <atem:function_calls> XML: no parser reads it
     gateway, _ = make_gateway(tokenizer, ScriptedBackend(tokenizer, lambda *_: "ok"))
     try:
         key, _ = gateway.open(Episode(env="agent", task_id=0, split="train", instruction=""))
