@@ -13,8 +13,17 @@ from omrl.models import MODEL_MANIFEST, load_model
 from omrl.training.checkpoint import manifest
 
 
-def load_trainable_model(cfg: ModelConfig, device: str) -> tuple[Any, Any]:
-    """(model, tokenizer) with gradient checkpointing and LoRA applied as configured."""
+def load_trainable_model(cfg: ModelConfig, device: str, chat: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer) with gradient checkpointing and LoRA applied as configured. With ``chat`` (the run's
+    ChatConfig), a chat template the run would lay out wrongly is refused first, before the model loads."""
+    if chat is not None:
+        from omrl.chat import check_history
+        from omrl.chat.conformance import check_run_template, check_template_options
+        from omrl.models import load_tokenizer
+
+        tokenizer = load_tokenizer(cfg.name, cfg.trust_remote_code)
+        check_template_options(tokenizer, chat.template_kwargs)
+        check_run_template(tokenizer, check_history(chat.history), chat.template_kwargs)
     model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device, trust_remote_code=cfg.trust_remote_code)
     if cfg.gradient_checkpointing:
         enable = (

@@ -177,7 +177,7 @@ def load_models(cfg: TrainRunConfig, strategy: Strategy, with_reference: bool) -
     generates with (the policy itself, or when sharded an unsharded copy refreshed after each
     update, since processes generate different lengths), and the frozen reference (or None)."""
     device = str(strategy.device)
-    model, tokenizer = load_trainable_model(cfg.model, device)
+    model, tokenizer = load_trainable_model(cfg.model, device, cfg.chat)
     model = strategy.prepare(model)
     own_copy = strategy.sharded and cfg.generation.backend == "hf"
     rollout_model = load_frozen_copy(cfg.model, device) if own_copy else model

@@ -36,7 +36,6 @@ from rich.console import Console
 
 from omrl.atomic import atomic_write_text
 from omrl.chat import check_history
-from omrl.chat.conformance import check_run_template, check_template_options
 from omrl.config import to_yaml
 from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
@@ -93,7 +92,7 @@ class SftRecipe:
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
-        model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device))
+        model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device), self.cfg.chat)
         self.model = self.strategy.prepare(model)  # sharded under FSDP (under ZeRO-3 with the optimizer)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
@@ -142,8 +141,7 @@ class SftRecipe:
                 f"{path} holds no conversations"
                 + (f" with reward >= {cfg.min_reward}" if cfg.min_reward > float("-inf") else "")
             )
-        check_template_options(self.tokenizer, cfg.chat.template_kwargs)
-        check_run_template(self.tokenizer, check_history(cfg.chat.history), cfg.chat.template_kwargs)
+        check_history(cfg.chat.history)
         rows, dropped, truncated = tokenize_conversations(
             self.tokenizer, conversations, cfg.max_seq_length, cfg.chat.history, cfg.chat.template_kwargs
         )
