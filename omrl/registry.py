@@ -58,10 +58,19 @@ class Component:
 
     @property
     def description(self) -> str:
-        """The first line of the object's docstring (for a path, read from its source, not imported)."""
+        """The first paragraph of the object's docstring as plain text (for a path, read from its source, not
+        imported)."""
         doc = source_docstring(self.target) if isinstance(self.target, str) else inspect.getdoc(self.obj)
-        doc = (doc or "").strip()
-        return doc.splitlines()[0] if doc else ""
+        return plain_text((doc or "").strip().split("\n\n")[0])
+
+
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")  # :func:`name` -> name
+
+
+def plain_text(rst: str) -> str:
+    """A docstring's reStructuredText as one line of plain text: roles and ``literals`` unwrapped."""
+    text = _ROLE.sub(lambda m: m.group(1).rsplit(".", 1)[-1], rst)
+    return " ".join(text.replace("``", "").split())
 
 
 def source_docstring(path: str) -> str | None:

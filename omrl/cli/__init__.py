@@ -183,11 +183,14 @@ def quiet_third_parties() -> None:
         # DeepSpeed, imported by accelerate when installed, would log "Setting accelerator to CPU" on every run
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
+    own = Path(__file__).resolve().parents[1]  # the omrl package: its warnings speak to the user, not of code
+
     def one_line(message, category, filename, lineno, file=None, line=None) -> None:
-        where = Path(filename).name
-        err_console.print(
-            Text(f"warning: {category.__name__}: {message} ({where}:{lineno})", style="yellow"), soft_wrap=True
-        )
+        if Path(filename).resolve().is_relative_to(own):
+            text = f"warning: {message}"
+        else:
+            text = f"warning: {category.__name__}: {message} ({Path(filename).name}:{lineno})"
+        err_console.print(Text(text, style="yellow"), soft_wrap=True)
 
     warnings.showwarning = one_line
 

@@ -54,19 +54,26 @@ def keys(
     command: str = typer.Argument("train", help="Which command's config: train, sft, rollout, eval, sweep, rm-train."),
 ) -> None:
     """Every config key of a command with its type, default and help."""
-    from rich.table import Table
+    import textwrap
 
     from omrl.config import describe
 
     cls = config_class_for({"command": command})
-    table = Table(title=f"{command} config keys")
-    rows = describe(cls)
-    table.add_column("key", no_wrap=True, min_width=max(len(row[0]) for row in rows))  # a key is typed whole
-    for col in ("type", "default", "help"):
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+    console = Console(highlight=False)
+    width = max(console.width, 60)
+    console.print(f"{command} config keys (set any as key=value):", markup=False)
+    for key, kind, default, help_text in describe(cls):
+        # a key whole on its line, its help wrapped below it: readable at 80 columns, greppable by key
+        console.print(f"{key}  {kind} = {default}", markup=False, soft_wrap=True)
+        wrapped = textwrap.fill(
+            help_text,
+            width,
+            initial_indent="    ",
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+        console.print(wrapped, markup=False, soft_wrap=True)
 
 
 def add_to(app: typer.Typer) -> None:

@@ -83,7 +83,9 @@ def select_envs(patterns: list[str] | None) -> list:
 
 
 def family_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows grouped by family (the part of a name before ``:``) with their counts."""
+    """Rows grouped by family (the part of a name before ``:``) with their counts: a family is installed
+    when every member is (``code:*`` wraps envs whose packages it does not bring), and ``installed_envs``
+    counts those that are."""
     families: dict[str, dict[str, Any]] = {}
     for row in rows:
         family = row["name"].split(":", 1)[0]
@@ -92,13 +94,18 @@ def family_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "family": family,
                 "envs": 0,
+                "installed_envs": 0,
                 "package": row["package"],
                 "distribution": row["distribution"],
-                "installed": row["installed"],
-                "install": row["install"],
+                "installed": True,
+                "install": None,
             },
         )
         entry["envs"] += 1
+        entry["installed_envs"] += bool(row["installed"])
+        if not row["installed"]:
+            entry["installed"] = False
+            entry["install"] = entry["install"] or row["install"]
     return list(families.values())
 
 
@@ -139,6 +146,10 @@ def list_envs(
         table.add_column(column, overflow="fold")
     for row in rows:
         installed = Text("yes") if row["installed"] else Text(f"no: {row['install'] or 'missing'}", style="yellow")
+        if families and not row["installed"] and row["installed_envs"]:
+            installed = Text(
+                f"{row['installed_envs']} of {row['envs']}; the rest: {row['install'] or 'missing'}", style="yellow"
+            )
         package = row["package"] or ("built in" if row["distribution"] == "omrl" else row["distribution"])
         if families:
             table.add_row(row["family"], str(row["envs"]), package, installed)

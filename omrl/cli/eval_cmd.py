@@ -225,6 +225,11 @@ def evaluate_command(
     strategy, budget = cfg.strategy, cfg.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     sample_when_asked(cfg, args, console)
+    if not user_sets(list(args or []), "description"):  # the report says how this eval was played
+        decoding = (
+            "Greedy" if cfg.generation.temperature <= 0 else f"Sampled (temperature {cfg.generation.temperature:g})"
+        )
+        cfg.description = f"{decoding} evaluation on the {cfg.env.split} split"
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(
             f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "

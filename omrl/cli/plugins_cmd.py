@@ -46,13 +46,18 @@ def plugins(
         )
         return
     shown = table_rows(rows, every)
+    console = Console()
+    if not console.is_terminal:  # piped (grep, a file): a whole line a component, no table cut to 80 columns
+        for row in shown:
+            typer.echo("  ".join(cell for cell in row if cell))
+        return
     table = Table(title="omrl plugins")
     for i, col in enumerate(("kind", "name", "distribution")):
         table.add_column(col, no_wrap=True, min_width=max((len(row[i]) for row in shown), default=0))
     table.add_column("description", no_wrap=True, overflow="ellipsis")  # one line a component: --json has it whole
     for row in shown:
         table.add_row(*(Text(cell) for cell in row))  # text, not markup
-    Console().print(table)
+    console.print(table)
 
 
 def table_rows(components: list, every: bool) -> list[tuple[str, str, str, str]]:

@@ -169,8 +169,9 @@ def tasks_of_each_env(cfg, session, tasks) -> dict[str, int]:
     return {env: sum(task.env == env for task in tasks) for env in session.env_names}
 
 
-def progress_bar(total: int, label: str):
-    """A rich progress bar plus the RolloutProgress that drives it: episodes, success so far, tokens/s."""
+def progress_bar(total: int, label: str, sampled: bool = True):
+    """A rich progress bar plus the RolloutProgress that drives it: episodes, success so far, tokens/s
+    (where a model samples: ``sampled``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from omrl.rollout import RolloutProgress
@@ -180,7 +181,7 @@ def progress_bar(total: int, label: str):
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("success {task.fields[success]}"),
-        TextColumn("{task.fields[speed]} tok/s"),
+        *([TextColumn("{task.fields[speed]} tok/s")] if sampled else []),
         TimeElapsedColumn(),
         transient=False,
     )
@@ -272,7 +273,7 @@ def rollout(
                 console.print(Text(f"{name} has only {count} tasks in split {cfg.env.split!r}", style="yellow"))
         from omrl.search import play_strategy, plays_batched, search_metrics
 
-        bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)")
+        bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)", sampled=not cfg.use_expert)
         with bar:
             trees, episodes = play_strategy(
                 session,

@@ -192,6 +192,16 @@ def play_settings(cfg: Any, args: list[str] | None, default_preset: str | None, 
     prompts_as_trained(cfg, args, console)
 
 
+def has_worked_example(env_name: str) -> bool:
+    """Whether the env gives a worked example for its prompts (True where that cannot be told here)."""
+    from omrl import registry
+
+    try:
+        return bool(getattr(registry.envs.get(env_name), "demonstration", ()))
+    except Exception:  # noqa: BLE001 - an env that will not load says so when the run starts it
+        return True
+
+
 def settings_block(cfg: Any) -> str:
     """What a run will play, in one block: env, template, turn cap, token limits, reward weights."""
     from omrl.mixture import is_mixture, mix_members
@@ -208,15 +218,18 @@ def settings_block(cfg: Any) -> str:
     elif is_mixture(env):
         lines = mixture_lines(cfg)
     else:
+        example = "none in this env" if not has_worked_example(env.name) else "on" if env.demonstration else "off"
         lines = [
-            f"env        {env.name} (split {env.split}), template {env.template}, "
-            f"worked example {'on' if env.demonstration else 'off'}",
+            f"env        {env.name} (split {env.split}), template {env.template}, worked example {example}",
             f"turns      {turns_shown(env.max_turns)}",
         ]
-    lines.append(
-        f"tokens     {generation.max_new_tokens} new a reply, {generation.max_context} a whole episode, "
-        f"temperature {generation.temperature:g}"
-    )
+    if getattr(cfg, "use_expert", False):  # no model samples: no sampling settings to show
+        lines.append(f"player     the env's scripted expert (no model); episodes up to {generation.max_context} tokens")
+    else:
+        lines.append(
+            f"tokens     {generation.max_new_tokens} new a reply, {generation.max_context} a whole episode, "
+            f"temperature {generation.temperature:g}"
+        )
     reward = getattr(cfg, "reward", None)
     if reward is not None and not (agent is not None and agent.reward):
         lines.append(f"reward     {shown(reward.weights)} ({reward.allocation})")

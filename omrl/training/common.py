@@ -26,11 +26,13 @@ class SkippedUpdates:
         self.max_nan_in_a_row = max_nan_in_a_row
         self.count = 0  # updates skipped in the whole run
         self.nan_in_a_row = 0
+        self.reasons: dict[str, int] = {}  # why, and how often (this process's run since it started)
 
     def skip(self, why: str, logger: Any, step: int, nan: bool = False) -> dict[str, float]:
         """Record an update skipped in ``step`` (``nan``: because a loss or gradient was not finite),
         warn with ``why``, and return the metric to log."""
         self.count += 1
+        self.reasons[why] = self.reasons.get(why, 0) + 1
         logger.warn(f"step {step}: skipped the update: {why} ({self.count} skipped so far)")
         if nan:
             self.nan_in_a_row += 1

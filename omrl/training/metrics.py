@@ -132,6 +132,11 @@ def prefill_counts(episodes: list[Any]) -> dict[str, float]:
     return out
 
 
+def board_tag(key: str) -> str:
+    """A metric's TensorBoard tag: the held-out evaluation's (``eval_*``) under ``eval/``, the rest under ``train/``."""
+    return f"eval/{key[len('eval_') :]}" if key.startswith("eval_") else f"train/{key}"
+
+
 class MetricsLogger:
     """Metrics to metrics.jsonl, TensorBoard, wandb and the console. Use as a context manager."""
 
@@ -212,7 +217,7 @@ class MetricsLogger:
         self._file.flush()
         for key, value in metrics.items():
             if self._tensorboard is not None and isinstance(value, (int, float)) and math.isfinite(value):
-                self._tensorboard.add_scalar(f"train/{key}", value, step)
+                self._tensorboard.add_scalar(board_tag(key), value, step)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
         if self._progress is None:

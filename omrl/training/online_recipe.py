@@ -283,6 +283,21 @@ class OnlineRecipe:
         self.model.eval()
         return evaluate(self.cfg, self.session, self.strategy, self.test_tasks)
 
+    def _nothing_learned(self) -> str:
+        """What a run whose every update was skipped says at its end: why, and what would change it."""
+        why = max(self.skipped.reasons, key=self.skipped.reasons.get) if self.skipped.reasons else "see above"
+        advice = ""
+        if "advantage is 0" in why:
+            advice = (
+                "; every sample of a task earned the same reward, most often none: start from a model that "
+                "sometimes succeeds (more SFT epochs, a higher optim.learning_rate for a small model), or raise "
+                "group_size or generation.temperature so samples differ"
+            )
+        return (
+            f"every one of this run's {self.step} updates was skipped, so the model in {self.output_dir} is the "
+            f"model it started from; the most common reason: {why}{advice}"
+        )
+
     def _finish(self, metrics: dict[str, float]) -> dict[str, Any]:
         """The final checkpoint (unless the last step wrote it) and model; the run's summary. A run
         whose every episode failed in the env raises :class:`EnvFailure` after saving: it is no result."""
@@ -308,6 +323,8 @@ class OnlineRecipe:
                 f"{self.cfg.generation.max_context}; raise it, or shorten the prompt "
                 "(env.demonstration=false drops the worked example)"
             )
+        if self.step and self.skipped.count >= self.step:
+            self.logger.warn(self._nothing_learned())
         return {
             "steps": self.step,
             "skipped_updates": self.skipped.count,

@@ -55,3 +55,60 @@ def test_plugin_descriptions_print_as_written():
     result = CliRunner().invoke(build_app(), ["plugins", "--kind", "env"], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     assert "(pip install 'omrl[babyai]')" in result.output
+
+
+def test_piped_plugins_print_each_description_whole_as_plain_text():
+    result = CliRunner().invoke(build_app(), ["plugins"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    rm = next(line for line in lines if line.startswith("reward  rm  "))
+    assert rm.endswith("(so with reward.allocation=per_turn each turn is trained on its own).")  # not cut at 80
+    assert not any("``" in line or ":func:`" in line for line in lines)  # reStructuredText read as text
+    assert "see straight_through)" in next(line for line in lines if line.startswith("kl  k1+  "))
+
+
+def test_omrls_own_warnings_print_as_one_line_without_a_source_location(capsys):
+    import warnings
+
+    import omrl.rewards
+    from omrl.cli import quiet_third_parties
+
+    saved = warnings.showwarning
+    try:
+        quiet_third_parties()
+        warnings.showwarning("all rewards are 0", UserWarning, omrl.rewards.__file__, 200)
+        warnings.showwarning("deprecated thing", FutureWarning, "/somewhere/site-packages/lib.py", 7)
+    finally:
+        warnings.showwarning = saved
+    err = capsys.readouterr().err
+    assert "warning: all rewards are 0\n" in err and "rewards.py" not in err  # omrl's: a message for the user
+    assert "warning: FutureWarning: deprecated thing (lib.py:7)" in err  # a library's: where it came from
+
+
+def test_the_banner_shows_no_sampling_for_the_expert_and_no_example_for_an_env_without_one(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["rollout", "--env", "gridworld", "--expert", "--num-tasks", "1", "-o", str(tmp_path / "x.parquet")])
+    assert stop.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "worked example none in this env" in out  # gridworld has none: not "on"
+    assert "player the env's scripted expert (no model)" in out and "temperature" not in out
+    assert "tok/s" not in out  # nothing is sampled
+
+
+def test_a_family_whose_members_need_other_packages_is_not_listed_as_installed():
+    from omrl.cli.env_cmd import family_rows
+
+    rows = [
+        {"name": "code", "package": None, "distribution": "omrl", "installed": True, "install": None},
+        {
+            "name": "code:babyai:GoTo",
+            "package": "minigrid",
+            "distribution": "omrl",
+            "installed": False,
+            "install": "pip install 'omrl[babyai]'",
+        },
+        {"name": "code:gem:Sudoku", "package": "gem-llm", "distribution": "omrl", "installed": True, "install": None},
+    ]
+    [code] = family_rows(rows)
+    assert code["envs"] == 3 and code["installed_envs"] == 2 and not code["installed"]
+    assert code["install"] == "pip install 'omrl[babyai]'"

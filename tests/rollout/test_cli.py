@@ -39,6 +39,7 @@ def test_eval_prints_the_table_and_writes_the_report(fake_plugins, tmp_path):
     assert metrics["episodes"] == 6 and metrics["samples_per_task"] == 2 and "pass@2" in metrics
     assert sum(metrics["end_reasons"].values()) == 6
     assert data["config"]["env"]["split"] == "test"
+    assert data["config"]["description"] == "Sampled (temperature 1) evaluation on the test split"  # not the preset's
     assert "pass@2" in result.output and "format_error_rate" in result.output
     for key in (
         "generated_tokens",

@@ -164,8 +164,12 @@ def test_dpo_trains_on_pairs_from_rollouts(rl_config, register_plugin):
 def test_an_update_with_all_zero_advantages_is_skipped_loudly(rl_config):
     cfg = rl_config("steps=1", "eval_tasks=0")  # the random model never reaches a goal: every reward is 0
     before = {k: v.clone() for k, v in load_model(cfg.model.name)[0].state_dict().items()}
-    summary = run_rl(cfg, console=QUIET)
+    console = Console(file=io.StringIO(), width=400)
+    summary = run_rl(cfg, console=console)
     assert summary["skipped_updates"] == 1
+    said = " ".join(console.file.getvalue().split())
+    assert "every one of this run's 1 updates was skipped, so the model in" in said  # said at the end, with
+    assert "every advantage is 0" in said and "more SFT epochs" in said  # the cause and what to change
     after = load_model(cfg.logging.output_dir)[0].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
 
