@@ -45,6 +45,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from omrl.atomic import atomic_write_text
 from omrl.errors import Interrupted, OmrlError, WriteFailed, short_repr, write_failure
 from omrl.parallel import Strategy
 
@@ -209,6 +210,32 @@ def damage(path: Path) -> str | None:
     written), or None. One without a manifest (an older omrl's) cannot be checked and passes here:
     :func:`resume_checkpoint` refuses it (see :func:`has_manifest`)."""
     return manifest_damage(path, _manifest_lines(path))
+
+
+def changed_files(directory: Path, lines: Iterable[str]) -> list[str]:
+    """The files of manifest ``lines`` whose content differs from the digest written for them."""
+    out = []
+    for line in lines:
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and (directory / parts[2]).is_file() and _digest(directory / parts[2]) != parts[1]:
+            out.append(parts[2])
+    return out
+
+
+def trust_model(path: str | os.PathLike, manifest_name: str) -> list[str]:
+    """Accept model directory ``path``'s files as they are now (its chat template edited on purpose, say):
+    rewrite its manifest ``manifest_name`` with their digests and return the files that had changed (none:
+    left as it is). A file the manifest lists that is gone is refused: that is no edit."""
+    path = Path(path)
+    lines = [line for line in (path / manifest_name).read_text().splitlines() if line]
+    names = [line.split(" ", 2)[-1] for line in lines]
+    missing = [name for name in names if not (path / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}, which its manifest lists: restore it, or retrain")
+    changed = changed_files(path, lines)
+    if changed:
+        atomic_write_text(path / manifest_name, manifest(path, names))
+    return changed
 
 
 def trust_checkpoint(path: str | os.PathLike) -> bool:

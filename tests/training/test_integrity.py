@@ -192,3 +192,23 @@ def test_a_full_disk_mid_run_exits_2_saying_so(tiny_model_dir, agent_jsonl, tmp_
     assert info.value.code == 2 and "bug in omrl" not in err, err
     assert f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'step-00000001'}: the write failed" in err
     assert ckpt.complete_checkpoints(tmp_path / "run") == []
+
+
+def test_a_chat_template_edited_on_purpose_is_accepted_by_checkpoint_trust(run, capsys):
+    template = run / "chat_template.jinja"
+    if not template.is_file():  # the tokenizer keeps its template in tokenizer_config.json
+        template = run / "tokenizer_config.json"
+    template.write_text(template.read_text() + "\n")
+    with pytest.raises(
+        DamagedModelError, match=f"changed on purpose\\? accept it: omrl checkpoint trust {run.resolve()}"
+    ):
+        load_model(str(run))
+    with pytest.raises(SystemExit) as info:
+        main(["checkpoint", "trust", str(run)])
+    assert info.value.code == 0
+    assert f"{run}: accepted as it is now: {template.name}" in capsys.readouterr().out
+    model, _ = load_model(str(run))  # the change is the model's now
+    assert model is not None
+    _flip_a_byte(run / "model.safetensors")  # and any later change is found again
+    with pytest.raises(DamagedModelError, match="model.safetensors changed since it was written"):
+        load_model(str(run))
