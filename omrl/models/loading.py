@@ -99,7 +99,11 @@ def check_model_files(path: str | os.PathLike) -> None:
             f"model {path} is damaged: {problem} (checked against {manifest[2]}); restore "
             "the file from a copy or retrain; a run's checkpoints hold earlier weights "
             "(<run>/checkpoints/step-*/model)"
-            + (f"; changed on purpose? accept it: omrl checkpoint trust {path}" if manifest[2].name == MODEL_MANIFEST else "")
+            + (
+                f"; changed on purpose? accept it: omrl checkpoint trust {path}"
+                if manifest[2].name == MODEL_MANIFEST
+                else ""
+            )
         )
     unreadable = _unreadable(str(path))
     if unreadable is not None:
