@@ -1,5 +1,6 @@
 """The commands omrl prints for the user to run next do run: a run's "evaluate it:" line plays the
-env with the options it trained with, and eval says how many of the split's tasks it played."""
+env with the options it trained with, eval says how many of the split's tasks it played, and each
+"look at it/them" line of train, eval and rollout shows what it names."""
 
 from __future__ import annotations
 
@@ -46,6 +47,25 @@ def test_the_evaluate_it_line_of_a_run_with_env_options_runs(tmp_path):
     # a small test split is evaluated whole (6 of the 12 rows), and the report says of how many
     assert metrics["episodes"] == 6 and metrics["split_tasks"] == 6
     assert "eval: 6 of 6 tasks of the test split" in evaluated.output
+    # the "look at it" / "look at them" lines of the run and of the eval show what they name
+    for shown, printed in ((trained, "look at it"), (evaluated, "look at them")):
+        (view,) = re.findall(rf"{printed}: (.+)", shown.output)
+        run_view(shlex.split(view), tmp_path / f"{printed.replace(' ', '-')}.html")
+
+
+def run_view(words: list[str], page) -> None:
+    """A printed ``omrl view`` line, run with ``--out`` (a page, not a server): it must write the page."""
+    assert words[:2] == ["omrl", "view"], words
+    viewed = invoke(*words[1:], "--out", str(page))
+    assert viewed.exit_code == 0, viewed.output
+    assert page.stat().st_size > 1000
+
+
+def test_the_look_at_them_line_of_a_rollout_runs(tmp_path):
+    rolled = invoke("rollout", "--env", "gridworld", "--expert", "--num-tasks", "2", "-o", str(tmp_path / "x.parquet"))
+    assert rolled.exit_code == 0, rolled.output
+    (view,) = re.findall(r"look at them: (.+)", rolled.output)
+    run_view(shlex.split(view), tmp_path / "page.html")
 
 
 def test_eval_says_how_many_of_the_splits_tasks_it_played(tmp_path):
