@@ -104,7 +104,9 @@ class EpisodeStore:
         report = json.loads(path.read_text(encoding="utf-8"))  # discover() parsed it already
         by_env = {name: report.get(name) or {} for name in ("per_env", "macro", "micro")}  # a mixture's report
         self.reports.append({"file": label, "metrics": report.get("metrics") or {}, **by_env})
-        self._index(ReportEpisodes(report, label))  # summaries only: the report keeps no turns
+        beside = [p for p in (*self.source.trajectories, *self.source.records) if p.parent == path.parent]
+        if not beside:  # the episodes file of the same eval holds them whole: listed once, from there
+            self._index(ReportEpisodes(report, label))  # summaries only: the report keeps no turns
         if self.config_text == "" and isinstance(report.get("config"), dict):
             import yaml
 

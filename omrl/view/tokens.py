@@ -57,6 +57,7 @@ def find_tokenizer(source: RunSource, name: str | None = None) -> tuple[TokenTex
     for model, where in (
         (_config_model(source.config), "model.name in config.yaml"),
         (source.model, "the model the trajectory file names"),
+        (_report_model(source), "the model the eval report beside it names"),
     ):
         path = _resolve(model) if model else None
         if path is not None:
@@ -77,6 +78,23 @@ def _resolve(name: str) -> Path | None:
         return path
     if (path / TOKENIZER_FILE).is_file():
         return path / TOKENIZER_FILE
+    return None
+
+
+def _report_model(source: RunSource) -> str | None:
+    """``config.model.name`` of the eval report that came with the episodes (the source's, or the
+    ``report.json`` beside a trajectory file), or None."""
+    import json
+
+    path = source.path
+    reports = list(source.reports) or ([path.parent / "report.json"] if path.is_file() else [])
+    for report in reports:
+        try:
+            model = json.loads(report.read_text(encoding="utf-8"))["config"]["model"]["name"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(model, str) and model:
+            return model
     return None
 
 
