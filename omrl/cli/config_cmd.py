@@ -31,6 +31,14 @@ def show(
     data = read_preset(preset)
     cls = config_class_for(data)
     cfg = command_line_config(cls, [preset, *(overrides or [])])
+    if data.get("command", "train") == "train":  # what `omrl train` changes when it plays a preset elsewhere
+        from omrl.cli.model_prompts import start_from_base_outside_its_env
+        from omrl.cli.settings import agent_reward_weights, outside_the_presets_env
+
+        notes = Console(stderr=True)  # the changes are said on stderr; stdout is the YAML that runs
+        start_from_base_outside_its_env(cfg, list(overrides or []), None, notes)
+        outside_the_presets_env(cfg, list(overrides or []), preset, notes)
+        agent_reward_weights(cfg, list(overrides or []), notes)
     text = f"# {data.get('command', 'train')} config\n" + to_yaml(cfg)
     console = Console()
     if console.is_terminal:

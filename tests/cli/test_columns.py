@@ -83,3 +83,14 @@ def test_help_at_80_columns_keeps_every_flag_name_whole():
         click_command = typer.main.get_command(build_app()).commands[command]
         flags = [o for p in click_command.params if p.param_type_name == "option" for o in p.opts if o[:2] == "--"]
         assert len(flags) > 5 and set(flags) <= {name.split()[0] for name in names}, (command, flags, names)
+
+
+def test_config_show_of_a_preset_on_another_env_previews_what_train_plays():
+    import yaml
+
+    result = CliRunner().invoke(build_app(), ["config", "show", "grpo", "env.name=gridworld"], env=NARROW)
+    assert result.exit_code == 0, result.output
+    shown = yaml.safe_load(result.stdout)
+    # train plays a preset outside its env with the env's own turn cap, from the base of the preset's tuned model
+    assert shown["env"]["max_turns"] == 0 and shown["model"]["name"] == "smollm2-135m"
+    assert "preset grpo is a recipe for webshop" in result.stderr
