@@ -46,7 +46,6 @@ def train(
 ) -> None:
     """Train a model with online RL in a multi-turn environment."""
     from rich.console import Console
-    from rich.table import Table
 
     from omrl.algos import RECIPES
     from omrl.cli import err_console, stop_on_interrupt
@@ -100,15 +99,41 @@ def train(
     )
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     summary = stop_on_interrupt(lambda: run_rl(cfg, console=console), err_console)
-    table = Table(title="omrl train: done")
-    table.add_column("metric")
-    table.add_column("value")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
-    Console(quiet=not is_main_process()).print(table)
+    for table in summary_tables(summary):
+        Console(quiet=not is_main_process()).print(table)
     # eval reads the run's config.yaml and plays the prompts the run trained on
     console.print(f"evaluate it: {eval_hint(cfg)}", highlight=False, soft_wrap=True)
     console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False, soft_wrap=True)
+
+
+def summary_tables(summary: dict) -> list:
+    """The run's summary: one table of its metrics, and where it played several envs one more with a
+    column per env and a row per metric (``metric/env`` keys), not a row for each pair."""
+    from rich.table import Table
+
+    def cell(value) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    plain = Table(title="omrl train: done")
+    plain.add_column("metric")
+    plain.add_column("value")
+    per_env: dict[str, dict[str, object]] = {}
+    for key, value in summary.items():
+        metric, _, env = key.partition("/")
+        if env and "/" not in env:
+            per_env.setdefault(metric, {})[env] = value
+        else:
+            plain.add_row(key, cell(value))
+    if not per_env:
+        return [plain]
+    envs = sorted({env for values in per_env.values() for env in values})
+    by_env = Table(title="per env")
+    by_env.add_column("metric")
+    for env in envs:
+        by_env.add_column(env, justify="right")
+    for metric, values in per_env.items():
+        by_env.add_row(metric, *(cell(values[env]) if env in values else "-" for env in envs))
+    return [plain, by_env]
 
 
 def add_to(app: typer.Typer) -> None:

@@ -94,3 +94,14 @@ def test_config_show_of_a_preset_on_another_env_previews_what_train_plays():
     # train plays a preset outside its env with the env's own turn cap, from the base of the preset's tuned model
     assert shown["env"]["max_turns"] == 0 and shown["model"]["name"] == "smollm2-135m"
     assert "preset grpo is a recipe for webshop" in result.stderr
+
+
+def test_a_mixture_runs_summary_is_a_table_of_metrics_and_one_per_env_metric_by_env():
+    from omrl.cli.train_cmd import summary_tables
+
+    envs = ["gridworld", "babyai:GoTo", "webshop"]
+    summary = {"steps": 4, "loss": 0.5, **{f"{m}/{e}": 0.1 for m in ("success", "reward", "turns") for e in envs}}
+    plain, by_env = summary_tables(summary)
+    assert plain.row_count == 2 and by_env.row_count == 3 and len(by_env.columns) == 1 + len(envs)
+    [alone] = summary_tables({"steps": 4, "loss": 0.5})
+    assert alone.row_count == 2
