@@ -88,8 +88,16 @@ def _print_traceback(exc: BaseException) -> None:
 
 
 def _redirect_output() -> None:
-    """Point fds 1 and 2 at fresh files, and sys.stdout and sys.stderr at those fds."""
+    """Point fds 1 and 2 at fresh files, and sys.stdout and sys.stderr at those fds.
+
+    Each call's files are new ones (the last call's are unlinked first, not truncated): a process an
+    earlier cell forked still holds that call's file, and its late writes (a buffer it flushes on its way
+    out) must land there, never in this call's output."""
     for fd, path in ((1, _OUT), (2, _ERR)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
         new = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(new, fd)
         os.close(new)

@@ -123,10 +123,19 @@ def test_list_reads_package_and_install_state_without_building_any_env(runner, r
     assert rows["gridworld"]["package"] is None and rows["gridworld"]["distribution"] == "omrl"
     families = runner.invoke(build_app(), ["env", "list", "--json", "--families", "fam:*", "missing-engine"])
     assert json.loads(families.output) == [
-        {"family": "fam", "envs": 2, "package": None, "distribution": "-", "installed": True, "install": None},
+        {
+            "family": "fam",
+            "envs": 2,
+            "installed_envs": 2,
+            "package": None,
+            "distribution": "-",
+            "installed": True,
+            "install": None,
+        },
         {
             "family": "missing-engine",
             "envs": 1,
+            "installed_envs": 0,
             "package": "omrl-no-such-engine",
             "distribution": "-",
             "installed": False,

@@ -123,6 +123,13 @@ def test_a_forked_child_never_answers_in_the_interpreters_place(python):
     assert [python.run(f"print({k})").stdout for k in range(3)] == ["0\n", "1\n", "2\n"]
 
 
+def test_a_forked_childs_late_output_never_lands_in_a_later_call():
+    with Interpreter(lifetime_s=60) as python:
+        # the child leaves the cell a second after the parent: its buffered 'child' is flushed then
+        python.run("import os, time\nif os.fork() == 0:\n    print('child')\n    time.sleep(1)\nprint('parent')")
+        assert python.run("import time\ntime.sleep(2)\nprint(0)").stdout == "0\n"
+
+
 def test_a_request_the_stuck_interpreter_will_not_read_times_out_instead_of_hanging():
     with Interpreter(lifetime_s=60) as python:
         forged = '{"id": 1, "stdout": "", "stderr": "", "error": false, "timed_out": false, "truncated": false}'
