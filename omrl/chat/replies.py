@@ -66,7 +66,8 @@ class ParsedReply:
 
 def template_key(tokenizer: Any, kwargs: dict) -> tuple[str, str]:
     """What a per-tokenizer cache of a template's behaviour is keyed by: the template and its options."""
-    return str(getattr(tokenizer, "chat_template", "")), json.dumps(kwargs, sort_keys=True, default=repr)
+    options = json.dumps(kwargs, sort_keys=True, default=repr) if kwargs else "{}"  # (every turn: mostly none)
+    return str(getattr(tokenizer, "chat_template", "")), options
 
 
 def special_strings(tokenizer: Any) -> list[str]:
@@ -215,20 +216,19 @@ def stop_token_ids(tokenizer: Any, kwargs: dict | None = None) -> tuple[int, ...
 
 
 def sampled_end(tokenizer: Any, text: str, kwargs: dict | None = None) -> str:
-    """The special tokens a reply's decoded text ends with that close a reply in the template: its longest
-    trailing run of specials that ends as the template's own closing does (``''``: the reply was cut, or
-    ends otherwise). A run that ends with the eos token counts where the template writes no closing."""
+    """The special tokens a reply's decoded text ends with that close a reply in the template: a stop token
+    and the run of the template's closing tokens and stop tokens just before it (``''``: the reply was cut,
+    or ends otherwise)."""
     shape = reply_shape(tokenizer, kwargs)
-    specials = sorted(shape.specials, key=len, reverse=True)
-    tail = trailing_specials(text, specials)
-    stops = {*shape.stops, getattr(tokenizer, "eos_token", None) or ""}
-    if not tail or tail[-1] not in stops:
+    stops = shape.stops or ((tokenizer.eos_token,) if getattr(tokenizer, "eos_token", None) else ())
+    stop = next((token for token in stops if text.endswith(token)), None)
+    if stop is None:
         return ""
-    ending = set(shape.closing) | stops  # a run such as Cohere2's <|END_RESPONSE|><|END_OF_TURN_TOKEN|>
-    k = 1
-    while k < len(tail) and tail[-k - 1] in ending:
-        k += 1
-    return "".join(tail[-k:])
+    ending = (*shape.closing, *stops)  # a run such as Cohere2's <|END_RESPONSE|><|END_OF_TURN_TOKEN|>
+    start = len(text) - len(stop)
+    while (before := next((token for token in ending if text.endswith(token, 0, start)), None)) is not None:
+        start -= len(before)
+    return text[start:]
 
 
 def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None) -> ParsedReply:
