@@ -308,13 +308,18 @@ def create_env(env_class: type[Env], options: dict[str, Any] | None = None, name
     Options the class does not take raise ConfigError naming the ones it does.
     """
     options = dict(options or {})
-    signature = inspect.signature(env_class)
+    check_arguments(env_class, options, f"env {name or env_class.__name__!r}", "options")
+    return env_class(**options)
+
+
+def check_arguments(fn: Any, arguments: dict[str, Any], what: str, called: str) -> None:
+    """Refuse ``arguments`` that ``fn`` (a class or function) does not take, with a ConfigError that says
+    ``what`` "does not take <called> [...]" and names the ones it does."""
+    signature = inspect.signature(fn)
     try:
-        signature.bind(**options)
+        signature.bind(**arguments)
     except TypeError as exc:
         params = [p for p in signature.parameters if p not in ("args", "kwargs")]
         raise ConfigError(
-            f"env {name or env_class.__name__!r} does not take options {sorted(options)} ({exc}); "
-            f"its options: {', '.join(params) or '(none)'}"
+            f"{what} does not take {called} {sorted(arguments)} ({exc}); its {called}: {', '.join(params) or '(none)'}"
         ) from exc
-    return env_class(**options)

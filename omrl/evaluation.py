@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from omrl.atomic import atomic_write_text
+from omrl.config.redaction import redact_text
 from omrl.data.trajectory import END_REASONS, Episode, to_json
 from omrl.errors import OmrlError
 from omrl.rollout.convert import generated_tokens, token_exact, truncated_turns
@@ -162,6 +163,7 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
         "not_token_exact": sum(not token_exact(ep) for ep in episodes),
         "end_reasons": {reason: count for reason, count in Counter(ep.end_reason for ep in episodes).items()},
         **tool_use(played),
+        **tool_call_health(played),
     }
     if not by_task:  # every episode failed in the env: nothing to estimate pass@k from
         return metrics
@@ -187,6 +189,31 @@ def tool_use(episodes: Sequence[Episode]) -> dict[str, float]:
         "tool_calls_per_episode": made / len(episodes),
         "valid_tool_call_rate": sum(not info.get("tool_error") for c in calls for info in c) / made,
     }
+
+
+#: attempts whose call is lost: the reply meant a call that no parser can read
+MALFORMED = ("invalid_json", "unclosed", "missing_name")
+
+
+def tool_call_health(episodes: Sequence[Episode]) -> dict[str, float]:
+    """How well the policy writes tool calls, over the turns that offered tools and had their attempts
+    classified (``info["tool_calls"]``, by the rollout or the gateway; see :mod:`omrl.chat.tool_calls`):
+    ``valid_call_turn_rate`` (the share of those turns with a well-formed call to an offered tool),
+    ``tool_call_attempts`` (attempts per such turn), ``malformed_tool_call_rate`` (the share of attempts
+    no parser can read) and ``tool_call_<status>_rate`` for each status. Empty where no turn offered tools."""
+    from omrl.chat.tool_calls import STATUSES
+
+    turns = [t.info["tool_calls"] for ep in episodes for t in ep.turns if isinstance(t.info.get("tool_calls"), list)]
+    if not turns:
+        return {}
+    statuses = [a.get("status") for calls in turns for a in calls if isinstance(a, dict)]
+    out = {
+        "valid_call_turn_rate": sum(any(a.get("status") == "ok" for a in calls) for calls in turns) / len(turns),
+        "tool_call_attempts": len(statuses) / len(turns),
+        "malformed_tool_call_rate": _rate(sum(s in MALFORMED for s in statuses), len(statuses)),
+    }
+    out.update({f"tool_call_{status}_rate": _rate(statuses.count(status), len(statuses)) for status in STATUSES})
+    return out
 
 
 def _rate(count: int, total: int) -> float:
@@ -234,6 +261,8 @@ PERCENT = {
     "env_error_rate",
     "tool_call_rate",
     "valid_tool_call_rate",
+    "valid_call_turn_rate",
+    "malformed_tool_call_rate",
 }
 
 
@@ -318,7 +347,7 @@ def write_report(
                 "score": ep.score,
                 "turns": ep.num_turns,
                 "end_reason": ep.end_reason,
-                "error": ep.error,
+                "error": redact_text(ep.error),  # an env's error may quote a command with its --api-key
                 "reward": ep.total_reward,
             }
             for ep in episodes

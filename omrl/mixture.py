@@ -106,6 +106,12 @@ def mix_members(cfg: Any) -> list[MixMember]:
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
             raise ConfigError(f"env {entry['name']!r} has weight {weight!r}; a weight must be a positive number")
         total += weight
+    if not math.isfinite(total):  # each weight finite, their sum not: normalising would give 0s and NaNs
+        weights = ", ".join(f"{entry['name']}:{entry['weight']!r}" for entry in entries)
+        raise ConfigError(
+            f"the mixture's weights ({weights}) add up past the largest number; weights are normalised, "
+            "so give smaller ones in the same ratios (e.g. 1 and 1)"
+        )
     members = []
     for entry in entries:
         registry.envs.get(entry["name"])  # unknown: names the valid ones

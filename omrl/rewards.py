@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
+from omrl.supervisor import StageStalled, stage
 
 ALLOCATION_MODES = ("last_token", "uniform_positive", "discounted", "per_turn")
 TOTAL = "total"
@@ -132,7 +133,10 @@ def compose_rewards(
     ``episode.rewards["total"]``. A weight of 0 logs a component without
     training on it. Nothing is stored unless every component succeeds. Episodes whose env failed
     (``end_reason`` ``env_error``) are passed to no component: they measured nothing, so each
-    component and the total are 0 on their turns and they count in no mean.
+    component and the total are 0 on their turns and they count in no mean. A component may end an
+    episode so itself (setting its ``end_reason`` to ``env_error`` and its ``error``, as a judge that
+    could not score it does): it still returns a value for it, which is dropped, and later components
+    no longer see it.
 
     ``options`` may be a run config's whole ``plugins`` block (options keyed by
     plugin name): keys that name no weighted component, such as the env's or
@@ -174,7 +178,23 @@ def compose_rewards(
         fn = registry.rewards.get(name)
         opts = dict(options.get(name) or {})
         _check_options(name, fn, opts)
-        components[name] = _checked(name, fn(played, **opts), played) if played else []
+        try:
+            with stage("reward", component=name, episode=f"{len(played)} episodes"):
+                components[name] = _checked(name, fn(played, **opts), played) if played else []
+        except StageStalled as stall:
+            if not stall.drops_episodes():
+                raise
+            # no score could be had for them: they measured nothing, as if their env had failed
+            for ep in played:
+                ep.end_reason, ep.error = "env_error", f"reward {name!r}: {stall}"
+            played, components = [], {key: [] for key in weights}
+            break
+        # a component may end an episode as env_error itself (a judge that could not score it): from here on
+        # it is one of the episodes that measured nothing, for the next components and the total alike
+        kept = [i for i, ep in enumerate(played) if ep.end_reason != "env_error"]
+        if len(kept) < len(played):
+            played = [played[i] for i in kept]
+            components = {key: [values[i] for i in kept] for key, values in components.items()}
 
     for ep in episodes:
         if ep.end_reason == "env_error":

@@ -52,3 +52,10 @@ class Template(ABC):
     def chat_template_kwargs(self, env: "Env") -> dict:
         """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. ``tools``)."""
         return {}
+
+    def call_format(self) -> str | None:
+        """The format this template tells the model to write tool calls in (a name of
+        :data:`omrl.chat.tool_calls.FORMATS`), or None when its replies are not tool calls. Where the
+        turn offers tools (``tools`` of :meth:`chat_template_kwargs`), the rollout classifies every call
+        attempt of each reply, as the gateway does (``Turn.info["tool_calls"]``)."""
+        return None

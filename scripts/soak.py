@@ -241,12 +241,15 @@ def agentgym_like_app(options: dict[str, Any]):
     each start, a bare ``false`` under HTTP 200 for an id it does not hold, ``{"error"}`` under 200
     when the env raises, no instance name (a client cannot tell a restart by name). It also answers
     ``GET /tasks`` and ``GET /expert_action`` as omrl's server does, so the client needs no splits
-    and the expert can play. ``app.state.envs.ids()`` lists the live ids, as on omrl's server."""
+    and the expert can play, and ``GET /observation`` (each env's latest observation) as AgentGym's
+    servers do, so the client can check that its id still holds its env after a restart another
+    process saw. ``app.state.envs.ids()`` lists the live ids, as on omrl's server."""
     from fastapi import Body, FastAPI
 
     app = FastAPI()
     app.state.envs = envs = _LiveEnvs()
     ids, lock, catalog = itertools.count(), threading.Lock(), GridWorld(**options)
+    latest: dict[int, str] = {}  # each env's latest observation, as AgentGym's servers keep it
 
     def played(body: dict[str, Any], call) -> Any:
         env = envs.get(body.get("id")) if isinstance(body, dict) else None
@@ -262,12 +265,14 @@ def agentgym_like_app(options: dict[str, Any]):
         with lock:
             env_id = next(ids)
             envs[env_id] = GridWorld(**options)
+            latest[env_id] = ""
         return {"id": env_id, "observation": "", "done": False, "reward": 0}
 
     @app.post("/reset")
     def reset(body: Any = Body(None)):
         def start(env):
             first = env.reset(int(body["data_idx"]))
+            latest[body["id"]] = first.text
             return {
                 "id": body["id"],
                 "observation": first.text,
@@ -282,9 +287,14 @@ def agentgym_like_app(options: dict[str, Any]):
     def step(body: Any = Body(None)):
         def move(env):
             r = env.step(str(body["action"]))
+            latest[body["id"]] = r.observation
             return {"observation": r.observation, "reward": r.reward, "done": r.done, "won": r.won, "score": r.score}
 
         return played(body, move)
+
+    @app.get("/observation")
+    def observation(id: int):
+        return played({"id": id}, lambda env: latest[id])
 
     @app.get("/expert_action")
     def expert_action(id: int):

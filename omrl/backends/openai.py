@@ -6,12 +6,15 @@ or ``return_tokens_as_token_ids`` in the log-probs). When the server refuses
 token-id prompts (an HTTP 4xx) the backend switches to
 ``/chat/completions`` with the chat as text for the rest of its life; such
 turns are tokenized locally and marked ``token_exact=False``, so they can be
-evaluated but not trained on. Requests run concurrently (``batch_size`` at a
+evaluated but not trained on: a special token's string in such a reply is text,
+never the token (:func:`omrl.chat.specials.encode_reply`), and only a prefix of
+the text as long as the token limit needs is tokenized (a server that ignores
+``max_tokens`` can send megabytes). Requests run concurrently (``batch_size`` at a
 time) with timeouts and retries on connection errors, 429 and 5xx.
 
 What comes back is checked where it is received, since a trajectory keeps it for
-training: a body that is not JSON, text that is not valid Unicode (a lone
-surrogate), a token id outside the tokenizer's vocabulary and a log-prob that is
+training: a body that is not JSON (or nested too deeply to read), text that is not
+valid Unicode (a lone surrogate), a token id outside the tokenizer's vocabulary and a log-prob that is
 not a finite number are each an :class:`EndpointError` naming the request.
 """
 
@@ -27,9 +30,12 @@ import httpx
 
 from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
 from omrl.backends.weight_sync import WeightSync
+from omrl.chat.specials import encode_reply
 from omrl.errors import OmrlError, short_repr
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+CHARS_PER_TOKEN = 16  # a reply's prefix tokenized first, per token wanted (grown until it holds enough)
+MARGIN_TOKENS = 8  # tokens past the limit that a prefix must hold: the last few may change with the cut
 
 
 class EndpointError(OmrlError):
@@ -225,12 +231,21 @@ class OpenAIBackend(Backend):
                 f"{exc.start}: {short_repr(text[max(exc.start - 20, 0) : exc.end + 20])}); the "
                 "server sent a lone UTF-16 surrogate"
             ) from exc
-        ids = self.tokenizer.encode(text, add_special_tokens=False)[:limit]
+        ids = self._first_ids(text, limit)
         if finish_reason == "stop" and len(ids) < limit:
             ids.append(self.eos_token_id)
         gen = Generation(ids, [0.0] * len(ids), "stop" if ids and ids[-1] in self.stop_token_ids else "length")
         gen.token_exact = False
         return gen
+
+    def _first_ids(self, text: str, limit: int) -> list[int]:
+        """The first ``limit`` ids of ``text``, tokenizing a prefix that holds them rather than the whole."""
+        size = CHARS_PER_TOKEN * (limit + MARGIN_TOKENS)
+        while True:
+            ids = encode_reply(self.tokenizer, text[:size])
+            if size >= len(text) or len(ids) >= limit + MARGIN_TOKENS:
+                return ids[:limit]
+            size *= 4
 
     def close(self) -> None:
         self.client.close()
@@ -243,6 +258,11 @@ def _json(reply: httpx.Response, url: Any) -> Any:
     (a proxy's HTML page, a cut body, bytes that are not UTF-8)."""
     try:
         return reply.json()
+    except RecursionError as exc:  # the world's failure too: 100,000 nested arrays are valid JSON
+        raise EndpointError(
+            f"{url} answered HTTP {reply.status_code} with JSON nested too deeply to read "
+            f"({len(reply.content)} bytes starting {short_repr(reply.content[:60])}); no completion nests so"
+        ) from exc
     except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError both are
         raise EndpointError(
             f"{url} answered HTTP {reply.status_code} with a body that is not JSON ({exc}): "

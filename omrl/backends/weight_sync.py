@@ -9,7 +9,11 @@ A ``vllm serve`` started with ``VLLM_SERVER_DEV_MODE=1`` offers vLLM's own RL ro
 - ``files``: the trainer writes the state dict as one safetensors file under ``weight_dir`` (a
   folder the server can read: the same machine, or shared storage) and the server's workers
   reload it in place (``reload_weights`` with ``weights_path``). Works wherever vLLM runs, the
-  CPU included; costs a write and a read of the weights per update.
+  CPU included; costs a write and a read of the weights per update. The run's folder and files
+  are as readable as the user's umask makes new files (022: by everyone; 027: by the group; 077:
+  by the user alone), so a server under another user reads them where the umask allows it. Each
+  run's folder names its host and process; a run removes the folders of runs on its host that
+  are gone (killed before they could remove theirs).
 - ``nccl``: vLLM's weight-transfer engine. The trainer joins the server's workers in an NCCL group
   (rank 0, listening on ``address``) and broadcasts the weights GPU to GPU; the server must be
   started with ``--weight-transfer-config '{"backend": "nccl"}'``. Needs CUDA and vllm on the
@@ -23,6 +27,8 @@ route the server does not offer is an error that says how to start it.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import socket
 import tempfile
@@ -128,7 +134,9 @@ class FileSync(WeightSync):
         # meet; absolute, since the server resolves the path in its own working directory
         parent = Path(weight_dir).resolve() if weight_dir else Path(tempfile.gettempdir())
         parent.mkdir(parents=True, exist_ok=True)
-        self.root = Path(tempfile.mkdtemp(prefix="omrl-server-weights-", dir=parent))
+        remove_stale_folders(parent)
+        self.root = Path(tempfile.mkdtemp(prefix=_folder_prefix(os.getpid()), dir=parent))
+        self.root.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would shut out a server under another user
         self.written: Path | None = None
         self.count = 0
 
@@ -141,6 +149,7 @@ class FileSync(WeightSync):
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
         save_file(_unshared(state_dict), str(partial / "model.safetensors"))
+        (partial / "model.safetensors").chmod(0o666 & ~_umask())  # safetensors writes 0600 whatever the umask
         partial.rename(folder)  # the server never sees a half-written file
         answer = self.control.post(
             "collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
@@ -153,6 +162,61 @@ class FileSync(WeightSync):
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         super().close()
+
+
+FOLDER_PREFIX = "omrl-server-weights-"
+_OWNED = re.compile(re.escape(FOLDER_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-(?P<start>\d+)-[^-]+")
+
+
+def _folder_prefix(pid: int) -> str:
+    """The start of a run's folder name: its host, its process and when that process started (a pid is
+    reused; the pair is not)."""
+    return f"{FOLDER_PREFIX}{socket.gethostname()}-{pid}-{_start_time(pid)}-"
+
+
+def remove_stale_folders(parent: Path) -> None:
+    """Remove the weight folders in ``parent`` that runs on this host left behind when killed (their
+    process is gone, or is another one under a reused pid); another host's, or an older omrl's, stay."""
+    for folder in parent.glob(f"{FOLDER_PREFIX}*"):
+        owner = _OWNED.fullmatch(folder.name)
+        if owner is None or owner["host"] != socket.gethostname() or not folder.is_dir():
+            continue
+        pid = int(owner["pid"])
+        if not _alive(pid) or _start_time(pid) != int(owner["start"]):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _start_time(pid: int) -> int:
+    """When process ``pid`` started, in clock ticks since boot (Linux's /proc); 0 where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return int(stat.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the kernel says it (Linux 4.7+)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (a moment another thread's new file could see)
+    os.umask(mask)
+    return mask
 
 
 class NcclSync(WeightSync):

@@ -21,7 +21,7 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from omrl.chat import pieces
-from omrl.chat.specials import encode_marked, mark, mark_messages
+from omrl.chat.specials import encode_marked, mark, mark_messages, mark_value
 from omrl.errors import OmrlError
 
 Message = dict[str, Any]
@@ -41,6 +41,7 @@ def render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool =
     from jinja2 import TemplateError
 
     messages = list(messages)
+    kwargs = _marked_specs(tokenizer, kwargs)
     if _wants_parts(tokenizer):
         messages = [_as_parts(m) for m in messages]
     try:
@@ -54,6 +55,17 @@ def render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool =
         return tokenizer.apply_chat_template(
             folded, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
+
+
+SPEC_KWARGS = ("tools", "documents")  # text the template is given beside the messages (an MCP server's tools)
+
+
+def _marked_specs(tokenizer, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the text of its tool specs and documents marked (:mod:`omrl.chat.specials`), as the
+    messages' is: a tool described as ``<|im_end|><|im_start|>system ...`` must not open a system turn."""
+    if not any(kwargs.get(key) for key in SPEC_KWARGS):
+        return kwargs
+    return {key: mark_value(tokenizer, value) if key in SPEC_KWARGS else value for key, value in kwargs.items()}
 
 
 _PARTS: "weakref.WeakKeyDictionary[Any, dict[str, bool]]" = weakref.WeakKeyDictionary()

@@ -147,6 +147,18 @@ def _mark_value(marks: _Marks, value: Any) -> Any:
     return value
 
 
+def encode_reply(tokenizer: Any, text: str) -> list[int]:
+    """Ids of a model's reply that came back as text (an endpoint that sends no ids): a special token's
+    string in it is text, since the server's detokenizer drops the real ones; an added token's (``<think>``,
+    ``<tool_call>``) is that token, as the model samples it. Not memoised: a reply is seen once."""
+    from omrl.chat.render import encode_text
+
+    marks = _marks(tokenizer)
+    if marks.find_special is not None and marks.only_special.search(text):
+        text = marks.only_special.sub(lambda m: marks.to_mark[m.group()], text)
+    return encode_marked(tokenizer, text, encode_text)
+
+
 def unmark(tokenizer: Any, text: str) -> str:
     """``text`` with its marks turned back into the special-token strings they stand for."""
     marks = _marks(tokenizer)

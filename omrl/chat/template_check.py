@@ -1,13 +1,21 @@
 """Whether a chat template writes every message's content out unchanged: read from its jinja
 syntax tree, the first of the two checks :mod:`omrl.chat.pieces` makes before caching a template's
-pieces (the second renders probe chats)."""
+pieces (the second renders probe chats). And whether it renders at all within bounds
+(:func:`check_render_bounds`): a template from a model repo is code, and one that loops over
+``range(10**10)`` or builds gigabytes of text must be refused, not run."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from jinja2 import nodes
+
+from omrl.errors import OmrlError
 
 _KEEPS_TEXT = (nodes.Add, nodes.Concat, nodes.And, nodes.Or)  # the content flows on inside a longer value
 _TYPE_TESTS = frozenset({"defined", "undefined", "none", "string", "mapping", "sequence", "iterable"})
@@ -150,3 +158,108 @@ def _is_generation_block(node: nodes.Node) -> bool:
         and isinstance(node.call.node, nodes.ExtensionAttribute)
         and node.call.node.name == "_generation_support"
     )
+
+
+RENDER_SECONDS = 60.0  # the probe chats' renders, all together, in a fresh process (about 1 s to start)
+RENDER_MEMORY = 1 << 30  # bytes of memory the renders may take
+MAX_RENDER_CHARS = 1_000_000  # characters a probe chat may render to (a real one renders a few thousand)
+_RENDERER = Path(__file__).with_name("bounded_render.py")
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "look",
+        "description": "Look around.",
+        "parameters": {"type": "object", "properties": {"where": {"type": "string"}}, "required": ["where"]},
+    },
+}
+_CALL = {"type": "function", "function": {"name": "look", "arguments": {"where": "north"}}}
+_PROBE_CHATS = [  # (messages, with the tool offered)
+    (
+        [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": "Find the key."},
+            {"role": "assistant", "content": "go north", "reasoning_content": "North is open."},
+            {"role": "user", "content": "A wall."},
+        ],
+        False,
+    ),
+    (
+        [
+            {"role": "user", "content": "Find the key."},
+            {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+            {"role": "tool", "name": "look", "content": "A wall."},
+        ],
+        True,
+    ),
+]
+
+
+def check_render_bounds(
+    tokenizer: Any,
+    kwargs: dict | None = None,
+    seconds: float | None = None,
+    memory: int | None = None,
+    max_chars: int | None = None,
+) -> None:
+    """Refuse, naming the bound, a chat template whose probe chats (with and without tools) do not render
+    within ``seconds``, ``memory`` bytes and ``max_chars`` characters each (by default :data:`RENDER_SECONDS`,
+    :data:`RENDER_MEMORY`, :data:`MAX_RENDER_CHARS`). They render in a process of its own
+    (:mod:`omrl.chat.bounded_render`): a jinja loop cannot be interrupted, and a constant such as
+    ``'x' * 10**10`` is built when the template compiles."""
+    seconds = RENDER_SECONDS if seconds is None else seconds
+    memory = RENDER_MEMORY if memory is None else memory
+    max_chars = MAX_RENDER_CHARS if max_chars is None else max_chars
+    source = getattr(tokenizer, "chat_template", None)
+    if not isinstance(source, str) or not source:
+        return
+    job = {
+        "template": source,
+        "specials": {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, (str, list))},
+        "kwargs": dict(kwargs or {}),
+        "chats": _PROBE_CHATS,
+        "tools": [_PROBE_TOOL],
+        "memory": memory,
+        "max_chars": max_chars,
+    }
+    try:
+        done = subprocess.run(
+            [sys.executable, str(_RENDERER)], input=json.dumps(job), capture_output=True, text=True, timeout=seconds
+        )
+    except subprocess.TimeoutExpired:
+        raise OmrlError(
+            f"the chat template did not render two short probe chats within {seconds:g} s: it loops far too long "
+            "(nested loops over range(100000)), so omrl cannot use it; fix the template or set tokenizer.chat_template"
+        ) from None
+    _check_verdict(done, memory, max_chars)
+
+
+def _check_verdict(done: subprocess.CompletedProcess, memory: int, max_chars: int) -> None:
+    """The child's verdict as an OmrlError naming the bound, or nothing when every render stayed within."""
+    lines = done.stdout.strip().splitlines()
+    try:
+        verdict = json.loads(lines[-1]) if lines else {"problem": "died"}
+    except json.JSONDecodeError:
+        verdict = {"problem": "died"}
+    problem = verdict.get("problem")
+    if not problem:
+        return
+    if problem == "size":
+        raise OmrlError(
+            f"the chat template renders a short probe chat to {verdict.get('chars', 0):,} characters, more than "
+            f"{max_chars:,}: it builds huge text, so omrl cannot use it; fix the template or set tokenizer.chat_template"
+        )
+    if problem == "memory" or done.returncode == -9:  # a MemoryError under the cap, or the kernel's OOM kill
+        raise OmrlError(
+            f"rendering a short probe chat through the chat template takes more than the {memory / 2**30:g} GiB "
+            "of memory it is given: it builds huge text (e.g. 'x' * 10**10), so omrl cannot use it; fix the "
+            "template or set tokenizer.chat_template"
+        )
+    raise OmrlError(
+        f"the process that renders the chat template's probe chats failed (exit {done.returncode})"
+        f"{_stderr_end(done.stderr)}"
+    )
+
+
+def _stderr_end(stderr: str) -> str:
+    text = stderr.strip()
+    return f": ...{text[-300:]}" if text else ""

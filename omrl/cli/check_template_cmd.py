@@ -40,11 +40,13 @@ def check_template_command(
 
     from omrl.chat.conformance import conformance, first_broken
     from omrl.chat.probe import TOOL_CALLS, TURNS, check_template
+    from omrl.chat.template_check import check_render_bounds
     from omrl.errors import OmrlError
     from omrl.models import load_tokenizer
 
     chat_kwargs = parse_kwargs(kwargs)
     tokenizer = load_tokenizer(model)
+    check_render_bounds(tokenizer, chat_kwargs)  # a template that loops or builds huge text is refused, not run
     report = check_template(tokenizer, chat_kwargs)
     cases = conformance(tokenizer, chat_kwargs)
     console = Console(highlight=False)

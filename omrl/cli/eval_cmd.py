@@ -240,7 +240,13 @@ def evaluate_command(
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     searched: dict = {}
     mixed = is_mixture(cfg.env)
-    with held_warnings() as caught, RolloutSession.from_config(cfg) as session:
+    from omrl.supervisor import supervise
+
+    with (
+        supervise(cfg.deadlines, episodes_path.parent),
+        held_warnings() as caught,
+        RolloutSession.from_config(cfg) as session,
+    ):
         size = split_size(session, cfg.env.split)
         count = cfg.num_tasks
         if num_tasks is None and not user_sets(list(args or []), "num_tasks") and size <= WHOLE_SPLIT_UP_TO:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 
 import typer
 
@@ -266,7 +267,13 @@ def rollout(
     console = Console()
     play_settings(cfg, args, None, console)
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
-    with held_warnings() as caught, RolloutSession.from_config(cfg, expert=cfg.use_expert) as session:
+    from omrl.supervisor import supervise
+
+    with (
+        supervise(cfg.deadlines, os.path.dirname(os.path.abspath(cfg.output))),
+        held_warnings() as caught,
+        RolloutSession.from_config(cfg, expert=cfg.use_expert) as session,
+    ):
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)  # a mixture: num_tasks of each env
         for name, count in tasks_of_each_env(cfg, session, tasks).items():
             if count < cfg.num_tasks:

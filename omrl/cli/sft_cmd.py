@@ -77,7 +77,7 @@ def sft(
 
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
-    from omrl.config.loading import resumed_preset
+    from omrl.config.loading import resumed_preset, user_sets
     from omrl.config.options import SftRunConfig
     from omrl.data.mixture import dataset_inputs, mix_line
     from omrl.outputs import check_run_dir, fresh_dir
@@ -87,7 +87,8 @@ def sft(
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
     preset = resumed_preset(output_dir, resume, "sft")
     cfg = command_line_config(SftRunConfig, args, {**flags, "resume": True if resume else None}, preset)
-    if cfg.logging.output_dir in ("", "runs/sft"):  # the default: a fresh directory per run, as train does
+    asked = output_dir is not None or user_sets(args, "logging.output_dir")  # runs/sft said is runs/sft
+    if not asked and cfg.logging.output_dir in ("", "runs/sft"):  # the default: a fresh directory per run
         cfg.logging.output_dir = fresh_dir("runs", "sft")
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, **dataset_inputs(cfg.dataset, "--dataset")})
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line

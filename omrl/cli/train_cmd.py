@@ -60,7 +60,7 @@ def train(
     )
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
-    from omrl.config.loading import resumed_preset, split_preset
+    from omrl.config.loading import resumed_preset, split_preset, user_sets
     from omrl.config.options import TrainRunConfig
     from omrl.errors import ConfigError
     from omrl.outputs import check_run_dir, fresh_dir
@@ -81,7 +81,8 @@ def train(
         **agent_flags(agent, agent_cmd, reward),
     }
     cfg = command_line_config(TrainRunConfig, args, flags, resumed_preset(output_dir, resume, algo or "grpo"))
-    if cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
+    asked = output_dir is not None or user_sets(args, "logging.output_dir")  # runs/train said is runs/train
+    if not asked and cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = fresh_dir("runs", f"{cfg.algorithm.name}-{env_folder_name(cfg)}")
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
     check_before_loading(cfg)

@@ -1,14 +1,13 @@
 """Run configuration: the option dataclasses (:mod:`.options`) and how YAML presets, files and
-``key=value`` overrides become one of them (:mod:`.loading`)."""
+``key=value`` overrides become one of them (:mod:`.loading`); what a secret becomes in the files omrl
+writes (:mod:`.redaction`)."""
 
 from omrl.config.loading import (
     PRESETS_DIR,
-    REDACTED,
     DeprecatedKeyWarning,
     command_line_config,
     describe,
     from_dict,
-    is_secret_key,
     load_config,
     merge,
     overrides_to_dict,
@@ -16,11 +15,11 @@ from omrl.config.loading import (
     preset_names,
     presets_dir,
     read_preset,
-    redact,
     to_dict,
     to_yaml,
     user_sets,
 )
+from omrl.config.redaction import REDACTED, hide, is_secret_key, redact, redact_argv, redact_text
 
 __all__ = [
     "PRESETS_DIR",
@@ -29,6 +28,7 @@ __all__ = [
     "command_line_config",
     "describe",
     "from_dict",
+    "hide",
     "is_secret_key",
     "load_config",
     "merge",
@@ -38,6 +38,8 @@ __all__ = [
     "presets_dir",
     "read_preset",
     "redact",
+    "redact_argv",
+    "redact_text",
     "to_dict",
     "to_yaml",
     "user_sets",

@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from omrl.config.redaction import check_no_redacted, redact
 from omrl.errors import ConfigError
 
 T = TypeVar("T")
@@ -259,6 +260,7 @@ def load_config(
     for key, value in flags.items():
         set_path(data, key.split("."), value)
     data.pop("preset", None)
+    check_no_redacted(data.get("plugins"), "plugins")
     return from_dict(cls, data)
 
 
@@ -382,52 +384,6 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     elif isinstance(tp, type) and isinstance(value, tp):
         return value
     raise ConfigError(f"config key {path!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})")
-
-
-#: what a secret's value becomes in every file omrl writes
-REDACTED = "<redacted>"
-#: the last part of a config key that names a secret (see :func:`is_secret_key`)
-SECRET_WORDS = (
-    "token",
-    "api_key",
-    "apikey",
-    "key",
-    "secret",
-    "password",
-    "passwd",
-    "credential",
-    "credentials",
-    "authorization",
-    "cookie",
-)
-
-
-def is_secret_key(name: object) -> bool:
-    """Whether a config key names a secret, whose value must never reach a file.
-
-    The rule: the key's last part (``token`` of ``plugins.agentgym.token``), lower-cased with
-    ``-`` read as ``_``, is one of :data:`SECRET_WORDS` or ends in ``_`` and one of them
-    (``hf_token``, ``x-api-key``, ``db_password``, an ``Authorization`` header). A name that only
-    mentions one (``api_key_env``, which names an environment variable, ``max_new_tokens``) is not.
-
-    >>> [is_secret_key(k) for k in ("token", "X-Api-Key", "Authorization", "api_key_env", "max_new_tokens")]
-    [True, True, True, False, False]
-    """
-    word = str(name).lower().replace("-", "_")
-    return any(word == secret or word.endswith("_" + secret) for secret in SECRET_WORDS)
-
-
-def redact(data: Any) -> Any:
-    """``data`` (nested mappings and lists) with the value of every secret key (:func:`is_secret_key`)
-    replaced by :data:`REDACTED`; an unset one (None, "") stays as it is, so a reader sees that none was given."""
-    if isinstance(data, dict):
-        return {
-            key: REDACTED if is_secret_key(key) and value not in (None, "", {}, []) else redact(value)
-            for key, value in data.items()
-        }
-    if isinstance(data, (list, tuple)):
-        return type(data)(redact(v) for v in data)
-    return data
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -79,6 +79,11 @@ class GenerationConfig:
         "", "weight_sync=nccl: HOST:PORT this trainer listens on for the server's workers ('': 127.0.0.1, a free port)."
     )
     gpu_memory_utilization: float = opt(0.5, "vllm backend: share of GPU memory for the engine.")
+    sampler_check_kl: float = opt(
+        0.1,
+        "Stop the run when the sampler's log-probs differ from the trainer's on the same tokens by more than this "
+        "KL per token (mismatch_kl_k3) after a weight sync: a server that kept old weights (0: never).",
+    )
     kv_reuse: bool = opt(
         True,
         "hf backend: keep each conversation's KV states between turns, so a turn prefills "
@@ -153,6 +158,42 @@ class RewardConfig:
         "none",
         "With several envs (grpo, ppo): std divides each env's rewards by their spread in the step, so "
         "one env's reward scale cannot dominate the update (omrl.training.env_scale); none: as composed.",
+    )
+
+
+@dataclass
+class ToolHealthConfig:
+    """When a run whose env offers tools stops for its tool calls (omrl.training.tool_health)."""
+
+    max_steps_without_valid_call: int = opt(
+        10, "Steps in a row with no well-formed call to an offered tool before the run stops (0: never)."
+    )
+    max_malformed_rate: float = opt(
+        0.5, "Share of unreadable tool-call attempts above which a step counts as malformed."
+    )
+    malformed_steps: int = opt(3, "Malformed steps in a row before the run stops (max_malformed_rate=1: never).")
+
+
+@dataclass
+class DeadlineConfig:
+    """How long each stage of a run may take (omrl.supervisor); 0: no deadline."""
+
+    generate_s: float = opt(900.0, "Seconds one generate call may take.")
+    env_reset_s: float = opt(300.0, "Seconds one env reset may take.")
+    env_step_s: float = opt(300.0, "Seconds one env step may take, its tool calls and scoring included.")
+    reward_s: float = opt(600.0, "Seconds one reward function may take over a step's episodes.")
+    weight_sync_s: float = opt(900.0, "Seconds one weight sync to the rollout backend may take.")
+    checkpoint_s: float = opt(900.0, "Seconds one checkpoint save may take.")
+    eval_s: float = opt(7200.0, "Seconds one evaluation during training may take.")
+    handover_s: float = opt(3600.0, "async_generation: seconds to wait for the generation process's next step.")
+    on_stall: str = opt(
+        "drop",
+        "An env or reward stage past its deadline: drop (its episodes end env_error, never trained on), "
+        "retry (played again once, then dropped) or stop (the run stops, exit status 2). Other stages always stop.",
+    )
+    grace_s: float = opt(30.0, "Seconds a stalled stage has to give way before the process exits with status 2.")
+    heartbeat_s: float = opt(
+        60.0, "Seconds between heartbeats (heartbeat.json; metrics.jsonl when no step was logged)."
     )
 
 
@@ -273,6 +314,7 @@ class EnvRunConfig(RunConfig):
     chat: ChatConfig = field(default_factory=ChatConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    deadlines: DeadlineConfig = field(default_factory=DeadlineConfig)
 
 
 @dataclass
@@ -358,6 +400,7 @@ class TrainRunConfig(EnvRunConfig):
     logging: LoggingConfig = field(default_factory=lambda: LoggingConfig(output_dir="runs/train"))
     algorithm: AlgoConfig = field(default_factory=AlgoConfig)
     rollout: TrainRolloutConfig = field(default_factory=TrainRolloutConfig)
+    tool_health: ToolHealthConfig = field(default_factory=ToolHealthConfig)
     steps: int = opt(4, "RL steps (rollout + update each).")
     tasks_per_step: int = opt(2, "Tasks per rollout step.")
     train_tasks: int = opt(0, "Train on only the first N tasks of env.split (0: all of them).")

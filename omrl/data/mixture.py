@@ -76,6 +76,11 @@ def dataset_sources(text: str, key: str = "dataset") -> list[DataSource]:
             if not Path(path).expanduser().exists():
                 raise ConfigError(f"{key}: {path!r} does not exist{_weight_hint(path)} (in {key}={text})")
     total = sum(weight for _, weight in entries)
+    if not math.isfinite(total):  # each weight finite, their sum not: normalising would give every source 0
+        raise ConfigError(
+            f"{key}={text!r}: the weights add up past the largest number; weights are normalised, so give "
+            "smaller ones in the same ratios (e.g. 1 and 1)"
+        )
     return [DataSource(path, weight / total) for path, weight in entries]
 
 

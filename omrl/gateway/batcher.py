@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.supervisor import stage
 
 STRAGGLER_GAP = 0.1  # of the last generate call's time: how long a gap between requests may be in one batch
 STRAGGLER_WAIT = 0.5  # of it: how long after the first request a batch may wait at most
@@ -192,7 +193,10 @@ class Batcher:
             self.batch_sizes.append(len(batch))
             began = time.monotonic()
             try:
-                replies: list[Any] = list(self.backend.generate([job.prompt for job in batch], params))
+                with stage(
+                    "generate", episode=f"{len(batch)} agent calls"
+                ):  # past its deadline: named, then the run stops
+                    replies: list[Any] = list(self.backend.generate([job.prompt for job in batch], params))
                 self._last_call_s = time.monotonic() - began
             except BaseException as exc:  # noqa: BLE001 - every waiting request learns why
                 self.failure = self.failure or exc

@@ -10,6 +10,7 @@ _FROM_LOADING = (
     "MODEL_MANIFEST",
     "TINY_TOKENIZER_DIR",
     "WEBSHOP_DELTA",
+    "check_context_window",
     "check_model_files",
     "load_model",
     "load_tokenizer",

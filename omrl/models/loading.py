@@ -16,6 +16,7 @@ Built-in names work offline on a fresh machine:
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 import yaml
 
-from omrl.errors import DamagedModelError, OmrlError
+from omrl.errors import ConfigError, DamagedModelError, OmrlError
 from omrl.models.builtin import BUILTIN_MODELS, tuned_for
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -71,6 +72,36 @@ def resolve_model_path(name_or_path: str) -> str:
             f"name ({', '.join(BUILTIN_MODELS)}) or an 'org/name' hub id"
         )
     return name_or_path  # a hub id; transformers reports if it is not cached offline
+
+
+#: where a model's config.json states how many positions it was built for
+_WINDOW_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+
+
+def context_window(name_or_path: str) -> int | None:
+    """The positions the model's config says it handles, or None where its config is not a local file or
+    names none (a hub id: transformers reads it when the model loads)."""
+    path = Path(resolve_model_path(name_or_path)) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    for section in (config, config.get("text_config") or {}):
+        for key in _WINDOW_KEYS:
+            if isinstance(section.get(key), int) and section[key] > 0:
+                return section[key]
+    return None
+
+
+def check_context_window(name_or_path: str, wanted: int, key: str) -> None:
+    """Refuse ``wanted`` tokens a row (the run's ``key``) past the model's context window: a row longer
+    than the model's positions would be cut, or fail, with no record of it."""
+    window = context_window(name_or_path)
+    if window is not None and wanted > window:
+        raise ConfigError(
+            f"{key}={wanted} is longer than the context window of model {name_or_path!r} ({window} positions, "
+            f"its config.json's max_position_embeddings); set {key} to at most {window}"
+        )
 
 
 _checked: dict[Path, tuple] = {}  # model directories found intact, by what their files looked like then

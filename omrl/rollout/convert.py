@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from omrl.atomic import atomic_write_text
+from omrl.config.redaction import redact_text
 from omrl.data.trajectory import Episode, to_json
 
 
@@ -36,7 +37,7 @@ def episode_record(episode: Episode) -> dict[str, Any]:
         "won": episode.won,
         "score": episode.score,
         "end_reason": episode.end_reason,
-        "error": episode.error,
+        "error": redact_text(episode.error) if episode.error else episode.error,  # an env's error may quote a secret
         "num_turns": episode.num_turns,
         "total_reward": episode.total_reward,
         "tokens": len(episode.token_ids),

@@ -23,13 +23,15 @@ from omrl.backends.base import Generation
 from omrl.chat import next_prompt
 from omrl.chat.history import native_call_format
 from omrl.chat.replies import parse_reply, sampled_end, stop_token_ids
-from omrl.chat.tool_calls import template_format
+from omrl.chat.tool_calls import parse_tool_calls, template_format
 from omrl.data.trajectory import Episode, Turn
 from omrl.envs import Env, StepResult, clean_text, step_problem
+from omrl.supervisor import StageStalled
 from omrl.templates import ParsedAction, Template
 
 EMPTY_OBSERVATION = "(the environment returned no text)"
-ROLLOUT_KEYS = ("rollout", "weights_version")  # what the rollout records in Turn.info; the env's step adds the rest
+# what the rollout records in Turn.info; the env's step adds the rest
+ROLLOUT_KEYS = ("rollout", "weights_version", "tool_calls")
 
 
 @dataclass
@@ -48,6 +50,9 @@ class LiveEpisode:
     # its env raised, or its reply could not be made: a chain's pool discards the instance
     # (a search's forker has dropped such an instance already)
     broken: bool = False
+    stalled: bool = (
+        False  # its env outlived its deadline (omrl.supervisor): ``deadlines.on_stall=retry`` plays it again
+    )
 
     def record_end(self) -> None:
         """Write why the episode ended (``end``, once set) and its chat into the episode."""
@@ -112,6 +117,11 @@ def record_reply(
         return None
     parsed = _parse(template, response, env)
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
+    offered = (chat_kwargs or {}).get("tools")
+    if offered and template.call_format():  # every call attempt, classified as the gateway does
+        turn.info["tool_calls"] = [
+            a.record() for a in parse_tool_calls(response, offered, template.call_format()).attempts
+        ]
     if parsed.tool_call is not None and parsed.action is not None:  # the reply as a structured tool call
         live.tool_call = {"content": parsed.thought or "", "tool_calls": [parsed.tool_call]}
     if parsed.action is None:
@@ -151,6 +161,7 @@ def record_step(live: LiveEpisode, result: StepResult | BaseException) -> None:
     if isinstance(result, BaseException):
         ep.error = f"step failed: {type(result).__name__}: {result}"
         live.end, live.broken = "env_error", True
+        live.stalled = isinstance(result, StageStalled)
         return
     problem = step_problem(result)
     if problem:

@@ -39,6 +39,7 @@ from omrl.errors import OmrlError
 from omrl.rollout.live import EMPTY_OBSERVATION, LiveEpisode, continue_chat, record_reply, record_step
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
+from omrl.supervisor import StageStalled, on_stall, stage
 from omrl.templates import Template
 
 
@@ -176,10 +177,18 @@ def collect_lanes(
     live: list[_Chain] = []
     calls = 0
 
+    retried: set[tuple[int, int]] = set()  # (group, sample) of episodes played again after a stall
+
     def finish(state: _Chain) -> None:
         state.record_end()
         ep = state.episode
         problem = state.lane.pool.release(state.env, broken=state.broken)
+        if state.stalled and on_stall() == "retry" and (ep.group, ep.sample) not in retried:
+            retried.add((ep.group, ep.sample))  # played again from its start, on another instance, once
+            queue.appendleft((ep.group, ep.sample, state.lane, ep.task_id))
+            if backend is not None:
+                backend.release([ep.token_ids[start:end] for start, end in ep.rows()])
+            return
         if problem is not None:  # ending its env failed (a restarted server, say): nothing it did is trusted
             ep.end_reason = "env_error"
             ep.error = f"ending the episode's env failed: {type(problem).__name__}: {problem}"
@@ -208,13 +217,14 @@ def collect_lanes(
                 top_p=limits.top_p,
                 seed=seed * 1_000_003 + calls * 10_007,
             )
-            replies = list(
-                backend.generate(
-                    [s.episode.current_row() for s in live],
-                    params,  # type: ignore[union-attr]
-                    messages=[s.messages for s in live],
+            with stage("generate", episode=f"{len(live)} episodes, turn {calls + 1}"):
+                replies = list(
+                    backend.generate(
+                        [s.episode.current_row() for s in live],
+                        params,  # type: ignore[union-attr]
+                        messages=[s.messages for s in live],
+                    )
                 )
-            )
         calls += 1
         progress.generated(sum(len(r.token_ids) for r in replies if isinstance(r, Generation)))
         to_step = [
@@ -223,7 +233,9 @@ def collect_lanes(
             if record_reply(s, reply, s.lane.template, tokenizer, s.env, s.chat_kwargs) is not None
         ]
         results = per_pool(
-            to_step, lambda s: s.lane.pool, lambda pool, some: pool.step_many([(s.env, s.action) for s in some])
+            to_step,
+            lambda s: s.lane.pool,
+            lambda pool, some: pool.step_many([(s.env, s.action) for s in some], [label(s.episode) for s in some]),
         )
         for state, result in zip(to_step, results):
             record_step(state, result)
@@ -271,7 +283,10 @@ def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_contex
     firsts = per_pool(
         list(zip(envs, started)),
         lambda pair: pair[1][2].pool,
-        lambda pool, some: pool.reset_many([(env, task) for env, (_, _, _, task) in some]),
+        lambda pool, some: pool.reset_many(
+            [(env, task) for env, (_, _, _, task) in some],
+            [f"task {task} sample {sample}" for _, (_, sample, _, task) in some],
+        ),
     )
     states = []
     for env, (group, sample, lane, task), first in zip(envs, started, firsts):
@@ -289,6 +304,7 @@ def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_contex
                     chat_kwargs={},
                     end="env_error",
                     broken=isinstance(first, BaseException),
+                    stalled=isinstance(first, StageStalled),
                 )
             )
             continue
@@ -297,6 +313,11 @@ def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_contex
         end = "max_context" if len(ep.token_ids) >= max_context else None
         states.append(_Chain(ep, messages, observation, lane=lane, env=env, chat_kwargs=kwargs, end=end))
     return states
+
+
+def label(ep: Episode) -> str:
+    """How a stall's message names an episode."""
+    return f"task {ep.task_id} sample {ep.sample}"
 
 
 def per_pool(

@@ -9,10 +9,13 @@ the others inline, where threads would only add overhead.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import Future, wait
 from typing import Any, Callable, Sequence, TypeVar
 
+from omrl import supervisor
 from omrl.envs import Env, Observation, StepResult, create_env
+from omrl.supervisor import StageStalled
 
 T = TypeVar("T")
 
@@ -30,7 +33,7 @@ class EnvPool:
         self.created = 0  # instances built so far (tests and benchmarks read it)
         self._idle: list[Env] = []
         self._all: list[Env] = []
-        self._threads: ThreadPoolExecutor | None = None
+        self._threads: DaemonThreads | None = None
         self._template_env: Env | None = None
 
     @property
@@ -57,7 +60,8 @@ class EnvPool:
             self._all.remove(env)
             if env is self._template_env:
                 self._template_env = None
-            _close_quietly(env)
+            # off this thread: a broken env may be one that stalled, and its close may stall too
+            threading.Thread(target=_close_quietly, args=(env,), name="omrl-env-close", daemon=True).start()
             return problem
         self._idle.append(env)
         return None
@@ -69,30 +73,79 @@ class EnvPool:
             self.release(self._template_env)
         return self._template_env
 
-    def reset_many(self, pairs: Sequence[tuple[Env, int]]) -> list[Observation | BaseException]:
-        """``env.reset(task_id)`` for each pair; an exception is returned in its slot, not raised."""
-        return self._map(lambda pair: pair[0].reset(pair[1]), pairs)
+    def reset_many(
+        self, pairs: Sequence[tuple[Env, int]], labels: Sequence[str] = ()
+    ) -> list[Observation | BaseException]:
+        """``env.reset(task_id)`` for each pair; an exception is returned in its slot, not raised.
+        ``labels`` name each pair's episode in a stall's message."""
+        return self._map(lambda pair: pair[0].reset(pair[1]), pairs, "env_reset", labels)
 
-    def step_many(self, pairs: Sequence[tuple[Env, str]]) -> list[StepResult | BaseException]:
+    def step_many(
+        self, pairs: Sequence[tuple[Env, str]], labels: Sequence[str] = ()
+    ) -> list[StepResult | BaseException]:
         """``env.step(action)`` for each pair; an exception is returned in its slot, not raised."""
-        return self._map(lambda pair: pair[0].step(pair[1]), pairs)
+        return self._map(lambda pair: pair[0].step(pair[1]), pairs, "env_step", labels)
 
     def call_many(self, fn: Callable[[Env], T], envs: Sequence[Env]) -> list[T | BaseException]:
         """``fn(env)`` for each env, concurrently when the env is I/O-bound."""
-        return self._map(fn, envs)
+        return self._map(fn, envs, "env_step", ())
 
-    def _map(self, fn: Callable[[Any], T], items: Sequence[Any]) -> list[T | BaseException]:
-        def safe(item: Any) -> T | BaseException:
+    def _map(
+        self, fn: Callable[[Any], T], items: Sequence[Any], stage: str, labels: Sequence[str]
+    ) -> list[T | BaseException]:
+        """``fn`` over ``items``, each under the run's deadline for ``stage``: one that outlives it is
+        :class:`~omrl.supervisor.StageStalled` in its slot (its env is then broken and left behind),
+        unless the run says to stop (``deadlines.on_stall=stop``): then it is raised."""
+        names = list(labels) or [""] * len(items)
+
+        def safe(item: Any, label: str) -> T | BaseException:
             try:
-                return fn(item)
+                with supervisor.stage(stage, env=self.name, episode=label):
+                    return fn(item)
+            except StageStalled as exc:
+                if not exc.drops_episodes():
+                    raise
+                return exc
             except Exception as exc:  # noqa: BLE001 - one failing env must not stop the batch
                 return exc
 
         if self.io_bound and len(items) > 1:
-            if self._threads is None:
-                self._threads = ThreadPoolExecutor(max_workers=self.num_workers, thread_name_prefix="omrl-env")
-            return list(self._threads.map(safe, items))
-        return [safe(item) for item in items]
+            return self._map_threaded(fn, items, stage, names)
+        return [safe(item, label) for item, label in zip(items, names)]
+
+    def _map_threaded(self, fn: Callable[[Any], T], items: Sequence[Any], stage: str, labels: list[str]) -> list[Any]:
+        """:meth:`_map` on the pool's threads. Their calls cannot be interrupted, so this thread bounds its
+        wait: a call past its deadline (counted from when it was handed over) is left behind, and the next
+        map starts on fresh threads."""
+        if self._threads is None:
+            self._threads = DaemonThreads(self.num_workers, f"omrl-env-{self.name}")
+        watcher = supervisor.current()
+        watched = [
+            watcher.open(stage, {"env": self.name, "episode": label}, waited=True) if watcher else None
+            for label in labels
+        ]
+        futures = {self._threads.submit(fn, item): index for index, item in enumerate(items)}
+        results: list[Any] = [None] * len(items)
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, timeout=0.25 if any(watched) else None)
+                for future in done:
+                    error = future.exception()
+                    results[futures[future]] = error if error is not None else future.result()
+                for future in [f for f in pending if watched[futures[f]] and watched[futures[f]].fired]:
+                    pending.discard(future)
+                    results[futures[future]] = StageStalled(watched[futures[future]].message, stage)
+        finally:
+            for record in watched:
+                if watcher is not None:
+                    watcher.close(record)
+        stalls = [r for r in results if isinstance(r, StageStalled)]
+        if stalls:
+            self._threads = None  # the stuck threads stay behind (daemons); the next map starts on new ones
+            if not stalls[0].drops_episodes():
+                raise stalls[0]
+        return results
 
     def _create(self) -> Env:
         env = create_env(self.env_class, self.options, self.name)
@@ -105,9 +158,7 @@ class EnvPool:
         for env in self._all:
             _close_quietly(env)
         self._all, self._idle, self._template_env = [], [], None
-        if self._threads is not None:
-            self._threads.shutdown(wait=True)
-            self._threads = None
+        self._threads = None
 
     def __enter__(self) -> "EnvPool":
         return self
@@ -121,3 +172,28 @@ def _close_quietly(env: Env) -> None:
         env.close()
     except Exception:  # noqa: BLE001 - closing a broken env may fail again; nothing to do about it
         pass
+
+
+class DaemonThreads:
+    """At most ``workers`` calls at once, each on a daemon thread of its own: a call stuck for good
+    (a server that never answers) is left behind without holding up the next calls or the process's exit,
+    as a ``ThreadPoolExecutor``'s threads would (they are joined at exit)."""
+
+    def __init__(self, workers: int, name: str):
+        self._slots = threading.BoundedSemaphore(workers)
+        self._name = name
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future:
+        future: Future = Future()
+
+        def run() -> None:
+            with self._slots:
+                if not future.set_running_or_notify_cancel():
+                    return
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiter, as an executor does
+                    future.set_exception(exc)
+
+        threading.Thread(target=run, name=self._name, daemon=True).start()
+        return future

@@ -64,7 +64,7 @@ class RolloutSession:
         (:mod:`omrl.mixture`) gets a :class:`~omrl.rollout.mixed.MixedSession`, which plays like this.
         """
         from omrl.mixture import is_mixture
-        from omrl.models import load_tokenizer
+        from omrl.models import check_context_window, load_tokenizer
 
         if is_mixture(cfg.env):
             from omrl.rollout.mixed import MixedSession
@@ -82,6 +82,7 @@ class RolloutSession:
             cfg.generation, cfg.env.max_turns, cfg.chat.history, cfg.chat.template_kwargs
         )
         if not expert:  # a template whose episodes would be laid out wrongly is refused before a model loads
+            check_context_window(cfg.model.name, limits.max_context, "generation.max_context")
             check_template_options(tokenizer, limits.template_kwargs)
             check_run_template(tokenizer, limits.history, limits.template_kwargs)
         if backend is None and not expert:

@@ -4,10 +4,11 @@
 ``python -I -S -c "from omrl.sandbox.child import main; main(spec_fd, status_fd)"``. It reads the
 run's spec (JSON) from ``spec_fd``, checks that its namespaces are all new ones, builds the new root
 (read-only binds of the system's software, devices, /proc, a made-up /etc, the scratch tmpfs) and
-chroots into it, forks the program with its limits, an unprivileged uid and ``no_new_privs``, waits
-for it with a backstop timer, and writes how it ended (or why set-up failed) as JSON to
-``status_fd``. The caller's side, and what the sandbox does and does not isolate, are described in
-`omrl.sandbox`.
+chroots into it, forks the program with its limits (its own memory cgroup, or where there is none
+no in-memory files), an unprivileged uid and ``no_new_privs``, waits for it with a backstop timer
+and an eye on its caller (the program dies with it), and writes how it ended (or why set-up
+failed) as JSON to ``status_fd``. The caller's side, and what the sandbox does and does not
+isolate, are described in `omrl.sandbox`.
 
 It uses only the standard library and omrl's own modules, since it runs on the base Python with
 ``-I -S`` (no venv, no site-packages).
@@ -17,10 +18,14 @@ from __future__ import annotations
 
 import ctypes
 import json
+import math
 import os
+import select
 import signal
+import time
 
 from omrl.sandbox.run import _PATH, _SCRATCH
+from omrl.sandbox.seccomp import deny_memfd
 
 # Where the helper builds the new root, inside its private mount namespace: the host's /tmp is untouched.
 _NEW_ROOT = "/tmp"
@@ -43,13 +48,19 @@ def main(spec_fd: int, status_fd: int) -> None:
         spec = json.load(f)
     try:
         _check_namespaces(spec["host_namespaces"])
+        # opened while the host's /sys is in reach; the program joins the cgroup before it drops root
+        cgroup_fd = os.open(spec["cgroup_procs"], os.O_WRONLY) if spec["cgroup_procs"] else None
+        if cgroup_fd is None:
+            _close_ipc()
         _build_root(spec)
         os.chroot(_NEW_ROOT)
         os.chdir("/")
-        pid = _start_program(spec)
-        report = _wait(pid, spec["timeout_s"] + _BACKSTOP_S)
+        pid = _start_program(spec, cgroup_fd)
+        report = _wait(pid, spec["timeout_s"] + _BACKSTOP_S, status_fd)
     except Exception as e:  # anything here means the sandbox is not as promised: the caller raises
         report = {"error": f"{type(e).__name__}: {e}"}
+    if report is None:  # the caller is gone: no one to tell
+        return
     with os.fdopen(status_fd, "w") as f:
         f.write(json.dumps(report))
 
@@ -124,16 +135,28 @@ def _make_scratch(spec: dict) -> None:
         os.chown(f"{scratch}/main.py", uid, uid)
 
 
-def _start_program(spec: dict) -> int:
-    """Fork the program: limits, then the unprivileged user, then exec. Returns its pid.
+def _close_ipc() -> None:
+    """No System V shared memory or message queues in this IPC namespace (the run's own): where no
+    memory cgroup counts them, they would hold memory outside every process's address space."""
+    for name in ("kernel/shmmni", "kernel/msgmni"):
+        with open(f"/proc/sys/{name}", "w") as f:
+            f.write("0")
+
+
+def _start_program(spec: dict, cgroup_fd: int | None) -> int:
+    """Fork the program: its memory cgroup, limits, then the unprivileged user, then exec. Returns its pid.
 
     A child that cannot drop its privileges reports on a close-on-exec pipe and never runs the code.
+    Only the program joins the cgroup, not this helper: the kernel's OOM killer, which picks its
+    victim inside the cgroup, can then end the program but never the helper that reports on it.
     """
     errors_r, errors_w = os.pipe()  # non-inheritable: a successful exec closes it
     pid = os.fork()
     if pid == 0:
         try:
             os.close(errors_r)
+            if cgroup_fd is not None:
+                os.write(cgroup_fd, b"0")  # "0": the process that writes; its fd is close-on-exec
             _become_sandboxed(spec)
         except BaseException as e:
             os.write(errors_w, f"setup:{type(e).__name__}: {e}".encode())
@@ -177,25 +200,45 @@ def _become_sandboxed(spec: dict) -> None:
     if os.getuid() != uid or os.geteuid() != uid:
         raise RuntimeError(f"still uid {os.geteuid()} after switching to {uid}")
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    if spec["cgroup_procs"] is None:  # no cgroup counts in-memory files: none can be made
+        deny_memfd()
     os.chdir(_SCRATCH)
     os.umask(0o077)
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; programs expect the default
         signal.signal(signum, signal.SIG_DFL)
 
 
-def _wait(pid: int, backstop_s: float) -> dict:
-    """Wait for the program; kill it if it outlives the caller's deadline (the caller may have died)."""
-    fired = []
+def _wait(pid: int, backstop_s: float, status_fd: int) -> dict | None:
+    """Wait for the program; kill it if it outlives the caller's deadline, or the caller itself.
 
-    def on_alarm(signum, frame):
-        fired.append(True)
+    The caller is gone when no process holds the read end of ``status_fd`` any more (the pipe of
+    this report): that happens however it died, SIGKILL included, in whichever thread it started
+    the run. The program is then killed at once, and None returned: there is no one to report to.
+    """
+    pidfd = os.pidfd_open(pid)  # Linux 5.3+: readable once the program has exited
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(status_fd, 0)  # a pipe's write end polls POLLERR once its read end is closed
+    deadline = time.monotonic() + backstop_s
+    fired = caller_gone = False
+    while True:
+        left = deadline - time.monotonic()
+        events = dict(poller.poll(math.ceil(left * 1000))) if left > 0 else {}
+        if status_fd in events:
+            caller_gone = True
+            break
+        if pidfd in events:
+            break
+        if left <= 0:
+            fired = True
+            break
+    if fired or caller_gone:
         os.kill(pid, signal.SIGKILL)
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, backstop_s)
     _, status = os.waitpid(pid, 0)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    return {"exit_code": os.waitstatus_to_exitcode(status), "backstop": bool(fired)}
+    os.close(pidfd)
+    if caller_gone:
+        return None
+    return {"exit_code": os.waitstatus_to_exitcode(status), "backstop": fired}
 
 
 def _libc() -> ctypes.CDLL:

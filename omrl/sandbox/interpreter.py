@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import secrets
 import select
 import selectors
 import subprocess
@@ -74,7 +75,7 @@ class Interpreter:
             disk_mb=disk_mb,
         )
         self.started, self.lifetime_s = time.monotonic(), lifetime_s
-        self.proc, self._status = launch(unshare, spec)
+        self.proc, self._status, self.cgroup = launch(unshare, spec)
         self._buffer = b""
         self.dead, self._report = False, None
         self.calls = 0
@@ -90,9 +91,10 @@ class Interpreter:
         ``exit_code`` is 0 when the code ran through, 1 when it raised or timed out. An interpreter
         the code ended or broke is ``dead`` afterwards (its variables are gone), and the result says
         why in ``killed_reason``: ``timeout`` (it would not stop), ``cpu_time``, ``file_size``,
-        ``signal SIGSEGV``..., ``exited`` (the code ended the interpreter) or ``protocol`` (the code
-        wrote to the interpreter's own reply channel, or forked a second REPL). Each stream keeps at
-        most ``max_output_chars`` characters: stdout its start, stderr its end.
+        ``memory``, ``signal SIGSEGV``..., ``exited`` (the code ended the interpreter) or ``protocol``
+        (the code wrote to the interpreter's own reply channel, or forked a second REPL). Each stream
+        keeps at most ``max_output_chars`` characters, stdout its start and stderr its end; a cut
+        stream ends (stdout) or starts (stderr) with a note saying how long it was.
 
         :raises OmrlError: when the sandbox itself failed (the host's problem, not the code's).
         """
@@ -102,30 +104,36 @@ class Interpreter:
             raise OmrlError(f"timeout_s and max_output_chars must be positive, got {timeout_s}, {max_output_chars}")
         self.calls += 1
         deadline = time.monotonic() + timeout_s + _GRACE_S
-        request = {"id": self.calls, "code": code, "timeout_s": timeout_s, "max_chars": max_output_chars}
+        nonce = secrets.token_hex(16)  # unknown to the code until this request reaches the driver
+        request = {
+            "id": self.calls,
+            "nonce": nonce,
+            "code": code,
+            "timeout_s": timeout_s,
+            "max_chars": max_output_chars,
+        }
         written = self._write((json.dumps(request) + "\n").encode(), deadline)
         if written == "eof":
             return self._exited()
         if not written:  # the driver does not read: something the code left running holds it
             return self._stop("timeout")
-        reply = self._read_reply(deadline, limit=16 * max_output_chars + 4096)
+        reply = self._reply_to(self.calls, deadline, limit=16 * max_output_chars + 4096)
         if reply is None:
             return self._stop("timeout")
         if reply == "eof":
             return self._exited()
-        if not _well_formed(reply, self.calls):
+        if not _well_formed(reply, self.calls, nonce):
             return self._stop("protocol")
-        out, err = reply["stdout"], reply["stderr"]
-        if reply["truncated"]:
-            err += f"\n[omrl sandbox: output cut to {max_output_chars} characters per stream]\n"
-        return SandboxResult(
-            out,
-            err,
-            1 if reply["error"] else 0,
-            reply["timed_out"],
-            "timeout" if reply["timed_out"] else None,
-            reply["truncated"],
-        )
+        return _result(reply, max_output_chars)
+
+    def _reply_to(self, call: int, deadline: float, limit: int) -> dict | str | None:
+        """The next reply that is not the driver's late answer to an earlier call (the code forged
+        that call's reply, so the real one comes after it); see `_read_reply` for the rest."""
+        while True:
+            reply = self._read_reply(deadline, limit)
+            late = isinstance(reply, dict) and isinstance(reply.get("id"), int) and reply["id"] < call
+            if not late:
+                return reply
 
     def _write(self, data: bytes, deadline: float) -> bool | str:
         """Send a request without ever blocking past ``deadline``: True when sent, False at the
@@ -166,7 +174,7 @@ class Interpreter:
         line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
         try:
             return json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # whatever the code wrote there: never the host's error
             return "bad"
 
     def _stop(self, reason: str) -> SandboxResult:
@@ -187,10 +195,11 @@ class Interpreter:
             self.proc.wait(timeout=_GRACE_S)  # the helper reports once the driver has exited
         except subprocess.TimeoutExpired:
             return self._stop("protocol")  # it closed its reply channel and runs on
+        oom_killed = bool(self.cgroup and self.cgroup.oom_kills())
         status = self._end()
         if not status or "error" in status or status.get("backstop"):
             raise OmrlError(f"the Python sandbox failed while running code: {self._failure(status)}")
-        result = result_of(status, b"", b"", False, False)
+        result = result_of(status, b"", b"", False, False, oom_killed)
         reason = result.killed_reason or "exited"
         return SandboxResult(
             "", f"[omrl sandbox: the interpreter ended: {reason}]\n", result.exit_code or -1, False, reason
@@ -214,6 +223,8 @@ class Interpreter:
         if self.proc.poll() is None:
             kill_group(self.proc)
         self.proc.wait()
+        if self.cgroup:
+            self.cgroup.remove()
         raw = self._status.read()
         self._status.close()
         try:
@@ -243,13 +254,28 @@ class Interpreter:
         self.close()
 
 
-def _well_formed(reply: object, call: int) -> bool:
-    """Whether a reply is the driver's answer to call number ``call``, every field of its type."""
-    if not isinstance(reply, dict) or reply.get("id") != call:
+def _well_formed(reply: object, call: int, nonce: str) -> bool:
+    """Whether a reply is the driver's answer to call number ``call`` (with its nonce), every field of its type."""
+    if not isinstance(reply, dict) or reply.get("id") != call or reply.get("nonce") != nonce:
         return False
-    return all(isinstance(reply.get(key), str) for key in ("stdout", "stderr")) and all(
-        isinstance(reply.get(key), bool) for key in ("error", "timed_out", "truncated")
+    return (
+        all(isinstance(reply.get(key), str) for key in ("stdout", "stderr"))
+        and all(isinstance(reply.get(key), bool) for key in ("error", "timed_out", "stdout_cut", "stderr_cut"))
+        and all(type(reply.get(key)) is int for key in ("stdout_bytes", "stderr_bytes"))
     )
+
+
+def _result(reply: dict, max_chars: int) -> SandboxResult:
+    """A well-formed reply as a SandboxResult, a cut stream saying how long it was."""
+    out, err = reply["stdout"], reply["stderr"]
+    note = "[omrl sandbox: {} was {:,} bytes; only its {} {:,} characters are shown]\n"
+    if reply["stdout_cut"]:
+        out += "\n" + note.format("stdout", reply["stdout_bytes"], "first", max_chars)
+    if reply["stderr_cut"]:
+        err = note.format("stderr", reply["stderr_bytes"], "last", max_chars) + err
+    timed_out = reply["timed_out"]
+    truncated = reply["stdout_cut"] or reply["stderr_cut"]
+    return SandboxResult(out, err, 1 if reply["error"] else 0, timed_out, "timeout" if timed_out else None, truncated)
 
 
 class InterpreterPool:

@@ -28,7 +28,7 @@ standard library):
   run; the kernel also refuses a chrooted process a new user namespace, the usual way back to
   capabilities.
 - **Limits** (rlimits, set before the program starts): memory (``memory_mb``, for the run as a
-  whole: see below), CPU seconds (``cpu_time_s``, SIGXCPU), processes and threads
+  whole, and a memory cgroup: see below), CPU seconds (``cpu_time_s``, SIGXCPU), processes and threads
   (``max_processes``: RLIMIT_NPROC counts the uid's processes, which root's would not be, and each
   run has its own uid), file size (``max_file_mb``, SIGXFSZ or EFBIG), open files, no core files.
 - **Memory, in total**: rlimits are per process, and a run may have ``max_processes`` of them, so
@@ -37,18 +37,29 @@ standard library):
   share their process's address space, the address space of all the run's processes together
   never passes ``memory_mb`` (at the defaults 512 MB: 8 processes of 64 MB). A program that needs
   one big process asks for fewer processes (``max_processes=1`` gives it all of ``memory_mb``).
-  This holds on any Linux; no cgroup is used (see below). A share below
-  :data:`MIN_PROCESS_MB` is refused, since Python alone needs about 17 MB of address space.
+  This holds on any Linux. A share below :data:`MIN_PROCESS_MB` is refused, since Python alone
+  needs about 17 MB of address space.
+- **Memory in files**: an in-memory file (``memfd_create``, System V shared memory) is in no
+  address space, so the rlimits above miss it. Where the host lets omrl make a memory cgroup
+  (cgroup v1's memory controller, or v2 with it enabled for this process's cgroup's children;
+  `omrl.sandbox.cgroup`), the program runs in one of its own, limited to ``memory_mb + disk_mb``
+  (its processes, its scratch files and any in-memory file together, swap included), and the
+  kernel kills a process of the run that would pass it (``killed_reason`` ``memory``). Where it
+  cannot, no such file can be made: ``memfd_create`` fails (a seccomp filter,
+  `omrl.sandbox.seccomp`) and the run's IPC namespace allows no System V shared memory or message
+  queue. ``/dev/shm`` does not exist in there, and the scratch tmpfs has its own size.
 - **Wall time**: at ``timeout_s`` the whole process group is killed. The helper is the PID
   namespace's init, and when it dies the kernel kills everything else in the namespace, so a
   program cannot outlive its run by forking or by leaving the process group. The helper also kills
-  the program itself a little after the deadline, in case the process that called us died.
+  the program itself a little after the deadline, and at once when the process that started the
+  run dies, however it dies (SIGKILL included): it watches the pipe of its report, whose reading
+  end only that process holds (and a child it forked without exec).
 - **Environment**: only ``PATH`` and ``HOME``; also its own IPC and UTS (hostname) namespaces.
 - **Output**: stdout and stderr are kept up to ``max_output_bytes`` each; past that they are read
   and dropped, the text ends with a note saying so and ``truncated`` is set.
 
 It fails closed: not Linux, not root, no ``unshare``, or any set-up step failing (a namespace the
-kernel will not create, a mount it refuses) raises `OmrlError` naming what is missing. Before it
+kernel will not create, a mount it refuses, a kernel older than 5.3, which has no pidfd) raises `OmrlError` naming what is missing. Before it
 mounts anything the helper checks that its network, mount, PID, IPC and UTS namespaces are all new
 ones. The code is never run unsandboxed.
 
@@ -57,9 +68,10 @@ What is not isolated:
 - The kernel is shared. This contains buggy, greedy or curious code; it is not a VM and a kernel
   exploit gets out.
 - Memory is bounded as address space, which is more than the memory really used (a thread's
-  stack and malloc arena are reserved whole), so the bound is strict rather than exact. Memory
-  the kernel keeps for the run (page tables, pipe buffers) is not counted. No cgroup is used, so
-  the CPU is not shared out fairly either, only limited in time (``cpu_time_s`` per process).
+  stack and malloc arena are reserved whole), so the bound is strict rather than exact. Socket
+  and pipe buffers are counted by neither bound (a process's open files, 256, bound them: about
+  50 MB a process). No CPU cgroup is used, so the CPU is not shared out fairly, only limited in
+  time (``cpu_time_s`` per process).
 - The scratch tmpfs is in RAM: ``disk_mb`` of it counts against the host's memory.
 - Software under ``/usr`` is readable, and ``/proc`` shows the host's CPU, memory, uptime and kernel
   version. Python comes with its standard library and whatever its base install holds (pip, say);
@@ -88,6 +100,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from omrl.errors import OmrlError
+from omrl.sandbox.cgroup import MemoryCgroup
 
 LANGUAGES = ("python", "shell")
 
@@ -146,7 +159,8 @@ def run_sandboxed(
     :param timeout_s: wall-clock limit; the whole run is killed when it is reached.
     :param cpu_time_s: CPU-seconds limit per process; default: ``timeout_s`` rounded up.
     :param memory_mb: address space of the whole run, all its processes together; each process
-        gets ``memory_mb / max_processes`` of it (at least :data:`MIN_PROCESS_MB`).
+        gets ``memory_mb / max_processes`` of it (at least :data:`MIN_PROCESS_MB`). With its
+        scratch files and in-memory files, the run holds at most ``memory_mb + disk_mb``.
     :param max_processes: processes and threads the run may have at once.
     :param max_file_mb: the largest file it may write.
     :param disk_mb: size of its scratch dir, all files together.
@@ -285,9 +299,13 @@ def check_host() -> str:
     return unshare
 
 
-def launch(unshare: str, spec: dict) -> tuple[subprocess.Popen, BinaryIO]:
+def launch(unshare: str, spec: dict) -> tuple[subprocess.Popen, BinaryIO, MemoryCgroup | None]:
     """Start the helper in new namespaces and send it the spec. Returns the process (its stdin,
-    stdout and stderr are the program's) and the read end of the pipe of the helper's report."""
+    stdout and stderr are the program's), the read end of the pipe of the helper's report (the
+    helper kills the run when no one holds it any more) and the run's memory cgroup, which the
+    caller removes once the process has exited (None where the host lets omrl create none)."""
+    cgroup = MemoryCgroup.create((spec["memory_mb"] + spec["disk_mb"]) * 2**20)
+    spec = {**spec, "cgroup_procs": cgroup.procs if cgroup else None}
     spec_r, spec_w = os.pipe()
     status_r, status_w = os.pipe()
     package_parent = str(Path(__file__).resolve().parents[2])
@@ -309,17 +327,19 @@ def launch(unshare: str, spec: dict) -> tuple[subprocess.Popen, BinaryIO]:
     except OSError as e:
         os.close(spec_w)
         os.close(status_r)
+        if cgroup:
+            cgroup.remove()
         raise OmrlError(f"the sandbox could not start {unshare}: {e}") from e
     finally:
         os.close(spec_r)
         os.close(status_w)
     _send_spec(spec_w, spec)
-    return proc, os.fdopen(status_r, "rb")
+    return proc, os.fdopen(status_r, "rb"), cgroup
 
 
 def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
     """Start the helper, pump the program's I/O, read how it ended."""
-    proc, status_file = launch(unshare, spec)
+    proc, status_file, cgroup = launch(unshare, spec)
     with proc, status_file:
         try:
             deadline = time.monotonic() + spec["timeout_s"]
@@ -329,9 +349,13 @@ def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
         finally:
             if proc.poll() is None:  # only after an exception above: never leave a run behind
                 kill_group(proc)
-        proc.wait()
+            proc.wait()
+            oom_killed = bool(cgroup and cgroup.oom_kills())
+            if cgroup:
+                cgroup.remove()
         raw_status = status_file.read()
-    return result_of(json.loads(raw_status) if raw_status else None, out, err, truncated, timed_out)
+    status = json.loads(raw_status) if raw_status else None
+    return result_of(status, out, err, truncated, timed_out, oom_killed)
 
 
 def _send_spec(fd: int, spec: dict) -> None:
@@ -415,9 +439,12 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def result_of(status: dict | None, out: bytes, err: bytes, truncated: bool, timed_out: bool) -> SandboxResult:
+def result_of(
+    status: dict | None, out: bytes, err: bytes, truncated: bool, timed_out: bool, oom_killed: bool = False
+) -> SandboxResult:
     """Turn the helper's report (None if it never wrote one) into a SandboxResult, or an OmrlError
-    if the sandbox was never set up."""
+    if the sandbox was never set up. ``oom_killed``: the kernel killed a process of the run for
+    passing its memory cgroup's limit."""
     if status and "error" in status:
         raise OmrlError(f"the sandbox could not be set up, so the code was not run: {status['error']}")
     if status is None and not timed_out:
@@ -430,6 +457,8 @@ def result_of(status: dict | None, out: bytes, err: bytes, truncated: bool, time
         exit_code, reason, timed_out = -signal.SIGKILL, "timeout", True
     else:
         exit_code, reason = status["exit_code"], _signal_reason(status["exit_code"])
+        if oom_killed and exit_code == -signal.SIGKILL:
+            reason = "memory"
     return SandboxResult(_text(out), _text(err), exit_code, timed_out, reason, truncated)
 
 

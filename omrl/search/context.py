@@ -13,6 +13,7 @@ from omrl.errors import ConfigError, OmrlError, PluginError
 from omrl.rollout.loop import RolloutLimits
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
+from omrl.supervisor import stage
 from omrl.templates import Template
 
 Scorer = Callable[[list, "SearchContext"], list[float]]
@@ -108,7 +109,8 @@ class SearchContext:
         params = SamplingParams(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=1.0, seed=self.next_seed()
         )
-        replies = self.backend.generate([prompts[i] for i in chosen], params)
+        with stage("generate", episode=f"{len(chosen)} search nodes"):
+            replies = self.backend.generate([prompts[i] for i in chosen], params)
         for i, reply in zip(chosen, replies):
             out[i] = reply
             self.charge(nodes[i].tree, len(reply.token_ids))

@@ -35,6 +35,7 @@ from omrl.search.branch import child_of, root_node
 from omrl.search.context import SearchContext
 from omrl.search.fork import Forker, check_forkable
 from omrl.search.tree import Node, Tree, path_episode
+from omrl.supervisor import stage
 
 
 @dataclass
@@ -201,13 +202,14 @@ def _expand(
     )
     # as in the chain rollout, a backend that fails stops the run: it is no branch's fault
     rows = [node.episode.current_row() for _, _, node, _ in slots]
-    replies = list(
-        ctx.backend.generate(
-            rows,
-            params,  # type: ignore[union-attr]
-            messages=[node.messages for _, _, node, _ in slots],
+    with stage("generate", episode=f"{len(rows)} search branches"):
+        replies = list(
+            ctx.backend.generate(
+                rows,
+                params,  # type: ignore[union-attr]
+                messages=[node.messages for _, _, node, _ in slots],
+            )
         )
-    )
     for (tree, _, _, _), reply in zip(slots, replies):
         ctx.charge(tree, len(reply.token_ids))
     grown = [child_of(node) for _, _, node, _ in slots]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import queue
+import sys
 import tempfile
 import time
 import traceback
@@ -46,6 +47,7 @@ import torch
 
 from omrl.errors import ConfigError, OmrlError
 from omrl.mixture import is_mixture, task_of
+from omrl.supervisor import stage, supervise
 
 POLL_SECONDS = 1.0  # how often a wait for the process checks that it is still alive
 GENERATION_BACKENDS = ("hf", "vllm")  # what the generation process can load each weight version into
@@ -145,16 +147,18 @@ class GenerationProcess:
     def take(self, step: int) -> tuple[list[Any], dict[str, float], float]:
         """(episodes, their rollout metrics, seconds waited for them) of ``step``."""
         started = time.perf_counter()
-        while step not in self.ready:
-            self._receive()
+        with stage("handover", episode=f"the episodes of step {step}"):
+            while step not in self.ready:
+                self._receive()
         episodes, metrics = self.ready.pop(step)
         self.taken = {step: self.requested.pop(step)}
         return episodes, metrics, time.perf_counter() - started
 
     def played_ahead(self) -> dict[int, tuple[list[Any], dict[str, float]]]:
         """Every requested step not yet taken, waiting for those still being played (for a checkpoint)."""
-        while any(step not in self.ready for step in self.requested):
-            self._receive()
+        with stage("handover", episode="the steps played ahead, for a checkpoint"):
+            while any(step not in self.ready for step in self.requested):
+                self._receive()
         return {step: self.ready[step] for step in sorted(self.requested)}
 
     def restore(
@@ -273,19 +277,24 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
         partial = cfg.rollout.partial_rollouts
         if partial:
             versions.newest_at_every_turn()
-        while True:
-            message = versions.next_request()
-            if message[0] == "stop":
-                break
-            _, step, tasks, seed, needed = message
-            versions.load(-1 if partial else needed)  # a replay (needed -1) takes the newest too
-            started = time.perf_counter()
-            episodes = play_step(cfg, session, tasks, seed)
-            for ep in episodes:
-                for turn in ep.turns:
-                    turn.info.setdefault("weights_version", versions.version)
-            metrics = step_metrics(episodes, time.perf_counter() - started, session, Strategy())
-            results.put(("played", step, episodes, metrics))
+        watch = supervise(
+            cfg.deadlines, cfg.logging.output_dir, warn=lambda text: print(f"warning: {text}", file=sys.stderr)
+        )
+        with watch as supervisor:
+            while True:
+                message = versions.next_request()
+                if message[0] == "stop":
+                    break
+                _, step, tasks, seed, needed = message
+                versions.load(-1 if partial else needed)  # a replay (needed -1) takes the newest too
+                started = time.perf_counter()
+                supervisor.step = step + 1
+                episodes = play_step(cfg, session, tasks, seed)
+                for ep in episodes:
+                    for turn in ep.turns:
+                        turn.info.setdefault("weights_version", versions.version)
+                metrics = step_metrics(episodes, time.perf_counter() - started, session, Strategy())
+                results.put(("played", step, episodes, metrics))
         session.close()
     except BaseException as exc:  # reported to the trainer, which stops the run with it
         results.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))

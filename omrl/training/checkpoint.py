@@ -490,8 +490,11 @@ def check_same_config(
     An option the saved run did not have yet (a newer omrl added it) only warns when it is at its
     value in ``defaults``: the run can go on, and the user learns what it now uses. ``renamed``
     maps dotted keys an older omrl saved to their names now."""
+    from omrl.config import redact
+
     allowed = tuple(may_change)
-    old = {(renamed or {}).get(k, k): v for k, v in _flatten(saved).items()}
+    # redacted as the current config is: a checkpoint from before a redaction rule holds the secret in clear
+    old = {(renamed or {}).get(k, k): v for k, v in _flatten(redact(saved)).items()}
     new = _flatten(json.loads(json.dumps(current, default=str)))
     default = _flatten(json.loads(json.dumps(defaults or {}, default=str)))
     added = sorted(k for k in set(new) - set(old) if k in default and default[k] == new[k])

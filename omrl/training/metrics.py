@@ -22,6 +22,7 @@ import json
 import math
 import os
 import secrets
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -31,9 +32,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from omrl.atomic import atomic_write_text
 from omrl.config.options import LoggingConfig
-from omrl.evaluation import tool_use
+from omrl.evaluation import tool_call_health, tool_use
 
 METRICS_FILE = "metrics.jsonl"
+HEARTBEAT = "heartbeat"  # the key of a heartbeat record in metrics.jsonl
 #: What recipes call after each step's logging and checkpoint: ``fn(step, metrics)``.
 StepCallback = Callable[[int, dict[str, float]], None]
 # Shown first on the progress line, in this order; other metrics follow in the order given.
@@ -85,14 +87,30 @@ def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) 
         "rollout_time": seconds,
         "rows_per_episode": sum(1 + len(ep.row_starts) for ep in episodes) / n,
         "prefix_breaks": float(sum(len(ep.row_starts) for ep in episodes)),
+        **cut_counts(episodes),
     }
     metrics.update({f"reward_{k}": float(v) for k, v in reward_summary.items()})
     metrics.update(tool_use(played))
+    metrics.update(tool_call_health(played))
     return metrics
 
 
+#: the token ledger: each way a rollout cuts an episode short, by the end reason it records
+#: (``Episode.end_reason``; a search's ``budget``), and the replies cut at their token cap
+CUTS = {"cut_max_context": "max_context", "cut_max_turns": "max_turns", "cut_budget": "budget"}
+
+
+def cut_counts(episodes: list[Any]) -> dict[str, float]:
+    """The token ledger of a rollout, as counts: ``cut_replies`` (replies cut at ``generation.max_new_tokens``
+    or the room left in the context), and the episodes cut at the context window (``cut_max_context``),
+    the turn cap (``cut_max_turns``) or a search's token budget (``cut_budget``). Nothing is cut silently."""
+    replies = sum(bool(t.info.get("rollout", {}).get("truncated")) for ep in episodes for t in ep.turns)
+    ends = [ep.end_reason for ep in episodes]
+    return {"cut_replies": float(replies), **{key: float(ends.count(reason)) for key, reason in CUTS.items()}}
+
+
 #: per-env metrics that are counts (they add up over envs and processes); the others are means
-PER_ENV_COUNTS = ("episodes", "env_errors", "prefix_breaks", "prefill_tokens", "prefill_reused")
+PER_ENV_COUNTS = ("episodes", "env_errors", "prefix_breaks", "prefill_tokens", "prefill_reused", "cut_replies", *CUTS)
 
 
 def per_env_metrics(
@@ -159,6 +177,8 @@ class MetricsLogger:
         self.path = self.output_dir / METRICS_FILE
         _truncate_after(self.path, start_step)
         self._file = self.path.open("a", encoding="utf-8")
+        self._writing = threading.Lock()  # the supervisor's heartbeat writes from its own thread
+        self._logged_since_beat = False
         self._tensorboard = self._open_tensorboard(cfg, start_step)
         self._wandb = self._open_wandb(cfg, run_config)
         self._progress: Progress | None = None
@@ -213,8 +233,10 @@ class MetricsLogger:
         if step % self.every and step != self.total_steps:
             return False
         record = {"step": step, **{k: _finite_or_none(v) for k, v in metrics.items()}, "time": round(time.time(), 3)}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with self._writing:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+            self._logged_since_beat = True
         for key, value in metrics.items():
             if self._tensorboard is not None and isinstance(value, (int, float)) and math.isfinite(value):
                 self._tensorboard.add_scalar(board_tag(key), value, step)
@@ -223,6 +245,16 @@ class MetricsLogger:
         if self._progress is None:
             self.console.print(f"step {step}/{self.total_steps} {line}", highlight=False, soft_wrap=True)
         return True
+
+    def heartbeat(self, record: dict[str, Any]) -> None:
+        """The supervisor's heartbeat (:mod:`omrl.supervisor`), as a line of its own, when no step was
+        logged since the last one: a run that is slow or stuck still shows what each stage is doing."""
+        with self._writing:
+            if self._logged_since_beat or self._file.closed:
+                self._logged_since_beat = False
+                return
+            self._file.write(json.dumps({HEARTBEAT: record, "time": record["time"]}) + "\n")
+            self._file.flush()
 
     def warn(self, message: str) -> None:
         """A warning on the console, above the progress bar."""
@@ -269,17 +301,20 @@ def step_line(metrics: dict[str, Any]) -> str:
     return f"{line} (+{more} in {METRICS_FILE})" if more else line
 
 
-def read_metrics(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The records of ``<output_dir>/metrics.jsonl`` (an unreadable last line from a crash is skipped)."""
+def read_metrics(output_dir: str | os.PathLike, heartbeats: bool = False) -> list[dict[str, Any]]:
+    """The step records of ``<output_dir>/metrics.jsonl`` (an unreadable last line from a crash is skipped);
+    with ``heartbeats``, the supervisor's heartbeat records too (``{"heartbeat": {...}}``)."""
     path = Path(output_dir) / METRICS_FILE
     if not path.exists():
         return []
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        if heartbeats or HEARTBEAT not in record:
+            records.append(record)
     return records
 
 

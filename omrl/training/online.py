@@ -26,8 +26,9 @@ from omrl.rollout import RolloutSession
 from omrl.rollout.mixed import is_mixed
 from omrl.search import play_strategy, plays_batched, strategy_traits
 from omrl.search.context import check_budget
+from omrl.supervisor import stage
 from omrl.training import async_generation, dynamic_sampling, env_scale
-from omrl.training.metrics import PER_ENV_COUNTS, MetricsLogger, NullLogger, per_env_metrics, rollout_metrics
+from omrl.training.metrics import CUTS, PER_ENV_COUNTS, MetricsLogger, NullLogger, per_env_metrics, rollout_metrics
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model
 from omrl.training.rl_data import TaskOrder
 
@@ -254,7 +255,7 @@ def step_metrics(episodes: list[Any], seconds: float, session: Any, strategy: St
         metrics.update(per_env_metrics(episodes, seconds, session.reward_summaries, session.env_names))
     stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
     if strategy.world_size > 1:
-        added = ("env_errors", "tokens_per_s")
+        added = ("env_errors", "tokens_per_s", "cut_replies", *CUTS)
         per_env = {k: v for k, v in metrics.items() if "/" in k}
         overall = {k: v for k, v in metrics.items() if "/" not in k}
         metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(overall).items()}
@@ -338,6 +339,11 @@ def sync_rollout_weights(
 ) -> None:
     """The rollout backend gets the trained weights, those after ``version`` updates (a no-op for hf
     sharing the very model)."""
+    with stage("weight_sync", episode=f"weights after {version} updates"):
+        _sync(strategy, model, rollout_model, session, version)
+
+
+def _sync(strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSession, version: int) -> None:
     if rollout_model is not model:  # sharded, with hf: refresh the unsharded copy in place
         strategy.copy_whole_weights(model, rollout_model)
     elif session.backend.shared:  # one server for every process: the main one sends, the rest wait for it

@@ -16,7 +16,8 @@ from omrl.atomic import atomic_write_text
 from omrl.config import to_dict, to_yaml
 from omrl.config.options import TrainRunConfig
 from omrl.data import Batch, Episode, write_episodes
-from omrl.errors import ConfigError, EnvFailure
+from omrl.errors import ConfigError, EnvFailure, OmrlError
+from omrl.supervisor import at_step, stage
 from omrl.training import async_generation, dynamic_sampling
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import seed_everything
@@ -31,11 +32,32 @@ from omrl.training.online import (
 )
 from omrl.training.optim import apply_update, build_optimizer, build_scheduler
 from omrl.training.recipe import close_all, save_final, save_recipe_checkpoint, start_recipe
+from omrl.training.tool_health import ToolHealth
 from omrl.training.tree_batch import with_update_columns
 
 #: a step whose every episode failed in the env is played again this many times before the run stops
 ENV_FAILURE_REPLAYS = 2
 ENV_FAILURE_WAIT = 5.0  # seconds before the first replay, doubled before each next one
+
+
+class SamplerStale(OmrlError):
+    """The sampler's log-probs are not the trainer's: its weights are not the ones last sent."""
+
+
+def check_sampler(cfg: TrainRunConfig, metrics: dict[str, float], version: int) -> None:
+    """Stop the run when this step's episodes were sampled by weights other than the trainer's version
+    ``version`` (the updates made before the step): the sampler's log-probs of the sampled tokens then
+    differ from the trainer's beyond ``generation.sampler_check_kl`` (``mismatch_kl_k3``, measured where
+    the sampler reports log-probs). Generation that runs behind the trainer on purpose (async) is not checked."""
+    bound, gap = cfg.generation.sampler_check_kl, metrics.get("mismatch_kl_k3")
+    if not bound or gap is None or cfg.rollout.async_generation or not gap > bound:
+        return
+    raise SamplerStale(
+        f"the sampler's log-probs differ from the trainer's by {gap:.4g} KL a token (mismatch_kl_k3), more than "
+        f"generation.sampler_check_kl={bound:g}: the {cfg.generation.backend} backend did not sample with the "
+        f"weights after {version} updates (a server that kept old weights, or loaded others); "
+        f"check its weight sync (generation.weight_sync={cfg.generation.weight_sync})"
+    )
 
 
 class OnlineRecipe:
@@ -50,6 +72,7 @@ class OnlineRecipe:
         self.env_failed_tries = 0  # rollouts of this step in a row in which every episode failed in the env
         self.episodes_with_a_turn, self.longest_prompt = 0, 0
         self.generation = None  # the generation process, with rollout.async_generation (set up in setup)
+        self.tool_health = ToolHealth(cfg.tool_health)
 
     # -- setup pieces ---------------------------------------------------------------------------------
     def _start_setup(self, recipes: tuple[str, ...]) -> Path | None:
@@ -174,6 +197,12 @@ class OnlineRecipe:
         return episodes
 
     def _rollout(self, started: float, seed: int) -> tuple[list[Any], dict[str, float]]:
+        """:meth:`_played`, its tool calls checked (:mod:`omrl.training.tool_health`)."""
+        episodes, metrics = self._played(started, seed)
+        self.tool_health.check(self.step + 1, metrics, self.logger.warn)
+        return episodes, metrics
+
+    def _played(self, started: float, seed: int) -> tuple[list[Any], dict[str, float]]:
         """ROLLOUT: this step's episodes (every sample of every task in batched generate calls, envs
         stepped together; with a search, every root-to-leaf path of each task's trees), sampled from
         ``seed`` (:func:`rollout_seed`), and their metrics. Played again while every episode fails in
@@ -181,6 +210,7 @@ class OnlineRecipe:
         never counted, logged nor checkpointed."""
         cfg, strategy = self.cfg, self.strategy
         self.model.eval()
+        at_step(self.step + 1)
         if self.generation is not None:  # played ahead by the generation process
             episodes, metrics = async_generation.take(self)
             if self.env_failed_step:
@@ -252,6 +282,7 @@ class OnlineRecipe:
         not logged and not checkpointed, so the checkpoints before it stay and ``--resume`` plays it."""
         if self.env_failed_step:
             raise EnvFailure(self._env_failure_message())
+        check_sampler(self.cfg, metrics, self.step)
         sync_rollout_weights(self.strategy, self.model, self.rollout_model, self.session, self.step + 1)
         self.step += 1
         if self.generation is not None:  # it plays the step these weights are for while this one goes on
@@ -281,7 +312,8 @@ class OnlineRecipe:
     def evaluate(self) -> dict[str, float]:
         """eval_success and eval_score of the model as it is now (see :func:`evaluate`)."""
         self.model.eval()
-        return evaluate(self.cfg, self.session, self.strategy, self.test_tasks)
+        with stage("eval", episode=f"{len(self.test_tasks)} test tasks"):
+            return evaluate(self.cfg, self.session, self.strategy, self.test_tasks)
 
     def _nothing_learned(self) -> str:
         """What a run whose every update was skipped says at its end: why, and what would change it."""
@@ -338,11 +370,9 @@ class OnlineRecipe:
         return {**self.skipped.state_dict(), **async_generation.checkpoint_extra(self)}
 
     def save_checkpoint(self) -> Path:
-        return save_recipe_checkpoint(
-            self,
-            data_state=self.task_order.state(),
-            extra=self._checkpoint_extra(),
-        )
+        extra = self._checkpoint_extra()  # waits for the steps played ahead: the handover's deadline, not this
+        with stage("checkpoint", episode=f"step {self.step}"):
+            return save_recipe_checkpoint(self, data_state=self.task_order.state(), extra=extra)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:

@@ -21,6 +21,7 @@ and ends with :func:`finish`.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +29,7 @@ from rich.console import Console
 
 from omrl.config import to_dict
 from omrl.parallel import make_strategy
+from omrl.supervisor import supervise
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
@@ -74,13 +76,36 @@ def run_recipe(recipe: Recipe, command: str) -> dict[str, Any]:
     """Set up, train and clean up ``recipe``; returns what ``train()`` returns. Ctrl-C becomes
     :class:`~omrl.training.checkpoint.Interrupted`, naming the checkpoint kept and the ``omrl
     <command> ... --resume`` that continues from it. ``cleanup()`` runs however it ends."""
+    deadlines = getattr(recipe.cfg, "deadlines", None)  # a recipe that plays episodes states them
+    watch = (
+        supervise(
+            deadlines, recipe.output_dir, warn=lambda text: _warn(recipe, text), heartbeat=lambda r: _beat(recipe, r)
+        )
+        if deadlines is not None
+        else contextlib.nullcontext()
+    )
     try:
-        recipe.setup()
-        return recipe.train()
+        with watch:
+            recipe.setup()
+            return recipe.train()
     except KeyboardInterrupt as stop:
         raise ckpt.interrupted(recipe.cfg.logging.output_dir, command) from stop
     finally:
         recipe.cleanup()
+
+
+def _warn(recipe: Recipe, text: str) -> None:
+    logger = getattr(recipe, "logger", None)  # above the progress bar, once there is one
+    if logger is not None:
+        logger.warn(text)
+    else:
+        recipe.console.print(f"[yellow]warning:[/] {text}", highlight=False, soft_wrap=True)
+
+
+def _beat(recipe: Recipe, record: dict[str, Any]) -> None:
+    logger = getattr(recipe, "logger", None)
+    if logger is not None and hasattr(logger, "heartbeat"):
+        logger.heartbeat(record)
 
 
 def save_recipe_checkpoint(recipe: Recipe, data_state: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:

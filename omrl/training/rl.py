@@ -198,7 +198,10 @@ class RLRecipe(OnlineRecipe):
     def _greedy_scores(self, batch, seed: int, metrics: dict[str, float]) -> torch.Tensor:
         """ReMax's baselines: the reward of a greedy episode of each row's task (its metrics into
         ``metrics``, averaged over processes)."""
-        scores, found = greedy_baseline.greedy_scores(self.session, batch, self.cfg.env.split, seed)
+        reward = self.cfg.reward  # the greedy episode scored as a row is: the same allocation, in the same units
+        scores, found = greedy_baseline.greedy_scores(
+            self.session, batch, self.cfg.env.split, seed, reward.allocation, reward.gamma
+        )
         found = self.strategy.sum_dicts(found)
         tasks = found.pop("greedy_tasks")
         found["greedy_score"] = found.pop("greedy_score_sum") / max(tasks, 1.0)  # over every process's tasks

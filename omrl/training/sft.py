@@ -41,6 +41,7 @@ from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
 from omrl.data.mixture import MIX_FILE, dataset_sources, draw_mixture, mix_json, mix_line, mix_summary
 from omrl.errors import ConfigError, OmrlError
+from omrl.models import check_context_window
 from omrl.training import recipe
 from omrl.training.metrics import StepCallback
 from omrl.training.model_setup import load_trainable_model
@@ -92,6 +93,7 @@ class SftRecipe:
         self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
+        check_context_window(self.cfg.model.name, self.cfg.max_seq_length, "max_seq_length")
         model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device), self.cfg.chat)
         self.model = self.strategy.prepare(model)  # sharded under FSDP (under ZeRO-3 with the optimizer)
         self.params = [p for p in self.model.parameters() if p.requires_grad]

@@ -17,6 +17,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from omrl.supervisor import HEARTBEAT_FILE
+from omrl.training.metrics import HEARTBEAT
 from omrl.view.sources import Problem
 
 # Not curves: the x axis and the wall-clock time of the line.
@@ -61,6 +63,8 @@ def read_metrics_file(path: Path, label: str) -> tuple[list[dict[str, Any]], lis
             )
             problems.append(Problem(label, f"{why}; skipped", level="warning"))
             continue
+        if isinstance(record, dict) and HEARTBEAT in record:  # the supervisor's, shown from heartbeat.json
+            continue
         if not isinstance(record, dict) or not _is_number(record.get("step")):
             problems.append(Problem(label, f"line {number} has no numeric step; skipped", level="warning"))
             continue
@@ -68,6 +72,16 @@ def read_metrics_file(path: Path, label: str) -> tuple[list[dict[str, Any]], lis
     if not records and not problems:
         problems.append(Problem(label, "empty: the run has logged no step yet", level="warning"))
     return records, problems
+
+
+def read_heartbeat(run_dir: Path) -> dict[str, Any] | None:
+    """The run's latest heartbeat (``heartbeat.json``, :mod:`omrl.supervisor`): each stage's progress, and
+    the stages open when it was written; None when the run wrote none or it cannot be read."""
+    try:
+        beat = json.loads((run_dir / HEARTBEAT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return beat if isinstance(beat, dict) and isinstance(beat.get("stages"), dict) else None
 
 
 def columns(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,10 +14,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from omrl.config import redact
+from omrl.config import redact, redact_text
 from omrl.view import agents, groups
 from omrl.view.bounds import MAX_GROUP_TEXT, TextBudget, cut_tokens
-from omrl.view.metrics import columns, env_panels, panels, read_metrics_file
+from omrl.view.metrics import columns, env_panels, panels, read_heartbeat, read_metrics_file
 from omrl.view.readers import ParquetEpisodes, RecordEpisodes, ReportEpisodes, Unreadable
 from omrl.view.sources import Problem, RunSource, discover
 from omrl.view.tokens import TokenText, find_tokenizer
@@ -122,7 +122,7 @@ class EpisodeStore:
                 file=number,
                 row=row,
                 group=f"{number}:{summary['group']}",
-                error=TextBudget()(summary.get("error")),
+                error=TextBudget()(redact_text(summary.get("error"))),  # episodes written before redaction
             )  # in every list page: kept short
             self.summaries.append(summary)
 
@@ -157,6 +157,7 @@ class EpisodeStore:
             "title": self.source.path.name,
             "config": self.config_text,
             "metrics": curves,
+            "stages": read_heartbeat(self.source.metrics.parent) if self.source.metrics is not None else None,
             "panels": panels(list(curves["series"])),
             "env_panels": env_panels(list(curves["series"])),
             "envs": self.env_counts(),

@@ -9,9 +9,11 @@ and rewarded) make the entropy collapse. Both losses measure, for every masked t
     cov_t = (A_t - mean A) * (log_probs_t - mean log_probs)
 
 (the means over all masked tokens of the batch the loss sees, everything detached) and restrain
-the gradient of a small share of tokens. Metrics, floats computed without gradient:
-``approx_kl`` and ``ratio_mean`` of the per-token ratios (as ppo_clip's), and the share of
-masked tokens each method singled out (``cov_clip_frac``, ``kl_cov_frac``).
+the gradient of a small share of tokens. The batch the loss sees is a micro-batch: unlike every
+other loss, these two do not add up over micro-batches to the mini-batch's loss, as the means and
+the share of tokens they single out are the micro-batch's own. Metrics, floats computed without
+gradient: ``approx_kl`` and ``ratio_mean`` of the per-token ratios (as ppo_clip's), and the share
+of masked tokens each method singled out (``cov_clip_frac``, ``kl_cov_frac``).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def kl_cov(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[s
     r_t = exp(log_probs_t - old_log_probs_t), N the number of masked tokens. There is no ratio
     clip: the paper's KL-Cov loss is r_t * A_t for the other tokens, and its implementation (as
     verl's kl_cov) agrees; the penalty is its per-token KL(old || new), taken as |log ratio|.
-    Typical values: kl_cov_ratio 2e-3 (this config's default) to 2e-4 (verl's), kl_cov_coef 1.
+    Defaults: kl_cov_ratio 2e-3 and kl_cov_coef 1.0; verl 0.9.1's are 2e-4 and 0.1 (ppo_kl_coef).
     Ties in cov are broken by torch.topk. Returns (loss, metrics); metrics add ``kl_cov_frac``
     (share of masked tokens penalised); no ``clip_frac``, as nothing is clipped.
     """

@@ -9,12 +9,13 @@ per-token ratio ``rho_t = exp(old_log_probs_t - sampler_log_probs_t)``:
 - ``weights`` [bs, T]: the importance weight each token's loss is multiplied by (detached);
 - ``keep`` [bs, T] bool: the tokens left in the loss. A dropped token leaves the loss's
   denominator too: it is not trained, rather than trained with weight 0;
-- ``metrics``: ``rollout_is_mean`` and ``rollout_is_max`` (the weights over kept tokens),
-  ``rollout_masked_share`` (loss tokens dropped).
+- ``metrics``: ``rollout_weight_mean`` and ``rollout_weight_max``, the mean and the largest of the
+  weights applied, over the kept loss tokens (after truncation: never above the cap of a TIS);
+  ``rollout_masked_share``, the share of loss tokens dropped.
 
-Positions off ``loss_mask`` get weight 1 and keep False. Each log ratio is clamped to +-20 before
-``exp`` (a sum to +-20 per sequence; :meth:`omrl.algos.CorrectionInput.log_ratio`), so no weight
-overflows.
+Positions off ``loss_mask`` get weight 1 and keep False. A token's log ratio is clamped to +-20
+before ``exp`` (:meth:`omrl.algos.CorrectionInput.log_ratio`), a sequence's after its tokens' log
+ratios are summed, so no weight overflows.
 """
 
 from __future__ import annotations
@@ -24,18 +25,23 @@ import torch
 from omrl.algos import MAX_CORRECTION_LOG_RATIO, AlgoConfig, CorrectionInput, masked_mean, require_range
 
 
-def _sequence_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
-    """log of each row's product of token ratios, on every position of the row: [bs, T] -> [bs, T]."""
+def _sequence_log_ratio(data: CorrectionInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log of each row's product of token ratios, on every position of the row [bs, T]; the mask as
+    bool). The row's log ratios are summed unclamped and only the sum is clamped, as verl's
+    sequence-level IS does: clamping each token first would turn [25, -24] (a product of e) into 1."""
+    _, mask = data.log_ratio()  # checks the shapes
+    gap = (data.old_log_probs.detach().float() - data.sampler_log_probs.float()).masked_fill(~mask, 0.0)
     bound = MAX_CORRECTION_LOG_RATIO
-    return log_ratio.sum(-1, keepdim=True).clamp(-bound, bound).expand_as(log_ratio)
+    return gap.sum(-1, keepdim=True).clamp(-bound, bound).expand_as(gap), mask
 
 
 def _result(weights: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor):
+    """(the weights, 1 where not kept, detached; keep; the metrics above)."""
     weights = torch.where(keep, weights, 1.0).detach()
     kept = weights[keep]
     metrics = {
-        "rollout_is_mean": float(kept.mean()) if kept.numel() else 1.0,
-        "rollout_is_max": float(kept.max()) if kept.numel() else 1.0,
+        "rollout_weight_mean": float(kept.mean()) if kept.numel() else 1.0,
+        "rollout_weight_max": float(kept.max()) if kept.numel() else 1.0,
         "rollout_masked_share": float(masked_mean((~keep).float(), mask)),
     }
     return weights, keep, metrics
@@ -69,12 +75,12 @@ def seq_tis(data: CorrectionInput, cfg: AlgoConfig):
 
     Reads old_log_probs, sampler_log_probs, loss_mask [bs, T]; cfg.rollout_is_cap C (> 0).
     w_t = min(prod_s rho_s, C) for every token t of the row (the product over the row's loss
-    tokens): the whole episode is weighted as one sample. Unbiased before truncation, but the
-    product's variance grows with the episode's length.
+    tokens, exp of the clamped sum of their log ratios): the whole episode is weighted as one
+    sample. Unbiased before truncation, but the product's variance grows with the episode's length.
     """
     cap = require_range(cfg, "rollout_is_cap", 0.0, low_inclusive=False)
-    log_ratio, mask = data.log_ratio()
-    return _result(torch.exp(_sequence_log_ratio(log_ratio)).clamp(max=cap), mask, mask)
+    log_ratio, mask = _sequence_log_ratio(data)
+    return _result(torch.exp(log_ratio).clamp(max=cap), mask, mask)
 
 
 def token_mask(data: CorrectionInput, cfg: AlgoConfig):
@@ -97,11 +103,13 @@ def seq_mask(data: CorrectionInput, cfg: AlgoConfig):
     Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch").
 
     Reads old_log_probs, sampler_log_probs, loss_mask [bs, T]; cfg.rollout_is_cap C (> 0).
-    A row whose product prod_s rho_s exceeds C is dropped whole; a kept row's tokens are weighted
-    by that product. Dropping rather than truncating removes the bias truncation brings, and the
-    episodes the sampler saw most differently.
+    A row whose product prod_s rho_s (exp of the clamped sum of its log ratios) exceeds C is dropped
+    whole; a kept row's tokens are weighted by that product. Dropping rather than truncating
+    removes the bias truncation brings, and the episodes the sampler saw most differently. (verl's
+    ``seq_sum_k1`` rejection takes a lower bound too and drops a row below it; this one keeps such a
+    row, at its small weight.)
     """
     cap = require_range(cfg, "rollout_is_cap", 0.0, low_inclusive=False)
-    log_ratio, mask = data.log_ratio()
-    ratio = torch.exp(_sequence_log_ratio(log_ratio))
+    log_ratio, mask = _sequence_log_ratio(data)
+    ratio = torch.exp(log_ratio)
     return _result(ratio, mask & (ratio <= cap), mask)

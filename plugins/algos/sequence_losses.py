@@ -5,7 +5,9 @@ A sequence is one row's tokens on ``loss_mask``: in a multi-turn trajectory, the
 of every turn, the env tokens between the turns left out. Rows without a masked token are no
 sequence and never reach the loss. Metrics, floats computed without gradient:
 
-- ``clip_frac``:      share of masked tokens whose clipping is active (no gradient through them)
+- ``clip_frac``:      GSPO: share of masked tokens whose clipping is active (no gradient through them)
+- ``log_ratio_clip_frac``: GMPO: share of masked tokens whose log ratio its pessimistic clip replaced
+  by the bound (no gradient through them); not verl's GMPO ``pg_clipfrac``, see :func:`gmpo`
 - ``approx_kl``:      mean over the mask of ratio - 1 - log ratio, per-token ratios (Schulman's k3)
 - ``ratio_mean``:     mean over the mask of the per-token ratio exp(log_probs - old_log_probs)
 - ``seq_ratio_mean``: mean over the sequences of the sequence ratio the loss uses
@@ -38,7 +40,9 @@ def gspo(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str
         loss_t  = max(-A_t * s_{i,t}, -A_t * clip(s_{i,t}, 1 - clip_ratio_low, 1 + clip_ratio_high))
 
     s_i is the length-normalised (geometric-mean) sequence likelihood ratio; sg is stop-gradient.
-    The sequence log ratio is clamped to +-MAX_LOG_RATIO before exp. Where unclipped, token t's
+    log s_{i,t} is clamped to +-MAX_LOG_RATIO (20) before exp, and the clamp stops the gradient: a
+    row whose mean log ratio is past +-20 adds a constant to the loss, whatever its advantage's sign
+    (verl clamps log s_{i,t} at +10 only, with the same effect above it). Where unclipped, token t's
     gradient is -A_t * s_i * grad log pi_t (times the aggregation's 1/|y_i| / number of sequences
     under seq-mean-token-mean, the paper's normaliser). With one advantage per row (GRPO's), that
     mode makes GSPO-token's loss and gradient those of sequence-level GSPO; other modes weigh the
@@ -53,17 +57,19 @@ def gspo(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str
     high = require_range(cfg, "clip_ratio_high", 0.0)
     mask, log_ratio, advantages = masked_inputs(data, "gspo")
     seq_log_ratio, has_tokens = _sequence_mean(log_ratio.detach(), mask)
-    seq_log_ratio = seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     log_probs = masked_log_probs(data, mask)
-    # value exp(seq_log_ratio); gradient of token t: that value times d log_probs_t
-    ratio = torch.exp(seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach())
+    # value seq_log_ratio, gradient d log_probs_t; clamped after the sum so that a row past the
+    # bound has no gradient (as ppo_clip's token and verl's row), not exp(bound) times d log_probs_t
+    token_log_ratio = seq_log_ratio.unsqueeze(-1) + log_probs - log_probs.detach()
+    ratio = torch.exp(token_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
     token_loss = torch.where(mask, torch.maximum(unclipped, clipped), 0.0)
     metrics = ratio_metrics(log_ratio, mask)
     with torch.no_grad():
         metrics["clip_frac"] = float(masked_mean((clipped > unclipped).float(), mask))
-        metrics["seq_ratio_mean"] = float(masked_mean(torch.exp(seq_log_ratio), has_tokens))
+        seq_ratio = torch.exp(seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
+        metrics["seq_ratio_mean"] = float(masked_mean(seq_ratio, has_tokens))
     return aggregate(token_loss, data.loss_mask, cfg), metrics
 
 
@@ -81,14 +87,18 @@ def gmpo(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str
 
     then reduced by cfg.loss_agg_mode as if each of row i's tokens had the loss loss_i:
     seq-mean-token-mean gives the paper's mean over sequences (1/G sum_i loss_i), token-mean
-    weighs each sequence by its length (what micro-batches accumulate to, as for every loss).
+    weighs each sequence by its length (micro-batches accumulate to either exactly).
 
-    so the ratio range is [e^-clip_ratio_low, e^clip_ratio_high]; the paper's is [e^-0.4, e^0.4]
-    (clip_ratio_low=0.4 clip_ratio_high=0.4), much wider than PPO's. The mean of l' is clamped to
-    +-MAX_LOG_RATIO before exp. With seq-mean-token-mean, where unclipped, token t's gradient is
-    -A_i * exp(mean l') / |y_i| * grad log pi_t, divided by the number of sequences.
-    Returns (loss, metrics); ``clip_frac`` is the share of masked tokens whose l' is the clipped
-    bound (no gradient), ``seq_ratio_mean`` the mean of exp(mean l').
+    The clip is in log space, so the ratio range is [e^-clip_ratio_low, e^clip_ratio_high]; the
+    paper's is [e^-0.4, e^0.4] (clip_ratio_low=0.4 clip_ratio_high=0.4), much wider than PPO's. The
+    mean of l' is clamped to +-MAX_LOG_RATIO before exp (no gradient past it). With
+    seq-mean-token-mean, where unclipped, token t's gradient is -A_i * exp(mean l') / |y_i| *
+    grad log pi_t, divided by the number of sequences.
+    Returns (loss, metrics); ``log_ratio_clip_frac`` is the share of masked tokens whose l' is the
+    bound (l_t past it on the side the sign of A_i makes pessimistic: no gradient), and
+    ``seq_ratio_mean`` the mean of exp(mean l'). verl's GMPO ``pg_clipfrac`` counts other tokens:
+    those with l_t outside [-clip_ratio_low, clip_ratio_high] on either side and A_t > 0
+    (``pg_clipfrac_lower``: A_t < 0), whether or not the clip took away their gradient.
     """
     low = require_range(cfg, "clip_ratio_low", 0.0)
     high = require_range(cfg, "clip_ratio_high", 0.0)
@@ -105,6 +115,6 @@ def gmpo(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, dict[str
     loss = aggregate(torch.where(mask, seq_loss.unsqueeze(-1), 0.0), data.loss_mask, cfg)
     metrics = ratio_metrics(log_ratio, mask)
     with torch.no_grad():
-        metrics["clip_frac"] = float(masked_mean((pessimistic != log_ratio).float(), mask))
+        metrics["log_ratio_clip_frac"] = float(masked_mean((pessimistic != log_ratio).float(), mask))
         metrics["seq_ratio_mean"] = float(masked_mean(seq_ratio, has_tokens))
     return loss, metrics

@@ -132,7 +132,8 @@ class DatasetEnv(Env):
         if match not in MATCHES:
             raise ConfigError(f"{NAME} option match={match!r} is invalid; valid: {', '.join(MATCHES)}")
         check_tolerances(f"{NAME} env", rel_tol, abs_tol, error=ConfigError)
-        self._math = require_math_verify(f"the {NAME} env's match=math", error=ConfigError) if match == "math" else None
+        if match == "math":  # refused when the env is built, not at its first answer
+            require_math_verify(f"the {NAME} env's match=math", error=ConfigError)
         self.match, self.rel_tol, self.abs_tol = match, float(rel_tol), float(abs_tol)
         self.instruction = instruction
         self.max_turns = max_attempts  # type: ignore[misc]  # per instance: an option
@@ -188,7 +189,7 @@ class DatasetEnv(Env):
         if self.match == "numeric":
             return numbers_match(answer, truth, self.rel_tol, self.abs_tol)
         if self.match == "math":
-            return math_equivalent(answer, truth, self._math)
+            return math_equivalent(answer, truth)
         return normalize_answer(answer) == normalize_answer(truth)
 
     def expert_action(self) -> str | None:

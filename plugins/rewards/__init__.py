@@ -7,6 +7,7 @@ the config's ``plugins`` block, keyed by reward name (``plugins.rm.path=DIR``).
 
 from omrl.hookspecs import hookimpl
 from omrl_plugins.rewards.answers import math_verify_reward, numeric_match_reward
+from omrl_plugins.rewards.judge import judge_reward
 from omrl_plugins.rewards.outcome import accuracy_reward, bleu_reward, exact_match_reward, goal_reward
 from omrl_plugins.rewards.reward_model import rm_reward
 from omrl_plugins.rewards.shaping import format_reward, length_penalty, process_reward, tag_count_reward
@@ -23,6 +24,7 @@ REWARDS = {
     "bleu": bleu_reward,
     "process": process_reward,
     "rm": rm_reward,
+    "judge": judge_reward,
 }
 
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from fractions import Fraction
 from types import ModuleType
 from typing import Any
 
 from omrl.data.trajectory import Episode, Turn
 from omrl.rewards import RewardError, episode_reward
+from omrl_plugins.rewards import math_worker
 from omrl_plugins.rewards.outcome import final_answer, ground_truths, normalize_answer, unanswered
 
 MATH_INSTALL = "pip install 'omrl[math]'"
+MATH_TIMEOUT_S = 5.0  # the most one math-verify comparison may take; past it the answer is not equal
 # One number as people write it: a sign, a currency sign, thousands separators, decimals, an
 # exponent, a fraction a/b, a percent sign. Not inside a word ("x2", "v1.5"): the sign and the
 # digits must not follow a letter, a digit or a period.
@@ -38,6 +39,7 @@ _NUMBER = re.compile(
     re.X,
 )
 _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
+_PLAIN_NUMBER = re.compile(r"[-+]?\d{1,100}(?:\.\d{1,100})?")
 _WORD = re.compile(r"[a-zA-Z]{2,}")
 
 
@@ -113,16 +115,47 @@ def require_math_verify(owner: str, error: type[Exception] = RewardError) -> Mod
     return math_verify
 
 
-def math_equivalent(predicted: str, truth: str, module: ModuleType | None = None) -> bool:
+def math_equivalent(predicted: str, truth: str, timeout_s: float = MATH_TIMEOUT_S) -> bool:
     """Whether ``predicted`` and ``truth`` are the same mathematical answer by math-verify
-    (``\\frac{1}{2}`` and ``0.5``, ``x = 3`` and ``3``, ``\\boxed{42}`` and ``42``).
+    (``\\frac{1}{2}`` and ``0.5``, ``x = 3`` and ``3``, ``\\boxed{42}`` and ``42``), bounded by
+    ``timeout_s`` on any thread: an answer that takes longer (``9^{9^{9^{9}}}``) is not equal.
 
-    Each side is read by :func:`read_math`. A ground truth that reads as no expression is compared
-    as text (as ``exact_match`` would). math-verify bounds each parse with a signal alarm, which
-    works in the main thread only: elsewhere it runs without that bound.
+    The same text, and two plain numbers, are answered at once (:func:`plain_verdict`); anything
+    else is compared by :func:`compare_math` in a worker process
+    (:func:`omrl_plugins.rewards.math_worker.equivalent`), since math-verify's own bound, a signal
+    alarm, works on the main thread only and cannot stop a computation inside C.
     """
-    mv = module or require_math_verify("math_verify")
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
+    verdict = plain_verdict(predicted, truth)
+    if verdict is not None:
+        return verdict
+    require_math_verify("math_verify")  # the friendly error here, not in the worker
+    return math_worker.equivalent(predicted, truth, timeout_s)
+
+
+def plain_verdict(predicted: str, truth: str) -> bool | None:
+    """math-verify's verdict where no parsing is needed: True for the same text, or for numbers of
+    the same value; False for two different integers; None when math-verify must read them
+    (different decimals may still match: it rounds them).
+
+    >>> plain_verdict(" 42", "42"), plain_verdict("3.0", "3"), plain_verdict("-3", "3")
+    (True, True, False)
+    >>> plain_verdict("3.1416", "3.14159") is None and plain_verdict("x = 3", "3") is None
+    True
+    """
+    predicted, truth = predicted.strip(), truth.strip()
+    if predicted == truth:
+        return True
+    if not (_PLAIN_NUMBER.fullmatch(predicted) and _PLAIN_NUMBER.fullmatch(truth)):
+        return None
+    if Fraction(predicted) == Fraction(truth):
+        return True
+    return False if "." not in predicted + truth else None
+
+
+def compare_math(mv: ModuleType, predicted: str, truth: str, timeout: int | None) -> bool:
+    """math-verify's comparison as :func:`math_equivalent` makes it (in a worker process): each
+    side read by :func:`read_math`; a ground truth that reads as no expression is compared as text
+    (as ``exact_match`` would). ``timeout``: math-verify's own bound on each step, in seconds."""
     gold = read_math(mv, truth, timeout)
     if not gold:
         return normalize_answer(predicted) == normalize_answer(truth)
@@ -190,8 +223,8 @@ def math_verify_reward(episode: Episode) -> float:
     >>> math_verify_reward([Episode(env="math", task_id=0, split="test", instruction="", turns=[turn])])
     [[1.0]]
     """
-    module = require_math_verify("reward 'math_verify'")
+    require_math_verify("reward 'math_verify'")
     if unanswered(episode):
         return 0.0
     predicted = final_answer(episode)
-    return float(any(math_equivalent(predicted, truth, module) for truth in ground_truths(episode, "math_verify")))
+    return float(any(math_equivalent(predicted, truth) for truth in ground_truths(episode, "math_verify")))

@@ -157,6 +157,9 @@ class ToolCallTemplate(Template):
         self.format = format
         self.arguments_key = FORMATS[format]
 
+    def call_format(self) -> str:
+        return "hermes" if self.format == "hermes" else "json"  # omrl.chat.tool_calls's names
+
     def tools(self, env: Any) -> list[dict[str, Any]]:
         """The env's tools, or the generic ``act`` tool when it has none."""
         return list(getattr(env, "tools", None) or []) or [generic_tool(env)]

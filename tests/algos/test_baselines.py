@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from omrl.algos import AdvantageInput, AlgoConfig
+from omrl.data import Episode, Turn
 from omrl.errors import ConfigError, OmrlError
+from omrl.rollout.loop import RolloutLimits
+from omrl.training.greedy_baseline import greedy_scores
+from omrl.training.rl_data import advantage_input
+from omrl.training.tree_batch import chain_rows
 from omrl_plugins.algos.advantages import grpo
 from omrl_plugins.algos.baselines import opo, pass_at_k, reinforce_plus_plus_baseline, remax
 
@@ -266,6 +271,45 @@ def test_remax_subtracts_the_greedy_score_even_for_a_lone_row():
 def test_remax_needs_greedy_scores_and_says_how_to_get_them():
     with pytest.raises(OmrlError, match=r"remax needs AdvantageInput.greedy_scores.*needs=\(\"greedy_scores\",\)"):
         remax(MIXED, AlgoConfig())
+
+
+def two_turn_episode(sample: int) -> Episode:
+    """Task 0's episode: two model turns of 2 tokens, env tokens between, the reward 1 on the last turn."""
+    return Episode(
+        env="gridworld",
+        task_id=0,
+        split="train",
+        instruction="",
+        token_ids=[7, 7, 1, 1, 7, 1, 1],
+        loss_mask=[0, 0, 1, 1, 0, 1, 1],
+        turns=[Turn("o", "a", "a", True, 0.0, False, span=(2, 4)), Turn("o", "b", "b", True, 1.0, True, span=(5, 7))],
+        rewards={"total": [0.0, 1.0]},
+        sample=sample,
+    )
+
+
+class GreedySession:
+    """Plays the same episode greedily, as a session at temperature 0 would."""
+
+    backend = None
+    limits = RolloutLimits()
+
+    def play(self, tasks, split, group_size, seed):
+        assert self.limits.temperature == 0.0
+        return [two_turn_episode(0) for _ in tasks]
+
+
+@pytest.mark.parametrize("allocation, gamma", [("last_token", 1.0), ("discounted", 0.9), ("per_turn", 1.0)])
+def test_remax_gives_a_sample_identical_to_the_greedy_episode_advantage_0(allocation, gamma):
+    # discounted: each turn's 2 tokens hold its discounted value, 1 and 0.81, so the row's score is 1.81;
+    # a greedy baseline of the reward alone (1) would give the greedy episode's own copy advantage 0.81
+    batch = chain_rows([two_turn_episode(0), two_turn_episode(1)], 0, allocation, gamma)
+    baseline, metrics = greedy_scores(GreedySession(), batch, "train", 0, allocation=allocation, gamma=gamma)
+    data = advantage_input(batch)
+    data.greedy_scores = baseline
+    advantages, _ = remax(data, AlgoConfig())
+    assert advantages.eq(0).all()
+    assert metrics["greedy_score_sum"] == 1.0  # the episode's reward, whatever the allocation
 
 
 # -- every estimator: shapes, dtype, 0 off the mask -------------------------------------------------------

@@ -31,7 +31,7 @@ def corrected(name: str, **cfg):
 def test_none_keeps_every_loss_token_at_weight_one():
     weights, keep, metrics = corrected("none")
     assert weights.eq(1).all() and keep.tolist() == MASK.bool().tolist()
-    assert metrics == {"rollout_is_mean": 1.0, "rollout_is_max": 1.0, "rollout_masked_share": 0.0}
+    assert metrics == {"rollout_weight_mean": 1.0, "rollout_weight_max": 1.0, "rollout_masked_share": 0.0}
 
 
 def test_token_tis_caps_each_tokens_ratio():
@@ -39,8 +39,8 @@ def test_token_tis_caps_each_tokens_ratio():
     assert weights[0, :3].tolist() == pytest.approx([2.0, 0.25, 1.0])  # 3 capped at 2
     assert weights[1, :2].tolist() == pytest.approx([1.5, 1.0])
     assert weights[0, 3] == 1.0 and keep.tolist() == MASK.bool().tolist()  # padding: weight 1, not kept
-    assert metrics["rollout_is_mean"] == pytest.approx((2.0 + 0.25 + 1.0 + 1.5 + 1.0) / 5)
-    assert metrics["rollout_is_max"] == pytest.approx(2.0) and metrics["rollout_masked_share"] == 0.0
+    assert metrics["rollout_weight_mean"] == pytest.approx((2.0 + 0.25 + 1.0 + 1.5 + 1.0) / 5)
+    assert metrics["rollout_weight_max"] == pytest.approx(2.0) and metrics["rollout_masked_share"] == 0.0
 
 
 def test_seq_tis_weights_a_row_by_its_capped_product():
@@ -56,7 +56,7 @@ def test_token_mask_drops_tokens_outside_the_band_and_weights_the_rest():
     assert keep.tolist() == [[False, False, True, False], [True, True, False, False]]  # 3 and 1/4 leave [0.5, 2]
     assert weights[0, 2] == pytest.approx(1.0) and weights[1, :2].tolist() == pytest.approx([1.5, 1.0])
     assert metrics["rollout_masked_share"] == pytest.approx(2 / 5)
-    assert metrics["rollout_is_mean"] == pytest.approx((1.0 + 1.5 + 1.0) / 3)
+    assert metrics["rollout_weight_mean"] == pytest.approx((1.0 + 1.5 + 1.0) / 3)
 
 
 def test_seq_mask_drops_a_row_whose_product_passes_the_cap():
@@ -64,6 +64,39 @@ def test_seq_mask_drops_a_row_whose_product_passes_the_cap():
     assert keep.tolist() == [[True, True, True, False], [False, False, False, False]]  # 0.75 kept, 1.5 dropped
     assert weights[0, :3].tolist() == pytest.approx([0.75] * 3)
     assert metrics["rollout_masked_share"] == pytest.approx(2 / 5)
+
+
+# token log ratios past +-20 whose sums are not: [25, -24] sums to 1 (product e), [-25, 22] to -3
+FAR_OLD = torch.zeros(2, 2)
+FAR_SAMPLER = torch.tensor([[-25.0, 24.0], [25.0, -22.0]])
+FAR_MASK = torch.ones(2, 2, dtype=torch.long)
+
+
+def far_corrected(name: str, **cfg):
+    data = CorrectionInput(FAR_OLD, FAR_SAMPLER, FAR_MASK)
+    return algorithms.get(name, kind="rollout_correction")(data, AlgoConfig(**cfg))
+
+
+def test_seq_tis_sums_the_rows_log_ratios_before_it_clamps():
+    weights, _, metrics = far_corrected("seq_tis", rollout_is_cap=2.0)
+    assert weights[0].tolist() == pytest.approx([2.0, 2.0])  # e^1 capped at 2, not e^(20 - 20) = 1
+    assert weights[1].tolist() == pytest.approx([math.exp(-3.0)] * 2)  # not 1, 20 times too large
+    # the weights applied: the capped one, not e (verl's rollout_is_max, the product before the cap)
+    assert metrics["rollout_weight_max"] == pytest.approx(2.0)
+
+
+def test_seq_mask_drops_a_row_whose_summed_log_ratio_passes_the_cap():
+    weights, keep, _ = far_corrected("seq_mask", rollout_is_cap=2.0)
+    assert keep.tolist() == [[False, False], [True, True]]  # e^1 > 2: dropped
+    assert weights[1].tolist() == pytest.approx([math.exp(-3.0)] * 2)
+
+
+def test_a_sequence_product_past_the_bound_is_clamped_after_the_sum():
+    sampler = torch.tensor([[-15.0, -15.0], [15.0, 15.0]])  # each token within +-20, each sum past it
+    weights, _, _ = algorithms.get("seq_tis", kind="rollout_correction")(
+        CorrectionInput(FAR_OLD, sampler, FAR_MASK), AlgoConfig(rollout_is_cap=1e12)
+    )
+    assert weights[:, 0].tolist() == pytest.approx([math.exp(20.0), math.exp(-20.0)])
 
 
 @pytest.mark.parametrize("setting", ["rollout_is_cap=0", "rollout_band_low=1.5", "rollout_band_high=0.9"])

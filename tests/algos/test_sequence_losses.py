@@ -115,14 +115,28 @@ def test_gspo_token_is_sequence_level_gspo_when_each_row_has_one_advantage():
     torch.testing.assert_close(data.log_probs.grad, leaf.grad)
 
 
-def test_gspo_clamps_the_sequence_log_ratio():
-    # mean log ratio 100 would overflow exp(); clamped to 20. A < 0 and s > 1 + eps: unclipped
+def test_gspo_clamps_the_sequence_log_ratio_and_its_gradient():
+    # mean log ratio 100 would overflow exp(); clamped to 20. A < 0 and s > 1 + eps: unclipped, yet
+    # past the clamp the loss is constant, as ppo_clip's and verl's clamp make it: no gradient
     data = batch([[0.0, 0.0]], [[-100.0, -100.0]], [[-1.0, -1.0]], mask=[[1, 1]])
     loss, metrics = gspo(data, AlgoConfig(**GSPO_CFG))
     loss.backward()
     assert loss.item() == pytest.approx(math.exp(20.0))
-    torch.testing.assert_close(data.log_probs.grad, torch.full((1, 2), math.exp(20.0) / 2, dtype=torch.float64))
+    assert (data.log_probs.grad == 0).all()
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize("log_ratio", [25.0, -25.0])
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+def test_a_row_past_the_clamp_gets_no_gradient_while_the_others_keep_theirs(log_ratio, advantage):
+    # row 0: every token at log ratio +-25, past +-20; row 1 inside the clip range
+    log_probs = [[0.0] * 4, [-1.0, -1.0, -1.0, -1.0]]
+    old = [[-log_ratio] * 4, [-1.0001, -0.9999, -1.0, -1.0]]
+    data = batch(log_probs, old, [[advantage] * 4, [1.0] * 4], mask=[[1] * 4, [1] * 4])
+    loss, _ = gspo(data, AlgoConfig(**GSPO_CFG))
+    loss.backward()
+    assert (data.log_probs.grad[0] == 0).all()
+    assert (data.log_probs.grad[1] < 0).all()  # -A * s / 8 on each token of the live row
 
 
 # log ratios on the mask: row 0 [0.5, -0.6, 0.1, -0.2] with advantages of mean +1,
@@ -133,7 +147,7 @@ GMPO_ADV = [[0.5, 1.5, NAN, NAN, 1.0, 1.0, NAN], [-2.0, -1.0, -3.0, NAN, NAN, NA
 
 
 def gmpo_by_hand(log_probs, old, adv, mask, low, high):
-    """GMPO, eq. by eq.: (loss, d loss / d log_probs, clip_frac, seq_ratio_mean)."""
+    """GMPO, eq. by eq.: (loss, d loss / d log_probs, log_ratio_clip_frac, seq_ratio_mean)."""
     rows = [i for i in range(len(mask)) if any(mask[i])]
     n_tokens = sum(len(masked(mask[i])) for i in rows)
     seq_losses, seq_ratios, clipped = [], [], 0
@@ -168,7 +182,10 @@ def test_gmpo_matches_the_paper_with_the_mean_over_sequences():
     torch.testing.assert_close(loss, torch.tensor(want_loss, dtype=torch.float64))
     torch.testing.assert_close(data.log_probs.grad, torch.tensor(want_grads, dtype=torch.float64))
     assert data.log_probs.grad[0, 0] == 0.0 and data.log_probs.grad[1, 1] == 0.0
-    assert metrics["clip_frac"] == pytest.approx(clip_frac) == pytest.approx(2 / 7)
+    # the bound replaced row 0's 0.5 (A_0 > 0) and row 1's -0.5 (A_1 < 0). verl's pg_clipfrac counts
+    # other tokens: row 0's 0.5 and -0.6 (outside the band, A_t > 0); pg_clipfrac_lower row 1's 0.7, -0.5
+    assert metrics["log_ratio_clip_frac"] == pytest.approx(clip_frac) == pytest.approx(2 / 7)
+    assert "clip_frac" not in metrics
     assert metrics["seq_ratio_mean"] == pytest.approx(seq_ratio)
 
 
@@ -179,13 +196,14 @@ def test_gmpo_under_token_mean_weighs_each_sequence_by_its_length():
     assert loss.item() == pytest.approx((4 * -math.exp(-0.075) + 3 * 2 * math.exp(0.1)) / 7)
 
 
-def test_gmpo_clamps_the_mean_log_ratio():
-    # A < 0 keeps the larger log ratio, 100, unclipped: exp(100) would overflow float32; clamped to 20
+def test_gmpo_clamps_the_mean_log_ratio_and_its_gradient():
+    # A < 0 keeps the larger log ratio, 100, unclipped: exp(100) would overflow float32; clamped to 20,
+    # past which the loss is constant
     data = batch([[0.0, 0.0]], [[-100.0, -100.0]], [[-1.0, -1.0]], mask=[[1, 1]])
     loss, _ = gmpo(data, AlgoConfig())
     loss.backward()
     assert loss.item() == pytest.approx(math.exp(20.0))
-    assert torch.isfinite(data.log_probs.grad).all()
+    assert (data.log_probs.grad == 0).all()
 
 
 @pytest.mark.parametrize("loss_fn", [gspo, gmpo])

@@ -1,6 +1,6 @@
 """The openai backend refuses, where it receives them, answers that would otherwise crash later or
-poison a trajectory: a body that is not JSON, a lone surrogate, an id outside the vocabulary (-1 too),
-a log-prob that is not a finite number. Each is an EndpointError naming the cause, and on the command
+poison a trajectory: a body that is not JSON (or nested too deeply to read), a lone surrogate, an id
+outside the vocabulary (-1 too), a log-prob that is not a finite number. Each is an EndpointError naming the cause, and on the command
 line an exit 2 with that one line, never "a bug in omrl"."""
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ BAD_ANSWERS = {
         "not valid Unicode (surrogates not allowed at character 3",
     ),
     "text not a string": (b'{"choices": [{"text": ["go"], "finish_reason": "stop"}]}', "text is not a string"),
+    "JSON 100,000 deep": (b"[" * 100_000 + b"]" * 100_000, "with JSON nested too deeply to read"),
 }
 
 
@@ -117,7 +118,7 @@ def canned_server():
     server.server_close()
 
 
-@pytest.mark.parametrize("case", ["not json", "id -1", "NaN log-prob", "lone surrogate"])
+@pytest.mark.parametrize("case", ["not json", "id -1", "NaN log-prob", "lone surrogate", "JSON 100,000 deep"])
 def test_eval_against_a_broken_server_exits_2_naming_the_cause(
     canned_server, tiny_model_dir, capsys, case, monkeypatch
 ):

@@ -4,6 +4,13 @@ that refuse what cannot work; a GRPO run whose rollouts come from the server."""
 
 from __future__ import annotations
 
+import os
+import signal
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -79,6 +86,47 @@ def test_a_weight_folder_is_absolute_and_removed_on_close(served, tmp_path, monk
         sync.push(trainer.state_dict(), 1)
     for sync in two:
         sync.close()
+
+
+def test_the_weights_are_as_readable_as_the_umask_allows(served, tmp_path):
+    """A server under another user reads them where the umask lets it (mkdtemp alone makes a 0700 folder)."""
+    server, trainer, _ = served
+    old = os.umask(0o022)
+    try:
+        sync = make_weight_sync(generation(server, weight_dir=str(tmp_path)))
+        sync.push(trainer.state_dict(), 1)
+    finally:
+        os.umask(old)
+    (written,) = sync.root.rglob("model.safetensors")
+    modes = [stat.S_IMODE(path.stat().st_mode) for path in (sync.root, written.parent, written)]
+    sync.close()
+    assert modes == [0o755, 0o755, 0o644]
+
+
+# a run that starts a files sync on a server that is never called, then waits to be killed
+KILLED_RUN = """
+import sys, time
+from omrl.backends.weight_sync import FileSync, ServerControl
+print(FileSync(ServerControl("http://127.0.0.1:9/v1"), sys.argv[1]).root, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_killed_runs_weight_folder_is_removed_by_the_next_run(served, tmp_path):
+    server, _, _ = served
+    run = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    left = Path(run.stdout.readline().strip())
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    elsewhere = tmp_path / "omrl-server-weights-another-host-12-34-abcd"  # another machine's run on shared storage
+    elsewhere.mkdir()
+    assert left.is_dir() and left.parent == tmp_path
+    sync = make_weight_sync(generation(server, weight_dir=str(tmp_path)))
+    assert sorted(tmp_path.iterdir()) == sorted([sync.root, elsewhere])  # a live run's folder stays too
+    again = make_weight_sync(generation(server, weight_dir=str(tmp_path)))
+    assert sync.root.is_dir()
+    for one in (sync, again):
+        one.close()
 
 
 def test_a_server_without_the_rl_routes_is_named_with_how_to_start_it(served):

@@ -3,6 +3,9 @@ append-only ChatML, the three thinking-model fixture templates, and templates th
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from omrl.chat.probe import (
@@ -223,3 +226,29 @@ def test_cli_passes_kwargs_to_the_template(model_dirs, capsys):
     assert '{"ready": true}' in out and "append-only: yes" in out
     code, _, err = cli(capsys, path, "--kwargs", "[1]")
     assert code == 2 and "--kwargs must be a JSON object, not list" in err
+
+
+# templates that are hostile code: each would hang or exhaust memory in the process that renders it
+HOSTILE = {
+    "loops": ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "within 3 s"),
+    "builds": ("{{ 'x' * 10**10 }}", "more than the 1 GiB of memory it is given"),
+    "writes": (
+        "{% for i in range(2000) %}{{ 'x' * 1000 }}{% endfor %}",  # fast to render, past the size bound
+        "renders a short probe chat to 2,000,000 characters, more than 1,000,000",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_cli_refuses_a_template_that_renders_past_its_bounds(tiny_model_dir, tmp_path, capsys, monkeypatch, name):
+    from omrl.chat import template_check
+
+    source, message = HOSTILE[name]
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = source
+    tokenizer.save_pretrained(tmp_path / name)
+    shutil.copy(Path(tiny_model_dir) / "config.json", tmp_path / name)  # a model directory, its template replaced
+    monkeypatch.setattr(template_check, "RENDER_SECONDS", 3.0, raising=False)
+    code, out, err = cli(capsys, str(tmp_path / name))
+    err = " ".join(err.split())
+    assert code == 2 and message in err and "bug in omrl" not in err, err

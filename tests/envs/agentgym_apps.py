@@ -6,7 +6,9 @@ pydantic does by default) and answers with only the keys the real server answers
 ``id``-dialect servers report failures as HTTP 200 ``{"error": ...}``; the ``env_idx`` servers
 (WebShop, SQLGym, SearchQA and the tools) have no error handling, so an unknown env index is
 their HTTP 500; WebArena is a Flask app (a missing key is a 500, a body that is not JSON a 415,
-``/close`` answers the text ``closed``). Routes a real server lacks are missing here too (no
+``/close`` answers the text ``closed``). The ``id``-dialect apps answer ``GET /observation`` as
+their servers do: the env's latest observation (BabyAI: an object, the goal line first; a finished
+env's is refused but by TextCraft). Routes a real server lacks are missing here too (no
 ``/close`` on ALFWorld, LMRL-Gym, WebShop, SQLGym and the tools). Sources: AgentGym's
 ``agentenv-*`` servers, summarized in ../shared/reference/agentgym-protocol.md and
 plugins/envs/agentgym/dialects.py.
@@ -252,6 +254,7 @@ def running_score_app(env: str) -> FastAPI:
             return not_valid(body.id)
         envs[body.id] = {"started": True, "done": False, "score": 0, "task": body.data_idx}
         if env == "babyai":
+            envs[body.id]["seen"] = f"level {body.data_idx % 40 + 1}"  # the goal line is kept apart
             return {
                 "observation": f"Your goal: go to the red ball\nlevel {body.data_idx % 40 + 1}",
                 "reward": 0,
@@ -259,6 +262,7 @@ def running_score_app(env: str) -> FastAPI:
                 "deleted": False,
                 "done": False,
             }
+        envs[body.id]["seen"] = "This room is called the kitchen."
         return {
             "task_name": "boil",
             "var_num": body.data_idx,
@@ -285,12 +289,32 @@ def running_score_app(env: str) -> FastAPI:
             before = state["score"]
             state["score"] = {"focus on water": max(before, 50), "heat water": 100}.get(body.action, before)
             reward, state["done"] = state["score"] - before, state["score"] == 100
+        state["seen"] = f"You did {body.action}."
         return {
             "observation": f"You did {body.action}.",
             "reward": reward,
             "score": state["score"],
             "done": state["done"],
         }
+
+    @app.get("/observation")
+    def observation(id: int):
+        """SciWorld: the last observation; BabyAI: an object, the goal line before the last observation."""
+        if (refused := step_refusal(envs, id)) is not None:
+            return refused
+        state = envs[id]
+        if env == "sciworld":
+            return state["seen"] if state["started"] else not_valid(id)
+        if not state["started"]:
+            return {
+                "observation": "Environment not initialized",
+                "reward": 0,
+                "score": 0,
+                "done": False,
+                "deleted": False,
+            }
+        seen = f"Your goal: go to the red ball\n{state['seen']}"
+        return {"observation": seen, "reward": 0, "score": state["score"], "done": False, "deleted": False}
 
     @app.post("/close")
     def close(body: IdClose):
@@ -309,10 +333,11 @@ def alfworld_app() -> FastAPI:
             return {"error": 'world_type must be one of "Text", "Embody" and "Hybrid"'}
         if body.id not in envs:
             return not_valid(body.id)
-        envs[body.id] = {"done": False}
+        seen = f"You are in the middle of a room. Your task is to: put a mug {body.game} in the cabinet."
+        envs[body.id] = {"done": False, "seen": seen}
         return {
             "id": body.id,
-            "observation": f"You are in the middle of a room. Your task is to: put a mug {body.game} in the cabinet.",
+            "observation": seen,
             "available_actions": ["go to cabinet 1", "look"],
             "task_type": "pick_and_place",
         }
@@ -323,12 +348,17 @@ def alfworld_app() -> FastAPI:
             return refused
         won = body.action == "put mug in cabinet 1"
         envs[body.id]["done"] = won
+        envs[body.id]["seen"] = "You put the mug in the cabinet 1." if won else "Nothing happens."
         return {
-            "observation": "You put the mug in the cabinet 1." if won else "Nothing happens.",
+            "observation": envs[body.id]["seen"],
             "reward": float(won),
             "available_actions": [] if won else ["put mug in cabinet 1", "look"],
             "done": won,
         }
+
+    @app.get("/observation")
+    def observation(id: int):
+        return step_refusal(envs, id) or envs[id]["seen"]
 
     return app
 
@@ -354,7 +384,12 @@ def lmrlgym_app() -> FastAPI:
                 return refused
             won = body.action == goal
             envs[game][body.id]["done"] = won
-            return {"observation": "You reached the goal." if won else "You moved.", "reward": float(won), "done": won}
+            envs[game][body.id]["seen"] = "You reached the goal." if won else "You moved."
+            return {"observation": envs[game][body.id]["seen"], "reward": float(won), "done": won}
+
+        @app.get(f"/{game}/observation")
+        def observation(id: int):
+            return step_refusal(envs[game], id) or envs[game][id]["seen"]
 
     game_routes("maze", "move down")
     game_routes("wordle", "s h i r e")
@@ -365,14 +400,15 @@ def lmrlgym_app() -> FastAPI:
             return not_valid(body.id)
         if body.game >= 26:
             return {"error": f"The game {body.game} is not valid."}
-        envs["maze"][body.id] = {"done": False}
-        return {"observation": f"The goal is at position 8, 6. Your current position is at position 1, {body.game}."}
+        seen = f"The goal is at position 8, 6. Your current position is at position 1, {body.game}."
+        envs["maze"][body.id] = {"done": False, "seen": seen}
+        return {"observation": seen}
 
     @app.post("/wordle/reset")
     def wordle_reset(body: WordleReset):
         if body.id not in envs["wordle"]:
             return not_valid(body.id)
-        envs["wordle"][body.id] = {"done": False}
+        envs["wordle"][body.id] = {"done": False, "seen": "Let's start Wordle!"}
         return {"id": body.id, "observation": "Let's start Wordle!"}
 
     return app
@@ -632,12 +668,17 @@ def flaky_app(calls: dict, create_answer=None, reset_answer=None, step_answer=No
     number (1, 2, ...) returning one; unset, a TextCraft answer where crafting always succeeds.
     """
     app = FastAPI()
+    seen: dict[str, Any] = {}  # the observation of the last answer that held one, for GET /observation
 
     def answer(route: str, chosen, default):
         calls[route] = calls.get(route, 0) + 1
         if chosen is None:
-            return default
-        return chosen if isinstance(chosen, (dict, list, Response)) else chosen(calls[route])
+            out = default
+        else:
+            out = chosen if isinstance(chosen, (dict, list, Response)) else chosen(calls[route])
+        if isinstance(out, dict) and "observation" in out and "error" not in out:
+            seen["observation"] = out["observation"]
+        return out
 
     @app.post("/create")
     def create(body: TextCraftCreate):
@@ -657,6 +698,10 @@ def flaky_app(calls: dict, create_answer=None, reset_answer=None, step_answer=No
     def step(body: IdStep):
         return answer("step", step_answer, {"observation": "Crafted 1 minecraft:stick", "reward": 1, "done": True})
 
+    @app.get("/observation")
+    def observation(id: int):
+        return seen.get("observation", not_valid(id))
+
     @app.post("/close")
     def close(body: IdClose):
         return answer("close", None, True)
@@ -672,6 +717,7 @@ def agentgym_like_app(log: list[tuple[str, int, Optional[int]]], close_status: O
     app = FastAPI()
     tasks: dict[int, Optional[int]] = {}
     steps: dict[int, int] = {}
+    seen: dict[int, str] = {}  # each env's last observation (GET /observation, not logged)
     ids = itertools.count()
 
     def known(env_id: int) -> Optional[JSONResponse]:
@@ -680,8 +726,8 @@ def agentgym_like_app(log: list[tuple[str, int, Optional[int]]], close_status: O
     @app.post("/create")
     def create(body: TextCraftCreate):
         env_id = next(ids)
-        tasks[env_id] = None
-        return {"id": env_id, "observation": "Goal: craft a stick.", "done": False, "reward": 0}
+        tasks[env_id], seen[env_id] = None, "Goal: craft a stick."
+        return {"id": env_id, "observation": seen[env_id], "done": False, "reward": 0}
 
     @app.post("/reset")
     def reset(body: TextCraftReset):
@@ -689,7 +735,8 @@ def agentgym_like_app(log: list[tuple[str, int, Optional[int]]], close_status: O
         if (gone := known(body.id)) is not None:
             return gone
         tasks[body.id], steps[body.id] = body.data_idx, 0
-        return {"id": body.id, "observation": f"task {body.data_idx}: craft a stick.", "done": False, "reward": 0}
+        seen[body.id] = f"task {body.data_idx}: craft a stick."
+        return {"id": body.id, "observation": seen[body.id], "done": False, "reward": 0}
 
     @app.post("/step")
     def step(body: IdStep):
@@ -698,7 +745,12 @@ def agentgym_like_app(log: list[tuple[str, int, Optional[int]]], close_status: O
             return gone
         steps[body.id] += 1
         done = steps[body.id] >= 2
-        return {"observation": f"task {tasks[body.id]}, step {steps[body.id]}", "reward": int(done), "done": done}
+        seen[body.id] = f"task {tasks[body.id]}, step {steps[body.id]}"
+        return {"observation": seen[body.id], "reward": int(done), "done": done}
+
+    @app.get("/observation")
+    def observation(id: int):
+        return known(id) or seen[id]
 
     @app.post("/close")
     def close(body: IdClose):
@@ -719,27 +771,33 @@ def falsy_textcraft_app(refuse_close: bool = False) -> FastAPI:
     does not hold (``refuse_close``: for every close). Crafting ``stick<task>`` wins."""
     app = FastAPI()
     tasks: dict[int, int] = {}
+    seen: dict[int, str] = {}  # each env's last observation, as GET /observation answers it
     ids = itertools.count()
 
     @app.post("/create")
     def create(body: TextCraftCreate):
         env_id = next(ids)
-        tasks[env_id] = env_id
-        return {"id": env_id, "observation": f"Goal: craft stick{env_id}.", "done": False, "reward": 0}
+        tasks[env_id], seen[env_id] = env_id, f"Goal: craft stick{env_id}."
+        return {"id": env_id, "observation": seen[env_id], "done": False, "reward": 0}
 
     @app.post("/reset")
     def reset(body: TextCraftReset):
         if body.id not in tasks:
             return False
-        tasks[body.id] = body.data_idx
-        return {"id": body.id, "observation": f"Goal: craft stick{body.data_idx}.", "done": False, "reward": 0}
+        tasks[body.id], seen[body.id] = body.data_idx, f"Goal: craft stick{body.data_idx}."
+        return {"id": body.id, "observation": seen[body.id], "done": False, "reward": 0}
 
     @app.post("/step")
     def step(body: IdStep):
         if body.id not in tasks:
             return False
         won = body.action == f"craft stick{tasks[body.id]}"
-        return {"observation": "Crafted it." if won else "Nothing happens.", "reward": int(won), "done": won}
+        seen[body.id] = "Crafted it." if won else "Nothing happens."
+        return {"observation": seen[body.id], "reward": int(won), "done": won}
+
+    @app.get("/observation")
+    def observation(id: int):
+        return seen[id] if id in tasks else False
 
     @app.post("/close")
     def close(body: IdClose):

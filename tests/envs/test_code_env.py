@@ -63,6 +63,23 @@ def test_a_failing_call_is_the_agents_turn_and_the_episode_goes_on():
         env.close()
 
 
+def test_whatever_the_code_writes_is_a_tool_error_of_the_agent_never_an_env_error():
+    """Megabytes of output are cut and the interpreter keeps its variables; bytes written to the
+    interpreter's own reply channel stop it, and the episode goes on with a new one."""
+    env = build(persistent=True, max_calls=5)
+    try:
+        env.reset(0)
+        env.step("python[x = 41]")
+        flood = env.step("python[big = 'x' * (8 * 2**20 - 2)\nprint(big)\nprint('tail' * 10)]")
+        assert not flood.info["tool_error"] and "stdout was 8,388,648 bytes; only its first" in flood.observation
+        assert len(flood.observation) < 2000 + 200 and env.step("python[x]").observation == "41\n"
+        deep = env.step("python[import os\nos.write(4, b'[' * 3000 + bytes((93,)) * 3000 + b'\\n')]")
+        assert deep.info["tool_error"] and "reply channel" in deep.observation and not deep.done
+        assert "NameError" in env.step("python[x]").observation  # a new interpreter
+    finally:
+        env.close()
+
+
 def test_each_call_is_fresh_unless_the_interpreter_is_persistent():
     for persistent, seen in ((False, "NameError"), (True, "41")):
         env = build(persistent=persistent)

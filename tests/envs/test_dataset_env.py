@@ -7,6 +7,7 @@ import json
 import random
 import sys
 import threading
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,6 +20,7 @@ from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl.rewards import RewardError, compose_rewards
 from omrl_plugins.envs.dataset import TEST_START, DatasetEnv
+from omrl_plugins.rewards.answers import MATH_TIMEOUT_S
 from tests.helpers import invoke, play_expert
 
 ROWS = [
@@ -228,6 +230,16 @@ def test_math_matching_works_off_the_main_thread(tmp_path):
     thread.start()
     thread.join()
     assert won == [True]
+
+
+def test_an_answer_that_would_compute_forever_is_wrong_within_the_deadline_off_the_main_thread(tmp_path):
+    """As a tool env scores it: math-verify's own bound (a signal alarm) does not work off the main thread."""
+    env = DatasetEnv(path=str(write_jsonl(tmp_path / "qa.jsonl", [{"prompt": "?", "answer": "3"}])), match="math")
+    results, started = [], time.monotonic()
+    thread = threading.Thread(target=lambda: results.append(answer(env, 0, "9^{9^{9^{9}}}")[0]), daemon=True)
+    thread.start()
+    thread.join(60)
+    assert [step.won for step in results] == [False] and time.monotonic() - started < MATH_TIMEOUT_S + 5
 
 
 def test_the_expert_answers_and_episodes_fork(jsonl):

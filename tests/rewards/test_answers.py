@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import doctest
+import signal
+import subprocess
 import sys
 import threading
+import time
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -158,6 +162,70 @@ def test_math_verify_works_off_the_main_thread_and_skips_unparsed_replies():
     thread.join()
     assert results == [1.0]
     assert registry.rewards.get("math_verify")([answered(None)]) == [[0.0, 0.0]]
+
+
+@pytest.mark.parametrize("on_main_thread", [True, False])
+def test_an_answer_that_would_compute_forever_is_not_equal_at_its_deadline_on_any_thread(on_main_thread):
+    """math-verify's own bound, a signal alarm, works on the main thread only; tool envs score on others."""
+    assert math_equivalent("\\frac{1}{2}", "0.5")  # a worker is started: its start is not what is timed
+    results, started = [], time.monotonic()
+
+    def compare():
+        results.append(math_equivalent("9^{9^{9^{9}}}", "3", timeout_s=2))
+
+    if on_main_thread:
+        compare()
+    else:
+        thread = threading.Thread(target=compare, daemon=True)
+        thread.start()
+        thread.join(30)
+    assert results == [False] and time.monotonic() - started < 2 + 2
+    assert math_equivalent("\\frac{6}{3}", "2") and not math_equivalent("\\frac{6}{3}", "3")  # a new worker
+
+
+def running(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def test_a_worker_left_computing_by_a_killed_caller_ends_by_itself():
+    """math-verify's own alarm works on the worker's main thread, and its reply then finds no reader."""
+    script = (
+        "from omrl_plugins.rewards import math_worker\n"
+        "from omrl_plugins.rewards.answers import math_equivalent\n"
+        "math_equivalent('\\\\frac{1}{2}', '0.5')\n"
+        "print(math_worker._idle[0].proc.pid, flush=True)\n"
+        "math_equivalent('9^{9^{9^{9}}}', '3', timeout_s=3)\n"
+    )
+    caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    worker = int(caller.stdout.readline())
+    time.sleep(0.3)  # the worker is computing
+    caller.kill()
+    caller.wait()
+    started = time.monotonic()
+    while running(worker):
+        assert time.monotonic() - started < 60, "the orphaned worker still runs"
+        time.sleep(0.2)
+    assert time.monotonic() - started > 1  # it was computing when its caller died
+
+
+def test_a_worker_stuck_past_its_jobs_cpu_time_is_ended_by_the_kernel():
+    """For a computation no alarm can stop (inside C) when no caller is left to kill the worker."""
+    script = (
+        "from omrl_plugins.rewards import math_worker\n"
+        "math_worker._CPU_MARGIN_S = 1\n"
+        "math_worker._limit_cpu(0)\n"
+        "while True:\n    pass\n"
+    )
+    assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == -signal.SIGXCPU
+
+
+def test_plain_answers_are_judged_without_a_worker(monkeypatch):
+    monkeypatch.setattr(answers.math_worker, "equivalent", None)  # any call to a worker would fail
+    assert math_equivalent("72", " 72 ") and math_equivalent("3.0", "3") and not math_equivalent("-3", "3")
+    assert not math_equivalent("12345678901234567890", "12345678901234567891")
 
 
 def test_math_verify_without_the_package_names_the_extra(monkeypatch):

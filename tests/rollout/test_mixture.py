@@ -67,6 +67,11 @@ def test_each_env_of_a_mixture_keeps_its_own_settings_and_inherits_the_rest():
         ("env.mix=[{name: gridworld, maxturns: 1}]", ConfigError, "unknown key 'maxturns'; valid: name, weight"),
         ("env.mix=[3]", ConfigError, r"env.mix\[0\] is 3; each entry is an env name or a mapping"),
         ("env.mix=['gridworld,babyai:GoToObjS6']", ConfigError, "names 2 envs; each entry names one env"),
+        (
+            "env.name=gridworld:1e308,babyai:GoToObjS6:1e308",
+            ConfigError,
+            r"weights \(gridworld:1e\+308, babyai:GoToObjS6:1e\+308\) add up past the largest number",
+        ),
     ],
 )
 def test_a_bad_mixture_is_refused_naming_what_is_wrong(setting, error, match):

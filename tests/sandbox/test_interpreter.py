@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import stat
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +17,7 @@ from omrl.errors import OmrlError
 from omrl.sandbox import run as sandbox
 from omrl.sandbox.interpreter import Interpreter, InterpreterPool
 
-from .test_sandbox import needs_sandbox
+from .test_sandbox import host_processes_with, needs_sandbox
 
 pytestmark = needs_sandbox
 
@@ -68,10 +74,36 @@ def test_a_crash_kills_the_interpreter_and_says_why(python):
 
 def test_output_is_cut_and_says_so(python):
     result = python.run("print('a' * 5000)\nraise ValueError('last line')", max_output_chars=100)
-    assert result.truncated and result.stdout == "a" * 100
-    assert (
-        "ValueError: last line" in result.stderr and "cut to 100 characters" in result.stderr
-    )  # stderr keeps its tail
+    assert result.truncated and result.stdout.startswith("a" * 100 + "\n[omrl sandbox: stdout was 5,001 bytes")
+    assert "only its first 100 characters are shown" in result.stdout
+    assert result.stderr.rstrip().endswith("ValueError: last line")  # stderr keeps its tail
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print('x' * 9_000_000)",
+        "print('x' * 9_000_000, file=__import__('sys').stderr)",
+        "x = 'x' * (8 * 2**20 - 2)\nprint(x)\nprint('tail' * 10)",  # the file-size limit is hit after the cell
+        "import os\nos.system('yes xxxxxxxxxxxx | head -c 9000000')",  # a program the code starts writes it
+        "import sys\nfor _ in range(900):\n    sys.stdout.write('x' * 10_000)",
+    ],
+)
+def test_megabytes_of_output_are_cut_and_the_interpreter_and_its_variables_live_on(python, code):
+    python.run("kept = 7")
+    result = python.run(code, max_output_chars=1000)
+    assert not python.dead and result.killed_reason is None and result.truncated
+    shown = result.stdout + result.stderr
+    assert "xxxxxxxxxx" in shown and re.search(r"was (9|8),\d{3},\d{3} bytes; only its (first|last) 1,000", shown)
+    assert len(shown) < 2 * 1000 + 400
+    assert python.run("kept").stdout == "7\n"
+
+
+@pytest.mark.parametrize("code", ["sys.stderr.close()", "sys.stderr.detach()", "sys.stdout = sys.stderr = None"])
+def test_code_that_breaks_its_own_output_streams_still_gets_its_traceback(python, code):
+    result = python.run(f"import sys\nkept = 7\n{code}\n1 / 0")
+    assert not python.dead and "ZeroDivisionError" in result.stderr
+    assert python.run("print(kept)").stdout == "7\n"
 
 
 def test_a_pool_hands_out_started_interpreters_each_to_one_caller():
@@ -104,6 +136,9 @@ def test_a_sandbox_that_cannot_be_set_up_raises_and_runs_nothing(monkeypatch, tm
         "os.write(4, b'[1, 2]\\n')",
         'os.write(4, b\'{"id": 1, "stdout": 5}\\n\')',
         "os.write(4, b'x' * 300000)",  # no line end, and more than any reply can be
+        "os.write(4, b'[' * 3000 + b']' * 3000 + b'\\n')",  # too deep for the host's JSON reader
+        # the old protocol's well-formed reply: without this call's nonce it is a forgery
+        'os.write(4, b\'{"id": 1, "stdout": "", "stderr": "", "error": false, "timed_out": false, "truncated": false}\\n\')',
     ],
 )
 def test_code_that_forges_the_interpreters_replies_stops_it_and_is_blamed(python, forgery):
@@ -111,11 +146,24 @@ def test_code_that_forges_the_interpreters_replies_stops_it_and_is_blamed(python
     assert result.killed_reason == "protocol" and python.dead and "reply channel" in result.stderr
 
 
-def test_a_well_formed_forgery_only_fools_the_call_that_made_it(python):
-    code = 'import os, json\nos.write(4, (json.dumps({"id": 1, "stdout": "forged", "stderr": "", "error": False, "timed_out": False, "truncated": False}) + "\\n").encode())'
-    assert python.run(code).stdout == "forged"  # the code could have printed that anyway
-    result = python.run("print('next')")  # the driver's own late reply to call 1 is out of step
-    assert result.killed_reason == "protocol" and python.dead
+# code that finds the request its driver is answering (any code in the interpreter can) and forges its reply
+FORGE_WITH_THE_NONCE = """import os, json, sys
+frame = sys._getframe()
+while not any(isinstance(v, dict) and "nonce" in v for v in frame.f_locals.values()):
+    frame = frame.f_back
+request = next(v for v in frame.f_locals.values() if isinstance(v, dict) and "nonce" in v)
+reply = {"id": request["id"], "nonce": request["nonce"], "stdout": "forged", "stderr": "", "error": False,
+         "timed_out": False, "stdout_cut": False, "stderr_cut": False, "stdout_bytes": 6, "stderr_bytes": 0}
+os.write(4, (json.dumps(reply) + "\\n").encode())
+"""
+
+
+def test_a_forgery_that_knows_its_calls_nonce_fools_only_that_call(python):
+    python.run("kept = 7")
+    assert python.run(FORGE_WITH_THE_NONCE).stdout == "forged"  # the code could have printed that anyway
+    # the driver's own reply to the forged call arrives late: it is dropped, and the next call is not blamed
+    assert [python.run(code).stdout for code in ("print('next')", "kept")] == ["next\n", "7\n"]
+    assert python.alive()
 
 
 def test_a_forked_child_never_answers_in_the_interpreters_place(python):
@@ -132,9 +180,10 @@ def test_a_forked_childs_late_output_never_lands_in_a_later_call():
 
 def test_a_request_the_stuck_interpreter_will_not_read_times_out_instead_of_hanging():
     with Interpreter(lifetime_s=60) as python:
-        forged = '{"id": 1, "stdout": "", "stderr": "", "error": false, "timed_out": false, "truncated": false}'
-        stall = f"import os, signal, time\nos.write(4, b'{forged}\\n')\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep(50)"
-        python.run(stall, timeout_s=1)
+        stall = (
+            FORGE_WITH_THE_NONCE + "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\ntime.sleep(50)"
+        )
+        assert python.run(stall, timeout_s=1).stdout == "forged"
         started = time.monotonic()
         result = python.run("x = '" + "a" * 200_000 + "'", timeout_s=1)
         assert result.killed_reason == "timeout" and time.monotonic() - started < 10
@@ -164,3 +213,40 @@ def test_the_pool_drops_interpreters_that_waited_half_their_lifetime():
         taken.close()
     finally:
         pool.close()
+
+
+def running(pid: str) -> bool:
+    """Whether host process ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_an_interpreter_dies_with_the_process_that_started_it(busy):
+    """A caller killed with SIGKILL (no chance to close anything) takes its interpreters with it,
+    idle or in the middle of a call."""
+    marker = f"71.{os.getpid()}{int(busy)}"  # a sleep length no other process uses
+    last = "python.run('import time; time.sleep(100)', timeout_s=200)" if busy else "time.sleep(100)"
+    script = (
+        "import time\nfrom omrl.sandbox.interpreter import Interpreter\n"
+        "python = Interpreter(lifetime_s=300)\n"
+        f"python.run(\"import subprocess; subprocess.Popen(['sleep', '{marker}'])\")\n"
+        "print(python.proc.pid, flush=True)\n" + last
+    )
+    caller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    unshare = caller.stdout.readline().strip()
+    try:
+        assert unshare.isdigit() and host_processes_with(marker)
+        time.sleep(0.5)  # the call is under way
+        caller.kill()
+        caller.wait()
+        deadline = time.monotonic() + 5
+        while (host_processes_with(marker) or running(unshare)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert host_processes_with(marker) == [] and not running(unshare)
+    finally:  # the sandbox of a failed test must not stay for its lifetime: killing unshare ends it
+        caller.kill()
+        if unshare.isdigit() and running(unshare):
+            os.kill(int(unshare), signal.SIGKILL)

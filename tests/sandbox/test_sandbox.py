@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -243,6 +244,71 @@ def test_the_memory_limit_holds_for_the_run_as_a_whole_not_each_process():
     # one process may have it all when the run asks for no other
     alone = run_sandboxed("b = bytearray(200 * 2**20)\nprint('allocated')", memory_mb=256, max_processes=1)
     assert alone.stdout == "allocated\n", alone.stderr
+
+
+# Memory that is in no process's address space: files in memory, 15 MB each (under the file-size
+# limit), opened by each of these; the program writes 600 MB and prints how much it wrote.
+IN_MEMORY_FILES = {
+    "memfd": "lambda n: os.memfd_create(f'f{n}')",
+    "dev_shm": "lambda n: os.open(f'/dev/shm/f{n}', os.O_CREAT | os.O_WRONLY)",
+    "sysv_shm": "sysv_segment",
+}
+SYSV_SEGMENT = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+def sysv_segment(n):  # a System V shared memory segment, filled through a mapping that is then dropped
+    segment = libc.shmget(0, 15 * 2**20, 0o1600)
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 15 * 2**20)
+    libc.shmdt(ctypes.c_void_p(address))
+    return None
+"""
+HOG = """
+import os
+written = 0
+try:
+    while written < 600:
+        fd = open_file(written) if written % 15 == 0 else fd
+        if fd is not None:
+            os.write(fd, b'x' * 2**20)
+        written += 1
+finally:
+    print(written, flush=True)
+"""
+
+
+def shared_memory_mb() -> float:
+    """The host's shared memory (tmpfs, memfd, System V), in MB."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no Shmem line in /proc/meminfo")
+
+
+@needs_sandbox
+@pytest.mark.parametrize("cgroup", [True, False], ids=["cgroup", "no_cgroup"])
+@pytest.mark.parametrize("kind", IN_MEMORY_FILES)
+def test_memory_in_files_counts_against_the_run_and_the_host_never_holds_more(kind, cgroup, monkeypatch):
+    """Rlimits bound address space, which in-memory files are not in: the run as a whole is bounded,
+    by a memory cgroup where the host lets omrl make one, else by making no such file possible."""
+    if not cgroup:
+        monkeypatch.setattr(sandbox.MemoryCgroup, "create", lambda limit_bytes: None)
+    elif (probe := sandbox.MemoryCgroup.create(2**30)) is None:
+        pytest.skip("this host lets omrl make no memory cgroup")
+    else:
+        probe.remove()
+    code = SYSV_SEGMENT + f"open_file = {IN_MEMORY_FILES[kind]}\n" + HOG
+    peak, before = [], shared_memory_mb()
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(run_sandboxed, code, memory_mb=256, disk_mb=32, timeout_s=30)
+        while not running.done():
+            peak.append(shared_memory_mb())
+            time.sleep(0.02)
+    result = running.result()
+    assert result.stdout.strip() != "600", f"{kind}: the program wrote 600 MB ({result})"
+    assert result.exit_code != 0 or result.stderr  # an error of the code: MemoryError, ENOSPC or killed
+    assert max(peak) - before < 256 + 32 + 16, f"{kind}: the host's shared memory grew by {max(peak) - before:.0f} MB"
 
 
 @needs_sandbox

@@ -79,7 +79,7 @@ def test_each_step_plays_with_the_weights_max_staleness_behind_and_says_so(confi
     run_rl(cfg, console=QUIET)
     records = read_metrics(cfg.logging.output_dir)
     assert [r["weights_lag"] for r in records] == [r["weights_lag_max"] for r in records] == [0.0, 1.0, 1.0]
-    assert all(not r.get("skipped_updates") for r in records) and all("rollout_is_mean" in r for r in records)
+    assert all(not r.get("skipped_updates") for r in records) and all("rollout_weight_mean" in r for r in records)
     for step in (1, 2, 3):  # step k (1-based) plays with the weights after max(0, k - 2) updates
         episodes = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / f"step-{step:08d}.parquet")
         versions = {turn.info["weights_version"] for ep in episodes for turn in ep.turns}

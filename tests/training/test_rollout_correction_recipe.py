@@ -22,7 +22,12 @@ QUIET = Console(file=io.StringIO())
 def config(tiny_model_dir, tmp_path, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")  # advantages that are not all 0
     return gridworld_configs(
-        tiny_model_dir, tmp_path, "steps=1", "reward.weights={sample_index: 1.0}", "optim.micro_batch_size=8"
+        tiny_model_dir,
+        tmp_path,
+        "steps=1",
+        "reward.weights={sample_index: 1.0}",
+        "optim.micro_batch_size=8",
+        "generation.sampler_check_kl=0",  # the sampler differs on purpose (sampler_off_by_3): corrected, not a fault
     )
 
 
@@ -48,7 +53,7 @@ def step_one(cfg) -> dict:
 def test_the_hf_sampler_in_float32_is_the_trainer_and_auto_corrects_nothing(config):
     record = step_one(config())
     assert abs(record["mismatch_kl_k1"]) < 1e-5 and 0 <= record["mismatch_kl_k3"] < 1e-8
-    assert "rollout_is_mean" not in record  # auto is none here: no weights
+    assert "rollout_weight_mean" not in record  # auto is none here: no weights
 
 
 def test_a_sampler_that_differs_is_measured_and_its_tokens_weighted(config, sampler_off_by_3):
@@ -57,7 +62,7 @@ def test_a_sampler_that_differs_is_measured_and_its_tokens_weighted(config, samp
     assert plain["mismatch_kl_k3"] == pytest.approx(3.0 - 1.0 - math.log(3.0), abs=1e-3)
     tis = step_one(config("algorithm.rollout_correction=token_tis", out="tis"))
     assert tis["mismatch_kl_k1"] == pytest.approx(plain["mismatch_kl_k1"], abs=1e-4)  # measured before the update
-    assert tis["rollout_is_mean"] == pytest.approx(2.0, abs=1e-4) and tis["rollout_masked_share"] == 0.0
+    assert tis["rollout_weight_mean"] == pytest.approx(2.0, abs=1e-4) and tis["rollout_masked_share"] == 0.0
     # the same episodes (same seeds) with every token's loss doubled: rho = 3 capped at 2
     assert tis["pg_loss"] == pytest.approx(2.0 * plain["pg_loss"], rel=1e-3, abs=1e-7)
     assert tis["grad_norm"] == pytest.approx(2.0 * plain["grad_norm"], rel=1e-3)
@@ -70,5 +75,5 @@ def test_a_band_that_excludes_the_samplers_ratio_drops_every_token_and_skips_the
 
 def test_a_bf16_model_is_corrected_by_default(config):
     record = step_one(config("model.dtype=bfloat16"))
-    assert "rollout_is_mean" in record and record["rollout_masked_share"] == 0.0  # token_tis: weights, no mask
-    assert 0 <= record["mismatch_kl_k3"] < 0.01 and record["rollout_is_max"] <= 2.0
+    assert "rollout_weight_mean" in record and record["rollout_masked_share"] == 0.0  # token_tis: weights, no mask
+    assert 0 <= record["mismatch_kl_k3"] < 0.01 and record["rollout_weight_max"] <= 2.0

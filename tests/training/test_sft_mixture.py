@@ -90,6 +90,7 @@ def test_a_mixture_names_paths_with_weights_after_the_last_colon(tmp_path, agent
         ("{a}:0.5,{a}:0.5", r"'.*agent.jsonl' is named twice in the mixture"),
         ("{a}:0.5,{a_again}:0.5", r"'.*agent.jsonl' and '.*agent.jsonl' name one file in the mixture"),
         ("{a},,{b}", r"has an empty entry"),
+        ("{a}:1e308,{b}:1e308", r"the weights add up past the largest number"),
     ],
 )
 def test_a_bad_mixture_is_refused_naming_the_bad_entry(spec, match, agent_jsonl, math_parquet, sft_config, tmp_path):

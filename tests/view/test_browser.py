@@ -189,3 +189,32 @@ def test_a_large_task_id_shows_whole(chromium, tmp_path):
         page.goto(url + "#/episode/0")
         page.wait_for_selector("table.facts")
         assert "1234567" in page.inner_text("table.facts") and "e+" not in page.inner_text("table.facts")
+
+
+def test_a_stuck_runs_stages_show_from_its_heartbeat(small_run, chromium):
+    import json
+
+    beat = {
+        "time": 1.7e9,
+        "step": 4,
+        "stages": {"generate": {"done": 9, "seconds": 12.5, "stalled": 0, "last_done": 1.7e9}},
+        "open": [
+            {
+                "stage": "env_step",
+                "step": 4,
+                "env": "webshop",
+                "episode": "task 17 sample 2",
+                "for_s": 312.0,
+                "stalled": True,
+            }
+        ],
+    }
+    (small_run / "heartbeat.json").write_text(json.dumps(beat))
+    with (small_run / "metrics.jsonl").open("a") as metrics:  # a heartbeat line among the steps: not a bad line
+        metrics.write(json.dumps({"heartbeat": beat, "time": beat["time"]}) + "\n")
+    with serving(small_run) as url, page_of(chromium) as page:
+        page.goto(url)
+        stages = page.inner_text("[data-stages]", timeout=30_000)
+        assert "heartbeat of step 4" in stages and "generate" in stages and "12.5" in stages
+        assert "env_step for 312 s, env webshop, task 17 sample 2 (past its deadline)" in stages
+        assert page.locator("[data-problems='problems warnings']").count() == 0

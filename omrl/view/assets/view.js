@@ -170,12 +170,28 @@
     } else {
       body.push(h("p", {class: "muted"}, "No metrics.jsonl steps to plot."));
     }
+    if (run.stages) body.push(h("h2", {}, "Stages"), stagesTable(run.stages));
     for (const report of run.reports) {
       body.push(h("h2", {}, "Evaluation: ", h("code", {}, report.file)), metricsTable(report.metrics));
       if (Object.keys(report.per_env || {}).length) body.push(h("h3", {}, "By env"), envTable(report));
     }
     if (run.config) body.push(h("h2", {}, "Config"), h("pre", {class: "config"}, run.config));
     display(...body);
+  }
+
+  /** The supervisor's latest heartbeat: each stage's count, time and stalls, then the stages open when it was written. */
+  function stagesTable(beat) {
+    const when = typeof beat.time === "number" ? new Date(beat.time * 1000).toLocaleString() : "?";
+    const rows = Object.entries(beat.stages).map(([name, s]) =>
+      h("tr", {}, h("td", {}, name), h("td", {class: "num"}, fmt(s.done, 4)), h("td", {class: "num"}, fmt(s.seconds, 4)),
+        h("td", {class: "num"}, fmt(s.stalled, 4))));
+    const open = (beat.open || []).map((o) => h("li", {class: o.stalled ? "stalled" : ""},
+      o.stage + " for " + fmt(o.for_s, 3) + " s" + (o.env ? ", env " + o.env : "") + (o.episode ? ", " + o.episode : "") +
+      (o.stalled ? " (past its deadline)" : "")));
+    return h("div", {class: "card", "data-stages": ""},
+      h("div", {class: "muted"}, "heartbeat of step " + beat.step + " at " + when),
+      h("table", {}, h("tr", {}, ["stage", "done", "seconds", "stalled"].map((c) => h("th", {}, c))), rows),
+      open.length ? [h("div", {}, "Open then:"), h("ul", {}, open)] : h("div", {class: "muted"}, "No stage was open then."));
   }
 
   function metricsTable(metrics) {

@@ -41,6 +41,13 @@ Scoring (``score`` in [0, 1], ``won`` on every step): the sum of rewards, clippe
 rule) and sciworld (/ 100, won at 100); the latest reward for the tool envs, whose reward is a
 progress rate that ends as 1 on success.
 
+Checking an env id (:func:`same_env`): textcraft, babyai, sciworld, alfworld, maze and wordle keep
+each env's latest observation (set by every create, reset and step) and answer it at ``GET
+/observation?id=N`` (BabyAI: an object whose ``observation`` puts the goal line first; a
+finished env's is refused by all but TextCraft), so a client can tell that another client has
+acted on its env id since its last call. Searchqa, the tool envs and webarena answer something
+else there (the task), WebShop and SQLGym draw random ids.
+
 Refused actions: these servers answer an action they did not play as an ordinary step, with the
 reason as the observation; the step's ``info["invalid"]`` is true when it begins as a refusal of
 its server does (textcraft "Could not ...", babyai "The action is not recognized...", sciworld
@@ -119,6 +126,13 @@ class ServerSpec:
     #: servers answer a refusal as an ordinary step, so ``info["invalid"]`` is read from the text
     refused: tuple[str, ...] = ()
     expert_route: str | None = None  # omrl servers: GET /expert_action
+    #: a GET route answering the env's latest observation as the server keeps it (AgentGym's
+    #: ``info[id]["observation"]``, set by every create, reset and step): the client checks with it
+    #: that its env id still holds the env it left, since a restarted server hands the same ids to
+    #: other clients (:func:`same_env`); None: the server has no such route
+    observation_route: str | None = None
+    observation_goal_line: bool = False  # BabyAI's route puts the episode's goal line before a step's observation
+    random_ids: bool = False  # ids drawn at random (WebShop, SQLGym): a restart hardly hands one out again
     action_help: str = Env.action_help
     max_turns: int = Env.max_turns
 
@@ -152,6 +166,7 @@ def _state_env(**kw: Any) -> ServerSpec:
         observation_keys=("state",),
         has_close=False,
         reuse_ids=True,
+        random_ids=True,
         **kw,
     )
 
@@ -159,6 +174,7 @@ def _state_env(**kw: Any) -> ServerSpec:
 KNOWN_SERVERS: dict[str, ServerSpec] = {
     "textcraft": ServerSpec(
         create_body="empty",
+        observation_route="/observation",
         splits={"test": (0, 100), "train": (100, 544)},
         max_turns=20,
         refused=("Could not ", "Wrong item format"),  # TextCraftEnv.step's ActionFailed messages
@@ -168,6 +184,8 @@ KNOWN_SERVERS: dict[str, ServerSpec] = {
     "babyai": ServerSpec(
         splits={"test": (0, 400), "train": (400, 4400)},
         score_field="score",
+        observation_route="/observation",
+        observation_goal_line=True,
         win_score=0.5,
         refused=("The action is not recognized", "There is a barrier in front of you"),  # check_action_is_valid
         max_turns=20,
@@ -177,6 +195,7 @@ KNOWN_SERVERS: dict[str, ServerSpec] = {
     "sciworld": ServerSpec(
         splits={"test": (0, 4639, 10), "train": (1, 4639, 2)},
         score_field="score",
+        observation_route="/observation",
         instruction_key="task_description",
         refused=("No known action matches that input",),  # ScienceWorld's parser
         score_scale=100.0,
@@ -189,6 +208,7 @@ KNOWN_SERVERS: dict[str, ServerSpec] = {
         splits={"train": (0, 2420), "test": (2420, 2620)},
         refused=("Nothing happens",),
         reset_fields={"world_type": "Text"},
+        observation_route="/observation",
         has_close=False,
         max_turns=30,
         action_help="One command per turn, e.g. go to LOC, take OBJ from RECEP, put OBJ in/on "
@@ -197,6 +217,7 @@ KNOWN_SERVERS: dict[str, ServerSpec] = {
     "maze": ServerSpec(
         task_field="game",
         route_prefix="/maze",
+        observation_route="/observation",
         splits={"train": (0, 26), "test": (0, 26)},
         has_close=False,
         action_help='One move per turn: "move up", "move down", "move left" or "move right".',
@@ -204,6 +225,7 @@ KNOWN_SERVERS: dict[str, ServerSpec] = {
     "wordle": ServerSpec(
         task_field="seed",
         route_prefix="/wordle",
+        observation_route="/observation",
         splits={"test": (0, 200), "train": (200, 10200)},
         has_close=False,
         max_turns=6,
@@ -251,6 +273,7 @@ GENERIC_SERVER = ServerSpec(
     observation_keys=("observation", "state"),
     instruction_key="instruction",
     expert_route="/expert_action",
+    observation_route="/observation",  # checked only on a server that names no instance (not omrl's)
 )
 
 
@@ -376,6 +399,24 @@ def read_step(spec: ServerSpec, answer: Any, score_before: float) -> StepParts:
     if spec.refused and "invalid" not in info:  # an omrl server says it itself, in info
         info["invalid"] = text.lstrip().startswith(spec.refused)
     return StepParts(text, reward, any(done), score, won, info, _action_list(answer.get("available_actions")))
+
+
+def observed(answer: Any) -> str:
+    """The observation in an answer of a server's ``observation_route`` (BabyAI's is an object)."""
+    if isinstance(answer, dict) and "observation" in answer:
+        answer = answer["observation"]
+    return as_text(answer)
+
+
+def same_env(spec: ServerSpec, observed: str, last: str, first: str) -> bool:
+    """Whether ``observed`` (what ``spec``'s observation route answered about an env id) is what the
+    client left there: ``last``, the last observation the server answered it about the env, or for
+    BabyAI the episode's goal line (the first of ``first``, the reset's observation) before ``last``.
+    Anything else means a create, reset or step of another client reached the env since."""
+    if observed == last:
+        return True
+    goal_line = first.split("\n", 1)[0]
+    return spec.observation_goal_line and observed == f"{goal_line}\n{last}"
 
 
 def number(answer: dict[str, Any], key: str) -> float:

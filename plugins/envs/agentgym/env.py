@@ -25,6 +25,9 @@ Options (config block ``plugins.agentgym``):
   files and run directories. ``headers``: extra HTTP headers for every call (e.g. a gateway's).
 - ``reuse_ids``: let a foreign server's env id play more than one episode (see below); unset,
   true for webshop and sqlgym (their servers hand out live ids again), false otherwise.
+- ``accept_shared_server_risk``: play a foreign server whose env ids the client cannot check (see
+  "Env ids and server restarts"); unset (false), such a server is refused with a ConfigError
+  saying why.
 
 Defaults per ``env_name``: splits (task ids), and how ``score`` (in [0, 1]) and ``won`` (in
 ``info`` on every step) are derived:
@@ -77,9 +80,30 @@ episode's last step an EnvError, since another client may have shared the env. A
 what they see of a foreign server's ids: a create answered with an id one of them holds, or (ids
 counting up) one not above an id answered before, means the server restarted or handed the env
 out again, and the holder's next call (a step, a retry, a close) becomes an EnvError instead of
-reaching the other client's env. A restart whose new ids go to another process's clients first,
-or a call already on its way, is not seen: the answers carry nothing of the episode. Servers
-without ``/close`` (WebShop, SQLGym, ALFWorld, LMRL-Gym, the tool envs) are never sent one and
+reaching the other client's env. One process's clients share one ledger of a server however its
+URL is spelled (:func:`server_key`: ``127.0.0.1``, ``localhost``, ``::1`` and this machine's host
+name are one host).
+
+A restart whose new ids go to another process's clients first is not in any answer this process
+gets, so the env itself is asked: AgentGym's servers keep each env's latest observation (the one
+the last create, reset or step answered) and answer it at ``GET /observation?id=N`` (textcraft,
+babyai with its goal line first, sciworld, alfworld, maze and wordle under their prefix; a server
+of any other name is asked too when it names no instance). Before
+every step (and every resend of one), before closing an unfinished episode's env, and before
+resetting a kept id, the client reads it: anything but the last observation the server answered
+this client means another client's create, reset or step reached the env, and the call is not
+sent: the step raises EnvError (the episode ends ``env_error``, never trained on nor counted), a
+close is skipped (the env is another client's now). Right after each reset the route must answer
+the reset's own observation, or the server is refused with a ConfigError (a server without the
+route, or whose route answers something else), unless ``accept_shared_server_risk`` (then that
+client plays unchecked). A known server without such a route (searchqa, the tool envs, webarena)
+is refused at its first create unless ``accept_shared_server_risk``; WebShop and SQLGym draw random
+ids, which a restart hardly hands out again, and are played unchecked. The check costs one GET
+per step (about a millisecond on loopback). What it cannot see: another client's env in the very
+state this client left (e.g. the same task just reset, nothing played yet), and a restart between
+the check and the step a moment later.
+
+Servers without ``/close`` (WebShop, SQLGym, ALFWorld, LMRL-Gym, the tool envs) are never sent one and
 then keep one env per episode in memory; ``reuse_ids=true`` trades that for the risk above (and
 compares created ids only with held ones). It is the default for WebShop and SQLGym, which hand
 out live ids again once they hold 8,000 and 8 envs (one env per episode would soon make two
@@ -110,82 +134,18 @@ from omrl_plugins.envs.agentgym.dialects import (
     as_omrl_server,
     as_text,
     create_body,
+    observed,
     read_create,
     read_reset,
     read_step,
+    same_env,
 )
+from omrl_plugins.envs.agentgym.ids import Claim, ledger, server_key
 from omrl_plugins.envs.agentgym.transport import HttpTransport, ServerFailure, ServerRefused, snippet
 
 GONE = (404, 410)  # statuses that say the server no longer has the env id
 MAX_ORPHANS = 32  # dropped omrl ids remembered for closing (a server down for long drops more)
 MALFORMED = (KeyError, TypeError, ValueError, OverflowError)  # what reading a malformed answer raises
-
-
-@dataclasses.dataclass(eq=False)
-class _Claim:
-    """One client's hold on a foreign server's env id; ``lost`` says why another may now share it."""
-
-    env_id: int
-    lost: str = ""
-
-
-class _IdLedger:
-    """The env ids this process's clients hold on one foreign server, so what one client sees warns
-    the others (a foreign server names no instance, so a restart is only seen in its ids).
-
-    A create answering an id that a client here still holds means the server handed that env to
-    someone else: the holder's episode is lost. On a server whose ids count up (every foreign
-    server but those that hand out ids again, ``reuse_ids``), a create answering an id at or below
-    the highest it had answered before the call was sent means it restarted: every id held here
-    may now be another client's env, so every such episode is lost.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.holders: dict[int, _Claim] = {}
-        self.highest = -1  # the highest id the server answered a create here with
-        self.restarts = 0  # restarts seen: a create sent before one is not compared with ``highest``
-
-    def before_create(self) -> tuple[int, int]:
-        """What a create about to be sent is compared with once answered: (highest id, restarts)."""
-        with self.lock:
-            return self.highest, self.restarts
-
-    def claim(self, env_id: int, seen: tuple[int, int], counts_up: bool) -> _Claim:
-        """Hold ``env_id``, just answered by a create sent when the ledger stood at ``seen``."""
-        highest, restarts = seen
-        with self.lock:
-            if counts_up and env_id <= highest and restarts == self.restarts:
-                self.restarts += 1
-                why = (
-                    f"the server answered a create with env id {env_id}, not above the {highest} it had "
-                    "handed out before: it restarted, numbering its ids from 0 again"
-                )
-                for held in self.holders.values():
-                    held.lost = held.lost or why
-                self.holders.clear()
-                self.highest = env_id
-            elif env_id in self.holders:
-                held = self.holders.pop(env_id)
-                held.lost = held.lost or f"the server handed env id {env_id} to another episode of this process"
-            self.highest = max(self.highest, env_id)
-            self.holders[env_id] = claim = _Claim(env_id)
-            return claim
-
-    def release(self, claim: _Claim) -> None:
-        with self.lock:
-            if self.holders.get(claim.env_id) is claim:
-                del self.holders[claim.env_id]
-
-
-_LEDGERS: dict[str, _IdLedger] = {}
-_LEDGERS_LOCK = threading.Lock()
-
-
-def _ledger(server: str) -> _IdLedger:
-    """The ledger of the server (base URL and route prefix) ``server``, shared by this process's clients."""
-    with _LEDGERS_LOCK:
-        return _LEDGERS.setdefault(server, _IdLedger())
 
 
 def parse_splits(splits: Any, where: str = "plugins.agentgym.splits") -> dict[str, range]:
@@ -230,6 +190,7 @@ class AgentGymEnv(Env):
         token: str | None = None,
         headers: dict[str, str] | None = None,
         reuse_ids: bool | None = None,
+        accept_shared_server_risk: bool = False,
     ):
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ConfigError(f"plugins.agentgym.base_url must be an http(s) URL, got {base_url!r}")
@@ -264,13 +225,22 @@ class AgentGymEnv(Env):
         if reuse_ids is not None and not isinstance(reuse_ids, bool):
             raise ConfigError(f"plugins.agentgym.reuse_ids must be true or false, got {reuse_ids!r}")
         self._reuse_ids = spec.reuse_ids if reuse_ids is None else reuse_ids
+        if not isinstance(accept_shared_server_risk, bool):
+            raise ConfigError(
+                f"plugins.agentgym.accept_shared_server_risk must be true or false, got {accept_shared_server_risk!r}"
+            )
+        self._accept_risk = accept_shared_server_risk
+        # checking that an env id still holds this client's env (a foreign server's observation route)
+        self._checks = self._spec.observation_route is not None
+        self._seen: str | None = None  # the last observation the server answered about this env
+        self._first_seen = ""  # the episode's first observation
         self._deterministic: bool | None = None  # what the last /create answer said
         self._description: dict[str, Any] | None = None
         self._lock = threading.Lock()  # calls on one env id are serialized
         self._env_id: int | None = None
         self._instance: str | None = None  # the omrl server instance that handed out _env_id
-        self._claim: _Claim | None = None  # this client's hold on a foreign server's _env_id
-        self._ledger = _ledger(self._server.base_url + self._spec.route_prefix)
+        self._claim: Claim | None = None  # this client's hold on a foreign server's _env_id
+        self._ledger = ledger(server_key(self._server.base_url) + self._spec.route_prefix)
         self._orphans: list[tuple[int, str]] = []  # dropped omrl ids to close: (id, instance)
         self._started = False
         self._done = False
@@ -367,6 +337,7 @@ class AgentGymEnv(Env):
             try:
                 answer = self._reset_on_server(task_id)
                 observation, instruction, info = self._parse_reset(answer)
+                self._check_route()
             except ServerFailure:
                 self._drop_id()  # the server may have lost it: the next reset makes a new one
                 raise
@@ -383,9 +354,14 @@ class AgentGymEnv(Env):
         body = {self._spec.task_field: task_id, **self._spec.reset_fields}
         if self._env_id is not None:
             try:
+                self._check_env_is_ours("POST /reset")  # a kept foreign id: still this client's env?
                 return self._call_with_id("POST", "/reset", body)
+            except ServerFailure:
+                raise
             except ServerRefused as exc:  # e.g. a restarted server (410): make a new one
                 self._drop_id(gone=exc.status in GONE or exc.unknown_id)
+            except EnvError:  # another client's env now: left alone, and a new one made
+                self._drop_id(gone=True)
         self._env_id, self._instance = self._create(task_id)
         return self._call_with_id("POST", "/reset", body)
 
@@ -398,6 +374,16 @@ class AgentGymEnv(Env):
             env_id, instance, self._deterministic = read_create(self._spec, answer)
         except MALFORMED as exc:
             raise ServerFailure(self._server.message(f"POST {route}", str(exc))) from exc
+        if instance is None and not (self._spec.observation_route or self._spec.random_ids or self._accept_risk):
+            if self._has_close:
+                try:
+                    self._close_on_server(env_id, None)
+                except EnvError:
+                    pass
+            raise self._shared_risk(
+                f"the server at {self._server.base_url} (env_name {self.env_name!r}) answered its create with "
+                "no instance name and has no route that shows an env's latest observation"
+            )
         if instance is None:  # an omrl server's instance name guards its ids; a foreign server's, the ledger
             self._claim = self._ledger.claim(env_id, seen, counts_up=not self._reuse_ids)
         if instance is not None and not self._self_describing and not self._omrl_answers:
@@ -425,6 +411,7 @@ class AgentGymEnv(Env):
         observation = parts.observation
         if self._spec.observe_after_reset or observation is None:
             observation = self._call_with_id("GET", "/observation")
+        self._seen = self._first_seen = as_text(observation)
         instruction = parts.instruction
         if self._spec.instruction_route and not instruction:
             instruction = str(self._call_with_id("GET", self._spec.instruction_route))
@@ -437,9 +424,8 @@ class AgentGymEnv(Env):
             if not self._started or self._env_id is None:
                 raise EnvError(f"agentgym env {self.env_name!r}: call reset(task_id) before step")
             env_id = self._env_id
-            self._check_claim("POST /step")
-            try:
-                answer = self._call_with_id("POST", "/step", {"action": action}, resend_safe=False)
+            try:  # checked before each attempt: the env may have become another client's
+                answer = self._call_with_id("POST", "/step", {"action": action}, resend_safe=False, checked=True)
                 result = self._parse_step(answer)
             except ServerRefused as exc:
                 if exc.status not in GONE and not exc.unknown_id:
@@ -487,7 +473,7 @@ class AgentGymEnv(Env):
         except MALFORMED as exc:
             problem = f"malformed answer ({type(exc).__name__}: {exc}): {snippet(json.dumps(answer))}"
             raise ServerFailure(self._server.message(f"POST {self._route('/step')}", problem)) from exc
-        self._score, self._actions = parts.score, parts.actions
+        self._score, self._actions, self._seen = parts.score, parts.actions, parts.observation
         return StepResult(
             parts.observation, parts.reward, parts.done, {**parts.info, "won": parts.won, "score": parts.score}
         )
@@ -546,11 +532,92 @@ class AgentGymEnv(Env):
             )
         )
 
+    def _check_env_is_ours(self, what: str) -> None:
+        """Before a call that acts on the env id (a step, a close, the reset of a kept id): EnvError
+        when another client may now share the env. The ledger says what this process saw; on a
+        foreign server with an observation route the env itself says the rest: its latest
+        observation there must be the last one the server answered this client, else a create,
+        reset or step of another client reached it since (a restart that only another process saw
+        hands this id to that process's next env). The id is then forgotten unclosed."""
+        self._check_claim(what)
+        if not self._checks or self._instance is not None or self._seen is None or self._env_id is None:
+            return
+        env_id, route = self._env_id, self._route(self._spec.observation_route or "")
+        try:
+            answer = self._server.call("GET", route, params={self._id_key: env_id}, json_answer=False)
+        except ServerRefused as exc:
+            self._drop_id(gone=True)  # never closed: the number may be another client's env by then
+            raise ServerRefused(
+                self._server.message(
+                    what, f"not sent: checking env id {env_id} first was refused ({self._detail(exc)})"
+                ),
+                exc.status,
+                error_body=exc.error_body,
+                unknown_id=exc.unknown_id,
+            ) from exc
+        now = observed(answer)
+        if not same_env(self._spec, now, self._seen, self._first_seen):
+            seen = self._seen
+            self._drop_id(gone=True)
+            raise EnvError(
+                self._server.message(
+                    what,
+                    f"not sent: env id {env_id} may now be another client's env: its observation on the server "
+                    f"is {snippet(now)}, not {snippet(seen)}, the last one the server answered this client (a "
+                    "restart that only another process saw hands the id to that process's next env); this "
+                    "episode is not trusted",
+                )
+            )
+
+    def _check_route(self) -> None:
+        """After a reset on a foreign server whose env ids are checked: its observation route must
+        answer the observation the reset just answered, or the check could not tell another client's
+        env from this one. A server without the route, or whose route answers something else, is
+        refused unless ``accept_shared_server_risk`` (then this client plays unchecked)."""
+        if not self._checks or self._instance is not None or self._env_id is None or self._seen is None:
+            return
+        route = self._route(self._spec.observation_route or "")
+        try:
+            answer = self._server.call("GET", route, params={self._id_key: self._env_id}, json_answer=False)
+        except ServerRefused as exc:
+            if exc.error_body:  # the server's own error about the env: gone already, or another's
+                self._drop_id(gone=True)
+                raise
+            problem = str(exc)  # no such route (a 404, 405 or 422 without an error body)
+        else:
+            if same_env(self._spec, observed(answer), self._seen, self._first_seen):
+                return
+            problem = self._server.message(
+                f"GET {route}",
+                f"answered {snippet(observed(answer))}, not the observation the reset had just answered "
+                f"({snippet(self._seen)})",
+            )
+        if self._accept_risk:
+            self._checks = False  # played unchecked, as accepted
+            return
+        self._close_id(check=False)
+        raise self._shared_risk(f"{problem}: this server's env ids cannot be checked")
+
+    def _detail(self, exc: EnvError) -> str:
+        """``exc``'s message without the server's name (for a message that names it already)."""
+        return str(exc).removeprefix(f"agentgym server {self._server.base_url}: ")
+
+    def _shared_risk(self, why: str) -> ConfigError:
+        """The refusal of a foreign server whose env ids cannot be checked, saying why and what to do."""
+        return ConfigError(
+            f"agentgym env {self.env_name!r}: {why}. A restarted AgentGym server numbers its env ids from "
+            "0 again: when only another process sharing it (another trainer, rank or eval) sees the "
+            "restart, that process's next env gets this client's id, and this client would play, score "
+            "and train on it. Give each process its own server, or set "
+            "plugins.agentgym.accept_shared_server_risk: true to play it anyway"
+        )
+
     def _forget_id(self) -> None:
         """No env id any more (and no hold on it in the ledger)."""
         if self._claim is not None:
             self._ledger.release(self._claim)
         self._env_id, self._instance, self._claim = None, None, None
+        self._seen, self._first_seen = None, ""
 
     def _drop_id(self, gone: bool = False) -> None:
         """Forget the env id after a failure; an omrl server's id that may live on is kept for
@@ -560,9 +627,16 @@ class AgentGymEnv(Env):
         self._forget_id()
         self._started = False
 
-    def _close_id(self) -> None:
+    def _close_id(self, check: bool = True) -> None:
         """Close the env id, best effort: the server may be gone, and it frees ids on restart. An id
-        the server handed out again (the ledger says so) is not closed: it is another client's env now."""
+        that may be another client's env now (the ledger saw it handed out again, or, for an unfinished
+        episode, the env's observation on the server is not this client's last) is not closed."""
+        if check and self._env_id is not None and self._has_close and not self._done:
+            try:
+                self._check_env_is_ours(f"POST {self._route('/close')}")
+            except EnvError:
+                self._forget_id()  # (forgotten already, unless the server could not be reached)
+                return
         env_id, instance, lost = self._env_id, self._instance, self._claim is not None and self._claim.lost
         self._forget_id()
         if env_id is not None and self._has_close and not lost:
@@ -593,11 +667,17 @@ class AgentGymEnv(Env):
     def _route(self, path: str) -> str:
         return self._spec.route_prefix + path
 
-    def _call_with_id(self, method: str, path: str, body: dict | None = None, **kw: Any) -> Any:
+    def _call_with_id(self, method: str, path: str, body: dict | None = None, checked: bool = False, **kw: Any) -> Any:
         """A call about this instance's env id (in the body for POST, the query for GET), naming the
-        omrl server instance that handed it out, so a restarted server refuses it."""
+        omrl server instance that handed it out, so a restarted server refuses it. Before each
+        attempt the ledger is asked whether the id may be another client's now; ``checked``: the env
+        itself too (:meth:`_check_env_is_ours`), for calls that act on it."""
         headers = {INSTANCE_HEADER: self._instance} if self._instance else None
-        check = None if self._claim is None else lambda: self._check_claim(f"{method} {self._route(path)}")
+        what = f"{method} {self._route(path)}"
+        if checked:
+            check = lambda: self._check_env_is_ours(what)  # noqa: E731
+        else:
+            check = None if self._claim is None else lambda: self._check_claim(what)
         if method == "GET":
             return self._server.call(
                 method, self._route(path), params={self._id_key: self._env_id}, headers=headers, before_send=check, **kw

@@ -6,7 +6,8 @@ long-lived task on the process's session loop (a daemon thread that every instan
 the transport and the session, lists the server's tools, then answers the requests the env's
 thread queues, one at a time, each under its deadline. Leaving the task closes the session; for a
 stdio server the SDK then closes its stdin, and after 2 s sends SIGTERM, then SIGKILL, to its process
-group, so no server outlives its connection.
+group, so no server outlives its connection. On Linux the server runs under :mod:`.reaper`, which
+also ends what the server started (a ``setsid`` grandchild too) and dies with omrl, even a SIGKILLed one.
 
 A connection that failed (the server could not start, died, or did not answer in time) is closed, and
 the request raises :class:`ServerLost` (an :class:`omrl.envs.EnvError`) naming the server, the request
@@ -26,12 +27,15 @@ import contextlib
 import json
 import os
 import shlex
+import sys
 import tempfile
 import threading
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from omrl.config.redaction import hide, is_secret_key, redact_argv, redact_text
 from omrl.envs import EnvError
 
 SLACK = 5.0  # seconds the env's thread waits past a deadline that the loop enforces itself
@@ -40,6 +44,8 @@ STDERR_TAIL = 800  # characters of a server's stderr quoted in an error
 MAX_PAGES = 100  # tools/list pages read at most (a server that keeps handing out cursors)
 CONNECTION_CLOSED = -32000  # the code the SDK fails requests with once the connection is gone (mcp.types)
 INVALID_PARAMS = -32602  # JSON-RPC: the request's arguments are wrong
+REAPER = Path(__file__).with_name("reaper.py")
+MIN_HIDDEN = 12  # characters of an environment value hidden in errors even when its name says nothing
 
 
 class ServerLost(EnvError):
@@ -63,7 +69,19 @@ class ServerSpec:
     env: tuple[tuple[str, str], ...] = ()
 
     def __str__(self) -> str:
-        return f"MCP server {self.url}" if self.url else f"MCP server `{shlex.join(self.argv)}`"
+        # quoted by every error, so by each episode's env_error: a secret in the command (--api-key X) is not
+        if self.url:
+            return f"MCP server {redact_text(self.url)}"
+        return f"MCP server `{shlex.join(redact_argv(self.argv))}`"
+
+    def hide(self, text: str) -> str:
+        """``text`` (the server's stderr, an error) without the secrets this spec holds: its command's, and
+        the values of its environment that name a secret or are long enough to be one."""
+        found: list[str] = []
+        redact_argv(self.argv, found)
+        redact_text(self.url, found)
+        found += [value for name, value in self.env if is_secret_key(name) or len(value) >= MIN_HIDDEN]
+        return hide(text, found)
 
 
 @dataclass(frozen=True)
@@ -210,7 +228,7 @@ class Connection:
                         break  # the connection is lost: leave the session, stopping the server
                     current = None
         except BaseException as exc:  # noqa: BLE001 - the transport's task group failing, a cancel: all end here
-            self._lost = f"{_describe(exc)}{self._stderr_tail()}"
+            self._lost = self.spec.hide(f"{_describe(exc)}{self._stderr_tail()}")
             if not self._started.done():
                 self._started.set_exception(ServerLost(f"{self.spec}: could not start: {self._lost}"))
             if current is not None:
@@ -230,7 +248,7 @@ class Connection:
         if self.spec.url:
             streams = await stack.enter_async_context(_http_client()(self.spec.url))
         else:
-            argv = self.spec.argv
+            argv = supervised(self.spec.argv)
             server = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=dict(self.spec.env) or None)
             streams = await stack.enter_async_context(stdio_client(server, errlog=self._stderr))
         return await stack.enter_async_context(ClientSession(streams[0], streams[1]))
@@ -254,7 +272,7 @@ class Connection:
                 return False
             request.fail(ErrorAnswer(code, message))
         except Exception as exc:  # noqa: BLE001 - a closed stream (mcp 1), a malformed answer: not to be trusted
-            self._lost = f"{_describe(exc)}{self._stderr_tail()}"
+            self._lost = self.spec.hide(f"{_describe(exc)}{self._stderr_tail()}")
             request.fail(ServerLost(f"{self.spec}: {request.what} failed: {self._lost}; the connection is closed"))
             return False
         else:
@@ -275,7 +293,16 @@ class Connection:
         if not text:
             return ""
         tail = text[-STDERR_TAIL:]
-        return f"; its stderr ends: {'...' if len(tail) < len(text) else ''}{tail}"
+        return self.spec.hide(f"; its stderr ends: {'...' if len(tail) < len(text) else ''}{tail}")
+
+
+def supervised(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """``argv`` run under :mod:`.reaper` (Linux), which ties the server's life to this process's: the
+    parent-death signal it asks for follows the thread that starts it, the session loop's, which lives as
+    long as the process."""
+    if not sys.platform.startswith("linux"):
+        return argv
+    return (sys.executable, "-I", "-S", str(REAPER), str(os.getpid()), "--", *argv)
 
 
 # -- the SDK's calls -----------------------------------------------------------------------------

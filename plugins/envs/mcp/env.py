@@ -11,7 +11,9 @@ Options (config block ``plugins.mcp``):
 - ``command``: a stdio server, as an argv list or a shell-like string (split as a shell would,
   ``'mcp-server-sqlite --db-path my.db'``); or ``url``: a streamable-HTTP server
   (``http://127.0.0.1:8000/mcp``). Exactly one of them. ``env``: extra environment variables for a
-  stdio server (it gets the SDK's safe few, ``HOME``, ``PATH``, ``USER``..., plus these).
+  stdio server (it gets the SDK's safe few, ``HOME``, ``PATH``, ``USER``..., plus these). Their values,
+  and the secrets in ``command`` or ``url`` (``--api-key X``, ``https://me:X@host``), are redacted in
+  every file omrl writes and every error it raises (:mod:`omrl.config.redaction`).
 - ``timeout_s`` (30): seconds a tool call may take; ``start_timeout_s`` (60): seconds the server
   may take to start and list its tools.
 - ``max_result_chars`` (4000): a longer result is cut, and says so; ``max_calls`` (8): tool calls
@@ -40,6 +42,7 @@ import shutil
 import threading
 from typing import Any, Callable, Sequence
 
+from omrl.config.redaction import redact_text
 from omrl.envs import Env, EnvError, EpisodeFinishedError, Observation, StepResult
 from omrl.errors import ConfigError, short_repr
 from omrl_plugins.envs.dataset import DatasetEnv
@@ -118,7 +121,8 @@ class McpTool:
         except ErrorAnswer as answer:
             if answer.code == INVALID_PARAMS:
                 return ToolResult(f"The server refused the call: {answer.message}", error=True)
-            raise EnvError(f"{self.client.spec}: tools/call {name} failed: the server answered {answer}") from answer
+            answered = self.client.spec.hide(str(answer))
+            raise EnvError(f"{self.client.spec}: tools/call {name} failed: the server answered {answered}") from answer
         return ToolResult(truncate(outcome.text or "(no output)", self.max_chars, "result"), error=outcome.is_error)
 
     def end_episode(self) -> None:
@@ -291,7 +295,9 @@ def _argv(command: Any) -> tuple[str, ...]:
         try:
             argv = shlex.split(command)
         except ValueError as exc:  # an unclosed quote
-            raise ConfigError(f"plugins.{NAME}.command {command!r} does not split into words: {exc}") from exc
+            raise ConfigError(
+                f"plugins.{NAME}.command {redact_text(command)!r} does not split into words: {exc}"
+            ) from exc
     elif isinstance(command, (list, tuple)) and all(isinstance(word, str) for word in command):
         argv = list(command)
     else:

@@ -1,12 +1,18 @@
 """A small MCP server for the mcp env's tests, run as its own process: over stdio by default, or over
 streamable HTTP on a port (``python server.py --port 8123``). With ``MCP_TEST_PID_FILE`` set it
-writes its pid there, so a test can kill it from outside."""
+writes its pid there, so a test can kill it from outside; with ``MCP_TEST_ESCAPEE_PID_FILE`` set it first
+starts a long sleeper in a session of its own (``setsid``, as a daemonizing server does) and writes that
+one's pid there. Its ``block`` tool holds the whole server (no end-of-input is read meanwhile), having
+written ``MCP_TEST_BLOCK_FILE``."""
 
 from __future__ import annotations
 
 import argparse
 import base64
 import os
+import subprocess
+import sys
+import time
 
 import anyio
 
@@ -55,6 +61,16 @@ async def slow(seconds: float) -> str:
 
 
 @server.tool()
+def block(seconds: float) -> str:
+    """Holds the whole server for ``seconds`` (a synchronous sleep: nothing else is read meanwhile)."""
+    if os.environ.get("MCP_TEST_BLOCK_FILE"):
+        with open(os.environ["MCP_TEST_BLOCK_FILE"], "w") as out:
+            out.write("blocking")
+    time.sleep(seconds)
+    return f"blocked {seconds} s"
+
+
+@server.tool()
 def crash() -> str:
     """Kills the server process at once."""
     os._exit(3)
@@ -76,6 +92,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     port = parser.parse_args().port
+    if os.environ.get("MCP_TEST_ESCAPEE_PID_FILE"):
+        sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+        escapee = subprocess.Popen(sleeper, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        with open(os.environ["MCP_TEST_ESCAPEE_PID_FILE"], "w") as out:
+            out.write(str(escapee.pid))
     if os.environ.get("MCP_TEST_PID_FILE"):
         with open(os.environ["MCP_TEST_PID_FILE"], "w") as out:
             out.write(str(os.getpid()))

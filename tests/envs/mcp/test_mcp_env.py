@@ -51,7 +51,7 @@ def test_the_servers_tools_are_the_envs_and_a_call_is_a_turn(stdio_env, pid_file
     first = stdio_env.reset(0)
     assert first.text == "What is 2 + 3?"
     tools = {tool["name"]: tool for tool in stdio_env.tools}
-    assert set(tools) == {"answer", "add", "lookup", "fail", "slow", "crash", "picture", "long_text"}
+    assert set(tools) == {"answer", "add", "lookup", "fail", "slow", "block", "crash", "picture", "long_text"}
     assert tools["add"]["description"] == "Add two integers."
     assert tools["add"]["parameters"]["properties"] == {
         "a": {"title": "A", "type": "integer"},

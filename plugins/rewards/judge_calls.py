@@ -1,0 +1,418 @@
+"""The ``judge`` reward's judge: asking it (an OpenAI-compatible endpoint or a local model, with a cache)
+and reading its replies on a scale.
+
+A judge takes prompts and gives one :class:`Reply` each: its text, or why there is none (an HTTP
+error after the retries, no answer within the timeout, a body that is no completion). Only a judge
+that cannot work at all (the endpoint refuses the key, knows no such model or route) raises: every
+episode would fail alike, so the run stops naming the fix instead. :func:`read_one` and
+:func:`read_group` read a reply's verdict on a :class:`Scale` or raise :class:`Unreadable`.
+
+The API key is read from the environment variable the options name, sent in a header and kept nowhere
+else: not in a reply, an error message or the cache key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Sequence
+
+from omrl.chat.replies import REASONING_FIELDS
+from omrl.errors import ConfigError, short_repr
+
+if TYPE_CHECKING:
+    import httpx
+
+RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+#: statuses that say the judge is misconfigured (key, model, route): every call would fail, so the run stops
+FATAL_STATUS = {401: "refused the API key", 403: "refused the API key", 404: "knows no such model or route"}
+CACHE_SIZE = 20_000  # replies kept for identical prompts (least recently used dropped first)
+LOCAL_BACKENDS = ("hf", "vllm")
+
+
+@dataclass
+class Reply:
+    """A judge's answer to one prompt: ``text`` (and any separate ``reasoning`` the server sent), or ``error``."""
+
+    text: str = ""
+    reasoning: str = ""
+    error: str = ""
+    cut: bool = False  # the reply stopped at max_tokens
+    cached: bool = False
+
+
+class EndpointJudge:
+    """An OpenAI-compatible ``/chat/completions`` endpoint, asked ``concurrency`` prompts at a time."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str,
+        temperature: float,
+        max_tokens: int,
+        timeout_s: float,
+        retries: int,
+        concurrency: int,
+    ):
+        if not base_url or not model:
+            raise ConfigError(
+                "reward 'judge' with backend=openai needs base_url and model, e.g. "
+                "plugins.judge.base_url=http://127.0.0.1:8000/v1 plugins.judge.model=Qwen/Qwen3-8B"
+            )
+        import httpx  # only a judge at an endpoint needs it
+
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self.label = f"{model!r} at {self.base_url}"
+        self.api_key_env = api_key_env
+        key = os.environ.get(api_key_env, "") if api_key_env else ""
+        self._key = key  # only to scrub it from what the server says, should it echo it back
+        self.client = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {key}"} if key else {},
+            timeout=httpx.Timeout(timeout_s, connect=min(10.0, timeout_s)),
+        )
+        self.sampling = {"model": model, "temperature": temperature, "max_tokens": max_tokens}
+        self.timeout_s, self.retries, self.concurrency = timeout_s, retries, concurrency
+        self.key = json.dumps(["openai", self.base_url, self.sampling])  # what the cache tells judges apart by
+
+    def ask(self, prompts: Sequence[str]) -> list[Reply]:
+        pool = ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(prompts))), thread_name_prefix="judge")
+        try:
+            return list(pool.map(self._one, prompts))
+        finally:  # a stalled reward stage must not wait here for the calls still in flight
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _one(self, prompt: str) -> Reply:
+        import httpx
+
+        body = {**self.sampling, "messages": [{"role": "user", "content": prompt}]}
+        why = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(min(0.5 * 2 ** (attempt - 1), 8.0))
+            try:
+                answer = self.client.post("/chat/completions", json=body)
+            except httpx.TimeoutException:
+                return Reply(error=f"no answer within timeout_s={self.timeout_s:g}")
+            except httpx.TransportError as exc:
+                why = f"cannot reach it ({type(exc).__name__}: {exc})"
+                continue
+            if answer.status_code in FATAL_STATUS:
+                raise ConfigError(self._fatal(answer))
+            if answer.status_code in RETRY_STATUS:
+                why = f"HTTP {answer.status_code}: {self._said(answer)}"
+                continue
+            if answer.status_code >= 400:  # a prompt it will not take (too long for its context): this episode's
+                return Reply(error=f"HTTP {answer.status_code}: {self._said(answer)}")
+            reply = _completion(answer)
+            if self._key:
+                reply.text, reply.reasoning, reply.error = (
+                    part.replace(self._key, "***") for part in (reply.text, reply.reasoning, reply.error)
+                )
+            return reply
+        tries = f" (tried {self.retries + 1} times)" if self.retries else ""
+        return Reply(error=why + tries)
+
+    def _fatal(self, answer: httpx.Response) -> str:
+        fix = (
+            f"check the key in ${self.api_key_env} (plugins.judge.api_key_env names the variable)"
+            if answer.status_code in (401, 403)
+            else "check plugins.judge.base_url (it ends in /v1) and plugins.judge.model"
+        )
+        return (
+            f"reward 'judge': the judge {self.label} {FATAL_STATUS[answer.status_code]} "
+            f"(HTTP {answer.status_code}: {self._said(answer)}); {fix}"
+        )
+
+    def _said(self, answer: httpx.Response) -> str:
+        """What the server answered, cut to a line, the key scrubbed from it."""
+        return short_repr(answer.text.replace(self._key, "***") if self._key else answer.text)
+
+
+def _completion(answer: httpx.Response) -> Reply:
+    """The reply text of a chat completion, or what is wrong with it."""
+    try:
+        choice = answer.json()["choices"][0]
+        message, finish = choice["message"], choice.get("finish_reason")
+        text = message.get("content") or ""
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return Reply(error=f"answered no chat completion: {short_repr(answer.text)}")
+    if not isinstance(text, str):
+        return Reply(error=f"answered content that is no text: {short_repr(text)}")
+    reasoning = next((message[f] for f in REASONING_FIELDS if isinstance(message.get(f), str) and message[f]), "")
+    return Reply(text=text, reasoning=reasoning, cut=finish == "length")
+
+
+class LocalJudge:
+    """A model omrl loads itself (``tiny``, a directory, a hub id), through one of its backends."""
+
+    def __init__(self, backend: str, model: str, dtype: str, temperature: float, max_tokens: int, concurrency: int):
+        if not model:
+            raise ConfigError(
+                f"reward 'judge' with backend={backend} needs model: a built-in name, a directory or a hub id "
+                "(plugins.judge.model=smollm2-135m)"
+            )
+        self.label = f"{model!r} ({backend} backend)"
+        self.model, self.tokenizer = _local_model(backend, model, dtype, concurrency)
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.key = json.dumps([backend, model, dtype, temperature, max_tokens])
+
+    def ask(self, prompts: Sequence[str]) -> list[Reply]:
+        from omrl.backends.base import SamplingParams
+
+        tokenizer = self.tokenizer
+        ids = []
+        for prompt in prompts:
+            chat = [{"role": "user", "content": prompt}]
+            text = (
+                tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                if getattr(tokenizer, "chat_template", None)
+                else prompt
+            )
+            ids.append(tokenizer.encode(text, add_special_tokens=False))
+        params = SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, seed=0)
+        try:
+            generations = self.model.generate(ids, params)
+        except Exception as exc:  # noqa: BLE001 - whatever the engine raised fails these episodes, named
+            return [Reply(error=f"generation failed ({type(exc).__name__}: {exc})") for _ in prompts]
+        finally:
+            self.model.release()
+        return [
+            Reply(text=tokenizer.decode(g.token_ids, skip_special_tokens=True), cut=g.finish_reason == "length")
+            for g in generations
+        ]
+
+    def close(self) -> None:
+        """The model stays loaded for the next batch."""
+
+
+_LOCAL: dict[tuple[str, str, str, int], tuple[Any, Any]] = {}
+
+
+def _local_model(backend: str, model: str, dtype: str, concurrency: int) -> tuple[Any, Any]:
+    """The backend and tokenizer of a local judge, loaded once per process."""
+    key = (backend, model, dtype, concurrency)
+    if key not in _LOCAL:
+        from omrl.backends import make_backend
+        from omrl.config.options import GenerationConfig
+        from omrl.models import load_tokenizer
+
+        tokenizer = load_tokenizer(model)
+        generation = GenerationConfig(backend=backend, batch_size=concurrency, kv_reuse=False)
+        _LOCAL[key] = (make_backend(backend, tokenizer, generation, model_name=model, dtype=dtype), tokenizer)
+    return _LOCAL[key]
+
+
+def make_judge(
+    backend: str,
+    base_url: str,
+    model: str,
+    api_key_env: str,
+    dtype: str,
+    temperature: float,
+    max_tokens: int,
+    timeout_s: float,
+    retries: int,
+    concurrency: int,
+) -> EndpointJudge | LocalJudge:
+    if backend == "openai":
+        return EndpointJudge(base_url, model, api_key_env, temperature, max_tokens, timeout_s, retries, concurrency)
+    if backend in LOCAL_BACKENDS:
+        return LocalJudge(backend, model, dtype, temperature, max_tokens, concurrency)
+    raise ConfigError(
+        f"reward 'judge' option backend={backend!r} is invalid; valid: openai (an endpoint at base_url), "
+        f"{', '.join(LOCAL_BACKENDS)} (a model omrl loads)"
+    )
+
+
+# -- the cache: identical prompts to the same judge are asked once a run (a process) -----------------------
+_CACHE: OrderedDict[str, Reply] = OrderedDict()
+
+
+def ask_cached(judge: EndpointJudge | LocalJudge, prompts: Sequence[str], cache: bool) -> list[Reply]:
+    """One reply per prompt, at most ``concurrency`` asked at a time. With ``cache`` each distinct prompt
+    is asked once, and none that this process already had an answer to (failed replies are not kept);
+    without, every prompt is asked."""
+    if not cache:
+        return judge.ask(prompts)
+    keys = [_key(judge, p) for p in prompts]
+    known = {k: _CACHE[k] for k in keys if k in _CACHE}
+    todo = list(dict.fromkeys(k for k in keys if k not in known))
+    fresh: dict[str, Reply] = {}
+    if todo:
+        text = dict(zip(keys, prompts))
+        fresh = dict(zip(todo, judge.ask([text[k] for k in todo])))
+        for k, reply in fresh.items():
+            if not reply.error:
+                _CACHE[k] = reply
+                while len(_CACHE) > CACHE_SIZE:
+                    _CACHE.popitem(last=False)
+    out, asked = [], set()
+    for k in keys:
+        if k in known or k in asked:  # answered before, or earlier in this batch
+            out.append(replace(known.get(k) or fresh[k], cached=True))
+        else:
+            out.append(fresh[k])
+            asked.add(k)
+    return out
+
+
+def forget(judge: EndpointJudge | LocalJudge, prompt: str) -> None:
+    """Drop the cached reply to ``prompt`` (one that could not be read: the next batch asks again)."""
+    _CACHE.pop(_key(judge, prompt), None)
+
+
+def _key(judge: EndpointJudge | LocalJudge, prompt: str) -> str:
+    return hashlib.sha256(json.dumps([judge.key, prompt]).encode()).hexdigest()
+
+
+def clear_cache() -> None:
+    """Forget every reply (a new run in the same process; tests)."""
+    _CACHE.clear()
+
+
+# -- scales ------------------------------------------------------------------------------------------------
+SCALES = ("number", "yes_no", "likert")
+#: a verdict line: ``SCORE: 7``, ``**Final score:** 7/10``, ``Score = yes`` (the last one counts)
+_VERDICT = re.compile(r"^.*?\bscore\b[ \t*_]*[:=][ \t*_]*(.*?)[ \t*_.]*$", re.I | re.M)
+_YES_NO = re.compile(r"[\W_]*(yes|no)\b", re.I)
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+
+
+class Unreadable(ValueError):
+    """A verdict that is not on the scale."""
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How the judge gives a score, and how it becomes one in [0, 1]."""
+
+    kind: str
+    low: float
+    high: float
+    points: int
+
+    def describe(self) -> str:
+        if self.kind == "yes_no":
+            return "yes or no"
+        if self.kind == "likert":
+            return f"an integer from 1 to {self.points} ({self.points} is best)"
+        return f"a number from {self.low:g} to {self.high:g} ({self.high:g} is best)"
+
+    def read(self, value: Any) -> float:
+        """``value`` (a verdict's text, or a JSON value) as a score in [0, 1]; :class:`Unreadable` if off the scale."""
+        if self.kind == "yes_no":
+            found = None if isinstance(value, bool) else _YES_NO.match(str(value))
+            word = value if isinstance(value, bool) else found.group(1).lower() if found else None
+            if word in (True, "yes"):
+                return 1.0
+            if word in (False, "no"):
+                return 0.0
+            raise Unreadable(f"{short_repr(value)} is not yes or no")
+        if isinstance(value, bool):
+            raise Unreadable(f"{value!r} is no number")
+        if isinstance(value, (int, float)):
+            number = float(value)
+        else:
+            found = _NUMBER.search(str(value))
+            if found is None:
+                raise Unreadable(f"{short_repr(value)} holds no number")
+            number = float(found.group())
+        if self.kind == "likert":
+            if number != int(number) or not 1 <= number <= self.points:
+                raise Unreadable(f"{number:g} is not an integer from 1 to {self.points}")
+            return (number - 1) / (self.points - 1)
+        if not (math.isfinite(number) and self.low <= number <= self.high):
+            raise Unreadable(f"{number:g} is outside [{self.low:g}, {self.high:g}]")
+        return (number - self.low) / (self.high - self.low)
+
+
+def make_scale(kind: str, low: float, high: float, points: int) -> Scale:
+    if kind not in SCALES:
+        raise ConfigError(
+            f"reward 'judge' option scale={kind!r} is invalid; valid: number (from low to high), yes_no, "
+            "likert (an integer from 1 to points)"
+        )
+    numbers = (low, high)
+    if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in numbers):
+        raise ConfigError(f"reward 'judge' options low={low!r} and high={high!r} must be finite numbers")
+    if kind == "number" and not low < high:
+        raise ConfigError(f"reward 'judge' needs low < high for scale=number, got low={low!r} high={high!r}")
+    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
+        raise ConfigError(f"reward 'judge' option points={points!r} is invalid; valid: an integer >= 2")
+    return Scale(kind, float(low), float(high), points)
+
+
+# -- reading replies --------------------------------------------------------------------------------------------
+def read_one(text: str, scale: Scale) -> tuple[float, str, str]:
+    """The score, the verdict as written and the reasoning before it, from a reply that ends with
+    ``SCORE: <value>`` (or is the bare value)."""
+    found = list(_VERDICT.finditer(text))
+    if found:
+        verdict = found[-1].group(1).strip()
+        try:
+            return scale.read(verdict), verdict, text[: found[-1].start()].strip()
+        except Unreadable as exc:
+            raise Unreadable(f"the verdict {exc}") from None
+    bare = text.strip().strip("*_`'\". ").lower()  # a reply that is the value alone: "7", "yes"
+    if bare in ("yes", "no") if scale.kind == "yes_no" else _NUMBER.fullmatch(bare):
+        try:
+            return scale.read(bare), bare, ""
+        except Unreadable as exc:
+            raise Unreadable(f"the verdict {exc}") from None
+    raise Unreadable(f"no line 'SCORE: <{scale.describe()}>' in {short_repr(text)}")
+
+
+def read_group(text: str, count: int, scale: Scale) -> list[tuple[float, str, str]]:
+    """Each attempt's score, verdict and explanation, in order, from the reply's JSON
+    ``{"scores": [{"id": 1, "explanation": "...", "score": ...}, ...]}`` (its last such object)."""
+    found = _last_scores_object(text)
+    if found is None:
+        raise Unreadable(f"no JSON object with 'scores' in {short_repr(text)}")
+    entries = found["scores"]
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and "score" in e for e in entries):
+        raise Unreadable(f"'scores' is not a list of objects with a score: {short_repr(entries)}")
+    by_id: dict[int, dict[str, Any]] = {}
+    for entry in entries:
+        try:
+            key = int(entry.get("id"))
+        except (TypeError, ValueError):
+            raise Unreadable(f"an entry's id {short_repr(entry.get('id'))} is not an attempt number") from None
+        by_id[key] = entry
+    if sorted(by_id) != list(range(1, count + 1)) or len(entries) != count:
+        raise Unreadable(f"'scores' has ids {sorted(by_id)} for attempts 1 to {count}")
+    out = []
+    for i in range(1, count + 1):
+        entry = by_id[i]
+        try:
+            score = scale.read(entry["score"])
+        except Unreadable as exc:
+            raise Unreadable(f"attempt {i}'s score {exc}") from None
+        out.append((score, str(entry["score"]), str(entry.get("explanation") or "")))
+    return out
+
+
+def _last_scores_object(text: str) -> dict[str, Any] | None:
+    decoder = json.JSONDecoder()
+    found, i = None, text.find("{")
+    while i != -1:
+        try:
+            value, end = decoder.raw_decode(text, i)
+        except ValueError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(value, dict) and "scores" in value:
+            found = value
+        i = text.find("{", end if isinstance(value, dict) and "scores" in value else i + 1)
+    return found

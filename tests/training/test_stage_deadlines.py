@@ -1,0 +1,64 @@
+"""A training run's own stages under their deadlines: a weight sync, a checkpoint save, an evaluation or
+the generation process's hand-over that hangs stops the run (exit status 2), named, its stacks written."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+
+import pytest
+
+from omrl.config.options import DeadlineConfig
+from omrl.supervisor import StageStalled, supervise
+from omrl.training import async_generation, online, online_recipe
+from omrl.training.rl import run_rl
+from tests.helpers import gridworld_grpo_config
+
+
+def hang(*args, **kwargs):
+    time.sleep(120)
+
+
+@pytest.mark.parametrize(
+    "stage, module, name",
+    [
+        ("weight_sync", online, "_sync"),
+        ("checkpoint", online_recipe, "save_recipe_checkpoint"),
+        ("eval", online_recipe, "evaluate"),
+    ],
+)
+def test_a_training_stage_that_hangs_stops_the_run_named(tiny_model_dir, tmp_path, monkeypatch, stage, module, name):
+    monkeypatch.setattr(module, name, hang)
+    cfg = gridworld_grpo_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "steps=1",
+        "tasks_per_step=1",
+        "group_size=2",
+        "eval_tasks=1",
+        "generation.max_new_tokens=4",
+        "logging.save_steps=1",
+        f"deadlines.{stage}_s=1",
+        "deadlines.heartbeat_s=0",
+    )
+    started = time.monotonic()
+    with pytest.raises(StageStalled, match=rf"deadlines.{stage}_s=1 \(step 1"):
+        run_rl(cfg)
+    assert time.monotonic() - started < 120
+    (dump,) = (tmp_path / "run" / "stalls").iterdir()
+    assert f"-{stage}-" in dump.name and "in hang" in dump.read_text()
+
+
+def test_a_generation_process_that_never_hands_over_stops_the_run(tmp_path):
+    context = multiprocessing.get_context("spawn")
+    silent = context.Process(target=time.sleep, args=(60,), daemon=True)  # alive, and never answers
+    silent.start()
+    generation = object.__new__(async_generation.GenerationProcess)
+    generation.results, generation.process, generation.ready = queue.Queue(), silent, {}
+    try:
+        with supervise(DeadlineConfig(handover_s=1.5, heartbeat_s=0), tmp_path, warn=lambda text: None):
+            with pytest.raises(StageStalled, match=r"waiting for the generation process's next step did not finish"):
+                generation.take(3)
+    finally:
+        silent.kill()
