@@ -1,0 +1,377 @@
+"""``textworld``: Microsoft TextWorld's generated text adventures (PyPI ``textworld``), made offline.
+
+Install with ``pip install 'omrl[textworld]'``. Each task is a game that TextWorld generates from
+a seed, as ``tw-make custom --world-size W --nb-objects O --quest-length Q --seed S`` does, and
+compiles with the Inform 7 compiler it ships. Envs:
+
+- ``textworld``: the family; the option ``difficulty`` picks the games.
+- ``textworld:<difficulty>`` for the named ones: ``textworld:easy`` (``w2-o3-q4``),
+  ``textworld:medium`` (``w4-o6-q8``), ``textworld:hard`` (``w8-o12-q4``), and the settings of
+  Wang and Ammanabrolu's study (arXiv 2510.01132) by name: ``textworld:w2-o3-q4``,
+  ``textworld:w8-o3-q4``, ``textworld:w2-o12-q4``, ``textworld:w8-o12-q4``, ``textworld:w4-o6-q8``.
+
+Options (config block ``plugins.textworld``; ``plugins.textworld:easy`` and so on for a named one):
+
+- ``difficulty`` (the family only): ``easy`` (default), ``medium``, ``hard``, or
+  ``w<rooms>-o<objects>-q<quest length>`` (``w4-o6-q8``: 4 rooms, at least 6 objects, a quest of 8
+  actions).
+- ``reward``: ``points`` (default): the game's own score, normalized by its maximum (a generated
+  game has one quest worth 1 point, so it is 1 on the win and 0 before); ``progress``: dense,
+  how much of the way to the win the agent has come, ``1 - remaining / initial`` steps of the
+  game's winning policy (TextWorld's quest tracking), which falls when the agent strays.
+  ``score`` is the same quantity and the step rewards are its changes: they sum to the score.
+- ``show_commands`` (false): end every observation with the admissible commands.
+- ``max_turns`` (0: three times the quest length, the turn caps of arXiv 2510.01132's main tables:
+  12 for ``w2-o3-q4``, 24 for ``w4-o6-q8``).
+- ``cache_dir`` (``$OMRL_HOME/textworld`` by default).
+
+Task ids are the seeds: ``train`` 0..99,999, ``test`` 1,000,000..1,000,499. A game is generated
+on its first ``reset`` (about a second for small worlds) and kept under
+``<cache_dir>/<textworld version>/<difficulty>/<seed>/``; later resets, in any process, load it.
+Generation writes into a temporary folder beside that one and renames it into place, so two
+processes that generate the same game at once each finish and one of the two identical games stays.
+
+The first observation is the game's introduction (its goal) and the first room, without the
+banner; the instruction is the goal. ``info`` carries ``admissible_commands`` (as
+``admissible_actions()`` returns them), ``points`` and ``max_points`` (the game's score),
+``progress``, the ``difficulty`` and the ``seed``. A command that is not one of the admissible
+commands is ``invalid`` (the game still gets it: it may understand ``n`` for ``go north``); the
+interpreter's own commands (``quit``, ``restart``, ``save``, ``restore``, ``undo``, ``script``...)
+never reach the game and are ``invalid``.
+``won`` when the quest is completed; an episode ends on a win or a loss, and otherwise when the
+rollout's turn cap (``max_turns``) is reached.
+
+Expert: the next command of the game's winning policy from where the agent stands (TextWorld's
+walkthrough at the start, re-planned after every step), so it wins from any position.
+
+Episodes depend on (task, actions) alone: tree search copies them by replay.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from omrl.envs import Env, EnvError, Observation, StepResult, env_variant
+from omrl.errors import ConfigError
+from omrl.hookspecs import hookimpl
+from omrl_plugins.envs.engines.common import (
+    check_running,
+    check_task_in_splits,
+    clean_action,
+    clip01,
+    require,
+    split_ids,
+)
+
+#: the named difficulties; easy, medium and hard are settings of arXiv 2510.01132
+DIFFICULTIES = {"easy": "w2-o3-q4", "medium": "w4-o6-q8", "hard": "w8-o12-q4"}
+#: the settings of arXiv 2510.01132 (Table 1), each also registered as ``textworld:<setting>``
+STUDY_SETTINGS = ("w2-o3-q4", "w8-o3-q4", "w2-o12-q4", "w8-o12-q4", "w4-o6-q8")
+SPLITS = {"train": range(0, 100_000), "test": range(1_000_000, 1_000_500)}
+REWARDS = ("points", "progress")
+GAME_FILE = "game.z8"  # TextWorld keeps the game's data beside it, in game.json
+#: the interpreter's commands, never sent to the game: they would restart or end it behind TextWorld's
+#: back (its quest tracking would go on from the old state) or write save and transcript files
+INTERPRETER_COMMANDS = frozenset(
+    {"quit", "q", "restart", "save", "restore", "undo", "script", "transcript", "unscript", "noscript"}
+)
+_SETTING = re.compile(r"w(\d+)-o(\d+)-q(\d+)")
+_LETTER_OR_DIGIT = re.compile(r"[A-Za-z0-9]")
+_PROMPT = re.compile(r"(?:\A|\n)>[^\n]*\Z")  # the parser's prompt and the status line after the text
+_AFTER_THE_END = re.compile(r"\n*Would you like to RESTART[^\n]*\Z")  # the interpreter's, once the game is over
+_BLANK_LINES = re.compile(r"\n\s*\n(\s*\n)+")
+#: one game is generated at a time in a process (TextWorld's generator keeps module state)
+_generation_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Difficulty:
+    """What TextWorld generates: ``rooms`` rooms, at least ``objects`` objects and a quest of
+    ``quest_length`` actions (tw-make's ``--world-size``, ``--nb-objects``, ``--quest-length``)."""
+
+    rooms: int
+    objects: int
+    quest_length: int
+
+    @property
+    def name(self) -> str:
+        return f"w{self.rooms}-o{self.objects}-q{self.quest_length}"
+
+
+def parse_difficulty(difficulty: Any) -> Difficulty:
+    """``easy``/``medium``/``hard`` or ``w<rooms>-o<objects>-q<quest length>`` as a Difficulty,
+    or ConfigError naming the valid values."""
+    setting = DIFFICULTIES.get(difficulty, difficulty) if isinstance(difficulty, str) else ""
+    match = _SETTING.fullmatch(setting)
+    if match:
+        rooms, objects, quest_length = map(int, match.groups())
+        if rooms >= 1 and quest_length >= 1:
+            return Difficulty(rooms, objects, quest_length)
+    raise ConfigError(
+        f"textworld option difficulty: {difficulty!r} is not a difficulty; valid: "
+        f"{', '.join(DIFFICULTIES)}, or w<rooms>-o<objects>-q<quest length> with at least 1 room "
+        "and a quest of at least 1 action, e.g. w4-o6-q8"
+    )
+
+
+def game_folder(cache_dir: Path, difficulty: Difficulty, seed: int, version: str) -> Path:
+    """Where the game of ``seed`` is cached: ``<cache_dir>/<textworld version>/<difficulty>/<seed>``."""
+    return cache_dir / version / difficulty.name / str(seed)
+
+
+def generate_game(textworld: Any, difficulty: Difficulty, seed: int, folder: Path) -> Path:
+    """The game file of ``seed`` in ``folder``, generated and compiled there unless it already is.
+
+    The game is made in a temporary folder beside ``folder`` and renamed into place: another
+    process never sees half a game, and when two make the same game at once, one rename wins
+    (both games are the same: TextWorld's generation depends on the seed alone).
+    """
+    game_file = folder / GAME_FILE
+    if game_file.is_file():
+        return game_file
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _generation_lock:
+        if game_file.is_file():  # another thread of this process made it meanwhile
+            return game_file
+        work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            options = textworld.GameOptions()
+            options.seeds = seed
+            options.nb_rooms = difficulty.rooms
+            options.nb_objects = difficulty.objects
+            chaining = options.chaining
+            chaining.min_length = chaining.max_length = chaining.max_depth = difficulty.quest_length
+            options.path = str(work / GAME_FILE)
+            options.file_ext = ".z8"
+            try:
+                game = textworld.generator.make_game(options)
+            except textworld.generator.QuestGenerationError as exc:
+                raise ConfigError(
+                    f"textworld difficulty {difficulty.name}: TextWorld found no quest of {difficulty.quest_length} "
+                    f"actions in a world of {difficulty.rooms} rooms and {difficulty.objects} objects (seed {seed}); "
+                    "add rooms or objects, or shorten the quest"
+                ) from exc
+            try:
+                textworld.generator.compile_game(game, options)
+            except Exception as exc:  # Inform 7's compilers failed (CouldNotCompileGameError, OSError)
+                raise EnvError(
+                    f"textworld: compiling the game of seed {seed} ({difficulty.name}) failed: {exc}"
+                ) from exc
+            (work / "game.ni").unlink(missing_ok=True)  # the Inform 7 source: not needed to play
+            try:
+                os.rename(work, folder)
+            except OSError:
+                if not game_file.is_file():  # not another process's finished game in the way
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return game_file
+
+
+def clean_feedback(text: str) -> str:
+    """The game's text without its banner (leading lines of no letter or digit), the parser's
+    prompt and status line at the end, the interpreter's restart question after the end, and runs
+    of blank lines."""
+    lines = (text or "").split("\n")
+    while lines and not _LETTER_OR_DIGIT.search(lines[0]):
+        lines.pop(0)
+    text = _AFTER_THE_END.sub("", _PROMPT.sub("", "\n".join(lines)))
+    return _BLANK_LINES.sub("\n\n", text).strip()
+
+
+@dataclass
+class LiveGame:
+    """The live game: its identity, the admissible commands and the winning policy now, the score."""
+
+    seed: int
+    commands: list[str]
+    policy: list[str]
+    initial_policy: int
+    points: int = 0
+    max_points: int = 1
+    score: float = 0.0
+    running: bool = True
+
+
+class TextWorldEnv(Env):
+    """TextWorld's generated text adventures by difficulty, e.g. w4-o6-q8 (pip install 'omrl[textworld]')."""
+
+    action_help = (
+        "One command per turn, e.g. go north, open door, take key, take key from box, "
+        "unlock chest with key, put apple on table, insert apple into box, examine box, look, inventory."
+    )
+    action_example = "go north"
+    max_turns = 12  # easy's; an instance's own is three times its quest length
+    deterministic = True
+    splits = tuple(SPLITS)
+    package = "textworld"
+    extra = "textworld"
+
+    def __init__(
+        self,
+        difficulty: str = "easy",
+        reward: str = "points",
+        show_commands: bool = False,
+        max_turns: int = 0,
+        cache_dir: str = "",
+    ):
+        self.difficulty = parse_difficulty(difficulty)
+        if reward not in REWARDS:
+            raise ConfigError(f"textworld option reward: unknown reward {reward!r}; valid: {', '.join(REWARDS)}")
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 0:
+            raise ConfigError(
+                f"textworld option max_turns: {max_turns!r} is not a turn count; valid: 0 (three times the "
+                "quest length) or a positive whole number"
+            )
+        if not isinstance(show_commands, bool):
+            raise ConfigError(f"textworld option show_commands: {show_commands!r}; valid: true or false")
+        self.reward = reward
+        self.show_commands = show_commands
+        self.max_turns = max_turns or 3 * self.difficulty.quest_length  # type: ignore[misc]  # per instance
+        self._cache_dir = Path(cache_dir).expanduser() if cache_dir else None
+        self._textworld = require("textworld", "textworld", self.extra)
+        require("textworld.generator", "textworld", self.extra)
+        self._infos = self._textworld.EnvInfos(
+            admissible_commands=True, policy_commands=True, objective=True, max_score=True, won=True, lost=True
+        )
+        self._game: Any = None  # TextWorld's environment, reused from game to game
+        self._episode: LiveGame | None = None
+
+    @property
+    def cache_dir(self) -> Path:
+        """The folder of generated games (``$OMRL_HOME/textworld`` unless the option says otherwise)."""
+        if self._cache_dir is None:
+            from omrl.models import omrl_home  # imports torch: only when the default is needed
+
+            self._cache_dir = omrl_home() / "textworld"
+        return self._cache_dir
+
+    def task_ids(self, split: str) -> Sequence[int]:
+        return split_ids("textworld", split, SPLITS)
+
+    def game_file(self, task_id: int) -> Path:
+        """The game of ``task_id`` (its seed), generated into the cache unless it is there."""
+        check_task_in_splits("textworld", task_id, SPLITS)
+        version = self._textworld.__version__
+        folder = game_folder(self.cache_dir, self.difficulty, task_id, version)
+        return generate_game(self._textworld, self.difficulty, task_id, folder)
+
+    def reset(self, task_id: int) -> Observation:
+        path = str(self.game_file(task_id))
+        self._episode = None
+        with warnings.catch_warnings():
+            # jericho knows TextWorld's games as "not fully supported" (it cannot read their score);
+            # TextWorld's own wrappers read it from the game's text
+            warnings.filterwarnings("ignore", message=".*is not fully supported", module="jericho")
+            if self._game is None:
+                self._game = self._textworld.start(path, request_infos=self._infos)
+            else:
+                self._game.load(path)
+            state = self._game.reset()
+        policy = list(state["policy_commands"] or [])
+        episode = LiveGame(task_id, list(state["admissible_commands"]), policy, len(policy))
+        episode.max_points = int(state["max_score"] or 1)
+        self._episode = episode
+        objective = str(state["objective"] or "").strip()
+        return Observation(self._text(state["feedback"], episode), objective, self._info(episode, invalid=False))
+
+    def step(self, action: str) -> StepResult:
+        episode = self._episode
+        check_running("textworld", episode is not None and episode.running)
+        assert episode is not None
+        command = clean_action(action)
+        if command.split(" ", 1)[0] in INTERPRETER_COMMANDS:
+            text = f"{command.split(' ', 1)[0]!r} is a command of the game's interpreter, not of the game."
+            return StepResult(self._text(text, episode), 0.0, False, self._info(episode, invalid=True))
+        invalid = command not in {c.lower() for c in episode.commands}
+        state, points, done = self._game.step(command)
+        episode.commands = list(state["admissible_commands"] or [])
+        episode.policy = list(state["policy_commands"] or [])
+        episode.points = int(points or 0)
+        won, lost = bool(state["won"]), bool(state["lost"])
+        before, episode.score = episode.score, self._score(episode, won)
+        episode.running = not (done or won or lost)
+        info = self._info(episode, invalid=invalid, won=won, lost=lost)
+        return StepResult(self._text(state["feedback"], episode), episode.score - before, not episode.running, info)
+
+    def admissible_actions(self) -> list[str] | None:
+        episode = self._episode
+        return list(episode.commands) if episode is not None and episode.running else None
+
+    def expert_action(self) -> str | None:
+        """The next command of the game's winning policy from here; None when there is none."""
+        episode = self._episode
+        if episode is None or not episode.running or not episode.policy:
+            return None
+        return episode.policy[0]
+
+    def close(self) -> None:
+        game, self._game = self._game, None
+        self._episode = None
+        if game is not None:
+            game.close()
+
+    def progress(self, episode: LiveGame, won: bool) -> float:
+        """How much of the winning policy is behind the agent: 1 on a win, 0 where no way to win is left."""
+        if won:
+            return 1.0
+        if not episode.policy or not episode.initial_policy:
+            return 0.0
+        return clip01(1.0 - len(episode.policy) / episode.initial_policy)
+
+    def _score(self, episode: LiveGame, won: bool) -> float:
+        if self.reward == "progress":
+            return self.progress(episode, won)
+        return clip01(episode.points / episode.max_points)
+
+    def _text(self, feedback: str, episode: LiveGame) -> str:
+        text = clean_feedback(feedback)
+        if self.show_commands and episode.running and episode.commands:
+            text = f"{text}\nAdmissible commands: {', '.join(episode.commands)}"
+        return text
+
+    def _info(self, episode: LiveGame, invalid: bool, won: bool = False, lost: bool = False) -> dict[str, Any]:
+        return {
+            "won": won,
+            "score": episode.score,
+            "invalid": invalid,
+            "lost": lost,
+            "points": episode.points,
+            "max_points": episode.max_points,
+            "progress": self.progress(episode, won),
+            "admissible_commands": list(episode.commands) if episode.running else [],
+            "difficulty": self.difficulty.name,
+            "seed": episode.seed,
+        }
+
+
+def _difficulty_env(name: str) -> type[Env]:
+    level = parse_difficulty(name)
+    variant = env_variant(
+        TextWorldEnv,
+        f"TextWorld_{name.replace('-', '_')}",
+        f"TextWorld {name}: generated games of {level.rooms} rooms, at least {level.objects} objects and a "
+        f"quest of {level.quest_length} actions (pip install 'omrl[textworld]').",
+        difficulty=name,
+    )
+    variant.max_turns = 3 * level.quest_length  # what `omrl env list` shows
+    return variant
+
+
+#: one env per named difficulty and study setting, built once so every registry lookup returns the same class
+DIFFICULTY_ENVS = {name: _difficulty_env(name) for name in (*DIFFICULTIES, *STUDY_SETTINGS)}
+
+
+@hookimpl
+def register_envs(register):
+    register("textworld", TextWorldEnv)
+    for name, env_class in DIFFICULTY_ENVS.items():
+        register(f"textworld:{name}", env_class)
