@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import typer
 
-from omrl.cli.model_prompts import prompts_as_trained
 from omrl.cli.rollout_cmd import ARGS_HELP, ENV_HELP
+from omrl.cli.settings import play_settings
 from omrl.errors import ConfigError
 
 
@@ -110,7 +110,7 @@ def sweep_command(
     check_before_loading(cfg)  # each env of a mixture known and installed
     check_sweep_outputs(cfg)
     console = Console()
-    prompts_as_trained(cfg, args, console)
+    play_settings(cfg, args, None, console)  # a run's model plays as it trained: env options, turns, template
     # soft_wrap: a long --out path is not broken over lines
     log = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
     record = stop_on_interrupt(lambda: run_sweep(cfg, progress_bar=progress_bar, log=log), err_console)

@@ -49,6 +49,17 @@ def test_eval_plays_a_trained_model_with_its_training_settings(omrl_main, tmp_pa
     assert (played["env"]["max_turns"], played["generation"]["max_new_tokens"]) == (2, 4)
 
 
+def test_sweep_plays_a_trained_model_with_its_training_settings(omrl_main, tmp_path):
+    run = tmp_path / "run"
+    code, _, err = omrl_main("train", "--algo", "grpo", "--env", "gridworld", *TINY, *SMALL_STEP, "env.max_turns=2",
+                             "--steps", "1", "--output-dir", str(run))  # fmt: skip
+    assert code == 0, err
+    code, out, err = omrl_main("sweep", "--env", "gridworld", "--model", str(run), "--num-tasks", "1",
+                               "--strategies", "best_of_n", "--budgets", "16", "--out", str(tmp_path / "sweep"))  # fmt: skip
+    assert code == 0, err
+    assert f"as {run} trained: env.max_turns=2, generation.max_new_tokens=4" in out
+
+
 def test_eval_applies_the_preset_config_show_shows(omrl_main, tmp_path):
     code, shown, _ = omrl_main("config", "show", "eval")
     assert code == 0

@@ -38,3 +38,11 @@ def test_a_context_longer_than_the_models_window_is_refused_before_playing(fake_
     status, _, err = cli_exit(capsys, *keys_eval(1, "generation.max_context=100000"))
     assert status == 2
     assert "generation.max_context=100000 is longer than the context window of model 'tiny' (4096 positions" in err
+
+
+def test_an_eval_in_which_no_episode_got_a_model_turn_exits_2_and_keeps_its_report(fake_plugins, capsys, tmp_path):
+    out = tmp_path / "eval"
+    status, _, err = cli_exit(capsys, *keys_eval(2, "generation.max_context=30", "--output-dir", str(out)))
+    assert status == 2
+    assert "no episode got a single model turn" in err and "generation.max_context=30" in err
+    assert (out / "report.json").is_file() and (out / "episodes.parquet").is_file()  # what it played is kept
