@@ -1,10 +1,12 @@
-"""``omrl view``: a local web page for a run directory, a trajectory file or an eval report.
+"""``omrl view``: a local web page for a run directory, a trajectory file or an eval report, or two evals compared.
 
 - :mod:`omrl.view.sources` finds what a path holds (metrics, config, trajectories,
   eval reports) and notes every file it could not read, naming the file.
 - :mod:`omrl.view.metrics` reads ``metrics.jsonl`` and sorts its keys into plot panels.
 - :mod:`omrl.view.store` indexes the episodes (summaries only) and loads one on demand.
 - :mod:`omrl.view.tokens` turns token ids into per-token text with the run's tokenizer.
+- :mod:`omrl.view.evals` finds the answer an env expected, each task's pass@k and each reward component's sum.
+- :mod:`omrl.view.compare` puts two evals side by side (``omrl view A B``).
 - :mod:`omrl.view.page` renders the self-contained page; :mod:`omrl.view.server` serves it.
 - :mod:`omrl.view.plot` writes the learning curves as PNG (``omrl plot``).
 

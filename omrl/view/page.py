@@ -16,9 +16,12 @@ import os
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from omrl.view.store import EpisodeStore
+
+if TYPE_CHECKING:
+    from omrl.view.compare import Comparison
 
 DEFAULT_MAX_EPISODES = 200
 # JSON of the episodes, groups and trees a saved page embeds; the overview (config, curves) comes on top
@@ -60,13 +63,18 @@ def script_json(value: Any) -> str:
 
 
 def embedded_data(
-    store: EpisodeStore, max_episodes: int = DEFAULT_MAX_EPISODES, max_bytes: int = DEFAULT_MAX_BYTES
+    store: EpisodeStore,
+    max_episodes: int = DEFAULT_MAX_EPISODES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    first: Sequence[int] = (),
 ) -> dict[str, Any]:
     """The first ``max_episodes`` episodes in full, with their groups and trees, and the overview;
     the episodes after the one that would take the embedded JSON past ``max_bytes`` are left out,
-    so a run of long episodes still makes a page a browser opens (the note says so)."""
+    so a run of long episodes still makes a page a browser opens (the note says so). The episodes
+    ``first`` names (a comparison's changed ones) come before the others."""
     total = len(store.summaries)
-    kept = [store.summary(i) for i in range(min(total, max(0, max_episodes)))]
+    order = list(dict.fromkeys([i for i in first if 0 <= i < total] + list(range(total))))
+    kept = [store.summary(i) for i in order[: max(0, max_episodes)]]
     embedded: dict[str, dict[str, Any]] = {"details": {}, "groups": {}, "trees": {}}
     used, full = 0, False
     for e in kept:
@@ -82,7 +90,7 @@ def embedded_data(
         used += size
         for name, part in parts.items():
             embedded[name].update(part)
-    kept = kept[: len(embedded["details"])]
+    kept = sorted(kept[: len(embedded["details"])], key=lambda e: e["id"])
     note = ""
     if len(kept) < total:
         why = (
@@ -90,8 +98,9 @@ def embedded_data(
             if full
             else f"--max-episodes {max_episodes}"
         )
+        which = f"the first {len(kept)}" if not first else f"{len(kept)} (those the comparison lists, then the first)"
         note = (
-            f"This saved page holds the first {len(kept)} of the run's {total} episodes ({why}); "
+            f"This saved page holds {which} of the run's {total} episodes ({why}); "
             f"`omrl view {store.source.path}` serves them all."
         )
     return {
@@ -102,14 +111,38 @@ def embedded_data(
     }
 
 
+def compare_data(
+    comparison: Comparison, max_episodes: int = DEFAULT_MAX_EPISODES, max_bytes: int = DEFAULT_MAX_BYTES
+) -> dict[str, Any]:
+    """A saved comparison: the comparison, and each side's :func:`embedded_data` (up to ``max_episodes``
+    episodes of each, the changed ones first, and half of ``max_bytes``)."""
+    overview = comparison.overview()
+    sides = {}
+    for side, store in comparison.sides.items():
+        changed = [pair[side] for row in overview["changed"] for pair in row["changed"]]
+        sides[side] = embedded_data(store, max_episodes, max_bytes // 2, first=changed)
+    notes = [
+        f"{side.upper()}: {data['run']['embedded_note']}"
+        for side, data in sides.items()
+        if data["run"]["embedded_note"]
+    ]
+    return {"run": {**overview, "embedded_note": " ".join(notes)}, "sides": sides}
+
+
 def write_page(
-    store: EpisodeStore, out: str | os.PathLike, max_episodes: int = DEFAULT_MAX_EPISODES
+    store: EpisodeStore | Comparison, out: str | os.PathLike, max_episodes: int = DEFAULT_MAX_EPISODES
 ) -> tuple[Path, int]:
     """Write the self-contained page to ``out`` (atomically); returns its path and how many episodes it
-    holds (``max_episodes`` or fewer, where the byte bound of :func:`embedded_data` stopped it)."""
+    holds (``max_episodes`` or fewer, where the byte bound of :func:`embedded_data` stopped it; for a
+    comparison, of both sides together)."""
     from omrl.atomic import atomic_write_text
 
     path = Path(out)
-    data = embedded_data(store, max_episodes)
+    if isinstance(store, EpisodeStore):
+        data = embedded_data(store, max_episodes)
+        kept = len(data["summaries"])
+    else:
+        data = compare_data(store, max_episodes)
+        kept = sum(len(side["summaries"]) for side in data["sides"].values())
     atomic_write_text(path, render(data))
-    return path, len(data["summaries"])
+    return path, kept

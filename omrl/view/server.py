@@ -7,6 +7,9 @@
     GET /api/group/KEY       the samples of one group side by side
     GET /api/tree/KEY        the search tree of one group
 
+Comparing two evals (:class:`omrl.view.compare.Comparison`), ``/api/run`` is the comparison and each
+side answers the calls above under its own prefix: ``/api/a/run``, ``/api/b/episode/ID``, ...
+
 It binds to loopback unless told otherwise, and on loopback it answers only requests whose
 Host header names loopback, so a web page elsewhere cannot read a run through DNS rebinding.
 """
@@ -21,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from omrl.errors import OmrlError
+from omrl.view.compare import Comparison
 from omrl.view.page import dumps, render
 from omrl.view.store import EpisodeStore
 
@@ -30,11 +34,11 @@ _TRIES = 20  # ports tried after the default one when it is taken
 
 
 class ViewServer(ThreadingHTTPServer):
-    """The HTTP server holding one run's store and its rendered page."""
+    """The HTTP server holding one run's store (or a comparison of two) and its rendered page."""
 
     daemon_threads = True
 
-    def __init__(self, store: EpisodeStore, host: str, port: int):
+    def __init__(self, store: EpisodeStore | Comparison, host: str, port: int):
         self.store = store
         self.page = render().encode("utf-8")
         self.loopback_only = host in LOOPBACK
@@ -57,7 +61,7 @@ class ViewHandler(BaseHTTPRequestHandler):
             self._send(403, b"forbidden: this server answers loopback names only\n", "text/plain; charset=utf-8")
             return
         parts = urlsplit(self.path)
-        route = [unquote(p) for p in parts.path.strip("/").split("/", 2)]
+        route = [unquote(p) for p in parts.path.strip("/").split("/")]
         params = dict(parse_qsl(parts.query))
         store = self.server.store
         try:
@@ -66,19 +70,15 @@ class ViewHandler(BaseHTTPRequestHandler):
                 return
             if route[0] != "api" or len(route) < 2:
                 raise KeyError(f"no page {parts.path}")
-            name, arg = route[1], route[2] if len(route) > 2 else ""
-            if name == "run":
-                body: Any = store.overview()
-            elif name == "episodes":
-                body = store.query(params)
-            elif name == "episode":
-                body = store.episode(int(arg)) if arg.isdigit() else _missing(f"no episode {arg!r}")
-            elif name == "group":
-                body = store.group(arg)
-            elif name == "tree":
-                body = store.tree(arg)
-            else:
-                raise KeyError(f"no endpoint {parts.path}")
+            route = route[1:]
+            if isinstance(store, Comparison):
+                if route == ["run"]:
+                    self._json(200, store.overview())
+                    return
+                if route[0] not in store.sides or len(route) < 2:
+                    raise KeyError(f"no endpoint {parts.path} (the sides are {', '.join(store.sides)})")
+                store, route = store.sides[route[0]], route[1:]
+            body = answer(store, route[0], "/".join(route[1:]), params, parts.path)
         except KeyError as exc:
             self._json(404, {"error": str(exc.args[0] if exc.args else exc)})
             return
@@ -103,7 +103,22 @@ class ViewHandler(BaseHTTPRequestHandler):
         pass  # a request line per token hover would bury the URL the user needs
 
 
-def make_server(store: EpisodeStore, host: str = "127.0.0.1", port: int | None = None) -> ViewServer:
+def answer(store: EpisodeStore, name: str, arg: str, params: dict[str, str], path: str) -> Any:
+    """What endpoint ``name`` (with its ``arg`` and query ``params``) answers for one store."""
+    if name == "run":
+        return store.overview()
+    if name == "episodes":
+        return store.query(params)
+    if name == "episode":
+        return store.episode(int(arg)) if arg.isdigit() else _missing(f"no episode {arg!r}")
+    if name == "group":
+        return store.group(arg)
+    if name == "tree":
+        return store.tree(arg)
+    raise KeyError(f"no endpoint {path}")
+
+
+def make_server(store: EpisodeStore | Comparison, host: str = "127.0.0.1", port: int | None = None) -> ViewServer:
     """A server bound to ``host``:``port``. With ``port`` None, the default port or, when that is
     taken, one of the next few; a port named by the user must be free."""
     candidates = [port] if port is not None else [DEFAULT_PORT + i for i in range(_TRIES)] + [0]

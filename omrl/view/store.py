@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.config import redact, redact_text
-from omrl.view import agents, groups
+from omrl.view import agents, evals, groups
 from omrl.view.bounds import MAX_GROUP_TEXT, TextBudget, cut_tokens
 from omrl.view.metrics import columns, env_panels, panels, read_heartbeat, read_metrics_file
 from omrl.view.readers import ParquetEpisodes, RecordEpisodes, ReportEpisodes, Unreadable
@@ -122,6 +122,7 @@ class EpisodeStore:
                 file=number,
                 row=row,
                 group=f"{number}:{summary['group']}",
+                trained=bool(reader.has_advantages),  # the trainer's update columns: a training rollout
                 error=TextBudget()(redact_text(summary.get("error"))),  # episodes written before redaction
             )  # in every list page: kept short
             self.summaries.append(summary)
@@ -167,6 +168,7 @@ class EpisodeStore:
             "episodes": len(s),
             "tokenizer": self.tokenizer_note,
             "advantage": self.advantage_note,
+            "tasks": self.tasks(),
             "facets": {
                 "env": sorted({e["env"] for e in s}),
                 "split": sorted({e["split"] for e in s}),
@@ -174,8 +176,15 @@ class EpisodeStore:
                 "file": [f.label for f in self.files],
                 "reward": [min((e["reward"] for e in s), default=0.0), max((e["reward"] for e in s), default=0.0)],
                 "trees": any(e["tree"] for e in s),
+                "trained": any(f.has_advantages for f in self.files),  # else no advantage or trained column
             },
         }
+
+    def tasks(self) -> dict[str, Any] | None:
+        """Per task of the files not trained on (an eval's, a rollout's), its samples and pass@k; None
+        unless some task has several samples (see :func:`omrl.view.evals.task_table`)."""
+        untrained = {number for number, f in enumerate(self.files) if not f.has_advantages}
+        return evals.task_table(self.summaries, untrained)
 
     def env_counts(self) -> list[dict[str, Any]]:
         """``[{"env", "episodes"}]``: how many episodes of each env, in the order the files first show them."""
@@ -212,6 +221,7 @@ class EpisodeStore:
         if ids is None:
             raise KeyError(f"no group {key!r}")
         members = []
+        expected = None
         cut = TextBudget(limit=MAX_GROUP_TEXT)  # side by side, each text shorter than in an episode's own view
         for i in ids[:MAX_GROUP]:
             summary = dict(self.summaries[i])
@@ -227,15 +237,28 @@ class EpisodeStore:
                     }
                     for t in row.get("turns") or []
                 ]
-                members.append({"summary": summary, "instruction": cut(row.get("instruction") or ""), "turns": turns})
+                infos = [groups.info_dict(t.get("info")) for t in row.get("turns") or []]
+                expected = expected if expected is not None else _cut_answer(evals.expected_answer(infos), cut)
+                members.append(
+                    {
+                        "summary": summary,
+                        "instruction": cut(row.get("instruction") or ""),
+                        "turns": turns,
+                        "rewards": evals.component_sums(row.get("rewards")),
+                    }
+                )
             except Unreadable as exc:
-                members.append({"summary": summary, "unavailable": str(exc), "turns": []})
+                members.append({"summary": summary, "unavailable": str(exc), "turns": [], "rewards": {}})
+        everyone = [self.summaries[i] for i in ids]
         return {
             "key": key,
             "size": len(ids),
             "shown": len(members),
             "members": members,
+            "expected": expected,
+            "trained": any(e["trained"] for e in everyone),
             "advantage": self.advantage_note,
+            "passes": evals.passes(everyone),  # pass@k for k = 1..n over the group's samples
         }
 
     def tree(self, key: str) -> dict[str, Any]:
@@ -346,9 +369,9 @@ def episode_detail(summary: dict[str, Any], row: dict[str, Any], token_text: Tok
         "summary": summary,
         "instruction": cut(row.get("instruction") or ""),
         "turns": turns,
-        "reward_totals": {
-            name: float(sum(v for v in values or [] if v is not None)) for name, values in rewards.items()
-        },
+        "final_answer": turns[-1]["action"] if turns else None,  # the last turn's parsed action
+        "expected": _cut_answer(evals.expected_answer(infos), cut),  # what the env recorded as right, if it did
+        "reward_totals": evals.component_sums(rewards),
         "prompt_length": row.get("prompt_length") or 0,
         "demo_messages": row.get("demo_messages") or 0,
         "row_starts": row_starts,
@@ -363,6 +386,11 @@ def _trained_values(values: Any, mask: list[int]) -> list[float | None] | None:
     if not values or len(values) != len(mask):
         return None
     return [round(x, 4) if trained and x is not None and math.isfinite(x) else None for x, trained in zip(values, mask)]
+
+
+def _cut_answer(value: str | list[str] | None, cut: TextBudget) -> str | list[str] | None:
+    """An expected answer (one text, or the list of those that count) with each text cut."""
+    return [cut(v) for v in value] if isinstance(value, list) else cut(value)
 
 
 def _cut_info(info: dict[str, Any], cut: TextBudget) -> dict[str, Any]:

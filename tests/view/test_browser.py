@@ -86,7 +86,7 @@ def test_a_real_run(tiny_run, chromium, screenshots, record_property):
         assert page.locator(".tokens .tok").count() == first_of_task_1["tokens"]
         trained.nth(0).hover()
         tip = page.inner_text(".tip")
-        assert "trained (loss mask 1)" in tip and "log-prob" in tip
+        assert "generated (loss mask 1)" in tip and "log-prob" in tip  # `omrl rollout`'s: not trained on
         page.locator(".tokens .tok.context").nth(0).hover()
         assert "context (loss mask 0)" in page.inner_text(".tip")
         keep_screenshot(page, "episode.png", screenshots, record_property)

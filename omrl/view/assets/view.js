@@ -4,11 +4,19 @@
 "use strict";
 (function () {
   const embedded = document.getElementById("omrl-data");
-  const api = embedded ? localApi(JSON.parse(embedded.textContent)) : remoteApi();
+  const saved = embedded ? JSON.parse(embedded.textContent) : null;
+  const home = saved ? localApi(saved) : remoteApi("api/");
   const main = document.querySelector("main");
   const tip = document.querySelector(".tip");
   const PALETTE = ["#2f5fd0", "#d9480f", "#2b8a3e", "#ae3ec9", "#e67700", "#0c8599", "#c2255c", "#5c7cfa", "#495057"];
+  let api = home;  // the run shown now: the only one, or one side of a comparison
   let run = null;
+  let side = "";  // "a" or "b" on the pages of one side of a comparison, else ""
+  let comparison = null;  // the comparison of two evals (omrl view A B), else null
+  const sides = {};  // a comparison's sides: {a: {api, run}, b: {api, run}}
+
+  /** The address of a view of the run shown now ("episode/3" -> "#/a/episode/3" on side a). */
+  function at(path) { return "#/" + (side ? side + "/" : "") + path; }
 
   // ---- DOM helpers ------------------------------------------------------------------------
   /** h("td", {class: "num"}, "text", child): strings become text nodes, so data is never parsed as HTML. */
@@ -66,7 +74,7 @@
   }
 
   // ---- data: the page's server, or the data embedded in a saved file -----------------------
-  function remoteApi() {
+  function remoteApi(prefix) {
     async function get(url) {
       const response = await fetch(url, {cache: "no-store"});
       const body = await response.json().catch(() => ({error: response.statusText}));
@@ -74,11 +82,11 @@
       return body;
     }
     return {
-      run: () => get("api/run"),
-      episodes: (q) => get("api/episodes?" + new URLSearchParams(q)),
-      episode: (id) => get("api/episode/" + encodeURIComponent(id)),
-      group: (key) => get("api/group/" + encodeURIComponent(key)),
-      tree: (key) => get("api/tree/" + encodeURIComponent(key)),
+      run: () => get(prefix + "run"),
+      episodes: (q) => get(prefix + "episodes?" + new URLSearchParams(q)),
+      episode: (id) => get(prefix + "episode/" + encodeURIComponent(id)),
+      group: (key) => get(prefix + "group/" + encodeURIComponent(key)),
+      tree: (key) => get(prefix + "tree/" + encodeURIComponent(key)),
     };
   }
 
@@ -119,26 +127,54 @@
   }
 
   // ---- routing: #/overview, #/episodes?filters, #/episode/ID, #/group/KEY, #/tree/KEY --------
+  // comparing two evals: #/compare, and each side's views under #/a/... and #/b/...
   function route() {
-    const hash = location.hash.replace(/^#\/?/, "") || "overview";
+    let hash = location.hash.replace(/^#\/?/, "") || (comparison ? "compare" : "overview");
+    let where = "";
+    const onSide = comparison ? hash.match(/^([ab])(?:\/(.*))?$/) : null;
+    if (onSide) [where, hash] = [onSide[1], onSide[2] || "overview"];
     const [path, query] = hash.split("?");
     const [view, ...rest] = path.split("/");
     const arg = decodeURIComponent(rest.join("/"));
     const params = Object.fromEntries(new URLSearchParams(query || ""));
-    const tab = ["episode", "group", "tree"].includes(view) ? "episodes" : view;
+    const tab = (where ? where + "/" : "") + (["episode", "group", "tree"].includes(view) ? "episodes" : view);
     for (const a of document.querySelectorAll("header.top nav a")) a.classList.toggle("active", a.dataset.view === tab);
     hideTip();
     const views = {overview: showOverview, episodes: showEpisodes, episode: showEpisode, group: showGroup, tree: showTree};
-    const show = views[view] || showOverview;
-    display(problemsBox(), h("p", {class: "muted"}, "loading…"));
-    show(arg, params).catch((err) => {
+    const show = comparison && !where ? showCompare : views[view] || showOverview;
+    const shown = enter(where).then(() => {
+      display(problemsBox(), h("p", {class: "muted"}, "loading…"));
+      return show(arg, params);
+    });
+    shown.catch((err) => {
       display(problemsBox(), h("div", {class: "card problems"}, h("strong", {}, "Could not show this: "), err.message));
     });
+  }
+
+  /** Make ``where`` (a comparison's side "a" or "b", or "" for the comparison or the only run) the run
+   * shown, reading its overview the first time. */
+  async function enter(where) {
+    side = where;
+    if (!where) {
+      api = home;
+      if (comparison) run = comparison;
+      return;
+    }
+    const other = sides[where];
+    if (!other.run) other.run = await other.api.run();
+    api = other.api;
+    run = other.run;
   }
 
   function problemsBox() {
     const box = document.createDocumentFragment();
     if (!run) return box;
+    if (side) {
+      const about = comparison.sides[side];
+      box.appendChild(h("div", {class: "card note side", "data-side": side},
+        h("strong", {}, side.toUpperCase() + ": " + about.name), " ", h("code", {}, about.path), " · ",
+        h("a", {href: "#/compare"}, "← the comparison")));
+    }
     if (run.embedded_note) box.appendChild(h("div", {class: "card note"}, run.embedded_note));
     const errors = run.problems.filter((p) => p.level === "error");
     const warnings = run.problems.filter((p) => p.level !== "error");
@@ -160,9 +196,9 @@
       h("div", {class: "muted"},
         run.episodes + " episodes in " + run.files.length + " trajectory file(s); " + run.tokenizer),
       run.files.length ? h("ul", {}, run.files.map((f, i) =>
-        h("li", {}, h("a", {href: "#/episodes?file=" + i}, f.file), " — " + f.episodes + " episodes"))) : null,
+        h("li", {}, h("a", {href: at("episodes?file=" + i)}, f.file), " — " + f.episodes + " episodes"))) : null,
       run.envs.length > 1 ? h("div", {class: "envs"}, "Envs: ", run.envs.map((e, i) => [i ? " · " : null,
-        h("a", {href: "#/episodes?" + new URLSearchParams({env: e.env})}, e.env), " (" + e.episodes + ")"])) : null));
+        h("a", {href: at("episodes?" + new URLSearchParams({env: e.env}))}, e.env), " (" + e.episodes + ")"])) : null));
     body.push(h("h2", {}, "Learning curves"));
     if (run.metrics.step.length) {
       body.push(h("div", {class: "plots"}, run.panels.map((p) => plot(p, run.metrics))));
@@ -175,6 +211,7 @@
       body.push(h("h2", {}, "Evaluation: ", h("code", {}, report.file)), metricsTable(report.metrics));
       if (Object.keys(report.per_env || {}).length) body.push(h("h3", {}, "By env"), envTable(report));
     }
+    if (run.tasks) body.push(h("h2", {}, "Per task"), taskTable(run.tasks));
     if (run.config) body.push(h("h2", {}, "Config"), h("pre", {class: "config"}, run.config));
     display(...body);
   }
@@ -230,6 +267,32 @@
       h("thead", {}, h("tr", {}, h("th", {}, "metric"), columns.map(([name]) => h("th", {class: "num"}, name)))),
       h("tbody", {}, keys.map((k) => h("tr", {}, h("td", {}, k),
         columns.map(([, metrics]) => h("td", {class: "num"}, fmt((metrics || {})[k], 4)))))));
+  }
+
+  /** Each task's samples, wins and pass@k (an eval's or a rollout's with several samples a task), a row
+   * per task linking to its samples side by side. */
+  function taskTable(tasks) {
+    const files = run.files.length > 1, envs = run.facets.env.length > 1;
+    const head = ["task", files ? "file" : null, envs ? "env" : null, "samples", "won",
+      ...tasks.ks.map((k) => "pass@" + k), "mean reward"].filter((c) => c !== null);
+    const link = (t) => t.group !== null ? at("group/" + encodeURIComponent(t.group))
+      : at("episodes?" + new URLSearchParams({task: String(t.task), file: String(t.file)}));
+    const rows = tasks.rows.map((t) => {
+      const byK = Object.fromEntries(t.pass.map((p) => [p.k, p.value]));
+      return h("tr", {"data-task": t.task},
+        h("td", {}, h("a", {href: link(t)}, fmt(t.task))),
+        files ? h("td", {}, run.facets.file[t.file]) : null,
+        envs ? h("td", {class: "env"}, t.env) : null,
+        h("td", {class: "num"}, String(t.n) + (t.env_errors ? " (+" + t.env_errors + " env error)" : "")),
+        h("td", {class: "num"}, String(t.won)),
+        tasks.ks.map((k) => h("td", {class: "num", "data-k": k}, fmt(byK[k], 3))),
+        h("td", {class: "num"}, fmt(t.mean_reward, 3)));
+    });
+    return h("div", {class: "card", "data-tasks": ""},
+      h("p", {class: "muted"}, "pass@k per task: the unbiased estimator over its samples (env errors left out), " +
+        "as the eval report averages it" + (tasks.rows.length < tasks.tasks
+          ? "; the first " + tasks.rows.length + " of " + tasks.tasks + " tasks" : "") + ". A task opens its samples side by side."),
+      h("table", {class: "tasks"}, h("thead", {}, h("tr", {}, head.map((c) => h("th", {}, c)))), h("tbody", {}, rows)));
   }
 
   /** A two-column table of [name, number] rows. */
@@ -384,7 +447,7 @@
     const q = Object.assign({offset: "0", limit: "50"}, params);
     const page = await api.episodes(q);
     const set = (changes) => {
-      location.hash = "#/episodes?" + new URLSearchParams(clean(Object.assign({}, q, {offset: "0"}, changes)));
+      location.hash = at("episodes?" + new URLSearchParams(clean(Object.assign({}, q, {offset: "0"}, changes))));
     };
     const f = run.facets;
     const select = (name, options, label) => h("label", {}, label,
@@ -408,7 +471,7 @@
       select("sort", [["", "file order"], ["-reward", "reward, high first"], ["reward", "reward, low first"],
         ["-tokens", "length, longest first"], ["tokens", "length, shortest first"], ["-turns", "turns, most first"]],
       "sort"),
-      h("button", {type: "button", onclick: () => { location.hash = "#/episodes"; }}, "clear"));
+      h("button", {type: "button", onclick: () => { location.hash = at("episodes"); }}, "clear"));
     const offset = page.offset;
     const count = page.total === run.episodes ? page.total + " episodes"
       : page.total + " of " + run.episodes + " episodes match";
@@ -420,19 +483,21 @@
       h("button", {type: "button", disabled: offset + page.limit >= page.total,
         onclick: () => set({offset: String(offset + page.limit)})}, "next →"));
     const multi = f.file.length > 1;
-    const columns = ["#", multi ? "file" : null, envs ? "env" : null, "split", "task", "group", "sample", "success", "reward", "advantage",
-      "score", "end", "turns", "tokens", "trained"];
+    // advantages and trained tokens only where the trainer recorded its update: an eval's episodes were never trained on
+    const trained = f.trained;
+    const columns = ["#", multi ? "file" : null, envs ? "env" : null, "split", "task", "group", "sample", "success", "reward",
+      trained ? "advantage" : null, "score", "end", "turns", "tokens", trained ? "trained" : "generated"];
     const num = (x) => h("td", {class: "num"}, x);
-    const row = (e) => h("tr", {"data-id": e.id, onclick: () => { location.hash = "#/episode/" + e.id; }},
-      num(h("a", {href: "#/episode/" + e.id}, String(e.id))),
+    const row = (e) => h("tr", {"data-id": e.id, onclick: () => { location.hash = at("episode/" + e.id); }},
+      num(h("a", {href: at("episode/" + e.id)}, String(e.id))),
       multi ? h("td", {}, f.file[e.file]) : null,
       envs ? h("td", {class: "env"}, e.env) : null,
       h("td", {}, e.split), num(fmt(e.task)),
-      h("td", {}, h("a", {href: "#/group/" + encodeURIComponent(e.group), onclick: (ev) => ev.stopPropagation()},
+      h("td", {}, h("a", {href: at("group/" + encodeURIComponent(e.group)), onclick: (ev) => ev.stopPropagation()},
         e.group)),
       num(String(e.sample)),
       h("td", {class: e.won ? "won" : "lost"}, e.won ? "won" : "lost"),
-      num(fmt(e.reward)), num(signed(e.advantage)), num(fmt(e.score)),
+      num(fmt(e.reward)), trained ? num(e.trained ? signed(e.advantage) : "") : null, num(fmt(e.score)),
       h("td", {}, e.end, e.error ? h("span", {class: "badge bad", title: e.error}, "error") : null),
       num(String(e.turns)), num(String(e.tokens)), num(String(e.generated)));
     const table = h("table", {class: "list card"},
@@ -453,17 +518,20 @@
     const ep = await api.episode(id);
     const e = ep.summary;
     const links = h("p", {},
-      h("a", {href: "#/episodes"}, "← all episodes"), " · ",
-      h("a", {href: "#/group/" + encodeURIComponent(e.group)}, "its group (" + e.group + ")"),
-      e.tree ? [" · ", h("a", {href: "#/tree/" + encodeURIComponent(e.group)}, "its search tree")] : null,
-      Number(id) > 0 ? [" · ", h("a", {href: "#/episode/" + (Number(id) - 1)}, "previous")] : null,
-      Number(id) + 1 < run.episodes ? [" · ", h("a", {href: "#/episode/" + (Number(id) + 1)}, "next")] : null);
+      h("a", {href: at("episodes")}, "← all episodes"), " · ",
+      h("a", {href: at("group/" + encodeURIComponent(e.group))}, "its group (" + e.group + ")"),
+      e.tree ? [" · ", h("a", {href: at("tree/" + encodeURIComponent(e.group))}, "its search tree")] : null,
+      Number(id) > 0 ? [" · ", h("a", {href: at("episode/" + (Number(id) - 1))}, "previous")] : null,
+      Number(id) + 1 < run.episodes ? [" · ", h("a", {href: at("episode/" + (Number(id) + 1))}, "next")] : null);
     const facts = h("table", {class: "card facts"}, h("tbody", {},
       [["file", run.facets.file[e.file] + " (row " + e.row + ")"], ["env", e.env], ["split", e.split], ["task", fmt(e.task)],
         ["group / sample", e.group + " / " + e.sample], ["success", e.won ? "won" : "lost"],
-        ["total reward", fmt(e.reward, 4)], ["advantage", fmt(e.advantage, 4)], ["score", fmt(e.score, 4)],
-        ["end reason", e.end], ["turns", e.turns], ["tokens (trained)", e.tokens + " (" + e.generated + ")"],
+        known(ep.expected) ? ["final answer", answerFact(ep)] : null,
+        ["total reward", fmt(e.reward, 4)], e.trained ? ["advantage", fmt(e.advantage, 4)] : null, ["score", fmt(e.score, 4)],
+        ["end reason", e.end], ["turns", e.turns],
+        e.trained ? ["tokens (trained)", e.tokens + " (" + e.generated + ")"] : ["tokens (generated)", e.tokens + " (" + e.generated + ")"],
         ...playFacts(ep)]
+        .filter((fact) => fact !== null)
         .map(([k, v]) => h("tr", {"data-fact": k}, h("th", {}, k), h("td", {}, v)))));
     const body = [problemsBox(), links, h("h2", {}, "Episode " + id), facts];
     if (e.error) body.push(h("div", {class: "card problems"}, h("strong", {}, "error: "), e.error));
@@ -478,10 +546,23 @@
         keyValues(totals));
     }
     body.push(h("h3", {}, "Task"), h("pre", {class: "instruction"}, ep.instruction));
-    const turns = ep.turns.map((t, i) => [i && t.row !== ep.turns[i - 1].row ? rowDivider(ep, t.row) : null, turnView(t, i)]);
+    const last = ep.turns.length - 1;
+    const turns = ep.turns.map((t, i) => [i && t.row !== ep.turns[i - 1].row ? rowDivider(ep, t.row) : null,
+      turnView(t, i, i === last ? ep.expected : null)]);
     body.push(h("h2", {}, "Turns"), ep.turns.length ? turns : h("p", {class: "muted"}, "No model turn."));
     body.push(h("h2", {}, "Tokens"), tokenView(ep));
     display(...body);
+  }
+
+  /** The parsed final answer (the last turn's action) and, beside it, the answer the env expected. */
+  function answerFact(ep) {
+    return [h("code", {class: "final-answer"}, known(ep.final_answer) ? ep.final_answer : "(none parsed)"), " · ",
+      h("span", {class: "expected"}, expectedText(ep.expected))];
+  }
+
+  /** "expected: X", or for several accepted answers "expected (any of): X | Y". */
+  function expectedText(expected) {
+    return Array.isArray(expected) ? "expected (any of): " + expected.join(" | ") : "expected: " + expected;
   }
 
   /** The summary's rows about how the episode was played: its rows (whenever it has several, and for an
@@ -530,7 +611,7 @@
           known(c.error) ? h("span", {class: "error"}, " " + c.error) : null)))];
   }
 
-  function turnView(t, i) {
+  function turnView(t, i, expected) {
     const rewards = Object.entries(t.rewards || {});
     const calls = t.tool_calls || [];
     const failed = calls.filter((c) => c.status !== "ok").length;
@@ -545,6 +626,7 @@
       h("div", {class: "label"}, "response"), h("pre", {class: "response"}, t.response),
       calls.length ? toolCallsView(calls) : null,
       h("div", {class: "label"}, "action"), h("pre", {class: "action"}, t.action === null ? "(none parsed)" : t.action),
+      known(expected) ? h("div", {class: "expected"}, expectedText(expected)) : null,
       t.parse_error ? [h("div", {class: "label"}, "parse error"), h("pre", {class: "error"}, t.parse_error)] : null,
       known(t.agent_result)
         ? [h("div", {class: "label"}, "agent returned"), h("pre", {class: "agent-result"}, t.agent_result)] : null,
@@ -564,6 +646,7 @@
         "view the trajectory parquet for tokens.");
     }
     const perToken = Array.isArray(tk.advantage);
+    const sampled = ep.summary.trained ? "trained" : "generated";  // an eval's tokens were never trained on
     const box = h("div", {class: "tokens mono" + (tk.text ? "" : " ids")});
     const frag = document.createDocumentFragment();
     const rowAt = new Map((ep.row_starts || []).map((start, k) => [start, k + 1]));
@@ -584,7 +667,7 @@
       const k = Number(i);
       const adv = perToken ? tk.advantage[k] : tk.mask[k] ? tk.advantage : null;
       const lines = ["token " + k + "  id " + tk.ids[k] + (tk.text ? "  " + JSON.stringify(tk.text[k]) : ""),
-        tk.mask[k] ? "trained (loss mask 1)" : "context (loss mask 0)"];
+        tk.mask[k] ? sampled + " (loss mask 1)" : "context (loss mask 0)"];
       if (tk.mask[k]) lines.push("log-prob  " + fmt(tk.logprob[k], 4));
       if (adv !== null && adv !== undefined) lines.push("advantage " + fmt(adv, 4));
       if (tk.return && known(tk.return[k])) lines.push("return    " + fmt(tk.return[k], 4));
@@ -594,7 +677,7 @@
     box.addEventListener("mouseleave", hideTip);
     return h("div", {},
       h("p", {class: "legend"},
-        h("span", {class: "swatch", style: "background:var(--trained)"}), "trained (loss mask 1, sampled by the model)",
+        h("span", {class: "swatch", style: "background:var(--trained)"}), sampled + " (loss mask 1, sampled by the model)",
         h("span", {class: "swatch", style: "background:var(--context)"}), "context (prompt, observations, template)",
         h("span", {class: "muted"}, " · hover a token for its log-prob" +
           (known(tk.advantage) ? " and advantage (" + tk.advantage_note + ")" : ""))),
@@ -609,10 +692,12 @@
     const first = g.members[0] ? g.members[0].summary : null;
     const columns = g.members.map((m) => {
       const e = m.summary;
+      const components = Object.fromEntries(Object.entries(m.rewards || {}).filter(([name]) => name !== "total"));
       return h("div", {class: "card member", "data-id": e.id},
-        h("div", {}, h("a", {href: "#/episode/" + e.id}, "episode " + e.id), " · sample " + e.sample),
+        h("div", {}, h("a", {href: at("episode/" + e.id)}, "episode " + e.id), " · sample " + e.sample),
         h("div", {class: e.won ? "won" : "lost"}, e.won ? "won" : "lost", h("span", {class: "muted"}, " · " + e.end)),
-        h("div", {}, "reward " + fmt(e.reward, 4) + " · advantage ", signed(e.advantage)),
+        h("div", {}, "reward " + fmt(e.reward, 4), e.trained ? [" · advantage ", signed(e.advantage)] : null),
+        Object.keys(components).length ? h("div", {class: "components"}, componentBadges(components)) : null,
         m.unavailable ? h("p", {class: "error"}, m.unavailable) : null,
         m.turns.map((t, i) => h("div", {class: "turn"},
           h("div", {class: "label"},
@@ -620,13 +705,76 @@
           h("pre", {}, t.action === null ? t.response : "Act: " + t.action))));
     });
     display(problemsBox(),
-      h("p", {}, h("a", {href: "#/episodes?group=" + encodeURIComponent(key)}, "← this group in the list")),
+      h("p", {}, h("a", {href: at("episodes?group=" + encodeURIComponent(key))}, "← this group in the list")),
       h("h2", {}, "Group " + key + (first ? " · task " + fmt(first.task) + " (" + first.split + ")" : "")),
       h("p", {class: "muted"},
-        g.size + " samples" + (g.shown < g.size ? ", the first " + g.shown + " shown" : "") + ". " + g.advantage),
+        g.size + " samples" + (g.shown < g.size ? ", the first " + g.shown + " shown" : "") + "." +
+        (g.trained ? " " + g.advantage : "")),
+      g.passes && g.passes.n > 1 ? passesView(g.passes) : null,
+      known(g.expected) ? h("p", {class: "expected"}, expectedText(g.expected)) : null,
       first && g.members[0].instruction ? h("pre", {}, g.members[0].instruction) : null,
       h("div", {class: "columns"}, columns));
   }
+
+  /** A group's wins and its pass@k for every k from 1 to its number of samples. */
+  function passesView(p) {
+    return h("div", {class: "card passes", "data-passes": ""},
+      h("div", {}, "won " + p.won + " of " + p.n + " samples" +
+        (p.env_errors ? " (" + p.env_errors + " env error(s) left out)" : "") + " · pass@k, the unbiased estimator:"),
+      h("div", {}, p.pass.map((x) => h("span", {class: "badge", "data-k": x.k}, "pass@" + x.k + " " + fmt(x.value, 3)))));
+  }
+
+  // ---- two evals compared -----------------------------------------------------------------
+  /** The header's links when comparing: the comparison, then each side's overview and episodes. */
+  function compareNav() {
+    const nav = document.querySelector("header.top nav");
+    const links = [["compare", "Compare"]];
+    for (const name of ["a", "b"]) {
+      links.push([name + "/overview", name.toUpperCase() + " overview"], [name + "/episodes", name.toUpperCase() + " episodes"]);
+    }
+    nav.replaceChildren(...links.map(([view, text]) => h("a", {href: "#/" + view, "data-view": view,
+      title: view === "compare" ? null : comparison.sides[view[0]].name}, text)));
+  }
+
+  /** Both evals' metrics with the difference, and per task the episodes whose outcome changed. */
+  async function showCompare() {
+    const c = comparison;
+    const name = (x) => x.toUpperCase() + " (" + c.sides[x].name + ")";
+    const delta = (x) => known(x) ? h("span", {class: "delta"}, (x > 0 ? "+" : "") + fmt(x, 4)) : "–";
+    const metrics = h("table", {class: "card compare-metrics"},
+      h("thead", {}, h("tr", {}, h("th", {}, "metric"), h("th", {class: "num"}, name("a")), h("th", {class: "num"}, name("b")),
+        h("th", {class: "num"}, "B − A"))),
+      h("tbody", {}, c.metrics.map((m) => h("tr", {"data-metric": m.metric}, h("td", {}, m.metric),
+        h("td", {class: "num"}, fmt(m.a, 4)), h("td", {class: "num"}, fmt(m.b, 4)), h("td", {class: "num"}, delta(m.diff))))));
+    const t = c.tasks, f = c.flips;
+    const counts = t.both + " task(s) in both" + (t.only_a ? ", " + t.only_a + " only in A" : "") +
+      (t.only_b ? ", " + t.only_b + " only in B" : "") + "; " + t.changed + " with an episode whose outcome changed (" +
+      f.lost_to_won + " lost → won, " + f.won_to_lost + " won → lost" + (f.other ? ", " + f.other + " to or from an env error" : "") +
+      "). Episodes pair up by task and sample number.";
+    const wins = (x, w) => h("a", {href: "#/" + x + "/group/" + encodeURIComponent(w.group)}, w.won + " / " + w.n);
+    const envs = new Set(c.changed.map((r) => r.env + " " + r.split)).size > 1;
+    const rows = c.changed.map((r) => h("tr", {"data-task": r.task},
+      h("td", {}, fmt(r.task)), envs ? h("td", {class: "env"}, r.env + " (" + r.split + ")") : null,
+      h("td", {class: "num"}, wins("a", r.a)), h("td", {class: "num"}, wins("b", r.b)),
+      h("td", {}, h("ul", {class: "flips"}, r.changed.map((p) => h("li", {"data-sample": p.sample},
+        "sample " + p.sample + ": ",
+        h("a", {href: "#/a/episode/" + p.a, class: outcomeClass(p.from), "data-side": "a"}, "A " + p.from), " → ",
+        h("a", {href: "#/b/episode/" + p.b, class: outcomeClass(p.to), "data-side": "b"}, "B " + p.to)))))));
+    const changed = c.changed.length ? h("table", {class: "card changed"},
+      h("thead", {}, h("tr", {}, ["task", envs ? "env" : null, "A won", "B won", "changed episodes"]
+        .filter((x) => x !== null).map((x) => h("th", {}, x)))),
+      h("tbody", {}, rows)) : h("p", {class: "muted"}, "No episode changed outcome.");
+    display(problemsBox(),
+      h("div", {class: "card"}, ["a", "b"].map((x) => h("div", {"data-side": x},
+        h("strong", {}, name(x) + " "), h("code", {}, c.sides[x].path), " — " + c.sides[x].episodes + " episodes · ",
+        h("a", {href: "#/" + x + "/overview"}, "overview"), " · ", h("a", {href: "#/" + x + "/episodes"}, "episodes")))),
+      h("h2", {}, "Metrics"), h("p", {class: "muted"}, c.metrics_from.join("; ")), metrics,
+      h("h2", {}, "Tasks whose outcome changed"), h("p", {class: "muted", "data-counts": ""}, counts),
+      t.listed < t.changed ? h("p", {class: "muted"}, "The first " + t.listed + " of them are listed.") : null,
+      changed);
+  }
+
+  function outcomeClass(outcome) { return outcome === "won" ? "won" : "lost"; }
 
   // ---- a search tree ---------------------------------------------------------------------
   async function showTree(key) {
@@ -644,7 +792,7 @@
         node.reward !== null && node.id !== 0 ? h("span", {class: "muted"}, " reward " + fmt(node.reward, 3)) : null,
         known(node.score) ? h("span", {class: "muted"}, " · score " + fmt(node.score, 3)) : null,
         node.end ? h("span", {class: "badge" + (node.won ? " good" : "")}, node.end + (node.won ? " · won" : "")) : null,
-        node.episodes.length ? [" ", h("a", {href: "#/episode/" + node.episodes[0]}, "path")] : null);
+        node.episodes.length ? [" ", h("a", {href: at("episode/" + node.episodes[0])}, "path")] : null);
       head.addEventListener("mousemove", (ev) => { if (node.response) showTip(ev, node.response); });
       head.addEventListener("mouseleave", hideTip);
       return h("li", {class: "node" + (node.chosen ? " chosen" : ""), "data-node": node.id}, head,
@@ -652,7 +800,7 @@
     }
     const root = t.nodes.find((n) => n.id === 0);
     display(problemsBox(),
-      h("p", {}, h("a", {href: "#/group/" + encodeURIComponent(key)}, "← the group as columns")),
+      h("p", {}, h("a", {href: at("group/" + encodeURIComponent(key))}, "← the group as columns")),
       h("h2", {}, "Search tree of group " + key),
       h("p", {class: "muted"}, t.paths + " root-to-leaf paths, " + (t.nodes.length - 1) + " nodes" +
         (t.truncated ? " (cut at " + t.nodes.length + ")" : "") +
@@ -661,8 +809,15 @@
   }
 
   // ---- start ------------------------------------------------------------------------------
-  api.run().then((data) => {
+  home.run().then((data) => {
     run = data;
+    if (data.kind === "compare") {
+      comparison = data;
+      for (const name of ["a", "b"]) {
+        sides[name] = {api: saved ? localApi(saved.sides[name]) : remoteApi("api/" + name + "/"), run: null};
+      }
+      compareNav();
+    }
     document.title = "omrl view · " + data.title;
     document.querySelector("header.top h1").textContent = "omrl view · " + data.title;
     document.querySelector("header.top .path").textContent = data.path;
