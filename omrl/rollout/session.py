@@ -75,18 +75,25 @@ class RolloutSession:
         template_class = registry.templates.get(cfg.env.template)
         plugins = dict(getattr(cfg, "plugins", {}) or {})
         pool = EnvPool(env_class, plugins.get(cfg.env.name, {}), name=cfg.env.name, num_workers=cfg.env.num_workers)
-        template = template_class(**plugins.get(cfg.env.template, {}))
-        if tokenizer is None:
-            tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
-        limits = RolloutLimits.from_config(
-            cfg.generation, cfg.env.max_turns, cfg.chat.history, cfg.chat.template_kwargs
-        )
-        if not expert:  # a template whose episodes would be laid out wrongly is refused before a model loads
-            check_context_window(cfg.model.name, limits.max_context, "generation.max_context")
-            check_template_options(tokenizer, limits.template_kwargs)
-            check_run_template(tokenizer, limits.history, limits.template_kwargs)
-        if backend is None and not expert:
-            backend = backend_of(cfg, tokenizer, model)
+        # the env is built now, and kept for the first episode: an env that cannot be built (bad options,
+        # an MCP server that cannot start) is refused before a model loads
+        pool.probe()
+        try:
+            template = template_class(**plugins.get(cfg.env.template, {}))
+            if tokenizer is None:
+                tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
+            limits = RolloutLimits.from_config(
+                cfg.generation, cfg.env.max_turns, cfg.chat.history, cfg.chat.template_kwargs
+            )
+            if not expert:  # a template whose episodes would be laid out wrongly is refused before a model loads
+                check_context_window(cfg.model.name, limits.max_context, "generation.max_context")
+                check_template_options(tokenizer, limits.template_kwargs)
+                check_run_template(tokenizer, limits.history, limits.template_kwargs)
+            if backend is None and not expert:
+                backend = backend_of(cfg, tokenizer, model)
+        except BaseException:
+            pool.close()  # the built env's processes and servers stop with the failed session
+            raise
         agent = agent_of(cfg)
         return cls(
             pool,

@@ -230,6 +230,13 @@ class ToolCallTemplate(Template):
                 values = [] if inner is None else [inner] if len(keys) == 1 else inner.split(", ")
                 if len(values) == len(keys):
                     yield tool["name"], dict(zip(keys, values))
+                if inner is not None and inner.strip().startswith("{"):  # name[{"a": 2}]: ToolEnv's JSON arguments
+                    try:
+                        arguments = json.loads(inner)
+                    except ValueError:
+                        arguments = None
+                    if isinstance(arguments, dict):
+                        yield tool["name"], arguments
             if len(keys) == 1:
                 yield tool["name"], {keys[0]: action}
                 for value in props[keys[0]].get("enum") or []:

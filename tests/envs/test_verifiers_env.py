@@ -40,8 +40,12 @@ LIMITS = RolloutLimits(max_new_tokens=64, max_context=2048)
 
 @pytest.fixture
 def verifiers_plugin(register_plugin):
-    """The plugin module, registered as its entry point will register it."""
-    return register_plugin(plugin, name="omrl.envs.verifiers")
+    """The plugin module, registered as its entry point registers it (unless the entry point already did)."""
+    from omrl.plugins import load_plugins
+
+    if not load_plugins().is_registered(plugin):
+        register_plugin(plugin, name="omrl.envs.verifiers")
+    return plugin
 
 
 def rollout(tokenizer, module: str, replies, tasks=(0,), args=None, **options):

@@ -308,7 +308,10 @@ def test_memory_in_files_counts_against_the_run_and_the_host_never_holds_more(ki
     result = running.result()
     assert result.stdout.strip() != "600", f"{kind}: the program wrote 600 MB ({result})"
     assert result.exit_code != 0 or result.stderr  # an error of the code: MemoryError, ENOSPC or killed
-    assert max(peak) - before < 256 + 32 + 16, f"{kind}: the host's shared memory grew by {max(peak) - before:.0f} MB"
+    # the run may hold up to its limit (256 + 32 MB); the host's Shmem is every process's, so some slack.
+    # Unbounded, the program holds all 600 MB
+    grew = max(peak) - before
+    assert grew < 256 + 32 + 96, f"{kind}: the host's shared memory grew by {grew:.0f} MB"
 
 
 @needs_sandbox

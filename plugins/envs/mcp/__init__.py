@@ -1,6 +1,7 @@
 """``mcp``: any MCP server's tools as an env (:mod:`.env`), over sessions held on one background event
-loop (:mod:`.client`); ``mcp:sqlite``, a shop's questions on the real ``mcp-server-sqlite``
-(:mod:`.sqlite_demo`). Registering imports no mcp: the SDK loads at the first env built."""
+loop (:mod:`.client`); ``mcp:sqlite``, a shop's questions (:mod:`.sqlite_demo`) answered with the
+tools of omrl's own SQLite server (:mod:`.shop_server`). Registering imports no mcp: the SDK loads at
+the first env built."""
 
 from omrl.envs import env_variant
 from omrl.hookspecs import hookimpl
@@ -16,9 +17,9 @@ def register_envs(register):
     register(
         "mcp:sqlite",
         env_variant(
-            McpEnv,
+            sqlite_demo.ShopEnv,
             "McpSqliteEnv",
-            "Questions about a shop's SQLite database, answered with the tools of mcp-server-sqlite (PyPI).",
+            "Questions about a shop's SQLite database, answered with the tools of an MCP server over it.",
             command=sqlite_demo.shop_command,
             url=None,
             env=None,

@@ -22,8 +22,10 @@ Options (config block ``plugins.mcp``):
   ``test_fraction``, ``prompt_key``, ``answer_key``, ``match``, ``instruction``, ``max_attempts``,
   ``seed``, ``rel_tol``, ``abs_tol``.
 
-Each instance starts its server (connects, for a url) at its first reset and keeps the session for
-every later episode; a reset pings it first and starts a new one when it is gone. ``close`` stops it.
+Each instance starts its server (connects, for a url) when it is built and keeps the session for
+every episode; a reset pings it first and starts a new one when it is gone. ``close`` stops it. A
+server that cannot start the first time in a process is a ConfigError when the env is built, which
+the rollout does before any model loads; later, it is the episode's ``env_error``.
 
 Failures are split by whose they are. A result the server marks ``isError``, or a call whose
 arguments the server refuses (JSON-RPC "invalid params"), is the agent's: its text is the
@@ -51,6 +53,7 @@ from omrl_plugins.envs.mcp.client import INVALID_PARAMS, Connection, ErrorAnswer
 from omrl_plugins.envs.tooling import ToolEnv, ToolResult, truncate
 
 NAME = "mcp"
+_STARTED: set[ServerSpec] = set()  # the servers an instance of this process has started
 
 
 class McpClient:
@@ -183,6 +186,36 @@ class McpEnv(Env):
         self.splits = self.dataset.splits  # type: ignore[misc]
         self.max_turns = self.dataset.max_turns + max_calls  # type: ignore[misc]
         self._tool_env: ToolEnv | None = None
+        self._start()
+
+    def _start(self) -> None:
+        """Start the server (connect, for a url) as the instance is built, keeping the session for its
+        episodes. A server this process never started that cannot start now, or that lacks a tool
+        ``allowed_tools`` names, is ConfigError naming it and how to fix it: the rollout builds its
+        first instance with the session, so the run stops before a model loads. Once the server has
+        started in this process, a failure here is the server's, not the setup's: the next reset tries
+        again, and its episode ends as ``env_error`` if it fails too."""
+        try:
+            specs = self.client.connect()
+        except ServerLost as exc:
+            if self.client.spec in _STARTED:
+                return
+            raise ConfigError(f"{str(exc).rstrip('.')}. {self.start_help()}") from None
+        _STARTED.add(self.client.spec)
+        try:
+            self._tool_env = self._build(specs)
+        except BaseException:
+            self.client.close()
+            raise
+
+    def start_help(self) -> str:
+        """How to make a server that cannot start start: said by the error of an env built on one."""
+        if self.client.spec.url:
+            return f"Is an MCP server listening at plugins.{NAME}.url (streamable HTTP)? Start it first."
+        return (
+            f"Check plugins.{NAME}.command: run it yourself, and it should start and wait for MCP messages "
+            "on its stdin (a Python server needs the mcp SDK in the Python that runs it)."
+        )
 
     # -- what the env is (the tools are known once the server listed them) -----------------------
     @property

@@ -1,10 +1,9 @@
 """Fixtures of the mcp env's tests: real MCP servers as processes of their own (the test server of
-``server.py`` over stdio and over streamable HTTP; ``mcp-server-sqlite`` from PyPI) and a file of tasks."""
+``server.py`` over stdio and over streamable HTTP) and a file of tasks."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -16,12 +15,7 @@ from typing import Iterator
 
 import pytest
 
-from omrl_plugins.envs.engines.common import MissingExtraError
-from omrl_plugins.envs.mcp import sqlite_demo
-
 SERVER = Path(__file__).with_name("server.py")
-#: where a test session installs its own mcp-server-sqlite (with mcp 1)
-SQLITE_HOME = Path(os.environ.get("OMRL_TEST_CACHE") or Path.home() / ".cache" / "omrl-tests") / "mcp-server-sqlite"
 TASKS = [
     {"question": "What is 2 + 3?", "answer": "5"},
     {"question": "What is stored under alice?", "answer": "42"},
@@ -102,36 +96,3 @@ def http_server(port: int) -> Iterator[subprocess.Popen]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-
-
-@pytest.fixture(scope="session")
-def sqlite_server() -> Iterator[str]:
-    """A runnable ``mcp-server-sqlite`` on PATH for the session. Its last release needs mcp < 2, and
-    omrl's environment has mcp 2 (openenv-core's fastmcp needs it): so, as a user would with
-    ``uv tool install``, the session installs it with mcp 1 in an environment of its own under
-    ~/.cache/omrl-tests (once; from PyPI) and puts the server alone first on PATH."""
-    try:
-        found = sqlite_demo.find_server()
-    except MissingExtraError:
-        found = ""
-    if found:
-        yield found
-        return
-    bin_dir, done = SQLITE_HOME / "bin", SQLITE_HOME / "omrl-installed"
-    on_path = SQLITE_HOME / "on-path"  # the server alone: the venv's bin would shadow python and pip
-    if not done.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(SQLITE_HOME)], check=True, timeout=300)
-        install = subprocess.run(
-            [str(bin_dir / "python"), "-m", "pip", "install", "-q", "mcp-server-sqlite==2025.4.25", "mcp>=1.20,<2"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert install.returncode == 0, f"installing mcp-server-sqlite with mcp<2 failed:\n{install.stderr[-2000:]}"
-        on_path.mkdir(exist_ok=True)
-        (on_path / sqlite_demo.SERVER).unlink(missing_ok=True)
-        (on_path / sqlite_demo.SERVER).symlink_to(bin_dir / sqlite_demo.SERVER)
-        done.write_text("mcp-server-sqlite==2025.4.25 with mcp<2\n")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PATH", f"{on_path}{os.pathsep}{os.environ.get('PATH', '')}")
-        yield sqlite_demo.find_server()

@@ -1,26 +1,31 @@
 """The `mcp` env against real MCP servers in processes of their own: the test server of ``server.py``
-over stdio and over streamable HTTP, and the real ``mcp-server-sqlite`` behind ``mcp:sqlite``; its
-episodes, whose failures are whose (tool_error or EnvError), reconnects, no orphan servers, the
-rollout and the CLI."""
+over stdio and over streamable HTTP, and omrl's own shop server behind ``mcp:sqlite``; its episodes,
+whose failures are whose (tool_error, EnvError, or ConfigError before a model loads), reconnects, no
+orphan servers, the rollout and the CLI."""
 
 from __future__ import annotations
 
+import doctest
 import json
 import os
+import re
+import shlex
 import signal
 import sqlite3
 import sys
 import time
 from contextlib import closing
+from pathlib import Path
 
 import pytest
 
 from omrl import registry
+from omrl.data.trajectory import read_episodes
 from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError, create_env
 from omrl.errors import ConfigError
+from omrl.models import loading
 from omrl.rollout.loop import RolloutLimits, collect
 from omrl.rollout.pool import EnvPool
-from omrl_plugins.envs.engines.common import MissingExtraError
 from omrl_plugins.envs.mcp import McpEnv, sqlite_demo
 from tests.envs.mcp.conftest import (
     free_port,
@@ -31,9 +36,11 @@ from tests.envs.mcp.conftest import (
     stdio_options,
 )
 from tests.fakes import ActionTemplate, ScriptedBackend
-from tests.helpers import eval_report, fresh_python_json, play_expert
+from tests.helpers import cli_exit, eval_report, fresh_python_json, play_expert
 
 ADD = 'add[{"a": 2, "b": 3}]'
+ONCE_SERVER = Path(__file__).with_name("once_server.py")
+EXITS = [sys.executable, "-c", "import sys; sys.stderr.write('no database here\\n'); sys.exit(2)"]
 
 
 @pytest.fixture
@@ -47,8 +54,9 @@ def stdio_env(tasks, pid_file):
 
 # -- episodes over stdio ------------------------------------------------------------------------------
 def test_the_servers_tools_are_the_envs_and_a_call_is_a_turn(stdio_env, pid_file):
-    assert not pid_file.exists()  # nothing starts before the first reset
+    started = server_pid(pid_file)  # the server started when the env was built
     first = stdio_env.reset(0)
+    assert server_pid(pid_file) == started  # the reset plays on it
     assert first.text == "What is 2 + 3?"
     tools = {tool["name"]: tool for tool in stdio_env.tools}
     assert set(tools) == {"answer", "add", "lookup", "fail", "slow", "block", "crash", "picture", "long_text"}
@@ -162,30 +170,41 @@ def test_each_instance_has_its_own_server_and_close_stops_it(tasks, tmp_path):
     envs[0].close()  # a second close does nothing
 
 
-def test_a_server_that_cannot_start_is_an_env_error_with_its_stderr(tasks):
-    failing = [sys.executable, "-c", "import sys; sys.stderr.write('no database here\\n'); sys.exit(2)"]
-    env = McpEnv(command=failing, path=str(tasks))
+def test_a_server_that_cannot_start_is_refused_when_the_env_is_built(tasks):
+    with pytest.raises(
+        ConfigError, match=r"could not start: .*its stderr ends: no database here\. Check plugins.mcp.command: run it"
+    ):
+        McpEnv(command=EXITS, path=str(tasks))
+    silent = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with pytest.raises(ConfigError, match=r"could not start: .*no answer within 1 s \(start_timeout_s\)"):
+        McpEnv(command=silent, path=str(tasks), start_timeout_s=1)
+    url = f"http://127.0.0.1:{free_port()}/mcp"  # nobody listens there
+    with pytest.raises(ConfigError, match=rf"MCP server {url}: could not start: .*Is an MCP server listening at"):
+        McpEnv(url=url, path=str(tasks), start_timeout_s=10)
+
+
+def test_a_server_that_started_once_and_cannot_start_again_is_an_env_error(tasks, tmp_path):
+    options = {"command": [sys.executable, str(ONCE_SERVER)], "env": {"MCP_TEST_ONCE_FILE": str(tmp_path / "ran")}}
+    env = McpEnv(**options, path=str(tasks))  # it starts, lists its tools and exits
+    other = McpEnv(**options, path=str(tasks))  # it cannot start now: not the setup's fault, it started before
     try:
-        for _ in range(2):  # each reset tries again
+        assert [tool["name"] for tool in env.tools] == ["answer", "noop"]
+        for instance in (env, env, other):  # each reset tries again
             with pytest.raises(EnvError, match="could not start: .*its stderr ends: no database here"):
-                env.reset(0)
+                instance.reset(0)
     finally:
         env.close()
-    silent = McpEnv(command=[sys.executable, "-c", "import time; time.sleep(60)"], path=str(tasks), start_timeout_s=1)
-    try:
-        with pytest.raises(EnvError, match=r"could not start: .*no answer within 1 s \(start_timeout_s\)"):
-            silent.reset(0)
-    finally:
-        silent.close()
+        other.close()
 
 
 # -- over streamable HTTP -----------------------------------------------------------------------------
 def test_a_streamable_http_server_its_death_and_its_return(tasks):
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
-    env = McpEnv(url=url, path=str(tasks), timeout_s=5, start_timeout_s=10)
+    env = None
     try:
         with http_server(port) as server:
+            env = McpEnv(url=url, path=str(tasks), timeout_s=5, start_timeout_s=10)
             env.reset(1)
             assert {tool["name"] for tool in env.tools} >= {"add", "lookup", "slow"}
             assert env.step("lookup[alice]").observation == "42"
@@ -202,7 +221,8 @@ def test_a_streamable_http_server_its_death_and_its_return(tasks):
             env.reset(0)
             assert env.step(ADD).observation == "5"
     finally:
-        env.close()
+        if env is not None:
+            env.close()
 
 
 # -- bad options ----------------------------------------------------------------------------------------
@@ -254,12 +274,9 @@ def test_allowed_tools_picks_the_servers_tools_and_names_the_ones_it_lacks(tasks
         assert "tool" not in not_offered.info and not_offered.done and not not_offered.won
     finally:
         env.close()
-    env = McpEnv(**stdio_options(tasks, pid_file, allowed_tools=["add", "multiply"]))
-    try:
-        with pytest.raises(ConfigError, match=r"allowed_tools names \['multiply'\].*its tools: add, lookup, fail"):
-            env.reset(0)
-    finally:
-        env.close()
+    with pytest.raises(ConfigError, match=r"allowed_tools names \['multiply'\].*its tools: add, lookup, fail"):
+        McpEnv(**stdio_options(tasks, pid_file, allowed_tools=["add", "multiply"]))  # known when it is built
+    assert gone_soon(server_pid(pid_file))  # and the server it started is stopped
 
 
 def test_registering_imports_no_mcp():
@@ -270,7 +287,7 @@ def test_registering_imports_no_mcp():
     assert loaded == []
 
 
-# -- mcp:sqlite, the real mcp-server-sqlite ---------------------------------------------------------------
+# -- mcp:sqlite, on omrl's own shop server --------------------------------------------------------------
 def test_every_shipped_answer_is_what_its_sql_computes():
     rows = [json.loads(line) for path in (sqlite_demo.TASKS, sqlite_demo.TEST_TASKS) for line in path.open()]
     assert len(rows) == 42
@@ -280,39 +297,76 @@ def test_every_shipped_answer_is_what_its_sql_computes():
             assert str(value) == row["answer"], row["question"]
 
 
-def test_mcp_sqlite_answers_a_shipped_question_with_the_servers_tools(sqlite_server):
+@pytest.fixture
+def shop():
     env = create_env(registry.envs.get("mcp:sqlite"), {}, name="mcp:sqlite")
     try:
-        assert (len(env.task_ids("train")), len(env.task_ids("test"))) == (32, 10)
-        first = env.reset(0)
-        assert "How many orders did Alice place?" in first.text and "SQLite database" in first.text
-        assert {tool["name"] for tool in env.tools} == {"answer", *sqlite_demo.READ_ONLY_TOOLS}
-        tables = env.step("list_tables[]").observation
-        assert all(name in tables for name in ("customers", "products", "orders", "order_items"))
-        assert "'name': 'city'" in env.step("describe_table[customers]").observation
-        count = env.step(
-            "read_query[SELECT COUNT(*) AS n FROM orders JOIN customers ON customers.id = orders.customer_id "
-            "WHERE customers.name = 'Alice']"
-        )
-        assert count.observation == "[{'n': 3}]" and not count.info["tool_error"]
-        refused = env.step("read_query[DELETE FROM orders]")  # read-only: the server says no
-        assert "Only SELECT queries are allowed" in refused.observation
-        assert env.step("answer[3]").won
-        # the expert answers (through the answer tool), scored by the tasks' answers
-        assert play_expert(env, 1_000_000)[-1].won
+        yield env
     finally:
         env.close()
 
 
-def test_mcp_sqlite_without_a_runnable_server_names_the_install(monkeypatch, tmp_path):
-    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
-    monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(MissingExtraError, match=r"not installed .*pip install mcp-server-sqlite"):
-        sqlite_demo.find_server()
+def test_mcp_sqlite_answers_a_shipped_question_with_the_servers_read_only_tools(shop):
+    assert shop.client.spec.argv[-4:-2] == ("-m", "omrl_plugins.envs.mcp.shop_server")  # this Python, no uv
+    assert (len(shop.task_ids("train")), len(shop.task_ids("test"))) == (32, 10)
+    first = shop.reset(0)
+    assert "How many orders did Alice place?" in first.text and "SQLite database" in first.text
+    assert {tool["name"] for tool in shop.tools} == {"answer", *sqlite_demo.READ_ONLY_TOOLS}
+    assert json.loads(shop.step("list_tables[]").observation) == ["customers", "order_items", "orders", "products"]
+    columns = json.loads(shop.step("describe_table[customers]").observation)
+    assert [column["name"] for column in columns] == ["id", "name", "city", "joined"]
+    count = shop.step(
+        "read_query[SELECT COUNT(*) AS n FROM orders JOIN customers ON customers.id = orders.customer_id "
+        "WHERE customers.name = 'Alice']"
+    )
+    assert json.loads(count.observation) == [{"n": 3}] and not count.info["tool_error"]
+    # read-only: the server refuses what is not a SELECT, and the database refuses a write behind a WITH
+    refused = shop.step("read_query[DELETE FROM orders]")
+    assert refused.info["tool_error"] and "Only SELECT queries are allowed" in refused.observation
+    hidden = shop.step("read_query[WITH x AS (SELECT 1) DELETE FROM orders]")
+    assert hidden.info["tool_error"] and "readonly database" in hidden.observation
+    missing = shop.step("describe_table[refunds]")
+    assert missing.info["tool_error"] and "no table 'refunds'; the tables: customers" in missing.observation
+    assert shop.step("answer[3]").won
 
 
-# -- through the rollout ------------------------------------------------------------------------------------
-def test_omrl_eval_plays_mcp_sqlite_with_the_tiny_model(sqlite_server, tmp_path):
+def test_the_expert_helpers_do_what_their_examples_say():
+    assert doctest.testmod(sqlite_demo).failed == 0
+
+
+def test_the_expert_finds_every_answer_with_the_tools(shop):
+    for task in [*shop.task_ids("train"), *shop.task_ids("test")]:
+        results = play_expert(shop, task)
+        actions = [turn.info.get("tool") for turn in results]
+        assert actions[0] == "list_tables" and actions[-2] == "read_query" and actions[-1] is None, actions
+        assert "describe_table" in actions and not any(turn.info.get("tool_error") for turn in results)
+        assert results[-1].won, task
+        row = json.loads(results[-2].observation)[0]  # the answer is what the query returned
+        assert [str(value) for value in row.values()] == [results[-1].info["ground_truth"]], task
+
+
+# -- through the rollout and the CLI ---------------------------------------------------------------------
+@pytest.mark.parametrize("template", [[], ["--template", "tool_call"]], ids=["default", "tool_call"])
+def test_the_documented_expert_rollout_plays_the_tools(template, tmp_path, capsys):
+    out = tmp_path / "expert.parquet"
+    words = ["rollout", "--env", "mcp:sqlite", "--expert", "--num-tasks", "4", *template, "-o", str(out)]
+    code, _, err = cli_exit(capsys, *words)
+    assert code in (0, None), err
+    episodes = read_episodes(out)
+    assert [ep.task_id for ep in episodes] == [0, 1, 2, 3]
+    for episode in episodes:
+        tools = [turn.info.get("tool") for turn in episode.turns]
+        assert tools[0] == "list_tables" and set(tools[1:-2]) == {"describe_table"}, tools
+        assert tools[-2:] == ["read_query", None], tools
+        assert episode.end_reason != "env_error" and episode.turns[-1].info["won"]
+        # each call's result is the next turn's observation: the tables, ..., the rows the answer is read from
+        assert "order_items" in episode.turns[1].observation
+        (row,) = json.loads(episode.turns[-1].observation)
+        assert episode.turns[-1].action == f"answer[{next(iter(row.values()))}]"
+    assert episodes[0].turns[-1].observation == '[{"COUNT(*)": 3}]'  # How many orders did Alice place?
+
+
+def test_omrl_eval_plays_mcp_sqlite_with_the_tiny_model(tmp_path):
     _, report = eval_report(
         tmp_path,
         "eval",
@@ -329,6 +383,52 @@ def test_omrl_eval_plays_mcp_sqlite_with_the_tiny_model(sqlite_server, tmp_path)
     assert metrics["episodes"] == 4 and metrics["env_errors"] == 0
     assert [ep["task_id"] for ep in report["episodes"]] == [1_000_000 + i for i in range(4)]  # the test split
     assert "env_error" not in metrics["end_reasons"]
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Loading a model fails the test: what it lists is every load tried."""
+    tried = []
+
+    def refuse(*args, **kwargs):
+        tried.append(args)
+        raise RuntimeError("a model was loaded")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+    return tried
+
+
+@pytest.mark.parametrize(
+    "env, says",
+    [
+        (
+            ["mcp", "plugins.mcp.command=no-such-mcp-server --db-path shop.db", "plugins.mcp.path={tasks}"],
+            r"plugins.mcp.command: 'no-such-mcp-server' is not an executable file nor a program on PATH; give the "
+            r"server's path or install it",
+        ),
+        (
+            ["mcp", f"plugins.mcp.command={shlex.join(EXITS)}", "plugins.mcp.path={tasks}"],
+            r"MCP server `[^`]*sys.exit\(2\)'`: could not start: .*its stderr ends: no database here\. Check "
+            r"plugins.mcp.command: run it yourself",
+        ),
+        (
+            ["mcp:sqlite"],  # its server's module gone
+            r"MCP server `.* -m omrl_plugins.envs.mcp.no_such_module --db-path .*`: could not start: .*No module "
+            r"named omrl_plugins.envs.mcp.no_such_module.*: pip install 'omrl\[mcp\]'",
+        ),
+    ],
+    ids=["no-such-command", "exits-at-once", "mcp-sqlite-broken"],
+)
+def test_a_server_that_cannot_start_stops_the_run_before_a_model_loads(
+    env, says, tasks, tmp_path, capsys, monkeypatch, no_model_loads
+):
+    monkeypatch.setattr(sqlite_demo, "SERVER_MODULE", "omrl_plugins.envs.mcp.no_such_module")
+    options = [word.format(tasks=tasks) for word in env[1:]]
+    out = tmp_path / "out.parquet"
+    code, _, err = cli_exit(capsys, "rollout", "--env", env[0], *options, "--model", "tiny", "-o", str(out))
+    assert code == 2 and no_model_loads == [], err
+    assert re.search(says, " ".join(err.split())), err
+    assert not out.exists()
 
 
 def test_a_server_killed_mid_episode_ends_it_as_env_error_in_the_rollout(tasks, pid_file, tiny_tokenizer):

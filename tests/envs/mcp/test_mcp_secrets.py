@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,13 +20,12 @@ from tests.helpers import cli_exit
 API_KEY, PAT, DB_PASSWORD = "sk-live-4a7f19", "ghp_9c2e4b7d1f", "pw-6b3d8e"
 DATABASE_URL = f"postgres://shop:{DB_PASSWORD}@db.internal/shop"
 SECRETS = (API_KEY, PAT, DB_PASSWORD)
-# a server that cannot start, and says why with its token: every episode is an env_error quoting the command
+# a server that cannot start, and says why with its token: the run stops, its error quoting the command
 FAILING = f"""{shlex.quote(sys.executable)} -c 'import os, sys; sys.stderr.write("token " + os.environ["GITHUB_PAT"]); sys.exit(2)' --api-key {API_KEY}"""
-OVERRIDES = (
-    f"plugins.mcp.command={FAILING}",
-    f"plugins.mcp.env.GITHUB_PAT={PAT}",
-    f"plugins.mcp.env.DATABASE_URL={DATABASE_URL}",
-)
+SECRET_ENV = (f"plugins.mcp.env.GITHUB_PAT={PAT}", f"plugins.mcp.env.DATABASE_URL={DATABASE_URL}")
+OVERRIDES = (f"plugins.mcp.command={FAILING}", *SECRET_ENV)
+# a server that starts once, then cannot start again and says why with its token: every episode is an env_error
+ONCE = f"{shlex.quote(sys.executable)} {Path(__file__).with_name('once_server.py')} --api-key {API_KEY}"
 
 
 def leaks(text: str) -> list[str]:
@@ -101,11 +101,19 @@ def test_a_checkpoint_with_the_servers_secrets_in_clear_still_resumes(tmp_path, 
     assert ckpt.resume_checkpoint(tmp_path, now).name == "step-00000001"
 
 
+def test_the_error_of_a_server_that_cannot_start_holds_no_server_secret(tmp_path, tasks, capsys):
+    code, _, err = cli_exit(capsys, "rollout", "--expert", "--env", "mcp", *OVERRIDES, f"plugins.mcp.path={tasks}",
+                            "-o", str(tmp_path / "out.parquet"))  # fmt: skip
+    assert code == 2 and "could not start" in err and f"--api-key {REDACTED}" in err.replace("'", ""), err
+    assert f"token {REDACTED}" in err and leaks(err) == []
+
+
 def test_the_report_the_episodes_and_the_page_hold_no_server_secret(tmp_path, tasks, capsys):
     out = tmp_path / "eval"
+    once = f"plugins.mcp.env.MCP_TEST_ONCE_FILE={tmp_path / 'ran'}"
     code, _, err = cli_exit(capsys, "eval", "--model", "tiny", "--env", "mcp", "--num-tasks", "2",
-                            *OVERRIDES, f"plugins.mcp.path={tasks}", f"plugins.mcp.test_path={tasks}",
-                            "max_env_error_rate=1.0", "--output-dir", str(out))  # fmt: skip
+                            f"plugins.mcp.command={ONCE}", *SECRET_ENV, once, f"plugins.mcp.path={tasks}",
+                            f"plugins.mcp.test_path={tasks}", "max_env_error_rate=1.0", "--output-dir", str(out))  # fmt: skip
     assert code in (0, None), err
     report = json.loads((out / "report.json").read_text())
     assert [ep["end_reason"] for ep in report["episodes"]] == ["env_error", "env_error"]
