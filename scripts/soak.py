@@ -22,7 +22,8 @@ Invariants checked (the script exits 1 when one breaks, naming it):
 - no client ever acts on an env that another client created: the fault layer records which
   client created each env id of each start of a server, and which client each call about an id comes
   from; a call the server refuses as not its env (410 from omrl's server, ``false`` from an
-  AgentGym-like one) does not count.
+  AgentGym-like one) does not count, nor does a read (``GET /observation``: the very check with
+  which a client finds that a restart gave its id to another client's env).
 
 Every loop is bounded: episodes by ``--episodes``, each batch by a deadline, the chaos thread by
 the run's end, every HTTP call by the client's timeout and retries.
@@ -181,6 +182,8 @@ class FaultyApp:
             self.chaos.counts["mid-episode restart"] += 1
             threading.Thread(target=self.restart, name="soak-restart", daemon=True).start()
         if scope["path"] not in ID_ROUTES or status == 410 or payload.strip() == b"false":  # refused: not its env
+            return
+        if scope["method"] == "GET":  # a read acts on nothing (and is how a client checks its env is its own)
             return
         env_id = _id_of(scope, body)
         if env_id is not None:

@@ -93,7 +93,10 @@ class Faults:
 
 
 @pytest.fixture
-def faults(register_plugin):
+def faults(register_plugin, monkeypatch):
+    from omrl.training import online_recipe
+
+    monkeypatch.setattr(online_recipe, "ENV_FAILURE_WAIT", 0.1)  # the replay of a step the judge failed: no 5 s wait
     RELEASE.clear()
     plugin = register_plugin(Faults(), name="faults")
     yield plugin
@@ -147,3 +150,56 @@ def test_a_run_under_stalls_and_failures_accounts_for_every_episode(faults, tiny
             continue
         thread.join(timeout=10)
         assert not thread.is_alive(), thread.name
+
+
+SEED = {"value": 0}  # the fault seed of the agent run under test (the agent runs in this process)
+
+
+def flaky_agent(task, base_url, api_key):
+    """An `openai` agent that, by its task, hangs past agent.timeout_s, raises, or answers after one call."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["prompt"]}], max_tokens=6
+    )
+    number = int(task["prompt"].split()[-1].rstrip("."))  # "Say 7."
+    what = fault(SEED["value"], number, 1)
+    if what == "hang":
+        RELEASE.wait(60)
+    if what == "raise":
+        raise RuntimeError(f"the agent's own bug on {number}")
+    return reply.choices[0].message.content
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_run_of_agents_that_hang_or_raise_accounts_for_every_episode(tmp_path, seed):
+    import json
+
+    from tests.helpers import invoke
+
+    SEED["value"] = seed
+    RELEASE.clear()
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text("".join(json.dumps({"question": f"Say {n}.", "answer": str(n)}) + "\n" for n in range(12)))
+    out = tmp_path / "run"
+    try:
+        result = invoke(
+            *("train", "--algo", "grpo", "--env", "dataset", "--model", "tiny", "--steps", "2"),
+            *("--agent", "tests.training.test_stall_faults:flaky_agent", "--output-dir", str(out)),
+            f"plugins.dataset.path={questions}",
+            *("tasks_per_step=4", "group_size=2", "eval_tasks=0", "max_env_error_rate=1.0", "agent.timeout_s=3"),
+        )
+    finally:
+        RELEASE.set()
+    assert result.exit_code == 0, result.output
+    steps = [read_episodes(out / "rollouts" / f"step-{n:08d}.parquet") for n in (1, 2)]
+    for played, logged in zip(steps, read_metrics(out)):
+        assert len(played) == 4 * 2  # nothing lost
+        failed = [ep for ep in played if ep.end_reason == "env_error"]
+        assert logged["env_errors"] == len(failed)
+        for ep in failed:  # named, and never trained on
+            assert "agent" in ep.error and ("3 s" in ep.error or "own bug" in ep.error), ep.error
+            assert not ep.advantages
+        assert all(ep.advantages for ep in played if ep.end_reason != "env_error")
+    assert any(ep.end_reason == "env_error" for step in steps for ep in step)  # a fault was injected and caught

@@ -139,7 +139,7 @@ def test_a_server_killed_mid_episode_is_an_env_error_and_the_next_reset_restarts
     pid = server_pid(pid_file)
     os.kill(pid, signal.SIGKILL)
     assert gone_soon(pid)
-    with pytest.raises(EnvError, match="tools/call add failed: the connection closed"):
+    with pytest.raises(EnvError, match="tools/call add failed: the connection (closed|is gone)"):
         stdio_env.step(ADD)
     with pytest.raises(EnvError, match="not connected"):  # until the next reset
         stdio_env.step(ADD)
@@ -444,7 +444,8 @@ def test_a_server_killed_mid_episode_ends_it_as_env_error_in_the_rollout(tasks, 
         limits = RolloutLimits(max_new_tokens=24, max_context=1024)
         (killed,) = collect(pool, ActionTemplate(), tiny_tokenizer, [0], backend=backend, limits=limits)
         assert killed.end_reason == "env_error"
-        assert "tools/call add failed: the connection closed" in killed.error
+        # the reader sees the end of output, or the write fails first: either way the connection is named
+        assert re.search(r"tools/call add failed: the connection (closed|is gone)", killed.error), killed.error
         assert killed.turns[1].observation == "3"  # the first call's result, answered before the kill
         # the pool closed the broken instance; a new one starts its own server and plays to the end
         backend = ScriptedBackend(
