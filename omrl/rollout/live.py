@@ -117,11 +117,9 @@ def record_reply(
         return None
     parsed = _parse(template, response, env)
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
-    offered = (chat_kwargs or {}).get("tools")
-    if offered and template.call_format():  # every call attempt, classified as the gateway does
-        turn.info["tool_calls"] = [
-            a.record() for a in parse_tool_calls(response, offered, template.call_format()).attempts
-        ]
+    offered, fmt = (chat_kwargs or {}).get("tools"), template.call_format()
+    if offered and fmt:  # every call attempt, classified as the gateway does
+        turn.info["tool_calls"] = [a.record() for a in parse_tool_calls(response, offered, fmt).attempts]
     if parsed.tool_call is not None and parsed.action is not None:  # the reply as a structured tool call
         live.tool_call = {"content": parsed.thought or "", "tool_calls": [parsed.tool_call]}
     if parsed.action is None:

@@ -98,8 +98,12 @@ class EnvPool:
         unless the run says to stop (``deadlines.on_stall=stop``): then it is raised."""
         names = list(labels) or [""] * len(items)
 
+        watched = supervisor.current() is not None  # no supervisor (library use): no stage to open per call
+
         def safe(item: Any, label: str) -> T | BaseException:
             try:
+                if not watched:
+                    return fn(item)
                 with supervisor.stage(stage, env=self.name, episode=label):
                     return fn(item)
             except StageStalled as exc:
