@@ -253,12 +253,16 @@ class RolloutDone(Exception):
     """Raised out of a rollout-only step once its episodes are played."""
 
 
+class StepDone(Exception):
+    """Raised out of the step's end (its logging done), before the run saves its final model."""
+
+
 class OneStep(RLRecipe):
     """``omrl train``'s recipe for one step, its rollout timed and kept, no checkpoint or final model;
     with ``rollout_only`` the step stops after its rollout (:class:`RolloutDone`)."""
 
     def __init__(self, cfg: TrainRunConfig, script=None, rollout_only: bool = False):
-        super().__init__(cfg, console=Console(stderr=True, quiet=True))
+        super().__init__(cfg, on_step_end=self._logged, console=Console(stderr=True, quiet=True))
         self.script = script
         self.rollout_only = rollout_only
         self.episodes: list[Any] = []
@@ -270,8 +274,8 @@ class OneStep(RLRecipe):
         super().setup()
         if self.script is not None:
             gen = self.cfg.generation
-            self.session.backend.close()
-            self.session.backend = ForcedBackend(
+            self.run.session.backend.close()
+            self.run.session.backend = ForcedBackend(
                 self.rollout_model,
                 self.tokenizer,
                 self.script,
@@ -279,22 +283,23 @@ class OneStep(RLRecipe):
                 kv_reuse=gen.kv_reuse,
                 kv_cache_mb=gen.kv_cache_mb,
             )
-        play = self.session.play
+        session = self.run.session
+        play = session.play
 
         def kept(*args: Any, **kwargs: Any) -> list[Any]:
             started = time.perf_counter()
             self.episodes = play(*args, **kwargs)
             self.rollout_seconds = time.perf_counter() - started
             if self.rollout_only:
-                self.stats = self.session.backend.take_stats()
+                self.stats = session.backend.take_stats()
                 raise RolloutDone
             return self.episodes
 
-        self.session.play = kept
+        session.play = kept
 
-    def _finish(self, metrics: dict[str, float]) -> dict[str, Any]:
+    def _logged(self, step: int, metrics: dict[str, float]) -> None:
         self.logged = dict(metrics)
-        return self.logged
+        raise StepDone
 
 
 def forward_tokens(batch, shares_prefix: bool, packed_rows_share: bool) -> int:
@@ -329,7 +334,7 @@ def run_arm(base: list[str], model_name: str, history: str, script, rollout_only
     try:
         recipe.setup()
         recipe.train()
-    except RolloutDone:
+    except (RolloutDone, StepDone):
         pass
     finally:
         recipe.cleanup()

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # only annotations: the config schema must load without torch
     import torch
 
+from omrl.config.fields import opt
 from omrl.errors import ConfigError, OmrlError
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
@@ -43,121 +44,74 @@ class AlgoConfig:
     """The ``algorithm`` section: which recipe and plugins train, and every hyper-parameter of
     their maths. Algorithm functions receive it whole and read what they need."""
 
-    name: str = field(default="grpo", metadata={"help": f"Training recipe: {', '.join(RECIPES)} (--algo)."})
-    advantage: str = field(
-        default="grpo",
-        metadata={
-            "help": "Advantage estimator: gae, grpo, dr_grpo, rloo, reinforce_plus_plus, "
-            "reinforce_plus_plus_baseline, opo, remax, pass_at_k, gigpo, tree_grpo (`omrl plugins`)."
-        },
+    name: str = opt("grpo", f"Training recipe: {', '.join(RECIPES)} (--algo).")
+    advantage: str = opt("grpo", "Advantage estimator.", names_of=("algorithms", "advantage"))
+    policy_loss: str = opt("ppo_clip", "Policy loss.", names_of=("algorithms", "policy_loss"))
+    kl_estimator: str = opt("k3", "KL estimator.", names_of=("algorithms", "kl"))
+    kl_coef: float = opt(0.0, "KL to the reference model; 0 turns it off (and skips the reference).")
+    kl_target: float = opt(
+        0.0, "Adaptive KL: the KL per token the coefficient steers toward (Ziegler et al. 2019); 0 keeps kl_coef fixed."
     )
-    policy_loss: str = field(
-        default="ppo_clip",
-        metadata={
-            "help": "Policy loss: ppo_clip, dual_clip, clip_higher, gspo, gmpo, cispo, sapo, clip_cov, kl_cov, "
-            "reinforce."
-        },
+    kl_horizon: int = opt(10000, "Adaptive KL: samples over which the coefficient adapts.")
+    kl_in_reward: bool = opt(False, "Put the KL penalty in the reward instead of the loss.")
+    entropy_coef: float = opt(0.0, "Entropy bonus.")
+    value_coef: float = opt(0.5, "PPO: value-loss weight.")
+    value_clip: float = opt(0.2, "PPO: value clipping range (0 turns clipping off).")
+    critic: str = opt("head", "PPO critic: head (a value head on the policy's backbone) or model (separate copy).")
+    dpo_beta: float = opt(0.1, "DPO beta.")
+    gamma: float = opt(1.0, "Discount per token (gae) or per turn (gigpo).")
+    lam: float = opt(1.0, "GAE lambda.")
+    norm_adv_by_std: bool = opt(True, "GRPO: divide by the group's std (Dr. GRPO: no).")
+    eps: float = opt(1e-6, "Added to denominators.")
+    clip_ratio_low: float = opt(0.2, "PPO clip: ratio >= 1 - clip_ratio_low.")
+    clip_ratio_high: float = opt(0.2, "PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28).")
+    clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages.")
+    loss_agg_mode: str = opt("token-mean", f"How token losses become one number: {', '.join(LOSS_AGG_MODES)}.")
+    loss_norm_tokens: int = opt(
+        0,
+        "seq-mean-token-sum-norm: the constant each sequence's token sum is divided by; 0: the "
+        "run's token budget per episode (generation.max_new_tokens x env.max_turns).",
     )
-    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2, k3, abs, k1+, k3+."})
-    kl_coef: float = field(
-        default=0.0, metadata={"help": "KL to the reference model; 0 turns it off (and skips the reference)."}
+    sapo_tau_pos: float = opt(1.0, "SAPO: gate temperature for positive advantages.")
+    sapo_tau_neg: float = opt(1.05, "SAPO: gate temperature for negative advantages.")
+    cov_clip_ratio: float = opt(2e-4, "Clip-Cov: share of tokens whose gradient is cut.")
+    cov_clip_low: float = opt(1.0, "Clip-Cov: lowest covariance of a token it may cut.")
+    cov_clip_high: float = opt(5.0, "Clip-Cov: highest covariance of a token it may cut.")
+    kl_cov_ratio: float = opt(2e-3, "KL-Cov: share of tokens (highest covariance) given the KL penalty.")
+    kl_cov_coef: float = opt(1.0, "KL-Cov: weight of that penalty.")
+    pass_k: int = opt(4, "pass_at_k: the k of pass@k the advantages optimise.")
+    pass_threshold: float = opt(1.0, "pass_at_k: a sample whose score reaches this counts as a pass.")
+    dynamic_sampling: bool = opt(
+        False,
+        "DAPO dynamic sampling: drop groups whose samples all got the same reward and draw more "
+        "tasks until the step has tasks_per_step groups.",
     )
-    kl_target: float = field(
-        default=0.0,
-        metadata={
-            "help": "Adaptive KL: the KL per token the coefficient steers toward (Ziegler et al. 2019); "
-            "0 keeps kl_coef fixed."
-        },
+    dynamic_sampling_max_draws: int = opt(4, "Dynamic sampling: extra rollouts a step may draw at most.")
+    teacher: str = opt(
+        "",
+        "On-policy distillation: a teacher model (name or path) whose per-token log-probs on the "
+        "student's rollouts become a dense reward; empty turns it off.",
     )
-    kl_horizon: int = field(default=10000, metadata={"help": "Adaptive KL: samples over which the coefficient adapts."})
-    kl_in_reward: bool = field(
-        default=False, metadata={"help": "Put the KL penalty in the reward instead of the loss."}
+    teacher_coef: float = opt(
+        1.0, "On-policy distillation: weight of the per-token reward log p_teacher - log p_student."
     )
-    entropy_coef: float = field(default=0.0, metadata={"help": "Entropy bonus."})
-    value_coef: float = field(default=0.5, metadata={"help": "PPO: value-loss weight."})
-    value_clip: float = field(default=0.2, metadata={"help": "PPO: value clipping range (0 turns clipping off)."})
-    critic: str = field(
-        default="head",
-        metadata={"help": "PPO critic: head (a value head on the policy's backbone) or model (separate copy)."},
+    rollout_correction: str = opt(
+        "auto",
+        "Correction for the sampler's log-probs differing from the trainer's; auto: none for the hf backend "
+        "in float32, else token_tis.",
+        names_of=("algorithms", "rollout_correction"),
     )
-    dpo_beta: float = field(default=0.1, metadata={"help": "DPO beta."})
-    gamma: float = field(default=1.0, metadata={"help": "Discount per token (gae) or per turn (gigpo)."})
-    lam: float = field(default=1.0, metadata={"help": "GAE lambda."})
-    norm_adv_by_std: bool = field(default=True, metadata={"help": "GRPO: divide by the group's std (Dr. GRPO: no)."})
-    eps: float = field(default=1e-6, metadata={"help": "Added to denominators."})
-    clip_ratio_low: float = field(default=0.2, metadata={"help": "PPO clip: ratio >= 1 - clip_ratio_low."})
-    clip_ratio_high: float = field(
-        default=0.2, metadata={"help": "PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28)."}
+    rollout_is_cap: float = opt(
+        2.0, "token_tis, seq_tis: the weights' cap; seq_mask: the ratio above which a row drops."
     )
-    clip_ratio_c: float = field(default=3.0, metadata={"help": "Dual-clip bound for negative advantages."})
-    loss_agg_mode: str = field(
-        default="token-mean", metadata={"help": f"How token losses become one number: {', '.join(LOSS_AGG_MODES)}."}
-    )
-    loss_norm_tokens: int = field(
-        default=0,
-        metadata={
-            "help": "seq-mean-token-sum-norm: the constant each sequence's token sum is divided by; 0: the "
-            "run's token budget per episode (generation.max_new_tokens x env.max_turns)."
-        },
-    )
-    sapo_tau_pos: float = field(default=1.0, metadata={"help": "SAPO: gate temperature for positive advantages."})
-    sapo_tau_neg: float = field(default=1.05, metadata={"help": "SAPO: gate temperature for negative advantages."})
-    cov_clip_ratio: float = field(default=2e-4, metadata={"help": "Clip-Cov: share of tokens whose gradient is cut."})
-    cov_clip_low: float = field(default=1.0, metadata={"help": "Clip-Cov: lowest covariance of a token it may cut."})
-    cov_clip_high: float = field(default=5.0, metadata={"help": "Clip-Cov: highest covariance of a token it may cut."})
-    kl_cov_ratio: float = field(
-        default=2e-3, metadata={"help": "KL-Cov: share of tokens (highest covariance) given the KL penalty."}
-    )
-    kl_cov_coef: float = field(default=1.0, metadata={"help": "KL-Cov: weight of that penalty."})
-    pass_k: int = field(default=4, metadata={"help": "pass_at_k: the k of pass@k the advantages optimise."})
-    pass_threshold: float = field(
-        default=1.0, metadata={"help": "pass_at_k: a sample whose score reaches this counts as a pass."}
-    )
-    dynamic_sampling: bool = field(
-        default=False,
-        metadata={
-            "help": "DAPO dynamic sampling: drop groups whose samples all got the same reward and draw more "
-            "tasks until the step has tasks_per_step groups."
-        },
-    )
-    dynamic_sampling_max_draws: int = field(
-        default=4, metadata={"help": "Dynamic sampling: extra rollouts a step may draw at most."}
-    )
-    teacher: str = field(
-        default="",
-        metadata={
-            "help": "On-policy distillation: a teacher model (name or path) whose per-token log-probs on the "
-            "student's rollouts become a dense reward; empty turns it off."
-        },
-    )
-    teacher_coef: float = field(
-        default=1.0,
-        metadata={"help": "On-policy distillation: weight of the per-token reward log p_teacher - log p_student."},
-    )
-    rollout_correction: str = field(
-        default="auto",
-        metadata={
-            "help": "Correction for the sampler's log-probs differing from the trainer's: none, token_tis, "
-            "seq_tis, token_mask, seq_mask; auto: none for the hf backend in float32, else token_tis."
-        },
-    )
-    rollout_is_cap: float = field(
-        default=2.0,
-        metadata={"help": "token_tis, seq_tis: the weights' cap; seq_mask: the ratio above which a row drops."},
-    )
-    rollout_band_low: float = field(default=0.5, metadata={"help": "token_mask: a token with a lower ratio drops."})
-    rollout_band_high: float = field(default=5.0, metadata={"help": "token_mask: a token with a higher ratio drops."})
-    gigpo_step_weight: float = field(default=1.0, metadata={"help": "GiGPO: weight of the step-level advantage."})
-    tree_step_weight: float = field(
-        default=1.0,
-        metadata={"help": "tree_grpo: weight of the step-level advantage (see tree_step_mode)."},
-    )
-    tree_step_mode: str = field(
-        default="siblings",
-        metadata={
-            "help": "tree_grpo's step level: siblings (each turn's subtree against its siblings' at a branch "
-            "point) or intra_tree (GRPO over one tree's leaves, Tree-GRPO's intra-tree advantage)."
-        },
+    rollout_band_low: float = opt(0.5, "token_mask: a token with a lower ratio drops.")
+    rollout_band_high: float = opt(5.0, "token_mask: a token with a higher ratio drops.")
+    gigpo_step_weight: float = opt(1.0, "GiGPO: weight of the step-level advantage.")
+    tree_step_weight: float = opt(1.0, "tree_grpo: weight of the step-level advantage (see tree_step_mode).")
+    tree_step_mode: str = opt(
+        "siblings",
+        "tree_grpo's step level: siblings (each turn's subtree against its siblings' at a branch "
+        "point) or intra_tree (GRPO over one tree's leaves, Tree-GRPO's intra-tree advantage).",
     )
 
 

@@ -13,6 +13,7 @@ Life of an instance::
     result = env.step("click[buy now]")  # -> StepResult(observation, reward, done, info)
     env.admissible_actions()             # valid actions now, or None if unknown
     env.expert_action()                  # a scripted expert's next action, or None
+    env.expert_thought()                 # optional: why, in a sentence, for that action's reply ("" if none)
     env.demonstration                    # a worked example for the prompt (DemoTurns), or ()
     state = env.snapshot()               # optional: the live episode as a value ...
     other.restore(state)                 # ... another instance continues from (tree search forks with it)
@@ -142,6 +143,12 @@ class Env(ABC):
     def expert_action(self) -> str | None:
         """A scripted expert's next action, or None where the env has no expert."""
         return None
+
+    def expert_thought(self) -> str:
+        """Why the expert plays its next action, in a short sentence, or "" (the default). Asked right
+        after :meth:`expert_action`, before the step; the template writes it as the reply's reasoning,
+        so expert SFT data teaches a thought where the env gives one and no empty one where it does not."""
+        return ""
 
     def action_from_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
         """Turn a tool call into this env's action text (default: ``name[arg]``)."""

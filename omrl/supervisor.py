@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from omrl.atomic import atomic_write_text
+from omrl.clock import timed
 from omrl.errors import ConfigError, OmrlError
 
 #: each stage a run bounds, and what it is, for messages
@@ -308,7 +309,8 @@ def stage(name: str, **where: Any) -> Iterator[Open | None]:
     record = supervisor.open(name, where) if supervisor is not None else None
     try:
         try:
-            yield record
+            with timed(name):  # where the step's time goes, too (omrl.clock)
+                yield record
         finally:
             if record is not None:  # from here on the signal finds nothing to raise for
                 record.raised = True

@@ -10,7 +10,8 @@
 # engine with update_weights, and checks that the rollout is token-exact; trains
 # with the engine in the async generation process (rollout.async_generation). Then it
 # starts `vllm serve` with vLLM's RL routes and trains against it
-# (generation.backend=openai generation.weight_sync=files; scripts/check_vllm_server.py).
+# (generation.backend=openai generation.weight_sync=files; scripts/check_vllm_server.py), and
+# again with LoRA, sending only the adapter (weight_sync=lora; scripts/check_vllm_lora.sh).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -159,3 +160,8 @@ for _ in $(seq 120); do
     sleep 1
 done
 python "$ROOT/scripts/check_vllm_server.py" --base-url "http://127.0.0.1:$PORT/v1"
+kill $SERVER 2>/dev/null || true
+wait $SERVER 2>/dev/null || true
+
+# the same with LoRA: only the adapter sent after each update (generation.weight_sync=lora)
+"$ROOT/scripts/check_vllm_lora.sh" "$VENV"

@@ -1,5 +1,6 @@
 """The core's shape: omrl/ reaches built-in plugins only through the registry, as it reaches
-third-party ones, so a built-in can be removed or replaced like any installed plugin."""
+third-party ones, so a built-in can be removed or replaced like any installed plugin; and omrl/chat/'s
+modules are layered, each importing only those below it."""
 
 from __future__ import annotations
 
@@ -48,4 +49,104 @@ def test_the_check_sees_every_kind_of_import(tmp_path):
         "omrl_plugins.algos",
         "omrl_plugins.algos",
         "omrl_plugins.envs",
+    ]
+
+
+# omrl/chat/'s modules, bottom first: each imports only modules listed before it (issue 52), so an env
+# observation's way to its trained ids only ever goes down: history, increments, pieces, render, encoding
+CHAT_ORDER = (
+    # text only: no template, no tokenizer
+    "bounded_render",
+    "template_check",
+    "tool_formats",
+    "tool_literals",
+    "tool_calls",
+    # text to ids, messages to text, and what is learned by rendering
+    "encoding",
+    "render",
+    "replies",
+    # a turn: its text, its ids, the history it extends
+    "pieces",
+    "increments",
+    "history",
+    # whole conversations, and `omrl check-template`
+    "conversation",
+    "probe",
+    "conformance",
+)
+CHAT = CORE / "chat"
+
+
+def _chat_imports(path: Path) -> list[tuple[int, str]]:
+    """The modules of omrl.chat that the module at ``path`` (inside omrl/chat/) imports, anywhere in it, by
+    their names there (``__init__``: the package itself)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            package = "omrl.chat" if node.level == 1 else "omrl" if node.level == 2 else ""
+            base = ".".join(part for part in (package, node.module or "") if part)
+            # `from omrl.chat import pieces` imports a module; `from omrl.chat import render`'s module too
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}".removeprefix("omrl.chat.") in CHAT_ORDER else base
+                for alias in node.names
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
+            targets = [str(node.args[0].value)]
+        for target in targets:
+            if target == "omrl.chat":
+                found.append((node.lineno, "__init__"))
+            elif target.startswith("omrl.chat."):
+                found.append((node.lineno, target.split(".")[2]))
+    return found
+
+
+def _chat_layer_offenders(path: Path, name: str) -> list[str]:
+    """Each import in omrl/chat/``name``.py of a module not below it in :data:`CHAT_ORDER` (the package's
+    own ``__init__`` is above every module)."""
+    rank = CHAT_ORDER.index(name)
+    return [
+        f"omrl/chat/{name}.py:{line} imports omrl.chat{'' if target == '__init__' else '.' + target}"
+        for line, target in _chat_imports(path)
+        if target not in CHAT_ORDER[:rank]
+    ]
+
+
+def test_every_chat_module_has_a_layer():
+    modules = {path.stem for path in CHAT.glob("*.py")} - {"__init__"}
+    assert modules == set(CHAT_ORDER), "place each omrl/chat module in CHAT_ORDER, bottom first"
+
+
+def test_chat_layers_import_only_downwards():
+    offenders = [line for name in CHAT_ORDER for line in _chat_layer_offenders(CHAT / f"{name}.py", name)]
+    assert not offenders, "an omrl/chat module imports one at or above its layer:\n" + "\n".join(offenders)
+
+
+def test_the_chat_layer_check_sees_every_kind_of_import(tmp_path):
+    sample = tmp_path / "pieces.py"
+    sample.write_text(
+        "from omrl.chat.render import render\n"
+        "import omrl.chat.increments\n"
+        "from omrl.chat import encoding, next_prompt\n"
+        "from . import history\n"
+        "from .conversation import conversation_rows\n"
+        "def late():\n"
+        "    from omrl.chat.probe import check_template\n"
+        "    importlib.import_module('omrl.chat.conformance')\n"
+    )
+    assert sorted(_chat_layer_offenders(sample, "pieces")) == [
+        "omrl/chat/pieces.py:2 imports omrl.chat.increments",
+        "omrl/chat/pieces.py:3 imports omrl.chat",  # the package: next_prompt, not a module
+        "omrl/chat/pieces.py:4 imports omrl.chat.history",
+        "omrl/chat/pieces.py:5 imports omrl.chat.conversation",
+        "omrl/chat/pieces.py:7 imports omrl.chat.probe",
+        "omrl/chat/pieces.py:8 imports omrl.chat.conformance",
     ]

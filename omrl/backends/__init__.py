@@ -1,5 +1,9 @@
 """Generation backends: ``hf`` (transformers), ``vllm`` (offline engine), ``openai`` (HTTP endpoint).
 
+:mod:`.base` is the interface every backend implements; ``hf`` keeps KV states between calls
+(:mod:`.kv_cache`, reused by :mod:`.hf_reuse`'s engine); ``openai`` receives trained weights through
+:mod:`.weight_sync` (whole weights) or :mod:`.lora_sync` (LoRA adapters alone).
+
     backend = make_backend("hf", tokenizer, cfg.generation, model=model)
     gens = backend.generate([prompt_ids, ...], SamplingParams(max_new_tokens=64, temperature=1.0, seed=0))
 
@@ -77,7 +81,7 @@ def make_backend(
             tokenizer,
             api_key_env=generation.api_key_env,
             batch_size=generation.batch_size,
-            weight_sync=make_weight_sync(generation),
+            weight_sync=make_weight_sync(generation, model_name),
         )
     raise UnknownNameError(f"unknown generation backend {name!r}; valid: {', '.join(BACKENDS)}")
 

@@ -48,6 +48,8 @@ def generation_metrics(stats: dict[str, float]) -> dict[str, float]:
     decode_seconds = stats.get("generate_seconds", 0) - stats.get("prefill_seconds", 0)
     if decode_seconds > 0:
         out["decode_tokens_per_s"] = stats.get("decode_tokens", 0) / decode_seconds
+    if stats.get("prefill_seconds"):  # of the generate calls' time (time/generate), prompts alone
+        out["prefill_time"] = float(stats["prefill_seconds"])
     if stats.get("prefill_seconds") and stats.get("prefill_computed"):
         out["prefill_tokens_per_s"] = stats["prefill_computed"] / stats["prefill_seconds"]
     return out

@@ -10,7 +10,9 @@ evaluated but not trained on: a special token's string in such a reply is text,
 never the token (:func:`omrl.chat.specials.encode_reply`), and only a prefix of
 the text as long as the token limit needs is tokenized (a server that ignores
 ``max_tokens`` can send megabytes). Requests run concurrently (``batch_size`` at a
-time) with timeouts and retries on connection errors, 429 and 5xx.
+time) with timeouts and retries on connection errors, 429 and 5xx. With
+``generation.weight_sync=lora`` each request names the adapter version its conversation started
+under (:mod:`omrl.backends.lora_sync`) and each turn records that version.
 
 What comes back is checked where it is received, since a trajectory keeps it for
 training: a body that is not JSON (or nested too deeply to read), text that is not
@@ -29,8 +31,9 @@ from typing import Any, Mapping, Sequence
 import httpx
 
 from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
+from omrl.backends.lora_sync import LoraSync
 from omrl.backends.weight_sync import WeightSync
-from omrl.chat.specials import encode_reply
+from omrl.chat.encoding import encode_reply
 from omrl.errors import OmrlError, short_repr
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
@@ -58,7 +61,7 @@ class OpenAIBackend(Backend):
         retries: int = 3,
         backoff: float = 0.5,
         transport: httpx.BaseTransport | None = None,
-        weight_sync: WeightSync | None = None,
+        weight_sync: WeightSync | LoraSync | None = None,
     ):
         super().__init__(tokenizer, batch_size)
         self.weight_sync = weight_sync  # how trained weights reach the server; None: it never gets any
@@ -105,15 +108,26 @@ class OpenAIBackend(Backend):
         """One server for every training process: the main one sends it the weights."""
         return self.weight_sync is not None
 
-    def update_weights(self, state_dict: Mapping[str, Any], version: int = 0) -> None:
+    def update_weights(
+        self, state_dict: Mapping[str, Any], version: int = 0, lora_config: Mapping[str, Any] | None = None
+    ) -> None:
         """Send the trained weights to the server (``generation.weight_sync``), named ``version`` there
-        (the trainer's updates so far)."""
+        (the trainer's updates so far). ``lora_config``: a LoRA model's ``adapter_config.json``
+        (:func:`omrl.backends.lora_sync.lora_config_of`), for ``weight_sync=lora``, which sends only the adapter."""
         if self.weight_sync is None:
             raise OmrlError(
-                "the openai backend sends trained weights to its server only with generation.weight_sync=files "
-                "or nccl (omrl.backends.weight_sync)"
+                "the openai backend sends trained weights to its server only with generation.weight_sync=files, "
+                "nccl or lora (omrl.backends.weight_sync)"
             )
-        self.weight_sync.push(state_dict, version)
+        if isinstance(self.weight_sync, LoraSync):
+            self.weight_sync.push(state_dict, version, lora_config or {})
+        elif lora_config:
+            raise OmrlError(
+                "the trained model has LoRA adapters and generation.weight_sync sends full weights: set "
+                "generation.weight_sync=lora"
+            )
+        else:
+            self.weight_sync.push(state_dict, version)
 
     def _one(
         self,
@@ -124,8 +138,25 @@ class OpenAIBackend(Backend):
         seed: int | None,
     ) -> tuple[Generation, dict[str, Any]]:
         """One completion and the server's ``usage`` of it ({} when it sends none)."""
+        # weight_sync=lora: the adapter version this conversation started under (omrl.backends.lora_sync)
+        adapter = self.weight_sync.model_for(prompt) if isinstance(self.weight_sync, LoraSync) else None
+        gen, usage = self._sample(prompt, chat, limit, params, seed, adapter[0] if adapter else self.model)
+        if adapter is not None:
+            gen.weights_version = adapter[1]
+            self.weight_sync.record(prompt, gen.token_ids, adapter[1])
+        return gen, usage
+
+    def _sample(
+        self,
+        prompt: list[int],
+        chat: Sequence[Mapping[str, str]] | None,
+        limit: int,
+        params: SamplingParams,
+        seed: int | None,
+        model: str,
+    ) -> tuple[Generation, dict[str, Any]]:
         sampling: dict[str, Any] = {
-            "model": self.model,
+            "model": model,
             "max_tokens": limit,
             "temperature": max(params.temperature, 0.0),
             "top_p": params.top_p,

@@ -19,7 +19,10 @@ A ``vllm serve`` started with ``VLLM_SERVER_DEV_MODE=1`` offers vLLM's own RL ro
   started with ``--weight-transfer-config '{"backend": "nccl"}'``. Needs CUDA and vllm on the
   trainer's machine, and a network path between the GPUs.
 
-Either way an update is: pause (keep), move the weights, drop cached prefixes (their KV states
+- ``lora`` (a run with ``model.lora_rank > 0``): only the adapter, loaded under a new name per
+  version through vLLM's ``/v1/load_lora_adapter`` (:mod:`omrl.backends.lora_sync`).
+
+``files`` or ``nccl``, an update is: pause (keep), move the weights, drop cached prefixes (their KV states
 came from the old weights), name the new version, resume. The server's answers are checked; a
 route the server does not offer is an error that says how to start it.
 """
@@ -41,7 +44,7 @@ import torch
 
 from omrl.errors import ConfigError, OmrlError
 
-WEIGHT_SYNCS = ("none", "files", "nccl")
+WEIGHT_SYNCS = ("none", "files", "nccl", "lora")
 SERVER_HINT = (
     "start the server with VLLM_SERVER_DEV_MODE=1 (vLLM's RL routes), e.g. "
     "VLLM_SERVER_DEV_MODE=1 vllm serve MODEL --enable-prompt-tokens-details"
@@ -281,13 +284,18 @@ class NcclSync(WeightSync):
         super().close()
 
 
-def make_weight_sync(generation: Any) -> WeightSync | None:
+def make_weight_sync(generation: Any, model_name: str = "") -> Any:
     """The ``generation.weight_sync`` of an openai backend (None for ``none``; a config from before
-    the option has none)."""
+    the option has none): a :class:`WeightSync`, or for ``lora`` a :class:`omrl.backends.lora_sync.LoraSync`
+    whose adapters are named after ``model_name``."""
     kind = sync_kind(generation)
     if kind == "none":
         return None
     control = ServerControl(generation.base_url)
+    if kind == "lora":
+        from omrl.backends.lora_sync import LoraSync
+
+        return LoraSync(control, model_name, generation.weight_dir, keep=getattr(generation, "lora_keep", 1))
     if kind == "files":
         return FileSync(control, generation.weight_dir)
     return NcclSync(control, generation.weight_sync_address)
@@ -310,16 +318,29 @@ def check_weight_sync(generation: Any, trains: bool, lora_rank: int = 0) -> None
             f"{generation.backend} backend gets them in process: leave generation.weight_sync=none"
         )
     if trains and generation.backend == "openai" and kind == "none":
-        raise ConfigError(
-            "training with generation.backend=openai needs the trained weights on the server: set "
-            "generation.weight_sync=files (any vLLM server that can read generation.weight_dir) or nccl "
-            "(GPU to GPU); without it every step would sample from the first weights"
+        wanted = (
+            f"generation.weight_sync=lora (model.lora_rank={lora_rank}: only the adapter is sent)"
+            if lora_rank
+            else "generation.weight_sync=files (any vLLM server that can read generation.weight_dir) or nccl (GPU to GPU)"
         )
-    if kind != "none" and lora_rank:
+        raise ConfigError(
+            f"training with generation.backend=openai needs the trained weights on the server: set {wanted}; "
+            "without it every step would sample from the first weights"
+        )
+    if kind in ("files", "nccl") and lora_rank:
         raise ConfigError(
             f"generation.weight_sync={kind} sends the model's full weights; model.lora_rank={lora_rank} trains "
-            "adapters the server does not have (valid: model.lora_rank=0)"
+            "adapters: set generation.weight_sync=lora (the adapter alone, to a server started with "
+            "--enable-lora), or model.lora_rank=0"
         )
+    if kind == "lora" and trains and not lora_rank:
+        raise ConfigError(
+            "generation.weight_sync=lora sends LoRA adapters and model.lora_rank=0 trains all weights: set "
+            "model.lora_rank > 0, or generation.weight_sync=files or nccl"
+        )
+    keep = getattr(generation, "lora_keep", 1)
+    if kind == "lora" and (not isinstance(keep, int) or keep < 0):
+        raise ConfigError(f"generation.lora_keep must be an integer >= 0 (older adapter versions kept), got {keep!r}")
 
 
 def _check_rpc(answer: Any, method: str) -> None:

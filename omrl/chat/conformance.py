@@ -16,6 +16,8 @@ answer through :func:`omrl.chat.next_prompt` in the history mode. Per row it che
 Cases: ``plain`` answers; ``reasoning`` (where the template reads a reasoning field); ``tools`` (where it
 writes structured calls and a tool role); ``specials``, env text holding every special and added token's
 string; ``noncanonical``, replies sampled as other ids than their text encodes to.
+
+At the top of :mod:`omrl.chat`, beside :mod:`omrl.chat.probe`: it plays episodes through every layer below.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from omrl.chat.conversation import conversation_rows, reply_text
+from omrl.chat.encoding import encode_chat, encode_plain, mark_messages, unmark
 from omrl.chat.history import HISTORY_MODES, native_tool_calls, next_prompt
-from omrl.chat.render import Message, encode_chat, prompt_ids, render
+from omrl.chat.increments import prompt_ids
+from omrl.chat.render import Message, render
 from omrl.chat.replies import (
     leading_specials,
     parse_reply,
@@ -37,7 +41,6 @@ from omrl.chat.replies import (
     stop_token_ids,
     template_key,
 )
-from omrl.chat.specials import encode_plain, mark_messages, unmark
 from omrl.chat.tool_calls import FORMATS, parse_tool_calls, template_format
 from omrl.errors import OmrlError
 

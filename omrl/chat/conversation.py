@@ -1,4 +1,5 @@
-"""Whole conversations (SFT and reward-model data) laid out as a rollout lays them out.
+"""Whole conversations (SFT and reward-model data) laid out as a rollout lays them out: above
+:mod:`omrl.chat.history`, whose increments it strings together.
 
 A reply's ids are the text the model would sample after the generation prompt: its
 content, with its reasoning when it has some (``<think>...</think>`` in the content, or
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from omrl.chat.encoding import encode_chat, mark_messages
 from omrl.chat.history import next_prompt
-from omrl.chat.render import Message, encode_chat, prompt_ids, render
+from omrl.chat.increments import prompt_ids
+from omrl.chat.render import Message, render
 from omrl.chat.replies import REASONING_FIELDS, parse_reply, reply_shape, sampled_end
-from omrl.chat.specials import mark_messages
 from omrl.errors import OmrlError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -133,8 +135,8 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
     last reply does not follow its generation prompt (DeepSeek-R1's prompt opens ``<think>``, its replies
     drop it), the content itself, continuing a ``<think>`` the prompt opened, then the end-of-turn token.
 
-    The messages' text is marked (:mod:`omrl.chat.specials`): encode the result with
-    :func:`omrl.chat.render.encode_chat`, which parses only the template's special tokens.
+    The messages' text is marked (:mod:`omrl.chat.encoding`): encode the result with
+    :func:`omrl.chat.encoding.encode_chat`, which parses only the template's special tokens.
     """
     before, reply = mark_messages(tokenizer, before), mark_messages(tokenizer, [reply])[0]
     eos = tokenizer.eos_token or ""

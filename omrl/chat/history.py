@@ -1,4 +1,5 @@
-"""How a conversation's earlier turns reach the next prompt: two history modes.
+"""How a conversation's earlier turns reach the next prompt: two history modes, the top of the layers a
+turn's ids pass through (:mod:`omrl.chat.increments` below it, then pieces, render and encoding).
 
 The ids the model sampled are never decoded and re-encoded inside a row: a row is the
 ids the backend was given for its first turn, then what was sampled and what the chat
@@ -35,9 +36,11 @@ from typing import Any, Sequence
 
 from jinja2 import TemplateError
 
-from omrl.chat.render import Message, TemplateRewrites, encode_chat, next_turn_ids, render
+from omrl.chat.encoding import encode_chat, mark_messages
+from omrl.chat.increments import next_turn_ids
+from omrl.chat.pieces import TemplateRewrites
+from omrl.chat.render import Message, render
 from omrl.chat.replies import leading_specials, special_strings, template_key, trailing_specials
-from omrl.chat.specials import mark_messages
 from omrl.chat.tool_calls import template_format
 from omrl.errors import OmrlError
 
@@ -125,7 +128,7 @@ def kept_increment(
     tokenizer, messages: Sequence[Message], new: Sequence[Message], sampled_end: str, **kwargs: Any
 ) -> list[int]:
     """``keep`` mode's ids after a reply: the real-history increment while the template renders the longer
-    chat as an extension (:func:`omrl.chat.render.next_turn_ids`), else :func:`anchored_increment`'s.
+    chat as an extension (:func:`omrl.chat.increments.next_turn_ids`), else :func:`anchored_increment`'s.
 
     A template seen rewriting once is rendered after placeholders from then on (per tokenizer and kwargs).
     """

@@ -1,12 +1,13 @@
 """What a chat template does to a multi-turn chat: the report ``omrl check-template`` prints.
 
 omrl trains on the ids a model sampled, with each later turn appended after them
-(:mod:`omrl.chat.render`). That is exact only while the template renders a longer chat as
+(:mod:`omrl.chat.increments`). That is exact only while the template renders a longer chat as
 an extension of the shorter one; thinking models' templates rewrite earlier turns, and a
 history mode (:mod:`omrl.chat.history`) has to work around it. Reading a template's jinja
 cannot tell which case a model is in, so this renders small probe chats and compares the
 renders, then plays a sample episode through each history mode to show whether it works
-and what it costs, before a run finds out halfway.
+and what it costs, before a run finds out halfway. One of the two modules at the top of
+:mod:`omrl.chat` (with :mod:`omrl.chat.conformance`): it may import any module below.
 """
 
 from __future__ import annotations

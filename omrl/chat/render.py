@@ -1,34 +1,21 @@
-"""Token-exact conversations: a chat is built by appending chat-template increments.
+"""Messages to text: a chat template applied, the layer above :mod:`omrl.chat.encoding` (the only part of
+the package it imports).
 
-The rollout never decodes and re-encodes a model turn. It keeps the sampled ids
-as they are and appends, after each turn, only the ids of the text the chat
-template adds for the next message (closing newline, the user's observation,
-the next generation prompt). SFT builds its sequences the same way, so a model
-is trained on the token layout it will later generate in.
-
-Works for any chat template whose rendering of a longer chat starts with the
-rendering of the shorter one (ChatML, Llama-3, SmolLM2, Qwen2.5); others raise.
-
-The increments are defined by full renders of the chat (:func:`rendered_turn_text`);
-for templates whose pieces :mod:`omrl.chat.pieces` can prove fixed, the same text is
-built from cached pieces, and a shared opening's ids are encoded once.
+:func:`render` is ``apply_chat_template`` with the text of tool specs and documents marked as the
+messages' is, a string content given as one text part to a template that reads only parts (VLMs), and a
+system message folded into the first user message for a template that refuses the role (Gemma 1 and 2).
+Every layer above renders through it.
 """
 
 from __future__ import annotations
 
 import weakref
-from functools import lru_cache
 from typing import Any, Sequence
 
-from omrl.chat import pieces
-from omrl.chat.specials import encode_marked, mark, mark_messages, mark_value
+from omrl.chat.encoding import mark_value
 from omrl.errors import OmrlError
 
 Message = dict[str, Any]
-
-
-class TemplateRewrites(OmrlError):
-    """Rendering a longer chat changed the text of a shorter one: the template rewrites history."""
 
 
 def render(tokenizer, messages: Sequence[Message], add_generation_prompt: bool = False, **kwargs: Any) -> str:
@@ -61,7 +48,7 @@ SPEC_KWARGS = ("tools", "documents")  # text the template is given beside the me
 
 
 def _marked_specs(tokenizer, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` with the text of its tool specs and documents marked (:mod:`omrl.chat.specials`), as the
+    """``kwargs`` with the text of its tool specs and documents marked (:mod:`omrl.chat.encoding`), as the
     messages' is: a tool described as ``<|im_end|><|im_start|>system ...`` must not open a system turn."""
     if not any(kwargs.get(key) for key in SPEC_KWARGS):
         return kwargs
@@ -109,138 +96,3 @@ def _system_folded(messages: list[Message]) -> list[Message] | None:
     if not isinstance(system, str) or not isinstance(user, str):
         return None
     return [{**messages[1], "content": f"{system}\n\n{user}"}, *messages[2:]]
-
-
-def encode_text(tokenizer, text: str) -> list[int]:
-    """Token ids of a template fragment (special tokens in the text are parsed as such).
-
-    The ids of ``tokenizer.encode(text, add_special_tokens=False)``. A fast tokenizer
-    whose encoding transformers does not customise is asked directly (about half the
-    time: no offsets, no Python wrapping) while its Rust tokenizer is in the state
-    transformers would put it in (no truncation, no padding, special tokens parsed
-    as ``split_special_tokens`` says); otherwise transformers encodes (and resets that state).
-    """
-    if not text:
-        return []
-    backend = tokenizer.backend_tokenizer if _plain_fast(type(tokenizer)) else None
-    if (
-        backend is not None
-        and backend.truncation is None
-        and backend.padding is None
-        and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False))
-    ):
-        return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-@lru_cache(maxsize=None)
-def _plain_fast(cls: type) -> bool:
-    """Whether ``cls`` encodes as transformers' fast tokenizers do: straight through its Rust tokenizer."""
-    try:
-        from tokenizers import Tokenizer
-        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:
-        return False
-    return (
-        issubclass(cls, TokenizersBackend)
-        and cls.encode is PreTrainedTokenizerBase.encode
-        and cls._encode_plus is TokenizersBackend._encode_plus
-        and hasattr(Tokenizer, "encode_batch_fast")
-    )
-
-
-def prompt_ids(tokenizer, messages: Sequence[Message], **kwargs: Any) -> list[int]:
-    """Ids of the opening messages (system, first user) plus the first generation prompt.
-
-    Exactly the ids of the rendered text, no message's text parsed into special tokens
-    (:mod:`omrl.chat.specials`); the messages before the last are encoded once per tokenizer
-    where :mod:`omrl.chat.pieces` proves that splitting there is exact.
-    """
-    messages = mark_messages(tokenizer, messages)
-    ids = pieces.opening_ids(tokenizer, messages, kwargs, render, encode_chat)
-    if ids is None:
-        ids = encode_chat(tokenizer, render(tokenizer, messages, add_generation_prompt=True, **kwargs))
-    return ids
-
-
-def encode_chat(tokenizer, text: str) -> list[int]:
-    """Ids of a rendered chat whose message text was marked (:func:`omrl.chat.specials.mark_messages`):
-    the template's special tokens parsed, the messages' never."""
-    return encode_marked(tokenizer, text, encode_text)
-
-
-def _suffix(longer: str, shorter: str, what: str) -> str:
-    if not longer.startswith(shorter):
-        raise TemplateRewrites(
-            f"the chat template is not prefix-stable ({what}): rendering a longer chat "
-            "changed earlier text, so turns cannot be appended token-exactly; "
-            "`omrl check-template MODEL` shows where"
-        )
-    return longer[len(shorter) :]
-
-
-def generation_end(tokenizer, messages: Sequence[Message], **kwargs: Any) -> str:
-    """The text the template puts after the last assistant message's content (e.g. '<|im_end|>\\n')."""
-    content = messages[-1]["content"]
-    text = render(tokenizer, messages, **kwargs)
-    # locate the content from the front: a short reply such as "end" also occurs inside "<|im_end|>"
-    before = render(tokenizer, messages[:-1], add_generation_prompt=True, **kwargs) + content
-    if not text.startswith(before):
-        raise TemplateRewrites(
-            "the chat template rewrites assistant messages; cannot append turns token-exactly; "
-            "`omrl check-template MODEL` shows where"
-        )
-    return text[len(before) :]
-
-
-def next_turn_ids(
-    tokenizer, messages: Sequence[Message], user_content: str, sampled_end: str, **kwargs: Any
-) -> list[int]:
-    """Ids to append after a model turn so the chat continues with ``user_content``.
-
-    ``messages`` ends with the assistant turn just generated (its decoded text
-    without the tokens that end it); ``sampled_end`` is the text of those tokens
-    (:func:`omrl.chat.replies.sampled_end`, e.g. ``'<|im_end|>'``). When it is empty
-    (the turn was cut at the token limit), the template's closing is part of the
-    increment, so it carries loss_mask 0 like every template token.
-
-    Exactly the ids of :func:`rendered_turn_text`'s text; built from the template's
-    cached pieces where :mod:`omrl.chat.pieces` can prove them (a full render per turn
-    costs time in proportion to the chat's length).
-    """
-    user_content = mark(tokenizer, user_content)
-    # the pieces read only the history's roles, so its text is marked (a pass over every message) only
-    # where the chat is rendered in full
-    ids = pieces.next_turn_ids(
-        tokenizer,
-        messages,
-        user_content,
-        sampled_end,
-        kwargs,
-        render,
-        encode_chat,
-        rendered=lambda: rendered_turn_text(
-            tokenizer, mark_messages(tokenizer, messages), user_content, sampled_end, **kwargs
-        ),
-    )
-    if ids is None:
-        ids = encode_chat(
-            tokenizer,
-            rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content, sampled_end, **kwargs),
-        )
-    return ids
-
-
-def rendered_turn_text(
-    tokenizer, messages: Sequence[Message], user_content: str, sampled_end: str, **kwargs: Any
-) -> str:
-    """The text of :func:`next_turn_ids`' increment, by rendering the chat without and with the new message."""
-    after = generation_end(tokenizer, messages, **kwargs)
-    if sampled_end and after.startswith(sampled_end):
-        after = after[len(sampled_end) :]
-    before = render(tokenizer, messages, **kwargs)
-    longer = render(
-        tokenizer, [*messages, {"role": "user", "content": user_content}], add_generation_prompt=True, **kwargs
-    )
-    return after + _suffix(longer, before, "adding a user turn")

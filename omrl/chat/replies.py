@@ -14,6 +14,9 @@ The end of a reply is the run of special tokens its ids end with that the templa
 a reply with (Cohere2 samples ``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``, ChatML ``<|im_end|>``,
 gpt-oss ``<|return|>``): :func:`sampled_end`. Those ids were sampled, so the history's increment
 starts after them (:func:`omrl.chat.history.kept_increment`), never writing them again.
+
+The layer above :mod:`omrl.chat.render`, through which it renders its probes; history and conversations
+read its shapes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import weakref
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Sequence
+
+from omrl.chat.render import render
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # Qwen3/GLM/Nemotron, gpt-oss, others
 ANSWER = "omrl answer sentinel"
@@ -114,8 +119,6 @@ def reply_shape(tokenizer: Any, kwargs: dict | None = None) -> ReplyShape:
 
 
 def _render(tokenizer: Any, messages: list[dict], generation: bool, kwargs: dict) -> str | None:
-    from omrl.chat.render import render  # (render's module reads this one's shapes)
-
     try:
         return render(tokenizer, messages, add_generation_prompt=generation, **kwargs)
     except Exception:  # noqa: BLE001 - a template that refuses the probe tells nothing here

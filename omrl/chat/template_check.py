@@ -2,7 +2,9 @@
 syntax tree, the first of the two checks :mod:`omrl.chat.pieces` makes before caching a template's
 pieces (the second renders probe chats). And whether it renders at all within bounds
 (:func:`check_render_bounds`): a template from a model repo is code, and one that loops over
-``range(10**10)`` or builds gigabytes of text must be refused, not run."""
+``range(10**10)`` or builds gigabytes of text must be refused, not run.
+
+It reads jinja only and imports nothing of :mod:`omrl.chat`: it sits at the bottom of the package's layers."""
 
 from __future__ import annotations
 

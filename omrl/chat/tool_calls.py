@@ -15,8 +15,8 @@ The formats (:data:`FORMATS`), by the vLLM parser of the same name where there i
 - ``gemma4``: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1}<tool_call|>`` (Gemma 4);
 - ``pythonic``: ``<|tool_call_start|>[NAME(key='text', n=1)]<|tool_call_end|>`` (LFM2, LFM2.5).
 
-The formats after ``json`` are read by :mod:`omrl.chat.tool_formats`, which says how each writes its
-values. :func:`template_format` reads a chat template's own from how it writes a call. Each block, object
+The formats after ``json`` are read by :mod:`omrl.chat.tool_formats` (the tagged ones) and
+:mod:`omrl.chat.tool_literals` (``gemma4``, ``pythonic``), which say how each writes its values. :func:`template_format` reads a chat template's own from how it writes a call. Each block, object
 or message holding a call is one *attempt*, and each attempt gets a status:
 
 - ``ok``: a call naming an offered tool, its arguments fitting the tool's schema;
@@ -35,6 +35,9 @@ never look like a run that chose not to call tools).
 
 For chat templates that do not render tools themselves, :func:`tools_system_text`,
 :func:`call_text` and :func:`result_text` write ``hermes`` calls as text.
+
+Text in, text out: with its two readers' modules it sits at the bottom of :mod:`omrl.chat`, importing
+no template or tokenizer code.
 """
 
 from __future__ import annotations
@@ -44,8 +47,33 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from omrl.chat.tool_formats import MAX_JSON_DEPTH, READERS, SIGNS, json_depth
+from omrl.chat.tool_formats import (
+    MAX_JSON_DEPTH,
+    Reader,
+    json_depth,
+    read_deepseek,
+    read_glm45,
+    read_harmony,
+    read_qwen3_coder,
+)
+from omrl.chat.tool_literals import read_gemma4, read_pythonic
 
+READERS: dict[str, Reader] = {
+    "qwen3_coder": read_qwen3_coder,
+    "glm45": read_glm45,
+    "harmony": read_harmony,
+    "deepseek": read_deepseek,
+    "gemma4": read_gemma4,
+    "pythonic": read_pythonic,
+}
+SIGNS = {  # how each format writes a call to NAME, as a pattern (NAME: the escaped name)
+    "qwen3_coder": r"<tool_call>\s*<function=NAME>",
+    "glm45": r"<tool_call>\s*NAME\s*(?:<arg_key>|</tool_call>)",
+    "harmony": r"to=functions\.NAME(?=[\s<])",
+    "deepseek": r"<｜tool▁sep｜>NAME\n",
+    "gemma4": r"<\|tool_call>call:NAME\{",
+    "pythonic": r"<\|tool_call_start\|>\[(?:.*?\),\s*)?NAME\(",
+}
 FORMATS = ("hermes", "json", *READERS)
 STATUSES = ("ok", "invalid_json", "unclosed", "missing_name", "unknown_tool", "bad_arguments")
 PARSED = ("ok", "unknown_tool", "bad_arguments")  # statuses whose call reaches the agent

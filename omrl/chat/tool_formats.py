@@ -1,6 +1,9 @@
-"""Readers for the tool-call formats that are not a bare JSON object, each reading a reply as the serving
-engine's parser for the family does (vLLM's ``--tool-call-parser`` of the same name where there is one).
-:func:`omrl.chat.tool_calls.parse_tool_calls` calls them and classifies what they read:
+"""Readers for the tool-call formats written as tagged blocks or messages, each reading a reply as the
+serving engine's parser for the family does (vLLM's ``--tool-call-parser`` of the same name where there is
+one), and what every reader shares: the :class:`Read` it returns, JSON read within a depth bound, blocks
+found between tags, values typed by the tool's schema. :mod:`omrl.chat.tool_literals` reads the formats
+that write arguments as literals; :func:`omrl.chat.tool_calls.parse_tool_calls` calls both and classifies
+what they read:
 
 - ``qwen3_coder`` (Qwen3.5 and later, Qwen3-Coder, Nemotron 3): ``<tool_call>\\n<function=NAME>\\n``
   ``<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``;
@@ -10,11 +13,7 @@ engine's parser for the family does (vLLM's ``--tool-call-parser`` of the same n
   ``<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`` (the recipient may
   stand before the channel, as the chat template writes it);
 - ``deepseek`` (DeepSeek-V3): ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json``
-  ``\\n{...}\\n```<｜tool▁call▁end｜>`` per call, then ``<｜tool▁calls▁end｜>``;
-- ``gemma4`` (Gemma 4): ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:1,flag:true}<tool_call|>``, bare keys and
-  strings between ``<|"|>`` marks;
-- ``pythonic`` (LFM2, LFM2.5): ``<|tool_call_start|>[NAME(key='text', n=1), ...]<|tool_call_end|>``, read with
-  :mod:`ast` as literals (never evaluated).
+  ``\\n{...}\\n```<｜tool▁call▁end｜>`` per call, then ``<｜tool▁calls▁end｜>``.
 
 The two XML formats write every value as text: where the tool's schema types the key as something other
 than a string, the value is read as JSON (or as the ``True``/``False``/``None`` a template's ``string``
@@ -24,7 +23,6 @@ finds the call's arguments bad.
 
 from __future__ import annotations
 
-import ast
 import bisect
 import json
 import re
@@ -73,7 +71,8 @@ def load_json(text: str) -> Any:
         return UNREAD
 
 
-def _bad(why: str, name: str | None = None) -> Read:
+def invalid(why: str, name: str | None = None) -> Read:
+    """A call that could not be read: ``invalid_json``, for ``why``."""
     return Read(name, failure="invalid_json", error=why)
 
 
@@ -92,7 +91,7 @@ def _blocks(text: str, opener: str, closer: str) -> list[tuple[int, int, str | N
     return out
 
 
-def _read_blocks(
+def read_blocks(
     text: str, specs: Specs, opener: str, closer: str, read: Callable, after: bool = False
 ) -> tuple[str, list[Read]]:
     """The calls in ``text``'s blocks (``read(inside, specs)``: a block's calls) and the text before the
@@ -140,13 +139,13 @@ _PARAMETER = re.compile(r"\s*<parameter=([^>\n]*)>\n?((?:(?!<parameter=).)*?)\n?
 def _qwen3_coder_call(inside: str, specs: Specs) -> list[Read]:
     function = _FUNCTION.fullmatch(inside)
     if not function:
-        return [_bad("the block is not one <function=NAME>...</function> element")]
+        return [invalid("the block is not one <function=NAME>...</function> element")]
     name = function[1].strip()
     if not name:
         return [Read(failure="missing_name", error="the <function=...> element names no tool")]
     arguments = _pairs(function[2], _PARAMETER, _properties(specs, name))
     if arguments is None:
-        return [_bad("the function holds something other than <parameter=KEY>...</parameter> elements", name)]
+        return [invalid("the function holds something other than <parameter=KEY>...</parameter> elements", name)]
     return [Read(name, arguments)]
 
 
@@ -163,7 +162,7 @@ def _pairs(body: str, pattern: re.Pattern, properties: dict[str, Any]) -> dict[s
 
 
 def read_qwen3_coder(text: str, specs: Specs) -> tuple[str, list[Read]]:
-    return _read_blocks(text, specs, "<tool_call>", "</tool_call>", _qwen3_coder_call)
+    return read_blocks(text, specs, "<tool_call>", "</tool_call>", _qwen3_coder_call)
 
 
 # glm45 ---------------------------------------------------------------------------------------------------
@@ -177,15 +176,15 @@ def _glm45_call(inside: str, specs: Specs) -> list[Read]:
     if not name:
         return [Read(failure="missing_name", error="the block does not open with a tool name")]
     if re.search(r"\s|[<>{}]", name):
-        return [_bad("the block does not open with a tool name and <arg_key>/<arg_value> pairs")]
+        return [invalid("the block does not open with a tool name and <arg_key>/<arg_value> pairs")]
     arguments = _pairs(inside[len(head) :], _ARG, _properties(specs, name))
     if arguments is None:
-        return [_bad("the call holds something other than <arg_key>/<arg_value> pairs", name)]
+        return [invalid("the call holds something other than <arg_key>/<arg_value> pairs", name)]
     return [Read(name, arguments)]
 
 
 def read_glm45(text: str, specs: Specs) -> tuple[str, list[Read]]:
-    return _read_blocks(text, specs, "<tool_call>", "</tool_call>", _glm45_call)
+    return read_blocks(text, specs, "<tool_call>", "</tool_call>", _glm45_call)
 
 
 # harmony -------------------------------------------------------------------------------------------------
@@ -222,17 +221,17 @@ def read_harmony(text: str, specs: Specs) -> tuple[str, list[Read]]:
             break
         if header_end[1] == "message" and body_end is None:  # the reply ends with this message
             arguments = load_json(text[header_end.end() :].strip())
-            reads.append(_bad("the message is not JSON", name) if arguments is UNREAD else Read(name, arguments))
+            reads.append(invalid("the message is not JSON", name) if arguments is UNREAD else Read(name, arguments))
             break
         if header_end[1] != "message":
-            reads.append(_bad("the call's header is not followed by <|message|>", name))
+            reads.append(invalid("the call's header is not followed by <|message|>", name))
         elif body_end[1] not in ("call", "end", "return"):
             reads.append(Read(name, failure="unclosed", error="the call's message is never ended"))
         elif name is None:
             reads.append(Read(failure="missing_name", error="the recipient functions. names no tool"))
         else:
             arguments = load_json(text[header_end.end() : body_end.start()].strip())
-            reads.append(_bad("the message is not JSON", name) if arguments is UNREAD else Read(name, arguments))
+            reads.append(invalid("the message is not JSON", name) if arguments is UNREAD else Read(name, arguments))
         if header_end[1] == "message" and body_end[1] in ("call", "end", "return"):
             at = body_end.end()
     return (text[:first].strip() if reads else text), reads
@@ -248,187 +247,21 @@ _DEEPSEEK_CALL = re.compile(r"\s*(\w*)<｜tool▁sep｜>([^\n]*)\n```(?:json)?\n
 def _deepseek_call(inside: str, specs: Specs) -> list[Read]:
     call = _DEEPSEEK_CALL.fullmatch(inside)
     if not call:
-        return [_bad("the call is not TYPE<｜tool▁sep｜>NAME and a ```json block")]
+        return [invalid("the call is not TYPE<｜tool▁sep｜>NAME and a ```json block")]
     name = call[2].strip()
     if not name:
         return [Read(failure="missing_name", error="the call names no tool")]
     arguments = load_json(call[3].strip())
-    return [_bad("the ```json block is not JSON", name) if arguments is UNREAD else Read(name, arguments)]
+    return [invalid("the ```json block is not JSON", name) if arguments is UNREAD else Read(name, arguments)]
 
 
 def read_deepseek(text: str, specs: Specs) -> tuple[str, list[Read]]:
     """Each call block is an attempt; the list's closing ``<｜tool▁calls▁end｜>`` may be missing (a reply
     that stops after its last call is read whole, as vLLM reads it)."""
-    content, reads = _read_blocks(text, specs, _CALL_BEGIN, _CALL_END, _deepseek_call)
+    content, reads = read_blocks(text, specs, _CALL_BEGIN, _CALL_END, _deepseek_call)
     opened = text.find(_CALLS_BEGIN)
     if opened >= 0 and (not reads or opened < text.find(_CALL_BEGIN)):
         if not reads and _CALLS_END not in text[opened:]:
             reads = [Read(failure="unclosed", error=f"the {_CALLS_BEGIN} block is never closed")]
         content = text[:opened].strip()
     return content, reads
-
-
-# gemma4 --------------------------------------------------------------------------------------------------
-
-_QUOTE = '<|"|>'
-_BARE = re.compile(r"[^,:{}\[\]]*")
-
-
-def _skip(text: str, at: int) -> int:
-    while text[at : at + 1].isspace():
-        at += 1
-    return at
-
-
-def _gemma_string(text: str, at: int) -> tuple[str, int] | None:
-    """The string written at ``text[at:]`` (between ``<|"|>`` marks, or JSON-quoted) and where it ends; None
-    when none starts there."""
-    if text.startswith(_QUOTE, at):
-        end = text.find(_QUOTE, at + len(_QUOTE))
-        if end < 0:
-            raise ValueError(f"a string is never closed with {_QUOTE}")
-        return text[at + len(_QUOTE) : end], end + len(_QUOTE)
-    if text.startswith('"', at):
-        return json.JSONDecoder().raw_decode(text, at)  # a JSONDecodeError is a ValueError
-    return None
-
-
-def _gemma_value(text: str, at: int, depth: int = 0) -> tuple[Any, int]:
-    """The value written at ``text[at:]`` and where it ends; ValueError when it does not read."""
-    if depth > MAX_JSON_DEPTH:
-        raise ValueError("the arguments nest too deeply")
-    at = _skip(text, at)
-    string = _gemma_string(text, at)
-    if string is not None:
-        return string
-    if text[at : at + 1] in ("{", "["):
-        return _gemma_container(text, at, depth)
-    word = _BARE.match(text, at)[0].strip()
-    value = load_json(word)
-    if value is UNREAD or isinstance(value, str):
-        value = WORDS.get(word.lower(), UNREAD)
-    if value is UNREAD:
-        raise ValueError(f"no value at {text[at : at + 12]!r}")
-    return value, _BARE.match(text, at).end()
-
-
-def _gemma_container(text: str, at: int, depth: int) -> tuple[Any, int]:
-    """The ``{key:value,...}`` or ``[value,...]`` at ``text[at]`` and where it ends."""
-    closer = "}" if text[at] == "{" else "]"
-    items: list[Any] = []
-    at = _skip(text, at + 1)
-    if text[at : at + 1] == closer:
-        return ({} if closer == "}" else []), at + 1
-    while True:
-        if closer == "}":
-            at = _skip(text, at)
-            key = _gemma_string(text, at) or (_BARE.match(text, at)[0].strip(), _BARE.match(text, at).end())
-            at = _skip(text, key[1])
-            if not key[0] or text[at : at + 1] != ":":
-                raise ValueError(f"an entry is not key:value at {text[at : at + 12]!r}")
-            value, at = _gemma_value(text, at + 1, depth + 1)
-            items.append((key[0], value))
-        else:
-            value, at = _gemma_value(text, at, depth + 1)
-            items.append(value)
-        at = _skip(text, at)
-        if text[at : at + 1] == closer:
-            return (dict(items) if closer == "}" else items), at + 1
-        if text[at : at + 1] != ",":
-            raise ValueError(f"expected ',' or {closer!r} at {text[at : at + 12]!r}")
-        at += 1
-
-
-def _gemma4_call(inside: str, specs: Specs) -> list[Read]:
-    call = re.fullmatch(r"\s*call:([^{]*)(\{.*)", inside, re.S)
-    if not call:
-        return [_bad("the block is not call:NAME{...}")]
-    name = call[1].strip()
-    if not name:
-        return [Read(failure="missing_name", error="the call names no tool")]
-    try:
-        arguments, end = _gemma_value(call[2], 0)
-    except (ValueError, RecursionError) as exc:
-        return [_bad(f"the arguments do not read: {exc}", name)]
-    if call[2][end:].strip():
-        return [_bad("text follows the arguments' closing }", name)]
-    return [Read(name, arguments)]
-
-
-def read_gemma4(text: str, specs: Specs) -> tuple[str, list[Read]]:
-    return _read_blocks(text, specs, "<|tool_call>", "<tool_call|>", _gemma4_call, after=True)
-
-
-# pythonic ------------------------------------------------------------------------------------------------
-
-
-def _literal(node: ast.AST, depth: int = 0) -> Any:
-    """The value a literal's syntax tree writes (JSON's true/false/null too); ValueError for anything else."""
-    if depth > MAX_JSON_DEPTH:
-        raise ValueError("the arguments nest too deeply")
-    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
-        return node.value
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_literal(item, depth + 1) for item in node.elts]
-    if isinstance(node, ast.Dict):
-        keys = [_literal(key, depth + 1) if key is not None else None for key in node.keys]
-        if not all(isinstance(key, str) for key in keys):
-            raise ValueError("an object's keys must be strings")
-        return {key: _literal(value, depth + 1) for key, value in zip(keys, node.values)}
-    if isinstance(node, ast.Name) and node.id.lower() in WORDS:
-        return WORDS[node.id.lower()]
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _literal(node.operand, depth + 1)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return -value if isinstance(node.op, ast.USub) else value
-    raise ValueError(f"{ast.dump(node)[:60]} is not a literal")
-
-
-def _pythonic_calls(inside: str, specs: Specs) -> list[Read]:
-    source = inside.strip()
-    try:
-        if json_depth(source, "[{(", "]})") > MAX_JSON_DEPTH:
-            raise ValueError("the block nests too deeply")
-        tree = ast.parse(source, mode="eval").body
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return [_bad("the block is not Python")]
-    if not isinstance(tree, ast.List):
-        return [_bad("the block is not a list of calls")]
-    reads = []
-    for call in tree.elts:
-        if not isinstance(call, ast.Call):
-            reads.append(_bad("an item of the list is not a call"))
-        elif not isinstance(call.func, ast.Name):
-            reads.append(Read(failure="missing_name", error="a call does not name a tool"))
-        elif call.args or any(keyword.arg is None for keyword in call.keywords):
-            reads.append(_bad("a call passes arguments without key=", call.func.id))
-        else:
-            try:
-                arguments = {keyword.arg: _literal(keyword.value) for keyword in call.keywords}
-            except (ValueError, RecursionError) as exc:
-                reads.append(_bad(f"the arguments do not read: {exc}", call.func.id))
-            else:
-                reads.append(Read(call.func.id, arguments))
-    return reads
-
-
-def read_pythonic(text: str, specs: Specs) -> tuple[str, list[Read]]:
-    return _read_blocks(text, specs, "<|tool_call_start|>", "<|tool_call_end|>", _pythonic_calls)
-
-
-READERS: dict[str, Reader] = {
-    "qwen3_coder": read_qwen3_coder,
-    "glm45": read_glm45,
-    "harmony": read_harmony,
-    "deepseek": read_deepseek,
-    "gemma4": read_gemma4,
-    "pythonic": read_pythonic,
-}
-SIGNS = {  # how each format writes a call to NAME, as a pattern (NAME: the escaped name)
-    "qwen3_coder": r"<tool_call>\s*<function=NAME>",
-    "glm45": r"<tool_call>\s*NAME\s*(?:<arg_key>|</tool_call>)",
-    "harmony": r"to=functions\.NAME(?=[\s<])",
-    "deepseek": r"<｜tool▁sep｜>NAME\n",
-    "gemma4": r"<\|tool_call>call:NAME\{",
-    "pythonic": r"<\|tool_call_start\|>\[(?:.*?\),\s*)?NAME\(",
-}

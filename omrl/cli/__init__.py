@@ -1,4 +1,6 @@
-"""The ``omrl`` command line: a typer app, one small module per command.
+"""The ``omrl`` command line: a typer app, one small module per command (``<command>_cmd.py``).
+:mod:`.settings` is the one rule for the settings a run plays (a trained model's, flags, overrides),
+:mod:`.model_prompts` what a fine-tuned model implies for a command's config.
 
 Errors that omrl raises on purpose (:class:`omrl.errors.OmrlError`) print as one
 line and exit with status 2; ``--debug`` shows the traceback instead.
@@ -88,10 +90,13 @@ def _add_builtin_commands() -> None:
 LIGHT_COMMANDS = ("view", "plot")
 
 
-def _fold_long_flags() -> None:
-    """In ``--help`` at 80 columns, a flag name longer than its column (``--per-device-train-batch-size``)
-    wraps onto a second line instead of being cut to ``--per-device-train-…``: typer's option table
-    takes the names' text from these two highlighters, so theirs is made to fold."""
+def _keep_flag_names_whole() -> None:
+    """In ``--help`` at 80 columns every flag name prints whole. A ``--x/--no-x`` pair shows its two names
+    on two lines of one cell: typer gives ``--no-x`` a column of its own, and next to a long ``--x`` the
+    two left the help too little room, so rich cut or folded the names (``--per-device-train-b``).
+    A name wider than a narrower terminal still folds rather than being cut."""
+    import copy
+
     from typer import rich_utils
 
     for name in ("highlighter", "negative_highlighter"):
@@ -109,12 +114,29 @@ def _fold_long_flags() -> None:
 
         setattr(rich_utils, name, Folding())
 
+    panel = rich_utils._print_options_panel
+    if getattr(panel, "_omrl_pairs", False):
+        return
+
+    def pairs_in_one_cell(*, params, **kwargs):
+        shown = []
+        for param in params:
+            if any(o.startswith("--") for o in param.secondary_opts):
+                param = copy.copy(param)  # typer reads the names from the param: the command keeps its own
+                param.opts = ["\n".join([*param.opts, *param.secondary_opts])]
+                param.secondary_opts = []
+            shown.append(param)
+        return panel(params=shown, **kwargs)
+
+    pairs_in_one_cell._omrl_pairs = True
+    rich_utils._print_options_panel = pairs_in_one_cell
+
 
 def build_app(plugins: bool = True) -> typer.Typer:
     """The root app with built-in commands and (unless ``plugins`` is False) plugin commands added."""
     if not getattr(app, "_omrl_built", False):
         _add_builtin_commands()
-        _fold_long_flags()
+        _keep_flag_names_whole()
         app._omrl_built = True
     if plugins and not getattr(app, "_omrl_plugins", False):
         from omrl.plugins import load_plugins

@@ -297,7 +297,8 @@ def _ask_action(console: Console, env, turn: int, turns: int) -> str | None:
             if expert is None:
                 console.print("this env has no expert action here; type an action")
                 continue
-            console.print(Text(f"expert: {expert}", style="cyan"))
+            thought = env.expert_thought()
+            console.print(Text(f"expert: {expert}" + (f" ({thought})" if thought else ""), style="cyan"))
             return expert
         if typed.startswith(":"):
             unknown = "" if typed == ":help" else f"unknown command {typed}; "

@@ -145,12 +145,12 @@ def sample_when_asked(cfg, args: list[str] | None, console) -> None:
     from omrl.config import user_sets
     from omrl.search import plays_batched
 
-    searching = not plays_batched(cfg.strategy, cfg.budget)
+    searching = not plays_batched(cfg.rollout.strategy, cfg.rollout.budget)
     if cfg.generation.temperature > 0 or user_sets(args, "generation.temperature"):
         return
     if cfg.samples_per_task > 1 or searching:
         cfg.generation.temperature = SAMPLING_TEMPERATURE
-        why = f"strategy {cfg.strategy}" if searching else f"--samples {cfg.samples_per_task}"
+        why = f"strategy {cfg.rollout.strategy}" if searching else f"--samples {cfg.samples_per_task}"
         console.print(
             f"generation.temperature={SAMPLING_TEMPERATURE:g}: {why} samples its replies "
             "(greedy decoding would repeat one; generation.temperature= chooses)",
@@ -226,8 +226,8 @@ def evaluate_command(
             "samples_per_task": samples,
             "report": report,
             "output_dir": output_dir,
-            "strategy": strategy,
-            "budget": budget or None,
+            "rollout.strategy": strategy,
+            "rollout.budget": budget or None,
             **agent_flags(agent, agent_cmd, reward),
         },
         select,
@@ -236,7 +236,7 @@ def evaluate_command(
     console = Console()
     check_before_loading(cfg)  # first: the settings below name a mixture's envs
     play_settings(cfg, args, "eval", console)
-    strategy, budget = cfg.strategy, cfg.budget
+    strategy, budget = cfg.rollout.strategy, cfg.rollout.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     sample_when_asked(cfg, args, console)
     if not user_sets(list(args or []), "description"):  # the report says how this eval was played

@@ -71,8 +71,10 @@ def config_with_select(cls: type, args: list[str], flags: dict, select: str | No
     cfg = command_line_config(cls, args, flags, preset)
     if not select:
         return cfg
-    check_select(select, cfg.strategy)
-    return command_line_config(cls, args, {**flags, f"plugins.{cfg.strategy}.select": select_scorer(select)}, preset)
+    check_select(select, cfg.rollout.strategy)
+    return command_line_config(
+        cls, args, {**flags, f"plugins.{cfg.rollout.strategy}.select": select_scorer(select)}, preset
+    )
 
 
 def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
@@ -131,9 +133,9 @@ def check_agent(cfg) -> None:
         raise ConfigError("an agent program plays one env's tasks; a mixture of envs is not supported with agent.*")
     from omrl.search.context import plays_batched
 
-    where = getattr(cfg, "rollout", cfg)  # train keeps them under rollout.*, the other commands at the top
-    strategy, budget = getattr(where, "strategy", ""), getattr(where, "budget", 0)
-    if strategy and not plays_batched(strategy, budget):
+    rollout = getattr(cfg, "rollout", None)  # a sweep names its strategies apart
+    strategy, budget = (rollout.strategy, rollout.budget) if rollout is not None else ("chain", 0)
+    if not plays_batched(strategy, budget):
         raise ConfigError(
             f"an agent program plays whole episodes: strategy {strategy!r} (budget {budget}) would fork an "
             "agent's process mid-episode; use a strategy that plays the batched rollout with no budget (chain)"
@@ -253,13 +255,13 @@ def rollout(
             "group_size": group_size,
             "output": output,
             "use_expert": True if expert else None,
-            "strategy": strategy,
-            "budget": budget or None,
+            "rollout.strategy": strategy,
+            "rollout.budget": budget or None,
             **agent_flags(agent, agent_cmd, reward),
         },
         select,
     )
-    strategy, budget = cfg.strategy, cfg.budget
+    strategy, budget = cfg.rollout.strategy, cfg.rollout.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     check_before_loading(cfg)
     check_rollout_outputs(cfg)

@@ -86,6 +86,7 @@ def train(
         cfg.logging.output_dir = fresh_dir("runs", f"{cfg.algorithm.name}-{env_folder_name(cfg)}")
     check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
     check_before_loading(cfg)
+    build_envs_first(cfg)
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
     start_from_base_outside_its_env(cfg, list(args or []), model, console)
     if not resume:  # a resumed run plays its own config.yaml
@@ -105,6 +106,18 @@ def train(
     # eval reads the run's config.yaml and plays the prompts the run trained on
     console.print(f"evaluate it: {eval_hint(cfg)}", highlight=False, soft_wrap=True)
     console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False, soft_wrap=True)
+
+
+def build_envs_first(cfg) -> None:
+    """Build one instance of each env of the run and close it, before the model loads (seconds to
+    minutes): an env that cannot be built (options it does not take, an MCP server that cannot start)
+    is refused at once, as rollout and eval refuse it. The recipe builds its own envs after its models."""
+    from omrl import registry
+    from omrl.envs import create_env
+    from omrl.mixture import mix_members
+
+    for member in mix_members(cfg):
+        create_env(registry.envs.get(member.name), member.plugins.get(member.name, {}), member.name).close()
 
 
 def summary_tables(summary: dict) -> list:

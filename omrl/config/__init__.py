@@ -1,6 +1,7 @@
 """Run configuration: the option dataclasses (:mod:`.options`) and how YAML presets, files and
 ``key=value`` overrides become one of them (:mod:`.loading`); what a secret becomes in the files omrl
-writes (:mod:`.redaction`)."""
+writes (:mod:`.redaction`); how an option is declared, its help listing the registered names where it
+names a plugin (:mod:`.fields`)."""
 
 from omrl.config.loading import (
     PRESETS_DIR,

@@ -25,6 +25,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from omrl.config.fields import help_text
 from omrl.config.redaction import check_no_redacted, redact
 from omrl.errors import ConfigError
 
@@ -411,5 +412,5 @@ def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[st
         if dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, key + ".", getattr(defaults, f.name)))
             continue
-        rows.append((key, _type_name(tp), repr(getattr(defaults, f.name)), f.metadata.get("help", "")))
+        rows.append((key, _type_name(tp), repr(getattr(defaults, f.name)), help_text(f)))
     return rows

@@ -9,13 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from omrl.algos import AlgoConfig
-
-
-def opt(default: Any, help: str, **kw: Any) -> Any:
-    """A dataclass field with a help text (mutable defaults go through a factory)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+from omrl.config.fields import opt
 
 
 @dataclass
@@ -69,11 +63,19 @@ class GenerationConfig:
     weight_sync: str = opt(
         "none",
         "openai backend, training: how trained weights reach the vLLM server: files (a safetensors file "
-        "the server reloads from generation.weight_dir), nccl (vLLM's weight transfer, GPU to GPU) or "
-        "none (omrl.backends.weight_sync).",
+        "the server reloads from generation.weight_dir), nccl (vLLM's weight transfer, GPU to GPU), lora "
+        "(model.lora_rank > 0: only the adapter, loaded under a new name per version; "
+        "omrl.backends.lora_sync) or none (omrl.backends.weight_sync).",
     )
     weight_dir: str = opt(
-        "", "weight_sync=files: a folder the server can read too (shared storage across machines; '': a temp folder)."
+        "",
+        "weight_sync=files or lora: a folder the server can read too (shared storage across machines; '': a "
+        "temp folder).",
+    )
+    lora_keep: int = opt(
+        1,
+        "weight_sync=lora: older adapter versions kept loaded beside the newest, so episodes that started "
+        "under one finish under it (as rollout.max_staleness); older ones are unloaded and their folders removed.",
     )
     weight_sync_address: str = opt(
         "", "weight_sync=nccl: HOST:PORT this trainer listens on for the server's workers ('': 127.0.0.1, a free port)."
@@ -198,15 +200,24 @@ class DeadlineConfig:
 
 
 @dataclass
-class TrainRolloutConfig:
+class RolloutConfig:
+    """How a command plays its tasks (``rollout.*``; the same keys in rollout, eval and train)."""
+
     strategy: str = opt(
         "chain",
-        "How each step plays its tasks: chain (group_size samples per task), or a search "
-        "(best_of_n, beam, dfsdt, mcts or a plugin's; options in plugins.<name>) growing "
-        "group_size trees per task, whose finished paths are the episodes; grpo and ppo "
-        "train a turn several paths share once, dpo pairs sibling replies' paths.",
+        "How tasks are played: chain (the batched rollout, samples per task), or a search "
+        "(best_of_n, beam, dfsdt, mcts or a plugin's: `omrl plugins --kind strategy`; options in "
+        "plugins.<name>). In training a search grows group_size trees per task, whose finished paths "
+        "are the episodes; grpo and ppo train a turn several paths share once, dpo pairs sibling "
+        "replies' paths.",
     )
-    budget: int = opt(0, "Model tokens each tree's search may generate (0: no limit).")
+    budget: int = opt(0, "Model tokens each task's search may generate, scorer prompts included (0: no limit).")
+
+
+@dataclass
+class TrainRolloutConfig(RolloutConfig):
+    """``rollout.*`` of ``omrl train``: how each step plays, and generation ahead of the trainer."""
+
     async_generation: bool = opt(
         False,
         "Generate in a process of its own (hf backend) that plays ahead while the trainer updates "
@@ -279,14 +290,6 @@ def env_error_rate_opt() -> Any:
     )
 
 
-def strategy_opt() -> Any:
-    return opt("chain", "Rollout strategy (see `omrl plugins --kind strategy`); its options in plugins.<name>.")
-
-
-def budget_opt() -> Any:
-    return opt(0, "Model tokens each task's search may generate (0: no limit).")
-
-
 def epochs_opt() -> Any:
     return opt(1.0, "Passes over the data.")
 
@@ -329,9 +332,9 @@ class RolloutRunConfig(EnvRunConfig):
         "rollouts/trajectories.parquet", "Trajectory parquet (a .jsonl of readable episodes goes beside it)."
     )
     max_env_error_rate: float = env_error_rate_opt()
-    strategy: str = strategy_opt()
-    budget: int = budget_opt()
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     plugins: dict[str, dict[str, Any]] = plugins_opt()
+    renamed_keys: ClassVar[dict[str, str]] = {"strategy": "rollout.strategy", "budget": "rollout.budget"}
 
 
 @dataclass
@@ -346,9 +349,9 @@ class EvalRunConfig(EnvRunConfig):
     report: str = opt("", "JSON report path (default: <output_dir>/report.json).")
     output_dir: str = opt("", "Folder for the report and every episode (default: evals/<model>-<env>-<time>).")
     max_env_error_rate: float = env_error_rate_opt()
-    strategy: str = strategy_opt()
-    budget: int = budget_opt()
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     plugins: dict[str, dict[str, Any]] = plugins_opt()
+    renamed_keys: ClassVar[dict[str, str]] = {"strategy": "rollout.strategy", "budget": "rollout.budget"}
 
 
 @dataclass

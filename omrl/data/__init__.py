@@ -1,4 +1,6 @@
-"""omrl's data model: the Batch container and the trajectory (Episode) records."""
+"""omrl's data model: the trajectory records (``Episode``, :mod:`.trajectory`), the ``Batch``
+container of tensors (:mod:`.batch`), agent conversations for SFT (:mod:`.conversations`) and several
+datasets mixed by weight (:mod:`.mixture`)."""
 
 from omrl.data.trajectory import Episode, Turn, read_episodes, write_episodes
 

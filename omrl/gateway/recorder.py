@@ -7,7 +7,7 @@ after an env's answer (:func:`omrl.chat.next_prompt`, so both history modes appl
 may start a new row there). Where it does not (the agent edited, cut or summarised its history), a
 new row starts with the template's render of the request. Either way the backend is given the row's
 ids and the reply's ids are appended as sampled (loss_mask 1): no reply is decoded and re-encoded, and
-no text the agent sends becomes a special token (:mod:`omrl.chat.specials`).
+no text the agent sends becomes a special token (:mod:`omrl.chat.encoding`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 from omrl.backends.base import Generation
 from omrl.chat import next_prompt, prompt_ids
+from omrl.chat.encoding import mark_value
 from omrl.chat.replies import parse_reply, sampled_end, stop_token_ids
-from omrl.chat.specials import mark_value
 from omrl.chat.tool_calls import ParsedReply, parse_tool_calls
 from omrl.data.trajectory import Episode, Turn
 from omrl.gateway.messages import ToolLayout, continues, describe_tools, for_template

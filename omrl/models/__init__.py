@@ -1,5 +1,6 @@
 """Models: the built-in names (:mod:`.builtin`), finding and loading a model and its tokenizer
-(:mod:`.loading`), and the low-rank deltas that ship tuned built-ins (:mod:`.delta`)."""
+(:mod:`.loading`), the low-rank deltas that ship tuned built-ins (:mod:`.delta`), and the sha256
+manifests that find a damaged model or checkpoint file (:mod:`.manifest`)."""
 
 from omrl.models.builtin import BUILTIN_MODELS
 

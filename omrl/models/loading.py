@@ -27,6 +27,7 @@ import yaml
 
 from omrl.errors import ConfigError, DamagedModelError, OmrlError
 from omrl.models.builtin import BUILTIN_MODELS, tuned_for
+from omrl.models.manifest import COMPLETE_MARKER, manifest_damage
 
 DEFAULT_MODEL = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -117,7 +118,6 @@ def check_model_files(path: str | os.PathLike) -> None:
     its weights files' headers and lengths are (a flipped byte inside a tensor goes unseen there).
     Each directory is checked once a process while its files' sizes and times stay the same.
     """
-    from omrl.training.checkpoint import manifest_damage
 
     path = Path(path).resolve()
     seen = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.iterdir()) if p.is_file())
@@ -149,7 +149,6 @@ def _manifest_of(path: Path) -> tuple[Path, list[str], Path] | None:
     """(the directory its names are relative to, the manifest lines, the file holding them) for model
     directory ``path``: its own :data:`MODEL_MANIFEST`, or as a checkpoint's ``model/`` the lines of
     the checkpoint's COMPLETE marker about it; None when it has no manifest."""
-    from omrl.training.checkpoint import COMPLETE_MARKER
 
     if (path / MODEL_MANIFEST).is_file():
         lines = (path / MODEL_MANIFEST).read_text(encoding="utf-8", errors="replace").splitlines()

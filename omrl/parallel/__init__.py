@@ -5,7 +5,8 @@
 - :class:`~omrl.parallel.base.Strategy`: one process (``python -m omrl ...``);
 - :class:`~omrl.parallel.data_parallel.DataParallel`: whole models, gradients summed (ddp.yaml);
 - :class:`~omrl.parallel.fsdp.FSDP`: torch FSDP2, sharded per decoder layer (fsdp.yaml);
-- :class:`~omrl.parallel.zero3.ZeRO3`: DeepSpeed ZeRO-3 (zero3.yaml).
+- :class:`~omrl.parallel.zero3.ZeRO3`: DeepSpeed ZeRO-3 (zero3.yaml);
+- :mod:`omrl.parallel.lockstep`: the sharded ones' micro-batches in lockstep (every process as many).
 
 :func:`make_strategy` picks the first of :data:`STRATEGIES` whose ``requested()`` reads
 its settings in the environment ``accelerate launch`` set. A new strategy is one module

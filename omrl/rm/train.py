@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from rich.console import Console
 
 from omrl.atomic import atomic_write_text
-from omrl.config import to_yaml
+from omrl.clock import timed
 from omrl.config.options import RmTrainRunConfig
 from omrl.data.mixture import MIX_FILE, dataset_sources, draw_mixture, mix_json, mix_line, mix_summary
 from omrl.errors import ConfigError
@@ -86,7 +86,6 @@ class RmRecipe:
                 + ("and were left out" if cfg.kind == "orm" else "and were cut (later labels dropped)")
             )
         self._report_mix()
-        self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
         cfg = self.cfg
@@ -117,7 +116,6 @@ class RmRecipe:
             )  # the new head trains whole
             model = get_peft_model(model, lora)
         self.model = self.strategy.prepare(model)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _setup_data(self) -> None:
         cfg = self.cfg
@@ -240,7 +238,8 @@ class RmRecipe:
                 values = self._forward(batch)[batch["row"], batch["position"]]
                 loss_sum, hits = self._loss(values, batch["targets"])
                 loss = loss_sum / labels
-                strategy.backward(loss)
+                with timed("backward"):
+                    strategy.backward(loss)
                 finite = finite and bool(torch.isfinite(loss))
                 loss_value += loss.item()
                 correct += hits
@@ -248,7 +247,7 @@ class RmRecipe:
             # UPDATE: sum over processes, clip, step, or skip a non-finite step
             loss_value, correct, nonfinite = strategy.sum([loss_value, correct, not finite])
             finite = not nonfinite
-            grad_norm, lr, applied = recipe.update(self, finite)
+            grad_norm, lr, applied = recipe.update(self, self.step, finite)
             if applied:
                 last_loss = loss_value
 
@@ -284,6 +283,7 @@ class RmRecipe:
             return F.binary_cross_entropy_with_logits(values, targets, reduction="sum"), float(hits)
         return ((values - targets) ** 2).sum(), float(((values >= 0.5) == (targets >= 0.5)).sum())
 
+    @timed("forward")
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The head's values at every token of a micro-batch [bs, L], through the strategy."""
         return self.strategy.forward(self._values, batch)

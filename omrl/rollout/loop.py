@@ -32,7 +32,8 @@ from typing import Any, Callable, Sequence, TypeVar
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import check_history, prompt_ids
 from omrl.chat.conformance import check_run_template
-from omrl.chat.specials import encode_plain
+from omrl.chat.encoding import encode_plain
+from omrl.clock import timed
 from omrl.data.trajectory import Episode
 from omrl.envs import DemoTurn, Env, Observation, clean_text, reset_problem
 from omrl.errors import OmrlError
@@ -232,11 +233,12 @@ def collect_lanes(
             for s, reply in zip(live, replies)
             if record_reply(s, reply, s.lane.template, tokenizer, s.env, s.chat_kwargs) is not None
         ]
-        results = per_pool(
-            to_step,
-            lambda s: s.lane.pool,
-            lambda pool, some: pool.step_many([(s.env, s.action) for s in some], [label(s.episode) for s in some]),
-        )
+        with timed("env"):
+            results = per_pool(
+                to_step,
+                lambda s: s.lane.pool,
+                lambda pool, some: pool.step_many([(s.env, s.action) for s in some], [label(s.episode) for s in some]),
+            )
         for state, result in zip(to_step, results):
             record_step(state, result)
         still: list[_Chain] = []
@@ -280,14 +282,15 @@ def demonstration_messages(template: Template, env: Env, demonstration: Sequence
 def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_context: int, options: dict) -> list[_Chain]:
     """Reset an env for each new episode (in its lane) and lay out its opening prompt."""
     envs = [lane.pool.acquire() for _, _, lane, _ in started]
-    firsts = per_pool(
-        list(zip(envs, started)),
-        lambda pair: pair[1][2].pool,
-        lambda pool, some: pool.reset_many(
-            [(env, task) for env, (_, _, _, task) in some],
-            [f"task {task} sample {sample}" for _, (_, sample, _, task) in some],
-        ),
-    )
+    with timed("env"):
+        firsts = per_pool(
+            list(zip(envs, started)),
+            lambda pair: pair[1][2].pool,
+            lambda pool, some: pool.reset_many(
+                [(env, task) for env, (_, _, _, task) in some],
+                [f"task {task} sample {sample}" for _, (_, sample, _, task) in some],
+            ),
+        )
     states = []
     for env, (group, sample, lane, task), first in zip(envs, started, firsts):
         name = lane.pool.name
@@ -392,11 +395,15 @@ def _expert_replies(tokenizer: Any, live: list[_Chain], caps: list[int]) -> list
     actions = per_pool(
         live,
         lambda s: s.lane.pool,
-        lambda pool, some: pool.call_many(lambda env: env.expert_action(), [s.env for s in some]),
+        # the thought is asked after the action it explains; an env from before expert_thought has none
+        lambda pool, some: pool.call_many(
+            lambda env: (env.expert_action(), getattr(env, "expert_thought", str)()), [s.env for s in some]
+        ),
     )
     eos = int(tokenizer.eos_token_id)
     out: list[Generation | BaseException] = []
-    for state, action, cap in zip(live, actions, caps):
+    for state, played, cap in zip(live, actions, caps):
+        action, thought = (played, "") if isinstance(played, BaseException) else played
         if isinstance(action, BaseException) or action is None:
             out.append(
                 action
@@ -404,7 +411,11 @@ def _expert_replies(tokenizer: Any, live: list[_Chain], caps: list[int]) -> list
                 else OmrlError(f"{state.lane.pool.name} has no scripted expert action here")
             )
             continue
-        text = state.lane.template.format_action(action, state.env)
-        ids = (encode_plain(tokenizer, text) + [eos])[:cap]  # a reply's text is never special tokens
+        # a template written before thoughts may take (action, env) alone: the thought only where there is one
+        text = state.lane.template.format_action(action, state.env, *([thought] if thought else []))
+        ids = encode_plain(tokenizer, text) + [eos]  # a reply's text is never special tokens
+        if thought and len(ids) > cap:  # the thought would crowd the action out of the turn's token cap
+            ids = encode_plain(tokenizer, state.lane.template.format_action(action, state.env)) + [eos]
+        ids = ids[:cap]
         out.append(Generation(ids, [0.0] * len(ids), "stop" if ids[-1] == eos else "length"))
     return out

@@ -1,5 +1,10 @@
 """Rollout strategies: chains, best-of-N and tree searches over forkable envs, returning trees.
 
+:mod:`.context` holds what a strategy is given and runs one by name; :mod:`.runner` grows many trees at
+once; :mod:`.branch` makes roots and branches token-exact; :mod:`.fork` copies live episodes;
+:mod:`.tree` is trees as data; :mod:`.play` runs a strategy on a session, :mod:`.report` says what the
+searches achieved and :mod:`.sweep` is test-time scaling (``omrl sweep``).
+
 Calling conventions (registered through the ``register_rollout_strategies`` hook):
 
 - **strategy** ``fn(ctx, tasks, **options) -> list[Tree]``: one :class:`Tree` per task,

@@ -98,10 +98,11 @@ class SearchContext:
         for i, node in enumerate(nodes):
             tree = node.tree
             left = tree.remaining() if tree is not None else None
-            if left is not None and reserved.get(id(tree), 0) + max_new_tokens > left:
+            if left is not None and reserved.get(tree.group, 0) + max_new_tokens > left:
                 tree.exhausted = True
                 continue
-            reserved[id(tree)] = reserved.get(id(tree), 0) + max_new_tokens
+            if tree is not None:
+                reserved[tree.group] = reserved.get(tree.group, 0) + max_new_tokens  # a search's groups are its tasks
             chosen.append(i)
         out: list[Generation | None] = [None] * len(nodes)
         if not chosen:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generator, Sequence
 
 from omrl.backends.base import SamplingParams
+from omrl.clock import timed
 from omrl.envs import fork_support
 from omrl.errors import OmrlError
 from omrl.rollout.live import LiveEpisode, continue_chat, record_reply, record_step
@@ -58,6 +59,18 @@ Request = Expand | Score
 Grow = Callable[..., Generator[Request, Any, None]]
 
 
+@dataclass
+class _Search:
+    """One task's search in progress: its tree, the chat options of its conversations, the strategy's
+    generator over it and the request it waits on (None: none)."""
+
+    tree: Tree
+    chat_kwargs: dict
+    gen: Generator[Request, Any, None] | None = None
+    request: Request | None = None
+    barren: bool = False  # its last Expand grew nothing
+
+
 def run_search(
     ctx: SearchContext, tasks: Sequence[int], grow: Grow, *, forks: bool = True, **options: Any
 ) -> list[Tree]:
@@ -75,10 +88,7 @@ def run_search(
     method = check_forkable(ctx.pool, ctx.strategy) if forks else fork_support(probe)
     forker = Forker(ctx.pool, method)
     turn_cap = ctx.limits.max_turns or int(probe.max_turns)
-    trees: list[Tree | None] = [None] * len(tasks)
-    chat_kwargs: dict[int, dict] = {}
-    pending: dict[int, tuple[Tree, Generator, Request]] = {}
-    barren: set[int] = set()  # trees whose last Expand grew nothing
+    searches: list[_Search] = []  # in the order they started
     waiting = list(enumerate(tasks))
     warm = ctx.backend.warm_tokens()
 
@@ -101,70 +111,76 @@ def run_search(
             root.env_state = None if root.terminal else state
             if root.terminal:
                 forker.drop([state])
-            tree = trees[group] = Tree(int(task), group, root, strategy=ctx.strategy, budget=ctx.budget)
-            chat_kwargs[id(tree)] = kwargs
+            search = _Search(Tree(int(task), group, root, strategy=ctx.strategy, budget=ctx.budget), kwargs)
+            searches.append(search)
             if root.terminal:
-                _finish(ctx, forker, tree)
+                _finish(ctx, forker, search.tree)
             else:
-                _advance(ctx, forker, pending, tree, grow(tree, ctx, **options), None)
+                search.gen = grow(search.tree, ctx, **options)
+                _advance(ctx, forker, search, None)
 
     try:
-        while waiting or pending:
+        while True:
             # Start searches while the next round's conversations fit in the KV states the backend
             # keeps between calls: past that, every turn would prefill its whole context again.
             if warm is None:
                 start(waiting)
                 waiting = []
-            while waiting and (not pending or _round_tokens(pending, ctx) < warm):
+            while waiting and (not _pending(searches) or _round_tokens(_pending(searches), ctx) < warm):
                 start([waiting.pop(0)])
-            answers: dict[int, Any] = {}
-            expands = [(tree, req) for tree, _, req in pending.values() if isinstance(req, Expand)]
+            pending = _pending(searches)
+            if not pending:
+                break
+            answers: list[tuple[_Search, Any]] = []
+            expands = [search for search in pending if isinstance(search.request, Expand)]
             if expands:
-                answers.update(_expand(ctx, forker, expands, chat_kwargs, turn_cap, probe))
-            for name in dict.fromkeys(req.scorer for _, _, req in pending.values() if isinstance(req, Score)):
-                asked = [
-                    (tree, req) for tree, _, req in pending.values() if isinstance(req, Score) and req.scorer == name
-                ]
-                answers.update(_score(ctx, name, asked))
-            for key, answer in answers.items():
-                tree, gen, req = pending.pop(key)
-                if isinstance(req, Expand) and not any(answer):
-                    if key in barren:  # nothing could grow twice in a row: this search is over
-                        gen.close()
-                        _finish(ctx, forker, tree)
+                answers += _expand(ctx, forker, expands, turn_cap, probe)
+            scored = [search for search in pending if isinstance(search.request, Score)]
+            for name in dict.fromkeys(search.request.scorer for search in scored):
+                answers += _score(ctx, name, [search for search in scored if search.request.scorer == name])
+            for search, answer in answers:
+                if isinstance(search.request, Expand):
+                    if not any(answer) and search.barren:  # nothing could grow twice in a row: it is over
+                        search.gen.close()
+                        search.request = None
+                        _finish(ctx, forker, search.tree)
                         continue
-                    barren.add(key)
-                elif isinstance(req, Expand):
-                    barren.discard(key)
-                _advance(ctx, forker, pending, tree, gen, answer)
+                    search.barren = not any(answer)
+                _advance(ctx, forker, search, answer)
     finally:
         forker.close()
-    return [tree for tree in trees if tree is not None]
+    return [search.tree for search in sorted(searches, key=lambda search: search.tree.group)]
 
 
-def _round_tokens(pending: dict, ctx: SearchContext) -> int:
+def _pending(searches: list[_Search]) -> list[_Search]:
+    """The searches waiting on an answer."""
+    return [search for search in searches if search.request is not None]
+
+
+def _round_tokens(pending: list[_Search], ctx: SearchContext) -> int:
     """Tokens of context the pending Expands' candidates may come to hold: each may grow to max_context."""
     return sum(
-        req.k * ctx.limits.max_context
-        for _, _, req in pending.values()
-        if isinstance(req, Expand)
-        for node in req.nodes
+        search.request.k * ctx.limits.max_context
+        for search in pending
+        if isinstance(search.request, Expand)
+        for node in search.request.nodes
         if not node.terminal
     )
 
 
-def _advance(ctx: SearchContext, forker: Forker, pending: dict, tree: Tree, gen: Generator, answer: Any) -> None:
-    """Send ``answer`` into the tree's generator and file its next request, or finish the tree."""
+def _advance(ctx: SearchContext, forker: Forker, search: _Search, answer: Any) -> None:
+    """Send ``answer`` into the search's generator and keep its next request, or finish its tree."""
     try:
-        req = gen.send(answer) if answer is not None else next(gen)
+        req = search.gen.send(answer) if answer is not None else next(search.gen)
     except StopIteration:
-        _finish(ctx, forker, tree)
+        search.request = None
+        _finish(ctx, forker, search.tree)
         return
     if not isinstance(req, (Expand, Score)):
         raise OmrlError(f"strategy {ctx.strategy!r} yielded a {type(req).__name__}; it must yield Expand or Score")
     if isinstance(req, Expand) and req.k < 1:
         raise OmrlError(f"strategy {ctx.strategy!r} asked for {req.k} candidates per node; valid: 1 or more")
-    pending[id(tree)] = (tree, gen, req)
+    search.request = req
 
 
 def _finish(ctx: SearchContext, forker: Forker, tree: Tree) -> None:
@@ -174,24 +190,26 @@ def _finish(ctx: SearchContext, forker: Forker, tree: Tree) -> None:
 
 
 def _expand(
-    ctx: SearchContext, forker: Forker, asked: list[tuple[Tree, Expand]], chat_kwargs: dict, turn_cap: int, probe: Any
-) -> dict[int, list[list[Node]]]:
-    """Answer every Expand with one backend call; each candidate becomes a child node."""
+    ctx: SearchContext, forker: Forker, asked: list[_Search], turn_cap: int, probe: Any
+) -> list[tuple[_Search, list[list[Node]]]]:
+    """Answer every Expand with one backend call; each candidate becomes a child node. Returns each
+    search with its answer: the children of each node it asked about."""
     limits = ctx.limits
-    slots: list[tuple[Tree, int, Node, int]] = []  # (tree, index of the node in its request, node, token cap)
-    for tree, req in asked:
-        left, reserved = tree.remaining(), 0
-        for index, node in enumerate(req.nodes):
+    # (search, its place in ``asked``, index of the node in its request, node, token cap)
+    slots: list[tuple[_Search, int, int, Node, int]] = []
+    for place, search in enumerate(asked):
+        left, reserved = search.tree.remaining(), 0
+        for index, node in enumerate(search.request.nodes):
             cap = min(limits.max_new_tokens, limits.max_context - len(node.episode.current_row()))
             if node.terminal or cap < 1:
                 continue
-            for _ in range(req.k):
+            for _ in range(search.request.k):
                 if left is not None and reserved + cap > left:
-                    tree.exhausted = True
+                    search.tree.exhausted = True
                     break
                 reserved += cap
-                slots.append((tree, index, node, cap))
-    children: dict[int, list[list[Node]]] = {id(tree): [[] for _ in req.nodes] for tree, req in asked}
+                slots.append((search, place, index, node, cap))
+    children = [(search, [[] for _ in search.request.nodes]) for search in asked]
     if not slots:
         return children
     params = SamplingParams(
@@ -201,37 +219,36 @@ def _expand(
         seed=ctx.next_seed(),
     )
     # as in the chain rollout, a backend that fails stops the run: it is no branch's fault
-    rows = [node.episode.current_row() for _, _, node, _ in slots]
+    rows = [node.episode.current_row() for *_, node, _ in slots]
     with stage("generate", episode=f"{len(rows)} search branches"):
         replies = list(
             ctx.backend.generate(
                 rows,
                 params,  # type: ignore[union-attr]
-                messages=[node.messages for _, _, node, _ in slots],
+                messages=[node.messages for *_, node, _ in slots],
             )
         )
-    for (tree, _, _, _), reply in zip(slots, replies):
-        ctx.charge(tree, len(reply.token_ids))
-    grown = [child_of(node) for _, _, node, _ in slots]
-    for g, reply in zip(grown, replies):
-        record_reply(g, reply, ctx.template, ctx.tokenizer, probe, chat_kwargs[id(tree)])
+    grown = [child_of(node) for *_, node, _ in slots]
+    for (search, *_), g, reply in zip(slots, grown, replies):
+        ctx.charge(search.tree, len(reply.token_ids))
+        record_reply(g, reply, ctx.template, ctx.tokenizer, probe, search.chat_kwargs)
     to_step = [(i, g) for i, g in enumerate(grown) if g.action is not None]
-    results = forker.step_many([(slots[i][2].env_state, slots[i][0].task_id, g.action) for i, g in to_step])
+    with timed("env"):
+        results = forker.step_many([(slots[i][3].env_state, slots[i][0].tree.task_id, g.action) for i, g in to_step])
     states: dict[int, Any] = {}
     for (i, g), (result, new_state) in zip(to_step, results):
         record_step(g, result)
         states[i] = new_state
-    for i, ((tree, index, node, _), g) in enumerate(zip(slots, grown)):
+    for i, ((search, place, index, node, _), g) in enumerate(zip(slots, grown)):
         # an unparsed reply leaves the env as it was: the child goes on from its parent's state
         state = states.get(i, node.env_state) if g.end is None else states.get(i)
-        continue_chat(g, ctx.tokenizer, chat_kwargs[id(tree)], turn_cap, limits.max_context, limits.history)
+        continue_chat(g, ctx.tokenizer, search.chat_kwargs, turn_cap, limits.max_context, limits.history)
         if g.end is not None:  # the branch ended here: nothing goes on from its env state
             g.record_end()
             if i in states and state is not None:
                 forker.drop([state])
             state = None
-        child = tree.add(node, _node(g, state))
-        children[id(tree)][index].append(child)
+        children[place][1][index].append(search.tree.add(node, _node(g, state)))
     return children
 
 
@@ -239,14 +256,15 @@ def _node(g: LiveEpisode, state: Any) -> Node:
     return Node(-1, None, g.episode, g.messages, g.answering, env_state=state, end=g.end)
 
 
-def _score(ctx: SearchContext, name: str, asked: list[tuple[Tree, Score]]) -> dict[int, list[float]]:
+def _score(ctx: SearchContext, name: str, asked: list[_Search]) -> list[tuple[_Search, list[float]]]:
     """Answer every Score request for scorer ``name`` with one scorer call."""
-    nodes = [node for _, req in asked for node in req.nodes]
+    nodes = [node for search in asked for node in search.request.nodes]
     values = ctx.scorer(name)(nodes) if nodes else []
-    out, at = {}, 0
-    for tree, req in asked:
-        out[id(tree)] = values[at : at + len(req.nodes)]
-        for node, value in zip(req.nodes, out[id(tree)]):
+    out, at = [], 0
+    for search in asked:
+        mine = values[at : at + len(search.request.nodes)]
+        for node, value in zip(search.request.nodes, mine):
             node.score = value
-        at += len(req.nodes)
+        out.append((search, mine))
+        at += len(search.request.nodes)
     return out

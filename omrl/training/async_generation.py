@@ -48,6 +48,7 @@ import torch
 from omrl.errors import ConfigError, OmrlError
 from omrl.mixture import is_mixture, task_of
 from omrl.supervisor import stage, supervise
+from omrl.training.rollout_step import play_step, step_metrics
 
 POLL_SECONDS = 1.0  # how often a wait for the process checks that it is still alive
 GENERATION_BACKENDS = ("hf", "vllm")  # what the generation process can load each weight version into
@@ -258,7 +259,6 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
         from omrl.parallel import Strategy
         from omrl.plugins import load_plugins
         from omrl.rollout import RolloutSession
-        from omrl.training.online import play_step, step_metrics
 
         if cfg.rollout.generation_threads:
             torch.set_num_threads(cfg.rollout.generation_threads)
@@ -333,78 +333,17 @@ def _bytes_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
-# -- the recipe's side: what OnlineRecipe calls ------------------------------------------------------
+def tasks_played(played: dict[int, tuple[list[Any], dict[str, float]]], env: Any) -> dict[int, list[Any]]:
+    """The tasks each step of ``played`` (steps a checkpoint kept as played ahead) played, in order:
+    requested again, the generation process knows them as played."""
+    mixed = is_mixture(env)
+    return {step: list(dict.fromkeys(task_of(ep, mixed) for ep in episodes)) for step, (episodes, _) in played.items()}
 
 
-def start(recipe: Any, resumed: Any) -> GenerationProcess | None:
-    """The generation process of ``recipe`` (None unless ``rollout.async_generation``), holding the
-    weights of its step; the steps a resumed checkpoint played ahead are restored, the rest requested."""
-    cfg = recipe.cfg
-    if not cfg.rollout.async_generation:
-        return None
-    generation = GenerationProcess(cfg, recipe.strategy.state_dict(recipe.model), version=recipe.step)
-    if resumed is not None:
-        played = played_from_tensors(resumed.extra)
-        mixed = is_mixture(cfg.env)
-        tasks = {
-            step: (list(dict.fromkeys(task_of(ep, mixed) for ep in episodes)), _seed(recipe, step))
-            for step, (episodes, _) in played.items()
-        }
-        generation.restore(played, tasks)
-    for step in range(recipe.step, min(cfg.steps, recipe.step + cfg.rollout.max_staleness + 1)):
-        if step not in generation.requested:
-            _request(recipe, generation, step)
-    return generation
-
-
-def take(recipe: Any) -> tuple[list[Any], dict[str, float]]:
-    """This step's episodes, played ahead by the generation process (again, with its newest weights,
-    when ``recipe`` plays the step again after every episode failed in the env), and their metrics."""
-    generation, step = recipe.generation, recipe.step
-    waited = 0.0
-    metrics: dict[str, float] = {}
-
-    def play() -> list[Any]:
-        nonlocal waited, metrics
-        if step in generation.taken:  # taken before: every episode failed in the env
-            generation.replay(step)
-        episodes, metrics, seconds = generation.take(step)
-        waited += seconds
-        return episodes
-
-    episodes = recipe._play_counted(play)
-    # versions behind the weights this step trains with, over the turns (with partial rollouts a turn
-    # sampled after an update is behind by less than the episode's first)
+def lag_metrics(episodes: list[Any], step: int, max_staleness: int) -> dict[str, float]:
+    """How many versions behind the weights step ``step`` trains with its turns were sampled, mean
+    and most (with partial rollouts a turn sampled after an update is behind by less than its
+    episode's first)."""
     lags = [step - turn.info["weights_version"] for ep in episodes for turn in ep.turns]
-    lags = lags or [step - version_for(step, recipe.cfg.rollout.max_staleness)]
-    return episodes, {
-        **metrics,
-        "weights_lag": sum(lags) / len(lags),
-        "weights_lag_max": float(max(lags)),
-        "generation_wait_s": waited,
-    }
-
-
-def after_update(recipe: Any) -> None:
-    """Send the weights of ``recipe.step`` updates, and request the step that plays with them."""
-    generation, cfg = recipe.generation, recipe.cfg
-    generation.publish(recipe.step, recipe.strategy.state_dict(recipe.model))
-    ahead = recipe.step + cfg.rollout.max_staleness
-    if ahead < cfg.steps and ahead not in generation.requested:
-        _request(recipe, generation, ahead)
-
-
-def checkpoint_extra(recipe: Any) -> dict[str, torch.Tensor]:
-    """The steps played ahead of ``recipe.step``, waited for, as tensors for the checkpoint."""
-    return played_to_tensors(recipe.generation.played_ahead()) if recipe.generation is not None else {}
-
-
-def _request(recipe: Any, generation: GenerationProcess, step: int) -> None:
-    tasks = recipe.strategy.shard(recipe.task_order.take(recipe.cfg.tasks_per_step))
-    generation.request(step, tasks, _seed(recipe, step))
-
-
-def _seed(recipe: Any, step: int) -> int:
-    from omrl.training.online import rollout_seed
-
-    return rollout_seed(recipe.cfg, step, recipe.strategy)
+    lags = lags or [step - version_for(step, max_staleness)]
+    return {"weights_lag": sum(lags) / len(lags), "weights_lag_max": float(max(lags))}

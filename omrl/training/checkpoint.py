@@ -22,24 +22,19 @@ a byte flipped in their weights, so resuming refuses them until the user vouches
 their files with ``omrl checkpoint trust CHECKPOINT`` (which writes
 the manifest of the files as they are now).
 
-Resuming with a config that differs from the saved one fails naming the keys,
-except keys in :data:`MAY_CHANGE_ON_RESUME` (they change neither the data nor the
-maths: logging, checkpoint cadence, gradient checkpointing, the NaN patience) and
-secrets (tokens, keys: ``state.json`` holds them redacted, see :func:`omrl.config.redact`).
+Where a run resumes from, and what may change when it does, is :mod:`omrl.training.resume`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
 import re
 import shutil
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,15 +42,11 @@ from torch import nn
 
 from omrl.atomic import atomic_write_text
 from omrl.errors import Interrupted, OmrlError, WriteFailed, short_repr, write_failure
+from omrl.models.manifest import COMPLETE_MARKER, changed_files, directory_manifest, manifest, manifest_damage
 from omrl.parallel import Strategy
 
 CHECKPOINTS_DIR = "checkpoints"
-COMPLETE_MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-# Dotted config keys (or prefixes ending in ".") that may differ between a run and its resumption.
-MAY_CHANGE_ON_RESUME = ("description", "logging.", "model.gradient_checkpointing", "optim.max_nan_steps", "resume")
-# keys that extend a run rather than change it: raised on resume, a run (finished or not) goes on
-EXTEND_ON_RESUME = ("steps", "num_train_epochs")
 
 
 class CheckpointError(OmrlError):
@@ -119,7 +110,7 @@ def save_checkpoint(
         state = {"step": step, "data_state": data_state or {}, "config": config or {}}
         (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
         _fsync_tree(tmp)
-        (tmp / COMPLETE_MARKER).write_text(f"step {step}\n" + _manifest(tmp))
+        (tmp / COMPLETE_MARKER).write_text(f"step {step}\n" + directory_manifest(tmp))
         _fsync_tree(tmp)
         if final.exists():  # a checkpoint of the same step from a run that crashed after it
             _remove(final)
@@ -162,39 +153,6 @@ def checkpoint_path(output_dir: str | os.PathLike, step: int) -> Path:
     return Path(output_dir) / CHECKPOINTS_DIR / f"step-{step:08d}"
 
 
-def _manifest(directory: Path) -> str:
-    """One ``sha256 <digest> <relative path>`` line per file: the COMPLETE marker's body, so a file
-    damaged after the checkpoint was written is found before resuming from it."""
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
-    return manifest(directory, [file.relative_to(directory).as_posix() for file in files])
-
-
-def manifest(directory: Path, names: Iterable[str]) -> str:
-    """One ``sha256 <digest> <name>`` line per file ``names`` (relative to ``directory``): what
-    :func:`manifest_damage` checks. Checkpoints keep it in COMPLETE, final models beside their weights."""
-    return "".join(f"sha256 {_digest(directory / name)} {name}\n" for name in names)
-
-
-def manifest_damage(directory: Path, lines: Iterable[str]) -> str | None:
-    """The first file of the manifest ``lines`` that is missing under ``directory`` or changed since the
-    manifest was written, said in words, or None when every one is as it was."""
-    for line in lines:
-        parts = line.split(" ", 2)
-        if len(parts) != 3 or parts[0] != "sha256":
-            return f"its manifest line {short_repr(line)} is not 'sha256 <digest> <path>' (damaged manifest?)"
-        _, digest, name = parts
-        if not (directory / name).is_file():
-            return f"{name} is missing"
-        if _digest(directory / name) != digest:
-            return f"{name} changed since it was written (damaged file?)"
-    return None
-
-
-def _digest(file: Path) -> str:
-    with open(file, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
-
-
 def _manifest_lines(path: Path) -> list[str]:
     """The manifest in checkpoint ``path``'s COMPLETE marker (after its ``step N`` line)."""
     return [line for line in (path / COMPLETE_MARKER).read_text().splitlines()[1:] if line]
@@ -210,16 +168,6 @@ def damage(path: Path) -> str | None:
     written), or None. One without a manifest (an older omrl's) cannot be checked and passes here:
     :func:`resume_checkpoint` refuses it (see :func:`has_manifest`)."""
     return manifest_damage(path, _manifest_lines(path))
-
-
-def changed_files(directory: Path, lines: Iterable[str]) -> list[str]:
-    """The files of manifest ``lines`` whose content differs from the digest written for them."""
-    out = []
-    for line in lines:
-        parts = line.split(" ", 2)
-        if len(parts) == 3 and (directory / parts[2]).is_file() and _digest(directory / parts[2]) != parts[1]:
-            out.append(parts[2])
-    return out
 
 
 def trust_model(path: str | os.PathLike, manifest_name: str) -> list[str]:
@@ -254,20 +202,11 @@ def trust_checkpoint(path: str | os.PathLike) -> bool:
         return False
     step_line = (path / COMPLETE_MARKER).read_text().splitlines()[0]
     tmp = path / f".{COMPLETE_MARKER}.tmp-{os.getpid()}"
-    tmp.write_text(step_line + "\n" + _manifest(path))
+    tmp.write_text(step_line + "\n" + directory_manifest(path))
     _fsync_tree(path)
     os.replace(tmp, path / COMPLETE_MARKER)
     _fsync_dir(path)
     return True
-
-
-def _unverified(path: Path) -> CheckpointError:
-    return CheckpointError(
-        f"cannot resume from {path}: an older omrl wrote it, and it lists no sha256 digests of its files, so "
-        "damage since (a flipped byte in its weights would become this run's model) cannot be found. If you "
-        f"trust its files, vouch for them with `omrl checkpoint trust {path}` and resume "
-        "again; else start a new run in another output_dir"
-    )
 
 
 def _remove(path: Path) -> None:
@@ -416,38 +355,6 @@ def _load_model_weights(model: nn.Module, model_dir: Path, strategy: Strategy | 
         raise CheckpointError(f"{model_dir} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
-def resume_checkpoint(
-    output_dir: str | os.PathLike,
-    config: dict[str, Any],
-    may_change: Iterable[str] = MAY_CHANGE_ON_RESUME,
-    defaults: dict[str, Any] | None = None,
-    renamed: dict[str, str] | None = None,
-) -> Path:
-    """The checkpoint to resume from: the newest complete one, whose config must match ``config``
-    (``defaults``, ``renamed``: see :func:`check_same_config`)."""
-    found = complete_checkpoints(output_dir)
-    if not found:
-        raise CheckpointError(
-            f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
-            "run without --resume to start fresh"
-        )
-    for path in reversed(found):  # the newest intact one
-        if not has_manifest(path):
-            raise _unverified(path)
-        problem = damage(path)
-        if problem is None:
-            break
-        warnings.warn(f"not resuming from {path}: {problem}; trying the checkpoint before it", stacklevel=2)
-    else:
-        raise CheckpointError(
-            f"every checkpoint in {Path(output_dir) / CHECKPOINTS_DIR} is damaged (the newest: "
-            f"{damage(found[-1])}); start a new run in another output_dir"
-        )
-    saved = json.loads((path / "state.json").read_text())["config"]
-    check_same_config(saved, config, may_change, defaults, renamed)
-    return path
-
-
 def interrupted(output_dir: str | os.PathLike, command: str) -> Interrupted:
     """The Ctrl-C a recipe re-raises: which checkpoint was kept and how to continue from it."""
     kept = latest_checkpoint(output_dir)
@@ -457,91 +364,3 @@ def interrupted(output_dir: str | os.PathLike, command: str) -> Interrupted:
         f"interrupted; the newest complete checkpoint is {kept}. Continue with: "
         f"omrl {command} --resume --output-dir {output_dir}"
     )
-
-
-def resume_point(
-    output_dir: str | os.PathLike,
-    config: dict[str, Any],
-    resume: bool,
-    defaults: dict[str, Any] | None = None,
-    renamed: dict[str, str] | None = None,
-) -> Path | None:
-    """Where a recipe starts: with ``resume``, the checkpoint to continue from (see
-    :func:`resume_checkpoint`); else None, refusing to start fresh over an earlier run's checkpoints."""
-    if resume:
-        return resume_checkpoint(output_dir, config, defaults=defaults, renamed=renamed)
-    if latest_checkpoint(output_dir) is not None:
-        raise CheckpointError(
-            f"{output_dir} holds checkpoints of an earlier run; pass --resume to continue it, "
-            "or choose another output_dir"
-        )
-    return None
-
-
-def check_same_config(
-    saved: dict[str, Any],
-    current: dict[str, Any],
-    may_change: Iterable[str] = MAY_CHANGE_ON_RESUME,
-    defaults: dict[str, Any] | None = None,
-    renamed: dict[str, str] | None = None,
-) -> None:
-    """Raise naming every key (outside ``may_change``) whose value differs between the configs.
-
-    An option the saved run did not have yet (a newer omrl added it) only warns when it is at its
-    value in ``defaults``: the run can go on, and the user learns what it now uses. ``renamed``
-    maps dotted keys an older omrl saved to their names now."""
-    from omrl.config import redact
-
-    allowed = tuple(may_change)
-    # redacted as the current config is: a checkpoint from before a redaction rule holds the secret in clear
-    old = {(renamed or {}).get(k, k): v for k, v in _flatten(redact(saved)).items()}
-    new = _flatten(json.loads(json.dumps(current, default=str)))
-    default = _flatten(json.loads(json.dumps(defaults or {}, default=str)))
-    added = sorted(k for k in set(new) - set(old) if k in default and default[k] == new[k])
-    if added:
-        warnings.warn(
-            f"resuming a run made before omrl had the option(s) {', '.join(added)}: they take their "
-            f"defaults ({', '.join(f'{k}={new[k]!r}' for k in added)})",
-            stacklevel=2,
-        )
-    differ = [
-        k
-        for k in sorted(set(old) | set(new))
-        if k not in added
-        and old.get(k, "<absent>") != new.get(k, "<absent>")
-        and not _secret(k)
-        and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in allowed)
-        and not _extended(k, old.get(k), new.get(k))
-    ]
-    if differ:
-        details = "; ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in differ)
-        raise CheckpointError(
-            f"cannot resume: the config differs from the checkpoint's in {details}. "
-            f"Use the original values, or start a new run in another output_dir "
-            f"(keys that may change: {', '.join(a + '*' if a.endswith('.') else a for a in allowed)}; "
-            f"that may be raised: {', '.join(EXTEND_ON_RESUME)})"
-        )
-
-
-def _extended(key: str, old: Any, new: Any) -> bool:
-    """Whether ``key`` went up on resume and is one that extends a run (:data:`EXTEND_ON_RESUME`)."""
-    numbers = isinstance(old, (int, float)) and isinstance(new, (int, float))
-    return key in EXTEND_ON_RESUME and numbers and new > old
-
-
-def _secret(key: str) -> bool:
-    """A secret may change on resume (a rotated token): checkpoints keep it redacted (see
-    :func:`omrl.config.to_dict`), older ones in clear, and the run uses the one it is given now."""
-    from omrl.config import is_secret_key
-
-    return any(is_secret_key(part) for part in key.split("."))
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out

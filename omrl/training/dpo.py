@@ -13,27 +13,43 @@ step per training step, each pair weighted alike across processes.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 
+from omrl.clock import timed
+from omrl.config.options import TrainRunConfig
 from omrl.errors import ConfigError
 from omrl.search import strategy_traits
 from omrl.training import online
 from omrl.training.losses import dpo_loss
-from omrl.training.online_recipe import OnlineRecipe
+from omrl.training.metrics import StepCallback
+from omrl.training.online_run import (
+    OnlineRun,
+    end_online_step,
+    finish_online,
+    save_online_checkpoint,
+    start_online_setup,
+)
 from omrl.training.policy import sequence_log_prob
+from omrl.training.recipe import close_all, resume, setup_logger, setup_optimizer, skip_update, start_recipe, update
 from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, trainable
 from omrl.training.tree_batch import sibling_pairs
 
 
-class DPORecipe(OnlineRecipe):
+class DPORecipe:
     """DPO: ``setup()``, ``train()``, ``cleanup()`` (or :func:`omrl.training.rl.run_rl`)."""
+
+    def __init__(self, cfg: TrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
+        start_recipe(self, cfg, on_step_end, console)
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        resume_from = self._start_setup(recipes=("dpo",))
+        resume_from = start_online_setup(self, recipes=("dpo",))
+        self.temperature = online.scoring_temperature(cfg)
         if cfg.group_size < 2 and strategy_traits(cfg.rollout.strategy).group_in_one_tree:  # a lone path a task
             raise ConfigError(
                 "dpo builds pairs from samples of the same task: group_size must be >= 2 (or a tree "
@@ -42,9 +58,11 @@ class DPORecipe(OnlineRecipe):
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
             cfg, self.strategy, with_reference=True
         )
-        self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
-        self._setup_optimizer({}, updates_per_step=1)
-        self._finish_setup(resume_from)
+        self.run = OnlineRun(cfg, self.strategy, self.model, self.rollout_model, self.tokenizer)
+        setup_optimizer(self, cfg.steps)  # one optimizer step a training step
+        resumed = resume(self, resume_from) if resume_from is not None else None
+        self.logger = setup_logger(self, cfg.algorithm.name, cfg.steps)
+        self.run.start(self.step, resumed, self.logger.warn)
 
     # -- TRAIN ----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -55,8 +73,8 @@ class DPORecipe(OnlineRecipe):
             started = time.perf_counter()
 
             # ROLLOUT: every sample of every task, or every path of a search's trees
-            episodes, metrics = self._rollout(started, online.rollout_seed(cfg, self.step, strategy))
-            self._save_rollout(episodes)
+            episodes, metrics = self.run.play(self.step)
+            self.run.save_rollout(self.step, episodes)
 
             # PAIRS: each task's best and worst sample, when their total rewards differ; from a search,
             # at each branch point the best path of one reply against the worst of a sibling's
@@ -68,8 +86,8 @@ class DPORecipe(OnlineRecipe):
                     if online.searched(cfg)
                     else "every sample of each task scored the same"
                 )
-                metrics.update(self._skip(f"no preference pair: {why}"))
-                self._end_step(metrics, started)
+                metrics.update(skip_update(self, self.step + 1, f"no preference pair: {why}"))
+                end_online_step(self, metrics, started)
                 continue
 
             # UPDATE: one optimizer step over every pair of the step, micro-batches of pairs accumulated
@@ -85,15 +103,19 @@ class DPORecipe(OnlineRecipe):
                 policy, ref = self._log_probs(c_mb, r_mb)
                 loss, parts = dpo_loss(policy[0], policy[1], ref[0], ref[1], cfg.algorithm.dpo_beta)
                 weight = len(c_mb) / total_pairs
-                strategy.backward(loss * weight)
+                with timed("backward"):
+                    strategy.backward(loss * weight)
                 for key, value in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
                     sums[key] = sums.get(key, 0.0) + weight * value
-            metrics.update(strategy.sum_dicts(sums), dpo_pairs=float(total_pairs), **self._optimizer_step())
+            applied = update(self, self.step + 1)
+            figures = {"grad_norm": applied.grad_norm, "lr": applied.lr} if applied.applied else self.skipped.metrics()
+            metrics.update(strategy.sum_dicts(sums), dpo_pairs=float(total_pairs), **figures)
 
             # EVAL (every eval_every steps and after the last) and CHECKPOINT
-            self._end_step(metrics, started)
-        return self._finish(metrics)
+            end_online_step(self, metrics, started)
+        return finish_online(self, metrics)
 
+    @timed("forward")
     def _log_probs(self, chosen, rejected) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Summed response log-probs [mb] of the chosen and the rejected rows, under the policy
         (through the strategy: a forward it counts) and under the frozen reference."""
@@ -103,3 +125,11 @@ class DPORecipe(OnlineRecipe):
             lambda: [sequence_log_prob(self.model, mb, self.temperature) for mb in (chosen, rejected)]
         )
         return policy, ref
+
+    def save_checkpoint(self) -> Path:
+        """Every process calls; the main one writes."""
+        return save_online_checkpoint(self)
+
+    # -- CLEANUP --------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        close_all(*(getattr(self, name, None) for name in ("run", "logger", "strategy")))

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from omrl.data import Episode
 from omrl.errors import ConfigError
+from omrl.search import plays_batched
 from omrl.training.rl_data import trainable
 
 #: draw ``d`` of a step plays with seed ``step_seed + d * DRAW_SEED_STRIDE``
@@ -53,7 +54,8 @@ def check(cfg: Any) -> None:
             "algorithm.dynamic_sampling drops groups whose samples got the same env reward, which carry no "
             f"signal only when the advantages come from that reward alone; here they also come from {dense[0]}"
         )
-    if algo.name == "dpo" or cfg.rollout.async_generation or cfg.rollout.strategy != "chain":
+    searched = not plays_batched(cfg.rollout.strategy, cfg.rollout.budget)  # its paths are trained as trees
+    if algo.name == "dpo" or cfg.rollout.async_generation or searched:
         raise ConfigError(
             "algorithm.dynamic_sampling runs with the grpo recipe, the chain rollout and "
             f"synchronous generation; this run has algorithm.name={algo.name}, rollout.strategy="

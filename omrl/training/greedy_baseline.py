@@ -27,6 +27,7 @@ from omrl.mixture import task_of
 from omrl.rewards import allocate_rewards
 from omrl.rollout import RolloutSession
 from omrl.rollout.mixed import is_mixed
+from omrl.search import plays_batched
 from omrl.training.tree_batch import ROW_EPISODE
 
 NEED = "greedy_scores"
@@ -37,11 +38,12 @@ def needed(cfg: Any) -> bool:
     traits = registry.algorithms.component(cfg.algorithm.advantage, kind="advantage").traits
     if NEED not in traits.get("needs", ()):
         return False
-    if cfg.rollout.strategy != "chain" or cfg.rollout.async_generation:
+    if not plays_batched(cfg.rollout.strategy, cfg.rollout.budget) or cfg.rollout.async_generation:
         raise ConfigError(
             f"algorithm.advantage={cfg.algorithm.advantage} compares each sample with a greedy episode of its "
-            "task, which this run cannot play beside its rollout: use rollout.strategy=chain and "
-            f"rollout.async_generation=false (got {cfg.rollout.strategy}, {cfg.rollout.async_generation})"
+            "task, which this run cannot play beside its rollout: use a rollout.strategy that plays the "
+            "batched rollout (chain) with no rollout.budget, and rollout.async_generation=false (got "
+            f"{cfg.rollout.strategy}, budget {cfg.rollout.budget}, {cfg.rollout.async_generation})"
         )
     return True
 

@@ -10,7 +10,7 @@ from typing import Any
 from omrl.config.options import ModelConfig
 from omrl.errors import WriteFailed, short_repr, write_failure
 from omrl.models import MODEL_MANIFEST, load_model
-from omrl.training.checkpoint import manifest
+from omrl.models.manifest import manifest
 
 
 def load_trainable_model(cfg: ModelConfig, device: str, chat: Any = None) -> tuple[Any, Any]:

@@ -1,13 +1,13 @@
 """Pieces the online recipes share (:mod:`omrl.training.rl` for grpo/ppo, :mod:`omrl.training.dpo`):
 config checks, the models, the rollout session and task order, per-step rollout metrics,
-evaluation, and keeping the rollout backend's weights in step with the trained model. The setup
-and step-end both recipes run alike is :class:`omrl.training.online_recipe.OnlineRecipe`."""
+evaluation, and keeping the rollout backend's weights in step with the trained model. The run
+that plays with them, and the steps both recipes take alike, are :mod:`omrl.training.online_run`."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -15,20 +15,20 @@ from rich.console import Console
 from omrl import registry
 from omrl.algos import RECIPES, AdvantageInput
 from omrl.backends.base import generation_metrics
+from omrl.backends.lora_sync import lora_config_of
 from omrl.backends.weight_sync import check_weight_sync
 from omrl.config.options import TrainRunConfig
-from omrl.data import Episode
 from omrl.errors import ConfigError, OmrlError
 from omrl.evaluation import check_max_env_error_rate
 from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members
 from omrl.parallel import Strategy
 from omrl.rollout import RolloutSession
 from omrl.rollout.mixed import is_mixed
-from omrl.search import play_strategy, plays_batched, strategy_traits
+from omrl.search import plays_batched, strategy_traits
 from omrl.search.context import check_budget
 from omrl.supervisor import stage
 from omrl.training import async_generation, dynamic_sampling, env_scale
-from omrl.training.metrics import CUTS, PER_ENV_COUNTS, MetricsLogger, NullLogger, per_env_metrics, rollout_metrics
+from omrl.training.metrics import MetricsLogger, NullLogger
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model
 from omrl.training.rl_data import TaskOrder
 
@@ -92,30 +92,6 @@ def searched(cfg: TrainRunConfig) -> bool:
     samples (trained as chains): the latter when the strategy declares it plays that rollout without a
     budget and the run gives none (:class:`omrl.search.StrategyTraits`)."""
     return not plays_batched(cfg.rollout.strategy, cfg.rollout.budget)
-
-
-def trees_per_task(cfg: TrainRunConfig) -> int:
-    """Search trees grown per task: 1 for a strategy whose ``group_size`` samples are one tree, else
-    ``group_size`` (Tree-GRPO's M trees per prompt), as the strategy declares it."""
-    return 1 if strategy_traits(cfg.rollout.strategy).group_in_one_tree else cfg.group_size
-
-
-def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int], seed: int) -> list[Episode]:
-    """This step's episodes of ``tasks`` as the strategy plays them, rewards composed: every root-to-leaf
-    path of ``trees_per_task(cfg)`` trees per task, ``Episode.group`` numbering the trees (consecutive
-    per task; see :func:`omrl.training.tree_batch.paths_to_batch`), or the batched rollout's
-    ``group_size`` samples per task where the strategy plays that (:func:`searched` is False)."""
-    copies = trees_per_task(cfg)
-    _, episodes = play_strategy(
-        session,
-        cfg.rollout.strategy,
-        [task for task in tasks for _ in range(copies)],
-        split=cfg.env.split,
-        budget=cfg.rollout.budget,
-        group_size=cfg.group_size if copies == 1 else 1,
-        seed=seed,
-    )
-    return episodes
 
 
 def episode_token_budget(cfg: TrainRunConfig) -> int:
@@ -240,65 +216,14 @@ def make_logger(
     )
 
 
+def scoring_temperature(cfg: TrainRunConfig) -> float:
+    """The temperature log-probs are scored at: the one the rollout sampled with (1 for greedy)."""
+    return cfg.generation.temperature if cfg.generation.temperature > 0 else 1.0
+
+
 def rollout_seed(cfg: TrainRunConfig, step: int, strategy: Strategy) -> int:
     """Different per step and per process; with one process, ``seed * 1_000_003 + step``."""
     return (cfg.seed * 1_000_003 + step) * strategy.world_size + strategy.rank
-
-
-def step_metrics(episodes: list[Any], seconds: float, session: Any, strategy: Strategy) -> dict[str, float]:
-    """The rollout's metrics over every process: means average (every process played as many
-    episodes), counts add, and so does ``tokens_per_s``; the backend's speeds (``decode_tokens_per_s``,
-    ``prefill_tokens_per_s``) are one process's, from the tokens and seconds of all of them. In a
-    mixture, each metric of the episodes also per env (``success/webshop``, :func:`per_env_metrics`)."""
-    metrics = rollout_metrics(episodes, seconds, session.reward_summary)
-    if is_mixed(session):
-        metrics.update(per_env_metrics(episodes, seconds, session.reward_summaries, session.env_names))
-    stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
-    if strategy.world_size > 1:
-        added = ("env_errors", "tokens_per_s", "cut_replies", *CUTS)
-        per_env = {k: v for k, v in metrics.items() if "/" in k}
-        overall = {k: v for k, v in metrics.items() if "/" not in k}
-        metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(overall).items()}
-        metrics.update(sum_per_env(strategy, per_env))
-        stats = strategy.sum_dicts(stats)
-    return {**metrics, **generation_metrics(stats)}
-
-
-#: per-env means over the episodes that did not fail in the env (the others measured no model):
-#: these, each reward term's (``reward_<name>``) and the tool-use rates (omrl.evaluation.tool_use)
-PLAYED_MEANS = ("reward", "success", "score", "tool_call_rate", "tool_calls_per_episode")
-
-
-def sum_per_env(strategy: Strategy, metrics: dict[str, float]) -> dict[str, float]:
-    """Per-env metrics (``<metric>/<env>``) over every process, as one process would have computed them
-    from all the episodes: counts add; each mean is weighted by what it is a mean over on each process
-    (episodes, played episodes, turns, tool calls); the prefill hit rate comes from the summed counts."""
-
-    def weight(key: str) -> float:
-        name, env = key.split("/", 1)
-        episodes = metrics[f"episodes/{env}"]
-        played = episodes - metrics[f"env_errors/{env}"]
-        if name in PLAYED_MEANS or name.startswith("reward_"):
-            return played
-        if name == "valid_tool_call_rate":  # a share of the tool calls
-            return played * metrics[f"tool_calls_per_episode/{env}"]
-        return episodes * metrics[f"turns/{env}"] if name == "format_ok" else episodes
-
-    means = [k for k in metrics if k.split("/")[0] not in PER_ENV_COUNTS and not k.startswith("prefill_hit_rate/")]
-    sent = {k: metrics[k] for k in metrics if k.split("/")[0] in PER_ENV_COUNTS}
-    sent.update({k: metrics[k] * weight(k) for k in means})
-    sent.update({f"weight of {k}": weight(k) for k in means})
-    summed = strategy.sum_dicts(sent)
-    out = {k: v for k, v in summed.items() if k.split("/")[0] in PER_ENV_COUNTS}
-    for key in [k for k in summed if not k.startswith("weight of ") and k.split("/")[0] not in PER_ENV_COUNTS]:
-        total = summed[f"weight of {key}"]
-        out[key] = summed[key] / total if total else 0.0
-    for key in [k for k in out if k.startswith("prefill_reused/")]:
-        env = key.split("/", 1)[1]
-        computed, reused = out.get(f"prefill_tokens/{env}", 0.0), out[key]
-        if computed + reused:
-            out[f"prefill_hit_rate/{env}"] = reused / (computed + reused)
-    return out
 
 
 def evaluate(
@@ -348,8 +273,8 @@ def _sync(strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSe
         strategy.copy_whole_weights(model, rollout_model)
     elif session.backend.shared:  # one server for every process: the main one sends, the rest wait for it
         state = strategy.state_dict(model, all_ranks=False)  # gathered whole on the main process only
-        if strategy.is_main:
-            session.backend.update_weights(state, version=version)
+        if strategy.is_main:  # a LoRA model's adapter config goes along: weight_sync=lora sends the adapter alone
+            session.backend.update_weights(state, version=version, lora_config=lora_config_of(model))
         strategy.barrier()
     else:
         session.backend.update_weights(strategy.state_dict(model))

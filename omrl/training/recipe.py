@@ -1,8 +1,12 @@
-"""What every training recipe does the same way around its own setup and loop: run, checkpoint, close.
+"""The one scaffold of every training recipe: what SFT, reward models, GRPO/PPO and DPO do the same way
+around their own setup and loop. A recipe calls these functions; it inherits nothing.
 
 A recipe is a class that reads top to bottom: ``setup()``, ``train()`` (returns the run's
-summary), ``cleanup()``. These functions are what SFT, reward models and RL would otherwise
-each write out again; a recipe calls them, it does not inherit them:
+summary), ``cleanup()``; :func:`run_recipe` runs the three. Its setup starts with
+:func:`start_setup` (config as checkpoints keep it, resume point, seed, device) and, once its
+model is loaded, :func:`setup_optimizer`, :func:`resume` and :func:`setup_logger`; each step ends
+in :func:`update` (or :func:`skip_update`) and :func:`log_step`; ``train()`` ends in
+:func:`save_final`. For example::
 
     def save_checkpoint(self) -> Path:
         return save_recipe_checkpoint(self, data_state={"epoch": self.epoch, ...})
@@ -13,10 +17,9 @@ each write out again; a recipe calls them, it does not inherit them:
     def run_sft(cfg, ...):
         return run_recipe(SftRecipe(cfg, ...), "sft")
 
-and at the end of ``train()``, ``save_final(self)``: the last checkpoint and the model.
-A recipe that walks epochs of fixed data (SFT, reward models) also sets itself up with
-:func:`start_setup` and :func:`finish_setup`, steps with :func:`update` and :func:`end_step`,
-and ends with :func:`finish`.
+A recipe that walks epochs of fixed data (SFT, reward models, an :class:`EpochRecipe`) uses
+:func:`finish_setup`, :func:`end_step`, :func:`finish` and :func:`save_epoch_checkpoint`; the
+online recipes add the playing half, :mod:`omrl.training.online_run`.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rich.console import Console
+from torch import nn
 
-from omrl.config import to_dict
+from omrl.atomic import atomic_write_text
+from omrl.clock import breakdown, take, timed
+from omrl.config import to_dict, to_yaml
 from omrl.parallel import make_strategy
 from omrl.supervisor import supervise
 from omrl.training import checkpoint as ckpt
@@ -35,21 +41,27 @@ from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
 from omrl.training.model_setup import save_final_from_every_process
 from omrl.training.optim import Update, apply_update, build_optimizer, build_scheduler
+from omrl.training.resume import resume_point
 
 
 class Recipe(Protocol):
-    """What these functions read of a recipe (:func:`run_recipe` only its three methods)."""
+    """What the scaffold functions read and set of a recipe (:func:`run_recipe` only its methods)."""
 
-    cfg: Any  # a RunConfig with optim and logging
+    cfg: Any  # a RunConfig with model, optim, logging and seed
+    on_step_end: StepCallback | None  # called after each step's logging and checkpoint
+    console: Console
     output_dir: Path
     step: int  # updates done (skipped ones too)
+    skipped: SkippedUpdates
     strategy: Any  # omrl.parallel.Strategy
+    device: Any  # torch.device
+    config_dict: dict[str, Any]  # the run's config as a checkpoint keeps it (omrl.config.to_dict)
     model: Any
+    tokenizer: Any
+    params: list[nn.Parameter]  # what the optimizer updates
     optimizer: Any
     scheduler: Any
-    tokenizer: Any
-    config_dict: dict[str, Any]  # the run's config as a checkpoint keeps it (omrl.config.to_dict)
-    skipped: Any  # omrl.training.common.SkippedUpdates
+    logger: MetricsLogger | NullLogger
 
     def setup(self) -> Any: ...
 
@@ -60,11 +72,21 @@ class Recipe(Protocol):
     def save_checkpoint(self) -> Path: ...
 
 
-def start_recipe(recipe: Any, cfg: Any, on_step_end: StepCallback | None, console: Console | None) -> None:
+class EpochRecipe(Recipe, Protocol):
+    """A recipe that walks epochs of fixed data (SFT, reward models): where it stands in them."""
+
+    total_steps: int
+    epoch: int
+    index: int  # the next micro-batch of the epoch's order
+    micro_per_epoch: int
+    data_fingerprint: str  # the training data's; a resume refuses other data
+
+
+def start_recipe(recipe: Recipe, cfg: Any, on_step_end: StepCallback | None, console: Console | None) -> None:
     """What every recipe's ``__init__`` sets first: its config, callback, console, output
     directory, step 0, skipped-update counts and strategy."""
     recipe.cfg = cfg
-    recipe.on_step_end = on_step_end  # called after each step's logging and checkpoint
+    recipe.on_step_end = on_step_end
     recipe.console = console or Console(stderr=True)
     recipe.output_dir = Path(cfg.logging.output_dir)
     recipe.step = 0
@@ -87,6 +109,7 @@ def run_recipe(recipe: Recipe, command: str) -> dict[str, Any]:
     try:
         with watch:
             recipe.setup()
+            take()  # the setup's time is no step's (omrl.clock)
             return recipe.train()
     except KeyboardInterrupt as stop:
         raise ckpt.interrupted(recipe.cfg.logging.output_dir, command) from stop
@@ -106,6 +129,115 @@ def _beat(recipe: Recipe, record: dict[str, Any]) -> None:
     logger = getattr(recipe, "logger", None)
     if logger is not None and hasattr(logger, "heartbeat"):
         logger.heartbeat(record)
+
+
+# -- SETUP --------------------------------------------------------------------------------------------
+
+
+def start_setup(recipe: Recipe) -> Path | None:
+    """The start of a recipe's setup, after its own config checks: the config as checkpoints keep
+    it, the resume point (None: a fresh run), the seed and the device; returns the resume point."""
+    cfg = recipe.cfg
+    recipe.config_dict = to_dict(cfg)
+    resume_from = resume_point(
+        recipe.output_dir,
+        recipe.config_dict,
+        cfg.resume,
+        defaults=to_dict(type(cfg)()),
+        renamed=getattr(type(cfg), "renamed_keys", None),  # keys the config class renamed (omrl.config.loading)
+    )
+    seed_everything(cfg.seed)
+    recipe.device = recipe.strategy.device
+    return resume_from
+
+
+def setup_optimizer(recipe: Recipe, schedule_steps: int, extra_modules: dict[str, nn.Module] | None = None) -> None:
+    """The recipe's optimizer over the model's trainable weights and ``extra_modules``' (a value head,
+    a critic: by name), handed to its strategy, and the learning-rate schedule over ``schedule_steps``
+    optimizer steps."""
+    optim, extra_modules = recipe.cfg.optim, extra_modules or {}
+    extra = [p for module in extra_modules.values() for p in module.parameters()]
+    recipe.params = [p for p in recipe.model.parameters() if p.requires_grad] + extra
+    recipe.optimizer = build_optimizer(recipe.model, optim, extra_params=extra, fused=recipe.strategy.fused_optimizer)
+    recipe.strategy.prepare_optimizer({"policy": recipe.model, **extra_modules}, recipe.optimizer, optim.max_grad_norm)
+    recipe.scheduler = build_scheduler(recipe.optimizer, optim, schedule_steps)
+
+
+def resume(recipe: Recipe, path: Path) -> ckpt.Checkpoint:
+    """Load the checkpoint at ``path`` into the recipe's model, optimizer and schedule, and continue
+    at its step with its skipped-update counts; returns it (its data state and extras are the
+    recipe's to read)."""
+    state = ckpt.load_checkpoint(
+        path, recipe.model, optimizer=recipe.optimizer, scheduler=recipe.scheduler, strategy=recipe.strategy
+    )
+    recipe.step = state.step
+    recipe.skipped.load_state_dict(state.extra)
+    recipe.console.print(f"resuming from {path} at step {recipe.step}", highlight=False, soft_wrap=True)
+    return state
+
+
+def setup_logger(recipe: Recipe, description: str, total_steps: int) -> MetricsLogger | NullLogger:
+    """The recipe's logger, counting from its (resumed) step to ``total_steps``: the main process
+    logs; the others hold one that drops everything. The run's config.yaml is written beside it."""
+    recipe.strategy.on_main(atomic_write_text, recipe.output_dir / "config.yaml", to_yaml(recipe.cfg))
+    if not recipe.strategy.is_main:
+        return NullLogger()
+    return MetricsLogger(
+        recipe.output_dir,
+        recipe.cfg.logging,
+        total_steps,
+        start_step=recipe.step,
+        run_config=recipe.config_dict,
+        console=recipe.console,
+        description=description,
+    )
+
+
+# -- each step ----------------------------------------------------------------------------------------
+
+
+def update(recipe: Recipe, step: int, finite: bool = True) -> Update:
+    """Step ``step``'s optimizer update, or its skip when the loss (``finite``) or the gradient is not
+    finite: :func:`omrl.training.optim.apply_update`."""
+    with timed("optimizer"):
+        return apply_update(
+            recipe.strategy,
+            recipe.params,
+            recipe.optimizer,
+            recipe.scheduler,
+            recipe.skipped,
+            recipe.logger,
+            step,
+            recipe.cfg.optim.max_grad_norm,
+            finite,
+        )
+
+
+def skip_update(recipe: Recipe, step: int, why: str) -> dict[str, float]:
+    """Skip step ``step``'s update for ``why`` (nothing to learn from): no optimizer step; returns the
+    skipped-update metrics."""
+    recipe.strategy.zero_grad(recipe.optimizer)
+    return recipe.skipped.skip(why, recipe.logger, step)
+
+
+def log_step(recipe: Recipe, metrics: dict[str, Any]) -> None:
+    """The end of every step: log ``metrics`` with peak memory and where the step's time went
+    (:mod:`omrl.clock`) at the recipe's step, checkpoint every ``logging.save_steps``, then call
+    ``on_step_end``."""
+    metrics.update(peak_memory())
+    parts = take()
+    if parts:
+        metrics.update(breakdown(metrics.get("step_time", sum(parts.values())), parts))
+    with timed("log"):  # counted with the next step
+        recipe.logger.log(recipe.step, metrics)
+    save_steps = recipe.cfg.logging.save_steps
+    if save_steps and recipe.step % save_steps == 0:
+        recipe.save_checkpoint()
+    if recipe.on_step_end is not None:
+        recipe.on_step_end(recipe.step, metrics)
+
+
+# -- the end ------------------------------------------------------------------------------------------
 
 
 def save_recipe_checkpoint(recipe: Recipe, data_state: dict[str, Any], extra: dict[str, Any] | None = None) -> Path:
@@ -128,14 +260,6 @@ def save_recipe_checkpoint(recipe: Recipe, data_state: dict[str, Any], extra: di
     )
 
 
-def save_epoch_checkpoint(recipe: Any) -> Path:
-    """:func:`save_recipe_checkpoint` for a recipe that walks epochs of fixed data: where it stands
-    (epoch, index) and the data's fingerprint."""
-    return save_recipe_checkpoint(
-        recipe, data_state={"epoch": recipe.epoch, "index": recipe.index, "fingerprint": recipe.data_fingerprint}
-    )
-
-
 def save_final(recipe: Recipe) -> None:
     """The end of ``train()``: the final checkpoint (resumable; unless the last step wrote it) and
     the final model with its tokenizer in ``output_dir`` (LoRA merged in). Every process calls."""
@@ -146,99 +270,48 @@ def save_final(recipe: Recipe) -> None:
     )
 
 
-def start_setup(recipe: Any) -> Path | None:
-    """The start of an epoch recipe's setup, after its config checks: the config as checkpoints keep
-    it, the resume point (None: a fresh run), the seed and the device; returns the resume point."""
-    cfg = recipe.cfg
-    recipe.config_dict = to_dict(cfg)
-    resume_from = ckpt.resume_point(recipe.output_dir, recipe.config_dict, cfg.resume, defaults=to_dict(type(cfg)()))
-    seed_everything(cfg.seed)
-    recipe.device = recipe.strategy.device
-    return resume_from
+def close_all(*things: Any) -> None:
+    """Close each of ``things`` in order; None stands for one never opened (``setup()`` stopped
+    before it)."""
+    for thing in things:
+        if thing is not None:
+            thing.close()
 
 
-def finish_setup(recipe: Any, resume_from: Path | None, description: str, why_not: str = "") -> None:
-    """The end of it, once the recipe's model and data are set up: optimizer and schedule, the state
-    resumed from ``resume_from`` (see :func:`load_resume_state`), the logger (see :func:`setup_logger`)."""
-    setup_optimizer(recipe)
+# -- recipes that walk epochs of fixed data -----------------------------------------------------------
+
+
+def finish_setup(recipe: EpochRecipe, resume_from: Path | None, description: str, why_not: str = "") -> None:
+    """The end of an epoch recipe's setup, once its model and data are set up: optimizer and schedule,
+    the state resumed from ``resume_from`` (refused, ``why_not`` ending the message, when the training
+    data changed since), the logger."""
+    setup_optimizer(recipe, recipe.total_steps)
     if resume_from is not None:
-        load_resume_state(recipe, resume_from, why_not)
-    recipe.logger = setup_logger(recipe, description)
+        state = resume(recipe, resume_from)
+        if state.data_state.get("fingerprint") != recipe.data_fingerprint:
+            raise ckpt.CheckpointError(
+                f"cannot resume from {resume_from}: the training data changed since it was written (fingerprint "
+                f"{state.data_state.get('fingerprint')} -> {recipe.data_fingerprint}){why_not}"
+            )
+        recipe.epoch, recipe.index = state.data_state["epoch"], state.data_state["index"]
+    recipe.logger = setup_logger(recipe, description, recipe.total_steps)
 
 
-def setup_logger(recipe: Any, description: str) -> MetricsLogger | NullLogger:
-    """The recipe's logger, counting from its (resumed) step to ``total_steps``: the main process
-    logs; the others hold one that drops everything."""
-    if not recipe.strategy.is_main:
-        return NullLogger()
-    return MetricsLogger(
-        recipe.output_dir,
-        recipe.cfg.logging,
-        recipe.total_steps,
-        start_step=recipe.step,
-        run_config=recipe.config_dict,
-        console=recipe.console,
-        description=description,
+def end_step(recipe: EpochRecipe, metrics: dict[str, Any]) -> None:
+    """:func:`log_step` with where the run stands in its epochs and the skipped-update counts."""
+    log_step(
+        recipe, {**metrics, "epoch": recipe.epoch + recipe.index / recipe.micro_per_epoch, **recipe.skipped.metrics()}
     )
 
 
-def setup_optimizer(recipe: Any) -> None:
-    """The recipe's optimizer (handed to its strategy) and learning-rate schedule over ``total_steps``."""
-    optim = recipe.cfg.optim
-    recipe.optimizer = build_optimizer(recipe.model, optim, fused=recipe.strategy.fused_optimizer)
-    recipe.strategy.prepare_optimizer({"policy": recipe.model}, recipe.optimizer, optim.max_grad_norm)
-    recipe.scheduler = build_scheduler(recipe.optimizer, optim, recipe.total_steps)
-
-
-def load_resume_state(recipe: Any, path: Path, why_not: str = "") -> None:
-    """Load the checkpoint at ``path`` into ``recipe`` and continue at its step, epoch and index;
-    refused (``why_not`` ends the message) when the training data's fingerprint changed since."""
-    state = ckpt.load_checkpoint(
-        path, recipe.model, optimizer=recipe.optimizer, scheduler=recipe.scheduler, strategy=recipe.strategy
-    )
-    if state.data_state.get("fingerprint") != recipe.data_fingerprint:
-        raise ckpt.CheckpointError(
-            f"cannot resume from {path}: the training data changed since it was written (fingerprint "
-            f"{state.data_state.get('fingerprint')} -> {recipe.data_fingerprint}){why_not}"
-        )
-    recipe.step = state.step
-    recipe.epoch, recipe.index = state.data_state["epoch"], state.data_state["index"]
-    recipe.skipped.load_state_dict(state.extra)
-
-
-def update(recipe: Any, finite: bool) -> Update:
-    """The step's optimizer update (or its skip): :func:`omrl.training.optim.apply_update`."""
-    return apply_update(
-        recipe.strategy,
-        recipe.params,
-        recipe.optimizer,
-        recipe.scheduler,
-        recipe.skipped,
-        recipe.logger,
-        recipe.step,
-        recipe.cfg.optim.max_grad_norm,
-        finite,
+def save_epoch_checkpoint(recipe: EpochRecipe) -> Path:
+    """:func:`save_recipe_checkpoint` with where the recipe stands (epoch, index) and the data's fingerprint."""
+    return save_recipe_checkpoint(
+        recipe, data_state={"epoch": recipe.epoch, "index": recipe.index, "fingerprint": recipe.data_fingerprint}
     )
 
 
-def end_step(recipe: Any, metrics: dict[str, Any]) -> None:
-    """After a step: log ``metrics`` with where the run stands in its epochs, peak memory and the
-    skipped-update counts; checkpoint every ``logging.save_steps``, then call ``on_step_end``."""
-    metrics = {
-        **metrics,
-        "epoch": recipe.epoch + recipe.index / recipe.micro_per_epoch,
-        **peak_memory(),
-        **recipe.skipped.metrics(),
-    }
-    recipe.logger.log(recipe.step, metrics)
-    save_steps = recipe.cfg.logging.save_steps
-    if save_steps and recipe.step % save_steps == 0:
-        recipe.save_checkpoint()
-    if recipe.on_step_end is not None:
-        recipe.on_step_end(recipe.step, metrics)
-
-
-def finish(recipe: Any, last_loss: float, step_times: list[float], **extra: Any) -> dict[str, Any]:
+def finish(recipe: EpochRecipe, last_loss: float, step_times: list[float], **extra: Any) -> dict[str, Any]:
     """The end of an epoch recipe's ``train()``: :func:`save_final`, then the run's summary (``extra``
     after the final loss)."""
     save_final(recipe)
@@ -250,11 +323,3 @@ def finish(recipe: Any, last_loss: float, step_times: list[float], **extra: Any)
         "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
         "output_dir": str(recipe.output_dir),
     }
-
-
-def close_all(*things: Any) -> None:
-    """Close each of ``things`` in order; None stands for one never opened (``setup()`` stopped
-    before it)."""
-    for thing in things:
-        if thing is not None:
-            thing.close()

@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,31 +36,43 @@ from rich.console import Console
 
 from omrl import registry
 from omrl.algos import AlgoConfig, micro_batch_share
+from omrl.clock import timed
 from omrl.config.options import TrainRunConfig
 from omrl.rollout.mixed import is_mixed
-from omrl.training import checkpoint as ckpt
 from omrl.training import env_scale, greedy_baseline, online
+from omrl.training.critic import critic_modules, critic_state, load_critic, load_critic_state
 from omrl.training.distillation import add_teacher_rewards, load_teacher
 from omrl.training.kl_control import AdaptiveKL
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
 from omrl.training.metrics import StepCallback
-from omrl.training.model_setup import load_trainable_model
-from omrl.training.online_recipe import OnlineRecipe
-from omrl.training.policy import ValueHead, policy_forward
-from omrl.training.recipe import run_recipe
-from omrl.training.rl_data import join_columns, micro_batches, sort_by_length
-from omrl.training.rollout_correction import correct, correction_name, mismatch_means
+from omrl.training.online_run import (
+    OnlineRun,
+    end_online_step,
+    finish_online,
+    save_online_checkpoint,
+    start_online_setup,
+)
+from omrl.training.policy import policy_forward
+from omrl.training.recipe import close_all, resume, run_recipe, setup_logger, setup_optimizer, skip_update, start_recipe
+from omrl.training.recipe import update as optimizer_update
+from omrl.training.rl_data import join_columns, micro_batches, shuffled_mini_batches, sort_by_length
+from omrl.training.rollout_correction import correct, correction_name, mismatch_means, mismatch_over_processes
+from omrl.training.rollout_step import trees_per_task
 from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, with_shared_prefixes
 from omrl.training.tree_batch import chain_rows, paths_to_batch, train_each_turn_once, tree_advantage_input
 
 
-class RLRecipe(OnlineRecipe):
+class RLRecipe:
     """GRPO or PPO: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_rl`)."""
+
+    def __init__(self, cfg: TrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
+        start_recipe(self, cfg, on_step_end, console)
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, algo = self.cfg, self.cfg.algorithm
-        resume_from = self._start_setup(recipes=("grpo", "ppo"))
+        resume_from = start_online_setup(self, recipes=("grpo", "ppo"))
+        self.temperature = online.scoring_temperature(cfg)
         # the algorithms first: a wrong name or setting is refused before any model loads
         self.advantage_fn = registry.algorithms.get(algo.advantage, kind="advantage")
         self.policy_loss_fn = registry.algorithms.get(algo.policy_loss, kind="policy_loss")
@@ -72,41 +85,20 @@ class RLRecipe(OnlineRecipe):
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
             cfg, self.strategy, with_reference=algo.kl_coef > 0
         )
-        self._setup_critic()
+        self.value_head, self.critic_model = load_critic(cfg, self.strategy, self.model)  # ppo's
         self.teacher = load_teacher(cfg, self.strategy, self.tokenizer) if algo.teacher else None
-        self.session, self.task_order, self.test_tasks = online.setup_rollout(cfg, self.rollout_model, self.tokenizer)
-        critic = {
-            name: module
-            for name, module in (("value_head", self.value_head), ("critic", self.critic_model))
-            if module is not None
-        }
+        self.run = OnlineRun(cfg, self.strategy, self.model, self.rollout_model, self.tokenizer)
         passes = math.ceil(cfg.tasks_per_step * cfg.group_size / cfg.mini_batch_size) if cfg.mini_batch_size else 1
-        self._setup_optimizer(critic, updates_per_step=cfg.ppo_epochs * passes)
+        setup_optimizer(self, cfg.steps * cfg.ppo_epochs * passes, critic_modules(self.value_head, self.critic_model))
         self.loss_norm_tokens = algo.loss_norm_tokens
         if algo.loss_agg_mode == "seq-mean-token-sum-norm" and not algo.loss_norm_tokens:
             self.loss_norm_tokens = online.episode_token_budget(cfg)
-        resumed = self._finish_setup(resume_from)
+        resumed = resume(self, resume_from) if resume_from is not None else None
+        self.logger = setup_logger(self, algo.name, cfg.steps)
+        self.run.start(self.step, resumed, self.logger.warn)
         if resumed is not None:
             self.kl_control.load_state_dict(resumed.extra)
-        for module, key in ((self.value_head, "value_head"), (self.critic_model, "critic_model")):
-            if resumed is not None and module is not None:
-                missing, unexpected = self.strategy.load_weights(module, resumed.extra[key])
-                if missing or unexpected:
-                    raise ckpt.CheckpointError(
-                        f"{resumed.path}: the saved {key} does not fit: missing "
-                        f"{missing[:5]}, unexpected {unexpected[:5]}"
-                    )
-
-    def _setup_critic(self) -> None:
-        """PPO's critic: a value head on the policy's backbone, or on a backbone of its own."""
-        self.value_head, self.critic_model = None, None
-        if self.cfg.algorithm.name != "ppo":
-            return
-        if self.cfg.algorithm.critic == "model":  # trained with the value loss only
-            critic, _ = load_trainable_model(dataclasses.replace(self.cfg.model, lora_rank=0), str(self.device))
-            self.critic_model = self.strategy.prepare(critic)
-        hidden = (self.critic_model or self.model).config.get_text_config().hidden_size
-        self.value_head = ValueHead(hidden).to(self.device)
+            load_critic_state(self.strategy, resumed, self.value_head, self.critic_model)
 
     # -- TRAIN ----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -115,21 +107,21 @@ class RLRecipe(OnlineRecipe):
         while self.step < cfg.steps:
             started = time.perf_counter()
             algo = self._step_algorithm()  # this step's values: the adaptive KL coefficient moves
-            seed = online.rollout_seed(cfg, self.step, strategy)
+            seed = self.run.seed(self.step)
 
             # ROLLOUT: every sample of every task, or every path of a search's trees
-            episodes, metrics = self._rollout(started, seed)
-            if cfg.reward.per_env_scale != "none" and is_mixed(self.session):
-                metrics.update(env_scale.scale_per_env(episodes, self.session.env_names, strategy))
+            episodes, metrics = self.run.play(self.step)
+            if cfg.reward.per_env_scale != "none" and is_mixed(self.run.session):
+                metrics.update(env_scale.scale_per_env(episodes, self.run.session.env_names, strategy))
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's
             # rows are its finished paths, each whole (omrl.training.tree_batch)
             batch = sort_by_length(self._rows(episodes)).to(self.device)
             tokens = strategy.sum([batch["loss_mask"].sum()])[0]  # trained tokens on all processes
             if not tokens:
-                self._save_rollout(episodes)  # nothing trained: saved with no advantages
-                metrics.update(self._skip("no trainable episode in this rollout"))
-                self._end_step(metrics, started)
+                self.run.save_rollout(self.step, episodes)  # nothing trained: saved with no advantages
+                metrics.update(skip_update(self, self.step + 1, "no trainable episode in this rollout"))
+                end_online_step(self, metrics, started)
                 continue
 
             # LOG-PROBS of the policy that sampled (old) and of the reference; the critic's values.
@@ -138,7 +130,7 @@ class RLRecipe(OnlineRecipe):
             on_policy = self._old_log_probs_from_update(passes)
             batch = join_columns(batch, self._score_rollout(batch, on_policy))  # old/ref log-probs, values
             if not on_policy and "sampler_log_probs" in batch.tensors:  # the sampler's gap
-                metrics.update(self._mismatch(batch))
+                metrics.update(mismatch_over_processes(self.strategy, batch))
             if self.teacher is not None:  # on-policy distillation: the teacher's log-probs as a dense reward
                 metrics.update(add_teacher_rewards(batch, algo.teacher_coef, strategy))
             if self.ref_model is not None and algo.kl_in_reward and len(batch):
@@ -150,7 +142,9 @@ class RLRecipe(OnlineRecipe):
             # ADVANTAGE: one calling convention for every estimator (omrl.algos.AdvantageInput)
             greedy = self._greedy_scores(batch, seed, metrics) if self.greedy_baseline else None
             batch.tensors["advantages"], batch.tensors["returns"] = self._advantages(batch, algo, greedy)
-            self._save_rollout(episodes, batch)  # with what each row is trained with (all 0: a skipped update)
+            self.run.save_rollout(
+                self.step, episodes, batch
+            )  # with what each row is trained with (all 0: a skipped update)
             if online.searched(cfg):  # a turn several paths share: trained once, with its copies' mean advantage
                 batch = train_each_turn_once(batch)
                 trained, rows_trained, paths = strategy.sum([batch["loss_mask"].sum(), len(batch), len(episodes)])
@@ -160,12 +154,14 @@ class RLRecipe(OnlineRecipe):
                 metrics.update(correct(batch, self.correction_fn, algo) if len(batch) else {})
                 tokens = strategy.sum([batch["loss_mask"].sum()])[0]
                 if not tokens:
-                    metrics.update(self._skip(f"the rollout correction ({self.correction}) dropped every token"))
-                    self._end_step(metrics, started)
+                    why = f"the rollout correction ({self.correction}) dropped every token"
+                    metrics.update(skip_update(self, self.step + 1, why))
+                    end_online_step(self, metrics, started)
                     continue
             if not strategy.sum([batch["advantages"].any()])[0] and not self._other_loss_terms():
-                metrics.update(self._skip("every advantage is 0 (all samples of each task got the same reward)"))
-                self._end_step(metrics, started)
+                why = "every advantage is 0 (all samples of each task got the same reward)"
+                metrics.update(skip_update(self, self.step + 1, why))
+                end_online_step(self, metrics, started)
                 continue
 
             # UPDATE: ppo_epochs passes over the rollout, one optimizer step per mini-batch
@@ -174,17 +170,17 @@ class RLRecipe(OnlineRecipe):
                 # steered by the KL per token the update measured (not after a skipped update)
                 self.kl_control.update(metrics["kl_token_mean"], int(strategy.sum([len(batch)])[0]))
 
-            # EVAL (every eval_every steps and after the last) and CHECKPOINT, shared with dpo
-            self._end_step(metrics, started)
+            # EVAL (every eval_every steps and after the last) and CHECKPOINT, as dpo's
+            end_online_step(self, metrics, started)
 
-        return self._finish(metrics)
+        return finish_online(self, metrics)
 
     def _rows(self, episodes: list) -> Any:
         """The step's rows: a search's finished paths (each whole, its trees numbered per task), or
         the episodes themselves."""
         pad, cfg = self.tokenizer.pad_token_id, self.cfg
         if online.searched(cfg):
-            return paths_to_batch(episodes, online.trees_per_task(cfg), pad, cfg.reward.allocation, cfg.reward.gamma)
+            return paths_to_batch(episodes, trees_per_task(cfg), pad, cfg.reward.allocation, cfg.reward.gamma)
         return chain_rows(episodes, pad, cfg.reward.allocation, cfg.reward.gamma)
 
     def _step_algorithm(self) -> AlgoConfig:
@@ -200,7 +196,7 @@ class RLRecipe(OnlineRecipe):
         ``metrics``, averaged over processes)."""
         reward = self.cfg.reward  # the greedy episode scored as a row is: the same allocation, in the same units
         scores, found = greedy_baseline.greedy_scores(
-            self.session, batch, self.cfg.env.split, seed, reward.allocation, reward.gamma
+            self.run.session, batch, self.cfg.env.split, seed, reward.allocation, reward.gamma
         )
         found = self.strategy.sum_dicts(found)
         tasks = found.pop("greedy_tasks")
@@ -238,7 +234,7 @@ class RLRecipe(OnlineRecipe):
             loss_parts: dict[str, float] = {}  # token-weighted means over this pass
             optimizer_figures: dict[str, float] = {}  # lr, skipped_updates: the same on every process
             norms: list[float] = []
-            for mini in self._mini_batches(batch, passes, shuffle):
+            for mini in shuffled_mini_batches(batch, passes, shuffle):
                 mask = mini["loss_mask"]
                 mini_tokens, mini_seqs = strategy.sum([mask.sum(), (mask.sum(-1) > 0).sum()])
                 strategy.zero_grad(self.optimizer)
@@ -251,13 +247,16 @@ class RLRecipe(OnlineRecipe):
                         parts.update(mismatch_means(mb["old_log_probs"], mb["sampler_log_probs"], mb["loss_mask"]))
                     mb_tokens = float(mb["loss_mask"].sum())
                     share = micro_batch_share(algo.loss_agg_mode, mb["loss_mask"], mini_tokens, mini_seqs)
-                    strategy.backward(loss * share)
+                    with timed("backward"):
+                        strategy.backward(loss * share)
                     for key, value in parts.items():
                         loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / tokens * value
-                update = self._optimizer_step()
-                if "grad_norm" in update:
-                    norms.append(update.pop("grad_norm"))
-                optimizer_figures.update(update)
+                update = optimizer_update(self, self.step + 1)
+                if update.applied:
+                    norms.append(update.grad_norm)
+                    optimizer_figures["lr"] = update.lr
+                else:
+                    optimizer_figures.update(self.skipped.metrics())
         advantage_mean = float((batch["advantages"] * batch["loss_mask"]).sum()) / tokens  # this process's part
         figures = strategy.sum_dicts({**loss_parts, "advantage_mean": advantage_mean})  # parts add up over processes
         figures.update(optimizer_figures)
@@ -287,14 +286,7 @@ class RLRecipe(OnlineRecipe):
             and self.teacher is None  # the teacher's reward needs them before the advantages
         )
 
-    def _mismatch(self, batch) -> dict[str, float]:
-        """The sampler's gap to the old policy over this process's loss tokens, averaged over processes
-        by tokens (:func:`~omrl.training.rollout_correction.mismatch_means`)."""
-        tokens = float(batch["loss_mask"].sum())
-        means = mismatch_means(batch["old_log_probs"], batch["sampler_log_probs"], batch["loss_mask"])
-        total = max(self.strategy.sum([tokens])[0], 1.0)
-        return self.strategy.sum_dicts({key: value * tokens / total for key, value in means.items()})
-
+    @timed("score")
     def _score_rollout(self, batch, on_policy: bool) -> list[dict[str, torch.Tensor]]:
         """Every micro-batch's rollout-time columns (see :meth:`_score`); none when no forward is
         needed before the update (on-policy, and no reference)."""
@@ -308,14 +300,6 @@ class RLRecipe(OnlineRecipe):
                     micro_batches(batch, self.cfg.optim.micro_batch_size), idle=score, backward=False
                 )
             ]
-
-    def _mini_batches(self, batch, count: int, shuffle: torch.Generator) -> list:
-        """This process's rows in ``count`` shuffled mini-batches (every process takes as many),
-        each sorted by length (some may be empty)."""
-        if count <= 1:
-            return [batch]
-        order = torch.randperm(len(batch), generator=shuffle)
-        return [sort_by_length(batch.rows(part)) for part in torch.tensor_split(order, count)]
 
     def _score(self, mb, on_policy: bool) -> dict[str, torch.Tensor]:
         """The rollout-time columns of micro-batch ``mb``: old_log_probs (unless the update gives
@@ -358,6 +342,7 @@ class RLRecipe(OnlineRecipe):
             and supports_shared_prefix(self.model)
         )
 
+    @timed("forward")
     def _policy_forward(self, mb, prefix: SharedPrefix | None = None) -> dict[str, torch.Tensor]:
         """The update's forward: log-probs, entropy and (ppo) values of ``mb``."""
         return self.strategy.forward(
@@ -390,13 +375,14 @@ class RLRecipe(OnlineRecipe):
             )["values"]
         return out
 
-    def _checkpoint_extra(self) -> dict[str, Any]:
-        extra = {**super()._checkpoint_extra(), **self.kl_control.state_dict()}
-        if self.value_head is not None:
-            extra["value_head"] = self.strategy.state_dict(self.value_head, all_ranks=False)
-        if self.critic_model is not None:
-            extra["critic_model"] = self.strategy.state_dict(self.critic_model, all_ranks=False)
-        return extra
+    def save_checkpoint(self) -> Path:
+        """Every process calls; the main one writes. Besides the policy: the adaptive KL's state, the critic."""
+        critic = critic_state(self.strategy, self.value_head, self.critic_model)
+        return save_online_checkpoint(self, {**self.kl_control.state_dict(), **critic})
+
+    # -- CLEANUP --------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        close_all(*(getattr(self, name, None) for name in ("run", "logger", "strategy")))
 
 
 def run_rl(

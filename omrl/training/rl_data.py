@@ -125,6 +125,15 @@ def sort_by_length(batch: Batch) -> Batch:
     return batch.rows(order)
 
 
+def shuffled_mini_batches(batch: Batch, count: int, shuffle: torch.Generator) -> list[Batch]:
+    """This process's rows in ``count`` shuffled mini-batches (every process takes as many), each sorted
+    by length (some may be empty)."""
+    if count <= 1:
+        return [batch]
+    order = torch.randperm(len(batch), generator=shuffle)
+    return [sort_by_length(batch.rows(part)) for part in torch.tensor_split(order, count)]
+
+
 def micro_batches(batch: Batch, size: int) -> list[Batch]:
     """Consecutive micro-batches, each trimmed to its own longest row.
 

@@ -58,6 +58,14 @@ def correct(batch, correction_fn, algo) -> dict[str, float]:
     return {key: float(value) for key, value in metrics.items()}
 
 
+def mismatch_over_processes(strategy: Any, batch: Any) -> dict[str, float]:
+    """:func:`mismatch_means` of ``batch``'s loss tokens, averaged over processes by their tokens."""
+    tokens = float(batch["loss_mask"].sum())
+    means = mismatch_means(batch["old_log_probs"], batch["sampler_log_probs"], batch["loss_mask"])
+    total = max(strategy.sum([tokens])[0], 1.0)
+    return strategy.sum_dicts({key: value * tokens / total for key, value in means.items()})
+
+
 def mismatch_means(
     old_log_probs: torch.Tensor, sampler_log_probs: torch.Tensor, loss_mask: torch.Tensor
 ) -> dict[str, float]:

@@ -36,7 +36,7 @@ from rich.console import Console
 
 from omrl.atomic import atomic_write_text
 from omrl.chat import check_history
-from omrl.config import to_yaml
+from omrl.clock import timed
 from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
 from omrl.data.mixture import MIX_FILE, dataset_sources, draw_mixture, mix_json, mix_line, mix_summary
@@ -90,13 +90,11 @@ class SftRecipe:
                 f"{cfg.max_seq_length} and were dropped"
             )
         self._report_mix()
-        self.strategy.on_main(atomic_write_text, self.output_dir / "config.yaml", to_yaml(cfg))
 
     def _setup_model(self) -> None:
         check_context_window(self.cfg.model.name, self.cfg.max_seq_length, "max_seq_length")
         model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device), self.cfg.chat)
         self.model = self.strategy.prepare(model)  # sharded under FSDP (under ZeRO-3 with the optimizer)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
 
     def _setup_data(self) -> None:
         cfg = self.cfg
@@ -210,14 +208,15 @@ class SftRecipe:
                 loss = self._forward(batch) / label_tokens
                 # backward even when not finite (the step is skipped below): when sharded every process
                 # must take part in each backward's collectives
-                strategy.backward(loss)
+                with timed("backward"):
+                    strategy.backward(loss)
                 finite = finite and bool(torch.isfinite(loss))
                 loss_value += loss.item()
 
             # UPDATE: sum gradients over processes, clip, step, or skip a non-finite step
             loss_value, nonfinite_anywhere = strategy.sum([loss_value, not finite])
             finite = not nonfinite_anywhere
-            grad_norm, lr, applied = recipe.update(self, finite)
+            grad_norm, lr, applied = recipe.update(self, self.step, finite)
             if applied:
                 last_loss = loss_value
 
@@ -238,6 +237,7 @@ class SftRecipe:
         # SAVE: the final checkpoint (resumable) and the final model (LoRA merged)
         return recipe.finish(self, last_loss, step_times, **({"data_mix": self.mix} if self.mix else {}))
 
+    @timed("forward")
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """A micro-batch's summed token loss, through the strategy (a forward it counts)."""
         return self.strategy.forward(self._loss_sum, batch)

@@ -9,6 +9,9 @@
 - :mod:`omrl.view.compare` puts two evals side by side (``omrl view A B``).
 - :mod:`omrl.view.page` renders the self-contained page; :mod:`omrl.view.server` serves it.
 - :mod:`omrl.view.plot` writes the learning curves as PNG (``omrl plot``).
+- :mod:`omrl.view.readers` reads episodes from the three kinds of files, :mod:`omrl.view.groups`
+  the advantages and search trees, :mod:`omrl.view.agents` episodes an agent program played, and
+  :mod:`omrl.view.bounds` caps how much one answer carries.
 
 Nothing here imports torch: a page for a 10,000-episode run must open in seconds.
 """

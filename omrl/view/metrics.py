@@ -35,6 +35,7 @@ PANELS: list[tuple[str, str, Callable[[str], bool]]] = [
     ("Entropy", "entropy", lambda k: "entropy" in k),
     ("Loss", "loss", lambda k: "loss" in k),
     ("Lengths", "lengths", lambda k: k in ("turns", "tokens") or k.endswith("_tokens") or "length" in k),
+    ("Where a step's time goes (s)", "parts", lambda k: k.startswith("time/") or k == "prefill_time"),
     ("Step time (s)", "time", lambda k: k.endswith("_time")),
     ("Throughput (tokens/s)", "throughput", lambda k: "per_s" in k),
 ]

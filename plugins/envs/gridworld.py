@@ -270,6 +270,15 @@ class GridWorld(Env):
         shortest = [move for move in self._maze.open_moves(self._agent) if lands_closer(move)]
         return min(shortest, key=preference)
 
+    def expert_thought(self) -> str:
+        """Where the goal is and why the expert's move goes there (a detour when walls are in the way)."""
+        move = self.expert_action()
+        if move is None or self._maze is None:
+            return ""
+        goal = describe(self._maze, self._agent, False).split(".")[0].removeprefix("goal: ")
+        toward = move in goal  # the move's own direction is part of the goal's offset
+        return f"The goal is {goal}; {move} {'gets closer' if toward else 'goes around the walls'}."
+
     def action_from_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
         """``move(direction="up")`` -> ``up``; any other tool stays as its name (an invalid action)."""
         if name == "move":

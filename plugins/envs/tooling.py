@@ -198,6 +198,9 @@ class ToolEnv(Env):
             return action
         return f"{ANSWER_TOOL}[{action}]"
 
+    def expert_thought(self) -> str:
+        return self.inner.expert_thought()
+
     def end_tools(self) -> None:
         for tool in self.own_tools.values():
             tool.end_episode()

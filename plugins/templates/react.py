@@ -51,8 +51,9 @@ def _thought(before_act: str) -> str | None:
 class ReactTemplate(Template):
     """ReAct: a "Think:" line of reasoning, then an "Act:" line with one action.
 
-    ``format_ok`` needs exactly a "Think:" marker at the start (its text may be
-    empty) and then one "Act:" line with a non-empty action, nothing after it.
+    ``format_ok`` needs a "Think:" marker at the start (its text may be empty) and
+    then one "Act:" line with a non-empty action, nothing after it; a reply with no
+    thought may be the "Act:" line alone (as :meth:`format_action` writes it).
     Sloppy replies still yield an action with ``format_ok`` False: "Action:" or
     markdown markers, an action on the line below "Act:", quoted actions, or no
     "Act:" at all but a line that reads as an action.
@@ -62,8 +63,9 @@ class ReactTemplate(Template):
         return reply_format_prompt(self, env, REPLY_FORMAT)
 
     def format_action(self, action: str, env: Any, thought: str = "") -> str:
-        """``action`` written as a well-formatted reply."""
-        return f"Think: {thought}".rstrip() + f"\nAct: {action}"
+        """``action`` written as a well-formatted reply; with no thought, the "Act:" line alone (an
+        empty "Think:" line in SFT data would teach a model to write one)."""
+        return f"Think: {thought.strip()}\nAct: {action}" if thought.strip() else f"Act: {action}"
 
     def parse(self, response: str, env: Any) -> ParsedAction:
         text = without_reasoning(response).strip()
@@ -79,11 +81,16 @@ class ReactTemplate(Template):
             if action:
                 action, unwrapped = unwrap(action)
                 markers = list(KEYWORD_LINE.finditer(text))
-                ok = (
-                    len(markers) == 2
+                opens = (
+                    bool(markers)
                     and markers[0].start() == 0
-                    and markers[0].group(0) == "Think:"
-                    and markers[1].start() == marker.start()
+                    and (
+                        (len(markers) == 2 and markers[0].group(0) == "Think:") or len(markers) == 1  # no thought
+                    )
+                )
+                ok = (
+                    opens
+                    and markers[-1].start() == marker.start()
                     and marker.group(0).strip() == "Act:"
                     and on_act_line
                     and not rest

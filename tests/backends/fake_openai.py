@@ -11,14 +11,24 @@ With ``rl_routes`` (as ``VLLM_SERVER_DEV_MODE=1 vllm serve``): vLLM's ``/pause``
 ``/collective_rpc`` (``reload_weights`` from a ``weights_path`` folder of safetensors, loaded into
 the served model for real), ``/reset_prefix_cache``, ``/update_weight_version``, ``/weight_info``
 and ``/get_world_size``. ``self.calls`` lists the RL routes called, in order.
+
+With ``lora_routes`` (as ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True vllm serve --enable-lora``):
+``/v1/load_lora_adapter`` loads a peft adapter folder onto a copy of the served model for real, served
+from then on under its ``lora_name``; ``/v1/unload_lora_adapter`` drops it. Answers as vLLM's: plain
+text on success, a JSON error (400 for a name loaded twice, 404 for an unknown one) otherwise; a
+completion naming an adapter that is not loaded is a 404. ``lora_enabled=False`` answers a load with
+vLLM's 500 of a server started without ``--enable-lora``. ``served_name``, when set, is the only base
+model name served (any other unknown name is a 404 too); ``self.lora_calls`` lists (route, name).
 """
 
+import copy
 import socket
 import threading
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from omrl.backends.base import SamplingParams
 
@@ -136,6 +146,47 @@ class FakeOpenAIServer:
             rl("get_world_size")
             return {"world_size": 1}
 
+        self.lora_routes = True
+        self.lora_enabled = True
+        self.served_name: str | None = None
+        self.adapters: dict = {}  # lora_name -> an HFBackend of the served model with the adapter merged
+        self.lora_calls: list[tuple[str, str]] = []
+        self.unloaded: dict = {}  # adapters loaded once, then unloaded (unknown names again), kept for tests
+
+        def lora_error(status: int, kind: str, message: str) -> JSONResponse:
+            error = {"message": message, "type": kind, "param": None, "code": status}
+            return JSONResponse({"error": error}, status_code=status)
+
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(request: Request):
+            if not self.lora_routes:
+                raise HTTPException(404, "Not Found")
+            body = await request.json()
+            name, path = body.get("lora_name"), body.get("lora_path")
+            self.lora_calls.append(("load", name))
+            if not name or not path:
+                return lora_error(400, "InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided.")
+            if name in self.adapters:
+                return lora_error(400, "InvalidUserInput", f"The lora adapter '{name}' has already been loaded.")
+            if not self.lora_enabled:
+                return lora_error(500, "InternalServerError", "LoRA is not enabled. Use --enable-lora to enable LoRA.")
+            try:
+                self.adapters[name] = self._with_adapter(Path(path))
+            except Exception as exc:  # what peft refuses, vLLM refuses too
+                return lora_error(400, "BadRequestError", f"Loading lora {name} failed: {exc}")
+            return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(request: Request):
+            if not self.lora_routes:
+                raise HTTPException(404, "Not Found")
+            name = (await request.json()).get("lora_name")
+            self.lora_calls.append(("unload", name))
+            if name not in self.adapters:
+                return lora_error(404, "NotFoundError", f"The lora adapter '{name}' cannot be found.")
+            self.unloaded[name] = self.adapters.pop(name)
+            return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
@@ -146,7 +197,25 @@ class FakeOpenAIServer:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
+    def _served(self, name):
+        """The backend serving model ``name``: an adapter's, or the base model's."""
+        if name in self.adapters:
+            return self.adapters[name]
+        if name in self.unloaded or self.served_name is not None and name != self.served_name:
+            raise HTTPException(404, f"The model `{name}` does not exist.")
+        return self.backend
+
+    def _with_adapter(self, folder: Path):
+        """A copy of the served model with the peft adapter in ``folder`` on it (merged: served as one model)."""
+        from peft import PeftModel
+
+        from omrl.backends.hf import HFBackend
+
+        model = PeftModel.from_pretrained(copy.deepcopy(self.backend.model), str(folder)).merge_and_unload()
+        return HFBackend(model.eval(), self.tokenizer)
+
     def _generate(self, prompt: list[int], body: dict):
+        backend = self._served(body.get("model"))
         self.backend.take_stats()
         params = SamplingParams(
             max_new_tokens=body.get("max_tokens", 16),
@@ -154,7 +223,10 @@ class FakeOpenAIServer:
             top_p=body.get("top_p", 1.0),
             seed=body.get("seed"),
         )
-        return self.backend.generate([prompt], params)[0]
+        gen = backend.generate([prompt], params)[0]
+        if backend is not self.backend:  # the usage's cache figures are read from the base backend's stats
+            self.backend.stats = backend.take_stats()
+        return gen
 
     def _reload(self, folder: Path) -> None:
         """vLLM's reload_weights from a folder: every safetensors file in it, into the served model."""

@@ -166,14 +166,14 @@ def test_a_refused_prefix_reset_is_an_error(served):
 
 
 def test_what_cannot_work_is_refused_naming_the_valid_choices():
-    with pytest.raises(ConfigError, match="valid: none, files, nccl"):
+    with pytest.raises(ConfigError, match="valid: none, files, nccl, lora"):
         check_weight_sync(GenerationConfig(backend="openai", weight_sync="rsync"), trains=True)
     with pytest.raises(ConfigError, match="hf backend gets them in process"):
         check_weight_sync(GenerationConfig(backend="hf", weight_sync="files"), trains=True)
     with pytest.raises(ConfigError, match="needs the trained weights on the server: set generation.weight_sync"):
         check_weight_sync(GenerationConfig(backend="openai"), trains=True)
     check_weight_sync(GenerationConfig(backend="openai"), trains=False)  # evaluation needs no weights
-    with pytest.raises(ConfigError, match="model.lora_rank=8 trains adapters the server does not have"):
+    with pytest.raises(ConfigError, match="model.lora_rank=8 trains adapters: set generation.weight_sync=lora"):
         check_weight_sync(GenerationConfig(backend="openai", weight_sync="files"), trains=True, lora_rank=8)
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="weight_sync=nccl"):
@@ -183,7 +183,7 @@ def test_what_cannot_work_is_refused_naming_the_valid_choices():
 def test_openai_backend_without_weight_sync_refuses_weights(served):
     server, trainer, tokenizer = served
     backend = make_backend("openai", tokenizer, GenerationConfig(base_url=server.base_url), model_name="tiny")
-    with pytest.raises(OmrlError, match="only with generation.weight_sync=files"):
+    with pytest.raises(OmrlError, match="only with generation.weight_sync=files, nccl or lora"):
         backend.update_weights(trainer.state_dict())
 
 

@@ -1,5 +1,5 @@
 """The cached chat-template pieces give exactly the ids of full renders, and a template they cannot
-be proven for is rendered in full (omrl.chat.pieces, issue 16)."""
+be proven for is rendered in full (omrl.chat.pieces and omrl.chat.increments, issue 16)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_random_conversations_match_full_renders_token_for_token(tokenizer, seed
     # the pieces did the work: both built-in templates are provably piecewise, with and without tools
     for kwargs in ({}, {"tools": TOOLS}):
         for has_system in (True, False):
-            assert chat_cache.turn_pieces(tokenizer, render, kwargs, has_system) is not None
+            assert chat_cache.turn_pieces(tokenizer, kwargs, has_system) is not None
 
 
 def test_after_the_first_turn_nothing_is_rendered(tokenizer, monkeypatch):
@@ -186,7 +186,7 @@ UNPROVABLE = {
 @pytest.mark.parametrize("why", sorted(UNPROVABLE))
 def test_a_template_that_cannot_be_proven_piecewise_renders_in_full(tokenizer, why):
     tokenizer.chat_template = UNPROVABLE[why]
-    assert chat_cache.turn_pieces(tokenizer, render, {}, True) is None
+    assert chat_cache.turn_pieces(tokenizer, {}, True) is None
     rng = random.Random(why)
     messages = [{"role": "system", "content": "Play."}]
     for _ in range(5):  # a worked example long enough to pass the 7th message
@@ -210,7 +210,7 @@ def test_the_system_prompt_in_the_last_message_still_raises(tokenizer):
         "{{ m.content + '<|im_end|>\\n' }}{% elif m.role == 'assistant' %}{{ '<|im_start|>assistant\\n' + m.content"
         " + '<|im_end|>\\n' }}{% endif %}{% endfor %}" + GENERATION_PROMPT
     )
-    assert chat_cache.turn_pieces(tokenizer, render, {}, True) is None
+    assert chat_cache.turn_pieces(tokenizer, {}, True) is None
     chat = [
         {"role": "system", "content": "Play."},
         {"role": "user", "content": "go"},
@@ -226,7 +226,7 @@ def test_an_opening_split_where_bpe_could_merge_is_encoded_whole(tokenizer):
         "{% for m in messages %}{{ m.role + ':' + m.content + '\\n' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
     )
-    assert chat_cache.turn_pieces(tokenizer, render, {}, True) is not None
+    assert chat_cache.turn_pieces(tokenizer, {}, True) is not None
     shared = [
         {"role": "system", "content": "Play.  "},
         {"role": "user", "content": "a"},
@@ -251,10 +251,7 @@ def test_other_chat_shapes_render_in_full(tokenizer):
         ],
     ]
     for chat in odd:
-        assert (
-            chat_cache.next_turn_ids(tokenizer, chat, "next", tokenizer.eos_token, {}, render, encode_text, lambda: "")
-            is None
-        )
+        assert chat_cache.entry_for(tokenizer, chat, {}, "assistant") is None
         assert next_turn_ids(tokenizer, chat, "next", tokenizer.eos_token) == full_turn_ids(
             tokenizer, chat, "next", tokenizer.eos_token
         )
@@ -266,7 +263,7 @@ def test_pieces_that_a_real_turn_contradicts_are_dropped_with_a_warning(tokenize
         {"role": "user", "content": "go"},
         {"role": "assistant", "content": "up"},
     ]
-    pieces = chat_cache.turn_pieces(tokenizer, render, {}, True)
+    pieces = chat_cache.turn_pieces(tokenizer, {}, True)
     entry = next(iter(chat_cache._CACHES[tokenizer].entries.values()))
     entry.pieces = chat_cache.TurnPieces(
         pieces.end, pieces.before + "wrong ", pieces.after, pieces.first_before, pieces.first_after
@@ -275,7 +272,7 @@ def test_pieces_that_a_real_turn_contradicts_are_dropped_with_a_warning(tokenize
         assert next_turn_ids(tokenizer, chat, "ok", tokenizer.eos_token) == full_turn_ids(
             tokenizer, chat, "ok", tokenizer.eos_token
         )
-    assert chat_cache.turn_pieces(tokenizer, render, {}, True) is None
+    assert chat_cache.turn_pieces(tokenizer, {}, True) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert next_turn_ids(tokenizer, chat, "ok", tokenizer.eos_token) == full_turn_ids(

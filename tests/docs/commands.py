@@ -1,4 +1,5 @@
-"""Every ``omrl ...`` command line in README.md and docs/*.md, and a check of one against the real CLI."""
+"""Every ``omrl ...`` command line in README.md, the contributor's guides and docs/*.md, and a check of
+one against the real CLI."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ PLACEHOLDER = re.compile(r"\.\.\.|<[^>]*>")
 
 
 def doc_files() -> list[Path]:
-    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    return [REPO / "README.md", REPO / "CONTRIBUTING.md", REPO / "AGENTS.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 
 def omrl_args(segment: str) -> list[str] | None:

@@ -1,4 +1,5 @@
-"""The docs' home page: an install command that is the README's, and a link to every page of the site."""
+"""The docs' home page: an install command and a quickstart that are the README's, and a link to every page
+of the site."""
 
 from __future__ import annotations
 
@@ -19,3 +20,16 @@ def test_the_home_page_installs_as_the_readme_does_and_links_every_page():
     pages = {page for entry in nav for page in entry.values()} - {"index.md"}
     linked = set(re.findall(r"\]\(([a-z-]+\.md)\)", home))
     assert pages <= linked, sorted(pages - linked)
+
+
+def block_after(text: str, heading: str) -> list[str]:
+    """The lines of the first fenced block under ``heading``."""
+    section = text.split(f"\n{heading}\n", 1)[1]
+    return section.split("```", 2)[1].splitlines()[1:]
+
+
+def test_the_home_pages_quickstart_is_the_readmes_first_ten_minutes():
+    home = block_after((ROOT / "docs" / "index.md").read_text(), "## Quickstart")
+    readme = block_after((ROOT / "README.md").read_text(), "## The first ten minutes, with `tiny`")
+    assert len(readme) >= 5 and readme[0] == "omrl env play gridworld"
+    assert home == readme

@@ -1,4 +1,5 @@
-"""The documentation site builds with warnings as errors (broken links, missing pages, a broken hook)."""
+"""The documentation site builds with warnings as errors (broken links, missing pages, a broken hook), with
+its generated pages: the CLI reference and CONTRIBUTING.md."""
 
 from __future__ import annotations
 
@@ -27,3 +28,7 @@ def test_mkdocs_build_strict(tmp_path):
     for anchor in ("omrl-train", "omrl-rm-train", "omrl-env-serve", "omrl-checkpoint-trust", "config-keys", "rm-train"):
         assert f'id="{anchor}"' in reference, anchor
     assert "optim.learning_rate" in reference
+    # CONTRIBUTING.md is a page of the site, its links to docs/ pages pointing at the site's own
+    contributing = (site / "contributing" / "index.html").read_text(encoding="utf-8")
+    assert "Layers: what may import what" in contributing
+    assert 'href="../layout/"' in contributing and "docs/layout.md" not in contributing

@@ -21,7 +21,7 @@ import verifiers.legacy as vf  # noqa: E402
 
 from omrl import registry  # noqa: E402
 from omrl.chat import encode_conversation  # noqa: E402
-from omrl.chat.specials import encode_plain  # noqa: E402
+from omrl.chat.encoding import encode_plain  # noqa: E402
 from omrl.chat.tool_calls import call_text  # noqa: E402
 from omrl.envs import EpisodeFinishedError, UnknownTaskError, create_env  # noqa: E402
 from omrl.errors import ConfigError  # noqa: E402

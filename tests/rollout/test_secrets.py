@@ -14,6 +14,7 @@ from omrl.cli import main
 from omrl.config import load_config, to_dict, to_yaml
 from omrl.config.options import EvalRunConfig, TrainRunConfig
 from omrl.training import checkpoint as ckpt
+from omrl.training.resume import resume_checkpoint
 from tests.helpers import gridworld_grpo_config, keys_eval
 
 SECRET = "s3cret-tok-9f2c"
@@ -101,9 +102,9 @@ def test_a_checkpoint_with_a_secret_in_clear_still_resumes_with_the_redacted_con
     model, _ = tiny_model
     ckpt.save_checkpoint(tmp_path, 1, model, config={"seed": 0, "plugins": {"agentgym": {"token": SECRET}}})
     now = {"seed": 0, "plugins": {"agentgym": {"token": REDACTED}}}
-    assert ckpt.resume_checkpoint(tmp_path, now).name == "step-00000001"
+    assert resume_checkpoint(tmp_path, now).name == "step-00000001"
     with pytest.raises(ckpt.CheckpointError, match="seed: 0 -> 1"):  # other keys are still compared
-        ckpt.resume_checkpoint(tmp_path, {**now, "seed": 1})
+        resume_checkpoint(tmp_path, {**now, "seed": 1})
 
 
 class Stop(Exception):

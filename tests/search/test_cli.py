@@ -95,7 +95,7 @@ def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path
     assert metrics["search/strategy"] == "best_of_n" and metrics["search/budget_per_task"] == 48
     assert 0 < metrics["search/generated_tokens"] <= 2 * 48
     assert {"success_rate", "mean_score", "search/any_success_rate"} <= set(metrics)
-    assert data["config"]["strategy"] == "best_of_n" and data["config"]["budget"] == 48
+    assert data["config"]["rollout"] == {"strategy": "best_of_n", "budget": 48}
 
 
 @pytest.mark.parametrize(

@@ -210,7 +210,7 @@ def _final_model(path, scale: float):
     from safetensors.torch import load_file, save_file
 
     from omrl.models import MODEL_MANIFEST, resolve_model_path
-    from omrl.training.checkpoint import manifest
+    from omrl.models.manifest import manifest
 
     if path.exists():
         shutil.rmtree(path)

@@ -64,6 +64,7 @@ CASES = {
         # good
         (SHOP, "Think: find shoes first\nAct: search[red shoes]", "search[red shoes]", True),
         (SHOP, "Think:\nAct: click[Buy Now]", "click[Buy Now]", True),
+        (SHOP, "Act: click[a]", "click[a]", True),  # no thought: the Act line alone
         (
             ROOM,
             "Think: need a list\nAct: bash\n```bash\nls -1 /etc | wc -l\n```",
@@ -78,7 +79,8 @@ CASES = {
         (SHOP, "Think: ok\nAct: click[a]\nObservation: you clicked a", "click[a]", False),
         (SHOP, "Think: ok\nAct: `click[a]`", "click[a]", False),
         (SHOP, "Think: ok\nAct:\nclick[a]", "click[a]", False),
-        (SHOP, "Act: click[a]", "click[a]", False),
+        (SHOP, "Act: click[a]\nThink: done", "click[a]", False),
+        (SHOP, "I pick it. Act: click[a]", "click[a]", False),
         (ROOM, "I will look around.\nGo North", "go north", False),
         # garbage
         (SHOP, "I really do not know what to do here.", None, False),

@@ -12,6 +12,7 @@ import torch
 from omrl.config.options import OptimConfig
 from omrl.training import checkpoint as ckpt
 from omrl.training.optim import build_optimizer, build_scheduler
+from omrl.training.resume import resume_checkpoint
 
 
 def _train_one_step(model, optimizer, scheduler):
@@ -117,13 +118,13 @@ def test_resume_refuses_a_different_config_naming_the_keys(tmp_path, trained):
     _save(tmp_path, trained, 1)
     changed = {"seed": 1, "optim": {"lr": 2.0}, "logging": {"logging_steps": 5}}
     with pytest.raises(ckpt.CheckpointError) as info:
-        ckpt.resume_checkpoint(tmp_path, changed)
+        resume_checkpoint(tmp_path, changed)
     message = str(info.value)
     assert "seed: 0 -> 1" in message and "optim.lr: 1.0 -> 2.0" in message and "logging_steps" not in message
     same = {"seed": 0, "optim": {"lr": 1.0}, "description": "renamed", "logging": {"save_steps": 9}}
-    assert ckpt.resume_checkpoint(tmp_path, same).name == "step-00000001"
+    assert resume_checkpoint(tmp_path, same).name == "step-00000001"
     with pytest.raises(ckpt.CheckpointError, match="nothing to resume"):
-        ckpt.resume_checkpoint(tmp_path / "elsewhere", same)
+        resume_checkpoint(tmp_path / "elsewhere", same)
 
 
 def test_an_option_newer_than_the_checkpoint_warns_at_its_default_and_refuses_otherwise(tmp_path, trained):
@@ -133,7 +134,7 @@ def test_an_option_newer_than_the_checkpoint_warns_at_its_default_and_refuses_ot
     with pytest.warns(
         UserWarning, match=r"before omrl had the option\(s\) env.demonstration: .*env.demonstration=True"
     ):
-        assert ckpt.resume_checkpoint(tmp_path, newer, defaults=defaults).name == "step-00000001"
+        assert resume_checkpoint(tmp_path, newer, defaults=defaults).name == "step-00000001"
     changed = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": False}}
     with pytest.raises(ckpt.CheckpointError, match="env.demonstration: '<absent>' -> False"):
-        ckpt.resume_checkpoint(tmp_path, changed, defaults=defaults)
+        resume_checkpoint(tmp_path, changed, defaults=defaults)

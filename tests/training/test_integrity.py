@@ -17,6 +17,7 @@ from omrl.errors import DamagedModelError, WriteFailed
 from omrl.models import MODEL_MANIFEST, load_model, resolve_model_path
 from omrl.training import checkpoint as ckpt
 from omrl.training.model_setup import save_final_model
+from omrl.training.resume import resume_checkpoint
 from tests.training.helpers import sft_command
 
 TORCH_FULL = RuntimeError(
@@ -77,14 +78,14 @@ def test_a_checkpoint_without_digests_is_refused_on_resume_until_vouched_for(tmp
     _as_an_older_omrl(path)
     _flip_a_byte(path / "model" / "model.safetensors")  # nothing can tell: it must not be resumed silently
     with pytest.raises(ckpt.CheckpointError, match="lists no sha256 digests") as refused:
-        ckpt.resume_checkpoint(tmp_path, {"seed": 0})
+        resume_checkpoint(tmp_path, {"seed": 0})
     assert str(path) in str(refused.value) and f"omrl checkpoint trust {path}" in str(refused.value)
 
     assert ckpt.trust_checkpoint(path) and not ckpt.trust_checkpoint(path)  # the second time: left as it is
-    assert ckpt.resume_checkpoint(tmp_path, {"seed": 0}) == path
+    assert resume_checkpoint(tmp_path, {"seed": 0}) == path
     _flip_a_byte(path / "model" / "model.safetensors", offset=-200)  # from now on a change is found
     with pytest.raises(ckpt.CheckpointError, match="model/model.safetensors changed since it was written"):
-        ckpt.resume_checkpoint(tmp_path, {"seed": 0})
+        resume_checkpoint(tmp_path, {"seed": 0})
 
 
 def test_trusting_something_that_is_not_a_checkpoint_is_refused(tmp_path, capsys):

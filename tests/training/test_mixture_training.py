@@ -20,8 +20,8 @@ from omrl.errors import ConfigError
 from omrl.rollout import RolloutSession
 from omrl.training.checkpoint import CheckpointError
 from omrl.training.metrics import per_env_metrics, read_metrics
-from omrl.training.online import step_metrics
 from omrl.training.rl import run_rl
+from omrl.training.rollout_step import step_metrics
 from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
 
 QUIET = Console(file=io.StringIO())

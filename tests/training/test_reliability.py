@@ -81,9 +81,9 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(rl_config):
 @pytest.fixture
 def no_wait(monkeypatch):
     """A step whose every episode failed is played again at once (not after seconds)."""
-    import omrl.training.online_recipe
+    import omrl.training.rollout_health
 
-    monkeypatch.setattr(omrl.training.online_recipe, "ENV_FAILURE_WAIT", 0.0)
+    monkeypatch.setattr(omrl.training.rollout_health, "ENV_FAILURE_WAIT", 0.0)
 
 
 def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, register_plugin, no_wait):
@@ -101,9 +101,9 @@ def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, reg
 
 def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(rl_config, register_plugin, monkeypatch):
     """DPO plays such a step again too (as GRPO does), then stops without counting it."""
-    import omrl.training.online_recipe
+    import omrl.training.rollout_health
 
-    monkeypatch.setattr(omrl.training.online_recipe, "ENV_FAILURE_WAIT", 0.0)
+    monkeypatch.setattr(omrl.training.rollout_health, "ENV_FAILURE_WAIT", 0.0)
     monkeypatch.setattr(DeadServerEnv, "resets", 0)
     register_plugin(EnvPlugin("dead_server", DeadServerEnv), name="dead-server")
     cfg = rl_config("env.name=dead_server", "eval_tasks=0", "logging.save_steps=1", algo="dpo")
@@ -114,7 +114,7 @@ def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(rl_conf
     ):
         run_rl(cfg, console=QUIET)
     assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
-    assert DeadServerEnv.resets >= 2 * (1 + omrl.training.online_recipe.ENV_FAILURE_REPLAYS)  # played, then replayed
+    assert DeadServerEnv.resets >= 2 * (1 + omrl.training.rollout_health.ENV_FAILURE_REPLAYS)  # played, then replayed
 
 
 class FlakyServerEnv(GridWorld):

@@ -103,19 +103,19 @@ def test_evaluation_samples_each_test_task_at_the_eval_temperature(rl_config):
     played = []
     try:
         recipe.setup()
-        play = recipe.session.play
+        play = recipe.run.session.play
 
         def spy(tasks, **kwargs):
             episodes = play(tasks, **kwargs)
-            played.append((len(episodes), recipe.session.limits.temperature))
+            played.append((len(episodes), recipe.run.session.limits.temperature))
             return episodes
 
-        recipe.session.play = spy
-        result = recipe.evaluate()
+        recipe.run.session.play = spy
+        result = recipe.run.evaluate()
     finally:
         recipe.cleanup()
     assert played == [(6, 1.0)]  # 2 tasks x 3 samples, sampled rather than greedy
-    assert recipe.session.limits.temperature == 0.7  # the rollouts' sampling is back
+    assert recipe.run.session.limits.temperature == 0.7  # the rollouts' sampling is back
     assert 0.0 <= result["eval_success"] <= 1.0
 
 

@@ -10,7 +10,7 @@ from omrl.config import load_config
 from omrl.config.options import TrainRunConfig
 from omrl.models import load_model
 from omrl.training.metrics import read_metrics
-from omrl.training.online_recipe import SamplerStale
+from omrl.training.online_run import SamplerStale
 from omrl.training.rl import run_rl
 from tests.backends.fake_openai import FakeOpenAIServer
 from tests.training.helpers import SampleIndexReward

@@ -11,7 +11,7 @@ import pytest
 
 from omrl.config.options import DeadlineConfig
 from omrl.supervisor import StageStalled, supervise
-from omrl.training import async_generation, online, online_recipe
+from omrl.training import async_generation, online, online_run
 from omrl.training.rl import run_rl
 from tests.helpers import gridworld_grpo_config
 
@@ -24,8 +24,8 @@ def hang(*args, **kwargs):
     "stage, module, name",
     [
         ("weight_sync", online, "_sync"),
-        ("checkpoint", online_recipe, "save_recipe_checkpoint"),
-        ("eval", online_recipe, "evaluate"),
+        ("checkpoint", online_run, "save_recipe_checkpoint"),
+        ("eval", online_run, "evaluate"),
     ],
 )
 def test_a_training_stage_that_hangs_stops_the_run_named(tiny_model_dir, tmp_path, monkeypatch, stage, module, name):

@@ -94,9 +94,9 @@ class Faults:
 
 @pytest.fixture
 def faults(register_plugin, monkeypatch):
-    from omrl.training import online_recipe
+    from omrl.training import rollout_health
 
-    monkeypatch.setattr(online_recipe, "ENV_FAILURE_WAIT", 0.1)  # the replay of a step the judge failed: no 5 s wait
+    monkeypatch.setattr(rollout_health, "ENV_FAILURE_WAIT", 0.1)  # the replay of a step the judge failed: no 5 s wait
     RELEASE.clear()
     plugin = register_plugin(Faults(), name="faults")
     yield plugin

@@ -17,7 +17,7 @@ from omrl.hookspecs import hookimpl
 from omrl.rollout import RolloutSession
 from omrl.search import StrategyTraits, strategy_traits
 from omrl.search.sweep import cells_of
-from omrl.training import online
+from omrl.training import online, rollout_step
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
 from omrl.view import open_run
@@ -120,7 +120,7 @@ def test_the_plugins_batched_rollout_is_the_sessions_own(config):
     # what `omrl train` played before every rollout went through the strategy: session.play, unchanged
     cfg = config("rollout.strategy=relay", "generation.temperature=1.0")
     with RolloutSession.from_config(cfg) as session:
-        through_plugin = online.play_step(cfg, session, [0, 1], seed=7)
+        through_plugin = rollout_step.play_step(cfg, session, [0, 1], seed=7)
         direct = session.play([0, 1], split=cfg.env.split, group_size=cfg.group_size, seed=7)
     difference = first_difference(through_plugin, direct)
     assert difference is None, difference
@@ -135,7 +135,7 @@ def test_what_a_strategy_declares_decides_how_the_core_treats_it(config):
         config("rollout.strategy=pick"),
     )
     assert not online.searched(batched) and online.searched(with_budget) and online.searched(tree)
-    assert online.trees_per_task(batched) == 1 and online.trees_per_task(tree) == 3  # group_size trees
+    assert rollout_step.trees_per_task(batched) == 1 and rollout_step.trees_per_task(tree) == 3  # group_size trees
     assert cells_of(["relay", "pick"], [100, 200]) == [("relay", None), ("pick", 100), ("pick", 200)]
 
 

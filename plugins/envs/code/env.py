@@ -73,6 +73,11 @@ class CodeEnv(ToolEnv):
             return f"python[print({expression})]"
         return super().expert_action()
 
+    def expert_thought(self) -> str:
+        if self.expert_uses_tool and expression_in(self.question) is not None:
+            return "Python computes it exactly." if self.calls == 0 else "Python printed the answer."
+        return super().expert_thought()
+
 
 def code_variant(inner: str, package: str = "", extra: str = "") -> type[CodeEnv]:
     """``code:<inner>``: CodeEnv with its wrapped env fixed, as its own registry name."""

@@ -1,4 +1,5 @@
-"""Text from envs, tools, datasets and models is never parsed into special tokens.
+"""Text to ids, with a message's text never parsed into special tokens: the bottom layer of
+:mod:`omrl.chat` (it imports nothing of the package).
 
 A chat template's own structure (``<|im_start|>``, ``<|im_end|>``, ...) must become special
 tokens, but the same strings inside a message (an env that echoes an invalid action, a web
@@ -9,16 +10,17 @@ tokens it never sampled.
 So every entry point that renders messages first *marks* them: each special token's string
 inside a message's text is replaced by a private-use character that stands for it
 (:func:`mark_messages`). The template renders the marked text as it would the original, and
-:func:`encode_marked` encodes the result: the special tokens still in it are the template's
+:func:`encode_chat` encodes the result: the special tokens still in it are the template's
 own, and the pieces between them are encoded with no special token parsed, the marks turned
 back into the strings they stand for. A text with no mark encodes exactly as
-:func:`omrl.chat.render.encode_text` encodes it, so chats without such strings are unchanged.
+:func:`encode_text` encodes it, so chats without such strings are unchanged.
 """
 
 from __future__ import annotations
 
 import re
 import weakref
+from functools import lru_cache
 from typing import Any, Sequence
 
 MARK_BASE = 0xF0000  # Supplementary Private Use Area-A: no tokenizer or text uses it for anything
@@ -147,24 +149,51 @@ def _mark_value(marks: _Marks, value: Any) -> Any:
     return value
 
 
-def encode_reply(tokenizer: Any, text: str) -> list[int]:
-    """Ids of a model's reply that came back as text (an endpoint that sends no ids): a special token's
-    string in it is text, since the server's detokenizer drops the real ones; an added token's (``<think>``,
-    ``<tool_call>``) is that token, as the model samples it. Not memoised: a reply is seen once."""
-    from omrl.chat.render import encode_text
-
-    marks = _marks(tokenizer)
-    if marks.find_special is not None and marks.only_special.search(text):
-        text = marks.only_special.sub(lambda m: marks.to_mark[m.group()], text)
-    return encode_marked(tokenizer, text, encode_text)
-
-
 def unmark(tokenizer: Any, text: str) -> str:
     """``text`` with its marks turned back into the special-token strings they stand for."""
     marks = _marks(tokenizer)
     if marks.find_mark is None:
         return text
     return marks.find_mark.sub(lambda m: marks.from_mark[m.group()], text)
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Token ids of a template fragment (special tokens in the text are parsed as such).
+
+    The ids of ``tokenizer.encode(text, add_special_tokens=False)``. A fast tokenizer
+    whose encoding transformers does not customise is asked directly (about half the
+    time: no offsets, no Python wrapping) while its Rust tokenizer is in the state
+    transformers would put it in (no truncation, no padding, special tokens parsed
+    as ``split_special_tokens`` says); otherwise transformers encodes (and resets that state).
+    """
+    if not text:
+        return []
+    backend = tokenizer.backend_tokenizer if _plain_fast(type(tokenizer)) else None
+    if (
+        backend is not None
+        and backend.truncation is None
+        and backend.padding is None
+        and backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False))
+    ):
+        return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@lru_cache(maxsize=None)
+def _plain_fast(cls: type) -> bool:
+    """Whether ``cls`` encodes as transformers' fast tokenizers do: straight through its Rust tokenizer."""
+    try:
+        from tokenizers import Tokenizer
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return False
+    return (
+        issubclass(cls, TokenizersBackend)
+        and cls.encode is PreTrainedTokenizerBase.encode
+        and cls._encode_plus is TokenizersBackend._encode_plus
+        and hasattr(Tokenizer, "encode_batch_fast")
+    )
 
 
 def encode_plain(tokenizer: Any, text: str) -> list[int]:
@@ -185,13 +214,13 @@ def encode_plain(tokenizer: Any, text: str) -> list[int]:
     return ids + (tokenizer.encode(rest, add_special_tokens=False, split_special_tokens=True) if rest else [])
 
 
-def encode_marked(tokenizer: Any, text: str, encode: Any) -> list[int]:
-    """Ids of a rendered, marked chat: the special tokens in ``text`` are the template's and become their
-    ids; the text between them is encoded with none parsed, its marks restored. ``encode`` encodes a
-    text without marks (:func:`omrl.chat.render.encode_text`), exactly as before marks existed."""
+def encode_chat(tokenizer: Any, text: str) -> list[int]:
+    """Ids of a rendered chat whose message text was marked (:func:`mark_messages`): the special tokens in
+    ``text`` are the template's and become their ids; the text between them is encoded with none parsed, its
+    marks restored. A text without marks is encoded by :func:`encode_text`, exactly as before marks existed."""
     marks = _marks(tokenizer)
     if marks.find_mark is None or not marks.find_mark.search(text):
-        return encode(tokenizer, text)
+        return encode_text(tokenizer, text)
     ids: list[int] = []
     start = 0
     for special in marks.find_special.finditer(text):  # type: ignore[union-attr]
@@ -199,3 +228,13 @@ def encode_marked(tokenizer: Any, text: str, encode: Any) -> list[int]:
         ids.append(marks.ids[special.group()])
         start = special.end()
     return ids + encode_plain(tokenizer, unmark(tokenizer, text[start:]))
+
+
+def encode_reply(tokenizer: Any, text: str) -> list[int]:
+    """Ids of a model's reply that came back as text (an endpoint that sends no ids): a special token's
+    string in it is text, since the server's detokenizer drops the real ones; an added token's (``<think>``,
+    ``<tool_call>``) is that token, as the model samples it. Not memoised: a reply is seen once."""
+    marks = _marks(tokenizer)
+    if marks.find_special is not None and marks.only_special.search(text):
+        text = marks.only_special.sub(lambda m: marks.to_mark[m.group()], text)
+    return encode_chat(tokenizer, text)

@@ -1,0 +1,161 @@
+"""Where a run resumes: the newest intact checkpoint of its output directory, whose config must be the
+run's own (:func:`resume_point`).
+
+Resuming with a config that differs from the saved one fails naming the keys, except keys in
+:data:`MAY_CHANGE_ON_RESUME` (they change neither the data nor the maths: logging, checkpoint
+cadence, gradient checkpointing, the NaN patience), keys raised that extend a run
+(:data:`EXTEND_ON_RESUME`) and secrets (tokens, keys: ``state.json`` holds them redacted, see
+:func:`omrl.config.redact`). A damaged checkpoint is skipped for the one before it; one an older omrl
+wrote, with no manifest, is refused until ``omrl checkpoint trust`` vouches for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterable
+
+from omrl.training.checkpoint import (
+    CHECKPOINTS_DIR,
+    CheckpointError,
+    complete_checkpoints,
+    damage,
+    has_manifest,
+    latest_checkpoint,
+)
+
+# Dotted config keys (or prefixes ending in ".") that may differ between a run and its resumption.
+MAY_CHANGE_ON_RESUME = ("description", "logging.", "model.gradient_checkpointing", "optim.max_nan_steps", "resume")
+# keys that extend a run rather than change it: raised on resume, a run (finished or not) goes on
+EXTEND_ON_RESUME = ("steps", "num_train_epochs")
+
+
+def resume_point(
+    output_dir: str | os.PathLike,
+    config: dict[str, Any],
+    resume: bool,
+    defaults: dict[str, Any] | None = None,
+    renamed: dict[str, str] | None = None,
+) -> Path | None:
+    """Where a recipe starts: with ``resume``, the checkpoint to continue from (see
+    :func:`resume_checkpoint`); else None, refusing to start fresh over an earlier run's checkpoints."""
+    if resume:
+        return resume_checkpoint(output_dir, config, defaults=defaults, renamed=renamed)
+    if latest_checkpoint(output_dir) is not None:
+        raise CheckpointError(
+            f"{output_dir} holds checkpoints of an earlier run; pass --resume to continue it, "
+            "or choose another output_dir"
+        )
+    return None
+
+
+def check_same_config(
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    may_change: Iterable[str] = MAY_CHANGE_ON_RESUME,
+    defaults: dict[str, Any] | None = None,
+    renamed: dict[str, str] | None = None,
+) -> None:
+    """Raise naming every key (outside ``may_change``) whose value differs between the configs.
+
+    An option the saved run did not have yet (a newer omrl added it) only warns when it is at its
+    value in ``defaults``: the run can go on, and the user learns what it now uses. ``renamed``
+    maps dotted keys an older omrl saved to their names now."""
+    from omrl.config import redact
+
+    allowed = tuple(may_change)
+    # redacted as the current config is: a checkpoint from before a redaction rule holds the secret in clear
+    old = {(renamed or {}).get(k, k): v for k, v in _flatten(redact(saved)).items()}
+    new = _flatten(json.loads(json.dumps(current, default=str)))
+    default = _flatten(json.loads(json.dumps(defaults or {}, default=str)))
+    added = sorted(k for k in set(new) - set(old) if k in default and default[k] == new[k])
+    if added:
+        warnings.warn(
+            f"resuming a run made before omrl had the option(s) {', '.join(added)}: they take their "
+            f"defaults ({', '.join(f'{k}={new[k]!r}' for k in added)})",
+            stacklevel=2,
+        )
+    differ = [
+        k
+        for k in sorted(set(old) | set(new))
+        if k not in added
+        and old.get(k, "<absent>") != new.get(k, "<absent>")
+        and not _secret(k)
+        and not any(k == a or (a.endswith(".") and k.startswith(a)) for a in allowed)
+        and not _extended(k, old.get(k), new.get(k))
+    ]
+    if differ:
+        details = "; ".join(f"{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in differ)
+        raise CheckpointError(
+            f"cannot resume: the config differs from the checkpoint's in {details}. "
+            f"Use the original values, or start a new run in another output_dir "
+            f"(keys that may change: {', '.join(a + '*' if a.endswith('.') else a for a in allowed)}; "
+            f"that may be raised: {', '.join(EXTEND_ON_RESUME)})"
+        )
+
+
+def _extended(key: str, old: Any, new: Any) -> bool:
+    """Whether ``key`` went up on resume and is one that extends a run (:data:`EXTEND_ON_RESUME`)."""
+    numbers = isinstance(old, (int, float)) and isinstance(new, (int, float))
+    return key in EXTEND_ON_RESUME and numbers and new > old
+
+
+def _secret(key: str) -> bool:
+    """A secret may change on resume (a rotated token): checkpoints keep it redacted (see
+    :func:`omrl.config.to_dict`), older ones in clear, and the run uses the one it is given now."""
+    from omrl.config import is_secret_key
+
+    return any(is_secret_key(part) for part in key.split("."))
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resume_checkpoint(
+    output_dir: str | os.PathLike,
+    config: dict[str, Any],
+    may_change: Iterable[str] = MAY_CHANGE_ON_RESUME,
+    defaults: dict[str, Any] | None = None,
+    renamed: dict[str, str] | None = None,
+) -> Path:
+    """The checkpoint to resume from: the newest complete one, whose config must match ``config``
+    (``defaults``, ``renamed``: see :func:`check_same_config`)."""
+    found = complete_checkpoints(output_dir)
+    if not found:
+        raise CheckpointError(
+            f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
+            "run without --resume to start fresh"
+        )
+    for path in reversed(found):  # the newest intact one
+        if not has_manifest(path):
+            raise _unverified(path)
+        problem = damage(path)
+        if problem is None:
+            break
+        warnings.warn(f"not resuming from {path}: {problem}; trying the checkpoint before it", stacklevel=2)
+    else:
+        raise CheckpointError(
+            f"every checkpoint in {Path(output_dir) / CHECKPOINTS_DIR} is damaged (the newest: "
+            f"{damage(found[-1])}); start a new run in another output_dir"
+        )
+    saved = json.loads((path / "state.json").read_text())["config"]
+    check_same_config(saved, config, may_change, defaults, renamed)
+    return path
+
+
+def _unverified(path: Path) -> CheckpointError:
+    return CheckpointError(
+        f"cannot resume from {path}: an older omrl wrote it, and it lists no sha256 digests of its files, so "
+        "damage since (a flipped byte in its weights would become this run's model) cannot be found. If you "
+        f"trust its files, vouch for them with `omrl checkpoint trust {path}` and resume "
+        "again; else start a new run in another output_dir"
+    )

@@ -1,0 +1,48 @@
+"""docs/templates.md's worked example runs as written: a tiny Qwen3 with Qwen3's own chat template,
+trained and evaluated with thinking off and on, each run's option reaching its eval's prompts."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from omrl.data.trajectory import read_episodes
+from omrl.models import load_tokenizer
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "templates.md"
+
+pytestmark = pytest.mark.slow  # a model built, two trains and two evals
+
+
+def block(info: str) -> str:
+    (found,) = re.findall(rf"^```{re.escape(info)}\n(.*?)^```", DOC.read_text(encoding="utf-8"), flags=re.S | re.M)
+    return found
+
+
+def test_the_thinking_example_runs_and_each_eval_prompts_as_its_run_trained(tmp_path):
+    (tmp_path / "tiny_qwen3.py").write_text(block("python tiny_qwen3.py"), encoding="utf-8")
+    commands = [line for line in block("bash thinking-example").splitlines() if line.strip()]
+    assert len(commands) == 6 and sum("enable_thinking=" in line for line in commands) == 2
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    for command in commands:
+        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    tokenizer = load_tokenizer(str(tmp_path / "tiny-qwen3"))
+    for name, thinking in (("qwen3-no-thinking", False), ("qwen3-thinking", True)):
+        config = yaml.safe_load((tmp_path / "runs" / name / "config.yaml").read_text())
+        assert config["chat"]["template_kwargs"] == {"enable_thinking": thinking}
+        episodes = read_episodes(tmp_path / "evals" / name / "episodes.parquet")
+        prompts = [tokenizer.decode(ep.token_ids[: ep.prompt_length]) for ep in episodes]
+        assert len(prompts) == 2
+        for prompt in prompts:
+            assert prompt.endswith("<|im_start|>assistant\n" + ("" if thinking else "<think>\n\n</think>\n\n")), prompt
