@@ -121,29 +121,13 @@ def slow_env_server(latency: float) -> Iterator[list[str]]:
     if not latency:
         yield DEFAULT_JOB
         return
+    from mixture_rollout import register_slow_envs
     from rich.console import Console
     from search_budget import gridworld_sft
 
-    from omrl import registry
-    from omrl.hookspecs import hookimpl
-    from omrl.plugins import load_plugins
     from omrl.serve import background_server, create_app
 
-    gridworld = registry.envs.get("gridworld")
-
-    class SlowGridworld(gridworld):
-        """gridworld whose every step takes ``latency`` seconds longer, as a remote env's does."""
-
-        def step(self, action):
-            time.sleep(latency)
-            return super().step(action)
-
-    class Plugin:
-        @hookimpl
-        def register_envs(self, register):
-            register("slow-gridworld", SlowGridworld)
-
-    load_plugins().register(Plugin(), name="benchmark-slow-gridworld")
+    register_slow_envs(latency)  # slow-gridworld: every step takes ``latency`` seconds longer
     # shared with benchmarks/search_budget.py and reward_models.py: made once
     model = gridworld_sft(
         Path(__file__).resolve().parents[1] / "runs" / "search-budget" / "gridworld-sft", 0, Console(stderr=True)

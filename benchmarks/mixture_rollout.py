@@ -38,7 +38,8 @@ FAST = "reasoning-gym:letter_counting"
 
 
 def register_slow_envs(latency: float) -> None:
-    """``slow-gridworld`` and ``slow-gridworld-2``: gridworld whose every step sleeps ``latency`` s first."""
+    """``slow-gridworld`` and ``slow-gridworld-2``: gridworld whose every step sleeps ``latency`` s first,
+    as a remote env's does (async_overlap.py serves ``slow-gridworld`` over HTTP)."""
     gridworld = registry.envs.get("gridworld")
 
     class SlowGridworld(gridworld):

@@ -47,8 +47,8 @@ prefill_tokens)``). Steady state: the median over the steps after the first. The
 (min and median over rounds): omrl's steady s/step over TRL's, and the same per sampled token
 (``s/step / tokens/step``: the two sides sample different numbers of turns, so this is the
 comparison "at equal tokens"). Target: omrl <= 0.5x TRL's time per step at equal tokens, and no more
-memory. On a miss, one more run of each side goes under cProfile (``--no-profile``: none) and the
-time of their main parts is printed.
+memory. Then one more run of each side goes under cProfile (``--no-profile``: none) and the time of
+their main parts, per step, is printed and recorded.
 """
 
 from __future__ import annotations
@@ -546,10 +546,14 @@ def tool_model_dir(source: str, trl_python: str, into: Path) -> str:
 
 def warm_up(model_dir: str, out: Path, steps: int, threads: int) -> str:
     """``model_dir``'s model after ``steps`` steps of supervised fine-tuning (8 examples a step, AdamW,
-    lr 1e-4) on expert episodes of the task: the question, the ``multiply`` call, the tool's result,
-    the product. SmolLM2-135M-Instruct as shipped never calls the tool (0 of 8 samples at temperature
-    1, with or without a worked example in the prompt), so without this every episode would be one
-    turn. Written once to ``out`` (with the tool chat template) and reused; both sides load it."""
+    lr 1e-4) on expert episodes of the task, two kinds alternating: the question, the ``multiply``
+    call, the tool's result, the product; and the question answered at once with the product (which a
+    model can only imitate by guessing). SmolLM2-135M-Instruct as shipped never calls the tool (0 of 8
+    samples at temperature 1, with or without a worked example in the prompt), so without this every
+    episode would be one turn; with tool episodes alone it learns to call the tool every time, every
+    sample of a task earns the same reward and omrl skips every update (GRPO advantages all 0) while
+    TRL still runs its. With both kinds, a group's samples call the tool or guess, and differ.
+    Written once to ``out`` (with the tool chat template) and reused; both sides load it."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -561,15 +565,15 @@ def warm_up(model_dir: str, out: Path, steps: int, threads: int) -> str:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tools = [Calculator().multiply]
     examples = []
-    for a, b in make_tasks(8 * steps, seed=2):
+    for n, (a, b) in enumerate(make_tasks(8 * steps, seed=2)):
         call = {"type": "function", "function": {"name": "multiply", "arguments": {"a": a, "b": b}}}
-        chat = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": QUESTION.format(a=a, b=b)},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "name": "multiply", "content": str(a * b)},
-            {"role": "assistant", "content": str(a * b)},
-        ]
+        chat = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION.format(a=a, b=b)}]
+        if n % 2 == 0:  # the tool's episode
+            chat += [
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "multiply", "content": str(a * b)},
+            ]
+        chat.append({"role": "assistant", "content": str(a * b)})
         prompt = tokenizer.apply_chat_template(chat[:2], tools=tools, add_generation_prompt=True, return_dict=False)
         ids = tokenizer.apply_chat_template(chat, tools=tools, return_dict=False)
         examples.append((ids, len(prompt)))  # trained on everything after the question
@@ -682,7 +686,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--omrl-arg", action="append", default=[], help="extra key=value for omrl train")
-    parser.add_argument("--no-profile", dest="profile", action="store_false", help="no cProfile runs on a miss")
+    parser.add_argument("--no-profile", dest="profile", action="store_false", help="no cProfile run of each side")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 2 steps of 1x2, 1 round")
     parser.add_argument("--json", type=Path, help="where the results go (default: results/trl_multiturn.json)")
     parser.add_argument("--trl-worker", help=argparse.SUPPRESS)
@@ -721,7 +725,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = tool_model_dir(resolve_model_path(args.model), args.trl_python, Path(tmp, "model"))
         if args.warmup_steps:
-            cache = omrl_home() / "benchmarks" / f"trl_multiturn-{Path(args.model).name}-warm{args.warmup_steps}"
+            cache = omrl_home() / "benchmarks" / f"trl_multiturn-{Path(args.model).name}-warm{args.warmup_steps}-mixed"
             model_dir = warm_up(model_dir, cache, args.warmup_steps, args.threads)
         prompt_ids, messages, products = omrl_prompts(args, model_dir)
         spec = {
@@ -753,7 +757,7 @@ def main() -> None:
         token_ratios = [per_token(o["steps"]) / per_token(t["steps"]) for o, t in zip(runs["omrl"], runs["trl"])]
         memory_ratios = [o["peak_rss"] / t["peak_rss"] for o, t in zip(runs["omrl"], runs["trl"])]
         met = statistics.median(token_ratios) <= TARGET and max(memory_ratios) <= 1.0
-        if not met and args.profile:
+        if args.profile:
             found = profile(args, spec, model_dir, tmp)
 
     trl_version = runs["trl"][0]["versions"]["trl"]

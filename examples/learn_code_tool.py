@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -48,6 +49,9 @@ from omrl.rollout import RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
+from common import grpo_settings, sft_settings, stage, standard_error  # noqa: E402
 
 NAME = "code:reasoning-gym:products"
 ENV = [
@@ -150,81 +154,35 @@ def held_out(model: str, budget: Budget, seed: int, tasks: int = 0) -> dict[str,
     }
     # the standard errors over tasks (each task's samples averaged first: they are not independent)
     per_task = [episodes[i : i + budget.eval_samples] for i in range(0, len(episodes), budget.eval_samples)]
-    out["success_se"] = _se([sum(ep.won for ep in group) / len(group) for group in per_task])
-    out["tool_call_rate_se"] = _se(
+    out["success_se"] = standard_error([sum(ep.won for ep in group) / len(group) for group in per_task])
+    out["tool_call_rate_se"] = standard_error(
         [sum(any(t.info.get("tool") for t in ep.turns) for ep in group) / len(group) for group in per_task]
     )
     return out
 
 
-def _se(values: list[float]) -> float:
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
 def sft_stage(tool: Path, direct: Path, out: Path, budget: Budget, seed: int) -> Path:
-    run_sft(
-        load_config(
-            SftRunConfig,
-            None,
-            [
-                f"model.name={budget.model}",
-                f"dataset={tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}",
-                f"logging.output_dir={out}",
-                f"num_train_epochs={budget.sft_epochs}",
-                f"optim.learning_rate={budget.sft_learning_rate}",
-                "optim.lr_schedule=cosine",
-                "optim.warmup_steps=10",
-                f"optim.micro_batch_size={budget.micro_batch_size}",
-                "max_seq_length=1024",
-                "packing=false",
-                f"seed={seed}",
-                "logging.tensorboard=false",
-                "logging.logging_steps=50",
-            ],
-        )
-    )
+    """SFT on both experts' episodes, ``tool_share`` of the draw from the tool's."""
+    dataset = f"{tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}"
+    run_sft(load_config(SftRunConfig, None, sft_settings(out, budget, seed, dataset, warmup_steps=10)))
     return out
 
 
 def grpo_stage(model: Path, out: Path, budget: Budget, seed: int) -> Path:
+    """GRPO from the SFT model ``model``, reward 1 for a right answer; resumed from a checkpoint in ``out``."""
     overrides = [
         f"model.name={model}",
         *ENV,
         *GENERATION,
-        f"logging.output_dir={out}",
-        "logging.tensorboard=false",
-        f"steps={budget.grpo_steps}",
-        f"tasks_per_step={budget.tasks_per_step}",
-        f"group_size={budget.group_size}",
+        *grpo_settings(out, budget, seed),
         f"mini_batch_size={budget.mini_batch_size}",
         f"ppo_epochs={budget.ppo_epochs}",
-        f"algorithm.kl_coef={budget.kl_coef}",
-        "reward.weights={goal: 1.0}",
-        f"optim.learning_rate={budget.grpo_learning_rate}",
-        f"optim.micro_batch_size={budget.micro_batch_size}",
-        "algorithm.loss_agg_mode=seq-mean-token-mean",
-        "generation.temperature=1.0",
         "eval_every=0",
         "logging.save_steps=4",
         f"resume={str(out.exists() and latest_checkpoint(out) is not None).lower()}",
-        f"seed={seed}",
     ]
     run_rl(load_config(TrainRunConfig, "grpo", overrides))
     return out
-
-
-def stage(out: Path, name: str, run):
-    """Run a stage once: its result is kept in ``<out>/<name>.json`` and read back on a rerun."""
-    path = out / f"{name}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    result = run()
-    atomic_write_text(path, json.dumps(result, indent=2))
-    return result
 
 
 def main(out: Path, budget: Budget, seed: int = 0) -> dict:

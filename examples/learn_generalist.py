@@ -34,11 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from omrl.atomic import atomic_save_figure, atomic_write_text
+from omrl.atomic import atomic_write_text
 from omrl.config import load_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.data import write_episodes
@@ -46,6 +47,9 @@ from omrl.rollout import RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
+from common import grpo_settings, save_figure, sft_settings  # noqa: E402
 
 #: the envs and each one's own settings (a YAML list for env.mix)
 ENVS = {
@@ -173,29 +177,12 @@ def macro(per_env: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def sft_stage(data: Path, out: Path, budget: Budget, seed: int) -> Path:
-    """SFT of ``budget.model`` on every env's expert turns."""
-    run_sft(
-        load_config(
-            SftRunConfig,
-            None,
-            [
-                f"model.name={budget.model}",
-                f"dataset={data}",
-                f"logging.output_dir={out}",
-                f"num_train_epochs={budget.sft_epochs}",
-                f"optim.learning_rate={budget.sft_learning_rate}",
-                "optim.lr_schedule=cosine",
-                "optim.warmup_steps=30",
-                f"optim.micro_batch_size={budget.micro_batch_size}",
-                "max_seq_length=1024",
-                "packing=false",
-                f"seed={seed}",
-                "logging.tensorboard=false",
-                "logging.logging_steps=50",
-                f"resume={str((out / 'checkpoints').exists()).lower()}",
-            ],
-        )
-    )
+    """SFT of ``budget.model`` on every env's expert turns; resumed when stopped."""
+    overrides = [
+        *sft_settings(out, budget, seed, data, warmup_steps=30),
+        f"resume={str((out / 'checkpoints').exists()).lower()}",
+    ]
+    run_sft(load_config(SftRunConfig, None, overrides))
     return out
 
 
@@ -220,25 +207,14 @@ def grpo_stage(
                 "env.name=gridworld",
                 mix(envs),
                 *GENERATION,
-                f"logging.output_dir={out}",
-                "logging.tensorboard=false",
+                *grpo_settings(out, budget, seed, reward, tasks_per_step=tasks),
                 "logging.save_steps=2",
                 f"resume={str(latest_checkpoint(out) is not None).lower()}",
-                f"steps={budget.grpo_steps}",
-                f"tasks_per_step={tasks}",
-                f"group_size={budget.group_size}",
                 f"mini_batch_size={budget.mini_batch_size}",
                 f"ppo_epochs={budget.ppo_epochs}",
-                f"algorithm.kl_coef={budget.kl_coef}",
                 f"algorithm.advantage={budget.advantage}",
                 f"algorithm.gamma={budget.gamma}",
                 "eval_tasks=0",
-                f"reward.weights={reward}",
-                f"optim.learning_rate={budget.grpo_learning_rate}",
-                f"optim.micro_batch_size={budget.micro_batch_size}",
-                "algorithm.loss_agg_mode=seq-mean-token-mean",
-                "generation.temperature=1.0",
-                f"seed={seed}",
                 *overrides,
             ],
         )
@@ -373,9 +349,7 @@ def plot(summary: dict, path: Path) -> None:
     ax.set_ylim(0, 100)
     ax.set_title(f"{summary['budget']['model']}, three envs: SFT then GRPO on the mixture")
     ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    atomic_save_figure(fig, path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from omrl.atomic import atomic_save_figure, atomic_write_text
+from omrl.atomic import atomic_write_text
 from omrl.config import load_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.data import write_episodes
@@ -33,6 +34,9 @@ from omrl.evaluation import evaluate
 from omrl.rollout import RolloutSession
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
+from common import grpo_settings, save_figure, sft_settings  # noqa: E402
 
 ENV = ["env.name=gridworld", "env.template=react", "env.max_turns=12"]
 GENERATION = ["generation.max_new_tokens=12", "generation.max_context=1024", "generation.batch_size=64"]
@@ -59,6 +63,8 @@ class Budget:
     # into the same wall) are compared by their discounted return, so each move gets its own credit
     advantage: str = "gigpo"
     gamma: float = 0.9
+    model: str = "tiny"  # what SFT starts from (random init)
+    micro_batch_size: int = 16  # rows a forward pass, SFT and GRPO
 
 
 FULL = Budget(
@@ -107,28 +113,8 @@ def expert_data(path: Path, episodes: int) -> Path:
 
 
 def sft_stage(data: Path, out: Path, budget: Budget, seed: int) -> Path:
-    """SFT of the random-init ``tiny`` model on the expert's turns."""
-    run_sft(
-        load_config(
-            SftRunConfig,
-            None,
-            [
-                "model.name=tiny",
-                f"dataset={data}",
-                f"logging.output_dir={out}",
-                f"num_train_epochs={budget.sft_epochs}",
-                f"optim.learning_rate={budget.sft_learning_rate}",
-                "optim.lr_schedule=cosine",
-                "optim.warmup_steps=30",
-                "optim.micro_batch_size=16",
-                "max_seq_length=1024",
-                "packing=false",
-                f"seed={seed}",
-                "logging.tensorboard=false",
-                "logging.logging_steps=50",
-            ],
-        )
-    )
+    """SFT of ``budget.model`` (the random-init ``tiny``) on the expert's turns."""
+    run_sft(load_config(SftRunConfig, None, sft_settings(out, budget, seed, data, warmup_steps=30)))
     return out
 
 
@@ -151,26 +137,15 @@ def grpo_stage(
                 f"model.name={model}",
                 *ENV,
                 *GENERATION,
-                f"logging.output_dir={out}",
-                "logging.tensorboard=false",
-                f"steps={budget.grpo_steps}",
-                f"tasks_per_step={budget.tasks_per_step}",
-                f"group_size={budget.group_size}",
+                *grpo_settings(out, budget, seed, reward),
                 f"mini_batch_size={budget.mini_batch_size}",
                 f"ppo_epochs={budget.ppo_epochs}",
-                f"algorithm.kl_coef={budget.kl_coef}",
                 f"algorithm.advantage={budget.advantage}",
                 f"algorithm.gamma={budget.gamma}",
                 f"eval_every={budget.eval_every}",
                 f"eval_tasks={budget.eval_tasks}",
                 "eval_temperature=1.0",
                 f"eval_samples_per_task={budget.eval_samples}",
-                f"reward.weights={reward}",
-                f"optim.learning_rate={budget.grpo_learning_rate}",
-                "optim.micro_batch_size=16",
-                "algorithm.loss_agg_mode=seq-mean-token-mean",
-                "generation.temperature=1.0",
-                f"seed={seed}",
                 *overrides,
             ],
         ),
@@ -188,7 +163,7 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
 
     # EXPERT DATA, and the random-init model BEFORE training
     data = expert_data(out / "expert.parquet", budget.expert_episodes)
-    before = report("before SFT", held_out_success("tiny", budget, seed))
+    before = report("before SFT", held_out_success(budget.model, budget, seed))
 
     # SFT on the expert's turns
     sft_dir = sft_stage(data, out / "sft", budget, seed)
@@ -246,9 +221,7 @@ def plot(summary: dict, path: Path) -> None:
     ax.set_ylim(0, 100)
     ax.set_title("tiny model on gridworld: SFT, then GRPO")
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    atomic_save_figure(fig, path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

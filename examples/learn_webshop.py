@@ -79,12 +79,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from omrl.atomic import atomic_save_figure, atomic_write_text
+from omrl.atomic import atomic_write_text
 from omrl.errors import ConfigError
 from omrl.threads import configure_threads
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # webshop_stages beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # webshop_stages.py and common.py beside this file
 import webshop_stages as ws  # noqa: E402
+from common import save_figure  # noqa: E402
 
 STAGES = ("expert", "sft", "rl", "eval")
 TARGET_SFT_SUCCESS = 0.25
@@ -308,9 +309,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_ylim(0, 100)
     ax.set_title(f"{results['settings']['model']} on WebShop: SFT, then GRPO")
     ax.legend(loc="upper left")
-    fig.tight_layout()
-    atomic_save_figure(fig, path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":

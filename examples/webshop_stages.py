@@ -8,11 +8,12 @@ rollouts and evaluations then see the very prompts the model was fine-tuned on.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from common import standard_error  # examples/common.py: learn_webshop.py puts this folder on sys.path
 
 from omrl.config import load_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
@@ -266,19 +267,6 @@ def summarize(episodes: list[Episode]) -> dict[str, Any]:
         "mean_turns": len(turns) / len(episodes),
         "per_goal": {"task_ids": goals, "success": success, "score": score},
     }
-
-
-def standard_error(values: list[float]) -> float:
-    """The standard error of the mean of ``values`` (0 for fewer than two).
-
-    >>> round(standard_error([0.0, 1.0, 1.0, 0.0]), 4)
-    0.2887
-    """
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def _mean(values) -> float:

@@ -35,6 +35,7 @@ import json
 import math
 import random
 import re
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -48,6 +49,9 @@ from omrl.rollout import RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/common.py
+from common import grpo_settings, sft_settings, stage, standard_error  # noqa: E402
 
 QUESTION = re.compile(r"What is (\d+) times (\d+)\?")
 AGENT = "learn_calculator:agent"  # this file's agent, imported by module name (run from this folder)
@@ -178,10 +182,10 @@ def held_out(model: str, tasks: Path, budget: Budget, seed: int) -> dict:
     wins = [[ep.won for ep in group] for group in per_task]
     return {
         "success": _mean(wins),
-        "success_se": _se([sum(g) / len(g) for g in wins]),
+        "success_se": standard_error([sum(g) / len(g) for g in wins]),
         "per_task_success": [sum(g) / len(g) for g in wins],
         "tool_call_rate": _mean(called),
-        "tool_call_rate_se": _se([sum(g) / len(g) for g in called]),
+        "tool_call_rate_se": standard_error([sum(g) / len(g) for g in called]),
         "tool_call_attempts": len(attempts),
         "tool_calls_ok": sum(a["status"] == "ok" for a in attempts) / len(attempts) if attempts else 0.0,
         "rows_per_episode": sum(1 + len(ep.row_starts) for ep in episodes) / len(episodes),
@@ -195,62 +199,20 @@ def _mean(groups: list[list[bool]]) -> float:
     return sum(flat) / len(flat)
 
 
-def _se(values: list[float]) -> float:
-    n = len(values)
-    if n < 2:
-        return 0.0
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
-
-
 def sft_stage(tool: Path, direct: Path, out: Path, budget: Budget, seed: int) -> None:
-    overrides = [
-        f"model.name={budget.model}",
-        f"dataset={tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}",
-        f"logging.output_dir={out}",
-        f"num_train_epochs={budget.sft_epochs}",
-        f"optim.learning_rate={budget.sft_learning_rate}",
-        "optim.lr_schedule=cosine",
-        "optim.warmup_steps=10",
-        f"optim.micro_batch_size={budget.micro_batch_size}",
-        "max_seq_length=1024",
-        "packing=false",
-        f"seed={seed}",
-        "logging.tensorboard=false",
-        "logging.logging_steps=50",
-    ]
-    run_sft(load_config(SftRunConfig, None, overrides))
+    dataset = f"{tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}"
+    run_sft(load_config(SftRunConfig, None, sft_settings(out, budget, seed, dataset, warmup_steps=10)))
 
 
 def grpo_stage(model: Path, tasks: Path, out: Path, budget: Budget, seed: int) -> None:
     overrides = [
         *settings(tasks, str(model)),
-        f"logging.output_dir={out}",
-        "logging.tensorboard=false",
-        f"steps={budget.grpo_steps}",
-        f"tasks_per_step={budget.tasks_per_step}",
-        f"group_size={budget.group_size}",
-        f"algorithm.kl_coef={budget.kl_coef}",
-        "reward.weights={goal: 1.0}",
-        f"optim.learning_rate={budget.grpo_learning_rate}",
-        f"optim.micro_batch_size={budget.micro_batch_size}",
-        "algorithm.loss_agg_mode=seq-mean-token-mean",
-        "generation.temperature=1.0",
+        *grpo_settings(out, budget, seed),
         "eval_every=0",
         f"logging.save_steps={budget.grpo_steps}",
         f"resume={str(out.exists() and latest_checkpoint(out) is not None).lower()}",
-        f"seed={seed}",
     ]
     run_rl(load_config(TrainRunConfig, "grpo", overrides))
-
-
-def stage(out: Path, name: str, run):
-    path = out / f"{name}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    result = run()
-    atomic_write_text(path, json.dumps(result, indent=2))
-    return result
 
 
 def main(out: Path, budget: Budget, seed: int = 0) -> dict:
@@ -284,7 +246,7 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
     after = show("after GRPO", stage(out, "after_grpo", lambda: held_out(str(grpo_dir), tasks, budget, seed)))
     differences = [b - a for a, b in zip(after_sft["per_task_success"], after["per_task_success"])]
     gain = sum(differences) / len(differences)
-    paired_se = _se(differences)
+    paired_se = standard_error(differences)
     summary = {
         "agent": "LangGraph create_react_agent + multiply, through omrl's gateway",
         "budget": asdict(budget),

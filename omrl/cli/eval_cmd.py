@@ -267,23 +267,14 @@ def evaluate_command(
             count = max(1, size)  # a small split is evaluated whole unless asked otherwise
         tasks = session.task_ids(cfg.env.split, count)  # a mixture: count of each env
         console.print(f"eval: {len(tasks)} of {size} tasks of the {cfg.env.split} split", highlight=False)
-        from omrl.search import chosen_episodes, play_strategy, plays_batched, search_metrics
+        from omrl.search import PlaySpec, chosen_episodes, play_strategy, plays_batched, search_metrics
 
         every_sample = plays_batched(strategy, budget)  # the batched rollout's samples: each one counts (pass@k)
         playing = f"{len(session.env_names)} envs" if mixed else cfg.env.name  # a bar's label is one short line
         bar, progress = progress_bar(len(tasks), f"eval {playing} ({strategy}, tasks)")
         with bar:
-            trees, episodes = play_strategy(
-                session,
-                strategy,
-                tasks,
-                split=cfg.env.split,
-                budget=budget,
-                group_size=cfg.samples_per_task,
-                seed=cfg.seed,
-                progress=progress,
-                rewards=every_sample,
-            )
+            spec = PlaySpec(strategy, budget, cfg.env.split, cfg.samples_per_task, cfg.seed)
+            trees, episodes = play_strategy(session, tasks, spec, progress, rewards=every_sample)
         if every_sample:
             rewards = session.reward_summary
         else:

@@ -280,21 +280,12 @@ def rollout(
         for name, count in tasks_of_each_env(cfg, session, tasks).items():
             if count < cfg.num_tasks:
                 console.print(Text(f"{name} has only {count} tasks in split {cfg.env.split!r}", style="yellow"))
-        from omrl.search import play_strategy, plays_batched, search_metrics
+        from omrl.search import PlaySpec, play_strategy, plays_batched, search_metrics
 
         bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)", sampled=not cfg.use_expert)
         with bar:
-            trees, episodes = play_strategy(
-                session,
-                strategy,
-                tasks,
-                split=cfg.env.split,
-                budget=budget,
-                group_size=cfg.group_size,
-                seed=cfg.seed,
-                expert=cfg.use_expert,
-                progress=progress,
-            )
+            spec = PlaySpec(strategy, budget, cfg.env.split, cfg.group_size, cfg.seed, cfg.use_expert)
+            trees, episodes = play_strategy(session, tasks, spec, progress)
         if not plays_batched(strategy, budget):  # the batched rollout's samples were no search
             console.print(metrics_table(search_metrics(trees), title=f"search: {strategy}"))
     replay_warnings(caught, episodes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Sequence
 
 from omrl import registry
@@ -48,19 +48,12 @@ class SearchContext:
     calls: int = 0  # backend calls so far: each call's sampling seed follows it, as in the chain rollout
 
     @classmethod
-    def from_session(cls, session: Any, strategy: str, **settings: Any) -> "SearchContext":
-        """A context over a :class:`~omrl.rollout.RolloutSession`'s pool, template, tokenizer and backend."""
-        return cls(
-            session.pool,
-            session.template,
-            session.tokenizer,
-            session.backend,
-            session.limits,
-            demonstration=session.demonstration,
-            plugin_options=session.plugin_options,
-            strategy=strategy,
-            **settings,
-        )
+    def from_session(cls, session: Any, spec: Any, progress: RolloutProgress | None = None) -> "SearchContext":
+        """A context over a :class:`~omrl.rollout.RolloutSession`'s pool, template, tokenizer and backend,
+        playing as ``spec`` (a :class:`~omrl.search.play.PlaySpec`) says."""
+        parts = (session.pool, session.template, session.tokenizer, session.backend, session.limits)
+        shared = {"demonstration": session.demonstration, "plugin_options": session.plugin_options}
+        return cls(*parts, **shared, progress=progress, **asdict(spec))  # its fields are the spec's
 
     def options(self, name: str) -> dict[str, Any]:
         """The ``plugins.<name>`` block (a strategy's or a scorer's options)."""

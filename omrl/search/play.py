@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from omrl.data.trajectory import Episode
@@ -12,51 +14,42 @@ from omrl.search.context import SearchContext, plays_batched, run_strategy
 from omrl.search.tree import Tree, chain_tree
 
 
+@dataclass(frozen=True)
+class PlaySpec:
+    """How a set of tasks is played, as one value: the strategy and its token budget per task (0: no
+    limit), the split (a mixture's tasks name their own), samples per task, the sampling seed, and
+    whether the env's scripted expert plays instead of the model."""
+
+    strategy: str = "chain"
+    budget: int = 0
+    split: str = ""
+    group_size: int = 1
+    seed: int = 0
+    expert: bool = False
+
+
 def play_strategy(
     session: Any,
-    strategy: str,
-    tasks: Sequence[int],
-    *,
-    split: str,
-    budget: int = 0,
-    group_size: int = 1,
-    seed: int = 0,
-    expert: bool = False,
+    tasks: Sequence[Any],
+    spec: PlaySpec,
     progress: RolloutProgress | None = None,
     rewards: bool = True,
 ) -> tuple[list[Tree], list[Episode]]:
-    """The trees of ``strategy`` on ``tasks`` and every root-to-leaf episode (``rewards``: composed).
+    """The trees of ``spec.strategy`` on ``tasks`` and every root-to-leaf episode (``rewards``: composed).
 
     ``progress`` hears of each task once its search is over (``finished`` gets the
     chosen episode) and of every generated token. On a mixture (:class:`~omrl.rollout.mixed.MixedSession`)
     see :func:`play_mixture`.
     """
     if is_mixed(session):
-        return play_mixture(
-            session,
-            strategy,
-            tasks,
-            budget=budget,
-            group_size=group_size,
-            seed=seed,
-            expert=expert,
-            progress=progress,
-            rewards=rewards,
-        )
+        return play_mixture(session, tasks, spec, progress, rewards)
     if getattr(session, "agent", None) is not None:  # an agent program plays whole chains (omrl.gateway)
-        per_task = PerTaskProgress(progress, group_size) if progress is not None else None
-        episodes = session.play(tasks, split=split, group_size=group_size, seed=seed, expert=expert, progress=per_task)
-        return _chain_trees(episodes, [int(task) for task in tasks], strategy), episodes
-    ctx = SearchContext.from_session(
-        session,
-        strategy,
-        split=split,
-        seed=seed,
-        budget=budget,
-        group_size=group_size,
-        expert=expert,
-        progress=progress,
-    )
+        per_task = PerTaskProgress(progress, spec.group_size) if progress is not None else None
+        episodes = session.play(
+            tasks, split=spec.split, group_size=spec.group_size, seed=spec.seed, expert=spec.expert, progress=per_task
+        )
+        return _chain_trees(episodes, [int(task) for task in tasks], spec.strategy), episodes
+    ctx = SearchContext.from_session(session, spec, progress)
     trees = run_strategy(ctx, tasks)
     episodes = [ep for tree in trees for ep in tree.episodes()]
     if rewards:
@@ -66,13 +59,8 @@ def play_strategy(
 
 def play_mixture(
     session: Any,
-    strategy: str,
     tasks: Sequence[Any],
-    *,
-    budget: int = 0,
-    group_size: int = 1,
-    seed: int = 0,
-    expert: bool = False,
+    spec: PlaySpec,
     progress: RolloutProgress | None = None,
     rewards: bool = True,
 ) -> tuple[list[Tree], list[Episode]]:
@@ -81,34 +69,24 @@ def play_mixture(
     in one rollout, and each task's tree is its chains with the first sample as the answer, as the
     strategy declared; any other strategy searches each env's tasks with that env's session in turn.
     Episode.group is the task's position in ``tasks`` either way."""
-    if plays_batched(strategy, budget):
+    if plays_batched(spec.strategy, spec.budget):
         episodes = session.play(
             tasks,
-            group_size=group_size,
-            seed=seed,
-            expert=expert,
-            progress=PerTaskProgress(progress, group_size) if progress is not None else None,
+            group_size=spec.group_size,
+            seed=spec.seed,
+            expert=spec.expert,
+            progress=PerTaskProgress(progress, spec.group_size) if progress is not None else None,
             rewards=rewards,
         )
-        return _chain_trees(episodes, [int(task.task) for task in tasks], strategy), episodes
+        return _chain_trees(episodes, [int(task.task) for task in tasks], spec.strategy), episodes
     placed: list[Tree | None] = [None] * len(tasks)
     for env, positions in session.split_by_env(tasks).items():
         by_split: dict[str, list[int]] = {}
         for position in positions:
             by_split.setdefault(tasks[position].split, []).append(position)
         for split, where in by_split.items():
-            trees, _ = play_strategy(
-                session.session_of(env),
-                strategy,
-                [tasks[i].task for i in where],
-                split=split,
-                budget=budget,
-                group_size=group_size,
-                seed=seed,
-                expert=expert,
-                progress=progress,
-                rewards=False,
-            )
+            one_env = dataclasses.replace(spec, split=split)
+            trees, _ = play_strategy(session.session_of(env), [tasks[i].task for i in where], one_env, progress, False)
             for tree in trees:
                 tree.group = where[tree.group]
                 placed[tree.group] = tree

@@ -115,10 +115,12 @@ def check_strategies(session: Any, cfg: SweepRunConfig) -> None:
     scorers, whether the env can fork for it) fails now, naming the env and what it lacks, rather
     than after the cells before it have played."""
     from omrl.search.context import SearchContext, run_strategy
+    from omrl.search.play import PlaySpec
 
     for strategy, budget in dict(cells_of(cfg.strategies, cfg.budgets[:1])).items():
         for one in getattr(session, "sessions", {"": session}).values():  # a mixture: each env's session
-            ctx = SearchContext.from_session(one, strategy, split=cfg.env.split, seed=cfg.seed, budget=budget or 0)
+            spec = PlaySpec(strategy, budget or 0, cfg.env.split, seed=cfg.seed)
+            ctx = SearchContext.from_session(one, spec)
             run_strategy(ctx, [])
 
 
@@ -226,19 +228,11 @@ def run_cell(
     session: Any, cfg: SweepRunConfig, tasks: Sequence[int], strategy: str, budget: int | None, progress: Any = None
 ) -> dict[str, Any]:
     """Play one cell: ``strategy`` at ``budget`` on ``tasks``, summarised as :func:`cell_summary` says."""
-    from omrl.search import play_strategy
+    from omrl.search import PlaySpec, play_strategy
 
     started = time.perf_counter()
-    trees, _ = play_strategy(
-        session,
-        strategy,
-        tasks,
-        split=cfg.env.split,
-        budget=budget or 0,
-        seed=cfg.seed,
-        progress=progress,
-        rewards=False,
-    )
+    spec = PlaySpec(strategy, budget or 0, cfg.env.split, seed=cfg.seed)
+    trees, _ = play_strategy(session, tasks, spec, progress, rewards=False)
     return cell_summary(trees, budget, time.perf_counter() - started, mixed=is_mixed(session))
 
 

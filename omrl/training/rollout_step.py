@@ -12,7 +12,7 @@ from omrl.data import Episode
 from omrl.parallel import Strategy
 from omrl.rollout import RolloutSession
 from omrl.rollout.mixed import is_mixed
-from omrl.search import play_strategy, strategy_traits
+from omrl.search import PlaySpec, play_strategy, strategy_traits
 from omrl.training.metrics import CUTS, PER_ENV_COUNTS, per_env_metrics, rollout_metrics
 
 
@@ -28,15 +28,9 @@ def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int]
     per task; see :func:`omrl.training.tree_batch.paths_to_batch`), or the batched rollout's
     ``group_size`` samples per task where the strategy plays that (:func:`omrl.training.online.searched` is False)."""
     copies = trees_per_task(cfg)
-    _, episodes = play_strategy(
-        session,
-        cfg.rollout.strategy,
-        [task for task in tasks for _ in range(copies)],
-        split=cfg.env.split,
-        budget=cfg.rollout.budget,
-        group_size=cfg.group_size if copies == 1 else 1,
-        seed=seed,
-    )
+    group_size = cfg.group_size if copies == 1 else 1
+    spec = PlaySpec(cfg.rollout.strategy, cfg.rollout.budget, cfg.env.split, group_size, seed)
+    _, episodes = play_strategy(session, [task for task in tasks for _ in range(copies)], spec)
     return episodes
 
 

@@ -5,9 +5,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.slow  # a benchmark run end to end, in its own process
 def test_the_gateway_benchmark_plays_the_same_tokens_both_ways(tmp_path):
     out = tmp_path / "gateway.json"
     args = ["--episodes", "2", "--turns", "2", "--tokens", "32", "--rounds", "1", "--json", str(out)]

@@ -4,11 +4,14 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import invoke
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "agents"
 
 
+@pytest.mark.slow  # a training run end to end
 def test_a_compacting_agent_trains_with_a_row_per_summary(tmp_path, monkeypatch):
     questions = tmp_path / "qa.jsonl"
     questions.write_text(

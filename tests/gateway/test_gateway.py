@@ -262,6 +262,7 @@ def test_the_real_model_reuses_its_kv_cache_across_calls(tiny_tokenizer, tiny_hf
         gateway.close()
 
 
+@pytest.mark.slow  # a soak: hundreds of agents at once
 def test_hundreds_of_agents_connect_at_once(tiny_tokenizer):
     """A training step starts every episode's agent together: none may be refused a connection."""
     gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "ok"))

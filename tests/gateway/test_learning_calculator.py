@@ -11,6 +11,7 @@ import pytest
 from tests.helpers import EXAMPLES
 
 
+@pytest.mark.slow  # the learning demo's stages: rollout, SFT, GRPO
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # LangGraph 1.x names its prebuilt graph deprecated
 def test_every_stage_runs_and_the_expert_data_holds_real_tool_calls(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES / "agents"))  # the example names its agent learn_calculator:agent

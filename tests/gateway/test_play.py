@@ -159,6 +159,7 @@ def test_the_commands_refuse_what_an_agent_cannot_play(questions, capsys):
         assert code == 2 and named in err, err
 
 
+@pytest.mark.slow  # a training run and an eval end to end
 def test_eval_and_train_through_the_gateway(questions, tmp_path):
     agent = ["--agent", "tests.gateway.agents:tool_loop", "--reward", "tests.gateway.agents:length_reward"]
     common = [

@@ -190,6 +190,7 @@ def running(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a worker process, waited on until it ends by itself
 def test_a_worker_left_computing_by_a_killed_caller_ends_by_itself():
     """math-verify's own alarm works on the worker's main thread, and its reply then finds no reader."""
     script = (

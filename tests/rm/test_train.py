@@ -21,7 +21,7 @@ from omrl.rm.metrics import auc, expected_calibration_error
 from omrl.rm.model import RewardModel
 from omrl.rm.train import RmRecipe, run_rm_train
 from omrl.rollout import RolloutSession
-from omrl.search import play_strategy
+from omrl.search import PlaySpec, play_strategy
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
 from tests.helpers import REACT_GRIDWORLD, expert_and_model_episodes, invoke
@@ -40,6 +40,14 @@ def data_dir(tmp_path_factory) -> Path:
     write_episodes(won, out / "expert.parquet")
     write_episodes(lost, out / "model.parquet")
     assert any(ep.won for ep in won) and not any(ep.won for ep in lost)
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_epoch_orm(data_dir, tmp_path_factory) -> Path:
+    """An outcome model trained one epoch on ``data_dir``, once for the tests that only read it."""
+    out = tmp_path_factory.mktemp("rm") / "orm"
+    run_rm_train(config(data_dir, out, "num_train_epochs=1"))
     return out
 
 
@@ -154,9 +162,8 @@ def test_long_episodes_are_dropped_for_an_orm_and_cut_for_a_prm():
     assert cut == 1 and found[0].positions == [1, 3] and len(found[0].input_ids) == 4
 
 
-def test_an_orm_scores_an_open_search_node_at_its_last_reply_not_the_next_prompt(data_dir, tmp_path):
-    run_rm_train(config(data_dir, tmp_path / "orm", "num_train_epochs=1"))
-    rm = RewardModel.load(tmp_path / "orm")
+def test_an_orm_scores_an_open_search_node_at_its_last_reply_not_the_next_prompt(data_dir, one_epoch_orm):
+    rm = RewardModel.load(one_epoch_orm)
     ep = read_episodes(data_dir / "model.parquet")[0]
     (whole,) = rm.inputs([ep])
     assert whole.positions == [ep.turns[-1].span[1] - 1] and len(whole.input_ids) == whole.positions[0] + 1
@@ -222,6 +229,7 @@ def test_selection_curve_compares_the_pick_with_random_and_the_oracle():
 
 
 # -- the recipe ----------------------------------------------------------------------------------------
+@pytest.mark.slow  # a learning check
 def test_an_outcome_model_learns_to_tell_wins_from_losses(data_dir, tmp_path):
     losses = []
     summary = run_rm_train(
@@ -245,6 +253,7 @@ def test_an_outcome_model_learns_to_tell_wins_from_losses(data_dir, tmp_path):
     assert min(s for s, ep in zip(scores, episodes) if ep.won) > max(s for s, ep in zip(scores, episodes) if not ep.won)
 
 
+@pytest.mark.slow  # a training run, then a merge
 def test_bradley_terry_trains_on_pairs_and_lora_merges_into_a_plain_model(data_dir, tmp_path):
     summary = run_rm_train(
         config(
@@ -280,6 +289,7 @@ def test_a_skipped_update_does_not_advance_the_schedule(data_dir, tmp_path):
     assert recipe.scheduler.last_epoch == total - 1
 
 
+@pytest.mark.slow  # two reward-model training runs, one stopped and resumed
 def test_resume_continues_to_the_same_weights(data_dir, tmp_path):
     whole = tmp_path / "whole"
     run_rm_train(config(data_dir, whole))
@@ -302,7 +312,7 @@ def test_resume_continues_to_the_same_weights(data_dir, tmp_path):
 def test_a_process_model_trains_on_monte_carlo_values_from_trees(tmp_path):
     cfg = load_config(RolloutRunConfig, None, GRIDWORLD + ["plugins.mc_value.k=2"])
     with RolloutSession.from_config(cfg) as session:
-        trees, _ = play_strategy(session, "mc_value", session.task_ids("train", 2), split="train")
+        trees, _ = play_strategy(session, session.task_ids("train", 2), PlaySpec("mc_value", split="train"))
     paths = [ep for tree in trees for ep in tree.episodes()]
     for i, ep in enumerate(paths):  # the random-init model never wins: make every third path a win
         ep.won = i % 3 == 0
@@ -332,6 +342,7 @@ def test_bad_settings_and_foreign_tokens_are_refused_before_training(data_dir, t
     assert not (tmp_path / "e" / "config.json").exists()  # nothing half-written
 
 
+@pytest.mark.slow  # a training run and an eval through the CLI
 def test_cli_trains_and_evaluates(data_dir, tmp_path):
     out = tmp_path / "cli-rm"
     result = invoke(
@@ -434,9 +445,8 @@ def test_two_processes_train_the_same_reward_model_as_one(data_dir, tmp_path):
         torch.testing.assert_close(tensor, alone[name], rtol=1e-4, atol=1e-5)
 
 
-def test_values_of_an_input_scored_before_are_remembered(data_dir, tmp_path):
-    run_rm_train(config(data_dir, tmp_path / "orm", "num_train_epochs=1"))
-    rm = RewardModel.load(tmp_path / "orm")
+def test_values_of_an_input_scored_before_are_remembered(data_dir, one_epoch_orm):
+    rm = RewardModel.load(one_epoch_orm)
     episodes = read_episodes(data_dir / "model.parquet")
     calls = []
     forward = rm.model.forward

@@ -14,7 +14,7 @@ from omrl.errors import ConfigError
 from omrl.rewards import allocate_rewards, compose_rewards
 from omrl.rm.model import RewardModel, RewardModelError, build_reward_model
 from omrl.rollout import RolloutSession
-from omrl.search import Node, Tree, play_strategy
+from omrl.search import Node, PlaySpec, Tree, play_strategy
 from omrl_plugins.strategies.scorers import majority_vote, random_pick, reward_model
 from tests.helpers import cli_exit, eval_report
 
@@ -92,7 +92,8 @@ def test_reward_model_with_another_tokenizer_scores_text_only(rm_dirs, episodes)
 def test_best_of_n_answers_with_the_reward_models_favourite(rm_dirs, kind):
     plugins = {"best_of_n": {"n": 3, "select": "rm"}, "rm": {"path": rm_dirs[kind]}}
     with session(plugins) as s:
-        trees, _ = play_strategy(s, "best_of_n", s.task_ids("test", 2), split="test", seed=1, rewards=False)
+        spec = PlaySpec("best_of_n", split="test", seed=1)
+        trees, _ = play_strategy(s, s.task_ids("test", 2), spec, rewards=False)
         tokenizer = s.tokenizer
     rm = RewardModel.load(rm_dirs[kind])
     for tree in trees:

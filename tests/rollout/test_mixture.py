@@ -12,7 +12,7 @@ from omrl.errors import ConfigError, UnknownNameError
 from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members, parse_env_spec, same_envs
 from omrl.rollout import RolloutSession
 from omrl.rollout.mixed import MixedSession
-from omrl.search import play_strategy
+from omrl.search import PlaySpec, play_strategy
 from omrl.training.metrics import prefill_counts
 from omrl.training.rl_data import TaskOrder
 
@@ -200,7 +200,7 @@ def test_a_search_on_a_mixture_searches_each_env_and_keeps_the_tasks_order(tiny_
     with RolloutSession.from_config(cfg) as session:
         tasks = [EnvTask("gridworld", "test", 1_000_000), EnvTask(ARITHMETIC, "test", 1_000_000)]
         tasks += [EnvTask("gridworld", "test", 1_000_001)]
-        trees, episodes = play_strategy(session, "best_of_n", tasks, split="test", budget=40, group_size=1, seed=0)
+        trees, episodes = play_strategy(session, tasks, PlaySpec("best_of_n", budget=40, split="test"))
     assert [(tree.group, tree.task_id) for tree in trees] == [(0, 1_000_000), (1, 1_000_000), (2, 1_000_001)]
     assert {ep.group: ep.env for ep in episodes} == {0: "gridworld", 1: ARITHMETIC, 2: "gridworld"}
     assert set(session.reward_summaries) == {"gridworld", ARITHMETIC}

@@ -201,6 +201,7 @@ def test_processes_are_limited_and_none_outlives_its_run():
     assert host_processes_with(marker) == []  # the sleeping children died with the run
 
 
+@pytest.mark.slow  # a stress test: a fork bomb
 @needs_sandbox
 def test_a_fork_bomb_is_contained_and_the_machine_survives():
     marker = f"bomb-{secrets.token_hex(8)}"  # in every bomb process's command line

@@ -75,6 +75,7 @@ def test_a_wrong_algorithm_setting_is_refused_before_any_model_loads(config, mon
 ESTIMATOR_SETTINGS = {"gae": ("algorithm.name=ppo",), "pass_at_k": ("algorithm.pass_k=2", "algorithm.pass_threshold=2")}
 
 
+@pytest.mark.slow  # a training run per built-in (27); tests/algos checks each formula fast
 @pytest.mark.parametrize("kind", ["advantage", "policy_loss", "kl"])
 def test_every_built_in_algorithm_trains_a_step_through_the_recipe(config, kind):
     """Each registered estimator, policy loss and KL estimator runs one real update of the tiny model:
@@ -232,6 +233,7 @@ def teacher_dir(tiny_model_dir, tmp_path) -> Path:
     return out
 
 
+@pytest.mark.slow  # a learning check
 def test_distillation_alone_pulls_the_student_toward_its_teacher(config, teacher_dir, tiny_model_dir):
     cfg = config(
         f"algorithm.teacher={teacher_dir}",

@@ -64,6 +64,7 @@ def same_weights(a: str, b: str) -> bool:
     return all(torch.equal(p, q) for p, q in zip(first.state_dict().values(), second.state_dict().values()))
 
 
+@pytest.mark.slow  # a generation process beside the trainer
 def test_no_staleness_plays_exactly_what_the_synchronous_run_plays(config):
     sync = config(out="sync")
     ahead = config("rollout.async_generation=true", "rollout.max_staleness=0", out="async0")
@@ -74,6 +75,7 @@ def test_no_staleness_plays_exactly_what_the_synchronous_run_plays(config):
     assert same_weights(sync.logging.output_dir, ahead.logging.output_dir)
 
 
+@pytest.mark.slow  # a generation process beside the trainer
 def test_each_step_plays_with_the_weights_max_staleness_behind_and_says_so(config):
     cfg = config("rollout.async_generation=true", "rollout.max_staleness=1")
     run_rl(cfg, console=QUIET)
@@ -88,6 +90,7 @@ def test_each_step_plays_with_the_weights_max_staleness_behind_and_says_so(confi
     assert records[0]["mismatch_kl_k3"] < 1e-8 < records[1]["mismatch_kl_k3"]
 
 
+@pytest.mark.slow  # a generation process beside the trainer
 def test_a_stopped_run_resumes_to_the_same_numbers_and_weights(config):
     settings = ("rollout.async_generation=true", "rollout.max_staleness=1", "steps=4", "logging.save_steps=1")
     full = config(*settings, out="full")
@@ -123,6 +126,7 @@ class BrokenReward:
         register("broken", broken)
 
 
+@pytest.mark.slow  # a generation process beside the trainer
 def test_a_failure_inside_the_generation_process_is_reported_with_its_reason(config, register_plugin):
     register_plugin(BrokenReward(), name="broken-reward")
     with pytest.raises(OmrlError, match="generation process failed: .*the scoring service answered 503"):

@@ -396,6 +396,7 @@ finally:
 """
 
 
+@pytest.mark.slow  # two processes under accelerate launch
 def test_an_error_on_one_process_ends_the_run_instead_of_hanging(sft_config, tmp_path):
     config = tmp_path / "sft.yaml"
     config.write_text(to_yaml(sft_config(logging__output_dir=str(tmp_path / "run"))))
@@ -405,6 +406,7 @@ def test_an_error_on_one_process_ends_the_run_instead_of_hanging(sft_config, tmp
     assert "failed on process 1" in done.stderr
 
 
+@pytest.mark.slow  # two processes under accelerate launch
 def test_tasks_per_step_must_split_evenly_across_processes(tiny_model_dir, tmp_path):
     from omrl.config import load_config
     from omrl.config.options import TrainRunConfig

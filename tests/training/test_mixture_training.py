@@ -102,6 +102,7 @@ def test_each_env_trains_with_its_own_turn_cap_and_reward_weights(config):
         assert sum(ep.rewards["total"]) == pytest.approx(ep.sample / (2 / 3) ** 0.5)
 
 
+@pytest.mark.slow  # two training runs, one stopped and resumed
 def test_a_stopped_mixture_run_resumes_to_the_same_numbers(config):
     settings = ("steps=3", "logging.save_steps=1")
     full = config(*settings, out="full")

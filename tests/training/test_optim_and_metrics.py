@@ -130,6 +130,7 @@ def test_a_steps_console_line_shows_the_headline_and_counts_the_rest():
     assert step_line({"loss": 1.0}) == "loss 1"
 
 
+@pytest.mark.slow  # two training runs and wandb's service process
 def test_metrics_go_to_wandb_and_a_resumed_run_continues_the_same_wandb_run(tmp_path, monkeypatch):
     import wandb  # a dev dependency: a missing wandb fails this test rather than skipping it
 

@@ -20,6 +20,7 @@ def last_record(run_dir) -> dict:
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
 
 
+@pytest.mark.slow  # the README's presets trained in full: 50+ SFT steps, then GRPO
 def test_the_quickstart_presets_fine_tune_tiny_and_every_grpo_step_updates(tmp_path):
     expert = tmp_path / "expert.parquet"
     run("rollout", "--env", "gridworld", "--expert", "--num-tasks", "200", "-o", str(expert))

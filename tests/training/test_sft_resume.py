@@ -45,6 +45,7 @@ def _assert_same_losses(resumed, reference):
         assert got == pytest.approx(want, rel=1e-5, abs=1e-6), f"step {step}"
 
 
+@pytest.mark.slow  # a run killed in a process of its own, then resumed
 def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, tmp_path):
     # 8 conversations, 2 per micro-batch, 2 micro-batches per step: 2 steps an epoch, 3 epochs, a checkpoint
     # every 3 steps; with a schedule and weight decay, whose state a resume must restore as well

@@ -103,6 +103,7 @@ def faults(register_plugin, monkeypatch):
     RELEASE.set()
 
 
+@pytest.mark.slow  # a soak: faults injected into whole training runs
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_run_under_stalls_and_failures_accounts_for_every_episode(faults, tiny_model_dir, tmp_path, seed):
     threads_before = set(threading.enumerate())
@@ -172,6 +173,7 @@ def flaky_agent(task, base_url, api_key):
     return reply.choices[0].message.content
 
 
+@pytest.mark.slow  # a soak: faults injected into whole training runs
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_run_of_agents_that_hang_or_raise_accounts_for_every_episode(tmp_path, seed):
     import json

@@ -76,6 +76,7 @@ def _api(srv, path):
     return json.loads(body)
 
 
+@pytest.mark.slow  # a training run (the mixed_run fixture)
 def test_the_episode_api_filters_by_env(mixed_run, server_of):
     srv = server_of(mixed_run)
     run = _api(srv, "/api/run")
@@ -92,6 +93,7 @@ def test_the_episode_api_filters_by_env(mixed_run, server_of):
     assert _api(srv, "/api/episodes?env=")["total"] == run["episodes"]  # an empty filter passes all
 
 
+@pytest.mark.slow  # a training run (the mixed_run fixture)
 def test_a_real_mixture_runs_curves_per_env(mixed_run):
     run = open_run(mixed_run).overview()
     keys = list(run["metrics"]["series"])
@@ -120,6 +122,7 @@ def test_per_env_keys_leave_the_ordinary_panels_and_a_one_env_run_is_as_before()
     ]
 
 
+@pytest.mark.slow  # a training run (the mixed_run fixture)
 def test_plot_draws_success_and_a_line_per_env(mixed_run, tmp_path):
     plt = require_matplotlib()
     result = CliRunner().invoke(cli(), ["plot", str(mixed_run), "--out", str(tmp_path / "p"), "-m", "success"])

@@ -15,6 +15,7 @@ from omrl.config import REDACTED, load_config, redact, to_dict, to_yaml
 from omrl.config.options import EvalRunConfig
 from omrl.errors import ConfigError
 from omrl.training import checkpoint as ckpt
+from omrl.training.resume import resume_checkpoint
 from tests.helpers import cli_exit
 
 API_KEY, PAT, DB_PASSWORD = "sk-live-4a7f19", "ghp_9c2e4b7d1f", "pw-6b3d8e"
@@ -98,7 +99,7 @@ def test_a_checkpoint_with_the_servers_secrets_in_clear_still_resumes(tmp_path, 
     clear = {"seed": 0, "plugins": {"mcp": {"command": f"srv --api-key {API_KEY}", "env": {"GITHUB_PAT": PAT}}}}
     ckpt.save_checkpoint(tmp_path, 1, model, config=clear)  # a run made before the redaction
     now = {"seed": 0, "plugins": {"mcp": {"command": f"srv --api-key {REDACTED}", "env": {"GITHUB_PAT": REDACTED}}}}
-    assert ckpt.resume_checkpoint(tmp_path, now).name == "step-00000001"
+    assert resume_checkpoint(tmp_path, now).name == "step-00000001"
 
 
 def test_the_error_of_a_server_that_cannot_start_holds_no_server_secret(tmp_path, tasks, capsys):

@@ -1,0 +1,90 @@
+"""What the learning examples share: the settings of their SFT and GRPO runs, a stage's result kept on
+disk, the standard error they report, and how they save a figure.
+
+The examples are scripts, not a package: each puts this folder on ``sys.path`` and imports from here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+from omrl.atomic import atomic_save_figure, atomic_write_text
+
+
+def sft_settings(out: Path, budget: Any, seed: int, dataset: str | Path, warmup_steps: int) -> list[str]:
+    """The ``omrl sft`` overrides of the examples, from an example's ``Budget``: ``sft_epochs`` passes of
+    ``budget.model`` over ``dataset`` at ``sft_learning_rate`` (``warmup_steps``, then cosine), one
+    episode a row (no packing) of up to 1,024 tokens, ``micro_batch_size`` rows a forward pass. The
+    model goes to ``out``, with no TensorBoard."""
+    return [
+        f"model.name={budget.model}",
+        f"dataset={dataset}",
+        f"logging.output_dir={out}",
+        f"num_train_epochs={budget.sft_epochs}",
+        f"optim.learning_rate={budget.sft_learning_rate}",
+        "optim.lr_schedule=cosine",
+        f"optim.warmup_steps={warmup_steps}",
+        f"optim.micro_batch_size={budget.micro_batch_size}",
+        "max_seq_length=1024",
+        "packing=false",
+        f"seed={seed}",
+        "logging.tensorboard=false",
+        "logging.logging_steps=50",
+    ]
+
+
+def grpo_settings(out: Path, budget: Any, seed: int, reward: str = "{goal: 1.0}", tasks_per_step: int = 0) -> list[str]:
+    """The ``omrl train --algo grpo`` overrides of the examples, from an example's ``Budget``:
+    ``grpo_steps`` steps of ``tasks_per_step`` tasks (the budget's unless given) x ``group_size`` samples
+    at temperature 1, rewarded by ``reward``; ``grpo_learning_rate``, ``kl_coef`` and ``micro_batch_size``
+    rows a forward pass; each sample's loss the mean over its tokens. Checkpoints go to ``out``, with no
+    TensorBoard."""
+    return [
+        f"logging.output_dir={out}",
+        "logging.tensorboard=false",
+        f"steps={budget.grpo_steps}",
+        f"tasks_per_step={tasks_per_step or budget.tasks_per_step}",
+        f"group_size={budget.group_size}",
+        f"algorithm.kl_coef={budget.kl_coef}",
+        f"reward.weights={reward}",
+        f"optim.learning_rate={budget.grpo_learning_rate}",
+        f"optim.micro_batch_size={budget.micro_batch_size}",
+        "algorithm.loss_agg_mode=seq-mean-token-mean",
+        "generation.temperature=1.0",
+        f"seed={seed}",
+    ]
+
+
+def stage(out: Path, name: str, run: Callable[[], Any]) -> Any:
+    """Run a stage once: its result is kept in ``<out>/<name>.json`` and read back on a rerun."""
+    path = out / f"{name}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    result = run()
+    atomic_write_text(path, json.dumps(result, indent=2))
+    return result
+
+
+def standard_error(values: list[float]) -> float:
+    """The standard error of the mean of ``values`` (0 for fewer than two).
+
+    >>> round(standard_error([0.0, 1.0, 1.0, 0.0]), 4)
+    0.2887
+    """
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay ``fig`` out, write it to ``path`` (whole or not at all) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    atomic_save_figure(fig, path)
+    plt.close(fig)
