@@ -6,7 +6,7 @@ The plugin kinds' calling conventions: :mod:`omrl.envs` (environments), :mod:`om
 plugins are found: :mod:`omrl.hookspecs` (the hooks), :mod:`omrl.plugins` (the plugin manager),
 :mod:`omrl.registry` (lazy registries by name). Across the packages: :mod:`omrl.mixture` (several
 envs in one run), :mod:`omrl.evaluation` (eval metrics and report), :mod:`omrl.supervisor` (a
-deadline for every stage of a run), :mod:`omrl.outputs` (where a command may write),
+deadline for every stage of a run), :mod:`omrl.clock` (where a step's time goes), :mod:`omrl.outputs` (where a command may write),
 :mod:`omrl.atomic` (crash-safe writes), :mod:`omrl.threads` (torch's threads), :mod:`omrl.errors`
 (one-line errors), :mod:`omrl.moved` (old import paths) and ``__main__`` (``python -m omrl``).
 The packages: ``config``, ``models``, ``data``, ``chat``, ``backends``, ``rollout``, ``search``,

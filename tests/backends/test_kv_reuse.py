@@ -88,6 +88,7 @@ def test_reuse_picks_what_generate_picks_greedy(tiny_hf):
     assert reuse.take_stats()["prefill_reused"] > 0
 
 
+@pytest.mark.slow  # the real 135M model
 def test_reuse_samples_what_generate_samples_smollm2(smollm2_dir):
     from omrl.models import load_model
 

@@ -99,6 +99,7 @@ def test_a_grpo_step_trains_every_row(thinking_run, history):
         assert record["rows_per_episode"] > 1 and record["prefix_breaks"] > 0
 
 
+@pytest.mark.slow  # a training run
 def test_a_beam_search_step_trains_on_split_paths(thinking_run):
     record = thinking_run(
         "as_template",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from omrl.training.checkpoint import interrupted
+from omrl.training.metrics import read_metrics
 
 RUN = (
     "--algo",
@@ -22,7 +23,7 @@ RUN = (
 
 
 def steps_logged(run) -> list[int]:
-    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [record["step"] for record in read_metrics(run)]
 
 
 def test_resume_reads_the_runs_config_and_extends_a_finished_run(omrl_main, tmp_path):

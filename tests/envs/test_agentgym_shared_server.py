@@ -120,6 +120,7 @@ def server(tmp_path):
     process.stop()
 
 
+@pytest.mark.slow  # several processes
 def test_a_restart_seen_only_by_another_process_ends_the_stale_episode_as_an_env_error(server):
     """Issue 50: A is mid-episode when the server restarts; B, in another process, is handed env
     id 0, A's number. A's next steps would craft B's goal and record B's win as A's (won True,
@@ -145,6 +146,7 @@ def test_a_restart_seen_only_by_another_process_ends_the_stale_episode_as_an_env
     a.close()
 
 
+@pytest.mark.slow  # several processes
 def test_an_unfinished_episode_never_closes_the_env_another_process_was_handed(server):
     """A turn cap ends A's episode after a restart that only B's process saw: closing A's number
     would end B's env (before: B's next step answered "The id 0 is not valid.")."""
@@ -159,6 +161,7 @@ def test_an_unfinished_episode_never_closes_the_env_another_process_was_handed(s
     a.close()
 
 
+@pytest.mark.slow  # several processes
 def test_one_process_sees_a_restart_through_any_spelling_of_the_servers_url(server):
     """Clients of one process that name the server as 127.0.0.1 and as localhost share what they
     see of its ids: B's create after the restart answers A's number, so A's episode is lost."""

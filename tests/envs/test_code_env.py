@@ -48,6 +48,7 @@ def test_the_expert_computes_with_the_tool_and_its_answer_is_scored_by_the_datas
         env.close()
 
 
+@pytest.mark.slow  # sandboxed processes, seconds each
 def test_a_failing_call_is_the_agents_turn_and_the_episode_goes_on():
     env = build(max_calls=2)
     try:

@@ -232,6 +232,7 @@ def test_math_matching_works_off_the_main_thread(tmp_path):
     assert won == [True]
 
 
+@pytest.mark.slow  # waits out a deadline
 def test_an_answer_that_would_compute_forever_is_wrong_within_the_deadline_off_the_main_thread(tmp_path):
     """As a tool env scores it: math-verify's own bound (a signal alarm) does not work off the main thread."""
     env = DatasetEnv(path=str(write_jsonl(tmp_path / "qa.jsonl", [{"prompt": "?", "answer": "3"}])), match="math")

@@ -127,6 +127,7 @@ def test_textcraft_can_number_its_goals_as_agentgyms_server_does():
 
 
 # -- ScienceWorld --------------------------------------------------------------------------
+@pytest.mark.slow  # a Java simulator
 def test_scienceworld_plays_its_gold_path_to_a_win_on_one_simulator():
     # One test, one JVM: starting the simulator is most of the time (about 3-10 s).
     env = ScienceWorldEnv(tasks=["lifespan-longest-lived"])  # short gold paths

@@ -41,6 +41,7 @@ def soak(soak_module, tiny_model_dir):
     return run
 
 
+@pytest.mark.slow  # a soak
 def test_short_soak_keeps_every_invariant(soak, soak_module):
     report = soak(episodes=48, seed=0, servers=2, fault_rate=0.15, chaos_interval=0.4)
     assert report.violations == []
@@ -51,6 +52,7 @@ def test_short_soak_keeps_every_invariant(soak, soak_module):
     assert sum(report.faults[k] for k in soak_module.FAULTS) > 10
 
 
+@pytest.mark.slow  # a soak: servers restarted
 @pytest.mark.parametrize("seed", [1, 3, 4])
 def test_agentgym_like_servers_restarted_mid_episode_never_share_an_env(soak, seed):
     """A server that behaves as AgentGym's do (ids from 0 at each start, `false` for an id it does
@@ -96,6 +98,7 @@ def test_script_exits_non_zero_when_an_invariant_breaks(soak_module, monkeypatch
     assert soak_module.main(["--episodes", "2"]) == 0
 
 
+@pytest.mark.slow  # a soak
 def test_a_train_run_under_faults_keeps_its_steps_checkpoints_and_metrics_consistent(
     soak_module, tiny_model_dir, tmp_path
 ):

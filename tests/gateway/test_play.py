@@ -13,6 +13,7 @@ from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig
 from omrl.errors import ConfigError
 from omrl.rollout import RolloutSession
+from omrl.training.metrics import read_metrics
 from tests.helpers import cli_exit, invoke
 
 HERE = Path(__file__).parent
@@ -184,7 +185,7 @@ def test_eval_and_train_through_the_gateway(questions, tmp_path):
         "eval_every=0",
     )
     assert result.exit_code == 0, result.output
-    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = read_metrics(tmp_path / "run")
     trained = [s for s in steps if "reward_words" in s]
     assert len(trained) == 2 and all(s["rows_per_episode"] >= 1 for s in trained)
     assert any(not s.get("skipped_update") for s in trained), trained  # the word counts differ: an update ran

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import time
 
 import pytest
@@ -120,7 +119,7 @@ def test_metrics_logger_on_resume_drops_steps_after_the_checkpoint(tmp_path):
     with MetricsLogger(tmp_path, cfg, total_steps=6, start_step=2, console=quiet) as logger:
         for step in range(3, 7):
             logger.log(step, {"loss": 10.0 + step})
-    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path)
     assert [(r["step"], r["loss"]) for r in records] == [(1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0), (6, 16.0)]
 
 

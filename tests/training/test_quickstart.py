@@ -3,11 +3,10 @@ for SmolLM2, made two steps at lr 2e-5 and left it where it was), and its GRPO p
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from omrl.cli import main
+from omrl.training.metrics import read_metrics
 
 
 def run(*argv: str) -> None:
@@ -17,7 +16,7 @@ def run(*argv: str) -> None:
 
 
 def last_record(run_dir) -> dict:
-    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    return read_metrics(run_dir)[-1]
 
 
 @pytest.mark.slow  # the README's presets trained in full: 50+ SFT steps, then GRPO
@@ -38,6 +37,6 @@ def test_the_quickstart_presets_fine_tune_tiny_and_every_grpo_step_updates(tmp_p
         "tasks_per_step=4",
         "eval_tasks=0",
     )
-    records = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    records = read_metrics(tmp_path / "grpo")
     assert [r["step"] for r in records] == [1, 2] and not records[-1].get("skipped_updates"), records
     assert all(r["grad_norm"] > 0 for r in records)  # a real update each step: the SFT model's samples differ

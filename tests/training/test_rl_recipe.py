@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import math
 from pathlib import Path
 
@@ -262,7 +261,7 @@ def test_train_command(tiny_model_dir, tmp_path):
     result = train_command(tiny_model_dir, out, "tasks_per_step=1", "group_size=2")
     assert result.exit_code == 0, result.output
     assert "omrl train: done" in result.output and (out / "config.json").exists()
-    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+    assert read_metrics(out)[0]["step"] == 1
     bad = CliRunner().invoke(build_app(), ["train", "--algo", "sac"])
     assert bad.exit_code != 0 and "unknown --algo 'sac'; valid: grpo, ppo, dpo" in str(bad.exception)
 

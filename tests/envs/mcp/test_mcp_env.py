@@ -115,6 +115,7 @@ def test_the_agents_mistakes_are_tool_errors_and_the_episode_goes_on(tasks, pid_
         env.close()
 
 
+@pytest.mark.slow  # waits out a deadline
 def test_a_tool_that_does_not_answer_in_time_is_an_env_error(tasks, pid_file):
     env = McpEnv(**stdio_options(tasks, pid_file, timeout_s=1))
     try:
@@ -170,6 +171,7 @@ def test_each_instance_has_its_own_server_and_close_stops_it(tasks, tmp_path):
     envs[0].close()  # a second close does nothing
 
 
+@pytest.mark.slow  # waits for a server
 def test_a_server_that_cannot_start_is_refused_when_the_env_is_built(tasks):
     with pytest.raises(
         ConfigError, match=r"could not start: .*its stderr ends: no database here\. Check plugins.mcp.command: run it"
@@ -346,6 +348,7 @@ def test_the_expert_finds_every_answer_with_the_tools(shop):
 
 
 # -- through the rollout and the CLI ---------------------------------------------------------------------
+@pytest.mark.slow  # MCP servers
 @pytest.mark.parametrize("template", [[], ["--template", "tool_call"]], ids=["default", "tool_call"])
 def test_the_documented_expert_rollout_plays_the_tools(template, tmp_path, capsys):
     out = tmp_path / "expert.parquet"
@@ -366,6 +369,7 @@ def test_the_documented_expert_rollout_plays_the_tools(template, tmp_path, capsy
     assert episodes[0].turns[-1].observation == '[{"COUNT(*)": 3}]'  # How many orders did Alice place?
 
 
+@pytest.mark.slow  # an MCP server and a model
 def test_omrl_eval_plays_mcp_sqlite_with_the_tiny_model(tmp_path):
     _, report = eval_report(
         tmp_path,
