@@ -1,5 +1,6 @@
-"""omrl vs TRL on a multi-turn tool task: ``omrl train --algo grpo`` and TRL's ``GRPOTrainer`` with an
-``environment_factory``, the same job in one run, rounds alternating.
+"""omrl vs TRL on a multi-turn tool task, the same job in one run, rounds alternating.
+
+``omrl train --algo grpo`` against TRL's ``GRPOTrainer`` with an ``environment_factory``.
 
     python3 -m venv /tmp/trl-venv
     /tmp/trl-venv/bin/pip install -c constraints-cpu.txt -r benchmarks/requirements-trl.txt
@@ -19,7 +20,8 @@ plugin (omrl's ``tool_call``, hermes calls) whose system prompt is :data:`SYSTEM
 reply with a tool call gets the tool's result as a ``tool`` message and another turn; a reply
 without one ends the episode and is the answer. The reward, on both sides the same function of the
 final reply (:func:`answer_reward`): 1 when its last number is the product, plus 0.001 per
-character (so a group's samples practically always differ and neither side skips an update). A
+character (so replies of different lengths score differently; where all of a step's samples score
+alike per task, omrl skips the update and TRL does not: see the steady state below). A
 turn cap of ``--turns`` replies (TRL: ``max_tool_calling_iterations = turns - 1``) and
 ``--max-new-tokens`` per reply (TRL: ``generation_kwargs={"max_new_tokens": ...}``, with
 ``max_completion_length`` large enough never to cut an episode short: ``turns x (tokens + 64)``).
@@ -29,7 +31,9 @@ local file) in a directory of symlinks whose chat template is TRL's packaged Qwe
 (``trl/chat_templates/qwen2_5.jinja``): SmolLM2's own template renders neither tools nor tool
 calls, and TRL refuses a template that cannot (``supports_tool_calling``); Qwen2.5's is ChatML,
 SmolLM2's own turn format, plus hermes tool calls, and TRL knows how to parse its replies
-(``add_response_schema``). Both sides load that directory, and the worker checks that TRL's first
+(``add_response_schema``). SmolLM2-135M-Instruct as shipped never calls the tool, so the benchmark
+first fine-tunes that model for ``--warmup-steps`` steps on expert episodes (:func:`warm_up`; cached
+under ``$OMRL_HOME/benchmarks/``). Both sides load the result, and the TRL worker checks that its first
 prompts are the very ids omrl played.
 
 The same on both sides besides: the tasks in the order omrl plays them, ``--tasks`` prompts a step x
@@ -40,10 +44,11 @@ float32, gradient checkpointing off, ``--steps`` steps, ``--threads`` threads.
 Reported per run: each step's wall time (TRL: a callback's step begin to end; omrl: its logged
 ``step_time``), the rollout's share (TRL: ``_generate_and_score_completions``, its tool loop
 included; omrl: ``rollout_time``), the tokens sampled (TRL: counted at every ``model.generate``
-call, up to each row's end of turn; omrl: its logged completion tokens), turns and tool calls per
+call, up to each row's end of turn; omrl: its logged ``generated_tokens``), turns and tool calls per
 episode, peak RSS (TRL: the worker's VmHWM; omrl: its ``peak_rss_gb``), and for omrl the share of
 prompt tokens its KV store reused instead of computing (``prefill_reused / (prefill_reused +
-prefill_tokens)``). Steady state: the median over the steps after the first. The ratios, per round
+prefill_tokens)``). Steady state: the median over the steps after the first, less omrl's steps that skipped
+their update (every advantage of the step 0: TRL updates anyway, so those did less work). The ratios, per round
 (min and median over rounds): omrl's steady s/step over TRL's, and the same per sampled token
 (``s/step / tokens/step``: the two sides sample different numbers of turns, so this is the
 comparison "at equal tokens"). Target: omrl <= 0.5x TRL's time per step at equal tokens, and no more
@@ -487,6 +492,7 @@ def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None
                 "prefill_reused_share": reused / (reused + computed) if reused + computed else 0.0,
                 "reward": row.get("reward"),
                 "episodes": episodes,
+                "skipped": bool(row.get("skipped_updates")),
             }
         )
     return {
@@ -601,16 +607,22 @@ def warm_up(model_dir: str, out: Path, steps: int, threads: int) -> str:
     return str(out)
 
 
+def steady_steps(steps: list[dict]) -> list[dict]:
+    """The steps a steady state is taken over: those after the first (the only one, when there is only
+    one), less omrl's steps that skipped their update (every advantage 0: less work than TRL's, which
+    updates anyway) unless every one did."""
+    after = steps[1:] if len(steps) > 1 else steps
+    return [s for s in after if not s.get("skipped")] or after
+
+
 def steady(steps: list[dict], key: str = "step_time") -> float:
-    """Median over the steps after the first (all of them when there is only one)."""
-    values = [s[key] for s in steps]
-    return statistics.median(values[1:] if len(values) > 1 else values)
+    """The median of ``key`` over :func:`steady_steps`."""
+    return statistics.median(s[key] for s in steady_steps(steps))
 
 
 def per_token(steps: list[dict]) -> float:
     """Steady seconds per sampled token: steady s/step over the tokens sampled in those steps."""
-    kept = steps[1:] if len(steps) > 1 else steps
-    tokens = statistics.median(s["sampled_tokens"] for s in kept)
+    tokens = steady(steps, "sampled_tokens")
     return steady(steps) / tokens if tokens else float("nan")
 
 
@@ -642,7 +654,7 @@ PROFILED = {
             "_generate_and_score_completions",
         ),
         ("the tool loop (grpo_trainer.py:_tool_call_loop) calls", "grpo_trainer.py", "_tool_call_loop"),
-        ("the update (trainer.py:training_step) calls", "trainer.py", "training_step"),
+        ("the training step (trainer.py:training_step: rollout, loss, backward) calls", "trainer.py", "training_step"),
     ),
 }
 
@@ -674,17 +686,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trl-python", default=None, help="python with trl (default: this one if it has trl)")
     parser.add_argument("--model", default="smollm2-135m", help="built-in name or local HF directory")
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3, help="training steps a run")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of one run per side, order alternating")
     parser.add_argument("--tasks", type=int, default=2, help="prompts per step")
-    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4, help="samples of each prompt")
     parser.add_argument("--turns", type=int, default=3, help="replies per episode at most (turn cap)")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens per reply at most")
-    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--lr", type=float, default=1e-5, help="learning rate, constant")
     parser.add_argument(
         "--warmup-steps", type=int, default=8, help="SFT steps teaching the tool call first (0: the model as is)"
     )
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of each side")
     parser.add_argument("--omrl-arg", action="append", default=[], help="extra key=value for omrl train")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="no cProfile run of each side")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 2 steps of 1x2, 1 round")
@@ -771,8 +783,8 @@ def main() -> None:
     )
     for side in sides:
         for r, run in enumerate(runs[side]):
-            kept = run["steps"][1:] if len(run["steps"]) > 1 else run["steps"]
-            tokens = statistics.median(s["sampled_tokens"] for s in kept)
+            kept = steady_steps(run["steps"])
+            tokens = steady(run["steps"], "sampled_tokens")
             turns = [s.get("turns") for s in kept if s.get("turns") is not None]
             calls = [s.get("tool_calls") for s in kept if s.get("tool_calls") is not None]
             reuse = [s["prefill_reused_share"] for s in kept if "prefill_reused_share" in s]
@@ -786,7 +798,7 @@ def main() -> None:
                 f"{(f'{statistics.mean(reuse):.0%}' if reuse else '-'):>6s} {run['peak_rss'] / 2**30:12.2f}"
             )
     print(
-        f"* median over the steps after the first; tokens: sampled a step.\n"
+        f"* median over the steps after the first, less omrl's that skipped their update; tokens: sampled a step\n"
         f"omrl/TRL s/step: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}; per sampled token "
         f"(at equal tokens): min {min(token_ratios):.2f}, median {statistics.median(token_ratios):.2f} "
         f"(target <= {TARGET}); peak RSS: max {max(memory_ratios):.2f} (target <= 1.0): "
@@ -794,7 +806,7 @@ def main() -> None:
     )
     skipped = sum(run["skipped_steps"] for run in runs["omrl"])
     if skipped:
-        print(f"warning: omrl skipped {skipped} update(s) (every advantage 0): those steps did less work than TRL's")
+        print(f"omrl skipped {skipped} update(s) (every advantage 0), left out of its steady state (less work)")
     if found:
         for side, part in found.items():
             times = " ".join(f"{t:.1f}" for t in part["profiled_step_times"])

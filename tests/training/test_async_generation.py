@@ -192,13 +192,13 @@ SEND_DELAY = 1.5  # the trainer sends each version this late: after a step's fir
 @pytest.mark.slow
 def test_partial_rollouts_continue_episodes_under_each_new_version(config, register_plugin, monkeypatch):
     register_plugin(Registers({"slow-gridworld": SlowGridWorld}, {"any_reply": AnyReply}), name="slow-gridworld")
-    send = async_generation.after_update
+    send = async_generation.GenerationProcess.publish
 
-    def late(recipe):
+    def late(generation, version, weights):
         time.sleep(SEND_DELAY)
-        send(recipe)
+        send(generation, version, weights)
 
-    monkeypatch.setattr(async_generation, "after_update", late)
+    monkeypatch.setattr(async_generation.GenerationProcess, "publish", late)
     cfg = config(
         "env.name=slow-gridworld",
         "env.template=any_reply",  # every reply steps the env: the tiny model's rarely parse otherwise
