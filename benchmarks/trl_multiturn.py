@@ -70,6 +70,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from trl_grpo import callees, vm_hwm  # this folder's: the single-turn comparison's helpers (no omrl imports)
+
 TARGET = 0.5
 SYSTEM = "Answer with the number. Use multiply for products."
 QUESTION = "What is {a} times {b}?"
@@ -125,12 +127,6 @@ class Calculator:
         """
         self.calls += 1
         return a * b
-
-
-def vm_hwm() -> int:
-    """This process's peak RSS in bytes (VmHWM: unlike ru_maxrss, not inherited from the parent)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
 
 
 # -- the TRL side (may run in TRL's venv: no omrl imports here) -------------------------------------
@@ -624,19 +620,6 @@ def per_token(steps: list[dict]) -> float:
     """Steady seconds per sampled token: steady s/step over the tokens sampled in those steps."""
     tokens = steady(steps, "sampled_tokens")
     return steady(steps) / tokens if tokens else float("nan")
-
-
-def callees(stats, file: str, function: str, count: int) -> list[tuple[str, float]]:
-    """The functions ``file:function`` calls directly, with the cumulative seconds spent in them on its
-    behalf (cProfile's caller records), most first."""
-    parents = [key for key in stats.stats if Path(key[0]).name == file and key[2] == function]
-    out: dict[str, float] = {}
-    for (path, line, name), (_, _, _, _, callers) in stats.stats.items():
-        for parent in parents:
-            if parent in callers:
-                label = f"{Path(path).name}:{name}" if line else name
-                out[label] = out.get(label, 0.0) + callers[parent][3]
-    return sorted(out.items(), key=lambda item: item[1], reverse=True)[:count]
 
 
 # where to look inside each side's step

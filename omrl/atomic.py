@@ -11,8 +11,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def umask() -> int:
+    """The process's umask, read without changing it where the kernel says it (Linux 4.7+)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (a moment another thread's new file could see)
     os.umask(mask)
     return mask
 
@@ -22,7 +30,7 @@ def _temporary_sibling(path: Path) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     # mkstemp makes the file private (0600) and the rename would keep that: give it the mode
     # a plain open() would have, so reports and checkpoints are readable as any other file
-    os.fchmod(fd, 0o666 & ~_umask())
+    os.fchmod(fd, 0o666 & ~umask())
     os.close(fd)
     return Path(tmp)
 

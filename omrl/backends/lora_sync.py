@@ -25,10 +25,8 @@ switch is in the trajectory.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -36,7 +34,7 @@ from typing import Any, Mapping, Sequence
 import httpx
 import torch
 
-from omrl.backends.weight_sync import ServerControl, _folder_prefix, _umask, _unshared, remove_stale_folders
+from omrl.backends.weight_sync import ServerControl, run_folder, unshared, write_version
 from omrl.errors import OmrlError
 
 LORA_HINT = (
@@ -123,11 +121,7 @@ class LoraSync:
         self.keep = keep
         # a name of this run's own: two runs on one server never load over each other's adapters
         self.prefix = f"{Path(base_model).name or 'model'}-omrl-{secrets.token_hex(3)}"
-        parent = Path(weight_dir).resolve() if weight_dir else Path(tempfile.gettempdir())
-        parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_folders(parent)
-        self.root = Path(tempfile.mkdtemp(prefix=_folder_prefix(os.getpid()), dir=parent))
-        self.root.chmod(0o777 & ~_umask())  # the server may run as another user
+        self.root = run_folder(weight_dir)  # the server may run as another user
         self.loaded: dict[int, tuple[str, Path]] = {}  # version -> (adapter name, folder), oldest first
         self.pushes = 0
         self.pins = ConversationPins()
@@ -168,16 +162,12 @@ class LoraSync:
         from safetensors.torch import save_file
 
         self.pushes += 1
-        folder = self.root / f"adapter-{self.pushes}"
-        partial = self.root / f".adapter-{self.pushes}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        save_file(_unshared(weights), str(partial / "adapter_model.safetensors"))
-        (partial / "adapter_config.json").write_text(json.dumps(dict(lora_config), indent=2))
-        for file in partial.iterdir():
-            file.chmod(0o666 & ~_umask())  # safetensors writes 0600 whatever the umask
-        partial.chmod(0o777 & ~_umask())
-        partial.rename(folder)  # the server never sees a half-written adapter
+
+        def write(at: Path) -> None:
+            save_file(unshared(weights), str(at / "adapter_model.safetensors"))
+            (at / "adapter_config.json").write_text(json.dumps(dict(lora_config), indent=2))
+
+        folder = write_version(self.root, f"adapter-{self.pushes}", write)
         self.bytes_sent = sum(file.stat().st_size for file in folder.iterdir())
         return folder
 

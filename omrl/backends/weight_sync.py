@@ -37,11 +37,12 @@ import socket
 import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import httpx
 import torch
 
+from omrl.atomic import umask
 from omrl.errors import ConfigError, OmrlError
 
 WEIGHT_SYNCS = ("none", "files", "nccl", "lora")
@@ -133,13 +134,7 @@ class FileSync(WeightSync):
 
     def __init__(self, control: ServerControl, weight_dir: str = ""):
         super().__init__(control)
-        # a folder of this run's own, removed on close: runs (or a resumed run) sharing weight_dir never
-        # meet; absolute, since the server resolves the path in its own working directory
-        parent = Path(weight_dir).resolve() if weight_dir else Path(tempfile.gettempdir())
-        parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_folders(parent)
-        self.root = Path(tempfile.mkdtemp(prefix=_folder_prefix(os.getpid()), dir=parent))
-        self.root.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would shut out a server under another user
+        self.root = run_folder(weight_dir)
         self.written: Path | None = None
         self.count = 0
 
@@ -147,13 +142,9 @@ class FileSync(WeightSync):
         from safetensors.torch import save_file
 
         self.count += 1
-        folder = self.root / f"update-{self.count}"
-        partial = self.root / f".update-{self.count}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir()
-        save_file(_unshared(state_dict), str(partial / "model.safetensors"))
-        (partial / "model.safetensors").chmod(0o666 & ~_umask())  # safetensors writes 0600 whatever the umask
-        partial.rename(folder)  # the server never sees a half-written file
+        folder = write_version(
+            self.root, f"update-{self.count}", lambda at: save_file(unshared(state_dict), str(at / "model.safetensors"))
+        )
         answer = self.control.post(
             "collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}}
         )
@@ -169,6 +160,33 @@ class FileSync(WeightSync):
 
 FOLDER_PREFIX = "omrl-server-weights-"
 _OWNED = re.compile(re.escape(FOLDER_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-(?P<start>\d+)-[^-]+")
+
+
+def run_folder(weight_dir: str) -> Path:
+    """A folder of this run's own under ``weight_dir`` (empty: the temp folder), removed on close: runs (or
+    a resumed run) sharing weight_dir never meet. Absolute, since the server resolves the path in its
+    own working directory; as readable as the umask allows (mkdtemp's 0700 would shut out a server
+    under another user). The folders of killed runs on this host are removed first."""
+    parent = Path(weight_dir).resolve() if weight_dir else Path(tempfile.gettempdir())
+    parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_folders(parent)
+    root = Path(tempfile.mkdtemp(prefix=_folder_prefix(os.getpid()), dir=parent))
+    root.chmod(0o777 & ~umask())
+    return root
+
+
+def write_version(root: Path, name: str, write: Callable[[Path], None]) -> Path:
+    """``root/name``, its files made by ``write(folder)`` in a partial folder that is renamed into place
+    whole (the server never sees a half-written file), each as readable as the umask allows
+    (safetensors writes 0600 whatever the umask)."""
+    folder, partial = root / name, root / f".{name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    write(partial)
+    for file in partial.iterdir():
+        file.chmod(0o666 & ~umask())
+    partial.rename(folder)
+    return folder
 
 
 def _folder_prefix(pid: int) -> str:
@@ -206,20 +224,6 @@ def _start_time(pid: int) -> int:
             return int(stat.read().rsplit(b")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         return 0
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where the kernel says it (Linux 4.7+)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)  # elsewhere: set and restore (a moment another thread's new file could see)
-    os.umask(mask)
-    return mask
 
 
 class NcclSync(WeightSync):
@@ -353,7 +357,7 @@ def _check_rpc(answer: Any, method: str) -> None:
             raise OmrlError(f"the generation server's {method} answered {str(result)[:300]}")
 
 
-def _unshared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def unshared(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """CPU tensors that share no memory (safetensors refuses tied weights as one tensor twice)."""
     seen: set[int] = set()
     out = {}
