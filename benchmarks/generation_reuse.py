@@ -36,7 +36,7 @@ from omrl.backends.hf import HFBackend
 from omrl.config import load_config
 from omrl.config.options import TrainRunConfig
 from omrl.models import load_model
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.rl_data import TaskOrder
 
 
@@ -109,7 +109,7 @@ def play(session: RolloutSession, backend: Backend, tasks: list[Any], cfg: Train
     """One rollout step with ``backend``: (episodes, seconds)."""
     session.backend = backend
     started = time.perf_counter()
-    episodes = session.play(tasks, split=cfg.env.split, group_size=cfg.group_size, seed=seed)
+    episodes = session.play(tasks, PlaySpec(split=cfg.env.split, group_size=cfg.group_size, seed=seed)).episodes
     return episodes, time.perf_counter() - started
 
 
@@ -137,7 +137,7 @@ def main() -> None:
     warm = HFBackend(model, tokenizer, batch_size=gen.batch_size)
     warm.generate([[tokenizer.eos_token_id] * 8], SamplingParams(max_new_tokens=4, seed=0))
     session = RolloutSession.from_config(cfg, model=model, tokenizer=tokenizer, backend=warm)
-    splits = session.pool.probe()
+    splits = session.env_of().pool.probe()
     tasks = TaskOrder(list(splits.split_of(cfg.env.split)), cfg.seed).take(cfg.tasks_per_step)
     seed = cfg.seed * 1_000_003  # the first step's rollout seed with one process
 

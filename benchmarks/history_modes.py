@@ -74,7 +74,7 @@ from omrl.chat import encode_text
 from omrl.config import load_config
 from omrl.config.options import TrainRunConfig
 from omrl.models import resolve_model_path
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.rl import RLRecipe
 from omrl.training.rl_data import TaskOrder, episodes_to_batch, sort_by_length, trainable
 from omrl.training.shared_prefix import PACKED_MASK_ATTENTION, shared_prefix_groups
@@ -220,8 +220,8 @@ def expert_script(cfg: TrainRunConfig, tasks: list[Any]):
     chat's first user message; turn k's reply is action k in the xml template's format with a reasoning."""
     session = RolloutSession.from_config(cfg, expert=True)
     try:
-        episodes = session.play(tasks, split=cfg.env.split, group_size=1, expert=True)
-        template = session.template
+        episodes = session.play(tasks, PlaySpec(split=cfg.env.split, group_size=1, expert=True)).episodes
+        template = session.env_of().template
     finally:
         session.close()
     actions = {}
@@ -476,7 +476,9 @@ def main() -> None:
     cfg = load_config(TrainRunConfig, "grpo", base)
     session = RolloutSession.from_config(cfg, expert=True)
     try:
-        tasks = TaskOrder(list(session.pool.probe().split_of(cfg.env.split)), cfg.seed).take(cfg.tasks_per_step)
+        tasks = TaskOrder(list(session.env_of().pool.probe().split_of(cfg.env.split)), cfg.seed).take(
+            cfg.tasks_per_step
+        )
     finally:
         session.close()
     thinking_model = template_copy(cfg.model.name, REASONING_DROPPING, work / "model")

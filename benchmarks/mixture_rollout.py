@@ -32,7 +32,7 @@ from omrl.config import load_config
 from omrl.config.options import RolloutRunConfig
 from omrl.hookspecs import hookimpl
 from omrl.plugins import load_plugins
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 
 FAST = "reasoning-gym:letter_counting"
 
@@ -77,7 +77,7 @@ def timed(envs: list[str], tasks: int, group: int, seed: int, expert: bool) -> t
     with session_for(envs, expert) as session:
         chosen = session.task_ids("test", tasks)
         started = time.perf_counter()
-        episodes = session.play(chosen, group_size=group, seed=seed, expert=expert)
+        episodes = session.play(chosen, PlaySpec(group_size=group, seed=seed, expert=expert)).episodes
         return time.perf_counter() - started, sum(ep.num_turns for ep in episodes)
 
 

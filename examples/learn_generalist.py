@@ -43,7 +43,7 @@ from omrl.atomic import atomic_write_text
 from omrl.config import load_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.data import write_episodes
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft
@@ -119,7 +119,7 @@ def expert_data(path: Path, budget: Budget, envs: list[str] | None = None) -> Pa
         [f"model.name={budget.model}", "env.name=gridworld", mix(envs or list(ENVS)), *GENERATION],
     )
     with RolloutSession.from_config(cfg, expert=True) as session:
-        episodes = session.play(session.task_ids("train", budget.expert_episodes), expert=True)
+        episodes = session.play(session.task_ids("train", budget.expert_episodes), PlaySpec(expert=True)).episodes
     write_episodes([ep for ep in episodes if ep.won], path)  # the expert's wins are the demonstrations
     return path
 
@@ -136,7 +136,9 @@ def held_out(model: str, budget: Budget, seed: int) -> dict[str, dict[str, dict]
             + [f"generation.temperature={temperature}", f"seed={seed}"],
         )
         with RolloutSession.from_config(cfg) as session:
-            episodes = session.play(session.task_ids("test", budget.eval_tasks), group_size=samples, seed=seed)
+            episodes = session.play(
+                session.task_ids("test", budget.eval_tasks), PlaySpec(group_size=samples, seed=seed)
+            ).episodes
         out[name] = {env: success_with_se([ep for ep in episodes if ep.env == env]) for env in ENVS}
         out[name]["macro"] = macro(out[name])
     return out

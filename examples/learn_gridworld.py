@@ -31,7 +31,7 @@ from omrl.config import load_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.data import write_episodes
 from omrl.evaluation import evaluate
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft
 
@@ -100,14 +100,16 @@ def held_out_episodes(model: str, tasks: int, seed: int, temperature: float, sam
         ],
     )
     with RolloutSession.from_config(cfg) as session:
-        return session.play(session.task_ids("test", tasks), split="test", seed=seed, group_size=samples)
+        return session.play(
+            session.task_ids("test", tasks), PlaySpec(split="test", seed=seed, group_size=samples)
+        ).episodes
 
 
 def expert_data(path: Path, episodes: int) -> Path:
     """The env's BFS expert plays ``episodes`` training tasks; its chats are the SFT data."""
     cfg = load_config(RolloutRunConfig, None, ["model.name=tiny", *ENV, *GENERATION])
     with RolloutSession.from_config(cfg, expert=True) as session:
-        expert = session.play(session.task_ids("train", episodes), split="train", expert=True)
+        expert = session.play(session.task_ids("train", episodes), PlaySpec(split="train", expert=True)).episodes
     write_episodes(expert, path)
     return path
 

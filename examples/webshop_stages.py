@@ -22,7 +22,7 @@ from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError
 from omrl.models import WEBSHOP_DELTA, resolve_model_path
 from omrl.models.delta import export_low_rank_delta, file_digest
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
@@ -112,7 +112,9 @@ def expert_stage(path: Path, size: Size, seed: int) -> dict[str, Any]:
     """``omrl rollout --expert`` on the first ``expert_episodes`` train goals -> ``path`` (parquet)."""
     cfg = load_config(RolloutRunConfig, None, [f"model.name={size.model}", *ENV, *GENERATION, f"seed={seed}"])
     with RolloutSession.from_config(cfg, expert=True) as session:
-        episodes = session.play(session.task_ids("train", size.expert_episodes), split="train", expert=True)
+        episodes = session.play(
+            session.task_ids("train", size.expert_episodes), PlaySpec(split="train", expert=True)
+        ).episodes
     write_episodes(episodes, path)
     n = len(episodes)
     return {
@@ -241,7 +243,9 @@ def evaluate_model(model: str, size: Size, seed: int, sampled: bool, goals: int)
         [f"model.name={model}", *ENV, *GENERATION, f"seed={seed}", f"generation.temperature={temperature}"],
     )
     with RolloutSession.from_config(cfg) as session:
-        episodes = session.play(session.task_ids("test", goals), split="test", group_size=samples, seed=seed)
+        episodes = session.play(
+            session.task_ids("test", goals), PlaySpec(split="test", group_size=samples, seed=seed)
+        ).episodes
     return {**summarize(episodes), "samples_per_goal": samples, "seconds": time.perf_counter() - started}
 
 

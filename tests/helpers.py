@@ -14,6 +14,8 @@ from typing import Any, Sequence
 
 import pytest
 
+from omrl.rollout import PlaySpec
+
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FAST = ["generation.max_new_tokens=4", "env.max_turns=2"]
 """CLI overrides that keep an episode of the `tiny` model short: 4 new tokens a reply, 2 turns."""
@@ -145,8 +147,8 @@ def expert_and_model_episodes(num_tasks: int, group_size: int = 1) -> tuple[list
     overrides = [*REACT_GRIDWORLD, "env.max_turns=12"]
     with RolloutSession.from_config(load_config(RolloutRunConfig, None, overrides)) as session:
         tasks = session.task_ids("train", num_tasks)
-        won = session.play(tasks, split="train", expert=True)
-        lost = session.play(tasks, split="train", group_size=group_size, seed=1)
+        won = session.play(tasks, PlaySpec(split="train", expert=True)).episodes
+        lost = session.play(tasks, PlaySpec(split="train", group_size=group_size, seed=1)).episodes
     return won, lost
 
 

@@ -112,22 +112,13 @@ def check_model_turns(cfg, episodes, where: str) -> None:
         )
 
 
-def compose_chosen(session, episodes) -> dict[str, float]:
-    """The rewards of each search's answer, composed as the session composes (a mixture: per env)."""
-    from omrl.rollout.mixed import is_mixed
-    from omrl.rollout.session import compose_rewards
-
-    if is_mixed(session):  # each env's weights and options
-        return session.compose(episodes)
-    return compose_rewards(episodes, session.reward_weights, session.plugin_options)
-
-
-def each_envs_extra(session, trees, episodes, searched: bool) -> dict[str, dict]:
+def each_envs_extra(played, trees, searched: bool) -> dict[str, dict]:
     """A mixture's metrics per env beyond :func:`~omrl.evaluation.evaluate`: its reward terms and, after a
-    search (``episodes`` then the answers of ``trees``, in order), its search metrics."""
+    search (``played.episodes`` then the answers of ``trees``, in order), its search metrics."""
     from omrl.search import search_metrics
 
-    extra = {env: {f"reward/{k}": v for k, v in terms.items()} for env, terms in session.reward_summaries.items()}
+    episodes = played.episodes
+    extra = {env: {f"reward/{k}": v for k, v in terms.items()} for env, terms in played.env_rewards.items()}
     if searched:
         for env, metrics in extra.items():
             mine = [tree for tree, ep in zip(trees, episodes) if ep.env == env]
@@ -164,12 +155,7 @@ WHOLE_SPLIT_UP_TO = 100  # a split this small is evaluated whole when --num-task
 
 def split_size(session, split: str) -> int:
     """How many tasks ``split`` holds (a mixture: over every env, each asked for its own split)."""
-    if hasattr(session, "sessions"):
-        return sum(
-            len(session.session_of(m.name).task_ids(m.env.split if split == session.split else split, 10**9))
-            for m in session.members
-        )
-    return len(session.pool.probe().split_of(split))
+    return sum(len(env.task_ids(env.split if split == session.split else split, 10**9)) for env in session.envs)
 
 
 def evaluate_command(
@@ -267,21 +253,23 @@ def evaluate_command(
             count = max(1, size)  # a small split is evaluated whole unless asked otherwise
         tasks = session.task_ids(cfg.env.split, count)  # a mixture: count of each env
         console.print(f"eval: {len(tasks)} of {size} tasks of the {cfg.env.split} split", highlight=False)
-        from omrl.search import PlaySpec, chosen_episodes, play_strategy, plays_batched, search_metrics
+        from omrl.rollout import PlaySpec
+        from omrl.search import chosen_episodes, play_strategy, plays_batched, search_metrics
 
         every_sample = plays_batched(strategy, budget)  # the batched rollout's samples: each one counts (pass@k)
         playing = f"{len(session.env_names)} envs" if mixed else cfg.env.name  # a bar's label is one short line
         bar, progress = progress_bar(len(tasks), f"eval {playing} ({strategy}, tasks)")
         with bar:
-            spec = PlaySpec(strategy, budget, cfg.env.split, cfg.samples_per_task, cfg.seed)
-            trees, episodes = play_strategy(session, tasks, spec, progress, rewards=every_sample)
-        if every_sample:
-            rewards = session.reward_summary
-        else:
-            episodes = chosen_episodes(trees)  # each search's answer is what is evaluated
-            rewards = compose_chosen(session, episodes)
+            spec = PlaySpec(
+                cfg.env.split, cfg.samples_per_task, cfg.seed, rewards=every_sample, strategy=strategy, budget=budget
+            )
+            played = play_strategy(session, tasks, spec, progress)
+        trees = played.trees
+        if not every_sample:
+            played = session.compose(chosen_episodes(trees))  # each search's answer is what is evaluated
             searched = search_metrics(trees)
-        env_extra = each_envs_extra(session, trees, episodes, searched=not every_sample) if mixed else {}
+        episodes, rewards = played.episodes, played.rewards
+        env_extra = each_envs_extra(played, trees, searched=not every_sample) if mixed else {}
         generation = session.backend.take_stats() if session.backend is not None else {}
     replay_warnings(caught, episodes)
     metrics = evaluate(episodes)

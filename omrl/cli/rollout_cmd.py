@@ -165,11 +165,8 @@ def check_rollout_outputs(cfg) -> None:
 
 def tasks_of_each_env(cfg, session, tasks) -> dict[str, int]:
     """How many of ``tasks`` each env of the run has (one env: its tasks are ids, all of them its)."""
-    from omrl.rollout.mixed import is_mixed
-
-    if not is_mixed(session):
-        return {cfg.env.name: len(tasks)}
-    return {env: sum(task.env == env for task in tasks) for env in session.env_names}
+    named = [session.env_task(task, cfg.env.split).env for task in tasks]
+    return {env: named.count(env) for env in session.env_names}
 
 
 def progress_bar(total: int, label: str, sampled: bool = True):
@@ -280,12 +277,14 @@ def rollout(
         for name, count in tasks_of_each_env(cfg, session, tasks).items():
             if count < cfg.num_tasks:
                 console.print(Text(f"{name} has only {count} tasks in split {cfg.env.split!r}", style="yellow"))
-        from omrl.search import PlaySpec, play_strategy, plays_batched, search_metrics
+        from omrl.rollout import PlaySpec
+        from omrl.search import play_strategy, plays_batched, search_metrics
 
         bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)", sampled=not cfg.use_expert)
         with bar:
-            spec = PlaySpec(strategy, budget, cfg.env.split, cfg.group_size, cfg.seed, cfg.use_expert)
-            trees, episodes = play_strategy(session, tasks, spec, progress)
+            spec = PlaySpec(cfg.env.split, cfg.group_size, cfg.seed, cfg.use_expert, strategy=strategy, budget=budget)
+            played = play_strategy(session, tasks, spec, progress)
+            trees, episodes = played.trees, played.episodes
         if not plays_batched(strategy, budget):  # the batched rollout's samples were no search
             console.print(metrics_table(search_metrics(trees), title=f"search: {strategy}"))
     replay_warnings(caught, episodes)

@@ -1,11 +1,13 @@
 """The batched, token-exact multi-turn rollout (the reference design's ``run_llm_loop``).
 
 :mod:`.loop` is the loop, :mod:`.live` an episode as it grows (shared with the search), :mod:`.pool`
-the env instances, :mod:`.session` one env's session built from a config and :mod:`.mixed` a mixture's,
-:mod:`.progress` the hooks a rollout calls as it goes, :mod:`.convert` episodes as readable records.
+the env instances, :mod:`.session` a run's envs (one, or a mixture's) built from a config, :mod:`.spec`
+what a play is asked and gives back, :mod:`.progress` the hooks a rollout calls as it goes,
+:mod:`.convert` episodes as readable records.
 
     with RolloutSession.from_config(cfg) as session:
-        episodes = session.play(session.task_ids("train", 8), split="train", group_size=4, seed=0)
+        played = session.play(session.task_ids("train", 8), PlaySpec(split="train", group_size=4))
+        played.episodes, played.rewards
 
 :func:`collect` is the loop itself, for callers that hold their own pool,
 template, tokenizer and backend.
@@ -15,13 +17,17 @@ from omrl.rollout.convert import episode_record, token_exact, write_jsonl
 from omrl.rollout.loop import RolloutLimits, collect
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
-from omrl.rollout.session import RolloutSession
+from omrl.rollout.session import RolloutSession, SessionEnv
+from omrl.rollout.spec import Played, PlaySpec
 
 __all__ = [
     "EnvPool",
+    "PlaySpec",
+    "Played",
     "RolloutLimits",
     "RolloutProgress",
     "RolloutSession",
+    "SessionEnv",
     "collect",
     "episode_record",
     "token_exact",

@@ -1,51 +1,86 @@
-"""A rollout session: env pool, template, tokenizer and backend built once from a config.
+"""A rollout session: the envs, template, tokenizer and backend of a run, built once from its config.
 
-The commands (`omrl rollout`, `omrl eval`) and the trainer build one session
-and call :meth:`RolloutSession.play` as often as they need: env instances and
-the generation engine are created once, never per sample or per step.
+The commands (`omrl rollout`, `omrl eval`) and the trainer build one session and call
+:meth:`RolloutSession.play` as often as they need: env instances and the generation engine are
+created once, never per sample or per step. A session plays one env or a mixture of several
+(:mod:`omrl.mixture`) alike: each env is a lane of one batched rollout (:class:`SessionEnv`: its pool,
+template, turn cap, reward weights and plugin options), and one env is a mixture of one. A play takes
+one value in (:class:`~omrl.rollout.spec.PlaySpec`) and gives one back (:class:`~omrl.rollout.spec.Played`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from omrl import registry, rewards
 from omrl.backends import Backend, make_backend
 from omrl.chat.conformance import check_run_template, check_template_options
 from omrl.data.trajectory import Episode
-from omrl.errors import OmrlError
-from omrl.rollout.loop import RolloutLimits, collect
+from omrl.errors import ConfigError, OmrlError
+from omrl.mixture import EnvTask, MixMember, is_mixture, mix_members
+from omrl.rollout.loop import Lane, RolloutLimits, collect_lanes
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
+from omrl.rollout.spec import Played, PlaySpec, merged_rewards
 from omrl.templates import Template
 
 
+@dataclass(eq=False)
+class SessionEnv:
+    """One env of a session: its instances, action template, own split (``env.split``, or its
+    ``env.mix`` entry's), turn cap (0: the env's own), whether its worked example opens each chat, and
+    the reward weights and ``plugins.*`` options its episodes are scored with."""
+
+    name: str
+    pool: EnvPool
+    template: Template
+    split: str
+    max_turns: int = 0
+    demonstration: bool = True
+    reward_weights: dict[str, float] | None = None
+    plugin_options: dict[str, dict[str, Any]] | None = None
+
+    def task_ids(self, split: str, count: int) -> list[int]:
+        """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""
+        if count < 1:
+            raise OmrlError(f"num_tasks must be >= 1, got {count}")
+        return list(self.pool.probe().split_of(split))[:count]
+
+    def lane(self, split: str) -> Lane:
+        return Lane(self.pool, self.template, split or self.split, self.max_turns, self.demonstration)
+
+    def compose(self, episodes: list[Episode]) -> dict[str, float]:
+        """Fill each episode's ``rewards`` (:func:`compose_rewards`) with this env's weights and options."""
+        return compose_rewards(episodes, dict(self.reward_weights or {}), dict(self.plugin_options or {}))
+
+
 class RolloutSession:
-    """Plays episodes of one env with one template and one backend (or the env's expert)."""
+    """Plays episodes of its envs with one template per env, one tokenizer and one backend (or the
+    envs' experts). ``mixture``: the run names a mixture, whose tasks are :class:`~omrl.mixture.EnvTask`
+    values and whose metrics go per env; a one-env session's tasks are bare task ids."""
 
     def __init__(
         self,
-        pool: EnvPool,
-        template: Template,
+        envs: list[SessionEnv],
         tokenizer: Any,
         backend: Backend | None,
         limits: RolloutLimits,
-        reward_weights: dict[str, float] | None = None,
-        plugin_options: dict[str, dict[str, Any]] | None = None,
-        demonstration: bool = True,
+        *,
+        mixture: bool = False,
+        split: str = "",
         agent: Any = None,
         agent_options: Any = None,
         model_label: str = "omrl-policy",
     ):
-        self.pool = pool
-        self.template = template
+        if not envs:
+            raise OmrlError("a rollout session plays at least one env")
+        self.envs = envs
         self.tokenizer = tokenizer
         self.backend = backend
-        self.limits = limits
-        self.reward_weights = dict(reward_weights or {})
-        self.plugin_options = dict(plugin_options or {})
-        self.demonstration = demonstration  # open every chat with the env's worked example (if it has one)
-        self.reward_summary: dict[str, float] = {}  # what compose_rewards returned for the last play
+        self.limits = limits  # every play's, unless its PlaySpec brings its own
+        self.mixture = mixture
+        self.split = split  # the run's env.split: asked for it, each env gives its own
         # an agent program plays instead of the template (omrl.gateway.play.AgentSpec), through a gateway
         # built at its first play from the run's agent section (host, port, sampling, batch window)
         self.agent = agent
@@ -57,29 +92,19 @@ class RolloutSession:
     def from_config(
         cls, cfg: Any, *, model: Any = None, tokenizer: Any = None, expert: bool = False, backend: Backend | None = None
     ) -> "RolloutSession":
-        """Build from a run config with ``env``, ``generation``, ``chat``, ``model``, ``reward`` and ``plugins`` sections.
-
-        ``model``/``tokenizer`` reuse objects the caller already holds (the
-        trainer's policy); ``expert=True`` builds no backend at all. A config naming a mixture of envs
-        (:mod:`omrl.mixture`) gets a :class:`~omrl.rollout.mixed.MixedSession`, which plays like this.
-        """
-        from omrl.mixture import is_mixture
+        """Build from a run config with ``env``, ``generation``, ``chat``, ``model``, ``reward`` and ``plugins``
+        sections. ``model``/``tokenizer`` reuse objects the caller already holds (the trainer's policy);
+        ``expert=True`` builds no backend at all. Every env is built first: one that cannot be built
+        (bad options, an MCP server that cannot start) is refused before a model loads."""
         from omrl.models import check_context_window, load_tokenizer
 
-        if is_mixture(cfg.env):
-            from omrl.rollout.mixed import MixedSession
-
-            return MixedSession.from_config(cfg, model=model, tokenizer=tokenizer, expert=expert, backend=backend)  # type: ignore[return-value]
-
-        env_class = registry.envs.get(cfg.env.name)
-        template_class = registry.templates.get(cfg.env.template)
-        plugins = dict(getattr(cfg, "plugins", {}) or {})
-        pool = EnvPool(env_class, plugins.get(cfg.env.name, {}), name=cfg.env.name, num_workers=cfg.env.num_workers)
-        # the env is built now, and kept for the first episode: an env that cannot be built (bad options,
-        # an MCP server that cannot start) is refused before a model loads
-        pool.probe()
+        mixture, agent = is_mixture(cfg.env), agent_of(cfg)
+        if mixture and agent is not None:
+            raise ConfigError("an agent program plays one env; name one env in env.name (not env.mix or a list)")
+        envs: list[SessionEnv] = []
         try:
-            template = template_class(**plugins.get(cfg.env.template, {}))
+            for member in mix_members(cfg):
+                envs.append(session_env(member))
             if tokenizer is None:
                 tokenizer = load_tokenizer(cfg.model.name, cfg.model.trust_remote_code)
             limits = RolloutLimits.from_config(
@@ -92,83 +117,113 @@ class RolloutSession:
             if backend is None and not expert:
                 backend = backend_of(cfg, tokenizer, model)
         except BaseException:
-            pool.close()  # the built env's processes and servers stop with the failed session
+            for env in envs:  # the built envs' processes and servers stop with the failed session
+                env.pool.close()
             raise
-        agent = agent_of(cfg)
         return cls(
-            pool,
-            template,
+            envs,
             tokenizer,
             backend,
             limits,
-            reward_weights=cfg.reward.weights,
-            plugin_options=plugins,
-            demonstration=cfg.env.demonstration,
+            mixture=mixture,
+            split=cfg.env.split,
             agent=agent,
             agent_options=cfg.agent if agent is not None else None,
             model_label=cfg.model.name,
         )
 
-    def task_ids(self, split: str, count: int) -> list[int]:
-        """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""
-        if count < 1:
-            raise OmrlError(f"num_tasks must be >= 1, got {count}")
-        return list(self.pool.probe().split_of(split))[:count]
+    @property
+    def env_names(self) -> list[str]:
+        return [env.name for env in self.envs]
+
+    def env_of(self, name: str | None = None) -> SessionEnv:
+        """The env ``name`` of this session; None: its one env (a mixture must name one)."""
+        if name is None:
+            if len(self.envs) > 1:
+                raise OmrlError(f"this session plays {len(self.envs)} envs; name one of {', '.join(self.env_names)}")
+            return self.envs[0]
+        for env in self.envs:
+            if env.name == name:
+                return env
+        raise OmrlError(f"env {name!r} is not in this session; its envs: {', '.join(self.env_names)}")
+
+    def task_ids(self, split: str, count: int) -> list[Any]:
+        """The first ``count`` task ids of ``split``: bare ids of a one-env session; in a mixture, each
+        env's (fewer where it has fewer) as :class:`EnvTask` values, and asked for the run's own split,
+        each env's own split (an ``env.mix`` entry may set one)."""
+        if not self.mixture:
+            return self.envs[0].task_ids(split, count)
+        out = []
+        for env in self.envs:
+            own = env.split if split == self.split else split
+            out += [EnvTask(env.name, own, task) for task in env.task_ids(own, count)]
+        return out
+
+    def env_task(self, task: Any, split: str = "") -> EnvTask:
+        """``task`` as an :class:`EnvTask`: a mixture's names its env and split; a bare id is a task of
+        a one-env session, in ``split`` ("" for the env's own)."""
+        if isinstance(task, tuple) and len(task) == 3:
+            return EnvTask(str(task[0]), str(task[1]), int(task[2]))
+        if self.mixture or isinstance(task, tuple):
+            raise OmrlError(f"a mixture's task names its env and split (an EnvTask), got {task!r}")
+        return EnvTask(self.envs[0].name, split or self.envs[0].split, int(task))
 
     def play(
-        self,
-        tasks: Sequence[int],
-        *,
-        split: str,
-        group_size: int = 1,
-        seed: int = 0,
-        expert: bool = False,
-        progress: RolloutProgress | None = None,
-        max_parallel: int = 0,
-    ) -> list[Episode]:
-        """Play ``group_size`` samples of each task, then compose their rewards."""
+        self, tasks: Sequence[Any], spec: PlaySpec = PlaySpec(), progress: RolloutProgress | None = None
+    ) -> Played:
+        """``spec.group_size`` samples of each task, every env's chains in one batched rollout, each
+        env's rewards composed with its own weights (unless ``spec.rewards`` is off). Episode.group is
+        the task's position in ``tasks``."""
         if self.agent is not None:
-            return self._play_agents(tasks, split, group_size, seed, expert, progress, max_parallel)
-        episodes = collect(
-            self.pool,
-            self.template,
+            return self._play_agents(tasks, spec, progress)
+        lanes: dict[tuple[str, str], int] = {}
+        lane_list: list[Lane] = []
+        pairs = []
+        for task in tasks:
+            env, split, task_id = self.env_task(task, spec.split)
+            if (env, split) not in lanes:
+                lanes[(env, split)] = len(lane_list)
+                lane_list.append(self.env_of(env).lane(split))
+            pairs.append((lanes[(env, split)], task_id))
+        episodes = collect_lanes(
+            lane_list,
             self.tokenizer,
-            tasks,
+            pairs,
             backend=self.backend,
-            limits=self.limits,
-            split=split,
-            group_size=group_size,
-            seed=seed,
-            expert=expert,
-            max_parallel=max_parallel,
-            demonstration=self.demonstration,
+            limits=spec.limits or self.limits,
+            group_size=spec.group_size,
+            seed=spec.seed,
+            expert=spec.expert,
+            max_parallel=spec.max_parallel,
             progress=progress,
         )
-        self.reward_summary = compose_rewards(episodes, self.reward_weights, self.plugin_options)
-        return episodes
+        return self.compose(episodes) if spec.rewards else Played(episodes)
 
-    def _play_agents(
-        self,
-        tasks: Sequence[int],
-        split: str,
-        group_size: int,
-        seed: int,
-        expert: bool,
-        progress: RolloutProgress | None,
-        max_parallel: int,
-    ) -> list[Episode]:
+    def compose(self, episodes: list[Episode]) -> Played:
+        """``episodes`` with each env's rewards composed with its own weights and options, and the means
+        of each reward term per env and over all."""
+        per_env: dict[str, dict[str, float]] = {}
+        counts: dict[str, int] = {}
+        for env in self.envs:
+            mine = [ep for ep in episodes if ep.env == env.name]
+            if mine:
+                per_env[env.name], counts[env.name] = env.compose(mine), len(mine)
+        total = merged_rewards({name: (summary, counts[name]) for name, summary in per_env.items()})
+        return Played(episodes, total, per_env)
+
+    def _play_agents(self, tasks: Sequence[Any], spec: PlaySpec, progress: RolloutProgress | None) -> Played:
         """The agent program plays every episode through the gateway (:mod:`omrl.gateway.play`)."""
         from omrl.gateway.play import play_agents, reward_components
         from omrl.gateway.server import Gateway
 
-        if expert or self.backend is None:
+        if spec.expert or self.backend is None:
             raise OmrlError("an agent program plays with the policy; the env's scripted expert cannot play with it")
         if self._gateway is None:
             options = self.agent_options
             self._gateway = Gateway(
                 self.tokenizer,
                 self.backend,
-                self.limits,
+                spec.limits or self.limits,
                 model_name=self.model_name,
                 host=options.host,
                 port=options.port,
@@ -178,22 +233,22 @@ class RolloutSession:
                 max_calls=options.max_calls,
                 batch_on_caller=True,  # play_agents generates on this thread (torch is slower on others)
             )
-        self._gateway.limits, self._gateway.batcher.seed = self.limits, seed  # evaluations swap the limits
+        self._gateway.limits, self._gateway.batcher.seed = spec.limits or self.limits, spec.seed
+        env = self.envs[0]
         episodes = play_agents(
             self.agent,
             self._gateway,
-            self.pool,
-            tasks,
-            split=split,
-            group_size=group_size,
-            max_parallel=max_parallel or self.agent_options.max_parallel,
+            env.pool,
+            [self.env_task(task, spec.split).task for task in tasks],
+            split=spec.split or env.split,
+            group_size=spec.group_size,
+            max_parallel=spec.max_parallel or self.agent_options.max_parallel,
             progress=progress,
         )
-        if self.agent.reward is not None:
-            self.reward_summary = reward_components(episodes)
-        else:
-            self.reward_summary = compose_rewards(episodes, self.reward_weights, self.plugin_options)
-        return episodes
+        if self.agent.reward is None:
+            return self.compose(episodes)
+        summary = reward_components(episodes)
+        return Played(episodes, summary, {env.name: summary})
 
     @property
     def model_name(self) -> str:
@@ -203,7 +258,8 @@ class RolloutSession:
         if self._gateway is not None:
             self._gateway.close()
             self._gateway = None
-        self.pool.close()
+        for env in self.envs:
+            env.pool.close()
         if self.backend is not None:
             self.backend.close()
 
@@ -212,6 +268,32 @@ class RolloutSession:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def session_env(member: MixMember) -> SessionEnv:
+    """A mixture member's env, built and probed (:meth:`EnvPool.probe`), with its template."""
+    env_class = registry.envs.get(member.env.name)
+    template_class = registry.templates.get(member.env.template)
+    plugins = dict(member.plugins or {})
+    pool = EnvPool(
+        env_class, plugins.get(member.env.name, {}), name=member.env.name, num_workers=member.env.num_workers
+    )
+    try:
+        pool.probe()  # the env is built now, and kept for the first episode
+        template = template_class(**plugins.get(member.env.template, {}))
+    except BaseException:
+        pool.close()
+        raise
+    return SessionEnv(
+        member.name,
+        pool,
+        template,
+        member.env.split,
+        member.env.max_turns,
+        member.env.demonstration,
+        dict(member.reward_weights),
+        plugins,
+    )
 
 
 def agent_of(cfg: Any) -> Any:

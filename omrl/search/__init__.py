@@ -27,14 +27,14 @@ Every root-to-leaf path of a tree is an ordinary :class:`~omrl.data.Episode`
 (:meth:`Tree.episodes`), token-exact, with ``Turn.node_id``/``parent_id`` set; so the
 SFT, DPO and RL data paths read them unchanged.
 
-    ctx = SearchContext.from_session(session, PlaySpec("beam", budget=2000, split="test"))
+    ctx = SearchContext.from_session(session, PlaySpec(split="test", strategy="beam", budget=2000))
     trees = run_strategy(ctx, tasks)
     episodes = [ep for tree in trees for ep in tree.episodes()]
 """
 
 from omrl.search.context import SearchContext, StrategyTraits, plays_batched, run_strategy, strategy_traits
 from omrl.search.fork import Forker, ForkError, ReplayState
-from omrl.search.play import PlaySpec, play_strategy
+from omrl.search.play import play_strategy
 from omrl.search.report import chosen_episodes, search_metrics
 from omrl.search.runner import Expand, Score, run_search
 from omrl.search.tree import Node, Tree
@@ -50,7 +50,6 @@ __all__ = [
     "StrategyTraits",
     "Tree",
     "chosen_episodes",
-    "PlaySpec",
     "play_strategy",
     "plays_batched",
     "run_search",

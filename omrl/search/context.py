@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Sequence
 
 from omrl import registry
@@ -48,12 +48,31 @@ class SearchContext:
     calls: int = 0  # backend calls so far: each call's sampling seed follows it, as in the chain rollout
 
     @classmethod
-    def from_session(cls, session: Any, spec: Any, progress: RolloutProgress | None = None) -> "SearchContext":
-        """A context over a :class:`~omrl.rollout.RolloutSession`'s pool, template, tokenizer and backend,
-        playing as ``spec`` (a :class:`~omrl.search.play.PlaySpec`) says."""
-        parts = (session.pool, session.template, session.tokenizer, session.backend, session.limits)
-        shared = {"demonstration": session.demonstration, "plugin_options": session.plugin_options}
-        return cls(*parts, **shared, progress=progress, **asdict(spec))  # its fields are the spec's
+    def from_session(
+        cls, session: Any, spec: Any, progress: RolloutProgress | None = None, env: str | None = None
+    ) -> "SearchContext":
+        """A context over env ``env`` (None: the only one) of a :class:`~omrl.rollout.RolloutSession`: its
+        pool, template and plugin options, the session's tokenizer and backend, playing as ``spec`` (a
+        :class:`~omrl.rollout.spec.PlaySpec`) says; the limits are the spec's or the session's, with the
+        env's own turn cap."""
+        lane = session.env_of(env)
+        limits = replace(spec.limits or session.limits, max_turns=lane.max_turns)
+        return cls(
+            lane.pool,
+            lane.template,
+            session.tokenizer,
+            session.backend,
+            limits,
+            split=spec.split or lane.split,
+            seed=spec.seed,
+            budget=spec.budget,
+            group_size=spec.group_size,
+            expert=spec.expert,
+            demonstration=lane.demonstration,
+            progress=progress,
+            plugin_options=dict(lane.plugin_options or {}),
+            strategy=spec.strategy,
+        )
 
     def options(self, name: str) -> dict[str, Any]:
         """The ``plugins.<name>`` block (a strategy's or a scorer's options)."""

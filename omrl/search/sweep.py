@@ -36,7 +36,6 @@ from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
 from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 from omrl.evaluation import episodes_by_env
-from omrl.rollout.mixed import is_mixed
 
 FORMAT = "omrl-sweep/1"
 MARKERS = "osD^vP*X"  # lines that coincide (often all at 0% or 100%) stay told apart
@@ -114,14 +113,13 @@ def check_strategies(session: Any, cfg: SweepRunConfig) -> None:
     """Run each strategy on no tasks: every check it makes before generating (its options, sampling,
     scorers, whether the env can fork for it) fails now, naming the env and what it lacks, rather
     than after the cells before it have played."""
+    from omrl.rollout import PlaySpec
     from omrl.search.context import SearchContext, run_strategy
-    from omrl.search.play import PlaySpec
 
     for strategy, budget in dict(cells_of(cfg.strategies, cfg.budgets[:1])).items():
-        for one in getattr(session, "sessions", {"": session}).values():  # a mixture: each env's session
-            spec = PlaySpec(strategy, budget or 0, cfg.env.split, seed=cfg.seed)
-            ctx = SearchContext.from_session(one, spec)
-            run_strategy(ctx, [])
+        for env in session.env_names:  # a mixture: each env
+            spec = PlaySpec(cfg.env.split, seed=cfg.seed, strategy=strategy, budget=budget or 0)
+            run_strategy(SearchContext.from_session(session, spec, env=env), [])
 
 
 def setup_of(cfg: SweepRunConfig, tasks: Sequence[Any]) -> dict[str, Any]:
@@ -228,12 +226,13 @@ def run_cell(
     session: Any, cfg: SweepRunConfig, tasks: Sequence[int], strategy: str, budget: int | None, progress: Any = None
 ) -> dict[str, Any]:
     """Play one cell: ``strategy`` at ``budget`` on ``tasks``, summarised as :func:`cell_summary` says."""
-    from omrl.search import PlaySpec, play_strategy
+    from omrl.rollout import PlaySpec
+    from omrl.search import play_strategy
 
     started = time.perf_counter()
-    spec = PlaySpec(strategy, budget or 0, cfg.env.split, seed=cfg.seed)
-    trees, _ = play_strategy(session, tasks, spec, progress, rewards=False)
-    return cell_summary(trees, budget, time.perf_counter() - started, mixed=is_mixed(session))
+    spec = PlaySpec(cfg.env.split, seed=cfg.seed, rewards=False, strategy=strategy, budget=budget or 0)
+    trees = play_strategy(session, tasks, spec, progress).trees
+    return cell_summary(trees, budget, time.perf_counter() - started, mixed=session.mixture)
 
 
 def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed: bool = False) -> dict[str, Any]:

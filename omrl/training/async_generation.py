@@ -289,11 +289,12 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
                 versions.load(-1 if partial else needed)  # a replay (needed -1) takes the newest too
                 started = time.perf_counter()
                 supervisor.step = step + 1
-                episodes = play_step(cfg, session, tasks, seed)
+                played = play_step(cfg, session, tasks, seed)
+                episodes = played.episodes
                 for ep in episodes:
                     for turn in ep.turns:
                         turn.info.setdefault("weights_version", versions.version)
-                metrics = step_metrics(episodes, time.perf_counter() - started, session, Strategy())
+                metrics = step_metrics(played, time.perf_counter() - started, session, Strategy())
                 results.put(("played", step, episodes, metrics))
         session.close()
     except BaseException as exc:  # reported to the trainer, which stops the run with it

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from omrl.data import Episode
 from omrl.errors import ConfigError
+from omrl.rollout.spec import Played
 from omrl.search import plays_batched
 from omrl.training.rl_data import trainable
 
@@ -103,6 +104,18 @@ def fill(
     metrics = {"sampling_draws": float(draws), "groups_dropped": float(dropped)}
     metrics["groups_short"] = float(max(wanted - len(kept), 0))
     return renumbered, played, metrics
+
+
+def merged_draws(draws: Sequence[Played]) -> Played:
+    """Several draws as one play: every episode, and each reward term's mean over all of them and per
+    env (:func:`mean_summary`), as one rollout of all of them would have reported."""
+    episodes = [ep for played in draws for ep in played.episodes]
+    per_env: dict[str, list[tuple[int, dict[str, float]]]] = {}
+    for played in draws:
+        for env, summary in played.env_rewards.items():
+            per_env.setdefault(env, []).append((sum(ep.env == env for ep in played.episodes), summary))
+    rewards = mean_summary([(len(played.episodes), played.rewards) for played in draws])
+    return Played(episodes, rewards, {env: mean_summary(each) for env, each in per_env.items()})
 
 
 def mean_summary(summaries: Sequence[tuple[int, dict[str, float]]]) -> dict[str, float]:

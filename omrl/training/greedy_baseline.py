@@ -25,8 +25,7 @@ from omrl.data import Batch
 from omrl.errors import ConfigError
 from omrl.mixture import task_of
 from omrl.rewards import allocate_rewards
-from omrl.rollout import RolloutSession
-from omrl.rollout.mixed import is_mixed
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.search import plays_batched
 from omrl.training.tree_batch import ROW_EPISODE
 
@@ -62,15 +61,12 @@ def greedy_scores(
     processes: ``greedy_score_sum`` (of the episodes' composed rewards) and ``greedy_tasks`` (of the
     episodes that did not fail), ``greedy_env_errors``)."""
     rows = batch.non_tensors[ROW_EPISODE]
-    mixed = is_mixed(session)  # a mixture's tasks name their env
-    tasks = {ep.group: task_of(ep, mixed) for ep in rows}  # one greedy episode per group (a task of this step)
+    tasks = {
+        ep.group: task_of(ep, session.mixture) for ep in rows
+    }  # one greedy episode per group (a task of this step)
     groups = list(tasks)
-    sampling = session.limits
-    session.limits = dataclasses.replace(sampling, temperature=0.0)
-    try:
-        greedy = session.play([tasks[group] for group in groups], split=split, group_size=1, seed=seed)
-    finally:
-        session.limits = sampling
+    spec = PlaySpec(split, 1, seed, limits=dataclasses.replace(session.limits, temperature=0.0))
+    greedy = session.play([tasks[group] for group in groups], spec).episodes
     if session.backend is not None:  # their generation is not the next step's rollout: not counted there
         session.backend.take_stats()
     played = {groups[ep.group]: ep for ep in greedy if ep.end_reason != "env_error"}

@@ -22,8 +22,7 @@ from omrl.errors import ConfigError, OmrlError
 from omrl.evaluation import check_max_env_error_rate
 from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members
 from omrl.parallel import Strategy
-from omrl.rollout import RolloutSession
-from omrl.rollout.mixed import is_mixed
+from omrl.rollout import PlaySpec, RolloutSession, SessionEnv
 from omrl.search import plays_batched, strategy_traits
 from omrl.search.context import check_budget
 from omrl.supervisor import stage
@@ -171,31 +170,25 @@ def setup_rollout(cfg: TrainRunConfig, rollout_model: Any, tokenizer: Any) -> tu
     if cfg.rollout.async_generation and cfg.generation.backend != "hf":
         cfg = dataclasses.replace(cfg, generation=dataclasses.replace(cfg.generation, backend="hf"))
     session = RolloutSession.from_config(cfg, model=rollout_model, tokenizer=tokenizer)
-    if not is_mixture(cfg.env):
-        task_order, test_tasks = _env_tasks(cfg, session, cfg.env.name, cfg.env.split, lambda task: task)
-        return session, task_order, test_tasks
+    if not session.mixture:
+        return (session, *_env_tasks(cfg, session.env_of(), lambda task: task))
     orders, test_tasks = {}, []
-    for member in session.members:
-        name, split = member.name, member.env.split
-        order, tests = _env_tasks(
-            cfg, session.session_of(name), name, split, lambda task, n=name, s=split: EnvTask(n, s, task)
-        )
-        orders[name] = order
-        test_tasks += [EnvTask(name, "test", task.task) for task in tests]
-    weights = {member.name: member.weight for member in session.members}
+    for env in session.envs:
+        order, tests = _env_tasks(cfg, env, lambda task, n=env.name, s=env.split: EnvTask(n, s, task))
+        orders[env.name] = order
+        test_tasks += [EnvTask(env.name, "test", task.task) for task in tests]
+    weights = {member.name: member.weight for member in mix_members(cfg)}
     return session, MixedTaskOrder(orders, weights, cfg.seed), test_tasks
 
 
-def _env_tasks(
-    cfg: TrainRunConfig, session: RolloutSession, name: str, split: str, wrap: Any
-) -> tuple[TaskOrder, list]:
-    """One env's training task order (of ``split``, ``train_tasks`` of them) and its first ``eval_tasks``
+def _env_tasks(cfg: TrainRunConfig, env: SessionEnv, wrap: Any) -> tuple[TaskOrder, list]:
+    """One env's training task order (of its split, ``train_tasks`` of them) and its first ``eval_tasks``
     test tasks, each task as ``wrap`` makes it."""
-    splits = session.pool.probe()
-    tasks = splits.split_of(split)
+    splits = env.pool.probe()
+    tasks = splits.split_of(env.split)
     task_order = TaskOrder([wrap(task) for task in (tasks[: cfg.train_tasks] if cfg.train_tasks else tasks)], cfg.seed)
     if not task_order.tasks:
-        raise ConfigError(f"env {name!r} has no tasks in split {split!r}; choose another env.split")
+        raise ConfigError(f"env {env.name!r} has no tasks in split {env.split!r}; choose another env.split")
     return task_order, [wrap(task) for task in list(splits.split_of("test"))[: cfg.eval_tasks]]
 
 
@@ -234,21 +227,16 @@ def evaluate(
     (taken here, so the next step's rollout metrics count only its own generation)."""
     if not test_tasks:
         return {}
-    sampling = session.limits
-    session.limits = dataclasses.replace(sampling, temperature=cfg.eval_temperature)
-    try:
-        episodes = session.play(
-            strategy.shard(test_tasks), split="test", group_size=cfg.eval_samples_per_task, seed=cfg.seed
-        )
-    finally:
-        session.limits = sampling
+    limits = dataclasses.replace(session.limits, temperature=cfg.eval_temperature)
+    spec = PlaySpec("test", cfg.eval_samples_per_task, cfg.seed, limits=limits)
+    episodes = session.play(strategy.shard(test_tasks), spec).episodes
     n, won, score = strategy.sum([len(episodes), sum(ep.won for ep in episodes), sum(ep.score for ep in episodes)])
     stats = session.backend.take_stats() if session.backend is not None else {}
     if strategy.world_size > 1:
         stats = strategy.sum_dicts(stats)
     generation = {f"eval_{name}": value for name, value in generation_metrics(stats).items()}
     per_env: dict[str, float] = {}
-    if is_mixed(session):  # each env's, and their macro average (every env counts alike)
+    if session.mixture:  # each env's, and their macro average (every env counts alike)
         for env in session.env_names:
             mine = [ep for ep in episodes if ep.env == env]
             k, w, s = strategy.sum([len(mine), sum(ep.won for ep in mine), sum(ep.score for ep in mine)])

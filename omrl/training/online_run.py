@@ -14,6 +14,7 @@ from omrl.config.options import TrainRunConfig
 from omrl.data import Batch, Episode, write_episodes
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.parallel import Strategy
+from omrl.rollout import Played
 from omrl.supervisor import at_step, stage
 from omrl.training import checkpoint as ckpt
 from omrl.training import dynamic_sampling, rollout_health
@@ -120,22 +121,19 @@ class OnlineRun:
 
     def _play_here(self, step: int, started: float) -> tuple[list[Episode], dict[str, float]]:
         cfg, strategy, seed = self.cfg, self.strategy, self.seed(step)
-        summaries: list[tuple[int, dict[str, float]]] = []  # each draw's reward summary, by its episodes
-        env_summaries: dict[str, list[tuple[int, dict[str, float]]]] = {}  # in a mixture, each env's
+        draws: list[Played] = []
 
         def draw(n: int = 0) -> list[Episode]:
             tasks = strategy.shard(self.task_order.take(cfg.tasks_per_step))
             stride = dynamic_sampling.DRAW_SEED_STRIDE
-            played = self._played_counted(step, lambda: play_step(cfg, self.session, tasks, seed + n * stride))
+            played = self._counted(step, lambda: play_step(cfg, self.session, tasks, seed + n * stride))
             self.check_step(step)
-            summaries.append((len(played), dict(self.session.reward_summary)))
-            for env, summary in getattr(self.session, "reward_summaries", {}).items():
-                env_summaries.setdefault(env, []).append((sum(ep.env == env for ep in played), dict(summary)))
-            return played
+            draws.append(played)
+            return played.episodes
 
         if not cfg.algorithm.dynamic_sampling:
             episodes = draw()
-            return episodes, step_metrics(episodes, time.perf_counter() - started, self.session, strategy)
+            return episodes, step_metrics(draws[0], time.perf_counter() - started, self.session, strategy)
         wanted = cfg.tasks_per_step // strategy.world_size  # this process's share of the groups
         episodes, played, extra = dynamic_sampling.fill(
             draw, wanted, cfg.algorithm.dynamic_sampling_max_draws, lambda missing: strategy.sum([missing])[0] > 0
@@ -148,10 +146,8 @@ class OnlineRun:
                 f"varied rewards than tasks_per_step={cfg.tasks_per_step} in "
                 f"{int(extra['sampling_draws'])} extra draws; training on those it has"
             )
-        self.session.reward_summary = dynamic_sampling.mean_summary(summaries)  # of every draw, not the last
-        if env_summaries:
-            self.session.reward_summaries = {e: dynamic_sampling.mean_summary(s) for e, s in env_summaries.items()}
-        metrics = step_metrics(played, time.perf_counter() - started, self.session, self.strategy)
+        every_draw = dynamic_sampling.merged_draws(draws)  # the rewards of every draw, not the last
+        metrics = step_metrics(every_draw, time.perf_counter() - started, self.session, self.strategy)
         return episodes, {**metrics, **extra}
 
     def _take(self, step: int) -> tuple[list[Episode], dict[str, float]]:
@@ -159,20 +155,20 @@ class OnlineRun:
         weights, when every episode failed in the env), and their metrics with the weights' lag."""
         generation, waited, metrics = self.generation, 0.0, {}
 
-        def take() -> list[Episode]:
+        def take() -> Played:
             nonlocal waited, metrics
             if step in generation.taken:  # taken before: every episode failed in the env
                 generation.replay(step)
             episodes, metrics, seconds = generation.take(step)
             waited += seconds
-            return episodes
+            return Played(episodes)
 
-        episodes = self._played_counted(step, take)
+        episodes = self._counted(step, take).episodes
         lags = lag_metrics(episodes, step, self.cfg.rollout.max_staleness)
         return episodes, {**metrics, **lags, "generation_wait_s": waited}
 
-    def _played_counted(self, step: int, play: Callable[[], list[Episode]]) -> list[Episode]:
-        """The episodes of ``play()`` (which takes its tasks from the task order), counted; played
+    def _counted(self, step: int, play: Callable[[], Played]) -> Played:
+        """What ``play()`` (which takes its tasks from the task order) played, counted; played
         again, after a wait, while every one of them failed in the env.
 
         Such a step measured nothing: counted as done it would be checkpointed, rotate a good
@@ -180,10 +176,10 @@ class OnlineRun:
         place in the task order; when ``ENV_FAILURE_REPLAYS`` of them failed too, the health's
         ``failed_step`` stays set and :meth:`check_step` stops the run."""
         position, counts = self.task_order.state(), self.health.counts()
-        episodes = play()
+        played = play()
         for replay in range(rollout_health.ENV_FAILURE_REPLAYS):
-            if self._count(step, episodes):
-                return episodes
+            if self._count(step, played.episodes):
+                return played
             self.health.restore(counts)  # a play played again is not the run's: not toward max_env_error_rate
             wait = rollout_health.ENV_FAILURE_WAIT * 2**replay
             self.warn(
@@ -192,9 +188,9 @@ class OnlineRun:
             )
             time.sleep(wait)
             self.task_order.load_state(position)
-            episodes = play()
-        self._count(step, episodes)
-        return episodes
+            played = play()
+        self._count(step, played.episodes)
+        return played
 
     def _count(self, step: int, episodes: list[Episode]) -> bool:
         """Count a play in the run's health, saying so when every episode failed in the env or none got

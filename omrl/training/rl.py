@@ -38,7 +38,6 @@ from omrl import registry
 from omrl.algos import AlgoConfig, micro_batch_share
 from omrl.clock import timed
 from omrl.config.options import TrainRunConfig
-from omrl.rollout.mixed import is_mixed
 from omrl.training import env_scale, greedy_baseline, online
 from omrl.training.critic import critic_modules, critic_state, load_critic, load_critic_state
 from omrl.training.distillation import add_teacher_rewards, load_teacher
@@ -111,7 +110,7 @@ class RLRecipe:
 
             # ROLLOUT: every sample of every task, or every path of a search's trees
             episodes, metrics = self.run.play(self.step)
-            if cfg.reward.per_env_scale != "none" and is_mixed(self.run.session):
+            if cfg.reward.per_env_scale != "none" and self.run.session.mixture:
                 metrics.update(env_scale.scale_per_env(episodes, self.run.session.env_names, strategy))
 
             # REWARD: composed per turn inside play(); allocated to the sampled tokens here. A search's

@@ -8,11 +8,9 @@ from typing import Any, Sequence
 
 from omrl.backends.base import generation_metrics
 from omrl.config.options import TrainRunConfig
-from omrl.data import Episode
 from omrl.parallel import Strategy
-from omrl.rollout import RolloutSession
-from omrl.rollout.mixed import is_mixed
-from omrl.search import PlaySpec, play_strategy, strategy_traits
+from omrl.rollout import Played, PlaySpec, RolloutSession
+from omrl.search import play_strategy, strategy_traits
 from omrl.training.metrics import CUTS, PER_ENV_COUNTS, per_env_metrics, rollout_metrics
 
 
@@ -22,26 +20,26 @@ def trees_per_task(cfg: TrainRunConfig) -> int:
     return 1 if strategy_traits(cfg.rollout.strategy).group_in_one_tree else cfg.group_size
 
 
-def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[int], seed: int) -> list[Episode]:
+def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[Any], seed: int) -> Played:
     """This step's episodes of ``tasks`` as the strategy plays them, rewards composed: every root-to-leaf
     path of ``trees_per_task(cfg)`` trees per task, ``Episode.group`` numbering the trees (consecutive
     per task; see :func:`omrl.training.tree_batch.paths_to_batch`), or the batched rollout's
     ``group_size`` samples per task where the strategy plays that (:func:`omrl.training.online.searched` is False)."""
     copies = trees_per_task(cfg)
     group_size = cfg.group_size if copies == 1 else 1
-    spec = PlaySpec(cfg.rollout.strategy, cfg.rollout.budget, cfg.env.split, group_size, seed)
-    _, episodes = play_strategy(session, [task for task in tasks for _ in range(copies)], spec)
-    return episodes
+    spec = PlaySpec(cfg.env.split, group_size, seed, strategy=cfg.rollout.strategy, budget=cfg.rollout.budget)
+    return play_strategy(session, [task for task in tasks for _ in range(copies)], spec)
 
 
-def step_metrics(episodes: list[Any], seconds: float, session: Any, strategy: Strategy) -> dict[str, float]:
+def step_metrics(played: Played, seconds: float, session: RolloutSession, strategy: Strategy) -> dict[str, float]:
     """The rollout's metrics over every process: means average (every process played as many
     episodes), counts add, and so does ``tokens_per_s``; the backend's speeds (``decode_tokens_per_s``,
     ``prefill_tokens_per_s``) are one process's, from the tokens and seconds of all of them. In a
     mixture, each metric of the episodes also per env (``success/webshop``, :func:`per_env_metrics`)."""
-    metrics = rollout_metrics(episodes, seconds, session.reward_summary)
-    if is_mixed(session):
-        metrics.update(per_env_metrics(episodes, seconds, session.reward_summaries, session.env_names))
+    episodes = played.episodes
+    metrics = rollout_metrics(episodes, seconds, played.rewards)
+    if session.mixture:
+        metrics.update(per_env_metrics(episodes, seconds, played.env_rewards, session.env_names))
     stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
     if strategy.world_size > 1:
         added = ("env_errors", "tokens_per_s", "cut_replies", *CUTS)

@@ -14,7 +14,7 @@ from omrl.backends.base import Backend
 from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig
 from omrl.data.trajectory import Episode
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from tests.fakes import ScriptedBackend
 from tests.gateway.conftest import make_gateway
 
@@ -148,7 +148,7 @@ def test_past_its_calls_an_episode_is_answered_length_and_truncated(tiny_tokeniz
     )
     call = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
     with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: call)) as session:
-        (ep,) = session.play([0], split="train")
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
     assert len(ep.turns) == 2 and ep.end_reason == "max_context"  # the third call got "length", nothing recorded
 
 
@@ -164,7 +164,7 @@ def test_a_framework_that_rejects_the_models_tool_call_is_the_models_failure(tin
     )
     call = '<tool_call>{"name": "divide", "arguments": {"a": 6, "b": 7}}</tool_call>'
     with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: call)) as session:
-        (ep,) = session.play([0], split="train")
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
     assert ep.end_reason == "done" and ep.score == 0.0 and ep.rewards["total"] == [0.0]
     assert ep.turns[-1].info["tool_calls"][0]["status"] == "unknown_tool"
     assert "divide" in ep.turns[-1].info["agent_error"]

@@ -12,7 +12,7 @@ import pytest
 from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig
 from omrl.errors import ConfigError
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.metrics import read_metrics
 from tests.helpers import cli_exit, invoke
 
@@ -43,7 +43,7 @@ def session_for(questions, *overrides: str) -> RolloutSession:
 
 def test_agents_play_every_task_and_the_env_scores_their_answers(questions):
     with session_for(questions, "agent.callable=tests.gateway.agents:tool_loop") as session:
-        episodes = session.play([0, 1], split="train", group_size=2)
+        episodes = session.play([0, 1], PlaySpec(split="train", group_size=2)).episodes
     assert [(ep.group, ep.sample, ep.task_id) for ep in episodes] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1)]
     for ep in episodes:
         assert ep.end_reason == "done" and ep.turns and ep.turns[-1].done
@@ -62,7 +62,7 @@ def test_agents_play_every_task_and_the_env_scores_their_answers(questions):
 )
 def test_an_agent_that_fails_is_an_env_error_never_a_score(questions, agent, reason):
     with session_for(questions, f"agent.callable={agent}") as session:
-        episodes = session.play([0], split="train", group_size=2)
+        episodes = session.play([0], PlaySpec(split="train", group_size=2)).episodes
     assert all(ep.end_reason == "env_error" and ep.error == reason for ep in episodes)
     assert all(set(ep.rewards["total"]) <= {0.0} for ep in episodes)
 
@@ -72,7 +72,7 @@ def test_an_agent_past_its_time_is_cut_off_and_its_key_refused(questions):
 
     with session_for(questions, "agent.callable=tests.gateway.agents:hangs", "agent.timeout_s=3") as session:
         began = time.monotonic()
-        (ep,) = session.play([0], split="train")
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
         assert time.monotonic() - began < 30
         assert ep.end_reason == "env_error" and ep.error == "the agent did not finish within 3 s"
         gateway = session._gateway
@@ -85,8 +85,8 @@ def test_an_agent_past_its_time_is_cut_off_and_its_key_refused(questions):
 def test_a_reward_function_gives_named_components(questions):
     overrides = ["agent.callable=tests.gateway.agents:one_call", "agent.reward=tests.gateway.agents:length_reward"]
     with session_for(questions, *overrides) as session:
-        episodes = session.play([0, 1], split="train")
-        summary = session.reward_summary
+        played = session.play([0, 1], PlaySpec(split="train"))
+        episodes, summary = played.episodes, played.rewards
     for ep in episodes:
         components = ep.turns[-1].info["agent_reward"]
         assert set(components) == {"words", "bonus"} and components["bonus"] == 0.5
@@ -97,7 +97,7 @@ def test_a_reward_function_gives_named_components(questions):
 def test_a_reward_function_that_raises_is_an_env_error(questions):
     overrides = ["agent.callable=tests.gateway.agents:one_call", "agent.reward=tests.gateway.agents:reward_raises"]
     with session_for(questions, *overrides) as session:
-        (ep,) = session.play([0], split="train")
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
     assert ep.end_reason == "env_error"
     assert ep.error == "the reward function raised RuntimeError: the reward function's own bug"
 
@@ -108,7 +108,7 @@ def test_a_reward_function_is_given_the_envs_ground_truth(questions):
         "agent.reward=tests.gateway.agents:truth_reward",
     ]
     with session_for(questions, *overrides) as session:
-        episodes = session.play([0, 1], split="train")
+        episodes = session.play([0, 1], PlaySpec(split="train")).episodes
     # the command answers the prompt's last word ("7?" and "3?"): the truth is 42 and 6, so never right
     assert [ep.turns[-1].info["agent_result"] for ep in episodes] == ["{'answer': '7?'}", "{'answer': '3?'}"]
     assert [ep.rewards["total"][-1] for ep in episodes] == [0.0, 0.0]
@@ -119,7 +119,7 @@ def test_a_command_agent_that_exits_non_zero_is_an_env_error(questions, tmp_path
     crash = tmp_path / "crash.jsonl"
     crash.write_text(json.dumps({"question": "crash now", "answer": "1"}) + "\n")
     with session_for(crash, "agent.command=" + f"{sys.executable} {HERE / 'agent_cmd.py'}") as session:
-        (ep,) = session.play([0], split="train")
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
     assert ep.end_reason == "env_error"
     assert ep.error == "the agent command exited with 3: this agent cannot handle crashes"
 
@@ -222,7 +222,7 @@ def test_a_generation_server_serves_the_gateway_with_token_ids(questions, tiny_h
             f"generation.base_url={server.base_url}",
         ]
         with session_for(questions, *overrides) as session:
-            episodes = session.play([0, 1], split="train")
+            episodes = session.play([0, 1], PlaySpec(split="train")).episodes
     finally:
         server.stop()
     turns = [turn for ep in episodes for turn in ep.turns]

@@ -8,6 +8,7 @@ import torch
 from omrl.errors import OmrlError
 from omrl.models import BUILTIN_MODELS, WEBSHOP_DELTA, load_model, resolve_model_path
 from omrl.models.delta import file_digest
+from omrl.rollout import PlaySpec
 
 
 def test_tiny_is_about_a_million_parameters_with_a_chat_template(tiny_model):
@@ -97,7 +98,7 @@ def test_the_webshop_model_is_built_from_the_shipped_delta_and_buys(smollm2_dir)
         ],
     )
     with RolloutSession.from_config(cfg) as session:
-        episodes = session.play(session.task_ids("test", 5), split="test")
+        episodes = session.play(session.task_ids("test", 5), PlaySpec(split="test")).episodes
     scores = [ep.score for ep in episodes]
     assert all(turn.format_ok for ep in episodes for turn in ep.turns), [ep.messages[-1] for ep in episodes]
     # measured: [0.6, 1, 1, 0, 1]; the full SFT model [0.6, 1, 1, 0, 1] too; goal 4 won at ranks 8-32.

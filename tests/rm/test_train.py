@@ -20,8 +20,8 @@ from omrl.rm.labels import LabelError, examples, pairs
 from omrl.rm.metrics import auc, expected_calibration_error
 from omrl.rm.model import RewardModel
 from omrl.rm.train import RmRecipe, run_rm_train
-from omrl.rollout import RolloutSession
-from omrl.search import PlaySpec, play_strategy
+from omrl.rollout import PlaySpec, RolloutSession
+from omrl.search import play_strategy
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
 from tests.helpers import REACT_GRIDWORLD, expert_and_model_episodes, invoke
@@ -197,7 +197,7 @@ def test_the_tokenizer_check_reads_every_file_not_only_the_first(data_dir, tmp_p
     ours = read_episodes(data_dir / "model.parquet")
     cfg = load_config(RolloutRunConfig, None, [*GRIDWORLD, "model.name=smollm2-135m"])
     with RolloutSession.from_config(cfg) as session:
-        foreign = session.play(session.task_ids("train", 1), split="train", expert=True)
+        foreign = session.play(session.task_ids("train", 1), PlaySpec(split="train", expert=True)).episodes
     assert mismatched_episode(tiny, ours) is None
     assert mismatched_episode(tiny, ours + foreign) is foreign[0]
 
@@ -312,7 +312,8 @@ def test_resume_continues_to_the_same_weights(data_dir, tmp_path):
 def test_a_process_model_trains_on_monte_carlo_values_from_trees(tmp_path):
     cfg = load_config(RolloutRunConfig, None, GRIDWORLD + ["plugins.mc_value.k=2"])
     with RolloutSession.from_config(cfg) as session:
-        trees, _ = play_strategy(session, session.task_ids("train", 2), PlaySpec("mc_value", split="train"))
+        spec = PlaySpec(split="train", strategy="mc_value")
+        trees = play_strategy(session, session.task_ids("train", 2), spec).trees
     paths = [ep for tree in trees for ep in tree.episodes()]
     for i, ep in enumerate(paths):  # the random-init model never wins: make every third path a win
         ep.won = i % 3 == 0

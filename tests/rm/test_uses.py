@@ -13,8 +13,8 @@ from omrl.data import Episode, Turn
 from omrl.errors import ConfigError
 from omrl.rewards import allocate_rewards, compose_rewards
 from omrl.rm.model import RewardModel, RewardModelError, build_reward_model
-from omrl.rollout import RolloutSession
-from omrl.search import Node, PlaySpec, Tree, play_strategy
+from omrl.rollout import PlaySpec, RolloutSession
+from omrl.search import Node, Tree, play_strategy
 from omrl_plugins.strategies.scorers import majority_vote, random_pick, reward_model
 from tests.helpers import cli_exit, eval_report
 
@@ -52,7 +52,7 @@ def session(plugins=None, *overrides):
 def episodes():
     """Gridworld episodes of the tiny model, several turns each, plus one that never got a turn."""
     with session() as s:
-        played = s.play(s.task_ids("test", 2), split="test", group_size=2, seed=3)
+        played = s.play(s.task_ids("test", 2), PlaySpec(split="test", group_size=2, seed=3)).episodes
     assert all(len(ep.turns) > 1 for ep in played)
     return [*played, Episode(env="gridworld", task_id=9, split="test", instruction="")]
 
@@ -92,8 +92,8 @@ def test_reward_model_with_another_tokenizer_scores_text_only(rm_dirs, episodes)
 def test_best_of_n_answers_with_the_reward_models_favourite(rm_dirs, kind):
     plugins = {"best_of_n": {"n": 3, "select": "rm"}, "rm": {"path": rm_dirs[kind]}}
     with session(plugins) as s:
-        spec = PlaySpec("best_of_n", split="test", seed=1)
-        trees, _ = play_strategy(s, s.task_ids("test", 2), spec, rewards=False)
+        spec = PlaySpec(split="test", seed=1, rewards=False, strategy="best_of_n")
+        trees = play_strategy(s, s.task_ids("test", 2), spec).trees
         tokenizer = s.tokenizer
     rm = RewardModel.load(rm_dirs[kind])
     for tree in trees:

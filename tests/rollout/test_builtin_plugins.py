@@ -5,7 +5,7 @@ from __future__ import annotations
 from omrl.chat import encode_conversation
 from omrl.config import command_line_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig
-from omrl.rollout import RolloutSession, token_exact
+from omrl.rollout import PlaySpec, RolloutSession, token_exact
 
 
 def gridworld_config(*overrides: str) -> RolloutRunConfig:
@@ -26,7 +26,7 @@ def test_expert_demonstrations_have_the_sft_layout():
     """Expert episodes re-encode (as SFT will) to exactly the ids and mask the rollout laid out."""
     with RolloutSession.from_config(gridworld_config(), expert=True) as session:
         assert session.backend is None
-        episodes = session.play(session.task_ids("train", 3), split="train", expert=True)
+        episodes = session.play(session.task_ids("train", 3), PlaySpec(split="train", expert=True)).episodes
     assert all(ep.won and ep.end_reason == "done" for ep in episodes)
     for ep in episodes:
         assert all(t.format_ok and t.response.endswith(f"Act: {t.action}") for t in ep.turns)
@@ -38,10 +38,10 @@ def test_expert_demonstrations_have_the_sft_layout():
 def test_model_rollout_on_gridworld_is_token_exact_and_rewarded():
     cfg = gridworld_config("generation.max_new_tokens=6", "env.max_turns=2", "generation.batch_size=8")
     with RolloutSession.from_config(cfg) as session:
-        episodes = session.play(session.task_ids("train", 2), split="train", group_size=2, seed=0)
-        tokenizer = session.tokenizer
+        played = session.play(session.task_ids("train", 2), PlaySpec(split="train", group_size=2, seed=0))
+        episodes, tokenizer = played.episodes, session.tokenizer
     assert [(ep.group, ep.sample) for ep in episodes] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert set(session.reward_summary) == {"goal", "format", "total"}
+    assert set(played.rewards) == {"goal", "format", "total"}
     for ep in episodes:
         assert token_exact(ep) and ep.num_turns >= 1
         assert len(ep.rewards["total"]) == ep.num_turns
@@ -72,7 +72,7 @@ def test_webshop_chats_open_with_its_worked_example_unless_turned_off():
             RolloutRunConfig, ["env.name=webshop", "model.name=tiny", f"env.demonstration={flag}"], {}
         )
         with RolloutSession.from_config(cfg, expert=True) as session:
-            assert session.demonstration is (flag == "true")
-            (ep,) = session.play(session.task_ids("test", 1), split="test", expert=True)
+            assert session.env_of().demonstration is (flag == "true")
+            (ep,) = session.play(session.task_ids("test", 1), PlaySpec(split="test", expert=True)).episodes
         assert ep.won and ep.demo_messages == 2 * len(expected)
         assert ep.messages[1]["content"] == (expected[0].observation if expected else ep.turns[0].observation)

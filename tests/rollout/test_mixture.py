@@ -1,5 +1,5 @@
 """Several envs in one rollout: naming a mixture, drawing its tasks by weight, playing its envs in one
-batched rollout with each env's own settings (omrl.mixture, omrl.rollout.mixed)."""
+batched rollout with each env's own settings (omrl.mixture, omrl.rollout.session)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ from omrl.config import load_config
 from omrl.config.options import RolloutRunConfig, TrainRunConfig
 from omrl.errors import ConfigError, UnknownNameError
 from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members, parse_env_spec, same_envs
-from omrl.rollout import RolloutSession
-from omrl.rollout.mixed import MixedSession
-from omrl.search import PlaySpec, play_strategy
+from omrl.rollout import PlaySpec, RolloutSession
+from omrl.search import play_strategy
 from omrl.training.metrics import prefill_counts
 from omrl.training.rl_data import TaskOrder
 
@@ -151,13 +150,13 @@ def test_every_env_plays_in_one_batched_rollout_with_its_own_turn_cap_and_reward
         ],
     )
     with RolloutSession.from_config(cfg) as session:
-        assert isinstance(session, MixedSession)
+        assert session.mixture and session.env_names == ["gridworld", ARITHMETIC]
         session.backend = spy = CountingBackend(session.backend)
         tasks = session.task_ids("test", 2)
         assert [(t.env, t.split) for t in tasks] == [("gridworld", "test")] * 2 + [(ARITHMETIC, "test")] * 2
         spy.take_stats()
-        episodes = session.play(tasks, group_size=2, seed=1)
-        stats = spy.take_stats()
+        played = session.play(tasks, PlaySpec(group_size=2, seed=1))
+        episodes, stats = played.episodes, spy.take_stats()
     assert [(ep.env, ep.group, ep.sample) for ep in episodes] == [
         (env, group, sample) for group, env in enumerate(["gridworld"] * 2 + [ARITHMETIC] * 2) for sample in range(2)
     ]
@@ -169,8 +168,8 @@ def test_every_env_plays_in_one_batched_rollout_with_its_own_turn_cap_and_reward
     assert all(set(ep.rewards) == {"goal", "format", "total"} for ep in grid)
     assert all(set(ep.rewards) == {"goal", "total"} for ep in episodes if ep.env == ARITHMETIC)
     format_mean = sum(sum(ep.rewards["format"]) for ep in grid) / len(grid)
-    assert session.reward_summaries["gridworld"]["format"] == pytest.approx(format_mean)
-    assert session.reward_summary["format"] == pytest.approx(format_mean)  # over the envs that reward it
+    assert played.env_rewards["gridworld"]["format"] == pytest.approx(format_mean)
+    assert played.rewards["format"] == pytest.approx(format_mean)  # over the envs that reward it
     # each turn records what the engine prefilled for it: per env, they add up to the backend's counts
     per_env = [prefill_counts([ep for ep in episodes if ep.env == env]) for env in ("gridworld", ARITHMETIC)]
     assert sum(c["prefill_tokens"] for c in per_env) == stats["prefill_computed"] > 0
@@ -187,7 +186,7 @@ def test_an_env_of_a_mixture_draws_from_its_own_split(tiny_model_dir):
         tasks = session.task_ids("train", 1)  # the run's split: each env's own
         assert [(t.env, t.split) for t in tasks] == [("gridworld", "train"), (ARITHMETIC, "test")]
         assert {t.split for t in session.task_ids("test", 1)} == {"test"}  # another split: as asked
-        episodes = session.play(tasks, expert=True)
+        episodes = session.play(tasks, PlaySpec(expert=True)).episodes
     assert [(ep.env, ep.split) for ep in episodes] == [("gridworld", "train"), (ARITHMETIC, "test")]
 
 
@@ -200,10 +199,11 @@ def test_a_search_on_a_mixture_searches_each_env_and_keeps_the_tasks_order(tiny_
     with RolloutSession.from_config(cfg) as session:
         tasks = [EnvTask("gridworld", "test", 1_000_000), EnvTask(ARITHMETIC, "test", 1_000_000)]
         tasks += [EnvTask("gridworld", "test", 1_000_001)]
-        trees, episodes = play_strategy(session, tasks, PlaySpec("best_of_n", budget=40, split="test"))
+        played = play_strategy(session, tasks, PlaySpec(split="test", strategy="best_of_n", budget=40))
+        trees, episodes = played.trees, played.episodes
     assert [(tree.group, tree.task_id) for tree in trees] == [(0, 1_000_000), (1, 1_000_000), (2, 1_000_001)]
     assert {ep.group: ep.env for ep in episodes} == {0: "gridworld", 1: ARITHMETIC, 2: "gridworld"}
-    assert set(session.reward_summaries) == {"gridworld", ARITHMETIC}
+    assert set(played.env_rewards) == {"gridworld", ARITHMETIC}
 
 
 def test_in_process_envs_step_on_the_loop_s_thread_and_io_bound_ones_on_their_own():

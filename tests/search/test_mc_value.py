@@ -13,8 +13,8 @@ from omrl.data import Episode, Turn, read_episodes, write_episodes
 from omrl.errors import ConfigError, OmrlError
 from omrl.rm import labels_mc
 from omrl.rm.labels_mc import tree_mc_values
-from omrl.rollout import EnvPool, RolloutLimits, RolloutSession
-from omrl.search import PlaySpec, SearchContext, play_strategy, run_strategy
+from omrl.rollout import EnvPool, PlaySpec, RolloutLimits, RolloutSession
+from omrl.search import SearchContext, play_strategy, run_strategy
 from omrl_plugins.strategies.common import first_leaf
 from tests.fakes import ActionTemplate, ChestEnv, ScriptedBackend
 from tests.helpers import cli_exit, invoke
@@ -48,7 +48,8 @@ def session():
 
 def play(session, budget=0):
     session.calls.clear()
-    return play_strategy(session, session.task_ids("train", 2), PlaySpec("mc_value", budget, "train"))
+    played = play_strategy(session, session.task_ids("train", 2), PlaySpec("train", strategy="mc_value", budget=budget))
+    return played.trees, played.episodes
 
 
 def spine(tree):

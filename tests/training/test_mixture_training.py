@@ -17,7 +17,7 @@ from omrl.config import load_config
 from omrl.config.options import RolloutRunConfig
 from omrl.data.trajectory import read_episodes
 from omrl.errors import ConfigError
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.checkpoint import CheckpointError
 from omrl.training.metrics import per_env_metrics, read_metrics
 from omrl.training.rl import run_rl
@@ -163,25 +163,18 @@ def test_per_env_metrics_over_two_processes_are_what_one_process_computes_from_a
         [f"model.name={tiny_model_dir}", "env.max_turns=2", "generation.max_new_tokens=8", MIX],
     )
     with RolloutSession.from_config(cfg) as session:
-        episodes = session.play(session.task_ids("test", 3), group_size=2, seed=0)
+        episodes = session.play(session.task_ids("test", 3), PlaySpec(group_size=2, seed=0)).episodes
         for i, ep in enumerate(episodes):  # outcomes that differ, so every weighting shows
             ep.won, ep.score = i % 3 == 0, i / 10
         episodes[0].end_reason = "env_error"  # reward, success and score leave it out
         parts = [episodes[:3], episodes[3:]]  # uneven: one process played fewer gridworld episodes
-        summaries = []
-        for part in parts:
-            session.compose(part)
-            summaries.append(dict(session.reward_summaries))
-        session.compose(episodes)
-        whole = per_env_metrics(episodes, 1.0, session.reward_summaries, session.env_names)
+        summaries = [session.compose(part) for part in parts]
+        whole = per_env_metrics(episodes, 1.0, session.compose(episodes).env_rewards, session.env_names)
     processes, results = TwoProcesses(), [None, None]
 
     def run(rank: int) -> None:
-        played = SimpleNamespace(
-            sessions={}, env_names=["gridworld", ARITHMETIC], reward_summary={}, reward_summaries=summaries[rank]
-        )
-        played.backend = None
-        metrics = step_metrics(parts[rank], 1.0, played, processes.rank(rank))
+        session = SimpleNamespace(mixture=True, env_names=["gridworld", ARITHMETIC], backend=None)
+        metrics = step_metrics(summaries[rank], 1.0, session, processes.rank(rank))
         results[rank] = {k: v for k, v in metrics.items() if "/" in k}
 
     threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]

@@ -104,10 +104,10 @@ def test_evaluation_samples_each_test_task_at_the_eval_temperature(rl_config):
         recipe.setup()
         play = recipe.run.session.play
 
-        def spy(tasks, **kwargs):
-            episodes = play(tasks, **kwargs)
-            played.append((len(episodes), recipe.run.session.limits.temperature))
-            return episodes
+        def spy(tasks, spec):
+            result = play(tasks, spec)
+            played.append((len(result.episodes), spec.limits.temperature))
+            return result
 
         recipe.run.session.play = spy
         result = recipe.run.evaluate()

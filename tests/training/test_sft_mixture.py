@@ -15,6 +15,7 @@ from omrl.cli import main
 from omrl.data.conversations import load_conversations, record_to_conversation, write_conversations
 from omrl.data.mixture import dataset_sources, draw_counts, draw_mixture
 from omrl.errors import ConfigError
+from omrl.rollout import PlaySpec
 from omrl.training.checkpoint import CheckpointError
 from omrl.training.metrics import read_metrics
 from omrl.training.packing import fingerprint, pack_rows, tokenize_conversations
@@ -249,7 +250,7 @@ def test_sft_trains_on_one_parquet_of_expert_rollouts_of_two_envs(tiny_model_dir
     envs = ["env.name=gridworld:0.5,reasoning-gym:basic_arithmetic:0.5", "env.template=react"]
     cfg = load_config(RolloutRunConfig, None, [*envs, f"model.name={tiny_model_dir}", "env.max_turns=12"])
     with RolloutSession.from_config(cfg, expert=True) as session:
-        episodes = session.play(session.task_ids("train", 3), split="train", expert=True)
+        episodes = session.play(session.task_ids("train", 3), PlaySpec(split="train", expert=True)).episodes
         parquet, _ = write_trajectories(episodes, tmp_path / "experts.parquet", session.tokenizer)
     assert Counter(ep.env for ep in episodes) == {"gridworld": 3, "reasoning-gym:basic_arithmetic": 3}
 

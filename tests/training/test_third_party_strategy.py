@@ -14,7 +14,7 @@ from rich.console import Console
 from omrl.data.trajectory import read_episodes
 from omrl.errors import PluginError
 from omrl.hookspecs import hookimpl
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.search import StrategyTraits, strategy_traits
 from omrl.search.sweep import cells_of
 from omrl.training import online, rollout_step
@@ -120,8 +120,8 @@ def test_the_plugins_batched_rollout_is_the_sessions_own(config):
     # what `omrl train` played before every rollout went through the strategy: session.play, unchanged
     cfg = config("rollout.strategy=relay", "generation.temperature=1.0")
     with RolloutSession.from_config(cfg) as session:
-        through_plugin = rollout_step.play_step(cfg, session, [0, 1], seed=7)
-        direct = session.play([0, 1], split=cfg.env.split, group_size=cfg.group_size, seed=7)
+        through_plugin = rollout_step.play_step(cfg, session, [0, 1], seed=7).episodes
+        direct = session.play([0, 1], PlaySpec(split=cfg.env.split, group_size=cfg.group_size, seed=7)).episodes
     difference = first_difference(through_plugin, direct)
     assert difference is None, difference
 

@@ -1,0 +1,59 @@
+"""What a play is asked (:class:`PlaySpec`) and what it gives back (:class:`Played`): one value each
+way, so a play's settings are never swapped on a session and its results never read off one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omrl.data.trajectory import Episode
+from omrl.rollout.loop import RolloutLimits
+
+
+@dataclass(frozen=True)
+class PlaySpec:
+    """How a set of tasks is played.
+
+    ``split``: the split a bare task id is drawn from ("" is the env's own ``env.split``; a mixture's
+    tasks name their own). ``group_size`` samples per task from sampling seed ``seed``; ``expert``:
+    the env's scripted expert plays instead of the model. ``max_parallel`` caps the episodes played at
+    once (0: all). ``limits``: the sampling limits of this play (None: the session's own; an
+    evaluation's temperature goes here). ``rewards``: compose the rewards of what is played (off where
+    only chosen episodes get them). ``strategy`` and its token ``budget`` per task (0: no limit) are
+    read by :func:`omrl.search.play_strategy`, which plays the batched rollout through
+    :meth:`omrl.rollout.RolloutSession.play` where the strategy declares that it does.
+    """
+
+    split: str = ""
+    group_size: int = 1
+    seed: int = 0
+    expert: bool = False
+    max_parallel: int = 0
+    limits: RolloutLimits | None = None
+    rewards: bool = True
+    strategy: str = "chain"
+    budget: int = 0
+
+
+@dataclass
+class Played:
+    """What a play gave: its ``episodes`` (ordered by group, then sample), the mean of each reward term
+    over them (``rewards``, episode-weighted over every env) and per env (``env_rewards``; one entry for
+    a one-env session), and with a search strategy each task's tree (``trees``; empty for chains)."""
+
+    episodes: list[Episode]
+    rewards: dict[str, float] = field(default_factory=dict)
+    env_rewards: dict[str, dict[str, float]] = field(default_factory=dict)
+    trees: list[Any] = field(default_factory=list)
+
+
+def merged_rewards(per_env: dict[str, tuple[dict[str, float], int]]) -> dict[str, float]:
+    """Per-episode means over every env from each env's (means, episode count): a term only some
+    envs reward is averaged over those envs' episodes."""
+    totals: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for summary, n in per_env.values():
+        for key, value in summary.items():
+            totals[key] = totals.get(key, 0.0) + value * n
+            counts[key] = counts.get(key, 0) + n
+    return {key: totals[key] / max(1, counts[key]) for key in totals}
