@@ -34,8 +34,9 @@ from omrl.envs import Env, Observation, StepResult
 from omrl.gateway.play import AgentSpec, play_agents
 from omrl.gateway.server import Gateway
 from omrl.models import load_model, resolve_model_path
-from omrl.rollout.loop import RolloutLimits, collect
+from omrl.rollout.loop import collect
 from omrl.rollout.pool import EnvPool
+from omrl.rollout.spec import RolloutLimits
 from omrl.templates import ParsedAction, Template
 
 SYSTEM = "You are a helpful assistant. Keep talking."

@@ -89,6 +89,43 @@ def trl_reward(completions, **kwargs) -> list[float]:
     return [text_reward(text) for text in completions]
 
 
+def trl_settings(spec: dict) -> dict:
+    """The GRPOConfig both comparisons give TRL: omrl's GRPO settings (no KL, one update a step,
+    constant learning rate), on the CPU, without saving."""
+    return dict(
+        output_dir=spec["output_dir"],
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        disable_tqdm=True,
+        max_steps=spec["steps"],
+        per_device_train_batch_size=spec["tasks"] * spec["group_size"],
+        gradient_accumulation_steps=1,
+        num_generations=spec["group_size"],
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        num_iterations=1,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+    )
+
+
+def trl_versions() -> dict[str, str]:
+    import torch
+    import transformers
+    import trl
+
+    return {"trl": trl.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
 def trl_worker(spec_path: str) -> None:
     import torch
     from datasets import Dataset
@@ -126,29 +163,8 @@ def trl_worker(spec_path: str) -> None:
 
     model.generate = timed_generate
     config = GRPOConfig(
-        output_dir=spec["output_dir"],
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        disable_tqdm=True,
-        max_steps=spec["steps"],
-        per_device_train_batch_size=spec["tasks"] * spec["group_size"],
-        gradient_accumulation_steps=1,
-        num_generations=spec["group_size"],
+        **trl_settings(spec),
         max_completion_length=spec["max_new_tokens"],
-        temperature=1.0,
-        top_p=1.0,
-        learning_rate=spec["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        num_iterations=1,
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
         gradient_checkpointing=spec["gradient_checkpointing"],
     )
     trainer = GRPOTrainer(
@@ -175,11 +191,7 @@ def trl_worker(spec_path: str) -> None:
                 "same_prompt_ids": same_ids,
                 "logged": logged,
                 "peak_rss": vm_hwm(),
-                "versions": {
-                    "trl": __import__("trl").__version__,
-                    "torch": torch.__version__,
-                    "transformers": __import__("transformers").__version__,
-                },
+                "versions": trl_versions(),
                 "config": {
                     "gradient_checkpointing": config.gradient_checkpointing,
                     "loss_type": config.loss_type,
@@ -192,12 +204,21 @@ def trl_worker(spec_path: str) -> None:
 
 
 # -- the omrl side ---------------------------------------------------------------------------------
-def omrl_overrides(args, model_dir: str) -> list[str]:
+def omrl_overrides(
+    args,
+    model_dir: str,
+    env: str = "gridworld",
+    template: str = "react",
+    max_turns: int = 1,
+    reward: str = REWARD_NAME,
+    extra: tuple = (),
+) -> list[str]:
+    """``omrl train``'s settings matching TRL's (``extra`` before the user's ``--omrl-arg``, which win)."""
     return [
         f"model.name={model_dir}",
-        "env.name=gridworld",
-        "env.template=react",
-        "env.max_turns=1",
+        f"env.name={env}",
+        f"env.template={template}",
+        f"env.max_turns={max_turns}",
         f"generation.max_new_tokens={args.max_new_tokens}",
         "generation.temperature=1.0",
         "generation.top_p=1.0",
@@ -212,8 +233,9 @@ def omrl_overrides(args, model_dir: str) -> list[str]:
         "mini_batch_size=0",
         "eval_tasks=0",
         "model.dtype=float32",
-        f"reward.weights={{{REWARD_NAME}: 1.0}}",
+        f"reward.weights={{{reward}: 1.0}}",
         "model.gradient_checkpointing=false",
+        *extra,
         *args.omrl_arg,
     ]
 
@@ -242,26 +264,36 @@ def omrl_worker(argv: list[str]) -> None:
 
 def omrl_prompts(args, model_dir: str) -> list[list[int]]:
     """The prompt ids ``omrl train`` generates from, in the order it plays them (steps x tasks)."""
-    from omrl import registry
-    from omrl.backends.base import Backend, Generation
     from omrl.config import load_config
     from omrl.config.options import TrainRunConfig
+
+    cfg = load_config(TrainRunConfig, "grpo", omrl_overrides(args, model_dir))
+    ids, _, _ = played_prompts(cfg, model_dir, demonstration=cfg.env.demonstration)
+    return ids
+
+
+def played_prompts(cfg, model_dir: str, **collect_options) -> tuple[list[list[int]], list[list[dict]], list[int]]:
+    """What ``omrl train`` with ``cfg`` plays first, in its order (steps x tasks), captured instead of
+    sampled: the prompts' ids, their chat messages and the task ids."""
+    from omrl import registry
+    from omrl.backends.base import Backend, Generation
     from omrl.models import load_tokenizer
     from omrl.rollout import EnvPool, RolloutLimits, collect
     from omrl.training.rl_data import TaskOrder
 
-    cfg = load_config(TrainRunConfig, "grpo", omrl_overrides(args, model_dir))
     tokenizer = load_tokenizer(model_dir)
     pool = EnvPool(registry.envs.get(cfg.env.name), cfg.plugins.get(cfg.env.name, {}), name=cfg.env.name)
     order = TaskOrder(list(pool.probe().split_of(cfg.env.split)), cfg.seed)  # as omrl.training.online does
     tasks = [task for _ in range(cfg.steps) for task in order.take(cfg.tasks_per_step)]
-    seen: list[list[int]] = []
+    ids: list[list[int]] = []
+    chats: list[list[dict]] = []
 
     class Capture(Backend):
         name = "capture"
 
         def generate(self, prompts, params, messages=None):
-            seen.extend(list(p) for p in prompts)
+            ids.extend(list(p) for p in prompts)
+            chats.extend([{"role": m["role"], "content": m["content"]} for m in chat] for chat in messages or [])
             return [Generation([self.eos_token_id], [0.0], "stop") for _ in prompts]
 
     collect(
@@ -271,10 +303,10 @@ def omrl_prompts(args, model_dir: str) -> list[list[int]]:
         tasks,
         backend=Capture(tokenizer),
         limits=RolloutLimits(max_new_tokens=cfg.generation.max_new_tokens, max_turns=1),
-        demonstration=cfg.env.demonstration,
+        **collect_options,
     )
     pool.close()
-    return seen
+    return ids, chats, tasks
 
 
 def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None, split: str = "") -> dict:
@@ -284,26 +316,8 @@ def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None
         trainer, generation = split.split(",")
         threads = int(trainer)
         extra = ["rollout.async_generation=true", "rollout.max_staleness=1", f"rollout.generation_threads={generation}"]
-    command = [
-        sys.executable,
-        *(["-m", "cProfile", "-o", profile_path] if profile_path else []),
-        __file__,
-        "--omrl-worker",
-        "--algo",
-        "grpo",
-        "--output-dir",
-        out_dir,
-        *omrl_overrides(args, model_dir),
-        *extra,
-    ]
-    env = {**os.environ, "OMRL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
-    wall = time.perf_counter() - start
-    if done.returncode:
-        raise SystemExit(f"omrl train failed:\n{done.stderr[-4000:]}")
-    rows = [json.loads(line) for line in Path(out_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [row for row in rows if "step_time" in row]
+    env = {"OMRL_NUM_THREADS": str(threads)}
+    rows, wall = train_omrl(__file__, out_dir, [*omrl_overrides(args, model_dir), *extra], env, profile_path)
     skipped = sum(1 for row in rows if row.get("skipped_updates"))
     return {
         "steps": [
@@ -316,14 +330,45 @@ def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None
     }
 
 
-def run_trl(args, spec: dict, out_dir: str) -> dict:
+def train_omrl(
+    script: str, out_dir: str, arguments: list[str], env: dict[str, str], profile_path: str | None = None
+) -> tuple[list[dict], float]:
+    """``script --omrl-worker``'s ``omrl train`` (under cProfile with ``profile_path``) with ``env`` added:
+    its per-step metrics rows and its wall seconds."""
+    command = [
+        sys.executable,
+        *(["-m", "cProfile", "-o", profile_path] if profile_path else []),
+        script,
+        "--omrl-worker",
+        "--algo",
+        "grpo",
+        "--output-dir",
+        out_dir,
+        *arguments,
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"omrl train failed:\n{done.stderr[-4000:]}")
+    rows = [json.loads(line) for line in Path(out_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [row for row in rows if "step_time" in row], wall
+
+
+def train_trl(
+    script: str, args, spec: dict, out_dir: str, env: dict[str, str] | None = None, profile_path: str | None = None
+) -> dict:
+    """``script --trl-worker``'s TRL run of ``spec`` in ``args.trl_python`` (under cProfile with
+    ``profile_path``) with ``env`` added: its report and wall seconds."""
     spec_path = Path(out_dir, "spec.json")
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps({**spec, "output_dir": out_dir}))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads)}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads), **(env or {})}
+    profiler = ["-m", "cProfile", "-o", profile_path] if profile_path else []
     start = time.perf_counter()
     done = subprocess.run(
-        [args.trl_python, __file__, "--trl-worker", str(spec_path)], capture_output=True, text=True, env=env
+        [args.trl_python, *profiler, script, "--trl-worker", str(spec_path)], capture_output=True, text=True, env=env
     )
     wall = time.perf_counter() - start
     if done.returncode:
@@ -332,10 +377,24 @@ def run_trl(args, spec: dict, out_dir: str) -> dict:
     return {**report, "wall_s": wall}
 
 
+def run_trl(args, spec: dict, out_dir: str) -> dict:
+    return train_trl(__file__, args, spec, out_dir)
+
+
 def steady(steps: list[dict], key: str = "step_time") -> float:
     """Median over the steps after the first (all of them when there is only one)."""
     values = [s[key] for s in steps]
     return statistics.median(values[1:] if len(values) > 1 else values)
+
+
+def print_profile(side: str, part: dict) -> None:
+    """A profiled run's step times, and per step the seconds of what each of its main parts calls."""
+    times = " ".join(f"{t:.1f}" for t in part["profiled_step_times"])
+    print(f"\n{side} under cProfile (step times {times} s); seconds per step, the profiler adds overhead:")
+    for title, rows in part["per_step_s"].items():
+        print(f"  {title}:")
+        for label, seconds in rows:
+            print(f"    {seconds:7.2f}  {label}")
 
 
 def callees(stats, file: str, function: str, count: int) -> list[tuple[str, float]]:
@@ -482,12 +541,7 @@ def main() -> None:
     if skipped:
         print(f"warning: omrl skipped {skipped} update(s) (every advantage 0): those steps did less work than TRL's")
     if profile:
-        times = " ".join(f"{t:.1f}" for t in profile["profiled_step_times"])
-        print(f"\nomrl under cProfile (step times {times} s); seconds per step, the profiler adds overhead:")
-        for title, rows in profile["per_step_s"].items():
-            print(f"  {title}:")
-            for label, seconds in rows:
-                print(f"    {seconds:7.2f}  {label}")
+        print_profile("omrl", profile)
     from _results import default_json, machine, save_json  # here: the TRL worker's venv has no omrl
 
     path = args.json or default_json("trl_grpo")

@@ -70,7 +70,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from trl_grpo import callees, vm_hwm  # this folder's: the single-turn comparison's helpers (no omrl imports)
+import trl_grpo  # this folder's: the single-turn comparison's helpers (no omrl imports)
+from trl_grpo import callees, vm_hwm
 
 TARGET = 0.5
 SYSTEM = "Answer with the number. Use multiply for products."
@@ -190,31 +191,10 @@ def trl_worker(spec_path: str) -> None:
     model.generate = timed_generate
     turns = spec["turns"]
     config = GRPOConfig(
-        output_dir=spec["output_dir"],
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        disable_tqdm=True,
-        max_steps=spec["steps"],
-        per_device_train_batch_size=spec["tasks"] * spec["group_size"],
-        gradient_accumulation_steps=1,
-        num_generations=spec["group_size"],
+        **trl_grpo.trl_settings(spec),
         max_completion_length=turns * (spec["max_new_tokens"] + TOOL_SUFFIX_ROOM),
         generation_kwargs={"max_new_tokens": spec["max_new_tokens"]},
         max_tool_calling_iterations=turns - 1,
-        temperature=1.0,
-        top_p=1.0,
-        learning_rate=spec["lr"],
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=1.0,
-        beta=0.0,
-        num_iterations=1,
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
         gradient_checkpointing=False,
     )
     rows = [{"prompt": messages, "product": product} for messages, product in zip(spec["messages"], spec["products"])]
@@ -258,11 +238,7 @@ def trl_worker(spec_path: str) -> None:
                 "same_prompt_ids": set(map(tuple, first_prompts)) == set(map(tuple, first)),
                 "logged": logged,
                 "peak_rss": vm_hwm(),
-                "versions": {
-                    "trl": __import__("trl").__version__,
-                    "torch": torch.__version__,
-                    "transformers": __import__("transformers").__version__,
-                },
+                "versions": trl_grpo.trl_versions(),
                 "config": {
                     "loss_type": config.loss_type,
                     "optim": str(config.optim),
@@ -350,31 +326,9 @@ def omrl_plugin(tasks: int):
 
 
 def omrl_overrides(args, model_dir: str) -> list[str]:
-    return [
-        f"model.name={model_dir}",
-        f"env.name={ENV_NAME}",
-        f"env.template={TEMPLATE_NAME}",
-        f"env.max_turns={args.turns}",
-        f"generation.max_new_tokens={args.max_new_tokens}",
-        "generation.temperature=1.0",
-        "generation.top_p=1.0",
-        f"group_size={args.group_size}",
-        f"tasks_per_step={args.tasks}",
-        f"steps={args.steps}",
-        f"optim.learning_rate={args.lr}",
-        "optim.lr_schedule=constant",
-        "optim.warmup_steps=0",
-        "algorithm.kl_coef=0.0",
-        "ppo_epochs=1",
-        "mini_batch_size=0",
-        "eval_tasks=0",
-        "model.dtype=float32",
-        f"reward.weights={{{REWARD_NAME}: 1.0}}",
-        "model.gradient_checkpointing=false",
-        "tool_health.max_steps_without_valid_call=0",  # TRL never stops a run for its tool calls
-        "tool_health.max_malformed_rate=1.0",
-        *args.omrl_arg,
-    ]
+    # TRL never stops a run for its tool calls
+    health = ("tool_health.max_steps_without_valid_call=0", "tool_health.max_malformed_rate=1.0")
+    return trl_grpo.omrl_overrides(args, model_dir, ENV_NAME, TEMPLATE_NAME, args.turns, REWARD_NAME, health)
 
 
 def omrl_worker(argv: list[str]) -> None:
@@ -390,44 +344,15 @@ def omrl_worker(argv: list[str]) -> None:
 def omrl_prompts(args, model_dir: str) -> tuple[list[list[int]], list[list[dict]], list[int]]:
     """The first prompts ``omrl train`` plays, in its order (steps x tasks): their ids, their chat messages
     and the tasks' products."""
-    from omrl import registry
-    from omrl.backends.base import Backend, Generation
     from omrl.config import load_config
     from omrl.config.options import TrainRunConfig
-    from omrl.models import load_tokenizer
     from omrl.plugins import pm
-    from omrl.rollout import EnvPool, RolloutLimits, collect
-    from omrl.training.rl_data import TaskOrder
 
     name = "benchmark.trl_multiturn"
     if pm.get_plugin(name) is None:
         pm.register(omrl_plugin(task_count(args)), name=name)
     cfg = load_config(TrainRunConfig, "grpo", omrl_overrides(args, model_dir))
-    tokenizer = load_tokenizer(model_dir)
-    pool = EnvPool(registry.envs.get(cfg.env.name), cfg.plugins.get(cfg.env.name, {}), name=cfg.env.name)
-    order = TaskOrder(list(pool.probe().split_of(cfg.env.split)), cfg.seed)  # as omrl.training.online does
-    tasks = [task for _ in range(cfg.steps) for task in order.take(cfg.tasks_per_step)]
-    ids: list[list[int]] = []
-    chats: list[list[dict]] = []
-
-    class Capture(Backend):
-        name = "capture"
-
-        def generate(self, prompts, params, messages=None):
-            ids.extend(list(p) for p in prompts)
-            chats.extend([{"role": m["role"], "content": m["content"]} for m in chat] for chat in messages or [])
-            return [Generation([self.eos_token_id], [0.0], "stop") for _ in prompts]
-
-    template = registry.templates.get(cfg.env.template)()
-    collect(
-        pool,
-        template,
-        tokenizer,
-        tasks,
-        backend=Capture(tokenizer),
-        limits=RolloutLimits(max_new_tokens=cfg.generation.max_new_tokens, max_turns=1),
-    )
-    pool.close()
+    ids, chats, tasks = trl_grpo.played_prompts(cfg, model_dir)
     pairs = make_tasks(task_count(args), seed=0)
     return ids, chats, [pairs[t][0] * pairs[t][1] for t in tasks]
 
@@ -435,11 +360,6 @@ def omrl_prompts(args, model_dir: str) -> tuple[list[list[int]], list[list[dict]
 def task_count(args) -> int:
     """The tasks in omrl's train split: enough for every step to draw fresh ones."""
     return max(64, args.steps * args.tasks * 2)
-
-
-def omrl_metrics(out_dir: str) -> list[dict]:
-    rows = [json.loads(line) for line in Path(out_dir, "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [row for row in rows if "step_time" in row]
 
 
 def sampled_tokens(row: dict) -> float:
@@ -451,29 +371,8 @@ def sampled_tokens(row: dict) -> float:
 
 
 def run_omrl(args, model_dir: str, out_dir: str, profile_path: str | None = None) -> dict:
-    command = [
-        sys.executable,
-        *(["-m", "cProfile", "-o", profile_path] if profile_path else []),
-        __file__,
-        "--omrl-worker",
-        "--algo",
-        "grpo",
-        "--output-dir",
-        out_dir,
-        *omrl_overrides(args, model_dir),
-    ]
-    env = {
-        **os.environ,
-        "OMRL_NUM_THREADS": str(args.threads),
-        "HF_HUB_OFFLINE": "1",
-        "BENCH_TASKS": str(task_count(args)),
-    }
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=Path(__file__).resolve().parents[1])
-    wall = time.perf_counter() - start
-    if done.returncode:
-        raise SystemExit(f"omrl train failed:\n{done.stderr[-4000:]}")
-    rows = omrl_metrics(out_dir)
+    env = {"OMRL_NUM_THREADS": str(args.threads), "BENCH_TASKS": str(task_count(args))}
+    rows, wall = trl_grpo.train_omrl(__file__, out_dir, omrl_overrides(args, model_dir), env, profile_path)
     episodes = args.tasks * args.group_size
     steps = []
     for row in rows:
@@ -513,20 +412,7 @@ def default_trl_python() -> str:
 
 
 def run_trl(args, spec: dict, out_dir: str, profile_path: str | None = None) -> dict:
-    spec_path = Path(out_dir, "spec.json")
-    spec_path.parent.mkdir(parents=True, exist_ok=True)
-    spec_path.write_text(json.dumps({**spec, "output_dir": out_dir}))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(args.threads), "TRL_EXPERIMENTAL_SILENCE": "1"}
-    profiler = ["-m", "cProfile", "-o", profile_path] if profile_path else []
-    start = time.perf_counter()
-    done = subprocess.run(
-        [args.trl_python, *profiler, __file__, "--trl-worker", str(spec_path)], capture_output=True, text=True, env=env
-    )
-    wall = time.perf_counter() - start
-    if done.returncode:
-        raise SystemExit(f"the TRL run failed:\n{done.stderr[-4000:]}")
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    return {**report, "wall_s": wall}
+    return trl_grpo.train_trl(__file__, args, spec, out_dir, {"TRL_EXPERIMENTAL_SILENCE": "1"}, profile_path)
 
 
 def tool_model_dir(source: str, trl_python: str, into: Path) -> str:
@@ -792,12 +678,7 @@ def main() -> None:
         print(f"omrl skipped {skipped} update(s) (every advantage 0), left out of its steady state (less work)")
     if found:
         for side, part in found.items():
-            times = " ".join(f"{t:.1f}" for t in part["profiled_step_times"])
-            print(f"\n{side} under cProfile (step times {times} s); seconds per step, the profiler adds overhead:")
-            for title, rows in part["per_step_s"].items():
-                print(f"  {title}:")
-                for label, seconds in rows:
-                    print(f"    {seconds:7.2f}  {label}")
+            trl_grpo.print_profile(side, part)
     from _results import default_json, machine, save_json  # here: the TRL worker's venv has no omrl
 
     path = args.json or default_json("trl_multiturn")

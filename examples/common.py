@@ -1,17 +1,41 @@
-"""What the learning examples share: the settings of their SFT and GRPO runs, a stage's result kept on
-disk, the standard error they report, and how they save a figure.
+"""What the learning examples share: the budget of the tool-learning ones, the settings of their SFT and
+GRPO runs, a stage's result kept on disk, the standard error they report, their summary and command
+line, and how they save a figure.
 
 The examples are scripts, not a package: each puts this folder on ``sys.path`` and imports from here.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from omrl.atomic import atomic_save_figure, atomic_write_text
+
+
+@dataclass
+class ToolBudget:
+    """A tool-learning example's model, how much work each stage does, and the GRPO settings."""
+
+    model: str
+    expert_episodes: int  # of each kind
+    tool_share: float  # of the SFT data: the rest is the expert that answers at once
+    sft_epochs: float
+    sft_learning_rate: float
+    grpo_steps: int
+    tasks_per_step: int
+    group_size: int
+    grpo_learning_rate: float
+    eval_tasks: int
+    eval_samples: int = 4
+    micro_batch_size: int = 8
+    mini_batch_size: int = 0  # 0: one optimizer step per rollout
+    ppo_epochs: int = 1
+    kl_coef: float = 0.0
 
 
 def sft_settings(out: Path, budget: Any, seed: int, dataset: str | Path, warmup_steps: int) -> list[str]:
@@ -79,6 +103,28 @@ def standard_error(values: list[float]) -> float:
         return 0.0
     mean = sum(values) / n
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def write_summary(out: Path, summary: dict[str, Any], gain: float, se_kind: str = "SE") -> dict[str, Any]:
+    """Write ``<out>/summary.json`` and print the success gain in standard errors and the minutes taken."""
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
+    print(f"success {gain:+.1%} ({summary['success_gain_in_se']:.1f} {se_kind}) in {summary['minutes']:.1f} minutes")
+    return summary
+
+
+def tool_example_arguments(doc: str, out: str, full: Any, quick: Any, share_help: str) -> tuple[Path, Any, int]:
+    """The command line of a tool-learning example: ``--out``, ``--quick`` (``quick`` instead of
+    ``full``), ``--seed`` and ``--tool-share`` (the share of SFT data that uses the tool)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(out))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tool-share", type=float, help=share_help)
+    args = parser.parse_args()
+    budget = quick if args.quick else full
+    if args.tool_share is not None:
+        budget = replace(budget, tool_share=args.tool_share)
+    return args.out, budget, args.seed
 
 
 def save_figure(fig: Any, path: Path) -> None:

@@ -32,26 +32,31 @@ python call 18.1% -> 85.6%; calls that ran cleanly 94.1% -> 91.3%. With the defa
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
-from omrl.atomic import atomic_write_text
 from omrl.config import load_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.data import write_episodes
 from omrl.evaluation import evaluate
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
-from common import grpo_settings, sft_settings, stage, standard_error  # noqa: E402
+from common import (  # noqa: E402
+    ToolBudget,
+    grpo_settings,
+    sft_settings,
+    stage,
+    standard_error,
+    tool_example_arguments,
+    write_summary,
+)
 
 NAME = "code:reasoning-gym:products"
 ENV = [
@@ -64,29 +69,8 @@ ENV = [
 GENERATION = ["generation.max_new_tokens=40", "generation.max_context=1024", "generation.batch_size=64"]
 
 
-@dataclass
-class Budget:
-    """The model, how much work each stage does, and the GRPO settings."""
-
-    model: str
-    expert_episodes: int  # of each kind
-    tool_share: float  # of the SFT data: the rest is the expert that answers at once
-    sft_epochs: float
-    sft_learning_rate: float
-    grpo_steps: int
-    tasks_per_step: int
-    group_size: int
-    grpo_learning_rate: float
-    eval_tasks: int
-    eval_samples: int = 4
-    micro_batch_size: int = 8
-    mini_batch_size: int = 0  # 0: one optimizer step per rollout
-    ppo_epochs: int = 1
-    kl_coef: float = 0.0
-
-
 # SmolLM2-135M: a pretrained model copies digits; the 1M-parameter `tiny` did not learn to (below)
-FULL = Budget(
+FULL = ToolBudget(
     model="smollm2-135m",
     expert_episodes=300,
     tool_share=0.75,
@@ -101,7 +85,7 @@ FULL = Budget(
 # `tiny`: the same stages in minutes. Measured: it learns to call the tool (66% of episodes after SFT
 # on 1,500 + 1,500 demonstrations, 8 epochs, 98% of calls clean) but not to copy the numbers into the
 # call or the printed product into the answer, so its success stays near 0.
-QUICK = Budget(
+QUICK = ToolBudget(
     model="tiny",
     expert_episodes=200,
     tool_share=0.75,
@@ -126,11 +110,11 @@ def expert_data(path: Path, model: str, episodes: int, uses_tool: bool) -> Path:
     with RolloutSession.from_config(cfg, expert=True) as session:
         tasks = session.task_ids("train", 2 * episodes)
         mine = tasks[:episodes] if uses_tool else tasks[episodes:]
-        write_episodes(session.play(mine, split="train", expert=True), path)
+        write_episodes(session.play(mine, PlaySpec(split="train", expert=True)).episodes, path)
     return path
 
 
-def held_out(model: str, budget: Budget, seed: int, tasks: int = 0) -> dict[str, float]:
+def held_out(model: str, budget: ToolBudget, seed: int, tasks: int = 0) -> dict[str, float]:
     """Success and tool use on the first ``eval_tasks`` (or ``tasks``) test tasks, ``eval_samples``
     episodes each at T=1."""
     cfg = load_config(
@@ -140,7 +124,7 @@ def held_out(model: str, budget: Budget, seed: int, tasks: int = 0) -> dict[str,
     )
     with RolloutSession.from_config(cfg) as session:
         ids = session.task_ids("test", tasks or budget.eval_tasks)
-        episodes = session.play(ids, split="test", seed=seed, group_size=budget.eval_samples)
+        episodes = session.play(ids, PlaySpec(split="test", seed=seed, group_size=budget.eval_samples)).episodes
     metrics = evaluate(episodes)
     tool_calls = [sum(bool(t.info.get("tool")) for t in ep.turns) for ep in episodes]
     out = {
@@ -161,14 +145,14 @@ def held_out(model: str, budget: Budget, seed: int, tasks: int = 0) -> dict[str,
     return out
 
 
-def sft_stage(tool: Path, direct: Path, out: Path, budget: Budget, seed: int) -> Path:
+def sft_stage(tool: Path, direct: Path, out: Path, budget: ToolBudget, seed: int) -> Path:
     """SFT on both experts' episodes, ``tool_share`` of the draw from the tool's."""
     dataset = f"{tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}"
     run_sft(load_config(SftRunConfig, None, sft_settings(out, budget, seed, dataset, warmup_steps=10)))
     return out
 
 
-def grpo_stage(model: Path, out: Path, budget: Budget, seed: int) -> Path:
+def grpo_stage(model: Path, out: Path, budget: ToolBudget, seed: int) -> Path:
     """GRPO from the SFT model ``model``, reward 1 for a right answer; resumed from a checkpoint in ``out``."""
     overrides = [
         f"model.name={model}",
@@ -185,7 +169,7 @@ def grpo_stage(model: Path, out: Path, budget: Budget, seed: int) -> Path:
     return out
 
 
-def main(out: Path, budget: Budget, seed: int = 0) -> dict:
+def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
@@ -226,19 +210,12 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
         "tool_call_rate_gain": after["tool_call_rate"] - before_grpo["tool_call_rate"],
         "minutes": (time.perf_counter() - started) / 60,
     }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
-    print(f"success {gain:+.1%} ({summary['success_gain_in_se']:.1f} SE) in {summary['minutes']:.1f} minutes")
-    return summary
+    return write_summary(out, summary, gain)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/learn-code-tool"))
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tool-share", type=float, help="the share of SFT data that uses the tool (default 0.75)")
-    args = parser.parse_args()
-    budget = QUICK if args.quick else FULL
-    if args.tool_share is not None:
-        budget = replace(budget, tool_share=args.tool_share)
-    main(args.out, budget, args.seed)
+    main(
+        *tool_example_arguments(
+            __doc__, "runs/learn-code-tool", FULL, QUICK, "the share of SFT data that uses the tool (default 0.75)"
+        )
+    )

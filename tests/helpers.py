@@ -136,6 +136,24 @@ def gridworld_grpo_config(model_dir: str, output_dir: Path, *overrides: str) -> 
     )
 
 
+def served_grpo_config(base_url: str, tmp_path: Path, sync: str, *overrides: str) -> Any:
+    """The ``TrainRunConfig`` of a grpo run of the `tiny` model on gridworld whose episodes the server at
+    ``base_url`` samples (8 new tokens a reply), its weights synced by ``sync`` (``files`` or ``lora``) through
+    ``tmp_path / sync``; 2 tasks x 2 samples a step, rewarded by the ``sample_index`` reward (register it), no
+    eval, written to ``tmp_path / "run"``; then ``overrides`` (steps, learning rate, ...)."""
+    return gridworld_grpo_config(
+        "tiny",
+        tmp_path / "run",
+        "generation.backend=openai",
+        f"generation.base_url={base_url}",
+        f"generation.weight_sync={sync}",
+        f"generation.weight_dir={tmp_path / sync}",
+        "generation.max_new_tokens=8",
+        *("tasks_per_step=2", "group_size=2", "eval_tasks=0", "reward.weights={sample_index: 1.0}"),
+        *overrides,
+    )
+
+
 def expert_and_model_episodes(num_tasks: int, group_size: int = 1) -> tuple[list[Any], list[Any]]:
     """Episodes with both outcomes for a reward model, on the tiny tokenizer: the expert's (it wins in the
     12 turns allowed) and ``group_size`` sampled ones of the random-init `tiny` model (seed 1, it loses),

@@ -30,14 +30,13 @@ paired over the same tasks. ``summary.json`` holds every number.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from omrl.atomic import atomic_write_text
@@ -45,13 +44,21 @@ from omrl.backends.base import Backend, Generation
 from omrl.config import load_config
 from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
 from omrl.data import write_episodes
-from omrl.rollout import RolloutSession
+from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
 from omrl.training.sft import run_sft
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/common.py
-from common import grpo_settings, sft_settings, stage, standard_error  # noqa: E402
+from common import (  # noqa: E402
+    ToolBudget,
+    grpo_settings,
+    sft_settings,
+    stage,
+    standard_error,
+    tool_example_arguments,
+    write_summary,
+)
 
 QUESTION = re.compile(r"What is (\d+) times (\d+)\?")
 AGENT = "learn_calculator:agent"  # this file's agent, imported by module name (run from this folder)
@@ -106,25 +113,8 @@ class Expert(Backend):
         return out
 
 
-@dataclass
-class Budget:
-    model: str
-    expert_episodes: int  # of each kind
-    tool_share: float
-    sft_epochs: float
-    sft_learning_rate: float
-    grpo_steps: int
-    tasks_per_step: int
-    group_size: int
-    grpo_learning_rate: float
-    eval_tasks: int
-    eval_samples: int = 4
-    micro_batch_size: int = 8
-    kl_coef: float = 0.0
-
-
-FULL = Budget("smollm2-135m", 300, 0.3, 1.0, 5e-5, 4, 4, 8, 1e-5, 40)
-QUICK = Budget("tiny", 60, 0.5, 2.0, 2e-3, 2, 4, 4, 5e-4, 8, eval_samples=2, micro_batch_size=16)
+FULL = ToolBudget("smollm2-135m", 300, 0.3, 1.0, 5e-5, 4, 4, 8, 1e-5, 40)
+QUICK = ToolBudget("tiny", 60, 0.5, 2.0, 2e-3, 2, 4, 4, 5e-4, 8, eval_samples=2, micro_batch_size=16)
 
 
 def write_tasks(path: Path, count: int = 1500, seed: int = 0) -> Path:
@@ -152,13 +142,13 @@ def settings(tasks: Path, model: str) -> list[str]:
     ]
 
 
-def expert_data(path: Path, tasks: Path, budget: Budget, uses_tool: bool) -> Path:
+def expert_data(path: Path, tasks: Path, budget: ToolBudget, uses_tool: bool) -> Path:
     """The expert plays ``expert_episodes`` training tasks through the gateway (the tool's: the first ones)."""
     cfg = load_config(RolloutRunConfig, None, settings(tasks, budget.model))
     with RolloutSession.from_config(cfg, backend=_expert(cfg, uses_tool)) as session:
         ids = session.task_ids("train", 2 * budget.expert_episodes)
         mine = ids[: budget.expert_episodes] if uses_tool else ids[budget.expert_episodes :]
-        episodes = session.play(mine, split="train")
+        episodes = session.play(mine, PlaySpec(split="train")).episodes
     assert all(ep.won for ep in episodes), [ep.error for ep in episodes if not ep.won][:3]
     write_episodes(episodes, path)
     return path
@@ -170,12 +160,12 @@ def _expert(cfg, uses_tool: bool) -> Expert:
     return Expert(load_tokenizer(cfg.model.name), uses_tool)
 
 
-def held_out(model: str, tasks: Path, budget: Budget, seed: int) -> dict:
+def held_out(model: str, tasks: Path, budget: ToolBudget, seed: int) -> dict:
     """Success and tool use on the first ``eval_tasks`` test tasks, ``eval_samples`` episodes each at T=1."""
     overrides = [*settings(tasks, model), "generation.temperature=1.0", f"seed={seed}"]
     with RolloutSession.from_config(load_config(EvalRunConfig, None, overrides)) as session:
         ids = session.task_ids("test", budget.eval_tasks)
-        episodes = session.play(ids, split="test", seed=seed, group_size=budget.eval_samples)
+        episodes = session.play(ids, PlaySpec(split="test", seed=seed, group_size=budget.eval_samples)).episodes
     per_task = [episodes[i : i + budget.eval_samples] for i in range(0, len(episodes), budget.eval_samples)]
     attempts = [a for ep in episodes for t in ep.turns for a in t.info.get("tool_calls", [])]
     called = [[any(t.info.get("tool_calls") for t in ep.turns) for ep in group] for group in per_task]
@@ -199,12 +189,12 @@ def _mean(groups: list[list[bool]]) -> float:
     return sum(flat) / len(flat)
 
 
-def sft_stage(tool: Path, direct: Path, out: Path, budget: Budget, seed: int) -> None:
+def sft_stage(tool: Path, direct: Path, out: Path, budget: ToolBudget, seed: int) -> None:
     dataset = f"{tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}"
     run_sft(load_config(SftRunConfig, None, sft_settings(out, budget, seed, dataset, warmup_steps=10)))
 
 
-def grpo_stage(model: Path, tasks: Path, out: Path, budget: Budget, seed: int) -> None:
+def grpo_stage(model: Path, tasks: Path, out: Path, budget: ToolBudget, seed: int) -> None:
     overrides = [
         *settings(tasks, str(model)),
         *grpo_settings(out, budget, seed),
@@ -215,7 +205,7 @@ def grpo_stage(model: Path, tasks: Path, out: Path, budget: Budget, seed: int) -
     run_rl(load_config(TrainRunConfig, "grpo", overrides))
 
 
-def main(out: Path, budget: Budget, seed: int = 0) -> dict:
+def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     tasks = out / "calculator.jsonl"
@@ -259,19 +249,12 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
         "tool_call_rate_gain": after["tool_call_rate"] - after_sft["tool_call_rate"],
         "minutes": (time.perf_counter() - started) / 60,
     }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
-    print(f"success {gain:+.1%} ({summary['success_gain_in_se']:.1f} paired SE) in {summary['minutes']:.1f} minutes")
-    return summary
+    return write_summary(out, summary, gain, "paired SE")
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/learn-calculator"))
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--tool-share", type=float, help="the share of SFT data that uses the tool")
-    args = parser.parse_args()
-    budget = QUICK if args.quick else FULL
-    if args.tool_share is not None:
-        budget = replace(budget, tool_share=args.tool_share)
-    main(args.out, budget, args.seed)
+    main(
+        *tool_example_arguments(
+            __doc__, "runs/learn-calculator", FULL, QUICK, "the share of SFT data that uses the tool"
+        )
+    )

@@ -2,7 +2,8 @@
 
 :mod:`.base` is the interface every backend implements; ``hf`` keeps KV states between calls
 (:mod:`.kv_cache`, reused by :mod:`.hf_reuse`'s engine); ``openai`` receives trained weights through
-:mod:`.weight_sync` (whole weights) or :mod:`.lora_sync` (LoRA adapters alone).
+:mod:`.weight_sync` (whole weights; over NCCL :mod:`.nccl_sync`) or :mod:`.lora_sync` (LoRA adapters
+alone), both driving the server through :mod:`.server_control` and writing files as :mod:`.weight_files` does.
 
     backend = make_backend("hf", tokenizer, cfg.generation, model=model)
     gens = backend.generate([prompt_ids, ...], SamplingParams(max_new_tokens=64, temperature=1.0, seed=0))

@@ -34,7 +34,8 @@ from typing import Any, Mapping, Sequence
 import httpx
 import torch
 
-from omrl.backends.weight_sync import ServerControl, run_folder, unshared, write_version
+from omrl.backends.server_control import ServerControl
+from omrl.backends.weight_files import run_folder, unshared, write_version
 from omrl.errors import OmrlError
 
 LORA_HINT = (

@@ -7,14 +7,14 @@ from pathlib import Path
 import typer
 
 from omrl.cli.rollout_cmd import (
-    AGENT_CMD_HELP,
-    AGENT_HELP,
+    AGENT_CMD_OPTION,
+    AGENT_OPTION,
     ARGS_HELP,
-    BUDGET_HELP,
-    ENV_HELP,
-    REWARD_HELP,
-    SELECT_HELP,
-    STRATEGY_HELP,
+    BUDGET_OPTION,
+    ENV_OPTION,
+    REWARD_OPTION,
+    SELECT_OPTION,
+    STRATEGY_OPTION,
     agent_flags,
     check_before_loading,
     check_strategy,
@@ -160,7 +160,7 @@ def split_size(session, split: str) -> int:
 
 def evaluate_command(
     args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "eval"), show_default=False),
-    env: str = typer.Option(None, "--env", help=ENV_HELP),
+    env: str = ENV_OPTION,
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
     split: str = typer.Option(None, "--split", help="Task split (env.split)."),
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to evaluate from the start of the split."),
@@ -169,12 +169,12 @@ def evaluate_command(
     output_dir: str = typer.Option(
         None, "--output-dir", help="Folder for the report and every episode (default: evals/<model>-<env>-<time>)."
     ),
-    strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
-    budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
-    select: str = typer.Option(None, "--select", help=SELECT_HELP),
-    agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
-    agent_cmd: str = typer.Option(None, "--agent-cmd", help=AGENT_CMD_HELP),
-    reward: str = typer.Option(None, "--reward", help=REWARD_HELP),
+    strategy: str = STRATEGY_OPTION,
+    budget: int = BUDGET_OPTION,
+    select: str = SELECT_OPTION,
+    agent: str = AGENT_OPTION,
+    agent_cmd: str = AGENT_CMD_OPTION,
+    reward: str = REWARD_OPTION,
 ) -> None:
     """Evaluate a model on an env split: a table of metrics plus a JSON report.
 
@@ -199,6 +199,7 @@ def evaluate_command(
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
     from omrl.rollout.convert import write_trajectories
+    from omrl.rollout.outcomes import seat_metrics
     from omrl.training.metrics import peak_memory
 
     cfg = config_with_select(
@@ -277,6 +278,7 @@ def evaluate_command(
     metrics.update(generation_metrics(generation), **peak_memory())
     metrics.update({f"reward/{name}": value for name, value in rewards.items()})
     metrics.update({f"search/{name}": value for name, value in searched.items()})
+    metrics.update(seat_metrics(episodes))  # games of several seats: win/draw/loss per seat and opponent
     by_env = evaluate_by_env(episodes, metrics, env_extra) if mixed else None
     path = write_report(report_path, metrics, episodes, to_dict(cfg), by_env)
     parquet, readable = write_trajectories(episodes, episodes_path, session.tokenizer)  # as omrl rollout writes

@@ -31,6 +31,15 @@ AGENT_HELP = "An agent program that plays each episode through omrl's OpenAI-com
 AGENT_CMD_HELP = "The same as a command, e.g. 'python my_agent.py' (agent.command; OPENAI_BASE_URL and OMRL_TASK in its environment)."
 REWARD_HELP = "With an agent: module:function scoring its episodes (agent.reward); default: the env scores its answer."
 
+# the flags rollout, eval and train share, declared once
+ENV_OPTION = typer.Option(None, "--env", help=ENV_HELP)
+STRATEGY_OPTION = typer.Option(None, "--strategy", help=STRATEGY_HELP)
+BUDGET_OPTION = typer.Option(None, "--budget", help=BUDGET_HELP)
+SELECT_OPTION = typer.Option(None, "--select", help=SELECT_HELP)
+AGENT_OPTION = typer.Option(None, "--agent", help=AGENT_HELP)
+AGENT_CMD_OPTION = typer.Option(None, "--agent-cmd", help=AGENT_CMD_HELP)
+REWARD_OPTION = typer.Option(None, "--reward", help=REWARD_HELP)
+
 
 def agent_flags(agent: str | None, agent_cmd: str | None, reward: str | None) -> dict[str, str | None]:
     """The config keys the --agent, --agent-cmd and --reward flags set."""
@@ -201,19 +210,19 @@ def progress_bar(total: int, label: str, sampled: bool = True):
 
 def rollout(
     args: list[str] = typer.Argument(None, help=ARGS_HELP, show_default=False),
-    env: str = typer.Option(None, "--env", help=ENV_HELP),
+    env: str = ENV_OPTION,
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
     template: str = typer.Option(None, "--template", help="Action template (env.template)."),
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to play from the start of the split."),
     group_size: int = typer.Option(None, "--group-size", help="Samples per task."),
     output: str = typer.Option(None, "--output", "-o", help="Trajectory parquet; a .jsonl goes beside it."),
     expert: bool = typer.Option(False, "--expert", help="Play the env's scripted expert instead of a model."),
-    strategy: str = typer.Option(None, "--strategy", help=STRATEGY_HELP),
-    budget: int = typer.Option(None, "--budget", help=BUDGET_HELP),
-    select: str = typer.Option(None, "--select", help=SELECT_HELP),
-    agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
-    agent_cmd: str = typer.Option(None, "--agent-cmd", help=AGENT_CMD_HELP),
-    reward: str = typer.Option(None, "--reward", help=REWARD_HELP),
+    strategy: str = STRATEGY_OPTION,
+    budget: int = BUDGET_OPTION,
+    select: str = SELECT_OPTION,
+    agent: str = AGENT_OPTION,
+    agent_cmd: str = AGENT_CMD_OPTION,
+    reward: str = REWARD_OPTION,
 ) -> None:
     """Play episodes and write them as a trajectory parquet plus a readable JSONL.
 

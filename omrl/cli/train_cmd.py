@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from omrl.cli.rollout_cmd import AGENT_CMD_HELP, AGENT_HELP, ENV_HELP, REWARD_HELP, agent_flags
+from omrl.cli.rollout_cmd import AGENT_CMD_OPTION, AGENT_OPTION, ENV_OPTION, REWARD_OPTION, agent_flags
 
 
 def eval_hint(cfg) -> str:
@@ -35,14 +35,14 @@ def train(
         show_default=False,
     ),
     algo: str = typer.Option(None, "--algo", help="grpo, ppo or dpo (algorithm.name)."),
-    env: str = typer.Option(None, "--env", help=ENV_HELP),
+    env: str = ENV_OPTION,
     model: str = typer.Option(None, "--model", help="Built-in name, local directory or hub id."),
     steps: int = typer.Option(None, "--steps", help="RL steps (rollout + update each)."),
     output_dir: str = typer.Option(None, "--output-dir", help="Run directory (default: runs/<algo>-<env>-<time>)."),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir from its last checkpoint."),
-    agent: str = typer.Option(None, "--agent", help=AGENT_HELP),
-    agent_cmd: str = typer.Option(None, "--agent-cmd", help=AGENT_CMD_HELP),
-    reward: str = typer.Option(None, "--reward", help=REWARD_HELP),
+    agent: str = AGENT_OPTION,
+    agent_cmd: str = AGENT_CMD_OPTION,
+    reward: str = REWARD_OPTION,
 ) -> None:
     """Train a model with online RL in a multi-turn environment."""
     from rich.console import Console

@@ -1,7 +1,7 @@
 """Run configuration: the option dataclasses (:mod:`.options`) and how YAML presets, files and
 ``key=value`` overrides become one of them (:mod:`.loading`); what a secret becomes in the files omrl
 writes (:mod:`.redaction`); how an option is declared, its help listing the registered names where it
-names a plugin (:mod:`.fields`)."""
+names a plugin (:mod:`.fields`); who plays each seat of a game of several agents (:mod:`.seats`)."""
 
 from omrl.config.loading import (
     PRESETS_DIR,

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from omrl.algos import AlgoConfig
 from omrl.config.fields import opt
+from omrl.config.seats import SeatsConfig
 
 
 @dataclass
@@ -317,6 +318,7 @@ class EnvRunConfig(RunConfig):
     chat: ChatConfig = field(default_factory=ChatConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    seats: SeatsConfig = field(default_factory=SeatsConfig)
     deadlines: DeadlineConfig = field(default_factory=DeadlineConfig)
 
 

@@ -28,10 +28,11 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from omrl.atomic import atomic_write_text
 from omrl.errors import ConfigError
 from omrl.mixture import parse_env_spec
 
@@ -152,3 +153,16 @@ def mix_line(summary: Sequence[dict], unit: str = "examples") -> str:
 def mix_json(dataset: str, seed: int, summary: Sequence[dict]) -> str:
     """What a run writes to its ``data_mix.json``: the ``dataset`` string, the seed of the draw, the summary."""
     return json.dumps({"dataset": dataset, "seed": seed, "sources": list(summary)}, indent=2) + "\n"
+
+
+def report_mix(
+    summary: Sequence[dict], unit: str, dataset: str, seed: int, strategy: Any, console: Any, output_dir: Path
+) -> None:
+    """A mixture's per-source counts (:func:`mix_summary`; none for one dataset): on the main process's
+    console at the start of a run, and in ``<output_dir>/data_mix.json``."""
+    if not summary:
+        return
+    if strategy.is_main:
+        line = mix_line(summary, unit)
+        console.print(f"dataset mixture (seed {seed}): {line}", highlight=False, soft_wrap=True)
+    strategy.on_main(atomic_write_text, Path(output_dir) / MIX_FILE, mix_json(dataset, seed, summary))

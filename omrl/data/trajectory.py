@@ -85,6 +85,9 @@ class Episode:
     advantages: list[float] = field(default_factory=list)
     returns: list[float] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
+    # what the rollout says of the episode as a whole: in a game of several seats (omrl.rollout.seats) the seat
+    # played, who played the others and the outcome ({"seat", "players", "opponent", "outcome", ...}); else {}
+    info: dict[str, Any] = field(default_factory=dict)
 
     def rows(self) -> list[tuple[int, int]]:
         """[start, end) of each row in ``token_ids``: one row, unless the history mode split the episode.
@@ -169,15 +172,17 @@ SCHEMA = pa.schema(
         ("returns", pa.list_(pa.float32())),
         ("values", pa.list_(pa.float32())),
         ("chat_kwargs", pa.string()),
+        ("info", pa.string()),
     ],
-    metadata={b"omrl.schema": b"episode/6"},
+    metadata={b"omrl.schema": b"episode/7"},
 )
 # episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
 # episode/3 added each turn's node_id and parent_id; older files read with -1 for both
 # episode/4 added row_starts (older files read as one row per episode) and messages' tool_calls and name
 # episode/5 added advantages, returns and values (what the update computed); older files read with none
 # episode/6 added messages' reasoning and the episode's chat_kwargs; older files read with neither
-READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4", b"episode/5", b"episode/6")
+# episode/7 added the episode's info (a seat's game: omrl.rollout.seats); older files read with {}
+READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4", b"episode/5", b"episode/6", b"episode/7")
 TRAINED_COLUMNS = ("advantages", "returns", "values")  # per token, written by the trainer
 
 
@@ -223,6 +228,7 @@ def _episode_row(ep: Episode) -> dict[str, Any]:
         for m in ep.messages
     ]
     row["chat_kwargs"] = to_json(ep.chat_kwargs) if ep.chat_kwargs else None
+    row["info"] = to_json(ep.info) if ep.info else None
     return row
 
 
@@ -341,6 +347,7 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
         row.update({key: list(row.get(key) or []) for key in TRAINED_COLUMNS})
         row["messages"] = [_message(m) for m in row.get("messages") or []]
         row["chat_kwargs"] = json.loads(row["chat_kwargs"]) if row.get("chat_kwargs") else {}
+        row["info"] = json.loads(row["info"]) if row.get("info") else {}
         episodes.append(Episode(**row))
     return episodes
 

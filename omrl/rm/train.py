@@ -33,10 +33,9 @@ import torch
 import torch.nn.functional as F
 from rich.console import Console
 
-from omrl.atomic import atomic_write_text
 from omrl.clock import timed
 from omrl.config.options import RmTrainRunConfig
-from omrl.data.mixture import MIX_FILE, dataset_sources, draw_mixture, mix_json, mix_line, mix_summary
+from omrl.data.mixture import dataset_sources, draw_mixture, mix_summary, report_mix
 from omrl.errors import ConfigError
 from omrl.rm.data import check_trajectory_ids, collate, fingerprint, load_examples, pair_rows, pointwise_rows
 from omrl.rm.labels import check_label, check_outcomes
@@ -85,7 +84,8 @@ class RmRecipe:
                 f"{self.cut} episodes were longer than max_seq_length={cfg.max_seq_length} tokens "
                 + ("and were left out" if cfg.kind == "orm" else "and were cut (later labels dropped)")
             )
-        self._report_mix()
+        unit = "pairs" if cfg.objective == "bt" else "examples"
+        report_mix(self.mix, unit, cfg.dataset, cfg.seed, self.strategy, self.console, self.output_dir)
 
     def _setup_model(self) -> None:
         cfg = self.cfg
@@ -190,18 +190,6 @@ class RmRecipe:
         drawn = draw_mixture(sizes, [s.weight for s in self.sources], self.cfg.seed)
         self.mix = mix_summary(self.sources, sizes, drawn, unit)
         return [per_source[source][item] for source, item in drawn]
-
-    def _report_mix(self) -> None:
-        """A mixture's per-source counts: on the console at the start and in ``<output_dir>/data_mix.json``."""
-        if not self.mix:
-            return
-        unit = "pairs" if self.cfg.objective == "bt" else "examples"
-        if self.strategy.is_main:
-            line = mix_line(self.mix, unit)
-            self.console.print(f"dataset mixture (seed {self.cfg.seed}): {line}", highlight=False, soft_wrap=True)
-        self.strategy.on_main(
-            atomic_write_text, self.output_dir / MIX_FILE, mix_json(self.cfg.dataset, self.cfg.seed, self.mix)
-        )
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The micro-batches (row indices) of ``epoch``: units shuffled by the seed and the epoch, then cut

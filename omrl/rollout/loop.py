@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
 from omrl.backends.base import Backend, Generation, SamplingParams
@@ -35,42 +35,14 @@ from omrl.chat.conformance import check_run_template
 from omrl.chat.encoding import encode_plain
 from omrl.clock import timed
 from omrl.data.trajectory import Episode
-from omrl.envs import DemoTurn, Env, Observation, clean_text, reset_problem
+from omrl.envs import DemoTurn, Env, Observation, check_seats, clean_text, reset_problem
 from omrl.errors import OmrlError
 from omrl.rollout.live import EMPTY_OBSERVATION, LiveEpisode, continue_chat, record_reply, record_step
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
+from omrl.rollout.spec import RolloutLimits
 from omrl.supervisor import StageStalled, on_stall, stage
 from omrl.templates import Template
-
-
-@dataclass
-class RolloutLimits:
-    """How long turns and episodes may get, how replies are sampled, and how history is carried."""
-
-    max_new_tokens: int = 96  # per model turn (lowered to what the context still allows)
-    max_context: int = 2048  # tokens per row: its prompt plus its turns (one row per episode, unless split)
-    max_turns: int = 0  # 0: the env class's own cap
-    temperature: float = 1.0
-    top_p: float = 1.0
-    history: str = "keep"  # chat.history: keep or as_template (omrl.chat.history)
-    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat.template_kwargs: the template's options
-
-    @classmethod
-    def from_config(
-        cls, generation: Any, max_turns: int = 0, history: str = "keep", template_kwargs: dict | None = None
-    ) -> "RolloutLimits":
-        """From a GenerationConfig plus the env config's ``max_turns`` and the chat config's ``history`` and
-        ``template_kwargs``."""
-        return cls(
-            generation.max_new_tokens,
-            generation.max_context,
-            max_turns,
-            generation.temperature,
-            generation.top_p,
-            check_history(history),
-            dict(template_kwargs or {}),
-        )
 
 
 @dataclass(eq=False)
@@ -162,6 +134,9 @@ def collect_lanes(
     if backend is None and not expert:
         raise OmrlError("collect needs a generation backend, or expert=True to play the env's scripted expert")
     check_history(limits.history)
+    for lane in lanes:  # a game's seats each need their own chat: omrl.rollout.seats plays them
+        if check_seats(lane.pool.env_class, lane.pool.name):
+            raise OmrlError(f"env {lane.pool.name!r} has seats; its games play through omrl.rollout.seats.play_seats")
     if not expert:  # a model's rows must be laid out as its template lays them out, or not at all
         check_run_template(tokenizer, limits.history, limits.template_kwargs)
     if limits.max_new_tokens < 1 or limits.max_context < 2:

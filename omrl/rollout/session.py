@@ -19,10 +19,12 @@ from omrl.chat.conformance import check_run_template, check_template_options
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError, OmrlError
 from omrl.mixture import EnvTask, MixMember, is_mixture, mix_members
-from omrl.rollout.loop import Lane, RolloutLimits, collect_lanes
+from omrl.rollout.loop import Lane, collect_lanes
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
-from omrl.rollout.spec import Played, PlaySpec, merged_rewards
+from omrl.rollout.seating import PastCheckpoints, SeatSource, close_seating, expert_seating, seating_of
+from omrl.rollout.seats import play_seats
+from omrl.rollout.spec import Played, PlaySpec, RolloutLimits, merged_rewards
 from omrl.templates import Template
 
 
@@ -40,6 +42,7 @@ class SessionEnv:
     demonstration: bool = True
     reward_weights: dict[str, float] | None = None
     plugin_options: dict[str, dict[str, Any]] | None = None
+    seating: dict[str, SeatSource] | None = None  # an env of several seats: who plays each (omrl.rollout.seating)
 
     def task_ids(self, split: str, count: int) -> list[int]:
         """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""
@@ -114,11 +117,14 @@ class RolloutSession:
                 check_context_window(cfg.model.name, limits.max_context, "generation.max_context")
                 check_template_options(tokenizer, limits.template_kwargs)
                 check_run_template(tokenizer, limits.history, limits.template_kwargs)
+            for env in envs:
+                env.seating = seating_of(cfg, env.pool.env_class, env.name, tokenizer, expert, mixture, agent)
             if backend is None and not expert:
                 backend = backend_of(cfg, tokenizer, model)
         except BaseException:
             for env in envs:  # the built envs' processes and servers stop with the failed session
                 env.pool.close()
+                close_seating(env.seating)
             raise
         return cls(
             envs,
@@ -176,6 +182,8 @@ class RolloutSession:
         the task's position in ``tasks``."""
         if self.agent is not None:
             return self._play_agents(tasks, spec, progress)
+        if self.envs[0].seating:  # a seated env plays alone (seating_of refuses it in a mixture)
+            return self._play_seats(self.envs[0], tasks, spec, progress)
         lanes: dict[tuple[str, str], int] = {}
         lane_list: list[Lane] = []
         pairs = []
@@ -210,6 +218,36 @@ class RolloutSession:
                 per_env[env.name], counts[env.name] = env.compose(mine), len(mine)
         total = merged_rewards({name: (summary, counts[name]) for name, summary in per_env.items()})
         return Played(episodes, total, per_env)
+
+    def _play_seats(
+        self, env: SessionEnv, tasks: Sequence[Any], spec: PlaySpec, progress: RolloutProgress | None
+    ) -> Played:
+        """Games of ``env``'s seats (:func:`omrl.rollout.seats.play_seats`): the policy's episodes, one
+        per (game, seat it played), grouped per (task, seat); with ``spec.expert`` the env's scripted
+        player plays the policy's seats as the expert (:func:`~omrl.rollout.seating.expert_seating`)."""
+        seating = expert_seating(env.seating or {}) if spec.expert else env.seating or {}
+        episodes = play_seats(
+            env.pool,
+            env.template,
+            self.tokenizer,
+            [self.env_task(task, spec.split).task for task in tasks],
+            seating=seating,
+            backend=self.backend,
+            limits=spec.limits or self.limits,
+            split=spec.split or env.split,
+            group_size=spec.group_size,
+            seed=spec.seed,
+            demonstration=env.demonstration,
+            progress=progress,
+        )
+        return self.compose(episodes) if spec.rewards else Played(episodes)
+
+    def past_checkpoints(self, folders: Sequence[str]) -> None:
+        """The model folders, oldest first, that seats played by past checkpoints draw from."""
+        for env in self.envs:
+            for source in (env.seating or {}).values():
+                if isinstance(source, PastCheckpoints):
+                    source.folders = [str(folder) for folder in folders]
 
     def _play_agents(self, tasks: Sequence[Any], spec: PlaySpec, progress: RolloutProgress | None) -> Played:
         """The agent program plays every episode through the gateway (:mod:`omrl.gateway.play`)."""
@@ -260,6 +298,7 @@ class RolloutSession:
             self._gateway = None
         for env in self.envs:
             env.pool.close()
+            close_seating(env.seating)
         if self.backend is not None:
             self.backend.close()
 

@@ -1,13 +1,43 @@
-"""What a play is asked (:class:`PlaySpec`) and what it gives back (:class:`Played`): one value each
-way, so a play's settings are never swapped on a session and its results never read off one."""
+"""What a play is asked (:class:`PlaySpec`, with its :class:`RolloutLimits`) and what it gives back
+(:class:`Played`): one value each way, so a play's settings are never swapped on a session and its
+results never read off one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from omrl.chat import check_history
 from omrl.data.trajectory import Episode
-from omrl.rollout.loop import RolloutLimits
+
+
+@dataclass
+class RolloutLimits:
+    """How long turns and episodes may get, how replies are sampled, and how history is carried."""
+
+    max_new_tokens: int = 96  # per model turn (lowered to what the context still allows)
+    max_context: int = 2048  # tokens per row: its prompt plus its turns (one row per episode, unless split)
+    max_turns: int = 0  # 0: the env class's own cap
+    temperature: float = 1.0
+    top_p: float = 1.0
+    history: str = "keep"  # chat.history: keep or as_template (omrl.chat.history)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # chat.template_kwargs: the template's options
+
+    @classmethod
+    def from_config(
+        cls, generation: Any, max_turns: int = 0, history: str = "keep", template_kwargs: dict | None = None
+    ) -> "RolloutLimits":
+        """From a GenerationConfig plus the env config's ``max_turns`` and the chat config's ``history`` and
+        ``template_kwargs``."""
+        return cls(
+            generation.max_new_tokens,
+            generation.max_context,
+            max_turns,
+            generation.temperature,
+            generation.top_p,
+            check_history(history),
+            dict(template_kwargs or {}),
+        )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import select
 import signal
 import time
 
-from omrl.sandbox.run import _PATH, _SCRATCH
+from omrl.sandbox.limits import SANDBOX_PATH, SCRATCH
 from omrl.sandbox.seccomp import deny_memfd
 
 # Where the helper builds the new root, inside its private mount namespace: the host's /tmp is untouched.
@@ -111,14 +111,14 @@ def _write_etc(uid: int) -> None:
     """A passwd and group naming the run's user, so tools that look it up work."""
     os.makedirs(f"{_NEW_ROOT}/etc", exist_ok=True)
     with open(f"{_NEW_ROOT}/etc/passwd", "w") as f:
-        f.write(f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::{_SCRATCH}:/bin/sh\n")
+        f.write(f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::{SCRATCH}:/bin/sh\n")
     with open(f"{_NEW_ROOT}/etc/group", "w") as f:
         f.write(f"root:x:0:\nsandbox:x:{uid}:\n")
 
 
 def _make_scratch(spec: dict) -> None:
     """A fresh tmpfs of ``disk_mb`` owned by the run's user, at /scratch and /tmp; the Python source in it."""
-    scratch, uid = _NEW_ROOT + _SCRATCH, spec["uid"]
+    scratch, uid = _NEW_ROOT + SCRATCH, spec["uid"]
     os.mkdir(scratch)
     _mount(
         "omrl-scratch",
@@ -162,7 +162,7 @@ def _start_program(spec: dict, cgroup_fd: int | None) -> int:
             os.write(errors_w, f"setup:{type(e).__name__}: {e}".encode())
             os._exit(_EXEC_FAILED)
         try:
-            os.execvpe(spec["argv"][0], spec["argv"], {"PATH": _PATH, "HOME": _SCRATCH})
+            os.execvpe(spec["argv"][0], spec["argv"], {"PATH": SANDBOX_PATH, "HOME": SCRATCH})
         except BaseException as e:
             os.write(errors_w, f"exec:cannot run {spec['argv'][0]!r}: {getattr(e, 'strerror', e)}".encode())
         os._exit(_EXEC_FAILED)
@@ -202,7 +202,7 @@ def _become_sandboxed(spec: dict) -> None:
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     if spec["cgroup_procs"] is None:  # no cgroup counts in-memory files: none can be made
         deny_memfd()
-    os.chdir(_SCRATCH)
+    os.chdir(SCRATCH)
     os.umask(0o077)
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; programs expect the default
         signal.signal(signum, signal.SIG_DFL)

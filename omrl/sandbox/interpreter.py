@@ -33,7 +33,9 @@ import time
 from pathlib import Path
 
 from omrl.errors import OmrlError
-from omrl.sandbox.run import SandboxResult, build_spec, check_host, kill_group, launch, result_of, sandbox_python
+from omrl.sandbox.limits import build_spec, sandbox_python
+from omrl.sandbox.process import kill_group, launch
+from omrl.sandbox.run import SandboxResult, check_host, result_of
 
 # read once: every interpreter of this process runs the driver this module was written for
 _DRIVER_SOURCE = Path(__file__).with_name("driver.py").read_text(encoding="utf-8")

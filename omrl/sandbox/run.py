@@ -84,37 +84,19 @@ What is not isolated:
 from __future__ import annotations
 
 import json
-import math
 import os
-import secrets
-import select
-import selectors
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import BinaryIO
 
 from omrl.errors import OmrlError
-from omrl.sandbox.cgroup import MemoryCgroup
+from omrl.sandbox.limits import LANGUAGES, build_spec, program, sandbox_python
+from omrl.sandbox.process import kill_group, launch, pump, wait_until
 
-LANGUAGES = ("python", "shell")
-
-# Used by both sides: omrl.sandbox.child imports them from here (this module never imports it,
-# so there is no import cycle).
-_SCRATCH = "/scratch"
-_PATH = "/usr/local/bin:/usr/bin:/bin"
-
-_UNSHARE_FLAGS = ("--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--propagation", "private")
-_NAMESPACES = ("net", "mnt", "pid", "ipc", "uts")  # what _UNSHARE_FLAGS must have made new
-_UID_BASE, _UID_SPAN = 200_000_000, 800_000_000  # far above any uid a distribution hands out
-_KILL_GRACE_S = 5.0  # after killing the group, wait this long at most for the pipes to close
-_CUT_NOTE = b"\n[omrl sandbox: output truncated after %d bytes]\n"
-MIN_PROCESS_MB = 32  # the least address space a process of a run gets: Python starts in about 17 MB
+__all__ = ["LANGUAGES", "SandboxResult", "check_host", "result_of", "run_sandboxed", "sandbox_python"]
 
 
 @dataclass(frozen=True)
@@ -168,7 +150,7 @@ def run_sandboxed(
     :returns: a `SandboxResult`.
     :raises OmrlError: on bad arguments, or when the isolation cannot be set up.
     """
-    argv, code = _program(command, language)
+    argv, code = program(command, language)
     spec = build_spec(
         argv,
         code,
@@ -184,101 +166,6 @@ def run_sandboxed(
     unshare = check_host()
     data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
     return _run(unshare, spec, data, max_output_bytes)
-
-
-def build_spec(
-    argv: list[str],
-    code: str | None,
-    *,
-    timeout_s: float,
-    cpu_time_s: int | None,
-    memory_mb: int,
-    max_processes: int,
-    max_file_mb: int,
-    disk_mb: int,
-) -> dict:
-    """The helper's spec for one run (see `run_sandboxed` for the limits); OmrlError on a bad limit."""
-    for name, value in [
-        ("timeout_s", timeout_s),
-        ("memory_mb", memory_mb),
-        ("max_processes", max_processes),
-        ("max_file_mb", max_file_mb),
-        ("disk_mb", disk_mb),
-    ]:
-        if value <= 0:
-            raise OmrlError(f"run_sandboxed: {name} must be positive, got {value}")
-    return {
-        "argv": argv,
-        "code": code,
-        "uid": _UID_BASE + secrets.randbelow(_UID_SPAN),
-        "ro_paths": _read_only_paths(),
-        "host_namespaces": _namespaces(),
-        "timeout_s": timeout_s,
-        "cpu_time_s": int(cpu_time_s or math.ceil(timeout_s)),
-        "memory_mb": memory_mb,
-        "process_memory_bytes": _process_share(memory_mb, max_processes),
-        "max_processes": max_processes,
-        "max_file_mb": max_file_mb,
-        "disk_mb": disk_mb,
-    }
-
-
-# --- in the caller's process ---------------------------------------------------------------------
-
-
-def _program(command: str | Sequence[str], language: str) -> tuple[list[str], str | None]:
-    """The argv to run inside the sandbox, and the Python source to write to the scratch dir."""
-    if not isinstance(command, str):
-        argv = [str(a) for a in command]
-        if not argv:
-            raise OmrlError("run_sandboxed: the argv list is empty")
-        return argv, None
-    if language == "python":
-        return [sandbox_python(), "-E", "-s", f"{_SCRATCH}/main.py"], command
-    if language == "shell":
-        return ["/bin/sh", "-c", command], None
-    raise OmrlError(f"run_sandboxed: unknown language {language!r}; valid: {', '.join(LANGUAGES)}")
-
-
-def _process_share(memory_mb: int, max_processes: int) -> int:
-    """Each process's address space in bytes: an equal share of ``memory_mb``, so that the run's
-    ``max_processes`` processes together stay within it; OmrlError when a share is too small to
-    run anything."""
-    share = memory_mb * 1024 * 1024 // max_processes
-    if share < MIN_PROCESS_MB * 1024 * 1024:
-        raise OmrlError(
-            f"run_sandboxed: memory_mb={memory_mb} shared by max_processes={max_processes} leaves "
-            f"{share / 2**20:.1f} MB a process, under the {MIN_PROCESS_MB} MB a process needs; valid: "
-            f"memory_mb >= {MIN_PROCESS_MB * max_processes} for {max_processes} processes, or fewer "
-            "processes"
-        )
-    return share
-
-
-def sandbox_python() -> str:
-    """The Python inside the sandbox, for argv commands: the interpreter omrl runs on, outside any venv.
-
-    Its install (``sys.base_prefix``) is what gets bound into the sandbox, read-only.
-    """
-    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3"):
-        path = os.path.join(os.path.realpath(sys.base_prefix), "bin", name)
-        if os.path.exists(path):
-            return path
-    raise OmrlError(f"the sandbox found no Python interpreter in {sys.base_prefix}/bin")
-
-
-def _read_only_paths() -> list[str]:
-    """Host directories the sandbox sees, read-only: the system's software and this Python's install."""
-    paths = ["/usr"]
-    prefix = os.path.realpath(sys.base_prefix)
-    if os.path.commonpath([prefix, "/usr"]) != "/usr":
-        paths.append(prefix)
-    return paths
-
-
-def _namespaces() -> dict[str, str]:
-    """This process's namespaces (``net:[4026531840]``...), which the helper's must all differ from."""
-    return {name: os.readlink(f"/proc/self/ns/{name}") for name in _NAMESPACES}
 
 
 def check_host() -> str:
@@ -299,53 +186,15 @@ def check_host() -> str:
     return unshare
 
 
-def launch(unshare: str, spec: dict) -> tuple[subprocess.Popen, BinaryIO, MemoryCgroup | None]:
-    """Start the helper in new namespaces and send it the spec. Returns the process (its stdin,
-    stdout and stderr are the program's), the read end of the pipe of the helper's report (the
-    helper kills the run when no one holds it any more) and the run's memory cgroup, which the
-    caller removes once the process has exited (None where the host lets omrl create none)."""
-    cgroup = MemoryCgroup.create((spec["memory_mb"] + spec["disk_mb"]) * 2**20)
-    spec = {**spec, "cgroup_procs": cgroup.procs if cgroup else None}
-    spec_r, spec_w = os.pipe()
-    status_r, status_w = os.pipe()
-    package_parent = str(Path(__file__).resolve().parents[2])
-    bootstrap = (
-        f"import sys; sys.path.insert(0, {package_parent!r}); "
-        f"from omrl.sandbox.child import main; main({spec_r}, {status_w})"
-    )
-    try:
-        proc = subprocess.Popen(
-            [unshare, *_UNSHARE_FLAGS, "--", sys.executable, "-I", "-S", "-c", bootstrap],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            pass_fds=(spec_r, status_w),
-            start_new_session=True,
-            cwd="/",
-            env={"PATH": _PATH},
-        )
-    except OSError as e:
-        os.close(spec_w)
-        os.close(status_r)
-        if cgroup:
-            cgroup.remove()
-        raise OmrlError(f"the sandbox could not start {unshare}: {e}") from e
-    finally:
-        os.close(spec_r)
-        os.close(status_w)
-    _send_spec(spec_w, spec)
-    return proc, os.fdopen(status_r, "rb"), cgroup
-
-
 def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
     """Start the helper, pump the program's I/O, read how it ended."""
     proc, status_file, cgroup = launch(unshare, spec)
     with proc, status_file:
         try:
             deadline = time.monotonic() + spec["timeout_s"]
-            out, err, truncated, timed_out = _pump(proc, stdin, deadline, cap)
+            out, err, truncated, timed_out = pump(proc, stdin, deadline, cap)
             if not timed_out:  # both pipes are closed, but a program can close them and go on running
-                timed_out = _wait_until(proc, deadline)
+                timed_out = wait_until(proc, deadline)
         finally:
             if proc.poll() is None:  # only after an exception above: never leave a run behind
                 kill_group(proc)
@@ -356,87 +205,6 @@ def _run(unshare: str, spec: dict, stdin: bytes, cap: int) -> SandboxResult:
         raw_status = status_file.read()
     status = json.loads(raw_status) if raw_status else None
     return result_of(status, out, err, truncated, timed_out, oom_killed)
-
-
-def _send_spec(fd: int, spec: dict) -> None:
-    """Write the spec to the helper; if ``unshare`` already failed, `result_of` reports its message."""
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(json.dumps(spec).encode())
-    except BrokenPipeError:
-        pass
-
-
-def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
-    """Feed stdin and read stdout and stderr until both close, killing the run at ``deadline`` (monotonic).
-
-    Past ``cap`` bytes a stream is still read (so the program never blocks on a full pipe) but dropped.
-    Returns (stdout, stderr, truncated, timed_out).
-    """
-    kept = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    cut = set()
-    timed_out = False
-    pending = memoryview(stdin)
-    with selectors.DefaultSelector() as selector:
-        for fd in kept:
-            selector.register(fd, selectors.EVENT_READ)
-        if pending:
-            selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
-        else:
-            proc.stdin.close()
-        while selector.get_map():
-            left = deadline - time.monotonic()
-            if left <= 0 and not timed_out:
-                kill_group(proc)
-                timed_out, deadline, left = True, deadline + _KILL_GRACE_S, _KILL_GRACE_S
-            elif left <= 0:
-                break  # killed and still open: something outside the namespace holds the pipe
-            for key, _ in selector.select(timeout=left):
-                if key.fd not in kept:
-                    pending = _write_some(proc, selector, pending)
-                    continue
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    selector.unregister(key.fd)
-                room = cap - len(kept[key.fd])
-                kept[key.fd] += chunk[:room]
-                if len(chunk) > room:
-                    cut.add(key.fd)
-    if not proc.stdin.closed:
-        proc.stdin.close()
-    out, err = (bytes(kept[fd]) + (_CUT_NOTE % cap if fd in cut else b"") for fd in kept)
-    return out, err, bool(cut), timed_out
-
-
-def _write_some(proc: subprocess.Popen, selector: selectors.BaseSelector, pending: memoryview) -> memoryview:
-    """Write what a writable pipe takes without blocking (PIPE_BUF); close stdin when all is written,
-    or when the program closed its end."""
-    try:
-        pending = pending[os.write(proc.stdin.fileno(), pending[: select.PIPE_BUF]) :]
-    except BrokenPipeError:
-        pending = pending[:0]
-    if not pending:
-        selector.unregister(proc.stdin.fileno())
-        proc.stdin.close()
-    return pending
-
-
-def _wait_until(proc: subprocess.Popen, deadline: float) -> bool:
-    """Wait for the run to end; kill it at ``deadline``. Returns whether it had to be killed."""
-    try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0))
-        return False
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        return True
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL ``unshare`` and the helper; the helper's death takes the whole PID namespace with it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def result_of(

@@ -3,7 +3,8 @@
 :mod:`.context` holds what a strategy is given and runs one by name; :mod:`.runner` grows many trees at
 once; :mod:`.branch` makes roots and branches token-exact; :mod:`.fork` copies live episodes;
 :mod:`.tree` is trees as data; :mod:`.play` runs a strategy on a session, :mod:`.report` says what the
-searches achieved and :mod:`.sweep` is test-time scaling (``omrl sweep``).
+searches achieved and :mod:`.sweep` is test-time scaling (``omrl sweep``), which resumes only the cells
+played with the same setup (:mod:`.sweep_resume`) and draws its picture and table with :mod:`.sweep_display`.
 
 Calling conventions (registered through the ``register_rollout_strategies`` hook):
 

@@ -9,10 +9,11 @@ from typing import Any, Callable, Sequence
 
 from omrl import registry
 from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.envs import check_seats
 from omrl.errors import ConfigError, OmrlError, PluginError
-from omrl.rollout.loop import RolloutLimits
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
+from omrl.rollout.spec import RolloutLimits
 from omrl.supervisor import stage
 from omrl.templates import Template
 
@@ -185,6 +186,11 @@ def run_strategy(ctx: SearchContext, tasks: Sequence[int]) -> list:
     budget of at least one whole reply.
     """
     fn = registry.strategies.get(ctx.strategy)
+    if check_seats(ctx.pool.env_class, ctx.pool.name):  # a tree of one chat cannot hold several seats' chats
+        raise ConfigError(
+            f"env {ctx.pool.name!r} has seats: strategy {ctx.strategy!r} searches the chat of one agent; "
+            "play its games with the batched rollout (rollout.strategy=chain, no budget)"
+        )
     check_budget(ctx.budget, ctx.limits.max_new_tokens)
     options = ctx.options(ctx.strategy)
     check_options(fn, f"strategy {ctx.strategy!r}", options, fixed=2)

@@ -28,8 +28,7 @@ def play_strategy(
     if session.agent is not None or plays_batched(spec.strategy, spec.budget):
         per_task = PerTaskProgress(progress, spec.group_size) if progress is not None else None
         played = session.play(tasks, spec, per_task)
-        ids = [session.env_task(task, spec.split).task for task in tasks]
-        played.trees = _chain_trees(played.episodes, ids, spec.strategy)
+        played.trees = _chain_trees(played.episodes, spec.strategy)
         return played
     placed: list[Tree | None] = [None] * len(tasks)
     by_env_split: dict[tuple[str, str], list[int]] = {}
@@ -48,12 +47,15 @@ def play_strategy(
     return played
 
 
-def _chain_trees(episodes: list[Episode], task_ids: list[int], strategy: str) -> list[Tree]:
-    """Each task's chains as its tree, the first sample the answer (a strategy that plays the batched rollout)."""
+def _chain_trees(episodes: list[Episode], strategy: str) -> list[Tree]:
+    """Each group's chains as its tree, the first sample the answer (a strategy that plays the batched
+    rollout); a group is a task's samples (of one seat, in a game of several)."""
+    groups: dict[int, list[Episode]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group, []).append(ep)
     trees = []
-    for group, task in enumerate(task_ids):
-        played = [ep for ep in episodes if ep.group == group]
-        tree = chain_tree(played, task, group, strategy=strategy, as_played=True)
+    for group, played in sorted(groups.items()):
+        tree = chain_tree(played, int(played[0].task_id), group, strategy=strategy, as_played=True)
         tree.generated_tokens = sum(sum(ep.loss_mask) for ep in played)
         tree.best = _first_leaf(tree.root)
         trees.append(tree)

@@ -17,16 +17,16 @@ generated. Their options (``plugins.<name>``) are the same at every budget.
 ``<out>/sweep.json`` and ``<out>/sweep.png`` are rewritten atomically after every cell,
 so a run that stops keeps what it finished, and running it again with the same settings
 (``resume``, on by default) plays only the cells not in the JSON yet. The same settings include
-the model's content, not only its path (:func:`model_content`): a model retrained at the same
-path is refused rather than mixed into the table the earlier model started.
+the model's content, not only its path (:func:`~omrl.search.sweep_resume.model_content`): a model
+retrained at the same path is refused rather than mixed into the table the earlier model started.
+
+Which cells may resume is :mod:`omrl.search.sweep_resume`; the picture and the table are
+:mod:`omrl.search.sweep_display`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
-import json
 import math
 import time
 from pathlib import Path
@@ -34,15 +34,27 @@ from typing import Any, Callable, Sequence
 
 from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
-from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
+from omrl.errors import ConfigError, EnvFailure, Interrupted
 from omrl.evaluation import episodes_by_env
+from omrl.search.sweep_display import plot_png, require_matplotlib, sweep_table
+from omrl.search.sweep_resume import finished_cells, model_content, setup_of
+
+__all__ = [
+    "SweepRunConfig",
+    "cell_label",
+    "cell_summary",
+    "cells_of",
+    "check_strategies",
+    "check_sweep",
+    "model_content",
+    "pass_at_1",
+    "run_cell",
+    "run_sweep",
+    "sweep_table",
+    "write_sweep",
+]
 
 FORMAT = "omrl-sweep/1"
-MARKERS = "osD^vP*X"  # lines that coincide (often all at 0% or 100%) stay told apart
-# config keys that say which cells to play and where, not how: a resumed sweep may change them
-NOT_SETUP = ("command", "description", "strategies", "budgets", "out", "resume")
-CONTENT = "model_content"  # the setup key that says which model content the cells were played with
-WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
 ProgressBar = Callable[[int, str], tuple[Any, Any]]  # (total, label) -> (context manager, RolloutProgress)
 
 
@@ -95,20 +107,6 @@ def check_sweep(cfg: SweepRunConfig) -> None:
     require_matplotlib()
 
 
-def require_matplotlib():
-    """``matplotlib.pyplot`` on the Agg backend, or an OmrlError naming the extra that installs it."""
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise OmrlError(
-            "omrl sweep draws sweep.png with matplotlib, which is in the plot extra: pip install 'omrl[plot]'"
-        ) from exc
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def check_strategies(session: Any, cfg: SweepRunConfig) -> None:
     """Run each strategy on no tasks: every check it makes before generating (its options, sampling,
     scorers, whether the env can fork for it) fails now, naming the env and what it lacks, rather
@@ -120,106 +118,6 @@ def check_strategies(session: Any, cfg: SweepRunConfig) -> None:
         for env in session.env_names:  # a mixture: each env
             spec = PlaySpec(cfg.env.split, seed=cfg.seed, strategy=strategy, budget=budget or 0)
             run_strategy(SearchContext.from_session(session, spec, env=env), [])
-
-
-def setup_of(cfg: SweepRunConfig, tasks: Sequence[Any]) -> dict[str, Any]:
-    """What every cell shares (the config less the cell list and output, plus the task ids; a
-    mixture's tasks as [env, split, id]): a sweep resumes only cells played with the same setup."""
-    from omrl.config import to_dict
-
-    setup = {k: v for k, v in to_dict(cfg).items() if k not in NOT_SETUP}
-    tasks = [list(t) if isinstance(t, tuple) else int(t) for t in tasks]
-    setup = {**setup, CONTENT: model_content(cfg.model.name), "tasks": tasks}
-    return json.loads(json.dumps(setup))  # as it reads back from the file
-
-
-def model_content(name: str) -> dict[str, str]:
-    """Which model a sweep plays, by content: a path names whatever is there now, and a model
-    retrained at the same path must not add cells to the earlier model's table.
-
-    For a local directory (a built-in name's included): ``manifest_sha256``, the sha256 of the
-    :data:`~omrl.models.MODEL_MANIFEST` omrl writes beside a run's final model (itself the sha256 of
-    every file, so any change to the weights changes it); for a directory without one (a Hugging
-    Face download, an older omrl's model, a built-in), ``files_sha256``, the sha256 of its weights
-    files' names, sizes and modification times (copying the model without keeping times counts as
-    another model; a rewrite that keeps all three goes unseen). A hub id is identified by its name
-    only (``hub_id``): the hub's cache keeps one revision a name.
-    """
-    from omrl.models import MODEL_MANIFEST, omrl_home
-    from omrl.models.builtin import BUILTIN_MODELS
-
-    path = omrl_home() / "models" / name if name in BUILTIN_MODELS else Path(name).expanduser()
-    if not path.is_dir():
-        return {"hub_id": name}
-    manifest = path / MODEL_MANIFEST
-    if manifest.is_file():
-        return {"manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()}
-    files = sorted(p for p in path.iterdir() if p.is_file())
-    weights = [p for p in files if p.name.endswith(WEIGHTS_SUFFIXES)] or files
-    listing = "".join(f"{p.name}\t{p.stat().st_size}\t{p.stat().st_mtime_ns}\n" for p in weights)
-    return {"files_sha256": hashlib.sha256(listing.encode("utf-8")).hexdigest()}
-
-
-def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
-    """The cells ``path`` holds when it was written with ``setup``; ConfigError when with another."""
-    if not path.exists():
-        return []
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-        old, cells = record["setup"], record["cells"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(
-            f"{path} is not a sweep record ({exc}); give another --out, or resume=false to overwrite it"
-        ) from exc
-    _check_same_model(path, old, setup)
-    changed = _differences(old, setup)
-    if changed:
-        raise ConfigError(
-            f"{path} holds a sweep with other settings ({'; '.join(changed[:3])}); give another "
-            "--out, or resume=false to start over there"
-        )
-    return list(cells)
-
-
-def _check_same_model(path: Path, old: Any, setup: dict[str, Any]) -> None:
-    """ConfigError when the cells in ``path`` were played by other model content than ``setup``'s,
-    or when the record does not say (an older omrl wrote it): the two would share one table."""
-    name = setup["model"]["name"]
-    if not isinstance(old, dict) or CONTENT not in old:
-        raise ConfigError(
-            f"{path} does not record which model content its cells were played with (an older "
-            f"omrl wrote it), so {name} now may not be the model they measured; give another "
-            "--out, or resume=false to start over there"
-        )
-    if old[CONTENT] != setup[CONTENT]:
-        raise ConfigError(
-            f"{path} holds a sweep of another model at {name} ({_content_label(old[CONTENT])} "
-            f"there, {_content_label(setup[CONTENT])} now: retrained or replaced since); its cells "
-            "would mix two models in one table: give another --out, or resume=false to start over there"
-        )
-
-
-def _content_label(content: Any) -> str:
-    """``{"manifest_sha256": "3f2a..."}`` as ``manifest sha256 3f2a...`` (12 hex digits tell models apart)."""
-    if not isinstance(content, dict) or len(content) != 1:
-        return _short(content)
-    ((kind, value),) = content.items()
-    return f"{kind.replace('_', ' ')} {str(value)[:12]}{'...' if len(str(value)) > 12 else ''}"
-
-
-def _differences(old: Any, new: Any, path: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [
-            d
-            for key in sorted(set(old) | set(new), key=str)
-            for d in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else key)
-        ]
-    return [] if old == new else [f"{path or 'setup'}: {_short(old)} there, {_short(new)} now"]
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def run_cell(
@@ -348,102 +246,3 @@ def write_sweep(out: Path, record: dict[str, Any]) -> tuple[Path, Path]:
     atomic_write_text(json_path, to_json(record, indent=2) + "\n")  # strict JSON: no NaN
     atomic_write_bytes(png_path, plot_png(record))
     return json_path, png_path
-
-
-def plot_png(record: dict[str, Any], dpi: int = 120) -> bytes:
-    """Success (%) against tokens generated per task, one line per strategy with standard-error bars,
-    each point labelled with its budget; chain (pass@1) is one point and a dashed line."""
-    plt = require_matplotlib()
-    figure, axes = plt.subplots(figsize=(6.5, 4.2))
-    strategies = list(dict.fromkeys(c["strategy"] for c in record["cells"]))
-    for index, strategy in enumerate(strategies):
-        color = f"C{index % 10}"
-        mine = sorted(
-            (c for c in record["cells"] if c["strategy"] == strategy), key=lambda c: c["generated_tokens_per_task"]
-        )
-        xs = [c["generated_tokens_per_task"] for c in mine]
-        ys = [100 * c["success_rate"] for c in mine]
-        errors = [100 * c["success_se"] for c in mine]
-        if all(c["budget"] is None for c in mine):  # pass@1: no budget to vary
-            axes.axhline(ys[0], color=color, linestyle="--", linewidth=1, alpha=0.6)
-            label = f"{strategy} (pass@1, no budget)"
-        else:
-            label = strategy
-        axes.errorbar(
-            xs, ys, yerr=errors, color=color, marker=MARKERS[index % len(MARKERS)], markersize=5, capsize=3, label=label
-        )
-        for c, x, y in zip(mine, xs, ys):
-            if c["budget"] is not None:
-                axes.annotate(
-                    str(c["budget"]), (x, y), textcoords="offset points", xytext=(3, 4), fontsize=7, color=color
-                )
-    tokens = [c["generated_tokens_per_task"] for c in record["cells"]]
-    if tokens and min(tokens) > 0 and max(tokens) / min(tokens) > 4:  # budgets usually double: even steps
-        from matplotlib.ticker import FuncFormatter, NullFormatter
-
-        axes.set_xscale("log", base=2)
-        axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        axes.xaxis.set_minor_formatter(NullFormatter())
-    setup = record["setup"]
-    axes.set_xlabel("tokens generated per task (points: budget)")
-    axes.set_ylabel(f"success on {len(setup['tasks'])} tasks (%)")
-    axes.set_ylim(-5, 105)
-    axes.set_title(
-        f"{Path(setup['model']['name']).name} on {env_title(setup['env'])} ({setup['env']['split']}): success vs tokens",
-        fontsize=10,
-    )
-    axes.grid(alpha=0.3)
-    if strategies:
-        axes.legend(fontsize=8, loc="best")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
-    plt.close(figure)
-    return buffer.getvalue()
-
-
-def env_title(env: dict[str, Any]) -> str:
-    """The env a sweep played, for titles: its name, or a mixture's envs joined by " + " (their weights
-    say nothing here: a sweep plays the same tasks of each env)."""
-    from omrl.mixture import parse_env_spec
-
-    entries = [e if isinstance(e, str) else str(e.get("name")) for e in env.get("mix") or []] or [env["name"]]
-    return " + ".join(name for entry in entries for name, _ in parse_env_spec(entry))
-
-
-def sweep_table(record: dict[str, Any]):
-    """A rich Table with one row per cell."""
-    from rich import box
-    from rich.table import Table
-
-    setup = record["setup"]
-    title = (
-        f"sweep: {setup['model']['name']} on {env_title(setup['env'])} ({setup['env']['split']}, "
-        f"{len(setup['tasks'])} tasks, seed {setup['seed']})"
-    )
-    caption = (
-        "success of the chosen answers (se: its standard error), any: some path won, tok/task and max: tokens "
-        "generated per task, used: tok/task / budget, exh: tasks that ran out of budget"
-    )
-    # no outer edge and one space between columns: eleven columns fit 80 characters
-    table = Table(
-        title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
-    )
-    for name in ("strategy", "budget", "success", "se", "any", "score", "tok/task", "max", "used", "exh", "sec"):
-        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
-    for c in record["cells"]:
-        budget = c["budget"]
-        table.add_row(
-            c["strategy"],
-            "pass@1" if budget is None else str(budget),
-            f"{100 * c['success_rate']:.1f}%",
-            f"{100 * c['success_se']:.1f}",
-            f"{100 * c['any_success_rate']:.1f}%",
-            f"{c['mean_score']:.3f}",
-            f"{c['generated_tokens_per_task']:.0f}",
-            str(c["max_generated_tokens"]),
-            "-" if c["budget_used"] is None else f"{100 * c['budget_used']:.0f}%",
-            f"{c['budget_exhausted']}/{c['tasks']}",
-            f"{c['wall_seconds']:.0f}",
-        )
-    return table

@@ -18,6 +18,7 @@ from omrl.backends.base import generation_metrics
 from omrl.backends.lora_sync import lora_config_of
 from omrl.backends.weight_sync import check_weight_sync
 from omrl.config.options import TrainRunConfig
+from omrl.envs import check_seats
 from omrl.errors import ConfigError, OmrlError
 from omrl.evaluation import check_max_env_error_rate
 from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members
@@ -26,7 +27,7 @@ from omrl.rollout import PlaySpec, RolloutSession, SessionEnv
 from omrl.search import plays_batched, strategy_traits
 from omrl.search.context import check_budget
 from omrl.supervisor import stage
-from omrl.training import async_generation, dynamic_sampling, env_scale
+from omrl.training import async_generation, dynamic_sampling, env_scale, greedy_baseline
 from omrl.training.metrics import MetricsLogger, NullLogger
 from omrl.training.model_setup import load_frozen_copy, load_trainable_model
 from omrl.training.rl_data import TaskOrder
@@ -78,6 +79,26 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
     async_generation.check_async(cfg, strategy.world_size)
     check_weight_sync(cfg.generation, trains=True, lora_rank=cfg.model.lora_rank)
     dynamic_sampling.check(cfg)
+    check_seated(cfg)
+
+
+def check_seated(cfg: TrainRunConfig) -> None:
+    """An env of several seats (:attr:`omrl.envs.Env.seats`) trains on the batched rollout of its games,
+    played here: a search strategy, async generation and a greedy baseline are refused by name."""
+    if is_mixture(cfg.env) or not check_seats(registry.envs.get(cfg.env.name), cfg.env.name):
+        return  # a mixture refuses seated envs when its session is built
+    refused = {
+        f"rollout.strategy={cfg.rollout.strategy} (budget {cfg.rollout.budget})": searched(cfg),
+        "rollout.async_generation=true": cfg.rollout.async_generation,
+        f"algorithm.advantage={cfg.algorithm.advantage} (a greedy episode per task)": greedy_baseline.needed(cfg),
+    }
+    for setting, on in refused.items():
+        if on:
+            raise ConfigError(
+                f"env {cfg.env.name!r} has seats: its games play in the batched rollout on this process, so "
+                f"{setting} cannot train on them; use rollout.strategy=chain, synchronous generation and a "
+                "group estimator (grpo's default)"
+            )
 
 
 def check_rollout_strategy(cfg: TrainRunConfig) -> None:

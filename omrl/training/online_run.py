@@ -114,6 +114,9 @@ class OnlineRun:
         if self.generation is not None:  # played ahead by the generation process
             episodes, metrics = self._take(step)
         else:
+            # seats played by past checkpoints draw from the model the run started from and those it saved
+            saved = [path / "model" for path in ckpt.complete_checkpoints(self.cfg.logging.output_dir)]
+            self.session.past_checkpoints([self.cfg.model.name, *map(str, saved)])
             episodes, metrics = self._play_here(step, started)
         self.check_step(step)
         self.tool_health.check(step + 1, metrics, self.warn)

@@ -10,6 +10,7 @@ from omrl.backends.base import generation_metrics
 from omrl.config.options import TrainRunConfig
 from omrl.parallel import Strategy
 from omrl.rollout import Played, PlaySpec, RolloutSession
+from omrl.rollout.outcomes import seat_metrics
 from omrl.search import play_strategy, strategy_traits
 from omrl.training.metrics import CUTS, PER_ENV_COUNTS, per_env_metrics, rollout_metrics
 
@@ -48,6 +49,8 @@ def step_metrics(played: Played, seconds: float, session: RolloutSession, strate
         metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(overall).items()}
         metrics.update(sum_per_env(strategy, per_env))
         stats = strategy.sum_dicts(stats)
+    if strategy.world_size == 1:  # games of several seats: win, draw and loss rates per seat and opponent
+        metrics.update(seat_metrics(episodes))
     return {**metrics, **generation_metrics(stats)}
 
 

@@ -34,12 +34,11 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from omrl.atomic import atomic_write_text
 from omrl.chat import check_history
 from omrl.clock import timed
 from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
-from omrl.data.mixture import MIX_FILE, dataset_sources, draw_mixture, mix_json, mix_line, mix_summary
+from omrl.data.mixture import dataset_sources, draw_mixture, mix_summary, report_mix
 from omrl.errors import ConfigError, OmrlError
 from omrl.models import check_context_window
 from omrl.training import recipe
@@ -89,7 +88,7 @@ class SftRecipe:
                 f"{self.dropped} conversations had no assistant token within max_seq_length="
                 f"{cfg.max_seq_length} and were dropped"
             )
-        self._report_mix()
+        report_mix(self.mix, "conversations", cfg.dataset, cfg.seed, self.strategy, self.console, self.output_dir)
 
     def _setup_model(self) -> None:
         check_context_window(self.cfg.model.name, self.cfg.max_seq_length, "max_seq_length")
@@ -160,17 +159,6 @@ class SftRecipe:
             [source for j in chosen for r in self.micro[j] for source in self.row_sources[r]], minlength=len(self.mix)
         )
         return {f"conversations/{s['dataset']}": float(n) for s, n in zip(self.mix, counts.tolist())}
-
-    def _report_mix(self) -> None:
-        """A mixture's per-source counts: on the console at the start and in ``<output_dir>/data_mix.json``."""
-        if not self.mix:
-            return
-        if self.strategy.is_main:
-            line = mix_line(self.mix, "conversations")
-            self.console.print(f"dataset mixture (seed {self.cfg.seed}): {line}", highlight=False, soft_wrap=True)
-        self.strategy.on_main(
-            atomic_write_text, self.output_dir / MIX_FILE, mix_json(self.cfg.dataset, self.cfg.seed, self.mix)
-        )
 
     def epoch_order(self, epoch: int) -> list[int]:
         """The micro-batch order of ``epoch``: a shuffle that depends only on the seed and the epoch."""

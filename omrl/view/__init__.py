@@ -7,6 +7,7 @@
 - :mod:`omrl.view.tokens` turns token ids into per-token text with the run's tokenizer.
 - :mod:`omrl.view.evals` finds the answer an env expected, each task's pass@k and each reward component's sum.
 - :mod:`omrl.view.compare` puts two evals side by side (``omrl view A B``).
+- :mod:`omrl.view.games` lays out a game of several seats: every seat's moves in play order.
 - :mod:`omrl.view.page` renders the self-contained page; :mod:`omrl.view.server` serves it.
 - :mod:`omrl.view.plot` writes the learning curves as PNG (``omrl plot``).
 - :mod:`omrl.view.readers` reads episodes from the three kinds of files, :mod:`omrl.view.groups`

@@ -14,11 +14,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from omrl.view.games import seat_fields
 from omrl.view.groups import trained_mean
 from omrl.view.sources import Problem
 
 # Columns a summary needs, when the file has them (older schema versions lack some).
-_SCALARS = ("env", "task_id", "split", "won", "score", "end_reason", "group", "sample", "error")
+_SCALARS = ("env", "task_id", "split", "won", "score", "end_reason", "group", "sample", "error", "info")
 
 
 class Unreadable(Exception):
@@ -79,6 +80,7 @@ class ParquetEpisodes:
                     "error": row.get("error"),
                     "tree": bool(in_tree[i]) if len(in_tree) else False,
                     "advantage": advantages[i] if advantages else None,
+                    **seat_fields(row.get("info")),  # a seat of a game: its seat, player, outcome, game
                 }
             )
         return summaries
@@ -275,6 +277,7 @@ def _record_summary(record: dict[str, Any]) -> dict[str, Any]:
         "error": record.get("error"),
         "tree": False,
         "advantage": None,
+        **seat_fields(record.get("info")),
     }
 
 

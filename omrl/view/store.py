@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.config import redact, redact_text
-from omrl.view import agents, evals, groups
+from omrl.view import agents, evals, games, groups
 from omrl.view.bounds import MAX_GROUP_TEXT, TextBudget, cut_tokens
 from omrl.view.metrics import columns, env_panels, panels, read_heartbeat, read_metrics_file
 from omrl.view.readers import ParquetEpisodes, RecordEpisodes, ReportEpisodes, Unreadable
@@ -47,8 +47,11 @@ class EpisodeStore:
         for path in source.reports:
             self._add_report(path)
         self._members: dict[str, list[int]] = {}
+        self._games: dict[str, list[int]] = {}  # a game of several seats: the policy's episodes of it
         for summary in self.summaries:
             self._members.setdefault(summary["group"], []).append(summary["id"])
+            if summary.get("game") is not None:
+                self._games.setdefault(summary["game"], []).append(summary["id"])
         self.advantage_note = groups.advantage_note(any(f.has_advantages for f in self.files))
         self._metrics_cache: tuple[Any, dict[str, Any], list[Problem]] | None = None
         self._metrics_lock = threading.Lock()
@@ -125,6 +128,8 @@ class EpisodeStore:
                 trained=bool(reader.has_advantages),  # the trainer's update columns: a training rollout
                 error=TextBudget()(redact_text(summary.get("error"))),  # episodes written before redaction
             )  # in every list page: kept short
+            if "game" in summary:
+                summary["game"] = games.game_key(number, summary)
             self.summaries.append(summary)
 
     def _curves(self) -> tuple[dict[str, Any], list[Problem]]:
@@ -176,6 +181,8 @@ class EpisodeStore:
                 "file": [f.label for f in self.files],
                 "reward": [min((e["reward"] for e in s), default=0.0), max((e["reward"] for e in s), default=0.0)],
                 "trees": any(e["tree"] for e in s),
+                "seat": sorted({e["seat"] for e in s if "seat" in e}),  # games of several seats: filter by seat
+                "outcome": [o for o in games.OUTCOMES if any(e.get("outcome") == o for e in s)],
                 "trained": any(f.has_advantages for f in self.files),  # else no advantage or trained column
             },
         }
@@ -195,7 +202,7 @@ class EpisodeStore:
 
     def query(self, params: dict[str, str]) -> dict[str, Any]:
         """A page of summaries: filters env, split, task, group, success (won/lost), end, file,
-        rmin, rmax; sort one of SORTS, "-" first for descending; offset and limit."""
+        rmin, rmax, and for games seat and outcome; sort one of SORTS, "-" first for descending; offset and limit."""
         items = [e for e in self.summaries if matches(e, params)]
         key = params.get("sort", "")
         if key.lstrip("-") in SORTS:
@@ -213,7 +220,20 @@ class EpisodeStore:
             row = reader.row(summary["row"])
         except Unreadable as exc:
             return {"summary": summary, "unavailable": str(exc)}
-        return episode_detail(summary, row, self.token_text)
+        detail = episode_detail(summary, row, self.token_text)
+        if summary.get("game") is not None:
+            detail["game"] = self.game(summary["game"])
+        return detail
+
+    def game(self, key: str) -> dict[str, Any]:
+        """The whole game the episode of a seat belongs to: every seat's moves in play order (:mod:`omrl.view.games`)."""
+        members = []
+        for i in self._games.get(key, [])[: games.MAX_SEAT_EPISODES]:
+            try:
+                members.append((self.summaries[i], self.files[self.summaries[i]["file"]].row(self.summaries[i]["row"])))
+            except Unreadable:
+                continue
+        return {"key": key, **games.game_view(members, TextBudget(limit=MAX_GROUP_TEXT))}
 
     def group(self, key: str) -> dict[str, Any]:
         """The samples of one task in one batch, side by side: what GRPO compared."""
@@ -313,6 +333,9 @@ def matches(summary: dict[str, Any], params: dict[str, str]) -> bool:
         return False
     if params.get("file") and str(summary["file"]) != params["file"]:
         return False
+    for key in ("seat", "outcome"):
+        if params.get(key) and summary.get(key) != params[key]:
+            return False
     low, high = _float(params.get("rmin")), _float(params.get("rmax"))
     if low is not None and summary["reward"] < low or high is not None and summary["reward"] > high:
         return False

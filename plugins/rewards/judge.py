@@ -22,16 +22,8 @@ from typing import Any, Sequence
 
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError, short_repr
-from omrl_plugins.rewards.judge_calls import (
-    Scale,
-    Unreadable,
-    ask_cached,
-    forget,
-    make_judge,
-    make_scale,
-    read_group,
-    read_one,
-)
+from omrl_plugins.rewards.judge_calls import ask_cached, forget, make_judge
+from omrl_plugins.rewards.judge_verdicts import Scale, Unreadable, make_scale, read_group, read_one
 from omrl_plugins.rewards.outcome import GROUND_TRUTH_KEYS, final_answer
 
 #: what a rubric may use, and what each becomes

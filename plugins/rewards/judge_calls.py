@@ -1,11 +1,10 @@
-"""The ``judge`` reward's judge: asking it (an OpenAI-compatible endpoint or a local model, with a cache)
-and reading its replies on a scale.
+"""The ``judge`` reward's judge: asking it (an OpenAI-compatible endpoint or a local model, with a cache).
 
 A judge takes prompts and gives one :class:`Reply` each: its text, or why there is none (an HTTP
 error after the retries, no answer within the timeout, a body that is no completion). Only a judge
 that cannot work at all (the endpoint refuses the key, knows no such model or route) raises: every
-episode would fail alike, so the run stops naming the fix instead. :func:`read_one` and
-:func:`read_group` read a reply's verdict on a :class:`Scale` or raise :class:`Unreadable`.
+episode would fail alike, so the run stops naming the fix instead. Reading a reply's verdict is
+:mod:`omrl_plugins.rewards.judge_verdicts`.
 
 The API key is read from the environment variable the options name, sent in a header and kept nowhere
 else: not in a reply, an error message or the cache key.
@@ -15,9 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import re
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -280,139 +277,3 @@ def _key(judge: EndpointJudge | LocalJudge, prompt: str) -> str:
 def clear_cache() -> None:
     """Forget every reply (a new run in the same process; tests)."""
     _CACHE.clear()
-
-
-# -- scales ------------------------------------------------------------------------------------------------
-SCALES = ("number", "yes_no", "likert")
-#: a verdict line: ``SCORE: 7``, ``**Final score:** 7/10``, ``Score = yes`` (the last one counts)
-_VERDICT = re.compile(r"^.*?\bscore\b[ \t*_]*[:=][ \t*_]*(.*?)[ \t*_.]*$", re.I | re.M)
-_YES_NO = re.compile(r"[\W_]*(yes|no)\b", re.I)
-_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
-
-
-class Unreadable(ValueError):
-    """A verdict that is not on the scale."""
-
-
-@dataclass(frozen=True)
-class Scale:
-    """How the judge gives a score, and how it becomes one in [0, 1]."""
-
-    kind: str
-    low: float
-    high: float
-    points: int
-
-    def describe(self) -> str:
-        if self.kind == "yes_no":
-            return "yes or no"
-        if self.kind == "likert":
-            return f"an integer from 1 to {self.points} ({self.points} is best)"
-        return f"a number from {self.low:g} to {self.high:g} ({self.high:g} is best)"
-
-    def read(self, value: Any) -> float:
-        """``value`` (a verdict's text, or a JSON value) as a score in [0, 1]; :class:`Unreadable` if off the scale."""
-        if self.kind == "yes_no":
-            found = None if isinstance(value, bool) else _YES_NO.match(str(value))
-            word = value if isinstance(value, bool) else found.group(1).lower() if found else None
-            if word in (True, "yes"):
-                return 1.0
-            if word in (False, "no"):
-                return 0.0
-            raise Unreadable(f"{short_repr(value)} is not yes or no")
-        if isinstance(value, bool):
-            raise Unreadable(f"{value!r} is no number")
-        if isinstance(value, (int, float)):
-            number = float(value)
-        else:
-            found = _NUMBER.search(str(value))
-            if found is None:
-                raise Unreadable(f"{short_repr(value)} holds no number")
-            number = float(found.group())
-        if self.kind == "likert":
-            if number != int(number) or not 1 <= number <= self.points:
-                raise Unreadable(f"{number:g} is not an integer from 1 to {self.points}")
-            return (number - 1) / (self.points - 1)
-        if not (math.isfinite(number) and self.low <= number <= self.high):
-            raise Unreadable(f"{number:g} is outside [{self.low:g}, {self.high:g}]")
-        return (number - self.low) / (self.high - self.low)
-
-
-def make_scale(kind: str, low: float, high: float, points: int) -> Scale:
-    if kind not in SCALES:
-        raise ConfigError(
-            f"reward 'judge' option scale={kind!r} is invalid; valid: number (from low to high), yes_no, "
-            "likert (an integer from 1 to points)"
-        )
-    numbers = (low, high)
-    if any(isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) for x in numbers):
-        raise ConfigError(f"reward 'judge' options low={low!r} and high={high!r} must be finite numbers")
-    if kind == "number" and not low < high:
-        raise ConfigError(f"reward 'judge' needs low < high for scale=number, got low={low!r} high={high!r}")
-    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
-        raise ConfigError(f"reward 'judge' option points={points!r} is invalid; valid: an integer >= 2")
-    return Scale(kind, float(low), float(high), points)
-
-
-# -- reading replies --------------------------------------------------------------------------------------------
-def read_one(text: str, scale: Scale) -> tuple[float, str, str]:
-    """The score, the verdict as written and the reasoning before it, from a reply that ends with
-    ``SCORE: <value>`` (or is the bare value)."""
-    found = list(_VERDICT.finditer(text))
-    if found:
-        verdict = found[-1].group(1).strip()
-        try:
-            return scale.read(verdict), verdict, text[: found[-1].start()].strip()
-        except Unreadable as exc:
-            raise Unreadable(f"the verdict {exc}") from None
-    bare = text.strip().strip("*_`'\". ").lower()  # a reply that is the value alone: "7", "yes"
-    if bare in ("yes", "no") if scale.kind == "yes_no" else _NUMBER.fullmatch(bare):
-        try:
-            return scale.read(bare), bare, ""
-        except Unreadable as exc:
-            raise Unreadable(f"the verdict {exc}") from None
-    raise Unreadable(f"no line 'SCORE: <{scale.describe()}>' in {short_repr(text)}")
-
-
-def read_group(text: str, count: int, scale: Scale) -> list[tuple[float, str, str]]:
-    """Each attempt's score, verdict and explanation, in order, from the reply's JSON
-    ``{"scores": [{"id": 1, "explanation": "...", "score": ...}, ...]}`` (its last such object)."""
-    found = _last_scores_object(text)
-    if found is None:
-        raise Unreadable(f"no JSON object with 'scores' in {short_repr(text)}")
-    entries = found["scores"]
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and "score" in e for e in entries):
-        raise Unreadable(f"'scores' is not a list of objects with a score: {short_repr(entries)}")
-    by_id: dict[int, dict[str, Any]] = {}
-    for entry in entries:
-        try:
-            key = int(entry.get("id"))
-        except (TypeError, ValueError):
-            raise Unreadable(f"an entry's id {short_repr(entry.get('id'))} is not an attempt number") from None
-        by_id[key] = entry
-    if sorted(by_id) != list(range(1, count + 1)) or len(entries) != count:
-        raise Unreadable(f"'scores' has ids {sorted(by_id)} for attempts 1 to {count}")
-    out = []
-    for i in range(1, count + 1):
-        entry = by_id[i]
-        try:
-            score = scale.read(entry["score"])
-        except Unreadable as exc:
-            raise Unreadable(f"attempt {i}'s score {exc}") from None
-        out.append((score, str(entry["score"]), str(entry.get("explanation") or "")))
-    return out
-
-
-def _last_scores_object(text: str) -> dict[str, Any] | None:
-    decoder = json.JSONDecoder()
-    found, i = None, text.find("{")
-    while i != -1:
-        try:
-            value, end = decoder.raw_decode(text, i)
-        except ValueError:
-            i = text.find("{", i + 1)
-            continue
-        if isinstance(value, dict) and "scores" in value:
-            found = value
-        i = text.find("{", end if isinstance(value, dict) and "scores" in value else i + 1)
-    return found

@@ -10,7 +10,7 @@ import torch
 from omrl.algos import AdvantageInput, AlgoConfig
 from omrl.data import Episode, Turn
 from omrl.errors import ConfigError, OmrlError
-from omrl.rollout.loop import RolloutLimits
+from omrl.rollout.spec import Played, RolloutLimits
 from omrl.training.greedy_baseline import greedy_scores
 from omrl.training.rl_data import advantage_input
 from omrl.training.tree_batch import chain_rows
@@ -292,11 +292,12 @@ class GreedySession:
     """Plays the same episode greedily, as a session at temperature 0 would."""
 
     backend = None
+    mixture = False
     limits = RolloutLimits()
 
-    def play(self, tasks, split, group_size, seed):
-        assert self.limits.temperature == 0.0
-        return [two_turn_episode(0) for _ in tasks]
+    def play(self, tasks, spec):
+        assert spec.limits.temperature == 0.0 and spec.group_size == 1
+        return Played([two_turn_episode(0) for _ in tasks])
 
 
 @pytest.mark.parametrize("allocation, gamma", [("last_token", 1.0), ("discounted", 0.9), ("per_turn", 1.0)])

@@ -18,6 +18,7 @@ from omrl.config.options import GenerationConfig
 from omrl.errors import ConfigError, OmrlError
 from omrl.models import load_model
 from omrl.training.metrics import read_metrics
+from tests.helpers import served_grpo_config
 from tests.training.helpers import SampleIndexReward
 
 from .fake_openai import FakeOpenAIServer
@@ -177,37 +178,20 @@ def test_what_cannot_work_is_refused_naming_what_is_valid(served, tmp_path):
         one.close()
 
 
+@pytest.mark.slow  # a full LoRA training run against a server (the full-weight one stays fast)
 def test_grpo_trains_a_lora_model_against_the_server(served, tmp_path, register_plugin):
     """Two GRPO steps of a LoRA model whose episodes the server samples: it gets the starting adapter,
     then each update's, unloads the oldest, and ends serving what the run saved."""
-    from omrl.config import load_config
-    from omrl.config.options import TrainRunConfig
     from omrl.training.rl import run_rl
 
     server, _, _ = served
     register_plugin(SampleIndexReward(), name="sample-index")
     out = tmp_path / "run"
-    overrides = [
-        "model.name=tiny",
-        "model.lora_rank=4",
-        "env.name=gridworld",
-        "generation.backend=openai",
-        f"generation.base_url={server.base_url}",
-        "generation.weight_sync=lora",
-        f"generation.weight_dir={tmp_path / 'adapters'}",
-        "generation.max_new_tokens=8",
-        "generation.max_context=512",
-        "env.max_turns=2",
-        "steps=2",
-        "tasks_per_step=2",
-        "group_size=2",
-        "eval_tasks=0",
-        "reward.weights={sample_index: 1.0}",
-        "optim.learning_rate=1e-2",
-        f"logging.output_dir={out}",
-        "logging.tensorboard=false",
-    ]
-    run_rl(load_config(TrainRunConfig, "grpo", overrides))
+    run_rl(
+        served_grpo_config(
+            server.base_url, tmp_path, "lora", "model.lora_rank=4", "steps=2", "optim.learning_rate=1e-2"
+        )
+    )
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]  # both steps updated
     loads = [name.rsplit("-", 1)[1] for call, name in server.lora_calls if call == "load"]
     unloads = [name.rsplit("-", 1)[1] for call, name in server.lora_calls if call == "unload"]

@@ -21,6 +21,7 @@ from omrl.config.options import GenerationConfig
 from omrl.errors import ConfigError, OmrlError
 from omrl.models import load_model
 from omrl.training.metrics import read_metrics
+from tests.helpers import served_grpo_config
 from tests.training.helpers import SampleIndexReward
 
 from .fake_openai import FakeOpenAIServer
@@ -112,6 +113,7 @@ time.sleep(300)
 """
 
 
+@pytest.mark.slow  # a second process, SIGKILLed
 def test_a_killed_runs_weight_folder_is_removed_by_the_next_run(served, tmp_path):
     server, _, _ = served
     run = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp_path)], stdout=subprocess.PIPE, text=True)
@@ -190,37 +192,12 @@ def test_openai_backend_without_weight_sync_refuses_weights(served):
 def test_grpo_trains_with_rollouts_from_the_server(served, tmp_path, tiny_model_dir, register_plugin):
     """Two GRPO steps whose episodes the server samples: it gets the starting weights, then each
     update's, and ends serving exactly the weights the run saved."""
-    from omrl.config import load_config
-    from omrl.config.options import TrainRunConfig
     from omrl.training.rl import run_rl
 
     server, _, _ = served
     register_plugin(SampleIndexReward(), name="sample-index")  # rewards that differ within a group
     out = tmp_path / "run"
-    cfg = load_config(
-        TrainRunConfig,
-        "grpo",
-        [
-            "model.name=tiny",
-            "env.name=gridworld",
-            "generation.backend=openai",
-            f"generation.base_url={server.base_url}",
-            "generation.weight_sync=files",
-            f"generation.weight_dir={tmp_path / 'weights'}",
-            "generation.max_new_tokens=8",
-            "generation.max_context=512",
-            "env.max_turns=2",
-            "steps=2",
-            "tasks_per_step=2",
-            "group_size=2",
-            "eval_tasks=0",
-            "reward.weights={sample_index: 1.0}",
-            "optim.learning_rate=1e-3",
-            f"logging.output_dir={out}",
-            "logging.tensorboard=false",
-        ],
-    )
-    run_rl(cfg)
+    run_rl(served_grpo_config(server.base_url, tmp_path, "files", "steps=2", "optim.learning_rate=1e-3"))
     assert server.weight_version == "2"  # the starting weights (version 0), then one update per step
     assert server.calls == UPDATE * 3
     assert [m["step"] for m in read_metrics(out) if "loss" in m] == [1, 2]  # both steps updated

@@ -3,7 +3,9 @@ append-only ChatML, the three thinking-model fixture templates, and templates th
 
 from __future__ import annotations
 
+import io
 import shutil
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from omrl.chat.probe import (
     WHITESPACE,
     check_template,
 )
+from omrl.cli import main
 from omrl.models import load_tokenizer
 from tests.helpers import cli_exit
 
@@ -173,8 +176,17 @@ def test_reply_closed_by_text_leaves_only_as_template(model_dirs, capsys):
     assert code == 0 and "use: chat.history=as_template" in out and "keep does not work" in out
 
 
-def test_cli_reports_an_append_only_template(tiny_model_dir, capsys):
-    code, out, err = cli(capsys, "tiny")
+@pytest.fixture(scope="module")
+def tiny_checked(tiny_model_dir) -> tuple[int, str, str]:
+    """``omrl check-template tiny`` run once for the tests that read it: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err), pytest.raises(SystemExit) as exit_info:
+        main(["check-template", "tiny"])
+    return exit_info.value.code, out.getvalue(), err.getvalue()
+
+
+def test_cli_reports_an_append_only_template(tiny_checked):
+    code, out, err = tiny_checked
     assert code == 0, err
     assert "append-only: yes" in out and "both modes give the same rows" in out
     assert any(line.split("│")[1:3] == [" keep        ", " yes   "] for line in out.splitlines()), out
@@ -208,8 +220,8 @@ def test_cli_fails_naming_a_case_a_mode_would_lay_out_wrongly(model_dirs, capsys
     assert "keep reasoning: broken" in out
 
 
-def test_cli_shows_every_case_of_a_template_it_passes(tiny_model_dir, capsys):
-    code, out, err = cli(capsys, "tiny")
+def test_cli_shows_every_case_of_a_template_it_passes(tiny_checked):
+    code, out, err = tiny_checked
     assert code == 0, err
     assert "episodes played the rollout's way" in out
     for case in ("plain", "specials", "noncanonical"):

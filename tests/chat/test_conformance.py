@@ -31,7 +31,14 @@ def test_the_suite_finds_every_template_trl_ships():
     assert len(names) >= 70 and "qwen3" in names and "gptoss_training" in names
 
 
-@pytest.mark.parametrize("name", template_names())
+#: one template of each family's layout stays in the fast tier; the rest, ~0.5 CPU-s each, run in the full one
+FAST = {"cohere2", "deepseek_r1_distill", "gemma3", "glm4moe", "gptoss", "lfm2", "llama3_1", "nemotron_3_nano"}
+FAST |= {"phi3", "qwen2_5", "qwen3", "qwen3_training", "smolvlm"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=() if name in FAST else pytest.mark.slow) for name in template_names()]
+)
 def test_no_case_is_laid_out_wrongly(name):
     broken = [f"{r.mode} {r.case}: {r.problem}" for r in results(name) if r.status == "broken"]
     assert not broken, broken
@@ -48,6 +55,7 @@ def table() -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.slow  # every template trl ships played: its table
 def test_the_docs_table_is_the_suites_result():
     text = DOC.read_text()
     start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)

@@ -4,7 +4,9 @@ trained, and every run prints what it plays in one block."""
 from __future__ import annotations
 
 import json
+import warnings
 
+import pytest
 import yaml
 
 TINY = ("--model", "tiny", "logging.tensorboard=false")
@@ -36,11 +38,25 @@ def test_what_the_user_sets_is_kept_and_not_named(omrl_main, tmp_path):
     assert "turns      3" in out + err
 
 
-def test_eval_plays_a_trained_model_with_its_training_settings(omrl_main, tmp_path):
-    run = tmp_path / "run"
-    code, _, err = omrl_main("train", "--algo", "grpo", "--env", "gridworld", *TINY, *SMALL_STEP, "env.max_turns=2",
-                             "--steps", "1", "--output-dir", str(run))  # fmt: skip
-    assert code == 0, err
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """One GRPO step on gridworld with 2 turns and 4 new tokens a reply, which both commands below play as trained."""
+    from omrl.cli import main
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    with pytest.MonkeyPatch.context() as patch:  # what the omrl_main fixture puts back, put back here
+        patch.setattr(warnings, "showwarning", warnings.showwarning)
+        patch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        try:
+            main(["train", "--algo", "grpo", "--env", "gridworld", *TINY, *SMALL_STEP, "env.max_turns=2",
+                  "--steps", "1", "--output-dir", str(run)])  # fmt: skip
+        except SystemExit as stop:
+            assert not stop.code, f"train exited with {stop.code}"
+    return run
+
+
+def test_eval_plays_a_trained_model_with_its_training_settings(omrl_main, trained_run, tmp_path):
+    run = trained_run
     code, out, err = omrl_main("eval", "--env", "gridworld", "--model", str(run), "--num-tasks", "1",
                                "--output-dir", str(tmp_path / "eval"))  # fmt: skip
     assert code == 0, err
@@ -49,11 +65,8 @@ def test_eval_plays_a_trained_model_with_its_training_settings(omrl_main, tmp_pa
     assert (played["env"]["max_turns"], played["generation"]["max_new_tokens"]) == (2, 4)
 
 
-def test_sweep_plays_a_trained_model_with_its_training_settings(omrl_main, tmp_path):
-    run = tmp_path / "run"
-    code, _, err = omrl_main("train", "--algo", "grpo", "--env", "gridworld", *TINY, *SMALL_STEP, "env.max_turns=2",
-                             "--steps", "1", "--output-dir", str(run))  # fmt: skip
-    assert code == 0, err
+def test_sweep_plays_a_trained_model_with_its_training_settings(omrl_main, trained_run, tmp_path):
+    run = trained_run
     code, out, err = omrl_main("sweep", "--env", "gridworld", "--model", str(run), "--num-tasks", "1",
                                "--strategies", "best_of_n", "--budgets", "16", "--out", str(tmp_path / "sweep"))  # fmt: skip
     assert code == 0, err

@@ -40,18 +40,23 @@ def conversations_file(tmp_path_factory):
     return path
 
 
+def more(*argv: str):
+    """A command the full tier checks too: each fresh interpreter takes ~2 CPU-s, the fast tier keeps one of each group."""
+    return pytest.param(list(argv), marks=pytest.mark.slow, id=" ".join(argv))
+
+
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--version"],
+        more("--version"),
         ["--help"],
-        ["train", "--help"],
-        ["config", "list"],
+        more("train", "--help"),
+        more("config", "list"),
         ["config", "show", "grpo"],
-        ["config", "keys", "train"],
+        more("config", "keys", "train"),
         ["env", "list"],
-        ["view", "--help"],
-        ["plugins"],  # the algorithms are registered by import path: listed from their docstrings
+        more("view", "--help"),
+        more("plugins"),  # the algorithms are registered by import path: listed from their docstrings
         ["plugins", "--kind", "policy_loss"],
     ],
     ids=" ".join,
@@ -64,6 +69,7 @@ def test_data_show_reads_a_dataset_without_torch(conversations_file):
     assert imports_of("data", "show", str(conversations_file)) == {"code": 0, "torch": False, "transformers": False}
 
 
+@pytest.mark.slow  # a fresh interpreter imports deepspeed and torch
 def test_a_run_on_a_machine_without_a_gpu_prints_no_third_party_accelerator_line(tmp_path):
     """DeepSpeed (installed with the dev extra) logs "Setting accelerator to CPU" when imported on such a
     machine; omrl tells it the accelerator first."""

@@ -7,9 +7,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.docs.commands import REPO
 
 
+@pytest.mark.slow  # builds the whole site in a fresh interpreter (CONTRIBUTING.md's docs command)
 def test_mkdocs_build_strict(tmp_path):
     site = tmp_path / "site"
     env = {**os.environ, "OMRL_PLUGINS": "omrl"}

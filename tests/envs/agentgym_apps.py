@@ -11,7 +11,7 @@ their servers do: the env's latest observation (BabyAI: an object, the goal line
 env's is refused but by TextCraft). Routes a real server lacks are missing here too (no
 ``/close`` on ALFWorld, LMRL-Gym, WebShop, SQLGym and the tools). Sources: AgentGym's
 ``agentenv-*`` servers, summarized in ../shared/reference/agentgym-protocol.md and
-plugins/envs/agentgym/dialects.py.
+plugins/envs/agentgym/servers.py.
 
 The games are tiny and scripted (one winning action per task), enough to play a full episode.
 :class:`Recorder` wraps any app and keeps every request (method, path, query, JSON body) so tests

@@ -181,6 +181,7 @@ def test_pick_up_carry_and_drop():
     assert f"There is a {name} 1 right in front of you 1 steps away." in dropped.observation
 
 
+@pytest.mark.slow  # a sweep of every macro action over 18 levels
 def test_every_macro_action_does_what_it_says():
     env, copy = BabyAIEnv(), BabyAIEnv()
     rng, checked = random.Random(0), set()

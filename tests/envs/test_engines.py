@@ -105,6 +105,7 @@ def _agentgym_goals() -> list[str]:
     return [item for item, _ in sorted(tree.item_recipes_min_depth(1), key=lambda x: x[1])]
 
 
+@pytest.mark.slow  # resets all 544 goals
 def test_textcraft_can_number_its_goals_as_agentgyms_server_does():
     from omrl_plugins.envs.engines.textcraft import item_name
 

@@ -213,6 +213,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow  # a real `omrl env serve` process
 def test_serve_subprocess_plays_gridworld_to_a_win(runner):
     """`omrl env serve gridworld` in a real process; the `agentgym` client plays test tasks
     through it with the served env's expert, and learns its splits and turn cap from it."""

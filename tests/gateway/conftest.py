@@ -9,7 +9,7 @@ import pytest
 
 from omrl.backends.base import Backend
 from omrl.gateway.server import Gateway
-from omrl.rollout.loop import RolloutLimits
+from omrl.rollout.spec import RolloutLimits
 
 
 class Recording(Backend):

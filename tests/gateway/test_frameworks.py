@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from omrl.data.trajectory import Episode
-from omrl.rollout.loop import RolloutLimits
+from omrl.rollout.spec import RolloutLimits
 from tests.fakes import ScriptedBackend
 from tests.gateway import frameworks
 from tests.gateway.conftest import assert_token_exact, make_gateway

@@ -12,7 +12,7 @@ import pytest
 
 from omrl.backends.hf import HFBackend
 from omrl.data.trajectory import Episode
-from omrl.rollout.loop import RolloutLimits
+from omrl.rollout.spec import RolloutLimits
 from tests.fakes import ScriptedBackend
 from tests.gateway.agents import MULTIPLY
 from tests.gateway.conftest import assert_token_exact, make_gateway

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from omrl.errors import OmrlError
+from omrl.sandbox import process, run_sandboxed
 from omrl.sandbox import run as sandbox
-from omrl.sandbox import run_sandboxed
+from omrl.sandbox.cgroup import MemoryCgroup
 
 needs_sandbox = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
@@ -294,8 +295,8 @@ def test_memory_in_files_counts_against_the_run_and_the_host_never_holds_more(ki
     """Rlimits bound address space, which in-memory files are not in: the run as a whole is bounded,
     by a memory cgroup where the host lets omrl make one, else by making no such file possible."""
     if not cgroup:
-        monkeypatch.setattr(sandbox.MemoryCgroup, "create", lambda limit_bytes: None)
-    elif (probe := sandbox.MemoryCgroup.create(2**30)) is None:
+        monkeypatch.setattr(MemoryCgroup, "create", lambda limit_bytes: None)
+    elif (probe := MemoryCgroup.create(2**30)) is None:
         pytest.skip("this host lets omrl make no memory cgroup")
     else:
         probe.remove()
@@ -405,7 +406,7 @@ def test_when_namespaces_are_refused_it_raises_and_runs_nothing(monkeypatch, tmp
 
 @needs_sandbox
 def test_a_namespace_left_out_makes_the_helper_refuse(monkeypatch, tmp_path):
-    flags = tuple(f for f in sandbox._UNSHARE_FLAGS if f != "--net")
-    monkeypatch.setattr(sandbox, "_UNSHARE_FLAGS", flags)
+    flags = tuple(f for f in process.UNSHARE_FLAGS if f != "--net")
+    monkeypatch.setattr(process, "UNSHARE_FLAGS", flags)
     with pytest.raises(OmrlError, match="shares the caller's net namespace"):
         run_sandboxed("print(1)")

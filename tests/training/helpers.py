@@ -103,22 +103,38 @@ class Stop(Exception):
     """Stands in for a run killed after a checkpoint."""
 
 
-def stop_then_resume(cfg: TrainRunConfig, after: int = 2, **run_options: Any) -> None:
-    """Run ``cfg`` (which checkpoints every step) until step ``after`` ends, as if killed there, then
-    resume it with ``--resume`` to its end."""
-    from omrl.training.checkpoint import latest_checkpoint
-    from omrl.training.rl import run_rl
+def run_until(run: Any, cfg: Any, after: int, **run_options: Any) -> None:
+    """``run(cfg)`` (``run_rl`` or ``run_sft``) until step ``after`` ends, as if killed there."""
 
     def stop(step: int, metrics: dict) -> None:
         if step == after:
             raise Stop
 
     try:
-        run_rl(cfg, on_step_end=stop, **run_options)
+        run(cfg, on_step_end=stop, **run_options)
     except Stop:
         pass
     else:
         raise AssertionError(f"the run ended before step {after}")
+
+
+def stop_then_resume(cfg: TrainRunConfig, after: int = 2, **run_options: Any) -> None:
+    """Run ``cfg`` (which checkpoints every step) until step ``after`` ends, as if killed there, then
+    resume it with ``--resume`` to its end."""
+    from omrl.training.checkpoint import latest_checkpoint
+    from omrl.training.rl import run_rl
+
+    run_until(run_rl, cfg, after, **run_options)
     assert latest_checkpoint(cfg.logging.output_dir).name == f"step-{after:08d}"
     cfg.resume = True
     run_rl(cfg, **run_options)
+
+
+def sft_stop_then_resume(cfg: Any, after: int, **run_options: Any) -> None:
+    """Run the SFT ``cfg`` until step ``after`` ends, as if killed there, then resume it with ``--resume``
+    to its end."""
+    from omrl.training.sft import run_sft
+
+    run_until(run_sft, cfg, after, **run_options)
+    cfg.resume = True
+    run_sft(cfg, **run_options)

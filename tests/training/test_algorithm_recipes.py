@@ -102,6 +102,7 @@ def test_every_built_in_algorithm_trains_a_step_through_the_recipe(config, kind)
 # -- adaptive KL ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a full run, then one stopped and resumed: two runs compared
 def test_the_kl_coefficient_follows_ziegler_s_rule_and_resumes(config):
     settings = ("algorithm.kl_coef=0.05", "algorithm.kl_target=0.001", "algorithm.kl_horizon=10", "steps=3")
     full = config(*settings, "logging.save_steps=1", out="full")
@@ -158,6 +159,7 @@ def test_dynamic_sampling_trains_only_groups_that_differ_and_keeps_the_batch_ful
         assert not record.get("skipped_updates")
 
 
+@pytest.mark.slow  # a full run, then one stopped and resumed: two runs compared
 def test_dynamic_sampling_resumes_to_the_same_draws(config):
     settings = ("reward.weights={half_constant: 1.0}", "algorithm.dynamic_sampling=true", "steps=3")
     full = config(*settings, "logging.save_steps=1", out="full")

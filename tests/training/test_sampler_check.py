@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from omrl.backends.hf import HFBackend
-from omrl.config import load_config
 from omrl.config.options import TrainRunConfig
 from omrl.models import load_model
 from omrl.training.metrics import read_metrics
 from omrl.training.online_run import SamplerStale
 from omrl.training.rl import run_rl
 from tests.backends.fake_openai import FakeOpenAIServer
+from tests.helpers import served_grpo_config
 from tests.training.helpers import SampleIndexReward
 
 
@@ -26,30 +26,7 @@ def server(tiny_model_dir, register_plugin):
 
 
 def grpo_from(server, tmp_path, *overrides: str) -> TrainRunConfig:
-    return load_config(
-        TrainRunConfig,
-        "grpo",
-        [
-            "model.name=tiny",
-            "env.name=gridworld",
-            "generation.backend=openai",
-            f"generation.base_url={server.base_url}",
-            "generation.weight_sync=files",
-            f"generation.weight_dir={tmp_path / 'weights'}",
-            "generation.max_new_tokens=8",
-            "generation.max_context=512",
-            "env.max_turns=2",
-            "steps=3",
-            "tasks_per_step=2",
-            "group_size=2",
-            "eval_tasks=0",
-            "reward.weights={sample_index: 1.0}",
-            "optim.learning_rate=1e-2",
-            f"logging.output_dir={tmp_path / 'run'}",
-            "logging.tensorboard=false",
-            *overrides,
-        ],
-    )
+    return served_grpo_config(server.base_url, tmp_path, "files", "steps=3", "optim.learning_rate=1e-2", *overrides)
 
 
 def test_a_server_that_keeps_its_old_weights_stops_the_run_naming_the_version(server, tmp_path):

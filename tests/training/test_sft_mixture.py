@@ -20,6 +20,7 @@ from omrl.training.checkpoint import CheckpointError
 from omrl.training.metrics import read_metrics
 from omrl.training.packing import fingerprint, pack_rows, tokenize_conversations
 from omrl.training.sft import SftRecipe, run_sft
+from tests.training.helpers import sft_stop_then_resume
 
 QUIET = Console(file=io.StringIO())
 
@@ -197,10 +198,6 @@ def test_a_two_dataset_run_trains_logs_its_mix_and_the_loss_falls(sft_config, ag
     assert f"{agent_jsonl} (weight 0.70): 27 drawn of 8 conversations" in console.getvalue()
 
 
-class _Stop(Exception):
-    pass
-
-
 def test_a_mixture_run_stopped_and_resumed_matches_one_that_ran_through(
     sft_config, agent_jsonl, math_parquet, tmp_path
 ):
@@ -220,15 +217,7 @@ def test_a_mixture_run_stopped_and_resumed_matches_one_that_ran_through(
     assert len(reference) > 4
 
     cfg = sft_config(logging__output_dir=str(tmp_path / "stopped"), **settings)
-
-    def stop(step, metrics):
-        if step == 4:  # one step past the checkpoint at step 3
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        run_sft(cfg, on_step_end=stop, console=QUIET)
-    cfg.resume = True
-    run_sft(cfg, console=QUIET)
+    sft_stop_then_resume(cfg, 4, console=QUIET)  # one step past the checkpoint at step 3
     resumed = [(r["step"], r["loss"], r[f"conversations/{math_parquet}"]) for r in read_metrics(tmp_path / "stopped")]
     assert [(s, n) for s, _, n in resumed] == [(s, n) for s, _, n in reference]  # the same data, step for step
     for (step, got, _), (_, want, _) in zip(resumed, reference):

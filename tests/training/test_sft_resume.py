@@ -15,6 +15,7 @@ from omrl.config import to_yaml
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.sft import run_sft
+from tests.training.helpers import sft_stop_then_resume
 
 QUIET = Console(file=io.StringIO())
 
@@ -73,10 +74,6 @@ def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, tmp_path):
     _assert_same_losses(_losses(cfg.logging.output_dir), reference)
 
 
-class _Stop(Exception):
-    pass
-
-
 def test_lora_run_with_dropout_stopped_by_a_hook_resumes_exactly(sft_config, tmp_path):
     """LoRA dropout draws random numbers: the restored RNG states make the resumed steps identical."""
     settings = dict(
@@ -93,13 +90,5 @@ def test_lora_run_with_dropout_stopped_by_a_hook_resumes_exactly(sft_config, tmp
     reference = _losses(reference_cfg.logging.output_dir)
 
     cfg = sft_config(logging__output_dir=str(tmp_path / "stopped"), **settings)
-
-    def stop(step, metrics):
-        if step == 3:
-            raise _Stop
-
-    with pytest.raises(_Stop):
-        run_sft(cfg, on_step_end=stop, console=QUIET)
-    cfg.resume = True
-    run_sft(cfg, console=QUIET)
+    sft_stop_then_resume(cfg, 3, console=QUIET)
     _assert_same_losses(_losses(cfg.logging.output_dir), reference)

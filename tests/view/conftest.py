@@ -135,10 +135,12 @@ def tiny_run(tmp_path_factory) -> Path:
     return run
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium():
     """A headless Debian Chromium driven by Playwright. Missing either fails the test (the README's
-    test command installs both); OMRL_ALLOW_NO_BROWSER=1 skips instead, for machines without apt."""
+    test command installs both); OMRL_ALLOW_NO_BROWSER=1 skips instead, for machines without apt.
+    One per module: Playwright's sync API holds an event loop on the main thread while it runs, which
+    would break every later test that starts its own (asyncio.run, an agent framework's run_sync)."""
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     try:
         from playwright.sync_api import sync_playwright

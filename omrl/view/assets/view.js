@@ -101,6 +101,8 @@
       if ((q.success === "won" || q.success === "lost") && e.won !== (q.success === "won")) return false;
       if (q.end && e.end !== q.end) return false;
       if (q.file && String(e.file) !== q.file) return false;
+      if (q.seat && e.seat !== q.seat) return false;
+      if (q.outcome && e.outcome !== q.outcome) return false;
       const low = q.rmin === undefined || q.rmin === "" ? NaN : Number(q.rmin);
       const high = q.rmax === undefined || q.rmax === "" ? NaN : Number(q.rmax);
       if (!isNaN(low) && e.reward < low) return false;
@@ -458,6 +460,7 @@
         onchange: (e) => set({[name]: e.target.value})}));
     const all = (values) => [["", "all"], ...values.map((x) => [x, x])];
     const envs = f.env.length > 1;  // a run over several envs: filter and show by env
+    const seats = (f.seat || []).length > 0;  // games of several seats: filter and show by seat and outcome
     const form = h("form", {class: "filters card", onsubmit: (e) => e.preventDefault()},
       envs ? select("env", all(f.env), "env") : null,
       select("split", all(f.split), "split"),
@@ -466,6 +469,8 @@
       select("success", all(["won", "lost"]), "success"),
       select("end", all(f.end), "end reason"),
       f.file.length > 1 ? select("file", [["", "all"], ...f.file.map((x, i) => [String(i), x])], "file") : null,
+      seats ? select("seat", all(f.seat), "seat") : null,
+      seats ? select("outcome", all(f.outcome), "outcome") : null,
       input("rmin", "reward ≥", "number"),
       input("rmax", "reward ≤", "number"),
       select("sort", [["", "file order"], ["-reward", "reward, high first"], ["reward", "reward, low first"],
@@ -485,7 +490,8 @@
     const multi = f.file.length > 1;
     // advantages and trained tokens only where the trainer recorded its update: an eval's episodes were never trained on
     const trained = f.trained;
-    const columns = ["#", multi ? "file" : null, envs ? "env" : null, "split", "task", "group", "sample", "success", "reward",
+    const columns = ["#", multi ? "file" : null, envs ? "env" : null, "split", "task", "group", "sample",
+      seats ? "seat" : null, seats ? "played by" : null, seats ? "outcome" : null, "success", "reward",
       trained ? "advantage" : null, "score", "end", "turns", "tokens", trained ? "trained" : "generated"];
     const num = (x) => h("td", {class: "num"}, x);
     const row = (e) => h("tr", {"data-id": e.id, onclick: () => { location.hash = at("episode/" + e.id); }},
@@ -496,6 +502,9 @@
       h("td", {}, h("a", {href: at("group/" + encodeURIComponent(e.group)), onclick: (ev) => ev.stopPropagation()},
         e.group)),
       num(String(e.sample)),
+      seats ? h("td", {class: "seat"}, e.seat || "") : null,
+      seats ? h("td", {}, e.player || "") : null,
+      seats ? h("td", {class: "outcome " + outcomeClass(e.outcome)}, e.outcome || "") : null,
       h("td", {class: e.won ? "won" : "lost"}, e.won ? "won" : "lost"),
       num(fmt(e.reward)), trained ? num(e.trained ? signed(e.advantage) : "") : null, num(fmt(e.score)),
       h("td", {}, e.end, e.error ? h("span", {class: "badge bad", title: e.error}, "error") : null),
@@ -525,7 +534,10 @@
       Number(id) + 1 < run.episodes ? [" · ", h("a", {href: at("episode/" + (Number(id) + 1))}, "next")] : null);
     const facts = h("table", {class: "card facts"}, h("tbody", {},
       [["file", run.facets.file[e.file] + " (row " + e.row + ")"], ["env", e.env], ["split", e.split], ["task", fmt(e.task)],
-        ["group / sample", e.group + " / " + e.sample], ["success", e.won ? "won" : "lost"],
+        ["group / sample", e.group + " / " + e.sample],
+        known(e.seat) ? ["seat", e.seat + " (played by " + e.player + ")"] : null,
+        known(e.seat) ? ["outcome", h("span", {class: outcomeClass(e.outcome)}, e.outcome + " against " + e.opponent)] : null,
+        ["success", e.won ? "won" : "lost"],
         known(ep.expected) ? ["final answer", answerFact(ep)] : null,
         ["total reward", fmt(e.reward, 4)], e.trained ? ["advantage", fmt(e.advantage, 4)] : null, ["score", fmt(e.score, 4)],
         ["end reason", e.end], ["turns", e.turns],
@@ -546,10 +558,12 @@
         keyValues(totals));
     }
     body.push(h("h3", {}, "Task"), h("pre", {class: "instruction"}, ep.instruction));
+    if (ep.game) body.push(gameView(ep.game, Number(id)));
     const last = ep.turns.length - 1;
     const turns = ep.turns.map((t, i) => [i && t.row !== ep.turns[i - 1].row ? rowDivider(ep, t.row) : null,
       turnView(t, i, i === last ? ep.expected : null)]);
-    body.push(h("h2", {}, "Turns"), ep.turns.length ? turns : h("p", {class: "muted"}, "No model turn."));
+    body.push(h("h2", {}, ep.game ? "This seat's turns (" + e.seat + ")" : "Turns"),
+      ep.turns.length ? turns : h("p", {class: "muted"}, "No model turn."));
     body.push(h("h2", {}, "Tokens"), tokenView(ep));
     display(...body);
   }
@@ -774,7 +788,37 @@
       changed);
   }
 
-  function outcomeClass(outcome) { return outcome === "won" ? "won" : "lost"; }
+  function outcomeClass(outcome) { return outcome === "won" || outcome === "win" ? "won" : outcome === "draw" ? "" : "lost"; }
+
+  /** A game of several seats: who played each seat and how it ended for it, then every seat's moves in
+   * play order (the seats the policy played with what they saw and replied; the others' moves as played). */
+  function gameView(g, id) {
+    const color = new Map(g.seats.map((x, i) => [x.seat, PALETTE[i % PALETTE.length]]));
+    const seatBadge = (seat) => h("span", {class: "badge seat", style: "border-left: 4px solid " + color.get(seat)}, seat);
+    const seats = h("table", {class: "card game-seats"},
+      h("thead", {}, h("tr", {}, ["seat", "played by", "outcome", "reward", "episode"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, g.seats.map((x) => h("tr", {"data-seat": x.seat},
+        h("td", {}, seatBadge(x.seat)), h("td", {class: "player"}, x.player),
+        h("td", {class: "outcome " + outcomeClass(x.outcome)}, x.outcome || "–"), h("td", {class: "num"}, fmt(x.reward, 3)),
+        h("td", {}, known(x.episode) ? (x.episode === id ? "this one"
+          : h("a", {href: at("episode/" + x.episode)}, "episode " + x.episode)) : h("span", {class: "muted"}, "not trained"))))));
+    const moves = g.moves.map((m, n) => h("div", {class: "move" + (m.episode === id ? " this" : ""), "data-seat": m.seat,
+      "data-move": n + 1, style: "border-left-color: " + color.get(m.seat)},
+      h("div", {}, h("strong", {}, "Move " + (n + 1)), " ", seatBadge(m.seat), h("span", {class: "player muted"}, m.player),
+        known(m.episode) ? [" · ", h("a", {href: at("episode/" + m.episode)}, "episode " + m.episode + ", turn " + (m.turn + 1))] : null,
+        m.invalid ? h("span", {class: "badge bad"}, "invalid move") : null,
+        m.format_ok === false ? h("span", {class: "badge bad"}, "format error") : null),
+      known(m.observation) ? [h("div", {class: "label"}, "saw"), h("pre", {class: "observation"}, m.observation)] : null,
+      known(m.response) ? [h("div", {class: "label"}, "replied"), h("pre", {class: "response"}, m.response)] : null,
+      h("div", {class: "label"}, "move"), h("pre", {class: "action"}, known(m.action) ? m.action || "(empty)" : "(none parsed)")));
+    const order = g.order === "recorded" ? "in the order they were played"
+      : "the order assumed (seats taking turns): this file keeps no log of the game's moves";
+    return h("div", {class: "game", "data-game": g.key},
+      h("h2", {}, "The game"), seats,
+      h("p", {class: "muted"}, g.moves.length + " moves, " + order + ". A seat the policy played shows what it saw and replied; " +
+        "the other seats' moves are shown as they were played."),
+      moves);
+  }
 
   // ---- a search tree ---------------------------------------------------------------------
   async function showTree(key) {

@@ -14,12 +14,15 @@ reads are sent again, up to ``retries`` more times.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
 import httpx
 
 from omrl.envs import EnvError
+from omrl.errors import ConfigError
+from omrl.serve import TOKEN_ENV
 
 
 class ServerFailure(EnvError):
@@ -148,3 +151,16 @@ def snippet(text: str, limit: int = 200) -> str:
 def _cut(text: str, limit: int = 1000) -> str:
     """A server's own error message, cut to ``limit`` characters (a server may echo a whole body)."""
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def request_headers(token: str | None, headers: dict[str, str] | None) -> dict[str, str]:
+    """The headers of every call: ``headers`` plus the bearer token (option, else OMRL_SERVE_TOKEN)."""
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and (not isinstance(token, str) or not token.strip()):
+        raise ConfigError(f"plugins.agentgym.token must be a non-empty string, got {type(token).__name__}")
+    if headers is not None and not (
+        isinstance(headers, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
+        raise ConfigError(f"plugins.agentgym.headers must map header names to strings, got {headers!r}")
+    return {**(headers or {}), **({"Authorization": f"Bearer {token}"} if token else {})}

@@ -37,6 +37,7 @@ from typing import Any, Awaitable, Callable
 
 from omrl.config.redaction import hide, is_secret_key, redact_argv, redact_text
 from omrl.envs import EnvError
+from omrl_plugins.envs.background_loop import ProcessLoop
 
 SLACK = 5.0  # seconds the env's thread waits past a deadline that the loop enforces itself
 STOP_WAIT = 10.0  # a stdio server's shutdown takes at most ~6.5 s (the SDK's stdin close, SIGTERM, SIGKILL)
@@ -108,21 +109,13 @@ class _Request:
 
 
 # -- the event loop ----------------------------------------------------------------------------
-_loop_lock = threading.Lock()
-_loop: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None  # (pid, loop, its thread)
+_sessions = ProcessLoop("omrl-mcp-sessions")
 _open: weakref.WeakSet[Connection] = weakref.WeakSet()
 
 
 def session_loop() -> asyncio.AbstractEventLoop:
     """The process's MCP session loop, started on first use (and again in a forked child)."""
-    global _loop
-    with _loop_lock:
-        if _loop is None or _loop[0] != os.getpid() or not _loop[2].is_alive():
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="omrl-mcp-sessions", daemon=True)
-            thread.start()
-            _loop = (os.getpid(), loop, thread)
-        return _loop[1]
+    return _sessions.get()
 
 
 @atexit.register

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import os
 import threading
 import time
 from collections import Counter
@@ -35,6 +34,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from omrl.envs import EnvError
 from omrl.errors import short_repr
+from omrl_plugins.envs.background_loop import ProcessLoop
 from omrl_plugins.envs.engines.common import require
 
 SLACK = 2.0  # seconds past a call's own timeout before the caller stops waiting on the loop
@@ -138,26 +138,13 @@ def check_observation(data: dict[str, Any]) -> None:
 
 
 # -- the event loop ----------------------------------------------------------------------------
-_loop_lock = threading.Lock()
-_loop: tuple[int, asyncio.AbstractEventLoop, threading.Thread] | None = None  # (pid, loop, its thread)
-
-
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """The process's session loop, started on first use (and again in a forked child)."""
-    global _loop
-    with _loop_lock:
-        if _loop is None or _loop[0] != os.getpid() or not _loop[2].is_alive():
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="omrl-openenv-sessions", daemon=True)
-            thread.start()
-            _loop = (os.getpid(), loop, thread)
-        return _loop[1]
+_sessions = ProcessLoop("omrl-openenv-sessions")
 
 
 def run(make: Callable[[], Awaitable[Any]], timeout: float) -> Any:
     """Run the coroutine ``make()`` on the session loop; TimeoutError when it has no result after its
     own ``timeout`` seconds (the client's), or at the latest ``SLACK`` seconds later (ours)."""
-    future = asyncio.run_coroutine_threadsafe(_call(make), _event_loop())
+    future = asyncio.run_coroutine_threadsafe(_call(make), _sessions.get())
     try:
         return future.result(timeout=timeout + SLACK)
     except TimeoutError as exc:

@@ -134,6 +134,7 @@ def test_a_tool_that_does_not_answer_in_time_is_an_env_error(tasks, pid_file):
         env.close()
 
 
+@pytest.mark.slow  # a server killed, then a second one started
 def test_a_server_killed_mid_episode_is_an_env_error_and_the_next_reset_restarts_it(stdio_env, pid_file):
     stdio_env.reset(0)
     assert stdio_env.step(ADD).observation == "5"
@@ -157,6 +158,7 @@ def test_a_server_killed_mid_episode_is_an_env_error_and_the_next_reset_restarts
         stdio_env.step("crash[]")
 
 
+@pytest.mark.slow  # several server processes
 def test_each_instance_has_its_own_server_and_close_stops_it(tasks, tmp_path):
     envs = [McpEnv(**stdio_options(tasks, tmp_path / f"pid{i}")) for i in range(3)]
     try:
@@ -200,6 +202,7 @@ def test_a_server_that_started_once_and_cannot_start_again_is_an_env_error(tasks
 
 
 # -- over streamable HTTP -----------------------------------------------------------------------------
+@pytest.mark.slow  # an HTTP server killed, then a second one started
 def test_a_streamable_http_server_its_death_and_its_return(tasks):
     port = free_port()
     url = f"http://127.0.0.1:{port}/mcp"
@@ -435,6 +438,7 @@ def test_a_server_that_cannot_start_stops_the_run_before_a_model_loads(
     assert not out.exists()
 
 
+@pytest.mark.slow  # a server killed mid-rollout
 def test_a_server_killed_mid_episode_ends_it_as_env_error_in_the_rollout(tasks, pid_file, tiny_tokenizer):
     def reply(call: int, index: int, prompt: list[int]) -> str:
         if call == 1:  # the server dies while the model thinks about its second turn

@@ -27,6 +27,7 @@ def wait_for(path: Path, within: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # several processes: a server and its grandchild
 def test_a_clean_close_takes_along_a_grandchild_in_its_own_session(tasks, tmp_path):
     pid_file, escapee_file = tmp_path / "server.pid", tmp_path / "escapee.pid"
     options = stdio_options(tasks, pid_file)
@@ -53,6 +54,7 @@ env.step('block[{"seconds": 300}]')
 """
 
 
+@pytest.mark.slow  # several processes: a run SIGKILLed, its server and grandchildren
 def test_a_sigkilled_run_takes_along_a_server_blocked_in_a_call_and_its_grandchildren(tasks, tmp_path):
     pid_file, escapee_file, block_file = tmp_path / "server.pid", tmp_path / "escapee.pid", tmp_path / "blocking"
     options = stdio_options(tasks, pid_file, timeout_s=600)

@@ -1,0 +1,118 @@
+"""Resuming a sweep: the setup every cell of ``<out>/sweep.json`` shares, and the cells a run with the same
+setup may keep. The setup is the config less the cell list and output, the task ids, and the model's content
+(:func:`model_content`), so a model retrained at the same path does not add cells to the earlier model's table."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from omrl.config.options import SweepRunConfig
+from omrl.errors import ConfigError
+
+# config keys that say which cells to play and where, not how: a resumed sweep may change them
+NOT_SETUP = ("command", "description", "strategies", "budgets", "out", "resume")
+CONTENT = "model_content"  # the setup key that says which model content the cells were played with
+WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
+
+
+def setup_of(cfg: SweepRunConfig, tasks: Sequence[Any]) -> dict[str, Any]:
+    """What every cell shares (the config less the cell list and output, plus the task ids; a
+    mixture's tasks as [env, split, id]): a sweep resumes only cells played with the same setup."""
+    from omrl.config import to_dict
+
+    setup = {k: v for k, v in to_dict(cfg).items() if k not in NOT_SETUP}
+    tasks = [list(t) if isinstance(t, tuple) else int(t) for t in tasks]
+    setup = {**setup, CONTENT: model_content(cfg.model.name), "tasks": tasks}
+    return json.loads(json.dumps(setup))  # as it reads back from the file
+
+
+def model_content(name: str) -> dict[str, str]:
+    """Which model a sweep plays, by content: a path names whatever is there now, and a model
+    retrained at the same path must not add cells to the earlier model's table.
+
+    For a local directory (a built-in name's included): ``manifest_sha256``, the sha256 of the
+    :data:`~omrl.models.MODEL_MANIFEST` omrl writes beside a run's final model (itself the sha256 of
+    every file, so any change to the weights changes it); for a directory without one (a Hugging
+    Face download, an older omrl's model, a built-in), ``files_sha256``, the sha256 of its weights
+    files' names, sizes and modification times (copying the model without keeping times counts as
+    another model; a rewrite that keeps all three goes unseen). A hub id is identified by its name
+    only (``hub_id``): the hub's cache keeps one revision a name.
+    """
+    from omrl.models import MODEL_MANIFEST, omrl_home
+    from omrl.models.builtin import BUILTIN_MODELS
+
+    path = omrl_home() / "models" / name if name in BUILTIN_MODELS else Path(name).expanduser()
+    if not path.is_dir():
+        return {"hub_id": name}
+    manifest = path / MODEL_MANIFEST
+    if manifest.is_file():
+        return {"manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()}
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    weights = [p for p in files if p.name.endswith(WEIGHTS_SUFFIXES)] or files
+    listing = "".join(f"{p.name}\t{p.stat().st_size}\t{p.stat().st_mtime_ns}\n" for p in weights)
+    return {"files_sha256": hashlib.sha256(listing.encode("utf-8")).hexdigest()}
+
+
+def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cells ``path`` holds when it was written with ``setup``; ConfigError when with another."""
+    if not path.exists():
+        return []
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        old, cells = record["setup"], record["cells"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"{path} is not a sweep record ({exc}); give another --out, or resume=false to overwrite it"
+        ) from exc
+    _check_same_model(path, old, setup)
+    changed = _differences(old, setup)
+    if changed:
+        raise ConfigError(
+            f"{path} holds a sweep with other settings ({'; '.join(changed[:3])}); give another "
+            "--out, or resume=false to start over there"
+        )
+    return list(cells)
+
+
+def _check_same_model(path: Path, old: Any, setup: dict[str, Any]) -> None:
+    """ConfigError when the cells in ``path`` were played by other model content than ``setup``'s,
+    or when the record does not say (an older omrl wrote it): the two would share one table."""
+    name = setup["model"]["name"]
+    if not isinstance(old, dict) or CONTENT not in old:
+        raise ConfigError(
+            f"{path} does not record which model content its cells were played with (an older "
+            f"omrl wrote it), so {name} now may not be the model they measured; give another "
+            "--out, or resume=false to start over there"
+        )
+    if old[CONTENT] != setup[CONTENT]:
+        raise ConfigError(
+            f"{path} holds a sweep of another model at {name} ({_content_label(old[CONTENT])} "
+            f"there, {_content_label(setup[CONTENT])} now: retrained or replaced since); its cells "
+            "would mix two models in one table: give another --out, or resume=false to start over there"
+        )
+
+
+def _content_label(content: Any) -> str:
+    """``{"manifest_sha256": "3f2a..."}`` as ``manifest sha256 3f2a...`` (12 hex digits tell models apart)."""
+    if not isinstance(content, dict) or len(content) != 1:
+        return _short(content)
+    ((kind, value),) = content.items()
+    return f"{kind.replace('_', ' ')} {str(value)[:12]}{'...' if len(str(value)) > 12 else ''}"
+
+
+def _differences(old: Any, new: Any, path: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [
+            d
+            for key in sorted(set(old) | set(new), key=str)
+            for d in _differences(old.get(key), new.get(key), f"{path}.{key}" if path else key)
+        ]
+    return [] if old == new else [f"{path or 'setup'}: {_short(old)} there, {_short(new)} now"]
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,59 @@
+"""verifiers' chat messages as omrl lays out a chat: their text (text parts only), a prompt split into system
+text, worked example and first observation, and a verifiers ``Tool`` as omrl's tool spec."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from omrl.envs import DemoTurn
+
+
+class NotText(Exception):
+    """A message holds a part omrl cannot lay out as text (an image, audio)."""
+
+
+def text_of(message: Any) -> str:
+    """A message's content as text; NotText for a part that is not text."""
+    content = message.get("content") if hasattr(message, "get") else None
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        kind = part.get("type") if hasattr(part, "get") else getattr(part, "type", None)
+        if kind != "text":
+            raise NotText(f"a part of type {kind or type(part).__name__!r}")
+        texts.append(part.get("text") or "")
+    return "\n".join(texts)
+
+
+def role_of(message: Any) -> str:
+    return str(message.get("role") if hasattr(message, "get") else "")
+
+
+def layout(prompt: Sequence[Any]) -> tuple[str, tuple[DemoTurn, ...], str]:
+    """A verifiers prompt as omrl lays out a chat: (its system text, its few-shot user/assistant pairs as a
+    worked example, its remaining messages as the first observation)."""
+    messages = list(prompt)
+    system = []
+    while messages and role_of(messages[0]) == "system":
+        system.append(text_of(messages.pop(0)))
+    demo = []
+    while len(messages) >= 3 and [role_of(m) for m in messages[:2]] == ["user", "assistant"]:
+        if messages[1].get("tool_calls"):
+            break
+        demo.append(DemoTurn(text_of(messages[0]), "", text_of(messages[1])))
+        messages = messages[2:]
+    return "\n\n".join(system), tuple(demo), "\n\n".join(text_of(m) for m in messages)
+
+
+def same_messages(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether two message lists hold the same roles and texts."""
+    try:
+        return [(role_of(m), text_of(m)) for m in a] == [(role_of(m), text_of(m)) for m in b]
+    except NotText:
+        return len(a) == len(b)
+
+
+def tool_spec(tool: Any) -> dict[str, Any]:
+    """A verifiers ``Tool`` as omrl's tool spec ``{name, description, parameters}``."""
+    return {"name": tool.name, "description": tool.description or "", "parameters": dict(tool.parameters)}

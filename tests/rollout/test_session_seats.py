@@ -1,0 +1,88 @@
+"""Games of several seats through the commands' own path: a run config's ``seats`` section, a
+RolloutSession, ``omrl train`` and ``omrl eval`` (issue 55); and what cannot play seats refuses them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from omrl.config import command_line_config
+from omrl.config.options import RolloutRunConfig, TrainRunConfig
+from omrl.errors import ConfigError
+from omrl.parallel import Strategy
+from omrl.rollout import PlaySpec, RolloutSession
+from omrl.search import play_strategy
+from omrl.training.metrics import read_metrics
+from omrl.training.online import check_config
+from tests.helpers import invoke
+
+pytest.importorskip("textarena")
+
+GAME = "env.name=textarena-duel:TicTacToe-v0"
+SMALL = ["model.name=tiny", "env.template=react", "env.max_turns=6", "generation.max_new_tokens=8"]
+
+
+def config(*overrides: str, kind=RolloutRunConfig):
+    return command_line_config(kind, [GAME, *SMALL, *overrides], {})
+
+
+def test_a_session_seats_the_config_s_players_and_trains_only_the_policy_s_seat():
+    with RolloutSession.from_config(config("seats.play.player_1=scripted", "reward.weights={process: 1}")) as session:
+        played = session.play([0, 1], PlaySpec(group_size=2, seed=1))
+    assert played.episodes, "the policy played no seat"
+    assert {ep.info["seat"] for ep in played.episodes} == {"player_0"}
+    assert {ep.info["opponent"] for ep in played.episodes} == {"scripted"}
+    assert {ep.group for ep in played.episodes} <= {0, 2}  # task index * 2 seats + seat 0
+    assert all(ep.info["outcome"] in ("win", "draw", "loss", "unfinished") for ep in played.episodes)
+    assert set(played.env_rewards) == {"textarena-duel:TicTacToe-v0"}
+
+
+def test_self_play_gives_every_seat_to_the_policy():
+    with RolloutSession.from_config(config()) as session:
+        episodes = session.play([0], PlaySpec(group_size=2, seed=0)).episodes
+    seats = {ep.info["seat"] for ep in episodes}
+    assert "player_0" in seats and {ep.info["opponent"] for ep in episodes} == {"policy"}
+    assert len({ep.group for ep in episodes}) == len(seats)  # one group per seat of the one task
+
+
+def test_what_cannot_play_seats_refuses_them_by_name():
+    with pytest.raises(ConfigError, match="a mixture plays envs of one agent"):
+        RolloutSession.from_config(config("env.name=textarena-duel:TicTacToe-v0:1,gridworld:1"))
+    with pytest.raises(ConfigError, match="env 'gridworld' has none"):
+        RolloutSession.from_config(config("env.name=gridworld", "seats.play.player_1=scripted"))
+    with RolloutSession.from_config(config("seats.play.player_1=scripted")) as session:
+        with pytest.raises(ConfigError, match="strategy 'best_of_n' searches the chat of one agent"):
+            play_strategy(session, [0], PlaySpec(strategy="best_of_n", budget=64))
+    for setting in ("rollout.async_generation=true", "rollout.strategy=best_of_n", "algorithm.advantage=remax"):
+        with pytest.raises(ConfigError, match="has seats: its games play in the batched rollout"):
+            check_config(config(setting, kind=TrainRunConfig), Strategy())
+
+
+def test_omrl_train_self_plays_and_omrl_eval_reports_each_seat_s_outcomes(tmp_path):
+    run = tmp_path / "run"
+    trained = invoke(
+        "train",
+        "--algo",
+        "grpo",
+        GAME,
+        *SMALL,
+        "steps=2",
+        "tasks_per_step=2",
+        "group_size=2",
+        "eval_every=0",
+        "eval_tasks=1",
+        "reward.weights={process: 1}",
+        f"logging.output_dir={run}",
+    )
+    assert trained.exit_code == 0, trained.output
+    steps = read_metrics(run)
+    assert len(steps) == 2 and all("win_rate/seat:player_0" in step for step in steps)
+    rates = [sum(step[f"{o}_rate"] for o in ("win", "draw", "loss", "unfinished")) for step in steps]
+    assert rates == pytest.approx([1.0, 1.0]) and all(step["games"] >= 1 for step in steps)
+    report = tmp_path / "eval"
+    evaluated = invoke("eval", GAME, *SMALL, "seats.play.player_1=scripted", "num_tasks=2", f"output_dir={report}")
+    assert evaluated.exit_code == 0, evaluated.output
+    metrics = json.loads((report / "report.json").read_text())["metrics"]
+    assert metrics["games/vs:scripted"] >= 1 and "win_rate/seat:player_0" in metrics
+    assert sum(metrics[f"{o}_rate/vs:scripted"] for o in ("win", "draw", "loss", "unfinished")) == pytest.approx(1)
