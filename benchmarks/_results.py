@@ -7,6 +7,7 @@ or not at all (a temporary sibling, then a rename).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -51,6 +52,15 @@ def machine(threads: int | None = None) -> dict[str, Any]:
 def save_json(path: str | os.PathLike, record: dict[str, Any]) -> None:
     """Write ``record`` to ``path`` as indented JSON, whole or not at all."""
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+
+
+def save_comparison(args: argparse.Namespace, name: str, target: str, results: dict[str, Any]) -> None:
+    """Write a comparison's record to ``--json`` (default ``benchmarks/results/<name>.json``): its name,
+    target, command line and machine (``--threads``), then ``results``; and say where it went."""
+    path = args.json or default_json(name)
+    record = {"benchmark": name, "target": target, "args": {**vars(args), "json": str(path)}}
+    save_json(path, {**record, "machine": machine(args.threads), **results})
+    print(f"wrote {path}")
 
 
 def _lines(path: str) -> list[str]:

@@ -52,6 +52,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 try:
     from omrl.hookspecs import hookimpl
@@ -387,6 +388,13 @@ def steady(steps: list[dict], key: str = "step_time") -> float:
     return statistics.median(values[1:] if len(values) > 1 else values)
 
 
+def each_run(sides: list[str], runs: dict[str, list[dict]]) -> Iterator[tuple[str, int, dict, str]]:
+    """The rows of a results table: each side's runs in turn, with the round and the step times as text."""
+    for side in sides:
+        for r, run in enumerate(runs[side]):
+            yield side, r, run, " ".join(f"{s['step_time']:.1f}" for s in run["steps"])
+
+
 def print_profile(side: str, part: dict) -> None:
     """A profiled run's step times, and per step the seconds of what each of its main parts calls."""
     times = " ".join(f"{t:.1f}" for t in part["profiled_step_times"])
@@ -518,15 +526,13 @@ def main() -> None:
         f"{'side':10s} {'round':>5s} {'step times s':>24s} {'median*':>8s} {'generate s/step':>16s} "
         f"{'peak RSS GiB':>13s} {'wall s':>7s} {'episodes/h':>10s}"
     )
-    for side in sides:
-        for r, run in enumerate(runs[side]):
-            times = " ".join(f"{s['step_time']:.1f}" for s in run["steps"])
-            print(
-                f"{side:10s} {r:5d} {times:>24s} {steady(run['steps']):8.2f} "
-                f"{statistics.mean(s['generate_s'] for s in run['steps']):16.2f} "
-                f"{run['peak_rss'] / 2**30:13.2f} {run['wall_s']:7.1f} "
-                f"{3600 * args.tasks * args.group_size / steady(run['steps']):10.0f}"
-            )
+    for side, r, run, times in each_run(sides, runs):
+        print(
+            f"{side:10s} {r:5d} {times:>24s} {steady(run['steps']):8.2f} "
+            f"{statistics.mean(s['generate_s'] for s in run['steps']):16.2f} "
+            f"{run['peak_rss'] / 2**30:13.2f} {run['wall_s']:7.1f} "
+            f"{3600 * args.tasks * args.group_size / steady(run['steps']):10.0f}"
+        )
     print(
         f"* median over the steps after the first.  omrl/TRL step time: min {min(ratios):.2f}, median "
         f"{statistics.median(ratios):.2f}  (target <= {TARGET}: {'met' if met else 'MISSED'})"
@@ -542,16 +548,13 @@ def main() -> None:
         print(f"warning: omrl skipped {skipped} update(s) (every advantage 0): those steps did less work than TRL's")
     if profile:
         print_profile("omrl", profile)
-    from _results import default_json, machine, save_json  # here: the TRL worker's venv has no omrl
+    from _results import save_comparison  # here: the TRL worker's venv has no omrl
 
-    path = args.json or default_json("trl_grpo")
-    save_json(
-        path,
+    save_comparison(
+        args,
+        "trl_grpo",
+        f"omrl step time <= {TARGET} x TRL's",
         {
-            "benchmark": "trl_grpo",
-            "target": f"omrl step time <= {TARGET} x TRL's",
-            "args": {**vars(args), "json": str(path)},
-            "machine": machine(args.threads),
             "prompt_lengths": [len(ids) for ids in prompt_ids],
             "runs": runs,
             "ratios": ratios,
@@ -561,7 +564,6 @@ def main() -> None:
             "profile": profile,
         },
     )
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -650,22 +650,20 @@ def main() -> None:
         f"{'side':5s} {'round':>5s} {'step times s':>22s} {'s/step*':>8s} {'rollout s*':>10s} {'tokens*':>8s} "
         f"{'tok/s*':>7s} {'turns/ep':>8s} {'calls/ep':>8s} {'reuse':>6s} {'peak RSS GiB':>12s}"
     )
-    for side in sides:
-        for r, run in enumerate(runs[side]):
-            kept = steady_steps(run["steps"])
-            tokens = steady(run["steps"], "sampled_tokens")
-            turns = [s.get("turns") for s in kept if s.get("turns") is not None]
-            calls = [s.get("tool_calls") for s in kept if s.get("tool_calls") is not None]
-            reuse = [s["prefill_reused_share"] for s in kept if "prefill_reused_share" in s]
-            times = " ".join(f"{s['step_time']:.1f}" for s in run["steps"])
-            print(
-                f"{side:5s} {r:5d} {times:>22s} "
-                f"{steady(run['steps']):8.2f} {steady(run['steps'], 'rollout_s'):10.2f} {tokens:8.0f} "
-                f"{tokens / steady(run['steps']):7.1f} "
-                f"{(f'{statistics.mean(turns):.2f}' if turns else '-'):>8s} "
-                f"{(f'{statistics.mean(calls):.2f}' if calls else '-'):>8s} "
-                f"{(f'{statistics.mean(reuse):.0%}' if reuse else '-'):>6s} {run['peak_rss'] / 2**30:12.2f}"
-            )
+    for side, r, run, times in trl_grpo.each_run(sides, runs):
+        kept = steady_steps(run["steps"])
+        tokens = steady(run["steps"], "sampled_tokens")
+        turns = [s.get("turns") for s in kept if s.get("turns") is not None]
+        calls = [s.get("tool_calls") for s in kept if s.get("tool_calls") is not None]
+        reuse = [s["prefill_reused_share"] for s in kept if "prefill_reused_share" in s]
+        print(
+            f"{side:5s} {r:5d} {times:>22s} "
+            f"{steady(run['steps']):8.2f} {steady(run['steps'], 'rollout_s'):10.2f} {tokens:8.0f} "
+            f"{tokens / steady(run['steps']):7.1f} "
+            f"{(f'{statistics.mean(turns):.2f}' if turns else '-'):>8s} "
+            f"{(f'{statistics.mean(calls):.2f}' if calls else '-'):>8s} "
+            f"{(f'{statistics.mean(reuse):.0%}' if reuse else '-'):>6s} {run['peak_rss'] / 2**30:12.2f}"
+        )
     print(
         f"* median over the steps after the first, less omrl's that skipped their update; tokens: sampled a step\n"
         f"omrl/TRL s/step: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}; per sampled token "
@@ -679,16 +677,13 @@ def main() -> None:
     if found:
         for side, part in found.items():
             trl_grpo.print_profile(side, part)
-    from _results import default_json, machine, save_json  # here: the TRL worker's venv has no omrl
+    from _results import save_comparison  # here: the TRL worker's venv has no omrl
 
-    path = args.json or default_json("trl_multiturn")
-    save_json(
-        path,
+    save_comparison(
+        args,
+        "trl_multiturn",
+        f"omrl time per step at equal tokens <= {TARGET} x TRL's, and peak RSS <= TRL's",
         {
-            "benchmark": "trl_multiturn",
-            "target": f"omrl time per step at equal tokens <= {TARGET} x TRL's, and peak RSS <= TRL's",
-            "args": {**vars(args), "json": str(path)},
-            "machine": machine(args.threads),
             "system": SYSTEM,
             "prompt_lengths": [len(ids) for ids in prompt_ids],
             "runs": runs,
@@ -699,7 +694,6 @@ def main() -> None:
             "profile": found,
         },
     )
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What the learning examples share: the budget of the tool-learning ones, the settings of their SFT and
-GRPO runs, a stage's result kept on disk, the standard error they report, their summary and command
-line, and how they save a figure.
+GRPO runs, the tool-learning ones' SFT stage and report, a stage's result kept on disk, the standard
+error they report, their summary and command line, and how they save a figure.
 
 The examples are scripts, not a package: each puts this folder on ``sys.path`` and imports from here.
 """
@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from omrl.atomic import atomic_save_figure, atomic_write_text
+from omrl.config import load_config
+from omrl.config.options import SftRunConfig
+from omrl.training.sft import run_sft
 
 
 @dataclass
@@ -80,6 +83,24 @@ def grpo_settings(out: Path, budget: Any, seed: int, reward: str = "{goal: 1.0}"
         "generation.temperature=1.0",
         f"seed={seed}",
     ]
+
+
+def sft_on_both_experts(tool: Path, direct: Path, out: Path, budget: ToolBudget, seed: int) -> None:
+    """``omrl sft`` of a tool-learning example on both experts' episodes (``tool``: the expert that calls
+    the tool; ``direct``: the one that answers at once), ``tool_share`` of the draw from the tool's."""
+    dataset = f"{tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}"
+    run_sft(load_config(SftRunConfig, None, sft_settings(out, budget, seed, dataset, warmup_steps=10)))
+
+
+def show_tool_use(label: str, metrics: dict[str, Any], details: str) -> dict[str, Any]:
+    """Print a tool-learning example's held-out ``metrics`` after ``label``: success with its standard
+    error, the share of episodes that called the tool, the example's own ``details`` and env errors."""
+    print(
+        f"{label}: success {metrics['success']:.1%} +- {metrics['success_se']:.1%}, tool calls in "
+        f"{metrics['tool_call_rate']:.1%} of episodes{details}; env errors {metrics['env_errors']}",
+        flush=True,
+    )
+    return metrics
 
 
 def stage(out: Path, name: str, run: Callable[[], Any]) -> Any:

@@ -39,19 +39,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 from omrl.config import load_config
-from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
+from omrl.config.options import EvalRunConfig, RolloutRunConfig, TrainRunConfig
 from omrl.data import write_episodes
 from omrl.evaluation import evaluate
 from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
-from omrl.training.sft import run_sft
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
 from common import (  # noqa: E402
     ToolBudget,
     grpo_settings,
-    sft_settings,
+    sft_on_both_experts,
+    show_tool_use,
     stage,
     standard_error,
     tool_example_arguments,
@@ -145,13 +145,6 @@ def held_out(model: str, budget: ToolBudget, seed: int, tasks: int = 0) -> dict[
     return out
 
 
-def sft_stage(tool: Path, direct: Path, out: Path, budget: ToolBudget, seed: int) -> Path:
-    """SFT on both experts' episodes, ``tool_share`` of the draw from the tool's."""
-    dataset = f"{tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}"
-    run_sft(load_config(SftRunConfig, None, sft_settings(out, budget, seed, dataset, warmup_steps=10)))
-    return out
-
-
 def grpo_stage(model: Path, out: Path, budget: ToolBudget, seed: int) -> Path:
     """GRPO from the SFT model ``model``, reward 1 for a right answer; resumed from a checkpoint in ``out``."""
     overrides = [
@@ -174,13 +167,8 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
     started = time.perf_counter()
 
     def show(label: str, m: dict) -> dict:
-        print(
-            f"{label}: success {m['success']:.1%} +- {m['success_se']:.1%}, tool calls in {m['tool_call_rate']:.1%} "
-            f"of episodes ({m['tool_calls_per_episode']:.2f} each), {m['valid_tool_call_rate']:.1%} of calls ran "
-            f"cleanly; env errors {m['env_errors']}",
-            flush=True,
-        )
-        return m
+        each = f" ({m['tool_calls_per_episode']:.2f} each), {m['valid_tool_call_rate']:.1%} of calls ran cleanly"
+        return show_tool_use(label, m, each)
 
     tool = out / "expert_tool.parquet"
     direct = out / "expert_direct.parquet"
@@ -191,7 +179,7 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
     before_sft = show("before SFT", stage(out, "before_sft", lambda: held_out(budget.model, budget, seed, tasks=8)))
     sft_dir = out / "sft"
     if not (sft_dir / "config.yaml").exists() or not any(sft_dir.glob("*.safetensors")):
-        sft_stage(tool, direct, sft_dir, budget, seed)
+        sft_on_both_experts(tool, direct, sft_dir, budget, seed)
     before_grpo = show("after SFT, before GRPO", stage(out, "after_sft", lambda: held_out(str(sft_dir), budget, seed)))
     grpo_dir = out / "grpo"
     if not any(grpo_dir.glob("*.safetensors")):

@@ -1,13 +1,15 @@
-"""omrl learns by self-play: the `tiny` model on TextArena's TicTacToe, through SFT on the rules player's
-games and then GRPO with the policy at both seats.
+"""omrl learns by self-play: the `tiny` model on TextArena's Kuhn Poker (or TicTacToe), through SFT on
+the rules player's games and then GRPO with the policy at both seats.
 
-    python examples/learn_selfplay.py            # the full run (about 25 minutes on 2 busy CPU cores)
-    python examples/learn_selfplay.py --quick    # the same stages at a small budget (a few minutes)
+    python examples/learn_selfplay.py                    # Kuhn Poker, the full run (about 15 minutes on 2 busy CPU cores)
+    python examples/learn_selfplay.py --game tictactoe   # TicTacToe (about 25 minutes; the target is missed there)
+    python examples/learn_selfplay.py --quick            # the same stages at a small budget (a minute or two)
 
 Stages, each written under ``--out`` and skipped when its result is there:
 
-1. EXPERT: the env's scripted ``rules`` player (win, block, centre, corner) plays both seats of
-   ``expert_games`` training games as the expert (``omrl rollout --expert``): every seat's chat is SFT data.
+1. EXPERT: the env's scripted ``rules`` player (Kuhn Poker: bet or call a king, check or fold a jack,
+   check or call a queen; TicTacToe: win, block, centre, corner) plays both seats of ``expert_games``
+   training games as the expert (``omrl rollout --expert``): every seat's chat is SFT data.
 2. SFT of the random-init `tiny` on those games.
 3. GRPO in self-play from the SFT model: the policy sits at both seats, each seat rewarded +1/-1/0 for
    a win, loss or draw (``process``, less ``invalid_penalty`` for a move the game refused), advantages
@@ -18,11 +20,7 @@ Stages, each written under ``--out`` and skipped when its result is there:
    is over games. Both models play the same seeds at the same seats, so the gain's standard error is
    the paired one (over games, of one model's win minus the other's); the unpaired one is kept too.
 
-``summary.json`` holds every number; docs/learning.md has the measured run.
-
-Measured here (2 busy CPU cores, about 25 minutes): against ``random``, win 6.0 +- 1.7% after SFT and
-4.5 +- 1.5% after 14 self-play steps (-0.7 paired SE): the ``tiny`` SFT model refuses about half its
-moves, and self-play traded unparsable replies for illegal ones. The 2 SE target is not met.
+``summary.json`` holds every number; docs/learning.md has the measured runs.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import argparse
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from omrl.config import load_config
@@ -44,9 +42,6 @@ from omrl.training.sft import run_sft
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
 from common import grpo_settings, sft_settings, stage, standard_error, write_summary  # noqa: E402
 
-NAME = "textarena-duel:TicTacToe-v0"
-# a game ends by its own rules well within 20 moves (a seat's second refused move in a row loses it)
-ENV = [f"env.name={NAME}", "env.template=react", "env.max_turns=20", "env.demonstration=false"]
 GENERATION = ["generation.max_new_tokens=8", "generation.max_context=2048", "generation.batch_size=64"]
 SEATS = ("player_0", "player_1")
 
@@ -55,33 +50,50 @@ SEATS = ("player_0", "player_1")
 class Budget:
     """How much work each stage does, and the SFT and GRPO settings."""
 
-    expert_games: int  # rules player against itself: two episodes (one a seat) a game
+    expert_games: int  # the rules player against itself: two episodes (one a seat) a game
     sft_epochs: float
     grpo_steps: int
-    tasks_per_step: int  # games set up per step, each played group_size times
-    group_size: int
     eval_games: int  # held-out games per seat and model
+    game: str  # a textarena-duel game
+    tasks_per_step: int = 8  # games set up per step, each played group_size times
+    group_size: int = 4
     model: str = "tiny"  # what SFT starts from (random init)
     sft_learning_rate: float = 3e-3
     grpo_learning_rate: float = 5e-4
     invalid_penalty: float = 0.5  # per move the game refused: the SFT model's usual way to lose
     micro_batch_size: int = 16
-    mini_batch_size: int = 16  # episodes per GRPO optimizer step
+    mini_batch_size: int = 8  # episodes per GRPO optimizer step
     ppo_epochs: int = 1
     kl_coef: float = 0.0
 
 
-FULL = Budget(
-    expert_games=150, sft_epochs=2.0, grpo_steps=14, tasks_per_step=8, group_size=4, eval_games=100, mini_batch_size=8
+# Kuhn Poker (3 rounds): short chats (about 500 tokens a seat), four possible moves
+KUHN = Budget(
+    expert_games=800, sft_epochs=3.0, grpo_steps=30, eval_games=200, grpo_learning_rate=1e-4, game="KuhnPoker-v0"
 )
-QUICK = Budget(expert_games=16, sft_epochs=1.0, grpo_steps=1, tasks_per_step=2, group_size=2, eval_games=4)
+# TicTacToe: chats of about 1,150 tokens; the target is missed here (docs/learning.md)
+TICTACTOE = Budget(expert_games=150, sft_epochs=2.0, grpo_steps=14, eval_games=100, game="TicTacToe-v0")
+BUDGETS = {"kuhn": KUHN, "tictactoe": TICTACTOE}
+QUICK = replace(KUHN, expert_games=16, sft_epochs=1.0, grpo_steps=1, tasks_per_step=2, group_size=2, eval_games=4)
 
 
-def expert_data(path: Path, games: int) -> Path:
-    """The ``rules`` player at both seats of ``games`` training games, as the expert; its chats are the SFT data."""
-    cfg = load_config(RolloutRunConfig, None, ["model.name=tiny", *ENV, *GENERATION, f"plugins.{NAME}.opponent=rules"])
+def env_name(budget: Budget) -> str:
+    return f"textarena-duel:{budget.game}"
+
+
+def env_settings(budget: Budget) -> list[str]:
+    # a game ends by its own rules well within 20 moves (a seat's second refused move in a row loses it)
+    return [f"env.name={env_name(budget)}", "env.template=react", "env.max_turns=20", "env.demonstration=false"]
+
+
+def expert_data(path: Path, budget: Budget) -> Path:
+    """The ``rules`` player at both seats of ``budget.expert_games`` training games, as the expert; its chats
+    are the SFT data."""
+    settings = ["model.name=tiny", *env_settings(budget), *GENERATION, f"plugins.{env_name(budget)}.opponent=rules"]
+    cfg = load_config(RolloutRunConfig, None, settings)
     with RolloutSession.from_config(cfg, expert=True) as session:
-        played = session.play(session.task_ids("train", games), PlaySpec(split="train", expert=True))
+        tasks = session.task_ids("train", budget.expert_games)
+        played = session.play(tasks, PlaySpec(split="train", expert=True))
     write_episodes(played.episodes, path)
     return path
 
@@ -102,7 +114,7 @@ def grpo_stage(model: Path, out: Path, budget: Budget, seed: int) -> Path:
             [
                 f"model.name={model}",
                 "model.gradient_checkpointing=false",  # a 1M-parameter model: recomputing costs more than it saves
-                *ENV,
+                *env_settings(budget),
                 *GENERATION,
                 *grpo_settings(out, budget, seed, reward="{process: 1.0}"),
                 f"plugins.process.invalid_penalty={budget.invalid_penalty}",
@@ -128,10 +140,10 @@ def against_random(model: str, budget: Budget, seed: int) -> dict:
             None,
             [
                 f"model.name={model}",
-                *ENV,
+                *env_settings(budget),
                 *GENERATION,
                 "generation.temperature=1.0",
-                f"plugins.{NAME}.opponent=random",
+                f"plugins.{env_name(budget)}.opponent=random",
                 f"seats.play.{other}=scripted",
                 f"seed={seed}",
             ],
@@ -162,7 +174,7 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
     # EXPERT games, SFT on them, then GRPO in self-play
     data = out / "expert.parquet"
     if not data.exists():
-        expert_data(data, budget.expert_games)
+        expert_data(data, budget)
     if not (out / "sft" / "config.json").exists():
         sft_stage(data, out / "sft", budget, seed)
     if not (out / "grpo" / "config.json").exists():
@@ -187,7 +199,7 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
     se = standard_error(paired)
     unpaired = math.hypot(sft["win_rate_se"], selfplay["win_rate_se"])
     summary = {
-        "env": NAME,
+        "env": env_name(budget),
         "opponent_in_eval": "random",
         "budget": asdict(budget),
         "seed": seed,
@@ -206,7 +218,8 @@ def main(out: Path, budget: Budget, seed: int = 0) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/learn-selfplay"))
-    parser.add_argument("--quick", action="store_true", help="the small budget the test suite uses")
+    parser.add_argument("--game", choices=sorted(BUDGETS), default="kuhn", help="the game and its budget")
+    parser.add_argument("--quick", action="store_true", help="the small budget the test suite uses (Kuhn Poker)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    main(args.out, QUICK if args.quick else FULL, args.seed)
+    main(args.out, QUICK if args.quick else BUDGETS[args.game], args.seed)

@@ -1,14 +1,15 @@
 """omrl: train LLM agents with reinforcement learning in multi-turn environments.
 
-The plugin kinds' calling conventions: :mod:`omrl.envs` (environments), :mod:`omrl.templates`
-(action templates), :mod:`omrl.rewards` (reward components, composed and placed on tokens),
-:mod:`omrl.algos` (advantage estimators, policy losses, KL estimators, rollout corrections). How
-plugins are found: :mod:`omrl.hookspecs` (the hooks), :mod:`omrl.plugins` (the plugin manager),
-:mod:`omrl.registry` (lazy registries by name). Across the packages: :mod:`omrl.mixture` (several
-envs in one run), :mod:`omrl.evaluation` (eval metrics and report), :mod:`omrl.supervisor` (a
-deadline for every stage of a run), :mod:`omrl.clock` (where a step's time goes), :mod:`omrl.outputs` (where a command may write),
-:mod:`omrl.atomic` (crash-safe writes), :mod:`omrl.threads` (torch's threads), :mod:`omrl.errors`
-(one-line errors), :mod:`omrl.moved` (old import paths) and ``__main__`` (``python -m omrl``).
+The plugin kinds' calling conventions: :mod:`omrl.envs` (environments; what they answer and its checks
+in :mod:`omrl.env_results`), :mod:`omrl.templates` (action templates), :mod:`omrl.rewards` (reward
+components, composed and placed on tokens), :mod:`omrl.algos` (advantage estimators, policy losses, KL
+estimators, rollout corrections). How plugins are found: :mod:`omrl.hookspecs` (the hooks),
+:mod:`omrl.plugins` (the plugin manager), :mod:`omrl.registry` (lazy registries by name). Across the
+packages: :mod:`omrl.mixture` (several envs in one run), :mod:`omrl.evaluation` (eval metrics and
+report), :mod:`omrl.supervisor` (a deadline for every stage of a run), :mod:`omrl.clock` (where a step's
+time goes), :mod:`omrl.outputs` (where a command may write), :mod:`omrl.atomic` (crash-safe writes),
+:mod:`omrl.threads` (torch's threads), :mod:`omrl.errors` (one-line errors), :mod:`omrl.moved` (old
+import paths) and ``__main__`` (``python -m omrl``).
 The packages: ``config``, ``models``, ``data``, ``chat``, ``backends``, ``rollout``, ``search``,
 ``training``, ``parallel``, ``rm``, ``gateway``, ``serve``, ``sandbox``, ``view``, ``cli``; every
 module is mapped in docs/layout.md.

@@ -666,16 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--episodes and --servers must be >= 1, --fault-rate in [0, 1]")
     if not kinds or set(kinds) - {"omrl", "agentgym"} or args.mid_episode_after < 0:
         parser.error("--kinds takes omrl and agentgym, comma-separated; --mid-episode-after must be >= 0")
-    report = soak(
-        args.episodes,
-        args.seed,
-        args.servers,
-        args.fault_rate,
-        args.timeout,
-        chaos_interval=args.chaos_interval,
-        kinds=kinds,
-        mid_episode_after=args.mid_episode_after,
-    )
+    report = soak(**{**vars(args), "kinds": kinds})  # each option is one of soak's arguments
     print("\n".join(report.lines()))
     return 1 if report.violations else 0
 

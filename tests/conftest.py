@@ -14,7 +14,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning OpenMP threads s
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# pytest-xdist's workers (-n N) share the cores: each gets its share, so none waits on threads of another
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))
 
 #: where the model fixtures put their models: ``OMRL_TEST_DEVICE=cuda`` runs the model tests on a GPU
 #: (scripts/gpu_check.sh); by default the CPU, as CI has no GPU.
@@ -95,6 +97,12 @@ def smollm2_tokenizer(smollm2_dir):
     from omrl.models import load_tokenizer
 
     return load_tokenizer(smollm2_dir)
+
+
+@pytest.fixture(params=["tiny", "smollm2"])
+def builtin_tokenizer(request):
+    """The tokenizer of each built-in model, in turn: the session's own, which a test must not change."""
+    return request.getfixturevalue(f"{request.param}_tokenizer")
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,11 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import pytest
 
@@ -47,6 +49,18 @@ def play_expert(env: Any, task_id: int, admissible: bool = False) -> list[Any]:
             assert action in env.admissible_actions()
         results.append(env.step(action))
     return results
+
+
+@contextmanager
+def serving_in_a_thread(server: Any) -> Iterator[Any]:
+    """``server`` (a ``socketserver`` server) serving on a daemon thread while the block runs, then shut down
+    and closed. It looks for the shutdown every 10 ms: at the default 0.5 s, each test waited that long."""
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def fresh_python_json(code: str) -> Any:
@@ -93,6 +107,18 @@ def eval_report(tmp_path: Path, *args: str) -> tuple[Any, dict[str, Any]]:
     result = invoke(*args, "--report", str(report))
     assert result.exit_code == 0, result.output
     return result, json.loads(report.read_text())
+
+
+def train_one_grpo_step(questions: Path, run: Path, *args: str) -> Any:
+    """``omrl train`` of one grpo step of the `tiny` model on the ``dataset`` env of ``questions`` (2 tasks x 2
+    samples, no eval), written to ``run``, then ``args``: its result, which must exit 0."""
+    result = invoke(
+        *("train", "--algo", "grpo", "--env", "dataset", "--model", "tiny", "--steps", "1", "--output-dir", str(run)),
+        *(f"plugins.dataset.path={questions}", "tasks_per_step=2", "group_size=2", "eval_every=0"),
+        *args,
+    )
+    assert result.exit_code == 0, result.output
+    return result
 
 
 def keys_rollout(num_tasks: int, *args: str) -> list[str]:
@@ -207,3 +233,13 @@ def first_difference(played: Sequence[Any], expected: Sequence[Any], logprob_tol
         if fields:
             return f"episode {i}: {', '.join(fields)} differ"
     return None
+
+
+def mask_runs(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(value, start, end) of each run of equal mask values."""
+    runs, start = [], 0
+    for i in range(1, len(mask) + 1):
+        if i == len(mask) or mask[i] != mask[start]:
+            runs.append((mask[start], start, i))
+            start = i
+    return runs

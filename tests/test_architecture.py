@@ -1,6 +1,7 @@
 """The core's shape: omrl/ reaches built-in plugins only through the registry, as it reaches
-third-party ones, so a built-in can be removed or replaced like any installed plugin; and omrl/chat/'s
-modules are layered, each importing only those below it."""
+third-party ones, so a built-in can be removed or replaced like any installed plugin; omrl/chat/'s
+modules are layered, each importing only those below it; and no module of omrl/ or plugins/ grows past
+400 lines (past that it is two things, and should be two modules)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,19 @@ def test_no_core_module_imports_a_built_in_plugin():
         if module == "omrl_plugins" or module.startswith("omrl_plugins.")
     ]
     assert not offenders, "the core must reach plugins through the registry:\n" + "\n".join(offenders)
+
+
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_grows_past_400_lines():
+    too_long = [
+        f"{path.relative_to(CORE.parent)}: {lines} lines"
+        for root in (CORE, CORE.parent / "plugins")
+        for path in sorted(root.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not too_long, f"split these modules (at most {MAX_MODULE_LINES} lines each):\n" + "\n".join(too_long)
 
 
 def test_the_check_sees_every_kind_of_import(tmp_path):

@@ -42,18 +42,18 @@ from pathlib import Path
 from omrl.atomic import atomic_write_text
 from omrl.backends.base import Backend, Generation
 from omrl.config import load_config
-from omrl.config.options import EvalRunConfig, RolloutRunConfig, SftRunConfig, TrainRunConfig
+from omrl.config.options import EvalRunConfig, RolloutRunConfig, TrainRunConfig
 from omrl.data import write_episodes
 from omrl.rollout import PlaySpec, RolloutSession
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
-from omrl.training.sft import run_sft
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/common.py
 from common import (  # noqa: E402
     ToolBudget,
     grpo_settings,
-    sft_settings,
+    sft_on_both_experts,
+    show_tool_use,
     stage,
     standard_error,
     tool_example_arguments,
@@ -189,11 +189,6 @@ def _mean(groups: list[list[bool]]) -> float:
     return sum(flat) / len(flat)
 
 
-def sft_stage(tool: Path, direct: Path, out: Path, budget: ToolBudget, seed: int) -> None:
-    dataset = f"{tool}:{budget.tool_share},{direct}:{1 - budget.tool_share}"
-    run_sft(load_config(SftRunConfig, None, sft_settings(out, budget, seed, dataset, warmup_steps=10)))
-
-
 def grpo_stage(model: Path, tasks: Path, out: Path, budget: ToolBudget, seed: int) -> None:
     overrides = [
         *settings(tasks, str(model)),
@@ -213,13 +208,8 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
         write_tasks(tasks)
 
     def show(label: str, m: dict) -> dict:
-        print(
-            f"{label}: success {m['success']:.1%} +- {m['success_se']:.1%}, tool calls in {m['tool_call_rate']:.1%} "
-            f"of episodes, {m['tool_calls_ok']:.1%} of {m['tool_call_attempts']} attempts parsed ok, "
-            f"{m['rows_per_episode']:.2f} rows an episode; env errors {m['env_errors']}",
-            flush=True,
-        )
-        return m
+        parsed = f", {m['tool_calls_ok']:.1%} of {m['tool_call_attempts']} attempts parsed ok"
+        return show_tool_use(label, m, f"{parsed}, {m['rows_per_episode']:.2f} rows an episode")
 
     tool, direct = out / "expert_tool.parquet", out / "expert_direct.parquet"
     if not tool.exists():
@@ -228,7 +218,7 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
         expert_data(direct, tasks, budget, uses_tool=False)
     sft_dir = out / "sft"
     if not any(sft_dir.glob("*.safetensors")):
-        sft_stage(tool, direct, sft_dir, budget, seed)
+        sft_on_both_experts(tool, direct, sft_dir, budget, seed)
     after_sft = show("after SFT", stage(out, "after_sft", lambda: held_out(str(sft_dir), tasks, budget, seed)))
     grpo_dir = out / "grpo"
     if not any(grpo_dir.glob("*.safetensors")):

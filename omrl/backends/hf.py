@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
-from omrl.backends.hf_reuse import ReuseEngine, RowSampler, Sampler, reuse_supported, wait_for, warpers
+from omrl.backends.hf_reuse import BackendCalls, ReuseEngine, RowSampler, Sampler, reuse_supported, wait_for, warpers
 from omrl.backends.kv_cache import PrefixCache, kv_bytes_per_token
 
 MIB = 2**20
@@ -210,16 +210,8 @@ class HFBackend(Backend):
         seed: int | None,
     ) -> list[Generation]:
         ids = [torch.tensor(list(p), dtype=torch.long) for p in prompts]
-        sampled = engine.generate_chunk(
-            ids,
-            limits,
-            seed,
-            forward=self._forward,
-            sampler=self._sampler(params, ids),
-            stop_token_ids=frozenset(self.stop_token_ids),
-            device=self.device,
-            stats=self.stats,
-        )
+        calls = BackendCalls(self._forward, self._sampler(params, ids), frozenset(self.stop_token_ids), self.device)
+        sampled = engine.generate_chunk(ids, limits, seed, calls, self.stats)
         return [
             dataclasses.replace(self._cut(toks, lps, limit), prefill_reused=reused)
             for (toks, lps, reused), limit in zip(sampled, limits)

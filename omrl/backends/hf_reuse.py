@@ -19,6 +19,7 @@ subclass or a test can wrap them (:meth:`HFBackend._forward`, :meth:`HFBackend._
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
@@ -46,6 +47,17 @@ class RowSampler(Protocol):
     float32 gives those rows' ids and log-probs."""
 
     def __call__(self, logits: torch.Tensor, live: list[int]) -> tuple[list[int], list[float]]: ...
+
+
+@dataclass(frozen=True)
+class BackendCalls:
+    """What the backend hands the engine for a chunk: its model call, its sampler, the ids that end a row
+    and the device the model runs on."""
+
+    forward: Forward
+    sampler: RowSampler
+    stop_token_ids: frozenset[int]
+    device: torch.device
 
 
 def wait_for(device: torch.device) -> None:
@@ -177,11 +189,7 @@ class ReuseEngine:
         prompts: list[torch.Tensor],
         limits: list[int],
         seed: int | None,
-        *,
-        forward: Forward,
-        sampler: RowSampler,
-        stop_token_ids: frozenset[int],
-        device: torch.device,
+        calls: BackendCalls,
         stats: dict[str, float],
     ) -> list[tuple[list[int], list[float], int]]:
         """Prefill what the cache lacks, then sample each row until it ends; store every row's states.
@@ -194,10 +202,10 @@ class ReuseEngine:
         started = time.perf_counter()
         reused: list[int] = []
         with torch.no_grad():
-            firsts = self._prefill(prompts, forward, device, stats, reused)
-        wait_for(device)
+            firsts = self._prefill(prompts, calls.forward, calls.device, stats, reused)
+        wait_for(calls.device)
         stats["prefill_seconds"] += time.perf_counter() - started
-        sampled = self._decode(prompts, firsts, limits, seed, forward, sampler, stop_token_ids, device)
+        sampled = self._decode(prompts, firsts, limits, seed, calls)
         return [(ids, logprobs, cached) for (ids, logprobs), cached in zip(sampled, reused)]
 
     def _prefill(
@@ -252,10 +260,7 @@ class ReuseEngine:
         firsts: list[tuple[KV, torch.Tensor]],
         limits: list[int],
         seed: int | None,
-        forward: Forward,
-        sampler: RowSampler,
-        stop_token_ids: frozenset[int],
-        device: torch.device,
+        calls: BackendCalls,
     ) -> list[tuple[list[int], list[float]]]:
         """Sample every row until its end-of-turn id or its limit; a row leaves the batch the step it ends.
 
@@ -269,6 +274,7 @@ class ReuseEngine:
         live = list(range(rows))
         logits = torch.stack([first[1] for first in firsts])  # (rows, vocab)
         batch: _DecodeBatch | None = None  # built after the first draw, from the rows still going
+        forward, sampler, stop_token_ids, device = calls.forward, calls.sampler, calls.stop_token_ids, calls.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
             if seed is not None:
                 torch.manual_seed(seed)

@@ -140,29 +140,25 @@ class OpenAIBackend(Backend):
         """One completion and the server's ``usage`` of it ({} when it sends none)."""
         # weight_sync=lora: the adapter version this conversation started under (omrl.backends.lora_sync)
         adapter = self.weight_sync.model_for(prompt) if isinstance(self.weight_sync, LoraSync) else None
-        gen, usage = self._sample(prompt, chat, limit, params, seed, adapter[0] if adapter else self.model)
-        if adapter is not None:
-            gen.weights_version = adapter[1]
-            self.weight_sync.record(prompt, gen.token_ids, adapter[1])
-        return gen, usage
-
-    def _sample(
-        self,
-        prompt: list[int],
-        chat: Sequence[Mapping[str, str]] | None,
-        limit: int,
-        params: SamplingParams,
-        seed: int | None,
-        model: str,
-    ) -> tuple[Generation, dict[str, Any]]:
         sampling: dict[str, Any] = {
-            "model": model,
+            "model": adapter[0] if adapter else self.model,
             "max_tokens": limit,
             "temperature": max(params.temperature, 0.0),
             "top_p": params.top_p,
         }
         if seed is not None:
             sampling["seed"] = seed
+        gen, usage = self._sample(prompt, chat, limit, sampling)
+        if adapter is not None:
+            gen.weights_version = adapter[1]
+            self.weight_sync.record(prompt, gen.token_ids, adapter[1])
+        return gen, usage
+
+    def _sample(
+        self, prompt: list[int], chat: Sequence[Mapping[str, str]] | None, limit: int, sampling: dict[str, Any]
+    ) -> tuple[Generation, dict[str, Any]]:
+        """One completion of ``prompt`` with the request's ``sampling`` fields: from token ids, or from
+        ``chat`` once the server refuses them."""
         if not self.chat_only:
             body = {
                 **sampling,

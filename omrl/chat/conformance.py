@@ -41,6 +41,7 @@ from omrl.chat.replies import (
     stop_token_ids,
     template_key,
 )
+from omrl.chat.template_check import where_tool
 from omrl.chat.tool_calls import FORMATS, parse_tool_calls, template_format
 from omrl.errors import OmrlError
 
@@ -48,14 +49,7 @@ CASES = ("plain", "reasoning", "tools", "specials", "noncanonical")
 REPLIES = 3
 SYSTEM = "You are an agent in a house. Answer with one action."
 TASK = "Find the brass key."
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "look_inside",
-        "description": "Look inside a container.",
-        "parameters": {"type": "object", "properties": {"where": {"type": "string"}}, "required": ["where"]},
-    },
-}
+TOOL = where_tool("look_inside", "Look inside a container.")
 STRUCTURE = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 

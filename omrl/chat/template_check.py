@@ -166,14 +166,15 @@ RENDER_SECONDS = 60.0  # the probe chats' renders, all together, in a fresh proc
 RENDER_MEMORY = 1 << 30  # bytes of memory the renders may take
 MAX_RENDER_CHARS = 1_000_000  # characters a probe chat may render to (a real one renders a few thousand)
 _RENDERER = Path(__file__).with_name("bounded_render.py")
-_PROBE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "look",
-        "description": "Look around.",
-        "parameters": {"type": "object", "properties": {"where": {"type": "string"}}, "required": ["where"]},
-    },
-}
+
+
+def where_tool(name: str, description: str) -> dict[str, Any]:
+    """An OpenAI function tool that takes one required string, ``where``: the tool a probe chat offers."""
+    parameters = {"type": "object", "properties": {"where": {"type": "string"}}, "required": ["where"]}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+_PROBE_TOOL = where_tool("look", "Look around.")
 _CALL = {"type": "function", "function": {"name": "look", "arguments": {"where": "north"}}}
 _PROBE_CHATS = [  # (messages, with the tool offered)
     (

@@ -51,6 +51,7 @@ from omrl.chat.tool_formats import (
     MAX_JSON_DEPTH,
     Reader,
     json_depth,
+    load_json,
     read_deepseek,
     read_glm45,
     read_harmony,
@@ -213,7 +214,7 @@ def function_of(tool: Any) -> dict[str, Any]:
 
 
 def _attempt(payload: str, specs: dict[str, dict[str, Any]]) -> CallAttempt:
-    call = _load(payload.strip())
+    call = load_json(payload.strip())  # UNREAD, as any value but an object, is no call
     if not isinstance(call, dict):
         return CallAttempt("invalid_json", error="the block is not a JSON object")
     name = call.get("name")
@@ -221,7 +222,7 @@ def _attempt(payload: str, specs: dict[str, dict[str, Any]]) -> CallAttempt:
         return CallAttempt("missing_name", error='the call has no string "name"')
     arguments = call.get("arguments", call.get("parameters", {}))
     if isinstance(arguments, str):  # arguments written as a JSON string: what the OpenAI API itself sends
-        arguments = _load(arguments) if arguments.strip() else {}
+        arguments = load_json(arguments) if arguments.strip() else {}  # UNREAD: bad arguments
     return _classify(name, arguments, specs)
 
 
@@ -237,16 +238,6 @@ def _classify(name: str, arguments: Any, specs: dict[str, dict[str, Any]]) -> Ca
     if problem:
         return CallAttempt("bad_arguments", name, arguments, problem)
     return CallAttempt("ok", name, arguments)
-
-
-def _load(text: str) -> Any:
-    """The JSON value of ``text``, or None when it is not JSON (or nests past :data:`MAX_JSON_DEPTH`)."""
-    if json_depth(text) > MAX_JSON_DEPTH:
-        return None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
 
 
 def schema_problem(schema: dict[str, Any], arguments: dict[str, Any]) -> str | None:

@@ -130,35 +130,48 @@ def _typed(text: str, properties: dict[str, Any], key: str) -> Any:
     return text if value is UNREAD else value
 
 
+def _matched_call(
+    match: re.Match | None, unmatched: str, unnamed: str, arguments_of: Callable[[str], Any], unread: str
+) -> list[Read]:
+    """The call a format's pattern matched, its tool's name as the group ``name`` (None: the call is not of
+    the format's shape, ``unmatched`` says how; a blank name is ``unnamed``) and its arguments as
+    ``arguments_of(name)`` reads them (UNREAD: ``unread``)."""
+    if not match:
+        return [invalid(unmatched)]
+    name = match["name"].strip()
+    if not name:
+        return [Read(failure="missing_name", error=unnamed)]
+    arguments = arguments_of(name)
+    return [invalid(unread, name) if arguments is UNREAD else Read(name, arguments)]
+
+
 # qwen3_coder ---------------------------------------------------------------------------------------------
 
-_FUNCTION = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", re.S)
+_FUNCTION = re.compile(r"\s*<function=(?P<name>[^>\n]*)>(.*)</function>\s*", re.S)
 _PARAMETER = re.compile(r"\s*<parameter=([^>\n]*)>\n?((?:(?!<parameter=).)*?)\n?</parameter>", re.S)
 
 
 def _qwen3_coder_call(inside: str, specs: Specs) -> list[Read]:
     function = _FUNCTION.fullmatch(inside)
-    if not function:
-        return [invalid("the block is not one <function=NAME>...</function> element")]
-    name = function[1].strip()
-    if not name:
-        return [Read(failure="missing_name", error="the <function=...> element names no tool")]
-    arguments = _pairs(function[2], _PARAMETER, _properties(specs, name))
-    if arguments is None:
-        return [invalid("the function holds something other than <parameter=KEY>...</parameter> elements", name)]
-    return [Read(name, arguments)]
+    return _matched_call(
+        function,
+        "the block is not one <function=NAME>...</function> element",
+        "the <function=...> element names no tool",
+        lambda name: _pairs(function[2], _PARAMETER, _properties(specs, name)),  # type: ignore[index]
+        "the function holds something other than <parameter=KEY>...</parameter> elements",
+    )
 
 
-def _pairs(body: str, pattern: re.Pattern, properties: dict[str, Any]) -> dict[str, Any] | None:
+def _pairs(body: str, pattern: re.Pattern, properties: dict[str, Any]) -> Any:
     """The key-value elements ``body`` consists of (``pattern``: one, key and value as groups), each value
-    typed by the schema; None when ``body`` holds anything else."""
+    typed by the schema; UNREAD when ``body`` holds anything else."""
     arguments: dict[str, Any] = {}
     at = 0
     while match := pattern.match(body, at):
         key = match[1].strip()
         arguments[key] = _typed(match[2], properties, key)
         at = match.end()
-    return arguments if not body[at:].strip() else None
+    return arguments if not body[at:].strip() else UNREAD
 
 
 def read_qwen3_coder(text: str, specs: Specs) -> tuple[str, list[Read]]:
@@ -178,7 +191,7 @@ def _glm45_call(inside: str, specs: Specs) -> list[Read]:
     if re.search(r"\s|[<>{}]", name):
         return [invalid("the block does not open with a tool name and <arg_key>/<arg_value> pairs")]
     arguments = _pairs(inside[len(head) :], _ARG, _properties(specs, name))
-    if arguments is None:
+    if arguments is UNREAD:
         return [invalid("the call holds something other than <arg_key>/<arg_value> pairs", name)]
     return [Read(name, arguments)]
 
@@ -241,18 +254,18 @@ def read_harmony(text: str, specs: Specs) -> tuple[str, list[Read]]:
 
 _CALLS_BEGIN, _CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 _CALL_BEGIN, _CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
-_DEEPSEEK_CALL = re.compile(r"\s*(\w*)<｜tool▁sep｜>([^\n]*)\n```(?:json)?\n(.*)\n```\s*", re.S)
+_DEEPSEEK_CALL = re.compile(r"\s*(\w*)<｜tool▁sep｜>(?P<name>[^\n]*)\n```(?:json)?\n(.*)\n```\s*", re.S)
 
 
 def _deepseek_call(inside: str, specs: Specs) -> list[Read]:
     call = _DEEPSEEK_CALL.fullmatch(inside)
-    if not call:
-        return [invalid("the call is not TYPE<｜tool▁sep｜>NAME and a ```json block")]
-    name = call[2].strip()
-    if not name:
-        return [Read(failure="missing_name", error="the call names no tool")]
-    arguments = load_json(call[3].strip())
-    return [invalid("the ```json block is not JSON", name) if arguments is UNREAD else Read(name, arguments)]
+    return _matched_call(
+        call,
+        "the call is not TYPE<｜tool▁sep｜>NAME and a ```json block",
+        "the call names no tool",
+        lambda name: load_json(call[3].strip()),  # type: ignore[index]
+        "the ```json block is not JSON",
+    )
 
 
 def read_deepseek(text: str, specs: Specs) -> tuple[str, list[Read]]:

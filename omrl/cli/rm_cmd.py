@@ -11,20 +11,17 @@ from typing import Optional
 
 import typer
 
+from omrl.cli.sft_cmd import DATASET_TRAINER_KEYS, EPOCHS_OPTION, LEARNING_RATE_OPTION, LORA_RANK_OPTION, SEED_OPTION
+
 rm_app = typer.Typer(help="Train and evaluate agent reward models (outcome and process).", no_args_is_help=True)
 
 FLAG_KEYS = {
-    "model": "model.name",
+    **DATASET_TRAINER_KEYS,
     "data": "dataset",
     "eval_data": "eval_dataset",
     "kind": "kind",
     "label": "label",
     "objective": "objective",
-    "learning_rate": "optim.learning_rate",
-    "num_train_epochs": "num_train_epochs",
-    "output_dir": "logging.output_dir",
-    "lora_rank": "model.lora_rank",
-    "seed": "seed",
 }
 
 
@@ -41,11 +38,11 @@ def train(
     kind: Optional[str] = typer.Option(None, "--kind", help="orm (per episode) or prm (per turn)."),
     label: Optional[str] = typer.Option(None, "--label", help="orm: success, score; prm: mc, mc_score, step_reward."),
     objective: Optional[str] = typer.Option(None, "--objective", help="bce, mse or bt (pairs, orm)."),
-    learning_rate: Optional[float] = typer.Option(None, "--learning-rate", help="Peak learning rate."),
-    num_train_epochs: Optional[float] = typer.Option(None, "--num-train-epochs", help="Passes over the data."),
+    learning_rate: Optional[float] = LEARNING_RATE_OPTION,
+    num_train_epochs: Optional[float] = EPOCHS_OPTION,
     output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Where the reward model is saved."),
-    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: train all weights)."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
+    lora_rank: Optional[int] = LORA_RANK_OPTION,
+    seed: Optional[int] = SEED_OPTION,
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint."),
 ) -> None:
     """Train a reward model on trajectories; saved in Hugging Face format (loadable with transformers)."""

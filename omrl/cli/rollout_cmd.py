@@ -125,7 +125,7 @@ def check_agent(cfg) -> None:
     """An agent program (``agent.*``) is refused where it cannot play: beside the scripted expert, in a
     mixture, under a search strategy or async generation; and its callable and reward must import.
     Any backend serves it (the gateway gives each backend token ids and records the ids it returns)."""
-    from omrl.config.options import AGENT_SAMPLING
+    from omrl.config.sections import AGENT_SAMPLING
     from omrl.errors import ConfigError
     from omrl.rollout.session import agent_of
 

@@ -180,7 +180,7 @@ def play_settings(cfg: Any, args: list[str] | None, default_preset: str | None, 
     this env plays as it trained (and on the prompts it trained on); else a preset played outside
     its env keeps only what it names."""
     from omrl.cli.model_prompts import prompts_as_trained
-    from omrl.config.loading import split_preset
+    from omrl.config.presets import split_preset
 
     trained = trained_settings(cfg.model.name, cfg.env.name, cfg.env.mix)
     if trained:

@@ -14,12 +14,24 @@ from typing import Optional
 
 import typer
 
-# flag name -> dotted config key
-FLAG_KEYS = {
+# the flags `omrl sft` and `omrl rm train` share, declared once
+LEARNING_RATE_OPTION = typer.Option(None, "--learning-rate", help="Peak learning rate.")
+EPOCHS_OPTION = typer.Option(None, "--num-train-epochs", help="Passes over the data.")
+LORA_RANK_OPTION = typer.Option(None, "--lora-rank", help="LoRA rank (0: train all weights).")
+SEED_OPTION = typer.Option(None, "--seed", help="Random seed.")
+
+# flag name -> dotted config key: those both commands take, then sft's own
+DATASET_TRAINER_KEYS = {
     "model": "model.name",
-    "dataset": "dataset",
     "learning_rate": "optim.learning_rate",
     "num_train_epochs": "num_train_epochs",
+    "output_dir": "logging.output_dir",
+    "lora_rank": "model.lora_rank",
+    "seed": "seed",
+}
+FLAG_KEYS = {
+    **DATASET_TRAINER_KEYS,
+    "dataset": "dataset",
     "max_seq_length": "max_seq_length",
     "packing": "packing",
     "per_device_train_batch_size": "optim.micro_batch_size",
@@ -28,10 +40,7 @@ FLAG_KEYS = {
     "bf16": "bf16",
     "logging_steps": "logging.logging_steps",
     "save_steps": "logging.save_steps",
-    "output_dir": "logging.output_dir",
-    "lora_rank": "model.lora_rank",
     "min_reward": "min_reward",
-    "seed": "seed",
 }
 
 
@@ -46,8 +55,8 @@ def sft(
         help="JSONL, parquet, HF dataset directory, or `omrl rollout` output; several with weights: "
         "a.parquet:0.7,b.jsonl:0.3 (a mixture).",
     ),
-    learning_rate: Optional[float] = typer.Option(None, "--learning-rate", help="Peak learning rate."),
-    num_train_epochs: Optional[float] = typer.Option(None, "--num-train-epochs", help="Passes over the data."),
+    learning_rate: Optional[float] = LEARNING_RATE_OPTION,
+    num_train_epochs: Optional[float] = EPOCHS_OPTION,
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Tokens per row."),
     packing: Optional[bool] = typer.Option(None, "--packing/--no-packing", help="Pack conversations into rows."),
     per_device_train_batch_size: Optional[int] = typer.Option(
@@ -63,11 +72,11 @@ def sft(
     logging_steps: Optional[int] = typer.Option(None, "--logging-steps", help="Log every N steps."),
     save_steps: Optional[int] = typer.Option(None, "--save-steps", help="Checkpoint every N steps (0: at the end)."),
     output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Run directory (default: runs/sft-<time>)."),
-    lora_rank: Optional[int] = typer.Option(None, "--lora-rank", help="LoRA rank (0: train all weights)."),
+    lora_rank: Optional[int] = LORA_RANK_OPTION,
     min_reward: Optional[float] = typer.Option(
         None, "--min-reward", help="Rollout data: keep episodes with total reward >= this."
     ),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed."),
+    seed: Optional[int] = SEED_OPTION,
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the newest complete checkpoint in the output directory."
     ),
@@ -77,8 +86,8 @@ def sft(
 
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
-    from omrl.config.loading import resumed_preset, user_sets
     from omrl.config.options import SftRunConfig
+    from omrl.config.presets import resumed_preset, user_sets
     from omrl.data.mixture import dataset_inputs, mix_line
     from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process

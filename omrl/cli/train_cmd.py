@@ -60,8 +60,8 @@ def train(
     )
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
-    from omrl.config.loading import resumed_preset, split_preset, user_sets
     from omrl.config.options import TrainRunConfig
+    from omrl.config.presets import resumed_preset, split_preset, user_sets
     from omrl.errors import ConfigError
     from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process

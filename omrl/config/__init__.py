@@ -1,26 +1,23 @@
-"""Run configuration: the option dataclasses (:mod:`.options`) and how YAML presets, files and
-``key=value`` overrides become one of them (:mod:`.loading`); what a secret becomes in the files omrl
-writes (:mod:`.redaction`); how an option is declared, its help listing the registered names where it
-names a plugin (:mod:`.fields`); who plays each seat of a game of several agents (:mod:`.seats`)."""
+"""Run configuration: each command's config (:mod:`.options`), built of sections, one per thing it
+configures (:mod:`.sections`).
+
+How YAML presets (:mod:`.presets`) and ``key=value`` overrides become one of them (:mod:`.loading`),
+checked against its dataclasses and written back as plain data (:mod:`.schema`); what a secret becomes
+in the files omrl writes (:mod:`.redaction`); how an option is declared, its help listing the registered
+names where it names a plugin (:mod:`.fields`); who plays each seat of a game of several agents
+(:mod:`.seats`)."""
 
 from omrl.config.loading import (
-    PRESETS_DIR,
     DeprecatedKeyWarning,
     command_line_config,
-    describe,
-    from_dict,
     load_config,
     merge,
     overrides_to_dict,
     parse_overrides,
-    preset_names,
-    presets_dir,
-    read_preset,
-    to_dict,
-    to_yaml,
-    user_sets,
 )
+from omrl.config.presets import PRESETS_DIR, preset_names, presets_dir, read_preset, user_sets
 from omrl.config.redaction import REDACTED, hide, is_secret_key, redact, redact_argv, redact_text
+from omrl.config.schema import describe, from_dict, to_dict, to_yaml
 
 __all__ = [
     "PRESETS_DIR",

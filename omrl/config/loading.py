@@ -6,86 +6,33 @@ Every command builds its config one way (:func:`command_line_config`): the class
 defaults, then a preset, then ``key=value`` overrides, then the command's flags; a flag
 and an override that set one key to different values are refused.
 
-A preset is a name in ``configs/`` (shipped with omrl) or a path to a YAML file.
-An unknown key, a duplicate key or a wrong type raises ConfigError with the key's
-dotted path and a suggestion. Keys a config class renamed (its ``renamed_keys``, old
-dotted key -> new) are still read, with a warning. Plugin options live in the
-free-form ``plugins`` block, keyed by plugin name: ``plugins.webshop.items_path=/data/items.json``.
+A preset is a name in ``configs/`` (shipped with omrl) or a path to a YAML file
+(:mod:`omrl.config.presets`). An unknown key, a duplicate key or a wrong type raises ConfigError
+with the key's dotted path and a suggestion (:mod:`omrl.config.schema`). Keys a config class
+renamed (its ``renamed_keys``, old dotted key -> new) are still read, with a warning. Plugin
+options live in the free-form ``plugins`` block, keyed by plugin name:
+``plugins.webshop.items_path=/data/items.json``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import types
-import typing
 import warnings
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, TypeVar
 
 import yaml
 
-from omrl.config.fields import help_text
-from omrl.config.redaction import check_no_redacted, redact
+from omrl.config.presets import read_preset, split_preset
+from omrl.config.redaction import check_no_redacted
+from omrl.config.schema import from_dict
 from omrl.errors import ConfigError
 
 T = TypeVar("T")
 _MISSING = object()
-PRESETS_DIR = Path(__file__).resolve().parents[2] / "configs"
-
-
-def presets_dir() -> Path:
-    """Where shipped presets live (the source tree or the installed omrl_configs package)."""
-    if PRESETS_DIR.is_dir():
-        return PRESETS_DIR
-    import omrl_configs  # installed non-editable: package-dir maps configs/ to omrl_configs
-
-    return Path(omrl_configs.__file__).parent
-
-
-def preset_names() -> list[str]:
-    return sorted(p.stem for p in presets_dir().glob("*.yaml"))
-
-
-def read_preset(preset: str | Path) -> dict[str, Any]:
-    """The raw dict of a preset name or YAML path."""
-    path = Path(preset)
-    if not path.suffix:
-        path = presets_dir() / f"{preset}.yaml"
-        if not path.exists():
-            raise ConfigError(
-                f"unknown preset {str(preset)!r}; valid: {', '.join(preset_names())} (or a path to a .yaml file)"
-            )
-    elif not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader) or {}
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of keys to values, got {type(data).__name__}")
-    return data
 
 
 class DeprecatedKeyWarning(FutureWarning):
     """A config key that was renamed: it still works, under its new name."""
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key given twice in one mapping (YAML would keep the last)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"the key {key!r} is given twice", key_node.start_mark
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
 
 
 def renamed_path(cls: type, path: list[str]) -> list[str]:
@@ -148,33 +95,6 @@ def _pop_path(data: dict[str, Any], path: list[str]) -> None:
     for part in path[:-1]:
         node = node[part]
     del node[path[-1]]
-
-
-def split_preset(preset: str | None, overrides: list[str] | None) -> tuple[str | None, list[str]]:
-    """Command lines take ``[PRESET] [key=value ...]``: a first argument with '=' is an override."""
-    overrides = list(overrides or [])
-    if preset and "=" in preset:
-        return None, [preset, *overrides]
-    return preset, overrides
-
-
-def user_sets(args: list[str] | None, key: str) -> bool:
-    """Whether the command line ``[PRESET] [key=value ...]`` sets the dotted ``key``: by an override
-    of it (or of a section holding it), or in a YAML file of the user's own. A shipped preset's
-    values are defaults, not the user's choice."""
-    preset, overrides = split_preset(args[0] if args else None, list(args or [])[1:])
-    parts = key.split(".")
-    enclosing = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-    if any(item.split("=", 1)[0].strip() in enclosing for item in overrides):
-        return True
-    if preset is None or preset in preset_names():
-        return False
-    data: Any = read_preset(preset)
-    for part in parts:
-        if not isinstance(data, dict) or part not in data:
-            return False
-        data = data[part]
-    return True
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[list[str], Any]]:
@@ -265,16 +185,6 @@ def load_config(
     return from_dict(cls, data)
 
 
-def resumed_preset(output_dir: str | None, resume: bool, preset: str) -> str:
-    """The preset a command starts from: with ``--resume``, the run's own ``config.yaml`` (so only
-    what changes needs typing again), else ``preset``."""
-    if resume and output_dir:
-        saved = Path(output_dir).expanduser() / "config.yaml"
-        if saved.is_file():
-            return str(saved)
-    return preset
-
-
 def command_line_config(
     cls: type[T], args: list[str] | None, flags: dict[str, Any] | None = None, default_preset: str | None = None
 ) -> T:
@@ -287,130 +197,3 @@ def command_line_config(
     return load_config(
         cls, preset or default_preset, overrides, {k: v for k, v in (flags or {}).items() if v is not None}
     )
-
-
-def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: T | None = None) -> T:
-    """Validate ``data`` against the dataclass ``cls`` and build it on top of ``base`` (or the defaults).
-
-    A nested section starts from the enclosing class's default for it, so setting
-    ``env.name`` keeps an eval config's ``env.split=test`` default.
-    """
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'} expects a mapping, got {data!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    base = base if base is not None else cls()
-    kwargs = {}
-    for key, value in data.items():
-        dotted = f"{path}.{key}" if path else key
-        if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean {(path + '.' if path else '') + close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {dotted!r}{hint} Valid keys here: {', '.join(fields)}")
-        if dataclasses.is_dataclass(hints[key]):
-            kwargs[key] = from_dict(hints[key], value, dotted, getattr(base, key))
-        else:
-            kwargs[key] = _coerce(value, hints[key], dotted)
-    return dataclasses.replace(base, **kwargs)
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, path: str) -> Any:
-    origin, args = get_origin(tp), get_args(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arg, path)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0])
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"config key {path!r} must be one of {', '.join(map(repr, args))}, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, path)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"config key {path!r} expects a list, got {value!r}")
-        inner = args[0] if args else Any
-        return (
-            type(value)(_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value))
-            if origin is list
-            else tuple(_coerce(v, inner, f"{path}[{i}]") for i, v in enumerate(value))
-        )
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"config key {path!r} expects a mapping, got {value!r}")
-        inner = args[1] if len(args) == 2 else Any
-        for k, v in value.items():
-            if v is None and isinstance(k, str) and ":" in k:  # YAML read {goal:1} as the key "goal:1"
-                name, _, number = k.partition(":")
-                raise ConfigError(
-                    f"config key {path!r} got {{{k}}}, which YAML reads as the key {k!r} with no value; "
-                    f"write a space after the colon: {{{name}: {number}}}"
-                )
-        return {k: _coerce(v, inner, f"{path}.{k}") for k, v in value.items()}
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            try:
-                return float(value)
-            except OverflowError:  # an int past float's range (about 1.8e308)
-                raise ConfigError(
-                    f"config key {path!r} expects a number, got an integer too large for one: "
-                    f"{str(value)[:20]}... ({len(str(value))} digits)"
-                ) from None
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-    elif isinstance(tp, type) and isinstance(value, tp):
-        return value
-    raise ConfigError(f"config key {path!r} expects {_type_name(tp)}, got {value!r} ({type(value).__name__})")
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """The config as plain data for writing (config.yaml, a checkpoint's state.json, reports, loggers),
-    secrets redacted: the one place every writer gets its config from, so none can leak a token.
-    The run itself reads its secrets from ``cfg``, never from this."""
-    return redact(dataclasses.asdict(cfg))
-
-
-def to_yaml(cfg: Any) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
-
-
-def describe(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, str, str]]:
-    """(dotted key, type, default, help) for every field, nested ones included.
-
-    Defaults are read from ``cls()``, so a section shows the command's own (eval's ``env.split`` is
-    test, though EnvConfig's is train)."""
-    defaults = cls() if defaults is None else defaults
-    rows = []
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = f"{prefix}{f.name}"
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            rows.extend(describe(tp, key + ".", getattr(defaults, f.name)))
-            continue
-        rows.append((key, _type_name(tp), repr(getattr(defaults, f.name)), help_text(f)))
-    return rows

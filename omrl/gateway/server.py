@@ -112,7 +112,10 @@ class Gateway:
             backend, window_s, seed, waiting_for=lambda: len(self._episodes), own_thread=not batch_on_caller
         )
         self._server = _Server((host, port), _handler(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, name="omrl-gateway", daemon=True)
+        # a short poll: closing the gateway waits for serve_forever's next look at its stop flag
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="omrl-gateway", daemon=True
+        )
         self._thread.start()
 
     @property

@@ -35,7 +35,7 @@ from rich.console import Console
 
 from omrl.clock import timed
 from omrl.config.options import RmTrainRunConfig
-from omrl.data.mixture import dataset_sources, draw_mixture, mix_summary, report_mix
+from omrl.data.mixture import draw_mixture, mix_summary, report_mix
 from omrl.errors import ConfigError
 from omrl.rm.data import check_trajectory_ids, collate, fingerprint, load_examples, pair_rows, pointwise_rows
 from omrl.rm.labels import check_label, check_outcomes
@@ -50,15 +50,12 @@ class RmRecipe:
     """Reward-model training: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_rm_train`)."""
 
     def __init__(self, cfg: RmTrainRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
-        recipe.start_recipe(self, cfg, on_step_end, console)
-        self.epoch, self.index = 0, 0  # index: next micro-batch in the epoch's order
+        recipe.start_epoch_recipe(self, cfg, on_step_end, console)
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        if not cfg.dataset:
-            raise ConfigError("no dataset given; set dataset=<trajectory parquet or directory> (or --data)")
-        self.sources = dataset_sources(cfg.dataset)  # a mixture's mistakes named before the model loads
+        self.sources = recipe.dataset_sources_of(cfg, "<trajectory parquet or directory> (or --data)")
         check_kind(cfg.kind, cfg.objective)
         check_label(cfg.kind, cfg.label)
         if cfg.objective == "bce" and cfg.label == "step_reward":
@@ -204,7 +201,6 @@ class RmRecipe:
         cfg, strategy = self.cfg, self.strategy
         accumulation = cfg.optim.gradient_accumulation_steps
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        last_loss, step_times = float("nan"), []
         self.model.train()
         micro = self.epoch_batches(self.epoch)
         while self.step < self.total_steps:
@@ -236,12 +232,9 @@ class RmRecipe:
             loss_value, correct, nonfinite = strategy.sum([loss_value, correct, not finite])
             finite = not nonfinite
             grad_norm, lr, applied = recipe.update(self, self.step, finite)
-            if applied:
-                last_loss = loss_value
 
             # LOG and CHECKPOINT
             step_time = time.perf_counter() - started
-            step_times.append(step_time)
             metrics = {
                 "loss": loss_value if finite else float("nan"),
                 "train_accuracy": correct / labels,
@@ -250,11 +243,11 @@ class RmRecipe:
                 "labels": labels,
                 "step_time": step_time,
             }
-            recipe.end_step(self, metrics)  # with the epoch, peak memory and skipped updates
+            recipe.end_step(self, metrics, applied)  # with the epoch, peak memory and skipped updates
 
         # SAVE: the final checkpoint (resumable) and the reward model (LoRA merged)
         mix = {"data_mix": self.mix} if self.mix else {}
-        return recipe.finish(self, last_loss, step_times, examples=self.examples, **mix)
+        return recipe.finish(self, examples=self.examples, **mix)
 
     def _labels(self, rows: list[int]) -> int:
         """What a micro-batch's loss is averaged over: its pairs (bt) or its labelled positions."""
@@ -286,7 +279,7 @@ class RmRecipe:
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        recipe.close_all(getattr(self, "logger", None), self.strategy)
+        recipe.close_recipe(self)
 
 
 def run_rm_train(

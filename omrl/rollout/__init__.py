@@ -4,7 +4,8 @@
 the env instances, :mod:`.session` a run's envs (one, or a mixture's) built from a config, :mod:`.spec`
 what a play is asked and gives back, :mod:`.progress` the hooks a rollout calls as it goes,
 :mod:`.convert` episodes as readable records; :mod:`.seats` plays games of several agents, a chat per
-seat, :mod:`.seating` says who plays each seat and :mod:`.outcomes` how the policy's seats fared.
+seat, round by round (:mod:`.seat_rounds`), :mod:`.seating` says who plays each seat and :mod:`.outcomes`
+how the policy's seats fared.
 
     with RolloutSession.from_config(cfg) as session:
         played = session.play(session.task_ids("train", 8), PlaySpec(split="train", group_size=4))

@@ -197,15 +197,22 @@ class RolloutSession:
             lane_list,
             self.tokenizer,
             pairs,
-            backend=self.backend,
-            limits=spec.limits or self.limits,
-            group_size=spec.group_size,
-            seed=spec.seed,
             expert=spec.expert,
             max_parallel=spec.max_parallel,
-            progress=progress,
+            **self._player_options(spec, progress),
         )
         return self.compose(episodes) if spec.rewards else Played(episodes)
+
+    def _player_options(self, spec: PlaySpec, progress: RolloutProgress | None) -> dict[str, Any]:
+        """What the chain loop and the seated games both take from a play: the backend, the limits, the
+        samples per task, the seed and the progress hooks."""
+        return {
+            "backend": self.backend,
+            "limits": spec.limits or self.limits,
+            "group_size": spec.group_size,
+            "seed": spec.seed,
+            "progress": progress,
+        }
 
     def compose(self, episodes: list[Episode]) -> Played:
         """``episodes`` with each env's rewards composed with its own weights and options, and the means
@@ -232,13 +239,9 @@ class RolloutSession:
             self.tokenizer,
             [self.env_task(task, spec.split).task for task in tasks],
             seating=seating,
-            backend=self.backend,
-            limits=spec.limits or self.limits,
             split=spec.split or env.split,
-            group_size=spec.group_size,
-            seed=spec.seed,
             demonstration=env.demonstration,
-            progress=progress,
+            **self._player_options(spec, progress),
         )
         return self.compose(episodes) if spec.rewards else Played(episodes)
 

@@ -55,7 +55,7 @@ wrong without echoing the body); 500 when the env itself raised (a 5xx is worth 
 is not). After an env raised in ``step`` its episode is over: further steps answer 409 until the
 next reset. Every error, FastAPI's own included, has that one shape. The guards that run before
 any route (token, instance name, body size) are in :mod:`omrl.serve.guard`; the envs and their
-episodes in :mod:`omrl.serve.store`.
+episodes in :mod:`omrl.serve.store`; how a request's fields are read in :mod:`omrl.serve.fields`.
 """
 
 from __future__ import annotations
@@ -63,10 +63,11 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator
 
 from omrl.envs import Env, UnknownTaskError, create_env
 from omrl.errors import OmrlError
+from omrl.serve.fields import TASK_FIELDS, body_field, env_id_of, query_id, task_id_of, validation_message
 from omrl.serve.guard import DEFAULT_MAX_BODY, INSTANCE_HEADER, Guard
 from omrl.serve.store import (
     DEFAULT_IDLE_TIMEOUT,
@@ -95,9 +96,6 @@ __all__ = [
 ]
 
 ENV_IDX_PREFIX = "/env_idx"
-ID_FIELDS = ("id", "env_idx")
-#: the reset fields that name the task, as AgentGym's clients send them (and omrl's ``task_id``)
-TASK_FIELDS = ("data_idx", "game", "seed", "item_id", "session_id", "task_id")
 
 
 def open_env(name: str, options: dict[str, Any] | None = None) -> Env:
@@ -114,49 +112,6 @@ def _require_server_packages():
     except ImportError as exc:
         raise OmrlError(f"serving envs needs fastapi and uvicorn ({exc}): pip install 'omrl[server]'") from exc
     return fastapi, uvicorn
-
-
-# -- reading requests ------------------------------------------------------------------------
-def _field(body: dict[str, Any], key: str, kind: type = int) -> Any:
-    value = body.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        got = "nothing" if key not in body else f"a {type(value).__name__}"  # never the body itself
-        raise Rejected(422, f"the body needs {key!r} ({kind.__name__}), got {got}")
-    return value
-
-
-def _env_id(body: dict[str, Any]) -> int:
-    """The env id a body names, as ``id`` or ``env_idx``."""
-    named = [k for k in ID_FIELDS if k in body]
-    if len(named) != 1:
-        got = "both" if named else "neither"
-        raise Rejected(422, f"the body needs the env's id as 'id' or 'env_idx' (int), got {got}")
-    return _field(body, named[0])
-
-
-def _task_id(body: dict[str, Any]) -> int | None:
-    """The task a body names with one of TASK_FIELDS, or None when it names none."""
-    named = [k for k in TASK_FIELDS if k in body]
-    if len(named) > 1:
-        raise Rejected(422, f"the body names the task twice ({', '.join(named)}); send one of {', '.join(TASK_FIELDS)}")
-    return _field(body, named[0]) if named else None
-
-
-def _query_id(id: int | None, env_idx: int | None) -> int:
-    if (id is None) == (env_idx is None):
-        got = "both" if id is not None else "neither"
-        raise Rejected(422, f"malformed request: query.id: give the env's id as ?id=N or ?env_idx=N (got {got})")
-    return id if id is not None else env_idx
-
-
-def _validation_message(errors: Sequence[Any]) -> str:
-    """What failed validation, without the input: a large bad body must not come back in the answer."""
-    parts = []
-    for error in errors[:3]:
-        where = ".".join(str(p) for p in error.get("loc", ()))[:80]
-        parts.append(f"{where}: {str(error.get('msg', 'invalid'))[:120]}")
-    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-    return "malformed request: " + "; ".join(parts) + more
 
 
 class _Preview:
@@ -231,7 +186,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     def malformed(request, exc: RequestValidationError):
-        return JSONResponse({"error": _validation_message(exc.errors())}, status_code=422)
+        return JSONResponse({"error": validation_message(exc.errors())}, status_code=422)
 
     @app.exception_handler(HTTPException)
     def http_error(request, exc: HTTPException):  # unknown routes, wrong methods: FastAPI's {"detail"}
@@ -254,7 +209,7 @@ def create_app(
                     f"this server plays env {name!r}'s own tasks and takes no {key!r}; "
                     f"name a task with one of {', '.join(TASK_FIELDS)} instead",
                 )
-        task_id = _task_id(body)
+        task_id = task_id_of(body)
         opening = preview.get() if task_id is None else None  # before the env: a failure leaves none
         env_id = served.create()
         if task_id is not None:
@@ -294,7 +249,7 @@ def create_app(
 
     @router.post("/reset")
     def reset(body: dict[str, Any] = Body(...), instance: str | None = Header(None, alias=INSTANCE_HEADER)) -> dict:
-        env_id, task_id = _env_id(body), _task_id(body)
+        env_id, task_id = env_id_of(body), task_id_of(body)
         if task_id is None:
             raise Rejected(422, f"the body needs the task as one of {', '.join(TASK_FIELDS)} (int), got none")
         opening = served.reset(env_id, task_id)
@@ -313,7 +268,7 @@ def create_app(
 
     @router.post("/step")
     def step(body: dict[str, Any] = Body(...)) -> dict:
-        env_id, action = _env_id(body), _field(body, "action", str)
+        env_id, action = env_id_of(body), body_field(body, "action", str)
         result = served.step(env_id, action)
         return {
             "observation": result.observation,
@@ -332,19 +287,19 @@ def create_app(
         env_idx: int | None = Query(None),
         instance: str | None = Header(None, alias=INSTANCE_HEADER),
     ) -> str:
-        return served.observation(_query_id(id, env_idx), with_goal=not instance)
+        return served.observation(query_id(id, env_idx), with_goal=not instance)
 
     @router.get("/available_actions")
     def available_actions(id: int | None = Query(None), env_idx: int | None = Query(None)) -> list[str]:
-        return served.actions(_query_id(id, env_idx))
+        return served.actions(query_id(id, env_idx))
 
     @router.get("/expert_action")
     def expert_action(id: int | None = Query(None), env_idx: int | None = Query(None)) -> dict:
-        return {"action": served.expert_action(_query_id(id, env_idx))}
+        return {"action": served.expert_action(query_id(id, env_idx))}
 
     @router.post("/close")
     def close(body: dict[str, Any] = Body(...)) -> dict:
-        env_id = _env_id(body)
+        env_id = env_id_of(body)
         served.close(env_id)
         return {"id": env_id, "closed": True}
 

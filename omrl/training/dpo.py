@@ -30,11 +30,12 @@ from omrl.training.online_run import (
     OnlineRun,
     end_online_step,
     finish_online,
+    finish_online_setup,
     save_online_checkpoint,
     start_online_setup,
 )
 from omrl.training.policy import sequence_log_prob
-from omrl.training.recipe import close_all, resume, setup_logger, setup_optimizer, skip_update, start_recipe, update
+from omrl.training.recipe import close_recipe, setup_optimizer, skip_update, start_recipe, update
 from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, trainable
 from omrl.training.tree_batch import sibling_pairs
 
@@ -60,9 +61,7 @@ class DPORecipe:
         )
         self.run = OnlineRun(cfg, self.strategy, self.model, self.rollout_model, self.tokenizer)
         setup_optimizer(self, cfg.steps)  # one optimizer step a training step
-        resumed = resume(self, resume_from) if resume_from is not None else None
-        self.logger = setup_logger(self, cfg.algorithm.name, cfg.steps)
-        self.run.start(self.step, resumed, self.logger.warn)
+        finish_online_setup(self, resume_from)
 
     # -- TRAIN ----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -132,4 +131,4 @@ class DPORecipe:
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        close_all(*(getattr(self, name, None) for name in ("run", "logger", "strategy")))
+        close_recipe(self)

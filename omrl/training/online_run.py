@@ -1,6 +1,6 @@
 """The playing half of an online run (:class:`OnlineRun`), and the steps the grpo/ppo and dpo recipes
-take alike around their own update: the start of setup, the end of a step, the checkpoint and the end
-of the run. A recipe holds an ``OnlineRun`` and calls these functions; it inherits nothing
+take alike around their own update: the start and end of setup, the end of a step, the checkpoint and
+the end of the run. A recipe holds an ``OnlineRun`` and calls these functions; it inherits nothing
 (:mod:`omrl.training.rl`, :mod:`omrl.training.dpo`; the scaffold every recipe shares is
 :mod:`omrl.training.recipe`)."""
 
@@ -32,7 +32,15 @@ from omrl.training.online import (
     setup_rollout,
     sync_rollout_weights,
 )
-from omrl.training.recipe import Recipe, log_step, save_final, save_recipe_checkpoint, start_setup
+from omrl.training.recipe import (
+    Recipe,
+    log_step,
+    resume,
+    save_final,
+    save_recipe_checkpoint,
+    setup_logger,
+    start_setup,
+)
 from omrl.training.rollout_health import RolloutHealth
 from omrl.training.rollout_step import play_step, step_metrics
 from omrl.training.tool_health import ToolHealth
@@ -287,6 +295,16 @@ def start_online_setup(recipe: Recipe, recipes: tuple[str, ...]) -> Path | None:
             f"not {recipe.cfg.algorithm.name!r} (omrl.training.rl.run_rl picks the recipe)"
         )
     return start_setup(recipe)
+
+
+def finish_online_setup(recipe: OnlineRecipe, resume_from: Path | None) -> ckpt.Checkpoint | None:
+    """The end of an online recipe's setup, once its run and optimizer are set up: the state resumed
+    from ``resume_from``, the logger, the run started at the recipe's step; returns the checkpoint
+    resumed from (None: a fresh run), whose extras the recipe reads for its own state."""
+    resumed = resume(recipe, resume_from) if resume_from is not None else None
+    recipe.logger = setup_logger(recipe, recipe.cfg.algorithm.name, recipe.cfg.steps)
+    recipe.run.start(recipe.step, resumed, recipe.logger.warn)
+    return resumed
 
 
 def end_online_step(recipe: OnlineRecipe, metrics: dict[str, float], started: float) -> None:

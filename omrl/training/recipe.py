@@ -12,14 +12,15 @@ in :func:`update` (or :func:`skip_update`) and :func:`log_step`; ``train()`` end
         return save_recipe_checkpoint(self, data_state={"epoch": self.epoch, ...})
 
     def cleanup(self) -> None:
-        close_all(getattr(self, "logger", None), self.strategy)
+        close_recipe(self)
 
     def run_sft(cfg, ...):
         return run_recipe(SftRecipe(cfg, ...), "sft")
 
 A recipe that walks epochs of fixed data (SFT, reward models, an :class:`EpochRecipe`) uses
-:func:`finish_setup`, :func:`end_step`, :func:`finish` and :func:`save_epoch_checkpoint`; the
-online recipes add the playing half, :mod:`omrl.training.online_run`.
+:func:`start_epoch_recipe`, :func:`dataset_sources_of`, :func:`finish_setup`, :func:`end_step`,
+:func:`finish` and :func:`save_epoch_checkpoint`; the online recipes add the playing half,
+:mod:`omrl.training.online_run`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from torch import nn
 from omrl.atomic import atomic_write_text
 from omrl.clock import breakdown, take, timed
 from omrl.config import to_dict, to_yaml
+from omrl.data.mixture import DataSource, dataset_sources
+from omrl.errors import ConfigError
 from omrl.parallel import make_strategy
 from omrl.supervisor import supervise
 from omrl.training import checkpoint as ckpt
@@ -80,6 +83,8 @@ class EpochRecipe(Recipe, Protocol):
     index: int  # the next micro-batch of the epoch's order
     micro_per_epoch: int
     data_fingerprint: str  # the training data's; a resume refuses other data
+    last_loss: float  # of the last step whose update applied (nan: none yet)
+    step_times: list[float]  # seconds of each step this process ran
 
 
 def start_recipe(recipe: Recipe, cfg: Any, on_step_end: StepCallback | None, console: Console | None) -> None:
@@ -278,7 +283,31 @@ def close_all(*things: Any) -> None:
             thing.close()
 
 
+def close_recipe(recipe: Recipe) -> None:
+    """A recipe's ``cleanup()``: its online run (when it plays one), its logger, then its strategy,
+    each closed when ``setup()`` got as far as opening it."""
+    close_all(*(getattr(recipe, name, None) for name in ("run", "logger", "strategy")))
+
+
 # -- recipes that walk epochs of fixed data -----------------------------------------------------------
+
+
+def start_epoch_recipe(
+    recipe: EpochRecipe, cfg: Any, on_step_end: StepCallback | None, console: Console | None
+) -> None:
+    """:func:`start_recipe` for a recipe that walks epochs: at the start of the first one, with no
+    step run yet."""
+    start_recipe(recipe, cfg, on_step_end, console)
+    recipe.epoch, recipe.index = 0, 0
+    recipe.last_loss, recipe.step_times = float("nan"), []
+
+
+def dataset_sources_of(cfg: Any, what: str) -> list[DataSource]:
+    """The datasets ``cfg.dataset`` names (one, or several mixed by weight), their mistakes named before
+    the model loads; ``what`` says what a dataset may be when none is given."""
+    if not cfg.dataset:
+        raise ConfigError(f"no dataset given; set dataset={what}")
+    return dataset_sources(cfg.dataset)
 
 
 def finish_setup(recipe: EpochRecipe, resume_from: Path | None, description: str, why_not: str = "") -> None:
@@ -297,8 +326,12 @@ def finish_setup(recipe: EpochRecipe, resume_from: Path | None, description: str
     recipe.logger = setup_logger(recipe, description, recipe.total_steps)
 
 
-def end_step(recipe: EpochRecipe, metrics: dict[str, Any]) -> None:
-    """:func:`log_step` with where the run stands in its epochs and the skipped-update counts."""
+def end_step(recipe: EpochRecipe, metrics: dict[str, Any], applied: bool) -> None:
+    """:func:`log_step` with where the run stands in its epochs and the skipped-update counts; the
+    step's time and, when its update ``applied``, its loss are kept for :func:`finish`'s summary."""
+    recipe.step_times.append(metrics["step_time"])
+    if applied:
+        recipe.last_loss = metrics["loss"]
     log_step(
         recipe, {**metrics, "epoch": recipe.epoch + recipe.index / recipe.micro_per_epoch, **recipe.skipped.metrics()}
     )
@@ -311,13 +344,14 @@ def save_epoch_checkpoint(recipe: EpochRecipe) -> Path:
     )
 
 
-def finish(recipe: EpochRecipe, last_loss: float, step_times: list[float], **extra: Any) -> dict[str, Any]:
+def finish(recipe: EpochRecipe, **extra: Any) -> dict[str, Any]:
     """The end of an epoch recipe's ``train()``: :func:`save_final`, then the run's summary (``extra``
     after the final loss)."""
     save_final(recipe)
+    step_times = recipe.step_times
     return {
         "steps": recipe.step,
-        "final_loss": last_loss,
+        "final_loss": recipe.last_loss,
         **extra,
         "skipped_updates": recipe.skipped.count,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,

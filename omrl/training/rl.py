@@ -48,11 +48,12 @@ from omrl.training.online_run import (
     OnlineRun,
     end_online_step,
     finish_online,
+    finish_online_setup,
     save_online_checkpoint,
     start_online_setup,
 )
 from omrl.training.policy import policy_forward
-from omrl.training.recipe import close_all, resume, run_recipe, setup_logger, setup_optimizer, skip_update, start_recipe
+from omrl.training.recipe import close_recipe, run_recipe, setup_optimizer, skip_update, start_recipe
 from omrl.training.recipe import update as optimizer_update
 from omrl.training.rl_data import join_columns, micro_batches, shuffled_mini_batches, sort_by_length
 from omrl.training.rollout_correction import correct, correction_name, mismatch_means, mismatch_over_processes
@@ -92,9 +93,7 @@ class RLRecipe:
         self.loss_norm_tokens = algo.loss_norm_tokens
         if algo.loss_agg_mode == "seq-mean-token-sum-norm" and not algo.loss_norm_tokens:
             self.loss_norm_tokens = online.episode_token_budget(cfg)
-        resumed = resume(self, resume_from) if resume_from is not None else None
-        self.logger = setup_logger(self, algo.name, cfg.steps)
-        self.run.start(self.step, resumed, self.logger.warn)
+        resumed = finish_online_setup(self, resume_from)
         if resumed is not None:
             self.kl_control.load_state_dict(resumed.extra)
             load_critic_state(self.strategy, resumed, self.value_head, self.critic_model)
@@ -381,7 +380,7 @@ class RLRecipe:
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        close_all(*(getattr(self, name, None) for name in ("run", "logger", "strategy")))
+        close_recipe(self)
 
 
 def run_rl(

@@ -38,7 +38,7 @@ from omrl.chat import check_history
 from omrl.clock import timed
 from omrl.config.options import SftRunConfig
 from omrl.data.conversations import load_conversations
-from omrl.data.mixture import dataset_sources, draw_mixture, mix_summary, report_mix
+from omrl.data.mixture import draw_mixture, mix_summary, report_mix
 from omrl.errors import ConfigError, OmrlError
 from omrl.models import check_context_window
 from omrl.training import recipe
@@ -61,15 +61,12 @@ class SftRecipe:
     """Supervised fine-tuning: ``setup()``, ``train()``, ``cleanup()`` (or :func:`run_sft`)."""
 
     def __init__(self, cfg: SftRunConfig, on_step_end: StepCallback | None = None, console: Console | None = None):
-        recipe.start_recipe(self, cfg, on_step_end, console)
-        self.epoch, self.index = 0, 0  # index: next micro-batch in the epoch's order
+        recipe.start_epoch_recipe(self, cfg, on_step_end, console)
 
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        if not cfg.dataset:
-            raise ConfigError("no dataset given; set dataset=<file or directory> (or --dataset)")
-        self.sources = dataset_sources(cfg.dataset)  # a mixture's mistakes named before the model loads
+        self.sources = recipe.dataset_sources_of(cfg, "<file or directory> (or --dataset)")
         if cfg.num_train_epochs <= 0:
             raise ConfigError(f"num_train_epochs must be > 0, got {cfg.num_train_epochs}")
         if cfg.optim.micro_batch_size < 1:
@@ -172,7 +169,6 @@ class SftRecipe:
         cfg, model, strategy = self.cfg, self.model, self.strategy
         accumulation = cfg.optim.gradient_accumulation_steps
         pad_id = self.tokenizer.pad_token_id
-        last_loss, step_times = float("nan"), []
         model.train()
         while self.step < self.total_steps:
             # DATA: the next micro-batches in this epoch's order
@@ -205,12 +201,9 @@ class SftRecipe:
             loss_value, nonfinite_anywhere = strategy.sum([loss_value, not finite])
             finite = not nonfinite_anywhere
             grad_norm, lr, applied = recipe.update(self, self.step, finite)
-            if applied:
-                last_loss = loss_value
 
             # LOG and CHECKPOINT
             step_time = time.perf_counter() - started
-            step_times.append(step_time)
             metrics = {
                 "loss": loss_value if finite else float("nan"),
                 "lr": lr,
@@ -220,10 +213,10 @@ class SftRecipe:
                 "label_tokens": label_tokens,
                 **self.step_mix(chosen),
             }
-            recipe.end_step(self, metrics)  # with the epoch, peak memory and skipped updates
+            recipe.end_step(self, metrics, applied)  # with the epoch, peak memory and skipped updates
 
         # SAVE: the final checkpoint (resumable) and the final model (LoRA merged)
-        return recipe.finish(self, last_loss, step_times, **({"data_mix": self.mix} if self.mix else {}))
+        return recipe.finish(self, **({"data_mix": self.mix} if self.mix else {}))
 
     @timed("forward")
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -240,7 +233,7 @@ class SftRecipe:
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
-        recipe.close_all(getattr(self, "logger", None), self.strategy)
+        recipe.close_recipe(self)
 
 
 def run_sft(

@@ -3,7 +3,8 @@
 - :mod:`omrl.view.sources` finds what a path holds (metrics, config, trajectories,
   eval reports) and notes every file it could not read, naming the file.
 - :mod:`omrl.view.metrics` reads ``metrics.jsonl`` and sorts its keys into plot panels.
-- :mod:`omrl.view.store` indexes the episodes (summaries only) and loads one on demand.
+- :mod:`omrl.view.store` indexes the episodes (summaries only) and loads one on demand;
+  :mod:`omrl.view.detail` lays one out in full.
 - :mod:`omrl.view.tokens` turns token ids into per-token text with the run's tokenizer.
 - :mod:`omrl.view.evals` finds the answer an env expected, each task's pass@k and each reward component's sum.
 - :mod:`omrl.view.compare` puts two evals side by side (``omrl view A B``).

@@ -33,12 +33,12 @@ import random
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
-from omrl_plugins.envs.engines.common import check_task_in_splits, split_ids
+from omrl_plugins.envs.engines.common import RangeSplits
 
 Cell = tuple[int, int]
 
@@ -141,9 +141,11 @@ def describe(maze: Maze, agent: Cell, show_grid: bool) -> str:
     return f"{text}\n{maze.render(agent)}" if show_grid else text
 
 
-class GridWorld(Env):
+class GridWorld(RangeSplits, Env):
     """A small text maze: reach the goal with up/down/left/right; BFS shortest-path expert."""
 
+    split_ranges = SPLITS
+    splits_name = "gridworld"
     action_help = "Reply with one move: up, down, left or right."
     tools = [
         {
@@ -188,12 +190,9 @@ class GridWorld(Env):
         self._turn = 0
         self._done = True
 
-    def task_ids(self, split: str) -> Sequence[int]:
-        return split_ids("gridworld", split, SPLITS)
-
     def maze(self, task_id: int) -> Maze:
         """The maze of ``task_id`` under this instance's options."""
-        check_task_in_splits("gridworld", task_id, SPLITS)
+        self.check_task_id(task_id)
         return generate_maze(task_id, self.size, self.wall_density, self.min_distance, self.max_distance)
 
     def reset(self, task_id: int) -> Observation:

@@ -8,13 +8,12 @@ import pytest
 import torch
 
 from omrl.algos import AlgoConfig, PolicyLossInput
-from omrl.errors import ConfigError, OmrlError
+from omrl.errors import OmrlError
 from omrl_plugins.algos.covariance_losses import clip_cov, kl_cov
+from tests.algos.helpers import MASK, MASKS, check_config_refused, check_garbage_off_the_mask_is_unread, loss_input
 
 NAN, INF = float("nan"), float("inf")
 
-# row 0: two turns with env tokens between and after them; row 1: one turn; row 2: no model token
-MASK = [[1, 1, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]
 LOG_PROBS = [[-0.1, -3.0, NAN, -INF, -0.2, -2.5, NAN], [-0.3, -2.0, -0.05, NAN, -INF, NAN, NAN], [NAN] * 7]
 ADV = [[2.0, -1.5, NAN, NAN, 1.5, 1.0, NAN], [-1.0, 2.5, 2.2, NAN, NAN, NAN, NAN], [NAN] * 7]
 # only (1, 2) is clipped by PPO's [0.8, 1.2] (A > 0, ratio 1.5)
@@ -28,13 +27,7 @@ N = len(TOKENS)
 
 
 def batch(mask=MASK) -> PolicyLossInput:
-    """float64 inputs; log_probs a leaf that takes gradients."""
-    return PolicyLossInput(
-        log_probs=torch.tensor(LOG_PROBS, dtype=torch.float64, requires_grad=True),
-        old_log_probs=torch.tensor(OLD, dtype=torch.float64),
-        advantages=torch.tensor(ADV, dtype=torch.float64),
-        loss_mask=torch.tensor(mask),
-    )
+    return loss_input(LOG_PROBS, OLD, ADV, mask)
 
 
 def covariances() -> dict[tuple[int, int], float]:
@@ -148,16 +141,11 @@ def test_kl_cov_penalises_at_least_one_token():
 
 
 @pytest.mark.parametrize("loss_fn", [clip_cov, kl_cov])
-@pytest.mark.parametrize("mask", [MASK, [[0] * 7] * 3], ids=["gaps", "no-token"])
+@MASKS
 def test_garbage_off_the_mask_never_reaches_loss_or_gradient(loss_fn, mask):
     torch.manual_seed(0)
-    data = batch(mask=mask)
-    loss, metrics = loss_fn(data, AlgoConfig(cov_clip_low=-10.0, cov_clip_ratio=0.5, kl_cov_ratio=0.5))
-    loss.backward()
-    assert torch.isfinite(loss)
-    assert torch.isfinite(data.log_probs.grad).all()
-    assert (data.log_probs.grad[~torch.tensor(mask).bool()] == 0).all()
-    assert all(math.isfinite(v) for v in metrics.values())
+    config = AlgoConfig(cov_clip_low=-10.0, cov_clip_ratio=0.5, kl_cov_ratio=0.5)
+    check_garbage_off_the_mask_is_unread(loss_fn, batch(mask=mask), config)
 
 
 @pytest.mark.parametrize("loss_fn", [clip_cov, kl_cov])
@@ -179,6 +167,4 @@ def test_mismatched_shapes_are_rejected(loss_fn):
     ],
 )
 def test_out_of_range_config_is_a_config_error(loss_fn, fields, message):
-    data = PolicyLossInput(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1))
-    with pytest.raises(ConfigError, match=message):
-        loss_fn(data, AlgoConfig(**fields))
+    check_config_refused(loss_fn, fields, message)

@@ -7,25 +7,14 @@ import math
 import pytest
 import torch
 
-from omrl.algos import AlgoConfig, PolicyLossInput
-from omrl.errors import ConfigError, OmrlError
+from omrl.algos import AlgoConfig
+from omrl.errors import OmrlError
 from omrl_plugins.algos.sequence_losses import gmpo, gspo
+from tests.algos.helpers import MASK, MASKS, check_config_refused, check_garbage_off_the_mask_is_unread, loss_input
 
 NAN, INF = float("nan"), float("inf")
 
-# row 0: two turns with env tokens between and after them; row 1: one turn; row 2: no model token
-MASK = [[1, 1, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]
 GSPO_CFG = dict(clip_ratio_low=0.0003, clip_ratio_high=0.0004)  # the paper's ranges
-
-
-def batch(log_probs, old_log_probs, advantages, mask=MASK) -> PolicyLossInput:
-    """float64 inputs; log_probs a leaf that takes gradients."""
-    return PolicyLossInput(
-        log_probs=torch.tensor(log_probs, dtype=torch.float64, requires_grad=True),
-        old_log_probs=torch.tensor(old_log_probs, dtype=torch.float64),
-        advantages=torch.tensor(advantages, dtype=torch.float64),
-        loss_mask=torch.tensor(mask),
-    )
 
 
 def masked(row) -> list[int]:
@@ -72,7 +61,7 @@ def gspo_by_hand(log_probs, old, adv, mask, low, high, mode):
 
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean"])
 def test_gspo_matches_the_paper_token_by_token(mode):
-    data = batch(GSPO_LOG_PROBS, GSPO_OLD, GSPO_ADV)
+    data = loss_input(GSPO_LOG_PROBS, GSPO_OLD, GSPO_ADV)
     loss, metrics = gspo(data, AlgoConfig(loss_agg_mode=mode, **GSPO_CFG))
     loss.backward()
     want_loss, want_grads, clip_frac, seq_ratio = gspo_by_hand(
@@ -98,7 +87,7 @@ def test_gspo_token_is_sequence_level_gspo_when_each_row_has_one_advantage():
     log_probs = [[-1.0, -2.0, 0.0, 0.0, -0.5, -0.7, 0.0], [-0.2, -0.3, -0.4, 0, 0, 0, 0], [0.0] * 7]
     old = [[-1.0001, -1.9998, 0.0, 0.0, -0.5003, -0.7002, 0.0], [-0.201, -0.302, -0.4, 0, 0, 0, 0], [0.0] * 7]
     adv = [[2.0] * 7, [-1.0] * 7, [3.0] * 7]
-    data = batch(log_probs, old, adv)
+    data = loss_input(log_probs, old, adv)
     loss, _ = gspo(data, AlgoConfig(loss_agg_mode="seq-mean-token-mean", **GSPO_CFG))
     loss.backward()
     # sequence-level GSPO: -1/G sum_i min(s_i A_i, clip(s_i) A_i), autograd through s_i itself
@@ -118,7 +107,7 @@ def test_gspo_token_is_sequence_level_gspo_when_each_row_has_one_advantage():
 def test_gspo_clamps_the_sequence_log_ratio_and_its_gradient():
     # mean log ratio 100 would overflow exp(); clamped to 20. A < 0 and s > 1 + eps: unclipped, yet
     # past the clamp the loss is constant, as ppo_clip's and verl's clamp make it: no gradient
-    data = batch([[0.0, 0.0]], [[-100.0, -100.0]], [[-1.0, -1.0]], mask=[[1, 1]])
+    data = loss_input([[0.0, 0.0]], [[-100.0, -100.0]], [[-1.0, -1.0]], mask=[[1, 1]])
     loss, metrics = gspo(data, AlgoConfig(**GSPO_CFG))
     loss.backward()
     assert loss.item() == pytest.approx(math.exp(20.0))
@@ -132,7 +121,7 @@ def test_a_row_past_the_clamp_gets_no_gradient_while_the_others_keep_theirs(log_
     # row 0: every token at log ratio +-25, past +-20; row 1 inside the clip range
     log_probs = [[0.0] * 4, [-1.0, -1.0, -1.0, -1.0]]
     old = [[-log_ratio] * 4, [-1.0001, -0.9999, -1.0, -1.0]]
-    data = batch(log_probs, old, [[advantage] * 4, [1.0] * 4], mask=[[1] * 4, [1] * 4])
+    data = loss_input(log_probs, old, [[advantage] * 4, [1.0] * 4], mask=[[1] * 4, [1] * 4])
     loss, _ = gspo(data, AlgoConfig(**GSPO_CFG))
     loss.backward()
     assert (data.log_probs.grad[0] == 0).all()
@@ -171,7 +160,7 @@ def gmpo_by_hand(log_probs, old, adv, mask, low, high):
 
 
 def test_gmpo_matches_the_paper_with_the_mean_over_sequences():
-    data = batch(GMPO_LOG_PROBS, GMPO_OLD, GMPO_ADV)
+    data = loss_input(GMPO_LOG_PROBS, GMPO_OLD, GMPO_ADV)
     cfg = AlgoConfig(clip_ratio_low=0.4, clip_ratio_high=0.4, loss_agg_mode="seq-mean-token-mean")
     loss, metrics = gmpo(data, cfg)
     loss.backward()
@@ -191,7 +180,7 @@ def test_gmpo_matches_the_paper_with_the_mean_over_sequences():
 
 def test_gmpo_under_token_mean_weighs_each_sequence_by_its_length():
     # the sequences' losses as above, row 0 with 4 tokens and row 1 with 3: (4 L0 + 3 L1) / 7
-    data = batch(GMPO_LOG_PROBS, GMPO_OLD, GMPO_ADV)
+    data = loss_input(GMPO_LOG_PROBS, GMPO_OLD, GMPO_ADV)
     loss, _ = gmpo(data, AlgoConfig(clip_ratio_low=0.4, clip_ratio_high=0.4))
     assert loss.item() == pytest.approx((4 * -math.exp(-0.075) + 3 * 2 * math.exp(0.1)) / 7)
 
@@ -199,7 +188,7 @@ def test_gmpo_under_token_mean_weighs_each_sequence_by_its_length():
 def test_gmpo_clamps_the_mean_log_ratio_and_its_gradient():
     # A < 0 keeps the larger log ratio, 100, unclipped: exp(100) would overflow float32; clamped to 20,
     # past which the loss is constant
-    data = batch([[0.0, 0.0]], [[-100.0, -100.0]], [[-1.0, -1.0]], mask=[[1, 1]])
+    data = loss_input([[0.0, 0.0]], [[-100.0, -100.0]], [[-1.0, -1.0]], mask=[[1, 1]])
     loss, _ = gmpo(data, AlgoConfig())
     loss.backward()
     assert loss.item() == pytest.approx(math.exp(20.0))
@@ -207,20 +196,15 @@ def test_gmpo_clamps_the_mean_log_ratio_and_its_gradient():
 
 
 @pytest.mark.parametrize("loss_fn", [gspo, gmpo])
-@pytest.mark.parametrize("mask", [MASK, [[0] * 7] * 3], ids=["gaps", "no-token"])
+@MASKS
 def test_garbage_off_the_mask_never_reaches_loss_or_gradient(loss_fn, mask):
-    data = batch(GSPO_LOG_PROBS, GSPO_OLD, GSPO_ADV, mask=mask)
-    loss, metrics = loss_fn(data, AlgoConfig(**GSPO_CFG))
-    loss.backward()
-    assert torch.isfinite(loss)
-    assert torch.isfinite(data.log_probs.grad).all()
-    assert (data.log_probs.grad[~torch.tensor(mask).bool()] == 0).all()
-    assert all(math.isfinite(v) for v in metrics.values())
+    data = loss_input(GSPO_LOG_PROBS, GSPO_OLD, GSPO_ADV, mask=mask)
+    check_garbage_off_the_mask_is_unread(loss_fn, data, AlgoConfig(**GSPO_CFG))
 
 
 @pytest.mark.parametrize("loss_fn", [gspo, gmpo])
 def test_mismatched_shapes_are_rejected(loss_fn):
-    data = batch([[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 1.0, 1.0]], mask=[[1, 1]])
+    data = loss_input([[0.0, 0.0]], [[0.0, 0.0]], [[1.0, 1.0, 1.0]], mask=[[1, 1]])
     with pytest.raises(OmrlError, match=f"{loss_fn.__name__}: advantages has shape \\(1, 3\\)"):
         loss_fn(data, AlgoConfig())
 
@@ -235,6 +219,4 @@ def test_mismatched_shapes_are_rejected(loss_fn):
     ],
 )
 def test_out_of_range_config_is_a_config_error(loss_fn, field, value, message):
-    data = batch([[0.0]], [[0.0]], [[1.0]], mask=[[1]])
-    with pytest.raises(ConfigError, match=message):
-        loss_fn(data, AlgoConfig(**{field: value}))
+    check_config_refused(loss_fn, {field: value}, message)

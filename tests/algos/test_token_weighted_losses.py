@@ -8,14 +8,13 @@ import pytest
 import torch
 
 from omrl.algos import AlgoConfig, PolicyLossInput
-from omrl.errors import ConfigError, OmrlError
+from omrl.errors import OmrlError
 from omrl_plugins.algos.policy_losses import ppo_clip
 from omrl_plugins.algos.token_weighted_losses import cispo, reinforce, sapo
+from tests.algos.helpers import MASK, MASKS, check_config_refused, check_garbage_off_the_mask_is_unread, loss_input
 
 NAN, INF = float("nan"), float("inf")
 
-# row 0: two turns with env tokens between and after them; row 1: one turn; row 2: no model token
-MASK = [[1, 1, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0]]
 LOG_PROBS = [[-0.5, -1.0, NAN, -INF, -0.2, -2.0, NAN], [-0.3, -0.8, -1.5, NAN, -INF, NAN, NAN], [NAN] * 7]
 RATIOS = [[1.5, 0.5, 1.0, 1.0, 1.1, 1.0, 1.0], [0.9, 2.0, 0.7, 1.0, 1.0, 1.0, 1.0], [1.0] * 7]
 ADV = [[1.0, -2.0, NAN, NAN, 0.5, -1.0, NAN], [2.0, 1.0, -0.5, NAN, NAN, NAN, NAN], [NAN] * 7]
@@ -28,13 +27,7 @@ N_TOKENS = 7
 
 
 def batch(log_probs=LOG_PROBS, old_log_probs=OLD, advantages=ADV, mask=MASK) -> PolicyLossInput:
-    """float64 inputs; log_probs a leaf that takes gradients."""
-    return PolicyLossInput(
-        log_probs=torch.tensor(log_probs, dtype=torch.float64, requires_grad=True),
-        old_log_probs=torch.tensor(old_log_probs, dtype=torch.float64),
-        advantages=torch.tensor(advantages, dtype=torch.float64),
-        loss_mask=torch.tensor(mask),
-    )
+    return loss_input(log_probs, old_log_probs, advantages, mask)
 
 
 def tokens(mask=MASK):
@@ -136,15 +129,9 @@ def test_reinforce_on_policy_has_ppo_clips_gradient(mode):
 
 
 @pytest.mark.parametrize("loss_fn", [cispo, sapo, reinforce])
-@pytest.mark.parametrize("mask", [MASK, [[0] * 7] * 3], ids=["gaps", "no-token"])
+@MASKS
 def test_garbage_off_the_mask_never_reaches_loss_or_gradient(loss_fn, mask):
-    data = batch(mask=mask)
-    loss, metrics = loss_fn(data, AlgoConfig())
-    loss.backward()
-    assert torch.isfinite(loss)
-    assert torch.isfinite(data.log_probs.grad).all()
-    assert (data.log_probs.grad[~torch.tensor(mask).bool()] == 0).all()
-    assert all(math.isfinite(v) for v in metrics.values())
+    check_garbage_off_the_mask_is_unread(loss_fn, batch(mask=mask), AlgoConfig())
 
 
 @pytest.mark.parametrize("loss_fn", [cispo, sapo, reinforce])
@@ -165,6 +152,4 @@ def test_mismatched_shapes_are_rejected(loss_fn):
     ],
 )
 def test_out_of_range_config_is_a_config_error(loss_fn, field, value, message):
-    data = batch([[0.0]], [[0.0]], [[1.0]], mask=[[1]])
-    with pytest.raises(ConfigError, match=message):
-        loss_fn(data, AlgoConfig(**{field: value}))
+    check_config_refused(loss_fn, {field: value}, message)

@@ -6,7 +6,6 @@ line an exit 2 with that one line, never "a bug in omrl"."""
 from __future__ import annotations
 
 import json
-import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -15,6 +14,7 @@ import pytest
 from omrl.backends import SamplingParams
 from omrl.backends.openai import EndpointError, OpenAIBackend
 from omrl.cli import main
+from tests.helpers import serving_in_a_thread
 
 CHAT = [{"role": "user", "content": "hi"}]
 
@@ -110,12 +110,8 @@ class _Canned(BaseHTTPRequestHandler):
 @pytest.fixture
 def canned_server():
     """An HTTP server on 127.0.0.1 answering every POST with ``_Canned.body`` under HTTP 200."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Canned)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving_in_a_thread(ThreadingHTTPServer(("127.0.0.1", 0), _Canned)) as server:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
 @pytest.mark.parametrize("case", ["not json", "id -1", "NaN log-prob", "lone surrogate", "JSON 100,000 deep"])

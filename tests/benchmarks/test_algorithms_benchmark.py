@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.helpers import BENCHMARKS, load_benchmark
 
 
 @pytest.fixture
 def algorithms(monkeypatch):
-    """benchmarks/algorithms.py as a module (benchmarks import their helpers from their own folder)."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("algorithms_benchmark", BENCHMARKS / "algorithms.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """benchmarks/algorithms.py as a module."""
+    return load_benchmark(monkeypatch, "algorithms")
 
 
 def _row(arm: str, sampled: float, se: float, **extra) -> dict:

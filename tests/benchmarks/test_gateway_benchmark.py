@@ -3,11 +3,10 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.helpers import BENCHMARKS
 
 
 @pytest.mark.slow  # a benchmark run end to end, in its own process

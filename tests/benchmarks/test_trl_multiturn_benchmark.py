@@ -3,26 +3,19 @@ mode runs end to end against the real TRL (skipped, with the reason shown, where
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.benchmarks.helpers import BENCHMARKS, load_benchmark
 
 
 @pytest.fixture
 def bench(monkeypatch):
-    """benchmarks/trl_multiturn.py as a module (benchmarks import their helpers from their own folder)."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location("trl_multiturn_benchmark", BENCHMARKS / "trl_multiturn.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    """benchmarks/trl_multiturn.py as a module."""
+    return load_benchmark(monkeypatch, "trl_multiturn")
 
 
 def test_both_sides_score_the_final_reply_alike(bench):

@@ -6,7 +6,6 @@ import pytest
 
 from omrl.chat import encode_conversation, next_turn_ids, prompt_ids, render
 from omrl.errors import OmrlError
-from omrl.models import load_tokenizer
 
 CHAT = [
     {"role": "system", "content": "You act in a maze."},
@@ -17,9 +16,9 @@ CHAT = [
 ]
 
 
-@pytest.fixture(params=["tiny", "smollm2"])
-def tokenizer(request, tiny_model_dir, smollm2_dir):
-    return load_tokenizer(tiny_model_dir if request.param == "tiny" else smollm2_dir)
+@pytest.fixture
+def tokenizer(builtin_tokenizer):
+    return builtin_tokenizer
 
 
 def test_conversation_decodes_to_the_rendered_chat(tokenizer):

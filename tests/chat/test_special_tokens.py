@@ -8,14 +8,13 @@ from __future__ import annotations
 import pytest
 
 from omrl.chat import conversation_rows, encode_plain, next_prompt, prompt_ids, render
-from omrl.models import load_tokenizer
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
 
 
-@pytest.fixture(params=["tiny", "smollm2"])
-def tokenizer(request, tiny_model_dir, smollm2_dir):
-    return load_tokenizer(tiny_model_dir if request.param == "tiny" else smollm2_dir)
+@pytest.fixture
+def tokenizer(builtin_tokenizer):
+    return builtin_tokenizer
 
 
 def specials(tokenizer) -> list[str]:

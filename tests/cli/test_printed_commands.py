@@ -8,7 +8,7 @@ import json
 import re
 import shlex
 
-from tests.helpers import invoke
+from tests.helpers import invoke, train_one_grpo_step
 
 
 def test_the_evaluate_it_line_of_a_run_with_env_options_runs(tmp_path):
@@ -16,26 +16,7 @@ def test_the_evaluate_it_line_of_a_run_with_env_options_runs(tmp_path):
     questions.write_text(
         "".join(json.dumps({"question": f"{n} + {n} =", "answer": str(2 * n)}) + "\n" for n in range(12))
     )
-    run = tmp_path / "run"
-    trained = invoke(
-        "train",
-        "--algo",
-        "grpo",
-        "--env",
-        "dataset",
-        "--model",
-        "tiny",
-        "--steps",
-        "1",
-        "--output-dir",
-        str(run),
-        f"plugins.dataset.path={questions}",
-        "plugins.dataset.test_fraction=0.5",
-        "tasks_per_step=2",
-        "group_size=2",
-        "eval_every=0",
-    )
-    assert trained.exit_code == 0, trained.output
+    trained = train_one_grpo_step(questions, tmp_path / "run", "plugins.dataset.test_fraction=0.5")
     (line,) = re.findall(r"evaluate it: (.+)", trained.output)
     words = shlex.split(line)
     assert words[:2] == ["omrl", "eval"] and not any("plugins.dataset" in word for word in words)

@@ -1,10 +1,13 @@
-"""Every ``omrl ...`` command line in README.md, the contributor's guides and docs/*.md, and a check of
-one against the real CLI."""
+"""Every ``omrl ...`` command line in README.md, the contributor's guides and docs/*.md, a check of one
+against the real CLI, and a shell that runs the docs' commands as a reader would."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -133,3 +136,20 @@ def check_overrides(path: list[str], params: dict) -> None:
             load_config(cls, preset, overrides)
         except (ConfigError, DeprecatedKeyWarning) as exc:
             raise AssertionError(f"`omrl {' '.join(path)}` config: {exc}") from exc
+
+
+def shell(command: str, cwd: Path = REPO, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``command`` run by a shell in ``cwd``, offline, with this Python's scripts (``omrl``) first on the PATH."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    return subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_each(commands: list[str], cwd: Path) -> None:
+    """Run ``commands`` in turn in ``cwd``, as a reader pastes them: each must succeed."""
+    for command in commands:
+        done = shell(command, cwd)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"

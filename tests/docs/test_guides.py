@@ -4,19 +4,16 @@ that runs a whole test tier is collected instead (a suite cannot run itself insi
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.docs.commands import FENCE, REPO
+from tests.docs.commands import FENCE, REPO, shell
 
 LIMITS = {"README.md": 12_000, "CONTRIBUTING.md": 6_000, "AGENTS.md": 6_000}
 GUIDES = ("CONTRIBUTING.md", "AGENTS.md")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-FAST, FULL = 'HF_HUB_OFFLINE=1 pytest -q -m "not slow"', "HF_HUB_OFFLINE=1 pytest -q"
+FAST, FULL = 'HF_HUB_OFFLINE=1 pytest -q -n 2 -m "not slow"', "HF_HUB_OFFLINE=1 pytest -q"
 
 
 def commands(name: str) -> list[str]:
@@ -39,11 +36,6 @@ def runs_a_tier(command: str) -> bool:
 def too_long(name: str, limit: int) -> str | None:
     size = len((REPO / name).read_text(encoding="utf-8"))
     return f"{name} has {size:,} characters, over its {limit:,}" if size > limit else None
-
-
-def shell(command: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(command, shell=True, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def collected(command: str) -> tuple[int, int, int]:

@@ -3,13 +3,12 @@ runs that), and every other command in it runs, in order, in an empty folder, an
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.docs.commands import run_each
 
 ROOT = Path(__file__).resolve().parents[2]
 SKILL = ROOT / "skills" / "omrl" / "SKILL.md"
@@ -37,14 +36,7 @@ def test_the_install_line_is_the_readmes():
 def test_every_command_of_the_skill_runs(tmp_path, tiny_model_dir):
     commands = blocks("bash")
     assert len(commands) >= 10
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    for command in commands:
-        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    run_each(commands, tmp_path)
     assert (tmp_path / "runs" / "grpo" / "view.html").is_file()
     steps = [
         line for line in (tmp_path / "runs" / "grpo" / "metrics.jsonl").read_text().splitlines() if '"step"' in line

@@ -3,10 +3,7 @@ trained and evaluated with thinking off and on, each run's option reaching its e
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +11,7 @@ import yaml
 
 from omrl.data.trajectory import read_episodes
 from omrl.models import load_tokenizer
+from tests.docs.commands import run_each
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "templates.md"
 
@@ -29,14 +27,7 @@ def test_the_thinking_example_runs_and_each_eval_prompts_as_its_run_trained(tmp_
     (tmp_path / "tiny_qwen3.py").write_text(block("python tiny_qwen3.py"), encoding="utf-8")
     commands = [line for line in block("bash thinking-example").splitlines() if line.strip()]
     assert len(commands) == 6 and sum("enable_thinking=" in line for line in commands) == 2
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-    }
-    for command in commands:
-        done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    run_each(commands, tmp_path)
     tokenizer = load_tokenizer(str(tmp_path / "tiny-qwen3"))
     for name, thinking in (("qwen3-no-thinking", False), ("qwen3-thinking", True)):
         config = yaml.safe_load((tmp_path / "runs" / name / "config.yaml").read_text())

@@ -18,37 +18,19 @@ closes its env at the end of stdin.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any, Callable
 
 from fastapi import FastAPI
-from pydantic import BaseModel
 
 from omrl_plugins.envs.engines.textcraft import TextCraftEnv
+from tests.envs.agentgym_apps import IdClose, IdStep, TextCraftCreate, TextCraftReset
 
 AGENTGYM_GOALS = 544  # AgentGym's server plays data_idx % 544
-
-
-class CreateBody(BaseModel):
-    commands: Optional[str] = None
-    goal: Optional[str] = None
-
-
-class ResetBody(BaseModel):
-    id: int
-    data_idx: Optional[int] = 0
-
-
-class StepBody(BaseModel):
-    id: int
-    action: str
-
-
-class CloseBody(BaseModel):
-    id: int
 
 
 def expert_plan(task: int) -> list[str]:
@@ -80,12 +62,24 @@ def textcraft_server() -> FastAPI:
         if info[env_id]["deleted"]:
             raise NameError(f"The task with environment {env_id} has been deleted.")
 
+    def answers_failures(route: Callable) -> Callable:
+        """AgentGym's wrapper answers every failure so: HTTP 200 ``{"error": ...}``."""
+
+        @functools.wraps(route)  # FastAPI reads the route's own parameters through it
+        def answer(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return route(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                return {"error": str(exc)}
+
+        return answer
+
     @app.get("/")
     def hello():
         return "This is environment TextCraft."
 
     @app.post("/create")
-    def create(body: CreateBody):
+    def create(body: TextCraftCreate):
         with lock:
             env_id = next(ids)
         env = TextCraftEnv(max_turns=10**9, numbering="agentgym")
@@ -95,48 +89,40 @@ def textcraft_server() -> FastAPI:
         return {"id": env_id, "observation": observation, "done": False, "reward": 0}
 
     @app.post("/step")
-    def step(body: StepBody):
-        try:
-            check(body.id)
-            env = envs[body.id]
-            state = env.snapshot()
-            if not state.running:  # AgentGym's env plays on after its goal
-                env.restore(dataclasses.replace(state, running=True))
-            result = env.step(body.action)
-            payload = {"observation": result.observation, "reward": int(result.reward), "done": result.info["won"]}
-            info[body.id].update(payload)
-        except Exception as exc:  # noqa: BLE001 - AgentGym's wrapper answers every failure so
-            payload = {"error": f"{exc}"}
+    @answers_failures
+    def step(body: IdStep):
+        check(body.id)
+        env = envs[body.id]
+        state = env.snapshot()
+        if not state.running:  # AgentGym's env plays on after its goal
+            env.restore(dataclasses.replace(state, running=True))
+        result = env.step(body.action)
+        payload = {"observation": result.observation, "reward": int(result.reward), "done": result.info["won"]}
+        info[body.id].update(payload)
         return payload
 
     @app.post("/reset")
-    def reset(body: ResetBody):
-        try:
-            check(body.id)
-            observation = first_observation(envs[body.id], body.data_idx or 0)
-            info[body.id].update({"observation": observation, "done": False, "reward": 0, "deleted": False})
-            return {"id": body.id, "observation": observation, "done": False, "reward": 0}
-        except Exception as exc:  # noqa: BLE001
-            return {"error": str(exc)}
+    @answers_failures
+    def reset(body: TextCraftReset):
+        check(body.id)
+        observation = first_observation(envs[body.id], body.data_idx or 0)
+        info[body.id].update({"observation": observation, "done": False, "reward": 0, "deleted": False})
+        return {"id": body.id, "observation": observation, "done": False, "reward": 0}
 
     @app.get("/observation")
+    @answers_failures
     def observation(id: int):
-        try:
-            check(id)
-            return info[id]["observation"]
-        except Exception as exc:  # noqa: BLE001
-            return {"error": str(exc)}
+        check(id)
+        return info[id]["observation"]
 
     @app.get("/detail")
+    @answers_failures
     def detail(id: int):
-        try:
-            check(id)
-            return info[id]
-        except Exception as exc:  # noqa: BLE001
-            return {"error": str(exc)}
+        check(id)
+        return info[id]
 
     @app.post("/close")
-    def close(body: CloseBody):
+    def close(body: IdClose):
         if envs.pop(body.id, None) is None:
             return False
         del info[body.id]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import invoke
+from tests.helpers import train_one_grpo_step
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "agents"
 
@@ -22,26 +22,7 @@ def test_a_compacting_agent_trains_with_a_row_per_summary(tmp_path, monkeypatch)
     monkeypatch.setenv("ROUNDS", "3")
     sys.modules.pop("compacting_agent", None)
     run = tmp_path / "run"
-    result = invoke(
-        "train",
-        "--algo",
-        "grpo",
-        "--env",
-        "dataset",
-        "--model",
-        "tiny",
-        "--agent",
-        "compacting_agent:run",
-        f"plugins.dataset.path={questions}",
-        "--steps",
-        "1",
-        "--output-dir",
-        str(run),
-        "tasks_per_step=2",
-        "group_size=2",
-        "eval_every=0",
-    )
-    assert result.exit_code == 0, result.output
+    result = train_one_grpo_step(questions, run, "--agent", "compacting_agent:run")
     assert "an agent program plays no action template: reward.weights={goal: 1}" in result.output
     (step,) = [
         json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"rows_per_episode"' in line

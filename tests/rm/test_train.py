@@ -25,6 +25,7 @@ from omrl.search import play_strategy
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
 from tests.helpers import REACT_GRIDWORLD, expert_and_model_episodes, invoke
+from tests.training.helpers import launch_two_processes
 
 GRIDWORLD = [*REACT_GRIDWORLD, "env.max_turns=4"]
 
@@ -404,38 +405,15 @@ finally:
 
 @pytest.mark.slow
 def test_two_processes_train_the_same_reward_model_as_one(data_dir, tmp_path):
-    import os
-    import subprocess
-    import sys
-
     from omrl.config import to_yaml
     from omrl.training.metrics import read_metrics
 
-    root = Path(__file__).resolve().parents[2]
     settings = ("optim.gradient_accumulation_steps=3", "num_train_epochs=1")  # 5 micro-batches: 3 + 2 a step
     run_rm_train(config(data_dir, tmp_path / "single", *settings))
     two = config(data_dir, tmp_path / "two", *settings)
     (tmp_path / "rm.yaml").write_text(to_yaml(two))
     (tmp_path / "run.py").write_text(TWO_PROCESS_SCRIPT)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(root / "configs" / "accelerate" / "ddp.yaml"),
-            "--num_processes",
-            "2",
-            str(tmp_path / "run.py"),
-            str(tmp_path / "rm.yaml"),
-            str(tmp_path),
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = launch_two_processes(tmp_path, str(tmp_path / "run.py"), str(tmp_path / "rm.yaml"), str(tmp_path))
     assert done.returncode == 0, done.stderr[-4000:]
     single = read_metrics(tmp_path / "single")
     assert [r["loss"] for r in read_metrics(tmp_path / "two")] == pytest.approx([r["loss"] for r in single], rel=1e-4)

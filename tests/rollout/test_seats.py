@@ -21,6 +21,7 @@ from omrl.rollout.outcomes import seat_metrics, seat_outcomes  # noqa: E402
 from omrl.rollout.seating import POLICY, SCRIPTED, PastCheckpoints, Player, check_seating  # noqa: E402
 from omrl.rollout.seats import play_seats  # noqa: E402
 from omrl_plugins.envs.engines.textarena_duel import TextArenaDuelEnv  # noqa: E402
+from tests.helpers import mask_runs  # noqa: E402
 
 SELF_PLAY = {"player_0": POLICY, "player_1": POLICY}
 
@@ -67,15 +68,6 @@ def play(policy, react, game, seating, *, tasks=(0, 1), group_size=2, history="k
         )
     finally:
         pool.close()
-
-
-def mask_runs(mask):
-    runs, start = [], 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            runs.append((mask[start], start, i))
-            start = i
-    return runs
 
 
 def assert_token_exact(ep, tokenizer):

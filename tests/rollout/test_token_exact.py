@@ -13,6 +13,7 @@ import pytest
 from omrl.chat import encode_conversation, render
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
+from tests.helpers import mask_runs
 
 
 def char_by_char(tokenizer, text: str) -> list[int]:
@@ -20,19 +21,9 @@ def char_by_char(tokenizer, text: str) -> list[int]:
     return [i for ch in text for i in tokenizer.encode(ch, add_special_tokens=False)]
 
 
-def mask_runs(mask: list[int]) -> list[tuple[int, int, int]]:
-    """(value, start, end) of each run of equal mask values."""
-    runs, start = [], 0
-    for i in range(1, len(mask) + 1):
-        if i == len(mask) or mask[i] != mask[start]:
-            runs.append((mask[start], start, i))
-            start = i
-    return runs
-
-
-@pytest.fixture(params=["tiny_tokenizer", "smollm2_tokenizer"])
-def tokenizer(request):
-    return request.getfixturevalue(request.param)
+@pytest.fixture
+def tokenizer(builtin_tokenizer):
+    return builtin_tokenizer
 
 
 def play(tokenizer):

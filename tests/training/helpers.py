@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from omrl.config import load_config
 from omrl.config.options import TrainRunConfig
 from omrl.hookspecs import hookimpl
+
+ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
 
 
 def gridworld_config(model_dir: str, output_dir: Path | str, *overrides: str, algo: str = "grpo") -> TrainRunConfig:
@@ -138,3 +143,19 @@ def sft_stop_then_resume(cfg: Any, after: int, **run_options: Any) -> None:
     run_until(run_sft, cfg, after, **run_options)
     cfg.resume = True
     run_sft(cfg, **run_options)
+
+
+def launch_two_processes(cwd: Path, *args: str, mode: str = "ddp", timeout: int = 600) -> subprocess.CompletedProcess:
+    """``accelerate launch`` of ``args`` (a script and its arguments, or ``-m module ...``) as two CPU processes
+    under ``configs/accelerate/<mode>.yaml``, one core each: the finished launch, its output captured."""
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "accelerate.commands.launch"),
+            *("--config_file", str(ACCELERATE_CONFIGS / f"{mode}.yaml"), "--num_processes", "2", *args),
+        ],
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # one core per process
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -20,7 +20,7 @@ from omrl.training import online
 from omrl.training.metrics import read_metrics
 from omrl.training.online import episode_token_budget
 from omrl.training.rl import run_rl
-from tests.training.helpers import EnvPlugin, SampleIndexReward, gridworld_configs, stop_then_resume
+from tests.training.helpers import EnvPlugin, stop_then_resume
 
 QUIET = Console(file=io.StringIO())
 
@@ -40,10 +40,9 @@ class HalfConstantReward:
 
 
 @pytest.fixture
-def config(tiny_model_dir, tmp_path, register_plugin):
-    register_plugin(SampleIndexReward(), name="sample-index")
+def config(sample_index_configs, register_plugin):
     register_plugin(HalfConstantReward(), name="half-constant")
-    return gridworld_configs(tiny_model_dir, tmp_path, "reward.weights={sample_index: 1.0}", "optim.micro_batch_size=8")
+    return sample_index_configs()
 
 
 def numbers(out) -> list[dict]:

@@ -25,7 +25,7 @@ from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
 from omrl_plugins.envs.gridworld import GridWorld
 from tests.fakes import Registers
-from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
+from tests.training.helpers import stop_then_resume
 from tests.training.test_tool_failures import AnyReply
 
 QUIET = Console(file=io.StringIO())
@@ -33,17 +33,9 @@ ASYNC_ONLY = ("weights_lag", "weights_lag_max", "generation_wait_s")
 
 
 @pytest.fixture
-def config(tiny_model_dir, tmp_path, register_plugin):
-    # a run-time plugin: the generation process must register it too
-    register_plugin(SampleIndexReward(), name="sample-index")
-    return gridworld_configs(
-        tiny_model_dir,
-        tmp_path,
-        "steps=3",
-        "reward.weights={sample_index: 1.0}",
-        "optim.micro_batch_size=8",
-        "rollout.generation_threads=1",
-    )
+def config(sample_index_configs):
+    # its reward is a run-time plugin: the generation process must register it too
+    return sample_index_configs("steps=3", "rollout.generation_threads=1")
 
 
 def numbers(out) -> list[dict]:

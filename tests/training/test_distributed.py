@@ -11,10 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +25,8 @@ from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.sft import run_sft
 
+from .helpers import launch_two_processes
 from .sample_data import agent_records, sft_run_config
-
-ROOT = Path(__file__).resolve().parents[2]
-ACCELERATE_CONFIGS = ROOT / "configs" / "accelerate"
 
 # Launched on every process: runs each job of a JSON list in turn (a recipe, then this process's final
 # weights saved in the job's folder), so one launch's start-up (some 12 s) serves many runs. The reward
@@ -91,27 +86,6 @@ leave_group()
 """
 
 
-def _launch(cwd, *args: str, mode: str = "ddp", timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one core per process
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--config_file",
-            str(ACCELERATE_CONFIGS / f"{mode}.yaml"),
-            "--num_processes",
-            "2",
-            *args,
-        ],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @dataclasses.dataclass
 class Job:
     """One run of a launch: ``kind`` "sft" or "train", its config, and the folder its processes save
@@ -143,7 +117,7 @@ def _run_jobs(cwd: Path, mode: str, jobs: list[Job]) -> list[dict[int, dict[str,
     listing = cwd / f"jobs-{mode}-{len(list(cwd.glob('jobs-*.json')))}.json"
     listing.write_text(json.dumps(specs))
     (cwd / "run_jobs.py").write_text(RUN_JOBS)
-    done = _launch(cwd, str(cwd / "run_jobs.py"), str(listing), mode=mode)
+    done = launch_two_processes(cwd, str(cwd / "run_jobs.py"), str(listing), mode=mode)
     assert done.returncode == 0, done.stderr[-4000:]
     return [{rank: torch.load(job.out / f"rank{rank}.pt") for rank in (0, 1)} for job in jobs]
 
@@ -401,7 +375,8 @@ def test_an_error_on_one_process_ends_the_run_instead_of_hanging(sft_config, tmp
     config = tmp_path / "sft.yaml"
     config.write_text(to_yaml(sft_config(logging__output_dir=str(tmp_path / "run"))))
     (tmp_path / "fail.py").write_text(FAIL_ON_RANK_1)
-    done = _launch(tmp_path, str(tmp_path / "fail.py"), str(config), timeout=120)  # a hang raises TimeoutExpired
+    # a hang raises TimeoutExpired
+    done = launch_two_processes(tmp_path, str(tmp_path / "fail.py"), str(config), timeout=120)
     assert done.returncode != 0
     assert "failed on process 1" in done.stderr
 
@@ -427,7 +402,7 @@ def test_tasks_per_step_must_split_evenly_across_processes(tiny_model_dir, tmp_p
             )
         )
     )
-    done = _launch(tmp_path, "-m", "omrl", "train", str(config))
+    done = launch_two_processes(tmp_path, "-m", "omrl", "train", str(config))
     assert done.returncode != 0
     assert "tasks_per_step=3 does not split evenly across 2 processes" in done.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

@@ -1,6 +1,6 @@
-"""examples/learn_selfplay.py at its smallest budget: every stage runs (the rules player's expert games,
-SFT, GRPO in self-play, both models against the random player) and its outputs are well formed. The
-learning itself is measured by the full run (docs/learning.md), not here."""
+"""examples/learn_selfplay.py at its smallest budget, on Kuhn Poker: every stage runs (the rules player's
+expert games, SFT, GRPO in self-play, both models against the random player) and its outputs are well
+formed. The learning itself is measured by the full run (docs/learning.md), not here."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def test_the_selfplay_example_writes_a_well_formed_summary(tmp_path):
     assert all(sum(ep.loss_mask) > 0 and ep.end_reason == "done" for ep in expert)
     assert (tmp_path / "sft" / "config.json").exists() and (tmp_path / "grpo" / "config.json").exists()
     steps = read_metrics(tmp_path / "grpo")
-    assert len(steps) == budget.grpo_steps and all("win_rate/seat:player_0" in step for step in steps)
+    # a seat counts once it moved: in Kuhn Poker the first mover can forfeit before the other seat moves
+    assert len(steps) == budget.grpo_steps and all(any(k.startswith("win_rate/seat:") for k in step) for step in steps)
 
     for name in ("sft", "selfplay"):
         result = summary[name]

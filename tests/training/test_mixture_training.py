@@ -22,7 +22,7 @@ from omrl.training.checkpoint import CheckpointError
 from omrl.training.metrics import per_env_metrics, read_metrics
 from omrl.training.rl import run_rl
 from omrl.training.rollout_step import step_metrics
-from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
+from tests.training.helpers import stop_then_resume
 
 QUIET = Console(file=io.StringIO())
 ARITHMETIC = "reasoning-gym:basic_arithmetic"
@@ -30,16 +30,8 @@ MIX = f"env.name=gridworld:0.5,{ARITHMETIC}:0.5"
 
 
 @pytest.fixture
-def config(tiny_model_dir, tmp_path, register_plugin):
-    register_plugin(SampleIndexReward(), name="sample-index")
-    return gridworld_configs(
-        tiny_model_dir,
-        tmp_path,
-        MIX,
-        "reward.weights={sample_index: 1.0}",
-        "optim.micro_batch_size=8",
-        "tasks_per_step=4",
-    )
+def config(sample_index_configs):
+    return sample_index_configs(MIX, "tasks_per_step=4")
 
 
 def rollout(cfg, step: int) -> list:

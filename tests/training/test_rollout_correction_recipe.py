@@ -13,22 +13,14 @@ from omrl.backends.base import Generation
 from omrl.backends.hf import HFBackend
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
-from tests.training.helpers import SampleIndexReward, gridworld_configs
 
 QUIET = Console(file=io.StringIO())
 
 
 @pytest.fixture
-def config(tiny_model_dir, tmp_path, register_plugin):
-    register_plugin(SampleIndexReward(), name="sample-index")  # advantages that are not all 0
-    return gridworld_configs(
-        tiny_model_dir,
-        tmp_path,
-        "steps=1",
-        "reward.weights={sample_index: 1.0}",
-        "optim.micro_batch_size=8",
-        "generation.sampler_check_kl=0",  # the sampler differs on purpose (sampler_off_by_3): corrected, not a fault
-    )
+def config(sample_index_configs):
+    # the sampler differs on purpose (sampler_off_by_3): corrected, not a fault
+    return sample_index_configs("steps=1", "generation.sampler_check_kl=0")
 
 
 @pytest.fixture

@@ -199,7 +199,7 @@ def test_a_two_dataset_run_trains_logs_its_mix_and_the_loss_falls(sft_config, ag
 
 
 def test_a_mixture_run_stopped_and_resumed_matches_one_that_ran_through(
-    sft_config, agent_jsonl, math_parquet, tmp_path
+    sft_config, sft_reference, agent_jsonl, math_parquet, tmp_path
 ):
     settings = dict(
         dataset=mixture(agent_jsonl, math_parquet, 0.4, 0.6),
@@ -209,10 +209,8 @@ def test_a_mixture_run_stopped_and_resumed_matches_one_that_ran_through(
         packing=True,
         max_seq_length=300,
     )
-    reference_cfg = sft_config(logging__output_dir=str(tmp_path / "reference"), **settings)
-    run_sft(reference_cfg, console=QUIET)
     reference = [
-        (r["step"], r["loss"], r[f"conversations/{math_parquet}"]) for r in read_metrics(tmp_path / "reference")
+        (r["step"], r["loss"], r[f"conversations/{math_parquet}"]) for r in read_metrics(sft_reference(**settings))
     ]
     assert len(reference) > 4
 

@@ -47,14 +47,12 @@ def _assert_same_losses(resumed, reference):
 
 
 @pytest.mark.slow  # a run killed in a process of its own, then resumed
-def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, tmp_path):
+def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, sft_reference, tmp_path):
     # 8 conversations, 2 per micro-batch, 2 micro-batches per step: 2 steps an epoch, 3 epochs, a checkpoint
     # every 3 steps; with a schedule and weight decay, whose state a resume must restore as well
     settings = dict(num_train_epochs=3.0, optim__gradient_accumulation_steps=2, logging__save_steps=3)
     settings |= dict(optim__lr_schedule="cosine", optim__warmup_steps=2, optim__weight_decay=0.01)
-    reference_cfg = sft_config(logging__output_dir=str(tmp_path / "reference"), **settings)
-    run_sft(reference_cfg, console=QUIET)
-    reference = _losses(reference_cfg.logging.output_dir)
+    reference = _losses(sft_reference(**settings))
     assert len(reference) == 6
 
     cfg = sft_config(logging__output_dir=str(tmp_path / "killed"), **settings)
@@ -74,7 +72,7 @@ def test_killed_run_resumes_at_exactly_the_next_batch(sft_config, tmp_path):
     _assert_same_losses(_losses(cfg.logging.output_dir), reference)
 
 
-def test_lora_run_with_dropout_stopped_by_a_hook_resumes_exactly(sft_config, tmp_path):
+def test_lora_run_with_dropout_stopped_by_a_hook_resumes_exactly(sft_config, sft_reference, tmp_path):
     """LoRA dropout draws random numbers: the restored RNG states make the resumed steps identical."""
     settings = dict(
         model__lora_rank=4,
@@ -85,9 +83,7 @@ def test_lora_run_with_dropout_stopped_by_a_hook_resumes_exactly(sft_config, tmp
         packing=True,
         max_seq_length=220,
     )
-    reference_cfg = sft_config(logging__output_dir=str(tmp_path / "reference"), **settings)
-    run_sft(reference_cfg, console=QUIET)
-    reference = _losses(reference_cfg.logging.output_dir)
+    reference = _losses(sft_reference(**settings))
 
     cfg = sft_config(logging__output_dir=str(tmp_path / "stopped"), **settings)
     sft_stop_then_resume(cfg, 3, console=QUIET)

@@ -4,7 +4,6 @@ pytest's temporary directory (their paths are printed and recorded as test prope
 
 from __future__ import annotations
 
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from omrl.view import open_run
 from omrl.view.page import write_page
 from omrl.view.server import make_server
+from tests.helpers import serving_in_a_thread
 
 from .conftest import SCRIPT, make_episode, small_episodes, write_metrics
 
@@ -21,14 +21,8 @@ pytestmark = pytest.mark.slow  # a real training run and a browser: about a minu
 
 @contextmanager
 def serving(path, **kwargs):
-    server = make_server(open_run(path, **kwargs), "127.0.0.1", 0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_in_a_thread(make_server(open_run(path, **kwargs), "127.0.0.1", 0)) as server:
         yield server.url
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextmanager

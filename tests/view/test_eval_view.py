@@ -5,7 +5,6 @@ side by side (the data, the endpoints, the command, and the pages in a real Chro
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import contextmanager
 
 import pytest
@@ -16,6 +15,7 @@ from omrl.view import open_run
 from omrl.view.compare import Comparison
 from omrl.view.page import write_page
 from omrl.view.server import make_server
+from tests.helpers import serving_in_a_thread
 
 from .conftest import make_episode, small_episodes
 from .test_browser import page_of, serving
@@ -152,9 +152,7 @@ def test_a_comparison_without_reports_and_with_alike_names(tmp_path):
 
 
 def test_the_compare_endpoints(evals):
-    srv = make_server(Comparison(open_run(evals[0]), open_run(evals[1])), "127.0.0.1", 0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    with serving_in_a_thread(make_server(Comparison(open_run(evals[0]), open_run(evals[1])), "127.0.0.1", 0)) as srv:
         assert json.loads(_get(srv, "/api/run")[2])["kind"] == "compare"
         assert json.loads(_get(srv, "/api/a/run")[2])["episodes"] == 12
         assert json.loads(_get(srv, "/api/b/episode/9")[2])["summary"]["won"] is False
@@ -162,9 +160,6 @@ def test_the_compare_endpoints(evals):
         assert json.loads(_get(srv, "/api/b/episodes?success=won")[2])["total"] == 6
         assert json.loads(_get(srv, "/api/b/group/0%3A1")[2])["passes"]["won"] == 1
         assert _get(srv, "/api/c/run")[0] == 404 and _get(srv, "/api/episodes")[0] == 404
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def test_view_of_two_evals_writes_one_page(evals, tmp_path):
@@ -194,13 +189,8 @@ def test_a_saved_comparison_holds_the_changed_episodes_first(evals, tmp_path):
 
 @contextmanager
 def comparing(a, b):
-    server = make_server(Comparison(open_run(a), open_run(b)), "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving_in_a_thread(make_server(Comparison(open_run(a), open_run(b)), "127.0.0.1", 0)) as server:
         yield server.url
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ left as it was."""
 from __future__ import annotations
 
 import json
-import threading
+from contextlib import ExitStack
 
 import pytest
 from typer.testing import CliRunner
@@ -15,6 +15,7 @@ from omrl.view.metrics import env_panels, panels
 from omrl.view.page import write_page
 from omrl.view.plot import draw, plan, plot_run, require_matplotlib
 from omrl.view.server import make_server
+from tests.helpers import serving_in_a_thread
 
 from .conftest import _omrl, make_episode, write_metrics
 from .test_browser import page_of, serving
@@ -56,18 +57,8 @@ def two_env_run(folder):
 
 @pytest.fixture
 def server_of():
-    servers = []
-
-    def start(path):
-        srv = make_server(open_run(path), "127.0.0.1", 0)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.shutdown()
-        srv.server_close()
+    with ExitStack() as servers:
+        yield lambda path: servers.enter_context(serving_in_a_thread(make_server(open_run(path), "127.0.0.1", 0)))
 
 
 def _api(srv, path):

@@ -6,7 +6,6 @@ import http.client
 import json
 import re
 import sys
-import threading
 
 import pytest
 import typer
@@ -17,6 +16,7 @@ from omrl.errors import OmrlError
 from omrl.view import open_run
 from omrl.view.page import dumps, embedded_data, render, script_json
 from omrl.view.server import make_server
+from tests.helpers import serving_in_a_thread
 
 from .conftest import SCRIPT
 
@@ -53,14 +53,8 @@ def test_saved_page_holds_a_bounded_number_of_episodes(small_run):
 
 @pytest.fixture
 def server(small_run):
-    srv = make_server(open_run(small_run), "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving_in_a_thread(make_server(open_run(small_run), "127.0.0.1", 0)) as srv:
         yield srv
-    finally:
-        srv.shutdown()
-        srv.server_close()
 
 
 def _get(srv, path: str, host: str | None = None):

@@ -78,7 +78,7 @@ import json
 import threading
 from typing import Any, Sequence
 
-from omrl.envs import DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError
+from omrl.envs import DemoTurn, Env, EnvError, EpisodeFinishedError, Observation, StepResult
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl_plugins.envs.agentgym.dialects import (
@@ -94,7 +94,8 @@ from omrl_plugins.envs.agentgym.dialects import (
     read_step,
 )
 from omrl_plugins.envs.agentgym.held_env import GONE, HeldEnv
-from omrl_plugins.envs.agentgym.splits import describe_ids, parse_splits, task_ids_of
+from omrl_plugins.envs.agentgym.splits import parse_splits
+from omrl_plugins.envs.agentgym.tasks import ServerTasks
 from omrl_plugins.envs.agentgym.transport import HttpTransport, ServerFailure, ServerRefused, request_headers, snippet
 
 __all__ = ["AgentGymEnv", "parse_splits", "register_envs"]
@@ -148,7 +149,7 @@ class AgentGymEnv(Env):
             reset_fields={**spec.reset_fields, **(reset_fields or {})},
         )
         chosen = splits if splits is not None else spec.splits
-        self._splits = parse_splits(chosen) if chosen is not None else None
+        listed = parse_splits(chosen) if chosen is not None else None  # None: the server lists them
         self._server = HttpTransport(base_url, float(timeout), retries, float(backoff), request_headers(token, headers))
         if reuse_ids is not None and not isinstance(reuse_ids, bool):
             raise ConfigError(f"plugins.agentgym.reuse_ids must be true or false, got {reuse_ids!r}")
@@ -158,8 +159,8 @@ class AgentGymEnv(Env):
                 f"plugins.agentgym.accept_shared_server_risk must be true or false, got {accept_shared_server_risk!r}"
             )
         self._held = HeldEnv(self._server, self._spec, env_name, accept_shared_server_risk)
+        self._tasks = ServerTasks(self._server, self._held, env_name, listed)
         self._deterministic: bool | None = None  # what the last /create answer said
-        self._description: dict[str, Any] | None = None
         self._lock = threading.Lock()  # calls on one env id are serialized
         self._score = 0.0
         self._actions: list[str] | None = None
@@ -171,85 +172,43 @@ class AgentGymEnv(Env):
         """The env id held on the server (None: none yet, or dropped)."""
         return self._held.id
 
-    # -- what the server is --------------------------------------------------------------
-    def _described(self) -> dict[str, Any]:
-        """An omrl server's self-description (GET /tasks): splits, action help, turn cap."""
-        if self._description is None:
-            try:
-                answer = self._server.call("GET", self._held.route("/tasks"))
-            except ServerRefused as exc:
-                if exc.status not in (404, 405):  # a token, a busy server: not a missing route
-                    raise
-                raise ConfigError(
-                    f"the server at {self._server.base_url} does not list its tasks ({exc}) and env_name "
-                    f"{self.env_name!r} has no default splits; set plugins.agentgym.splits, e.g. "
-                    "{test: [0, 100]}"
-                ) from exc
-            if not isinstance(answer, dict) or not isinstance(answer.get("splits"), dict):
-                raise ServerFailure(
-                    self._server.message("GET /tasks", f"expected {{'splits': ...}}, got {snippet(json.dumps(answer))}")
-                )
-            self._description = answer
-        return self._description
-
-    def _split_ids(self) -> dict[str, Sequence[int]]:
-        if self._splits is None:
-            splits = {}
-            for name in self._described()["splits"]:
-                answer = self._server.call("GET", self._held.route("/tasks"), params={"split": name})
-                ids = task_ids_of(answer)
-                if ids is None:
-                    problem = "expected {'range': [start, stop, step]} or {'task_ids': [...]}, got "
-                    raise ServerFailure(
-                        self._server.message(f"GET /tasks?split={name}", problem + snippet(str(answer)))
-                    )
-                splits[name] = ids
-            self._splits = splits
-        return self._splits
-
     @property
     def deterministic(self) -> bool:  # type: ignore[override]
         """Whether the server's env is deterministic: its last /create answer says so; before one, an omrl
         server's GET /tasks (so tree search can check the env before any episode); foreign servers: False."""
         if self._deterministic is None and self._self_describing:
-            return self._described().get("deterministic") is True
+            return self._tasks.described().get("deterministic") is True
         return bool(self._deterministic)
 
     @property
     def splits(self) -> tuple[str, ...]:  # type: ignore[override]
-        return tuple(self._split_ids())
+        return tuple(self._tasks.split_ids())
 
     @property
     def action_help(self) -> str:  # type: ignore[override]
         if self._self_describing:
-            return str(self._described().get("action_help") or self._spec.action_help)
+            return str(self._tasks.described().get("action_help") or self._spec.action_help)
         return self._spec.action_help
 
     @property
     def demonstration(self) -> tuple[DemoTurn, ...]:  # type: ignore[override]
         """An omrl server's worked example (GET /tasks); AgentGym's own servers have none."""
         if self._self_describing:
-            return tuple(DemoTurn(*turn) for turn in self._described().get("demonstration") or ())
+            return tuple(DemoTurn(*turn) for turn in self._tasks.described().get("demonstration") or ())
         return ()
 
     @property
     def max_turns(self) -> int:  # type: ignore[override]
         if self._self_describing:
-            return int(self._described().get("max_turns") or self._spec.max_turns)
+            return int(self._tasks.described().get("max_turns") or self._spec.max_turns)
         return self._spec.max_turns
 
     def task_ids(self, split: str) -> Sequence[int]:
-        splits = self._split_ids()
-        if split not in splits:
-            raise UnknownTaskError(f"agentgym env {self.env_name!r} has no split {split!r}; valid: {', '.join(splits)}")
-        return splits[split]
+        return self._tasks.task_ids(split)
 
     # -- episodes ------------------------------------------------------------------------
     def reset(self, task_id: int) -> Observation:
-        splits = self._split_ids()
-        if not any(task_id in ids for ids in splits.values()):
-            ranges = ", ".join(f"{n} {describe_ids(ids)}" for n, ids in splits.items())
-            raise UnknownTaskError(f"agentgym env {self.env_name!r}: unknown task id {task_id!r}; valid: {ranges}")
+        self._tasks.check_task(task_id)
         with self._lock:
             self._held.started = self._held.done = False
             self._held.close_orphans()

@@ -145,6 +145,11 @@ def _state_env(**kw: Any) -> ServerSpec:
     )
 
 
+def _lmrl_env(name: str, **kw: Any) -> ServerSpec:
+    """LMRL-Gym's maze and wordle: routes under ``/<name>``, the latest observation kept, no ``/close``."""
+    return ServerSpec(route_prefix=f"/{name}", observation_route="/observation", has_close=False, **kw)
+
+
 KNOWN_SERVERS: dict[str, ServerSpec] = {
     "textcraft": ServerSpec(
         create_body="empty",
@@ -188,20 +193,16 @@ KNOWN_SERVERS: dict[str, ServerSpec] = {
         action_help="One command per turn, e.g. go to LOC, take OBJ from RECEP, put OBJ in/on "
         "RECEP, open RECEP, heat/cool/clean OBJ with RECEP, use OBJ, look.",
     ),
-    "maze": ServerSpec(
+    "maze": _lmrl_env(
+        "maze",
         task_field="game",
-        route_prefix="/maze",
-        observation_route="/observation",
         splits={"train": (0, 26), "test": (0, 26)},
-        has_close=False,
         action_help='One move per turn: "move up", "move down", "move left" or "move right".',
     ),
-    "wordle": ServerSpec(
+    "wordle": _lmrl_env(
+        "wordle",
         task_field="seed",
-        route_prefix="/wordle",
-        observation_route="/observation",
         splits={"test": (0, 200), "train": (200, 10200)},
-        has_close=False,
         max_turns=6,
         action_help='Guess a 5-letter word from the vocabulary as spaced letters, e.g. "s h i r e".',
     ),

@@ -7,7 +7,7 @@ import importlib
 import math
 import random
 from types import ModuleType
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from omrl.envs import EnvError, EpisodeFinishedError, UnknownTaskError
 from omrl.errors import OmrlError
@@ -119,6 +119,23 @@ def check_task_in_splits(env_name: str, task_id: int, splits: dict[str, range]) 
     if not any(task_id in ids for ids in splits.values()):
         valid = ", ".join(f"{name} {ids.start}..{ids.stop - 1}" for name, ids in splits.items())
         raise UnknownTaskError(f"{env_name}: unknown task id {task_id!r}; valid: {valid}")
+
+
+class RangeSplits:
+    """``task_ids`` of an env whose splits are a fixed table of task-id ranges, and the check of a task id.
+
+    A class sets the table, ``split_ranges``, and the env's name in these errors, ``splits_name``.
+    """
+
+    split_ranges: ClassVar[dict[str, range]]
+    splits_name: ClassVar[str]
+
+    def task_ids(self, split: str) -> Sequence[int]:
+        return split_ids(self.splits_name, split, self.split_ranges)
+
+    def check_task_id(self, task_id: int) -> None:
+        """Raise UnknownTaskError, naming every split's range, unless some split holds ``task_id``."""
+        check_task_in_splits(self.splits_name, task_id, self.split_ranges)
 
 
 class PrivateRandom:

@@ -43,12 +43,18 @@ from __future__ import annotations
 import logging
 import re
 from fnmatch import fnmatchcase
-from typing import Any, Sequence
+from typing import Any
 
 from omrl.envs import Env, EnvError, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
-from omrl_plugins.envs.engines.common import MissingExtraError, check_running, check_task_in_splits, require, split_ids
+from omrl_plugins.envs.engines.common import (
+    MissingExtraError,
+    RangeSplits,
+    check_running,
+    check_task_in_splits,
+    require,
+)
 from omrl_plugins.envs.engines.reasoning_gym import DATASETS, EngineRandom, as_number, unit_score, unknown_name
 
 GAMES = (
@@ -129,9 +135,11 @@ def import_gem() -> Any:
     return gem
 
 
-class GemEnv(Env):
+class GemEnv(RangeSplits, Env):
     """GEM's games and reasoning tasks, played in-process (pip install 'omrl[gem]')."""
 
+    split_ranges = SPLITS
+    splits_name = "gem"
     package = "gem-llm"
     extra = "gem"
     action_help = (
@@ -160,9 +168,6 @@ class GemEnv(Env):
         self._random = EngineRandom()
         self._total = 0.0
         self._running = False
-
-    def task_ids(self, split: str) -> Sequence[int]:
-        return split_ids("gem", split, SPLITS)
 
     def reset(self, task_id: int) -> Observation:
         check_task_in_splits(f"gem:{self.env_id}", task_id, SPLITS)

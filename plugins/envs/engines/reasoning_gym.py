@@ -41,7 +41,7 @@ from typing import Any, Iterator, Sequence
 from omrl.envs import Env, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
-from omrl_plugins.envs.engines.common import PrivateRandom, check_running, check_task_in_splits, require, split_ids
+from omrl_plugins.envs.engines.common import PrivateRandom, RangeSplits, check_running, check_task_in_splits, require
 
 DATASETS = (
     "ab",
@@ -204,9 +204,11 @@ class EngineRandom:
 
 
 # -- the env ----------------------------------------------------------------------------------
-class ReasoningGymEnv(Env):
+class ReasoningGymEnv(RangeSplits, Env):
     """reasoning_gym's procedural datasets, one question per episode (pip install 'omrl[reasoning-gym]')."""
 
+    split_ranges = SPLITS
+    splits_name = "reasoning-gym"
     package = "reasoning-gym"
     extra = "reasoning-gym"
     action_help = "One action: your final answer alone, written exactly as the question asks for it."
@@ -231,9 +233,6 @@ class ReasoningGymEnv(Env):
         self._split = ""
         self._entry: dict[str, Any] = {}
         self._running = False
-
-    def task_ids(self, split: str) -> Sequence[int]:
-        return split_ids("reasoning-gym", split, SPLITS)
 
     def reset(self, task_id: int) -> Observation:
         check_task_in_splits(f"reasoning-gym:{self.dataset}", task_id, SPLITS)

@@ -25,18 +25,11 @@ depends on its seed alone and the caller's ``random`` module is untouched.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from omrl.envs import Env, Observation, StepResult
 from omrl.errors import ConfigError
-from omrl_plugins.envs.engines.common import (
-    PrivateRandom,
-    check_running,
-    check_task_in_splits,
-    clip01,
-    require,
-    split_ids,
-)
+from omrl_plugins.envs.engines.common import PrivateRandom, RangeSplits, check_running, clip01, require
 
 # Each offline game's TextArena variants ("" is ``<Game>-v0`` itself), listed here so that registering
 # ``textarena:<id>`` names imports nothing; tests/envs/test_engines.py checks them against TextArena.
@@ -147,15 +140,29 @@ def frozen_lake_move(game_state: dict[str, Any]) -> str | None:
     return None
 
 
+def new_arena(package: Any, game: str, players: int, seed: int) -> tuple[Any, PrivateRandom]:
+    """TextArena's ``game`` reset for ``players`` with ``seed``, and the random state its calls run under.
+
+    Raw: no wrapper re-sends the history. The game reseeds and shuffles the ``random`` module, so it has
+    a state of its own.
+    """
+    arena, private = package.make(f"{game}-raw"), PrivateRandom()
+    with private.active():
+        arena.reset(num_players=players, seed=seed)
+    return arena, private
+
+
 EXPERTS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "TowerOfHanoi": lambda state: hanoi_move(state["towers"]),
     "FrozenLake": frozen_lake_move,
 }
 
 
-class TextArenaEnv(Env):
+class TextArenaEnv(RangeSplits, Env):
     """TextArena single-player puzzles: Sokoban, FrozenLake... (pip install 'omrl[textarena]')."""
 
+    split_ranges = SPLITS
+    splits_name = "textarena"
     action_help = (
         "One move per turn, in the format the game's rules give (usually in square brackets, e.g. [A C] or [up])."
     )
@@ -184,15 +191,9 @@ class TextArenaEnv(Env):
         self._turn = 0
         self._running = False
 
-    def task_ids(self, split: str) -> Sequence[int]:
-        return split_ids("textarena", split, SPLITS)
-
     def reset(self, task_id: int) -> Observation:
-        check_task_in_splits("textarena", task_id, SPLITS)
-        self._arena = self._package.make(f"{self.game}-raw")  # raw: no wrapper re-sends the history
-        self._random = PrivateRandom()
-        with self._random.active():
-            self._arena.reset(num_players=1, seed=task_id)
+        self.check_task_id(task_id)
+        self._arena, self._random = new_arena(self._package, self.game, 1, task_id)
         messages = self._new_messages()
         kinds = self._package.ObservationType
         rules = "\n".join(text for text, kind in messages if kind == kinds.PROMPT)

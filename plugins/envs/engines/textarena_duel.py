@@ -21,11 +21,12 @@ the seed alone, and the caller's ``random`` module is untouched.
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
+from typing import Any
 
 from omrl.envs import Env, Observation, StepResult
 from omrl.errors import ConfigError
-from omrl_plugins.envs.engines.common import PrivateRandom, check_running, check_task_in_splits, require, split_ids
+from omrl_plugins.envs.engines.common import PrivateRandom, RangeSplits, check_running, require
+from omrl_plugins.envs.engines.textarena import new_arena
 
 #: each game's TextArena variants ("" is ``<Game>-v0`` itself)
 DUEL_VARIANTS: dict[str, tuple[str, ...]] = {
@@ -53,9 +54,11 @@ def seat_of(player_id: int) -> str:
     return SEATS[player_id]
 
 
-class TextArenaDuelEnv(Env):
+class TextArenaDuelEnv(RangeSplits, Env):
     """TextArena two-player games, one seat per player: TicTacToe, KuhnPoker, SimpleNegotiation."""
 
+    split_ranges = SPLITS
+    splits_name = "textarena-duel"
     action_help = (
         "One move per turn, in square brackets as the game's rules say: e.g. [4] (Tic Tac Toe), [bet] or "
         "[check] (Kuhn Poker), [Offer: 2 Wood -> 1 Ore], [Accept] or [Deny] (negotiation)."
@@ -84,16 +87,10 @@ class TextArenaDuelEnv(Env):
         self._moves = 0
         self._running = False
 
-    def task_ids(self, split: str) -> Sequence[int]:
-        return split_ids("textarena-duel", split, SPLITS)
-
     def reset(self, task_id: int) -> Observation:
-        check_task_in_splits("textarena-duel", task_id, SPLITS)
-        self._arena = self._package.make(f"{self.game}-raw")  # raw: no wrapper re-sends the history
-        self._random = PrivateRandom()
+        self.check_task_id(task_id)
+        self._arena, self._random = new_arena(self._package, self.game, 2, task_id)
         self._choices = random.Random(task_id * 7_919 + 1)
-        with self._random.active():
-            self._arena.reset(num_players=2, seed=task_id)
         self._moves, self._running = 0, True
         views = self._drain()
         first = seat_of(self._arena.state.current_player_id)

@@ -57,19 +57,12 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from omrl.envs import Env, EnvError, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
-from omrl_plugins.envs.engines.common import (
-    check_running,
-    check_task_in_splits,
-    clean_action,
-    clip01,
-    require,
-    split_ids,
-)
+from omrl_plugins.envs.engines.common import RangeSplits, check_running, clean_action, clip01, require
 
 #: the named difficulties; easy, medium and hard are settings of arXiv 2510.01132
 DIFFICULTIES = {"easy": "w2-o3-q4", "medium": "w4-o6-q8", "hard": "w8-o12-q4"}
@@ -201,9 +194,11 @@ class LiveGame:
     running: bool = True
 
 
-class TextWorldEnv(Env):
+class TextWorldEnv(RangeSplits, Env):
     """TextWorld's generated text adventures by difficulty, e.g. w4-o6-q8 (pip install 'omrl[textworld]')."""
 
+    split_ranges = SPLITS
+    splits_name = "textworld"
     action_help = (
         "One command per turn, e.g. go north, open door, take key, take key from box, "
         "unlock chest with key, put apple on table, insert apple into box, examine box, look, inventory."
@@ -254,12 +249,9 @@ class TextWorldEnv(Env):
             self._cache_dir = omrl_home() / "textworld"
         return self._cache_dir
 
-    def task_ids(self, split: str) -> Sequence[int]:
-        return split_ids("textworld", split, SPLITS)
-
     def game_file(self, task_id: int) -> Path:
         """The game of ``task_id`` (its seed), generated into the cache unless it is there."""
-        check_task_in_splits("textworld", task_id, SPLITS)
+        self.check_task_id(task_id)
         version = self._textworld.__version__
         folder = game_folder(self.cache_dir, self.difficulty, task_id, version)
         return generate_game(self._textworld, self.difficulty, task_id, folder)

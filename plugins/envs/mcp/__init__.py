@@ -1,5 +1,5 @@
 """``mcp``: any MCP server's tools as an env (:mod:`.env`), over sessions held on one background event
-loop (:mod:`.client`); ``mcp:sqlite``, a shop's questions (:mod:`.sqlite_demo`) answered with the
+loop (:mod:`.client`, the SDK's calls in :mod:`.sdk`); ``mcp:sqlite``, a shop's questions (:mod:`.sqlite_demo`) answered with the
 tools of omrl's own SQLite server (:mod:`.shop_server`). Registering imports no mcp: the SDK loads at
 the first env built."""
 

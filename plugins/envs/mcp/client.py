@@ -14,8 +14,7 @@ the request raises :class:`ServerLost` (an :class:`omrl.envs.EnvError`) naming t
 and why, with the end of the server's stderr; the env opens a new connection at its next reset. An
 error answer from a live server (a JSON-RPC error) is :class:`ErrorAnswer`, and the session goes on.
 
-This is the only module that touches the SDK; it works with mcp 1.x (from 1.20) and 2.x, whose
-field names differ (``isError`` / ``is_error``).
+Only this module and :mod:`.sdk`, which reads mcp 1.x (from 1.20) and 2.x alike, touch the SDK.
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import json
 import os
 import shlex
 import sys
@@ -38,12 +36,19 @@ from typing import Any, Awaitable, Callable
 from omrl.config.redaction import hide, is_secret_key, redact_argv, redact_text
 from omrl.envs import EnvError
 from omrl_plugins.envs.background_loop import ProcessLoop
+from omrl_plugins.envs.mcp.sdk import (
+    CONNECTION_CLOSED,
+    ToolOutcome,
+    call_tool,
+    describe_failure,
+    http_client,
+    list_tools,
+    mcp_error,
+)
 
 SLACK = 5.0  # seconds the env's thread waits past a deadline that the loop enforces itself
 STOP_WAIT = 10.0  # a stdio server's shutdown takes at most ~6.5 s (the SDK's stdin close, SIGTERM, SIGKILL)
 STDERR_TAIL = 800  # characters of a server's stderr quoted in an error
-MAX_PAGES = 100  # tools/list pages read at most (a server that keeps handing out cursors)
-CONNECTION_CLOSED = -32000  # the code the SDK fails requests with once the connection is gone (mcp.types)
 INVALID_PARAMS = -32602  # JSON-RPC: the request's arguments are wrong
 REAPER = Path(__file__).with_name("reaper.py")
 MIN_HIDDEN = 12  # characters of an environment value hidden in errors even when its name says nothing
@@ -83,15 +88,6 @@ class ServerSpec:
         redact_text(self.url, found)
         found += [value for name, value in self.env if is_secret_key(name) or len(value) >= MIN_HIDDEN]
         return hide(text, found)
-
-
-@dataclass(frozen=True)
-class ToolOutcome:
-    """A tools/call result as text (its content's text parts; other parts named), and whether the
-    server marked it an error (``isError``: the call failed, the server did not)."""
-
-    text: str
-    is_error: bool
 
 
 @dataclass
@@ -168,7 +164,7 @@ class Connection:
 
     def call_tool(self, name: str, arguments: dict[str, Any], timeout: float) -> ToolOutcome:
         """Tool ``name``'s outcome; ErrorAnswer for an error answer, ServerLost when the connection failed."""
-        return self._request(f"tools/call {name}", lambda session: _call_tool(session, name, arguments), timeout)
+        return self._request(f"tools/call {name}", lambda session: call_tool(session, name, arguments), timeout)
 
     def _request(self, what: str, run: Callable[[Any], Awaitable[Any]], timeout: float) -> Any:
         """``await run(session)`` in the session task: its result, ErrorAnswer, or ServerLost."""
@@ -212,7 +208,7 @@ class Connection:
                 try:
                     with anyio.fail_after(self.start_timeout):
                         await session.initialize()
-                        tools = await _list_tools(session)
+                        tools = await list_tools(session)
                 except TimeoutError:
                     raise TimeoutError(f"no answer within {self.start_timeout:g} s (start_timeout_s)") from None
                 self._started.set_result(tools)
@@ -221,7 +217,7 @@ class Connection:
                         break  # the connection is lost: leave the session, stopping the server
                     current = None
         except BaseException as exc:  # noqa: BLE001 - the transport's task group failing, a cancel: all end here
-            self._lost = self.spec.hide(f"{_describe(exc)}{self._stderr_tail()}")
+            self._lost = self.spec.hide(f"{describe_failure(exc)}{self._stderr_tail()}")
             if not self._started.done():
                 self._started.set_exception(ServerLost(f"{self.spec}: could not start: {self._lost}"))
             if current is not None:
@@ -239,7 +235,7 @@ class Connection:
         from mcp import ClientSession, StdioServerParameters, stdio_client
 
         if self.spec.url:
-            streams = await stack.enter_async_context(_http_client()(self.spec.url))
+            streams = await stack.enter_async_context(http_client()(self.spec.url))
         else:
             argv = supervised(self.spec.argv)
             server = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=dict(self.spec.env) or None)
@@ -257,7 +253,7 @@ class Connection:
             self._lost = f"no answer to {request.what} within {request.timeout:g} s (timeout_s)"
             request.fail(ServerLost(f"{self.spec}: {self._lost}; the connection is closed"))
             return False
-        except _mcp_error() as exc:
+        except mcp_error() as exc:
             code, message = exc.error.code, exc.error.message
             if code == CONNECTION_CLOSED:
                 self._lost = f"the connection closed: the server exited or closed its output{self._stderr_tail()}"
@@ -265,7 +261,7 @@ class Connection:
                 return False
             request.fail(ErrorAnswer(code, message))
         except Exception as exc:  # noqa: BLE001 - a closed stream (mcp 1), a malformed answer: not to be trusted
-            self._lost = self.spec.hide(f"{_describe(exc)}{self._stderr_tail()}")
+            self._lost = self.spec.hide(f"{describe_failure(exc)}{self._stderr_tail()}")
             request.fail(ServerLost(f"{self.spec}: {request.what} failed: {self._lost}; the connection is closed"))
             return False
         else:
@@ -296,106 +292,3 @@ def supervised(argv: tuple[str, ...]) -> tuple[str, ...]:
     if not sys.platform.startswith("linux"):
         return argv
     return (sys.executable, "-I", "-S", str(REAPER), str(os.getpid()), "--", *argv)
-
-
-# -- the SDK's calls -----------------------------------------------------------------------------
-async def _list_tools(session: Any) -> list[dict[str, Any]]:
-    """Every tool the server lists (all pages), as ``{name, description, parameters}``."""
-    import mcp.types as types
-
-    tools, cursor = [], None
-    for _ in range(MAX_PAGES):
-        page = await (
-            session.list_tools(params=types.PaginatedRequestParams(cursor=cursor)) if cursor else session.list_tools()
-        )
-        tools += [
-            {
-                "name": tool.name,
-                "description": tool.description or "",
-                "parameters": _field(tool, "input_schema", "inputSchema") or {"type": "object", "properties": {}},
-            }
-            for tool in page.tools
-        ]
-        cursor = _field(page, "next_cursor", "nextCursor")
-        if not cursor:
-            break
-    return tools
-
-
-async def _call_tool(session: Any, name: str, arguments: dict[str, Any]) -> ToolOutcome:
-    result = await session.call_tool(name, arguments)
-    return ToolOutcome(result_text(result), bool(_field(result, "is_error", "isError")))
-
-
-def result_text(result: Any) -> str:
-    """A tools/call result as text: its text parts joined by newlines, other parts named (``[image:
-    image/png]``); with no content, its structured content as JSON."""
-    parts = []
-    for block in result.content or ():
-        kind = getattr(block, "type", "")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind in ("image", "audio"):
-            parts.append(f"[{kind}: {_field(block, 'mime_type', 'mimeType')}]")
-        elif kind == "resource_link":
-            parts.append(f"[resource link: {block.uri}]")
-        elif kind == "resource":
-            resource = block.resource
-            text = getattr(resource, "text", None)
-            mime = _field(resource, "mime_type", "mimeType") or "unknown type"
-            parts.append(text if isinstance(text, str) else f"[resource: {resource.uri} ({mime})]")
-        else:
-            parts.append(f"[{kind or type(block).__name__} content]")
-    structured = _field(result, "structured_content", "structuredContent")
-    if not parts and structured is not None:
-        parts.append(json.dumps(structured, ensure_ascii=False))
-    return "\n".join(parts)
-
-
-def _field(obj: Any, name: str, v1_name: str) -> Any:
-    """A field of an SDK model: mcp 2 spells it ``name``, mcp 1 ``v1_name`` (read only where the
-    first is missing: mcp 2 warns on every read of the old spelling)."""
-    if hasattr(obj, name):
-        return getattr(obj, name)
-    return getattr(obj, v1_name, None)
-
-
-def _http_client() -> Callable[[str], Any]:
-    """The streamable-HTTP transport: ``streamable_http_client`` (mcp 2, late 1.x) or ``streamablehttp_client``."""
-    import mcp.client.streamable_http as http
-
-    return getattr(http, "streamable_http_client", None) or http.streamablehttp_client
-
-
-def _mcp_error() -> type[Exception]:
-    """The SDK's error-answer exception: MCPError (mcp 2) or McpError (mcp 1)."""
-    import mcp.shared.exceptions as exceptions
-
-    return getattr(exceptions, "MCPError", None) or exceptions.McpError
-
-
-def _describe(exc: BaseException) -> str:
-    """What went wrong, one line: the innermost errors of an exception group, not the group."""
-    leaves = _leaves(exc)
-    if not leaves:
-        return "cancelled"
-    text = "; ".join(_one_line(leaf) for leaf in leaves[:3])
-    return text if len(text) <= 500 else text[:500] + "..."
-
-
-def _one_line(exc: BaseException) -> str:
-    import anyio
-
-    closed = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)  # mcp 1's way to say it
-    if isinstance(exc, closed) or getattr(getattr(exc, "error", None), "code", None) == CONNECTION_CLOSED:
-        return "the connection closed (the server exited, or closed its output)"
-    return f"{type(exc).__name__}: {str(exc).strip() or 'no detail'}"
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    if isinstance(exc, asyncio.CancelledError):
-        return []
-    inner = getattr(exc, "exceptions", None)  # an ExceptionGroup (anyio's task groups raise them)
-    if inner:
-        return [leaf for sub in inner for leaf in _leaves(sub)]
-    return [exc]

@@ -28,21 +28,21 @@ import uuid
 import weakref
 from typing import Any, Sequence
 
-from omrl.chat.tool_calls import FORMATS, call_text, parse_tool_calls
-from omrl.envs import (
-    Env,
-    EnvError,
-    EpisodeFinishedError,
-    Observation,
-    StepResult,
-    UnknownTaskError,
-    env_variant,
-)
+from omrl.chat.tool_calls import FORMATS, call_text
+from omrl.envs import Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError, env_variant
 from omrl.errors import ConfigError
 from omrl_plugins.envs.verifiers.bridge import Rollout, bridge_client, stop_rollout
 from omrl_plugins.envs.verifiers.installed import NAME, module_name
 from omrl_plugins.envs.verifiers.loading import import_verifiers, load
-from omrl_plugins.envs.verifiers.messages import NotText, layout, same_messages, text_of, tool_spec
+from omrl_plugins.envs.verifiers.messages import (
+    NotText,
+    layout,
+    reply_content,
+    reply_message,
+    same_messages,
+    text_of,
+    tool_spec,
+)
 from omrl_plugins.envs.verifiers.refusals import refusals
 from omrl_plugins.envs.verifiers.rubric import format_reward, rubric_scores, watch_rewards
 
@@ -165,7 +165,8 @@ class VerifiersEnv(Env):
         episode = self._episode
         if episode is None or episode.reply is None:
             raise EpisodeFinishedError(f"{self.name}: no episode in progress; call reset(task_id) to start one")
-        message, info = self._reply_message(action, episode)
+        episode.turns += 1
+        message, info = reply_message(self.vf, action, self.tools, self.tool_format, episode.turns)
         asked, episode.reply = episode.reply, None
         episode.previous = [*episode.prompt, message]
         response = self.vf.Response(
@@ -180,28 +181,6 @@ class VerifiersEnv(Env):
             return StepResult(self._answer(episode, value), 0.0, False, {"won": False, "score": 0.0, **info})
         self._episode = None
         return self._final(value, episode, info)
-
-    def _reply_message(self, action: str, episode: Rollout) -> tuple[Any, dict[str, Any]]:
-        """The reply as verifiers' assistant message: its tool calls read as ``tool_format`` writes them."""
-        episode.turns += 1
-        if not self.tools:
-            return self.vf.ResponseMessage(content=action, finish_reason="stop", is_truncated=False), {}
-        read = parse_tool_calls(action, self.tools, self.tool_format)
-        info: dict[str, Any] = {"tool_calls": [attempt.record() for attempt in read.attempts]}
-        calls = [
-            self.vf.ToolCall(id=f"call_{episode.turns}_{i}", name=call.name, arguments=json.dumps(call.arguments))
-            for i, call in enumerate(read.calls)
-        ]
-        if calls:
-            info["tool"] = read.calls[0].name
-            info["tool_error"] = any(call.status != "ok" for call in read.calls)
-        message = self.vf.ResponseMessage(
-            content=read.content if calls else action,
-            tool_calls=calls or None,
-            finish_reason="tool_calls" if calls else "stop",
-            is_truncated=False,
-        )
-        return message, info
 
     def action_from_tool_call(self, name: str, arguments: dict[str, Any]) -> str:
         """A call the ``tool_call`` template parsed, as reply text this env reads (``tool_format`` hermes or json)."""
@@ -273,11 +252,7 @@ class VerifiersEnv(Env):
         """Whether ``reply`` follows the parser's format (its format reward is 1); True where it has none."""
         if self._format is None:
             return True
-        content = reply
-        if self.tools:
-            read = parse_tool_calls(reply, self.tools, self.tool_format)
-            content = read.content if read.calls else reply
-        message = self.vf.AssistantMessage(content=content)
+        message = self.vf.AssistantMessage(content=reply_content(reply, self.tools, self.tool_format))
         from verifiers.legacy.utils.async_utils import maybe_call_with_named_args
 
         try:

@@ -1,10 +1,13 @@
 """verifiers' chat messages as omrl lays out a chat: their text (text parts only), a prompt split into system
-text, worked example and first observation, and a verifiers ``Tool`` as omrl's tool spec."""
+text, worked example and first observation, a reply as verifiers' assistant message, and a verifiers ``Tool``
+as omrl's tool spec."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
+from omrl.chat.tool_calls import parse_tool_calls
 from omrl.envs import DemoTurn
 
 
@@ -57,3 +60,36 @@ def same_messages(a: Sequence[Any], b: Sequence[Any]) -> bool:
 def tool_spec(tool: Any) -> dict[str, Any]:
     """A verifiers ``Tool`` as omrl's tool spec ``{name, description, parameters}``."""
     return {"name": tool.name, "description": tool.description or "", "parameters": dict(tool.parameters)}
+
+
+def reply_content(reply: str, tools: list[dict[str, Any]], tool_format: str) -> str:
+    """The reply's content: with tools offered and calls in it, the text before its calls."""
+    if not tools:
+        return reply
+    read = parse_tool_calls(reply, tools, tool_format)
+    return read.content if read.calls else reply
+
+
+def reply_message(
+    vf: Any, action: str, tools: list[dict[str, Any]], tool_format: str, turn: int
+) -> tuple[Any, dict[str, Any]]:
+    """The reply as verifiers' assistant message, its tool calls read as ``tool_format`` writes them (ids
+    ``call_<turn>_<i>``), and the step's info about them."""
+    if not tools:
+        return vf.ResponseMessage(content=action, finish_reason="stop", is_truncated=False), {}
+    read = parse_tool_calls(action, tools, tool_format)
+    info: dict[str, Any] = {"tool_calls": [attempt.record() for attempt in read.attempts]}
+    calls = [
+        vf.ToolCall(id=f"call_{turn}_{i}", name=call.name, arguments=json.dumps(call.arguments))
+        for i, call in enumerate(read.calls)
+    ]
+    if calls:
+        info["tool"] = read.calls[0].name
+        info["tool_error"] = any(call.status != "ok" for call in read.calls)
+    message = vf.ResponseMessage(
+        content=read.content if calls else action,
+        tool_calls=calls or None,
+        finish_reason="tool_calls" if calls else "stop",
+        is_truncated=False,
+    )
+    return message, info
