@@ -163,10 +163,7 @@ class SeatPlay:
         text = "\n\n".join(t for t in seat.pending if t) or EMPTY_OBSERVATION
         seat.pending = []
         if seat.live is None:
-            group = game.task_index * len(self.seats) + self.seats.index(seat.name)
-            ep = Episode(
-                env=self.pool.name, task_id=game.task, split=self.split, instruction="", group=group, sample=game.sample
-            )
+            ep = self.seat_episode(game, seat.name)
             first = Observation(text, game.instruction or seat.opening)
             opened = open_episode(
                 ep,
@@ -275,6 +272,13 @@ class SeatPlay:
         else:
             game.to_move = result.seat
 
+    def seat_episode(self, game: Game, seat: str) -> Episode:
+        """A new episode for ``seat`` of ``game``: its group is the (game setup, seat)."""
+        group = game.task_index * len(self.seats) + self.seats.index(seat)
+        return Episode(
+            env=self.pool.name, task_id=game.task, split=self.split, instruction="", group=group, sample=game.sample
+        )
+
     def finish(self, game: Game) -> None:
         """Give the env back and write the policy seats' episodes: outcome, reward, info."""
         if game.env is not None:
@@ -284,15 +288,21 @@ class SeatPlay:
         names = {seat: chair.player.name for seat, chair in game.seats.items()}
         for seat, chair in game.seats.items():
             if chair.live is None:
-                continue
-            ep = chair.live.episode
-            chair.live.end = game.end
-            chair.live.record_end()
-            owner = self.backend if chair.player.kind == "policy" else chair.player.backend
-            if owner is not None:
-                owner.release([ep.token_ids[a:b] for a, b in ep.rows()])
-            if chair.player.kind not in KEPT:
-                continue  # another model's seat: context, never trained
+                if chair.player.kind not in KEPT:
+                    continue
+                # the game ended before this seat's first turn: an episode without turns (never trained)
+                # that still counts the game in the seat's outcomes
+                ep = self.seat_episode(game, seat)
+                ep.end_reason = game.end or ""
+            else:
+                ep = chair.live.episode
+                chair.live.end = game.end
+                chair.live.record_end()
+                owner = self.backend if chair.player.kind == "policy" else chair.player.backend
+                if owner is not None:
+                    owner.release([ep.token_ids[a:b] for a, b in ep.rows()])
+                if chair.player.kind not in KEPT:
+                    continue  # another model's seat: context, never trained
             reward = game.rewards.get(seat, 0.0) if game.end == "done" else 0.0
             if game.end == "env_error":
                 ep.error, outcome = ep.error or game.error, "error"

@@ -20,6 +20,7 @@ from omrl.rollout import EnvPool, RolloutLimits  # noqa: E402
 from omrl.rollout.outcomes import seat_metrics, seat_outcomes  # noqa: E402
 from omrl.rollout.seating import POLICY, SCRIPTED, PastCheckpoints, Player, check_seating  # noqa: E402
 from omrl.rollout.seats import play_seats  # noqa: E402
+from omrl.training.rl_data import trainable  # noqa: E402
 from omrl_plugins.envs.engines.textarena_duel import TextArenaDuelEnv  # noqa: E402
 from tests.helpers import mask_runs  # noqa: E402
 
@@ -136,12 +137,26 @@ def test_zero_sum_rewards_per_seat_and_credit_on_the_last_turn(policy, react):
     for ep in episodes:
         assert sum(ep.info["seat_rewards"].values()) == 0
         assert ep.info["seat_reward"] == ep.info["seat_rewards"][ep.info["seat"]]
-        assert ep.turns[-1].reward == ep.info["seat_reward"] and sum(t.reward for t in ep.turns[:-1]) == 0
         assert ep.info["outcome"] == {1.0: "win", -1.0: "loss", 0.0: "draw"}[ep.info["seat_reward"]]
         assert ep.won == (ep.info["outcome"] == "win") and ep.score == (ep.info["seat_reward"] + 1) / 2
+    played = [ep for ep in episodes if ep.turns]
+    for ep in played:
+        assert ep.turns[-1].reward == ep.info["seat_reward"] and sum(t.reward for t in ep.turns[:-1]) == 0
         assert all(t.parse_error for t in ep.turns) and "could not be parsed" in ep.turns[1].observation
-    assert {ep.info["seat"] for ep in episodes} == {"player_0"}  # player 1 never had a turn: no episode of it
-    assert all(ep.info["outcome"] == "loss" for ep in episodes)
+    assert {ep.info["seat"] for ep in played} == {"player_0"} and len(played) == 4
+    assert all(ep.info["outcome"] == "loss" for ep in played)
+    # player 1 never had a turn: each game still counts for it, as a win, in an episode with nothing to train
+    idle = [ep for ep in episodes if not ep.turns]
+    assert {ep.info["seat"] for ep in idle} == {"player_1"} and len(idle) == 4
+    assert all(ep.info["outcome"] == "win" and not ep.token_ids and ep.end_reason == "done" for ep in idle)
+    assert trainable(episodes) == played
+    assert seat_outcomes(episodes)["seat:player_1"] == {
+        "games": 4.0,
+        "win": 1.0,
+        "draw": 0.0,
+        "loss": 0.0,
+        "unfinished": 0.0,
+    }
 
 
 def test_against_the_scripted_player_only_the_policy_seat_is_played_out(policy, react, tmp_path):

@@ -88,11 +88,12 @@ def test_summaries_and_filters_by_seat_and_outcome(tiny_games):
     path, scripted, self_play = tiny_games
     store = open_run(path)
     facets = store.overview()["facets"]
-    assert facets["seat"] == ["player_0", "player_1"] and facets["outcome"] == ["loss"]
-    assert store.query({"seat": "player_1"})["total"] == 2  # the seat the policy played against the scripted one
+    assert facets["seat"] == ["player_0", "player_1"] and facets["outcome"] == ["win", "loss"]
+    # the seat the policy played against the scripted one, and self-play's player_1, who never moved
+    assert store.query({"seat": "player_1"})["total"] == 3
     assert store.query({"seat": "player_0", "outcome": "loss"})["total"] == 1  # self-play: player_0 forfeits
-    assert store.query({"outcome": "win"})["total"] == 0
-    row = store.query({"seat": "player_1"})["items"][0]
+    assert store.query({"outcome": "win"})["total"] == 1  # ... so player_1 won without a move
+    row = store.query({"seat": "player_1", "outcome": "loss"})["items"][0]
     assert (row["player"], row["opponent"], row["outcome"]) == ("policy", "scripted", "loss")
     # the scripted seat's moves are in the game, though it has no episode
     game = store.episode(row["id"])["game"]
@@ -133,7 +134,7 @@ def test_the_page_shows_every_seats_moves_and_outcomes(tiny_games, chromium, tmp
 
     path, _, _ = tiny_games
     store = open_run(path)
-    scripted_game = store.query({"seat": "player_1"})["items"][0]["id"]
+    scripted_game = store.query({"seat": "player_1", "outcome": "loss"})["items"][0]["id"]
     saved, _ = write_page(store, tmp_path / "games.html")
     with serving(path) as url, page_of(chromium) as page:
         for base in (url, saved.as_uri()):
@@ -142,9 +143,9 @@ def test_the_page_shows_every_seats_moves_and_outcomes(tiny_games, chromium, tmp
             headers = page.locator("table.list thead th").all_inner_texts()
             assert {"seat", "played by", "outcome"} <= set(headers)
             page.select_option("select[name=seat]", "player_1")
-            page.wait_for_selector("text=2 of 3 episodes match")
+            page.wait_for_selector("text=3 of 4 episodes match")
             page.select_option("select[name=outcome]", "loss")
-            page.wait_for_selector("text=2 of 3 episodes match")
+            page.wait_for_selector("text=2 of 4 episodes match")
             page.goto(base + f"#/episode/{scripted_game}")
             page.wait_for_selector(".game .move")
             seats = page.locator(".game-seats tbody tr")
