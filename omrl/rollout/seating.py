@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, Callable, Mapping, Sequence
 
 from omrl.backends import Backend, make_backend
@@ -42,6 +43,13 @@ SCRIPTED = Player("scripted", "scripted")
 EXPERT = Player("expert", "expert")
 
 
+def checkpoint_name(folder: str) -> str:
+    """How episodes and metrics name a past checkpoint: its step folder (``step-00000002``), whether
+    ``folder`` is that folder or the ``model`` folder a checkpoint keeps its weights in."""
+    path = PurePath(folder)
+    return path.parent.name if path.name == "model" else path.name
+
+
 class PastCheckpoints:
     """The run's own past checkpoints as one seat's player: each game draws one of the newest ``last``
     of ``folders`` (oldest first), uniformly. A folder's backend is built by ``load`` when first drawn
@@ -64,7 +72,7 @@ class PastCheckpoints:
         folder = rng.choice(self.candidates())
         if folder not in self._backends:
             self._backends[folder] = self._load(folder)
-        return Player("past", f"past:{folder.rstrip('/').rsplit('/', 1)[-1]}", self._backends[folder])
+        return Player("past", f"past:{checkpoint_name(folder)}", self._backends[folder])
 
     def close(self) -> None:
         for backend in self._backends.values():

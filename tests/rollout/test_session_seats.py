@@ -3,9 +3,11 @@ RolloutSession, ``omrl train`` and ``omrl eval`` (issue 55); and what cannot pla
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from rich.console import Console
 
 from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig, TrainRunConfig
@@ -86,3 +88,40 @@ def test_omrl_train_self_plays_and_omrl_eval_reports_each_seat_s_outcomes(tmp_pa
     metrics = json.loads((report / "report.json").read_text())["metrics"]
     assert metrics["games/vs:scripted"] >= 1 and "win_rate/seat:player_0" in metrics
     assert sum(metrics[f"{o}_rate/vs:scripted"] for o in ("win", "draw", "loss", "unfinished")) == pytest.approx(1)
+
+
+@pytest.mark.slow  # two runs of three GRPO steps of games
+def test_a_seated_run_stopped_and_resumed_matches_one_that_ran_through(tmp_path):
+    from omrl.training.rl import run_rl
+    from tests.training.helpers import stop_then_resume
+
+    quiet = Console(file=io.StringIO())
+
+    def train_config(out: str) -> TrainRunConfig:
+        # player_1 is one of the run's own past checkpoints: after a resume it draws from the same pool
+        settings = ["steps=3", "tasks_per_step=2", "group_size=2", "eval_every=0", "eval_tasks=1"]
+        settings += [
+            "reward.weights={process: 1}",
+            "algorithm.entropy_coef=0.01",
+            "logging.save_steps=1",
+            f"logging.output_dir={tmp_path / out}",
+        ]
+        return config("seats.play.player_1=past:2", *settings, kind=TrainRunConfig)
+
+    full = train_config("full")
+    run_rl(full, console=quiet)
+    killed = train_config("killed")
+    stop_then_resume(killed, console=quiet)
+
+    expected = {r["step"]: r for r in read_metrics(full.logging.output_dir)}
+    resumed = read_metrics(killed.logging.output_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    for record in resumed:
+        # the opponents: the starting model, then checkpoints named by their steps; the same draws in both runs
+        opponents = sorted(k for k in record if k.startswith("games/vs:past:"))
+        assert opponents == sorted(k for k in expected[record["step"]] if k.startswith("games/vs:"))
+        for key in ("reward", "loss", "games", "win_rate/seat:player_0", "response_tokens", *opponents):
+            assert record[key] == pytest.approx(expected[record["step"]][key], rel=1e-4, abs=1e-6), (
+                record["step"],
+                key,
+            )
