@@ -125,3 +125,26 @@ def test_a_seated_run_stopped_and_resumed_matches_one_that_ran_through(tmp_path)
                 record["step"],
                 key,
             )
+
+
+def test_a_seat_played_by_an_openai_compatible_endpoint(tiny_hf):
+    """player_0 is a model behind a real HTTP server speaking the OpenAI API: its moves are sampled there
+    and never kept; only the policy's seat is."""
+    from omrl.backends.hf import HFBackend
+    from tests.backends.fake_openai import FakeOpenAIServer
+
+    model, tokenizer = tiny_hf
+    server = FakeOpenAIServer(HFBackend(model, tokenizer), tokenizer).start()
+    try:
+        with RolloutSession.from_config(config(f"seats.play.player_0=openai:tiny@{server.base_url}")) as session:
+            episodes = session.play([0, 1], PlaySpec(group_size=2, seed=1)).episodes
+    finally:
+        server.stop()
+    assert len(episodes) == 4 and {ep.info["seat"] for ep in episodes} == {"player_1"}
+    assert {ep.info["opponent"] for ep in episodes} == {"openai:tiny"}
+    endpoint_moves = [move for ep in episodes for move in ep.info["moves"] if move[0] == "player_0"]
+    calls = [path for path, _ in server.requests if path.endswith("/completions")]
+    # a request a move: tiny's replies never parse, so each game's first mover forfeits on its second
+    # try and the policy's seat wins without a move (an episode with nothing to train, counted as a win)
+    assert len(calls) == len(endpoint_moves) == 2 * len(episodes)
+    assert all(ep.info["outcome"] == "win" and not ep.turns for ep in episodes)
