@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from omrl.algos import AlgoConfig
 from omrl.config.fields import opt
 from omrl.config.seats import SeatsConfig
+from omrl.config.sections import AGENT_SAMPLING as AGENT_SAMPLING  # where it was first defined: still importable
 from omrl.config.sections import (
     AgentConfig,
     ChatConfig,

@@ -288,10 +288,10 @@ class SeatPlay:
         names = {seat: chair.player.name for seat, chair in game.seats.items()}
         for seat, chair in game.seats.items():
             if chair.live is None:
-                if chair.player.kind not in KEPT:
-                    continue
+                if chair.player.kind != "policy":
+                    continue  # an expert's seat is SFT data: without a turn there is nothing to learn from it
                 # the game ended before this seat's first turn: an episode without turns (never trained)
-                # that still counts the game in the seat's outcomes
+                # that still counts the game in the seat's outcomes; its reward is 0, as no turn earned it
                 ep = self.seat_episode(game, seat)
                 ep.end_reason = game.end or ""
             else:

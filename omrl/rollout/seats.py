@@ -22,8 +22,9 @@ played it), ``opponent`` (the other seats' players), ``outcome`` (win, draw, los
 ``seat_reward``, ``seat_rewards`` (every seat's, once the game was played out), ``game`` (its index: the
 episodes of one game share it) and ``moves`` (the game's moves in play order, each ``[seat, action]``, the
 other seats' too: ``omrl view`` shows the whole game from them). A seat the policy played
-that never had a turn (the game ended first) gives an episode without turns: nothing to train, but the
-game counts in the seat's outcomes (a win when the other seat forfeited).
+that never had a turn (the game ended first) gives an episode without turns: nothing to train and a
+reward of 0, but the game counts in the seat's outcomes (a win when the other seat forfeited); an
+expert's seat without a turn gives none (it holds no SFT data).
 
 An ``expert`` player (:func:`~omrl.rollout.seating.expert_seating`: ``PlaySpec.expert``, ``omrl rollout
 --expert``) is the env's scripted player in the policy's place: its move is written by the template's

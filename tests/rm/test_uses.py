@@ -29,12 +29,17 @@ FAST = [
 
 @pytest.fixture(scope="module")
 def rm_dirs(tmp_path_factory):
-    """Untrained reward models of each kind on ``tiny`` (the policy's tokenizer), plus an ``orm`` on
-    ``smollm2-135m`` (another tokenizer)."""
+    """Untrained reward models of each kind on ``tiny`` (the policy's tokenizer), one of them in bfloat16,
+    plus an ``orm`` on ``smollm2-135m`` (another tokenizer)."""
     out = {}
-    for name, base, kind in [("orm", "tiny", "orm"), ("prm", "tiny", "prm"), ("smol", "smollm2-135m", "orm")]:
-        # float32 even for smollm2: a bfloat16 forward on a CPU is ~20x slower, and no test here reads the dtype
-        model, tokenizer = build_reward_model(base, kind, "bce", "success")
+    # smollm2 in float32: a bfloat16 forward of it on a CPU is ~20x slower; bfloat16 is tested on tiny
+    for name, base, kind, dtype in [
+        ("orm", "tiny", "orm", "float32"),
+        ("prm", "tiny", "prm", "float32"),
+        ("bf16", "tiny", "orm", "bfloat16"),
+        ("smol", "smollm2-135m", "orm", "float32"),
+    ]:
+        model, tokenizer = build_reward_model(base, kind, "bce", "success", dtype=dtype)
         out[name] = str(tmp_path_factory.mktemp(name))
         model.save_pretrained(out[name])
         tokenizer.save_pretrained(out[name])
@@ -78,6 +83,11 @@ def test_prm_reward_scores_every_turn(rm_dirs, episodes):
 def test_reward_without_a_path_names_the_option(episodes):
     with pytest.raises(ConfigError, match=r"reward 'rm' needs the option path.*plugins\.rm\.path=DIR"):
         compose_rewards(episodes, {"rm": 1.0}, {})
+
+
+def test_a_bfloat16_reward_model_scores_in_float32(rm_dirs, episodes):
+    compose_rewards(episodes, {"rm": 1.0}, {"rm": {"path": rm_dirs["bf16"]}})
+    assert all(type(ep.rewards["rm"][-1]) is float and 0 < ep.rewards["rm"][-1] < 1 for ep in episodes[:-1])
 
 
 def test_reward_model_with_another_tokenizer_scores_text_only(rm_dirs, episodes):

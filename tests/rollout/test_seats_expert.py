@@ -121,3 +121,18 @@ def _runs(mask: list[int]) -> tuple[list[int], list[int]]:
     starts = [i for i, m in enumerate(mask) if m and (i == 0 or not mask[i - 1])]
     ends = [i + 1 for i, m in enumerate(mask) if m and (i + 1 == len(mask) or not mask[i + 1])]
     return starts, ends
+
+
+def test_an_expert_seat_that_never_moved_gives_no_sft_episode(tmp_path):
+    """A game cut after its first move: player_1 never moved, so only player_0's chat is written, and
+    ``omrl sft`` reads the file (an episode without a chat would be refused there)."""
+    episodes, _ = expert_games("env.max_turns=1")
+    assert [ep.info["seat"] for ep in episodes] == ["player_0", "player_0"]
+    assert all(ep.turns and ep.messages and ep.info["outcome"] == "unfinished" for ep in episodes)
+    out = tmp_path / "expert.parquet"
+    played = invoke("rollout", "--env", GAME, "--expert", "--num-tasks", "2", "-o", str(out), *SMALL, "env.max_turns=1")
+    assert played.exit_code == 0, played.output
+    trained = invoke(
+        "sft", "sft-tiny", "--dataset", str(out), "--output-dir", str(tmp_path / "sft"), "num_train_epochs=1"
+    )
+    assert trained.exit_code == 0, trained.output

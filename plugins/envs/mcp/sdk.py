@@ -89,10 +89,10 @@ def model_field(obj: Any, name: str, v1_name: str) -> Any:
 
 
 def http_client() -> Callable[[str], Any]:
-    """The streamable-HTTP transport: ``streamablehttp_client`` (mcp 2, late 1.x) or ``streamablehttp_client``."""
+    """The streamable-HTTP transport: ``streamable_http_client`` (mcp 2, late 1.x) or ``streamablehttp_client``."""
     import mcp.client.streamable_http as http
 
-    return getattr(http, "streamablehttp_client", None) or http.streamablehttp_client
+    return getattr(http, "streamable_http_client", None) or http.streamablehttp_client
 
 
 def mcp_error() -> type[Exception]:

@@ -467,3 +467,13 @@ def test_a_server_killed_mid_episode_ends_it_as_env_error_in_the_rollout(tasks, 
     finally:
         pool.close()
     assert gone_soon(pid, within=1.0)
+
+
+def test_the_http_transport_is_the_sdks_current_one_where_it_has_it():
+    """mcp 2 (and late 1.x) name it ``streamable_http_client``; the old ``streamablehttp_client`` is deprecated
+    there (its own timeouts, a warning a connection) and only used where the new name is missing."""
+    import mcp.client.streamable_http as http
+
+    from omrl_plugins.envs.mcp.sdk import http_client
+
+    assert http_client() is (getattr(http, "streamable_http_client", None) or http.streamablehttp_client)
