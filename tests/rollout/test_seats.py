@@ -199,7 +199,9 @@ def test_past_checkpoints_are_drawn_from_the_newest_k(policy, react, tiny_model_
         model, tokenizer = load_model(tiny_model_dir)  # every "checkpoint" here is the tiny model
         return HFBackend(model, tokenizer, batch_size=16)
 
-    past = PastCheckpoints(["run/step-1", "run/step-2", "run/step-3"], last=2, load=load)
+    # as a run keeps them: each checkpoint's weights in its step folder's model/ (named by the step)
+    folders = [f"run/checkpoints/step-{n}/model" for n in (1, 2, 3)]
+    past = PastCheckpoints(folders, last=2, load=load)
     episodes = play(
         policy, react, "SimpleNegotiation-v0-short", {"player_0": POLICY, "player_1": past}, tasks=(0, 1, 2)
     )
