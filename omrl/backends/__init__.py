@@ -1,7 +1,8 @@
 """Generation backends: ``hf`` (transformers), ``vllm`` (offline engine), ``openai`` (HTTP endpoint).
 
 :mod:`.base` is the interface every backend implements; ``hf`` keeps KV states between calls
-(:mod:`.kv_cache`, reused by :mod:`.hf_reuse`'s engine); ``openai`` receives trained weights through
+(:mod:`.kv_cache`, reused by :mod:`.hf_reuse`'s engine) and can batch turns as they come
+(:mod:`.hf_stream`, its batch in :mod:`.kv_slots`); ``openai`` receives trained weights through
 :mod:`.weight_sync` (whole weights; over NCCL :mod:`.nccl_sync`) or :mod:`.lora_sync` (LoRA adapters
 alone), both driving the server through :mod:`.server_control` and writing files as :mod:`.weight_files` does.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from omrl.backends.base import Backend, Generation, SamplingParams
-from omrl.errors import UnknownNameError
+from omrl.errors import OmrlError, UnknownNameError
 
 BACKENDS = {
     "hf": "transformers, batched, KV states reused across turns; CPU or GPU",
@@ -42,6 +43,12 @@ def make_backend(
     ``model_name`` when None); ``model_name`` is the built-in name, directory or
     hub id the vllm engine loads, or the model name sent to an openai endpoint.
     """
+    batching = str(getattr(generation, "batching", "turns"))
+    if batching != "turns" and name != "hf":
+        raise OmrlError(
+            f"generation.batching={batching} needs the hf backend, which admits turns between its own decode "
+            f"steps; the {name} backend is handed a rollout's turns together: set generation.batching=turns"
+        )
     if name == "hf":
         from omrl.backends.hf import HFBackend
 
@@ -58,6 +65,7 @@ def make_backend(
             batch_size=generation.batch_size,
             kv_reuse=bool(getattr(generation, "kv_reuse", True)),
             kv_cache_mb=int(getattr(generation, "kv_cache_mb", 1024)),
+            batching=batching,
         )
     if name == "vllm":
         from omrl.backends.vllm import VLLMBackend

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from omrl.chat.replies import stop_token_ids
 from omrl.errors import OmrlError
@@ -118,6 +118,23 @@ class Generation:
             raise OmrlError(f"unknown finish reason {self.finish_reason!r}; valid: {', '.join(FINISH_REASONS)}")
 
 
+class Stream(Protocol):
+    """Turns generated as they come (continuous batching): each joins the running batch between
+    decode steps and leaves it when it ends, so no turn waits for a slower one to finish."""
+
+    def submit(self, prompt: Sequence[int], max_new_tokens: int, seed: int | None) -> int:
+        """Queue one turn (``seed`` seeds its own random stream); its ticket."""
+        ...
+
+    def advance(self) -> list[tuple[int, "Generation"]]:
+        """Generate until at least one queued turn ends; those turns' tickets and generations."""
+        ...
+
+    def close(self) -> None:
+        """Drop what is still queued."""
+        ...
+
+
 class Backend(ABC):
     """Generates one model turn for a batch of token-id prompts."""
 
@@ -147,6 +164,11 @@ class Backend(ABC):
         ``messages`` (the same chats as text) is only used by backends that can
         fall back to a chat API when the server does not take token ids.
         """
+
+    def stream(self, params: SamplingParams) -> Stream | None:
+        """Turns sampled with ``params`` (temperature, top-p), generated as they come, or None when this
+        backend generates whole calls only (then :meth:`generate` serves a rollout turn by turn)."""
+        return None
 
     #: one engine that every training process samples from (a server): only the main process sends it weights
     shared: bool = False

@@ -15,6 +15,10 @@ Two engines, picked at construction:
   plain ``model.generate`` call (the whole prompt prefilled, the batch run to its
   longest member). This engine keeps nothing between calls, so it lives here.
 
+With ``batching="continuous"`` a rollout plays through :meth:`HFBackend.stream` instead
+(:mod:`omrl.backends.hf_stream`): turns join the reuse engine's decode batch as their episodes are
+ready, each row drawing from its own seeded stream.
+
 What both share stays on :class:`HFBackend`: the model, the tokenizer's ids, the
 chunking and seeding, weight updates, and the two seams the reuse engine calls
 through (:meth:`HFBackend._forward`, :meth:`HFBackend._sampler`).
@@ -33,9 +37,13 @@ import torch
 
 from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
 from omrl.backends.hf_reuse import BackendCalls, ReuseEngine, RowSampler, Sampler, reuse_supported, wait_for, warpers
+from omrl.backends.hf_stream import HFStream
 from omrl.backends.kv_cache import PrefixCache, kv_bytes_per_token
+from omrl.errors import OmrlError
 
 MIB = 2**20
+#: generation.batching: how a rollout's turns are batched
+BATCHING = ("turns", "continuous")
 
 
 class _SampledLogprobs:
@@ -77,15 +85,25 @@ class HFBackend(Backend):
     """transformers generation in chunks of ``batch_size``; greedy when temperature == 0.
 
     ``kv_reuse`` keeps KV states across calls (:attr:`reuse`, see the module docstring);
-    ``kv_cache_mb`` bounds what they hold between calls (0: no bound).
+    ``kv_cache_mb`` bounds what they hold between calls (0: no bound). ``batching``: ``turns`` (a
+    rollout's turns in one call each turn) or ``continuous`` (:meth:`stream`; needs ``kv_reuse``).
     """
 
     name = "hf"
 
     def __init__(
-        self, model: Any, tokenizer: Any, batch_size: int = 32, kv_reuse: bool = True, kv_cache_mb: int = 1024
+        self,
+        model: Any,
+        tokenizer: Any,
+        batch_size: int = 32,
+        kv_reuse: bool = True,
+        kv_cache_mb: int = 1024,
+        batching: str = "turns",
     ):
         super().__init__(tokenizer, batch_size)
+        if batching not in BATCHING:
+            raise OmrlError(f"unknown generation.batching {batching!r}; valid: {', '.join(BATCHING)}")
+        self.batching = batching
         self.model = model
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.eos_token_id)
@@ -101,6 +119,12 @@ class HFBackend(Backend):
                     "transformers): the hf backend prefills every turn in full",
                     stacklevel=2,
                 )
+        if batching == "continuous" and self.reuse is None and model is not None:
+            raise OmrlError(
+                "generation.batching=continuous needs the KV-reusing engine (generation.kv_reuse=true, and a "
+                f"model whose states it can crop; {type(self._owner).__name__} with kv_reuse={kv_reuse}): "
+                "set generation.batching=turns"
+            )
 
     @property
     def kv_cache(self) -> PrefixCache | None:
@@ -141,6 +165,13 @@ class HFBackend(Backend):
             self.model.train(was_training)
         self._count_call([g for g in out if g is not None], time.perf_counter() - started)
         return out  # type: ignore[return-value]
+
+    def stream(self, params: SamplingParams) -> HFStream | None:
+        """With ``batching="continuous"``, a stream of turns decoded together as they come (each row seeded
+        on its own, :mod:`omrl.backends.hf_stream`); None otherwise."""
+        if self.batching != "continuous" or self.reuse is None:
+            return None
+        return HFStream(self, self.reuse, params, max_rows=self.batch_size)
 
     # -- without reuse: one model.generate call a chunk -------------------------------------------------
     def _generate_chunk(

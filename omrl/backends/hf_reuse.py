@@ -123,7 +123,7 @@ class Sampler:
         return picked.tolist(), logprobs.tolist()
 
 
-class _DecodeBatch:
+class DecodeBatch:
     """The rows still sampling: one left-padded DynamicCache, its attention mask and next positions."""
 
     def __init__(self, kvs: list[KV], device: torch.device):
@@ -202,13 +202,13 @@ class ReuseEngine:
         started = time.perf_counter()
         reused: list[int] = []
         with torch.no_grad():
-            firsts = self._prefill(prompts, calls.forward, calls.device, stats, reused)
+            firsts = self.prefill(prompts, calls.forward, calls.device, stats, reused)
         wait_for(calls.device)
         stats["prefill_seconds"] += time.perf_counter() - started
         sampled = self._decode(prompts, firsts, limits, seed, calls)
         return [(ids, logprobs, cached) for (ids, logprobs), cached in zip(sampled, reused)]
 
-    def _prefill(
+    def prefill(
         self,
         prompts: list[torch.Tensor],
         forward: Forward,
@@ -273,7 +273,7 @@ class ReuseEngine:
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         live = list(range(rows))
         logits = torch.stack([first[1] for first in firsts])  # (rows, vocab)
-        batch: _DecodeBatch | None = None  # built after the first draw, from the rows still going
+        batch: DecodeBatch | None = None  # built after the first draw, from the rows still going
         forward, sampler, stop_token_ids, device = calls.forward, calls.sampler, calls.stop_token_ids, calls.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
             if seed is not None:
@@ -293,7 +293,7 @@ class ReuseEngine:
                 if not live:
                     break
                 if batch is None:
-                    batch = _DecodeBatch([firsts[row][0] for row in live], device)
+                    batch = DecodeBatch([firsts[row][0] for row in live], device)
                     firsts.clear()  # the batch holds copies: free the prefill states now
                 elif len(going) < len(batch.pads):
                     batch.keep(going)

@@ -93,6 +93,13 @@ class GenerationConfig:
         "hf backend: keep each conversation's KV states between turns, so a turn prefills "
         "only its new tokens (the same samples as without).",
     )
+    batching: str = opt(
+        "turns",
+        "hf backend: how a rollout's turns are batched: turns (every live episode's turn in one call, the "
+        "batch run to its longest reply) or continuous (a turn joins the running batch as soon as its "
+        "episode is ready and leaves it when it ends; each row samples from its own seeded stream, so the "
+        "ids differ from turns' as another seed's would). Needs kv_reuse; chain rollouts only.",
+    )
     kv_cache_mb: int = opt(
         1024,
         "hf backend: most MiB of KV states kept between generate calls (least recently used "

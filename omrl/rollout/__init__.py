@@ -1,6 +1,6 @@
 """The batched, token-exact multi-turn rollout (the reference design's ``run_llm_loop``).
 
-:mod:`.loop` is the loop, :mod:`.live` an episode as it grows (shared with the search), :mod:`.pool`
+:mod:`.loop` is the loop (its replies from :mod:`.replies`: turn by turn, or as they come), :mod:`.live` an episode as it grows (shared with the search), :mod:`.pool`
 the env instances, :mod:`.session` a run's envs (one, or a mixture's) built from a config, :mod:`.spec`
 what a play is asked and gives back, :mod:`.progress` the hooks a rollout calls as it goes,
 :mod:`.convert` episodes as readable records; :mod:`.seats` plays games of several agents, a chat per

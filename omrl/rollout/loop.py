@@ -40,8 +40,9 @@ from omrl.errors import OmrlError
 from omrl.rollout.live import EMPTY_OBSERVATION, LiveEpisode, continue_chat, record_reply, record_step
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
+from omrl.rollout.replies import StreamedReplies, TurnReplies, turn_caps
 from omrl.rollout.spec import RolloutLimits
-from omrl.supervisor import StageStalled, on_stall, stage
+from omrl.supervisor import StageStalled, on_stall
 from omrl.templates import Template
 
 
@@ -151,7 +152,7 @@ def collect_lanes(
     )
     finished: list[Episode] = []
     live: list[_Chain] = []
-    calls = 0
+    replies = _reply_source(backend, limits, seed) if not expert else None
 
     retried: set[tuple[int, int]] = set()  # (group, sample) of episodes played again after a stall
 
@@ -183,29 +184,14 @@ def collect_lanes(
                 live.append(state)
         if not live:
             continue
-        caps = [min(limits.max_new_tokens, limits.max_context - len(s.episode.current_row())) for s in live]
         if expert:
-            replies: list[Generation | BaseException] = _expert_replies(tokenizer, live, caps)
+            ready = list(zip(live, _expert_replies(tokenizer, live, turn_caps(live, limits))))
         else:
-            params = SamplingParams(
-                max_new_tokens=caps,
-                temperature=limits.temperature,
-                top_p=limits.top_p,
-                seed=seed * 1_000_003 + calls * 10_007,
-            )
-            with stage("generate", episode=f"{len(live)} episodes, turn {calls + 1}"):
-                replies = list(
-                    backend.generate(
-                        [s.episode.current_row() for s in live],
-                        params,  # type: ignore[union-attr]
-                        messages=[s.messages for s in live],
-                    )
-                )
-        calls += 1
-        progress.generated(sum(len(r.token_ids) for r in replies if isinstance(r, Generation)))
+            ready = replies(live)
+        progress.generated(sum(len(r.token_ids) for _, r in ready if isinstance(r, Generation)))
         to_step = [
             s
-            for s, reply in zip(live, replies)
+            for s, reply in ready
             if record_reply(s, reply, s.lane.template, tokenizer, s.env, s.chat_kwargs) is not None
         ]
         with timed("env"):
@@ -216,8 +202,9 @@ def collect_lanes(
             )
         for state, result in zip(to_step, results):
             record_step(state, result)
-        still: list[_Chain] = []
-        for state in live:
+        # episodes still decoding (a stream's) wait; the ready ones go on or end
+        still = [s for s in live if not any(s is r for r, _ in ready)]
+        for state, _ in ready:
             if state.end is None:
                 # an env's max_turns may be a per-instance option, so ask the instance
                 continue_chat(
@@ -233,9 +220,19 @@ def collect_lanes(
             else:
                 still.append(state)
         live = still
+    if isinstance(replies, StreamedReplies):
+        replies.close()
     if backend is not None:
         backend.release()  # shared openings may stay; the update needs the memory the rest held
     return sorted(finished, key=lambda ep: (ep.group, ep.sample))
+
+
+def _reply_source(backend: Backend | None, limits: RolloutLimits, seed: int) -> TurnReplies | StreamedReplies:
+    """The backend's stream when it batches turns as they come, else one generate call a turn."""
+    assert backend is not None
+    sampling = SamplingParams(temperature=limits.temperature, top_p=limits.top_p)
+    stream = backend.stream(sampling)
+    return TurnReplies(backend, limits, seed) if stream is None else StreamedReplies(stream, limits, seed)
 
 
 def demonstration_messages(template: Template, env: Env, demonstration: Sequence[DemoTurn]) -> list[dict[str, str]]:

@@ -31,9 +31,13 @@ def play(
     max_new_tokens=12,
     max_turns=4,
     cache_bytes=None,
+    batching="turns",
+    batch_size=3,
+    max_parallel=0,
+    seed=5,
 ):
     """A rollout of the keys env; returns (episodes, the backend's stats, the backend)."""
-    backend = HFBackend(model, tokenizer, batch_size=3, kv_reuse=reuse)
+    backend = HFBackend(model, tokenizer, batch_size=batch_size, kv_reuse=reuse, batching=batching)
     if cache_bytes is not None:
         backend.kv_cache.max_bytes = cache_bytes
     limits = RolloutLimits(
@@ -46,8 +50,9 @@ def play(
         list(tasks),
         backend=backend,
         group_size=group_size,
-        seed=5,
+        seed=seed,
         limits=limits,
+        max_parallel=max_parallel,
     )
     return episodes, backend.take_stats(), backend
 
@@ -108,6 +113,19 @@ def test_a_small_cache_evicts_and_still_samples_the_same(tiny_hf):
     assert_same_rollouts(on, off)
     assert backend.kv_cache.nbytes <= cap
     assert 0 < stats_on["prefill_reused"] and stats_on["prefill_computed"] < stats_off["prefill_computed"]
+
+
+def count_rows(backend: HFBackend) -> list[int]:
+    """The rows of every model call the backend makes from now on (filled as it goes)."""
+    rows_fed: list[int] = []
+    forward = backend._forward
+
+    def counting(ids, *args):
+        rows_fed.append(ids.shape[0])
+        return forward(ids, *args)
+
+    backend._forward = counting
+    return rows_fed
 
 
 def chat(tokenizer, text: str) -> list[int]:
@@ -177,14 +195,7 @@ def test_finished_rows_stop_costing_compute(tiny_hf):
     model, tokenizer = tiny_hf
     backend = HFBackend(model, tokenizer)
     backend.eos_token_id = len(tokenizer) + 1  # never sampled: only the per-prompt limits end the rows
-    rows_fed: list[int] = []
-    forward = backend._forward
-
-    def counting(ids, *args):
-        rows_fed.append(ids.shape[0])
-        return forward(ids, *args)
-
-    backend._forward = counting
+    rows_fed = count_rows(backend)
     prompts = [chat(tokenizer, "short"), chat(tokenizer, "a longer one"), chat(tokenizer, "the longest question")]
     gens = backend.generate(prompts, SamplingParams(max_new_tokens=[1, 2, 5], temperature=0))
     assert [len(g.token_ids) for g in gens] == [1, 2, 5]

@@ -1,0 +1,231 @@
+"""Continuous batching against turn-by-turn batching: rollout seconds at equal work, rounds alternating.
+
+    python benchmarks/continuous_batching.py [--rounds 3] [--threads 1] [--json out.json]
+
+Each workload is played with ``generation.batching=turns`` (every live episode's turn in one
+generate call, which runs to its longest reply) and ``continuous`` (a turn joins the decode batch as
+soon as its episode is ready, :mod:`omrl.backends.hf_stream`). The two sample from one seed but not
+the same ids (a turn-by-turn call shares one random stream among its rows, a continuous row has its
+own), and different ids make different episodes; so the comparison is made at equal work: one
+sampled rollout (temperature 1) records every reply, then each round replays those replies in both
+modes, the model running every prefill and decode step as it would to sample them (the ids are taken
+from the record instead of drawn; :class:`Forced`). Both modes then play the very same episodes
+(checked), and the seconds compare the batching alone. Workloads:
+
+- ``default``: the default job's rollout step (the ``grpo`` preset: SmolLM2-135M-WebShop, WebShop,
+  2 tasks x 2 samples, <= 8 turns of <= 48 tokens);
+- ``mixed``: episodes of mixed lengths: WebShop and gridworld in one rollout (an env mixture), 16
+  different tasks, one sample each, so their replies' lengths and turn counts differ.
+
+Targets (issue 54): >= 1.3x on ``mixed``, no worse on ``default``. Writes
+``benchmarks/results/continuous_batching.json`` unless ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+from _results import default_json, machine, save_json
+
+from omrl.backends.base import SamplingParams
+from omrl.backends.hf import HFBackend
+from omrl.backends.hf_stream import HFStream
+from omrl.config import load_config
+from omrl.config.options import TrainRunConfig
+from omrl.models import load_model
+from omrl.rollout import PlaySpec, RolloutSession
+from omrl.training.online import setup_rollout
+
+WORKLOADS: dict[str, list[str]] = {
+    "default": [],
+    "mixed": ["env.name=webshop,gridworld", "tasks_per_step=16", "group_size=1"],
+}
+
+Replies = dict[tuple[int, ...], list[list[int]]]  # a turn's prompt ids -> the ids sampled for it, each time
+
+
+class Replay:
+    """Hands out the recorded replies of each prompt in turn (a task's samples share their first prompt)."""
+
+    def __init__(self, replies: Replies):
+        self.replies, self.given = replies, {}
+
+    def next(self, prompt: tuple[int, ...]) -> list[int]:
+        taken = self.given.get(prompt, 0)
+        self.given[prompt] = taken + 1
+        return self.replies[prompt][taken]
+
+
+class Recording(HFStream):
+    """A continuous stream that keeps every reply it sampled, under its prompt."""
+
+    def __init__(self, *args: Any, record: Replies):
+        super().__init__(*args)
+        self.record, self.prompts = record, {}
+
+    def submit(self, prompt, max_new_tokens, seed):
+        ticket = super().submit(prompt, max_new_tokens, seed)
+        self.prompts[ticket] = tuple(prompt)
+        return ticket
+
+    def advance(self):
+        done = super().advance()
+        for ticket, gen in done:
+            self.record.setdefault(self.prompts.pop(ticket), []).append(list(gen.token_ids))
+        return done
+
+
+class ForcedStream(HFStream):
+    """A continuous stream whose rows take their recorded ids (log-probs: the model's, at temperature 1)."""
+
+    def __init__(self, *args: Any, replay: Replay):
+        super().__init__(*args)
+        self.replay, self.scripted = replay, {}
+
+    def submit(self, prompt, max_new_tokens, seed):
+        ticket = super().submit(prompt, max_new_tokens, seed)
+        self.scripted[ticket] = self.replay.next(tuple(prompt))
+        return ticket
+
+    def pick(self, logits, rows):
+        picked = [self.scripted[row.ticket][len(row.ids)] for row in rows]
+        scores = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(picked)[:, None]).squeeze(1)
+        return picked, scores.tolist()
+
+
+class ForcedRows:
+    """The turn-by-turn engine's row sampler, taking each row's recorded ids."""
+
+    def __init__(self, replies: list[list[int]]):
+        self.replies, self.taken = replies, [0] * len(replies)
+
+    def __call__(self, logits, live):
+        picked = []
+        for row in live:
+            picked.append(self.replies[row][self.taken[row]])
+            self.taken[row] += 1
+        scores = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(picked)[:, None]).squeeze(1)
+        return picked, scores.tolist()
+
+
+class Forced(HFBackend):
+    """The hf backend, either batching, replaying ``replies``; with ``record`` set, sampling and recording."""
+
+    def __init__(self, *args: Any, replies: Replies, record: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.replies, self.record = replies, record
+        self.replay = Replay(replies)  # one backend a rollout: each starts from the first reply of each prompt
+
+    def stream(self, params: SamplingParams):
+        if self.batching != "continuous":
+            return None
+        if self.record:
+            return Recording(self, self.reuse, params, self.batch_size, record=self.replies)
+        return ForcedStream(self, self.reuse, params, self.batch_size, replay=self.replay)
+
+    def _sampler(self, params, prompts):
+        return ForcedRows([self.replay.next(tuple(p.tolist())) for p in prompts])
+
+
+def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: TrainRunConfig, seed: int):
+    """One rollout step: its seconds, sampled tokens, episodes' turn counts and ids."""
+    session.backend = backend
+    backend.take_stats()
+    started = time.perf_counter()
+    episodes = session.play(tasks, PlaySpec(split=cfg.env.split, group_size=cfg.group_size, seed=seed)).episodes
+    seconds = time.perf_counter() - started
+    stats = backend.take_stats()
+    return {
+        "seconds": seconds,
+        "sampled_tokens": int(stats["decode_tokens"]),
+        "turns": [len(ep.turns) for ep in episodes],
+        "prefill_computed": int(stats["prefill_computed"]),
+        "prefill_reused": int(stats["prefill_reused"]),
+        # of the rollout, seconds running prompts (the same work in both modes) and in generate calls
+        "prefill_seconds": stats["prefill_seconds"],
+        "generate_seconds": stats["generate_seconds"],
+    }, sorted(ep.token_ids for ep in episodes)  # a task's samples may swap replies between the modes
+
+
+def measure(name: str, rounds: int, preset: str, model: Any, tokenizer: Any) -> dict[str, Any]:
+    cfg = load_config(TrainRunConfig, preset, WORKLOADS[name])
+    session, order, _ = setup_rollout(cfg, model, tokenizer)
+    tasks = order.take(cfg.tasks_per_step)  # the first step's tasks, as a run draws them
+    seed = cfg.seed * 1_000_003
+    replies: Replies = {}
+    gen = cfg.generation
+
+    def backend(mode: str, record: bool = False) -> Forced:
+        return Forced(
+            model, tokenizer, batch_size=gen.batch_size, kv_cache_mb=gen.kv_cache_mb, batching=mode,
+            replies=replies, record=record,
+        )  # fmt: skip
+
+    recorded, _ = rollout(session, backend("continuous", record=True), tasks, cfg, seed)
+    print(f"  {name:8s} recorded {recorded['sampled_tokens']} sampled tokens, turns {sorted(recorded['turns'])}")
+    runs: dict[str, list[dict[str, Any]]] = {"turns": [], "continuous": []}
+    same: list[bool] = []
+    for round_no in range(rounds):
+        order_of_modes = ("turns", "continuous") if round_no % 2 == 0 else ("continuous", "turns")
+        ids = {}
+        for mode in order_of_modes:
+            run, ids[mode] = rollout(session, backend(mode), tasks, cfg, seed)
+            runs[mode].append(run)
+            print(
+                f"  {name:8s} round {round_no + 1} {mode:10s} {run['seconds']:7.1f} s "
+                f"(generating {run['generate_seconds']:.1f} s, of it prompts {run['prefill_seconds']:.1f} s)",
+                flush=True,
+            )
+        same.append(ids["turns"] == ids["continuous"])
+    med = {mode: statistics.median(r["seconds"] for r in runs[mode]) for mode in runs}
+    return {
+        "overrides": WORKLOADS[name],
+        "episodes": len(tasks) * cfg.group_size,
+        "max_new_tokens": gen.max_new_tokens,
+        "sampled_tokens": recorded["sampled_tokens"],
+        "turns": sorted(recorded["turns"]),
+        "reply_lengths": sorted(len(r) for rs in replies.values() for r in rs),
+        "runs": runs,
+        "median_seconds": med,
+        "same_episodes_each_round": same,
+        "speedup": med["turns"] / med["continuous"],  # >1: continuous is faster
+        "speedup_per_round": [t["seconds"] / c["seconds"] for t, c in zip(runs["turns"], runs["continuous"])],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="grpo")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--json", default=str(default_json("continuous_batching")), help="where the results go")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    cfg = load_config(TrainRunConfig, args.preset, [])
+    device = "cuda" if torch.cuda.is_available() else None
+    model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
+    model.eval()
+    result: dict[str, Any] = {"model": cfg.model.name, "preset": args.preset, "rounds": args.rounds}
+    for name in args.workloads:
+        result[name] = measure(name, args.rounds, args.preset, model, tokenizer)
+        r = result[name]
+        print(
+            f"{name}: {r['episodes']} episodes, {r['sampled_tokens']} sampled tokens; median seconds a rollout: "
+            f"turns {r['median_seconds']['turns']:.1f}, continuous {r['median_seconds']['continuous']:.1f}: "
+            f"{r['speedup']:.2f}x (per round {', '.join(f'{x:.2f}' for x in r['speedup_per_round'])}); "
+            f"same episodes in both modes: {all(r['same_episodes_each_round'])}",
+            flush=True,
+        )
+    result["machine"] = machine(args.threads)
+    save_json(args.json, result)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""A decode batch whose rows come and go without copying the others: KV states in preallocated slots.
+
+A continuous batch (:mod:`omrl.backends.hf_stream`) takes in a turn whenever its episode is ready
+and lets a row go the step it ends. Restacking every row into a fresh left-padded cache each time
+would copy the whole batch's states per admission (a second of memory traffic for 16 WebShop rows
+on a CPU), and transformers' ``DynamicCache`` copies them again every step (it grows by ``cat``).
+A :class:`SlotBatch` keeps each layer's keys and values in buffers with room to grow:
+
+- every row writes its next token at one shared column, ``end``; a row is copied in once, right-aligned
+  to ``end``, and a row longer than ``end`` moves ``end`` forward (the other rows get masked columns,
+  not a copy);
+- a row that ends is replaced by the last row (one row copied), so the live rows stay the first ones;
+- the model sees views of the columns in use, and writes its new states into the buffers in place.
+
+The attention mask says which columns hold each row's tokens, and positions are given per row, so a
+row's logits equal those of the same row in any other batch (up to float rounding).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from omrl.backends.kv_cache import KV, kv_length
+
+#: columns a buffer is grown by beyond what it must hold, so growing is rare
+HEADROOM = 256
+
+
+def _slot_layer_class() -> type:
+    """A transformers cache layer that lives in a :class:`SlotBatch`'s buffers (built on first use, so
+    importing this module does not import transformers)."""
+    from transformers.cache_utils import DynamicLayer
+
+    class SlotLayer(DynamicLayer):
+        """Writes new states into its batch's buffers at ``end`` and hands the model views of the columns in use."""
+
+        def __init__(self, batch: SlotBatch, index: int):
+            super().__init__()
+            self.batch, self.index = batch, index
+            self.is_initialized = True
+            self.keys = self.values = None
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            pass
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+            batch, new = self.batch, key_states.shape[-2]
+            keys, values = batch.keys[self.index], batch.values[self.index]
+            keys[: batch.rows, :, batch.end : batch.end + new] = key_states
+            values[: batch.rows, :, batch.end : batch.end + new] = value_states
+            self.keys = keys[: batch.rows, :, batch.start : batch.end + new]
+            self.values = values[: batch.rows, :, batch.start : batch.end + new]
+            return self.keys, self.values
+
+    return SlotLayer
+
+
+class SlotBatch:
+    """Rows of KV states decoding together; rows join with :meth:`add` and leave with :meth:`remove`."""
+
+    def __init__(self, template: KV, max_rows: int, device: torch.device):
+        from transformers.cache_utils import Cache
+
+        self.device = device
+        self.max_rows = max_rows
+        self.rows = 0
+        self.start = self.end = 0  # the columns in use: [start, end); the next token goes in column end
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self._shapes = [(k.shape[1], k.shape[3], v.shape[1], v.shape[3], k.dtype) for k, v in template]
+        self._allocate(1, HEADROOM)
+        self.positions = torch.zeros(max_rows, dtype=torch.long, device=device)  # each row's next position
+        layer = _slot_layer_class()
+        self.cache = Cache(layers=[layer(self, i) for i in range(len(template))])
+
+    @property
+    def capacity(self) -> int:
+        return self.mask.shape[1]
+
+    def add(self, kv: KV) -> int:
+        """Copy a row's states in (batch 1, no padding); its index in the batch."""
+        length = kv_length(kv)
+        if self.rows == self.max_rows:
+            raise ValueError(f"the batch holds {self.max_rows} rows already")
+        self._reserve(max(self.end, length) + 1, self.rows + 1)
+        if length > self.end:  # the row needs more columns before the shared one: move that column forward
+            self._clear(slice(0, self.rows), self.end, length)  # the other rows' new columns: masked, nothing copied
+            self.end = length
+        row = self.rows
+        self.rows += 1
+        first = self.end - length
+        self._clear(slice(row, row + 1), 0, first)
+        for layer, (keys, values) in enumerate(kv):
+            self.keys[layer][row, :, first : self.end] = keys[0]
+            self.values[layer][row, :, first : self.end] = values[0]
+        self.mask[row] = 0
+        self.mask[row, first : self.end] = 1
+        self.positions[row] = length
+        self.start = min(self.start, first) if row else first
+        return row
+
+    def row(self, index: int) -> KV:
+        """Row ``index``'s states, its own columns only (a copy of batch 1)."""
+        columns = self.mask[index, : self.end].nonzero().squeeze(1)
+        return [
+            (k[index : index + 1].index_select(2, columns), v[index : index + 1].index_select(2, columns))
+            for k, v in zip(self.keys, self.values)
+        ]
+
+    def remove(self, index: int) -> None:
+        """Row ``index`` leaves; the last row takes its place (callers reorder their rows the same way)."""
+        last = self.rows - 1
+        if index != last:
+            for keys, values in zip(self.keys, self.values):
+                keys[index, :, : self.end] = keys[last, :, : self.end]
+                values[index, :, : self.end] = values[last, :, : self.end]
+            self.mask[index] = self.mask[last]
+            self.positions[index] = self.positions[last]
+        self.rows = last
+        if self.rows:  # columns no live row uses any more drop out of the view
+            self.start = int(self.mask[: self.rows, : self.end].any(dim=0).nonzero()[0, 0])
+
+    def step(self, forward: Callable[..., torch.Tensor], tokens: list[int]) -> torch.Tensor:
+        """Feed one token per row; (rows, vocab) float32 logits of each row's next."""
+        self._reserve(self.end + 1, self.rows)
+        rows = self.rows
+        self.mask[:rows, self.end] = 1
+        ids = torch.tensor(tokens, device=self.device)[:, None]
+        mask = self.mask[:rows, self.start : self.end + 1]
+        for layer in self.cache.layers:  # the model reads the cache's length before it writes
+            layer.keys = self.keys[layer.index][:rows, :, self.start : self.end]
+            layer.values = self.values[layer.index][:rows, :, self.start : self.end]
+        logits = forward(ids, self.positions[:rows, None], self.cache, mask)
+        self.end += 1
+        self.positions[:rows] += 1
+        return logits
+
+    def _reserve(self, columns: int, rows: int) -> None:
+        """Room for ``columns`` columns and ``rows`` rows. Past the buffers' size, the rows and the columns in
+        use move to the front of larger buffers (column numbers then drop by the old ``start``, so
+        ``columns`` still fit); rows grow by doubling, up to ``max_rows``."""
+        if columns <= self.capacity and rows <= self.mask.shape[0]:
+            return
+        old_keys, old_values, old_mask, start, end, live = (
+            self.keys,
+            self.values,
+            self.mask,
+            self.start,
+            self.end,
+            self.rows,
+        )
+        row_room = old_mask.shape[0] if rows <= old_mask.shape[0] else min(self.max_rows, max(rows, 2 * live))
+        grown = max(columns, (3 * (end - start)) // 2) + HEADROOM  # geometric: growing stays rare
+        self._allocate(row_room, self.capacity if columns <= self.capacity else grown)
+        width = end - start  # columns before start are no live row's: left behind
+        for layer in range(len(old_keys)):
+            self.keys[layer][:live, :, :width] = old_keys[layer][:live, :, start:end]
+            self.values[layer][:live, :, :width] = old_values[layer][:live, :, start:end]
+        self.mask[:live, :width] = old_mask[:live, start:end]
+        self.start, self.end = 0, width
+
+    def _clear(self, rows: slice, first: int, last: int) -> None:
+        """Zero columns [first, last) of ``rows``: masked columns the model sees must hold numbers (attention
+        multiplies a masked value by a weight of 0, and 0 times a NaN left in fresh memory is a NaN)."""
+        if last > first:
+            for keys, values in zip(self.keys, self.values):
+                keys[rows, :, first:last] = 0
+                values[rows, :, first:last] = 0
+            self.mask[rows, first:last] = 0
+
+    def _allocate(self, rows: int, columns: int) -> None:
+        """Buffers of ``rows`` rows and ``columns`` columns, left unset: a column is written or cleared
+        (:meth:`_clear`) before any row's view takes it in."""
+        self.keys = [
+            torch.empty((rows, kh, columns, kd), dtype=dtype, device=self.device)
+            for kh, kd, _, _, dtype in self._shapes
+        ]
+        self.values = [
+            torch.empty((rows, vh, columns, vd), dtype=dtype, device=self.device)
+            for _, _, vh, vd, dtype in self._shapes
+        ]
+        self.mask = torch.zeros((rows, columns), dtype=torch.long, device=self.device)
