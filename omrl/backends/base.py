@@ -126,8 +126,10 @@ class Stream(Protocol):
         """Queue one turn (``seed`` seeds its own random stream); its ticket."""
         ...
 
-    def advance(self) -> list[tuple[int, "Generation"]]:
-        """Generate until at least one queued turn ends; those turns' tickets and generations."""
+    def advance(self, steps: int = 0) -> list[tuple[int, "Generation"]]:
+        """Generate until at least one queued turn ends, or for at most ``steps`` decode steps (0: no
+        limit, for a caller whose next requests wait on these replies); those turns' tickets and
+        generations."""
         ...
 
     def close(self) -> None:

@@ -99,9 +99,9 @@ class HFStream:
         )
         return self.tickets
 
-    def advance(self) -> list[tuple[int, Generation]]:
-        """Decode until at least one row ends; the ended rows' tickets and generations (empty when
-        nothing is pending)."""
+    def advance(self, steps: int = 0) -> list[tuple[int, Generation]]:
+        """Decode until at least one row ends, or for at most ``steps`` steps (0: no limit); the ended rows'
+        tickets and generations (empty when nothing is pending or none ended yet)."""
         started = time.perf_counter()
         model = self.backend.model
         was_training = model.training
@@ -109,9 +109,11 @@ class HFStream:
         done: list[tuple[int, Generation]] = []
         try:
             with torch.no_grad():
-                while not done and self.pending:
+                taken = 0
+                while not done and self.pending and (not steps or taken < steps):
                     self._admit()
                     done = self._step()
+                    taken += 1
         finally:
             model.train(was_training)
         self.backend._count_call([gen for _, gen in done], time.perf_counter() - started)

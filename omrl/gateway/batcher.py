@@ -12,6 +12,10 @@ agent waits for another agent's tool or its next thought, only for the generate 
 Releasing an ended episode's cached KV states goes through the same thread (the backend is not
 thread-safe).
 
+A backend that batches continuously (``generation.batching=continuous``: :meth:`Backend.stream`) needs
+no window: each request joins the running decode batch as it arrives, between two decode steps, and
+its reply goes back the step it ends, so no agent waits for another's longer reply either.
+
 Which thread: a rollout drives the batcher from its own (the main) thread while the agents play
 (:meth:`Batcher.drive`), because torch computes slower from a thread it was not set up on (measured:
 SmolLM2's generate of 16 prompts took 4.0-4.3 s from another thread, 2.7-3.4 s from the main one); a
@@ -26,7 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from omrl.backends.base import Backend, Generation, SamplingParams
+from omrl.backends.base import Backend, Generation, SamplingParams, Stream
 from omrl.supervisor import stage
 
 STRAGGLER_GAP = 0.1  # of the last generate call's time: how long a gap between requests may be in one batch
@@ -71,6 +75,7 @@ class Batcher:
         self.batch_sizes: list[int] = []
         self.failure: BaseException | None = None
         self._jobs: list[_Job] = []
+        self._streams: dict[tuple[float, float], tuple[Stream, dict[int, _Job]]] = {}  # by temperature, top_p
         self._ready = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -144,15 +149,16 @@ class Batcher:
     def _loop(self, until: Callable[[], bool]) -> None:
         while True:
             with self._ready:
-                while not self._jobs and not self._closed:
+                while not self._jobs and not self._closed and not self._streams:
                     if until():
                         return
                     self._ready.wait(DRIVE_POLL_S)
-                if self._closed and not self._jobs:
+                if self._closed and not self._jobs and not self._streams:
                     return
                 gap = max(self.window_s, STRAGGLER_GAP * self._last_call_s)
                 latest = time.monotonic() + max(self.max_wait_s, STRAGGLER_WAIT * self._last_call_s)
-                while not self._closed and self._pending() < max(1, self.waiting_for()):
+                # a stream takes requests between decode steps: none waits for the others
+                while not self._streams and not self._closed and self._pending() < max(1, self.waiting_for()):
                     left = min(self._last_arrival + gap, latest) - time.monotonic()
                     if left <= 0:
                         break
@@ -160,11 +166,13 @@ class Batcher:
                 jobs, self._jobs = self._jobs, []
             try:
                 self._serve(jobs)
+                self._advance_streams()
             except BaseException as exc:  # noqa: BLE001 - the thread must outlive a failed release, and say why
                 self.failure = self.failure or exc
-                for job in jobs:
+                for job in [*jobs, *(job for _, tickets in self._streams.values() for job in tickets.values())]:
                     if not job.future.done():
                         job.future.set_exception(exc)
+                self._streams.clear()
 
     def _pending(self) -> int:
         return sum(job.prompt is not None for job in self._jobs)
@@ -183,6 +191,8 @@ class Batcher:
             if job.prompt is not None:
                 by_sampling.setdefault(job.sampling, []).append(job)
         for (temperature, top_p, seed), batch in by_sampling.items():
+            if self._submit(temperature, top_p, seed, batch):
+                continue
             params = SamplingParams(
                 max_new_tokens=[job.cap for job in batch],
                 temperature=temperature,
@@ -215,3 +225,34 @@ class Batcher:
                 continue
             for job, reply in zip(batch, replies):
                 job.future.set_result(reply)
+
+    def _submit(self, temperature: float, top_p: float, seed: int | None, batch: list[_Job]) -> bool:
+        """Hand ``batch`` to the backend's stream for these settings (opened on first use); False when the
+        backend generates whole calls only. Each request gets a seed of its own (its own, or the next of
+        this batcher's)."""
+        key = (temperature, top_p)
+        if key not in self._streams:
+            stream = self.backend.stream(SamplingParams(temperature=temperature, top_p=top_p))
+            if stream is None:
+                return False
+            self._streams[key] = (stream, {})
+        stream, tickets = self._streams[key]
+        for job in batch:
+            own = self.seed * 1_000_003 + self.calls * 10_007 if seed is None else seed
+            self.calls += 1
+            tickets[stream.submit(job.prompt or [], job.cap, own)] = job
+        return True
+
+    def _advance_streams(self) -> None:
+        """Decode each open stream until some of its requests end, and answer those. A stream left with
+        nothing to do is closed: the next request opens a new one, which sees the weights of then."""
+        for key, (stream, tickets) in list(self._streams.items()):
+            if tickets:
+                with stage("generate", episode=f"{len(tickets)} agent calls decoding"):
+                    done = stream.advance(steps=1)  # then requests that came meanwhile join
+                self.batch_sizes.append(len(tickets))
+                for ticket, reply in done:
+                    tickets.pop(ticket).future.set_result(reply)
+            if not tickets:
+                stream.close()
+                del self._streams[key]

@@ -309,3 +309,38 @@ def test_the_responses_api_is_served_statelessly(scripted):
     ]:
         with pytest.raises(openai.BadRequestError, match=named):
             client.responses.create(model="m", input="hi", **bad)
+
+
+def test_with_continuous_batching_a_short_call_returns_while_a_long_one_decodes(tiny_tokenizer, tiny_hf):
+    """An agent's request joins the running batch between decode steps and its reply goes back the step it
+    ends: the short call must not wait for the long one (turn by turn it would wait for the whole call)."""
+    import time
+
+    from omrl.gateway.server import Gateway
+
+    model, _ = tiny_hf
+    backend = HFBackend(model, tiny_tokenizer, batching="continuous")
+    backend.stop_token_ids = [len(tiny_tokenizer) + 1]  # never sampled: only max_tokens ends a reply
+    gateway = Gateway(tiny_tokenizer, backend, RolloutLimits(max_new_tokens=900, max_context=1024))
+    finished: dict[str, float] = {}
+
+    def ask(client, name: str, tokens: int) -> None:
+        reply = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": name}], max_tokens=tokens
+        )
+        assert reply.choices[0].finish_reason == "length"
+        finished[name] = time.monotonic()
+
+    try:
+        (long_client, _, _), (short_client, _, _) = client_for(gateway, episode()), client_for(gateway, episode())
+        long_call = threading.Thread(target=ask, args=(long_client, "long", 900))
+        long_call.start()
+        deadline = time.monotonic() + 30
+        while not gateway.batcher._streams and time.monotonic() < deadline:  # the long call is decoding
+            time.sleep(0.005)
+        ask(short_client, "short", 2)
+        long_call.join(120)
+        assert finished["short"] < finished["long"]
+        assert not gateway.batcher._streams  # nothing left decoding: the stream was closed
+    finally:
+        gateway.close()
