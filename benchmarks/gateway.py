@@ -1,6 +1,7 @@
 """The gateway against omrl's own loop: the same chats, model and token counts, played both ways.
 
-    python benchmarks/gateway.py [--model tiny] [--episodes 32] [--turns 4] [--tokens 32] [--threads 2] [--json out.json]
+    python benchmarks/gateway.py [--model tiny] [--episodes 32] [--turns 4] [--tokens 32] [--threads 2]
+        [--batching turns|continuous] [--json out.json]
 
 Both arms play the same multi-turn chats: a system prompt, a question, then ``--turns`` replies each
 answered "Go on.". The native arm is :func:`omrl.rollout.loop.collect` over an env that answers so;
@@ -139,11 +140,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32, help="max_new_tokens a reply")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of both arms (the best of each kept)")
-    parser.add_argument("--json", default="", help="default: benchmarks/results/gateway_<model>.json")
+    parser.add_argument("--batching", default="turns", choices=["turns", "continuous"], help="generation.batching")
+    parser.add_argument("--json", default="", help="default: benchmarks/results/gateway_<model>[_continuous].json")
     args = parser.parse_args()
     TURNS = args.turns
     torch.set_num_threads(args.threads)
-    args.json = args.json or str(default_json(f"gateway_{args.model}"))
+    suffix = "" if args.batching == "turns" else f"_{args.batching}"
+    args.json = args.json or str(default_json(f"gateway_{args.model}{suffix}"))
     model, tokenizer = load_model(resolve_model_path(args.model))
     limits = RolloutLimits(max_new_tokens=args.tokens, max_context=8192, temperature=0.0)
     tasks = list(range(args.episodes))
@@ -153,6 +156,7 @@ def main() -> None:
         "episodes": args.episodes,
         "turns": args.turns,
         "tokens": args.tokens,
+        "batching": args.batching,
     }
 
     best: dict[str, tuple[float, int]] = {}
@@ -160,7 +164,7 @@ def main() -> None:
     batches: list[int] = []
     for _ in range(args.rounds):  # alternating, so both arms see the same load
         for name, arm in (("native", native), ("gateway", gateway)):
-            backend = HFBackend(model, tokenizer)
+            backend = HFBackend(model, tokenizer, batching=args.batching)
             seconds, episodes = arm(backend, tokenizer, limits, tasks)
             assert all(ep.end_reason != "env_error" for ep in episodes), [ep.error for ep in episodes][:3]
             if name not in best or seconds < best[name][0]:
@@ -192,7 +196,7 @@ def main() -> None:
     record["overhead_ms_per_call"] = round(1000 * (fixed["gateway"] - fixed["native"]) / calls, 2)
 
     print(
-        f"tiny, {args.episodes} episodes x {args.turns} turns, {args.tokens} tokens a reply, greedy, {args.threads} threads"
+        f"{args.model}, generation.batching={args.batching}, {args.episodes} episodes x {args.turns} turns, {args.tokens} tokens a reply, greedy, {args.threads} threads"
     )
     for name in ("native", "gateway"):
         seconds, tokens = best[name]
