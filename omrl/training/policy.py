@@ -11,7 +11,7 @@ from torch import nn
 
 from omrl.training.logits import entropy_from_logits, token_log_probs
 from omrl.training.packing import IGNORE_INDEX
-from omrl.training.shared_prefix import PACKED_MASK_ATTENTION, SharedPrefix
+from omrl.training.shared_prefix import PACKED_MASK_ATTENTION, SharedPrefix, no_logits
 
 
 class ValueHead(nn.Module):
@@ -91,7 +91,7 @@ def policy_forward(
         **packed,
         use_cache=False,
         output_hidden_states=need_hidden,
-        **({"logits_to_keep": 1} if head is not None else {}),
+        **(no_logits(model) if head is not None else {}),
         **(prefix.cache_kwargs() if prefix is not None else {}),
     )
     targets = input_ids[:, start + 1 :]
@@ -149,8 +149,11 @@ def _head_stats(
     head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of ``targets`` [n] (and entropy) from ``hidden`` [n, H] through the LM head, HEAD_CHUNK
-    positions at a time; with gradients, each chunk's logits are recomputed in backward instead of kept."""
+    positions at a time; with gradients, each chunk's logits but the last are recomputed in backward
+    instead of kept. The last chunk is the first that backward reaches, while everything else is still
+    alive: keeping its logits adds nothing to the peak that recomputing them there would not."""
     log_probs, entropies = [], []
+    recompute = torch.is_grad_enabled() and hidden.requires_grad
     for start in range(0, hidden.shape[0], HEAD_CHUNK):
         args = (
             head,
@@ -159,7 +162,7 @@ def _head_stats(
             temperature,
             with_entropy,
         )
-        if torch.is_grad_enabled() and hidden.requires_grad:
+        if recompute and start + HEAD_CHUNK < hidden.shape[0]:
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_stats, *args, use_reentrant=False)
         else:
             lp, ent = _chunk_stats(*args)
@@ -173,11 +176,55 @@ def _head_stats(
 def _chunk_stats(
     head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float()[None]  # [1, c, V]
+    logits = _head_logits(head, hidden).float()[None]  # [1, c, V]
     if temperature and temperature != 1.0:
         logits = logits / temperature
     entropy = entropy_from_logits(logits)[0] if with_entropy else logits.new_zeros(0)
     return token_log_probs(logits, targets[None])[0], entropy
+
+
+def _head_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """``head(hidden)``; through :class:`_HeadLinear` where that is the same computation: a bias-free
+    Linear that no hook watches (ZeRO-3 and FSDP fetch weights in hooks), outside autocast."""
+    if _plain_linear(head) and not torch.is_autocast_enabled(hidden.device.type):
+        return _HeadLinear.apply(hidden, head.weight)
+    return head(hidden)
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """Whether calling ``module`` is exactly ``F.linear(x, module.weight)`` (the hooks torch's own
+    fast path checks)."""
+    hooks = nn.modules.module
+    watched = (
+        module._forward_hooks,
+        module._forward_pre_hooks,
+        module._backward_hooks,
+        module._backward_pre_hooks,
+        hooks._global_forward_hooks,
+        hooks._global_forward_pre_hooks,
+        hooks._global_backward_hooks,
+        hooks._global_backward_pre_hooks,
+    )
+    return type(module) is nn.Linear and module.bias is None and not any(watched)
+
+
+class _HeadLinear(torch.autograd.Function):
+    """``hidden @ weight.T`` whose weight gradient is a tensor of its own (autograd's is a transposed
+    view), so that the input embedding's gradient, with a tied weight, adds into it in place instead of
+    both being copied into a new vocabulary-sized tensor for every micro-batch. The products are those
+    autograd computes for ``F.linear``, bit for bit."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(hidden, weight)
+        return torch.nn.functional.linear(hidden, weight)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        hidden, weight = ctx.saved_tensors
+        grad_hidden = grad.mm(weight) if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t().mm(hidden) if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight
 
 
 def _place(values: torch.Tensor, chosen: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -204,7 +251,7 @@ def labelled_nll_sum(
         position_ids=position_ids,
         use_cache=False,
         output_hidden_states=head is not None,
-        **({"logits_to_keep": 1} if head is not None else {}),
+        **(no_logits(model) if head is not None else {}),
     )
     chosen = labels != IGNORE_INDEX
     if head is None:

@@ -20,6 +20,7 @@ from typing import Iterator, Sequence
 import torch
 from torch import nn
 
+from omrl.clock import timed
 from omrl.data.batch import Batch
 
 # Below this many shared tokens a separate prefix pass costs more than it saves.
@@ -98,6 +99,15 @@ def _takes(model: nn.Module, argument: str) -> bool:
     """Whether ``model``'s forward (or, under LoRA, its base model's) names ``argument``."""
     base = getattr(model, "get_base_model", lambda: model)()
     return any(argument in inspect.signature(m.forward).parameters for m in (model, base))
+
+
+def no_logits(model: nn.Module) -> dict[str, object]:
+    """The ``logits_to_keep`` argument that makes ``model`` compute no logits at all where transformers
+    reads it (no positions), else the last position's: the caller runs the LM head itself."""
+    base = getattr(model, "get_base_model", lambda: model)()  # under LoRA, the model that reads it
+    if type(base).__module__.startswith("transformers."):
+        return {"logits_to_keep": torch.zeros(0, dtype=torch.long)}
+    return {"logits_to_keep": 1}
 
 
 def cache_argument(model: nn.Module) -> str | None:
@@ -215,8 +225,9 @@ class SharedPrefix:
         self._stack.enter_context(_keep_cache_under_checkpointing(self.model))
         capture = capture_class()
         # no vocabulary-sized logits for a prefix whose predictions are never used
-        keep = {"logits_to_keep": 1} if _takes(self.model, "logits_to_keep") else {}
-        self.model(input_ids=self.prefix_ids[None], use_cache=True, **keep, **{self.argument: capture})
+        keep = no_logits(self.model) if _takes(self.model, "logits_to_keep") else {}
+        with timed("forward"):  # the update's forward, as its rows' are
+            self.model(input_ids=self.prefix_ids[None], use_cache=True, **keep, **{self.argument: capture})
         self._captured = [capture.captured[i] for i in sorted(capture.captured)]
         grad = torch.is_grad_enabled()
         # the suffixes' gradients stop at these copies and are summed in their .grad
@@ -237,7 +248,8 @@ class SharedPrefix:
                     if leaf.grad is not None and out.requires_grad
                 ]
                 if pairs:
-                    torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
+                    with timed("backward"):
+                        torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         finally:
             self._captured, self._leaves = [], []
             self._stack.close()

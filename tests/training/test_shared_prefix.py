@@ -8,6 +8,7 @@ import pytest
 import torch
 from rich.console import Console
 
+from omrl import clock
 from omrl.data.batch import Batch
 from omrl.models import load_model
 from omrl.training.metrics import read_metrics
@@ -63,6 +64,19 @@ def rows():
     prefix = torch.randint(5, 200, (48,), generator=generator)
     suffixes = [torch.randint(5, 200, (n,), generator=generator) for n in (20, 33, 9)]
     return prefix, [torch.cat([prefix, suffix]) for suffix in suffixes]
+
+
+def test_the_prefix_passes_count_as_the_updates_forward_and_backward(rows, tiny_model):
+    model, _ = tiny_model
+    prefix, (row, *_) = rows
+    mask = torch.zeros(1, len(row))
+    mask[0, len(prefix) :] = 1
+    clock.take()
+    with SharedPrefix(model, prefix[:-1]) as shared:
+        assert set(clock.take()) == {"forward"}  # the prefix's own forward, not time/other
+        out = policy_forward(model, row[None], torch.ones_like(row)[None], token_mask=mask, prefix=shared)
+        (out["log_probs"] * mask).sum().backward()
+    assert set(clock.take()) == {"backward"}  # its backward, when the block ends
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
