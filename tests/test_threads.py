@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -36,3 +41,28 @@ def test_busy_cores_and_processes_launched_together_get_fewer_threads(monkeypatc
     assert configure_threads() == 2
     monkeypatch.setattr("os.getloadavg", lambda: (40.0, 0.0, 0.0))
     assert configure_threads() == 1  # never 0
+
+
+def test_huge_pages_are_asked_for_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    configure_threads()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "1"
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    configure_threads()
+    assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"
+
+
+def test_torch_gets_huge_pages_when_configured_before_it_loads():
+    """What the CLI does (configure_threads before any import of torch) gives torch's large blocks huge
+    pages wherever the kernel offers them (THP "always" or "madvise")."""
+    script = (
+        "import omrl.threads; omrl.threads.configure_threads(); import torch\n"
+        "x = torch.zeros(64 * 2**20 // 4); x += 1\n"
+        "print(next(int(l.split()[1]) for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    huge_kib = int(
+        subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    )
+    offered = "[never]" not in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    assert (huge_kib >= 32 * 1024) if offered else (huge_kib == 0)
