@@ -15,9 +15,13 @@ from the record instead of drawn; :class:`Forced`). Both modes then play the ver
 - ``default``: the default job's rollout step (the ``grpo`` preset: SmolLM2-135M-WebShop, WebShop,
   2 tasks x 2 samples, <= 8 turns of <= 48 tokens);
 - ``mixed``: episodes of mixed lengths: WebShop and gridworld in one rollout (an env mixture), 16
-  different tasks, one sample each, so their replies' lengths and turn counts differ.
+  different tasks, one sample each, so their replies' lengths and turn counts differ; all of them fit
+  in one batch (``generation.batch_size`` 32);
+- ``queued``: the same mixture with more episodes than the batch holds (32 tasks, batch size 8), as a
+  GRPO step of many groups has: turn by turn, each call's rows run in chunks of 8, each chunk to its
+  longest reply; continuously, a row that ends frees its slot for the next waiting turn.
 
-Targets (issue 54): >= 1.3x on ``mixed``, no worse on ``default``. Writes
+Targets (issue 54): >= 1.3x on mixed lengths, no worse on ``default``. Writes
 ``benchmarks/results/continuous_batching.json`` unless ``--json``.
 """
 
@@ -43,6 +47,7 @@ from omrl.training.online import setup_rollout
 WORKLOADS: dict[str, list[str]] = {
     "default": [],
     "mixed": ["env.name=webshop,gridworld", "tasks_per_step=16", "group_size=1"],
+    "queued": ["env.name=webshop,gridworld", "tasks_per_step=32", "group_size=1", "generation.batch_size=8"],
 }
 
 Replies = dict[tuple[int, ...], list[list[int]]]  # a turn's prompt ids -> the ids sampled for it, each time
