@@ -194,17 +194,9 @@ def _head_logits(head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 def _plain_linear(module: nn.Module) -> bool:
     """Whether calling ``module`` is exactly ``F.linear(x, module.weight)`` (the hooks torch's own
     fast path checks)."""
-    hooks = nn.modules.module
-    watched = (
-        module._forward_hooks,
-        module._forward_pre_hooks,
-        module._backward_hooks,
-        module._backward_pre_hooks,
-        hooks._global_forward_hooks,
-        hooks._global_forward_pre_hooks,
-        hooks._global_backward_hooks,
-        hooks._global_backward_pre_hooks,
-    )
+    kinds = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    watched = [getattr(module, kind) for kind in kinds]
+    watched += [getattr(nn.modules.module, f"_global{kind}") for kind in kinds]
     return type(module) is nn.Linear and module.bias is None and not any(watched)
 
 
