@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from omrl.config import load_config
@@ -85,15 +85,14 @@ FULL = ToolBudget(
 # `tiny`: the same stages in minutes. Measured: it learns to call the tool (66% of episodes after SFT
 # on 1,500 + 1,500 demonstrations, 8 epochs, 98% of calls clean) but not to copy the numbers into the
 # call or the printed product into the answer, so its success stays near 0.
-QUICK = ToolBudget(
+QUICK = replace(
+    FULL,
     model="tiny",
     expert_episodes=200,
-    tool_share=0.75,
     sft_epochs=3.0,
     sft_learning_rate=2e-3,
     grpo_steps=3,
     tasks_per_step=8,
-    group_size=8,
     grpo_learning_rate=5e-4,
     eval_tasks=16,
     micro_batch_size=16,

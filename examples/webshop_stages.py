@@ -9,7 +9,7 @@ rollouts and evaluations then see the very prompts the model was fine-tuned on.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,23 +86,21 @@ FULL = Size(
     eval_samples=2,
     save_steps=10,
 )
-TOY = Size(
+# the same stages on the 1M-parameter `tiny`, in minutes: its own learning rates, one GRPO step
+TOY = replace(
+    FULL,
     model="tiny",
     expert_episodes=32,
     sft_epochs=4.0,
     sft_learning_rate=6e-3,
-    sft_micro_batch=1,
     sft_accumulation=1,
     rl_steps=1,
-    tasks_per_step=4,
-    group_size=4,
     rl_learning_rate=1e-3,
     rl_micro_batch=16,
     ppo_epochs=4,
     train_tasks=4,
     eval_goals=10,
     base_eval_goals=5,
-    eval_samples=2,
     save_steps=0,
 )
 SIZES = {"full": FULL, "toy": TOY}

@@ -95,17 +95,20 @@ def shared_prefix_groups(batch: Batch, packed_rows_share: bool = False) -> list[
     return groups
 
 
+def _base(model: nn.Module) -> nn.Module:
+    """Under LoRA, the wrapped model (whose forward reads the arguments); else ``model`` itself."""
+    return getattr(model, "get_base_model", lambda: model)()
+
+
 def _takes(model: nn.Module, argument: str) -> bool:
     """Whether ``model``'s forward (or, under LoRA, its base model's) names ``argument``."""
-    base = getattr(model, "get_base_model", lambda: model)()
-    return any(argument in inspect.signature(m.forward).parameters for m in (model, base))
+    return any(argument in inspect.signature(m.forward).parameters for m in (model, _base(model)))
 
 
 def no_logits(model: nn.Module) -> dict[str, object]:
     """The ``logits_to_keep`` argument that makes ``model`` compute no logits at all where transformers
     reads it (no positions), else the last position's: the caller runs the LM head itself."""
-    base = getattr(model, "get_base_model", lambda: model)()  # under LoRA, the model that reads it
-    if type(base).__module__.startswith("transformers."):
+    if type(_base(model)).__module__.startswith("transformers."):
         return {"logits_to_keep": torch.zeros(0, dtype=torch.long)}
     return {"logits_to_keep": 1}
 
