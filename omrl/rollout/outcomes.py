@@ -3,36 +3,51 @@ and unfinished rates over all its episodes, per seat and per opponent, for ``omr
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
 from omrl.data.trajectory import Episode
 
 OUTCOMES = ("win", "draw", "loss", "unfinished")
 
 
-def seat_outcomes(episodes: Sequence[Episode]) -> dict[str, dict[str, float]]:
-    """Win, draw, loss and unfinished rates of the policy's seat episodes, with how many games each
-    counts: ``all``, per seat (``seat:player_0``) and per opponent (``vs:scripted``). Episodes whose env
-    failed count in none (they say nothing of the model); episodes without a seat are ignored."""
-    counts: dict[str, Counter[str]] = defaultdict(Counter)
+def seat_counts(episodes: Sequence[Episode]) -> dict[str, float]:
+    """How many of the policy's seat episodes ended each way, as counts that add up over processes:
+    ``win/all``, ``loss/seat:player_0``, ``draw/vs:scripted``, ... Episodes whose env failed count in
+    none (they say nothing of the model); episodes without a seat are ignored."""
+    counts: dict[str, float] = {}
     for ep in episodes:
         outcome = ep.info.get("outcome")
         if outcome not in OUTCOMES:
             continue
         for key in ("all", f"seat:{ep.info['seat']}", f"vs:{ep.info['opponent']}"):
-            counts[key][outcome] += 1
-    return {
-        key: {"games": float(sum(c.values())), **{o: c[o] / sum(c.values()) for o in OUTCOMES}}
-        for key, c in counts.items()
-    }
+            counts[f"{outcome}/{key}"] = counts.get(f"{outcome}/{key}", 0.0) + 1.0
+    return counts
 
 
-def seat_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+def outcome_rates(counts: dict[str, float]) -> dict[str, dict[str, float]]:
+    """:func:`seat_counts` as win, draw, loss and unfinished rates, with how many games each counts:
+    ``all``, per seat (``seat:player_0``) and per opponent (``vs:scripted``)."""
+    keys = dict.fromkeys(name.split("/", 1)[1] for name in counts)  # an opponent's URL may hold a "/"
+    rates = {}
+    for key in keys:
+        games = sum(counts.get(f"{o}/{key}", 0.0) for o in OUTCOMES)
+        rates[key] = {"games": games, **{o: counts.get(f"{o}/{key}", 0.0) / games for o in OUTCOMES}}
+    return rates
+
+
+def seat_outcomes(episodes: Sequence[Episode]) -> dict[str, dict[str, float]]:
+    """How the policy's seats fared in ``episodes``: :func:`outcome_rates` of their :func:`seat_counts`."""
+    return outcome_rates(seat_counts(episodes))
+
+
+def seat_metrics(
+    episodes: Sequence[Episode], add_up: Callable[[dict[str, float]], dict[str, float]] = dict
+) -> dict[str, float]:
     """:func:`seat_outcomes` as flat metrics for ``omrl eval`` and the trainer: ``win_rate``,
-    ``win_rate/seat:player_0``, ``loss_rate/vs:scripted``, ``games/vs:scripted``, ..."""
+    ``win_rate/seat:player_0``, ``loss_rate/vs:scripted``, ``games/vs:scripted``, ... ``add_up`` sums
+    the counts over processes before the rates are taken (the trainer's ``strategy.sum_dicts``)."""
     out: dict[str, float] = {}
-    for key, rates in seat_outcomes(episodes).items():
+    for key, rates in outcome_rates(add_up(seat_counts(episodes))).items():
         suffix = "" if key == "all" else f"/{key}"
         out[f"games{suffix}"] = rates["games"]
         out.update({f"{o}_rate{suffix}": rates[o] for o in OUTCOMES})

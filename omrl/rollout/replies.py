@@ -61,7 +61,8 @@ class StreamedReplies:
         self.submitted: dict[int, LiveEpisode] = {}  # ticket -> the episode whose turn it is
 
     def __call__(self, live: Sequence[S]) -> list[tuple[S, Generation | BaseException]]:
-        fresh = [s for s in live if not any(s is t for t in self.submitted.values())]
+        waiting = {id(s) for s in self.submitted.values()}
+        fresh = [s for s in live if id(s) not in waiting]
         for state, cap in zip(fresh, turn_caps(fresh, self.limits)):
             ticket = self.stream.submit(state.episode.current_row(), cap, self.turn_seed(state))
             self.submitted[ticket] = state

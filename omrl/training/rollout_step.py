@@ -49,8 +49,8 @@ def step_metrics(played: Played, seconds: float, session: RolloutSession, strate
         metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(overall).items()}
         metrics.update(sum_per_env(strategy, per_env))
         stats = strategy.sum_dicts(stats)
-    if strategy.world_size == 1:  # games of several seats: win, draw and loss rates per seat and opponent
-        metrics.update(seat_metrics(episodes))
+    # games of several seats: win, draw and loss rates per seat and opponent, over every process's games
+    metrics.update(seat_metrics(episodes, strategy.sum_dicts))
     return {**metrics, **generation_metrics(stats)}
 
 

@@ -21,6 +21,7 @@ from rich.console import Console
 from transformers import AutoModelForCausalLM
 
 from omrl.config import to_yaml
+from omrl.rollout.outcomes import OUTCOMES
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.sft import run_sft
@@ -213,6 +214,16 @@ def launched(tiny_model_dir, tmp_path_factory) -> Launched:
     jobs["ddp"]["plain-grpo"] = Job(
         "train", _rl_config(tiny_model_dir, root / "ddp" / "plain-grpo" / "run"), root / "ddp" / "plain-grpo"
     )
+    questions = root / "qa.jsonl"  # solve-verify's tasks: the policy plays the solver and the verifier
+    questions.write_text(
+        "".join(json.dumps({"question": f"What is {n} + 1?", "answer": n + 1}) + "\n" for n in range(4))
+    )
+    seats = ["env.name=solve-verify", f"plugins.solve-verify.path={questions}", "reward.weights={process: 1.0}"]
+    jobs["ddp"]["seats"] = Job(
+        "train",
+        _rl_config(tiny_model_dir, root / "ddp" / "seats" / "run", "grpo", *seats, "eval_tasks=0"),
+        root / "ddp" / "seats",
+    )
     dataset = root / "agent.jsonl"
     dataset.write_text("".join(json.dumps(record) + "\n" for record in agent_records()))
     for mode in MODES:
@@ -302,6 +313,17 @@ def test_two_process_grpo_trains_and_keeps_processes_in_step(launched):
     assert all(r["grad_norm"] > 0 for r in run.records[:2])  # an update happened every step
     assert "eval_success" in run.records[0]
     assert latest_checkpoint(run.output_dir).name == "step-00000002"
+
+
+@pytest.mark.slow
+def test_two_process_seat_metrics_count_every_process_s_games(launched):
+    """Each step's win, draw and loss rates are over the games of every process, not of one."""
+    run = launched["ddp", "seats"]
+    for record in run.records[:2]:
+        # 2 tasks x 2 games x 2 seats (the policy plays both), one task on each process
+        assert record["games"] == 8
+        assert record["games/seat:solver"] == record["games/seat:verifier"] == record["games/vs:policy"] / 2 == 4
+        assert sum(record[f"{o}_rate"] for o in OUTCOMES) == pytest.approx(1.0)
 
 
 @pytest.mark.slow
