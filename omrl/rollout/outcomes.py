@@ -20,7 +20,8 @@ def seat_counts(episodes: Sequence[Episode]) -> dict[str, float]:
         if outcome not in OUTCOMES:
             continue
         for key in ("all", f"seat:{ep.info['seat']}", f"vs:{ep.info['opponent']}"):
-            counts[f"{outcome}/{key}"] = counts.get(f"{outcome}/{key}", 0.0) + 1.0
+            name = f"{outcome}/{key}"
+            counts[name] = counts.get(name, 0.0) + 1.0
     return counts
 
 
@@ -30,8 +31,9 @@ def outcome_rates(counts: dict[str, float]) -> dict[str, dict[str, float]]:
     keys = dict.fromkeys(name.split("/", 1)[1] for name in counts)  # an opponent's URL may hold a "/"
     rates = {}
     for key in keys:
-        games = sum(counts.get(f"{o}/{key}", 0.0) for o in OUTCOMES)
-        rates[key] = {"games": games, **{o: counts.get(f"{o}/{key}", 0.0) / games for o in OUTCOMES}}
+        ended = {o: counts.get(f"{o}/{key}", 0.0) for o in OUTCOMES}
+        games = sum(ended.values())
+        rates[key] = {"games": games, **{o: n / games for o, n in ended.items()}}
     return rates
 
 
