@@ -64,15 +64,19 @@ def play_seats(
     seed: int = 0,
     demonstration: bool = True,
     progress: RolloutProgress | None = None,
+    max_parallel: int = 0,
 ) -> list[Episode]:
     """Play ``group_size`` games of each task; the policy's episodes, ordered by (group, sample).
 
     ``seating``: seat -> :class:`~omrl.rollout.seating.Player` (or past checkpoints, drawn per game with
-    ``seed``); ``backend`` generates the policy's seats, with ``tokenizer`` (an expert's need none)."""
+    ``seed``); ``backend`` generates the policy's seats, with ``tokenizer`` (an expert's need none).
+    ``max_parallel`` caps the games played at once (0: all); a game that ends makes room for the next."""
     limits = limits or RolloutLimits()
     seats = check_seating(seating, pool.env_class, pool.name)
     if group_size < 1:
         raise OmrlError(f"group_size must be >= 1, got {group_size}")
+    if max_parallel < 0:
+        raise OmrlError(f"max_parallel must be >= 0 (0: every game at once), got {max_parallel}")
     check_history(limits.history)
     if backend is None and any(isinstance(s, Player) and s.kind == "policy" for s in seating.values()):
         raise OmrlError("play_seats needs the policy's generation backend for the seats the policy plays")
@@ -91,9 +95,13 @@ def play_seats(
     }.values():
         check_run_template(tok, limits.history, limits.template_kwargs)  # every model's rows as its template lays them
     play = SeatPlay(pool, template, seats, backend, limits, split, seed, demonstration, progress or RolloutProgress())
-    play.reset(games)
-    live = play.sweep(games)
-    while live:
+    waiting, live = list(games), []
+    while live or waiting:
+        room = len(waiting) if not max_parallel else max_parallel - len(live)
+        started, waiting = waiting[:room], waiting[room:]
+        if started:  # the games that ended made room: the next ones start
+            play.reset(started)
+            live = play.sweep(live + started)
         play.scripted_moves(live)
         live = play.sweep(live)
         play.model_moves(live)

@@ -198,19 +198,19 @@ class RolloutSession:
             self.tokenizer,
             pairs,
             expert=spec.expert,
-            max_parallel=spec.max_parallel,
             **self._player_options(spec, progress),
         )
         return self.compose(episodes) if spec.rewards else Played(episodes)
 
     def _player_options(self, spec: PlaySpec, progress: RolloutProgress | None) -> dict[str, Any]:
         """What the chain loop and the seated games both take from a play: the backend, the limits, the
-        samples per task, the seed and the progress hooks."""
+        samples per task, the seed, the cap on episodes (games) at once and the progress hooks."""
         return {
             "backend": self.backend,
             "limits": spec.limits or self.limits,
             "group_size": spec.group_size,
             "seed": spec.seed,
+            "max_parallel": spec.max_parallel,
             "progress": progress,
         }
 

@@ -13,7 +13,7 @@ from tests.docs.commands import FENCE, REPO, shell
 LIMITS = {"README.md": 12_000, "CONTRIBUTING.md": 6_000, "AGENTS.md": 6_000}
 GUIDES = ("CONTRIBUTING.md", "AGENTS.md")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-FAST, FULL = 'HF_HUB_OFFLINE=1 pytest -q -n 2 -m "not slow"', "HF_HUB_OFFLINE=1 pytest -q"
+FAST, FULL = 'HF_HUB_OFFLINE=1 pytest -q -n 2 -m "not slow"', "HF_HUB_OFFLINE=1 pytest -q -n 2"
 
 
 def commands(name: str) -> list[str]:

@@ -50,7 +50,9 @@ def react():
     return registry.templates.get("react")()
 
 
-def play(policy, react, game, seating, *, tasks=(0, 1), group_size=2, history="keep", max_turns=0, seed=3):
+def play(
+    policy, react, game, seating, *, tasks=(0, 1), group_size=2, history="keep", max_turns=0, seed=3, max_parallel=0
+):
     backend, tokenizer = policy
     backend.batches.clear()
     pool = EnvPool(TextArenaDuelEnv, {"game": game}, name=f"textarena-duel:{game}")
@@ -66,6 +68,7 @@ def play(policy, react, game, seating, *, tasks=(0, 1), group_size=2, history="k
             limits=limits,
             group_size=group_size,
             seed=seed,
+            max_parallel=max_parallel,
         )
     finally:
         pool.close()
@@ -102,6 +105,15 @@ def test_self_play_gives_each_seat_its_own_token_exact_chat(policy, react):
         assert ep.end_reason == "done" and len(ep.turns) == {"player_0": 4, "player_1": 3}[me]  # 7 moves
     # the policy's seats of every game share each generate call: 4 games, one seat to move in each
     assert backend.batches == [4] * 7
+
+
+def test_max_parallel_caps_the_games_played_at_once(policy, react):
+    episodes = play(policy, react, "SimpleNegotiation-v0-short", SELF_PLAY, max_parallel=3)
+    backend, tokenizer = policy
+    assert len(episodes) == 8 and all(ep.end_reason == "done" and len(ep.info["moves"]) == 7 for ep in episodes)
+    assert backend.batches == [3] * 7 + [1] * 7  # three games, then the fourth once they ended
+    with pytest.raises(OmrlError, match="max_parallel must be >= 0"):
+        play(policy, react, "SimpleNegotiation-v0-short", SELF_PLAY, max_parallel=-1)
 
 
 def test_groups_are_per_game_setup_and_seat(policy, react):
