@@ -588,8 +588,8 @@ def main() -> None:
         trl_worker(args.trl_worker)
         return
 
+    from omrl.home import omrl_home
     from omrl.models import resolve_model_path
-    from omrl.models.loading import omrl_home
 
     if not Path(args.trl_python).exists():
         raise SystemExit(f"no TRL python at {args.trl_python}; install it as this file's docstring says")

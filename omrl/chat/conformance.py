@@ -41,7 +41,7 @@ from omrl.chat.replies import (
     stop_token_ids,
     template_key,
 )
-from omrl.chat.template_check import where_tool
+from omrl.chat.template_check import check_render_bounds_once, where_tool
 from omrl.chat.tool_calls import FORMATS, parse_tool_calls, template_format
 from omrl.errors import OmrlError
 
@@ -318,8 +318,11 @@ _CHECKING = threading.Lock()
 def check_run_template(tokenizer: Any, mode: str, kwargs: dict | None = None) -> None:
     """Refuse, before a row is laid out, a chat template whose episodes ``mode`` would lay out wrongly (a
     ``broken`` case of :func:`conformance`), naming the case; once per tokenizer, template, options and mode.
-    A refused case is left to the point that refuses it, where its message names the way out."""
+    A refused case is left to the point that refuses it, where its message names the way out. First, a
+    template that does not render within bounds (it loops, or builds huge text) is refused before this
+    process renders anything through it (:func:`~omrl.chat.template_check.check_render_bounds_once`)."""
     kwargs = dict(kwargs or {})
+    check_render_bounds_once(tokenizer, kwargs)
     try:
         known = _CHECKED.setdefault(tokenizer, {})
     except TypeError:
@@ -341,6 +344,7 @@ def check_template_options(tokenizer: Any, options: dict) -> None:
     variables it does read: a misspelt ``enable_thinkng`` would otherwise change nothing, silently."""
     if not options:
         return
+    check_render_bounds_once(tokenizer, options)  # reading its variables compiles it (and folds its constants)
     read = template_variables(tokenizer)
     unread = sorted(set(options) - read)
     if unread:

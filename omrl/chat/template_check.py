@@ -8,9 +8,12 @@ It reads jinja only and imports nothing of :mod:`omrl.chat`: it sits at the bott
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import subprocess
 import sys
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from typing import Any
 from jinja2 import nodes
 
 from omrl.errors import OmrlError
+from omrl.home import omrl_home
 
 _KEEPS_TEXT = (nodes.Add, nodes.Concat, nodes.And, nodes.Or)  # the content flows on inside a longer value
 _TYPE_TESTS = frozenset({"defined", "undefined", "none", "string", "mapping", "sequence", "iterable"})
@@ -217,7 +221,7 @@ def check_render_bounds(
         return
     job = {
         "template": source,
-        "specials": {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, (str, list))},
+        "specials": _specials(tokenizer),
         "kwargs": dict(kwargs or {}),
         "chats": _PROBE_CHATS,
         "tools": [_PROBE_TOOL],
@@ -234,6 +238,41 @@ def check_render_bounds(
             "(nested loops over range(100000)), so omrl cannot use it; fix the template or set tokenizer.chat_template"
         ) from None
     _check_verdict(done, memory, max_chars)
+
+
+_WITHIN_BOUNDS: set[str] = set()  # the (template, special tokens, options) whose probe chats rendered within
+_BOUNDS_LOCK = threading.Lock()  # rollouts on several threads share a tokenizer: one renders, the others wait
+
+
+def check_render_bounds_once(tokenizer: Any, kwargs: dict | None = None) -> None:
+    """:func:`check_render_bounds` with the default bounds, once for each template, special tokens and options:
+    what a run passes before anything of it renders a chat through the template. A pass is remembered in
+    this process and in ``$OMRL_HOME/checked-templates`` (the next run starts without the child process's
+    second); a refusal is checked, and raised, again at each call."""
+    source = getattr(tokenizer, "chat_template", None)
+    if not isinstance(source, str) or not source:
+        return
+    renderer = importlib.metadata.version("transformers")  # another jinja renderer may render otherwise
+    bounds = [RENDER_SECONDS, RENDER_MEMORY, MAX_RENDER_CHARS, renderer]
+    what = json.dumps([source, _specials(tokenizer), kwargs or {}, bounds], sort_keys=True, default=repr)
+    key = hashlib.sha256(what.encode()).hexdigest()
+    passed = omrl_home() / "checked-templates" / key
+    with _BOUNDS_LOCK:
+        if key in _WITHIN_BOUNDS or passed.exists():
+            _WITHIN_BOUNDS.add(key)
+            return
+        check_render_bounds(tokenizer, kwargs)
+        _WITHIN_BOUNDS.add(key)
+        try:
+            passed.parent.mkdir(parents=True, exist_ok=True)
+            passed.touch()  # an empty file: whole or absent
+        except OSError:  # a read-only home: checked again by the next run
+            pass
+
+
+def _specials(tokenizer: Any) -> dict[str, Any]:
+    """The special tokens a template reads by name (``bos_token``...), as transformers passes them."""
+    return {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, (str, list))}
 
 
 def _check_verdict(done: subprocess.CompletedProcess, memory: int, max_chars: int) -> None:

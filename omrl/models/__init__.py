@@ -15,7 +15,6 @@ _FROM_LOADING = (
     "check_model_files",
     "load_model",
     "load_tokenizer",
-    "omrl_home",
     "resolve_model_path",
     "tiny_config",
     "trained_demonstration",

@@ -26,6 +26,7 @@ import torch
 import yaml
 
 from omrl.errors import ConfigError, DamagedModelError, OmrlError
+from omrl.home import omrl_home
 from omrl.models.builtin import BUILTIN_MODELS, tuned_for
 from omrl.models.manifest import COMPLETE_MARKER, manifest_damage
 
@@ -37,10 +38,6 @@ _DELTA_DIGEST = "omrl_delta.sha256"  # beside a model built from a delta: which 
 #: beside a run's final model: the sha256 of each of its files (see :func:`check_model_files`)
 MODEL_MANIFEST = "omrl_model.sha256"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def omrl_home() -> Path:
-    return Path(os.environ.get("OMRL_HOME", Path.home() / ".cache" / "omrl"))
 
 
 def resolve_model_path(name_or_path: str) -> str:

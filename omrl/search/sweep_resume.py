@@ -41,7 +41,8 @@ def model_content(name: str) -> dict[str, str]:
     another model; a rewrite that keeps all three goes unseen). A hub id is identified by its name
     only (``hub_id``): the hub's cache keeps one revision a name.
     """
-    from omrl.models import MODEL_MANIFEST, omrl_home
+    from omrl.home import omrl_home
+    from omrl.models import MODEL_MANIFEST
     from omrl.models.builtin import BUILTIN_MODELS
 
     path = omrl_home() / "models" / name if name in BUILTIN_MODELS else Path(name).expanduser()

@@ -264,3 +264,45 @@ def test_cli_refuses_a_template_that_renders_past_its_bounds(tiny_model_dir, tmp
     code, out, err = cli(capsys, str(tmp_path / name))
     err = " ".join(err.split())
     assert code == 2 and message in err and "bug in omrl" not in err, err
+
+
+def hostile_model_dir(tiny_model_dir, folder: Path, source: str) -> str:
+    """A copy of the tiny model's directory whose chat template is ``source``."""
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = source
+    tokenizer.save_pretrained(folder)
+    shutil.copy(Path(tiny_model_dir) / "config.json", folder)
+    shutil.copy(Path(tiny_model_dir) / "model.safetensors", folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("name,message", [("loops", "within 3 s"), ("writes", "characters, more than 1,000,000")])
+def test_a_run_refuses_a_template_past_its_bounds_before_rendering_through_it(
+    tiny_model_dir, tmp_path, capsys, monkeypatch, name, message
+):
+    from omrl.chat import template_check
+
+    tiny_template = load_tokenizer(tiny_model_dir).chat_template
+    source = HOSTILE[name][0] + tiny_template  # else a sound template: "writes" would lay out token-exactly
+    folder = hostile_model_dir(tiny_model_dir, tmp_path / name, source)
+    monkeypatch.setattr(template_check, "RENDER_SECONDS", 3.0)
+    out = tmp_path / "episodes.parquet"
+    code, _, err = cli_exit(
+        capsys, "rollout", "--env", "gridworld", "--model", folder, "-o", str(out), "--num-tasks", "1"
+    )
+    err = " ".join(err.split())
+    assert code == 2 and message in err and "bug in omrl" not in err, err
+    assert not out.exists()
+    # a sound template is checked once: remembered in the process and under $OMRL_HOME for the next one
+    calls = []
+    monkeypatch.setattr(template_check, "check_render_bounds", lambda *args: calls.append(args))
+    monkeypatch.setenv("OMRL_HOME", str(tmp_path / "home"))
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = tiny_template + f"{{# {tmp_path} #}}"  # a template no test has checked
+    for _ in range(2):
+        template_check.check_render_bounds_once(tokenizer)
+    monkeypatch.setattr(template_check, "_WITHIN_BOUNDS", set())  # as a new process starts
+    template_check.check_render_bounds_once(tokenizer)
+    assert len(calls) == 1 and len(list((tmp_path / "home" / "checked-templates").iterdir())) == 1
+    template_check.check_render_bounds_once(tokenizer, {"other": "options"})
+    assert len(calls) == 2

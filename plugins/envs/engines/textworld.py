@@ -244,7 +244,7 @@ class TextWorldEnv(RangeSplits, Env):
     def cache_dir(self) -> Path:
         """The folder of generated games (``$OMRL_HOME/textworld`` unless the option says otherwise)."""
         if self._cache_dir is None:
-            from omrl.models import omrl_home  # imports torch: only when the default is needed
+            from omrl.home import omrl_home
 
             self._cache_dir = omrl_home() / "textworld"
         return self._cache_dir
