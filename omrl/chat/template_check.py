@@ -252,8 +252,7 @@ def check_render_bounds_once(tokenizer: Any, kwargs: dict | None = None) -> None
     source = getattr(tokenizer, "chat_template", None)
     if not isinstance(source, str) or not source:
         return
-    renderer = importlib.metadata.version("transformers")  # another jinja renderer may render otherwise
-    bounds = [RENDER_SECONDS, RENDER_MEMORY, MAX_RENDER_CHARS, renderer]
+    bounds = [RENDER_SECONDS, RENDER_MEMORY, MAX_RENDER_CHARS, _renderer_version()]
     what = json.dumps([source, _specials(tokenizer), kwargs or {}, bounds], sort_keys=True, default=repr)
     key = hashlib.sha256(what.encode()).hexdigest()
     passed = omrl_home() / "checked-templates" / key
@@ -268,6 +267,12 @@ def check_render_bounds_once(tokenizer: Any, kwargs: dict | None = None) -> None
             passed.touch()  # an empty file: whole or absent
         except OSError:  # a read-only home: checked again by the next run
             pass
+
+
+@lru_cache(maxsize=1)
+def _renderer_version() -> str:
+    """transformers' version: another version's jinja renderer may render a template otherwise."""
+    return importlib.metadata.version("transformers")
 
 
 def _specials(tokenizer: Any) -> dict[str, Any]:
