@@ -322,14 +322,14 @@ def check_run_template(tokenizer: Any, mode: str, kwargs: dict | None = None) ->
     template that does not render within bounds (it loops, or builds huge text) is refused before this
     process renders anything through it (:func:`~omrl.chat.template_check.check_render_bounds_once`)."""
     kwargs = dict(kwargs or {})
-    check_render_bounds_once(tokenizer, kwargs)
     try:
         known = _CHECKED.setdefault(tokenizer, {})
     except TypeError:
         known = {}
     key = (*template_key(tokenizer, kwargs), mode)
     with _CHECKING:  # rollouts on several threads share a tokenizer: one plays the cases, the others wait
-        if key not in known:
+        if key not in known:  # (a rollout step passes here: the bounds are checked on a miss only)
+            check_render_bounds_once(tokenizer, kwargs)
             broken = first_broken(conformance(tokenizer, kwargs, (mode,), RUN_CASES))
             known[key] = "" if broken is None else f"{broken.case} episodes: {broken.problem}"
     if known[key]:
