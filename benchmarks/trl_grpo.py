@@ -96,7 +96,7 @@ def trl_settings(spec: dict) -> dict:
     return dict(
         output_dir=spec["output_dir"],
         use_cpu=True,
-        bf16=False,
+        bf16=bool(spec.get("bf16", False)),  # bfloat16 autocast, float32 weights: as omrl's bf16=true
         report_to="none",
         disable_tqdm=True,
         max_steps=spec["steps"],

@@ -39,7 +39,8 @@ prompts are the very ids omrl played.
 The same on both sides besides: the tasks in the order omrl plays them, ``--tasks`` prompts a step x
 ``--group-size`` samples, temperature 1, top-p 1, lr 1e-5 constant, AdamW with no weight decay,
 grad-norm clip 1, no KL (TRL's default ``beta=0``), one optimizer step per generation (on-policy),
-float32, gradient checkpointing off, ``--steps`` steps, ``--threads`` threads.
+float32 weights (``--bf16``: both sides under bfloat16 autocast, TRL's ``bf16=True`` and omrl's
+``bf16=true``), gradient checkpointing off, ``--steps`` steps, ``--threads`` threads.
 
 Reported per run: each step's wall time (TRL: a callback's step begin to end; omrl: its logged
 ``step_time``), the rollout's share (TRL: ``_generate_and_score_completions``, its tool loop
@@ -328,7 +329,10 @@ def omrl_plugin(tasks: int):
 def omrl_overrides(args, model_dir: str) -> list[str]:
     # TRL never stops a run for its tool calls
     health = ("tool_health.max_steps_without_valid_call=0", "tool_health.max_malformed_rate=1.0")
-    return trl_grpo.omrl_overrides(args, model_dir, ENV_NAME, TEMPLATE_NAME, args.turns, REWARD_NAME, health)
+    precision = ("bf16=true",) if args.bf16 else ()
+    return trl_grpo.omrl_overrides(
+        args, model_dir, ENV_NAME, TEMPLATE_NAME, args.turns, REWARD_NAME, health + precision
+    )
 
 
 def omrl_worker(argv: list[str]) -> None:
@@ -566,6 +570,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--warmup-steps", type=int, default=8, help="SFT steps teaching the tool call first (0: the model as is)"
     )
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each side")
+    parser.add_argument(
+        "--bf16", action="store_true", help="both sides in bfloat16 autocast (TRL bf16=True, omrl bf16=true)"
+    )
     parser.add_argument("--omrl-arg", action="append", default=[], help="extra key=value for omrl train")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="no cProfile run of each side")
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny model, 2 steps of 1x2, 1 round")
@@ -621,6 +628,7 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens,
             "lr": args.lr,
             "threads": args.threads,
+            "bf16": args.bf16,
         }
         for r in range(args.rounds):
             for side in sides[r % 2 :] + sides[: r % 2]:  # each round starts with the other side

@@ -36,12 +36,14 @@ def make_backend(
     model_name: str = "",
     dtype: str = "float32",
     seed: int = 0,
+    bf16: bool = False,
 ) -> Backend:
     """Build the backend ``name`` from a GenerationConfig.
 
     ``model`` is an already loaded transformers model (hf; loaded from
     ``model_name`` when None); ``model_name`` is the built-in name, directory or
-    hub id the vllm engine loads, or the model name sent to an openai endpoint.
+    hub id the vllm engine loads, or the model name sent to an openai endpoint. ``bf16``: generate in
+    bfloat16 (the hf backend under autocast, the vllm engine in bfloat16 weights).
     """
     batching = str(getattr(generation, "batching", "turns"))
     if batching != "turns" and name != "hf":
@@ -66,6 +68,7 @@ def make_backend(
             kv_reuse=bool(getattr(generation, "kv_reuse", True)),
             kv_cache_mb=int(getattr(generation, "kv_cache_mb", 1024)),
             batching=batching,
+            bf16=bf16,
         )
     if name == "vllm":
         from omrl.backends.vllm import VLLMBackend
@@ -75,7 +78,7 @@ def make_backend(
             resolve_model_path(model_name),
             tokenizer,
             batch_size=generation.batch_size,
-            dtype=dtype,
+            dtype="bfloat16" if bf16 and dtype == "float32" else dtype,
             max_model_len=generation.max_context,
             gpu_memory_utilization=generation.gpu_memory_utilization,
             seed=seed,

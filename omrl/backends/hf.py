@@ -22,6 +22,10 @@ ready, each row drawing from its own seeded stream.
 What both share stays on :class:`HFBackend`: the model, the tokenizer's ids, the
 chunking and seeding, weight updates, and the two seams the reuse engine calls
 through (:meth:`HFBackend._forward`, :meth:`HFBackend._sampler`).
+
+With ``bf16`` every call runs under bfloat16 autocast (:meth:`HFBackend.autocast`): matrix products and
+attention in bfloat16, logits handed to sampling in float32; the weights stay as they are.
+One autocast region spans a whole call, so each weight is cast once a call, not once a decode step.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ class HFBackend(Backend):
     ``kv_reuse`` keeps KV states across calls (:attr:`reuse`, see the module docstring);
     ``kv_cache_mb`` bounds what they hold between calls (0: no bound). ``batching``: ``turns`` (a
     rollout's turns in one call each turn) or ``continuous`` (:meth:`stream`; needs ``kv_reuse``).
+    ``bf16``: generate under bfloat16 autocast (:meth:`autocast`).
     """
 
     name = "hf"
@@ -99,8 +104,10 @@ class HFBackend(Backend):
         kv_reuse: bool = True,
         kv_cache_mb: int = 1024,
         batching: str = "turns",
+        bf16: bool = False,
     ):
         super().__init__(tokenizer, batch_size)
+        self.bf16 = bf16
         if batching not in BATCHING:
             raise OmrlError(f"unknown generation.batching {batching!r}; valid: {', '.join(BATCHING)}")
         self.batching = batching
@@ -135,6 +142,11 @@ class HFBackend(Backend):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def autocast(self) -> torch.autocast:
+        """The precision generation runs in: bfloat16 autocast with ``bf16``, else the weights' own
+        (a disabled region)."""
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
     @property
     def _owner(self) -> Any:
         """The transformers model (a peft model's base, its adapters in place), which holds the generation config."""
@@ -151,16 +163,17 @@ class HFBackend(Backend):
         was_training = self.model.training
         self.model.eval()
         try:
-            for chunk_no, start in enumerate(range(0, len(order), self.batch_size)):
-                chunk = order[start : start + self.batch_size]
-                seed = None if params.seed is None else params.seed + chunk_no
-                chunk_prompts, chunk_limits = [prompts[i] for i in chunk], [limits[i] for i in chunk]
-                if self.reuse is None:
-                    gens = self._generate_chunk(chunk_prompts, chunk_limits, params, seed)
-                else:
-                    gens = self._generate_chunk_reusing(self.reuse, chunk_prompts, chunk_limits, params, seed)
-                for i, gen in zip(chunk, gens):
-                    out[i] = gen
+            with self.autocast():
+                for chunk_no, start in enumerate(range(0, len(order), self.batch_size)):
+                    chunk = order[start : start + self.batch_size]
+                    seed = None if params.seed is None else params.seed + chunk_no
+                    chunk_prompts, chunk_limits = [prompts[i] for i in chunk], [limits[i] for i in chunk]
+                    if self.reuse is None:
+                        gens = self._generate_chunk(chunk_prompts, chunk_limits, params, seed)
+                    else:
+                        gens = self._generate_chunk_reusing(self.reuse, chunk_prompts, chunk_limits, params, seed)
+                    for i, gen in zip(chunk, gens):
+                        out[i] = gen
         finally:
             self.model.train(was_training)
         self._count_call([g for g in out if g is not None], time.perf_counter() - started)

@@ -108,7 +108,7 @@ class HFStream:
         model.eval()
         done: list[tuple[int, Generation]] = []
         try:
-            with torch.no_grad():
+            with torch.no_grad(), self.backend.autocast():
                 taken = 0
                 while not done and self.pending and (not steps or taken < steps):
                     self._admit()

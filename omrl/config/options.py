@@ -84,6 +84,11 @@ class EnvRunConfig(RunConfig):
     agent: AgentConfig = field(default_factory=AgentConfig)
     seats: SeatsConfig = field(default_factory=SeatsConfig)
     deadlines: DeadlineConfig = field(default_factory=DeadlineConfig)
+    bf16: bool = opt(
+        False,
+        "bfloat16 autocast for the policy's forward passes: the hf backend's generation and, in train, the "
+        "update's forwards (weights, gradients and optimizer state stay in model.dtype).",
+    )
 
 
 # keys of `omrl rollout` and `omrl eval` that moved into their rollout section (still read, with a warning)

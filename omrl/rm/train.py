@@ -270,7 +270,7 @@ class RmRecipe:
         return self.strategy.forward(self._values, batch)
 
     def _values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+        with recipe.autocast(self):
             return head_values(self.model, batch["input_ids"], batch["position_ids"])
 
     def save_checkpoint(self) -> Path:

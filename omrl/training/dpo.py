@@ -35,7 +35,7 @@ from omrl.training.online_run import (
     start_online_setup,
 )
 from omrl.training.policy import sequence_log_prob
-from omrl.training.recipe import close_recipe, setup_optimizer, skip_update, start_recipe, update
+from omrl.training.recipe import autocast, close_recipe, setup_optimizer, skip_update, start_recipe, update
 from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, trainable
 from omrl.training.tree_batch import sibling_pairs
 
@@ -95,17 +95,18 @@ class DPORecipe:
             self.model.train()
             strategy.zero_grad(self.optimizer)
             sums: dict[str, float] = {}
-            for c_mb, r_mb in strategy.micro_batches(
-                zip(micro_batches(chosen, size), micro_batches(rejected, size)),
-                idle=lambda row: self._log_probs(row, row),
-            ):
-                policy, ref = self._log_probs(c_mb, r_mb)
-                loss, parts = dpo_loss(policy[0], policy[1], ref[0], ref[1], cfg.algorithm.dpo_beta)
-                weight = len(c_mb) / total_pairs
-                with timed("backward"):
-                    strategy.backward(loss * weight)
-                for key, value in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
-                    sums[key] = sums.get(key, 0.0) + weight * value
+            with autocast(self):  # one region: each weight cast once a step (as in rl.py)
+                for c_mb, r_mb in strategy.micro_batches(
+                    zip(micro_batches(chosen, size), micro_batches(rejected, size)),
+                    idle=lambda row: self._log_probs(row, row),
+                ):
+                    policy, ref = self._log_probs(c_mb, r_mb)
+                    loss, parts = dpo_loss(policy[0], policy[1], ref[0], ref[1], cfg.algorithm.dpo_beta)
+                    weight = len(c_mb) / total_pairs
+                    with timed("backward"):
+                        strategy.backward(loss * weight)
+                    for key, value in {"loss": loss.item(), **{f"dpo_{k}": float(v) for k, v in parts.items()}}.items():
+                        sums[key] = sums.get(key, 0.0) + weight * value
             applied = update(self, self.step + 1)
             figures = {"grad_norm": applied.grad_norm, "lr": applied.lr} if applied.applied else self.skipped.metrics()
             metrics.update(strategy.sum_dicts(sums), dpo_pairs=float(total_pairs), **figures)

@@ -6,7 +6,7 @@ summary), ``cleanup()``; :func:`run_recipe` runs the three. Its setup starts wit
 :func:`start_setup` (config as checkpoints keep it, resume point, seed, device) and, once its
 model is loaded, :func:`setup_optimizer`, :func:`resume` and :func:`setup_logger`; each step ends
 in :func:`update` (or :func:`skip_update`) and :func:`log_step`; ``train()`` ends in
-:func:`save_final`. For example::
+:func:`save_final`. Its forward passes run under :func:`autocast`. For example::
 
     def save_checkpoint(self) -> Path:
         return save_recipe_checkpoint(self, data_state={"epoch": self.epoch, ...})
@@ -29,6 +29,7 @@ import contextlib
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
 from rich.console import Console
 from torch import nn
 
@@ -154,6 +155,13 @@ def start_setup(recipe: Recipe) -> Path | None:
     seed_everything(cfg.seed)
     recipe.device = recipe.strategy.device
     return resume_from
+
+
+def autocast(recipe: Recipe) -> torch.autocast:
+    """The precision a recipe's forward passes run in: bfloat16 autocast with ``bf16=true`` (weights,
+    gradients and optimizer state stay as loaded), else a disabled region. Autocast keeps each weight's
+    cast until its region ends, so a region spanning several micro-batches casts them once."""
+    return torch.autocast(recipe.device.type, dtype=torch.bfloat16, enabled=bool(recipe.cfg.bf16))
 
 
 def setup_optimizer(recipe: Recipe, schedule_steps: int, extra_modules: dict[str, nn.Module] | None = None) -> None:

@@ -53,7 +53,7 @@ from omrl.training.online_run import (
     start_online_setup,
 )
 from omrl.training.policy import policy_forward
-from omrl.training.recipe import close_recipe, run_recipe, setup_optimizer, skip_update, start_recipe
+from omrl.training.recipe import autocast, close_recipe, run_recipe, setup_optimizer, skip_update, start_recipe
 from omrl.training.recipe import update as optimizer_update
 from omrl.training.rl_data import join_columns, micro_batches, shuffled_mini_batches, sort_by_length
 from omrl.training.rollout_correction import correct, correction_name, mismatch_means, mismatch_over_processes
@@ -236,19 +236,23 @@ class RLRecipe:
                 mask = mini["loss_mask"]
                 mini_tokens, mini_seqs = strategy.sum([mask.sum(), (mask.sum(-1) > 0).sum()])
                 strategy.zero_grad(self.optimizer)
-                for mb, prefix in self._update_micro_batches(mini, cfg.optim.micro_batch_size):
-                    out = self._policy_forward(mb, prefix)
-                    if on_policy:  # the policy that sampled is this very one, not yet updated
-                        mb.tensors["old_log_probs"] = out["log_probs"].detach()
-                    loss, parts = policy_gradient_loss(out, mb, algo, self.policy_loss_fn, self.kl_fn)
-                    if on_policy and "sampler_log_probs" in mb.tensors:  # the sampler's gap, measured here
-                        parts.update(mismatch_means(mb["old_log_probs"], mb["sampler_log_probs"], mb["loss_mask"]))
-                    mb_tokens = float(mb["loss_mask"].sum())
-                    share = micro_batch_share(algo.loss_agg_mode, mb["loss_mask"], mini_tokens, mini_seqs)
-                    with timed("backward"):
-                        strategy.backward(loss * share)
-                    for key, value in parts.items():
-                        loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / tokens * value
+                # one autocast region a mini-batch: each weight is cast once, not once a micro-batch
+                # (autocast keeps its casts until the region ends); backward runs in the dtypes its
+                # forward recorded
+                with autocast(self):
+                    for mb, prefix in self._update_micro_batches(mini, cfg.optim.micro_batch_size):
+                        out = self._policy_forward(mb, prefix)
+                        if on_policy:  # the policy that sampled is this very one, not yet updated
+                            mb.tensors["old_log_probs"] = out["log_probs"].detach()
+                        loss, parts = policy_gradient_loss(out, mb, algo, self.policy_loss_fn, self.kl_fn)
+                        if on_policy and "sampler_log_probs" in mb.tensors:  # the sampler's gap, measured here
+                            parts.update(mismatch_means(mb["old_log_probs"], mb["sampler_log_probs"], mb["loss_mask"]))
+                        mb_tokens = float(mb["loss_mask"].sum())
+                        share = micro_batch_share(algo.loss_agg_mode, mb["loss_mask"], mini_tokens, mini_seqs)
+                        with timed("backward"):
+                            strategy.backward(loss * share)
+                        for key, value in parts.items():
+                            loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / tokens * value
                 update = optimizer_update(self, self.step + 1)
                 if update.applied:
                     norms.append(update.grad_norm)
@@ -291,7 +295,7 @@ class RLRecipe:
         if on_policy and self.ref_model is None:  # (a teacher makes the run not on_policy)
             return []
         score = functools.partial(self._score, on_policy=on_policy)
-        with torch.no_grad():
+        with torch.no_grad(), autocast(self):
             return [
                 score(mb)
                 for mb in self.strategy.micro_batches(

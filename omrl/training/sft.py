@@ -224,7 +224,7 @@ class SftRecipe:
         return self.strategy.forward(self._loss_sum, batch)
 
     def _loss_sum(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.bf16):
+        with recipe.autocast(self):
             return labelled_nll_sum(self.model, batch["input_ids"], batch["position_ids"], batch["labels"])
 
     def save_checkpoint(self) -> Path:
