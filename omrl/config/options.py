@@ -86,8 +86,8 @@ class EnvRunConfig(RunConfig):
     deadlines: DeadlineConfig = field(default_factory=DeadlineConfig)
     bf16: bool = opt(
         False,
-        "bfloat16 autocast for the policy's forward passes: the hf backend's generation and, in train, the "
-        "update's forwards (weights, gradients and optimizer state stay in model.dtype).",
+        "bfloat16 for the policy's forward passes: generation (hf: autocast; vllm: bfloat16 weights) and, in "
+        "train, the update's (autocast; weights, gradients and optimizer state stay in model.dtype).",
     )
 
 

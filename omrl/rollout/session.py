@@ -358,7 +358,7 @@ def backend_of(cfg: Any, tokenizer: Any, model: Any = None) -> Backend:
         model_name=cfg.model.name,
         dtype=cfg.model.dtype,
         seed=cfg.seed,
-        bf16=bool(getattr(cfg, "bf16", False)),
+        bf16=cfg.bf16,
     )
 
 
