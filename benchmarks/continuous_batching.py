@@ -19,7 +19,11 @@ from the record instead of drawn; :class:`Forced`). Both modes then play the ver
   in one batch (``generation.batch_size`` 32);
 - ``queued``: the same mixture with more episodes than the batch holds (32 tasks, batch size 8), as a
   GRPO step of many groups has: turn by turn, each call's rows run in chunks of 8, each chunk to its
-  longest reply; continuously, a row that ends frees its slot for the next waiting turn.
+  longest reply; continuously, a row that ends frees its slot for the next waiting turn;
+- ``varied``: replies of widely varied lengths: the same mixture of 16 tasks played by SmolLM2-135M-Instruct
+  (``smollm2-135m``, not fine-tuned on WebShop; the envs' worked example shown) with up to 160 tokens a
+  reply, as a run starting from an instruct model samples them: some answer in a few tokens, most
+  ramble to the limit, so a turn-by-turn call nearly always waits for a 160-token reply.
 
 ``--bf16``: both modes generate under bfloat16 autocast (``bf16=true``), which on a CPU with bfloat16
 instructions makes the prompts' work a smaller share of the rollout.
@@ -51,6 +55,14 @@ WORKLOADS: dict[str, list[str]] = {
     "default": [],
     "mixed": ["env.name=webshop,gridworld", "tasks_per_step=16", "group_size=1"],
     "queued": ["env.name=webshop,gridworld", "tasks_per_step=32", "group_size=1", "generation.batch_size=8"],
+    "varied": [
+        "model.name=smollm2-135m",
+        "env.name=webshop,gridworld",
+        "env.demonstration=true",
+        "tasks_per_step=16",
+        "group_size=1",
+        "generation.max_new_tokens=160",
+    ],
 }
 
 Replies = dict[tuple[int, ...], list[list[int]]]  # a turn's prompt ids -> the ids sampled for it, each time
@@ -216,13 +228,17 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    cfg = load_config(TrainRunConfig, args.preset, [])
     device = "cuda" if torch.cuda.is_available() else None
-    model, tokenizer = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
-    model.eval()
-    result: dict[str, Any] = {"model": cfg.model.name, "preset": args.preset, "rounds": args.rounds, "bf16": args.bf16}
+    result: dict[str, Any] = {"preset": args.preset, "rounds": args.rounds, "bf16": args.bf16}
+    loaded: dict[str, tuple[Any, Any]] = {}  # a workload may play another model than the preset's
     for name in args.workloads:
-        result[name] = measure(name, args.rounds, args.preset, model, tokenizer, args.bf16)
+        cfg = load_config(TrainRunConfig, args.preset, WORKLOADS[name])
+        if cfg.model.name not in loaded:
+            loaded.clear()  # one model in memory at a time
+            loaded[cfg.model.name] = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
+            loaded[cfg.model.name][0].eval()
+        model, tokenizer = loaded[cfg.model.name]
+        result[name] = {"model": cfg.model.name, **measure(name, args.rounds, args.preset, model, tokenizer, args.bf16)}
         r = result[name]
         print(
             f"{name}: {r['episodes']} episodes, {r['sampled_tokens']} sampled tokens; median seconds a rollout: "
