@@ -7,7 +7,10 @@ transformers' ``DynamicCache`` inside): a turn computes only the tokens after it
 longest cached prefix (the observation since the last turn); identical prompts
 (the samples of a task) are run once; a prefix two conversations began with (the
 system prompt and worked example) is kept and shared until the weights change.
-Each row then samples in a left-padded batch it leaves as soon as it ends. Its
+Each row then samples in a batch it leaves as soon as it ends, its states in preallocated
+slots laid out as a left-padded stack (:class:`~omrl.backends.kv_slots.SlotBatch`: a
+step writes one column instead of copying every row's states, as a growing
+``DynamicCache`` does). Its
 draws follow ``model.generate``'s random stream (:class:`Sampler`), so reuse on
 and off sample the same ids from the same seed.
 
@@ -32,12 +35,11 @@ from omrl.backends.kv_cache import (
     common_prefix,
     crop,
     from_dynamic_cache,
-    stack_left_padded,
-    take_row,
     to_dynamic_cache,
 )
+from omrl.backends.kv_slots import SlotBatch
 
-#: the model on ids (rows, new) at positions (rows, new) after a DynamicCache (which it extends), with an
+#: the model on ids (rows, new) at positions (rows, new) after a transformers cache (which it extends), with an
 #: optional attention mask: (rows, vocab) float32 logits of each row's next token
 Forward = Callable[..., torch.Tensor]
 
@@ -121,36 +123,6 @@ class Sampler:
             picked = torch.multinomial(probs, num_samples=1).squeeze(1)[live]
         logprobs = torch.log_softmax(scores, dim=-1).gather(1, picked[:, None]).squeeze(1)
         return picked.tolist(), logprobs.tolist()
-
-
-class DecodeBatch:
-    """The rows still sampling: one left-padded DynamicCache, its attention mask and next positions."""
-
-    def __init__(self, kvs: list[KV], device: torch.device):
-        self.cache, self.pads = stack_left_padded(kvs)  # (rows, kv_heads, width, head_dim) per layer
-        width = self.cache.get_seq_length()
-        self.mask = torch.ones((len(kvs), width), dtype=torch.long, device=device)  # (rows, width + steps)
-        for row, pad in enumerate(self.pads):
-            self.mask[row, :pad] = 0
-        self.positions = torch.tensor([width - pad for pad in self.pads], device=device)  # (rows,)
-
-    def step(self, forward: Forward, tokens: list[int]) -> torch.Tensor:
-        """Feed one token per row; (rows, vocab) float32 logits of the next."""
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(tokens), 1))], dim=1)
-        ids = torch.tensor(tokens, device=self.mask.device)[:, None]
-        logits = forward(ids, self.positions[:, None], self.cache, self.mask)
-        self.positions = self.positions + 1
-        return logits
-
-    def row(self, index: int) -> KV:
-        """Row ``index``'s states without padding (a copy that outlives the batch)."""
-        return take_row(self.cache, index, self.pads[index])
-
-    def keep(self, indices: list[int]) -> None:
-        """Drop every row not in ``indices``: a finished row costs nothing after this."""
-        self.cache.batch_select_indices(torch.tensor(indices, device=self.mask.device))
-        self.mask, self.positions = self.mask[indices], self.positions[indices]
-        self.pads = [self.pads[i] for i in indices]
 
 
 class ReuseEngine:
@@ -273,7 +245,7 @@ class ReuseEngine:
         logprobs: list[list[float]] = [[] for _ in range(rows)]
         live = list(range(rows))
         logits = torch.stack([first[1] for first in firsts])  # (rows, vocab)
-        batch: DecodeBatch | None = None  # built after the first draw, from the rows still going
+        batch: SlotBatch | None = None  # built after the first draw, from the rows still going
         forward, sampler, stop_token_ids, device = calls.forward, calls.sampler, calls.stop_token_ids, calls.device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.no_grad():
             if seed is not None:
@@ -292,10 +264,10 @@ class ReuseEngine:
                 live = [live[index] for index in going]
                 if not live:
                     break
-                if batch is None:
-                    batch = DecodeBatch([firsts[row][0] for row in live], device)
+                if batch is None:  # states in preallocated slots: a step copies no row's states
+                    batch = SlotBatch.stack([firsts[row][0] for row in live], device)
                     firsts.clear()  # the batch holds copies: free the prefill states now
-                elif len(going) < len(batch.pads):
+                elif len(going) < batch.rows:
                     batch.keep(going)
                 logits = batch.step(forward, [ids[row][-1] for row in live])
         return list(zip(ids, logprobs))

@@ -197,33 +197,3 @@ class PrefixCache:
                 break
             self.drop(entry)
             held -= entry.nbytes
-
-
-def stack_left_padded(kvs: Sequence[KV]) -> tuple[Any, list[int]]:
-    """Rows of different lengths as one ``DynamicCache``, each row padded on the left to the longest.
-
-    ``kvs``: one KV of batch 1 per row. Returns the cache ((rows, kv_heads,
-    longest, head_dim) per layer) and each row's padding.
-    """
-    from transformers import DynamicCache
-
-    lengths = [kv_length(kv) for kv in kvs]
-    width = max(lengths)
-    cache = DynamicCache()
-    for layer in range(len(kvs[0])):
-        padded = []
-        for part in (0, 1):  # keys, then values (their head dims may differ)
-            first = kvs[0][layer][part]
-            out = first.new_zeros((len(kvs), first.shape[1], width, first.shape[3]))
-            for row, kv in enumerate(kvs):
-                out[row, :, width - lengths[row] :] = kv[layer][part][0]
-            padded.append(out)
-        cache.update(padded[0], padded[1], layer)
-    return cache, [width - n for n in lengths]
-
-
-def take_row(cache: Any, row: int, pad: int) -> KV:
-    """Row ``row`` of a left-padded ``DynamicCache`` without its padding, as a KV of batch 1 (a copy)."""
-    return [
-        (k[row : row + 1, :, pad:].clone(), v[row : row + 1, :, pad:].clone()) for k, v in from_dynamic_cache(cache)
-    ]

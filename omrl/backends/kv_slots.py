@@ -75,6 +75,18 @@ class SlotBatch:
         layer = _slot_layer_class()
         self.cache = Cache(layers=[layer(self, i) for i in range(len(template))])
 
+    @classmethod
+    def stack(cls, kvs: list[KV], device: torch.device) -> SlotBatch:
+        """A batch of exactly these rows (batch 1 each), in order, each right-aligned to the longest: the
+        layout of a left-padded stack, so each row's logits equal those of such a stack to the bit."""
+        batch = cls(kvs[0], len(kvs), device)
+        width = max(kv_length(kv) for kv in kvs)
+        batch._reserve(width + HEADROOM, len(kvs))
+        batch.end = width  # every row added now ends there
+        for kv in kvs:
+            batch.add(kv)
+        return batch
+
     @property
     def capacity(self) -> int:
         return self.mask.shape[1]
@@ -121,6 +133,18 @@ class SlotBatch:
         self.rows = last
         if self.rows:  # columns no live row uses any more drop out of the view
             self.start = int(self.mask[: self.rows, : self.end].any(dim=0).nonzero()[0, 0])
+
+    def keep(self, indices: list[int]) -> None:
+        """Keep the rows at ``indices`` (ascending), in their order, as rows 0, 1, ...; the columns stay
+        as they are (dropping unused leading ones would change the attention's float rounding)."""
+        for new, old in enumerate(indices):
+            if new != old:  # ascending: a row moves only to a lower index, never over one still to move
+                for keys, values in zip(self.keys, self.values):
+                    keys[new, :, : self.end] = keys[old, :, : self.end]
+                    values[new, :, : self.end] = values[old, :, : self.end]
+                self.mask[new] = self.mask[old]
+                self.positions[new] = self.positions[old]
+        self.rows = len(indices)
 
     def step(self, forward: Callable[..., torch.Tensor], tokens: list[int]) -> torch.Tensor:
         """Feed one token per row; (rows, vocab) float32 logits of each row's next."""

@@ -186,3 +186,43 @@ def test_slot_batch_rows_see_only_their_own_tokens(tiny_hf, monkeypatch):
     join(30)  # past the buffers: everything moves to larger ones
     step(2)
     assert batch.rows == 3 and batch.capacity >= batch.end
+
+
+def test_a_stacked_slot_batch_keeps_its_rows_in_order_and_its_columns(tiny_hf, monkeypatch):
+    """The turn-by-turn engine's batch: rows stacked right-aligned to the longest (a left-padded
+    stack's layout) and, as rows end, kept in their order without dropping a column; every step's
+    logits equal those of each row's whole sequence run alone."""
+    from omrl.backends import kv_slots
+    from omrl.backends.kv_cache import from_dynamic_cache, to_dynamic_cache
+
+    monkeypatch.setattr(kv_slots, "HEADROOM", 2)  # outgrow the buffers while decoding
+    model, tokenizer = tiny_hf
+    backend = HFBackend(model, tokenizer)
+    model.eval()
+    generator = torch.Generator().manual_seed(1)
+    rows, kvs = [], []
+    for length in (9, 4, 13, 6):
+        ids = torch.randint(5, 200, (length,), generator=generator)
+        cache = to_dynamic_cache([])
+        with torch.no_grad():
+            backend._forward(ids[:-1][None], torch.arange(length - 1)[None], cache)
+        rows.append(ids)
+        kvs.append(from_dynamic_cache(cache))
+    batch = kv_slots.SlotBatch.stack(kvs, torch.device("cpu"))
+    assert (batch.start, batch.end, batch.rows) == (0, 12, 4)
+    assert batch.mask[:4, :12].sum(dim=1).tolist() == [8, 3, 12, 5]  # right-aligned: pads on the left
+
+    def step(times: int) -> None:
+        for _ in range(times):
+            with torch.no_grad():
+                logits = batch.step(backend._forward, [int(ids[-1]) for ids in rows])
+            for index, ids in enumerate(rows):
+                assert torch.allclose(logits[index], model(input_ids=ids[None]).logits[0, -1].float(), atol=1e-4)
+                rows[index] = torch.cat([ids, torch.tensor([7 + index])])
+
+    step(3)
+    batch.keep([1, 3])  # rows 0 and 2 ended: 1 and 3 move up, in order
+    rows = [rows[1], rows[3]]
+    assert (batch.start, batch.rows) == (0, 2)  # the longest row's columns stay, unused now
+    step(3)
+    assert batch.row(0)[0][0].shape[2] == len(rows[0]) - 1  # its own tokens only
