@@ -25,6 +25,12 @@ from the record instead of drawn; :class:`Forced`). Both modes then play the ver
   reply, as a run starting from an instruct model samples them: some answer in a few tokens, most
   ramble to the limit, so a turn-by-turn call nearly always waits for a 160-token reply.
 
+``--replies DIR`` keeps each workload's recorded replies in ``DIR/<workload>.json``: a run finding that
+file replays it instead of sampling. With ``--model PATH`` every workload plays that model instead of
+its own; together they measure a machine that lacks the model's file (a lent GPU) with a random-init
+model of the same shape and tokenizer, replaying the replies the real model sampled elsewhere: the
+same episodes, the same prefill and decode work (``scripts/gpu_check.sh`` does this).
+
 ``--bf16``: both modes generate under bfloat16 autocast (``bf16=true``), which on a CPU with bfloat16
 instructions makes the prompts' work a smaller share of the rollout.
 
@@ -35,8 +41,11 @@ Targets (issue 54): >= 1.3x on mixed lengths, no worse on ``default``. Writes
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,7 +74,12 @@ WORKLOADS: dict[str, list[str]] = {
     ],
 }
 
-Replies = dict[tuple[int, ...], list[list[int]]]  # a turn's prompt ids -> the ids sampled for it, each time
+Replies = dict[str, list[list[int]]]  # a turn's prompt (its ids' digest) -> the ids sampled for it, each time
+
+
+def key(prompt: Any) -> str:
+    """A prompt's ids as a short digest: recorded replies travel as a small file."""
+    return hashlib.sha1(",".join(str(int(t)) for t in prompt).encode()).hexdigest()
 
 
 class Replay:
@@ -74,10 +88,17 @@ class Replay:
     def __init__(self, replies: Replies):
         self.replies, self.given = replies, {}
 
-    def next(self, prompt: tuple[int, ...]) -> list[int]:
-        taken = self.given.get(prompt, 0)
-        self.given[prompt] = taken + 1
-        return self.replies[prompt][taken]
+    def next(self, prompt: Any) -> list[int]:
+        digest = key(prompt)
+        taken = self.given.get(digest, 0)
+        self.given[digest] = taken + 1
+        return self.replies[digest][taken]
+
+
+def forced_scores(logits: torch.Tensor, picked: list[int]) -> list[float]:
+    """The log-probs of the forced ids, at temperature 1 (a row's logits on the device the model is on)."""
+    index = torch.tensor(picked, device=logits.device)[:, None]
+    return torch.log_softmax(logits, dim=-1).gather(1, index).squeeze(1).tolist()
 
 
 class Recording(HFStream):
@@ -89,7 +110,7 @@ class Recording(HFStream):
 
     def submit(self, prompt, max_new_tokens, seed):
         ticket = super().submit(prompt, max_new_tokens, seed)
-        self.prompts[ticket] = tuple(prompt)
+        self.prompts[ticket] = key(prompt)
         return ticket
 
     def advance(self):
@@ -108,13 +129,12 @@ class ForcedStream(HFStream):
 
     def submit(self, prompt, max_new_tokens, seed):
         ticket = super().submit(prompt, max_new_tokens, seed)
-        self.scripted[ticket] = self.replay.next(tuple(prompt))
+        self.scripted[ticket] = self.replay.next(prompt)
         return ticket
 
     def pick(self, logits, rows):
         picked = [self.scripted[row.ticket][len(row.ids)] for row in rows]
-        scores = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(picked)[:, None]).squeeze(1)
-        return picked, scores.tolist()
+        return picked, forced_scores(logits, picked)
 
 
 class ForcedRows:
@@ -128,8 +148,7 @@ class ForcedRows:
         for row in live:
             picked.append(self.replies[row][self.taken[row]])
             self.taken[row] += 1
-        scores = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(picked)[:, None]).squeeze(1)
-        return picked, scores.tolist()
+        return picked, forced_scores(logits, picked)
 
 
 class Forced(HFBackend):
@@ -148,7 +167,7 @@ class Forced(HFBackend):
         return ForcedStream(self, self.reuse, params, self.batch_size, replay=self.replay)
 
     def _sampler(self, params, prompts):
-        return ForcedRows([self.replay.next(tuple(p.tolist())) for p in prompts])
+        return ForcedRows([self.replay.next(p.tolist()) for p in prompts])
 
 
 def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: TrainRunConfig, seed: int):
@@ -171,12 +190,23 @@ def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: 
     }, sorted(ep.token_ids for ep in episodes)  # a task's samples may swap replies between the modes
 
 
-def measure(name: str, rounds: int, preset: str, model: Any, tokenizer: Any, bf16: bool = False) -> dict[str, Any]:
-    cfg = load_config(TrainRunConfig, preset, WORKLOADS[name])
+def load_replies(path: Path) -> Replies:
+    return json.loads(path.read_text())
+
+
+def save_replies(path: Path, replies: Replies) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(replies))
+
+
+def measure(
+    name: str, rounds: int, cfg: TrainRunConfig, model: Any, tokenizer: Any, bf16: bool, replies_file: Path | None
+) -> dict[str, Any]:
     session, order, _ = setup_rollout(cfg, model, tokenizer)
     tasks = order.take(cfg.tasks_per_step)  # the first step's tasks, as a run draws them
     seed = cfg.seed * 1_000_003
-    replies: Replies = {}
+    replayed = replies_file is not None and replies_file.exists()
+    replies: Replies = load_replies(replies_file) if replayed else {}
     gen = cfg.generation
 
     def backend(mode: str, record: bool = False) -> Forced:
@@ -185,8 +215,16 @@ def measure(name: str, rounds: int, preset: str, model: Any, tokenizer: Any, bf1
             replies=replies, record=record, bf16=bf16,
         )  # fmt: skip
 
-    recorded, _ = rollout(session, backend("continuous", record=True), tasks, cfg, seed)
-    print(f"  {name:8s} recorded {recorded['sampled_tokens']} sampled tokens, turns {sorted(recorded['turns'])}")
+    if replayed:
+        recorded, _ = rollout(session, backend("continuous"), tasks, cfg, seed)  # also warms the device up
+        print(f"  {name:8s} replaying {replies_file}: {recorded['sampled_tokens']} tokens, turns {recorded['turns']}")
+    else:
+        recorded, _ = rollout(session, backend("continuous", record=True), tasks, cfg, seed)
+        print(f"  {name:8s} recorded {recorded['sampled_tokens']} sampled tokens, turns {sorted(recorded['turns'])}")
+        if replies_file is not None:
+            save_replies(replies_file, replies)
+    if rounds == 0:
+        return {"overrides": WORKLOADS[name], "sampled_tokens": recorded["sampled_tokens"], "turns": recorded["turns"]}
     runs: dict[str, list[dict[str, Any]]] = {"turns": [], "continuous": []}
     same: list[bool] = []
     for round_no in range(rounds):
@@ -204,6 +242,7 @@ def measure(name: str, rounds: int, preset: str, model: Any, tokenizer: Any, bf1
     med = {mode: statistics.median(r["seconds"] for r in runs[mode]) for mode in runs}
     return {
         "overrides": WORKLOADS[name],
+        "replies": f"replayed from {replies_file}" if replayed else "sampled by this model",
         "episodes": len(tasks) * cfg.group_size,
         "max_new_tokens": gen.max_new_tokens,
         "sampled_tokens": recorded["sampled_tokens"],
@@ -220,10 +259,12 @@ def measure(name: str, rounds: int, preset: str, model: Any, tokenizer: Any, bf1
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="grpo")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="0: record the replies (--replies) only")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: steadier on a shared machine)")
     parser.add_argument("--bf16", action="store_true", help="both modes under bfloat16 autocast (bf16=true)")
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--replies", type=Path, help="DIR: replay DIR/<workload>.json where present, else record it")
+    parser.add_argument("--model", help="play every workload on this model (a name or a directory)")
     parser.add_argument("--json", default=str(default_json("continuous_batching")), help="where the results go")
     args = parser.parse_args()
 
@@ -232,23 +273,27 @@ def main() -> None:
     result: dict[str, Any] = {"preset": args.preset, "rounds": args.rounds, "bf16": args.bf16}
     loaded: dict[str, tuple[Any, Any]] = {}  # a workload may play another model than the preset's
     for name in args.workloads:
-        cfg = load_config(TrainRunConfig, args.preset, WORKLOADS[name])
+        overrides = WORKLOADS[name] + ([f"model.name={args.model}"] if args.model else [])
+        cfg = load_config(TrainRunConfig, args.preset, overrides)
         if cfg.model.name not in loaded:
             loaded.clear()  # one model in memory at a time
             loaded[cfg.model.name] = load_model(cfg.model.name, dtype=cfg.model.dtype, device=device)
             loaded[cfg.model.name][0].eval()
         model, tokenizer = loaded[cfg.model.name]
-        result[name] = {"model": cfg.model.name, **measure(name, args.rounds, args.preset, model, tokenizer, args.bf16)}
+        replies_file = args.replies / f"{name}.json" if args.replies else None
+        measured = measure(name, args.rounds, cfg, model, tokenizer, args.bf16, replies_file)
+        result[name] = {"model": cfg.model.name, **measured}
         r = result[name]
-        print(
-            f"{name}: {r['episodes']} episodes, {r['sampled_tokens']} sampled tokens; median seconds a rollout: "
-            f"turns {r['median_seconds']['turns']:.1f}, continuous {r['median_seconds']['continuous']:.1f}: "
-            f"{r['speedup']:.2f}x (per round {', '.join(f'{x:.2f}' for x in r['speedup_per_round'])}); "
-            f"same episodes in both modes: {all(r['same_episodes_each_round'])}",
-            flush=True,
-        )
-    result["machine"] = machine(args.threads)
-    save_json(args.json, result)
+        if args.rounds:  # else the replies were recorded only
+            print(
+                f"{name}: {r['episodes']} episodes, {r['sampled_tokens']} sampled tokens; median seconds a rollout: "
+                f"turns {r['median_seconds']['turns']:.1f}, continuous {r['median_seconds']['continuous']:.1f}: "
+                f"{r['speedup']:.2f}x (per round {', '.join(f'{x:.2f}' for x in r['speedup_per_round'])}); "
+                f"same episodes in both modes: {all(r['same_episodes_each_round'])}",
+                flush=True,
+            )
+        result["machine"] = machine(args.threads)
+        save_json(args.json, result)  # after each workload: a run stopped later keeps what it measured
     print(f"wrote {args.json}")
 
 

@@ -144,10 +144,10 @@ def test_slot_batch_rows_see_only_their_own_tokens(tiny_hf, monkeypatch):
     generator = torch.Generator().manual_seed(0)
 
     def prefilled(length: int):
-        ids = torch.randint(5, 200, (length,), generator=generator)
+        ids = torch.randint(5, 200, (length,), generator=generator).to(model.device)
         cache = to_dynamic_cache([])
         with torch.no_grad():
-            backend._forward(ids[:-1][None], torch.arange(length - 1)[None], cache)
+            backend._forward(ids[:-1][None], torch.arange(length - 1, device=model.device)[None], cache)
         return ids, from_dynamic_cache(cache)
 
     def alone(ids: torch.Tensor) -> torch.Tensor:
@@ -160,7 +160,7 @@ def test_slot_batch_rows_see_only_their_own_tokens(tiny_hf, monkeypatch):
     def join(length: int) -> None:
         nonlocal batch
         ids, kv = prefilled(length)
-        batch = batch or kv_slots.SlotBatch(kv, max_rows=4, device=torch.device("cpu"))
+        batch = batch or kv_slots.SlotBatch(kv, max_rows=4, device=model.device)
         assert batch.add(kv) == len(rows)
         rows.append(ids)
 
@@ -170,7 +170,7 @@ def test_slot_batch_rows_see_only_their_own_tokens(tiny_hf, monkeypatch):
                 logits = batch.step(backend._forward, [int(ids[-1]) for ids in rows])
             for index, ids in enumerate(rows):
                 assert torch.allclose(logits[index], alone(ids), atol=1e-4)
-                rows[index] = torch.cat([ids, torch.tensor([7 + index])])
+                rows[index] = torch.cat([ids, torch.tensor([7 + index], device=model.device)])
 
     join(6)
     step(2)
@@ -202,13 +202,13 @@ def test_a_stacked_slot_batch_keeps_its_rows_in_order_and_its_columns(tiny_hf, m
     generator = torch.Generator().manual_seed(1)
     rows, kvs = [], []
     for length in (9, 4, 13, 6):
-        ids = torch.randint(5, 200, (length,), generator=generator)
+        ids = torch.randint(5, 200, (length,), generator=generator).to(model.device)
         cache = to_dynamic_cache([])
         with torch.no_grad():
-            backend._forward(ids[:-1][None], torch.arange(length - 1)[None], cache)
+            backend._forward(ids[:-1][None], torch.arange(length - 1, device=model.device)[None], cache)
         rows.append(ids)
         kvs.append(from_dynamic_cache(cache))
-    batch = kv_slots.SlotBatch.stack(kvs, torch.device("cpu"))
+    batch = kv_slots.SlotBatch.stack(kvs, model.device)
     assert (batch.start, batch.end, batch.rows) == (0, 12, 4)
     assert batch.mask[:4, :12].sum(dim=1).tolist() == [8, 3, 12, 5]  # right-aligned: pads on the left
 
@@ -218,7 +218,7 @@ def test_a_stacked_slot_batch_keeps_its_rows_in_order_and_its_columns(tiny_hf, m
                 logits = batch.step(backend._forward, [int(ids[-1]) for ids in rows])
             for index, ids in enumerate(rows):
                 assert torch.allclose(logits[index], model(input_ids=ids[None]).logits[0, -1].float(), atol=1e-4)
-                rows[index] = torch.cat([ids, torch.tensor([7 + index])])
+                rows[index] = torch.cat([ids, torch.tensor([7 + index], device=model.device)])
 
     step(3)
     batch.keep([1, 3])  # rows 0 and 2 ended: 1 and 3 move up, in order

@@ -55,8 +55,9 @@ def test_a_sampler_that_differs_is_measured_and_its_tokens_weighted(config, samp
     tis = step_one(config("algorithm.rollout_correction=token_tis", out="tis"))
     assert tis["mismatch_kl_k1"] == pytest.approx(plain["mismatch_kl_k1"], abs=1e-4)  # measured before the update
     assert tis["rollout_weight_mean"] == pytest.approx(2.0, abs=1e-4) and tis["rollout_masked_share"] == 0.0
-    # the same episodes (same seeds) with every token's loss doubled: rho = 3 capped at 2
-    assert tis["pg_loss"] == pytest.approx(2.0 * plain["pg_loss"], rel=1e-3, abs=1e-7)
+    # the same episodes (same seeds) with every token's loss doubled: rho = 3 capped at 2 (the loss of
+    # centred advantages is about 0: a float32 sum in another order, on a GPU, lands 2e-7 from it)
+    assert tis["pg_loss"] == pytest.approx(2.0 * plain["pg_loss"], rel=1e-3, abs=1e-6)
     assert tis["grad_norm"] == pytest.approx(2.0 * plain["grad_norm"], rel=1e-3)
 
 

@@ -1,0 +1,35 @@
+"""benchmarks/continuous_batching.py records a workload's replies to a file, and a later run replays them:
+the same episodes in both modes, as on a machine that lacks the model that sampled them."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.benchmarks.helpers import BENCHMARKS
+
+
+def run_benchmark(*args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(BENCHMARKS / "continuous_batching.py"), "--workloads", "default", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow  # a benchmark run end to end twice, in its own processes
+def test_recorded_replies_replay_as_the_same_episodes_in_both_modes(tmp_path):
+    replies = tmp_path / "replies"
+    recorded = run_benchmark(
+        "--model", "tiny", "--rounds", "0", "--replies", str(replies), "--json", str(tmp_path / "a.json")
+    )
+    assert recorded.returncode == 0, recorded.stderr[-2000:]
+    digests = json.loads((replies / "default.json").read_text())
+    assert digests and all(len(digest) == 40 and all(r for r in rs) for digest, rs in digests.items())
+
+    out = tmp_path / "b.json"
+    replayed = run_benchmark("--model", "tiny", "--rounds", "1", "--replies", str(replies), "--json", str(out))
+    assert replayed.returncode == 0, replayed.stderr[-2000:]
+    record = json.loads(out.read_text())["default"]
+    assert record["replies"] == f"replayed from {replies / 'default.json'}"
+    assert record["same_episodes_each_round"] == [True]
+    assert sorted(record["reply_lengths"]) == sorted(len(r) for rs in digests.values() for r in rs)
+    assert record["runs"]["turns"][0]["sampled_tokens"] == record["runs"]["continuous"][0]["sampled_tokens"] > 0
