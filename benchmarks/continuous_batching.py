@@ -91,6 +91,11 @@ class Replay:
     def next(self, prompt: Any) -> list[int]:
         digest = key(prompt)
         taken = self.given.get(digest, 0)
+        if len(self.replies.get(digest, ())) <= taken:
+            raise SystemExit(
+                f"a prompt ({len(prompt)} ids) has no recorded reply left: the replies were recorded with another "
+                "tokenizer, workload or omrl; record them again (--rounds 0 --replies DIR, the file removed)"
+            )
         self.given[digest] = taken + 1
         return self.replies[digest][taken]
 

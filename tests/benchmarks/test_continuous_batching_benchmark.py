@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.benchmarks.helpers import BENCHMARKS
+from tests.benchmarks.helpers import BENCHMARKS, load_benchmark
 
 
 def run_benchmark(*args: str) -> subprocess.CompletedProcess:
@@ -33,3 +33,12 @@ def test_recorded_replies_replay_as_the_same_episodes_in_both_modes(tmp_path):
     assert record["same_episodes_each_round"] == [True]
     assert sorted(record["reply_lengths"]) == sorted(len(r) for rs in digests.values() for r in rs)
     assert record["runs"]["turns"][0]["sampled_tokens"] == record["runs"]["continuous"][0]["sampled_tokens"] > 0
+
+
+def test_a_prompt_without_a_recorded_reply_stops_the_run_naming_the_fix(monkeypatch):
+    bench = load_benchmark(monkeypatch, "continuous_batching")
+    replay = bench.Replay({bench.key([1, 2, 3]): [[7, 8]]})
+    assert replay.next([1, 2, 3]) == [7, 8]
+    for prompt in ([1, 2, 3], [4]):  # the one recorded reply is taken; another prompt was never recorded
+        with pytest.raises(SystemExit, match="no recorded reply left.*record them again"):
+            replay.next(prompt)
