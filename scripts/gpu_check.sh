@@ -89,7 +89,8 @@ from transformers import AutoConfig, AutoTokenizer, LlamaConfig, LlamaForCausalL
 from omrl.models.loading import TINY_TOKENIZER_DIR
 
 real = Path(".whl/smollm2-135m-shape")
-if (real / "config.json").is_file():
+smollm2_tokenizer = (real / "config.json").is_file()
+if smollm2_tokenizer:
     tok, config = AutoTokenizer.from_pretrained(real), AutoConfig.from_pretrained(real)
 else:
     tok = AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)
@@ -103,8 +104,8 @@ model = LlamaForCausalLM(config)
 model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
 model.save_pretrained("/tmp/smollm2-shape")
 tok.save_pretrained("/tmp/smollm2-shape")
-which = "SmolLM2's" if (real / "config.json").is_file() else "tiny's"
-print(f"random SmolLM2-135M-shaped model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {which} tokenizer")
+print(f"random SmolLM2-135M-shaped model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, "
+      f"{'SmolLM2' if smollm2_tokenizer else 'tiny'}'s tokenizer")
 EOF
 for model in tiny /tmp/smollm2-shape; do
     name=$(basename "$model")

@@ -130,61 +130,63 @@ def test_omrl_rollout_plays_with_continuous_batching(fake_plugins, tmp_path, cap
     assert not (tmp_path / "x.parquet").exists()
 
 
+def prefilled(backend: HFBackend, ids: torch.Tensor):
+    """The states of ``ids`` less its last id (batch 1), as the KV store hands a row to a slot batch."""
+    from omrl.backends.kv_cache import from_dynamic_cache, to_dynamic_cache
+
+    cache = to_dynamic_cache([])
+    with torch.no_grad():
+        backend._forward(ids[:-1][None], torch.arange(len(ids) - 1, device=ids.device)[None], cache)
+    return from_dynamic_cache(cache)
+
+
+def step_alike(batch, backend: HFBackend, rows: list[torch.Tensor], times: int) -> None:
+    """Decode ``times`` steps; each row's logits must equal those of its whole sequence run alone. Each
+    row then takes a next id (the last id of each row is the one the next step feeds)."""
+    for _ in range(times):
+        with torch.no_grad():
+            logits = batch.step(backend._forward, [int(ids[-1]) for ids in rows])
+            for index, ids in enumerate(rows):
+                alone = backend.model(input_ids=ids[None]).logits[0, -1].float()
+                assert torch.allclose(logits[index], alone, atol=1e-4)
+                rows[index] = torch.cat([ids, torch.tensor([7 + index], device=ids.device)])
+
+
 def test_slot_batch_rows_see_only_their_own_tokens(tiny_hf, monkeypatch):
     """Rows join shorter and longer than the shared column (masked gaps), leave (the last row moves into
     their slot) and outgrow the buffers (moved to larger ones); every step's logits must still equal
     those of the row's whole sequence run alone, and a row's states come back without the gaps."""
     from omrl.backends import kv_slots
-    from omrl.backends.kv_cache import from_dynamic_cache, to_dynamic_cache
 
     monkeypatch.setattr(kv_slots, "HEADROOM", 3)  # grow often
     model, tokenizer = tiny_hf
     backend = HFBackend(model, tokenizer)
     model.eval()
     generator = torch.Generator().manual_seed(0)
-
-    def prefilled(length: int):
-        ids = torch.randint(5, 200, (length,), generator=generator).to(model.device)
-        cache = to_dynamic_cache([])
-        with torch.no_grad():
-            backend._forward(ids[:-1][None], torch.arange(length - 1, device=model.device)[None], cache)
-        return ids, from_dynamic_cache(cache)
-
-    def alone(ids: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return model(input_ids=ids[None]).logits[0, -1].float()
-
     rows: list[torch.Tensor] = []  # each row's ids so far; the last one is not yet fed
     batch = None
 
     def join(length: int) -> None:
         nonlocal batch
-        ids, kv = prefilled(length)
+        ids = torch.randint(5, 200, (length,), generator=generator).to(model.device)
+        kv = prefilled(backend, ids)
         batch = batch or kv_slots.SlotBatch(kv, max_rows=4, device=model.device)
         assert batch.add(kv) == len(rows)
         rows.append(ids)
 
-    def step(times: int) -> None:
-        for _ in range(times):
-            with torch.no_grad():
-                logits = batch.step(backend._forward, [int(ids[-1]) for ids in rows])
-            for index, ids in enumerate(rows):
-                assert torch.allclose(logits[index], alone(ids), atol=1e-4)
-                rows[index] = torch.cat([ids, torch.tensor([7 + index], device=model.device)])
-
     join(6)
-    step(2)
+    step_alike(batch, backend, rows, 2)
     join(15)  # longer than the shared column: the first row gets a masked gap
-    step(3)
+    step_alike(batch, backend, rows, 3)
     join(4)  # shorter: right-aligned to the shared column
-    step(2)
+    step_alike(batch, backend, rows, 2)
     kept = batch.row(1)
     assert kept[0][0].shape[2] == len(rows[1]) - 1  # its own tokens only (the last one is unfed)
     batch.remove(0)  # the last row moves into slot 0
     rows[0] = rows.pop()
-    step(2)
+    step_alike(batch, backend, rows, 2)
     join(30)  # past the buffers: everything moves to larger ones
-    step(2)
+    step_alike(batch, backend, rows, 2)
     assert batch.rows == 3 and batch.capacity >= batch.end
 
 
@@ -193,36 +195,20 @@ def test_a_stacked_slot_batch_keeps_its_rows_in_order_and_its_columns(tiny_hf, m
     stack's layout) and, as rows end, kept in their order without dropping a column; every step's
     logits equal those of each row's whole sequence run alone."""
     from omrl.backends import kv_slots
-    from omrl.backends.kv_cache import from_dynamic_cache, to_dynamic_cache
 
     monkeypatch.setattr(kv_slots, "HEADROOM", 2)  # outgrow the buffers while decoding
     model, tokenizer = tiny_hf
     backend = HFBackend(model, tokenizer)
     model.eval()
     generator = torch.Generator().manual_seed(1)
-    rows, kvs = [], []
-    for length in (9, 4, 13, 6):
-        ids = torch.randint(5, 200, (length,), generator=generator).to(model.device)
-        cache = to_dynamic_cache([])
-        with torch.no_grad():
-            backend._forward(ids[:-1][None], torch.arange(length - 1, device=model.device)[None], cache)
-        rows.append(ids)
-        kvs.append(from_dynamic_cache(cache))
-    batch = kv_slots.SlotBatch.stack(kvs, model.device)
+    rows = [torch.randint(5, 200, (n,), generator=generator).to(model.device) for n in (9, 4, 13, 6)]
+    batch = kv_slots.SlotBatch.stack([prefilled(backend, ids) for ids in rows], model.device)
     assert (batch.start, batch.end, batch.rows) == (0, 12, 4)
     assert batch.mask[:4, :12].sum(dim=1).tolist() == [8, 3, 12, 5]  # right-aligned: pads on the left
 
-    def step(times: int) -> None:
-        for _ in range(times):
-            with torch.no_grad():
-                logits = batch.step(backend._forward, [int(ids[-1]) for ids in rows])
-            for index, ids in enumerate(rows):
-                assert torch.allclose(logits[index], model(input_ids=ids[None]).logits[0, -1].float(), atol=1e-4)
-                rows[index] = torch.cat([ids, torch.tensor([7 + index], device=model.device)])
-
-    step(3)
+    step_alike(batch, backend, rows, 3)
     batch.keep([1, 3])  # rows 0 and 2 ended: 1 and 3 move up, in order
     rows = [rows[1], rows[3]]
     assert (batch.start, batch.rows) == (0, 2)  # the longest row's columns stay, unused now
-    step(3)
+    step_alike(batch, backend, rows, 3)
     assert batch.row(0)[0][0].shape[2] == len(rows[0]) - 1  # its own tokens only

@@ -68,7 +68,8 @@ def rows():
 
 def test_the_prefix_passes_count_as_the_updates_forward_and_backward(rows, tiny_model):
     model, _ = tiny_model
-    prefix, row = rows[0].to(model.device), rows[1][0].to(model.device)  # the model is on OMRL_TEST_DEVICE
+    prefix, (row, *_) = rows
+    prefix, row = prefix.to(model.device), row.to(model.device)  # the model is on OMRL_TEST_DEVICE
     mask = torch.zeros(1, len(row), device=model.device)
     mask[0, len(prefix) :] = 1
     clock.take()
