@@ -74,6 +74,10 @@ WORKLOADS: dict[str, list[str]] = {
     ],
 }
 
+# the forward calls a rollout made, decode steps of the slot batch or a prompt's prefill: calls, rows summed over
+# calls, and rows x new tokens x attended columns (padding included) summed
+CALL_COUNTS = [f"{kind}_{count}" for kind in ("decode", "prefill") for count in ("calls", "rows", "attended")]
+
 Replies = dict[str, list[list[int]]]  # a turn's prompt (its ids' digest) -> the ids sampled for it, each time
 
 
@@ -163,6 +167,7 @@ class Forced(HFBackend):
         super().__init__(*args, **kwargs)
         self.replies, self.record = replies, record
         self.replay = Replay(replies)  # one backend a rollout: each starts from the first reply of each prompt
+        self.calls = dict.fromkeys(CALL_COUNTS, 0)
 
     def stream(self, params: SamplingParams):
         if self.batching != "continuous":
@@ -173,6 +178,16 @@ class Forced(HFBackend):
 
     def _sampler(self, params, prompts):
         return ForcedRows([self.replay.next(p.tolist()) for p in prompts])
+
+    def _forward(self, ids, positions, cache, mask=None):
+        # what the model was asked to compute, whatever it costs on this machine: where a forward costs about
+        # the same at any size (a launch-bound GPU) the calls bound the time, on a CPU the rows and columns
+        kind = "decode" if mask is not None else "prefill"  # the slot batch's steps pass their mask, prompts none
+        self.calls[f"{kind}_calls"] += 1
+        self.calls[f"{kind}_rows"] += ids.shape[0]
+        width = mask.shape[1] if mask is not None else int(positions.max()) + 1  # columns each new token attends to
+        self.calls[f"{kind}_attended"] += ids.shape[0] * ids.shape[1] * width
+        return super()._forward(ids, positions, cache, mask)
 
 
 def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: TrainRunConfig, seed: int):
@@ -192,6 +207,7 @@ def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: 
         # of the rollout, seconds running prompts (the same work in both modes) and in generate calls
         "prefill_seconds": stats["prefill_seconds"],
         "generate_seconds": stats["generate_seconds"],
+        **backend.calls,
     }, sorted(ep.token_ids for ep in episodes)  # a task's samples may swap replies between the modes
 
 
@@ -295,6 +311,12 @@ def main() -> None:
                 f"turns {r['median_seconds']['turns']:.1f}, continuous {r['median_seconds']['continuous']:.1f}: "
                 f"{r['speedup']:.2f}x (per round {', '.join(f'{x:.2f}' for x in r['speedup_per_round'])}); "
                 f"same episodes in both modes: {all(r['same_episodes_each_round'])}",
+                flush=True,
+            )
+            turns, continuous = r["runs"]["turns"][0], r["runs"]["continuous"][0]
+            print(
+                "  forward calls, turns/continuous: "
+                + ", ".join(f"{count} {turns[count]}/{continuous[count]}" for count in CALL_COUNTS),
                 flush=True,
             )
         result["machine"] = machine(args.threads)

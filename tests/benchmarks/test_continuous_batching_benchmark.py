@@ -32,7 +32,15 @@ def test_recorded_replies_replay_as_the_same_episodes_in_both_modes(tmp_path):
     assert record["replies"] == f"replayed from {replies / 'default.json'}"
     assert record["same_episodes_each_round"] == [True]
     assert sorted(record["reply_lengths"]) == sorted(len(r) for rs in digests.values() for r in rs)
-    assert record["runs"]["turns"][0]["sampled_tokens"] == record["runs"]["continuous"][0]["sampled_tokens"] > 0
+    turns, continuous = record["runs"]["turns"][0], record["runs"]["continuous"][0]
+    assert turns["sampled_tokens"] == continuous["sampled_tokens"] > 0
+    # the same work in both modes, only batched otherwise: a reply's first id comes from its prompt's logits
+    # (one forward a prompt, which a group's samples share), each further id from one decode row
+    replies_made = sum(len(rs) for rs in digests.values())
+    assert turns["prefill_calls"] == continuous["prefill_calls"] == turns["prefill_rows"] < replies_made
+    for run in (turns, continuous):
+        assert run["decode_rows"] == run["sampled_tokens"] - replies_made
+        assert 0 < run["decode_calls"] < run["decode_rows"]  # rows share decode steps
 
 
 def test_a_prompt_without_a_recorded_reply_stops_the_run_naming_the_fix(monkeypatch):
