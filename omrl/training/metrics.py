@@ -44,12 +44,20 @@ HEADLINE = ("loss", "reward", "success", "eval_success", "kl", "grad_norm", "lr"
 
 
 def peak_rss_gb() -> float:
-    """This process's peak resident memory so far, in GB (what a machine's RAM must hold)."""
+    """This process's peak resident memory so far, in GB (what a machine's RAM must hold).
+
+    On Linux the high-water mark of this process's own memory (``VmHWM``): ``ru_maxrss`` outlives an
+    ``exec``, so a run started from a larger process (a notebook, a sweep's driver) would report that
+    process's peak as its own."""
     import resource
     import sys
 
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 / 1e9 for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):  # no procfs (macOS) or no such line
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9
 
 
 def peak_memory() -> dict[str, float]:
