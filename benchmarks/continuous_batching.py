@@ -185,7 +185,8 @@ class Forced(HFBackend):
         kind = "decode" if mask is not None else "prefill"  # the slot batch's steps pass their mask, prompts none
         self.calls[f"{kind}_calls"] += 1
         self.calls[f"{kind}_rows"] += ids.shape[0]
-        width = mask.shape[1] if mask is not None else int(positions.max()) + 1  # columns each new token attends to
+        # the columns each new token attends to (read from shapes: reading a GPU tensor would wait for it)
+        width = mask.shape[1] if mask is not None else cache.get_seq_length() + ids.shape[1]
         self.calls[f"{kind}_attended"] += ids.shape[0] * ids.shape[1] * width
         return super()._forward(ids, positions, cache, mask)
 

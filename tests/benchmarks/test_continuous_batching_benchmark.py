@@ -37,7 +37,7 @@ def test_recorded_replies_replay_as_the_same_episodes_in_both_modes(tmp_path):
     # the same work in both modes, only batched otherwise: a reply's first id comes from its prompt's logits
     # (one forward a prompt, which a group's samples share), each further id from one decode row
     replies_made = sum(len(rs) for rs in digests.values())
-    assert turns["prefill_calls"] == continuous["prefill_calls"] == turns["prefill_rows"] < replies_made
+    assert turns["prefill_calls"] == continuous["prefill_calls"] < replies_made
     for run in (turns, continuous):
         assert run["decode_rows"] == run["sampled_tokens"] - replies_made
         assert 0 < run["decode_calls"] < run["decode_rows"]  # rows share decode steps
