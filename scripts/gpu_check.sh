@@ -48,13 +48,16 @@ selected() {  # selected NAME: whether GPU_CHECK_ONLY (a regex, unset: all) pick
     [ -z "${GPU_CHECK_ONLY:-}" ] || [[ $1 =~ $GPU_CHECK_ONLY ]]
 }
 
+picked() {  # picked NAME: selected, else say it is skipped
+    selected "$1" && return 0
+    echo "=== $1: not selected (GPU_CHECK_ONLY)"
+    return 1
+}
+
 step() {  # step NAME LIMIT_S COMMAND...: run it under a time limit, log its seconds and status
     local name=$1 limit=$2 started=$SECONDS
     shift 2
-    if ! selected "$name"; then
-        echo "=== $name: not selected (GPU_CHECK_ONLY)"
-        return
-    fi
+    picked "$name" || return 0
     ran=$((ran + 1))
     echo "=== $name"
     timeout "$limit" "$@"
@@ -154,7 +157,7 @@ fi
 serve_and_check() {  # serve_and_check SYNC GPU [EXTRA SERVER ARGS...]
     local sync=$1 gpu=$2 port=8011
     shift 2
-    selected "vllm server, weight_sync=$sync" || { echo "=== vllm server, weight_sync=$sync: not selected (GPU_CHECK_ONLY)"; return; }
+    picked "vllm server, weight_sync=$sync" || return 0
     CUDA_VISIBLE_DEVICES=$gpu VLLM_SERVER_DEV_MODE=1 python3 -m vllm.entrypoints.openai.api_server \
         --model "$OMRL_HOME/models/tiny" --served-model-name tiny --port $port --dtype float32 \
         --max-model-len 512 --gpu-memory-utilization 0.3 --enable-prompt-tokens-details "$@" \
