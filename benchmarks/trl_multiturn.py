@@ -39,7 +39,9 @@ prompts are the very ids omrl played.
 The same on both sides besides: the tasks in the order omrl plays them, ``--tasks`` prompts a step x
 ``--group-size`` samples, temperature 1, top-p 1, lr 1e-5 constant, AdamW with no weight decay,
 grad-norm clip 1, no KL (TRL's default ``beta=0``), one optimizer step per generation (on-policy),
-float32 weights (``--bf16``: both sides under bfloat16 autocast, TRL's ``bf16=True`` and omrl's
+every episode of a step in one micro-batch (TRL's ``per_device_train_batch_size`` = tasks x group size
+with no gradient accumulation; omrl's ``optim.micro_batch_size`` the same: run4 and earlier used omrl's
+default of 1 there, one episode at a time), float32 weights (``--bf16``: both sides under bfloat16 autocast, TRL's ``bf16=True`` and omrl's
 ``bf16=true``), gradient checkpointing off, ``--steps`` steps, ``--threads`` threads.
 
 Reported per run: each step's wall time (TRL: a callback's step begin to end; omrl: its logged
@@ -330,8 +332,9 @@ def omrl_overrides(args, model_dir: str) -> list[str]:
     # TRL never stops a run for its tool calls
     health = ("tool_health.max_steps_without_valid_call=0", "tool_health.max_malformed_rate=1.0")
     precision = ("bf16=true",) if args.bf16 else ()
+    batch = (f"optim.micro_batch_size={args.tasks * args.group_size}",)  # TRL's per-device batch: the step
     return trl_grpo.omrl_overrides(
-        args, model_dir, ENV_NAME, TEMPLATE_NAME, args.turns, REWARD_NAME, health + precision
+        args, model_dir, ENV_NAME, TEMPLATE_NAME, args.turns, REWARD_NAME, health + precision + batch
     )
 
 

@@ -82,6 +82,19 @@ def greedy_scores(
     return baseline, metrics
 
 
+def step_baselines(
+    session: RolloutSession, batch: Batch, cfg: Any, seed: int, strategy: Any
+) -> tuple[torch.Tensor, dict]:
+    """:func:`greedy_scores` of a training step (the rows built with the run's ``reward.allocation`` and
+    ``gamma``, tasks from ``env.split``), with its metrics over every process: ``greedy_score`` (the
+    mean composed reward of every process's greedy episodes that did not fail) and ``greedy_env_errors``."""
+    scores, found = greedy_scores(session, batch, cfg.env.split, seed, cfg.reward.allocation, cfg.reward.gamma)
+    found = strategy.sum_dicts(found)
+    tasks = found.pop("greedy_tasks")
+    found["greedy_score"] = found.pop("greedy_score_sum") / max(tasks, 1.0)
+    return scores, found
+
+
 def allocated_score(episode: Any, allocation: str, gamma: float) -> float:
     """``episode``'s score as an estimator reads a row's: the sum of the rewards ``allocation`` puts on
     its tokens (:func:`omrl.rewards.allocate_rewards`, every one on a model token)."""

@@ -11,7 +11,7 @@ from torch import nn
 
 from omrl.training.logits import entropy_from_logits, token_log_probs
 from omrl.training.packing import IGNORE_INDEX
-from omrl.training.shared_prefix import PACKED_MASK_ATTENTION, SharedPrefix, no_logits
+from omrl.training.shared_prefix import PackedSuffixes, SharedPrefix, mask_for, no_logits
 
 
 class ValueHead(nn.Module):
@@ -68,7 +68,8 @@ def policy_forward(
 
     ``prefix``: the rows' first ``prefix.length`` tokens already ran (omrl.training.shared_prefix):
     only the rest runs, on the prefix's keys and values; the prefix's positions hold 0 (they are
-    prompt tokens, never trained).
+    prompt tokens, never trained). Several rows on a prefix run as one packed sequence
+    (:class:`~omrl.training.shared_prefix.PackedSuffixes`).
 
     ``position_ids`` [bs, L]: rows packed from several sequences (an episode split by
     ``chat.history=as_template``), positions restarting at each. The model then runs with no
@@ -80,38 +81,54 @@ def policy_forward(
     head = _output_head(model) if token_mask is not None else None
     need_hidden = value_head is not None or head is not None
     start = prefix.length if prefix is not None else 0
-    if position_ids is None:
-        packed = {"attention_mask": attention_mask}
+    suffixes = None
+    if prefix is not None and input_ids.shape[0] > 1:  # several rows on one prefix: their suffixes packed
+        if position_ids is not None:
+            raise ValueError("rows of several sequences (position_ids) run on a shared prefix one at a time")
+        suffixes = PackedSuffixes(model, input_ids, attention_mask, start)
+        packed = {
+            "input_ids": suffixes.input_ids,
+            "position_ids": suffixes.position_ids,
+            "attention_mask": suffixes.attention_mask,
+        }
+    elif position_ids is None:
+        packed = {"input_ids": input_ids[:, start:], "attention_mask": attention_mask}
     elif prefix is None:
-        packed = {"position_ids": position_ids, "attention_mask": None}
+        packed = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": None}
     else:
-        packed = {"position_ids": position_ids[:, start:], "attention_mask": packed_mask(model, position_ids, start)}
+        packed = {
+            "input_ids": input_ids[:, start:],
+            "position_ids": position_ids[:, start:],
+            "attention_mask": packed_mask(model, position_ids, start),
+        }
     out = model(
-        input_ids=input_ids[:, start:],
         **packed,
         use_cache=False,
         output_hidden_states=need_hidden,
         **(no_logits(model) if head is not None else {}),
         **(prefix.cache_kwargs() if prefix is not None else {}),
     )
+
+    def rows(per_position: torch.Tensor) -> torch.Tensor:  # the model's outputs in the rows' layout
+        return suffixes.unpack(per_position) if suffixes is not None else per_position
+
+    hidden = rows(out.hidden_states[-1]) if need_hidden else None
     targets = input_ids[:, start + 1 :]
     if head is not None:  # only the positions asked for, in chunks recomputed in backward
         chosen = token_mask[:, start + 1 :].bool()
-        log_probs, entropy = _head_stats(
-            head, out.hidden_states[-1][:, :-1][chosen], targets[chosen], temperature, with_entropy
-        )
+        log_probs, entropy = _head_stats(head, hidden[:, :-1][chosen], targets[chosen], temperature, with_entropy)
         result = {"log_probs": _place(log_probs, chosen, start)}
         if with_entropy:
             result["entropy"] = _place(entropy, chosen, start)
     else:
-        logits = out.logits[:, :-1].float()
+        logits = rows(out.logits)[:, :-1].float()
         if temperature and temperature != 1.0:
             logits = logits / temperature
         result = {"log_probs": _align(token_log_probs(logits, targets), start)}
         if with_entropy:
             result["entropy"] = _align(entropy_from_logits(logits), start)
     if value_head is not None:
-        result["values"] = _align(value_head(out.hidden_states[-1][:, :-1]), start)
+        result["values"] = _align(value_head(hidden[:, :-1]), start)
     return result
 
 
@@ -122,22 +139,12 @@ def packed_mask(model: nn.Module, position_ids: torch.Tensor, start: int = 0) ->
     packed rows). Boolean (True: attend) for sdpa, additive for eager attention; other kernels do not
     take a 4-D mask (:func:`omrl.training.shared_prefix.shared_prefix_groups` keeps packed rows alone).
     """
-    implementation = getattr(model.config, "_attn_implementation", None)
-    if implementation not in PACKED_MASK_ATTENTION:
-        raise ValueError(
-            f"packed rows on a shared prefix need {' or '.join(PACKED_MASK_ATTENTION)} attention, "
-            f"not {implementation!r}"
-        )
     follows = torch.ones_like(position_ids, dtype=torch.bool)
     follows[:, 1:] = position_ids[:, 1:] == position_ids[:, :-1] + 1
     sequence = (~follows).cumsum(-1)
     length = position_ids.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=position_ids.device).tril()
-    allowed = (causal & (sequence[:, :, None] == sequence[:, None, :]))[:, None, start:, :]
-    if implementation == "sdpa":
-        return allowed
-    dtype = next(model.parameters()).dtype
-    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask_for(model, (causal & (sequence[:, :, None] == sequence[:, None, :]))[:, None, start:, :])
 
 
 # Positions whose vocabulary-sized logits exist at once: [HEAD_CHUNK, V] float32 is 50 MB for a

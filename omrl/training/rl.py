@@ -55,7 +55,7 @@ from omrl.training.online_run import (
 from omrl.training.policy import policy_forward
 from omrl.training.recipe import autocast, close_recipe, run_recipe, setup_optimizer, skip_update, start_recipe
 from omrl.training.recipe import update as optimizer_update
-from omrl.training.rl_data import join_columns, micro_batches, shuffled_mini_batches, sort_by_length
+from omrl.training.rl_data import join_columns, micro_batches, rows_that_learn, shuffled_mini_batches, sort_by_length
 from omrl.training.rollout_correction import correct, correction_name, mismatch_means, mismatch_over_processes
 from omrl.training.rollout_step import trees_per_task
 from omrl.training.shared_prefix import SharedPrefix, supports_shared_prefix, with_shared_prefixes
@@ -75,7 +75,8 @@ class RLRecipe:
         self.temperature = online.scoring_temperature(cfg)
         # the algorithms first: a wrong name or setting is refused before any model loads
         self.advantage_fn = registry.algorithms.get(algo.advantage, kind="advantage")
-        self.policy_loss_fn = registry.algorithms.get(algo.policy_loss, kind="policy_loss")
+        loss = registry.algorithms.component(algo.policy_loss, kind="policy_loss")
+        self.policy_loss_fn, self.loss_traits = loss.obj, loss.traits
         self.kl_fn = registry.algorithms.get(algo.kl_estimator, kind="kl")
         self.correction = correction_name(cfg)
         self.correction_fn = registry.algorithms.get(self.correction, kind="rollout_correction")
@@ -138,7 +139,10 @@ class RLRecipe:
                 )
 
             # ADVANTAGE: one calling convention for every estimator (omrl.algos.AdvantageInput)
-            greedy = self._greedy_scores(batch, seed, metrics) if self.greedy_baseline else None
+            greedy = None
+            if self.greedy_baseline:  # ReMax: a greedy episode of each task is its samples' baseline
+                greedy, found = greedy_baseline.step_baselines(self.run.session, batch, cfg, seed, strategy)
+                metrics.update(found)
             batch.tensors["advantages"], batch.tensors["returns"] = self._advantages(batch, algo, greedy)
             self.run.save_rollout(
                 self.step, episodes, batch
@@ -189,19 +193,6 @@ class RLRecipe:
             self.cfg.algorithm, kl_coef=self.kl_control.coef, loss_norm_tokens=self.loss_norm_tokens
         )
 
-    def _greedy_scores(self, batch, seed: int, metrics: dict[str, float]) -> torch.Tensor:
-        """ReMax's baselines: the reward of a greedy episode of each row's task (its metrics into
-        ``metrics``, averaged over processes)."""
-        reward = self.cfg.reward  # the greedy episode scored as a row is: the same allocation, in the same units
-        scores, found = greedy_baseline.greedy_scores(
-            self.run.session, batch, self.cfg.env.split, seed, reward.allocation, reward.gamma
-        )
-        found = self.strategy.sum_dicts(found)
-        tasks = found.pop("greedy_tasks")
-        found["greedy_score"] = found.pop("greedy_score_sum") / max(tasks, 1.0)  # over every process's tasks
-        metrics.update(found)
-        return scores
-
     def _advantages(self, batch, algo: AlgoConfig, greedy: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(advantages, returns) of ``batch``; a process with no rows this step (others have them)
         has none to estimate."""
@@ -227,12 +218,17 @@ class RLRecipe:
         tokens they cover (``tokens`` trained in all, on all processes), and its optimizer figures."""
         cfg, strategy = self.cfg, self.strategy
         shuffle = torch.Generator().manual_seed(seed)
+        # rows whose advantages are all 0 add nothing to such a loss: they are not run (omrl.algos)
+        inert = self.loss_traits.get("zero_advantage_rows_add_nothing", False) and not self._other_loss_terms()
         for _ in range(cfg.ppo_epochs):
             self.model.train()
             loss_parts: dict[str, float] = {}  # token-weighted means over this pass
             optimizer_figures: dict[str, float] = {}  # lr, skipped_updates: the same on every process
             norms: list[float] = []
-            for mini in shuffled_mini_batches(batch, passes, shuffle):
+            minis = shuffled_mini_batches(batch, passes, shuffle)
+            runs = [rows_that_learn(mini) for mini in minis] if inert else minis
+            ran_tokens, ran_rows = strategy.sum([sum(r["loss_mask"].sum() for r in runs), sum(len(r) for r in runs)])
+            for mini, run in zip(minis, runs):
                 mask = mini["loss_mask"]
                 mini_tokens, mini_seqs = strategy.sum([mask.sum(), (mask.sum(-1) > 0).sum()])
                 strategy.zero_grad(self.optimizer)
@@ -240,7 +236,7 @@ class RLRecipe:
                 # (autocast keeps its casts until the region ends); backward runs in the dtypes its
                 # forward recorded
                 with autocast(self):
-                    for mb, prefix in self._update_micro_batches(mini, cfg.optim.micro_batch_size):
+                    for mb, prefix in self._update_micro_batches(run, cfg.optim.micro_batch_size):
                         out = self._policy_forward(mb, prefix)
                         if on_policy:  # the policy that sampled is this very one, not yet updated
                             mb.tensors["old_log_probs"] = out["log_probs"].detach()
@@ -251,8 +247,9 @@ class RLRecipe:
                         share = micro_batch_share(algo.loss_agg_mode, mb["loss_mask"], mini_tokens, mini_seqs)
                         with timed("backward"):
                             strategy.backward(loss * share)
-                        for key, value in parts.items():
-                            loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / tokens * value
+                        for key, value in parts.items():  # a loss over every token, the rest over those run
+                            weight = tokens if key in ("loss", "pg_loss") else ran_tokens
+                            loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / weight * value
                 update = optimizer_update(self, self.step + 1)
                 if update.applied:
                     norms.append(update.grad_norm)
@@ -262,6 +259,8 @@ class RLRecipe:
         advantage_mean = float((batch["advantages"] * batch["loss_mask"]).sum()) / tokens  # this process's part
         figures = strategy.sum_dicts({**loss_parts, "advantage_mean": advantage_mean})  # parts add up over processes
         figures.update(optimizer_figures)
+        if inert:
+            figures["zero_advantage_rows"] = 1.0 - ran_rows / max(strategy.sum([len(batch)])[0], 1.0)
         if self.kl_control.adaptive:
             figures["kl_coef"] = algo.kl_coef
         if norms:

@@ -134,6 +134,22 @@ def shuffled_mini_batches(batch: Batch, count: int, shuffle: torch.Generator) ->
     return [sort_by_length(batch.rows(part)) for part in torch.tensor_split(order, count)]
 
 
+def rows_that_learn(mini: Batch) -> Batch:
+    """``mini``'s rows with a nonzero advantage on a trained token, in their order.
+
+    Under a policy loss registered with ``zero_advantage_rows_add_nothing`` (:mod:`omrl.algos`) and
+    no other loss term, a row whose advantages are all 0 adds 0 to the loss and to every gradient,
+    so it need not run (a GRPO group whose samples all got the same reward). The loss keeps its
+    normalisers over all of ``mini``'s rows, so the update is the one that runs every row. Where no
+    row has an advantage, the first stays: the optimizer step still sees the zero gradient it saw.
+    """
+    learns = ((mini["advantages"] != 0) & mini["loss_mask"].bool()).any(-1)
+    if not len(mini) or bool(learns.all()):
+        return mini
+    learns[0] = learns[0] or not bool(learns.any())
+    return mini.rows(learns.nonzero().flatten().tolist())
+
+
 def micro_batches(batch: Batch, size: int) -> list[Batch]:
     """Consecutive micro-batches, each trimmed to its own longest row.
 

@@ -9,6 +9,11 @@ loss and the gradients are those of running every row whole (to float rounding; 
 
 Only prompt tokens are shared: a prefix ends before the first trained token of any of its rows,
 and one token early, so that each suffix starts with the token that predicts its first new one.
+
+Where the attention takes a 4-D mask, a micro-batch's suffixes run packed into one sequence (each
+sees the prefix and itself, :class:`PackedSuffixes`): one pass a micro-batch, not one a row. A row
+alone paid for a vocabulary-sized gradient of the LM head and of a tied input embedding (two fresh
+113 MB blocks for SmolLM2) and for small matrix products; packed, those come once a micro-batch.
 """
 
 from __future__ import annotations
@@ -93,6 +98,59 @@ def shared_prefix_groups(batch: Batch, packed_rows_share: bool = False) -> list[
         else:
             groups.extend(([i], 0) for i in members)
     return groups
+
+
+def mask_for(model: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
+    """A 4-D mask ``allowed`` [bs, 1, queries, keys] (True: attend) as ``model``'s attention takes it:
+    boolean for sdpa, additive for eager; other kernels take no 4-D mask."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in PACKED_MASK_ATTENTION:
+        raise ValueError(
+            f"packed rows on a shared prefix need {' or '.join(PACKED_MASK_ATTENTION)} attention, "
+            f"not {implementation!r}"
+        )
+    if implementation == "sdpa":
+        return allowed
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def packs_suffixes(model: nn.Module) -> bool:
+    """Whether ``model``'s attention takes the 4-D mask that packs several suffixes on one prefix."""
+    return getattr(model.config, "_attn_implementation", None) in PACKED_MASK_ATTENTION
+
+
+class PackedSuffixes:
+    """Rows ``[bs, L]`` (right-padded, their first ``start`` tokens the shared prefix) as one sequence
+    of their suffixes, each attending to the prefix and to itself (causally), never to another.
+
+    ``input_ids``, ``position_ids`` [1, T] and ``attention_mask`` [1, 1, T, start + T] go to the model;
+    :meth:`unpack` takes its per-position outputs [1, T, ...] back to the rows' layout.
+    """
+
+    def __init__(self, model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, start: int):
+        lengths = attention_mask.sum(-1) - start  # each row's suffix
+        if bool((lengths < 1).any()):
+            raise ValueError(f"every row needs a suffix after its {start}-token prefix, got lengths {lengths.tolist()}")
+        width = input_ids.shape[1] - start
+        offsets = torch.arange(width, device=input_ids.device)
+        self.valid = offsets[None] < lengths[:, None]  # [bs, width]: positions that hold a suffix token
+        self.input_ids = input_ids[:, start:][self.valid][None]
+        self.position_ids = (offsets[None] + start).expand_as(self.valid)[self.valid][None]
+        segment = torch.arange(len(lengths), device=input_ids.device).repeat_interleave(lengths)
+        total = len(segment)
+        causal = torch.ones(total, total, dtype=torch.bool, device=input_ids.device).tril()
+        own = causal & (segment[:, None] == segment[None, :])
+        seen = torch.ones(total, start, dtype=torch.bool, device=input_ids.device)
+        self.attention_mask = mask_for(model, torch.cat([seen, own], -1)[None, None])
+        # where each row position sits in the packed sequence (0 on padding, which nothing reads)
+        self.index = torch.zeros_like(self.valid, dtype=torch.long)
+        self.index[self.valid] = torch.arange(total, device=input_ids.device)
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """[1, T, ...] per packed position -> [bs, width, ...] per row position (padding: a copy of
+        the first position's, never read)."""
+        return packed[0][self.index]
 
 
 def _base(model: nn.Module) -> nn.Module:
@@ -182,10 +240,12 @@ def with_shared_prefixes(
 ) -> Iterator[tuple[Batch, "SharedPrefix | None"]]:
     """The update's micro-batches of ``batch``, each with the shared prefix it runs on (or None).
 
-    Rows in a group run one at a time (no padding) on their group's prefix, whose backward runs
-    once after the group's last row has run backward: the caller runs each micro-batch's
-    forward and backward before asking for the next. Rows in no group go in length-sorted
-    micro-batches of ``micro_batch_size``.
+    A group's rows run on its prefix, whose backward runs once after the group's last row has run
+    backward: the caller runs each micro-batch's forward and backward before asking for the next.
+    They go ``micro_batch_size`` at a time (packed: :class:`PackedSuffixes`) where the attention
+    takes the mask that needs, else one at a time (no padding); rows split into several sequences
+    (``position_ids``) always one at a time. Rows in no group go in length-sorted micro-batches of
+    ``micro_batch_size``.
     """
     from omrl.training.rl_data import micro_batches
 
@@ -193,11 +253,12 @@ def with_shared_prefixes(
     alone = [i for rows, length in groups if not length for i in rows]
     if alone:
         yield from ((mb, None) for mb in micro_batches(batch.rows(alone), micro_batch_size))
+    size = micro_batch_size if packs_suffixes(model) and "position_ids" not in batch.tensors else 1
     for rows, length in groups:
         if length:
             with SharedPrefix(model, batch["input_ids"][rows[0], :length]) as prefix:
-                for i in rows:
-                    yield micro_batches(batch.rows([i]), 1)[0], prefix
+                for mb in micro_batches(batch.rows(rows), size):
+                    yield mb, prefix
 
 
 class SharedPrefix:

@@ -29,8 +29,13 @@ FUNCTIONS = {
 }
 #: registry names that are not the function's own
 NAMES = {"abs_kl": "abs", "k1_plus": "k1+", "k3_plus": "k3+"}
-#: what an estimator needs beyond the rollout (see omrl.algos)
-TRAITS = {"remax": {"needs": ("greedy_scores",)}}
+#: what an estimator needs beyond the rollout, and the policy losses under which a row whose advantages
+#: are all 0 adds nothing (each row's loss is its own, and 0 with a 0 gradient there; see omrl.algos)
+ROW_LOCAL_LOSSES = ("ppo_clip", "dual_clip", "clip_higher", "gspo", "gmpo", "cispo", "sapo", "reinforce")
+TRAITS = {
+    "remax": {"needs": ("greedy_scores",)},
+    **{loss: {"zero_advantage_rows_add_nothing": True} for loss in ROW_LOCAL_LOSSES},
+}
 
 
 @hookimpl

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from omrl.algos import AdvantageInput, AlgoConfig, PolicyLossInput
+from omrl.algos import LOSS_AGG_MODES, AdvantageInput, AlgoConfig, PolicyLossInput
 from omrl.errors import UnknownNameError
 from omrl.registry import algorithms
 
@@ -99,3 +99,62 @@ def test_every_kl_estimator_is_elementwise_and_zero_at_equal_log_probs(name):
     assert kl.shape == (1, 3) and kl[0, 2] == 0.0
     kl.sum().backward()
     assert torch.isfinite(log_probs.grad).all()
+
+
+ROW_LOCAL = "zero_advantage_rows_add_nothing"
+
+
+def mixed_rows() -> PolicyLossInput:
+    """Five rows of float64: rows 1 and 3 have advantages all 0 (a group that all got the same reward)."""
+    generator = torch.Generator().manual_seed(3)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [0, 1, 1, 0]], dtype=torch.float64)
+    advantages = torch.randn(5, 1, generator=generator, dtype=torch.float64).expand(5, 4).clone()
+    advantages[2, 1] = 0.0  # a zero on one token of a row that learns leaves the row in
+    advantages[[1, 3]] = 0.0
+    return PolicyLossInput(
+        log_probs=(-torch.rand(5, 4, generator=generator, dtype=torch.float64)).requires_grad_(),
+        old_log_probs=-torch.rand(5, 4, generator=generator, dtype=torch.float64),
+        advantages=advantages * mask,
+        loss_mask=mask,
+    )
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("name", algorithms.names("policy_loss"))
+def test_a_loss_that_says_zero_advantage_rows_add_nothing_loses_nothing_without_them(name, mode):
+    """What the recipe does under the trait (omrl.algos): it runs only the rows that have an advantage,
+    weighted as part of the whole batch. For a loss with the trait that gives the loss and gradient of
+    every row; the covariance losses, whose penalty reads the whole batch, do not have it and differ."""
+    from omrl.algos import micro_batch_share
+    from omrl.data import Batch
+    from omrl.training.rl_data import rows_that_learn
+
+    component = algorithms.component(name, "policy_loss")
+    config = AlgoConfig(loss_agg_mode=mode, loss_norm_tokens=4, kl_cov_ratio=0.5, cov_clip_ratio=0.5, cov_clip_low=-5.0)
+    data = mixed_rows()
+    tokens, seqs = float(data.loss_mask.sum()), float((data.loss_mask.sum(-1) > 0).sum())
+    whole, _ = component.obj(data, config)
+    whole = whole * micro_batch_share(mode, data.loss_mask, tokens, seqs)
+    (grad,) = torch.autograd.grad(whole, data.log_probs)
+    columns = {"advantages": data.advantages, "loss_mask": data.loss_mask, "row": torch.arange(5)}
+    kept = rows_that_learn(Batch(columns))["row"].tolist()
+    assert kept == [0, 2, 4]
+    part = PolicyLossInput(data.log_probs[kept], data.old_log_probs[kept], data.advantages[kept], data.loss_mask[kept])
+    alone, _ = component.obj(part, config)
+    alone = alone * micro_batch_share(mode, part.loss_mask, tokens, seqs)
+    (grad_alone,) = torch.autograd.grad(alone, data.log_probs)
+    same = torch.allclose(alone, whole, atol=1e-12) and torch.allclose(grad_alone, grad, atol=1e-12)
+    assert same == bool(component.traits.get(ROW_LOCAL)), f"{name} under {mode}"
+    if component.traits.get(ROW_LOCAL):
+        assert (grad[[1, 3]] == 0).all()
+
+
+def test_rows_that_learn_keeps_one_row_where_none_has_an_advantage():
+    """The optimizer step then still sees the zero gradient it always saw; an empty batch stays empty."""
+    from omrl.data import Batch
+    from omrl.training.rl_data import rows_that_learn
+
+    rows = Batch({"advantages": torch.zeros(3, 4), "loss_mask": torch.ones(3, 4), "row": torch.arange(3)})
+    assert rows_that_learn(rows)["row"].tolist() == [0]
+    empty = Batch({"advantages": torch.zeros(0, 4), "loss_mask": torch.zeros(0, 4)})
+    assert len(rows_that_learn(empty)) == 0

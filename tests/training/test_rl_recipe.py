@@ -278,12 +278,14 @@ def test_on_policy_old_log_probs_from_the_updates_forward_change_nothing(rl_conf
         return real(self, mb, on_policy)
 
     monkeypatch.setattr(RLRecipe, "_score", counting)
-    # whole rows in both runs: a shared prefix changes float rounding (tests/training/test_shared_prefix.py)
-    fast = rl_config("reward.weights={sample_index: 1.0}", "eval_tasks=0", "optim.share_prefix=false", out="fast")
+    # whole rows in both runs: a shared prefix changes float rounding (tests/training/test_shared_prefix.py);
+    # 2 samples a task, so no row has advantage 0 (such rows do not run, and the update could measure no gap there)
+    settings = ("reward.weights={sample_index: 1.0}", "eval_tasks=0", "optim.share_prefix=false", "group_size=2")
+    fast = rl_config(*settings, out="fast")
     run_rl(fast, console=QUIET)
     assert calls == []  # no forward before the update at all
     monkeypatch.setattr(RLRecipe, "_old_log_probs_from_update", lambda self, passes: False)
-    slow = rl_config("reward.weights={sample_index: 1.0}", "eval_tasks=0", "optim.share_prefix=false", out="slow")
+    slow = rl_config(*settings, out="slow")
     run_rl(slow, console=QUIET)
     assert calls and not any(calls)
     for a, b in zip(read_metrics(fast.logging.output_dir), read_metrics(slow.logging.output_dir), strict=True):
@@ -296,6 +298,54 @@ def test_on_policy_old_log_probs_from_the_updates_forward_change_nothing(rl_conf
     fast_model, _ = load_model(fast.logging.output_dir)
     slow_model, _ = load_model(slow.logging.output_dir)
     for (name, p), q in zip(fast_model.state_dict().items(), slow_model.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+class HalfTheTasksLearn:
+    """A reward under which the even tasks' samples score their index squared (none at the mean) and the
+    odd tasks' all score 1: every odd task's rows get advantage 0."""
+
+    @hookimpl
+    def register_rewards(self, register):
+        def half_the_tasks(episodes):
+            """Even tasks: the sample's index squared; odd tasks: 1 (on the last turn)."""
+            return [[0.0] * (len(ep.turns) - 1) + [float(ep.sample**2 if ep.group % 2 == 0 else 1)] for ep in episodes]
+
+        register("half_the_tasks", half_the_tasks)
+
+
+def test_rows_whose_advantages_are_all_zero_are_not_run_and_the_update_is_the_same(
+    rl_config, register_plugin, monkeypatch
+):
+    """ppo_clip says zero-advantage rows add nothing (omrl.algos): a task whose samples all got the same
+    reward runs no forward or backward, and the run's losses and weights are those of running it."""
+    register_plugin(HalfTheTasksLearn(), name="half-the-tasks")
+    ran = []
+    real = RLRecipe._policy_forward
+
+    def counting(self, mb, prefix=None):
+        ran.append(len(mb))
+        return real(self, mb, prefix)
+
+    monkeypatch.setattr(RLRecipe, "_policy_forward", counting)
+    # one whole row a micro-batch: the gradients sum in the same order, so the weights are bit-identical
+    # (a shared prefix would group the rows that run otherwise: float rounding, test_shared_prefix.py)
+    settings = ("reward.weights={half_the_tasks: 1.0}", "eval_tasks=0", "optim.micro_batch_size=1")
+    settings += ("optim.share_prefix=false",)
+    lean = rl_config(*settings, out="lean")
+    run_rl(lean, console=QUIET)
+    assert sum(ran) == 2 * 3  # 2 steps: of 2 tasks x 3 samples, the odd task's 3 rows never ran
+    monkeypatch.setattr("omrl.training.rl.rows_that_learn", lambda mini: mini)
+    ran.clear()
+    every = rl_config(*settings, out="every")
+    run_rl(every, console=QUIET)
+    assert sum(ran) == 2 * 6
+    for a, b in zip(read_metrics(lean.logging.output_dir), read_metrics(every.logging.output_dir), strict=True):
+        assert a["zero_advantage_rows"] == 0.5 and b["zero_advantage_rows"] == 0.0
+        assert (a["loss"], a["pg_loss"], a["grad_norm"]) == (b["loss"], b["pg_loss"], b["grad_norm"])
+    lean_model, _ = load_model(lean.logging.output_dir)
+    every_model, _ = load_model(every.logging.output_dir)
+    for (name, p), q in zip(lean_model.state_dict().items(), every_model.state_dict().values()):
         assert torch.equal(p, q), name
 
 

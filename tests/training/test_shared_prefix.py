@@ -58,6 +58,18 @@ def test_groups_share_a_tasks_prompt_or_everyones_opening():
     assert shared_prefix_groups(batch, packed_rows_share=True) == [([0, 1, 2], 109)]
 
 
+def twin_models(attention: str):
+    """Two copies of the tiny model (float32, CPU, training mode) with ``attention``: one runs whole rows,
+    the other on a shared prefix."""
+    models = []
+    for _ in range(2):
+        model, _ = load_model("tiny", dtype="float32", device="cpu")
+        model.config._attn_implementation = attention
+        model.train()
+        models.append(model)
+    return models
+
+
 @pytest.fixture
 def rows():
     generator = torch.Generator().manual_seed(1)
@@ -125,6 +137,34 @@ def test_a_shared_prefix_gives_the_gradients_of_whole_rows(rows, checkpointing):
     assert all("_can_checkpoint_with_cache" not in m.__dict__ for m in shared.modules())
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_rows_packed_on_a_shared_prefix_give_the_gradients_of_whole_rows(rows, attention):
+    """A micro-batch of rows on one prefix runs as one sequence of their suffixes: each sees the
+    prefix and itself only, and the log-probs, entropy and gradients are those of whole rows."""
+    prefix, full_rows = rows
+    whole, shared = twin_models(attention)
+    batch = rows_batch([(row.tolist(), len(prefix)) for row in full_rows])
+    ids, mask, trained = batch["input_ids"], batch["attention_mask"], batch["loss_mask"]
+
+    def loss_of(out):
+        return -(out["log_probs"] * trained).sum() - 0.01 * (out["entropy"] * trained).sum()
+
+    expected = policy_forward(whole, ids, mask, token_mask=trained, with_entropy=True)
+    loss_of(expected).backward()
+    passes = []
+    hook = shared.get_input_embeddings().register_forward_hook(lambda m, args, out: passes.append(args[0].shape))
+    with SharedPrefix(shared, prefix[:-1]) as shared_prefix:
+        got = policy_forward(shared, ids, mask, token_mask=trained, with_entropy=True, prefix=shared_prefix)
+        loss_of(got).backward()
+    hook.remove()
+    suffixes = sum(len(row) for row in full_rows) - len(full_rows) * (len(prefix) - 1)
+    assert passes == [(1, len(prefix) - 1), (1, suffixes)]  # the prefix once, then every suffix in one pass
+    for key in ("log_probs", "entropy"):
+        torch.testing.assert_close(got[key] * trained, expected[key] * trained, atol=1e-5, rtol=0, msg=key)
+    for (name, a), b in zip(whole.named_parameters(), shared.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, atol=2e-5, rtol=1e-4, msg=name)
+
+
 def test_grpo_with_shared_prefixes_learns_what_whole_rows_learn(tiny_model_dir, tmp_path, monkeypatch):
     """Two steps of GRPO: the run that shares prompts takes the same steps, to float rounding."""
     passes = []
@@ -171,13 +211,7 @@ def test_packed_rows_on_a_shared_prefix_give_the_gradients_of_whole_packed_rows(
         second = torch.randint(5, 200, (int(torch.randint(20, 40, (1,), generator=generator)),), generator=generator)
         positions = torch.cat([torch.arange(len(row)), torch.arange(len(second))])
         packed.append((torch.cat([row, second]), positions, len(row)))
-    models = []
-    for _ in range(2):
-        model, _ = load_model("tiny", dtype="float32", device="cpu")
-        model.config._attn_implementation = attention
-        model.train()
-        models.append(model)
-    whole, shared = models
+    whole, shared = twin_models(attention)
     length = len(prefix) - 1
 
     def loss_of(model, row, positions, **kwargs):
