@@ -22,7 +22,8 @@ by tokens; the old log-probs are the forward's own, detached (one epoch, one min
 Measured for micro-batch sizes 1 and 2, and with ``optim.share_prefix`` (on by default: rows
 that open with the same tokens run them once, here the system prompt and worked example every
 WebShop episode starts with; the job's samples of one task also share their first prompt,
-which these one-episode-per-task rows do not). The optimizer step is left out of both sides.
+which these one-episode-per-task rows do not), at micro-batch 1 and at the largest size (a prefix's
+rows packed, as one sequence of their suffixes). The optimizer step is left out of both sides.
 
 Targets: tokens/s of the recipe >= 0.9x the bare pass and a padding share < 5% (padded
 positions / all positions the recipe's micro-batches run). The rows are cut into units as the
@@ -277,6 +278,8 @@ def main() -> None:
     sides = [("bare", lambda unit: bare_pass(model, unit))]
     sides += [(f"recipe mb={size}", lambda unit, size=size: recipe.run(unit, size)) for size in args.micro_batch_sizes]
     sides += [("recipe shared", lambda unit: recipe.run(unit, 1, share_prefix=True))]
+    if width > 1:  # a prefix's rows packed, width at a time
+        sides += [(f"recipe shared mb={width}", lambda unit: recipe.run(unit, width, share_prefix=True))]
     recipe.run(ordered[-1:], 1), bare_pass(model, ordered[-1:])  # warm-up on one row each
 
     times: dict[str, list[float]] = {name: [] for name, _ in sides}  # per (round, unit)
@@ -292,8 +295,8 @@ def main() -> None:
         ratios = [b / s for b, s in zip(times["bare"], times[name])]  # same real tokens: time ratio = tokens/s ratio
         if name == "bare":
             padding = 0.0
-        elif name == "recipe shared":
-            padding = 0.0  # rows of a group run one at a time; the others as mb=1
+        elif name.startswith("recipe shared"):
+            padding = 0.0  # a group's rows run alone or packed (no padding); the others as mb=1
         else:  # the whole rollout's micro-batches, as the recipe cuts them
             parts, _ = recipe.micro_batches(episodes, int(name.split("=")[1]))
             padding = 1 - sum(int(mb["attention_mask"].sum()) for mb in parts) / sum(

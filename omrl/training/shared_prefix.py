@@ -32,6 +32,11 @@ from omrl.data.batch import Batch
 MIN_SHARED_TOKENS = 32
 # Attention that takes a 4-D mask as given: packed rows (a split episode) can run on a prefix only there.
 PACKED_MASK_ATTENTION = ("sdpa", "eager")
+# Suffix tokens packed into one pass at most. Packed, each suffix's queries also meet every other
+# suffix's keys (masked, but computed): the cost grows with the square of the pack. Measured on a CPU
+# with SmolLM2: 8 suffixes of 89 tokens packed cut the update a third; 2 WebShop rows of 931-990
+# tokens on their shared prompt took 18% longer packed than one at a time (docs/performance.md).
+PACKED_SUFFIX_TOKENS = 512
 
 
 def _prompt_length(ids: torch.Tensor, mask: torch.Tensor, loss_mask: torch.Tensor) -> int:
@@ -254,11 +259,27 @@ def with_shared_prefixes(
     if alone:
         yield from ((mb, None) for mb in micro_batches(batch.rows(alone), micro_batch_size))
     size = micro_batch_size if packs_suffixes(model) and "position_ids" not in batch.tensors else 1
+    suffix_lengths = batch["attention_mask"].sum(-1).tolist()
     for rows, length in groups:
         if length:
             with SharedPrefix(model, batch["input_ids"][rows[0], :length]) as prefix:
-                for mb in micro_batches(batch.rows(rows), size):
-                    yield mb, prefix
+                for pack in packs(rows, [suffix_lengths[i] - length for i in rows], size):
+                    yield micro_batches(batch.rows(pack), len(pack))[0], prefix
+
+
+def packs(rows: list[int], suffix_lengths: list[int], size: int) -> list[list[int]]:
+    """``rows`` in order, cut into packs of at most ``size`` rows whose suffixes add up to at most
+    PACKED_SUFFIX_TOKENS (a row longer than that alone)."""
+    out: list[list[int]] = []
+    tokens = 0
+    for row, length in zip(rows, suffix_lengths):
+        if out and len(out[-1]) < size and tokens + length <= PACKED_SUFFIX_TOKENS:
+            out[-1].append(row)
+            tokens += length
+        else:
+            out.append([row])
+            tokens = length
+    return out
 
 
 class SharedPrefix:

@@ -14,7 +14,14 @@ from omrl.models import load_model
 from omrl.training.metrics import read_metrics
 from omrl.training.policy import policy_forward
 from omrl.training.rl import RLRecipe, run_rl
-from omrl.training.shared_prefix import MIN_SHARED_TOKENS, SharedPrefix, shared_prefix_groups, supports_shared_prefix
+from omrl.training.shared_prefix import (
+    MIN_SHARED_TOKENS,
+    PACKED_SUFFIX_TOKENS,
+    SharedPrefix,
+    packs,
+    shared_prefix_groups,
+    supports_shared_prefix,
+)
 from tests.training.helpers import gridworld_config
 
 QUIET = Console(file=io.StringIO())
@@ -56,6 +63,14 @@ def test_groups_share_a_tasks_prompt_or_everyones_opening():
     batch.tensors["position_ids"] = positions
     assert shared_prefix_groups(batch) == [([0, 1], 109), ([2], 0)]
     assert shared_prefix_groups(batch, packed_rows_share=True) == [([0, 1, 2], 109)]
+
+
+def test_a_prefix_rows_are_packed_up_to_the_micro_batch_and_the_token_bound():
+    half = PACKED_SUFFIX_TOKENS // 2
+    assert packs([4, 5, 6, 7, 8], [10] * 5, size=2) == [[4, 5], [6, 7], [8]]
+    # the bound: suffixes that add up past it start a new pack; one longer than it goes alone
+    assert packs([1, 2, 3, 4], [half, half, 1, PACKED_SUFFIX_TOKENS + 1], size=8) == [[1, 2], [3], [4]]
+    assert packs([1, 2], [5, 5], size=1) == [[1], [2]]
 
 
 def twin_models(attention: str):
