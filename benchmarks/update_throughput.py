@@ -296,7 +296,7 @@ def main() -> None:
         if name == "bare":
             padding = 0.0
         elif name.startswith("recipe shared"):
-            padding = 0.0  # a group's rows run alone or packed (no padding); the others as mb=1
+            padding = 0.0  # a group's rows run alone or packed, no padding (every row here is in a group)
         else:  # the whole rollout's micro-batches, as the recipe cuts them
             parts, _ = recipe.micro_batches(episodes, int(name.split("=")[1]))
             padding = 1 - sum(int(mb["attention_mask"].sum()) for mb in parts) / sum(

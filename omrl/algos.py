@@ -22,9 +22,10 @@ greedy episode of each task and fill :attr:`AdvantageInput.greedy_scores`.
 A policy loss registered with ``zero_advantage_rows_add_nothing=True`` promises that each row's loss
 reads that row alone and is 0, with a 0 gradient, where the row's advantages are all 0 (no batch
 statistic, no term without the advantage): the recipe then runs no forward or backward for such rows
-(a GRPO group whose samples all got the same reward) when no other term (entropy bonus, KL loss,
-value loss) is in the loss, and the update is the one that runs them (``zero_advantage_rows`` in the
-step's metrics is their share; its ``entropy`` and ``pg_*`` figures are over the rows that ran).
+(a GRPO group whose samples all got the same reward) when there is no reference model, entropy bonus
+or value loss, and the update is the one that runs them (``zero_advantage_rows`` in the
+step's metrics is their share; its ``entropy``, ``pg_*`` and on-policy ``mismatch_*`` figures are over the
+rows that ran).
 """
 
 from __future__ import annotations

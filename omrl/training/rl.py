@@ -218,8 +218,10 @@ class RLRecipe:
         tokens they cover (``tokens`` trained in all, on all processes), and its optimizer figures."""
         cfg, strategy = self.cfg, self.strategy
         shuffle = torch.Generator().manual_seed(seed)
-        # rows whose advantages are all 0 add nothing to such a loss: they are not run (omrl.algos)
+        # rows whose advantages are all 0 add nothing to such a loss: not run (omrl.algos); the KL to a
+        # reference is measured over every row (adaptive KL steers by it)
         inert = self.loss_traits.get("zero_advantage_rows_add_nothing", False) and not self._other_loss_terms()
+        inert = inert and self.ref_model is None
         for _ in range(cfg.ppo_epochs):
             self.model.train()
             loss_parts: dict[str, float] = {}  # token-weighted means over this pass
@@ -248,7 +250,7 @@ class RLRecipe:
                         with timed("backward"):
                             strategy.backward(loss * share)
                         for key, value in parts.items():  # a loss over every token, the rest over those run
-                            weight = tokens if key in ("loss", "pg_loss") else ran_tokens
+                            weight = tokens if key in ("loss", "pg_loss") else max(ran_tokens, 1.0)
                             loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / weight * value
                 update = optimizer_update(self, self.step + 1)
                 if update.applied:

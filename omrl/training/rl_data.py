@@ -141,12 +141,16 @@ def rows_that_learn(mini: Batch) -> Batch:
     no other loss term, a row whose advantages are all 0 adds 0 to the loss and to every gradient,
     so it need not run (a GRPO group whose samples all got the same reward). The loss keeps its
     normalisers over all of ``mini``'s rows, so the update is the one that runs every row. Where no
-    row has an advantage, the first stays: the optimizer step still sees the zero gradient it saw.
+    row has an advantage, one stays (the last with a trained token: the shortest on a sorted batch),
+    so that the optimizer step still sees the zero gradient it saw.
     """
-    learns = ((mini["advantages"] != 0) & mini["loss_mask"].bool()).any(-1)
+    trained = mini["loss_mask"].bool()
+    learns = ((mini["advantages"] != 0) & trained).any(-1)
     if not len(mini) or bool(learns.all()):
         return mini
-    learns[0] = learns[0] or not bool(learns.any())
+    if not bool(learns.any()):
+        with_tokens = trained.any(-1).nonzero().flatten().tolist()
+        return mini.rows([with_tokens[-1] if with_tokens else len(mini) - 1])
     return mini.rows(learns.nonzero().flatten().tolist())
 
 

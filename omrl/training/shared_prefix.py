@@ -121,8 +121,17 @@ def mask_for(model: nn.Module, allowed: torch.Tensor) -> torch.Tensor:
 
 
 def packs_suffixes(model: nn.Module) -> bool:
-    """Whether ``model``'s attention takes the 4-D mask that packs several suffixes on one prefix."""
-    return getattr(model.config, "_attn_implementation", None) in PACKED_MASK_ATTENTION
+    """Whether ``model``'s attention takes the 4-D mask that packs several suffixes (or sequences) on one
+    prefix as given: sdpa or eager, and no sliding-window layer (transformers hands those the same
+    4-D mask, so they would attend past their window)."""
+    config = model.config
+    if getattr(config, "_attn_implementation", None) not in PACKED_MASK_ATTENTION:
+        return False
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None)
+    if layer_types is not None:
+        return "sliding_attention" not in layer_types
+    return getattr(text, "sliding_window", None) is None or not getattr(text, "use_sliding_window", True)
 
 
 class PackedSuffixes:
@@ -254,7 +263,7 @@ def with_shared_prefixes(
     """
     from omrl.training.rl_data import micro_batches
 
-    groups = shared_prefix_groups(batch, getattr(model.config, "_attn_implementation", None) in PACKED_MASK_ATTENTION)
+    groups = shared_prefix_groups(batch, packs_suffixes(model))
     alone = [i for rows, length in groups if not length for i in rows]
     if alone:
         yield from ((mb, None) for mb in micro_batches(batch.rows(alone), micro_batch_size))

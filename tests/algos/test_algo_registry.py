@@ -150,11 +150,13 @@ def test_a_loss_that_says_zero_advantage_rows_add_nothing_loses_nothing_without_
 
 
 def test_rows_that_learn_keeps_one_row_where_none_has_an_advantage():
-    """The optimizer step then still sees the zero gradient it always saw; an empty batch stays empty."""
+    """The optimizer step then still sees the zero gradient it always saw (and the step's metrics have
+    tokens to average over); an empty batch stays empty."""
     from omrl.data import Batch
     from omrl.training.rl_data import rows_that_learn
 
-    rows = Batch({"advantages": torch.zeros(3, 4), "loss_mask": torch.ones(3, 4), "row": torch.arange(3)})
-    assert rows_that_learn(rows)["row"].tolist() == [0]
+    trained = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]])  # sorted: the last row has no token
+    rows = Batch({"advantages": torch.zeros(3, 4), "loss_mask": trained, "row": torch.arange(3)})
+    assert rows_that_learn(rows)["row"].tolist() == [1]  # the shortest row with a trained token
     empty = Batch({"advantages": torch.zeros(0, 4), "loss_mask": torch.zeros(0, 4)})
     assert len(rows_that_learn(empty)) == 0

@@ -19,6 +19,7 @@ from omrl.training.shared_prefix import (
     PACKED_SUFFIX_TOKENS,
     SharedPrefix,
     packs,
+    packs_suffixes,
     shared_prefix_groups,
     supports_shared_prefix,
 )
@@ -71,6 +72,21 @@ def test_a_prefix_rows_are_packed_up_to_the_micro_batch_and_the_token_bound():
     # the bound: suffixes that add up past it start a new pack; one longer than it goes alone
     assert packs([1, 2, 3, 4], [half, half, 1, PACKED_SUFFIX_TOKENS + 1], size=8) == [[1, 2], [3], [4]]
     assert packs([1, 2], [5, 5], size=1) == [[1], [2]]
+
+
+def test_only_attention_that_takes_the_mask_as_given_packs():
+    """sdpa and eager take the 4-D mask; a sliding-window layer would be handed it too and see past its
+    window, so such models run a prefix's rows one at a time."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    full = MistralForCausalLM(MistralConfig(sliding_window=None, num_key_value_heads=2, **small))
+    windowed = MistralForCausalLM(MistralConfig(sliding_window=8, num_key_value_heads=2, **small))
+    for attention in ("sdpa", "eager"):
+        full.config._attn_implementation = windowed.config._attn_implementation = attention
+        assert packs_suffixes(full) and not packs_suffixes(windowed)
+    full.config._attn_implementation = "flex_attention"
+    assert not packs_suffixes(full)
 
 
 def twin_models(attention: str):
