@@ -218,8 +218,7 @@ class RLRecipe:
         tokens they cover (``tokens`` trained in all, on all processes), and its optimizer figures."""
         cfg, strategy = self.cfg, self.strategy
         shuffle = torch.Generator().manual_seed(seed)
-        # rows whose advantages are all 0 add nothing to such a loss: not run (omrl.algos); the KL to a
-        # reference is measured over every row (adaptive KL steers by it)
+        # zero-advantage rows add nothing to such a loss: not run (omrl.algos); all run beside a reference
         inert = self.loss_traits.get("zero_advantage_rows_add_nothing", False) and not self._other_loss_terms()
         inert = inert and self.ref_model is None
         for _ in range(cfg.ppo_epochs):
@@ -229,7 +228,9 @@ class RLRecipe:
             norms: list[float] = []
             minis = shuffled_mini_batches(batch, passes, shuffle)
             runs = [rows_that_learn(mini) for mini in minis] if inert else minis
-            ran_tokens, ran_rows = strategy.sum([sum(r["loss_mask"].sum() for r in runs), sum(len(r) for r in runs)])
+            ran_tokens, ran_rows, rows = strategy.sum(
+                [sum(r["loss_mask"].sum() for r in runs), sum(len(r) for r in runs), len(batch)]
+            )
             for mini, run in zip(minis, runs):
                 mask = mini["loss_mask"]
                 mini_tokens, mini_seqs = strategy.sum([mask.sum(), (mask.sum(-1) > 0).sum()])
@@ -262,7 +263,7 @@ class RLRecipe:
         figures = strategy.sum_dicts({**loss_parts, "advantage_mean": advantage_mean})  # parts add up over processes
         figures.update(optimizer_figures)
         if inert:
-            figures["zero_advantage_rows"] = 1.0 - ran_rows / max(strategy.sum([len(batch)])[0], 1.0)
+            figures["zero_advantage_rows"] = 1.0 - ran_rows / max(rows, 1.0)
         if self.kl_control.adaptive:
             figures["kl_coef"] = algo.kl_coef
         if norms:

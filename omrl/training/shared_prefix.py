@@ -148,9 +148,9 @@ class PackedSuffixes:
             raise ValueError(f"every row needs a suffix after its {start}-token prefix, got lengths {lengths.tolist()}")
         width = input_ids.shape[1] - start
         offsets = torch.arange(width, device=input_ids.device)
-        self.valid = offsets[None] < lengths[:, None]  # [bs, width]: positions that hold a suffix token
-        self.input_ids = input_ids[:, start:][self.valid][None]
-        self.position_ids = (offsets[None] + start).expand_as(self.valid)[self.valid][None]
+        valid = offsets[None] < lengths[:, None]  # [bs, width]: positions that hold a suffix token
+        self.input_ids = input_ids[:, start:][valid][None]
+        self.position_ids = (offsets[None] + start).expand_as(valid)[valid][None]
         segment = torch.arange(len(lengths), device=input_ids.device).repeat_interleave(lengths)
         total = len(segment)
         causal = torch.ones(total, total, dtype=torch.bool, device=input_ids.device).tril()
@@ -158,8 +158,8 @@ class PackedSuffixes:
         seen = torch.ones(total, start, dtype=torch.bool, device=input_ids.device)
         self.attention_mask = mask_for(model, torch.cat([seen, own], -1)[None, None])
         # where each row position sits in the packed sequence (0 on padding, which nothing reads)
-        self.index = torch.zeros_like(self.valid, dtype=torch.long)
-        self.index[self.valid] = torch.arange(total, device=input_ids.device)
+        self.index = torch.zeros_like(valid, dtype=torch.long)
+        self.index[valid] = torch.arange(total, device=input_ids.device)
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """[1, T, ...] per packed position -> [bs, width, ...] per row position (padding: a copy of
@@ -263,16 +263,17 @@ def with_shared_prefixes(
     """
     from omrl.training.rl_data import micro_batches
 
-    groups = shared_prefix_groups(batch, packs_suffixes(model))
+    packed = packs_suffixes(model)
+    groups = shared_prefix_groups(batch, packed)
     alone = [i for rows, length in groups if not length for i in rows]
     if alone:
         yield from ((mb, None) for mb in micro_batches(batch.rows(alone), micro_batch_size))
-    size = micro_batch_size if packs_suffixes(model) and "position_ids" not in batch.tensors else 1
-    suffix_lengths = batch["attention_mask"].sum(-1).tolist()
+    size = micro_batch_size if packed and "position_ids" not in batch.tensors else 1
+    row_lengths = batch["attention_mask"].sum(-1).tolist()
     for rows, length in groups:
         if length:
             with SharedPrefix(model, batch["input_ids"][rows[0], :length]) as prefix:
-                for pack in packs(rows, [suffix_lengths[i] - length for i in rows], size):
+                for pack in packs(rows, [row_lengths[i] - length for i in rows], size):
                     yield micro_batches(batch.rows(pack), len(pack))[0], prefix
 
 
