@@ -47,16 +47,7 @@ from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # common.py beside this file
-from common import (  # noqa: E402
-    ToolBudget,
-    grpo_settings,
-    sft_on_both_experts,
-    show_tool_use,
-    stage,
-    standard_error,
-    tool_example_arguments,
-    write_summary,
-)
+import common  # noqa: E402
 
 NAME = "code:reasoning-gym:products"
 ENV = [
@@ -70,7 +61,7 @@ GENERATION = ["generation.max_new_tokens=40", "generation.max_context=1024", "ge
 
 
 # SmolLM2-135M: a pretrained model copies digits; the 1M-parameter `tiny` did not learn to (below)
-FULL = ToolBudget(
+FULL = common.ToolBudget(
     model="smollm2-135m",
     expert_episodes=300,
     tool_share=0.75,
@@ -113,7 +104,7 @@ def expert_data(path: Path, model: str, episodes: int, uses_tool: bool) -> Path:
     return path
 
 
-def held_out(model: str, budget: ToolBudget, seed: int, tasks: int = 0) -> dict[str, float]:
+def held_out(model: str, budget: common.ToolBudget, seed: int, tasks: int = 0) -> dict[str, float]:
     """Success and tool use on the first ``eval_tasks`` (or ``tasks``) test tasks, ``eval_samples``
     episodes each at T=1."""
     cfg = load_config(
@@ -137,20 +128,20 @@ def held_out(model: str, budget: ToolBudget, seed: int, tasks: int = 0) -> dict[
     }
     # the standard errors over tasks (each task's samples averaged first: they are not independent)
     per_task = [episodes[i : i + budget.eval_samples] for i in range(0, len(episodes), budget.eval_samples)]
-    out["success_se"] = standard_error([sum(ep.won for ep in group) / len(group) for group in per_task])
-    out["tool_call_rate_se"] = standard_error(
+    out["success_se"] = common.standard_error([sum(ep.won for ep in group) / len(group) for group in per_task])
+    out["tool_call_rate_se"] = common.standard_error(
         [sum(any(t.info.get("tool") for t in ep.turns) for ep in group) / len(group) for group in per_task]
     )
     return out
 
 
-def grpo_stage(model: Path, out: Path, budget: ToolBudget, seed: int) -> Path:
+def grpo_stage(model: Path, out: Path, budget: common.ToolBudget, seed: int) -> Path:
     """GRPO from the SFT model ``model``, reward 1 for a right answer; resumed from a checkpoint in ``out``."""
     overrides = [
         f"model.name={model}",
         *ENV,
         *GENERATION,
-        *grpo_settings(out, budget, seed),
+        *common.grpo_settings(out, budget, seed),
         f"mini_batch_size={budget.mini_batch_size}",
         f"ppo_epochs={budget.ppo_epochs}",
         "eval_every=0",
@@ -161,13 +152,13 @@ def grpo_stage(model: Path, out: Path, budget: ToolBudget, seed: int) -> Path:
     return out
 
 
-def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
+def main(out: Path, budget: common.ToolBudget, seed: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
     def show(label: str, m: dict) -> dict:
         each = f" ({m['tool_calls_per_episode']:.2f} each), {m['valid_tool_call_rate']:.1%} of calls ran cleanly"
-        return show_tool_use(label, m, each)
+        return common.show_tool_use(label, m, each)
 
     tool = out / "expert_tool.parquet"
     direct = out / "expert_direct.parquet"
@@ -175,15 +166,19 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
         expert_data(tool, budget.model, budget.expert_episodes, uses_tool=True)
     if not direct.exists():
         expert_data(direct, budget.model, budget.expert_episodes, uses_tool=False)
-    before_sft = show("before SFT", stage(out, "before_sft", lambda: held_out(budget.model, budget, seed, tasks=8)))
+    before_sft = show(
+        "before SFT", common.stage(out, "before_sft", lambda: held_out(budget.model, budget, seed, tasks=8))
+    )
     sft_dir = out / "sft"
     if not (sft_dir / "config.yaml").exists() or not any(sft_dir.glob("*.safetensors")):
-        sft_on_both_experts(tool, direct, sft_dir, budget, seed)
-    before_grpo = show("after SFT, before GRPO", stage(out, "after_sft", lambda: held_out(str(sft_dir), budget, seed)))
+        common.sft_on_both_experts(tool, direct, sft_dir, budget, seed)
+    before_grpo = show(
+        "after SFT, before GRPO", common.stage(out, "after_sft", lambda: held_out(str(sft_dir), budget, seed))
+    )
     grpo_dir = out / "grpo"
     if not any(grpo_dir.glob("*.safetensors")):
         grpo_stage(sft_dir, grpo_dir, budget, seed)
-    after = show("after GRPO", stage(out, "after_grpo", lambda: held_out(str(grpo_dir), budget, seed)))
+    after = show("after GRPO", common.stage(out, "after_grpo", lambda: held_out(str(grpo_dir), budget, seed)))
     gain = after["success"] - before_grpo["success"]
     se = math.hypot(after["success_se"], before_grpo["success_se"])
     summary = {
@@ -197,12 +192,12 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
         "tool_call_rate_gain": after["tool_call_rate"] - before_grpo["tool_call_rate"],
         "minutes": (time.perf_counter() - started) / 60,
     }
-    return write_summary(out, summary, gain)
+    return common.write_summary(out, summary, gain)
 
 
 if __name__ == "__main__":
     main(
-        *tool_example_arguments(
+        *common.tool_example_arguments(
             __doc__, "runs/learn-code-tool", FULL, QUICK, "the share of SFT data that uses the tool (default 0.75)"
         )
     )

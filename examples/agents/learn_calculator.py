@@ -49,16 +49,7 @@ from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.rl import run_rl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/common.py
-from common import (  # noqa: E402
-    ToolBudget,
-    grpo_settings,
-    sft_on_both_experts,
-    show_tool_use,
-    stage,
-    standard_error,
-    tool_example_arguments,
-    write_summary,
-)
+import common  # noqa: E402
 
 QUESTION = re.compile(r"What is (\d+) times (\d+)\?")
 AGENT = "learn_calculator:agent"  # this file's agent, imported by module name (run from this folder)
@@ -113,8 +104,8 @@ class Expert(Backend):
         return out
 
 
-FULL = ToolBudget("smollm2-135m", 300, 0.3, 1.0, 5e-5, 4, 4, 8, 1e-5, 40)
-QUICK = ToolBudget("tiny", 60, 0.5, 2.0, 2e-3, 2, 4, 4, 5e-4, 8, eval_samples=2, micro_batch_size=16)
+FULL = common.ToolBudget("smollm2-135m", 300, 0.3, 1.0, 5e-5, 4, 4, 8, 1e-5, 40)
+QUICK = common.ToolBudget("tiny", 60, 0.5, 2.0, 2e-3, 2, 4, 4, 5e-4, 8, eval_samples=2, micro_batch_size=16)
 
 
 def write_tasks(path: Path, count: int = 1500, seed: int = 0) -> Path:
@@ -142,7 +133,7 @@ def settings(tasks: Path, model: str) -> list[str]:
     ]
 
 
-def expert_data(path: Path, tasks: Path, budget: ToolBudget, uses_tool: bool) -> Path:
+def expert_data(path: Path, tasks: Path, budget: common.ToolBudget, uses_tool: bool) -> Path:
     """The expert plays ``expert_episodes`` training tasks through the gateway (the tool's: the first ones)."""
     cfg = load_config(RolloutRunConfig, None, settings(tasks, budget.model))
     with RolloutSession.from_config(cfg, backend=_expert(cfg, uses_tool)) as session:
@@ -160,7 +151,7 @@ def _expert(cfg, uses_tool: bool) -> Expert:
     return Expert(load_tokenizer(cfg.model.name), uses_tool)
 
 
-def held_out(model: str, tasks: Path, budget: ToolBudget, seed: int) -> dict:
+def held_out(model: str, tasks: Path, budget: common.ToolBudget, seed: int) -> dict:
     """Success and tool use on the first ``eval_tasks`` test tasks, ``eval_samples`` episodes each at T=1."""
     overrides = [*settings(tasks, model), "generation.temperature=1.0", f"seed={seed}"]
     with RolloutSession.from_config(load_config(EvalRunConfig, None, overrides)) as session:
@@ -172,10 +163,10 @@ def held_out(model: str, tasks: Path, budget: ToolBudget, seed: int) -> dict:
     wins = [[ep.won for ep in group] for group in per_task]
     return {
         "success": _mean(wins),
-        "success_se": standard_error([sum(g) / len(g) for g in wins]),
+        "success_se": common.standard_error([sum(g) / len(g) for g in wins]),
         "per_task_success": [sum(g) / len(g) for g in wins],
         "tool_call_rate": _mean(called),
-        "tool_call_rate_se": standard_error([sum(g) / len(g) for g in called]),
+        "tool_call_rate_se": common.standard_error([sum(g) / len(g) for g in called]),
         "tool_call_attempts": len(attempts),
         "tool_calls_ok": sum(a["status"] == "ok" for a in attempts) / len(attempts) if attempts else 0.0,
         "rows_per_episode": sum(1 + len(ep.row_starts) for ep in episodes) / len(episodes),
@@ -189,10 +180,10 @@ def _mean(groups: list[list[bool]]) -> float:
     return sum(flat) / len(flat)
 
 
-def grpo_stage(model: Path, tasks: Path, out: Path, budget: ToolBudget, seed: int) -> None:
+def grpo_stage(model: Path, tasks: Path, out: Path, budget: common.ToolBudget, seed: int) -> None:
     overrides = [
         *settings(tasks, str(model)),
-        *grpo_settings(out, budget, seed),
+        *common.grpo_settings(out, budget, seed),
         "eval_every=0",
         f"logging.save_steps={budget.grpo_steps}",
         f"resume={str(out.exists() and latest_checkpoint(out) is not None).lower()}",
@@ -200,7 +191,7 @@ def grpo_stage(model: Path, tasks: Path, out: Path, budget: ToolBudget, seed: in
     run_rl(load_config(TrainRunConfig, "grpo", overrides))
 
 
-def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
+def main(out: Path, budget: common.ToolBudget, seed: int = 0) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     tasks = out / "calculator.jsonl"
@@ -209,7 +200,7 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
 
     def show(label: str, m: dict) -> dict:
         parsed = f", {m['tool_calls_ok']:.1%} of {m['tool_call_attempts']} attempts parsed ok"
-        return show_tool_use(label, m, f"{parsed}, {m['rows_per_episode']:.2f} rows an episode")
+        return common.show_tool_use(label, m, f"{parsed}, {m['rows_per_episode']:.2f} rows an episode")
 
     tool, direct = out / "expert_tool.parquet", out / "expert_direct.parquet"
     if not tool.exists():
@@ -218,15 +209,15 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
         expert_data(direct, tasks, budget, uses_tool=False)
     sft_dir = out / "sft"
     if not any(sft_dir.glob("*.safetensors")):
-        sft_on_both_experts(tool, direct, sft_dir, budget, seed)
-    after_sft = show("after SFT", stage(out, "after_sft", lambda: held_out(str(sft_dir), tasks, budget, seed)))
+        common.sft_on_both_experts(tool, direct, sft_dir, budget, seed)
+    after_sft = show("after SFT", common.stage(out, "after_sft", lambda: held_out(str(sft_dir), tasks, budget, seed)))
     grpo_dir = out / "grpo"
     if not any(grpo_dir.glob("*.safetensors")):
         grpo_stage(sft_dir, tasks, grpo_dir, budget, seed)
-    after = show("after GRPO", stage(out, "after_grpo", lambda: held_out(str(grpo_dir), tasks, budget, seed)))
+    after = show("after GRPO", common.stage(out, "after_grpo", lambda: held_out(str(grpo_dir), tasks, budget, seed)))
     differences = [b - a for a, b in zip(after_sft["per_task_success"], after["per_task_success"])]
     gain = sum(differences) / len(differences)
-    paired_se = standard_error(differences)
+    paired_se = common.standard_error(differences)
     summary = {
         "agent": "LangGraph create_react_agent + multiply, through omrl's gateway",
         "budget": asdict(budget),
@@ -239,12 +230,12 @@ def main(out: Path, budget: ToolBudget, seed: int = 0) -> dict:
         "tool_call_rate_gain": after["tool_call_rate"] - after_sft["tool_call_rate"],
         "minutes": (time.perf_counter() - started) / 60,
     }
-    return write_summary(out, summary, gain, "paired SE")
+    return common.write_summary(out, summary, gain, "paired SE")
 
 
 if __name__ == "__main__":
     main(
-        *tool_example_arguments(
+        *common.tool_example_arguments(
             __doc__, "runs/learn-calculator", FULL, QUICK, "the share of SFT data that uses the tool"
         )
     )

@@ -23,17 +23,9 @@ from omrl.clock import timed
 from omrl.config.options import TrainRunConfig
 from omrl.errors import ConfigError
 from omrl.search import strategy_traits
-from omrl.training import online
+from omrl.training import online, online_run
 from omrl.training.losses import dpo_loss
 from omrl.training.metrics import StepCallback
-from omrl.training.online_run import (
-    OnlineRun,
-    end_online_step,
-    finish_online,
-    finish_online_setup,
-    save_online_checkpoint,
-    start_online_setup,
-)
 from omrl.training.policy import sequence_log_prob
 from omrl.training.recipe import autocast, close_recipe, setup_optimizer, skip_update, start_recipe, update
 from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, trainable
@@ -49,7 +41,7 @@ class DPORecipe:
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg = self.cfg
-        resume_from = start_online_setup(self, recipes=("dpo",))
+        resume_from = online_run.begin_setup(self, recipes=("dpo",))
         self.temperature = online.scoring_temperature(cfg)
         if cfg.group_size < 2 and strategy_traits(cfg.rollout.strategy).group_in_one_tree:  # a lone path a task
             raise ConfigError(
@@ -59,9 +51,9 @@ class DPORecipe:
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
             cfg, self.strategy, with_reference=True
         )
-        self.run = OnlineRun(cfg, self.strategy, self.model, self.rollout_model, self.tokenizer)
+        self.run = online_run.OnlineRun(cfg, self.strategy, self.model, self.rollout_model, self.tokenizer)
         setup_optimizer(self, cfg.steps)  # one optimizer step a training step
-        finish_online_setup(self, resume_from)
+        online_run.end_setup(self, resume_from)
 
     # -- TRAIN ----------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
@@ -86,7 +78,7 @@ class DPORecipe:
                     else "every sample of each task scored the same"
                 )
                 metrics.update(skip_update(self, self.step + 1, f"no preference pair: {why}"))
-                end_online_step(self, metrics, started)
+                online_run.end_step(self, metrics, started)
                 continue
 
             # UPDATE: one optimizer step over every pair of the step, micro-batches of pairs accumulated
@@ -112,8 +104,8 @@ class DPORecipe:
             metrics.update(strategy.sum_dicts(sums), dpo_pairs=float(total_pairs), **figures)
 
             # EVAL (every eval_every steps and after the last) and CHECKPOINT
-            end_online_step(self, metrics, started)
-        return finish_online(self, metrics)
+            online_run.end_step(self, metrics, started)
+        return online_run.finish(self, metrics)
 
     @timed("forward")
     def _log_probs(self, chosen, rejected) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -128,7 +120,7 @@ class DPORecipe:
 
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes."""
-        return save_online_checkpoint(self)
+        return online_run.save_checkpoint(self)
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:

@@ -285,7 +285,7 @@ class OnlineRecipe(Recipe, Protocol):
     run: OnlineRun
 
 
-def start_online_setup(recipe: Recipe, recipes: tuple[str, ...]) -> Path | None:
+def begin_setup(recipe: Recipe, recipes: tuple[str, ...]) -> Path | None:
     """The start of an online recipe's setup: the config checked (and that this recipe runs its
     algorithm), then :func:`~omrl.training.recipe.start_setup`; returns the resume point."""
     check_config(recipe.cfg, recipe.strategy)
@@ -297,7 +297,7 @@ def start_online_setup(recipe: Recipe, recipes: tuple[str, ...]) -> Path | None:
     return start_setup(recipe)
 
 
-def finish_online_setup(recipe: OnlineRecipe, resume_from: Path | None) -> ckpt.Checkpoint | None:
+def end_setup(recipe: OnlineRecipe, resume_from: Path | None) -> ckpt.Checkpoint | None:
     """The end of an online recipe's setup, once its run and optimizer are set up: the state resumed
     from ``resume_from``, the logger, the run started at the recipe's step; returns the checkpoint
     resumed from (None: a fresh run), whose extras the recipe reads for its own state."""
@@ -307,7 +307,7 @@ def finish_online_setup(recipe: OnlineRecipe, resume_from: Path | None) -> ckpt.
     return resumed
 
 
-def end_online_step(recipe: OnlineRecipe, metrics: dict[str, float], started: float) -> None:
+def end_step(recipe: OnlineRecipe, metrics: dict[str, float], started: float) -> None:
     """After an update (or a skipped one): the rollout weights refreshed, then EVAL (every
     ``eval_every`` steps and after the last), log, CHECKPOINT (:func:`~omrl.training.recipe.log_step`)."""
     cfg = recipe.cfg
@@ -320,7 +320,7 @@ def end_online_step(recipe: OnlineRecipe, metrics: dict[str, float], started: fl
     log_step(recipe, metrics)
 
 
-def save_online_checkpoint(recipe: OnlineRecipe, extra: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(recipe: OnlineRecipe, extra: dict[str, Any] | None = None) -> Path:
     """Checkpoint an online recipe: besides what every checkpoint keeps, the position in the task
     order, the skipped-update counts, the steps played ahead and the recipe's ``extra``."""
     # waits for the steps played ahead: the handover's deadline, not the checkpoint's
@@ -329,7 +329,7 @@ def save_online_checkpoint(recipe: OnlineRecipe, extra: dict[str, Any] | None = 
         return save_recipe_checkpoint(recipe, data_state=recipe.run.task_order.state(), extra=kept)
 
 
-def finish_online(recipe: OnlineRecipe, metrics: dict[str, float]) -> dict[str, Any]:
+def finish(recipe: OnlineRecipe, metrics: dict[str, float]) -> dict[str, Any]:
     """The final checkpoint (unless the last step wrote it) and model; the run's summary. A run that
     was no result (:meth:`RolloutHealth.check_run`) raises after saving."""
     cfg = recipe.cfg

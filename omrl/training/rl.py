@@ -38,20 +38,12 @@ from omrl import registry
 from omrl.algos import AlgoConfig, micro_batch_share
 from omrl.clock import timed
 from omrl.config.options import TrainRunConfig
-from omrl.training import env_scale, greedy_baseline, online
+from omrl.training import env_scale, greedy_baseline, online, online_run
 from omrl.training.critic import critic_modules, critic_state, load_critic, load_critic_state
 from omrl.training.distillation import add_teacher_rewards, load_teacher
 from omrl.training.kl_control import AdaptiveKL
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
 from omrl.training.metrics import StepCallback
-from omrl.training.online_run import (
-    OnlineRun,
-    end_online_step,
-    finish_online,
-    finish_online_setup,
-    save_online_checkpoint,
-    start_online_setup,
-)
 from omrl.training.policy import policy_forward
 from omrl.training.recipe import autocast, close_recipe, run_recipe, setup_optimizer, skip_update, start_recipe
 from omrl.training.recipe import update as optimizer_update
@@ -71,7 +63,7 @@ class RLRecipe:
     # -- SETUP ----------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, algo = self.cfg, self.cfg.algorithm
-        resume_from = start_online_setup(self, recipes=("grpo", "ppo"))
+        resume_from = online_run.begin_setup(self, recipes=("grpo", "ppo"))
         self.temperature = online.scoring_temperature(cfg)
         # the algorithms first: a wrong name or setting is refused before any model loads
         self.advantage_fn = registry.algorithms.get(algo.advantage, kind="advantage")
@@ -88,13 +80,13 @@ class RLRecipe:
         )
         self.value_head, self.critic_model = load_critic(cfg, self.strategy, self.model)  # ppo's
         self.teacher = load_teacher(cfg, self.strategy, self.tokenizer) if algo.teacher else None
-        self.run = OnlineRun(cfg, self.strategy, self.model, self.rollout_model, self.tokenizer)
+        self.run = online_run.OnlineRun(cfg, self.strategy, self.model, self.rollout_model, self.tokenizer)
         passes = math.ceil(cfg.tasks_per_step * cfg.group_size / cfg.mini_batch_size) if cfg.mini_batch_size else 1
         setup_optimizer(self, cfg.steps * cfg.ppo_epochs * passes, critic_modules(self.value_head, self.critic_model))
         self.loss_norm_tokens = algo.loss_norm_tokens
         if algo.loss_agg_mode == "seq-mean-token-sum-norm" and not algo.loss_norm_tokens:
             self.loss_norm_tokens = online.episode_token_budget(cfg)
-        resumed = finish_online_setup(self, resume_from)
+        resumed = online_run.end_setup(self, resume_from)
         if resumed is not None:
             self.kl_control.load_state_dict(resumed.extra)
             load_critic_state(self.strategy, resumed, self.value_head, self.critic_model)
@@ -120,7 +112,7 @@ class RLRecipe:
             if not tokens:
                 self.run.save_rollout(self.step, episodes)  # nothing trained: saved with no advantages
                 metrics.update(skip_update(self, self.step + 1, "no trainable episode in this rollout"))
-                end_online_step(self, metrics, started)
+                online_run.end_step(self, metrics, started)
                 continue
 
             # LOG-PROBS of the policy that sampled (old) and of the reference; the critic's values.
@@ -158,12 +150,12 @@ class RLRecipe:
                 if not tokens:
                     why = f"the rollout correction ({self.correction}) dropped every token"
                     metrics.update(skip_update(self, self.step + 1, why))
-                    end_online_step(self, metrics, started)
+                    online_run.end_step(self, metrics, started)
                     continue
             if not strategy.sum([batch["advantages"].any()])[0] and not self._other_loss_terms():
                 why = "every advantage is 0 (all samples of each task got the same reward)"
                 metrics.update(skip_update(self, self.step + 1, why))
-                end_online_step(self, metrics, started)
+                online_run.end_step(self, metrics, started)
                 continue
 
             # UPDATE: ppo_epochs passes over the rollout, one optimizer step per mini-batch
@@ -173,9 +165,9 @@ class RLRecipe:
                 self.kl_control.update(metrics["kl_token_mean"], int(strategy.sum([len(batch)])[0]))
 
             # EVAL (every eval_every steps and after the last) and CHECKPOINT, as dpo's
-            end_online_step(self, metrics, started)
+            online_run.end_step(self, metrics, started)
 
-        return finish_online(self, metrics)
+        return online_run.finish(self, metrics)
 
     def _rows(self, episodes: list) -> Any:
         """The step's rows: a search's finished paths (each whole, its trees numbered per task), or
@@ -382,7 +374,7 @@ class RLRecipe:
     def save_checkpoint(self) -> Path:
         """Every process calls; the main one writes. Besides the policy: the adaptive KL's state, the critic."""
         critic = critic_state(self.strategy, self.value_head, self.critic_model)
-        return save_online_checkpoint(self, {**self.kl_control.state_dict(), **critic})
+        return online_run.save_checkpoint(self, {**self.kl_control.state_dict(), **critic})
 
     # -- CLEANUP --------------------------------------------------------------------------------------
     def cleanup(self) -> None:
