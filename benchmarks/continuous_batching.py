@@ -34,6 +34,12 @@ same episodes, the same prefill and decode work (``scripts/gpu_check.sh`` does t
 ``--bf16``: both modes generate under bfloat16 autocast (``bf16=true``), which on a CPU with bfloat16
 instructions makes the prompts' work a smaller share of the rollout.
 
+Each workload also gets a floor: every forward is timed, a decode step's seconds are fitted as a cost per
+call, per row and per attended column (:func:`step_cost`), and the floor is the least any batching that runs
+each prompt as its own forward could take: the prompts, then the longest episode's chain of decode steps
+carrying every row once with no padding. ``ceiling`` (turn-by-turn seconds over the floor) is the speed-up no
+such batching passes on the machine measured.
+
 Targets (issue 54): >= 1.3x on mixed lengths, no worse on ``default``. Writes
 ``benchmarks/results/continuous_batching.json`` unless ``--json``.
 """
@@ -53,6 +59,7 @@ from _results import default_json, machine, save_json
 
 from omrl.backends.base import SamplingParams
 from omrl.backends.hf import HFBackend
+from omrl.backends.hf_reuse import wait_for
 from omrl.backends.hf_stream import HFStream
 from omrl.config import load_config
 from omrl.config.options import TrainRunConfig
@@ -77,6 +84,8 @@ WORKLOADS: dict[str, list[str]] = {
 # the forward calls a rollout made, decode steps of the slot batch or a prompt's prefill: calls, rows summed over
 # calls, and rows x new tokens x attended columns (padding included) summed
 CALL_COUNTS = [f"{kind}_{count}" for kind in ("decode", "prefill") for count in ("calls", "rows", "attended")]
+# of the decode steps' attended columns, those holding the row's own tokens (not padding); and the calls' seconds
+CALL_COUNTS += ["decode_real_attended", "decode_seconds", "prefill_forward_seconds"]
 
 Replies = dict[str, list[list[int]]]  # a turn's prompt (its ids' digest) -> the ids sampled for it, each time
 
@@ -167,7 +176,8 @@ class Forced(HFBackend):
         super().__init__(*args, **kwargs)
         self.replies, self.record = replies, record
         self.replay = Replay(replies)  # one backend a rollout: each starts from the first reply of each prompt
-        self.calls = dict.fromkeys(CALL_COUNTS, 0)
+        self.calls: dict[str, float] = dict.fromkeys(CALL_COUNTS, 0)
+        self.steps: list[tuple[int, int, int, float]] = []  # each decode step: rows, attended, real attended, seconds
 
     def stream(self, params: SamplingParams):
         if self.batching != "continuous":
@@ -188,7 +198,17 @@ class Forced(HFBackend):
         # the columns each new token attends to (read from shapes: reading a GPU tensor would wait for it)
         width = mask.shape[1] if mask is not None else cache.get_seq_length() + ids.shape[1]
         self.calls[f"{kind}_attended"] += ids.shape[0] * ids.shape[1] * width
-        return super()._forward(ids, positions, cache, mask)
+        wait_for(self.device)
+        started = time.perf_counter()
+        logits = super()._forward(ids, positions, cache, mask)
+        wait_for(self.device)
+        seconds = time.perf_counter() - started
+        self.calls["decode_seconds" if kind == "decode" else "prefill_forward_seconds"] += seconds
+        if kind == "decode":
+            real = int(mask.sum())  # each row's own tokens, its new one included
+            self.calls["decode_real_attended"] += real
+            self.steps.append((ids.shape[0], ids.shape[0] * width, real, seconds))
+        return logits
 
 
 def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: TrainRunConfig, seed: int):
@@ -203,6 +223,9 @@ def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: 
         "seconds": seconds,
         "sampled_tokens": int(stats["decode_tokens"]),
         "turns": [len(ep.turns) for ep in episodes],
+        # decode steps no batching can go below: a reply's first id comes with its prompt, each further id takes a
+        # step, and an episode's turns follow one another (the longest such chain of steps)
+        "chain_decode_steps": max(sum(t.span[1] - t.span[0] - 1 for t in ep.turns) for ep in episodes),
         "prefill_computed": int(stats["prefill_computed"]),
         "prefill_reused": int(stats["prefill_reused"]),
         # of the rollout, seconds running prompts (the same work in both modes) and in generate calls
@@ -210,6 +233,25 @@ def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: 
         "generate_seconds": stats["generate_seconds"],
         **backend.calls,
     }, sorted(ep.token_ids for ep in episodes)  # a task's samples may swap replies between the modes
+
+
+def step_cost(steps: list[tuple[int, int, int, float]]) -> dict[str, float]:
+    """Seconds a decode step costs per ``call``, per ``row`` and per attended ``column`` (padding included), fitted
+    to ``steps`` (rows, attended, real attended, seconds) by least squares with no term below 0: of the fits over each
+    subset of the terms, the closest whose terms are all >= 0."""
+    names = ("call", "row", "column")
+    x = torch.tensor([[1.0, rows, attended] for rows, attended, _, _ in steps], dtype=torch.float64)
+    y = torch.tensor([seconds for *_, seconds in steps], dtype=torch.float64)
+    best: tuple[float, dict[str, float]] = (float("inf"), dict.fromkeys(names, 0.0))
+    for subset in range(1, 8):
+        terms = [i for i in range(3) if subset >> i & 1]
+        fitted = torch.linalg.lstsq(x[:, terms], y[:, None]).solution[:, 0]
+        residual = float(((x[:, terms] @ fitted - y) ** 2).sum())
+        if (fitted >= 0).all() and residual < best[0]:
+            cost = dict.fromkeys(names, 0.0)
+            cost.update({names[i]: float(value) for i, value in zip(terms, fitted)})
+            best = (residual, cost)
+    return best[1]
 
 
 def load_replies(path: Path) -> Replies:
@@ -248,12 +290,15 @@ def measure(
     if rounds == 0:
         return {"overrides": WORKLOADS[name], "sampled_tokens": recorded["sampled_tokens"], "turns": recorded["turns"]}
     runs: dict[str, list[dict[str, Any]]] = {"turns": [], "continuous": []}
+    steps: list[tuple[int, int, int, float]] = []  # every decode step of every round, both modes
     same: list[bool] = []
     for round_no in range(rounds):
         order_of_modes = ("turns", "continuous") if round_no % 2 == 0 else ("continuous", "turns")
         ids = {}
         for mode in order_of_modes:
-            run, ids[mode] = rollout(session, backend(mode), tasks, cfg, seed)
+            played = backend(mode)
+            run, ids[mode] = rollout(session, played, tasks, cfg, seed)
+            steps.extend(played.steps)
             runs[mode].append(run)
             print(
                 f"  {name:8s} round {round_no + 1} {mode:10s} {run['seconds']:7.1f} s "
@@ -262,6 +307,18 @@ def measure(
             )
         same.append(ids["turns"] == ids["continuous"])
     med = {mode: statistics.median(r["seconds"] for r in runs[mode]) for mode in runs}
+    # what a decode step costs here, fitted over every step: per call, per row, per attended column
+    cost = step_cost(steps)
+    # the least any batching that runs a prompt as its own forward could take: the prompts (the same work in both
+    # modes; their faster median), then the fewest decode steps (the longest chain) carrying every row once, each
+    # attending to its own columns alone (no padding)
+    prompts = min(statistics.median(r["prefill_seconds"] for r in runs[mode]) for mode in runs)
+    least = {
+        "call": recorded["chain_decode_steps"],
+        "row": recorded["decode_rows"],
+        "column": recorded["decode_real_attended"],
+    }
+    floor = prompts + sum(cost[term] * least[term] for term in least)
     return {
         "overrides": WORKLOADS[name],
         "replies": f"replayed from {replies_file}" if replayed else "sampled by this model",
@@ -274,6 +331,9 @@ def measure(
         "median_seconds": med,
         "same_episodes_each_round": same,
         "speedup": med["turns"] / med["continuous"],  # >1: continuous is faster
+        "step_cost": cost,
+        "floor_seconds": floor,
+        "ceiling": med["turns"] / floor,  # the speed-up no such batching can pass on this machine
         "speedup_per_round": [t["seconds"] / c["seconds"] for t, c in zip(runs["turns"], runs["continuous"])],
     }
 
@@ -314,10 +374,18 @@ def main() -> None:
                 f"same episodes in both modes: {all(r['same_episodes_each_round'])}",
                 flush=True,
             )
+            c = r["step_cost"]
+            print(
+                f"  a decode step here: {c['call'] * 1e3:.1f} ms + {c['row'] * 1e3:.2f} ms a row + "
+                f"{c['column'] * 1e6:.2f} us an attended column; floor {r['floor_seconds']:.1f} s (the prompts, then "
+                f"{r['runs']['turns'][0]['chain_decode_steps']} chained steps carrying every row, no padding): no "
+                f"batching that runs prompts as their own forwards passes {r['ceiling']:.2f}x here",
+                flush=True,
+            )
             turns, continuous = r["runs"]["turns"][0], r["runs"]["continuous"][0]
             print(
                 "  forward calls, turns/continuous: "
-                + ", ".join(f"{count} {turns[count]}/{continuous[count]}" for count in CALL_COUNTS),
+                + ", ".join(f"{count} {turns[count]:.6g}/{continuous[count]:.6g}" for count in CALL_COUNTS),
                 flush=True,
             )
         result["machine"] = machine(args.threads)

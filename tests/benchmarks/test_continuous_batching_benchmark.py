@@ -41,6 +41,27 @@ def test_recorded_replies_replay_as_the_same_episodes_in_both_modes(tmp_path):
     for run in (turns, continuous):
         assert run["decode_rows"] == run["sampled_tokens"] - replies_made
         assert 0 < run["decode_calls"] < run["decode_rows"]  # rows share decode steps
+        # no batching steps fewer times than its longest chain of replies takes; each step's seconds are counted
+        assert 0 < run["chain_decode_steps"] <= run["decode_calls"]
+        assert 0 < run["decode_real_attended"] <= run["decode_attended"]
+        assert 0 < run["decode_seconds"] < run["generate_seconds"]
+    assert turns["chain_decode_steps"] == continuous["chain_decode_steps"]
+    assert turns["decode_real_attended"] == continuous["decode_real_attended"]  # the same rows, padded otherwise
+    # the floor: the prompts, then the fewest steps with every row at a fitted cost that is never below 0
+    assert set(record["step_cost"]) == {"call", "row", "column"} and min(record["step_cost"].values()) >= 0
+    assert record["floor_seconds"] >= min(turns["prefill_seconds"], continuous["prefill_seconds"]) > 0
+    assert record["ceiling"] == pytest.approx(turns["seconds"] / record["floor_seconds"])
+
+
+def test_the_step_cost_fit_recovers_a_known_cost_and_never_goes_below_zero(monkeypatch):
+    bench = load_benchmark(monkeypatch, "continuous_batching")
+    # steps costing 50 ms + 5 ms a row + 7 us an attended column, to the bit
+    steps = [(r, r * w, r * w // 2, 0.05 + 0.005 * r + 7e-6 * r * w) for r in (1, 3, 8) for w in (100, 900, 2000)]
+    cost = bench.step_cost(steps)
+    assert cost == pytest.approx({"call": 0.05, "row": 0.005, "column": 7e-6})
+    # seconds that fall with the rows: a negative per-row cost is refused, the closest fit without it is kept
+    falling = [(r, r * 100, r * 100, 0.1 - 0.001 * r) for r in (1, 2, 4, 8)]
+    assert min(bench.step_cost(falling).values()) >= 0
 
 
 def test_a_prompt_without_a_recorded_reply_stops_the_run_naming_the_fix(monkeypatch):
