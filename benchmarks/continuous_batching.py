@@ -131,6 +131,10 @@ class Recording(HFStream):
         self.prompts[ticket] = key(prompt)
         return ticket
 
+    def _step(self):
+        self.backend.joining = [not row.ids for row in self._rows]
+        return super()._step()
+
     def advance(self):
         done = super().advance()
         for ticket, gen in done:
@@ -149,6 +153,10 @@ class ForcedStream(HFStream):
         ticket = super().submit(prompt, max_new_tokens, seed)
         self.scripted[ticket] = self.replay.next(prompt)
         return ticket
+
+    def _step(self):
+        self.backend.joining = [not row.ids for row in self._rows]
+        return super()._step()
 
     def pick(self, logits, rows):
         picked = [self.scripted[row.ticket][len(row.ids)] for row in rows]
@@ -177,7 +185,8 @@ class Forced(HFBackend):
         self.replies, self.record = replies, record
         self.replay = Replay(replies)  # one backend a rollout: each starts from the first reply of each prompt
         self.calls: dict[str, float] = dict.fromkeys(CALL_COUNTS, 0)
-        self.steps: list[tuple[int, int, int, float]] = []  # each decode step: rows, attended, real attended, seconds
+        self.steps: list[tuple[int, int, int, float]] = []  # each slot-batch step: rows, attended, real attended, s
+        self.joining: list[bool] = []  # a continuous step's rows: which feed their prompt (set by the stream)
 
     def stream(self, params: SamplingParams):
         if self.batching != "continuous":
@@ -189,26 +198,45 @@ class Forced(HFBackend):
     def _sampler(self, params, prompts):
         return ForcedRows([self.replay.next(p.tolist()) for p in prompts])
 
-    def _forward(self, ids, positions, cache, mask=None):
+    def _forward(self, ids, positions, cache, mask=None, keep=None):
         # what the model was asked to compute, whatever it costs on this machine: where a forward costs about
         # the same at any size (a launch-bound GPU) the calls bound the time, on a CPU the rows and columns
-        kind = "decode" if mask is not None else "prefill"  # the slot batch's steps pass their mask, prompts none
-        self.calls[f"{kind}_calls"] += 1
-        self.calls[f"{kind}_rows"] += ids.shape[0]
-        # the columns each new token attends to (read from shapes: reading a GPU tensor would wait for it)
-        width = mask.shape[1] if mask is not None else cache.get_seq_length() + ids.shape[1]
-        self.calls[f"{kind}_attended"] += ids.shape[0] * ids.shape[1] * width
+        if keep is not None:
+            self._count_ragged(cache, keep)
+        else:
+            kind = "decode" if mask is not None else "prefill"  # the slot batch's steps pass their mask, prompts none
+            self.calls[f"{kind}_calls"] += 1
+            self.calls[f"{kind}_rows"] += ids.shape[0]
+            # the columns each new token attends to (read from shapes: reading a GPU tensor would wait for it)
+            width = mask.shape[1] if mask is not None else cache.get_seq_length() + ids.shape[1]
+            self.calls[f"{kind}_attended"] += ids.shape[0] * ids.shape[1] * width
         wait_for(self.device)
         started = time.perf_counter()
-        logits = super()._forward(ids, positions, cache, mask)
+        logits = super()._forward(ids, positions, cache, mask, keep)
         wait_for(self.device)
         seconds = time.perf_counter() - started
-        self.calls["decode_seconds" if kind == "decode" else "prefill_forward_seconds"] += seconds
-        if kind == "decode":
+        if keep is None and mask is None:
+            self.calls["prefill_forward_seconds"] += seconds
+            return logits
+        self.calls["decode_seconds"] += seconds
+        if keep is None:  # a slot-batch step: what the step-cost fit reads
             real = int(mask.sum())  # each row's own tokens, its new one included
             self.calls["decode_real_attended"] += real
             self.steps.append((ids.shape[0], ids.shape[0] * width, real, seconds))
         return logits
+
+    def _count_ragged(self, cache: Any, keep: torch.Tensor) -> None:
+        """A continuous step: one call whose rows are decoding rows (one id each) and joining prompts (their
+        rest), each attending to its own columns only (no padding)."""
+        befores = cache.layers[0].batch.lengths
+        ends = [int(end) + 1 for end in keep.tolist()]
+        self.calls["decode_calls"] += 1
+        for joining, before, start, end in zip(self.joining, befores, [0, *ends], ends):
+            kind, new = ("prefill" if joining else "decode"), end - start
+            self.calls[f"{kind}_rows"] += 1
+            self.calls[f"{kind}_attended"] += new * before + new * (new + 1) // 2
+            if not joining:
+                self.calls["decode_real_attended"] += before + 1
 
 
 def rollout(session: RolloutSession, backend: HFBackend, tasks: list[Any], cfg: TrainRunConfig, seed: int):

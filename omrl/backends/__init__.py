@@ -2,7 +2,7 @@
 
 :mod:`.base` is the interface every backend implements; ``hf`` keeps KV states between calls
 (:mod:`.kv_cache`, reused by :mod:`.hf_reuse`'s engine) and can batch turns as they come
-(:mod:`.hf_stream`, its batch in :mod:`.kv_slots`); ``openai`` receives trained weights through
+(:mod:`.hf_stream`, its batch in :mod:`.kv_ragged`; the turn-by-turn batch is :mod:`.kv_slots`); ``openai`` receives trained weights through
 :mod:`.weight_sync` (whole weights; over NCCL :mod:`.nccl_sync`) or :mod:`.lora_sync` (LoRA adapters
 alone), both driving the server through :mod:`.server_control` and writing files as :mod:`.weight_files` does.
 

@@ -269,18 +269,27 @@ class HFBackend(Backend):
         return ("cache" if "cache" in accepted else "past_key_values"), "logits_to_keep" in accepted
 
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, cache: Any, mask: torch.Tensor | None = None
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        mask: torch.Tensor | None = None,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The model on ``ids`` (rows, new) at ``positions`` (rows, new) after ``cache`` (which it extends);
-        (rows, vocab) float32 logits of each row's next token. The reuse engine's only model call, kept on
-        the backend (as :meth:`_sampler` is) so that a subclass or a test can wrap it."""
+        (rows, vocab) float32 logits of each row's next token, or with ``keep`` (a ragged step's one flat row)
+        the logits at those positions. The reuse engine's only model call, kept on the backend (as
+        :meth:`_sampler` is) so that a subclass or a test can wrap it."""
         cache_arg, logits_to_keep = self._forward_arguments
         kwargs: dict[str, Any] = {cache_arg: cache, "use_cache": True, "position_ids": positions}
         if mask is not None:
             kwargs["attention_mask"] = mask
-        if logits_to_keep:
-            kwargs["logits_to_keep"] = 1  # not (rows, new, vocab): a prompt's logits would dwarf its states
-        return self._owner(input_ids=ids, **kwargs).logits[:, -1].float()
+        if logits_to_keep:  # not (rows, new, vocab): a prompt's logits would dwarf its states
+            kwargs["logits_to_keep"] = 1 if keep is None else keep
+        logits = self._owner(input_ids=ids, **kwargs).logits
+        if keep is None:
+            return logits[:, -1].float()
+        return (logits[0] if logits_to_keep else logits[0, keep]).float()
 
     def _sampler(self, params: SamplingParams, prompts: list[torch.Tensor]) -> RowSampler:
         """What picks each row's next id in the KV-reusing decode loop: ``sampler(logits, live)`` gives

@@ -209,7 +209,7 @@ class ReuseEngine:
             positions = torch.arange(reused, len(ids), device=device)[None]
             logits = forward(ids[reused:].to(device)[None], positions, past)[0]
             if source is not None:
-                self._after_match(source, ids, reused)
+                self.after_match(source, ids, reused)
             done[key] = (from_dynamic_cache(past), logits)
             fresh.append(Entry(ids, done[key][0]))
             stats["prefill_computed"] += len(ids) - reused
@@ -218,7 +218,7 @@ class ReuseEngine:
             out.append(done[key])
         return out
 
-    def _after_match(self, source: Entry, ids: torch.Tensor, reused: int) -> None:
+    def after_match(self, source: Entry, ids: torch.Tensor, reused: int) -> None:
         """A prompt continued all of an episode's entry: that entry is superseded. It parted from another
         conversation: the part they share becomes a shared entry (an opening)."""
         if reused == len(source.ids) and not source.shared:

@@ -3,9 +3,11 @@
 Turn by turn, a rollout hands the backend every live episode's turn at once and waits for the
 slowest reply before any env steps. A :class:`HFStream` takes each turn when its episode is ready
 (:meth:`HFStream.submit`) and runs decode steps until some rows end (:meth:`HFStream.advance`); the
-rollout steps those episodes' envs and submits their next turns, which are prefilled (from the KV
-cache, as in :mod:`omrl.backends.hf_reuse`) and join the batch at the next step. No episode waits
-for another's reply, only for the decode steps they share.
+rollout steps those episodes' envs and submits their next turns. A new turn joins the batch with the
+states of its longest cached prefix (as in :mod:`omrl.backends.hf_reuse`), and the rest of its prompt
+rides the next decode step, beside the other rows' one new token each (:mod:`omrl.backends.kv_ragged`):
+no prompt costs a forward of its own, and no episode waits for another's reply, only for the steps
+they share.
 
 Each row draws from its own random stream, seeded per request, so its ids do not depend on which
 rows shared its batch or when it joined. The turn-by-turn engine follows ``model.generate``'s one
@@ -23,8 +25,8 @@ import torch
 
 from omrl.backends.base import Generation, SamplingParams
 from omrl.backends.hf_reuse import ReuseEngine, wait_for, warpers
-from omrl.backends.kv_cache import KV
-from omrl.backends.kv_slots import SlotBatch
+from omrl.backends.kv_cache import Entry, common_prefix, crop
+from omrl.backends.kv_ragged import RaggedBatch
 
 if TYPE_CHECKING:
     from omrl.backends.hf import HFBackend
@@ -41,6 +43,7 @@ class _Row:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     reused: int = 0  # prompt tokens whose states came from the cache
+    feed: list[int] = field(default_factory=list)  # what the next step feeds it: its prompt's rest, then its last id
 
 
 def sample_rows(logits: torch.Tensor, rows: Sequence[_Row], params: SamplingParams) -> tuple[list[int], list[float]]:
@@ -73,17 +76,15 @@ class HFStream:
         self.params = params
         self.max_rows = max_rows
         self.tickets = 0
-        self._waiting: list[_Row] = []  # submitted, not yet prefilled
-        self._fresh: list[tuple[_Row, KV, torch.Tensor]] = []  # prefilled: states and first logits
-        self._rows: list[_Row] = []  # in the decode batch, in its row order
-        self._batch: SlotBatch | None = None  # built at the first row that decodes
-        self._logits: torch.Tensor | None = None  # (len(_rows), vocab): each batch row's next-token logits
+        self._waiting: list[_Row] = []  # submitted, not yet in the batch
+        self._rows: list[_Row] = []  # in the batch, in its row order
+        self._batch = RaggedBatch(backend.model, max_rows, backend.device)
         engine.begin(backend.model)
 
     @property
     def pending(self) -> int:
         """Turns submitted and not yet returned by :meth:`advance`."""
-        return len(self._waiting) + len(self._fresh) + len(self._rows)
+        return len(self._waiting) + len(self._rows)
 
     def submit(self, prompt: Sequence[int], max_new_tokens: int, seed: int | None) -> int:
         """Queue one turn; its ticket, which :meth:`advance` returns it under. ``seed`` seeds this row's
@@ -121,65 +122,75 @@ class HFStream:
 
     def close(self) -> None:
         """Drop every row still held (an unfinished rollout): their states are not cached."""
-        self._waiting, self._fresh, self._rows = [], [], []
-        self._batch = self._logits = None
+        self._waiting, self._rows = [], []
+        self._batch = RaggedBatch(self.backend.model, self.max_rows, self.backend.device)
 
     def pick(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[list[int], list[float]]:
         """Each row's next id and its log-prob (a benchmark scripts replies through this seam)."""
         return sample_rows(logits, rows, self.params)
 
     def _admit(self) -> None:
-        """Prefill waiting turns while the batch has room; they join it at the next step."""
-        room = self.max_rows - len(self._rows) - len(self._fresh)
+        """Waiting turns join the batch while it has room, each with the states of its longest cached prefix
+        (stored, or a row's in the batch); the rest of its prompt is fed at the next step, beside the other
+        rows' one new token each. A prompt that shares more with one joining at this step than with any
+        states held waits one step, then continues that one's states instead of computing them again."""
+        room = self.max_rows - len(self._rows)
         if room <= 0 or not self._waiting:
             return
-        taken, self._waiting = self._waiting[:room], self._waiting[room:]
-        stats, device = self.backend.stats, self.backend.device
-        started = time.perf_counter()
-        reused: list[int] = []
-        firsts = self.engine.prefill([row.prompt for row in taken], self.backend._forward, device, stats, reused)
-        wait_for(device)
-        stats["prefill_seconds"] += time.perf_counter() - started
-        for row, (kv, logits), count in zip(taken, firsts, reused):
-            row.reused = count
-            self._fresh.append((row, kv, logits))
+        stats, cache = self.backend.stats, self.engine.cache
+        held = [Entry(self._seen(row), self._batch.view(i)) for i, row in enumerate(self._rows)]
+        joining: list[_Row] = []
+        waiting: list[_Row] = []
+        for row in self._waiting:
+            if len(joining) == room:
+                waiting.append(row)
+                continue
+            source, reused = cache.longest(row.prompt, also=held)
+            if any(common_prefix(other.prompt, row.prompt) > reused for other in joining):
+                waiting.append(row)
+                continue
+            if source is not None and all(source is not entry for entry in held):
+                self.engine.after_match(source, row.prompt, reused)
+            self._batch.add(crop(source.kv, reused) if source is not None else [])
+            row.reused, row.feed = reused, row.prompt[reused:].tolist()
+            stats["prefill_computed"] += len(row.feed)
+            stats["prefill_reused"] += reused
+            self._rows.append(row)
+            joining.append(row)
+        self._waiting = waiting
 
     def _step(self) -> list[tuple[int, Generation]]:
-        """Sample one id for every row; store and return the rows that ended; feed the others one step."""
-        rows = self._rows + [row for row, _, _ in self._fresh]
-        parts = ([self._logits] if self._rows else []) + [logits[None] for _, _, logits in self._fresh]
-        picked, logprobs = self.pick(torch.cat(parts), rows)
+        """Feed every row (a joining row its prompt's rest, the others their last id) in one forward, sample
+        one id each; store and return the rows that ended."""
+        started = time.perf_counter()
+        feeds = [row.feed for row in self._rows]
+        logits = self._batch.step(self.backend._forward, feeds)
+        wait_for(self.backend.device)
+        prompts = sum(len(feed) for feed, row in zip(feeds, self._rows) if not row.ids)
+        if prompts:  # the prompts' share of the step's tokens counts as their time (time before a first id)
+            self.backend.stats["prefill_seconds"] += (time.perf_counter() - started) * prompts / sum(map(len, feeds))
+        rows = list(self._rows)
+        picked, logprobs = self.pick(logits, rows)
         stops = frozenset(self.backend.stop_token_ids)
         ended: list[int] = []
         for index, (row, token, logprob) in enumerate(zip(rows, picked, logprobs)):
             row.ids.append(token)
             row.logprobs.append(logprob)
+            row.feed = [token]
             if token in stops or len(row.ids) >= row.limit:
                 ended.append(index)
                 # its prompt and every id but the last (the model never saw it) serve the next turn
-                seen = torch.cat([row.prompt, torch.tensor(row.ids[:-1], dtype=torch.long)])
-                self.engine.cache.put(seen, self._states(index))
-        fresh = self._fresh
-        for index in sorted((i for i in ended if i < len(self._rows)), reverse=True):
-            self._batch.remove(index)  # type: ignore[union-attr]  # the last row takes its place
+                self.engine.cache.put(self._seen(row), self._batch.row(index))
+        for index in reversed(ended):
+            self._batch.remove(index)  # the last row takes its place
             self._rows[index] = self._rows[-1]
             self._rows.pop()
-        self._fresh = []
-        for index, (row, kv, _) in enumerate(fresh, start=len(rows) - len(fresh)):
-            if index not in ended:
-                if self._batch is None:
-                    self._batch = SlotBatch(kv, self.max_rows, self.backend.device)
-                self._batch.add(kv)
-                self._rows.append(row)
-        if self._rows:
-            self._logits = self._batch.step(self.backend._forward, [row.ids[-1] for row in self._rows])  # type: ignore[union-attr]
         return [(rows[i].ticket, self._generation(rows[i])) for i in ended]
 
-    def _states(self, index: int) -> KV:
-        """Row ``index`` (batch rows first, then fresh ones) as states of batch 1."""
-        if index < len(self._rows):
-            return self._batch.row(index)  # type: ignore[union-attr]
-        return self._fresh[index - len(self._rows)][1]
+    @staticmethod
+    def _seen(row: _Row) -> torch.Tensor:
+        """The ids a row's states hold: its prompt and every sampled id but the last (not fed yet)."""
+        return torch.cat([row.prompt, torch.tensor(row.ids[:-1], dtype=torch.long)])
 
     def _generation(self, row: _Row) -> Generation:
         gen = self.backend._cut(row.ids, row.logprobs, row.limit)

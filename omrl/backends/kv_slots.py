@@ -1,19 +1,17 @@
-"""A decode batch whose rows come and go without copying the others: KV states in preallocated slots.
+"""The turn-by-turn decode batch: rows' KV states in preallocated slots, so a step copies no row's states.
 
-A continuous batch (:mod:`omrl.backends.hf_stream`) takes in a turn whenever its episode is ready
-and lets a row go the step it ends. Restacking every row into a fresh left-padded cache each time
-would copy the whole batch's states per admission (a second of memory traffic for 16 WebShop rows
-on a CPU), and transformers' ``DynamicCache`` copies them again every step (it grows by ``cat``).
-A :class:`SlotBatch` keeps each layer's keys and values in buffers with room to grow:
+The KV-reusing engine (:mod:`omrl.backends.hf_reuse`) decodes a call's rows together until each ends.
+transformers' ``DynamicCache`` grows by ``cat``, copying every row's states each step; a
+:class:`SlotBatch` keeps each layer's keys and values in buffers with room to grow:
 
-- every row writes its next token at one shared column, ``end``; a row is copied in once, right-aligned
-  to ``end``, and a row longer than ``end`` moves ``end`` forward (the other rows get masked columns,
-  not a copy);
-- a row that ends is replaced by the last row (one row copied), so the live rows stay the first ones;
+- the rows are stacked once, right-aligned to a shared column, ``end``, as a left-padded stack is;
+  every row writes its next token at ``end``;
+- rows that end leave with :meth:`SlotBatch.keep` (the others move up), so the live rows stay the first ones;
 - the model sees views of the columns in use, and writes its new states into the buffers in place.
 
 The attention mask says which columns hold each row's tokens, and positions are given per row, so a
-row's logits equal those of the same row in any other batch (up to float rounding).
+row's logits equal those of the same row in any other batch (up to float rounding). Continuous
+batching uses :mod:`omrl.backends.kv_ragged` instead, where rows of any length join and leave.
 """
 
 from __future__ import annotations
@@ -82,36 +80,22 @@ class SlotBatch:
         batch = cls(kvs[0], len(kvs), device)
         width = max(kv_length(kv) for kv in kvs)
         batch._reserve(width + HEADROOM, len(kvs))
-        batch.end = width  # every row added now ends there
-        for kv in kvs:
-            batch.add(kv)
+        batch.end = width  # every row ends there
+        for row, kv in enumerate(kvs):
+            first = width - kv_length(kv)
+            batch._clear(slice(row, row + 1), 0, first)
+            for layer, (keys, values) in enumerate(kv):
+                batch.keys[layer][row, :, first:width] = keys[0]
+                batch.values[layer][row, :, first:width] = values[0]
+            batch.mask[row] = 0
+            batch.mask[row, first:width] = 1
+            batch.positions[row] = width - first
+        batch.rows = len(kvs)
         return batch
 
     @property
     def capacity(self) -> int:
         return self.mask.shape[1]
-
-    def add(self, kv: KV) -> int:
-        """Copy a row's states in (batch 1, no padding); its index in the batch."""
-        length = kv_length(kv)
-        if self.rows == self.max_rows:
-            raise ValueError(f"the batch holds {self.max_rows} rows already")
-        self._reserve(max(self.end, length) + 1, self.rows + 1)
-        if length > self.end:  # the row needs more columns before the shared one: move that column forward
-            self._clear(slice(0, self.rows), self.end, length)  # the other rows' new columns: masked, nothing copied
-            self.end = length
-        row = self.rows
-        self.rows += 1
-        first = self.end - length
-        self._clear(slice(row, row + 1), 0, first)
-        for layer, (keys, values) in enumerate(kv):
-            self.keys[layer][row, :, first : self.end] = keys[0]
-            self.values[layer][row, :, first : self.end] = values[0]
-        self.mask[row] = 0
-        self.mask[row, first : self.end] = 1
-        self.positions[row] = length
-        self.start = min(self.start, first) if row else first
-        return row
 
     def row(self, index: int) -> KV:
         """Row ``index``'s states, its own columns only (a copy of batch 1)."""
@@ -120,19 +104,6 @@ class SlotBatch:
             (k[index : index + 1].index_select(2, columns), v[index : index + 1].index_select(2, columns))
             for k, v in zip(self.keys, self.values)
         ]
-
-    def remove(self, index: int) -> None:
-        """Row ``index`` leaves; the last row takes its place (callers reorder their rows the same way)."""
-        last = self.rows - 1
-        if index != last:
-            for keys, values in zip(self.keys, self.values):
-                keys[index, :, : self.end] = keys[last, :, : self.end]
-                values[index, :, : self.end] = values[last, :, : self.end]
-            self.mask[index] = self.mask[last]
-            self.positions[index] = self.positions[last]
-        self.rows = last
-        if self.rows:  # columns no live row uses any more drop out of the view
-            self.start = int(self.mask[: self.rows, : self.end].any(dim=0).nonzero()[0, 0])
 
     def keep(self, indices: list[int]) -> None:
         """Keep the rows at ``indices`` (ascending), in their order, as rows 0, 1, ...; the columns stay

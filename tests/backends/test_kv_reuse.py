@@ -121,7 +121,8 @@ def count_rows(backend: HFBackend) -> list[int]:
     forward = backend._forward
 
     def counting(ids, *args):
-        rows_fed.append(ids.shape[0])
+        keep = args[3] if len(args) > 3 else None  # a ragged step: one flat row, a kept position per row fed
+        rows_fed.append(ids.shape[0] if keep is None else len(keep))
         return forward(ids, *args)
 
     backend._forward = counting

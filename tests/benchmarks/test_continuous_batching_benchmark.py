@@ -34,17 +34,19 @@ def test_recorded_replies_replay_as_the_same_episodes_in_both_modes(tmp_path):
     assert sorted(record["reply_lengths"]) == sorted(len(r) for rs in digests.values() for r in rs)
     turns, continuous = record["runs"]["turns"][0], record["runs"]["continuous"][0]
     assert turns["sampled_tokens"] == continuous["sampled_tokens"] > 0
-    # the same work in both modes, only batched otherwise: a reply's first id comes from its prompt's logits
-    # (one forward a prompt, which a group's samples share), each further id from one decode row
+    # a reply's first id comes from its prompt's logits, each further id from one decode row; turn by turn a
+    # prompt is a forward of its own (which a group's samples share), continuously it rides a decode step
     replies_made = sum(len(rs) for rs in digests.values())
-    assert turns["prefill_calls"] == continuous["prefill_calls"] < replies_made
+    assert 0 < turns["prefill_calls"] == turns["prefill_rows"] < replies_made
+    assert continuous["prefill_calls"] == 0 < continuous["prefill_rows"] <= replies_made
     for run in (turns, continuous):
         assert run["decode_rows"] == run["sampled_tokens"] - replies_made
-        assert 0 < run["decode_calls"] < run["decode_rows"]  # rows share decode steps
+        assert 0 < run["decode_calls"] < run["decode_rows"] + run["prefill_rows"]  # rows share decode steps
         # no batching steps fewer times than its longest chain of replies takes; each step's seconds are counted
         assert 0 < run["chain_decode_steps"] <= run["decode_calls"]
         assert 0 < run["decode_real_attended"] <= run["decode_attended"]
         assert 0 < run["decode_seconds"] < run["generate_seconds"]
+    assert continuous["decode_real_attended"] == continuous["decode_attended"]  # each row attends to its own alone
     assert turns["chain_decode_steps"] == continuous["chain_decode_steps"]
     assert turns["decode_real_attended"] == continuous["decode_real_attended"]  # the same rows, padded otherwise
     # the floor: the prompts, then the fewest steps with every row at a fitted cost that is never below 0
