@@ -146,7 +146,8 @@ class HFStream:
                 waiting.append(row)
                 continue
             source, reused = cache.longest(row.prompt, also=held)
-            if any(common_prefix(other.prompt, row.prompt) > reused for other in joining):
+            # (at most all but its last id: an identical prompt still feeds that one, as it would from the store)
+            if any(min(common_prefix(other.prompt, row.prompt), len(row.prompt) - 1) > reused for other in joining):
                 waiting.append(row)
                 continue
             if source is not None and all(source is not entry for entry in held):

@@ -39,6 +39,7 @@ class _Step:
     """One ragged forward: for each row fed, where its tokens sit in the flat sequence and in its row."""
 
     segments: list[tuple[int, int, int, int]]  # (first, end) in the flat sequence, row, columns before its tokens
+    masks: list[torch.Tensor | None] = field(default_factory=list)  # per segment: causal within it (None: 1 token)
     keys: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # per layer: each segment's keys so far
     values: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     attended: int = 0  # layers that attended through ragged_attention
@@ -47,7 +48,6 @@ class _Step:
 _STEP: ContextVar[_Step | None] = ContextVar("omrl_ragged_step", default=None)
 #: what some models hand their attention that the plain per-row attention here does not do
 _UNSUPPORTED = ("sliding_window", "softcap", "s_aux", "sinks")
-_NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)  # a 4-D mask: transformers builds none of its own
 
 
 def ragged_attention(
@@ -71,14 +71,11 @@ def ragged_attention(
             f"generation.batching=continuous cannot run this model's attention ({', '.join(unsupported) or 'dropout'}); "
             "valid: generation.batching=turns"
         )
+    if not step.masks:  # built at the first layer, for them all
+        step.masks = [_causal(before, end - first, query.device) for first, end, _, before in step.segments]
     layer = module.layer_idx
     outputs = []
-    for (first, end, _, before), keys, values in zip(step.segments, step.keys[layer], step.values[layer]):
-        new = end - first
-        mask = None
-        if new > 1:  # token i of the segment sees the row's columns up to its own
-            columns = torch.arange(before + new, device=query.device)
-            mask = columns[None, :] <= before + torch.arange(new, device=query.device)[:, None]
+    for (first, end, _, _), mask, keys, values in zip(step.segments, step.masks, step.keys[layer], step.values[layer]):
         outputs.append(
             F.scaled_dot_product_attention(
                 query[:, :, first:end], keys, values, attn_mask=mask, scale=scaling, enable_gqa=True
@@ -86,6 +83,14 @@ def ragged_attention(
         )
     step.attended += 1
     return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _causal(before: int, new: int, device: torch.device) -> torch.Tensor | None:
+    """Which of a row's ``before + new`` columns each of its ``new`` tokens sees: its own and those before it."""
+    if new == 1:
+        return None  # one token sees every column
+    columns = torch.arange(before + new, device=device)
+    return columns[None, :] <= before + torch.arange(new, device=device)[:, None]
 
 
 def _registered() -> None:
@@ -151,11 +156,12 @@ class RaggedBatch:
         config = model.config
         self.config, self.device, self.max_rows = config, device, max_rows
         self.lengths: list[int] = []  # each live row's columns
-        self._shape = (
-            config.num_key_value_heads,
+        self._shape = (  # a config without key-value heads of its own (GPT-2) has as many as query heads
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
         )
         self._dtype = model.dtype
+        self._no_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)  # 4-D: transformers builds no mask
         layers = config.num_hidden_layers
         self.keys: list[torch.Tensor] = [torch.empty(0)] * layers
         self.values: list[torch.Tensor] = [torch.empty(0)] * layers
@@ -223,7 +229,7 @@ class RaggedBatch:
         token = _STEP.set(step)
         try:
             with _attending_ragged(self.config):
-                logits = forward(flat, positions, self.cache, _NO_MASK, keep)
+                logits = forward(flat, positions, self.cache, self._no_mask, keep)
         finally:
             _STEP.reset(token)
         if step.attended != len(self.cache.layers):

@@ -85,6 +85,24 @@ def test_a_turn_joins_the_batch_while_others_decode(tiny_hf):
     assert backend.stats["prefill_computed"] < sum(len(chat(tokenizer, t)) for t in ("short", "long", "third"))
 
 
+def test_a_tasks_samples_run_their_shared_prompt_once_and_join_together(tiny_hf):
+    """Identical prompts (a task's samples): the first joins alone, the others all at the next step, each
+    feeding only the prompt's last id on the first one's states."""
+    model, tokenizer = tiny_hf
+    backend = HFBackend(model, tokenizer, batch_size=8, batching="continuous")
+    backend.stop_token_ids = [len(tokenizer) + 1]  # never sampled: only the limit ends the rows
+    rows_fed = count_rows(backend)
+    stream = backend.stream(SamplingParams(temperature=0))
+    prompt = chat(tokenizer, "the same task for every sample")
+    tickets = [stream.submit(prompt, 3, None) for _ in range(4)]
+    done = {}
+    while stream.pending:
+        done.update(stream.advance())
+    assert rows_fed == [1, 4, 4, 3]
+    assert backend.stats["prefill_computed"] == len(prompt) + 3
+    assert len({tuple(done[t].token_ids) for t in tickets}) == 1  # greedy: the same reply four times
+
+
 @pytest.mark.parametrize(
     ("backend", "settings", "message"),
     [

@@ -22,6 +22,17 @@ def alone(model, ids: list[int]):
     return logits, from_dynamic_cache(cache)
 
 
+def ragged_forward(model):
+    """A ragged step's model call for a bare model (no backend, no tokenizer): logits at the kept positions."""
+
+    def forward(ids, positions, cache, mask, keep):
+        return model(
+            input_ids=ids, position_ids=positions, cache=cache, attention_mask=mask, logits_to_keep=keep
+        ).logits[0]
+
+    return forward
+
+
 def sequences(count: int, length: int, seed: int) -> list[list[int]]:
     generator = torch.Generator().manual_seed(seed)
     return [torch.randint(3, 200, (length,), generator=generator).tolist() for _ in range(count)]
@@ -91,10 +102,7 @@ def test_attention_it_does_not_do_is_refused_not_computed_otherwise():
     )  # fmt: skip
     model = MistralForCausalLM(config).eval()
 
-    def forward(ids, positions, cache, mask, keep):
-        return model(
-            input_ids=ids, position_ids=positions, cache=cache, attention_mask=mask, logits_to_keep=keep
-        ).logits[0]
+    forward = ragged_forward(model)
 
     batch = RaggedBatch(model, max_rows=1, device=torch.device("cpu"))
     batch.add([])
@@ -104,3 +112,21 @@ def test_attention_it_does_not_do_is_refused_not_computed_otherwise():
     ):
         batch.step(forward, [[1, 2, 3]])
     assert model.config._attn_implementation != "omrl_ragged"  # switched back
+
+
+def test_a_model_whose_config_names_no_key_value_heads_runs_ragged():
+    """GPT-2's config has query heads only (as many key-value heads): the batch sizes its buffers from them."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=2, n_positions=128)).eval()
+
+    forward = ragged_forward(model)
+
+    held, fed = [5, 6, 7, 8], [9, 10, 11]
+    batch = RaggedBatch(model, max_rows=2, device=torch.device("cpu"))
+    batch.add(alone(model, held)[1])
+    batch.add([])
+    with torch.no_grad():
+        logits = batch.step(forward, [fed, [12, 13]])
+    assert logits[0] == pytest.approx(alone(model, held + fed)[0], abs=1e-4)
+    assert logits[1] == pytest.approx(alone(model, [12, 13])[0], abs=1e-4)
