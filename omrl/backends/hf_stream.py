@@ -91,6 +91,8 @@ class HFStream:
         own stream (None: torch's global one)."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not prompt:
+            raise ValueError("a prompt needs one or more ids, got none")
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.backend.device).manual_seed(seed)

@@ -213,8 +213,10 @@ class RaggedBatch:
         """Feed row ``r`` the ids ``feeds[r]`` (one or more each); (rows, vocab) float32 logits of each row's next
         token. ``forward(ids, positions, cache, mask, keep)`` runs the model on the flat (1, tokens) sequence
         and gives the logits at the positions ``keep``."""
-        if len(feeds) != self.rows or not all(feeds):
-            raise ValueError(f"a step feeds each of the {self.rows} rows one or more ids, got {len(feeds)} feeds")
+        if len(feeds) != self.rows:
+            raise ValueError(f"a step feeds each of the {self.rows} rows, got {len(feeds)} feeds")
+        if not all(feeds):
+            raise ValueError(f"a step feeds every row one or more ids; row {[len(f) for f in feeds].index(0)} got none")
         segments, first = [], 0
         for row, ids in enumerate(feeds):
             segments.append((first, first + len(ids), row, self.lengths[row]))

@@ -65,6 +65,8 @@ def test_greedy_replies_equal_turn_by_turn_ones(tiny_hf):
         assert got[ticket].token_ids == want.token_ids
         assert got[ticket].logprobs == pytest.approx(want.logprobs, abs=1e-4)
     assert stream.advance() == []  # nothing pending: nothing to do
+    with pytest.raises(ValueError, match="a prompt needs one or more ids"):
+        stream.submit([], 3, seed=None)
 
 
 def test_a_turn_joins_the_batch_while_others_decode(tiny_hf):

@@ -89,8 +89,10 @@ def test_a_step_must_feed_every_row(tiny_hf):
     model, tokenizer = tiny_hf
     batch = RaggedBatch(model, max_rows=2, device=torch.device("cpu"))
     batch.add([])
-    with pytest.raises(ValueError, match="feeds each of the 1 rows one or more ids"):
+    with pytest.raises(ValueError, match="every row one or more ids; row 0 got none"):
         batch.step(HFBackend(model, tokenizer)._forward, [[]])
+    with pytest.raises(ValueError, match="feeds each of the 1 rows, got 2 feeds"):
+        batch.step(HFBackend(model, tokenizer)._forward, [[1], [2]])
 
 
 def test_attention_it_does_not_do_is_refused_not_computed_otherwise():
