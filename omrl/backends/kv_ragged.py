@@ -18,6 +18,7 @@ interface cannot run ragged, and says so instead of computing something else).
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -93,7 +94,9 @@ def _causal(before: int, new: int, device: torch.device) -> torch.Tensor | None:
     return columns[None, :] <= before + torch.arange(new, device=device)[:, None]
 
 
+@functools.cache
 def _registered() -> None:
+    """Register :func:`ragged_attention` with transformers, once (the steps call this each time)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, ragged_attention)
