@@ -121,6 +121,17 @@ def train_one_grpo_step(questions: Path, run: Path, *args: str) -> Any:
     return result
 
 
+def play_keys(tokenizer: Any, backend: Any, tasks: Sequence[int] = (0,), template: Any = None, **options: Any) -> list:
+    """:func:`omrl.rollout.collect` on the fake `keys` env (tests/fakes.KeyEnv) with ``template`` (the fake
+    ActionTemplate when None), ``tokenizer`` and ``backend``; ``options`` go to collect (limits, group_size...)."""
+    from omrl.rollout import EnvPool, collect
+    from tests.fakes import ActionTemplate, KeyEnv
+
+    return collect(
+        EnvPool(KeyEnv, name="keys"), template or ActionTemplate(), tokenizer, list(tasks), backend=backend, **options
+    )
+
+
 def keys_rollout(num_tasks: int, *args: str) -> list[str]:
     """The words of ``omrl rollout`` on the fake `keys` env (action template) with the `tiny` model for
     ``num_tasks`` tasks, then ``args``."""

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from omrl.errors import OmrlError
 from omrl.sandbox.limits import build_spec, sandbox_python
-from omrl.sandbox.process import kill_group, launch
+from omrl.sandbox.process import LineReader, kill_group, launch
 from omrl.sandbox.run import SandboxResult, check_host, result_of
 
 # read once: every interpreter of this process runs the driver this module was written for
@@ -78,7 +78,7 @@ class Interpreter:
         )
         self.started, self.lifetime_s = time.monotonic(), lifetime_s
         self.proc, self._status, self.cgroup = launch(unshare, spec)
-        self._buffer = b""
+        self._lines = LineReader(self.proc.stdout.fileno())
         self.dead, self._report = False, None
         self.calls = 0
         reply = self._read_reply(time.monotonic() + _START_TIMEOUT_S, limit=4096)
@@ -160,20 +160,9 @@ class Interpreter:
     def _read_reply(self, deadline: float, limit: int) -> dict | str | None:
         """The driver's next line as JSON (anything else: "bad"); "eof" when it closed its end;
         None at the deadline; "bad" past ``limit`` bytes without a line end."""
-        fd = self.proc.stdout.fileno()
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while (end := self._buffer.find(b"\n")) < 0:
-                if len(self._buffer) > limit:
-                    return "bad"
-                left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(timeout=left):
-                    return None
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    return "eof"
-                self._buffer += chunk
-        line, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
+        line = self._lines.line(deadline, limit)
+        if isinstance(line, str):
+            return {"late": None, "eof": "eof"}.get(line, "bad")
         try:
             return json.loads(line)
         except (ValueError, RecursionError):  # whatever the code wrote there: never the host's error

@@ -1,5 +1,6 @@
 """The sandbox's processes: starting the helper in new namespaces (:func:`launch`), feeding and reading
-a run's pipes until it ends or its time is up (:func:`pump`), and killing it whole (:func:`kill_group`)."""
+a run's pipes until it ends or its time is up (:func:`pump`), reading a long-lived child's replies a line at a
+time (:class:`LineReader`), and killing it whole (:func:`kill_group`)."""
 
 from __future__ import annotations
 
@@ -122,6 +123,32 @@ def _write_some(proc: subprocess.Popen, selector: selectors.BaseSelector, pendin
         selector.unregister(proc.stdin.fileno())
         proc.stdin.close()
     return pending
+
+
+class LineReader:
+    """A child's output pipe read one line at a time, each waited for until a deadline; what a read brings
+    past a line's end is kept for the next line."""
+
+    def __init__(self, fd: int):
+        self.fd, self._kept = fd, b""
+
+    def line(self, deadline: float, limit: int = 0) -> bytes | str:
+        """The next line, without its newline; else why there is none: "late" at ``deadline``, "eof" when the
+        child closed its end, "long" past ``limit`` bytes without a line end (0: no limit)."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.fd, selectors.EVENT_READ)
+            while (end := self._kept.find(b"\n")) < 0:
+                if limit and len(self._kept) > limit:
+                    return "long"
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(timeout=left):
+                    return "late"
+                chunk = os.read(self.fd, 65536)
+                if not chunk:
+                    return "eof"
+                self._kept += chunk
+        line, self._kept = self._kept[:end], self._kept[end + 1 :]
+        return line
 
 
 def wait_until(proc: subprocess.Popen, deadline: float) -> bool:

@@ -18,13 +18,13 @@ import atexit
 import json
 import os
 import resource
-import selectors
 import subprocess
 import sys
 import threading
 import time
 
 from omrl.errors import OmrlError
+from omrl.sandbox.process import LineReader
 
 MAX_WORKERS = max(1, min(4, os.cpu_count() or 1))
 _START_TIMEOUT_S = 120.0  # importing sympy on a busy machine
@@ -60,7 +60,7 @@ class _Worker:
     def __init__(self):
         # its stderr is this process's: math-verify's warnings, or why it could not start
         self.proc = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.buffer = b""
+        self.lines = LineReader(self.proc.stdout.fileno())
         if self._line(time.monotonic() + _START_TIMEOUT_S) != {"ready": True}:
             status = self.proc.poll()
             self.close()
@@ -79,20 +79,14 @@ class _Worker:
         return reply.get("equal") if isinstance(reply, dict) else None
 
     def _line(self, deadline: float) -> object:
-        """The worker's next line as JSON; None at the deadline or when it closed its end."""
-        fd = self.proc.stdout.fileno()
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while (end := self.buffer.find(b"\n")) < 0:
-                left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(timeout=left):
-                    return None
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    return None
-                self.buffer += chunk
-        line, self.buffer = self.buffer[:end], self.buffer[end + 1 :]
-        return json.loads(line)
+        """The worker's next line as JSON; None at the deadline, when it closed its end or wrote something else."""
+        line = self.lines.line(deadline)
+        if isinstance(line, str):
+            return None
+        try:
+            return json.loads(line)
+        except ValueError:
+            return None
 
     def close(self) -> None:
         self.proc.kill()

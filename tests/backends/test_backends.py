@@ -11,8 +11,8 @@ from omrl.backends.hf import HFBackend
 from omrl.backends.openai import EndpointError, OpenAIBackend
 from omrl.config.options import GenerationConfig
 from omrl.errors import OmrlError, UnknownNameError
-from omrl.rollout import EnvPool, RolloutLimits, collect, token_exact
-from tests.fakes import ActionTemplate, KeyEnv
+from omrl.rollout import RolloutLimits, token_exact
+from tests.helpers import play_keys
 
 from .fake_openai import FakeOpenAIServer
 
@@ -186,12 +186,9 @@ def test_openai_backend_falls_back_to_chat_and_marks_episodes_not_token_exact(se
     server.mode = "text_only"
     try:
         backend = OpenAIBackend(server.base_url, "tiny", tokenizer)
-        episodes = collect(
-            EnvPool(KeyEnv, name="keys"),
-            ActionTemplate(),
+        episodes = play_keys(
             tokenizer,
-            [0],
-            backend=backend,
+            backend,
             limits=RolloutLimits(max_new_tokens=5, max_turns=2),
         )
     finally:

@@ -16,8 +16,8 @@ from omrl.backends import SamplingParams, make_backend
 from omrl.backends.hf import HFBackend
 from omrl.backends.kv_cache import PrefixCache, common_prefix
 from omrl.config.options import GenerationConfig
-from omrl.rollout import EnvPool, RolloutLimits, collect
-from tests.fakes import ActionTemplate, KeyEnv
+from omrl.rollout import RolloutLimits
+from tests.helpers import play_keys
 
 
 def play(
@@ -43,12 +43,10 @@ def play(
     limits = RolloutLimits(
         max_new_tokens=max_new_tokens, max_context=1024, max_turns=max_turns, temperature=temperature
     )
-    episodes = collect(
-        EnvPool(KeyEnv, name="keys"),
-        ActionTemplate(),
+    episodes = play_keys(
         tokenizer,
-        list(tasks),
-        backend=backend,
+        backend,
+        tasks,
         group_size=group_size,
         seed=seed,
         limits=limits,

@@ -71,8 +71,9 @@ def test_a_run_refuses_a_template_its_mode_would_lay_out_wrongly_before_a_reply(
 
     from omrl.chat.conformance import check_run_template
     from omrl.errors import OmrlError
-    from omrl.rollout import EnvPool, RolloutLimits, collect
-    from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
+    from omrl.rollout import RolloutLimits
+    from tests.fakes import ScriptedBackend
+    from tests.helpers import play_keys
 
     from .test_check_template import NUMBERED
 
@@ -82,12 +83,9 @@ def test_a_run_refuses_a_template_its_mode_would_lay_out_wrongly_before_a_reply(
     check_run_template(tokenizer, "as_template")  # the template's own render every turn: right
     backend = ScriptedBackend(tokenizer, lambda call, index, prompt: "Action: open")
     with pytest.raises(OmrlError, match=r"wrongly under chat.history=keep \(reasoning episodes: after reply 2"):
-        collect(
-            EnvPool(KeyEnv, name="keys"),
-            ActionTemplate(),
+        play_keys(
             tokenizer,
-            [0],
-            backend=backend,
+            backend,
             limits=RolloutLimits(history="keep"),
         )
     assert backend.calls == []  # refused before the first row was generated

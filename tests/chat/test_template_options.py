@@ -15,9 +15,10 @@ from omrl.config import load_config
 from omrl.config.options import EvalRunConfig
 from omrl.data.conversations import Conversation
 from omrl.errors import OmrlError
-from omrl.rollout import EnvPool, RolloutLimits, collect
+from omrl.rollout import RolloutLimits
 from omrl.training.packing import tokenize_conversations
-from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
+from tests.fakes import ScriptedBackend
+from tests.helpers import play_keys
 
 from .families import family_tokenizer
 
@@ -42,12 +43,9 @@ def test_a_rollout_renders_every_prompt_with_the_runs_options(greeting_tokenizer
     backend = ScriptedBackend(
         greeting_tokenizer, lambda call, index, prompt: ["Action: open", "Action: take key"][call]
     )
-    episodes = collect(
-        EnvPool(KeyEnv, name="keys"),
-        ActionTemplate(),
+    episodes = play_keys(
         greeting_tokenizer,
-        [0],
-        backend=backend,
+        backend,
         limits=RolloutLimits(max_new_tokens=24, max_context=1024, template_kwargs={"greeting": "Hello, agent."}),
     )
     [episode] = episodes

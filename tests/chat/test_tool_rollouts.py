@@ -10,9 +10,10 @@ import pytest
 from omrl import registry
 from omrl.data import write_episodes
 from omrl.data.conversations import load_conversations
-from omrl.rollout import EnvPool, RolloutLimits, collect
+from omrl.rollout import RolloutLimits
 from omrl.training.packing import tokenize_conversations
 from tests.fakes import KeyEnv, ScriptedBackend
+from tests.helpers import play_keys
 
 from .families import family_tokenizer
 
@@ -24,12 +25,10 @@ def play(name: str, history: str):
     backend = ScriptedBackend(
         tokenizer, lambda call, index, prompt: template.format_action(["open", "take key"][call], env)
     )
-    [episode] = collect(
-        EnvPool(KeyEnv, name="keys"),
-        template,
+    [episode] = play_keys(
         tokenizer,
-        [0],
-        backend=backend,
+        backend,
+        template=template,
         limits=RolloutLimits(max_new_tokens=64, max_context=4096, history=history),
     )
     return tokenizer, episode

@@ -18,11 +18,11 @@ from rich.console import Console
 
 from omrl.backends.hf import HFBackend
 from omrl.models import load_model
-from omrl.rollout import EnvPool, RolloutLimits, collect
+from omrl.rollout import RolloutLimits
 from omrl.training.logits import token_log_probs
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
-from tests.fakes import ActionTemplate, KeyEnv
+from tests.helpers import play_keys
 from tests.training.helpers import SampleIndexReward, gridworld_configs, stop_then_resume
 
 pytestmark = pytest.mark.gpu
@@ -70,12 +70,10 @@ def rollout_on(device: str, dtype: torch.dtype, tiny_model_dir, reuse: bool = Tr
     model.to(dtype)
     backend = HFBackend(model, tokenizer, batch_size=3, kv_reuse=reuse)
     limits = RolloutLimits(max_new_tokens=12, max_context=1024, max_turns=4, temperature=1.0)
-    episodes = collect(
-        EnvPool(KeyEnv, name="keys"),
-        ActionTemplate(),
+    episodes = play_keys(
         tokenizer,
+        backend,
         [0, 1, 2],
-        backend=backend,
         group_size=2,
         seed=5,
         limits=limits,

@@ -3,10 +3,10 @@ model's context window refused before anything plays."""
 
 from __future__ import annotations
 
-from omrl.rollout import EnvPool, RolloutLimits, collect
+from omrl.rollout import RolloutLimits
 from omrl.training.metrics import rollout_metrics
-from tests.fakes import ActionTemplate, KeyEnv, ScriptedBackend
-from tests.helpers import cli_exit, keys_eval
+from tests.fakes import ScriptedBackend
+from tests.helpers import cli_exit, keys_eval, play_keys
 
 
 def test_each_cut_is_counted_by_its_cause(tiny_tokenizer):
@@ -16,12 +16,10 @@ def test_each_cut_is_counted_by_its_cause(tiny_tokenizer):
         return long_reply if index == 0 else "Action: look"
 
     def play(**limits):
-        return collect(
-            EnvPool(KeyEnv, name="keys"),
-            ActionTemplate(),
+        return play_keys(
             tiny_tokenizer,
+            ScriptedBackend(tiny_tokenizer, reply),
             [0, 1],
-            backend=ScriptedBackend(tiny_tokenizer, reply),
             limits=RolloutLimits(**limits),
         )
 

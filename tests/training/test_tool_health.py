@@ -8,12 +8,12 @@ import pytest
 from omrl import registry
 from omrl.config.options import ToolHealthConfig
 from omrl.errors import ConfigError
-from omrl.rollout import EnvPool, RolloutLimits, collect
+from omrl.rollout import RolloutLimits
 from omrl.training.metrics import rollout_metrics
 from omrl.training.rl import run_rl
 from omrl.training.tool_health import ToolCallsFailing, ToolHealth
-from tests.fakes import KeyEnv, ScriptedBackend
-from tests.helpers import gridworld_grpo_config
+from tests.fakes import ScriptedBackend
+from tests.helpers import gridworld_grpo_config, play_keys
 
 OK = '<tool_call>{"name": "act", "arguments": {"action": "open"}}</tool_call>'
 REPLIES = [
@@ -26,12 +26,11 @@ REPLIES = [
 
 def test_each_attempt_is_classified_in_its_turn_and_the_rates_logged(tiny_tokenizer):
     backend = ScriptedBackend(tiny_tokenizer, lambda call, index, prompt: REPLIES[index] if call == 0 else OK)
-    episodes = collect(
-        EnvPool(KeyEnv, name="keys"),
-        registry.templates.get("tool_call")(),
+    episodes = play_keys(
         tiny_tokenizer,
+        backend,
         [0, 1, 2, 3],
-        backend=backend,
+        template=registry.templates.get("tool_call")(),
         limits=RolloutLimits(max_new_tokens=48, max_context=2048, max_turns=1),
     )
     first = [[a["status"] for a in ep.turns[0].info["tool_calls"]] for ep in episodes]
@@ -44,12 +43,10 @@ def test_each_attempt_is_classified_in_its_turn_and_the_rates_logged(tiny_tokeni
 
 def test_an_env_without_offered_tools_logs_no_tool_call_rates(tiny_tokenizer):
     backend = ScriptedBackend(tiny_tokenizer, lambda call, index, prompt: "Action: open")
-    episodes = collect(
-        EnvPool(KeyEnv, name="keys"),
-        registry.templates.get("react")(),
+    episodes = play_keys(
         tiny_tokenizer,
-        [0],
-        backend=backend,
+        backend,
+        template=registry.templates.get("react")(),
         limits=RolloutLimits(max_new_tokens=24, max_context=1024, max_turns=1),
     )
     assert "tool_calls" not in episodes[0].turns[0].info
