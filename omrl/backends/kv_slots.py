@@ -6,12 +6,12 @@ transformers' ``DynamicCache`` grows by ``cat``, copying every row's states each
 
 - the rows are stacked once, right-aligned to a shared column, ``end``, as a left-padded stack is;
   every row writes its next token at ``end``;
-- rows that end leave with :meth:`SlotBatch.keep` (the others move up), so the live rows stay the first ones;
+- rows that end leave with :meth:`SlotBatch.keep` (the others move up), so the live rows stay the first ones
+  (no row joins a running batch: continuous batching is :mod:`omrl.backends.kv_ragged`'s);
 - the model sees views of the columns in use, and writes its new states into the buffers in place.
 
 The attention mask says which columns hold each row's tokens, and positions are given per row, so a
-row's logits equal those of the same row in any other batch (up to float rounding). Continuous
-batching uses :mod:`omrl.backends.kv_ragged` instead, where rows of any length join and leave.
+row's logits equal those of the same row in any other batch (up to float rounding).
 """
 
 from __future__ import annotations
@@ -48,28 +48,25 @@ def _slot_layer_class() -> type:
             keys, values = batch.keys[self.index], batch.values[self.index]
             keys[: batch.rows, :, batch.end : batch.end + new] = key_states
             values[: batch.rows, :, batch.end : batch.end + new] = value_states
-            self.keys = keys[: batch.rows, :, batch.start : batch.end + new]
-            self.values = values[: batch.rows, :, batch.start : batch.end + new]
+            self.keys = keys[: batch.rows, :, : batch.end + new]
+            self.values = values[: batch.rows, :, : batch.end + new]
             return self.keys, self.values
 
     return SlotLayer
 
 
 class SlotBatch:
-    """Rows of KV states decoding together; rows join with :meth:`add` and leave with :meth:`remove`."""
+    """Rows of KV states decoding together: stacked once (:meth:`stack`), leaving as they end (:meth:`keep`)."""
 
-    def __init__(self, template: KV, max_rows: int, device: torch.device):
+    def __init__(self, template: KV, rows: int, columns: int, device: torch.device):
         from transformers.cache_utils import Cache
 
         self.device = device
-        self.max_rows = max_rows
         self.rows = 0
-        self.start = self.end = 0  # the columns in use: [start, end); the next token goes in column end
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
+        self.end = 0  # columns [0, end) are in use; every row writes its next token in column end
         self._shapes = [(k.shape[1], k.shape[3], v.shape[1], v.shape[3], k.dtype) for k, v in template]
-        self._allocate(1, HEADROOM)
-        self.positions = torch.zeros(max_rows, dtype=torch.long, device=device)  # each row's next position
+        self._allocate(rows, columns)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)  # each row's next position
         layer = _slot_layer_class()
         self.cache = Cache(layers=[layer(self, i) for i in range(len(template))])
 
@@ -77,9 +74,8 @@ class SlotBatch:
     def stack(cls, kvs: list[KV], device: torch.device) -> SlotBatch:
         """A batch of exactly these rows (batch 1 each), in order, each right-aligned to the longest: the
         layout of a left-padded stack, so each row's logits equal those of such a stack to the bit."""
-        batch = cls(kvs[0], len(kvs), device)
         width = max(kv_length(kv) for kv in kvs)
-        batch._reserve(width + HEADROOM, len(kvs))
+        batch = cls(kvs[0], len(kvs), width + HEADROOM, device)
         batch.end = width  # every row ends there
         for row, kv in enumerate(kvs):
             first = width - kv_length(kv)
@@ -119,42 +115,30 @@ class SlotBatch:
 
     def step(self, forward: Callable[..., torch.Tensor], tokens: list[int]) -> torch.Tensor:
         """Feed one token per row; (rows, vocab) float32 logits of each row's next."""
-        self._reserve(self.end + 1, self.rows)
+        self._reserve(self.end + 1)
         rows = self.rows
         self.mask[:rows, self.end] = 1
         ids = torch.tensor(tokens, device=self.device)[:, None]
-        mask = self.mask[:rows, self.start : self.end + 1]
+        mask = self.mask[:rows, : self.end + 1]
         for layer in self.cache.layers:  # the model reads the cache's length before it writes
-            layer.keys = self.keys[layer.index][:rows, :, self.start : self.end]
-            layer.values = self.values[layer.index][:rows, :, self.start : self.end]
+            layer.keys = self.keys[layer.index][:rows, :, : self.end]
+            layer.values = self.values[layer.index][:rows, :, : self.end]
         logits = forward(ids, self.positions[:rows, None], self.cache, mask)
         self.end += 1
         self.positions[:rows] += 1
         return logits
 
-    def _reserve(self, columns: int, rows: int) -> None:
-        """Room for ``columns`` columns and ``rows`` rows. Past the buffers' size, the rows and the columns in
-        use move to the front of larger buffers (column numbers then drop by the old ``start``, so
-        ``columns`` still fit); rows grow by doubling, up to ``max_rows``."""
-        if columns <= self.capacity and rows <= self.mask.shape[0]:
+    def _reserve(self, columns: int) -> None:
+        """Room for ``columns`` columns: past the buffers' size the live rows move to larger buffers (half
+        again as wide as the columns in use, plus HEADROOM: growing stays rare)."""
+        if columns <= self.capacity:
             return
-        old_keys, old_values, old_mask, start, end, live = (
-            self.keys,
-            self.values,
-            self.mask,
-            self.start,
-            self.end,
-            self.rows,
-        )
-        row_room = old_mask.shape[0] if rows <= old_mask.shape[0] else min(self.max_rows, max(rows, 2 * live))
-        grown = max(columns, (3 * (end - start)) // 2) + HEADROOM  # geometric: growing stays rare
-        self._allocate(row_room, self.capacity if columns <= self.capacity else grown)
-        width = end - start  # columns before start are no live row's: left behind
+        old_keys, old_values, old_mask, live, end = self.keys, self.values, self.mask, self.rows, self.end
+        self._allocate(old_mask.shape[0], max(columns, 3 * end // 2) + HEADROOM)
         for layer in range(len(old_keys)):
-            self.keys[layer][:live, :, :width] = old_keys[layer][:live, :, start:end]
-            self.values[layer][:live, :, :width] = old_values[layer][:live, :, start:end]
-        self.mask[:live, :width] = old_mask[:live, start:end]
-        self.start, self.end = 0, width
+            self.keys[layer][:live, :, :end] = old_keys[layer][:live, :, :end]
+            self.values[layer][:live, :, :end] = old_values[layer][:live, :, :end]
+        self.mask[:live, :end] = old_mask[:live, :end]
 
     def _clear(self, rows: slice, first: int, last: int) -> None:
         """Zero columns [first, last) of ``rows``: masked columns the model sees must hold numbers (attention

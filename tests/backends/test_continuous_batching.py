@@ -186,12 +186,12 @@ def test_a_stacked_slot_batch_keeps_its_rows_in_order_and_its_columns(tiny_hf, m
     generator = torch.Generator().manual_seed(1)
     rows = [torch.randint(5, 200, (n,), generator=generator).to(model.device) for n in (9, 4, 13, 6)]
     batch = kv_slots.SlotBatch.stack([prefilled(backend, ids) for ids in rows], model.device)
-    assert (batch.start, batch.end, batch.rows) == (0, 12, 4)
+    assert (batch.end, batch.rows) == (12, 4)
     assert batch.mask[:4, :12].sum(dim=1).tolist() == [8, 3, 12, 5]  # right-aligned: pads on the left
 
     step_alike(batch, backend, rows, 3)
     batch.keep([1, 3])  # rows 0 and 2 ended: 1 and 3 move up, in order
     rows = [rows[1], rows[3]]
-    assert (batch.start, batch.rows) == (0, 2)  # the longest row's columns stay, unused now
+    assert (batch.end, batch.rows) == (15, 2)  # the longest row's columns stay, unused now
     step_alike(batch, backend, rows, 3)
     assert batch.row(0)[0][0].shape[2] == len(rows[0]) - 1  # its own tokens only
