@@ -79,14 +79,19 @@ class _Worker:
         return reply.get("equal") if isinstance(reply, dict) else None
 
     def _line(self, deadline: float) -> object:
-        """The worker's next line as JSON; None at the deadline, when it closed its end or wrote something else."""
+        """The worker's next line as JSON; None at the deadline or when it closed its end.
+
+        :raises OmrlError: on a line that is not JSON: the replies have a stdout of their own (see
+            `serve`), so such a line is the worker broken, never the answer's fault.
+        """
         line = self.lines.line(deadline)
         if isinstance(line, str):
             return None
         try:
             return json.loads(line)
         except ValueError:
-            return None
+            self.close()
+            raise OmrlError(f"the math-verify worker replied {line[:200]!r}, which is not JSON") from None
 
     def close(self) -> None:
         self.proc.kill()

@@ -15,6 +15,7 @@ import pytest
 
 from omrl import registry
 from omrl.data import Episode, Turn
+from omrl.errors import OmrlError
 from omrl.rewards import RewardError, compose_rewards
 from omrl_plugins.rewards import answers
 from omrl_plugins.rewards.answers import final_number, math_equivalent, numbers_match
@@ -221,6 +222,22 @@ def test_a_worker_stuck_past_its_jobs_cpu_time_is_ended_by_the_kernel():
         "while True:\n    pass\n"
     )
     assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == -signal.SIGXCPU
+
+
+def test_a_worker_that_starts_with_a_line_other_than_json_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setattr(answers.math_worker, "_BOOT", "print('not json', flush=True)")
+    with pytest.raises(OmrlError, match=r"the math-verify worker replied b'not json', which is not JSON"):
+        answers.math_worker._Worker()
+
+
+def test_a_worker_that_replies_a_line_other_than_json_is_an_error_not_a_verdict(monkeypatch):
+    """Its replies have a stdout of their own, so such a line is the worker broken: never "not equal"."""
+    ready_then_junk = "print('{\"ready\": true}', flush=True); input(); print('oops', flush=True)"
+    monkeypatch.setattr(answers.math_worker, "_BOOT", ready_then_junk)
+    worker = answers.math_worker._Worker()
+    with pytest.raises(OmrlError, match=r"the math-verify worker replied b'oops', which is not JSON"):
+        worker.compare("1", "1", timeout_s=10)
+    assert worker.proc.returncode is not None  # killed: never used again
 
 
 def test_plain_answers_are_judged_without_a_worker(monkeypatch):
