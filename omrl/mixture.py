@@ -168,7 +168,7 @@ def _entry(item: Any, index: int) -> dict[str, Any]:
 class MixedTaskOrder:
     """Each take gives every env ``floor(weight * count)`` of the slots and draws the rest by the
     fractions left over, then shuffles the slots (seeded by the run's seed and the count of takes so
-    far); each slot takes its env's next task from that env's own seeded shuffle (:class:`TaskOrder`).
+    far); each slot takes its env's next task from that env's own seeded shuffle (:class:`~omrl.training.rl_data.TaskOrder`).
     So a step's mix is as close to the weights as whole tasks allow, and over many steps it matches
     them. ``draws`` and every env's position go into checkpoints (:meth:`state`), so a resumed run
     draws what it would have."""

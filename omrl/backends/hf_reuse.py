@@ -16,7 +16,7 @@ and off sample the same ids from the same seed.
 
 The engine holds only what reuse needs (the cache, the count of weight updates);
 the model call and the sampler are the backend's, handed in per chunk, so that a
-subclass or a test can wrap them (:meth:`HFBackend._forward`, :meth:`HFBackend._sampler`).
+subclass or a test can wrap them (:meth:`~omrl.backends.hf.HFBackend._forward`, :meth:`~omrl.backends.hf.HFBackend._sampler`).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ token-id prompts (an HTTP 4xx) the backend switches to
 ``/chat/completions`` with the chat as text for the rest of its life; such
 turns are tokenized locally and marked ``token_exact=False``, so they can be
 evaluated but not trained on: a special token's string in such a reply is text,
-never the token (:func:`omrl.chat.specials.encode_reply`), and only a prefix of
+never the token (:func:`omrl.chat.encoding.encode_reply`), and only a prefix of
 the text as long as the token limit needs is tokenized (a server that ignores
 ``max_tokens`` can send megabytes). Requests run concurrently (``batch_size`` at a
 time) with timeouts and retries on connection errors, 429 and 5xx. With

@@ -54,7 +54,7 @@ class _Split:
 
 
 class _IdsCache:
-    """What one tokenizer's chats have proven about ids, kept while :func:`tokenizer_state` holds."""
+    """What one tokenizer's chats have proven about ids, kept while :func:`~omrl.chat.pieces.tokenizer_state` holds."""
 
     __slots__ = ("state", "splits", "openings", "__weakref__")
 
@@ -159,7 +159,7 @@ def _opening_ids(tokenizer, messages: Sequence[Message], kwargs: dict) -> list[i
 
 
 def _cache(tokenizer) -> _IdsCache:
-    """The tokenizer's ids cache (only asked for tokenizers :func:`entry_for` found pieces for: weakly
+    """The tokenizer's ids cache (only asked for tokenizers :func:`~omrl.chat.pieces.entry_for` found pieces for: weakly
     referenceable, with a length)."""
     cache = _CACHES.get(tokenizer)
     state = tokenizer_state(tokenizer)

@@ -62,7 +62,7 @@ class Game:
 
 
 class SeatPlay:
-    """The state of one :func:`play_seats` call: what every round needs, and the episodes so far."""
+    """The state of one :func:`~omrl.rollout.seats.play_seats` call: what every round needs, and the episodes so far."""
 
     def __init__(self, pool, template, seats, backend, limits, split, seed, demonstration, progress):
         self.pool, self.template, self.seats, self.backend = pool, template, seats, backend

@@ -37,7 +37,7 @@ standard library):
   share their process's address space, the address space of all the run's processes together
   never passes ``memory_mb`` (at the defaults 512 MB: 8 processes of 64 MB). A program that needs
   one big process asks for fewer processes (``max_processes=1`` gives it all of ``memory_mb``).
-  This holds on any Linux. A share below :data:`MIN_PROCESS_MB` is refused, since Python alone
+  This holds on any Linux. A share below :data:`~omrl.sandbox.limits.MIN_PROCESS_MB` is refused, since Python alone
   needs about 17 MB of address space.
 - **Memory in files**: an in-memory file (``memfd_create``, System V shared memory) is in no
   address space, so the rlimits above miss it. Where the host lets omrl make a memory cgroup
@@ -141,7 +141,7 @@ def run_sandboxed(
     :param timeout_s: wall-clock limit; the whole run is killed when it is reached.
     :param cpu_time_s: CPU-seconds limit per process; default: ``timeout_s`` rounded up.
     :param memory_mb: address space of the whole run, all its processes together; each process
-        gets ``memory_mb / max_processes`` of it (at least :data:`MIN_PROCESS_MB`). With its
+        gets ``memory_mb / max_processes`` of it (at least :data:`~omrl.sandbox.limits.MIN_PROCESS_MB`). With its
         scratch files and in-memory files, the run holds at most ``memory_mb + disk_mb``.
     :param max_processes: processes and threads the run may have at once.
     :param max_file_mb: the largest file it may write.

@@ -16,7 +16,7 @@ answer) and ends that tree's search the second time in a row, so no strategy can
 loop forever.
 
 Searches start as long as the next round's candidates, each counted at ``max_context``
-tokens, fit in what the backend keeps warm between calls (:meth:`Backend.warm_tokens`;
+tokens, fit in what the backend keeps warm between calls (:meth:`~omrl.backends.base.Backend.warm_tokens`;
 the rest wait for a search to end): past that, an hf backend would evict KV states it
 needs next turn and prefill every context again (measured: 100 WebShop tasks of
 best-of-4 did not finish in 50 minutes; 8 tasks took 2).

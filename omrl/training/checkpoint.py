@@ -166,7 +166,7 @@ def has_manifest(path: Path) -> bool:
 def damage(path: Path) -> str | None:
     """What is wrong with complete checkpoint ``path`` (a file missing or changed since it was
     written), or None. One without a manifest (an older omrl's) cannot be checked and passes here:
-    :func:`resume_checkpoint` refuses it (see :func:`has_manifest`)."""
+    :func:`~omrl.training.resume.resume_checkpoint` refuses it (see :func:`has_manifest`)."""
     return manifest_damage(path, _manifest_lines(path))
 
 

@@ -212,7 +212,7 @@ def _lengths_and_sums(lists: Any, values: Any = None) -> tuple[list[int], list[i
 
 
 def _trained_means(advantages: Any, loss_mask: Any) -> list[float | None]:
-    """Per row, its recorded advantages' mean over its trained tokens (:func:`groups.trained_mean`), read
+    """Per row, its recorded advantages' mean over its trained tokens (:func:`~omrl.view.groups.trained_mean`), read
     from the flattened lists one numpy slice a row: no token arrays as Python lists."""
     adv_offsets, adv_values = _flat(advantages)
     mask_offsets, mask_values = _flat(loss_mask)

@@ -76,7 +76,7 @@ def reinforce_plus_plus_baseline(data: AdvantageInput, cfg: AlgoConfig) -> tuple
 
         A'_i = R_i - mean_group(R)      A = (A' - mean_batch(A')) / (std_batch(A') + eps)
 
-    mean_batch and the unbiased std_batch run over tokens, as :func:`masked_whiten` does (verl's
+    mean_batch and the unbiased std_batch run over tokens, as :func:`~omrl_plugins.algos.advantages.masked_whiten` does (verl's
     masked_whiten too). Rows alone in their group have no baseline: they are left out of the
     whitening and get 0. Returns (advantages, advantages), float32 [bs, T].
     """

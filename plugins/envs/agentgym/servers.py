@@ -39,7 +39,7 @@ Scoring (``score`` in [0, 1], ``won`` on every step): the sum of rewards, clippe
 rule) and sciworld (/ 100, won at 100); the latest reward for the tool envs, whose reward is a
 progress rate that ends as 1 on success.
 
-Checking an env id (:func:`same_env`): textcraft, babyai, sciworld, alfworld, maze and wordle keep
+Checking an env id (:func:`~omrl_plugins.envs.agentgym.dialects.same_env`): textcraft, babyai, sciworld, alfworld, maze and wordle keep
 each env's latest observation (set by every create, reset and step) and answer it at ``GET
 /observation?id=N`` (BabyAI: an object whose ``observation`` puts the goal line first; a
 finished env's is refused by all but TextCraft), so a client can tell that another client has
@@ -103,7 +103,7 @@ class ServerSpec:
     #: a GET route answering the env's latest observation as the server keeps it (AgentGym's
     #: ``info[id]["observation"]``, set by every create, reset and step): the client checks with it
     #: that its env id still holds the env it left, since a restarted server hands the same ids to
-    #: other clients (:func:`same_env`); None: the server has no such route
+    #: other clients (:func:`~omrl_plugins.envs.agentgym.dialects.same_env`); None: the server has no such route
     observation_route: str | None = None
     observation_goal_line: bool = False  # BabyAI's route puts the episode's goal line before a step's observation
     random_ids: bool = False  # ids drawn at random (WebShop, SQLGym): a restart hardly hands one out again

@@ -16,7 +16,7 @@ Option (block ``plugins.babyai``): ``level``, one of :data:`LEVELS` (``""``, the
 The observation is AgentGym's: the goal (minigrid's mission, verbatim: AgentGym rewrote "then"
 and "after you" to "and", which loses the order the level checks), what the agent sees, what it
 carries, and the actions valid now as macro actions (``go to red ball 1``, ``pickup red ball
-1``, ``toggle and go through blue closed door 1``...; see :mod:`babyai_text`). A refused action
+1``, ``toggle and go through blue closed door 1``...; see AgentGym's ``babyai_text``). A refused action
 is ``invalid`` with AgentGym's explanation and costs no minigrid step. Reward and ``score``:
 minigrid's, ``1 - 0.9 * steps / max_steps`` on success (0 otherwise), on the step that ends the
 level; ``won`` on success. An episode ends when minigrid's does: success, a failed mission

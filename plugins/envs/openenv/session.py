@@ -16,7 +16,7 @@ so one server with ``max_concurrent_envs=8``, or eight single-session servers, p
 at once. Every session's I/O runs on one background event loop (one thread, not one per session),
 and every call has a deadline.
 
-The wire work is openenv-core's own :class:`GenericEnvClient` (its URL handling, connect, message
+The wire work is openenv-core's own :class:`openenv.GenericEnvClient` (its URL handling, connect, message
 format and timeouts); :func:`client_class` only makes its error answers keep their code and data
 and checks each answer's shape, since the stock client folds errors into a RuntimeError's text.
 """
