@@ -102,7 +102,7 @@ class EndpointJudge:
                 answer = self.client.post("/chat/completions", json=body)
             except httpx.TimeoutException:
                 return Reply(error=f"no answer within timeout_s={self.timeout_s:g}")
-            except httpx.TransportError as exc:
+            except httpx.RequestError as exc:  # unreachable, or a reply that cannot be read (a broken proxy's)
                 why = f"cannot reach it ({type(exc).__name__}: {exc})"
                 continue
             if answer.status_code in FATAL_STATUS:

@@ -52,17 +52,19 @@ class Scale:
         if isinstance(value, bool):
             raise Unreadable(f"{value!r} is no number")
         if isinstance(value, (int, float)):
-            number = float(value)
+            number = float(value) if abs(value) < 1e300 else math.inf  # an int too large for a float
         else:
             found = _NUMBER.search(str(value))
             if found is None:
                 raise Unreadable(f"{short_repr(value)} holds no number")
-            number = float(found.group())
+            number = float(found.group())  # inf past the float range
+        if not math.isfinite(number):
+            raise Unreadable(f"{short_repr(value)} is not a finite number")
         if self.kind == "likert":
             if number != int(number) or not 1 <= number <= self.points:
                 raise Unreadable(f"{number:g} is not an integer from 1 to {self.points}")
             return (number - 1) / (self.points - 1)
-        if not (math.isfinite(number) and self.low <= number <= self.high):
+        if not self.low <= number <= self.high:
             raise Unreadable(f"{number:g} is outside [{self.low:g}, {self.high:g}]")
         return (number - self.low) / (self.high - self.low)
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from omrl.data import Episode, Turn, read_episodes
 from omrl.errors import ConfigError
@@ -28,8 +28,8 @@ KEY = "sk-judge-secret-123"  # what the key's environment variable holds: it mus
 
 class ScriptedJudge:
     """A loopback OpenAI-compatible server: each chat completion answers ``script(prompt)``: text, an HTTP
-    status (an int, or ``("status", code, message)``), or ``("slow", seconds, answer)`` (the answer after a
-    wait; past the client's timeout: a hang)."""
+    status (an int, or ``("status", code, message)``), ``("slow", seconds, answer)`` (the answer after a
+    wait; past the client's timeout: a hang), or ``("not gzip", body)`` (a body marked gzip that is not)."""
 
     def __init__(self):
         self.script = lambda prompt: "SCORE: 5"
@@ -51,6 +51,8 @@ class ScriptedJudge:
                     await asyncio.sleep(seconds)
             finally:
                 self.in_flight[test] -= 1
+            if isinstance(answer, tuple) and answer[0] == "not gzip":  # a reply no client can decode
+                return Response(answer[1], media_type="application/json", headers={"Content-Encoding": "gzip"})
             if isinstance(answer, int):
                 answer = ("status", answer, f"status {answer}")
             if isinstance(answer, tuple):
@@ -257,10 +259,15 @@ def test_unknown_placeholders_and_bad_options_are_refused_naming_what_is_valid(j
         (500, {"retries": 1}, 'HTTP 500: \'{"error":{"message":"status 500"}}\' (tried 2 times)'),
         (400, {}, "HTTP 400"),
         (("slow", 3.0, "SCORE: 5"), {"timeout_s": 0.3}, "no answer within timeout_s=0.3"),
+        ("SCORE: " + "9" * 400, {"scale": "likert"}, "answered unparseably: the verdict '99999"),
+        ("SCORE: " + "9" * 400, {}, "answered unparseably: the verdict '99999"),
+        (("not gzip", "SCORE: 5"), {}, "cannot reach it (DecodingError: "),
     ],
 )
 def test_a_judge_that_fails_ends_the_episode_as_env_error_naming_the_judge_and_why(judge, reply, options, why):
-    right, score = ("SCORE: yes", 1.0) if options.get("scale") == "yes_no" else ("Right.\nSCORE: 8", 0.8)
+    right, score = {"yes_no": ("SCORE: yes", 1.0), "likert": ("SCORE: 4", 0.75)}.get(
+        options.get("scale"), ("Right.\nSCORE: 8", 0.8)
+    )
     judge.script = by_task(one=reply, two=right)
     bad, good = episode("task one", "41"), episode("task two", "42")
     started = time.monotonic()
