@@ -15,6 +15,7 @@ address space (`_MEMORY_BYTES`); it exits when its caller closes its stdin.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import resource
@@ -35,23 +36,34 @@ _BOOT = "from omrl_plugins.rewards.math_worker import serve; serve()"
 
 def equivalent(predicted: str, truth: str, timeout_s: float) -> bool:
     """math-verify's verdict on two texts (see `omrl_plugins.rewards.answers.math_equivalent`),
-    False when it takes more than ``timeout_s``; safe on any thread.
+    False when it takes more than ``timeout_s``; safe on any thread. A worker found dead before it
+    read the job (killed while idle) never judged the answer: a fresh one does.
 
-    :raises OmrlError: when a worker cannot start (math-verify is missing, say).
+    :raises OmrlError: when a worker cannot start (math-verify is missing, say), or a fresh one too is
+        dead before it reads the job.
     """
     with _slots:
-        worker = _take()
-        try:
-            equal = worker.compare(predicted, truth, timeout_s)
-        except BaseException:
-            worker.close()
-            raise
-        if equal is None:  # past its deadline, or dead: it is not used again
-            worker.close()
-            return False
-        with _lock:
-            _idle.append(worker)
-        return equal
+        for fresh in (False, True):
+            worker = _Worker() if fresh else _take()
+            try:
+                equal = worker.compare(predicted, truth, timeout_s)
+            except BrokenPipeError:
+                worker.close()
+                if fresh:
+                    raise OmrlError(
+                        "a fresh math-verify worker died before it read its job; see stderr above"
+                    ) from None
+                continue
+            except BaseException:
+                worker.close()
+                raise
+            if equal is None:  # past its deadline, or dead on the job: it is not used again
+                worker.close()
+                return False
+            with _lock:
+                _idle.append(worker)
+            return equal
+    raise AssertionError("unreachable")
 
 
 class _Worker:
@@ -68,13 +80,13 @@ class _Worker:
             raise OmrlError(f"the math-verify worker ({sys.executable}) {how}; its error, if any, is on stderr above")
 
     def compare(self, predicted: str, truth: str, timeout_s: float) -> bool | None:
-        """The worker's verdict; None when it took longer than ``timeout_s`` or died."""
+        """The worker's verdict; None when it took longer than ``timeout_s`` or died on the job.
+
+        :raises BrokenPipeError: when the worker was gone before the job reached it.
+        """
         job = json.dumps({"predicted": predicted, "truth": truth, "timeout_s": timeout_s}) + "\n"
-        try:
-            self.proc.stdin.write(job.encode())
-            self.proc.stdin.flush()
-        except OSError:
-            return None
+        self.proc.stdin.write(job.encode())
+        self.proc.stdin.flush()
         reply = self._line(time.monotonic() + timeout_s)
         return reply.get("equal") if isinstance(reply, dict) else None
 
@@ -96,7 +108,8 @@ class _Worker:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
-        self.proc.stdin.close()
+        with contextlib.suppress(OSError):  # a job left in the buffer of a pipe no one reads
+            self.proc.stdin.close()
         self.proc.stdout.close()
 
 

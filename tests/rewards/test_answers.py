@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import os
 import signal
 import subprocess
 import sys
@@ -163,6 +164,17 @@ def test_math_verify_works_off_the_main_thread_and_skips_unparsed_replies():
     thread.join()
     assert results == [1.0]
     assert registry.rewards.get("math_verify")([answered(None)]) == [[0.0, 0.0]]
+
+
+def test_a_worker_killed_while_idle_is_replaced_and_the_answer_still_judged():
+    """The world killed it (the OOM killer, a stray signal): the answer was never checked, so it is not 0."""
+    assert math_equivalent("\\frac{1}{2}", "0.5")  # leaves an idle worker
+    idle = list(answers.math_worker._idle)
+    for worker in idle:
+        os.kill(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait()
+    assert math_equivalent("\\frac{1}{2}", "0.5") and math_equivalent("\\frac{1}{3}", "0.5") is False
+    assert not set(map(id, idle)) & set(map(id, answers.math_worker._idle))  # the dead ones are gone
 
 
 @pytest.mark.parametrize("on_main_thread", [True, False])
