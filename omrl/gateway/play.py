@@ -172,10 +172,10 @@ def _score(spec: AgentSpec, env: Any, ep: Episode, task: dict[str, Any], result:
             raise AgentFailure(f"the env {ep.env!r} {problem}")
     except Exception as exc:  # noqa: BLE001 - the env could not score the answer
         broken = not isinstance(exc, AgentFailure)
-        if spec.reward is None:
+        if spec.reward is None or broken:  # a crashed env is the world's failure, whatever scores the answer
             _failed(ep, f"the env could not score the agent's answer: {type(exc).__name__}: {exc}")
             return broken
-        stepped = None  # the reward function scores without the env's ground truth
+        stepped = None  # the env refused the answer: the reward function scores it without the env's ground truth
     last = ep.turns[-1]
     if spec.reward is None and stepped is not None:
         last.reward = float(stepped.reward)

@@ -115,6 +115,26 @@ def test_a_reward_function_is_given_the_envs_ground_truth(questions):
     assert all(ep.end_reason == "done" and len(ep.turns) == 1 for ep in episodes)
 
 
+def test_an_env_that_crashes_scoring_the_answer_is_an_env_error_even_with_a_reward_function():
+    """The reward function would score the answer without the env's ground truth: never on a crashed env."""
+    from omrl.data import Episode, Turn
+    from omrl.gateway.play import AgentSpec, _score
+    from tests.gateway.agents import truth_reward
+
+    class GradingServerDown:
+        def step(self, action):
+            raise ConnectionError("the grading server is down")
+
+    spec = AgentSpec(run=lambda *args: "42", command=None, reward=truth_reward)
+    ep = Episode(
+        env="dataset", task_id=0, split="train", instruction="", turns=[Turn("q", "42", "42", True, 0.0, True)]
+    )
+    assert _score(spec, GradingServerDown(), ep, {"id": 0, "split": "train"}, "42") is True  # the env is broken
+    assert ep.end_reason == "env_error"
+    assert ep.error == "the env could not score the agent's answer: ConnectionError: the grading server is down"
+    assert "agent_reward" not in ep.turns[-1].info  # never scored
+
+
 def test_a_command_agent_that_exits_non_zero_is_an_env_error(questions, tmp_path):
     crash = tmp_path / "crash.jsonl"
     crash.write_text(json.dumps({"question": "crash now", "answer": "1"}) + "\n")
