@@ -24,6 +24,7 @@ import importlib
 import inspect
 import json
 import math
+import numbers
 import os
 import shlex
 import signal
@@ -40,7 +41,27 @@ STDERR_TAIL = 2000
 
 
 class AgentFailure(Exception):
-    """The agent or its reward function failed: the world's failure, not the model's."""
+    """The agent or its reward function failed: the world's failure, not the model's. ``ended_itself``:
+    the agent program ended with an error of its own (it raised, or its command exited non-zero), not
+    an OS or network error, a timeout or a kill; a framework does so on a malformed tool call, which is
+    the model's failure (see :func:`omrl.gateway.play.play_agents`)."""
+
+    def __init__(self, message: str, ended_itself: bool = False):
+        super().__init__(message)
+        self.ended_itself = ended_itself
+
+
+def _from_the_world(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised by, an OS or network error (an HTTP client's connection error
+    wraps the socket's ``OSError``)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, OSError):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def load_callable(spec: str, what: str) -> Callable[..., Any]:
@@ -95,7 +116,8 @@ def within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:
         raise AgentFailure(f"{what} did not finish within {seconds:g} s")
     if "error" in box:
         exc = box["error"]
-        raise AgentFailure(f"{what} raised {type(exc).__name__}: {str(exc)[:500]}") from exc
+        message = f"{what} raised {type(exc).__name__}: {str(exc)[:500]}"
+        raise AgentFailure(message, ended_itself=not _from_the_world(exc)) from exc
     return box.get("value")
 
 
@@ -154,14 +176,15 @@ def run_command(words: list[str], task: dict[str, Any], base_url: str, api_key: 
             if code != 0:
                 stderr.seek(0)
                 tail = stderr.read().decode("utf-8", "replace")[-STDERR_TAIL:]
-                raise AgentFailure(f"the agent command exited with {code}: {tail.strip()}")
+                raise AgentFailure(f"the agent command exited with {code}: {tail.strip()}", ended_itself=True)
         if not result_file.exists():
             return None
         text = result_file.read_text(encoding="utf-8", errors="replace")
         try:
-            return json.loads(text)
+            value = json.loads(text)
         except ValueError:
             return text
+        return value if isinstance(value, (dict, str)) else text  # 42 in the file is the answer "42", as written
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -197,7 +220,7 @@ def score(
     components = value if isinstance(value, dict) else {"reward": value}
     out = {}
     for name, number in components.items():
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+        if isinstance(number, bool) or not isinstance(number, numbers.Real) or not math.isfinite(number):
             raise AgentFailure(f"the reward function returned {name}={number!r}; it must return finite numbers")
         out[str(name)] = float(number)
     if not out:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from omrl.data.trajectory import Episode
-from omrl.envs import StepResult, step_problem
+from omrl.envs import step_problem
 from omrl.gateway.agents import AgentFailure, call_agent, check_command, load_callable, run_command, score
 from omrl.gateway.server import Gateway
 from omrl.rollout.pool import EnvPool
@@ -128,12 +128,16 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
     except AgentFailure as exc:
         gateway.end(key)  # first: an agent thread left running past its limit can write no more
         ep.messages = recorder.chat()
-        if _rejected_a_tool_call(ep):  # the framework refused the model's malformed call: the model's failure
-            ep.end_reason, ep.won, ep.score = "done", False, 0.0
-            ep.turns[-1].done = True
-            ep.turns[-1].info["agent_error"] = str(exc)
-        else:
+        if not (exc.ended_itself and ep.turns) or not (recorder.over_budget or _rejected_a_tool_call(ep)):
             _failed(ep, str(exc))
+            return False
+        # the model's doing: its framework raised on the budget's "length" answer, or refused a malformed call
+        ep.turns[-1].done = True
+        ep.turns[-1].info["agent_error"] = str(exc)
+        if recorder.over_budget:  # truncated, scored as it stands
+            ep.end_reason = "max_context"
+            return _score(spec, env, ep, task, None)
+        ep.end_reason, ep.won, ep.score = "done", False, 0.0
         return False
     finally:
         gateway.end(key)  # whatever happened, the key is refused from now on
@@ -163,43 +167,41 @@ def _rejected_a_tool_call(ep: Episode) -> bool:
 def _score(spec: AgentSpec, env: Any, ep: Episode, task: dict[str, Any], result: Any) -> bool:
     """Score the finished episode (the env steps on the answer, then the reward function where there is
     one); whether the env instance broke."""
-    stepped: StepResult | None = None
-    broken = False
     try:
         stepped = env.step(_answer(result, ep))
-        problem = step_problem(stepped)
-        if problem:
-            raise AgentFailure(f"the env {ep.env!r} {problem}")
-    except Exception as exc:  # noqa: BLE001 - the env could not score the answer
-        broken = not isinstance(exc, AgentFailure)
-        if spec.reward is None or broken:  # a crashed env is the world's failure, whatever scores the answer
-            _failed(ep, f"the env could not score the agent's answer: {type(exc).__name__}: {exc}")
-            return broken
-        stepped = None  # the env refused the answer: the reward function scores it without the env's ground truth
+    except Exception as exc:  # noqa: BLE001 - the env's failure, whatever scores the answer
+        _failed(ep, f"the env could not score the agent's answer: {type(exc).__name__}: {exc}")
+        return True
+    problem = step_problem(stepped)
+    if problem:  # a result the env protocol does not allow: the env is broken, not the agent
+        _failed(ep, f"the env could not score the agent's answer: the env {ep.env!r} {problem}")
+        return False
     last = ep.turns[-1]
-    if spec.reward is None and stepped is not None:
+    if spec.reward is None:
         last.reward = float(stepped.reward)
         last.info.update({k: v for k, v in stepped.info.items() if k not in last.info})
         ep.won, ep.score = stepped.won, stepped.score
-        return broken
-    truth = stepped.info.get("ground_truth") if stepped is not None else None
+        return False
+    truth = stepped.info.get("ground_truth")
     try:
-        components = score(spec.reward, {**task, "ground_truth": truth}, result, ep.messages, spec.reward_timeout_s)  # type: ignore[arg-type]
+        components = score(spec.reward, {**task, "ground_truth": truth}, result, ep.messages, spec.reward_timeout_s)
     except AgentFailure as exc:
         _failed(ep, str(exc))
-        return broken
+        return False
     total = sum(components.values())
     last.reward = total
     last.info[SCORED] = components
     ep.won, ep.score = total >= 1.0, min(1.0, max(0.0, total))
-    return broken
+    return False
 
 
 def _answer(result: Any, ep: Episode) -> str:
-    if isinstance(result, str):
-        return result
-    if isinstance(result, dict) and isinstance(result.get("answer"), str):
-        return result["answer"]
+    """What the env steps on: the agent's result (text, a number, or a mapping's ``answer``), else its last reply."""
+    answer = result.get("answer") if isinstance(result, dict) else result
+    if isinstance(answer, str):
+        return answer
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        return str(answer)
     replies = [m for m in ep.messages if m["role"] == "assistant"]
     return replies[-1]["content"] if replies else ""
 

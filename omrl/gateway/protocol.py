@@ -74,11 +74,15 @@ class ChatRequest:
             or _number(body, "max_tokens", int, 1, None),
             temperature=_number(body, "temperature", float, 0.0, 2.0),
             top_p=_number(body, "top_p", float, 0.0, 1.0),
-            seed=_number(body, "seed", int, None, None),
+            seed=_number(body, "seed", int, -SEED_LIMIT, SEED_LIMIT),
             logprobs=bool(body.get("logprobs")),
             stream=bool(body.get("stream")),
             include_usage=bool(stream_options.get("include_usage")),
         )
+
+
+#: how large a request's seed may be: the engines add row and chunk numbers to it within 64 bits
+SEED_LIMIT = 2**62
 
 
 def _number(body: dict, key: str, kind: type, low: float | None, high: float | None) -> Any:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import socket
 import time
+import urllib.request
 
 import openai
 
@@ -69,3 +71,42 @@ def reward_raises(task, result):
 def truth_reward(task, result):
     """1 when the answer holds the env's ground truth (which the reward function is given)."""
     return float(str(task["ground_truth"]) in str(result))
+
+
+def _with_tools_once(task, base_url, api_key):
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": task["prompt"]}]
+    client.chat.completions.create(model="policy", messages=messages, tools=[MULTIPLY], max_tokens=48)
+
+
+def call_then_tool_server_down(task, base_url, api_key):
+    """Calls the model with a tool once, then its own tool server is down (a port no one listens on)."""
+    _with_tools_once(task, base_url, api_key)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    urllib.request.urlopen(f"http://127.0.0.1:{port}/multiply", timeout=5)
+
+
+def raises_on_length(task, base_url, api_key):
+    """As openai's ``.parse()`` and pydantic-ai do: a reply cut by ``length`` is raised as an error."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": task["prompt"]}]
+    while True:
+        reply = client.chat.completions.create(model="policy", messages=messages, max_tokens=8)
+        if reply.choices[0].finish_reason == "length":
+            raise RuntimeError("the model's reply was cut at its length limit")
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": "go on"},
+        ]
+
+
+def call_then_hangs(task, base_url, api_key):
+    _with_tools_once(task, base_url, api_key)
+    time.sleep(120)
+
+
+def answers_a_number(task, base_url, api_key):
+    one_call(task, base_url, api_key)
+    return 42

@@ -118,6 +118,8 @@ def test_hostile_requests_get_a_400_naming_the_problem(tiny_tokenizer):
             )
             answer = b"".join(iter(lambda: conn.recv(4096), b""))  # until the gateway closes the connection
         assert answer.startswith(b"HTTP/1.1 400") and b"Content-Length is 'abc'" in answer
+        seeded = httpx.post(url, json={"messages": CHAT, "seed": 2**70}, headers=auth)  # past what engines take
+        assert seeded.status_code == 400 and "seed must be between" in seeded.json()["error"]["message"]
         for depth in (600, 3000):  # JSON that loads but nests past what laying it out can recurse; and past loading
             deep = '{"type": "object", "properties": {"x": ' * depth + "{}" + "}}" * depth
             body = f'{{"messages": {json.dumps(CHAT)}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep}}}}}]}}'
@@ -168,6 +170,50 @@ def test_a_framework_that_rejects_the_models_tool_call_is_the_models_failure(tin
     assert ep.end_reason == "done" and ep.score == 0.0 and ep.rewards["total"] == [0.0]
     assert ep.turns[-1].info["tool_calls"][0]["status"] == "unknown_tool"
     assert "divide" in ep.turns[-1].info["agent_error"]
+
+
+@pytest.mark.parametrize(
+    "agent, error",
+    [
+        ("call_then_tool_server_down", "the agent raised URLError: <urlopen error [Errno 111] Connection refused>"),
+        ("call_then_hangs", "the agent did not finish within 3 s"),
+    ],
+)
+def test_a_world_failure_after_a_malformed_tool_call_is_still_an_env_error(tiny_tokenizer, tmp_path, agent, error):
+    """Only the agent ending with an error of its own can be its framework refusing the call."""
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "42"}) + "\n")
+    cfg = command_line_config(
+        RolloutRunConfig,
+        [f"plugins.dataset.path={questions}", f"agent.callable=tests.gateway.agents:{agent}", "agent.timeout_s=3"],
+        {"env.name": "dataset", "model.name": "tiny"},
+    )
+    call = '<tool_call>{"name": "divide", "arguments": {"a": 6, "b": 7}}</tool_call>'
+    with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: call)) as session:
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
+    assert ep.turns[-1].info["tool_calls"][0]["status"] == "unknown_tool"
+    assert ep.end_reason == "env_error" and ep.error == error
+
+
+def test_a_framework_that_raises_on_the_budgets_length_answer_is_truncated_and_scored(tiny_tokenizer, tmp_path):
+    """docs/agents.md: past agent.max_calls the episode ends max_context, scored as it stands, also
+    where the framework raises on the "length" answer instead of returning."""
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "42"}) + "\n")
+    cfg = command_line_config(
+        RolloutRunConfig,
+        [
+            f"plugins.dataset.path={questions}",
+            "agent.callable=tests.gateway.agents:raises_on_length",
+            "agent.max_calls=2",
+        ],
+        {"env.name": "dataset", "model.name": "tiny"},
+    )
+    with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: "42")) as session:
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
+    assert len(ep.turns) == 2 and ep.end_reason == "max_context" and ep.error is None
+    assert ep.turns[-1].info["ground_truth"] == "42" and ep.won  # the env scored its last reply, "42"
+    assert "cut at its length limit" in ep.turns[-1].info["agent_error"]
 
 
 def test_new_tools_start_a_new_row_even_where_the_template_renders_none(smollm2_tokenizer):

@@ -135,6 +135,49 @@ def test_an_env_that_crashes_scoring_the_answer_is_an_env_error_even_with_a_rewa
     assert "agent_reward" not in ep.turns[-1].info  # never scored
 
 
+def test_an_env_whose_result_breaks_the_protocol_is_an_env_error_even_with_a_reward_function():
+    from omrl.data import Episode, Turn
+    from omrl.envs import StepResult
+    from omrl.gateway.play import AgentSpec, _score
+    from tests.gateway.agents import truth_reward
+
+    class NanReward:
+        def step(self, action):
+            return StepResult("ok", float("nan"), True, {"ground_truth": "42"})
+
+    spec = AgentSpec(run=lambda *args: "42", command=None, reward=truth_reward)
+    ep = Episode(
+        env="dataset", task_id=0, split="train", instruction="", turns=[Turn("q", "42", "42", True, 0.0, True)]
+    )
+    assert _score(spec, NanReward(), ep, {"id": 0, "split": "train"}, "42") is False
+    assert ep.end_reason == "env_error" and "the env 'dataset' returned reward nan" in ep.error
+
+
+def test_an_answer_given_as_a_number_is_the_answer_by_callable_or_result_file(questions, tmp_path):
+    writes_42 = tmp_path / "writes_42.py"
+    writes_42.write_text(
+        "import os, pathlib, openai\n"
+        "openai.OpenAI(max_retries=0).chat.completions.create(model='m', messages=[{'role': 'user', 'content': 'hi'}])\n"
+        "pathlib.Path(os.environ['OMRL_RESULT_FILE']).write_text('42')\n"
+    )
+    for agent in [
+        "agent.callable=tests.gateway.agents:answers_a_number",
+        f"agent.command={sys.executable} {writes_42}",
+    ]:
+        with session_for(questions, agent) as session:
+            (ep,) = session.play([0], PlaySpec(split="train")).episodes
+        assert ep.turns[-1].info["ground_truth"] == "42" and ep.won, agent  # never the model's last reply
+
+
+def test_a_reward_function_may_return_numpy_numbers():
+    import numpy as np
+
+    from omrl.gateway.agents import score
+
+    components = score(lambda task, result: {"a": np.float32(0.5), "b": np.int64(1)}, {}, "42", [], 10.0)
+    assert components == {"a": 0.5, "b": 1.0} and all(type(v) is float for v in components.values())
+
+
 def test_a_command_agent_that_exits_non_zero_is_an_env_error(questions, tmp_path):
     crash = tmp_path / "crash.jsonl"
     crash.write_text(json.dumps({"question": "crash now", "answer": "1"}) + "\n")
