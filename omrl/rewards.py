@@ -95,6 +95,13 @@ def _check_options(name: str, fn: RewardFn, options: dict[str, Any]) -> None:
         ) from exc
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past the float range
+        return False
+
+
 def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[float]]:
     """``values`` as floats, after checking one finite float per turn of every episode."""
     if not isinstance(values, (list, tuple)) or len(values) != len(episodes):
@@ -113,7 +120,7 @@ def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[f
             )
         row = []
         for t, value in enumerate(per_turn):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
                 raise RewardError(
                     f"reward {name!r} gave {_describe(ep, i)} turn {t} the value {value!r}; expected a finite float"
                 )
@@ -180,7 +187,7 @@ def compose_rewards(
         _check_options(name, fn, opts)
         try:
             with stage("reward", component=name, episode=f"{len(played)} episodes"):
-                components[name] = _checked(name, fn(played, **opts), played) if played else []
+                values = fn(played, **opts) if played else []
         except StageStalled as stall:
             if not stall.drops_episodes():
                 raise
@@ -189,6 +196,11 @@ def compose_rewards(
                 ep.end_reason, ep.error = "env_error", f"reward {name!r}: {stall}"
             played, components = [], {key: [] for key in weights}
             break
+        except OmrlError:
+            raise
+        except Exception as exc:  # the reward's own failure (or its service's): named, never an omrl bug
+            raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {exc}") from exc
+        components[name] = _checked(name, values, played) if played else []
         # a component may end an episode as env_error itself (a judge that could not score it): from here on
         # it is one of the episodes that measured nothing, for the next components and the total alike
         kept = [i for i, ep in enumerate(played) if ep.end_reason != "env_error"]

@@ -187,6 +187,13 @@ class FakeRewards:
         register("too_few_turns", lambda episodes: [[0.0] for ep in episodes])
         register("not_finite", lambda episodes: [[math.nan] * len(ep.turns) for ep in episodes])
         register("not_a_number", lambda episodes: [["1.0"] * len(ep.turns) for ep in episodes])
+        register("past_floats", lambda episodes: [[10**400] * len(ep.turns) for ep in episodes])
+        register("none_per_episode", episode_reward(lambda ep: None))
+
+        def service_down(episodes):
+            raise ConnectionError("the scoring service is down")
+
+        register("service_down", service_down)
 
 
 @pytest.fixture
@@ -225,6 +232,9 @@ def test_compose_stores_components_and_the_weighted_total(fake_rewards):
         ("too_few_turns", r"reward 'too_few_turns' gave episode 1 \(env 'fake', task 7\) 1 values for its 2 turns"),
         ("not_finite", r"reward 'not_finite' gave episode 0 .* turn 0 the value nan"),
         ("not_a_number", r"reward 'not_a_number' gave episode 0 .* the value '1.0'"),
+        ("past_floats", r"reward 'past_floats' gave episode 0 .* turn 0 the value 1000000"),
+        ("none_per_episode", r"reward 'none_per_episode' raised TypeError: float\(\) argument must be"),
+        ("service_down", r"reward 'service_down' raised ConnectionError: the scoring service is down"),
     ],
 )
 def test_compose_rejects_wrong_shapes_naming_the_reward_and_writes_nothing(fake_rewards, bad, message):
