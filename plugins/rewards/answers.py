@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from decimal import Decimal
 from fractions import Fraction
 from types import ModuleType
 from typing import Any
@@ -59,14 +60,13 @@ def final_number(text: str) -> list[Fraction]:
     []
     """
     for match in reversed(list(_NUMBER.finditer(text))):
-        try:
-            value = Fraction(match["body"].replace(",", "") + (match["exp"] or ""))
-            if match["den"] is not None:
-                if int(match["den"]) == 0:
-                    continue  # "x/0" is no number
-                value /= int(match["den"])
-        except ValueError:  # digits past Python's int-from-text limit
-            continue
+        # through Decimal: Fraction and int refuse text of more digits than Python's int-from-text limit
+        value = Fraction(Decimal(match["body"].replace(",", "") + (match["exp"] or "")))
+        if match["den"] is not None:
+            denominator = Fraction(Decimal(match["den"]))
+            if denominator == 0:
+                continue  # "x/0" is no number
+            value /= denominator
         if match["sign"] in ("-", "\u2212") or match["sign2"] is not None:
             value = -value
         return [value, value / 100] if match["percent"] else [value]

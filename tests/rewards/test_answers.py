@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def test_docstring_examples_hold():
         ("1/0", []),
         ("no number here", []),
         ("", []),
-        ("9" * 5000, []),  # past Python's int-from-text limit: no number rather than an error
+        ("9" * 5000, [Fraction(Decimal("9" * 5000))]),  # past Python's int-from-text limit, read all the same
     ],
 )
 def test_final_number(text, expected):
@@ -78,6 +79,12 @@ def test_final_number(text, expected):
 def test_final_number_of_a_huge_exponent_is_exact_and_compares_without_overflow():
     assert final_number("1e999") == [Fraction(10) ** 999]
     assert numbers_match("1e999", "1e999") and not numbers_match("1e999", "1e998")
+
+
+def test_a_final_number_of_more_digits_than_python_reads_from_text_is_still_the_final_number():
+    huge = "1" * 5000  # past sys.get_int_max_str_digits() (4300): int("1" * 5000) raises
+    assert final_number(f"42, no: {huge}") == [Fraction(Decimal(huge))]  # never the 42 before it
+    assert not numbers_match(f"42, no: {huge}", "42") and numbers_match(f"so {huge}", huge)
 
 
 @pytest.mark.parametrize(
