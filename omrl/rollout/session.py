@@ -24,7 +24,7 @@ from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.seating import PastCheckpoints, SeatSource, close_seating, expert_seating, seating_of
 from omrl.rollout.seats import play_seats
-from omrl.rollout.spec import Played, PlaySpec, RolloutLimits, merged_rewards
+from omrl.rollout.spec import Played, PlaySpec, RolloutLimits, measured, merged_rewards
 from omrl.templates import Template
 
 
@@ -222,7 +222,8 @@ class RolloutSession:
         for env in self.envs:
             mine = [ep for ep in episodes if ep.env == env.name]
             if mine:
-                per_env[env.name], counts[env.name] = env.compose(mine), len(mine)
+                per_env[env.name] = env.compose(mine)
+                counts[env.name] = measured(mine)  # after composing: a reward may fail an episode too
         total = merged_rewards({name: (summary, counts[name]) for name, summary in per_env.items()})
         return Played(episodes, total, per_env)
 

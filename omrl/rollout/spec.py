@@ -77,6 +77,11 @@ class Played:
     trees: list[Any] = field(default_factory=list)
 
 
+def measured(episodes: list[Episode]) -> int:
+    """How many of ``episodes`` measured the agent: an ``env_error`` episode counts in no reward mean."""
+    return sum(ep.end_reason != "env_error" for ep in episodes)
+
+
 def merged_rewards(per_env: dict[str, tuple[dict[str, float], int]]) -> dict[str, float]:
     """Per-episode means over every env from each env's (means, episode count): a term only some
     envs reward is averaged over those envs' episodes."""

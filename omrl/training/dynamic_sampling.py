@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 from omrl.data import Episode
 from omrl.errors import ConfigError
-from omrl.rollout.spec import Played
+from omrl.rollout.spec import Played, measured
 from omrl.search import plays_batched
 from omrl.training.rl_data import trainable
 
@@ -113,8 +113,8 @@ def merged_draws(draws: Sequence[Played]) -> Played:
     per_env: dict[str, list[tuple[int, dict[str, float]]]] = {}
     for played in draws:
         for env, summary in played.env_rewards.items():
-            per_env.setdefault(env, []).append((sum(ep.env == env for ep in played.episodes), summary))
-    rewards = mean_summary([(len(played.episodes), played.rewards) for played in draws])
+            per_env.setdefault(env, []).append((measured([ep for ep in played.episodes if ep.env == env]), summary))
+    rewards = mean_summary([(measured(played.episodes), played.rewards) for played in draws])
     return Played(episodes, rewards, {env: mean_summary(each) for env, each in per_env.items()})
 
 

@@ -223,3 +223,27 @@ def test_in_process_envs_step_on_the_loop_s_thread_and_io_bound_ones_on_their_ow
     assert seen[0] == seen[2] == seen[3] == here
     assert seen[1] == seen[4] != here  # a server's waits overlap the others'
     assert per_pool(items, lambda pool: pool, lambda pool, some: [id(pool)] * len(some)) == [id(p) for p in items]
+
+
+def test_a_mixtures_reward_means_leave_out_the_episodes_that_measured_nothing():
+    """docs: env_error episodes count in no mean; across envs and across dynamic sampling's draws too."""
+    from omrl.data import Episode, Turn
+    from omrl.rollout.session import SessionEnv
+    from omrl.training.dynamic_sampling import merged_draws
+
+    def episode(env, won, failed=False):
+        turn = Turn("o", "Act: x", "x", True, 0.0, True)
+        ep = Episode(env=env, task_id=0, split="train", instruction="", turns=[turn], won=won, score=float(won))
+        if failed:
+            ep.end_reason, ep.error = "env_error", "its server went down"
+        return ep
+
+    envs = [SessionEnv(name, None, None, "train", reward_weights={"goal": 1.0}) for name in ("a", "b")]
+    session = RolloutSession(envs, tokenizer=None, backend=None, limits=None, mixture=True)
+    won_a = [episode("a", True), episode("a", True)]
+    played = session.compose([*won_a, episode("a", False, failed=True), episode("a", False, failed=True)])
+    assert played.env_rewards["a"]["goal"] == 1.0
+    both = session.compose([*won_a, episode("a", False, failed=True), *[episode("b", False) for _ in range(4)]])
+    assert both.rewards["goal"] == pytest.approx(2 / 6)  # 6 episodes measured, 2 won: not 2 / 7
+    drawn = merged_draws([played, session.compose([episode("b", False)])])
+    assert drawn.rewards["goal"] == pytest.approx(2 / 3)  # the first draw's 2 failed episodes left out
