@@ -250,6 +250,10 @@ def test_compose_rejects_bad_configuration():
         compose_rewards(eps, {"gaol": 1.0})
     with pytest.raises(RewardError, match="reward 'goal' does not accept options.*valid options: binary"):
         compose_rewards(eps, {"goal": 1.0}, options={"goal": {"strict": True}})
+    with pytest.raises(RewardError, match=r"reward 'goal' option binary='false' is invalid; valid: true or false"):
+        compose_rewards(eps, {"goal": 1.0}, options={"goal": {"binary": "false"}})  # quoted: no false
+    with pytest.raises(RewardError, match=r"reward 'length_penalty' option budget='abc' is invalid; valid: a number"):
+        compose_rewards(eps, {"length_penalty": 1.0}, options={"length_penalty": {"budget": "abc"}})
     with pytest.raises(RewardError, match="'total' is the composed reward"):
         compose_rewards(eps, {"total": 1.0})
     with pytest.raises(RewardError, match="weight for 'goal' must be a finite number"):
