@@ -71,6 +71,7 @@ def check_outputs(
         seen[where] = what
         if path.is_dir():
             raise OutputError(f"{what} {path} is a directory; give a file path (e.g. {path / _example(what)})")
+        _check_folders(what, path)
         for source_what, source in sources.items():
             if source.exists() and where == _resolved(source):
                 raise OutputError(
@@ -101,8 +102,12 @@ def fresh_dir(parent: str, stem: str) -> str:
 def check_run_dir(output_dir: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
     """A training run's ``output_dir`` must not be an input, lie inside one, or hold one among its own
     files: the run writes its model, config.yaml, metrics.jsonl and checkpoints there, over a base
-    model or a dataset kept in it. (An input merely kept in ``output_dir``, beside those, is safe.)"""
-    out = _resolved(Path(output_dir).expanduser())
+    model or a dataset kept in it. (An input merely kept in ``output_dir``, beside those, is safe.) It
+    must be a folder, or a path where one can be made."""
+    if not str(output_dir).strip():
+        raise OutputError("output_dir is empty; give a folder for the run (e.g. --output-dir runs/my-run)")
+    given = Path(output_dir).expanduser()
+    out = _resolved(given)
     for what, path in inputs.items():
         if not path or not Path(path).expanduser().exists():
             continue  # a hub id or a built-in name: nothing on disk to replace
@@ -113,6 +118,9 @@ def check_run_dir(output_dir: str | os.PathLike, inputs: Mapping[str, str | os.P
                 f"output_dir {output_dir} overlaps the input {what} {path}: the run would write its "
                 "model, config.yaml and checkpoints over it; choose another output_dir"
             )
+    if given.exists() and not given.is_dir():
+        raise OutputError(f"output_dir {output_dir} is a file; give a folder for the run (e.g. {given}-run)")
+    _check_folders("output_dir", given)
 
 
 def own_file(path: Path) -> str | None:
@@ -148,5 +156,18 @@ def _resolved(path: Path) -> Path:
     return Path(os.path.realpath(path))
 
 
+def _check_folders(what: str, path: Path) -> None:
+    """Refuse ``path`` when a folder it would go in is a file: it could never be written (found before any
+    work, not after)."""
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                raise OutputError(f"{what} {path} cannot be written: {folder} is a file, not a folder")
+            return
+
+
 def _example(what: str) -> str:
-    return "report.json" if "report" in what else "out.html" if "out" in what else "output"
+    """A file name to suggest inside the directory that ``what`` names."""
+    if "report" in what:
+        return "report.json"
+    return {"--out": "page.html", "the target": "conversations.jsonl"}.get(what, "episodes.parquet")

@@ -34,6 +34,11 @@ def convert(
         },
     )
     conversations = load_conversations(source, min_reward)
+    if not conversations:  # an empty file written and exit 0 would pass for a conversion
+        from omrl.errors import OmrlError
+
+        kept = f" with reward >= {min_reward:g}" if min_reward > float("-inf") else ""
+        raise OmrlError(f"{source} holds no conversation{kept}; nothing written to {target}")
     write_conversations(conversations, target, style)
     typer.echo(f"wrote {reward_summary(conversations)} to {target}")
 

@@ -176,7 +176,7 @@ def serve(
         "from this machine only; any other (0.0.0.0: every one) "
         "is served with a warning.",
     ),
-    port: int = typer.Option(8000, help="Port to listen on."),
+    port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on."),
     token: str = typer.Option(
         None,
         "--token",
@@ -235,7 +235,7 @@ def play(
     name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
     task: int = typer.Option(None, "--task", help="Task id (default: the split's first)."),
     split: str = typer.Option("test", "--split", help="Split to take the task from."),
-    max_turns: int = typer.Option(0, "--max-turns", help="Turn cap; 0 uses the env's own."),
+    max_turns: int = typer.Option(0, "--max-turns", min=0, help="Turn cap; 0 uses the env's own."),
     option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
 ) -> None:
     """Play one episode yourself: type actions, `:expert` for the expert's, `:quit` to stop, `:help`."""

@@ -15,7 +15,7 @@ def plot(
         help="Only these panels or metrics (repeatable), e.g. -m reward -m kl; on a run over several envs "
         "-m success also draws by-env/success.png (success and success/<env> for each env).",
     ),
-    dpi: int = typer.Option(150, "--dpi", help="Resolution of the PNG files."),
+    dpi: int = typer.Option(150, "--dpi", min=1, help="Resolution of the PNG files."),
 ) -> None:
     """Write one PNG per group of curves (reward and its components, success, KL, entropy, loss,
     lengths, step time, throughput, ...) from metrics.jsonl. On a run over several envs, each metric

@@ -51,6 +51,7 @@ def train(
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
     from omrl.config.options import RmTrainRunConfig
+    from omrl.config.presets import preset_inputs
     from omrl.data.mixture import dataset_inputs, mix_line
     from omrl.outputs import check_run_dir
     from omrl.parallel import is_main_process
@@ -59,7 +60,8 @@ def train(
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
     cfg = command_line_config(RmTrainRunConfig, args, {**flags, "resume": True if resume else None})
     datasets = dataset_inputs(cfg.dataset, "--data")  # each dataset of a mixture
-    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, **datasets, "--eval-data": cfg.eval_dataset})
+    inputs = {"--model": cfg.model.name, **datasets, "--eval-data": cfg.eval_dataset, **preset_inputs(args, resume)}
+    check_run_dir(cfg.logging.output_dir, inputs)
     hf_logging.disable_progress_bar()
     summary = stop_on_interrupt(lambda: run_rm_train(cfg), err_console)
     if is_main_process():

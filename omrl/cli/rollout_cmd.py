@@ -161,6 +161,8 @@ def check_rollout_outputs(cfg) -> None:
     from omrl.outputs import OutputError, check_outputs
     from omrl.rollout.convert import jsonl_path_for
 
+    if not str(cfg.output).strip():
+        raise OutputError("--output is empty; valid: a .parquet path, e.g. --output episodes.parquet")
     output = Path(cfg.output)
     if output.suffix.lower() == ".jsonl":
         raise OutputError(

@@ -87,7 +87,7 @@ def sft(
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
     from omrl.config.options import SftRunConfig
-    from omrl.config.presets import resumed_preset, user_sets
+    from omrl.config.presets import preset_inputs, resumed_preset, user_sets
     from omrl.data.mixture import dataset_inputs, mix_line
     from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process
@@ -99,7 +99,8 @@ def sft(
     asked = output_dir is not None or user_sets(args, "logging.output_dir")  # runs/sft said is runs/sft
     if not asked and cfg.logging.output_dir in ("", "runs/sft"):  # the default: a fresh directory per run
         cfg.logging.output_dir = fresh_dir("runs", "sft")
-    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, **dataset_inputs(cfg.dataset, "--dataset")})
+    inputs = {"--model": cfg.model.name, **dataset_inputs(cfg.dataset, "--dataset"), **preset_inputs(args, resume)}
+    check_run_dir(cfg.logging.output_dir, inputs)
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)
     if is_main_process():  # under accelerate launch, one summary rather than one per process

@@ -61,7 +61,7 @@ def train(
     from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
     from omrl.config.options import TrainRunConfig
-    from omrl.config.presets import resumed_preset, split_preset, user_sets
+    from omrl.config.presets import preset_inputs, resumed_preset, split_preset, user_sets
     from omrl.errors import ConfigError
     from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process
@@ -84,7 +84,7 @@ def train(
     asked = output_dir is not None or user_sets(args, "logging.output_dir")  # runs/train said is runs/train
     if not asked and cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = fresh_dir("runs", f"{cfg.algorithm.name}-{env_folder_name(cfg)}")
-    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name})  # before any model loads
+    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, **preset_inputs(args, resume)})  # before loading
     check_before_loading(cfg)
     build_envs_first(cfg)
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process

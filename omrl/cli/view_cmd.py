@@ -28,7 +28,7 @@ def view(
         metavar="PATH",
     ),
     port: int = typer.Option(
-        None, "--port", help="Port to serve on (default 8765, or the next free one; 0: any free one)."
+        None, "--port", min=0, max=65535, help="Port to serve on (default 8765, or the next free one; 0: any free one)."
     ),
     host: str = typer.Option(
         "127.0.0.1",
@@ -44,6 +44,7 @@ def view(
     max_episodes: int = typer.Option(
         200,
         "--max-episodes",
+        min=1,
         help="With --out: how many episodes the file holds (the first ones; comparing, of each side, the changed "
         "ones first; the overview and curves are always whole).",
     ),

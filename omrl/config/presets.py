@@ -75,6 +75,16 @@ def split_preset(preset: str | None, overrides: list[str] | None) -> tuple[str |
     return preset, overrides
 
 
+def preset_inputs(args: list[str] | None, resume: bool = False) -> dict[str, str]:
+    """The user's own YAML file among the command line ``[PRESET] [key=value ...]``, as an input a run
+    must not write over (``{"the preset": path}``); none for a shipped preset or a resumed run (which
+    plays its own config.yaml)."""
+    preset, _ = split_preset(args[0] if args else None, [])
+    if resume or preset is None or not Path(preset).suffix:
+        return {}
+    return {"the preset": preset}
+
+
 def user_sets(args: list[str] | None, key: str) -> bool:
     """Whether the command line ``[PRESET] [key=value ...]`` sets the dotted ``key``: by an override
     of it (or of a section holding it), or in a YAML file of the user's own. A shipped preset's

@@ -42,6 +42,7 @@ from omrl.rm.labels import check_label, check_outcomes
 from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
 from omrl.training import recipe
 from omrl.training.metrics import StepCallback
+from omrl.training.model_setup import made_trainable
 
 IN_MIXTURE = "(in a mixture each dataset pairs its own episodes)"
 
@@ -95,23 +96,7 @@ class RmRecipe:
             device=str(self.device),
             trust_remote_code=cfg.model.trust_remote_code,
         )
-        if cfg.model.gradient_checkpointing:
-            enable = (
-                getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-            )  # the older name (transformers < 5)
-            enable({"use_reentrant": False})
-        if cfg.model.lora_rank > 0:
-            from peft import LoraConfig, get_peft_model
-
-            lora = LoraConfig(
-                r=cfg.model.lora_rank,
-                lora_alpha=cfg.model.lora_alpha,
-                lora_dropout=cfg.model.lora_dropout,
-                target_modules=list(cfg.model.lora_target_modules),
-                task_type="TOKEN_CLS",
-                modules_to_save=["score"],
-            )  # the new head trains whole
-            model = get_peft_model(model, lora)
+        model = made_trainable(model, cfg.model, task_type="TOKEN_CLS", new_heads=("score",))  # a new head: whole
         self.model = self.strategy.prepare(model)
 
     def _setup_data(self) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from omrl.chat import check_history
 from omrl.data.trajectory import Episode
+from omrl.errors import ConfigError
 
 
 @dataclass
@@ -28,7 +29,8 @@ class RolloutLimits:
         cls, generation: Any, max_turns: int = 0, history: str = "keep", template_kwargs: dict | None = None
     ) -> "RolloutLimits":
         """From a GenerationConfig plus the env config's ``max_turns`` and the chat config's ``history`` and
-        ``template_kwargs``."""
+        ``template_kwargs``, each checked (:func:`check_generation`)."""
+        check_generation(generation, max_turns)
         return cls(
             generation.max_new_tokens,
             generation.max_context,
@@ -38,6 +40,23 @@ class RolloutLimits:
             check_history(history),
             dict(template_kwargs or {}),
         )
+
+
+def check_generation(generation: Any, max_turns: int = 0) -> None:
+    """Refuse sampling settings no episode can be played with (a GenerationConfig, and ``env.max_turns``),
+    naming each and what is valid."""
+    if not generation.temperature >= 0 or not 0 < generation.top_p <= 1:
+        raise ConfigError(
+            f"generation.temperature must be >= 0 (0: greedy) and generation.top_p in (0, 1]; got "
+            f"temperature={generation.temperature}, top_p={generation.top_p}"
+        )
+    if generation.max_new_tokens < 1 or generation.max_context <= generation.max_new_tokens:
+        raise ConfigError(
+            f"generation.max_new_tokens must be >= 1 and generation.max_context larger than it (it holds "
+            f"the prompt too); got max_new_tokens={generation.max_new_tokens}, max_context={generation.max_context}"
+        )
+    if max_turns < 0:
+        raise ConfigError(f"env.max_turns must be >= 0 (0: the env's own cap), got {max_turns}")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.config.options import ModelConfig
-from omrl.errors import WriteFailed, short_repr, write_failure
+from omrl.errors import ConfigError, WriteFailed, short_repr, write_failure
 from omrl.models import MODEL_MANIFEST, load_model
 from omrl.models.manifest import manifest
 
@@ -25,23 +25,37 @@ def load_trainable_model(cfg: ModelConfig, device: str, chat: Any = None) -> tup
         check_template_options(tokenizer, chat.template_kwargs)
         check_run_template(tokenizer, check_history(chat.history), chat.template_kwargs)
     model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device, trust_remote_code=cfg.trust_remote_code)
+    return made_trainable(model, cfg), tokenizer
+
+
+def check_model_config(cfg: ModelConfig) -> None:
+    """Refuse model settings no recipe can train with (checked again as the model is made trainable)."""
+    if cfg.lora_rank < 0:
+        raise ConfigError(f"model.lora_rank must be >= 0 (0: full fine-tuning), got {cfg.lora_rank}")
+
+
+def made_trainable(model: Any, cfg: ModelConfig, task_type: str = "CAUSAL_LM", new_heads: tuple[str, ...] = ()) -> Any:
+    """``model`` with gradient checkpointing and a LoRA adapter as ``cfg`` asks (``new_heads``: modules
+    trained whole beside the adapter, as a reward model's score head)."""
+    check_model_config(cfg)
     if cfg.gradient_checkpointing:
         enable = (
             getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
         )  # the older name (transformers < 5)
         enable({"use_reentrant": False})
-    if cfg.lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
+    if cfg.lora_rank == 0:
+        return model
+    from peft import LoraConfig, get_peft_model
 
-        lora = LoraConfig(
-            r=cfg.lora_rank,
-            lora_alpha=cfg.lora_alpha,
-            lora_dropout=cfg.lora_dropout,
-            target_modules=list(cfg.lora_target_modules),
-            task_type="CAUSAL_LM",
-        )
-        model = get_peft_model(model, lora)
-    return model, tokenizer
+    lora = LoraConfig(
+        r=cfg.lora_rank,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.lora_target_modules),
+        task_type=task_type,
+        modules_to_save=list(new_heads) or None,
+    )
+    return get_peft_model(model, lora)
 
 
 def load_frozen_copy(cfg: ModelConfig, device: str) -> Any:

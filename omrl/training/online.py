@@ -24,12 +24,13 @@ from omrl.evaluation import check_max_env_error_rate
 from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members
 from omrl.parallel import Strategy
 from omrl.rollout import PlaySpec, RolloutSession, SessionEnv
+from omrl.rollout.spec import check_generation
 from omrl.search import plays_batched, strategy_traits
 from omrl.search.context import check_budget
 from omrl.supervisor import stage
 from omrl.training import async_generation, dynamic_sampling, env_scale, greedy_baseline
 from omrl.training.metrics import MetricsLogger, NullLogger
-from omrl.training.model_setup import load_frozen_copy, load_trainable_model
+from omrl.training.model_setup import check_model_config, load_frozen_copy, load_trainable_model
 from omrl.training.rl_data import TaskOrder
 
 
@@ -52,17 +53,8 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
         )
     if cfg.train_tasks < 0:
         raise ConfigError(f"train_tasks must be >= 0 (0: the whole split), got {cfg.train_tasks}")
-    gen = cfg.generation
-    if not gen.temperature >= 0 or not 0 < gen.top_p <= 1:
-        raise ConfigError(
-            f"generation.temperature must be >= 0 (0: greedy) and generation.top_p in (0, 1]; got "
-            f"temperature={gen.temperature}, top_p={gen.top_p}"
-        )
-    if gen.max_new_tokens < 1 or gen.max_context <= gen.max_new_tokens:
-        raise ConfigError(
-            f"generation.max_new_tokens must be >= 1 and generation.max_context larger than it (it holds "
-            f"the prompt too); got max_new_tokens={gen.max_new_tokens}, max_context={gen.max_context}"
-        )
+    check_generation(cfg.generation, cfg.env.max_turns)
+    check_model_config(cfg.model)
     if algo.critic not in ("head", "model"):
         raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
     ignored = [key for key, value in (("kl_target", algo.kl_target), ("teacher", algo.teacher)) if value]

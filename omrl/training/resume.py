@@ -48,6 +48,12 @@ def resume_point(
             f"{output_dir} holds checkpoints of an earlier run; pass --resume to continue it, "
             "or choose another output_dir"
         )
+    metrics = Path(output_dir) / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size:  # a run that logged steps, then stopped before a checkpoint
+        raise CheckpointError(
+            f"{output_dir} holds an earlier run (its metrics.jsonl) with no checkpoint to resume; a fresh run "
+            "would write over it: choose another output_dir, or delete that one"
+        )
     return None
 
 

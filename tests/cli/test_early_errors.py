@@ -48,3 +48,74 @@ def test_an_unknown_algorithm_name_is_refused_before_loading(override, message, 
                              "--output-dir", str(tmp_path / "run"))  # fmt: skip
     assert code == 2
     assert message in err
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("not a folder")
+    return path
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        (("train", "--env", "gridworld", "--output-dir", "{file}"), "output_dir {file} is a file"),
+        (("sft", "--dataset", "x.parquet", "--output-dir", "{file}"), "output_dir {file} is a file"),
+        (("train", "--env", "gridworld", "--output-dir", ""), "output_dir is empty"),
+        (("eval", "--env", "gridworld", "--output-dir", "{file}/sub"), "{file} is a file, not a folder"),
+        (("rollout", "--env", "gridworld", "-o", "{file}/x.parquet"), "{file} is a file, not a folder"),
+        (("rollout", "--env", "gridworld", "-o", ""), "--output is empty"),
+        (("eval", "--env", "gridworld", "generation.top_p=5"), "generation.top_p in (0, 1]"),
+        (("rollout", "--env", "gridworld", "generation.temperature=-1", "-o", "x.parquet"), "temperature=-1"),
+        (("eval", "--env", "gridworld", "env.max_turns=-3"), "env.max_turns must be >= 0"),
+        (
+            ("train", "--env", "gridworld", "model.lora_rank=-2", "--output-dir", "{tmp}/run"),
+            "model.lora_rank must be >= 0",
+        ),
+    ],
+)
+def test_an_output_or_a_setting_no_run_can_use_is_refused_before_any_work(words, message, omrl_main, no_model,
+                                                                           a_file, tmp_path, monkeypatch):  # fmt: skip
+    """Each used to crash as an omrl bug after the work (a path under a file), write into the current folder
+    (an empty output_dir), or run with it (a top_p of 5, a negative turn cap or LoRA rank) and exit 0."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = omrl_main(*(w.format(file=a_file, tmp=tmp_path) for w in words), "--model", "tiny")
+    assert code == 2, err
+    assert message.format(file=a_file) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
+
+
+def test_a_run_folder_without_checkpoints_is_not_started_over(omrl_main, no_model, tmp_path):
+    """A run that stopped before its first checkpoint keeps its metrics.jsonl: a fresh run would replace it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    code, _, err = omrl_main("train", "--env", "gridworld", "--model", "tiny", "--output-dir", str(run))
+    assert code == 2 and "holds an earlier run (its metrics.jsonl) with no checkpoint to resume" in err
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n'
+
+
+def test_a_run_is_refused_an_output_dir_that_holds_its_own_preset(omrl_main, no_model, tmp_path):
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "config.yaml").write_text("env:\n  name: gridworld\nsteps: 1\n")
+    code, _, err = omrl_main("train", str(project / "config.yaml"), "--model", "tiny", "--output-dir", str(project))
+    assert code == 2 and "overlaps the input the preset" in err
+    assert (project / "config.yaml").read_text() == "env:\n  name: gridworld\nsteps: 1\n"
+
+
+@pytest.mark.parametrize(
+    "words, named",
+    [
+        (("view", "x.parquet", "--port", "99999"), "--port"),
+        (("env", "serve", "gridworld", "--port", "-1"), "--port"),  # 70000 would serve on 4464, forever
+        (("plot", "run", "--dpi", "0"), "--dpi"),
+        (("view", "x.parquet", "--out", "x.html", "--max-episodes", "-1"), "--max-episodes"),
+        (("env", "play", "gridworld", "--max-turns", "-1"), "--max-turns"),
+    ],
+)
+def test_an_option_out_of_its_range_is_refused_naming_it(words, named, omrl_main, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = omrl_main(*words)
+    assert code == 2 and f"Invalid value for '{named}'" in err
