@@ -14,8 +14,8 @@ from omrl.cli.settings import play_settings
 from omrl.errors import ConfigError
 
 
-def split_list(text: str | None, flag: str) -> list[str] | None:
-    """``"a, b,c"`` as ``["a", "b", "c"]`` (None when the flag was not given).
+def split_list(text: str | None, flag: str, example: str = "chain,beam") -> list[str] | None:
+    """``"a, b,c"`` as ``["a", "b", "c"]`` (None when the flag was not given); ``example``: a valid value.
 
     >>> split_list("chain, beam", "--strategies")
     ['chain', 'beam']
@@ -24,13 +24,13 @@ def split_list(text: str | None, flag: str) -> list[str] | None:
         return None
     items = [item.strip() for item in text.split(",")]
     if not all(items):
-        raise ConfigError(f"{flag} {text!r} has an empty item; valid: names separated by commas, e.g. chain,beam")
+        raise ConfigError(f"{flag} {text!r} has an empty item; valid: items separated by commas, e.g. {example}")
     return items
 
 
 def parse_budgets(text: str | None) -> list[int] | None:
     """``"500,1000"`` as ``[500, 1000]``; ConfigError naming an item that is not a positive whole number."""
-    items = split_list(text, "--budgets")
+    items = split_list(text, "--budgets", example="500,1000,2000")
     if items is None:
         return None
     for item in items:

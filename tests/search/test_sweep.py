@@ -153,7 +153,7 @@ def test_an_interrupted_sweep_keeps_its_finished_cells_and_says_how_to_go_on(reg
         (["--budgets", "500,abc"], "--budgets '500,abc': 'abc' is not a positive whole number of tokens"),
         (["--budgets", "0"], "'0' is not a positive whole number of tokens"),
         (["--budgets", "-20"], "'-20' is not a positive whole number of tokens"),
-        (["--budgets", "500,,1000"], "has an empty item"),
+        (["--budgets", "500,,1000"], "has an empty item; valid: items separated by commas, e.g. 500,1000,2000"),
         (["--budgets", "4"], "budget 4 is smaller than one reply (generation.max_new_tokens=8)"),
         (["--budgets", "16,16"], "budgets lists 16 more than once"),
         (["plugins.beam.width=0"], "beam option width=0 is invalid"),
