@@ -69,9 +69,10 @@ def step_problem(result: Any) -> str | None:
     """What is wrong with a value ``step`` returned ("returned reward nan; ..."), or None when nothing is.
 
     The protocol promises text for the observation, finite numbers for the
-    reward and ``info["score"]`` and a bool for ``info["won"]``: a NaN reward
-    would poison every advantage of its batch and a ``won`` of "yes" would
-    count as a win.
+    reward and ``info["score"]`` (in [0, 1]) and bools for ``done`` and
+    ``info["won"]``: a NaN reward would poison every advantage of its batch,
+    a score of 37 would be trained as a reward of 37, and a ``won`` of "yes"
+    would count as a win.
     """
     if not isinstance(result, StepResult):
         return f"returned a {type(result).__name__}, not a StepResult"
@@ -82,9 +83,12 @@ def step_problem(result: Any) -> str | None:
     for name, value in (("reward", result.reward), ("score", result.info.get("score", 0.0))):
         if not _finite_number(value):
             return f"returned {name} {short_repr(value)}; it must be a finite number"
-    won = result.info.get("won", False)
-    if not isinstance(won, (bool, np.bool_)):
-        return f"returned won {short_repr(won)}; it must be True or False"
+    score = result.info.get("score", 0.0)
+    if not 0.0 <= score <= 1.0:
+        return f"returned score {short_repr(score)}; it must be in [0, 1] (a reward of any size goes in reward)"
+    for name, flag in (("won", result.info.get("won", False)), ("done", result.done)):
+        if not isinstance(flag, (bool, np.bool_)):
+            return f"returned {name} {short_repr(flag)}; it must be True or False"
     return None
 
 

@@ -142,7 +142,7 @@ def _json_rows(file: Path) -> list[tuple[str, Any]]:
         return [(f"{file} record {i}", record) for i, record in enumerate(records, 1)]
     return [
         (f"{file} line {number}", _parse_json(line, f"{file} line {number}", "one JSON object per line (JSONL)"))
-        for number, line in enumerate(text.splitlines(), 1)
+        for number, line in enumerate(text.split("\n"), 1)  # not splitlines: JSON strings may hold U+2028 raw
         if line.strip()
     ]
 

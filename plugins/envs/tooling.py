@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult
-from omrl.errors import short_repr
+from omrl.errors import ConfigError, short_repr
 
 ANSWER_TOOL = "answer"
 
@@ -87,8 +87,8 @@ class ToolEnv(Env):
     deterministic = False
 
     def __init__(self, inner: Env, tools: Sequence[Tool], max_calls: int = 4):
-        if max_calls < 1:
-            raise ValueError(f"max_calls must be at least 1, got {max_calls!r}")
+        if isinstance(max_calls, bool) or not isinstance(max_calls, int) or max_calls < 1:
+            raise ConfigError(f"max_calls (tool calls an episode may make) must be 1 or more, got {max_calls!r}")
         self.inner, self.max_calls = inner, max_calls
         self.own_tools = {tool.spec["name"]: tool for tool in tools}
         inner_tools = list(getattr(inner, "tools", None) or [])

@@ -604,9 +604,10 @@ def webarena_app() -> FastAPI:
 # -- an omrl-style server that says whether its env is deterministic -----------------------
 
 
-def served_app(deterministic: Optional[bool]) -> FastAPI:
+def served_app(deterministic: Optional[bool], **described: Any) -> FastAPI:
     """Answers like ``omrl env serve`` (instance names, ``GET /tasks``, ``won``/``score`` in step
-    answers), with ``deterministic`` in its ``/create`` and ``GET /tasks`` answers unless it is None."""
+    answers), with ``deterministic`` in its ``/create`` and ``GET /tasks`` answers unless it is None;
+    ``described``: other ``GET /tasks`` fields, in place of its own."""
     extra = {} if deterministic is None else {"deterministic": deterministic}
     app, envs = id_app(-1, instance="abc123", **extra)
 
@@ -620,6 +621,7 @@ def served_app(deterministic: Optional[bool]) -> FastAPI:
                 "max_turns": 3,
                 "demonstration": [],
                 **extra,
+                **described,
             }
         return {"split": split, "range": [0, 2, 1]}
 

@@ -847,3 +847,24 @@ def test_an_omrl_server_of_an_env_named_like_a_known_one_is_read_the_omrl_way(co
     result = play_with_expert(env, 9)  # the served env's expert answers too
     assert result.won and result.score == 1.0
     env.close()
+
+
+@pytest.mark.parametrize(
+    "described, wrong",
+    [
+        ({"max_turns": "three"}, "max_turns must be a whole number of turns, 1 or more; got 'three'"),
+        ({"max_turns": 0.5}, "max_turns must be a whole number of turns, 1 or more; got 0.5"),
+        (
+            {"demonstration": [["only an observation"]]},
+            "demonstration must be a list of [observation, thought, action]",
+        ),
+        ({"action_help": 42}, "action_help must be text; got 42"),
+    ],
+)
+def test_a_self_description_the_client_cannot_use_is_an_env_error_naming_it(described, wrong):
+    """A server answering garbage: never a TypeError reported as an omrl bug, never a turn cap of 0."""
+    with background_server(served_app(None, **described)) as url:
+        env = AgentGymEnv(base_url=url, env_name="echo", **FAST)
+        with pytest.raises(EnvError, match=re.escape(f"GET /tasks failed: {wrong}")):
+            print(env.max_turns, env.demonstration, env.action_help)
+        env.close()

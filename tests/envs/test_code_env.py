@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import stat
 import time
@@ -120,6 +121,21 @@ def test_code_sent_through_the_tool_cannot_escape(tmp_path):
         "root": "PermissionError",
     }
     assert list(tmp_path.iterdir()) == [tmp_path / "secret.txt"]
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"memory_mb": 64}, "memory_mb=64 is invalid; valid: 128 or more"),
+        ({"timeout_s": "fast"}, "timeout_s must be a positive number, got 'fast'"),
+        ({"persistent": "maybe"}, "persistent='maybe' is invalid; valid: true or false"),
+        ({"max_calls": 0}, "max_calls (tool calls an episode may make) must be 1 or more, got 0"),
+    ],
+)
+def test_an_option_no_sandbox_can_run_with_is_refused_when_the_env_is_built(options, named):
+    """Not every episode's env_error (a config mistake counted as the world's), nor a crash as an omrl bug."""
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        build(**options)
 
 
 def test_a_host_without_the_sandbox_is_refused_before_any_code_runs(monkeypatch):

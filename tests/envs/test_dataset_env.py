@@ -95,6 +95,16 @@ def test_a_json_file_may_hold_a_list_of_rows(tmp_path):
     assert [item.prompt for item in DatasetEnv(path=str(tmp_path / "qa.json")).data.train] == ["0+1=", "1+1=", "2+1="]
 
 
+def test_a_jsonl_line_holding_a_raw_line_separator_in_a_string_is_one_line(tmp_path):
+    """JSON allows U+2028, U+2029 and U+0085 unescaped in strings, and json.dumps(ensure_ascii=False)
+    writes them so: they end no JSONL line."""
+    rows = [{"prompt": "one\u2028two\u2029three\x85four", "answer": "4"}, {"prompt": "5+1=", "answer": "6"}]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    items = DatasetEnv(path=str(path)).data.train
+    assert [item.prompt for item in items] == [row["prompt"] for row in rows]
+
+
 def test_explicit_keys_and_an_instruction(tmp_path):
     path = write_jsonl(tmp_path / "qa.jsonl", [{"q": "2+2", "a": "4", "question": "ignored"}])
     env = DatasetEnv(path=str(path), prompt_key="q", answer_key="a", instruction="Answer with a number.")

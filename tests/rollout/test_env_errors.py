@@ -9,9 +9,10 @@ import warnings
 import pytest
 
 from omrl.data import read_episodes
-from omrl.envs import EnvError
+from omrl.envs import EnvError, StepResult
+from omrl.rollout import EnvPool, collect
 from omrl.training.metrics import rollout_metrics
-from tests.fakes import KeyEnv, Registers
+from tests.fakes import ActionTemplate, KeyEnv, Registers
 from tests.helpers import cli_exit, keys_eval, keys_rollout
 
 
@@ -107,3 +108,22 @@ def test_training_metrics_leave_env_errors_out_of_success(fake_plugins):
     metrics = rollout_metrics(episodes, 1.0, {})
     assert metrics["success"] == 1.0 and metrics["score"] == 1.0
     assert metrics["env_errors"] == 2.0 and metrics["env_error_rate"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "answer, wrong",
+    [
+        (StepResult("ok", 37.0, True, {"won": False, "score": 37.0}), "returned score 37.0; it must be in [0, 1]"),
+        (StepResult("ok", 0.0, True, {"won": False, "score": -4.0}), "returned score -4.0; it must be in [0, 1]"),
+        (StepResult("ok", 0.0, "no", {"won": False, "score": 0.0}), "returned done 'no'; it must be True or False"),
+    ],
+)
+def test_a_step_answer_outside_the_protocol_is_an_env_error_never_a_reward(tiny_tokenizer, answer, wrong):
+    """A score of 37 would be trained as a reward of 37; a done of "no" would end the episode as true."""
+
+    class Garbled(KeyEnv):
+        def step(self, action):
+            return answer
+
+    (episode,) = collect(EnvPool(Garbled, name="garbled"), ActionTemplate(), tiny_tokenizer, [0], expert=True)
+    assert episode.end_reason == "env_error" and wrong in episode.error

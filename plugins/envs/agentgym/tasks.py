@@ -7,7 +7,7 @@ import json
 from typing import Any, Sequence
 
 from omrl.envs import UnknownTaskError
-from omrl.errors import ConfigError
+from omrl.errors import ConfigError, short_repr
 from omrl_plugins.envs.agentgym.held_env import HeldEnv
 from omrl_plugins.envs.agentgym.splits import describe_ids, task_ids_of
 from omrl_plugins.envs.agentgym.transport import HttpTransport, ServerFailure, ServerRefused, snippet
@@ -38,6 +38,9 @@ class ServerTasks:
                 raise ServerFailure(
                     self._server.message("GET /tasks", f"expected {{'splits': ...}}, got {snippet(json.dumps(answer))}")
                 )
+            wrong = _wrong_description(answer)
+            if wrong:
+                raise ServerFailure(self._server.message("GET /tasks", wrong))
             self._description = answer
         return self._description
 
@@ -70,3 +73,23 @@ class ServerTasks:
         if not any(task_id in ids for ids in splits.values()):
             ranges = ", ".join(f"{n} {describe_ids(ids)}" for n, ids in splits.items())
             raise UnknownTaskError(f"agentgym env {self.env_name!r}: unknown task id {task_id!r}; valid: {ranges}")
+
+
+def _wrong_description(answer: dict[str, Any]) -> str | None:
+    """What is wrong with the optional parts of a server's self-description, or None."""
+    turns = answer.get("max_turns")
+    if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
+        return f"max_turns must be a whole number of turns, 1 or more; got {short_repr(turns)}"
+    help_text = answer.get("action_help")
+    if help_text is not None and not isinstance(help_text, str):
+        return f"action_help must be text; got {short_repr(help_text)}"
+    demonstration = answer.get("demonstration")
+    if demonstration is None:
+        return None
+    fine = isinstance(demonstration, list) and all(
+        isinstance(turn, list) and len(turn) == 3 and all(isinstance(part, str) for part in turn)
+        for turn in demonstration
+    )
+    if not fine:
+        return f"demonstration must be a list of [observation, thought, action] texts; got {short_repr(demonstration)}"
+    return None

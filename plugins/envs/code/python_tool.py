@@ -19,8 +19,11 @@ from typing import Any
 from omrl.envs import EnvError
 from omrl.errors import ConfigError, OmrlError
 from omrl.sandbox.interpreter import Interpreter, InterpreterPool
+from omrl.sandbox.limits import MIN_PROCESS_MB
 from omrl.sandbox.run import check_host
 from omrl_plugins.envs.tooling import ToolResult
+
+PROCESSES = 4  # the most processes the model's code may run at once
 
 SPEC = {
     "name": "python",
@@ -70,16 +73,23 @@ class PythonTool:
         warm: int = 2,
     ):
         for name, value in (("timeout_s", timeout_s), ("memory_mb", memory_mb), ("max_output_chars", max_output_chars)):
-            if not value > 0:
-                raise ConfigError(f"the python tool's {name} must be positive, got {value!r}")
-        if warm < 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"the python tool's {name} must be a positive number, got {value!r}")
+        if memory_mb < MIN_PROCESS_MB * PROCESSES:  # its processes share it: each needs MIN_PROCESS_MB to start
+            raise ConfigError(
+                f"the python tool's memory_mb={memory_mb!r} is invalid; valid: {MIN_PROCESS_MB * PROCESSES} or more "
+                f"(its {PROCESSES} processes share it, {MIN_PROCESS_MB} MB each at least)"
+            )
+        if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
             raise ConfigError(f"the python tool's warm (interpreters kept started) must be 0 or more, got {warm!r}")
+        if not isinstance(persistent, bool):
+            raise ConfigError(f"the python tool's persistent={persistent!r} is invalid; valid: true or false")
         try:
             check_host()  # refuse now, before any model loads: model-written code never runs unsandboxed
         except OmrlError as exc:
             raise ConfigError(f"the python tool cannot run here: {exc}") from exc
         self.persistent, self.timeout_s, self.max_output_chars = persistent, timeout_s, max_output_chars
-        limits = {"memory_mb": memory_mb, "max_processes": 4, "cpu_time_s": int(timeout_s * 20) + 5}
+        limits = {"memory_mb": memory_mb, "max_processes": PROCESSES, "cpu_time_s": int(timeout_s * 20) + 5}
         self._pool_key, pool = acquire_pool(warm, limits)
         self.pool: InterpreterPool | None = pool
         self.live: Interpreter | None = None
