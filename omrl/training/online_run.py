@@ -91,6 +91,8 @@ class OnlineRun:
         self.warn = warn
         if resumed is not None:
             self.task_order.load_state(resumed.data_state)
+            self.health.load_state_dict(resumed.extra)
+            self.tool_health.load_state_dict(resumed.extra)
         if resumed is not None or self.session.backend.shared:
             # a backend with its own copy must roll out with the resumed weights, and a server may have
             # loaded other weights than the ones this run starts from
@@ -324,7 +326,14 @@ def save_checkpoint(recipe: OnlineRecipe, extra: dict[str, Any] | None = None) -
     """Checkpoint an online recipe: besides what every checkpoint keeps, the position in the task
     order, the skipped-update counts, the steps played ahead and the recipe's ``extra``."""
     # waits for the steps played ahead: the handover's deadline, not the checkpoint's
-    kept = {**recipe.skipped.state_dict(), **recipe.run.played_ahead(), **(extra or {})}
+    run = recipe.run
+    kept = {
+        **recipe.skipped.state_dict(),
+        **run.health.state_dict(),
+        **run.tool_health.state_dict(),
+        **run.played_ahead(),
+        **(extra or {}),
+    }
     with stage("checkpoint", episode=f"step {recipe.step}"):
         return save_recipe_checkpoint(recipe, data_state=recipe.run.task_order.state(), extra=kept)
 

@@ -9,6 +9,7 @@ it was a result at all: a run whose episodes all failed in the env, or failed mo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from omrl.errors import ConfigError, EnvFailure
 
@@ -35,6 +36,22 @@ class RolloutHealth:
 
     def restore(self, counts: tuple[int, int, int]) -> None:
         self.episodes_played, self.env_failures, self.episodes_with_a_turn = counts
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the run's counts, so a resumed run is judged on all its episodes."""
+        return {
+            "health_episodes": self.episodes_played,
+            "health_env_failures": self.env_failures,
+            "health_with_a_turn": self.episodes_with_a_turn,
+            "health_first_env_error": self.first_env_error,
+        }
+
+    def load_state_dict(self, extra: dict[str, Any]) -> None:
+        """From a checkpoint's extra state (one written before these were kept: counts from 0, as then)."""
+        self.restore(
+            tuple(int(extra.get(key, 0)) for key in ("health_episodes", "health_env_failures", "health_with_a_turn"))
+        )
+        self.first_env_error = str(extra.get("health_first_env_error", ""))
 
     def add(self, played: int, lost: int, with_turn: int, prompt: int, first_error: str) -> None:
         """Count one play of a step: ``played`` episodes, ``lost`` of them failed in the env (the first

@@ -36,6 +36,13 @@ class ToolHealth:
     def __post_init__(self) -> None:
         check(self.limits)
 
+    def state_dict(self) -> dict[str, int]:
+        """What a checkpoint keeps: the steps in a row counted so far."""
+        return {"tool_dry_steps": self.dry, "tool_malformed_steps": self.malformed}
+
+    def load_state_dict(self, extra: dict[str, Any]) -> None:
+        self.dry, self.malformed = int(extra.get("tool_dry_steps", 0)), int(extra.get("tool_malformed_steps", 0))
+
     def check(self, step: int, metrics: dict[str, float], warn: Callable[[str], None]) -> None:
         """Count ``step``'s rollout; warn, or raise :class:`ToolCallsFailing`, as the limits say."""
         if "valid_call_turn_rate" not in metrics:  # no turn offered tools

@@ -265,3 +265,31 @@ def test_a_run_whose_env_errors_pass_the_stated_share_exits_non_zero_after_savin
     assert (tmp_path / "run" / "model.safetensors").exists()  # the run's model is saved either way
     with pytest.raises(ConfigError, match="max_env_error_rate must be a share between 0 and 1"):
         run_rl(dataclasses.replace(cfg, max_env_error_rate=1.5), console=QUIET)
+
+
+class HealedEnv(GridWorld):
+    """Gridworld whose server failed every odd task's reset until it was mended (``mended``)."""
+
+    mended = False
+
+    def reset(self, task_id: int) -> Observation:
+        if task_id % 2 and not HealedEnv.mended:
+            raise EnvError(f"connection reset while creating task {task_id}")
+        return super().reset(task_id)
+
+
+def test_a_resumed_run_is_judged_on_every_episode_it_played_not_just_those_since(rl_config, register_plugin):
+    """Half of step 1's episodes failed (past max_env_error_rate=0.2); step 2's all played: 1 in 4 of the
+    run failed, still past it. A resume that forgot step 1 would count 0 and exit 0."""
+    register_plugin(EnvPlugin("healed", HealedEnv), name="healed")
+    cfg = rl_config(
+        *("env.name=healed", "steps=1", "tasks_per_step=4", "train_tasks=4", "eval_tasks=0"),
+        "max_env_error_rate=0.2",
+    )
+    HealedEnv.mended = False
+    with pytest.raises(EnvFailure, match=r"failed in the env 'healed'"):
+        run_rl(cfg, console=QUIET)
+    HealedEnv.mended = True
+    resumed = dataclasses.replace(cfg, steps=2, resume=True)
+    with pytest.raises(EnvFailure, match=r"(\d+) of the run's (\d+) episodes \(25%\) failed in the env 'healed'"):
+        run_rl(resumed, console=QUIET)
