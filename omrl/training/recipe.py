@@ -56,6 +56,7 @@ class Recipe(Protocol):
     console: Console
     output_dir: Path
     step: int  # updates done (skipped ones too)
+    saved_step: int  # the step of the last checkpoint this run wrote (-1: none)
     skipped: SkippedUpdates
     strategy: Any  # omrl.parallel.Strategy
     device: Any  # torch.device
@@ -95,7 +96,7 @@ def start_recipe(recipe: Recipe, cfg: Any, on_step_end: StepCallback | None, con
     recipe.on_step_end = on_step_end
     recipe.console = console or Console(stderr=True)
     recipe.output_dir = Path(cfg.logging.output_dir)
-    recipe.step = 0
+    recipe.step, recipe.saved_step = 0, -1
     recipe.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
     recipe.strategy = make_strategy(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
 
@@ -258,6 +259,7 @@ def save_recipe_checkpoint(recipe: Recipe, data_state: dict[str, Any], extra: di
     config, ``data_state`` (where its data stands, to resume at the next batch) and ``extra``
     (default: its skipped-update counts), keeping ``logging.keep_checkpoints`` of them. Every
     process calls; the main one writes."""
+    recipe.saved_step = recipe.step
     return ckpt.save_from_every_process(
         recipe.strategy,
         recipe.output_dir,
@@ -276,7 +278,9 @@ def save_recipe_checkpoint(recipe: Recipe, data_state: dict[str, Any], extra: di
 def save_final(recipe: Recipe) -> None:
     """The end of ``train()``: the final checkpoint (resumable; unless the last step wrote it) and
     the final model with its tokenizer in ``output_dir`` (LoRA merged in). Every process calls."""
-    if ckpt.latest_checkpoint(recipe.output_dir) != ckpt.checkpoint_path(recipe.output_dir, recipe.step):
+    final = ckpt.checkpoint_path(recipe.output_dir, recipe.step)
+    stale = recipe.saved_step != recipe.step  # not this run's: a damaged one a resume went back past, say
+    if ckpt.latest_checkpoint(recipe.output_dir) != final or (stale and ckpt.damage(final) is not None):
         recipe.save_checkpoint()
     save_final_from_every_process(
         recipe.strategy, recipe.model, recipe.tokenizer, recipe.output_dir, merge_lora=recipe.cfg.model.lora_rank > 0

@@ -293,3 +293,19 @@ def test_a_resumed_run_is_judged_on_every_episode_it_played_not_just_those_since
     resumed = dataclasses.replace(cfg, steps=2, resume=True)
     with pytest.raises(EnvFailure, match=r"(\d+) of the run's (\d+) episodes \(25%\) failed in the env 'healed'"):
         run_rl(resumed, console=QUIET)
+
+
+def test_a_damaged_final_checkpoint_is_written_again_by_the_resume_that_went_back_past_it(rl_config):
+    """The resume skips it for the one before and replays the step: the final save must replace it, or every
+    later resume warns and replays that step again."""
+    from omrl.training import checkpoint as ckpt
+
+    cfg = rl_config("steps=3", "logging.save_steps=2", "eval_tasks=0")  # step 3's checkpoint is the final save's
+    run_rl(cfg, console=QUIET)
+    final = ckpt.checkpoint_path(cfg.logging.output_dir, 3)
+    optimizer = final / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:1000])
+    assert ckpt.damage(final) is not None
+    with pytest.warns(UserWarning, match="trying the checkpoint before it"):
+        run_rl(dataclasses.replace(cfg, resume=True), console=QUIET)
+    assert ckpt.damage(final) is None and ckpt.latest_checkpoint(cfg.logging.output_dir) == final
