@@ -51,14 +51,15 @@ def train(
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import command_line_config
     from omrl.config.options import RmTrainRunConfig
-    from omrl.config.presets import preset_inputs
+    from omrl.config.presets import preset_inputs, resumed_preset
     from omrl.data.mixture import dataset_inputs, mix_line
     from omrl.outputs import check_run_dir
     from omrl.parallel import is_main_process
     from omrl.rm.train import run_rm_train
 
     flags = {FLAG_KEYS[name]: value for name, value in locals().items() if name in FLAG_KEYS}
-    cfg = command_line_config(RmTrainRunConfig, args, {**flags, "resume": True if resume else None})
+    preset = resumed_preset(output_dir, resume, None)  # a resume plays the run's own config.yaml, as sft's does
+    cfg = command_line_config(RmTrainRunConfig, args, {**flags, "resume": True if resume else None}, preset)
     datasets = dataset_inputs(cfg.dataset, "--data")  # each dataset of a mixture
     inputs = {"--model": cfg.model.name, **datasets, "--eval-data": cfg.eval_dataset, **preset_inputs(args, resume)}
     check_run_dir(cfg.logging.output_dir, inputs)

@@ -104,7 +104,7 @@ def user_sets(args: list[str] | None, key: str) -> bool:
     return True
 
 
-def resumed_preset(output_dir: str | None, resume: bool, preset: str) -> str:
+def resumed_preset(output_dir: str | None, resume: bool, preset: str | None) -> str | None:
     """The preset a command starts from: with ``--resume``, the run's own ``config.yaml`` (so only
     what changes needs typing again), else ``preset``."""
     if resume and output_dir:

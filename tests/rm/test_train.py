@@ -434,3 +434,13 @@ def test_values_of_an_input_scored_before_are_remembered(data_dir, one_epoch_orm
     counted = len(calls)
     assert counted and rm.score_episodes(episodes) == first and rm.score_episodes(episodes[:3]) == first[:3]
     assert len(calls) == counted  # no forward for inputs scored before
+
+
+def test_rm_train_resume_on_the_command_line_plays_the_runs_own_config(data_dir, tmp_path):
+    """As `omrl sft` and `omrl train`: what Ctrl-C prints (`omrl rm train --resume --output-dir DIR`) works as
+    printed, with no flag typed again."""
+    out = tmp_path / "rm"
+    invoke("rm", "train", "--model", "tiny", "--data", str(data_dir), "--output-dir", str(out),
+           "num_train_epochs=0.5", "logging.tensorboard=false")  # fmt: skip
+    result = invoke("rm", "train", "--resume", "--output-dir", str(out))
+    assert result.exit_code == 0, result.output
