@@ -166,8 +166,17 @@ def has_manifest(path: Path) -> bool:
 def damage(path: Path) -> str | None:
     """What is wrong with complete checkpoint ``path`` (a file missing or changed since it was
     written), or None. One without a manifest (an older omrl's) cannot be checked and passes here:
-    :func:`~omrl.training.resume.resume_checkpoint` refuses it (see :func:`has_manifest`)."""
+    :func:`~omrl.training.resume.resume_checkpoint` refuses it (see :func:`has_manifest`). A COMPLETE
+    marker without its ``step N`` line (emptied, cut) is damage: every omrl writes that line."""
+    if not _step_line(path):
+        return f"its {COMPLETE_MARKER} marker is empty or cut (no 'step N' line)"
     return manifest_damage(path, _manifest_lines(path))
+
+
+def _step_line(path: Path) -> str:
+    """The ``step N`` line that opens checkpoint ``path``'s COMPLETE marker ("" when it has none)."""
+    lines = (path / COMPLETE_MARKER).read_text(errors="replace").splitlines()
+    return lines[0] if lines and lines[0].startswith("step ") else ""
 
 
 def trust_model(path: str | os.PathLike, manifest_name: str) -> list[str]:
@@ -198,9 +207,14 @@ def trust_checkpoint(path: str | os.PathLike) -> bool:
             f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); expected a "
             f"directory like <output_dir>/{CHECKPOINTS_DIR}/step-00000012"
         )
+    step_line = _step_line(path)
+    if not step_line:
+        raise CheckpointError(
+            f"{path}'s {COMPLETE_MARKER} marker is empty or cut: no omrl finished writing it, so it cannot be "
+            "vouched for; resume from the checkpoint before it"
+        )
     if has_manifest(path):
         return False
-    step_line = (path / COMPLETE_MARKER).read_text().splitlines()[0]
     tmp = path / f".{COMPLETE_MARKER}.tmp-{os.getpid()}"
     tmp.write_text(step_line + "\n" + directory_manifest(path))
     _fsync_tree(path)

@@ -142,9 +142,9 @@ def resume_checkpoint(
             "run without --resume to start fresh"
         )
     for path in reversed(found):  # the newest intact one
-        if not has_manifest(path):
-            raise _unverified(path)
         problem = damage(path)
+        if problem is None and not has_manifest(path):
+            raise _unverified(path)
         if problem is None:
             break
         warnings.warn(f"not resuming from {path}: {problem}; trying the checkpoint before it", stacklevel=2)

@@ -309,3 +309,21 @@ def test_a_damaged_final_checkpoint_is_written_again_by_the_resume_that_went_bac
     with pytest.warns(UserWarning, match="trying the checkpoint before it"):
         run_rl(dataclasses.replace(cfg, resume=True), console=QUIET)
     assert ckpt.damage(final) is None and ckpt.latest_checkpoint(cfg.logging.output_dir) == final
+
+
+def test_an_emptied_complete_marker_is_damage_the_resume_goes_back_past(rl_config, capsys):
+    """Not "an older omrl wrote it" (whose trust command then crashed): every omrl writes its step line."""
+    from omrl.training import checkpoint as ckpt
+    from tests.helpers import cli_exit
+
+    cfg = rl_config("steps=2", "logging.save_steps=1", "eval_tasks=0")
+    run_rl(cfg, console=QUIET)
+    newest = ckpt.checkpoint_path(cfg.logging.output_dir, 2)
+    (newest / ckpt.COMPLETE_MARKER).write_text("")
+    code, _, err = cli_exit(capsys, "checkpoint", "trust", str(newest))
+    assert code == 2 and "COMPLETE marker is empty or cut" in err
+    with pytest.warns(
+        UserWarning, match=r"step-00000002: its COMPLETE marker is empty or cut.*the checkpoint before it"
+    ):
+        run_rl(dataclasses.replace(cfg, steps=3, resume=True), console=QUIET)
+    assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2, 3]
