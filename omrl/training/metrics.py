@@ -32,6 +32,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from omrl.atomic import atomic_write_text
 from omrl.config.options import LoggingConfig
+from omrl.errors import OmrlError, short_repr
 from omrl.evaluation import tool_call_health, tool_use
 
 METRICS_FILE = "metrics.jsonl"
@@ -310,16 +311,19 @@ def step_line(metrics: dict[str, Any]) -> str:
 
 
 def read_metrics(output_dir: str | os.PathLike, heartbeats: bool = False) -> list[dict[str, Any]]:
-    """The step records of ``<output_dir>/metrics.jsonl`` (an unreadable last line from a crash is skipped);
-    with ``heartbeats``, the supervisor's heartbeat records too (``{"heartbeat": {...}}``)."""
+    """The step records of ``<output_dir>/metrics.jsonl`` (an unreadable line, as a crash leaves last, and
+    a line that is no record are skipped); with ``heartbeats``, the supervisor's heartbeat records too
+    (``{"heartbeat": {...}}``)."""
     path = Path(output_dir) / METRICS_FILE
     if not path.exists():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(record, dict):
             continue
         if heartbeats or HEARTBEAT not in record:
             records.append(record)
@@ -334,5 +338,13 @@ def _truncate_after(path: Path, step: int) -> None:
     """Keep only the records of steps <= ``step`` (rewritten atomically)."""
     if not path.exists():
         return
-    kept = [json.dumps(r) + "\n" for r in read_metrics(path.parent) if int(r.get("step", 0)) <= step]
+    records = read_metrics(path.parent)
+    for record in records:
+        number = record.get("step", 0)
+        if isinstance(number, bool) or not isinstance(number, int):
+            raise OmrlError(
+                f"{path} holds a record whose step is not a whole number ({short_repr(record)}); "
+                "remove that line, then resume again"
+            )
+    kept = [json.dumps(r) + "\n" for r in records if r.get("step", 0) <= step]
     atomic_write_text(path, "".join(kept))

@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from omrl.envs import Env, EnvError, Observation, StepResult
-from omrl.errors import ConfigError, EnvFailure, Interrupted
+from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 from omrl.training.checkpoint import complete_checkpoints
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
@@ -327,3 +327,17 @@ def test_an_emptied_complete_marker_is_damage_the_resume_goes_back_past(rl_confi
     ):
         run_rl(dataclasses.replace(cfg, steps=3, resume=True), console=QUIET)
     assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2, 3]
+
+
+def test_a_metrics_file_with_lines_that_are_no_records_resumes_or_says_which(rl_config):
+    cfg = rl_config("steps=1", "eval_tasks=0")
+    run_rl(cfg, console=QUIET)
+    metrics = Path(cfg.logging.output_dir) / "metrics.jsonl"
+    with metrics.open("ab") as out:
+        out.write(b"\x9c\xff binary noise\n5\n[1, 2]\n")  # what a crash or a stray write leaves: skipped
+    run_rl(dataclasses.replace(cfg, steps=2, resume=True), console=QUIET)
+    assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2]
+    with metrics.open("a") as out:
+        out.write('{"step": "x"}\n')  # a record: not to be dropped unsaid
+    with pytest.raises(OmrlError, match=r"metrics.jsonl holds a record whose step is not a whole number"):
+        run_rl(dataclasses.replace(cfg, steps=3, resume=True), console=QUIET)
