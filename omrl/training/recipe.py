@@ -89,9 +89,22 @@ class EpochRecipe(Recipe, Protocol):
     step_times: list[float]  # seconds of each step this process ran
 
 
+def check_logging(logging: Any) -> None:
+    """Refuse a checkpoint or logging cadence that means nothing (a LoggingConfig), naming the key."""
+    for key, low, meaning in (
+        ("logging_steps", 1, "log every N steps"),
+        ("save_steps", 0, "checkpoint every N steps; 0: only at the end"),
+        ("keep_checkpoints", 0, "checkpoints kept; 0: all"),
+    ):
+        value = getattr(logging, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"logging.{key} must be a whole number >= {low} ({meaning}), got {value!r}")
+
+
 def start_recipe(recipe: Recipe, cfg: Any, on_step_end: StepCallback | None, console: Console | None) -> None:
     """What every recipe's ``__init__`` sets first: its config, callback, console, output
     directory, step 0, skipped-update counts and strategy."""
+    check_logging(cfg.logging)
     recipe.cfg = cfg
     recipe.on_step_end = on_step_end
     recipe.console = console or Console(stderr=True)

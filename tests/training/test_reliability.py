@@ -341,3 +341,17 @@ def test_a_metrics_file_with_lines_that_are_no_records_resumes_or_says_which(rl_
         out.write('{"step": "x"}\n')  # a record: not to be dropped unsaid
     with pytest.raises(OmrlError, match=r"metrics.jsonl holds a record whose step is not a whole number"):
         run_rl(dataclasses.replace(cfg, steps=3, resume=True), console=QUIET)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("logging.save_steps=-1", "logging.save_steps must be a whole number >= 0"),
+        ("logging.keep_checkpoints=-1", "logging.keep_checkpoints must be a whole number >= 0"),
+        ("logging.logging_steps=0", "logging.logging_steps must be a whole number >= 1"),
+    ],
+)
+def test_a_cadence_that_means_nothing_is_refused_naming_its_key(rl_config, override, message):
+    """save_steps=-1 saved every step (step % -1 == 0) and keep_checkpoints=-1 kept them all, unsaid."""
+    with pytest.raises(ConfigError, match=message):
+        run_rl(rl_config(override), console=QUIET)
