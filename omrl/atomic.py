@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,6 +27,18 @@ def umask() -> int:
     return mask
 
 
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An OSError that names no file (a write's: "No space left on device") names ``path``, so the error
+    says which file could not be written."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
 def _temporary_sibling(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -38,15 +52,16 @@ def _temporary_sibling(path: Path) -> Path:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file, fsync and a rename."""
     path = Path(path)
-    tmp = _temporary_sibling(path)
-    try:
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _naming(path):
+        tmp = _temporary_sibling(path)
+        try:
+            with tmp.open("wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -64,9 +79,10 @@ def atomic_save_figure(figure, path: str | os.PathLike, dpi: int = 100) -> None:
 def atomic_write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: int | None = None) -> None:
     """Write ``table`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
-    tmp = _temporary_sibling(path)
-    try:
-        pq.write_table(table, tmp, row_group_size=row_group_size)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with _naming(path):
+        tmp = _temporary_sibling(path)
+        try:
+            pq.write_table(table, tmp, row_group_size=row_group_size)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)

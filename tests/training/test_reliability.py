@@ -206,6 +206,28 @@ def test_a_full_disk_is_reported_as_the_machines_fault_not_omrls(capsys):
     assert status == 2 and "the disk is full (/runs/x/optimizer.pt)" in err and "bug in omrl" not in err
 
 
+def test_a_full_disk_under_an_atomic_write_names_the_file_it_could_not_write(tmp_path, monkeypatch, capsys):
+    """A write's OSError names no file ("No space left on device"): the error says which one it was."""
+    import pyarrow as pa
+
+    from omrl import atomic
+    from omrl.cli import report_error
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    monkeypatch.setattr(atomic.pq, "write_table", full)
+    for write, path in [
+        (lambda p: atomic.atomic_write_text(p, "x"), tmp_path / "config.yaml"),
+        (lambda p: atomic.atomic_write_parquet(pa.table({"a": [1]}), p), tmp_path / "rollouts.parquet"),
+    ]:
+        with pytest.raises(OSError) as raised:
+            write(path)
+        assert report_error(raised.value, debug=False) == 2
+        assert f"the disk is full ({path})" in capsys.readouterr().err and not path.exists()
+
+
 def test_a_final_model_save_killed_halfway_leaves_nothing_behind_next_time(tiny_model, tmp_path):
     from omrl.training.model_setup import save_final_model
 
