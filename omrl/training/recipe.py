@@ -26,6 +26,7 @@ A recipe that walks epochs of fixed data (SFT, reward models, an :class:`EpochRe
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,7 +43,7 @@ from omrl.parallel import make_strategy
 from omrl.supervisor import supervise
 from omrl.training import checkpoint as ckpt
 from omrl.training.common import SkippedUpdates, seed_everything
-from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory
+from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, read_metrics
 from omrl.training.model_setup import save_final_from_every_process
 from omrl.training.optim import Update, apply_update, build_optimizer, build_scheduler
 from omrl.training.resume import resume_point
@@ -369,6 +370,15 @@ def save_epoch_checkpoint(recipe: EpochRecipe) -> Path:
     )
 
 
+def _final_loss(recipe: EpochRecipe) -> float:
+    """The loss of the run's last applied update: this process's, or, where it ran none (a finished run
+    resumed), the last one the run logged."""
+    if not math.isnan(recipe.last_loss):
+        return recipe.last_loss
+    logged = [r["loss"] for r in read_metrics(recipe.output_dir) if isinstance(r.get("loss"), (int, float))]
+    return float(logged[-1]) if logged else recipe.last_loss
+
+
 def finish(recipe: EpochRecipe, **extra: Any) -> dict[str, Any]:
     """The end of an epoch recipe's ``train()``: :func:`save_final`, then the run's summary (``extra``
     after the final loss)."""
@@ -376,7 +386,7 @@ def finish(recipe: EpochRecipe, **extra: Any) -> dict[str, Any]:
     step_times = recipe.step_times
     return {
         "steps": recipe.step,
-        "final_loss": recipe.last_loss,
+        "final_loss": _final_loss(recipe),
         **extra,
         "skipped_updates": recipe.skipped.count,
         "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,

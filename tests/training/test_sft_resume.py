@@ -88,3 +88,11 @@ def test_lora_run_with_dropout_stopped_by_a_hook_resumes_exactly(sft_config, sft
     cfg = sft_config(logging__output_dir=str(tmp_path / "stopped"), **settings)
     sft_stop_then_resume(cfg, 3, console=QUIET)
     _assert_same_losses(_losses(cfg.logging.output_dir), reference)
+
+
+def test_resuming_a_finished_run_reports_its_last_loss_not_nan(sft_config, tmp_path):
+    cfg = sft_config(logging__output_dir=str(tmp_path / "done"))
+    first = run_sft(cfg, console=QUIET)
+    cfg.resume = True
+    again = run_sft(cfg, console=QUIET)  # no step to run: the summary is the run's all the same
+    assert again["steps"] == first["steps"] and again["final_loss"] == first["final_loss"]
