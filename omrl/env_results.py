@@ -81,7 +81,7 @@ def step_problem(result: Any) -> str | None:
     if not isinstance(result.info, dict):
         return f"returned info {short_repr(result.info)}; it must be a dict"
     for name, value in (("reward", result.reward), ("score", result.info.get("score", 0.0))):
-        if not _finite_number(value):
+        if not finite_number(value):
             return f"returned {name} {short_repr(value)}; it must be a finite number"
     score = result.info.get("score", 0.0)
     if not 0.0 <= score <= 1.0:
@@ -136,7 +136,7 @@ def seat_step_problem(result: Any, seats: Sequence[str]) -> str | None:
                 f"reward, and only those: {', '.join(seats)}"
             )
         for seat, value in result.seat_rewards.items():
-            if not _finite_number(value) or not -1.0 <= value <= 1.0:
+            if not finite_number(value) or not -1.0 <= value <= 1.0:
                 return f"returned seat_rewards[{seat!r}] {short_repr(value)}; it must be a number in [-1, 1]"
         return _seat_problem(None, result.views, seats, "seat")
     return _seat_problem(result.seat, result.views, seats, "seat")
@@ -169,7 +169,7 @@ def reset_problem(first: Any) -> str | None:
     return None
 
 
-def _finite_number(value: Any) -> bool:
+def finite_number(value: Any) -> bool:
     """A real number (Python's or numpy's) that is neither NaN nor infinite."""
     try:
         return isinstance(value, numbers.Real) and math.isfinite(value)

@@ -24,6 +24,7 @@ from bisect import bisect_left
 from typing import Any, Callable, Sequence
 
 from omrl.data.trajectory import Episode
+from omrl.env_results import finite_number
 from omrl.errors import OmrlError
 from omrl.supervisor import StageStalled, stage
 
@@ -103,13 +104,6 @@ def _check_options(name: str, fn: RewardFn, options: dict[str, Any]) -> None:
             raise RewardError(f"reward {name!r} option {key}={value!r} is invalid; valid: a number")
 
 
-def _finite(value: int | float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int past the float range
-        return False
-
-
 def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[float]]:
     """``values`` as floats, after checking one finite float per turn of every episode."""
     if not isinstance(values, (list, tuple)) or len(values) != len(episodes):
@@ -128,7 +122,7 @@ def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[f
             )
         row = []
         for t, value in enumerate(per_turn):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite_number(value):
                 raise RewardError(
                     f"reward {name!r} gave {_describe(ep, i)} turn {t} the value {value!r}; expected a finite float"
                 )

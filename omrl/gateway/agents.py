@@ -23,8 +23,6 @@ import asyncio
 import importlib
 import inspect
 import json
-import math
-import numbers
 import os
 import shlex
 import signal
@@ -35,6 +33,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from omrl.env_results import finite_number
 from omrl.errors import ConfigError
 
 STDERR_TAIL = 2000
@@ -220,7 +219,7 @@ def score(
     components = value if isinstance(value, dict) else {"reward": value}
     out = {}
     for name, number in components.items():
-        if isinstance(number, bool) or not isinstance(number, numbers.Real) or not math.isfinite(number):
+        if isinstance(number, bool) or not finite_number(number):
             raise AgentFailure(f"the reward function returned {name}={number!r}; it must return finite numbers")
         out[str(name)] = float(number)
     if not out:

@@ -43,27 +43,29 @@ def equivalent(predicted: str, truth: str, timeout_s: float) -> bool:
         dead before it reads the job.
     """
     with _slots:
-        for fresh in (False, True):
-            worker = _Worker() if fresh else _take()
-            try:
-                equal = worker.compare(predicted, truth, timeout_s)
-            except BrokenPipeError:
-                worker.close()
-                if fresh:
-                    raise OmrlError(
-                        "a fresh math-verify worker died before it read its job; see stderr above"
-                    ) from None
-                continue
-            except BaseException:
-                worker.close()
-                raise
-            if equal is None:  # past its deadline, or dead on the job: it is not used again
-                worker.close()
-                return False
-            with _lock:
-                _idle.append(worker)
-            return equal
-    raise AssertionError("unreachable")
+        try:
+            return _judged(_take(), predicted, truth, timeout_s)
+        except BrokenPipeError:  # killed while idle: the answer was never judged
+            pass
+        try:
+            return _judged(_Worker(), predicted, truth, timeout_s)
+        except BrokenPipeError:
+            raise OmrlError("a fresh math-verify worker died before it read its job; see stderr above") from None
+
+
+def _judged(worker: "_Worker", predicted: str, truth: str, timeout_s: float) -> bool:
+    """``worker``'s verdict, the worker kept for the next call unless it failed (then it is closed)."""
+    try:
+        equal = worker.compare(predicted, truth, timeout_s)
+    except BaseException:
+        worker.close()
+        raise
+    if equal is None:  # past its deadline, or dead on the job: it is not used again
+        worker.close()
+        return False
+    with _lock:
+        _idle.append(worker)
+    return equal
 
 
 class _Worker:
