@@ -8,12 +8,13 @@ the per-prompt token limit.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, Protocol, Sequence
 
 from omrl.chat.replies import stop_token_ids
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, short_repr
 
 FINISH_REASONS = ("stop", "length")
 
@@ -30,6 +31,27 @@ STATS = {
     "generate_seconds": "seconds spent in generate",
     "prefill_seconds": "of those, seconds before the first token was sampled (running the prompts)",
 }
+
+
+def checked_logprobs(values: Any, count: int, source: str, error: type[OmrlError] = OmrlError) -> list[float]:
+    """The ``count`` sampled tokens' log-probs, as ``source`` (the field they came from) gave them, as
+    floats; ``error`` when they are missing, short or not finite numbers. A trajectory keeps them
+    for training, where a made-up 0.0 would weigh the token's importance ratio by its probability
+    (about one over the vocabulary) and a NaN would make the loss NaN."""
+    if not isinstance(values, list) or len(values) != count:
+        raise error(
+            f"{source} is {short_repr(values)}, not a list of the {count} sampled tokens' log-probs; "
+            "its turn cannot be trained on"
+        )
+    out = []
+    for i, value in enumerate(values):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise error(
+                f"{source}: the log-prob of token {i} is {short_repr(value)}, not a finite number; "
+                "its turn cannot be trained on"
+            )
+        out.append(float(value))
+    return out
 
 
 def generation_metrics(stats: dict[str, float]) -> dict[str, float]:

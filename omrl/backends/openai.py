@@ -3,10 +3,10 @@
 Token-exact path: ``POST {base_url}/completions`` with the prompt as token ids
 and ``logprobs``, asking for the sampled ids back (vLLM's ``return_token_ids``,
 or ``return_tokens_as_token_ids`` in the log-probs). When the server refuses
-token-id prompts (an HTTP 4xx) the backend switches to
+token-id prompts (an HTTP 4xx to its first request) the backend switches to
 ``/chat/completions`` with the chat as text for the rest of its life; such
 turns are tokenized locally and marked ``token_exact=False``, so they can be
-evaluated but not trained on: a special token's string in such a reply is text,
+evaluated but not trained on (a trainer's backend, one with a weight sync, stops there instead): a special token's string in such a reply is text,
 never the token (:func:`omrl.chat.encoding.encode_reply`), and only a prefix of
 the text as long as the token limit needs is tokenized (a server that ignores
 ``max_tokens`` can send megabytes). Requests run concurrently (``batch_size`` at a
@@ -16,13 +16,14 @@ under (:mod:`omrl.backends.lora_sync`) and each turn records that version.
 
 What comes back is checked where it is received, since a trajectory keeps it for
 training: a body that is not JSON (or nested too deeply to read), text that is not
-valid Unicode (a lone surrogate), a token id outside the tokenizer's vocabulary and a log-prob that is
-not a finite number are each an :class:`EndpointError` naming the request.
+valid Unicode (a lone surrogate), a token id outside the tokenizer's vocabulary, a missing log-prob and
+one that is not a finite number are each an :class:`EndpointError` naming the request. A 408, 429 or
+5xx still failing after the retries is one too: the server was busy or down, which says nothing of
+whether it takes token ids.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
+from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams, checked_logprobs
 from omrl.backends.lora_sync import LoraSync
 from omrl.backends.weight_sync import WeightSync
 from omrl.chat.encoding import encode_reply
@@ -43,6 +44,10 @@ MARGIN_TOKENS = 8  # tokens past the limit that a prefix must hold: the last few
 
 class EndpointError(OmrlError):
     """The endpoint failed or answered something that is not a completion."""
+
+
+class TokenIdsRefused(EndpointError):
+    """The endpoint answered a token-id prompt with an HTTP 4xx other than 408 or 429."""
 
 
 class OpenAIBackend(Backend):
@@ -78,6 +83,7 @@ class OpenAIBackend(Backend):
         self.retries = retries
         self.backoff = backoff
         self.chat_only = False  # set once the server refuses token-id prompts
+        self.took_token_ids = False  # set by the first token-id completion: a later 4xx is an error
 
     @classmethod
     def from_env(
@@ -169,10 +175,18 @@ class OpenAIBackend(Backend):
                 "stop_token_ids": list(self.stop_token_ids),
                 "skip_special_tokens": False,
             }
-            response = self._post("completions", body, refusal_ok=chat is not None)
-            if response is not None:
+            try:
+                response = self._post("completions", body, refusal_ok=chat is not None and not self.took_token_ids)
+            except TokenIdsRefused as exc:
+                if self.weight_sync is not None:
+                    raise TokenIdsRefused(
+                        f"{exc}; training needs the sampled token ids, which come only from /completions with "
+                        "token-id prompts (vllm serve takes them)"
+                    ) from exc
+                self.chat_only = True
+            else:
+                self.took_token_ids = True
                 return self._from_completion(response, limit), _usage(response)
-            self.chat_only = True
         if chat is None:
             raise EndpointError(
                 "the endpoint refuses token-id prompts and no chat messages were given "
@@ -181,27 +195,30 @@ class OpenAIBackend(Backend):
         response = self._post("chat/completions", {**sampling, "messages": [dict(m) for m in chat]})
         return self._from_chat(response, limit), _usage(response)
 
-    def _post(self, path: str, body: dict[str, Any], refusal_ok: bool = False) -> dict[str, Any] | None:
-        """POST to ``path`` (relative to base_url) with retries; None on a 4xx refusal when ``refusal_ok``."""
-        for attempt in range(self.retries + 1):
+    def _post(self, path: str, body: dict[str, Any], refusal_ok: bool = False) -> dict[str, Any]:
+        """POST to ``path`` (relative to base_url) with retries; :class:`TokenIdsRefused` for a 4xx
+        that is not 408 or 429 when ``refusal_ok``."""
+        url = self.client.base_url.join(path)
+        attempt = 0
+        while True:  # each pass returns, raises on its last attempt, or sleeps and tries again
             try:
                 reply = self.client.post(path, json=body)
             except httpx.TransportError as exc:
                 if attempt == self.retries:
-                    raise EndpointError(f"cannot reach {self.client.base_url.join(path)}: {exc}") from exc
+                    raise EndpointError(f"cannot reach {url}: {exc}") from exc
             else:
                 if reply.status_code < 300:
-                    return _json(reply, self.client.base_url.join(path))
-                if reply.status_code in RETRY_STATUS and attempt < self.retries:
-                    pass
+                    return _json(reply, url)
+                answer = f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}"
+                if reply.status_code in RETRY_STATUS:
+                    if attempt == self.retries:
+                        raise EndpointError(f"{answer} (still, after {self.retries} retries)")
                 elif 400 <= reply.status_code < 500 and refusal_ok:
-                    return None
+                    raise TokenIdsRefused(answer)
                 else:
-                    raise EndpointError(
-                        f"{self.client.base_url.join(path)} answered HTTP {reply.status_code}: {reply.text[:300]}"
-                    )
+                    raise EndpointError(answer)
             time.sleep(self.backoff * 2**attempt)
-        raise EndpointError(f"{self.client.base_url.join(path)} kept failing after {self.retries} retries")
+            attempt += 1
 
     def _from_completion(self, response: dict[str, Any], limit: int) -> Generation:
         try:
@@ -219,8 +236,9 @@ class OpenAIBackend(Backend):
         if ids is None:  # neither extension: only text came back
             return self._from_text(choice.get("text") or "", choice.get("finish_reason"), limit)
         ids = self._checked_ids(ids)
-        values = _checked_logprobs(logprobs.get("token_logprobs") or [])
-        values = (values + [0.0] * len(ids))[: len(ids)]
+        values = checked_logprobs(
+            logprobs.get("token_logprobs"), len(ids), "the completion's logprobs.token_logprobs", EndpointError
+        )
         return self._cut(ids, values, limit)
 
     def _checked_ids(self, ids: Any) -> list[int]:
@@ -296,23 +314,6 @@ def _json(reply: httpx.Response, url: Any) -> Any:
             f"{short_repr(reply.content[:300])}; is generation.base_url an OpenAI-compatible "
             "server (e.g. http://127.0.0.1:8000/v1)?"
         ) from exc
-
-
-def _checked_logprobs(values: Any) -> list[float]:
-    """The log-probs as floats (a missing one as 0.0, as before); EndpointError for one that is not a
-    finite number: a NaN or infinite log-prob makes every importance ratio of the turn NaN."""
-    if not isinstance(values, list):
-        raise EndpointError(f"the completion's token_logprobs are not a list: {short_repr(values)}")
-    out = []
-    for i, value in enumerate(values):
-        number = 0.0 if value is None else value
-        if not isinstance(number, (int, float)) or isinstance(number, bool) or not math.isfinite(number):
-            raise EndpointError(
-                f"the completion's log-prob of token {i} is {short_repr(value)}, not a finite "
-                "number: its turn cannot be trained on; check the server's logprobs output"
-            )
-        out.append(float(number))
-    return out
 
 
 def _usage(response: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import os
 import time
 from typing import Any, Mapping
 
-from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams
+from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingParams, checked_logprobs
 from omrl.errors import OmrlError
 
 
@@ -106,10 +106,10 @@ class VLLMBackend(Backend):
 
     def _from_output(self, completion: Any, limit: int) -> Generation:
         ids = list(completion.token_ids)
-        steps = completion.logprobs or []
-        logprobs = [float(step[tok].logprob) if step and tok in step else 0.0 for tok, step in zip(ids, steps)]
-        logprobs += [0.0] * (len(ids) - len(logprobs))
-        return self._cut(ids, logprobs, limit)
+        steps = completion.logprobs
+        if steps is not None:  # a sequence of steps, each {token id: Logprob} holding the sampled token
+            steps = [step[tok].logprob if step and tok in step else None for tok, step in zip(ids, steps)]
+        return self._cut(ids, checked_logprobs(steps, len(ids), "vLLM's output logprobs"), limit)
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load the trainer's weights into the running engine in place, then drop cached prefixes.
