@@ -102,6 +102,7 @@ class Supervisor:
     folder: Path | None = None
     warn: Callable[[str], None] = lambda message: print(f"warning: {message}", file=sys.stderr)
     heartbeat: Callable[[dict[str, Any]], None] | None = None  # where a heartbeat record goes (metrics.jsonl)
+    beat_file: str = HEARTBEAT_FILE  # its file in ``folder``: one per process of a run
     step: int = 0  # the step being played (0: before the first), for messages
     _open: dict[int, Open] = field(default_factory=dict)
     _progress: dict[str, _Progress] = field(default_factory=dict)
@@ -251,7 +252,7 @@ class Supervisor:
         record = self.report()
         if self.folder is not None:
             with contextlib.suppress(OSError):
-                atomic_write_text(self.folder / HEARTBEAT_FILE, json.dumps(record, indent=1))
+                atomic_write_text(self.folder / self.beat_file, json.dumps(record, indent=1))
         if self.heartbeat is not None:
             with contextlib.suppress(Exception):  # the heartbeat must never be what fails a run
                 self.heartbeat(record)
@@ -286,10 +287,13 @@ def supervise(
     folder: str | os.PathLike | None = None,
     warn: Callable[[str], None] | None = None,
     heartbeat: Callable[[dict[str, Any]], None] | None = None,
+    beat_file: str = HEARTBEAT_FILE,
 ) -> Iterator[Supervisor]:
-    """Install a :class:`Supervisor` for the block (the one before it comes back after)."""
+    """Install a :class:`Supervisor` for the block (the one before it comes back after); a second
+    process of the run (async generation) names its own ``beat_file``."""
     global _current
-    supervisor = Supervisor(deadlines, Path(folder) if folder is not None else None, heartbeat=heartbeat)
+    folder = Path(folder) if folder is not None else None
+    supervisor = Supervisor(deadlines, folder, heartbeat=heartbeat, beat_file=beat_file)
     if warn is not None:
         supervisor.warn = warn
     before, _current = _current, supervisor

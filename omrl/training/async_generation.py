@@ -52,6 +52,7 @@ from omrl.training.rollout_step import play_step, step_metrics
 
 POLL_SECONDS = 1.0  # how often a wait for the process checks that it is still alive
 GENERATION_BACKENDS = ("hf", "vllm")  # what the generation process can load each weight version into
+GENERATION_HEARTBEAT_FILE = "heartbeat-generation.json"  # the run's heartbeat.json is the trainer's
 
 
 def version_for(step: int, max_staleness: int) -> int:
@@ -254,6 +255,7 @@ class Versions:
 def _serve(cfg, plugins, weights, version, requests, results) -> None:
     """The generation process: load weight versions as steps need them (or, with partial rollouts,
     the newest at every turn), play each requested step."""
+    session = None
     try:
         from omrl.models import load_model, load_tokenizer
         from omrl.parallel import Strategy
@@ -278,7 +280,10 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
         if partial:
             versions.newest_at_every_turn()
         watch = supervise(
-            cfg.deadlines, cfg.logging.output_dir, warn=lambda text: print(f"warning: {text}", file=sys.stderr)
+            cfg.deadlines,
+            cfg.logging.output_dir,
+            warn=lambda text: print(f"warning: {text}", file=sys.stderr),
+            beat_file=GENERATION_HEARTBEAT_FILE,  # each process's heartbeat says that it lives
         )
         with watch as supervisor:
             while True:
@@ -296,9 +301,14 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
                         turn.info.setdefault("weights_version", versions.version)
                 metrics = step_metrics(played, time.perf_counter() - started, session, Strategy())
                 results.put(("played", step, episodes, metrics))
-        session.close()
     except BaseException as exc:  # reported to the trainer, which stops the run with it
         results.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
+    finally:  # on any end: its envs may hold an env server's or a sandbox's slots
+        if session is not None:
+            try:
+                session.close()
+            except Exception as exc:
+                print(f"warning: closing the generation process's envs failed: {exc}", file=sys.stderr)
 
 
 def played_to_tensors(played: dict[int, tuple[list[Any], dict[str, float]]]) -> dict[str, torch.Tensor]:

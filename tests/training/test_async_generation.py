@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import copy
 import io
+import json
+import os
 import queue
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -118,11 +121,44 @@ class BrokenReward:
         register("broken", broken)
 
 
+class CountedGridWorld(GridWorld):
+    """gridworld that writes "open" and "close" lines, with its process id, to $CLOSED_LOG."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self._note("open")
+
+    def close(self):
+        self._note("close")
+        super().close()
+
+    def _note(self, event):
+        with open(os.environ["CLOSED_LOG"], "a") as log:
+            log.write(f"{event} {os.getpid()}\n")
+
+
 @pytest.mark.slow  # a generation process beside the trainer
-def test_a_failure_inside_the_generation_process_is_reported_with_its_reason(config, register_plugin):
+def test_a_failure_inside_the_generation_process_is_reported_with_its_reason(
+    config, register_plugin, monkeypatch, tmp_path
+):
+    """...and the envs it opened are closed (a served env or a sandbox holds a slot until then); its
+    heartbeat has its own file, so neither process's heartbeat can hide that the other is stuck."""
     register_plugin(BrokenReward(), name="broken-reward")
+    register_plugin(Registers({"counted-gridworld": CountedGridWorld}), name="counted-gridworld")
+    monkeypatch.setenv("CLOSED_LOG", str(tmp_path / "envs.log"))
+    cfg = config(
+        "rollout.async_generation=true",
+        "reward.weights={broken: 1.0}",
+        "env.name=counted-gridworld",
+        "deadlines.heartbeat_s=0.05",  # beats while the first step plays
+    )
     with pytest.raises(OmrlError, match="generation process failed: .*the scoring service answered 503"):
-        run_rl(config("rollout.async_generation=true", "reward.weights={broken: 1.0}"), console=QUIET)
+        run_rl(cfg, console=QUIET)
+    events = Counter(line.split()[0] for line in (tmp_path / "envs.log").read_text().splitlines())
+    assert events["open"] > 0 and events["close"] == events["open"], events
+    run = Path(cfg.logging.output_dir)
+    assert "generate" in json.loads((run / async_generation.GENERATION_HEARTBEAT_FILE).read_text())["stages"]
+    assert "generate" not in json.loads((run / "heartbeat.json").read_text())["stages"]
 
 
 @pytest.mark.parametrize(
