@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
 from omrl.errors import ConfigError, EnvFailure, Interrupted
-from omrl.evaluation import episodes_by_env
+from omrl.evaluation import episodes_by_env, measured
 from omrl.search.sweep_display import plot_png, require_matplotlib, sweep_table
 from omrl.search.sweep_resume import finished_cells, model_content, setup_of
 
@@ -148,12 +148,12 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed
             f"every task of {metrics['strategy']} at budget {budget} failed in the env, so nothing "
             f"was measured; the first reason: {chosen[0].error}"
         )
-    n, p = len(trees), metrics["success_rate"]
+    n, p = len(trees) - metrics["env_errors"], metrics["success_rate"]  # the tasks that measured the model
     tokens = [tree.generated_tokens for tree in trees]
     cell = {
         "strategy": metrics["strategy"],
         "budget": budget,
-        "tasks": n,
+        "tasks": len(trees),
         "success_rate": p,
         "success_se": math.sqrt(p * (1 - p) / n),
         "any_success_rate": metrics["any_success_rate"],
@@ -164,7 +164,7 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed
         "budget_exhausted": metrics["budget_exhausted"],
         "nodes_per_task": metrics["nodes_per_task"],
         "wall_seconds": seconds,
-        "env_errors": sum(ep.end_reason == "env_error" for ep in chosen),
+        "env_errors": metrics["env_errors"],
         "per_task": [
             {
                 **({"env": ep.env} if mixed else {}),
@@ -184,11 +184,19 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed
 
 
 def _success(chosen: Sequence[Any]) -> dict[str, Any]:
-    """One env's part of a cell: its tasks, success of the chosen answers with its standard error, mean score."""
-    n = len(chosen)
-    p = sum(ep.won for ep in chosen) / n
-    score = sum(ep.score for ep in chosen) / n
-    return {"tasks": n, "success_rate": p, "success_se": math.sqrt(p * (1 - p) / n), "mean_score": score}
+    """One env's part of a cell: its tasks, success of the chosen answers with its standard error, mean
+    score, over the answers the env did not fail in (as ``omrl eval`` counts them)."""
+    answers = measured(chosen)
+    n = max(len(answers), 1)
+    p = sum(ep.won for ep in answers) / n
+    score = sum(ep.score for ep in answers) / n
+    return {
+        "tasks": len(chosen),
+        "success_rate": p,
+        "success_se": math.sqrt(p * (1 - p) / n),
+        "mean_score": score,
+        "env_errors": len(chosen) - len(answers),
+    }
 
 
 def run_sweep(

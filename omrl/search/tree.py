@@ -112,11 +112,13 @@ class Tree:
         return out
 
     def chosen(self) -> Node:
-        """The strategy's answer, else the leaf with the best outcome (won, score, returns, then the
-        deepest, then the first)."""
+        """The strategy's answer, else the leaf with the best outcome (measured: the env did not fail
+        in it, won, score, returns, then the deepest, then the first)."""
         if self.best is not None:
             return self.best
-        return max(self.leaves(), key=lambda n: (n.won, n.episode.score, n.returns, n.depth, -n.id))
+        return max(
+            self.leaves(), key=lambda n: (n.end != "env_error", n.won, n.episode.score, n.returns, n.depth, -n.id)
+        )
 
     def episodes(self) -> list[Episode]:
         """One Episode per root-to-leaf path, in leaf order (a tree that is its root alone, e.g. its

@@ -6,7 +6,13 @@ from typing import Sequence
 
 from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number
-from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task, pick_answer
+from omrl_plugins.strategies.common import (
+    answer_pool,
+    check_scorer,
+    needs_sampling,
+    one_tree_per_task,
+    pick_answer,
+)
 
 
 def beam(
@@ -57,8 +63,8 @@ def _grow(tree: Tree, ctx: SearchContext, width: int, branch: int, scorer: str, 
             order = sorted(range(len(frontier)), key=lambda i: -scores[i])
             frontier = [frontier[i] for i in order[:width]]
     if select and (finished or frontier):
-        pool = finished or frontier
+        pool = answer_pool(finished, frontier)
         scores = yield Score(pool, select)
         tree.best = pool[max(range(len(pool)), key=lambda i: (scores[i], -i))]  # the first of equal scores
     else:
-        tree.best = pick_answer(finished) or pick_answer(frontier)
+        tree.best = pick_answer(finished, frontier)

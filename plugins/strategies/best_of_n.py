@@ -7,7 +7,7 @@ from typing import Sequence
 from omrl.search import Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number
 from omrl_plugins.strategies.chain import grow_chains
-from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task
+from omrl_plugins.strategies.common import answer_pool, check_scorer, needs_sampling, one_tree_per_task
 
 
 def best_of_n(ctx: SearchContext, tasks: Sequence[int], n: int = 4, select: str = "env_reward") -> list[Tree]:
@@ -26,7 +26,7 @@ def best_of_n(ctx: SearchContext, tasks: Sequence[int], n: int = 4, select: str 
 
 def _grow(tree: Tree, ctx: SearchContext, n: int, select: str):
     yield from grow_chains(tree, ctx, n)
-    leaves = [leaf for leaf in tree.leaves() if leaf.parent is not None]
+    leaves = answer_pool([leaf for leaf in tree.leaves() if leaf.parent is not None])
     if leaves:
         scores = yield Score(leaves, select)
         tree.best = leaves[max(range(len(leaves)), key=lambda i: (scores[i], -i))]

@@ -37,10 +37,21 @@ def outcome_key(node: Node) -> tuple:
     return (node.won, node.returns, node.end == "done", node.score if node.score is not None else 0.0)
 
 
-def pick_answer(nodes: Sequence[Node]) -> Node | None:
-    """The best of ``nodes`` by :func:`outcome_key` (the first on ties), or None when there are none."""
+def answer_pool(*pools: Sequence[Node]) -> list[Node]:
+    """The nodes of the first of ``pools`` that the env did not fail in, else the first pool not
+    empty ([] when all are): an env_error answer is left out of success, so choosing it over a real
+    loss would raise the success rate."""
+    for pool in pools:
+        kept = [node for node in pool if node.end != "env_error"]
+        if kept:
+            return kept
+    return next((list(pool) for pool in pools if pool), [])
+
+
+def pick_answer(*pools: Sequence[Node]) -> Node | None:
+    """The best node of :func:`answer_pool` by :func:`outcome_key` (the first on ties), or None."""
     best = None
-    for node in nodes:
+    for node in answer_pool(*pools):
         if best is None or outcome_key(node) > outcome_key(best):
             best = node
     return best

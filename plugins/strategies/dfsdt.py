@@ -34,8 +34,6 @@ def _grow(tree: Tree, ctx: SearchContext, branch: int, scorer: str, max_expansio
     expansions = 0
     while stack and expansions < max_expansions:
         node = stack.pop()
-        if node.won:
-            break
         if node.terminal:  # a dead end: backtrack to the next untried candidate
             continue
         (children,) = yield Expand([node], branch)
@@ -47,5 +45,7 @@ def _grow(tree: Tree, ctx: SearchContext, branch: int, scorer: str, max_expansio
             # the best goes on top of the stack; on equal scores the earlier sample is tried first
             children = [children[i] for i in sorted(range(len(children)), key=lambda i: (scores[i], -i))]
         stack.extend(children)
+        if any(child.won for child in children):  # a won candidate ends it wherever the scorer ranked it
+            break
     ended = [node for node in tree.nodes if node.terminal and node.parent is not None]
-    tree.best = pick_answer(ended) or pick_answer(stack[::-1])  # unfinished: the node it would have tried next
+    tree.best = pick_answer(ended, stack[::-1])  # unfinished: the node it would have tried next

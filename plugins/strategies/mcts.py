@@ -101,12 +101,14 @@ def _grow(
         expanded.add(node.id)
         if value == "rollout":
             leaf = children[0]  # the candidates are independent samples: the first is a random one
-            while not leaf.terminal:
+            spent = False
+            while not leaf.terminal and not spent:
                 (more,) = yield Expand([leaf], 1)
-                if not more:
-                    break
-                leaf = more[0]
+                spent = not more
+                leaf = more[0] if more else leaf
             backup(leaf, leaf.returns if leaf.terminal else 0.0)
+            if spent:  # asking again would end the search before it picks its answer (below)
+                break
         else:
             scores = yield Score(children, scorer)
             for child, score in zip(children, scores):
@@ -114,7 +116,8 @@ def _grow(
         if stop_on_win and any(n.won for n in tree.nodes):
             break
     ended = [n for n in tree.nodes if n.terminal and n.parent is not None]
-    tree.best = pick_answer(ended) or _most_visited_leaf(tree.root)
+    visited = _most_visited_leaf(tree.root)
+    tree.best = pick_answer(ended, [visited] if visited is not None else [])
 
 
 def _most_visited_leaf(node: Node) -> Node | None:
