@@ -183,7 +183,6 @@ def evaluate_command(
     from rich.console import Console
 
     from omrl.backends.base import generation_metrics
-    from omrl.cli.view_cmd import view_command
     from omrl.config import to_dict, user_sets
     from omrl.config.options import EvalRunConfig
     from omrl.evaluation import (
@@ -201,6 +200,7 @@ def evaluate_command(
     from omrl.rollout.convert import write_trajectories
     from omrl.rollout.outcomes import seat_metrics
     from omrl.training.metrics import peak_memory
+    from omrl.view import view_command
 
     cfg = config_with_select(
         EvalRunConfig,

@@ -32,7 +32,7 @@ def plot(
     for problem in problems:
         console.print(f"[yellow]warning:[/] {escape(str(problem))}", highlight=False, soft_wrap=True)
     for path in written:
-        console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+        console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)
 
 
 def add_to(app: typer.Typer) -> None:

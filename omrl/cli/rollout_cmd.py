@@ -235,7 +235,6 @@ def rollout(
 
     from omrl.cli.eval_cmd import env_errors_of_each_env
     from omrl.cli.settings import env_label, play_settings, settings_block
-    from omrl.cli.view_cmd import view_command
     from omrl.config.options import RolloutRunConfig
     from omrl.errors import EnvFailure
     from omrl.evaluation import (
@@ -251,6 +250,7 @@ def rollout(
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
     from omrl.rollout.convert import write_trajectories
+    from omrl.view import view_command
 
     cfg = config_with_select(
         RolloutRunConfig,

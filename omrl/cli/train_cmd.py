@@ -58,7 +58,6 @@ def train(
         outside_the_presets_env,
         settings_block,
     )
-    from omrl.cli.view_cmd import view_command
     from omrl.config import command_line_config
     from omrl.config.options import TrainRunConfig
     from omrl.config.presets import preset_inputs, resumed_preset, split_preset, user_sets
@@ -66,6 +65,7 @@ def train(
     from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process
     from omrl.training.rl import run_rl
+    from omrl.view import view_command
 
     if algo is not None and algo not in RECIPES:
         raise ConfigError(f"unknown --algo {algo!r}; valid: {', '.join(RECIPES)}")

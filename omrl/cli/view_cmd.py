@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import shlex
-
 import typer
-
-
-def view_command(path: object) -> str:
-    """The ``omrl view`` command line for ``path``, for commands to print when they finish."""
-    return f"omrl view {shlex.quote(str(path))}"
 
 
 def read_by(store, side: str = "") -> dict[str, object]:
@@ -99,7 +92,7 @@ def view(
         check_outputs({"--out": out}, inputs)
         written, kept = write_page(shown, out, max_episodes)
         console.print(
-            f"wrote {written} ({kept} of {total} episodes; opens offline)",
+            f"wrote {escape(str(written))} ({kept} of {total} episodes; opens offline)",
             highlight=False,
             soft_wrap=True,
         )
@@ -111,7 +104,7 @@ def view(
         console.print(
             f"[yellow]warning:[/] serving on {escape(host)}: anyone who can reach it can read this run", highlight=False
         )
-    console.print(f"omrl view: {server.url} ({what} episodes; Ctrl-C stops)", highlight=False, soft_wrap=True)
+    console.print(f"omrl view: {server.url} ({escape(what)} episodes; Ctrl-C stops)", highlight=False, soft_wrap=True)
     if open_browser:
         import webbrowser
 

@@ -18,7 +18,15 @@
 Nothing here imports torch: a page for a 10,000-episode run must open in seconds.
 """
 
+import shlex
+
 from omrl.view.sources import Problem, RunSource, discover
 from omrl.view.store import EpisodeStore, open_run
 
-__all__ = ["EpisodeStore", "Problem", "RunSource", "discover", "open_run"]
+
+def view_command(path: object) -> str:
+    """The ``omrl view`` command line for ``path``, for commands to print when they finish."""
+    return f"omrl view {shlex.quote(str(path))}"
+
+
+__all__ = ["EpisodeStore", "Problem", "RunSource", "discover", "open_run", "view_command"]

@@ -13,19 +13,23 @@ panels of their own, one per metric: its overall curve and a line per env (:func
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Callable
 
+from omrl.env_results import finite_number
 from omrl.supervisor import HEARTBEAT_FILE
 from omrl.training.metrics import HEARTBEAT
-from omrl.view.sources import Problem
+from omrl.view.sources import Problem, readable_inside
 
 # Not curves: the x axis and the wall-clock time of the line.
 _NOT_PLOTTED = {"step", "time"}
+# What the page shows of a heartbeat (omrl.supervisor): nothing else of the file goes into it.
+_HEARTBEAT_FIELDS = ("time", "step", "stages", "open")
 # The per-env key every env of a mixture logs each step (omrl.training.metrics.per_env_metrics).
 _ENV_COUNT = "episodes"
 
+# The panel of the seconds each part of a step took: every `time/` key's, whatever its name (panel_title).
+_TIME_PARTS = "Where a step's time goes (s)"
 # (title, file stem for `omrl plot`, which keys it holds). The first panel that takes a key gets it;
 # a key no panel takes gets a panel of its own, since unrelated metrics rarely share a scale.
 PANELS: list[tuple[str, str, Callable[[str], bool]]] = [
@@ -35,7 +39,7 @@ PANELS: list[tuple[str, str, Callable[[str], bool]]] = [
     ("Entropy", "entropy", lambda k: "entropy" in k),
     ("Loss", "loss", lambda k: "loss" in k),
     ("Lengths", "lengths", lambda k: k in ("turns", "tokens") or k.endswith("_tokens") or "length" in k),
-    ("Where a step's time goes (s)", "parts", lambda k: k.startswith("time/") or k == "prefill_time"),
+    (_TIME_PARTS, "parts", lambda k: k.startswith("time/") or k == "prefill_time"),
     ("Step time (s)", "time", lambda k: k.endswith("_time")),
     ("Throughput (tokens/s)", "throughput", lambda k: "per_s" in k),
 ]
@@ -66,7 +70,7 @@ def read_metrics_file(path: Path, label: str) -> tuple[list[dict[str, Any]], lis
             continue
         if isinstance(record, dict) and HEARTBEAT in record:  # the supervisor's, shown from heartbeat.json
             continue
-        if not isinstance(record, dict) or not _is_number(record.get("step")):
+        if not isinstance(record, dict) or not _is_finite(record.get("step")):
             problems.append(Problem(label, f"line {number} has no numeric step; skipped", level="warning"))
             continue
         records.append(record)
@@ -77,12 +81,18 @@ def read_metrics_file(path: Path, label: str) -> tuple[list[dict[str, Any]], lis
 
 def read_heartbeat(run_dir: Path) -> dict[str, Any] | None:
     """The run's latest heartbeat (``heartbeat.json``, :mod:`omrl.supervisor`): each stage's progress, and
-    the stages open when it was written; None when the run wrote none or it cannot be read."""
+    the stages open when it was written; None when the run wrote none or it cannot be read, or it is no
+    regular file of the run (a FIFO would hang the page, a link out of the run is not the run's to show)."""
+    path = run_dir / HEARTBEAT_FILE
+    if not readable_inside(path, run_dir):
+        return None
     try:
-        beat = json.loads((run_dir / HEARTBEAT_FILE).read_text(encoding="utf-8"))
+        beat = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return beat if isinstance(beat, dict) and isinstance(beat.get("stages"), dict) else None
+    if not isinstance(beat, dict) or not isinstance(beat.get("stages"), dict):
+        return None
+    return {key: beat[key] for key in _HEARTBEAT_FIELDS if key in beat}
 
 
 def columns(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -121,7 +131,7 @@ def panels(keys: list[str]) -> list[dict[str, Any]]:
     for key in keys:
         if env_metric(key, envs)[1] is not None:
             continue
-        title = next((t for t, _, takes in PANELS if takes(key)), None)
+        title = panel_title(key)
         if title is None:
             own.append(key)
         else:
@@ -141,7 +151,7 @@ def env_panels(keys: list[str]) -> list[dict[str, Any]]:
         if env is not None:
             per_metric.setdefault(metric, []).append(key)
     ranks = {title: rank for rank, (title, _, _) in enumerate(PANELS)}
-    order = sorted(per_metric, key=lambda m: ranks.get(next((t for t, _, takes in PANELS if takes(m)), ""), len(ranks)))
+    order = sorted(per_metric, key=lambda m: ranks.get(panel_title(m) or "", len(ranks)))
     result = []
     for metric in order:
         env_keys = sorted(per_metric[metric], key=lambda k: envs.index(env_metric(k, envs)[1]))
@@ -158,16 +168,26 @@ def env_panels(keys: list[str]) -> list[dict[str, Any]]:
     return result
 
 
+def panel_title(key: str) -> str | None:
+    """The title of the panel that takes ``key``, None when none does. A ``time/`` key is seconds spent
+    in one part of the step whatever its name says (``time/score``: scoring), so only the time panel's."""
+    if key.startswith("time/"):
+        return _TIME_PARTS
+    return next((title for title, _, takes in PANELS if takes(key)), None)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float))  # bools too: a logged flag plots as 0/1
+
+
+def _is_finite(value: Any) -> bool:
+    return _is_number(value) and finite_number(value)  # an int too large for a float is not
 
 
 def _finite(value: Any) -> float | None:
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return value
-    return None
+    return value if _is_finite(value) else None
 
 
 def _file_stem(key: str) -> str:

@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from omrl.view import view_command
 from omrl.view.store import EpisodeStore
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ def embedded_data(
         which = f"the first {len(kept)}" if not first else f"{len(kept)} (those the comparison lists, then the first)"
         note = (
             f"This saved page holds {which} of the run's {total} episodes ({why}); "
-            f"`omrl view {store.source.path}` serves them all."
+            f"`{view_command(store.source.path)}` serves them all."
         )
     return {
         "note": note or "every episode is in this page",

@@ -31,6 +31,7 @@ from omrl.view.store import EpisodeStore
 DEFAULT_PORT = 8765
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 _TRIES = 20  # ports tried after the default one when it is taken
+_MAX_ID_DIGITS = 18  # more than any run's episodes
 
 
 class ViewServer(ThreadingHTTPServer):
@@ -110,7 +111,7 @@ def answer(store: EpisodeStore, name: str, arg: str, params: dict[str, str], pat
     if name == "episodes":
         return store.query(params)
     if name == "episode":
-        return store.episode(int(arg)) if arg.isdigit() else _missing(f"no episode {arg!r}")
+        return store.episode(_episode_id(arg))
     if name == "group":
         return store.group(arg)
     if name == "tree":
@@ -139,8 +140,12 @@ def _host_name(header: str) -> str:
     return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
-def _missing(message: str) -> Any:
-    raise KeyError(message)
+def _episode_id(arg: str) -> int:
+    """The episode id a URL names: a few ASCII digits ("²" is a digit to str.isdigit but not to int, and
+    int refuses thousands of digits), else a KeyError, so the answer is 404, not 500."""
+    if not (arg.isascii() and arg.isdigit() and len(arg) <= _MAX_ID_DIGITS):
+        raise KeyError(f"no episode {arg[:_MAX_ID_DIGITS]!r}")
+    return int(arg)
 
 
 def serve_forever(server: ViewServer, out: Any = sys.stdout) -> None:

@@ -144,7 +144,7 @@ def _discover_dir(root: Path) -> RunSource:
     source.metrics = _beside(root / METRICS_FILE, METRICS_FILE, source)
     source.config = _beside(root / CONFIG_FILE, CONFIG_FILE, source)
     source.tokenizer = _beside(root / TOKENIZER_FILE, TOKENIZER_FILE, source)
-    for path in _walk(root):
+    for path in _walk(root, source):
         if not _stays_inside(path, root, source) or not _regular(path, source):
             continue
         suffix = path.suffix.lower()
@@ -158,13 +158,16 @@ def _discover_dir(root: Path) -> RunSource:
     return source
 
 
-def _walk(root: Path) -> list[Path]:
-    """Files under ``root``, sorted (step-000002 before step-000010), skipping non-run folders."""
+def _walk(root: Path, source: RunSource) -> list[Path]:
+    """Files under ``root``, sorted (step-000002 before step-000010), skipping non-run folders. A linked
+    folder is never walked into (os.walk's default); one that leads out of ``root`` is named."""
     found = []
     base_depth = len(root.parts)
     for folder, dirs, files in os.walk(root):
         depth = len(Path(folder).parts) - base_depth
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith(".") and depth < _MAX_DEPTH)
+        for linked in [Path(folder) / d for d in dirs if os.path.islink(Path(folder) / d)]:
+            _stays_inside(linked, root, source)
         found += [Path(folder) / f for f in files if not f.startswith(".")]
     return sorted(found)
 
@@ -208,13 +211,25 @@ def _stays_inside(path: Path, root: Path, source: RunSource) -> bool:
     """Whether ``path`` (found in ``root``, not named by the user) is really there: a link that leads
     out of ``root`` is never followed, or a run dir holding ``config.yaml -> ~/.netrc`` would put a
     private file in a page meant to be shared. It becomes a warning naming the link."""
-    real, base = os.path.realpath(path), os.path.realpath(root)
-    if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+    if _inside(path, root):
         return True
+    what = "a folder" if path.is_dir() else "a file"
     source.problems.append(
-        Problem(source.label(path), "a link to a file outside the run directory; not followed", level="warning")
+        Problem(source.label(path), f"a link to {what} outside the run directory; not followed", level="warning")
     )
     return False
+
+
+def _inside(path: Path, root: Path) -> bool:
+    real, base = os.path.realpath(path), os.path.realpath(root)
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def readable_inside(path: Path, root: Path) -> bool:
+    """Whether ``path``, found in ``root``, may be read: a regular file that stays inside ``root``. Quiet:
+    for the files read again while the page is open (a heartbeat), or only for a hint (a report
+    beside a trajectory file); the walk of a run directory already named what it would not read."""
+    return _inside(path, root) and path.is_file()
 
 
 def _add_parquet(source: RunSource, path: Path) -> None:

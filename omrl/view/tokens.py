@@ -18,7 +18,7 @@ from typing import Any
 
 from omrl.errors import OmrlError
 from omrl.models.builtin import BUILTIN_MODELS
-from omrl.view.sources import TOKENIZER_FILE, RunSource
+from omrl.view.sources import TOKENIZER_FILE, RunSource, readable_inside
 
 # Where omrl.models keeps the tiny model's tokenizer. Not imported from there because omrl.models
 # imports torch.
@@ -83,11 +83,12 @@ def _resolve(name: str) -> Path | None:
 
 def _report_model(source: RunSource) -> str | None:
     """``config.model.name`` of the eval report that came with the episodes (the source's, or the
-    ``report.json`` beside a trajectory file), or None."""
+    ``report.json`` beside a trajectory file, when it is a regular file there: a FIFO would hang), or None."""
     import json
 
     path = source.path
-    reports = list(source.reports) or ([path.parent / "report.json"] if path.is_file() else [])
+    beside = path.parent / "report.json"
+    reports = list(source.reports) or ([beside] if path.is_file() and readable_inside(beside, path.parent) else [])
     for report in reports:
         try:
             model = json.loads(report.read_text(encoding="utf-8"))["config"]["model"]["name"]

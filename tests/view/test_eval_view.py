@@ -175,6 +175,16 @@ def test_view_of_two_evals_writes_one_page(evals, tmp_path):
     assert same.exit_code != 0 and (evals[1] / "report.json").read_text().startswith("{")
 
 
+def test_comparing_folders_named_like_markup(tmp_path, monkeypatch):
+    import omrl.view.server
+
+    monkeypatch.setattr(omrl.view.server, "serve_forever", lambda server: server.server_close())
+    a, b = eval_folder(tmp_path / "a[" / "x]", A), eval_folder(tmp_path / "b[" / "x]", B)
+    result = CliRunner().invoke(cli(), ["view", str(a), str(b), "--port", "0"])
+    assert result.exit_code == 0, result.output
+    assert "(a[/x] vs b[/x]: 12 and 12 episodes; Ctrl-C stops)" in result.output
+
+
 def test_a_saved_comparison_holds_the_changed_episodes_first(evals, tmp_path):
     _, kept = write_page(Comparison(open_run(evals[0]), open_run(evals[1])), tmp_path / "c.html", max_episodes=2)
     assert kept == 4
@@ -236,6 +246,27 @@ def test_the_page_shows_the_expected_answer_beside_the_final_one(evals, chromium
         page.goto(url + "#/group/0:0")
         page.wait_for_selector(".columns .member")
         assert page.inner_text("main > p.expected") == "expected: 42"
+
+
+@pytest.mark.slow
+def test_an_episode_without_its_turns_says_why(evals, chromium, monkeypatch):
+    """A report viewed alone keeps no turns, and a parquet row can be unreadable: the episode page
+    shows its facts and the reason, not a script error."""
+    from omrl.view.readers import ParquetEpisodes, Unreadable
+
+    def unreadable(reader, index):
+        raise Unreadable(f"{reader.label}: row {index} cannot be read (damaged)")
+
+    with serving(evals[0] / "report.json") as url, page_of(chromium) as page:
+        page.goto(url + "#/episode/1")
+        page.wait_for_selector("main .card.problems")
+        assert "keeps one summary line per episode, not its turns" in page.inner_text("main .card.problems")
+        assert page.inner_text("tr[data-fact=success] td") == "lost"
+    monkeypatch.setattr(ParquetEpisodes, "row", unreadable)
+    with serving(evals[0] / "episodes.parquet") as url, page_of(chromium) as page:
+        page.goto(url + "#/episode/1")
+        page.wait_for_selector("main .card.problems")
+        assert page.inner_text("main .card.problems") == "episodes.parquet: row 1 cannot be read (damaged)"
 
 
 @pytest.mark.slow

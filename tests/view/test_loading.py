@@ -9,6 +9,7 @@ import pytest
 from omrl.errors import OmrlError
 from omrl.view import discover, open_run
 from omrl.view.metrics import columns, panels, read_metrics_file
+from omrl.view.plot import plan
 
 from .conftest import make_episode, small_episodes, write_metrics
 
@@ -168,6 +169,25 @@ def test_metric_panels():
     assert by_title["KL"] == ["kl"] and by_title["Entropy"] == ["entropy"] and by_title["lr"] == ["lr"]
     curves = columns([{"step": 2, "kl": float("nan")}, {"step": 1, "kl": 0.5, "eval_success": 1.0}])
     assert curves == {"step": [1, 2], "series": {"kl": [0.5, None], "eval_success": [1.0, None]}}
+
+
+def test_time_keys_go_to_the_time_panel_only():
+    """GRPO logs the seconds spent scoring as ``time/score``: a time, not a score."""
+    by_title = {p["title"]: p["keys"] for p in panels(["success", "time/score", "time/generate", "prefill_time"])}
+    assert by_title["Success and score"] == ["success"]
+    assert by_title["Where a step's time goes (s)"] == ["time/score", "time/generate", "prefill_time"]
+    pngs = {file: panel["keys"] for file, panel in plan(["success", "time/score"])}  # omrl plot's files
+    assert pngs == {"success.png": ["success"], "parts.png": ["time/score"]}
+
+
+def test_an_int_too_large_for_a_float_is_a_gap(tmp_path):
+    huge = "1" + "0" * 400
+    (tmp_path / "metrics.jsonl").write_text(
+        f'{{"step": 1, "grad_norm": {huge}}}\n{{"step": 2, "grad_norm": 3}}\n{{"step": {huge}, "grad_norm": 4}}\n'
+    )
+    records, problems = read_metrics_file(tmp_path / "metrics.jsonl", "metrics.jsonl")
+    assert columns(records) == {"step": [1, 2], "series": {"grad_norm": [None, 3]}}
+    assert [str(p) for p in problems] == ["metrics.jsonl: line 3 has no numeric step; skipped"]
 
 
 def test_non_trajectory_parquet_is_a_warning(small_run):

@@ -81,6 +81,18 @@ def test_endpoints(server):
     assert _get(server, "/api/tree/0%3A0")[0] == 404  # no search in this run
 
 
+def test_an_episode_id_that_is_not_a_short_ascii_number_is_not_found(server):
+    for arg in ("%C2%B2", "9" * 5000, "-1", "1.0"):  # "²" is a digit to str.isdigit; int() refuses 5000 digits
+        status, _, body = _get(server, "/api/episode/" + arg)
+        assert status == 404, (arg[:20], body[:200])
+
+
+def test_a_partial_saved_page_quotes_the_command_that_serves_all(small_run):
+    run = small_run.rename(small_run.parent / "my run")
+    note = embedded_data(open_run(run), max_episodes=4)["run"]["embedded_note"]
+    assert f"`omrl view '{run}'` serves them all" in note
+
+
 def test_loopback_server_refuses_other_host_names(server):
     """A page elsewhere that rebinds its own name to 127.0.0.1 must not read the run."""
     assert _get(server, "/api/run", host="evil.example:8765")[0] == 403
@@ -99,6 +111,29 @@ def test_view_out_writes_one_file(small_run, tmp_path):
     assert "3 of 6 episodes; opens offline" in result.output
     html = out.read_text()
     assert 'id="omrl-data"' in html and "connect-src 'none'" in html
+
+
+def test_printed_paths_with_brackets_are_not_read_as_markup(small_run, tmp_path):
+    out = tmp_path / "page[v2].html"
+    result = CliRunner().invoke(cli(), ["view", str(small_run), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out} (6 of 6 episodes; opens offline)" in result.output
+    pytest.importorskip("matplotlib")
+    plots = tmp_path / "plots[/x]"
+    result = CliRunner().invoke(cli(), ["plot", str(small_run), "--out", str(plots), "-m", "kl"])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {plots / 'kl.png'}" in result.output
+
+
+def test_an_int_too_large_for_a_float_is_a_gap_in_view_and_plot(small_run, tmp_path):
+    with (small_run / "metrics.jsonl").open("a") as metrics:
+        metrics.write(f'{{"step": 4, "grad_norm": 1{"0" * 400}}}\n{{"step": 5, "grad_norm": 3}}\n')
+    result = CliRunner().invoke(cli(), ["view", str(small_run), "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    pytest.importorskip("matplotlib")
+    result = CliRunner().invoke(cli(), ["plot", str(small_run), "--out", str(tmp_path / "p"), "-m", "grad_norm"])
+    assert result.exit_code == 0, result.output
+    assert [p.name for p in (tmp_path / "p").iterdir()] == ["grad_norm.png"]
 
 
 def test_view_reports_problems_on_the_console(small_run, tmp_path):

@@ -542,7 +542,7 @@
         ["total reward", fmt(e.reward, 4)], e.trained ? ["advantage", fmt(e.advantage, 4)] : null, ["score", fmt(e.score, 4)],
         ["end reason", e.end], ["turns", e.turns],
         e.trained ? ["tokens (trained)", e.tokens + " (" + e.generated + ")"] : ["tokens (generated)", e.tokens + " (" + e.generated + ")"],
-        ...playFacts(ep)]
+        ...(ep.unavailable ? [] : playFacts(ep))]  // an unavailable episode comes without its turns
         .filter((fact) => fact !== null)
         .map(([k, v]) => h("tr", {"data-fact": k}, h("th", {}, k), h("td", {}, v)))));
     const body = [problemsBox(), links, h("h2", {}, "Episode " + id), facts];
