@@ -18,7 +18,7 @@ from omrl.chat.history import next_prompt
 from omrl.chat.increments import prompt_ids
 from omrl.chat.render import Message, render
 from omrl.chat.replies import REASONING_FIELDS, parse_reply, reply_shape, sampled_end
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, short_repr
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -157,6 +157,7 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
             # a final reply's reasoning the template does not write (Gemma 4 writes its thought channel only
             # beside tool calls): the model samples it where the template writes it elsewhere
             body = shape.opens + reasoning + shape.closes + body
+        _check_calls_written(reply, body, len(before))
         return body
     if reply.get("tool_calls"):
         raise OmrlError(
@@ -172,3 +173,17 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
         if cut >= 0 and not opening[cut + len(THINK_OPEN) :].strip():
             content = content[len(THINK_OPEN) :].lstrip("\n") if opening.endswith("\n") else content[len(THINK_OPEN) :]
     return content + eos
+
+
+def _check_calls_written(reply: Message, body: str, at: int) -> None:
+    """Refuse a reply whose tool calls the template left out of its text (ChatML templates that write no tool
+    calls render the reply as its end-of-turn token alone): SFT would learn to answer without calling."""
+    functions = [call.get("function", call) for call in reply.get("tool_calls") or [] if isinstance(call, dict)]
+    names = [function.get("name") for function in functions if isinstance(function, dict)]
+    missing = next((name for name in names if isinstance(name, str) and name and name not in body), None)
+    if missing is not None:
+        raise OmrlError(
+            f"message {at} calls {missing}, but the chat template does not write tool calls (it wrote "
+            f"{short_repr(body)}), so SFT would learn the reply without them; write the call into the reply's "
+            "content, or use a model whose template writes tool calls (`omrl check-template MODEL` shows)"
+        )

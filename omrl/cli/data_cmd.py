@@ -25,12 +25,14 @@ def convert(
     from omrl.outputs import check_outputs
     from omrl.rollout.convert import jsonl_path_for
 
+    refuse_target_in_folder(source, target)
     # a rollout's readable JSONL is read in place of its parquet's token ids: neither may be replaced
     check_outputs(
         {"the target": target},
         {
             "the source": source,
             "the source's readable JSONL": jsonl_path_for(source) if Path(source).suffix == ".parquet" else None,
+            **{f"the source's file {file}": file for file in files_read(source)},
         },
     )
     conversations = load_conversations(source, min_reward)
@@ -67,18 +69,43 @@ def show(
         typer.echo(line)
 
 
+def refuse_target_in_folder(source: str, target: str) -> None:
+    """A target inside a source folder would be read as data by the next conversion (or, at the name of
+    a file there, replace what this one reads)."""
+    from pathlib import Path
+
+    from omrl.outputs import OutputError
+
+    folder = Path(source).expanduser()
+    if folder.is_dir() and Path(target).expanduser().resolve().is_relative_to(folder.resolve()):
+        raise OutputError(
+            f"the target {target} is inside the source {source}: the folder's files are what is read; "
+            "write it outside the folder"
+        )
+
+
+def files_read(source: str) -> list:
+    """The files a source folder stands for (a symbolic link in it may lead to a file elsewhere)."""
+    from pathlib import Path
+
+    from omrl.data.record_files import data_files
+
+    folder = Path(source).expanduser()
+    return data_files(folder) if folder.is_dir() else []
+
+
 def tokenizer_lines(source: str) -> list[str]:
     """For each trajectory file at ``source``, the tokenizer its token ids came from, as recorded."""
     from pathlib import Path
 
-    from omrl.data.conversations import _is_trajectory_file
+    from omrl.data.record_files import is_trajectory_file
     from omrl.data.trajectory import recorded_tokenizer
 
     path = Path(source)
     files = sorted(path.glob("*.parquet")) if path.is_dir() else [path] if path.suffix == ".parquet" else []
     lines = []
     for file in files:
-        if not _is_trajectory_file(file):
+        if not is_trajectory_file(file):
             continue
         found = recorded_tokenizer(file)
         said = f"{found['name']!r} ({found['size']} tokens)" if found else "not recorded (an older omrl)"

@@ -1,6 +1,7 @@
 """omrl's data model: the trajectory records (``Episode``, :mod:`.trajectory`), the ``Batch``
-container of tensors (:mod:`.batch`), agent conversations for SFT (:mod:`.conversations`) and several
-datasets mixed by weight (:mod:`.mixture`)."""
+container of tensors (:mod:`.batch`), agent conversations for SFT (:mod:`.conversations`; the files
+they are read from and written to: :mod:`.record_files`) and several datasets mixed by weight
+(:mod:`.mixture`)."""
 
 from omrl.data.trajectory import Episode, Turn, read_episodes, write_episodes
 

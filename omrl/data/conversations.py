@@ -8,40 +8,35 @@ Accepted inputs (``load_conversations(path)``):
 - a directory written by Hugging Face ``datasets``' ``save_to_disk`` (``state.json``
   plus ``data-*.arrow`` stream files; a ``DatasetDict`` directory uses its ``train``
   split), read with pyarrow alone;
-- any other directory: every ``.parquet`` and ``.jsonl`` file in it, in name order.
+- any other directory: every ``.parquet`` and ``.jsonl`` file in it, in name order (less the readable
+  ``.jsonl`` an ``omrl rollout`` writes beside each trajectory parquet: the same episodes).
 
 A record holds its messages under ``conversations`` (or ``messages``), in the
 OpenManus-RL form ``{"role": "user", "content": "..."}`` or the ShareGPT form
 ``{"from": "human", "value": "..."}`` (``human``/``gpt``/``system``). A record may
-carry a numeric ``reward``: ``min_reward`` keeps records and episodes whose reward
-reaches it (rejection-sampling fine-tuning). A row that fits none of this raises
-:class:`DatasetFormatError` naming the file, the row (counted from 1) and what
-was expected.
+carry a numeric ``reward`` (an ``omrl rollout``'s readable JSONL: ``total_reward``): ``min_reward``
+keeps records and episodes whose reward reaches it (rejection-sampling fine-tuning). A row that fits
+none of this raises :class:`DatasetFormatError` naming the file, the row (counted from 1) and what
+was expected. An episode that holds no reply (a seat that never moved, a reset that failed) is
+skipped, with a warning that counts them.
+
+The token ids an episode was played in are trained only where it is read from its trajectory file
+(:attr:`Conversation.played_rows`); a record written out holds its text alone, so an edited record
+trains what it says.
 """
 
 from __future__ import annotations
 
-import codecs
-import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
-import pyarrow as pa
-
-from omrl.atomic import atomic_write_parquet, atomic_write_text
 from omrl.chat.replies import REASONING_FIELDS
-from omrl.data.trajectory import (
-    Episode,
-    is_trajectory_schema,
-    read_episodes,
-    read_parquet,
-    read_parquet_schema,
-    recorded_tokenizer,
-    to_json,
-)
+from omrl.data.record_files import DatasetFormatError, data_files, is_trajectory_file, read_rows, write_records
+from omrl.data.trajectory import Episode, read_episodes, recorded_tokenizer
 from omrl.errors import OmrlError, short_repr
 
 # Role names as they appear in files -> the chat-template role.
@@ -56,14 +51,12 @@ ROLE_ALIASES = {
 MESSAGE_KEYS = ("conversations", "messages")
 STYLES = ("openmanus", "sharegpt")
 _SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
+_NOT_IN_SHAREGPT = ("tool_calls", *REASONING_FIELDS, "name")  # a message's fields a from/value pair cannot hold
+REWARD_KEYS = ("reward", "total_reward")  # a record's, else an omrl rollout's readable JSONL's
 _EXPECTED = (
     "expected a record with a 'conversations' list of {'role', 'content'} messages (OpenManus-RL) "
     "or {'from', 'value'} messages (ShareGPT; roles human, gpt, system)"
 )
-
-
-class DatasetFormatError(OmrlError):
-    """A dataset file or row that is not in a supported format."""
 
 
 @dataclass
@@ -74,6 +67,10 @@ class Conversation:
     source: str  # e.g. "data/train.jsonl row 12"
     id: str = ""
     meta: dict[str, Any] = field(default_factory=dict)  # reward, won, env, task_id ... when known
+    # the ids an omrl rollout played it in (ids, loss mask per row) and the hash of the vocabulary they index: set
+    # only when read from its trajectory file, never written into a record (a record trains its text)
+    played_rows: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    played_vocab: str = ""
 
 
 # -- reading ----------------------------------------------------------------------------------------
@@ -87,11 +84,11 @@ def load_conversations(path: str | os.PathLike, min_reward: float = float("-inf"
             f"dataset {str(path)!r} does not exist; expected a .jsonl, .json or .parquet file, or a dataset directory"
         )
     conversations = []
-    for file in _data_files(path):
-        if file.suffix == ".parquet" and _is_trajectory_file(file):
+    for file in data_files(path):
+        if file.suffix == ".parquet" and is_trajectory_file(file):
             conversations += _from_episodes(file, min_reward)
             continue
-        for number, row in _rows(file):
+        for number, row in read_rows(file):
             conv = record_to_conversation(row, f"{file} row {number}")
             if _keep(conv, min_reward):
                 conversations.append(conv)
@@ -120,11 +117,16 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
     if not isinstance(demo, int) or demo < 0 or demo >= len(messages):
         raise DatasetFormatError(f"{source}: 'demo_messages' must be a count of messages after the first, got {demo!r}")
     messages = without_demonstration(messages, demo)
+    if messages[0]["role"] not in ("system", "user"):  # a reply needs a prompt to follow
+        raise DatasetFormatError(
+            f"{source}: message 0 has role {messages[0]['role']!r}; a conversation opens with a system or user message"
+        )
     if not any(m["role"] == "assistant" for m in messages):
         raise DatasetFormatError(f"{source}: has no assistant ('assistant' or 'gpt') message to learn from")
     meta = {k: v for k, v in row.items() if k not in (key, "id", "demo_messages")}
     if "reward" in meta and not _is_number(meta["reward"]):
         raise DatasetFormatError(f"{source}: 'reward' must be a finite number, got {short_repr(meta['reward'])}")
+    _check_chat_kwargs(meta.get("chat_kwargs"), source)
     return Conversation(messages, source, str(row.get("id", "")), meta)
 
 
@@ -140,14 +142,11 @@ def _message(message: Any, where: str) -> dict[str, Any]:
             f"{where}: {message!r} is not a message; expected {{'role': ..., "
             "'content': ...}} or {'from': ..., 'value': ...}"
         )
-    if role not in ROLE_ALIASES:
-        raise DatasetFormatError(f"{where}: unknown role {role!r}; valid: {', '.join(ROLE_ALIASES)}")
+    if not isinstance(role, str) or role not in ROLE_ALIASES:
+        raise DatasetFormatError(f"{where}: unknown role {short_repr(role)}; valid: {', '.join(ROLE_ALIASES)}")
     calls = message.get("tool_calls")
-    if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
-        raise DatasetFormatError(
-            f"{where}: tool_calls must be a list of calls ({{'function': {{'name', "
-            f"'arguments'}}}}), got {short_repr(calls)}"
-        )
+    if calls is not None:
+        _check_tool_calls(calls, where)
     if content is None and calls:
         content = ""
     if not isinstance(content, str):
@@ -166,6 +165,43 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     return out
 
 
+def _check_tool_calls(calls: Any, where: str) -> None:
+    """A list of calls, each ``{"function": {"name", "arguments"}}`` or the bare function (templates read both)."""
+    if not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+        raise DatasetFormatError(
+            f"{where}: tool_calls must be a list of calls ({{'function': {{'name', "
+            f"'arguments'}}}}), got {short_repr(calls)}"
+        )
+    for number, call in enumerate(calls):
+        function = call.get("function", call)
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise DatasetFormatError(
+                f"{where}: tool call {number} has no function name; expected {{'function': {{'name': ..., "
+                "'arguments': ...}}"
+            )
+        arguments = function.get("arguments")
+        if arguments is not None and not isinstance(arguments, (dict, str)):
+            raise DatasetFormatError(
+                f"{where}: tool call {number}'s arguments must be an object or its JSON text, got {short_repr(arguments)}"
+            )
+
+
+def _check_chat_kwargs(kwargs: Any, source: str) -> None:
+    """A record's chat template options (an omrl rollout's: the tools it was played with) are keyword arguments."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise DatasetFormatError(
+            f"{source}: 'chat_kwargs' must be an object of chat template options (e.g. {{'tools': [...]}}), "
+            f"got {short_repr(kwargs)}"
+        )
+    tools = kwargs.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools)):
+        raise DatasetFormatError(
+            f"{source}: chat_kwargs 'tools' must be a list of tool schemas (objects), got {short_repr(tools)}"
+        )
+
+
 def _is_number(value: Any) -> bool:
     """A finite int or float, not a bool (NaN rewards would pass no threshold and poison every mean)."""
     try:
@@ -174,165 +210,51 @@ def _is_number(value: Any) -> bool:
         return False
 
 
+def reward_of(conv: Conversation) -> float | None:
+    """The conversation's reward: its record's ``reward``, else an ``omrl rollout`` readable JSONL's
+    ``total_reward``; None where there is none, or it is not a finite number."""
+    key = next((key for key in REWARD_KEYS if key in conv.meta), None)
+    return float(conv.meta[key]) if key and _is_number(conv.meta[key]) else None
+
+
 def _keep(conv: Conversation, min_reward: float) -> bool:
     if min_reward == float("-inf"):
         return True
-    if "reward" not in conv.meta:
+    reward = reward_of(conv)
+    if reward is None:
         raise DatasetFormatError(
-            f"{conv.source}: min_reward={min_reward} needs a numeric 'reward' in "
-            "every record (omrl rollout output and `omrl data convert` records have one)"
+            f"{conv.source}: min_reward={min_reward} needs a numeric 'reward' in every record (omrl rollout "
+            "output, its readable JSONL's 'total_reward' and `omrl data convert` records have one)"
         )
-    return float(conv.meta["reward"]) >= min_reward
-
-
-def _data_files(path: Path) -> list[Path]:
-    """The files a path stands for, in a stable order."""
-    if path.is_file():
-        if path.suffix not in (".jsonl", ".json", ".parquet", ".arrow"):
-            raise DatasetFormatError(
-                f"{path}: unsupported file type {path.suffix!r}; expected .jsonl, .json, .parquet or .arrow"
-            )
-        return [path]
-    if (path / "dataset_dict.json").exists():
-        splits = _json_object(path / "dataset_dict.json").get("splits", [])
-        if not isinstance(splits, list) or not all(isinstance(split, str) for split in splits):
-            raise DatasetFormatError(f"{path / 'dataset_dict.json'}: 'splits' must be a list of names")
-        if "train" not in splits:
-            raise DatasetFormatError(
-                f"{path}: a DatasetDict without a 'train' split (splits: "
-                f"{', '.join(splits)}); pass the split's directory, e.g. {path / splits[0]}"
-                if splits
-                else f"{path}: dataset_dict.json lists no splits"
-            )
-        return _data_files(path / "train")
-    if (path / "state.json").exists():
-        listed = _json_object(path / "state.json").get("_data_files", [])
-        if not isinstance(listed, list) or not all(
-            isinstance(f, dict) and isinstance(f.get("filename"), str) for f in listed
-        ):
-            raise DatasetFormatError(f"{path / 'state.json'}: '_data_files' must be a list of {{'filename': ...}}")
-        files = [path / f["filename"] for f in listed]
-        missing = [str(f) for f in files if not f.exists()]
-        if missing or not files:
-            raise DatasetFormatError(
-                f"{path}: state.json lists missing arrow files {missing}"
-                if missing
-                else f"{path}: state.json lists no data files"
-            )
-        return files
-    files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl") and p.is_file())
-    if not files:
-        raise DatasetFormatError(
-            f"{path}: no .parquet or .jsonl files, and not a save_to_disk directory (no state.json)"
-        )
-    return files
-
-
-def _rows(file: Path) -> Iterator[tuple[int, Any]]:
-    """(row number from 1, record) for every record in one file."""
-    if file.suffix == ".jsonl" or (file.suffix == ".json" and _starts_with(file, b"{")):
-        for number, line in _lines(file):
-            if line.strip():
-                yield number, _json(line, f"{file} row {number}")
-    elif file.suffix == ".json":
-        text = _decode(file.read_bytes(), file)
-        if not text.strip():
-            raise DatasetFormatError(f"{file}: the file is empty; expected a list of records (or JSON lines)")
-        data = _json(text, str(file))
-        if not isinstance(data, list):
-            raise DatasetFormatError(f"{file}: a .json dataset must be a list of records (or JSON lines)")
-        yield from enumerate(data, 1)
-    else:
-        table = read_parquet(file) if file.suffix == ".parquet" else _read_arrow(file)
-        number = 0
-        for batch in table.to_batches():
-            for row in batch.to_pylist():
-                number += 1
-                yield number, row
-
-
-def _starts_with(file: Path, prefix: bytes) -> bool:
-    with file.open("rb") as f:
-        return f.read(64).removeprefix(codecs.BOM_UTF8).lstrip().startswith(prefix)
-
-
-def _lines(file: Path) -> Iterator[tuple[int, str]]:
-    """(line number from 1, text) for every line of a UTF-8 file, read as bytes to name the byte that is not UTF-8."""
-    offset = 0
-    with file.open("rb") as f:
-        for number, raw in enumerate(f, 1):
-            yield number, _decode(raw, file, offset, number)
-            offset += len(raw)
-
-
-def _decode(raw: bytes, file: Path, offset: int = 0, line: int = 1) -> str:
-    """``raw`` (which starts at byte ``offset`` of ``file``) as UTF-8 text, less a byte-order mark at the start."""
-    try:
-        return raw.decode("utf-8-sig" if offset == 0 else "utf-8")
-    except UnicodeDecodeError as exc:
-        raise DatasetFormatError(
-            f"{file}: not UTF-8 at byte {offset + exc.start} (line {line}: "
-            f"0x{raw[exc.start : exc.start + 1].hex()}); save it as UTF-8"
-        ) from exc
-
-
-def _json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
-    except RecursionError as exc:
-        raise DatasetFormatError(f"{where}: JSON nested too deeply to read") from exc
-    except ValueError as exc:  # int() refusing a number of thousands of digits
-        raise DatasetFormatError(f"{where}: unreadable JSON ({str(exc).split(';')[0]})") from exc
-
-
-def _json_object(file: Path) -> dict[str, Any]:
-    """A JSON file that must hold an object (save_to_disk's state.json and dataset_dict.json)."""
-    data = _json(_decode(file.read_bytes(), file), str(file))
-    if not isinstance(data, dict):
-        raise DatasetFormatError(f"{file}: must hold a JSON object, got a {type(data).__name__}")
-    return data
-
-
-def _read_arrow(file: Path) -> pa.Table:
-    """An arrow file as ``save_to_disk`` writes it (IPC stream), or the IPC file format."""
-    try:
-        try:
-            with pa.memory_map(str(file)) as source:
-                table = pa.ipc.open_stream(source).read_all()
-        except (pa.ArrowException, OSError):
-            with pa.memory_map(str(file)) as source:
-                table = pa.ipc.open_file(source).read_all()
-        table.validate(full=True)  # checks that strings are UTF-8: to_pylist would raise on the first bad one
-        return table
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-        raise DatasetFormatError(
-            f"{file}: truncated, damaged or not an Arrow IPC stream or file "
-            f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-        ) from exc
-
-
-def _is_trajectory_file(file: Path) -> bool:
-    return is_trajectory_schema(read_parquet_schema(file))
+    return reward >= min_reward
 
 
 def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
     out = []
     vocab = (recorded_tokenizer(file) or {}).get("vocab")
-    for number, episode in enumerate(read_episodes(file), 1):
+    episodes = read_episodes(file)
+    empty = 0
+    for number, episode in enumerate(episodes, 1):
+        if not any(
+            m.get("role") == "assistant" for m in without_demonstration(episode.messages, episode.demo_messages)
+        ):
+            empty += 1  # a seat that never moved, an env that failed before the first reply: nothing to learn
+            continue
         if episode.total_reward < min_reward:
             continue
-        source = f"{file} row {number}"
-        if not episode.messages:
-            raise DatasetFormatError(f"{source}: episode has no messages (written by an old omrl rollout?)")
-        conversation = record_to_conversation(episode_to_record(episode), source)
+        conversation = record_to_conversation(episode_to_record(episode), f"{file} row {number}")
         # the ids it was played in: SFT trains them where the tokenizer is the same (an episode that opened with
         # a worked example is laid out again without it: SFT never learns the example, nor its prompt)
         if vocab and episode.token_ids and not episode.demo_messages:
-            conversation.meta["rows"] = [(episode.token_ids[a:b], episode.loss_mask[a:b]) for a, b in episode.rows()]
-            conversation.meta["vocab"] = vocab
+            conversation.played_rows = [(episode.token_ids[a:b], episode.loss_mask[a:b]) for a, b in episode.rows()]
+            conversation.played_vocab = vocab
         out.append(conversation)
+    if empty:
+        warnings.warn(
+            f"{file}: skipped {empty} of {len(episodes)} episodes that hold no reply to learn from (a seat that "
+            "never moved, or an env that failed before the first reply)",
+            stacklevel=3,
+        )
     return out
 
 
@@ -340,11 +262,13 @@ def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
 
 
 def episode_to_record(episode: Episode) -> dict[str, Any]:
-    """An OpenManus-RL conversation record of one episode, with its reward and outcome. A worked
-    example that opened the chat is left out: it is not this episode, and SFT must not learn it again."""
+    """An OpenManus-RL conversation record of one episode, with its reward and outcome (and, for a seat of a
+    game, the seat, in its id too: the seats of one game are one task's sample each). A worked example that
+    opened the chat is left out: it is not this episode, and SFT must not learn it again."""
     messages = without_demonstration(episode.messages, episode.demo_messages)
+    seat = episode.info.get("seat")
     return {
-        "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}",
+        "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}" + (f"-{seat}" if seat else ""),
         "conversations": [
             {key: m[key] for key in ("role", "content", "tool_calls", "name", *REASONING_FIELDS) if key in m}
             for m in messages
@@ -353,6 +277,7 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
         "won": episode.won,
         "env": episode.env,
         "task_id": episode.task_id,
+        **({"seat": seat, "outcome": episode.info.get("outcome")} if seat else {}),
         **({"chat_kwargs": episode.chat_kwargs} if episode.chat_kwargs else {}),
     }
 
@@ -364,33 +289,33 @@ def conversation_to_record(conv: Conversation, style: str = "openmanus") -> dict
     if style == "openmanus":
         messages = [dict(m) for m in conv.messages]
     else:
-        messages = [{"from": _SHAREGPT_ROLES[m["role"]], "value": m["content"]} for m in conv.messages]
+        messages = [{"from": _SHAREGPT_ROLES[m["role"]], "value": m["content"]} for m in _sharegpt_ready(conv)]
     return {"id": conv.id, "conversations": messages, **conv.meta}
+
+
+def _sharegpt_ready(conv: Conversation) -> list[dict[str, Any]]:
+    """The messages, refused where ShareGPT's from/value pairs would drop a tool call, reasoning or a tool's name."""
+    for number, message in enumerate(conv.messages):
+        lost = next((key for key in _NOT_IN_SHAREGPT if key in message), None)
+        if lost:
+            named = f" (id {conv.id!r})" if conv.id else ""
+            raise DatasetFormatError(
+                f"{conv.source}{named}: ShareGPT records cannot carry message {number}'s {lost}; "
+                "write the default style (--style openmanus), which keeps it"
+            )
+    return conv.messages
 
 
 def write_conversations(
     conversations: Iterable[Conversation], path: str | os.PathLike, style: str = "openmanus"
 ) -> Path:
-    """Write conversations as ``.jsonl`` or ``.parquet`` atomically (temp file, then rename)."""
-    path = Path(path)
-    records = [conversation_to_record(c, style) for c in conversations]
-    if path.suffix == ".parquet":
-        try:
-            table = pa.Table.from_pylist(records)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise OmrlError(
-                f"cannot write {path}: the records' fields differ in type ({exc}); write .jsonl instead"
-            ) from exc
-        atomic_write_parquet(table, path)
-    elif path.suffix == ".jsonl":
-        atomic_write_text(path, "".join(to_json(r) + "\n" for r in records))
-    else:
-        raise OmrlError(f"cannot write {path}: unsupported output type {path.suffix!r}; use .jsonl or .parquet")
-    return path
+    """Write conversations as ``.jsonl`` or ``.parquet`` atomically (temp file, then rename); a parquet
+    file reads back as written (:mod:`omrl.data.record_files`)."""
+    return write_records([conversation_to_record(c, style) for c in conversations], Path(path))
 
 
 def reward_summary(conversations: Sequence[Conversation]) -> str:
     """One line about how many conversations there are and their mean reward, when known."""
-    rewards = [float(c.meta["reward"]) for c in conversations if _is_number(c.meta.get("reward"))]
+    rewards = [reward for c in conversations if (reward := reward_of(c)) is not None]
     mean = f", mean reward {sum(rewards) / len(rewards):.3f}" if rewards else ""
     return f"{len(conversations)} conversations{mean}"

@@ -78,10 +78,10 @@ def tokenize_conversations(
     longest_token = max((len(token) for token in tokenizer.get_vocab()), default=1)
     budget = max_seq_length * longest_token + 1024  # the margin keeps the tokens at the cut unchanged
     rows, dropped, truncated = [], 0, 0
-    vocab = tokenizer_fingerprint(tokenizer)["vocab"] if any(c.meta.get("rows") for c in conversations) else None
+    vocab = tokenizer_fingerprint(tokenizer)["vocab"] if any(c.played_rows for c in conversations) else None
     for conv in conversations:
-        if conv.meta.get("rows") and conv.meta.get("vocab") == vocab:
-            split = conv.meta["rows"]  # a rollout's episode, by this tokenizer: the very ids it was played in
+        if conv.played_rows and conv.played_vocab == vocab:
+            split = conv.played_rows  # a rollout's episode, by this tokenizer: the very ids it was played in
         else:
             messages = _cut_text(conv.messages, budget)
             if not any(m["role"] == "assistant" for m in messages):  # cut before the first reply
