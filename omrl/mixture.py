@@ -24,7 +24,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from omrl import registry
+from omrl.config.schema import from_dict
 from omrl.errors import ConfigError
+from omrl.rewards import check_weights
 
 #: the keys an ``env.mix`` entry may set (besides ``name`` and ``weight``), and where they go
 MEMBER_ENV_KEYS = ("split", "template", "max_turns", "demonstration", "num_workers")
@@ -113,14 +115,27 @@ def mix_members(cfg: Any) -> list[MixMember]:
             "so give smaller ones in the same ratios (e.g. 1 and 1)"
         )
     members = []
-    for entry in entries:
+    for index, entry in enumerate(entries):
         registry.envs.get(entry["name"])  # unknown: names the valid ones
-        own = {key: entry[key] for key in MEMBER_ENV_KEYS if key in entry}
-        env = dataclasses.replace(env_cfg, name=entry["name"], mix=[], **own)
+        env = _member_env(env_cfg, entry, f"env.mix[{index}]")
         plugins = {**run_plugins, **{k: {**run_plugins.get(k, {}), **v} for k, v in entry.get("plugins", {}).items()}}
-        weights = {str(k): float(v) for k, v in entry.get("reward", run_weights).items()}
-        members.append(MixMember(entry["name"], entry["weight"] / total, env, weights, plugins))
+        weights = entry.get("reward", run_weights)
+        if "reward" in entry:
+            check_weights(weights, f"env.mix[{index}].reward ({entry['name']})")
+        members.append(MixMember(entry["name"], entry["weight"] / total, env, dict(weights), plugins))
     return members
+
+
+def _member_env(env_cfg: Any, entry: dict[str, Any], where: str) -> Any:
+    """The env section of one mixture entry: the run's, with the entry's own keys checked by the same
+    types and ranges as ``env.*`` (a max_turns of -3 would end every episode after one turn)."""
+    own = {key: entry[key] for key in MEMBER_ENV_KEYS if key in entry}
+    env = from_dict(type(env_cfg), own, where, base=dataclasses.replace(env_cfg, name=entry["name"], mix=[]))
+    if env.max_turns < 0:
+        raise ConfigError(f"{where}.max_turns must be >= 0 (0: the env's own cap), got {env.max_turns}")
+    if env.num_workers < 1:
+        raise ConfigError(f"{where}.num_workers must be >= 1 (threads stepping the env), got {env.num_workers}")
+    return env
 
 
 def member_config(cfg: Any, member: MixMember) -> Any:
@@ -158,9 +173,14 @@ def _entry(item: Any, index: int) -> dict[str, Any]:
         raise ConfigError(
             f"env.mix[{index}] ({item['name']}) has unknown key {unknown[0]!r}; valid: {', '.join(MEMBER_KEYS)}"
         )
-    for key, kind in (("reward", dict), ("plugins", dict)):
-        if key in item and not isinstance(item[key], kind):
+    for key in ("reward", "plugins"):
+        if key in item and not isinstance(item[key], dict):
             raise ConfigError(f"env.mix[{index}].{key} must be a mapping, got {item[key]!r}")
+    for plugin, options in item.get("plugins", {}).items():
+        if not isinstance(options, dict):
+            raise ConfigError(
+                f"env.mix[{index}].plugins.{plugin} must be a mapping of that plugin's options, got {options!r}"
+            )
     return {"weight": 1.0, **item}
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 import warnings
 from bisect import bisect_left
 from typing import Any, Callable, Sequence
@@ -131,6 +130,22 @@ def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[f
     return out
 
 
+def check_weights(weights: Any, where: str = "reward.weights") -> None:
+    """Refuse reward weights (``where`` names them) that compose nothing: none, the composed ``total``
+    itself, a weight that is not a finite number, a component no plugin registers."""
+    from omrl import registry
+
+    valid = f"registered rewards: {', '.join(registry.rewards.names())}"
+    if not isinstance(weights, dict) or not weights:
+        raise RewardError(f"{where} has no reward components: give weights such as {{'goal': 1.0}}; {valid}")
+    if TOTAL in weights:
+        raise RewardError(f"{TOTAL!r} is the composed reward and cannot be a component of {where}; {valid}")
+    for name, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not finite_number(weight):
+            raise RewardError(f"{where}: the reward weight for {name!r} must be a finite number, got {weight!r}")
+        registry.rewards.get(name)  # unknown: names the registered ones
+
+
 def compose_rewards(
     episodes: Sequence[Episode], weights: dict[str, float], options: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, float]:
@@ -164,19 +179,7 @@ def compose_rewards(
     """
     from omrl import registry
 
-    if not weights:
-        raise RewardError(
-            "no reward components: give weights such as {'goal': 1.0}; "
-            f"registered rewards: {', '.join(registry.rewards.names())}"
-        )
-    if TOTAL in weights:
-        raise RewardError(
-            f"{TOTAL!r} is the composed reward and cannot be a component; "
-            f"registered rewards: {', '.join(registry.rewards.names())}"
-        )
-    for name, weight in weights.items():
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise RewardError(f"reward weight for {name!r} must be a finite number, got {weight!r}")
+    check_weights(weights)
     options = dict(options or {})
 
     episodes = list(episodes)

@@ -35,8 +35,14 @@ def play_strategy(
     for position, task in enumerate(tasks):
         env, split, _ = session.env_task(task, spec.split)
         by_env_split.setdefault((env, split), []).append(position)
+    contexts = {
+        (env, split): SearchContext.from_session(session, dataclasses.replace(spec, split=split), progress, env)
+        for env, split in by_env_split
+    }
+    for ctx in contexts.values():  # on no tasks: an env the strategy cannot search fails before any is searched
+        run_strategy(ctx, [])
     for (env, split), where in by_env_split.items():
-        ctx = SearchContext.from_session(session, dataclasses.replace(spec, split=split), progress, env)
+        ctx = contexts[(env, split)]
         for tree in run_strategy(ctx, [session.env_task(tasks[i], split).task for i in where]):
             tree.group = where[tree.group]
             placed[tree.group] = tree

@@ -10,6 +10,7 @@ from omrl.config import load_config
 from omrl.config.options import RolloutRunConfig, TrainRunConfig
 from omrl.errors import ConfigError, UnknownNameError
 from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members, parse_env_spec, same_envs
+from omrl.rewards import RewardError
 from omrl.rollout import PlaySpec, RolloutSession
 from omrl.search import play_strategy
 from omrl.training.metrics import prefill_counts
@@ -65,6 +66,15 @@ def test_each_env_of_a_mixture_keeps_its_own_settings_and_inherits_the_rest():
         ("env.name=gridworld,gridwrld", UnknownNameError, "unknown env 'gridwrld'. Did you mean 'gridworld'"),
         ("env.mix=[{name: gridworld, maxturns: 1}]", ConfigError, "unknown key 'maxturns'; valid: name, weight"),
         ("env.mix=[3]", ConfigError, r"env.mix\[0\] is 3; each entry is an env name or a mapping"),
+        # an entry's own keys are checked as env.* is: a max_turns of -3 played every episode for one turn
+        ("env.mix=[{name: gridworld, max_turns: -3}]", ConfigError, r"env.mix\[0\].max_turns must be >= 0"),
+        ("env.mix=[{name: gridworld, max_turns: 2.5}]", ConfigError, r"'env.mix\[0\].max_turns' expects int"),
+        ("env.mix=[gridworld, {name: babyai:GoToObjS6, num_workers: abc}]", ConfigError, r"mix\[1\].num_workers"),
+        ("env.mix=[{name: gridworld, demonstration: maybe}]", ConfigError, "'env.mix\\[0\\].demonstration' expects"),
+        ("env.mix=[{name: gridworld, plugins: {gridworld: 3}}]", ConfigError, "plugins.gridworld must be a mapping"),
+        ("env.mix=[{name: gridworld, reward: {goal: abc}}]", RewardError, "weight for 'goal' must be a finite number"),
+        ("env.mix=[{name: gridworld, reward: {goal: .nan}}]", RewardError, "got nan"),
+        ("env.mix=[{name: gridworld, reward: {nosuch: 1}}]", UnknownNameError, "unknown reward 'nosuch'"),
         ("env.mix=['gridworld,babyai:GoToObjS6']", ConfigError, "names 2 envs; each entry names one env"),
         (
             "env.name=gridworld:1e308,babyai:GoToObjS6:1e308",

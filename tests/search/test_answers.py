@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from omrl.config import load_config
+from omrl.config.options import EvalRunConfig
 from omrl.evaluation import evaluate
+from omrl.mixture import EnvTask
+from omrl.rollout import PlaySpec, RolloutSession
+from omrl.search import play_strategy
+from omrl.search.fork import ForkError
 from omrl.search.report import chosen_episodes, search_metrics
 from omrl.search.sweep import cell_summary
 from tests.fakes import ScriptedBackend, by_call
@@ -99,3 +105,19 @@ def test_search_figures_leave_out_answers_the_env_failed_in_as_eval_does(tiny_to
     assert metrics["success_rate"] == metrics["mean_score"] == 1.0 and metrics["env_errors"] == 1
     cell = cell_summary(trees, budget=None, seconds=1.0)
     assert (cell["success_rate"], cell["success_se"], cell["tasks"], cell["env_errors"]) == (1.0, 0.0, 4, 1)
+
+
+def test_an_env_of_a_mixture_the_strategy_cannot_search_fails_before_any_env_is_searched(chest_plugins, tiny_tokenizer):
+    """chest-plain cannot fork, so beam cannot search it: that is said before chest's searches run,
+    not after them (hours, on a long eval, all thrown away)."""
+    cfg = load_config(
+        EvalRunConfig,
+        None,
+        ["env.name=chest,chest-plain", "env.template=chest-action", "model.name=tiny", "generation.temperature=1"],
+    )
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: look")
+    tasks = [EnvTask("chest", "test", 0), EnvTask("chest-plain", "test", 0)]
+    with RolloutSession.from_config(cfg, backend=backend) as session:
+        with pytest.raises(ForkError, match="env 'chest-plain' .* cannot copy one"):
+            play_strategy(session, tasks, PlaySpec(split="test", strategy="beam"))
+    assert backend.calls == []
