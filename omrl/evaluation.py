@@ -140,9 +140,11 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
     turns = [t for ep in episodes for t in ep.turns]
     stepped = [t for t in turns if t.action is not None]
     played = measured(episodes)
-    by_task: dict[tuple[str, str, int], list[Episode]] = defaultdict(list)
+    # a game's seats are samples of different players: pass@k is over one seat's games of a task
+    # (pooled, one of two zero-sum seats wins every game)
+    by_task: dict[tuple[str, str, int, str], list[Episode]] = defaultdict(list)
     for ep in played:
-        by_task[(ep.env, ep.split, ep.task_id)].append(ep)
+        by_task[(ep.env, ep.split, ep.task_id, ep.info.get("seat", ""))].append(ep)
     samples = max((len(group) for group in by_task.values()), default=0)
     n, m = len(episodes), len(played)
     metrics: dict[str, Any] = {

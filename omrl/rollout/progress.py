@@ -47,6 +47,7 @@ class PerTaskProgress(RolloutProgress):
         super().__init__()
         self.inner, self.group_size = inner, group_size
         self.samples: dict[int, list[Episode]] = {}
+        self.reported: set[int] = set()
 
     def generated(self, tokens: int) -> None:
         self.inner.generated(tokens)
@@ -54,5 +55,14 @@ class PerTaskProgress(RolloutProgress):
     def finished(self, episode: Episode) -> None:
         done = self.samples.setdefault(episode.group, [])
         done.append(episode)
-        if len(done) == self.group_size:
+        task = _task_position(episode)
+        if len(done) == self.group_size and task not in self.reported:  # a game's seats end together
+            self.reported.add(task)
             self.inner.finished(min(done, key=lambda ep: ep.sample))
+
+
+def _task_position(episode: Episode) -> int:
+    """The position of ``episode``'s task in the tasks played: its group, which a seated game's
+    episodes share with their seat (``task index * seats + seat index``, :mod:`omrl.rollout.seats`)."""
+    players = episode.info.get("players")
+    return episode.group // len(players) if isinstance(players, dict) and players else episode.group

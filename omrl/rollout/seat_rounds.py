@@ -107,6 +107,17 @@ class SeatPlay:
         seat_of = {id(g.env): g.to_move for g in games}
         return self.pool.call_many(lambda env: env.scripted_action(seat_of[id(env)]), [g.env for g in games])
 
+    def expert_actions(self, games: list[Game]) -> list[Any]:
+        """The expert's move for each game's seat to move: the env's ``expert_action`` where it has one
+        (its own player may err on purpose, as solve-verify's solver does), else its own player's."""
+        seat_of = {id(g.env): g.to_move for g in games}
+
+        def move(env: Any) -> Any:
+            action = env.expert_action()
+            return action if action is not None else env.scripted_action(seat_of[id(env)])
+
+        return self.pool.call_many(move, [g.env for g in games])
+
     def sweep(self, games: list[Game]) -> list[Game]:
         """Finish the games that ended; the others, still to play."""
         for game in games:
@@ -189,8 +200,8 @@ class SeatPlay:
         return not full
 
     def expert_replies(self, games: list[Game], seats: list[Seat]) -> list[Generation | BaseException]:
-        """The scripted player's move for each expert seat to move, as the ids of the template-formatted reply."""
-        actions = self.scripted_actions(games)
+        """The expert's move for each expert seat to move, as the ids of the template-formatted reply."""
+        actions = self.expert_actions(games)
         eos, out = int(seats[0].tokenizer.eos_token_id), []
         for game, seat, action in zip(games, seats, actions):
             if not isinstance(action, str):

@@ -10,9 +10,11 @@ import pytest
 
 from omrl import registry
 from omrl.backends.hf import HFBackend
+from omrl.config import command_line_config
+from omrl.config.options import RolloutRunConfig
 from omrl.envs import check_seats, create_env, seat_reset_problem, seat_step_problem
 from omrl.errors import ConfigError
-from omrl.rollout import EnvPool, RolloutLimits
+from omrl.rollout import EnvPool, PlaySpec, RolloutLimits, RolloutSession
 from omrl.rollout.seating import POLICY, SCRIPTED
 from omrl.rollout.seats import play_seats
 from omrl_plugins.envs import roles
@@ -232,3 +234,24 @@ def test_the_policy_verifies_the_scripted_solver(policy, tasks_file):
     assert ep.info["seat"] == "verifier" and ep.info["opponent"] == "scripted"
     assert "The solver proposes: 42" in ep.messages[1]["content"]  # the reference answer, shown as context
     assert ep.info["seat_rewards"] == {"solver": 1.0, "verifier": -1.0}  # no verdict parsed: a wrong judgement
+
+
+def test_the_expert_plays_the_right_moves_whatever_the_scripted_solver_gets_wrong(roles_registered, tasks_file):
+    """solver_accuracy=0: the env's own solver always errs; the expert (its expert_action) never does,
+    so expert SFT data teaches right answers."""
+    cfg = command_line_config(
+        RolloutRunConfig,
+        [
+            "env.name=solve-verify",
+            f"plugins.solve-verify.path={tasks_file}",
+            "plugins.solve-verify.solver_accuracy=0",
+            "model.name=tiny",
+            "env.template=react",
+        ],
+        {},
+    )
+    with RolloutSession.from_config(cfg, expert=True) as session:
+        episodes = session.play([0, 1, 2], PlaySpec(expert=True)).episodes
+    solved = {ep.task_id: [turn.action for turn in ep.turns] for ep in episodes if ep.info["seat"] == "solver"}
+    assert solved == {0: ["5"], 1: ["42"], 2: ["Paris"]}
+    assert all(ep.won for ep in episodes if ep.info["seat"] == "solver")

@@ -10,6 +10,7 @@ import pytest
 from omrl.data.trajectory import Episode, Turn
 from omrl.errors import OmrlError
 from omrl.evaluation import evaluate, ks_for, metrics_table, pass_at_k, write_report
+from omrl.rollout.progress import PerTaskProgress, RolloutProgress
 
 
 def turn(action="go", format_ok=True, invalid=False, truncated=False):
@@ -100,3 +101,38 @@ def test_the_report_is_strict_json_even_with_non_finite_metrics(tmp_path):
     path = write_report(tmp_path / "report.json", {"success": float("nan"), "score": float("inf")}, [], {})
     report = json.loads(path.read_text(), parse_constant=lambda name: pytest.fail(f"{name} in the report"))
     assert report["metrics"] == {"success": None, "score": None}
+
+
+def test_pass_at_k_counts_a_games_seats_apart():
+    """Two seats of a zero-sum game: one of them wins every game, so pooled as samples of one task
+    pass@2 would say 0.83 for a model that never won as player_0."""
+    episodes = []
+    for sample in range(2):
+        for seat, won in (("player_0", False), ("player_1", True)):
+            ep = episode(0, sample, won)
+            ep.info = {"seat": seat, "players": {"player_0": "policy", "player_1": "policy"}}
+            episodes.append(ep)
+    metrics = evaluate(episodes)
+    assert metrics["samples_per_task"] == 2 and metrics["tasks"] == 1
+    assert metrics["pass@1"] == metrics["pass@2"] == 0.5 and "pass@4" not in metrics
+
+
+def test_a_games_seats_count_once_in_the_progress_of_tasks():
+    class Counted(RolloutProgress):
+        def __init__(self):
+            super().__init__()
+            self.tasks = []
+
+        def finished(self, episode):
+            self.tasks.append(episode.task_id)
+
+    counted = Counted()
+    progress = PerTaskProgress(counted, group_size=2)
+    for task in (0, 1):
+        for seat_index, seat in enumerate(("player_0", "player_1")):
+            for sample in range(2):
+                ep = episode(task, sample, False)
+                ep.group = task * 2 + seat_index
+                ep.info = {"seat": seat, "players": {"player_0": "policy", "player_1": "policy"}}
+                progress.finished(ep)
+    assert counted.tasks == [0, 1]
