@@ -197,6 +197,14 @@ def serve(
         "client was likely killed); calls about it then get HTTP 410. "
         "0: never.",
     ),
+    call_timeout: float = typer.Option(
+        300.0,
+        "--call-timeout",
+        min=0,
+        help="Give up on an env call (reset, step, ...) that has not returned after this many "
+        "seconds: the request gets HTTP 504, and its env id answers 503 (busy) until the call "
+        "returns or the id is closed; other ids play on. 0: never.",
+    ),
     option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
 ) -> None:
     r"""Serve an env over HTTP for AgentGym clients: `id` dialect at the root, `env_idx` dialect under /env_idx (needs omrl\[server])."""
@@ -209,6 +217,7 @@ def serve(
         max_envs=max_envs,
         max_body=max_body,
         idle_timeout=idle_timeout,
+        call_timeout=call_timeout,
     )
     console = Console(stderr=True)
     warning = exposure_warning(host, token)

@@ -42,7 +42,7 @@ Every route takes the id under either name. Routes:
 The goal inside the observation: AgentGym's clients take the observation text as the agent's
 whole prompt, so the first observation of an episode (in ``/create``, ``/reset`` and
 ``GET /observation``) opens with the env's instruction, as omrl's rollout opens an episode
-(:func:`~omrl.serve.store.with_goal`), and ``task_description`` is "" (SciWorld's client puts it
+(:func:`~omrl.serve.answers.with_goal`), and ``task_description`` is "" (SciWorld's client puts it
 before the observation). A request that names this server's instance (``X-Omrl-Instance``, as
 omrl's ``agentgym`` client sends) reads the instruction apart, so it gets the env's own first
 observation: the client hands both on as the env returned them.
@@ -51,8 +51,9 @@ Errors are answered the AgentGym way, a body ``{"error": message}``, so existing
 look for it keep working, *and* with a real HTTP status, so clients that check the status (and
 retry logic) can tell whose fault it is: 404 for an unknown id, split, task or route; 409 for a
 step before reset or after the episode ended; 422 for a malformed body (the message says what is
-wrong without echoing the body); 500 when the env itself raised (a 5xx is worth retrying, a 4xx
-is not). After an env raised in ``step`` its episode is over: further steps answer 409 until the
+wrong without echoing the body); 500 when the env itself raised or broke the protocol (a 5xx is
+worth retrying, a 4xx is not); 504 when the env did not return within ``--call-timeout``, and 503
+while that call runs on (the id is busy: close it) or the server shuts down. After an env raised in ``step`` its episode is over: further steps answer 409 until the
 next reset. Every error, FastAPI's own included, has that one shape. The guards that run before
 any route (token, instance name, body size) are in :mod:`omrl.serve.guard`; the envs and their
 episodes in :mod:`omrl.serve.store`; how a request's fields are read in :mod:`omrl.serve.fields`.
@@ -61,25 +62,20 @@ episodes in :mod:`omrl.serve.store`; how a request's fields are read in :mod:`om
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from typing import Any, Iterator
 
 from omrl.envs import Env, UnknownTaskError, create_env
 from omrl.errors import OmrlError
+from omrl.serve.answers import Opening, opening_of, with_goal
 from omrl.serve.fields import TASK_FIELDS, body_field, env_id_of, query_id, task_id_of, validation_message
 from omrl.serve.guard import DEFAULT_MAX_BODY, INSTANCE_HEADER, Guard
-from omrl.serve.store import (
-    DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_ENVS,
-    Opening,
-    Rejected,
-    ServedEnvs,
-    opening_of,
-    with_goal,
-)
+from omrl.serve.store import DEFAULT_CALL_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_ENVS, Rejected, ServedEnvs
 
 __all__ = [
+    "DEFAULT_CALL_TIMEOUT",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BODY",
     "DEFAULT_MAX_ENVS",
@@ -96,6 +92,7 @@ __all__ = [
 ]
 
 ENV_IDX_PREFIX = "/env_idx"
+SHUTDOWN_GRACE = 10  # seconds requests get to end at shutdown (a call on an env that hangs answers at once)
 
 
 def open_env(name: str, options: dict[str, Any] | None = None) -> Env:
@@ -143,12 +140,14 @@ def create_app(
     max_envs: int = DEFAULT_MAX_ENVS,
     max_body: int = DEFAULT_MAX_BODY,
     idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+    call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
 ):
     """A FastAPI app serving env ``name`` built with ``options``; bad options fail here, at once.
 
     ``token``: every request must carry ``Authorization: Bearer <token>``; ``max_envs`` caps the
     live envs, ``max_body`` the bytes of a request body; envs no call touched for ``idle_timeout``
-    seconds are closed (None or 0: never). ``app.state.envs`` holds the envs.
+    seconds are closed, and a request gives up on an env call after ``call_timeout`` seconds (None
+    or 0: never). ``app.state.envs`` holds the envs.
     """
     fastapi, _ = _require_server_packages()
     from fastapi.exceptions import RequestValidationError
@@ -159,21 +158,31 @@ def create_app(
         raise OmrlError("the server token must be a non-empty string")
     if max_envs < 1 or max_body < 1:
         raise OmrlError(f"max_envs and max_body must be >= 1, got {max_envs} and {max_body}")
-    if idle_timeout is not None and not (isinstance(idle_timeout, (int, float)) and idle_timeout >= 0):
-        raise OmrlError(f"idle_timeout must be a number of seconds >= 0 (0: never), got {idle_timeout!r}")
+    for what, seconds in (("idle_timeout", idle_timeout), ("call_timeout", call_timeout)):
+        if seconds is not None and not (isinstance(seconds, (int, float)) and seconds >= 0):
+            raise OmrlError(f"{what} must be a number of seconds >= 0 (0: never), got {seconds!r}")
     options = dict(options or {})
     catalog = open_env(name, options)  # answers /tasks; also checks the options before serving
     catalog_lock = threading.Lock()
     preview = _Preview(catalog, catalog_lock)
     deterministic = getattr(catalog, "deterministic", False) is True
-    served = ServedEnvs(name, lambda: type(catalog)(**options), max_envs, idle_timeout)
+    served = ServedEnvs(name, lambda: type(catalog)(**options), max_envs, idle_timeout, call_timeout)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         served.start()
-        yield
-        served.close_all()  # free what the envs hold (processes, connections) on shutdown
-        catalog.close()
+        try:
+            yield
+        finally:  # free what the envs hold (processes, connections), whatever one of them raises
+            for problem in served.close_all():
+                print(f"warning: shutting down: {problem}", file=sys.stderr)
+            try:
+                catalog.close()
+            except Exception as exc:  # noqa: BLE001 - the env's fault, one line
+                print(
+                    f"warning: shutting down: the catalog env's close() raised {type(exc).__name__}: {exc}",
+                    file=sys.stderr,
+                )
 
     app = fastapi.FastAPI(title=f"omrl env server: {name}", lifespan=lifespan)
     app.state.envs = served
@@ -334,8 +343,25 @@ def create_app(
 
 def run_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
     """Serve ``app`` until interrupted (one process: the envs live in its memory)."""
+    server = _server(app, host=host, port=port, log_level=log_level)
+    server.run()
+    if not server.started:  # the port is in use: uvicorn said so
+        raise SystemExit(3)
+
+
+def _server(app, **config):
+    """A uvicorn server whose shutdown is bounded: it first answers the calls waiting on envs (an env
+    that hangs would hold it for good), then gives requests ``SHUTDOWN_GRACE`` seconds to end."""
     _, uvicorn = _require_server_packages()
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            envs = getattr(getattr(app, "state", None), "envs", None)
+            if isinstance(envs, ServedEnvs):
+                envs.stop()
+            await super().shutdown(sockets)
+
+    return Server(uvicorn.Config(app, timeout_graceful_shutdown=SHUTDOWN_GRACE, **config))
 
 
 @contextlib.contextmanager
@@ -344,8 +370,7 @@ def background_server(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[s
 
     For tests and notebooks. Stops (closing every env) when the block ends.
     """
-    _, uvicorn = _require_server_packages()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    server = _server(app, host=host, port=port, log_level="warning")
     thread = threading.Thread(target=server.run, name=f"omrl-server-{port}", daemon=True)
     thread.start()
     while not server.started:  # uvicorn has no start event to wait on

@@ -2,8 +2,8 @@
 
 Each id holds its own env instance; ids are handed out under a lock and every call on one id
 holds that id's lock, so one id's calls are serialized while different ids run in parallel
-(FastAPI runs the server's handlers in its thread pool). What the env returns is checked here
-(a reward that is not a finite number, an observation that is not text: the env's fault, a 500),
+(FastAPI runs the server's handlers in its thread pool). What the env returns is checked
+(:mod:`omrl.serve.answers`: an answer that breaks the env protocol is the env's fault, a 500),
 and every refusal is a :class:`Rejected` carrying the HTTP status the server answers with.
 
 Ids never repeat across restarts, for any client: each start numbers its ids up from the
@@ -17,14 +17,20 @@ Envs no call has touched for ``idle_timeout`` seconds are closed (their client w
 killed: nothing else would ever close them, and they count against ``max_envs``); a call about
 such an id is answered 410 saying so. The check runs at each create and at most once a second
 on other calls, so nothing runs between requests.
+
+An env that stops answering costs only its own id. Each env call runs in a thread of its own that
+the request waits on for ``call_timeout`` seconds at most (then 504); the id stays busy (503) while
+that call runs on, until it returns or the id is closed. A call waits ``BUSY_WAIT`` seconds at most
+for another call on the same id (then 503 naming it busy), so calls on a stuck id cannot take every
+worker thread. :meth:`ServedEnvs.stop` (shutdown) answers every waiting call 503 at once, and
+:meth:`ServedEnvs.close_all` closes every env side by side, each failure one line.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import itertools
-import json
-import math
 import threading
 import time
 import uuid
@@ -32,12 +38,16 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from omrl.envs import Env, EpisodeFinishedError, UnknownTaskError, clean_text, reset_problem
+from omrl.envs import Env, EpisodeFinishedError, UnknownTaskError
+from omrl.serve.answers import Opening, Step, actions_of, checked_step, opening_of
 
 DEFAULT_MAX_ENVS = 256
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds; an LLM turn takes far less, a killed client never comes back
 SWEEP_EVERY = 1.0  # seconds between idle checks on calls other than create
 REMEMBERED_RECLAIMS = 4096  # reclaimed ids answered 410 (older ones: 404)
+DEFAULT_CALL_TIMEOUT = 300.0  # seconds an env call may run before its request gives up (504)
+BUSY_WAIT = 5.0  # seconds a call waits for another call on the same id to end (then 503)
+CLOSE_WAIT = 10.0  # seconds shutdown waits for the envs' close(), all together
 
 
 class Rejected(Exception):
@@ -46,42 +56,6 @@ class Rejected(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
-
-
-def with_goal(text: str, instruction: str) -> str:
-    """The first observation as an agent that reads only observations must see it: the
-    instruction, a blank line, then ``text`` (just ``text`` when it holds the instruction already).
-
-    omrl's rollout opens an episode with the same message, so an agent sees one prompt whether it
-    plays an env through omrl or through AgentGym's clients, which read the observation alone.
-    """
-    return text if instruction in text else f"{instruction}\n\n{text}"
-
-
-@dataclass
-class Opening:
-    """What a reset showed: the env's own observation and instruction, and ``shown``, the
-    observation with the goal inside it (see :func:`with_goal`)."""
-
-    task_id: int
-    text: str
-    instruction: str
-    shown: str
-    info: dict[str, Any]
-    actions: list[str]
-
-
-@dataclass
-class Step:
-    """What a step returned, checked: finite numbers, text, JSON-safe info."""
-
-    observation: str
-    reward: float
-    score: float
-    done: bool
-    won: bool
-    info: dict[str, Any]
-    actions: list[str]  # admissible now; [] when unknown or the episode is over
 
 
 @dataclass
@@ -95,12 +69,23 @@ class _Slot:
     observation: str = ""  # the last observation, as the env gave it
     shown: str = ""  # the same with the goal inside it while it is the episode's first
     used: float = field(default_factory=time.monotonic)  # when a call last touched it
-    reclaimed: bool = False  # closed for idleness while a call waited for its lock
+    gone: str = ""  # "idle" or "closed" once the id is closed: a call that waited for its lock is refused
+    call: _Call | None = None  # the env call made last; while it runs, the id is busy
+
+
+@dataclass
+class _Call:
+    """An env call running in a thread of its own (see :meth:`ServedEnvs._run`)."""
+
+    what: str
+    result: concurrent.futures.Future
+    started: float = field(default_factory=time.monotonic)
 
 
 class ServedEnvs:
     """The env instances of one server, by id, at most ``max_envs`` at once; those idle past
-    ``idle_timeout`` seconds are closed (None or 0: never)."""
+    ``idle_timeout`` seconds are closed, and a request gives up on an env call after ``call_timeout``
+    seconds (None or 0: never)."""
 
     def __init__(
         self,
@@ -108,10 +93,13 @@ class ServedEnvs:
         make_env: Callable[[], Env],
         max_envs: int = DEFAULT_MAX_ENVS,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        call_timeout: float | None = DEFAULT_CALL_TIMEOUT,
     ):
         self.name = name
         self.max_envs = max_envs
         self.idle_timeout = idle_timeout or None
+        self.call_timeout = call_timeout or None
+        self._stopping: concurrent.futures.Future = concurrent.futures.Future()  # done once stop() ran
         self.instance = _new_instance()  # drawn again at each start (see start)
         self._make_env = make_env
         self._lock = threading.Lock()
@@ -126,6 +114,7 @@ class ServedEnvs:
         """A new instance name and a new first id: ids handed out before this start are refused
         (410) to omrl's client and unknown (404) to any other, never handed out again."""
         self.instance = _new_instance()
+        self._stopping = concurrent.futures.Future()
         with self._lock:
             self.first_id = max(_first_id(), next(self._ids))  # above this object's earlier ids, whatever the clock
             self._ids = itertools.count(self.first_id)
@@ -154,46 +143,89 @@ class ServedEnvs:
             self._slots[env_id] = _Slot(env)
         return env_id
 
-    def get(self, env_id: Any, remove: bool = False) -> _Slot:
-        """The slot of ``env_id`` (taken out with ``remove``); unknown ids get a 404, ids closed
-        for idleness a 410."""
+    def get(self, env_id: Any) -> _Slot:
+        """The slot of ``env_id``; unknown ids get a 404, ids closed for idleness a 410."""
         if self.idle_timeout and time.monotonic() - self._swept > SWEEP_EVERY:
             self.reclaim_idle()
         valid = isinstance(env_id, int) and not isinstance(env_id, bool)
         with self._lock:
-            slot = (self._slots.pop if remove else self._slots.get)(env_id, None) if valid else None
+            slot = self._slots.get(env_id) if valid else None
             if slot is None:
                 if valid and env_id in self._reclaimed:
                     raise self._gone(env_id)
-                raise Rejected(404, f"the id {env_id!r} is not valid; live ids: {sorted(self._slots)[:20]}")
+                raise self._unknown(env_id)
             slot.used = time.monotonic()
             return slot
 
     @contextlib.contextmanager
-    def _held(self, env_id: Any) -> Iterator[_Slot]:
-        """The slot of ``env_id`` with its lock held; its idle time starts again when the call ends."""
+    def _held(self, env_id: Any, even_busy: bool = False) -> Iterator[_Slot]:
+        """The slot of ``env_id`` with its lock held; its idle time starts again when the call ends.
+        503 while an earlier call on it runs on (``even_busy``: go ahead anyway, as a close does)."""
         slot = self.get(env_id)
-        with slot.lock:
-            if slot.reclaimed:  # closed for idleness while this call waited for the lock
-                raise self._gone(env_id)
-            try:
-                yield slot
-            finally:
-                slot.used = time.monotonic()
+        if not slot.lock.acquire(timeout=BUSY_WAIT):
+            raise self._busy(env_id, slot)
+        try:
+            if slot.gone:  # closed while this call waited for the lock
+                raise self._gone(env_id) if slot.gone == "idle" else self._unknown(env_id)
+            if not even_busy and slot.call is not None and not slot.call.result.done():
+                raise self._busy(env_id, slot)
+            yield slot
+        finally:
+            slot.used = time.monotonic()
+            slot.lock.release()
+
+    def _run(self, env_id: int, slot: _Slot, what: str, call: Callable[[], Any]) -> Any:
+        """``call()`` (an env method) in a thread of its own; the request waits for it ``call_timeout``
+        seconds at most (then 504: the call runs on and its id stays busy), or until :meth:`stop`."""
+        slot.call = _Call(what, _in_thread(call, f"omrl-env-{env_id}-{what}"))
+        concurrent.futures.wait(
+            [slot.call.result, self._stopping], self.call_timeout, concurrent.futures.FIRST_COMPLETED
+        )
+        if slot.call.result.done():
+            return slot.call.result.result()
+        if self._stopping.done():
+            raise Rejected(503, f"env id {env_id}: the server is shutting down; its {what} was left running")
+        raise Rejected(
+            504,
+            f"env id {env_id}: the env did not return from {what} within {self.call_timeout:g} s "
+            "(--call-timeout); the id stays busy while it runs: close it and create a new env",
+        )
+
+    def stop(self) -> None:
+        """Shutdown begins: requests waiting on env calls answer 503 now instead of holding it up."""
+        if not self._stopping.done():
+            self._stopping.set_result(None)
 
     def ids(self) -> list[int]:
         with self._lock:
             return sorted(self._slots)
 
     def close(self, env_id: int) -> None:
-        """Forget ``env_id`` and free what its env holds (processes, connections)."""
-        slot = self.get(env_id, remove=True)
-        with slot.lock:
-            slot.env.close()
+        """Forget ``env_id`` and free what its env holds (processes, connections); a stuck env too."""
+        with self._held(env_id, even_busy=True) as slot:
+            slot.gone = "closed"  # a call that looked the id up before this close answers 404
+            with self._lock:
+                self._slots.pop(env_id, None)
+            try:
+                self._run(env_id, slot, "close", slot.env.close)
+            except Exception as exc:  # noqa: BLE001 - the id is forgotten either way
+                raise _crash("close", exc) from exc
 
-    def close_all(self) -> None:
-        for env_id in self.ids():
-            self.close(env_id)
+    def close_all(self) -> list[str]:
+        """Stop, then close every env side by side, waiting ``CLOSE_WAIT`` seconds at most in all;
+        returns a line for each env whose close raised or did not return."""
+        self.stop()
+        with self._lock:
+            slots, self._slots = self._slots, {}
+        closing = {env_id: _in_thread(slot.env.close, f"omrl-env-{env_id}-close") for env_id, slot in slots.items()}
+        concurrent.futures.wait(closing.values(), CLOSE_WAIT)
+        problems = []
+        for env_id, closed in closing.items():
+            if not closed.done():
+                problems.append(f"env id {env_id}: close() did not return within {CLOSE_WAIT:g} s; left running")
+            elif closed.exception() is not None:
+                problems.append(f"env id {env_id}: close() raised {_one_line(closed.exception())}")
+        return problems
 
     def reclaim_idle(self) -> list[int]:
         """Close the envs no call touched for ``idle_timeout`` seconds; returns their ids.
@@ -209,20 +241,24 @@ class ServedEnvs:
             self._swept = now
             for env_id, slot in list(self._slots.items()):
                 if now - slot.used > self.idle_timeout and slot.lock.acquire(blocking=False):
-                    slot.reclaimed = True
+                    slot.gone = "idle"
                     del self._slots[env_id]
                     self._reclaimed[env_id] = None
                     taken.append((env_id, slot))
+                    slot.lock.release()
             while len(self._reclaimed) > REMEMBERED_RECLAIMS:
                 self._reclaimed.popitem(last=False)
-        for _, slot in taken:
-            try:
-                slot.env.close()
-            except Exception:  # noqa: BLE001 - the env is forgotten either way; nobody waits on this close
-                pass
-            finally:
-                slot.lock.release()
+        for env_id, slot in taken:  # the env is forgotten either way; nobody waits on these closes
+            _in_thread(slot.env.close, f"omrl-env-{env_id}-close")
         return [env_id for env_id, _ in taken]
+
+    def _unknown(self, env_id: Any) -> Rejected:
+        return Rejected(404, f"the id {env_id!r} is not valid; live ids: {sorted(self._slots)[:20]}")
+
+    def _busy(self, env_id: int, slot: _Slot) -> Rejected:
+        call = slot.call
+        running = f": its {call.what} has run for {time.monotonic() - call.started:.0f} s" if call else ""
+        return Rejected(503, f"env id {env_id} is busy{running}; calls on one id run one at a time (close a stuck env)")
 
     def _gone(self, env_id: int) -> Rejected:
         return Rejected(
@@ -242,7 +278,7 @@ class ServedEnvs:
         with self._held(env_id) as slot:
             slot.started, slot.ended = False, "not reset"
             try:
-                opening = opening_of(slot.env, task_id)
+                opening = self._run(env_id, slot, "reset", lambda: opening_of(slot.env, task_id))
             except UnknownTaskError as exc:
                 raise Rejected(404, str(exc)) from exc
             except Exception as exc:  # noqa: BLE001 - an env crash is the server's 500
@@ -259,31 +295,22 @@ class ServedEnvs:
             if slot.ended:
                 raise Rejected(409, f"the episode of env id {env_id} is over ({slot.ended}): reset it")
             try:
-                result = slot.env.step(action)
-                done = bool(result.done)
-                step = Step(
-                    clean_text(result.observation),
-                    _finite(result.reward, "reward"),
-                    _finite(result.score, "score"),
-                    done,
-                    result.won,
-                    _jsonable(result.info),
-                    [] if done else _actions(slot.env),
-                )
+                step = self._run(env_id, slot, "step", lambda: checked_step(slot.env, action))
             except EpisodeFinishedError as exc:
                 slot.ended = "finished"
                 raise Rejected(409, str(exc)) from exc
-            except Exception as exc:  # noqa: BLE001 - the episode cannot go on after a crash
-                slot.ended = f"the env crashed: {type(exc).__name__}: {exc}"
-                raise _crash("step", exc) from exc
+            except Exception as exc:  # noqa: BLE001 - the episode cannot go on after a crash or a timeout
+                failure = _crash("step", exc)
+                slot.ended = str(failure)
+                raise failure from exc
             slot.observation = slot.shown = step.observation
-            if done:
+            if step.done:
                 slot.ended = "finished"
             return step
 
     def observation(self, env_id: int, with_goal: bool = True) -> str:
         """The last observation ("" before the first reset); ``with_goal``: the goal inside the
-        episode's first, as :func:`with_goal` puts it."""
+        episode's first, as :func:`~omrl.serve.answers.with_goal` puts it."""
         with self._held(env_id) as slot:
             return slot.shown if with_goal else slot.observation
 
@@ -293,7 +320,7 @@ class ServedEnvs:
             if not slot.started or slot.ended:
                 return []
             try:
-                return _actions(slot.env)
+                return self._run(env_id, slot, "admissible_actions", lambda: actions_of(slot.env))
             except Exception as exc:  # noqa: BLE001
                 raise _crash("admissible_actions", exc) from exc
 
@@ -303,23 +330,23 @@ class ServedEnvs:
             if not slot.started or slot.ended:
                 return None
             try:
-                return slot.env.expert_action()
+                return self._run(env_id, slot, "expert_action", slot.env.expert_action)
             except Exception as exc:  # noqa: BLE001
                 raise _crash("expert_action", exc) from exc
 
 
-def opening_of(env: Env, task_id: int) -> Opening:
-    """Reset ``env`` to ``task_id`` and check what it returned (a bad return raises ValueError)."""
-    first = env.reset(task_id)
-    problem = reset_problem(first)
-    if problem:
-        raise ValueError(f"env {type(env).__name__} {problem}")
-    text, instruction = clean_text(first.text), clean_text(first.instruction)
-    return Opening(task_id, text, instruction, with_goal(text, instruction), _jsonable(first.info), _actions(env))
+def _in_thread(call: Callable[[], Any], name: str) -> concurrent.futures.Future:
+    """``call()`` run in a daemon thread of its own (one that hangs never holds up the process's exit)."""
+    result: concurrent.futures.Future = concurrent.futures.Future()
 
+    def run() -> None:
+        try:
+            result.set_result(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the result
+            result.set_exception(exc)
 
-def _actions(env: Env) -> list[str]:
-    return [str(a) for a in env.admissible_actions() or ()]
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return result
 
 
 def _new_instance() -> str:
@@ -331,18 +358,10 @@ def _first_id() -> int:
     return time.time_ns() // 1000
 
 
-def _jsonable(value: Any) -> Any:
-    """Env info as JSON (anything JSON cannot hold becomes its string, NaN and infinities too)."""
-    return json.loads(json.dumps(value, default=str), parse_constant=str)
-
-
-def _finite(value: Any, what: str) -> float:
-    """A reward or score the env returned, as a float; anything else is the env's fault (500)."""
-    number = float(value)
-    if not math.isfinite(number):
-        raise ValueError(f"the env returned a {what} that is not finite: {number}")
-    return number
-
-
 def _crash(what: str, exc: BaseException) -> Rejected:
-    return Rejected(500, f"the env raised in {what}: {type(exc).__name__}: {exc}")
+    """The answer to an env call that failed: 500 naming what it raised (a refusal stays as it is)."""
+    return exc if isinstance(exc, Rejected) else Rejected(500, f"the env raised in {what}: {_one_line(exc)}")
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

@@ -311,6 +311,11 @@ def malformed_app(answer: str) -> FastAPI:
         ('{"type": "observation", "data": {"observation": "text", "done": false}}', "'observation' must be an object"),
         ('{"type": "observation", "data": {"observation": {}, "reward": NaN}}', "'reward' must be a finite number"),
         ('{"type": "observation", "data": {"observation": {}, "reward": "1"}}', "'reward' must be a finite number"),
+        ('{"type": "observation", "data": {"observation": {}, "reward": true}}', "'reward' must be a finite number"),
+        (
+            '{"type": "observation", "data": {"observation": {}, "reward": 1%s}}' % ("0" * 400),
+            "'reward' must be a finite number",
+        ),
         ('{"type": "observation", "data": {"observation": {}, "done": "no"}}', "'done' must be true or false"),
     ],
 )
@@ -321,6 +326,28 @@ def test_a_malformed_answer_is_an_env_error(answer, problem):
             env.reset(1)
         assert problem in str(error.value)
         assert SERVERS.open_sessions(url) == 0
+
+
+def test_any_failure_frees_the_session_slot_and_closes_the_connection(guess_url, monkeypatch):
+    """An unforeseen failure (a bug in the client library, a check that raises) must not leak a session:
+    after max_sessions of them every reset in the process would fail."""
+    from omrl_plugins.envs.openenv import session
+
+    def surprise(data):
+        raise LookupError("a surprise")
+
+    env = OpenEnvEnv(base_url=guess_url, max_sessions=1, **FAST)
+    with opened(env):
+        env.reset(3)
+        monkeypatch.setattr(session, "check_observation", surprise)
+        with pytest.raises(LookupError):
+            env.step("4")  # inside a session
+        assert SERVERS.open_sessions(guess_url) == 0
+        with pytest.raises(LookupError):
+            env.reset(3)  # opening one
+        assert SERVERS.open_sessions(guess_url) == 0
+        monkeypatch.undo()
+        assert env.reset(3).text  # the one slot is free again
 
 
 # -- options and the pieces -----------------------------------------------------------------------

@@ -6,6 +6,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from omrl.envs import StepResult
 from omrl.serve import INSTANCE_HEADER, background_server, create_app, exposure_warning, is_loopback
 
 
@@ -166,7 +167,29 @@ def test_an_env_returning_a_non_finite_reward_is_a_500_in_the_protocols_shape(gr
         return result
 
     monkeypatch.setattr(GridWorld, "step", nan_step)
-    assert_error(http.post("/step", json={"id": env_id, "action": "up"}), 500, "not finite")
+    assert_error(http.post("/step", json={"id": env_id, "action": "up"}), 500, "returned reward nan", "finite number")
+
+
+@pytest.mark.parametrize(
+    "result, problem",
+    [
+        (
+            StepResult("obs", 0.0, "false", {"won": False, "score": 0.0}),
+            "returned done 'false'; it must be True or False",
+        ),
+        (StepResult("obs", 0.0, True, {"won": "no", "score": 0.0}), "returned won 'no'; it must be True or False"),
+        (StepResult("obs", 0.0, True, {"won": False, "score": 37}), "returned score 37; it must be in [0, 1]"),
+        (StepResult("obs", 10**400, True, {}), "it must be a finite number"),
+    ],
+)
+def test_a_step_answer_that_breaks_the_protocol_is_the_envs_crash(http, monkeypatch, result, problem):
+    from omrl_plugins.envs.gridworld import GridWorld
+
+    env_id = http.post("/create").json()["id"]
+    http.post("/reset", json={"id": env_id, "data_idx": 0})
+    monkeypatch.setattr(GridWorld, "step", lambda self, action: result)
+    assert_error(http.post("/step", json={"id": env_id, "action": "up"}), 500, "the env raised in step", problem)
+    assert_error(http.post("/step", json={"id": env_id, "action": "up"}), 409, "is over")
 
 
 def test_loopback_hosts_and_the_warning_for_others():

@@ -38,12 +38,14 @@ from omrl.envs import EnvError
 from omrl_plugins.envs.background_loop import ProcessLoop
 from omrl_plugins.envs.mcp.sdk import (
     CONNECTION_CLOSED,
+    SERVER,
     ToolOutcome,
     call_tool,
     describe_failure,
     http_client,
     list_tools,
     mcp_error,
+    quiet_stdout_noise,
 )
 
 SLACK = 5.0  # seconds the env's thread waits past a deadline that the loop enforces itself
@@ -116,8 +118,12 @@ def session_loop() -> asyncio.AbstractEventLoop:
 
 @atexit.register
 def _close_all() -> None:
-    """Stop the servers of connections nobody closed, before the loop's daemon thread dies with the process."""
-    for connection in list(_open):
+    """Stop the servers of connections nobody closed, before the loop's daemon thread dies with the process:
+    all are told at once, then waited for together (a hung server costs seconds once, not once each)."""
+    connections = list(_open)
+    for connection in connections:
+        connection.stop()
+    for connection in connections:
         connection.close()
 
 
@@ -139,6 +145,7 @@ class Connection:
         self._started: concurrent.futures.Future = concurrent.futures.Future()
         self._ended = threading.Event()  # set when the task is over and the server stopped
         self._lost = ""  # why the task ended, once it did
+        self._current: _Request | None = None  # the request in flight (read and written on the loop only)
         self._task = asyncio.run_coroutine_threadsafe(self._serve(), self._loop)
         _open.add(self)
 
@@ -176,12 +183,18 @@ class Connection:
             self.close()
             raise ServerLost(f"{self.spec}: {what}: no answer within {timeout:g} s (timeout_s)") from None
 
+    def stop(self) -> None:
+        """Start ending the session without waiting: at once when a request is in flight (it fails),
+        else once the requests queued before are answered."""
+        if os.getpid() == self._pid and self.alive:
+            self._loop.call_soon_threadsafe(self._stop_now)
+
     def close(self) -> None:
         """End the session (a stdio server stops) and wait for it; a stuck task is cancelled."""
         if os.getpid() != self._pid:
             return
         if self.alive:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
+            self.stop()
             if not self._ended.wait(STOP_WAIT):
                 self._task.cancel()
                 self._ended.wait(STOP_WAIT)
@@ -192,6 +205,13 @@ class Connection:
                 os.unlink(self._stderr.name)
 
     # -- on the session loop ---------------------------------------------------------------------
+    def _stop_now(self) -> None:
+        if self._current is None:
+            self._queue.put_nowait(None)
+        else:  # the stop would wait behind a request that may never be answered
+            self._lost = self._lost or "the connection was closed"
+            self._task.cancel()
+
     def _enqueue(self, request: _Request) -> None:
         if self.alive:
             self._queue.put_nowait(request)
@@ -201,7 +221,6 @@ class Connection:
     async def _serve(self) -> None:
         import anyio
 
-        current: _Request | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 session = await self._open_session(stack)
@@ -213,15 +232,17 @@ class Connection:
                     raise TimeoutError(f"no answer within {self.start_timeout:g} s (start_timeout_s)") from None
                 self._started.set_result(tools)
                 while (current := await self._queue.get()) is not None:
+                    self._current = current
                     if not await self._answer(session, current):
                         break  # the connection is lost: leave the session, stopping the server
-                    current = None
+                    self._current = None
         except BaseException as exc:  # noqa: BLE001 - the transport's task group failing, a cancel: all end here
-            self._lost = self.spec.hide(f"{describe_failure(exc)}{self._stderr_tail()}")
+            self._lost = self._lost or self.spec.hide(f"{describe_failure(exc)}{self._stderr_tail()}")
             if not self._started.done():
                 self._started.set_exception(ServerLost(f"{self.spec}: could not start: {self._lost}"))
-            if current is not None:
-                current.fail(ServerLost(f"{self.spec}: {current.what} failed: the connection is gone: {self._lost}"))
+            if self._current is not None:
+                what = self._current.what
+                self._current.fail(ServerLost(f"{self.spec}: {what} failed: the connection is gone: {self._lost}"))
         finally:
             self._lost = self._lost or "the connection was closed"
             if not self._started.done():
@@ -234,9 +255,11 @@ class Connection:
     async def _open_session(self, stack: contextlib.AsyncExitStack) -> Any:
         from mcp import ClientSession, StdioServerParameters, stdio_client
 
+        SERVER.set(self.spec)  # names the server in the SDK's log lines from this task (see quiet_stdout_noise)
         if self.spec.url:
             streams = await stack.enter_async_context(http_client()(self.spec.url))
         else:
+            quiet_stdout_noise()
             argv = supervised(self.spec.argv)
             server = StdioServerParameters(command=argv[0], args=list(argv[1:]), env=dict(self.spec.env) or None)
             streams = await stack.enter_async_context(stdio_client(server, errlog=self._stderr))

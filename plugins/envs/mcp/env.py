@@ -102,6 +102,9 @@ class McpClient:
                 raise
 
     def close(self) -> None:
+        connection = self._connection
+        if connection is not None:  # at once, not under the lock: a call in flight holds it until this ends it
+            connection.close()
         with self._lock:
             self._drop()
 

@@ -9,12 +9,16 @@ loads no mcp. mcp 2 renamed fields (``isError`` is ``is_error``) and classes (``
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 MAX_PAGES = 100  # tools/list pages read at most (a server that keeps handing out cursors)
 CONNECTION_CLOSED = -32000  # the code the SDK fails requests with once the connection is gone (mcp.types)
+NOISE_SHOWN = 200  # characters shown of a line a server printed on stdout that is not JSON-RPC
+SERVER: contextvars.ContextVar[Any] = contextvars.ContextVar("omrl_mcp_server", default=None)  # its ServerSpec
 
 
 @dataclass(frozen=True)
@@ -127,3 +131,36 @@ def _leaves(exc: BaseException) -> list[BaseException]:
     if inner:
         return [leaf for sub in inner for leaf in _leaves(sub)]
     return [exc]
+
+
+class _StdoutNoise(logging.Filter):
+    """The SDK logs a 10-line traceback for each line a stdio server prints on stdout that is not JSON-RPC
+    (a print() left in a tool, say), naming neither the server nor the line: one warning line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith("Failed to parse JSONRPC"):
+            spec = SERVER.get()
+            line = _input_of(record.exc_info[1])
+            line = spec.hide(line) if spec is not None else line
+            shown = line if len(line) <= NOISE_SHOWN else line[:NOISE_SHOWN] + "..."
+            record.msg = (
+                f"{spec or 'an MCP server'} printed a line on stdout that is not JSON-RPC (ignored; a server "
+                f"must log to stderr): {shown!r}"
+            )
+            record.args, record.exc_info, record.exc_text = (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_stdout_noise() -> None:
+    """Put :class:`_StdoutNoise` on the SDK's stdio logger (once)."""
+    logger = logging.getLogger("mcp.client.stdio")
+    if not any(isinstance(known, _StdoutNoise) for known in logger.filters):
+        logger.addFilter(_StdoutNoise())
+
+
+def _input_of(exc: BaseException | None) -> str:
+    """The line a pydantic ValidationError could not read (its first error's input), else the error's text."""
+    errors = getattr(exc, "errors", None)
+    line = errors()[0].get("input") if callable(errors) and errors() else None
+    return line if isinstance(line, str) else str(exc)

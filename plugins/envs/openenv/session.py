@@ -24,14 +24,16 @@ and checks each answer's shape, since the stock client folds errors into a Runti
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+from omrl.env_results import finite_number
 from omrl.envs import EnvError
 from omrl.errors import short_repr
 from omrl_plugins.envs.background_loop import ProcessLoop
@@ -131,7 +133,7 @@ def check_observation(data: dict[str, Any]) -> None:
     reward, done = data.get("reward"), data.get("done", False)
     if not isinstance(data.get("observation"), dict):
         raise Malformed(f"'observation' must be an object, got {short_repr(data.get('observation'))}")
-    if reward is not None and not (isinstance(reward, (int, float)) and math.isfinite(reward)):
+    if reward is not None and (isinstance(reward, bool) or not finite_number(reward)):  # true is no reward
         raise Malformed(f"'reward' must be a finite number or null, got {short_repr(reward)}")
     if not isinstance(done, bool):
         raise Malformed(f"'done' must be true or false, got {short_repr(done)}")
@@ -234,6 +236,9 @@ class Session:
             raise SessionLost(
                 message(self.url, what, f"{describe(exc)}; the session is gone (the next reset opens another)")
             ) from exc
+        except BaseException:  # unforeseen: the session cannot be trusted, and must not keep its slot
+            self.close()
+            raise
 
     def close(self) -> None:
         """Say goodbye (best effort: the server may be gone) and free the slot."""
@@ -263,19 +268,16 @@ def open_session(urls: Sequence[str], reset_kwargs: dict[str, Any], settings: Se
                 base_url=url, connect_timeout_s=settings.connect_timeout, message_timeout_s=settings.timeout
             )
             try:
-                run(client.connect, settings.connect_timeout)
-                first = run(lambda client=client: client.reset(**reset_kwargs), settings.timeout)
+                with _given_back_on_failure(client, url):
+                    run(client.connect, settings.connect_timeout)
+                    first = run(lambda client=client: client.reset(**reset_kwargs), settings.timeout)
                 return Session(url, client, settings), first
             except ServerAnswer as answer:
-                _close_quietly(client)
-                SERVERS.release(url)
                 if answer.code != "CAPACITY_REACHED":  # the env itself failed: trying again will not help
                     raise EnvError(message(url, what, f"the server answered: {answer}")) from answer
                 SERVERS.learn(url, answer.data.get("max_sessions"))
                 problems[url] = f"{FULL} ({answer.message})"
             except (OSError, Malformed, _websocket_error()) as exc:
-                _close_quietly(client)
-                SERVERS.release(url)
                 problems[url] = describe(exc)
         if not tried:
             break
@@ -308,6 +310,17 @@ def _no_session(urls: Sequence[str], what: str, problems: dict[str, str], settin
     )
     attempts = settings.retries + 1
     return message(where, what, f"{detail} (gave up after {attempts} attempt{'s' if attempts > 1 else ''}); {hint}")
+
+
+@contextlib.contextmanager
+def _given_back_on_failure(client: Any, url: str) -> Iterator[None]:
+    """Close ``client`` and free its slot on ``url`` when the block raises, whatever it raises."""
+    try:
+        yield
+    except BaseException:
+        _close_quietly(client)
+        SERVERS.release(url)
+        raise
 
 
 def _close_quietly(client: Any) -> None:

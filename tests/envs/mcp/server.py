@@ -71,6 +71,13 @@ def block(seconds: float) -> str:
 
 
 @server.tool()
+def chatter(text: str) -> str:
+    """Prints ``text`` on stdout, the protocol's own stream (a common server bug), then answers."""
+    print(text, flush=True)
+    return f"said {len(text)} characters"
+
+
+@server.tool()
 def crash() -> str:
     """Kills the server process at once."""
     os._exit(3)

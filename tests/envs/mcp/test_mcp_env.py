@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import doctest
 import json
+import logging
 import os
 import re
 import shlex
@@ -28,6 +29,7 @@ from omrl.rollout.loop import RolloutLimits, collect
 from omrl.rollout.pool import EnvPool
 from omrl_plugins.envs.mcp import McpEnv, sqlite_demo
 from tests.envs.mcp.conftest import (
+    SERVER,
     free_port,
     gone_soon,
     http_server,
@@ -59,7 +61,18 @@ def test_the_servers_tools_are_the_envs_and_a_call_is_a_turn(stdio_env, pid_file
     assert server_pid(pid_file) == started  # the reset plays on it
     assert first.text == "What is 2 + 3?"
     tools = {tool["name"]: tool for tool in stdio_env.tools}
-    assert set(tools) == {"answer", "add", "lookup", "fail", "slow", "block", "crash", "picture", "long_text"}
+    assert set(tools) == {
+        "answer",
+        "add",
+        "lookup",
+        "fail",
+        "slow",
+        "block",
+        "chatter",
+        "crash",
+        "picture",
+        "long_text",
+    }
     assert tools["add"]["description"] == "Add two integers."
     assert tools["add"]["parameters"]["properties"] == {
         "a": {"title": "A", "type": "integer"},
@@ -113,6 +126,22 @@ def test_the_agents_mistakes_are_tool_errors_and_the_episode_goes_on(tasks, pid_
         assert env.step("answer[42]").won
     finally:
         env.close()
+
+
+def test_a_server_printing_other_lines_on_stdout_costs_one_line_each_naming_it(tasks, pid_file, caplog):
+    env = McpEnv(**stdio_options(tasks, pid_file))
+    try:
+        env.reset(0)
+        with caplog.at_level(logging.WARNING, logger="mcp.client.stdio"):
+            step = env.step("chatter[debug: " + "x" * 5000 + "]")
+    finally:
+        env.close()
+    assert step.observation == "said 5007 characters"  # the session went on
+    records = [record for record in caplog.records if record.name == "mcp.client.stdio"]
+    assert len(records) == 1 and records[0].exc_info is None, [record.getMessage()[:200] for record in records]
+    message = records[0].getMessage()
+    assert message.startswith(f"MCP server `{shlex.join([sys.executable, str(SERVER)])}` printed a line")
+    assert "'debug: xxx" in message and "\n" not in message and len(message) < 600, message
 
 
 @pytest.mark.slow  # waits out a deadline
