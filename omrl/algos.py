@@ -306,6 +306,33 @@ def require_range(cfg: AlgoConfig, name: str, low: float, high: float = math.inf
     return value
 
 
+#: the core's own algorithm settings: (lowest, highest, lowest allowed); a plugin checks its options when called
+SETTING_RANGES = {
+    "kl_coef": (0.0, math.inf, True),
+    "kl_target": (0.0, math.inf, True),
+    "entropy_coef": (-math.inf, math.inf, True),
+    "value_coef": (0.0, math.inf, True),
+    "value_clip": (0.0, math.inf, True),
+    "dpo_beta": (0.0, math.inf, False),
+    "gamma": (0.0, 1.0, True),
+    "lam": (0.0, 1.0, True),
+    "eps": (0.0, math.inf, False),
+    "loss_norm_tokens": (0, math.inf, True),
+    "teacher_coef": (0.0, math.inf, True),
+}
+
+
+def check_settings(cfg: AlgoConfig) -> None:
+    """Refuse a core setting outside its range (:data:`SETTING_RANGES`; NaN and infinities too) or
+    an unknown loss_agg_mode, before any model loads: a negative kl_coef would turn the KL off, a
+    NaN value_clip the clipping, a negative value_coef would train the critic to err."""
+    require_agg_mode(cfg.loss_agg_mode)
+    for name, (low, high, low_inclusive) in SETTING_RANGES.items():
+        value = require_range(cfg, name, low, high, low_inclusive)
+        if isinstance(value, bool) or not math.isfinite(value):
+            raise ConfigError(f"algorithm.{name} must be a finite number, got {value}")
+
+
 def require_agg_mode(mode: str) -> str:
     """A loss aggregation mode that :func:`omrl.algos.aggregate_loss` knows."""
     if mode not in LOSS_AGG_MODES:

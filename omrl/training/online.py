@@ -13,7 +13,7 @@ import torch
 from rich.console import Console
 
 from omrl import registry
-from omrl.algos import RECIPES, AdvantageInput
+from omrl.algos import RECIPES, AdvantageInput, CorrectionInput, PolicyLossInput, check_settings
 from omrl.backends.base import generation_metrics
 from omrl.backends.lora_sync import lora_config_of
 from omrl.backends.weight_sync import check_weight_sync
@@ -57,6 +57,7 @@ def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
     check_model_config(cfg.model)
     if algo.critic not in ("head", "model"):
         raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
+    check_settings(algo)
     ignored = [key for key, value in (("kl_target", algo.kl_target), ("teacher", algo.teacher)) if value]
     if algo.name == "dpo" and ignored:
         raise ConfigError(
@@ -122,12 +123,26 @@ def episode_token_budget(cfg: TrainRunConfig) -> int:
     return cfg.generation.max_new_tokens * max(caps)
 
 
-def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool, greedy: bool = False) -> None:
+def check_algorithms(
+    cfg: TrainRunConfig,
+    advantage_fn: Any,
+    has_critic: bool,
+    greedy: bool = False,
+    loss_fn: Any = None,
+    correction_fn: Any = None,
+) -> None:
     """Run the advantage estimator once on a tiny made-up rollout of one task, before any real
     rollout: an estimator that needs what this run lacks (a critic's values) or a group size
     under which every advantage is 0 is refused now, naming the fix, not after a whole rollout.
-    ``greedy``: the run plays the greedy baselines the estimator asked for."""
+    ``greedy``: the run plays the greedy baselines the estimator asked for. The policy loss
+    (``loss_fn``) and the rollout correction (``correction_fn``) run once too, so that an option of
+    theirs out of range fails now rather than at the first update."""
     algo, group = cfg.algorithm, cfg.group_size
+    zeros, ones = torch.zeros(1, 2), torch.ones(1, 2)
+    if loss_fn is not None:
+        loss_fn(PolicyLossInput(zeros, zeros, ones, ones), algo)
+    if correction_fn is not None:
+        correction_fn(CorrectionInput(zeros, zeros, ones), algo)
     if not strategy_traits(cfg.rollout.strategy).group_in_one_tree:  # a task's group is the leaves of its
         group = max(group, 2)  # group_size trees, and a tree has several
     rewards = torch.zeros(group, 3)
@@ -159,6 +174,16 @@ def check_algorithms(cfg: TrainRunConfig, advantage_fn: Any, has_critic: bool, g
             f"group_size={group} (it compares the samples of a task): nothing would be learned; "
             "use group_size >= 2"
         )
+    if algo.dynamic_sampling:
+        same = dataclasses.replace(probe, token_rewards=torch.ones_like(rewards), turn_rewards=torch.ones(group, 1))
+        equal, _ = advantage_fn(same, algo)
+        if (equal * same.loss_mask).abs().max() > 0:  # such a group still moves the policy: it must stay
+            raise ConfigError(
+                "algorithm.dynamic_sampling drops the groups whose samples got the same reward, which carry "
+                f"no signal only where each advantage compares a group's samples; algorithm.advantage="
+                f"{algo.advantage} gives such a group advantages of up to {float(equal.abs().max()):.3g}: "
+                "use an estimator that compares a group's samples, or no dynamic sampling"
+            )
 
 
 def load_models(cfg: TrainRunConfig, strategy: Strategy, with_reference: bool) -> tuple[Any, Any, Any, Any]:

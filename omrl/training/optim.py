@@ -82,6 +82,17 @@ def build_scheduler(
     )
 
 
+def schedule_advances(mini_batches: int, planned: int) -> list[int]:
+    """How far each of a pass's ``mini_batches`` updates moves a schedule sized for ``planned`` a pass,
+    so that the pass moves it ``planned`` steps whatever its rollout gave (a search rollout's rows are
+    its finished paths: many more than tasks x samples, which would end the schedule early).
+
+    >>> schedule_advances(3, 3), schedule_advances(6, 2), schedule_advances(2, 3)
+    ([1, 1, 1], [0, 0, 1, 0, 0, 1], [1, 2])
+    """
+    return [(k + 1) * planned // mini_batches - k * planned // mini_batches for k in range(mini_batches)]
+
+
 class Update(NamedTuple):
     """What :func:`apply_update` did."""
 
@@ -100,6 +111,7 @@ def apply_update(
     step: int,
     max_grad_norm: float,
     finite: bool = True,
+    advance: int = 1,
 ) -> Update:
     """The end of every recipe's optimizer step: sum the gradients over processes, clip them to
     ``max_grad_norm`` (0 or less: no clipping), update and advance the schedule, unless the loss
@@ -112,12 +124,15 @@ def apply_update(
     that holds for every recipe: an RL step's number of updates varies with its rollout, and a step
     may apply none. The cost: after k skipped updates the schedule ends k updates short of its last
     value. A checkpoint keeps the scheduler's state, so a resumed run continues it exactly either way.
+    ``advance``: the schedule steps an applied update moves (:func:`schedule_advances`; 1 but where a
+    rollout gave more or fewer mini-batches than the schedule was sized for).
     """
     max_norm = max_grad_norm if max_grad_norm > 0 else float("inf")
     grad_norm = strategy.optimizer_step(params, optimizer, max_norm) if finite else float("nan")
     lr = scheduler.get_last_lr()[0]
     if finite and math.isfinite(grad_norm):
-        scheduler.step()
+        for _ in range(advance):
+            scheduler.step()
         skipped.applied()
         return Update(grad_norm, lr, True)
     strategy.zero_grad(optimizer)

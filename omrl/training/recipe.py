@@ -224,9 +224,9 @@ def setup_logger(recipe: Recipe, description: str, total_steps: int) -> MetricsL
 # -- each step ----------------------------------------------------------------------------------------
 
 
-def update(recipe: Recipe, step: int, finite: bool = True) -> Update:
+def update(recipe: Recipe, step: int, finite: bool = True, advance: int = 1) -> Update:
     """Step ``step``'s optimizer update, or its skip when the loss (``finite``) or the gradient is not
-    finite: :func:`omrl.training.optim.apply_update`."""
+    finite, moving the schedule ``advance`` steps: :func:`omrl.training.optim.apply_update`."""
     with timed("optimizer"):
         return apply_update(
             recipe.strategy,
@@ -238,6 +238,7 @@ def update(recipe: Recipe, step: int, finite: bool = True) -> Update:
             step,
             recipe.cfg.optim.max_grad_norm,
             finite,
+            advance,
         )
 
 

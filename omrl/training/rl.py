@@ -44,6 +44,7 @@ from omrl.training.distillation import add_teacher_rewards, load_teacher
 from omrl.training.kl_control import AdaptiveKL
 from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
 from omrl.training.metrics import StepCallback
+from omrl.training.optim import schedule_advances
 from omrl.training.policy import policy_forward
 from omrl.training.recipe import autocast, close_recipe, run_recipe, setup_optimizer, skip_update, start_recipe
 from omrl.training.recipe import update as optimizer_update
@@ -74,7 +75,9 @@ class RLRecipe:
         self.correction_fn = registry.algorithms.get(self.correction, kind="rollout_correction")
         self.kl_control = AdaptiveKL(algo)
         self.greedy_baseline = greedy_baseline.needed(cfg)  # ReMax: a greedy episode per task, as baseline
-        online.check_algorithms(cfg, self.advantage_fn, has_critic=algo.name == "ppo", greedy=self.greedy_baseline)
+        online.check_algorithms(
+            cfg, self.advantage_fn, algo.name == "ppo", self.greedy_baseline, self.policy_loss_fn, self.correction_fn
+        )
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
             cfg, self.strategy, with_reference=algo.kl_coef > 0
         )
@@ -82,6 +85,7 @@ class RLRecipe:
         self.teacher = load_teacher(cfg, self.strategy, self.tokenizer) if algo.teacher else None
         self.run = online_run.OnlineRun(cfg, self.strategy, self.model, self.rollout_model, self.tokenizer)
         passes = math.ceil(cfg.tasks_per_step * cfg.group_size / cfg.mini_batch_size) if cfg.mini_batch_size else 1
+        self.planned_passes = passes  # a pass moves the schedule this far, however many mini-batches it has
         setup_optimizer(self, cfg.steps * cfg.ppo_epochs * passes, critic_modules(self.value_head, self.critic_model))
         self.loss_norm_tokens = algo.loss_norm_tokens
         if algo.loss_agg_mode == "seq-mean-token-sum-norm" and not algo.loss_norm_tokens:
@@ -223,7 +227,8 @@ class RLRecipe:
             ran_tokens, ran_rows, rows = strategy.sum(
                 [sum(r["loss_mask"].sum() for r in runs), sum(len(r) for r in runs), len(batch)]
             )
-            for mini, run in zip(minis, runs):
+            advances = schedule_advances(len(minis), self.planned_passes)
+            for mini, run, advance in zip(minis, runs, advances):
                 mask = mini["loss_mask"]
                 mini_tokens, mini_seqs = strategy.sum([mask.sum(), (mask.sum(-1) > 0).sum()])
                 strategy.zero_grad(self.optimizer)
@@ -245,7 +250,7 @@ class RLRecipe:
                         for key, value in parts.items():  # a loss over every token, the rest over those run
                             weight = tokens if key in ("loss", "pg_loss") else max(ran_tokens, 1.0)
                             loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / weight * value
-                update = optimizer_update(self, self.step + 1)
+                update = optimizer_update(self, self.step + 1, advance=advance)
                 if update.applied:
                     norms.append(update.grad_norm)
                     optimizer_figures["lr"] = update.lr

@@ -5,6 +5,7 @@ constant loss normaliser; each resumes exactly where it has state."""
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from omrl.models.loading import load_model
 from omrl.training import online
 from omrl.training.metrics import read_metrics
 from omrl.training.online import episode_token_budget
+from omrl.training.online_run import OnlineRun
 from omrl.training.rl import run_rl
 from tests.training.helpers import EnvPlugin, stop_then_resume
 
@@ -189,6 +191,38 @@ def test_dynamic_sampling_refuses_groups_of_one_and_advantages_not_from_the_env_
         run_rl(config("algorithm.dynamic_sampling=true", "algorithm.teacher=tiny"), console=QUIET)
     with pytest.raises(ConfigError, match="also come from a critic's values"):
         run_rl(config("algorithm.dynamic_sampling=true", algo="ppo"), console=QUIET)
+    # a group whose samples all scored alike still moves the policy under these: dropping it would lose that
+    for estimator in ("reinforce_plus_plus", "remax"):
+        with pytest.raises(ConfigError, match=f"advantage={estimator} gives such a group advantages of up to"):
+            run_rl(config("algorithm.dynamic_sampling=true", f"algorithm.advantage={estimator}"), console=QUIET)
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("algorithm.loss_agg_mode=bogus", "algorithm.loss_agg_mode 'bogus' is unknown"),
+        ("algorithm.clip_ratio_low=1.5", "algorithm.clip_ratio_low must be in [0.0, 1.0], got 1.5"),
+        ("algorithm.rollout_correction=token_tis algorithm.rollout_is_cap=0", "rollout_is_cap must be > 0.0"),
+        ("algorithm.loss_norm_tokens=-5", "algorithm.loss_norm_tokens must be >= 0, got -5"),
+        ("algorithm.kl_coef=-0.1", "algorithm.kl_coef must be >= 0.0"),  # it turned the KL off
+        ("algorithm.value_clip=nan", "algorithm.value_clip must be >= 0.0, got nan"),  # it turned clipping off
+        ("algorithm.value_coef=-1", "algorithm.value_coef must be >= 0.0"),  # the critic learned to err
+        ("algorithm.kl_coef=inf", "algorithm.kl_coef must be a finite number"),
+    ],
+)
+def test_an_algorithm_setting_out_of_range_is_refused_before_any_rollout(config, setting, message, monkeypatch):
+    """Each was refused only at the first update, or never; a run whose first steps were all skipped
+    exited 0 with it."""
+    played = []
+    monkeypatch.setattr(OnlineRun, "play", lambda self, step: played.append(step))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        run_rl(config(*setting.split()), console=QUIET)
+    assert played == []
+
+
+def test_dpo_refuses_a_beta_that_is_not_a_positive_number(config):
+    with pytest.raises(ConfigError, match=re.escape("algorithm.dpo_beta must be > 0.0, got nan")):
+        run_rl(config("algorithm.dpo_beta=nan", algo="dpo"), console=QUIET)
 
 
 def test_dpo_refuses_what_it_would_ignore(config):

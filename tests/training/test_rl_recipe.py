@@ -89,6 +89,35 @@ def test_each_mini_batch_is_one_optimizer_step(rl_config, register_plugin):
     assert record["pg_ratio_mean"] != pytest.approx(1.0, abs=1e-7)  # later mini-batches see a moved policy
 
 
+@pytest.mark.slow  # a beam search in each step
+def test_a_search_rollouts_many_paths_keep_the_schedule_to_the_runs_length(rl_config, register_plugin):
+    """A beam rollout's rows are its finished paths, far more than its 2 tasks: the schedule is sized
+    for 1 mini-batch of 2 a step, and each step moves it one step however many mini-batches it has
+    (before, every path was a step and the linear schedule reached 0 within the first step)."""
+    register_plugin(SampleIndexReward(), name="sample-index")
+    cfg = rl_config(
+        "group_size=1",
+        "mini_batch_size=2",
+        "rollout.strategy=beam",
+        "plugins.beam.width=2",
+        "plugins.beam.branch=3",
+        "plugins.beam.stop_on_win=false",
+        "reward.weights={sample_index: 1.0}",
+        "eval_tasks=0",
+        "optim.lr_schedule=linear",
+    )
+    run_rl(cfg, console=QUIET)
+    checkpoint = latest_checkpoint(cfg.logging.output_dir)
+    optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+    assert min(int(s["step"]) for s in optimizer["state"].values()) > 2  # several updates a step
+    scheduler = torch.load(checkpoint / "scheduler.pt", weights_only=True)
+    assert scheduler["last_epoch"] == 2 and scheduler["_last_lr"][0] == pytest.approx(0.0)
+    first, second = read_metrics(cfg.logging.output_dir)
+    assert first["lr"] == pytest.approx(cfg.optim.learning_rate) and second["lr"] == pytest.approx(
+        cfg.optim.learning_rate / 2
+    )
+
+
 def test_mini_batch_size_must_not_be_negative(rl_config):
     with pytest.raises(ConfigError, match="mini_batch_size must be >= 0"):
         run_rl(rl_config("mini_batch_size=-1"), console=QUIET)
