@@ -69,21 +69,23 @@ def test_each_step_logs_its_own_generation_and_the_evaluation_its_own(rl_config)
         assert r["eval_generated_tokens"] > 0 and 0.0 <= r["eval_prefill_hit_rate"] <= 1.0
 
 
-def test_each_mini_batch_is_one_optimizer_step(rl_config, register_plugin):
-    register_plugin(SampleIndexReward(), name="sample-index")
-    # 2 tasks x 3 samples = 6 episodes: 3 mini-batches of 2 a pass, 2 passes, 2 steps -> 12 updates
-    cfg = rl_config(
-        "mini_batch_size=2",
-        "ppo_epochs=2",
-        "reward.weights={sample_index: 1.0}",
-        "eval_tasks=0",
-        "optim.lr_schedule=linear",
-    )
+def updates_and_schedule(rl_config, *overrides: str):
+    """(config, the optimizer's update counts, the schedule's state) of a 2-step run in mini-batches of 2
+    on a linear schedule."""
+    settings = ("mini_batch_size=2", "reward.weights={sample_index: 1.0}", "eval_tasks=0", "optim.lr_schedule=linear")
+    cfg = rl_config(*settings, *overrides)
     run_rl(cfg, console=QUIET)
     checkpoint = latest_checkpoint(cfg.logging.output_dir)
     optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
-    assert {int(s["step"]) for s in optimizer["state"].values()} == {12}
-    scheduler = torch.load(checkpoint / "scheduler.pt", weights_only=True)
+    updates = {int(state["step"]) for state in optimizer["state"].values()}
+    return cfg, updates, torch.load(checkpoint / "scheduler.pt", weights_only=True)
+
+
+def test_each_mini_batch_is_one_optimizer_step(rl_config, register_plugin):
+    register_plugin(SampleIndexReward(), name="sample-index")
+    # 2 tasks x 3 samples = 6 episodes: 3 mini-batches of 2 a pass, 2 passes, 2 steps -> 12 updates
+    cfg, updates, scheduler = updates_and_schedule(rl_config, "ppo_epochs=2")
+    assert updates == {12}
     assert scheduler["last_epoch"] == 12 and scheduler["_last_lr"][0] == pytest.approx(0.0)  # decayed over all 12
     record = read_metrics(cfg.logging.output_dir)[1]
     assert record["pg_ratio_mean"] != pytest.approx(1.0, abs=1e-7)  # later mini-batches see a moved policy
@@ -95,22 +97,9 @@ def test_a_search_rollouts_many_paths_keep_the_schedule_to_the_runs_length(rl_co
     for 1 mini-batch of 2 a step, and each step moves it one step however many mini-batches it has
     (before, every path was a step and the linear schedule reached 0 within the first step)."""
     register_plugin(SampleIndexReward(), name="sample-index")
-    cfg = rl_config(
-        "group_size=1",
-        "mini_batch_size=2",
-        "rollout.strategy=beam",
-        "plugins.beam.width=2",
-        "plugins.beam.branch=3",
-        "plugins.beam.stop_on_win=false",
-        "reward.weights={sample_index: 1.0}",
-        "eval_tasks=0",
-        "optim.lr_schedule=linear",
-    )
-    run_rl(cfg, console=QUIET)
-    checkpoint = latest_checkpoint(cfg.logging.output_dir)
-    optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
-    assert min(int(s["step"]) for s in optimizer["state"].values()) > 2  # several updates a step
-    scheduler = torch.load(checkpoint / "scheduler.pt", weights_only=True)
+    beam = ("group_size=1", "rollout.strategy=beam", "plugins.beam.width=2", "plugins.beam.branch=3")
+    cfg, updates, scheduler = updates_and_schedule(rl_config, *beam, "plugins.beam.stop_on_win=false")
+    assert min(updates) > 2  # several updates a step
     assert scheduler["last_epoch"] == 2 and scheduler["_last_lr"][0] == pytest.approx(0.0)
     first, second = read_metrics(cfg.logging.output_dir)
     assert first["lr"] == pytest.approx(cfg.optim.learning_rate) and second["lr"] == pytest.approx(
