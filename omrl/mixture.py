@@ -131,9 +131,10 @@ def _member_env(env_cfg: Any, entry: dict[str, Any], where: str) -> Any:
     types and ranges as ``env.*`` (a max_turns of -3 would end every episode after one turn)."""
     own = {key: entry[key] for key in MEMBER_ENV_KEYS if key in entry}
     env = from_dict(type(env_cfg), own, where, base=dataclasses.replace(env_cfg, name=entry["name"], mix=[]))
-    if env.max_turns < 0:
+    # the keys the entry sets; what it inherits is the run's env.*, checked as such
+    if "max_turns" in own and env.max_turns < 0:
         raise ConfigError(f"{where}.max_turns must be >= 0 (0: the env's own cap), got {env.max_turns}")
-    if env.num_workers < 1:
+    if "num_workers" in own and env.num_workers < 1:
         raise ConfigError(f"{where}.num_workers must be >= 1 (threads stepping the env), got {env.num_workers}")
     return env
 
