@@ -28,27 +28,26 @@ Measured here (2 CPU cores shared with other jobs, seed 0); the README's "Search
 section has the tables:
 
 - gridworld, 64 test tasks, budgets 192 and 384 (``--gridworld-tasks 64 --gridworld-budgets
-  192,384``, results in ``gridworld-64/``): 9.8 min. Chain (pass@1) 12.5%; at 384 tokens
-  best_of_n 35.9%, beam 35.9%, dfsdt 40.6%, mcts 40.6% (standard errors about 6 points):
-  no search beats best_of_n by 2 SE on success; mcts does on mean score (+0.21, 2.9 SE).
-  A 16-task run had shown mcts at 62.5%: noise.
+  192,384``, results in ``gridworld-64/``): 23 min on cores shared with a CI run (2026-12-05, after
+  MCTS's answer-rule fix). Chain (pass@1) 26.6%; at 384 tokens best_of_n 53.1%, beam 42.2%, dfsdt
+  45.3%, mcts 54.7% (standard errors about 6 points): no search beats best_of_n, on success or on
+  mean score (mcts +0.003 paired). The mean-score lead mcts showed before the fix came from the bug.
 - gridworld, all 500 test tasks at 384 (``--gridworld-tasks 500 --gridworld-budgets 384 --strategies
-  chain,best_of_n,mcts``, results in ``gridworld-500/``): 40 min. best_of_n 39.2%, mcts 37.8% (-1.4 +-
-  2.4 paired): no difference on success; mcts +0.151 +- 0.020 on mean score with 13% fewer tokens.
+  chain,best_of_n,mcts``, results in ``gridworld-500/``, before the fix): 40 min. best_of_n 39.2%, mcts
+  37.8% (-1.4 +- 2.4 paired): no difference on success; its mean-score figure is withdrawn.
 - webshop, the default size (8 tasks, every strategy at 160 and 320 tokens; results in
   ``webshop/``): 15 min of cells. Chain (pass@1) 12.5%; at 320 tokens best_of_n 50%, beam 0%,
   dfsdt 62.5%, mcts 75% (standard errors 15-18 points: a curve's shape, not a verdict).
 - webshop, the first 100 test tasks at 320 (``--webshop-tasks 100 --webshop-budgets 320 --strategies
   best_of_n,mcts generation.kv_cache_mb=3072``, results in ``webshop-100/``): 69 min. best_of_n 41.0%,
-  mcts 54.0%; paired +13.0 +- 4.9 points (2.7 SE; 2.3 SE without the first 8 tasks), mean score
-  +0.118 +- 0.030, with 7% fewer tokens.
+  mcts 54.0%; paired +13.0 +- 4.9 points (2.7 SE; 2.3 SE without the first 8 tasks), with 7% fewer
+  tokens (its mean-score figure predates MCTS's answer-rule fix).
   (Before the first 8 tasks were run with the default size, an earlier webshop table was of the
   untuned smollm2-135m, which never buys the right product: every cell 0.)
 - webshop, best-of-3 on the same 100 tasks at 320 (``--webshop-tasks 100 --webshop-budgets 320 --strategies
   best_of_n plugins.best_of_n.n=3 generation.kv_cache_mb=3072 --out runs/search-bo3``, results
   copied to ``webshop-100-bo3/``): 43 min. best_of_n 41.0% with 212 tokens a task (fewer chains cut by the
-  budget: 30 tasks, against all 100 at n=4); mcts against it, paired: +13.0 +- 4.9 points (2.7 SE),
-  mean score +0.064 +- 0.026 (2.5 SE).
+  budget: 30 tasks, against all 100 at n=4); mcts against it, paired: +13.0 +- 4.9 points (2.7 SE).
 """
 
 from __future__ import annotations
