@@ -119,7 +119,7 @@ class Interpreter:
             return self._exited()
         if not written:  # the driver does not read: something the code left running holds it
             return self._stop("timeout")
-        reply = self._reply_to(self.calls, deadline, limit=16 * max_output_chars + 4096)
+        reply = self._reply_to(self.calls, deadline, limit=_reply_limit(max_output_chars))
         if reply is None:
             return self._stop("timeout")
         if reply == "eof":
@@ -243,6 +243,12 @@ class Interpreter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _reply_limit(max_output_chars: int) -> int:
+    """The longest reply line a call may get: two streams of ``max_output_chars`` characters each, at 12 bytes
+    a character at worst (JSON's ``ensure_ascii`` writes an emoji as two ``\\uXXXX`` escapes), and the rest."""
+    return 2 * 12 * max_output_chars + 4096
 
 
 def _well_formed(reply: object, call: int, nonce: str) -> bool:

@@ -94,7 +94,11 @@ class ToolEnv(Env):
         inner_tools = list(getattr(inner, "tools", None) or [])
         clash = sorted(set(self.own_tools) & ({t["name"] for t in inner_tools} | {ANSWER_TOOL}))
         if clash:
-            raise ValueError(f"tool name(s) {clash} clash with the wrapped env's actions; rename the tool")
+            raise ConfigError(
+                f"tool name(s) {', '.join(clash)} clash with the wrapped env {type(inner).__name__}'s own tools and "
+                f"actions ({', '.join(sorted({t['name'] for t in inner_tools} | {ANSWER_TOOL}))}); wrap an env "
+                "without them, or rename the tool"
+            )
         self.answers_as_tool = not inner_tools
         if self.answers_as_tool:
             inner_tools = [

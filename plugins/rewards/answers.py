@@ -23,6 +23,7 @@ from omrl_plugins.rewards.outcome import final_answer, ground_truths, normalize_
 
 MATH_INSTALL = "pip install 'omrl[math]'"
 MATH_TIMEOUT_S = 5.0  # the most one math-verify comparison may take; past it the answer is not equal
+MAX_EXPONENT = 1000  # a number written with a longer exponent is no number (its exact value would take long)
 # One number as people write it: a sign, a currency sign, thousands separators, decimals, an
 # exponent, a fraction a/b, a percent sign. Not inside a word ("x2", "v1.5"): the sign and the
 # digits must not follow a letter, a digit or a period.
@@ -33,7 +34,7 @@ _NUMBER = re.compile(
     \$?\s?
     (?P<sign2>[-\u2212])?
     (?P<body>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)
-    (?:(?P<exp>[eE][-+]?\d{1,3})(?!\d))?
+    (?:[eE](?P<exp>[-+]?\d+))?
     (?:\s?/\s?(?P<den>\d+)(?![\d.]))?
     (?P<percent>\s?%)?
     """,
@@ -48,7 +49,8 @@ def final_number(text: str) -> list[Fraction]:
     """The last number in ``text`` as exact values: one, or two for a percentage (``50%`` is 50 or 1/2).
 
     Thousands separators, ``$``, a sign, decimals, an exponent and a fraction ``a/b`` are read; a
-    number glued to a word (``x2``) is not. Empty when ``text`` holds no number.
+    number glued to a word (``x2``), or with an exponent past :data:`MAX_EXPONENT`, is not. Empty when
+    ``text`` holds no number.
 
     >>> final_number("I count 1,200 apples, so $3.50 each")
     [Fraction(7, 2)]
@@ -60,8 +62,11 @@ def final_number(text: str) -> list[Fraction]:
     []
     """
     for match in reversed(list(_NUMBER.finditer(text))):
+        exponent = match["exp"] or "0"
+        if len(exponent.lstrip("+-0")) > 6 or abs(int(exponent)) > MAX_EXPONENT:  # no int() of thousands of digits
+            continue
         # through Decimal: Fraction and int refuse text of more digits than Python's int-from-text limit
-        value = Fraction(Decimal(match["body"].replace(",", "") + (match["exp"] or "")))
+        value = Fraction(Decimal(f"{match['body'].replace(',', '')}e{exponent}"))
         if match["den"] is not None:
             denominator = Fraction(Decimal(match["den"]))
             if denominator == 0:

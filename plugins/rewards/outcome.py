@@ -17,6 +17,12 @@ GROUND_TRUTH_KEYS = ("ground_truth", "answer")
 _ANSWER_ACTION = re.compile(r"^\s*(?:answer|finish|submit|final_answer)\s*[\[(](.*)[\])]\s*$", re.I | re.S)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# an answer that is one number: a sign, digits (in groups of three between commas, or not), decimals
+_WHOLE_NUMBER = re.compile(r"(?P<sign>[-+]?)\s*(?P<digits>\d{1,3}(?:,\d{3})+(?:\.\d*)?|\d+(?:\.\d*)?|\.\d+)")
+# punctuation that makes a number what it is: a sign or a point before digits (not after a letter, as in
+# "covid-19"), a point, comma or slash between digits ("3.5", "10,00", "1/2")
+_NUMBER_PUNCTUATION = re.compile(r"(?<![^\W\d_])[-.](?=\d)|(?<=\d)[.,/](?=\d)")
+_MINUS_SIGN = str.maketrans({"\u2212": "-"})  # the typographic minus
 
 
 @episode_reward
@@ -42,15 +48,30 @@ def goal_reward(episode: Episode, binary: bool = False) -> float:
 
 
 def normalize_answer(text: str) -> str:
-    """Lower case, no punctuation, no articles (a, an, the), single spaces (SQuAD-style).
+    """Lower case, no punctuation, no articles (a, an, the), single spaces (SQuAD-style); but a sign,
+    a decimal point, a comma or a slash in a number stays (``-3`` is not ``3``, ``3.5`` not ``35``,
+    ``1/2`` not ``12``), and an answer that is one number is written as its value.
 
     >>> normalize_answer("  The Eiffel-Tower! ")
     'eiffeltower'
+    >>> normalize_answer("\u22123"), normalize_answer("1,000.50"), normalize_answer("x = -3.5"), normalize_answer("10,00")
+    ('-3', '1000.5', 'x -3.5', '10,00')
     """
-    text = text.lower()
-    text = "".join(ch for ch in text if ch not in string.punctuation)
+    text = text.lower().translate(_MINUS_SIGN)
+    number = _WHOLE_NUMBER.fullmatch(text.strip())
+    if number:
+        return _number_text(number["sign"], number["digits"])
+    kept = {match.start() for match in _NUMBER_PUNCTUATION.finditer(text)}
+    text = "".join(ch for i, ch in enumerate(text) if ch not in string.punctuation or i in kept)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
+
+
+def _number_text(sign: str, digits: str) -> str:
+    """A number as its value reads, exactly (no float rounding): ``+007.50`` -> ``7.5``, ``-0.0`` -> ``0``."""
+    whole, _, fraction = digits.replace(",", "").partition(".")
+    text = (whole.lstrip("0") or "0") + ("." + fraction.rstrip("0") if fraction.rstrip("0") else "")
+    return "-" + text if sign == "-" and text != "0" else text
 
 
 def final_answer(episode: Episode) -> str:

@@ -18,7 +18,9 @@ from omrl.models import load_model
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.sandbox import run as sandbox
 from omrl.training.rl_data import trainable
+from omrl_plugins.envs.code import python_tool
 from omrl_plugins.envs.code.env import expression_in
+from omrl_plugins.envs.code.python_tool import acquire_pool
 from omrl_plugins.envs.tooling import ToolEnv, ToolResult
 from tests.chat.thinking import TOOL_ROLE, ForcedBackend, build_qwen3_like
 from tests.sandbox.test_sandbox import README, attempts, needs_sandbox, outcomes
@@ -136,6 +138,41 @@ def test_an_option_no_sandbox_can_run_with_is_refused_when_the_env_is_built(opti
     """Not every episode's env_error (a config mistake counted as the world's), nor a crash as an omrl bug."""
     with pytest.raises(ConfigError, match=re.escape(named)):
         build(**options)
+
+
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"options": 5}, "code option options=5 is invalid; valid: a mapping of the wrapped env's options"),
+        ({"env": 5}, "code option env=5 is invalid; valid: the name of the env to wrap"),
+        (
+            {"env": "code"},
+            "tool name(s) python clash with the wrapped env CodeEnv's own tools and actions (answer, python)",
+        ),
+    ],
+)
+def test_a_wrapped_env_that_cannot_be_is_a_config_error(options, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        create_env(registry.envs.get("code"), {"warm": 0, **options}, "code")
+
+
+@pytest.mark.parametrize("options", [{"max_calls": 0}, {"env": "code"}])
+def test_a_constructor_that_fails_leaves_no_sandbox_started(monkeypatch, options):
+    taken = []
+
+    def spy(size, limits):
+        key, pool = acquire_pool(size, limits)
+        taken.append(pool)
+        return key, pool
+
+    monkeypatch.setattr(python_tool, "acquire_pool", spy)
+    pools = dict(python_tool._pools)
+    with pytest.raises(ConfigError):
+        create_env(registry.envs.get("code"), {"warm": 2, **options}, "code")
+    assert taken and python_tool._pools == pools  # every pool it took was given back
+    for pool in taken:
+        pool._thread.join(30)  # its refill thread ends once the pool is closed, killing what it started
+        assert pool._closed and not pool._thread.is_alive() and not pool._ready
 
 
 def test_a_host_without_the_sandbox_is_refused_before_any_code_runs(monkeypatch):

@@ -4,7 +4,11 @@ splits, clear option errors, and an expert rollout through the CLI."""
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,15 @@ import textworld.generator
 
 from omrl import registry
 from omrl.data import read_episodes
-from omrl.envs import EpisodeFinishedError, UnknownTaskError, create_env, fork_support, reset_problem, step_problem
+from omrl.envs import (
+    EnvError,
+    EpisodeFinishedError,
+    UnknownTaskError,
+    create_env,
+    fork_support,
+    reset_problem,
+    step_problem,
+)
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines import textworld as textworld_plugin
 from omrl_plugins.envs.engines.common import MissingExtraError
@@ -97,6 +109,64 @@ def test_observations_are_the_games_text_without_banner_or_prompt(cache):
     assert shown.text.endswith("\nAdmissible commands: " + ", ".join(first.info["admissible_commands"]))
 
 
+def test_the_interpreters_commands_are_refused_in_any_sentence_of_a_command(cache, tmp_path, monkeypatch):
+    """Inform plays ``look. restart`` as two commands: the restart would go on behind TextWorld's back."""
+    monkeypatch.chdir(tmp_path)  # where save and script would write their files
+    env = tiny(cache)
+    env.reset(SPLITS["test"][0])
+    looked = env.step("look").observation
+    for command in ["look. restart", "look, save", "look; script", "look then quit", "look.undo", "Look. Then RESTORE"]:
+        refused = env.step(command)
+        assert refused.info["invalid"] and not refused.done, command
+        assert refused.observation.endswith("is a command of the game's interpreter, not of the game."), command
+    assert env.step("yes").info["invalid"]  # no restart question was asked
+    assert list(tmp_path.iterdir()) == [] and env.step("look").observation == looked
+    results = [env.step(env.expert_action()) for _ in range(3)]
+    assert results[-1].won and [r.score for r in results] == [0.0, 0.0, 1.0]  # TextWorld's tracking still holds
+
+
+@pytest.mark.parametrize(
+    "command",
+    ["look\x00quit", "\x00", "look\x7f", "\\boxed{go south}", "\\ quit", "look. \\boxed{take key}", "look then \\x"],
+)
+def test_control_characters_and_meta_commands_are_refused(command):
+    assert textworld_plugin.refusal(command) is not None
+
+
+@pytest.mark.parametrize("command", ["look", "take key from box", "go north. take key", "put the apple on the table"])
+def test_ordinary_commands_pass(command):
+    assert textworld_plugin.refusal(command) is None
+
+
+@pytest.mark.slow  # a fresh process, where a command that reaches the interpreter crashes or hangs it
+def test_commands_that_crash_or_hang_the_interpreter_are_invalid_actions(cache, tmp_path):
+    code = textwrap.dedent(
+        f"""
+        import json, sys
+        from omrl_plugins.envs.engines.textworld import TextWorldEnv
+        env = TextWorldEnv(difficulty={TINY!r}, cache_dir={str(cache)!r})
+        env.reset({SPLITS["test"][0]})
+        looked = env.step("look").observation
+        results = []
+        for action in ["look\\x00quit", "\\x00", "\\\\boxed{{go south}}", "  \\\\boxed{{42}}"]:
+            result = env.step(action)
+            results.append([result.info["invalid"], result.done, result.observation])
+        results.append(env.step("look").observation == looked)
+        open(sys.argv[1], "w").write(json.dumps(results))
+        """
+    )
+    out = tmp_path / "results.json"
+    ran = subprocess.run(  # stdout to /dev/null: an interpreter in a meta-command loop floods it
+        [sys.executable, "-c", code, str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=60
+    )
+    assert ran.returncode == 0, ran.stderr.decode()[-2000:]
+    *refused, same_game = json.loads(out.read_text())
+    assert [(invalid, done) for invalid, done, _ in refused] == [(True, False)] * 4
+    assert refused[0][2] == "A command is plain text: that one holds a control character."
+    assert refused[2][2] == "'\\\\boxed{go' is a command of the game's interpreter, not of the game."
+    assert same_game
+
+
 def test_the_expert_replans_after_a_detour(cache):
     env = TextWorldEnv(difficulty="w2-o2-q3", cache_dir=str(cache), reward="progress")
     env.reset(SPLITS["train"][0])  # the quest is in the first room, beside the way to the other
@@ -144,6 +214,68 @@ def test_a_game_another_process_finished_first_is_kept(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.joinpath("w1-o1-q1").iterdir()) == ["7"]  # our temp folder is gone
 
 
+def story(version: int, length_units: int, size: int) -> bytes:
+    """A Z-machine story file's bytes: its header says ``version`` and a length of ``length_units``."""
+    header = bytes([version]) + bytes(25) + length_units.to_bytes(2, "big")
+    return (header + bytes(size))[:size]
+
+
+@pytest.mark.parametrize(
+    "data, game, damage",
+    [
+        (b"{}", story(8, 100, 800), None),  # version 8: 100 units of 8 bytes
+        (b"{}", story(8, 100, 1024), None),  # padded past its length, as Inform pads
+        (b"{}", story(3, 100, 200), None),  # version 3: units of 2 bytes
+        (b"{}", story(8, 100, 799), "game.z8 holds 799 of its 800 bytes"),  # truncated
+        (b"{}", story(5, 100, 399), "game.z8 holds 399 of its 400 bytes"),
+        (b"{}", b"", "game.z8 is no Z-machine story \\(0 bytes\\)"),  # empty
+        (b"{}", story(8, 100, 40), "game.z8 is no Z-machine story \\(40 bytes\\)"),  # shorter than a header
+        (b"{}", story(0, 100, 800), "game.z8 is no Z-machine story \\(800 bytes\\)"),
+        (b"{}", story(8, 0, 800), "game.z8 holds 800 of its 0 bytes"),
+        (b"{", story(8, 100, 800), "it cannot be read \\(Expecting"),  # game.json cut
+        (None, story(8, 100, 800), "it cannot be read \\(.*No such file"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_a_damaged_cached_game_is_named(tmp_path, data, game, damage):
+    if data is not None:
+        (tmp_path / "game.json").write_bytes(data)
+    (tmp_path / GAME_FILE).write_bytes(game)
+    found = textworld_plugin.cache_damage(tmp_path)
+    assert found is None if damage is None else re.fullmatch(damage + ".*", found), found
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "cut data"])
+def test_a_damaged_cached_game_is_made_again_before_the_interpreter_sees_it(cache, tmp_path, damage):
+    """frotz ends the whole process on a truncated story file; a cache shared by every run must not keep one."""
+    seed = SPLITS["test"][0]
+    made = tiny(cache).game_file(seed)
+    folder = tmp_path / textworld.__version__ / TINY / str(seed)
+    folder.mkdir(parents=True)
+    good = made.read_bytes()
+    (folder / "game.json").write_text(made.with_name("game.json").read_text())
+    (folder / GAME_FILE).write_bytes({"truncated": good[: len(good) // 2], "empty": b""}.get(damage, good))
+    if damage == "cut data":
+        (folder / "game.json").write_text("{")
+    env = tiny(tmp_path)
+    with pytest.warns(UserWarning, match="making the damaged game in .* again"):
+        game_file = env.game_file(seed)  # never reset here before the fix: frotz would end pytest
+    assert game_file.read_bytes() == good and textworld_plugin.cache_damage(folder) is None
+    assert env.reset(seed).text == tiny(cache).reset(seed).text and env.step("look").observation
+    assert [p.name for p in folder.parent.iterdir()] == [str(seed)]  # nothing left aside
+
+
+def test_a_freshly_compiled_game_that_is_damaged_is_an_env_error(tmp_path, monkeypatch):
+    def compile_cut(game, options):
+        Path(options.path).write_bytes(story(8, 100, 500))
+        Path(options.path).with_suffix(".json").write_text("{}")
+
+    monkeypatch.setattr(textworld.generator, "compile_game", compile_cut)
+    with pytest.raises(EnvError, match="the game compiled for seed 0 is damaged: game.z8 holds 500 of its 800 bytes"):
+        generate_game(textworld, Difficulty(1, 1, 1), 0, tmp_path / "w1-o1-q1" / "0")
+    assert list((tmp_path / "w1-o1-q1").iterdir()) == []
+
+
 def test_a_seed_is_the_same_game_in_any_cache_and_episodes_replay(cache, tmp_path):
     seed = SPLITS["test"][0]
     here, elsewhere = tiny(cache), tiny(tmp_path)
@@ -177,8 +309,11 @@ def test_splits_are_disjoint_seed_ranges_and_unknown_ids_are_named(cache):
             {"difficulty": "impossible"},
             "option difficulty: 'impossible' is not a difficulty; valid: easy, medium, hard, or w<rooms>-o<",
         ),
-        ({"difficulty": "w0-o3-q4"}, "option difficulty: 'w0-o3-q4' is not a difficulty; .* at least 1 room"),
+        ({"difficulty": "w0-o3-q4"}, "option difficulty: 'w0-o3-q4' is not a difficulty; .* with 1 to 20 rooms"),
         ({"difficulty": 4}, "option difficulty: 4 is not a difficulty"),
+        ({"difficulty": "w100000-o1-q1"}, "'w100000-o1-q1' is not a difficulty; .* with 1 to 20 rooms, at most 40 obj"),
+        ({"difficulty": "w2-o41-q4"}, "'w2-o41-q4' is not a difficulty; .* at most 40 objects and a quest of 1 to"),
+        ({"difficulty": "w2-o3-q21"}, "'w2-o3-q21' is not a difficulty; .* a quest of 1 to 20 actions"),
         ({"reward": "dense"}, "textworld option reward: unknown reward 'dense'; valid: points, progress"),
         ({"max_turns": -1}, "textworld option max_turns: -1 is not a turn count; valid: 0 .* or a positive"),
         ({"show_commands": "yes"}, "textworld option show_commands: 'yes'; valid: true or false"),

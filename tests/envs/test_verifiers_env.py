@@ -363,6 +363,12 @@ def test_what_omrl_cannot_play_is_refused_naming_it(kind, why):
     "options,why",
     [
         ({"module": "no_such_env_module"}, r"no module 'no_such_env_module' \(install the environment's package"),
+        ({"module": ""}, r"verifiers: module='' is not a module name; valid: an importable module with load_env"),
+        (
+            {"module": 5},
+            r"verifiers: module=5 is not a module name; valid: .* or an environment id \(owner/vf-wordle\)",
+        ),
+        ({"module": ".relative"}, r"verifiers: module='.relative' is not a module name"),
         ({"module": "json"}, r"module 'json' has no load_environment\(\)"),
         ({"module": f"{ENVS}.sums", "args": {"turns": 3}}, r"does not take args \['turns'\].*num_train, num_eval"),
         ({"module": f"{ENVS}.unsupported", "args": {"kind": "x"}}, r"load_environment\(kind='x'\) failed: ValueError"),
@@ -381,7 +387,7 @@ def test_failures_in_the_environment_end_the_episode_as_env_error(tiny_tokenizer
     raising = one("raising_reward", ["yes"])
     assert raising.end_reason == "env_error"
     assert (
-        "a reward function raised (needs_a_server: ConnectionError: no route to the scoring service)" in raising.error
+        "a reward function failed (needs_a_server: ConnectionError: no route to the scoring service)" in raising.error
     )
     zero = one("raising_reward", ["yes"], reward_errors="zero")  # verifiers' own rule: it scores 0
     assert zero.end_reason == "done" and zero.turns[-1].reward == 1.0
@@ -397,6 +403,20 @@ def test_failures_in_the_environment_end_the_episode_as_env_error(tiny_tokenizer
         image.end_reason == "env_error"
         and "prompt holds a part of type 'image_url'; omrl plays text only" in image.error
     )
+
+
+@pytest.mark.parametrize(
+    "kind,shown", [("none_reward", "None"), ("nan_reward", "nan"), ("inf_reward", "inf"), ("text_reward", "'1.0'")]
+)
+def test_a_reward_function_that_returns_no_number_is_a_failure_never_a_silent_0(tiny_tokenizer, kind, shown):
+    """verifiers' float() of the value is outside the call it catches errors of: None would score 0 unnoticed."""
+    failure = f"counts_nothing returned {shown}, not a finite number"
+    raised = rollout(tiny_tokenizer, "unsupported", [["yes"]], args={"kind": kind})[0]
+    assert raised.end_reason == "env_error" and f"a reward function failed ({failure})" in raised.error
+    zero = rollout(tiny_tokenizer, "unsupported", [["yes"]], args={"kind": kind}, reward_errors="zero")[0]
+    assert zero.end_reason == "done" and zero.turns[-1].reward == 1.0  # said_yes's 1, the failed function's 0
+    assert zero.turns[-1].info["reward_errors"] == [failure]
+    assert zero.turns[-1].info["verifiers_metrics"]["counts_nothing"] == 0.0
 
 
 def test_stepping_without_an_episode_and_ending_one_early():

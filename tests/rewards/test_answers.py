@@ -70,6 +70,10 @@ def test_docstring_examples_hold():
         ("no number here", []),
         ("", []),
         ("9" * 5000, [Fraction(Decimal("9" * 5000))]),  # past Python's int-from-text limit, read all the same
+        ("1e1000", [Fraction(10) ** 1000]),  # an exponent of any length is read whole
+        ("1e1001", []),  # past MAX_EXPONENT: no number
+        ("7, not 5e-99999999", [7]),
+        ("1e" + "9" * 5000, []),
     ],
 )
 def test_final_number(text, expected):
@@ -104,6 +108,9 @@ def test_a_final_number_of_more_digits_than_python_reads_from_text_is_still_the_
         ("73", "72", {}, False),
         ("-72", "72", {}, False),
         ("seventy-two", "72", {}, False),
+        ("1e1000", "1", {}, False),
+        ("5e-1000", "5", {}, False),
+        ("5e-1000", "0", {}, True),  # within abs_tol
     ],
 )
 def test_numbers_match(predicted, truth, options, expected):

@@ -130,6 +130,33 @@ def test_exact_match_normalises_and_unwraps_answer_actions():
     assert reward("exact_match")(eps) == [[0.0, 1.0], [0.0, 1.0], [0.0, 0.0], [0.0], []]
 
 
+@pytest.mark.parametrize(
+    "answer,truth,expected",
+    [
+        ("-3", "3", False),  # a sign, a point, a slash or a comma makes another number
+        ("3", "-3", False),
+        ("3.5", "35", False),
+        ("20.24", "2024", False),
+        ("1/2", "12", False),
+        ("10,00", "1000", False),
+        ("x = -3", "x = 3", False),
+        ("\u22123", "-3", True),  # a typographic minus
+        ("- 5", "-5", True),
+        ("1,000", "1000", True),  # thousands grouped by commas
+        ("2,024", "2024", True),
+        ("+7.50", "7.5", True),
+        ("$5", "5", True),
+        ("1/2", "1/2", True),
+        ("The Eiffel-Tower!", "eiffel tower", False),  # SQuAD's rules for words stay
+        ("The Eiffel-Tower!", "eiffeltower", True),
+        ("covid-19", "covid19", True),
+        ("an apple, a pear.", "apple pear", True),
+    ],
+)
+def test_exact_match_keeps_the_punctuation_that_makes_a_number(answer, truth, expected):
+    assert reward("exact_match")([answered(f"answer[{answer}]", ground_truth=truth)]) == [[0.0, float(expected)]]
+
+
 def test_accuracy_accepts_numbers_and_contained_phrases():
     eps = [
         answered("answer[There are 1,200 files]", answer=1200),

@@ -99,6 +99,15 @@ def test_megabytes_of_output_are_cut_and_the_interpreter_and_its_variables_live_
     assert python.run("kept").stdout == "7\n"
 
 
+def test_output_of_emoji_on_both_streams_is_cut_never_taken_for_a_forged_reply(python):
+    """JSON spends 12 bytes on an emoji (two escapes): the longest honest reply is 24 bytes a character."""
+    code = "import sys\nprint('\U0001f600' * 50_000)\n_ = sys.stderr.write('\U0001f600' * 50_000)"
+    result = python.run(code, timeout_s=10, max_output_chars=10_000)
+    assert not python.dead and result.killed_reason is None and result.truncated
+    assert result.stdout.startswith("\U0001f600" * 10_000 + "\n[omrl sandbox: stdout was 200,001 bytes")
+    assert result.stderr.endswith("\U0001f600" * 10_000) and "stderr was 200,000 bytes" in result.stderr
+
+
 @pytest.mark.parametrize("code", ["sys.stderr.close()", "sys.stderr.detach()", "sys.stdout = sys.stderr = None"])
 def test_code_that_breaks_its_own_output_streams_still_gets_its_traceback(python, code):
     result = python.run(f"import sys\nkept = 7\n{code}\n1 / 0")

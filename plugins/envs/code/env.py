@@ -24,10 +24,13 @@ tool (``python[print(1663 * 5242)]``) and then gives the wrapped env's own exper
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from omrl.envs import create_env, env_variant
+from omrl.errors import ConfigError, short_repr
 from omrl.registry import envs as env_registry
 from omrl_plugins.envs.code.python_tool import PythonTool
 from omrl_plugins.envs.tooling import ANSWER_TOOL, ToolEnv
@@ -41,6 +44,20 @@ def expression_in(question: str) -> str | None:
     found = [match.group(0).strip().rstrip(".").strip() for match in _EXPRESSION.finditer(question)]
     found = [text for text in found if text.count("(") == text.count(")")]
     return max(found, key=len) if found else None
+
+
+def check_wrapped(env: Any, options: Any) -> None:
+    """ConfigError naming the option unless ``env`` is an env's name and ``options`` a mapping (or None)."""
+    if not isinstance(env, str) or not env:
+        raise ConfigError(
+            f"code option env={short_repr(env)} is invalid; valid: the name of the env to wrap, e.g. "
+            "reasoning-gym:products or dataset"
+        )
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(
+            f"code option options={short_repr(options)} is invalid; valid: a mapping of the wrapped env's options, "
+            "e.g. {path: qa.jsonl} for env=dataset"
+        )
 
 
 class CodeEnv(ToolEnv):
@@ -58,8 +75,14 @@ class CodeEnv(ToolEnv):
         warm: int = 2,
         expert_uses_tool: bool = True,
     ):
-        tool = PythonTool(persistent, timeout_s, memory_mb, max_output_chars, warm)
-        super().__init__(create_env(env_registry.get(env), options, env), [tool], max_calls)
+        check_wrapped(env, options)
+        with contextlib.ExitStack() as undo:  # a constructor that fails leaves no env open and no sandbox started
+            inner = create_env(env_registry.get(env), dict(options or {}), env)
+            undo.callback(inner.close)
+            tool = PythonTool(persistent, timeout_s, memory_mb, max_output_chars, warm)
+            undo.callback(tool.close)
+            super().__init__(inner, [tool], max_calls)
+            undo.pop_all()
         self.question, self.expert_uses_tool = "", expert_uses_tool
 
     def reset(self, task_id: int):

@@ -1,54 +1,56 @@
 """``textworld``: Microsoft TextWorld's generated text adventures (PyPI ``textworld``), made offline.
 
-Install with ``pip install 'omrl[textworld]'``. Each task is a game that TextWorld generates from
-a seed, as ``tw-make custom --world-size W --nb-objects O --quest-length Q --seed S`` does, and
-compiles with the Inform 7 compiler it ships. Envs:
+Install with ``pip install 'omrl[textworld]'``. Each task is a game that TextWorld generates from a seed, as
+``tw-make custom --world-size W --nb-objects O --quest-length Q --seed S`` does, and compiles with the Inform 7
+compiler it ships. Envs:
 
 - ``textworld``: the family; the option ``difficulty`` picks the games.
-- ``textworld:<difficulty>`` for the named ones: ``textworld:easy`` (``w2-o3-q4``),
-  ``textworld:medium`` (``w4-o6-q8``), ``textworld:hard`` (``w8-o12-q4``), and the settings of
-  Wang and Ammanabrolu's study (arXiv 2510.01132) by name: ``textworld:w2-o3-q4``,
-  ``textworld:w8-o3-q4``, ``textworld:w2-o12-q4``, ``textworld:w8-o12-q4``, ``textworld:w4-o6-q8``.
+- ``textworld:<difficulty>`` for the named ones: ``textworld:easy`` (``w2-o3-q4``), ``textworld:medium``
+  (``w4-o6-q8``), ``textworld:hard`` (``w8-o12-q4``), and the settings of Wang and Ammanabrolu's study
+  (arXiv 2510.01132) by name: ``textworld:w2-o3-q4``, ``textworld:w8-o3-q4``, ``textworld:w2-o12-q4``,
+  ``textworld:w8-o12-q4``, ``textworld:w4-o6-q8``.
 
 Options (config block ``plugins.textworld``; ``plugins.textworld:easy`` and so on for a named one):
 
-- ``difficulty`` (the family only): ``easy`` (default), ``medium``, ``hard``, or
-  ``w<rooms>-o<objects>-q<quest length>`` (``w4-o6-q8``: 4 rooms, at least 6 objects, a quest of 8
-  actions).
-- ``reward``: ``points`` (default): the game's own score, normalized by its maximum (a generated
-  game has one quest worth 1 point, so it is 1 on the win and 0 before); ``progress``: dense,
-  how much of the way to the win the agent has come, ``1 - remaining / initial`` steps of the
-  game's winning policy (TextWorld's quest tracking), which falls when the agent strays.
-  ``score`` is the same quantity and the step rewards are its changes: they sum to the score.
+- ``difficulty`` (the family only): ``easy`` (default), ``medium``, ``hard``, or ``w<rooms>-o<objects>-q<quest
+  length>`` (``w4-o6-q8``: 4 rooms, at least 6 objects, a quest of 8 actions); at most ``w20-o40-q20`` (about
+  two minutes to generate: the time grows fast, and without a bound never ends).
+- ``reward``: ``points`` (default): the game's own score, normalized by its maximum (a generated game has one
+  quest worth 1 point, so it is 1 on the win and 0 before); ``progress``: dense, how much of the way to the win
+  the agent has come, ``1 - remaining / initial`` steps of the game's winning policy (TextWorld's quest
+  tracking), which falls when the agent strays. ``score`` is the same quantity and the step rewards are its
+  changes: they sum to the score.
 - ``show_commands`` (false): end every observation with the admissible commands.
-- ``max_turns`` (0: three times the quest length, the turn caps of arXiv 2510.01132's main tables:
-  12 for ``w2-o3-q4``, 24 for ``w4-o6-q8``).
+- ``max_turns`` (0: three times the quest length, the turn caps of arXiv 2510.01132's main tables: 12 for
+  ``w2-o3-q4``, 24 for ``w4-o6-q8``).
 - ``cache_dir`` (``$OMRL_HOME/textworld`` by default).
 
-Task ids are the seeds: ``train`` 0..99,999, ``test`` 1,000,000..1,000,499. A game is generated
-on its first ``reset`` (about a second for small worlds) and kept under
-``<cache_dir>/<textworld version>/<difficulty>/<seed>/``; later resets, in any process, load it.
-Generation writes into a temporary folder beside that one and renames it into place, so two
-processes that generate the same game at once each finish and one of the two identical games stays.
+Task ids are the seeds: ``train`` 0..99,999, ``test`` 1,000,000..1,000,499. A game is generated on its first
+``reset`` (about a second for small worlds) and kept under ``<cache_dir>/<textworld version>/<difficulty>/<seed>/``;
+later resets, in any process, load it. Generation writes into a temporary folder beside that one and renames it
+into place, so two processes that generate the same game at once each finish and one of the two identical games
+stays. A damaged cached game (a story file shorter than its header says, unreadable game data) is made again:
+the interpreter would end the whole process on it.
 
-The first observation is the game's introduction (its goal) and the first room, without the
-banner; the instruction is the goal. ``info`` carries ``admissible_commands`` (as
-``admissible_actions()`` returns them), ``points`` and ``max_points`` (the game's score),
-``progress``, the ``difficulty`` and the ``seed``. A command that is not one of the admissible
-commands is ``invalid`` (the game still gets it: it may understand ``n`` for ``go north``); the
-interpreter's own commands (``quit``, ``restart``, ``save``, ``restore``, ``undo``, ``script``...)
-never reach the game and are ``invalid``.
-``won`` when the quest is completed; an episode ends on a win or a loss, and otherwise when the
-rollout's turn cap (``max_turns``) is reached.
+The first observation is the game's introduction (its goal) and the first room, without the banner; the
+instruction is the goal. ``info`` carries ``admissible_commands`` (as ``admissible_actions()`` returns them),
+``points`` and ``max_points`` (the game's score), ``progress``, the ``difficulty`` and the ``seed``. A command
+that is not one of the admissible commands is ``invalid`` (the game still gets it: it may understand ``n`` for
+``go north``). Never sent to the game, and ``invalid``: the interpreter's own commands (``quit``, ``restart``,
+``save``, ``restore``, ``undo``, ``script``...) as any sentence of the command (Inform plays ``look. restart``
+as two commands), a sentence starting with ``\\`` (the interpreter's meta-commands: ``\\boxed{...}`` hangs it)
+and control characters (a NUL crashes it). ``won`` when the quest is completed; an episode ends on a win or a
+loss, and otherwise when the rollout's turn cap (``max_turns``) is reached.
 
-Expert: the next command of the game's winning policy from where the agent stands (TextWorld's
-walkthrough at the start, re-planned after every step), so it wins from any position.
-
-Episodes depend on (task, actions) alone: tree search copies them by replay.
+Expert: the next command of the game's winning policy from where the agent stands (TextWorld's walkthrough at
+the start, re-planned after every step), so it wins from any position. Episodes depend on (task, actions) alone:
+tree search copies them by replay.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
@@ -70,12 +72,13 @@ DIFFICULTIES = {"easy": "w2-o3-q4", "medium": "w4-o6-q8", "hard": "w8-o12-q4"}
 STUDY_SETTINGS = ("w2-o3-q4", "w8-o3-q4", "w2-o12-q4", "w8-o12-q4", "w4-o6-q8")
 SPLITS = {"train": range(0, 100_000), "test": range(1_000_000, 1_000_500)}
 REWARDS = ("points", "progress")
-GAME_FILE = "game.z8"  # TextWorld keeps the game's data beside it, in game.json
+MAX_ROOMS, MAX_OBJECTS, MAX_QUEST = 20, 40, 20  # w20-o40-q20 takes TextWorld about two minutes to make
+GAME_FILE, GAME_DATA = "game.z8", "game.json"  # the story file, and TextWorld's data about the game beside it
 #: the interpreter's commands, never sent to the game: they would restart or end it behind TextWorld's
 #: back (its quest tracking would go on from the old state) or write save and transcript files
-INTERPRETER_COMMANDS = frozenset(
-    {"quit", "q", "restart", "save", "restore", "undo", "script", "transcript", "unscript", "noscript"}
-)
+INTERPRETER_COMMANDS = frozenset("quit q restart save restore undo script transcript unscript noscript".split())
+_SENTENCES = re.compile(r"[.,;]|\bthen\b")  # Inform plays each sentence of a line as a command
+HEADER_BYTES = 64  # a Z-machine story file's header
 _SETTING = re.compile(r"w(\d+)-o(\d+)-q(\d+)")
 _LETTER_OR_DIGIT = re.compile(r"[A-Za-z0-9]")
 _PROMPT = re.compile(r"(?:\A|\n)>[^\n]*\Z")  # the parser's prompt and the status line after the text
@@ -102,16 +105,15 @@ class Difficulty:
 def parse_difficulty(difficulty: Any) -> Difficulty:
     """``easy``/``medium``/``hard`` or ``w<rooms>-o<objects>-q<quest length>`` as a Difficulty,
     or ConfigError naming the valid values."""
-    setting = DIFFICULTIES.get(difficulty, difficulty) if isinstance(difficulty, str) else ""
-    match = _SETTING.fullmatch(setting)
+    match = _SETTING.fullmatch(DIFFICULTIES.get(difficulty, difficulty) if isinstance(difficulty, str) else "")
     if match:
-        rooms, objects, quest_length = map(int, match.groups())
-        if rooms >= 1 and quest_length >= 1:
-            return Difficulty(rooms, objects, quest_length)
+        level = Difficulty(*map(int, match.groups()))
+        if 1 <= level.rooms <= MAX_ROOMS and level.objects <= MAX_OBJECTS and 1 <= level.quest_length <= MAX_QUEST:
+            return level
     raise ConfigError(
-        f"textworld option difficulty: {difficulty!r} is not a difficulty; valid: "
-        f"{', '.join(DIFFICULTIES)}, or w<rooms>-o<objects>-q<quest length> with at least 1 room "
-        "and a quest of at least 1 action, e.g. w4-o6-q8"
+        f"textworld option difficulty: {difficulty!r} is not a difficulty; valid: {', '.join(DIFFICULTIES)}, or "
+        f"w<rooms>-o<objects>-q<quest length> with 1 to {MAX_ROOMS} rooms, at most {MAX_OBJECTS} objects and a "
+        f"quest of 1 to {MAX_QUEST} actions, e.g. w4-o6-q8"
     )
 
 
@@ -128,22 +130,20 @@ def generate_game(textworld: Any, difficulty: Difficulty, seed: int, folder: Pat
     (both games are the same: TextWorld's generation depends on the seed alone).
     """
     game_file = folder / GAME_FILE
-    if game_file.is_file():
+    if not cache_damage(folder):
         return game_file
     folder.parent.mkdir(parents=True, exist_ok=True)
     with _generation_lock:
-        if game_file.is_file():  # another thread of this process made it meanwhile
+        if not cache_damage(folder):  # another thread of this process made it meanwhile
             return game_file
+        discard_damaged(folder)
         work = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
             options = textworld.GameOptions()
-            options.seeds = seed
-            options.nb_rooms = difficulty.rooms
-            options.nb_objects = difficulty.objects
+            options.seeds, options.nb_rooms, options.nb_objects = seed, difficulty.rooms, difficulty.objects
             chaining = options.chaining
             chaining.min_length = chaining.max_length = chaining.max_depth = difficulty.quest_length
-            options.path = str(work / GAME_FILE)
-            options.file_ext = ".z8"
+            options.path, options.file_ext = str(work / GAME_FILE), ".z8"
             try:
                 game = textworld.generator.make_game(options)
             except textworld.generator.QuestGenerationError as exc:
@@ -159,6 +159,8 @@ def generate_game(textworld: Any, difficulty: Difficulty, seed: int, folder: Pat
                     f"textworld: compiling the game of seed {seed} ({difficulty.name}) failed: {exc}"
                 ) from exc
             (work / "game.ni").unlink(missing_ok=True)  # the Inform 7 source: not needed to play
+            if cache_damage(work):
+                raise EnvError(f"textworld: the game compiled for seed {seed} is damaged: {cache_damage(work)}")
             try:
                 os.rename(work, folder)
             except OSError:
@@ -167,6 +169,31 @@ def generate_game(textworld: Any, difficulty: Difficulty, seed: int, folder: Pat
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return game_file
+
+
+def cache_damage(folder: Path) -> str | None:
+    """What is wrong with the game cached in ``folder``, or None: frotz ends the process on a story file shorter
+    than its Z-machine header says (byte 0: the version, 1-8; bytes 26-27: the length in units of 2, 4 or 8)."""
+    try:
+        json.loads((folder / GAME_DATA).read_text(encoding="utf-8"))
+        story = (folder / GAME_FILE).read_bytes()
+    except (OSError, ValueError) as exc:
+        return f"it cannot be read ({exc})"
+    version = story[0] if len(story) >= HEADER_BYTES else 0
+    if not 1 <= version <= 8:
+        return f"{GAME_FILE} is no Z-machine story ({len(story)} bytes)"
+    length = int.from_bytes(story[26:28], "big") * (2 if version <= 3 else 4 if version <= 5 else 8)
+    return None if HEADER_BYTES <= length <= len(story) else f"{GAME_FILE} holds {len(story)} of its {length} bytes"
+
+
+def discard_damaged(folder: Path) -> None:
+    """Move a damaged cached game aside, atomically (another process may be looking at it), and delete it."""
+    if folder.exists():
+        warnings.warn(f"textworld: making the damaged game in {folder} again: {cache_damage(folder)}", stacklevel=2)
+        aside = Path(tempfile.mkdtemp(prefix=f".{folder.name}-damaged-", dir=folder.parent))
+        with contextlib.suppress(FileNotFoundError):  # another process moved it first
+            os.rename(folder, aside / folder.name)
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def clean_feedback(text: str) -> str:
@@ -178,6 +205,17 @@ def clean_feedback(text: str) -> str:
         lines.pop(0)
     text = _AFTER_THE_END.sub("", _PROMPT.sub("", "\n".join(lines)))
     return _BLANK_LINES.sub("\n\n", text).strip()
+
+
+def refusal(command: str) -> str | None:
+    """Why ``command`` must never reach the game, or None: a control character (the C interpreter crashes or hangs
+    on one), or as any sentence an interpreter's command or a ``\\`` meta-command (it loops on an unknown one)."""
+    if not command.isprintable():
+        return "A command is plain text: that one holds a control character."
+    for first in (sentence.split()[0] for sentence in _SENTENCES.split(command) if sentence.strip()):
+        if first in INTERPRETER_COMMANDS or first.startswith("\\"):
+            return f"{first!r} is a command of the game's interpreter, not of the game."
+    return None
 
 
 @dataclass
@@ -228,8 +266,7 @@ class TextWorldEnv(RangeSplits, Env):
             )
         if not isinstance(show_commands, bool):
             raise ConfigError(f"textworld option show_commands: {show_commands!r}; valid: true or false")
-        self.reward = reward
-        self.show_commands = show_commands
+        self.reward, self.show_commands = reward, show_commands
         self.max_turns = max_turns or 3 * self.difficulty.quest_length  # type: ignore[misc]  # per instance
         self._cache_dir = Path(cache_dir).expanduser() if cache_dir else None
         self._textworld = require("textworld", "textworld", self.extra)
@@ -252,8 +289,7 @@ class TextWorldEnv(RangeSplits, Env):
     def game_file(self, task_id: int) -> Path:
         """The game of ``task_id`` (its seed), generated into the cache unless it is there."""
         self.check_task_id(task_id)
-        version = self._textworld.__version__
-        folder = game_folder(self.cache_dir, self.difficulty, task_id, version)
+        folder = game_folder(self.cache_dir, self.difficulty, task_id, self._textworld.__version__)
         return generate_game(self._textworld, self.difficulty, task_id, folder)
 
     def reset(self, task_id: int) -> Observation:
@@ -280,9 +316,8 @@ class TextWorldEnv(RangeSplits, Env):
         check_running("textworld", episode is not None and episode.running)
         assert episode is not None
         command = clean_action(action)
-        if command.split(" ", 1)[0] in INTERPRETER_COMMANDS:
-            text = f"{command.split(' ', 1)[0]!r} is a command of the game's interpreter, not of the game."
-            return StepResult(self._text(text, episode), 0.0, False, self._info(episode, invalid=True))
+        if refused := refusal(command):
+            return StepResult(self._text(refused, episode), 0.0, False, self._info(episode, invalid=True))
         invalid = command not in {c.lower() for c in episode.commands}
         state, points, done = self._game.step(command)
         episode.commands = list(state["admissible_commands"] or [])
@@ -301,9 +336,7 @@ class TextWorldEnv(RangeSplits, Env):
     def expert_action(self) -> str | None:
         """The next command of the game's winning policy from here; None when there is none."""
         episode = self._episode
-        if episode is None or not episode.running or not episode.policy:
-            return None
-        return episode.policy[0]
+        return episode.policy[0] if episode is not None and episode.running and episode.policy else None
 
     def close(self) -> None:
         game, self._game = self._game, None
@@ -313,16 +346,12 @@ class TextWorldEnv(RangeSplits, Env):
 
     def progress(self, episode: LiveGame, won: bool) -> float:
         """How much of the winning policy is behind the agent: 1 on a win, 0 where no way to win is left."""
-        if won:
-            return 1.0
-        if not episode.policy or not episode.initial_policy:
-            return 0.0
+        if won or not episode.policy or not episode.initial_policy:
+            return 1.0 if won else 0.0
         return clip01(1.0 - len(episode.policy) / episode.initial_policy)
 
     def _score(self, episode: LiveGame, won: bool) -> float:
-        if self.reward == "progress":
-            return self.progress(episode, won)
-        return clip01(episode.points / episode.max_points)
+        return self.progress(episode, won) if self.reward == "progress" else clip01(episode.points / episode.max_points)
 
     def _text(self, feedback: str, episode: LiveGame) -> str:
         text = clean_feedback(feedback)

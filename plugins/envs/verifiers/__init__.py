@@ -13,8 +13,9 @@ Options (config block ``plugins."verifiers:<module>"``):
 - ``tool_format`` (``hermes``): how replies write tool calls (a format of :mod:`omrl.chat.tool_calls`).
 - ``timeout_s`` (600): seconds the environment may take to answer a turn (its ``env_response``, its tools,
   its stop conditions) or to score the episode.
-- ``reward_errors`` (``raise``): a reward function that raises ends the episode as ``env_error``, naming it;
-  ``zero`` keeps verifiers' own rule (it scores 0), listing the failures in ``info["reward_errors"]``.
+- ``reward_errors`` (``raise``): a reward function that raises, or returns no finite number (``None``, NaN, text),
+  ends the episode as ``env_error``, naming it; ``zero`` keeps verifiers' own rule (it scores 0), listing the
+  failures in ``info["reward_errors"]``.
 
 Tasks: ``train`` is the environment's ``dataset`` (task id = row index), ``test`` its ``eval_dataset`` (task id
 1,000,000 + row index). Without an eval dataset there is no ``test`` split (verifiers would fall back to the

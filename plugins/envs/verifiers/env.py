@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from omrl.chat.tool_calls import FORMATS, call_text
 from omrl.envs import Env, EnvError, EpisodeFinishedError, Observation, StepResult, UnknownTaskError, env_variant
-from omrl.errors import ConfigError
+from omrl.errors import ConfigError, short_repr
 from omrl_plugins.envs.verifiers.bridge import Rollout, bridge_client, stop_rollout
 from omrl_plugins.envs.verifiers.installed import NAME, module_name
 from omrl_plugins.envs.verifiers.loading import import_verifiers, load
@@ -81,6 +81,12 @@ class VerifiersEnv(Env):
         timeout_s: float = 600.0,
         reward_errors: str = "raise",
     ):
+        self.module = module_name(module) if isinstance(module, str) else ""
+        if not all(part.isidentifier() for part in self.module.split(".")):
+            raise ConfigError(
+                f"{NAME}: module={short_repr(module)} is not a module name; valid: an importable module with "
+                "load_environment() (plugins.verifiers.module=my_envs.wordle) or an environment id (owner/vf-wordle)"
+            )
         self.name = f"{NAME}:{module}"
         if tool_format not in FORMATS:
             raise ConfigError(f"{self.name}: unknown tool_format {tool_format!r}; valid: {', '.join(FORMATS)}")
@@ -92,7 +98,6 @@ class VerifiersEnv(Env):
             raise ConfigError(f"{self.name}: args must be a mapping of load_environment's arguments")
         self.tool_format, self.timeout_s, self.reward_errors = tool_format, float(timeout_s), reward_errors
         self.vf = import_verifiers(self.name)
-        self.module = module_name(module)
         self.env = load(self.module, dict(args or {}), self.name)
         if not isinstance(self.env, self.vf.Environment):
             raise ConfigError(f"{self.name}: load_environment returned a {type(self.env).__name__}, not an Environment")
@@ -213,7 +218,7 @@ class VerifiersEnv(Env):
             raise EnvError(f"{self.name} failed: {failure}")
         if self._reward_failures and self.reward_errors == "raise":
             raise EnvError(
-                f"{self.name}: a reward function raised ({'; '.join(self._reward_failures)}); "
+                f"{self.name}: a reward function failed ({'; '.join(self._reward_failures)}); "
                 "plugins.<env>.reward_errors=zero scores it 0 as verifiers does"
             )
         reward, metrics = rubric_scores(state)

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import numbers
 from typing import Any
+
+from omrl.errors import short_repr
 
 
 def rubrics_of(rubric: Any) -> list[Any]:
@@ -19,19 +23,31 @@ def rubrics_of(rubric: Any) -> list[Any]:
 
 
 def watched(func: Any, failures: list[str]) -> Any:
-    """``func`` (a reward function), noting in ``failures`` what it raised before raising it again."""
+    """``func`` (a reward function), noting in ``failures`` what it raised before raising it again, and a value
+    that is no finite number: verifiers would turn ``None`` into 0 silently (its ``float()`` is outside any
+    watch), so it raises for that too, and verifiers scores it 0 as it scores a function that raised."""
+    name = getattr(func, "__name__", repr(func))
 
     @functools.wraps(func)
     async def watched(*args: Any, **kwargs: Any) -> Any:
         try:
             result = func(*args, **kwargs)
-            return await result if inspect.isawaitable(result) else result
+            result = await result if inspect.isawaitable(result) else result
         except Exception as exc:
-            failures.append(f"{getattr(func, '__name__', repr(func))}: {type(exc).__name__}: {exc}")
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
             raise
+        if not is_finite_number(result):
+            failures.append(f"{name} returned {short_repr(result)}, not a finite number")
+            raise TypeError(f"reward function {name} returned {short_repr(result)}, not a finite number")
+        return result
 
     watched.omrl_watched = True  # type: ignore[attr-defined]
     return watched
+
+
+def is_finite_number(value: Any) -> bool:
+    """Whether ``value`` is a real number (a bool, an int, a float, numpy's) other than NaN and infinity."""
+    return isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 def watch_rewards(rubric: Any, failures: list[str]) -> None:

@@ -1,5 +1,5 @@
 """Environments with something omrl cannot honour, one per ``kind``, each refused with an error naming it; and
-environments whose episodes fail in the environment (``raising_reward``, ``broken_turn``, ``slow_turn``...)."""
+environments whose episodes fail in the environment (``raising_reward``, ``none_reward``, ``broken_turn``...)."""
 
 import asyncio
 
@@ -8,6 +8,7 @@ from datasets import Dataset
 from openai import AsyncOpenAI
 
 ROWS = [{"question": "Say yes.", "answer": "yes"}]
+BAD_VALUES = {"none_reward": None, "nan_reward": float("nan"), "inf_reward": float("inf"), "text_reward": "1.0"}
 
 
 def said_yes(completion, answer) -> float:
@@ -68,6 +69,12 @@ def load_environment(kind: str) -> vf.Environment:
             raise ConnectionError("no route to the scoring service")
 
         return single(vf.Rubric(funcs=[said_yes, needs_a_server]))
+    if kind in BAD_VALUES:
+
+        def counts_nothing(completion):
+            return BAD_VALUES[kind]
+
+        return single(vf.Rubric(funcs=[said_yes, counts_nothing]))
     if kind in ("broken_turn", "slow_turn", "rewrite"):
         return Echo(kind, dataset=Dataset.from_list(ROWS), rubric=vf.Rubric(funcs=[said_yes]), max_turns=3)
     if kind == "eval_only":
