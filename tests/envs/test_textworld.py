@@ -29,15 +29,8 @@ from omrl.envs import (
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines import textworld as textworld_plugin
 from omrl_plugins.envs.engines.common import MissingExtraError
-from omrl_plugins.envs.engines.textworld import (
-    DIFFICULTY_ENVS,
-    GAME_FILE,
-    SPLITS,
-    Difficulty,
-    TextWorldEnv,
-    clean_feedback,
-    generate_game,
-)
+from omrl_plugins.envs.engines.textworld import DIFFICULTY_ENVS, SPLITS, TextWorldEnv, clean_feedback
+from omrl_plugins.envs.engines.textworld_games import GAME_FILE, Difficulty, cache_damage, generate_game
 from tests.helpers import cli_exit, fresh_python_json, play_expert
 
 TINY = "w1-o2-q3"  # one room, a quest of three actions: generated in about a second
@@ -241,7 +234,7 @@ def test_a_damaged_cached_game_is_named(tmp_path, data, game, damage):
     if data is not None:
         (tmp_path / "game.json").write_bytes(data)
     (tmp_path / GAME_FILE).write_bytes(game)
-    found = textworld_plugin.cache_damage(tmp_path)
+    found = cache_damage(tmp_path)
     assert found is None if damage is None else re.fullmatch(damage + ".*", found), found
 
 
@@ -260,7 +253,7 @@ def test_a_damaged_cached_game_is_made_again_before_the_interpreter_sees_it(cach
     env = tiny(tmp_path)
     with pytest.warns(UserWarning, match="making the damaged game in .* again"):
         game_file = env.game_file(seed)  # never reset here before the fix: frotz would end pytest
-    assert game_file.read_bytes() == good and textworld_plugin.cache_damage(folder) is None
+    assert game_file.read_bytes() == good and cache_damage(folder) is None
     assert env.reset(seed).text == tiny(cache).reset(seed).text and env.step("look").observation
     assert [p.name for p in folder.parent.iterdir()] == [str(seed)]  # nothing left aside
 
