@@ -38,6 +38,7 @@ MODEL_FILES = (
     "added_tokens.json",
     "vocab.json",
     "merges.txt",
+    "tokenizer.model",
     "adapter_config.json",
     "chat_template.jinja",
 )
@@ -99,11 +100,14 @@ def fresh_dir(parent: str, stem: str) -> str:
     return str(path)
 
 
-def check_run_dir(output_dir: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None]) -> None:
+def check_run_dir(
+    output_dir: str | os.PathLike, inputs: Mapping[str, str | os.PathLike | None], resume: bool = False
+) -> None:
     """A training run's ``output_dir`` must not be an input, lie inside one, or hold one among its own
     files: the run writes its model, config.yaml, metrics.jsonl and checkpoints there, over a base
     model or a dataset kept in it. (An input merely kept in ``output_dir``, beside those, is safe.) It
-    must be a folder, or a path where one can be made."""
+    must be a folder, or a path where one can be made; unless ``resume``, one that is not a run must
+    hold none of the files a run writes (a model, a config.yaml of the user's)."""
     if not str(output_dir).strip():
         raise OutputError("output_dir is empty; give a folder for the run (e.g. --output-dir runs/my-run)")
     given = Path(output_dir).expanduser()
@@ -118,9 +122,21 @@ def check_run_dir(output_dir: str | os.PathLike, inputs: Mapping[str, str | os.P
                 f"output_dir {output_dir} overlaps the input {what} {path}: the run would write its "
                 "model, config.yaml and checkpoints over it; choose another output_dir"
             )
+    check_output_folder("output_dir", output_dir, f"{given}-run")
+    kept = None if resume or is_run_dir(given) else _file_a_run_writes(given)
+    if kept:  # an earlier run's own files are resume_point's to judge
+        raise OutputError(
+            f"output_dir {output_dir} is not a run but holds {kept}: the run would write its own over it; "
+            "choose another output_dir (e.g. a new folder)"
+        )
+
+
+def check_output_folder(what: str, path: str | os.PathLike, example: str) -> None:
+    """A folder a command writes its files into must be one, or a path where one can be made."""
+    given = Path(path).expanduser()
     if given.exists() and not given.is_dir():
-        raise OutputError(f"output_dir {output_dir} is a file; give a folder for the run (e.g. {given}-run)")
-    _check_folders("output_dir", given)
+        raise OutputError(f"{what} {path} is a file; give a folder (e.g. {example})")
+    _check_folders(what, given)
 
 
 def own_file(path: Path) -> str | None:
@@ -145,6 +161,17 @@ def is_run_dir(path: Path) -> bool:
     """Whether ``path`` is a run's output directory (what ``omrl train``, ``sft`` and ``rm train`` make)."""
     # not config.yaml alone: a project folder may keep its own preset under that name
     return (path / "metrics.jsonl").is_file() or (path / "checkpoints").is_dir()
+
+
+def _file_a_run_writes(folder: Path) -> str | None:
+    """The first file in ``folder`` that a run would write over: model weights, a saved model's files,
+    a config.yaml."""
+    if not folder.is_dir():
+        return None
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and (path.name in (*MODEL_FILES, "config.yaml") or path.suffix.lower() in WEIGHT_SUFFIXES):
+            return path.name
+    return None
 
 
 def _holds_weights(folder: Path) -> bool:

@@ -221,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_parties()
     debug = "--debug" in argv or bool(os.environ.get("OMRL_DEBUG"))
+    if "--debug" in argv:  # an option of omrl itself, wherever it is typed: `omrl plot RUN --debug` too
+        argv = ["--debug", *(arg for arg in argv if arg != "--debug")]
     try:
         light = next((a for a in argv if not a.startswith("-")), None) in LIGHT_COMMANDS
         if not light:

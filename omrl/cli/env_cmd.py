@@ -176,7 +176,8 @@ def serve(
         "from this machine only; any other (0.0.0.0: every one) "
         "is served with a warning.",
     ),
-    port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on."),
+    # not 0 (any free port): the URL printed for clients would name port 0, not the one bound
+    port: int = typer.Option(8000, min=1, max=65535, help="Port to listen on."),
     token: str = typer.Option(
         None,
         "--token",

@@ -164,7 +164,7 @@ def evaluate_command(
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
     split: str = typer.Option(None, "--split", help="Task split (env.split)."),
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to evaluate from the start of the split."),
-    samples: int = typer.Option(None, "--samples", help="Samples per task, for pass@k and best-of-N."),
+    samples: int = typer.Option(None, "--samples", min=1, help="Samples per task, for pass@k and best-of-N."),
     report: str = typer.Option(None, "--report", help="JSON report path (default: <output dir>/report.json)."),
     output_dir: str = typer.Option(
         None, "--output-dir", help="Folder for the report and every episode (default: evals/<model>-<env>-<time>)."
@@ -214,7 +214,7 @@ def evaluate_command(
             "report": report,
             "output_dir": output_dir,
             "rollout.strategy": strategy,
-            "rollout.budget": budget or None,
+            "rollout.budget": budget,  # 0 is a budget (no limit), not "not given"
             **agent_flags(agent, agent_cmd, reward),
         },
         select,

@@ -13,11 +13,13 @@ from rich.text import Text
 def plugins(
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
     kind: str = typer.Option(
-        None, "--kind", help="Only this kind: env, reward, template, advantage, policy_loss, kl, rollout_correction."
+        None,
+        "--kind",
+        help="Only this kind: env, reward, template, advantage, policy_loss, kl, rollout_correction, strategy, scorer.",
     ),
     every: bool = typer.Option(False, "--all", help="Every env of a family, one row each (default: a row a family)."),
 ) -> None:
-    """List every registered env, reward, template and algorithm."""
+    """List every registered env, reward, template, algorithm, rollout strategy and scorer."""
     from omrl.registry import all_components
 
     rows = sorted(all_components(), key=lambda c: (c.kind, c.name))

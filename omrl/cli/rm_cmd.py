@@ -62,7 +62,7 @@ def train(
     cfg = command_line_config(RmTrainRunConfig, args, {**flags, "resume": True if resume else None}, preset)
     datasets = dataset_inputs(cfg.dataset, "--data")  # each dataset of a mixture
     inputs = {"--model": cfg.model.name, **datasets, "--eval-data": cfg.eval_dataset, **preset_inputs(args, resume)}
-    check_run_dir(cfg.logging.output_dir, inputs)
+    check_run_dir(cfg.logging.output_dir, inputs, cfg.resume)
     hf_logging.disable_progress_bar()
     summary = stop_on_interrupt(lambda: run_rm_train(cfg), err_console)
     if is_main_process():

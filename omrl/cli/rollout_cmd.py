@@ -111,6 +111,7 @@ def check_before_loading(cfg) -> None:
                 f"the {member.name} env needs the package {env_class.package}, not installed: "
                 f"{install_command(env_class)}"
             )
+        check_plugin_blocks(member.plugins)  # the run's block with the env's own merged in
     check_agent(cfg)
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None:
@@ -119,6 +120,27 @@ def check_before_loading(cfg) -> None:
         registry.algorithms.get(algorithm.kl_estimator, kind="kl")
         if algorithm.rollout_correction != "auto":
             registry.algorithms.get(algorithm.rollout_correction, kind="rollout_correction")
+
+
+def check_plugin_blocks(plugins: dict) -> None:
+    """Each ``plugins.<name>`` block is read by the component of that whole name (colon and all:
+    ``reasoning-gym:letter_counting``); one that names no component would be ignored, silently."""
+    import difflib
+
+    from omrl import registry
+    from omrl.errors import ConfigError
+
+    if not plugins:
+        return
+    known = {name for found in registry.ALL.values() for kind in found.kinds for name in found.names(kind)}
+    for name in plugins:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"; did you mean {' or '.join(f'plugins.{match}' for match in close)}?" if close else ""
+            raise ConfigError(
+                f"plugins.{name}: no env, template, reward, strategy, scorer or algorithm is named {name}, so no "
+                f"plugin would read these options{hint} (`omrl plugins` lists the names)"
+            )
 
 
 def check_agent(cfg) -> None:
@@ -264,7 +286,7 @@ def rollout(
             "output": output,
             "use_expert": True if expert else None,
             "rollout.strategy": strategy,
-            "rollout.budget": budget or None,
+            "rollout.budget": budget,  # 0 is a budget (no limit), not "not given"
             **agent_flags(agent, agent_cmd, reward),
         },
         select,

@@ -100,7 +100,7 @@ def sft(
     if not asked and cfg.logging.output_dir in ("", "runs/sft"):  # the default: a fresh directory per run
         cfg.logging.output_dir = fresh_dir("runs", "sft")
     inputs = {"--model": cfg.model.name, **dataset_inputs(cfg.dataset, "--dataset"), **preset_inputs(args, resume)}
-    check_run_dir(cfg.logging.output_dir, inputs)
+    check_run_dir(cfg.logging.output_dir, inputs, cfg.resume)
     hf_logging.disable_progress_bar()  # transformers' per-save bars would break the live progress line
     summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)
     if is_main_process():  # under accelerate launch, one summary rather than one per process

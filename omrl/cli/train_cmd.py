@@ -62,6 +62,7 @@ def train(
     from omrl.config.options import TrainRunConfig
     from omrl.config.presets import preset_inputs, resumed_preset, split_preset, user_sets
     from omrl.errors import ConfigError
+    from omrl.mixture import mix_members
     from omrl.outputs import check_run_dir, fresh_dir
     from omrl.parallel import is_main_process
     from omrl.training.rl import run_rl
@@ -69,8 +70,6 @@ def train(
 
     if algo is not None and algo not in RECIPES:
         raise ConfigError(f"unknown --algo {algo!r}; valid: {', '.join(RECIPES)}")
-    if resume and output_dir is None:
-        raise ConfigError("--resume needs --output-dir: the run directory to continue")
     flags = {
         "algorithm.name": algo,
         "env.name": env,
@@ -80,17 +79,20 @@ def train(
         "resume": True if resume else None,
         **agent_flags(agent, agent_cmd, reward),
     }
-    cfg = command_line_config(TrainRunConfig, args, flags, resumed_preset(output_dir, resume, algo or "grpo"))
+    own_config = resumed_preset(output_dir, resume, None)  # with --resume, the run's config.yaml
+    cfg = command_line_config(TrainRunConfig, args, flags, own_config or algo or "grpo")
     asked = output_dir is not None or user_sets(args, "logging.output_dir")  # runs/train said is runs/train
     if not asked and cfg.logging.output_dir in ("", "runs/train"):  # the default: a fresh directory per run
         cfg.logging.output_dir = fresh_dir("runs", f"{cfg.algorithm.name}-{env_folder_name(cfg)}")
-    check_run_dir(cfg.logging.output_dir, {"--model": cfg.model.name, **preset_inputs(args, resume)})  # before loading
+    inputs = {"--model": cfg.model.name, **preset_inputs(args, resume)}
+    check_run_dir(cfg.logging.output_dir, inputs, cfg.resume)  # before loading
     check_before_loading(cfg)
     build_envs_first(cfg)
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
     start_from_base_outside_its_env(cfg, list(args or []), model, console)
-    if not resume:  # a resumed run plays its own config.yaml
-        preset = split_preset(args[0] if args else None, [])[0] or algo or "grpo"
+    named = split_preset(args[0] if args else None, [])[0]
+    if named or not own_config:  # from a preset, as the first run was; a run's config.yaml has them settled
+        preset = named or algo or "grpo"
         outside_the_presets_env(cfg, list(args or []), preset, console)
         agent_reward_weights(cfg, list(args or []), console)
     console.print(
@@ -101,7 +103,7 @@ def train(
     )
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     summary = stop_on_interrupt(lambda: run_rl(cfg, console=console), err_console)
-    for table in summary_tables(summary):
+    for table in summary_tables(summary, [member.name for member in mix_members(cfg)]):
         Console(quiet=not is_main_process()).print(table)
     # eval reads the run's config.yaml and plays the prompts the run trained on
     console.print(f"evaluate it: {eval_hint(cfg)}", highlight=False, soft_wrap=True)
@@ -120,9 +122,10 @@ def build_envs_first(cfg) -> None:
         create_env(registry.envs.get(member.name), member.plugins.get(member.name, {}), member.name).close()
 
 
-def summary_tables(summary: dict) -> list:
-    """The run's summary: one table of its metrics, and where it played several envs one more with a
-    column per env and a row per metric (``metric/env`` keys), not a row for each pair."""
+def summary_tables(summary: dict, envs: list[str]) -> list:
+    """The run's summary: one table of its metrics, and where it logged metrics by env (``metric/env``
+    keys, ``env`` one of ``envs``: not ``time/generate``) one more with a column per env and a row per
+    metric, not a row for each pair."""
     from rich.table import Table
 
     def cell(value) -> str:
@@ -134,7 +137,7 @@ def summary_tables(summary: dict) -> list:
     per_env: dict[str, dict[str, object]] = {}
     for key, value in summary.items():
         metric, _, env = key.partition("/")
-        if env and "/" not in env:
+        if env in envs:
             per_env.setdefault(metric, {})[env] = value
         else:
             plain.add_row(key, cell(value))

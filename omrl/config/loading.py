@@ -16,6 +16,7 @@ options live in the free-form ``plugins`` block, keyed by plugin name:
 
 from __future__ import annotations
 
+import datetime
 import warnings
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +25,7 @@ import yaml
 
 from omrl.config.presets import read_preset, split_preset
 from omrl.config.redaction import check_no_redacted
-from omrl.config.schema import from_dict
+from omrl.config.schema import from_dict, is_text_key
 from omrl.errors import ConfigError
 
 T = TypeVar("T")
@@ -154,16 +155,25 @@ def load_config(
     data = read_preset(preset) if preset else {}
     command = getattr(cls, "__dataclass_fields__", {}).get("command")
     if command is not None and data.get("command", command.default) != command.default:
-        raise ConfigError(f"preset {str(preset)!r} is for `omrl {data['command']}`, not `omrl {command.default}`")
+        wanted, this = (
+            name.replace("-", " ") for name in (str(data["command"]), command.default)
+        )  # rm-eval: `omrl rm eval`
+        raise ConfigError(f"preset {str(preset)!r} is for `omrl {wanted}`, not `omrl {this}`")
     data = upgrade_keys(cls, data, f"preset {str(preset)!r}")
     given: dict[str, Any] = {}
+    written: dict[str, str] = {}  # each key's override as the user wrote it
     renamed: dict[str, str] = {}
-    for path, value in parse_overrides(overrides or []):
+    for item, (path, value) in zip(overrides or [], parse_overrides(overrides or [])):
         new_path = renamed_path(cls, path)
         if new_path != path:
             renamed[".".join(path)] = ".".join(new_path)
+        key = ".".join(new_path)
+        if isinstance(value, (int, float, datetime.date)) and is_text_key(cls, new_path):
+            value = item.split("=", 1)[1].strip()  # YAML read 0755 as 493, 12:30 as 750: keep the text typed
+        if key in given and given[key] != value:  # which one was meant is not clear
+            raise ConfigError(f"{key} is given twice: {written[key]} and {item.strip()}; give it once")
         set_path(data, new_path, value)
-        given[".".join(new_path)] = value
+        given[key], written[key] = value, item.strip()
     warn_renamed(renamed, "the command line")
     flags = {".".join(renamed_path(cls, key.split("."))): value for key, value in (values or {}).items()}
     both = [key for key in flags if key in given]

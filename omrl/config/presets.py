@@ -106,8 +106,11 @@ def user_sets(args: list[str] | None, key: str) -> bool:
 
 def resumed_preset(output_dir: str | None, resume: bool, preset: str | None) -> str | None:
     """The preset a command starts from: with ``--resume``, the run's own ``config.yaml`` (so only
-    what changes needs typing again), else ``preset``."""
-    if resume and output_dir:
+    what changes needs typing again), else ``preset``. ``--resume`` needs ``--output-dir``: a default
+    folder is a fresh one, with nothing to resume."""
+    if resume and not output_dir:
+        raise ConfigError("--resume needs --output-dir: the run directory to continue")
+    if resume:
         saved = Path(output_dir).expanduser() / "config.yaml"
         if saved.is_file():
             return str(saved)

@@ -48,6 +48,16 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: T | None
     return dataclasses.replace(base, **kwargs)
 
 
+def is_text_key(cls: type, path: list[str]) -> bool:
+    """Whether the dotted ``path`` of config class ``cls`` holds text (``str``, or ``str`` or None)."""
+    tp: Any = cls
+    for part in path:
+        if not dataclasses.is_dataclass(tp) or part not in {f.name for f in dataclasses.fields(tp)}:
+            return False  # an unknown key (from_dict names it) or inside a free-form mapping
+        tp = typing.get_type_hints(tp)[part]
+    return {a for a in get_args(tp) if a is not type(None)} == {str} if get_origin(tp) else tp is str
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,7 @@ def check_model_files(path: str | os.PathLike) -> None:
             "the file from a copy or retrain; a run's checkpoints hold earlier weights "
             "(<run>/checkpoints/step-*/model)"
             + (
-                f"; changed on purpose? accept it: omrl checkpoint trust {path}"
+                f"; changed on purpose? accept it: omrl checkpoint trust {shlex.quote(str(path))}"
                 if manifest[2].name == MODEL_MANIFEST
                 else ""
             )

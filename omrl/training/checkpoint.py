@@ -31,6 +31,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,5 +377,5 @@ def interrupted(output_dir: str | os.PathLike, command: str) -> Interrupted:
         return Interrupted(f"interrupted before the first checkpoint of {output_dir}: nothing to resume")
     return Interrupted(
         f"interrupted; the newest complete checkpoint is {kept}. Continue with: "
-        f"omrl {command} --resume --output-dir {output_dir}"
+        f"omrl {command} --resume --output-dir {shlex.quote(str(output_dir))}"
     )

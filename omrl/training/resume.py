@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import warnings
 from pathlib import Path
 from typing import Any, Iterable
@@ -162,6 +163,6 @@ def _unverified(path: Path) -> CheckpointError:
     return CheckpointError(
         f"cannot resume from {path}: an older omrl wrote it, and it lists no sha256 digests of its files, so "
         "damage since (a flipped byte in its weights would become this run's model) cannot be found. If you "
-        f"trust its files, vouch for them with `omrl checkpoint trust {path}` and resume "
+        f"trust its files, vouch for them with `omrl checkpoint trust {shlex.quote(str(path))}` and resume "
         "again; else start a new run in another output_dir"
     )

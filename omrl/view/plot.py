@@ -15,6 +15,7 @@ from typing import Any
 
 from omrl.atomic import atomic_save_figure
 from omrl.errors import OmrlError
+from omrl.outputs import check_output_folder
 from omrl.view.metrics import columns, env_panels, panels, read_metrics_file
 from omrl.view.sources import Problem, discover
 
@@ -75,6 +76,9 @@ def plot_run(
     """Write the PNG files :func:`plan` names for ``run``'s metrics.jsonl into ``out_dir``
     (default ``<run>/plots``). Returns the files written and the problems met reading the metrics."""
     source = discover(run)
+    run_dir = source.path if source.path.is_dir() else source.path.parent
+    target = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    check_output_folder("--out" if out_dir is not None else "the plots folder", target, f"{target}-plots")
     if source.metrics is None:
         raise OmrlError(
             f"{run}: no metrics.jsonl to plot (omrl train and omrl sft write one in their output directory)"
@@ -85,8 +89,6 @@ def plot_run(
         raise OmrlError(f"{source.metrics}: no step to plot" + "".join(f"; {p.message}" for p in problems))
     chosen = plan(list(curves["series"]), only)
     plt = require_matplotlib()
-    run_dir = source.path if source.path.is_dir() else source.path.parent
-    target = Path(out_dir) if out_dir is not None else run_dir / "plots"
     written = []
     for name, panel in chosen:
         path = target / name

@@ -26,3 +26,13 @@ def omrl_main(monkeypatch, capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: what is refused must be refused before."""
+
+    def from_pretrained(*args, **kwargs):
+        raise AssertionError("a model was loaded before the error")
+
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", from_pretrained)

@@ -95,7 +95,20 @@ def test_a_mixture_runs_summary_is_a_table_of_metrics_and_one_per_env_metric_by_
 
     envs = ["gridworld", "babyai:GoTo", "webshop"]
     summary = {"steps": 4, "loss": 0.5, **{f"{m}/{e}": 0.1 for m in ("success", "reward", "turns") for e in envs}}
-    plain, by_env = summary_tables(summary)
+    plain, by_env = summary_tables(summary, envs)
     assert plain.row_count == 2 and by_env.row_count == 3 and len(by_env.columns) == 1 + len(envs)
-    [alone] = summary_tables({"steps": 4, "loss": 0.5})
+    [alone] = summary_tables({"steps": 4, "loss": 0.5}, ["gridworld"])
     assert alone.row_count == 2
+
+
+def test_time_keys_are_no_envs_in_the_summary():
+    """``time/generate`` is no metric of an env "generate": every one-env run printed a bogus per-env table."""
+    from omrl.cli.train_cmd import summary_tables
+
+    times = {"time/generate": 1.5, "time/env": 0.5}
+    [alone] = summary_tables({"steps": 4, **times}, ["gridworld"])
+    assert list(alone.columns[0].cells) == ["steps", *times]
+    mixed = {"steps": 4, **times, "success/gridworld": 0.5, "success/webshop": 0.25}
+    plain, by_env = summary_tables(mixed, ["gridworld", "webshop"])
+    assert list(plain.columns[0].cells) == ["steps", *times]
+    assert [column.header for column in by_env.columns] == ["metric", "gridworld", "webshop"]

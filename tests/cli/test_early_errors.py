@@ -14,16 +14,6 @@ class NotInstalledEnv(KeyEnv):
     extra = "no-such-engine"
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    """Loading a model fails the test: what is refused must be refused before."""
-
-    def from_pretrained(*args, **kwargs):
-        raise AssertionError("a model was loaded before the error")
-
-    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", from_pretrained)
-
-
 @pytest.mark.parametrize("command", ["eval", "rollout", "train"])
 def test_a_missing_env_package_is_named_with_its_extra_before_loading(command, omrl_main, register_plugin, no_model,
                                                                       tmp_path):  # fmt: skip
@@ -119,3 +109,12 @@ def test_an_option_out_of_its_range_is_refused_naming_it(words, named, omrl_main
     monkeypatch.chdir(tmp_path)
     code, _, err = omrl_main(*words)
     assert code == 2 and f"Invalid value for '{named}'" in err
+
+
+def test_env_serve_refuses_port_0_whose_url_it_could_not_print(omrl_main, monkeypatch):
+    """Port 0 printed plugins.agentgym.base_url=http://127.0.0.1:0 while uvicorn bound another port."""
+    served = []
+    monkeypatch.setattr("omrl.serve.run_server", lambda app, host, port: served.append(port))
+    code, _, err = omrl_main("env", "serve", "gridworld", "--port", "0")
+    assert code == 2 and "Invalid value for '--port': Input should be greater than or equal to 1" in err, err
+    assert served == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 from omrl.training.checkpoint import interrupted
 from omrl.training.metrics import read_metrics
@@ -46,11 +47,13 @@ def test_resume_reads_the_runs_config_and_extends_a_finished_run(omrl_main, tmp_
 
 
 def test_the_ctrl_c_line_is_a_command_that_runs(tmp_path):
-    kept = tmp_path / "checkpoints" / "step-00000001"
+    run = tmp_path / "ctrl c run"  # a space: the printed line must quote it
+    kept = run / "checkpoints" / "step-00000001"
     kept.mkdir(parents=True)
     (kept / "COMPLETE").write_text("")
-    message = str(interrupted(tmp_path, "train"))
-    assert message.endswith(f"Continue with: omrl train --resume --output-dir {tmp_path}"), message
+    message = str(interrupted(run, "train"))
+    command = shlex.split(message.split("Continue with: ")[1])
+    assert command == ["omrl", "train", "--resume", "--output-dir", str(run)], message
 
 
 def test_two_sft_runs_in_a_row_each_get_a_directory(omrl_main, tmp_path, monkeypatch):
@@ -61,3 +64,16 @@ def test_two_sft_runs_in_a_row_each_get_a_directory(omrl_main, tmp_path, monkeyp
         code, _, err = omrl_main("sft", "--model", "tiny", "--dataset", "data.jsonl", "logging.tensorboard=false")
         assert code == 0, err
     assert len(list((tmp_path / "runs").glob("sft-*"))) == 2
+
+
+def test_the_same_command_with_resume_added_continues_a_preset_played_on_another_env(omrl_main, tmp_path):
+    """The grpo preset is webshop's: on gridworld its turn cap becomes the env's own, on resume too
+    (it used to stay the preset's 8 there, and the resume was refused as a changed config)."""
+    run = tmp_path / "run"
+    words = ("train", "grpo", "--env", "gridworld", "--model", "tiny", "tasks_per_step=1", "group_size=2",
+             "eval_tasks=1", "generation.max_new_tokens=4", "logging.tensorboard=false", "--output-dir", str(run))  # fmt: skip
+    code, _, err = omrl_main(*words, "--steps", "1")
+    assert code == 0, err
+    code, _, err = omrl_main(*words, "--steps", "2", "--resume")
+    assert code == 0, err
+    assert steps_logged(run) == [1, 2]

@@ -236,3 +236,19 @@ def test_described_defaults_are_the_commands_own():
     assert eval_rows["env.split"] == "'test'" and eval_rows["generation.temperature"] == "0.0"
     assert sft_rows["optim.learning_rate"] == repr(SftRunConfig().optim.learning_rate)
     assert sft_rows["logging.output_dir"] == "'runs/sft'"
+
+
+def test_a_text_keys_override_keeps_the_text_as_typed():
+    """YAML reads 0755, 2024_01_05, 12:30, 007 and 0x10 as numbers: a run wrote to 493/, split '7'."""
+    from omrl.config.options import EvalRunConfig
+
+    cfg = load_config(
+        TrainRunConfig,
+        None,
+        ["logging.output_dir=2024_01_05", "description=12:30", "env.split=007", "logging.wandb_project=0x10"],
+    )
+    assert (cfg.logging.output_dir, cfg.description, cfg.env.split) == ("2024_01_05", "12:30", "007")
+    assert cfg.logging.wandb_project == "0x10"
+    assert load_config(EvalRunConfig, None, ["output_dir=0755"]).output_dir == "0755"
+    assert load_config(TrainRunConfig, None, ["description='quoted'"]).description == "quoted"  # YAML text
+    assert load_config(TrainRunConfig, None, ["steps=0x10"]).steps == 16  # a number key reads YAML numbers

@@ -1,0 +1,92 @@
+"""What a flag or an override says is what the command uses: none is dropped or bent on the way."""
+
+from __future__ import annotations
+
+import pytest
+
+# the first error each command meets after it has read --budget: an output under a file
+PAST_THE_BUDGET = {"rollout": ("-o", "{file}/x.parquet"), "eval": ("--output-dir", "{file}/sub")}
+
+
+@pytest.fixture
+def a_file(tmp_path):
+    path = tmp_path / "afile"
+    path.write_text("not a folder")
+    return path
+
+
+@pytest.mark.parametrize("command", PAST_THE_BUDGET)
+def test_budget_0_replaces_a_presets_budget(command, omrl_main, no_model, a_file, tmp_path):
+    preset = tmp_path / "small-budget.yaml"
+    preset.write_text("rollout:\n  budget: 5\n")  # smaller than one reply: refused when it is used
+    where = [w.format(file=a_file) for w in PAST_THE_BUDGET[command]]
+    words = (command, str(preset), "--env", "gridworld", "--model", "tiny", *where)
+    code, _, err = omrl_main(*words)
+    assert code == 2 and "budget 5 is smaller than one reply" in err
+    code, _, err = omrl_main(*words, "--budget", "0")
+    assert code == 2 and f"{a_file} is a file, not a folder" in err, err  # past the budget: 0 was used
+
+
+@pytest.mark.parametrize("command", PAST_THE_BUDGET)
+def test_budget_0_and_an_override_of_the_budget_disagree(command, omrl_main, no_model, a_file, tmp_path):
+    where = [w.format(file=a_file) for w in PAST_THE_BUDGET[command]]
+    code, _, err = omrl_main(command, "--env", "gridworld", "--model", "tiny", "rollout.budget=200", "--budget", "0",
+                             *where)  # fmt: skip
+    assert code == 2
+    assert "the override rollout.budget=200 and the flag for rollout.budget (0) disagree" in err
+
+
+def test_a_key_given_twice_with_two_values_is_refused_naming_both(omrl_main):
+    """The last one used to win silently."""
+    code, _, err = omrl_main("config", "show", "grpo", "steps=1", "steps=2")
+    assert code == 2 and "steps is given twice: steps=1 and steps=2; give it once" in err, err
+    code, out, err = omrl_main("config", "show", "grpo", "steps=2", "steps=2")  # the same value: no doubt
+    assert code == 0 and "steps: 2" in out, err
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval", "train"])
+def test_a_plugins_block_no_plugin_reads_is_refused_naming_a_close_match(command, omrl_main, no_model, tmp_path):
+    """plugins.gridwrld.size=5 used to play the default grid, silently."""
+    out = ("-o", str(tmp_path / "t.parquet")) if command == "rollout" else ("--output-dir", str(tmp_path / "out"))
+    code, _, err = omrl_main(command, "--env", "gridworld", "--model", "tiny", "plugins.gridwrld.size=5", *out)
+    assert code == 2, err
+    assert "plugins.gridwrld: no env, template, reward, strategy, scorer or algorithm is named gridwrld" in err
+    assert "did you mean plugins.gridworld?" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plugins_block_of_an_env_family_member_is_read(omrl_main, no_model, tmp_path):
+    """Options are looked up by the whole registered name, colon and all: such a block is valid."""
+    taken = tmp_path / "afile"
+    taken.write_text("")
+    code, _, err = omrl_main("rollout", "--env", "gridworld", "--expert", "plugins.babyai:GoToDoor.seed=1",
+                             "plugins.gridworld.size=5", "-o", str(taken / "t.parquet"))  # fmt: skip
+    assert code == 2 and f"{taken} is a file, not a folder" in err, err  # past the plugins check
+
+
+def test_eval_samples_0_is_refused_naming_samples(omrl_main, no_model, tmp_path):
+    """It used to load the model, play, then fail on group_size, a key the user never typed."""
+    code, _, err = omrl_main("eval", "--env", "gridworld", "--model", "tiny", "--samples", "0",
+                             "--output-dir", str(tmp_path / "out"))  # fmt: skip
+    assert code == 2 and "Invalid value for '--samples'" in err, err
+
+
+def test_debug_after_the_command_is_taken(omrl_main, tmp_path):
+    code, _, err = omrl_main("plot", str(tmp_path / "nonexist"), "--debug")
+    assert code == 2 and "No such option" not in err, err
+    assert "Traceback" in err  # --debug: the traceback, not one line
+
+
+def test_plugins_help_names_every_kind(omrl_main):
+    from omrl import registry
+
+    code, out, _ = omrl_main("plugins", "--help")
+    kinds = [kind for found in registry.ALL.values() for kind in found.kinds]
+    assert code == 0 and [kind for kind in kinds if kind not in " ".join(out.split())] == []
+
+
+def test_a_preset_for_rm_eval_names_the_command_as_typed(omrl_main, tmp_path):
+    preset = tmp_path / "rme.yaml"
+    preset.write_text("command: rm-eval\n")
+    code, _, err = omrl_main("eval", str(preset))
+    assert code == 2 and "is for `omrl rm eval`, not `omrl eval`" in err, err

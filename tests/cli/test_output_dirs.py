@@ -1,0 +1,46 @@
+"""Where a training command writes its run: never over a folder's model or config the user keeps there."""
+
+from __future__ import annotations
+
+import pytest
+
+TRAINERS = {
+    "train": ("train", "--env", "gridworld"),
+    "sft": ("sft", "--dataset", "data.jsonl"),
+    "rm train": ("rm", "train", "--data", "episodes.parquet"),
+}
+
+
+@pytest.mark.parametrize("command", TRAINERS)
+@pytest.mark.parametrize("kept", ["config.json", "model.safetensors", "tokenizer.json", "config.yaml"])
+def test_a_folder_holding_a_model_or_a_config_is_refused_as_a_new_run(command, kept, omrl_main, no_model, tmp_path):
+    """``--output-dir hfmodel`` used to write the run's model and config.yaml over the files kept there."""
+    folder = tmp_path / "hfmodel"
+    folder.mkdir()
+    (folder / kept).write_text("the user's own")
+    code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--output-dir", str(folder))
+    assert code == 2, err
+    assert f"output_dir {folder} is not a run but holds {kept}" in " ".join(err.split())
+    assert [p.name for p in folder.iterdir()] == [kept] and (folder / kept).read_text() == "the user's own"
+
+
+def test_plot_refuses_a_file_as_its_folder(omrl_main, tmp_path):
+    """It used to crash as "a bug in omrl" (a folder made under the file), exit 1."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n')
+    taken = tmp_path / "notes.txt"
+    taken.write_text("mine")
+    code, _, err = omrl_main("plot", str(run), "-o", str(taken))
+    assert code == 2, err
+    assert f"--out {taken} is a file; give a folder" in " ".join(err.split())
+    assert taken.read_text() == "mine" and not (run / "plots").exists()
+
+
+@pytest.mark.parametrize("command", TRAINERS)
+def test_resume_without_an_output_dir_is_refused(command, omrl_main, no_model, tmp_path, monkeypatch):
+    """sft and rm train used to resume into a fresh default folder, then say it held nothing to resume."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--resume")
+    assert code == 2 and "--resume needs --output-dir: the run directory to continue" in err, err
+    assert list(tmp_path.iterdir()) == []
