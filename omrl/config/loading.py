@@ -161,19 +161,15 @@ def load_config(
         raise ConfigError(f"preset {str(preset)!r} is for `omrl {wanted}`, not `omrl {this}`")
     data = upgrade_keys(cls, data, f"preset {str(preset)!r}")
     given: dict[str, Any] = {}
-    written: dict[str, str] = {}  # each key's override as the user wrote it
     renamed: dict[str, str] = {}
     for item, (path, value) in zip(overrides or [], parse_overrides(overrides or [])):
         new_path = renamed_path(cls, path)
         if new_path != path:
             renamed[".".join(path)] = ".".join(new_path)
-        key = ".".join(new_path)
         if isinstance(value, (int, float, datetime.date)) and is_text_key(cls, new_path):
             value = item.split("=", 1)[1].strip()  # YAML read 0755 as 493, 12:30 as 750: keep the text typed
-        if key in given and given[key] != value:  # which one was meant is not clear
-            raise ConfigError(f"{key} is given twice: {written[key]} and {item.strip()}; give it once")
         set_path(data, new_path, value)
-        given[key], written[key] = value, item.strip()
+        given[".".join(new_path)] = value
     warn_renamed(renamed, "the command line")
     flags = {".".join(renamed_path(cls, key.split("."))): value for key, value in (values or {}).items()}
     both = [key for key in flags if key in given]
@@ -204,6 +200,18 @@ def command_line_config(
     """
     args = list(args or [])
     preset, overrides = split_preset(args[0] if args else None, args[1:])
+    check_given_once(overrides)
     return load_config(
         cls, preset or default_preset, overrides, {k: v for k, v in (flags or {}).items() if v is not None}
     )
+
+
+def check_given_once(overrides: list[str]) -> None:
+    """A key a user typed twice with two values: which one was meant is not clear, so neither wins
+    (a program composing overrides, defaults first, lets the later win: :func:`load_config`)."""
+    written: dict[str, tuple[str, Any]] = {}
+    for item, (path, value) in zip(overrides, parse_overrides(overrides)):
+        key = ".".join(path)
+        if key in written and written[key][1] != value:
+            raise ConfigError(f"{key} is given twice: {written[key][0]} and {item.strip()}; give it once")
+        written[key] = (item.strip(), value)

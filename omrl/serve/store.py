@@ -301,7 +301,7 @@ class ServedEnvs:
                 raise Rejected(409, str(exc)) from exc
             except Exception as exc:  # noqa: BLE001 - the episode cannot go on after a crash or a timeout
                 failure = _crash("step", exc)
-                slot.ended = str(failure)
+                slot.ended = f"it crashed: {failure}"
                 raise failure from exc
             slot.observation = slot.shown = step.observation
             if step.done:

@@ -139,8 +139,9 @@ def check_algorithms(
     theirs out of range fails now rather than at the first update."""
     algo, group = cfg.algorithm, cfg.group_size
     zeros, ones = torch.zeros(1, 2), torch.ones(1, 2)
-    if loss_fn is not None:
-        loss_fn(PolicyLossInput(zeros, zeros, ones, ones), algo)
+    if loss_fn is not None:  # loss_norm_tokens 0: the recipe sets the run's token budget (episode_token_budget)
+        resolved = dataclasses.replace(algo, loss_norm_tokens=algo.loss_norm_tokens or 1)
+        loss_fn(PolicyLossInput(zeros, zeros, ones, ones), resolved)
     if correction_fn is not None:
         correction_fn(CorrectionInput(zeros, zeros, ones), algo)
     if not strategy_traits(cfg.rollout.strategy).group_in_one_tree:  # a task's group is the leaves of its
