@@ -200,18 +200,6 @@ def command_line_config(
     """
     args = list(args or [])
     preset, overrides = split_preset(args[0] if args else None, args[1:])
-    check_given_once(overrides)
     return load_config(
         cls, preset or default_preset, overrides, {k: v for k, v in (flags or {}).items() if v is not None}
     )
-
-
-def check_given_once(overrides: list[str]) -> None:
-    """A key a user typed twice with two values: which one was meant is not clear, so neither wins
-    (a program composing overrides, defaults first, lets the later win: :func:`load_config`)."""
-    written: dict[str, tuple[str, Any]] = {}
-    for item, (path, value) in zip(overrides, parse_overrides(overrides)):
-        key = ".".join(path)
-        if key in written and written[key][1] != value:
-            raise ConfigError(f"{key} is given twice: {written[key][0]} and {item.strip()}; give it once")
-        written[key] = (item.strip(), value)

@@ -36,14 +36,6 @@ def test_budget_0_and_an_override_of_the_budget_disagree(command, omrl_main, no_
     assert "the override rollout.budget=200 and the flag for rollout.budget (0) disagree" in err
 
 
-def test_a_key_given_twice_with_two_values_is_refused_naming_both(omrl_main):
-    """The last one used to win silently."""
-    code, _, err = omrl_main("config", "show", "grpo", "steps=1", "steps=2")
-    assert code == 2 and "steps is given twice: steps=1 and steps=2; give it once" in err, err
-    code, out, err = omrl_main("config", "show", "grpo", "steps=2", "steps=2")  # the same value: no doubt
-    assert code == 0 and "steps: 2" in out, err
-
-
 @pytest.mark.parametrize("command", ["rollout", "eval", "train"])
 def test_a_plugins_block_no_plugin_reads_is_refused_naming_a_close_match(command, omrl_main, no_model, tmp_path):
     """plugins.gridwrld.size=5 used to play the default grid, silently."""
