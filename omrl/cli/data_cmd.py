@@ -48,7 +48,7 @@ def convert(
 @data_app.command("show")
 def show(
     source: str = typer.Argument(..., help="A dataset file or directory."),
-    rows: int = typer.Option(3, "--rows", "-n", help="How many conversations to print."),
+    rows: int = typer.Option(3, "--rows", "-n", min=0, help="How many conversations to print."),
     min_reward: float = typer.Option(float("-inf"), "--min-reward", help="Keep only records with reward >= this."),
 ) -> None:
     """Print the first few conversations of a dataset and how many there are."""

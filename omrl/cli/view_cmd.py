@@ -53,6 +53,8 @@ def view(
     the episodes filter by env and each metric logged per env has a curve per env beside the overall one.
     Given two paths (two evals), the page compares them: their metrics side by side with the difference,
     and per task the episodes whose outcome changed, each a link to its own side's pages."""
+    from pathlib import Path
+
     from rich.console import Console
     from rich.markup import escape
 
@@ -90,6 +92,8 @@ def view(
         for side, store in zip(sides, stores):
             inputs.update(read_by(store, side))
         check_outputs({"--out": out}, inputs)
+        if Path(out).suffix.lower() not in (".html", ".htm"):  # not a trajectory file or a report it would replace
+            raise OmrlError(f"--out {out}: the page is one HTML file; give a path ending in .html, e.g. page.html")
         written, kept = write_page(shown, out, max_episodes)
         console.print(
             f"wrote {escape(str(written))} ({kept} of {total} episodes; opens offline)",

@@ -103,6 +103,7 @@ def test_a_run_is_refused_an_output_dir_that_holds_its_own_preset(omrl_main, no_
         (("plot", "run", "--dpi", "0"), "--dpi"),
         (("view", "x.parquet", "--out", "x.html", "--max-episodes", "-1"), "--max-episodes"),
         (("env", "play", "gridworld", "--max-turns", "-1"), "--max-turns"),
+        (("data", "show", "x.jsonl", "-n", "-1"), "--rows"),  # it printed all but the last
     ],
 )
 def test_an_option_out_of_its_range_is_refused_naming_it(words, named, omrl_main, tmp_path, monkeypatch):

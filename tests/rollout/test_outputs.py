@@ -88,6 +88,18 @@ def test_view_out_refuses_the_trajectory_it_shows(tmp_path, capsys):
     assert path.read_bytes() == before
 
 
+def test_view_out_is_an_html_file_never_another_kind(tmp_path, capsys):
+    """A trajectory file the view does not read (another rollout's) was replaced by the page."""
+    from omrl.data import write_episodes
+    from omrl.data.trajectory import Episode
+
+    shown = write_episodes([Episode(env="keys", task_id=0, split="test", instruction="")], tmp_path / "t.parquet")
+    other = write_episodes([Episode(env="keys", task_id=1, split="test", instruction="")], tmp_path / "o.parquet")
+    before = other.read_bytes()
+    assert "give a path ending in .html" in refused(capsys, "view", str(shown), "--out", str(other))
+    assert other.read_bytes() == before
+
+
 def test_view_out_beside_the_runs_files_is_written(run_dir, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["view", str(run_dir), "--out", str(run_dir / "page.html")])
