@@ -14,8 +14,12 @@ at its first allocation, so it is set before torch loads; a value the environmen
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
 
 from omrl.errors import ConfigError
 
@@ -45,3 +49,22 @@ def configure_threads() -> int:
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
     return threads
+
+
+def on_daemon_thread(fn: Callable[[], Any], name: str, gate: Any = None) -> Future:
+    """``fn()`` on a daemon thread of its own (entered through ``gate``, a context manager such as a
+    semaphore, when given), its result or exception in the returned Future: a call stuck for good is
+    left behind without holding up the process's exit, as an executor's joined threads would."""
+    future: Future = Future()
+
+    def run() -> None:
+        with gate if gate is not None else contextlib.nullcontext():
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiter, as an executor does
+                future.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return future

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence, TypeVar
 from omrl import supervisor
 from omrl.envs import Env, Observation, StepResult, create_env
 from omrl.supervisor import StageStalled
+from omrl.threads import on_daemon_thread
 
 T = TypeVar("T")
 
@@ -188,16 +189,4 @@ class DaemonThreads:
         self._name = name
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Future:
-        future: Future = Future()
-
-        def run() -> None:
-            with self._slots:
-                if not future.set_running_or_notify_cancel():
-                    return
-                try:
-                    future.set_result(fn(*args))
-                except BaseException as exc:  # noqa: BLE001 - handed to the waiter, as an executor does
-                    future.set_exception(exc)
-
-        threading.Thread(target=run, name=self._name, daemon=True).start()
-        return future
+        return on_daemon_thread(lambda: fn(*args), self._name, gate=self._slots)

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator
 
 from omrl.envs import Env, EpisodeFinishedError, UnknownTaskError
 from omrl.serve.answers import Opening, Step, actions_of, checked_step, opening_of
+from omrl.threads import on_daemon_thread
 
 DEFAULT_MAX_ENVS = 256
 DEFAULT_IDLE_TIMEOUT = 1800.0  # seconds; an LLM turn takes far less, a killed client never comes back
@@ -177,7 +178,7 @@ class ServedEnvs:
     def _run(self, env_id: int, slot: _Slot, what: str, call: Callable[[], Any]) -> Any:
         """``call()`` (an env method) in a thread of its own; the request waits for it ``call_timeout``
         seconds at most (then 504: the call runs on and its id stays busy), or until :meth:`stop`."""
-        slot.call = _Call(what, _in_thread(call, f"omrl-env-{env_id}-{what}"))
+        slot.call = _Call(what, on_daemon_thread(call, f"omrl-env-{env_id}-{what}"))
         concurrent.futures.wait(
             [slot.call.result, self._stopping], self.call_timeout, concurrent.futures.FIRST_COMPLETED
         )
@@ -217,7 +218,9 @@ class ServedEnvs:
         self.stop()
         with self._lock:
             slots, self._slots = self._slots, {}
-        closing = {env_id: _in_thread(slot.env.close, f"omrl-env-{env_id}-close") for env_id, slot in slots.items()}
+        closing = {
+            env_id: on_daemon_thread(slot.env.close, f"omrl-env-{env_id}-close") for env_id, slot in slots.items()
+        }
         concurrent.futures.wait(closing.values(), CLOSE_WAIT)
         problems = []
         for env_id, closed in closing.items():
@@ -249,7 +252,7 @@ class ServedEnvs:
             while len(self._reclaimed) > REMEMBERED_RECLAIMS:
                 self._reclaimed.popitem(last=False)
         for env_id, slot in taken:  # the env is forgotten either way; nobody waits on these closes
-            _in_thread(slot.env.close, f"omrl-env-{env_id}-close")
+            on_daemon_thread(slot.env.close, f"omrl-env-{env_id}-close")
         return [env_id for env_id, _ in taken]
 
     def _unknown(self, env_id: Any) -> Rejected:
@@ -333,20 +336,6 @@ class ServedEnvs:
                 return self._run(env_id, slot, "expert_action", slot.env.expert_action)
             except Exception as exc:  # noqa: BLE001
                 raise _crash("expert_action", exc) from exc
-
-
-def _in_thread(call: Callable[[], Any], name: str) -> concurrent.futures.Future:
-    """``call()`` run in a daemon thread of its own (one that hangs never holds up the process's exit)."""
-    result: concurrent.futures.Future = concurrent.futures.Future()
-
-    def run() -> None:
-        try:
-            result.set_result(call())
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the result
-            result.set_exception(exc)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return result
 
 
 def _new_instance() -> str:
