@@ -15,6 +15,7 @@ from omrl.algos import (
     aggregate,
     aggregate_loss,
     masked_mean,
+    micro_batch_share,
     require_agg_mode,
     require_same_shape,
 )
@@ -158,3 +159,23 @@ def policy_gradient_loss(
         parts.update({f"value_{k}": float(v) for k, v in v_parts.items()}, value_loss=v_loss.item())
     parts["loss"] = loss.item()
     return loss, parts
+
+
+# the figures of policy_gradient_loss that loss_agg_mode aggregates; the others are token means or fractions
+MODE_AGGREGATED = frozenset({"loss", "pg_loss", "entropy", "kl", "value_loss"})
+
+
+def figure_weight(
+    key: str, mode: str, mb_mask: torch.Tensor, every: tuple[float, float], ran: tuple[float, float], minis: int
+) -> float:
+    """The weight of one micro-batch's figure ``key`` (from :func:`policy_gradient_loss`) in the figure
+    logged for one pass of ``minis`` mini-batches, so that no figure moves with the micro-batch size.
+
+    ``every`` is the (tokens, sequences) trained in the pass and ``ran`` those of the rows that ran,
+    on all processes: loss and pg_loss cover every token (a row left out adds 0), the other figures
+    the rows that ran. A figure ``mode`` aggregates weighs as its gradient does
+    (:func:`omrl.algos.micro_batch_share`), token-sum's sums averaged over the mini-batches; the rest
+    weigh by tokens."""
+    tokens, seqs = every if key in ("loss", "pg_loss") else ran
+    mode = mode if key in MODE_AGGREGATED else "token-mean"
+    return micro_batch_share(mode, mb_mask, tokens, seqs) / (minis if mode == "token-sum" else 1)

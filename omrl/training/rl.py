@@ -42,7 +42,7 @@ from omrl.training import env_scale, greedy_baseline, online, online_run
 from omrl.training.critic import critic_modules, critic_state, load_critic, load_critic_state
 from omrl.training.distillation import add_teacher_rewards, load_teacher
 from omrl.training.kl_control import AdaptiveKL
-from omrl.training.losses import apply_kl_in_reward, policy_gradient_loss
+from omrl.training.losses import apply_kl_in_reward, figure_weight, policy_gradient_loss
 from omrl.training.metrics import StepCallback
 from omrl.training.optim import schedule_advances
 from omrl.training.policy import policy_forward
@@ -219,14 +219,16 @@ class RLRecipe:
         inert = inert and self.ref_model is None
         for _ in range(cfg.ppo_epochs):
             self.model.train()
-            loss_parts: dict[str, float] = {}  # token-weighted means over this pass
+            loss_parts: dict[str, float] = {}  # this pass's figures, each weighted as figure_weight says
             optimizer_figures: dict[str, float] = {}  # lr, skipped_updates: the same on every process
             norms: list[float] = []
             minis = shuffled_mini_batches(batch, passes, shuffle)
             runs = [rows_that_learn(mini) for mini in minis] if inert else minis
-            ran_tokens, ran_rows, rows = strategy.sum(
-                [sum(r["loss_mask"].sum() for r in runs), sum(len(r) for r in runs), len(batch)]
+            seqs = [sum((r["loss_mask"].sum(-1) > 0).sum() for r in rs) for rs in (minis, runs)]
+            ran_tokens, ran_rows, rows, seqs, ran_seqs = strategy.sum(
+                [sum(r["loss_mask"].sum() for r in runs), sum(len(r) for r in runs), len(batch), *seqs]
             )
+            totals = ((tokens, seqs), (ran_tokens, ran_seqs))  # what each figure is a mean over
             advances = schedule_advances(len(minis), self.planned_passes)
             for mini, run, advance in zip(minis, runs, advances):
                 mask = mini["loss_mask"]
@@ -243,13 +245,12 @@ class RLRecipe:
                         loss, parts = policy_gradient_loss(out, mb, algo, self.policy_loss_fn, self.kl_fn)
                         if on_policy and "sampler_log_probs" in mb.tensors:  # the sampler's gap, measured here
                             parts.update(mismatch_means(mb["old_log_probs"], mb["sampler_log_probs"], mb["loss_mask"]))
-                        mb_tokens = float(mb["loss_mask"].sum())
                         share = micro_batch_share(algo.loss_agg_mode, mb["loss_mask"], mini_tokens, mini_seqs)
                         with timed("backward"):
                             strategy.backward(loss * share)
-                        for key, value in parts.items():  # a loss over every token, the rest over those run
-                            weight = tokens if key in ("loss", "pg_loss") else max(ran_tokens, 1.0)
-                            loss_parts[key] = loss_parts.get(key, 0.0) + mb_tokens / weight * value
+                        for key, value in parts.items():
+                            weight = figure_weight(key, algo.loss_agg_mode, mb["loss_mask"], *totals, len(minis))
+                            loss_parts[key] = loss_parts.get(key, 0.0) + weight * value
                 update = optimizer_update(self, self.step + 1, advance=advance)
                 if update.applied:
                     norms.append(update.grad_norm)

@@ -349,3 +349,24 @@ def test_seq_mean_token_sum_norm_divides_by_the_runs_token_budget(config):
     rows = sum(any(ep.loss_mask) for ep in rollout(normed, 1))
     total = read_metrics(summed.logging.output_dir)[0]["pg_loss"]
     assert read_metrics(normed.logging.output_dir)[0]["pg_loss"] == pytest.approx(total / (rows * 16), rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["token-sum", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_the_logged_loss_does_not_move_with_the_micro_batch_size(config, mode):
+    """The gradient of a micro-batch is weighed by its share under the mode; its logged figures too."""
+    runs = [
+        config(
+            f"algorithm.loss_agg_mode={mode}",
+            "steps=1",
+            "algorithm.kl_coef=0.05",
+            f"optim.micro_batch_size={size}",
+            "optim.share_prefix=false",
+            out=f"mb{size}",
+        )
+        for size in (1, 8)
+    ]
+    for cfg in runs:
+        run_rl(cfg, console=QUIET)
+    one, eight = (read_metrics(cfg.logging.output_dir)[0] for cfg in runs)
+    for key in ("loss", "pg_loss", "entropy", "kl", "grad_norm"):
+        assert one[key] == pytest.approx(eight[key], rel=1e-4), key

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from omrl.algos import LOSS_AGG_MODES
 from omrl.config import load_config
 from omrl.config.options import TrainRunConfig
 from omrl.data import Batch
-from omrl.training.losses import policy_gradient_loss
+from omrl.training.losses import figure_weight, policy_gradient_loss
 from omrl_plugins.algos.kl import k1
 from omrl_plugins.algos.policy_losses import ppo_clip
 
@@ -57,3 +58,27 @@ def test_a_critic_adds_its_weighted_value_loss():
     # unclipped value loss: 0.5 * token-mean of (V - R)^2 = 0.5 * (1 + 0) / 2 = 0.25
     assert parts["value_loss"] == pytest.approx(0.25)
     assert loss.item() == pytest.approx(0.5 * 0.25)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_a_pass_s_logged_figures_do_not_depend_on_how_it_is_cut_into_micro_batches(mode):
+    # 4 rows of uneven lengths (one without a token), cut 1+3 and 2+2: every figure adds up alike
+    cfg = load_config(TrainRunConfig, None, [f"algorithm.loss_agg_mode={mode}", "algorithm.loss_norm_tokens=4"])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    rows = {"loss_mask": mask, "old_log_probs": torch.zeros(4, 3), "advantages": torch.tensor([[1.0, 2.0, 3.0]] * 4)}
+    out = {"log_probs": torch.zeros(4, 3), "entropy": torch.arange(12.0).view(4, 3)}
+    totals = ((5.0, 3.0), (5.0, 3.0))  # (tokens, sequences) of the pass, all of whose rows ran
+
+    def pass_figures(cuts):
+        figures: dict[str, float] = {}
+        for cut in cuts:
+            mb = Batch({k: v[cut] for k, v in rows.items()})
+            _, parts = policy_gradient_loss({k: v[cut] for k, v in out.items()}, mb, cfg.algorithm, ppo_clip, k1)
+            for key, value in parts.items():
+                weight = figure_weight(key, mode, mb["loss_mask"], *totals, 1)
+                figures[key] = figures.get(key, 0.0) + weight * value
+        return figures
+
+    whole = pass_figures([slice(0, 4)])
+    for cuts in ([slice(0, 1), slice(1, 4)], [slice(0, 2), slice(2, 4)]):
+        assert pass_figures(cuts) == pytest.approx(whole), cuts
