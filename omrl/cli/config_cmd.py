@@ -30,16 +30,26 @@ def show(
 
     data = read_preset(preset)
     cls = config_class_for(data)
-    cfg = command_line_config(cls, [preset, *(overrides or [])])
-    if data.get("command", "train") == "train":  # what `omrl train` changes when it plays a preset elsewhere
+    command = data.get("command", "train")
+    args = [preset, *(overrides or [])]
+    notes = Console(stderr=True)  # what the command changes is said on stderr; stdout is the YAML that runs
+    if command == "train":  # what `omrl train` changes when it plays a preset elsewhere
         from omrl.cli.model_prompts import start_from_base_outside_its_env
         from omrl.cli.settings import agent_reward_weights, outside_the_presets_env
 
-        notes = Console(stderr=True)  # the changes are said on stderr; stdout is the YAML that runs
+        cfg = command_line_config(cls, args)
         start_from_base_outside_its_env(cfg, list(overrides or []), None, notes)
         outside_the_presets_env(cfg, list(overrides or []), preset, notes)
         agent_reward_weights(cfg, list(overrides or []), notes)
-    text = f"# {data.get('command', 'train')} config\n" + to_yaml(cfg)
+    elif command in ("eval", "rollout", "sweep"):  # a run's model plays its env as it trained
+        from omrl.cli.rollout_cmd import config_with_select
+        from omrl.cli.settings import play_settings
+
+        cfg = config_with_select(cls, args, {}, None)
+        play_settings(cfg, args, None, notes)
+    else:
+        cfg = command_line_config(cls, args)
+    text = f"# {command} config\n" + to_yaml(cfg)
     console = Console()
     if console.is_terminal:
         console.print(Syntax(text, "yaml", word_wrap=True))

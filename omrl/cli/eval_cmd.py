@@ -231,6 +231,8 @@ def evaluate_command(
             "Greedy" if cfg.generation.temperature <= 0 else f"Sampled (temperature {cfg.generation.temperature:g})"
         )
         cfg.description = f"{decoding} evaluation on the {cfg.env.split} split"
+    if cfg.samples_per_task < 1:
+        raise ConfigError(f"samples_per_task must be >= 1 (samples of each task), got {cfg.samples_per_task}")
     if cfg.samples_per_task > 1 and cfg.generation.temperature <= 0:
         raise ConfigError(
             f"--samples {cfg.samples_per_task} with greedy decoding gives the same sample every time; "

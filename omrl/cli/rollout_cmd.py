@@ -75,9 +75,14 @@ def _options_of(strategy_fn) -> set[str]:
 def config_with_select(cls: type, args: list[str], flags: dict, select: str | None, preset: str | None = None):
     """The command's config (``preset`` when the command line names none), with --select as the
     ``select`` option of the strategy it plays (``plugins.<strategy>.select``), which must have one."""
+    from omrl.cli.settings import trained_env
     from omrl.config import command_line_config
 
     cfg = command_line_config(cls, args, flags, preset)
+    trained = trained_env(cfg.model.name, args, flags.get("env.name"))
+    if trained:  # a run's model plays the env it trained on unless the command line names one
+        flags = {**flags, **trained}
+        cfg = command_line_config(cls, args, flags, preset)
     if not select:
         return cfg
     check_select(select, cfg.rollout.strategy)

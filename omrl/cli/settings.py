@@ -139,6 +139,27 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
         return {}  # not a run's config: nothing is known of how the model was trained
 
 
+def trained_env(model: str, args: list[str] | None, env_flag: str | None) -> dict[str, Any]:
+    """``env.name`` (and ``env.mix``) of the run directory ``model``, for a command line that names no env
+    itself (no --env, no ``env`` key, no YAML of the user's that sets one): a trained model plays the env
+    it trained on, not a shipped preset's. Empty when the command line names one, or ``model`` is not a
+    run's folder."""
+    from pathlib import Path
+
+    import yaml
+
+    from omrl.config import user_sets
+
+    if env_flag or user_sets(args, "env.name") or user_sets(args, "env.mix"):
+        return {}
+    try:
+        env = yaml.safe_load((Path(model).expanduser() / "config.yaml").read_text(encoding="utf-8"))["env"]
+        name, mix = env["name"], env.get("mix") or []
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+        return {}  # not a run's config: the command's own default env
+    return {"env.name": name, **({"env.mix": mix} if mix else {})} if isinstance(name, str) and name else {}
+
+
 def mix_less_splits(mix: list[Any] | None) -> list[Any]:
     """``env.mix`` less each env's own split: a model is evaluated on other splits of the envs it trained on."""
     return [{k: v for k, v in e.items() if k != "split"} if isinstance(e, dict) else e for e in mix or []]

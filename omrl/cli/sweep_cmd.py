@@ -88,12 +88,11 @@ def sweep_command(
     from rich.console import Console
 
     from omrl.cli import err_console, stop_on_interrupt
-    from omrl.cli.rollout_cmd import check_before_loading, progress_bar
-    from omrl.config import command_line_config
+    from omrl.cli.rollout_cmd import check_before_loading, config_with_select, progress_bar
     from omrl.config.options import SweepRunConfig
     from omrl.search.sweep import run_sweep, sweep_table
 
-    cfg = command_line_config(
+    cfg = config_with_select(
         SweepRunConfig,
         args,
         {
@@ -106,6 +105,7 @@ def sweep_command(
             "seed": seed,
             "out": out,
         },
+        select=None,
     )
     check_before_loading(cfg)  # each env of a mixture known and installed
     check_sweep_outputs(cfg)

@@ -63,6 +63,13 @@ def test_eval_samples_0_is_refused_naming_samples(omrl_main, no_model, tmp_path)
     assert code == 2 and "Invalid value for '--samples'" in err, err
 
 
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_eval_samples_per_task_below_1_is_refused_before_the_model_loads(omrl_main, no_model, tmp_path, value):
+    code, _, err = omrl_main("eval", "--env", "gridworld", "--model", "tiny", f"samples_per_task={value}",
+                             "--output-dir", str(tmp_path / "out"))  # fmt: skip
+    assert code == 2 and f"samples_per_task must be >= 1 (samples of each task), got {value}" in err, err
+
+
 def test_debug_after_the_command_is_taken(omrl_main, tmp_path):
     code, _, err = omrl_main("plot", str(tmp_path / "nonexist"), "--debug")
     assert code == 2 and "No such option" not in err, err

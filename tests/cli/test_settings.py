@@ -73,6 +73,26 @@ def test_sweep_plays_a_trained_model_with_its_training_settings(omrl_main, train
     assert f"as {run} trained: env.max_turns=2, generation.max_new_tokens=4" in out
 
 
+def test_eval_of_a_run_without_env_plays_the_env_it_trained_on_and_config_show_shows_it(
+    omrl_main, trained_run, tmp_path
+):
+    run = trained_run
+    code, shown, err = omrl_main("config", "show", "eval", f"model.name={run}")
+    assert code == 0, err
+    shown = yaml.safe_load(shown)
+    assert (shown["env"]["name"], shown["env"]["max_turns"], shown["generation"]["max_new_tokens"]) == (
+        "gridworld",
+        2,
+        4,
+    )
+    code, out, err = omrl_main("eval", "--model", str(run), "--num-tasks", "1", "--output-dir", str(tmp_path / "eval"))
+    assert code == 0, err
+    played = json.loads((tmp_path / "eval" / "report.json").read_text())["config"]
+    assert (played["env"]["name"], played["env"]["max_turns"], played["generation"]["max_new_tokens"]) == (
+        "gridworld", 2, 4,
+    )  # fmt: skip
+
+
 def test_eval_applies_the_preset_config_show_shows(omrl_main, tmp_path):
     code, shown, _ = omrl_main("config", "show", "eval")
     assert code == 0

@@ -214,6 +214,32 @@ def test_eval_rollout_and_sweep_play_a_model_on_the_prompts_it_was_trained_on(tm
     assert eval_demonstration([str(mine)], "smollm2-135m-webshop") is True
 
 
+def test_a_run_s_model_plays_the_env_it_trained_on_unless_the_command_line_names_one(tmp_path):
+    from omrl.cli.rollout_cmd import config_with_select
+    from omrl.config.options import EvalRunConfig, RolloutRunConfig, SweepRunConfig
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("env:\n  name: gridworld\n  max_turns: 6\n")
+
+    def env_of(cls, args=(), env=None, preset=None):  # as `omrl eval|rollout|sweep ARGS --model RUN --env ENV`
+        cfg = config_with_select(cls, list(args), {"model.name": str(run), "env.name": env}, None, preset)
+        return cfg.env.name, cfg.env.mix
+
+    assert env_of(EvalRunConfig, preset="eval") == ("gridworld", [])  # not the eval preset's webshop
+    assert env_of(RolloutRunConfig) == env_of(SweepRunConfig) == ("gridworld", [])
+    assert env_of(EvalRunConfig, env="webshop", preset="eval")[0] == "webshop"  # --env
+    assert env_of(EvalRunConfig, ["env.name=webshop"], preset="eval")[0] == "webshop"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("command: eval\nenv: {name: webshop}\n")
+    assert env_of(EvalRunConfig, [str(mine)], preset="eval")[0] == "webshop"  # a preset of the user's own
+    assert env_of(EvalRunConfig, ["eval"], preset="eval")[0] == "gridworld"  # the shipped one, named
+    (run / "config.yaml").write_text("env:\n  name: gridworld\n  mix: [gridworld, webshop]\n")
+    assert env_of(EvalRunConfig, preset="eval") == ("gridworld", ["gridworld", "webshop"])
+    (run / "config.yaml").write_text("env: [not, a, run, config\n")
+    assert env_of(EvalRunConfig, preset="eval")[0] == "webshop"  # not a run's folder: the preset's env
+
+
 def test_user_sets_sees_overrides_sections_and_the_users_own_yaml_only(tmp_path):
     from omrl.config import user_sets
 
