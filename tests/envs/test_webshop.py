@@ -240,13 +240,24 @@ def test_reward_is_one_when_everything_matches():
 def test_reward_loses_the_share_of_a_missing_attribute_option_or_price():
     no_vegetarian = product(title="Acme Smoked Bacon Strips", attributes=("gluten free",))
     assert webshop_reward(no_vegetarian, GOAL, 25.0, {"size": "4 ounce (pack of 2)"}).reward == pytest.approx(3 / 4)
-    # sizes match exactly: the pack of 1 is not the pack of 2
-    assert webshop_reward(product(), GOAL, 25.0, {"size": "4 ounce (pack of 1)"}).reward == pytest.approx(3 / 4)
+    assert webshop_reward(product(), GOAL, 25.0, {"size": "12 ounce"}).reward == pytest.approx(3 / 4)
     assert webshop_reward(product(), GOAL, 41.0, {"size": "4 ounce (pack of 2)"}).reward == pytest.approx(3 / 4)
     assert webshop_reward(product(), GOAL, 41.0, {}).reward == pytest.approx(2 / 4)
     # an attribute found only in the description still counts
     described = product(attributes=("gluten free",), title="Acme Bacon Strips", description="A vegetarian favourite.")
     assert webshop_reward(described, GOAL, 25.0, {"size": "4 ounce (pack of 2)"}).reward == 1.0
+
+
+def test_an_option_matches_as_in_webshop_goal_py_a_chosen_value_like_the_goal_s_and_nothing_else():
+    """A wrong colour whose name is in the product's text ("blue" in "bluetooth") scored as a match, a win."""
+    goal = Goal(**{**GOAL.__dict__, "options": ("grey",)})
+    speaker = product(title="Acme Bluetooth Speaker", options={"color": ("blue", "grey")})
+    assert webshop_reward(speaker, goal, 25.0, {"color": "blue"}).r_option == 0.0
+    assert webshop_reward(speaker, goal, 25.0, {"color": "grey"}).r_option == 1.0
+    # each goal option counts once, whatever the groups' names; WebShop's fuzzy rule holds for sizes too
+    two = Goal(**{**GOAL.__dict__, "options": ("grey", "4 ounce (pack of 2)")})
+    assert webshop_reward(speaker, two, 25.0, {"color": "grey", "style": "grey"}).r_option == 0.5
+    assert webshop_reward(product(), GOAL, 25.0, {"size": "4 ounce (pack of 1)"}).r_option == 1.0
 
 
 def test_reward_matches_colour_options_after_normalising():
@@ -503,6 +514,24 @@ def test_items_without_human_goals_or_bad_json_raise(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps(unknown_asin))
     with pytest.raises(ConfigError, match="yields no goals"):
         WebShopEnv(**{**options, "human_goals_path": str(tmp_path / "other.json")})
+
+
+def test_a_damaged_gz_data_file_is_a_clear_error_naming_it(tmp_path, monkeypatch):
+    """A truncated .gz raised EOFError (the CLI said only "Aborted."); a corrupt one zlib.error, called an omrl bug."""
+    from omrl_plugins.envs.webshop import catalog
+
+    options = write_webshop_files(tmp_path)
+    whole = gzip.compress(Path(options["items_path"]).read_bytes())
+    damaged = {"cut.json.gz": whole[: len(whole) // 2], "flipped.json.gz": whole[:20] + bytes(60) + whole[80:]}
+    for name, data in damaged.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ConfigError, match=f"items_path '.*{name}' is not valid JSON"):
+            WebShopEnv(**{**options, "items_path": str(tmp_path / name)})
+    shipped = tmp_path / "shipped.json.gz"
+    shipped.write_bytes(gzip.compress(json.dumps({"items": [], "human_goals": {}}).encode()))
+    monkeypatch.setattr(catalog, "BUILTIN_DATA", shipped)
+    with pytest.raises(ConfigError, match="shipped catalog .* is damaged \\(no attributes\\); reinstall omrl"):
+        WebShopEnv()
 
 
 def test_env_is_registered():

@@ -14,6 +14,7 @@ import gzip
 import json
 import random
 import re
+import zlib
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -94,7 +95,7 @@ def read_json(path: str | Path, what: str) -> Any:
     try:
         with opener(path, "rt", encoding="utf-8") as f:
             return json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zlib.error) as exc:  # EOFError, zlib.error: a damaged .gz
         raise ConfigError(f"webshop: {what} {str(path)!r} is not valid JSON: {exc}") from exc
 
 
@@ -265,6 +266,14 @@ def load_catalog(
                 "webshop: attributes_path and human_goals_path need items_path (WebShop's items_shuffle*.json)"
             )
         data = read_json(BUILTIN_DATA, "shipped catalog")
+        missing = [
+            key for key in ("items", "attributes", "human_goals") if not isinstance(data, dict) or key not in data
+        ]
+        if missing:
+            raise ConfigError(
+                f"webshop: the shipped catalog {str(BUILTIN_DATA)!r} is damaged (no {', '.join(missing)}); "
+                "reinstall omrl"
+            )
         return build_catalog(
             data["items"], data["attributes"], data["human_goals"], "the shipped catalog", num_products, num_test_goals
         )

@@ -2,12 +2,13 @@
 
     r = (|U_att ∩ Y_att| + |U_opt ∩ Y_opt| + 1[price <= bound]) / (|U_att| + |U_opt| + 1) * r_type
 
-Matching follows WebShop's ``goal.py``: fuzzy token-set similarity above 85
-(rapidfuzz with thefuzz's preprocessing), or the text appearing in the title,
-bullet points or description; size options must match exactly. Two deviations,
-both forced: spaCy's noun tagging of titles is replaced by the title's content
-words (no spaCy model can be installed), and option matches are capped at the
-number of goal options so the reward stays in [0, 1].
+Matching follows WebShop's ``goal.py``: an attribute matches by fuzzy token-set
+similarity above 85 (rapidfuzz with thefuzz's preprocessing) or by appearing in the
+title, bullet points or description; a goal option matches when a chosen option
+value is similar above 85 after colour-name normalisation. So, as in WebShop, a
+size one digit off ("6 person" for "2 person") can still match. One deviation,
+forced: spaCy's noun tagging of titles is replaced by the title's content words
+(no spaCy model can be installed).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from rapidfuzz import fuzz, utils
 from omrl_plugins.envs.webshop.catalog import Goal, Product
 
 FUZZY_THRESHOLD = 85
-EXACT_MATCH_OPTIONS = ("size",)
 
 # Colour names an option value is reduced to before matching ("navy blue" -> "navy").
 COLORS = (
@@ -123,18 +123,11 @@ def attribute_matches(product: Product, goal: Goal) -> int:
     )
 
 
-def option_matches(product: Product, goal: Goal, chosen: Mapping[str, str]) -> int:
-    wanted = [normalize_color(o) for o in goal.options]
-    count = 0
-    for group, value in chosen.items():
-        value = normalize_color(value)
-        if group.lower() in EXACT_MATCH_OPTIONS:
-            matched = value in wanted
-        else:
-            matched = any(similar(w, value) for w in wanted)
-        if matched or _in_text(value, product):
-            count += 1
-    return min(count, len(wanted))
+def option_matches(goal: Goal, chosen: Mapping[str, str]) -> int:
+    """How many of the goal's options some chosen option value matches (each goal option once, as
+    WebShop's ``get_option_reward``): the option groups' names and the product's text play no part."""
+    values = [normalize_color(v) for v in chosen.values()]
+    return sum(1 for wanted in goal.options if any(similar(v, normalize_color(wanted)) for v in values))
 
 
 @dataclass(frozen=True)
@@ -153,7 +146,7 @@ def webshop_reward(product: Product, goal: Goal, price: float, chosen: Mapping[s
     """The reward of buying ``product`` at ``price`` with options ``chosen`` (group -> value) for ``goal``."""
     r_type, title_score = type_reward(product, goal)
     n_att = attribute_matches(product, goal)
-    n_opt = option_matches(product, goal, chosen)
+    n_opt = option_matches(goal, chosen)
     r_price = price <= goal.price_upper
     total = (n_att + n_opt + int(r_price)) / (len(goal.attributes) + len(goal.options) + 1)
     return RewardInfo(
