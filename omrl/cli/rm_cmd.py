@@ -106,11 +106,12 @@ def evaluate(
     flags = {"model.name": model, "dataset": data, "report": report, "text": text}
     cfg = command_line_config(RmEvalRunConfig, args, flags)
     model, data = cfg.model.name, cfg.dataset
-    if not Path(model).expanduser().is_dir() or not data:
+    if not Path(model).expanduser().is_dir():
         raise ConfigError(
-            f"omrl rm eval needs --model (a reward model directory from `omrl rm train`; got {model!r}) and "
-            f"--data (held-out trajectories; got {data!r})"
+            f"omrl rm eval: --model {model!r} is not a folder; give a reward model directory that `omrl rm train` wrote"
         )
+    if not data:
+        raise ConfigError("omrl rm eval needs --data: held-out trajectories (a parquet file or folder)")
     given = text is not None or user_sets(args, "text")
     text = cfg.text if given else trained_with_text(Path(model).expanduser())
     report_path = Path(cfg.report) if cfg.report else Path(model) / "rm_eval.json"

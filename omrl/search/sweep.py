@@ -37,7 +37,7 @@ from omrl.config.options import SweepRunConfig
 from omrl.errors import ConfigError, EnvFailure, Interrupted
 from omrl.evaluation import episodes_by_env, measured
 from omrl.search.sweep_display import plot_png, require_matplotlib, sweep_table
-from omrl.search.sweep_resume import finished_cells, model_content, setup_of
+from omrl.search.sweep_resume import finished_cells, model_content, read_record, setup_of
 
 __all__ = [
     "SweepRunConfig",
@@ -145,7 +145,7 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed
     chosen = chosen_episodes(trees)
     if all(ep.end_reason == "env_error" for ep in chosen):  # a broken env, not a model scoring 0
         raise EnvFailure(
-            f"every task of {metrics['strategy']} at budget {budget} failed in the env, so nothing "
+            f"every task of {cell_label(metrics['strategy'], budget)} failed in the env, so nothing "
             f"was measured; the first reason: {chosen[0].error}"
         )
     n, p = len(trees) - metrics["env_errors"], metrics["success_rate"]  # the tasks that measured the model
@@ -171,6 +171,7 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed
                 "task_id": ep.task_id,
                 "won": ep.won,
                 "score": ep.score,
+                "env_error": ep.end_reason == "env_error",  # not measured: no win, no loss, in pairings too
                 "generated_tokens": tree.generated_tokens,
                 "exhausted": tree.exhausted,
             }
@@ -208,15 +209,22 @@ def run_sweep(
 
     check_sweep(cfg)
     out = Path(cfg.out)
+    if cfg.resume:
+        read_record(out / "sweep.json")  # a damaged record is refused before the model loads
     with RolloutSession.from_config(cfg) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         setup = setup_of(cfg, tasks)
         cells = finished_cells(out / "sweep.json", setup) if cfg.resume else []
         check_strategies(session, cfg)
+        wanted = cells_of(cfg.strategies, cfg.budgets)
+        # a cell the env failed in on some tasks did not measure them: played again, whole
+        again = [c for c in cells if c["env_errors"] and (c["strategy"], c["budget"]) in wanted]
+        cells = [c for c in cells if c not in again]
         done = {(c["strategy"], c["budget"]) for c in cells}
-        todo = [cell for cell in cells_of(cfg.strategies, cfg.budgets) if cell not in done]
-        if cells:
-            log(f"resuming {out / 'sweep.json'}: {len(cells)} cells done, {len(todo)} to play")
+        todo = [cell for cell in wanted if cell not in done]
+        if cells or again:
+            replay = f" ({len(again)} again: the env failed on some of their tasks)" if again else ""
+            log(f"resuming {out / 'sweep.json'}: {len(cells)} cells done, {len(todo)} to play{replay}")
         for strategy, budget in todo:
             bar, progress = progress_bar(len(tasks), cell_label(strategy, budget)) if progress_bar else (None, None)
             try:

@@ -101,11 +101,15 @@ def sweep_table(record: dict[str, Any]):
         "success of the chosen answers (se: its standard error), any: some path won, tok/task and max: tokens "
         "generated per task, used: tok/task / budget, exh: tasks that ran out of budget"
     )
-    # no outer edge and one space between columns: eleven columns fit 80 characters
+    failed = any(c.get("env_errors") for c in record["cells"])  # a column only when some task was not measured
+    if failed:
+        caption += ", err: tasks the env failed in (no win, no loss)"
+    # no outer edge and one space between columns: eleven columns (twelve with err) fit 80 characters
     table = Table(
         title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
     )
-    for name in ("strategy", "budget", "success", "se", "any", "score", "tok/task", "max", "used", "exh", "sec"):
+    names = ("strategy", "budget", "success", "se", "any", "score", "tok/task", "max", "used", "exh", "sec")
+    for name in (*names, *(["err"] if failed else [])):
         table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for c in record["cells"]:
         budget = c["budget"]
@@ -121,5 +125,6 @@ def sweep_table(record: dict[str, Any]):
             "-" if c["budget_used"] is None else f"{100 * c['budget_used']:.0f}%",
             f"{c['budget_exhausted']}/{c['tasks']}",
             f"{c['wall_seconds']:.0f}",
+            *([str(c.get("env_errors", 0))] if failed else []),
         )
     return table

@@ -57,10 +57,12 @@ def model_content(name: str) -> dict[str, str]:
     return {"files_sha256": hashlib.sha256(listing.encode("utf-8")).hexdigest()}
 
 
-def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
-    """The cells ``path`` holds when it was written with ``setup``; ConfigError when with another."""
+def read_record(path: Path) -> tuple[Any, list[dict[str, Any]]] | None:
+    """The (setup, cells) of the sweep record ``path``, every cell checked (None where there is none yet);
+    ConfigError naming what is damaged. Run before any model loads: a bad cell would otherwise fail the
+    resumed sweep after it played the cells left, its table and plot unwritten."""
     if not path.exists():
-        return []
+        return None
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         old, cells = record["setup"], record["cells"]
@@ -68,6 +70,23 @@ def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
         raise ConfigError(
             f"{path} is not a sweep record ({exc}); give another --out, or resume=false to overwrite it"
         ) from exc
+    if not isinstance(old, dict):
+        raise ConfigError(f"{path} is damaged: its setup is {_short(old)}; give another --out, or resume=false")
+    if not isinstance(cells, list):
+        raise ConfigError(f"{path} is damaged: its cells are not a list; give another --out, or resume=false")
+    for i, cell in enumerate(cells):
+        problem = _cell_problem(cell)
+        if problem:
+            raise ConfigError(f"{path} is damaged: cell {i} {problem}; give another --out, or resume=false")
+    return old, cells
+
+
+def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cells ``path`` holds when it was written with ``setup``; ConfigError when with another."""
+    record = read_record(path)
+    if record is None:
+        return []
+    old, cells = record
     _check_same_model(path, old, setup)
     changed = _differences(old, setup)
     if changed:
@@ -78,11 +97,47 @@ def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
     return list(cells)
 
 
+# what the table and the plot read of each cell: a number, or (budget_used) None where there is no budget
+CELL_NUMBERS = (
+    "tasks",
+    "success_rate",
+    "success_se",
+    "any_success_rate",
+    "mean_score",
+    "generated_tokens_per_task",
+    "max_generated_tokens",
+    "budget_exhausted",
+    "wall_seconds",
+    "env_errors",
+)
+
+
+def _cell_problem(cell: Any) -> str:
+    """What is wrong with a cell read back from a sweep record ('' when nothing): a hand edit or a bad
+    merge would otherwise fail the resumed sweep after it played the cells left, its table unwritten."""
+    if not isinstance(cell, dict):
+        return f"is {_short(cell)}, not a mapping"
+    missing = [key for key in ("strategy", "budget", *CELL_NUMBERS, "budget_used") if key not in cell]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if not isinstance(cell["strategy"], str):
+        return f"has strategy {_short(cell['strategy'])}, not a name"
+    if cell["budget"] is not None and (isinstance(cell["budget"], bool) or not isinstance(cell["budget"], int)):
+        return f"has budget {_short(cell['budget'])}, not a whole number or null"
+    for key in (*CELL_NUMBERS, "budget_used"):
+        value = cell[key]
+        if not (key == "budget_used" and value is None) and (
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
+            return f"has {key} {_short(value)}, not a number"
+    return ""
+
+
 def _check_same_model(path: Path, old: Any, setup: dict[str, Any]) -> None:
     """ConfigError when the cells in ``path`` were played by other model content than ``setup``'s,
     or when the record does not say (an older omrl wrote it): the two would share one table."""
     name = setup["model"]["name"]
-    if not isinstance(old, dict) or CONTENT not in old:
+    if CONTENT not in old:
         raise ConfigError(
             f"{path} does not record which model content its cells were played with (an older "
             f"omrl wrote it), so {name} now may not be the model they measured; give another "

@@ -103,3 +103,11 @@ def test_rm_eval_refuses_an_id_outside_the_vocabulary_before_scoring(data_dir, t
 
     with pytest.raises(DamagedModelError, match="model.safetensors changed since it was written"):
         RewardModel.load(rm)
+
+
+def test_rm_eval_names_what_is_wrong_with_model_or_data(data_dir, tmp_path, capsys):
+    """Both were given; the error said both were needed."""
+    err = _exit_2(["rm", "eval", "--model", "tiny", "--data", str(data_dir / "good.parquet")], capsys)
+    assert "--model 'tiny' is not a folder; give a reward model directory that `omrl rm train` wrote" in err, err
+    err = _exit_2(["rm", "eval", "--model", str(tmp_path)], capsys)
+    assert "omrl rm eval needs --data" in err and "--model" not in err, err

@@ -253,3 +253,57 @@ def test_a_model_without_a_manifest_is_identified_by_its_weights_files(tmp_path)
     os.utime(model / "model.safetensors", ns=(1, 1))  # rewritten in place
     assert model_content(str(model)) != before
     assert model_content("org/some-hub-model") == {"hub_id": "org/some-hub-model"}
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda record: record.update(cells=5), "its cells are not a list"),
+        (lambda record: record["cells"][0].pop("budget"), "cell 0 lacks budget"),
+        (lambda record: record["cells"][0].update(success_rate="0.5"), 'cell 0 has success_rate "0.5", not a number'),
+        (lambda record: record["cells"].append([1]), "cell 1 is [1], not a mapping"),
+        (lambda record: record.update(setup=[1]), "is damaged: its setup is [1]"),
+    ],
+)
+def test_a_damaged_sweep_record_is_refused_naming_the_cell_before_the_model_loads(
+    capsys, tmp_path, monkeypatch, damage, message
+):
+    """A damaged cell was a KeyError "bug in omrl", or failed only after the cells left had played."""
+    out = tmp_path / "sweep"
+    assert best_of_n_sweep(out, "16").exit_code == 0
+    record = json.loads((out / "sweep.json").read_text())
+    damage(record)
+    (out / "sweep.json").write_text(json.dumps(record))
+
+    def loading(*args, **kwargs):
+        raise AssertionError("the model loaded before the damaged record was refused")
+
+    monkeypatch.setattr("omrl.rollout.RolloutSession.from_config", loading)
+    code, _, err = cli_exit(capsys, "sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16,24", "-o", str(out))
+    assert code == 2 and message in " ".join(err.split()), err
+    assert "give another --out, or resume=false" in " ".join(err.split())
+
+
+def test_a_cell_the_env_failed_in_says_which_tasks_and_is_played_again_on_resume(tmp_path, monkeypatch):
+    from omrl_plugins.envs.gridworld import GridWorld
+
+    reset = GridWorld.reset
+
+    def down_for_the_first_task(self, task_id):
+        if task_id == 1_000_000:
+            raise ConnectionError("simulator server down")
+        return reset(self, task_id)
+
+    out = tmp_path / "sweep"
+    monkeypatch.setattr(GridWorld, "reset", down_for_the_first_task)
+    first = best_of_n_sweep(out, "16")
+    assert first.exit_code == 0, first.output
+    cell = cells(out)[("best_of_n", 16)]
+    assert cell["env_errors"] == 1 and [t["env_error"] for t in cell["per_task"]] == [True, False]
+    assert " err" in first.output and "err: tasks the env failed in" in first.output  # the table shows it
+    monkeypatch.setattr(GridWorld, "reset", reset)  # the server is back
+    again = best_of_n_sweep(out, "16")
+    assert again.exit_code == 0, again.output
+    assert "0 cells done, 1 to play (1 again: the env failed on some of their tasks)" in " ".join(again.output.split())
+    cell = cells(out)[("best_of_n", 16)]
+    assert cell["env_errors"] == 0 and not any(t["env_error"] for t in cell["per_task"])
