@@ -22,17 +22,20 @@ At the top of :mod:`omrl.chat`, beside :mod:`omrl.chat.probe`: it plays episodes
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from omrl.chat.conversation import conversation_rows, reply_text
-from omrl.chat.encoding import encode_chat, encode_plain, mark_messages, unmark
+from omrl.chat.encoding import encode_chat, encode_continued, mark, mark_messages
 from omrl.chat.history import HISTORY_MODES, native_tool_calls, next_prompt
 from omrl.chat.increments import prompt_ids
 from omrl.chat.render import Message, render
 from omrl.chat.replies import (
+    REASONING_FIELDS,
+    ParsedReply,
     leading_specials,
     parse_reply,
     reply_shape,
@@ -50,6 +53,7 @@ REPLIES = 3
 SYSTEM = "You are an agent in a house. Answer with one action."
 TASK = "Find the brass key."
 TOOL = where_tool("look_inside", "Look inside a container.")
+BLOCK = re.compile(r"<think>.*?</think>", re.S)  # a reasoning block
 STRUCTURE = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 
@@ -148,10 +152,11 @@ def _answer(tokenizer: Any, case: str, turn: int) -> Message:
 
 
 def _sample(tokenizer: Any, said: list[Message], reply: Message, kwargs: dict, case: str) -> list[int]:
-    """The ids the model samples for ``reply``: the template's text for it, up to its end token; under
-    ``noncanonical`` the same text as other ids (each character encoded alone)."""
+    """The ids the model samples for ``reply``: the template's text for it, up to its end token, as that span of
+    the render encodes; under ``noncanonical`` the same text as other ids (each character encoded apart, as it
+    encodes inside the text: a tokenizer that marks a text's start would mark each character alone)."""
     text = reply_text(tokenizer, said, reply, **kwargs)
-    ids = encode_chat(tokenizer, text)
+    ids = encode_continued(tokenizer, text)
     if case != "noncanonical":
         return ids
     specials = {tokenizer.convert_tokens_to_ids(s) for s in special_strings(tokenizer)}
@@ -160,7 +165,7 @@ def _sample(tokenizer: Any, said: list[Message], reply: Message, kwargs: dict, c
     for token in [*ids, None]:
         if token is None or token in specials:
             piece = tokenizer.decode(run, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-            out += [i for ch in piece for i in encode_plain(tokenizer, ch)]
+            out += [i for ch in piece for i in encode_continued(tokenizer, mark(tokenizer, ch))]
             run = []
             if token is not None:
                 out.append(token)
@@ -187,7 +192,9 @@ def _play(tokenizer: Any, kwargs: dict, case: str, mode: str, rows_out: list | N
         text = tokenizer.decode(sampled, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         stopped = bool(sampled) and sampled[-1] in stop_token_ids(tokenizer, kwargs)
         end = sampled_end(tokenizer, text, kwargs) if stopped else ""
-        message = parse_reply(tokenizer, text[: len(text) - len(end)], kwargs).message
+        parsed = parse_reply(tokenizer, text[: len(text) - len(end)], kwargs)
+        message = parsed.message
+        problem = problem or _reply_problem(tokenizer, expected, reply, text, kwargs, turn)
         if case == "tools":
             fmt = template_format(render(tokenizer, [*expected, reply], **kwargs), "look_inside") or "hermes"
             calls = parse_tool_calls(message["content"], [TOOL], fmt).calls
@@ -200,7 +207,7 @@ def _play(tokenizer: Any, kwargs: dict, case: str, mode: str, rows_out: list | N
                     {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
                 ],
             }
-        problem = problem or _parse_problem(reply, message, turn)
+        problem = problem or _parse_problem(reply, message, parsed, turn)
         said.append(message)
         expected.append(message)  # the reply as the family's server returns it: what a deployment's history holds
         if turn == REPLIES:
@@ -241,10 +248,28 @@ def _sft_problem(tokenizer: Any, sft: list, rows: list) -> str:
     return ""
 
 
-def _parse_problem(reply: Message, message: Message, turn: int) -> str:
-    """Whether the parsed reply holds the reply's answer, reasoning and calls (whitespace at their edges aside)."""
+def _reply_problem(tokenizer: Any, chat: list[Message], reply: Message, text: str, kwargs: dict, turn: int) -> str:
+    """Where the template's own render of a reply does not follow its generation prompt (DeepSeek-R1's and
+    Nemotron 3's open ``<think>``), whether the reply sampled after the prompt is that render, reasoning blocks
+    aside: a block the prompt opened must be closed before the answer (so a check is not the sample's own)."""
+    opened = render(tokenizer, chat, add_generation_prompt=True, **kwargs)
+    whole = render(tokenizer, [*chat, reply], **kwargs)
+    if whole.startswith(opened) or _bare(whole).startswith(_bare(opened + text)):
+        return ""
+    return f"reply {turn} is sampled as {text[:60]!r} where the template writes {whole[len(opened) - 20 :][:80]!r}"
+
+
+def _bare(text: str) -> str:
+    """``text`` without reasoning blocks and whitespace: what a reply's render and its sample must share."""
+    return "".join(BLOCK.sub("", text).split())
+
+
+def _parse_problem(reply: Message, message: Message, parsed: ParsedReply, turn: int) -> str:
+    """Whether the parsed reply holds the reply's answer, reasoning and calls (whitespace at their edges aside):
+    as the parse reads them, where the message keeps reasoning inline (the template reads no field)."""
+    read = {} if "tool_calls" in message else {"content": parsed.answer}
     for key, value in reply.items():
-        got = message.get(key)
+        got = message.get(key, parsed.reasoning) if key in REASONING_FIELDS else read.get(key, message.get(key))
         if isinstance(value, str) and (got or "").strip() != value.strip() or key == "tool_calls" and got != value:
             return f"reply {turn} parsed back with {key} {str(got)[:60]!r}, not {str(value)[:60]!r}"
     return ""
@@ -273,8 +298,9 @@ def _increment_problem(
     mode: str,
     turn: int,
 ) -> str:
-    """Under ``keep``, whether the increment is the text the template writes after the reply in the longer chat
-    (found after the reply's last characters; a template that rewrites them is not checked here)."""
+    """Under ``keep``, whether the increment is what the template writes after the reply in the longer chat
+    (found after the reply's last characters; a template that rewrites them is not checked here): the ids of
+    that span of the longer chat's whole render, where the render's ids split there."""
     if mode != "keep":
         return ""
     full = render(tokenizer, mark_messages(tokenizer, [*expected, *new]), add_generation_prompt=True, **kwargs)
@@ -283,16 +309,18 @@ def _increment_problem(
     at = full.rfind(anchor) if anchor else -1
     if at < 0:
         return ""
-    tail = full[at + len(anchor) :]
-    if end and tail.startswith(end):
-        tail = tail[len(end) :]
+    cut = at + len(anchor)
+    if end and full.startswith(end, cut):
+        cut += len(end)
     elif end:
         specials = special_strings(tokenizer)
-        closing = leading_specials(tail, specials)
-        tail = tail[len("".join(closing[: len(leading_specials(end, specials))])) :]
-    if increment != encode_chat(tokenizer, tail):
+        closing = leading_specials(full[cut:], specials)
+        cut += len("".join(closing[: len(leading_specials(end, specials))]))
+    whole, before = encode_chat(tokenizer, full), encode_chat(tokenizer, full[:cut])
+    want_ids = whole[len(before) :] if whole[: len(before)] == before else encode_continued(tokenizer, full[cut:])
+    if increment != want_ids:
         got = tokenizer.decode(increment, skip_special_tokens=False)
-        want = unmark(tokenizer, tail)
+        want = tokenizer.decode(want_ids, skip_special_tokens=False)
         return f"after reply {turn} keep appends {got[:60]!r} where the template writes {want[:60]!r}"
     return ""
 

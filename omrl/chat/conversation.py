@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from omrl.chat.encoding import encode_chat, mark_messages
+from omrl.chat.encoding import encode_continued, mark_messages
 from omrl.chat.history import next_prompt
 from omrl.chat.increments import prompt_ids
 from omrl.chat.render import Message, render
@@ -45,7 +45,7 @@ def conversation_rows(tokenizer, messages: Sequence[Message], history: str = "ke
                 "(after the opening messages, each reply is followed by user or tool messages)"
             )
         text = reply_text(tokenizer, [dict(m) for m in messages[:i]], reply, **kwargs)  # as the dataset has it
-        reply_ids = encode_chat(tokenizer, text)
+        reply_ids = encode_continued(tokenizer, text)  # as it follows its generation prompt
         ids, mask = ids + reply_ids, mask + [1] * len(reply_ids)
         nxt = next((j for j in range(i + 1, len(messages)) if messages[j].get("role") == "assistant"), len(messages))
         new = [dict(m) for m in messages[i + 1 : nxt]]
@@ -96,7 +96,8 @@ def reasoning_in_field(tokenizer, message: Message, at: int, kwargs: dict) -> Me
 
 def _as_read_back(tokenizer, reply: Message, kwargs: dict) -> Message:
     """A dataset's reply as a server's reasoning parser would return it: reasoning written inline in the
-    content moves to the template's field (a reply that has the field already is as given)."""
+    content moves to the field the template reads, or stays inline where it reads none (DeepSeek-R1's: the
+    template itself keeps or drops it); a reply that has the field already is as given."""
     if any(reply.get(name) for name in REASONING_FIELDS) or not isinstance(reply.get("content"), str):
         return dict(reply)
     parsed = parse_reply(tokenizer, reply["content"], kwargs)
@@ -105,8 +106,9 @@ def _as_read_back(tokenizer, reply: Message, kwargs: dict) -> Message:
 
 def _after_opened_block(tokenizer, before: Sequence[Message], whole: str, kwargs: dict) -> str:
     """What the model samples after a generation prompt that opens a reasoning block (``<think>\\n``) for a
-    reply the template writes otherwise: Nemotron 3 writes a tool call after an empty ``<think></think>``, so
-    the model closes the block it was given; DeepSeek-V3 writes one with no block, so it closes the block first.
+    reply the template writes otherwise (a tool call, an answer without reasoning): Nemotron 3 writes one after
+    an empty ``<think></think>``, so the model closes the block it was given; DeepSeek-R1 and V3 write one with
+    no block, so it closes the block first.
     ``''`` where the reply does not start as the generation prompt does."""
     base = render(tokenizer, before, **kwargs)
     prompt = render(tokenizer, before, add_generation_prompt=True, **kwargs)[len(base) :]
@@ -133,10 +135,12 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
     end-of-turn token: the reasoning block (Qwen3 writes an empty one when there is none), a
     ``reasoning_content`` field, structured ``tool_calls``, gpt-oss's channel header. Where the template's
     last reply does not follow its generation prompt (DeepSeek-R1's prompt opens ``<think>``, its replies
-    drop it), the content itself, continuing a ``<think>`` the prompt opened, then the end-of-turn token.
+    drop it): a reply with reasoning is its content, continuing the ``<think>`` the prompt opened, then the
+    end-of-turn token; one without closes the block first, as the template writes it (``</think>``).
 
     The messages' text is marked (:mod:`omrl.chat.encoding`): encode the result with
-    :func:`omrl.chat.encoding.encode_chat`, which parses only the template's special tokens.
+    :func:`omrl.chat.encoding.encode_continued` (it follows the generation prompt), which parses only the
+    template's special tokens.
     """
     before, reply = mark_messages(tokenizer, before), mark_messages(tokenizer, [reply])[0]
     eos = tokenizer.eos_token or ""
@@ -144,7 +148,7 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
     opened = render(tokenizer, before, add_generation_prompt=True, **kwargs)
     whole = render(tokenizer, [*before, dict(reply)], **kwargs)
     body = whole[len(opened) :] if whole.startswith(opened) else ""
-    if not body and reply.get("tool_calls"):
+    if not body and (reply.get("tool_calls") or not _has_reasoning(reply)):  # the model closes the block it was given
         body = _after_opened_block(tokenizer, before, whole, kwargs)
     stop = min((body.find(s) + len(s) for s in shape.stops or (eos,) if s and s in body), default=-1)
     if stop > 0:  # the model stops at its first stop token: a template's text after it is not sampled
@@ -173,6 +177,13 @@ def reply_text(tokenizer, before: Sequence[Message], reply: Message, **kwargs: A
         if cut >= 0 and not opening[cut + len(THINK_OPEN) :].strip():
             content = content[len(THINK_OPEN) :].lstrip("\n") if opening.endswith("\n") else content[len(THINK_OPEN) :]
     return content + eos
+
+
+def _has_reasoning(reply: Message) -> bool:
+    """Whether a dataset's reply carries reasoning: in a field, or as a block in its content."""
+    content = reply.get("content")
+    inline = isinstance(content, str) and (THINK_OPEN in content or THINK_CLOSE in content)
+    return inline or any(reply.get(name) for name in REASONING_FIELDS)
 
 
 def _check_calls_written(reply: Message, body: str, at: int) -> None:

@@ -43,6 +43,8 @@ class _Marks:
         "find_plain",
         "marked",
         "marked_reply",
+        "anchor",
+        "anchor_id",
         "__weakref__",
     )
 
@@ -67,6 +69,17 @@ class _Marks:
         # turn (and a str caches its hash), so marking a long history costs a lookup per message, not a scan
         self.marked: dict[str, str | None] = {}
         self.marked_reply: dict[str, str | None] = {}
+        # a special token that takes in no text after it: encoded before a text that follows a special token in
+        # a longer one, so the text encodes as that span of the whole does (encode_continued)
+        clean = (
+            (str(t), int(i))
+            for i, t in sorted(added, key=lambda pair: int(pair[0]))
+            if getattr(t, "special", False)
+            and str(t)
+            and not getattr(t, "rstrip", False)
+            and not getattr(t, "single_word", False)
+        )
+        self.anchor, self.anchor_id = next(clean, (None, None))
 
 
 _MARKS: "weakref.WeakKeyDictionary[Any, _Marks]" = weakref.WeakKeyDictionary()
@@ -224,17 +237,44 @@ def encode_chat(tokenizer: Any, text: str) -> list[int]:
     ids: list[int] = []
     start = 0
     for special in marks.find_special.finditer(text):  # type: ignore[union-attr]
-        ids += encode_plain(tokenizer, unmark(tokenizer, text[start : special.start()]))
+        ids += _encode_piece(tokenizer, marks, text[start : special.start()], continued=start > 0)
         ids.append(marks.ids[special.group()])
         start = special.end()
-    return ids + encode_plain(tokenizer, unmark(tokenizer, text[start:]))
+    return ids + _encode_piece(tokenizer, marks, text[start:], continued=start > 0)
+
+
+def _encode_piece(tokenizer: Any, marks: _Marks, piece: str, continued: bool) -> list[int]:
+    """Ids of the text between two of a rendered chat's special tokens (after one where ``continued``): a piece
+    with no mark as the tokenizer encodes that span of the whole; one holding marks with none parsed."""
+    if continued and piece and not marks.find_mark.search(piece):  # type: ignore[union-attr]
+        return _after_anchor(tokenizer, marks, piece, encode_text)
+    return encode_plain(tokenizer, unmark(tokenizer, piece))
+
+
+def encode_continued(tokenizer: Any, text: str) -> list[int]:
+    """Ids of a chat's ``text`` where it follows a special token in a longer text (a turn's increment after the
+    reply's end token, a reply after its generation prompt): the tokenizer's ids for that span of the whole, as
+    :func:`encode_chat` gives them. A tokenizer that marks a text's start encodes it alone otherwise (Metaspace
+    with ``prepend_scheme='first'``, as Llama's and Mistral's SentencePiece tokenizers convert, opens it with
+    '▁'), so the text is encoded after a special token that takes in no text, whose id is then dropped."""
+    if not text:
+        return []
+    return _after_anchor(tokenizer, _marks(tokenizer), text, encode_chat)
+
+
+def _after_anchor(tokenizer: Any, marks: _Marks, text: str, encode: Any) -> list[int]:
+    if marks.anchor is None:
+        return encode(tokenizer, text)
+    ids = encode(tokenizer, marks.anchor + text)
+    return ids[1:] if ids and ids[0] == marks.anchor_id else encode(tokenizer, text)
 
 
 def encode_reply(tokenizer: Any, text: str) -> list[int]:
     """Ids of a model's reply that came back as text (an endpoint that sends no ids): a special token's
     string in it is text, since the server's detokenizer drops the real ones; an added token's (``<think>``,
-    ``<tool_call>``) is that token, as the model samples it. Not memoised: a reply is seen once."""
+    ``<tool_call>``) is that token, as the model samples it; encoded as it follows the prompt
+    (:func:`encode_continued`). Not memoised: a reply is seen once."""
     marks = _marks(tokenizer)
     if marks.find_special is not None and marks.only_special.search(text):
         text = marks.only_special.sub(lambda m: marks.to_mark[m.group()], text)
-    return encode_chat(tokenizer, text)
+    return encode_continued(tokenizer, text)

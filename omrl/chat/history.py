@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 from jinja2 import TemplateError
 
-from omrl.chat.encoding import encode_chat, mark_messages
+from omrl.chat.encoding import encode_chat, encode_continued, mark_messages
 from omrl.chat.increments import next_turn_ids
 from omrl.chat.pieces import TemplateRewrites
 from omrl.chat.render import Message, render
@@ -142,7 +142,8 @@ def kept_increment(
             return next_turn_ids(tokenizer, messages, new[0]["content"], sampled_end, **kwargs)
         except (TemplateRewrites, TemplateError):  # it rewrites, or refuses sampled text (gpt-oss: channel tags)
             known[key] = False
-    return encode_chat(tokenizer, anchored_increment(tokenizer, messages, new, sampled_end, **kwargs))
+    # the increment follows the reply's end token: its ids are that span of the whole render's
+    return encode_continued(tokenizer, anchored_increment(tokenizer, messages, new, sampled_end, **kwargs))
 
 
 def anchored_increment(

@@ -23,7 +23,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from omrl.chat.encoding import encode_chat, mark, mark_messages
+from omrl.chat.encoding import encode_chat, encode_continued, mark, mark_messages
 from omrl.chat.pieces import (
     PROBE_CONTENTS,
     SENTINEL,
@@ -42,15 +42,19 @@ class _Split:
     """How ``head + content + tail`` is encoded: ``head_ids + encode(inner_head + content + inner_tail) + tail_ids``.
 
     ``head_ids`` end and ``tail_ids`` start at a special token; all empty ids when no split is proven.
+    ``continued``: ``head`` follows a special token in the row (a turn's increment after the reply's end), so
+    it is encoded as that span of the whole (:func:`~omrl.chat.encoding.encode_continued`), not as a text's start.
     """
 
     head_ids: list[int]
     inner_head: str
     inner_tail: str
     tail_ids: list[int]
+    continued: bool = True
 
     def ids(self, tokenizer, content: str) -> list[int]:
-        return [*self.head_ids, *encode_chat(tokenizer, self.inner_head + content + self.inner_tail), *self.tail_ids]
+        encode = encode_continued if self.head_ids or self.continued else encode_chat
+        return [*self.head_ids, *encode(tokenizer, self.inner_head + content + self.inner_tail), *self.tail_ids]
 
 
 class _IdsCache:
@@ -60,7 +64,7 @@ class _IdsCache:
 
     def __init__(self, state: tuple) -> None:
         self.state = state
-        self.splits: dict[tuple[str, str], _Split] = {}  # (head, tail) -> how to encode around a content
+        self.splits: dict[tuple[str, str, bool], _Split] = {}  # (head, tail, continued) -> how to encode around it
         self.openings: dict[tuple, list[int] | None] = {}  # shared messages -> their ids (None: not splittable)
 
 
@@ -101,7 +105,7 @@ def next_turn_ids(
     # where the chat is rendered in full
     ids = _turn_ids(tokenizer, messages, user_content, sampled_end, kwargs)
     if ids is None:
-        ids = encode_chat(
+        ids = encode_continued(  # the increment follows the reply's end token
             tokenizer,
             rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content, sampled_end, **kwargs),
         )
@@ -122,10 +126,10 @@ def _turn_ids(
         if not end.startswith(sampled_end):
             return None  # the template closes a reply otherwise than it was sampled: render in full
         end = end[len(sampled_end) :]
-    ids = _split(tokenizer, end + pieces.before, pieces.after).ids(tokenizer, user_content)
+    ids = _split(tokenizer, end + pieces.before, pieces.after, True).ids(tokenizer, user_content)
     if not entry.turn_checked:
         text = rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content, sampled_end, **kwargs)
-        if end + pieces.before + user_content + pieces.after != text or ids != encode_chat(tokenizer, text):
+        if end + pieces.before + user_content + pieces.after != text or ids != encode_continued(tokenizer, text):
             contradicted(entry)
             return None
         entry.turn_checked = True
@@ -142,7 +146,7 @@ def _opening_ids(tokenizer, messages: Sequence[Message], kwargs: dict) -> list[i
     shared = messages[:-1]
     first = len(shared) == (1 if shared and shared[0]["role"] == "system" else 0)
     head, tail = (pieces.first_before, pieces.first_after) if first else (pieces.before, pieces.after)
-    split = _split(tokenizer, head, tail)
+    split = _split(tokenizer, head, tail, bool(shared))  # the first message's head starts the text
     content = messages[-1]["content"]
     openings = _cache(tokenizer).openings
     key = (entry, *(message["content"] for message in shared))
@@ -168,15 +172,16 @@ def _cache(tokenizer) -> _IdsCache:
     return cache
 
 
-def _split(tokenizer, head: str, tail: str) -> _Split:
-    """How to encode ``head + content + tail`` with the fewest characters encoded per content (cached).
+def _split(tokenizer, head: str, tail: str, continued: bool) -> _Split:
+    """How to encode ``head + content + tail`` (following a special token where ``continued``, else at the row's
+    start) with the fewest characters encoded per content (cached).
 
     ``head`` is cut after its last special token and ``tail`` before its first, where
     :func:`_hard_boundary` proves it for any content; kept only if the probe contents
     encode the same cut and joined.
     """
     splits = _cache(tokenizer).splits
-    split = splits.get((head, tail))
+    split = splits.get((head, tail, continued))
     if split is not None:
         return split
     added = _added_tokens(tokenizer)
@@ -186,18 +191,20 @@ def _split(tokenizer, head: str, tail: str) -> _Split:
     cut_tail = next(
         (i for i in range(len(tail)) if _hard_boundary(tokenizer, added, tail[:i], tail[i:], open_left=True)), len(tail)
     )
+    encode = encode_continued if continued else encode_chat
     split = _Split(
-        encode_chat(tokenizer, head[:cut_head]),
+        encode(tokenizer, head[:cut_head]),
         head[cut_head:],
         tail[:cut_tail],
-        encode_chat(tokenizer, tail[cut_tail:]),
+        encode_continued(tokenizer, tail[cut_tail:]),
+        continued,
     )
     if any(
-        split.ids(tokenizer, content) != encode_chat(tokenizer, head + content + tail)
+        split.ids(tokenizer, content) != encode(tokenizer, head + content + tail)
         for content in (*PROBE_CONTENTS, SENTINEL)
     ):
-        split = _Split([], head, tail, [])  # encode it all together
-    splits[(head, tail)] = split
+        split = _Split([], head, tail, [], continued)  # encode it all together
+    splits[(head, tail, continued)] = split
     return split
 
 

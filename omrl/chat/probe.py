@@ -219,9 +219,9 @@ def _tool_calls(tokenizer, opening: Sequence[Message], kwargs: dict) -> tuple[bo
 
 
 def _tool_step(tokenizer, chats: Sequence[list[Message]], kwargs: dict) -> list[Message] | None:
-    """The first of ``chats`` (each ending on a reply) after which a ``tool`` message renders, and otherwise than
-    the same text from the user: the template has a tool role. None where it has none. gpt-oss renders a tool
-    result only after a reply that called a tool."""
+    """The first of ``chats`` (each ending on a reply) after which a ``tool`` message renders, its text written and
+    otherwise than the same text from the user: the template has a tool role. None where it has none (Phi-3
+    writes nothing for a tool message). gpt-oss renders a tool result only after a reply that called a tool."""
     for chat in chats:
         try:
             tool, user = (
@@ -230,7 +230,7 @@ def _tool_step(tokenizer, chats: Sequence[list[Message]], kwargs: dict) -> list[
             )
         except Exception:  # noqa: BLE001 - a template that raises on the role here
             continue
-        if tool != user:
+        if tool != user and TOOL_RESULT in tool:
             return list(chat)
     return None
 

@@ -47,7 +47,10 @@ class ReplyShape:
     generation prompt itself opens the block, as DeepSeek-R1's does); ``answer_opens`` what stands
     before an answer that has no reasoning (gpt-oss's ``<|channel|>final<|message|>``, Qwen3's empty
     block); ``closing`` the special tokens the template ends a last reply with; ``stops`` the tokens
-    a reply ends at (:func:`stop_token_ids`)."""
+    a reply ends at (:func:`stop_token_ids`). ``inline``: where the generation prompt opens the block and the
+    template was seen to read no field (DeepSeek-R1), the opening the prompt wrote (``'<think>\\n'``): ``field``
+    is then only where a server's parser returns the reasoning, and a reply read back keeps it in its content,
+    where the template keeps it (or drops it) itself."""
 
     field: str | None = None
     opens: str = ""
@@ -57,6 +60,7 @@ class ReplyShape:
     specials: frozenset[str] = dataclass_field(default_factory=frozenset)
     stops: tuple[str, ...] = ()  # the special tokens a reply ends at (see stop_token_ids)
     call_end: str = ""  # the one a reply holding a tool call ends at, where the template writes none itself
+    inline: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,7 +170,8 @@ def _learn_shape(tokenizer: Any, kwargs: dict) -> ReplyShape:
             if first > 0:  # no answer written: the reasoning closes at its first special token
                 return ReplyShape(name, body[:at], after[:first], **shape)
     if prompt.rstrip().endswith(THINK_OPEN):  # the prompt opens the block and no field is written: DeepSeek-R1
-        return ReplyShape("reasoning_content", "", THINK_CLOSE, **shape)
+        opened = prompt[prompt.rstrip().rindex(THINK_OPEN) :]
+        return ReplyShape("reasoning_content", "", THINK_CLOSE, inline=opened, **shape)
     return ReplyShape(**shape)
 
 
@@ -237,7 +242,8 @@ def sampled_end(tokenizer: Any, text: str, kwargs: dict | None = None) -> str:
 def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None) -> ParsedReply:
     """``text`` (a reply's decoded text without its :func:`sampled_end`) split the way the template writes a
     reply: the reasoning between the template's reasoning markers, the answer after them (less the header
-    the template puts before an answer), and the message holding both in the field the template reads."""
+    the template puts before an answer), and the message holding both: the reasoning in the field the template
+    reads, or, where it reads none (``inline``), in the content as the model wrote it, its block opened."""
     shape = reply_shape(tokenizer, kwargs)
     reasoning, answer = None, text
     if shape.field and shape.closes.strip():
@@ -253,6 +259,8 @@ def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None) -> Parsed
             answer = answer[len(header) :]
             break
     message: dict[str, Any] = {"role": "assistant", "content": answer}
-    if reasoning is not None and shape.field:
+    if reasoning is not None and shape.field and shape.inline:
+        message["content"] = text if text.lstrip().startswith(THINK_OPEN) else shape.inline + text
+    elif reasoning is not None and shape.field:
         message[shape.field] = reasoning
     return ParsedReply(reasoning, answer, message)

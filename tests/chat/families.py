@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+from functools import lru_cache
 
 from transformers import AutoTokenizer
 
@@ -58,3 +59,48 @@ def _end_token(tokenizer) -> str | None:
     after = text[text.rindex("omrl answer") + len("omrl answer") :].lstrip()
     lead = leading_specials(after, special_strings(tokenizer))
     return lead[0] if lead else None
+
+
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def metaspace_tokenizer(template: str = CHATML):
+    """A SentencePiece-shaped tokenizer, built offline: BPE under a Metaspace pre-tokenizer with
+    ``prepend_scheme='first'``, as transformers converts Llama's and Mistral's (``legacy=False``): a text's
+    start is encoded with a '▁' that the same text after a special token does not get. ChatML by default."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_metaspace_model(),
+        bos_token="<s>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+@lru_cache(maxsize=1)
+def _metaspace_model_json() -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    corpus = ["Where is the key? In the drawer. Open the door. You did open it. user assistant system\n"] * 50
+    model = Tokenizer(models.BPE(unk_token="<unk>"))
+    model.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    model.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    alphabet = [chr(c) for c in range(32, 127)] + ["\n", "\t", "\u2581"]
+    specials = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    model.train_from_iterator(
+        corpus, trainers.BpeTrainer(vocab_size=400, special_tokens=specials, initial_alphabet=alphabet)
+    )
+    return model.to_str()
+
+
+def _metaspace_model():
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(_metaspace_model_json())

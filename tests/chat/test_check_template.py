@@ -306,3 +306,13 @@ def test_a_run_refuses_a_template_past_its_bounds_before_rendering_through_it(
     assert len(calls) == 1 and len(list((tmp_path / "home" / "checked-templates").iterdir())) == 1
     template_check.check_render_bounds_once(tokenizer, {"other": "options"})
     assert len(calls) == 2
+
+
+def test_a_template_that_drops_tool_messages_has_no_tool_role():
+    from .families import family_tokenizer
+
+    phi3 = family_tokenizer("phi3")  # writes nothing for a tool message (its render differs only in what follows)
+    chat = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}, {"role": "tool", "content": "R!"}]
+    assert "R!" not in phi3.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert check_template(phi3).tool_role is False
+    assert check_template(family_tokenizer("qwen2_5")).tool_role is True
