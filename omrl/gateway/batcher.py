@@ -3,8 +3,8 @@
 Agents call the gateway on threads of their own and at their own pace. The batcher's one thread owns
 the backend: it waits for the first request, then keeps collecting while requests keep coming, or until
 every live episode is waiting, whichever comes first, then runs everything collected in as few generate
-calls as there are sampling settings among them. "While requests keep coming": until a gap with none
-new passes, ``window_s`` or a tenth of the last generate call's time if longer, and at most
+calls as there are sampling settings among them (a request with a seed of its own: a call of its own,
+its choices together). "While requests keep coming": until a gap with none new passes, ``window_s`` or a tenth of the last generate call's time if longer, and at most
 ``max_wait_s`` (or half the last call's time) after the first. A request that misses a call waits for
 the whole next one, so the longer a call takes, the longer it pays to wait for a straggler; an agent
 busy with its tools holds the others back by that gap at most. Requests that arrive meanwhile go in the next call, so no
@@ -43,6 +43,7 @@ class _Job:
     prompt: list[int] | None  # None: a release job
     cap: int = 0
     sampling: tuple[float, float, int | None] = (1.0, 1.0, None)  # temperature, top_p, a request's own seed
+    call: object = None  # a seeded request's own token: its choices share a generate call, no other job does
     releases: list[list[int]] = field(default_factory=list)
     future: Future = field(default_factory=Future)
 
@@ -100,11 +101,19 @@ class Batcher:
             raise
 
     def generate(
-        self, prompt: list[int], cap: int, temperature: float, top_p: float, seed: int | None = None
+        self,
+        prompt: list[int],
+        cap: int,
+        temperature: float,
+        top_p: float,
+        seed: int | None = None,
+        call: object = None,
     ) -> Future:
         """A future of the :class:`Generation` for ``prompt`` (at most ``cap`` new tokens). A request with its
-        own ``seed`` is generated in a call of its own settings (the same seed and prompts: the same samples)."""
-        return self._put(_Job(list(prompt), cap, (temperature, top_p, seed)))
+        own ``seed`` is generated in a generate call of its own, shared only with the jobs given the same
+        ``call`` token (a request's other choices): the same seed and prompts give the same samples, whatever
+        else is waiting."""
+        return self._put(_Job(list(prompt), cap, (temperature, top_p, seed), call=call if seed is not None else None))
 
     def release(self, rows: list[list[int]]) -> None:
         """Forget the backend's cached states of these rows (an ended episode's), in turn with the calls."""
@@ -186,11 +195,11 @@ class Batcher:
                 for job in jobs:
                     if job.prompt is None:
                         job.future.set_result(None)
-        by_sampling: dict[tuple[float, float, int | None], list[_Job]] = {}
+        by_sampling: dict[tuple[float, float, int | None, object], list[_Job]] = {}
         for job in jobs:
-            if job.prompt is not None:
-                by_sampling.setdefault(job.sampling, []).append(job)
-        for (temperature, top_p, seed), batch in by_sampling.items():
+            if job.prompt is not None:  # a seeded request's jobs alone (call): what else waits changes nothing
+                by_sampling.setdefault((*job.sampling, job.call), []).append(job)
+        for (temperature, top_p, seed, _), batch in by_sampling.items():
             if self._submit(temperature, top_p, seed, batch):
                 continue
             params = SamplingParams(

@@ -9,7 +9,7 @@ the reply the gateway gave) by comparing values, never text.
 :func:`for_template` lays the chat out for the model's chat template: as it is where the template
 renders structured tool calls and ``tool`` messages, else with the calls written as text and the tool
 results as a user message (:mod:`omrl.chat.tool_calls`), and the tools in the system message where
-the template does not render ``tools`` either.
+the template does not render ``tools`` either. :func:`tool_layout` reads how a template takes tools.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from omrl.chat.tool_calls import call_text, result_text, tools_system_text
+from omrl.chat.history import native_tool_calls
+from omrl.chat.render import render
+from omrl.chat.tool_calls import call_text, result_text, template_format, tools_system_text
 from omrl.errors import OmrlError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -37,6 +39,40 @@ class ToolLayout:
     native: bool
     renders_tools: bool
     format: str | None = "hermes"
+
+
+PROBE_NAME = "omrl_probe_tool"
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": PROBE_NAME,
+        "description": "A probe.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
+    },
+}
+PROBE_QUESTION = "omrl probe question"
+
+
+def tool_layout(tokenizer: Any) -> ToolLayout:
+    """How the tokenizer's chat template takes tools (see :class:`~omrl.gateway.messages.ToolLayout`):
+    where it renders calls itself, the format is read from its render of one."""
+    question = {"role": "user", "content": PROBE_QUESTION}
+    try:
+        renders = PROBE_NAME in render(tokenizer, [question], add_generation_prompt=True, tools=[PROBE_TOOL])
+    except Exception:  # noqa: BLE001 - a template that refuses tools renders none
+        renders = False
+    native = native_tool_calls(tokenizer, {})
+    if not native:
+        return ToolLayout(False, renders, "hermes")  # the gateway writes the calls, in its own format
+    call = {"type": "function", "function": {"name": PROBE_NAME, "arguments": {"x": 1}}}
+    try:
+        text = render(
+            tokenizer, [question, {"role": "assistant", "content": "", "tool_calls": [call]}], tools=[PROBE_TOOL]
+        )
+        fmt = template_format(text[text.rfind(PROBE_QUESTION) :], PROBE_NAME)
+    except Exception:  # noqa: BLE001 - a template that cannot render a call has no format to read
+        fmt = None
+    return ToolLayout(True, renders, fmt)
 
 
 def normalize(raw: Any) -> list[dict[str, Any]]:
@@ -114,6 +150,27 @@ def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
 def continues(messages: Sequence[dict[str, Any]], seen: Sequence[dict[str, Any]]) -> bool:
     """Whether ``messages`` start with ``seen`` (the last request's messages and the reply given)."""
     return len(messages) > len(seen) and all(same_message(m, s) for m, s in zip(messages, seen))
+
+
+MIN_PROMPT_CHARS = 12  # a task prompt shorter than this is too common a text to tell whose chat it is in
+
+
+def of_another_episode(
+    messages: Sequence[dict[str, Any]], own: str, others: Sequence[tuple[str, Sequence[dict[str, Any]]]]
+) -> bool:
+    """Whether a call whose ``messages`` do not continue its own episode's chat belongs to another episode
+    of ``others`` (task prompt, chat seen): it continues that chat once the chat holds a reply the model gave
+    there (not a prompt many chats open with, nor a same-task sibling's, which a history rewrite may repeat),
+    or it holds that episode's task prompt and not its own task prompt ``own``."""
+    text = "\n".join(str(message["content"]) for message in messages)
+    for theirs, seen in others:
+        if theirs == own:
+            continue
+        if any(message["role"] == "assistant" for message in seen) and continues(messages, seen):
+            return True
+        if min(len(own), len(theirs)) >= MIN_PROMPT_CHARS and theirs in text and own not in text:
+            return True
+    return False
 
 
 def for_template(messages: Sequence[dict[str, Any]], layout: ToolLayout, names: dict[str, str]) -> list[dict[str, Any]]:

@@ -11,7 +11,9 @@ content of the last reply the model gave it. An agent or reward function that fa
 limit, an env that fails, and an agent that never called the model end the episode as ``env_error``
 with the reason: such an episode is no measure of the model and is never trained on. A call that found
 the episode's context full was answered ``finish_reason: "length"`` and the episode ends
-``max_context`` (truncated), scored as it stands.
+``max_context`` (truncated), scored as it stands; an agent that raises on a reply cut at the run's
+``max_new_tokens`` is scored as it stands too. Agents that share one client, so that episodes' calls
+arrive with each other's keys, fail the run (:class:`SharedClient`).
 """
 
 from __future__ import annotations
@@ -23,12 +25,18 @@ from typing import Any, Callable, Sequence
 
 from omrl.data.trajectory import Episode
 from omrl.envs import step_problem
+from omrl.errors import OmrlError
 from omrl.gateway.agents import AgentFailure, call_agent, check_command, load_callable, run_command, score
-from omrl.gateway.server import Gateway
+from omrl.gateway.server import SHARED_CLIENT, Gateway
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 
 SCORED = "agent_reward"  # Turn.info key of the reward function's components
+NEVER_CALLED = "the agent finished without calling the model"
+
+
+class SharedClient(OmrlError):
+    """Episodes' calls arrived with each other's keys: their agents share one client (:data:`SHARED_CLIENT`)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,7 @@ def play_agents(
     """Play ``group_size`` episodes of each task with the agent; ordered by (group, sample)."""
     progress = progress or RolloutProgress()
     jobs = [(group, sample, int(task)) for group, task in enumerate(tasks) for sample in range(group_size)]
+    gateway.misrouted, gateway.strayed = None, 0
     lock = threading.Lock()  # the pool and the progress are not thread-safe
 
     def one(job: tuple[int, int, int]) -> Episode:
@@ -111,6 +120,10 @@ def play_agents(
     if gateway.batcher.failure is not None:  # the engine broke: no episode measured the agent
         failure = gateway.batcher.failure
         raise RuntimeError(f"generation failed in the gateway: {type(failure).__name__}: {failure}") from failure
+    # a call with another episode's key, or agents that never called beside a key that got a chat opened
+    # again or a retry: the agents share a client, and the episodes hold each other's chats
+    if gateway.misrouted or (gateway.strayed and any(ep.error == NEVER_CALLED for ep in episodes)):
+        raise SharedClient(gateway.misrouted or SHARED_CLIENT)
     return episodes
 
 
@@ -122,20 +135,22 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         _failed(ep, f"reset failed: {type(exc).__name__}: {exc}")
         return True
     task = {"id": ep.task_id, "split": ep.split, "env": ep.env, "prompt": first.text, "instruction": first.instruction}
-    key, recorder = gateway.open(ep)
+    key, recorder = gateway.open(ep, str(first.text or ""))
     try:
         result = _run_agent(spec, task, gateway, key)
     except AgentFailure as exc:
         gateway.end(key)  # first: an agent thread left running past its limit can write no more
         ep.messages = recorder.chat()
-        if not (exc.ended_itself and ep.turns) or not (recorder.over_budget or _rejected_a_tool_call(ep)):
+        cut = recorder.over_budget or _cut_by_the_run(ep)
+        if not (exc.ended_itself and ep.turns) or not (cut or _rejected_a_tool_call(ep)):
             _failed(ep, str(exc))
             return False
-        # the model's doing: its framework raised on the budget's "length" answer, or refused a malformed call
+        # the model's doing: its framework raised on a "length" answer the agent did not ask for (the budget's,
+        # or a reply cut at the run's max_new_tokens: the Agents SDK raises on that), or refused a malformed call
         ep.turns[-1].done = True
         ep.turns[-1].info["agent_error"] = str(exc)
-        if recorder.over_budget:  # truncated, scored as it stands
-            ep.end_reason = "max_context"
+        if cut:  # truncated, scored as it stands
+            ep.end_reason = "max_context" if recorder.over_budget else "done"
             return _score(spec, env, ep, task, None)
         ep.end_reason, ep.won, ep.score = "done", False, 0.0
         return False
@@ -143,7 +158,7 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         gateway.end(key)  # whatever happened, the key is refused from now on
     ep.messages = recorder.chat()
     if not ep.turns:
-        _failed(ep, "the agent finished without calling the model")
+        _failed(ep, NEVER_CALLED)
         return False
     ep.end_reason = "max_context" if recorder.over_budget else "done"
     ep.turns[-1].done = True
@@ -155,6 +170,12 @@ def _run_agent(spec: AgentSpec, task: dict[str, Any], gateway: Gateway, key: str
     if spec.run is not None:
         return call_agent(spec.run, dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s)
     return run_command(spec.command or [], dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s)
+
+
+def _cut_by_the_run(ep: Episode) -> bool:
+    """Whether the last reply was cut at a cap the agent did not set (``generation.max_new_tokens``)."""
+    rollout = ep.turns[-1].info.get("rollout", {}) if ep.turns else {}
+    return bool(rollout.get("truncated")) and rollout.get("cap") == "max_new_tokens"
 
 
 def _rejected_a_tool_call(ep: Episode) -> bool:

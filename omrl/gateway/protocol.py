@@ -4,8 +4,10 @@ Served: ``messages``, ``tools`` and ``tool_choice`` (``none`` leaves the tools o
 ``required`` and a named function offer them, nothing constrains what the model samples), ``n``,
 ``stop``, ``max_tokens`` and ``max_completion_tokens``, ``temperature``, ``top_p`` and ``seed`` (see
 :class:`ChatRequest`), ``logprobs`` (the sampled tokens' own; ``top_logprobs`` is refused),
-``stream`` with ``stream_options.include_usage``, and ``response_format`` of type ``text``. Other
-keys frameworks send (``user``, ``metadata``, ``parallel_tool_calls``, ``store``...) change nothing.
+``stream`` with ``stream_options.include_usage``, and ``response_format`` of type ``text``. Options
+that would change what the model samples (:data:`NEUTRAL`: penalties, ``logit_bias``, ``top_k``...)
+are refused unless neutral. Other keys frameworks send (``user``, ``metadata``,
+``parallel_tool_calls``, ``store``...) change nothing.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ class ChatRequest:
             raise RequestError(
                 f"tool_choice is {choice!r}; valid: none, auto, required or {{type: function, function: {{name}}}}"
             )
+        elif isinstance(choice, dict) and function_of(choice)["name"] not in {t["function"]["name"] for t in tools}:
+            offered = ", ".join(t["function"]["name"] for t in tools) or "none"
+            raise RequestError(f"tool_choice names {function_of(choice)['name']!r}, not one of the tools ({offered})")
+        unserved_sampling(body)
         fmt = body.get("response_format")
         if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
             kind = fmt.get("type") if isinstance(fmt, dict) else fmt
@@ -79,6 +85,34 @@ class ChatRequest:
             stream=bool(body.get("stream")),
             include_usage=bool(stream_options.get("include_usage")),
         )
+
+
+#: options that change what the model samples, each with the values that change nothing: the policy samples as
+#: the run says (training's log-probabilities assume it), so any other value is refused rather than ignored
+NEUTRAL = {
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "repetition_penalty": (1,),
+    "min_p": (0,),
+    "top_k": (0, -1),
+    "logit_bias": ({},),
+    "functions": ([],),  # the legacy form of tools
+    "function_call": ("none", "auto"),
+}
+
+
+def unserved_sampling(body: dict[str, Any]) -> None:
+    """A RequestError naming the first option of :data:`NEUTRAL` that ``body`` sets to a value that would
+    change what the model samples."""
+    for key, neutral in NEUTRAL.items():
+        value = body.get(key)
+        if value is not None and (isinstance(value, bool) or value not in neutral):
+            valid = " or ".join(json.dumps(v) for v in neutral)
+            hint = "; send tools and tool_choice" if key.startswith("function") else ""
+            raise RequestError(
+                f"{key}={json.dumps(value)[:80]} is not served (the policy samples as the run sets); valid: "
+                f"{valid} or leave it out{hint}"
+            )
 
 
 #: how large a request's seed may be: the engines add row and chunk numbers to it within 64 bits
@@ -200,13 +234,15 @@ def chunks(
         yield event(index, {"role": "assistant", "content": ""})
         if reply.reasoning:
             yield event(index, {"reasoning_content": reply.reasoning})
+        # every sampled token's log-probability, once: on the text, else on the tool calls, else on the end
+        logprobs = _logprobs(tokenizer, reply) if request.logprobs else None
         if reply.content:
-            yield event(
-                index, {"content": reply.content}, logprobs=_logprobs(tokenizer, reply) if request.logprobs else None
-            )
+            yield event(index, {"content": reply.content}, logprobs=logprobs)
+            logprobs = None
         if reply.tool_calls:
-            yield event(index, {"tool_calls": _wire_calls(reply, with_index=True)})
-        yield event(index, {}, reply.finish_reason)
+            yield event(index, {"tool_calls": _wire_calls(reply, with_index=True)}, logprobs=logprobs)
+            logprobs = None
+        yield event(index, {}, reply.finish_reason, logprobs=logprobs)
     if request.include_usage:
         yield {**head, "choices": [], "usage": _usage(prompt_tokens, replies)}
 

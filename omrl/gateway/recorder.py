@@ -8,6 +8,10 @@ may start a new row there). Where it does not (the agent edited, cut or summaris
 new row starts with the template's render of the request. Either way the backend is given the row's
 ids and the reply's ids are appended as sampled (loss_mask 1): no reply is decoded and re-encoded, and
 no text the agent sends becomes a special token (:mod:`omrl.chat.encoding`).
+
+Only replies the agent received are trained (:meth:`EpisodeRecorder.settle`): a request that repeats the
+last one exactly (a client's retry of a reply it never got) replaces the last call's turn, and of a
+call's ``n`` choices the one the next request continues is recorded, the others never.
 """
 
 from __future__ import annotations
@@ -75,6 +79,13 @@ class EpisodeRecorder:
         self.calls = 0
         self.ended = False  # set by the gateway when the episode ends: a later call is refused
         self.tools_key = ""  # the tools the current row was laid out with
+        self.task_prompt = ""  # the episode's task, as its agent was given it ('' where unknown)
+        self.strays = 0  # retries, and calls that sent the opening request again later (see settle, prompt)
+        self.opening: list[dict[str, Any]] = []  # the first call's messages
+        # the last call's request (messages, tools key) and the state before it: a retry undoes it
+        self.last: tuple[list[dict[str, Any]], str, tuple] | None = None
+        # with n > 1, the state before the recorded choice and every choice: the next call may continue another
+        self.choices: tuple[tuple, list[tuple[Generation, Reply, ParsedReply, int | None]], str] | None = None
 
     def state(self) -> tuple:
         """What a call may change, so a call that fails can leave the episode as it found it."""
@@ -86,18 +97,43 @@ class EpisodeRecorder:
             ep.instruction,
             list(self.said),
             list(self.seen),
-            self.kwargs,
+            dict(self.kwargs),
             self.tools_key,
             self.answering,
             self.sampled_end,
             dict(self.names),
+            (self.calls, self.over_budget, self.strays, self.last, self.choices),
         )
 
     def restore(self, state: tuple) -> None:
         ep = self.episode
-        (tokens, mask, logprobs, rows, turns), ep.prompt_length, ep.instruction, *rest = state
+        (tokens, mask, logprobs, rows, turns), ep.prompt_length, ep.instruction, said, seen, kwargs, *rest = state
         del ep.token_ids[tokens:], ep.loss_mask[mask:], ep.logprobs[logprobs:], ep.row_starts[rows:], ep.turns[turns:]
-        self.said, self.seen, self.kwargs, self.tools_key, self.answering, self.sampled_end, self.names = rest
+        self.said, self.seen, self.kwargs = list(said), list(seen), dict(kwargs)  # a state may be restored twice
+        self.tools_key, self.answering, self.sampled_end, names, counts = rest
+        self.names = dict(names)
+        self.calls, self.over_budget, self.strays, self.last, self.choices = counts
+
+    def settle(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[list[int]]:
+        """Before a call lays out its row: where it repeats the last call's request exactly (a client's retry
+        of a reply it never got: it timed out, or the connection broke), the last call is undone; where it
+        continues another of the last call's choices than the one recorded, that one is recorded instead (the
+        others get no loss). Returns the rows whose cached states the backend may forget."""
+        dropped: list[list[int]] = []
+        if self.last is not None and list(messages) == self.last[0] and _tools_key(tools) == self.last[1]:
+            dropped.append(list(self.episode.current_row()))
+            self.restore(self.last[2])
+            self.strays += 1
+        elif self.choices is not None and not continues(messages, self.seen):
+            before, options, cap_by = self.choices
+            for generation, reply, parsed, stop_at in options[1:]:
+                if continues(messages, [*self.seen[:-1], reply.message()]):
+                    dropped.append(list(self.episode.current_row()))
+                    self.restore(before)
+                    self.record(generation, tools, cap_by, stop_at, (reply, parsed))
+                    break
+        self.choices = None
+        return dropped
 
     # -- before a call -------------------------------------------------------------------------------
     def prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[int] | None:
@@ -107,7 +143,7 @@ class EpisodeRecorder:
         kwargs = dict(self.options)
         if tools and self.layout.renders_tools:
             kwargs["tools"] = mark_value(tokenizer, list(tools))
-        tools_key = json.dumps(list(tools), sort_keys=True, default=repr)  # other tools: another opening
+        tools_key = _tools_key(tools)  # other tools: another opening
         if ep.token_ids and tools_key == self.tools_key and continues(messages, self.seen):
             new = for_template(messages[len(self.seen) :], self.layout, self.names)
             ids, starts_row = next_prompt(
@@ -119,6 +155,8 @@ class EpisodeRecorder:
             said = describe_tools(for_template(messages, self.layout, self.names), tools, self.layout)
             ids, starts_row = prompt_ids(tokenizer, said, **kwargs), bool(ep.token_ids)
             fresh = messages[-1:]
+            # the episode's opening request sent again, not as a retry: another agent's, through a shared client
+            self.strays += starts_row and list(messages) == self.opening
         if (0 if starts_row else len(ep.current_row())) + len(ids) >= self.max_context:
             self.over_budget = True
             return None
@@ -128,7 +166,7 @@ class EpisodeRecorder:
         ep.loss_mask += [0] * len(ids)
         ep.logprobs += [0.0] * len(ids)
         if not ep.prompt_length:
-            ep.prompt_length = len(ids)
+            ep.prompt_length, self.opening = len(ids), list(messages)
             ep.instruction = next((m["content"] for m in messages if m["role"] == "user"), "")
         self.said, self.seen, self.kwargs, self.tools_key = said, list(messages), kwargs, tools_key
         self.answering = "\n".join(m["content"] for m in fresh)
@@ -140,13 +178,20 @@ class EpisodeRecorder:
 
     # -- after a call --------------------------------------------------------------------------------
     def record(
-        self, generation: Generation, tools: Sequence[dict[str, Any]], cut_by_budget: bool, stop_at: int | None = None
+        self,
+        generation: Generation,
+        tools: Sequence[dict[str, Any]],
+        cap_by: str,
+        stop_at: int | None = None,
+        answer: tuple[Reply, ParsedReply] | None = None,
     ) -> Reply:
-        """Append the sampled ids as a turn, parse them, and return the reply the agent gets.
-        ``cut_by_budget``: the call's token cap was the context's room, not the agent's ``max_tokens``;
-        ``stop_at``: where a stop string starts in the reply's text (the agent gets the text before it)."""
+        """Append the sampled ids as a turn, parse them, and return the reply the agent gets (``answer``,
+        where it was already parsed). ``cap_by``: what set the call's token cap, the agent's ``max_tokens``,
+        the run's ``max_new_tokens`` or the context's room (``max_context``: a reply cut there puts the
+        episode over its budget); ``stop_at``: where a stop string starts in the reply's text (the agent
+        gets the text before it)."""
         ep, tokenizer = self.episode, self.tokenizer
-        reply, parsed = self.reply(generation, tools, stop_at)
+        reply, parsed = answer or self.reply(generation, tools, stop_at)
         start = len(ep.token_ids)
         prompt_tokens = start - (ep.row_starts[-1] if ep.row_starts else 0)
         ep.token_ids += generation.token_ids
@@ -156,10 +201,11 @@ class EpisodeRecorder:
         text = tokenizer.decode(generation.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         self.sampled_end = sampled_end(tokenizer, text, self.kwargs) if stopped else ""
         truncated = generation.finish_reason == "length"
-        if truncated and cut_by_budget:
+        if truncated and cap_by == "max_context":
             self.over_budget = True
         rollout: dict[str, Any] = {
             "truncated": truncated,
+            **({"cap": cap_by} if truncated else {}),
             "token_exact": generation.token_exact,
             "new_tokens": len(generation.token_ids),
             "row": len(ep.row_starts),
@@ -225,6 +271,10 @@ class EpisodeRecorder:
         where the template has no tool role, calls are the text the model wrote and tool results are user
         messages, so SFT on the episode renders the very prompts the model played in."""
         return [{key: value for key, value in message.items()} for message in self.said]
+
+
+def _tools_key(tools: Sequence[dict[str, Any]]) -> str:
+    return json.dumps(list(tools), sort_keys=True, default=repr)
 
 
 def cut_at_stop(tokenizer: Any, generation: Generation, stops: Sequence[str]) -> tuple[Generation, int | None]:

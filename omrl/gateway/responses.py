@@ -44,6 +44,11 @@ def chat_request(body: Any) -> ChatRequest:
             raise RequestError(f"tools[{index}] is a {kind!r} tool; the gateway serves function tools only")
         spec = {key: tool[key] for key in ("name", "description", "parameters") if key in tool}
         tools.append({"type": "function", "function": spec})
+    if body.get("top_logprobs") or any("logprobs" in str(name) for name in body.get("include") or []):
+        raise RequestError(
+            "top_logprobs and include: [message.output_text.logprobs] are not served by /v1/responses; "
+            "POST /v1/chat/completions with logprobs=true gives each sampled token's log-probability"
+        )
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
     if isinstance(fmt, dict) and fmt.get("type", "text") != "text":
         raise RequestError(f"text.format {fmt.get('type')!r} is not served (nothing constrains decoding); valid: text")

@@ -3,9 +3,11 @@
 ``Gateway`` serves ``GET /v1/models``, ``POST /v1/chat/completions`` (whole or streamed:
 :mod:`omrl.gateway.protocol`) and ``POST /v1/responses`` (:mod:`omrl.gateway.responses`) on loopback unless told otherwise. Each episode gets its own API key
 (:meth:`Gateway.open`); a call's key says which episode it belongs to, and an unknown or ended key
-is refused (401), so an agent that outlives its episode cannot write into another. A call lays out
-its row (:mod:`omrl.gateway.recorder`), waits for its generate call (:mod:`omrl.gateway.batcher`)
-and is answered with the reply parsed into ``tool_calls`` where tools were offered.
+is refused (401), so an agent that outlives its episode cannot write into another; a call that belongs to
+another episode than its key's is refused and named (:data:`SHARED_CLIENT`). A call lays out its row
+(:mod:`omrl.gateway.recorder`), waits for its generate call (:mod:`omrl.gateway.batcher`) and is
+answered with the reply parsed into ``tool_calls`` where tools were offered; a reply whose client hung
+up before it was sent is undone (:meth:`Gateway.undo`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import itertools
 import json
 import secrets
+import select
+import socket
 import sys
 import threading
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -20,13 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from omrl.backends.base import Backend
-from omrl.chat.history import native_tool_calls
-from omrl.chat.render import render
-from omrl.chat.tool_calls import FORMATS, template_format
+from omrl.chat.tool_calls import FORMATS
 from omrl.data.trajectory import Episode
 from omrl.gateway import responses
 from omrl.gateway.batcher import Batcher
-from omrl.gateway.messages import RequestError, ToolLayout
+from omrl.gateway.messages import RequestError, continues, of_another_episode, tool_layout
 from omrl.gateway.protocol import ChatRequest, chunks, completion, error_body
 from omrl.gateway.recorder import EpisodeRecorder, Reply, cut_at_stop
 
@@ -38,38 +40,16 @@ class EpisodeEnded(Exception):
     """A call for an episode that ended while the call waited (HTTP 401, as an unknown key)."""
 
 
-PROBE_NAME = "omrl_probe_tool"
-PROBE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": PROBE_NAME,
-        "description": "A probe.",
-        "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}},
-    },
-}
-PROBE_QUESTION = "omrl probe question"
+SHARED_CLIENT = (
+    "calls of one episode arrived with another episode's API key: the agents share one client (a process-wide "
+    "default such as the OpenAI Agents SDK's set_default_openai_client, which every episode set at once), so "
+    "episodes would train on each other's chats; give each episode its own client made from its base_url and "
+    "api_key (docs/agents.md)"
+)
 
 
-def tool_layout(tokenizer: Any) -> ToolLayout:
-    """How the tokenizer's chat template takes tools (see :class:`~omrl.gateway.messages.ToolLayout`):
-    where it renders calls itself, the format is read from its render of one."""
-    question = {"role": "user", "content": PROBE_QUESTION}
-    try:
-        renders = PROBE_NAME in render(tokenizer, [question], add_generation_prompt=True, tools=[PROBE_TOOL])
-    except Exception:  # noqa: BLE001 - a template that refuses tools renders none
-        renders = False
-    native = native_tool_calls(tokenizer, {})
-    if not native:
-        return ToolLayout(False, renders, "hermes")  # the gateway writes the calls, in its own format
-    call = {"type": "function", "function": {"name": PROBE_NAME, "arguments": {"x": 1}}}
-    try:
-        text = render(
-            tokenizer, [question, {"role": "assistant", "content": "", "tool_calls": [call]}], tools=[PROBE_TOOL]
-        )
-        fmt = template_format(text[text.rfind(PROBE_QUESTION) :], PROBE_NAME)
-    except Exception:  # noqa: BLE001 - a template that cannot render a call has no format to read
-        fmt = None
-    return ToolLayout(True, renders, fmt)
+class Misrouted(RequestError):
+    """A call that belongs to another episode than its key's (:data:`SHARED_CLIENT`)."""
 
 
 class Gateway:
@@ -106,6 +86,8 @@ class Gateway:
         self.max_calls = max_calls  # an episode's calls; past them each is answered "length"
         self.layout = tool_layout(tokenizer)
         self._episodes: dict[str, EpisodeRecorder] = {}
+        self.misrouted: str | None = None  # set when a call arrived with another episode's key
+        self.strayed = 0  # episodes ended with a call that opened a chat again, or a retry (EpisodeRecorder.strays)
         self._lock = threading.Lock()
         # batch_on_caller: whoever plays the episodes drives the batcher from its own thread (Batcher.drive)
         self.batcher = Batcher(
@@ -124,8 +106,9 @@ class Gateway:
         return f"http://{host}:{port}/v1"
 
     # -- episodes ------------------------------------------------------------------------------------
-    def open(self, episode: Episode) -> tuple[str, EpisodeRecorder]:
-        """A new API key for ``episode`` and the recorder its calls write into."""
+    def open(self, episode: Episode, task_prompt: str = "") -> tuple[str, EpisodeRecorder]:
+        """A new API key for ``episode`` and the recorder its calls write into; ``task_prompt``, the task its
+        agent was given, tells a call that belongs to another episode (:data:`SHARED_CLIENT`)."""
         key = f"omrl-{secrets.token_urlsafe(18)}"
         recorder = EpisodeRecorder(
             episode,
@@ -135,6 +118,7 @@ class Gateway:
             self.layout,
             getattr(self.limits, "template_kwargs", {}),
         )
+        recorder.task_prompt = task_prompt.strip()
         with self._lock:
             self._episodes[key] = recorder
         return key, recorder
@@ -149,21 +133,24 @@ class Gateway:
                 recorder.ended = True
                 ep = recorder.episode
                 self.batcher.release([ep.token_ids[start:end] for start, end in ep.rows()])
+            with self._lock:
+                self.strayed += recorder.strays > 0
 
     def recorder(self, key: str) -> EpisodeRecorder | None:
         with self._lock:
             return self._episodes.get(key)
 
     # -- one call ------------------------------------------------------------------------------------
-    def complete(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int]:
-        """Generate ``request``'s choices in its episode; the replies and the prompt's length in tokens.
+    def complete(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int, Any]:
+        """Generate ``request``'s choices in its episode; the replies, the prompt's length in tokens, and
+        what :meth:`undo` takes should the replies never reach the agent (None: nothing was recorded).
         A call that fails leaves the episode as it was before it."""
         with recorder.lock:
             if recorder.ended:
                 raise EpisodeEnded("this episode has ended; its key is no longer valid")
             if recorder.calls >= self.max_calls:
                 recorder.over_budget = True
-                return [Reply("", [], "length", [], [])] * request.n, 0
+                return [Reply("", [], "length", [], [])] * request.n, 0, None
             before = recorder.state()
             try:
                 return self._generate(recorder, request)
@@ -171,7 +158,27 @@ class Gateway:
                 recorder.restore(before)
                 raise
 
-    def _generate(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int]:
+    def undo(self, recorder: EpisodeRecorder, call: Any) -> None:
+        """Undo ``call`` (a token :meth:`complete` returned) when its reply never reached the agent (the
+        client hung up, as one that timed out does), unless a later call or the episode's end came first."""
+        with recorder.lock:
+            if call is not None and recorder.last is call and not recorder.ended:
+                row = list(recorder.episode.current_row())
+                recorder.restore(call[2])
+                self.batcher.release([row])
+
+    def _check_route(self, recorder: EpisodeRecorder, messages: list[dict[str, Any]]) -> None:
+        """Refuse a call that does not continue its episode's chat but another's, or that holds another
+        episode's task and not its own: the agents share one client (:data:`SHARED_CLIENT`)."""
+        if recorder.seen and continues(messages, recorder.seen):
+            return
+        with self._lock:
+            others = [(other.task_prompt, other.seen) for other in self._episodes.values() if other is not recorder]
+        if of_another_episode(messages, recorder.task_prompt, others):
+            self.misrouted = self.misrouted or SHARED_CLIENT
+            raise Misrouted(SHARED_CLIENT)
+
+    def _generate(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int, Any]:
         limits = self.limits
         if request.tools and self.layout.format is None:
             raise RequestError(
@@ -179,34 +186,41 @@ class Gateway:
                 f"{', '.join(FORMATS)}: docs/templates.md); call without tools, or use a model whose template "
                 "writes one of those"
             )
+        self.batcher.release(recorder.settle(request.messages, request.tools))  # a retry, or another choice taken
+        self._check_route(recorder, request.messages)
+        start = recorder.state()
         row = recorder.prompt(request.messages, request.tools)
         if row is None:  # not one token fits: the episode is over its budget
-            return [Reply("", [], "length", [], [])] * request.n, 0
+            return [Reply("", [], "length", [], [])] * request.n, 0, None
+        recorder.last = (list(request.messages), recorder.tools_key, start)  # what a retry would repeat
         asked = request.max_tokens or limits.max_new_tokens
         cap = min(asked, recorder.room())
+        cap_by = "max_context" if cap < asked else "max_tokens" if request.max_tokens else "max_new_tokens"
         temperature, top_p, seed = limits.temperature, limits.top_p, None
         if self.honor_sampling:
             temperature = limits.temperature if request.temperature is None else request.temperature
             top_p = limits.top_p if request.top_p is None else request.top_p
             seed = request.seed
-        futures = [self.batcher.generate(row, cap, temperature, top_p, seed) for _ in range(request.n)]
+        call = object()  # a seeded request's choices share a generate call of their own
+        futures = [self.batcher.generate(row, cap, temperature, top_p, seed, call) for _ in range(request.n)]
         try:
             generations = [future.result(timeout=self.call_timeout_s) for future in futures]
         except FutureTimeout as exc:  # the engine is stuck: the run's failure, not the agent's
             stuck = TimeoutError(f"a generate call took longer than {self.call_timeout_s:g} s")
             self.batcher.failure = self.batcher.failure or stuck
             raise stuck from exc
-        replies, unused = [], []
+        options, unused = [], []
         for index, sampled in enumerate(generations):
             generation, stop_at = cut_at_stop(self.tokenizer, sampled, request.stop)
-            if index == 0:  # the episode continues with the first choice
-                replies.append(recorder.record(generation, request.tools, cap < asked, stop_at))
-            else:
-                replies.append(recorder.reply(generation, request.tools, stop_at)[0])
+            options.append((generation, *recorder.reply(generation, request.tools, stop_at), stop_at))
             if index or stop_at is not None:  # no row will extend what the engine cached for it
                 unused.append([*row, *sampled.token_ids])
+        recorded = recorder.state()  # the first choice is recorded; a next call that continues another swaps it
+        generation, reply, parsed, stop_at = options[0]
+        recorder.record(generation, request.tools, cap_by, stop_at, (reply, parsed))
+        recorder.choices = (recorded, options, cap_by) if len(options) > 1 else None
         self.batcher.release(unused)
-        return replies, len(row)
+        return [option[1] for option in options], len(row), recorder.last
 
     def close(self) -> None:
         self._server.shutdown()
@@ -262,7 +276,7 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
             except RequestError as exc:
                 return self._send(400, error_body(str(exc)))
             try:
-                replies, prompt_tokens = gateway.complete(recorder, request)
+                replies, prompt_tokens, call = gateway.complete(recorder, request)
             except EpisodeEnded as exc:
                 return self._send(401, error_body(str(exc), "authentication_error", "invalid_api_key"))
             except RequestError as exc:
@@ -271,6 +285,16 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
                 return self._send(400, error_body("the request nests too deeply to lay out (a tool schema, arguments)"))
             except Exception as exc:  # noqa: BLE001 - the agent gets a server error with the reason
                 return self._send(500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
+            try:  # a reply that never reaches the agent (it hung up: timed out) is no turn of its episode
+                if self._gone():
+                    raise ConnectionResetError("the client hung up before its reply")
+                self._answer(route, request, replies, prompt_tokens)
+            except BaseException:
+                gateway.undo(recorder, call)
+                raise
+            return None
+
+        def _answer(self, route: str, request: ChatRequest, replies: list[Reply], prompt_tokens: int) -> None:
             model = request.model or gateway.model_name
             if route == "/responses":
                 whole = responses.response(request, replies[0], prompt_tokens, model)
@@ -287,6 +311,14 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
                 for chunk in chunks(request, replies, prompt_tokens, model, gateway.tokenizer)
             )
             return self._stream(itertools.chain(lines, ["data: [DONE]\n\n"]))
+
+        def _gone(self) -> bool:
+            """Whether the client closed its end of the connection (it sends nothing more before its reply)."""
+            try:
+                readable, _, _ = select.select([self.connection], [], [], 0)
+                return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+            except OSError:
+                return True
 
         def _stream(self, events: Any) -> None:
             """Server-sent events, then the connection closes."""

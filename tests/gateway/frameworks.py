@@ -77,14 +77,15 @@ def smolagents(task, base_url, api_key):
 
 
 def openai_agents_default(task, base_url, api_key):
-    """The Agents SDK on its default model, which speaks the Responses API."""
-    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+    """The Agents SDK on its default model, which speaks the Responses API, given a client of its own
+    (omrl plays episodes at once on threads of one process: never a process-wide default client)."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
-    set_default_openai_client(AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0), use_for_tracing=False)
+    model = OpenAIResponsesModel(model="policy", openai_client=AsyncOpenAI(base_url=base_url, api_key=api_key))
     agent = Agent(
-        name="calc", instructions="You are a calculator. Use tools.", tools=[function_tool(multiply)], model="policy"
+        name="calc", instructions="You are a calculator. Use tools.", tools=[function_tool(multiply)], model=model
     )
     return Runner.run_sync(agent, task[QUESTION_KEY]).final_output
 
@@ -93,13 +94,13 @@ def openai_agents_streamed(task, base_url, api_key):
     """The same, streamed (``Runner.run_streamed``: Responses events)."""
     import asyncio
 
-    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
-    set_default_openai_client(AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0), use_for_tracing=False)
+    model = OpenAIResponsesModel(model="policy", openai_client=AsyncOpenAI(base_url=base_url, api_key=api_key))
     agent = Agent(
-        name="calc", instructions="You are a calculator. Use tools.", tools=[function_tool(multiply)], model="policy"
+        name="calc", instructions="You are a calculator. Use tools.", tools=[function_tool(multiply)], model=model
     )
 
     async def main():
@@ -109,3 +110,22 @@ def openai_agents_streamed(task, base_url, api_key):
         return run.final_output
 
     return asyncio.run(main())
+
+
+#: the agents of a test's episodes that wait for one another (set by the test), so each sets the global
+#: client before any calls: then every call goes to the key set last, as episodes played at once do
+TOGETHER: list = []
+
+
+def openai_agents_global(task, base_url, api_key):
+    """The Agents SDK pointed at omrl with ``set_default_openai_client``: a process-wide client, which
+    every episode's agent sets at once. Never point omrl's agents at a global client: the run fails."""
+    from agents import Agent, Runner, set_default_openai_client, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    set_default_openai_client(AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0), use_for_tracing=False)
+    for barrier in TOGETHER:
+        barrier.wait()
+    agent = Agent(name="calc", instructions="Answer with a number.", model="policy")
+    return Runner.run_sync(agent, task[QUESTION_KEY]).final_output

@@ -195,22 +195,26 @@ def test_a_world_failure_after_a_malformed_tool_call_is_still_an_env_error(tiny_
     assert ep.end_reason == "env_error" and ep.error == error
 
 
-def test_a_framework_that_raises_on_the_budgets_length_answer_is_truncated_and_scored(tiny_tokenizer, tmp_path):
-    """docs/agents.md: past agent.max_calls the episode ends max_context, scored as it stands, also
-    where the framework raises on the "length" answer instead of returning."""
+def play_one(tokenizer, tmp_path, reply: str, *overrides: str) -> Episode:
+    """The one episode of "What is 6 times 7?" (answer 42) that an agent plays, the model always saying ``reply``."""
     questions = tmp_path / "qa.jsonl"
     questions.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "42"}) + "\n")
     cfg = command_line_config(
         RolloutRunConfig,
-        [
-            f"plugins.dataset.path={questions}",
-            "agent.callable=tests.gateway.agents:raises_on_length",
-            "agent.max_calls=2",
-        ],
+        [f"plugins.dataset.path={questions}", *overrides],
         {"env.name": "dataset", "model.name": "tiny"},
     )
-    with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: "42")) as session:
+    with RolloutSession.from_config(cfg, backend=ScriptedBackend(tokenizer, lambda *_: reply)) as session:
         (ep,) = session.play([0], PlaySpec(split="train")).episodes
+    return ep
+
+
+def test_a_framework_that_raises_on_the_budgets_length_answer_is_truncated_and_scored(tiny_tokenizer, tmp_path):
+    """docs/agents.md: past agent.max_calls the episode ends max_context, scored as it stands, also
+    where the framework raises on the "length" answer instead of returning."""
+    ep = play_one(
+        tiny_tokenizer, tmp_path, "42", "agent.callable=tests.gateway.agents:raises_on_length", "agent.max_calls=2"
+    )
     assert len(ep.turns) == 2 and ep.end_reason == "max_context" and ep.error is None
     assert ep.turns[-1].info["ground_truth"] == "42" and ep.won  # the env scored its last reply, "42"
     assert "cut at its length limit" in ep.turns[-1].info["agent_error"]
@@ -233,5 +237,57 @@ def test_new_tools_start_a_new_row_even_where_the_template_renders_none(smollm2_
         client.chat.completions.create(model="m", messages=chat, tools=[other])
         assert len(ep.row_starts) == 1
         assert "second" in smollm2_tokenizer.decode(ep.token_ids[ep.row_starts[0] :])
+    finally:
+        gateway.close()
+
+
+def test_a_reply_cut_at_the_runs_max_new_tokens_is_trained_though_the_framework_raises(tiny_tokenizer, tmp_path):
+    """The Agents SDK's Responses model raises on a response cut at its length (status incomplete): where the
+    cap was the run's generation.max_new_tokens, the agent never asked for it, so the cut is the model's
+    doing: the episode is scored and trained as it stands, never an env_error."""
+    agent = "agent.callable=tests.gateway.frameworks:openai_agents_default"
+    ep = play_one(tiny_tokenizer, tmp_path, "42 " * 40, agent, "generation.max_new_tokens=8")
+    assert ep.end_reason == "done" and ep.error is None and len(ep.turns) == 1
+    assert ep.turns[-1].info["rollout"] == {**ep.turns[-1].info["rollout"], "truncated": True, "cap": "max_new_tokens"}
+    assert "incomplete" in ep.turns[-1].info["agent_error"]
+    assert ep.turns[-1].info["ground_truth"] == "42" and sum(ep.loss_mask) == 8  # scored, and its ids trained
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        ({"logit_bias": {"50": 100}}, "logit_bias"),
+        ({"presence_penalty": 2.0}, "presence_penalty"),
+        ({"frequency_penalty": -1}, "frequency_penalty"),
+        ({"extra_body": {"top_k": 1}}, "top_k"),
+        ({"extra_body": {"min_p": 0.5}}, "min_p"),
+        ({"extra_body": {"repetition_penalty": 1.5}}, "repetition_penalty"),
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"type": "function", "function": {"name": "zzz"}},
+            },
+            "tool_choice names 'zzz', not one of the tools \\(f\\)",
+        ),
+    ],
+)
+def test_an_option_that_would_change_sampling_is_refused_by_name(tiny_tokenizer, extra, named):
+    """The policy samples as the run sets (training assumes it): an option that would sample otherwise is
+    refused, never silently ignored; its neutral value is accepted."""
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "ok"))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        with pytest.raises(openai.BadRequestError, match=named):
+            client.chat.completions.create(model="m", messages=CHAT, **extra)
+        assert ep.turns == []
+        neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}
+        client.chat.completions.create(model="m", messages=CHAT, **neutral, extra_body={"top_k": -1, "min_p": 0})
+        for body in [{"top_logprobs": 2}, {"include": ["message.output_text.logprobs"]}]:
+            with pytest.raises(openai.BadRequestError, match="logprobs"):
+                client.responses.create(model="m", input="hi", **body)
     finally:
         gateway.close()

@@ -344,3 +344,20 @@ def test_with_continuous_batching_a_short_call_returns_while_a_long_one_decodes(
         assert not gateway.batcher._streams  # nothing left decoding: the stream was closed
     finally:
         gateway.close()
+
+
+def test_a_streamed_reply_of_tool_calls_only_carries_its_logprobs(tiny_tokenizer):
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: CALL))
+    try:
+        ep = episode()
+        client, _, _ = client_for(gateway, ep)
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "6*7?"}], tools=TOOLS, stream=True, logprobs=True
+        )
+        chunks = [choice for chunk in stream for choice in chunk.choices]
+        assert not any(c.delta.content for c in chunks) and any(c.delta.tool_calls for c in chunks)
+        logprobs = [t.logprob for c in chunks if c.logprobs and c.logprobs.content for t in c.logprobs.content]
+        start, end = ep.turns[0].span
+        assert logprobs == pytest.approx(ep.logprobs[start:end]) and len(logprobs) == end - start > 0
+    finally:
+        gateway.close()

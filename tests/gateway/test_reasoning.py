@@ -27,7 +27,7 @@ def test_reasoning_comes_back_as_reasoning_content_and_the_answer_as_content(nam
         Episode(env="agent", task_id=0, split="test", instruction=""), tokenizer, "keep", 4096, tool_layout(tokenizer)
     )
     recorder.prompt(CHAT, [])
-    answer = recorder.record(Generation(sampled, [0.0] * len(sampled), "stop"), [], cut_by_budget=False)
+    answer = recorder.record(Generation(sampled, [0.0] * len(sampled), "stop"), [], cap_by="max_tokens")
     assert answer.content.strip() == "open drawer 1"
     assert answer.reasoning.strip() == "It may be in drawer 1."
     message = completion(ChatRequest(CHAT), [answer], len(prompt_ids(tokenizer, CHAT)), "m", tokenizer)["choices"][0]
@@ -42,7 +42,7 @@ def test_a_reply_without_reasoning_has_no_reasoning_content():
         Episode(env="agent", task_id=0, split="test", instruction=""), tokenizer, "keep", 4096, tool_layout(tokenizer)
     )
     recorder.prompt(CHAT, [])
-    answer = recorder.record(Generation(sampled, [0.0] * len(sampled), "stop"), [], cut_by_budget=False)
+    answer = recorder.record(Generation(sampled, [0.0] * len(sampled), "stop"), [], cap_by="max_tokens")
     assert answer.reasoning is None and answer.content == "open drawer 1"
     message = completion(ChatRequest(CHAT), [answer], 1, "m", tokenizer)["choices"][0]["message"]
     assert "reasoning_content" not in message

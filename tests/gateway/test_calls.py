@@ -1,0 +1,132 @@
+"""Which replies of a call become turns: a retried call's reply that the client never got is none, the
+choice of several that the agent goes on with is the one trained, and a seeded call samples as it would
+alone however many calls wait beside it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import openai
+import pytest
+
+from omrl.backends.hf import HFBackend
+from omrl.data.trajectory import Episode
+from omrl.rollout.spec import RolloutLimits
+from tests.fakes import ScriptedBackend
+from tests.gateway.conftest import assert_token_exact, make_gateway
+
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def episode() -> Episode:
+    return Episode(env="agent", task_id=0, split="train", instruction="")
+
+
+def slow_first(tokenizer, seconds: float) -> ScriptedBackend:
+    """Its first generate call outlasts the client's timeout; every reply says which call made it."""
+
+    def reply(call, index, prompt):
+        if call == 0:
+            time.sleep(seconds)
+        return f"reply of call {call}"
+
+    return ScriptedBackend(tokenizer, reply)
+
+
+@pytest.fixture
+def timing_out(tiny_tokenizer):
+    """A gateway whose first generate call outlasts the client's timeout (0.5 s), an episode and its recorder,
+    and a client that retries ``retries`` times."""
+    gateway, backend = make_gateway(tiny_tokenizer, slow_first(tiny_tokenizer, 1.0))
+    ep = episode()
+    key, recorder = gateway.open(ep)
+
+    def client(retries: int) -> openai.OpenAI:
+        return openai.OpenAI(base_url=gateway.base_url, api_key=key, timeout=0.5, max_retries=retries)
+
+    yield backend, ep, recorder, client
+    gateway.close()
+
+
+def test_a_retried_call_replaces_the_reply_the_client_never_got(timing_out):
+    """openai retries a call that timed out; the first call's reply, which it never read, is no turn."""
+    backend, ep, _, client = timing_out
+    got = client(1).chat.completions.create(model="m", messages=CHAT)
+    assert got.choices[0].message.content == "reply of call 1"
+    assert [turn.response for turn in ep.turns] == ["reply of call 1"]
+    assert ep.row_starts == [] and len(backend.served) == 2
+    again = client(0).chat.completions.create(model="m", messages=CHAT)  # sent again though answered: a retry too
+    assert [turn.response for turn in ep.turns] == [again.choices[0].message.content] == ["reply of call 2"]
+    assert_token_exact(ep, backend)
+
+
+def test_a_reply_the_client_hung_up_on_is_no_turn(timing_out):
+    backend, ep, recorder, client = timing_out
+    with pytest.raises(openai.APITimeoutError):
+        client(0).chat.completions.create(model="m", messages=CHAT)
+    deadline = time.monotonic() + 5
+    while (not backend.served or ep.turns) and time.monotonic() < deadline:  # it answers after the client left
+        time.sleep(0.05)
+    with recorder.lock:
+        assert len(backend.served) == 1
+        assert ep.turns == [] and sum(ep.loss_mask) == 0 and recorder.calls == 0
+    again = [*CHAT, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "and?"}]
+    client(0).chat.completions.create(model="m", messages=again)  # a chat it never answered: a first call
+    assert len(ep.turns) == 1 and ep.row_starts == []
+    assert_token_exact(ep, backend)
+
+
+def test_the_choice_the_agent_goes_on_with_is_the_one_trained(tiny_tokenizer):
+    gateway, backend = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda c, i, p: f"choice {c}.{i}"))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        three = client.chat.completions.create(model="m", messages=CHAT, n=3)
+        first, chosen, last = [c.message.content for c in three.choices]
+        assert len({first, chosen, last}) == 3
+        echo = three.choices[1].message.model_dump(exclude_none=True)
+        again = client.chat.completions.create(model="m", messages=[*CHAT, echo, {"role": "user", "content": "more"}])
+        assert [turn.response for turn in ep.turns] == [chosen, again.choices[0].message.content]
+        assert ep.row_starts == []  # the chat continued the chosen reply's row
+        trained = tiny_tokenizer.decode([t for t, m in zip(ep.token_ids, ep.loss_mask) if m])
+        assert first not in trained and last not in trained  # the unused choices get no loss
+        assert_token_exact(ep, backend)
+    finally:
+        gateway.close()
+
+
+def test_a_seeded_call_samples_as_alone_beside_others_with_its_seed(tiny_tokenizer, tiny_hf):
+    """docs/agents.md: the same seed and chat give the same reply, also when several such calls wait together."""
+    model, _ = tiny_hf
+    gateway, backend = make_gateway(
+        tiny_tokenizer,
+        HFBackend(model, tiny_tokenizer),
+        honor_sampling=True,
+        window_s=2.0,
+        limits=RolloutLimits(max_new_tokens=12, max_context=1024),
+    )
+    chat = [{"role": "user", "content": "Tell me a story"}]
+    try:
+        clients = [openai.OpenAI(base_url=gateway.base_url, api_key=gateway.open(episode())[0]) for _ in range(4)]
+
+        def ask(client):
+            return client.chat.completions.create(model="m", messages=chat, seed=7, temperature=1.0).choices[0]
+
+        alone = ask(clients[0]).message.content
+        replies, barrier = {}, threading.Barrier(3)
+
+        def together(index):
+            barrier.wait()
+            replies[index] = ask(clients[index + 1]).message.content
+
+        threads = [threading.Thread(target=together, args=(i,)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert list(replies.values()) == [alone] * 3
+        assert backend.calls == [1, 1, 1, 1]  # each in a generate call of its own
+    finally:
+        gateway.close()
