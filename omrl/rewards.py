@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import numbers
 import warnings
 from bisect import bisect_left
 from typing import Any, Callable, Sequence
@@ -25,7 +26,7 @@ from typing import Any, Callable, Sequence
 from omrl.data.trajectory import Episode
 from omrl.env_results import finite_number
 from omrl.errors import OmrlError
-from omrl.supervisor import StageStalled, stage
+from omrl.supervisor import StageStalled, on_stall, stage
 
 ALLOCATION_MODES = ("last_token", "uniform_positive", "discounted", "per_turn")
 TOTAL = "total"
@@ -121,7 +122,7 @@ def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[f
             )
         row = []
         for t, value in enumerate(per_turn):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite_number(value):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not finite_number(value):
                 raise RewardError(
                     f"reward {name!r} gave {_describe(ep, i)} turn {t} the value {value!r}; expected a finite float"
                 )
@@ -191,8 +192,14 @@ def compose_rewards(
         opts = dict(options.get(name) or {})
         _check_options(name, fn, opts)
         try:
-            with stage("reward", component=name, episode=f"{len(played)} episodes"):
-                values = fn(played, **opts) if played else []
+            try:
+                with stage("reward", component=name, episode=f"{len(played)} episodes"):
+                    values = fn(played, **opts) if played else []
+            except StageStalled as stall:
+                if not (stall.drops_episodes() and on_stall() == "retry"):
+                    raise
+                with stage("reward", component=name, episode=f"{len(played)} episodes, called again"):
+                    values = fn(played, **opts)  # deadlines.on_stall=retry: called once more
         except StageStalled as stall:
             if not stall.drops_episodes():
                 raise

@@ -148,6 +148,52 @@ def test_a_reward_function_that_hangs_drops_its_episodes_never_scoring_them(regi
     assert eps[0].rewards["total"] == [0.0] and means["total"] == 0.0
 
 
+def test_on_stall_retry_calls_a_stalled_reward_once_more(register_plugin, tmp_path):
+    """retry is documented for a reward stage too: it dropped the episodes at once, never calling again."""
+    from omrl.data import Episode, Turn
+    from omrl.hookspecs import hookimpl
+
+    calls = []
+
+    class SlowOnce:
+        @hookimpl
+        def register_rewards(self, register):
+            def slow_once(episodes):
+                calls.append(len(episodes))
+                if len(calls) == 1:
+                    time.sleep(60)
+                return [[0.5] for _ in episodes]
+
+            register("slow_once", slow_once)
+
+    register_plugin(SlowOnce(), name="slow-once")
+    eps = [
+        Episode(env="keys", task_id=t, split="train", instruction="", turns=[Turn("o", "r", "a", True, 0.0, True)])
+        for t in range(2)
+    ]
+    with supervise(deadlines(reward_s=0.5, on_stall="retry"), tmp_path, warn=lambda text: None):
+        means = compose_rewards(eps, {"slow_once": 1.0})
+    assert calls == [2, 2] and [ep.end_reason for ep in eps] == ["done", "done"]
+    assert means["total"] == 0.5 and eps[0].rewards["slow_once"] == [0.5]
+
+
+def test_a_reward_of_numpy_float32_is_a_number(register_plugin):
+    """The env protocol takes numpy's numbers; a reward's np.float32 was refused as 'not a finite float'."""
+    import numpy as np
+
+    from omrl.data import Episode, Turn
+    from omrl.hookspecs import hookimpl
+
+    class Numpy:
+        @hookimpl
+        def register_rewards(self, register):
+            register("numpy_half", lambda episodes: [[np.float32(0.5)] for _ in episodes])
+
+    register_plugin(Numpy(), name="numpy-half")
+    ep = Episode(env="keys", task_id=0, split="train", instruction="", turns=[Turn("o", "r", "a", True, 0.0, True)])
+    assert compose_rewards([ep], {"numpy_half": 2.0})["total"] == 1.0
+
+
 def test_a_blocking_read_on_the_main_thread_is_broken_with_the_stage_named(tmp_path):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

@@ -96,17 +96,17 @@ def env_errors_of_each_env(console, cfg, episodes, where: str) -> None:
         say_env_errors(console, mine, env)
     for env, mine in by_env.items():
         check_env_errors(mine, cfg.max_env_error_rate, f"{env!r} ({where})")
-    check_model_turns(cfg, episodes, where)
+    check_model_turns(cfg, episodes)
 
 
-def check_model_turns(cfg, episodes, where: str) -> None:
+def check_model_turns(cfg, episodes) -> None:
     """A command whose episodes (those the env did not fail) all ended before one model turn measured no
     model: its 0% is no result, so it exits 2 naming the limit (after writing what it played)."""
     played = [ep for ep in episodes if ep.end_reason != "env_error"]
     if played and not any(ep.turns for ep in played):
         longest = max(ep.prompt_length for ep in played)
         raise ConfigError(
-            f"no episode got a single model turn ({where}): the opening prompt (up to {longest} tokens) leaves no "
+            f"no episode got a single model turn (they are written, as end_reason max_context): the opening prompt (up to {longest} tokens) leaves no "
             f"room within generation.max_context={cfg.generation.max_context}; raise it, or shorten the prompt "
             "(env.demonstration=false drops the worked example)"
         )

@@ -197,8 +197,24 @@ def check_rollout_outputs(cfg) -> None:
             f"valid: a .parquet path, e.g. --output {output.with_suffix('.parquet')}"
         )
     check_outputs(
-        {"--output": cfg.output, "the readable JSONL": jsonl_path_for(cfg.output)}, {"the --model": cfg.model.name}
+        {"--output": cfg.output, "the readable JSONL": jsonl_path_for(cfg.output)},
+        {"the --model": cfg.model.name, **plugin_files(cfg)},
     )
+
+
+def plugin_files(cfg) -> dict[str, str]:
+    """Every file an env's or a plugin's options name (``plugins.dataset.path``): inputs no output may replace."""
+    from pathlib import Path
+
+    from omrl.mixture import mix_members
+
+    files = {}
+    for member in mix_members(cfg):
+        for plugin, options in (member.plugins or {}).items():
+            for key, value in options.items() if isinstance(options, dict) else ():
+                if isinstance(value, str) and value.strip() and Path(value).expanduser().is_file():
+                    files[f"plugins.{plugin}.{key}"] = value
+    return files
 
 
 def tasks_of_each_env(cfg, session, tasks) -> dict[str, int]:

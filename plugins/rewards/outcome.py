@@ -82,9 +82,14 @@ def final_answer(episode: Episode) -> str:
 
 
 def unanswered(episode: Episode) -> bool:
-    """Whether the last reply did not parse: the env saw no answer, so it reported no ground truth
-    either; an answer reward scores such an episode 0 (the agent's failure) instead of stopping."""
-    return episode.turns[-1].action is None
+    """Whether the agent gave no answer: its last reply did not parse, or the turn cap or the context
+    ended the episode on a step that reported no ground truth (a tool call, a move); the env saw no
+    answer, so an answer reward scores such an episode 0 (the agent's failure) instead of stopping."""
+    last = episode.turns[-1]
+    if last.action is None:
+        return True
+    cut = episode.end_reason in ("max_turns", "max_context")
+    return cut and all(last.info.get(key) is None for key in GROUND_TRUTH_KEYS)
 
 
 def ground_truths(episode: Episode, reward: str) -> list[str]:

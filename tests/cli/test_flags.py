@@ -89,3 +89,14 @@ def test_a_preset_for_rm_eval_names_the_command_as_typed(omrl_main, tmp_path):
     preset.write_text("command: rm-eval\n")
     code, _, err = omrl_main("eval", str(preset))
     assert code == 2 and "is for `omrl rm eval`, not `omrl eval`" in err, err
+
+
+def test_rollout_refuses_an_output_that_would_replace_the_dataset_it_reads(omrl_main, no_model, tmp_path):
+    """-o data/qa.parquet wrote its readable JSONL over data/qa.jsonl, the env's own questions, and exited 0."""
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text('{"question": "What is 17 + 25?", "answer": "42"}\n')
+    code, _, err = omrl_main("rollout", "--env", "dataset", "--expert", f"plugins.dataset.path={questions}",
+                             "-o", str(tmp_path / "qa.parquet"))  # fmt: skip
+    err = " ".join(err.split())
+    assert code == 2 and f"the readable JSONL {questions} is plugins.dataset.path itself" in err, err
+    assert questions.read_text() == '{"question": "What is 17 + 25?", "answer": "42"}\n'

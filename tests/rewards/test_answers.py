@@ -294,3 +294,15 @@ def test_math_verify_is_imported_only_when_used():
 def test_an_unparsed_last_reply_scores_0_with_every_answer_reward(name):
     # the env never saw an answer, so it reported no ground truth: the agent failed, nothing is broken
     assert registry.rewards.get(name)([answered(None)]) == [[0.0, 0.0]]
+
+
+@pytest.mark.parametrize("name", ["exact_match", "accuracy", "bleu", "numeric_match", "math_verify"])
+@pytest.mark.parametrize("end", ["max_turns", "max_context"])
+def test_an_episode_cut_while_it_still_called_a_tool_scores_0_with_every_answer_reward(name, end):
+    """A tool env's last step at the turn cap reports no ground truth: the run stopped, blaming the env."""
+    ep = answered("python[print(17 + 25)]", tool="python", score=0.0, won=False)
+    ep.end_reason = end
+    assert registry.rewards.get(name)([ep]) == [[0.0, 0.0]]
+    ep.end_reason = "done"  # an env that ended the episode must report its answer: still refused
+    with pytest.raises(RewardError, match="needs a ground truth"):
+        registry.rewards.get(name)([ep])

@@ -3,6 +3,7 @@ model's context window refused before anything plays."""
 
 from __future__ import annotations
 
+from omrl.data.trajectory import read_episodes
 from omrl.rollout import RolloutLimits
 from omrl.training.metrics import rollout_metrics
 from tests.fakes import ScriptedBackend
@@ -44,3 +45,6 @@ def test_an_eval_in_which_no_episode_got_a_model_turn_exits_2_and_keeps_its_repo
     assert status == 2
     assert "no episode got a single model turn" in err and "generation.max_context=30" in err
     assert (out / "report.json").is_file() and (out / "episodes.parquet").is_file()  # what it played is kept
+    # the message says how they are written, as they are (it said env_error, from the env-error check)
+    assert "(they are written, as end_reason max_context)" in " ".join(err.split())
+    assert {ep.end_reason for ep in read_episodes(out / "episodes.parquet")} == {"max_context"}
