@@ -162,10 +162,30 @@ def _manifest_of(path: Path) -> tuple[Path, list[str], Path] | None:
     return None
 
 
+#: a local model directory holds its tokenizer in one of these (transformers' fast, slow and sentencepiece files)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """The tokenizer of a built-in name, local directory or hub id (pad token: eos where it names none).
+    A local directory without tokenizer files is refused: transformers would make a one-token one from
+    its config alone."""
     from transformers import AutoTokenizer
 
     path = resolve_model_path(name_or_path)
+    if Path(path).is_dir() and not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        raise OmrlError(
+            f"model directory {path} has no tokenizer: none of {', '.join(TOKENIZER_FILES)}; "
+            "copy the tokenizer files of the model it was trained from into it"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,32 @@ def check_model_config(cfg: ModelConfig) -> None:
     """Refuse model settings no recipe can train with (checked again as the model is made trainable)."""
     if cfg.lora_rank < 0:
         raise ConfigError(f"model.lora_rank must be >= 0 (0: full fine-tuning), got {cfg.lora_rank}")
+    if not 0 <= cfg.lora_dropout < 1:
+        raise ConfigError(
+            f"model.lora_dropout must be in [0, 1) (the chance each input of a LoRA adapter is dropped), "
+            f"got {cfg.lora_dropout}"
+        )
+    if cfg.lora_rank > 0 and not cfg.lora_target_modules:
+        raise ConfigError(
+            "model.lora_target_modules=[] names no module for LoRA (model.lora_rank > 0); valid: names of the "
+            "model's linear modules, as [q_proj, k_proj, v_proj, o_proj]"
+        )
+
+
+def check_lora_targets(model: Any, cfg: ModelConfig) -> None:
+    """Refuse a name in ``model.lora_target_modules`` that matches none of ``model``'s modules LoRA can adapt,
+    matched as peft matches a list (the whole name, or its last dotted parts), listing the valid names."""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    kinds = (nn.Linear, nn.Embedding, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention, Conv1D)
+    names = [name for name, module in model.named_modules() if isinstance(module, kinds)]
+    missing = [t for t in cfg.lora_target_modules if not any(n == t or n.endswith(f".{t}") for n in names)]
+    if missing:
+        raise ConfigError(
+            f"model.lora_target_modules: no linear or embedding module of model {cfg.name!r} is named "
+            f"{', '.join(map(repr, missing))}; valid: {', '.join(sorted({n.rsplit('.', 1)[-1] for n in names}))}"
+        )
 
 
 def made_trainable(model: Any, cfg: ModelConfig, task_type: str = "CAUSAL_LM", new_heads: tuple[str, ...] = ()) -> Any:
@@ -47,6 +74,7 @@ def made_trainable(model: Any, cfg: ModelConfig, task_type: str = "CAUSAL_LM", n
         return model
     from peft import LoraConfig, get_peft_model
 
+    check_lora_targets(model, cfg)
     lora = LoraConfig(
         r=cfg.lora_rank,
         lora_alpha=cfg.lora_alpha,
@@ -55,7 +83,32 @@ def made_trainable(model: Any, cfg: ModelConfig, task_type: str = "CAUSAL_LM", n
         task_type=task_type,
         modules_to_save=list(new_heads) or None,
     )
-    return get_peft_model(model, lora)
+    with warnings.catch_warnings():  # tied embeddings adapted: save_final_model unties them before merging
+        warnings.filterwarnings("ignore", message="Model has `tie_word_embeddings=True` and a tied layer")
+        return get_peft_model(model, lora)
+
+
+def untie_adapted_embeddings(model: Any) -> None:
+    """Before LoRA is merged into peft model ``model``: where its output head shares its weight with the
+    input embedding and the adapter changes either (``lm_head`` or ``embed_tokens`` targeted), give the
+    head a copy of its own and mark the model untied. Merged into the one shared weight, the head's delta
+    would change the embedding as well (and the embedding's the head): the saved model would not be the
+    trained one."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from torch import nn
+
+    base = model.get_base_model()
+    embedding, head = base.get_input_embeddings(), base.get_output_embeddings()
+    if embedding is None or head is None:
+        return
+    if not (isinstance(embedding, BaseTunerLayer) or isinstance(head, BaseTunerLayer)):
+        return
+    embedding, head = (m.get_base_layer() if isinstance(m, BaseTunerLayer) else m for m in (embedding, head))
+    if head.weight.data_ptr() != embedding.weight.data_ptr():
+        return
+    head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=False)
+    for config in (base.config, base.config.get_text_config()):
+        config.tie_word_embeddings = False
 
 
 def load_frozen_copy(cfg: ModelConfig, device: str) -> Any:
@@ -84,6 +137,7 @@ def save_final_model(
     """
     output_dir = Path(output_dir)
     if merge_lora:
+        untie_adapted_embeddings(model)
         model = model.merge_and_unload()
     for stale in output_dir.glob(".final-model-tmp-*"):  # left by a run killed while it saved
         shutil.rmtree(stale, ignore_errors=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
 from omrl.errors import OmrlError
-from omrl.models import BUILTIN_MODELS, WEBSHOP_DELTA, load_model, resolve_model_path
+from omrl.models import BUILTIN_MODELS, WEBSHOP_DELTA, load_model, load_tokenizer, resolve_model_path
 from omrl.models.delta import file_digest
 from omrl.rollout import PlaySpec
 
@@ -59,6 +62,22 @@ def test_missing_paths_and_bad_names_are_clear(tmp_path):
     with pytest.raises(OmrlError, match="unknown dtype 'float8'"):
         load_model("tiny", dtype="float8")
     assert set(BUILTIN_MODELS) == {"smollm2-135m", "smollm2-135m-webshop", "tiny"}
+
+
+def test_a_local_model_without_tokenizer_files_is_refused_naming_them(tiny_model_dir, tmp_path):
+    for name in ("config.json", "generation_config.json", "model.safetensors"):  # the weights, no tokenizer
+        shutil.copy(Path(tiny_model_dir) / name, tmp_path / name)
+    expected = (
+        f"model directory {tmp_path} has no tokenizer: none of tokenizer.json, tokenizer_config.json, "
+        "vocab.json, vocab.txt, merges.txt, tokenizer.model, spiece.model; copy the tokenizer files of the "
+        "model it was trained from into it"
+    )
+    for load in (load_tokenizer, load_model):
+        with pytest.raises(OmrlError) as info:
+            load(str(tmp_path))
+        assert str(info.value) == expected
+    shutil.copy(Path(tiny_model_dir) / "tokenizer.json", tmp_path / "tokenizer.json")  # one file is enough
+    assert len(load_tokenizer(str(tmp_path))) == len(load_tokenizer(tiny_model_dir))
 
 
 def test_trust_remote_code_is_off_by_default(monkeypatch, tiny_model_dir):
