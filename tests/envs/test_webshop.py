@@ -530,6 +530,7 @@ def test_a_damaged_gz_data_file_is_a_clear_error_naming_it(tmp_path, monkeypatch
     shipped = tmp_path / "shipped.json.gz"
     shipped.write_bytes(gzip.compress(json.dumps({"items": [], "human_goals": {}}).encode()))
     monkeypatch.setattr(catalog, "BUILTIN_DATA", shipped)
+    monkeypatch.setattr("omrl_plugins.envs.webshop.env.BUILTIN_DATA", shipped)  # the shops' cache key too
     with pytest.raises(ConfigError, match="shipped catalog .* is damaged \\(no attributes\\); reinstall omrl"):
         WebShopEnv()
 
