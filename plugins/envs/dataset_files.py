@@ -250,12 +250,21 @@ def _items(
 
 
 def _prompt_text(value: Any, where: str, key: str) -> str:
-    """A prompt as text: text as it is, a chat's messages' contents one paragraph each."""
+    """A prompt as text: text as it is, a chat's messages' contents one paragraph each, up to its
+    last user message (the assistant's reply after it is the answer, not the question)."""
     if (
         isinstance(value, (list, tuple))
         and value
         and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)
     ):
+        roles = [m.get("role") for m in value]
+        if "user" in roles:
+            value = value[: len(roles) - roles[::-1].index("user")]
+        elif "assistant" in roles:
+            raise ConfigError(
+                f"{where}: prompt {key!r} is a chat without a user message; valid: a chat whose last "
+                "user message asks the question (the messages after it are left out)"
+            )
         value = "\n\n".join(m["content"] for m in value)
     if not isinstance(value, str):
         raise ConfigError(

@@ -90,6 +90,19 @@ def test_parquet_with_chat_prompts_and_a_nested_answer_as_verl_writes_them(tmp_p
     assert env.step("Think: easy\nAct: 6").won
 
 
+def test_a_chat_prompt_ends_at_its_last_user_message(tmp_path):
+    # an SFT-style chat holds the reply too: it was joined into the prompt, the answer in plain sight
+    turns = ("system", "Be brief."), ("user", "1 + 1 = ?"), ("assistant", "2"), ("user", "2 + 3 = ?")
+    chat = [{"role": role, "content": text} for role, text in turns + (("assistant", "The answer is 5."),)]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": chat, "answer": "5"}])
+    env = DatasetEnv(path=str(path), prompt_key="messages", test_fraction=0.0)
+    assert env.reset(0).text == "Be brief.\n\n1 + 1 = ?\n\n2\n\n2 + 3 = ?"
+    no_user = [{"role": "system", "content": "Be brief."}, {"role": "assistant", "content": "5"}]
+    write_jsonl(path, [{"messages": chat, "answer": "5"}, {"messages": no_user, "answer": "5"}])
+    with pytest.raises(ConfigError, match="chat.jsonl line 2: prompt 'messages' is a chat without a user message"):
+        DatasetEnv(path=str(path), prompt_key="messages", test_fraction=0.0)
+
+
 def test_a_json_file_may_hold_a_list_of_rows(tmp_path):
     (tmp_path / "qa.json").write_text(json.dumps(sums(3)))
     assert [item.prompt for item in DatasetEnv(path=str(tmp_path / "qa.json")).data.train] == ["0+1=", "1+1=", "2+1="]

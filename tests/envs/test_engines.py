@@ -92,6 +92,33 @@ def test_textcraft_refusals_are_invalid_and_random_state_is_untouched():
         env.reset(419)
 
 
+@pytest.mark.slow  # two processes
+def test_textcraft_tasks_are_the_same_under_every_hash_seed():
+    # the package lists its recipe sets in string-hash order: PYTHONHASHSEED changed a task's recipes
+    import os
+    import subprocess
+
+    code = (
+        "from omrl_plugins.envs.engines.textcraft import TextCraftEnv\n"
+        "for numbering in ('textcraft', 'agentgym'):\n"
+        "    env = TextCraftEnv(numbering=numbering)\n"
+        "    for task_id in (0, 5, 10):\n"
+        "        print(env.reset(task_id).text)\n"
+    )
+    texts = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2")
+    ]
+    assert texts[0] == texts[1] and texts[0].count("Crafting commands:") == 6
+
+
 def _agentgym_goals() -> list[str]:
     """The goals AgentGym's TextCraft server gives ``data_idx`` 0, 1, ..., built as its ``TextCraftEnv.reset``
     builds them: a fresh CraftingTree of the package's recipes, every item of depth >= 1, sorted by depth
@@ -223,6 +250,22 @@ def test_textarena_invalid_moves_and_determinism():
         env.step("[up]")
     with pytest.raises(ConfigError, match="Sokoban-v0"):
         TextArenaEnv(game="Chess-v0")
+
+
+def test_three_card_monte_second_invalid_move_is_the_models_loss():
+    # TextArena 0.7.4 swaps set_invalid_move's arguments here: the second invalid move raised
+    # (a ValueError, recorded as env_error) and the first said "Reason: 0.0"
+    env = TextArenaEnv(game="ThreeCardMonte-v0")
+    env.reset(1_000_000)
+    first = env.step("pick cup one")
+    assert first.info["invalid"] and not first.done and "Reason: Bad action" in first.observation
+    second = env.step("pick cup one")
+    assert second.done and second.info["invalid"] and not second.won
+    assert second.score == 0.0 and second.reward == 0.0 and "Invalid Move: Bad action" in second.observation
+    env.reset(1_000_000)
+    assert not env.step("[7]").done  # out of range: invalid once, then a real guess ends the game
+    last = env.step("[0]")
+    assert last.done and last.score in (0.0, 1.0) and not last.info["invalid"]
 
 
 def test_every_offline_textarena_game_has_its_own_name():

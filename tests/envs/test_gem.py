@@ -193,6 +193,19 @@ def test_reasoning_task_splits_draw_from_disjoint_pools_and_stay_put():
     assert env.reset(1_000_007).text == before
 
 
+def test_a_train_task_never_asks_a_test_pools_question():
+    import reasoning_gym
+
+    env = make("rg:lcm")  # few questions: the pools of seeds 42 and 1,000,042 share some
+    test = {item["question"] for item in reasoning_gym.create_dataset("lcm", seed=1_000_042, size=POOL_SIZE)}
+    train = [env.reset(task_id).text for task_id in range(400)]
+    assert not set(train) & test and len(set(train)) > 200
+    assert {env.reset(task_id).text for task_id in range(1_000_000, 1_000_100)} <= test  # test as it was
+    again = make("rg:lcm")
+    assert [again.reset(task_id).text for task_id in range(50)] == train[:50]
+    assert again.step(again.expert_action()).won
+
+
 def test_what_gem_gives_reaches_the_protocol_check_unchanged(monkeypatch):
     env = make("game:Minesweeper-v0-easy")
     env.reset(1_000_000)

@@ -79,6 +79,22 @@ def test_task_ids_are_item_indices_under_each_splits_seed():
         env.task_ids("dev")
 
 
+def test_a_train_task_never_asks_a_test_question():
+    import reasoning_gym
+
+    env = make("lcm")  # few questions: different seeds often give the same one
+    test = {item["question"] for item in reasoning_gym.create_dataset("lcm", seed=1_000_000, size=500)}
+    assert env.reset(1_000_007).text == reasoning_gym.create_dataset("lcm", seed=1_000_000, size=500)[7]["question"]
+    train = [env.reset(task_id).text for task_id in range(300)]
+    assert not set(train) & test and len(set(train)) > 100
+    drawn_again = next(
+        t for t in range(300) if reasoning_gym.create_dataset("lcm", seed=t, size=1)[0]["question"] in test
+    )
+    again = make("lcm")
+    assert again.reset(drawn_again).text == train[drawn_again]  # deterministic, another instance alike
+    assert again.step(again.expert_action()).won  # scored by the dataset it was drawn from
+
+
 def test_a_dataset_that_draws_every_item_up_front_plays_too():
     env = make("acre")  # acre builds its whole split at the first reset
     env.reset(1_000_001)

