@@ -38,6 +38,8 @@ def check_model_config(cfg: ModelConfig) -> None:
             f"model.lora_dropout must be in [0, 1) (the chance each input of a LoRA adapter is dropped), "
             f"got {cfg.lora_dropout}"
         )
+    if cfg.lora_rank > 0 and not cfg.lora_alpha > 0:  # the adapter's scale is alpha / rank: 0 trains nothing
+        raise ConfigError(f"model.lora_alpha must be > 0 (the adapter's scale is alpha / rank), got {cfg.lora_alpha}")
     if cfg.lora_rank > 0 and not cfg.lora_target_modules:
         raise ConfigError(
             "model.lora_target_modules=[] names no module for LoRA (model.lora_rank > 0); valid: names of the "

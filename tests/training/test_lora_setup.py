@@ -54,6 +54,7 @@ def test_untied_targets_keep_the_model_tied(tiny_model_dir, tmp_path):
         ({"lora_dropout": 1.5}, "model.lora_dropout must be in [0, 1) (the chance each input of a LoRA adapter"),
         ({"lora_dropout": -0.1}, "model.lora_dropout must be in [0, 1)"),
         ({"lora_target_modules": []}, "model.lora_target_modules=[] names no module for LoRA"),
+        ({"lora_alpha": 0}, "model.lora_alpha must be > 0 (the adapter's scale is alpha / rank), got 0"),
     ],
 )
 def test_bad_lora_settings_are_refused_before_a_model_loads(overrides, message):
