@@ -112,18 +112,11 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
     and each of its envs' own options (``plugins.<env>``: the dataset file, a server's address...) with no
     secret in them: the same ``env.name`` and the same ``env.mix`` but for splits (a mixture's envs each
     take the run's settings unless its entry sets its own, so the same mixture plays them as it trained)."""
-    from pathlib import Path
-
-    import yaml
-
     from omrl.config import REDACTED
     from omrl.mixture import parse_env_spec, same_envs
 
-    run_config = Path(model).expanduser() / "config.yaml"
-    if not run_config.is_file():
-        return {}
+    data = run_config(model)
     try:
-        data = yaml.safe_load(run_config.read_text(encoding="utf-8"))
         chat = {key: value_at(data, key) for key in CHAT_KEYS if key.split(".")[1] in (data.get("chat") or {})}
         same_mix = mix_less_splits(data["env"].get("mix")) == mix_less_splits(mix)
         if not same_envs(value_at(data, "env.name"), env) or not same_mix:
@@ -135,8 +128,22 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
             if isinstance(options, dict) and options and REDACTED not in json.dumps(options, default=str):
                 out[f"plugins.{name}"] = options
         return out
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError, AttributeError, ConfigError):
+    except (KeyError, TypeError, AttributeError, ConfigError):
         return {}  # not a run's config: nothing is known of how the model was trained
+
+
+def run_config(model: str) -> Any:
+    """What the run directory ``model``'s ``config.yaml`` holds as YAML; ``{}`` where there is none, or it
+    is no YAML (then nothing is known of how the model was trained)."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(model).expanduser() / "config.yaml"
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
 
 
 def trained_env(model: str, args: list[str] | None, env_flag: str | None) -> dict[str, Any]:
@@ -144,18 +151,14 @@ def trained_env(model: str, args: list[str] | None, env_flag: str | None) -> dic
     itself (no --env, no ``env`` key, no YAML of the user's that sets one): a trained model plays the env
     it trained on, not a shipped preset's. Empty when the command line names one, or ``model`` is not a
     run's folder."""
-    from pathlib import Path
-
-    import yaml
-
     from omrl.config import user_sets
 
     if env_flag or user_sets(args, "env.name") or user_sets(args, "env.mix"):
         return {}
     try:
-        env = yaml.safe_load((Path(model).expanduser() / "config.yaml").read_text(encoding="utf-8"))["env"]
+        env = run_config(model)["env"]
         name, mix = env["name"], env.get("mix") or []
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError):
+    except (KeyError, TypeError, AttributeError):
         return {}  # not a run's config: the command's own default env
     return {"env.name": name, **({"env.mix": mix} if mix else {})} if isinstance(name, str) and name else {}
 
