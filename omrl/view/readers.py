@@ -52,7 +52,9 @@ class ParquetEpisodes:
         turn_fields = {f.name for f in schema.field("turns").type.value_type} if "turns" in names else set()
         columns = [c for c in (*_SCALARS, "rewards", "loss_mask", "advantages") if c in names]
         columns += [f"turns.list.element.{f}" for f in ("reward", "node_id") if f in turn_fields]
-        table = self._file.read(columns=columns)
+        table = self._readable_groups(columns)
+        if table is None:
+            return []
         rows = table.select([c for c in _SCALARS if c in names]).to_pylist()
         tokens, generated = _lengths_and_sums(table.column("loss_mask")) if "loss_mask" in names else ([], [])
         turns = table.column("turns") if "turns" in table.column_names else None
@@ -85,10 +87,34 @@ class ParquetEpisodes:
             )
         return summaries
 
-    def row(self, index: int) -> dict[str, Any]:
-        """Episode ``index`` of the file as a dict (its row group is read once and kept)."""
+    def _readable_groups(self, columns: list[str]) -> Any:
+        """``columns`` of every row group that can be read, as one table (None: not one can); a damaged
+        group costs its own episodes, named in a problem, not the file's."""
         import pyarrow as pa
 
+        tables, self._rows = [], []  # _rows: the file row of each summary
+        for group, start in enumerate(self._starts):
+            count = self._file.metadata.row_group(group).num_rows
+            try:
+                tables.append(self._file.read_row_group(group, columns=columns))
+            except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+                self.problems.append(
+                    Problem(
+                        self.label,
+                        f"rows {start}..{start + count - 1} (row group {group}) cannot be read "
+                        f"({_first_line(exc)}); their episodes are not shown",
+                    )
+                )
+                continue
+            self._rows.extend(range(start, start + count))
+        return pa.concat_tables(tables) if tables else None
+
+    def row(self, index: int) -> dict[str, Any]:
+        """Episode ``index`` of the file (the ``index``-th summary) as a dict (its row group is read once
+        and kept)."""
+        import pyarrow as pa
+
+        index = self._rows[index]
         group = max(g for g, start in enumerate(self._starts) if start <= index)
         try:
             with self._lock:  # two requests for one row group read it once
@@ -183,7 +209,7 @@ class ReportEpisodes:
     def row(self, index: int) -> dict[str, Any]:
         raise Unreadable(
             f"{self.label}: an eval report keeps one summary line per episode, not its turns or tokens "
-            "(`omrl rollout` writes whole episodes)"
+            "(omrl eval writes them whole beside it, in episodes.parquet: open that file or its folder)"
         )
 
 

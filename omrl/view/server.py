@@ -128,8 +128,12 @@ def make_server(store: EpisodeStore | Comparison, host: str = "127.0.0.1", port:
             return ViewServer(store, host, candidate)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE or candidate == candidates[-1]:
-                why = "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror or exc})"
-                raise OmrlError(f"{host}:{candidate} {why}; pass another --port (0 picks a free one)") from exc
+                if exc.errno == errno.EADDRINUSE:
+                    raise OmrlError(f"{host}:{candidate} is in use; pass another --port (0 picks a free one)") from exc
+                raise OmrlError(
+                    f"--host {host}: cannot be bound on port {candidate} ({exc.strerror or exc}); pass an address "
+                    "of this machine, e.g. 127.0.0.1 (the default) or 0.0.0.0 for every interface"
+                ) from exc
     raise AssertionError("unreachable")
 
 

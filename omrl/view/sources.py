@@ -16,6 +16,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omrl.errors import OmrlError
 
@@ -23,7 +24,8 @@ METRICS_FILE = "metrics.jsonl"  # what omrl.training.metrics writes (not importe
 CONFIG_FILE = "config.yaml"
 TOKENIZER_FILE = "tokenizer.json"
 SCHEMA_KEY = b"omrl.schema"
-MODEL_KEY = b"omrl.model"  # read when a writer records the model; none does yet
+# the tokenizer a trajectory file records (omrl.data.trajectory.TOKENIZER_KEY; not imported: it loads pyarrow)
+TOKENIZER_KEY = b"omrl.tokenizer"
 # Folders a run keeps that hold no trajectories: walking them would only cost time.
 _SKIP_DIRS = {"checkpoints", "tensorboard", "wandb", "__pycache__", "node_modules"}
 # JSON files a saved Hugging Face model keeps beside the run's files: never eval reports.
@@ -71,7 +73,8 @@ class RunSource:
     records: list[Path] = field(default_factory=list)
     reports: list[Path] = field(default_factory=list)
     tokenizer: Path | None = None
-    model: str | None = None  # a model name a trajectory file records in its metadata (omrl.model), if any
+    # the tokenizer fingerprint (name, size, vocab hash) the first trajectory file records, if any
+    recorded_tokenizer: dict[str, Any] | None = None
     problems: list[Problem] = field(default_factory=list)
 
     def label(self, path: Path) -> str:
@@ -128,6 +131,10 @@ def _discover_file(path: Path) -> RunSource:
     elif suffix == ".json":
         source.kind = "report"
         _add_report(source, path)
+        # omrl eval writes each episode whole beside its report: shown from there, turns and tokens
+        episodes = path.with_name("episodes.parquet" if name == "report.json" else f"{path.stem}.episodes.parquet")
+        if source.reports and readable_inside(episodes, path.parent):
+            _add_parquet(source, episodes)
     elif suffix in (".yaml", ".yml"):
         source.kind, source.config = "run", path
     else:
@@ -254,9 +261,12 @@ def _add_parquet(source: RunSource, path: Path) -> None:
         )
         return
     source.trajectories.append(path)
-    model = (schema.metadata or {}).get(MODEL_KEY)
-    if model and source.model is None:
-        source.model = model.decode("utf-8", errors="replace")
+    if source.recorded_tokenizer is None:
+        try:
+            recorded = json.loads((schema.metadata or {}).get(TOKENIZER_KEY, b"null"))
+        except ValueError:
+            recorded = None
+        source.recorded_tokenizer = recorded if isinstance(recorded, dict) else None
 
 
 def _add_records(source: RunSource, path: Path, quiet: bool = False) -> None:

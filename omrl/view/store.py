@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.config import redact, redact_text
+from omrl.errors import OmrlError
 from omrl.view import evals, games, groups
 from omrl.view.bounds import MAX_GROUP_TEXT, TextBudget
 from omrl.view.detail import cut_answer, episode_detail
@@ -46,6 +47,9 @@ class EpisodeStore:
             self._add(lambda p=path: RecordEpisodes(p, source.label(p)), path)
         for path in source.reports:
             self._add_report(path)
+        errors = [str(problem) for problem in self.problems if problem.level == "error"]
+        if source.path.is_file() and errors and not self.summaries:  # the one file given: nothing of it shown
+            raise OmrlError("; ".join(errors))
         self._members: dict[str, list[int]] = {}
         self._games: dict[str, list[int]] = {}  # a game of several seats: the policy's episodes of it
         for summary in self.summaries:

@@ -3,8 +3,9 @@
 Trajectory files store token ids only (the ids the model sampled), so the page needs a
 tokenizer to show them as text. It is found, in order: ``--tokenizer`` (a tokenizer.json,
 a model directory, or a built-in model name), the run's own ``tokenizer.json`` (a run
-directory saves the model beside its metrics), the model named in ``config.yaml``, and
-the model a trajectory file names in its metadata (``omrl.model``).
+directory saves the model beside its metrics), the model named in ``config.yaml``, the
+tokenizer a trajectory file records in its metadata (``omrl.tokenizer``), and the model of the eval
+report beside it. Where a file records its tokenizer's vocabulary, one with another is never used.
 Without one the page shows the ids.
 
 Only the ``tokenizers`` library is used: loading transformers (and torch) would take seconds.
@@ -37,13 +38,23 @@ class TokenText:
         except Exception as exc:  # noqa: BLE001 - the library raises plain Exceptions for bad files
             raise OmrlError(f"{path}: not a readable tokenizer.json ({str(exc).splitlines()[0][:200]})") from exc
 
+    def made(self, recorded: dict[str, Any] | None) -> bool:
+        """Whether this tokenizer has the vocabulary of ``recorded`` (a file's fingerprint; None: any)."""
+        from omrl.data.trajectory import tokenizer_fingerprint
+
+        return recorded is None or tokenizer_fingerprint(self._tokenizer)["vocab"] == recorded.get("vocab")
+
     def pieces(self, ids: list[int]) -> list[str]:
         """The text of each token alone. A character split over several byte tokens shows as U+FFFD."""
         return self._tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
 
 
 def find_tokenizer(source: RunSource, name: str | None = None) -> tuple[TokenText | None, str]:
-    """The tokenizer for ``source`` and a line saying where it came from (or why there is none)."""
+    """The tokenizer for ``source`` and a line saying where it came from (or why there is none).
+
+    Where the trajectory files record the tokenizer of their ids (``omrl.tokenizer``), only a tokenizer
+    of that vocabulary is used: another would show every token as some other token's text."""
+    recorded = source.recorded_tokenizer
     if name:
         path = _resolve(name)
         if path is None:
@@ -51,18 +62,42 @@ def find_tokenizer(source: RunSource, name: str | None = None) -> tuple[TokenTex
                 f"--tokenizer {name!r}: no tokenizer.json found; valid: a tokenizer.json file, a model "
                 f"directory holding one, or a built-in model name ({', '.join(BUILTIN_MODELS)})"
             )
-        return TokenText(path), f"tokenizer: {path}"
-    if source.tokenizer is not None:
-        return TokenText(source.tokenizer), f"tokenizer: {source.tokenizer}"
-    for model, where in (
-        (_config_model(source.config), "model.name in config.yaml"),
-        (source.model, "the model the trajectory file names"),
-        (_report_model(source), "the model the eval report beside it names"),
-    ):
-        path = _resolve(model) if model else None
-        if path is not None:
-            return TokenText(path), f"tokenizer: {path} ({where})"
+        tokens = TokenText(path)
+        if not tokens.made(recorded):
+            raise OmrlError(
+                f"--tokenizer {name!r}: its vocabulary is not the one the episodes' token ids were made with "
+                f"({_recorded_name(recorded)}); give that tokenizer, or leave --tokenizer out"
+            )
+        return tokens, f"tokenizer: {path}"
+    candidates = (
+        (source.tokenizer, "the run's tokenizer.json"),
+        (_resolve_name(_config_model(source.config)), "model.name in config.yaml"),
+        (_resolve_name((recorded or {}).get("name")), "the tokenizer the trajectory file records"),
+        (_resolve_name(_report_model(source)), "the model the eval report beside it names"),
+    )
+    other = []
+    for path, where in candidates:
+        if path is None:
+            continue
+        tokens = TokenText(path)
+        if tokens.made(recorded):
+            return tokens, f"tokenizer: {path}" if path == source.tokenizer else f"tokenizer: {path} ({where})"
+        other.append(where)
+    if other:
+        return None, (
+            f"no tokenizer of the episodes' vocabulary found ({_recorded_name(recorded)}; {' and '.join(other)} "
+            "gives another); token ids shown: pass --tokenizer MODEL with that model's"
+        )
     return None, "no tokenizer found (token ids shown; pass --tokenizer MODEL to see their text)"
+
+
+def _recorded_name(recorded: dict[str, Any] | None) -> str:
+    recorded = recorded or {}
+    return f"{recorded.get('name') or 'a tokenizer'}, {recorded.get('size')} tokens"
+
+
+def _resolve_name(name: Any) -> Path | None:
+    return _resolve(name) if isinstance(name, str) and name else None
 
 
 def _resolve(name: str) -> Path | None:

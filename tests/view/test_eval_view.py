@@ -249,15 +249,17 @@ def test_the_page_shows_the_expected_answer_beside_the_final_one(evals, chromium
 
 
 @pytest.mark.slow
-def test_an_episode_without_its_turns_says_why(evals, chromium, monkeypatch):
-    """A report viewed alone keeps no turns, and a parquet row can be unreadable: the episode page
-    shows its facts and the reason, not a script error."""
+def test_an_episode_without_its_turns_says_why(evals, chromium, monkeypatch, tmp_path):
+    """A report without its episodes file keeps no turns, and a parquet row can be unreadable: the episode
+    page shows its facts and the reason, not a script error."""
     from omrl.view.readers import ParquetEpisodes, Unreadable
 
     def unreadable(reader, index):
         raise Unreadable(f"{reader.label}: row {index} cannot be read (damaged)")
 
-    with serving(evals[0] / "report.json") as url, page_of(chromium) as page:
+    alone = tmp_path / "report.json"  # copied away from the episodes.parquet omrl eval wrote beside it
+    alone.write_bytes((evals[0] / "report.json").read_bytes())
+    with serving(alone) as url, page_of(chromium) as page:
         page.goto(url + "#/episode/1")
         page.wait_for_selector("main .card.problems")
         assert "keeps one summary line per episode, not its turns" in page.inner_text("main .card.problems")
