@@ -19,6 +19,7 @@ from omrl.config.redaction import redact_text
 from omrl.data.trajectory import END_REASONS, Episode, to_json
 from omrl.errors import OmrlError
 from omrl.rollout.convert import generated_tokens, token_exact, truncated_turns
+from omrl.rollout.spec import overlong
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -48,8 +49,9 @@ def ks_for(samples: int) -> list[int]:
 
 def measured(episodes: Sequence[Episode]) -> list[Episode]:
     """The episodes that measured the model: all but those that failed in the env (``env_error``: a
-    server down, a simulator crash), which say nothing of the model and count as neither win nor loss."""
-    return [ep for ep in episodes if ep.end_reason != "env_error"]
+    server down, a simulator crash) and those whose opening prompt did not fit ``generation.max_context``
+    (:func:`~omrl.rollout.spec.overlong`), which say nothing of the model and count as neither win nor loss."""
+    return [ep for ep in episodes if ep.end_reason != "env_error" and not overlong(ep)]
 
 
 def env_error_reasons(episodes: Sequence[Episode], limit: int = 3) -> list[str]:
@@ -132,8 +134,9 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
     """Every metric of a set of episodes (one or more samples per task), as a JSON-ready dict.
 
     Success, score, reward and pass@k are over the :func:`measured` episodes only; ``env_errors``
-    (and ``env_error_rate``) count the others beside them. Counting an env failure as a loss would
-    report a dead server as a weak model.
+    (and ``env_error_rate``) and ``overlong_prompts`` (where there are some) count the others beside
+    them. Counting an env failure, or a prompt longer than the context, as a loss would report a dead
+    server, or a setting, as a weak model.
     """
     if not episodes:
         raise OmrlError("no episodes to evaluate")
@@ -146,7 +149,7 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
     for ep in played:
         by_task[(ep.env, ep.split, ep.task_id, ep.info.get("seat", ""))].append(ep)
     samples = max((len(group) for group in by_task.values()), default=0)
-    n, m = len(episodes), len(played)
+    n, m, too_long = len(episodes), len(played), sum(overlong(ep) for ep in episodes)
     metrics: dict[str, Any] = {
         "episodes": n,
         "tasks": len({(ep.env, ep.split, ep.task_id) for ep in episodes}),
@@ -160,8 +163,9 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
         "truncated_turn_rate": _rate(sum(truncated_turns(ep) for ep in episodes), len(turns)),
         "tokens_per_episode": sum(len(ep.token_ids) for ep in episodes) / n,
         "generated_tokens_per_episode": sum(generated_tokens(ep) for ep in episodes) / n,
-        "env_errors": n - m,
-        "env_error_rate": (n - m) / n,
+        "env_errors": n - m - too_long,
+        "env_error_rate": (n - m - too_long) / n,
+        **({"overlong_prompts": too_long} if too_long else {}),  # the setting's failures: no model turn
         "not_token_exact": sum(not token_exact(ep) for ep in episodes),
         "end_reasons": {reason: count for reason, count in Counter(ep.end_reason for ep in episodes).items()},
         **tool_use(played),

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ast
 import difflib
+import fnmatch
 import importlib
 import importlib.util
 import inspect
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +160,28 @@ def short_list(names: list[str], kind: str, most: int = 20) -> str:
     return ", ".join(shown)
 
 
+def left_out(name: str, components: Any) -> tuple[str, str | None]:
+    """The family of ``family:member`` and why it leaves ``member`` out on purpose, or None. A family
+    declares what it leaves out as ``LEFT_OUT``, a dict of member names or ``fnmatch`` patterns
+    (``game:Wordle-*``) to reasons, in the module of the objects it registers (read where that module
+    is loaded, which a registered object's is; a family registered by import paths is not imported)."""
+    family, colon, member = name.partition(":")
+    if not colon:
+        return family, None
+    modules = {
+        c.target.partition(":")[0] if isinstance(c.target, str) else getattr(c.target, "__module__", None)
+        for c in components
+        if c.name == family or c.name.startswith(f"{family}:")
+    }
+    for module in sorted(m for m in modules if m):
+        reasons = getattr(sys.modules.get(module), "LEFT_OUT", None)
+        if isinstance(reasons, dict):
+            why = next((str(r) for key, r in reasons.items() if fnmatch.fnmatchcase(member, str(key))), None)
+            if why:
+                return family, why
+    return family, None
+
+
 class Registry:
     """A lazily built registry of one kind of component."""
 
@@ -179,9 +203,16 @@ class Registry:
         if name in items:
             return items[name]
         valid = sorted(items)
+        label = self.label if kind == self.kinds[0] else kind.replace("_", " ")
+        family, why = left_out(name, items.values())
+        if why:  # the family leaves the member out on purpose: its reason, not a near name
+            members = [n for n in valid if n.startswith(f"{family}:")]
+            raise UnknownNameError(
+                f"{label} {name!r} is left out of {family}: {why}. Valid: {short_list(members, kind)} "
+                f"(omrl plugins --kind {kind})"
+            )
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        label = self.label if kind == self.kinds[0] else kind.replace("_", " ")
         raise UnknownNameError(f"unknown {label} {name!r}.{hint} Valid: {short_list(valid, kind)}")
 
     def get(self, name: str, kind: str | None = None) -> Any:

@@ -62,6 +62,46 @@ def test_unknown_name_lists_valid_names_and_suggests(register_plugin):
     assert "fake-env" in message.split("Valid:")[1]
 
 
+def test_a_member_its_family_leaves_out_gets_the_familys_reason_not_a_near_name(register_plugin, monkeypatch):
+    """`gem:game:Wordle-v0` was answered "Did you mean 'gem:game:Crosswords-v0-hard'?": the family's
+    LEFT_OUT (in the module of the classes it registers) knew why it is not there."""
+    import types
+
+    family = types.ModuleType("fake_family_module")
+    family.LEFT_OUT = {"game:Wordle-*": "downloads a word list", "composite": "mixes the others"}
+    monkeypatch.setitem(sys.modules, "fake_family_module", family)
+    member = type("FamMember", (FakeEnv,), {"__module__": "fake_family_module"})
+
+    class FamilyPlugin:
+        @hookimpl
+        def register_envs(self, register):
+            register("fam:game:Wordle-v1-easy", member)
+            register("fam:game:Sudoku-v0", member)
+
+    register_plugin(FamilyPlugin(), name="fake-family")
+    for name, why in [("fam:game:Wordle-v0", "downloads a word list"), ("fam:composite", "mixes the others")]:
+        with pytest.raises(UnknownNameError) as info:
+            registry.envs.get(name)
+        message = str(info.value)
+        assert f"env {name!r} is left out of fam: {why}. Valid: fam:* (2)" in message, message
+        assert "Did you mean" not in message
+    with pytest.raises(UnknownNameError, match=r"unknown env 'fam:game:Sudoku-v1'. Did you mean 'fam:game:Sudoku-v0'"):
+        registry.envs.get("fam:game:Sudoku-v1")  # not left out: a near name still helps
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("gem:game:Wordle-v0", "downloads NLTK's `words` corpus"),
+        ("reasoning-gym:composite", "it only mixes other datasets"),
+    ],
+)
+def test_the_builtin_families_left_out_members_are_explained(name, why):
+    with pytest.raises(UnknownNameError) as info:
+        registry.envs.get(name)
+    assert f"env {name!r} is left out of {name.split(':')[0]}: {why}" in str(info.value)
+
+
 def test_duplicate_names_fail_naming_both_plugins(register_plugin):
     register_plugin(FakeEnvPlugin(), name="first-plugin")
     register_plugin(FakeEnvPlugin(), name="second-plugin")

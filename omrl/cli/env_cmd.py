@@ -176,8 +176,7 @@ def serve(
         "from this machine only; any other (0.0.0.0: every one) "
         "is served with a warning.",
     ),
-    # not 0 (any free port): the URL printed for clients would name port 0, not the one bound
-    port: int = typer.Option(8000, min=1, max=65535, help="Port to listen on."),
+    port: int = typer.Option(8000, min=0, max=65535, help="Port to listen on (0: a free one, printed)."),
     token: str = typer.Option(
         None,
         "--token",
@@ -225,19 +224,23 @@ def serve(
     if warning:
         console.print(Text(warning, style="bold red"), soft_wrap=True)
     needs = " (and the token: OMRL_SERVE_TOKEN or plugins.agentgym.token)" if token else ""
-    console.print(
-        f"serving env [bold]{escape(name)}[/] on http://{host}:{port} (AgentGym id dialect; env_idx dialect at "
-        f"http://{host}:{port}/env_idx); play it with "
-        f"env.name=agentgym plugins.agentgym.base_url=http://{host}:{port} plugins.agentgym.env_name={escape(name)}{needs}; "
-        + (
-            f"envs idle for {idle_timeout:g} s are closed (--idle-timeout)"
-            if idle_timeout
-            else "envs are never closed for idleness (--idle-timeout 0)"
-        ),
-        highlight=False,
-        soft_wrap=True,
-    )
-    run_server(app, host, port)
+
+    def announce(bound: int) -> None:  # the port bound: with --port 0, the free one picked
+        url = f"http://{host}:{bound}"
+        console.print(
+            f"serving env [bold]{escape(name)}[/] on {url} (AgentGym id dialect; env_idx dialect at "
+            f"{url}/env_idx); play it with "
+            f"env.name=agentgym plugins.agentgym.base_url={url} plugins.agentgym.env_name={escape(name)}{needs}; "
+            + (
+                f"envs idle for {idle_timeout:g} s are closed (--idle-timeout)"
+                if idle_timeout
+                else "envs are never closed for idleness (--idle-timeout 0)"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    run_server(app, host, port, announce=announce)
 
 
 @env_app.command("play")

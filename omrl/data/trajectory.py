@@ -29,7 +29,16 @@ from omrl.atomic import atomic_write_parquet
 from omrl.chat.replies import REASONING_FIELDS
 from omrl.errors import ConfigError, OmrlError
 
-END_REASONS = ("done", "max_turns", "max_context", "env_error", "empty_response", "pruned", "budget")
+END_REASONS = (
+    "done",
+    "max_turns",
+    "max_context",
+    "env_error",
+    "empty_response",
+    "expert_gave_up",  # the scripted expert had no action for the state: a loss, not the env's failure
+    "pruned",
+    "budget",
+)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -32,7 +32,6 @@ from typing import Any, Callable, Sequence, TypeVar
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat import check_history, prompt_ids
 from omrl.chat.conformance import check_run_template
-from omrl.chat.encoding import encode_plain
 from omrl.clock import timed
 from omrl.data.trajectory import Episode
 from omrl.envs import DemoTurn, Env, Observation, check_seats, clean_text, reset_problem
@@ -40,7 +39,7 @@ from omrl.errors import OmrlError
 from omrl.rollout.live import EMPTY_OBSERVATION, LiveEpisode, continue_chat, record_reply, record_step
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
-from omrl.rollout.replies import StreamedReplies, TurnReplies, turn_caps
+from omrl.rollout.replies import GAVE_UP, StreamedReplies, TurnReplies, expert_replies, no_expert_at_all, turn_caps
 from omrl.rollout.spec import RolloutLimits
 from omrl.supervisor import StageStalled, on_stall
 from omrl.templates import Template
@@ -185,14 +184,18 @@ def collect_lanes(
         if not live:
             continue
         if expert:
-            ready = list(zip(live, _expert_replies(tokenizer, live, turn_caps(live, limits))))
+            ready = list(zip(live, expert_replies(tokenizer, live, turn_caps(live, limits), _expert_actions(live))))
+            for state, reply in ready:
+                if reply is GAVE_UP:  # the expert's loss, not the env's failure: no turn, and it counts
+                    state.end = "expert_gave_up"
         else:
             ready = replies(live)
         progress.generated(sum(len(r.token_ids) for _, r in ready if isinstance(r, Generation)))
         to_step = [
             s
             for s, reply in ready
-            if record_reply(s, reply, s.lane.template, tokenizer, s.env, s.chat_kwargs) is not None
+            if reply is not GAVE_UP
+            and record_reply(s, reply, s.lane.template, tokenizer, s.env, s.chat_kwargs) is not None
         ]
         with timed("env"):
             results = per_pool(
@@ -224,6 +227,8 @@ def collect_lanes(
         replies.close()
     if backend is not None:
         backend.release()  # shared openings may stay; the update needs the memory the rest held
+    if expert:
+        no_expert_at_all(finished)
     return sorted(finished, key=lambda ep: (ep.group, ep.sample))
 
 
@@ -288,6 +293,18 @@ def _start(tokenizer: Any, started: list[tuple[int, int, Lane, int]], max_contex
         end = "max_context" if len(ep.token_ids) >= max_context else None
         states.append(_Chain(ep, messages, observation, lane=lane, env=env, chat_kwargs=kwargs, end=end))
     return states
+
+
+def _expert_actions(live: list[_Chain]) -> list[Any]:
+    """Each episode's scripted expert's (action, thought), or what its env raised."""
+    return per_pool(
+        live,
+        lambda s: s.lane.pool,
+        # the thought is asked after the action it explains; an env from before expert_thought has none
+        lambda pool, some: pool.call_many(
+            lambda env: (env.expert_action(), getattr(env, "expert_thought", str)()), [s.env for s in some]
+        ),
+    )
 
 
 def label(ep: Episode) -> str:
@@ -360,34 +377,3 @@ def open_episode(
     ep.token_ids, ep.loss_mask, ep.logprobs = ids, [0] * len(ids), [0.0] * len(ids)
     ep.prompt_length = len(ids)
     return messages, kwargs, observation
-
-
-def _expert_replies(tokenizer: Any, live: list[_Chain], caps: list[int]) -> list[Generation | BaseException]:
-    """The scripted expert's next action per episode, as the ids of the template-formatted reply."""
-    actions = per_pool(
-        live,
-        lambda s: s.lane.pool,
-        # the thought is asked after the action it explains; an env from before expert_thought has none
-        lambda pool, some: pool.call_many(
-            lambda env: (env.expert_action(), getattr(env, "expert_thought", str)()), [s.env for s in some]
-        ),
-    )
-    eos = int(tokenizer.eos_token_id)
-    out: list[Generation | BaseException] = []
-    for state, played, cap in zip(live, actions, caps):
-        action, thought = (played, "") if isinstance(played, BaseException) else played
-        if isinstance(action, BaseException) or action is None:
-            out.append(
-                action
-                if isinstance(action, BaseException)
-                else OmrlError(f"{state.lane.pool.name} has no scripted expert action here")
-            )
-            continue
-        # a template written before thoughts may take (action, env) alone: the thought only where there is one
-        text = state.lane.template.format_action(action, state.env, *([thought] if thought else []))
-        ids = encode_plain(tokenizer, text) + [eos]  # a reply's text is never special tokens
-        if thought and len(ids) > cap:  # the thought would crowd the action out of the turn's token cap
-            ids = encode_plain(tokenizer, state.lane.template.format_action(action, state.env)) + [eos]
-        ids = ids[:cap]
-        out.append(Generation(ids, [0.0] * len(ids), "stop" if ids[-1] == eos else "length"))
-    return out

@@ -1,4 +1,5 @@
-"""Where a chain rollout's replies come from: a backend turn by turn, or a backend's stream as they come.
+"""Where a chain rollout's replies come from: a backend turn by turn, a backend's stream as they come, or
+the env's scripted expert (:func:`expert_replies`).
 
 The loop (:mod:`omrl.rollout.loop`) hands a source the episodes waiting for a reply and gets back
 ``(episode, reply)`` pairs for those whose reply is ready:
@@ -16,9 +17,12 @@ number), so a reply does not depend on which episodes were decoding beside it.
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from typing import Any, Sequence, TypeVar
 
 from omrl.backends.base import Backend, Generation, SamplingParams, Stream
+from omrl.chat.encoding import encode_plain
+from omrl.data.trajectory import Episode
+from omrl.errors import OmrlError
 from omrl.rollout.live import LiveEpisode
 from omrl.rollout.spec import RolloutLimits
 from omrl.supervisor import stage
@@ -77,3 +81,42 @@ class StreamedReplies:
 
     def close(self) -> None:
         self.stream.close()
+
+
+#: what :func:`expert_replies` gives for an episode whose expert has no action for its state
+GAVE_UP = OmrlError("the scripted expert has no action here")
+
+
+def expert_replies(
+    tokenizer: Any, live: Sequence[Any], caps: list[int], actions: list[Any]
+) -> list[Generation | BaseException]:
+    """The scripted expert's next ``actions`` (``(action, thought)`` per episode of ``live``, or what its
+    env raised) as the ids of the template-formatted replies; :data:`GAVE_UP` where it has no action:
+    the loop ends that episode as ``expert_gave_up``, a loss (the env did not fail, its expert did)."""
+    eos = int(tokenizer.eos_token_id)
+    out: list[Generation | BaseException] = []
+    for state, played, cap in zip(live, actions, caps):
+        action, thought = (played, "") if isinstance(played, BaseException) else played
+        if isinstance(action, BaseException) or action is None:
+            out.append(action if isinstance(action, BaseException) else GAVE_UP)
+            continue
+        # a template written before thoughts may take (action, env) alone: the thought only where there is one
+        text = state.lane.template.format_action(action, state.env, *([thought] if thought else []))
+        ids = encode_plain(tokenizer, text) + [eos]  # a reply's text is never special tokens
+        if thought and len(ids) > cap:  # the thought would crowd the action out of the turn's token cap
+            ids = encode_plain(tokenizer, state.lane.template.format_action(action, state.env)) + [eos]
+        ids = ids[:cap]
+        out.append(Generation(ids, [0.0] * len(ids), "stop" if ids[-1] == eos else "length"))
+    return out
+
+
+def no_expert_at_all(episodes: list[Episode]) -> None:
+    """An env whose expert gave no action at the start of every one of its episodes has no expert here
+    (an env without one, a server without the expert route): those episodes are the env's failures
+    (env_error), as before, not the expert's losses: a rollout that played nothing does not exit 0."""
+    for env in dict.fromkeys(ep.env for ep in episodes):
+        mine = [ep for ep in episodes if ep.env == env and ep.end_reason != "env_error"]
+        if mine and all(ep.end_reason == "expert_gave_up" and not ep.turns for ep in mine):
+            for ep in mine:
+                ep.end_reason = "env_error"
+                ep.error = f"{env} has no scripted expert action: its expert gave none at the start of any episode"

@@ -10,6 +10,7 @@ one value in (:class:`~omrl.rollout.spec.PlaySpec`) and gives one back (:class:`
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -24,7 +25,15 @@ from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.seating import PastCheckpoints, SeatSource, close_seating, expert_seating, seating_of
 from omrl.rollout.seats import play_seats
-from omrl.rollout.spec import Played, PlaySpec, RolloutLimits, measured, merged_rewards
+from omrl.rollout.spec import (
+    OverlongPromptWarning,
+    Played,
+    PlaySpec,
+    RolloutLimits,
+    measured,
+    merged_rewards,
+    overlong_note,
+)
 from omrl.templates import Template
 
 
@@ -179,7 +188,15 @@ class RolloutSession:
     ) -> Played:
         """``spec.group_size`` samples of each task, every env's chains in one batched rollout, each
         env's rewards composed with its own weights (unless ``spec.rewards`` is off). Episode.group is
-        the task's position in ``tasks``."""
+        the task's position in ``tasks``. Episodes whose opening prompt did not fit the context are
+        said in an :class:`~omrl.rollout.spec.OverlongPromptWarning` naming the setting to raise."""
+        played = self._play(tasks, spec, progress)
+        note = overlong_note(played.episodes, (spec.limits or self.limits).max_context)
+        if note:
+            warnings.warn(note, OverlongPromptWarning, stacklevel=2)
+        return played
+
+    def _play(self, tasks: Sequence[Any], spec: PlaySpec, progress: RolloutProgress | None) -> Played:
         if self.agent is not None:
             return self._play_agents(tasks, spec, progress)
         if self.envs[0].seating:  # a seated env plays alone (seating_of refuses it in a mixture)

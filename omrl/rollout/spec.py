@@ -101,6 +101,32 @@ def measured(episodes: list[Episode]) -> int:
     return sum(ep.end_reason != "env_error" for ep in episodes)
 
 
+def overlong(episode: Episode) -> bool:
+    """Whether ``episode`` never started: its opening prompt left no room within ``generation.max_context``
+    (end reason ``max_context`` before a model turn). The setting failed, not the model: such episodes
+    count in no success rate and train nothing, and are counted apart (``overlong_prompts``), as verl's
+    ``filter_overlong_prompts`` leaves such prompts out."""
+    return episode.end_reason == "max_context" and not episode.turns
+
+
+class OverlongPromptWarning(UserWarning):
+    """Some episodes' opening prompts did not fit ``generation.max_context`` (:func:`overlong_note`)."""
+
+
+def overlong_note(episodes: list[Episode], max_context: int) -> str | None:
+    """The line that says how many of ``episodes`` (but not all: then nothing played, which the commands
+    refuse on their own) were :func:`overlong`, and the setting to raise; None when none was."""
+    too_long = [ep for ep in episodes if overlong(ep)]
+    if not too_long or len(too_long) == len(episodes):
+        return None
+    return (
+        f"{len(too_long)} of {len(episodes)} episodes never started: their opening prompt (up to "
+        f"{max(ep.prompt_length for ep in too_long)} tokens) leaves no room within generation.max_context="
+        f"{max_context}; they are left out of success rates and training (overlong_prompts); raise "
+        "generation.max_context, or shorten the prompt (env.demonstration=false drops the worked example)"
+    )
+
+
 def merged_rewards(per_env: dict[str, tuple[dict[str, float], int]]) -> dict[str, float]:
     """Per-episode means over every env from each env's (means, episode count): a term only some
     envs reward is averaged over those envs' episodes."""

@@ -65,7 +65,7 @@ import contextlib
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from omrl.envs import Env, UnknownTaskError, create_env
 from omrl.errors import OmrlError
@@ -341,11 +341,22 @@ def create_app(
     return app
 
 
-def run_server(app, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve ``app`` until interrupted (one process: the envs live in its memory)."""
+def run_server(
+    app,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    announce: Callable[[int], None] | None = None,
+) -> None:
+    """Serve ``app`` until interrupted (one process: the envs live in its memory). The port is bound
+    first and ``announce`` told the one bound (port 0: a free one the system picks) before any request."""
     server = _server(app, host=host, port=port, log_level=log_level)
-    server.run()
-    if not server.started:  # the port is in use: uvicorn said so
+    sock = server.config.bind_socket()  # a port in use: uvicorn says so and exits 3
+    with sock:
+        if announce is not None:
+            announce(sock.getsockname()[1])
+        server.run(sockets=[sock])
+    if not server.started:
         raise SystemExit(3)
 
 

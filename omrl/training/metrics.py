@@ -34,6 +34,7 @@ from omrl.atomic import atomic_write_text
 from omrl.config.options import LoggingConfig
 from omrl.errors import OmrlError, short_repr
 from omrl.evaluation import tool_call_health, tool_use
+from omrl.rollout.spec import overlong
 
 METRICS_FILE = "metrics.jsonl"
 HEARTBEAT = "heartbeat"  # the key of a heartbeat record in metrics.jsonl
@@ -74,12 +75,15 @@ def peak_memory() -> dict[str, float]:
 
 def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) -> dict[str, float]:
     """Means over a rollout's episodes (reward, success and score over those that did not fail in the
-    env; turns, response tokens, well-formed replies over all), env errors (a count and a share),
+    env and got a model turn; turns, response tokens, well-formed replies over all), env errors (a count
+    and a share), the episodes whose opening prompt did not fit the context (``overlong_prompts``),
     generation speed, each reward term's mean (``reward_<name>``), and the rows
     the chat history made: ``rows_per_episode`` (1 unless ``as_template`` split episodes) and
     ``prefix_breaks`` (how many new rows it started, summed)."""
     n = max(1, len(episodes))
-    played = [ep for ep in episodes if ep.end_reason != "env_error"]  # the others measured no model
+    # the others measured no model: the env failed, or the opening prompt left no room in the context
+    played = [ep for ep in episodes if ep.end_reason != "env_error" and not overlong(ep)]
+    too_long = sum(overlong(ep) for ep in episodes)
     m = max(1, len(played))
     turns = sum(ep.num_turns for ep in episodes)
     generated = sum(sum(ep.loss_mask) for ep in episodes)
@@ -90,8 +94,9 @@ def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) 
         "turns": turns / n,
         "response_tokens": generated / n,
         "format_ok": sum(t.format_ok for ep in episodes for t in ep.turns) / max(1, turns),
-        "env_errors": float(len(episodes) - len(played)),
-        "env_error_rate": (len(episodes) - len(played)) / n,
+        "env_errors": float(len(episodes) - len(played) - too_long),
+        "env_error_rate": (len(episodes) - len(played) - too_long) / n,
+        "overlong_prompts": float(too_long),
         "tokens_per_s": generated / max(seconds, 1e-9),
         "rollout_time": seconds,
         "rows_per_episode": sum(1 + len(ep.row_starts) for ep in episodes) / n,
@@ -119,7 +124,16 @@ def cut_counts(episodes: list[Any]) -> dict[str, float]:
 
 
 #: per-env metrics that are counts (they add up over envs and processes); the others are means
-PER_ENV_COUNTS = ("episodes", "env_errors", "prefix_breaks", "prefill_tokens", "prefill_reused", "cut_replies", *CUTS)
+PER_ENV_COUNTS = (
+    "episodes",
+    "env_errors",
+    "overlong_prompts",
+    "prefix_breaks",
+    "prefill_tokens",
+    "prefill_reused",
+    "cut_replies",
+    *CUTS,
+)
 
 
 def per_env_metrics(

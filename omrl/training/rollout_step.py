@@ -43,7 +43,7 @@ def step_metrics(played: Played, seconds: float, session: RolloutSession, strate
         metrics.update(per_env_metrics(episodes, seconds, played.env_rewards, session.env_names))
     stats = session.backend.take_stats() if session.backend is not None else {}  # this step's, before any eval
     if strategy.world_size > 1:
-        added = ("env_errors", "tokens_per_s", "cut_replies", *CUTS)
+        added = ("env_errors", "overlong_prompts", "tokens_per_s", "cut_replies", *CUTS)
         per_env = {k: v for k, v in metrics.items() if "/" in k}
         overall = {k: v for k, v in metrics.items() if "/" not in k}
         metrics = {k: v if k in added else v / strategy.world_size for k, v in strategy.sum_dicts(overall).items()}
@@ -54,7 +54,8 @@ def step_metrics(played: Played, seconds: float, session: RolloutSession, strate
     return {**metrics, **generation_metrics(stats)}
 
 
-#: per-env means over the episodes that did not fail in the env (the others measured no model):
+#: per-env means over the episodes that did not fail in the env and got a model turn (the others
+#: measured no model):
 #: these, each reward term's (``reward_<name>``) and the tool-use rates (omrl.evaluation.tool_use)
 PLAYED_MEANS = ("reward", "success", "score", "tool_call_rate", "tool_calls_per_episode")
 
@@ -67,7 +68,7 @@ def sum_per_env(strategy: Strategy, metrics: dict[str, float]) -> dict[str, floa
     def weight(key: str) -> float:
         name, env = key.split("/", 1)
         episodes = metrics[f"episodes/{env}"]
-        played = episodes - metrics[f"env_errors/{env}"]
+        played = episodes - metrics[f"env_errors/{env}"] - metrics[f"overlong_prompts/{env}"]
         if name in PLAYED_MEANS or name.startswith("reward_"):
             return played
         if name == "valid_tool_call_rate":  # a share of the tool calls

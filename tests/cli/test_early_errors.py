@@ -112,10 +112,16 @@ def test_an_option_out_of_its_range_is_refused_naming_it(words, named, omrl_main
     assert code == 2 and f"Invalid value for '{named}'" in err
 
 
-def test_env_serve_refuses_port_0_whose_url_it_could_not_print(omrl_main, monkeypatch):
-    """Port 0 printed plugins.agentgym.base_url=http://127.0.0.1:0 while uvicorn bound another port."""
+def test_env_serve_port_0_prints_the_port_it_bound(omrl_main, monkeypatch):
+    """Port 0 was refused (its banner would have named port 0): now the banner names the port bound."""
     served = []
-    monkeypatch.setattr("omrl.serve.run_server", lambda app, host, port: served.append(port))
+
+    def run_server(app, host, port, announce):
+        served.append(port)
+        announce(43117)  # the free port the system picked
+
+    monkeypatch.setattr("omrl.serve.run_server", run_server)
     code, _, err = omrl_main("env", "serve", "gridworld", "--port", "0")
-    assert code == 2 and "Invalid value for '--port': Input should be greater than or equal to 1" in err, err
-    assert served == []
+    assert code == 0 and served == [0], err
+    assert "plugins.agentgym.base_url=http://127.0.0.1:43117 " in " ".join(err.split()), err
+    assert ":0 " not in err and ":0/" not in err

@@ -257,7 +257,12 @@ def served(monkeypatch):
     import omrl.serve
 
     calls: list[tuple] = []
-    monkeypatch.setattr(omrl.serve, "run_server", lambda app, host, port: calls.append((app, host, port)))
+
+    def run_server(app, host, port, announce):
+        calls.append((app, host, port))
+        announce(port)  # the banner names the port bound
+
+    monkeypatch.setattr(omrl.serve, "run_server", run_server)
     return calls
 
 

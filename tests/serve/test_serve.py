@@ -312,3 +312,36 @@ def test_a_create_whose_env_crashes_showing_its_first_task_leaves_no_env(monkeyp
         assert http.get("/list_envs").json() == []
         monkeypatch.setattr(GridWorld, "reset", original)  # the env recovers: the next create shows its task
         assert http.post("/create").json()["observation"]
+
+
+def test_run_server_on_port_0_binds_a_free_port_and_announces_that_one(grid_app, monkeypatch):
+    """`omrl env serve --port 0` was refused: the URL it printed would have named port 0. The port is now
+    bound before the banner, which is told the port bound, and the server answers there."""
+    import threading
+    import time
+
+    import omrl.serve.app as served
+
+    made = []
+    real = served._server
+    monkeypatch.setattr(served, "_server", lambda app, **config: made.append(real(app, **config)) or made[-1])
+    bound: list[int] = []
+    thread = threading.Thread(
+        target=served.run_server,
+        args=(grid_app, "127.0.0.1", 0),
+        kwargs={"log_level": "warning", "announce": bound.append},
+        daemon=True,
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not (made and made[0].started):
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+        assert len(bound) == 1 and bound[0] > 0
+        assert "omrl env server for 'gridworld'" in httpx.get(f"http://127.0.0.1:{bound[0]}/", timeout=5).json()
+    finally:
+        if made:
+            made[0].should_exit = True
+        thread.join(timeout=30)
+    assert not thread.is_alive()

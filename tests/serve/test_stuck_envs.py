@@ -238,7 +238,7 @@ def test_serve_takes_the_call_timeout_and_refuses_a_negative_one(monkeypatch):
     from omrl.errors import OmrlError
 
     served = {}
-    monkeypatch.setattr(omrl.serve, "run_server", lambda app, host, port: served.update(envs=app.state.envs))
+    monkeypatch.setattr(omrl.serve, "run_server", lambda app, host, port, **_: served.update(envs=app.state.envs))
     result = CliRunner().invoke(build_app(), ["env", "serve", "gridworld", "--call-timeout", "7.5"])
     assert result.exit_code == 0, result.output
     assert served["envs"].call_timeout == 7.5

@@ -1,0 +1,67 @@
+"""The scripted expert's rollout: an expert with no action for a state loses the episode (``expert_gave_up``),
+which counts in its success rate; an env whose expert never acts has no expert, and that is the env's failure."""
+
+from __future__ import annotations
+
+from omrl.data import read_episodes
+from omrl.evaluation import evaluate
+from omrl.rollout import EnvPool, collect
+from tests.fakes import ActionTemplate, KeyEnv, Registers
+from tests.helpers import cli_exit, keys_rollout
+
+
+class GivingUpKeyEnv(KeyEnv):
+    """The `keys` env whose expert has no move on task 1 at all, and none on task 2 once the chest is open
+    (as minigrid's bot gives up on some BabyAI layouts, at the start or halfway)."""
+
+    def expert_action(self) -> str | None:
+        if self.task == 1 or (self.task == 2 and self.opened):
+            return None
+        return super().expert_action()
+
+
+class NoExpertKeyEnv(KeyEnv):
+    """The `keys` env without an expert (an env that has none, a server without the expert route)."""
+
+    def expert_action(self) -> str | None:
+        return None
+
+
+def test_an_expert_that_gives_up_loses_the_episode_and_its_success_rate_counts_it(tiny_tokenizer):
+    """It ended as env_error, which left it out of the success rate: 2 wins of 4 read 100%."""
+    episodes = collect(
+        EnvPool(GivingUpKeyEnv, name="keys"), ActionTemplate(), tiny_tokenizer, [0, 1, 2, 3], expert=True
+    )
+    assert [ep.end_reason for ep in episodes] == ["done", "expert_gave_up", "expert_gave_up", "done"]
+    assert [ep.num_turns for ep in episodes] == [2, 0, 1, 2] and not any(ep.error for ep in episodes)
+    metrics = evaluate(episodes)
+    assert metrics["success_rate"] == 0.5 and metrics["env_errors"] == 0
+    assert metrics["end_reasons"] == {"done": 2, "expert_gave_up": 2}
+
+
+def test_an_env_whose_expert_never_acts_has_no_expert_and_that_is_the_envs_failure(tiny_tokenizer):
+    episodes = collect(EnvPool(NoExpertKeyEnv, name="keys"), ActionTemplate(), tiny_tokenizer, [0, 1], expert=True)
+    assert [ep.end_reason for ep in episodes] == ["env_error", "env_error"]
+    assert "keys has no scripted expert action" in episodes[0].error
+
+
+def test_omrl_rollout_expert_reports_the_experts_losses(fake_plugins, register_plugin, tmp_path, capsys):
+    register_plugin(Registers({"keys_giving_up": GivingUpKeyEnv}), name="keys-giving-up")
+    out = tmp_path / "expert.parquet"
+    words = keys_rollout(4, "--expert", "-o", str(out))
+    words[words.index("keys")] = "keys_giving_up"
+    code, stdout, stderr = cli_exit(capsys, *words)
+    text = " ".join((stdout + stderr).split())
+    assert code in (0, None), text
+    assert "success_rate │ 50.0%" in text and "env_errors │ 0" in text and "ended: expert_gave_up │ 2" in text
+    assert [ep.end_reason for ep in read_episodes(out)].count("expert_gave_up") == 2
+
+
+def test_omrl_rollout_expert_of_an_env_without_one_exits_2(fake_plugins, register_plugin, tmp_path, capsys):
+    register_plugin(Registers({"keys_no_expert": NoExpertKeyEnv}), name="keys-no-expert")
+    words = keys_rollout(2, "--expert", "-o", str(tmp_path / "expert.parquet"))
+    words[words.index("keys")] = "keys_no_expert"
+    code, stdout, stderr = cli_exit(capsys, *words)
+    text = " ".join((stdout + stderr).split())
+    assert code == 2 and "every episode failed in the keys_no_expert expert" in text, text
+    assert "has no scripted expert action" in text
