@@ -44,7 +44,7 @@ def eval_outputs(cfg) -> tuple[Path, Path]:
     readable JSONL); a ``--report`` path alone puts the episodes beside it as ``<name>.episodes.parquet``.
     Refused before any model loads: a model directory as the destination, or files that must stay."""
     from omrl.outputs import OutputError
-    from omrl.rollout.convert import jsonl_path_for
+    from omrl.rollout.convert import jsonl_path_for, unscored_path
 
     if cfg.report and not cfg.output_dir:
         report = Path(cfg.report)
@@ -53,8 +53,15 @@ def eval_outputs(cfg) -> tuple[Path, Path]:
         folder = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg.model.name, env_folder_name(cfg))
         report = Path(cfg.report) if cfg.report else folder / "report.json"
         episodes = folder / "episodes.parquet"
+    unscored = unscored_path(episodes)  # where they go if a reward fails on them
     check_outputs(
-        {"--report": report, "the episodes": episodes, "their readable JSONL": jsonl_path_for(episodes)},
+        {
+            "--report": report,
+            "the episodes": episodes,
+            "their readable JSONL": jsonl_path_for(episodes),
+            "the unscored episodes": unscored,
+            "the unscored episodes' JSONL": jsonl_path_for(unscored),
+        },
         {"the --model": cfg.model.name},
     )
     folder = episodes.parent
@@ -197,7 +204,7 @@ def evaluate_command(
     )
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
-    from omrl.rollout.convert import write_trajectories
+    from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories
     from omrl.rollout.outcomes import seat_metrics
     from omrl.training.metrics import peak_memory
     from omrl.view import view_command
@@ -246,6 +253,7 @@ def evaluate_command(
     from omrl.supervisor import supervise
 
     with (
+        keep_unscored(unscored_path(episodes_path)),
         supervise(cfg.deadlines, episodes_path.parent),
         held_warnings() as caught,
         RolloutSession.from_config(cfg) as session,

@@ -186,7 +186,7 @@ def check_rollout_outputs(cfg) -> None:
     from pathlib import Path
 
     from omrl.outputs import OutputError, check_outputs
-    from omrl.rollout.convert import jsonl_path_for
+    from omrl.rollout.convert import jsonl_path_for, unscored_path
 
     if not str(cfg.output).strip():
         raise OutputError("--output is empty; valid: a .parquet path, e.g. --output episodes.parquet")
@@ -196,8 +196,14 @@ def check_rollout_outputs(cfg) -> None:
             f"--output {output} names the readable JSONL, which goes beside the trajectory parquet; "
             f"valid: a .parquet path, e.g. --output {output.with_suffix('.parquet')}"
         )
+    unscored = unscored_path(cfg.output)  # where the episodes go if a reward fails on them
     check_outputs(
-        {"--output": cfg.output, "the readable JSONL": jsonl_path_for(cfg.output)},
+        {
+            "--output": cfg.output,
+            "the readable JSONL": jsonl_path_for(cfg.output),
+            "the unscored episodes": unscored,
+            "their readable JSONL": jsonl_path_for(unscored),
+        },
         {"the --model": cfg.model.name, **plugin_files(cfg)},
     )
 
@@ -292,7 +298,7 @@ def rollout(
     )
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
-    from omrl.rollout.convert import write_trajectories
+    from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories
     from omrl.view import view_command
 
     cfg = config_with_select(
@@ -323,6 +329,7 @@ def rollout(
     from omrl.supervisor import supervise
 
     with (
+        keep_unscored(unscored_path(cfg.output)),
         supervise(cfg.deadlines, os.path.dirname(os.path.abspath(cfg.output))),
         held_warnings() as caught,
         RolloutSession.from_config(cfg, expert=cfg.use_expert) as session,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from omrl.atomic import atomic_write_text
 from omrl.config.redaction import redact_text
@@ -82,3 +83,26 @@ def write_jsonl(episodes: Iterable[Episode], path: str | os.PathLike) -> Path:
     lines = "".join(to_json(episode_record(ep)) + "\n" for ep in episodes)
     atomic_write_text(path, lines)
     return path
+
+
+def unscored_path(parquet_path: str | os.PathLike) -> Path:
+    """Where a command keeps the episodes it played when a reward failed on them: ``NAME.unscored.parquet``."""
+    path = Path(parquet_path)
+    return path.with_name(f"{path.stem}.unscored.parquet")
+
+
+@contextmanager
+def keep_unscored(parquet_path: str | os.PathLike) -> Iterator[None]:
+    """Write the episodes of an :class:`~omrl.rollout.spec.UnscoredEpisodes` raised inside to
+    ``parquet_path`` (and its JSONL), and fail with the reward's error naming them: a reward that fails
+    after an hour of play costs the reward's fix, not the play."""
+    from omrl.rewards import RewardError
+    from omrl.rollout.spec import UnscoredEpisodes
+
+    try:
+        yield
+    except UnscoredEpisodes as exc:
+        parquet, _ = write_trajectories(exc.episodes, parquet_path, exc.tokenizer)
+        raise RewardError(
+            f"{exc}; the {len(exc.episodes)} episodes played are written without rewards to {parquet}"
+        ) from exc

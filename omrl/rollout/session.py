@@ -30,6 +30,7 @@ from omrl.rollout.spec import (
     Played,
     PlaySpec,
     RolloutLimits,
+    UnscoredEpisodes,
     measured,
     merged_rewards,
     overlong_note,
@@ -239,7 +240,12 @@ class RolloutSession:
         for env in self.envs:
             mine = [ep for ep in episodes if ep.env == env.name]
             if mine:
-                per_env[env.name] = env.compose(mine)
+                try:
+                    per_env[env.name] = env.compose(mine)
+                except rewards.RewardError as exc:  # the episodes were played: the command keeps them, unscored
+                    for ep in episodes:
+                        ep.rewards = {}
+                    raise UnscoredEpisodes(str(exc), episodes, self.tokenizer) from exc
                 counts[env.name] = measured(mine)  # after composing: a reward may fail an episode too
         total = merged_rewards({name: (summary, counts[name]) for name, summary in per_env.items()})
         return Played(episodes, total, per_env)

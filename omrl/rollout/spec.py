@@ -10,6 +10,7 @@ from typing import Any
 from omrl.chat import check_history
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError
+from omrl.rewards import RewardError
 
 
 @dataclass
@@ -137,3 +138,12 @@ def merged_rewards(per_env: dict[str, tuple[dict[str, float], int]]) -> dict[str
             totals[key] = totals.get(key, 0.0) + value * n
             counts[key] = counts.get(key, 0) + n
     return {key: totals[key] / max(1, counts[key]) for key in totals}
+
+
+class UnscoredEpisodes(RewardError):
+    """A reward failed on played ``episodes`` (their rewards cleared): the command that played them writes
+    them unscored (:func:`omrl.rollout.convert.keep_unscored`) before it fails, so the play is not lost."""
+
+    def __init__(self, message: str, episodes: list[Episode], tokenizer: Any):
+        super().__init__(message)
+        self.episodes, self.tokenizer = episodes, tokenizer
