@@ -36,6 +36,16 @@ class EnvFailure(OmrlError):
     model did was measured, so the run is no result."""
 
 
+class FailedStep(EnvFailure):
+    """A training step whose every episode failed in the env, its replays too: the run stops there.
+    ``keepable``: the run stands where its last step done left it (the failed step's tasks handed back),
+    so those steps can be checkpointed for a resume."""
+
+    def __init__(self, message: str, keepable: bool = False):
+        super().__init__(message)
+        self.keepable = keepable
+
+
 class WriteFailed(OmrlError):
     """A file could not be written because of the machine (a full disk, a used-up quota, an I/O
     error): not a bug, and the message says what to free or fix."""

@@ -191,9 +191,12 @@ def check_rollout_outputs(cfg) -> None:
     if not str(cfg.output).strip():
         raise OutputError("--output is empty; valid: a .parquet path, e.g. --output episodes.parquet")
     output = Path(cfg.output)
-    if output.suffix.lower() == ".jsonl":
+    if output.suffix.lower() != ".parquet":  # what view, sft and data read by its name
+        which = (
+            "the readable JSONL, which goes beside the trajectory parquet" if output.suffix.lower() == ".jsonl" else ""
+        )
         raise OutputError(
-            f"--output {output} names the readable JSONL, which goes beside the trajectory parquet; "
+            f"--output {output} names {which or 'no .parquet file'}; "
             f"valid: a .parquet path, e.g. --output {output.with_suffix('.parquet')}"
         )
     unscored = unscored_path(cfg.output)  # where the episodes go if a reward fails on them

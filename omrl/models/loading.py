@@ -65,6 +65,14 @@ def resolve_model_path(name_or_path: str) -> str:
         check_model_files(path)
         return str(path)
     looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    # runs/tiny-sft where runs/ is here: a run folder mistyped or never written, not an org's hub model
+    in_a_local_folder = "/" in name_or_path and path.parent.is_dir() and str(path.parent) not in ("", ".")
+    if in_a_local_folder and not looks_like_path:
+        raise OmrlError(
+            f"model {name_or_path!r} not found: {path.parent}/ is a folder here and holds no {path.name} "
+            f"(its folders: {', '.join(sorted(p.name for p in path.parent.iterdir() if p.is_dir())[:8]) or 'none'}); "
+            "for the hub model of that id, run from another folder"
+        )
     if looks_like_path or "/" not in name_or_path:
         raise OmrlError(
             f"model {name_or_path!r} not found: no such directory, and not a built-in "

@@ -12,7 +12,7 @@ from typing import Any, Callable, Protocol
 
 from omrl.config.options import TrainRunConfig
 from omrl.data import Batch, Episode, write_episodes
-from omrl.errors import ConfigError, EnvFailure, OmrlError
+from omrl.errors import ConfigError, FailedStep, OmrlError
 from omrl.parallel import Strategy
 from omrl.rollout import Played
 from omrl.supervisor import at_step, stage
@@ -117,7 +117,7 @@ class OnlineRun:
         task in batched generate calls, envs stepped together; with a search, every root-to-leaf path of
         each task's trees) and their metrics, its tool calls checked (:mod:`omrl.training.tool_health`).
         Played again while every episode fails in the env; when its replays failed too the run stops
-        (:class:`EnvFailure`): such a step is never counted, logged nor checkpointed."""
+        (:class:`FailedStep`): such a step is never counted, logged nor checkpointed."""
         started = time.perf_counter()
         self.model.eval()
         at_step(step + 1)
@@ -127,7 +127,13 @@ class OnlineRun:
             # seats played by past checkpoints draw from the model the run started from and those it saved
             saved = [path / "model" for path in ckpt.complete_checkpoints(self.cfg.logging.output_dir)]
             self.session.past_checkpoints([self.cfg.model.name, *map(str, saved)])
-            episodes, metrics = self._play_here(step, started)
+            position, counts = self.task_order.state(), self.health.counts()
+            try:
+                episodes, metrics = self._play_here(step, started)
+            except FailedStep:  # the step is not the run's: its tasks and counts are handed back
+                self.task_order.load_state(position)
+                self.health.restore(counts)
+                raise
         self.check_step(step)
         self.tool_health.check(step + 1, metrics, self.warn)
         return episodes, metrics
@@ -228,13 +234,12 @@ class OnlineRun:
         return not self.health.failed_step
 
     def check_step(self, step: int) -> None:
-        """Stop the run (:class:`EnvFailure`) when every episode of step ``step`` failed in the env, its
-        replays too: the step is not counted, logged nor checkpointed, so ``--resume`` plays it."""
+        """Stop the run (:class:`FailedStep`) when every episode of step ``step`` failed in the env, its
+        replays too: the step is not counted, logged nor checkpointed, so ``--resume`` plays it. Played
+        here, the run stands where the steps done left it (keepable); played ahead, it does not."""
         if self.health.failed_step:
-            newest = ckpt.latest_checkpoint(self.cfg.logging.output_dir)
-            raise EnvFailure(
-                self.health.failed_step_message(step + 1, self.cfg.env.name, newest.name if newest else None)
-            )
+            message = self.health.failed_step_message(step + 1, self.cfg.env.name)
+            raise FailedStep(message, keepable=self.generation is None)
 
     def save_rollout(self, step: int, episodes: list[Episode], batch: Batch | None = None) -> None:
         """This process's episodes of step ``step``, as a trajectory parquet under rollouts/ (for omrl

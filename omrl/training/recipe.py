@@ -38,7 +38,7 @@ from omrl.atomic import atomic_write_text
 from omrl.clock import breakdown, take, timed
 from omrl.config import to_dict, to_yaml
 from omrl.data.mixture import DataSource, dataset_sources
-from omrl.errors import ConfigError
+from omrl.errors import ConfigError, FailedStep
 from omrl.parallel import make_strategy
 from omrl.supervisor import supervise
 from omrl.training import checkpoint as ckpt
@@ -131,7 +131,10 @@ def run_recipe(recipe: Recipe, command: str) -> dict[str, Any]:
         with watch:
             recipe.setup()
             take()  # the setup's time is no step's (omrl.clock)
-            return recipe.train()
+            try:
+                return recipe.train()
+            except FailedStep as failure:  # the env failed, not the run: the steps done are kept to resume
+                raise ckpt.kept_steps(recipe, failure, command) from failure
     except KeyboardInterrupt as stop:
         raise ckpt.interrupted(recipe.cfg.logging.output_dir, command) from stop
     finally:

@@ -66,19 +66,14 @@ class RolloutHealth:
         self.failed_tries = self.failed_tries + 1 if all_lost else 0
         self.failed_step = (first_error or "on another process") if all_lost else ""
 
-    def failed_step_message(self, step: int, env: str, newest_checkpoint: str | None) -> str:
-        """Why the run stops at ``step`` (1-based) whose every episode failed in the env, and how to go on."""
-        kept = (
-            f"the newest checkpoint, {newest_checkpoint}, is kept"
-            if newest_checkpoint
-            else "no checkpoint was written before it"
-        )
+    def failed_step_message(self, step: int, env: str) -> str:
+        """Why the run stops at ``step`` (1-based) whose every episode failed in the env (what was kept
+        and how to go on: :func:`omrl.training.checkpoint.kept_steps`)."""
         tries = self.failed_tries
         return (
             f"step {step}: every episode failed in the env {env!r}"
             f"{f' in {tries} rollouts in a row' if tries > 1 else ''} (the last reason: "
-            f"{self.failed_step}); the step is not counted and nothing of it was saved ({kept}): bring "
-            "the env back (is its server down or full?), then continue with --resume"
+            f"{self.failed_step}); the step is not counted"
         )
 
     def check_run(self, env: str, max_env_error_rate: float, max_context: int, output_dir: str) -> None:

@@ -64,6 +64,15 @@ def test_missing_paths_and_bad_names_are_clear(tmp_path):
     assert set(BUILTIN_MODELS) == {"smollm2-135m", "smollm2-135m-webshop", "tiny"}
 
 
+def test_a_run_folder_that_is_not_there_is_no_hub_id(tmp_path, monkeypatch):
+    """``--model runs/tiny-sft`` mistyped, with runs/ here: the folder is named, not the hub's connection."""
+    (tmp_path / "runs" / "tiny-sft").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OmrlError, match=r"model 'runs/tiny-stf' not found: runs/ is a folder here .*tiny-sft"):
+        resolve_model_path("runs/tiny-stf")
+    assert resolve_model_path("HuggingFaceTB/SmolLM2-135M") == "HuggingFaceTB/SmolLM2-135M"  # no such folder here
+
+
 def test_a_local_model_without_tokenizer_files_is_refused_naming_them(tiny_model_dir, tmp_path):
     for name in ("config.json", "generation_config.json", "model.safetensors"):  # the weights, no tokenizer
         shutil.copy(Path(tiny_model_dir) / name, tmp_path / name)

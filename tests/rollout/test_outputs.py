@@ -43,6 +43,15 @@ def test_rollout_refuses_an_output_named_like_its_readable_jsonl(fake_plugins, t
     assert not out.exists()
 
 
+@pytest.mark.parametrize("name", ["expert.json", "expert.csv", "expert"])
+def test_rollout_refuses_an_output_that_is_not_a_parquet_name(fake_plugins, tmp_path, capsys, name):
+    """view, sft and data read a trajectory file by its suffix: parquet bytes under another name were
+    written, then refused by each of them."""
+    out = tmp_path / name
+    message = refused(capsys, *keys_rollout(1, "--expert", "-o", str(out)))
+    assert f"--output {out} names no .parquet file; valid: a .parquet path" in message and not out.exists()
+
+
 def test_rollout_refuses_to_write_into_a_runs_rollouts(fake_plugins, run_dir, capsys):
     step = run_dir / "rollouts" / "step-00000001.parquet"
     step.write_bytes(b"the run's own trajectories")

@@ -13,6 +13,7 @@ from typing import Sequence
 import pytest
 from rich.console import Console
 
+from omrl.data import read_episodes
 from omrl.envs import Env, EnvError, Observation, StepResult
 from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 from omrl.training.checkpoint import complete_checkpoints
@@ -93,7 +94,7 @@ def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, reg
         EnvFailure,
         match=r"step 1: every episode failed in the env 'dead_server' in 3 rollouts in a "
         r"row \(the last reason: .*connection refused by 127.0.0.1:9\); the step is "
-        r"not counted .*no checkpoint was written before it.*--resume",
+        r"not counted; no step was done before it: nothing to resume",
     ):
         run_rl(cfg, console=QUIET)
     assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
@@ -164,7 +165,7 @@ def test_a_step_on_a_dead_server_is_never_counted_checkpointed_or_rotated_over_a
     with pytest.raises(
         EnvFailure,
         match=r"step 2: every episode failed .* in 3 rollouts in a row .*HTTP 503.*not "
-        r"counted .*the newest checkpoint, step-00000001, is kept.*--resume",
+        r"counted; the newest checkpoint is .*step-00000001: bring the env back .*omrl train --resume",
     ):
         run_rl(cfg, on_step_end=kill_the_server, console=QUIET)
     assert [c.name for c in complete_checkpoints(cfg.logging.output_dir)] == ["step-00000001"]
@@ -175,6 +176,29 @@ def test_a_step_on_a_dead_server_is_never_counted_checkpointed_or_rotated_over_a
     run_rl(cfg, console=QUIET)
     assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2, 3]
     assert [c.name for c in complete_checkpoints(cfg.logging.output_dir)] == ["step-00000003"]
+
+
+def test_the_steps_done_before_the_env_went_down_are_kept_without_save_steps(rl_config, flaky_server):
+    """With no checkpoint cadence (logging.save_steps=0, the default), a server that dies after step 2
+    costs the run step 3, not steps 1 and 2: they are checkpointed as the run stops, and --resume plays
+    step 3 with the tasks it would have played."""
+
+    def kill_the_server(step, metrics):
+        if step == 2:
+            flaky_server.failures = 10**6
+
+    steady = rl_config("env.name=flaky_server", "eval_tasks=0", "steps=3", out="steady")
+    run_rl(steady, console=QUIET)  # the same run with the server up throughout
+    cfg = rl_config("env.name=flaky_server", "eval_tasks=0", "steps=3")
+    with pytest.raises(EnvFailure, match=r"step 3: .*the newest checkpoint is .*step-00000002: .*--resume"):
+        run_rl(cfg, on_step_end=kill_the_server, console=QUIET)
+    assert [c.name for c in complete_checkpoints(cfg.logging.output_dir)] == ["step-00000002"]
+    flaky_server.failures = 0
+    cfg.resume = True
+    run_rl(cfg, console=QUIET)
+    assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2, 3]
+    step_3 = [read_episodes(Path(c.logging.output_dir) / "rollouts" / "step-00000003.parquet") for c in (cfg, steady)]
+    assert [ep.task_id for ep in step_3[0]] == [ep.task_id for ep in step_3[1]]  # the step's tasks, handed back
 
 
 @pytest.mark.parametrize(
