@@ -24,8 +24,9 @@ game likewise as ``textarena-duel:<env id>`` (``textarena-duel:KuhnPoker-v0``), 
 
 from omrl.envs import env_variant
 from omrl.hookspecs import hookimpl
+from omrl_plugins.envs.engines.disjoint import shared_boards_note
 from omrl_plugins.envs.engines.scienceworld import ScienceWorldEnv
-from omrl_plugins.envs.engines.textarena import TextArenaEnv, game_ids
+from omrl_plugins.envs.engines.textarena import SHARED_BOARDS, TextArenaEnv, game_ids
 from omrl_plugins.envs.engines.textarena_duel import TextArenaDuelEnv, duel_game_ids
 from omrl_plugins.envs.engines.textcraft import TextCraftEnv
 from omrl_plugins.envs.engines.textworld_express import TextWorldExpressEnv
@@ -43,7 +44,8 @@ def register_envs(register):
             env_variant(
                 TextArenaEnv,
                 f"TextArena_{game.replace('-', '_')}",
-                f"TextArena's {game} (pip install 'omrl[textarena]').",
+                f"TextArena's {game} (pip install 'omrl[textarena]')."
+                + (f" {shared_boards_note(SHARED_BOARDS[game])}" if game in SHARED_BOARDS else ""),
                 game=game,
             ),
         )

@@ -32,9 +32,7 @@ checks. On the family's 400 test tasks it wins 368 (92%) given up to 500 turns
 (``env.max_turns=500``, and in a rollout a ``max_context`` that holds such an episode); under the
 default 20-turn cap it wins 229 (57%) played on the env alone, and fewer in a rollout whose
 context fills first. It gives up on 24 of them: an expert rollout then ends the episode as
-``env_error`` ("has no scripted expert action here"), the rollout's label for a missing action,
-though the world did not fail: such episodes are left out of the rollout's success rate, so
-count them as losses when quoting the expert's.
+``expert_gave_up``, a loss in the rollout's success rate (the world did not fail, the expert did).
 
 Episodes depend on (task, actions) alone, and ``snapshot``/``restore`` copy a live episode
 (the minigrid env and the bot, deep-copied).

@@ -17,8 +17,18 @@ games (Wordle, Hangman, WordSearch download NLTK's ``words`` corpus), two random
 fail in gem-llm 0.1.0, and ``rg:composite`` (it needs other datasets' configs).
 
 Tasks: a task id is the seed GEM's ``reset`` takes: ``train`` 0..99,999, ``test``
-1,000,000..1,000,499. A game's board is a function of its seed; where a game has few boards,
-the splits share them (FifteenPuzzle-v0-easy has 24, all in both splits). GEM draws a reasoning
+1,000,000..1,000,499. A game's board is a function of its seed, and two seeds can deal the same
+one: of the 500 test boards, the first 1,000 train ids held 452 in Game2048-v0-easy and 175 in
+Sokoban-v0-easy. In the games of ``REDRAWN_GAMES`` (Game2048, Sokoban-v0-easy) a train task whose
+first board is a test board is dealt again, from seed 2,000,000 + n * 100,000 + its id (n = 0, 1,
+...), up to 100 times: no train board is a test board, and the test split is unchanged (the test
+boards are dealt at the first train reset, once per machine: ``disjoint.py``). Games with too few
+boards for splits of their own say so in their description (``SHARED_BOARDS``):
+FifteenPuzzle-v0-easy has 24 boards, TowerofHanoi one (three in -random), all in both splits.
+GuessTheNumber, Mastermind and Minesweeper hide their board at the start (the same first board
+under every seed) and are not dealt again: their secrets repeat across the splits
+(GuessTheNumber-v0-easy has 10). FifteenPuzzle-v0-hard and Sudoku shared none of the 500 test
+boards with the first 1,000 train ids. GEM draws a reasoning
 task's question from a pool of 500 items; ``test`` draws from one (dataset seed 1,000,042), ``train``
 from GEM's own (seed 42) but for its items whose question is also in the test pool (different seeds
 can give the same question: lcm's two pools shared 22): such an item is drawn again, as the same item of the
@@ -44,6 +54,7 @@ about a minute (and GEM's constructor builds a first, unseeded room: seconds for
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from fnmatch import fnmatchcase
@@ -59,7 +70,7 @@ from omrl_plugins.envs.engines.common import (
     check_task_in_splits,
     require,
 )
-from omrl_plugins.envs.engines.disjoint import MAX_REDRAWS, clear_of, test_keys
+from omrl_plugins.envs.engines.disjoint import MAX_REDRAWS, clear_of, package_version, shared_boards_note, test_keys
 from omrl_plugins.envs.engines.reasoning_gym import DATASETS, EngineRandom, as_number, unit_score, unknown_name
 
 GAMES = (
@@ -107,6 +118,24 @@ LEFT_OUT = {
     "rg:composite": "it only mixes other datasets and needs their configs; play those by name",
 }
 SPLITS = {"train": range(0, 100_000), "test": range(1_000_000, 1_000_500)}
+BOARD_REDRAW_SEED = 2_000_000  # a train board's n-th redraw: seed this + n * 100,000 + its task id
+BOARD_REDRAWS = 100  # resets of the games below take under a millisecond (Sokoban-v0-easy: about 15 ms)
+# The games whose first boards repeat across seeds, with how many of the 500 test boards the first
+# 1,000 train ids held (gem-llm 0.1.0): a train task whose board is a test board is drawn again.
+REDRAWN_GAMES = {
+    "game:Game2048-v0-easy": 452,
+    "game:Game2048-v0-hard": 452,
+    "game:Game2048-v0-extreme-hard": 452,
+    "game:Game2048-v0-random": 444,
+    "game:Sokoban-v0-easy": 175,
+}
+# The games with too few boards for splits of their own: every test board is a train board too.
+SHARED_BOARDS = {
+    "game:FifteenPuzzle-v0-easy": "all its 24 boards",
+    "game:TowerofHanoi-v0-easy": "its one board",
+    "game:TowerofHanoi-v0-hard": "its one board",
+    "game:TowerofHanoi-v0-random": "all its 3 boards",
+}
 # The reasoning tasks' pools: GEM's own (seed 42, 500 items) for train, a disjoint one for test.
 POOL_SIZE = 500
 POOL_SEEDS = {"train": 42, "test": 1_000_042}
@@ -180,7 +209,8 @@ class GemEnv(RangeSplits, Env):
         split = next(name for name, ids in SPLITS.items() if task_id in ids)
         with self._random.active():
             self._engine = self._engine_for(split)
-            rules, info = self._engine.reset(seed=task_id)
+            seed = self._clear_seed(task_id) if split == "train" and self.env_id in REDRAWN_GAMES else task_id
+            rules, info = self._engine.reset(seed=seed)
         self._total, self._running = 0.0, True
         board = info.get("suffix") if isinstance(info, dict) else None
         # rules and board passed on as they are: the rollout checks that they are text
@@ -231,6 +261,23 @@ class GemEnv(RangeSplits, Env):
                 close()
         self._engines.clear()
 
+    def _clear_seed(self, task_id: int) -> int:
+        """The seed of train task ``task_id``'s board: its own, or when that board is a test board, the
+        first of its redraws' that is not (``disjoint.clear_of``)."""
+        avoid = test_keys(
+            ("gem", self.env_id),
+            lambda: (self._first_board(seed) for seed in SPLITS["test"]),
+            disk=("gem", package_version("gem-llm"), self.env_id),
+        )
+        redraws = (BOARD_REDRAW_SEED + n * len(SPLITS["train"]) + task_id for n in range(BOARD_REDRAWS))
+        return clear_of(avoid, itertools.chain([task_id], redraws), self._first_board, BOARD_REDRAWS)
+
+    def _first_board(self, seed: int) -> Any:
+        """The board the game first shows when reset with ``seed`` (not its rules: GEM's give an example
+        move drawn at random)."""
+        rules, info = self._engine.reset(seed=seed)
+        return (info.get("suffix") if isinstance(info, dict) else None) or rules
+
     def _engine_for(self, split: str) -> Any:
         """The GEM env that plays ``split``'s tasks (inside ``self._random``): one for every split of
         a game; one per split for a reasoning task, made anew every POOL_SIZE resets, since GEM's
@@ -277,6 +324,7 @@ class ClearPool:
         self._avoid = test_keys(
             ("gem", name),
             lambda: (item["question"] for item in self._rg.create_dataset(name, seed=seed, size=POOL_SIZE)),
+            disk=("gem:rg", package_version("reasoning-gym"), name, str(seed), str(POOL_SIZE)),
         )
         self._redraws: dict[int, Any] = {}
 
@@ -298,9 +346,10 @@ class ClearPool:
 def _variant(env_id: str) -> type[Env]:
     one_turn = env_id in TASKS
     kind = "one question, scored by the dataset" if one_turn else "a game"
-    variant = env_variant(
-        GemEnv, "Gem_" + re.sub(r"\W", "_", env_id), f"GEM's {env_id}: {kind} (pip install 'omrl[gem]').", env_id=env_id
-    )
+    doc = f"GEM's {env_id}: {kind} (pip install 'omrl[gem]')."
+    if env_id in SHARED_BOARDS:
+        doc += " " + shared_boards_note(SHARED_BOARDS[env_id])
+    variant = env_variant(GemEnv, "Gem_" + re.sub(r"\W", "_", env_id), doc, env_id=env_id)
     if one_turn:
         variant.max_turns = 1
         variant.action_help = (

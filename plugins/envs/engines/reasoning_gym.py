@@ -22,8 +22,10 @@ the same one (``lcm``: 380 of the 500 test questions were also train tasks). A t
 question is a test question is drawn again, as the same item of the dataset seeded 2,000,000 +
 n * 10,000 (n = 0, 1, ...), up to 20 times; only when all 20 are test questions too (settings
 that leave almost every question to the test split) does it keep its own. The test split is
-unchanged. The first train reset in a process generates the test split's 500 questions to know
-them (as long as 500 resets: seconds for most datasets, minutes for futoshiki or knight_swap).
+unchanged. The first train reset generates the test split's 500 questions to know them (as long as
+500 resets: seconds for most datasets, minutes for futoshiki or knight_swap), once per machine: their
+hashes are kept under ``$OMRL_HOME/split-keys``, named by reasoning-gym's version, the dataset and its
+settings, and later processes read them (``disjoint.py``).
 
 An episode is one turn: ``reset`` gives the question, ``step(answer)`` scores the answer (without
 surrounding whitespace) with the dataset's own ``score_answer`` and ends the episode. Reward and
@@ -50,7 +52,7 @@ from omrl.envs import Env, Observation, StepResult, env_variant
 from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl_plugins.envs.engines.common import PrivateRandom, RangeSplits, check_running, check_task_in_splits, require
-from omrl_plugins.envs.engines.disjoint import MAX_REDRAWS, clear_of, test_keys
+from omrl_plugins.envs.engines.disjoint import MAX_REDRAWS, clear_of, package_version, test_keys
 
 DATASETS = (
     "ab",
@@ -250,9 +252,11 @@ class ReasoningGymEnv(RangeSplits, Env):
         index = task_id - SPLITS[split].start
         with self._random.active():
             if split == "train":  # a test question is drawn again (the module's docstring)
+                settings = repr(sorted(self.config.items()))
                 avoid = test_keys(
-                    ("reasoning-gym", self.dataset, repr(sorted(self.config.items()))),
+                    ("reasoning-gym", self.dataset, settings),
                     lambda: (self._dataset("test")[i]["question"] for i in range(len(SPLITS["test"]))),
+                    disk=("reasoning-gym", package_version("reasoning-gym"), self.dataset, settings, repr(SPLITS)),
                 )
                 drawn = ((dataset, dataset[index]) for dataset in self._train_datasets())
                 self._scorer, self._entry = clear_of(avoid, drawn, lambda pair: pair[1]["question"])

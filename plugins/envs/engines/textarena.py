@@ -9,12 +9,21 @@ Install with ``pip install 'omrl[textarena]'``. Options (config block ``plugins.
   that download NLTK data, and games that call LLM APIs, do not run offline.)
 - ``max_turns`` (default 100; most games end sooner by their own turn limit).
 
-Task ids are the games' seeds: ``train`` 0..99,999, ``test`` 1,000,000..1,000,499. Games
-without randomness (TowerOfHanoi, PegJump) play the same puzzle under every id. The seeds are
-disjoint, the boards not: where a game has few starting boards the splits share them (of the 500
-test boards, the first 1,000 train ids hold 462 in FrozenLake-v0, 265 in FrozenLake-v0-random,
-456 in 2048-v0 and 487 in 2048-v0-3x3), so a test score there does not measure play on unseen
-boards; Crosswords, FifteenPuzzle, LightsOut and FrozenLake-v0-hardcore share next to none.
+Task ids are the games' seeds: ``train`` 0..99,999, ``test`` 1,000,000..1,000,499. Two seeds can
+deal the same board: of the 500 test boards, the first 1,000 train ids held 462 in FrozenLake-v0 and
+456 in 2048-v0. In the games of ``REDRAWN`` (2048 and its variants but 3x3, FrozenLake, Sokoban-v0,
+RushHour, LightsOut, Blackjack) a train task whose first board is a test board is dealt again, from seed
+2,000,000 + n * 100,000 + its id (n = 0, 1, ...), up to 100 times (``disjoint.py``): no train board is
+a test board, and the test split is unchanged. The first train reset deals the 500 test boards to
+know them (under a second; Sokoban-v0 about a minute, RushHour about three), once per machine
+(``$OMRL_HOME/split-keys``).
+Games with too few boards for splits of their own say so in their description (``SHARED_BOARDS``):
+TowerOfHanoi and PegJump (one puzzle under every id) and 2048-v0-3x3 (the 500 test tasks hold 102
+boards, almost all there are). Games that hide their board at the start (GuessTheNumber, Mastermind,
+Minesweeper, Bandit: the first observation is the same under every seed) are not dealt again:
+their secrets repeat across the splits (GuessTheNumber has 20), unseen by the model. The rest
+(Crosswords, FifteenPuzzle, Sudoku, ThreeCardMonte) shared none of the 500 test boards with the
+first 1,000 train ids (Sokoban-v0-medium and Sudoku-v0-hard, seconds a reset: none in samples).
 
 Moves use each game's own syntax, usually in square brackets (``[A C]``, ``[up]``); the rules
 are in the instruction. A move the game refuses is ``invalid``; as in TextArena, a second
@@ -28,12 +37,14 @@ depends on its seed alone and the caller's ``random`` module is untouched.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from omrl.envs import Env, Observation, StepResult
 from omrl.errors import ConfigError
 from omrl_plugins.envs.engines.common import PrivateRandom, RangeSplits, check_running, clip01, require
+from omrl_plugins.envs.engines.disjoint import clear_of, package_version, test_keys
 
 # Each offline game's TextArena variants ("" is ``<Game>-v0`` itself), listed here so that registering
 # ``textarena:<id>`` names imports nothing; tests/envs/test_engines.py checks them against TextArena.
@@ -90,6 +101,33 @@ OFFLINE_GAMES = (
 )
 WRAPPER_SUFFIXES = ("-raw", "-train")  # TextArena's ids for the same game with other wrappers
 SPLITS = {"train": range(0, 100_000), "test": range(1_000_000, 1_000_500)}
+REDRAW_SEED = 2_000_000  # a train board's n-th redraw: seed this + n * 100,000 + its task id
+BOARD_REDRAWS = 100  # resets of the games below take under a millisecond (Sokoban-v0 0.1 s, RushHour 0.4 s)
+# The games whose first boards repeat across seeds, with how many of the 500 test boards the first
+# 1,000 train ids held (TextArena 0.7.4): a train task whose board is a test board is drawn again.
+REDRAWN = {
+    # 2048-v0's variants but the sizes deal its boards (the target tile differs)
+    **{f"2048-v0{v}": 456 for v in ("", "-easy", "-extreme", "-hard", "-mega-easy", "-super-easy")},
+    **{f"2048-v0{v}": 456 for v in ("-ultra-easy", "-very-easy", "-very-hard")},
+    "2048-v0-5x5": 403,
+    "2048-v0-6x6": 303,
+    "2048-v0-8x8": 130,
+    "2048-v0-10x10": 65,
+    "Blackjack-v0": 3,
+    "Blackjack-v0-long": 3,
+    "FrozenLake-v0": 462,
+    "FrozenLake-v0-hardcore": 8,
+    "FrozenLake-v0-random": 265,
+    "LightsOut-v0": 2,
+    "Sokoban-v0": 248,  # in the first 514 train ids (0.1 s a reset)
+    "RushHour-v0": 3,  # of the first 167 test boards, in the first 241 train ids (0.4 s a reset)
+}
+# The games with too few boards for splits of their own: what train and test share.
+SHARED_BOARDS = {
+    **{f"TowerOfHanoi-v0{v}": "its one board" for v in ("", "-extreme", "-hard", "-hardcore", "-medium")},
+    "PegJump-v0": "its one board",
+    "2048-v0-3x3": "most of its boards (the first 1,000 train ids hold 487 of the 500 test boards; 102 distinct)",
+}
 
 
 def game_ids() -> list[str]:
@@ -174,6 +212,27 @@ def mend_invalid_move_arguments(state: Any) -> None:
     state.set_invalid_move = set_invalid_move
 
 
+def new_messages(package: Any, arena: Any) -> list[tuple[str, Any]]:
+    """``arena``'s messages since the last call, without the echo of a player's own move."""
+    _, messages = arena.get_observation()
+    action_kind = package.ObservationType.PLAYER_ACTION
+    return [(text, kind) for _, text, kind in messages if kind != action_kind]
+
+
+class Start(NamedTuple):
+    """A game just reset: the arena, the random state its calls run under, its rules and first board."""
+
+    arena: Any
+    random: PrivateRandom
+    rules: str
+    board: str  # what a train board is compared by with the test boards
+
+
+def redraw_seed(task_id: int, redraw: int) -> int:
+    """The seed of train task ``task_id``'s ``redraw``-th board drawn again: past both splits' seeds."""
+    return REDRAW_SEED + redraw * len(SPLITS["train"]) + task_id
+
+
 EXPERTS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "TowerOfHanoi": lambda state: hanoi_move(state["towers"]),
     "FrozenLake": frozen_lake_move,
@@ -215,19 +274,33 @@ class TextArenaEnv(RangeSplits, Env):
 
     def reset(self, task_id: int) -> Observation:
         self.check_task_id(task_id)
-        self._arena, self._random = new_arena(self._package, self.game, 1, task_id)
-        mend_invalid_move_arguments(self._arena.state)
-        messages = self._new_messages()
-        kinds = self._package.ObservationType
-        rules = "\n".join(text for text, kind in messages if kind == kinds.PROMPT)
-        board = "\n".join(text for text, kind in messages if kind != kinds.PROMPT)
+        start = self._start(task_id)
+        if task_id in SPLITS["train"] and self.game in REDRAWN:  # a test board is drawn again (the docstring)
+            avoid = test_keys(
+                ("textarena", self.game),
+                lambda: (self._start(seed).board for seed in SPLITS["test"]),
+                disk=("textarena", package_version("textarena"), self.game),
+            )
+            redraws = (self._start(redraw_seed(task_id, n)) for n in range(BOARD_REDRAWS))
+            start = clear_of(avoid, itertools.chain([start], redraws), lambda drawn: drawn.board, BOARD_REDRAWS)
+        self._arena, self._random = start.arena, start.random
         self._turn = 0
         self._running = True
         return Observation(
-            board or "The game has started: make your first move.",
-            rules,
+            start.board or "The game has started: make your first move.",
+            start.rules,
             {"won": False, "score": 0.0, "game": self.game},
         )
+
+    def _start(self, seed: int) -> Start:
+        """The game reset with ``seed``, and its first messages: the rules and the board."""
+        arena, private = new_arena(self._package, self.game, 1, seed)
+        mend_invalid_move_arguments(arena.state)
+        messages = new_messages(self._package, arena)
+        kinds = self._package.ObservationType
+        rules = "\n".join(text for text, kind in messages if kind == kinds.PROMPT)
+        board = "\n".join(text for text, kind in messages if kind != kinds.PROMPT)
+        return Start(arena, private, rules, board)
 
     def step(self, action: str) -> StepResult:
         check_running("textarena", self._running)
@@ -252,6 +325,4 @@ class TextArenaEnv(RangeSplits, Env):
 
     def _new_messages(self) -> list[tuple[str, Any]]:
         """The game's messages since the last call, without the echo of our own move."""
-        _, messages = self._arena.get_observation()
-        action_kind = self._package.ObservationType.PLAYER_ACTION
-        return [(text, kind) for _, text, kind in messages if kind != action_kind]
+        return new_messages(self._package, self._arena)
