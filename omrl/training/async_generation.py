@@ -192,11 +192,19 @@ class GenerationProcess:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=5)
+        if self.process.is_alive():  # stopped or stuck, so deaf to SIGTERM: the run would wait for it at exit
+            self.process.kill()
+            self.process.join(timeout=5)
+        self.requests.cancel_join_thread()  # weights it never read must not hold the trainer's exit
 
 
 def _cpu_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A copy the trainer's next update cannot change (queues share tensors' memory, not copy it)."""
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in weights.items()}
+
+
+class TrainerGone(Exception):
+    """The trainer that asked for steps is dead: the generation process ends (closing its envs)."""
 
 
 class Versions:
@@ -210,10 +218,13 @@ class Versions:
 
     def read(self, block: bool) -> bool:
         """Take one message (waiting for it when ``block``): weights are held, the rest queued in
-        ``pending``. False when none was waiting."""
+        ``pending``. False when none was waiting. A wait ends in :class:`TrainerGone` when the trainer
+        died without a word (killed: SIGKILL, the out-of-memory killer)."""
         try:
-            message = self.requests.get(block=block)
+            message = self.requests.get(timeout=POLL_SECONDS) if block else self.requests.get_nowait()
         except queue.Empty:
+            if block and not multiprocessing.parent_process().is_alive():
+                raise TrainerGone from None
             return False
         if message[0] == "weights":
             self.held[message[1]] = message[2]
@@ -301,6 +312,8 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
                         turn.info.setdefault("weights_version", versions.version)
                 metrics = step_metrics(played, time.perf_counter() - started, session, Strategy())
                 results.put(("played", step, episodes, metrics))
+    except TrainerGone:  # nobody to play for or report to: end, and free the model and the envs
+        pass
     except BaseException as exc:  # reported to the trainer, which stops the run with it
         results.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
     finally:  # on any end: its envs may hold an env server's or a sandbox's slots

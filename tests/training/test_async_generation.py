@@ -257,3 +257,74 @@ def test_partial_rollouts_continue_episodes_under_each_new_version(config, regis
 def test_partial_rollouts_need_the_generation_process(config):
     with pytest.raises(ConfigError, match="partial_rollouts=true .*rollout.async_generation=true"):
         run_rl(config("rollout.partial_rollouts=true"), console=QUIET)
+
+
+TRAINER = """
+import pickle, sys, time
+from pathlib import Path
+from omrl.models import load_model
+from omrl.training.async_generation import GENERATION_HEARTBEAT_FILE, GenerationProcess
+
+if __name__ == "__main__":  # spawn runs this file again in the generation process
+    cfg = pickle.load(open(sys.argv[1], "rb"))
+    Path(cfg.logging.output_dir).mkdir(parents=True)  # as a run's setup makes it
+    model, _ = load_model(cfg.model.name)
+    generation = GenerationProcess(cfg, model.state_dict(), 0)
+    beat = Path(cfg.logging.output_dir) / GENERATION_HEARTBEAT_FILE
+    deadline = time.monotonic() + 300
+    while not beat.exists() and time.monotonic() < deadline:  # up, waiting for its first request
+        time.sleep(0.2)
+    print(generation.process.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{pid}/stat") as stat:  # a zombie no one reaps is gone too
+            if stat.read().split(")")[-1].split()[0] == "Z":
+                return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.mark.slow  # a trainer process and its generation process
+def test_a_generation_process_ends_when_its_trainer_is_killed(config, tmp_path):
+    """SIGKILL (the out-of-memory killer) gives the trainer no chance to stop it: it notices and ends."""
+    import pickle
+    import signal
+    import subprocess
+    import sys
+
+    cfg = config("rollout.async_generation=true", "deadlines.heartbeat_s=1")  # its first beat: it is up
+    (tmp_path / "cfg.pkl").write_bytes(pickle.dumps(cfg))
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    trainer = subprocess.Popen(
+        [sys.executable, str(tmp_path / "trainer.py"), str(tmp_path / "cfg.pkl")], stdout=subprocess.PIPE, text=True
+    )
+    child = int(trainer.stdout.readline())
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    try:
+        assert _gone(child, within=120), "the generation process outlived its trainer"
+    finally:
+        if not _gone(child, within=0.1):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.slow  # a generation process beside the test
+def test_closing_a_stopped_generation_process_kills_it(config):
+    """A process that is stopped (or stuck) ignores SIGTERM: close kills it, or the run would wait for it at exit."""
+    import signal
+
+    cfg = config("rollout.async_generation=true")
+    model, _ = load_model(cfg.model.name)
+    generation = async_generation.GenerationProcess(cfg, model.state_dict(), 0)
+    os.kill(generation.process.pid, signal.SIGSTOP)
+    generation.close()
+    assert not generation.process.is_alive() and generation.process.exitcode == -signal.SIGKILL
