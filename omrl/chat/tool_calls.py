@@ -26,12 +26,14 @@ or message holding a call is one *attempt*, and each attempt gets a status:
 - ``missing_name``: a call without a name (a JSON object without a string ``name``);
 - ``unknown_tool``: a name no offered tool has;
 - ``bad_arguments``: arguments that are not an object, lack a required key, name a key the schema
-  does not have, or hold a value of another JSON type.
+  does not have, or hold a value of another JSON type;
+- ``unsupported_parallel``: a call past the first in a reply, where the model's chat template renders one
+  call a reply (Llama 3.1's raises on more: :func:`one_call_only`).
 
-Only the first three lose the call: a call that parsed (``ok``, ``unknown_tool``, ``bad_arguments``)
-is handed to the agent, as an engine's parser would, and the agent's framework answers it; the status
-says what the model got wrong, so a run can count it (a run whose tool calls all fail to parse must
-never look like a run that chose not to call tools).
+The first three and ``unsupported_parallel`` lose the call: a call that parsed (``ok``, ``unknown_tool``,
+``bad_arguments``) is handed to the agent, as an engine's parser would, and the agent's framework answers
+it; the status says what the model got wrong, so a run can count it (a run whose tool calls all fail to
+parse must never look like a run that chose not to call tools).
 
 For chat templates that do not render tools themselves, :func:`tools_system_text`,
 :func:`call_text` and :func:`result_text` write ``hermes`` calls as text.
@@ -76,7 +78,7 @@ SIGNS = {  # how each format writes a call to NAME, as a pattern (NAME: the esca
     "pythonic": r"<\|tool_call_start\|>\[(?:.*?\),\s*)?NAME\(",
 }
 FORMATS = ("hermes", "json", *READERS)
-STATUSES = ("ok", "invalid_json", "unclosed", "missing_name", "unknown_tool", "bad_arguments")
+STATUSES = ("ok", "invalid_json", "unclosed", "missing_name", "unknown_tool", "bad_arguments", "unsupported_parallel")
 PARSED = ("ok", "unknown_tool", "bad_arguments")  # statuses whose call reaches the agent
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 RESULT_OPEN, RESULT_CLOSE = "<tool_response>", "</tool_response>"
@@ -188,6 +190,18 @@ def _json_calls(text: str, specs: dict[str, dict[str, Any]]) -> ParsedReply:
             at += 1
     parsed = any(a.parsed for a in attempts)
     return ParsedReply("" if parsed else text, tuple(attempts))
+
+
+def one_call_only(reply: ParsedReply) -> ParsedReply:
+    """``reply`` with each call that parsed after its first marked ``unsupported_parallel``, and so lost: for a
+    chat template that renders one call a reply, which could not render the agent's chat holding more."""
+    attempts: list[CallAttempt] = []
+    for attempt in reply.attempts:
+        if attempt.parsed and any(a.parsed for a in attempts):
+            error = "the chat template renders one tool call a reply; this one came after the first"
+            attempt = CallAttempt("unsupported_parallel", attempt.name, attempt.arguments, error)
+        attempts.append(attempt)
+    return ParsedReply(reply.content, tuple(attempts))
 
 
 def template_format(rendered_call: str, probe_name: str) -> str | None:

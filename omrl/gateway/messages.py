@@ -33,12 +33,14 @@ class RequestError(OmrlError):
 @dataclass(frozen=True)
 class ToolLayout:
     """How a chat template takes tools: ``native`` (it renders a reply's ``tool_calls`` and ``tool``
-    messages), ``renders_tools`` (it writes the ``tools=`` specs itself) and ``format``, how a reply
-    writes a call (:data:`omrl.chat.tool_calls.FORMATS`; None: a native format the gateway cannot read)."""
+    messages), ``renders_tools`` (it writes the ``tools=`` specs itself), ``format``, how a reply
+    writes a call (:data:`omrl.chat.tool_calls.FORMATS`; None: a native format the gateway cannot read),
+    and ``parallel``, whether it renders a reply holding several calls (Llama 3.1's raises on one)."""
 
     native: bool
     renders_tools: bool
     format: str | None = "hermes"
+    parallel: bool = True
 
 
 PROBE_NAME = "omrl_probe_tool"
@@ -64,15 +66,18 @@ def tool_layout(tokenizer: Any) -> ToolLayout:
     native = native_tool_calls(tokenizer, {})
     if not native:
         return ToolLayout(False, renders, "hermes")  # the gateway writes the calls, in its own format
-    call = {"type": "function", "function": {"name": PROBE_NAME, "arguments": {"x": 1}}}
-    try:
-        text = render(
-            tokenizer, [question, {"role": "assistant", "content": "", "tool_calls": [call]}], tools=[PROBE_TOOL]
-        )
-        fmt = template_format(text[text.rfind(PROBE_QUESTION) :], PROBE_NAME)
-    except Exception:  # noqa: BLE001 - a template that cannot render a call has no format to read
-        fmt = None
-    return ToolLayout(True, renders, fmt)
+    texts = []
+    for count in (1, 2):  # one call, then two: a template may render at most one a reply
+        calls = [{"type": "function", "function": {"name": PROBE_NAME, "arguments": {"x": x}}} for x in range(count)]
+        try:
+            text = render(
+                tokenizer, [question, {"role": "assistant", "content": "", "tool_calls": calls}], tools=[PROBE_TOOL]
+            )
+        except Exception:  # noqa: BLE001 - a template that cannot render the calls
+            break
+        texts.append(text[text.rfind(PROBE_QUESTION) :])
+    fmt = template_format(texts[0], PROBE_NAME) if texts else None  # no call rendered: no format to read
+    return ToolLayout(True, renders, fmt, parallel=len(texts) == 2 and texts[1].count(PROBE_NAME) >= 2)
 
 
 def normalize(raw: Any) -> list[dict[str, Any]]:
@@ -156,21 +161,31 @@ MIN_PROMPT_CHARS = 12  # a task prompt shorter than this is too common a text to
 
 
 def of_another_episode(
-    messages: Sequence[dict[str, Any]], own: str, others: Sequence[tuple[str, Sequence[dict[str, Any]]]]
+    messages: Sequence[dict[str, Any]],
+    own: str,
+    others: Sequence[tuple[str, Sequence[dict[str, Any]], Sequence[dict[str, Any]]]],
+    given: Sequence[dict[str, Any]] = (),
 ) -> bool:
     """Whether a call whose ``messages`` do not continue its own episode's chat belongs to another episode
-    of ``others`` (task prompt, chat seen): it continues that chat once the chat holds a reply the model gave
-    there (not a prompt many chats open with, nor a same-task sibling's, which a history rewrite may repeat),
-    or it holds that episode's task prompt and not its own task prompt ``own``."""
+    of ``others`` (task prompt, chat seen, replies the model gave there): it continues that chat once the chat
+    holds a reply the model gave there (not a prompt many chats open with), or it holds that episode's task
+    prompt and not its own task prompt ``own``. Of a same-task sibling's chat, which a history rewrite may
+    repeat, only one holding a reply the model gave there and never here (``given``) counts: siblings sampled
+    apart differ, and identical replies cannot be told apart."""
     text = "\n".join(str(message["content"]) for message in messages)
-    for theirs, seen in others:
+    for theirs, seen, replies in others:
+        if any(message["role"] == "assistant" for message in seen) and continues(messages, seen):
+            if theirs != own or any(_among(m, replies) and not _among(m, given) for m in seen):
+                return True
         if theirs == own:
             continue
-        if any(message["role"] == "assistant" for message in seen) and continues(messages, seen):
-            return True
         if min(len(own), len(theirs)) >= MIN_PROMPT_CHARS and theirs in text and own not in text:
             return True
     return False
+
+
+def _among(message: dict[str, Any], replies: Sequence[dict[str, Any]]) -> bool:
+    return message["role"] == "assistant" and any(same_message(message, reply) for reply in replies)
 
 
 def for_template(messages: Sequence[dict[str, Any]], layout: ToolLayout, names: dict[str, str]) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from omrl.backends.base import Generation
 from omrl.chat import next_prompt, prompt_ids
 from omrl.chat.encoding import mark_value
 from omrl.chat.replies import parse_reply, sampled_end, stop_token_ids
-from omrl.chat.tool_calls import ParsedReply, parse_tool_calls
+from omrl.chat.tool_calls import ParsedReply, one_call_only, parse_tool_calls
 from omrl.data.trajectory import Episode, Turn
 from omrl.gateway.messages import ToolLayout, continues, describe_tools, for_template
 
@@ -82,6 +82,7 @@ class EpisodeRecorder:
         self.task_prompt = ""  # the episode's task, as its agent was given it ('' where unknown)
         self.strays = 0  # retries, and calls that sent the opening request again later (see settle, prompt)
         self.opening: list[dict[str, Any]] = []  # the first call's messages
+        self.given: list[dict[str, Any]] = []  # every reply the model gave here, as messages (recorded or not)
         # the last call's request (messages, tools key) and the state before it: a retry undoes it
         self.last: tuple[list[dict[str, Any]], str, tuple] | None = None
         # with n > 1, the state before the recorded choice and every choice: the next call may continue another
@@ -255,9 +256,11 @@ class EpisodeRecorder:
         split = parse_reply(self.tokenizer, text, self.kwargs)  # the reasoning apart, as a server's parser puts it
         text = split.answer
         parsed = parse_tool_calls(text, tools, self.layout.format or "hermes") if tools else ParsedReply(text)
+        parsed = parsed if self.layout.parallel else one_call_only(parsed)  # more would not render: lost
         calls = [{"id": f"call_{secrets.token_hex(6)}", "name": a.name, "arguments": a.arguments} for a in parsed.calls]
         finish = "tool_calls" if calls else generation.finish_reason
         reply = Reply(parsed.content, calls, finish, generation.token_ids, generation.logprobs, split.reasoning)
+        self.given.append(reply.message())
         return reply, parsed
 
     def _decoded(self, ids: Sequence[int]) -> str:

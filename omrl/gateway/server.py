@@ -173,8 +173,8 @@ class Gateway:
         if recorder.seen and continues(messages, recorder.seen):
             return
         with self._lock:
-            others = [(other.task_prompt, other.seen) for other in self._episodes.values() if other is not recorder]
-        if of_another_episode(messages, recorder.task_prompt, others):
+            others = [(o.task_prompt, o.seen, list(o.given)) for o in self._episodes.values() if o is not recorder]
+        if of_another_episode(messages, recorder.task_prompt, others, recorder.given):
             self.misrouted = self.misrouted or SHARED_CLIENT
             raise Misrouted(SHARED_CLIENT)
 

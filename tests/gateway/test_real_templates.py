@@ -5,13 +5,17 @@ a family whose format the gateway cannot read refuses tools by name instead of l
 from __future__ import annotations
 
 import importlib.resources
+import json
 
 import openai
 import pytest
 from transformers import AutoTokenizer
 
+from omrl import registry
 from omrl.data.trajectory import Episode
+from omrl.gateway.play import AgentSpec, play_agents
 from omrl.models import TINY_TOKENIZER_DIR
+from omrl.rollout.pool import EnvPool
 from tests.fakes import ScriptedBackend
 from tests.gateway.agents import MULTIPLY
 from tests.gateway.conftest import assert_token_exact, make_gateway
@@ -77,3 +81,41 @@ def test_a_family_whose_call_format_cannot_be_read_refuses_tools_by_name():
         assert client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices
     finally:
         gateway.close()
+
+
+def test_calls_past_the_first_where_the_template_renders_one_are_the_models_mistake(tmp_path):
+    """Llama 3.1's template raises on a reply holding two calls: the model's second call is lost, named
+    ``unsupported_parallel``, and the episode plays on and is trained, never an env_error for a 500."""
+    specials, eos, call, _ = FAMILIES["llama3_1"]
+    tokenizer = family_tokenizer("llama3_1", specials, eos)
+
+    def model(_call, _index, prompt):
+        return "42" if "42" in tokenizer.decode(prompt).rsplit("6 times 7", 1)[-1] else f"{call}; {call}"
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "42"}) + "\n")
+    gateway, backend = make_gateway(tokenizer, ScriptedBackend(tokenizer, model))
+    pool = EnvPool(registry.envs.get("dataset"), {"path": str(path)}, name="dataset")
+    try:
+        spec = AgentSpec(run=agent_sending_back_every_call, command=None, reward=None, timeout_s=30)
+        (ep,) = play_agents(spec, gateway, pool, [0])
+    finally:
+        gateway.close()
+        pool.close()
+    assert not gateway.layout.parallel
+    assert ep.end_reason == "done" and ep.error is None and ep.score == 1.0 and len(ep.turns) == 2
+    assert [a["status"] for a in ep.turns[0].info["tool_calls"]] == ["ok", "unsupported_parallel"]
+    assert not ep.turns[0].format_ok and ep.turns[0].info["tool_error"].startswith("unsupported_parallel")
+    assert_token_exact(ep, backend)  # the row holds both calls as sampled
+
+
+def agent_sending_back_every_call(task, base_url, api_key):
+    """A plain `openai` agent that answers every call it is handed, as frameworks do."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": task["prompt"]}]
+    while True:
+        message = client.chat.completions.create(model="m", messages=messages, tools=[MULTIPLY]).choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return message.content
+        messages += [{"role": "tool", "tool_call_id": call.id, "content": "42"} for call in message.tool_calls]

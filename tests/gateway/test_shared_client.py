@@ -4,17 +4,23 @@ by name rather than train episodes on each other's chats."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 
+import openai
 import pytest
 
+from omrl import registry
 from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig
-from omrl.gateway.play import SharedClient
+from omrl.gateway.messages import of_another_episode
+from omrl.gateway.play import AgentSpec, SharedClient, play_agents
 from omrl.rollout import PlaySpec, RolloutSession
+from omrl.rollout.pool import EnvPool
 from tests.fakes import ScriptedBackend
 from tests.gateway import frameworks
+from tests.gateway.conftest import make_gateway
 
 QUESTIONS = ["What is 6 times 7, please?", "What is 2 times 3, please?", "What is 4 times 5, please?"]
 
@@ -50,3 +56,54 @@ def test_agents_sharing_a_global_client_fail_the_run_by_name(tiny_tokenizer, tmp
                 played.play(tasks, PlaySpec(split="train", group_size=group_size))
     finally:
         frameworks.TOGETHER.clear()
+
+
+def test_a_group_whose_shared_client_strays_after_each_agents_first_call_fails_the_run(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """One task's group on a process-wide client, each agent's first call on its own key: A's second call
+    lands on B's key. It continues A's chat, which holds a reply B never got: the run fails by name rather
+    than train B on A's chat."""
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"question": QUESTIONS[0], "answer": "42"}) + "\n")
+    replies = itertools.count()  # every reply differs, as replies sampled at temperature > 0 do
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: f"reply {next(replies)}"))
+    for name, value in (("base_url", None), ("api_key", None), ("max_retries", 0)):
+        monkeypatch.setattr(openai, name, value)  # put back after the test
+    a1, b1, a2 = threading.Event(), threading.Event(), threading.Event()
+    order, lock = itertools.count(), threading.Lock()
+
+    def agent(task, base_url, api_key):
+        with lock:
+            me = "ab"[next(order)]
+        if me == "b":
+            a1.wait(10)
+        openai.base_url, openai.api_key = base_url + "/", api_key  # the process-wide default client
+        chat = [{"role": "user", "content": task["prompt"]}]
+        first = openai.chat.completions.create(model="m", messages=chat, max_tokens=8)
+        chat += [{"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": me}]
+        (a1 if me == "a" else b1).set()
+        (b1 if me == "a" else a2).wait(10)  # A goes on after B's first call set B's key
+        try:
+            return openai.chat.completions.create(model="m", messages=chat, max_tokens=8).choices[0].message.content
+        finally:
+            a2.set()
+
+    pool = EnvPool(registry.envs.get("dataset"), {"path": str(path)}, name="dataset")
+    try:
+        with pytest.raises(SharedClient, match="share one client"):
+            play_agents(AgentSpec(run=agent, command=None, reward=None, timeout_s=30), gateway, pool, [0], group_size=2)
+    finally:
+        gateway.close()
+        pool.close()
+
+
+def test_a_same_task_siblings_chat_counts_only_by_a_reply_this_episode_never_got():
+    prompt, reply = {"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": "42"}
+    other = {"role": "assistant", "content": "43"}
+    messages = [prompt, reply, {"role": "user", "content": "Go on."}]
+    sibling = (QUESTIONS[0], [prompt, reply], [reply])
+    assert of_another_episode(messages, QUESTIONS[0], [sibling], given=[other])  # A's reply, sent on B's key
+    assert not of_another_episode(messages, QUESTIONS[0], [sibling], given=[other, reply])  # B got it too
+    few_shot = (QUESTIONS[0], [prompt, reply], [other])  # an assistant message of the prompt, no reply of theirs
+    assert not of_another_episode(messages, QUESTIONS[0], [few_shot], given=[])

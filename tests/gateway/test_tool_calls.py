@@ -2,7 +2,14 @@
 
 import pytest
 
-from omrl.chat.tool_calls import STATUSES, call_text, parse_tool_calls, result_text, tools_system_text
+from omrl.chat.tool_calls import (
+    STATUSES,
+    call_text,
+    one_call_only,
+    parse_tool_calls,
+    result_text,
+    tools_system_text,
+)
 from tests.gateway.agents import MULTIPLY
 
 
@@ -78,3 +85,10 @@ def test_the_json_format_as_llama_3_writes_it(text, expected):
     reply = parse_tool_calls(text, [MULTIPLY], "json")
     assert [a.status for a in reply.attempts] == expected
     assert reply.content == ("" if reply.calls else text)
+
+
+def test_one_call_only_loses_the_parsed_calls_past_the_first():
+    text = '{"name": "nope", "parameters": {}}; {"name": "multiply", "parameters": {"a": 6, "b": 7}}; {"a"'
+    reply = one_call_only(parse_tool_calls(text, [MULTIPLY], "json"))
+    assert [a.status for a in reply.attempts] == ["unknown_tool", "unsupported_parallel", "invalid_json"]
+    assert [c.name for c in reply.calls] == ["nope"] and "unsupported_parallel" in STATUSES
