@@ -40,7 +40,9 @@ class Observation:
 
 @dataclass
 class StepResult:
-    """What ``step`` returns. ``info`` carries at least ``won`` and ``score``.
+    """What ``step`` returns. ``info`` carries ``won`` and ``score``: the last step (``done``) must, or the
+    episode ends as env_error (:func:`step_problem`); a step before it that leaves them out reads as not won,
+    score 0.
 
     A seated env (:attr:`Env.seats`) also says which seat moves next (``seat``; "" once done), what each
     seat sees of this step in its own view (``views``: seat -> text; a seat left out saw nothing) and, on
@@ -65,14 +67,16 @@ class StepResult:
         return float(self.info.get("score", 0.0))
 
 
-def step_problem(result: Any) -> str | None:
+def step_problem(result: Any, *, seated: bool = False) -> str | None:
     """What is wrong with a value ``step`` returned ("returned reward nan; ..."), or None when nothing is.
 
     The protocol promises text for the observation, finite numbers for the
     reward and ``info["score"]`` (in [0, 1]) and bools for ``done`` and
     ``info["won"]``: a NaN reward would poison every advantage of its batch,
     a score of 37 would be trained as a reward of 37, and a ``won`` of "yes"
-    would count as a win.
+    would count as a win. The last step of a one-agent episode (``done``) must carry both ``won`` and
+    ``score``: without them a finished episode would count as a silent loss. A ``seated`` env's game
+    ends with its ``seat_rewards`` instead (:func:`seat_step_problem`).
     """
     if not isinstance(result, StepResult):
         return f"returned a {type(result).__name__}, not a StepResult"
@@ -89,6 +93,12 @@ def step_problem(result: Any) -> str | None:
     for name, flag in (("won", result.info.get("won", False)), ("done", result.done)):
         if not isinstance(flag, (bool, np.bool_)):
             return f"returned {name} {short_repr(flag)}; it must be True or False"
+    missing = [key for key in ("won", "score") if key not in result.info]
+    if result.done and missing and not seated:
+        return (
+            f"ended the episode (done) without {' or '.join(missing)} in its info; the last step's info must "
+            "carry won (True or False) and score (a number in [0, 1])"
+        )
     return None
 
 
@@ -124,7 +134,7 @@ def seat_reset_problem(first: Any, seats: Sequence[str]) -> str | None:
 def seat_step_problem(result: Any, seats: Sequence[str]) -> str | None:
     """What is wrong with a seated env's step answer (on top of :func:`step_problem`), or None: the next
     seat must be one of ``seats`` until the game is done, and the last step gives every seat a reward."""
-    problem = step_problem(result)
+    problem = step_problem(result, seated=True)
     if problem:
         return problem
     if result.done:

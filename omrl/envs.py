@@ -33,11 +33,12 @@ A seated env is stepped with ``""`` for a reply that did not parse, so its inval
 (retry, forfeit) holds for every seat alike and no game stalls on one seat's format. Seat rewards
 lie in [-1, 1]: +1 a win, -1 a loss, 0 a draw (a role: +1 it succeeded, -1 it failed).
 
-``StepResult.info`` always carries ``won`` (bool) and ``score`` (float in [0, 1]),
-kept apart from the step reward. A step that was a tool call (code run, a server's tool) names the
-tool in ``info["tool"]`` and sets ``info["tool_error"]`` when the call went wrong; the metrics
-count them (``tool_call_rate``, ``valid_tool_call_rate``). An invalid action returns an explanatory
-observation with ``info["invalid"] = True``; it never raises. Stepping a finished
+``StepResult.info`` carries ``won`` (bool) and ``score`` (float in [0, 1]), kept apart from the step
+reward; the last step (``done``) must carry both, or the rollout ends the episode as env_error naming
+the env (a step before it may leave them out: not won, score 0). A step that was a tool call (code
+run, a server's tool) names the tool in ``info["tool"]`` and sets ``info["tool_error"]`` when the call
+went wrong; the metrics count them (``tool_call_rate``, ``valid_tool_call_rate``). An invalid action
+returns an explanatory observation with ``info["invalid"] = True``; it never raises. Stepping a finished
 episode raises :class:`EpisodeFinishedError`; an unknown task raises
 :class:`UnknownTaskError`. The answers' types and their checks live in :mod:`omrl.env_results`; this
 module offers them all, as it offers every name of the contract.
@@ -60,7 +61,7 @@ from omrl.env_results import (
     seat_step_problem,
     step_problem,
 )
-from omrl.errors import ConfigError, OmrlError
+from omrl.errors import ConfigError, OmrlError, short_repr
 
 # the plugin contract: every name a plugin imports from here, the answers and their checks included
 __all__ = [
@@ -205,10 +206,16 @@ class Env(ABC):
         """Free what the instance holds (connections, processes)."""
 
     def split_of(self, split: str) -> Sequence[int]:
-        """``task_ids`` with a clear error for an unknown split name."""
+        """``task_ids`` with a clear error for an unknown split name, or for an answer that is no ids."""
         if split not in self.splits:
             raise UnknownTaskError(f"{type(self).__name__} has no split {split!r}; valid: {', '.join(self.splits)}")
-        return self.task_ids(split)
+        ids = self.task_ids(split)
+        if isinstance(ids, (str, bytes, dict)) or not (hasattr(ids, "__len__") and hasattr(ids, "__iter__")):
+            raise EnvError(
+                f"env {type(self).__name__}'s task_ids({split!r}) returned {short_repr(ids)}; it must return the "
+                "split's task ids as a sequence of ints, e.g. range(100) or a list"
+            )
+        return ids
 
 
 def fork_support(env: Env) -> str | None:

@@ -138,6 +138,21 @@ def keys_rollout(num_tasks: int, *args: str) -> list[str]:
     return ["rollout", "--env", "keys", "--template", "action", "--model", "tiny", "--num-tasks", str(num_tasks), *args]
 
 
+def expert_rollout_of(
+    capsys: Any, register_plugin: Any, env_class: type, out: Path, num_tasks: int = 2
+) -> tuple[Any, str]:
+    """``omrl rollout --expert -o out`` of ``env_class``, registered as ``keys_<class name>`` beside the fake
+    plugins: its exit code and its whole output on one line."""
+    from tests.fakes import Registers
+
+    name = f"keys_{env_class.__name__}"
+    register_plugin(Registers({name: env_class}), name=name)
+    words = keys_rollout(num_tasks, "--expert", "-o", str(out))
+    words[words.index("keys")] = name
+    code, stdout, stderr = cli_exit(capsys, *words)
+    return code, " ".join((stdout + stderr).split())
+
+
 def keys_eval(num_tasks: int, *args: str, env: str = "keys") -> list[str]:
     """The words of ``omrl eval`` on the fake `keys` env (or another ``env`` that takes its action template)
     with the `tiny` model and short episodes (FAST) for ``num_tasks`` tasks, then ``args``."""

@@ -26,10 +26,23 @@ from omrl.chat.replies import parse_reply, sampled_end, stop_token_ids
 from omrl.chat.tool_calls import parse_tool_calls, template_format
 from omrl.data.trajectory import Episode, Turn
 from omrl.envs import Env, StepResult, clean_text, step_problem
+from omrl.errors import OmrlError, short_repr
 from omrl.supervisor import StageStalled
 from omrl.templates import ParsedAction, Template
 
 EMPTY_OBSERVATION = "(the environment returned no text)"
+
+
+class TemplateFailure(OmrlError):
+    """An action template raised, or answered outside its protocol (a parse that is no ParsedAction, a
+    ``format_action`` without text): a broken plugin, so its episode ends as env_error, the world's
+    failure and not the model's (never trained on; its env instance is not at fault)."""
+
+    @classmethod
+    def of(cls, template: Template, method: str, what: str) -> "TemplateFailure":
+        return cls(f"template {type(template).__name__}'s {method} {what}")
+
+
 # what the rollout records in Turn.info; the env's step adds the rest
 ROLLOUT_KEYS = ("rollout", "weights_version", "tool_calls")
 
@@ -70,12 +83,17 @@ def record_reply(
 ) -> str | None:
     """Append ``reply`` to the episode as a new turn and parse it; the action to step on (also
     ``live.action``), or None: the turn's parse error set and the next user message saying why, or
-    ``live.end`` set when the reply was empty or is an exception (env_error).
+    ``live.end`` set when the reply was empty, or to env_error with ``episode.error`` set when it is an
+    exception or the template failed on it (:class:`TemplateFailure`: raised, or answered outside its
+    protocol)
 
     The chat holds the reply as the template reads it back (:func:`omrl.chat.replies.parse_reply`: its
     reasoning in the template's field, its answer as content); the action template reads the whole text."""
     live.action = live.tool_call = None
     ep = live.episode
+    if isinstance(reply, TemplateFailure):  # the expert's reply could not be written: the env is fine
+        live.end, ep.error = "env_error", str(reply)
+        return None
     if isinstance(reply, BaseException):
         live.end, live.broken = "env_error", True
         ep.error = f"{type(reply).__name__}: {reply}"
@@ -116,6 +134,9 @@ def record_reply(
         live.end = "empty_response"
         return None
     parsed = _parse(template, response, env)
+    if isinstance(parsed, TemplateFailure):  # the world failed, not the model: never trained, never told
+        live.end, ep.error = "env_error", str(parsed)
+        return None
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
     offered, fmt = (chat_kwargs or {}).get("tools"), template.call_format()
     if offered and fmt:  # every call attempt, classified as the gateway does
@@ -131,22 +152,25 @@ def record_reply(
     return parsed.action
 
 
-def _parse(template: Template, response: str, env: Env) -> ParsedAction:
-    """``template.parse(response)``; whatever a template raises or returns amiss becomes a parse error.
+def _parse(template: Template, response: str, env: Env) -> ParsedAction | TemplateFailure:
+    """``template.parse(response)``, or a :class:`TemplateFailure` naming the template when it raised or
+    returned something other than a ParsedAction.
 
-    Templates must never raise, but a model reply is arbitrary text: one that
-    trips a template bug must cost the episode a turn, not end the whole run.
+    A template never raises (its protocol): a reply it cannot read is a ParsedAction with an error. One
+    that raises anyway, or answers outside the protocol, is a broken plugin: the episode ends as
+    env_error (never trained on, never the model's format error), and the run goes on.
     """
-    name = type(template).__name__
     try:
         parsed = template.parse(response, env)
     except Exception as exc:  # noqa: BLE001 - a template bug, whatever it raises
-        return ParsedAction(
-            None, False, error=f"template {name} failed on this reply: {type(exc).__name__}: {str(exc)[:200]}"
-        )
+        return TemplateFailure.of(template, "parse", f"raised {type(exc).__name__}: {str(exc)[:200]}")
     if not isinstance(parsed, ParsedAction):
-        return ParsedAction(
-            None, False, error=f"template {name} returned a {type(parsed).__name__}, not a ParsedAction"
+        return TemplateFailure.of(
+            template, "parse", f"returned a {type(parsed).__name__}; it must return a ParsedAction"
+        )
+    if not isinstance(parsed.action, (str, type(None))):
+        return TemplateFailure.of(
+            template, "parse", f"returned action {short_repr(parsed.action)}; it must be text or None"
         )
     return parsed
 

@@ -35,7 +35,7 @@ from omrl.chat.conformance import check_run_template
 from omrl.clock import timed
 from omrl.data.trajectory import Episode
 from omrl.envs import DemoTurn, Env, Observation, check_seats, clean_text, reset_problem
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, short_repr
 from omrl.rollout.live import EMPTY_OBSERVATION, LiveEpisode, continue_chat, record_reply, record_step
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
@@ -246,6 +246,8 @@ def demonstration_messages(template: Template, env: Env, demonstration: Sequence
     for turn in demonstration:
         try:
             reply = template.format_action(turn.action, env, turn.thought)
+            if not isinstance(reply, str) or not reply.strip():
+                raise TypeError(f"format_action returned {short_repr(reply)}; it must return the reply's text")
         except Exception as exc:
             raise OmrlError(
                 f"template {type(template).__name__} cannot write {type(env).__name__}'s worked example "

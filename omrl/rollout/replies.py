@@ -22,8 +22,9 @@ from typing import Any, Sequence, TypeVar
 from omrl.backends.base import Backend, Generation, SamplingParams, Stream
 from omrl.chat.encoding import encode_plain
 from omrl.data.trajectory import Episode
-from omrl.errors import OmrlError
-from omrl.rollout.live import LiveEpisode
+from omrl.envs import EnvError
+from omrl.errors import OmrlError, short_repr
+from omrl.rollout.live import LiveEpisode, TemplateFailure
 from omrl.rollout.spec import RolloutLimits
 from omrl.supervisor import stage
 
@@ -100,14 +101,41 @@ def expert_replies(
         if isinstance(action, BaseException) or action is None:
             out.append(action if isinstance(action, BaseException) else GAVE_UP)
             continue
+        if not isinstance(action, str):  # the env's failure, before any template writes it
+            out.append(
+                EnvError(
+                    f"{type(state.env).__name__}.expert_action returned {short_repr(action)}; it must be text or None"
+                )
+            )
+            continue
         # a template written before thoughts may take (action, env) alone: the thought only where there is one
-        text = state.lane.template.format_action(action, state.env, *([thought] if thought else []))
+        text = _written(state.lane.template, action, state.env, *([thought] if thought else []))
+        if isinstance(text, TemplateFailure):  # the template's failure, not the expert's: env_error
+            out.append(text)
+            continue
         ids = encode_plain(tokenizer, text) + [eos]  # a reply's text is never special tokens
         if thought and len(ids) > cap:  # the thought would crowd the action out of the turn's token cap
-            ids = encode_plain(tokenizer, state.lane.template.format_action(action, state.env)) + [eos]
+            shorter = _written(state.lane.template, action, state.env)
+            if isinstance(shorter, TemplateFailure):
+                out.append(shorter)
+                continue
+            ids = encode_plain(tokenizer, shorter) + [eos]
         ids = ids[:cap]
         out.append(Generation(ids, [0.0] * len(ids), "stop" if ids[-1] == eos else "length"))
     return out
+
+
+def _written(template: Any, action: str, env: Any, *thought: str) -> str | TemplateFailure:
+    """``template.format_action(action, env, *thought)``, or a :class:`TemplateFailure` naming the template
+    when it returned no text (what it raises goes on: a TemplateError says which action it cannot write)."""
+    text = template.format_action(action, env, *thought)
+    if isinstance(text, str) and text.strip():
+        return text
+    return TemplateFailure.of(
+        template,
+        "format_action",
+        f"returned {short_repr(text)} for action {short_repr(action)}; it must return the reply's text",
+    )
 
 
 def no_expert_at_all(episodes: list[Episode]) -> None:

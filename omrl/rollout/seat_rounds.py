@@ -246,6 +246,9 @@ class SeatPlay:
         if isinstance(reply, BaseException):
             game.fail(f"generation failed for seat {seat.name!r} ({seat.player.name}): {live.episode.error}")  # type: ignore[union-attr]
             return None
+        if live.end == "env_error":  # type: ignore[union-attr]  # the action template failed: not the seat's move
+            game.fail(f"seat {seat.name!r} ({seat.player.name}): {live.episode.error}")  # type: ignore[union-attr]
+            return None
         if action is None:  # answered as in a one-agent chat; the env's invalid-move rule decides the rest
             feedback = live.next_user if live.end is None else f"Your reply was empty.\n{game.env.action_help}"  # type: ignore[union-attr]
             live.end = None  # type: ignore[union-attr]

@@ -18,6 +18,7 @@ from omrl import registry, rewards
 from omrl.backends import Backend, make_backend
 from omrl.chat.conformance import check_run_template, check_template_options
 from omrl.data.trajectory import Episode
+from omrl.envs import check_arguments
 from omrl.errors import ConfigError, OmrlError
 from omrl.mixture import EnvTask, MixMember, is_mixture, mix_members
 from omrl.rollout.loop import Lane, collect_lanes
@@ -35,7 +36,7 @@ from omrl.rollout.spec import (
     merged_rewards,
     overlong_note,
 )
-from omrl.templates import Template
+from omrl.templates import Template, reward_options
 
 
 @dataclass(eq=False)
@@ -64,8 +65,8 @@ class SessionEnv:
         return Lane(self.pool, self.template, split or self.split, self.max_turns, self.demonstration)
 
     def compose(self, episodes: list[Episode]) -> dict[str, float]:
-        """Fill each episode's ``rewards`` (:func:`compose_rewards`) with this env's weights and options."""
-        return compose_rewards(episodes, dict(self.reward_weights or {}), dict(self.plugin_options or {}))
+        """Fill each episode's ``rewards`` (:func:`compose_rewards`) with this env's weights, options and template."""
+        return compose_rewards(episodes, dict(self.reward_weights or {}), self.plugin_options or {}, self.template)
 
 
 class RolloutSession:
@@ -346,7 +347,9 @@ def session_env(member: MixMember) -> SessionEnv:
     )
     try:
         pool.probe()  # the env is built now, and kept for the first episode
-        template = template_class(**plugins.get(member.env.template, {}))
+        options = plugins.get(member.env.template, {})
+        check_arguments(template_class, options, f"template {member.env.template!r}", "options")
+        template = template_class(**options)
     except BaseException:
         pool.close()
         raise
@@ -387,13 +390,10 @@ def backend_of(cfg: Any, tokenizer: Any, model: Any = None) -> Backend:
 
 
 def compose_rewards(
-    episodes: list[Episode], weights: dict[str, float], options: dict[str, dict[str, Any]]
+    episodes: list[Episode], weights: dict[str, float], options: dict[str, dict[str, Any]], template: Any = None
 ) -> dict[str, float]:
-    """Fill ``episode.rewards`` through :func:`omrl.rewards.compose_rewards`.
-
-    ``options`` is the config's per-plugin block; each weighted reward gets its own entry.
-    """
+    """Fill ``episode.rewards`` (:func:`omrl.rewards.compose_rewards`; options: :func:`~omrl.templates.reward_options`)."""
     if not episodes:
         return {}
-    reward_options = {name: options[name] for name in weights if name in options}
-    return dict(rewards.compose_rewards(episodes, weights, reward_options))
+    rewards.check_weights(weights)  # an unknown reward is named before its options are read
+    return dict(rewards.compose_rewards(episodes, weights, reward_options(template, weights, options)))

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Sequence
 
 from omrl.data.trajectory import Episode
 from omrl.rewards import RewardError, model_token_positions
 
-# What each action template expects once per reply; react markers must start a line.
-TAG_SETS = {
-    "react": (r"^Think:", r"^Act:"),
-    "xml": (r"<think>", r"</think>", r"<action>", r"</action>"),
-    "tool_call": (r"<tool_call>", r"</tool_call>"),
-}
 LENGTH_SCOPES = ("turn", "episode")
+
+
+class RewardWarning(UserWarning):
+    """A shaping reward that cannot pay what it is for in this run (``tag_count`` with a template without tags)."""
 
 
 def _spread(flags: Sequence[float], normalize: bool) -> list[float]:
@@ -41,14 +40,20 @@ def format_reward(episodes: list[Episode], normalize: bool = True) -> list[list[
 
 
 def tag_count_reward(
-    episodes: list[Episode], template: str = "react", tags: list[str] | None = None, normalize: bool = True
+    episodes: list[Episode],
+    template: str | None = None,
+    tags: list[str] | None = None,
+    normalize: bool = True,
+    reply_tags: list[str] | None = None,
 ) -> list[list[float]]:
     """Per turn, partial credit (DeepSeek-R1 style): the share of expected tags that appear exactly once.
 
-    ``template`` picks the tags (react: ``Think:``/``Act:`` at a line start; xml:
-    ``<think>``, ``</think>``, ``<action>``, ``</action>``; tool_call:
-    ``<tool_call>``, ``</tool_call>``); ``tags`` gives literal tags instead.
-    ``normalize`` divides by the turn count as in ``format``.
+    The tags are the run's action template's (its ``reply_tags``, which a rollout session passes as
+    ``reply_tags``: react ``Think:``/``Act:`` at a line start; xml ``<think>``, ``</think>``,
+    ``<action>``, ``</action>``; tool_call ``<tool_call>``, ``</tool_call>``); ``template`` names
+    another registered template to take them from, ``tags`` gives literal tags instead. Called with
+    none of them, react's. A run template without tags (llama3's bare JSON calls, a plugin's template that
+    declares none) scores 0 with a warning. ``normalize`` divides by the turn count as in ``format``.
 
     >>> from omrl.data import Episode, Turn
     >>> turn = Turn("o", "<think>go up</think><action>up", "up", False, 0.0, False)
@@ -57,15 +62,31 @@ def tag_count_reward(
     [[0.75]]
     """
     if tags is not None:
-        if not tags or not all(isinstance(t, str) and t for t in tags):
+        if not isinstance(tags, (list, tuple)) or not tags or not all(isinstance(t, str) and t for t in tags):
             raise RewardError(f"reward 'tag_count' option tags must be a list of non-empty strings, got {tags!r}")
         patterns = [re.escape(t) for t in tags]
-    elif template in TAG_SETS:
-        patterns = list(TAG_SETS[template])
+    elif template is not None:
+        patterns = list(_template_tags(template))
+    elif reply_tags is not None:
+        if not isinstance(reply_tags, (list, tuple)) or not all(isinstance(t, str) and t for t in reply_tags):
+            raise RewardError(
+                f"reward 'tag_count' option reply_tags must be a list of regular expressions, got {reply_tags!r}"
+            )
+        patterns = list(reply_tags)
     else:
+        patterns = list(_template_tags("react"))
+    if not patterns and template is None:  # the run's template (a third-party one, llama3's calls) has no tags
+        warnings.warn(
+            "reward 'tag_count' scores 0: this run's action template expects no tags (its reply_tags are empty); "
+            "give plugins.tag_count.tags=[...] to count some, or drop tag_count from reward.weights",
+            RewardWarning,
+            stacklevel=2,
+        )
+        return [[0.0] * len(ep.turns) for ep in episodes]
+    if not patterns:
         raise RewardError(
-            f"reward 'tag_count' has no tags for template {template!r}; "
-            f"valid: {', '.join(TAG_SETS)} (or pass tags=[...])"
+            f"reward 'tag_count' has no tags to count: template {template!r} expects none (its reply_tags are "
+            f"empty); give plugins.tag_count.tags=[...], or template= one of {', '.join(_tagged_templates())}"
         )
     compiled = [re.compile(p, re.M) for p in patterns]
 
@@ -73,6 +94,25 @@ def tag_count_reward(
         return sum(len(c.findall(response)) == 1 for c in compiled) / len(compiled)
 
     return [_spread([share(t.response) for t in ep.turns], normalize) for ep in episodes]
+
+
+def _template_tags(name: str) -> tuple[str, ...]:
+    """The ``reply_tags`` of the registered template ``name``."""
+    from omrl import registry
+
+    if name not in registry.templates.names():
+        raise RewardError(
+            f"reward 'tag_count' has no tags for template {name!r}; "
+            f"valid: {', '.join(_tagged_templates())} (or pass tags=[...])"
+        )
+    return tuple(getattr(registry.templates.get(name), "reply_tags", ()))
+
+
+def _tagged_templates() -> list[str]:
+    """The registered templates that expect tags."""
+    from omrl import registry
+
+    return [name for name in registry.templates.names() if getattr(registry.templates.get(name), "reply_tags", ())]
 
 
 def length_penalty(

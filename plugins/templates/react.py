@@ -59,6 +59,8 @@ class ReactTemplate(Template):
     "Act:" at all but a line that reads as an action.
     """
 
+    reply_tags = (r"^Think:", r"^Act:")  # the markers start a line
+
     def system_prompt(self, env: Any) -> str:
         return reply_format_prompt(self, env, REPLY_FORMAT)
 

@@ -151,11 +151,15 @@ class ToolCallTemplate(Template):
     lossless type conversions ("3" for 3).
     """
 
+    reply_tags: tuple[str, ...] = (re.escape(OPEN_TAG), re.escape("</tool_call>"))  # llama3's bare JSON has none
+
     def __init__(self, format: str = "hermes"):
         if format not in FORMATS:
             raise TemplateError(f"unknown tool-call format {format!r}; valid: {', '.join(FORMATS)}")
         self.format = format
         self.arguments_key = FORMATS[format]
+        if format != "hermes":
+            self.reply_tags = ()
 
     def call_format(self) -> str:
         return "hermes" if self.format == "hermes" else "json"  # omrl.chat.tool_calls's names

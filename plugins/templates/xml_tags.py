@@ -36,6 +36,8 @@ class XmlTemplate(Template):
     limit) or a bare action line still yields an action, with ``format_ok`` False.
     """
 
+    reply_tags = tuple(re.escape(tag) for tag in TAGS)
+
     def system_prompt(self, env: Any) -> str:
         return reply_format_prompt(self, env, REPLY_FORMAT)
 

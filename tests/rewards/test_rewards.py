@@ -92,7 +92,7 @@ def test_tag_count_gives_partial_credit_per_tag():
     assert reward("tag_count")([react], normalize=False) == [[1.0, 0.0, 0.0]]
     assert reward("tag_count")([react]) == [[pytest.approx(1 / 3), 0.0, 0.0]]
     assert reward("tag_count")([ep], tags=["<action>"], normalize=False) == [[1.0, 1.0, 0.0]]
-    with pytest.raises(RewardError, match="template 'json'.*react, xml, tool_call"):
+    with pytest.raises(RewardError, match="template 'json'.*react, tool_call, xml"):
         reward("tag_count")([ep], template="json")
 
 

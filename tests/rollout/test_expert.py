@@ -6,8 +6,8 @@ from __future__ import annotations
 from omrl.data import read_episodes
 from omrl.evaluation import evaluate
 from omrl.rollout import EnvPool, collect
-from tests.fakes import ActionTemplate, KeyEnv, Registers
-from tests.helpers import cli_exit, keys_rollout
+from tests.fakes import ActionTemplate, KeyEnv
+from tests.helpers import expert_rollout_of
 
 
 class GivingUpKeyEnv(KeyEnv):
@@ -46,22 +46,14 @@ def test_an_env_whose_expert_never_acts_has_no_expert_and_that_is_the_envs_failu
 
 
 def test_omrl_rollout_expert_reports_the_experts_losses(fake_plugins, register_plugin, tmp_path, capsys):
-    register_plugin(Registers({"keys_giving_up": GivingUpKeyEnv}), name="keys-giving-up")
     out = tmp_path / "expert.parquet"
-    words = keys_rollout(4, "--expert", "-o", str(out))
-    words[words.index("keys")] = "keys_giving_up"
-    code, stdout, stderr = cli_exit(capsys, *words)
-    text = " ".join((stdout + stderr).split())
+    code, text = expert_rollout_of(capsys, register_plugin, GivingUpKeyEnv, out, num_tasks=4)
     assert code in (0, None), text
     assert "success_rate │ 50.0%" in text and "env_errors │ 0" in text and "ended: expert_gave_up │ 2" in text
     assert [ep.end_reason for ep in read_episodes(out)].count("expert_gave_up") == 2
 
 
 def test_omrl_rollout_expert_of_an_env_without_one_exits_2(fake_plugins, register_plugin, tmp_path, capsys):
-    register_plugin(Registers({"keys_no_expert": NoExpertKeyEnv}), name="keys-no-expert")
-    words = keys_rollout(2, "--expert", "-o", str(tmp_path / "expert.parquet"))
-    words[words.index("keys")] = "keys_no_expert"
-    code, stdout, stderr = cli_exit(capsys, *words)
-    text = " ".join((stdout + stderr).split())
-    assert code == 2 and "every episode failed in the keys_no_expert expert" in text, text
+    code, text = expert_rollout_of(capsys, register_plugin, NoExpertKeyEnv, tmp_path / "expert.parquet")
+    assert code == 2 and "every episode failed in the keys_NoExpertKeyEnv expert" in text, text
     assert "has no scripted expert action" in text

@@ -280,40 +280,6 @@ def test_a_template_that_cannot_write_the_worked_example_names_the_option_to_tur
         )
 
 
-class RaisingTemplate(ActionTemplate):
-    """A template with a bug: replies starting with "[" make its parse raise."""
-
-    def parse(self, response, env):
-        if response.startswith("["):
-            raise RecursionError("maximum recursion depth exceeded")
-        return super().parse(response, env)
-
-
-def test_a_template_that_raises_on_a_reply_costs_a_turn_not_the_rollout(tiny_tokenizer):
-    backend = scripted(tiny_tokenizer, [["[ oops"], ["Action: open"], ["Action: take key"]])
-    (ep,), pool = run(tiny_tokenizer, backend, template=RaisingTemplate())
-    bad = ep.turns[0]
-    assert bad.action is None and not bad.format_ok
-    assert "RaisingTemplate" in bad.parse_error and "RecursionError" in bad.parse_error
-    assert bad.parse_error in ep.messages[3]["content"]  # the model is told, as for any unparsable reply
-    assert ep.won and ep.end_reason == "done" and ep.num_turns == 3
-    assert pool.probe().steps == 2
-
-
-def test_a_template_that_returns_no_parsed_action_costs_a_turn(tiny_tokenizer):
-    class TextTemplate(ActionTemplate):
-        def parse(self, response, env):
-            return "open"
-
-    (ep,), _ = run(
-        tiny_tokenizer,
-        scripted(tiny_tokenizer, lambda call, index: "Action: open"),
-        template=TextTemplate(),
-        max_turns=1,
-    )
-    assert "TextTemplate returned a str, not a ParsedAction" in ep.turns[0].parse_error
-
-
 def test_a_deeply_nested_tool_call_reply_is_a_parse_error(tiny_tokenizer):
     from omrl import registry
 

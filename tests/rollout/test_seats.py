@@ -308,3 +308,17 @@ def test_bad_step_answers_name_the_valid_seats():
     assert "every seat a reward" in seat_step_problem(short, seats)
     big = StepResult("", 0.0, True, info, seat_rewards={"player_0": 2.0, "player_1": -2.0})
     assert "in [-1, 1]" in seat_step_problem(big, seats)
+
+
+def test_a_template_that_fails_in_a_game_fails_the_game_not_the_seat(policy):
+    """A broken action template is the world's failure in a game too: the game ends as env_error naming
+    the template, and no seat is told its reply was empty."""
+
+    class Raising(type(registry.templates.get("react")())):
+        def parse(self, response, env):
+            raise IndexError("list index out of range")
+
+    episodes = play(policy, Raising(), "SimpleNegotiation-v0-short", SELF_PLAY, tasks=(0,), group_size=1)
+    assert episodes and all(ep.end_reason == "env_error" for ep in episodes)
+    assert all("Raising's parse raised IndexError" in ep.error for ep in episodes)
+    assert not any("Your reply was empty" in str(m["content"]) for ep in episodes for m in ep.messages)

@@ -1,0 +1,80 @@
+"""What an env must answer, checked where the rollout takes it: the last step of an episode carries ``won``
+and ``score`` (a finished episode without them is the env's failure, not a silent loss), and ``task_ids``
+returns the split's ids (an env that returns None is named, never blamed on omrl)."""
+
+from __future__ import annotations
+
+import pytest
+
+from omrl.envs import EnvError, StepResult, seat_step_problem, step_problem
+from omrl.evaluation import evaluate
+from omrl.rollout import EnvPool, collect
+from tests.fakes import ActionTemplate, KeyEnv
+from tests.helpers import expert_rollout_of
+
+
+class SilentEndKeyEnv(KeyEnv):
+    """The `keys` env whose winning step leaves ``won`` and ``score`` out of its info."""
+
+    def step(self, action):
+        result = super().step(action)
+        if result.done:
+            return StepResult(result.observation, result.reward, True, {"invalid": False})
+        return result
+
+
+class NoTasksKeyEnv(KeyEnv):
+    """The `keys` env with a sketched ``task_ids`` (``def task_ids(self, split): ...``)."""
+
+    def task_ids(self, split):
+        return None
+
+
+@pytest.mark.parametrize(("info", "missing"), [({}, "won or score"), ({"won": True}, "score"), ({"score": 1.0}, "won")])
+def test_a_last_step_without_won_or_score_is_a_problem_naming_what_is_missing(info, missing):
+    problem = step_problem(StepResult("done", 1.0, True, info))
+    assert problem == (
+        f"ended the episode (done) without {missing} in its info; the last step's info must carry won "
+        "(True or False) and score (a number in [0, 1])"
+    )
+
+
+def test_a_step_before_the_last_may_leave_them_out_and_a_games_end_has_seat_rewards():
+    assert step_problem(StepResult("go on", 0.0, False, {})) is None
+    assert step_problem(StepResult("done", 1.0, True, {"won": True, "score": 1.0})) is None
+    seats = ("player_0", "player_1")
+    end = StepResult("", 0.0, True, {}, seat_rewards={"player_0": 1.0, "player_1": -1.0})
+    assert seat_step_problem(end, seats) is None
+
+
+def test_an_episode_that_ends_without_won_or_score_is_the_envs_failure_not_a_loss(tiny_tokenizer):
+    episodes = collect(EnvPool(SilentEndKeyEnv, name="keys"), ActionTemplate(), tiny_tokenizer, [0, 1], expert=True)
+    assert [ep.end_reason for ep in episodes] == ["env_error", "env_error"]
+    assert episodes[0].error.startswith("step failed: env 'keys' ended the episode (done) without won or score")
+    metrics = evaluate(episodes)
+    assert metrics["env_errors"] == 2 and metrics["success_rate"] == 0.0
+
+
+def test_task_ids_that_returns_none_is_named_with_what_it_must_return():
+    with pytest.raises(EnvError) as refused:
+        NoTasksKeyEnv().split_of("train")
+    assert str(refused.value) == (
+        "env NoTasksKeyEnv's task_ids('train') returned None; it must return the split's task ids as a "
+        "sequence of ints, e.g. range(100) or a list"
+    )
+    assert list(KeyEnv().split_of("train")) == list(range(6))
+
+
+@pytest.mark.parametrize(
+    "env_class, named",
+    [
+        (NoTasksKeyEnv, "env NoTasksKeyEnv's task_ids('train') returned None; it must return"),
+        (SilentEndKeyEnv, "ended the episode (done) without won or score"),
+    ],
+)
+def test_omrl_rollout_of_an_env_outside_its_protocol_exits_2_naming_it(
+    fake_plugins, register_plugin, tmp_path, capsys, env_class, named
+):
+    code, text = expert_rollout_of(capsys, register_plugin, env_class, tmp_path / "out.parquet")
+    assert code == 2 and named in text, text
+    assert "bug in omrl" not in text
