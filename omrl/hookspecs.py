@@ -8,6 +8,12 @@ Any ``register`` also takes, instead of the object, its import path
 ``"package.module:attribute"``: omrl imports it when the component is used, and
 lists it (``omrl plugins``) from its source's docstring, so a plugin whose code
 needs torch costs nothing to list.
+
+An env, reward, template, strategy and scorer read their options from the
+config's ``plugins.<name>`` block, so two of them of different distributions may
+not share a name (one package may share a block on purpose: the built-in reward
+and scorer ``rm``). A hook of another name than these, or with a parameter they
+do not pass, fails at load, naming the valid ones.
 """
 
 import pluggy
@@ -24,6 +30,8 @@ def register_envs(register):
         :class:`omrl.envs.Env`: ``env_class(**options)`` builds one instance,
         ``task_ids(split)`` lists its tasks, ``reset(task_id)`` starts an
         episode, ``step(action_text)`` plays one turn, ``close()`` frees it.
+        Register the class, not an instance: one that is no concrete subclass
+        of ``Env`` is refused as registered (by import path, when imported).
     """
 
 
@@ -43,7 +51,8 @@ def register_templates(register):
 
     :param register: ``register(name, template_class)``. A template subclasses
         :class:`omrl.templates.Template`: it renders the system instructions for an
-        env and parses a model response into an action or a parse error.
+        env and parses a model response into an action or a parse error. As
+        for envs, register the class itself; it may not be abstract.
     """
 
 
@@ -57,6 +66,23 @@ def register_algorithms(register):
         (corrections for the sampler's log-probs).
         Every function of one kind shares one calling convention, documented in
         :mod:`omrl.algos`, so the training recipe never branches on a name.
+
+        A function declares what the recipe must know of it as keywords (its
+        traits; any other keyword is refused, naming the valid ones):
+
+        - ``kind="advantage"``: ``needs=("greedy_scores",)``, the rollout must
+          also play a greedy episode of each task and fill
+          ``AdvantageInput.greedy_scores`` (ReMax's baseline).
+        - ``kind="policy_loss"``: ``zero_advantage_rows_add_nothing=True``, each
+          row's loss reads that row alone and is 0, with a 0 gradient, where its
+          advantages are all 0, so the recipe may skip such rows.
+        - ``kind="kl"`` and ``kind="rollout_correction"`` declare none.
+
+        Before any rollout the recipe runs the configured estimator and policy
+        loss once on a probe batch: a result outside the calling convention
+        (advantages and returns not two finite tensors shaped as ``loss_mask``;
+        a loss not a 0-d tensor with a gradient beside a dict of numbers) is
+        an error naming the function and its plugin.
     """
 
 
@@ -76,7 +102,10 @@ def register_rollout_strategies(register):
         ``register(name, fn, group_in_one_tree=True, batched_without_budget=True)``
         (the fields of :class:`omrl.search.StrategyTraits`; all False when not given).
         The core reads these, never the strategy's name, so a plugin that declares
-        what a built-in declares is treated exactly as that built-in.
+        what a built-in declares is treated exactly as that built-in. A scorer
+        declares none. A strategy that returns other than one ``Tree`` per task, in
+        the order given (``task_id`` the task's, ``group`` its position), is an error
+        naming it.
     """
 
 

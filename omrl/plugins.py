@@ -9,7 +9,9 @@ print every hook call.
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
+import inspect
 import os
 import sys
 
@@ -43,13 +45,15 @@ def load_plugins() -> pluggy.PluginManager:
         return pm
     _loaded = True
     allowed = allowed_distributions()
-    for dist in importlib.metadata.distributions():
-        dist_name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-        if allowed is not None and dist_name not in allowed:
-            continue
-        for ep in dist.entry_points:
-            if ep.group != ENTRY_POINT_GROUP:
-                continue
+    found = [  # (distribution, its omrl entry points), in the order they load
+        (dist_name, [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP])
+        for dist in importlib.metadata.distributions()
+        for dist_name in [(dist.metadata["Name"] or "").lower().replace("_", "-")]
+        if allowed is None or dist_name in allowed
+    ]
+    others = sorted({name for name, eps in found if eps})
+    for dist_name, eps in found:
+        for ep in eps:
             if ep.name in _distributions:
                 if _distributions[ep.name] == dist_name:
                     continue  # the same distribution seen twice on sys.path
@@ -61,14 +65,73 @@ def load_plugins() -> pluggy.PluginManager:
                 module = ep.load()
             except Exception as exc:
                 raise PluginError(
-                    f"plugin {ep.name!r} from {dist_name} failed to import: {type(exc).__name__}: {exc}"
+                    f"plugin {ep.name!r} from {dist_name} failed to import: {type(exc).__name__}: {exc}; "
+                    + go_on(dist_name, others)
                 ) from exc
-            pm.register(module, name=ep.name)
+            try:
+                pm.register(module, name=ep.name)
+            except pluggy.PluginValidationError as exc:
+                if pm.is_registered(module):
+                    pm.unregister(module)
+                raise PluginError(
+                    f"plugin {ep.name!r} ({dist_name}): {wrong_arguments(module) or _one_line(exc)}; "
+                    + go_on(dist_name, others)
+                ) from exc
             _distributions[ep.name] = dist_name
+    try:
+        pm.check_pending()  # a hook of no spec (a misspelt name) would never be called
+    except pluggy.PluginValidationError as exc:
+        name = pm.get_name(exc.plugin) or repr(exc.plugin)
+        dist_name = _distributions.get(name, "-")
+        unknown = sorted(
+            hook
+            for hook, caller in vars(pm.hook).items()
+            if not hook.startswith("_")
+            and not caller.has_spec()
+            and any(impl.plugin is exc.plugin for impl in caller.get_hookimpls())
+        )
+        close = difflib.get_close_matches(unknown[0], HOOKS, n=1) if unknown else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PluginError(
+            f"plugin {name!r} ({dist_name}) implements {', '.join(map(repr, unknown)) or 'a hook'}, which omrl "
+            f"does not call{hint}; valid hooks: {', '.join(HOOKS)}; " + go_on(dist_name, others)
+        ) from exc
     if os.environ.get("OMRL_TRACE_HOOKS"):
         pm.trace.root.setwriter(lambda msg: print(msg, end="", file=sys.stderr))
         pm.enable_tracing()
     return pm
+
+
+#: the hooks a plugin may implement (omrl.hookspecs)
+HOOKS = [name for name, fn in vars(hookspecs).items() if inspect.isfunction(fn) and hasattr(fn, "omrl_spec")]
+
+
+def go_on(dist_name: str, loaded: list[str]) -> str:
+    """How to run omrl without the distribution ``dist_name``: load the others alone, or uninstall it."""
+    rest = [name for name in loaded if name != dist_name]
+    keep = f"OMRL_PLUGINS={','.join(rest)} (loads those alone), or " if rest else ""
+    return f"to go on without it: {keep}pip uninstall {dist_name}"
+
+
+def wrong_arguments(plugin: object) -> str | None:
+    """What a hook of ``plugin`` takes that its spec does not pass (``register_envs(reg)``), or None."""
+    for name in HOOKS:
+        impl = getattr(plugin, name, None)
+        if impl is None or pm.parse_hookimpl_opts(plugin, name) is None:
+            continue
+        spec = list(inspect.signature(getattr(hookspecs, name)).parameters)
+        taken = [p for p in inspect.signature(impl).parameters if p != "self"]
+        wrong = [p for p in taken if p not in spec]
+        if wrong:
+            return (
+                f"its hook {name}({', '.join(taken)}) takes {', '.join(map(repr, wrong))}, which omrl does "
+                f"not pass; valid: {name}({', '.join(spec)}) (or fewer of those)"
+            )
+    return None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 def distribution_of(plugin_name: str) -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omrl.errors import PluginError, UnknownNameError
+from omrl.errors import PluginError, UnknownNameError, short_repr
 from omrl.plugins import distribution_of, load_plugins
 
 #: what a plugin may register instead of an object: its import path, imported on first use
@@ -26,6 +26,25 @@ IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl", "rollout_correction")
 STRATEGY_KINDS = ("strategy", "scorer")
+#: the kinds whose components read their options from the config's ``plugins.<name>`` block
+OPTION_KINDS = ("env", "reward", "template", "strategy", "scorer")
+#: what an advantage estimator may ask the recipe to fill beyond the rollout (``needs=``)
+NEEDS = ("greedy_scores",)
+_FLAG = (lambda value: isinstance(value, bool), "True or False")
+#: the traits a kind may declare, ``register(name, obj, kind=KIND, **traits)``: each trait's check and what
+#: it takes (omrl.algos documents the algorithms', omrl.search.StrategyTraits the strategies')
+TRAITS: dict[str, dict[str, tuple[Any, str]]] = {
+    "advantage": {
+        "needs": (
+            lambda value: isinstance(value, (tuple, list)) and all(need in NEEDS for need in value),
+            f"a tuple of {', '.join(NEEDS)}",
+        )
+    },
+    "policy_loss": {"zero_advantage_rows_add_nothing": _FLAG},
+    "strategy": {"group_in_one_tree": _FLAG, "batched_without_budget": _FLAG},
+}
+#: the class a component of these kinds subclasses (imported when one is checked)
+BASES = {"env": "omrl.envs:Env", "template": "omrl.templates:Template"}
 
 
 @dataclass(frozen=True)
@@ -51,12 +70,14 @@ class Component:
             return self.target
         module, _, attribute = self.target.partition(":")
         try:
-            return getattr(importlib.import_module(module), attribute)
+            obj = getattr(importlib.import_module(module), attribute)
         except (ImportError, AttributeError) as exc:
             raise PluginError(
                 f"plugin {self.plugin!r} ({self.distribution}) registered {self.kind} {self.name!r} as "
                 f"{self.target!r}, which does not import: {type(exc).__name__}: {exc}"
             ) from exc
+        check_object(self.kind, self.name, obj, f"plugin {self.plugin!r} ({self.distribution})", self.target)
+        return obj
 
     @property
     def description(self) -> str:
@@ -116,6 +137,10 @@ def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[
                     f"plugin {_plugin!r} registered {kind} {name!r} as the string {obj!r}; a string must be "
                     "an import path 'package.module:attribute' (or register the object itself)"
                 )
+            who = f"plugin {_plugin!r} ({distribution_of(_plugin)})"
+            check_traits(kind, name, traits, _plugin)
+            if not isinstance(obj, str):  # an import path is checked when it is imported (Component.obj)
+                check_object(kind, name, obj, who)
             key = (kind, name)
             if key in found:
                 other = found[key]
@@ -126,7 +151,7 @@ def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[
             found[key] = Component(kind, name, obj, _plugin, distribution_of(_plugin), dict(traits))
 
         try:
-            impl.function(**{arg: register for arg in impl.argnames})
+            impl.function(**{arg: register for arg in impl.argnames})  # pluggy checked the names at load
         except PluginError:
             raise
         except Exception as exc:
@@ -134,6 +159,82 @@ def _collect(hook_name: str, default_kind: str, kinds: tuple[str, ...]) -> list[
                 f"plugin {plugin!r} ({distribution_of(plugin)}) failed in {hook_name}: {type(exc).__name__}: {exc}"
             ) from exc
     return list(found.values())
+
+
+def check_traits(kind: str, name: str, traits: dict[str, Any], plugin: str) -> None:
+    """PluginError naming the valid traits of ``kind`` (:data:`TRAITS`) when ``traits`` has another, or
+    a value a trait does not take: a misspelt trait would otherwise be ignored, silently."""
+    valid = TRAITS.get(kind, {})
+    unknown = sorted(set(traits) - set(valid))
+    dist = distribution_of(plugin)
+    origin = f" (distribution {dist})" if dist != "-" else ""
+    if unknown:
+        raise PluginError(
+            f"plugin {plugin!r} registered {kind} {name!r} with traits {', '.join(unknown)}; valid: "
+            f"{', '.join(valid) or f'none (a {kind} declares no traits)'}{origin}"
+        )
+    for trait, value in traits.items():
+        ok, takes = valid[trait]
+        if not ok(value):
+            raise PluginError(
+                f"plugin {plugin!r} registered {kind} {name!r} with {trait}={value!r}; valid: {takes}{origin}"
+            )
+
+
+def check_object(kind: str, name: str, obj: Any, who: str, path: str = "") -> None:
+    """PluginError when ``obj`` cannot be a ``kind``: an env or template not a concrete subclass of its
+    base class (:data:`BASES`; an instance, another class, an abstract one), anything else not callable.
+    ``who`` names the plugin; ``path``, the import path ``obj`` was registered by."""
+    base_path = BASES.get(kind)
+    as_what = f" (imported from {path!r})" if path else ""
+    if base_path is None:
+        if not callable(obj):
+            raise PluginError(
+                f"{who} registered {kind} {name!r} as {short_repr(obj)}{as_what}, which is not callable; "
+                f"valid: a function of the {kind} calling convention"
+            )
+        return
+    module, _, attribute = base_path.partition(":")
+    base = getattr(importlib.import_module(module), attribute)
+    abstract = sorted(getattr(base, "__abstractmethods__", ()))
+    if isinstance(obj, base):
+        problem = f"an instance of {type(obj).__name__}, not a class (register the class itself)"
+    elif not inspect.isclass(obj) or not issubclass(obj, base):
+        what = f"the class {obj.__name__}" if inspect.isclass(obj) else short_repr(obj)
+        problem = f"{what}, which is not a subclass of {attribute}"
+    elif inspect.isabstract(obj):
+        missing = ", ".join(sorted(obj.__abstractmethods__))
+        problem = f"the class {obj.__name__}, which is abstract: it does not define {missing}"
+    else:
+        return
+    raise PluginError(
+        f"{who} registered {kind} {name!r} as {problem}{as_what}; valid: a subclass of "
+        f"{base_path.replace(':', '.')} that defines {', '.join(abstract)}"
+    )
+
+
+def check_one_reader(component: Component) -> None:
+    """PluginError naming both plugins when another kind that reads ``plugins.<name>`` options has a
+    component of ``component``'s name: one block would configure both, so neither could be configured.
+    Components of one distribution (or of one plugin registered in code) may share a block on purpose
+    (the built-in reward and scorer ``rm`` both take a reward model's path)."""
+    if component.kind not in OPTION_KINDS:
+        return
+    for found in ALL.values():
+        if not set(found.kinds) & set(OPTION_KINDS) - {component.kind}:
+            continue  # (an env's own registry holds no other kind)
+        for other in found.components():
+            if other.name != component.name or other.kind == component.kind or other.kind not in OPTION_KINDS:
+                continue
+            same = other.plugin == component.plugin or other.distribution == component.distribution != "-"
+            if not same:
+                first, second = sorted((component, other), key=lambda c: OPTION_KINDS.index(c.kind))
+                raise PluginError(
+                    f"{first.kind} {first.name!r} (plugin {first.plugin!r}, {first.distribution}) and "
+                    f"{second.kind} {second.name!r} (plugin {second.plugin!r}, {second.distribution}) share a name, "
+                    f"so plugins.{first.name} would configure both; valid: a name no other env, reward, template, "
+                    "strategy or scorer has (rename one, or uninstall one's distribution)"
+                )
 
 
 def short_list(names: list[str], kind: str, most: int = 20) -> str:
@@ -201,6 +302,7 @@ class Registry:
         kind = kind or self.kinds[0]
         items = {c.name: c for c in self.components(kind)}
         if name in items:
+            check_one_reader(items[name])
             return items[name]
         valid = sorted(items)
         label = self.label if kind == self.kinds[0] else kind.replace("_", " ")

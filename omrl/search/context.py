@@ -10,10 +10,11 @@ from typing import Any, Callable, Sequence
 from omrl import registry
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.envs import check_seats
-from omrl.errors import ConfigError, OmrlError, PluginError
+from omrl.errors import ConfigError, OmrlError, PluginError, short_repr
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.spec import RolloutLimits
+from omrl.search.tree import Tree
 from omrl.supervisor import stage
 from omrl.templates import Template
 
@@ -197,7 +198,36 @@ def run_strategy(ctx: SearchContext, tasks: Sequence[int]) -> list:
     trees = fn(ctx, list(tasks), **options)
     if ctx.backend is not None:
         ctx.backend.release()  # cached KV states of finished branches, where the backend keeps some
-    return trees
+    check_trees(ctx.strategy, trees, list(tasks))
+    return list(trees)
+
+
+def check_trees(name: str, trees: Any, tasks: list) -> None:
+    """PluginError naming strategy ``name`` and its plugin unless ``trees`` is one :class:`Tree` per task
+    of ``tasks``, in their order: a tree too few would shrink an evaluation, silently."""
+    problem = None
+    if not isinstance(trees, (list, tuple)):
+        problem = f"returned {short_repr(trees)}"
+    elif len(trees) != len(tasks):
+        problem = f"returned {len(trees)} trees for {len(tasks)} tasks"
+    else:
+        for i, (tree, task) in enumerate(zip(trees, tasks)):
+            if not isinstance(tree, Tree):
+                problem = f"returned {short_repr(tree)} as the tree of task {task!r} (position {i})"
+            elif tree.task_id != task or tree.group != i:
+                problem = (
+                    f"returned at position {i} the tree of task {tree.task_id!r} (group {tree.group}) where "
+                    f"task {task!r} (group {i}) was expected"
+                )
+            if problem:
+                break
+    if problem:
+        component = registry.strategies.component(name)
+        raise PluginError(
+            f"strategy {name!r} (plugin {component.plugin!r}, {component.distribution}) {problem}; valid: a list "
+            "of omrl.search.Tree, one per task in the order given, each with the task's id and its position "
+            "as group"
+        )
 
 
 def check_budget(budget: int, max_new_tokens: int) -> None:
