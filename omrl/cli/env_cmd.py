@@ -263,9 +263,14 @@ def play(
             if not len(ids):
                 raise OmrlError(f"split {split!r} of env {name!r} has no tasks")
             task = ids[0]
+        else:  # a task id names its split: --split (test by default) must not hide that it is a train task
+            split = next((s for s in (split, *env.splits) if s in env.splits and task in env.split_of(s)), split)
         first = env.reset(task)
         console.print(
-            Panel(Text(first.instruction or "(no separate instruction)"), title=f"{name} task {task}: instruction")
+            Panel(
+                Text(first.instruction or "(no separate instruction)"),
+                title=f"{name} task {task} ({split} split): instruction",
+            )
         )
         console.print(Panel(Text(first.text), title="observation"))
         turns, total, played, result = max_turns or env.max_turns, 0.0, 0, None

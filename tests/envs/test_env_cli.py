@@ -171,6 +171,13 @@ def test_play_with_the_expert_wins(runner):
     assert "episode done: won yes, score 1.00, total reward 1, turns 3" in result.output
 
 
+def test_play_says_which_split_a_task_id_is_of(runner):
+    result = runner.invoke(build_app(), ["env", "play", "switch", "--task", "1"], input=":quit\n")
+    assert "switch task 1 (train split): instruction" in " ".join(result.output.split())  # --split is test
+    result = runner.invoke(build_app(), ["env", "play", "switch"], input=":quit\n")
+    assert "switch task 5 (test split): instruction" in " ".join(result.output.split())
+
+
 def test_play_typed_actions_invalid_and_quit(runner):
     result = runner.invoke(
         build_app(),
