@@ -8,7 +8,11 @@ Install with ``pip install 'omrl[babyai]'``. Envs:
   (seeds 0..9, AgentGym's ids), ``train`` 40,000..79,999 (seeds 1,000..1,999).
 - ``babyai:<Level>`` (``babyai:GoToRedBall``...): one level; the task id is the seed. ``test``
   0..99, ``train`` 1,000..100,999. The family's test tasks are among a level's test tasks, and
-  no seed is both a test and a train task across the two.
+  no seed is both a test and a train task across the two. Two seeds can deal the same board (of
+  GoToRedBallNoDists' 100 test boards, its first 1,000 train ids held 27): a train task whose first
+  board (mission, agent and grid) is a test board is dealt again from seed ``n * 1,000,000`` + its
+  seed (n = 1, 2, ...), up to 20 times (``disjoint.py``); the test split is unchanged. OpenRedDoor
+  has too few boards for that (``SHARED_BOARDS``, named in its description).
 
 Option (block ``plugins.babyai``): ``level``, one of :data:`LEVELS` (``""``, the default: all
 40 as above); the ``babyai:<Level>`` envs fix it.
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -58,6 +63,7 @@ from omrl_plugins.envs.engines.common import (
     require,
     split_ids,
 )
+from omrl_plugins.envs.engines.disjoint import MAX_REDRAWS, clear_of, package_version, shared_boards_note, test_keys
 
 #: AgentGym's BabyAI levels in its order (AgentGym's level n is LEVELS[n - 1]); minigrid ids BabyAI-<Level>-v0
 LEVELS = (
@@ -106,6 +112,8 @@ LEVELS = (
 GYM_IDS = {"GoToObjS6": "BabyAI-GoToObjS6-v1"}
 FAMILY_SPLITS = {"test": range(0, 400), "train": range(40_000, 80_000)}
 LEVEL_SPLITS = {"test": range(0, 100), "train": range(1_000, 101_000)}
+REDRAW_SEED = 1_000_000  # a train board's n-th redraw (n = 0, 1...): seed (n + 1) * this + its seed
+SHARED_BOARDS = {"OpenRedDoor": "its few boards (about 64)"}  # too few boards for splits of their own
 BOT_ACTIONS = {LEFT: "turn left", RIGHT: "turn right", FORWARD: "move forward", DROP: "drop", TOGGLE: "toggle"}
 
 
@@ -130,6 +138,11 @@ def check_level(level: str) -> str:
     close = difflib.get_close_matches(str(name), LEVELS, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise ConfigError(f"babyai option level: unknown level {level!r}{hint} (valid: {', '.join(LEVELS)})")
+
+
+def board(game: Any) -> str:
+    """What identifies a level's first board: the mission, the agent's cell and direction, the grid."""
+    return repr((game.mission, tuple(map(int, game.agent_pos)), int(game.agent_dir), game.grid.encode().tobytes()))
 
 
 def effect_state(game: Any) -> tuple[Any, ...]:
@@ -239,8 +252,15 @@ class BabyAIEnv(Env):
 
     def reset(self, task_id: int) -> Observation:
         level, seed = self.level_and_seed(task_id)
-        game = self._gym.make(gym_id(level), disable_env_checker=True).unwrapped
-        game.reset(seed=seed)
+        game = self._deal(level, seed)
+        if task_id in self._splits["train"] and level not in SHARED_BOARDS:  # a test board dealt again
+            avoid = test_keys(
+                ("babyai", level),
+                lambda: (board(self._deal(level, test)) for test in LEVEL_SPLITS["test"]),
+                disk=("babyai", package_version("minigrid"), level),
+            )
+            seeds = itertools.chain([seed], ((n + 1) * REDRAW_SEED + seed for n in range(MAX_REDRAWS)))
+            seed, game = clear_of(avoid, ((s, self._deal(level, s)) for s in seeds), lambda dealt: board(dealt[1]))
         bot = self._bot_class(game)
         bot.stack = PlanStack(bot.stack)
         episode = Episode(level, seed, game, bot, None, look(game))
@@ -304,6 +324,11 @@ class BabyAIEnv(Env):
             raise EnvError(f"{self.name}: the snapshot is of level {state.level}, not {self.level}")
         self._episode = copy.deepcopy(state)
 
+    def _deal(self, level: str, seed: int) -> Any:
+        game = self._gym.make(gym_id(level), disable_env_checker=True).unwrapped
+        game.reset(seed=seed)
+        return game
+
     def _play(self, episode: Episode, steps: tuple[int, ...]) -> tuple[float, str]:
         """Play low-level ``steps`` until one has no effect or the level ends (as AgentGym does);
         the reward and why the level ended ("" while it goes on)."""
@@ -357,7 +382,8 @@ LEVEL_ENVS = {
     level: env_variant(
         BabyAIEnv,
         f"BabyAI{level}Env",
-        f"BabyAI level {level} (AgentGym's level {number}) as text (pip install 'omrl[babyai]').",
+        f"BabyAI level {level} (AgentGym's level {number}) as text (pip install 'omrl[babyai]')."
+        + (" " + shared_boards_note(SHARED_BOARDS[level]) if level in SHARED_BOARDS else ""),
         level=level,
     )
     for number, level in enumerate(LEVELS, start=1)
