@@ -341,6 +341,9 @@ def test_with_continuous_batching_a_short_call_returns_while_a_long_one_decodes(
         ask(short_client, "short", 2)
         long_call.join(120)
         assert finished["short"] < finished["long"]
+        deadline = time.monotonic() + 10  # the batcher closes the stream just after it answers the last call
+        while gateway.batcher._streams and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert not gateway.batcher._streams  # nothing left decoding: the stream was closed
     finally:
         gateway.close()
