@@ -34,18 +34,32 @@ def slow_first(tokenizer, seconds: float) -> ScriptedBackend:
     return ScriptedBackend(tokenizer, reply)
 
 
-@pytest.fixture
-def timing_out(tiny_tokenizer):
-    """A gateway whose first generate call outlasts the client's timeout (0.5 s), an episode and its recorder,
-    and a client that retries ``retries`` times."""
-    gateway, backend = make_gateway(tiny_tokenizer, slow_first(tiny_tokenizer, 1.0))
+def slow_gateway(tokenizer, seconds: float):
+    """A gateway whose first generate call takes ``seconds``, past the client's timeout (0.5 s), an episode
+    and its recorder, and a client that retries ``retries`` times."""
+    gateway, backend = make_gateway(tokenizer, slow_first(tokenizer, seconds))
     ep = episode()
     key, recorder = gateway.open(ep)
 
     def client(retries: int) -> openai.OpenAI:
         return openai.OpenAI(base_url=gateway.base_url, api_key=key, timeout=0.5, max_retries=retries)
 
-    yield backend, ep, recorder, client
+    return gateway, (backend, ep, recorder, client)
+
+
+@pytest.fixture
+def timing_out(tiny_tokenizer):
+    """A first call of 1 s: a retry, sent at 0.5 s, is answered soon after it."""
+    gateway, parts = slow_gateway(tiny_tokenizer, 1.0)
+    yield parts
+    gateway.close()
+
+
+@pytest.fixture
+def hung_up(tiny_tokenizer):
+    """A first call of 3 s: the client has surely hung up when its reply is ready, on a loaded machine too."""
+    gateway, parts = slow_gateway(tiny_tokenizer, 3.0)
+    yield parts
     gateway.close()
 
 
@@ -61,11 +75,11 @@ def test_a_retried_call_replaces_the_reply_the_client_never_got(timing_out):
     assert_token_exact(ep, backend)
 
 
-def test_a_reply_the_client_hung_up_on_is_no_turn(timing_out):
-    backend, ep, recorder, client = timing_out
+def test_a_reply_the_client_hung_up_on_is_no_turn(hung_up):
+    backend, ep, recorder, client = hung_up
     with pytest.raises(openai.APITimeoutError):
         client(0).chat.completions.create(model="m", messages=CHAT)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15
     while (not backend.served or ep.turns) and time.monotonic() < deadline:  # it answers after the client left
         time.sleep(0.05)
     with recorder.lock:
