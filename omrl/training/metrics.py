@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from omrl.atomic import atomic_write_text
 from omrl.config.options import LoggingConfig
 from omrl.errors import OmrlError, short_repr
-from omrl.evaluation import tool_call_health, tool_use
+from omrl.evaluation import measured, tool_call_health, tool_use
 from omrl.rollout.spec import overlong
 
 METRICS_FILE = "metrics.jsonl"
@@ -82,7 +82,7 @@ def rollout_metrics(episodes, seconds: float, reward_summary: dict[str, float]) 
     ``prefix_breaks`` (how many new rows it started, summed)."""
     n = max(1, len(episodes))
     # the others measured no model: the env failed, or the opening prompt left no room in the context
-    played = [ep for ep in episodes if ep.end_reason != "env_error" and not overlong(ep)]
+    played = measured(episodes)
     too_long = sum(overlong(ep) for ep in episodes)
     m = max(1, len(played))
     turns = sum(ep.num_turns for ep in episodes)
