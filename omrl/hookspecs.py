@@ -82,7 +82,8 @@ def register_algorithms(register):
         loss once on a probe batch: a result outside the calling convention
         (advantages and returns not two finite tensors shaped as ``loss_mask``;
         a loss not a 0-d tensor with a gradient beside a dict of numbers) is
-        an error naming the function and its plugin.
+        an error naming the function and its plugin. The estimator's result
+        on each real rollout is checked the same way.
     """
 
 

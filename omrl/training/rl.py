@@ -38,7 +38,7 @@ from omrl import registry
 from omrl.algos import AlgoConfig, micro_batch_share
 from omrl.clock import timed
 from omrl.config.options import TrainRunConfig
-from omrl.training import env_scale, greedy_baseline, online, online_run
+from omrl.training import algo_probe, env_scale, greedy_baseline, online, online_run
 from omrl.training.critic import critic_modules, critic_state, load_critic, load_critic_state
 from omrl.training.distillation import add_teacher_rewards, load_teacher
 from omrl.training.kl_control import AdaptiveKL
@@ -75,7 +75,7 @@ class RLRecipe:
         self.correction_fn = registry.algorithms.get(self.correction, kind="rollout_correction")
         self.kl_control = AdaptiveKL(algo)
         self.greedy_baseline = greedy_baseline.needed(cfg)  # ReMax: a greedy episode per task, as baseline
-        online.check_algorithms(
+        algo_probe.check_algorithms(
             cfg, self.advantage_fn, algo.name == "ppo", self.greedy_baseline, self.policy_loss_fn, self.correction_fn
         )
         self.model, self.tokenizer, self.rollout_model, self.ref_model = online.load_models(
@@ -197,7 +197,7 @@ class RLRecipe:
             return empty, empty
         data = tree_advantage_input(batch)
         data.greedy_scores = greedy
-        return self.advantage_fn(data, algo)
+        return algo_probe.estimate(algo.advantage, self.advantage_fn, data, algo, f"step {self.step + 1}'s rollout")
 
     def _other_loss_terms(self) -> bool:
         """Whether the loss has a term besides the policy gradient (value loss, KL loss, entropy

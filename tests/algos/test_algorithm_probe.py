@@ -1,5 +1,5 @@
 """The recipe runs the configured advantage estimator and policy loss once on a probe batch before any
-rollout (omrl.training.online.check_algorithms): what either returns outside its calling convention
+rollout (omrl.training.algo_probe.check_algorithms): what either returns outside its calling convention
 (omrl.algos) is a PluginError naming it and its plugin, not a TypeError deep in an update."""
 
 from __future__ import annotations
@@ -8,13 +8,16 @@ import dataclasses
 
 import pytest
 import torch
+from rich.console import Console
 
 from omrl import registry
 from omrl.algos import require_present
 from omrl.config.options import TrainRunConfig
 from omrl.errors import ConfigError, OmrlError, PluginError
 from omrl.hookspecs import hookimpl
-from omrl.training import online
+from omrl.training import algo_probe
+from omrl.training.rl import run_rl
+from tests.training.helpers import gridworld_config
 
 
 def fine(data, cfg):
@@ -35,6 +38,10 @@ def needs_values(data):
     return fine(data, None)
 
 
+def _nan_past_probe(data) -> float:
+    return float("nan") if data.loss_mask.shape[1] > 3 else 1.0
+
+
 ADVANTAGES = {
     "one_tensor": lambda data, cfg: fine(data, cfg)[0],
     "rows": lambda data, cfg: tuple(t.sum(-1) for t in fine(data, cfg)),
@@ -44,6 +51,9 @@ ADVANTAGES = {
     "one_parameter": lambda data: fine(data, None),
     "needs_values": lambda data, cfg: needs_values(data),
     "omrl_error": lambda data, cfg: (_ for _ in ()).throw(OmrlError("pass_k must be below group_size")),
+    # the probe's rows are 3 tokens long, a real rollout's longer: these pass the probe, then fail
+    "nan_on_real_rows": lambda data, cfg: tuple(t * _nan_past_probe(data) for t in fine(data, cfg)),
+    "raises_on_real_rows": lambda data, cfg: fine(data, cfg) if data.loss_mask.shape[1] <= 3 else [][1],
 }
 LOSSES = {
     "bare": lambda data, cfg: loss_ok(data, cfg)[0],
@@ -77,7 +87,7 @@ def check(register_plugin):
         )
         cfg = dataclasses.replace(TrainRunConfig(), algorithm=algo)
         adv = registry.algorithms.get(advantage, kind="advantage")
-        online.check_algorithms(cfg, adv, ppo, False, registry.algorithms.get(policy_loss, kind="policy_loss"))
+        algo_probe.check_algorithms(cfg, adv, ppo, False, registry.algorithms.get(policy_loss, kind="policy_loss"))
 
     return run
 
@@ -160,3 +170,23 @@ def test_every_builtin_estimator_and_policy_loss_passes_the_probe(check):
     for name in sorted(builtin & set(registry.algorithms.names("policy_loss"))):
         check("grpo", name)
     assert torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("nan_on_real_rows", "returned values that are not finite (NaN or infinite) on step 1's rollout of shape"),
+        ("raises_on_real_rows", "failed on step 1's rollout: IndexError: list index out of range"),
+    ],
+)
+def test_an_estimator_that_fails_only_on_a_real_rollout_is_named_and_nothing_is_trained(
+    check, tiny_model_dir, tmp_path, name, problem
+):
+    cfg = gridworld_config(tiny_model_dir, tmp_path / "run", f"algorithm.advantage=adv_{name}")
+    with pytest.raises(PluginError) as info:
+        run_rl(cfg, console=Console(quiet=True))
+    assert str(info.value).startswith(ESTIMATOR.format(name) + problem), info.value
+    assert (
+        not (tmp_path / "run" / "metrics.jsonl").exists()
+        or "loss" not in (tmp_path / "run" / "metrics.jsonl").read_text()
+    )
