@@ -14,6 +14,8 @@ import importlib.metadata
 import inspect
 import os
 import sys
+import traceback
+from types import TracebackType
 
 import pluggy
 
@@ -27,6 +29,8 @@ pm.add_hookspecs(hookspecs)
 
 # plugin name -> distribution name, for provenance in `omrl plugins` and errors
 _distributions: dict[str, str] = {}
+#: the top-level packages of omrl's own code, its built-in plugins included
+OWN_PACKAGES = ("omrl", "omrl_plugins", "omrl_configs")
 _loaded = False
 
 
@@ -137,3 +141,19 @@ def _one_line(exc: BaseException) -> str:
 def distribution_of(plugin_name: str) -> str:
     """The distribution that provides a plugin ('-' for one registered in code)."""
     return _distributions.get(plugin_name, "-")
+
+
+def plugin_in_traceback(tb: TracebackType | None) -> str | None:
+    """``plugin NAME (DISTRIBUTION) at FILE:LINE``: the innermost frame of ``tb`` in the package of a
+    plugin that is not omrl's own (a built-in's error is omrl's), or None when no such frame ran."""
+    packages: dict[str, str] = {}  # top-level package -> plugin name
+    for name, plugin in pm.list_name_plugin():
+        module = plugin.__name__ if inspect.ismodule(plugin) else type(plugin).__module__
+        top = module.partition(".")[0]
+        if top not in OWN_PACKAGES:
+            packages.setdefault(top, name)
+    for frame, line in reversed(list(traceback.walk_tb(tb))):
+        name = packages.get(str(frame.f_globals.get("__name__", "")).partition(".")[0])
+        if name is not None:
+            return f"plugin {name!r} ({distribution_of(name)}) at {frame.f_code.co_filename}:{line}"
+    return None

@@ -170,6 +170,7 @@ def stop_on_interrupt(run: Callable[[], T], console: Console) -> T:
 def report_error(exc: BaseException, debug: bool) -> int:
     """Print one line for ``exc`` (or the traceback with --debug); return the exit status."""
     from omrl.errors import OmrlError
+    from omrl.plugins import plugin_in_traceback
 
     world = isinstance(exc, (OSError, MemoryError)) and (isinstance(exc, MemoryError) or exc.errno in WORLD_ERRNOS)
     if debug:
@@ -181,10 +182,12 @@ def report_error(exc: BaseException, debug: bool) -> int:
         return 2
     elif isinstance(exc, OmrlError):
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-    else:
+    else:  # a bug: of the third-party plugin whose code raised it, where one did
+        culprit = plugin_in_traceback(exc.__traceback__)
+        whose = f"raised in {culprit}: a bug in that plugin" if culprit else "this is a bug in omrl or a plugin"
         err_console.print(
             f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))} "
-            "(this is a bug in omrl or a plugin; run with --debug for the traceback)",
+            f"({escape(whose)}; run with --debug for the traceback)",
             highlight=False,
             soft_wrap=True,
         )

@@ -1,0 +1,40 @@
+"""An exception from a third-party plugin's code is that plugin's bug: the one-line error names the
+plugin, its distribution and the line that raised, so its author, not omrl, gets the report (exit 1,
+as for any bug). A bug of omrl's own code, built-in plugins included, is still called omrl's."""
+
+from __future__ import annotations
+
+from omrl.hookspecs import hookimpl
+
+
+def broken(ctx, tasks):
+    """A strategy with a bug in it."""
+    return {}["budget"]
+
+
+class BrokenStrategy:
+    @hookimpl
+    def register_rollout_strategies(self, register):
+        register("broken", broken)
+
+
+ROLLOUT = ("rollout", "--env", "gridworld", "--model", "tiny", "--num-tasks", "1", "--strategy", "broken")
+
+
+def test_a_third_party_strategy_that_raises_is_named_as_the_bug(register_plugin, omrl_main, tmp_path):
+    register_plugin(BrokenStrategy(), name="broken-strategies")
+    code, _, err = omrl_main(*ROLLOUT, "-o", str(tmp_path / "x.parquet"))
+    line = broken.__code__.co_firstlineno + 2
+    assert code == 1, err
+    assert f"KeyError: 'budget' (raised in plugin 'broken-strategies' (-) at {__file__}:{line}: a bug in" in err, err
+    assert "bug in omrl" not in err
+
+
+def test_a_bug_in_omrls_own_code_is_still_called_omrls(register_plugin, omrl_main, tmp_path, monkeypatch):
+    register_plugin(BrokenStrategy(), name="broken-strategies")  # loaded, but not the one that raised
+
+    # a function of omrl's: its frame is omrl's module, as the real code's would be
+    failing = eval("lambda *args, **kwargs: 1 / 0", {"__name__": "omrl.rollout.session"})
+    monkeypatch.setattr("omrl.rollout.session.RolloutSession.from_config", failing)
+    code, _, err = omrl_main("rollout", "--env", "gridworld", "--model", "tiny", "-o", str(tmp_path / "x.parquet"))
+    assert code == 1 and "(this is a bug in omrl or a plugin;" in err, err
