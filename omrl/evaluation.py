@@ -133,7 +133,8 @@ def replay_warnings(caught: Sequence[warnings.WarningMessage], episodes: Sequenc
 def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
     """Every metric of a set of episodes (one or more samples per task), as a JSON-ready dict.
 
-    Success, score, reward and pass@k are over the :func:`measured` episodes only; ``env_errors``
+    Success, score, reward, pass@k and the format error and invalid action rates are over the
+    :func:`measured` episodes only; ``env_errors``
     (and ``env_error_rate``) and ``overlong_prompts`` (where there are some) count the others beside
     them. Counting an env failure, or a prompt longer than the context, as a loss would report a dead
     server, or a setting, as a weak model.
@@ -141,8 +142,11 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
     if not episodes:
         raise OmrlError("no episodes to evaluate")
     turns = [t for ep in episodes for t in ep.turns]
-    stepped = [t for t in turns if t.action is not None]
     played = measured(episodes)
+    # the replies' faults, over the measured episodes' turns: a turn an env or a broken template
+    # failed (left unparsed, format_ok False) is not the model's format error
+    judged = [t for ep in played for t in ep.turns]
+    stepped = [t for t in judged if t.action is not None]
     # a game's seats are samples of different players: pass@k is over one seat's games of a task
     # (pooled, one of two zero-sum seats wins every game)
     by_task: dict[tuple[str, str, int, str], list[Episode]] = defaultdict(list)
@@ -159,7 +163,7 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
         "mean_reward": _rate(sum(ep.total_reward for ep in played), m),
         "mean_turns": len(turns) / n,
         "invalid_action_rate": _rate(sum(bool(t.info.get("invalid")) for t in stepped), len(stepped)),
-        "format_error_rate": _rate(sum(not t.format_ok for t in turns), len(turns)),
+        "format_error_rate": _rate(sum(not t.format_ok for t in judged), len(judged)),
         "truncated_turn_rate": _rate(sum(truncated_turns(ep) for ep in episodes), len(turns)),
         "tokens_per_episode": sum(len(ep.token_ids) for ep in episodes) / n,
         "generated_tokens_per_episode": sum(generated_tokens(ep) for ep in episodes) / n,

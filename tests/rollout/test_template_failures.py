@@ -75,6 +75,16 @@ def test_a_template_whose_parse_answers_outside_the_protocol_ends_the_episode_as
     assert pool.probe().steps == 0
 
 
+def test_a_broken_templates_turn_is_not_counted_as_the_models_format_error(tiny_tokenizer):
+    # call 0 asks both episodes (the first breaks the template, the second has no action); then the second alone
+    replies = {(0, 0): "[ oops", (0, 1): "no action here", (1, 0): "Action: open", (2, 0): "Action: take key"}
+    pool, limits = EnvPool(KeyEnv, name="keys"), RolloutLimits(max_new_tokens=24, max_context=1024)
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, index, prompt: replies[call, index])
+    episodes = collect(pool, RaisingTemplate(), tiny_tokenizer, [0, 1], backend=backend, limits=limits)
+    assert [ep.end_reason for ep in episodes] == ["env_error", "done"]
+    assert evaluate(episodes)["format_error_rate"] == pytest.approx(1 / 3)  # the model's one bad reply of 3
+
+
 def test_a_working_parse_is_untouched(tiny_tokenizer):
     (ep,), _ = play(tiny_tokenizer, RaisingTemplate(), ["Action: open", "Action: take key"])
     assert ep.won and ep.end_reason == "done" and ep.error is None
