@@ -23,6 +23,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from jinja2 import TemplateError, TemplateSyntaxError
+
 from omrl.backends.base import Backend
 from omrl.chat.tool_calls import FORMATS
 from omrl.data.trajectory import Episode
@@ -283,6 +285,10 @@ def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
                 return self._send(400, error_body(str(exc)))
             except RecursionError:
                 return self._send(400, error_body("the request nests too deeply to lay out (a tool schema, arguments)"))
+            except TemplateError as exc:  # the model's chat template refuses these messages (raise_exception)
+                if isinstance(exc, TemplateSyntaxError):  # a broken template: the server's fault
+                    return self._send(500, error_body(f"the model's chat template is broken: {exc}", "server_error"))
+                return self._send(400, error_body(f"the model's chat template refuses these messages: {exc}"))
             except Exception as exc:  # noqa: BLE001 - the agent gets a server error with the reason
                 return self._send(500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
             try:  # a reply that never reaches the agent (it hung up: timed out) is no turn of its episode

@@ -35,22 +35,23 @@ def slow_first(tokenizer, seconds: float) -> ScriptedBackend:
 
 
 def slow_gateway(tokenizer, seconds: float):
-    """A gateway whose first generate call takes ``seconds``, past the client's timeout (0.5 s), an episode
+    """A gateway whose first generate call takes ``seconds``, past the client's timeout (1 s), an episode
     and its recorder, and a client that retries ``retries`` times."""
     gateway, backend = make_gateway(tokenizer, slow_first(tokenizer, seconds))
     ep = episode()
     key, recorder = gateway.open(ep)
 
     def client(retries: int) -> openai.OpenAI:
-        return openai.OpenAI(base_url=gateway.base_url, api_key=key, timeout=0.5, max_retries=retries)
+        return openai.OpenAI(base_url=gateway.base_url, api_key=key, timeout=1.0, max_retries=retries)
 
     return gateway, (backend, ep, recorder, client)
 
 
 @pytest.fixture
 def timing_out(tiny_tokenizer):
-    """A first call of 1 s: a retry, sent at 0.5 s, is answered soon after it."""
-    gateway, parts = slow_gateway(tiny_tokenizer, 1.0)
+    """A first call of 1.5 s: the client times out at 1 s and retries after its backoff (0.375 to 0.5 s),
+    about when the first call ends; the retry then has most of its own second to be answered in."""
+    gateway, parts = slow_gateway(tiny_tokenizer, 1.5)
     yield parts
     gateway.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import socket
 import time
@@ -79,6 +80,32 @@ def test_a_failed_call_leaves_the_episode_as_it_was(tiny_tokenizer):
         assert (
             len(ep.turns) == 1 and ep.row_starts == [] and sum(ep.loss_mask) == len(ep.token_ids) - ep.turns[0].span[0]
         )
+    finally:
+        gateway.close()
+
+
+# a template that refuses a system message after the first, as many real ones do (raise_exception)
+STRICT_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+    "{{ raise_exception('System message must be first') }}{% endif %}<|{{ m.role }}|>{{ m.content }}<|end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_messages_the_models_template_refuses_get_a_400_and_leave_the_episode_as_it_was(tiny_tokenizer):
+    strict = copy.deepcopy(tiny_tokenizer)
+    strict.chat_template = STRICT_TEMPLATE
+    gateway, _ = make_gateway(strict, ScriptedBackend(strict, lambda *_: "ok"))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        late = [*CHAT, {"role": "system", "content": "late"}]
+        with pytest.raises(openai.BadRequestError, match="the model's chat template refuses these messages: System"):
+            client.chat.completions.create(model="m", messages=late)
+        assert ep.token_ids == [] and ep.turns == []
+        client.chat.completions.create(model="m", messages=CHAT)
+        assert len(ep.turns) == 1 and ep.turns[0].response == "ok"
     finally:
         gateway.close()
 
