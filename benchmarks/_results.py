@@ -1,8 +1,10 @@
 """Where the benchmarks write their JSON, and the machine each record names.
 
-Every benchmark writes its record to ``benchmarks/results/<name>.json`` unless ``--json`` says
-otherwise, so running one refreshes the numbers the README quotes. A record is written whole
-or not at all (a temporary sibling, then a rename).
+Every benchmark writes its record, with :func:`machine`, to ``benchmarks/results/<name>.json``
+unless ``--json`` says otherwise (``search_budget.py``: ``benchmarks/results/search_budget/<env>/``,
+unless ``--out`` does), so running one refreshes the numbers the docs quote; a trial run should
+pass ``--json /tmp/...`` to leave the committed records alone. A record is written whole or not at
+all (a temporary sibling, then a rename).
 """
 
 from __future__ import annotations

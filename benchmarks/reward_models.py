@@ -35,7 +35,9 @@ weights (same tokenizer: episodes are scored on their own token ids). Parts:
   best-of-N chains (played once, picked by the ORM, at random and by the oracle) against beam
   guided and answered by the PRM.
 
-Writes ``<out>/results.json`` (every number) beside the data and models, and prints tables.
+Writes ``<out>/results.json`` (every number) beside the data and models, and prints tables. After
+each part the record, every part's numbers so far with the machine each part ran on, also goes to
+``--json`` (default ``benchmarks/results/reward_models.json``).
 
 Measured here (2 CPU cores shared with other jobs, seed 0; README "Reward models" has the tables;
 JSON in benchmarks/results/reward_models/): gridworld held-out ORM AUC 0.966, ECE 0.021; best-of-8
@@ -63,6 +65,7 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from _results import default_json, machine, save_json  # noqa: E402
 from search_budget import gridworld_sft, learn_gridworld  # noqa: E402
 
 PARTS = ("data", "orm", "prm", "search", "grpo", "webshop", "webshop_search")
@@ -420,6 +423,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reward-models")
     parser.add_argument("--sft-dir", type=Path, default=ROOT / "runs" / "search-budget" / "gridworld-sft")
+    parser.add_argument("--json", type=Path, default=default_json("reward_models"), help="where the record goes")
     args = parser.parse_args()
 
     console = Console()
@@ -444,11 +448,19 @@ def main() -> None:
         else:
             results[part] = grpo_part(args.out, model, args, example)
         results[part]["part_minutes"] = (time.perf_counter() - started) / 60
-        tmp = results_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(results, indent=2))
-        tmp.replace(results_path)
+        results[part]["machine"] = machine()  # parts run apart (later ones reuse earlier files): each names its own
+        save_json(results_path, results)
+        save_json(
+            args.json,
+            {
+                "benchmark": "reward_models",
+                "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                "machine": machine(),
+                "results": results,
+            },
+        )
         console.print_json(json.dumps(results[part]))
-    console.print(f"wrote {results_path}")
+    console.print(f"wrote {results_path} and {args.json}")
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ arguments go to both envs' configs):
   WebShop presets' settings (8 turns, 48 new tokens a reply, 2,048 tokens of context, no worked
   example). Slow on a CPU: the default size (8 tasks) takes about 15 minutes on 2 busy cores.
 
-Writes ``<out>/<env>/sweep.json`` and ``sweep.png`` (``<out>`` defaults to
-benchmarks/results/search_budget) and prints the table. Each run measures afresh;
+Writes ``<out>/<env>/sweep.json``, ``sweep.png`` and ``machine.json`` (the machine the run measured
+on, and its minutes; ``<out>`` defaults to benchmarks/results/search_budget) and prints the table. Each run measures afresh;
 ``--resume`` instead finishes a sweep that stopped, playing only the cells its JSON lacks.
 ``best_of_n``, ``beam``, ``dfsdt`` and ``mcts`` pick or prune by the ``env_reward`` scorer
 by default, i.e. the env's own reward acts as the verifier (``any`` in the table is what
@@ -58,6 +58,7 @@ import sys
 import time
 from pathlib import Path
 
+from _results import machine, save_json
 from rich.console import Console
 
 from omrl.cli.rollout_cmd import progress_bar
@@ -131,9 +132,11 @@ def sweep(env: str, model: str, settings: list[str], args: argparse.Namespace, c
     log = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731 (paths stay whole)
     record = run_sweep(cfg, progress_bar=progress_bar, log=log)
     minutes = (time.perf_counter() - started) / 60
+    run = {"benchmark": "search_budget", "env": env, "minutes": minutes, "machine": machine(args.threads)}
+    save_json(Path(cfg.out) / "machine.json", run)
     console.print(sweep_table(record))
     console.print(
-        f"{env}: {minutes:.1f} min (this run); wrote {cfg.out}/sweep.json and sweep.png",
+        f"{env}: {minutes:.1f} min (this run); wrote {cfg.out}/sweep.json, sweep.png and machine.json",
         highlight=False,
         soft_wrap=True,
     )
@@ -169,7 +172,7 @@ def main() -> None:
     args = parser.parse_args()
 
     console = Console()
-    configure_threads()  # as the omrl commands do: a busy machine must not be oversubscribed
+    args.threads = configure_threads()  # as the omrl commands do: a busy machine must not be oversubscribed
     for env in args.envs:
         if env == "gridworld":
             example = learn_gridworld()

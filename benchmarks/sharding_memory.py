@@ -1,6 +1,6 @@
 """Training memory per process: data parallel (ddp.yaml) vs FSDP (fsdp.yaml) vs ZeRO-3 (zero3.yaml), in one run.
 
-    python benchmarks/sharding_memory.py [--model smollm2-135m] [--processes 2] [--steps 2]
+    python benchmarks/sharding_memory.py [--model smollm2-135m] [--processes 2] [--epochs 1] [--json out.json]
 
 Runs the same short ``omrl sft`` job under ``accelerate launch`` with each config and
 reports, per process, what the training state takes: the weights it holds, their
@@ -11,6 +11,9 @@ memory of the process during training and after saving the final model (the shar
 modes gather the whole weights on the main process to save them). The peaks also hold
 what all modes share (activations, the model as loaded before it is sharded, Python and
 torch), so their ratios are closer to 1 than the state's.
+
+Prints the table and writes the record (every rank's report, the table in MiB, the ratios to data
+parallel, and the machine) to ``--json`` (default ``benchmarks/results/sharding_memory.json``).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _results import default_json, machine, save_json
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -45,8 +50,8 @@ def training_state(recipe) -> dict[str, int]:
         for v in state.values()
         if getattr(v, "dim", lambda: 0)() > 0
     )
-    if recipe.dist.mode == "zero3":  # DeepSpeed keeps gradient partitions and float32 masters apart
-        zero = recipe.dist.engine.optimizer
+    if recipe.strategy.name == "zero3":  # DeepSpeed keeps gradient partitions and float32 masters apart
+        zero = recipe.strategy.engine.optimizer
         gradients = local_bytes(zero.grad_partitions_flat_buffer)
         optimizer += sum(local_bytes(t) for t in zero.fp32_partitioned_groups_flat)
     else:
@@ -73,7 +78,7 @@ def worker(config_path: str, report_dir: str) -> None:
         recipe.setup()
         recipe.train()
         report = {**training_state(recipe), "peak_rss": peak["train"], "peak_rss_with_save": peak_rss()}
-        Path(report_dir, f"rank{recipe.dist.rank}.json").write_text(json.dumps(report))
+        Path(report_dir, f"rank{recipe.strategy.rank}.json").write_text(json.dumps(report))
     finally:
         recipe.cleanup()
 
@@ -91,6 +96,11 @@ def conversations(count: int) -> list[dict]:
         }
         for i in range(count)
     ]
+
+
+def threads_per_process(args) -> int:
+    """Each process's torch threads: the cores shared out among the processes."""
+    return max(1, os.cpu_count() // args.processes)
 
 
 def run_mode(mode: str, args, work: Path) -> list[dict]:
@@ -116,7 +126,7 @@ def run_mode(mode: str, args, work: Path) -> list[dict]:
     )
     config_path = run_dir / "sft.yaml"
     config_path.write_text(to_yaml(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, os.cpu_count() // args.processes))}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_process(args))}
     done = subprocess.run(
         [
             sys.executable,
@@ -145,6 +155,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--epochs", type=float, default=1.0, help="over 2 x processes x 2 conversations")
+    parser.add_argument("--json", type=Path, default=default_json("sharding_memory"), help="where the record goes")
     parser.add_argument("--worker", nargs=2, metavar=("CONFIG", "REPORT_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -165,12 +176,27 @@ def main() -> None:
         most["state"] = max(sum(r[k] for k in keys) for r in per_rank)
         rows[mode] = most
         print(f"{mode:10} " + " ".join(f"{most[k] / MIB:9.1f}" for k in columns))
-    for mode in ("fsdp", "zero3"):
+    ratios = {
+        mode: {k: rows[mode][k] / rows["ddp"][k] for k in ("state", "peak_rss", "peak_rss_with_save")}
+        for mode in ("fsdp", "zero3")
+    }
+    for mode, ratio in ratios.items():
         print(
-            f"{mode} / ddp: state {rows[mode]['state'] / rows['ddp']['state']:.2f}, "
-            f"peak RSS in training {rows[mode]['peak_rss'] / rows['ddp']['peak_rss']:.2f}, "
-            f"with the final save {rows[mode]['peak_rss_with_save'] / rows['ddp']['peak_rss_with_save']:.2f}"
+            f"{mode} / ddp: state {ratio['state']:.2f}, peak RSS in training {ratio['peak_rss']:.2f}, "
+            f"with the final save {ratio['peak_rss_with_save']:.2f}"
         )
+    save_json(
+        args.json,
+        {
+            "benchmark": "sharding_memory",
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "worker"},
+            "machine": machine(threads_per_process(args)),
+            "mib_most_loaded_process": {mode: {k: v / MIB for k, v in row.items()} for mode, row in rows.items()},
+            "ratios_to_ddp": ratios,
+            "per_rank_bytes": reports,
+        },
+    )
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

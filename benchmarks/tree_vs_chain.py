@@ -24,7 +24,8 @@ tasks: sampled (``--eval-samples`` episodes a task at temperature 1) and greedy.
 standard errors are over tasks (a task's samples are not independent): the std of the
 per-task success divided by sqrt(tasks); a difference against SFT is paired by task.
 
-Prints a table and writes ``--json`` (default benchmarks/results/tree_vs_chain.json).
+Prints a table and writes the record, machine included, to ``--json`` (default
+benchmarks/results/tree_vs_chain.json).
 
 Measured here with the defaults (2 CPU cores shared with other jobs, load average 5-7, 23
 minutes in all: 7.4 + 7.6 minutes of training, 8 of evaluation): chain 6 steps, 32,007
@@ -46,7 +47,8 @@ import sys
 import time
 from pathlib import Path
 
-from omrl.atomic import atomic_write_text
+from _results import default_json, machine, save_json
+
 from omrl.config import load_config
 from omrl.config.options import TrainRunConfig
 from omrl.threads import configure_threads
@@ -262,15 +264,20 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sft-dir", type=Path, default=ROOT / "runs" / "search-budget" / "gridworld-sft")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "tree-vs-chain", help="run folders")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "tree_vs_chain.json")
+    parser.add_argument("--json", type=Path, default=default_json("tree_vs_chain"), help="where the record goes")
     args = parser.parse_args()
 
-    configure_threads()  # as the omrl commands do: a busy machine must not be oversubscribed
+    threads = configure_threads()  # as the omrl commands do: a busy machine must not be oversubscribed
     from rich.console import Console
 
     example = load_script(ROOT / "examples" / "learn_gridworld.py")
     sft = load_script(ROOT / "benchmarks" / "search_budget.py").gridworld_sft(args.sft_dir, args.seed, Console())
-    record = {"settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "models": {}}
+    record = {
+        "benchmark": "tree_vs_chain",
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "machine": machine(threads),
+        "models": {},
+    }
     models = {"sft": {"path": sft}}
     for side, steps in (("chain", args.chain_steps), ("tree", args.tree_steps)):
         print(f"{side}: {steps} GRPO steps ({' '.join(side_overrides(args, side))})", flush=True)
@@ -299,8 +306,7 @@ def main() -> None:
             )
             for kind in ("sampled", "greedy")
         }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.json, json.dumps(record, indent=2) + "\n")
+    save_json(args.json, record)
     print(table(record))
     for kind, d in record.get("tree_minus_chain", {}).items():
         print(f"tree - chain ({kind}): {100 * d['diff']:+.1f} points, {d['z']:+.1f} SE (paired by task)")

@@ -7,7 +7,9 @@
 
 Peer: TRL (pinned in ``benchmarks/requirements-trl.txt``), run from its own venv as a
 subprocess, so TRL never becomes a dependency of omrl's. omrl runs as the real CLI
-(``python -m omrl train --algo grpo``) in a subprocess of its own.
+(``python -m omrl train --algo grpo``) in a subprocess of its own. Both sides must run the same torch
+and transformers (the same kernels): when TRL's python has other versions than omrl's, the run stops
+before measuring anything and names both.
 
 The job, the same on both sides: the same model directory (``--model``, default the built-in
 SmolLM2-135M-Instruct), one turn per episode (gridworld with ``env.max_turns=1``, react
@@ -125,6 +127,47 @@ def trl_versions() -> dict[str, str]:
     import trl
 
     return {"trl": trl.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+KERNEL_PACKAGES = ("torch", "transformers")  # the two sides must run these at the same versions
+
+
+def kernel_mismatch(omrl: dict[str, str], trl: dict[str, str]) -> str | None:
+    """Why a ratio of omrl's to TRL's times would not compare like with like, or None: the message
+    names each of torch and transformers whose version differs between the two sides.
+
+    >>> kernel_mismatch({"torch": "2.13.0", "transformers": "5.25.0"}, {"torch": "2.13.0", "transformers": "5.24.0"})
+    'transformers 5.25.0 (omrl) vs 5.24.0 (TRL)'
+    """
+    differ = [
+        f"{name} {omrl[name]} (omrl) vs {trl.get(name)} (TRL)"
+        for name in KERNEL_PACKAGES
+        if omrl[name] != trl.get(name)
+    ]
+    return "; ".join(differ) or None
+
+
+def require_same_kernels(trl_python: str) -> dict[str, str]:
+    """``trl_python``'s versions (:func:`trl_versions`); exits, naming both sides' versions, when its torch or
+    transformers is not the one this python (omrl's) runs: a ratio across other kernels is no comparison."""
+    import torch
+    import transformers
+
+    probe = (
+        "import json, trl, torch, transformers\n"
+        "print(json.dumps({m.__name__: m.__version__ for m in (trl, torch, transformers)}))"
+    )
+    done = subprocess.run([trl_python, "-c", probe], capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{trl_python} cannot import trl, torch and transformers:\n{done.stderr[-2000:]}")
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    why = kernel_mismatch({"torch": torch.__version__, "transformers": transformers.__version__}, theirs)
+    if why:
+        raise SystemExit(
+            f"refusing to compare: the TRL side ({trl_python}) runs other kernels than omrl's: {why}. Install the "
+            "versions omrl's venv has into TRL's (benchmarks/requirements-trl.txt pins them)."
+        )
+    return theirs
 
 
 def trl_worker(spec_path: str) -> None:
@@ -476,6 +519,7 @@ def main() -> None:
 
     if not Path(args.trl_python).exists():
         raise SystemExit(f"no TRL python at {args.trl_python}; install it as this file's docstring says")
+    require_same_kernels(args.trl_python)
     model_dir = resolve_model_path(args.model)
     prompt_ids = omrl_prompts(args, model_dir)
     tokenizer = load_tokenizer(model_dir)

@@ -10,7 +10,8 @@
 Peer: TRL (pinned in ``benchmarks/requirements-trl.txt``), run by ``--trl-python`` as a subprocess, so
 TRL never becomes a dependency of omrl's. ``--trl-python`` defaults to this python when it imports
 trl at the pinned version, else to ``/tmp/trl-venv/bin/python``. omrl runs as the real CLI (``omrl
-train``) in a subprocess of its own.
+train``) in a subprocess of its own. As in ``trl_grpo.py``, a TRL python whose torch or transformers
+differs from omrl's is refused before anything is measured.
 
 The task, expressed natively on both sides: "What is 517 times 839?" (two factors of 2-3 digits,
 :func:`make_tasks`) with one tool, ``multiply(a, b)``, a method of :class:`Calculator`. TRL gets the
@@ -603,6 +604,7 @@ def main() -> None:
 
     if not Path(args.trl_python).exists():
         raise SystemExit(f"no TRL python at {args.trl_python}; install it as this file's docstring says")
+    trl_grpo.require_same_kernels(args.trl_python)
     print(
         f"settings: {args.model}, {args.tasks} prompts x {args.group_size} samples a step, <= {args.turns} replies "
         f"of <= {args.max_new_tokens} tokens each, lr {args.lr}, {args.steps} steps, {args.rounds} rounds, "

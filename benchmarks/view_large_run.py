@@ -1,6 +1,7 @@
 """How fast ``omrl view`` opens a large run: 10,000 episodes of real tiny-model trajectories.
 
     python benchmarks/view_large_run.py [--episodes 10000] [--source rollout.parquet] [--rounds 3] [--json out.json]
+    python benchmarks/view_large_run.py --episodes 200 --layouts single --rounds 1 --json /tmp/view.json  # a smoke run
 
 The run is synthesized from a real trajectory file (by default one ``omrl rollout --env
 gridworld --model tiny`` writes first, about 2,000 tokens an episode): its episodes repeated
@@ -29,6 +30,9 @@ Each timing is measured ``--rounds`` times and reported as median / min (the mac
 average is printed too: on a shared machine it moves the numbers more than anything else).
 ``omrl`` itself loads every plugin before running any command; ``cli start`` reports what
 that costs (``omrl --help``), since a user typing ``omrl view`` waits for it too.
+
+The record, machine included (its load average as the run starts; ``load_after`` as it ends), goes
+to ``--json`` (default ``benchmarks/results/view_large_run.json``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from _results import default_json, machine, save_json
 
 SERVER = r"""
 import json, sys, time
@@ -186,8 +192,11 @@ def measure(root: Path, chrome) -> dict[str, float]:
             get_json(url + "api/episodes")
             result["open"] = time.perf_counter() - started
             result["open_what"] = "overview and first list page fetched over HTTP (no browser)"
-        result["episode_cold"], _ = get_json(url + "api/episode/5000")
-        result["episode_warm"], _ = get_json(url + "api/episode/5001")
+        # the middle episode (5000 of 10,000), rounded down to a multiple of 8 so that the next one is in
+        # the same row group of 64 and the same file of 100
+        middle = info["episodes"] // 2 // 8 * 8
+        result["episode_cold"], _ = get_json(url + f"api/episode/{middle}")
+        result["episode_warm"], _ = get_json(url + f"api/episode/{middle + 1}")
         result["filter"], page_body = get_json(url + "api/episodes?success=won&sort=-reward")
         result["filter_matches"] = page_body["total"]
         return result
@@ -216,7 +225,7 @@ def main() -> None:
     parser.add_argument("--source", type=Path, help="A trajectory parquet to repeat (default: a fresh tiny rollout).")
     parser.add_argument("--layouts", default="single,single-rg64,per-step")
     parser.add_argument("--rounds", type=int, default=3, help="Measurements per layout (median and min reported).")
-    parser.add_argument("--json", type=Path, help="Also write the results here.")
+    parser.add_argument("--json", type=Path, default=default_json("view_large_run"), help="Where the record goes.")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="omrl-view-bench-"))
     playwright, chrome = browser()
@@ -224,9 +233,10 @@ def main() -> None:
         source = args.source or make_source(workdir)
         table = synthesize(source, args.episodes)
         results = {
+            "benchmark": "view_large_run",
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "machine": machine(),
             "episodes": args.episodes,
-            "cpus": os.cpu_count(),
-            "load_before": os.getloadavg()[0],
             "cli_start": cli_start(),
             "layouts": {},
         }
@@ -238,16 +248,16 @@ def main() -> None:
             results["layouts"][layout] = {"parquet_mb": round(size, 1), "rounds": rounds}
         results["load_after"] = os.getloadavg()[0]
         print(
-            f"{args.episodes} episodes, {args.rounds} rounds (median / min); {results['cpus']} CPUs, load average "
-            f"{results['load_before']:.1f} -> {results['load_after']:.1f}; `omrl --help` (CLI start, plugins "
+            f"{args.episodes} episodes, {args.rounds} rounds (median / min); {results['machine']['cpus']} CPUs, load "
+            f"average {results['machine']['load_average'][0]:.1f} -> {results['load_after']:.1f}; `omrl --help` (CLI start, plugins "
             f"loaded): {results['cli_start']:.2f} s"
         )
         for layout, r in results["layouts"].items():
             cells = "  ".join(f"{key} {_spread(r['rounds'], key)}" for key in TIMINGS if key in r["rounds"][0])
             print(f"{layout:12} {r['parquet_mb']:6.1f} MB  {cells}")
         print(f"open = {next(iter(results['layouts'].values()))['rounds'][0]['open_what']}; target: under 3 s")
-        if args.json:
-            args.json.write_text(json.dumps(results, indent=2))
+        save_json(args.json, results)
+        print(f"wrote {args.json}")
     finally:
         if chrome is not None:
             chrome.close()
