@@ -130,7 +130,10 @@ def judge_reward(
             _fail(unit, judge.label, reply.error, reply.text)
             continue
         try:
-            verdicts = read_group(reply.text, len(unit), the_scale) if group else [read_one(reply.text, the_scale)]
+            if group:
+                verdicts = read_group(reply.text, len(unit), the_scale, reply.cut)
+            else:
+                verdicts = [read_one(reply.text, the_scale, reply.cut)]
         except Unreadable as exc:
             forget(judge, prompt)
             cut = f" (the reply was cut at max_tokens={max_tokens})" if reply.cut else ""

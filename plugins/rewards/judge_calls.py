@@ -20,6 +20,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Sequence
+from urllib.parse import urlsplit
 
 from omrl.chat.replies import REASONING_FIELDS
 from omrl.errors import ConfigError, short_repr
@@ -64,6 +65,7 @@ class EndpointJudge:
                 "reward 'judge' with backend=openai needs base_url and model, e.g. "
                 "plugins.judge.base_url=http://127.0.0.1:8000/v1 plugins.judge.model=Qwen/Qwen3-8B"
             )
+        _check_base_url(base_url)
         import httpx  # only a judge at an endpoint needs it
 
         self.base_url, self.model = base_url.rstrip("/"), model
@@ -135,6 +137,22 @@ class EndpointJudge:
     def _said(self, answer: httpx.Response) -> str:
         """What the server answered, cut to a line, the key scrubbed from it."""
         return short_repr(answer.text.replace(self._key, "***") if self._key else answer.text)
+
+
+def _check_base_url(base_url: Any) -> None:
+    """ConfigError unless ``base_url`` is an http(s) URL with a host (``127.0.0.1:8000/v1`` has no scheme: every
+    call would fail as unreachable, and every episode end as env_error)."""
+    parts = urlsplit(base_url) if isinstance(base_url, str) else None
+    try:
+        valid = parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname)
+        valid = valid and (parts.port is None or parts.port > 0)
+    except ValueError:  # a port that is no number, or out of range
+        valid = False
+    if not valid:
+        raise ConfigError(
+            f"reward 'judge' option base_url={short_repr(base_url)} is not an http:// or https:// URL with a host; "
+            "valid: e.g. plugins.judge.base_url=http://127.0.0.1:8000/v1"
+        )
 
 
 def _completion(answer: httpx.Response) -> Reply:

@@ -17,6 +17,11 @@ SCALES = ("number", "yes_no", "likert")
 _VERDICT = re.compile(r"^.*?\bscore\b[ \t*_]*[:=][ \t*_]*(.*?)[ \t*_.]*$", re.I | re.M)
 _YES_NO = re.compile(r"[\W_]*(yes|no)\b", re.I)
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+#: a verdict that is the value and nothing more (``7``, ``7/10``, ``yes``): all a cut reply's last line may hold
+_VALUE_ALONE = re.compile(r"(?:[-+]?\d+(?:\.\d+)?(?:[ \t]*/[ \t]*\d+(?:\.\d+)?)?|yes|no)", re.I)
+_THOUGHT = re.compile(r"<think>(.*?)</think>", re.I | re.S)
+_THINK_OPEN, _THINK_CLOSE = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
+_ATTEMPT_ID = re.compile(r"[0-9]+")
 
 
 class Unreadable(ValueError):
@@ -86,40 +91,76 @@ def make_scale(kind: str, low: float, high: float, points: int) -> Scale:
 
 
 # -- reading replies --------------------------------------------------------------------------------------------
-def read_one(text: str, scale: Scale) -> tuple[float, str, str]:
-    """The score, the verdict as written and the reasoning before it, from a reply that ends with
-    ``SCORE: <value>`` (or is the bare value)."""
-    found = list(_VERDICT.finditer(text))
+def split_thinking(text: str) -> tuple[str, str]:
+    """A reply's thinking and what it says outside it. Thinking is each ``<think>...</think>`` block, an unclosed
+    ``<think>`` to the end (a reply cut while thinking), and all before a ``</think>`` that no ``<think>`` opened
+    (a chat template that opens the block in the prompt). Only what is outside it holds a verdict."""
+    thoughts = []
+    closed, opened = _THINK_CLOSE.search(text), _THINK_OPEN.search(text)
+    if closed and (opened is None or closed.start() < opened.start()):
+        thoughts.append(text[: closed.start()])
+        text = text[closed.end() :]
+
+    def drop(block: re.Match[str]) -> str:
+        thoughts.append(block.group(1))
+        return "\n"
+
+    text = _THOUGHT.sub(drop, text)
+    opened = _THINK_OPEN.search(text)
+    if opened:
+        thoughts.append(text[opened.end() :])
+        text = text[: opened.start()]
+    return "\n\n".join(t.strip() for t in thoughts if t.strip()), text
+
+
+def read_one(text: str, scale: Scale, cut: bool = False) -> tuple[float, str, str]:
+    """The score, the verdict as written and the reasoning before it (the thinking first), from a reply that
+    ends with ``SCORE: <value>`` (or is the bare value), outside its thinking. A reply ``cut`` at max_tokens
+    counts only when its last line is the verdict alone (``SCORE: 7``): anything after the verdict may have
+    gone on to change it."""
+    thought, said = split_thinking(text)
+    found = list(_VERDICT.finditer(said))
     if found:
         verdict = found[-1].group(1).strip()
+        if cut and (said[found[-1].end() :].strip() or not _VALUE_ALONE.fullmatch(verdict)):
+            raise Unreadable(f"the reply was cut short and its last line is no verdict alone: {short_repr(said)}")
         try:
-            return scale.read(verdict), verdict, text[: found[-1].start()].strip()
+            score = scale.read(verdict)
         except Unreadable as exc:
             raise Unreadable(f"the verdict {exc}") from None
-    bare = text.strip().strip("*_`'\". ").lower()  # a reply that is the value alone: "7", "yes"
+        reasoning = "\n\n".join(part for part in (thought, said[: found[-1].start()].strip()) if part)
+        return score, verdict, reasoning
+    bare = said.strip().strip("*_`'\". ").lower()  # a reply that is the value alone: "7", "yes"
     if bare in ("yes", "no") if scale.kind == "yes_no" else _NUMBER.fullmatch(bare):
         try:
-            return scale.read(bare), bare, ""
+            return scale.read(bare), bare, thought
         except Unreadable as exc:
             raise Unreadable(f"the verdict {exc}") from None
-    raise Unreadable(f"no line 'SCORE: <{scale.describe()}>' in {short_repr(text)}")
+    where = " outside its thinking" if thought else ""
+    raise Unreadable(f"no line 'SCORE: <{scale.describe()}>'{where} in {short_repr(said.strip() if thought else text)}")
 
 
-def read_group(text: str, count: int, scale: Scale) -> list[tuple[float, str, str]]:
+def read_group(text: str, count: int, scale: Scale, cut: bool = False) -> list[tuple[float, str, str]]:
     """Each attempt's score, verdict and explanation, in order, from the reply's JSON
-    ``{"scores": [{"id": 1, "explanation": "...", "score": ...}, ...]}`` (its last such object)."""
-    found = _last_scores_object(text)
+    ``{"scores": [{"id": 1, "explanation": "...", "score": ...}, ...]}`` (its last such object outside its
+    thinking). A reply ``cut`` at max_tokens is never read: its ranking may be a draft it went on to change."""
+    if cut:
+        raise Unreadable("a ranking in a reply that was cut short is not read")
+    thought, said = split_thinking(text)
+    found = _last_scores_object(said)
     if found is None:
-        raise Unreadable(f"no JSON object with 'scores' in {short_repr(text)}")
+        where = " outside its thinking" if thought else ""
+        raise Unreadable(f"no JSON object with 'scores'{where} in {short_repr(said.strip() if thought else text)}")
     entries = found["scores"]
     if not isinstance(entries, list) or not all(isinstance(e, dict) and "score" in e for e in entries):
         raise Unreadable(f"'scores' is not a list of objects with a score: {short_repr(entries)}")
     by_id: dict[int, dict[str, Any]] = {}
     for entry in entries:
-        try:
-            key = int(entry.get("id"))
-        except (TypeError, ValueError):
-            raise Unreadable(f"an entry's id {short_repr(entry.get('id'))} is not an attempt number") from None
+        key = entry.get("id")
+        if isinstance(key, str) and _ATTEMPT_ID.fullmatch(key.strip()):
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, int):
+            raise Unreadable(f"an entry's id {short_repr(entry.get('id'))} is not an attempt number")
         by_id[key] = entry
     if sorted(by_id) != list(range(1, count + 1)) or len(entries) != count:
         raise Unreadable(f"'scores' has ids {sorted(by_id)} for attempts 1 to {count}")

@@ -373,6 +373,9 @@ def test_what_omrl_cannot_play_is_refused_naming_it(kind, why):
         ({"module": f"{ENVS}.sums", "args": {"turns": 3}}, r"does not take args \['turns'\].*num_train, num_eval"),
         ({"module": f"{ENVS}.unsupported", "args": {"kind": "x"}}, r"load_environment\(kind='x'\) failed: ValueError"),
         ({"module": f"{ENVS}.sums", "tool_format": "xml"}, r"unknown tool_format 'xml'; valid: hermes, json"),
+        ({"module": f"{ENVS}.sums", "timeout_s": True}, r"option timeout_s=True is invalid; valid: a positive number"),
+        ({"module": f"{ENVS}.sums", "timeout_s": float("inf")}, r"option timeout_s=inf is invalid"),
+        ({"module": f"{ENVS}.sums", "timeout_s": 0}, r"option timeout_s=0 is invalid"),
     ],
 )
 def test_a_bad_module_or_option_is_a_config_error(options, why):

@@ -29,7 +29,8 @@ KEY = "sk-judge-secret-123"  # what the key's environment variable holds: it mus
 class ScriptedJudge:
     """A loopback OpenAI-compatible server: each chat completion answers ``script(prompt)``: text, an HTTP
     status (an int, or ``("status", code, message)``), ``("slow", seconds, answer)`` (the answer after a
-    wait; past the client's timeout: a hang), or ``("not gzip", body)`` (a body marked gzip that is not)."""
+    wait; past the client's timeout: a hang), ``("cut", text)`` (text that stopped at max_tokens: finish_reason
+    length) or ``("not gzip", body)`` (a body marked gzip that is not)."""
 
     def __init__(self):
         self.script = lambda prompt: "SCORE: 5"
@@ -53,13 +54,16 @@ class ScriptedJudge:
                 self.in_flight[test] -= 1
             if isinstance(answer, tuple) and answer[0] == "not gzip":  # a reply no client can decode
                 return Response(answer[1], media_type="application/json", headers={"Content-Encoding": "gzip"})
+            finish = "stop"
+            if isinstance(answer, tuple) and answer[0] == "cut":  # a reply that stopped at max_tokens
+                finish, answer = "length", answer[1]
             if isinstance(answer, int):
                 answer = ("status", answer, f"status {answer}")
             if isinstance(answer, tuple):
                 _, status, said = answer
                 return JSONResponse({"error": {"message": said}}, status_code=status)
             message = {"role": "assistant", "content": answer}
-            return {"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+            return {"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))

@@ -92,8 +92,12 @@ class VerifiersEnv(Env):
             raise ConfigError(f"{self.name}: unknown tool_format {tool_format!r}; valid: {', '.join(FORMATS)}")
         if reward_errors not in REWARD_ERRORS:
             raise ConfigError(f"{self.name}: reward_errors must be one of {', '.join(REWARD_ERRORS)}")
-        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
-            raise ConfigError(f"{self.name}: timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        seconds = isinstance(timeout_s, (int, float)) and not isinstance(timeout_s, bool)  # true is no 1 s
+        if not (seconds and math.isfinite(timeout_s) and timeout_s > 0):
+            raise ConfigError(
+                f"{self.name}: option timeout_s={short_repr(timeout_s)} is invalid; valid: a positive number of "
+                "seconds (plugins.<env>.timeout_s=600)"
+            )
         if args is not None and not isinstance(args, dict):
             raise ConfigError(f"{self.name}: args must be a mapping of load_environment's arguments")
         self.tool_format, self.timeout_s, self.reward_errors = tool_format, float(timeout_s), reward_errors
