@@ -147,6 +147,14 @@ def check_weights(weights: Any, where: str = "reward.weights") -> None:
         registry.rewards.get(name)  # unknown: names the registered ones
 
 
+def check_allocation(mode: str, gamma: float) -> None:
+    """Refuse an allocation mode no one knows, or a discount outside [0, 1] (``reward.allocation``, ``reward.gamma``)."""
+    if mode not in ALLOCATION_MODES:
+        raise RewardError(f"unknown reward allocation {mode!r}; valid: {', '.join(ALLOCATION_MODES)}")
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
+        raise RewardError(f"gamma must be a number in [0, 1], got {gamma!r}")
+
+
 def compose_rewards(
     episodes: Sequence[Episode], weights: dict[str, float], options: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, float]:
@@ -299,10 +307,7 @@ def allocate_rewards(episode: Episode, mode: str, gamma: float = 1.0) -> list[fl
     >>> allocate_rewards(ep, "last_token")
     [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.5]
     """
-    if mode not in ALLOCATION_MODES:
-        raise RewardError(f"unknown reward allocation {mode!r}; valid: {', '.join(ALLOCATION_MODES)}")
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
-        raise RewardError(f"gamma must be a number in [0, 1], got {gamma!r}")
+    check_allocation(mode, gamma)
     if TOTAL not in episode.rewards:
         raise RewardError(
             f"episode (env {episode.env!r}, task {episode.task_id}) has no composed reward; "

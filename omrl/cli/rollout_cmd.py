@@ -103,13 +103,14 @@ def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
 def check_before_loading(cfg) -> None:
     """What can be refused before a model loads (seconds to minutes): an unknown env, an env whose
     package is not installed (naming its extra), each env of a mixture alike (and the mixture itself:
-    weights, an env named twice), and for training, unknown algorithm names."""
-    from omrl import registry
+    weights, an env named twice), the reward settings, and for training, unknown algorithm names."""
+    from omrl import registry, rewards
     from omrl.envs import install_command, package_installed
     from omrl.errors import ConfigError
     from omrl.mixture import mix_members
 
-    for member in mix_members(cfg):  # one member for a single env
+    members = mix_members(cfg)  # one member for a single env
+    for member in members:
         env_class = registry.envs.get(member.name)
         if isinstance(env_class, type) and not package_installed(env_class):
             raise ConfigError(
@@ -117,6 +118,9 @@ def check_before_loading(cfg) -> None:
                 f"{install_command(env_class)}"
             )
         check_plugin_blocks(member.plugins)  # the run's block with the env's own merged in
+        check_family_block(member.name, member.plugins, {m.name for m in members})
+        rewards.check_weights(member.reward_weights)
+    rewards.check_allocation(cfg.reward.allocation, cfg.reward.gamma)
     check_agent(cfg)
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None:
@@ -146,6 +150,21 @@ def check_plugin_blocks(plugins: dict) -> None:
                 f"plugins.{name}: no env, template, reward, strategy, scorer or algorithm is named {name}, so no "
                 f"plugin would read these options{hint} (`omrl plugins` lists the names)"
             )
+
+
+def check_family_block(env: str, plugins: dict, played: set[str]) -> None:
+    """A family's block (``plugins.verifiers``) is read by the env of that name alone, not by a member of the
+    family (``verifiers:vf_sums`` reads ``plugins."verifiers:vf_sums"``): where only members play, its
+    options would be ignored, silently."""
+    from omrl import registry
+    from omrl.errors import ConfigError
+
+    family = env.partition(":")[0]
+    if family != env and family in plugins and family not in played and family in registry.envs.names():
+        raise ConfigError(
+            f"plugins.{family} is read by the env {family!r} alone, which this run does not play; the env "
+            f"{env!r} reads its options from its own block: plugins.{env}.NAME=VALUE"
+        )
 
 
 def check_agent(cfg) -> None:

@@ -40,6 +40,32 @@ def test_an_unknown_algorithm_name_is_refused_before_loading(override, message, 
     assert message in err
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("reward.allocation=foo", "unknown reward allocation 'foo'; valid: "),
+        ("reward.gamma=2", "gamma must be a number in [0, 1], got 2.0"),
+        ("reward.weights.goall=1", "unknown reward 'goall'"),
+    ],
+)
+def test_a_bad_reward_setting_is_refused_before_the_run_folder_is_made(override, message, omrl_main, no_model, tmp_path):
+    code, _, err = omrl_main("train", "--env", "gridworld", "--model", "tiny", override,
+                             "--output-dir", str(tmp_path / "run"))  # fmt: skip
+    assert code == 2 and message in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_familys_block_is_refused_where_only_a_member_of_the_family_plays(omrl_main, register_plugin, tmp_path):
+    register_plugin(Registers({"fam": KeyEnv, "fam:one": KeyEnv}), name="test-family")
+    out = ("--expert", "--num-tasks", "1", "-o", str(tmp_path / "e.parquet"))
+    code, _, err = omrl_main("rollout", "--env", "fam:one", *out, "plugins.fam.max_turns=3")
+    assert code == 2, err
+    assert "plugins.fam is read by the env 'fam' alone, which this run does not play" in " ".join(err.split())
+    assert "plugins.fam:one.NAME=VALUE" in err
+    code, _, err = omrl_main("rollout", "--env", "fam:one,fam", *out, "plugins.fam.max_turns=3")
+    assert "plugins.fam is read" not in err  # fam plays too: the block is its
+
+
 @pytest.fixture
 def a_file(tmp_path):
     path = tmp_path / "afile"
