@@ -243,7 +243,7 @@ class RolloutSession:
             if mine:
                 try:
                     per_env[env.name] = env.compose(mine)
-                except rewards.RewardError as exc:  # the episodes were played: the command keeps them, unscored
+                except OmrlError as exc:  # a reward's error (its options, its judge's key): the play is kept, unscored
                     for ep in episodes:
                         ep.rewards = {}
                     raise UnscoredEpisodes(str(exc), episodes, self.tokenizer) from exc

@@ -6,14 +6,23 @@ from __future__ import annotations
 import pytest
 
 from omrl.data import read_episodes
+from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from tests.helpers import cli_exit, keys_eval, keys_rollout
+
+
+def picky(episodes, scale: str = "number"):
+    """Checks its option when it scores, as a judge does: a bad one is a ConfigError after the play."""
+    if scale != "number":
+        raise ConfigError(f"reward 'picky' option scale={scale!r} is invalid; valid: number")
+    return [[1.0] * ep.num_turns for ep in episodes]
 
 
 class NaNReward:
     @hookimpl
     def register_rewards(self, register):
         register("nan_reward", lambda episodes: [[float("nan")] * ep.num_turns for ep in episodes])
+        register("picky", picky)
 
 
 @pytest.fixture
@@ -37,6 +46,14 @@ def test_eval_keeps_the_played_episodes_when_a_reward_fails(nan_reward, capsys, 
     assert code == 2 and "nan_reward" in err and not (folder / "report.json").exists()
     kept = read_episodes(folder / "episodes.unscored.parquet")
     assert len(kept) == 2 and all(ep.num_turns and not ep.rewards for ep in kept)
+
+
+def test_a_reward_option_refused_only_when_it_scores_keeps_the_played_episodes(nan_reward, capsys, tmp_path):
+    out = tmp_path / "keys.parquet"
+    words = keys_rollout(2, "--expert", "-o", str(out), "reward.weights={picky: 1}", "plugins.picky.scale=foo")
+    code, _, err = cli_exit(capsys, *words)
+    assert code == 2 and "option scale='foo' is invalid; valid: number" in " ".join(err.split())
+    assert len(read_episodes(tmp_path / "keys.unscored.parquet")) == 2
 
 
 def test_an_unscored_file_that_would_replace_an_input_is_refused_first(nan_reward, capsys, tmp_path):
