@@ -316,6 +316,9 @@ def check_arguments(fn: Any, arguments: dict[str, Any], what: str, called: str) 
         signature.bind(**arguments)
     except TypeError as exc:
         params = [p for p in signature.parameters if p not in ("args", "kwargs")]
+        open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+        unknown = [] if open_ended else sorted(name for name in arguments if name not in signature.parameters)
         raise ConfigError(
-            f"{what} does not take {called} {sorted(arguments)} ({exc}); its {called}: {', '.join(params) or '(none)'}"
+            f"{what} does not take {called} {unknown or sorted(arguments)} ({exc}); its {called}: "
+            f"{', '.join(params) or '(none)'}"
         ) from exc
