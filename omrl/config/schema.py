@@ -38,14 +38,26 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: T | None
     for key, value in data.items():
         dotted = f"{path}.{key}" if path else key
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f"; did you mean {(path + '.' if path else '') + close[0]!r}?" if close else ""
-            raise ConfigError(f"unknown config key {dotted!r}{hint} Valid keys here: {', '.join(fields)}")
+            raise ConfigError(_unknown_key(key, dotted, path, fields, hints))
         if dataclasses.is_dataclass(hints[key]):
             kwargs[key] = from_dict(hints[key], value, dotted, getattr(base, key))
         else:
             kwargs[key] = _coerce(value, hints[key], dotted)
     return dataclasses.replace(base, **kwargs)
+
+
+def _unknown_key(key: str, dotted: str, path: str, fields: dict[str, Any], hints: dict[str, Any]) -> str:
+    """The error for ``key``, not a field here: a close name, or a section below that has it (``strategy``
+    is ``rollout.strategy`` in a train config), and the valid keys."""
+    prefix = path + "." if path else ""
+    below = [
+        f"{name}.{key}"
+        for name in fields
+        if dataclasses.is_dataclass(hints[name]) and key in {f.name for f in dataclasses.fields(hints[name])}
+    ]
+    close = below or difflib.get_close_matches(key, list(fields), n=1)
+    hint = f"; did you mean {prefix + close[0]!r}? Valid" if close else "; valid"
+    return f"unknown config key {dotted!r}{hint} keys here: {', '.join(fields)}"
 
 
 def is_text_key(cls: type, path: list[str]) -> bool:

@@ -33,6 +33,13 @@ def test_unknown_key_names_its_path_and_suggests():
         load_config(TrainRunConfig, None, ["optim.learning_rat=0.1"])
 
 
+def test_a_key_of_a_section_below_is_suggested_with_its_section():
+    with pytest.raises(ConfigError, match=r"unknown config key 'strategy'; did you mean 'rollout.strategy'\? Valid"):
+        load_config(TrainRunConfig, None, ["strategy=beam"])
+    with pytest.raises(ConfigError, match=r"^unknown config key 'zzz'; valid keys here: command, "):
+        load_config(TrainRunConfig, None, ["zzz=1"])
+
+
 def test_wrong_type_names_the_key():
     with pytest.raises(ConfigError, match=r"'group_size' expects int, got 'many'"):
         load_config(TrainRunConfig, None, ["group_size=many"])
