@@ -8,11 +8,14 @@ only the wrapped env's answer ends it and is scored.
 
 Action text (what text templates parse, and what native tool calls become):
 
-- ``name[text]`` for a tool with one string argument (``python[print(6 * 7)]``; the text may span
-  lines and hold brackets: everything up to the last ``]`` is the argument);
+- ``name[text]`` for a tool with one argument whose schema makes it a string (``"type": "string"``, or a
+  string or null), ``python[print(6 * 7)]``: the text may span lines and hold brackets, everything up
+  to the last ``]`` is the argument;
 - ``name[{"arg": ..., ...}]`` (a JSON object) for any other tool;
 - ``answer[text]``: the final answer, when the wrapped env has no tools of its own (a one-turn
-  env's action is its answer); anything that names no tool goes to the wrapped env as it is.
+  env's action is its answer). There, an action that reads as a call to a tool the env lacks
+  (``lookupp[...]``: it starts with a name and ``[``) is refused, naming the tools; anything else
+  goes to the wrapped env as it is (an env with tools of its own gets every action not for ours).
   A call without its closing ``]`` (a reply cut off mid-code) is neither run nor scored: the model
   is told, and the episode goes on.
 
@@ -26,6 +29,7 @@ episode ends as ``env_error`` with that reason, is counted, and never trained on
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
@@ -33,6 +37,7 @@ from omrl.envs import Env, EpisodeFinishedError, Observation, StepResult
 from omrl.errors import ConfigError, short_repr
 
 ANSWER_TOOL = "answer"
+CALL = re.compile(r"([A-Za-z_][\w.\-/]*)\[")  # how an action that reads as a tool call starts: name[...]
 
 
 @dataclass(frozen=True)
@@ -59,13 +64,29 @@ class Tool(Protocol):
 
 
 def single_string_argument(spec: dict[str, Any]) -> str | None:
-    """The name of a tool's only argument when it is a string (``code`` of ``python``), else None."""
+    """The name of a tool's only argument when its schema says it is a string (``code`` of ``python``;
+    an optional string, ``anyOf`` string and null, too), else None: an argument of any type or of no
+    stated type (``Any``) takes JSON."""
     props = (spec.get("parameters") or {}).get("properties") or {}
     if len(props) == 1:
         ((name, schema),) = props.items()
-        if schema.get("type", "string") == "string":
+        if isinstance(schema, dict) and _is_string(schema):
             return name
     return None
+
+
+def _is_string(schema: dict[str, Any]) -> bool:
+    """Whether a JSON schema admits strings and nothing but strings (and null)."""
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return "string" in kind and set(kind) <= {"string", "null"}
+    if kind is not None:
+        return kind == "string"
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if not isinstance(options, list) or not all(isinstance(option, dict) for option in options):
+        return False
+    kinds = [option.get("type") for option in options]
+    return "string" in kinds and set(kinds) <= {"string", "null"}
 
 
 def truncate(text: str, limit: int, what: str = "output") -> str:
@@ -139,6 +160,9 @@ class ToolEnv(Env):
             raise EpisodeFinishedError(f"{type(self).__name__}: the episode is over; call reset(task_id) first")
         call = self._split_call(action)
         if call is None:
+            unknown = CALL.match(action.strip()) if self.answers_as_tool else None
+            if unknown:  # a misspelt or withheld tool: not the answer
+                return _refused(unknown[1], self._no_such_tool(unknown[1]))
             return self._finish(self.inner.step(action))
         name, raw = call
         if raw is None:  # a call cut off (the reply's token cap) or unclosed: neither run nor scored
@@ -156,6 +180,10 @@ class ToolEnv(Env):
             if text.startswith(name + "["):
                 return name, (text[len(name) + 1 : -1] if text.endswith("]") else None)
         return None
+
+    def _no_such_tool(self, name: str) -> str:
+        tools = ", ".join(self._call_names)
+        return f"There is no tool {name}; the tools are {tools}. Finish with {ANSWER_TOOL}[your answer]."
 
     def _finish(self, result: StepResult) -> StepResult:
         self.finished = result.done
@@ -190,10 +218,15 @@ class ToolEnv(Env):
         if name in self.own_tools:
             only = single_string_argument(self.own_tools[name].spec)
             if only is not None and set(arguments) <= {only}:
-                return f"{name}[{arguments.get(only, '')}]"
+                value = arguments.get(only, "")  # a value that is not text (the model's slip) as JSON, not repr
+                return f"{name}[{value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}]"
             return f"{name}[{json.dumps(arguments, ensure_ascii=False)}]"
         if name == ANSWER_TOOL and self.answers_as_tool:
             return f"{ANSWER_TOOL}[{arguments.get('answer', '')}]"
+        if self.answers_as_tool:  # no such tool: a call that step refuses, not an answer
+            if not CALL.fullmatch(f"{name}["):
+                raise ValueError(self._no_such_tool(short_repr(name)))
+            return f"{name}[{json.dumps(arguments, ensure_ascii=False)}]"
         return self.inner.action_from_tool_call(name, arguments)
 
     def expert_action(self) -> str | None:

@@ -6,7 +6,8 @@ long-lived task on the process's session loop (a daemon thread that every instan
 the transport and the session, lists the server's tools, then answers the requests the env's
 thread queues, one at a time, each under its deadline. Leaving the task closes the session; for a
 stdio server the SDK then closes its stdin, and after 2 s sends SIGTERM, then SIGKILL, to its process
-group, so no server outlives its connection. On Linux the server runs under :mod:`.reaper`, which
+group, so no server outlives its connection (should the task not end, :meth:`Connection.close` ends that
+group itself when it gives up waiting). On Linux the server runs under :mod:`.reaper`, which
 also ends what the server started (a ``setsid`` grandchild too) and dies with omrl, even a SIGKILLed one.
 
 A connection that failed (the server could not start, died, or did not answer in time) is closed, and
@@ -25,9 +26,11 @@ import concurrent.futures
 import contextlib
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +53,7 @@ from omrl_plugins.envs.mcp.sdk import (
 
 SLACK = 5.0  # seconds the env's thread waits past a deadline that the loop enforces itself
 STOP_WAIT = 10.0  # a stdio server's shutdown takes at most ~6.5 s (the SDK's stdin close, SIGTERM, SIGKILL)
+KILL_GRACE = 2.0  # seconds close()'s backstop gives a server's process group between SIGTERM and SIGKILL
 STDERR_TAIL = 800  # characters of a server's stderr quoted in an error
 INVALID_PARAMS = -32602  # JSON-RPC: the request's arguments are wrong
 REAPER = Path(__file__).with_name("reaper.py")
@@ -197,16 +201,53 @@ class Connection:
             self.stop()
             if not self._ended.wait(STOP_WAIT):
                 self._task.cancel()
-                self._ended.wait(STOP_WAIT)
+                if not self._ended.wait(STOP_WAIT):  # the SDK never stopped the server: do it here
+                    self._kill_server()
         _open.discard(self)
         if self._stderr is not None and not self.alive and not self._stderr.closed:
             self._stderr.close()
             with contextlib.suppress(OSError):
                 os.unlink(self._stderr.name)
 
+    def _kill_server(self) -> None:
+        """close()'s backstop, when the session task did not end (so the SDK did not stop the server): end
+        the process group of the reaper the server runs under (Linux): SIGTERM, on which the reaper ends
+        everything below it, then SIGKILL to what is left after :data:`KILL_GRACE` seconds."""
+        reaper = self._reaper_pid()
+        if reaper is None:
+            return
+        for number in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                os.killpg(reaper, number)
+            deadline = time.monotonic() + KILL_GRACE
+            while _running(reaper) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not _running(reaper):
+                return
+
+    def _reaper_pid(self) -> int | None:
+        """The pid of this connection's reaper, the child of this process whose stderr is this connection's
+        log, when it is alive and leads its own process group (it does: it calls ``setsid``); else None."""
+        if self._stderr is None or self._stderr.closed or not sys.platform.startswith("linux"):
+            return None
+        log = os.fstat(self._stderr.fileno())
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or not _running(pid := int(entry)):
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as stat:
+                    parent = int(stat.read().rsplit(b")", 1)[1].split()[1])
+                err = os.stat(f"/proc/{pid}/fd/2")
+                leads = os.getpgid(pid) == pid
+            except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+                continue
+            if parent == os.getpid() and (err.st_dev, err.st_ino) == (log.st_dev, log.st_ino) and leads:
+                return pid
+        return None
+
     # -- on the session loop ---------------------------------------------------------------------
     def _stop_now(self) -> None:
-        if self._current is None:
+        if self._current is None:  # no request in flight (or the session is closing already: a no-op then)
             self._queue.put_nowait(None)
         else:  # the stop would wait behind a request that may never be answered
             self._lost = self._lost or "the connection was closed"
@@ -233,9 +274,10 @@ class Connection:
                 self._started.set_result(tools)
                 while (current := await self._queue.get()) is not None:
                     self._current = current
-                    if not await self._answer(session, current):
+                    answered = await self._answer(session, current)
+                    self._current = None  # before any await: a stop must not cancel the SDK's shutdown below
+                    if not answered:
                         break  # the connection is lost: leave the session, stopping the server
-                    self._current = None
         except BaseException as exc:  # noqa: BLE001 - the transport's task group failing, a cancel: all end here
             self._lost = self._lost or self.spec.hide(f"{describe_failure(exc)}{self._stderr_tail()}")
             if not self._started.done():
@@ -306,6 +348,15 @@ class Connection:
             return ""
         tail = text[-STDERR_TAIL:]
         return self.spec.hide(f"; its stderr ends: {'...' if len(tail) < len(text) else ''}{tail}")
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` is alive (a zombie, dead but not yet reaped, is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def supervised(argv: tuple[str, ...]) -> tuple[str, ...]:

@@ -245,6 +245,11 @@ class McpEnv(Env):
                     f"plugins.{NAME}.allowed_tools names {unknown}, which the {self.client.spec} does not offer; "
                     f"its tools: {', '.join(names) or '(none)'}"
                 )
+            if not self.allowed_tools and names:
+                raise ConfigError(
+                    f"plugins.{NAME}.allowed_tools is empty, so the model would have no tool of the "
+                    f"{self.client.spec}; name some of its tools ({', '.join(names)}), or leave it unset for all"
+                )
             specs = [spec for spec in specs if spec["name"] in self.allowed_tools]
         if not specs:
             raise ConfigError(f"the {self.client.spec} offers no tools")

@@ -304,8 +304,8 @@ def test_allowed_tools_picks_the_servers_tools_and_names_the_ones_it_lacks(tasks
     try:
         env.reset(0)
         assert [tool["name"] for tool in env.tools] == ["answer", "add"]
-        not_offered = env.step("lookup[alice]")  # not a tool here: the text is the (wrong) answer
-        assert "tool" not in not_offered.info and not_offered.done and not not_offered.won
+        not_offered = env.step("lookup[alice]")  # not a tool here: refused, not taken for the answer
+        assert not_offered.info["tool_error"] is True and not not_offered.done
     finally:
         env.close()
     with pytest.raises(ConfigError, match=r"allowed_tools names \['multiply'\].*its tools: add, lookup, fail"):
