@@ -76,6 +76,22 @@ def test_config_show_prints_the_resolved_config():
     assert "name: tiny" in result.stdout and "group_size: 8" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "preset, override, message",
+    [
+        ("grpo", "algorithm.advantage=foo", "unknown algorithm 'foo'"),
+        ("grpo", "reward.allocation=foo", "unknown reward allocation 'foo'; valid: last_token"),
+        ("grpo", "env.template=foo", "unknown template 'foo'"),
+        ("grpo", "optim.lr_schedule=foo", "unknown optim.lr_schedule 'foo'; valid: constant"),
+        ("eval", "generation.batching=foo", "unknown generation.batching 'foo'; valid: turns"),
+    ],
+)
+def test_config_show_refuses_a_value_the_command_would_refuse(preset, override, message):
+    result = omrl("config", "show", preset, override)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert result.stdout == ""  # nothing printed as if it would run
+
+
 def test_data_convert_refuses_to_write_over_its_own_source(tmp_path, capsys):
     from omrl.cli import main
 

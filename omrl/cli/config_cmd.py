@@ -49,12 +49,46 @@ def show(
         play_settings(cfg, args, None, notes)
     else:
         cfg = command_line_config(cls, args)
+    check_values(command, cfg)
     text = f"# {command} config\n" + to_yaml(cfg)
     console = Console()
     if console.is_terminal:
         console.print(Syntax(text, "yaml", word_wrap=True))
     else:  # a pipe or a file gets the YAML as it is, every line whole
         typer.echo(text, nl=False)
+
+
+def check_values(command: str, cfg) -> None:
+    """The checks the command itself runs before it loads a model (names, ranges, how settings combine),
+    so that a config ``show`` prints is one the command takes."""
+    if command not in ("train", "eval", "rollout", "sweep"):
+        return  # sft and rm: their types are checked; their data is read when they run
+    from omrl import registry
+    from omrl.backends.hf import BATCHING
+    from omrl.chat.history import check_history
+    from omrl.cli.rollout_cmd import check_before_loading
+    from omrl.errors import ConfigError
+    from omrl.mixture import mix_members
+    from omrl.supervisor import check_deadlines
+
+    check_before_loading(cfg)
+    for member in mix_members(cfg):
+        registry.templates.get(member.env.template)
+    check_history(cfg.chat.history)
+    check_deadlines(cfg.deadlines)
+    if cfg.generation.batching not in BATCHING:
+        raise ConfigError(f"unknown generation.batching {cfg.generation.batching!r}; valid: {', '.join(BATCHING)}")
+    if command == "train":
+        from omrl.parallel.base import Strategy
+        from omrl.training.online import check_config
+        from omrl.training.optim import lr_multiplier
+
+        check_config(cfg, Strategy(cfg.model.dtype))
+        lr_multiplier(0, cfg.steps, cfg.optim.warmup_steps, cfg.optim.lr_schedule)
+    else:
+        from omrl.rollout.spec import check_generation
+
+        check_generation(cfg.generation, cfg.env.max_turns)
 
 
 @config_app.command("list")
@@ -69,7 +103,9 @@ def list_presets() -> None:
 
 @config_app.command("keys")
 def keys(
-    command: str = typer.Argument("train", help="Which command's config: train, sft, rollout, eval, sweep, rm-train."),
+    command: str = typer.Argument(
+        "train", help="Which command's config: train, sft, rollout, eval, sweep, rm-train, rm-eval."
+    ),
 ) -> None:
     """Every config key of a command with its type, default and help."""
     import textwrap
