@@ -1,4 +1,5 @@
-"""omrl's data model: the trajectory records (``Episode``, :mod:`.trajectory`), the ``Batch``
+"""omrl's data model: the trajectory records (``Episode``, :mod:`.trajectory`; what each version of
+their file layout holds: :mod:`.layouts`), the ``Batch``
 container of tensors (:mod:`.batch`), agent conversations for SFT (:mod:`.conversations`; the files
 they are read from and written to: :mod:`.record_files`) and several datasets mixed by weight
 (:mod:`.mixture`)."""

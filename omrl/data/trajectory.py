@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from omrl.atomic import atomic_write_parquet
 from omrl.chat.replies import REASONING_FIELDS
+from omrl.data.layouts import READABLE_SCHEMAS, missing_columns
 from omrl.errors import ConfigError, OmrlError
 
 END_REASONS = (
@@ -183,15 +184,9 @@ SCHEMA = pa.schema(
         ("chat_kwargs", pa.string()),
         ("info", pa.string()),
     ],
-    metadata={b"omrl.schema": b"episode/7"},
+    # the newest layout; what each version added, and what older files read instead: omrl.data.layouts
+    metadata={b"omrl.schema": READABLE_SCHEMAS[-1]},
 )
-# episode/2 added demo_messages; files of episode/1 read with demo_messages = 0
-# episode/3 added each turn's node_id and parent_id; older files read with -1 for both
-# episode/4 added row_starts (older files read as one row per episode) and messages' tool_calls and name
-# episode/5 added advantages, returns and values (what the update computed); older files read with none
-# episode/6 added messages' reasoning and the episode's chat_kwargs; older files read with neither
-# episode/7 added the episode's info (a seat's game: omrl.rollout.seats); older files read with {}
-READABLE_SCHEMAS = (b"episode/1", b"episode/2", b"episode/3", b"episode/4", b"episode/5", b"episode/6", b"episode/7")
 TRAINED_COLUMNS = ("advantages", "returns", "values")  # per token, written by the trainer
 
 
@@ -337,6 +332,9 @@ def read_episodes(path: str | os.PathLike) -> list[Episode]:
             f"{path} is not an omrl trajectory file (expected schema "
             f"{' or '.join(tag.decode() for tag in READABLE_SCHEMAS)})"
         )
+    missing = missing_columns(table.schema)  # never read as defaults: won=False would pass for a loss
+    if missing:
+        raise OmrlError(f"{path} lacks the column(s) {', '.join(missing)}: it is not a whole omrl trajectory file")
     episodes = []
     for row in table.to_pylist():
         row["turns"] = [

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omrl.data.layouts import READABLE_SCHEMAS, missing_columns
 from omrl.errors import OmrlError
 
 METRICS_FILE = "metrics.jsonl"  # what omrl.training.metrics writes (not imported: it loads rich's progress bars)
@@ -259,6 +260,11 @@ def _add_parquet(source: RunSource, path: Path) -> None:
                 level="warning",
             )
         )
+        return
+    missing = missing_columns(schema) if tag in READABLE_SCHEMAS else []
+    if missing:  # cut down after it was written: what was cut would show as defaults (won as lost)
+        what = f"lacks the column(s) {', '.join(missing)}: not a whole omrl trajectory file; skipped"
+        source.problems.append(Problem(source.label(path), what))
         return
     source.trajectories.append(path)
     if source.recorded_tokenizer is None:

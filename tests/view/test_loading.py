@@ -137,6 +137,23 @@ def test_a_truncated_parquet_is_named_and_the_rest_shown(small_run):
         open_run(small_run / "step-2.parquet")
 
 
+def test_a_trajectory_file_cut_down_to_fewer_columns_is_named_not_shown_with_defaults(small_run):
+    import pyarrow.parquet as pq
+
+    from omrl.data.trajectory import write_episodes
+
+    write_episodes(small_episodes()[:2], small_run / "step-2.parquet")
+    table = pq.read_table(small_run / "step-2.parquet")
+    pq.write_table(table.drop_columns(["won"]), small_run / "step-2.parquet")  # the schema's tag stays
+    store = open_run(small_run)
+    problems = store.overview()["problems"]
+    assert [(p["file"], p["level"]) for p in problems] == [("step-2.parquet", "error")]
+    assert problems[0]["message"] == "lacks the column(s) won: not a whole omrl trajectory file; skipped"
+    assert store.overview()["episodes"] == 6  # the whole file is still shown
+    with pytest.raises(OmrlError, match=r"step-2.parquet: lacks the column\(s\) won"):
+        open_run(small_run / "step-2.parquet")
+
+
 def test_a_metrics_file_with_a_half_written_last_line(small_run):
     write_metrics(small_run / "metrics.jsonl", steps=3, tail='{"step": 4, "rew')
     records, problems = read_metrics_file(small_run / "metrics.jsonl", "metrics.jsonl")
