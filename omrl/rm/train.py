@@ -37,7 +37,7 @@ from omrl.clock import timed
 from omrl.config.options import RmTrainRunConfig
 from omrl.data.mixture import draw_mixture, mix_summary, report_mix
 from omrl.errors import ConfigError
-from omrl.rm.data import check_trajectory_ids, collate, fingerprint, load_examples, pair_rows, pointwise_rows
+from omrl.rm.data import collate, fingerprint, load_examples, pair_rows, pointwise_rows
 from omrl.rm.labels import check_label, check_outcomes
 from omrl.rm.model import build_reward_model, check_kind, head_values, mismatched_episode
 from omrl.training import recipe
@@ -117,16 +117,26 @@ class RmRecipe:
         found = [ex for examples, _, _ in loaded for ex in examples]
         episodes = [ep for _, source_episodes, _ in loaded for ep in source_episodes]
         self.cut = sum(cut for _, _, cut in loaded)
-        if cfg.eval_dataset and not cfg.text:  # evaluated after training: a bad id must not cost the run
-            check_trajectory_ids(cfg.eval_dataset, self.tokenizer)
+        held_out: list[Any] = []
+        if cfg.eval_dataset:  # evaluated after training: loaded now, so bad ids or no labels fail before step 1
+            _, held_out, _ = load_examples(
+                cfg.eval_dataset,
+                cfg.kind,
+                cfg.label,
+                1 << 30,  # as evaluate_reward_model loads it: nothing cut
+                self.tokenizer if cfg.text else None,
+                for_training=False,
+                tokenizer=self.tokenizer,
+            )
         if not cfg.text:
-            bad = mismatched_episode(self.tokenizer, episodes)
-            if bad is not None:
-                raise ConfigError(
-                    f"the episodes in {cfg.dataset} were not tokenized with {cfg.model.name!r}'s "
-                    f"tokenizer (task {bad.task_id} does not decode to its messages); train on the "
-                    "policy's own base model, or set text=true to re-encode the chats"
-                )
+            for data, checked in ((cfg.dataset, episodes), (cfg.eval_dataset, held_out)):
+                bad = mismatched_episode(self.tokenizer, checked)
+                if bad is not None:
+                    raise ConfigError(
+                        f"the episodes in {data} were not tokenized with {cfg.model.name!r}'s "
+                        f"tokenizer (task {bad.task_id} does not decode to its messages); train on the "
+                        "policy's own base model, or set text=true to re-encode the chats"
+                    )
         outside = next((t for ex in found for t in ex.targets if not 0.0 <= t <= 1.0), None)
         if cfg.objective == "bce" and outside is not None:
             raise ConfigError(

@@ -111,3 +111,30 @@ def test_rm_eval_names_what_is_wrong_with_model_or_data(data_dir, tmp_path, caps
     assert "--model 'tiny' is not a folder; give a reward model directory that `omrl rm train` wrote" in err, err
     err = _exit_2(["rm", "eval", "--model", str(tmp_path)], capsys)
     assert "omrl rm eval needs --data" in err and "--model" not in err, err
+
+
+def test_rm_train_and_eval_refuse_a_trajectory_file_cut_down_to_fewer_columns(data_dir, tmp_path, capsys):
+    """Without won its wins would train as losses; without turns or rewards it was "a bug in omrl"."""
+    import pyarrow.parquet as pq
+
+    whole = pq.read_table(data_dir / "good.parquet")  # dropping a column keeps the omrl.schema tag
+    for column in ("won", "rewards"):
+        pq.write_table(whole.drop_columns([column]), tmp_path / f"no_{column}.parquet")
+    rm = tmp_path / "rm"
+    err = _exit_2(["rm", "train", *TRAIN, "--data", str(tmp_path / "no_won.parquet"), "--output-dir", str(rm)], capsys)
+    assert f"{tmp_path / 'no_won.parquet'} lacks the column(s) won: it is not a whole omrl trajectory file" in err
+    assert not (rm / "model.safetensors").exists()
+    result = invoke("rm", "train", *TRAIN, "--data", str(data_dir / "good.parquet"), "--output-dir", str(rm))
+    assert result.exit_code == 0, result.output
+    err = _exit_2(["rm", "eval", "--model", str(rm), "--data", str(tmp_path / "no_rewards.parquet")], capsys)
+    assert f"{tmp_path / 'no_rewards.parquet'} lacks the column(s) rewards: it is not a whole omrl trajectory" in err
+
+
+def test_rm_train_reads_the_eval_labels_before_training(data_dir, tmp_path, capsys):
+    """Held-out data without labels for the model (here none at all) fails before step 1, not after the run."""
+    empty = write_episodes([], tmp_path / "no_rows.parquet")
+    rm = tmp_path / "rm"
+    args = ["--data", str(data_dir / "good.parquet"), "--eval-data", str(empty), "--output-dir", str(rm)]
+    err = _exit_2(["rm", "train", *TRAIN, *args], capsys)
+    assert f"{empty} has no finished episode with 'success' labels (episodes: 0, finished: 0)" in err, err
+    assert not (rm / "model.safetensors").exists() and not (rm / "metrics.jsonl").exists()
