@@ -1,8 +1,10 @@
-"""The algorithms' calling conventions, checked: each registered estimator, policy loss and rollout
-correction runs once on a tiny made-up rollout before any real one (:func:`check_algorithms`), and
-an estimator's advantages on each real rollout are checked again (:func:`checked_advantages`), so
-that a plugin returning the wrong thing is named as the plugin, not reported as a bug of omrl nor
-trained on (a NaN advantage would turn every later loss into NaN)."""
+"""The algorithms' calling conventions, checked before the first rollout and on each.
+
+Each registered estimator, policy loss and rollout correction runs once on a tiny made-up rollout
+before any real one (:func:`check_algorithms`), and an estimator's advantages on each real rollout
+are checked again (:func:`estimate`), so that a plugin returning the wrong thing is named as the
+plugin, not reported as a bug of omrl nor trained on (a NaN advantage would turn every later loss
+into NaN)."""
 
 from __future__ import annotations
 

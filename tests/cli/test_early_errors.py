@@ -48,7 +48,9 @@ def test_an_unknown_algorithm_name_is_refused_before_loading(override, message, 
         ("reward.weights.goall=1", "unknown reward 'goall'"),
     ],
 )
-def test_a_bad_reward_setting_is_refused_before_the_run_folder_is_made(override, message, omrl_main, no_model, tmp_path):
+def test_a_bad_reward_setting_is_refused_before_the_run_folder_is_made(
+    override, message, omrl_main, no_model, tmp_path
+):
     code, _, err = omrl_main("train", "--env", "gridworld", "--model", "tiny", override,
                              "--output-dir", str(tmp_path / "run"))  # fmt: skip
     assert code == 2 and message in err, err

@@ -201,7 +201,9 @@ def test_help_and_unknown_commands_cost_no_turn(runner):
 
 
 def test_play_rejects_unknown_options_and_splits(runner):
-    result = runner.invoke(build_app(), ["env", "play", "switch", "--option", "colour=red", "--option", "presses_offset=2"])
+    result = runner.invoke(
+        build_app(), ["env", "play", "switch", "--option", "colour=red", "--option", "presses_offset=2"]
+    )
     assert isinstance(result.exception, ConfigError)  # the option at fault alone, not the good one beside it
     assert "does not take options ['colour']" in str(result.exception) and "presses_offset" in str(result.exception)
     result = runner.invoke(build_app(), ["env", "play", "switch", "--split", "dev"])
