@@ -76,18 +76,19 @@ def test_config_show_prints_the_resolved_config():
     assert "name: tiny" in result.stdout and "group_size: 8" in result.stdout
 
 
-@pytest.mark.parametrize(
-    "preset, override, message",
-    [
-        ("grpo", "algorithm.advantage=foo", "unknown algorithm 'foo'"),
-        ("grpo", "reward.allocation=foo", "unknown reward allocation 'foo'; valid: last_token"),
-        ("grpo", "env.template=foo", "unknown template 'foo'"),
-        ("grpo", "optim.lr_schedule=foo", "unknown optim.lr_schedule 'foo'; valid: constant"),
-        ("eval", "generation.batching=foo", "unknown generation.batching 'foo'; valid: turns"),
-    ],
-)
-def test_config_show_refuses_a_value_the_command_would_refuse(preset, override, message):
-    result = omrl("config", "show", preset, override)
+REFUSED = {  # (preset, override): what the command would say
+    ("grpo", "algorithm.advantage=foo"): "unknown algorithm 'foo'",
+    ("grpo", "reward.allocation=foo"): "unknown reward allocation 'foo'; valid: last_token",
+    ("grpo", "env.template=foo"): "unknown template 'foo'",
+    ("grpo", "optim.lr_schedule=foo"): "unknown optim.lr_schedule 'foo'; valid: constant",
+    ("eval", "generation.batching=foo"): "unknown generation.batching 'foo'; valid: turns",
+}
+
+
+@pytest.mark.parametrize("words", list(REFUSED))
+def test_config_show_refuses_a_value_the_command_would_refuse(words):
+    message = REFUSED[words]
+    result = omrl("config", "show", *words)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert result.stdout == ""  # nothing printed as if it would run
 

@@ -3,16 +3,10 @@ whose chat completions are scripted (verdicts, rankings, garbage, HTTP errors, a
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
-import threading
 import time
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
 
 from omrl.data import Episode, Turn, read_episodes
 from omrl.errors import ConfigError
@@ -22,95 +16,7 @@ from omrl_plugins.rewards import judge_calls
 from omrl_plugins.rewards.judge import GROUP_PLACEHOLDERS, PLACEHOLDERS, judge_reward
 from tests.fakes import ScriptedBackend
 from tests.helpers import FAST, cli_exit, keys_rollout
-
-KEY = "sk-judge-secret-123"  # what the key's environment variable holds: it must show up nowhere but the header
-
-
-class ScriptedJudge:
-    """A loopback OpenAI-compatible server: each chat completion answers ``script(prompt)``: text, an HTTP
-    status (an int, or ``("status", code, message)``), ``("slow", seconds, answer)`` (the answer after a
-    wait; past the client's timeout: a hang), ``("cut", text)`` (text that stopped at max_tokens: finish_reason
-    length) or ``("not gzip", body)`` (a body marked gzip that is not)."""
-
-    def __init__(self):
-        self.script = lambda prompt: "SCORE: 5"
-        self.requests: list[dict] = []
-        self.test, self.in_flight, self.most_in_flight = 0, {}, 0
-        app = FastAPI()
-
-        @app.post("/v1/chat/completions")
-        async def chat(request: Request):
-            body = await request.json()
-            self.requests.append({"authorization": request.headers.get("authorization"), **body})
-            test = self.test  # a test's count leaves out requests an earlier test left hanging
-            self.in_flight[test] = self.in_flight.get(test, 0) + 1
-            self.most_in_flight = max(self.most_in_flight, self.in_flight[test])
-            try:
-                answer = self.script(body["messages"][-1]["content"])
-                if isinstance(answer, tuple) and answer[0] == "slow":
-                    _, seconds, answer = answer
-                    await asyncio.sleep(seconds)
-            finally:
-                self.in_flight[test] -= 1
-            if isinstance(answer, tuple) and answer[0] == "not gzip":  # a reply no client can decode
-                return Response(answer[1], media_type="application/json", headers={"Content-Encoding": "gzip"})
-            finish = "stop"
-            if isinstance(answer, tuple) and answer[0] == "cut":  # a reply that stopped at max_tokens
-                finish, answer = "length", answer[1]
-            if isinstance(answer, int):
-                answer = ("status", answer, f"status {answer}")
-            if isinstance(answer, tuple):
-                _, status, said = answer
-                return JSONResponse({"error": {"message": said}}, status_code=status)
-            message = {"role": "assistant", "content": answer}
-            return {"object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
-
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started and self.thread.is_alive():
-            time.sleep(0.01)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def prompts(self) -> list[str]:
-        return [r["messages"][-1]["content"] for r in self.requests]
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.server.force_exit = True  # no waiting on the requests a test left hanging (3.5 s of a module's time)
-        self.thread.join(timeout=10)
-
-
-@pytest.fixture(scope="module")
-def server():
-    judge = ScriptedJudge()
-    yield judge
-    judge.stop()
-
-
-@pytest.fixture
-def judge(server, monkeypatch):
-    """The loopback judge, its script and requests reset and the reply cache empty; ``judge.options(**more)``
-    are plugin options that point at it, its key in $JUDGE_KEY."""
-    server.script, server.requests, server.most_in_flight = (lambda prompt: "SCORE: 5"), [], 0
-    server.test += 1
-    judge_calls.clear_cache()
-    monkeypatch.setenv("JUDGE_KEY", KEY)
-    server.options = lambda **more: {
-        "base_url": server.base_url,
-        "model": "judge-model",
-        "api_key_env": "JUDGE_KEY",
-        "retries": 0,
-        **more,
-    }
-    yield server
-    judge_calls.clear_cache()
+from tests.rewards.judge_server import KEY
 
 
 def episode(task: str, answer: str, truth: str | None = "42", group: int = 0, sample: int = 0) -> Episode:

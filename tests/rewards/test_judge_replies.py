@@ -9,27 +9,8 @@ import json
 import pytest
 
 from omrl.errors import ConfigError
-from omrl_plugins.rewards import judge_calls
 from omrl_plugins.rewards.judge import judge_reward
-from tests.rewards.test_judge import ScriptedJudge, by_task, composed, episode, ranking
-
-
-@pytest.fixture(scope="module")
-def server():
-    judge = ScriptedJudge()
-    yield judge
-    judge.stop()
-
-
-@pytest.fixture
-def judge(server):
-    """The loopback judge with its script, its requests and the reply cache reset; ``judge.options(**more)``."""
-    server.script, server.requests = (lambda prompt: "SCORE: 5"), []
-    server.test += 1
-    judge_calls.clear_cache()
-    server.options = lambda **more: {"base_url": server.base_url, "model": "judge-model", "retries": 0, **more}
-    yield server
-    judge_calls.clear_cache()
+from tests.rewards.test_judge import by_task, composed, episode, ranking
 
 
 def scores(*entries):
