@@ -313,7 +313,9 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
                 metrics = step_metrics(played, time.perf_counter() - started, session, Strategy())
                 results.put(("played", step, episodes, metrics))
     except TrainerGone:  # nobody to play for or report to: end, and free the model and the envs
-        pass
+        # a step played ahead may still sit in the results pipe, which no one will read: at exit the
+        # queue's writer thread would wait for that forever
+        results.cancel_join_thread()
     except BaseException as exc:  # reported to the trainer, which stops the run with it
         results.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
     finally:  # on any end: its envs may hold an env server's or a sandbox's slots

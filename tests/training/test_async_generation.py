@@ -274,6 +274,10 @@ if __name__ == "__main__":  # spawn runs this file again in the generation proce
     deadline = time.monotonic() + 300
     while not beat.exists() and time.monotonic() < deadline:  # up, waiting for its first request
         time.sleep(0.2)
+    if int(sys.argv[2]):  # a step played ahead: its episodes wait in the pipe, more than it holds
+        generation.request(0, list(range(int(sys.argv[2]))), 0)
+        while generation.results.empty() and time.monotonic() < deadline:
+            time.sleep(0.2)
     print(generation.process.pid, flush=True)
     time.sleep(600)
 """
@@ -294,18 +298,23 @@ def _gone(pid: int, within: float) -> bool:
 
 
 @pytest.mark.slow  # a trainer process and its generation process
-def test_a_generation_process_ends_when_its_trainer_is_killed(config, tmp_path):
-    """SIGKILL (the out-of-memory killer) gives the trainer no chance to stop it: it notices and ends."""
+@pytest.mark.parametrize("ahead", [0, 48])
+def test_a_generation_process_ends_when_its_trainer_is_killed(config, tmp_path, ahead):
+    """SIGKILL (the out-of-memory killer) gives the trainer no chance to stop it: it notices and ends, idle
+    or with a step played ahead whose episodes no one will read (its queue's writer must not wait for that)."""
     import pickle
     import signal
     import subprocess
     import sys
 
-    cfg = config("rollout.async_generation=true", "deadlines.heartbeat_s=1")  # its first beat: it is up
+    # its first beat says it is up; the goal reward: the trainer script registers no run-time plugin
+    cfg = config("rollout.async_generation=true", "deadlines.heartbeat_s=1", "reward.weights={goal: 1.0}")
     (tmp_path / "cfg.pkl").write_bytes(pickle.dumps(cfg))
     (tmp_path / "trainer.py").write_text(TRAINER)
     trainer = subprocess.Popen(
-        [sys.executable, str(tmp_path / "trainer.py"), str(tmp_path / "cfg.pkl")], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(tmp_path / "trainer.py"), str(tmp_path / "cfg.pkl"), str(ahead)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     child = int(trainer.stdout.readline())
     trainer.send_signal(signal.SIGKILL)
