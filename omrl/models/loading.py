@@ -321,6 +321,8 @@ def trained_demonstration(model: str, env: str) -> bool | None:
         data = yaml.safe_load(run_config.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None  # not a run's config: nothing is known about the model's prompts
+    if isinstance(data, dict) and data.get("command") == "sft":  # trained on episodes' rows, never their example
+        return False if env in episode_envs(str(data.get("dataset") or "")) else None
     section = data.get("env") if isinstance(data, dict) else None
     from omrl.mixture import same_envs
 
@@ -361,3 +363,26 @@ def _build_tiny(out: Path) -> None:
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(out)
     tok.save_pretrained(out)
+
+
+def episode_envs(dataset: str) -> set[str]:
+    """The envs whose episodes the trajectory parquets of an SFT ``dataset`` hold (its files or folders,
+    as its config names them); what cannot be read, or holds conversations, adds none."""
+    import pyarrow.parquet as pq
+
+    from omrl.data.mixture import dataset_sources
+
+    envs: set[str] = set()
+    try:
+        sources = dataset_sources(dataset) if dataset else []
+    except OmrlError:
+        return envs
+    for source in sources:
+        path = Path(source.path).expanduser()
+        for file in sorted(path.rglob("*.parquet")) if path.is_dir() else [path]:
+            try:
+                if b"omrl.schema" in (pq.read_schema(file).metadata or {}):
+                    envs.update(pq.read_table(file, columns=["env"]).column("env").to_pylist())
+            except (OSError, ValueError, KeyError):  # unreadable, or no env column: nothing known of it
+                continue
+    return envs

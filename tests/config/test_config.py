@@ -219,6 +219,16 @@ def test_eval_rollout_and_sweep_play_a_model_on_the_prompts_it_was_trained_on(tm
     mine = tmp_path / "mine.yaml"
     mine.write_text("command: eval\nenv: {demonstration: true}\n")
     assert eval_demonstration([str(mine)], "smollm2-135m-webshop") is True
+    # an SFT run: trained on its episodes' rows, which never hold the worked example, for their envs only
+    from omrl.data import Episode, write_episodes
+
+    data = tmp_path / "expert.parquet"
+    write_episodes([Episode(env="webshop", task_id=0, split="train", instruction="")], data)
+    (run / "config.yaml").write_text(f"command: sft\ndataset: {data}:0.5,{data.with_name('other.jsonl')}:0.5\n")
+    data.with_name("other.jsonl").write_text('{"messages": []}\n')
+    assert eval_demonstration([], str(run)) is False
+    write_episodes([Episode(env="gridworld", task_id=0, split="train", instruction="")], data)
+    assert eval_demonstration([], str(run)) is True
 
 
 def test_a_run_s_model_plays_the_env_it_trained_on_unless_the_command_line_names_one(tmp_path):
