@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from omrl.atomic import atomic_write_text
@@ -219,7 +220,13 @@ class MetricsLogger:
             self._progress.start()
 
     def _open_tensorboard(self, cfg: LoggingConfig, start_step: int):
-        if not cfg.tensorboard or importlib.util.find_spec("tensorboard") is None:
+        if not cfg.tensorboard:
+            return None
+        if importlib.util.find_spec("tensorboard") is None:  # said once: the run goes on without its events
+            self.warn(
+                "logging.tensorboard is on but tensorboard is not installed, so no TensorBoard events are "
+                "written (metrics.jsonl has every number): pip install 'omrl[tensorboard]', or logging.tensorboard=false"
+            )
             return None
         from torch.utils.tensorboard import SummaryWriter
 
@@ -281,7 +288,7 @@ class MetricsLogger:
 
     def warn(self, message: str) -> None:
         """A warning on the console, above the progress bar."""
-        self.console.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+        self.console.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self._progress is not None:

@@ -24,6 +24,26 @@ def test_tensorboard_puts_the_evaluation_under_eval_and_the_rest_under_train(tmp
     assert set(events.Tags()["scalars"]) == {"train/loss", "eval/success"}
 
 
+def test_tensorboard_asked_for_but_not_installed_is_said_once_and_the_run_goes_on(tmp_path, monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    from omrl.config.options import LoggingConfig
+    from omrl.training.metrics import MetricsLogger
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as on an install without the extra: import fails
+    out = io.StringIO()
+    logger = MetricsLogger(
+        tmp_path, LoggingConfig(output_dir=str(tmp_path), tensorboard=True), 1, console=Console(file=out)
+    )
+    logger.log(1, {"loss": 0.5})
+    logger.close()
+    said = " ".join(out.getvalue().split())
+    assert said.count("tensorboard is not installed") == 1 and "pip install 'omrl[tensorboard]'" in said, said
+    assert not (tmp_path / "tensorboard").exists() and '"loss": 0.5' in (tmp_path / "metrics.jsonl").read_text()
+
+
 def test_peak_memory_is_the_runs_own_not_the_process_that_started_it():
     # ru_maxrss outlives exec: a run started by a 1 GB process read 1 GB as its own peak
     launcher = (
