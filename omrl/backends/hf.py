@@ -43,11 +43,11 @@ from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingPara
 from omrl.backends.hf_reuse import BackendCalls, ReuseEngine, RowSampler, Sampler, reuse_supported, wait_for, warpers
 from omrl.backends.hf_stream import HFStream
 from omrl.backends.kv_cache import PrefixCache, kv_bytes_per_token
+from omrl.config.sections import BATCHING
 from omrl.errors import OmrlError
 
 MIB = 2**20
 #: generation.batching: how a rollout's turns are batched
-BATCHING = ("turns", "continuous")
 
 
 class _SampledLogprobs:

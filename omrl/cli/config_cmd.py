@@ -59,36 +59,36 @@ def show(
 
 
 def check_values(command: str, cfg) -> None:
-    """The checks the command itself runs before it loads a model (names, ranges, how settings combine),
-    so that a config ``show`` prints is one the command takes."""
+    """The checks the command itself runs before it loads a model (names, ranges, how settings combine)
+    that need no torch, so that a config ``show`` prints is one the command takes."""
     if command not in ("train", "eval", "rollout", "sweep"):
         return  # sft and rm: their types are checked; their data is read when they run
     from omrl import registry
-    from omrl.backends.hf import BATCHING
     from omrl.chat.history import check_history
     from omrl.cli.rollout_cmd import check_before_loading
+    from omrl.config.sections import BATCHING, SCHEDULES
     from omrl.errors import ConfigError
     from omrl.mixture import mix_members
+    from omrl.rollout.spec import check_generation
     from omrl.supervisor import check_deadlines
 
     check_before_loading(cfg)
     for member in mix_members(cfg):
-        registry.templates.get(member.env.template)
+        registry.templates.component(member.env.template)
     check_history(cfg.chat.history)
     check_deadlines(cfg.deadlines)
+    check_generation(cfg.generation, cfg.env.max_turns)
     if cfg.generation.batching not in BATCHING:
         raise ConfigError(f"unknown generation.batching {cfg.generation.batching!r}; valid: {', '.join(BATCHING)}")
     if command == "train":
-        from omrl.parallel.base import Strategy
-        from omrl.training.online import check_config
-        from omrl.training.optim import lr_multiplier
+        from omrl.algos import RECIPES, check_settings
 
-        check_config(cfg, Strategy(cfg.model.dtype))
-        lr_multiplier(0, cfg.steps, cfg.optim.warmup_steps, cfg.optim.lr_schedule)
-    else:
-        from omrl.rollout.spec import check_generation
-
-        check_generation(cfg.generation, cfg.env.max_turns)
+        if cfg.algorithm.name not in RECIPES:
+            raise ConfigError(f"unknown algorithm.name {cfg.algorithm.name!r}; valid: {', '.join(RECIPES)}")
+        check_settings(cfg.algorithm)
+        registry.strategies.component(cfg.rollout.strategy)
+        if cfg.optim.lr_schedule not in SCHEDULES:
+            raise ConfigError(f"unknown optim.lr_schedule {cfg.optim.lr_schedule!r}; valid: {', '.join(SCHEDULES)}")
 
 
 @config_app.command("list")

@@ -124,11 +124,11 @@ def check_before_loading(cfg) -> None:
     check_agent(cfg)
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None:
-        registry.algorithms.get(algorithm.advantage, kind="advantage")
-        registry.algorithms.get(algorithm.policy_loss, kind="policy_loss")
-        registry.algorithms.get(algorithm.kl_estimator, kind="kl")
+        registry.algorithms.component(algorithm.advantage, kind="advantage")
+        registry.algorithms.component(algorithm.policy_loss, kind="policy_loss")
+        registry.algorithms.component(algorithm.kl_estimator, kind="kl")
         if algorithm.rollout_correction != "auto":
-            registry.algorithms.get(algorithm.rollout_correction, kind="rollout_correction")
+            registry.algorithms.component(algorithm.rollout_correction, kind="rollout_correction")
 
 
 def check_plugin_blocks(plugins: dict) -> None:

@@ -13,6 +13,11 @@ from typing import Any
 
 from omrl.config.fields import opt
 
+#: generation.batching's values (omrl.backends.hf)
+BATCHING = ("turns", "continuous")
+#: optim.lr_schedule's values (omrl.training.optim)
+SCHEDULES = ("constant", "linear", "cosine")
+
 
 @dataclass
 class ModelConfig:

@@ -15,13 +15,12 @@ import torch
 from torch import nn
 
 from omrl.config.options import OptimConfig
+from omrl.config.sections import SCHEDULES
 from omrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from omrl.parallel import Strategy
     from omrl.training.common import SkippedUpdates
-
-SCHEDULES = ("constant", "linear", "cosine")
 
 
 def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
