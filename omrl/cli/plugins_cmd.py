@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -40,26 +42,64 @@ def plugins(
                         "plugin": c.plugin,
                         "distribution": c.distribution,
                         "description": c.description,
+                        **({"options": options_of(c)} if c.kind in TAKES_OPTIONS else {}),
                     }
                     for c in rows
                 ],
                 indent=2,
+                default=str,  # an option's default JSON cannot hold: as text
             )
         )
         return
     shown = table_rows(rows, every)
+    options = {(c.kind, c.name): options_line(c) for c in rows if c.kind in TAKES_OPTIONS}
     console = Console()
     if not console.is_terminal:  # piped (grep, a file): a whole line a component, no table cut to 80 columns
         for row in shown:
-            typer.echo("  ".join(cell for cell in row if cell))
+            typer.echo("  ".join(cell for cell in (*row, options.get(row[:2], "")) if cell))
         return
     table = Table(title="omrl plugins")
     for i, col in enumerate(("kind", "name", "distribution")):
         table.add_column(col, no_wrap=True, min_width=max((len(row[i]) for row in shown), default=0))
     table.add_column("description", no_wrap=True, overflow="ellipsis")  # one line a component: --json has it whole
+    if options:
+        table.add_column("options (plugins.NAME.*)")
     for row in shown:
-        table.add_row(*(Text(cell) for cell in row))  # text, not markup
+        cells = (*row, options.get(row[:2], "")) if options else row
+        table.add_row(*(Text(cell) for cell in cells))  # text, not markup
     console.print(table)
+
+
+TAKES_OPTIONS = ("strategy", "scorer")  # kinds whose keywords after (ctx, tasks) or (nodes, ctx) are options
+
+
+def options_of(component: Any) -> dict[str, Any] | None:
+    """The options a strategy or scorer takes (``plugins.<name>.*``) with their defaults, from its
+    signature; None for one registered by an import path (listing imports nothing) or taking any."""
+    if isinstance(component.target, str):
+        return None
+    params = list(inspect.signature(component.target).parameters.values())[2:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name: None if p.default is p.empty else p.default for p in params if p.kind is not p.VAR_POSITIONAL}
+
+
+def options_line(component: Any) -> str:
+    """``options_of`` as one line in config syntax: ``width=2, stop_on_win=true, select=''``; "" for none."""
+    taken = options_of(component)
+    if taken is None:
+        return ""
+    if not taken:
+        return "options: none"
+
+    def shown(value: Any) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        if isinstance(value, str):
+            return repr(value) if not value else value if len(value) <= 24 else f"{value[:23]}…"
+        return str(value)
+
+    return "options: " + ", ".join(f"{name}={shown(value)}" for name, value in taken.items())
 
 
 def table_rows(components: list, every: bool) -> list[tuple[str, str, str, str]]:

@@ -7,6 +7,8 @@ where eval writes one report, so none of eval's flags would mean the same in a s
 
 from __future__ import annotations
 
+from typing import Any
+
 import typer
 
 from omrl.cli.rollout_cmd import ARGS_HELP, ENV_HELP
@@ -57,6 +59,68 @@ def check_sweep_outputs(cfg) -> None:
     )
 
 
+EVAL_PRESET = "eval"  # what `omrl eval` starts from when the command line names no preset
+
+
+def sweep_config(args: list[str] | None, flags: dict, console) -> tuple[Any, float | None]:
+    """The sweep's config and the temperature its searching cells sample at (None: the config's), resolved
+    as `omrl eval` resolves the same flags: its preset's settings where the command line names no preset
+    and sets none of them, a trained model's settings, and greedy decoding unless a cell searches (it
+    then samples at 1.0, unless the command line chooses a temperature). So each cell plays what
+    `omrl eval --strategy S --budget B` plays with the same flags."""
+    from omrl.cli.eval_cmd import SAMPLING_TEMPERATURE
+    from omrl.cli.rollout_cmd import check_before_loading, config_with_select
+    from omrl.config import user_sets
+    from omrl.config.options import SweepRunConfig
+    from omrl.config.presets import split_preset
+    from omrl.search.sweep import pass_at_1
+
+    cfg = config_with_select(SweepRunConfig, list(args or []), flags, select=None)
+    if split_preset(args[0] if args else None, [])[0] is None:  # eval too starts from a preset named
+        take_eval_preset(cfg, args, flags)
+    check_before_loading(cfg)  # each env of a mixture known and installed
+    play_settings(cfg, args, EVAL_PRESET, console)  # a run's model plays as it trained, as in eval
+    if cfg.generation.temperature > 0 or user_sets(args, "generation.temperature"):
+        return cfg, None
+    searching = [strategy for strategy in cfg.strategies if not pass_at_1(strategy)]
+    if searching:
+        console.print(
+            f"generation.temperature={SAMPLING_TEMPERATURE:g} for {', '.join(searching)}: a search samples its "
+            "replies as in omrl eval (greedy decoding would repeat one; generation.temperature= chooses)",
+            highlight=False,
+            soft_wrap=True,
+        )
+    return cfg, SAMPLING_TEMPERATURE
+
+
+def take_eval_preset(cfg: Any, args: list[str] | None, flags: dict) -> None:
+    """Set what the eval preset sets on ``cfg`` where neither the command line (an override or a flag) nor
+    a trained model's env chose a value: ``cfg`` then holds what `omrl eval` starts from (its preset is
+    for `omrl eval`, so the config loader cannot start a sweep from it)."""
+    import dataclasses
+
+    from omrl.cli.settings import set_value, value_at
+    from omrl.config import read_preset, user_sets
+
+    defaults = type(cfg)()
+
+    def walk(data: dict, prefix: str) -> None:
+        for key, value in data.items():
+            dotted = f"{prefix}{key}"
+            if dotted in ("command", "description") or not hasattr(value_at(cfg, prefix[:-1]) if prefix else cfg, key):
+                continue  # description: eval writes its own
+            if isinstance(value, dict) and dataclasses.is_dataclass(value_at(cfg, dotted)):
+                walk(value, f"{dotted}.")
+            elif (
+                flags.get(dotted) is None
+                and not user_sets(args, dotted)
+                and value_at(cfg, dotted) == value_at(defaults, dotted)
+            ):
+                set_value(cfg, dotted, value)
+
+    walk(read_preset(EVAL_PRESET), "")
+
+
 def sweep_command(
     args: list[str] = typer.Argument(None, help=ARGS_HELP.replace("rollout", "sweep"), show_default=False),
     env: str = typer.Option(None, "--env", help=ENV_HELP),
@@ -88,12 +152,11 @@ def sweep_command(
     from rich.console import Console
 
     from omrl.cli import err_console, stop_on_interrupt
-    from omrl.cli.rollout_cmd import check_before_loading, config_with_select, progress_bar
-    from omrl.config.options import SweepRunConfig
+    from omrl.cli.rollout_cmd import progress_bar
     from omrl.search.sweep import run_sweep, sweep_table
 
-    cfg = config_with_select(
-        SweepRunConfig,
+    console = Console()
+    cfg, search_temperature = sweep_config(
         args,
         {
             "env.name": env,
@@ -105,15 +168,15 @@ def sweep_command(
             "seed": seed,
             "out": out,
         },
-        select=None,
+        console,
     )
-    check_before_loading(cfg)  # each env of a mixture known and installed
     check_sweep_outputs(cfg)
-    console = Console()
-    play_settings(cfg, args, None, console)  # a run's model plays as it trained: env options, turns, template
     # soft_wrap: a long --out path is not broken over lines
     log = lambda line: console.print(line, highlight=False, soft_wrap=True)  # noqa: E731
-    record = stop_on_interrupt(lambda: run_sweep(cfg, progress_bar=progress_bar, log=log), err_console)
+    record = stop_on_interrupt(
+        lambda: run_sweep(cfg, progress_bar=progress_bar, log=log, search_temperature=search_temperature),
+        err_console,
+    )
     console.print(sweep_table(record))
     console.print(f"wrote {cfg.out}/sweep.json and {cfg.out}/sweep.png", highlight=False, soft_wrap=True)
 

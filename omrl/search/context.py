@@ -230,6 +230,18 @@ def check_trees(name: str, trees: Any, tasks: list) -> None:
         )
 
 
+def check_expert(strategy: str, budget: int) -> None:
+    """The env's scripted expert plays the batched rollout alone (chain without a budget): any other
+    strategy or budget samples candidates, which needs a model. Checkable before anything loads."""
+    if plays_batched(strategy, budget):
+        return
+    at = f" with a budget ({budget} tokens)" if budget else ""
+    raise ConfigError(
+        f"strategy {strategy!r}{at} needs a generation backend (a model); the scripted expert plays only "
+        "the chain strategy without a budget (rollout.budget=0)"
+    )
+
+
 def check_budget(budget: int, max_new_tokens: int) -> None:
     """A budget is 0 (no limit) or room for at least one whole reply."""
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0 or 0 < budget < max_new_tokens:
@@ -256,6 +268,14 @@ def whole_number(what: str, name: str, value: Any, low: int = 1) -> int:
     """``value`` when it is an integer >= ``low``, else ConfigError naming it and what is valid."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ConfigError(f"{what} option {name}={value!r} is invalid; valid: a whole number >= {low}")
+    return value
+
+
+def yes_or_no(what: str, name: str, value: Any) -> bool:
+    """``value`` when it is true or false, else ConfigError naming it and what is valid (``maybe`` or
+    ``"false"`` in quotes is no boolean: taken as truthy it would silently mean true)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} option {name}={value!r} is invalid; valid: true or false")
     return value
 
 

@@ -17,8 +17,9 @@ that goes on from its latest state (every chain, most of a beam) restores nothin
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from omrl.envs import Env, EnvError, Observation, StepResult, fork_support
 from omrl.errors import OmrlError
@@ -116,6 +117,34 @@ class Forker:
                 self._park(new_state, env)
             out.append((result, new_state))
         return out
+
+    @contextmanager
+    def holding(self, states: Sequence[Any]) -> Iterator[dict[int, Env | BaseException]]:
+        """An instance in each of ``states`` (by ``id(state)``; None states are skipped), to read that state:
+        parse a reply against the env where its branch stands, as the chain rollout parses against its own
+        env. Each is the instance parked there, else a free one restored into it (an exception in its
+        slot when that fails: the instance is dropped). On leaving, each is parked on its state again, so
+        :meth:`step_many` plays from it without restoring; nothing may step them in between.
+        """
+        held: dict[int, tuple[Any, Env]] = {}
+        for state in states:
+            if state is not None and id(state) not in held:
+                held[id(state)] = (state, self._take(state))
+        stale = [(state, env) for state, env in held.values() if self._holding.get(id(env)) is not state]
+        wanted = {id(env): state for state, env in stale}
+        outcomes = self.pool.call_many(lambda env: self._restore(env, wanted[id(env)]), [env for _, env in stale])
+        got: dict[int, Env | BaseException] = {key: env for key, (_, env) in held.items()}
+        for (state, env), outcome in zip(stale, outcomes):
+            self._holding.pop(id(env), None)
+            if isinstance(outcome, BaseException):
+                self.pool.release(env, broken=True)
+                got[id(state)] = outcome
+                del held[id(state)]
+        try:
+            yield got
+        finally:
+            for state, env in held.values():  # parked only now: parking may hand evicted instances out again
+                self._park(state, env)
 
     def close(self) -> None:
         """Give every parked instance back to the pool."""

@@ -33,7 +33,7 @@ from omrl.envs import fork_support
 from omrl.errors import OmrlError
 from omrl.rollout.live import LiveEpisode, continue_chat, record_reply, record_step
 from omrl.search.branch import child_of, root_node
-from omrl.search.context import SearchContext
+from omrl.search.context import SearchContext, check_expert
 from omrl.search.fork import Forker, check_forkable
 from omrl.search.tree import Node, Tree, path_episode
 from omrl.supervisor import stage
@@ -79,11 +79,9 @@ def run_search(
     ``forks=False`` is for strategies that only branch at the root (independent
     chains), which any env allows: every chain starts from its own ``reset``.
     """
-    if ctx.backend is None:
-        raise OmrlError(
-            f"strategy {ctx.strategy!r} needs a generation backend (a model); the scripted expert "
-            "plays only the chain strategy"
-        )
+    if ctx.backend is None:  # the scripted expert plays: no candidates can be sampled
+        check_expert(ctx.strategy, ctx.budget)
+        raise OmrlError(f"strategy {ctx.strategy!r} needs a generation backend (a model)")
     probe = ctx.pool.probe()
     method = check_forkable(ctx.pool, ctx.strategy) if forks else fork_support(probe)
     forker = Forker(ctx.pool, method)
@@ -94,20 +92,13 @@ def run_search(
 
     def start(batch: list[tuple[int, int]]) -> None:
         """Reset the envs of ``batch`` ((group, task) pairs) together and start their searches."""
-        for (group, task), (first, state) in zip(batch, forker.start([task for _, task in batch])):
-            root, kwargs = root_node(
-                probe,
-                first,
-                ctx.template,
-                ctx.tokenizer,
-                env_name=ctx.pool.name,
-                task_id=int(task),
-                split=ctx.split,
-                group=group,
-                max_context=ctx.limits.max_context,
-                options=ctx.limits.template_kwargs,
-                demonstration=ctx.demonstration,
-            )
+        started = forker.start([task for _, task in batch])
+        with forker.holding([state for _, state in started]) as envs:  # each root opens on its own env
+            opened = [
+                _root(ctx, probe if state is None else envs[id(state)], first, task, group)
+                for (group, task), (first, state) in zip(batch, started)
+            ]
+        for (group, task), (_, state), (root, kwargs) in zip(batch, started, opened):
             root.env_state = None if root.terminal else state
             if root.terminal:
                 forker.drop([state])
@@ -150,6 +141,25 @@ def run_search(
     finally:
         forker.close()
     return [search.tree for search in sorted(searches, key=lambda search: search.tree.group)]
+
+
+def _root(ctx: SearchContext, env: Any, first: Any, task: int, group: int) -> tuple[Node, dict]:
+    """The root of ``task``'s tree, opened on ``env`` (the instance reset for it) as a chain opens its episode."""
+    if isinstance(env, BaseException):  # its root state could not be read back: the reset's answer stands
+        first = env
+    return root_node(
+        env,
+        first,
+        ctx.template,
+        ctx.tokenizer,
+        env_name=ctx.pool.name,
+        task_id=int(task),
+        split=ctx.split,
+        group=group,
+        max_context=ctx.limits.max_context,
+        options=ctx.limits.template_kwargs,
+        demonstration=ctx.demonstration,
+    )
 
 
 def _pending(searches: list[_Search]) -> list[_Search]:
@@ -229,9 +239,16 @@ def _expand(
             )
         )
     grown = [child_of(node) for *_, node, _ in slots]
-    for (search, *_), g, reply in zip(slots, grown, replies):
-        ctx.charge(search.tree, len(reply.token_ids))
-        record_reply(g, reply, ctx.template, ctx.tokenizer, probe, search.chat_kwargs)
+    # each reply is read against its node's own env state, as the chain reads against its own env: a
+    # template may accept a bare action only where the env admits it (gridworld's open moves)
+    with forker.holding([node.env_state for *_, node, _ in slots]) as envs:
+        for (search, *_, node, _), g, reply in zip(slots, grown, replies):
+            ctx.charge(search.tree, len(reply.token_ids))
+            env = envs[id(node.env_state)]
+            if isinstance(env, BaseException):  # the node's state cannot be reached: the branch ends here
+                _unreachable(g, reply, ctx, probe, search.chat_kwargs, env)
+            else:
+                record_reply(g, reply, ctx.template, ctx.tokenizer, env, search.chat_kwargs)
     to_step = [(i, g) for i, g in enumerate(grown) if g.action is not None]
     with timed("env"):
         results = forker.step_many([(slots[i][3].env_state, slots[i][0].tree.task_id, g.action) for i, g in to_step])
@@ -250,6 +267,19 @@ def _expand(
             state = None
         children[place][1][index].append(search.tree.add(node, _node(g, state)))
     return children
+
+
+def _unreachable(g: LiveEpisode, reply: Any, ctx: SearchContext, probe: Any, chat_kwargs: dict, error: BaseException):
+    """End ``g`` as env_error: the env could not be put in its parent's state to read ``reply`` against.
+    The reply's ids stay on the episode (they were generated and charged); no action is read from it
+    (``probe`` only lends the recording its action help), and nothing is stepped."""
+    record_reply(g, reply, ctx.template, ctx.tokenizer, probe, chat_kwargs)
+    g.action = g.tool_call = None
+    if g.episode.turns:
+        turn = g.episode.turns[-1]
+        turn.action, turn.format_ok, turn.parse_error = None, False, None
+    g.end, g.broken = "env_error", True
+    g.episode.error = f"restoring the env's state failed: {type(error).__name__}: {error}"
 
 
 def _node(g: LiveEpisode, state: Any) -> Node:

@@ -27,6 +27,7 @@ Which cells may resume is :mod:`omrl.search.sweep_resume`; the picture and the t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ from omrl.search.sweep_resume import finished_cells, model_content, read_record,
 __all__ = [
     "SweepRunConfig",
     "cell_label",
+    "cell_spec",
     "cell_summary",
     "cells_of",
     "check_strategies",
@@ -107,30 +109,54 @@ def check_sweep(cfg: SweepRunConfig) -> None:
     require_matplotlib()
 
 
-def check_strategies(session: Any, cfg: SweepRunConfig) -> None:
+def check_strategies(session: Any, cfg: SweepRunConfig, search_temperature: float | None = None) -> None:
     """Run each strategy on no tasks: every check it makes before generating (its options, sampling,
     scorers, whether the env can fork for it) fails now, naming the env and what it lacks, rather
     than after the cells before it have played."""
-    from omrl.rollout import PlaySpec
     from omrl.search.context import SearchContext, run_strategy
 
     for strategy, budget in dict(cells_of(cfg.strategies, cfg.budgets[:1])).items():
         for env in session.env_names:  # a mixture: each env
-            spec = PlaySpec(cfg.env.split, seed=cfg.seed, strategy=strategy, budget=budget or 0)
+            spec = cell_spec(session, cfg, strategy, budget, search_temperature)
             run_strategy(SearchContext.from_session(session, spec, env=env), [])
 
 
-def run_cell(
-    session: Any, cfg: SweepRunConfig, tasks: Sequence[int], strategy: str, budget: int | None, progress: Any = None
-) -> dict[str, Any]:
-    """Play one cell: ``strategy`` at ``budget`` on ``tasks``, summarised as :func:`cell_summary` says."""
+def cell_spec(
+    session: Any, cfg: SweepRunConfig, strategy: str, budget: int | None, search_temperature: float | None = None
+) -> Any:
+    """How a cell plays (a :class:`~omrl.rollout.PlaySpec`): the session's limits, except that a cell that
+    searches samples at ``search_temperature`` where one is given (as ``omrl eval`` samples a search whose
+    decoding is greedy by default; the chain's pass@1 stays greedy)."""
     from omrl.rollout import PlaySpec
+    from omrl.search.context import plays_batched
+
+    searching = not plays_batched(strategy, budget or 0)
+    limits = (
+        dataclasses.replace(session.limits, temperature=search_temperature)
+        if searching and search_temperature is not None
+        else None
+    )
+    return PlaySpec(cfg.env.split, seed=cfg.seed, rewards=False, strategy=strategy, budget=budget or 0, limits=limits)
+
+
+def run_cell(
+    session: Any,
+    cfg: SweepRunConfig,
+    tasks: Sequence[int],
+    strategy: str,
+    budget: int | None,
+    progress: Any = None,
+    search_temperature: float | None = None,
+) -> dict[str, Any]:
+    """Play one cell: ``strategy`` at ``budget`` on ``tasks`` (as :func:`cell_spec` says), summarised as
+    :func:`cell_summary` says, with the temperature it sampled at."""
     from omrl.search import play_strategy
 
     started = time.perf_counter()
-    spec = PlaySpec(cfg.env.split, seed=cfg.seed, rewards=False, strategy=strategy, budget=budget or 0)
+    spec = cell_spec(session, cfg, strategy, budget, search_temperature)
     trees = play_strategy(session, tasks, spec, progress).trees
-    return cell_summary(trees, budget, time.perf_counter() - started, mixed=session.mixture)
+    cell = cell_summary(trees, budget, time.perf_counter() - started, mixed=session.mixture)
+    return {**cell, "temperature": (spec.limits or session.limits).temperature}
 
 
 def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed: bool = False) -> dict[str, Any]:
@@ -201,10 +227,15 @@ def _success(chosen: Sequence[Any]) -> dict[str, Any]:
 
 
 def run_sweep(
-    cfg: SweepRunConfig, progress_bar: ProgressBar | None = None, log: Callable[[str], None] = lambda line: None
+    cfg: SweepRunConfig,
+    progress_bar: ProgressBar | None = None,
+    log: Callable[[str], None] = lambda line: None,
+    search_temperature: float | None = None,
 ) -> dict[str, Any]:
     """Play every cell of ``cfg`` not finished yet, writing ``<out>/sweep.json`` and ``sweep.png`` after
-    each; returns the record (``setup``, ``cells``). ``progress_bar(tasks, label)`` drives a display."""
+    each; returns the record (``setup``, ``cells``). ``progress_bar(tasks, label)`` drives a display;
+    ``search_temperature``: the temperature of the cells that search (None: ``cfg``'s, as every cell's;
+    ``omrl sweep`` gives one when decoding is greedy by default, as ``omrl eval`` samples a search)."""
     from omrl.rollout import RolloutSession
 
     check_sweep(cfg)
@@ -214,8 +245,10 @@ def run_sweep(
     with RolloutSession.from_config(cfg) as session:
         tasks = session.task_ids(cfg.env.split, cfg.num_tasks)
         setup = setup_of(cfg, tasks)
+        if search_temperature is not None:  # cells played at another temperature are not these cells
+            setup["search_temperature"] = search_temperature
         cells = finished_cells(out / "sweep.json", setup) if cfg.resume else []
-        check_strategies(session, cfg)
+        check_strategies(session, cfg, search_temperature)
         wanted = cells_of(cfg.strategies, cfg.budgets)
         # a cell the env failed in on some tasks did not measure them: played again, whole
         again = [c for c in cells if c["env_errors"] and (c["strategy"], c["budget"]) in wanted]
@@ -229,7 +262,7 @@ def run_sweep(
             bar, progress = progress_bar(len(tasks), cell_label(strategy, budget)) if progress_bar else (None, None)
             try:
                 with bar or contextlib.nullcontext():
-                    cells.append(run_cell(session, cfg, tasks, strategy, budget, progress))
+                    cells.append(run_cell(session, cfg, tasks, strategy, budget, progress, search_temperature))
             except KeyboardInterrupt as stop:
                 kept = f"the {len(cells)} finished cells are in {out / 'sweep.json'}" if cells else "no cell finished"
                 raise Interrupted(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
-from omrl.search.context import whole_number
+from omrl.search.context import whole_number, yes_or_no
 from omrl_plugins.strategies.common import (
     answer_pool,
     check_scorer,
@@ -35,6 +35,7 @@ def beam(
     """
     whole_number("beam", "width", width)
     whole_number("beam", "branch", branch)
+    yes_or_no("beam", "stop_on_win", stop_on_win)
     one_tree_per_task(ctx)
     needs_sampling(ctx, "beam option branch", branch)
     check_scorer(ctx, scorer)

@@ -7,7 +7,7 @@ from typing import Sequence
 
 from omrl.errors import ConfigError
 from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
-from omrl.search.context import whole_number
+from omrl.search.context import whole_number, yes_or_no
 from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task, pick_answer
 
 VALUES = ("rollout", "scorer")
@@ -36,6 +36,7 @@ def mcts(
     """
     whole_number("mcts", "iterations", iterations)
     whole_number("mcts", "branch", branch)
+    yes_or_no("mcts", "stop_on_win", stop_on_win)
     if value not in VALUES:
         raise ConfigError(f"mcts option value={value!r} is invalid; valid: {', '.join(VALUES)}")
     if isinstance(exploration, bool) or not isinstance(exploration, (int, float)) or not exploration >= 0:

@@ -11,6 +11,7 @@ from typing import Sequence
 from omrl.chat import prompt_ids
 from omrl.errors import ConfigError
 from omrl.search import Node, SearchContext
+from omrl.search.context import yes_or_no
 from omrl_plugins.rewards.reward_model import load_reward_model
 
 SELF_EVAL_QUESTION = "Is the agent on track to complete the task? Answer with one word: yes or no."
@@ -24,6 +25,7 @@ def env_reward(nodes: Sequence[Node], ctx: SearchContext, partial_credit: bool =
     their earlier samples; ``partial_credit`` uses what an env says about progress
     (gridworld's comes from its shortest-path oracle: a privileged signal).
     """
+    yes_or_no("scorer 'env_reward'", "partial_credit", partial_credit)
     return [node.returns + (node.episode.score if partial_credit else 0.0) for node in nodes]
 
 

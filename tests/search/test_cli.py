@@ -124,3 +124,40 @@ def test_bad_strategy_input_is_one_line(chest_plugins, capsys, tmp_path, args, m
     assert code != 0
     assert message in " ".join(err.split()) and "Traceback" not in err
     assert sum("error" in line for line in err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "args, what",
+    [
+        (["--strategy", "chain", "--budget", "200"], "'chain' with a budget (200 tokens)"),
+        (["--strategy", "beam"], "'beam'"),
+    ],
+)
+def test_the_expert_with_a_search_or_a_budget_says_what_it_plays(capsys, tmp_path, args, what):
+    code, _, err = cli_exit(
+        capsys,
+        "rollout",
+        "--env",
+        "gridworld",
+        "--expert",
+        "--num-tasks",
+        "1",
+        *args,
+        "-o",
+        str(tmp_path / "x.parquet"),
+    )
+    said = " ".join(err.split())
+    assert code != 0 and "Traceback" not in err
+    assert f"strategy {what} needs a generation backend (a model)" in said
+    assert "the scripted expert plays only the chain strategy without a budget (rollout.budget=0)" in said
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_plugins_lists_each_strategys_and_scorers_options_with_their_defaults():
+    listed = invoke("plugins", "--kind", "strategy")
+    assert listed.exit_code == 0, listed.output
+    lines = {line.split()[1]: line for line in listed.output.splitlines() if line.startswith("strategy")}
+    assert lines["beam"].endswith("options: width=2, branch=3, scorer=env_reward, stop_on_win=true, select=''")
+    assert lines["mc_value"].endswith("options: k=4") and lines["chain"].endswith("options: none")
+    scorers = json.loads(invoke("plugins", "--kind", "scorer", "--json").output)
+    assert {s["name"]: s["options"] for s in scorers}["env_reward"] == {"partial_credit": False}

@@ -172,3 +172,25 @@ def test_chains_of_an_env_that_cannot_fork_restore_nothing_but_their_root():
     assert won.won
     (refused,) = forker.step_many([(first[1], 0, "take key")])  # that state's instance went on: no copy exists
     assert isinstance(refused[0], ForkError)
+
+
+def test_holding_puts_an_instance_in_each_state_and_the_next_step_restores_nothing():
+    pool = EnvPool(ChestEnv, name="chest")
+    forker = Forker(pool, "snapshot")
+    ((_, root),) = forker.start([1])
+    ((_, opened),) = forker.step_many([(root, 1, "open")])  # root's instance went on to `opened`
+    with forker.holding([root, opened, opened, None]) as envs:
+        assert set(envs) == {id(root), id(opened)}
+        assert envs[id(opened)].opened and not envs[id(root)].opened and envs[id(root)].task == 1
+    assert forker.restores == 1  # root only: opened's instance stood on it
+    (locked, _), (won, _) = forker.step_many([(root, 1, "take key"), (opened, 1, "take key")])
+    assert forker.restores == 1 and won.won and not locked.won  # each stepped from where holding left it
+    forker.close()
+
+
+def test_holding_a_state_that_replays_otherwise_gives_the_error_in_its_slot():
+    forker = Forker(EnvPool(LyingChestEnv, name="chest-liar"), "replay")
+    ((_, root),) = forker.start([1])
+    forker.step_many([(root, 1, "open")])
+    with forker.holding([root]) as envs:
+        assert isinstance(envs[id(root)], EnvError) and "declared deterministic" in str(envs[id(root)])

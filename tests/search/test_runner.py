@@ -169,6 +169,9 @@ def test_a_tree_strategy_refuses_an_env_that_cannot_fork(tiny_tokenizer):
         ("beam", {"depth": 3}, {}, "strategy 'beam' has no option 'depth'; valid: width, branch, scorer, stop_on_win"),
         ("beam", {}, {"budget": 5}, "budget 5 is smaller than one reply (generation.max_new_tokens=12); valid: 0"),
         ("beam", {}, {"group_size": 2}, "one tree per task"),
+        ("beam", {"stop_on_win": "maybe"}, {}, "beam option stop_on_win='maybe' is invalid; valid: true or false"),
+        ("mcts", {"stop_on_win": "maybe"}, {}, "mcts option stop_on_win='maybe' is invalid; valid: true or false"),
+        ("mcts", {"stop_on_win": 0}, {}, "mcts option stop_on_win=0 is invalid; valid: true or false"),
     ],
 )
 def test_bad_settings_are_one_line_errors(tiny_tokenizer, strategy, options, settings, message):

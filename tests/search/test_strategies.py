@@ -7,6 +7,7 @@ import math
 import pytest
 
 from omrl import registry
+from omrl.errors import ConfigError
 from omrl.hookspecs import hookimpl
 from omrl.rollout import EnvPool, RolloutLimits
 from omrl.search import Expand, Score, SearchContext, run_search, run_strategy
@@ -129,6 +130,9 @@ def test_env_reward_scorer_sums_rewards_and_can_add_partial_credit(tiny_tokenize
     assert ctx.scorer("env_reward")([opened, won]) == [0.5, 2.0]  # returns 0 + score 0.5; returns 1 + score 1
     ctx.plugin_options = {}
     assert ctx.scorer("env_reward")([opened, won]) == [0.0, 1.0]
+    ctx.plugin_options = {"env_reward": {"partial_credit": "no"}}  # text, not false: refused, never read as true
+    with pytest.raises(ConfigError, match="scorer 'env_reward' option partial_credit='no' is invalid; valid: true or"):
+        ctx.scorer("env_reward")([opened, won])
 
 
 def test_self_eval_asks_the_model_and_charges_the_budget(tiny_tokenizer):
