@@ -119,8 +119,8 @@ class Forker:
         return out
 
     @contextmanager
-    def holding(self, states: Sequence[Any]) -> Iterator[dict[int, Env | BaseException]]:
-        """An instance in each of ``states`` (by ``id(state)``; None states are skipped), to read that state:
+    def holding(self, states: Sequence[Any]) -> Iterator[list[Env | BaseException | None]]:
+        """An instance in each of ``states``, in their order (None for a None state), to read that state:
         parse a reply against the env where its branch stands, as the chain rollout parses against its own
         env. Each is the instance parked there, else a free one restored into it (an exception in its
         slot when that fails: the instance is dropped). On leaving, each is parked on its state again, so
@@ -141,7 +141,7 @@ class Forker:
                 got[id(state)] = outcome
                 del held[id(state)]
         try:
-            yield got
+            yield [None if state is None else got[id(state)] for state in states]
         finally:
             for state, env in held.values():  # parked only now: parking may hand evicted instances out again
                 self._park(state, env)

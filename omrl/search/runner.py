@@ -95,8 +95,8 @@ def run_search(
         started = forker.start([task for _, task in batch])
         with forker.holding([state for _, state in started]) as envs:  # each root opens on its own env
             opened = [
-                _root(ctx, probe if state is None else envs[id(state)], first, task, group)
-                for (group, task), (first, state) in zip(batch, started)
+                _root(ctx, probe if env is None else env, first, task, group)
+                for (group, task), (first, _), env in zip(batch, started, envs)
             ]
         for (group, task), (_, state), (root, kwargs) in zip(batch, started, opened):
             root.env_state = None if root.terminal else state
@@ -242,9 +242,8 @@ def _expand(
     # each reply is read against its node's own env state, as the chain reads against its own env: a
     # template may accept a bare action only where the env admits it (gridworld's open moves)
     with forker.holding([node.env_state for *_, node, _ in slots]) as envs:
-        for (search, *_, node, _), g, reply in zip(slots, grown, replies):
+        for (search, *_), g, reply, env in zip(slots, grown, replies, envs):
             ctx.charge(search.tree, len(reply.token_ids))
-            env = envs[id(node.env_state)]
             if isinstance(env, BaseException):  # the node's state cannot be reached: the branch ends here
                 _unreachable(g, reply, ctx, probe, search.chat_kwargs, env)
             else:
