@@ -82,6 +82,10 @@ REFUSED = {  # (preset, override): what the command would say
     ("grpo", "env.template=foo"): "unknown template 'foo'",
     ("grpo", "optim.lr_schedule=foo"): "unknown optim.lr_schedule 'foo'; valid: constant",
     ("eval", "generation.batching=foo"): "unknown generation.batching 'foo'; valid: turns",
+    ("grpo", "mini_batch_size=-1"): "mini_batch_size must be >= 0",
+    ("grpo", "rollout.max_staleness=-1"): "rollout.max_staleness must be >= 0",
+    ("grpo", "model.lora_dropout=1.5"): "model.lora_dropout must be in [0, 1)",
+    ("grpo", "generation.weight_sync=files"): "sends weights to a server (generation.backend=openai)",
 }
 
 

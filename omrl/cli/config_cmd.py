@@ -66,8 +66,6 @@ def check_values(command: str, cfg) -> None:
     from omrl import registry
     from omrl.chat.history import check_history
     from omrl.cli.rollout_cmd import check_before_loading
-    from omrl.config.sections import BATCHING, SCHEDULES
-    from omrl.errors import ConfigError
     from omrl.mixture import mix_members
     from omrl.rollout.spec import check_generation
     from omrl.supervisor import check_deadlines
@@ -78,17 +76,6 @@ def check_values(command: str, cfg) -> None:
     check_history(cfg.chat.history)
     check_deadlines(cfg.deadlines)
     check_generation(cfg.generation, cfg.env.max_turns)
-    if cfg.generation.batching not in BATCHING:
-        raise ConfigError(f"unknown generation.batching {cfg.generation.batching!r}; valid: {', '.join(BATCHING)}")
-    if command == "train":
-        from omrl.algos import RECIPES, check_settings
-
-        if cfg.algorithm.name not in RECIPES:
-            raise ConfigError(f"unknown algorithm.name {cfg.algorithm.name!r}; valid: {', '.join(RECIPES)}")
-        check_settings(cfg.algorithm)
-        registry.strategies.component(cfg.rollout.strategy)
-        if cfg.optim.lr_schedule not in SCHEDULES:
-            raise ConfigError(f"unknown optim.lr_schedule {cfg.optim.lr_schedule!r}; valid: {', '.join(SCHEDULES)}")
 
 
 @config_app.command("list")

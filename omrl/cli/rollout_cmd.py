@@ -103,7 +103,8 @@ def check_strategy(strategy: str, budget: int, max_new_tokens: int) -> None:
 def check_before_loading(cfg) -> None:
     """What can be refused before a model loads (seconds to minutes): an unknown env, an env whose
     package is not installed (naming its extra), each env of a mixture alike (and the mixture itself:
-    weights, an env named twice), the reward settings, and for training, unknown algorithm names."""
+    weights, an env named twice), the reward settings, and for training, the whole train config
+    (:func:`omrl.training.config_checks.check_config`)."""
     from omrl import registry, rewards
     from omrl.envs import install_command, package_installed
     from omrl.errors import ConfigError
@@ -129,6 +130,9 @@ def check_before_loading(cfg) -> None:
         registry.algorithms.component(algorithm.kl_estimator, kind="kl")
         if algorithm.rollout_correction != "auto":
             registry.algorithms.component(algorithm.rollout_correction, kind="rollout_correction")
+        from omrl.training.config_checks import check_config
+
+        check_config(cfg)
 
 
 def check_plugin_blocks(plugins: dict) -> None:

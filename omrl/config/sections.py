@@ -19,6 +19,14 @@ BATCHING = ("turns", "continuous")
 SCHEDULES = ("constant", "linear", "cosine")
 
 
+def check_schedule(schedule: str) -> None:
+    """Refuse an ``optim.lr_schedule`` that is not one of :data:`SCHEDULES`."""
+    if schedule not in SCHEDULES:
+        from omrl.errors import ConfigError
+
+        raise ConfigError(f"unknown optim.lr_schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+
+
 @dataclass
 class ModelConfig:
     name: str = opt(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omrl.chat import check_history
+from omrl.config.sections import BATCHING
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError
 from omrl.rewards import RewardError
@@ -58,6 +59,9 @@ def check_generation(generation: Any, max_turns: int = 0) -> None:
         )
     if max_turns < 0:
         raise ConfigError(f"env.max_turns must be >= 0 (0: the env's own cap), got {max_turns}")
+    batching = getattr(generation, "batching", "turns")  # a GenerationConfig from before the option has none
+    if batching not in BATCHING:
+        raise ConfigError(f"unknown generation.batching {batching!r}; valid: {', '.join(BATCHING)}")
 
 
 @dataclass(frozen=True)

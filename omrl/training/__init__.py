@@ -10,7 +10,8 @@ Recipes (each reads top to bottom: setup, train, cleanup):
 The scaffold every recipe calls (it inherits nothing): :mod:`omrl.training.recipe`. The online
 recipes hold an :class:`~omrl.training.online_run.OnlineRun` (:mod:`omrl.training.online_run`: the
 rollout, its replays, evaluation, weight sync, and the steps both take alike), built from
-:mod:`omrl.training.online` (config checks, models, sessions, evaluation), :mod:`omrl.training.algo_probe`
+:mod:`omrl.training.online` (models, sessions, evaluation), :mod:`omrl.training.config_checks` (the
+train config's checks, torch-free, run before anything loads), :mod:`omrl.training.algo_probe`
 (the algorithms' results checked, before the first rollout and on each), :mod:`omrl.training.rollout_step`
 (one step's rollout and its metrics), :mod:`omrl.training.rollout_health` (what the rollouts could not
 play), :mod:`omrl.training.tool_health` (tool-call health) and :mod:`omrl.training.async_generation`

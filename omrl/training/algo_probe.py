@@ -18,7 +18,7 @@ from omrl.algos import AdvantageInput, CorrectionInput, PolicyLossInput
 from omrl.config.options import TrainRunConfig
 from omrl.errors import ConfigError, OmrlError, PluginError, short_repr
 from omrl.search import strategy_traits
-from omrl.training.online import searched
+from omrl.training.config_checks import searched
 
 PROBE = "a probe batch"
 

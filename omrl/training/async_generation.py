@@ -51,43 +51,12 @@ from omrl.supervisor import stage, supervise
 from omrl.training.rollout_step import play_step, step_metrics
 
 POLL_SECONDS = 1.0  # how often a wait for the process checks that it is still alive
-GENERATION_BACKENDS = ("hf", "vllm")  # what the generation process can load each weight version into
 GENERATION_HEARTBEAT_FILE = "heartbeat-generation.json"  # the run's heartbeat.json is the trainer's
 
 
 def version_for(step: int, max_staleness: int) -> int:
     """The weight version step ``step`` (0-based) is played with."""
     return max(0, step - max_staleness)
-
-
-def check_async(cfg: Any, world_size: int) -> None:
-    """Refuse what the generation process cannot do yet, naming the setting and what is valid."""
-    rollout = cfg.rollout
-    if rollout.max_staleness < 0:
-        raise ConfigError(f"rollout.max_staleness must be >= 0, got {rollout.max_staleness}")
-    if rollout.generation_threads < 0:
-        raise ConfigError(
-            f"rollout.generation_threads must be >= 0 (0: torch's default), got {rollout.generation_threads}"
-        )
-    if not rollout.async_generation:
-        if rollout.partial_rollouts:
-            raise ConfigError(
-                "rollout.partial_rollouts=true loads new weights between the turns of the generation process "
-                "(rollout.async_generation=true); a synchronous run has no update in flight"
-            )
-        return
-    problems = []
-    if cfg.generation.backend not in GENERATION_BACKENDS:
-        problems.append(f"generation.backend={cfg.generation.backend} (valid: {', '.join(GENERATION_BACKENDS)})")
-    if world_size > 1:
-        problems.append(f"{world_size} training processes (valid: one)")
-    if cfg.model.lora_rank:
-        problems.append(f"model.lora_rank={cfg.model.lora_rank} (valid: 0, full fine-tuning)")
-    if problems:
-        raise ConfigError(
-            "rollout.async_generation=true runs the hf or vllm backend beside one training process of full weights; "
-            f"this run has {', '.join(problems)}; set rollout.async_generation=false or change them"
-        )
 
 
 def runtime_plugins() -> list[tuple[str, Any]]:

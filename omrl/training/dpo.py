@@ -23,7 +23,7 @@ from omrl.clock import timed
 from omrl.config.options import TrainRunConfig
 from omrl.errors import ConfigError
 from omrl.search import strategy_traits
-from omrl.training import online, online_run
+from omrl.training import config_checks, online, online_run
 from omrl.training.losses import dpo_loss
 from omrl.training.metrics import StepCallback
 from omrl.training.policy import sequence_log_prob
@@ -69,12 +69,12 @@ class DPORecipe:
 
             # PAIRS: each task's best and worst sample, when their total rewards differ; from a search,
             # at each branch point the best path of one reply against the worst of a sibling's
-            pairs = sibling_pairs(episodes) if online.searched(cfg) else preference_pairs(trainable(episodes))
+            pairs = sibling_pairs(episodes) if config_checks.searched(cfg) else preference_pairs(trainable(episodes))
             total_pairs = strategy.sum([len(pairs)])[0]
             if not total_pairs:
                 why = (
                     "no branch point's replies led to different rewards"
-                    if online.searched(cfg)
+                    if config_checks.searched(cfg)
                     else "every sample of each task scored the same"
                 )
                 metrics.update(skip_update(self, self.step + 1, f"no preference pair: {why}"))

@@ -14,54 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from omrl.data import Episode
-from omrl.errors import ConfigError
 from omrl.rollout.spec import Played, measured
-from omrl.search import plays_batched
 from omrl.training.rl_data import trainable
 
 #: draw ``d`` of a step plays with seed ``step_seed + d * DRAW_SEED_STRIDE``
 DRAW_SEED_STRIDE = 1_000_000_007
-
-
-def check(cfg: Any) -> None:
-    """Refuse what dynamic sampling cannot run with, naming the fix."""
-    algo = cfg.algorithm
-    if not algo.dynamic_sampling:
-        return
-    if algo.dynamic_sampling_max_draws < 1:
-        raise ConfigError(
-            f"algorithm.dynamic_sampling_max_draws must be >= 1 (extra rollouts a step may draw), "
-            f"got {algo.dynamic_sampling_max_draws}"
-        )
-    if cfg.group_size < 2:
-        raise ConfigError(
-            f"algorithm.dynamic_sampling keeps groups whose samples differ; group_size={cfg.group_size} "
-            "makes groups of one, which never do: use group_size >= 2"
-        )
-    dense = [
-        why
-        for why, present in (
-            ("a critic's values (ppo)", algo.name == "ppo"),
-            ("the teacher's per-token reward (algorithm.teacher)", bool(algo.teacher)),
-            ("the KL in the reward (algorithm.kl_in_reward)", algo.kl_in_reward and algo.kl_coef > 0),
-        )
-        if present
-    ]
-    if dense:
-        raise ConfigError(
-            "algorithm.dynamic_sampling drops groups whose samples got the same env reward, which carry no "
-            f"signal only when the advantages come from that reward alone; here they also come from {dense[0]}"
-        )
-    searched = not plays_batched(cfg.rollout.strategy, cfg.rollout.budget)  # its paths are trained as trees
-    if algo.name == "dpo" or cfg.rollout.async_generation or searched:
-        raise ConfigError(
-            "algorithm.dynamic_sampling runs with the grpo recipe, the chain rollout and "
-            f"synchronous generation; this run has algorithm.name={algo.name}, rollout.strategy="
-            f"{cfg.rollout.strategy}, rollout.async_generation={cfg.rollout.async_generation}"
-        )
 
 
 def varied_groups(episodes: Sequence[Episode]) -> tuple[list[list[Episode]], int]:

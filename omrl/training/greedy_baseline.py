@@ -20,31 +20,13 @@ from typing import Any
 
 import torch
 
-from omrl import registry
 from omrl.data import Batch
-from omrl.errors import ConfigError
 from omrl.mixture import task_of
 from omrl.rewards import allocate_rewards
 from omrl.rollout import PlaySpec, RolloutSession
-from omrl.search import plays_batched
 from omrl.training.tree_batch import ROW_EPISODE
 
 NEED = "greedy_scores"
-
-
-def needed(cfg: Any) -> bool:
-    """Whether the run's advantage estimator asks for greedy baselines; refuses what cannot give them."""
-    traits = registry.algorithms.component(cfg.algorithm.advantage, kind="advantage").traits
-    if NEED not in traits.get("needs", ()):
-        return False
-    if not plays_batched(cfg.rollout.strategy, cfg.rollout.budget) or cfg.rollout.async_generation:
-        raise ConfigError(
-            f"algorithm.advantage={cfg.algorithm.advantage} compares each sample with a greedy episode of its "
-            "task, which this run cannot play beside its rollout: use a rollout.strategy that plays the "
-            "batched rollout (chain) with no rollout.budget, and rollout.async_generation=false (got "
-            f"{cfg.rollout.strategy}, budget {cfg.rollout.budget}, {cfg.rollout.async_generation})"
-        )
-    return True
 
 
 def greedy_scores(

@@ -12,6 +12,7 @@ from omrl.config.options import ModelConfig
 from omrl.errors import ConfigError, WriteFailed, short_repr, write_failure
 from omrl.models import MODEL_MANIFEST, load_model
 from omrl.models.manifest import manifest
+from omrl.training.config_checks import check_model_config
 
 
 def load_trainable_model(cfg: ModelConfig, device: str, chat: Any = None) -> tuple[Any, Any]:
@@ -27,24 +28,6 @@ def load_trainable_model(cfg: ModelConfig, device: str, chat: Any = None) -> tup
         check_run_template(tokenizer, check_history(chat.history), chat.template_kwargs)
     model, tokenizer = load_model(cfg.name, dtype=cfg.dtype, device=device, trust_remote_code=cfg.trust_remote_code)
     return made_trainable(model, cfg), tokenizer
-
-
-def check_model_config(cfg: ModelConfig) -> None:
-    """Refuse model settings no recipe can train with (checked again as the model is made trainable)."""
-    if cfg.lora_rank < 0:
-        raise ConfigError(f"model.lora_rank must be >= 0 (0: full fine-tuning), got {cfg.lora_rank}")
-    if not 0 <= cfg.lora_dropout < 1:
-        raise ConfigError(
-            f"model.lora_dropout must be in [0, 1) (the chance each input of a LoRA adapter is dropped), "
-            f"got {cfg.lora_dropout}"
-        )
-    if cfg.lora_rank > 0 and not cfg.lora_alpha > 0:  # the adapter's scale is alpha / rank: 0 trains nothing
-        raise ConfigError(f"model.lora_alpha must be > 0 (the adapter's scale is alpha / rank), got {cfg.lora_alpha}")
-    if cfg.lora_rank > 0 and not cfg.lora_target_modules:
-        raise ConfigError(
-            "model.lora_target_modules=[] names no module for LoRA (model.lora_rank > 0); valid: names of the "
-            "model's linear modules, as [q_proj, k_proj, v_proj, o_proj]"
-        )
 
 
 def check_lora_targets(model: Any, cfg: ModelConfig) -> None:

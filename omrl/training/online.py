@@ -1,5 +1,5 @@
 """Pieces the online recipes share (:mod:`omrl.training.rl` for grpo/ppo, :mod:`omrl.training.dpo`):
-config checks, the models, the rollout session and task order, per-step rollout metrics,
+the models, the rollout session and task order, per-step rollout metrics,
 evaluation, and keeping the rollout backend's weights in step with the trained model. The run
 that plays with them, and the steps both recipes take alike, are :mod:`omrl.training.online_run`."""
 
@@ -12,98 +12,17 @@ from typing import Any
 from rich.console import Console
 
 from omrl import registry
-from omrl.algos import RECIPES, check_settings
 from omrl.backends.base import generation_metrics
 from omrl.backends.lora_sync import lora_config_of
-from omrl.backends.weight_sync import check_weight_sync
 from omrl.config.options import TrainRunConfig
-from omrl.envs import check_seats
 from omrl.errors import ConfigError
-from omrl.evaluation import check_max_env_error_rate
-from omrl.mixture import EnvTask, MixedTaskOrder, is_mixture, mix_members
+from omrl.mixture import EnvTask, MixedTaskOrder, mix_members
 from omrl.parallel import Strategy
 from omrl.rollout import PlaySpec, RolloutSession, SessionEnv
-from omrl.rollout.spec import check_generation
-from omrl.search import plays_batched
-from omrl.search.context import check_budget
 from omrl.supervisor import stage
-from omrl.training import async_generation, dynamic_sampling, env_scale, greedy_baseline
 from omrl.training.metrics import MetricsLogger, NullLogger
-from omrl.training.model_setup import check_model_config, load_frozen_copy, load_trainable_model
+from omrl.training.model_setup import load_frozen_copy, load_trainable_model
 from omrl.training.rl_data import TaskOrder
-
-
-def check_config(cfg: TrainRunConfig, strategy: Strategy) -> None:
-    """Refuse values no online recipe can run with, naming the key and what is valid."""
-    algo = cfg.algorithm
-    if algo.name not in RECIPES:
-        raise ConfigError(f"unknown algorithm.name {algo.name!r}; valid: {', '.join(RECIPES)}")
-    for key in ("steps", "tasks_per_step", "group_size", "ppo_epochs", "optim.micro_batch_size"):
-        value = cfg.optim.micro_batch_size if key == "optim.micro_batch_size" else getattr(cfg, key)
-        if value < 1:
-            raise ConfigError(f"{key} must be >= 1, got {value}")
-    strategy.check_divisible("tasks_per_step", cfg.tasks_per_step)
-    if cfg.mini_batch_size < 0:
-        raise ConfigError(f"mini_batch_size must be >= 0 (0: the whole rollout), got {cfg.mini_batch_size}")
-    if cfg.eval_samples_per_task < 1 or (cfg.eval_samples_per_task > 1 and cfg.eval_temperature <= 0):
-        raise ConfigError(
-            f"eval_samples_per_task={cfg.eval_samples_per_task} is invalid; valid: 1, or more "
-            "with eval_temperature > 0 (greedy samples of a task are all the same)"
-        )
-    if cfg.train_tasks < 0:
-        raise ConfigError(f"train_tasks must be >= 0 (0: the whole split), got {cfg.train_tasks}")
-    check_generation(cfg.generation, cfg.env.max_turns)
-    check_model_config(cfg.model)
-    if algo.critic not in ("head", "model"):
-        raise ConfigError(f"unknown algorithm.critic {algo.critic!r}; valid: head, model")
-    check_settings(algo)
-    ignored = [key for key, value in (("kl_target", algo.kl_target), ("teacher", algo.teacher)) if value]
-    if algo.name == "dpo" and ignored:
-        raise ConfigError(
-            f"algorithm.{ignored[0]} is for the grpo and ppo recipes; dpo trains on pairs with a fixed beta "
-            "and no reward to add to"
-        )
-    check_rollout_strategy(cfg)
-    env_scale.check(cfg)
-    if is_mixture(cfg.env):
-        mix_members(cfg)  # names, weights and per-env keys, before any model loads
-    check_max_env_error_rate(cfg.max_env_error_rate)
-    async_generation.check_async(cfg, strategy.world_size)
-    check_weight_sync(cfg.generation, trains=True, lora_rank=cfg.model.lora_rank)
-    dynamic_sampling.check(cfg)
-    check_seated(cfg)
-
-
-def check_seated(cfg: TrainRunConfig) -> None:
-    """An env of several seats (:attr:`omrl.envs.Env.seats`) trains on the batched rollout of its games,
-    played here: a search strategy, async generation and a greedy baseline are refused by name."""
-    if is_mixture(cfg.env) or not check_seats(registry.envs.get(cfg.env.name), cfg.env.name):
-        return  # a mixture refuses seated envs when its session is built
-    refused = {
-        f"rollout.strategy={cfg.rollout.strategy} (budget {cfg.rollout.budget})": searched(cfg),
-        "rollout.async_generation=true": cfg.rollout.async_generation,
-        f"algorithm.advantage={cfg.algorithm.advantage} (a greedy episode per task)": greedy_baseline.needed(cfg),
-    }
-    for setting, on in refused.items():
-        if on:
-            raise ConfigError(
-                f"env {cfg.env.name!r} has seats: its games play in the batched rollout on this process, so "
-                f"{setting} cannot train on them; use rollout.strategy=chain, synchronous generation and a "
-                "group estimator (grpo's default)"
-            )
-
-
-def check_rollout_strategy(cfg: TrainRunConfig) -> None:
-    """A known ``rollout.strategy`` and a budget of at least one reply (every recipe trains on trees)."""
-    registry.strategies.get(cfg.rollout.strategy)  # unknown: names the valid ones
-    check_budget(cfg.rollout.budget, cfg.generation.max_new_tokens)
-
-
-def searched(cfg: TrainRunConfig) -> bool:
-    """Whether a step's episodes are search paths (trained as trees), rather than the batched rollout's
-    samples (trained as chains): the latter when the strategy declares it plays that rollout without a
-    budget and the run gives none (:class:`omrl.search.StrategyTraits`)."""
-    return not plays_batched(cfg.rollout.strategy, cfg.rollout.budget)
 
 
 def episode_token_budget(cfg: TrainRunConfig) -> int:

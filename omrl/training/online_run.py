@@ -25,8 +25,8 @@ from omrl.training.async_generation import (
     played_to_tensors,
     tasks_played,
 )
+from omrl.training.config_checks import check_config
 from omrl.training.online import (
-    check_config,
     evaluate,
     rollout_seed,
     setup_rollout,
@@ -295,7 +295,8 @@ class OnlineRecipe(Recipe, Protocol):
 def begin_setup(recipe: Recipe, recipes: tuple[str, ...]) -> Path | None:
     """The start of an online recipe's setup: the config checked (and that this recipe runs its
     algorithm), then :func:`~omrl.training.recipe.start_setup`; returns the resume point."""
-    check_config(recipe.cfg, recipe.strategy)
+    check_config(recipe.cfg, recipe.strategy.world_size)
+    recipe.strategy.check_divisible("tasks_per_step", recipe.cfg.tasks_per_step)
     if recipe.cfg.algorithm.name not in recipes:
         raise ConfigError(
             f"{type(recipe).__name__} runs algorithm.name {' or '.join(recipes)}, "

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from omrl.config.options import OptimConfig
-from omrl.config.sections import SCHEDULES
+from omrl.config.sections import check_schedule
 from omrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,8 +29,7 @@ def lr_multiplier(step: int, total_steps: int, warmup_steps: int, schedule: str)
     >>> [round(lr_multiplier(s, 4, 2, "linear"), 2) for s in range(4)]
     [0.0, 0.5, 1.0, 0.5]
     """
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"unknown optim.lr_schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+    check_schedule(schedule)
     if step < warmup_steps:
         return step / warmup_steps
     if schedule == "constant":

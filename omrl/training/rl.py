@@ -38,7 +38,7 @@ from omrl import registry
 from omrl.algos import AlgoConfig, micro_batch_share
 from omrl.clock import timed
 from omrl.config.options import TrainRunConfig
-from omrl.training import algo_probe, env_scale, greedy_baseline, online, online_run
+from omrl.training import algo_probe, config_checks, env_scale, greedy_baseline, online, online_run
 from omrl.training.critic import critic_modules, critic_state, load_critic, load_critic_state
 from omrl.training.distillation import add_teacher_rewards, load_teacher
 from omrl.training.kl_control import AdaptiveKL
@@ -74,7 +74,7 @@ class RLRecipe:
         self.correction = correction_name(cfg)
         self.correction_fn = registry.algorithms.get(self.correction, kind="rollout_correction")
         self.kl_control = AdaptiveKL(algo)
-        self.greedy_baseline = greedy_baseline.needed(cfg)  # ReMax: a greedy episode per task, as baseline
+        self.greedy_baseline = config_checks.wants_greedy_baseline(cfg)  # ReMax: a greedy episode per task, as baseline
         algo_probe.check_algorithms(
             cfg, self.advantage_fn, algo.name == "ppo", self.greedy_baseline, self.policy_loss_fn, self.correction_fn
         )
@@ -143,7 +143,7 @@ class RLRecipe:
             self.run.save_rollout(
                 self.step, episodes, batch
             )  # with what each row is trained with (all 0: a skipped update)
-            if online.searched(cfg):  # a turn several paths share: trained once, with its copies' mean advantage
+            if config_checks.searched(cfg):  # a turn several paths share: trained once, with its copies' mean advantage
                 batch = train_each_turn_once(batch)
                 trained, rows_trained, paths = strategy.sum([batch["loss_mask"].sum(), len(batch), len(episodes)])
                 metrics.update(finished_paths=rows_trained / max(paths, 1.0), trained_token_share=trained / tokens)
@@ -177,7 +177,7 @@ class RLRecipe:
         """The step's rows: a search's finished paths (each whole, its trees numbered per task), or
         the episodes themselves."""
         pad, cfg = self.tokenizer.pad_token_id, self.cfg
-        if online.searched(cfg):
+        if config_checks.searched(cfg):
             return paths_to_batch(episodes, trees_per_task(cfg), pad, cfg.reward.allocation, cfg.reward.gamma)
         return chain_rows(episodes, pad, cfg.reward.allocation, cfg.reward.gamma)
 

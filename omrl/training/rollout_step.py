@@ -25,7 +25,7 @@ def play_step(cfg: TrainRunConfig, session: RolloutSession, tasks: Sequence[Any]
     """This step's episodes of ``tasks`` as the strategy plays them, rewards composed: every root-to-leaf
     path of ``trees_per_task(cfg)`` trees per task, ``Episode.group`` numbering the trees (consecutive
     per task; see :func:`omrl.training.tree_batch.paths_to_batch`), or the batched rollout's
-    ``group_size`` samples per task where the strategy plays that (:func:`omrl.training.online.searched` is False)."""
+    ``group_size`` samples per task where the strategy plays that (:func:`omrl.training.config_checks.searched` is False)."""
     copies = trees_per_task(cfg)
     group_size = cfg.group_size if copies == 1 else 1
     spec = PlaySpec(cfg.env.split, group_size, seed, strategy=cfg.rollout.strategy, budget=cfg.rollout.budget)

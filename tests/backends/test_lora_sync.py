@@ -13,7 +13,7 @@ from peft import LoraConfig, get_peft_model
 from omrl.backends import SamplingParams, make_backend
 from omrl.backends.hf import HFBackend
 from omrl.backends.lora_sync import lora_config_of
-from omrl.backends.weight_sync import check_weight_sync
+from omrl.backends.sync_settings import check_weight_sync
 from omrl.config.options import GenerationConfig
 from omrl.errors import ConfigError, OmrlError
 from omrl.models import load_model

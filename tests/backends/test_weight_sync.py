@@ -16,7 +16,8 @@ import torch
 
 from omrl.backends import SamplingParams, make_backend
 from omrl.backends.hf import HFBackend
-from omrl.backends.weight_sync import check_weight_sync, make_weight_sync
+from omrl.backends.sync_settings import check_weight_sync
+from omrl.backends.weight_sync import make_weight_sync
 from omrl.config.options import GenerationConfig
 from omrl.errors import ConfigError, OmrlError
 from omrl.models import load_model

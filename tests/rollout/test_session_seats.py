@@ -12,11 +12,10 @@ from rich.console import Console
 from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig, TrainRunConfig
 from omrl.errors import ConfigError
-from omrl.parallel import Strategy
 from omrl.rollout import PlaySpec, RolloutSession
 from omrl.search import play_strategy
+from omrl.training.config_checks import check_config
 from omrl.training.metrics import read_metrics
-from omrl.training.online import check_config
 from tests.helpers import invoke
 
 pytest.importorskip("textarena")
@@ -58,7 +57,7 @@ def test_what_cannot_play_seats_refuses_them_by_name():
             play_strategy(session, [0], PlaySpec(strategy="best_of_n", budget=64))
     for setting in ("rollout.async_generation=true", "rollout.strategy=best_of_n", "algorithm.advantage=remax"):
         with pytest.raises(ConfigError, match="has seats: its games play in the batched rollout"):
-            check_config(config(setting, kind=TrainRunConfig), Strategy())
+            check_config(config(setting, kind=TrainRunConfig))
 
 
 def test_omrl_train_self_plays_and_omrl_eval_reports_each_seat_s_outcomes(tmp_path):

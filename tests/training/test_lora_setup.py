@@ -10,7 +10,8 @@ from omrl.cli import main
 from omrl.config.options import ModelConfig
 from omrl.errors import ConfigError
 from omrl.models import load_model
-from omrl.training.model_setup import check_model_config, made_trainable, save_final_model
+from omrl.training.config_checks import check_model_config
+from omrl.training.model_setup import made_trainable, save_final_model
 
 TINY_MODULES = "down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj"
 

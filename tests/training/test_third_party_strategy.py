@@ -17,7 +17,7 @@ from omrl.hookspecs import hookimpl
 from omrl.rollout import PlaySpec, RolloutSession
 from omrl.search import StrategyTraits, strategy_traits
 from omrl.search.sweep import cells_of
-from omrl.training import online, rollout_step
+from omrl.training import config_checks, rollout_step
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
 from omrl.view import open_run
@@ -134,7 +134,7 @@ def test_what_a_strategy_declares_decides_how_the_core_treats_it(config):
         config("rollout.strategy=relay", "rollout.budget=64"),
         config("rollout.strategy=pick"),
     )
-    assert not online.searched(batched) and online.searched(with_budget) and online.searched(tree)
+    assert not config_checks.searched(batched) and config_checks.searched(with_budget) and config_checks.searched(tree)
     assert rollout_step.trees_per_task(batched) == 1 and rollout_step.trees_per_task(tree) == 3  # group_size trees
     assert cells_of(["relay", "pick"], [100, 200]) == [("relay", None), ("pick", 100), ("pick", 200)]
 
