@@ -18,6 +18,8 @@ _VERDICT = re.compile(r"^.*?\bscore\b[ \t*_]*[:=][ \t*_]*(.*?)[ \t*_.]*$", re.I 
 _YES_NO = re.compile(r"[\W_]*(yes|no)\b", re.I)
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 #: a verdict that is the value and nothing more (``7``, ``7/10``, ``yes``): all a cut reply's last line may hold
+#: a line's value that names the scale (``0-10``, ``1 to 5``): the judge describing it, not a verdict
+_RANGE = re.compile(r"[-+]?\d+(?:\.\d+)?[ \t]*(?:-|\u2013|to)[ \t]*\d", re.I)
 _VALUE_ALONE = re.compile(r"(?:[-+]?\d+(?:\.\d+)?(?:[ \t]*/[ \t]*\d+(?:\.\d+)?)?|yes|no)", re.I)
 _THOUGHT = re.compile(r"<think>(.*?)</think>", re.I | re.S)
 _THINK_OPEN, _THINK_CLOSE = re.compile(r"<think>", re.I), re.compile(r"</think>", re.I)
@@ -115,11 +117,12 @@ def split_thinking(text: str) -> tuple[str, str]:
 
 def read_one(text: str, scale: Scale, cut: bool = False) -> tuple[float, str, str]:
     """The score, the verdict as written and the reasoning before it (the thinking first), from a reply that
-    ends with ``SCORE: <value>`` (or is the bare value), outside its thinking. A reply ``cut`` at max_tokens
+    ends with ``SCORE: <value>`` (or is the bare value), outside its thinking; a line that gives the scale
+    (``Note on score: 0-10``) is no verdict. A reply ``cut`` at max_tokens
     counts only when its last line is the verdict alone (``SCORE: 7``): anything after the verdict may have
     gone on to change it."""
     thought, said = split_thinking(text)
-    found = list(_VERDICT.finditer(said))
+    found = [line for line in _VERDICT.finditer(said) if not _RANGE.match(line.group(1).strip())]
     if found:
         verdict = found[-1].group(1).strip()
         if cut and (said[found[-1].end() :].strip() or not _VALUE_ALONE.fullmatch(verdict)):

@@ -71,6 +71,8 @@ def test_a_verdict_only_in_the_thinking_or_before_a_cut_is_unreadable_and_asked_
         ("<think>\nscore: 2 at first sight; no, it is 42.\n</think>\nIt is right.\nSCORE: 8", 0.8, None),
         ("score: 2 at first sight; no.</think>SCORE: 8", 0.8, "score: 2 at first sight; no."),
         (("cut", "<think>score: 1?</think>\n9"), 0.9, "score: 1?"),
+        ("It is right.\nSCORE: 7\nNote on score: 0-10, 10 best", 0.7, "It is right."),  # the scale, not a verdict
+        ("It is right.\nSCORE: 6\n(score: 0 to 10, as asked)", 0.6, "It is right."),
     ],
 )
 def test_the_verdict_after_the_thinking_or_on_a_cut_replys_last_line_counts(judge, reply, score, reasoning):
