@@ -42,6 +42,9 @@ def register_rewards(register):
     :param register: ``register(name, fn)``. ``fn(episodes, **options)`` takes a
         list of :class:`omrl.data.Episode` and returns one list of per-turn
         floats per episode (an episode-level reward sits on the last turn).
+        ``register(name, fn, check_options=check)``: ``check(**options)`` raises
+        :class:`omrl.errors.ConfigError` for a bad option without scoring (a missing
+        file, an unknown mode), so a run refuses it before it plays anything.
     """
 
 

@@ -42,6 +42,13 @@ TRAITS: dict[str, dict[str, tuple[Any, str]]] = {
     },
     "policy_loss": {"zero_advantage_rows_add_nothing": _FLAG},
     "strategy": {"group_in_one_tree": _FLAG, "batched_without_budget": _FLAG},
+    "reward": {
+        "check_options": (
+            callable,
+            "a function that takes the reward's options as keywords and raises ConfigError for a bad one, "
+            "without scoring (omrl.rewards.check_options)",
+        )
+    },
 }
 #: the class a component of these kinds subclasses (imported when one is checked)
 BASES = {"env": "omrl.envs:Env", "template": "omrl.templates:Template"}

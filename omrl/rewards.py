@@ -147,6 +147,22 @@ def check_weights(weights: Any, where: str = "reward.weights") -> None:
         registry.rewards.get(name)  # unknown: names the registered ones
 
 
+def check_options(weights: dict[str, float], options: dict[str, Any]) -> None:
+    """Refuse a weighted reward's options (``options``: the config's ``plugins`` block) before anything is
+    played: the names its signature takes, then its own ``check_options`` trait, which checks the values
+    without scoring (a judge's scale, a reward model's path) so that a run does not find them bad only
+    once its first rollout is played."""
+    from omrl import registry
+
+    for name in weights:
+        component = registry.rewards.component(name)
+        opts = dict(options.get(name) or {})
+        _check_options(name, component.obj, opts)
+        check = component.traits.get("check_options")
+        if check is not None:
+            check(**opts)
+
+
 def check_allocation(mode: str, gamma: float) -> None:
     """Refuse an allocation mode no one knows, or a discount outside [0, 1] (``reward.allocation``, ``reward.gamma``)."""
     if mode not in ALLOCATION_MODES:

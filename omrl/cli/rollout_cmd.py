@@ -121,6 +121,7 @@ def check_before_loading(cfg) -> None:
         check_plugin_blocks(member.plugins)  # the run's block with the env's own merged in
         check_family_block(member.name, member.plugins, {m.name for m in members})
         rewards.check_weights(member.reward_weights)
+        rewards.check_options(member.reward_weights, member.plugins)
     rewards.check_allocation(cfg.reward.allocation, cfg.reward.gamma)
     check_agent(cfg)
     algorithm = getattr(cfg, "algorithm", None)

@@ -14,6 +14,7 @@ out of training and counted in the step's ``env_errors``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import re
@@ -22,7 +23,7 @@ from typing import Any, Sequence
 
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError, short_repr
-from omrl_plugins.rewards.judge_calls import ask_cached, forget, make_judge
+from omrl_plugins.rewards.judge_calls import ask_cached, check_judge, forget, make_judge
 from omrl_plugins.rewards.judge_verdicts import Scale, Unreadable, make_scale, read_group, read_one
 from omrl_plugins.rewards.outcome import GROUND_TRUTH_KEYS, final_answer
 
@@ -148,6 +149,19 @@ def judge_reward(
             ep.turns[-1].info["judge"] = {**record, "cached": reply.cached}
             scores[id(ep)] = score
     return [[0.0] * (len(ep.turns) - 1) + [scores.get(id(ep), 0.0)] if ep.turns else [] for ep in episodes]
+
+
+def check_judge_options(**options: Any) -> None:
+    """The ``judge`` reward's options checked without asking the judge (its ``check_options`` trait):
+    a bad scale, rubric or endpoint is refused before a run plays its first rollout."""
+    bound = inspect.signature(judge_reward).bind([], **options)  # names and types: omrl.rewards checked them
+    bound.apply_defaults()
+    given = bound.arguments
+    make_scale(given["scale"], given["low"], given["high"], given["points"])
+    _rubric(given["rubric"], given["rubric_file"], given["group"])
+    limits = ("trajectory", "max_chars", "temperature", "max_tokens", "timeout_s", "retries", "concurrency")
+    _check(*(given[name] for name in limits))
+    check_judge(given["backend"], given["base_url"], given["model"])
 
 
 def _fail(unit: Sequence[Episode], label: str, why: str, reply: str) -> None:

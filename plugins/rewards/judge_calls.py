@@ -60,12 +60,6 @@ class EndpointJudge:
         retries: int,
         concurrency: int,
     ):
-        if not base_url or not model:
-            raise ConfigError(
-                "reward 'judge' with backend=openai needs base_url and model, e.g. "
-                "plugins.judge.base_url=http://127.0.0.1:8000/v1 plugins.judge.model=Qwen/Qwen3-8B"
-            )
-        _check_base_url(base_url)
         import httpx  # only a judge at an endpoint needs it
 
         self.base_url, self.model = base_url.rstrip("/"), model
@@ -139,6 +133,28 @@ class EndpointJudge:
         return short_repr(answer.text.replace(self._key, "***") if self._key else answer.text)
 
 
+def check_judge(backend: str, base_url: str, model: str) -> None:
+    """ConfigError unless ``backend`` names a judge and the options it needs are set (nothing is asked)."""
+    if backend == "openai":
+        if not base_url or not model:
+            raise ConfigError(
+                "reward 'judge' with backend=openai needs base_url and model, e.g. "
+                "plugins.judge.base_url=http://127.0.0.1:8000/v1 plugins.judge.model=Qwen/Qwen3-8B"
+            )
+        _check_base_url(base_url)
+    elif backend in LOCAL_BACKENDS:
+        if not model:
+            raise ConfigError(
+                f"reward 'judge' with backend={backend} needs model: a built-in name, a directory or a hub id "
+                "(plugins.judge.model=smollm2-135m)"
+            )
+    else:
+        raise ConfigError(
+            f"reward 'judge' option backend={backend!r} is invalid; valid: openai (an endpoint at base_url), "
+            f"{', '.join(LOCAL_BACKENDS)} (a model omrl loads)"
+        )
+
+
 def _check_base_url(base_url: Any) -> None:
     """ConfigError unless ``base_url`` is an http(s) URL with a host (``127.0.0.1:8000/v1`` has no scheme: every
     call would fail as unreachable, and every episode end as env_error)."""
@@ -173,11 +189,6 @@ class LocalJudge:
     """A model omrl loads itself (``tiny``, a directory, a hub id), through one of its backends."""
 
     def __init__(self, backend: str, model: str, dtype: str, temperature: float, max_tokens: int, concurrency: int):
-        if not model:
-            raise ConfigError(
-                f"reward 'judge' with backend={backend} needs model: a built-in name, a directory or a hub id "
-                "(plugins.judge.model=smollm2-135m)"
-            )
         self.label = f"{model!r} ({backend} backend)"
         self.model, self.tokenizer = _local_model(backend, model, dtype, concurrency)
         self.temperature, self.max_tokens = temperature, max_tokens
@@ -241,14 +252,10 @@ def make_judge(
     retries: int,
     concurrency: int,
 ) -> EndpointJudge | LocalJudge:
+    check_judge(backend, base_url, model)
     if backend == "openai":
         return EndpointJudge(base_url, model, api_key_env, temperature, max_tokens, timeout_s, retries, concurrency)
-    if backend in LOCAL_BACKENDS:
-        return LocalJudge(backend, model, dtype, temperature, max_tokens, concurrency)
-    raise ConfigError(
-        f"reward 'judge' option backend={backend!r} is invalid; valid: openai (an endpoint at base_url), "
-        f"{', '.join(LOCAL_BACKENDS)} (a model omrl loads)"
-    )
+    return LocalJudge(backend, model, dtype, temperature, max_tokens, concurrency)
 
 
 # -- the cache: identical prompts to the same judge are asked once a run (a process) -----------------------

@@ -6,6 +6,7 @@ by ``omrl rm train``). The search scorer ``rm`` reads the same ``plugins.rm`` bl
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from omrl.data.trajectory import Episode
@@ -16,6 +17,13 @@ def load_reward_model(path: Any, text: Any, device: Any, what: str = "reward 'rm
     """The reward model at ``path``, loaded once per process, after checking the options a user wrote."""
     from omrl.rm.model import cached_reward_model  # torch and transformers: only when an rm is used
 
+    check_rm_options(path, text, device, what)
+    return cached_reward_model(path, device)
+
+
+def check_rm_options(path: Any = "", text: Any = False, device: Any = "cpu", what: str = "reward 'rm'") -> None:
+    """The options of the ``rm`` reward (its ``check_options`` trait) and scorer, checked without loading
+    the model: a path that holds no model is refused before a run plays its first rollout."""
     if not isinstance(path, str) or not path:
         raise ConfigError(
             f"{what} needs the option path (a reward model directory written by `omrl rm train`), "
@@ -28,7 +36,11 @@ def load_reward_model(path: Any, text: Any, device: Any, what: str = "reward 'rm
         )
     if not isinstance(device, str) or not device:
         raise ConfigError(f"{what} option device={device!r} is invalid; valid: a torch device such as cpu or cuda")
-    return cached_reward_model(path, device)
+    if not (Path(path).expanduser() / "config.json").is_file():
+        raise ConfigError(
+            f"{what} option path={path!r} holds no reward model: expected a directory written by "
+            "`omrl rm train` (with config.json)"
+        )
 
 
 def rm_reward(episodes: list[Episode], path: str = "", text: bool = False, device: str = "cpu") -> list[list[float]]:

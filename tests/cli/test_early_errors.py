@@ -57,6 +57,53 @@ def test_a_bad_reward_setting_is_refused_before_the_run_folder_is_made(
     assert not (tmp_path / "run").exists()
 
 
+REWARD_OPTIONS = {  # a weighted reward's options: what the run says before it plays anything
+    "judge scale=foo": "reward 'judge' option scale='foo' is invalid",
+    "judge base_url=127.0.0.1:8000/v1 model=m": "is not an http:// or https:// URL with a host",
+    "judge model=m": "reward 'judge' with backend=openai needs base_url and model",
+    "judge rubric_file=/no/such/rubric.txt": "reward 'judge' cannot read rubric_file='/no/such/rubric.txt'",
+    "rm path=/no/such/rm": "reward 'rm' option path='/no/such/rm' holds no reward model",
+    "rm": "reward 'rm' needs the option path",
+    "goal colour=red": "reward 'goal' does not accept options ['colour']",
+}
+
+
+@pytest.mark.parametrize("words", list(REWARD_OPTIONS))
+@pytest.mark.parametrize("command", ["train", "rollout"])
+def test_a_rewards_bad_option_is_refused_before_anything_is_played(command, words, omrl_main, no_model, tmp_path):
+    """Each was found only once the first rollout had been played, to be scored."""
+    name, *options = words.split()
+    out = ("--output-dir", str(tmp_path / "run")) if command == "train" else ("-o", str(tmp_path / "e.parquet"))
+    code, _, err = omrl_main(command, "--env", "gridworld", "--model", "tiny", *out,
+                             f"reward.weights.{name}=1", *(f"plugins.{name}.{o}" for o in options))  # fmt: skip
+    assert code == 2, err
+    assert REWARD_OPTIONS[words] in " ".join(err.split())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_reward_plugins_own_option_check_is_run_before_anything_is_played(omrl_main, register_plugin, tmp_path):
+    from omrl.errors import ConfigError
+    from omrl.hookspecs import hookimpl
+    from omrl.rewards import episode_reward
+
+    def check(mode="sum"):
+        if mode not in ("sum", "mean"):
+            raise ConfigError(f"reward 'tally' option mode={mode!r} is invalid; valid: sum, mean")
+
+    class Tally:
+        @hookimpl
+        def register_rewards(self, register):
+            register("tally", episode_reward(lambda ep, mode="sum": 0.0), check_options=check)
+
+    register_plugin(Tally(), name="test-tally")
+    code, _, err = omrl_main("rollout", "--env", "gridworld", "--expert", "-o", str(tmp_path / "e.parquet"),
+                             "reward.weights.tally=1", "plugins.tally.mode=max")  # fmt: skip
+    assert code == 2 and "reward 'tally' option mode='max' is invalid; valid: sum, mean" in err, err
+    code, _, err = omrl_main("rollout", "--env", "gridworld", "--expert", "--num-tasks", "1",
+                             "-o", str(tmp_path / "e.parquet"), "reward.weights.tally=1", "plugins.tally.mode=mean")  # fmt: skip
+    assert code == 0, err
+
+
 def test_a_familys_block_is_refused_where_only_a_member_of_the_family_plays(omrl_main, register_plugin, tmp_path):
     register_plugin(Registers({"fam": KeyEnv, "fam:one": KeyEnv}), name="test-family")
     out = ("--expert", "--num-tasks", "1", "-o", str(tmp_path / "e.parquet"))
