@@ -135,19 +135,21 @@ class CappedFile(io.RawIOBase):
         return True
 
     def write(self, data) -> int:
-        data = bytes(data)
-        kept = 0
-        if self.written < self.cap:
-            try:
-                kept = os.write(self.fd, data[: self.cap - self.written])
-            except OSError:
-                kept = 0
-            self.written += kept
-        self.dropped += len(data) - kept
-        if self.keep_end and kept < len(data):
-            self.end += data[kept:]
-            del self.end[: -self.cap]
-        return len(data)
+        # a view, not a copy: a cell that prints a string as large as its memory limit allows has no
+        # room left for a second copy of it
+        with memoryview(data) as view, view.cast("B") as data:
+            size, kept = len(data), 0
+            if self.written < self.cap:
+                try:
+                    kept = os.write(self.fd, data[: self.cap - self.written])
+                except OSError:
+                    kept = 0
+                self.written += kept
+            self.dropped += size - kept
+            if self.keep_end and kept < size:
+                self.end += data[max(kept, size - self.cap) :]  # only the end it keeps
+                del self.end[: -self.cap]
+        return size
 
 
 def _redirect_output(cap: int) -> list[tuple[io.TextIOWrapper, CappedFile]]:

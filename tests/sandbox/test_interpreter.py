@@ -99,6 +99,20 @@ def test_megabytes_of_output_are_cut_and_the_interpreter_and_its_variables_live_
     assert python.run("kept").stdout == "7\n"
 
 
+@pytest.mark.parametrize("code", ["print(s)", "_ = sys.stdout.write(s)", "print(s, file=sys.stderr)"])
+def test_a_string_of_tens_of_megabytes_is_printed_without_a_copy_that_runs_out_of_memory(code):
+    """The stream's file copied each write whole: one 40 MB print raised MemoryError inside the driver
+    (in the memory the python tool gives its interpreter: room for the string and its UTF-8, not a copy)."""
+    with Interpreter(memory_mb=512) as python:
+        python.run("import sys\ns = 'x' * 40_000_000")
+        result = python.run(code, max_output_chars=1000)
+        kept = python.run("len(s)").stdout
+    assert result.exit_code == 0 and "MemoryError" not in result.stderr, result.stderr[-300:]
+    shown = result.stdout + result.stderr
+    assert "xxxxxxxxxx" in shown and re.search(r"was 40,000,00[01] bytes; only its (first|last) 1,000", shown)
+    assert kept == "40000000\n"
+
+
 def test_output_of_emoji_on_both_streams_is_cut_never_taken_for_a_forged_reply(python):
     """JSON spends 12 bytes on an emoji (two escapes): the longest honest reply is 24 bytes a character."""
     code = "import sys\nprint('\U0001f600' * 50_000)\n_ = sys.stderr.write('\U0001f600' * 50_000)"
