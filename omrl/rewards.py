@@ -257,13 +257,14 @@ def compose_rewards(
     n = max(len(played), 1)
     means = {name: sum(sum(v) for v in values) / n for name, values in components.items()}
     means[TOTAL] = sum(sum(ep.rewards[TOTAL]) for ep in played) / n
+    scored = [ep for ep in played if ep.turns]  # one without a turn has no reward to be 0 (a game others ended)
     if (
-        len(played) >= ZERO_WARNING_MIN_EPISODES
+        len(scored) >= ZERO_WARNING_MIN_EPISODES
         and any(weights.values())
-        and all(v == 0.0 for ep in played for v in ep.rewards[TOTAL])
+        and all(v == 0.0 for ep in scored for v in ep.rewards[TOTAL])
     ):
         warnings.warn(
-            f"all rewards are 0 over {len(played)} episodes (components: {', '.join(weights)}): most often the "
+            f"all rewards are 0 over {len(scored)} episodes (components: {', '.join(weights)}): most often the "
             "model does not solve any task yet (an untrained model: fine-tune it first, e.g. with `omrl sft` on "
             "the env's expert episodes); if the env's expert scores 0 too (`omrl rollout --expert`), check the "
             "env's score (Episode.score / Episode.won) and the reward weights",

@@ -103,20 +103,35 @@ def env_errors_of_each_env(console, cfg, episodes, where: str) -> None:
         say_env_errors(console, mine, env)
     for env, mine in by_env.items():
         check_env_errors(mine, cfg.max_env_error_rate, f"{env!r} ({where})")
-    check_model_turns(cfg, episodes)
+    check_model_turns(console, cfg, episodes)
 
 
-def check_model_turns(cfg, episodes) -> None:
+def check_model_turns(console, cfg, episodes) -> None:
     """A command whose episodes (those the env did not fail) all ended before one model turn measured no
-    model: its 0% is no result, so it exits 2 naming the limit (after writing what it played)."""
+    model. Where their prompts left no room (end_reason max_context) its 0% is no result: it exits 2
+    naming the limit (after writing what it played). Games that another seat ended before the policy's
+    seat moved were played as asked: that is said, with no advice about the context."""
+    from rich.markup import escape
+
+    from omrl.rollout.spec import overlong
+    from omrl.training.rollout_health import ended_before_a_turn
+
     played = [ep for ep in episodes if ep.end_reason != "env_error"]
-    if played and not any(ep.turns for ep in played):
-        longest = max(ep.prompt_length for ep in played)
+    if not played or any(ep.turns for ep in played):
+        return
+    too_long = [ep for ep in played if overlong(ep)]
+    if too_long:
+        longest = max(ep.prompt_length for ep in too_long)
         raise ConfigError(
             f"no episode got a single model turn (they are written, as end_reason max_context): the opening prompt (up to {longest} tokens) leaves no "
             f"room within generation.max_context={cfg.generation.max_context}; raise it, or shorten the prompt "
             "(env.demonstration=false drops the worked example)"
         )
+    console.print(
+        f"[yellow]warning:[/] no episode got a model turn: {escape(ended_before_a_turn(played))}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def each_envs_extra(played, trees, searched: bool) -> dict[str, dict]:

@@ -27,6 +27,17 @@ def generated_tokens(episode: Episode) -> int:
     return sum(episode.loss_mask)
 
 
+#: what a seat's episode of a game of several seats adds to its record (:mod:`omrl.rollout.seats`)
+SEAT_FIELDS = ("seat", "players", "opponent", "outcome", "seat_reward", "seat_rewards", "game")
+
+
+def seat_record(episode: Episode) -> dict[str, Any]:
+    """The seat an episode of a game played, who played each seat, the game and its outcome; {} for an
+    episode of one agent. Without them a game's records cannot be told apart (one task, one sample)."""
+    info = episode.info
+    return {key: info[key] for key in SEAT_FIELDS if key in info} if info.get("seat") else {}
+
+
 def episode_record(episode: Episode) -> dict[str, Any]:
     """A readable summary of an episode: the chat, each turn's action and outcome, no token arrays."""
     return {
@@ -35,6 +46,7 @@ def episode_record(episode: Episode) -> dict[str, Any]:
         "task_id": episode.task_id,
         "group": episode.group,
         "sample": episode.sample,
+        **seat_record(episode),
         "won": episode.won,
         "score": episode.score,
         "end_reason": episode.end_reason,

@@ -1,5 +1,6 @@
 """DAPO's dynamic sampling (``algorithm.dynamic_sampling``): a step trains only groups whose samples
-got different rewards, drawing more tasks until it has ``tasks_per_step`` of them.
+got different rewards, drawing more tasks until it has as many as a step plays (``tasks_per_step``
+groups; in a game of several seats, one per task and seat the policy plays).
 
 Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale" (arXiv:2503.14476),
 section 3.2. A group whose samples all scored the same has advantage 0 under every group estimator:
@@ -14,14 +15,25 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from omrl.data import Episode
+from omrl.rollout.seating import Player
 from omrl.rollout.spec import Played, measured
 from omrl.training.rl_data import trainable
 
 #: draw ``d`` of a step plays with seed ``step_seed + d * DRAW_SEED_STRIDE``
 DRAW_SEED_STRIDE = 1_000_000_007
+
+
+def groups_per_task(session: Any) -> int:
+    """How many groups the rollout of one task makes in ``session`` (a :class:`~omrl.rollout.RolloutSession`):
+    one, or in a game of several seats one per seat the policy plays (:mod:`omrl.rollout.seats`); the
+    seats of other players make none."""
+    seating = session.envs[0].seating if len(session.envs) == 1 else None
+    if not seating:
+        return 1
+    return sum(isinstance(source, Player) and source.kind == "policy" for source in seating.values())
 
 
 def varied_groups(episodes: Sequence[Episode]) -> tuple[list[list[Episode]], int]:
@@ -45,8 +57,9 @@ def fill(
     varied groups are in hand on every process (``short_anywhere(missing)`` asks them all) or
     ``max_draws`` extra draws were made. Returns (the first ``wanted`` varied groups' episodes,
     renumbered so that groups of different draws never share a number; every episode played;
-    metrics: ``sampling_draws`` (extra rollouts made), ``groups_dropped`` (groups whose samples
-    all scored the same), ``groups_short`` (varied groups missing when the draws ran out))."""
+    metrics: ``sampling_draws`` (extra rollouts made), ``groups_dropped`` (groups played and not
+    trained: those whose samples all scored the same, and varied ones beyond ``wanted`` that the last
+    draw brought), ``groups_short`` (varied groups missing when the draws ran out))."""
     kept: list[list[Episode]] = []
     played: list[Episode] = []
     dropped = draws = 0
@@ -59,6 +72,7 @@ def fill(
         if not short_anywhere(max(wanted - len(kept), 0)) or draws >= max_draws:
             break
         draws += 1
+    dropped += max(len(kept) - wanted, 0)
     kept = kept[:wanted]
     renumbered = [dataclasses.replace(ep, group=number) for number, members in enumerate(kept) for ep in members]
     metrics = {"sampling_draws": float(draws), "groups_dropped": float(dropped)}

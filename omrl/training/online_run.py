@@ -15,6 +15,7 @@ from omrl.data import Batch, Episode, write_episodes
 from omrl.errors import ConfigError, FailedStep, OmrlError
 from omrl.parallel import Strategy
 from omrl.rollout import Played
+from omrl.rollout.spec import overlong
 from omrl.supervisor import at_step, stage
 from omrl.training import checkpoint as ckpt
 from omrl.training import dynamic_sampling, rollout_health
@@ -153,7 +154,8 @@ class OnlineRun:
         if not cfg.algorithm.dynamic_sampling:
             episodes = draw()
             return episodes, step_metrics(draws[0], time.perf_counter() - started, self.session, strategy)
-        wanted = cfg.tasks_per_step // strategy.world_size  # this process's share of the groups
+        # this process's share of the groups a step plays: in a game of several seats, one per seat of a task
+        wanted = cfg.tasks_per_step // strategy.world_size * dynamic_sampling.groups_per_task(self.session)
         episodes, played, extra = dynamic_sampling.fill(
             draw, wanted, cfg.algorithm.dynamic_sampling_max_draws, lambda missing: strategy.sum([missing])[0] > 0
         )
@@ -162,8 +164,8 @@ class OnlineRun:
         if extra["groups_short"]:
             self.warn(
                 f"step {step + 1}: dynamic sampling found {int(extra['groups_short'])} fewer groups with "
-                f"varied rewards than tasks_per_step={cfg.tasks_per_step} in "
-                f"{int(extra['sampling_draws'])} extra draws; training on those it has"
+                f"varied rewards than the {wanted * strategy.world_size} a step plays (tasks_per_step="
+                f"{cfg.tasks_per_step}) in {int(extra['sampling_draws'])} extra draws; training on those it has"
             )
         every_draw = dynamic_sampling.merged_draws(draws)  # the rewards of every draw, not the last
         metrics = step_metrics(every_draw, time.perf_counter() - started, self.session, self.strategy)
@@ -215,17 +217,13 @@ class OnlineRun:
         """Count a play in the run's health, saying so when every episode failed in the env or none got
         a model turn (the step cannot train). False when every episode failed in the env."""
         failed = [ep for ep in episodes if ep.end_reason == "env_error"]
-        played, lost, with_turn = (
-            int(n) for n in self.strategy.sum([len(episodes), len(failed), sum(bool(ep.turns) for ep in episodes)])
-        )
+        counts = [len(episodes), len(failed), sum(bool(ep.turns) for ep in episodes), sum(map(overlong, episodes))]
+        played, lost, with_turn, too_long = (int(n) for n in self.strategy.sum(counts))
         prompt = max((ep.prompt_length for ep in episodes), default=0)  # this process's
         reason = next((ep.error for ep in failed if ep.error), "")
-        self.health.add(played, lost, with_turn, int(prompt), reason)
-        if played and not with_turn and lost < played:
-            self.warn(
-                f"step {step + 1}: no episode got a model turn (an opening prompt of up to "
-                f"{int(prompt)} tokens, generation.max_context={self.cfg.generation.max_context})"
-            )
+        self.health.add(played, lost, with_turn, int(prompt), reason, too_long)
+        if played and not with_turn and lost < played:  # for want of context, or games the others ended
+            self.warn(rollout_health.no_turn_warning(step + 1, episodes, too_long, self.cfg.generation.max_context))
         if self.health.failed_step:
             self.warn(
                 f"step {step + 1}: every episode failed in the env {self.cfg.env.name!r} "

@@ -3,15 +3,19 @@
 A step whose every episode failed in the env measured nothing: it is played again, and when its
 replays fail too the run stops without counting it. At the end of a run the counts decide whether
 it was a result at all: a run whose episodes all failed in the env, or failed more often than
-``max_env_error_rate`` allows, or never got a model turn, exits non-zero.
+``max_env_error_rate`` allows, or never got a model turn, exits non-zero. A run without a model turn
+is blamed on ``generation.max_context`` only where episodes ended for want of it: in a game of several
+seats, the others can end every game before the policy's seat moves.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
-from omrl.errors import ConfigError, EnvFailure
+from omrl.data import Episode
+from omrl.errors import ConfigError, EnvFailure, OmrlError
+from omrl.rollout.spec import overlong
 
 #: a step whose every episode failed in the env is played again this many times before the run stops
 ENV_FAILURE_REPLAYS = 2
@@ -25,17 +29,18 @@ class RolloutHealth:
     episodes_played: int = 0
     env_failures: int = 0  # episodes that ended env_error: never trained on
     episodes_with_a_turn: int = 0
+    overlong: int = 0  # episodes whose opening prompt left no room for a model turn (end_reason max_context)
     longest_prompt: int = 0  # tokens of the longest opening prompt this process played
     first_env_error: str = ""
     failed_step: str = ""  # why this step's every episode failed in the env ("" when some did not)
     failed_tries: int = 0  # rollouts of this step in a row in which every episode failed in the env
 
-    def counts(self) -> tuple[int, int, int]:
+    def counts(self) -> tuple[int, int, int, int]:
         """The run's counts, to put back when a play is played again (a replay's failures do not count)."""
-        return self.episodes_played, self.env_failures, self.episodes_with_a_turn
+        return self.episodes_played, self.env_failures, self.episodes_with_a_turn, self.overlong
 
-    def restore(self, counts: tuple[int, int, int]) -> None:
-        self.episodes_played, self.env_failures, self.episodes_with_a_turn = counts
+    def restore(self, counts: tuple[int, int, int, int]) -> None:
+        self.episodes_played, self.env_failures, self.episodes_with_a_turn, self.overlong = counts
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps: the run's counts, so a resumed run is judged on all its episodes."""
@@ -43,22 +48,24 @@ class RolloutHealth:
             "health_episodes": self.episodes_played,
             "health_env_failures": self.env_failures,
             "health_with_a_turn": self.episodes_with_a_turn,
+            "health_overlong": self.overlong,
             "health_first_env_error": self.first_env_error,
         }
 
     def load_state_dict(self, extra: dict[str, Any]) -> None:
         """From a checkpoint's extra state (one written before these were kept: counts from 0, as then)."""
-        self.restore(
-            tuple(int(extra.get(key, 0)) for key in ("health_episodes", "health_env_failures", "health_with_a_turn"))
-        )
+        keys = ("health_episodes", "health_env_failures", "health_with_a_turn", "health_overlong")
+        self.restore(tuple(int(extra.get(key, 0)) for key in keys))
         self.first_env_error = str(extra.get("health_first_env_error", ""))
 
-    def add(self, played: int, lost: int, with_turn: int, prompt: int, first_error: str) -> None:
+    def add(self, played: int, lost: int, with_turn: int, prompt: int, first_error: str, too_long: int = 0) -> None:
         """Count one play of a step: ``played`` episodes, ``lost`` of them failed in the env (the first
-        reason ``first_error``), ``with_turn`` got a model turn; ``prompt``: its longest opening prompt."""
+        reason ``first_error``), ``with_turn`` got a model turn, ``too_long`` had none for want of
+        context (:func:`~omrl.rollout.spec.overlong`); ``prompt``: its longest opening prompt."""
         self.episodes_played += played
         self.env_failures += lost
         self.episodes_with_a_turn += with_turn
+        self.overlong += too_long
         self.longest_prompt = max(self.longest_prompt, prompt)
         if lost and not self.first_env_error:
             self.first_env_error = first_error or "no reason given"
@@ -90,9 +97,50 @@ class RolloutHealth:
                 f"more than max_env_error_rate={max_env_error_rate:g} allows; they were not trained on, and the "
                 f"model in {output_dir} learned from the rest; the first reason: {first}"
             )
-        if played and not self.episodes_with_a_turn:
+        if played and not self.episodes_with_a_turn and self.overlong:
             raise ConfigError(
                 f"no episode of this run got a single model turn: the opening prompt (up to "
                 f"{self.longest_prompt} tokens) leaves no room within generation.max_context={max_context}; "
                 "raise it, or shorten the prompt (env.demonstration=false drops the worked example)"
             )
+        if played and not self.episodes_with_a_turn:
+            raise OmrlError(
+                f"no episode of this run got a single model turn, so nothing was learned: every one of its "
+                f"{played - lost} played episodes ended before the policy's first turn, none for want of context "
+                "(the steps' warnings say how: in a game of several seats, another seat ended it first); "
+                "seat the policy where it gets to move, or other players (seats.play.<seat>=...)"
+            )
+
+
+def ended_before_a_turn(episodes: Sequence[Episode]) -> str:
+    """What a message says of ``episodes``, none of which got a model turn and none for want of
+    context: how they ended and, in a game of several seats, which seat the policy held against whom.
+
+    >>> ep = Episode("duel", 0, "train", "", end_reason="done", info={"seat": "player_0", "opponent": "model:m"})
+    >>> ended_before_a_turn([ep, ep])
+    "all 2 episodes ended (end_reason done) before the policy's seat (player_0 against model:m) moved: another seat ended each game first (a forfeit, a fold), so they measure nothing of the model"
+    """
+    ends = ", ".join(sorted({ep.end_reason or "none" for ep in episodes}))
+    which = "the one episode" if len(episodes) == 1 else f"all {len(episodes)} episodes"
+    seats = sorted(
+        {f"{ep.info['seat']} against {ep.info.get('opponent') or '?'}" for ep in episodes if ep.info.get("seat")}
+    )
+    if not seats:
+        return f"{which} ended (end_reason {ends}) before the policy's first turn"
+    return (
+        f"{which} ended (end_reason {ends}) before the policy's seat ({'; '.join(seats)}) moved: "
+        "another seat ended each game first (a forfeit, a fold), so they measure nothing of the model"
+    )
+
+
+def no_turn_warning(step: int, episodes: Sequence[Episode], too_long: int, max_context: int) -> str:
+    """What step ``step`` (1-based), none of whose ``episodes`` (this process's) got a model turn, says:
+    ``too_long`` of them (over every process) for want of context, or else how they ended."""
+    played = [ep for ep in episodes if ep.end_reason != "env_error"]
+    if too_long:
+        prompt = max((ep.prompt_length for ep in played if overlong(ep)), default=0)
+        return (
+            f"step {step}: no episode got a model turn (an opening prompt of up to {prompt} tokens, "
+            f"generation.max_context={max_context})"
+        )
+    return f"step {step}: no episode got a model turn: {ended_before_a_turn(played)}; nothing to train on"

@@ -303,6 +303,8 @@ def test_compose_warns_when_a_whole_batch_scores_zero():
         for ep in failed:  # the env failed: no reward measured anything, so this is no zero-reward batch
             ep.end_reason = "env_error"
         compose_rewards(failed, {"goal": 1.0})
+        turnless = [episode(task_id=i, won=True) for i in range(8)]  # games another seat ended before a move
+        compose_rewards(losers[:7] + turnless, {"goal": 1.0})  # they scored nothing: 7 scored, too few to tell
 
 
 # --- allocation to tokens -----------------------------------------------------------------------

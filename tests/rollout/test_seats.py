@@ -4,6 +4,8 @@ and every kind of player (policy, scripted, a fixed model, past checkpoints) can
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("textarena")
@@ -17,6 +19,7 @@ from omrl.envs import Env, StepResult, check_seats, seat_step_problem  # noqa: E
 from omrl.errors import ConfigError, OmrlError  # noqa: E402
 from omrl.models import load_model  # noqa: E402
 from omrl.rollout import EnvPool, RolloutLimits  # noqa: E402
+from omrl.rollout.convert import write_trajectories  # noqa: E402
 from omrl.rollout.outcomes import seat_metrics, seat_outcomes  # noqa: E402
 from omrl.rollout.seating import POLICY, SCRIPTED, PastCheckpoints, Player, check_seating  # noqa: E402
 from omrl.rollout.seats import play_seats  # noqa: E402
@@ -189,6 +192,16 @@ def test_against_the_scripted_player_only_the_policy_seat_is_played_out(policy, 
     back = read_episodes(write_episodes(episodes, tmp_path / "seats.parquet"))
     assert [ep.info for ep in back] == [ep.info for ep in episodes]
     assert seat_metrics(back) == seat_metrics(episodes)
+    # so does the readable JSONL beside it: which seat, who played each, which game and how it ended
+    _, readable = write_trajectories(episodes, tmp_path / "written.parquet", tokenizer)
+    records = [json.loads(line) for line in readable.read_text().splitlines()]
+    assert [(r["seat"], r["opponent"], r["outcome"], r["game"]) for r in records] == [
+        ("player_1", "scripted", "loss", ep.info["game"]) for ep in episodes
+    ]
+    assert all(r["players"] == {"player_0": "scripted", "player_1": "policy"} for r in records)
+    assert all(
+        r["seat_reward"] == -1.0 and r["seat_rewards"] == ep.info["seat_rewards"] for r, ep in zip(records, episodes)
+    )
 
 
 def test_a_fixed_model_plays_a_seat_and_is_never_trained(policy, react, tiny_model_dir):

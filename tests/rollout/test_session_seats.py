@@ -11,12 +11,13 @@ from rich.console import Console
 
 from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig, TrainRunConfig
+from omrl.data.trajectory import read_episodes
 from omrl.errors import ConfigError
 from omrl.rollout import PlaySpec, RolloutSession
 from omrl.search import play_strategy
 from omrl.training.config_checks import check_config
 from omrl.training.metrics import read_metrics
-from tests.helpers import invoke
+from tests.helpers import cli_exit, invoke
 
 pytest.importorskip("textarena")
 
@@ -147,3 +148,36 @@ def test_a_seat_played_by_an_openai_compatible_endpoint(tiny_hf):
     # try and the policy's seat wins without a move (an episode with nothing to train, counted as a win)
     assert len(calls) == len(endpoint_moves) == 2 * len(episodes)
     assert all(ep.info["outcome"] == "win" and not ep.turns for ep in episodes)
+
+
+POKER = ["--env", "textarena-duel:KuhnPoker-v0", "--model", "tiny", "generation.max_new_tokens=8"]
+
+
+@pytest.mark.parametrize("command", ["rollout", "eval"])
+def test_games_another_seat_ends_before_the_policy_moves_are_said_so_not_blamed_on_the_context(
+    command, tmp_path, capsys
+):
+    """Kuhn Poker: the tiny model at player_1 forfeits each game before the policy's seat gets a turn.
+    Both commands exited 2 blaming generation.max_context ("an opening prompt of up to 0 tokens")."""
+    where = ["-o", str(tmp_path / "poker.parquet")] if command == "rollout" else ["--output-dir", str(tmp_path)]
+    status, out, err = cli_exit(capsys, command, *POKER, "--num-tasks", "1", *where, "seats.play.player_1=model:tiny")
+    said = " ".join((out + err).split())
+    assert status == 0, said
+    assert "no episode got a model turn: the one episode ended (end_reason done) before the policy's seat " in said
+    assert "(player_0 against model:tiny) moved" in said and "max_context" not in said
+    episodes = read_episodes(tmp_path / ("poker.parquet" if command == "rollout" else "episodes.parquet"))
+    assert [(ep.info["seat"], ep.end_reason, len(ep.turns)) for ep in episodes] == [("player_0", "done", 0)]
+
+
+def test_a_train_run_whose_policy_never_moves_fails_naming_why_not_the_context(tmp_path, capsys):
+    """A past checkpoint at player_1 forfeits every game first: the run can learn nothing, so it exits 2,
+    but it said the opening prompt left no room within generation.max_context (and so did each step)."""
+    run = ["steps=1", "tasks_per_step=2", "group_size=2", "eval_tasks=0", f"logging.output_dir={tmp_path}"]
+    status, out, err = cli_exit(capsys, "train", "--algo", "grpo", *POKER, "seats.play.player_1=past", *run)
+    said = " ".join((out + err).split())
+    assert status == 2, said
+    assert (
+        "step 1: no episode got a model turn: all 4 episodes ended (end_reason done) before the policy's seat" in said
+    )
+    assert "no episode of this run got a single model turn, so nothing was learned" in said
+    assert "max_context" not in said

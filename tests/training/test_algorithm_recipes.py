@@ -5,6 +5,7 @@ constant loss normaliser; each resumes exactly where it has state."""
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 from rich.console import Console
 
 from omrl.config.options import TrainRunConfig
-from omrl.data.trajectory import read_episodes
+from omrl.data.trajectory import Episode, read_episodes
 from omrl.errors import ConfigError, UnknownNameError
 from omrl.hookspecs import hookimpl
 from omrl.models.loading import load_model
@@ -182,6 +183,44 @@ def test_dynamic_sampling_stops_drawing_at_its_bound_and_says_so(config):
     record = read_metrics(cfg.logging.output_dir)[0]
     assert record["sampling_draws"] == 2 and record["groups_dropped"] == 6 and record["groups_short"] == 2
     assert summary["skipped_updates"] == 1  # nothing left to train on
+
+
+def test_dynamic_sampling_keeps_a_group_for_every_seat_the_policy_plays(config, tmp_path):
+    """Self-play makes a group per task and seat: the step kept only tasks_per_step of them, and counted
+    none of the varied groups it threw away as dropped."""
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(
+        "".join(json.dumps({"question": f"What is {n} + 1?", "answer": n + 1}) + "\n" for n in range(4))
+    )
+    seats = ("env.name=solve-verify", f"plugins.solve-verify.path={questions}", "group_size=2")
+    cfg = config(*seats, "reward.weights={sample_index: 1.0}", "algorithm.dynamic_sampling=true", "steps=1")
+    run_rl(cfg, console=QUIET)
+    record = read_metrics(cfg.logging.output_dir)[0]
+    episodes = rollout(cfg, 1)
+    played = {(ep.task_id, ep.info["seat"]) for ep in episodes}
+    tasks = {task for task, _ in played}
+    assert len(tasks) == 2 and played == {(task, seat) for task in tasks for seat in ("solver", "verifier")}
+    assert len({ep.group for ep in episodes}) == 4 and len(episodes) == 8
+    assert record["sampling_draws"] == 0 and record["groups_dropped"] == 0 and record["groups_short"] == 0
+
+
+def test_dynamic_sampling_counts_the_varied_groups_it_draws_beyond_the_step_as_dropped():
+    from omrl.data.trajectory import Turn
+    from omrl.training import dynamic_sampling
+
+    def group(number: int, rewards: tuple[float, float]) -> list[Episode]:
+        """Two samples of task ``number``, one model turn each, their total rewards ``rewards``."""
+        turn = Turn(observation="o", response="r", action="r", format_ok=True, reward=0.0, done=True)
+        return [
+            Episode("env", number, "train", "", turns=[turn], loss_mask=[1], rewards={"total": [reward]}, group=number)
+            for reward in rewards
+        ]
+
+    draws = [group(0, (0.0, 1.0)) + group(1, (1.0, 1.0)), group(0, (0.0, 1.0)) + group(1, (1.0, 0.0))]
+    kept, played, metrics = dynamic_sampling.fill(lambda n: draws[n], 2, 4, lambda missing: missing > 0)
+    assert len(played) == 8 and [ep.group for ep in kept] == [0, 0, 1, 1]
+    # the second draw's second varied group was played and not trained, as the first draw's uniform one
+    assert metrics == {"sampling_draws": 1.0, "groups_dropped": 2.0, "groups_short": 0.0}
 
 
 def test_dynamic_sampling_refuses_groups_of_one_and_advantages_not_from_the_env_reward_alone(config):
