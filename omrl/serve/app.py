@@ -1,8 +1,10 @@
 """Serve any registered env over HTTP the AgentGym way (``omrl env serve``).
 
 AgentGym's own clients (the ``agentenv`` package's TextCraft, BabyAI, SciWorld, ALFWorld,
-LMRL-Gym, WebShop and SQLGym clients) can play it, and so can omrl's own ``agentgym`` env
-(``plugins.agentgym.env_name=<the env's name>``). Two dialects, as AgentGym's servers speak them:
+WebShop and SQLGym clients, and LMRL-Gym's maze client with its base URL at this server's root,
+not ``/maze``) can play it, and so can omrl's own ``agentgym`` env (``plugins.agentgym.env_name=<the
+env's name>``). LMRL-Gym's wordle client cannot: it asks ``GET /filtered_vocab`` (a word list no
+omrl env has) and asserts 200. Two dialects, as AgentGym's servers speak them:
 
 - the ``id`` dialect at the root: an env id travels as ``"id"`` in bodies and ``?id=`` in queries;
 - the ``env_idx`` dialect (WebShop, SQLGym) under ``/env_idx`` (a client's base URL

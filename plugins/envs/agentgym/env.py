@@ -12,8 +12,9 @@ Options (config block ``plugins.agentgym``):
   data_idx, game, seed, item_id, session_id...) and ``reset_fields`` (extra reset fields, e.g.
   ALFWorld's ``world_type``) override what ``env_name`` implies.
 - ``splits``: AgentGym servers do not list their tasks, so most known envs have default splits
-  (below); ``{test: 100, train: 444}`` lays counts out from id 0 in that order, and
-  ``{test: [0, 100], train: [100, 544, 2]}`` gives explicit ranges (start, stop[, step]).
+  (below; an omrl server lists its own, which win); ``{test: 100, train: 444}`` lays counts out
+  from id 0 in that order, and ``{test: [0, 100], train: [100, 544, 2]}`` gives explicit ranges
+  (start, stop[, step]); set, they win over both.
 - ``timeout`` (seconds per HTTP call), ``retries`` and ``backoff``: a call is retried after
   ``backoff * 2**k`` seconds when it could not reach the server, and creates, resets, closes and
   reads also after an HTTP 5xx or a timeout. A step is never sent twice once it may have reached
@@ -60,7 +61,10 @@ a new env id.
 
 An ``omrl env serve`` server of an env named like a known one (``omrl env serve webshop``, played
 with ``env_name=webshop``) is sent that known server's requests, which it takes, and its answers
-are read the omrl way once its ``/create`` answer names its instance.
+are read the omrl way once its ``/create`` answer names its instance. Its splits (unless
+``splits`` is set), turn cap, action help and example are its own, from ``GET /tasks``, asked at
+their first use (AgentGym's servers answer 404 there: the table above);
+:mod:`omrl_plugins.envs.agentgym.tasks`.
 
 Replay forks (tree search): an ``omrl env serve`` server says in its ``/create`` answer whether
 its env is ``deterministic``; the client sets its own ``deterministic`` to that at each create,
@@ -148,8 +152,8 @@ class AgentGymEnv(Env):
             task_field=task_field or spec.task_field,
             reset_fields={**spec.reset_fields, **(reset_fields or {})},
         )
-        chosen = splits if splits is not None else spec.splits
-        listed = parse_splits(chosen) if chosen is not None else None  # None: the server lists them
+        listed = parse_splits(splits) if splits is not None else None  # None: the server's or the table's
+        table = parse_splits(spec.splits) if spec.splits is not None else None
         self._server = HttpTransport(base_url, float(timeout), retries, float(backoff), request_headers(token, headers))
         if reuse_ids is not None and not isinstance(reuse_ids, bool):
             raise ConfigError(f"plugins.agentgym.reuse_ids must be true or false, got {reuse_ids!r}")
@@ -159,7 +163,7 @@ class AgentGymEnv(Env):
                 f"plugins.agentgym.accept_shared_server_risk must be true or false, got {accept_shared_server_risk!r}"
             )
         self._held = HeldEnv(self._server, self._spec, env_name, accept_shared_server_risk)
-        self._tasks = ServerTasks(self._server, self._held, env_name, listed)
+        self._tasks = ServerTasks(self._server, self._held, env_name, listed, table, known=not self._self_describing)
         self._deterministic: bool | None = None  # what the last /create answer said
         self._lock = threading.Lock()  # calls on one env id are serialized
         self._score = 0.0
@@ -186,22 +190,18 @@ class AgentGymEnv(Env):
 
     @property
     def action_help(self) -> str:  # type: ignore[override]
-        if self._self_describing:
-            return str(self._tasks.described().get("action_help") or self._spec.action_help)
-        return self._spec.action_help
+        """An omrl server's own (GET /tasks, whatever its env's name); else the known server's."""
+        return str(self._tasks.described().get("action_help") or self._spec.action_help)
 
     @property
     def demonstration(self) -> tuple[DemoTurn, ...]:  # type: ignore[override]
         """An omrl server's worked example (GET /tasks); AgentGym's own servers have none."""
-        if self._self_describing:
-            return tuple(DemoTurn(*turn) for turn in self._tasks.described().get("demonstration") or ())
-        return ()
+        return tuple(DemoTurn(*turn) for turn in self._tasks.described().get("demonstration") or ())
 
     @property
     def max_turns(self) -> int:  # type: ignore[override]
-        if self._self_describing:
-            return int(self._tasks.described().get("max_turns") or self._spec.max_turns)
-        return self._spec.max_turns
+        """An omrl server's own turn cap (GET /tasks, whatever its env's name); else the known server's."""
+        return int(self._tasks.described().get("max_turns") or self._spec.max_turns)
 
     def task_ids(self, split: str) -> Sequence[int]:
         return self._tasks.task_ids(split)
@@ -269,6 +269,7 @@ class AgentGymEnv(Env):
         if instance is not None and not self._self_describing and not self._omrl_answers:
             self._spec, self._omrl_answers = as_omrl_server(self._spec), True  # e.g. `omrl env serve webshop`
             self._has_expert = True
+            self._tasks.omrl_server_seen()
         return env_id, instance
 
     def _parse_reset(self, answer: Any) -> tuple[str, str, dict[str, Any]]:

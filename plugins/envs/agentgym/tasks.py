@@ -1,5 +1,13 @@
-"""The tasks of an ``agentgym`` server: its splits' task ids, from the options or listed by an omrl
-server's ``GET /tasks``, and the self-description (action help, turn cap, example) that answer carries."""
+"""The tasks of an ``agentgym`` server: its splits' task ids, from the options, listed by an omrl
+server's ``GET /tasks`` or from a known AgentGym server's table, and the self-description (action
+help, turn cap, example) that an omrl server's answer carries.
+
+A known name may be served by omrl (``omrl env serve textcraft``): its server is asked ``GET /tasks``
+at the first need of splits, turn cap or action help, and when it describes itself its splits win
+over the table (the splits option wins over both). AgentGym's own servers lack the route (404/405):
+the table then. One that cannot be reached: the table too, until a ``/create`` answer names an omrl
+instance, which asks again.
+"""
 
 from __future__ import annotations
 
@@ -16,48 +24,86 @@ from omrl_plugins.envs.agentgym.transport import HttpTransport, ServerFailure, S
 class ServerTasks:
     """The splits of one client's server, and an omrl server's self-description, each read once at first use."""
 
-    def __init__(self, server: HttpTransport, held: HeldEnv, env_name: str, splits: dict[str, range] | None):
+    def __init__(
+        self,
+        server: HttpTransport,
+        held: HeldEnv,
+        env_name: str,
+        splits: dict[str, range] | None,
+        table: dict[str, range] | None = None,
+        known: bool = False,
+    ):
         self._server, self._held, self.env_name = server, held, env_name
-        self._splits: dict[str, Sequence[int]] | None = splits  # None: listed by the server
+        self._splits: dict[str, Sequence[int]] | None = splits  # the option's, or those the server listed
+        self._table = table  # a known AgentGym server's splits: for a server that does not list its own
+        self._known = known  # a known AgentGym name, whose server may lack GET /tasks
         self._description: dict[str, Any] | None = None
+        self._asked = False  # GET /tasks answered (a known server's refusal or silence included)
+        self._no_listing = ""  # why the server lists no tasks
 
     def described(self) -> dict[str, Any]:
-        """An omrl server's self-description (GET /tasks): splits, action help, turn cap."""
+        """An omrl server's self-description (GET /tasks): splits, action help, turn cap; {} from a known
+        AgentGym server that has none."""
+        if not self._asked:
+            self._description = self._ask()
+            self._asked = True
+        return self._description or {}
+
+    def omrl_server_seen(self) -> None:
+        """A /create answer named an omrl instance: a server that was not reached before is asked again."""
         if self._description is None:
-            try:
-                answer = self._server.call("GET", self._held.route("/tasks"))
-            except ServerRefused as exc:
-                if exc.status not in (404, 405):  # a token, a busy server: not a missing route
-                    raise
-                raise ConfigError(
-                    f"the server at {self._server.base_url} does not list its tasks ({exc}) and env_name "
-                    f"{self.env_name!r} has no default splits; set plugins.agentgym.splits, e.g. "
-                    "{test: [0, 100]}"
-                ) from exc
-            if not isinstance(answer, dict) or not isinstance(answer.get("splits"), dict):
-                raise ServerFailure(
-                    self._server.message("GET /tasks", f"expected {{'splits': ...}}, got {snippet(json.dumps(answer))}")
-                )
-            wrong = _wrong_description(answer)
-            if wrong:
-                raise ServerFailure(self._server.message("GET /tasks", wrong))
-            self._description = answer
-        return self._description
+            self._asked = False
+
+    def _ask(self) -> dict[str, Any] | None:
+        """GET /tasks: the server's self-description, or None from a known name's server without one."""
+        try:
+            answer = self._server.call("GET", self._held.route("/tasks"), json_answer=not self._known)
+        except ServerRefused as exc:
+            if exc.status not in (404, 405):  # a token, a busy server: not a missing route
+                raise
+            self._no_listing = str(exc)
+            if self._known:
+                return None  # an AgentGym server: the table's splits
+            raise self._no_splits() from exc
+        except ServerFailure:
+            if self._table is None:
+                raise
+            return None  # not reached (e.g. `omrl env list`): the table, until a create names an omrl instance
+        if not isinstance(answer, dict) or not isinstance(answer.get("splits"), dict):
+            if self._known:
+                return None  # a foreign server's own route of that name
+            raise ServerFailure(
+                self._server.message("GET /tasks", f"expected {{'splits': ...}}, got {snippet(json.dumps(answer))}")
+            )
+        wrong = _wrong_description(answer)
+        if wrong:
+            raise ServerFailure(self._server.message("GET /tasks", wrong))
+        return answer
+
+    def _no_splits(self) -> ConfigError:
+        return ConfigError(
+            f"the server at {self._server.base_url} does not list its tasks ({self._no_listing}) and env_name "
+            f"{self.env_name!r} has no default splits; set plugins.agentgym.splits, e.g. {{test: [0, 100]}}"
+        )
 
     def split_ids(self) -> dict[str, Sequence[int]]:
         """Each split's task ids."""
-        if self._splits is None:
-            splits = {}
-            for name in self.described()["splits"]:
-                answer = self._server.call("GET", self._held.route("/tasks"), params={"split": name})
-                ids = task_ids_of(answer)
-                if ids is None:
-                    problem = "expected {'range': [start, stop, step]} or {'task_ids': [...]}, got "
-                    raise ServerFailure(
-                        self._server.message(f"GET /tasks?split={name}", problem + snippet(str(answer)))
-                    )
-                splits[name] = ids
-            self._splits = splits
+        if self._splits is not None:
+            return self._splits
+        names = self.described().get("splits")
+        if names is None:
+            if self._table is None:
+                raise self._no_splits()
+            return self._table  # not kept: a server not reached yet may still list its own
+        splits = {}
+        for name in names:
+            answer = self._server.call("GET", self._held.route("/tasks"), params={"split": name})
+            ids = task_ids_of(answer)
+            if ids is None:
+                problem = "expected {'range': [start, stop, step]} or {'task_ids': [...]}, got "
+                raise ServerFailure(self._server.message(f"GET /tasks?split={name}", problem + snippet(str(answer))))
+            splits[name] = ids
+        self._splits = splits
         return self._splits
 
     def task_ids(self, split: str) -> Sequence[int]:
@@ -68,7 +114,11 @@ class ServerTasks:
         return splits[split]
 
     def check_task(self, task_id: int) -> None:
-        """Raise UnknownTaskError, naming every split's ids, unless some split holds ``task_id``."""
+        """Raise UnknownTaskError, naming every split's ids, unless some split holds ``task_id``. Before
+        the server was asked, a known server's table holding the id will do (the server refuses a task
+        it lacks): a reset sends AgentGym's servers no GET /tasks."""
+        if not self._asked and self._splits is None and any(task_id in ids for ids in (self._table or {}).values()):
+            return
         splits = self.split_ids()
         if not any(task_id in ids for ids in splits.values()):
             ranges = ", ".join(f"{n} {describe_ids(ids)}" for n, ids in splits.items())
