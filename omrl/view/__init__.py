@@ -2,7 +2,8 @@
 
 - :mod:`omrl.view.sources` finds what a path holds (metrics, config, trajectories,
   eval reports) and notes every file it could not read, naming the file.
-- :mod:`omrl.view.metrics` reads ``metrics.jsonl`` and sorts its keys into plot panels.
+- :mod:`omrl.view.metrics` reads ``metrics.jsonl`` and sorts its keys into plot panels;
+  :mod:`omrl.view.configtext` the run's ``config.yaml``, its secrets redacted whatever the file holds.
 - :mod:`omrl.view.store` indexes the episodes (summaries only) and loads one on demand;
   :mod:`omrl.view.detail` lays one out in full.
 - :mod:`omrl.view.tokens` turns token ids into per-token text with the run's tokenizer.

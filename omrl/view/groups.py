@@ -10,6 +10,8 @@ an older trainer's, an episode the update left out) says they were not recorded.
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 RECORDED = "as the trainer recorded them (an episode's: the mean over its trained tokens)"
@@ -22,6 +24,16 @@ NOT_RECORDED = (
 def advantage_note(recorded: bool) -> str:
     """The line the page shows about the advantages of a run whose files do (or do not) hold any."""
     return f"advantages {RECORDED if recorded else NOT_RECORDED}"
+
+
+def is_step_rollout(path: Path) -> bool:
+    """Whether ``path`` is a step's rollout as ``omrl train`` saves it (``rollouts/step-00000003.parquet``,
+    ``-rank1`` with several processes): trained on, whether or not its file recorded the advantages.
+
+    >>> is_step_rollout(Path("run/rollouts/step-00000003-rank1.parquet")), is_step_rollout(Path("evals/episodes.parquet"))
+    (True, False)
+    """
+    return path.parent.name == "rollouts" and re.fullmatch(r"step-\d+(-rank\d+)?\.parquet", path.name) is not None
 
 
 def trained_mean(advantages: Any, loss_mask: Any) -> float | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.view.games import seat_fields
-from omrl.view.groups import trained_mean
+from omrl.view.groups import is_step_rollout, trained_mean
 from omrl.view.sources import Problem
 
 # Columns a summary needs, when the file has them (older schema versions lack some).
@@ -43,6 +43,7 @@ class ParquetEpisodes:
         self._lock = threading.Lock()
         self.summaries = self._read_summaries()
         self.has_advantages = any(summary["advantage"] is not None for summary in self.summaries)
+        self.step_rollout = is_step_rollout(path)  # trained on, its advantages recorded or not
 
     def _read_summaries(self) -> list[dict[str, Any]]:
         import pyarrow.compute as pc
@@ -132,7 +133,7 @@ class RecordEpisodes:
 
     def __init__(self, path: Path, label: str):
         self.path, self.label, self.problems = path, label, []
-        self.has_advantages = False
+        self.has_advantages = self.step_rollout = False
         self._offsets: list[int] = []
         self.summaries = []
         with path.open("rb") as f:
@@ -173,7 +174,7 @@ class ReportEpisodes:
 
     def __init__(self, report: dict[str, Any], label: str):
         self.label, self.problems = label, []
-        self.has_advantages = False
+        self.has_advantages = self.step_rollout = False
         env = str(((report.get("config") or {}).get("env") or {}).get("name", ""))
         split = str(((report.get("config") or {}).get("env") or {}).get("split", ""))
         episodes = report.get("episodes") if isinstance(report.get("episodes"), list) else []
@@ -196,8 +197,8 @@ class ReportEpisodes:
                 "score": _number(ep.get("score")),
                 "end": ep.get("end_reason") or "",
                 "turns": ep.get("turns") or 0,
-                "tokens": 0,
-                "generated": 0,
+                "tokens": None,  # unknown: a report counts no tokens
+                "generated": None,
                 "error": ep.get("error"),
                 "tree": False,
                 "advantage": None,
@@ -209,7 +210,8 @@ class ReportEpisodes:
     def row(self, index: int) -> dict[str, Any]:
         raise Unreadable(
             f"{self.label}: an eval report keeps one summary line per episode, not its turns or tokens "
-            "(omrl eval writes them whole beside it, in episodes.parquet: open that file or its folder)"
+            "(omrl eval writes them whole beside it, in episodes.parquet or <report name>.episodes.parquet: open that "
+            "file or its folder)"
         )
 
 

@@ -133,8 +133,8 @@ def _discover_file(path: Path) -> RunSource:
         source.kind = "report"
         _add_report(source, path)
         # omrl eval writes each episode whole beside its report: shown from there, turns and tokens
-        episodes = path.with_name("episodes.parquet" if name == "report.json" else f"{path.stem}.episodes.parquet")
-        if source.reports and readable_inside(episodes, path.parent):
+        episodes = episodes_of_report(path) if source.reports else None
+        if episodes is not None:
             _add_parquet(source, episodes)
     elif suffix in (".yaml", ".yml"):
         source.kind, source.config = "run", path
@@ -145,6 +145,36 @@ def _discover_file(path: Path) -> RunSource:
         )
     source.tokenizer = _beside(path, TOKENIZER_FILE, source)
     return source
+
+
+def episodes_of_report(path: Path) -> Path | None:
+    """The episodes file ``omrl eval`` wrote with the report at ``path``, if it is there: ``<name>.episodes.parquet``
+    (``--report`` alone), or ``episodes.parquet`` in the report's folder (``--output-dir``, with or without
+    ``--report``), taken for another name than report.json only where the report's config says it went there."""
+    own = path.with_name(f"{path.stem}.episodes.parquet")
+    if path.name != "report.json" and readable_inside(own, path.parent):
+        return own
+    shared = path.with_name("episodes.parquet")
+    if not readable_inside(shared, path.parent):
+        return None
+    return shared if path.name == "report.json" or _wrote_episodes_beside(path) else None
+
+
+def _wrote_episodes_beside(path: Path) -> bool:
+    """Whether the eval report at ``path`` (not report.json) put its episodes in its own folder: its config
+    names an output_dir, and that folder holds the report (``--output-dir D --report D/x.json``). A report
+    whose config names neither cannot tell: then only where no report.json beside it claims them."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8")).get("config")
+    except (OSError, ValueError, AttributeError):
+        return False
+    config = config if isinstance(config, dict) else {}
+    if "output_dir" not in config and "report" not in config:
+        return not path.with_name("report.json").exists()
+    if not config.get("output_dir"):  # --report alone: its episodes are <name>.episodes.parquet
+        return False
+    named = Path(str(config.get("report") or "report.json"))
+    return named.name == path.name and os.path.normpath(named.parent) == os.path.normpath(str(config["output_dir"]))
 
 
 def _discover_dir(root: Path) -> RunSource:

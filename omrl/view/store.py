@@ -17,6 +17,7 @@ from omrl.config import redact, redact_text
 from omrl.errors import OmrlError
 from omrl.view import evals, games, groups
 from omrl.view.bounds import MAX_GROUP_TEXT, TextBudget
+from omrl.view.configtext import read_config
 from omrl.view.detail import cut_answer, episode_detail
 from omrl.view.metrics import columns, env_panels, panels, read_heartbeat, read_metrics_file
 from omrl.view.readers import ParquetEpisodes, RecordEpisodes, ReportEpisodes, Unreadable
@@ -37,7 +38,9 @@ class EpisodeStore:
         self.source = source
         self.problems: list[Problem] = list(source.problems)
         self.token_text, self.tokenizer_note = self._tokenizer(tokenizer)
-        self.config_text, self.config = self._read_config()
+        label = self.source.label(self.source.config) if self.source.config else ""
+        self.config_text, self.config, found = read_config(self.source.config, label)
+        self.problems += found
         self.files: list[Any] = []
         self.summaries: list[dict[str, Any]] = []
         self.reports: list[dict[str, Any]] = []
@@ -70,28 +73,6 @@ class EpisodeStore:
                 raise
             self.problems.append(Problem(self.source.label(self.source.tokenizer or self.source.path), str(exc)))
             return None, "the tokenizer could not be read (token ids shown)"
-
-    def _read_config(self) -> tuple[str, dict[str, Any] | None]:
-        path = self.source.config
-        if path is None:
-            return "", None
-        import yaml
-
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            self.problems.append(Problem(self.source.label(path), f"cannot be read ({exc.strerror or exc})"))
-            return "", None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:  # shown as text all the same
-            self.problems.append(
-                Problem(self.source.label(path), f"not valid YAML ({str(exc).splitlines()[0]})", level="warning")
-            )
-            return text, None
-        if not isinstance(data, dict):
-            return text, None
-        return _without_secrets(text, data), data
 
     def _add(self, make: Any, path: Path) -> None:
         import pyarrow as pa
@@ -188,6 +169,8 @@ class EpisodeStore:
                 "seat": sorted({e["seat"] for e in s if "seat" in e}),  # games of several seats: filter by seat
                 "outcome": [o for o in games.OUTCOMES if any(e.get("outcome") == o for e in s)],
                 "trained": any(f.has_advantages for f in self.files),  # else no advantage or trained column
+                # a step rollout saved before omrl recorded advantages: the page says they were not recorded
+                "unrecorded": any(f.step_rollout and not f.has_advantages for f in self.files),
             },
         }
 
@@ -210,7 +193,12 @@ class EpisodeStore:
         items = [e for e in self.summaries if matches(e, params)]
         key = params.get("sort", "")
         if key.lstrip("-") in SORTS:
-            items.sort(key=lambda e: e[key.lstrip("-")], reverse=key.startswith("-"))
+            name = key.lstrip("-")
+            unknown = [e for e in items if e[name] is None]  # a report's token counts: listed last either way
+            items = sorted(
+                (e for e in items if e[name] is not None), key=lambda e: e[name], reverse=key.startswith("-")
+            )
+            items += unknown
         offset = max(0, _int(params.get("offset"), 0))
         limit = min(MAX_PAGE, max(1, _int(params.get("limit"), PAGE_SIZE)))
         page = [dict(e) for e in items[offset : offset + limit]]
@@ -281,9 +269,18 @@ class EpisodeStore:
             "members": members,
             "expected": expected,
             "trained": any(e["trained"] for e in everyone),
-            "advantage": self.advantage_note,
+            "advantage": self._advantage_line(everyone),
             "passes": evals.passes(everyone),  # pass@k for k = 1..n over the group's samples
         }
+
+    def _advantage_line(self, members: list[dict[str, Any]]) -> str | None:
+        """What a group's page says of its advantages: as recorded, "not recorded" for a step rollout saved
+        before omrl kept them, or nothing for samples never trained on (an eval's, a rollout's)."""
+        if any(e["trained"] for e in members):
+            return groups.advantage_note(True)
+        if any(self.files[e["file"]].step_rollout for e in members):
+            return groups.advantage_note(False)
+        return None
 
     def tree(self, key: str) -> dict[str, Any]:
         """The search tree the paths of one group were cut from."""
@@ -303,17 +300,6 @@ class EpisodeStore:
         if not 0 <= episode_id < len(self.summaries):
             raise KeyError(f"no episode {episode_id} (this run has {len(self.summaries)})")
         return dict(self.summaries[episode_id])
-
-
-def _without_secrets(text: str, data: dict[str, Any]) -> str:
-    """A run's config.yaml as the page shows it: as written, unless it holds a secret (a run made
-    before omrl redacted them, or a hand-written file), which the page never carries."""
-    import yaml
-
-    clean = redact(data)
-    if clean == data:
-        return text
-    return "# secrets redacted by omrl view\n" + yaml.safe_dump(clean, sort_keys=False)
 
 
 def open_run(path: str | os.PathLike, tokenizer: str | None = None) -> EpisodeStore:

@@ -62,6 +62,18 @@ def test_advantages_are_shown_as_recorded_and_never_recomputed(small_run, tmp_pa
     assert store.query({})["items"][0]["advantage"] == 0.75
 
 
+def test_a_step_rollout_saved_before_advantages_were_recorded_says_they_were_not(small_run):
+    from omrl.data.trajectory import write_episodes
+
+    store = open_run(small_run)  # omrl rollout's file: never trained on, nothing said of advantages
+    assert store.overview()["facets"]["unrecorded"] is False and store.group("0:0")["advantage"] is None
+    (small_run / "rollout.parquet").unlink()
+    write_episodes(small_episodes(), small_run / "rollouts" / "step-00000001.parquet")  # no advantages in it
+    store = open_run(small_run)
+    assert store.overview()["facets"]["unrecorded"] is True
+    assert "not recorded" in store.group("0:0")["advantage"]
+
+
 def test_one_episode_in_full(small_run):
     store = open_run(small_run)
     episode = store.episode(0)

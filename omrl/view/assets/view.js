@@ -87,6 +87,7 @@
       episode: (id) => get(prefix + "episode/" + encodeURIComponent(id)),
       group: (key) => get(prefix + "group/" + encodeURIComponent(key)),
       tree: (key) => get(prefix + "tree/" + encodeURIComponent(key)),
+      near: (id, count) => ({previous: id > 0 ? id - 1 : null, next: id + 1 < count ? id + 1 : null}),
     };
   }
 
@@ -116,15 +117,22 @@
         const key = (q.sort || "").replace(/^-/, "");
         if (["reward", "tokens", "turns", "score"].includes(key)) {
           const sign = q.sort.startsWith("-") ? -1 : 1;
-          items = items.slice().sort((a, b) => sign * (a[key] - b[key]));
+          // an unknown value (a report's token counts) last either way, as the server lists them
+          items = items.slice().sort((a, b) => !known(a[key]) || !known(b[key])
+            ? Number(!known(a[key])) - Number(!known(b[key])) : sign * (a[key] - b[key]));
         }
         const offset = Math.max(0, parseInt(q.offset || "0", 10) || 0);
         const limit = Math.min(500, Math.max(1, parseInt(q.limit || "50", 10) || 50));
-        return Promise.resolve({total: items.length, offset, limit, items: items.slice(offset, offset + limit)});
+        const held = data.summaries.length;  // the episodes this page holds, maybe fewer than the run's
+        return Promise.resolve({total: items.length, offset, limit, held, items: items.slice(offset, offset + limit)});
       },
       episode: (id) => data.details[id] ? Promise.resolve(data.details[id]) : missing("episode " + id),
       group: (key) => data.groups[key] ? Promise.resolve(data.groups[key]) : missing("group " + key),
       tree: (key) => data.trees[key] ? Promise.resolve(data.trees[key]) : missing("the tree of group " + key),
+      near: (id) => {  // the episodes this page holds next to ``id`` (their ids sorted)
+        const ids = data.summaries.map((e) => e.id);
+        return {previous: ids.filter((x) => x < id).pop() ?? null, next: ids.find((x) => x > id) ?? null};
+      },
     };
   }
 
@@ -197,6 +205,8 @@
       h("div", {}, h("strong", {}, run.kind === "run" ? "Run " : "File "), h("code", {}, run.path)),
       h("div", {class: "muted"},
         run.episodes + " episodes in " + run.files.length + " trajectory file(s); " + run.tokenizer),
+      // a training rollout's advantages: as recorded, or "not recorded" for one saved before omrl kept them
+      run.facets.trained || run.facets.unrecorded ? h("div", {class: "muted", "data-advantage": ""}, run.advantage) : null,
       run.files.length ? h("ul", {}, run.files.map((f, i) =>
         h("li", {}, h("a", {href: at("episodes?file=" + i)}, f.file), " — " + f.episodes + " episodes"))) : null,
       run.envs.length > 1 ? h("div", {class: "envs"}, "Envs: ", run.envs.map((e, i) => [i ? " · " : null,
@@ -478,7 +488,11 @@
       "sort"),
       h("button", {type: "button", onclick: () => { location.hash = at("episodes"); }}, "clear"));
     const offset = page.offset;
-    const count = page.total === run.episodes ? page.total + " episodes"
+    const filtered = Object.keys(clean(q)).some((k) => !["sort", "offset", "limit"].includes(k));
+    const partial = known(page.held) && page.held < run.episodes;  // a saved page holding some of the run's
+    const count = !filtered ? (partial ? page.total + " of the run's " + run.episodes + " episodes (those this saved page holds)"
+      : page.total + " episodes")
+      : partial ? page.total + " of the " + page.held + " episodes this saved page holds match (the run has " + run.episodes + ")"
       : page.total + " of " + run.episodes + " episodes match";
     const pager = h("div", {class: "pager"},
       h("span", {class: "count", "data-total": page.total}, count),
@@ -508,7 +522,7 @@
       h("td", {class: e.won ? "won" : "lost"}, e.won ? "won" : "lost"),
       num(fmt(e.reward)), trained ? num(e.trained ? signed(e.advantage) : "") : null, num(fmt(e.score)),
       h("td", {}, e.end, e.error ? h("span", {class: "badge bad", title: e.error}, "error") : null),
-      num(String(e.turns)), num(String(e.tokens)), num(String(e.generated)));
+      num(String(e.turns)), num(fmt(e.tokens)), num(fmt(e.generated)));  // "–": unknown (a report's)
     const table = h("table", {class: "list card"},
       h("thead", {}, h("tr", {}, columns.filter((c) => c !== null).map((c) => h("th", {}, c)))),
       h("tbody", {}, page.items.map(row)));
@@ -526,12 +540,13 @@
   async function showEpisode(id) {
     const ep = await api.episode(id);
     const e = ep.summary;
+    const near = api.near(Number(id), run.episodes);
     const links = h("p", {},
       h("a", {href: at("episodes")}, "← all episodes"), " · ",
       h("a", {href: at("group/" + encodeURIComponent(e.group))}, "its group (" + e.group + ")"),
       e.tree ? [" · ", h("a", {href: at("tree/" + encodeURIComponent(e.group))}, "its search tree")] : null,
-      Number(id) > 0 ? [" · ", h("a", {href: at("episode/" + (Number(id) - 1))}, "previous")] : null,
-      Number(id) + 1 < run.episodes ? [" · ", h("a", {href: at("episode/" + (Number(id) + 1))}, "next")] : null);
+      known(near.previous) ? [" · ", h("a", {href: at("episode/" + near.previous)}, "previous")] : null,
+      known(near.next) ? [" · ", h("a", {href: at("episode/" + near.next)}, "next")] : null);
     const facts = h("table", {class: "card facts"}, h("tbody", {},
       [["file", run.facets.file[e.file] + " (row " + e.row + ")"], ["env", e.env], ["split", e.split], ["task", fmt(e.task)],
         ["group / sample", e.group + " / " + e.sample],
@@ -541,7 +556,7 @@
         known(ep.expected) ? ["final answer", answerFact(ep)] : null,
         ["total reward", fmt(e.reward, 4)], e.trained ? ["advantage", fmt(e.advantage, 4)] : null, ["score", fmt(e.score, 4)],
         ["end reason", e.end], ["turns", e.turns],
-        e.trained ? ["tokens (trained)", e.tokens + " (" + e.generated + ")"] : ["tokens (generated)", e.tokens + " (" + e.generated + ")"],
+        [e.trained ? "tokens (trained)" : "tokens (generated)", fmt(e.tokens) + " (" + fmt(e.generated) + ")"],
         ...(ep.unavailable ? [] : playFacts(ep))]  // an unavailable episode comes without its turns
         .filter((fact) => fact !== null)
         .map(([k, v]) => h("tr", {"data-fact": k}, h("th", {}, k), h("td", {}, v)))));
@@ -723,7 +738,7 @@
       h("h2", {}, "Group " + key + (first ? " · task " + fmt(first.task) + " (" + first.split + ")" : "")),
       h("p", {class: "muted"},
         g.size + " samples" + (g.shown < g.size ? ", the first " + g.shown + " shown" : "") + "." +
-        (g.trained ? " " + g.advantage : "")),
+        (known(g.advantage) ? " " + g.advantage : "")),
       g.passes && g.passes.n > 1 ? passesView(g.passes) : null,
       known(g.expected) ? h("p", {class: "expected"}, expectedText(g.expected)) : null,
       first && g.members[0].instruction ? h("pre", {}, g.members[0].instruction) : null,
