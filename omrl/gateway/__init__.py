@@ -9,6 +9,7 @@ OpenAI-compatible endpoint on loopback, unmodified; every call lands in its epis
 - :mod:`omrl.gateway.protocol`: the Chat Completions wire format;
 - :mod:`omrl.gateway.responses`: the Responses API, served as Chat Completions underneath;
 - :mod:`omrl.gateway.server`: the endpoint and its per-episode keys;
+- :mod:`omrl.gateway.endpoint`: its HTTP side: each request read, answered, and its reply's delivery told;
 - :mod:`omrl.gateway.agents`: agent callables and commands, reward functions, their time limits;
 - :mod:`omrl.gateway.play`: episodes of tasks played and scored (the agent counterpart of the rollout loop).
 """

@@ -138,6 +138,8 @@ def _call(call: Any, where: str) -> dict[str, Any]:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except ValueError:
             pass  # kept as the text it is: compared and rendered as such
+        except RecursionError as exc:  # JSON this deep could not be compared or rendered either
+            raise RequestError(f"{where}.function.arguments nests too deeply to read; send flatter JSON") from exc
     return {"id": str(call.get("id") or ""), "name": function["name"], "arguments": arguments}
 
 

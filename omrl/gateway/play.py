@@ -8,12 +8,13 @@ the agent's answer as one step (the ``dataset`` env matches it against the answe
 
 The answer is the agent's return value when it is text (or a mapping with an ``answer``), else the
 content of the last reply the model gave it. An agent or reward function that fails or outlives its
-limit, an env that fails, and an agent that never called the model end the episode as ``env_error``
-with the reason: such an episode is no measure of the model and is never trained on. A call that found
-the episode's context full was answered ``finish_reason: "length"`` and the episode ends
-``max_context`` (truncated), scored as it stands; an agent that raises on a reply cut at the run's
-``max_new_tokens`` is scored as it stands too. Agents that share one client, so that episodes' calls
-arrive with each other's keys, fail the run (:class:`SharedClient`).
+limit, an env that fails, an agent that never called the model, and one whose client hung up on every
+call before its reply (a client timeout shorter than the model takes: :func:`timed_out`) end the
+episode as ``env_error`` with the reason: such an episode is no measure of the model and is never
+trained on. A call that found the episode's context full was answered ``finish_reason: "length"`` and
+the episode ends ``max_context`` (truncated), scored as it stands; an agent that raises on a reply cut
+at the run's ``max_new_tokens`` is scored as it stands too. Agents that share one client, so that
+episodes' calls arrive with each other's keys, fail the run (:class:`SharedClient`).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         ep.messages = recorder.chat()
         cut = recorder.over_budget or _cut_by_the_run(ep)
         if not (exc.ended_itself and ep.turns) or not (cut or _rejected_a_tool_call(ep)):
-            _failed(ep, str(exc))
+            _failed(ep, f"{exc} ({timed_out(recorder.undone)})" if recorder.undone and not ep.turns else str(exc))
             return False
         # the model's doing: its framework raised on a "length" answer the agent did not ask for (the budget's,
         # or a reply cut at the run's max_new_tokens: the Agents SDK raises on that), or refused a malformed call
@@ -158,12 +159,23 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         gateway.end(key)  # whatever happened, the key is refused from now on
     ep.messages = recorder.chat()
     if not ep.turns:
-        _failed(ep, NEVER_CALLED)
+        _failed(ep, timed_out(recorder.undone) if recorder.undone else NEVER_CALLED)
         return False
     ep.end_reason = "max_context" if recorder.over_budget else "done"
     ep.turns[-1].done = True
     ep.turns[-1].info["agent_result"] = _short(result)
     return _score(spec, env, ep, task, result)
+
+
+def timed_out(took: Sequence[float]) -> str:
+    """Why an episode whose agent called the model has no turn: its client hung up on every call before the
+    reply (``took``: how long each of those calls took), so each reply was undone."""
+    return (
+        f"the agent's calls timed out before their replies: its client hung up on all {len(took)} (retries "
+        f"included), though the model answered each within {max(took):.1f} s; its client's timeout is likely "
+        f"under {min(took):.1f} s (openai.OpenAI(timeout=...), or its framework's request timeout): give it "
+        "longer than the model takes to answer"
+    )
 
 
 def _run_agent(spec: AgentSpec, task: dict[str, Any], gateway: Gateway, key: str) -> Any:

@@ -13,6 +13,7 @@ are refused unless neutral. Other keys frameworks send (``user``, ``metadata``,
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -126,9 +127,11 @@ def _number(body: dict, key: str, kind: type, low: float | None, high: float | N
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
-        or (kind is int and not float(value).is_integer())
+        or (kind is int and isinstance(value, float) and not value.is_integer())  # float() overflows past 1e308
     ):
         raise RequestError(f"{key} must be {'an integer' if kind is int else 'a number'}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
+        raise RequestError(f"{key} must be a finite number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         raise RequestError(f"{key} must be between {low} and {high}, got {value!r}")
     return kind(value)

@@ -9,9 +9,11 @@ new row starts with the template's render of the request. Either way the backend
 ids and the reply's ids are appended as sampled (loss_mask 1): no reply is decoded and re-encoded, and
 no text the agent sends becomes a special token (:mod:`omrl.chat.encoding`).
 
-Only replies the agent received are trained (:meth:`EpisodeRecorder.settle`): a request that repeats the
-last one exactly (a client's retry of a reply it never got) replaces the last call's turn, and of a
-call's ``n`` choices the one the next request continues is recorded, the others never.
+Only replies the agent received are trained: one its client hung up on is undone before the episode's
+next call or its end (:meth:`omrl.gateway.server.Gateway.undo`), a request that repeats the last one
+exactly (a client's retry of a reply it never got) replaces the last call's turn
+(:meth:`EpisodeRecorder.settle`), and of a call's ``n`` choices the one the next request continues is
+recorded, the others never.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class EpisodeRecorder:
         self.max_context = max_context
         self.layout = layout
         self.lock = threading.Lock()
+        self.settled = threading.Condition(self.lock)  # notified as a call's reply is delivered or undone
+        # calls whose replies are neither delivered nor undone yet (Gateway.complete), and how long each took
+        self.in_flight: list[tuple[Any, float]] = []
+        self.undone: list[float] = []  # how long each call took whose reply was undone, never delivered
         self.said: list[dict[str, Any]] = []  # the chat the current row stands for, as the template was given it
         self.seen: list[dict[str, Any]] = []  # the last request's messages (normalized) and the reply given
         self.names: dict[str, str] = {}  # tool-call id -> tool name
@@ -80,7 +86,7 @@ class EpisodeRecorder:
         self.ended = False  # set by the gateway when the episode ends: a later call is refused
         self.tools_key = ""  # the tools the current row was laid out with
         self.task_prompt = ""  # the episode's task, as its agent was given it ('' where unknown)
-        self.strays = 0  # retries, and calls that sent the opening request again later (see settle, prompt)
+        self.strays = 0  # repeats of a delivered call, and calls that sent the opening request again (settle, prompt)
         self.opening: list[dict[str, Any]] = []  # the first call's messages
         self.given: list[dict[str, Any]] = []  # every reply the model gave here, as messages (recorded or not)
         # the last call's request (messages, tools key) and the state before it: a retry undoes it
@@ -116,8 +122,9 @@ class EpisodeRecorder:
         self.calls, self.over_budget, self.strays, self.last, self.choices = counts
 
     def settle(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[list[int]]:
-        """Before a call lays out its row: where it repeats the last call's request exactly (a client's retry
-        of a reply it never got: it timed out, or the connection broke), the last call is undone; where it
+        """Before a call lays out its row: where it repeats the last call's request exactly, though that reply
+        was written to its client (a retry of a reply the client still never got: the connection broke; a reply
+        it hung up on is undone before, and a retry of it is a first call), the last call is undone; where it
         continues another of the last call's choices than the one recorded, that one is recorded instead (the
         others get no loss). Returns the rows whose cached states the backend may forget."""
         dropped: list[list[int]] = []

@@ -6,40 +6,30 @@
 is refused (401), so an agent that outlives its episode cannot write into another; a call that belongs to
 another episode than its key's is refused and named (:data:`SHARED_CLIENT`). A call lays out its row
 (:mod:`omrl.gateway.recorder`), waits for its generate call (:mod:`omrl.gateway.batcher`) and is
-answered with the reply parsed into ``tool_calls`` where tools were offered; a reply whose client hung
-up before it was sent is undone (:meth:`Gateway.undo`).
+answered with the reply parsed into ``tool_calls`` where tools were offered (:mod:`omrl.gateway.endpoint`).
+A reply whose client hung up before it was sent is undone (:meth:`Gateway.undo`); the episode's next
+call and its end wait until each reply was delivered or undone, so a client's retry of a reply it never
+got is no stray, and an agent that returns at once cannot leave such a reply trained.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import secrets
-import select
-import socket
-import sys
 import threading
+import time
 from concurrent.futures import TimeoutError as FutureTimeout
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-
-from jinja2 import TemplateError, TemplateSyntaxError
 
 from omrl.backends.base import Backend
 from omrl.chat.tool_calls import FORMATS
 from omrl.data.trajectory import Episode
-from omrl.gateway import responses
 from omrl.gateway.batcher import Batcher
+from omrl.gateway.endpoint import EpisodeEnded, Server, handler
 from omrl.gateway.messages import RequestError, continues, of_another_episode, tool_layout
-from omrl.gateway.protocol import ChatRequest, chunks, completion, error_body
+from omrl.gateway.protocol import ChatRequest
 from omrl.gateway.recorder import EpisodeRecorder, Reply, cut_at_stop
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
-READ_TIMEOUT_S = 60  # a client that stalls mid-request gives its thread back
-
-
-class EpisodeEnded(Exception):
-    """A call for an episode that ended while the call waited (HTTP 401, as an unknown key)."""
+DELIVERY_WAIT_S = 10.0  # writing a reply takes milliseconds; a handler stuck longer is not waited for
 
 
 SHARED_CLIENT = (
@@ -86,6 +76,7 @@ class Gateway:
         self.honor_sampling = honor_sampling
         self.call_timeout_s = call_timeout_s  # longer than this, generate is stuck: the engine's failure
         self.max_calls = max_calls  # an episode's calls; past them each is answered "length"
+        self.delivery_wait_s = DELIVERY_WAIT_S  # how long an episode's end or next call waits for a reply's fate
         self.layout = tool_layout(tokenizer)
         self._episodes: dict[str, EpisodeRecorder] = {}
         self.misrouted: str | None = None  # set when a call arrived with another episode's key
@@ -95,7 +86,7 @@ class Gateway:
         self.batcher = Batcher(
             backend, window_s, seed, waiting_for=lambda: len(self._episodes), own_thread=not batch_on_caller
         )
-        self._server = _Server((host, port), _handler(self))
+        self._server = Server((host, port), handler(self))
         # a short poll: closing the gateway waits for serve_forever's next look at its stop flag
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="omrl-gateway", daemon=True
@@ -126,13 +117,14 @@ class Gateway:
         return key, recorder
 
     def end(self, key: str) -> None:
-        """Refuse ``key`` from now on, wait for a call of its still in progress, and let the backend forget the
-        episode's cached states."""
+        """Refuse ``key`` from now on, wait for a call of its still in progress and for its replies to be
+        delivered or undone (:meth:`_settle`), and let the backend forget the episode's cached states."""
         with self._lock:
             recorder = self._episodes.pop(key, None)
         if recorder is not None:
             with recorder.lock:  # a call in progress finishes first; one that comes later finds it ended
                 recorder.ended = True
+                self._settle(recorder)  # an agent may return before its handler finds that it hung up
                 ep = recorder.episode
                 self.batcher.release([ep.token_ids[start:end] for start, end in ep.rows()])
             with self._lock:
@@ -145,9 +137,11 @@ class Gateway:
     # -- one call ------------------------------------------------------------------------------------
     def complete(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int, Any]:
         """Generate ``request``'s choices in its episode; the replies, the prompt's length in tokens, and
-        what :meth:`undo` takes should the replies never reach the agent (None: nothing was recorded).
-        A call that fails leaves the episode as it was before it."""
+        what :meth:`delivered` or :meth:`undo` takes once the replies reached the agent or never will (None:
+        nothing was recorded). A call that fails leaves the episode as it was before it."""
+        began = time.monotonic()
         with recorder.lock:
+            self._settle(recorder)  # the last reply delivered or undone: a call that repeats it is told apart
             if recorder.ended:
                 raise EpisodeEnded("this episode has ended; its key is no longer valid")
             if recorder.calls >= self.max_calls:
@@ -155,19 +149,53 @@ class Gateway:
                 return [Reply("", [], "length", [], [])] * request.n, 0, None
             before = recorder.state()
             try:
-                return self._generate(recorder, request)
+                replies, prompt_tokens, call = self._generate(recorder, request)
             except BaseException:
                 recorder.restore(before)
                 raise
+            if call is not None:
+                recorder.in_flight.append((call, time.monotonic() - began))
+            return replies, prompt_tokens, call
+
+    def delivered(self, recorder: EpisodeRecorder, call: Any) -> None:
+        """``call``'s reply (a token :meth:`complete` returned) was written to its agent: it stays a turn."""
+        with recorder.lock:
+            self._settled(recorder, call)
 
     def undo(self, recorder: EpisodeRecorder, call: Any) -> None:
         """Undo ``call`` (a token :meth:`complete` returned) when its reply never reached the agent (the
-        client hung up, as one that timed out does), unless a later call or the episode's end came first."""
+        client hung up, as one that timed out does), unless a later call came first, or the episode's end
+        or next call gave up waiting for it and undid it already."""
         with recorder.lock:
-            if call is not None and recorder.last is call and not recorder.ended:
-                row = list(recorder.episode.current_row())
-                recorder.restore(call[2])
-                self.batcher.release([row])
+            took = self._settled(recorder, call)
+            if took is not None:
+                self._undo(recorder, call, took)
+
+    def _settle(self, recorder: EpisodeRecorder) -> None:
+        """Wait, the recorder's lock held (and let go meanwhile), until the reply of each of the episode's
+        calls in flight was delivered or undone; one still in flight after ``delivery_wait_s`` (its handler
+        is stuck) is undone: a reply its agent may never get is no turn."""
+        if not recorder.settled.wait_for(lambda: not recorder.in_flight, self.delivery_wait_s):
+            for call, took in reversed(recorder.in_flight):
+                self._undo(recorder, call, took)
+            recorder.in_flight.clear()
+
+    @staticmethod
+    def _settled(recorder: EpisodeRecorder, call: Any) -> float | None:
+        """Take ``call`` off its episode's calls in flight: how long it took, None where it was not in flight."""
+        for index, (pending, took) in enumerate(recorder.in_flight):
+            if pending is call:
+                del recorder.in_flight[index]
+                recorder.settled.notify_all()
+                return took
+        return None
+
+    def _undo(self, recorder: EpisodeRecorder, call: Any, took: float) -> None:
+        if recorder.last is call:
+            row = list(recorder.episode.current_row())
+            recorder.restore(call[2])
+            recorder.undone.append(took)
+            self.batcher.release([row])
 
     def _check_route(self, recorder: EpisodeRecorder, messages: list[dict[str, Any]]) -> None:
         """Refuse a call that does not continue its episode's chat but another's, or that holds another
@@ -228,167 +256,3 @@ class Gateway:
         self._server.shutdown()
         self._server.server_close()
         self.batcher.close()
-
-
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 4096  # every episode's agent may connect at once (the default backlog is 5)
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hung up or stalled is its own business: no traceback on the run's output."""
-        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError, OSError)):
-            super().handle_error(request, client_address)
-
-
-def _handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-        timeout = READ_TIMEOUT_S
-        disable_nagle_algorithm = True  # a reply is two writes (headers, body): no 40 ms wait for an ACK between them
-
-        def log_message(self, *args: Any) -> None:  # the run's own output says what happened
-            pass
-
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            if self.path.rstrip("/") not in ("/v1/models", "/models"):
-                return self._send(
-                    404,
-                    error_body(
-                        f"no route GET {self.path}; served: GET /v1/models, POST /v1/chat/completions",
-                        "not_found_error",
-                    ),
-                )
-            if self._episode() is None:
-                return None
-            model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "omrl"}
-            return self._send(200, {"object": "list", "data": [model]})
-
-        def do_POST(self) -> None:  # noqa: N802
-            route = self.path.rstrip("/").removeprefix("/v1")
-            if route not in ("/chat/completions", "/responses"):
-                self._drain()
-                served = "POST /v1/chat/completions, POST /v1/responses"
-                return self._send(404, error_body(f"no route POST {self.path}; served: {served}", "not_found_error"))
-            recorder = self._episode()
-            if recorder is None:
-                return self._drain()
-            try:
-                body = self._body()
-                request = ChatRequest.from_json(body) if route == "/chat/completions" else responses.chat_request(body)
-            except RequestError as exc:
-                return self._send(400, error_body(str(exc)))
-            try:
-                replies, prompt_tokens, call = gateway.complete(recorder, request)
-            except EpisodeEnded as exc:
-                return self._send(401, error_body(str(exc), "authentication_error", "invalid_api_key"))
-            except RequestError as exc:
-                return self._send(400, error_body(str(exc)))
-            except RecursionError:
-                return self._send(400, error_body("the request nests too deeply to lay out (a tool schema, arguments)"))
-            except TemplateError as exc:  # the model's chat template refuses these messages (raise_exception)
-                if isinstance(exc, TemplateSyntaxError):  # a broken template: the server's fault
-                    return self._send(500, error_body(f"the model's chat template is broken: {exc}", "server_error"))
-                return self._send(400, error_body(f"the model's chat template refuses these messages: {exc}"))
-            except Exception as exc:  # noqa: BLE001 - the agent gets a server error with the reason
-                return self._send(500, error_body(f"{type(exc).__name__}: {exc}", "server_error"))
-            try:  # a reply that never reaches the agent (it hung up: timed out) is no turn of its episode
-                if self._gone():
-                    raise ConnectionResetError("the client hung up before its reply")
-                self._answer(route, request, replies, prompt_tokens)
-            except BaseException:
-                gateway.undo(recorder, call)
-                raise
-            return None
-
-        def _answer(self, route: str, request: ChatRequest, replies: list[Reply], prompt_tokens: int) -> None:
-            model = request.model or gateway.model_name
-            if route == "/responses":
-                whole = responses.response(request, replies[0], prompt_tokens, model)
-                if not request.stream:
-                    return self._send(200, whole)
-                return self._stream(
-                    f"event: {kind}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-                    for kind, event in responses.events(whole)
-                )
-            if not request.stream:
-                return self._send(200, completion(request, replies, prompt_tokens, model, gateway.tokenizer))
-            lines = (
-                f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
-                for chunk in chunks(request, replies, prompt_tokens, model, gateway.tokenizer)
-            )
-            return self._stream(itertools.chain(lines, ["data: [DONE]\n\n"]))
-
-        def _gone(self) -> bool:
-            """Whether the client closed its end of the connection (it sends nothing more before its reply)."""
-            try:
-                readable, _, _ = select.select([self.connection], [], [], 0)
-                return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
-            except OSError:
-                return True
-
-        def _stream(self, events: Any) -> None:
-            """Server-sent events, then the connection closes."""
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            for event in events:
-                self.wfile.write(event.encode())
-            self.wfile.flush()
-            self.close_connection = True
-
-        def _episode(self) -> EpisodeRecorder | None:
-            auth = self.headers.get("Authorization", "")
-            key = auth[len("Bearer ") :].strip() if auth.startswith("Bearer ") else self.headers.get("api-key", "")
-            recorder = gateway.recorder(key) if key else None
-            if recorder is None:
-                self._send(
-                    401,
-                    error_body(
-                        "unknown or ended API key: each episode has its own key, valid while it plays",
-                        "authentication_error",
-                        "invalid_api_key",
-                    ),
-                )
-            return recorder
-
-        def _length(self) -> int:
-            text = self.headers.get("Content-Length") or "0"
-            if not text.isdigit():
-                self.close_connection = True
-                raise RequestError(f"Content-Length is {text!r}; it must be the body's size in bytes")
-            return int(text)
-
-        def _body(self) -> Any:
-            length = self._length()
-            if length > MAX_BODY_BYTES:
-                self.close_connection = True
-                raise RequestError(f"the body is {length} bytes; at most {MAX_BODY_BYTES} are read")
-            raw = self.rfile.read(length)
-            try:
-                return json.loads(raw)
-            except (ValueError, RecursionError) as exc:
-                raise RequestError(f"the body is not JSON ({str(exc)[:80]})") from exc
-
-        def _drain(self) -> None:
-            text = self.headers.get("Content-Length") or "0"
-            length = int(text) if text.isdigit() else -1
-            if 0 < length <= MAX_BODY_BYTES:
-                self.rfile.read(length)
-            else:
-                self.close_connection = True
-
-        def _send(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body, ensure_ascii=False).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            # one connection a call: a client that pools connections (langchain-openai keeps one per base URL
-            # for the whole process) must never reuse one to a gateway that closed, whose port a later one took
-            self.send_header("Connection", "close")
-            self.close_connection = True
-            self.end_headers()
-            self.wfile.write(data)
-
-    return Handler

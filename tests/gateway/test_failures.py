@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import socket
 import time
 
@@ -163,6 +164,54 @@ def test_hostile_requests_get_a_400_naming_the_problem(tiny_tokenizer):
         )
         assert "messages[0].role is 'robot'" in named.json()["error"]["message"]
         assert "input's items" in named.json()["error"]["message"]
+    finally:
+        gateway.close()
+
+
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        ('"temperature": NaN', "temperature must be a finite number, got nan"),
+        ('"top_p": NaN', "top_p must be a finite number, got nan"),
+        (f'"seed": {10**400}', "seed must be between"),  # past what a float holds
+        (
+            '"tools": [{"type": "function", "function": {"name": "f"}}], "messages": '
+            + json.dumps(
+                [
+                    *CHAT,
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "[" * 3000 + "]" * 3000},
+                            }
+                        ],
+                    },
+                    {"role": "tool", "tool_call_id": "c", "content": "1"},
+                ]
+            ),
+            r"messages\[1\].tool_calls\[0\].function.arguments nests too deeply",
+        ),
+    ],
+)
+def test_a_value_no_check_can_compare_gets_a_400_naming_it_and_the_run_goes_on(tiny_tokenizer, extra, named):
+    """NaN passes every range check (its comparisons are false) and would fail the engine, so the whole run;
+    tool-call arguments nested past Python's recursion limit cannot be read: each is the request's fault."""
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "ok"), honor_sampling=True)
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        body = f'{{"messages": {json.dumps(CHAT)}, {extra}}}'  # as a client that writes NaN (Python's json) sends it
+        answer = httpx.post(
+            f"{gateway.base_url}/chat/completions", content=body, headers={"Authorization": f"Bearer {key}"}, timeout=60
+        )
+        assert answer.status_code == 400 and re.search(named, answer.json()["error"]["message"]), answer.text
+        assert ep.turns == [] and gateway.batcher.failure is None
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        assert client.chat.completions.create(model="m", messages=CHAT).choices[0].message.content == "ok"
     finally:
         gateway.close()
 
