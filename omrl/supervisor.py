@@ -16,7 +16,8 @@ episodes as ``env_error`` (``drop``), plays them again once (``retry``), or stop
 the other stages always stop the run, with exit status 2 (:class:`StageStalled` is an
 :class:`~omrl.errors.OmrlError`). Code that Python cannot interrupt (a C loop, a read on another
 thread that nobody waits for) gets ``deadlines.grace_s`` more; then the run writes what it knows
-and exits 2. It never waits forever, and it never exits 0 having done less than asked.
+and exits 2. C code that also holds the GIL stops the watchdog itself: faulthandler's timer writes the
+stacks 2 s later and exits 1. It never waits forever, and never exits 0 having done less than asked.
 
 A heartbeat goes to ``<run>/heartbeat.json`` and, when no step was logged for ``heartbeat_s``, as a
 record of its own to ``metrics.jsonl``: each stage's count, time and the ones open now.
@@ -25,6 +26,7 @@ record of its own to ``metrics.jsonl``: each stage's count, time and the ones op
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -57,6 +59,9 @@ ON_STALL = ("drop", "retry", "stop")
 HEARTBEAT_FILE = "heartbeat.json"
 STALLS_DIR = "stalls"
 _SIGNAL = signal.SIGUSR2
+#: how long after a stage's deadline and grace the GIL-free backstop ends the process: late enough that
+#: the watchdog thread, whenever it can run, always acts first
+BACKSTOP_AFTER_S = 2.0
 
 
 class StageStalled(OmrlError):
@@ -112,6 +117,8 @@ class Supervisor:
     _last_dump: float = 0.0
     _signals: bool = False
     _thread: threading.Thread | None = None
+    _backstop_at: float | None = None  # when faulthandler's timer ends the process (time.monotonic)
+    _backstop_file: Any = None
 
     def __post_init__(self) -> None:
         check_deadlines(self.deadlines)
@@ -130,6 +137,7 @@ class Supervisor:
         record = Open(name, {"step": self.step, **where}, threading.get_ident(), now, now + seconds, waited)
         with self._lock:
             self._open[id(record)] = record
+            self._arm_backstop()
         return record
 
     def close(self, record: Open | None) -> None:
@@ -142,6 +150,7 @@ class Supervisor:
             progress.seconds += time.monotonic() - record.started
             progress.stalled += record.fired
             progress.last_done = time.time()
+            self._arm_backstop()
 
     # -- the watchdog -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -160,6 +169,51 @@ class Supervisor:
         if self._signals:
             signal.signal(_SIGNAL, signal.SIG_DFL)
             self._signals = False
+        with self._lock:
+            self._disarm_backstop()
+        self._remove_backstop_file()
+
+    # -- the backstop: the watchdog needs the GIL, and a stage stuck in C code holding it never lets go ------
+    def _arm_backstop(self) -> None:
+        """(Under the lock.) Set faulthandler's timer, which needs no GIL, to the earliest open stage's deadline
+        plus grace_s and :data:`BACKSTOP_AFTER_S`: it then writes every thread's stack and ends the process
+        (exit status 1, faulthandler's). Stages a waiter bounds count too: their waiter closes them at their
+        deadline unless the stuck one holds the GIL. One timer per process: the last supervisor to arm owns it."""
+        at = min((r.deadline for r in self._open.values()), default=None)
+        if at is None:
+            return self._disarm_backstop()
+        at += self.deadlines.grace_s + BACKSTOP_AFTER_S
+        if at != self._backstop_at and self._backstop_output() is not None:
+            faulthandler.dump_traceback_later(max(at - time.monotonic(), 0.001), exit=True, file=self._backstop_file)
+            self._backstop_at = at
+
+    def _disarm_backstop(self) -> None:
+        if self._backstop_at is not None:
+            faulthandler.cancel_dump_traceback_later()
+            self._backstop_at = None
+
+    def _remove_backstop_file(self) -> None:
+        file, self._backstop_file = self._backstop_file, None
+        if file is not None and file is not sys.__stderr__:  # never written: the process goes on or exits itself
+            file.close()
+            with contextlib.suppress(OSError):
+                os.remove(file.name)
+                os.rmdir(os.path.dirname(file.name))  # no stall, no stalls/ (refused while it holds any)
+
+    def _backstop_output(self) -> Any:
+        """Where the backstop writes: ``<folder>/stalls/held-gil-<pid>.txt`` (removed unused), else stderr."""
+        try:
+            if self._backstop_file is None and self.folder is None:
+                sys.__stderr__.fileno()  # pytest and notebooks put objects without one in sys.stderr
+                self._backstop_file = sys.__stderr__
+            elif self._backstop_file is None:
+                path = self.folder / STALLS_DIR / f"held-gil-{os.getpid()}.txt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._backstop_file = path.open("w")
+                print(_BACKSTOP_HEADER, file=self._backstop_file, flush=True)
+        except (AttributeError, OSError, ValueError):
+            return None
+        return self._backstop_file
 
     def _watch(self, tick: float) -> None:
         while not self._stop.wait(tick):
@@ -206,6 +260,7 @@ class Supervisor:
         )
         self.beat()
         sys.stderr.flush()
+        self._remove_backstop_file()
         os._exit(2)
 
     def _dump(self, record: Open) -> Path | None:
@@ -262,6 +317,12 @@ class Supervisor:
         self._last_beat = time.monotonic()
 
 
+_BACKSTOP_HEADER = (
+    "A stage held Python's lock (the GIL) past its deadline and deadlines.grace_s, so the watchdog could not "
+    "run: faulthandler wrote every thread's stack below and ended the process (exit status 1)."
+)
+
+
 def check_deadlines(deadlines: Any) -> None:
     """Refuse a negative deadline or an unknown ``on_stall``, naming the key and what is valid."""
     for name in (*STAGES, "grace", "heartbeat"):
@@ -303,6 +364,10 @@ def supervise(
     finally:
         supervisor.stop()
         _current = before
+        if before is not None:  # faulthandler's one timer is the outer supervisor's again
+            with before._lock:
+                before._backstop_at = None
+                before._arm_backstop()
 
 
 @contextlib.contextmanager

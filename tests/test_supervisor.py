@@ -263,6 +263,41 @@ def test_code_python_cannot_interrupt_ends_the_process_with_status_2_after_the_g
     assert json.loads((tmp_path / "heartbeat.json").read_text())["open"][0]["stalled"] is True
 
 
+def test_a_stage_stuck_in_c_code_holding_the_gil_ends_the_process_with_its_stacks_written(tmp_path):
+    # a catastrophic regex never gives the GIL back: the watchdog thread cannot run, faulthandler's timer can
+    script = textwrap.dedent(
+        f"""
+        import re
+        from omrl.config.options import DeadlineConfig
+        from omrl.supervisor import stage, supervise
+
+        with supervise(DeadlineConfig(env_step_s=0.3, grace_s=0.5, heartbeat_s=0), {str(tmp_path)!r}):
+            with stage("env_step", env="textenv", episode="task 5"):
+                re.match(r"(a+)+$", "a" * 60 + "b")
+        print("finished")
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=15)
+    assert done.returncode == 1 and "finished" not in done.stdout
+    assert time.monotonic() - started < 15
+    (stacks,) = (tmp_path / "stalls").glob("held-gil-*.txt")
+    text = stacks.read_text()
+    assert "held Python's lock (the GIL)" in text and "<string>" in text and "most recent call first" in text
+
+
+def test_the_backstop_is_disarmed_and_its_file_removed_when_stages_end_in_time(tmp_path):
+    import faulthandler
+
+    with supervise(deadlines(env_step_s=0.2, grace_s=0.1), tmp_path) as watcher:
+        with stage("env_step", env="keys", episode="task 0"):
+            assert watcher._backstop_at is not None
+        assert watcher._backstop_at is None
+        time.sleep(0.5)  # past where the backstop would have fired
+    assert not list((tmp_path / "stalls").glob("held-gil-*.txt"))
+    faulthandler.cancel_dump_traceback_later()
+
+
 def test_bad_deadlines_are_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=r"deadlines.env_step_s must be a number of seconds >= 0"):
         with supervise(deadlines(env_step_s=-1), tmp_path):

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from omrl.atomic import atomic_write_text
-from omrl.errors import FailedStep, Interrupted, OmrlError, WriteFailed, short_repr, write_failure
+from omrl.errors import Interrupted, OmrlError, WriteFailed, short_repr, write_failure
 from omrl.models.manifest import COMPLETE_MARKER, changed_files, directory_manifest, manifest, manifest_damage
 from omrl.parallel import Strategy
 
@@ -368,21 +368,6 @@ def _load_model_weights(model: nn.Module, model_dir: Path, strategy: Strategy | 
         missing, unexpected = (strategy or Strategy()).load_weights(model, weights, ignore=tied)
     if missing or unexpected:
         raise CheckpointError(f"{model_dir} does not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-
-def kept_steps(recipe: Any, failure: FailedStep, command: str) -> FailedStep:
-    """``failure`` with what was kept and how to go on: the steps done are checkpointed first where the
-    run stands where they left it (``failure.keepable``) and no checkpoint holds them yet. An env that
-    went down costs the run the step it failed, not every step since the last checkpoint."""
-    kept = latest_checkpoint(recipe.cfg.logging.output_dir)
-    if failure.keepable and recipe.step > (int(_STEP_DIR.match(kept.name)[1]) if kept else 0):
-        kept = recipe.save_checkpoint()
-    if kept is None:
-        return FailedStep(f"{failure}; no step was done before it: nothing to resume, run again once the env is back")
-    return FailedStep(
-        f"{failure}; the newest checkpoint is {kept}: bring the env back (is its server down or full?), then "
-        f"continue with omrl {command} --resume --output-dir {shlex.quote(str(recipe.cfg.logging.output_dir))}"
-    )
 
 
 def interrupted(output_dir: str | os.PathLike, command: str) -> Interrupted:

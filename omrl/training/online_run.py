@@ -16,7 +16,7 @@ from omrl.errors import ConfigError, FailedStep, OmrlError
 from omrl.parallel import Strategy
 from omrl.rollout import Played
 from omrl.rollout.spec import overlong
-from omrl.supervisor import at_step, stage
+from omrl.supervisor import StageStalled, at_step, stage
 from omrl.training import checkpoint as ckpt
 from omrl.training import dynamic_sampling, rollout_health
 from omrl.training.async_generation import (
@@ -131,9 +131,11 @@ class OnlineRun:
             position, counts = self.task_order.state(), self.health.counts()
             try:
                 episodes, metrics = self._play_here(step, started)
-            except FailedStep:  # the step is not the run's: its tasks and counts are handed back
+            except (FailedStep, StageStalled) as stop:  # the step is not the run's: its tasks and counts go back
                 self.task_order.load_state(position)
                 self.health.restore(counts)
+                if isinstance(stop, StageStalled):
+                    stop.keepable = True  # the steps done may be checkpointed (omrl.training.stopped)
                 raise
         self.check_step(step)
         self.tool_health.check(step + 1, metrics, self.warn)

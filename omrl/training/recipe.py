@@ -40,8 +40,9 @@ from omrl.config import to_dict, to_yaml
 from omrl.data.mixture import DataSource, dataset_sources
 from omrl.errors import ConfigError, FailedStep
 from omrl.parallel import make_strategy
-from omrl.supervisor import supervise
+from omrl.supervisor import StageStalled, supervise
 from omrl.training import checkpoint as ckpt
+from omrl.training import stopped
 from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, read_metrics
 from omrl.training.model_setup import save_final_from_every_process
@@ -133,8 +134,8 @@ def run_recipe(recipe: Recipe, command: str) -> dict[str, Any]:
             take()  # the setup's time is no step's (omrl.clock)
             try:
                 return recipe.train()
-            except FailedStep as failure:  # the env failed, not the run: the steps done are kept to resume
-                raise ckpt.kept_steps(recipe, failure, command) from failure
+            except (FailedStep, StageStalled) as stop:  # the env failed or a deadline passed: keep what was done
+                raise stopped.explained(recipe, stop, command) from stop
     except KeyboardInterrupt as stop:
         raise ckpt.interrupted(recipe.cfg.logging.output_dir, command) from stop
     finally:

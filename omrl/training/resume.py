@@ -3,7 +3,7 @@ run's own (:func:`resume_point`).
 
 Resuming with a config that differs from the saved one fails naming the keys, except keys in
 :data:`MAY_CHANGE_ON_RESUME` (they change neither the data nor the maths: logging, checkpoint
-cadence, gradient checkpointing, the NaN patience), keys raised that extend a run
+cadence, stage deadlines, gradient checkpointing, the NaN patience), keys raised that extend a run
 (:data:`EXTEND_ON_RESUME`) and secrets (tokens, keys: ``state.json`` holds them redacted, see
 :func:`omrl.config.redact`). A damaged checkpoint is skipped for the one before it; one an older omrl
 wrote, with no manifest, is refused until ``omrl checkpoint trust`` vouches for it.
@@ -28,7 +28,14 @@ from omrl.training.checkpoint import (
 )
 
 # Dotted config keys (or prefixes ending in ".") that may differ between a run and its resumption.
-MAY_CHANGE_ON_RESUME = ("description", "logging.", "model.gradient_checkpointing", "optim.max_nan_steps", "resume")
+MAY_CHANGE_ON_RESUME = (
+    "deadlines.",  # how long a stage may take: a run a too tight one stopped goes on with a longer one
+    "description",
+    "logging.",
+    "model.gradient_checkpointing",
+    "optim.max_nan_steps",
+    "resume",
+)
 # keys that extend a run rather than change it: raised on resume, a run (finished or not) goes on
 EXTEND_ON_RESUME = ("steps", "num_train_epochs")
 
@@ -138,10 +145,7 @@ def resume_checkpoint(
     (``defaults``, ``renamed``: see :func:`check_same_config`)."""
     found = complete_checkpoints(output_dir)
     if not found:
-        raise CheckpointError(
-            f"nothing to resume: no complete checkpoint in {Path(output_dir) / CHECKPOINTS_DIR}; "
-            "run without --resume to start fresh"
-        )
+        raise _nothing_to_resume(Path(output_dir))
     for path in reversed(found):  # the newest intact one
         problem = damage(path)
         if problem is None and not has_manifest(path):
@@ -157,6 +161,22 @@ def resume_checkpoint(
     saved = json.loads((path / "state.json").read_text())["config"]
     check_same_config(saved, config, may_change, defaults, renamed)
     return path
+
+
+def _nothing_to_resume(output_dir: Path) -> CheckpointError:
+    """No checkpoint: start fresh, unless an earlier run logged steps there (a fresh run is refused over
+    it, see :func:`resume_point`), whose steps are lost: then start it again elsewhere, or delete it."""
+    metrics = output_dir / "metrics.jsonl"
+    if metrics.is_file() and metrics.stat().st_size:
+        return CheckpointError(
+            f"nothing to resume: the earlier run in {output_dir} stopped before its first checkpoint "
+            f"(logging.save_steps=N checkpoints every N steps), so its steps are lost; start it again without "
+            f"--resume in another output_dir, or delete {output_dir} first"
+        )
+    return CheckpointError(
+        f"nothing to resume: no complete checkpoint in {output_dir / CHECKPOINTS_DIR}; "
+        "run without --resume to start fresh"
+    )
 
 
 def _unverified(path: Path) -> CheckpointError:

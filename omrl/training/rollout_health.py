@@ -75,7 +75,7 @@ class RolloutHealth:
 
     def failed_step_message(self, step: int, env: str) -> str:
         """Why the run stops at ``step`` (1-based) whose every episode failed in the env (what was kept
-        and how to go on: :func:`omrl.training.checkpoint.kept_steps`)."""
+        and how to go on: :func:`omrl.training.stopped.kept_steps`)."""
         tries = self.failed_tries
         return (
             f"step {step}: every episode failed in the env {env!r}"

@@ -42,7 +42,7 @@ def _save(tmp_path, trained, step, **kw):
         scheduler=scheduler,
         tokenizer=tok,
         data_state={"epoch": 1, "index": 3},
-        config={"seed": 0, "optim": {"lr": 1.0}},
+        config=kw.pop("config", {"seed": 0, "optim": {"lr": 1.0}}),
         **kw,
     )
 
@@ -125,6 +125,13 @@ def test_resume_refuses_a_different_config_naming_the_keys(tmp_path, trained):
     assert resume_checkpoint(tmp_path, same).name == "step-00000001"
     with pytest.raises(ckpt.CheckpointError, match="nothing to resume"):
         resume_checkpoint(tmp_path / "elsewhere", same)
+
+
+def test_a_run_stopped_by_a_tight_deadline_resumes_with_longer_deadlines(tmp_path, trained):
+    saved = {"seed": 0, "deadlines": {"generate_s": 5.0, "on_stall": "stop", "grace_s": 30.0}}
+    _save(tmp_path, trained, 1, config=saved)
+    longer = {"seed": 0, "deadlines": {"generate_s": 2000.0, "on_stall": "drop", "grace_s": 60.0}}
+    assert resume_checkpoint(tmp_path, longer).name == "step-00000001"
 
 
 def test_an_option_newer_than_the_checkpoint_warns_at_its_default_and_refuses_otherwise(tmp_path, trained):

@@ -3,6 +3,7 @@ the generation process's hand-over that hangs stops the run (exit status 2), nam
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import queue
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from omrl.config.options import DeadlineConfig
-from omrl.supervisor import StageStalled, supervise
+from omrl.supervisor import StageStalled, stage, supervise
 from omrl.training import async_generation, online, online_run
 from omrl.training.rl import run_rl
 from tests.helpers import gridworld_grpo_config
@@ -62,3 +63,27 @@ def test_a_generation_process_that_never_hands_over_stops_the_run(tmp_path):
                 generation.take(3)
     finally:
         silent.kill()
+
+
+def test_a_run_a_deadline_stops_keeps_the_steps_done_and_resumes_from_them(tiny_model_dir, tmp_path, monkeypatch):
+    """With no checkpoint asked for (save_steps=0), a generate that hangs in step 2 used to lose step 1."""
+    play = online_run.OnlineRun._play_here
+
+    def hangs_in_step_two(self, step, started):
+        if step == 1:
+            with stage("generate"):
+                time.sleep(120)
+        return play(self, step, started)
+
+    monkeypatch.setattr(online_run.OnlineRun, "_play_here", hangs_in_step_two)
+    run = tmp_path / "run"
+    words = ("steps=2", "tasks_per_step=1", "group_size=2", "generation.max_new_tokens=4", "logging.save_steps=0")
+    cfg = gridworld_grpo_config(tiny_model_dir, run, *words, "deadlines.generate_s=1", "deadlines.heartbeat_s=0")
+    with pytest.raises(
+        StageStalled, match=r"the newest checkpoint is .*step-00000001: continue with omrl train --resume"
+    ):
+        run_rl(cfg)
+    monkeypatch.undo()
+    run_rl(gridworld_grpo_config(tiny_model_dir, run, *words, "resume=true", "deadlines.generate_s=900"))
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [s for s in steps if s] == [1, 2]  # step 1 was kept, not played again

@@ -1,0 +1,84 @@
+"""What a run that stops early kept, and how to go on: an env that failed every episode of a step
+(:class:`~omrl.errors.FailedStep`) or a stage past its deadline (:class:`~omrl.supervisor.StageStalled`).
+
+The steps done are checkpointed first where the run stands where they left it (the stopped step's tasks
+handed back: ``keepable``), so a stop costs the step it stopped in, not every step since the last
+checkpoint; the message names the newest checkpoint and the ``--resume`` that continues from it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from omrl.errors import FailedStep
+from omrl.supervisor import StageStalled
+from omrl.training.checkpoint import latest_checkpoint
+
+_REWARD_REASON = re.compile(r"reward '([^']+)': ")  # how omrl.rewards names a reward an episode failed in
+
+
+def explained(recipe: Any, stop: FailedStep | StageStalled, command: str) -> FailedStep | StageStalled:
+    """``stop`` with what was kept and how to go on (:func:`kept_steps`, :func:`stopped_by_stall`)."""
+    if isinstance(stop, StageStalled):
+        return stopped_by_stall(recipe, stop, command)
+    return kept_steps(recipe, stop, command)
+
+
+def kept_steps(recipe: Any, failure: FailedStep, command: str) -> FailedStep:
+    """``failure`` with what was kept and how to go on. When the reason is a reward (it stalled), the
+    message names the reward, not the env: bringing the env back would not help."""
+    kept = _keep(recipe, failure.keepable)
+    reward = _failed_reward(recipe)
+    if reward is not None:
+        env = getattr(getattr(recipe.cfg, "env", None), "name", "")
+        headline = str(failure).replace(f"every episode failed in the env {env!r}", f"the reward {reward!r} failed")
+        fix = f"fix the reward {reward!r} (or give it longer: deadlines.reward_s)"
+        if kept is None:
+            return FailedStep(f"{headline}; no step was done before it: nothing to resume, {fix} and run again")
+        return FailedStep(f"{headline}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")
+    if kept is None:
+        return FailedStep(f"{failure}; no step was done before it: nothing to resume, run again once the env is back")
+    return FailedStep(
+        f"{failure}; the newest checkpoint is {kept}: bring the env back (is its server down or full?), then "
+        f"{_resume(recipe, command)}"
+    )
+
+
+def stopped_by_stall(recipe: Any, stall: StageStalled, command: str) -> StageStalled:
+    """``stall`` with what was kept and how to go on (``deadlines.*`` may be raised on resume). The steps
+    done are checkpointed when the stall's step was handed back (``stall.keepable``, set by the rollout)."""
+    kept = _keep(recipe, getattr(stall, "keepable", False) and stall.stage != "checkpoint")
+    longer = f"deadlines.{stall.stage}_s" if stall.stage else "its deadline"
+    if kept is None:
+        return StageStalled(
+            f"{stall}; no step was done before it: nothing to resume, run again (with a longer {longer} if "
+            "it was too tight) in another output_dir, or delete this one first",
+            stall.stage,
+        )
+    return StageStalled(
+        f"{stall}; the newest checkpoint is {kept}: {_resume(recipe, command)} (a longer {longer}=... may be "
+        "given there)",
+        stall.stage,
+    )
+
+
+def _keep(recipe: Any, keepable: bool) -> Path | None:
+    """The newest checkpoint, written now for the steps done when ``keepable`` and none holds them yet."""
+    kept = latest_checkpoint(recipe.cfg.logging.output_dir)
+    if keepable and recipe.step > (int(kept.name.split("-")[-1]) if kept else 0):
+        kept = recipe.save_checkpoint()
+    return kept
+
+
+def _failed_reward(recipe: Any) -> str | None:
+    """The reward the last failed step's episodes failed in, or None (they failed in the env)."""
+    reason = getattr(getattr(getattr(recipe, "run", None), "health", None), "failed_step", "") or ""
+    found = _REWARD_REASON.match(reason)
+    return found[1] if found else None
+
+
+def _resume(recipe: Any, command: str) -> str:
+    return f"continue with omrl {command} --resume --output-dir {shlex.quote(str(recipe.cfg.logging.output_dir))}"
