@@ -45,6 +45,7 @@ from omrl.chat.replies import (
     template_key,
 )
 from omrl.chat.template_check import check_render_bounds_once, where_tool
+from omrl.chat.template_check import check_template_options as check_template_options  # where runs import it
 from omrl.chat.tool_calls import FORMATS, parse_tool_calls, template_format
 from omrl.errors import OmrlError
 
@@ -276,10 +277,17 @@ def _parse_problem(reply: Message, message: Message, parsed: ParsedReply, turn: 
 
 
 def _prompt_problem(tokenizer: Any, row: list[int], chat: list[Message], kwargs: dict, mode: str, turn: int) -> str:
-    """Under ``as_template``, whether the row's ids up to the next reply are the template's own render."""
-    text = render(tokenizer, mark_messages(tokenizer, chat), add_generation_prompt=True, **kwargs)
-    if any(isinstance(m.get("content"), str) and m["content"] and m["content"] not in text for m in chat[:2]):
-        return "the template drops a message's text (it wants content as parts, as a VLM's does)"
+    """Whether the chat's render writes a generation prompt and the text of every message but the replies (whose
+    reasoning it may drop); under ``as_template``, whether the row's ids up to the next reply are that render."""
+    said = mark_messages(tokenizer, chat)
+    text = render(tokenizer, said, add_generation_prompt=True, **kwargs)
+    lost = next((m for m in said if m["role"] != "assistant" and m["content"].strip() not in text), None)
+    if lost is not None:
+        text = f"{lost['role']} message's text ({lost['content'][:40]!r})"
+        return f"the template drops a {text}; a VLM's template may want content as parts"
+    header = reply_shape(tokenizer, kwargs).answer_opens.strip()  # Mistral's [/INST] needs no prompt: it has none
+    if turn == 0 and header and text == render(tokenizer, said, **kwargs):
+        return f"the template writes no generation prompt: the model would have to sample {header!r} itself"
     if mode != "as_template":
         return ""
     if row != encode_chat(tokenizer, text):
@@ -365,32 +373,3 @@ def check_run_template(tokenizer: Any, mode: str, kwargs: dict | None = None) ->
             f"omrl would lay out this chat template's episodes wrongly under chat.history={mode} ({known[key]}); "
             f"`omrl check-template MODEL` shows every case and which mode works"
         )
-
-
-def check_template_options(tokenizer: Any, options: dict) -> None:
-    """An error naming each of ``options`` (``chat.template_kwargs``) the chat template never reads, with the
-    variables it does read: a misspelt ``enable_thinkng`` would otherwise change nothing, silently."""
-    if not options:
-        return
-    check_render_bounds_once(tokenizer, options)  # reading its variables compiles it (and folds its constants)
-    read = template_variables(tokenizer)
-    unread = sorted(set(options) - read)
-    if unread:
-        offered = ", ".join(sorted(read - {"messages", "add_generation_prompt", "tools", "documents"})) or "none"
-        raise OmrlError(
-            f"chat.template_kwargs names {', '.join(unread)}, which the chat template does not read; "
-            f"the options it reads: {offered}"
-        )
-
-
-def template_variables(tokenizer: Any) -> set[str]:
-    """The variables the chat template reads that it does not set itself (its options, the messages...)."""
-    from jinja2 import meta
-
-    from omrl.chat.template_check import _environment
-
-    source = str(getattr(tokenizer, "chat_template", "") or "")
-    try:
-        return set(meta.find_undeclared_variables(_environment(source).parse(source)))
-    except Exception:  # noqa: BLE001 - a template jinja cannot parse reads what it reads: nothing is refused
-        return set()

@@ -100,7 +100,7 @@ def _as_read_back(tokenizer, reply: Message, kwargs: dict) -> Message:
     template itself keeps or drops it); a reply that has the field already is as given."""
     if any(reply.get(name) for name in REASONING_FIELDS) or not isinstance(reply.get("content"), str):
         return dict(reply)
-    parsed = parse_reply(tokenizer, reply["content"], kwargs)
+    parsed = parse_reply(tokenizer, reply["content"], kwargs, sampled=False)
     return {**reply, **parsed.message}
 
 

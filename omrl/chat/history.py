@@ -40,7 +40,7 @@ from omrl.chat.encoding import encode_chat, encode_continued, mark_messages
 from omrl.chat.increments import next_turn_ids
 from omrl.chat.pieces import TemplateRewrites
 from omrl.chat.render import Message, render
-from omrl.chat.replies import leading_specials, special_strings, template_key, trailing_specials
+from omrl.chat.replies import after_sampled_end, leading_specials, special_strings, template_key, trailing_specials
 from omrl.chat.tool_calls import template_format
 from omrl.errors import OmrlError
 
@@ -180,8 +180,9 @@ def anchored_increment(
             f"history cannot be kept; use chat.history=as_template ({CHECK_HINT})"
         )
     increment = text[at + len(PLACEHOLDER_REPLY) :]
-    if not sampled_end or increment.startswith(sampled_end):
-        return increment[len(sampled_end) :]
+    rest = after_sampled_end(increment, sampled_end)
+    if rest is not None:
+        return rest
     specials = special_strings(tokenizer)
     closing, sampled = leading_specials(increment, specials), trailing_specials(sampled_end, specials)
     if len(closing) < len(sampled) or not sampled:

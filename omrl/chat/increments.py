@@ -33,6 +33,7 @@ from omrl.chat.pieces import (
     tokenizer_state,
 )
 from omrl.chat.render import Message, render
+from omrl.chat.replies import after_sampled_end
 
 MAX_OPENINGS = 64  # cached opening ids per tokenizer (one per env and template in a run)
 
@@ -123,9 +124,9 @@ def _turn_ids(
     pieces = entry.pieces
     end = pieces.end
     if sampled_end:
-        if not end.startswith(sampled_end):
+        end = after_sampled_end(end, sampled_end)
+        if end is None:
             return None  # the template closes a reply otherwise than it was sampled: render in full
-        end = end[len(sampled_end) :]
     ids = _split(tokenizer, end + pieces.before, pieces.after, True).ids(tokenizer, user_content)
     if not entry.turn_checked:
         text = rendered_turn_text(tokenizer, mark_messages(tokenizer, messages), user_content, sampled_end, **kwargs)

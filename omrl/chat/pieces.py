@@ -38,6 +38,7 @@ from operator import itemgetter
 from typing import Any, Sequence
 
 from omrl.chat.render import Message, render
+from omrl.chat.replies import after_sampled_end
 from omrl.chat.template_check import cacheable_template
 from omrl.errors import OmrlError
 
@@ -254,8 +255,8 @@ def rendered_turn_text(
     """The text a user message adds after ``messages`` (ending with a reply whose sampled end tokens are
     ``sampled_end``), with the next generation prompt: by rendering the chat without and with the message."""
     after = generation_end(tokenizer, messages, **kwargs)
-    if sampled_end and after.startswith(sampled_end):
-        after = after[len(sampled_end) :]
+    rest = after_sampled_end(after, sampled_end) if sampled_end else None
+    after = after if rest is None else rest  # a reply ended otherwise than the template ends it: all of it is written
     before = render(tokenizer, messages, **kwargs)
     longer = render(
         tokenizer, [*messages, {"role": "user", "content": user_content}], add_generation_prompt=True, **kwargs

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from omrl.chat.conversation import conversation_rows, reply_text
 from omrl.chat.history import HISTORY_MODES, kept_increment
 from omrl.chat.render import Message, render
+from omrl.chat.replies import sampled_end
 from omrl.errors import OmrlError
 
 REPLY_STYLES = ("plain", "think", "fields")
@@ -253,12 +254,20 @@ def _play(tokenizer, episode: list[Message], mode: str, kwargs: dict, tool_step:
     )
     if mode == "keep" and tool_step is not None:
         try:
-            kept_increment(
-                tokenizer, tool_step, [{"role": "tool", "content": TOOL_RESULT}], tokenizer.eos_token or "", **kwargs
-            )
+            end = _sampled_end(tokenizer, tool_step, kwargs)
+            kept_increment(tokenizer, tool_step, [{"role": "tool", "content": TOOL_RESULT}], end, **kwargs)
         except Exception as exc:  # noqa: BLE001
             cost.tool_problem = _reason(exc)
     return cost
+
+
+def _sampled_end(tokenizer, chat: list[Message], kwargs: dict) -> str:
+    """The end token(s) a model samples for ``chat``'s last reply, as the template ends it (gpt-oss ends a tool
+    call with ``<|call|>``, an answer with ``<|return|>``); the eos token where the template's text for it is unknown."""
+    try:
+        return sampled_end(tokenizer, reply_text(tokenizer, chat[:-1], chat[-1], **kwargs), kwargs)
+    except Exception:  # noqa: BLE001 - the keep probe below says what fails
+        return tokenizer.eos_token or ""
 
 
 def _prefill(mask: Sequence[int]) -> int:

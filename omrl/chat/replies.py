@@ -239,13 +239,30 @@ def sampled_end(tokenizer: Any, text: str, kwargs: dict | None = None) -> str:
     return text[start:]
 
 
-def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None) -> ParsedReply:
+def after_sampled_end(end: str, sampled: str) -> str | None:
+    """What of ``end``, the text a template writes after a reply, the model did not sample, where the reply ended
+    with ``sampled`` (its :func:`sampled_end`): ``end`` after ``sampled`` where that starts it, else after the part
+    of ``end`` that ``sampled`` ends with (Cohere2 may sample ``<|END_RESPONSE|>`` twice before
+    ``<|END_OF_TURN_TOKEN|>``: its template's closing is in the ids, never written again); None where the reply
+    ended otherwise (gpt-oss samples ``<|return|>`` where a longer chat writes ``<|end|>``)."""
+    if end.startswith(sampled):
+        return end[len(sampled) :]
+    cut = next((k for k in range(min(len(end), len(sampled)), 0, -1) if sampled.endswith(end[:k])), 0)
+    return end[cut:] if cut else None
+
+
+def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None, sampled: bool = True) -> ParsedReply:
     """``text`` (a reply's decoded text without its :func:`sampled_end`) split the way the template writes a
     reply: the reasoning between the template's reasoning markers, the answer after them (less the header
     the template puts before an answer), and the message holding both: the reasoning in the field the template
-    reads, or, where it reads none (``inline``), in the content as the model wrote it, its block opened."""
+    reads, or, where it reads none (``inline``), in the content as the model wrote it, its block opened.
+
+    A reply that never closes its reasoning (cut at the token limit) is read as the family's server reads it
+    (:func:`_unclosed_reasoning`): all reasoning where the generation prompt opened the block or a channel header
+    opened it, its answer empty. ``sampled`` False: ``text`` is a message's content from a dataset, which leaves
+    out a block the prompt opened when it has no reasoning (DeepSeek-R1's ``"Act: up"``): it is then the answer."""
     shape = reply_shape(tokenizer, kwargs)
-    reasoning, answer = None, text
+    reasoning, answer, closed = None, text, False
     if shape.field and shape.closes.strip():
         for opens, closes in ((shape.opens, shape.closes), (shape.opens.strip(), shape.closes.strip())):
             if not opens and closes.strip() == THINK_CLOSE:
@@ -253,14 +270,34 @@ def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None) -> Parsed
             body = text.lstrip() if opens != shape.opens else text
             if body.startswith(opens) and closes in body[len(opens) :]:
                 reasoning, answer = body[len(opens) :].split(closes, 1)
+                closed = True
                 break
+    if not closed and shape.field and (sampled or not shape.inline):
+        reasoning = _unclosed_reasoning(shape, text)
+        answer = text if reasoning is None else ""
     for header in (shape.answer_opens, shape.answer_opens.strip()):
         if reasoning is None and header and answer.startswith(header):
             answer = answer[len(header) :]
             break
     message: dict[str, Any] = {"role": "assistant", "content": answer}
-    if reasoning is not None and shape.field and shape.inline:
+    if closed and shape.field and shape.inline:
         message["content"] = text if text.lstrip().startswith(THINK_OPEN) else shape.inline + text
     elif reasoning is not None and shape.field:
         message[shape.field] = reasoning
     return ParsedReply(reasoning, answer, message)
+
+
+def _unclosed_reasoning(shape: ReplyShape, text: str) -> str | None:
+    """The reasoning of a reply whose reasoning block never closes, as the family's server parses it, or None where
+    it reads such a reply as the answer. DeepSeek-R1's generation prompt opens ``<think>``: its parser (vLLM's)
+    reads a reply without ``</think>`` as reasoning. gpt-oss's (harmony's) ``analysis`` channel is reasoning, and
+    Gemma 4's ``thought`` channel, however it ends. An unclosed ``<think>`` the reply opened itself (Qwen3) is left
+    to the answer, as Qwen3's parser leaves it."""
+    if not text.strip():
+        return None
+    if shape.inline:  # the prompt opened the block: the reply starts inside it
+        body = text.lstrip()
+        return body[len(THINK_OPEN) :] if body.startswith(THINK_OPEN) else text
+    if shape.opens.strip() and THINK_OPEN not in shape.opens and text.startswith(shape.opens):  # a channel header
+        return text[len(shape.opens) :]
+    return None

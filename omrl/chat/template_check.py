@@ -2,7 +2,8 @@
 syntax tree, the first of the two checks :mod:`omrl.chat.pieces` makes before caching a template's
 pieces (the second renders probe chats). And whether it renders at all within bounds
 (:func:`check_render_bounds`): a template from a model repo is code, and one that loops over
-``range(10**10)`` or builds gigabytes of text must be refused, not run.
+``range(10**10)`` or builds gigabytes of text must be refused, not run. And which options it reads
+(:func:`check_template_options`): a misspelt one is refused by name.
 
 It reads jinja only and imports nothing of :mod:`omrl.chat`: it sits at the bottom of the package's layers."""
 
@@ -29,6 +30,11 @@ _STILL_MESSAGES = frozenset({"first", "last", "reverse", "list", "selectattr", "
 _COUNTS = frozenset({"length", "count"})
 _OUTPUT_HOLDERS = (nodes.Template, nodes.For, nodes.If, nodes.With, nodes.Scope)  # output in them stays output
 _UNSTABLE_CALLS = frozenset({"strftime_now", "lipsum"})  # text that changes between renders
+# what a template reads that is not an option: its arguments, and the fields of the messages it is given
+NOT_OPTIONS = frozenset(
+    {"messages", "add_generation_prompt", "tools", "documents"}
+    | {"content", "role", "reasoning_content", "thinking", "reasoning"}
+)
 MAX_COUNT = 8  # a larger number could count messages past what the probe chats cover
 
 
@@ -310,3 +316,30 @@ def _check_verdict(done: subprocess.CompletedProcess, memory: int, max_chars: in
 def _stderr_end(stderr: str) -> str:
     text = stderr.strip()
     return f": ...{text[-300:]}" if text else ""
+
+
+def check_template_options(tokenizer: Any, options: dict) -> None:
+    """An error naming each of ``options`` (``chat.template_kwargs``) the chat template never reads, with the
+    variables it does read: a misspelt ``enable_thinkng`` would otherwise change nothing, silently."""
+    if not options:
+        return
+    check_render_bounds_once(tokenizer, options)  # reading its variables compiles it (and folds its constants)
+    read = template_variables(tokenizer)
+    unread = sorted(set(options) - read)
+    if unread:
+        offered = ", ".join(sorted(read - NOT_OPTIONS)) or "none"
+        raise OmrlError(
+            f"chat.template_kwargs names {', '.join(unread)}, which the chat template does not read; "
+            f"the options it reads: {offered}"
+        )
+
+
+def template_variables(tokenizer: Any) -> set[str]:
+    """The variables the chat template reads that it does not set itself (its options, the messages...)."""
+    from jinja2 import meta
+
+    source = str(getattr(tokenizer, "chat_template", "") or "")
+    try:
+        return set(meta.find_undeclared_variables(_environment(source).parse(source)))
+    except Exception:  # noqa: BLE001 - a template jinja cannot parse reads what it reads: nothing is refused
+        return set()

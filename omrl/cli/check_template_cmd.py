@@ -38,7 +38,7 @@ def check_template_command(
     history mode does on a sample episode. Exits non-zero when omrl cannot train it token-exactly."""
     from rich.console import Console
 
-    from omrl.chat.conformance import conformance, first_broken
+    from omrl.chat.conformance import check_template_options, conformance, first_broken
     from omrl.chat.probe import TOOL_CALLS, TURNS, check_template
     from omrl.chat.template_check import check_render_bounds
     from omrl.errors import OmrlError
@@ -47,6 +47,7 @@ def check_template_command(
     chat_kwargs = parse_kwargs(kwargs)
     tokenizer = load_tokenizer(model)
     check_render_bounds(tokenizer, chat_kwargs)  # a template that loops or builds huge text is refused, not run
+    check_template_options(tokenizer, chat_kwargs)  # a misspelt option would check the default, silently
     report = check_template(tokenizer, chat_kwargs)
     cases = conformance(tokenizer, chat_kwargs)
     console = Console(highlight=False)

@@ -11,6 +11,8 @@ from omrl.errors import OmrlError
 KEYWORD_LINE = re.compile(r"^[ \t>*_#-]*(?:think|thought|act|action|observation|obs)[ \t*_]*:", re.I | re.M)
 # "name[arg]" or "name(arg)": the shape of most text-env actions (WebShop, AgentGym).
 ACTION_SHAPE = re.compile(r"^[A-Za-z_][\w\-]*\s?(?:\[[^\[\]\n]*\]|\([^()\n]*\))$")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+HARMONY_CHANNEL, HARMONY_FINAL = "<|channel|>", "<|channel|>final<|message|>"  # gpt-oss's channel headers
 EXAMPLE_THOUGHT = "This action brings me closer to the goal."
 _EXAMPLE_VALUES = {"string": None, "integer": 1, "number": 1, "boolean": True}
 
@@ -20,11 +22,25 @@ class TemplateError(OmrlError):
 
 
 def without_reasoning(text: str) -> str:
-    """``text`` without a thinking model's leading ``<think>...</think>`` block (Qwen3, DeepSeek-R1 emit one
-    before every answer; a template's format applies to the answer after it)."""
+    """``text`` without a thinking model's reasoning before its answer: a leading ``<think>...</think>`` block
+    (Qwen3 emits one before every answer), or one of :func:`without_opened_reasoning`'s shapes. A template's
+    format applies to the answer after it."""
     stripped = text.lstrip()
-    if stripped.startswith("<think>") and "</think>" in stripped:
-        return stripped.split("</think>", 1)[1]
+    if stripped.startswith(THINK_OPEN) and THINK_CLOSE in stripped:
+        return stripped.split(THINK_CLOSE, 1)[1]
+    return without_opened_reasoning(text)
+
+
+def without_opened_reasoning(text: str) -> str:
+    """``text`` without the reasoning of a reply that starts inside it, as the chat template shapes it:
+    DeepSeek-R1's generation prompt opens ``<think>``, so its reply is the reasoning, ``</think>`` (with no
+    ``<think>`` before it), then the answer; gpt-oss's reply is its channels, the answer in the last one,
+    ``final``. A reply that is neither, or was cut before its answer, is ``text`` as it is."""
+    if text.lstrip().startswith(HARMONY_CHANNEL) and HARMONY_FINAL in text:
+        return text.rsplit(HARMONY_FINAL, 1)[1]
+    closes = text.find(THINK_CLOSE)
+    if closes >= 0 and THINK_OPEN not in text[:closes]:
+        return text[closes + len(THINK_CLOSE) :]
     return text
 
 

@@ -6,7 +6,14 @@ import re
 from typing import Any
 
 from omrl.templates import ParsedAction, Template
-from omrl_plugins.templates.common import first_block, lone_action, reply_format_error, reply_format_prompt, unwrap
+from omrl_plugins.templates.common import (
+    first_block,
+    lone_action,
+    reply_format_error,
+    reply_format_prompt,
+    unwrap,
+    without_opened_reasoning,
+)
 
 TAGS = ("<think>", "</think>", "<action>", "</action>")
 REPLY_FORMAT = ("<think>your reasoning</think>", "<action>one action</action>")
@@ -46,6 +53,9 @@ class XmlTemplate(Template):
         return f"<think>{thought}</think>\n<action>{action}</action>"
 
     def parse(self, response: str, env: Any) -> ParsedAction:
+        # reasoning before the answer goes (DeepSeek-R1's, gpt-oss's channels); a leading <think> block is this
+        # template's own tag, so a Qwen3 block stays
+        response = without_opened_reasoning(response)
         if not response.strip():
             return ParsedAction(None, False, error=reply_format_error("The reply was empty.", env, REPLY_FORMAT))
         think = THINK.search(response)

@@ -87,11 +87,35 @@ NUMBERED = r"""
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
 """
 
+# ChatML without a generation prompt: the model would have to sample the assistant's header itself
+NO_GENERATION_PROMPT = (
+    "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endfor -%}"
+)
+
+# ChatML that writes only the first user message: the model never sees an observation
+FIRST_USER_ONLY = r"""
+{%- set ns = namespace(users=0) -%}
+{%- for m in messages -%}
+{%- if m.role == 'user' -%}{%- set ns.users = ns.users + 1 -%}{%- endif -%}
+{%- if m.role != 'user' or ns.users == 1 -%}{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"""
+
+# Mistral-like: the user's turn closes with [/INST] and the answer follows it, so no generation prompt is needed
+INST = (
+    "{%- for m in messages -%}{%- if m.role == 'assistant' -%}{{- m.content + '<|im_end|>' -}}"
+    "{%- else -%}{{- '[INST] ' + m.content + ' [/INST]' -}}{%- endif -%}{%- endfor -%}"
+)
+
 EXTRA = {
     "ends_in_text": ENDS_IN_TEXT,
     "raises_after_reply": RAISES_AFTER_REPLY,
     "needs_kwarg": NEEDS_KWARG,
     "numbered": NUMBERED,
+    "no_generation_prompt": NO_GENERATION_PROMPT,
+    "first_user_only": FIRST_USER_ONLY,
+    "inst": INST,
 }
 
 
@@ -317,3 +341,36 @@ def test_a_template_that_drops_tool_messages_has_no_tool_role():
     assert "R!" not in phi3.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert check_template(phi3).tool_role is False
     assert check_template(family_tokenizer("qwen2_5")).tool_role is True
+
+
+def test_gpt_oss_keep_carries_tool_results_after_a_call_ended_as_its_template_ends_one():
+    from .families import family_tokenizer
+
+    report = check_template(family_tokenizer("gptoss"))  # eos <|return|> ends an answer; <|call|> ends a call
+    keep = report.modes["keep"]
+    assert report.tool_role and keep.works and keep.tool_problem == ""
+
+
+def test_cli_refuses_an_option_the_template_does_not_read(tiny_model_dir, capsys):
+    code, out, err = cli(capsys, tiny_model_dir, "--kwargs", '{"enable_thinking": false}')
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert "names enable_thinking, which the chat template does not read; the options it reads: none" in err
+
+
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("no_generation_prompt", "the template writes no generation prompt: the model would have to sample "),
+        ("first_user_only", "the template drops a user message's text ('Drawer 1 is empty.')"),
+    ],
+)
+def test_cli_fails_on_a_template_that_hides_a_turn_from_the_model(model_dirs, capsys, name, problem):
+    code, out, err = cli(capsys, model_dirs[name])
+    assert code == 2 and "Traceback" not in err
+    assert "wrongly under chat.history=keep" in err and problem in " ".join(err.split())
+
+
+def test_a_template_whose_user_turn_opens_the_answer_needs_no_generation_prompt(model_dirs, capsys):
+    code, out, err = cli(capsys, model_dirs["inst"])
+    assert code == 0, err
+    assert "broken" not in out

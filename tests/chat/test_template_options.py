@@ -39,6 +39,12 @@ def test_a_name_the_template_does_not_read_is_refused_with_those_it_reads():
         check_template_options(tokenizer, {"enable_thinkng": False})
 
 
+def test_the_options_a_template_reads_leave_out_the_fields_of_its_messages():
+    tokenizer = family_tokenizer("qwen3")  # it reads message.content and reasoning_content, and enable_thinking
+    with pytest.raises(OmrlError, match=r"the options it reads: enable_thinking$"):
+        check_template_options(tokenizer, {"enable_thinkng": False})
+
+
 def test_a_rollout_renders_every_prompt_with_the_runs_options(greeting_tokenizer):
     backend = ScriptedBackend(
         greeting_tokenizer, lambda call, index, prompt: ["Action: open", "Action: take key"][call]

@@ -378,3 +378,33 @@ def test_a_thinking_models_reasoning_block_before_the_react_answer_is_set_aside(
     reply = "<think>\nThe goal is up.\n</think>\n\n" + tpl.format_action("search[red running shoes]", SHOP, "Look.")
     parsed = tpl.parse(reply, SHOP)
     assert (parsed.action, parsed.format_ok, parsed.thought) == ("search[red running shoes]", True, "Look.")
+
+
+# a thinking family's reply as its model samples it after the generation prompt, the answer last
+REASONING_FIRST = {
+    "qwen3": "<think>\nThe goal is near.\n</think>\n\n{answer}",  # the reply opens the block
+    "deepseek_r1": "The goal is near.\n</think>\n\n{answer}",  # the generation prompt opened <think>
+    "gpt_oss": "<|channel|>analysis<|message|>The goal is near.<|end|><|start|>assistant<|channel|>final<|message|>"
+    "{answer}",
+    "gpt_oss_final_only": "<|channel|>final<|message|>{answer}",
+}
+
+
+@pytest.mark.parametrize(
+    "name, family",
+    # xml's own tag is <think>: a Qwen3 block before its answer reads as two think blocks, as before
+    [("react", family) for family in REASONING_FIRST] + [("xml", f) for f in REASONING_FIRST if f != "qwen3"],
+)
+def test_a_well_formed_answer_after_a_thinking_familys_reasoning_is_well_formed(name, family):
+    tpl = template(name)
+    reply = REASONING_FIRST[family].format(answer=tpl.format_action("click[Buy Now]", SHOP, "Buy it."))
+    parsed = tpl.parse(reply, SHOP)
+    assert (parsed.action, parsed.format_ok, parsed.thought) == ("click[Buy Now]", True, "Buy it.")
+
+
+@pytest.mark.parametrize("name, answer", [("react", "\nAct: click[a]"), ("xml", "<action>click[a]</action>")])
+def test_reasoning_never_closed_is_read_with_its_answer_as_before(name, answer):
+    """A reply that never closes its reasoning (cut at the token limit) has no answer to set apart."""
+    for opened in ("The goal is near.", "<|channel|>analysis<|message|>The goal is near."):
+        parsed = template(name).parse(opened + answer, SHOP)
+        assert (parsed.action, parsed.format_ok) == ("click[a]", False)
