@@ -168,10 +168,17 @@ def damage(path: Path) -> str | None:
     """What is wrong with complete checkpoint ``path`` (a file missing or changed since it was
     written), or None. One without a manifest (an older omrl's) cannot be checked and passes here:
     :func:`~omrl.training.resume.resume_checkpoint` refuses it (see :func:`has_manifest`). A COMPLETE
-    marker without its ``step N`` line (emptied, cut) is damage: every omrl writes that line."""
+    marker without its ``step N`` line (emptied, cut) is damage: every omrl writes that line; so is a
+    file the manifest does not list, since it lists every file: the marker was cut after a line."""
     if not _step_line(path):
         return f"its {COMPLETE_MARKER} marker is empty or cut (no 'step N' line)"
-    return manifest_damage(path, _manifest_lines(path))
+    lines = _manifest_lines(path)
+    listed = {line.split(" ", 2)[-1] for line in lines}
+    files = (p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+    unlisted = sorted(set(files) - listed) if lines else []
+    if unlisted:
+        return f"its {COMPLETE_MARKER} marker is cut: its manifest does not list {unlisted[0]}"
+    return manifest_damage(path, lines)
 
 
 def _step_line(path: Path) -> str:

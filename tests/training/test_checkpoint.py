@@ -107,6 +107,17 @@ def test_only_renamed_dirs_with_the_marker_count(tmp_path, trained):
     assert not (root / ".tmp-step-00000003-4242").exists()  # the next save clears what a killed run left
 
 
+def test_a_complete_marker_cut_after_a_line_is_damage(tmp_path, trained):
+    """Cut between two manifest lines, the marker still reads well: the files it no longer lists (an
+    optimizer state flipped since, say) went unchecked."""
+    path = _save(tmp_path, trained, 1)
+    marker = path / ckpt.COMPLETE_MARKER
+    lines = marker.read_text().splitlines(keepends=True)
+    assert ckpt.damage(path) is None and len(lines) > 2
+    marker.write_text("".join(lines[:2]))
+    assert ckpt.damage(path).startswith("its COMPLETE marker is cut: its manifest does not list ")
+
+
 def test_keep_last_n(tmp_path, trained):
     for step in (1, 2, 3, 4):
         _save(tmp_path, trained, step, keep=2)
