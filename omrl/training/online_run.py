@@ -228,7 +228,7 @@ class OnlineRun:
             self.warn(rollout_health.no_turn_warning(step + 1, episodes, too_long, self.cfg.generation.max_context))
         if self.health.failed_step:
             self.warn(
-                f"step {step + 1}: every episode failed in the env {self.cfg.env.name!r} "
+                f"step {step + 1}: every episode failed in {self.health.failed_in(self.cfg.env.name)} "
                 f"({self.health.failed_step}); nothing to train on"
             )
         return not self.health.failed_step

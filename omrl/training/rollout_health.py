@@ -10,6 +10,7 @@ seats, the others can end every game before the policy's seat moves.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -17,6 +18,8 @@ from omrl.data import Episode
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.rollout.spec import overlong
 
+#: how omrl.rewards names the reward an episode failed in (its ``error`` begins so)
+_REWARD_REASON = re.compile(r"reward '([^']+)': ")
 #: a step whose every episode failed in the env is played again this many times before the run stops
 ENV_FAILURE_REPLAYS = 2
 ENV_FAILURE_WAIT = 5.0  # seconds before the first replay, doubled before each next one
@@ -73,12 +76,22 @@ class RolloutHealth:
         self.failed_tries = self.failed_tries + 1 if all_lost else 0
         self.failed_step = (first_error or "on another process") if all_lost else ""
 
+    def failed_reward(self) -> str | None:
+        """The reward this step's episodes failed in (it raised or stalled), or None: they failed in the env."""
+        found = _REWARD_REASON.match(self.failed_step)
+        return found[1] if found else None
+
+    def failed_in(self, env: str) -> str:
+        """What this step's every episode failed in, for a message: the reward or the env ``env``."""
+        reward = self.failed_reward()
+        return f"the reward {reward!r}" if reward else f"the env {env!r}"
+
     def failed_step_message(self, step: int, env: str) -> str:
-        """Why the run stops at ``step`` (1-based) whose every episode failed in the env (what was kept
-        and how to go on: :func:`omrl.training.stopped.kept_steps`)."""
+        """Why the run stops at ``step`` (1-based) whose every episode failed in the env or a reward (what
+        was kept and how to go on: :func:`omrl.training.stopped.kept_steps`)."""
         tries = self.failed_tries
         return (
-            f"step {step}: every episode failed in the env {env!r}"
+            f"step {step}: every episode failed in {self.failed_in(env)}"
             f"{f' in {tries} rollouts in a row' if tries > 1 else ''} (the last reason: "
             f"{self.failed_step}); the step is not counted"
         )

@@ -8,7 +8,6 @@ checkpoint; the message names the newest checkpoint and the ``--resume`` that co
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -16,8 +15,6 @@ from typing import Any
 from omrl.errors import FailedStep
 from omrl.supervisor import StageStalled
 from omrl.training.checkpoint import latest_checkpoint
-
-_REWARD_REASON = re.compile(r"reward '([^']+)': ")  # how omrl.rewards names a reward an episode failed in
 
 
 def explained(recipe: Any, stop: FailedStep | StageStalled, command: str) -> FailedStep | StageStalled:
@@ -31,14 +28,13 @@ def kept_steps(recipe: Any, failure: FailedStep, command: str) -> FailedStep:
     """``failure`` with what was kept and how to go on. When the reason is a reward (it stalled), the
     message names the reward, not the env: bringing the env back would not help."""
     kept = _keep(recipe, failure.keepable)
-    reward = _failed_reward(recipe)
+    health = getattr(getattr(recipe, "run", None), "health", None)
+    reward = health.failed_reward() if health is not None else None
     if reward is not None:
-        env = getattr(getattr(recipe.cfg, "env", None), "name", "")
-        headline = str(failure).replace(f"every episode failed in the env {env!r}", f"the reward {reward!r} failed")
         fix = f"fix the reward {reward!r} (or give it longer: deadlines.reward_s)"
         if kept is None:
-            return FailedStep(f"{headline}; no step was done before it: nothing to resume, {fix} and run again")
-        return FailedStep(f"{headline}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")
+            return FailedStep(f"{failure}; no step was done before it: nothing to resume, {fix} and run again")
+        return FailedStep(f"{failure}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")
     if kept is None:
         return FailedStep(f"{failure}; no step was done before it: nothing to resume, run again once the env is back")
     return FailedStep(
@@ -71,13 +67,6 @@ def _keep(recipe: Any, keepable: bool) -> Path | None:
     if keepable and recipe.step > (int(kept.name.split("-")[-1]) if kept else 0):
         kept = recipe.save_checkpoint()
     return kept
-
-
-def _failed_reward(recipe: Any) -> str | None:
-    """The reward the last failed step's episodes failed in, or None (they failed in the env)."""
-    reason = getattr(getattr(getattr(recipe, "run", None), "health", None), "failed_step", "") or ""
-    found = _REWARD_REASON.match(reason)
-    return found[1] if found else None
 
 
 def _resume(recipe: Any, command: str) -> str:

@@ -12,6 +12,7 @@ from omrl.supervisor import StageStalled
 from omrl.training.checkpoint import CheckpointError, checkpoint_path
 from omrl.training.recipe import run_recipe
 from omrl.training.resume import resume_checkpoint, resume_point
+from omrl.training.rollout_health import RolloutHealth
 
 
 class StoppedRecipe:
@@ -22,7 +23,7 @@ class StoppedRecipe:
             logging=SimpleNamespace(output_dir=str(output_dir)), env=SimpleNamespace(name="grid")
         )
         self.output_dir, self.step, self.stop = output_dir, steps, stop
-        self.run = SimpleNamespace(health=SimpleNamespace(failed_step=failed_reason))
+        self.run = SimpleNamespace(health=RolloutHealth(failed_step=failed_reason, failed_tries=3))
         self.saved: list[int] = []
 
     def setup(self) -> None:
@@ -80,16 +81,13 @@ def test_a_run_stopped_before_its_first_checkpoint_is_not_sent_round_in_a_circle
 
 def test_a_hung_reward_is_named_as_the_reward_not_the_env(tmp_path):
     reason = "reward 'hang_reward': a reward function did not finish within deadlines.reward_s=3 (step 1)"
-    failure = FailedStep(
-        f"step 1: every episode failed in the env 'grid' in 3 rollouts in a row (the last reason: {reason}); "
-        "the step is not counted",
-        keepable=True,
-    )
+    health = RolloutHealth(failed_step=reason, failed_tries=3)
+    failure = FailedStep(health.failed_step_message(1, "grid"), keepable=True)
     recipe = StoppedRecipe(tmp_path, steps=0, stop=failure, failed_reason=reason)
     with pytest.raises(FailedStep) as stopped:
         run_recipe(recipe, "train")
     message = str(stopped.value)
-    assert message.startswith("step 1: the reward 'hang_reward' failed in 3 rollouts in a row")
+    assert message.startswith("step 1: every episode failed in the reward 'hang_reward' in 3 rollouts in a row")
     assert "env is back" not in message and "every episode failed in the env" not in message
     assert "fix the reward 'hang_reward' (or give it longer: deadlines.reward_s)" in message
 
