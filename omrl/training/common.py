@@ -26,7 +26,7 @@ class SkippedUpdates:
         self.max_nan_in_a_row = max_nan_in_a_row
         self.count = 0  # updates skipped in the whole run
         self.nan_in_a_row = 0
-        self.reasons: dict[str, int] = {}  # why, and how often (this process's run since it started)
+        self.reasons: dict[str, int] = {}  # why, and how often (kept in checkpoints: a resumed run says them)
 
     def skip(self, why: str, logger: Any, step: int, nan: bool = False) -> dict[str, float]:
         """Record an update skipped in ``step`` (``nan``: because a loss or gradient was not finite),
@@ -51,10 +51,11 @@ class SkippedUpdates:
     def metrics(self) -> dict[str, float]:
         return {"skipped_updates": float(self.count)}
 
-    def state_dict(self) -> dict[str, int]:
-        return {"skipped_updates": self.count, "nan_in_a_row": self.nan_in_a_row}
+    def state_dict(self) -> dict[str, Any]:
+        return {"skipped_updates": self.count, "nan_in_a_row": self.nan_in_a_row, "skipped_reasons": dict(self.reasons)}
 
     def load_state_dict(self, extra: dict[str, Any]) -> None:
         """From a checkpoint's extra state (also the names omrl 0.1 saved: skipped_steps, nan_streak)."""
         self.count = int(extra.get("skipped_updates", extra.get("skipped_steps", 0)))
         self.nan_in_a_row = int(extra.get("nan_in_a_row", extra.get("nan_streak", 0)))
+        self.reasons = {str(why): int(count) for why, count in (extra.get("skipped_reasons") or {}).items()}

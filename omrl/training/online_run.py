@@ -27,6 +27,7 @@ from omrl.training.async_generation import (
     tasks_played,
 )
 from omrl.training.config_checks import check_config
+from omrl.training.metrics import read_metrics
 from omrl.training.online import (
     evaluate,
     rollout_seed,
@@ -354,6 +355,9 @@ def finish(recipe: OnlineRecipe, metrics: dict[str, float]) -> dict[str, Any]:
     )
     if recipe.step and recipe.skipped.count >= recipe.step:
         recipe.logger.warn(nothing_learned(recipe))
+    if not metrics and recipe.step:  # resumed with no step left to take: the summary of the last one logged
+        logged = [record for record in read_metrics(recipe.output_dir) if record.get("step") == recipe.step]
+        metrics = logged[-1] if logged else {}
     return {
         "steps": recipe.step,
         "skipped_updates": recipe.skipped.count,

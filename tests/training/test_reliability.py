@@ -273,12 +273,28 @@ def test_a_run_whose_prompts_leave_no_room_for_a_turn_says_so(rl_config):
         run_rl(rl_config("generation.max_context=20", "eval_tasks=0"), console=QUIET)
 
 
-def test_resuming_a_finished_run_adds_no_metrics_row(rl_config):
+def test_resuming_a_finished_run_adds_no_metrics_row_and_sums_up_the_run(rl_config):
     cfg = rl_config()
-    run_rl(cfg, console=QUIET)
+    first = run_rl(cfg, console=QUIET)
     cfg.resume = True
-    run_rl(cfg, console=QUIET)
+    again = run_rl(cfg, console=QUIET)
     assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2]
+    assert again["reward_total"] == first["reward_total"]  # its last step's, not an empty summary
+
+
+def test_a_resumed_run_still_knows_why_its_updates_were_skipped():
+    from omrl.training.common import SkippedUpdates
+
+    skipped = SkippedUpdates(max_nan_in_a_row=3)
+    skipped.skip("every advantage is 0", Logged(), step=1)
+    resumed = SkippedUpdates(max_nan_in_a_row=3)
+    resumed.load_state_dict(skipped.state_dict())  # as a checkpoint keeps it
+    assert resumed.reasons == {"every advantage is 0": 1} and resumed.count == 1
+
+
+class Logged:
+    def warn(self, text: str) -> None:
+        pass
 
 
 class HalfDeadEnv(GridWorld):
