@@ -45,7 +45,6 @@ from omrl.chat.replies import (
     template_key,
 )
 from omrl.chat.template_check import check_render_bounds_once, where_tool
-from omrl.chat.template_check import check_template_options as check_template_options  # where runs import it
 from omrl.chat.tool_calls import FORMATS, parse_tool_calls, template_format
 from omrl.errors import OmrlError
 

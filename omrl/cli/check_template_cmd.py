@@ -38,9 +38,9 @@ def check_template_command(
     history mode does on a sample episode. Exits non-zero when omrl cannot train it token-exactly."""
     from rich.console import Console
 
-    from omrl.chat.conformance import check_template_options, conformance, first_broken
+    from omrl.chat.conformance import conformance, first_broken
     from omrl.chat.probe import TOOL_CALLS, TURNS, check_template
-    from omrl.chat.template_check import check_render_bounds
+    from omrl.chat.template_check import check_render_bounds, check_template_options
     from omrl.errors import OmrlError
     from omrl.models import load_tokenizer
 

@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 from omrl import registry, rewards
 from omrl.backends import Backend, make_backend
-from omrl.chat.conformance import check_run_template, check_template_options
+from omrl.chat.conformance import check_run_template
+from omrl.chat.template_check import check_template_options
 from omrl.data.trajectory import Episode
 from omrl.envs import check_arguments
 from omrl.errors import ConfigError, OmrlError

@@ -20,7 +20,8 @@ def load_trainable_model(cfg: ModelConfig, device: str, chat: Any = None) -> tup
     ChatConfig), a chat template the run would lay out wrongly is refused first, before the model loads."""
     if chat is not None:
         from omrl.chat import check_history
-        from omrl.chat.conformance import check_run_template, check_template_options
+        from omrl.chat.conformance import check_run_template
+        from omrl.chat.template_check import check_template_options
         from omrl.models import load_tokenizer
 
         tokenizer = load_tokenizer(cfg.name, cfg.trust_remote_code)

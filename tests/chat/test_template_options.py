@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from omrl.chat import render
-from omrl.chat.conformance import check_template_options
+from omrl.chat.template_check import check_template_options
 from omrl.cli.settings import settings_as_trained, trained_settings
 from omrl.config import load_config
 from omrl.config.options import EvalRunConfig
