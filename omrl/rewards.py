@@ -264,7 +264,8 @@ def compose_rewards(
         and all(v == 0.0 for ep in scored for v in ep.rewards[TOTAL])
     ):
         warnings.warn(
-            f"all rewards are 0 over {len(scored)} episodes (components: {', '.join(weights)}): most often the "
+            f"all rewards are 0 over {len(scored)} episodes of {', '.join(sorted({ep.env for ep in scored}))} "
+            f"(components: {', '.join(weights)}): most often the "
             "model does not solve any task yet (an untrained model: fine-tune it first, e.g. with `omrl sft` on "
             "the env's expert episodes); if the env's expert scores 0 too (`omrl rollout --expert`), check the "
             "env's score (Episode.score / Episode.won) and the reward weights",

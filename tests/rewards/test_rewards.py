@@ -292,7 +292,7 @@ def test_compose_rejects_bad_configuration():
 
 def test_compose_warns_when_a_whole_batch_scores_zero():
     losers = [episode(turn(done=True), task_id=i) for i in range(8)]
-    with pytest.warns(ZeroRewardWarning, match="all rewards are 0 over 8 episodes.*check the env's score"):
+    with pytest.warns(ZeroRewardWarning, match="all rewards are 0 over 8 episodes of fake .*check the env's score"):
         compose_rewards(losers, {"goal": 1.0})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
