@@ -175,13 +175,20 @@ def evaluate(episodes: Sequence[Episode]) -> dict[str, Any]:
         **tool_use(played),
         **tool_call_health(played),
     }
-    if not by_task:  # every episode failed in the env: nothing to estimate pass@k from
+    if not by_task:  # every episode failed in the env: no rate of the model to report, not even 0%
+        metrics.update(dict.fromkeys(UNMEASURED))
         return metrics
     for k in ks_for(samples):  # a task whose env failed some samples counts where it has k measured ones
         groups = [g for g in by_task.values() if len(g) >= k]
         metrics[f"pass@{k}"] = sum(pass_at_k(len(g), sum(ep.won for ep in g), k) for g in groups) / len(groups)
+        if len(groups) < len(by_task):  # over fewer tasks than pass@1: it can fall as k grows, so say so
+            metrics[f"pass@{k}_tasks"] = len(groups)
     metrics[f"best_of_{samples}_score"] = sum(max(ep.score for ep in g) for g in by_task.values()) / len(by_task)
     return metrics
+
+
+#: the metrics over measured episodes, None (shown "-") when none was measured: a 0% would read as the model's
+UNMEASURED = ("success_rate", "mean_score", "mean_reward", "invalid_action_rate", "format_error_rate")
 
 
 def tool_use(episodes: Sequence[Episode]) -> dict[str, float]:
@@ -246,15 +253,21 @@ def evaluate_by_env(
     ``per_env``: :func:`evaluate` of each env's episodes, plus that env's ``extra`` metrics (its reward
     terms). ``macro``: the mean over envs of every rate and mean (a float) all envs have, each env
     counting alike however many episodes it played; ``micro``: the same keys from ``overall`` (the run's
-    metrics over every episode, which stay the report's top-level ``metrics``).
+    metrics over every episode, which stay the report's top-level ``metrics``). An env with no measured
+    episode (every one failed in the env) has its rates None and is left out of ``macro``: its name goes
+    in ``macro_left_out``, present only then. With no env measured, ``macro`` and ``micro`` are empty.
     """
     per_env = {env: {**evaluate(mine), **(extra or {}).get(env, {})} for env, mine in episodes_by_env(episodes).items()}
-    first = next(iter(per_env.values()))
-    shared = [key for key in first if all(_averaged(metrics.get(key)) for metrics in per_env.values())]
+    left_out = [env for env, metrics in per_env.items() if metrics["success_rate"] is None]
+    averaged = [metrics for env, metrics in per_env.items() if env not in left_out]
+    shared = (
+        [key for key in averaged[0] if all(_averaged(metrics.get(key)) for metrics in averaged)] if averaged else []
+    )
     return {
         "per_env": per_env,
-        "macro": {key: sum(metrics[key] for metrics in per_env.values()) / len(per_env) for key in shared},
+        "macro": {key: sum(metrics[key] for metrics in averaged) / len(averaged) for key in shared},
         "micro": {key: overall[key] for key in shared if key in overall},
+        **({"macro_left_out": left_out} if left_out else {}),
     }
 
 
@@ -277,8 +290,11 @@ PERCENT = {
 
 
 def shown_metric(key: str, value: Any) -> str:
-    """A metric's value as the tables show it: rates as percentages, floats to 3 decimals."""
-    if key in PERCENT or key.startswith("pass@"):
+    """A metric's value as the tables show it: rates as percentages, floats to 3 decimals, "-" for a
+    rate nothing measured (None)."""
+    if value is None:
+        return "-"
+    if key in PERCENT or (key.startswith("pass@") and not key.endswith("_tasks")):
         return f"{100 * value:.1f}%"
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
@@ -322,6 +338,10 @@ def env_table(by_env: dict[str, Any], title: str = "per env"):
     # no outer edge, one space between columns, env names whole: reasoning-gym:basic_arithmetic and six
     # columns fit 80 characters
     caption = "macro: the mean of the envs' values; micro: over every episode"
+    if any(f"{key}_tasks" in metrics for key in passes for metrics in per_env.values()):
+        caption += "; pass@k (n): over the n tasks with k samples the env did not fail"
+    if by_env.get("macro_left_out"):
+        caption += f"; macro leaves out {', '.join(by_env['macro_left_out'])} (no episode measured)"
     table = Table(
         title=title, caption=caption, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True
     )
@@ -330,8 +350,14 @@ def env_table(by_env: dict[str, Any], title: str = "per env"):
         table.add_column(header, justify="right", no_wrap=True)
     rows = [*per_env.items(), ("macro", by_env["macro"]), ("micro", by_env["micro"])]
     for label, metrics in rows:
-        table.add_row(label, *(shown_metric(key, metrics[key]) if key in metrics else "" for key, _ in columns))
+        table.add_row(label, *(_cell(key, metrics) if key in metrics else "" for key, _ in columns))
     return table
+
+
+def _cell(key: str, metrics: dict[str, Any]) -> str:
+    """A metric in the per-env table; a pass@k over fewer tasks than the env measured says how many: "75.0% (3)"."""
+    tasks = metrics.get(f"{key}_tasks")
+    return shown_metric(key, metrics[key]) + (f" ({tasks})" if tasks is not None else "")
 
 
 def write_report(

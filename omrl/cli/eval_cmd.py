@@ -106,6 +106,23 @@ def env_errors_of_each_env(console, cfg, episodes, where: str) -> None:
     check_model_turns(console, cfg, episodes)
 
 
+def check_each_env_measured(cfg, episodes) -> None:
+    """Exit 2 (EnvFailure, as ``omrl rollout``) once the report is written when every episode of the run,
+    or of one env of a mixture, failed in the env: whatever max_env_error_rate allows, nothing measured
+    that env, and a clean exit would read as a result."""
+    from omrl.errors import EnvFailure
+    from omrl.evaluation import env_error_reasons, episodes_by_env
+    from omrl.mixture import is_mixture
+
+    by_env = episodes_by_env(episodes) if is_mixture(cfg.env) else {cfg.env.name: list(episodes)}
+    for env, mine in by_env.items():
+        if mine and all(ep.end_reason == "env_error" for ep in mine):
+            raise EnvFailure(
+                f"every one of the {len(mine)} episodes of {env!r} failed in the env, so it was not measured "
+                f"(the report lists them, its rates as null); the first reasons: {'; '.join(env_error_reasons(mine))}"
+            )
+
+
 def check_model_turns(console, cfg, episodes) -> None:
     """A command whose episodes (those the env did not fail) all ended before one model turn measured no
     model. Where their prompts left no room (end_reason max_context) its 0% is no result: it exits 2
@@ -314,6 +331,7 @@ def evaluate_command(
     console.print(f"episodes: {parquet} and {readable}", highlight=False, soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
     env_errors_of_each_env(console, cfg, episodes, "the report lists them")
+    check_each_env_measured(cfg, episodes)
 
 
 def add_to(app: typer.Typer) -> None:

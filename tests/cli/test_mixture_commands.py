@@ -143,6 +143,35 @@ def test_each_env_of_a_mixture_is_held_to_the_env_error_rate(omrl_main, mix_plug
     assert report["per_env"]["broken"]["env_errors"] == 1 and report["per_env"]["keys"]["env_errors"] == 0
 
 
+def test_an_env_nothing_measured_is_no_0_percent_and_is_left_out_of_macro(omrl_main, mix_plugins, tmp_path):
+    """Every episode of broken failed in the env: its rates are null ("-"), macro is half-won's alone, and
+    eval exits 2 once the report is written, even where max_env_error_rate=1.0 lets the failures pass."""
+    folder = tmp_path / "eval"
+    code, out, err = omrl_main("eval", "--env", "half-won,broken", "env.template=anything", *SHORT,
+                               "--num-tasks", "2", "max_env_error_rate=1.0", "--output-dir", str(folder))  # fmt: skip
+    assert code == 2, err
+    report = json.loads((folder / "report.json").read_text())
+    broken = report["per_env"]["broken"]
+    assert broken["success_rate"] is None and broken["mean_score"] is None and broken["env_errors"] == 1
+    assert report["macro_left_out"] == ["broken"]
+    assert report["macro"]["success_rate"] == pytest.approx(0.5) == report["per_env"]["half-won"]["success_rate"]
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    assert rows["broken"][:3] == ["broken", "1", "-"] and rows["macro"][:2] == ["macro", "50.0%"]
+    said = " ".join((out + err).split())
+    assert "macro leaves out broken" in said
+    assert "every one of the 1 episodes of 'broken' failed in the env" in said and "Traceback" not in said
+
+
+def test_eval_of_one_env_that_failed_every_episode_exits_2_after_its_report(omrl_main, mix_plugins, tmp_path):
+    folder = tmp_path / "eval"
+    code, out, err = omrl_main("eval", "--env", "broken", "env.template=anything", *SHORT, "--num-tasks", "1",
+                               "max_env_error_rate=1.0", "--output-dir", str(folder))  # fmt: skip
+    assert code == 2, err
+    metrics = json.loads((folder / "report.json").read_text())["metrics"]
+    assert metrics["success_rate"] is None and metrics["env_errors"] == 1
+    assert "every one of the 1 episodes of 'broken' failed in the env" in " ".join((out + err).split())
+
+
 def test_rollout_of_the_expert_on_a_mixture_writes_one_file_naming_each_env(omrl_main, mix_plugins, tmp_path):
     out = tmp_path / "expert.parquet"
     code, said, err = omrl_main("rollout", "--env", "keys:0.5,half-won:0.5", "--template", "anything", "--expert",

@@ -52,7 +52,7 @@ def test_an_episode_that_ends_without_won_or_score_is_the_envs_failure_not_a_los
     assert [ep.end_reason for ep in episodes] == ["env_error", "env_error"]
     assert episodes[0].error.startswith("step failed: env 'keys' ended the episode (done) without won or score")
     metrics = evaluate(episodes)
-    assert metrics["env_errors"] == 2 and metrics["success_rate"] == 0.0
+    assert metrics["env_errors"] == 2 and metrics["success_rate"] is None  # nothing measured: no rate
 
 
 def test_task_ids_that_returns_none_is_named_with_what_it_must_return():

@@ -9,7 +9,7 @@ import pytest
 
 from omrl.data.trajectory import Episode, Turn
 from omrl.errors import OmrlError
-from omrl.evaluation import evaluate, ks_for, metrics_table, pass_at_k, write_report
+from omrl.evaluation import env_table, evaluate, evaluate_by_env, ks_for, metrics_table, pass_at_k, write_report
 from omrl.rollout.progress import PerTaskProgress, RolloutProgress
 
 
@@ -92,6 +92,42 @@ def test_table_and_report(tmp_path):
     assert data["metrics"]["success_rate"] == 0.5 and data["config"] == {"seed": 0}
     assert [e["won"] for e in data["episodes"]] == [True, False]
     assert [p.name for p in path.parent.iterdir()] == ["report.json"]  # no temporary file left behind
+
+
+def test_an_env_with_no_measured_episode_has_no_rates_and_is_left_out_of_macro():
+    # all of its episodes failed in the env: a 0% would read as the model's, and pull macro down
+    won = [episode(0, 0, True, turns=[turn()]), episode(1, 0, False, turns=[turn()])]
+    failed = [episode(0, 0, False, turns=[turn(action=None, format_ok=False)], end="env_error")]
+    for ep in failed:
+        ep.env = "broken"
+    alone = evaluate(failed)
+    assert alone["success_rate"] is None and alone["mean_score"] is None and alone["format_error_rate"] is None
+    by_env = evaluate_by_env(won + failed, evaluate(won + failed))
+    assert by_env["per_env"]["broken"]["success_rate"] is None
+    assert by_env["macro"]["success_rate"] == 0.5 and by_env["macro_left_out"] == ["broken"]
+    assert "macro_left_out" not in evaluate_by_env(won, evaluate(won))  # only when an env is left out
+    table = env_table(by_env)
+    assert table.columns[2]._cells[:3] == ["50.0%", "-", "50.0%"]  # keys, broken, macro
+    assert "macro leaves out broken" in table.caption and metrics_table(alone).columns[1]._cells[3] == "-"
+
+
+def test_a_pass_at_k_over_fewer_tasks_says_how_many():
+    # task 0 won 0 of 3; task 1 won its one measured sample, the env failed its other two: pass@1 is
+    # over both tasks, pass@2 and pass@3 over task 0 alone, so they fall below pass@1 as k grows
+    episodes = [episode(0, s, False, turns=[turn()]) for s in range(3)] + [
+        episode(1, 0, True, turns=[turn()]),
+        *(episode(1, s, False, end="env_error") for s in (1, 2)),
+    ]
+    m = evaluate(episodes)
+    assert m["pass@1"] == 0.5 and m["pass@2"] == m["pass@3"] == 0.0
+    assert "pass@1_tasks" not in m and m["pass@2_tasks"] == m["pass@3_tasks"] == 1
+    every_task_twice = [episode(t, s, False, turns=[turn()]) for t in range(2) for s in range(2)]
+    assert "pass@2_tasks" not in evaluate(every_task_twice)  # over every task: nothing to say
+    rows = dict(zip(metrics_table(m).columns[0]._cells, metrics_table(m).columns[1]._cells))
+    assert rows["pass@2"] == "0.0%" and rows["pass@2_tasks"] == "1"
+    table = env_table(evaluate_by_env(episodes, m))
+    assert [column.header for column in table.columns][-2:] == ["pass@2", "pass@3"]
+    assert table.columns[-1]._cells[0] == "0.0% (1)" and "pass@k (n): over the n tasks" in table.caption
 
 
 def test_the_report_is_strict_json_even_with_non_finite_metrics(tmp_path):

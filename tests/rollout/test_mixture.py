@@ -122,6 +122,21 @@ def test_the_drawn_mixture_matches_its_weights_over_many_steps():
     assert sorted(a_tasks[:5]) == list(range(5))
 
 
+@pytest.mark.parametrize(
+    "weights, per_step",
+    [({"a": 0.5, "b": 0.3, "c": 0.2}, 3), ({"a": 0.4, "b": 0.3, "c": 0.2, "d": 0.1}, 2), ({"a": 0.5, "b": 0.5}, 3)],
+)
+def test_the_slots_left_over_are_drawn_by_exactly_the_fractions_left_over(weights, per_step):
+    # with 2+ slots left, a weighted draw without replacement skews the mix (0.519/0.265/0.216 for
+    # 0.5/0.3/0.2 at 3 a step); 20,000 steps put the shares within 0.005 of the weights
+    orders = {name: TaskOrder([EnvTask(name, "train", i) for i in range(4)], 0) for name in weights}
+    order, steps = MixedTaskOrder(orders, weights, seed=0), 20_000
+    drawn = [task.env for _ in range(steps) for task in order.take(per_step)]
+    assert len(drawn) == steps * per_step
+    for name, weight in weights.items():
+        assert drawn.count(name) / len(drawn) == pytest.approx(weight, abs=0.005), name
+
+
 def test_a_mixed_task_order_resumes_where_it_stood_and_refuses_another_mixture():
     first, second = _order(), _order()
     first.take(8), first.take(8)

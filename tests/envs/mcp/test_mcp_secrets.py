@@ -115,7 +115,7 @@ def test_the_report_the_episodes_and_the_page_hold_no_server_secret(tmp_path, ta
     code, _, err = cli_exit(capsys, "eval", "--model", "tiny", "--env", "mcp", "--num-tasks", "2",
                             f"plugins.mcp.command={ONCE}", *SECRET_ENV, once, f"plugins.mcp.path={tasks}",
                             f"plugins.mcp.test_path={tasks}", "max_env_error_rate=1.0", "--output-dir", str(out))  # fmt: skip
-    assert code in (0, None), err
+    assert code == 2 and leaks(err) == [], err  # every episode failed in the env: no result, its report written
     report = json.loads((out / "report.json").read_text())
     assert [ep["end_reason"] for ep in report["episodes"]] == ["env_error", "env_error"]
     error = report["episodes"][0]["error"]
