@@ -94,8 +94,11 @@ def say_env_errors(console, episodes, env: str) -> None:
 
 def env_errors_of_each_env(console, cfg, episodes, where: str) -> None:
     """Say, then check against max_env_error_rate, the env errors of each env of the run on its own: one
-    env of a mixture that fails is not hidden by the others playing well. ``where`` ends the message."""
-    from omrl.evaluation import check_env_errors, episodes_by_env
+    env of a mixture that fails is not hidden by the others playing well. ``where`` ends the message.
+    An env whose every episode failed exits 2 (EnvFailure) whatever max_env_error_rate allows: nothing
+    measured it, and a clean exit would read as a result."""
+    from omrl.errors import EnvFailure
+    from omrl.evaluation import check_env_errors, env_error_reasons, episodes_by_env
     from omrl.mixture import is_mixture
 
     by_env = episodes_by_env(episodes) if is_mixture(cfg.env) else {cfg.env.name: list(episodes)}
@@ -103,24 +106,13 @@ def env_errors_of_each_env(console, cfg, episodes, where: str) -> None:
         say_env_errors(console, mine, env)
     for env, mine in by_env.items():
         check_env_errors(mine, cfg.max_env_error_rate, f"{env!r} ({where})")
-    check_model_turns(console, cfg, episodes)
-
-
-def check_each_env_measured(cfg, episodes) -> None:
-    """Exit 2 (EnvFailure, as ``omrl rollout``) once the report is written when every episode of the run,
-    or of one env of a mixture, failed in the env: whatever max_env_error_rate allows, nothing measured
-    that env, and a clean exit would read as a result."""
-    from omrl.errors import EnvFailure
-    from omrl.evaluation import env_error_reasons, episodes_by_env
-    from omrl.mixture import is_mixture
-
-    by_env = episodes_by_env(episodes) if is_mixture(cfg.env) else {cfg.env.name: list(episodes)}
     for env, mine in by_env.items():
         if mine and all(ep.end_reason == "env_error" for ep in mine):
             raise EnvFailure(
                 f"every one of the {len(mine)} episodes of {env!r} failed in the env, so it was not measured "
-                f"(the report lists them, its rates as null); the first reasons: {'; '.join(env_error_reasons(mine))}"
+                f"({where}, its rates null); the first reasons: {'; '.join(env_error_reasons(mine))}"
             )
+    check_model_turns(console, cfg, episodes)
 
 
 def check_model_turns(console, cfg, episodes) -> None:
@@ -331,7 +323,6 @@ def evaluate_command(
     console.print(f"episodes: {parquet} and {readable}", highlight=False, soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
     env_errors_of_each_env(console, cfg, episodes, "the report lists them")
-    check_each_env_measured(cfg, episodes)
 
 
 def add_to(app: typer.Typer) -> None:

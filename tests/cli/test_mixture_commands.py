@@ -172,6 +172,16 @@ def test_eval_of_one_env_that_failed_every_episode_exits_2_after_its_report(omrl
     assert "every one of the 1 episodes of 'broken' failed in the env" in " ".join((out + err).split())
 
 
+def test_a_rollout_one_of_whose_envs_failed_every_episode_exits_2_after_writing_them(omrl_main, mix_plugins,
+                                                                                     tmp_path):  # fmt: skip
+    out = tmp_path / "mixed.parquet"
+    code, said, err = omrl_main("rollout", "--env", "half-won,broken", "env.template=anything", *SHORT,
+                                "--num-tasks", "2", "max_env_error_rate=1.0", "-o", str(out))  # fmt: skip
+    assert code == 2, err
+    assert {ep.env for ep in read_episodes(out)} == {"half-won", "broken"}  # written first, as end_reason env_error
+    assert "every one of the 1 episodes of 'broken' failed in the env" in " ".join((said + err).split())
+
+
 def test_rollout_of_the_expert_on_a_mixture_writes_one_file_naming_each_env(omrl_main, mix_plugins, tmp_path):
     out = tmp_path / "expert.parquet"
     code, said, err = omrl_main("rollout", "--env", "keys:0.5,half-won:0.5", "--template", "anything", "--expert",
