@@ -206,7 +206,8 @@ def cell_summary(trees: Sequence[Any], budget: int | None, seconds: float, mixed
     }
     if mixed:
         cell["per_env"] = {env: _success(eps) for env, eps in episodes_by_env(chosen).items()}
-        cell["success_macro"] = sum(e["success_rate"] for e in cell["per_env"].values()) / len(cell["per_env"])
+        rates = [e["success_rate"] for e in cell["per_env"].values() if e["success_rate"] is not None]
+        cell["success_macro"] = sum(rates) / len(rates) if rates else None  # an env nothing measured: no rate
     return cell
 
 
@@ -214,15 +215,14 @@ def _success(chosen: Sequence[Any]) -> dict[str, Any]:
     """One env's part of a cell: its tasks, success of the chosen answers with its standard error, mean
     score, over the answers the env did not fail in (as ``omrl eval`` counts them)."""
     answers = measured(chosen)
-    n = max(len(answers), 1)
-    p = sum(ep.won for ep in answers) / n
-    score = sum(ep.score for ep in answers) / n
+    n = len(answers)
+    p = sum(ep.won for ep in answers) / n if n else None  # none measured: no rate, and out of the macro
     return {
         "tasks": len(chosen),
         "success_rate": p,
-        "success_se": math.sqrt(p * (1 - p) / n),
-        "mean_score": score,
-        "env_errors": len(chosen) - len(answers),
+        "success_se": math.sqrt(p * (1 - p) / n) if n else None,
+        "mean_score": sum(ep.score for ep in answers) / n if n else None,
+        "env_errors": len(chosen) - n,
     }
 
 

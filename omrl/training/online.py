@@ -16,6 +16,7 @@ from omrl.backends.base import generation_metrics
 from omrl.backends.lora_sync import lora_config_of
 from omrl.config.options import TrainRunConfig
 from omrl.errors import ConfigError
+from omrl.evaluation import measured
 from omrl.mixture import EnvTask, MixedTaskOrder, mix_members
 from omrl.parallel import Strategy
 from omrl.rollout import PlaySpec, RolloutSession, SessionEnv
@@ -122,8 +123,10 @@ def evaluate(
         return {}
     limits = dataclasses.replace(session.limits, temperature=cfg.eval_temperature)
     spec = PlaySpec("test", cfg.eval_samples_per_task, cfg.seed, limits=limits)
-    episodes = session.play(strategy.shard(test_tasks), spec).episodes
+    played = session.play(strategy.shard(test_tasks), spec).episodes
+    episodes = measured(played)  # an env that failed, or a prompt past max_context, says nothing of the model
     n, won, score = strategy.sum([len(episodes), sum(ep.won for ep in episodes), sum(ep.score for ep in episodes)])
+    unmeasured = strategy.sum([len(played) - len(episodes)])[0]
     stats = session.backend.take_stats() if session.backend is not None else {}
     if strategy.world_size > 1:
         stats = strategy.sum_dicts(stats)
@@ -137,7 +140,8 @@ def evaluate(
                 per_env[f"eval_success/{env}"], per_env[f"eval_score/{env}"] = w / k, s / k
         successes = [v for key, v in per_env.items() if key.startswith("eval_success/")]
         per_env["eval_success_macro"] = sum(successes) / max(1, len(successes))
-    return {"eval_success": won / n, "eval_score": score / n, **per_env, **generation}
+    rates = {"eval_success": won / n, "eval_score": score / n} if n else {}  # nothing measured: no rate
+    return {**rates, "eval_unmeasured": unmeasured, **per_env, **generation}
 
 
 def sync_rollout_weights(

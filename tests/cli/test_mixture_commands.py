@@ -222,6 +222,16 @@ def test_a_sweep_on_a_mixture_records_each_envs_success(omrl_main, mix_plugins, 
     assert "sweep: tiny on keys + half-won (test, 4 tasks" in " ".join(said.split())
 
 
+def test_a_sweep_leaves_an_env_nothing_measured_out_of_its_macro(omrl_main, mix_plugins, tmp_path):
+    out = tmp_path / "sweep"
+    code, _, err = omrl_main("sweep", "--env", "half-won,broken", "env.template=anything", *SHORT, "--num-tasks",
+                             "2", "--strategies", "chain", "--out", str(out))  # fmt: skip
+    assert (out / "sweep.json").exists(), err
+    (cell,) = json.loads((out / "sweep.json").read_text())["cells"]
+    assert cell["per_env"]["broken"]["success_rate"] is None, err
+    assert cell["success_macro"] == cell["per_env"]["half-won"]["success_rate"] == pytest.approx(0.5)
+
+
 def test_train_on_a_mixture_names_its_folder_and_a_working_eval_command(omrl_main, mix_plugins, tmp_path,
                                                                         monkeypatch):  # fmt: skip
     monkeypatch.chdir(tmp_path)

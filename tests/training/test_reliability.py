@@ -329,6 +329,15 @@ def test_a_run_whose_env_errors_pass_the_stated_share_exits_non_zero_after_savin
         run_rl(dataclasses.replace(cfg, max_env_error_rate=1.5), console=QUIET)
 
 
+def test_a_runs_evaluation_counts_only_the_episodes_that_measured_the_model(rl_config, register_plugin):
+    """Task 1's reset fails on the test split too: it is no loss of the model's, as omrl eval counts it."""
+    register_plugin(EnvPlugin("half_dead", HalfDeadEnv), name="half-dead")
+    cfg = rl_config("env.name=half_dead", "steps=1", "train_tasks=2", "eval_tasks=2", "max_env_error_rate=1.0")
+    run_rl(cfg, console=QUIET)
+    last = read_metrics(cfg.logging.output_dir)[-1]
+    assert last["eval_unmeasured"] == 1 and last["eval_success"] in (0.0, 1.0)  # task 0's alone
+
+
 class HealedEnv(GridWorld):
     """Gridworld whose server failed every odd task's reset until it was mended (``mended``)."""
 
