@@ -42,7 +42,7 @@ def show(
         outside_the_presets_env(cfg, list(overrides or []), preset, notes)
         agent_reward_weights(cfg, list(overrides or []), notes)
     elif command in ("eval", "rollout", "sweep"):  # a run's model plays its env as it trained
-        from omrl.cli.rollout_cmd import config_with_select
+        from omrl.cli.play_flags import config_with_select
         from omrl.cli.settings import play_settings
 
         cfg = config_with_select(cls, args, {}, None)
@@ -65,7 +65,7 @@ def check_values(command: str, cfg) -> None:
         return  # sft and rm: their types are checked; their data is read when they run
     from omrl import registry
     from omrl.chat.history import check_history
-    from omrl.cli.rollout_cmd import check_before_loading
+    from omrl.cli.play_checks import check_before_loading
     from omrl.mixture import mix_members
     from omrl.rollout.spec import check_generation
     from omrl.supervisor import check_deadlines

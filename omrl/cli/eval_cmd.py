@@ -6,7 +6,8 @@ from pathlib import Path
 
 import typer
 
-from omrl.cli.rollout_cmd import (
+from omrl.cli.play_checks import check_before_loading
+from omrl.cli.play_flags import (
     AGENT_CMD_OPTION,
     AGENT_OPTION,
     ARGS_HELP,
@@ -16,7 +17,6 @@ from omrl.cli.rollout_cmd import (
     SELECT_OPTION,
     STRATEGY_OPTION,
     agent_flags,
-    check_before_loading,
     check_strategy,
     config_with_select,
     progress_bar,
@@ -122,7 +122,7 @@ def check_model_turns(console, cfg, episodes) -> None:
     seat moved were played as asked: that is said, with no advice about the context."""
     from rich.markup import escape
 
-    from omrl.rollout.spec import overlong
+    from omrl.rollout.spec import SHORTEN_PROMPT, no_room, overlong
     from omrl.training.rollout_health import ended_before_a_turn
 
     played = [ep for ep in episodes if ep.end_reason != "env_error"]
@@ -132,9 +132,8 @@ def check_model_turns(console, cfg, episodes) -> None:
     if too_long:
         longest = max(ep.prompt_length for ep in too_long)
         raise ConfigError(
-            f"no episode got a single model turn (they are written, as end_reason max_context): the opening prompt (up to {longest} tokens) leaves no "
-            f"room within generation.max_context={cfg.generation.max_context}; raise it, or shorten the prompt "
-            "(env.demonstration=false drops the worked example)"
+            "no episode got a single model turn (they are written, as end_reason max_context): the "
+            f"{no_room(longest, cfg.generation.max_context)}; raise it, or {SHORTEN_PROMPT}"
         )
     console.print(
         f"[yellow]warning:[/] no episode got a model turn: {escape(ended_before_a_turn(played))}",

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from omrl.cli.rollout_cmd import ARGS_HELP, ENV_HELP
+from omrl.cli.play_flags import ARGS_HELP, ENV_HELP
 from omrl.cli.settings import play_settings
 from omrl.errors import ConfigError
 
@@ -69,7 +69,8 @@ def sweep_config(args: list[str] | None, flags: dict, console) -> tuple[Any, flo
     then samples at 1.0, unless the command line chooses a temperature). So each cell plays what
     `omrl eval --strategy S --budget B` plays with the same flags."""
     from omrl.cli.eval_cmd import SAMPLING_TEMPERATURE
-    from omrl.cli.rollout_cmd import check_before_loading, config_with_select
+    from omrl.cli.play_checks import check_before_loading
+    from omrl.cli.play_flags import config_with_select
     from omrl.config import user_sets
     from omrl.config.options import SweepRunConfig
     from omrl.config.presets import split_preset
@@ -152,7 +153,7 @@ def sweep_command(
     from rich.console import Console
 
     from omrl.cli import err_console, stop_on_interrupt
-    from omrl.cli.rollout_cmd import progress_bar
+    from omrl.cli.play_flags import progress_bar
     from omrl.search.sweep import run_sweep, sweep_table
 
     console = Console()

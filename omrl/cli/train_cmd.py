@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from omrl.cli.rollout_cmd import AGENT_CMD_OPTION, AGENT_OPTION, ENV_OPTION, REWARD_OPTION, agent_flags
+from omrl.cli.play_flags import AGENT_CMD_OPTION, AGENT_OPTION, ENV_OPTION, REWARD_OPTION, agent_flags
 
 
 def eval_hint(cfg) -> str:
@@ -50,7 +50,7 @@ def train(
     from omrl.algos import RECIPES
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.cli.model_prompts import start_from_base_outside_its_env
-    from omrl.cli.rollout_cmd import check_before_loading
+    from omrl.cli.play_checks import check_before_loading
     from omrl.cli.settings import (
         agent_reward_weights,
         env_folder_name,

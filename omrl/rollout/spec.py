@@ -124,12 +124,20 @@ def overlong_note(episodes: list[Episode], max_context: int) -> str | None:
     too_long = [ep for ep in episodes if overlong(ep)]
     if not too_long or len(too_long) == len(episodes):
         return None
+    longest = max(ep.prompt_length for ep in too_long)
     return (
-        f"{len(too_long)} of {len(episodes)} episodes never started: their opening prompt (up to "
-        f"{max(ep.prompt_length for ep in too_long)} tokens) leaves no room within generation.max_context="
-        f"{max_context}; they are left out of success rates and training (overlong_prompts); raise "
-        "generation.max_context, or shorten the prompt (env.demonstration=false drops the worked example)"
+        f"{len(too_long)} of {len(episodes)} episodes never started: their {no_room(longest, max_context)}; "
+        f"they are left out of success rates and training (overlong_prompts); raise generation.max_context, "
+        f"or {SHORTEN_PROMPT}"
     )
+
+
+SHORTEN_PROMPT = "shorten the prompt (env.demonstration=false drops the worked example)"
+
+
+def no_room(longest_prompt: int, max_context: int) -> str:
+    """What every overlong message says: the longest opening prompt and the setting it did not fit."""
+    return f"opening prompt (up to {longest_prompt} tokens) leaves no room within generation.max_context={max_context}"
 
 
 def merged_rewards(per_env: dict[str, tuple[dict[str, float], int]]) -> dict[str, float]:

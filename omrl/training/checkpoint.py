@@ -284,15 +284,21 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 # -- finding and loading ----------------------------------------------------------------------------
 
 
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The step a checkpoint directory (``step-N``) holds, or None for any other name."""
+    m = _STEP_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
 def complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     """Complete checkpoints under ``output_dir``, oldest first."""
     root = Path(output_dir) / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
     found = [
-        (int(m.group(1)), p)
+        (step, p)
         for p in root.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and (p / COMPLETE_MARKER).is_file()
+        if (step := checkpoint_step(p)) is not None and (p / COMPLETE_MARKER).is_file()
     ]
     return [p for _, p in sorted(found)]
 

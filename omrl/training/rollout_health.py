@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from omrl.data import Episode
 from omrl.errors import ConfigError, EnvFailure, OmrlError
-from omrl.rollout.spec import overlong
+from omrl.rollout.spec import SHORTEN_PROMPT, no_room, overlong
 
 #: how omrl.rewards names the reward an episode failed in (its ``error`` begins so)
 _REWARD_REASON = re.compile(r"reward '([^']+)': ")
@@ -112,9 +112,8 @@ class RolloutHealth:
             )
         if played and not self.episodes_with_a_turn and self.overlong:
             raise ConfigError(
-                f"no episode of this run got a single model turn: the opening prompt (up to "
-                f"{self.longest_prompt} tokens) leaves no room within generation.max_context={max_context}; "
-                "raise it, or shorten the prompt (env.demonstration=false drops the worked example)"
+                "no episode of this run got a single model turn: the "
+                f"{no_room(self.longest_prompt, max_context)}; raise it, or {SHORTEN_PROMPT}"
             )
         if played and not self.episodes_with_a_turn:
             raise OmrlError(

@@ -14,7 +14,7 @@ from typing import Any
 
 from omrl.errors import FailedStep
 from omrl.supervisor import StageStalled
-from omrl.training.checkpoint import latest_checkpoint
+from omrl.training.checkpoint import checkpoint_step, latest_checkpoint
 
 
 def explained(recipe: Any, stop: FailedStep | StageStalled, command: str) -> FailedStep | StageStalled:
@@ -64,7 +64,7 @@ def stopped_by_stall(recipe: Any, stall: StageStalled, command: str) -> StageSta
 def _keep(recipe: Any, keepable: bool) -> Path | None:
     """The newest checkpoint, written now for the steps done when ``keepable`` and none holds them yet."""
     kept = latest_checkpoint(recipe.cfg.logging.output_dir)
-    if keepable and recipe.step > (int(kept.name.split("-")[-1]) if kept else 0):
+    if keepable and recipe.step > (checkpoint_step(kept) if kept else 0):
         kept = recipe.save_checkpoint()
     return kept
 

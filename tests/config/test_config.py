@@ -232,7 +232,7 @@ def test_eval_rollout_and_sweep_play_a_model_on_the_prompts_it_was_trained_on(tm
 
 
 def test_a_run_s_model_plays_the_env_it_trained_on_unless_the_command_line_names_one(tmp_path):
-    from omrl.cli.rollout_cmd import config_with_select
+    from omrl.cli.play_flags import config_with_select
     from omrl.config.options import EvalRunConfig, RolloutRunConfig, SweepRunConfig
 
     run = tmp_path / "run"

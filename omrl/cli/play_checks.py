@@ -1,0 +1,109 @@
+"""What a command that plays episodes refuses before any model loads (seconds, not minutes): an unknown or
+uninstalled env, plugin blocks no component reads, reward settings, an agent program where it cannot
+play, and for training the whole train config."""
+
+from __future__ import annotations
+
+
+def check_before_loading(cfg) -> None:
+    """What can be refused before a model loads (seconds to minutes): an unknown env, an env whose
+    package is not installed (naming its extra), each env of a mixture alike (and the mixture itself:
+    weights, an env named twice), the reward settings, and for training, the whole train config
+    (:func:`omrl.training.config_checks.check_config`)."""
+    from omrl import registry, rewards
+    from omrl.envs import install_command, package_installed
+    from omrl.errors import ConfigError
+    from omrl.mixture import mix_members
+
+    members = mix_members(cfg)  # one member for a single env
+    for member in members:
+        env_class = registry.envs.get(member.name)
+        if isinstance(env_class, type) and not package_installed(env_class):
+            raise ConfigError(
+                f"the {member.name} env needs the package {env_class.package}, not installed: "
+                f"{install_command(env_class)}"
+            )
+        check_plugin_blocks(member.plugins)  # the run's block with the env's own merged in
+        check_family_block(member.name, member.plugins, {m.name for m in members})
+        rewards.check_weights(member.reward_weights)
+        rewards.check_options(member.reward_weights, member.plugins)
+    rewards.check_allocation(cfg.reward.allocation, cfg.reward.gamma)
+    check_agent(cfg)
+    algorithm = getattr(cfg, "algorithm", None)
+    if algorithm is not None:
+        registry.algorithms.component(algorithm.advantage, kind="advantage")
+        registry.algorithms.component(algorithm.policy_loss, kind="policy_loss")
+        registry.algorithms.component(algorithm.kl_estimator, kind="kl")
+        if algorithm.rollout_correction != "auto":
+            registry.algorithms.component(algorithm.rollout_correction, kind="rollout_correction")
+        from omrl.training.config_checks import check_config
+
+        check_config(cfg)
+
+
+def check_plugin_blocks(plugins: dict) -> None:
+    """Each ``plugins.<name>`` block is read by the component of that whole name (colon and all:
+    ``reasoning-gym:letter_counting``); one that names no component would be ignored, silently."""
+    import difflib
+
+    from omrl import registry
+    from omrl.errors import ConfigError
+
+    if not plugins:
+        return
+    known = {name for found in registry.ALL.values() for kind in found.kinds for name in found.names(kind)}
+    for name in plugins:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=3)
+            hint = f"; did you mean {' or '.join(f'plugins.{match}' for match in close)}?" if close else ""
+            raise ConfigError(
+                f"plugins.{name}: no env, template, reward, strategy, scorer or algorithm is named {name}, so no "
+                f"plugin would read these options{hint} (`omrl plugins` lists the names)"
+            )
+
+
+def check_family_block(env: str, plugins: dict, played: set[str]) -> None:
+    """A family's block (``plugins.verifiers``) is read by the env of that name alone, not by a member of the
+    family (``verifiers:vf_sums`` reads ``plugins."verifiers:vf_sums"``): where only members play, its
+    options would be ignored, silently."""
+    from omrl import registry
+    from omrl.errors import ConfigError
+
+    family = env.partition(":")[0]
+    if family != env and family in plugins and family not in played and family in registry.envs.names():
+        raise ConfigError(
+            f"plugins.{family} is read by the env {family!r} alone, which this run does not play; the env "
+            f"{env!r} reads its options from its own block: plugins.{env}.NAME=VALUE"
+        )
+
+
+def check_agent(cfg) -> None:
+    """An agent program (``agent.*``) is refused where it cannot play: beside the scripted expert, in a
+    mixture, under a search strategy or async generation; and its callable and reward must import.
+    Any backend serves it (the gateway gives each backend token ids and records the ids it returns)."""
+    from omrl.config.sections import AGENT_SAMPLING
+    from omrl.errors import ConfigError
+    from omrl.rollout.session import agent_of
+
+    agent = getattr(cfg, "agent", None)
+    if agent is None or agent_of(cfg) is None:
+        return
+    if agent.sampling not in AGENT_SAMPLING:
+        raise ConfigError(f"agent.sampling is {agent.sampling!r}; valid: {', '.join(AGENT_SAMPLING)}")
+    if getattr(cfg, "use_expert", False):
+        raise ConfigError("--expert plays the env's scripted expert; an agent program plays with the model (drop one)")
+    from omrl.mixture import is_mixture
+
+    if is_mixture(cfg.env):
+        raise ConfigError("an agent program plays one env's tasks; a mixture of envs is not supported with agent.*")
+    from omrl.search.context import plays_batched
+
+    rollout = getattr(cfg, "rollout", None)  # a sweep names its strategies apart
+    strategy, budget = (rollout.strategy, rollout.budget) if rollout is not None else ("chain", 0)
+    if not plays_batched(strategy, budget):
+        raise ConfigError(
+            f"an agent program plays whole episodes: strategy {strategy!r} (budget {budget}) would fork an "
+            "agent's process mid-episode; use a strategy that plays the batched rollout with no budget (chain)"
+        )
+    if getattr(getattr(cfg, "rollout", None), "async_generation", False):
+        raise ConfigError("rollout.async_generation is not supported with an agent program yet; set it to false")
