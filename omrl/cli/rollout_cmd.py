@@ -6,21 +6,8 @@ import os
 
 import typer
 
+from omrl.cli import play_flags as flags
 from omrl.cli.play_checks import check_before_loading
-from omrl.cli.play_flags import (
-    AGENT_CMD_OPTION,
-    AGENT_OPTION,
-    ARGS_HELP,
-    BUDGET_OPTION,
-    ENV_OPTION,
-    REWARD_OPTION,
-    SELECT_OPTION,
-    STRATEGY_OPTION,
-    agent_flags,
-    check_strategy,
-    config_with_select,
-    progress_bar,
-)
 
 
 def check_rollout_outputs(cfg) -> None:
@@ -76,20 +63,20 @@ def tasks_of_each_env(cfg, session, tasks) -> dict[str, int]:
 
 
 def rollout(
-    args: list[str] = typer.Argument(None, help=ARGS_HELP, show_default=False),
-    env: str = ENV_OPTION,
+    args: list[str] = typer.Argument(None, help=flags.ARGS_HELP, show_default=False),
+    env: str = flags.ENV_OPTION,
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
     template: str = typer.Option(None, "--template", help="Action template (env.template)."),
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to play from the start of the split."),
     group_size: int = typer.Option(None, "--group-size", help="Samples per task."),
     output: str = typer.Option(None, "--output", "-o", help="Trajectory parquet; a .jsonl goes beside it."),
     expert: bool = typer.Option(False, "--expert", help="Play the env's scripted expert instead of a model."),
-    strategy: str = STRATEGY_OPTION,
-    budget: int = BUDGET_OPTION,
-    select: str = SELECT_OPTION,
-    agent: str = AGENT_OPTION,
-    agent_cmd: str = AGENT_CMD_OPTION,
-    reward: str = REWARD_OPTION,
+    strategy: str = flags.STRATEGY_OPTION,
+    budget: int = flags.BUDGET_OPTION,
+    select: str = flags.SELECT_OPTION,
+    agent: str = flags.AGENT_OPTION,
+    agent_cmd: str = flags.AGENT_CMD_OPTION,
+    reward: str = flags.REWARD_OPTION,
 ) -> None:
     """Play episodes and write them as a trajectory parquet plus a readable JSONL.
 
@@ -117,7 +104,7 @@ def rollout(
     from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories
     from omrl.view import view_command
 
-    cfg = config_with_select(
+    cfg = flags.config_with_select(
         RolloutRunConfig,
         args,
         {
@@ -130,12 +117,12 @@ def rollout(
             "use_expert": True if expert else None,
             "rollout.strategy": strategy,
             "rollout.budget": budget,  # 0 is a budget (no limit), not "not given"
-            **agent_flags(agent, agent_cmd, reward),
+            **flags.agent_flags(agent, agent_cmd, reward),
         },
         select,
     )
     strategy, budget = cfg.rollout.strategy, cfg.rollout.budget
-    check_strategy(strategy, budget, cfg.generation.max_new_tokens)
+    flags.check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     check_before_loading(cfg)
     check_rollout_outputs(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
@@ -157,7 +144,7 @@ def rollout(
         from omrl.rollout import PlaySpec
         from omrl.search import play_strategy, plays_batched, search_metrics
 
-        bar, progress = progress_bar(len(tasks), f"rollout ({strategy}, tasks)", sampled=not cfg.use_expert)
+        bar, progress = flags.progress_bar(len(tasks), f"rollout ({strategy}, tasks)", sampled=not cfg.use_expert)
         with bar:
             spec = PlaySpec(cfg.env.split, cfg.group_size, cfg.seed, cfg.use_expert, strategy=strategy, budget=budget)
             played = play_strategy(session, tasks, spec, progress)
