@@ -30,7 +30,8 @@ Pieces:
   reward), :mod:`omrl.training.env_scale` (per-env reward scaling), :mod:`omrl.training.rollout_correction`
   (the sampler's gap).
 - :mod:`omrl.training.common`: seeding and skipped-update accounting for every recipe.
-- :mod:`omrl.training.checkpoint`: atomic checkpoints; :mod:`omrl.training.resume`: where a run resumes;
+- :mod:`omrl.training.checkpoint`: atomic checkpoints, :mod:`omrl.training.checkpoint_marker` the marker that
+  says one is whole and lists its files' digests; :mod:`omrl.training.resume`: where a run resumes;
   :mod:`omrl.training.stopped`: what a run that stops early kept, and how to go on.
 - :mod:`omrl.training.metrics`: ``MetricsLogger`` (metrics.jsonl, TensorBoard, wandb, progress bar).
 - :mod:`omrl.training.optim`: AdamW and the learning-rate schedule.

@@ -43,8 +43,9 @@ from torch import nn
 
 from omrl.atomic import atomic_write_text
 from omrl.errors import Interrupted, OmrlError, WriteFailed, short_repr, write_failure
-from omrl.models.manifest import COMPLETE_MARKER, changed_files, directory_manifest, manifest, manifest_damage
+from omrl.models.manifest import COMPLETE_MARKER, changed_files, directory_manifest, manifest
 from omrl.parallel import Strategy
+from omrl.training.checkpoint_marker import fsync_dir, fsync_tree, has_manifest, marker_text, step_line
 
 CHECKPOINTS_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -110,13 +111,13 @@ def save_checkpoint(
             torch.save(extra, tmp / "extra.pt")
         state = {"step": step, "data_state": data_state or {}, "config": config or {}}
         (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
-        _fsync_tree(tmp)
-        (tmp / COMPLETE_MARKER).write_text(f"step {step}\n" + directory_manifest(tmp))
-        _fsync_tree(tmp)
+        fsync_tree(tmp)
+        (tmp / COMPLETE_MARKER).write_text(marker_text(f"step {step}", directory_manifest(tmp)))
+        fsync_tree(tmp)
         if final.exists():  # a checkpoint of the same step from a run that crashed after it
             _remove(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except Exception as exc:
         reason = write_failure(exc)
         if reason is None:
@@ -154,39 +155,6 @@ def checkpoint_path(output_dir: str | os.PathLike, step: int) -> Path:
     return Path(output_dir) / CHECKPOINTS_DIR / f"step-{step:08d}"
 
 
-def _manifest_lines(path: Path) -> list[str]:
-    """The manifest in checkpoint ``path``'s COMPLETE marker (after its ``step N`` line)."""
-    return [line for line in (path / COMPLETE_MARKER).read_text().splitlines()[1:] if line]
-
-
-def has_manifest(path: Path) -> bool:
-    """Whether complete checkpoint ``path`` lists its files' digests (an older omrl's do not)."""
-    return bool(_manifest_lines(path))
-
-
-def damage(path: Path) -> str | None:
-    """What is wrong with complete checkpoint ``path`` (a file missing or changed since it was
-    written), or None. One without a manifest (an older omrl's) cannot be checked and passes here:
-    :func:`~omrl.training.resume.resume_checkpoint` refuses it (see :func:`has_manifest`). A COMPLETE
-    marker without its ``step N`` line (emptied, cut) is damage: every omrl writes that line; so is a
-    file the manifest does not list, since it lists every file: the marker was cut after a line."""
-    if not _step_line(path):
-        return f"its {COMPLETE_MARKER} marker is empty or cut (no 'step N' line)"
-    lines = _manifest_lines(path)
-    listed = {line.split(" ", 2)[-1] for line in lines}
-    files = (p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
-    unlisted = sorted(set(files) - listed) if lines else []
-    if unlisted:
-        return f"its {COMPLETE_MARKER} marker is cut: its manifest does not list {unlisted[0]}"
-    return manifest_damage(path, lines)
-
-
-def _step_line(path: Path) -> str:
-    """The ``step N`` line that opens checkpoint ``path``'s COMPLETE marker ("" when it has none)."""
-    lines = (path / COMPLETE_MARKER).read_text(errors="replace").splitlines()
-    return lines[0] if lines and lines[0].startswith("step ") else ""
-
-
 def trust_model(path: str | os.PathLike, manifest_name: str) -> list[str]:
     """Accept model directory ``path``'s files as they are now (its chat template edited on purpose, say):
     rewrite its manifest ``manifest_name`` with their digests and return the files that had changed (none:
@@ -215,8 +183,8 @@ def trust_checkpoint(path: str | os.PathLike) -> bool:
             f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); expected a "
             f"directory like <output_dir>/{CHECKPOINTS_DIR}/step-00000012"
         )
-    step_line = _step_line(path)
-    if not step_line:
+    first = step_line(path)
+    if not first:
         raise CheckpointError(
             f"{path}'s {COMPLETE_MARKER} marker is empty or cut: no omrl finished writing it, so it cannot be "
             "vouched for; resume from the checkpoint before it"
@@ -224,10 +192,10 @@ def trust_checkpoint(path: str | os.PathLike) -> bool:
     if has_manifest(path):
         return False
     tmp = path / f".{COMPLETE_MARKER}.tmp-{os.getpid()}"
-    tmp.write_text(step_line + "\n" + directory_manifest(path))
-    _fsync_tree(path)
+    tmp.write_text(marker_text(first, directory_manifest(path)))
+    fsync_tree(path)
     os.replace(tmp, path / COMPLETE_MARKER)
-    _fsync_dir(path)
+    fsync_dir(path)
     return True
 
 
@@ -235,27 +203,8 @@ def _remove(path: Path) -> None:
     """Rename away first: a crash while deleting must not leave a complete-looking checkpoint."""
     trash = path.with_name(f".deleting-{path.name}-{os.getpid()}")
     os.replace(path, trash)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
-
-
-def _fsync_tree(directory: Path) -> None:
-    for dirpath, _, files in os.walk(directory):
-        for name in files:
-            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(dirpath))
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _rng_state() -> dict[str, Any]:

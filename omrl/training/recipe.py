@@ -43,6 +43,7 @@ from omrl.parallel import make_strategy
 from omrl.supervisor import StageStalled, supervise
 from omrl.training import checkpoint as ckpt
 from omrl.training import stopped
+from omrl.training.checkpoint_marker import damage
 from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, read_metrics
 from omrl.training.model_setup import save_final_from_every_process
@@ -299,7 +300,7 @@ def save_final(recipe: Recipe) -> None:
     the final model with its tokenizer in ``output_dir`` (LoRA merged in). Every process calls."""
     final = ckpt.checkpoint_path(recipe.output_dir, recipe.step)
     stale = recipe.saved_step != recipe.step  # not this run's: a damaged one a resume went back past, say
-    if ckpt.latest_checkpoint(recipe.output_dir) != final or (stale and ckpt.damage(final) is not None):
+    if ckpt.latest_checkpoint(recipe.output_dir) != final or (stale and damage(final) is not None):
         recipe.save_checkpoint()
     save_final_from_every_process(
         recipe.strategy, recipe.model, recipe.tokenizer, recipe.output_dir, merge_lora=recipe.cfg.model.lora_rank > 0

@@ -18,14 +18,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
-from omrl.training.checkpoint import (
-    CHECKPOINTS_DIR,
-    CheckpointError,
-    complete_checkpoints,
-    damage,
-    has_manifest,
-    latest_checkpoint,
-)
+from omrl.training.checkpoint import CHECKPOINTS_DIR, CheckpointError, complete_checkpoints, latest_checkpoint
+from omrl.training.checkpoint_marker import damage, has_manifest
 
 # Dotted config keys (or prefixes ending in ".") that may differ between a run and its resumption.
 MAY_CHANGE_ON_RESUME = (

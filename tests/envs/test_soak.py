@@ -114,7 +114,8 @@ def test_a_train_run_under_faults_keeps_its_steps_checkpoints_and_metrics_consis
 
     from omrl.config import load_config
     from omrl.config.options import TrainRunConfig
-    from omrl.training.checkpoint import complete_checkpoints, damage
+    from omrl.training.checkpoint import complete_checkpoints
+    from omrl.training.checkpoint_marker import damage
     from omrl.training.metrics import read_metrics
     from omrl.training.rl import run_rl
 

@@ -11,6 +11,7 @@ import torch
 
 from omrl.config.options import OptimConfig
 from omrl.training import checkpoint as ckpt
+from omrl.training.checkpoint_marker import damage
 from omrl.training.optim import build_optimizer, build_scheduler
 from omrl.training.resume import resume_checkpoint
 
@@ -113,9 +114,23 @@ def test_a_complete_marker_cut_after_a_line_is_damage(tmp_path, trained):
     path = _save(tmp_path, trained, 1)
     marker = path / ckpt.COMPLETE_MARKER
     lines = marker.read_text().splitlines(keepends=True)
-    assert ckpt.damage(path) is None and len(lines) > 2
+    assert damage(path) is None and len(lines) > 2
     marker.write_text("".join(lines[:2]))
-    assert ckpt.damage(path).startswith("its COMPLETE marker is cut: its manifest does not list ")
+    assert damage(path).startswith("its COMPLETE marker is cut: its manifest does not list ")
+
+
+def test_a_complete_marker_cut_after_its_step_line_is_damage_not_an_older_omrls(tmp_path, trained):
+    """``step N`` alone is what an older omrl wrote (no manifest: the user may vouch for it); a marker of
+    this omrl cut after that line says how many files it listed, so it is damage and cannot be vouched for."""
+    path = _save(tmp_path, trained, 1)
+    marker = path / ckpt.COMPLETE_MARKER
+    first = marker.read_text().splitlines()[0]
+    assert first.startswith("step 1 files ")
+    marker.write_text(first + "\n")
+    assert damage(path).startswith("its COMPLETE marker is cut: it lists 0 of its ")
+    assert not ckpt.trust_checkpoint(path)  # nothing to vouch for: a manifest was written and lost
+    marker.write_text("step 1\n")  # an older omrl's
+    assert damage(path) is None and ckpt.trust_checkpoint(path) and damage(path) is None
 
 
 def test_keep_last_n(tmp_path, trained):

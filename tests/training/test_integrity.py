@@ -16,6 +16,7 @@ from omrl.cli import build_app, main
 from omrl.errors import DamagedModelError, WriteFailed
 from omrl.models import MODEL_MANIFEST, load_model, resolve_model_path
 from omrl.training import checkpoint as ckpt
+from omrl.training.checkpoint_marker import damage
 from omrl.training.model_setup import save_final_model
 from omrl.training.resume import resume_checkpoint
 from tests.training.helpers import sft_command
@@ -41,9 +42,9 @@ def _save(output_dir, tiny_model, step: int) -> Path:
 
 
 def _as_an_older_omrl(path: Path) -> None:
-    """Drop the sha256 lines from COMPLETE, as an older omrl wrote it."""
+    """COMPLETE as an older omrl wrote it: ``step N`` alone, no file count and no sha256 lines."""
     marker = path / ckpt.COMPLETE_MARKER
-    marker.write_text(marker.read_text().splitlines()[0] + "\n")
+    marker.write_text(marker.read_text().splitlines()[0].split(" files ")[0] + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +167,7 @@ def test_a_full_disk_during_a_checkpoint_save_names_the_checkpoint_and_keeps_the
     assert str(ckpt.checkpoint_path(tmp_path, 2)) in str(failed.value)
     assert ("the disk is full" if writer == "safetensors" else "is the disk full?") in str(failed.value)
     monkeypatch.undo()
-    assert ckpt.complete_checkpoints(tmp_path) == [first] and ckpt.damage(first) is None
+    assert ckpt.complete_checkpoints(tmp_path) == [first] and damage(first) is None
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [first.name]  # no partial directory
 
 

@@ -370,16 +370,17 @@ def test_a_damaged_final_checkpoint_is_written_again_by_the_resume_that_went_bac
     """The resume skips it for the one before and replays the step: the final save must replace it, or every
     later resume warns and replays that step again."""
     from omrl.training import checkpoint as ckpt
+    from omrl.training.checkpoint_marker import damage
 
     cfg = rl_config("steps=3", "logging.save_steps=2", "eval_tasks=0")  # step 3's checkpoint is the final save's
     run_rl(cfg, console=QUIET)
     final = ckpt.checkpoint_path(cfg.logging.output_dir, 3)
     optimizer = final / "optimizer.pt"
     optimizer.write_bytes(optimizer.read_bytes()[:1000])
-    assert ckpt.damage(final) is not None
+    assert damage(final) is not None
     with pytest.warns(UserWarning, match="trying the checkpoint before it"):
         run_rl(dataclasses.replace(cfg, resume=True), console=QUIET)
-    assert ckpt.damage(final) is None and ckpt.latest_checkpoint(cfg.logging.output_dir) == final
+    assert damage(final) is None and ckpt.latest_checkpoint(cfg.logging.output_dir) == final
 
 
 def test_an_emptied_complete_marker_is_damage_the_resume_goes_back_past(rl_config, capsys):

@@ -1,0 +1,83 @@
+"""A checkpoint's ``COMPLETE`` marker: written last, it says the checkpoint is whole and lists every
+file's sha256 digest (the manifest), so a resume finds a file damaged since (:func:`damage`). Its first
+line is ``step N files K``; an older omrl wrote ``step N`` and no manifest, and such checkpoints are
+resumed only once the user vouches for their files
+(:func:`omrl.training.checkpoint.trust_checkpoint`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from omrl.models.manifest import COMPLETE_MARKER, manifest_damage
+
+
+def marker_text(first_line: str, manifest_text: str) -> str:
+    """A COMPLETE marker: ``step N files K``, then the manifest's K lines. The count tells a marker cut
+    after its first line from an older omrl's, which was ``step N`` alone."""
+    count = sum(1 for line in manifest_text.splitlines() if line)
+    return f"{first_line.split(' files ')[0]} files {count}\n{manifest_text}"
+
+
+def _manifest_lines(path: Path) -> list[str]:
+    """The manifest in checkpoint ``path``'s COMPLETE marker (after its ``step N`` line)."""
+    return [line for line in (path / COMPLETE_MARKER).read_text().splitlines()[1:] if line]
+
+
+def _listed_count(path: Path) -> int | None:
+    """How many files checkpoint ``path``'s marker says its manifest lists (None: an older omrl's marker)."""
+    _, _, count = step_line(path).partition(" files ")
+    return int(count) if count.strip().isdigit() else None
+
+
+def has_manifest(path: Path) -> bool:
+    """Whether complete checkpoint ``path`` lists its files' digests (an older omrl's do not). A marker
+    that says it lists files has a manifest, even where it was cut before them (then :func:`damage`)."""
+    return bool(_manifest_lines(path)) or bool(_listed_count(path))
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with complete checkpoint ``path`` (a file missing or changed since it was
+    written), or None. One without a manifest (an older omrl's) cannot be checked and passes here:
+    :func:`~omrl.training.resume.resume_checkpoint` refuses it (see :func:`has_manifest`). A COMPLETE
+    marker without its ``step N`` line (emptied, cut) is damage: every omrl writes that line; so is a
+    file the manifest does not list, since it lists every file: the marker was cut after a line."""
+    if not step_line(path):
+        return f"its {COMPLETE_MARKER} marker is empty or cut (no 'step N' line)"
+    lines = _manifest_lines(path)
+    listed = {line.split(" ", 2)[-1] for line in lines}
+    files = (p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != COMPLETE_MARKER)
+    unlisted = sorted(set(files) - listed) if lines else []
+    if unlisted:
+        return f"its {COMPLETE_MARKER} marker is cut: its manifest does not list {unlisted[0]}"
+    count = _listed_count(path)
+    if count is not None and count != len(lines):
+        return f"its {COMPLETE_MARKER} marker is cut: it lists {len(lines)} of its {count} files"
+    return manifest_damage(path, lines)
+
+
+def step_line(path: Path) -> str:
+    """The ``step N`` line that opens checkpoint ``path``'s COMPLETE marker ("" when it has none)."""
+    lines = (path / COMPLETE_MARKER).read_text(errors="replace").splitlines()
+    return lines[0] if lines and lines[0].startswith("step ") else ""
+
+
+def fsync_tree(directory: Path) -> None:
+    """Every file and folder under ``directory`` to disk: what a rename then publishes is whole."""
+    for dirpath, _, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(directory: Path) -> None:
+    """A folder's entries to disk (a rename in it survives a crash)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
