@@ -123,6 +123,12 @@ def check_run_dir(
                 "model, config.yaml and checkpoints over it; choose another output_dir"
             )
     check_output_folder("output_dir", output_dir, f"{given}-run")
+    for name in RUN_DIRS:  # found at the first save, the steps before it would be lost
+        if (given / name).exists() and not (given / name).is_dir():
+            raise OutputError(
+                f"output_dir {output_dir} holds a file named {name}, where the run writes its {name} folder; "
+                "move the file away, or choose another output_dir"
+            )
     kept = None if resume or is_run_dir(given) else _file_a_run_writes(given)
     if kept:  # an earlier run's own files are resume_point's to judge
         raise OutputError(

@@ -24,6 +24,21 @@ def test_a_folder_holding_a_model_or_a_config_is_refused_as_a_new_run(command, k
     assert [p.name for p in folder.iterdir()] == [kept] and (folder / kept).read_text() == "the user's own"
 
 
+@pytest.mark.parametrize("command", TRAINERS)
+@pytest.mark.parametrize("name", ["checkpoints", "rollouts"])
+def test_a_file_where_the_run_writes_a_folder_is_refused_before_training(command, name, omrl_main, no_model, tmp_path):
+    """It was found at the first save, after the steps before it were trained, as "a bug in omrl" (exit 1)."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / name).write_text("mine")
+    code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--output-dir", str(folder))
+    assert code == 2, err
+    assert f"output_dir {folder} holds a file named {name}, where the run writes its {name} folder" in " ".join(
+        err.split()
+    )
+    assert (folder / name).read_text() == "mine"
+
+
 def test_plot_refuses_a_file_as_its_folder(omrl_main, tmp_path):
     """It used to crash as "a bug in omrl" (a folder made under the file), exit 1."""
     run = tmp_path / "run"
