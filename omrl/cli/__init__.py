@@ -183,6 +183,14 @@ def report_error(exc: BaseException, debug: bool) -> int:
         return 2
     elif isinstance(exc, OmrlError):
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+    elif peer_failed(exc):
+        err_console.print(
+            f"[bold red]error:[/] process {os.environ.get('RANK', '?')} of this run lost its connection to another, "
+            f"which failed first: its error, above or in its log, is the reason ({type(exc).__name__}: "
+            f"{escape(str(exc)[:300])})",
+            highlight=False,
+            soft_wrap=True,
+        )
     else:  # a bug: of the third-party plugin whose code raised it, where one did
         culprit = plugin_in_traceback(exc.__traceback__)
         whose = f"raised in {culprit}: a bug in that plugin" if culprit else "this is a bug in omrl or a plugin"
@@ -193,6 +201,21 @@ def report_error(exc: BaseException, debug: bool) -> int:
             soft_wrap=True,
         )
     return 2 if isinstance(exc, OmrlError) else 1
+
+
+# what torch.distributed's backends say when the process at the other end of a collective is gone
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crash", "Broken pipe")
+
+
+def peer_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is this process of a run of several finding another one gone (it failed first, and
+    its own error says why), not a bug where it was raised."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) < 2:
+        return False
+    distributed = sys.modules.get("torch.distributed")  # never imported for this: a run of several has it
+    if distributed is not None and isinstance(exc, getattr(distributed, "DistError", ())):
+        return True
+    return isinstance(exc, RuntimeError) and any(words in str(exc) for words in PEER_GONE)
 
 
 #: device files whose presence means a GPU DeepSpeed could use (NVIDIA, AMD)

@@ -112,3 +112,29 @@ def test_a_family_whose_members_need_other_packages_is_not_listed_as_installed()
     [code] = family_rows(rows)
     assert code["envs"] == 3 and code["installed_envs"] == 2 and not code["installed"]
     assert code["install"] == "pip install 'omrl[babyai]'"
+
+
+GLOO_PEER_GONE = (
+    "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+    "[127.0.0.1]:30338. This is typically caused by a remote worker crashing."
+)
+
+
+@pytest.mark.parametrize("make", [lambda: RuntimeError(GLOO_PEER_GONE), lambda: _dist_error("timed out")])
+def test_a_process_that_lost_a_failed_peer_says_so_not_a_bug_in_omrl(make, monkeypatch, capsys):
+    """Process 1 of two, whose peer failed first, printed gloo's error as "a bug in omrl or a plugin"."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert report_error(make(), debug=False) == 1
+    printed = " ".join(capsys.readouterr().err.split())
+    assert "process 1 of this run lost its connection to another, which failed first" in printed
+    assert "bug in omrl" not in printed
+    monkeypatch.setenv("WORLD_SIZE", "1")  # alone, the same error is no peer's
+    report_error(make(), debug=False)
+    assert "this is a bug in omrl or a plugin" in " ".join(capsys.readouterr().err.split())
+
+
+def _dist_error(message: str) -> Exception:
+    import torch.distributed
+
+    return torch.distributed.DistBackendError(message)
