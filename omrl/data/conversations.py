@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from omrl.chat.replies import REASONING_FIELDS
-from omrl.data.record_files import DatasetFormatError, data_files, is_trajectory_file, read_rows, write_records
+from omrl.data.record_files import (
+    MESSAGE_KEYS,
+    DatasetFormatError,
+    data_files,
+    is_trajectory_file,
+    read_rows,
+    write_records,
+)
 from omrl.data.trajectory import Episode, read_episodes, recorded_tokenizer
 from omrl.errors import OmrlError, short_repr
 
@@ -48,7 +55,6 @@ ROLE_ALIASES = {
     "human": "user",
     "gpt": "assistant",
 }
-MESSAGE_KEYS = ("conversations", "messages")
 STYLES = ("openmanus", "sharegpt")
 _SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
 _NOT_IN_SHAREGPT = ("tool_calls", *REASONING_FIELDS, "name")  # a message's fields a from/value pair cannot hold
@@ -124,7 +130,7 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
     if not any(m["role"] == "assistant" for m in messages):
         raise DatasetFormatError(f"{source}: has no assistant ('assistant' or 'gpt') message to learn from")
     meta = {k: v for k, v in row.items() if k not in (key, "id", "demo_messages")}
-    if "reward" in meta and not _is_number(meta["reward"]):
+    if meta.get("reward") is not None and not _is_number(meta["reward"]):  # null: not scored, as with no reward
         raise DatasetFormatError(f"{source}: 'reward' must be a finite number, got {short_repr(meta['reward'])}")
     _check_chat_kwargs(meta.get("chat_kwargs"), source)
     return Conversation(messages, source, str(row.get("id", "")), meta)
@@ -133,10 +139,16 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
 def _message(message: Any, where: str) -> dict[str, Any]:
     """``{"role", "content"}``, plus a reply's reasoning (``reasoning_content``, ``thinking`` or ``reasoning``: text) and ``tool_calls`` (a list of
     calls; the content may then be empty or null) when the record has them."""
-    if isinstance(message, dict) and "role" in message and "content" in message:
+    # a null field is an absent one: a parquet of both forms gives every message all four fields
+    if isinstance(message, dict) and message.get("role") is not None and "content" in message:
         role, content = message["role"], message["content"]
-    elif isinstance(message, dict) and "from" in message and "value" in message:
+    elif isinstance(message, dict) and message.get("from") is not None and "value" in message:
         role, content = message["from"], message["value"]
+    elif isinstance(message, dict) and ({"role", "content"} <= message.keys() or {"from", "value"} <= message.keys()):
+        raise DatasetFormatError(
+            f"{where}: its role is missing ('role' and 'from' are null or absent) in {short_repr(message)}; "
+            f"valid roles: {', '.join(ROLE_ALIASES)}"
+        )
     else:
         raise DatasetFormatError(
             f"{where}: {message!r} is not a message; expected {{'role': ..., "
@@ -212,8 +224,8 @@ def _is_number(value: Any) -> bool:
 
 def reward_of(conv: Conversation) -> float | None:
     """The conversation's reward: its record's ``reward``, else an ``omrl rollout`` readable JSONL's
-    ``total_reward``; None where there is none, or it is not a finite number."""
-    key = next((key for key in REWARD_KEYS if key in conv.meta), None)
+    ``total_reward``; None where there is none (or null), or it is not a finite number."""
+    key = next((key for key in REWARD_KEYS if conv.meta.get(key) is not None), None)
     return float(conv.meta[key]) if key and _is_number(conv.meta[key]) else None
 
 
@@ -315,7 +327,9 @@ def write_conversations(
 
 
 def reward_summary(conversations: Sequence[Conversation]) -> str:
-    """One line about how many conversations there are and their mean reward, when known."""
+    """One line about how many conversations there are and their mean reward, when known (and over how
+    many of them, when some have none)."""
     rewards = [reward for c in conversations if (reward := reward_of(c)) is not None]
-    mean = f", mean reward {sum(rewards) / len(rewards):.3f}" if rewards else ""
+    scored = f" ({len(rewards)} of {len(conversations)} scored)" if len(rewards) < len(conversations) else ""
+    mean = f", mean reward {sum(rewards) / len(rewards):.3f}{scored}" if rewards else ""
     return f"{len(conversations)} conversations{mean}"

@@ -26,6 +26,8 @@ from omrl.errors import OmrlError
 RECORDS_SCHEMA = b"conversations/1"
 _SCHEMA_KEY = b"omrl.schema"
 _JSON_MESSAGE_FIELDS = ("tool_calls",)  # a message's fields that are not text
+MESSAGE_KEYS = ("conversations", "messages")  # where a record holds its messages
+_VALID_JSON = "valid: a JSON list of records, or JSON lines (one record per line)"
 
 
 class DatasetFormatError(OmrlError):
@@ -109,6 +111,8 @@ def _without_readable_copies(folder: Path, files: list[Path]) -> list[Path]:
 def read_rows(file: Path) -> Iterator[tuple[int, Any]]:
     """(row number from 1, record) for every record in one file."""
     if file.suffix == ".jsonl" or (file.suffix == ".json" and _starts_with(file, b"{")):
+        if file.suffix == ".json":
+            _refuse_objects_over_lines(file)
         for number, line in _lines(file):
             if line.strip():
                 yield number, _json(line, f"{file} row {number}")
@@ -128,6 +132,46 @@ def read_rows(file: Path) -> Iterator[tuple[int, Any]]:
             for row in batch.to_pylist():
                 number += 1
                 yield number, _record_of(row, f"{file} row {number}") if written_here else row
+
+
+def _refuse_objects_over_lines(file: Path) -> None:
+    """A ``.json`` opening with ``{`` is read as JSON lines; one whose first object spans several lines (a
+    pretty-printed record, or ``{"data": [...]}``) is not, and would read as "row 1: not valid JSON".
+    Only a file whose first line is no JSON is read whole: JSON lines may be large."""
+    with file.open("rb") as f:
+        first = next((raw for raw in f if raw.strip()), b"")
+    try:
+        json.loads(first.decode("utf-8-sig"))
+        return
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+        pass
+    try:
+        text = file.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return  # reading its lines names the byte
+    start = len(text) - len(text.lstrip())
+    try:
+        value, end = json.JSONDecoder().raw_decode(text, start)
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        return  # reading its lines says where row 1 breaks
+    if "\n" not in text[start:end]:  # JSON text holds no raw newline but between values
+        return
+    if text[end:].strip():
+        raise DatasetFormatError(f"{file}: holds JSON objects over several lines each, not one a line; {_VALID_JSON}")
+    raise DatasetFormatError(f"{file}: holds one JSON object ({_what_object(value)}), not records; {_VALID_JSON}")
+
+
+def _what_object(value: dict[str, Any]) -> str:
+    """What a .json's one object seems to be: a record, records under one key, or something else."""
+    key = next((k for k in MESSAGE_KEYS if k in value), None)
+    if key:
+        return f"it has {key!r}, so it is one record, it seems: put it in a list"
+    if len(value) == 1:
+        key, inner = next(iter(value.items()))
+        if isinstance(inner, list) and inner and all(isinstance(item, dict) for item in inner):
+            return f"its one key {key!r} holds a list of {len(inner)} objects, the records it seems: save that list"
+    keys = ", ".join(map(str, list(value)[:10])) + (", ..." if len(value) > 10 else "")
+    return f"keys: {keys}" if value else "an empty object"
 
 
 def _starts_with(file: Path, prefix: bytes) -> bool:
