@@ -27,6 +27,16 @@ def umask() -> int:
     return mask
 
 
+def readable_as_umask_allows(folder: str | os.PathLike) -> None:
+    """Every file under ``folder`` as readable as a plain ``open()`` would make it: safetensors writes its
+    files 0600 whatever the umask, so a model or a checkpoint would be the writer's alone (a vLLM server
+    run by another user could not read it)."""
+    mode = 0o666 & ~umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(mode)
+
+
 @contextmanager
 def _naming(path: Path) -> Iterator[None]:
     """An OSError that names no file (a write's: "No space left on device") names ``path``, so the error

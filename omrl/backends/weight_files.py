@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from omrl.atomic import umask
+from omrl.atomic import readable_as_umask_allows, umask
 
 FOLDER_PREFIX = "omrl-server-weights-"
 _OWNED = re.compile(re.escape(FOLDER_PREFIX) + r"(?P<host>.+)-(?P<pid>\d+)-(?P<start>\d+)-[^-]+")
@@ -42,8 +42,7 @@ def write_version(root: Path, name: str, write: Callable[[Path], None]) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir()
     write(partial)
-    for file in partial.iterdir():
-        file.chmod(0o666 & ~umask())
+    readable_as_umask_allows(partial)
     partial.rename(folder)
     return folder
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import yaml
 
+from omrl.atomic import readable_as_umask_allows
 from omrl.errors import ConfigError, DamagedModelError, OmrlError
 from omrl.home import omrl_home
 from omrl.models.builtin import BUILTIN_MODELS, tuned_for
@@ -253,6 +254,7 @@ def _build_atomically(target: Path, builder) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         builder(tmp)
+        readable_as_umask_allows(tmp)
         if target.exists():  # another process finished first
             return
         os.replace(tmp, target)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from omrl.atomic import atomic_write_text
+from omrl.atomic import atomic_write_text, readable_as_umask_allows
 from omrl.errors import Interrupted, OmrlError, WriteFailed, short_repr, write_failure
 from omrl.models.manifest import COMPLETE_MARKER, changed_files, directory_manifest, manifest
 from omrl.parallel import Strategy
@@ -111,6 +111,7 @@ def save_checkpoint(
             torch.save(extra, tmp / "extra.pt")
         state = {"step": step, "data_state": data_state or {}, "config": config or {}}
         (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
+        readable_as_umask_allows(tmp)
         fsync_tree(tmp)
         (tmp / COMPLETE_MARKER).write_text(marker_text(f"step {step}", directory_manifest(tmp)))
         fsync_tree(tmp)

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from omrl.atomic import readable_as_umask_allows
 from omrl.config.options import ModelConfig
 from omrl.errors import ConfigError, WriteFailed, short_repr, write_failure
 from omrl.models import MODEL_MANIFEST, load_model
@@ -133,6 +134,7 @@ def save_final_model(
         tokenizer.save_pretrained(tmp)
         names = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         (tmp / MODEL_MANIFEST).write_text(manifest(tmp, names))
+        readable_as_umask_allows(tmp)
         for name in sorted((p.name for p in tmp.iterdir()), key=lambda n: (n == "config.json", n == MODEL_MANIFEST)):
             os.replace(tmp / name, output_dir / name)
     except Exception as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 
@@ -171,3 +172,22 @@ def test_an_option_newer_than_the_checkpoint_warns_at_its_default_and_refuses_ot
     changed = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": False}}
     with pytest.raises(ckpt.CheckpointError, match="env.demonstration: '<absent>' -> False"):
         resume_checkpoint(tmp_path, changed, defaults=defaults)
+
+
+def test_saved_weights_are_as_readable_as_the_umask_allows(tmp_path, trained):
+    """safetensors writes 0600 whatever the umask: a run's model and checkpoints were the writer's alone,
+    so a vLLM server run by another user could not read them."""
+    from omrl.training.model_setup import save_final_model
+
+    old = os.umask(0o022)
+    try:
+        checkpoint = _save(tmp_path / "run", trained, 1)
+        save_final_model(trained[0], trained[1], tmp_path / "final", merge_lora=False)
+    finally:
+        os.umask(old)
+    for folder in (checkpoint, tmp_path / "final"):
+        modes = {
+            p.relative_to(folder).as_posix(): oct(p.stat().st_mode & 0o777) for p in folder.rglob("*") if p.is_file()
+        }
+        assert any(name.endswith(".safetensors") for name in modes)
+        assert set(modes.values()) == {"0o644"}, modes
