@@ -5,7 +5,8 @@
 (:mod:`.hf_stream`, its batch in :mod:`.kv_ragged`; the turn-by-turn batch is :mod:`.kv_slots`); ``openai`` receives trained weights through
 :mod:`.weight_sync` (whole weights; over NCCL :mod:`.nccl_sync`) or :mod:`.lora_sync` (LoRA adapters
 alone), both driving the server through :mod:`.server_control` and writing files as :mod:`.weight_files` does;
-:mod:`.sync_settings` checks ``generation.weight_sync`` without torch.
+:mod:`.sync_settings` checks ``generation.weight_sync`` without torch; ``vllm`` loads a LoRA model's weights
+merged (:mod:`.merged_weights`).
 
     backend = make_backend("hf", tokenizer, cfg.generation, model=model)
     gens = backend.generate([prompt_ids, ...], SamplingParams(max_new_tokens=64, temperature=1.0, seed=0))

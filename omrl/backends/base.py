@@ -196,6 +196,8 @@ class Backend(ABC):
 
     #: one engine that every training process samples from (a server): only the main process sends it weights
     shared: bool = False
+    #: an engine that knows no LoRA adapters: a LoRA model's weights reach it merged, under the base's names
+    merges_lora: bool = False
 
     def update_weights(self, state_dict: Mapping[str, Any]) -> None:
         """Load the trainer's weights (a state dict) into the generation engine in place."""

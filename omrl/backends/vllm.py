@@ -36,6 +36,7 @@ class VLLMBackend(Backend):
     """vLLM offline engine; log-probs are those of the sampling distribution (processed_logprobs)."""
 
     name = "vllm"
+    merges_lora = True  # the trainer's peft names and adapters mean nothing to the engine's model
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ from rich.console import Console
 from omrl import registry
 from omrl.backends.base import generation_metrics
 from omrl.backends.lora_sync import lora_config_of
+from omrl.backends.merged_weights import merged_state
 from omrl.config.options import TrainRunConfig
 from omrl.errors import ConfigError
 from omrl.evaluation import measured
@@ -161,5 +162,7 @@ def _sync(strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSe
         if strategy.is_main:  # a LoRA model's adapter config goes along: weight_sync=lora sends the adapter alone
             session.backend.update_weights(state, version=version, lora_config=lora_config_of(model))
         strategy.barrier()
+    elif session.backend.merges_lora:
+        session.backend.update_weights(merged_state(model, strategy.state_dict(model)))
     else:
         session.backend.update_weights(strategy.state_dict(model))
