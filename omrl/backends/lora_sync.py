@@ -59,6 +59,19 @@ def lora_config_of(model: Any) -> dict[str, Any] | None:
     return json.loads(json.dumps(config, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
 
 
+def _hint(refusal: str) -> str:
+    """What to change where the server refused an adapter: its LoRA settings, or the run's."""
+    text = refusal.lower()
+    if "max_lora_rank" in text:
+        return "; the server's --max-lora-rank must be at least model.lora_rank (or lower model.lora_rank)"
+    if "target modules" in text or "unsupported lora weight" in text:
+        return (
+            "; vLLM serves adapters on some modules only (attention and MLP projections, not lm_head or "
+            "embed_tokens): set model.lora_target_modules to those it names"
+        )
+    return f"; {LORA_HINT}" if "lora" in text and "enable" in text else ""
+
+
 def adapter_state(state_dict: Mapping[str, torch.Tensor], adapter: str = "default") -> dict[str, torch.Tensor]:
     """The LoRA weights of a peft model's state dict under the names peft saves them with (the
     adapter's name dropped: ``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``)."""
@@ -201,8 +214,7 @@ class LoraSync:
         if reply.status_code in (404, 405) and _route_missing(reply):
             raise OmrlError(f"the generation server has no POST /{route} (HTTP {reply.status_code}); {LORA_HINT}")
         if reply.status_code >= 300:
-            hint = f"; {LORA_HINT}" if "lora" in reply.text.lower() and "enable" in reply.text.lower() else ""
-            raise OmrlError(f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}{hint}")
+            raise OmrlError(f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}{_hint(reply.text)}")
         return reply.text
 
     def close(self) -> None:

@@ -58,6 +58,11 @@ def resolve_model_path(name_or_path: str) -> str:
         return str(target)
     path = Path(name_or_path).expanduser()
     if path.exists():
+        if not (path / "config.json").exists() and (path / "adapter_config.json").exists():
+            raise OmrlError(
+                f"{path} is a LoRA adapter (a checkpoint's), not a model: give the run's folder, which holds "
+                "the final model with the adapter merged in, or start from this checkpoint with --resume"
+            )
         if not (path / "config.json").exists():
             raise OmrlError(
                 f"model directory {path} has no config.json; expected a Hugging Face model "

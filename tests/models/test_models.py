@@ -135,3 +135,13 @@ def test_the_webshop_model_is_built_from_the_shipped_delta_and_buys(smollm2_dir)
     assert any(ep.won for ep in episodes), scores
     built = resolve_model_path("smollm2-135m-webshop")
     assert open(f"{built}/omrl_delta.sha256").read().strip() == file_digest(WEBSHOP_DELTA)
+
+
+def test_a_lora_checkpoint_s_adapter_folder_is_named_as_one(tiny_model_dir, tmp_path):
+    """--model RUN/checkpoints/step-N/model of a LoRA run said only "has no config.json"."""
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = load_model(tiny_model_dir)
+    get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "model")
+    with pytest.raises(OmrlError, match="is a LoRA adapter \\(a checkpoint's\\), not a model: give the run's folder"):
+        resolve_model_path(str(tmp_path / "model"))
