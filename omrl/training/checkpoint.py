@@ -33,6 +33,7 @@ import random
 import re
 import shlex
 import shutil
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,13 +84,15 @@ def save_checkpoint(
     keep: int = 2,
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    processes: int = 1,
 ) -> Path:
     """Write checkpoint ``step`` atomically and keep only the newest ``keep`` (0 keeps all).
 
     ``data_state`` and ``config`` must be JSON-serialisable; ``extra`` may hold tensors and
     plain Python containers (it is loaded with ``torch.load(weights_only=True)``).
     ``model_state`` and ``optimizer_state`` are written instead of the model's and the
-    optimizer's own state dicts when given (FSDP, ZeRO-3: the gathered, unsharded ones).
+    optimizer's own state dicts when given (FSDP, ZeRO-3: the gathered, unsharded ones). ``processes``:
+    how many the run trains in (a resume in another number is told what that changes).
     """
     root = Path(output_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
@@ -109,7 +112,7 @@ def save_checkpoint(
         torch.save(_rng_state(), tmp / "rng.pt")
         if extra is not None:
             torch.save(extra, tmp / "extra.pt")
-        state = {"step": step, "data_state": data_state or {}, "config": config or {}}
+        state = {"step": step, "data_state": data_state or {}, "config": config or {}, "processes": processes}
         (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
         readable_as_umask_allows(tmp)
         fsync_tree(tmp)
@@ -147,6 +150,7 @@ def save_from_every_process(
     """:func:`save_checkpoint` in a recipe: every process calls; what a sharded ``strategy`` holds in
     shards is gathered, the main process writes and the others wait. Returns the checkpoint's path."""
     gathered = strategy.gather_for_checkpoint(model, optimizer)
+    kwargs.setdefault("processes", strategy.world_size)
     strategy.on_main(save_checkpoint, output_dir, step, model, optimizer=optimizer, **kwargs, **gathered)
     return checkpoint_path(output_dir, step)
 
@@ -291,6 +295,14 @@ def load_checkpoint(
     if restore_rng:
         _set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=True))
     state = json.loads((path / "state.json").read_text())
+    saved_in = state.get("processes")  # None: an older omrl's checkpoint
+    if saved_in is not None and saved_in != strategy.world_size and strategy.is_main:
+        warnings.warn(
+            f"resuming in {strategy.world_size} process(es) a run that {saved_in} checkpointed: an RL run samples "
+            "each process's tasks with a seed of its own, so from here it plays other episodes than it would have "
+            f"(an SFT run's updates are the same); to continue it as it was, launch {saved_in} processes",
+            stacklevel=2,
+        )
     extra = torch.load(path / "extra.pt", map_location="cpu", weights_only=True) if (path / "extra.pt").exists() else {}
     return Checkpoint(path, int(state["step"]), state["data_state"], state["config"], extra)
 
@@ -342,6 +354,15 @@ def interrupted(output_dir: str | os.PathLike, command: str) -> Interrupted:
             "checkpoints every N steps; by default only the end is)"
         )
     return Interrupted(
-        f"interrupted; the newest complete checkpoint is {kept}. Continue with: "
-        f"omrl {command} --resume --output-dir {shlex.quote(str(output_dir))}"
+        f"interrupted; the newest complete checkpoint is {kept}. Continue with: {resume_command(command, output_dir)}"
     )
+
+
+def resume_command(command: str, output_dir: str | os.PathLike) -> str:
+    """The command line that continues run ``output_dir`` of ``omrl command``: under ``accelerate launch``
+    with as many processes where this one runs in several (a resume in one would play other episodes)."""
+    resume = f"omrl {command} --resume --output-dir {shlex.quote(str(output_dir))}"
+    processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if processes < 2:
+        return resume
+    return f"accelerate launch --num_processes {processes} (and this run's --config_file) -m {resume}"

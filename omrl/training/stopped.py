@@ -8,13 +8,12 @@ checkpoint; the message names the newest checkpoint and the ``--resume`` that co
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
 from omrl.errors import FailedStep
 from omrl.supervisor import StageStalled
-from omrl.training.checkpoint import checkpoint_step, latest_checkpoint
+from omrl.training.checkpoint import checkpoint_step, latest_checkpoint, resume_command
 
 
 def explained(recipe: Any, stop: FailedStep | StageStalled, command: str) -> FailedStep | StageStalled:
@@ -70,4 +69,4 @@ def _keep(recipe: Any, keepable: bool) -> Path | None:
 
 
 def _resume(recipe: Any, command: str) -> str:
-    return f"continue with omrl {command} --resume --output-dir {shlex.quote(str(recipe.cfg.logging.output_dir))}"
+    return f"continue with {resume_command(command, recipe.cfg.logging.output_dir)}"

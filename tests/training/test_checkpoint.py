@@ -191,3 +191,20 @@ def test_saved_weights_are_as_readable_as_the_umask_allows(tmp_path, trained):
         }
         assert any(name.endswith(".safetensors") for name in modes)
         assert set(modes.values()) == {"0o644"}, modes
+
+
+def test_a_resume_in_another_number_of_processes_is_told_what_that_changes(tmp_path, trained, monkeypatch):
+    """A two-process RL run resumed as its Ctrl-C message said (plain ``omrl train --resume``) went on in one
+    process with no word: its episodes from there were another run's."""
+    model, tok, optimizer, scheduler = trained
+    path = ckpt.save_checkpoint(tmp_path, 1, model, optimizer=optimizer, scheduler=scheduler, processes=2)
+    with pytest.warns(UserWarning, match="resuming in 1 process\\(es\\) a run that 2 checkpointed.*launch 2 processes"):
+        ckpt.load_checkpoint(path, model, optimizer=optimizer, scheduler=scheduler)
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what the Ctrl-C message of a run of two says
+    assert (
+        "Continue with: accelerate launch --num_processes 2 (and this run's --config_file) -m omrl train --resume"
+        in str(ckpt.interrupted(tmp_path, "train"))
+    )
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert f"Continue with: omrl train --resume --output-dir {tmp_path}" in str(ckpt.interrupted(tmp_path, "train"))
