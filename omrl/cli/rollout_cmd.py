@@ -153,10 +153,12 @@ def rollout(
             console.print(metrics_table(search_metrics(trees), title=f"search: {strategy}"))
     replay_warnings(caught, episodes)
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):
-        who = "expert" if cfg.use_expert else "env"
+        reasons = env_error_reasons(episodes)
+        # the expert's own failure (no action, not text) is the expert's; a reset or step that raised is the env's
+        who = "expert" if cfg.use_expert and any("expert" in reason for reason in reasons) else "env"
         raise EnvFailure(
             f"every episode failed in the {env_label(cfg)} {who} (nothing written); the first reasons: "
-            f"{'; '.join(env_error_reasons(episodes))}"
+            f"{'; '.join(reasons)}"
         )
     parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer)
     metrics = evaluate(episodes)

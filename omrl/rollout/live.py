@@ -16,6 +16,7 @@ parser only, never to lay out ids.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +36,20 @@ EMPTY_OBSERVATION = "(the environment returned no text)"
 
 class TemplateFailure(OmrlError):
     """An action template raised, or answered outside its protocol (a parse that is no ParsedAction, a
-    ``format_action`` without text): a broken plugin, so its episode ends as env_error, the world's
-    failure and not the model's (never trained on; its env instance is not at fault)."""
+    ``format_action`` without text): a broken plugin, so its episode ends as env_error, not the model's
+    failure (never trained on; its env instance is not at fault). Its message begins ``template NAME's``
+    (:data:`TEMPLATE_REASON`) and names the plugin's file and line where it raised."""
 
     @classmethod
-    def of(cls, template: Template, method: str, what: str) -> "TemplateFailure":
-        return cls(f"template {type(template).__name__}'s {method} {what}")
+    def of(cls, template: Template, method: str, what: str, raised: BaseException | None = None) -> "TemplateFailure":
+        from omrl.plugins import plugin_in_traceback
+
+        where = plugin_in_traceback(raised.__traceback__) if raised is not None else None
+        return cls(f"template {type(template).__name__}'s {method} {what}{f' (in {where})' if where else ''}")
+
+
+#: how an episode's error names the action template that failed it (a bug in that plugin, not the world)
+TEMPLATE_REASON = re.compile(r"template (\w+)'s (?:parse|format_action|system_prompt) ")
 
 
 # what the rollout records in Turn.info; the env's step adds the rest
@@ -163,7 +172,7 @@ def _parse(template: Template, response: str, env: Env) -> ParsedAction | Templa
     try:
         parsed = template.parse(response, env)
     except Exception as exc:  # noqa: BLE001 - a template bug, whatever it raises
-        return TemplateFailure.of(template, "parse", f"raised {type(exc).__name__}: {str(exc)[:200]}")
+        return TemplateFailure.of(template, "parse", f"raised {type(exc).__name__}: {str(exc)[:200]}", exc)
     if not isinstance(parsed, ParsedAction):
         return TemplateFailure.of(
             template, "parse", f"returned a {type(parsed).__name__}; it must return a ParsedAction"

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from omrl.data import Episode
 from omrl.errors import ConfigError, EnvFailure, OmrlError
+from omrl.rollout.live import TEMPLATE_REASON
 from omrl.rollout.spec import SHORTEN_PROMPT, no_room, overlong
 
 #: how omrl.rewards names the reward an episode failed in (its ``error`` begins so)
@@ -81,9 +82,18 @@ class RolloutHealth:
         found = _REWARD_REASON.match(self.failed_step)
         return found[1] if found else None
 
+    def failed_template(self) -> str | None:
+        """The action template this step's episodes failed in (it raised, or answered outside its protocol:
+        a bug in its plugin, which a replay would meet again), or None."""
+        found = TEMPLATE_REASON.match(self.failed_step)
+        return found[1] if found else None
+
     def failed_in(self, env: str) -> str:
-        """What this step's every episode failed in, for a message: the reward or the env ``env``."""
-        reward = self.failed_reward()
+        """What this step's every episode failed in, for a message: the reward, the action template or the
+        env ``env``."""
+        reward, template = self.failed_reward(), self.failed_template()
+        if template:
+            return f"the action template {template} (a bug in its code, not the env)"
         return f"the reward {reward!r}" if reward else f"the env {env!r}"
 
     def failed_step_message(self, step: int, env: str) -> str:

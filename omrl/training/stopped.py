@@ -24,13 +24,18 @@ def explained(recipe: Any, stop: FailedStep | StageStalled, command: str) -> Fai
 
 
 def kept_steps(recipe: Any, failure: FailedStep, command: str) -> FailedStep:
-    """``failure`` with what was kept and how to go on. When the reason is a reward (it stalled), the
-    message names the reward, not the env: bringing the env back would not help."""
+    """``failure`` with what was kept and how to go on. When the reason is a reward (it stalled) or the
+    action template (a bug), the message names it, not the env: bringing the env back would not help."""
     kept = _keep(recipe, failure.keepable)
     health = getattr(getattr(recipe, "run", None), "health", None)
     reward = health.failed_reward() if health is not None else None
-    if reward is not None:
-        fix = f"fix the reward {reward!r} (or give it longer: deadlines.reward_s)"
+    template = health.failed_template() if health is not None else None
+    if reward is not None or template is not None:
+        fix = (
+            f"fix the action template {template}"
+            if template is not None
+            else f"fix the reward {reward!r} (or give it longer: deadlines.reward_s)"
+        )
         if kept is None:
             return FailedStep(f"{failure}; no step was done before it: nothing to resume, {fix} and run again")
         return FailedStep(f"{failure}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")

@@ -4,9 +4,13 @@ naming the template; the model is never told, and the episode is never trained o
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from rich.console import Console
 
 from omrl.evaluation import evaluate
+from omrl.hookspecs import hookimpl
 from omrl.rollout import EnvPool, RolloutLimits, collect
 from omrl.templates import ParsedAction
 from tests.fakes import ActionTemplate, KeyEnv, Registers, ScriptedBackend
@@ -125,3 +129,50 @@ def test_omrl_rollout_with_a_broken_template_exits_2_naming_it(fake_plugins, reg
         "SilentTemplate's format_action returned None" if expert else "AlwaysRaising's parse raised IndexError"
     ) in text
     assert "could not be parsed" not in text
+
+
+class TemplatePlugin:
+    """Registers one action template under a name, as a third-party plugin would."""
+
+    def __init__(self, name, template_class):
+        self.name, self.template_class = name, template_class
+
+    @hookimpl
+    def register_templates(self, register):
+        register(self.name, self.template_class)
+
+
+class BuggyParse(ActionTemplate):
+    def parse(self, response, env):
+        return {}["action"]  # a bug in the plugin's code
+
+
+def test_a_training_step_a_template_bug_failed_stops_at_once_naming_the_template_and_its_line(
+    tiny_model_dir, tmp_path, register_plugin, monkeypatch
+):
+    """It was "every episode failed in the env", played twice more after 5 s and 10 s waits, then "run again
+    once the env is back": the template's code, not the world, had failed, and a replay meets it again."""
+    from omrl.errors import EnvFailure
+    from omrl.training.rl import run_rl
+    from tests.training.helpers import gridworld_config
+
+    waits = []
+    monkeypatch.setattr("omrl.training.online_run.time.sleep", waits.append)
+    register_plugin(TemplatePlugin("buggy", BuggyParse), name="buggy-template")
+    cfg = gridworld_config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "env.template=buggy",
+        "generation.max_new_tokens=4",
+        "tasks_per_step=1",
+        "group_size=2",
+        "eval_tasks=0",
+    )
+    with pytest.raises(EnvFailure) as stopped:
+        run_rl(cfg, console=Console(file=io.StringIO()))
+    message = " ".join(str(stopped.value).split())
+    line = BuggyParse.parse.__code__.co_firstlineno + 1
+    assert waits == []  # no replay
+    assert "step 1: every episode failed in the action template BuggyParse (a bug in its code, not the env)" in message
+    assert f"(in plugin 'buggy-template' (-) at {__file__}:{line})" in message
+    assert "fix the action template BuggyParse and run again" in message and "env is back" not in message
