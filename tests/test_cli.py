@@ -70,6 +70,24 @@ def test_plugin_that_fails_to_import_is_named(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_version_and_help_answer_beside_a_plugin_that_fails_to_import(tmp_path):
+    """Both exited 2 on the plugin's error: the way to find out what is installed was shut too."""
+    dist = tmp_path / "omrl_broken-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: omrl-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[omrl]\nbroken.env = omrl_broken_module\n")
+    (tmp_path / "omrl_broken_module.py").write_text("raise ImportError('needs libfoo')\n")
+    broken = {"PYTHONPATH": str(tmp_path), "OMRL_PLUGINS": "omrl,omrl-broken"}
+    version, usage = omrl("--version", **broken), omrl("--help", **broken)
+    assert version.returncode == 0 and version.stdout.strip() == f"omrl {__version__}"
+    assert usage.returncode == 0 and "rollout" in usage.stdout and "train" in usage.stdout
+    for result in (version, usage):
+        assert "warning: plugin 'broken.env' from omrl-broken failed to import: ImportError: needs libfoo" in " ".join(
+            result.stderr.split()
+        )
+    assert omrl("env", "list", **broken).returncode == 2  # a command still refuses to run without it
+
+
 def test_config_show_prints_the_resolved_config():
     result = omrl("config", "show", "grpo", "model.name=tiny", "group_size=8")
     assert result.returncode == 0, result.stderr

@@ -244,6 +244,22 @@ def quiet_third_parties() -> None:
     warnings.showwarning = one_line
 
 
+def _app_for(argv: list[str], light: bool) -> typer.Typer:
+    """The app for ``argv``. ``omrl --version`` and ``omrl --help`` (no command named) still answer where a
+    third-party plugin fails to import, without its commands and saying so: they are how one finds out."""
+    from omrl.plugins import PluginError
+
+    if light:
+        return build_app(plugins=False)
+    try:
+        return build_app()
+    except PluginError as exc:
+        if next((a for a in argv if not a.startswith("-")), None) is not None:
+            raise
+        err_console.print(f"[yellow]warning:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        return build_app(plugins=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_parties()
@@ -256,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
             from omrl.threads import configure_threads
 
             configure_threads()  # before any model runs: a busy machine must not be oversubscribed
-        command = typer.main.get_command(build_app(plugins=not light))
+        command = typer.main.get_command(_app_for(argv, light))
         # standalone mode: typer reports usage errors and exits with their status itself
         command.main(args=argv, prog_name="omrl", standalone_mode=True)
     except Exception as exc:  # noqa: BLE001 - the one place errors become exit codes
