@@ -244,6 +244,19 @@ def check_one_reader(component: Component) -> None:
                 )
 
 
+def name_clashes(components: list[Component]) -> list[str]:
+    """What :func:`check_one_reader` would say of each of ``components`` whose name another kind's
+    component of another plugin shares, once a clash (``omrl plugins`` shows them before a run fails)."""
+    said = []
+    for component in components:
+        try:
+            check_one_reader(component)
+        except PluginError as clash:
+            if str(clash) not in said:
+                said.append(str(clash))
+    return said
+
+
 def short_list(names: list[str], kind: str, most: int = 20) -> str:
     """``names`` to read in one go: a family of ``family:member`` names as ``family:* (N)``, and past
     ``most`` entries a count and where the whole list is (330 env names once filled a screen)."""

@@ -21,10 +21,25 @@ def plugins(
     ),
     every: bool = typer.Option(False, "--all", help="Every env of a family, one row each (default: a row a family)."),
 ) -> None:
-    """List every registered env, reward, template, algorithm, rollout strategy and scorer."""
+    """List every registered env, reward, template, algorithm, rollout strategy and scorer. Exits 2, after
+    the list, where two plugins' components of other kinds share a name (a run that uses either fails)."""
     from omrl.registry import all_components
 
     rows = sorted(all_components(), key=lambda c: (c.kind, c.name))
+    _list(rows, as_json, kind, every)
+    _refuse_clashes(rows)
+
+
+def _refuse_clashes(rows: list[Any]) -> None:
+    from omrl.errors import PluginError
+    from omrl.registry import name_clashes
+
+    clashes = name_clashes(rows)
+    if clashes:
+        raise PluginError("; ".join(clashes))
+
+
+def _list(rows: list[Any], as_json: bool, kind: str | None, every: bool) -> None:
     if kind:
         kinds = sorted({c.kind for c in rows})
         rows = [c for c in rows if c.kind == kind]

@@ -38,3 +38,24 @@ def test_a_bug_in_omrls_own_code_is_still_called_omrls(register_plugin, omrl_mai
     monkeypatch.setattr("omrl.rollout.session.RolloutSession.from_config", failing)
     code, _, err = omrl_main("rollout", "--env", "gridworld", "--model", "tiny", "-o", str(tmp_path / "x.parquet"))
     assert code == 1 and "(this is a bug in omrl or a plugin;" in err, err
+
+
+class GridworldReward:
+    """A reward named as the built-in env is: one ``plugins.gridworld`` block would configure both."""
+
+    @hookimpl
+    def register_rewards(self, register):
+        register("gridworld", lambda episodes: [[0.0] * len(ep.turns) for ep in episodes])
+
+
+def test_omrl_plugins_lists_then_names_a_clash_across_kinds(register_plugin, omrl_main):
+    """It listed both rows and exited 0; the clash showed only when a run used either (a gridworld run
+    reading the built-in react template, for a plugin's env named react)."""
+    register_plugin(GridworldReward(), name="odd-plugin")
+    code, out, err = omrl_main("plugins")
+    assert code == 2 and "reward  gridworld  -" in out, err  # listed first
+    assert (
+        "env 'gridworld' (plugin 'omrl.envs.gridworld', omrl) and reward 'gridworld' (plugin 'odd-plugin', -) "
+        "share a name"
+    ) in " ".join(err.split())
+    assert omrl_main("plugins", "--json")[0] == 2
