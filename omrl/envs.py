@@ -301,11 +301,21 @@ def check_task(env: Env, task_id: int, known: Sequence[int] | range) -> None:
 def create_env(env_class: type[Env], options: dict[str, Any] | None = None, name: str = "") -> Env:
     """An instance of ``env_class`` built with ``options`` (the config's ``plugins.<env>`` block).
 
-    Options the class does not take raise ConfigError naming the ones it does.
+    Options the class does not take raise ConfigError naming the ones it does; so does a text where its
+    default is a flag or a number (:func:`option_type_problem`), once the env's own checks, which say
+    more, had their say: an env that checks nothing would meet the text mid-episode, as its own failure.
     """
     options = dict(options or {})
-    check_arguments(env_class, options, f"env {name or env_class.__name__!r}", "options")
-    return env_class(**options)
+    what = f"env {name or env_class.__name__!r}"
+    check_arguments(env_class, options, what, "options")
+    env = env_class(**options)
+    problem = option_type_problem(inspect.signature(env_class), options)
+    if problem:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+        raise ConfigError(f"{what} option {problem}")
+    return env
 
 
 def check_arguments(fn: Any, arguments: dict[str, Any], what: str, called: str) -> None:
@@ -322,3 +332,18 @@ def check_arguments(fn: Any, arguments: dict[str, Any], what: str, called: str) 
             f"{what} does not take {called} {unknown or sorted(arguments)} ({exc}); its {called}: "
             f"{', '.join(params) or '(none)'}"
         ) from exc
+
+
+def option_type_problem(signature: inspect.Signature, options: dict[str, Any]) -> str | None:
+    """``KEY=VALUE is invalid; valid: ...`` for the first option that is not a flag or a number where its
+    default is one ("false" in quotes is no false, "abc" no count), or None. A plugin's code would
+    otherwise meet the text mid-episode, as its own failure."""
+    for key, value in options.items():
+        parameter = signature.parameters.get(key)
+        default = parameter.default if parameter is not None else None
+        if isinstance(default, bool) and not isinstance(value, bool):
+            return f"{key}={value!r} is invalid; valid: true or false"
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and not number:
+            return f"{key}={value!r} is invalid; valid: a number"
+    return None

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from omrl.data.trajectory import Episode
 from omrl.env_results import finite_number
+from omrl.envs import option_type_problem
 from omrl.errors import OmrlError
 from omrl.supervisor import StageStalled, on_stall, stage
 
@@ -94,14 +95,9 @@ def _check_options(name: str, fn: RewardFn, options: dict[str, Any]) -> None:
             f"reward {name!r} does not accept options {sorted(options)} ({exc}); "
             f"valid options: {', '.join(valid) or '(none)'}"
         ) from exc
-    for key, value in options.items():  # a flag or a number as its default is: "false" in quotes is no false
-        parameter = signature.parameters.get(key)
-        default = parameter.default if parameter is not None else None
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise RewardError(f"reward {name!r} option {key}={value!r} is invalid; valid: true or false")
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if isinstance(default, (int, float)) and not isinstance(default, bool) and not number:
-            raise RewardError(f"reward {name!r} option {key}={value!r} is invalid; valid: a number")
+    problem = option_type_problem(signature, options)
+    if problem:
+        raise RewardError(f"reward {name!r} option {problem}")
 
 
 def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[float]]:

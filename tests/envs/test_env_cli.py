@@ -316,3 +316,15 @@ def test_serve_states_and_takes_the_idle_timeout(runner, served):
     assert never.exit_code == 0 and "never closed for idleness" in never.output
     assert served[-1][0].state.envs.idle_timeout is None
     assert runner.invoke(build_app(), ["env", "serve", "switch", "--idle-timeout", "-1"]).exit_code != 0
+
+
+def test_an_env_option_that_is_text_where_a_number_belongs_is_refused_as_the_users(fake_plugins, tmp_path, capsys):
+    """The keys env checks nothing: the text reached its step as "TypeError ... 'str' and 'int'", and the run
+    said every episode failed in the env, as if the env were down."""
+    from tests.helpers import cli_exit, keys_rollout
+
+    out = tmp_path / "t.parquet"
+    code, stdout, stderr = cli_exit(capsys, *keys_rollout(1, "--expert", "plugins.keys.fail_task=abc", "-o", str(out)))
+    text = " ".join((stdout + stderr).split())
+    assert code == 2 and "env 'keys' option fail_task='abc' is invalid; valid: a number" in text, text
+    assert not out.exists()
