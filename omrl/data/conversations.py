@@ -16,7 +16,7 @@ OpenManus-RL form ``{"role": "user", "content": "..."}`` or the ShareGPT form
 ``{"from": "human", "value": "..."}`` (``human``/``gpt``/``system``). A record may
 carry a numeric ``reward`` (an ``omrl rollout``'s readable JSONL: ``total_reward``): ``min_reward``
 keeps records and episodes whose reward reaches it (rejection-sampling fine-tuning). A row that fits
-none of this raises :class:`DatasetFormatError` naming the file, the row (counted from 1) and what
+none of this raises :class:`~omrl.data.record_files.DatasetFormatError` naming the file, the row (counted from 1) and what
 was expected. An episode that holds no reply (a seat that never moved, a reset that failed) is
 skipped, with a warning that counts them.
 
