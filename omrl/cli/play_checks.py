@@ -24,6 +24,7 @@ def check_before_loading(cfg) -> None:
                 f"{install_command(env_class)}"
             )
         check_plugin_blocks(member.plugins)  # the run's block with the env's own merged in
+        check_search_blocks(member.plugins)
         check_family_block(member.name, member.plugins, {m.name for m in members})
         rewards.check_weights(member.reward_weights)
         rewards.check_options(member.reward_weights, member.plugins)
@@ -60,6 +61,31 @@ def check_plugin_blocks(plugins: dict) -> None:
                 f"plugins.{name}: no env, template, reward, strategy, scorer or algorithm is named {name}, so no "
                 f"plugin would read these options{hint} (`omrl plugins` lists the names)"
             )
+
+
+def check_search_blocks(plugins: dict) -> None:
+    """The options of each rollout strategy and scorer a ``plugins.<name>`` block names: one it does not
+    take, or text where its default is a flag or a number, is refused now, not when the search first
+    calls it (a scorer's, perhaps after the whole rollout)."""
+    import inspect
+
+    from omrl import registry
+    from omrl.envs import option_type_problem
+    from omrl.errors import ConfigError
+    from omrl.search.context import check_options
+
+    shared = {c.name for c in registry.all_components() if c.kind not in ("strategy", "scorer")}
+    for kind in ("strategy", "scorer"):
+        for component in registry.strategies.components(kind):
+            options = (plugins or {}).get(component.name)
+            if not isinstance(options, dict) or isinstance(component.target, str):
+                continue
+            fn = registry.strategies.get(component.name, kind=kind)
+            if component.name not in shared:  # a block two kinds of one plugin read may hold the other's keys
+                check_options(fn, f"{kind} {component.name!r}", options, fixed=2)
+            problem = option_type_problem(inspect.signature(fn), options)
+            if problem:
+                raise ConfigError(f"{kind} {component.name!r} option {problem}")
 
 
 def check_family_block(env: str, plugins: dict, played: set[str]) -> None:

@@ -127,6 +127,23 @@ def test_bad_strategy_input_is_one_line(chest_plugins, capsys, tmp_path, args, m
 
 
 @pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "plugins.env_reward.partial_credit=maybe",
+            "scorer 'env_reward' option partial_credit='maybe' is invalid; valid: true or false",
+        ),
+        ("plugins.beam.widht=3", "strategy 'beam' has no option 'widht'; valid: width,"),
+        ("plugins.mcts.iterations=many", "strategy 'mcts' option iterations='many' is invalid; valid: a number"),
+    ],
+)
+def test_strategy_and_scorer_options_are_checked_before_any_model_loads(capsys, override, message):
+    """`omrl config show` loads no model: a scorer's options were read when the search first scored."""
+    code, _, err = cli_exit(capsys, "config", "show", "grpo", "rollout.strategy=beam", override)
+    assert code == 2 and message in " ".join(err.split()), err
+
+
+@pytest.mark.parametrize(
     "args, what",
     [
         (["--strategy", "chain", "--budget", "200"], "'chain' with a budget (200 tokens)"),
