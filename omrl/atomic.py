@@ -38,7 +38,7 @@ def readable_as_umask_allows(folder: str | os.PathLike) -> None:
 
 
 @contextmanager
-def _naming(path: Path) -> Iterator[None]:
+def naming(path: Path) -> Iterator[None]:
     """An OSError that names no file (a write's: "No space left on device") names ``path``, so the error
     says which file could not be written."""
     try:
@@ -51,7 +51,10 @@ def _naming(path: Path) -> Iterator[None]:
 
 def _temporary_sibling(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:  # it names its random temporary file: the user asked for ``path``
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
     # mkstemp makes the file private (0600) and the rename would keep that: give it the mode
     # a plain open() would have, so reports and checkpoints are readable as any other file
     os.fchmod(fd, 0o666 & ~umask())
@@ -62,7 +65,7 @@ def _temporary_sibling(path: Path) -> Path:
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file, fsync and a rename."""
     path = Path(path)
-    with _naming(path):
+    with naming(path):
         tmp = _temporary_sibling(path)
         try:
             with tmp.open("wb") as f:
@@ -89,7 +92,7 @@ def atomic_save_figure(figure, path: str | os.PathLike, dpi: int = 100) -> None:
 def atomic_write_parquet(table: pa.Table, path: str | os.PathLike, row_group_size: int | None = None) -> None:
     """Write ``table`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
-    with _naming(path):
+    with naming(path):
         tmp = _temporary_sibling(path)
         try:
             pq.write_table(table, tmp, row_group_size=row_group_size)

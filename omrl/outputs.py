@@ -190,12 +190,17 @@ def _resolved(path: Path) -> Path:
 
 
 def _check_folders(what: str, path: Path) -> None:
-    """Refuse ``path`` when a folder it would go in is a file: it could never be written (found before any
-    work, not after)."""
+    """Refuse ``path`` when a folder it would go in is a file, or cannot be written in (a read-only file
+    system, no permission): found before any work, not after every episode was played."""
     for folder in path.parents:
         if folder.exists():
             if not folder.is_dir():
                 raise OutputError(f"{what} {path} cannot be written: {folder} is a file, not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):  # a read-only mount refuses root too
+                raise OutputError(
+                    f"{what} {path} cannot be written: the folder {folder} is not writable (a read-only file "
+                    "system, or no permission); write elsewhere"
+                )
             return
 
 

@@ -195,7 +195,8 @@ class Supervisor:
     def _remove_backstop_file(self) -> None:
         file, self._backstop_file = self._backstop_file, None
         if file is not None and file is not sys.__stderr__:  # never written: the process goes on or exits itself
-            file.close()
+            with contextlib.suppress(OSError):  # a full disk fails the close too: the file goes all the same
+                file.close()
             with contextlib.suppress(OSError):
                 os.remove(file.name)
                 os.rmdir(os.path.dirname(file.name))  # no stall, no stalls/ (refused while it holds any)
@@ -212,6 +213,7 @@ class Supervisor:
                 self._backstop_file = path.open("w")
                 print(_BACKSTOP_HEADER, file=self._backstop_file, flush=True)
         except (AttributeError, OSError, ValueError):
+            self._remove_backstop_file()  # a file that could not take its header (a full disk) is no stall's
             return None
         return self._backstop_file
 

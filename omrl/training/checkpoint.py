@@ -98,7 +98,7 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(output_dir, step)
     for stale in [*root.glob(".tmp-step-*"), *root.glob(".deleting-*")]:  # left by a killed run
-        shutil.rmtree(stale, ignore_errors=True)
+        _delete(stale)
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     try:
         tmp.mkdir()
@@ -126,10 +126,16 @@ def save_checkpoint(
         reason = write_failure(exc)
         if reason is None:
             raise
+        kept = latest_checkpoint(output_dir)
+        then = (
+            f"the ones before it are kept (the newest: {kept.name}): free some space, then continue with --resume"
+            if kept is not None
+            else "no checkpoint came before it, so the steps done are lost: free some space, then start again "
+            "in another output_dir (or delete this one)"
+        )
         raise WriteFailed(
-            f"cannot write checkpoint {final}: {reason} ({short_repr(str(exc))}); the partial "
-            "checkpoint was removed and the ones before it are kept: free some space, then "
-            "continue with --resume"
+            f"cannot write checkpoint {final}: {reason} ({short_repr(str(exc))}); the partial checkpoint was "
+            f"removed and {then}"
         ) from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -209,7 +215,15 @@ def _remove(path: Path) -> None:
     trash = path.with_name(f".deleting-{path.name}-{os.getpid()}")
     os.replace(path, trash)
     fsync_dir(path.parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    _delete(trash)
+
+
+def _delete(path: Path) -> None:
+    """A folder and what it holds, or a file (one left where a checkpoint goes): best effort."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _rng_state() -> dict[str, Any]:

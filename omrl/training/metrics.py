@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from omrl.atomic import atomic_write_text
+from omrl.atomic import atomic_write_text, naming
 from omrl.config.options import LoggingConfig
 from omrl.errors import OmrlError, short_repr
 from omrl.evaluation import measured, tool_call_health, tool_use
@@ -263,7 +263,7 @@ class MetricsLogger:
         if step % self.every and step != self.total_steps:
             return False
         record = {"step": step, **{k: _finite_or_none(v) for k, v in metrics.items()}, "time": round(time.time(), 3)}
-        with self._writing:
+        with self._writing, naming(self.path):
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
             self._logged_since_beat = True
@@ -279,7 +279,7 @@ class MetricsLogger:
     def heartbeat(self, record: dict[str, Any]) -> None:
         """The supervisor's heartbeat (:mod:`omrl.supervisor`), as a line of its own, when no step was
         logged since the last one: a run that is slow or stuck still shows what each stage is doing."""
-        with self._writing:
+        with self._writing, naming(self.path):
             if self._logged_since_beat or self._file.closed:
                 self._logged_since_beat = False
                 return
@@ -300,7 +300,8 @@ class MetricsLogger:
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
-        self._file.close()
+        with naming(self.path):
+            self._file.close()
 
     def __enter__(self) -> "MetricsLogger":
         return self

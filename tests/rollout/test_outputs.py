@@ -167,3 +167,44 @@ def test_train_and_sft_never_write_a_run_over_their_base_model_or_dataset(tmp_pa
     data.write_text('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n')
     message = refused(capsys, "sft", "--model", "tiny", "--dataset", str(data), "--output-dir", str(data))
     assert "overlaps the input --dataset" in message
+
+
+@pytest.fixture
+def unwritable(tmp_path):
+    """A folder nothing can be written in: read-only to a user, a read-only mount for root (which
+    permissions do not stop)."""
+    import os
+    import subprocess
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root here cannot mount a read-only folder: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a file a failed test left open
+
+
+def test_rollout_and_eval_refuse_an_unwritable_folder_before_playing(fake_plugins, unwritable, capsys):
+    """They played every episode (hours with a real model), then failed to write, the results unprinted."""
+    code, _, err = cli_exit(capsys, *keys_rollout(2, "--expert", "-o", str(unwritable / "e.parquet")))
+    assert code == 2 and f"cannot be written: the folder {unwritable} is not writable" in " ".join(err.split()), err
+    code, out, err = cli_exit(capsys, *keys_eval(2, "--output-dir", str(unwritable / "ev")))
+    assert code == 2 and f"the folder {unwritable} is not writable" in " ".join(err.split()), err
+    assert "success" not in out  # refused before any episode
+
+
+def test_an_atomic_write_refused_by_its_folder_names_the_file_asked_for(unwritable):
+    """It named its random temporary sibling (.e.parquet.9pgdezzq.tmp)."""
+    from omrl.atomic import atomic_write_text
+
+    with pytest.raises(OSError) as refused:
+        atomic_write_text(unwritable / "report.json", "{}")
+    assert refused.value.filename == str(unwritable / "report.json")

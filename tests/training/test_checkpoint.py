@@ -208,3 +208,11 @@ def test_a_resume_in_another_number_of_processes_is_told_what_that_changes(tmp_p
     )
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert f"Continue with: omrl train --resume --output-dir {tmp_path}" in str(ckpt.interrupted(tmp_path, "train"))
+
+
+def test_a_file_where_a_checkpoint_goes_leaves_nothing_behind(tmp_path, trained):
+    """It was renamed to .deleting-* and left there: rmtree does nothing to a file."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "step-00000001").write_text("in the way")
+    _save(tmp_path, trained, 1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001"]

@@ -194,6 +194,8 @@ def test_a_full_disk_mid_run_exits_2_saying_so(tiny_model_dir, agent_jsonl, tmp_
     assert info.value.code == 2 and "bug in omrl" not in err, err
     assert f"cannot write checkpoint {tmp_path / 'run' / 'checkpoints' / 'step-00000001'}: the write failed" in err
     assert ckpt.complete_checkpoints(tmp_path / "run") == []
+    # it said "continue with --resume", which then found nothing to resume
+    assert "no checkpoint came before it, so the steps done are lost" in err and "--resume" not in err
 
 
 def test_a_chat_template_edited_on_purpose_is_accepted_by_checkpoint_trust(run, capsys):

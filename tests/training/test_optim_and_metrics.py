@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 
@@ -161,3 +162,41 @@ def test_adamw_is_fused_over_plain_parameters_and_plain_where_it_cannot_be():
     assert optimizer.defaults["fused"] is True  # one kernel over every parameter: AdamW's step is ~6x faster
     assert [len(g["params"]) for g in optimizer.param_groups] == [1, 3]  # the weight matrix decays; biases, norm not
     assert build_optimizer(model, OptimConfig(), fused=False).defaults["fused"] is None
+
+
+@pytest.fixture
+def full_folder(tmp_path):
+    """A folder on a file system with no space left: a small tmpfs, filled (root mounts it here)."""
+    import os
+    import subprocess
+
+    folder = tmp_path / "full"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("only root can mount the small file system this fills")
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root here cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        (folder / "metrics.jsonl").touch()  # the run's file exists; the space around it is taken
+        with contextlib.suppress(OSError), open(folder / "filler", "wb") as filler:
+            while True:
+                filler.write(b"x" * 4096)
+                filler.flush()
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a file a failed test left open
+
+
+def test_a_full_disk_under_metrics_jsonl_names_the_file(full_folder):
+    """It said "the disk is full: [Errno 28] No space left on device" and named no file."""
+    import errno
+
+    cfg = LoggingConfig(output_dir=str(full_folder), tensorboard=False)
+    logger = MetricsLogger(full_folder, cfg, total_steps=2, console=Console(file=io.StringIO()))
+    with pytest.raises(OSError) as full:
+        logger.log(1, {"loss": 1.0})
+    assert full.value.errno == errno.ENOSPC and full.value.filename == str(full_folder / "metrics.jsonl")
+    with pytest.raises(OSError) as again:  # the buffered line fails the close as well: still named
+        logger.close()
+    assert again.value.filename == str(full_folder / "metrics.jsonl")
