@@ -61,7 +61,7 @@ from pathlib import Path
 from _results import machine, save_json
 from rich.console import Console
 
-from omrl.cli.rollout_cmd import progress_bar
+from omrl.cli.play_flags import progress_bar
 from omrl.cli.sweep_cmd import parse_budgets, split_list
 from omrl.config import load_config
 from omrl.search.sweep import SweepRunConfig, run_sweep, sweep_table

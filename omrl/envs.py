@@ -309,7 +309,7 @@ def create_env(env_class: type[Env], options: dict[str, Any] | None = None, name
     what = f"env {name or env_class.__name__!r}"
     check_arguments(env_class, options, what, "options")
     env = env_class(**options)
-    problem = option_type_problem(inspect.signature(env_class), options)
+    problem = option_type_problem(inspect.signature(env_class), options, by_default=False)
     if problem:
         close = getattr(env, "close", None)
         if callable(close):
@@ -334,16 +334,33 @@ def check_arguments(fn: Any, arguments: dict[str, Any], what: str, called: str) 
         ) from exc
 
 
-def option_type_problem(signature: inspect.Signature, options: dict[str, Any]) -> str | None:
+def option_type_problem(signature: inspect.Signature, options: dict[str, Any], by_default: bool = True) -> str | None:
     """``KEY=VALUE is invalid; valid: ...`` for the first option that is not a flag or a number where its
-    default is one ("false" in quotes is no false, "abc" no count), or None. A plugin's code would
-    otherwise meet the text mid-episode, as its own failure."""
+    parameter is annotated as one (``bool``, ``int``, ``float``) or, with ``by_default``, has such a
+    default ("false" in quotes is no false, "abc" no count), or None. A plugin's code would otherwise
+    meet the text mid-episode, as its own failure."""
     for key, value in options.items():
         parameter = signature.parameters.get(key)
-        default = parameter.default if parameter is not None else None
-        if isinstance(default, bool) and not isinstance(value, bool):
+        kind = _declared_kind(parameter, by_default) if parameter is not None else None
+        if kind is bool and not isinstance(value, bool):
             return f"{key}={value!r} is invalid; valid: true or false"
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if isinstance(default, (int, float)) and not isinstance(default, bool) and not number:
+        if kind is float and not number:
             return f"{key}={value!r} is invalid; valid: a number"
     return None
+
+
+def _declared_kind(parameter: inspect.Parameter, by_default: bool) -> type | None:
+    """``bool`` or ``float`` (any number) where ``parameter`` declares one, else None (any value)."""
+    annotation = parameter.annotation
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    if name == "bool":
+        return bool
+    if name in ("int", "float"):
+        return float
+    if annotation is not parameter.empty or not by_default:  # an Optional, a union, a text: not ours to judge
+        return None
+    default = parameter.default
+    if isinstance(default, bool):
+        return bool
+    return float if isinstance(default, (int, float)) else None
