@@ -14,10 +14,9 @@ outlives its deadline the watchdog
 The caller then does what the stage and ``deadlines.on_stall`` say: an env or reward stage drops its
 episodes as ``env_error`` (``drop``), plays them again once (``retry``), or stops the run (``stop``);
 the other stages always stop the run, with exit status 2 (:class:`StageStalled` is an
-:class:`~omrl.errors.OmrlError`). Code that Python cannot interrupt (a C loop, a read on another
-thread that nobody waits for) gets ``deadlines.grace_s`` more; then the run writes what it knows
-and exits 2. C code that also holds the GIL stops the watchdog itself: faulthandler's timer writes the
-stacks 2 s later and exits 1. It never waits forever, and never exits 0 having done less than asked.
+:class:`~omrl.errors.OmrlError`). Code that Python cannot interrupt (a C loop, a read on another thread
+that nobody waits for) gets ``deadlines.grace_s`` more; then the run writes what it knows and exits 2. C code
+holding the GIL stops the watchdog too: faulthandler's timer writes the stacks 2 s later and exits 1.
 
 A heartbeat goes to ``<run>/heartbeat.json`` and, when no step was logged for ``heartbeat_s``, as a
 record of its own to ``metrics.jsonl``: each stage's count, time and the ones open now.
