@@ -58,13 +58,19 @@ def test_debug_shows_the_traceback():
     assert "Traceback" in result.stderr and "ConfigError" in result.stderr
 
 
-def test_plugin_that_fails_to_import_is_named(tmp_path):
-    dist = tmp_path / "omrl_broken-0.1.dist-info"
+def broken_plugin(folder) -> dict[str, str]:
+    """The environment of an ``omrl`` that finds the distribution omrl-broken in ``folder``, whose plugin
+    module fails to import."""
+    dist = folder / "omrl_broken-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: omrl-broken\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[omrl]\nbroken.env = omrl_broken_module\n")
-    (tmp_path / "omrl_broken_module.py").write_text("raise ImportError('needs libfoo')\n")
-    result = omrl("plugins", PYTHONPATH=str(tmp_path), OMRL_PLUGINS="omrl,omrl-broken")
+    (folder / "omrl_broken_module.py").write_text("raise ImportError('needs libfoo')\n")
+    return {"PYTHONPATH": str(folder), "OMRL_PLUGINS": "omrl,omrl-broken"}
+
+
+def test_plugin_that_fails_to_import_is_named(tmp_path):
+    result = omrl("plugins", **broken_plugin(tmp_path))
     assert result.returncode == 2
     assert "plugin 'broken.env' from omrl-broken failed to import: ImportError: needs libfoo" in result.stderr
     assert "Traceback" not in result.stderr
@@ -72,12 +78,7 @@ def test_plugin_that_fails_to_import_is_named(tmp_path):
 
 def test_version_and_help_answer_beside_a_plugin_that_fails_to_import(tmp_path):
     """Both exited 2 on the plugin's error: the way to find out what is installed was shut too."""
-    dist = tmp_path / "omrl_broken-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: omrl-broken\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[omrl]\nbroken.env = omrl_broken_module\n")
-    (tmp_path / "omrl_broken_module.py").write_text("raise ImportError('needs libfoo')\n")
-    broken = {"PYTHONPATH": str(tmp_path), "OMRL_PLUGINS": "omrl,omrl-broken"}
+    broken = broken_plugin(tmp_path)
     version, usage = omrl("--version", **broken), omrl("--help", **broken)
     assert version.returncode == 0 and version.stdout.strip() == f"omrl {__version__}"
     assert usage.returncode == 0 and "rollout" in usage.stdout and "train" in usage.stdout

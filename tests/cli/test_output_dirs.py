@@ -11,14 +11,21 @@ TRAINERS = {
 }
 
 
+def train_into(omrl_main, command: str, folder, name: str, text: str) -> tuple[int, str]:
+    """``command`` of the tiny model into a new ``folder`` holding the file ``name`` (``text``): its exit
+    status and stderr."""
+    folder.mkdir()
+    (folder / name).write_text(text)
+    code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--output-dir", str(folder))
+    return code, err
+
+
 @pytest.mark.parametrize("command", TRAINERS)
 @pytest.mark.parametrize("kept", ["config.json", "model.safetensors", "tokenizer.json", "config.yaml"])
 def test_a_folder_holding_a_model_or_a_config_is_refused_as_a_new_run(command, kept, omrl_main, no_model, tmp_path):
     """``--output-dir hfmodel`` used to write the run's model and config.yaml over the files kept there."""
     folder = tmp_path / "hfmodel"
-    folder.mkdir()
-    (folder / kept).write_text("the user's own")
-    code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--output-dir", str(folder))
+    code, err = train_into(omrl_main, command, folder, kept, "the user's own")
     assert code == 2, err
     assert f"output_dir {folder} is not a run but holds {kept}" in " ".join(err.split())
     assert [p.name for p in folder.iterdir()] == [kept] and (folder / kept).read_text() == "the user's own"
@@ -29,9 +36,7 @@ def test_a_folder_holding_a_model_or_a_config_is_refused_as_a_new_run(command, k
 def test_a_file_where_the_run_writes_a_folder_is_refused_before_training(command, name, omrl_main, no_model, tmp_path):
     """It was found at the first save, after the steps before it were trained, as "a bug in omrl" (exit 1)."""
     folder = tmp_path / "run"
-    folder.mkdir()
-    (folder / name).write_text("mine")
-    code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--output-dir", str(folder))
+    code, err = train_into(omrl_main, command, folder, name, "mine")
     assert code == 2, err
     assert f"output_dir {folder} holds a file named {name}, where the run writes its {name} folder" in " ".join(
         err.split()
