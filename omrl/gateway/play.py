@@ -89,7 +89,7 @@ def play_agents(
     """Play ``group_size`` episodes of each task with the agent; ordered by (group, sample)."""
     progress = progress or RolloutProgress()
     jobs = [(group, sample, int(task)) for group, task in enumerate(tasks) for sample in range(group_size)]
-    gateway.misrouted, gateway.strayed = None, 0
+    gateway.begin_play()
     lock = threading.Lock()  # the pool and the progress are not thread-safe
 
     def one(job: tuple[int, int, int]) -> Episode:
@@ -137,10 +137,13 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         return True
     task = {"id": ep.task_id, "split": ep.split, "env": ep.env, "prompt": first.text, "instruction": first.instruction}
     key, recorder = gateway.open(ep, str(first.text or ""))
+    returned = False
     try:
         result = _run_agent(spec, task, gateway, key)
+        returned = True
     except AgentFailure as exc:
-        gateway.end(key)  # first: an agent thread left running past its limit can write no more
+        # first: an agent thread left running past its limit can write no more
+        gateway.end(key, agent_returned=exc.ended_itself)
         ep.messages = recorder.chat()
         cut = recorder.over_budget or _cut_by_the_run(ep)
         if not (exc.ended_itself and ep.turns) or not (cut or _rejected_a_tool_call(ep)):
@@ -156,7 +159,7 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         ep.end_reason, ep.won, ep.score = "done", False, 0.0
         return False
     finally:
-        gateway.end(key)  # whatever happened, the key is refused from now on
+        gateway.end(key, agent_returned=returned)  # whatever happened, the key is refused from now on
     ep.messages = recorder.chat()
     if not ep.turns:
         _failed(ep, timed_out(recorder.undone) if recorder.undone else NEVER_CALLED)

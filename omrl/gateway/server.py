@@ -81,6 +81,7 @@ class Gateway:
         self._episodes: dict[str, EpisodeRecorder] = {}
         self.misrouted: str | None = None  # set when a call arrived with another episode's key
         self.strayed = 0  # episodes ended with a call that opened a chat again, or a retry (EpisodeRecorder.strays)
+        self._returned: set[str] = set()  # keys of episodes whose agents returned: no call of theirs can follow
         self._lock = threading.Lock()
         # batch_on_caller: whoever plays the episodes drives the batcher from its own thread (Batcher.drive)
         self.batcher = Batcher(
@@ -116,11 +117,15 @@ class Gateway:
             self._episodes[key] = recorder
         return key, recorder
 
-    def end(self, key: str) -> None:
+    def end(self, key: str, agent_returned: bool = False) -> None:
         """Refuse ``key`` from now on, wait for a call of its still in progress and for its replies to be
-        delivered or undone (:meth:`_settle`), and let the backend forget the episode's cached states."""
+        delivered or undone (:meth:`_settle`), and let the backend forget the episode's cached states.
+        ``agent_returned``: the episode's agent ended by itself, so a later call with its key came from
+        another agent's client (:meth:`recorder`)."""
         with self._lock:
             recorder = self._episodes.pop(key, None)
+            if agent_returned:
+                self._returned.add(key)
         if recorder is not None:
             with recorder.lock:  # a call in progress finishes first; one that comes later finds it ended
                 recorder.ended = True
@@ -131,8 +136,17 @@ class Gateway:
                 self.strayed += recorder.strays > 0
 
     def recorder(self, key: str) -> EpisodeRecorder | None:
+        """The recorder of ``key``'s episode; None for an unknown or ended key."""
         with self._lock:
+            if key in self._returned:  # its agent returned: the agents share a client
+                self.misrouted = self.misrouted or SHARED_CLIENT
             return self._episodes.get(key)
+
+    def begin_play(self) -> None:
+        """Forget what the last play's episodes showed of shared clients (:func:`omrl.gateway.play.play_agents`)."""
+        with self._lock:
+            self.misrouted, self.strayed = None, 0
+            self._returned.clear()
 
     # -- one call ------------------------------------------------------------------------------------
     def complete(self, recorder: EpisodeRecorder, request: ChatRequest) -> tuple[list[Reply], int, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 
 import openai
 import pytest
@@ -88,6 +89,42 @@ def test_a_group_whose_shared_client_strays_after_each_agents_first_call_fails_t
             return openai.chat.completions.create(model="m", messages=chat, max_tokens=8).choices[0].message.content
         finally:
             a2.set()
+
+    pool = EnvPool(registry.envs.get("dataset"), {"path": str(path)}, name="dataset")
+    try:
+        with pytest.raises(SharedClient, match="share one client"):
+            play_agents(AgentSpec(run=agent, command=None, reward=None, timeout_s=30), gateway, pool, [0], group_size=2)
+    finally:
+        gateway.close()
+        pool.close()
+
+
+def test_a_call_on_the_key_of_an_episode_whose_agent_returned_fails_the_run(tiny_tokenizer, tmp_path, monkeypatch):
+    """One task's group on a process-wide client, B's key set last: B calls, returns and its episode ends
+    before A's call, on B's key, arrives. Only an agent sharing B's client makes that call; the run fails by
+    name rather than score A as a failure of the world."""
+    path = tmp_path / "qa.jsonl"
+    path.write_text(json.dumps({"question": QUESTIONS[0], "answer": "42"}) + "\n")
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "42"))
+    for name, value in (("base_url", None), ("api_key", None), ("max_retries", 0)):
+        monkeypatch.setattr(openai, name, value)  # put back after the test
+    a_set, keys, order, lock = threading.Event(), [], itertools.count(), threading.Lock()
+
+    def agent(task, base_url, api_key):
+        with lock:
+            me = "ab"[next(order)]
+            keys.append(api_key)
+        if me == "b":
+            a_set.wait(10)
+        openai.base_url, openai.api_key = base_url + "/", api_key  # the process-wide default client
+        if me == "a":
+            a_set.set()
+            for _ in range(1000):  # until B's episode ended
+                if len(keys) == 2 and gateway.recorder(keys[1]) is None:
+                    break
+                time.sleep(0.01)
+        chat = [{"role": "user", "content": task["prompt"]}]
+        return openai.chat.completions.create(model="m", messages=chat, max_tokens=8).choices[0].message.content
 
     pool = EnvPool(registry.envs.get("dataset"), {"path": str(path)}, name="dataset")
     try:
