@@ -90,13 +90,7 @@ def test_a_group_whose_shared_client_strays_after_each_agents_first_call_fails_t
         finally:
             a2.set()
 
-    pool = EnvPool(registry.envs.get("dataset"), {"path": str(path)}, name="dataset")
-    try:
-        with pytest.raises(SharedClient, match="share one client"):
-            play_agents(AgentSpec(run=agent, command=None, reward=None, timeout_s=30), gateway, pool, [0], group_size=2)
-    finally:
-        gateway.close()
-        pool.close()
+    fails_as_shared_client(gateway, agent, path)
 
 
 def test_a_call_on_the_key_of_an_episode_whose_agent_returned_fails_the_run(tiny_tokenizer, tmp_path, monkeypatch):
@@ -126,13 +120,7 @@ def test_a_call_on_the_key_of_an_episode_whose_agent_returned_fails_the_run(tiny
         chat = [{"role": "user", "content": task["prompt"]}]
         return openai.chat.completions.create(model="m", messages=chat, max_tokens=8).choices[0].message.content
 
-    pool = EnvPool(registry.envs.get("dataset"), {"path": str(path)}, name="dataset")
-    try:
-        with pytest.raises(SharedClient, match="share one client"):
-            play_agents(AgentSpec(run=agent, command=None, reward=None, timeout_s=30), gateway, pool, [0], group_size=2)
-    finally:
-        gateway.close()
-        pool.close()
+    fails_as_shared_client(gateway, agent, path)
 
 
 def test_a_same_task_siblings_chat_counts_only_by_a_reply_this_episode_never_got():
@@ -144,3 +132,14 @@ def test_a_same_task_siblings_chat_counts_only_by_a_reply_this_episode_never_got
     assert not of_another_episode(messages, QUESTIONS[0], [sibling], given=[other, reply])  # B got it too
     few_shot = (QUESTIONS[0], [prompt, reply], [other])  # an assistant message of the prompt, no reply of theirs
     assert not of_another_episode(messages, QUESTIONS[0], [few_shot], given=[])
+
+
+def fails_as_shared_client(gateway, agent, path) -> None:
+    """Play a group of two of the one task in ``path`` with ``agent``: the run fails as a shared client."""
+    pool = EnvPool(registry.envs.get("dataset"), {"path": str(path)}, name="dataset")
+    try:
+        with pytest.raises(SharedClient, match="share one client"):
+            play_agents(AgentSpec(run=agent, command=None, reward=None, timeout_s=30), gateway, pool, [0], group_size=2)
+    finally:
+        gateway.close()
+        pool.close()
