@@ -1,6 +1,7 @@
 """What a command that plays episodes refuses before any model loads (seconds, not minutes): an unknown or
 uninstalled env, plugin blocks no component reads, reward settings, an agent program where it cannot
-play, and for training the whole train config."""
+play, and for training the whole train config; and what it warns of: a run's final model that its run
+trained past."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def check_before_loading(cfg) -> None:
         rewards.check_options(member.reward_weights, member.plugins)
     rewards.check_allocation(cfg.reward.allocation, cfg.reward.gamma)
     check_agent(cfg)
+    warn_if_final_model_behind(cfg.model.name)
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None:
         registry.algorithms.component(algorithm.advantage, kind="advantage")
@@ -40,6 +42,18 @@ def check_before_loading(cfg) -> None:
         from omrl.training.config_checks import check_config
 
         check_config(cfg)
+
+
+def warn_if_final_model_behind(model: str) -> None:
+    """Say so when the run folder ``model`` holds a final model its run trained past: playing it is
+    playing an older model than the run's (:func:`omrl.training.checkpoint_marker.final_model_behind`)."""
+    import warnings
+
+    from omrl.training.checkpoint_marker import final_model_behind
+
+    behind = final_model_behind(model)
+    if behind is not None:
+        warnings.warn(behind, stacklevel=2)
 
 
 def check_plugin_blocks(plugins: dict) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shlex
 import shutil
 import warnings
@@ -46,10 +45,16 @@ from omrl.atomic import atomic_write_text, readable_as_umask_allows
 from omrl.errors import Interrupted, OmrlError, WriteFailed, short_repr, write_failure
 from omrl.models.manifest import COMPLETE_MARKER, changed_files, directory_manifest, manifest
 from omrl.parallel import Strategy
-from omrl.training.checkpoint_marker import fsync_dir, fsync_tree, has_manifest, marker_text, step_line
-
-CHECKPOINTS_DIR = "checkpoints"
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+from omrl.training.checkpoint_marker import (
+    CHECKPOINTS_DIR,
+    complete_checkpoints,
+    fsync_dir,
+    fsync_tree,
+    has_manifest,
+    latest_checkpoint,
+    marker_text,
+    step_line,
+)
 
 
 class CheckpointError(OmrlError):
@@ -250,31 +255,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 # -- finding and loading ----------------------------------------------------------------------------
-
-
-def checkpoint_step(path: str | os.PathLike) -> int | None:
-    """The step a checkpoint directory (``step-N``) holds, or None for any other name."""
-    m = _STEP_DIR.match(Path(path).name)
-    return int(m.group(1)) if m else None
-
-
-def complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints under ``output_dir``, oldest first."""
-    root = Path(output_dir) / CHECKPOINTS_DIR
-    if not root.is_dir():
-        return []
-    found = [
-        (step, p)
-        for p in root.iterdir()
-        if (step := checkpoint_step(p)) is not None and (p / COMPLETE_MARKER).is_file()
-    ]
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint, or None."""
-    found = complete_checkpoints(output_dir)
-    return found[-1] if found else None
 
 
 def load_checkpoint(

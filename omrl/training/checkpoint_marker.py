@@ -2,14 +2,22 @@
 file's sha256 digest (the manifest), so a resume finds a file damaged since (:func:`damage`). Its first
 line is ``step N files K``; an older omrl wrote ``step N`` and no manifest, and such checkpoints are
 resumed only once the user vouches for their files
-(:func:`omrl.training.checkpoint.trust_checkpoint`)."""
+(:func:`omrl.training.checkpoint.trust_checkpoint`). Which of a run's checkpoints are complete, and
+whether its final model is older than the newest (:func:`final_model_behind`), are read here, without
+torch: a command's checks before it loads a model use them."""
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from omrl.models.manifest import COMPLETE_MARKER, manifest_damage
+
+CHECKPOINTS_DIR = "checkpoints"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+#: beside a run's final model: the step it was saved at (see :func:`final_model_behind`)
+MODEL_STEP = "omrl_model.step"
 
 
 def marker_text(first_line: str, manifest_text: str) -> str:
@@ -81,3 +89,48 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def checkpoint_step(path: str | os.PathLike) -> int | None:
+    """The step a checkpoint directory (``step-N``) holds, or None for any other name."""
+    m = _STEP_DIR.match(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under ``output_dir``, oldest first."""
+    root = Path(output_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [
+        (step, p)
+        for p in root.iterdir()
+        if (step := checkpoint_step(p)) is not None and (p / COMPLETE_MARKER).is_file()
+    ]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    found = complete_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def final_model_behind(run_dir: str | os.PathLike) -> str | None:
+    """Why run folder ``run_dir``'s final model is not its newest (its run trained past the step the model
+    was saved at: resumed, it stopped before it saved its model again), or None. An older omrl's final
+    model records no step, and nothing is known of it."""
+    run_dir = Path(run_dir).expanduser()
+    try:
+        saved = int((run_dir / MODEL_STEP).read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):  # none, or damaged: the model's manifest names the damage when it loads
+        return None
+    newest = latest_checkpoint(run_dir)
+    step = checkpoint_step(newest) if newest is not None else None
+    if step is None or step <= saved:
+        return None
+    return (
+        f"{run_dir} holds the model its run saved at step {saved}, but the run trained on to step {step} (its "
+        f"newest checkpoint, {newest}) and stopped before it saved its model again: this plays the step-{saved} "
+        "model; to play the newest, finish the run: the command that started it, with --resume"
+    )

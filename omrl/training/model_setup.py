@@ -6,14 +6,18 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omrl.atomic import readable_as_umask_allows
 from omrl.config.options import ModelConfig
 from omrl.errors import ConfigError, WriteFailed, short_repr, write_failure
 from omrl.models import MODEL_MANIFEST, load_model
 from omrl.models.manifest import manifest
+from omrl.training.checkpoint_marker import MODEL_STEP
 from omrl.training.config_checks import check_model_config
+
+if TYPE_CHECKING:
+    from omrl.training.recipe import Recipe
 
 
 def load_trainable_model(cfg: ModelConfig, device: str, chat: Any = None) -> tuple[Any, Any]:
@@ -113,9 +117,12 @@ def save_final_model(
     output_dir: str | os.PathLike,
     merge_lora: bool,
     state_dict: dict[str, Any] | None = None,
+    step: int | None = None,
 ) -> None:
     """The model (LoRA merged) and tokenizer into ``output_dir``, so ``--model <output_dir>`` loads it.
-    ``state_dict``: the weights to write instead of the model's own (FSDP: the gathered ones).
+    ``state_dict``: the weights to write instead of the model's own (FSDP: the gathered ones). ``step``:
+    the run's step, written beside them (:data:`~omrl.training.checkpoint_marker.MODEL_STEP`), so a model
+    its run trained past is told apart (:func:`~omrl.training.checkpoint_marker.final_model_behind`).
 
     Files are written to a temporary directory and moved in with config.json last:
     a directory with a config.json always holds a complete model. Their sha256 digests go
@@ -132,6 +139,8 @@ def save_final_model(
     try:
         model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
+        if step is not None:
+            (tmp / MODEL_STEP).write_text(f"{step}\n", encoding="utf-8")
         names = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
         (tmp / MODEL_MANIFEST).write_text(manifest(tmp, names))
         readable_as_umask_allows(tmp)
@@ -149,10 +158,16 @@ def save_final_model(
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def save_final_from_every_process(
-    strategy: Any, model: Any, tokenizer: Any, output_dir: str | os.PathLike, merge_lora: bool
-) -> None:
-    """:func:`save_final_model` in a recipe: every process calls; a sharded ``strategy`` gathers
-    the whole weights and the main process writes them."""
-    weights = strategy.gather_for_checkpoint(model).get("model_state")
-    strategy.on_main(save_final_model, model, tokenizer, output_dir, merge_lora=merge_lora, state_dict=weights)
+def save_final_from_every_process(recipe: "Recipe") -> None:
+    """:func:`save_final_model` of ``recipe``'s model at its step (LoRA merged): every process calls; a
+    sharded strategy gathers the whole weights and the main process writes them."""
+    weights = recipe.strategy.gather_for_checkpoint(recipe.model).get("model_state")
+    recipe.strategy.on_main(
+        save_final_model,
+        recipe.model,
+        recipe.tokenizer,
+        recipe.output_dir,
+        merge_lora=recipe.cfg.model.lora_rank > 0,
+        state_dict=weights,
+        step=recipe.step,
+    )

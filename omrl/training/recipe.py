@@ -302,9 +302,7 @@ def save_final(recipe: Recipe) -> None:
     stale = recipe.saved_step != recipe.step  # not this run's: a damaged one a resume went back past, say
     if ckpt.latest_checkpoint(recipe.output_dir) != final or (stale and damage(final) is not None):
         recipe.save_checkpoint()
-    save_final_from_every_process(
-        recipe.strategy, recipe.model, recipe.tokenizer, recipe.output_dir, merge_lora=recipe.cfg.model.lora_rank > 0
-    )
+    save_final_from_every_process(recipe)
 
 
 def close_all(*things: Any) -> None:

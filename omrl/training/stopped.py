@@ -13,7 +13,8 @@ from typing import Any
 
 from omrl.errors import FailedStep
 from omrl.supervisor import StageStalled
-from omrl.training.checkpoint import checkpoint_step, latest_checkpoint, resume_command
+from omrl.training.checkpoint import latest_checkpoint, resume_command
+from omrl.training.checkpoint_marker import checkpoint_step
 
 
 def explained(recipe: Any, stop: FailedStep | StageStalled, command: str) -> FailedStep | StageStalled:

@@ -15,7 +15,7 @@ from omrl.config import to_yaml
 from omrl.training.checkpoint import latest_checkpoint
 from omrl.training.metrics import read_metrics
 from omrl.training.sft import run_sft
-from tests.training.helpers import sft_stop_then_resume
+from tests.training.helpers import run_until, sft_stop_then_resume
 
 QUIET = Console(file=io.StringIO())
 
@@ -96,3 +96,20 @@ def test_resuming_a_finished_run_reports_its_last_loss_not_nan(sft_config, tmp_p
     cfg.resume = True
     again = run_sft(cfg, console=QUIET)  # no step to run: the summary is the run's all the same
     assert again["steps"] == first["steps"] and again["final_loss"] == first["final_loss"]
+
+
+def test_a_final_model_its_resumed_run_trained_past_is_named_before_it_plays(sft_config, tmp_path):
+    """A finished run resumed for another epoch stops after a checkpoint, before it saves its model again:
+    its folder still holds the older model, and a command that would play it says so, naming both steps."""
+    from omrl.cli.play_checks import warn_if_final_model_behind
+    from omrl.training.checkpoint_marker import final_model_behind
+
+    cfg = sft_config(logging__output_dir=str(tmp_path / "run"), logging__save_steps=1, num_train_epochs=1.0)
+    saved = run_sft(cfg, console=QUIET)["steps"]
+    assert final_model_behind(tmp_path / "run") is None  # the model is the run's newest
+    cfg.resume, cfg.num_train_epochs = True, 2.0
+    run_until(run_sft, cfg, saved + 1, console=QUIET)
+    with pytest.warns(UserWarning, match=f"saved at step {saved}, but the run trained on to step {saved + 1}"):
+        warn_if_final_model_behind(str(tmp_path / "run"))
+    run_sft(cfg, console=QUIET)  # finished: its model is the newest again
+    assert final_model_behind(tmp_path / "run") is None
