@@ -33,7 +33,8 @@ Pieces:
 - :mod:`omrl.training.checkpoint`: atomic checkpoints, :mod:`omrl.training.checkpoint_marker` the marker that
   says one is whole and lists its files' digests; :mod:`omrl.training.resume`: where a run resumes;
   :mod:`omrl.training.stopped`: what a run that stops early kept, and how to go on.
-- :mod:`omrl.training.metrics`: ``MetricsLogger`` (metrics.jsonl, TensorBoard, wandb, progress bar).
+- :mod:`omrl.training.metrics`: ``MetricsLogger`` (metrics.jsonl, TensorBoard, wandb, progress bar);
+  :mod:`omrl.training.board`: TensorBoard events, a failure to write them named as any file's.
 - :mod:`omrl.training.optim`: AdamW and the learning-rate schedule.
 - :mod:`omrl.training.packing`: conversations -> shifted labels, packed rows, micro-batches.
 - :mod:`omrl.training.model_setup`: loading the trained model; saving the final one.

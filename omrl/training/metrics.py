@@ -3,8 +3,8 @@
 - ``<output_dir>/metrics.jsonl``: one JSON line per logged step, flushed at once. A run
   that resumes from step k first drops the lines after step k (the killed run logged
   steps it never checkpointed; they are trained again), so no step appears twice.
-- TensorBoard (``<output_dir>/tensorboard``) when ``logging.tensorboard`` is on and
-  tensorboard is installed.
+- TensorBoard (``<output_dir>/tensorboard``, :mod:`omrl.training.board`) when ``logging.tensorboard``
+  is on and tensorboard is installed.
 - wandb when ``logging.wandb_project`` is set and wandb is installed (the run id is
   kept in ``<output_dir>/wandb_run_id`` so a resumed run continues the same wandb run).
 - A rich progress bar with a live metrics line on a terminal; elsewhere (CI, a log
@@ -228,10 +228,10 @@ class MetricsLogger:
                 "written (metrics.jsonl has every number): pip install 'omrl[tensorboard]', or logging.tensorboard=false"
             )
             return None
-        from torch.utils.tensorboard import SummaryWriter
+        from omrl.training.board import Board
 
         # purge_step drops events a killed run wrote after its last checkpoint.
-        return SummaryWriter(str(self.output_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+        return Board(self.output_dir / "tensorboard", purge_step=start_step + 1 if start_step else None)
 
     def _open_wandb(self, cfg: LoggingConfig, run_config: dict[str, Any] | None):
         if not cfg.wandb_project:
@@ -267,9 +267,8 @@ class MetricsLogger:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
             self._logged_since_beat = True
-        for key, value in metrics.items():
-            if self._tensorboard is not None and isinstance(value, (int, float)) and math.isfinite(value):
-                self._tensorboard.add_scalar(board_tag(key), value, step)
+        if self._tensorboard is not None:
+            self._tensorboard.add(step, metrics, board_tag)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
         if self._progress is None:
@@ -294,14 +293,16 @@ class MetricsLogger:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
-        if self._tensorboard is not None:
-            self._tensorboard.close()
-            self._tensorboard = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
-        with naming(self.path):
-            self._file.close()
+        board, self._tensorboard = self._tensorboard, None
+        try:
+            if board is not None:
+                board.close()
+        finally:
+            if self._wandb is not None:
+                self._wandb.finish()
+                self._wandb = None
+            with naming(self.path):
+                self._file.close()
 
     def __enter__(self) -> "MetricsLogger":
         return self

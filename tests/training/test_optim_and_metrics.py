@@ -165,33 +165,40 @@ def test_adamw_is_fused_over_plain_parameters_and_plain_where_it_cannot_be():
 
 
 @pytest.fixture
-def full_folder(tmp_path):
-    """A folder on a file system with no space left: a small tmpfs, filled (root mounts it here)."""
+def small_disk(tmp_path):
+    """A folder on a small file system of its own, a 64 KiB tmpfs (root mounts it here): :func:`fill` takes
+    its space."""
     import os
     import subprocess
 
-    folder = tmp_path / "full"
-    folder.mkdir()
     if os.geteuid() != 0:
         pytest.skip("only root can mount the small file system this fills")
+    folder = tmp_path / "small"
+    folder.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"root here cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
     try:
-        (folder / "metrics.jsonl").touch()  # the run's file exists; the space around it is taken
-        with contextlib.suppress(OSError), open(folder / "filler", "wb") as filler:
-            while True:
-                filler.write(b"x" * 4096)
-                filler.flush()
         yield folder
     finally:
         subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a file a failed test left open
 
 
-def test_a_full_disk_under_metrics_jsonl_names_the_file(full_folder):
+def fill(folder) -> None:
+    """Take what space is left on ``folder``'s file system."""
+    with contextlib.suppress(OSError), open(folder / "filler", "wb") as filler:
+        while True:
+            filler.write(b"x" * 4096)
+            filler.flush()
+
+
+def test_a_full_disk_under_metrics_jsonl_names_the_file(small_disk):
     """It said "the disk is full: [Errno 28] No space left on device" and named no file."""
     import errno
 
+    full_folder = small_disk
+    (full_folder / "metrics.jsonl").touch()  # the run's file exists; the space around it is taken
+    fill(full_folder)
     cfg = LoggingConfig(output_dir=str(full_folder), tensorboard=False)
     logger = MetricsLogger(full_folder, cfg, total_steps=2, console=Console(file=io.StringIO()))
     with pytest.raises(OSError) as full:
@@ -200,3 +207,24 @@ def test_a_full_disk_under_metrics_jsonl_names_the_file(full_folder):
     with pytest.raises(OSError) as again:  # the buffered line fails the close as well: still named
         logger.close()
     assert again.value.filename == str(full_folder / "metrics.jsonl")
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_full_disk_under_tensorboard_names_its_folder_and_prints_no_thread_traceback(small_disk, capfd):
+    """TensorBoard writes on a thread of its own: it printed that thread's traceback, then "the disk is full:
+    [Errno 28] No space left on device", naming no file. Here the disk fills after step 1: step 2's line
+    fits in the page metrics.jsonl holds already; its events need a page more."""
+    import errno
+
+    cfg = LoggingConfig(output_dir=str(small_disk), tensorboard=True)
+    logger = MetricsLogger(small_disk, cfg, total_steps=2, console=Console(file=io.StringIO()))
+    logger.log(1, {"loss": 1.0})
+    fill(small_disk)
+    with pytest.raises(OSError) as failed:
+        logger.log(2, {f"metric_{i}": float(i) for i in range(120)})
+        time.sleep(0.5)  # the writer thread's turn
+        logger.close()
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(small_disk / "tensorboard")
+    assert [r["step"] for r in read_metrics(small_disk)] == [1, 2]  # metrics.jsonl kept each step
+    logger.close()  # said once: closing again says nothing more
+    assert "Traceback" not in capfd.readouterr().err
