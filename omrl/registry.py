@@ -47,7 +47,12 @@ TRAITS: dict[str, dict[str, tuple[Any, str]]] = {
             callable,
             "a function that takes the reward's options as keywords and raises ConfigError for a bad one, "
             "without scoring (omrl.rewards.check_options)",
-        )
+        ),
+        "check_tokenizer": (
+            callable,
+            "a function that takes the policy's tokenizer, then the reward's options as keywords, and raises "
+            "ConfigError when the reward cannot score that tokenizer's token ids (omrl.rewards.check_tokenizer)",
+        ),
     },
 }
 #: the class a component of these kinds subclasses (imported when one is checked)

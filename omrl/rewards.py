@@ -159,6 +159,18 @@ def check_options(weights: dict[str, float], options: dict[str, Any]) -> None:
             check(**opts)
 
 
+def check_tokenizer(weights: dict[str, float], options: dict[str, Any], tokenizer: Any) -> None:
+    """Refuse a weighted reward that cannot score the token ids of the policy's ``tokenizer`` (its own
+    ``check_tokenizer`` trait: a reward model trained on another base model) when a session starts,
+    not once its first rollout is played."""
+    from omrl import registry
+
+    for name in weights:
+        check = registry.rewards.component(name).traits.get("check_tokenizer")
+        if check is not None:
+            check(tokenizer, **dict(options.get(name) or {}))
+
+
 def check_allocation(mode: str, gamma: float) -> None:
     """Refuse an allocation mode no one knows, or a discount outside [0, 1] (``reward.allocation``, ``reward.gamma``)."""
     if mode not in ALLOCATION_MODES:

@@ -129,7 +129,8 @@ class RolloutSession:
                 check_context_window(cfg.model.name, limits.max_context, "generation.max_context")
                 check_template_options(tokenizer, limits.template_kwargs)
                 check_run_template(tokenizer, limits.history, limits.template_kwargs)
-            for env in envs:
+            for env in envs:  # a reward that cannot score this tokenizer's ids is refused before a model loads
+                rewards.check_tokenizer(env.reward_weights or {}, env.plugin_options or {}, tokenizer)
                 env.seating = seating_of(cfg, env.pool.env_class, env.name, tokenizer, expert, mixture, agent)
             if backend is None and not expert:
                 backend = backend_of(cfg, tokenizer, model)
@@ -214,11 +215,7 @@ class RolloutSession:
                 lane_list.append(self.env_of(env).lane(split))
             pairs.append((lanes[(env, split)], task_id))
         episodes = collect_lanes(
-            lane_list,
-            self.tokenizer,
-            pairs,
-            expert=spec.expert,
-            **self._player_options(spec, progress),
+            lane_list, self.tokenizer, pairs, expert=spec.expert, **self._player_options(spec, progress)
         )
         return self.compose(episodes) if spec.rewards else Played(episodes)
 

@@ -43,6 +43,24 @@ def check_rm_options(path: Any = "", text: Any = False, device: Any = "cpu", wha
         )
 
 
+def check_rm_tokenizer(tokenizer: Any, path: Any = "", text: Any = False, device: Any = "cpu") -> None:
+    """The ``rm`` reward's ``check_tokenizer`` trait: scoring the policy's token ids (``text`` off) needs the
+    reward model's tokenizer to be the policy's; its tokenizer files are read here, not its weights."""
+    if text:  # the chat is encoded again with the reward model's own tokenizer
+        return
+    from omrl.models import load_tokenizer
+
+    check_rm_options(path, text, device)
+    own = load_tokenizer(str(Path(path).expanduser()))
+    if own.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(
+            f"reward 'rm' at {path} uses another tokenizer than the policy {tokenizer.name_or_path} (their "
+            "vocabularies differ), so it cannot score the policy's token ids: train the reward model on the "
+            "policy's base model, or set plugins.rm.text=true to score each chat encoded again with the reward "
+            "model's own tokenizer"
+        )
+
+
 def rm_reward(episodes: list[Episode], path: str = "", text: bool = False, device: str = "cpu") -> list[list[float]]:
     """The reward model's scores: an ``orm``'s score of the episode on its last turn, a ``prm``'s score of
     every turn (so with ``reward.allocation=per_turn`` each turn is trained on its own).

@@ -98,6 +98,17 @@ def test_reward_model_with_another_tokenizer_scores_text_only(rm_dirs, episodes)
     assert all(0 < ep.rewards["rm"][-1] < 1 for ep in some[:-1])
 
 
+def test_a_session_scored_by_a_reward_model_of_another_tokenizer_is_refused_before_it_plays(rm_dirs):
+    """It was found at scoring time, once the first rollout had been played."""
+    weights = ["reward.weights={goal: 1.0, rm: 1.0}"]
+    with pytest.raises(ConfigError, match=r"reward 'rm' at .* uses another tokenizer than the policy .*text=true"):
+        session({"rm": {"path": rm_dirs["smol"]}}, *weights)
+    with session({"rm": {"path": rm_dirs["smol"], "text": True}}, *weights):  # scored as text: it can
+        pass
+    with session({"rm": {"path": rm_dirs["orm"]}}, *weights):  # the policy's own tokenizer
+        pass
+
+
 @pytest.mark.parametrize("kind", ["orm", "prm"])
 def test_best_of_n_answers_with_the_reward_models_favourite(rm_dirs, kind):
     plugins = {"best_of_n": {"n": 3, "select": "rm"}, "rm": {"path": rm_dirs[kind]}}
