@@ -156,7 +156,8 @@ class Gateway:
         began = time.monotonic()
         with recorder.lock:
             self._settle(recorder)  # the last reply delivered or undone: a call that repeats it is told apart
-            if recorder.ended:
+            if recorder.ended:  # found before it ended: another episode's call is still told apart
+                self._check_route(recorder, request.messages)
                 raise EpisodeEnded("this episode has ended; its key is no longer valid")
             if recorder.calls >= self.max_calls:
                 recorder.over_budget = True

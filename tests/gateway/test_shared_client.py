@@ -123,6 +123,32 @@ def test_a_call_on_the_key_of_an_episode_whose_agent_returned_fails_the_run(tiny
     fails_as_shared_client(gateway, agent, path)
 
 
+def test_another_episodes_call_that_found_a_key_just_before_it_ended_is_told_apart(tiny_tokenizer):
+    """Three tasks on one process-wide client, all calls on C's key: C's own call is answered and C ends
+    while A's call, which found C's key just before, waits its turn. It was refused as a call on an ended
+    key, and the run went on as though A's agent had failed on its own."""
+    from omrl.data.trajectory import Episode
+    from omrl.gateway.protocol import ChatRequest
+    from omrl.gateway.server import Misrouted
+
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "42"))
+    try:
+        opened = [
+            gateway.open(Episode(env="qa", task_id=i, split="train", instruction=""), q)
+            for i, q in enumerate(QUESTIONS)
+        ]
+        (_, _), (_, _), (key_c, c) = opened
+        asked = ChatRequest.from_json({"messages": [{"role": "user", "content": QUESTIONS[2]}]})
+        gateway.delivered(c, gateway.complete(c, asked)[2])
+        found = gateway.recorder(key_c)  # A's call finds C's key
+        gateway.end(key_c, agent_returned=True)  # C's agent returned
+        with pytest.raises(Misrouted, match="share one client"):
+            gateway.complete(found, ChatRequest.from_json({"messages": [{"role": "user", "content": QUESTIONS[0]}]}))
+        assert gateway.misrouted
+    finally:
+        gateway.close()
+
+
 def test_a_same_task_siblings_chat_counts_only_by_a_reply_this_episode_never_got():
     prompt, reply = {"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": "42"}
     other = {"role": "assistant", "content": "43"}
