@@ -4,7 +4,8 @@ The plugin kinds' calling conventions: :mod:`omrl.envs` (environments; what they
 in :mod:`omrl.env_results`), :mod:`omrl.templates` (action templates), :mod:`omrl.rewards` (reward
 components, composed and placed on tokens), :mod:`omrl.algos` (advantage estimators, policy losses, KL
 estimators, rollout corrections). How plugins are found: :mod:`omrl.hookspecs` (the hooks),
-:mod:`omrl.plugins` (the plugin manager), :mod:`omrl.registry` (lazy registries by name). Across the
+:mod:`omrl.plugins` (the plugin manager), :mod:`omrl.registry` (lazy registries by name),
+:mod:`omrl.plugin_options` (a plugin's options checked against its signature, one way for every kind). Across the
 packages: :mod:`omrl.mixture` (several envs in one run), :mod:`omrl.evaluation` (eval metrics and
 report), :mod:`omrl.supervisor` (a deadline for every stage of a run), :mod:`omrl.clock` (where a step's
 time goes), :mod:`omrl.outputs` (where a command may write), :mod:`omrl.atomic` (crash-safe writes),

@@ -62,6 +62,7 @@ from omrl.env_results import (
     step_problem,
 )
 from omrl.errors import ConfigError, OmrlError, short_repr
+from omrl.plugin_options import check_arguments, option_type_problem
 
 # the plugin contract: every name a plugin imports from here, the answers and their checks included
 __all__ = [
@@ -316,51 +317,3 @@ def create_env(env_class: type[Env], options: dict[str, Any] | None = None, name
             close()
         raise ConfigError(f"{what} option {problem}")
     return env
-
-
-def check_arguments(fn: Any, arguments: dict[str, Any], what: str, called: str) -> None:
-    """Refuse ``arguments`` that ``fn`` (a class or function) does not take, with a ConfigError that says
-    ``what`` "does not take <called> [...]" and names the ones it does."""
-    signature = inspect.signature(fn)
-    try:
-        signature.bind(**arguments)
-    except TypeError as exc:
-        params = [p for p in signature.parameters if p not in ("args", "kwargs")]
-        open_ended = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-        unknown = [] if open_ended else sorted(name for name in arguments if name not in signature.parameters)
-        raise ConfigError(
-            f"{what} does not take {called} {unknown or sorted(arguments)} ({exc}); its {called}: "
-            f"{', '.join(params) or '(none)'}"
-        ) from exc
-
-
-def option_type_problem(signature: inspect.Signature, options: dict[str, Any], by_default: bool = True) -> str | None:
-    """``KEY=VALUE is invalid; valid: ...`` for the first option that is not a flag or a number where its
-    parameter is annotated as one (``bool``, ``int``, ``float``) or, with ``by_default``, has such a
-    default ("false" in quotes is no false, "abc" no count), or None. A plugin's code would otherwise
-    meet the text mid-episode, as its own failure."""
-    for key, value in options.items():
-        parameter = signature.parameters.get(key)
-        kind = _declared_kind(parameter, by_default) if parameter is not None else None
-        if kind is bool and not isinstance(value, bool):
-            return f"{key}={value!r} is invalid; valid: true or false"
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if kind is float and not number:
-            return f"{key}={value!r} is invalid; valid: a number"
-    return None
-
-
-def _declared_kind(parameter: inspect.Parameter, by_default: bool) -> type | None:
-    """``bool`` or ``float`` (any number) where ``parameter`` declares one, else None (any value)."""
-    annotation = parameter.annotation
-    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    if name == "bool":
-        return bool
-    if name in ("int", "float"):
-        return float
-    if annotation is not parameter.empty or not by_default:  # an Optional, a union, a text: not ours to judge
-        return None
-    default = parameter.default
-    if isinstance(default, bool):
-        return bool
-    return float if isinstance(default, (int, float)) else None

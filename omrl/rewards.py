@@ -17,15 +17,14 @@ per-turn totals over its token ids for the training loss.
 from __future__ import annotations
 
 import functools
-import inspect
 import numbers
 import warnings
 from bisect import bisect_left
 from typing import Any, Callable, Sequence
 
+from omrl import plugin_options
 from omrl.data.trajectory import Episode
 from omrl.env_results import finite_number
-from omrl.envs import option_type_problem
 from omrl.errors import OmrlError
 from omrl.supervisor import StageStalled, on_stall, stage
 
@@ -79,25 +78,7 @@ def _describe(ep: Episode, index: int) -> str:
 
 def _check_options(name: str, fn: RewardFn, options: dict[str, Any]) -> None:
     """Raise naming the reward's valid options when ``options`` does not fit its signature."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # builtins without a signature: let the call decide
-        return
-    try:
-        signature.bind([], **options)
-    except TypeError as exc:
-        valid = [
-            p.name
-            for p in list(signature.parameters.values())[1:]
-            if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-        ]
-        raise RewardError(
-            f"reward {name!r} does not accept options {sorted(options)} ({exc}); "
-            f"valid options: {', '.join(valid) or '(none)'}"
-        ) from exc
-    problem = option_type_problem(signature, options)
-    if problem:
-        raise RewardError(f"reward {name!r} option {problem}")
+    plugin_options.check_options(fn, options, f"reward {name!r}", fixed=1)
 
 
 def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[float]]:

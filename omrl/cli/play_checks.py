@@ -84,9 +84,8 @@ def check_search_blocks(plugins: dict) -> None:
     import inspect
 
     from omrl import registry
-    from omrl.envs import option_type_problem
     from omrl.errors import ConfigError
-    from omrl.search.context import check_options
+    from omrl.plugin_options import check_options, option_type_problem
 
     shared = {c.name for c in registry.all_components() if c.kind not in ("strategy", "scorer")}
     for kind in ("strategy", "scorer"):
@@ -95,8 +94,10 @@ def check_search_blocks(plugins: dict) -> None:
             if not isinstance(options, dict) or isinstance(component.target, str):
                 continue
             fn = registry.strategies.get(component.name, kind=kind)
-            if component.name not in shared:  # a block two kinds of one plugin read may hold the other's keys
-                check_options(fn, f"{kind} {component.name!r}", options, fixed=2)
+            if component.name not in shared:
+                check_options(fn, options, f"{kind} {component.name!r}", fixed=2)
+                continue
+            # a block two kinds of one plugin read may hold the other's keys: its values' types alone
             problem = option_type_problem(inspect.signature(fn), options)
             if problem:
                 raise ConfigError(f"{kind} {component.name!r} option {problem}")

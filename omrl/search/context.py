@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Sequence
@@ -11,6 +10,7 @@ from omrl import registry
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.envs import check_seats
 from omrl.errors import ConfigError, OmrlError, PluginError, short_repr
+from omrl.plugin_options import check_arguments
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.spec import RolloutLimits
@@ -84,7 +84,7 @@ class SearchContext:
         """The registered scorer ``name`` with its options bound: ``fn(nodes) -> list[float]``."""
         fn = registry.strategies.get(name, kind="scorer")
         options = self.options(name)
-        check_options(fn, f"scorer {name!r}", options, fixed=2)
+        check_arguments(fn, options, f"scorer {name!r}", "options", fixed=2)
 
         def score(nodes: list) -> list[float]:
             values = fn(nodes, self, **options)
@@ -194,7 +194,7 @@ def run_strategy(ctx: SearchContext, tasks: Sequence[int]) -> list:
         )
     check_budget(ctx.budget, ctx.limits.max_new_tokens)
     options = ctx.options(ctx.strategy)
-    check_options(fn, f"strategy {ctx.strategy!r}", options, fixed=2)
+    check_arguments(fn, options, f"strategy {ctx.strategy!r}", "options", fixed=2)
     trees = fn(ctx, list(tasks), **options)
     if ctx.backend is not None:
         ctx.backend.release()  # cached KV states of finished branches, where the backend keeps some
@@ -248,19 +248,6 @@ def check_budget(budget: int, max_new_tokens: int) -> None:
         raise ConfigError(
             f"budget {budget!r} is smaller than one reply (generation.max_new_tokens={max_new_tokens}); "
             f"valid: 0 (no limit) or at least {max_new_tokens}"
-        )
-
-
-def check_options(fn: Callable, what: str, options: dict[str, Any], fixed: int) -> None:
-    """ConfigError naming the options ``fn`` takes when ``options`` has one it does not."""
-    params = list(inspect.signature(fn).parameters.values())[fixed:]
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    known = [p.name for p in params]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"{what} has no option {', '.join(map(repr, unknown))}; valid: {', '.join(known) or '(none)'}"
         )
 
 

@@ -64,7 +64,7 @@ REWARD_OPTIONS = {  # a weighted reward's options: what the run says before it p
     "judge rubric_file=/no/such/rubric.txt": "reward 'judge' cannot read rubric_file='/no/such/rubric.txt'",
     "rm path=/no/such/rm": "reward 'rm' option path='/no/such/rm' holds no reward model",
     "rm": "reward 'rm' needs the option path",
-    "goal colour=red": "reward 'goal' does not accept options ['colour']",
+    "goal colour=red": "reward 'goal' does not take options ['colour']",
 }
 
 

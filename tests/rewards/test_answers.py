@@ -17,7 +17,7 @@ import pytest
 
 from omrl import registry
 from omrl.data import Episode, Turn
-from omrl.errors import OmrlError
+from omrl.errors import ConfigError, OmrlError
 from omrl.rewards import RewardError, compose_rewards
 from omrl_plugins.rewards import answers
 from omrl_plugins.rewards.answers import final_number, math_equivalent, numbers_match
@@ -144,7 +144,7 @@ def test_options_come_from_the_plugins_block():
     assert compose_rewards(episodes, {"numeric_match": 1.0})["numeric_match"] == 0.0
     means = compose_rewards(episodes, {"numeric_match": 1.0}, {"numeric_match": {"rel_tol": 0.001}})
     assert means["numeric_match"] == 1.0
-    with pytest.raises(RewardError, match="valid options: rel_tol, abs_tol"):
+    with pytest.raises(ConfigError, match="its options: rel_tol, abs_tol"):
         compose_rewards(episodes, {"numeric_match": 1.0}, {"numeric_match": {"tolerance": 0.1}})
 
 

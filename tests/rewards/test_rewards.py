@@ -12,7 +12,7 @@ import pytest
 
 from omrl import registry
 from omrl.data import Episode, Turn
-from omrl.errors import OmrlError, UnknownNameError
+from omrl.errors import ConfigError, OmrlError, UnknownNameError
 from omrl.hookspecs import hookimpl
 from omrl.rewards import (
     ALLOCATION_MODES,
@@ -275,11 +275,11 @@ def test_compose_rejects_bad_configuration():
     eps = [episode(turn(done=True))]
     with pytest.raises(UnknownNameError, match="unknown reward 'gaol'.*Did you mean 'goal'"):
         compose_rewards(eps, {"gaol": 1.0})
-    with pytest.raises(RewardError, match="reward 'goal' does not accept options.*valid options: binary"):
+    with pytest.raises(ConfigError, match="reward 'goal' does not take options.*its options: binary"):
         compose_rewards(eps, {"goal": 1.0}, options={"goal": {"strict": True}})
-    with pytest.raises(RewardError, match=r"reward 'goal' option binary='false' is invalid; valid: true or false"):
+    with pytest.raises(ConfigError, match=r"reward 'goal' option binary='false' is invalid; valid: true or false"):
         compose_rewards(eps, {"goal": 1.0}, options={"goal": {"binary": "false"}})  # quoted: no false
-    with pytest.raises(RewardError, match=r"reward 'length_penalty' option budget='abc' is invalid; valid: a number"):
+    with pytest.raises(ConfigError, match=r"reward 'length_penalty' option budget='abc' is invalid; valid: a number"):
         compose_rewards(eps, {"length_penalty": 1.0}, options={"length_penalty": {"budget": "abc"}})
     with pytest.raises(RewardError, match="'total' is the composed reward"):
         compose_rewards(eps, {"total": 1.0})

@@ -133,7 +133,7 @@ def test_bad_strategy_input_is_one_line(chest_plugins, capsys, tmp_path, args, m
             "plugins.env_reward.partial_credit=maybe",
             "scorer 'env_reward' option partial_credit='maybe' is invalid; valid: true or false",
         ),
-        ("plugins.beam.widht=3", "strategy 'beam' has no option 'widht'; valid: width,"),
+        ("plugins.beam.widht=3", "strategy 'beam' does not take options ['widht']; its options: width,"),
         ("plugins.mcts.iterations=many", "strategy 'mcts' option iterations='many' is invalid; valid: a number"),
     ],
 )

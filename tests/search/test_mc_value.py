@@ -247,7 +247,7 @@ def test_a_bad_k_is_one_line_naming_it(tokenizer, k):
             r"mc_value option k=2 samples several replies per node, but decoding is greedy",
         ),
         ({}, {"group_size": 2}, "strategy 'mc_value' builds one tree per task"),
-        ({"width": 2}, {}, "strategy 'mc_value' has no option 'width'; valid: k"),
+        ({"width": 2}, {}, r"strategy 'mc_value' does not take options \['width'\]; its options: k"),
     ],
 )
 def test_settings_mc_value_cannot_use_are_refused(tokenizer, options, settings, message):

@@ -166,7 +166,12 @@ def test_a_tree_strategy_refuses_an_env_that_cannot_fork(tiny_tokenizer):
         ("beam", {"width": "two"}, {}, "beam option width='two' is invalid"),
         ("best_of_n", {"n": 3}, {"limits": RolloutLimits(temperature=0.0)}, "greedy"),
         ("mcts", {"value": "oracle"}, {}, "mcts option value='oracle' is invalid; valid: rollout, scorer"),
-        ("beam", {"depth": 3}, {}, "strategy 'beam' has no option 'depth'; valid: width, branch, scorer, stop_on_win"),
+        (
+            "beam",
+            {"depth": 3},
+            {},
+            r"strategy 'beam' does not take options \['depth'\]; its options: width, branch, scorer, stop_on_win",
+        ),
         ("beam", {}, {"budget": 5}, "budget 5 is smaller than one reply (generation.max_new_tokens=12); valid: 0"),
         ("beam", {}, {"group_size": 2}, "one tree per task"),
         ("beam", {"stop_on_win": "maybe"}, {}, "beam option stop_on_win='maybe' is invalid; valid: true or false"),
