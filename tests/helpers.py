@@ -63,6 +63,19 @@ def serving_in_a_thread(server: Any) -> Iterator[Any]:
         server.server_close()
 
 
+@contextmanager
+def tmpfs(folder: Path, options: str) -> Iterator[Path]:
+    """``folder`` with a tmpfs mounted on it with ``options`` (``size=64k``, ``ro``) while the block runs; the
+    test is skipped where root cannot mount one here."""
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"root here cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a file a failed test left open
+
+
 def fresh_python_json(code: str) -> Any:
     """Run ``code`` in a fresh Python (nothing imported yet; HF_HUB_OFFLINE=1): the JSON its last line printed."""
     out = subprocess.run(

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from omrl.cli import main
-from tests.helpers import cli_exit, keys_eval, keys_rollout
+from tests.helpers import cli_exit, keys_eval, keys_rollout, tmpfs
 
 
 def refused(capsys, *args: str) -> str:
@@ -174,7 +174,6 @@ def unwritable(tmp_path):
     """A folder nothing can be written in: read-only to a user, a read-only mount for root (which
     permissions do not stop)."""
     import os
-    import subprocess
 
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -183,13 +182,8 @@ def unwritable(tmp_path):
         yield folder
         folder.chmod(0o755)
         return
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"root here cannot mount a read-only folder: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(folder, "size=1m,ro"):
         yield folder
-    finally:
-        subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a file a failed test left open
 
 
 def test_rollout_and_eval_refuse_an_unwritable_folder_before_playing(fake_plugins, unwritable, capsys):

@@ -16,6 +16,7 @@ from omrl.parallel import Strategy
 from omrl.training.common import SkippedUpdates
 from omrl.training.metrics import MetricsLogger, read_metrics, step_line
 from omrl.training.optim import apply_update, build_optimizer, build_scheduler, lr_multiplier
+from tests.helpers import tmpfs
 
 
 def test_schedules_warm_up_then_hold_or_decay():
@@ -169,19 +170,13 @@ def small_disk(tmp_path):
     """A folder on a small file system of its own, a 64 KiB tmpfs (root mounts it here): :func:`fill` takes
     its space."""
     import os
-    import subprocess
 
     if os.geteuid() != 0:
         pytest.skip("only root can mount the small file system this fills")
     folder = tmp_path / "small"
     folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"root here cannot mount a tmpfs: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(folder, "size=64k"):
         yield folder
-    finally:
-        subprocess.run(["umount", "--lazy", str(folder)], check=True)  # lazy: a file a failed test left open
 
 
 def fill(folder) -> None:
