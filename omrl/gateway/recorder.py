@@ -84,6 +84,7 @@ class EpisodeRecorder:
         self.over_budget = False  # a call found no room left (context or calls): the episode is truncated
         self.calls = 0
         self.ended = False  # set by the gateway when the episode ends: a later call is refused
+        self.agent_returned = False  # set with ``ended`` when its agent ended by itself
         self.tools_key = ""  # the tools the current row was laid out with
         self.task_prompt = ""  # the episode's task, as its agent was given it ('' where unknown)
         self.strays = 0  # repeats of a delivered call, and calls that sent the opening request again (settle, prompt)

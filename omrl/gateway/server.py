@@ -128,7 +128,7 @@ class Gateway:
                 self._returned.add(key)
         if recorder is not None:
             with recorder.lock:  # a call in progress finishes first; one that comes later finds it ended
-                recorder.ended = True
+                recorder.ended, recorder.agent_returned = True, agent_returned
                 self._settle(recorder)  # an agent may return before its handler finds that it hung up
                 ep = recorder.episode
                 self.batcher.release([ep.token_ids[start:end] for start, end in ep.rows()])
@@ -158,6 +158,7 @@ class Gateway:
             self._settle(recorder)  # the last reply delivered or undone: a call that repeats it is told apart
             if recorder.ended:  # found before it ended: another episode's call is still told apart
                 self._check_route(recorder, request.messages)
+                self._check_repeat(recorder, request.messages)
                 raise EpisodeEnded("this episode has ended; its key is no longer valid")
             if recorder.calls >= self.max_calls:
                 recorder.over_budget = True
@@ -220,6 +221,14 @@ class Gateway:
         with self._lock:
             others = [(o.task_prompt, o.seen, list(o.given)) for o in self._episodes.values() if o is not recorder]
         if of_another_episode(messages, recorder.task_prompt, others, recorder.given):
+            self.misrouted = self.misrouted or SHARED_CLIENT
+            raise Misrouted(SHARED_CLIENT)
+
+    def _check_repeat(self, recorder: EpisodeRecorder, messages: list[dict[str, Any]]) -> None:
+        """Refuse, as a shared client's, a call that came to an ended episode whose agent returned and that
+        repeats the request of a reply that agent got: a client retries only a reply it did not get (one it
+        hung up on was undone, and is no longer the last call), so the call is a sibling's of the same task."""
+        if recorder.agent_returned and recorder.last is not None and list(messages) == recorder.last[0]:
             self.misrouted = self.misrouted or SHARED_CLIENT
             raise Misrouted(SHARED_CLIENT)
 

@@ -149,6 +149,31 @@ def test_another_episodes_call_that_found_a_key_just_before_it_ended_is_told_apa
         gateway.close()
 
 
+def test_a_same_task_siblings_call_that_found_a_key_just_before_it_ended_is_told_apart(tiny_tokenizer):
+    """One task's group: B's own call is answered and B ends while A's call, the same request, found B's key
+    just before. A client retries only a reply it did not get, and B's agent got its reply and returned: the
+    call is a sibling's, so the agents share a client. It was refused as a call on an ended key."""
+    from omrl.data.trajectory import Episode
+    from omrl.gateway.protocol import ChatRequest
+    from omrl.gateway.server import Misrouted
+
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda *_: "42"))
+    try:
+        for sample in (0, 1):
+            key_b, b = gateway.open(
+                Episode(env="qa", task_id=0, split="train", instruction="", sample=sample), QUESTIONS[0]
+            )
+        asked = ChatRequest.from_json({"messages": [{"role": "user", "content": QUESTIONS[0]}]})
+        gateway.delivered(b, gateway.complete(b, asked)[2])
+        found = gateway.recorder(key_b)
+        gateway.end(key_b, agent_returned=True)
+        with pytest.raises(Misrouted, match="share one client"):
+            gateway.complete(found, asked)
+        assert gateway.misrouted
+    finally:
+        gateway.close()
+
+
 def test_a_same_task_siblings_chat_counts_only_by_a_reply_this_episode_never_got():
     prompt, reply = {"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": "42"}
     other = {"role": "assistant", "content": "43"}
