@@ -29,6 +29,7 @@ from omrl.envs import step_problem
 from omrl.errors import OmrlError
 from omrl.gateway.agents import AgentFailure, call_agent, check_command, load_callable, run_command, score
 from omrl.gateway.server import SHARED_CLIENT, Gateway
+from omrl.rollout.live import raised
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 
@@ -106,7 +107,7 @@ def play_agents(
                 if problem is not None and ep.end_reason != "env_error":
                     ep.end_reason, ep.error = (
                         "env_error",
-                        f"ending the episode's env failed: {type(problem).__name__}: {problem}",
+                        f"ending the episode's env failed: {raised(problem)}",
                     )
                 progress.generated(sum(ep.loss_mask))
                 progress.finished(ep)
@@ -133,7 +134,7 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
     try:
         first = env.reset(ep.task_id)
     except Exception as exc:  # noqa: BLE001 - the env's failure, recorded
-        _failed(ep, f"reset failed: {type(exc).__name__}: {exc}")
+        _failed(ep, f"reset failed: {raised(exc)}")
         return True
     task = {"id": ep.task_id, "split": ep.split, "env": ep.env, "prompt": first.text, "instruction": first.instruction}
     key, recorder = gateway.open(ep, str(first.text or ""))

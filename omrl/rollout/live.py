@@ -41,15 +41,27 @@ class TemplateFailure(OmrlError):
     (:data:`TEMPLATE_REASON`) and names the plugin's file and line where it raised."""
 
     @classmethod
-    def of(cls, template: Template, method: str, what: str, raised: BaseException | None = None) -> "TemplateFailure":
-        from omrl.plugins import plugin_in_traceback
-
-        where = plugin_in_traceback(raised.__traceback__) if raised is not None else None
-        return cls(f"template {type(template).__name__}'s {method} {what}{f' (in {where})' if where else ''}")
+    def of(cls, template: Template, method: str, what: str, cause: BaseException | None = None) -> "TemplateFailure":
+        return cls(f"template {type(template).__name__}'s {method} {what}{plugin_site(cause)}")
 
 
 #: how an episode's error names the action template that failed it (a bug in that plugin, not the world)
 TEMPLATE_REASON = re.compile(r"template (\w+)'s (?:parse|format_action|system_prompt) ")
+
+
+def raised(exc: BaseException) -> str:
+    """``Type: message`` of an env's exception and, for one no env means to raise (not an ``OmrlError``
+    such as ``EnvError``: its server is down), where a third-party plugin raised it (:func:`plugin_site`)."""
+    return f"{type(exc).__name__}: {exc}{'' if isinstance(exc, OmrlError) else plugin_site(exc)}"
+
+
+def plugin_site(exc: BaseException | None) -> str:
+    """`` (in plugin NAME (DISTRIBUTION) at FILE:LINE)`` where a third-party plugin's code raised ``exc``
+    (:func:`omrl.plugins.plugin_in_traceback`): where its author looks first; else ""."""
+    from omrl.plugins import plugin_in_traceback
+
+    where = plugin_in_traceback(exc.__traceback__) if exc is not None else None
+    return f" (in {where})" if where else ""
 
 
 # what the rollout records in Turn.info; the env's step adds the rest
@@ -190,7 +202,7 @@ def record_step(live: LiveEpisode, result: StepResult | BaseException) -> None:
     its next reset starts afresh)."""
     ep, turn = live.episode, live.episode.turns[-1]
     if isinstance(result, BaseException):
-        ep.error = f"step failed: {type(result).__name__}: {result}"
+        ep.error = f"step failed: {raised(result)}"
         live.end, live.broken = "env_error", True
         live.stalled = isinstance(result, StageStalled)
         return

@@ -36,7 +36,7 @@ from omrl.clock import timed
 from omrl.data.trajectory import Episode
 from omrl.envs import DemoTurn, Env, Observation, check_seats, clean_text, reset_problem
 from omrl.errors import OmrlError, short_repr
-from omrl.rollout.live import EMPTY_OBSERVATION, LiveEpisode, continue_chat, record_reply, record_step
+from omrl.rollout.live import EMPTY_OBSERVATION, LiveEpisode, continue_chat, raised, record_reply, record_step
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.replies import GAVE_UP, StreamedReplies, TurnReplies, expert_replies, no_expert_at_all, turn_caps
@@ -167,7 +167,7 @@ def collect_lanes(
             return
         if problem is not None:  # ending its env failed (a restarted server, say): nothing it did is trusted
             ep.end_reason = "env_error"
-            ep.error = f"ending the episode's env failed: {type(problem).__name__}: {problem}"
+            ep.error = f"ending the episode's env failed: {raised(problem)}"
         if backend is not None:  # its cached KV states, if the backend keeps some
             backend.release([ep.token_ids[start:end] for start, end in ep.rows()])
         finished.append(ep)
@@ -360,11 +360,7 @@ def open_episode(
     """
     problem = None if isinstance(first, BaseException) else reset_problem(first)
     if isinstance(first, BaseException) or problem:
-        ep.error = (
-            f"reset failed: {type(first).__name__}: {first}"
-            if problem is None
-            else f"reset failed: env {env_name!r} {problem}"
-        )
+        ep.error = f"reset failed: {raised(first)}" if problem is None else f"reset failed: env {env_name!r} {problem}"
         return None
     ep.instruction = clean_text(first.instruction)
     observation = clean_text(first.text) or EMPTY_OBSERVATION

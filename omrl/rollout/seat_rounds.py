@@ -17,7 +17,7 @@ from omrl.clock import timed
 from omrl.data.trajectory import Episode
 from omrl.envs import Env, Observation, clean_text, seat_reset_problem, seat_step_problem
 from omrl.errors import OmrlError
-from omrl.rollout.live import EMPTY_OBSERVATION, ROLLOUT_KEYS, LiveEpisode, continue_chat, record_reply
+from omrl.rollout.live import EMPTY_OBSERVATION, ROLLOUT_KEYS, LiveEpisode, continue_chat, raised, record_reply
 from omrl.rollout.loop import open_episode
 from omrl.rollout.seating import Player
 from omrl.supervisor import stage
@@ -95,7 +95,7 @@ class SeatPlay:
         """Fail ``game`` when the env's answer to ``call`` ("reset", "step") is an exception (the env is
         broken) or breaks the seat contract (``problem_of`` says how); False when the answer is sound."""
         if isinstance(answer, BaseException):
-            game.fail(f"{call} failed: {type(answer).__name__}: {answer}", broken=True)
+            game.fail(f"{call} failed: {raised(answer)}", broken=True)
             return True
         problem = problem_of(answer, self.seats)
         if problem:
@@ -298,7 +298,7 @@ class SeatPlay:
         if game.env is not None:
             problem = self.pool.release(game.env, broken=game.broken)
             if problem is not None and game.end != "env_error":
-                game.fail(f"ending the game's env failed: {type(problem).__name__}: {problem}")
+                game.fail(f"ending the game's env failed: {raised(problem)}")
         names = {seat: chair.player.name for seat, chair in game.seats.items()}
         for seat, chair in game.seats.items():
             if chair.live is None:

@@ -31,7 +31,7 @@ from omrl.backends.base import SamplingParams
 from omrl.clock import timed
 from omrl.envs import fork_support
 from omrl.errors import OmrlError
-from omrl.rollout.live import LiveEpisode, continue_chat, record_reply, record_step
+from omrl.rollout.live import LiveEpisode, continue_chat, raised, record_reply, record_step
 from omrl.search.branch import child_of, root_node
 from omrl.search.context import SearchContext, check_expert
 from omrl.search.fork import Forker, check_forkable
@@ -278,7 +278,7 @@ def _unreachable(g: LiveEpisode, reply: Any, ctx: SearchContext, probe: Any, cha
         turn = g.episode.turns[-1]
         turn.action, turn.format_ok, turn.parse_error = None, False, None
     g.end, g.broken = "env_error", True
-    g.episode.error = f"restoring the env's state failed: {type(error).__name__}: {error}"
+    g.episode.error = f"restoring the env's state failed: {raised(error)}"
 
 
 def _node(g: LiveEpisode, state: Any) -> Node:

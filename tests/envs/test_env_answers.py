@@ -78,3 +78,29 @@ def test_omrl_rollout_of_an_env_outside_its_protocol_exits_2_naming_it(
     code, text = expert_rollout_of(capsys, register_plugin, env_class, tmp_path / "out.parquet")
     assert code == 2 and named in text, text
     assert "bug in omrl" not in text
+
+
+class BuggyStepKeyEnv(KeyEnv):
+    def step(self, action):
+        return {}["observation"]  # a bug in the plugin's code
+
+
+class BuggyResetKeyEnv(KeyEnv):
+    def reset(self, task_id):
+        return {}["task"]  # a bug in the plugin's code
+
+
+def test_an_env_plugins_bug_names_its_file_and_line_and_a_failure_of_the_world_does_not(
+    tiny_tokenizer, register_plugin
+):
+    """An env's exception read "step failed: KeyError: 'observation'", which says nothing of where; an
+    ``EnvError`` (its server is down) is the env's own report, and says enough."""
+    from tests.training.helpers import EnvPlugin
+
+    register_plugin(EnvPlugin("buggy_keys", BuggyStepKeyEnv), name="buggy-env")
+    for env_class, when, key in ((BuggyStepKeyEnv, "step", "observation"), (BuggyResetKeyEnv, "reset", "task")):
+        ep = collect(EnvPool(env_class, name="keys"), ActionTemplate(), tiny_tokenizer, [0], expert=True)[0]
+        line = getattr(env_class, when).__code__.co_firstlineno + 1
+        assert ep.error == f"{when} failed: KeyError: '{key}' (in plugin 'buggy-env' (-) at {__file__}:{line})"
+    world = collect(EnvPool(KeyEnv, {"fail_task": 0}, name="keys"), ActionTemplate(), tiny_tokenizer, [0], expert=True)
+    assert world[0].error == "step failed: EnvError: chest 0 exploded"
