@@ -159,13 +159,32 @@ WORLD_ERRNOS = {
 }
 
 
+TERMINATED: list[int] = []  # the SIGTERM this process was sent, once it was
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM (a scheduler's preemption, ``docker stop``, ``kill``) stop a command as Ctrl-C does:
+    its env servers and processes are stopped, the checkpoints kept are named with the command that
+    resumes them, and it exits 143. By default Python dies at once, leaving them running and saying nothing."""
+    import signal
+
+    def terminate(signum: int, frame: object) -> None:
+        TERMINATED.append(signum)
+        raise KeyboardInterrupt("terminated (SIGTERM)")
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a handler someone set (a test, an embedder) stays
+        signal.signal(signal.SIGTERM, terminate)
+
+
 def stop_on_interrupt(run: Callable[[], T], console: Console) -> T:
-    """``run()``; on Ctrl-C, print what was kept and how to resume (the recipes say it) and exit 130."""
+    """``run()``; on Ctrl-C, print what was kept and how to resume (the recipes say it) and exit 130 (143
+    on SIGTERM: :func:`stop_on_sigterm`)."""
     try:
         return run()
     except KeyboardInterrupt as stop:
-        console.print(Text(str(stop or "interrupted"), style="yellow"), highlight=False, soft_wrap=True)
-        raise typer.Exit(130) from stop
+        said = f"terminated (SIGTERM): {stop}" if TERMINATED and "SIGTERM" not in str(stop) else str(stop)
+        console.print(Text(said or "interrupted", style="yellow"), highlight=False, soft_wrap=True)
+        raise typer.Exit(143 if TERMINATED else 130) from stop
 
 
 def report_error(exc: BaseException, debug: bool) -> int:
@@ -264,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_parties()
     debug = "--debug" in argv or bool(os.environ.get("OMRL_DEBUG"))
+    stop_on_sigterm()
     if "--debug" in argv:  # an option of omrl itself, wherever it is typed: `omrl plot RUN --debug` too
         argv = ["--debug", *(arg for arg in argv if arg != "--debug")]
     try:

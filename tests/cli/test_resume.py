@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
+
 from omrl.training.checkpoint import interrupted
 from omrl.training.metrics import read_metrics
 
@@ -77,3 +79,38 @@ def test_the_same_command_with_resume_added_continues_a_preset_played_on_another
     code, _, err = omrl_main(*words, "--steps", "2", "--resume")
     assert code == 0, err
     assert steps_logged(run) == [1, 2]
+
+
+@pytest.mark.slow  # a run of its own process, stopped mid-way
+def test_a_run_sent_sigterm_stops_as_ctrl_c_does_and_resumes(tiny_model_dir, tmp_path):
+    """A scheduler's preemption (SIGTERM) killed the run at once: no word of the checkpoint kept or of how
+    to go on, its env servers and child processes left running. It now stops as Ctrl-C does, exit 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "run"
+    command = [
+        sys.executable,
+        "-m",
+        "omrl",
+        "train",
+        *RUN,
+        "steps=400",
+        "logging.save_steps=1",
+        "--output-dir",
+        str(run),
+    ]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "300"})
+    deadline = time.monotonic() + 240
+    while not (run / "checkpoints" / "step-00000002" / "COMPLETE").is_file():
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    said = " ".join(err.split())
+    assert process.returncode == 143, said
+    assert "terminated (SIGTERM): interrupted; the newest complete checkpoint is" in said
+    assert f"Continue with: omrl train --resume --output-dir {run}" in said
