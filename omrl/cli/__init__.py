@@ -9,11 +9,12 @@ line and exit with status 2; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 import typer
 from rich.console import Console
@@ -162,18 +163,27 @@ WORLD_ERRNOS = {
 TERMINATED: list[int] = []  # the SIGTERM this process was sent, once it was
 
 
-def stop_on_sigterm() -> None:
-    """Make SIGTERM (a scheduler's preemption, ``docker stop``, ``kill``) stop a command as Ctrl-C does:
-    its env servers and processes are stopped, the checkpoints kept are named with the command that
-    resumes them, and it exits 143. By default Python dies at once, leaving them running and saying nothing."""
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """While the block runs, SIGTERM (a scheduler's preemption, ``docker stop``, ``kill``) stops a command
+    as Ctrl-C does: its env servers and processes are stopped, the checkpoints kept are named with the
+    command that resumes them, and it exits 143. By default Python dies at once, leaving them running and
+    saying nothing. A handler someone else set (an embedder's) stays, as does any off the main thread."""
     import signal
+    import threading
 
     def terminate(signum: int, frame: object) -> None:
         TERMINATED.append(signum)
         raise KeyboardInterrupt("terminated (SIGTERM)")
 
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a handler someone set (a test, an embedder) stays
+    ours = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if ours:
         signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def stop_on_interrupt(run: Callable[[], T], console: Console) -> T:
@@ -283,7 +293,6 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_parties()
     debug = "--debug" in argv or bool(os.environ.get("OMRL_DEBUG"))
-    stop_on_sigterm()
     if "--debug" in argv:  # an option of omrl itself, wherever it is typed: `omrl plot RUN --debug` too
         argv = ["--debug", *(arg for arg in argv if arg != "--debug")]
     try:
@@ -294,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
             configure_threads()  # before any model runs: a busy machine must not be oversubscribed
         command = typer.main.get_command(_app_for(argv, light))
         # standalone mode: typer reports usage errors and exits with their status itself
-        command.main(args=argv, prog_name="omrl", standalone_mode=True)
+        with stop_on_sigterm():
+            command.main(args=argv, prog_name="omrl", standalone_mode=True)
     except Exception as exc:  # noqa: BLE001 - the one place errors become exit codes
         sys.exit(report_error(exc, debug))

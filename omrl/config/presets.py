@@ -33,6 +33,12 @@ def preset_names() -> list[str]:
 def read_preset(preset: str | Path) -> dict[str, Any]:
     """The raw dict of a preset name or YAML path."""
     path = Path(preset)
+    shipped = not path.suffix and (presets_dir() / f"{preset}.yaml").exists()
+    if not shipped and path.expanduser().is_dir():  # `omrl eval runs/x`: a run's folder where a preset goes
+        raise ConfigError(
+            f"{preset} is a folder, not a preset (one of {', '.join(preset_names())}, or a .yaml file): to play "
+            f"the model saved in it, give --model {preset}; to continue the run in it, --resume --output-dir {preset}"
+        )
     if not path.suffix:
         path = presets_dir() / f"{preset}.yaml"
         if not path.exists():

@@ -138,3 +138,13 @@ def _dist_error(message: str) -> Exception:
     import torch.distributed
 
     return torch.distributed.DistBackendError(message)
+
+
+def test_a_runs_folder_where_a_preset_goes_says_which_flag_takes_it(tmp_path, omrl_main):
+    """`omrl eval runs/x` said "unknown preset 'runs/x'; valid: dpo, eval, ..." of a folder that exists."""
+    run = tmp_path / "run"
+    run.mkdir()
+    code, _, err = omrl_main("eval", str(run))
+    said = " ".join(err.split())
+    assert code == 2 and f"{run} is a folder, not a preset" in said, said
+    assert f"give --model {run}; to continue the run in it, --resume --output-dir {run}" in said
