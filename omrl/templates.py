@@ -59,6 +59,12 @@ class Template(ABC):
         """``action`` written as a well-formatted reply (the prompt's example, expert demonstrations): text, never
         empty (an expert's reply the template writes no text for ends its episode as env_error)."""
 
+    def answer(self, response: str) -> str:
+        """The end of ``response`` that this template's format applies to, after a thinking model's reasoning
+        it skips (``without_reasoning`` of the built-ins); the ``tag_count`` reward counts tags in it
+        (:attr:`omrl.data.Turn.answer`). The default: the whole reply."""
+        return response
+
     def chat_template_kwargs(self, env: "Env") -> dict:
         """Extra keyword arguments for ``tokenizer.apply_chat_template`` (e.g. ``tools``)."""
         return {}

@@ -66,11 +66,13 @@ class ReplyShape:
 @dataclass(frozen=True)
 class ParsedReply:
     """A reply's text split: its ``reasoning`` (None: it has none), its ``answer`` (the text after any
-    reasoning and channel header) and ``message``: the assistant message the template is given back."""
+    reasoning and channel header), ``message``: the assistant message the template is given back, and
+    ``answer_from``: where the answer starts in the text (it is always the text's end)."""
 
     reasoning: str | None
     answer: str
     message: dict[str, Any]
+    answer_from: int = 0
 
 
 def template_key(tokenizer: Any, kwargs: dict) -> tuple[str, str]:
@@ -284,7 +286,7 @@ def parse_reply(tokenizer: Any, text: str, kwargs: dict | None = None, sampled: 
         message["content"] = text if text.lstrip().startswith(THINK_OPEN) else shape.inline + text
     elif reasoning is not None and shape.field:
         message[shape.field] = reasoning
-    return ParsedReply(reasoning, answer, message)
+    return ParsedReply(reasoning, answer, message, len(text) - len(answer))
 
 
 def _unclosed_reasoning(shape: ReplyShape, text: str) -> str | None:

@@ -63,6 +63,12 @@ class Turn:
     node_id: int = -1  # the search-tree node this turn made (-1: not from a tree)
     parent_id: int = -1  # that node's parent (0 is the tree's root: the prompt alone)
 
+    @property
+    def answer(self) -> str:
+        """The reply without a thinking model's reasoning: what the family's server returns as the message's
+        content (``info["answer_from"]``, set where the reply had reasoning, is where it starts)."""
+        return self.response[self.info.get("answer_from", 0) :]
+
 
 @dataclass
 class Episode:

@@ -43,6 +43,7 @@ class Reply:
     token_ids: list[int]
     logprobs: list[float]
     reasoning: str | None = None  # the reasoning channel, as a reasoning parser returns it (reasoning_content)
+    answer_from: int = 0  # where the answer starts in the reply's text, after its reasoning
 
     def message(self) -> dict[str, Any]:
         """The reply as a normalized message (what the agent is expected to send back)."""
@@ -223,6 +224,8 @@ class EpisodeRecorder:
             rollout["prefill_tokens"] = prompt_tokens - generation.prefill_reused
             rollout["prefill_reused"] = generation.prefill_reused
         info: dict[str, Any] = {"rollout": rollout}
+        if reply.answer_from:  # a thinking model's reasoning: rewards that read the answer skip it (Turn.answer)
+            info["answer_from"] = reply.answer_from
         if parsed.attempts:
             info["tool_calls"] = [attempt.record() for attempt in parsed.attempts]
             info["tool"] = next((a.name for a in parsed.attempts if a.name), "(unparsed)")
@@ -267,7 +270,9 @@ class EpisodeRecorder:
         parsed = parsed if self.layout.parallel else one_call_only(parsed)  # more would not render: lost
         calls = [{"id": f"call_{secrets.token_hex(6)}", "name": a.name, "arguments": a.arguments} for a in parsed.calls]
         finish = "tool_calls" if calls else generation.finish_reason
-        reply = Reply(parsed.content, calls, finish, generation.token_ids, generation.logprobs, split.reasoning)
+        reply = Reply(
+            parsed.content, calls, finish, generation.token_ids, generation.logprobs, split.reasoning, split.answer_from
+        )
         self.given.append(reply.message())
         return reply, parsed
 

@@ -46,7 +46,7 @@ class TemplateFailure(OmrlError):
 
 
 #: how an episode's error names the action template that failed it (a bug in that plugin, not the world)
-TEMPLATE_REASON = re.compile(r"template (\w+)'s (?:parse|format_action|system_prompt) ")
+TEMPLATE_REASON = re.compile(r"template (\w+)'s (?:parse|answer|format_action|system_prompt) ")
 
 
 def raised(exc: BaseException) -> str:
@@ -65,7 +65,7 @@ def plugin_site(exc: BaseException | None) -> str:
 
 
 # what the rollout records in Turn.info; the env's step adds the rest
-ROLLOUT_KEYS = ("rollout", "weights_version", "tool_calls")
+ROLLOUT_KEYS = ("rollout", "weights_version", "tool_calls", "answer_from")
 
 
 @dataclass
@@ -158,6 +158,9 @@ def record_reply(
     if isinstance(parsed, TemplateFailure):  # the world failed, not the model: never trained, never told
         live.end, ep.error = "env_error", str(parsed)
         return None
+    parsed, answer_from = parsed
+    if answer_from:  # reasoning the template skips: rewards that read the answer skip it too (Turn.answer)
+        turn.info["answer_from"] = answer_from
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
     offered, fmt = (chat_kwargs or {}).get("tools"), template.call_format()
     if offered and fmt:  # every call attempt, classified as the gateway does
@@ -173,9 +176,9 @@ def record_reply(
     return parsed.action
 
 
-def _parse(template: Template, response: str, env: Env) -> ParsedAction | TemplateFailure:
-    """``template.parse(response)``, or a :class:`TemplateFailure` naming the template when it raised or
-    returned something other than a ParsedAction.
+def _parse(template: Template, response: str, env: Env) -> tuple[ParsedAction, int] | TemplateFailure:
+    """``template.parse(response)`` and where the answer it read starts (:meth:`Template.answer`), or a
+    :class:`TemplateFailure` naming the template when it raised or answered outside the protocol.
 
     A template never raises (its protocol): a reply it cannot read is a ParsedAction with an error. One
     that raises anyway, or answers outside the protocol, is a broken plugin: the episode ends as
@@ -185,6 +188,10 @@ def _parse(template: Template, response: str, env: Env) -> ParsedAction | Templa
         parsed = template.parse(response, env)
     except Exception as exc:  # noqa: BLE001 - a template bug, whatever it raises
         return TemplateFailure.of(template, "parse", f"raised {type(exc).__name__}: {str(exc)[:200]}", exc)
+    try:
+        answer = template.answer(response) if isinstance(template, Template) else response
+    except Exception as exc:  # noqa: BLE001
+        return TemplateFailure.of(template, "answer", f"raised {type(exc).__name__}: {str(exc)[:200]}", exc)
     if not isinstance(parsed, ParsedAction):
         return TemplateFailure.of(
             template, "parse", f"returned a {type(parsed).__name__}; it must return a ParsedAction"
@@ -193,7 +200,11 @@ def _parse(template: Template, response: str, env: Env) -> ParsedAction | Templa
         return TemplateFailure.of(
             template, "parse", f"returned action {short_repr(parsed.action)}; it must be text or None"
         )
-    return parsed
+    if not isinstance(answer, str) or not response.endswith(answer):
+        return TemplateFailure.of(
+            template, "answer", f"returned {short_repr(answer)}; it must be the end of the reply it was given"
+        )
+    return parsed, len(response) - len(answer)
 
 
 def record_step(live: LiveEpisode, result: StepResult | BaseException) -> None:

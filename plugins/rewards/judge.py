@@ -270,7 +270,7 @@ def expected(ep: Episode) -> str:
 
 def answer(ep: Episode) -> str:
     """The final answer: the last action unwrapped, or the last reply itself when it did not parse."""
-    return final_answer(ep) if ep.turns[-1].action is not None else ep.turns[-1].response.strip()
+    return final_answer(ep) if ep.turns[-1].action is not None else ep.turns[-1].answer.strip()
 
 
 def transcript(ep: Episode, max_chars: int) -> str:

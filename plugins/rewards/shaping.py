@@ -93,7 +93,7 @@ def tag_count_reward(
     def share(response: str) -> float:
         return sum(len(c.findall(response)) == 1 for c in compiled) / len(compiled)
 
-    return [_spread([share(t.response) for t in ep.turns], normalize) for ep in episodes]
+    return [_spread([share(t.answer) for t in ep.turns], normalize) for ep in episodes]
 
 
 def _template_tags(name: str) -> tuple[str, ...]:

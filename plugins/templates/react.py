@@ -69,8 +69,11 @@ class ReactTemplate(Template):
         empty "Think:" line in SFT data would teach a model to write one)."""
         return f"Think: {thought.strip()}\nAct: {action}" if thought.strip() else f"Act: {action}"
 
+    def answer(self, response: str) -> str:
+        return without_reasoning(response)
+
     def parse(self, response: str, env: Any) -> ParsedAction:
-        text = without_reasoning(response).strip()
+        text = self.answer(response).strip()
         if not text:
             return ParsedAction(None, False, error=reply_format_error("The reply was empty.", env, REPLY_FORMAT))
         marker = ACT_LINE.search(text) or ACT_INLINE.search(text)

@@ -52,10 +52,13 @@ class XmlTemplate(Template):
         """``action`` written as a well-formatted reply."""
         return f"<think>{thought}</think>\n<action>{action}</action>"
 
-    def parse(self, response: str, env: Any) -> ParsedAction:
+    def answer(self, response: str) -> str:
         # reasoning before the answer goes (DeepSeek-R1's, gpt-oss's channels); a leading <think> block is this
         # template's own tag, so a Qwen3 block stays
-        response = without_opened_reasoning(response)
+        return without_opened_reasoning(response)
+
+    def parse(self, response: str, env: Any) -> ParsedAction:
+        response = self.answer(response)
         if not response.strip():
             return ParsedAction(None, False, error=reply_format_error("The reply was empty.", env, REPLY_FORMAT))
         think = THINK.search(response)

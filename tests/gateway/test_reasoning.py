@@ -30,6 +30,8 @@ def test_reasoning_comes_back_as_reasoning_content_and_the_answer_as_content(nam
     answer = recorder.record(Generation(sampled, [0.0] * len(sampled), "stop"), [], cap_by="max_tokens")
     assert answer.content.strip() == "open drawer 1"
     assert answer.reasoning.strip() == "It may be in drawer 1."
+    turn = recorder.episode.turns[-1]  # rewards that read the answer (tag_count, a judge) skip the reasoning
+    assert turn.answer.strip() == "open drawer 1" and "drawer 1." in turn.response[: turn.info["answer_from"]]
     message = completion(ChatRequest(CHAT), [answer], len(prompt_ids(tokenizer, CHAT)), "m", tokenizer)["choices"][0]
     assert message["message"]["reasoning_content"] == answer.reasoning
     assert message["message"]["content"] == answer.content
@@ -44,5 +46,6 @@ def test_a_reply_without_reasoning_has_no_reasoning_content():
     recorder.prompt(CHAT, [])
     answer = recorder.record(Generation(sampled, [0.0] * len(sampled), "stop"), [], cap_by="max_tokens")
     assert answer.reasoning is None and answer.content == "open drawer 1"
+    assert "answer_from" not in recorder.episode.turns[-1].info
     message = completion(ChatRequest(CHAT), [answer], 1, "m", tokenizer)["choices"][0]["message"]
     assert "reasoning_content" not in message

@@ -130,3 +130,16 @@ def test_a_base_url_that_is_no_http_url_is_refused_naming_the_option_and_a_valid
     assert f"option base_url={base_url!r} is not an http:// or https:// URL with a host" in message
     assert "plugins.judge.base_url=http://127.0.0.1:8000/v1" in message and judge.requests == []
     assert judge_reward([episode("Say 42.", "42")], **judge.options(base_url=f"{judge.base_url}/")) == [[0.0, 0.5]]
+
+
+# --- what the judge is shown of the episode ---
+
+
+def test_a_last_reply_that_did_not_parse_is_shown_without_its_reasoning():
+    from omrl.data import Episode, Turn
+    from omrl_plugins.rewards.judge import answer
+
+    reasoning = "<think>\nIs it 41? No.\n</think>\n"
+    turn = Turn("What is 6*7?", reasoning + "It is 42", None, False, 0.0, True, {"answer_from": len(reasoning)})
+    ep = Episode(env="dataset", task_id=0, split="test", instruction="", turns=[turn])
+    assert answer(ep) == "It is 42"

@@ -95,3 +95,33 @@ def test_omrl_rollout_with_the_xml_template_pays_its_tags(tmp_path, capsys):
     assert code in (0, None), stdout + stderr
     for ep in read_episodes(out):
         assert ep.turns and sum(ep.rewards["tag_count"]) == pytest.approx(1.0)  # every reply: all four tags once
+
+
+# a Qwen3-style reply: reasoning that drafts the format, then the answer in it
+THINKING_REACT = "<think>\nThink: maybe left?\nAct: left\nNo, up.\n</think>\n\nThink: go up\nAct: up"
+
+
+def test_tags_in_a_thinking_models_reasoning_are_not_counted():
+    """The react template reads the answer after a reasoning block (``Template.answer``); the rollout records
+    where it starts, and ``tag_count`` counts there: the drafted lines in the reasoning are no second tags."""
+    from omrl.models import load_model
+    from omrl.rollout import EnvPool, RolloutLimits, collect
+    from tests.chat.thinking import ForcedBackend
+
+    model, tokenizer = load_model("tiny")
+    react = template("react")
+    pool = EnvPool(registry.envs.get("gridworld"), {}, name="gridworld")
+    (ep,) = collect(
+        pool,
+        react,
+        tokenizer,
+        [0],
+        backend=ForcedBackend(model, tokenizer, lambda call, index, prompt: THINKING_REACT),
+        limits=RolloutLimits(max_new_tokens=64, max_context=2048, max_turns=1),
+    )
+    turn = ep.turns[0]
+    assert turn.response.strip() == THINKING_REACT and turn.action == "up"
+    assert turn.answer == "\n\nThink: go up\nAct: up"
+    assert tag_count(ep, {"normalize": False}, react) == [1.0]
+    xml = template("xml")  # its own <think> tag: a leading block is its thought, counted
+    assert xml.answer(XML_REPLY) == XML_REPLY

@@ -40,6 +40,13 @@ class NumberActionTemplate(ActionTemplate):
         return ParsedAction(5, True)  # type: ignore[arg-type]
 
 
+class MidAnswerTemplate(ActionTemplate):
+    """Its answer is not the end of the reply it was given."""
+
+    def answer(self, response):
+        return response[:3]
+
+
 class SilentTemplate(ActionTemplate):
     """Its format_action returns None, so an expert's reply has no text."""
 
@@ -69,6 +76,10 @@ def test_a_template_that_raises_on_a_reply_ends_the_episode_as_env_error(tiny_to
     [
         (TextTemplate(), "template TextTemplate's parse returned a str; it must return a ParsedAction"),
         (NumberActionTemplate(), "template NumberActionTemplate's parse returned action 5; it must be text or None"),
+        (
+            MidAnswerTemplate(),
+            "template MidAnswerTemplate's answer returned 'Act'; it must be the end of the reply it was given",
+        ),
     ],
 )
 def test_a_template_whose_parse_answers_outside_the_protocol_ends_the_episode_as_env_error(
