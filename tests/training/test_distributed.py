@@ -119,8 +119,16 @@ def _run_jobs(cwd: Path, mode: str, jobs: list[Job]) -> list[dict[int, dict[str,
     listing.write_text(json.dumps(specs))
     (cwd / "run_jobs.py").write_text(RUN_JOBS)
     done = launch_two_processes(cwd, str(cwd / "run_jobs.py"), str(listing), mode=mode)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, _failure(done.stderr)
     return [{rank: torch.load(job.out / f"rank{rank}.pt") for rank in (0, 1)} for job in jobs]
+
+
+def _failure(stderr: str) -> str:
+    """What a failed launch said: every line of the whole stderr that names an error, a fatal signal or a
+    traceback (one process's own message may sit far above the other's lost-peer tail), then the tail."""
+    marks = ("Error", "error:", "Traceback", "Fatal", "Abort", "SIG", "terminate called", "what():")
+    flagged = [line for line in stderr.splitlines() if any(mark in line for mark in marks)]
+    return "\n".join(["flagged lines:", *flagged[:200], "tail:", stderr[-4000:]])
 
 
 # 8 conversations, 2 per micro-batch, 3 micro-batches per step: the processes take 2 and 1, then 1 and
