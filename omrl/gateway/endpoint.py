@@ -85,6 +85,7 @@ def handler(gateway: Gateway) -> type[BaseHTTPRequestHandler]:
             try:
                 body = self._body()
                 request = ChatRequest.from_json(body) if route == "/chat/completions" else responses.chat_request(body)
+                request.retry = self.headers.get("x-stainless-retry-count", "0").strip() not in ("", "0")
             except RequestError as exc:
                 return self._send(400, error_body(str(exc)))
             except RecursionError:

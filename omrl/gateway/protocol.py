@@ -43,6 +43,7 @@ class ChatRequest:
     logprobs: bool = False
     stream: bool = False
     include_usage: bool = False
+    retry: bool = False  # the client says it sent this call before (openai's x-stainless-retry-count above 0)
 
     @classmethod
     def from_json(cls, body: Any) -> "ChatRequest":

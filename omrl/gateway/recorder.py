@@ -123,14 +123,18 @@ class EpisodeRecorder:
         self.names = dict(names)
         self.calls, self.over_budget, self.strays, self.last, self.choices = counts
 
-    def settle(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[list[int]]:
-        """Before a call lays out its row: where it repeats the last call's request exactly, though that reply
-        was written to its client (a retry of a reply the client still never got: the connection broke; a reply
-        it hung up on is undone before, and a retry of it is a first call), the last call is undone; where it
-        continues another of the last call's choices than the one recorded, that one is recorded instead (the
-        others get no loss). Returns the rows whose cached states the backend may forget."""
+    def settle(self, request: Any) -> list[list[int]]:
+        """Before ``request`` (a :class:`~omrl.gateway.protocol.ChatRequest`) lays out its row: where its client
+        says it is a retry and it repeats the last call's request exactly, though that reply was written to the
+        client (the connection broke after; a reply it hung up on is undone before, and a retry of it is a first
+        call), the last call is undone. A repeat that is no retry asks for another sample of the same chat (self-
+        consistency): it is a new row, and both replies stay turns. Where the request continues another of the
+        last call's choices than the one recorded, that one is recorded instead (the others get no loss). Returns
+        the rows whose cached states the backend may forget."""
         dropped: list[list[int]] = []
-        if self.last is not None and list(messages) == self.last[0] and _tools_key(tools) == self.last[1]:
+        messages, tools = request.messages, request.tools
+        last = self.last
+        if request.retry and last is not None and list(messages) == last[0] and _tools_key(tools) == last[1]:
             dropped.append(list(self.episode.current_row()))
             self.restore(self.last[2])
             self.strays += 1

@@ -240,12 +240,13 @@ class Gateway:
                 f"{', '.join(FORMATS)}: docs/templates.md); call without tools, or use a model whose template "
                 "writes one of those"
             )
-        self.batcher.release(recorder.settle(request.messages, request.tools))  # a retry, or another choice taken
+        self.batcher.release(recorder.settle(request))  # a retry, or another choice taken
         self._check_route(recorder, request.messages)
         start = recorder.state()
         row = recorder.prompt(request.messages, request.tools)
         if row is None:  # not one token fits: the episode is over its budget
             return [Reply("", [], "length", [], [])] * request.n, 0, None
+        prompt_tokens = len(row)  # now: an episode's first row is its token list, which the reply extends
         recorder.last = (list(request.messages), recorder.tools_key, start)  # what a retry would repeat
         asked = request.max_tokens or limits.max_new_tokens
         cap = min(asked, recorder.room())
@@ -274,7 +275,7 @@ class Gateway:
         recorder.record(generation, request.tools, cap_by, stop_at, (reply, parsed))
         recorder.choices = (recorded, options, cap_by) if len(options) > 1 else None
         self.batcher.release(unused)
-        return [option[1] for option in options], len(row), recorder.last
+        return [option[1] for option in options], prompt_tokens, recorder.last
 
     def close(self) -> None:
         self._server.shutdown()

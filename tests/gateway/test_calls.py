@@ -71,9 +71,23 @@ def test_a_retried_call_replaces_the_reply_the_client_never_got(timing_out):
     assert got.choices[0].message.content == "reply of call 1"
     assert [turn.response for turn in ep.turns] == ["reply of call 1"]
     assert ep.row_starts == [] and len(backend.served) == 2
-    again = client(0).chat.completions.create(model="m", messages=CHAT)  # sent again though answered: a retry too
-    assert [turn.response for turn in ep.turns] == [again.choices[0].message.content] == ["reply of call 2"]
     assert_token_exact(ep, backend)
+
+
+def test_a_call_asked_again_after_its_reply_arrived_is_another_sample_and_both_are_trained(tiny_tokenizer):
+    """Self-consistency: an agent asks the same chat three times and reads every reply. No client says it
+    retries (openai's x-stainless-retry-count is 0), so none replaces another: each is a row of its own."""
+    gateway, backend = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda c, i, p: f"sample {c}"))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        got = [client.chat.completions.create(model="m", messages=CHAT).choices[0].message.content for _ in range(3)]
+        assert got == ["sample 0", "sample 1", "sample 2"]
+        assert [turn.response for turn in ep.turns] == got and len(ep.rows()) == 3
+        assert_token_exact(ep, backend)
+    finally:
+        gateway.close()
 
 
 def test_a_reply_the_client_hung_up_on_is_no_turn(hung_up):
@@ -145,5 +159,20 @@ def test_a_seeded_call_samples_as_alone_beside_others_with_its_seed(tiny_tokeniz
             thread.join(60)
         assert list(replies.values()) == [alone] * 3
         assert backend.calls == [1, 1, 1, 1]  # each in a generate call of its own
+    finally:
+        gateway.close()
+
+
+def test_usage_counts_the_prompts_tokens_and_the_replys_apart(tiny_tokenizer):
+    """An agent that compacts its chat by ``usage`` reads the prompt's own length, on the first row too."""
+    from omrl.chat import prompt_ids
+
+    gateway, backend = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda c, i, p: "a reply"))
+    try:
+        key, _ = gateway.open(episode())
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        usage = client.chat.completions.create(model="m", messages=CHAT).usage
+        assert usage.prompt_tokens == len(prompt_ids(tiny_tokenizer, CHAT))
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     finally:
         gateway.close()
