@@ -153,8 +153,9 @@ class AgentConfig:
     )
     reward: str = opt(
         "",
-        "module:function scoring an agent's episode: fn(task, result, transcript) -> a number or named "
-        "numbers (summed); '': the env scores the agent's answer (the dataset env matches it).",
+        "module:function scoring an agent's episode, given task, result and transcript by name (those it "
+        "takes) -> a number or named numbers (summed); '': the env scores the agent's answer (the dataset env "
+        "matches it).",
     )
     timeout_s: float = opt(300.0, "Seconds an agent may take for one episode; past it the episode is env_error.")
     max_calls: int = opt(64, "Calls to the model an episode may make; past them each is answered finish_reason length.")

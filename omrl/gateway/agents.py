@@ -8,8 +8,8 @@ event loop of its own. A command runs in a process group of its own with ``OPENA
 file) and ``OMRL_RESULT_FILE`` (where it may write its answer) in its environment; a non-zero exit is
 a failure, with the end of its stderr.
 
-A reward function named ``module:function`` is called as ``fn(task, result, transcript)`` (each
-positional only where it takes it): ``result`` is the agent's return value (a command's result file,
+A reward function named ``module:function`` is called as ``fn(task=..., result=..., transcript=...)``, each
+by name and only where its signature takes it (:func:`check_reward` refuses another parameter): ``result`` is the agent's return value (a command's result file,
 else None) and ``transcript`` the chat's messages. It returns a number, or a mapping of named numbers
 that are summed.
 
@@ -197,25 +197,39 @@ def _kill_group(process: subprocess.Popen) -> None:
         pass
 
 
+REWARD_ARGUMENTS = ("task", "result", "transcript")
+
+
+def check_reward(fn: Callable[..., Any], spec: str) -> Callable[..., Any]:
+    """``fn``, or a ConfigError where a parameter of its would get nothing: a reward function is given
+    ``task``, ``result`` and ``transcript`` by name (a ``def f(result)`` given the task in its place would
+    score every episode wrong, in silence)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin: called with all three by name
+        return fn
+    unknown = [
+        f"*{p.name}" if p.kind is p.VAR_POSITIONAL else p.name
+        for p in parameters
+        if p.kind is p.VAR_POSITIONAL
+        or (p.kind is not p.VAR_KEYWORD and p.default is p.empty)
+        and (p.name not in REWARD_ARGUMENTS or p.kind is p.POSITIONAL_ONLY)
+    ]
+    if unknown:
+        raise ConfigError(
+            f"agent.reward {spec!r} takes {', '.join(unknown)}, which it would never be given; a reward function "
+            f"is given {', '.join(REWARD_ARGUMENTS)} by name, each only where it takes it: name its parameters so"
+        )
+    return fn
+
+
 def score(
     fn: Callable[..., Any], task: dict[str, Any], result: Any, transcript: list[dict[str, Any]], seconds: float
 ) -> dict[str, float]:
     """The reward function's components for one episode (a number becomes ``{"reward": value}``)."""
-    arguments = (task, result, transcript)
-    try:
-        positional = [
-            p
-            for p in inspect.signature(fn).parameters.values()
-            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        ]
-        count = (
-            3
-            if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(fn).parameters.values())
-            else len(positional)
-        )
-    except (TypeError, ValueError):
-        count = 3
-    value = within(seconds, "the reward function", lambda: fn(*arguments[: max(1, min(3, count))]))
+    offered = {"task": task, "result": result, "transcript": transcript}
+    accepted = _keywords(fn, offered)
+    value = within(seconds, "the reward function", lambda: fn(**accepted))
     components = value if isinstance(value, dict) else {"reward": value}
     out = {}
     for name, number in components.items():

@@ -27,7 +27,15 @@ from typing import Any, Callable, Sequence
 from omrl.data.trajectory import Episode
 from omrl.envs import step_problem
 from omrl.errors import OmrlError
-from omrl.gateway.agents import AgentFailure, call_agent, check_command, load_callable, run_command, score
+from omrl.gateway.agents import (
+    AgentFailure,
+    call_agent,
+    check_command,
+    check_reward,
+    load_callable,
+    run_command,
+    score,
+)
 from omrl.gateway.server import SHARED_CLIENT, Gateway
 from omrl.rollout.live import raised
 from omrl.rollout.pool import EnvPool
@@ -70,7 +78,7 @@ class AgentSpec:
         return cls(
             run=load_callable(agent.callable, "agent.callable") if agent.callable else None,
             command=check_command(agent.command) if agent.command else None,
-            reward=load_callable(agent.reward, "agent.reward") if agent.reward else None,
+            reward=check_reward(load_callable(agent.reward, "agent.reward"), agent.reward) if agent.reward else None,
             timeout_s=float(agent.timeout_s),
             reward_timeout_s=float(agent.reward_timeout_s),
         )

@@ -68,6 +68,15 @@ def reward_raises(task, result):
     raise RuntimeError("the reward function's own bug")
 
 
+def result_only_reward(result):
+    """Takes the result alone: it is given the result, by name, never the task in its place."""
+    return {"is_text": float(isinstance(result, str)), "words": len(str(result).split()) / 10}
+
+
+def unnamed_reward(t, r):
+    return 1.0
+
+
 def truth_reward(task, result):
     """1 when the answer holds the env's ground truth (which the reward function is given)."""
     return float(str(task["ground_truth"]) in str(result))

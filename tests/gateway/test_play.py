@@ -94,6 +94,13 @@ def test_a_reward_function_gives_named_components(questions):
     assert summary["bonus"] == 0.5 and set(summary) == {"words", "bonus", "total"}
 
 
+def test_a_reward_function_is_given_what_its_parameters_name(questions):
+    overrides = ["agent.callable=tests.gateway.agents:one_call", "agent.reward=tests.gateway.agents:result_only_reward"]
+    with session_for(questions, *overrides) as session:
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
+    assert ep.turns[-1].info["agent_reward"]["is_text"] == 1.0  # the agent's text, not the task's mapping
+
+
 def test_a_reward_function_that_raises_is_an_env_error(questions):
     overrides = ["agent.callable=tests.gateway.agents:one_call", "agent.reward=tests.gateway.agents:reward_raises"]
     with session_for(questions, *overrides) as session:
@@ -196,6 +203,10 @@ def test_a_command_agent_that_exits_non_zero_is_an_env_error(questions, tmp_path
         (["agent.reward=tests.gateway.agents:truth_reward"], "name the agent too"),
         (["agent.callable=tests.gateway.agents:one_call", "agent.command=python x.py"], "not both"),
         (["agent.callable=tests.gateway.agents:one_call", "agent.timeout_s=0"], "agent.timeout_s must be > 0"),
+        (
+            ["agent.callable=tests.gateway.agents:one_call", "agent.reward=tests.gateway.agents:unnamed_reward"],
+            r"takes t, r, which it would never be given; .* task, result, transcript by name",
+        ),
     ],
 )
 def test_a_bad_agent_setting_is_refused_by_name(questions, overrides, named):
