@@ -206,6 +206,24 @@ class Env(ABC):
     def close(self) -> None:
         """Free what the instance holds (connections, processes)."""
 
+    def tasks_of(self, name: str, split: str) -> Sequence[int]:
+        """:meth:`split_of`, or a ConfigError where the split holds no task, naming ``name`` (the env's
+        registered name) and the splits that have tasks: nothing is played on an empty split."""
+        ids = self.split_of(split)
+        if len(ids):
+            return ids
+        others = [f"{other} ({len(self.split_of(other))})" for other in self.splits if other != split]
+        held = [text for text in others if not text.endswith(" (0)")]
+        try:
+            options = ", ".join(inspect.signature(type(self)).parameters) or "none"
+        except (TypeError, ValueError):
+            options = "none"
+        raise ConfigError(
+            f"env {name!r} has no tasks in split {split!r}; "
+            + (f"splits with tasks: {', '.join(held)} (env.split, eval's --split)" if held else "no split has tasks")
+            + f"; or give it tasks there through its options (plugins.{name}.*): {options}"
+        )
+
     def split_of(self, split: str) -> Sequence[int]:
         """``task_ids`` with a clear error for an unknown split name, or for an answer that is no ids."""
         if split not in self.splits:

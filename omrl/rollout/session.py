@@ -60,7 +60,7 @@ class SessionEnv:
         """The first ``count`` task ids of ``split`` (all of them when the split is smaller)."""
         if count < 1:
             raise OmrlError(f"num_tasks must be >= 1, got {count}")
-        return list(self.pool.probe().split_of(split))[:count]
+        return list(self.pool.probe().tasks_of(self.name, split))[:count]
 
     def lane(self, split: str) -> Lane:
         return Lane(self.pool, self.template, split or self.split, self.max_turns, self.demonstration)

@@ -6,6 +6,7 @@ that plays with them, and the steps both recipes take alike, are :mod:`omrl.trai
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,8 @@ from omrl.backends.base import generation_metrics
 from omrl.backends.lora_sync import lora_config_of
 from omrl.backends.merged_weights import merged_state
 from omrl.config.options import TrainRunConfig
+from omrl.env_errors import measured
 from omrl.errors import ConfigError
-from omrl.evaluation import measured
 from omrl.mixture import EnvTask, MixedTaskOrder, mix_members
 from omrl.parallel import Strategy
 from omrl.rollout import PlaySpec, RolloutSession, SessionEnv
@@ -80,11 +81,16 @@ def _env_tasks(cfg: TrainRunConfig, env: SessionEnv, wrap: Any) -> tuple[TaskOrd
     """One env's training task order (of its split, ``train_tasks`` of them) and its first ``eval_tasks``
     test tasks, each task as ``wrap`` makes it."""
     splits = env.pool.probe()
-    tasks = splits.split_of(env.split)
+    tasks = splits.tasks_of(env.name, env.split)
     task_order = TaskOrder([wrap(task) for task in (tasks[: cfg.train_tasks] if cfg.train_tasks else tasks)], cfg.seed)
-    if not task_order.tasks:
-        raise ConfigError(f"env {env.name!r} has no tasks in split {env.split!r}; choose another env.split")
-    return task_order, [wrap(task) for task in list(splits.split_of("test"))[: cfg.eval_tasks]]
+    tests = list(splits.split_of("test"))[: cfg.eval_tasks]
+    if cfg.eval_tasks and not tests:
+        warnings.warn(
+            f"env {env.name!r} has no test tasks: the run's evaluations (eval_tasks={cfg.eval_tasks}) play none; "
+            f"give it a test split (its options: plugins.{env.name}.*) or set eval_tasks=0",
+            stacklevel=2,
+        )
+    return task_order, [wrap(task) for task in tests]
 
 
 def make_logger(

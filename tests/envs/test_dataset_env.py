@@ -21,7 +21,7 @@ from omrl.hookspecs import hookimpl
 from omrl.rewards import RewardError, compose_rewards
 from omrl_plugins.envs.dataset import TEST_START, DatasetEnv
 from omrl_plugins.rewards.answers import MATH_TIMEOUT_S
-from tests.helpers import invoke, play_expert
+from tests.helpers import cli_exit, invoke, play_expert
 
 ROWS = [
     {"question": "2+3=", "answer": "5"},
@@ -173,6 +173,22 @@ def test_test_fraction_splits_disjointly_and_the_same_way_every_time(tmp_path):
     # rows keep the file's order within each split
     order = [row["prompt"] for row in sums(40)]
     assert [order.index(it.prompt) for it in test] == sorted(order.index(it.prompt) for it in test)
+
+
+@pytest.mark.parametrize("command", [["eval", "--output-dir"], ["rollout", "env.split=test", "-o"]])
+def test_playing_a_split_without_tasks_is_refused_naming_the_splits_that_have_some_and_the_envs_options(
+    jsonl, tmp_path, capsys, command
+):
+    """A file with no test rows (no test_fraction, no test_path): eval and rollout fail before playing,
+    not with "no episodes to evaluate", and write nothing."""
+    out = tmp_path / ("out" if command[0] == "eval" else "out.parquet")
+    code, _, err = cli_exit(
+        capsys, *command, str(out), "--env", "dataset", "--model", "tiny", f"plugins.dataset.path={jsonl}"
+    )
+    assert code == 2
+    assert "env 'dataset' has no tasks in split 'test'; splits with tasks: train (5)" in err
+    assert "plugins.dataset.*): path, prompt_key, answer_key, test_path, test_fraction" in err
+    assert not out.exists() or out.is_dir() and not any(out.iterdir())
 
 
 def test_a_separate_test_file(tmp_path):
