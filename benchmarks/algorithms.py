@@ -79,7 +79,7 @@ from tree_vs_chain import mean_se
 
 from omrl.atomic import atomic_write_text
 from omrl.config.loading import read_preset
-from omrl.evaluation import measured
+from omrl.env_errors import measured
 from omrl.threads import configure_threads
 from omrl.training.metrics import read_metrics
 

@@ -7,7 +7,7 @@ estimators, rollout corrections). How plugins are found: :mod:`omrl.hookspecs` (
 :mod:`omrl.plugins` (the plugin manager), :mod:`omrl.registry` (lazy registries by name),
 :mod:`omrl.plugin_options` (a plugin's options checked against its signature, one way for every kind). Across the
 packages: :mod:`omrl.mixture` (several envs in one run), :mod:`omrl.evaluation` (eval metrics and
-report), :mod:`omrl.supervisor` (a deadline for every stage of a run), :mod:`omrl.clock` (where a step's
+report), :mod:`omrl.env_errors` (episodes that failed in the world, not the model), :mod:`omrl.supervisor` (a deadline for every stage of a run), :mod:`omrl.clock` (where a step's
 time goes), :mod:`omrl.outputs` (where a command may write), :mod:`omrl.atomic` (crash-safe writes),
 :mod:`omrl.home` (``$OMRL_HOME``), :mod:`omrl.threads` (torch's threads), :mod:`omrl.errors` (one-line
 errors), :mod:`omrl.moved` (old import paths) and ``__main__`` (``python -m omrl``).

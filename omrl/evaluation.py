@@ -17,6 +17,7 @@ from typing import Any, Iterator, Sequence
 from omrl.atomic import atomic_write_text
 from omrl.config.redaction import redact_text
 from omrl.data.trajectory import END_REASONS, Episode, to_json
+from omrl.env_errors import measured
 from omrl.errors import OmrlError
 from omrl.rollout.convert import generated_tokens, token_exact, truncated_turns
 from omrl.rollout.spec import overlong
@@ -45,62 +46,6 @@ def ks_for(samples: int) -> list[int]:
         ks.append(k)
         k *= 2
     return [*ks, samples]
-
-
-def measured(episodes: Sequence[Episode]) -> list[Episode]:
-    """The episodes that measured the model: all but those that failed in the env (``env_error``: a
-    server down, a simulator crash) and those whose opening prompt did not fit ``generation.max_context``
-    (:func:`~omrl.rollout.spec.overlong`), which say nothing of the model and count as neither win nor loss."""
-    return [ep for ep in episodes if ep.end_reason != "env_error" and not overlong(ep)]
-
-
-def env_error_reasons(episodes: Sequence[Episode], limit: int = 3) -> list[str]:
-    """The first ``limit`` distinct reasons episodes failed in the env, each with how many share it and
-    the first task it hit (``"3 episodes, from task 2: connection refused"``)."""
-    counts: Counter[str] = Counter()
-    first_task: dict[str, int] = {}
-    for ep in episodes:
-        if ep.end_reason == "env_error":
-            reason = ep.error or "no reason given"
-            counts[reason] += 1
-            first_task.setdefault(reason, ep.task_id)
-    lines = [
-        f"{n} episode{'s' if n > 1 else ''}, from task {first_task[reason]}: {reason}" for reason, n in counts.items()
-    ]
-    return lines[:limit] + ([f"... and {len(lines) - limit} other reasons"] if len(lines) > limit else [])
-
-
-def check_max_env_error_rate(max_rate: float) -> None:
-    """Before any episode plays: the share must be one."""
-    from omrl.errors import ConfigError
-
-    if not 0.0 <= max_rate <= 1.0:
-        raise ConfigError(
-            f"max_env_error_rate must be a share between 0 and 1, got {max_rate!r} (e.g. 0.1: at most "
-            "one episode in ten may fail in the env)"
-        )
-
-
-def check_env_errors(episodes: Sequence[Episode], max_rate: float, where: str) -> None:
-    """Raise EnvFailure when more than ``max_rate`` of ``episodes`` failed in the env ``where``: what is
-    left measures the model on a biased subset of the tasks (the ones the env did not break on)."""
-    from omrl.errors import EnvFailure
-
-    check_max_env_error_rate(max_rate)
-    failed = sum(ep.end_reason == "env_error" for ep in episodes)
-    if not episodes or failed / len(episodes) <= max_rate:
-        return
-    reasons = "; ".join(env_error_reasons(episodes))
-    if failed == len(episodes):
-        raise EnvFailure(
-            f"every one of the {failed} episodes failed in the env {where}, so the model was not "
-            f"measured; the first reasons: {reasons}"
-        )
-    raise EnvFailure(
-        f"{failed} of {len(episodes)} episodes ({100 * failed / len(episodes):.0f}%) failed in the env "
-        f"{where}, more than max_env_error_rate={max_rate:g} allows; success and scores cover only the "
-        f"other {len(episodes) - failed}; the first reasons: {reasons}"
-    )
 
 
 @contextmanager

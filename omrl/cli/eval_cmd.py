@@ -77,13 +77,13 @@ def say_env_errors(console, episodes, env: str) -> None:
     """Episodes that failed in the env are no result of the model: say how many and why, beside the table."""
     from rich.markup import escape
 
-    from omrl.evaluation import env_error_reasons
+    from omrl.env_errors import env_error_reasons, failed_in
 
     reasons = env_error_reasons(episodes)
     if reasons:
         failed = sum(ep.end_reason == "env_error" for ep in episodes)
         console.print(
-            f"[yellow]env errors:[/] {failed} of {len(episodes)} episodes failed in the env {escape(env)!r} "
+            f"[yellow]env errors:[/] {failed} of {len(episodes)} episodes failed in {escape(failed_in(episodes, env))} "
             "and are left out of success, scores and pass@k; the first reasons:",
             highlight=False,
             soft_wrap=True,
@@ -97,19 +97,20 @@ def env_errors_of_each_env(console, cfg, episodes, where: str) -> None:
     env of a mixture that fails is not hidden by the others playing well. ``where`` ends the message.
     An env whose every episode failed exits 2 (EnvFailure) whatever max_env_error_rate allows: nothing
     measured it, and a clean exit would read as a result."""
+    from omrl.env_errors import check_env_errors, env_error_reasons, failed_in
     from omrl.errors import EnvFailure
-    from omrl.evaluation import check_env_errors, env_error_reasons, episodes_by_env
+    from omrl.evaluation import episodes_by_env
     from omrl.mixture import is_mixture
 
     by_env = episodes_by_env(episodes) if is_mixture(cfg.env) else {cfg.env.name: list(episodes)}
     for env, mine in by_env.items():
         say_env_errors(console, mine, env)
     for env, mine in by_env.items():
-        check_env_errors(mine, cfg.max_env_error_rate, f"{env!r} ({where})")
+        check_env_errors(mine, cfg.max_env_error_rate, env, where)
     for env, mine in by_env.items():
         if mine and all(ep.end_reason == "env_error" for ep in mine):
             raise EnvFailure(
-                f"every one of the {len(mine)} episodes of {env!r} failed in the env, so it was not measured "
+                f"every one of the {len(mine)} episodes of {env!r} failed in {failed_in(mine, env)}, so it was not measured "
                 f"({where}, its rates null); the first reasons: {'; '.join(env_error_reasons(mine))}"
             )
     check_model_turns(console, cfg, episodes)
@@ -215,8 +216,8 @@ def evaluate_command(
     from omrl.backends.base import generation_metrics
     from omrl.config import to_dict, user_sets
     from omrl.config.options import EvalRunConfig
+    from omrl.env_errors import check_max_env_error_rate
     from omrl.evaluation import (
-        check_max_env_error_rate,
         env_table,
         evaluate,
         evaluate_by_env,

@@ -42,7 +42,14 @@ REWARD_OPTION = typer.Option(None, "--reward", help=REWARD_HELP)
 
 
 def agent_flags(agent: str | None, agent_cmd: str | None, reward: str | None) -> dict[str, str | None]:
-    """The config keys the --agent, --agent-cmd and --reward flags set."""
+    """The config keys the --agent, --agent-cmd and --reward flags set; a flag given blank (``--agent "$UNSET"``)
+    is refused, not read as no agent."""
+    from omrl.errors import ConfigError
+
+    flags = {"--agent": agent, "--agent-cmd": agent_cmd, "--reward": reward}
+    for flag, value in flags.items():
+        if value is not None and not value.strip():
+            raise ConfigError(f"{flag} is blank ({value!r}); give it (module:function, or a command), or leave it out")
     return {"agent.callable": agent, "agent.command": agent_cmd, "agent.reward": reward}
 
 

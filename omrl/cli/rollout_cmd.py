@@ -88,17 +88,9 @@ def rollout(
     from omrl.cli.eval_cmd import env_errors_of_each_env
     from omrl.cli.settings import env_label, play_settings, settings_block
     from omrl.config.options import RolloutRunConfig
+    from omrl.env_errors import check_max_env_error_rate, env_error_reasons, failed_in
     from omrl.errors import EnvFailure
-    from omrl.evaluation import (
-        check_max_env_error_rate,
-        env_error_reasons,
-        env_table,
-        evaluate,
-        evaluate_by_env,
-        held_warnings,
-        metrics_table,
-        replay_warnings,
-    )
+    from omrl.evaluation import env_table, evaluate, evaluate_by_env, held_warnings, metrics_table, replay_warnings
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
     from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories
@@ -155,11 +147,9 @@ def rollout(
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):
         reasons = env_error_reasons(episodes)
         # the expert's own failure (no action, not text) is the expert's; a reset or step that raised is the env's
-        who = "expert" if cfg.use_expert and any("expert" in reason for reason in reasons) else "env"
-        raise EnvFailure(
-            f"every episode failed in the {env_label(cfg)} {who} (nothing written); the first reasons: "
-            f"{'; '.join(reasons)}"
-        )
+        expert = cfg.use_expert and any("expert" in reason for reason in reasons)
+        where = f"the {env_label(cfg)} expert" if expert else failed_in(episodes, env_label(cfg))
+        raise EnvFailure(f"every episode failed in {where} (nothing written); the first reasons: {'; '.join(reasons)}")
     parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer)
     metrics = evaluate(episodes)
     console.print(metrics_table(metrics, title=f"rollout: {env_label(cfg)}"))

@@ -24,7 +24,9 @@ import importlib
 import inspect
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +39,10 @@ from omrl.env_results import finite_number
 from omrl.errors import ConfigError
 
 STDERR_TAIL = 2000
+
+
+#: how an episode's error names its agent program or reward function (an AgentFailure's message), not the env
+AGENT_REASON = re.compile(r"the (agent|reward function)\b")
 
 
 class AgentFailure(Exception):
@@ -91,6 +97,10 @@ def check_command(command: str) -> list[str]:
         raise ConfigError(f"agent.command {command!r} cannot be split into words: {exc}") from exc
     if not words:
         raise ConfigError("agent.command is empty; give the command that runs your agent, e.g. 'python my_agent.py'")
+    if shutil.which(words[0]) is None:  # each episode would fail alike, as the env's failure
+        raise ConfigError(
+            f"agent.command {command!r}: {words[0]!r} is no program found here (not on PATH, or not executable)"
+        )
     return words
 
 
@@ -175,7 +185,9 @@ def run_command(words: list[str], task: dict[str, Any], base_url: str, api_key: 
             if code != 0:
                 stderr.seek(0)
                 tail = stderr.read().decode("utf-8", "replace")[-STDERR_TAIL:]
-                raise AgentFailure(f"the agent command exited with {code}: {tail.strip()}", ended_itself=True)
+                how = f"was killed by signal {-code} ({_signal_name(-code)})" if code < 0 else f"exited with {code}"
+                said = f": {tail.strip()}" if tail.strip() else " (nothing on its stderr)"
+                raise AgentFailure(f"the agent command {how}{said}", ended_itself=True)
         if not result_file.exists():
             return None
         text = result_file.read_text(encoding="utf-8", errors="replace")
@@ -184,6 +196,13 @@ def run_command(words: list[str], task: dict[str, Any], base_url: str, api_key: 
         except ValueError:
             return text
         return value if isinstance(value, (dict, str)) else text  # 42 in the file is the answer "42", as written
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return "an unknown signal"
 
 
 def _kill_group(process: subprocess.Popen) -> None:

@@ -64,6 +64,10 @@ class AgentSpec:
         """None when the section names no agent; a ConfigError for a name that does not load."""
         from omrl.errors import ConfigError
 
+        for key in ("callable", "command", "reward"):  # an unset shell variable: no agent would play, in silence
+            value = getattr(agent, key)
+            if isinstance(value, str) and value and not value.strip():
+                raise ConfigError(f"agent.{key} is blank ({value!r}); give it, or leave it out")
         if not agent.callable and not agent.command:
             if agent.reward:
                 raise ConfigError(

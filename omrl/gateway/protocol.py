@@ -100,6 +100,15 @@ NEUTRAL = {
     "logit_bias": ({},),
     "functions": ([],),  # the legacy form of tools
     "function_call": ("none", "auto"),
+    "best_of": (1,),
+    "echo": (False,),
+    "modalities": (["text"],),
+    # vLLM's constrained decoding (sent through extra_body): no value leaves the samples as they are
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structured_outputs": (),
 }
 
 
@@ -108,12 +117,15 @@ def unserved_sampling(body: dict[str, Any]) -> None:
     change what the model samples."""
     for key, neutral in NEUTRAL.items():
         value = body.get(key)
-        if value is not None and (isinstance(value, bool) or value not in neutral):
-            valid = " or ".join(json.dumps(v) for v in neutral)
+        # True == 1: a flag is neutral only where the neutral value is a flag too
+        if value is not None and not any(
+            value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutral
+        ):
+            valid = "".join(f"{json.dumps(v)} or " for v in neutral)
             hint = "; send tools and tool_choice" if key.startswith("function") else ""
             raise RequestError(
                 f"{key}={json.dumps(value)[:80]} is not served (the policy samples as the run sets); valid: "
-                f"{valid} or leave it out{hint}"
+                f"{valid}leave it out{hint}"
             )
 
 
@@ -134,7 +146,8 @@ def _number(body: dict, key: str, kind: type, low: float | None, high: float | N
     if isinstance(value, float) and not math.isfinite(value):  # NaN passes every comparison below
         raise RequestError(f"{key} must be a finite number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
-        raise RequestError(f"{key} must be between {low} and {high}, got {value!r}")
+        bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise RequestError(f"{key} must be {bounds}, got {value!r}")
     return kind(value)
 
 

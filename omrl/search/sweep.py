@@ -35,8 +35,9 @@ from typing import Any, Callable, Sequence
 
 from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
+from omrl.env_errors import measured
 from omrl.errors import ConfigError, EnvFailure, Interrupted
-from omrl.evaluation import episodes_by_env, measured
+from omrl.evaluation import episodes_by_env
 from omrl.search.sweep_display import plot_png, require_matplotlib, sweep_table
 from omrl.search.sweep_resume import finished_cells, model_content, read_record, setup_of
 

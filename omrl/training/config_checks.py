@@ -13,9 +13,9 @@ from omrl.algos import RECIPES, check_settings
 from omrl.backends.sync_settings import check_weight_sync
 from omrl.config.options import ModelConfig, TrainRunConfig
 from omrl.config.sections import check_schedule
+from omrl.env_errors import check_max_env_error_rate
 from omrl.envs import check_seats
 from omrl.errors import ConfigError
-from omrl.evaluation import check_max_env_error_rate
 from omrl.mixture import is_mixture, mix_members
 from omrl.rollout.spec import check_generation
 from omrl.search import plays_batched

@@ -33,8 +33,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from omrl.atomic import atomic_write_text, naming
 from omrl.config.options import LoggingConfig
+from omrl.env_errors import measured
 from omrl.errors import OmrlError, short_repr
-from omrl.evaluation import measured, tool_call_health, tool_use
+from omrl.evaluation import tool_call_health, tool_use
 from omrl.rollout.spec import overlong
 
 METRICS_FILE = "metrics.jsonl"

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from omrl.data import Episode
 from omrl.errors import ConfigError, EnvFailure, OmrlError
+from omrl.gateway.agents import AGENT_REASON
 from omrl.rollout.live import TEMPLATE_REASON
 from omrl.rollout.spec import SHORTEN_PROMPT, no_room, overlong
 
@@ -94,7 +95,13 @@ class RolloutHealth:
         reward, template = self.failed_reward(), self.failed_template()
         if template:
             return f"the action template {template} (a bug in its code, not the env)"
+        if self.failed_agent():
+            return "the agent (its program or its reward function)"
         return f"the reward {reward!r}" if reward else f"the env {env!r}"
+
+    def failed_agent(self) -> bool:
+        """Whether this step's episodes failed in their agent program or its reward function (omrl.gateway)."""
+        return bool(AGENT_REASON.match(self.failed_step))
 
     def failed_step_message(self, step: int, env: str) -> str:
         """Why the run stops at ``step`` (1-based) whose every episode failed in the env or a reward (what

@@ -40,6 +40,11 @@ def kept_steps(recipe: Any, failure: FailedStep, command: str) -> FailedStep:
         if kept is None:
             return FailedStep(f"{failure}; no step was done before it: nothing to resume, {fix} and run again")
         return FailedStep(f"{failure}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")
+    if health is not None and health.failed_agent():
+        fix = "fix the agent (or its reward function), or whatever it calls"
+        if kept is None:
+            return FailedStep(f"{failure}; no step was done before it: nothing to resume, {fix} and run again")
+        return FailedStep(f"{failure}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")
     if kept is None:
         return FailedStep(f"{failure}; no step was done before it: nothing to resume, run again once the env is back")
     return FailedStep(

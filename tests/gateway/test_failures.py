@@ -340,6 +340,11 @@ def test_a_reply_cut_at_the_runs_max_new_tokens_is_trained_though_the_framework_
         ({"extra_body": {"repetition_penalty": 1.5}}, "repetition_penalty"),
         ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         ({"function_call": {"name": "f"}}, "function_call"),
+        ({"extra_body": {"best_of": 3}}, "best_of=3 is not served .*valid: 1 or leave it out"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json=.* is not served .*valid: leave it out"),
+        ({"extra_body": {"echo": True}}, "echo"),
+        ({"max_tokens": 0}, "max_tokens must be at least 1, got 0"),
         (
             {
                 "tools": [{"type": "function", "function": {"name": "f"}}],
@@ -361,7 +366,13 @@ def test_an_option_that_would_change_sampling_is_refused_by_name(tiny_tokenizer,
             client.chat.completions.create(model="m", messages=CHAT, **extra)
         assert ep.turns == []
         neutral = {"presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}}
-        client.chat.completions.create(model="m", messages=CHAT, **neutral, extra_body={"top_k": -1, "min_p": 0})
+        client.chat.completions.create(
+            model="m",
+            messages=CHAT,
+            **neutral,
+            modalities=["text"],
+            extra_body={"top_k": -1, "min_p": 0, "echo": False},
+        )
         for body in [{"top_logprobs": 2}, {"include": ["message.output_text.logprobs"]}]:
             with pytest.raises(openai.BadRequestError, match="logprobs"):
                 client.responses.create(model="m", input="hi", **body)

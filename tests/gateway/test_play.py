@@ -194,6 +194,14 @@ def test_a_command_agent_that_exits_non_zero_is_an_env_error(questions, tmp_path
     assert ep.error == "the agent command exited with 3: this agent cannot handle crashes"
 
 
+def test_a_command_agent_killed_by_a_signal_is_named_so(questions):
+    kill_itself = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    with session_for(questions, f"agent.command={sys.executable} -c '{kill_itself}'") as session:
+        (ep,) = session.play([0], PlaySpec(split="train")).episodes
+    assert ep.end_reason == "env_error"
+    assert ep.error == "the agent command was killed by signal 9 (SIGKILL) (nothing on its stderr)"
+
+
 @pytest.mark.parametrize(
     "overrides, named",
     [
@@ -203,6 +211,8 @@ def test_a_command_agent_that_exits_non_zero_is_an_env_error(questions, tmp_path
         (["agent.reward=tests.gateway.agents:truth_reward"], "name the agent too"),
         (["agent.callable=tests.gateway.agents:one_call", "agent.command=python x.py"], "not both"),
         (["agent.callable=tests.gateway.agents:one_call", "agent.timeout_s=0"], "agent.timeout_s must be > 0"),
+        (["agent.command=pythn agent.py"], "'pythn' is no program found here"),
+        (["agent.callable='  '"], r"agent.callable is blank \('  '\)"),
         (
             ["agent.callable=tests.gateway.agents:one_call", "agent.reward=tests.gateway.agents:unnamed_reward"],
             r"takes t, r, which it would never be given; .* task, result, transcript by name",
@@ -228,10 +238,49 @@ def test_the_commands_refuse_what_an_agent_cannot_play(questions, capsys):
         (["--expert"], "--expert plays the env's scripted expert"),
         (["--strategy", "beam"], "strategy 'beam'"),
         (["agent.sampling=mine"], "agent.sampling is 'mine'; valid: run, request"),
+        (["--agent-cmd", " "], "--agent-cmd is blank"),
         (["--env", "gridworld:0.5,dataset:0.5"], "a mixture of envs is not supported"),
     ]:
         code, out, err = cli_exit(capsys, "rollout", *base, *extra)
         assert code == 2 and named in err, err
+
+
+@pytest.mark.parametrize(
+    "command", [["rollout", "--num-tasks", "2", "-o"], ["eval", "--split", "train", "--num-tasks", "2", "--output-dir"]]
+)
+def test_episodes_whose_agent_failed_are_said_to_have_failed_in_the_agent_not_the_env(
+    questions, tmp_path, capsys, command
+):
+    out = tmp_path / ("out.parquet" if command[0] == "rollout" else "out")
+    agent = ["--agent", "tests.gateway.agents:raises", "agent.timeout_s=20", "generation.max_new_tokens=8"]
+    code, _, err = cli_exit(
+        capsys, *command, str(out), "--env", "dataset", "--model", "tiny", *agent, f"plugins.dataset.path={questions}"
+    )
+    assert code == 2
+    assert "failed in the agent (its program or its reward function)" in " ".join(err.split())
+    assert "the agent raised ValueError: the agent's own bug" in err and "the env 'dataset'" not in err
+
+
+def test_a_training_step_whose_every_agent_failed_stops_the_run_naming_the_agent(
+    questions, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr("omrl.training.online_run.time.sleep", lambda seconds: None)  # its replays fail alike
+    args = [
+        "--env",
+        "dataset",
+        "--model",
+        "tiny",
+        "--agent",
+        "tests.gateway.agents:raises",
+        f"plugins.dataset.path={questions}",
+    ]
+    run = ["--output-dir", str(tmp_path / "run"), "steps=1", "tasks_per_step=1", "group_size=2", "eval_tasks=0"]
+    code, _, err = cli_exit(capsys, "train", "--algo", "grpo", *args, *run, "generation.max_new_tokens=8")
+    message = " ".join(err.split())
+    assert code == 2
+    assert "every episode failed in the agent (its program or its reward function) in 3 rollouts in a row" in message
+    assert "fix the agent (or its reward function), or whatever it calls and run again" in message
+    assert "env is back" not in message
 
 
 @pytest.mark.slow  # a training run and an eval end to end
