@@ -220,8 +220,8 @@ class Env(ABC):
             options = "none"
         raise ConfigError(
             f"env {name!r} has no tasks in split {split!r}; "
-            + (f"splits with tasks: {', '.join(held)} (env.split, eval's --split)" if held else "no split has tasks")
-            + f"; or give it tasks there through its options (plugins.{name}.*): {options}"
+            + (f"splits with tasks: {', '.join(held)} (--split or env.split)" if held else "no split has tasks")
+            + f"; or give it tasks there through its options (plugins.{name}.* or -o): {options}"
         )
 
     def split_of(self, split: str) -> Sequence[int]:

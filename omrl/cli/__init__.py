@@ -186,13 +186,14 @@ def stop_on_sigterm() -> Iterator[None]:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def stop_on_interrupt(run: Callable[[], T], console: Console) -> T:
-    """``run()``; on Ctrl-C, print what was kept and how to resume (the recipes say it) and exit 130 (143
-    on SIGTERM: :func:`stop_on_sigterm`)."""
+def stop_on_interrupt(run: Callable[[], T], console: Console, lost: Callable[[], str] | None = None) -> T:
+    """``run()``; on Ctrl-C, print what was kept and how to resume (the recipes say it; ``lost()`` says what
+    was not, where nothing is) and exit 130 (143 on SIGTERM: :func:`stop_on_sigterm`)."""
     try:
         return run()
     except KeyboardInterrupt as stop:
         said = f"terminated (SIGTERM): {stop}" if TERMINATED and "SIGTERM" not in str(stop) else str(stop)
+        said = f"{said or 'interrupted'}: {lost()}" if lost is not None else said
         console.print(Text(said or "interrupted", style="yellow"), highlight=False, soft_wrap=True)
         raise typer.Exit(143 if TERMINATED else 130) from stop
 

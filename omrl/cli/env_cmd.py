@@ -22,7 +22,7 @@ def parse_options(options: list[str] | None) -> dict[str, Any]:
     """``["k=v", "a.b=1"]`` -> ``{"k": "v", "a": {"b": 1}}``, values read as YAML scalars."""
     from omrl.config import overrides_to_dict
 
-    return overrides_to_dict(options or [])
+    return overrides_to_dict(options or [], example="-o size=7")
 
 
 def describe_env(component, build: bool = False) -> dict[str, Any]:
@@ -252,17 +252,13 @@ def play(
     option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
 ) -> None:
     """Play one episode yourself: type actions, `:expert` for the expert's, `:quit` to stop, `:help`."""
-    from omrl.errors import OmrlError
     from omrl.serve import open_env
 
     console = Console(highlight=False)
     env = open_env(name, parse_options(option))
     try:
         if task is None:
-            ids = env.split_of(split)
-            if not len(ids):
-                raise OmrlError(f"split {split!r} of env {name!r} has no tasks")
-            task = ids[0]
+            task = env.tasks_of(name, split)[0]
         else:  # a task id names its split: --split (test by default) must not hide that it is a train task
             split = next((s for s in (split, *env.splits) if s in env.splits and task in env.split_of(s)), split)
         first = env.reset(task)

@@ -214,6 +214,7 @@ def evaluate_command(
     from rich.console import Console
 
     from omrl.backends.base import generation_metrics
+    from omrl.cli import err_console, stop_on_interrupt
     from omrl.config import to_dict, user_sets
     from omrl.config.options import EvalRunConfig
     from omrl.env_errors import check_max_env_error_rate
@@ -298,7 +299,14 @@ def evaluate_command(
             spec = PlaySpec(
                 cfg.env.split, cfg.samples_per_task, cfg.seed, rewards=every_sample, strategy=strategy, budget=budget
             )
-            played = play_strategy(session, tasks, spec, progress)
+            played = stop_on_interrupt(
+                lambda: play_strategy(session, tasks, spec, progress),
+                err_console,
+                lambda: (
+                    f"{progress.episodes} of {len(tasks)} tasks were played; nothing is written (eval writes "
+                    "its report once every task is played): run it again, or with fewer --num-tasks"
+                ),
+            )
         trees = played.trees
         if not every_sample:
             played = session.compose(chosen_episodes(trees))  # each search's answer is what is evaluated

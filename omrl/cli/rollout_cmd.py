@@ -85,6 +85,7 @@ def rollout(
     from rich.console import Console
     from rich.text import Text
 
+    from omrl.cli import err_console, stop_on_interrupt
     from omrl.cli.eval_cmd import env_errors_of_each_env
     from omrl.cli.settings import env_label, play_settings, settings_block
     from omrl.config.options import RolloutRunConfig
@@ -139,7 +140,14 @@ def rollout(
         bar, progress = flags.progress_bar(len(tasks), f"rollout ({strategy}, tasks)", sampled=not cfg.use_expert)
         with bar:
             spec = PlaySpec(cfg.env.split, cfg.group_size, cfg.seed, cfg.use_expert, strategy=strategy, budget=budget)
-            played = play_strategy(session, tasks, spec, progress)
+            played = stop_on_interrupt(
+                lambda: play_strategy(session, tasks, spec, progress),
+                err_console,
+                lambda: (
+                    f"{progress.episodes} of {len(tasks)} tasks were played; nothing is written (rollout writes once every "
+                    "task is played): run it again, or with fewer --num-tasks"
+                ),
+            )
             trees, episodes = played.trees, played.episodes
         if not plays_batched(strategy, budget):  # the batched rollout's samples were no search
             console.print(metrics_table(search_metrics(trees), title=f"search: {strategy}"))

@@ -250,6 +250,8 @@ def settings_block(cfg: Any) -> str:
     if getattr(cfg, "use_expert", False):  # no model samples: no sampling settings to show
         lines.append(f"player     the env's scripted expert (no model); episodes up to {generation.max_context} tokens")
     else:
+        if getattr(cfg, "algorithm", None) is None:  # train's header line names its model already
+            lines.append(f"model      {cfg.model.name} ({generation.backend})")
         lines.append(
             f"tokens     {generation.max_new_tokens} new a reply, {generation.max_context} a whole episode, "
             f"temperature {generation.temperature:g}"

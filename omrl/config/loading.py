@@ -37,12 +37,10 @@ class DeprecatedKeyWarning(FutureWarning):
 
 
 def renamed_path(cls: type, path: list[str]) -> list[str]:
-    """``path`` under its current name (``cls.renamed_keys`` lists old dotted keys -> new)."""
-    old = ".".join(path)
-    for before, after in getattr(cls, "renamed_keys", {}).items():
-        if old == before or old.startswith(before + "."):
-            return (after + old[len(before) :]).split(".")
-    return path
+    """``path`` under its current name (``cls.renamed_keys`` lists old dotted keys -> new, each a value, so a
+    path below one, ``algo.gamma``, is no renamed key but an unknown one)."""
+    renamed = getattr(cls, "renamed_keys", {}).get(".".join(path))
+    return renamed.split(".") if renamed else path
 
 
 def warn_renamed(renamed: dict[str, str], source: str) -> None:
@@ -98,12 +96,13 @@ def _pop_path(data: dict[str, Any], path: list[str]) -> None:
     del node[path[-1]]
 
 
-def parse_overrides(overrides: list[str]) -> list[tuple[list[str], Any]]:
-    """``["a.b=1", "c=x"]`` -> ``[(["a", "b"], 1), (["c"], "x")]``, values parsed as YAML."""
+def parse_overrides(overrides: list[str], example: str = "optim.learning_rate=1e-5") -> list[tuple[list[str], Any]]:
+    """``["a.b=1", "c=x"]`` -> ``[(["a", "b"], 1), (["c"], "x")]``, values parsed as YAML; ``example`` shows a
+    valid one in the error for an item that is not key=value."""
     out = []
     for item in overrides:
         if "=" not in item:
-            raise ConfigError(f"override {item!r} is not key=value (e.g. algo.gamma=0.99)")
+            raise ConfigError(f"override {item!r} is not key=value (e.g. {example})")
         key, raw = item.split("=", 1)
         try:
             value = yaml.safe_load(raw) if raw.strip() else ""
@@ -126,10 +125,10 @@ def set_path(data: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def overrides_to_dict(overrides: list[str]) -> dict[str, Any]:
+def overrides_to_dict(overrides: list[str], example: str = "optim.learning_rate=1e-5") -> dict[str, Any]:
     """``["k=v", "a.b=1"]`` -> ``{"k": "v", "a": {"b": 1}}``."""
     data: dict[str, Any] = {}
-    for path, value in parse_overrides(overrides):
+    for path, value in parse_overrides(overrides, example):
         set_path(data, path, value)
     return data
 

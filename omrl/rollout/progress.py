@@ -18,6 +18,7 @@ class RolloutProgress:
         self.started = time.perf_counter()
         self.tokens = 0
         self.episodes = 0
+        self.measured = 0  # episodes that measured the model: an env's failure is neither win nor loss
         self.wins = 0
 
     def generated(self, tokens: int) -> None:
@@ -26,12 +27,17 @@ class RolloutProgress:
 
     def finished(self, episode: Episode) -> None:
         """``episode`` has ended."""
+        from omrl.env_errors import measured  # which imports this package
+
         self.episodes += 1
-        self.wins += int(episode.won)
+        if measured([episode]):
+            self.measured += 1
+            self.wins += int(episode.won)
 
     @property
     def success_rate(self) -> float:
-        return self.wins / self.episodes if self.episodes else 0.0
+        """The share of won episodes among those that measured the model, as eval's table counts it."""
+        return self.wins / self.measured if self.measured else 0.0
 
     @property
     def tokens_per_second(self) -> float:

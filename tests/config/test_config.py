@@ -132,6 +132,14 @@ def test_renamed_keys_still_work_with_one_warning(tmp_path):
         load_config(TrainRunConfig, preset)
 
 
+def test_a_key_below_a_renamed_one_is_an_unknown_key_not_one_inside_its_value():
+    """``algo`` was renamed to ``algorithm.name`` (a value): ``algo.gamma`` is no key below it."""
+    with pytest.raises(ConfigError, match="unknown config key 'algo'; did you mean 'algorithm'"):
+        load_config(TrainRunConfig, "grpo", ["algo.gamma=0.99"])
+    with pytest.raises(ConfigError, match=r"override 'nokey' is not key=value \(e.g. optim.learning_rate=1e-5\)"):
+        load_config(TrainRunConfig, "grpo", ["nokey"])
+
+
 def test_a_key_given_twice_in_a_yaml_file_is_refused(tmp_path):
     preset = tmp_path / "twice.yaml"
     preset.write_text("command: train\nsteps: 3\nsteps: 5\n")

@@ -187,7 +187,7 @@ def test_playing_a_split_without_tasks_is_refused_naming_the_splits_that_have_so
     )
     assert code == 2
     assert "env 'dataset' has no tasks in split 'test'; splits with tasks: train (5)" in err
-    assert "plugins.dataset.*): path, prompt_key, answer_key, test_path, test_fraction" in err
+    assert "(plugins.dataset.* or -o): path, prompt_key, answer_key, test_path, test_fraction" in err
     assert not out.exists() or out.is_dir() and not any(out.iterdir())
 
 

@@ -86,3 +86,18 @@ def test_the_paths_and_commands_printed_for_copying_are_never_broken_over_lines(
     lines = result.stdout.splitlines()
     episodes = report.with_name("report.episodes.parquet")
     assert f"report: {report}" in lines and f"look at them: omrl view {episodes}" in lines
+
+
+@pytest.mark.parametrize("command", ["eval", "rollout"])
+def test_ctrl_c_while_playing_says_how_far_it_got_and_that_nothing_is_written(
+    fake_plugins, tmp_path, capsys, monkeypatch, command
+):
+    def interrupted(session, tasks, spec, progress):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("omrl.search.play_strategy", interrupted)
+    out = tmp_path / ("run" if command == "eval" else "t.parquet")
+    words = keys_eval(3, "--output-dir", str(out)) if command == "eval" else keys_rollout(3, "-o", str(out))
+    code, _, err = cli_exit(capsys, *words)
+    assert code == 130
+    assert "interrupted: 0 of 3 tasks were played; nothing is written" in " ".join(err.split())

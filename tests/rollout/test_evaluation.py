@@ -173,3 +173,11 @@ def test_a_games_seats_count_once_in_the_progress_of_tasks():
                 ep.info = {"seat": seat, "players": {"player_0": "policy", "player_1": "policy"}}
                 progress.finished(ep)
     assert counted.tasks == [0, 1]
+
+
+def test_the_progress_bars_success_leaves_out_episodes_the_env_failed_as_the_table_does():
+    progress = RolloutProgress()
+    played = [episode(0, 0, True, turns=[turn()]), episode(1, 0, False, turns=[turn()], end="env_error")]
+    for ep in played:
+        progress.finished(ep)
+    assert progress.episodes == 2 and progress.success_rate == evaluate(played)["success_rate"] == 1.0
