@@ -51,8 +51,11 @@ def read_preset(preset: str | Path) -> dict[str, Any]:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader) or {}
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path} is not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+    except yaml.YAMLError as exc:  # one line: pyyaml's own text draws the line with a marker under it
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path} is not valid YAML{where}: {problem}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping of keys to values, got {type(data).__name__}")
     return data

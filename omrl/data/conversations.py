@@ -152,7 +152,7 @@ def _message(message: Any, where: str) -> dict[str, Any]:
     else:
         raise DatasetFormatError(
             f"{where}: {message!r} is not a message; expected {{'role': ..., "
-            "'content': ...}} or {'from': ..., 'value': ...}"
+            "'content': ...} or {'from': ..., 'value': ...}"
         )
     if not isinstance(role, str) or role not in ROLE_ALIASES:
         raise DatasetFormatError(f"{where}: unknown role {short_repr(role)}; valid: {', '.join(ROLE_ALIASES)}")

@@ -1,5 +1,5 @@
 """Models: the built-in names (:mod:`.builtin`), finding and loading a model and its tokenizer
-(:mod:`.loading`), the low-rank deltas that ship tuned built-ins (:mod:`.delta`), and the sha256
+(:mod:`.loading`; a folder that holds none named for what it is: :mod:`.folders`), the low-rank deltas that ship tuned built-ins (:mod:`.delta`), and the sha256
 manifests that find a damaged model or checkpoint file (:mod:`.manifest`)."""
 
 from omrl.models.builtin import BUILTIN_MODELS

@@ -30,6 +30,7 @@ from omrl.atomic import readable_as_umask_allows
 from omrl.errors import ConfigError, DamagedModelError, OmrlError
 from omrl.home import omrl_home
 from omrl.models.builtin import BUILTIN_MODELS, tuned_for
+from omrl.models.folders import check_model_folder
 from omrl.models.manifest import COMPLETE_MARKER, manifest_damage
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -58,16 +59,7 @@ def resolve_model_path(name_or_path: str) -> str:
         return str(target)
     path = Path(name_or_path).expanduser()
     if path.exists():
-        if not (path / "config.json").exists() and (path / "adapter_config.json").exists():
-            raise OmrlError(
-                f"{path} is a LoRA adapter (a checkpoint's), not a model: give the run's folder, which holds "
-                "the final model with the adapter merged in, or start from this checkpoint with --resume"
-            )
-        if not (path / "config.json").exists():
-            raise OmrlError(
-                f"model directory {path} has no config.json; expected a Hugging Face model "
-                f"directory, or a built-in name: {', '.join(BUILTIN_MODELS)}"
-            )
+        check_model_folder(path)
         check_model_files(path)
         return str(path)
     looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1

@@ -140,6 +140,14 @@ def test_a_key_below_a_renamed_one_is_an_unknown_key_not_one_inside_its_value():
         load_config(TrainRunConfig, "grpo", ["nokey"])
 
 
+def test_a_yaml_file_that_does_not_parse_is_one_line_naming_where(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("command: train\nsteps: [1, 2\nfoo: 3\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(TrainRunConfig, bad)
+    assert str(refused.value) == f"{bad} is not valid YAML at line 3, column 4: expected ',' or ']', but got ':'"
+
+
 def test_a_key_given_twice_in_a_yaml_file_is_refused(tmp_path):
     preset = tmp_path / "twice.yaml"
     preset.write_text("command: train\nsteps: 3\nsteps: 5\n")

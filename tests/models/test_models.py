@@ -137,6 +137,21 @@ def test_the_webshop_model_is_built_from_the_shipped_delta_and_buys(smollm2_dir)
     assert open(f"{built}/omrl_delta.sha256").read().strip() == file_digest(WEBSHOP_DELTA)
 
 
+def test_a_path_that_holds_no_model_is_named_for_what_it_is(tiny_model_dir, tmp_path):
+    import shutil
+
+    step = tmp_path / "run" / "checkpoints" / "step-00000002"
+    shutil.copytree(tiny_model_dir, step / "model")
+    with pytest.raises(OmrlError, match=f"{step} is a run's checkpoint; its model is {step / 'model'}: give that"):
+        resolve_model_path(str(step))
+    with pytest.raises(OmrlError, match="is a run that stopped before it saved its model: resume it"):
+        resolve_model_path(str(tmp_path / "run"))
+    (tmp_path / "qa.jsonl").write_text("{}\n")
+    with pytest.raises(OmrlError, match="qa.jsonl is a file; give a model's folder"):
+        resolve_model_path(str(tmp_path / "qa.jsonl"))
+    assert resolve_model_path(str(step / "model")) == str(step / "model")
+
+
 def test_a_lora_checkpoint_s_adapter_folder_is_named_as_one(tiny_model_dir, tmp_path):
     """--model RUN/checkpoints/step-N/model of a LoRA run said only "has no config.json"."""
     from peft import LoraConfig, get_peft_model
