@@ -48,7 +48,7 @@ from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, read_metrics
 from omrl.training.model_setup import save_final_from_every_process
 from omrl.training.optim import Update, apply_update, build_optimizer, build_scheduler
-from omrl.training.resume import resume_point
+from omrl.training.resume import model_as_saved, resume_point
 
 
 class Recipe(Protocol):
@@ -165,6 +165,7 @@ def start_setup(recipe: Recipe) -> Path | None:
     it, the resume point (None: a fresh run), the seed and the device; returns the resume point."""
     cfg = recipe.cfg
     recipe.config_dict = to_dict(cfg)
+    recipe.config_dict["model"]["name"] = model_as_saved(cfg.model.name)
     resume_from = resume_point(
         recipe.output_dir,
         recipe.config_dict,

@@ -59,6 +59,16 @@ def resume_point(
     return None
 
 
+def model_as_saved(name: Any) -> Any:
+    """A local model folder as its absolute path, as a run's checkpoints keep it, so that the run resumes from
+    any folder (``--model ../runs/sft`` there is ``runs/sft`` here); a built-in or hub name as it is."""
+    from omrl.models.builtin import BUILTIN_MODELS
+
+    if not isinstance(name, str) or name in BUILTIN_MODELS or not Path(name).expanduser().exists():
+        return name
+    return str(Path(name).expanduser().resolve())
+
+
 def check_same_config(
     saved: dict[str, Any],
     current: dict[str, Any],
@@ -77,6 +87,9 @@ def check_same_config(
     # redacted as the current config is: a checkpoint from before a redaction rule holds the secret in clear
     old = {(renamed or {}).get(k, k): v for k, v in _flatten(redact(saved)).items()}
     new = _flatten(json.loads(json.dumps(current, default=str)))
+    for config in (old, new):  # an older run kept the folder as typed: resolved from here, where it was typed
+        if "model.name" in config:
+            config["model.name"] = model_as_saved(config["model.name"])
     default = _flatten(json.loads(json.dumps(defaults or {}, default=str)))
     added = sorted(k for k in set(new) - set(old) if k in default and default[k] == new[k])
     if added:

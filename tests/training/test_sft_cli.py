@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -74,6 +75,20 @@ def test_a_flag_and_an_override_that_disagree_are_refused(tiny_model_dir, agent_
     assert info.value.code == 2
     assert "optim.learning_rate=0.5 and the flag for optim.learning_rate (0.001) disagree" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_on_a_model_folder_resumes_from_another_folder(tiny_model_dir, agent_jsonl, tmp_path, monkeypatch):
+    """The model folder is kept as an absolute path: ``../models/base`` from elsewhere is the same model."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "base")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert CliRunner().invoke(build_app(), sft_command("models/base", agent_jsonl, Path("run"))).exit_code == 0
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    again = sft_command("../models/base", agent_jsonl, Path("../run"), "--resume")
+    result = CliRunner().invoke(build_app(), again)
+    assert result.exit_code == 0, result.output
 
 
 def test_sft_resume_with_a_changed_flag_exits_2_naming_the_key(tiny_model_dir, agent_jsonl, tmp_path, capsys):
