@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import typer
 
@@ -126,7 +127,8 @@ def rollout(
 
     with (
         keep_unscored(unscored_path(cfg.output)),
-        supervise(cfg.deadlines, os.path.dirname(os.path.abspath(cfg.output))),
+        # beside its parquet and named for it, as its JSONL is: the folder may be the user's own
+        supervise(cfg.deadlines, os.path.dirname(os.path.abspath(cfg.output)), beat_file=heartbeat_name(cfg.output)),
         held_warnings() as caught,
         RolloutSession.from_config(cfg, expert=cfg.use_expert) as session,
     ):
@@ -166,6 +168,11 @@ def rollout(
     console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}", soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
     env_errors_of_each_env(console, cfg, episodes, "they are written, as end_reason env_error")
+
+
+def heartbeat_name(output: str) -> str:
+    """``r1.heartbeat.json`` for ``-o r1.parquet``."""
+    return f"{Path(output).stem}.heartbeat.json"
 
 
 def add_to(app: typer.Typer) -> None:

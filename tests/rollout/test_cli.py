@@ -101,3 +101,10 @@ def test_ctrl_c_while_playing_says_how_far_it_got_and_that_nothing_is_written(
     code, _, err = cli_exit(capsys, *words)
     assert code == 130
     assert "interrupted: 0 of 3 tasks were played; nothing is written" in " ".join(err.split())
+
+
+def test_a_rollouts_heartbeat_is_named_for_its_output_not_left_as_heartbeat_json(fake_plugins, tmp_path):
+    out = tmp_path / "t.parquet"
+    result = invoke(*keys_rollout(2, *FAST, "deadlines.heartbeat_s=0.01", "--output", str(out)))
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "t.heartbeat.json").is_file() and not (tmp_path / "heartbeat.json").exists()
