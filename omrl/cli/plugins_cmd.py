@@ -44,9 +44,13 @@ def _list(rows: list[Any], as_json: bool, kind: str | None, every: bool) -> None
         kinds = sorted({c.kind for c in rows})
         rows = [c for c in rows if c.kind == kind]
         if not rows and kind not in kinds:
+            import difflib
+
             from omrl.errors import UnknownNameError
 
-            raise UnknownNameError(f"unknown kind {kind!r}; valid: {', '.join(kinds)}")
+            close = difflib.get_close_matches(kind, kinds, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise UnknownNameError(f"unknown kind {kind!r}.{hint} Valid: {', '.join(kinds)}")
     if as_json:
         typer.echo(
             json.dumps(

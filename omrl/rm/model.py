@@ -16,6 +16,7 @@ sigmoid (a probability of success); with ``mse`` and ``bt`` a score is the raw v
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from array import array
 from dataclasses import dataclass
@@ -146,16 +147,21 @@ def _input_key(x: ScoringInput) -> bytes:
     return digest.digest()
 
 
+def _reward_meta(meta: Any, path: str) -> dict[str, Any]:
+    """A reward model's ``omrl_reward_model`` entry of its config, or RewardModelError where ``path`` holds none."""
+    if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
+        raise RewardModelError(
+            f"{path or 'this model'} is not an omrl reward model (its config.json has no "
+            f"{CONFIG_KEY!r} with a kind of {', '.join(KINDS)}); train one with `omrl rm train`"
+        )
+    return meta
+
+
 class RewardModel:
     """A trained reward model, ready to score episodes (and search nodes) without gradients."""
 
     def __init__(self, model: Any, tokenizer: Any, path: str = "", batch_tokens: int = 8192):
-        meta = getattr(model.config, CONFIG_KEY, None)
-        if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
-            raise RewardModelError(
-                f"{path or 'this model'} is not an omrl reward model (its config.json has no "
-                f"{CONFIG_KEY!r} with a kind of {', '.join(KINDS)}); train one with `omrl rm train`"
-            )
+        meta = _reward_meta(getattr(model.config, CONFIG_KEY, None), path)
         self.model, self.tokenizer, self.path = model.eval(), tokenizer, path
         self.kind, self.objective = meta["kind"], meta.get("objective", "bce")
         self.label = meta.get("label", "")
@@ -173,6 +179,14 @@ class RewardModel:
                 "`omrl rm train` (with config.json)"
             )
         check_model_files(path)  # damaged since `omrl rm train` wrote it: named, never scored with
+        # before loading: transformers would first print its report of the score head a policy lacks
+        try:
+            config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RewardModelError(
+                f"cannot load reward model {str(path)!r}: its config.json is not JSON ({exc})"
+            ) from exc
+        _reward_meta(config.get(CONFIG_KEY) if isinstance(config, dict) else None, str(path))
         try:
             model = AutoModelForTokenClassification.from_pretrained(path, dtype=_DTYPES.get(dtype, "auto"))
         except (OSError, ValueError, SafetensorError) as exc:

@@ -148,3 +148,10 @@ def test_a_runs_folder_where_a_preset_goes_says_which_flag_takes_it(tmp_path, om
     said = " ".join(err.split())
     assert code == 2 and f"{run} is a folder, not a preset" in said, said
     assert f"give --model {run}; to continue the run in it, --resume --output-dir {run}" in said
+
+
+def test_an_unknown_plugin_kind_suggests_the_near_one(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["plugins", "--kind", "envs"])
+    assert stop.value.code == 2
+    assert "unknown kind 'envs'. Did you mean 'env'? Valid: advantage, env," in capsys.readouterr().err

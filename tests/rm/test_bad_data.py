@@ -113,6 +113,18 @@ def test_rm_eval_names_what_is_wrong_with_model_or_data(data_dir, tmp_path, caps
     assert "omrl rm eval needs --data" in err and "--model" not in err, err
 
 
+def test_rm_eval_on_a_policy_model_is_refused_before_transformers_loads_it(data_dir, tiny_model_dir):
+    """transformers printed its report of the score head the policy lacks, then the error came (its own
+    logging reaches the console of a real process, not pytest's capture)."""
+    import subprocess
+    import sys
+
+    args = ["rm", "eval", "--model", tiny_model_dir, "--data", str(data_dir / "good.parquet")]
+    done = subprocess.run([sys.executable, "-m", "omrl", *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "is not an omrl reward model" in done.stderr
+    assert "LOAD REPORT" not in done.stdout + done.stderr and "MISSING" not in done.stdout + done.stderr
+
+
 def test_rm_train_and_eval_refuse_a_trajectory_file_cut_down_to_fewer_columns(data_dir, tmp_path, capsys):
     """Without won its wins would train as losses; without turns or rewards it was "a bug in omrl"."""
     import pyarrow.parquet as pq
