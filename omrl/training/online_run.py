@@ -310,7 +310,7 @@ def end_setup(recipe: OnlineRecipe, resume_from: Path | None) -> ckpt.Checkpoint
     """The end of an online recipe's setup, once its run and optimizer are set up: the state resumed
     from ``resume_from``, the logger, the run started at the recipe's step; returns the checkpoint
     resumed from (None: a fresh run), whose extras the recipe reads for its own state."""
-    resumed = resume(recipe, resume_from) if resume_from is not None else None
+    resumed = resume(recipe, resume_from, recipe.cfg.steps) if resume_from is not None else None
     recipe.logger = setup_logger(recipe, recipe.cfg.algorithm.name, recipe.cfg.steps)
     recipe.run.start(recipe.step, resumed, recipe.logger.warn)
     return resumed

@@ -197,16 +197,17 @@ def setup_optimizer(recipe: Recipe, schedule_steps: int, extra_modules: dict[str
     recipe.scheduler = build_scheduler(recipe.optimizer, optim, schedule_steps)
 
 
-def resume(recipe: Recipe, path: Path) -> ckpt.Checkpoint:
+def resume(recipe: Recipe, path: Path, total_steps: int) -> ckpt.Checkpoint:
     """Load the checkpoint at ``path`` into the recipe's model, optimizer and schedule, and continue
-    at its step with its skipped-update counts; returns it (its data state and extras are the
-    recipe's to read)."""
+    at its step (of ``total_steps``) with its skipped-update counts; returns it (its data state and
+    extras are the recipe's to read)."""
     state = ckpt.load_checkpoint(
         path, recipe.model, optimizer=recipe.optimizer, scheduler=recipe.scheduler, strategy=recipe.strategy
     )
     recipe.step = state.step
     recipe.skipped.load_state_dict(state.extra)
-    recipe.console.print(f"resuming from {path} at step {recipe.step}", highlight=False, soft_wrap=True)
+    done = "; it did them all: raise steps (or num_train_epochs) to train more" if recipe.step >= total_steps else ""
+    recipe.console.print(f"resuming from {path} at step {recipe.step} of {total_steps}{done}", soft_wrap=True)
     return state
 
 
@@ -347,7 +348,7 @@ def finish_setup(recipe: EpochRecipe, resume_from: Path | None, description: str
     data changed since), the logger."""
     setup_optimizer(recipe, recipe.total_steps)
     if resume_from is not None:
-        state = resume(recipe, resume_from)
+        state = resume(recipe, resume_from, recipe.total_steps)
         if state.data_state.get("fingerprint") != recipe.data_fingerprint:
             raise ckpt.CheckpointError(
                 f"cannot resume from {resume_from}: the training data changed since it was written (fingerprint "

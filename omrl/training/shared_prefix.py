@@ -229,6 +229,13 @@ def _caches():
     return Capture, ReadOnly
 
 
+def _checkpointed(model: nn.Module) -> bool:
+    """Whether ``model``'s layers recompute their activations in backward (gradient checkpointing is on)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return any(m.gradient_checkpointing for m in model.modules() if isinstance(m, GradientCheckpointingLayer))
+
+
 @contextlib.contextmanager
 def _keep_cache_under_checkpointing(model: nn.Module) -> Iterator[None]:
     """Let checkpointed layers receive the cache: both caches here only read or overwrite, so a
@@ -321,8 +328,10 @@ class SharedPrefix:
         capture = capture_class()
         # no vocabulary-sized logits for a prefix whose predictions are never used
         keep = no_logits(self.model) if _takes(self.model, "logits_to_keep") else {}
+        # under checkpointing transformers turns use_cache off itself, with a warning: the same, unsaid
+        use_cache = not (self.model.training and _checkpointed(self.model))
         with timed("forward"):  # the update's forward, as its rows' are
-            self.model(input_ids=self.prefix_ids[None], use_cache=True, **keep, **{self.argument: capture})
+            self.model(input_ids=self.prefix_ids[None], use_cache=use_cache, **keep, **{self.argument: capture})
         self._captured = [capture.captured[i] for i in sorted(capture.captured)]
         grad = torch.is_grad_enabled()
         # the suffixes' gradients stop at these copies and are summed in their .grad

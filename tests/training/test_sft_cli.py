@@ -89,6 +89,7 @@ def test_a_run_on_a_model_folder_resumes_from_another_folder(tiny_model_dir, age
     again = sft_command("../models/base", agent_jsonl, Path("../run"), "--resume")
     result = CliRunner().invoke(build_app(), again)
     assert result.exit_code == 0, result.output
+    assert "it did them all: raise steps (or num_train_epochs) to train more" in " ".join(result.output.split())
 
 
 def test_sft_resume_with_a_changed_flag_exits_2_naming_the_key(tiny_model_dir, agent_jsonl, tmp_path, capsys):
