@@ -145,7 +145,28 @@ def build_app(plugins: bool = True) -> typer.Typer:
 
         load_plugins().hook.register_commands(cli=app)
         app._omrl_plugins = True
+    _one_line_summaries(app)
     return app
+
+
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """Each command's help with its paragraphs of prose on one line each, its summary too: typer's rich mode
+    keeps a docstring's line breaks, which cut sentences where the source wrapped them. A paragraph that is a
+    list (a line opening with '-', '*' or a space) keeps its lines."""
+    import inspect
+
+    def reflowed(paragraph: str) -> str:
+        lines = paragraph.split("\n")
+        return paragraph if any(line[:1] in ("-", "*", " ") for line in lines) else " ".join(lines)
+
+    for info in typer_app.registered_commands:
+        doc = info.help or inspect.getdoc(info.callback) or ""
+        if doc:
+            info.help = "\n\n".join(reflowed(paragraph) for paragraph in doc.split("\n\n"))
+            info.short_help = info.short_help or info.help.split("\n\n")[0]
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
 
 
 # failures of the machine or the files, not of omrl: reported as such, with exit status 2

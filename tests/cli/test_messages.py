@@ -155,3 +155,10 @@ def test_an_unknown_plugin_kind_suggests_the_near_one(capsys):
         main(["plugins", "--kind", "envs"])
     assert stop.value.code == 2
     assert "unknown kind 'envs'. Did you mean 'env'? Valid: advantage, env," in capsys.readouterr().err
+
+
+def test_help_paragraphs_are_not_cut_where_the_docstring_wraps():
+    listed = CliRunner().invoke(build_app(), ["--help"], env={"COLUMNS": "400"}).output
+    assert "Exits 2, after the list, where two plugins' components" in listed
+    own = CliRunner().invoke(build_app(), ["sweep", "--help"], env={"COLUMNS": "400"}).output
+    assert "each cell plays num_tasks of each env" in own
