@@ -47,6 +47,10 @@ class RolloutLimits:
 def check_generation(generation: Any, max_turns: int = 0) -> None:
     """Refuse sampling settings no episode can be played with (a GenerationConfig, and ``env.max_turns``),
     naming each and what is valid."""
+    from omrl.backends import BACKENDS
+
+    if generation.backend not in BACKENDS:  # before a model loads (config show refuses it too)
+        raise ConfigError(f"unknown generation backend {generation.backend!r}; valid: {', '.join(BACKENDS)}")
     if not generation.temperature >= 0 or not 0 < generation.top_p <= 1:
         raise ConfigError(
             f"generation.temperature must be >= 0 (0: greedy) and generation.top_p in (0, 1]; got "

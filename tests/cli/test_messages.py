@@ -162,3 +162,10 @@ def test_help_paragraphs_are_not_cut_where_the_docstring_wraps():
     assert "Exits 2, after the list, where two plugins' components" in listed
     own = CliRunner().invoke(build_app(), ["sweep", "--help"], env={"COLUMNS": "400"}).output
     assert "each cell plays num_tasks of each env" in own
+
+
+def test_config_show_refuses_an_unknown_backend_as_the_commands_do(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["config", "show", "grpo-gridworld", "generation.backend=vllmm"])
+    assert stop.value.code == 2
+    assert "unknown generation backend 'vllmm'; valid: hf, vllm, openai" in capsys.readouterr().err
