@@ -331,6 +331,13 @@ class Registry:
             return items[name]
         valid = sorted(items)
         label = self.label if kind == self.kinds[0] else kind.replace("_", " ")
+        members = [n for n in valid if name.endswith(":*") and n.startswith(name[:-1])]
+        if members:  # the family as `omrl plugins` lists it: one of its members is meant
+            raise UnknownNameError(
+                f"{name!r} names a family of {len(members)} {label}s, not one; give one of them, e.g. "
+                f"{members[0]!r} ({f'omrl env list {name!r}' if kind == 'env' else f'omrl plugins --kind {kind} --all'}"
+                " lists them)"
+            )
         family, why = left_out(name, items.values())
         if why:  # the family leaves the member out on purpose: its reason, not a near name
             members = [n for n in valid if n.startswith(f"{family}:")]

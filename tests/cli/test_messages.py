@@ -169,3 +169,12 @@ def test_config_show_refuses_an_unknown_backend_as_the_commands_do(capsys):
         main(["config", "show", "grpo-gridworld", "generation.backend=vllmm"])
     assert stop.value.code == 2
     assert "unknown generation backend 'vllmm'; valid: hf, vllm, openai" in capsys.readouterr().err
+
+
+def test_a_family_given_where_one_env_goes_names_one_of_its_members(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["env", "play", "babyai:*"])
+    assert stop.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "'babyai:*' names a family of 40 envs, not one; give one of them, e.g. 'babyai:" in err
+    assert "(omrl env list 'babyai:*' lists them)" in err
