@@ -74,6 +74,9 @@ def load_callable(spec: str, what: str) -> Callable[..., Any]:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"{what} {spec!r} must be module:function, e.g. mypkg.agent:run")
+    if module_name.endswith(".py"):  # a file's path where its module's name goes
+        named = module_name[:-3].strip("./").replace("/", ".")
+        raise ConfigError(f"{what} {spec!r} names a file; name its module: {named}:{attribute}")
     if os.getcwd() not in sys.path and "" not in sys.path:  # a module beside the user, as `python -m` finds it
         sys.path.insert(0, os.getcwd())
     try:

@@ -206,6 +206,10 @@ def test_a_command_agent_killed_by_a_signal_is_named_so(questions):
     "overrides, named",
     [
         (["agent.callable=tests.gateway.agents"], "must be module:function"),
+        (
+            ["agent.callable=tests/gateway/agents.py:one_call"],
+            "names a file; name its module: tests.gateway.agents:one_call",
+        ),
         (["agent.callable=tests.gateway.nowhere:run"], "cannot import 'tests.gateway.nowhere'"),
         (["agent.callable=tests.gateway.agents:nothing"], "has no 'nothing'"),
         (["agent.reward=tests.gateway.agents:truth_reward"], "name the agent too"),
