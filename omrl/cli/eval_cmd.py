@@ -288,7 +288,8 @@ def evaluate_command(
         if num_tasks is None and not user_sets(list(args or []), "num_tasks") and size <= WHOLE_SPLIT_UP_TO:
             count = max(1, size)  # a small split is evaluated whole unless asked otherwise
         tasks = session.task_ids(cfg.env.split, count)  # a mixture: count of each env
-        console.print(f"eval: {len(tasks)} of {size} tasks of the {cfg.env.split} split", highlight=False)
+        cut = f" (num_tasks {count}: the split has only {size})" if not mixed and count > size else ""
+        console.print(f"eval: {len(tasks)} of {size} tasks of the {cfg.env.split} split{cut}", highlight=False)
         from omrl.rollout import PlaySpec
         from omrl.search import chosen_episodes, play_strategy, plays_batched, search_metrics
 

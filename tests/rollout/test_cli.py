@@ -108,3 +108,9 @@ def test_a_rollouts_heartbeat_is_named_for_its_output_not_left_as_heartbeat_json
     result = invoke(*keys_rollout(2, *FAST, "deadlines.heartbeat_s=0.01", "--output", str(out)))
     assert result.exit_code == 0, result.output
     assert (tmp_path / "t.heartbeat.json").is_file() and not (tmp_path / "heartbeat.json").exists()
+
+
+def test_eval_says_when_the_split_has_fewer_tasks_than_asked(fake_plugins, tmp_path):
+    result, data = eval_report(tmp_path, *keys_eval(9))
+    assert data["metrics"]["tasks"] == 6
+    assert "eval: 6 of 6 tasks of the test split (num_tasks 9: the split has only 6)" in result.output
