@@ -134,9 +134,10 @@ def play_agents(
     if gateway.batcher.failure is not None:  # the engine broke: no episode measured the agent
         failure = gateway.batcher.failure
         raise RuntimeError(f"generation failed in the gateway: {type(failure).__name__}: {failure}") from failure
-    # a call with another episode's key, or agents that never called beside a key that got a chat opened
-    # again or a retry: the agents share a client, and the episodes hold each other's chats
-    if gateway.misrouted or (gateway.strayed and any(ep.error == NEVER_CALLED for ep in episodes)):
+    # a call with another episode's key, or an agent that never called beside a same-task key that got its
+    # chat opened again: the agents share a client, and the episodes hold each other's chats (an agent that
+    # asks its opening chat twice on purpose, self-consistency, leaves no episode without a call)
+    if gateway.misrouted or any(ep.error == NEVER_CALLED and ep.task_id in gateway.strayed for ep in episodes):
         raise SharedClient(gateway.misrouted or SHARED_CLIENT)
     return episodes
 

@@ -10,10 +10,10 @@ ids and the reply's ids are appended as sampled (loss_mask 1): no reply is decod
 no text the agent sends becomes a special token (:mod:`omrl.chat.encoding`).
 
 Only replies the agent received are trained: one its client hung up on is undone before the episode's
-next call or its end (:meth:`omrl.gateway.server.Gateway.undo`), a request that repeats the last one
-exactly (a client's retry of a reply it never got) replaces the last call's turn
-(:meth:`EpisodeRecorder.settle`), and of a call's ``n`` choices the one the next request continues is
-recorded, the others never.
+next call or its end (:meth:`omrl.gateway.server.Gateway.undo`), a retry its client declares that repeats
+the last request exactly replaces the last call's turn (:meth:`EpisodeRecorder.settle`; a repeat it does
+not declare is another sample, a row of its own), and of a call's ``n`` choices the one the next request
+continues is recorded, the others never.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class EpisodeRecorder:
         self.agent_returned = False  # set with ``ended`` when its agent ended by itself
         self.tools_key = ""  # the tools the current row was laid out with
         self.task_prompt = ""  # the episode's task, as its agent was given it ('' where unknown)
-        self.strays = 0  # repeats of a delivered call, and calls that sent the opening request again (settle, prompt)
+        self.strays = 0  # calls that sent the opening request again, in a row of its own (prompt)
         self.opening: list[dict[str, Any]] = []  # the first call's messages
         self.given: list[dict[str, Any]] = []  # every reply the model gave here, as messages (recorded or not)
         # the last call's request (messages, tools key) and the state before it: a retry undoes it
@@ -132,12 +132,10 @@ class EpisodeRecorder:
         last call's choices than the one recorded, that one is recorded instead (the others get no loss). Returns
         the rows whose cached states the backend may forget."""
         dropped: list[list[int]] = []
-        messages, tools = request.messages, request.tools
-        last = self.last
+        messages, tools, last = request.messages, request.tools, self.last
         if request.retry and last is not None and list(messages) == last[0] and _tools_key(tools) == last[1]:
             dropped.append(list(self.episode.current_row()))
-            self.restore(self.last[2])
-            self.strays += 1
+            self.restore(last[2])
         elif self.choices is not None and not continues(messages, self.seen):
             before, options, cap_by = self.choices
             for generation, reply, parsed, stop_at in options[1:]:

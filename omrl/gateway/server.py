@@ -80,7 +80,7 @@ class Gateway:
         self.layout = tool_layout(tokenizer)
         self._episodes: dict[str, EpisodeRecorder] = {}
         self.misrouted: str | None = None  # set when a call arrived with another episode's key
-        self.strayed = 0  # episodes ended with a call that opened a chat again, or a retry (EpisodeRecorder.strays)
+        self.strayed: set[int] = set()  # tasks of episodes with a call that opened their chat again (strays)
         self._returned: set[str] = set()  # keys of episodes whose agents returned: no call of theirs can follow
         self._lock = threading.Lock()
         # batch_on_caller: whoever plays the episodes drives the batcher from its own thread (Batcher.drive)
@@ -133,7 +133,8 @@ class Gateway:
                 ep = recorder.episode
                 self.batcher.release([ep.token_ids[start:end] for start, end in ep.rows()])
             with self._lock:
-                self.strayed += recorder.strays > 0
+                if recorder.strays:
+                    self.strayed.add(recorder.episode.task_id)
 
     def recorder(self, key: str) -> EpisodeRecorder | None:
         """The recorder of ``key``'s episode; None for an unknown or ended key."""
@@ -145,7 +146,7 @@ class Gateway:
     def begin_play(self) -> None:
         """Forget what the last play's episodes showed of shared clients (:func:`omrl.gateway.play.play_agents`)."""
         with self._lock:
-            self.misrouted, self.strayed = None, 0
+            self.misrouted, self.strayed = None, set()
             self._returned.clear()
 
     # -- one call ------------------------------------------------------------------------------------
@@ -210,6 +211,7 @@ class Gateway:
         if recorder.last is call:
             row = list(recorder.episode.current_row())
             recorder.restore(call[2])
+            recorder.last = None  # a retry of the undone call is a first call: it must not replace the one before
             recorder.undone.append(took)
             self.batcher.release([row])
 
@@ -226,8 +228,9 @@ class Gateway:
 
     def _check_repeat(self, recorder: EpisodeRecorder, messages: list[dict[str, Any]]) -> None:
         """Refuse, as a shared client's, a call that came to an ended episode whose agent returned and that
-        repeats the request of a reply that agent got: a client retries only a reply it did not get (one it
-        hung up on was undone, and is no longer the last call), so the call is a sibling's of the same task."""
+        repeats the request of a reply that agent got: its agent has returned, so neither it nor its client
+        (whose retry of an undone reply is no longer the last call) sends more; the call is a sibling's of the
+        same task."""
         if recorder.agent_returned and recorder.last is not None and list(messages) == recorder.last[0]:
             self.misrouted = self.misrouted or SHARED_CLIENT
             raise Misrouted(SHARED_CLIENT)

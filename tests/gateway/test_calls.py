@@ -176,3 +176,45 @@ def test_usage_counts_the_prompts_tokens_and_the_replys_apart(tiny_tokenizer):
         assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     finally:
         gateway.close()
+
+
+def test_a_retry_its_client_declares_replaces_the_last_reply(tiny_tokenizer):
+    """A reply the client got while its connection broke after (the reply was written): the SDK's retry,
+    which says so in x-stainless-retry-count, replaces it rather than add a second row."""
+    gateway, backend = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda c, i, p: f"sample {c}"))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        client = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        client.chat.completions.create(model="m", messages=CHAT)
+        retry = {"x-stainless-retry-count": "1"}
+        again = client.chat.completions.create(model="m", messages=CHAT, extra_headers=retry)
+        assert [turn.response for turn in ep.turns] == [again.choices[0].message.content] == ["sample 1"]
+        assert ep.row_starts == []
+        assert_token_exact(ep, backend)
+    finally:
+        gateway.close()
+
+
+def test_the_retry_of_an_undone_sample_keeps_the_reply_before_it(tiny_tokenizer):
+    """Sample A is delivered; sample B of the same chat times out at the client and is undone; the SDK's
+    retry of B (declared) is a first call: A, which the agent got, stays a turn."""
+
+    def reply(call, index, prompt):
+        if call == 1:
+            time.sleep(1.5)  # B outlasts the client's 1 s timeout
+        return f"reply of call {call}"
+
+    gateway, backend = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, reply))
+    try:
+        ep = episode()
+        key, _ = gateway.open(ep)
+        first = openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+        assert first.chat.completions.create(model="m", messages=CHAT).choices[0].message.content == "reply of call 0"
+        patient = openai.OpenAI(base_url=gateway.base_url, api_key=key, timeout=1.0, max_retries=1)
+        assert patient.chat.completions.create(model="m", messages=CHAT).choices[0].message.content == "reply of call 2"
+        assert [turn.response for turn in ep.turns] == ["reply of call 0", "reply of call 2"]
+        assert len(ep.rows()) == 2
+        assert_token_exact(ep, backend)
+    finally:
+        gateway.close()

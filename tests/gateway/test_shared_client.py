@@ -194,3 +194,28 @@ def fails_as_shared_client(gateway, agent, path) -> None:
     finally:
         gateway.close()
         pool.close()
+
+
+def test_an_agent_that_asks_its_opening_twice_on_purpose_is_no_shared_client(tiny_tokenizer, tmp_path):
+    """Self-consistency on one task beside an episode of another task whose agent decided not to call: no
+    episode of the asking agent's task went without a call, so nothing says the client is shared."""
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "answer": "42"}) + "\n" for q in QUESTIONS[:2]))
+
+    def agent(task, base_url, api_key):
+        if task["id"] == 1:
+            return "42"  # answers without the model
+        client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        chat = [{"role": "user", "content": task["prompt"]}]
+        return [client.chat.completions.create(model="m", messages=chat).choices[0].message.content for _ in "ab"][0]
+
+    gateway, _ = make_gateway(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: f"try {call}"))
+    pool = EnvPool(registry.envs.get("dataset"), {"path": str(path)}, name="dataset")
+    try:
+        spec = AgentSpec(run=agent, command=None, reward=None, timeout_s=30)
+        asked, answered = play_agents(spec, gateway, pool, [0, 1], group_size=1)
+    finally:
+        gateway.close()
+        pool.close()
+    assert len(asked.turns) == 2 and len(asked.rows()) == 2  # both samples trained, each a row
+    assert answered.error == "the agent finished without calling the model"

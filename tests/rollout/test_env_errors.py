@@ -79,7 +79,9 @@ def test_every_episode_failing_says_so_without_the_zero_reward_advice(fake_plugi
                 1, "--expert", "--group-size", "8", "plugins.keys.fail_task=0", "-o", str(tmp_path / "t.parquet")
             ),
         )
-    assert code == 2 and "every episode failed in the env 'keys'" in text and "chest 0 exploded" in text  # not its expert
+    assert (
+        code == 2 and "every episode failed in the env 'keys'" in text and "chest 0 exploded" in text
+    )  # not its expert
     assert not [w for w in caught if "all rewards are 0" in str(w.message)]
     assert "all rewards are 0" not in text
 
