@@ -75,8 +75,14 @@ def load_callable(spec: str, what: str) -> Callable[..., Any]:
     if not module_name or not attribute:
         raise ConfigError(f"{what} {spec!r} must be module:function, e.g. mypkg.agent:run")
     if module_name.endswith(".py"):  # a file's path where its module's name goes
-        named = module_name[:-3].strip("./").replace("/", ".")
-        raise ConfigError(f"{what} {spec!r} names a file; name its module: {named}:{attribute}")
+        file = Path(module_name).resolve()
+        if file.is_relative_to(Path.cwd()):
+            named = ".".join(file.relative_to(Path.cwd()).with_suffix("").parts)
+            raise ConfigError(f"{what} {spec!r} names a file; name its module: {named}:{attribute}")
+        raise ConfigError(
+            f"{what} {spec!r} names a file; name its module, {file.stem}:{attribute}, with its folder "
+            f"{file.parent} on PYTHONPATH"
+        )
     if os.getcwd() not in sys.path and "" not in sys.path:  # a module beside the user, as `python -m` finds it
         sys.path.insert(0, os.getcwd())
     try:
@@ -234,8 +240,12 @@ def check_reward(fn: Callable[..., Any], spec: str) -> Callable[..., Any]:
         f"*{p.name}" if p.kind is p.VAR_POSITIONAL else p.name
         for p in parameters
         if p.kind is p.VAR_POSITIONAL
-        or (p.kind is not p.VAR_KEYWORD and p.default is p.empty)
-        and (p.name not in REWARD_ARGUMENTS or p.kind is p.POSITIONAL_ONLY)
+        or (p.kind is p.POSITIONAL_ONLY and (p.name in REWARD_ARGUMENTS or p.default is p.empty))
+        or (
+            p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.default is p.empty
+            and p.name not in REWARD_ARGUMENTS
+        )
     ]
     if unknown:
         raise ConfigError(

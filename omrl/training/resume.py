@@ -69,6 +69,14 @@ def model_as_saved(name: Any) -> Any:
     return str(Path(name).expanduser().resolve())
 
 
+def _moved(saved: Any, given: Any) -> bool:
+    """Whether the model folder a run kept (an absolute path) is gone and ``given`` is a folder of its name:
+    the project moved, or the run is resumed on another machine, where the path cannot be the same."""
+    if not (isinstance(saved, str) and isinstance(given, str) and Path(saved).is_absolute()):
+        return False
+    return not Path(saved).exists() and Path(given).is_dir() and Path(saved).name == Path(given).name
+
+
 def check_same_config(
     saved: dict[str, Any],
     current: dict[str, Any],
@@ -90,6 +98,13 @@ def check_same_config(
     for config in (old, new):  # an older run kept the folder as typed: resolved from here, where it was typed
         if "model.name" in config:
             config["model.name"] = model_as_saved(config["model.name"])
+    if _moved(old.get("model.name"), new.get("model.name")):
+        warnings.warn(
+            f"the run's model folder {old['model.name']} is gone; resuming on {new['model.name']}, which has its "
+            "name (a project moved): give the same model the run started from",
+            stacklevel=2,
+        )
+        old["model.name"] = new["model.name"]
     default = _flatten(json.loads(json.dumps(defaults or {}, default=str)))
     added = sorted(k for k in set(new) - set(old) if k in default and default[k] == new[k])
     if added:

@@ -116,14 +116,15 @@ class RolloutHealth:
     def check_run(self, env: str, max_env_error_rate: float, max_context: int, output_dir: str) -> None:
         """At the end of a run: raise when it was no result (see the module's docstring)."""
         played, lost, first = self.episodes_played, self.env_failures, self.first_env_error or "on another process"
+        where = "the agent (its program or its reward function)" if AGENT_REASON.match(first) else f"the env {env!r}"
         if played and lost == played:
             raise EnvFailure(
-                f"every one of the {played} episodes of this run failed in the env {env!r}, so nothing was "
+                f"every one of the {played} episodes of this run failed in {where}, so nothing was "
                 f"learned; the first reason: {first}"
             )
         if played and lost / played > max_env_error_rate:
             raise EnvFailure(
-                f"{lost} of the run's {played} episodes ({100 * lost / played:.0f}%) failed in the env {env!r}, "
+                f"{lost} of the run's {played} episodes ({100 * lost / played:.0f}%) failed in {where}, "
                 f"more than max_env_error_rate={max_env_error_rate:g} allows; they were not trained on, and the "
                 f"model in {output_dir} learned from the rest; the first reason: {first}"
             )

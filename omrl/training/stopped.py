@@ -24,24 +24,23 @@ def explained(recipe: Any, stop: FailedStep | StageStalled, command: str) -> Fai
     return kept_steps(recipe, stop, command)
 
 
+def _fix(health: Any) -> str | None:
+    """What to fix where a step failed in its action template, a reward or the agent; None: the env."""
+    template, reward = health.failed_template(), health.failed_reward()
+    if template is not None:
+        return f"fix the action template {template}"
+    if reward is not None:
+        return f"fix the reward {reward!r} (or give it longer: deadlines.reward_s)"
+    return "fix the agent program or its reward function" if health.failed_agent() else None
+
+
 def kept_steps(recipe: Any, failure: FailedStep, command: str) -> FailedStep:
     """``failure`` with what was kept and how to go on. When the reason is a reward (it stalled) or the
     action template (a bug), the message names it, not the env: bringing the env back would not help."""
     kept = _keep(recipe, failure.keepable)
     health = getattr(getattr(recipe, "run", None), "health", None)
-    reward = health.failed_reward() if health is not None else None
-    template = health.failed_template() if health is not None else None
-    if reward is not None or template is not None:
-        fix = (
-            f"fix the action template {template}"
-            if template is not None
-            else f"fix the reward {reward!r} (or give it longer: deadlines.reward_s)"
-        )
-        if kept is None:
-            return FailedStep(f"{failure}; no step was done before it: nothing to resume, {fix} and run again")
-        return FailedStep(f"{failure}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")
-    if health is not None and health.failed_agent():
-        fix = "fix the agent (or its reward function), or whatever it calls"
+    fix = _fix(health) if health is not None else None
+    if fix is not None:  # not the env's failure: bringing it back would not help
         if kept is None:
             return FailedStep(f"{failure}; no step was done before it: nothing to resume, {fix} and run again")
         return FailedStep(f"{failure}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")

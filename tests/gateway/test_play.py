@@ -283,7 +283,7 @@ def test_a_training_step_whose_every_agent_failed_stops_the_run_naming_the_agent
     message = " ".join(err.split())
     assert code == 2
     assert "every episode failed in the agent (its program or its reward function) in 3 rollouts in a row" in message
-    assert "fix the agent (or its reward function), or whatever it calls and run again" in message
+    assert "fix the agent program or its reward function and run again" in message
     assert "env is back" not in message
 
 
@@ -362,3 +362,18 @@ def test_a_generation_server_serves_the_gateway_with_token_ids(questions, tiny_h
         for turn in ep.turns:
             row = max(s for s in [0, *ep.row_starts] if s <= turn.span[0])
             assert ep.token_ids[row : turn.span[0]] in prompts
+
+
+def test_reward_signatures_and_file_names_are_checked_before_the_run(tmp_path, monkeypatch):
+    from omrl.gateway.agents import check_reward, load_callable
+
+    with pytest.raises(ConfigError, match="takes task, which it would never be given"):
+        check_reward(lambda task=None, /: 1.0, "m:f")  # positional-only: never given by name
+    assert check_reward(lambda result, extra=3: 1.0, "m:f")  # a default it keeps
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"names a file; name its module, agents:run, with its folder /\S+ on PYTHONPATH"
+    ):
+        load_callable("/elsewhere/agents.py:run", "agent.callable")
+    with pytest.raises(ConfigError, match="names a file; name its module: pkg.agents:run"):
+        load_callable("pkg/agents.py:run", "agent.callable")
