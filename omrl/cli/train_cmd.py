@@ -87,7 +87,7 @@ def train(
     inputs = {"--model": cfg.model.name, **preset_inputs(args, resume)}
     check_run_dir(cfg.logging.output_dir, inputs, cfg.resume)  # before loading
     check_before_loading(cfg)
-    build_envs_first(cfg)
+    untested = build_envs_first(cfg)
     console = Console(stderr=True, quiet=not is_main_process())  # one report, not one per process
     start_from_base_outside_its_env(cfg, list(args or []), model, console)
     named = split_preset(args[0] if args else None, [])[0]
@@ -106,20 +106,34 @@ def train(
     for table in summary_tables(summary, [member.name for member in mix_members(cfg)]):
         Console(quiet=not is_main_process()).print(table)
     # eval reads the run's config.yaml and plays the prompts the run trained on
-    console.print(f"evaluate it: {eval_hint(cfg)}", highlight=False, soft_wrap=True)
+    label, hint = "evaluate it", eval_hint(cfg)
+    if untested and not cfg.env.mix:  # eval's test split holds no task: a command that runs, said as what it is
+        label, hint = (
+            "evaluate it (the env has no test split: on the tasks it trained on)",
+            f"{hint} --split {cfg.env.split}",
+        )
+    console.print(f"{label}: {hint}", highlight=False, soft_wrap=True)
     console.print(f"look at it: {view_command(cfg.logging.output_dir)}", highlight=False, soft_wrap=True)
 
 
-def build_envs_first(cfg) -> None:
+def build_envs_first(cfg) -> list[str]:
     """Build one instance of each env of the run and close it, before the model loads (seconds to
     minutes): an env that cannot be built (options it does not take, an MCP server that cannot start)
-    is refused at once, as rollout and eval refuse it. The recipe builds its own envs after its models."""
+    is refused at once, as rollout and eval refuse it. The recipe builds its own envs after its models.
+    Returns the envs with no test task (eval's split)."""
     from omrl import registry
     from omrl.envs import create_env
     from omrl.mixture import mix_members
 
+    untested = []
     for member in mix_members(cfg):
-        create_env(registry.envs.get(member.name), member.plugins.get(member.name, {}), member.name).close()
+        env = create_env(registry.envs.get(member.name), member.plugins.get(member.name, {}), member.name)
+        try:
+            if "test" in env.splits and not len(env.split_of("test")):
+                untested.append(member.name)
+        finally:
+            env.close()
+    return untested
 
 
 def summary_tables(summary: dict, envs: list[str]) -> list:

@@ -191,6 +191,19 @@ def test_playing_a_split_without_tasks_is_refused_naming_the_splits_that_have_so
     assert not out.exists() or out.is_dir() and not any(out.iterdir())
 
 
+def test_train_on_a_file_with_no_test_rows_prints_an_eval_command_that_runs(jsonl, tmp_path):
+    run = tmp_path / "run"
+    args = ["--env", "dataset", "--model", "tiny", f"plugins.dataset.path={jsonl}"]
+    steps = ["steps=1", "tasks_per_step=2", "group_size=2", "eval_tasks=0", "generation.max_new_tokens=4"]
+    result = invoke("train", "--algo", "grpo", *args, *steps, "--output-dir", str(run))
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    printed = f"omrl eval --model {run} --env dataset --split train"
+    assert f"evaluate it (the env has no test split: on the tasks it trained on): {printed}" in said
+    evaluated = invoke(*printed.split()[1:], "--num-tasks", "2", "--output-dir", str(tmp_path / "eval"))
+    assert evaluated.exit_code == 0, evaluated.output
+
+
 def test_a_separate_test_file(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", sums(3))
     test = write_jsonl(tmp_path / "test.jsonl", [{"prompt": "9+9=", "answer": "18"}])
