@@ -37,11 +37,11 @@ def env_error_reasons(episodes: Sequence[Episode], limit: int = 3) -> list[str]:
 def failed_in(episodes: Sequence[Episode], env: str) -> str:
     """What the ``env_error`` episodes among ``episodes`` failed in: their agent where each one's reason names
     it (:data:`~omrl.gateway.agents.AGENT_REASON`), else the env ``env``."""
-    from omrl.gateway.agents import AGENT_REASON
+    from omrl.gateway.agents import AGENT_REASON, IN_THE_AGENT
 
     reasons = [ep.error or "" for ep in episodes if ep.end_reason == "env_error"]
     agents = bool(reasons) and all(AGENT_REASON.match(reason) for reason in reasons)
-    return "the agent (its program or its reward function)" if agents else f"the env {env!r}"
+    return IN_THE_AGENT if agents else f"the env {env!r}"
 
 
 def check_max_env_error_rate(max_rate: float) -> None:

@@ -43,6 +43,8 @@ STDERR_TAIL = 2000
 
 #: how an episode's error names its agent program or reward function (an AgentFailure's message), not the env
 AGENT_REASON = re.compile(r"the (agent|reward function)\b")
+#: what such episodes failed in, as messages name it
+IN_THE_AGENT = "the agent (its program or its reward function)"
 
 
 class AgentFailure(Exception):

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from omrl.data import Episode
 from omrl.errors import ConfigError, EnvFailure, OmrlError
-from omrl.gateway.agents import AGENT_REASON
+from omrl.gateway.agents import AGENT_REASON, IN_THE_AGENT
 from omrl.rollout.live import TEMPLATE_REASON
 from omrl.rollout.spec import SHORTEN_PROMPT, no_room, overlong
 
@@ -96,7 +96,7 @@ class RolloutHealth:
         if template:
             return f"the action template {template} (a bug in its code, not the env)"
         if self.failed_agent():
-            return "the agent (its program or its reward function)"
+            return IN_THE_AGENT
         return f"the reward {reward!r}" if reward else f"the env {env!r}"
 
     def failed_agent(self) -> bool:
@@ -116,7 +116,7 @@ class RolloutHealth:
     def check_run(self, env: str, max_env_error_rate: float, max_context: int, output_dir: str) -> None:
         """At the end of a run: raise when it was no result (see the module's docstring)."""
         played, lost, first = self.episodes_played, self.env_failures, self.first_env_error or "on another process"
-        where = "the agent (its program or its reward function)" if AGENT_REASON.match(first) else f"the env {env!r}"
+        where = IN_THE_AGENT if AGENT_REASON.match(first) else f"the env {env!r}"
         if played and lost == played:
             raise EnvFailure(
                 f"every one of the {played} episodes of this run failed in {where}, so nothing was "
