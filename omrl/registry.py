@@ -26,6 +26,8 @@ IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 ALGORITHM_KINDS = ("advantage", "policy_loss", "kl", "rollout_correction")
 STRATEGY_KINDS = ("strategy", "scorer")
+#: what an unknown name of a kind is called, where the kind's own name would not say it
+KIND_LABELS = {"advantage": "advantage estimator", "kl": "KL estimator"}
 #: the kinds whose components read their options from the config's ``plugins.<name>`` block
 OPTION_KINDS = ("env", "reward", "template", "strategy", "scorer")
 #: what an advantage estimator may ask the recipe to fill beyond the rollout (``needs=``)
@@ -330,7 +332,7 @@ class Registry:
             check_one_reader(items[name])
             return items[name]
         valid = sorted(items)
-        label = self.label if kind == self.kinds[0] else kind.replace("_", " ")
+        label = KIND_LABELS.get(kind) or (self.label if kind == self.kinds[0] else kind.replace("_", " "))
         members = [n for n in valid if name.endswith(":*") and n.startswith(name[:-1])]
         if members:  # the family as `omrl plugins` lists it: one of its members is meant
             raise UnknownNameError(

@@ -96,7 +96,7 @@ def test_config_show_prints_the_resolved_config():
 
 
 REFUSED = {  # (preset, override): what the command would say
-    ("grpo", "algorithm.advantage=foo"): "unknown algorithm 'foo'",
+    ("grpo", "algorithm.advantage=foo"): "unknown advantage estimator 'foo'",
     ("grpo", "reward.allocation=foo"): "unknown reward allocation 'foo'; valid: last_token",
     ("grpo", "env.template=foo"): "unknown template 'foo'",
     ("grpo", "optim.lr_schedule=foo"): "unknown optim.lr_schedule 'foo'; valid: constant",

@@ -71,6 +71,8 @@ def is_text_key(cls: type, path: list[str]) -> bool:
 
 
 def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:  # a choice of values: the values, as a config writes them
+        return " | ".join(map(repr, get_args(tp)))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -9,7 +9,7 @@ that hold these sections are :mod:`omrl.config.options`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from omrl.config.fields import opt
 
@@ -32,7 +32,7 @@ class ModelConfig:
     name: str = opt(
         "smollm2-135m", "Built-in name (smollm2-135m, smollm2-135m-webshop, tiny), local HF directory or hub id."
     )
-    dtype: str = opt("float32", "Weights dtype: float32, bfloat16, float16.")
+    dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "Weights dtype.")
     trust_remote_code: bool = opt(False, "Run code shipped with the model (off unless asked for).")
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     lora_rank: int = opt(0, "LoRA rank through peft; 0 trains all weights.")

@@ -11,8 +11,9 @@ content of the last reply the model gave it. An agent or reward function that fa
 limit, an env that fails, an agent that never called the model, and one whose client hung up on every
 call before its reply (a client timeout shorter than the model takes: :func:`timed_out`) end the
 episode as ``env_error`` with the reason: such an episode is no measure of the model and is never
-trained on. A call that found the episode's context full was answered ``finish_reason: "length"`` and
-the episode ends ``max_context`` (truncated), scored as it stands; an agent that raises on a reply cut
+trained on. A call that found the episode's context full, or came after ``agent.max_calls`` calls, was
+answered ``finish_reason: "length"`` and the episode ends ``max_context`` or ``max_turns`` (truncated),
+scored as it stands; an agent that raises on a reply cut
 at the run's ``max_new_tokens`` is scored as it stands too. Agents that share one client, so that
 episodes' calls arrive with each other's keys, fail the run (:class:`SharedClient`).
 """
@@ -159,7 +160,7 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         # first: an agent thread left running past its limit can write no more
         gateway.end(key, agent_returned=exc.ended_itself)
         ep.messages = recorder.chat()
-        cut = recorder.over_budget or _cut_by_the_run(ep)
+        cut = bool(recorder.cut) or _cut_by_the_run(ep)
         if not (exc.ended_itself and ep.turns) or not (cut or _rejected_a_tool_call(ep)):
             _failed(ep, f"{exc} ({timed_out(recorder.undone)})" if recorder.undone and not ep.turns else str(exc))
             return False
@@ -168,7 +169,7 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         ep.turns[-1].done = True
         ep.turns[-1].info["agent_error"] = str(exc)
         if cut:  # truncated, scored as it stands
-            ep.end_reason = "max_context" if recorder.over_budget else "done"
+            ep.end_reason = recorder.cut or "done"
             return _score(spec, env, ep, task, None)
         ep.end_reason, ep.won, ep.score = "done", False, 0.0
         return False
@@ -178,7 +179,7 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
     if not ep.turns:
         _failed(ep, timed_out(recorder.undone) if recorder.undone else NEVER_CALLED)
         return False
-    ep.end_reason = "max_context" if recorder.over_budget else "done"
+    ep.end_reason = recorder.cut or "done"
     ep.turns[-1].done = True
     ep.turns[-1].info["agent_result"] = _short(result)
     return _score(spec, env, ep, task, result)

@@ -82,7 +82,7 @@ class EpisodeRecorder:
         self.kwargs: dict[str, Any] = dict(self.options)
         self.answering = ""  # the text of the messages the next reply answers
         self.sampled_end = ""  # the special tokens that ended the last reply ('' when it was cut)
-        self.over_budget = False  # a call found no room left (context or calls): the episode is truncated
+        self.cut = ""  # the end reason of a call that found no room left: max_context, or max_turns (its calls)
         self.calls = 0
         self.ended = False  # set by the gateway when the episode ends: a later call is refused
         self.agent_returned = False  # set with ``ended`` when its agent ended by itself
@@ -111,7 +111,7 @@ class EpisodeRecorder:
             self.answering,
             self.sampled_end,
             dict(self.names),
-            (self.calls, self.over_budget, self.strays, self.last, self.choices),
+            (self.calls, self.cut, self.strays, self.last, self.choices),
         )
 
     def restore(self, state: tuple) -> None:
@@ -121,7 +121,7 @@ class EpisodeRecorder:
         self.said, self.seen, self.kwargs = list(said), list(seen), dict(kwargs)  # a state may be restored twice
         self.tools_key, self.answering, self.sampled_end, names, counts = rest
         self.names = dict(names)
-        self.calls, self.over_budget, self.strays, self.last, self.choices = counts
+        self.calls, self.cut, self.strays, self.last, self.choices = counts
 
     def settle(self, request: Any) -> list[list[int]]:
         """Before ``request`` (a :class:`~omrl.gateway.protocol.ChatRequest`) lays out its row: where its client
@@ -150,7 +150,7 @@ class EpisodeRecorder:
     # -- before a call -------------------------------------------------------------------------------
     def prompt(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> list[int] | None:
         """Lay out the row this request generates in and return its ids; None when not one generated token
-        fits in ``max_context`` (the episode is then marked over budget and nothing is appended)."""
+        fits in ``max_context`` (the episode is then cut, ``max_context``, and nothing is appended)."""
         ep, tokenizer = self.episode, self.tokenizer
         kwargs = dict(self.options)
         if tools and self.layout.renders_tools:
@@ -170,7 +170,7 @@ class EpisodeRecorder:
             # the episode's opening request sent again, not as a retry: another agent's, through a shared client
             self.strays += starts_row and list(messages) == self.opening
         if (0 if starts_row else len(ep.current_row())) + len(ids) >= self.max_context:
-            self.over_budget = True
+            self.cut = "max_context"
             return None
         if starts_row:
             ep.row_starts.append(len(ep.token_ids))
@@ -214,7 +214,7 @@ class EpisodeRecorder:
         self.sampled_end = sampled_end(tokenizer, text, self.kwargs) if stopped else ""
         truncated = generation.finish_reason == "length"
         if truncated and cap_by == "max_context":
-            self.over_budget = True
+            self.cut = "max_context"
         rollout: dict[str, Any] = {
             "truncated": truncated,
             **({"cap": cap_by} if truncated else {}),

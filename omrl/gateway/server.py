@@ -51,7 +51,7 @@ class Gateway:
     ``max_tokens`` or ``max_new_tokens``, never past ``max_context``); with ``honor_sampling`` a
     request's ``temperature``, ``top_p`` and ``seed`` apply, else the run's (training needs its own).
     ``max_calls`` bounds an episode's calls, as ``max_context`` bounds each row: past either, a call is
-    answered ``finish_reason: "length"`` and the episode is marked over budget (truncated).
+    answered ``finish_reason: "length"`` and the episode ends ``max_turns`` or ``max_context`` (truncated).
     """
 
     def __init__(
@@ -162,7 +162,7 @@ class Gateway:
                 self._check_repeat(recorder, request.messages)
                 raise EpisodeEnded("this episode has ended; its key is no longer valid")
             if recorder.calls >= self.max_calls:
-                recorder.over_budget = True
+                recorder.cut = "max_turns"  # agent.max_calls is a gateway episode's turn cap
                 return [Reply("", [], "length", [], [])] * request.n, 0, None
             before = recorder.state()
             try:

@@ -30,6 +30,7 @@ from omrl_plugins.templates.common import (
     example_arguments,
     first_block,
     tool_signature,
+    without_reasoning,
 )
 
 OPEN_TAG = "<tool_call>"
@@ -246,7 +247,12 @@ class ToolCallTemplate(Template):
                 for value in props[keys[0]].get("enum") or []:
                     yield tool["name"], {keys[0]: value}
 
+    def answer(self, response: str) -> str:
+        # a thinking model's reasoning may weigh a call it then does not make: the call is the one after it
+        return without_reasoning(response)
+
     def parse(self, response: str, env: Any) -> ParsedAction:
+        response = self.answer(response)
         block = first_block(response, OPENING, CLOSING)
         start = response.find(OPEN_TAG)
         thought = response[:start].strip() if start >= 0 else None

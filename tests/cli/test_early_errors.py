@@ -28,12 +28,13 @@ def test_a_missing_env_package_is_named_with_its_extra_before_loading(command, o
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("algorithm.advantage=foo", "unknown algorithm 'foo'"),
+        ("algorithm.advantage=foo", "unknown advantage estimator 'foo'"),
         ("algorithm.policy_loss=clip", "unknown policy loss 'clip'"),
-        ("algorithm.kl_estimator=k4", "unknown kl 'k4'"),
+        ("algorithm.kl_estimator=k4", "unknown KL estimator 'k4'"),
+        ("model.dtype=fp16", "'model.dtype' must be one of 'float32', 'bfloat16', 'float16', got 'fp16'"),
     ],
 )
-def test_an_unknown_algorithm_name_is_refused_before_loading(override, message, omrl_main, no_model, tmp_path):
+def test_an_unknown_algorithm_or_dtype_is_refused_before_loading(override, message, omrl_main, no_model, tmp_path):
     code, _, err = omrl_main("train", "--env", "gridworld", "--model", "tiny", override,
                              "--output-dir", str(tmp_path / "run"))  # fmt: skip
     assert code == 2

@@ -227,7 +227,7 @@ def test_past_its_calls_an_episode_is_answered_length_and_truncated(tiny_tokeniz
     call = '<tool_call>{"name": "multiply", "arguments": {"a": 6, "b": 7}}</tool_call>'
     with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: call)) as session:
         (ep,) = session.play([0], PlaySpec(split="train")).episodes
-    assert len(ep.turns) == 2 and ep.end_reason == "max_context"  # the third call got "length", nothing recorded
+    assert len(ep.turns) == 2 and ep.end_reason == "max_turns"  # the third call got "length", nothing recorded
 
 
 def test_a_framework_that_rejects_the_models_tool_call_is_the_models_failure(tiny_tokenizer, tmp_path):
@@ -286,12 +286,12 @@ def play_one(tokenizer, tmp_path, reply: str, *overrides: str) -> Episode:
 
 
 def test_a_framework_that_raises_on_the_budgets_length_answer_is_truncated_and_scored(tiny_tokenizer, tmp_path):
-    """docs/agents.md: past agent.max_calls the episode ends max_context, scored as it stands, also
+    """docs/agents.md: past agent.max_calls the episode ends max_turns, scored as it stands, also
     where the framework raises on the "length" answer instead of returning."""
     ep = play_one(
         tiny_tokenizer, tmp_path, "42", "agent.callable=tests.gateway.agents:raises_on_length", "agent.max_calls=2"
     )
-    assert len(ep.turns) == 2 and ep.end_reason == "max_context" and ep.error is None
+    assert len(ep.turns) == 2 and ep.end_reason == "max_turns" and ep.error is None
     assert ep.turns[-1].info["ground_truth"] == "42" and ep.won  # the env scored its last reply, "42"
     assert "cut at its length limit" in ep.turns[-1].info["agent_error"]
 

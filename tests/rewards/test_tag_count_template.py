@@ -125,3 +125,18 @@ def test_tags_in_a_thinking_models_reasoning_are_not_counted():
     assert tag_count(ep, {"normalize": False}, react) == [1.0]
     xml = template("xml")  # its own <think> tag: a leading block is its thought, counted
     assert xml.answer(XML_REPLY) == XML_REPLY
+
+
+def test_the_tool_call_template_reads_the_call_after_a_thinking_models_reasoning():
+    """A reasoning block that weighs a call (``left``) before the reply makes another (``up``): the action is
+    the one made, exactly formatted, and ``tag_count`` counts the answer's tags once."""
+    env = registry.envs.get("gridworld")()
+    tool_call = template("tool_call")
+    call = '<tool_call>{{"name": "move", "arguments": {{"direction": "{}"}}}}</tool_call>'
+    reply = f"<think>\nmaybe {call.format('left')}? No.\n</think>\n\n{call.format('up')}"
+    parsed = tool_call.parse(reply, env)
+    assert (parsed.action, parsed.format_ok) == ("up", True)
+    assert tool_call.answer(reply) == f"\n\n{call.format('up')}"
+    turn = Turn("obs", reply, "up", True, 0.0, False, info={"answer_from": len(reply) - len(tool_call.answer(reply))})
+    ep = Episode(env="fake", task_id=0, split="train", instruction="", turns=[turn])
+    assert tag_count(ep, {"normalize": False}, tool_call) == [1.0]

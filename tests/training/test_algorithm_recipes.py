@@ -65,7 +65,7 @@ def test_a_wrong_algorithm_setting_is_refused_before_any_model_loads(config, mon
         raise AssertionError("a model was loaded before the algorithm settings were checked")
 
     monkeypatch.setattr(online, "load_models", load_models)
-    with pytest.raises(UnknownNameError, match="unknown algorithm 'grpoo'. Did you mean 'grpo'"):
+    with pytest.raises(UnknownNameError, match="unknown advantage estimator 'grpoo'. Did you mean 'grpo'"):
         run_rl(config("algorithm.advantage=grpoo"), console=QUIET)
     with pytest.raises(UnknownNameError, match="unknown policy loss 'gspoo'"):
         run_rl(config("algorithm.policy_loss=gspoo"), console=QUIET)
