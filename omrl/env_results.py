@@ -21,6 +21,9 @@ from omrl.errors import ConfigError, short_repr
 if TYPE_CHECKING:
     from omrl.envs import Env
 
+#: what an episode shows (to the model, and to a person playing) where the env returned no text
+EMPTY_OBSERVATION = "(the environment returned no text)"
+
 
 @dataclass
 class Observation:

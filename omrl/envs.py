@@ -320,15 +320,24 @@ def check_task(env: Env, task_id: int, known: Sequence[int] | range) -> None:
 def create_env(env_class: type[Env], options: dict[str, Any] | None = None, name: str = "") -> Env:
     """An instance of ``env_class`` built with ``options`` (the config's ``plugins.<env>`` block).
 
-    Options the class does not take raise ConfigError naming the ones it does; so does a text where its
-    default is a flag or a number (:func:`option_type_problem`), once the env's own checks, which say
-    more, had their say: an env that checks nothing would meet the text mid-episode, as its own failure.
+    Options the class does not take raise ConfigError naming the ones it does; so does a value of another
+    kind where the parameter is annotated a flag or a number (:func:`option_type_problem`), once the env's
+    own checks, which say more, had their say: an env that checks nothing would meet the text mid-episode,
+    as its own failure. An ``__init__`` that fails on such a value (comparing ``"abc" < 3``) fails on the
+    user's option, not on a bug of the env.
     """
     options = dict(options or {})
     what = f"env {name or env_class.__name__!r}"
     check_arguments(env_class, options, what, "options")
-    env = env_class(**options)
     problem = option_type_problem(inspect.signature(env_class), options, by_default=False)
+    try:
+        env = env_class(**options)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        if problem:
+            raise ConfigError(f"{what} option {problem}") from exc
+        raise
     if problem:
         close = getattr(env, "close", None)
         if callable(close):

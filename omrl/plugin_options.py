@@ -56,16 +56,21 @@ def option_type_problem(signature: inspect.Signature, options: dict[str, Any], b
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if kind is float and not number:
             return f"{key}={value!r} is invalid; valid: a number"
+        if kind is int and not (number and isinstance(value, int)):
+            return f"{key}={value!r} is invalid; valid: a whole number"
     return None
 
 
 def _declared_kind(parameter: inspect.Parameter, by_default: bool) -> type | None:
-    """``bool`` or ``float`` (any number) where ``parameter`` declares one, else None (any value)."""
+    """``bool``, ``int`` (annotated so: a whole number) or ``float`` (any number) where ``parameter`` declares
+    one, else None (any value). An unannotated default of 5 declares only a number: 5.5 may be meant."""
     annotation = parameter.annotation
     name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
     if name == "bool":
         return bool
-    if name in ("int", "float"):
+    if name == "int":
+        return int
+    if name == "float":
         return float
     if annotation is not parameter.empty or not by_default:  # an Optional, a union, a text: not ours to judge
         return None

@@ -81,6 +81,10 @@ def load_plugins() -> pluggy.PluginManager:
                     f"plugin {ep.name!r} ({dist_name}): {wrong_arguments(module) or _one_line(exc)}; "
                     + go_on(dist_name, others)
                 ) from exc
+            unheard = unheard_hooks(module)
+            if unheard:
+                pm.unregister(module)
+                raise PluginError(f"plugin {ep.name!r} ({dist_name}): {unheard}; " + go_on(dist_name, others))
             _distributions[ep.name] = dist_name
     try:
         pm.check_pending()  # a hook of no spec (a misspelt name) would never be called
@@ -129,8 +133,26 @@ def wrong_arguments(plugin: object) -> str | None:
         if wrong:
             return (
                 f"its hook {name}({', '.join(taken)}) takes {', '.join(map(repr, wrong))}, which omrl does "
-                f"not pass; valid: {name}({', '.join(spec)}) (or fewer of those)"
+                f"not pass; valid: {name}({', '.join(spec)})"
             )
+    return None
+
+
+def unheard_hooks(plugin: object) -> str | None:
+    """A hook of ``plugin`` that omrl would never hear from, or None: a function of a hook's name without
+    ``@hookimpl`` (pluggy passes over it), or one that takes nothing and so can give omrl nothing."""
+    for name in HOOKS:
+        impl = getattr(plugin, name, None)
+        if not callable(impl):
+            continue
+        spec = list(inspect.signature(getattr(hookspecs, name)).parameters)
+        if pm.parse_hookimpl_opts(plugin, name) is None:
+            return (
+                f"its {name} is not marked as a hook, so omrl never calls it; decorate it with @hookimpl "
+                "(from omrl.hookspecs import hookimpl)"
+            )
+        if not [p for p in inspect.signature(impl).parameters if p != "self"]:
+            return f"its hook {name}() takes nothing, so it can give omrl nothing; valid: {name}({', '.join(spec)})"
     return None
 
 
@@ -145,15 +167,23 @@ def distribution_of(plugin_name: str) -> str:
 
 def plugin_in_traceback(tb: TracebackType | None) -> str | None:
     """``plugin NAME (DISTRIBUTION) at FILE:LINE``: the innermost frame of ``tb`` in the package of a
-    plugin that is not omrl's own (a built-in's error is omrl's), or None when no such frame ran."""
-    packages: dict[str, str] = {}  # top-level package -> plugin name
+    plugin that is not omrl's own (a built-in's error is omrl's), or None when no such frame ran. Where a
+    package holds several plugins, the one whose module holds the frame (or is above it) is named; a frame
+    in a module of none of them names the distribution's plugins together."""
+    plugins: dict[str, list[tuple[str, str]]] = {}  # top-level package -> (module, plugin name) of each
     for name, plugin in pm.list_name_plugin():
         module = plugin.__name__ if inspect.ismodule(plugin) else type(plugin).__module__
         top = module.partition(".")[0]
         if top not in OWN_PACKAGES:
-            packages.setdefault(top, name)
+            plugins.setdefault(top, []).append((module, name))
     for frame, line in reversed(list(traceback.walk_tb(tb))):
-        name = packages.get(str(frame.f_globals.get("__name__", "")).partition(".")[0])
-        if name is not None:
-            return f"plugin {name!r} ({distribution_of(name)}) at {frame.f_code.co_filename}:{line}"
+        where = str(frame.f_globals.get("__name__", ""))
+        found = plugins.get(where.partition(".")[0])
+        if not found:
+            continue
+        holding = [(module, name) for module, name in found if where == module or where.startswith(module + ".")]
+        names = [max(holding, key=lambda held: len(held[0]))[1]] if holding else sorted(name for _, name in found)
+        return (
+            f"plugin {' or '.join(map(repr, names))} ({distribution_of(names[0])}) at {frame.f_code.co_filename}:{line}"
+        )
     return None

@@ -76,6 +76,7 @@ def test_plugin_that_fails_to_import_is_named(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_version_and_help_answer_beside_a_plugin_that_fails_to_import(tmp_path):
     """Both exited 2 on the plugin's error: the way to find out what is installed was shut too."""
     broken = broken_plugin(tmp_path)

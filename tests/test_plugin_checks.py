@@ -210,9 +210,30 @@ def test_a_hook_parameter_omrl_does_not_pass_is_refused(load):
         load(wrong_arg=HEAD + "def register_envs(reg): pass\n")
     assert str(info.value) == (
         "plugin 'wrong-arg' (wrong-arg): its hook register_envs(reg) takes 'reg', which omrl does not pass; "
-        "valid: register_envs(register) (or fewer of those); to go on without it: pip uninstall wrong-arg"
+        "valid: register_envs(register); to go on without it: pip uninstall wrong-arg"
     )
     assert not plugins.pm.has_plugin("wrong-arg")
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        (
+            "def register_envs(register): pass\n",
+            "its register_envs is not marked as a hook, so omrl never calls it; decorate it with @hookimpl "
+            "(from omrl.hookspecs import hookimpl)",
+        ),
+        (HEAD + "def register_envs(): pass\n", "its hook register_envs() takes nothing, so it can give omrl nothing; "
+         "valid: register_envs(register)"),
+    ],
+)  # fmt: skip
+def test_a_hook_omrl_would_never_hear_from_is_refused(load, source, message):
+    """Pluggy passes over a function without @hookimpl, and calls one without ``register`` with nothing to
+    register with: the plugin loaded, registered nothing, and its env was an unknown name."""
+    with pytest.raises(PluginError) as info:
+        load(unheard=source)
+    assert str(info.value) == f"plugin 'unheard' (unheard): {message}; to go on without it: pip uninstall unheard"
+    assert not plugins.pm.has_plugin("unheard")
 
 
 def test_a_plugin_that_fails_to_import_says_how_to_go_on(load):

@@ -163,6 +163,7 @@ def check_parse(name: str, reply: str, env: Env) -> None:
     assert isinstance(parsed.format_ok, bool)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TEMPLATES)
 @FAST
 @given(reply=replies, env=st.sampled_from(ENVS))
@@ -184,6 +185,7 @@ def tokenizer():
     return load_tokenizer(resolve_model_path("tiny"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TEMPLATES)
 @settings(max_examples=60, deadline=None)
 @given(ids=st.lists(st.integers(0, 4095), max_size=60), env=st.sampled_from(ENVS))

@@ -52,6 +52,7 @@ def test_huge_pages_are_asked_for_unless_the_environment_says(monkeypatch):
     assert os.environ["THP_MEM_ALLOC_ENABLE"] == "0"
 
 
+@pytest.mark.slow
 def test_torch_gets_huge_pages_when_configured_before_it_loads():
     """What the CLI does (configure_threads before any import of torch) gives torch's large blocks huge
     pages wherever the kernel offers them (THP "always" or "madvise")."""

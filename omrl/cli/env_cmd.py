@@ -252,7 +252,13 @@ def play(
     option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
 ) -> None:
     """Play one episode yourself: type actions, `:expert` for the expert's, `:quit` to stop, `:help`."""
+    from omrl.env_results import EMPTY_OBSERVATION, reset_problem, step_problem
+    from omrl.errors import OmrlError
     from omrl.serve import open_env
+
+    def check(method: str, problem: str | None) -> None:  # as a rollout would refuse it: the env's fault
+        if problem:
+            raise OmrlError(f"env {name!r}: its {method} {problem} (a bug in the env's plugin)")
 
     console = Console(highlight=False)
     env = open_env(name, parse_options(option))
@@ -262,22 +268,25 @@ def play(
         else:  # a task id names its split: --split (test by default) must not hide that it is a train task
             split = next((s for s in (split, *env.splits) if s in env.splits and task in env.split_of(s)), split)
         first = env.reset(task)
+        check("reset", reset_problem(first))
         console.print(
             Panel(
                 Text(first.instruction or "(no separate instruction)"),
                 title=f"{name} task {task} ({split} split): instruction",
             )
         )
-        console.print(Panel(Text(first.text), title="observation"))
+        console.print(Panel(Text(first.text or EMPTY_OBSERVATION), title="observation"))
         turns, total, played, result = max_turns or env.max_turns, 0.0, 0, None
         for turn in range(1, turns + 1):
             action = _ask_action(console, env, turn, turns)
             if action is None:
                 break
             result = env.step(action)
+            check("step", step_problem(result, seated=bool(getattr(env, "seats", ()))))
             total, played = total + result.reward, turn
             flags = " (invalid action)" if result.info.get("invalid") else ""
-            console.print(Panel(Text(result.observation), title=f"observation: reward {result.reward:g}{flags}"))
+            text = result.observation or EMPTY_OBSERVATION
+            console.print(Panel(Text(text), title=f"observation: reward {result.reward:g}{flags}"))
             if result.done:
                 break
         ended = "done" if result is not None and result.done else "not finished"

@@ -26,12 +26,11 @@ from omrl.chat.history import native_call_format
 from omrl.chat.replies import parse_reply, sampled_end, stop_token_ids
 from omrl.chat.tool_calls import parse_tool_calls, template_format
 from omrl.data.trajectory import Episode, Turn
+from omrl.env_results import EMPTY_OBSERVATION
 from omrl.envs import Env, StepResult, clean_text, step_problem
 from omrl.errors import OmrlError, short_repr
 from omrl.supervisor import StageStalled
 from omrl.templates import ParsedAction, Template
-
-EMPTY_OBSERVATION = "(the environment returned no text)"
 
 
 class TemplateFailure(OmrlError):

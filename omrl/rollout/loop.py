@@ -34,9 +34,10 @@ from omrl.chat import check_history, prompt_ids
 from omrl.chat.conformance import check_run_template
 from omrl.clock import timed
 from omrl.data.trajectory import Episode
+from omrl.env_results import EMPTY_OBSERVATION
 from omrl.envs import DemoTurn, Env, Observation, check_seats, clean_text, reset_problem
 from omrl.errors import OmrlError, short_repr
-from omrl.rollout.live import EMPTY_OBSERVATION, LiveEpisode, continue_chat, raised, record_reply, record_step
+from omrl.rollout.live import LiveEpisode, continue_chat, raised, record_reply, record_step
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.replies import GAVE_UP, StreamedReplies, TurnReplies, expert_replies, no_expert_at_all, turn_caps

@@ -15,9 +15,10 @@ from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.chat.encoding import encode_plain
 from omrl.clock import timed
 from omrl.data.trajectory import Episode
+from omrl.env_results import EMPTY_OBSERVATION
 from omrl.envs import Env, Observation, clean_text, seat_reset_problem, seat_step_problem
 from omrl.errors import OmrlError
-from omrl.rollout.live import EMPTY_OBSERVATION, ROLLOUT_KEYS, LiveEpisode, continue_chat, raised, record_reply
+from omrl.rollout.live import ROLLOUT_KEYS, LiveEpisode, continue_chat, raised, record_reply
 from omrl.rollout.loop import open_episode
 from omrl.rollout.seating import Player
 from omrl.supervisor import stage

@@ -190,6 +190,7 @@ def test_openai_backend_without_weight_sync_refuses_weights(served):
         backend.update_weights(trainer.state_dict())
 
 
+@pytest.mark.slow
 def test_grpo_trains_with_rollouts_from_the_server(served, tmp_path, tiny_model_dir, register_plugin):
     """Two GRPO steps whose episodes the server samples: it gets the starting weights, then each
     update's, and ends serving exactly the weights the run saved."""

@@ -232,6 +232,7 @@ def test_a_sweep_leaves_an_env_nothing_measured_out_of_its_macro(omrl_main, mix_
     assert cell["success_macro"] == cell["per_env"]["half-won"]["success_rate"] == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 def test_train_on_a_mixture_names_its_folder_and_a_working_eval_command(omrl_main, mix_plugins, tmp_path,
                                                                         monkeypatch):  # fmt: skip
     monkeypatch.chdir(tmp_path)

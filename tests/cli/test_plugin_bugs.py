@@ -59,3 +59,24 @@ def test_omrl_plugins_lists_then_names_a_clash_across_kinds(register_plugin, omr
         "share a name"
     ) in " ".join(err.split())
     assert omrl_main("plugins", "--json")[0] == 2
+
+
+def test_of_several_plugins_in_one_package_the_one_whose_module_raised_is_named(register_plugin):
+    """A distribution with one entry point a kind (countup.env, countup.reward): an error in env.py was
+    named as the first plugin of the package, whichever it was."""
+    from omrl.plugins import plugin_in_traceback
+
+    for kind in ("reward", "env"):
+        register_plugin(type("Plugin", (), {"__module__": f"countup.{kind}"})(), name=f"countup.{kind}")
+
+    def raised_in(module: str) -> str | None:
+        fails = eval("lambda: 1 / 0", {"__name__": module})
+        try:
+            fails()
+        except ZeroDivisionError as exc:
+            return plugin_in_traceback(exc.__traceback__)
+        return None
+
+    assert raised_in("countup.env").startswith("plugin 'countup.env' (-) at ")
+    assert raised_in("countup.env.game").startswith("plugin 'countup.env' (-) at ")  # a module below it
+    assert raised_in("countup.rules").startswith("plugin 'countup.env' or 'countup.reward' (-) at ")

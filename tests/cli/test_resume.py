@@ -29,6 +29,7 @@ def steps_logged(run) -> list[int]:
     return [record["step"] for record in read_metrics(run)]
 
 
+@pytest.mark.slow
 def test_resume_reads_the_runs_config_and_extends_a_finished_run(omrl_main, tmp_path):
     run = tmp_path / "run"
     code, _, err = omrl_main("train", *RUN, "--steps", "2", "--output-dir", str(run))
@@ -68,6 +69,7 @@ def test_two_sft_runs_in_a_row_each_get_a_directory(omrl_main, tmp_path, monkeyp
     assert len(list((tmp_path / "runs").glob("sft-*"))) == 2
 
 
+@pytest.mark.slow
 def test_the_same_command_with_resume_added_continues_a_preset_played_on_another_env(omrl_main, tmp_path):
     """The grpo preset is webshop's: on gridworld its turn cap becomes the env's own, on resume too
     (it used to stay the preset's 8 there, and the resume was refused as a changed config)."""

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import httpx
 import pytest
@@ -19,7 +20,7 @@ from omrl.errors import ConfigError, OmrlError
 from omrl.serve import create_app
 from omrl_plugins.envs.agentgym import AgentGymEnv
 from omrl_plugins.envs.gridworld import GridWorld
-from tests.fakes import Registers
+from tests.fakes import KeyEnv, Registers
 from tests.helpers import fresh_python_json
 
 
@@ -326,5 +327,57 @@ def test_an_env_option_that_is_text_where_a_number_belongs_is_refused_as_the_use
     out = tmp_path / "t.parquet"
     code, stdout, stderr = cli_exit(capsys, *keys_rollout(1, "--expert", "plugins.keys.fail_task=abc", "-o", str(out)))
     text = " ".join((stdout + stderr).split())
-    assert code == 2 and "env 'keys' option fail_task='abc' is invalid; valid: a number" in text, text
+    assert code == 2 and "env 'keys' option fail_task='abc' is invalid; valid: a whole number" in text, text
     assert not out.exists()
+
+
+class TupleStepEnv(KeyEnv):
+    """Answers ``step`` with a tuple, as a gym env would, and opens with no text."""
+
+    def reset(self, task_id: int) -> Observation:
+        super().reset(task_id)
+        return Observation("", "Find the key.")
+
+    def step(self, action: str):
+        return ("Chest opens.", 1.0, True, {"won": True, "score": 1.0})
+
+
+def test_play_refuses_what_a_rollout_would_refuse_naming_the_env(register_plugin, capsys):
+    """env play read ``result.reward`` off a tuple and crashed as "a bug in omrl"; a rollout names the env."""
+    from tests.helpers import cli_exit
+
+    register_plugin(Registers({"tuple-step": TupleStepEnv}), name="test-tuple-step")
+    with mock.patch("rich.prompt.Prompt.ask", return_value="open"):
+        code, stdout, stderr = cli_exit(capsys, "env", "play", "tuple-step", "--split", "train")
+    text = " ".join((stdout + stderr).split())
+    assert code == 2, text
+    assert "env 'tuple-step': its step returned a tuple, not a StepResult (a bug in the env's plugin)" in text
+    assert "(the environment returned no text)" in text  # the opening, which had none, not a crash
+
+
+class ComparingEnv(KeyEnv):
+    """Uses its option as it is built, as many envs do: ``"abc" < 1`` raises there."""
+
+    def __init__(self, high: int = 12):
+        if high < 1:
+            raise ConfigError(f"high={high} is invalid; valid: 1 or more")
+        super().__init__()
+        self.high = high
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("abc", "option high='abc' is invalid; valid: a whole number"),
+        (7.5, "high=7.5 is invalid; valid: a whole number"),
+    ],
+)
+def test_an_option_of_the_wrong_kind_is_the_users_even_where_init_fails_on_it(register_plugin, value, message):
+    """``__init__`` raised TypeError on the text and the run blamed a bug in the env's plugin; 7.5 for an
+    ``int`` was taken, and every episode failed at reset."""
+    from omrl.envs import create_env
+
+    with pytest.raises(ConfigError, match=message):
+        create_env(ComparingEnv, {"high": value}, "comparing")
+    with pytest.raises(ConfigError, match=r"high=0 is invalid; valid: 1 or more"):  # the env's own check first
+        create_env(ComparingEnv, {"high": 0}, "comparing")

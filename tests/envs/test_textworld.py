@@ -269,6 +269,7 @@ def test_a_freshly_compiled_game_that_is_damaged_is_an_env_error(tmp_path, monke
     assert list((tmp_path / "w1-o1-q1").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_seed_is_the_same_game_in_any_cache_and_episodes_replay(cache, tmp_path):
     seed = SPLITS["test"][0]
     here, elsewhere = tiny(cache), tiny(tmp_path)
@@ -362,6 +363,7 @@ def test_a_missing_textworld_names_the_extra(monkeypatch):
         TextWorldEnv()
 
 
+@pytest.mark.slow
 def test_an_expert_rollout_through_the_cli_wins_every_episode(textworld_registered, cache, tmp_path, capsys):
     assert registry.envs.get("textworld:medium") is DIFFICULTY_ENVS["medium"]
     out = tmp_path / "expert.parquet"

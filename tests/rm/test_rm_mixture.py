@@ -71,6 +71,7 @@ def _cli_settings(out: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_bradley_terry_draws_pairs_each_dataset_makes_of_its_own_episodes(data_dir, tmp_path):
     first, second = data_dir / "first", data_dir / "second"
     summary = run_rm_train(config(f"{first}:3,{second}:1", tmp_path / "bt", "objective=bt"), console=QUIET)

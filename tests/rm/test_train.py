@@ -267,6 +267,7 @@ def test_bradley_terry_trains_on_pairs_and_lora_merges_into_a_plain_model(data_d
     assert not any("lora" in name for name, _ in rm.model.named_parameters())
 
 
+@pytest.mark.slow
 def test_a_skipped_update_does_not_advance_the_schedule(data_dir, tmp_path):
     cfg = config(data_dir, tmp_path / "nan", "num_train_epochs=1", "optim.warmup_steps=2", "optim.lr_schedule=linear")
     recipe = RmRecipe(cfg, console=Console(file=io.StringIO()))
@@ -310,6 +311,7 @@ def test_resume_continues_to_the_same_weights(data_dir, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_process_model_trains_on_monte_carlo_values_from_trees(tmp_path):
     cfg = load_config(RolloutRunConfig, None, GRIDWORLD + ["plugins.mc_value.k=2"])
     with RolloutSession.from_config(cfg) as session:
@@ -369,6 +371,7 @@ def test_cli_trains_and_evaluates(data_dir, tmp_path):
     assert written["scores"] == pytest.approx(evaluate_reward_model(out, str(data_dir))["scores"])
 
 
+@pytest.mark.slow
 def test_rm_eval_takes_key_value_overrides_and_remembers_how_the_model_read_its_chats(data_dir, tmp_path):
     out = tmp_path / "text-rm"
     result = invoke(
@@ -436,6 +439,7 @@ def test_values_of_an_input_scored_before_are_remembered(data_dir, one_epoch_orm
     assert len(calls) == counted  # no forward for inputs scored before
 
 
+@pytest.mark.slow
 def test_rm_train_resume_on_the_command_line_plays_the_runs_own_config(data_dir, tmp_path):
     """As `omrl sft` and `omrl train`: what Ctrl-C prints (`omrl rm train --resume --output-dir DIR`) works as
     printed, with no flag typed again."""

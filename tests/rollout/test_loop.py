@@ -8,10 +8,10 @@ from omrl.backends.hf import HFBackend
 from omrl.chat import render
 from omrl.data import read_episodes, write_episodes
 from omrl.data.conversations import episode_to_record
+from omrl.env_results import EMPTY_OBSERVATION
 from omrl.envs import DemoTurn
 from omrl.errors import OmrlError
 from omrl.rollout import EnvPool, RolloutLimits, RolloutProgress, collect
-from omrl.rollout.loop import EMPTY_OBSERVATION
 from tests.fakes import ActionTemplate, CountingBackend, IOKeyEnv, KeyEnv, ScriptedBackend
 
 

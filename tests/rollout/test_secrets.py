@@ -111,6 +111,7 @@ class Stop(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_a_training_run_writes_no_secret_and_resumes_with_a_new_one(tiny_model_dir, tmp_path):
     from omrl.training.rl import run_rl
 

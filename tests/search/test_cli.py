@@ -134,7 +134,7 @@ def test_bad_strategy_input_is_one_line(chest_plugins, capsys, tmp_path, args, m
             "scorer 'env_reward' option partial_credit='maybe' is invalid; valid: true or false",
         ),
         ("plugins.beam.widht=3", "strategy 'beam' does not take options ['widht']; its options: width,"),
-        ("plugins.mcts.iterations=many", "strategy 'mcts' option iterations='many' is invalid; valid: a number"),
+        ("plugins.mcts.iterations=many", "strategy 'mcts' option iterations='many' is invalid; valid: a whole number"),
     ],
 )
 def test_strategy_and_scorer_options_are_checked_before_any_model_loads(capsys, override, message):

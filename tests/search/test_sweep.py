@@ -87,6 +87,7 @@ def test_sweep_writes_one_cell_per_strategy_and_budget_and_a_png(tmp_path):
     assert not list(out.glob(".*.tmp"))  # no temporary file left behind
 
 
+@pytest.mark.slow
 def test_a_sweep_run_again_plays_only_the_new_cells(tmp_path):
     out = tmp_path / "sweep"
     first = best_of_n_sweep(out, "16")
@@ -120,6 +121,7 @@ class Interrupting:
         register("interrupting", interrupting)
 
 
+@pytest.mark.slow
 def test_an_interrupted_sweep_keeps_its_finished_cells_and_says_how_to_go_on(register_plugin, capsys, tmp_path):
     register_plugin(Interrupting(), name="interrupting-strategy")
     code, _, err = cli_exit(
@@ -221,6 +223,7 @@ def _final_model(path, scale: float):
     (path / MODEL_MANIFEST).write_text(manifest(path, names))
 
 
+@pytest.mark.slow
 def test_a_model_retrained_at_the_same_path_does_not_resume_the_earlier_models_sweep(tmp_path):
     model, out = tmp_path / "final", tmp_path / "sweep"
     _final_model(model, 1.0)

@@ -143,6 +143,7 @@ def test_an_adaptive_kl_needs_a_coefficient_to_adapt(config):
 # -- dynamic sampling ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_trains_only_groups_that_differ_and_keeps_the_batch_full(config):
     cfg = config(
         "reward.weights={half_constant: 1.0}", "algorithm.dynamic_sampling=true", "tasks_per_step=4", "steps=2"
@@ -390,6 +391,7 @@ def test_seq_mean_token_sum_norm_divides_by_the_runs_token_budget(config):
     assert read_metrics(normed.logging.output_dir)[0]["pg_loss"] == pytest.approx(total / (rows * 16), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["token-sum", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_the_logged_loss_does_not_move_with_the_micro_batch_size(config, mode):
     """The gradient of a micro-batch is weighed by its share under the mode; its logged figures too."""

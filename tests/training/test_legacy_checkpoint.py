@@ -32,6 +32,7 @@ from omrl.training.metrics import read_metrics
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "legacy_ppo_run"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_from_before_the_reorganisation_resumes_to_the_same_step(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)

@@ -45,6 +45,7 @@ def numbers(out) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_groups_never_mix_envs_and_per_env_metrics_add_up(config):
     cfg = config("steps=3", "eval_tasks=2")
     run_rl(cfg, console=QUIET)
@@ -71,6 +72,7 @@ def test_groups_never_mix_envs_and_per_env_metrics_add_up(config):
     )
 
 
+@pytest.mark.slow
 def test_each_env_trains_with_its_own_turn_cap_and_reward_weights(config):
     cfg = config(
         "env.name=gridworld",  # the mixture is named once: here by env.mix
@@ -107,6 +109,7 @@ def test_a_stopped_mixture_run_resumes_to_the_same_numbers(config):
         assert [(ep.env, ep.task_id) for ep in resumed] == [(ep.env, ep.task_id) for ep in ran]
 
 
+@pytest.mark.slow
 def test_a_run_resumed_with_other_envs_is_refused(config):
     first = config("steps=1", "logging.save_steps=1", out="run")
     run_rl(first, console=QUIET)
@@ -148,6 +151,7 @@ class TwoProcesses:
         return Rank()
 
 
+@pytest.mark.slow
 def test_per_env_metrics_over_two_processes_are_what_one_process_computes_from_all(tiny_model_dir):
     cfg = load_config(
         RolloutRunConfig,

@@ -62,6 +62,7 @@ def test_ctrl_c_names_the_checkpoint_kept_and_how_to_resume(rl_config):
         run_rl(cfg, on_step_end=press_ctrl_c, console=QUIET)
 
 
+@pytest.mark.slow
 def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(rl_config):
     cfg = rl_config("logging.save_steps=1", "steps=3")
 
@@ -150,6 +151,7 @@ def test_a_step_whose_every_episode_failed_in_the_env_is_played_again(rl_config,
     assert flaky_server.failures == 0
 
 
+@pytest.mark.slow
 def test_a_step_on_a_dead_server_is_never_counted_checkpointed_or_rotated_over_a_good_one(rl_config, flaky_server):
     """The server dies after step 1: step 2 is played again, fails again, and the run stops with
     step 1's checkpoint kept (keep_checkpoints=1 would rotate it out for a step 2 checkpoint) and
@@ -178,6 +180,7 @@ def test_a_step_on_a_dead_server_is_never_counted_checkpointed_or_rotated_over_a
     assert [c.name for c in complete_checkpoints(cfg.logging.output_dir)] == ["step-00000003"]
 
 
+@pytest.mark.slow
 def test_the_steps_done_before_the_env_went_down_are_kept_without_save_steps(rl_config, flaky_server):
     """With no checkpoint cadence (logging.save_steps=0, the default), a server that dies after step 2
     costs the run step 3, not steps 1 and 2: they are checkpointed as the run stops, and --resume plays
@@ -273,6 +276,7 @@ def test_a_run_whose_prompts_leave_no_room_for_a_turn_says_so(rl_config):
         run_rl(rl_config("generation.max_context=20", "eval_tasks=0"), console=QUIET)
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_adds_no_metrics_row_and_sums_up_the_run(rl_config):
     cfg = rl_config()
     first = run_rl(cfg, console=QUIET)
@@ -349,6 +353,7 @@ class HealedEnv(GridWorld):
         return super().reset(task_id)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_is_judged_on_every_episode_it_played_not_just_those_since(rl_config, register_plugin):
     """Half of step 1's episodes failed (past max_env_error_rate=0.2); step 2's all played: 1 in 4 of the
     run failed, still past it. A resume that forgot step 1 would count 0 and exit 0."""
@@ -366,6 +371,7 @@ def test_a_resumed_run_is_judged_on_every_episode_it_played_not_just_those_since
         run_rl(resumed, console=QUIET)
 
 
+@pytest.mark.slow
 def test_a_damaged_final_checkpoint_is_written_again_by_the_resume_that_went_back_past_it(rl_config):
     """The resume skips it for the one before and replays the step: the final save must replace it, or every
     later resume warns and replays that step again."""
@@ -383,6 +389,7 @@ def test_a_damaged_final_checkpoint_is_written_again_by_the_resume_that_went_bac
     assert damage(final) is None and ckpt.latest_checkpoint(cfg.logging.output_dir) == final
 
 
+@pytest.mark.slow
 def test_an_emptied_complete_marker_is_damage_the_resume_goes_back_past(rl_config, capsys):
     """Not "an older omrl wrote it" (whose trust command then crashed): every omrl writes its step line."""
     from omrl.training import checkpoint as ckpt
@@ -401,6 +408,7 @@ def test_an_emptied_complete_marker_is_damage_the_resume_goes_back_past(rl_confi
     assert [r["step"] for r in read_metrics(cfg.logging.output_dir)] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_a_metrics_file_with_lines_that_are_no_records_resumes_or_says_which(rl_config):
     cfg = rl_config("steps=1", "eval_tasks=0")
     run_rl(cfg, console=QUIET)

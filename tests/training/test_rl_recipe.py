@@ -57,6 +57,7 @@ def test_grpo_run_writes_metrics_checkpoints_and_a_loadable_model(rl_config, reg
     assert model.config.model_type == "qwen2"
 
 
+@pytest.mark.slow
 def test_each_step_logs_its_own_generation_and_the_evaluation_its_own(rl_config):
     cfg = rl_config("eval_every=1")  # an evaluation after step 1, before step 2's rollout
     run_rl(cfg, console=QUIET)
@@ -81,6 +82,7 @@ def updates_and_schedule(rl_config, *overrides: str):
     return cfg, updates, torch.load(checkpoint / "scheduler.pt", weights_only=True)
 
 
+@pytest.mark.slow
 def test_each_mini_batch_is_one_optimizer_step(rl_config, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
     # 2 tasks x 3 samples = 6 episodes: 3 mini-batches of 2 a pass, 2 passes, 2 steps -> 12 updates
@@ -201,6 +203,7 @@ def test_kl_to_the_reference_is_logged(rl_config, register_plugin):
     assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # before the first update the policy is the reference
 
 
+@pytest.mark.slow
 def test_resumed_run_matches_an_uninterrupted_one(rl_config, register_plugin):
     register_plugin(SampleIndexReward(), name="sample-index")
     keys = ("reward", "success", "loss", "grad_norm", "response_tokens")
@@ -244,6 +247,7 @@ class NanLoss:
         register("nan_loss", nan_loss, kind="policy_loss")
 
 
+@pytest.mark.slow
 def test_non_finite_updates_are_skipped_then_stop_the_run(rl_config, register_plugin):
     register_plugin(NanLoss(), name="nan-loss")
     register_plugin(SampleIndexReward(), name="sample-index")
@@ -332,6 +336,7 @@ class HalfTheTasksLearn:
         register("half_the_tasks", half_the_tasks)
 
 
+@pytest.mark.slow
 def test_rows_whose_advantages_are_all_zero_are_not_run_and_the_update_is_the_same(
     rl_config, register_plugin, monkeypatch
 ):

@@ -42,6 +42,7 @@ def step_one(cfg) -> dict:
     return read_metrics(cfg.logging.output_dir)[0]
 
 
+@pytest.mark.slow
 def test_the_hf_sampler_in_float32_is_the_trainer_and_auto_corrects_nothing(config):
     record = step_one(config())
     assert abs(record["mismatch_kl_k1"]) < 1e-5 and 0 <= record["mismatch_kl_k3"] < 1e-8

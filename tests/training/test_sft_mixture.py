@@ -171,6 +171,7 @@ def test_one_dataset_is_read_and_trained_on_as_before(sft_config, agent_jsonl, t
 
 
 # -- training ----------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_two_dataset_run_trains_logs_its_mix_and_the_loss_falls(sft_config, agent_jsonl, math_parquet, tmp_path):
     cfg = sft_config(
         dataset=mixture(agent_jsonl, math_parquet),
@@ -198,6 +199,7 @@ def test_a_two_dataset_run_trains_logs_its_mix_and_the_loss_falls(sft_config, ag
     assert f"{agent_jsonl} (weight 0.70): 27 drawn of 8 conversations" in console.getvalue()
 
 
+@pytest.mark.slow
 def test_a_mixture_run_stopped_and_resumed_matches_one_that_ran_through(
     sft_config, sft_reference, agent_jsonl, math_parquet, tmp_path
 ):

@@ -98,6 +98,7 @@ def test_resuming_a_finished_run_reports_its_last_loss_not_nan(sft_config, tmp_p
     assert again["steps"] == first["steps"] and again["final_loss"] == first["final_loss"]
 
 
+@pytest.mark.slow
 def test_a_final_model_its_resumed_run_trained_past_is_named_before_it_plays(sft_config, tmp_path):
     """A finished run resumed for another epoch stops after a checkpoint, before it saves its model again:
     its folder still holds the older model, and a command that would play it says so, naming both steps."""

@@ -196,6 +196,7 @@ def test_rows_packed_on_a_shared_prefix_give_the_gradients_of_whole_rows(rows, a
         torch.testing.assert_close(b.grad, a.grad, atol=2e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.slow
 def test_grpo_with_shared_prefixes_learns_what_whole_rows_learn(tiny_model_dir, tmp_path, monkeypatch):
     """Two steps of GRPO: the run that shares prompts takes the same steps, to float rounding."""
     passes = []

@@ -65,6 +65,7 @@ def test_a_generation_process_that_never_hands_over_stops_the_run(tmp_path):
         silent.kill()
 
 
+@pytest.mark.slow
 def test_a_run_a_deadline_stops_keeps_the_steps_done_and_resumes_from_them(tiny_model_dir, tmp_path, monkeypatch):
     """With no checkpoint asked for (save_steps=0), a generate that hangs in step 2 used to lose step 1."""
     play = online_run.OnlineRun._play_here

@@ -217,6 +217,7 @@ def test_long_texts_and_token_lists_are_cut_with_a_note(tmp_path):
     assert "tk.cut" in render()  # the page shows the token note
 
 
+@pytest.mark.slow
 def test_a_saved_page_stops_embedding_episodes_at_its_byte_bound(tmp_path):
     store = _long_run(tmp_path)
     whole = len(script_json(embedded_data(store)))
