@@ -35,13 +35,19 @@ def env_error_reasons(episodes: Sequence[Episode], limit: int = 3) -> list[str]:
 
 
 def failed_in(episodes: Sequence[Episode], env: str) -> str:
-    """What the ``env_error`` episodes among ``episodes`` failed in: their agent where each one's reason names
-    it (:data:`~omrl.gateway.agents.AGENT_REASON`), else the env ``env``."""
+    """What the ``env_error`` episodes among ``episodes`` failed in: their agent, or the action template, where
+    each one's reason names it (:data:`~omrl.gateway.agents.AGENT_REASON`,
+    :data:`~omrl.rollout.live.TEMPLATE_REASON`), else the env ``env``."""
     from omrl.gateway.agents import AGENT_REASON, IN_THE_AGENT
+    from omrl.rollout.live import TEMPLATE_REASON
 
     reasons = [ep.error or "" for ep in episodes if ep.end_reason == "env_error"]
-    agents = bool(reasons) and all(AGENT_REASON.match(reason) for reason in reasons)
-    return IN_THE_AGENT if agents else f"the env {env!r}"
+    if reasons and all(AGENT_REASON.match(reason) for reason in reasons):
+        return IN_THE_AGENT
+    templates = {found[1] for found in map(TEMPLATE_REASON.search, reasons) if found}
+    if reasons and len(templates) == 1 and all(map(TEMPLATE_REASON.search, reasons)):
+        return f"the action template {templates.pop()} (a bug in its code, not the env)"
+    return f"the env {env!r}"
 
 
 def check_max_env_error_rate(max_rate: float) -> None:

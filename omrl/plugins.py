@@ -165,6 +165,13 @@ def distribution_of(plugin_name: str) -> str:
     return _distributions.get(plugin_name, "-")
 
 
+def plugin_site(exc: BaseException | None) -> str:
+    """`` (in plugin NAME (DISTRIBUTION) at FILE:LINE)`` where a third-party plugin's code raised ``exc``
+    (:func:`plugin_in_traceback`): where its author looks first; else ""."""
+    where = plugin_in_traceback(exc.__traceback__) if exc is not None else None
+    return f" (in {where})" if where else ""
+
+
 def plugin_in_traceback(tb: TracebackType | None) -> str | None:
     """``plugin NAME (DISTRIBUTION) at FILE:LINE``: the innermost frame of ``tb`` in the package of a
     plugin that is not omrl's own (a built-in's error is omrl's), or None when no such frame ran. Where a

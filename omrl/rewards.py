@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from omrl import plugin_options
 from omrl.data.trajectory import Episode
 from omrl.env_results import finite_number
-from omrl.errors import OmrlError
+from omrl.errors import OmrlError, short_repr
 from omrl.supervisor import StageStalled, on_stall, stage
 
 ALLOCATION_MODES = ("last_token", "uniform_positive", "discounted", "per_turn")
@@ -91,11 +91,13 @@ def _checked(name: str, values: Any, episodes: Sequence[Episode]) -> list[list[f
         )
     out = []
     for i, (ep, per_turn) in enumerate(zip(episodes, values)):
+        if hasattr(per_turn, "tolist") and not isinstance(per_turn, (list, tuple)):  # a numpy array, a tensor
+            per_turn = per_turn.tolist()
         if not isinstance(per_turn, (list, tuple)) or len(per_turn) != len(ep.turns):
-            got = f"{len(per_turn)} values" if isinstance(per_turn, (list, tuple)) else repr(per_turn)
+            got = f"{len(per_turn)} values" if isinstance(per_turn, (list, tuple)) else short_repr(per_turn)
             raise RewardError(
                 f"reward {name!r} gave {_describe(ep, i)} {got} for its {len(ep.turns)} turns; "
-                "expected one float per turn"
+                "expected a list of one float per turn"
             )
         row = []
         for t, value in enumerate(per_turn):
@@ -224,7 +226,9 @@ def compose_rewards(
         except OmrlError:
             raise
         except Exception as exc:  # the reward's own failure (or its service's): named, never an omrl bug
-            raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {exc}") from exc
+            from omrl.plugins import plugin_site
+
+            raise RewardError(f"reward {name!r} raised {type(exc).__name__}: {exc}{plugin_site(exc)}") from exc
         components[name] = _checked(name, values, played) if played else []
         # a component may end an episode as env_error itself (a judge that could not score it): from here on
         # it is one of the episodes that measured nothing, for the next components and the total alike

@@ -29,6 +29,7 @@ from omrl.data.trajectory import Episode, Turn
 from omrl.env_results import EMPTY_OBSERVATION
 from omrl.envs import Env, StepResult, clean_text, step_problem
 from omrl.errors import OmrlError, short_repr
+from omrl.plugins import plugin_site
 from omrl.supervisor import StageStalled
 from omrl.templates import ParsedAction, Template
 
@@ -52,15 +53,6 @@ def raised(exc: BaseException) -> str:
     """``Type: message`` of an env's exception and, for one no env means to raise (not an ``OmrlError``
     such as ``EnvError``: its server is down), where a third-party plugin raised it (:func:`plugin_site`)."""
     return f"{type(exc).__name__}: {exc}{'' if isinstance(exc, OmrlError) else plugin_site(exc)}"
-
-
-def plugin_site(exc: BaseException | None) -> str:
-    """`` (in plugin NAME (DISTRIBUTION) at FILE:LINE)`` where a third-party plugin's code raised ``exc``
-    (:func:`omrl.plugins.plugin_in_traceback`): where its author looks first; else ""."""
-    from omrl.plugins import plugin_in_traceback
-
-    where = plugin_in_traceback(exc.__traceback__) if exc is not None else None
-    return f" (in {where})" if where else ""
 
 
 # what the rollout records in Turn.info; the env's step adds the rest

@@ -44,12 +44,21 @@ def kept_steps(recipe: Any, failure: FailedStep, command: str) -> FailedStep:
         if kept is None:
             return FailedStep(f"{failure}; no step was done before it: nothing to resume, {fix} and run again")
         return FailedStep(f"{failure}; the newest checkpoint is {kept}: {fix}, then {_resume(recipe, command)}")
+    # an exception from a third-party env's own code (the reason names its plugin and line) may be its bug
+    bug = " (or fix the env's plugin: it raised in its own code, at the line named above)" if _in_plugin(health) else ""
     if kept is None:
-        return FailedStep(f"{failure}; no step was done before it: nothing to resume, run again once the env is back")
+        return FailedStep(
+            f"{failure}; no step was done before it: nothing to resume, run again once the env is back{bug}"
+        )
     return FailedStep(
-        f"{failure}; the newest checkpoint is {kept}: bring the env back (is its server down or full?), then "
+        f"{failure}; the newest checkpoint is {kept}: bring the env back (is its server down or full?){bug}, then "
         f"{_resume(recipe, command)}"
     )
+
+
+def _in_plugin(health: Any) -> bool:
+    """Whether the last failed step's reason names a third-party plugin's line (:func:`omrl.plugins.plugin_site`)."""
+    return health is not None and " (in plugin " in str(getattr(health, "failed_step", "") or "")
 
 
 def stopped_by_stall(recipe: Any, stall: StageStalled, command: str) -> StageStalled:

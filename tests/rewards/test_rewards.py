@@ -8,6 +8,7 @@ import math
 import sys
 import warnings
 
+import numpy as np
 import pytest
 
 from omrl import registry
@@ -210,6 +211,7 @@ class FakeRewards:
     @hookimpl
     def register_rewards(self, register):
         register("one_per_turn", lambda episodes, value=1.0: [[value] * len(ep.turns) for ep in episodes])
+        register("numpy_per_turn", lambda episodes: [np.full(len(ep.turns), 0.5) for ep in episodes])
         register("too_few_episodes", lambda episodes: [[0.0] * len(ep.turns) for ep in episodes[1:]])
         register("too_few_turns", lambda episodes: [[0.0] for ep in episodes])
         register("not_finite", lambda episodes: [[math.nan] * len(ep.turns) for ep in episodes])
@@ -261,7 +263,11 @@ def test_compose_stores_components_and_the_weighted_total(fake_rewards):
         ("not_a_number", r"reward 'not_a_number' gave episode 0 .* the value '1.0'"),
         ("past_floats", r"reward 'past_floats' gave episode 0 .* turn 0 the value 1000000"),
         ("none_per_episode", r"reward 'none_per_episode' raised TypeError: float\(\) argument must be"),
-        ("service_down", r"reward 'service_down' raised ConnectionError: the scoring service is down"),
+        (  # where in the plugin: its author looks there first
+            "service_down",
+            r"reward 'service_down' raised ConnectionError: the scoring service is down \(in plugin 'fake-rewards' "
+            r"\(-\) at .*test_rewards.py:\d+\)",
+        ),
     ],
 )
 def test_compose_rejects_wrong_shapes_naming_the_reward_and_writes_nothing(fake_rewards, bad, message):
@@ -269,6 +275,12 @@ def test_compose_rejects_wrong_shapes_naming_the_reward_and_writes_nothing(fake_
     with pytest.raises(RewardError, match=message):
         compose_rewards(eps, {"goal": 1.0, bad: 1.0})
     assert all(ep.rewards == {} for ep in eps)
+
+
+def test_a_reward_may_give_each_episode_a_numpy_array(fake_rewards):
+    eps = [episode(turn(), turn(done=True))]
+    compose_rewards(eps, {"numpy_per_turn": 1.0})
+    assert eps[0].rewards["numpy_per_turn"] == [0.5, 0.5] and type(eps[0].rewards["numpy_per_turn"][0]) is float
 
 
 def test_compose_rejects_bad_configuration():
@@ -279,7 +291,9 @@ def test_compose_rejects_bad_configuration():
         compose_rewards(eps, {"goal": 1.0}, options={"goal": {"strict": True}})
     with pytest.raises(ConfigError, match=r"reward 'goal' option binary='false' is invalid; valid: true or false"):
         compose_rewards(eps, {"goal": 1.0}, options={"goal": {"binary": "false"}})  # quoted: no false
-    with pytest.raises(ConfigError, match=r"reward 'length_penalty' option budget='abc' is invalid; valid: a number"):
+    with pytest.raises(
+        ConfigError, match=r"reward 'length_penalty' option budget='abc' is invalid; valid: a whole number"
+    ):
         compose_rewards(eps, {"length_penalty": 1.0}, options={"length_penalty": {"budget": "abc"}})
     with pytest.raises(RewardError, match="'total' is the composed reward"):
         compose_rewards(eps, {"total": 1.0})

@@ -140,6 +140,8 @@ def test_omrl_rollout_with_a_broken_template_exits_2_naming_it(fake_plugins, reg
         "SilentTemplate's format_action returned None" if expert else "AlwaysRaising's parse raised IndexError"
     ) in text
     assert "could not be parsed" not in text
+    template = "SilentTemplate" if expert else "AlwaysRaising"  # the headline too, not "failed in the env"
+    assert f"every episode failed in the action template {template} (a bug in its code, not the env)" in text
 
 
 class TemplatePlugin:

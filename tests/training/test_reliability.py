@@ -101,6 +101,25 @@ def test_a_run_whose_every_episode_failed_in_the_env_is_no_result(rl_config, reg
     assert complete_checkpoints(cfg.logging.output_dir) == [] and not read_metrics(cfg.logging.output_dir)
 
 
+class BuggyResetEnv(DeadServerEnv):
+    """Its reset raises in its own code, which is no EnvError: its bug, or its server's failure."""
+
+    def reset(self, task_id: int) -> Observation:
+        return {}["board"]
+
+
+def test_a_run_whose_env_raised_in_its_own_code_says_its_plugin_may_need_a_fix(rl_config, register_plugin, no_wait):
+    """It said only "run again once the env is back", where the env's plugin named its own line."""
+    register_plugin(EnvPlugin("buggy_reset", BuggyResetEnv), name="buggy-reset")
+    with pytest.raises(EnvFailure) as failure:
+        run_rl(rl_config("env.name=buggy_reset", "eval_tasks=0"), console=QUIET)
+    message = " ".join(str(failure.value).split())
+    assert "KeyError: 'board' (in plugin 'buggy-reset' (-) at " in message
+    assert message.endswith(
+        "run again once the env is back (or fix the env's plugin: it raised in its own code, at the line named above)"
+    )
+
+
 def test_a_dpo_step_whose_every_episode_failed_in_the_env_is_not_counted(rl_config, register_plugin, monkeypatch):
     """DPO plays such a step again too (as GRPO does), then stops without counting it."""
     import omrl.training.rollout_health
