@@ -106,8 +106,10 @@ def register_rollout_strategies(register):
         ``register(name, fn, group_in_one_tree=True, batched_without_budget=True)``
         (the fields of :class:`omrl.search.StrategyTraits`; all False when not given).
         The core reads these, never the strategy's name, so a plugin that declares
-        what a built-in declares is treated exactly as that built-in. A scorer
-        declares none. A strategy that returns other than one ``Tree`` per task, in
+        what a built-in declares is treated exactly as that built-in. A scorer may
+        declare ``check_options=check``: ``check(**options)`` raises ConfigError for a
+        bad option before anything is played (a path that holds no model), where the
+        search would meet it only when it first scores. A strategy that returns other than one ``Tree`` per task, in
         the order given (``task_id`` the task's, ``group`` its position), is an error
         naming it.
     """

@@ -44,6 +44,13 @@ TRAITS: dict[str, dict[str, tuple[Any, str]]] = {
     },
     "policy_loss": {"zero_advantage_rows_add_nothing": _FLAG},
     "strategy": {"group_in_one_tree": _FLAG, "batched_without_budget": _FLAG},
+    "scorer": {
+        "check_options": (
+            callable,
+            "a function that takes the scorer's options as keywords and raises ConfigError for a bad one, "
+            "without scoring (omrl.cli.play_checks.check_search_blocks)",
+        ),
+    },
     "reward": {
         "check_options": (
             callable,

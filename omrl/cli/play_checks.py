@@ -25,10 +25,10 @@ def check_before_loading(cfg) -> None:
                 f"{install_command(env_class)}"
             )
         check_plugin_blocks(member.plugins)  # the run's block with the env's own merged in
-        check_search_blocks(member.plugins)
-        check_family_block(member.name, member.plugins, {m.name for m in members})
         rewards.check_weights(member.reward_weights)
-        rewards.check_options(member.reward_weights, member.plugins)
+        rewards.check_options(member.reward_weights, member.plugins)  # first: a block a reward and a scorer
+        check_search_blocks(member.plugins)  # share is named for the reward where it is weighted
+        check_family_block(member.name, member.plugins, {m.name for m in members})
     rewards.check_allocation(cfg.reward.allocation, cfg.reward.gamma)
     check_agent(cfg)
     warn_if_final_model_behind(cfg.model.name)
@@ -80,7 +80,8 @@ def check_plugin_blocks(plugins: dict) -> None:
 def check_search_blocks(plugins: dict) -> None:
     """The options of each rollout strategy and scorer a ``plugins.<name>`` block names: one it does not
     take, or text where its default is a flag or a number, is refused now, not when the search first
-    calls it (a scorer's, perhaps after the whole rollout)."""
+    calls it (a scorer's, perhaps after the whole rollout); so is a value a scorer's ``check_options``
+    trait refuses."""
     import inspect
 
     from omrl import registry
@@ -94,6 +95,9 @@ def check_search_blocks(plugins: dict) -> None:
             if not isinstance(options, dict) or isinstance(component.target, str):
                 continue
             fn = registry.strategies.get(component.name, kind=kind)
+            check = component.traits.get("check_options")
+            if check is not None:
+                check(**options)
             if component.name not in shared:
                 check_options(fn, options, f"{kind} {component.name!r}", fixed=2)
                 continue

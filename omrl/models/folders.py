@@ -1,12 +1,18 @@
 """A path given as a model that holds none, named for what it is: a file, a LoRA adapter, one of a run's
-checkpoints (its model is a folder inside), a run stopped before it saved its model, or another folder."""
+checkpoints (its model is a folder inside), a run stopped before it saved its model, or another folder;
+and whether a model folder is a reward model, read from its config.json alone (no torch)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from omrl.errors import OmrlError
 from omrl.models.builtin import BUILTIN_MODELS
+
+#: the entry of a reward model's config.json that `omrl rm train` writes, and the kinds it may name
+REWARD_MODEL_KEY = "omrl_reward_model"
+REWARD_MODEL_KINDS = ("orm", "prm")
 
 
 def check_model_folder(path: Path) -> None:
@@ -35,3 +41,18 @@ def check_model_folder(path: Path) -> None:
         f"model directory {path} has no config.json; expected a Hugging Face model "
         f"directory, or a built-in name: {', '.join(BUILTIN_MODELS)}"
     )
+
+
+def reward_model_problem(path: Path) -> str | None:
+    """Why the folder ``path`` holds no omrl reward model (a policy's folder has a config.json too), or None."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        return f"its config.json cannot be read ({exc})"
+    meta = config.get(REWARD_MODEL_KEY) if isinstance(config, dict) else None
+    if not isinstance(meta, dict) or meta.get("kind") not in REWARD_MODEL_KINDS:
+        return (
+            f"it is not an omrl reward model (its config.json has no {REWARD_MODEL_KEY!r} with a kind of "
+            f"{', '.join(REWARD_MODEL_KINDS)}); train one with `omrl rm train`"
+        )
+    return None

@@ -29,10 +29,10 @@ from safetensors import SafetensorError
 from omrl.chat import encode_conversation
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
+from omrl.models.folders import REWARD_MODEL_KEY, REWARD_MODEL_KINDS
 from omrl.models.loading import _DTYPES, check_model_files, load_tokenizer, resolve_model_path
 
-CONFIG_KEY = "omrl_reward_model"
-KINDS = ("orm", "prm")
+CONFIG_KEY, KINDS = REWARD_MODEL_KEY, REWARD_MODEL_KINDS
 OBJECTIVES = ("bce", "mse", "bt")  # binary cross-entropy on success, regression on a score, Bradley-Terry pairs
 
 

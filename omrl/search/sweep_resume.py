@@ -1,6 +1,7 @@
 """Resuming a sweep: the setup every cell of ``<out>/sweep.json`` shares, and the cells a run with the same
-setup may keep. The setup is the config less the cell list and output, the task ids, and the model's content
-(:func:`model_content`), so a model retrained at the same path does not add cells to the earlier model's table."""
+setup may keep. The setup is the config less the cell list and output, the task ids, and the content of the
+model (:func:`model_content`) and of the files plugins read (:func:`plugin_content`), so a model or a reward
+model retrained at the same path does not add cells to the earlier one's table."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from omrl.errors import ConfigError
 # config keys that say which cells to play and where, not how: a resumed sweep may change them
 NOT_SETUP = ("command", "description", "strategies", "budgets", "out", "resume")
 CONTENT = "model_content"  # the setup key that says which model content the cells were played with
+PLUGIN_CONTENT = "plugin_files"  # ... and which content the files and folders plugin options name held
 WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack")
 
 
@@ -26,7 +28,23 @@ def setup_of(cfg: SweepRunConfig, tasks: Sequence[Any]) -> dict[str, Any]:
     setup = {k: v for k, v in to_dict(cfg).items() if k not in NOT_SETUP}
     tasks = [list(t) if isinstance(t, tuple) else int(t) for t in tasks]
     setup = {**setup, CONTENT: model_content(cfg.model.name), "tasks": tasks}
+    files = plugin_content(setup.get("plugins"))
+    if files:  # only where a plugin reads one: a record of a sweep that read none stays as it was
+        setup[PLUGIN_CONTENT] = files
     return json.loads(json.dumps(setup))  # as it reads back from the file
+
+
+def plugin_content(plugins: Any) -> dict[str, dict[str, str]]:
+    """The content of each local file or folder a plugin option names (``plugins.rm.path``: a reward
+    model retrained or replaced there scores other cells), keyed ``<plugin>.<option>``, as
+    :func:`model_content` identifies a folder."""
+    out = {}
+    for name, options in sorted((plugins or {}).items()):
+        for key, value in sorted((options or {}).items()) if isinstance(options, dict) else ():
+            path = Path(value).expanduser() if isinstance(value, str) and value else None
+            if path is not None and path.exists():
+                out[f"{name}.{key}"] = _content(path, [path]) if path.is_file() else model_content(str(path))
+    return out
 
 
 def model_content(name: str) -> dict[str, str]:
@@ -42,18 +60,24 @@ def model_content(name: str) -> dict[str, str]:
     only (``hub_id``): the hub's cache keeps one revision a name.
     """
     from omrl.home import omrl_home
-    from omrl.models import MODEL_MANIFEST
     from omrl.models.builtin import BUILTIN_MODELS
 
     path = omrl_home() / "models" / name if name in BUILTIN_MODELS else Path(name).expanduser()
     if not path.is_dir():
         return {"hub_id": name}
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    return _content(path, [p for p in files if p.name.endswith(WEIGHTS_SUFFIXES)] or files)
+
+
+def _content(path: Path, files: list[Path]) -> dict[str, str]:
+    """The folder ``path``'s manifest's sha256 where omrl wrote one, else that of ``files``' names, sizes
+    and modification times."""
+    from omrl.models import MODEL_MANIFEST
+
     manifest = path / MODEL_MANIFEST
     if manifest.is_file():
         return {"manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest()}
-    files = sorted(p for p in path.iterdir() if p.is_file())
-    weights = [p for p in files if p.name.endswith(WEIGHTS_SUFFIXES)] or files
-    listing = "".join(f"{p.name}\t{p.stat().st_size}\t{p.stat().st_mtime_ns}\n" for p in weights)
+    listing = "".join(f"{p.name}\t{p.stat().st_size}\t{p.stat().st_mtime_ns}\n" for p in files)
     return {"files_sha256": hashlib.sha256(listing.encode("utf-8")).hexdigest()}
 
 
@@ -88,6 +112,14 @@ def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     old, cells = record
     _check_same_model(path, old, setup)
+    was, now = old.get(PLUGIN_CONTENT) or {}, setup.get(PLUGIN_CONTENT) or {}
+    replaced = [key for key in sorted({*was, *now}) if was.get(key) != now.get(key)]
+    if replaced:
+        where = ", ".join(f"plugins.{key}={value_at(setup['plugins'], key)}" for key in replaced)
+        raise ConfigError(
+            f"{path} holds cells played with other content at {where} (retrained or replaced since); they "
+            "would mix two in one table: give another --out, or resume=false to start over there"
+        )
     changed = _differences(old, setup)
     if changed:
         raise ConfigError(
@@ -131,6 +163,13 @@ def _cell_problem(cell: Any) -> str:
         ):
             return f"has {key} {_short(value)}, not a number"
     return ""
+
+
+def value_at(plugins: dict[str, Any], key: str) -> Any:
+    """``plugins[name][option]`` for ``key`` ``name.option`` (an option of a plugin whose name has dots
+    splits at its last one)."""
+    name, _, option = key.rpartition(".")
+    return (plugins.get(name) or {}).get(option)
 
 
 def _check_same_model(path: Path, old: Any, setup: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError
+from omrl.models.folders import reward_model_problem
 
 
 def load_reward_model(path: Any, text: Any, device: Any, what: str = "reward 'rm'"):
@@ -41,6 +42,9 @@ def check_rm_options(path: Any = "", text: Any = False, device: Any = "cpu", wha
             f"{what} option path={path!r} holds no reward model: expected a directory written by "
             "`omrl rm train` (with config.json)"
         )
+    problem = reward_model_problem(Path(path).expanduser())
+    if problem:
+        raise ConfigError(f"{what} option path={path!r} holds no reward model: {problem}")
 
 
 def check_rm_tokenizer(tokenizer: Any, path: Any = "", text: Any = False, device: Any = "cpu") -> None:

@@ -201,3 +201,17 @@ def test_env_serve_port_0_prints_the_port_it_bound(omrl_main, monkeypatch):
     assert code == 0 and served == [0], err
     assert "plugins.agentgym.base_url=http://127.0.0.1:43117 " in " ".join(err.split()), err
     assert ":0 " not in err and ":0/" not in err
+
+
+@pytest.mark.parametrize("command", ["eval", "rollout"])
+@pytest.mark.parametrize("policy", [False, True])
+def test_a_search_scorers_reward_model_path_is_checked_before_anything_is_played(command, policy, omrl_main, no_model,
+                                                                                 tiny_model_dir, tmp_path):  # fmt: skip
+    """best_of_n's select=rm met a path without a reward model only when it first scored: after the rollout."""
+    path = tiny_model_dir if policy else str(tmp_path / "no-rm")
+    out = ("--output-dir", str(tmp_path / "ev")) if command == "eval" else ("-o", str(tmp_path / "e.parquet"))
+    code, _, err = omrl_main(command, "--env", "gridworld", "--model", "tiny", *out, "--strategy", "best_of_n",
+                             "--budget", "100", "plugins.best_of_n.select=rm", f"plugins.rm.path={path}")  # fmt: skip
+    text = " ".join(err.split())
+    assert code == 2 and f"scorer 'rm' option path='{path}' holds no reward model" in text, text
+    assert ("it is not an omrl reward model" in text) == policy

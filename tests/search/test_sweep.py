@@ -243,6 +243,28 @@ def test_a_model_retrained_at_the_same_path_does_not_resume_the_earlier_models_s
     assert invoke(*args, "resume=false").exit_code == 0  # a new table for the new model
 
 
+def test_a_reward_model_retrained_at_the_same_path_does_not_resume_the_earlier_ones_cells(tmp_path):
+    """The policy was known by content, the reward model that chose its answers (plugins.rm.path) only by
+    path: a sweep resumed after retraining it kept the old model's cells beside the new one's."""
+    from omrl.config import load_config
+    from omrl.config.options import SweepRunConfig
+    from omrl.search.sweep_resume import finished_cells, setup_of
+
+    reward_model, record = tmp_path / "rm", tmp_path / "sweep.json"
+    _final_model(reward_model, 1.0)
+    cfg = load_config(SweepRunConfig, None, ["model.name=tiny", f"plugins.rm.path={reward_model}"])
+    from omrl.search.sweep_resume import CELL_NUMBERS
+
+    cell = {"strategy": "best_of_n", "budget": 256, "budget_used": 1.0, **{key: 0.5 for key in CELL_NUMBERS}}
+    record.write_text(json.dumps({"setup": setup_of(cfg, [0, 1]), "cells": [cell]}))
+    assert finished_cells(record, setup_of(cfg, [0, 1])) == [cell]
+    _final_model(reward_model, 0.5)  # retrained in place
+    with pytest.raises(ConfigError, match=rf"holds cells played with other content at plugins.rm.path={reward_model} "):
+        finished_cells(record, setup_of(cfg, [0, 1]))
+    plain = load_config(SweepRunConfig, None, ["model.name=tiny"])
+    assert "plugin_files" not in setup_of(plain, [0, 1])  # a sweep that reads no file records as it did
+
+
 def test_a_model_without_a_manifest_is_identified_by_its_weights_files(tmp_path):
     import os
 
