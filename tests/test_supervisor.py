@@ -263,6 +263,7 @@ def test_code_python_cannot_interrupt_ends_the_process_with_status_2_after_the_g
     assert json.loads((tmp_path / "heartbeat.json").read_text())["open"][0]["stalled"] is True
 
 
+@pytest.mark.slow
 def test_a_stage_stuck_in_c_code_holding_the_gil_ends_the_process_with_its_stacks_written(tmp_path):
     # a catastrophic regex never gives the GIL back: the watchdog thread cannot run, faulthandler's timer can
     script = textwrap.dedent(

@@ -67,7 +67,14 @@ def check_plugin_blocks(plugins: dict) -> None:
     if not plugins:
         return
     known = {name for found in registry.ALL.values() for kind in found.kinds for name in found.names(kind)}
+    readers = {name for found in registry.ALL.values() for kind in found.kinds if kind in registry.OPTION_KINDS
+               for name in found.names(kind)}  # fmt: skip
     for name in plugins:
+        if name in known and name not in readers:  # an algorithm's: its settings are the core's algorithm.* keys
+            raise ConfigError(
+                f"plugins.{name}: {name} is an algorithm component, and those take no plugin options, so none "
+                "would read these; the algorithm's settings are the algorithm.* keys (`omrl config keys train`)"
+            )
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=3)
             hint = f"; did you mean {' or '.join(f'plugins.{match}' for match in close)}?" if close else ""

@@ -130,8 +130,8 @@ def progress_bar(total: int, label: str, sampled: bool = True):
             super().generated(tokens)
             bar.update(task, speed=f"{self.tokens_per_second:.0f}")
 
-        def finished(self, episode) -> None:
-            super().finished(episode)
+        def finished_task(self, episodes) -> None:
+            super().finished_task(episodes)
             bar.update(task, advance=1, success=f"{100 * self.success_rate:.0f}%")
 
     return bar, BarProgress()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 from omrl.data.trajectory import Episode
 
@@ -27,12 +28,18 @@ class RolloutProgress:
 
     def finished(self, episode: Episode) -> None:
         """``episode`` has ended."""
+        self.finished_task([episode])
+
+    def finished_task(self, episodes: Sequence[Episode]) -> None:
+        """A task whose ``episodes`` (its samples) all ended: one more done, and its wins among them counted
+        as eval's table counts them (every sample that measured the model)."""
         from omrl.env_errors import measured  # which imports this package
 
         self.episodes += 1
-        if measured([episode]):
-            self.measured += 1
-            self.wins += int(episode.won)
+        for episode in episodes:
+            if measured([episode]):
+                self.measured += 1
+                self.wins += int(episode.won)
 
     @property
     def success_rate(self) -> float:
@@ -46,8 +53,8 @@ class RolloutProgress:
 
 
 class PerTaskProgress(RolloutProgress):
-    """Passes tokens on to ``inner``, and a task's first sample once all ``group_size`` samples of it
-    finished: what strategies report (one answer per task) from the batched rollout's episodes."""
+    """Passes tokens on to ``inner``, and a task once all ``group_size`` samples of it finished: what
+    strategies report (one task done, as their progress counts) from the batched rollout's episodes."""
 
     def __init__(self, inner: RolloutProgress, group_size: int):
         super().__init__()
@@ -64,7 +71,7 @@ class PerTaskProgress(RolloutProgress):
         task = _task_position(episode)
         if len(done) == self.group_size and task not in self.reported:  # a game's seats end together
             self.reported.add(task)
-            self.inner.finished(min(done, key=lambda ep: ep.sample))
+            self.inner.finished_task(sorted(done, key=lambda ep: ep.sample))
 
 
 def _task_position(episode: Episode) -> int:

@@ -92,6 +92,7 @@ def embedded_data(
         for name, part in parts.items():
             embedded[name].update(part)
     kept = sorted(kept[: len(embedded["details"])], key=lambda e: e["id"])
+    unreadable = [d["unavailable"] for d in embedded["details"].values() if "unavailable" in d]
     note = ""
     if len(kept) < total:
         why = (
@@ -104,6 +105,11 @@ def embedded_data(
             f"This saved page holds {which} of the run's {total} episodes ({why}); "
             f"`{view_command(store.source.path)}` serves them all."
         )
+    if unreadable:  # a damaged row group whose summary columns read: its episodes are listed, their turns not
+        note = (
+            f"{note} {len(unreadable)} of its {len(kept)} episodes cannot be read, so the page lists them without "
+            f"their turns (the first: {unreadable[0]})."
+        ).strip()
     return {
         "note": note or "every episode is in this page",
         "run": {**store.overview(), "embedded_note": note},
@@ -134,16 +140,21 @@ def write_page(
     store: EpisodeStore | Comparison, out: str | os.PathLike, max_episodes: int = DEFAULT_MAX_EPISODES
 ) -> tuple[Path, int]:
     """Write the self-contained page to ``out`` (atomically); returns its path and how many episodes it
-    holds (``max_episodes`` or fewer, where the byte bound of :func:`embedded_data` stopped it; for a
-    comparison, of both sides together)."""
+    holds whole (``max_episodes`` or fewer, where the byte bound of :func:`embedded_data` stopped it or
+    an episode's row cannot be read; for a comparison, of both sides together)."""
     from omrl.atomic import atomic_write_text
 
     path = Path(out)
     if isinstance(store, EpisodeStore):
         data = embedded_data(store, max_episodes)
-        kept = len(data["summaries"])
+        kept = _whole(data)
     else:
         data = compare_data(store, max_episodes)
-        kept = sum(len(side["summaries"]) for side in data["sides"].values())
+        kept = sum(_whole(side) for side in data["sides"].values())
     atomic_write_text(path, render(data))
     return path, kept
+
+
+def _whole(data: dict[str, Any]) -> int:
+    """How many of the episodes :func:`embedded_data` embedded are there whole (their rows could be read)."""
+    return sum("unavailable" not in detail for detail in data["details"].values())

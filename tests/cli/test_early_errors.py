@@ -215,3 +215,11 @@ def test_a_search_scorers_reward_model_path_is_checked_before_anything_is_played
     text = " ".join(err.split())
     assert code == 2 and f"scorer 'rm' option path='{path}' holds no reward model" in text, text
     assert ("it is not an omrl reward model" in text) == policy
+
+
+def test_a_block_for_an_algorithm_component_is_refused_as_read_by_none(omrl_main, no_model, tmp_path):
+    """Estimators take no plugin options, yet their names counted as readers: plugins.grpo.scale=2 was ignored."""
+    code, _, err = omrl_main("train", "--env", "gridworld", "--model", "tiny", "plugins.grpo.scale=2",
+                             "--output-dir", str(tmp_path / "run"))  # fmt: skip
+    text = " ".join(err.split())
+    assert code == 2 and "plugins.grpo: grpo is an algorithm component, and those take no plugin options" in text

@@ -252,6 +252,7 @@ def test_train_on_a_mixture_names_its_folder_and_a_working_eval_command(omrl_mai
     assert set(json.loads((tmp_path / "evals/mine/report.json").read_text())["per_env"]) == {"keys", "half-won"}
 
 
+@pytest.mark.slow
 def test_a_mixture_in_env_mix_is_evaluated_by_the_command_train_prints(omrl_main, mix_plugins, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     mix = "env.mix=[{name: keys, weight: 3, split: train, max_turns: 1}, half-won]"

@@ -191,6 +191,7 @@ def test_playing_a_split_without_tasks_is_refused_naming_the_splits_that_have_so
     assert not out.exists() or out.is_dir() and not any(out.iterdir())
 
 
+@pytest.mark.slow
 def test_train_on_a_file_with_no_test_rows_prints_an_eval_command_that_runs(jsonl, tmp_path):
     run = tmp_path / "run"
     args = ["--env", "dataset", "--model", "tiny", f"plugins.dataset.path={jsonl}"]

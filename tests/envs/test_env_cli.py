@@ -89,6 +89,7 @@ def test_list_shows_splits_and_why_an_env_is_unavailable(runner):
     assert "agentgym" in result.output  # listing needs no server: its splits are known defaults
 
 
+@pytest.mark.slow
 def test_list_json(runner):
     result = runner.invoke(build_app(), ["env", "list", "--json", "--splits", "switch", "broken", "agentgym"])
     rows = {row["name"]: row for row in json.loads(result.output)}

@@ -128,6 +128,7 @@ def test_the_choice_the_agent_goes_on_with_is_the_one_trained(tiny_tokenizer):
         gateway.close()
 
 
+@pytest.mark.slow
 def test_a_seeded_call_samples_as_alone_beside_others_with_its_seed(tiny_tokenizer, tiny_hf):
     """docs/agents.md: the same seed and chat give the same reply, also when several such calls wait together."""
     model, _ = tiny_hf

@@ -90,6 +90,7 @@ def test_a_bfloat16_reward_model_scores_in_float32(rm_dirs, episodes):
     assert all(type(ep.rewards["rm"][-1]) is float and 0 < ep.rewards["rm"][-1] < 1 for ep in episodes[:-1])
 
 
+@pytest.mark.slow
 def test_reward_model_with_another_tokenizer_scores_text_only(rm_dirs, episodes):
     some = [*episodes[:2], episodes[-1]]  # two played and the empty one: enough, and smollm2 reads slowly
     with pytest.raises(RewardModelError, match="uses another tokenizer than the policy.*text=true"):

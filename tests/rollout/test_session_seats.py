@@ -61,6 +61,7 @@ def test_what_cannot_play_seats_refuses_them_by_name():
             check_config(config(setting, kind=TrainRunConfig))
 
 
+@pytest.mark.slow
 def test_omrl_train_self_plays_and_omrl_eval_reports_each_seat_s_outcomes(tmp_path):
     run = tmp_path / "run"
     trained = invoke(

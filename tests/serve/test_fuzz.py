@@ -88,6 +88,7 @@ def raw_json(value) -> bytes:
     return json.dumps(value, allow_nan=True).encode()  # NaN and Infinity travel as Python writes them
 
 
+@pytest.mark.slow
 @FUZZ
 @given(route=st.sampled_from(ROUTES), body=bodies)
 def test_random_json_bodies(http, route, body):

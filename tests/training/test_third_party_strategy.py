@@ -79,6 +79,7 @@ def the_numbers(out: str) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_a_strategy_declaring_what_chain_declares_trains_exactly_as_chain(config):
     builtin = config("rollout.strategy=chain", "algorithm.advantage=centered", out="chain")
     plugin = config("rollout.strategy=relay", "algorithm.advantage=centered", out="relay")

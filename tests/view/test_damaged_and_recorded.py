@@ -86,3 +86,23 @@ def test_a_host_that_cannot_be_bound_is_named_as_the_host(tmp_path):
     with pytest.raises(OmrlError, match="--host nosuchhost.invalid: cannot be bound") as error:
         make_server(store, host="nosuchhost.invalid", port=0)
     assert "--port" not in str(error.value)
+
+
+def test_a_saved_page_of_episodes_whose_rows_cannot_be_read_says_so_and_counts_them_out(tmp_path):
+    """The summaries' columns of a row group read, another column of it not: the page said "every episode
+    is in this page" and the command "150 of 150 episodes", where 64 were listed without their turns."""
+    from omrl.view.page import embedded_data, write_page
+
+    path = write_episodes([make_episode(task, 0, True, 1.0) for task in range(150)], tmp_path / "rg.parquet")
+    meta = pq.ParquetFile(path).metadata.row_group(1)
+    (logprobs,) = (
+        meta.column(i) for i in range(meta.num_columns) if meta.column(i).path_in_schema.startswith("logprobs")
+    )
+    data = bytearray(path.read_bytes())
+    data[logprobs.data_page_offset : logprobs.data_page_offset + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+    store = open_run(path)
+    assert len(store.summaries) == 150  # listed: their summaries read
+    note = embedded_data(store, max_episodes=200)["note"]
+    assert note.startswith("64 of its 150 episodes cannot be read, so the page lists them without their turns")
+    assert write_page(store, tmp_path / "page.html", max_episodes=200)[1] == 86
