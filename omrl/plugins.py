@@ -56,6 +56,17 @@ def load_plugins() -> pluggy.PluginManager:
         if allowed is None or dist_name in allowed
     ]
     others = sorted({name for name, eps in found if eps})
+    if allowed is not None and allowed - set(others):  # a misspelt name would leave its plugins out, silently
+        installed = sorted(
+            {(d.metadata["Name"] or "").lower().replace("_", "-") for d in importlib.metadata.distributions()
+             if any(ep.group == ENTRY_POINT_GROUP for ep in d.entry_points)}
+        )  # fmt: skip
+        unknown = sorted(allowed - set(others))
+        close = difflib.get_close_matches(unknown[0], installed, n=1)
+        raise PluginError(
+            f"OMRL_PLUGINS names {', '.join(unknown)}, which no installed distribution with omrl plugins is"
+            f"{f' (did you mean {close[0]}?)' if close else ''}; installed: {', '.join(installed)}"
+        )
     for dist_name, eps in found:
         for ep in eps:
             if ep.name in _distributions:

@@ -220,9 +220,14 @@ def _omrl(*args, env=None):
 
 
 def test_env_var_limits_which_distributions_load():
-    result = _omrl("plugins", "--json", env={"OMRL_PLUGINS": "no-such-distribution"})
+    result = _omrl("plugins", "--json", env={"OMRL_PLUGINS": ""})  # none: not even omrl's own
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+    misspelt = _omrl("plugins", "--json", env={"OMRL_PLUGINS": "omrll"})  # it left every plugin out, silently
+    assert misspelt.returncode == 2
+    assert "OMRL_PLUGINS names omrll, which no installed distribution with omrl plugins is (did you mean omrl?)" in (
+        " ".join(misspelt.stderr.split())
+    )
 
 
 def test_register_commands_adds_a_cli_command(tmp_path):

@@ -34,6 +34,7 @@ REWARD_HELP = "With an agent: module:function scoring its episodes (agent.reward
 # the flags rollout, eval and train share, declared once
 ENV_OPTION = typer.Option(None, "--env", help=ENV_HELP)
 STRATEGY_OPTION = typer.Option(None, "--strategy", help=STRATEGY_HELP)
+TEMPLATE_OPTION = typer.Option(None, "--template", help="Action template (env.template).")
 BUDGET_OPTION = typer.Option(None, "--budget", help=BUDGET_HELP)
 SELECT_OPTION = typer.Option(None, "--select", help=SELECT_HELP)
 AGENT_OPTION = typer.Option(None, "--agent", help=AGENT_HELP)

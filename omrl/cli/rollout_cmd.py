@@ -67,7 +67,7 @@ def rollout(
     args: list[str] = typer.Argument(None, help=flags.ARGS_HELP, show_default=False),
     env: str = flags.ENV_OPTION,
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
-    template: str = typer.Option(None, "--template", help="Action template (env.template)."),
+    template: str = flags.TEMPLATE_OPTION,
     num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to play from the start of the split."),
     group_size: int = typer.Option(None, "--group-size", help="Samples per task."),
     output: str = typer.Option(None, "--output", "-o", help="Trajectory parquet; a .jsonl goes beside it."),

@@ -55,6 +55,18 @@ def preset_env(preset: str | None) -> str | None:
     return env.get("name") if isinstance(env, dict) else None
 
 
+def _preset_value(recipe: dict[str, Any], key: str) -> Any:
+    """What the preset's YAML sets ``key`` to, or a value no config holds where it sets none."""
+    for part in key.split("."):
+        if not isinstance(recipe, dict) or part not in recipe:
+            return _UNSET
+        recipe = recipe[part]
+    return recipe
+
+
+_UNSET = object()
+
+
 def outside_the_presets_env(cfg: Any, args: list[str] | None, preset: str | None, console: Any) -> None:
     """Playing preset ``preset`` on an env other than its own: the turn cap becomes the env's own
     (``env.max_turns=0``) unless set, and the recipe's other settings that are kept are named."""
@@ -67,12 +79,15 @@ def outside_the_presets_env(cfg: Any, args: list[str] | None, preset: str | None
     if cfg.env.max_turns and not user_sets(args, "env.max_turns"):
         said.append(f"env.max_turns=0 (the env's own cap, not {own}'s {cfg.env.max_turns})")
         cfg.env.max_turns = 0
-    defaults = type(cfg)()
-    kept = [
+    from omrl.config import read_preset
+
+    recipe, defaults = read_preset(preset), type(cfg)()
+    kept = [  # the preset's own values that are no default (a flag's, such as --template, is the user's)
         f"{key}={shown(value_at(cfg, key))}"
         for key in RECIPE_KEYS
         if hasattr(cfg, key.split(".")[0])
         and value_at(cfg, key) != value_at(defaults, key)
+        and _preset_value(recipe, key) == value_at(cfg, key)
         and not user_sets(args, key)
     ]
     if kept:

@@ -38,6 +38,16 @@ def test_what_the_user_sets_is_kept_and_not_named(omrl_main, tmp_path):
     assert "turns      3" in out + err
 
 
+def test_a_value_a_flag_sets_is_not_said_to_be_kept_from_the_preset(omrl_main, tmp_path):
+    """``eval --template xml``: "kept from it: env.template=xml", though the preset says react."""
+    code, out, err = omrl_main("eval", "--env", "gridworld", "--model", "tiny", "--template", "xml",
+                               "--num-tasks", "1", "--output-dir", str(tmp_path / "ev"))  # fmt: skip
+    assert code == 0, err
+    said = " ".join((out + err).split())
+    assert "kept from it: generation.max_new_tokens=64" in said and "env.template=xml" not in said
+    assert "template xml" in said  # played with it: eval takes --template as rollout does
+
+
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
     """One GRPO step on gridworld with 2 turns and 4 new tokens a reply, which both commands below play as trained."""
