@@ -21,8 +21,9 @@ from omrl.cli.play_flags import (
     check_strategy,
     config_with_select,
     progress_bar,
+    with_flags,
 )
-from omrl.cli.settings import env_folder_name, env_label, play_settings, settings_block
+from omrl.cli.settings import env_folder_name, env_label, play_settings, played_settings, settings_block
 from omrl.errors import ConfigError
 from omrl.outputs import check_outputs
 
@@ -236,28 +237,23 @@ def evaluate_command(
     from omrl.training.metrics import peak_memory
     from omrl.view import view_command
 
-    cfg = config_with_select(
-        EvalRunConfig,
-        args,
-        {
-            "env.name": env,
-            "model.name": model,
-            "env.split": split,
-            "env.template": template,
-            "num_tasks": num_tasks,
-            "samples_per_task": samples,
-            "report": report,
-            "output_dir": output_dir,
-            "rollout.strategy": strategy,
-            "rollout.budget": budget,  # 0 is a budget (no limit), not "not given"
-            **agent_flags(agent, agent_cmd, reward),
-        },
-        select,
-        "eval",
-    )
+    given = {
+        "env.name": env,
+        "model.name": model,
+        "env.split": split,
+        "env.template": template,
+        "num_tasks": num_tasks,
+        "samples_per_task": samples,
+        "report": report,
+        "output_dir": output_dir,
+        "rollout.strategy": strategy,
+        "rollout.budget": budget,  # 0 is a budget (no limit), not "not given"
+        **agent_flags(agent, agent_cmd, reward),
+    }
+    cfg = config_with_select(EvalRunConfig, args, given, select, "eval")
     console = Console()
     check_before_loading(cfg)  # first: the settings below name a mixture's envs
-    play_settings(cfg, args, "eval", console)
+    play_settings(cfg, with_flags(args, given), "eval", console)
     strategy, budget = cfg.rollout.strategy, cfg.rollout.budget
     check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     sample_when_asked(cfg, args, console)
@@ -327,7 +323,8 @@ def evaluate_command(
     metrics.update(seat_metrics(episodes))  # games of several seats: win/draw/loss per seat and opponent
     by_env = evaluate_by_env(episodes, metrics, env_extra) if mixed else None
     path = write_report(report_path, metrics, episodes, to_dict(cfg), by_env)
-    parquet, readable = write_trajectories(episodes, episodes_path, session.tokenizer)  # as omrl rollout writes
+    # as omrl rollout writes them, and what they were played with (SFT on them keeps it)
+    parquet, readable = write_trajectories(episodes, episodes_path, session.tokenizer, played_settings(cfg))
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {env_label(cfg)} ({cfg.env.split})"))
     if by_env:
         console.print(env_table(by_env, title=f"eval per env ({len(by_env['per_env'])} envs)"))

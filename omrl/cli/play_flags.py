@@ -80,6 +80,12 @@ def _options_of(strategy_fn) -> set[str]:
     return set(inspect.signature(strategy_fn).parameters)
 
 
+def with_flags(args: list[str] | None, flags: dict) -> list[str]:
+    """The command line ``args`` with each flag given (not None) as the override of the key it sets: what
+    the user chose, which a trained model's or a preset's settings must not replace (``--template xml``)."""
+    return [*(args or []), *(f"{key}={value}" for key, value in flags.items() if value is not None)]
+
+
 def config_with_select(cls: type, args: list[str], flags: dict, select: str | None, preset: str | None = None):
     """The command's config (``preset`` when the command line names none), with --select as the
     ``select`` option of the strategy it plays (``plugins.<strategy>.select``), which must have one."""

@@ -88,7 +88,7 @@ def rollout(
 
     from omrl.cli import err_console, stop_on_interrupt
     from omrl.cli.eval_cmd import env_errors_of_each_env
-    from omrl.cli.settings import env_label, play_settings, settings_block
+    from omrl.cli.settings import env_label, play_settings, played_settings, settings_block
     from omrl.config.options import RolloutRunConfig
     from omrl.env_errors import check_max_env_error_rate, env_error_reasons, failed_in
     from omrl.errors import EnvFailure
@@ -98,30 +98,26 @@ def rollout(
     from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories
     from omrl.view import view_command
 
-    cfg = flags.config_with_select(
-        RolloutRunConfig,
-        args,
-        {
-            "env.name": env,
-            "model.name": model,
-            "env.template": template,
-            "num_tasks": num_tasks,
-            "group_size": group_size,
-            "output": output,
-            "use_expert": True if expert else None,
-            "rollout.strategy": strategy,
-            "rollout.budget": budget,  # 0 is a budget (no limit), not "not given"
-            **flags.agent_flags(agent, agent_cmd, reward),
-        },
-        select,
-    )
+    given = {
+        "env.name": env,
+        "model.name": model,
+        "env.template": template,
+        "num_tasks": num_tasks,
+        "group_size": group_size,
+        "output": output,
+        "use_expert": True if expert else None,
+        "rollout.strategy": strategy,
+        "rollout.budget": budget,  # 0 is a budget (no limit), not "not given"
+        **flags.agent_flags(agent, agent_cmd, reward),
+    }
+    cfg = flags.config_with_select(RolloutRunConfig, args, given, select)
     strategy, budget = cfg.rollout.strategy, cfg.rollout.budget
     flags.check_strategy(strategy, budget, cfg.generation.max_new_tokens)
     check_before_loading(cfg)
     check_rollout_outputs(cfg)
     check_max_env_error_rate(cfg.max_env_error_rate)
     console = Console()
-    play_settings(cfg, args, None, console)
+    play_settings(cfg, flags.with_flags(args, given), None, console)
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     from omrl.supervisor import supervise
 
@@ -160,7 +156,7 @@ def rollout(
         expert = cfg.use_expert and any("expert" in reason for reason in reasons)
         where = f"the {env_label(cfg)} expert" if expert else failed_in(episodes, env_label(cfg))
         raise EnvFailure(f"every episode failed in {where} (nothing written); the first reasons: {'; '.join(reasons)}")
-    parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer)
+    parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer, played_settings(cfg))
     metrics = evaluate(episodes)
     console.print(metrics_table(metrics, title=f"rollout: {env_label(cfg)}"))
     if is_mixture(cfg.env):

@@ -121,6 +121,31 @@ def agent_reward_weights(cfg: Any, args: list[str] | None, console: Any) -> None
         reward.weights = default
 
 
+def played_settings(cfg: Any) -> dict[str, str]:
+    """What a trajectory file records of the settings its episodes were played with (an SFT run on it then
+    plays as its data did: :func:`datasets_played`); nothing for a mixture, whose envs' may differ."""
+    return {} if cfg.env.mix else {"env.name": cfg.env.name, "env.template": cfg.env.template}
+
+
+def datasets_played(data: Any) -> dict[str, str]:
+    """For the config ``data`` of an SFT run: the settings each of its datasets recorded (every trajectory
+    file of them the same ones), or {} where one records none or they differ."""
+    from pathlib import Path
+
+    from omrl.data.mixture import dataset_sources
+    from omrl.data.trajectory import recorded_played
+
+    try:
+        sources = dataset_sources(str(data.get("dataset") or "")) if data.get("command") == "sft" else []
+    except ConfigError:
+        return {}
+    found = []
+    for source in sources:
+        path = Path(source.path).expanduser()
+        found += [recorded_played(f) for f in (sorted(path.glob("*.parquet")) if path.is_dir() else [path])]
+    return found[0] if found and all(f and f == found[0] for f in found) else {}
+
+
 def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict[str, Any]:
     """The :data:`TRAINED_KEYS` of the run directory ``model`` when it trained on ``env`` (else only its
     :data:`CHAT_KEYS`: how its chat template was rendered holds in any env),
@@ -131,12 +156,15 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
     from omrl.mixture import parse_env_spec, same_envs
 
     data = run_config(model)
+    played = datasets_played(data)
+    if played and "env" not in data:  # an SFT run: the template its data was played with
+        data = {**data, "env": {"name": played.get("env.name"), "template": played.get("env.template")}}
     try:
         chat = {key: value_at(data, key) for key in CHAT_KEYS if key.split(".")[1] in (data.get("chat") or {})}
         same_mix = mix_less_splits(data["env"].get("mix")) == mix_less_splits(mix)
         if not same_envs(value_at(data, "env.name"), env) or not same_mix:
             return chat
-        out = {**{key: value_at(data, key) for key in TRAINED_KEYS}, **chat}
+        out = {**{key: value_at(data, key) for key in TRAINED_KEYS if _holds(data, key)}, **chat}
         plugins = data.get("plugins") or {}
         for name, _ in parse_env_spec(value_at(data, "env.name")):
             options = plugins.get(name)
@@ -145,6 +173,12 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
         return out
     except (KeyError, TypeError, AttributeError, ConfigError):
         return {}  # not a run's config: nothing is known of how the model was trained
+
+
+def _holds(data: dict[str, Any], key: str) -> bool:
+    """Whether the config ``data`` sets the dotted ``key`` (an SFT run's holds no generation section)."""
+    section, _, name = key.partition(".")
+    return isinstance(data.get(section), dict) and name in data[section]
 
 
 def run_config(model: str) -> Any:
@@ -170,8 +204,10 @@ def trained_env(model: str, args: list[str] | None, env_flag: str | None) -> dic
 
     if env_flag or user_sets(args, "env.name") or user_sets(args, "env.mix"):
         return {}
+    data = run_config(model)
+    played = datasets_played(data)  # an SFT run: the env its data was played on
     try:
-        env = run_config(model)["env"]
+        env = data["env"] if "env" in data or not played else {"name": played.get("env.name")}
         name, mix = env["name"], env.get("mix") or []
     except (KeyError, TypeError, AttributeError):
         return {}  # not a run's config: the command's own default env

@@ -70,7 +70,7 @@ def sweep_config(args: list[str] | None, flags: dict, console) -> tuple[Any, flo
     `omrl eval --strategy S --budget B` plays with the same flags."""
     from omrl.cli.eval_cmd import SAMPLING_TEMPERATURE
     from omrl.cli.play_checks import check_before_loading
-    from omrl.cli.play_flags import config_with_select
+    from omrl.cli.play_flags import config_with_select, with_flags
     from omrl.config import user_sets
     from omrl.config.options import SweepRunConfig
     from omrl.config.presets import split_preset
@@ -80,7 +80,7 @@ def sweep_config(args: list[str] | None, flags: dict, console) -> tuple[Any, flo
     if split_preset(args[0] if args else None, [])[0] is None:  # eval too starts from a preset named
         take_eval_preset(cfg, args, flags)
     check_before_loading(cfg)  # each env of a mixture known and installed
-    play_settings(cfg, args, EVAL_PRESET, console)  # a run's model plays as it trained, as in eval
+    play_settings(cfg, with_flags(args, flags), EVAL_PRESET, console)  # a run's model plays as it trained, as in eval
     if cfg.generation.temperature > 0 or user_sets(args, "generation.temperature"):
         return cfg, None
     searching = [strategy for strategy in cfg.strategies if not pass_at_1(strategy)]

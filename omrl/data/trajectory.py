@@ -244,6 +244,8 @@ def _episode_row(ep: Episode) -> dict[str, Any]:
 
 #: the parquet metadata key under which a trajectory file records the tokenizer of its token ids
 TOKENIZER_KEY = b"omrl.tokenizer"
+#: ... and the env settings its episodes were played with (``env.name``, ``env.template``)
+PLAYED_KEY = b"omrl.played"
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
@@ -264,13 +266,24 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
 def recorded_tokenizer(path: str | os.PathLike) -> dict[str, Any] | None:
     """The tokenizer fingerprint a trajectory file recorded (:func:`tokenizer_fingerprint`), or None
     for a file written without one (by an older omrl, or with no tokenizer at hand)."""
-    metadata = read_parquet_schema(path).metadata or {}
-    if TOKENIZER_KEY not in metadata:
-        return None
+    return _recorded(read_parquet_schema(path), TOKENIZER_KEY)
+
+
+def recorded_played(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The env settings a trajectory file's episodes were played with (``write_episodes(played=)``), or None
+    for a file that records none or cannot be read."""
     try:
-        return json.loads(metadata[TOKENIZER_KEY])
-    except ValueError:
+        return _recorded(read_parquet_schema(path), PLAYED_KEY)
+    except OmrlError:
         return None
+
+
+def _recorded(schema: pa.Schema, key: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads((schema.metadata or {})[key])
+    except (KeyError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def check_tokenizer(path: str | os.PathLike, tokenizer: Any, model: str) -> None:
@@ -287,14 +300,18 @@ def check_tokenizer(path: str | os.PathLike, tokenizer: Any, model: str) -> None
     )
 
 
-def write_episodes(episodes: Iterable[Episode], path: str | os.PathLike, tokenizer: Any = None) -> Path:
+def write_episodes(
+    episodes: Iterable[Episode], path: str | os.PathLike, tokenizer: Any = None, played: dict[str, Any] | None = None
+) -> Path:
     """Write episodes to a parquet file atomically; returns the path. ``tokenizer``: the one that made
-    their token ids, recorded in the file's metadata (:func:`recorded_tokenizer`)."""
+    their token ids, and ``played``: the env settings they were played with, recorded in the file's
+    metadata (:func:`recorded_tokenizer`, :func:`recorded_played`)."""
     rows = [_episode_row(ep) for ep in episodes]
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
-    if tokenizer is not None:
-        recorded = json.dumps(tokenizer_fingerprint(tokenizer))
-        table = table.replace_schema_metadata({**(table.schema.metadata or {}), TOKENIZER_KEY: recorded})
+    recorded = {TOKENIZER_KEY: tokenizer_fingerprint(tokenizer) if tokenizer is not None else None, PLAYED_KEY: played}
+    metadata = {key: json.dumps(value) for key, value in recorded.items() if value}
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
     # row groups of 64 episodes: a reader wanting one episode (omrl view) reads 64, not the whole file
     atomic_write_parquet(table, path, row_group_size=64)
     return Path(path)

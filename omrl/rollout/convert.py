@@ -79,13 +79,14 @@ def jsonl_path_for(parquet_path: str | os.PathLike) -> Path:
 
 
 def write_trajectories(
-    episodes: list[Episode], parquet_path: str | os.PathLike, tokenizer: Any = None
+    episodes: list[Episode], parquet_path: str | os.PathLike, tokenizer: Any = None, played: dict | None = None
 ) -> tuple[Path, Path]:
-    """The trajectory parquet (recording ``tokenizer``, the one that made the token ids) and its
-    readable JSONL beside it (see :func:`jsonl_path_for`): their paths."""
+    """The trajectory parquet (recording ``tokenizer``, the one that made the token ids, and ``played``, the
+    env settings the episodes were played with) and its readable JSONL beside it (see :func:`jsonl_path_for`):
+    their paths."""
     from omrl.data import write_episodes
 
-    parquet = write_episodes(episodes, parquet_path, tokenizer)
+    parquet = write_episodes(episodes, parquet_path, tokenizer, played)
     return parquet, write_jsonl(episodes, jsonl_path_for(parquet))
 
 

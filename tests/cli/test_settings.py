@@ -113,3 +113,22 @@ def test_eval_applies_the_preset_config_show_shows(omrl_main, tmp_path):
     played = json.loads((tmp_path / "eval" / "report.json").read_text())["config"]
     assert played["generation"]["max_new_tokens"] == preset_tokens
     assert f"tokens     {preset_tokens} new a reply" in out
+
+
+def test_a_model_fine_tuned_on_rollouts_plays_with_their_template_unless_a_flag_says_otherwise(omrl_main, tmp_path):
+    """SFT on `rollout --template xml` episodes, then eval: it played react, the model's every reply a format
+    error; and `--template` lost to a trained run's template, as any flag did."""
+    data, run = tmp_path / "expert.parquet", tmp_path / "sft"
+    code, _, err = omrl_main("rollout", "--env", "gridworld", "--expert", "--template", "xml", "--num-tasks", "4",
+                             "--model", "tiny", "-o", str(data))  # fmt: skip
+    assert code == 0, err
+    code, _, err = omrl_main("sft", "--model", "tiny", "--dataset", str(data), "--output-dir", str(run),
+                             "num_train_epochs=1", "logging.tensorboard=false")  # fmt: skip
+    assert code == 0, err
+    evaluate = ("eval", "--model", str(run), "--num-tasks", "1")
+    code, out, err = omrl_main(*evaluate, "--output-dir", str(tmp_path / "ev1"))
+    said = " ".join((out + err).split())
+    assert code == 0 and f"as {run} trained: env.template=xml" in said and "template xml" in said, said
+    code, out, err = omrl_main(*evaluate, "--template", "react", "--output-dir", str(tmp_path / "ev2"))
+    said = " ".join((out + err).split())
+    assert code == 0 and "env.template=xml" not in said and "template react" in said, said
