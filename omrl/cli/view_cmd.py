@@ -79,6 +79,8 @@ def view(
         from omrl.view.compare import Comparison
 
         shown = Comparison(*stores)
+        for problem in shown.problems():
+            console.print(f"[yellow]warning:[/] {escape(problem.message)}", highlight=False, soft_wrap=True)
         what = f"{' vs '.join(shown.names().values())}: " + " and ".join(str(len(s.summaries)) for s in stores)
     else:
         shown, what = stores[0], str(len(stores[0].summaries))

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from omrl.view.evals import ENV_ERROR
+from omrl.view.sources import Problem
 from omrl.view.store import EpisodeStore
 
 SIDES = ("a", "b")
@@ -33,6 +34,21 @@ class Comparison:
         if names["a"] == names["b"]:
             names = {side: _tail(path, paths["b" if side == "a" else "a"]) for side, path in paths.items()}
         return names
+
+    def problems(self) -> list[Problem]:
+        """What makes the two sides no like-for-like comparison: they played other envs (their differences
+        then compare other tasks)."""
+        envs = {side: _envs(store) for side, store in self.sides.items()}
+        if envs["a"] == envs["b"]:
+            return []
+        played = "; ".join(f"{side.upper()}: {', '.join(names) or 'none named'}" for side, names in envs.items())
+        return [
+            Problem(
+                "A vs B",
+                f"the two sides played other envs ({played}): their metrics' differences compare other tasks",
+                level="warning",
+            )
+        ]
 
     def overview(self) -> dict[str, Any]:
         """The compare page's data: each side, the metrics with their difference (b - a), and the tasks
@@ -56,9 +72,14 @@ class Comparison:
                 {**problem.as_dict(), "file": f"{side.upper()}: {problem.file}"}
                 for side, store in self.sides.items()
                 for problem in store.problems
-            ],
+            ]
+            + [problem.as_dict() for problem in self.problems()],
             **changed_tasks(self.sides["a"].summaries, self.sides["b"].summaries),
         }
+
+
+def _envs(store: EpisodeStore) -> list[str]:
+    return sorted({summary["env"] for summary in store.summaries if summary["env"]})
 
 
 def side_metrics(store: EpisodeStore) -> tuple[dict[str, Any], str]:

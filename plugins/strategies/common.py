@@ -12,8 +12,9 @@ def one_tree_per_task(ctx: SearchContext) -> None:
     """Tree strategies build one tree per task; several samples per task are ``chain``'s business."""
     if ctx.group_size != 1:
         raise ConfigError(
-            f"strategy {ctx.strategy!r} builds one tree per task, so samples per task must be 1 "
-            f"(got {ctx.group_size}); valid: 1, or strategy chain for several samples"
+            f"strategy {ctx.strategy!r} builds one tree per task here, so samples per task must be 1 "
+            f"(got {ctx.group_size}); valid: 1, or strategy chain for several samples (omrl train, which "
+            "searches each task's group of trees, takes group_size as trees per task)"
         )
 
 

@@ -347,3 +347,20 @@ def test_two_evals_side_by_side(evals, chromium, tmp_path):
             assert page.locator("header.top nav a.active").inner_text() == "A overview"
             page.click("header.top nav a[data-view=compare]")
             page.wait_for_selector("table.compare-metrics")
+
+
+def test_two_sides_of_other_envs_are_said_to_compare_other_tasks(tmp_path):
+    """gridworld against webshop showed a success difference as if the two measured one thing."""
+    from omrl.data.trajectory import Episode, write_episodes
+
+    def played(env):
+        episodes = [Episode(env=env, task_id=i, split="test", instruction="", token_ids=[1, 2]) for i in range(2)]
+        return open_run(write_episodes(episodes, tmp_path / f"{env}.parquet"))
+
+    grid, shop = played("gridworld"), played("webshop")
+    (problem,) = Comparison(grid, shop).problems()
+    assert (
+        problem.level == "warning" and "the two sides played other envs (A: gridworld; B: webshop)" in problem.message
+    )
+    assert problem.as_dict() in Comparison(grid, shop).overview()["problems"]
+    assert Comparison(grid, played("gridworld")).problems() == []
