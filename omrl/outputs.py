@@ -18,9 +18,10 @@ A run directory is one holding ``metrics.jsonl`` or ``checkpoints/``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from omrl.errors import OmrlError
 
@@ -85,6 +86,20 @@ def check_outputs(
                 f"{what} {path} is {owned}: writing it would destroy it; write to a path outside "
                 "the run's own files (e.g. beside the run directory)"
             )
+
+
+@contextlib.contextmanager
+def no_folder_left_empty(folder: str | os.PathLike) -> Iterator[None]:
+    """Around a command's work: where it fails or is stopped before writing anything in ``folder``, which it
+    made, the folder goes (an empty ``evals/x`` would look like a result)."""
+    folder = Path(folder)
+    made = not folder.exists()
+    try:
+        yield
+    except BaseException:
+        if made and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        raise
 
 
 def fresh_dir(parent: str, stem: str) -> str:

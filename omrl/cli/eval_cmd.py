@@ -274,9 +274,11 @@ def evaluate_command(
     console.print(settings_block(cfg), highlight=False, soft_wrap=True)
     searched: dict = {}
     mixed = is_mixture(cfg.env)
+    from omrl.outputs import no_folder_left_empty
     from omrl.supervisor import supervise
 
     with (
+        no_folder_left_empty(episodes_path.parent),
         keep_unscored(unscored_path(episodes_path)),
         supervise(cfg.deadlines, episodes_path.parent),
         held_warnings() as caught,

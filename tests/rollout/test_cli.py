@@ -92,15 +92,19 @@ def test_the_paths_and_commands_printed_for_copying_are_never_broken_over_lines(
 def test_ctrl_c_while_playing_says_how_far_it_got_and_that_nothing_is_written(
     fake_plugins, tmp_path, capsys, monkeypatch, command
 ):
+    out = tmp_path / ("run" if command == "eval" else "t.parquet")
+
     def interrupted(session, tasks, spec, progress):
+        if command == "eval":
+            out.mkdir(exist_ok=True)  # as a real run's supervisor makes it, for its heartbeat
         raise KeyboardInterrupt
 
     monkeypatch.setattr("omrl.search.play_strategy", interrupted)
-    out = tmp_path / ("run" if command == "eval" else "t.parquet")
     words = keys_eval(3, "--output-dir", str(out)) if command == "eval" else keys_rollout(3, "-o", str(out))
     code, _, err = cli_exit(capsys, *words)
     assert code == 130
     assert "interrupted: 0 of 3 tasks were played; nothing is written" in " ".join(err.split())
+    assert not out.exists()  # eval's folder, which it made, is not left behind empty
 
 
 def test_a_rollouts_heartbeat_is_named_for_its_output_not_left_as_heartbeat_json(fake_plugins, tmp_path):
