@@ -35,7 +35,10 @@ def check_template_command(
     kwargs: str = typer.Option(None, "--kwargs", help=KWARGS_HELP, show_default=False),
 ) -> None:
     """Render probe chats through MODEL's chat template: is it append-only, where it rewrites, and what each
-    history mode does on a sample episode. Exits non-zero when omrl cannot train it token-exactly."""
+    history mode does on a sample episode. Exits non-zero when omrl cannot train it token-exactly.
+
+    The model's chat template, not an action template (env.template): a rollout checks what an action
+    template's plugin answers (`omrl rollout --template NAME --expert` writes each action through it)."""
     from rich.console import Console
 
     from omrl.chat.conformance import conformance, first_broken
