@@ -44,9 +44,9 @@ def failed_in(episodes: Sequence[Episode], env: str) -> str:
     reasons = [ep.error or "" for ep in episodes if ep.end_reason == "env_error"]
     if reasons and all(AGENT_REASON.match(reason) for reason in reasons):
         return IN_THE_AGENT
-    templates = {found[1] for found in map(TEMPLATE_REASON.search, reasons) if found}
-    if reasons and len(templates) == 1 and all(map(TEMPLATE_REASON.search, reasons)):
-        return f"the action template {templates.pop()} (a bug in its code, not the env)"
+    found = [TEMPLATE_REASON.search(reason) for reason in reasons]
+    if found and all(found) and len({f[1] for f in found}) == 1:
+        return f"the action template {found[0][1]} (a bug in its code, not the env)"
     return f"the env {env!r}"
 
 

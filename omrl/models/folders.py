@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from omrl.errors import OmrlError
 from omrl.models.builtin import BUILTIN_MODELS
@@ -49,10 +50,15 @@ def reward_model_problem(path: Path) -> str | None:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError) as exc:
         return f"its config.json cannot be read ({exc})"
-    meta = config.get(REWARD_MODEL_KEY) if isinstance(config, dict) else None
+    problem = reward_entry_problem(config.get(REWARD_MODEL_KEY) if isinstance(config, dict) else None)
+    return f"it {problem}" if problem else None
+
+
+def reward_entry_problem(meta: Any) -> str | None:
+    """Why ``meta``, a model config's :data:`REWARD_MODEL_KEY` entry, makes no reward model, or None."""
     if not isinstance(meta, dict) or meta.get("kind") not in REWARD_MODEL_KINDS:
         return (
-            f"it is not an omrl reward model (its config.json has no {REWARD_MODEL_KEY!r} with a kind of "
+            f"is not an omrl reward model (its config.json has no {REWARD_MODEL_KEY!r} with a kind of "
             f"{', '.join(REWARD_MODEL_KINDS)}); train one with `omrl rm train`"
         )
     return None

@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from omrl.chat import encode_conversation
 from omrl.data.trajectory import Episode
 from omrl.errors import OmrlError
-from omrl.models.folders import REWARD_MODEL_KEY, REWARD_MODEL_KINDS
+from omrl.models.folders import REWARD_MODEL_KEY, REWARD_MODEL_KINDS, reward_entry_problem
 from omrl.models.loading import _DTYPES, check_model_files, load_tokenizer, resolve_model_path
 
 CONFIG_KEY, KINDS = REWARD_MODEL_KEY, REWARD_MODEL_KINDS
@@ -149,11 +149,9 @@ def _input_key(x: ScoringInput) -> bytes:
 
 def _reward_meta(meta: Any, path: str) -> dict[str, Any]:
     """A reward model's ``omrl_reward_model`` entry of its config, or RewardModelError where ``path`` holds none."""
-    if not isinstance(meta, dict) or meta.get("kind") not in KINDS:
-        raise RewardModelError(
-            f"{path or 'this model'} is not an omrl reward model (its config.json has no "
-            f"{CONFIG_KEY!r} with a kind of {', '.join(KINDS)}); train one with `omrl rm train`"
-        )
+    problem = reward_entry_problem(meta)
+    if problem:
+        raise RewardModelError(f"{path or 'this model'} {problem}")
     return meta
 
 
