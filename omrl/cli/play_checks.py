@@ -1,7 +1,7 @@
 """What a command that plays episodes refuses before any model loads (seconds, not minutes): an unknown or
 uninstalled env, plugin blocks no component reads, reward settings, an agent program where it cannot
 play, and for training the whole train config; and what it warns of: a run's final model that its run
-trained past."""
+trained past, and a plugin block for an env the run does not play."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def check_before_loading(cfg) -> None:
         rewards.check_options(member.reward_weights, member.plugins)  # first: a block a reward and a scorer
         check_search_blocks(member.plugins)  # share is named for the reward where it is weighted
         check_family_block(member.name, member.plugins, {m.name for m in members})
+    warn_unplayed_env_blocks(members)
     rewards.check_allocation(cfg.reward.allocation, cfg.reward.gamma)
     check_agent(cfg)
     warn_if_final_model_behind(cfg.model.name)
@@ -81,6 +82,26 @@ def check_plugin_blocks(plugins: dict) -> None:
             raise ConfigError(
                 f"plugins.{name}: no env, template, reward, strategy, scorer or algorithm is named {name}, so no "
                 f"plugin would read these options{hint} (`omrl plugins` lists the names)"
+            )
+
+
+def warn_unplayed_env_blocks(members: list) -> None:
+    """Warn of a ``plugins.<env>`` block for an env this run does not play (a config written for another
+    env, then ``--env`` changed): no component reads it, and its options would be ignored, silently. A name
+    another kind shares (a reward, a template) may be read by that one, so it is left alone."""
+    import warnings
+
+    from omrl import registry
+
+    played = {member.name for member in members}
+    others = {c.name for c in registry.all_components() if c.kind in registry.OPTION_KINDS and c.kind != "env"}
+    blocks = {name for member in members for name in member.plugins or {}}
+    for name in sorted(blocks - played - others):
+        if name in registry.envs.names() and name.partition(":")[0] not in played:
+            warnings.warn(
+                f"plugins.{name} sets options of the env {name!r}, which this run does not play "
+                f"({', '.join(sorted(played))}), so they are ignored",
+                stacklevel=2,
             )
 
 

@@ -116,6 +116,16 @@ def test_a_familys_block_is_refused_where_only_a_member_of_the_family_plays(omrl
     assert "plugins.fam is read" not in err  # fam plays too: the block is its
 
 
+def test_a_block_for_an_env_the_run_does_not_play_is_warned_of(omrl_main, tmp_path):
+    """A config written for webshop, played with --env gridworld: its webshop options do nothing, and say so."""
+    out = ("--expert", "--num-tasks", "1", "-o", str(tmp_path / "e.parquet"))
+    code, _, err = omrl_main("rollout", "--env", "gridworld", *out, "plugins.webshop.num_products=100")
+    said = " ".join(err.split())
+    assert code == 0 and "plugins.webshop sets options of the env 'webshop', which this run does not play" in said
+    code, _, err = omrl_main("rollout", "--env", "gridworld,webshop", *out, "plugins.webshop.num_products=100")
+    assert code == 0 and "does not play" not in err, err  # webshop plays in the mixture: the block is read
+
+
 @pytest.fixture
 def a_file(tmp_path):
     path = tmp_path / "afile"
