@@ -105,6 +105,15 @@ def discover(path: str | os.PathLike) -> RunSource:
             "directory, a trajectory parquet or JSONL, or an eval report JSON"
         )
     source = _discover_dir(path) if path.is_dir() else _discover_file(path)
+    swept = path / "sweep.json" if path.is_dir() else path
+    if (
+        source.empty and swept.name == "sweep.json" and swept.is_file()
+    ):  # what `omrl sweep` writes: a table, not episodes
+        raise OmrlError(
+            f"{path} is what `omrl sweep` wrote: its numbers are in {swept} and its plot beside it in "
+            "sweep.png; the viewer shows runs, rollouts and evals, so to see one cell's episodes play it with "
+            "`omrl rollout --strategy S --budget B` and view that"
+        )
     if source.empty and path.is_file():  # the one file could not be read: nothing else to show
         raise OmrlError("; ".join(str(p) for p in source.problems))
     if source.empty:

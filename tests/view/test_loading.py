@@ -133,6 +133,14 @@ def test_a_path_that_is_not_a_run(tmp_path):
         discover(tmp_path / "notes.txt")
 
 
+def test_a_sweep_folder_is_named_as_such_with_where_its_results_are(tmp_path):
+    """`omrl sweep` writes a table and a plot, no episodes: the viewer says where they are."""
+    (tmp_path / "sweep.json").write_text('{"cells": []}')
+    for given in (tmp_path, tmp_path / "sweep.json"):
+        with pytest.raises(OmrlError, match=r"is what `omrl sweep` wrote: its numbers are in .*sweep.json"):
+            discover(given)
+
+
 def test_a_truncated_parquet_is_named_and_the_rest_shown(small_run):
     from omrl.data.trajectory import write_episodes
 
