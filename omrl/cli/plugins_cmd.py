@@ -61,7 +61,7 @@ def _list(rows: list[Any], as_json: bool, kind: str | None, every: bool) -> None
                         "plugin": c.plugin,
                         "distribution": c.distribution,
                         "description": c.description,
-                        **({"options": options_of(c)} if c.kind in TAKES_OPTIONS else {}),
+                        **({"options": options_of(c)} if c.kind in OPTIONS_AFTER else {}),
                     }
                     for c in rows
                 ],
@@ -71,7 +71,8 @@ def _list(rows: list[Any], as_json: bool, kind: str | None, every: bool) -> None
         )
         return
     shown = table_rows(rows, every)
-    options = {(c.kind, c.name): options_line(c) for c in rows if c.kind in TAKES_OPTIONS}
+    options = {(c.kind, c.name): options_line(c) for c in rows if c.kind in OPTIONS_AFTER}
+    options.update(family_options(rows, shown))
     console = Console()
     if not console.is_terminal:  # piped (grep, a file): a whole line a component, no table cut to 80 columns
         for row in shown:
@@ -89,15 +90,21 @@ def _list(rows: list[Any], as_json: bool, kind: str | None, every: bool) -> None
     console.print(table)
 
 
-TAKES_OPTIONS = ("strategy", "scorer")  # kinds whose keywords after (ctx, tasks) or (nodes, ctx) are options
+#: each kind that takes ``plugins.<name>.*`` options, and the parameters before them: an env's or a template's
+#: are its ``__init__``'s, a reward's follow its episodes, a strategy's (ctx, tasks), a scorer's (nodes, ctx)
+OPTIONS_AFTER = {"env": 0, "template": 0, "reward": 1, "strategy": 2, "scorer": 2}
 
 
 def options_of(component: Any) -> dict[str, Any] | None:
-    """The options a strategy or scorer takes (``plugins.<name>.*``) with their defaults, from its
-    signature; None for one registered by an import path (listing imports nothing) or taking any."""
+    """The options a component takes (``plugins.<name>.*``) with their defaults, from its signature;
+    None for one registered by an import path (listing imports nothing), without a signature, or taking any."""
     if isinstance(component.target, str):
         return None
-    params = list(inspect.signature(component.target).parameters.values())[2:]
+    try:
+        signature = inspect.signature(component.target)
+    except (TypeError, ValueError):  # a builtin: its call decides
+        return None
+    params = list(signature.parameters.values())[OPTIONS_AFTER[component.kind] :]
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     return {p.name: None if p.default is p.empty else p.default for p in params if p.kind is not p.VAR_POSITIONAL}
@@ -119,6 +126,17 @@ def options_line(component: Any) -> str:
         return str(value)
 
     return "options: " + ", ".join(f"{name}={shown(value)}" for name, value in taken.items())
+
+
+def family_options(components: list, shown: list[tuple[str, ...]]) -> dict[tuple[str, str], str]:
+    """The options line of each family row (``gem:* (12)``): its members', where they all take the same."""
+    out = {}
+    for kind, name, *_ in shown:
+        if kind == "env" and name.endswith(")") and ":* (" in name:
+            family = name.split(":", 1)[0]
+            lines = {options_line(c) for c in components if c.kind == "env" and c.name.startswith(f"{family}:")}
+            out[(kind, name)] = lines.pop() if len(lines) == 1 else "options: each env's own (--all)"
+    return out
 
 
 def table_rows(components: list, every: bool) -> list[tuple[str, str, str, str]]:

@@ -62,7 +62,7 @@ def test_piped_plugins_print_each_description_whole_as_plain_text():
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     rm = next(line for line in lines if line.startswith("reward  rm  "))
-    assert rm.endswith("(so with reward.allocation=per_turn each turn is trained on its own).")  # not cut at 80
+    assert "(so with reward.allocation=per_turn each turn is trained on its own).  options: path=''" in rm  # whole
     assert not any("``" in line or ":func:`" in line for line in lines)  # reStructuredText read as text
     assert "see straight_through)" in next(line for line in lines if line.startswith("kl  k1+  "))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from omrl.envs import EpisodeFinishedError, UnknownTaskError
+from omrl.envs import EpisodeFinishedError, UnknownTaskError, create_env
 from omrl.errors import ConfigError
 from omrl_plugins.envs.webshop import WebShopEnv
 from omrl_plugins.envs.webshop.catalog import BUILTIN_DATA, Goal, Product
@@ -490,7 +490,7 @@ def test_webshop_files_are_cached_per_source(tmp_path):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"catalog": "/data/items.json"}, "unknown option(s) catalog; valid: items_path"),
+        ({"catalog": "/data/items.json"}, "does not take options ['catalog']; its options: items_path"),
         ({"items_path": "/nonexistent/items.json", "human_goals_path": "/nonexistent/h.json"}, "is not a file"),
         ({"human_goals_path": "h.json"}, "need items_path"),
         ({"num_products": 0}, "num_products must be a positive whole number"),
@@ -499,7 +499,7 @@ def test_webshop_files_are_cached_per_source(tmp_path):
 )
 def test_bad_options_raise_config_errors(options, message):
     with pytest.raises(ConfigError) as caught:
-        WebShopEnv(**options)
+        create_env(WebShopEnv, options, "webshop")  # as a run builds it
     assert message in str(caught.value)
 
 

@@ -178,3 +178,18 @@ def test_plugins_lists_each_strategys_and_scorers_options_with_their_defaults():
     assert lines["mc_value"].endswith("options: k=4") and lines["chain"].endswith("options: none")
     scorers = json.loads(invoke("plugins", "--kind", "scorer", "--json").output)
     assert {s["name"]: s["options"] for s in scorers}["env_reward"] == {"partial_credit": False}
+
+
+def test_plugins_lists_the_options_of_envs_rewards_and_templates_too():
+    """Every kind that reads a plugins.<name> block shows what it takes; a family row shows what all its
+    members take, or sends to --all where they differ."""
+    lines = {tuple(line.split()[:2]): line for line in invoke("plugins").output.splitlines()}
+    assert lines[("env", "gridworld")].endswith("options: size=5, wall_density=0.3, min_distance=2, max_distance=6, "
+                                                "max_turns=12, show_grid=false")  # fmt: skip
+    assert "options: items_path=None" in lines[("env", "webshop")]  # no **unknown hiding them any more
+    assert lines[("reward", "goal")].endswith("options: binary=false")  # after its episodes
+    assert lines[("template", "tool_call")].endswith("options: format=hermes")
+    assert lines[("env", "textarena:*")].endswith("options: max_turns=100")  # each member's: one line
+    listed = json.loads(invoke("plugins", "--kind", "reward", "--json").output)
+    assert {r["name"]: r["options"] for r in listed}["length_penalty"] == {"budget": 64, "per_token": 0.005,
+                                                                           "scope": "turn"}  # fmt: skip

@@ -7,7 +7,7 @@ import re
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from omrl.envs import DemoTurn, Env, EpisodeFinishedError, Observation, StepResult, UnknownTaskError, check_task
 from omrl.errors import ConfigError
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from omrl_plugins.envs.webshop.search import SearchIndex
 
 _ACTION = re.compile(r"^\s*([A-Za-z_]+)\s*\[(.*)\]\s*$", re.DOTALL)
-OPTIONS = ("items_path", "attributes_path", "human_goals_path", "num_products", "num_test_goals")
 
 
 @dataclass(frozen=True)
@@ -158,10 +157,7 @@ class WebShopEnv(Env):
         human_goals_path: str | None = None,
         num_products: int | None = None,
         num_test_goals: int | None = None,
-        **unknown: Any,
     ):
-        if unknown:
-            raise ConfigError(f"webshop: unknown option(s) {', '.join(sorted(unknown))}; valid: {', '.join(OPTIONS)}")
         for name, value in (("num_products", num_products), ("num_test_goals", num_test_goals)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"webshop: {name} must be a positive whole number, got {value!r}")
