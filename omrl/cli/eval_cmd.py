@@ -20,6 +20,7 @@ from omrl.cli.play_flags import (
     agent_flags,
     check_strategy,
     config_with_select,
+    played_so_far,
     progress_bar,
     with_flags,
 )
@@ -232,7 +233,7 @@ def evaluate_command(
     )
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
-    from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories
+    from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories, write_unscored
     from omrl.rollout.outcomes import seat_metrics
     from omrl.training.metrics import peak_memory
     from omrl.view import view_command
@@ -304,9 +305,14 @@ def evaluate_command(
             played = stop_on_interrupt(
                 lambda: play_strategy(session, tasks, spec, progress),
                 err_console,
-                lambda: (
-                    f"{progress.episodes} of {len(tasks)} tasks were played; nothing is written (eval writes "
-                    "its report once every task is played): run it again, or with fewer --num-tasks"
+                lambda: played_so_far(
+                    progress,
+                    len(tasks),
+                    every_sample or session.agent is not None,
+                    lambda kept: write_unscored(
+                        kept, unscored_path(episodes_path), session.tokenizer, played_settings(cfg)
+                    ),
+                    "the report is written once every task is played",
                 ),
             )
         trees = played.trees

@@ -133,12 +133,36 @@ def progress_bar(total: int, label: str, sampled: bool = True):
     task = bar.add_task(label, total=total, success="-", speed="-")
 
     class BarProgress(RolloutProgress):
+        def __init__(self) -> None:
+            super().__init__()
+            self.done: list = []  # the episodes of the tasks played to their end, for a Ctrl-C to keep
+
         def generated(self, tokens: int) -> None:
             super().generated(tokens)
             bar.update(task, speed=f"{self.tokens_per_second:.0f}")
 
         def finished_task(self, episodes) -> None:
             super().finished_task(episodes)
+            self.done.extend(episodes)
             bar.update(task, advance=1, success=f"{100 * self.success_rate:.0f}%")
 
     return bar, BarProgress()
+
+
+def played_so_far(progress, total: int, whole: bool, write, after: str) -> str:
+    """What a Ctrl-C of a rollout or an eval says once it kept what it could: the episodes of each task
+    played to its end (``progress.done``), written without rewards by ``write(episodes) -> path``, where
+    ``whole`` says a task's report carried every episode of it (the batched rollout's and an agent's do; a
+    search reports its answer alone) and no game of several seats was played (a task's report holds one
+    seat's). ``after``: what the command would have written once every task was played."""
+    episodes = list(progress.done)
+    if not whole or not episodes or any(ep.info.get("players") for ep in episodes):
+        return (
+            f"{progress.episodes} of {total} tasks were played; nothing is written ({after}): run it again, "
+            "or with fewer --num-tasks"
+        )
+    path = write(episodes)
+    return (
+        f"{progress.episodes} of {total} tasks were played; their {len(episodes)} episodes are written without "
+        f"rewards to {path} (and its JSONL), and {after}: run it again for every task, scored"
+    )

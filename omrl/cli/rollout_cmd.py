@@ -95,7 +95,7 @@ def rollout(
     from omrl.evaluation import env_table, evaluate, evaluate_by_env, held_warnings, metrics_table, replay_warnings
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
-    from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories
+    from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories, write_unscored
     from omrl.view import view_command
 
     given = {
@@ -141,9 +141,14 @@ def rollout(
             played = stop_on_interrupt(
                 lambda: play_strategy(session, tasks, spec, progress),
                 err_console,
-                lambda: (
-                    f"{progress.episodes} of {len(tasks)} tasks were played; nothing is written (rollout writes once every "
-                    "task is played): run it again, or with fewer --num-tasks"
+                lambda: flags.played_so_far(
+                    progress,
+                    len(tasks),
+                    session.agent is not None or plays_batched(strategy, budget),
+                    lambda kept: write_unscored(
+                        kept, unscored_path(cfg.output), session.tokenizer, played_settings(cfg)
+                    ),
+                    "--output is written once every task is played",
                 ),
             )
             trees, episodes = played.trees, played.episodes

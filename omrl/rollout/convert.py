@@ -104,6 +104,16 @@ def unscored_path(parquet_path: str | os.PathLike) -> Path:
     return path.with_name(f"{path.stem}.unscored.parquet")
 
 
+def write_unscored(
+    episodes: list[Episode], parquet_path: str | os.PathLike, tokenizer: Any = None, played: dict | None = None
+) -> Path:
+    """Write ``episodes`` with their rewards cleared (a reward that failed on them, a Ctrl-C before they were
+    scored) to ``parquet_path`` and its JSONL: the play is kept, and nothing in it passes for a reward."""
+    for ep in episodes:
+        ep.rewards = {}
+    return write_trajectories(episodes, parquet_path, tokenizer, played)[0]
+
+
 @contextmanager
 def keep_unscored(parquet_path: str | os.PathLike) -> Iterator[None]:
     """Write the episodes of an :class:`~omrl.rollout.spec.UnscoredEpisodes` raised inside to
@@ -115,7 +125,7 @@ def keep_unscored(parquet_path: str | os.PathLike) -> Iterator[None]:
     try:
         yield
     except UnscoredEpisodes as exc:
-        parquet, _ = write_trajectories(exc.episodes, parquet_path, exc.tokenizer)
+        parquet = write_unscored(exc.episodes, parquet_path, exc.tokenizer)
         raise RewardError(
             f"{exc}; the {len(exc.episodes)} episodes played are written without rewards to {parquet}"
         ) from exc

@@ -7,6 +7,9 @@ import json
 import pytest
 
 from omrl.data import read_episodes
+from omrl.envs import Observation, StepResult
+from omrl.templates import ParsedAction
+from tests.fakes import ActionTemplate, KeyEnv, Registers
 from tests.helpers import FAST, cli_exit, eval_report, invoke, keys_eval, keys_rollout
 
 
@@ -105,6 +108,52 @@ def test_ctrl_c_while_playing_says_how_far_it_got_and_that_nothing_is_written(
     assert code == 130
     assert "interrupted: 0 of 3 tasks were played; nothing is written" in " ".join(err.split())
     assert not out.exists()  # eval's folder, which it made, is not left behind empty
+
+
+class CtrlCAtTaskTwo(KeyEnv):
+    """Tasks other than 2 end at their first step; task 2's second step is the user's Ctrl-C."""
+
+    def reset(self, task_id: int) -> Observation:
+        self.turn = 0
+        return super().reset(task_id)
+
+    def step(self, action: str) -> StepResult:
+        self.turn += 1
+        if self.task == 2 and self.turn == 2:
+            raise KeyboardInterrupt
+        if self.task != 2:
+            return StepResult("The chest crumbles.", 0.0, True, {"won": self.task == 0, "score": 0.0})
+        return super().step(action)
+
+
+class AnyReply(ActionTemplate):
+    """The whole reply is the action: the `tiny` model's replies step the env too."""
+
+    def parse(self, response: str, env) -> ParsedAction:
+        return ParsedAction(response.strip() or "nothing", True)
+
+
+@pytest.mark.parametrize("command", ["eval", "rollout"])
+def test_ctrl_c_keeps_the_tasks_played_to_their_end_unscored(fake_plugins, register_plugin, tmp_path, capsys, command):
+    """An hour of play is not lost to a Ctrl-C: the tasks that ended are written, without rewards (none
+    were given yet), where a failed reward's episodes go; the output proper is not written."""
+    register_plugin(Registers({"ctrl-c": CtrlCAtTaskTwo}, {"any-reply": AnyReply}), name="test-ctrl-c")
+    if command == "eval":
+        out = ("env.template=any-reply", "generation.temperature=1.0", "--output-dir", str(tmp_path / "run"))
+        words, kept = keys_eval(3, *out, env="ctrl-c"), tmp_path / "run"
+    else:
+        words = ["rollout", "--env", "ctrl-c", "--template", "action", "--expert", "--num-tasks", "3"]
+        words, kept = [*words, "-o", str(tmp_path / "t.parquet")], tmp_path
+    code, _, err = cli_exit(capsys, *words)
+    said = " ".join(err.split())
+    assert code == 130, err
+    unscored = next(kept.glob("*.unscored.parquet"))
+    assert f"2 of 3 tasks were played; their 2 episodes are written without rewards to {unscored}" in said
+    episodes = read_episodes(unscored)
+    assert sorted(ep.task_id for ep in episodes) == [0, 1] and all(ep.rewards == {} for ep in episodes)
+    assert [ep.won for ep in sorted(episodes, key=lambda ep: ep.task_id)] == [True, False]
+    assert unscored.with_suffix(".jsonl").is_file()
+    assert not (tmp_path / "t.parquet").exists() and not list(kept.glob("*report*.json"))
 
 
 def test_a_rollouts_heartbeat_is_named_for_its_output_not_left_as_heartbeat_json(fake_plugins, tmp_path):
