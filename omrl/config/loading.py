@@ -185,6 +185,9 @@ def load_config(
                 )
     for key, value in flags.items():
         set_path(data, key.split("."), value)
+    named = {*given, *flags}
+    if "env.name" in named and "env.mix" not in named and isinstance(data.get("env"), dict) and data["env"].get("mix"):
+        data["env"]["mix"] = []  # --env on the command line replaces the preset's mixture, as any later value does
     data.pop("preset", None)
     check_no_redacted(data.get("plugins"), "plugins")
     return from_dict(cls, data)

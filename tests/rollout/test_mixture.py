@@ -100,6 +100,16 @@ def test_a_mixture_named_twice_is_refused():
         mix_members(cfg)
 
 
+def test_an_env_named_on_the_command_line_replaces_a_config_files_mixture(tmp_path):
+    """`omrl rollout mix.yaml --env gridworld` plays gridworld: the YAML's env.mix was once played instead, silently."""
+    config = tmp_path / "mix.yaml"
+    config.write_text("env:\n  mix:\n    - {name: gridworld, weight: 1}\n    - {name: webshop, weight: 1}\n")
+    for override, flags in (([], {"env.name": "textcraft"}), (["env.name=textcraft"], {})):
+        cfg = load_config(RolloutRunConfig, config, override, flags)
+        assert [m.name for m in mix_members(cfg)] == ["textcraft"]
+    assert [m.name for m in mix_members(load_config(RolloutRunConfig, config))] == ["gridworld", "webshop"]
+
+
 def _order(seed: int = 3) -> MixedTaskOrder:
     orders = {
         name: TaskOrder([EnvTask(name, "train", i) for i in range(size)], seed)
