@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 from omrl import plugin_options
 from omrl.data.trajectory import Episode
 from omrl.env_results import finite_number
-from omrl.errors import OmrlError, short_repr
+from omrl.errors import OmrlError, UnknownNameError, short_repr
 from omrl.supervisor import StageStalled, on_stall, stage
 
 ALLOCATION_MODES = ("last_token", "uniform_positive", "discounted", "per_turn")
@@ -123,7 +123,10 @@ def check_weights(weights: Any, where: str = "reward.weights") -> None:
     for name, weight in weights.items():
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not finite_number(weight):
             raise RewardError(f"{where}: the reward weight for {name!r} must be a finite number, got {weight!r}")
-        registry.rewards.get(name)  # unknown: names the registered ones
+        try:
+            registry.rewards.get(name)
+        except UnknownNameError as exc:  # its message has the close match and the registered names
+            raise UnknownNameError(f"{where}: {exc}") from None
 
 
 def check_options(weights: dict[str, float], options: dict[str, Any]) -> None:

@@ -74,7 +74,11 @@ def test_each_env_of_a_mixture_keeps_its_own_settings_and_inherits_the_rest():
         ("env.mix=[{name: gridworld, plugins: {gridworld: 3}}]", ConfigError, "plugins.gridworld must be a mapping"),
         ("env.mix=[{name: gridworld, reward: {goal: abc}}]", RewardError, "weight for 'goal' must be a finite number"),
         ("env.mix=[{name: gridworld, reward: {goal: .nan}}]", RewardError, "got nan"),
-        ("env.mix=[{name: gridworld, reward: {nosuch: 1}}]", UnknownNameError, "unknown reward 'nosuch'"),
+        (
+            "env.mix=[{name: gridworld, reward: {nosuch: 1}}]",
+            UnknownNameError,
+            r"env.mix\[0\].reward \(gridworld\): unknown reward 'nosuch'",
+        ),
         ("env.mix=['gridworld,babyai:GoToObjS6']", ConfigError, "names 2 envs; each entry names one env"),
         (
             "env.name=gridworld:1e308,babyai:GoToObjS6:1e308",
