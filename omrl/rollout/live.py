@@ -140,7 +140,8 @@ def record_reply(
     if reply.weights_version is not None:  # the sampler changed versions between turns
         turn.info["weights_version"] = reply.weights_version
     ep.turns.append(turn)
-    live.messages.append(parse_reply(tokenizer, response, chat_kwargs).message)
+    read = parse_reply(tokenizer, response, chat_kwargs)
+    live.messages.append(read.message)
     if not response.strip():
         turn.parse_error = "the reply was empty"
         live.end = "empty_response"
@@ -150,6 +151,10 @@ def record_reply(
         live.end, ep.error = "env_error", str(parsed)
         return None
     parsed, answer_from = parsed
+    if read.reasoning is not None and not read.answer.strip():
+        # the chat format reads it as reasoning alone (DeepSeek-R1's block, opened by its prompt, never closed):
+        # no answer, whatever the action template finds inside, or the next prompt would show an empty reply
+        parsed = ParsedAction(None, False, error=UNANSWERED)
     if answer_from:  # reasoning the template skips: rewards that read the answer skip it too (Turn.answer)
         turn.info["answer_from"] = answer_from
     turn.format_ok, turn.parse_error, turn.action = parsed.format_ok, parsed.error, parsed.action
@@ -165,6 +170,9 @@ def record_reply(
         live.next_user = f"Your reply could not be parsed: {reason}"
     live.action = parsed.action
     return parsed.action
+
+
+UNANSWERED = "the reply is all reasoning (its reasoning never closed), so it gave no answer; close it, then answer."
 
 
 def _parse(template: Template, response: str, env: Env) -> tuple[ParsedAction, int] | TemplateFailure:

@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Any, Sequence, TypeVar
 
 from omrl.backends.base import Backend, Generation, SamplingParams, Stream
-from omrl.chat.encoding import encode_plain
+from omrl.chat.conversation import reply_text
+from omrl.chat.encoding import encode_continued, encode_plain
+from omrl.chat.replies import reply_shape, stop_token_ids
 from omrl.data.trajectory import Episode
 from omrl.envs import EnvError
 from omrl.errors import OmrlError, short_repr
@@ -94,7 +96,6 @@ def expert_replies(
     """The scripted expert's next ``actions`` (``(action, thought)`` per episode of ``live``, or what its
     env raised) as the ids of the template-formatted replies; :data:`GAVE_UP` where it has no action:
     the loop ends that episode as ``expert_gave_up``, a loss (the env did not fail, its expert did)."""
-    eos = int(tokenizer.eos_token_id)
     out: list[Generation | BaseException] = []
     for state, played, cap in zip(live, actions, caps):
         action, thought = (played, "") if isinstance(played, BaseException) else played
@@ -113,16 +114,28 @@ def expert_replies(
         if isinstance(text, TemplateFailure):  # the template's failure, not the expert's: env_error
             out.append(text)
             continue
-        ids = encode_plain(tokenizer, text) + [eos]  # a reply's text is never special tokens
+        ids = _reply_ids(tokenizer, state, text)
         if thought and len(ids) > cap:  # the thought would crowd the action out of the turn's token cap
             shorter = _written(state.lane.template, action, state.env)
             if isinstance(shorter, TemplateFailure):
                 out.append(shorter)
                 continue
-            ids = encode_plain(tokenizer, shorter) + [eos]
+            ids = _reply_ids(tokenizer, state, shorter)
         ids = ids[:cap]
-        out.append(Generation(ids, [0.0] * len(ids), "stop" if ids[-1] == eos else "length"))
+        stopped = ids[-1] == tokenizer.eos_token_id or ids[-1] in stop_token_ids(tokenizer, state.chat_kwargs)
+        out.append(Generation(ids, [0.0] * len(ids), "stop" if stopped else "length"))
     return out
+
+
+def _reply_ids(tokenizer: Any, state: Any, text: str) -> list[int]:
+    """The ids of the expert's reply ``text`` as the chat template writes a reply after its generation prompt.
+    Most templates write the text and the end-of-turn token; a thinking family writes more: DeepSeek-R1 closes
+    the ``<think>`` its prompt opened, gpt-oss opens its ``final`` channel. The model learns from these."""
+    shape = reply_shape(tokenizer, state.chat_kwargs)
+    if not (shape.field or shape.answer_opens):
+        return encode_plain(tokenizer, text) + [int(tokenizer.eos_token_id)]  # a reply's text is never special tokens
+    reply = {"role": "assistant", "content": text}
+    return encode_continued(tokenizer, reply_text(tokenizer, state.messages, reply, **(state.chat_kwargs or {})))
 
 
 def _written(template: Any, action: str, env: Any, *thought: str) -> str | TemplateFailure:

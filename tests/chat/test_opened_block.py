@@ -78,3 +78,22 @@ def test_a_template_that_reads_the_field_still_gets_it():
     tokenizer = family_tokenizer("qwen3")
     message = parse_reply(tokenizer, "<think>\nStep 0.\n</think>\n\nAction: open").message
     assert message["reasoning_content"].strip() == "Step 0." and message["content"].strip() == "Action: open"
+
+
+def test_a_sampled_reply_that_never_closes_the_opened_block_gave_no_answer():
+    """DeepSeek-R1's reply without ``</think>`` is reasoning alone, as its chat layer reads it back: its action
+    is not taken (it was once stepped, then shown to the model as an empty reply)."""
+    from omrl import registry
+    from omrl.rollout import EnvPool, collect
+    from omrl.rollout.live import UNANSWERED
+    from tests.fakes import KeyEnv, ScriptedBackend
+
+    tokenizer = family_tokenizer("deepseek_r1_distill")
+    replies = ["Act: open", "</think>\n\nAct: open"]  # the first leaves the block open, the second closes it
+    backend = ScriptedBackend(tokenizer, lambda call, i, prompt: replies[call % 2])
+    react = registry.templates.get("react")()
+    (episode,) = collect(EnvPool(KeyEnv, name="keys"), react, tokenizer, [0], backend=backend)
+    first, second = episode.turns[:2]
+    assert first.action is None and not first.format_ok and first.parse_error == UNANSWERED
+    assert second.action == "open" and second.format_ok
+    assert episode.messages[2]["content"] == "" and "Act: open" in str(episode.messages[2])  # read as reasoning

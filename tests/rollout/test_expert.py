@@ -3,9 +3,14 @@ which counts in its success rate; an env whose expert never acts has no expert, 
 
 from __future__ import annotations
 
+import pytest
+
+from omrl import registry
+from omrl.chat.replies import parse_reply
 from omrl.data import read_episodes
 from omrl.evaluation import evaluate
 from omrl.rollout import EnvPool, collect
+from tests.chat.families import family_tokenizer
 from tests.fakes import ActionTemplate, KeyEnv
 from tests.helpers import expert_rollout_of
 
@@ -57,3 +62,22 @@ def test_omrl_rollout_expert_of_an_env_without_one_exits_2(fake_plugins, registe
     code, text = expert_rollout_of(capsys, register_plugin, NoExpertKeyEnv, tmp_path / "expert.parquet")
     assert code == 2 and "every episode failed in the keys_NoExpertKeyEnv expert" in text, text
     assert "has no scripted expert action" in text
+
+
+@pytest.mark.parametrize(
+    ("family", "reply"),
+    [
+        ("deepseek_r1_distill", "</think>\n\nAct: open<｜end▁of▁sentence｜>"),  # closes the block the prompt opened
+        ("gptoss", "<|channel|>final<|message|>Act: open<|return|>"),  # its answer's channel
+        ("qwen2_5", "Act: open<|im_end|>"),  # a template that writes the text alone
+    ],
+)
+def test_the_expert_replies_as_the_chat_template_writes_a_reply(family, reply):
+    """Expert data teaches the model its own format: the expert's first reply is what the template writes after
+    its generation prompt, and read back by the chat layer, it is the answer (never reasoning left open)."""
+    tokenizer, react = family_tokenizer(family), registry.templates.get("react")()
+    (episode,) = collect(EnvPool(KeyEnv, name="keys"), react, tokenizer, [0], expert=True)
+    start, end = episode.turns[0].span
+    assert tokenizer.decode(episode.token_ids[start:end], skip_special_tokens=False) == reply
+    assert episode.won and [turn.action for turn in episode.turns] == ["open", "take key"]
+    assert parse_reply(tokenizer, episode.turns[0].response).answer.strip() == "Act: open"
