@@ -68,7 +68,7 @@ def check_template_command(
         f"structured tool calls: {calls if report.tool_calls else 'not written'}"
     )
     say(f"history modes on a sample episode ({TURNS} replies with reasoning):")
-    console.print(_modes_table(report))
+    console.print(_modes_table(report, cases))
     say("tokens: all in the rows; trained: those with loss; prefill: prompt tokens computed with no KV reuse")
     for cost in report.modes.values():
         if not cost.works:
@@ -91,8 +91,9 @@ def check_template_command(
     say(f"use: {_advice(report)}")
 
 
-def _modes_table(report):
-    """One row per history mode: whether it works and its rows' size on the sample episode."""
+def _modes_table(report, cases):
+    """One row per history mode: whether it works (on the sample episode, and in every case played the
+    rollout's way: a broken case below is a mode that does not) and its rows' size on the sample episode."""
     from rich.table import Table
 
     table = Table()
@@ -101,6 +102,8 @@ def _modes_table(report):
     for cost in report.modes.values():
         numbers = [str(n) for n in (cost.rows, cost.tokens, cost.trained, cost.prefill)] if cost.works else ["-"] * 4
         works = ("not for tools" if cost.tool_problem else "yes") if cost.works else "no"
+        if cost.works and any(case.mode == cost.mode and case.status == "broken" for case in cases):
+            works = "no: see the cases below"
         table.add_row(cost.mode, works, *numbers)
     return table
 

@@ -138,8 +138,8 @@ def collect_lanes(
     for lane in lanes:  # a game's seats each need their own chat: omrl.rollout.seats plays them
         if check_seats(lane.pool.env_class, lane.pool.name):
             raise OmrlError(f"env {lane.pool.name!r} has seats; its games play through omrl.rollout.seats.play_seats")
-    if not expert:  # a model's rows must be laid out as its template lays them out, or not at all
-        check_run_template(tokenizer, limits.history, limits.template_kwargs)
+    # a model's rows, and the expert's it will be fine-tuned on, are laid out as its template lays them out, or not at all
+    check_run_template(tokenizer, limits.history, limits.template_kwargs)
     if limits.max_new_tokens < 1 or limits.max_context < 2:
         raise OmrlError(
             f"max_new_tokens must be >= 1 and max_context >= 2, got {limits.max_new_tokens} and {limits.max_context}"

@@ -242,6 +242,11 @@ def test_cli_fails_naming_a_case_a_mode_would_lay_out_wrongly(model_dirs, capsys
     assert f"omrl would lay out {path}'s reasoning episodes wrongly under chat.history=keep" in err
     assert "(message 4)" in err and "(message 6)" in err  # what keep appends, and what the template writes
     assert "keep reasoning: broken" in out
+    keep = next(line for line in out.splitlines() if line.startswith("│ keep "))  # the history modes table's row
+    assert "no: see the cases below" in keep  # it once said keep works, above the case that says it does not
+    code, _, err = cli_exit(capsys, "rollout", "--model", path, "--env", "gridworld", "--expert", "--num-tasks", "1",
+                            "-o", str(Path(path) / "expert.parquet"))  # fmt: skip
+    assert code == 2 and "omrl would lay out this chat template's episodes wrongly" in err  # nor SFT data for it
 
 
 def test_cli_shows_every_case_of_a_template_it_passes(tiny_checked):
