@@ -208,8 +208,17 @@ def serve(
     option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
 ) -> None:
     r"""Serve an env over HTTP for AgentGym clients: `id` dialect at the root, `env_idx` dialect under /env_idx (needs omrl\[server])."""
+    from omrl.env_results import check_seats
+    from omrl.errors import ConfigError
+    from omrl.registry import envs
     from omrl.serve import create_app, exposure_warning, run_server
 
+    seats = check_seats(envs.get(name), name)
+    if seats:  # AgentGym's protocol has one agent an episode: a client would play every seat, each game's result lost
+        raise ConfigError(
+            f"env {name!r} is a game of seats ({', '.join(seats)}), and an AgentGym server plays one agent an "
+            "episode, so each game's result would be lost; play its games with omrl rollout, eval or train (seats.*)"
+        )
     app = create_app(
         name,
         parse_options(option),
@@ -269,27 +278,38 @@ def play(
             split = next((s for s in (split, *env.splits) if s in env.splits and task in env.split_of(s)), split)
         first = env.reset(task)
         check("reset", reset_problem(first))
+        seats = tuple(getattr(env, "seats", ()) or ())
         console.print(
             Panel(
                 Text(first.instruction or "(no separate instruction)"),
                 title=f"{name} task {task} ({split} split): instruction",
             )
         )
-        console.print(Panel(Text(first.text or EMPTY_OBSERVATION), title="observation"))
+        opens = f", {first.seat} to move" if seats and first.seat else ""
+        console.print(Panel(Text(first.text or EMPTY_OBSERVATION), title=f"observation{opens}"))
         turns, total, played, result = max_turns or env.max_turns, 0.0, 0, None
         for turn in range(1, turns + 1):
             action = _ask_action(console, env, turn, turns)
             if action is None:
                 break
             result = env.step(action)
-            check("step", step_problem(result, seated=bool(getattr(env, "seats", ()))))
+            check("step", step_problem(result, seated=bool(seats)))
             total, played = total + result.reward, turn
             flags = " (invalid action)" if result.info.get("invalid") else ""
+            mover = f", {result.seat} to move" if seats and result.seat else ""
             text = result.observation or EMPTY_OBSERVATION
-            console.print(Panel(Text(text), title=f"observation: reward {result.reward:g}{flags}"))
+            if not (seats and result.done):  # a game's end is each seat's view, below
+                console.print(Panel(Text(text), title=f"observation: reward {result.reward:g}{flags}{mover}"))
             if result.done:
                 break
         ended = "done" if result is not None and result.done else "not finished"
+        if seats and result is not None and result.done:  # a game: each seat's own view and result
+            for seat in seats:
+                view = result.views.get(seat) or EMPTY_OBSERVATION
+                console.print(Panel(Text(view), title=f"{seat}'s view: reward {result.seat_rewards.get(seat, 0.0):+g}"))
+            said = ", ".join(f"{seat} {_outcome(result.seat_rewards.get(seat, 0.0))}" for seat in seats)
+            console.print(f"game {ended}: {said}; turns {played}")
+            return
         won, score = (result.won, result.score) if result is not None else (False, 0.0)
         console.print(
             f"episode {ended}: won {'yes' if won else 'no'}, score {score:.2f}, total reward {total:g}, turns {played}"
@@ -299,6 +319,11 @@ def play(
 
 
 PLAY_COMMANDS = {":expert": "take the expert's action", ":quit": "end the episode", ":help": "this list"}
+
+
+def _outcome(reward: float) -> str:
+    """A seat's result from its reward in [-1, 1]: +1 a win, -1 a loss, 0 a draw."""
+    return "won" if reward > 0 else "lost" if reward < 0 else "drew"
 
 
 def _ask_action(console: Console, env, turn: int, turns: int) -> str | None:

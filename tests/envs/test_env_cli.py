@@ -173,6 +173,27 @@ def test_play_with_the_expert_wins(runner):
     assert "episode done: won yes, score 1.00, total reward 1, turns 3" in result.output
 
 
+def test_play_of_a_game_shows_who_moves_and_each_seats_view_and_result(runner):
+    """TicTacToe: player_0 (O) takes the middle column. Its result was once shown as "won no, score 0"."""
+    moves = "[4]\n[0]\n[1]\n[2]\n[7]\n"
+    result = runner.invoke(build_app(), ["env", "play", "textarena-duel:TicTacToe-v0", "--task", "0"], input=moves)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "observation: reward 0, player_1 to move" in said
+    assert "player_0's view: reward +1" in said and "player_1's view: reward -1" in said
+    assert "game done: player_0 won, player_1 lost; turns 5" in said and "won no" not in said
+
+
+def test_serve_refuses_a_game_of_seats_whose_results_an_agentgym_client_would_lose(runner, monkeypatch):
+    def served(*args, **kwargs):
+        raise AssertionError("the game was served")  # and the test would wait on it for ever
+
+    monkeypatch.setattr("omrl.serve.run_server", served)
+    result = runner.invoke(build_app(), ["env", "serve", "textarena-duel:TicTacToe-v0", "--port", "0"])
+    assert result.exit_code != 0 and isinstance(result.exception, ConfigError)
+    assert "is a game of seats (player_0, player_1)" in str(result.exception)
+
+
 def test_play_says_which_split_a_task_id_is_of(runner):
     result = runner.invoke(build_app(), ["env", "play", "switch", "--task", "1"], input=":quit\n")
     assert "switch task 1 (train split): instruction" in " ".join(result.output.split())  # --split is test
