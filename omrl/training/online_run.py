@@ -18,7 +18,7 @@ from omrl.rollout import Played
 from omrl.rollout.spec import overlong
 from omrl.supervisor import StageStalled, at_step, stage
 from omrl.training import checkpoint as ckpt
-from omrl.training import dynamic_sampling, rollout_health
+from omrl.training import dynamic_sampling, rollout_health, stopped
 from omrl.training.async_generation import (
     GenerationProcess,
     lag_metrics,
@@ -324,7 +324,11 @@ def end_step(recipe: OnlineRecipe, metrics: dict[str, float], started: float) ->
     recipe.run.updated(recipe.step + 1)
     recipe.step += 1
     if recipe.step == cfg.steps or (cfg.eval_every and recipe.step % cfg.eval_every == 0):
-        metrics.update(recipe.run.evaluate())
+        try:
+            metrics.update(recipe.run.evaluate())
+        except BaseException:
+            stopped.keep_evaluated_step(recipe, metrics)
+            raise
     metrics["step_time"] = time.perf_counter() - started
     log_step(recipe, metrics)
 

@@ -3,7 +3,8 @@
 
 The steps done are checkpointed first where the run stands where they left it (the stopped step's tasks
 handed back: ``keepable``), so a stop costs the step it stopped in, not every step since the last
-checkpoint; the message names the newest checkpoint and the ``--resume`` that continues from it.
+checkpoint; the message names the newest checkpoint and the ``--resume`` that continues from it. A stop in a
+step's evaluation (:func:`keep_evaluated_step`) keeps that step too: its update was done.
 """
 
 from __future__ import annotations
@@ -89,3 +90,11 @@ def _keep(recipe: Any, keepable: bool) -> Path | None:
 
 def _resume(recipe: Any, command: str) -> str:
     return f"continue with {resume_command(command, recipe.cfg.logging.output_dir)}"
+
+
+def keep_evaluated_step(recipe: Any, metrics: dict[str, Any]) -> None:
+    """A step whose evaluation stopped (a stall, its env's failure, a Ctrl-C): its update is done, so its
+    ``metrics`` are logged and it is checkpointed, and the stop costs the evaluation alone, not every step
+    since the last checkpoint (with ``logging.save_steps=0``, the last step's evaluation held the whole run)."""
+    recipe.logger.log(recipe.step, metrics)
+    _keep(recipe, True)

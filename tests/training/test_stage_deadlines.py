@@ -88,3 +88,27 @@ def test_a_run_a_deadline_stops_keeps_the_steps_done_and_resumes_from_them(tiny_
     run_rl(gridworld_grpo_config(tiny_model_dir, run, *words, "resume=true", "deadlines.generate_s=900"))
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [s for s in steps if s] == [1, 2]  # step 1 was kept, not played again
+
+
+@pytest.mark.parametrize("stops", ["stalls", "ctrl-c"])
+def test_a_stop_in_the_last_steps_evaluation_keeps_the_trained_step(tiny_model_dir, tmp_path, monkeypatch, stops):
+    """With logging.save_steps=0 (the default) the last step's evaluation held the whole run: a stall or a
+    Ctrl-C in it lost every step. The step's update is done, so it is logged and checkpointed first."""
+    from omrl.training.checkpoint import latest_checkpoint
+    from omrl.training.checkpoint_marker import checkpoint_step
+    from omrl.training.metrics import read_metrics
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(online_run, "evaluate", hang if stops == "stalls" else interrupted)
+    out = tmp_path / "run"
+    cfg = gridworld_grpo_config(tiny_model_dir, out, "steps=1", "tasks_per_step=1", "group_size=2", "eval_tasks=1",
+                                "generation.max_new_tokens=4", "deadlines.eval_s=1", "deadlines.heartbeat_s=0")  # fmt: skip
+    with pytest.raises(StageStalled if stops == "stalls" else KeyboardInterrupt) as caught:
+        run_rl(cfg)
+    kept = latest_checkpoint(out)
+    assert kept is not None and checkpoint_step(kept) == 1
+    assert [record["step"] for record in read_metrics(out)] == [1]
+    if stops == "stalls":
+        assert f"the newest checkpoint is {kept}: continue with omrl train --resume" in str(caught.value)
