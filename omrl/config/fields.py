@@ -11,10 +11,19 @@ from dataclasses import Field, field
 from typing import Any
 
 
-def opt(default: Any, help: str, names_of: tuple[str, str | None] | None = None, **kw: Any) -> Any:
+def opt(
+    default: Any,
+    help: str,
+    names_of: tuple[str, str | None] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    **kw: Any,
+) -> Any:
     """A dataclass field with a help text (mutable defaults go through a factory); ``names_of``:
-    (registry, kind) whose registered names the help lists."""
+    (registry, kind) whose registered names the help lists; ``low``/``high``: the smallest and largest
+    number it takes, refused when the config loads (a negative count once meant "all but N")."""
     metadata = {"help": help, **({"names_of": names_of} if names_of else {})}
+    metadata.update({name: bound for name, bound in (("low", low), ("high", high)) if bound is not None})
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata, **kw)
     return field(default=default, metadata=metadata, **kw)

@@ -69,7 +69,7 @@ class RunConfig:
 
     command: str = command_opt("")
     description: str = opt("", "One line about this preset.")
-    seed: int = opt(0, "Random seed.")
+    seed: int = opt(0, "Random seed.", low=0)
     model: ModelConfig = field(default_factory=ModelConfig)
 
 
@@ -195,9 +195,9 @@ class TrainRunConfig(EnvRunConfig):
         "Episodes per optimizer step; each pass over the rollout takes "
         "ceil(episodes / mini_batch_size) steps (0: one step for the whole rollout).",
     )
-    eval_every: int = opt(0, "Evaluate on the test split every N steps (0: at the end only).")
-    eval_tasks: int = opt(10, "Test tasks per evaluation.")
-    eval_temperature: float = opt(0.0, "Sampling temperature of evaluations (0: greedy).")
+    eval_every: int = opt(0, "Evaluate on the test split every N steps (0: at the end only).", low=0)
+    eval_tasks: int = opt(10, "Test tasks per evaluation.", low=0)
+    eval_temperature: float = opt(0.0, "Sampling temperature of evaluations (0: greedy).", low=0)
     eval_samples_per_task: int = opt(
         1, "Samples per test task in evaluations (more than 1 needs eval_temperature > 0); eval_success is their mean."
     )

@@ -43,7 +43,19 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: T | None
             kwargs[key] = from_dict(hints[key], value, dotted, getattr(base, key))
         else:
             kwargs[key] = _coerce(value, hints[key], dotted)
+            _check_bounds(kwargs[key], fields[key].metadata, dotted)
     return dataclasses.replace(base, **kwargs)
+
+
+def _check_bounds(value: Any, metadata: Any, dotted: str) -> None:
+    """Refuse a number outside the field's ``low``/``high`` (:func:`omrl.config.fields.opt`)."""
+    low, high = metadata.get("low"), metadata.get("high")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    if (low is not None and value < low) or (high is not None and value > high):
+        valid = f"between {low:g} and {high:g}" if low is not None and high is not None else None
+        valid = valid or (f">= {low:g}" if low is not None else f"<= {high:g}")
+        raise ConfigError(f"config key {dotted!r} must be {valid}, got {value!r}")
 
 
 def _unknown_key(key: str, dotted: str, path: str, fields: dict[str, Any], hints: dict[str, Any]) -> str:

@@ -72,7 +72,7 @@ class GenerationConfig:
     max_context: int = opt(2048, "Total tokens per episode (prompt + all turns).")
     temperature: float = opt(1.0, "Sampling temperature (0 = greedy).")
     top_p: float = opt(1.0, "Nucleus sampling.")
-    batch_size: int = opt(32, "Sequences per generate call.")
+    batch_size: int = opt(32, "Sequences per generate call.", low=1)
     base_url: str = opt("", "openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = opt("OPENAI_API_KEY", "openai backend: environment variable holding the key.")
     weight_sync: str = opt(
@@ -95,11 +95,12 @@ class GenerationConfig:
     weight_sync_address: str = opt(
         "", "weight_sync=nccl: HOST:PORT this trainer listens on for the server's workers ('': 127.0.0.1, a free port)."
     )
-    gpu_memory_utilization: float = opt(0.5, "vllm backend: share of GPU memory for the engine.")
+    gpu_memory_utilization: float = opt(0.5, "vllm backend: share of GPU memory for the engine.", low=0, high=1)
     sampler_check_kl: float = opt(
         0.1,
         "Stop the run when the sampler's log-probs differ from the trainer's on the same tokens by more than this "
         "KL per token (mismatch_kl_k3) after a weight sync: a server that kept old weights (0: never).",
+        low=0,
     )
     kv_reuse: bool = opt(
         True,
@@ -117,6 +118,7 @@ class GenerationConfig:
         1024,
         "hf backend: most MiB of KV states kept between generate calls (least recently used "
         "dropped first; 0: no bound).",
+        low=0,
     )
 
 
@@ -203,22 +205,22 @@ class ToolHealthConfig:
 class DeadlineConfig:
     """How long each stage of a run may take (omrl.supervisor); 0: no deadline."""
 
-    generate_s: float = opt(900.0, "Seconds one generate call may take.")
-    env_reset_s: float = opt(300.0, "Seconds one env reset may take.")
-    env_step_s: float = opt(300.0, "Seconds one env step may take, its tool calls and scoring included.")
-    reward_s: float = opt(600.0, "Seconds one reward function may take over a step's episodes.")
-    weight_sync_s: float = opt(900.0, "Seconds one weight sync to the rollout backend may take.")
-    checkpoint_s: float = opt(900.0, "Seconds one checkpoint save may take.")
-    eval_s: float = opt(7200.0, "Seconds one evaluation during training may take.")
-    handover_s: float = opt(3600.0, "async_generation: seconds to wait for the generation process's next step.")
+    generate_s: float = opt(900.0, "Seconds one generate call may take.", low=0)
+    env_reset_s: float = opt(300.0, "Seconds one env reset may take.", low=0)
+    env_step_s: float = opt(300.0, "Seconds one env step may take, its tool calls and scoring included.", low=0)
+    reward_s: float = opt(600.0, "Seconds one reward function may take over a step's episodes.", low=0)
+    weight_sync_s: float = opt(900.0, "Seconds one weight sync to the rollout backend may take.", low=0)
+    checkpoint_s: float = opt(900.0, "Seconds one checkpoint save may take.", low=0)
+    eval_s: float = opt(7200.0, "Seconds one evaluation during training may take.", low=0)
+    handover_s: float = opt(3600.0, "async_generation: seconds to wait for the generation process's next step.", low=0)
     on_stall: str = opt(
         "drop",
         "An env or reward stage past its deadline: drop (its episodes end env_error, never trained on), "
         "retry (played again once, then dropped) or stop (the run stops, exit status 2). Other stages always stop.",
     )
-    grace_s: float = opt(30.0, "Seconds a stalled stage has to give way before the process exits with status 2.")
+    grace_s: float = opt(30.0, "Seconds a stalled stage has to give way before the process exits with status 2.", low=0)
     heartbeat_s: float = opt(
-        60.0, "Seconds between heartbeats (heartbeat.json; metrics.jsonl when no step was logged)."
+        60.0, "Seconds between heartbeats (heartbeat.json; metrics.jsonl when no step was logged).", low=0
     )
 
 
@@ -261,13 +263,13 @@ class TrainRolloutConfig(RolloutConfig):
 @dataclass
 class OptimConfig:
     learning_rate: float = opt(1e-5, "Peak learning rate (AdamW).")
-    weight_decay: float = opt(0.0, "AdamW weight decay.")
+    weight_decay: float = opt(0.0, "AdamW weight decay.", low=0)
     warmup_steps: int = opt(0, "Linear warm-up steps.")
     lr_schedule: str = opt("constant", "constant, linear or cosine decay after warm-up.")
-    max_grad_norm: float = opt(1.0, "Gradient clipping norm.")
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm.", low=0)
     micro_batch_size: int = opt(4, "Sequences per forward/backward pass.")
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step (SFT).")
-    max_nan_steps: int = opt(5, "Stop after this many consecutive non-finite losses.")
+    max_nan_steps: int = opt(5, "Stop after this many consecutive non-finite losses.", low=0)
     share_prefix: bool = opt(
         True,
         "RL update: rows opening with the same prompt run it once (same gradients, "

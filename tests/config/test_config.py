@@ -47,6 +47,23 @@ def test_wrong_type_names_the_key():
         load_config(TrainRunConfig, None, ["model.trust_remote_code=3"])
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("eval_tasks=-3", "config key 'eval_tasks' must be >= 0, got -3"),  # once: every test task but 3
+        ("eval_temperature=-1", "config key 'eval_temperature' must be >= 0, got -1"),
+        ("generation.gpu_memory_utilization=1.5", "'generation.gpu_memory_utilization' must be between 0 and 1"),
+        ("optim.max_grad_norm=-1", "config key 'optim.max_grad_norm' must be >= 0, got -1"),
+        ("deadlines.eval_s=-5", "config key 'deadlines.eval_s' must be >= 0, got -5"),
+    ],
+)
+def test_a_number_out_of_its_keys_range_is_refused_when_the_config_loads(override, message):
+    with pytest.raises(ConfigError) as caught:
+        load_config(TrainRunConfig, "grpo", [override])
+    assert message in str(caught.value)
+    assert load_config(TrainRunConfig, "grpo", ["eval_tasks=0", "deadlines.eval_s=0"]).eval_tasks == 0  # the bounds
+
+
 def test_an_integer_too_large_for_a_float_is_a_config_error():
     # found by the property test: float() of a 400-digit integer raised OverflowError, "a bug in omrl"
     too_large = r"optim.learning_rate' expects a number, got an integer too large .*400 digits"
