@@ -174,6 +174,7 @@ WORLD_ERRNOS = {
     errno.ENOSPC: "the disk is full",
     errno.EDQUOT: "the disk quota is used up",
     errno.EACCES: "permission denied",
+    errno.EPERM: "the operation is not permitted there",
     errno.EROFS: "the file system is read-only",
     errno.EIO: "an I/O error",
     errno.ENOMEM: "out of memory",

@@ -250,6 +250,9 @@ def test_a_full_disk_is_reported_as_the_machines_fault_not_omrls(capsys):
     status = report_error(OSError(errno.ENOSPC, "No space left on device", "/runs/x/optimizer.pt"), debug=False)
     err = capsys.readouterr().err
     assert status == 2 and "the disk is full (/runs/x/optimizer.pt)" in err and "bug in omrl" not in err
+    status = report_error(PermissionError(errno.EPERM, "Operation not permitted", "/sys/run"), debug=False)  # /sys
+    err = capsys.readouterr().err
+    assert status == 2 and "the operation is not permitted there (/sys/run)" in err and "bug in omrl" not in err
 
 
 def test_a_full_disk_under_an_atomic_write_names_the_file_it_could_not_write(tmp_path, monkeypatch, capsys):
