@@ -169,6 +169,17 @@ def rollout(
     console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}", soft_wrap=True)
     console.print(f"look at them: {view_command(parquet)}", highlight=False, soft_wrap=True)
     env_errors_of_each_env(console, cfg, episodes, "they are written, as end_reason env_error")
+    cut = sum(ep.end_reason == "max_context" for ep in episodes)
+    if cfg.use_expert and cut:  # SFT data: a demonstration cut short teaches the start of a task, never its end
+        console.print(
+            Text(
+                f"{cut} of {len(episodes)} expert episodes ended at generation.max_context={cfg.generation.max_context} "
+                "tokens before the expert finished, so they demonstrate no success; give them room with a larger "
+                f"generation.max_context (e.g. {4 * cfg.generation.max_context})",
+                style="yellow",
+            ),
+            soft_wrap=True,
+        )
 
 
 def heartbeat_name(output: str) -> str:

@@ -59,3 +59,17 @@ def test_a_thought_that_would_crowd_out_the_action_is_left_out(tmp_path):
     replies = [m["content"] for row in rows for m in row["messages"] if m["role"] == "assistant"]
     assert replies and all(reply.startswith("Act: ") for reply in replies), replies
     assert all(row["won"] for row in rows), [row["won"] for row in rows]
+
+
+def test_expert_episodes_cut_at_the_context_limit_are_warned_of(tmp_path, capsys):
+    """textworld-express's expert needed more than the default 2048 tokens: 9 of 12 demonstrations ended cut,
+    and exit 0 said nothing."""
+    from tests.helpers import cli_exit
+
+    out = tmp_path / "cut.parquet"
+    code, stdout, _ = cli_exit(capsys, "rollout", "--env", "gridworld", "--expert", "--num-tasks", "3",
+                               "generation.max_context=200", "-o", str(out))  # fmt: skip
+    said = " ".join(stdout.split())
+    assert code == 0 and "expert episodes ended at generation.max_context=200 tokens before the expert finished" in said
+    code, stdout, _ = cli_exit(capsys, "rollout", "--env", "gridworld", "--expert", "--num-tasks", "3", "-o", str(out))
+    assert code == 0 and "before the expert finished" not in stdout
