@@ -40,6 +40,13 @@ def check_arguments(fn: Any, arguments: dict[str, Any], what: str, called: str, 
     try:
         signature.bind(*[None] * fixed, **arguments)
     except TypeError as exc:
+        needed = [
+            p.name
+            for p in parameters[fixed:]
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in arguments
+        ]
+        if needed:  # "does not take options []" once said that it needs one
+            raise ConfigError(f"{what} needs a value for {', '.join(needed)} (no default); {listed}") from exc
         raise ConfigError(f"{what} does not take {called} {sorted(arguments)} ({exc}); {listed}") from exc
 
 

@@ -403,3 +403,18 @@ def test_an_option_of_the_wrong_kind_is_the_users_even_where_init_fails_on_it(re
         create_env(ComparingEnv, {"high": value}, "comparing")
     with pytest.raises(ConfigError, match=r"high=0 is invalid; valid: 1 or more"):  # the env's own check first
         create_env(ComparingEnv, {"high": 0}, "comparing")
+
+
+def test_an_option_an_env_needs_and_was_not_given_is_named():
+    """``--env verifiers`` without its module said "does not take options [] (missing a required argument)"."""
+    from omrl.envs import create_env
+
+    class NeedsModule(KeyEnv):
+        def __init__(self, module: str, timeout_s: float = 60.0):
+            super().__init__()
+
+    with pytest.raises(ConfigError) as caught:
+        create_env(NeedsModule, {"timeout_s": 5.0}, "needs-module")
+    assert "env 'needs-module' needs a value for module (no default); its options: module, timeout_s" in str(
+        caught.value
+    )
