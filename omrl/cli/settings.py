@@ -182,13 +182,17 @@ def _holds(data: dict[str, Any], key: str) -> bool:
 
 
 def run_config(model: str) -> Any:
-    """What the run directory ``model``'s ``config.yaml`` holds as YAML; ``{}`` where there is none, or it
-    is no YAML (then nothing is known of how the model was trained)."""
+    """What the run directory ``model``'s ``config.yaml`` holds as YAML (for a checkpoint's model,
+    ``RUN/checkpoints/step-N/model``, the run's); ``{}`` where there is none, or it is no YAML (then nothing
+    is known of how the model was trained)."""
     from pathlib import Path
 
     import yaml
 
-    path = Path(model).expanduser() / "config.yaml"
+    folder = Path(model).expanduser()
+    path = folder / "config.yaml"
+    if not path.is_file() and folder.name == "model" and folder.parent.parent.name == "checkpoints":
+        path = folder.parent.parent.parent / "config.yaml"  # one of a run's checkpoints' models: the run's settings
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8")) if path.is_file() else {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):

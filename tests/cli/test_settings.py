@@ -103,6 +103,17 @@ def test_eval_of_a_run_without_env_plays_the_env_it_trained_on_and_config_show_s
     )  # fmt: skip
 
 
+def test_a_checkpoints_model_plays_with_its_runs_settings(omrl_main, trained_run):
+    """`RUN/checkpoints/step-N/model`, as omrl itself advises giving, played webshop with the preset's settings."""
+    model = next((trained_run / "checkpoints").iterdir()) / "model"
+    code, shown, err = omrl_main("config", "show", "eval", f"model.name={model}")
+    assert code == 0, err
+    shown = yaml.safe_load(shown)
+    assert (shown["env"]["name"], shown["env"]["max_turns"], shown["generation"]["max_new_tokens"]) == (
+        "gridworld", 2, 4,
+    )  # fmt: skip
+
+
 def test_eval_applies_the_preset_config_show_shows(omrl_main, tmp_path):
     code, shown, _ = omrl_main("config", "show", "eval")
     assert code == 0
