@@ -77,10 +77,11 @@ def check_algorithms(
             + (f"; {algo.advantage} needs a critic: use algorithm.name=ppo" if critic else "")
         ) from err
     if not advantages.any():
+        # with two samples or more, a setting of the estimator's own makes the group too small (pass_k = G)
+        fix = "use group_size >= 2" if group < 2 else "raise group_size, or change the estimator's own algorithm.* keys"
         raise ConfigError(
             f"algorithm.advantage={algo.advantage} gives every sample an advantage of 0 with "
-            f"group_size={group} (it compares the samples of a task): nothing would be learned; "
-            "use group_size >= 2"
+            f"group_size={group} (it compares the samples of a task): nothing would be learned; {fix}"
         )
     if algo.dynamic_sampling:
         same = dataclasses.replace(probe, token_rewards=torch.ones_like(rewards), turn_rewards=torch.ones(group, 1))

@@ -244,6 +244,15 @@ def test_settings_that_could_never_train_are_refused_before_any_rollout(rl_confi
     assert not (cfg.logging.output_dir and read_metrics(cfg.logging.output_dir))
 
 
+def test_an_estimator_whose_own_setting_empties_every_group_is_not_told_to_use_two_samples(rl_config):
+    """pass_at_k with pass_k = group_size = 2 learns nothing; the advice was "use group_size >= 2", which it had."""
+    with pytest.raises(ConfigError) as caught:
+        run_rl(rl_config("algorithm.advantage=pass_at_k", "algorithm.pass_k=2"), console=QUIET)
+    said = str(caught.value)
+    assert "advantage of 0 with group_size=2" in said and "use group_size >= 2" not in said
+    assert "raise group_size, or change the estimator's own algorithm.* keys" in said
+
+
 def test_a_full_disk_is_reported_as_the_machines_fault_not_omrls(capsys):
     from omrl.cli import report_error
 
