@@ -71,9 +71,9 @@ class AlgoConfig:
     lam: float = opt(1.0, "GAE lambda.")
     norm_adv_by_std: bool = opt(True, "GRPO: divide by the group's std (Dr. GRPO: no).")
     eps: float = opt(1e-6, "Added to denominators.")
-    clip_ratio_low: float = opt(0.2, "PPO clip: ratio >= 1 - clip_ratio_low.", low=0)
-    clip_ratio_high: float = opt(0.2, "PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28).", low=0)
-    clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages.", low=0)
+    clip_ratio_low: float = opt(0.2, "PPO clip: ratio >= 1 - clip_ratio_low.")
+    clip_ratio_high: float = opt(0.2, "PPO clip: ratio <= 1 + clip_ratio_high (DAPO clip-higher: 0.28).")
+    clip_ratio_c: float = opt(3.0, "Dual-clip bound for negative advantages.")
     loss_agg_mode: str = opt("token-mean", f"How token losses become one number: {', '.join(LOSS_AGG_MODES)}.")
     loss_norm_tokens: int = opt(
         0,
@@ -110,7 +110,7 @@ class AlgoConfig:
         names_of=("algorithms", "rollout_correction"),
     )
     rollout_is_cap: float = opt(
-        2.0, "token_tis, seq_tis: the weights' cap; seq_mask: the ratio above which a row drops.", low=0
+        2.0, "token_tis, seq_tis: the weights' cap; seq_mask: the ratio above which a row drops."
     )
     rollout_band_low: float = opt(0.5, "token_mask: a token with a lower ratio drops.")
     rollout_band_high: float = opt(5.0, "token_mask: a token with a higher ratio drops.")
@@ -319,6 +319,10 @@ SETTING_RANGES = {
     "eps": (0.0, math.inf, False),
     "loss_norm_tokens": (0, math.inf, True),
     "teacher_coef": (0.0, math.inf, True),
+    "clip_ratio_low": (0.0, math.inf, True),
+    "clip_ratio_high": (0.0, math.inf, True),
+    "clip_ratio_c": (0.0, math.inf, True),
+    "rollout_is_cap": (0.0, math.inf, True),
 }
 
 

@@ -50,8 +50,10 @@ def from_dict(cls: type[T], data: dict[str, Any], path: str = "", base: T | None
 def _check_bounds(value: Any, metadata: Any, dotted: str) -> None:
     """Refuse a number outside the field's ``low``/``high`` (:func:`omrl.config.fields.opt`)."""
     low, high = metadata.get("low"), metadata.get("high")
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (low is None and high is None):
         return
+    if value != value:  # NaN: within no range
+        raise ConfigError(f"config key {dotted!r} must be a number, got {value!r}")
     if (low is not None and value < low) or (high is not None and value > high):
         valid = f"between {low:g} and {high:g}" if low is not None and high is not None else None
         valid = valid or (f">= {low:g}" if low is not None else f"<= {high:g}")

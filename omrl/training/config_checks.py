@@ -58,6 +58,7 @@ def check_config(cfg: TrainRunConfig, world_size: int = 1) -> None:
             f"algorithm.{ignored[0]} is for the grpo and ppo recipes; dpo trains on pairs with a fixed beta "
             "and no reward to add to"
         )
+    warn_unread_by_dpo(cfg)
     check_rollout_strategy(cfg)
     env_scale.check(cfg)
     if is_mixture(cfg.env):
@@ -200,3 +201,28 @@ def check_seated(cfg: TrainRunConfig) -> None:
                 f"{setting} cannot train on them; use rollout.strategy=chain, synchronous generation and a "
                 "group estimator (grpo's default)"
             )
+
+
+def warn_unread_by_dpo(cfg: TrainRunConfig) -> None:
+    """Warn of ``algorithm.*`` keys (and ``ppo_epochs``) set away from their defaults that the dpo recipe does
+    not read: it trains on pairs with its own loss and ``algorithm.dpo_beta``, so an estimator, a policy loss
+    or a KL setting given beside it would do nothing, silently."""
+    import dataclasses
+    import warnings
+
+    if cfg.algorithm.name != "dpo":
+        return
+    defaults = type(cfg.algorithm)()
+    unread = [
+        f"algorithm.{f.name}={getattr(cfg.algorithm, f.name)!r}"
+        for f in dataclasses.fields(cfg.algorithm)
+        if f.name not in ("name", "dpo_beta") and getattr(cfg.algorithm, f.name) != getattr(defaults, f.name)
+    ]
+    if cfg.ppo_epochs != type(cfg)().ppo_epochs:
+        unread.append(f"ppo_epochs={cfg.ppo_epochs}")
+    if unread:
+        warnings.warn(
+            f"the dpo recipe reads algorithm.dpo_beta alone of these settings, so {', '.join(unread)} "
+            "change nothing (they are for grpo and ppo)",
+            stacklevel=2,
+        )

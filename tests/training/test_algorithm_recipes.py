@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -268,6 +269,19 @@ def test_dpo_refuses_a_beta_that_is_not_a_positive_number(config):
 def test_dpo_refuses_what_it_would_ignore(config):
     with pytest.raises(ConfigError, match="algorithm.kl_target is for the grpo and ppo recipes"):
         run_rl(config("algorithm.kl_target=0.01", "algorithm.kl_coef=0.1", algo="dpo"), console=QUIET)
+
+
+def test_dpo_warns_of_the_grpo_and_ppo_settings_it_does_not_read(config):
+    """--algo dpo with algorithm.policy_loss=gspo ran with DPO's own loss and said nothing."""
+    from omrl.training.config_checks import check_config
+
+    with pytest.warns(
+        UserWarning, match=r"reads algorithm.dpo_beta alone .* algorithm.policy_loss='gspo', ppo_epochs=3"
+    ):
+        check_config(config("algorithm.policy_loss=gspo", "ppo_epochs=3", algo="dpo"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # dpo_beta and the dpo recipe's own settings: nothing to warn of
+        check_config(config("algorithm.dpo_beta=0.2", algo="dpo"))
 
 
 # -- ReMax ------------------------------------------------------------------------------------------------
