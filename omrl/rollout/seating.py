@@ -197,6 +197,12 @@ def seating_of(
         raise ConfigError(f"{where}: an agent program plays one agent; leave agent.* unset for it")
     if expert:
         _check_expert(env_class, env_name)
+    past = [seat for seat, spec in seat_players(cfg.seats, seats, env_name).items() if spec.kind == "past"]
+    if past and not hasattr(cfg, "algorithm"):  # rollout, eval, sweep: they save no checkpoints to draw from
+        raise ConfigError(
+            f"seats.play.{past[0]}=past plays a training run's past checkpoints, and this command saves none (it "
+            f"would play the model itself); name the model it should play: seats.play.{past[0]}=model:DIR"
+        )
     return seating_from_config(
         cfg.seats,
         env_class,

@@ -53,6 +53,9 @@ def test_what_cannot_play_seats_refuses_them_by_name():
         RolloutSession.from_config(config("env.name=textarena-duel:TicTacToe-v0:1,gridworld:1"))
     with pytest.raises(ConfigError, match="env 'gridworld' has none"):
         RolloutSession.from_config(config("env.name=gridworld", "seats.play.player_1=scripted"))
+    # rollout and eval save no checkpoints: `past` once played the model itself, silently
+    with pytest.raises(ConfigError, match=r"seats.play.player_1=past plays a training run's past checkpoints"):
+        RolloutSession.from_config(config("seats.play.player_1=past"))
     with RolloutSession.from_config(config("seats.play.player_1=scripted")) as session:
         with pytest.raises(ConfigError, match="strategy 'best_of_n' searches the chat of one agent"):
             play_strategy(session, [0], PlaySpec(strategy="best_of_n", budget=64))
