@@ -219,6 +219,7 @@ def serve(
             f"env {name!r} is a game of seats ({', '.join(seats)}), and an AgentGym server plays one agent an "
             "episode, so each game's result would be lost; play its games with omrl rollout, eval or train (seats.*)"
         )
+    _check_port(host, port)
     app = create_app(
         name,
         parse_options(option),
@@ -319,6 +320,24 @@ def play(
 
 
 PLAY_COMMANDS = {":expert": "take the expert's action", ":quit": "end the episode", ":help": "this list"}
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse, naming it, an address this machine will not let the server listen on (a port in use, an
+    address it does not have): uvicorn logged its own line and exited 3 there, which said nothing of --port."""
+    import socket
+
+    from omrl.errors import OmrlError
+
+    if port == 0:  # the system picks a free one
+        return
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise OmrlError(
+            f"cannot serve on {host}:{port}: {exc.strerror or exc}; give another --port, or --port 0 for a free one"
+        ) from exc
 
 
 def _outcome(reward: float) -> str:

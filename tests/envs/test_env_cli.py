@@ -418,3 +418,14 @@ def test_an_option_an_env_needs_and_was_not_given_is_named():
     assert "env 'needs-module' needs a value for module (no default); its options: module, timeout_s" in str(
         caught.value
     )
+
+
+def test_serve_on_a_port_in_use_names_it_and_the_way_out(runner, monkeypatch):
+    """uvicorn logged "[Errno 98] Address already in use" and exited 3, which named no --port."""
+    monkeypatch.setattr("omrl.serve.run_server", lambda *args, **kwargs: None)  # past the check: nothing to serve
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = runner.invoke(build_app(), ["env", "serve", "gridworld", "--port", str(port)])
+    assert isinstance(result.exception, OmrlError), result.output
+    said = str(result.exception)
+    assert f"cannot serve on 127.0.0.1:{port}" in said and "give another --port, or --port 0 for a free one" in said
