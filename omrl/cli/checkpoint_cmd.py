@@ -11,7 +11,9 @@ checkpoint_app = typer.Typer(help="Checkpoints of a run.", no_args_is_help=True)
 @checkpoint_app.command("trust")
 def trust(
     checkpoints: list[str] = typer.Argument(
-        ..., help="Checkpoint directories (RUN/checkpoints/step-00000012) or model directories (RUN/final)."
+        ...,
+        help="Checkpoint directories (RUN/checkpoints/step-00000012) or model directories (a run's own folder, "
+        "which holds its final model, or RUN/checkpoints/step-N/model).",
     ),
 ) -> None:
     """Write the sha256 manifest of each checkpoint's or model's files as they are now.

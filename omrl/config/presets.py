@@ -42,8 +42,12 @@ def read_preset(preset: str | Path) -> dict[str, Any]:
     if not path.suffix:
         path = presets_dir() / f"{preset}.yaml"
         if not path.exists():
+            import difflib
+
+            close = difflib.get_close_matches(str(preset), preset_names(), n=1)
+            hint = f"; did you mean {close[0]!r}? Valid" if close else "; valid"
             raise ConfigError(
-                f"unknown preset {str(preset)!r}; valid: {', '.join(preset_names())} (or a path to a .yaml file)"
+                f"unknown preset {str(preset)!r}{hint}: {', '.join(preset_names())} (or a path to a .yaml file)"
             )
     elif not path.exists():
         raise ConfigError(f"config file {path} does not exist")

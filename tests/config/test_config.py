@@ -97,6 +97,8 @@ def test_a_mapping_override_replaces_and_a_dotted_one_sets_a_leaf():
 def test_bad_preset_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown preset 'nope'; valid: .*grpo"):
         read_preset("nope")
+    with pytest.raises(ConfigError, match=r"unknown preset 'grpo-gridwrld'; did you mean 'grpo-gridworld'\? Valid: "):
+        read_preset("grpo-gridwrld")  # a typo, as env and key typos are answered
     bad = tmp_path / "bad.yaml"
     bad.write_text("a: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
