@@ -145,6 +145,7 @@ def test_an_option_no_sandbox_can_run_with_is_refused_when_the_env_is_built(opti
     [
         ({"options": 5}, "code option options=5 is invalid; valid: a mapping of the wrapped env's options"),
         ({"env": 5}, "code option env=5 is invalid; valid: the name of the env to wrap"),
+        ({"warm": 2.5}, "warm=2.5 is invalid; valid: a whole number"),  # was "must be 0 or more, got 2.5"
         (
             {"env": "code"},
             "tool name(s) python clash with the wrapped env CodeEnv's own tools and actions (answer, python)",

@@ -81,7 +81,9 @@ class PythonTool:
                 f"(its {PROCESSES} processes share it, {MIN_PROCESS_MB} MB each at least)"
             )
         if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
-            raise ConfigError(f"the python tool's warm (interpreters kept started) must be 0 or more, got {warm!r}")
+            raise ConfigError(
+                f"the python tool's warm={warm!r} is invalid; valid: a whole number, 0 or more (interpreters kept started)"
+            )
         if not isinstance(persistent, bool):
             raise ConfigError(f"the python tool's persistent={persistent!r} is invalid; valid: true or false")
         try:
