@@ -264,7 +264,7 @@ def play_settings(cfg: Any, args: list[str] | None, default_preset: str | None, 
     trained = trained_settings(cfg.model.name, cfg.env.name, cfg.env.mix)
     if trained:
         settings_as_trained(cfg, args, trained, console)
-    else:
+    if "env.max_turns" not in trained:  # an SFT run holds no turn cap, nor a run on another env: not the preset's
         preset = split_preset(args[0] if args else None, [])[0] or default_preset
         outside_the_presets_env(cfg, args, preset, console)
     agent_reward_weights(cfg, args, console)

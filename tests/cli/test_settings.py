@@ -140,6 +140,7 @@ def test_a_model_fine_tuned_on_rollouts_plays_with_their_template_unless_a_flag_
     code, out, err = omrl_main(*evaluate, "--output-dir", str(tmp_path / "ev1"))
     said = " ".join((out + err).split())
     assert code == 0 and f"as {run} trained: env.template=xml" in said and "template xml" in said, said
+    assert "turns the env's own cap" in said  # not the eval preset's webshop cap (8), which cut gridworld short
     code, out, err = omrl_main(*evaluate, "--template", "react", "--output-dir", str(tmp_path / "ev2"))
     said = " ".join((out + err).split())
     assert code == 0 and "env.template=xml" not in said and "template react" in said, said
