@@ -125,6 +125,9 @@ class Env(ABC):
     #: Actions as tools, for the tool_call template: [{"name", "description", "parameters"}]
     #: plus how to turn a call into action text: see ``action_from_tool_call``.
     tools: ClassVar[list[dict[str, Any]]] = []
+    #: ``action_help`` for a template that offers ``tools`` as function calls, without the text syntax of
+    #: ``action_help`` ("call the python tool", not "python[...]"); "" uses ``action_help``.
+    tool_help: ClassVar[str] = ""
     #: True for envs that wait on I/O: the rollout steps them from a thread pool.
     io_bound: ClassVar[bool] = False
     #: The split names this env offers.

@@ -145,6 +145,11 @@ class ToolEnv(Env):
             f"Call a tool ({names}) to compute something, at most {max_calls} times, then finish with {final}. "
             f"{inner.action_help}"
         ).strip()
+        finish = f"the {ANSWER_TOOL} tool" if self.answers_as_tool else "one of the task's tools"
+        self.tool_help = (  # the same, for a template that offers the tools as calls: no python[...] there
+            f"Call a tool ({', '.join(self.own_tools)}) to compute something, at most {max_calls} times, then "
+            f"finish with {finish}. {getattr(inner, 'tool_help', '') or inner.action_help}"
+        ).strip()
 
     def task_ids(self, split: str) -> Sequence[int]:
         return self.inner.task_ids(split)

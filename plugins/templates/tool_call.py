@@ -180,7 +180,7 @@ class ToolCallTemplate(Template):
     def system_prompt(self, env: Any) -> str:
         shape = f'{{"name": <tool name>, "{self.arguments_key}": {{<argument>: <value>}}}}'
         lines = [
-            action_help(env),
+            str(getattr(env, "tool_help", "") or "") or action_help(env),  # the calls' words, not a text syntax
             "Call exactly one tool per reply, written as:",
             f"<tool_call>\n{shape}\n</tool_call>" if self.format == "hermes" else shape,
             # listed here too: many chat templates (SmolLM2's) do not render `tools`

@@ -321,3 +321,17 @@ def test_tools_are_called_by_their_names_as_they_are():
     for name in names:
         result = env.step(env.action_from_tool_call(name, {"q": "x"}))
         assert result.observation == f"{name} got x" and not result.done
+
+
+def test_the_tool_call_template_tells_the_model_to_call_tools_not_to_write_their_text_syntax():
+    """Its system prompt opened with "Call a tool (python[...]) ... finish with answer[your answer]", then asked
+    for <tool_call> JSON: two formats at once. The react template still gets the text syntax it parses."""
+    env = build()
+    try:
+        called = registry.templates.get("tool_call")().system_prompt(env)
+        written = registry.templates.get("react")().system_prompt(env)
+    finally:
+        env.close()
+    assert called.startswith("Call a tool (python) to compute something, at most 4 times, then finish with the answer")
+    assert "python[" not in called and "answer[" not in called and "<tool_call>" in called
+    assert "python[...]" in written and "answer[your answer]" in written
