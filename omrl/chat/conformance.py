@@ -22,6 +22,7 @@ At the top of :mod:`omrl.chat`, beside :mod:`omrl.chat.probe`: it plays episodes
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import weakref
@@ -256,7 +257,9 @@ def _reply_problem(tokenizer: Any, chat: list[Message], reply: Message, text: st
     whole = render(tokenizer, [*chat, reply], **kwargs)
     if whole.startswith(opened) or _bare(whole).startswith(_bare(opened + text)):
         return ""
-    return f"reply {turn} is sampled as {text[:60]!r} where the template writes {whole[len(opened) - 20 :][:80]!r}"
+    parted = len(os.path.commonprefix([opened, whole]))  # shown from the line they part on (a token cut is no help)
+    start = max(whole.rfind("\n", 0, parted) + 1, parted - 40)
+    return f"reply {turn} is sampled as {text[:60]!r} where the template writes {whole[start:][:80]!r}"
 
 
 def _bare(text: str) -> str:

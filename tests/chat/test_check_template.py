@@ -108,6 +108,12 @@ INST = (
     "{%- else -%}{{- '[INST] ' + m.content + ' [/INST]' -}}{%- endif -%}{%- endfor -%}"
 )
 
+# the generation prompt names the speaker, the history does not: a sampled reply is not what the template writes
+NAMED_PROMPT = (
+    "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant (bob)\\n' -}}{%- endif -%}"
+)
+
 EXTRA = {
     "ends_in_text": ENDS_IN_TEXT,
     "raises_after_reply": RAISES_AFTER_REPLY,
@@ -116,6 +122,7 @@ EXTRA = {
     "no_generation_prompt": NO_GENERATION_PROMPT,
     "first_user_only": FIRST_USER_ONLY,
     "inst": INST,
+    "named_prompt": NAMED_PROMPT,
 }
 
 
@@ -247,6 +254,13 @@ def test_cli_fails_naming_a_case_a_mode_would_lay_out_wrongly(model_dirs, capsys
     code, _, err = cli_exit(capsys, "rollout", "--model", path, "--env", "gridworld", "--expert", "--num-tasks", "1",
                             "-o", str(Path(path) / "expert.parquet"))  # fmt: skip
     assert code == 2 and "omrl would lay out this chat template's episodes wrongly" in err  # nor SFT data for it
+
+
+def test_a_reply_the_template_writes_otherwise_is_quoted_from_the_line_they_part_on(model_dirs, capsys):
+    """The quote began 20 characters before the prompt's end, mid-token: 'rt|>assistant\\nopen drawer 1...'."""
+    code, out, err = cli(capsys, model_dirs["named_prompt"])
+    said = " ".join(err.split())
+    assert code == 2 and "where the template writes '<|im_start|>assistant\\nopen drawer" in said, said
 
 
 def test_cli_shows_every_case_of_a_template_it_passes(tiny_checked):
