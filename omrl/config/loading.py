@@ -159,6 +159,11 @@ def load_config(
         )  # rm-eval: `omrl rm eval`
         raise ConfigError(f"preset {str(preset)!r} is for `omrl {wanted}`, not `omrl {this}`")
     data = upgrade_keys(cls, data, f"preset {str(preset)!r}")
+    if preset and Path(str(preset)).suffix:  # a YAML file of the user's: a mistake in it names the file
+        try:
+            from_dict(cls, {k: v for k, v in data.items() if k != "preset"})
+        except ConfigError as exc:
+            raise ConfigError(f"{preset}: {exc}") from None
     given: dict[str, Any] = {}
     renamed: dict[str, str] = {}
     for item, (path, value) in zip(overrides or [], parse_overrides(overrides or [])):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from omrl.config import DeprecatedKeyWarning, describe, load_config, parse_overrides, preset_names, read_preset
@@ -92,6 +94,16 @@ def test_a_mapping_override_replaces_and_a_dotted_one_sets_a_leaf():
     assert cfg.reward.weights == {"goal": 2.0}  # the preset's format weight is gone
     cfg = load_config(TrainRunConfig, "grpo", ["reward.weights.goal=2.0"])
     assert cfg.reward.weights == {"goal": 2.0, "format": 0.1, "tag_count": 0.1}
+
+
+def test_a_mistake_in_a_yaml_file_names_the_file(tmp_path):
+    """`steps: one` in a file said "config key 'steps' expects int", naming no file; an override's still names none."""
+    bad = tmp_path / "mine.yaml"
+    bad.write_text("steps: one\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(bad))}: config key 'steps' expects int"):
+        load_config(TrainRunConfig, bad)
+    with pytest.raises(ConfigError, match=r"^config key 'steps' expects int"):
+        load_config(TrainRunConfig, "grpo", ["steps=one"])
 
 
 def test_bad_preset_and_bad_yaml(tmp_path):
