@@ -368,6 +368,7 @@ def check_run_template(tokenizer: Any, mode: str, kwargs: dict | None = None) ->
     with _CHECKING:  # rollouts on several threads share a tokenizer: one plays the cases, the others wait
         if key not in known:  # (a rollout step passes here: the bounds are checked on a miss only)
             check_render_bounds_once(tokenizer, kwargs)
+            _check_first_prompt(tokenizer, kwargs)
             broken = first_broken(conformance(tokenizer, kwargs, (mode,), RUN_CASES))
             known[key] = "" if broken is None else f"{broken.case} episodes: {broken.problem}"
     if known[key]:
@@ -375,3 +376,19 @@ def check_run_template(tokenizer: Any, mode: str, kwargs: dict | None = None) ->
             f"omrl would lay out this chat template's episodes wrongly under chat.history={mode} ({known[key]}); "
             f"`omrl check-template MODEL` shows every case and which mode works"
         )
+
+
+def _check_first_prompt(tokenizer: Any, kwargs: dict) -> None:
+    """Refuse a template that cannot render a first user message, the way a run gives its options: most
+    often one that raises for an option the run did not set (not a layout problem)."""
+    try:
+        render(tokenizer, [{"role": "user", "content": TASK}], add_generation_prompt=True, **kwargs)
+    except OmrlError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the template's own refusal
+        given = ", ".join(f"{k}={v!r}" for k, v in kwargs.items()) or "none"
+        raise OmrlError(
+            f"the chat template cannot render a first user message ({type(exc).__name__}: {_line(exc)}), so no "
+            "episode can start; where it asks for an option, set it with chat.template_kwargs.NAME=VALUE "
+            f"(options given: {given})"
+        ) from exc

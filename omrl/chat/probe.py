@@ -36,6 +36,7 @@ EMPTY_THINK = re.compile(r"<think>\s*</think>")
 _HINT = re.compile(r";? \(?(run )?`omrl check-template MODEL`[^)]*\)?")  # omrl's errors point here
 
 REASONING_DROPPED = "reasoning dropped from earlier replies"
+REPLY_DROPPED = "earlier replies dropped or replaced (a reply's answer is not written once a message follows it)"
 REASONING_DROPPED_LAST = "reasoning dropped even from the last reply (only its answer is written)"
 EMPTY_BLOCK = "an empty reasoning block written into the last reply"
 END_TOKEN = "end token changed"
@@ -142,7 +143,10 @@ def _opening(tokenizer, kwargs: dict) -> list[Message]:
             raise  # no chat template at all
         except Exception as exc:  # noqa: BLE001 - the template's own refusal
             error = exc
-    raise OmrlError(f"the chat template cannot render a first user message: {_reason(error)}")
+    raise OmrlError(
+        f"the chat template cannot render a first user message: {_reason(error)}; where it asks for an option, "
+        "give it with --kwargs (a JSON object, e.g. '{\"enable_thinking\": false}')"
+    )
 
 
 def _rewrites(tokenizer, chat: list[Message], kwargs: dict, written: bool = True) -> list[str]:
@@ -175,6 +179,8 @@ def _step(shorter: str, longer: str, answer: str, prompt_end: int, reasonings: S
     a render of its own, the reply last). The first test that explains the difference names it."""
     if longer.startswith(shorter):
         return []
+    if not prompt_end and answer in shorter and answer not in longer:  # the whole reply, not only its reasoning
+        return [REPLY_DROPPED]
     if any(text in shorter and text not in longer for text in reasonings):
         return [REASONING_DROPPED_LAST if prompt_end else REASONING_DROPPED]
     if _squash(longer).startswith(_squash(shorter)):

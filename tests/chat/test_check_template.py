@@ -15,12 +15,14 @@ from omrl.chat.probe import (
     END_TOKEN,
     IDS_CHANGED,
     REASONING_DROPPED,
+    REPLY_DROPPED,
     TOOL_CALLS,
     TURNS,
     WHITESPACE,
     check_template,
 )
 from omrl.cli import main
+from omrl.errors import OmrlError
 from omrl.models import load_tokenizer
 from tests.helpers import cli_exit
 
@@ -185,6 +187,21 @@ def test_dropped_reasoning_is_found_and_splits_as_template(model_dirs):
     assert keep.trained == as_template.trained and as_template.tokens > keep.tokens
 
 
+def test_a_template_that_replaces_earlier_replies_is_not_said_to_drop_reasoning(tiny_model_dir):
+    """It writes a placeholder for every reply but the last: the whole reply goes, and keep, which finds each
+    reply's text in the render, cannot work; check-template called it dropped reasoning."""
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tokenizer.chat_template = (
+        "{%- for m in messages -%}{%- if m.role == 'assistant' and not loop.last -%}"
+        "{{- '<|im_start|>assistant\\n(earlier reply)<|im_end|>\\n' -}}{%- else -%}"
+        "{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}{%- endfor -%}"
+    ) + CHATML_END
+    report = check_template(tokenizer)
+    assert report.findings == [REPLY_DROPPED]
+    assert not report.modes["keep"].works and "drops an assistant reply's text" in report.modes["keep"].problem
+    assert report.modes["as_template"].works
+
+
 def test_answer_only_history_is_found(model_dirs):
     report = check_template(load_tokenizer(model_dirs["keeps_answer"]))
     assert not report.append_only
@@ -276,11 +293,26 @@ def test_cli_passes_kwargs_to_the_template(model_dirs, capsys):
     path = model_dirs["needs_kwarg"]
     code, _, err = cli(capsys, path)
     assert code == 2 and "cannot render a first user message: TemplateError: pass ready" in err
+    assert "give it with --kwargs" in err
     code, out, err = cli(capsys, path, "--kwargs", '{"ready": true}')
     assert code == 0, err
     assert '{"ready": true}' in out and "append-only: yes" in out
     code, _, err = cli(capsys, path, "--kwargs", "[1]")
     assert code == 2 and "--kwargs must be a JSON object, not list" in err
+
+
+def test_a_run_missing_an_option_the_template_asks_for_is_told_to_set_it(model_dirs):
+    """A run without it was told its episodes would be laid out wrongly under chat.history=keep."""
+    from omrl.chat.conformance import check_run_template
+
+    tokenizer = load_tokenizer(model_dirs["needs_kwarg"])
+    with pytest.raises(
+        OmrlError,
+        match=r"cannot render a first user message \(TemplateError: pass ready\).*"
+        r"chat.template_kwargs.NAME=VALUE \(options given: none\)",
+    ):
+        check_run_template(tokenizer, "keep")
+    check_run_template(tokenizer, "keep", {"ready": True})
 
 
 # templates that are hostile code: each would hang or exhaust memory in the process that renders it
