@@ -1,7 +1,8 @@
 """The ``omrl`` command line: a typer app, one small module per command (``<command>_cmd.py``).
 :mod:`.settings` is the one rule for the settings a run plays (a trained model's, flags, overrides),
 :mod:`.model_prompts` what a fine-tuned model implies for a command's config, :mod:`.play_flags` the
-flags the commands that play episodes share, :mod:`.play_checks` what they refuse before a model loads.
+flags the commands that play episodes share, :mod:`.play_checks` what they refuse before a model loads,
+:mod:`.env_options` how ``omrl env play`` and ``serve`` take an env's options.
 
 Errors that omrl raises on purpose (:class:`omrl.errors.OmrlError`) print as one
 line and exit with status 2; ``--debug`` shows the traceback instead.

@@ -13,16 +13,9 @@ from rich.prompt import Prompt
 from rich.table import Table
 from rich.text import Text
 
+from omrl.cli.env_options import OPTION_HELP, options_as_flags, parse_options
+
 env_app = typer.Typer(help="List, serve and play environments.", no_args_is_help=True)
-
-OPTION_HELP = "An env option as key=value (repeatable), e.g. --option base_url=http://127.0.0.1:8000"
-
-
-def parse_options(options: list[str] | None) -> dict[str, Any]:
-    """``["k=v", "a.b=1"]`` -> ``{"k": "v", "a": {"b": 1}}``, values read as YAML scalars."""
-    from omrl.config import overrides_to_dict
-
-    return overrides_to_dict(options or [], example="-o size=7")
 
 
 def describe_env(component, build: bool = False) -> dict[str, Any]:
@@ -220,15 +213,16 @@ def serve(
             "episode, so each game's result would be lost; play its games with omrl rollout, eval or train (seats.*)"
         )
     _check_port(host, port)
-    app = create_app(
-        name,
-        parse_options(option),
-        token=token or None,
-        max_envs=max_envs,
-        max_body=max_body,
-        idle_timeout=idle_timeout,
-        call_timeout=call_timeout,
-    )
+    with options_as_flags(name):
+        app = create_app(
+            name,
+            parse_options(option),
+            token=token or None,
+            max_envs=max_envs,
+            max_body=max_body,
+            idle_timeout=idle_timeout,
+            call_timeout=call_timeout,
+        )
     console = Console(stderr=True)
     warning = exposure_warning(host, token)
     if warning:
@@ -271,7 +265,8 @@ def play(
             raise OmrlError(f"env {name!r}: its {method} {problem} (a bug in the env's plugin)")
 
     console = Console(highlight=False)
-    env = open_env(name, parse_options(option))
+    with options_as_flags(name):
+        env = open_env(name, parse_options(option))
     try:
         if task is None:
             task = env.tasks_of(name, split)[0]

@@ -429,3 +429,12 @@ def test_serve_on_a_port_in_use_names_it_and_the_way_out(runner, monkeypatch):
     assert isinstance(result.exception, OmrlError), result.output
     said = str(result.exception)
     assert f"cannot serve on 127.0.0.1:{port}" in said and "give another --port, or --port 0 for a free one" in said
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["play"]])
+def test_an_env_option_is_named_as_the_command_takes_it(runner, monkeypatch, command):
+    """env serve dataset said it needed plugins.dataset.path=FILE, which serve does not take."""
+    monkeypatch.setattr("omrl.serve.run_server", lambda *args, **kwargs: None)
+    result = runner.invoke(build_app(), ["env", command[0], "dataset", *command[1:]], input=":quit\n")
+    assert isinstance(result.exception, ConfigError), result.output
+    assert "the dataset env needs -o path=FILE" in str(result.exception) and "plugins." not in str(result.exception)
