@@ -75,6 +75,10 @@ def plot_run(
 ) -> tuple[list[Path], list[Problem]]:
     """Write the PNG files :func:`plan` names for ``run``'s metrics.jsonl into ``out_dir``
     (default ``<run>/plots``). Returns the files written and the problems met reading the metrics."""
+    if not Path(run).expanduser().exists():  # discover's own message names inputs the viewer reads, not plot
+        raise OmrlError(
+            f"{run}: no such file or directory; give a run directory of omrl train or sft (or its metrics.jsonl)"
+        )
     source = discover(run)
     run_dir = source.path if source.path.is_dir() else source.path.parent
     target = Path(out_dir) if out_dir is not None else run_dir / "plots"

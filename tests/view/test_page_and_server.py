@@ -159,6 +159,14 @@ def test_plot_writes_pngs(small_run, tmp_path):
     assert only.exit_code == 0 and [p.name for p in (tmp_path / "kl").iterdir()] == ["kl.png"]
 
 
+def test_plot_of_a_missing_path_asks_for_what_plot_reads(tmp_path):
+    pytest.importorskip("matplotlib")
+    result = CliRunner().invoke(cli(), ["plot", str(tmp_path / "nosuch")])
+    assert isinstance(result.exception, OmrlError)
+    assert "no such file or directory; give a run directory of omrl train or sft" in str(result.exception)
+    assert "trajectory" not in str(result.exception)  # what omrl view reads, and plot does not
+
+
 def test_plot_without_matplotlib_names_the_extra(small_run, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     result = CliRunner().invoke(cli(), ["plot", str(small_run)])
