@@ -47,6 +47,15 @@ AGENT_REASON = re.compile(r"the (agent|reward function)\b")
 IN_THE_AGENT = "the agent (its program or its reward function)"
 
 
+#: what an agent's error says when it is its framework refusing a reply cut at its length: the errors the
+#: frameworks raise for that (the Agents SDK, openai's ``.parse()``, pydantic-ai), or words that name the cut
+NAMES_A_CUT = re.compile(
+    r"ModelBehaviorError|LengthFinishReasonError|IncompleteToolCall|OutputTokenLimitExceeded|UnexpectedModelBehavior"
+    r"|length|incomplete|max_(output_)?tokens|truncat",
+    re.IGNORECASE,
+)
+
+
 class AgentFailure(Exception):
     """The agent or its reward function failed: the world's failure, not the model's. ``ended_itself``:
     the agent program ended with an error of its own (it raised, or its command exited non-zero), not
@@ -56,6 +65,14 @@ class AgentFailure(Exception):
     def __init__(self, message: str, ended_itself: bool = False):
         super().__init__(message)
         self.ended_itself = ended_itself
+
+    @property
+    def names_a_cut(self) -> bool:
+        """Whether the error (its type and text, or the last line of a command's stderr: a traceback's error,
+        not its source lines) says it is about a reply cut at its length (:data:`NAMES_A_CUT`), not some other
+        failure of the agent after such a reply."""
+        lines = str(self).strip().splitlines() or [""]
+        return self.ended_itself and any(NAMES_A_CUT.search(line) for line in (lines[0], lines[-1]))
 
 
 def _from_the_world(exc: BaseException) -> bool:

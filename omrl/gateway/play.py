@@ -13,8 +13,9 @@ call before its reply (a client timeout shorter than the model takes: :func:`tim
 episode as ``env_error`` with the reason: such an episode is no measure of the model and is never
 trained on. A call that found the episode's context full, or came after ``agent.max_calls`` calls, was
 answered ``finish_reason: "length"`` and the episode ends ``max_context`` or ``max_turns`` (truncated),
-scored as it stands; an agent that raises on a reply cut
-at the run's ``max_new_tokens`` is scored as it stands too. Agents that share one client, so that
+scored as it stands; an agent whose error names a reply cut
+at the run's ``max_new_tokens`` (a framework refusing an incomplete response) is scored as it stands too,
+while any other error after such a reply is the agent's (``env_error``). Agents that share one client, so that
 episodes' calls arrive with each other's keys, fail the run (:class:`SharedClient`).
 """
 
@@ -160,9 +161,9 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
         # first: an agent thread left running past its limit can write no more
         gateway.end(key, agent_returned=exc.ended_itself)
         ep.messages = recorder.chat()
-        cut = bool(recorder.cut) or _cut_by_the_run(ep)
+        cut = bool(recorder.cut) or (_cut_by_the_run(ep) and exc.names_a_cut)
         if not (exc.ended_itself and ep.turns) or not (cut or _rejected_a_tool_call(ep)):
-            _failed(ep, f"{exc} ({timed_out(recorder.undone)})" if recorder.undone and not ep.turns else str(exc))
+            _failed(ep, _agents_failure(exc, ep, recorder.undone))
             return False
         # the model's doing: its framework raised on a "length" answer the agent did not ask for (the budget's,
         # or a reply cut at the run's max_new_tokens: the Agents SDK raises on that), or refused a malformed call
@@ -183,6 +184,18 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
     ep.turns[-1].done = True
     ep.turns[-1].info["agent_result"] = _short(result)
     return _score(spec, env, ep, task, result)
+
+
+def _agents_failure(exc: AgentFailure, ep: Episode, undone: Sequence[float]) -> str:
+    """Why an episode ended ``env_error`` in its agent: the agent's error, with what explains it."""
+    if undone and not ep.turns:
+        return f"{exc} ({timed_out(undone)})"
+    if exc.ended_itself and ep.turns and _cut_by_the_run(ep):  # an error of its own after a cut that it does not name
+        return (
+            f"{exc} (after a reply cut at generation.max_new_tokens; the error does not name that cut, so it is the "
+            "agent's failure, not the model's)"
+        )
+    return str(exc)
 
 
 def timed_out(took: Sequence[float]) -> str:

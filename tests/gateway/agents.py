@@ -111,6 +111,13 @@ def raises_on_length(task, base_url, api_key):
         ]
 
 
+def bug_after_one_call(task, base_url, api_key):
+    """One call, then a bug of the agent's own that has nothing to do with the reply."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["prompt"]}])
+    return {}["answer_key"]
+
+
 def call_then_hangs(task, base_url, api_key):
     _with_tools_once(task, base_url, api_key)
     time.sleep(120)

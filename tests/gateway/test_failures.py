@@ -168,6 +168,28 @@ def test_hostile_requests_get_a_400_naming_the_problem(tiny_tokenizer):
         gateway.close()
 
 
+def test_an_agents_own_bug_after_a_cut_reply_is_the_agents_failure(tiny_tokenizer, tmp_path):
+    """A KeyError after a reply cut at the run's max_new_tokens was scored 0 and trained as the model's doing:
+    only an error that names the cut (a framework refusing an incomplete response) is."""
+    agent = "agent.callable=tests.gateway.agents:bug_after_one_call"
+    ep = play_one(tiny_tokenizer, tmp_path, "42 " * 40, agent, "generation.max_new_tokens=8")
+    assert ep.end_reason == "env_error" and ep.error.startswith("the agent raised KeyError: 'answer_key'")
+    assert "the error does not name that cut, so it is the agent's failure" in ep.error
+
+
+def test_only_an_errors_own_words_name_a_cut():
+    from omrl.gateway.agents import AgentFailure
+
+    traceback = (
+        "the agent command exited with 1: Traceback (most recent call last):\n"
+        '  File "agent.py", line 4, in <module>\n    reply = client.chat.completions.create(max_tokens=24)\n'
+    )
+    assert not AgentFailure(traceback + "KeyError: 'answer_key'", ended_itself=True).names_a_cut
+    assert AgentFailure(traceback + "agents.exceptions.ModelBehaviorError: incomplete", ended_itself=True).names_a_cut
+    assert AgentFailure("the agent raised LengthFinishReasonError: cut", ended_itself=True).names_a_cut
+    assert not AgentFailure("the agent did not finish within 3 s (incomplete)").names_a_cut  # the world's
+
+
 @pytest.mark.parametrize(
     "extra, named",
     [
