@@ -245,8 +245,11 @@ def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
     out = []
     vocab = (recorded_tokenizer(file) or {}).get("vocab")
     episodes = read_episodes(file)
-    empty = 0
+    empty = failed = 0
     for number, episode in enumerate(episodes, 1):
+        if episode.end_reason == "env_error":  # the env, a tool or a reward failed: no measure of the model
+            failed += 1
+            continue
         if not any(
             m.get("role") == "assistant" for m in without_demonstration(episode.messages, episode.demo_messages)
         ):
@@ -261,6 +264,12 @@ def _from_episodes(file: Path, min_reward: float) -> list[Conversation]:
             conversation.played_rows = [(episode.token_ids[a:b], episode.loss_mask[a:b]) for a, b in episode.rows()]
             conversation.played_vocab = vocab
         out.append(conversation)
+    if failed:
+        warnings.warn(
+            f"{file}: skipped {failed} of {len(episodes)} episodes that ended env_error (the env, a tool, the agent "
+            "or a reward failed on them): their reward is no measure of the model, so they are not learned from",
+            stacklevel=3,
+        )
     if empty:
         warnings.warn(
             f"{file}: skipped {empty} of {len(episodes)} episodes that hold no reply to learn from (a seat that "

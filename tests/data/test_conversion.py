@@ -69,7 +69,21 @@ def test_episodes_without_a_reply_are_skipped_and_counted(tmp_path):
     reset_failed = seat_episode("x", "error", [], end_reason="env_error")
     only_prompt = seat_episode("o", "error", [dict(m) for m in CHAT[:2]], end_reason="env_error")
     path = write_episodes([moved, never_moved, reset_failed, only_prompt], tmp_path / "game.parquet")
-    with pytest.warns(UserWarning, match=r"game.parquet: skipped 3 of 4 episodes that hold no reply to learn from"):
+    with pytest.warns(UserWarning) as said:
+        conversations = load_conversations(path)
+    assert [c.source for c in conversations] == [f"{path} row 1"]
+    warned = [str(w.message) for w in said]
+    assert any("game.parquet: skipped 1 of 4 episodes that hold no reply to learn from" in w for w in warned)
+    assert any("game.parquet: skipped 2 of 4 episodes that ended env_error" in w for w in warned)
+
+
+def test_an_episode_the_world_failed_is_not_learned_as_a_reward_of_0(tmp_path):
+    """A judge that failed on an episode left it env_error with reward 0: data convert wrote it as a plain
+    record of reward 0, which --min-reward 0 kept and data show averaged in."""
+    scored = seat_episode("x", "win", [dict(m) for m in CHAT])
+    judged_nothing = seat_episode("x", "error", [dict(m) for m in CHAT], end_reason="env_error")
+    path = write_episodes([scored, judged_nothing], tmp_path / "judged.parquet")
+    with pytest.warns(UserWarning, match=r"skipped 1 of 2 episodes that ended env_error .* not learned from"):
         conversations = load_conversations(path)
     assert [c.source for c in conversations] == [f"{path} row 1"]
 
