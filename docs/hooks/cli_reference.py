@@ -8,6 +8,7 @@ with each key's default as that command's config really has it.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 
@@ -17,8 +18,15 @@ KEYS_MARKER = "<!-- config-keys -->"
 
 def cell(text: object) -> str:
     """Text fit for one markdown table cell."""
-    text = re.sub(r"\\\[", "[", str(text))  # typer's rich-markup escape
-    return " ".join(text.split()).replace("|", "\\|")
+    return " ".join(prose(text).split()).replace("|", "\\|")
+
+
+def prose(text: object) -> str:
+    """Help text as markdown: typer's rich-markup escape undone, and a ``<placeholder>`` outside code
+    spans escaped, which a browser would otherwise take for an HTML tag and hide."""
+    text = re.sub(r"\\\[", "[", str(text))
+    parts = re.split(r"(`[^`]*`)", text)
+    return "".join(part if part.startswith("`") else html.escape(part, quote=False) for part in parts)
 
 
 def walk(command, path):
@@ -50,7 +58,7 @@ def commands_markdown() -> str:
         name = " ".join(path)
         out += [f"## {name}", ""]
         if command.help:
-            out += [re.sub(r"\\\[", "[", command.help.strip()), ""]
+            out += [prose(command.help.strip()), ""]
         ctx = command.context_class(command, info_name=name)
         out += ["```text", command.get_usage(ctx).replace("Usage: ", "").strip(), "```", ""]
         params = [p for p in command.params if not getattr(p, "hidden", False)]

@@ -279,7 +279,11 @@ class OptimConfig:
 
 @dataclass
 class LoggingConfig:
-    output_dir: str = opt("runs/latest", "Run directory: checkpoints, metrics.jsonl, config.yaml.")
+    output_dir: str = opt(
+        "runs/latest",
+        "Run directory: checkpoints, metrics.jsonl, config.yaml. Left unset, omrl train and omrl sft make a fresh "
+        "one per run: runs/<algo>-<env>-<time> and runs/sft-<time>.",
+    )
     logging_steps: int = opt(1, "Log metrics every N steps.")
     save_steps: int = opt(0, "Checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = opt(2, "How many checkpoints to keep.")

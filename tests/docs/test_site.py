@@ -31,6 +31,8 @@ def test_mkdocs_build_strict(tmp_path):
     for anchor in ("omrl-train", "omrl-rm-train", "omrl-env-serve", "omrl-checkpoint-trust", "config-keys", "rm-train"):
         assert f'id="{anchor}"' in reference, anchor
     assert "optim.learning_rate" in reference
+    # a help's <placeholder> reaches the page as text, not as a tag the browser hides ("runs/--")
+    assert "runs/&lt;algo&gt;-&lt;env&gt;-&lt;time&gt;" in reference and "runs/<algo>" not in reference
     # CONTRIBUTING.md is a page of the site, its links to docs/ pages pointing at the site's own
     contributing = (site / "contributing" / "index.html").read_text(encoding="utf-8")
     assert "Layers: what may import what" in contributing

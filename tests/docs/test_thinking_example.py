@@ -15,17 +15,28 @@ from tests.docs.commands import run_each
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "templates.md"
 
-pytestmark = pytest.mark.slow  # a model built, two trains and two evals
 
-
-def block(info: str) -> str:
-    (found,) = re.findall(rf"^```{re.escape(info)}\n(.*?)^```", DOC.read_text(encoding="utf-8"), flags=re.S | re.M)
+def block(name: str) -> str:
+    """The code block under the page's ``<!-- doc-test: NAME -->`` (a fence's info string takes a language
+    alone: the site's renderer shows a fence with more as plain text)."""
+    pattern = rf"^<!-- doc-test: {re.escape(name)} -->\n```\w+\n(.*?)^```"
+    (found,) = re.findall(pattern, DOC.read_text(encoding="utf-8"), flags=re.S | re.M)
     return found
 
 
+def test_no_fence_of_the_docs_carries_more_than_a_language():
+    """```python tiny_qwen3.py rendered as a paragraph of text, its line breaks lost."""
+    pages = [*DOC.parent.glob("*.md"), DOC.parents[1] / "README.md", DOC.parents[1] / "CONTRIBUTING.md"]
+    bad = [
+        f"{page.name}: {line}" for page in pages for line in page.read_text().splitlines() if re.match(r"```\w+ ", line)
+    ]
+    assert not bad, bad
+
+
+@pytest.mark.slow  # a model built, two trains and two evals
 def test_the_thinking_example_runs_and_each_eval_prompts_as_its_run_trained(tmp_path):
-    (tmp_path / "tiny_qwen3.py").write_text(block("python tiny_qwen3.py"), encoding="utf-8")
-    commands = [line for line in block("bash thinking-example").splitlines() if line.strip()]
+    (tmp_path / "tiny_qwen3.py").write_text(block("tiny_qwen3.py"), encoding="utf-8")
+    commands = [line for line in block("thinking-example").splitlines() if line.strip()]
     assert len(commands) == 6 and sum("enable_thinking=" in line for line in commands) == 2
     run_each(commands, tmp_path)
     tokenizer = load_tokenizer(str(tmp_path / "tiny-qwen3"))
