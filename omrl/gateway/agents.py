@@ -20,6 +20,7 @@ never a score: the episode is then ``env_error``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -132,8 +134,25 @@ def check_command(command: str) -> list[str]:
     return words
 
 
-def within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:
-    """``fn()`` on a thread of its own, or AgentFailure when it raises or outlives ``seconds``.
+#: why an agent's episode ended when the run stopped under it (Ctrl-C, SIGTERM): never trained, the run is over
+STOPPED = "the run stopped while the agent played"
+
+
+def _wait(
+    join: Callable[[float], Any], running: Callable[[], bool], seconds: float, stop: threading.Event | None
+) -> None:
+    """Wait up to ``seconds`` for what ``running`` says is running, in short slices when ``stop`` may end
+    the wait first: a Ctrl-C then ends the run at once, not once the slowest agent's limit has passed."""
+    if stop is None:
+        join(seconds)
+        return
+    deadline = time.monotonic() + seconds
+    while running() and not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+        join(min(left, 0.2))
+
+
+def within(seconds: float, what: str, fn: Callable[[], Any], stop: threading.Event | None = None) -> Any:
+    """``fn()`` on a thread of its own, or AgentFailure when it raises, outlives ``seconds`` or ``stop`` is set.
 
     A Python thread cannot be killed: one past its limit is left running (daemon), its episode's key
     already refused, so nothing it does reaches a row. Use ``agent.command`` for a hard stop."""
@@ -148,9 +167,11 @@ def within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:
 
     thread = threading.Thread(target=target, name=f"omrl-{what.split()[0]}", daemon=True)
     thread.start()
-    thread.join(seconds)
+    _wait(thread.join, thread.is_alive, seconds, stop)
     if thread.is_alive():
-        raise AgentFailure(f"{what} did not finish within {seconds:g} s")
+        raise AgentFailure(
+            STOPPED if stop is not None and stop.is_set() else f"{what} did not finish within {seconds:g} s"
+        )
     if "error" in box:
         exc = box["error"]
         message = f"{what} raised {type(exc).__name__}: {str(exc)[:500]}"
@@ -159,12 +180,18 @@ def within(seconds: float, what: str, fn: Callable[[], Any]) -> Any:
 
 
 def call_agent(
-    fn: Callable[..., Any], task: dict[str, Any], base_url: str, api_key: str, model: str, seconds: float
+    fn: Callable[..., Any],
+    task: dict[str, Any],
+    base_url: str,
+    api_key: str,
+    model: str,
+    seconds: float,
+    stop: threading.Event | None = None,
 ) -> Any:
     """Run an agent callable on ``task`` (see the module docstring); its return value."""
     offered = {"base_url": base_url, "api_key": api_key, "model": model}
     accepted = _keywords(fn, offered)
-    return within(seconds, "the agent", lambda: fn(task, **accepted))
+    return within(seconds, "the agent", lambda: fn(task, **accepted), stop)
 
 
 def _keywords(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
@@ -177,7 +204,15 @@ def _keywords(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]
     return {key: value for key, value in offered.items() if key in parameters}
 
 
-def run_command(words: list[str], task: dict[str, Any], base_url: str, api_key: str, model: str, seconds: float) -> Any:
+def run_command(
+    words: list[str],
+    task: dict[str, Any],
+    base_url: str,
+    api_key: str,
+    model: str,
+    seconds: float,
+    stop: threading.Event | None = None,
+) -> Any:
     """Run an agent command on ``task`` (see the module docstring); the JSON (or text) of its result file, or None."""
     with tempfile.TemporaryDirectory(prefix="omrl-agent-") as folder:
         task_file, result_file = Path(folder, "task.json"), Path(folder, "result")
@@ -204,10 +239,13 @@ def run_command(words: list[str], task: dict[str, Any], base_url: str, api_key: 
             except OSError as exc:
                 raise AgentFailure(f"the agent command {shlex.join(words)!r} could not start: {exc}") from exc
             try:
-                code = process.wait(timeout=seconds)
-            except subprocess.TimeoutExpired:
-                _kill_group(process)
-                raise AgentFailure(f"the agent command did not finish within {seconds:g} s (killed)") from None
+                _wait(lambda slice_s: _poll(process, slice_s), lambda: process.poll() is None, seconds, stop)
+                if process.poll() is None:
+                    _kill_group(process)
+                    if stop is not None and stop.is_set():
+                        raise AgentFailure(STOPPED)
+                    raise AgentFailure(f"the agent command did not finish within {seconds:g} s (killed)")
+                code = process.returncode
             finally:
                 _kill_group(process)  # whatever it left behind in its group
             if code != 0:
@@ -224,6 +262,11 @@ def run_command(words: list[str], task: dict[str, Any], base_url: str, api_key: 
         except ValueError:
             return text
         return value if isinstance(value, (dict, str)) else text  # 42 in the file is the answer "42", as written
+
+
+def _poll(process: subprocess.Popen, seconds: float) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=seconds)
 
 
 def _signal_name(number: int) -> str:

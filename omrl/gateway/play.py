@@ -106,6 +106,7 @@ def play_agents(
     jobs = [(group, sample, int(task)) for group, task in enumerate(tasks) for sample in range(group_size)]
     gateway.begin_play()
     lock = threading.Lock()  # the pool and the progress are not thread-safe
+    stop = threading.Event()  # set when the run stops under the agents: each one's wait ends at once
 
     def one(job: tuple[int, int, int]) -> Episode:
         group, sample, task = job
@@ -114,7 +115,7 @@ def play_agents(
             env = pool.acquire()
         broken = False
         try:
-            broken = _play(spec, gateway, env, ep)
+            broken = _play(spec, gateway, env, ep, stop)
         finally:
             with lock:
                 problem = pool.release(env, broken=broken)
@@ -129,10 +130,15 @@ def play_agents(
 
     workers = max(1, min(len(jobs), max_parallel or len(jobs)))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="omrl-agent") as threads:
-        futures = [threads.submit(one, job) for job in jobs]
-        if not gateway.batcher.serves_itself:  # generate on this thread while the agents play
-            gateway.batcher.drive(until=lambda: all(future.done() for future in futures))
-        episodes = [future.result() for future in futures]
+        try:
+            futures = [threads.submit(one, job) for job in jobs]
+            if not gateway.batcher.serves_itself:  # generate on this thread while the agents play
+                gateway.batcher.drive(until=lambda: all(future.done() for future in futures))
+            episodes = [future.result() for future in futures]
+        except BaseException:  # Ctrl-C, SIGTERM, a broken engine: no worker waits out its agent's limit
+            stop.set()
+            threads.shutdown(wait=False, cancel_futures=True)
+            raise
     if gateway.batcher.failure is not None:  # the engine broke: no episode measured the agent
         failure = gateway.batcher.failure
         raise RuntimeError(f"generation failed in the gateway: {type(failure).__name__}: {failure}") from failure
@@ -144,7 +150,7 @@ def play_agents(
     return episodes
 
 
-def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
+def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode, stop: threading.Event) -> bool:
     """Play and score one episode in ``ep``; whether its env instance broke (it raised)."""
     try:
         first = env.reset(ep.task_id)
@@ -155,7 +161,7 @@ def _play(spec: AgentSpec, gateway: Gateway, env: Any, ep: Episode) -> bool:
     key, recorder = gateway.open(ep, str(first.text or ""))
     returned = False
     try:
-        result = _run_agent(spec, task, gateway, key)
+        result = _run_agent(spec, task, gateway, key, stop)
         returned = True
     except AgentFailure as exc:
         # first: an agent thread left running past its limit can write no more
@@ -209,10 +215,10 @@ def timed_out(took: Sequence[float]) -> str:
     )
 
 
-def _run_agent(spec: AgentSpec, task: dict[str, Any], gateway: Gateway, key: str) -> Any:
+def _run_agent(spec: AgentSpec, task: dict[str, Any], gateway: Gateway, key: str, stop: threading.Event) -> Any:
     if spec.run is not None:
-        return call_agent(spec.run, dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s)
-    return run_command(spec.command or [], dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s)
+        return call_agent(spec.run, dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s, stop)
+    return run_command(spec.command or [], dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s, stop)
 
 
 def _cut_by_the_run(ep: Episode) -> bool:

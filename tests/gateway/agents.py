@@ -118,6 +118,13 @@ def bug_after_one_call(task, base_url, api_key):
     return {}["answer_key"]
 
 
+def call_then_sleeps(task, base_url, api_key):
+    """One call, then a long wait (a slow tool): the agent is still running when the run is stopped."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["prompt"]}])
+    time.sleep(600)
+
+
 def call_then_hangs(task, base_url, api_key):
     _with_tools_once(task, base_url, api_key)
     time.sleep(120)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import signal
 import socket
+import threading
 import time
 
 import httpx
@@ -175,6 +178,28 @@ def test_an_agents_own_bug_after_a_cut_reply_is_the_agents_failure(tiny_tokenize
     ep = play_one(tiny_tokenizer, tmp_path, "42 " * 40, agent, "generation.max_new_tokens=8")
     assert ep.end_reason == "env_error" and ep.error.startswith("the agent raised KeyError: 'answer_key'")
     assert "the error does not name that cut, so it is the agent's failure" in ep.error
+
+
+@pytest.mark.parametrize("agent", ["agent.callable=tests.gateway.agents:call_then_sleeps", "agent.command=sleep 600"])
+def test_a_ctrl_c_while_agents_play_stops_the_run_at_once(tiny_tokenizer, tmp_path, agent):
+    """A Ctrl-C under an agent that was waiting on a slow tool ended the run only once agent.timeout_s (300 s)
+    had passed: the pool's threads each waited out their agent first."""
+    questions = tmp_path / "qa.jsonl"
+    questions.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "42"}) + "\n")
+    cfg = command_line_config(
+        RolloutRunConfig, [f"plugins.dataset.path={questions}", agent], {"env.name": "dataset", "model.name": "tiny"}
+    )
+    with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: "42")) as session:
+        timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+        started = time.monotonic()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                session.play([0, 0], PlaySpec(split="train"))
+        finally:
+            timer.cancel()
+        assert time.monotonic() - started < 60  # not agent.timeout_s=300
+    assert not [t for t in threading.enumerate() if t.name.startswith("omrl-agent_")]  # the pool's workers ended
 
 
 def test_only_an_errors_own_words_name_a_cut():
