@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -179,19 +180,24 @@ def within(seconds: float, what: str, fn: Callable[[], Any], stop: threading.Eve
     return box.get("value")
 
 
-def call_agent(
-    fn: Callable[..., Any],
-    task: dict[str, Any],
-    base_url: str,
-    api_key: str,
-    model: str,
-    seconds: float,
-    stop: threading.Event | None = None,
-) -> Any:
-    """Run an agent callable on ``task`` (see the module docstring); its return value."""
-    offered = {"base_url": base_url, "api_key": api_key, "model": model}
+@dataclass(frozen=True)
+class Launch:
+    """One episode's agent run: its task, where and as whom it calls the model, how long it may take, and
+    the event that ends it early (the run stopped)."""
+
+    task: dict[str, Any]
+    base_url: str
+    api_key: str
+    model: str
+    seconds: float
+    stop: threading.Event | None = None
+
+
+def call_agent(fn: Callable[..., Any], launch: Launch) -> Any:
+    """Run an agent callable on ``launch.task`` (see the module docstring); its return value."""
+    offered = {"base_url": launch.base_url, "api_key": launch.api_key, "model": launch.model}
     accepted = _keywords(fn, offered)
-    return within(seconds, "the agent", lambda: fn(task, **accepted), stop)
+    return within(launch.seconds, "the agent", lambda: fn(dict(launch.task), **accepted), launch.stop)
 
 
 def _keywords(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
@@ -204,24 +210,18 @@ def _keywords(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]
     return {key: value for key, value in offered.items() if key in parameters}
 
 
-def run_command(
-    words: list[str],
-    task: dict[str, Any],
-    base_url: str,
-    api_key: str,
-    model: str,
-    seconds: float,
-    stop: threading.Event | None = None,
-) -> Any:
-    """Run an agent command on ``task`` (see the module docstring); the JSON (or text) of its result file, or None."""
+def run_command(words: list[str], launch: Launch) -> Any:
+    """Run an agent command on ``launch.task`` (see the module docstring); the JSON (or text) of its result
+    file, or None."""
+    task, seconds, stop = launch.task, launch.seconds, launch.stop
     with tempfile.TemporaryDirectory(prefix="omrl-agent-") as folder:
         task_file, result_file = Path(folder, "task.json"), Path(folder, "result")
         task_file.write_text(json.dumps(task, ensure_ascii=False))
         env = {
             **os.environ,
-            "OPENAI_BASE_URL": base_url,
-            "OPENAI_API_KEY": api_key,
-            "OMRL_MODEL": model,
+            "OPENAI_BASE_URL": launch.base_url,
+            "OPENAI_API_KEY": launch.api_key,
+            "OMRL_MODEL": launch.model,
             "OMRL_TASK": json.dumps(task, ensure_ascii=False),
             "OMRL_TASK_FILE": str(task_file),
             "OMRL_RESULT_FILE": str(result_file),

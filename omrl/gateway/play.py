@@ -31,6 +31,7 @@ from omrl.envs import step_problem
 from omrl.errors import OmrlError
 from omrl.gateway.agents import (
     AgentFailure,
+    Launch,
     call_agent,
     check_command,
     check_reward,
@@ -216,9 +217,8 @@ def timed_out(took: Sequence[float]) -> str:
 
 
 def _run_agent(spec: AgentSpec, task: dict[str, Any], gateway: Gateway, key: str, stop: threading.Event) -> Any:
-    if spec.run is not None:
-        return call_agent(spec.run, dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s, stop)
-    return run_command(spec.command or [], dict(task), gateway.base_url, key, gateway.model_name, spec.timeout_s, stop)
+    launch = Launch(task, gateway.base_url, key, gateway.model_name, spec.timeout_s, stop)
+    return call_agent(spec.run, launch) if spec.run is not None else run_command(spec.command or [], launch)
 
 
 def _cut_by_the_run(ep: Episode) -> bool:
