@@ -160,8 +160,10 @@ class AgentConfig:
         "matches it).",
     )
     timeout_s: float = opt(300.0, "Seconds an agent may take for one episode; past it the episode is env_error.")
-    max_calls: int = opt(64, "Calls to the model an episode may make; past them each is answered finish_reason length.")
-    max_parallel: int = opt(0, "Agents running at once (0: every episode of a step at once).")
+    max_calls: int = opt(
+        64, "Calls to the model an episode may make; past them each is answered finish_reason length.", low=1
+    )
+    max_parallel: int = opt(0, "Agents running at once (0: every episode of a step at once).", low=0)
     reward_timeout_s: float = opt(60.0, "Seconds agent.reward may take for one episode; past it, env_error.")
     sampling: str = opt(
         "run",

@@ -288,6 +288,36 @@ def _kill_group(process: subprocess.Popen) -> None:
 
 
 REWARD_ARGUMENTS = ("task", "result", "transcript")
+#: what an agent callable is given by name, each only where it takes it (the task comes first, by position)
+AGENT_ARGUMENTS = ("base_url", "api_key", "model")
+
+
+def check_agent(fn: Callable[..., Any], spec: str) -> Callable[..., Any]:
+    """``fn``, or a ConfigError where its parameters do not take the call every episode makes: the task by
+    position, then any of :data:`AGENT_ARGUMENTS` by name (a ``def run(base_url, api_key)`` would get the task
+    as its ``base_url``, and every episode would fail alike, after the model loads)."""
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin: called as it is
+        return fn
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    first = positional[0] if positional else None
+    valid = f"an agent is called as {spec.rpartition(':')[2]}(task, base_url=..., api_key=..., model=...), " + (
+        "the task first and each of the others only where it names it"
+    )
+    if first is None or (first.kind is not first.VAR_POSITIONAL and first.name in AGENT_ARGUMENTS):
+        raise ConfigError(f"agent.callable {spec!r} takes no task before its other parameters; {valid}")
+    unknown = [
+        p.name
+        for p in parameters
+        if p is not first
+        and p.default is p.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and (p.name not in AGENT_ARGUMENTS or p.kind is p.POSITIONAL_ONLY)
+    ]
+    if unknown:
+        raise ConfigError(f"agent.callable {spec!r} takes {', '.join(unknown)}, which it would never be given; {valid}")
+    return fn
 
 
 def check_reward(fn: Callable[..., Any], spec: str) -> Callable[..., Any]:

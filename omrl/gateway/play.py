@@ -33,6 +33,7 @@ from omrl.gateway.agents import (
     AgentFailure,
     Launch,
     call_agent,
+    check_agent,
     check_command,
     check_reward,
     load_callable,
@@ -83,7 +84,9 @@ class AgentSpec:
             if not getattr(agent, key) > 0:
                 raise ConfigError(f"agent.{key} must be > 0 seconds, got {getattr(agent, key)!r}")
         return cls(
-            run=load_callable(agent.callable, "agent.callable") if agent.callable else None,
+            run=check_agent(load_callable(agent.callable, "agent.callable"), agent.callable)
+            if agent.callable
+            else None,
             command=check_command(agent.command) if agent.command else None,
             reward=check_reward(load_callable(agent.reward, "agent.reward"), agent.reward) if agent.reward else None,
             timeout_s=float(agent.timeout_s),

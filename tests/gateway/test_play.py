@@ -364,6 +364,34 @@ def test_a_generation_server_serves_the_gateway_with_token_ids(questions, tiny_h
             assert ep.token_ids[row : turn.span[0]] in prompts
 
 
+def test_agent_signatures_that_cannot_take_the_call_are_refused_before_the_run():
+    """def run(base_url, api_key) got the task as its base_url: 'got multiple values for argument', after the
+    model loaded and, in train, after three replays."""
+    from omrl.gateway.agents import check_agent
+
+    def no_task(base_url, api_key): ...
+    def needs_client(task, base_url, api_key, client): ...
+    def starred(*args, **kwargs): ...
+    async def usual(task, base_url, api_key, model="policy"): ...
+
+    with pytest.raises(ConfigError, match=r"'m:no_task' takes no task before .* no_task\(task, base_url=\.\.\."):
+        check_agent(no_task, "m:no_task")
+    with pytest.raises(ConfigError, match="'m:f' takes client, which it would never be given"):
+        check_agent(needs_client, "m:f")
+    with pytest.raises(ConfigError, match="takes no task"):
+        check_agent(lambda: None, "m:f")
+    assert check_agent(starred, "m:f") and check_agent(usual, "m:f") and check_agent(lambda task: 1, "m:f")
+
+
+@pytest.mark.parametrize("key, value, valid", [("max_calls", 0, ">= 1"), ("max_parallel", -1, ">= 0")])
+def test_agent_limits_out_of_range_are_refused(key, value, valid):
+    from omrl.config import command_line_config
+    from omrl.config.options import RolloutRunConfig
+
+    with pytest.raises(ConfigError, match=rf"agent.{key}. must be {valid}, got {value}"):
+        command_line_config(RolloutRunConfig, [f"agent.{key}={value}"], {})
+
+
 def test_reward_signatures_and_file_names_are_checked_before_the_run(tmp_path, monkeypatch):
     from omrl.gateway.agents import check_reward, load_callable
 
