@@ -27,6 +27,7 @@ trains what it says.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import warnings
@@ -57,7 +58,12 @@ ROLE_ALIASES = {
 }
 STYLES = ("openmanus", "sharegpt")
 _SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
-_NOT_IN_SHAREGPT = ("tool_calls", *REASONING_FIELDS, "name")  # a message's fields a from/value pair cannot hold
+_NOT_IN_SHAREGPT = (
+    "tool_calls",
+    *REASONING_FIELDS,
+    "name",
+    "tool_call_id",
+)  # a message's fields a from/value pair cannot hold
 REWARD_KEYS = ("reward", "total_reward")  # a record's, else an omrl rollout's readable JSONL's
 _EXPECTED = (
     "expected a record with a 'conversations' list of {'role', 'content'} messages (OpenManus-RL) "
@@ -130,6 +136,7 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
     if not any(m["role"] == "assistant" for m in messages):
         raise DatasetFormatError(f"{source}: has no assistant ('assistant' or 'gpt') message to learn from")
     meta = {k: v for k, v in row.items() if k not in (key, "id", "demo_messages")}
+    _tools_into_chat_kwargs(meta, source)
     if meta.get("reward") is not None and not _is_number(meta["reward"]):  # null: not scored, as with no reward
         raise DatasetFormatError(f"{source}: 'reward' must be a finite number, got {short_repr(meta['reward'])}")
     _check_chat_kwargs(meta.get("chat_kwargs"), source)
@@ -172,8 +179,9 @@ def _message(message: Any, where: str) -> dict[str, Any]:
             out[key] = reasoning
     if calls:
         out["tool_calls"] = calls
-    if isinstance(message.get("name"), str) and out["role"] == "tool":
-        out["name"] = message["name"]
+    for key in ("name", "tool_call_id"):  # which call a tool result answers: templates may write either
+        if isinstance(message.get(key), str) and out["role"] == "tool":
+            out[key] = message[key]
     return out
 
 
@@ -212,6 +220,27 @@ def _check_chat_kwargs(kwargs: Any, source: str) -> None:
         raise DatasetFormatError(
             f"{source}: chat_kwargs 'tools' must be a list of tool schemas (objects), got {short_repr(tools)}"
         )
+
+
+def _tools_into_chat_kwargs(meta: dict[str, Any], source: str) -> None:
+    """A record's top-level ``tools`` (OpenAI's fine-tuning format, TRL's datasets; a list of schemas, or its
+    JSON text in a parquet column) is what the chat template renders the conversation with: moved into its
+    ``chat_kwargs``, where SFT reads it. Left where it was, the replies' calls would be learned without the
+    tools ever shown."""
+    tools = meta.pop("tools", None)
+    if tools is None:
+        return
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise DatasetFormatError(
+                f"{source}: 'tools' must be a list of tool schemas (or its JSON text), got {short_repr(tools)}"
+            ) from None
+    kwargs = meta.get("chat_kwargs") or {}
+    if isinstance(kwargs, dict) and kwargs.get("tools") not in (None, tools):
+        raise DatasetFormatError(f"{source}: 'tools' and chat_kwargs 'tools' differ; give the tools once")
+    meta["chat_kwargs"] = {**kwargs, "tools": tools} if isinstance(kwargs, dict) else kwargs
 
 
 def _is_number(value: Any) -> bool:
@@ -291,7 +320,11 @@ def episode_to_record(episode: Episode) -> dict[str, Any]:
     return {
         "id": f"{episode.env}-{episode.split}-{episode.task_id}-{episode.sample}" + (f"-{seat}" if seat else ""),
         "conversations": [
-            {key: m[key] for key in ("role", "content", "tool_calls", "name", *REASONING_FIELDS) if key in m}
+            {
+                key: m[key]
+                for key in ("role", "content", "tool_calls", "name", "tool_call_id", *REASONING_FIELDS)
+                if key in m
+            }
             for m in messages
         ],
         "reward": episode.total_reward,

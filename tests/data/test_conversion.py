@@ -144,7 +144,7 @@ MIXED = [
         "conversations": [
             USER,
             {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "go", "arguments": '{"n": 2}'}}]},
-            {"role": "tool", "name": "go", "content": "moved"},
+            {"role": "tool", "name": "go", "content": "moved", "tool_call_id": "call_1"},
             REPLY,
         ],
         "chat_kwargs": {"tools": [GO], "enable_thinking": False},
@@ -160,6 +160,18 @@ def test_records_written_to_parquet_read_back_exactly(tmp_path):
     back = write_conversations(load_conversations(parquet), tmp_path / "back.jsonl")
     assert _records(back) == MIXED
     assert pq.read_table(parquet).to_pylist()[2]["conversations"][1]["reasoning_content"] == "Easy."  # still readable
+
+
+@pytest.mark.parametrize("tools", [[LOOK], json.dumps([LOOK])])
+def test_a_records_top_level_tools_are_what_its_template_renders_it_with(tools):
+    """OpenAI's fine-tuning format gives the tools beside the messages: SFT trained the calls without them."""
+    record = {"messages": [USER, TOOL_REPLY, TOOL_RESULT, REPLY], "tools": tools, "chat_kwargs": {"x": 1}}
+    conv = record_to_conversation(record, "in.jsonl row 1")
+    assert conv.meta["chat_kwargs"] == {"x": 1, "tools": [LOOK]} and "tools" not in conv.meta
+    with pytest.raises(OmrlError, match="row 2: 'tools' and chat_kwargs 'tools' differ; give the tools once"):
+        record_to_conversation({**record, "chat_kwargs": {"tools": [GO]}}, "in.jsonl row 2")
+    with pytest.raises(OmrlError, match=r"row 3: 'tools' must be a list of tool schemas \(or its JSON text\)"):
+        record_to_conversation({**record, "tools": "[not json"}, "in.jsonl row 3")
 
 
 def test_a_reward_in_some_records_only_reads_back_from_parquet(tmp_path):
