@@ -259,12 +259,13 @@ def _view(ep: Episode, view: str, max_chars: int) -> str:
 
 
 def expected(ep: Episode) -> str:
-    """The expected answers the env reported on the last turn, or ``(none given)``."""
-    info = ep.turns[-1].info
-    for key in GROUND_TRUTH_KEYS:
-        value = info.get(key)
-        if value is not None and value != []:
-            return " or ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    """The expected answers the env reported on the latest turn that reported them (a last reply that did
+    not parse never reached the env, and its turn has none), or ``(none given)``."""
+    for turn in reversed(ep.turns):
+        for key in GROUND_TRUTH_KEYS:
+            value = turn.info.get(key)
+            if value is not None and value != []:
+                return " or ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
     return NONE_GIVEN
 
 

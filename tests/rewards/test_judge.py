@@ -123,6 +123,15 @@ def test_the_reasoning_is_kept_and_the_key_goes_only_into_the_header(judge):
     assert KEY not in repr(ep) and KEY not in json.dumps(ep.turns[-1].info)
 
 
+def test_a_last_reply_that_did_not_parse_is_judged_against_the_answer_an_earlier_turn_reported(judge):
+    """The last turn of a reply that never reached the env has no ground truth: the judge was told none was given."""
+    judge.script = lambda prompt: "SCORE: 0"
+    ep = episode("What is six times seven?", "41")
+    ep.turns.append(Turn("Incorrect, try again.", "forty... two?", None, False, 0.0, True))
+    composed([ep], **judge.options())
+    assert "# Expected answer\n42" in judge.prompts()[0]
+
+
 def test_a_rubric_of_ones_own_gets_each_placeholder_filled(judge, tmp_path):
     rubric = tmp_path / "rubric.txt"
     rubric.write_text("T={task} E={expected} A={answer} S={scale}\nLAST:\n{last_turn}\n---\n{transcript}")
