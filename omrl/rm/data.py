@@ -43,6 +43,13 @@ def trajectory_files(path: str) -> list[Path]:
         return files
     if not root.exists():
         raise OmrlError(f"no trajectory file or directory at {root}")
+    if root.suffix in (".jsonl", ".json"):  # the readable copy omrl rollout writes beside its parquet
+        beside = root.with_suffix(".parquet")
+        hint = f"; use {beside} beside it" if beside.exists() else ""
+        raise OmrlError(
+            f"{root} is a JSONL file; reward models train on the trajectory .parquet that omrl rollout writes "
+            f"(it holds the token ids and per-turn labels the JSONL lacks){hint}"
+        )
     return [root]
 
 

@@ -150,3 +150,12 @@ def test_rm_train_reads_the_eval_labels_before_training(data_dir, tmp_path, caps
     err = _exit_2(["rm", "train", *TRAIN, *args], capsys)
     assert f"{empty} has no finished episode with 'success' labels (episodes: 0, finished: 0)" in err, err
     assert not (rm / "model.safetensors").exists() and not (rm / "metrics.jsonl").exists()
+
+
+def test_rm_train_on_a_rollouts_readable_jsonl_points_at_its_parquet(data_dir, tmp_path, capsys):
+    """It said the JSONL was 'truncated, damaged or not a parquet file'."""
+    (tmp_path / "train.parquet").write_bytes((data_dir / "good.parquet").read_bytes())
+    (tmp_path / "train.jsonl").write_text("{}\n")
+    err = _exit_2(["rm", "train", *TRAIN, "--data", str(tmp_path / "train.jsonl")], capsys)
+    assert "train.jsonl is a JSONL file; reward models train on the trajectory .parquet" in err
+    assert f"use {tmp_path / 'train.parquet'} beside it" in err and "damaged" not in err
