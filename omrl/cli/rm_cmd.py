@@ -84,7 +84,9 @@ def evaluate(
     ),
     model: Optional[str] = typer.Option(None, "--model", help="Reward model directory (from `omrl rm train`)."),
     data: Optional[str] = typer.Option(None, "--data", help="Held-out trajectory parquet (file or directory)."),
-    report: Optional[str] = typer.Option(None, "--report", help="JSON report path (default: <model>/rm_eval.json)."),
+    report: Optional[str] = typer.Option(
+        None, "--report", help="JSON report path (default: <model>/rm_eval-<data>.json)."
+    ),
     text: Optional[bool] = typer.Option(
         None,
         "--text/--no-text",
@@ -92,6 +94,8 @@ def evaluate(
     ),
 ) -> None:
     """Accuracy, AUC and calibration on held-out episodes, and best-of-N selection against random and oracle."""
+    import math
+    import warnings
     from pathlib import Path
 
     from omrl.config import command_line_config, user_sets
@@ -114,7 +118,10 @@ def evaluate(
         raise ConfigError("omrl rm eval needs --data: held-out trajectories (a parquet file or folder)")
     given = text is not None or user_sets(args, "text")
     text = cfg.text if given else trained_with_text(Path(model).expanduser())
-    report_path = Path(cfg.report) if cfg.report else Path(model) / "rm_eval.json"
+    # named after the data: the held-out report rm train wrote (rm_eval.json) is not replaced
+    report_path = (
+        Path(cfg.report) if cfg.report else Path(model) / f"rm_eval-{Path(data).expanduser().resolve().stem}.json"
+    )
     check_outputs({"--report": report_path}, {"the --model": model, "the --data": data})
     check_model_files(Path(model).expanduser())  # a damaged file is named, not met mid-load
     reward_model = RewardModel.load(model)
@@ -122,6 +129,12 @@ def evaluate(
         check_trajectory_ids(data, reward_model.tokenizer)
     result = evaluate_reward_model(model, data, text=text, reward_model=reward_model)
     path = write_rm_report(result, report_path)
+    if math.isnan(result["scores"].get("auc", 0.0)):
+        warnings.warn(
+            f"every example in {data} has the same outcome, so auc and pair accuracy are undefined (nan): a reward "
+            "model is measured on data where some episodes won and some lost",
+            stacklevel=2,
+        )
     _print_report(result)
     typer.echo(f"report written to {path}")
 

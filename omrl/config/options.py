@@ -279,7 +279,7 @@ class RmEvalRunConfig(RunConfig):
 
     command: str = command_opt("rm-eval")
     dataset: str = opt("", "Held-out trajectory parquet (a file, or a directory of them).")
-    report: str = opt("", "JSON report path (default: <model>/rm_eval.json).")
+    report: str = opt("", "JSON report path (default: <model>/rm_eval-<data>.json, named after --data).")
     text: bool = opt(
         False,
         "Re-encode each chat with the model's own tokenizer; when not given, as the model was trained "

@@ -89,7 +89,13 @@ def test_rm_eval_refuses_an_id_outside_the_vocabulary_before_scoring(data_dir, t
     bad = _with_bad_id(data_dir / "good.parquet", tmp_path / "bad.parquet", row=2, token=99_999)
     err = _exit_2(["rm", "eval", "--model", str(rm), "--data", str(bad)], capsys)
     assert f"{bad} row 2 (task " in err and "holds the token id 99999" in err, err
-    assert not (rm / "rm_eval.json").exists()
+    assert not list(rm.glob("rm_eval*.json"))
+    # data of one outcome: eval warns its auc means nothing, and writes its own report beside train's
+    won = [ep for ep in read_episodes(data_dir / "good.parquet") if ep.won]
+    write_episodes(won, tmp_path / "won.parquet")
+    with pytest.warns(UserWarning, match=r"won.parquet has the same outcome, so auc and pair accuracy are undefined"):
+        result = invoke("rm", "eval", "--model", str(rm), "--data", str(tmp_path / "won.parquet"))
+    assert result.exit_code == 0 and (rm / "rm_eval-won.json").exists(), result.output
     # the reward model carries a manifest too: a flipped byte in it is named, not scored with
     weights = rm / "model.safetensors"
     data = bytearray(weights.read_bytes())

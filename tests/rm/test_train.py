@@ -366,8 +366,9 @@ def test_cli_trains_and_evaluates(data_dir, tmp_path):
     assert "reward model saved in" in result.output
     result = invoke("rm", "eval", "--model", str(out), "--data", str(data_dir))
     assert result.exit_code == 0, result.output
-    assert "best-of-N" in result.output and (out / "rm_eval.json").exists()
-    written = json.loads((out / "rm_eval.json").read_text())
+    report = out / f"rm_eval-{data_dir.name}.json"  # not the held-out report of rm train, rm_eval.json
+    assert "best-of-N" in result.output and report.exists()
+    written = json.loads(report.read_text())
     assert written["scores"] == pytest.approx(evaluate_reward_model(out, str(data_dir))["scores"])
 
 
