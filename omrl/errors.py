@@ -27,6 +27,10 @@ class NonFiniteLossError(OmrlError):
     """Too many optimizer steps in a row had a NaN or infinite loss or gradient."""
 
 
+class NothingLearned(OmrlError):
+    """Every update of a run was skipped: the model it saved is the one it started from."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C, carrying what a user needs to go on (which checkpoint was kept, how to resume)."""
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omrl.errors import NonFiniteLossError
+from omrl.errors import NonFiniteLossError, NothingLearned
 
 
 def seed_everything(seed: int) -> None:
@@ -16,6 +16,11 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+#: the words of the reasons to skip an update that are no failure: the step's groups held no signal (every
+#: sample of a task earned the same reward, so no advantage, no group dynamic sampling keeps, no DPO pair)
+NO_SIGNAL = ("advantage is 0", "no trainable episode", "no preference pair")
 
 
 class SkippedUpdates:
@@ -59,3 +64,21 @@ class SkippedUpdates:
         self.count = int(extra.get("skipped_updates", extra.get("skipped_steps", 0)))
         self.nan_in_a_row = int(extra.get("nan_in_a_row", extra.get("nan_streak", 0)))
         self.reasons = {str(why): int(count) for why, count in (extra.get("skipped_reasons") or {}).items()}
+
+    def check_learned(self, updates: int, output_dir: Any, logger: Any) -> None:
+        """At a run's end, after its model is saved: when each of its ``updates`` was skipped, say why most
+        often and what would change it. A run that could not update (a loss not finite, every token dropped)
+        raises :class:`NothingLearned`, so it does not exit 0; one whose every sample of a task earned the
+        same reward made no mistake (GRPO has nothing to learn from such groups): a warning."""
+        if not updates or self.count < updates:
+            return
+        why = max(self.reasons, key=self.reasons.get) if self.reasons else "see the warnings above"  # type: ignore[arg-type]
+        said = f"every one of this run's {updates} updates was skipped, so the model in {output_dir} is the model it started from; the most common reason: {why}"
+        if all(any(words in reason for words in NO_SIGNAL) for reason in self.reasons):
+            logger.warn(
+                f"{said}; every sample of a task earned the same reward, most often none: start from a model that "
+                "sometimes succeeds (more SFT epochs, a higher optim.learning_rate for a small model), or raise "
+                "group_size or generation.temperature so samples differ"
+            )
+            return
+        raise NothingLearned(said)

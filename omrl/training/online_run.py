@@ -357,8 +357,7 @@ def finish(recipe: OnlineRecipe, metrics: dict[str, float]) -> dict[str, Any]:
     recipe.run.health.check_run(
         cfg.env.name, cfg.max_env_error_rate, cfg.generation.max_context, str(recipe.output_dir)
     )
-    if recipe.step and recipe.skipped.count >= recipe.step:
-        recipe.logger.warn(nothing_learned(recipe))
+    recipe.skipped.check_learned(recipe.step, recipe.output_dir, recipe.logger)
     if not metrics and recipe.step:  # resumed with no step left to take: the summary of the last one logged
         logged = [record for record in read_metrics(recipe.output_dir) if record.get("step") == recipe.step]
         metrics = logged[-1] if logged else {}
@@ -368,20 +367,3 @@ def finish(recipe: OnlineRecipe, metrics: dict[str, float]) -> dict[str, Any]:
         "output_dir": str(recipe.output_dir),
         **{k: v for k, v in metrics.items() if isinstance(v, (int, float))},
     }
-
-
-def nothing_learned(recipe: Recipe) -> str:
-    """What a run whose every update was skipped says at its end: why, and what would change it."""
-    reasons = recipe.skipped.reasons
-    why = max(reasons, key=reasons.get) if reasons else "see above"
-    advice = ""
-    if "advantage is 0" in why:
-        advice = (
-            "; every sample of a task earned the same reward, most often none: start from a model that "
-            "sometimes succeeds (more SFT epochs, a higher optim.learning_rate for a small model), or raise "
-            "group_size or generation.temperature so samples differ"
-        )
-    return (
-        f"every one of this run's {recipe.step} updates was skipped, so the model in {recipe.output_dir} is the "
-        f"model it started from; the most common reason: {why}{advice}"
-    )

@@ -389,12 +389,12 @@ def finish(recipe: EpochRecipe, **extra: Any) -> dict[str, Any]:
     """The end of an epoch recipe's ``train()``: :func:`save_final`, then the run's summary (``extra``
     after the final loss)."""
     save_final(recipe)
-    step_times = recipe.step_times
+    recipe.skipped.check_learned(recipe.step, recipe.output_dir, recipe.logger)
     return {
         "steps": recipe.step,
         "final_loss": _final_loss(recipe),
         **extra,
         "skipped_updates": recipe.skipped.count,
-        "mean_step_time": sum(step_times) / len(step_times) if step_times else 0.0,
+        "mean_step_time": sum(recipe.step_times) / max(len(recipe.step_times), 1),
         "output_dir": str(recipe.output_dir),
     }

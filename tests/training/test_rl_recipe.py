@@ -11,7 +11,7 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from omrl.errors import ConfigError, NonFiniteLossError
+from omrl.errors import ConfigError, NonFiniteLossError, NothingLearned
 from omrl.hookspecs import hookimpl
 from omrl.models import load_model
 from omrl.training.checkpoint import CheckpointError, latest_checkpoint
@@ -259,8 +259,9 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(rl_config, register_pl
         "reward.weights={sample_index: 1.0}",
     )
     before = {k: v.clone() for k, v in load_model(cfg.model.name)[0].state_dict().items()}
-    summary = run_rl(cfg, console=QUIET)
-    assert summary["skipped_updates"] == 2
+    with pytest.raises(NothingLearned, match="every one of this run.s 2 updates was skipped.*non-finite"):
+        run_rl(cfg, console=QUIET)  # under max_nan_steps, yet a run that changed nothing does not exit 0
+    assert read_metrics(cfg.logging.output_dir)[-1]["skipped_updates"] == 2
     after = load_model(cfg.logging.output_dir)[0].state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before), "a skipped update changed the weights"
     with pytest.raises(NonFiniteLossError, match="2 updates in a row"):

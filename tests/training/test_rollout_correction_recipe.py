@@ -11,6 +11,7 @@ from rich.console import Console
 
 from omrl.backends.base import Generation
 from omrl.backends.hf import HFBackend
+from omrl.errors import NothingLearned
 from omrl.training.metrics import read_metrics
 from omrl.training.rl import run_rl
 
@@ -63,7 +64,10 @@ def test_a_sampler_that_differs_is_measured_and_its_tokens_weighted(config, samp
 
 
 def test_a_band_that_excludes_the_samplers_ratio_drops_every_token_and_skips_the_update(config, sampler_off_by_3):
-    record = step_one(config("algorithm.rollout_correction=token_mask", "algorithm.rollout_band_high=2.0"))
+    cfg = config("algorithm.rollout_correction=token_mask", "algorithm.rollout_band_high=2.0")
+    with pytest.raises(NothingLearned, match="dropped every token"):
+        run_rl(cfg, console=QUIET)
+    record = read_metrics(cfg.logging.output_dir)[0]
     assert record["rollout_masked_share"] == 1.0 and record["skipped_updates"] == 1
 
 

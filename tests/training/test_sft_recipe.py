@@ -12,7 +12,7 @@ from rich.console import Console
 
 from omrl.config import from_dict
 from omrl.config.options import SftRunConfig
-from omrl.errors import NonFiniteLossError
+from omrl.errors import NonFiniteLossError, NothingLearned
 from omrl.models import load_model
 from omrl.training.checkpoint import CheckpointError, complete_checkpoints
 from omrl.training.metrics import read_metrics
@@ -88,6 +88,17 @@ def test_a_nan_step_is_skipped_and_counted(sft_config):
     assert summary["skipped_updates"] == 1 and records[0]["loss"] is None and records[1]["skipped_updates"] == 1
     assert all(r["loss"] is not None for r in records[1:])
     assert any(not torch.equal(v, before[k]) for k, v in recipe.model.state_dict().items())
+
+
+def test_a_run_whose_every_update_was_skipped_fails_after_saving(sft_config):
+    cfg = sft_config(num_train_epochs=1.0, optim__max_nan_steps=1000)
+    recipe = SftRecipe(cfg, console=QUIET)
+    recipe.setup()
+    _nan_on_calls(recipe.model, calls=set(range(1, 1000)))
+    with pytest.raises(NothingLearned, match=f"this run's {recipe.total_steps} updates was skipped.*non-finite loss"):
+        train_then_clean_up(recipe)
+    assert (Path(cfg.logging.output_dir) / "config.json").exists()  # the model saved first
+    assert read_metrics(cfg.logging.output_dir)[-1]["skipped_updates"] == recipe.total_steps
 
 
 def test_a_skipped_update_does_not_advance_the_schedule(sft_config):
