@@ -59,6 +59,7 @@ def check_config(cfg: TrainRunConfig, world_size: int = 1) -> None:
             "and no reward to add to"
         )
     warn_unread_by_dpo(cfg)
+    warn_unread_sizes(cfg)
     check_rollout_strategy(cfg)
     env_scale.check(cfg)
     if is_mixture(cfg.env):
@@ -224,5 +225,28 @@ def warn_unread_by_dpo(cfg: TrainRunConfig) -> None:
         warnings.warn(
             f"the dpo recipe reads algorithm.dpo_beta alone of these settings, so {', '.join(unread)} "
             "change nothing (they are for grpo and ppo)",
+            stacklevel=2,
+        )
+
+
+def warn_unread_sizes(cfg: TrainRunConfig) -> None:
+    """Warn of batch sizes an online recipe would ignore, silently: ``optim.gradient_accumulation_steps``
+    (the SFT and reward-model recipes' own; here ``mini_batch_size`` sets the updates of a step) and a
+    ``mini_batch_size`` above the episodes a step plays, which makes one update of them all."""
+    import warnings
+
+    if cfg.optim.gradient_accumulation_steps != 1:
+        warnings.warn(
+            f"optim.gradient_accumulation_steps={cfg.optim.gradient_accumulation_steps} is read by omrl sft and "
+            "omrl rm train alone; an online step makes one update a mini-batch: set mini_batch_size (episodes an "
+            "update) and optim.micro_batch_size (rows a forward) instead",
+            stacklevel=2,
+        )
+    played = cfg.tasks_per_step * cfg.group_size
+    if cfg.mini_batch_size > played and not searched(cfg) and not cfg.algorithm.dynamic_sampling:
+        warnings.warn(
+            f"mini_batch_size={cfg.mini_batch_size} is more than the {played} episodes a step plays (tasks_per_step "
+            f"{cfg.tasks_per_step} x group_size {cfg.group_size}): each step makes one update of them all, as "
+            "mini_batch_size=0 does",
             stacklevel=2,
         )

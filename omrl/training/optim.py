@@ -9,6 +9,7 @@ updates applied: :func:`apply_update` advances it only when the optimizer steppe
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -75,6 +76,13 @@ def build_scheduler(
     lr_multiplier(0, total_steps, cfg.warmup_steps, cfg.lr_schedule)  # validate the name now
     if cfg.warmup_steps < 0:
         raise ConfigError(f"optim.warmup_steps must be >= 0, got {cfg.warmup_steps}")
+    if 0 < total_steps <= cfg.warmup_steps:  # a rate that only rises: the peak is never used
+        warnings.warn(
+            f"optim.warmup_steps={cfg.warmup_steps} is not fewer than the run's {total_steps} optimizer steps: the "
+            f"learning rate rises the whole run and never reaches optim.learning_rate={cfg.learning_rate:g}; "
+            "lower optim.warmup_steps (a tenth of the steps is usual)",
+            stacklevel=2,
+        )
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_multiplier(step, total_steps, cfg.warmup_steps, cfg.lr_schedule)
     )

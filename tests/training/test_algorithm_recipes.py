@@ -284,6 +284,18 @@ def test_dpo_warns_of_the_grpo_and_ppo_settings_it_does_not_read(config):
         check_config(config("algorithm.dpo_beta=0.2", algo="dpo"))
 
 
+def test_batch_sizes_an_online_step_would_ignore_are_warned_of(config):
+    from omrl.training.config_checks import check_config
+
+    with pytest.warns(UserWarning, match=r"gradient_accumulation_steps=4 is read by omrl sft and omrl rm train alone"):
+        check_config(config("optim.gradient_accumulation_steps=4"))
+    with pytest.warns(UserWarning, match=r"mini_batch_size=64 is more than the 6 episodes a step plays"):
+        check_config(config("mini_batch_size=64", "tasks_per_step=2", "group_size=3"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_config(config("mini_batch_size=6", "tasks_per_step=2", "group_size=3"))
+
+
 # -- ReMax ------------------------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import time
+import warnings
 
 import pytest
 import torch
@@ -42,6 +43,18 @@ def test_scheduler_drives_the_optimizer_lr_and_decay_skips_vectors():
         optimizer.step()
         scheduler.step()
     assert seen == pytest.approx([0.0, 0.05, 0.1, 0.05])
+
+
+def test_a_warm_up_as_long_as_the_run_is_warned_of():
+    """optim.warmup_steps=100 on a 4-step run trained at a rate that only rose, and said nothing."""
+    optimizer = build_optimizer(torch.nn.Linear(3, 1), OptimConfig(learning_rate=0.1, warmup_steps=4), fused=False)
+    with pytest.warns(
+        UserWarning, match=r"warmup_steps=4 is not fewer than the run's 4 optimizer steps.*never reaches"
+    ):
+        build_scheduler(optimizer, OptimConfig(learning_rate=0.1, warmup_steps=4), total_steps=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_scheduler(optimizer, OptimConfig(learning_rate=0.1, warmup_steps=3), total_steps=4)
 
 
 class _Warnings:
