@@ -205,3 +205,10 @@ def plugin_in_traceback(tb: TracebackType | None) -> str | None:
             f"plugin {' or '.join(map(repr, names))} ({distribution_of(names[0])}) at {frame.f_code.co_filename}:{line}"
         )
     return None
+
+
+def import_from_here() -> None:
+    """Let a module beside the user import by name, as ``python -m`` finds it: a user's agent, reward or
+    environment module named in a run's options (``mypkg.agent:run``, ``plugins.verifiers.module``)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())

@@ -30,7 +30,6 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,6 +39,7 @@ from typing import Any, Callable
 
 from omrl.env_results import finite_number
 from omrl.errors import ConfigError
+from omrl.plugins import import_from_here
 
 STDERR_TAIL = 2000
 
@@ -105,8 +105,7 @@ def load_callable(spec: str, what: str) -> Callable[..., Any]:
             f"{what} {spec!r} names a file; name its module, {file.stem}:{attribute}, with its folder "
             f"{file.parent} on PYTHONPATH"
         )
-    if os.getcwd() not in sys.path and "" not in sys.path:  # a module beside the user, as `python -m` finds it
-        sys.path.insert(0, os.getcwd())
+    import_from_here()
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:

@@ -359,6 +359,19 @@ def test_what_omrl_cannot_play_is_refused_naming_it(kind, why):
         create_env(plugin.VerifiersEnv, {"module": f"{ENVS}.unsupported", "args": {"kind": kind}})
 
 
+def test_a_module_beside_the_user_loads_as_an_agents_does(tmp_path, monkeypatch):
+    """docs/verifiers.md's own sums module, saved in the folder omrl runs from, was 'no module' without PYTHONPATH."""
+    import importlib.util
+    import sys
+
+    source = importlib.util.find_spec(f"{ENVS}.sums").origin
+    (tmp_path / "my_sums_beside.py").write_text(open(source).read())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    env = create_env(plugin.VerifiersEnv, {"module": "my_sums_beside"})
+    assert env.task_ids("train")
+
+
 @pytest.mark.parametrize(
     "options,why",
     [

@@ -15,6 +15,7 @@ from typing import Any
 
 from omrl.envs import check_arguments
 from omrl.errors import ConfigError, short_repr
+from omrl.plugins import import_from_here
 from omrl_plugins.envs.engines.common import require
 from omrl_plugins.envs.verifiers.installed import NAME, installed_environments
 
@@ -53,13 +54,14 @@ def import_verifiers(env_name: str) -> Any:
 
 def load(module: str, args: dict[str, Any], env_name: str) -> Any:
     """``module.load_environment(**args)``; ConfigError naming what is wrong."""
+    import_from_here()  # a module of the user's, beside them, as an agent's is
     try:
         loaded = importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name and module.startswith(exc.name):
             raise ConfigError(
-                f"{env_name}: no module {module!r} (install the environment's package, or put its module on the "
-                f"path); installed verifiers environments: {', '.join(installed_environments()) or '(none)'}"
+                f"{env_name}: no module {module!r} (install the environment's package, or run omrl from the folder "
+                f"that holds its module); installed verifiers environments: {', '.join(installed_environments()) or '(none)'}"
             ) from exc
         raise ConfigError(f"{env_name}: module {module!r} needs a package that is not installed: {exc}") from exc
     load_environment = getattr(loaded, "load_environment", None)
