@@ -228,8 +228,9 @@ class EpisodeRecorder:
         info: dict[str, Any] = {"rollout": rollout}
         if reply.answer_from:  # a thinking model's reasoning: rewards that read the answer skip it (Turn.answer)
             info["answer_from"] = reply.answer_from
-        if parsed.attempts:
+        if tools:  # every call attempt, none included: a turn that offered tools and made no call counts in its rates
             info["tool_calls"] = [attempt.record() for attempt in parsed.attempts]
+        if parsed.attempts:
             info["tool"] = next((a.name for a in parsed.attempts if a.name), "(unparsed)")
             problem = next((a for a in parsed.attempts if a.status != "ok"), None)
             if problem is not None:

@@ -202,6 +202,17 @@ def test_a_ctrl_c_while_agents_play_stops_the_run_at_once(tiny_tokenizer, tmp_pa
     assert not [t for t in threading.enumerate() if t.name.startswith("omrl-agent_")]  # the pool's workers ended
 
 
+def test_a_turn_offered_tools_that_made_no_call_counts_in_the_tool_call_rates(tiny_tokenizer, tmp_path):
+    """The gateway recorded info["tool_calls"] only where a reply attempted a call: a run whose model never
+    called the tools it was offered showed no tool metrics at all, unlike the same run in a native env."""
+    from omrl.evaluation import tool_call_health
+
+    ep = play_one(tiny_tokenizer, tmp_path, "42", "agent.callable=tests.gateway.agents:tool_loop")
+    assert ep.end_reason == "done" and ep.turns[-1].info["tool_calls"] == []
+    health = tool_call_health([ep])
+    assert health["valid_call_turn_rate"] == 0.0 and health["tool_call_attempts"] == 0.0
+
+
 def test_only_an_errors_own_words_name_a_cut():
     from omrl.gateway.agents import AgentFailure
 
