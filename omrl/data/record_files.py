@@ -77,6 +77,13 @@ def data_files(path: Path) -> list[Path]:
             )
         return files
     files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl") and p.is_file())
+    passed = sorted(p.name for p in path.rglob("*.json") if p.is_file())
+    if passed:  # in a folder, JSON is as often a config or a report as data: named, not read
+        warnings.warn(
+            f"{path}: left out {len(passed)} .json file(s) ({', '.join(passed[:3])}{', ...' if len(passed) > 3 else ''}): "
+            "a folder is read for its .parquet and .jsonl files; name a .json file of records itself to read it",
+            stacklevel=2,
+        )
     if not files:
         raise DatasetFormatError(
             f"{path}: no .parquet or .jsonl files, and not a save_to_disk directory (no state.json)"

@@ -94,6 +94,17 @@ def test_a_broken_save_to_disk_directory_is_an_error_naming_its_state_file(tmp_p
         load_conversations(tmp_path)
 
 
+def test_a_folders_json_files_are_named_as_left_out(tmp_path):
+    """A folder of .jsonl files and a .json array read the .jsonl alone, and said nothing of the rest."""
+    (tmp_path / "a.jsonl").write_text(json.dumps(RECORD) + "\n")
+    (tmp_path / "more.json").write_text(json.dumps([RECORD, RECORD]))
+    with pytest.warns(
+        UserWarning, match=r"left out 1 .json file\(s\) \(more.json\).*name a .json file of records itself"
+    ):
+        assert len(load_conversations(tmp_path)) == 1
+    assert len(load_conversations(tmp_path / "more.json")) == 2
+
+
 @pytest.mark.parametrize("reward", [float("nan"), float("inf"), pytest.param(10**400, id="10**400")])
 def test_a_non_finite_reward_is_a_format_error(tmp_path, reward):
     path = tmp_path / "a.jsonl"
