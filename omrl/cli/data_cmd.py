@@ -63,10 +63,27 @@ def show(
         meta = f" {json.dumps(conv.meta, default=str)}" if conv.meta else ""
         console.rule(escape(f"{conv.id or conv.source}{meta}"), style="dim")
         for message in conv.messages:
-            console.print(f"[bold]{message['role']}:[/] {escape(message['content'])}", highlight=False)
+            console.print(f"[bold]{message['role']}:[/] {escape(shown(message))}", highlight=False)
     typer.echo(reward_summary(conversations))
     for line in tokenizer_lines(source):
         typer.echo(line)
+
+
+def shown(message: dict) -> str:
+    """A message as ``data show`` prints it: its reasoning, its text, each tool call, and which call a tool
+    result answers, so that what SFT would learn from is what one reads."""
+    from omrl.chat.replies import REASONING_FIELDS
+
+    parts = [f"(reasoning) {message[key]}" for key in REASONING_FIELDS if message.get(key)]
+    parts += [message["content"]] if message["content"] else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", call)
+        arguments = function.get("arguments")
+        parts.append(
+            f"(tool call) {function['name']}({arguments if isinstance(arguments, str) else json.dumps(arguments)})"
+        )
+    answered = [f"{key}={message[key]}" for key in ("name", "tool_call_id") if message.get(key)]
+    return (f"({', '.join(answered)}) " if answered else "") + "\n".join(parts)
 
 
 def refuse_target_in_folder(source: str, target: str) -> None:

@@ -51,3 +51,19 @@ def test_convert_says_how_many_episodes_it_skipped(omrl_main, tmp_path):
     code, out, err = omrl_main("data", "convert", str(path), str(tmp_path / "game.jsonl"))
     assert code == 0 and "wrote 1 conversations" in out
     assert "warning: " in err and "skipped 1 of 2 episodes that hold no reply to learn from" in err
+
+
+def test_show_prints_tool_calls_reasoning_and_what_a_result_answers(omrl_main, tmp_path):
+    """A reply that is a tool call printed as 'assistant: ' and nothing else."""
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 0, "b": 1}'}}
+    messages = [
+        {"role": "user", "content": "What is 0+1?"},
+        {"role": "assistant", "content": None, "reasoning_content": "Add them.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "name": "add", "content": "1"},
+        {"role": "assistant", "content": "The answer is 1"},
+    ]
+    (tmp_path / "tools.jsonl").write_text(json.dumps({"messages": messages}) + "\n")
+    code, out, _ = omrl_main("data", "show", str(tmp_path / "tools.jsonl"))
+    said = " ".join(out.split())
+    assert code == 0 and 'assistant: (reasoning) Add them. (tool call) add({"a": 0, "b": 1})' in said
+    assert "tool: (name=add, tool_call_id=c1) 1" in said
