@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,21 @@ def _load_data(
     else:
         items = _items(rows, columns, prompt_key, answer_key, match)
         train, test = split_items(items, test_fraction, seed)
+    warn_overlap(train, test, f"test_path {test_path}" if test_path else f"test_fraction {test_fraction:g} of {path}")
     return Data(tuple(train), tuple(test), prompt_key, answer_key)
+
+
+def warn_overlap(train: list[Item], test: list[Item], where: str) -> None:
+    """Warn where test prompts are train prompts too (the same file given twice, or rows repeated in one
+    file that the split put on both sides): a held-out score would measure what training saw."""
+    seen = {item.prompt.strip() for item in train}
+    shared = sum(item.prompt.strip() in seen for item in test)
+    if shared:
+        warnings.warn(
+            f"{shared} of the {len(test)} test prompts ({where}) are train prompts too: an evaluation on the test "
+            "split is then partly on what training saw; give a test file of other questions, or remove repeated rows",
+            stacklevel=2,
+        )
 
 
 def split_items(items: list[Item], test_fraction: float, seed: int) -> tuple[list[Item], list[Item]]:

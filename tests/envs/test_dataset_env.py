@@ -8,6 +8,7 @@ import random
 import sys
 import threading
 import time
+import warnings
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -156,6 +157,19 @@ def test_a_changed_file_is_read_again(tmp_path):
 
 
 # -- splits -------------------------------------------------------------------------------------------
+def test_a_test_split_that_repeats_train_prompts_is_warned_of(tmp_path):
+    """The same file as test_path, or repeated rows split to both sides, were evaluated on as held out."""
+    path = write_jsonl(tmp_path / "qa.jsonl", sums(4))
+    with pytest.warns(UserWarning, match=r"4 of the 4 test prompts \(test_path .*qa.jsonl\) are train prompts too"):
+        DatasetEnv(path=str(path), test_path=str(path))
+    twice = write_jsonl(tmp_path / "twice.jsonl", sums(10) + sums(10))
+    with pytest.warns(UserWarning, match=r"of the 5 test prompts \(test_fraction 0.25 of .*twice.jsonl\) are train"):
+        DatasetEnv(path=str(twice), test_fraction=0.25)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        DatasetEnv(path=str(write_jsonl(tmp_path / "once.jsonl", sums(10))), test_fraction=0.25)
+
+
 def test_test_fraction_splits_disjointly_and_the_same_way_every_time(tmp_path):
     path = write_jsonl(tmp_path / "qa.jsonl", sums(40))
     env = DatasetEnv(path=str(path), test_fraction=0.25, seed=3)
