@@ -110,7 +110,7 @@ def load_examples(
         all_episodes += episodes
         cut += n_cut
     if for_training:
-        check_outcomes(out, label, path)
+        check_outcomes(out, label, path, cut, max_seq_length)
     return out, all_episodes, cut
 
 

@@ -122,12 +122,19 @@ def examples(
     return kept, cut
 
 
-def check_outcomes(found: Sequence[Example], label: str, source: str) -> None:
-    """LabelError when every label is the same: a model learns nothing from one outcome."""
+def check_outcomes(found: Sequence[Example], label: str, source: str, cut: int = 0, max_seq_length: int = 0) -> None:
+    """LabelError when every label is the same: a model learns nothing from one outcome. ``cut``: the episodes
+    left out for their length, which may be where the other outcome was (losing episodes run longest)."""
     targets = {t for ex in found for t in ex.targets}
     if len(targets) == 1:
+        left_out = (
+            f"; {cut} episodes longer than max_seq_length={max_seq_length} tokens were left out, and may hold the "
+            "other outcomes: raise max_seq_length"
+            if cut
+            else ""
+        )
         raise LabelError(
-            f"every label in {source} is {targets.pop()!r} ({label}, {len(found)} examples): a reward "
+            f"every label in {source} is {targets.pop()!r} ({label}, {len(found)} examples){left_out}: a reward "
             "model learns nothing from one outcome; add episodes with other outcomes (more samples "
             "per task, a stronger or weaker policy)"
         )

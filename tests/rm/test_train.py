@@ -346,6 +346,16 @@ def test_bad_settings_and_foreign_tokens_are_refused_before_training(data_dir, t
     assert not (tmp_path / "e" / "config.json").exists()  # nothing half-written
 
 
+def test_one_outcome_left_after_a_length_cut_names_the_cut():
+    """93 long, losing episodes dropped for max_seq_length=300 left 3 wins, and the error said only that
+    every label was 1.0."""
+    from omrl.rm.labels import Example, check_outcomes
+
+    wins = [Example([1, 2, 3], [2], [1.0], (0,)) for _ in range(3)]
+    with pytest.raises(LabelError, match=r"is 1.0 \(success, 3 examples\); 93 episodes longer than max_seq_length=300"):
+        check_outcomes(wins, "success", "train.parquet", cut=93, max_seq_length=300)
+
+
 @pytest.mark.slow  # a training run and an eval through the CLI
 def test_cli_trains_and_evaluates(data_dir, tmp_path):
     out = tmp_path / "cli-rm"
