@@ -116,10 +116,13 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
     """Validate one record and normalise its messages to ``{"role", "content"}``."""
     if not isinstance(row, dict):
         raise DatasetFormatError(f"{source}: is a {type(row).__name__}; {_EXPECTED}")
-    key = next((k for k in MESSAGE_KEYS if k in row), None)
+    given = [k for k in MESSAGE_KEYS if row.get(k) is not None]  # a parquet of both forms: the other is null
+    if len(given) > 1:  # one would be trained, the other carried along unread
+        raise DatasetFormatError(f"{source}: has both {' and '.join(repr(k) for k in given)}; give the messages once")
+    key = given[0] if given else next((k for k in MESSAGE_KEYS if k in row), None)
     if key is None:
         raise DatasetFormatError(
-            f"{source}: has no 'conversations' key (keys: {', '.join(map(str, row))}); {_EXPECTED}"
+            f"{source}: has no 'conversations' or 'messages' key (keys: {', '.join(map(str, row))}); {_EXPECTED}"
         )
     raw = row[key]
     if not isinstance(raw, (list, tuple)) or not raw:

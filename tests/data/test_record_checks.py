@@ -41,11 +41,25 @@ ODD = {
         {"conversations": [USER, _call({"x": 1}), RESULT, REPLY]},
         " message 1: tool call 0 has no function name; expected {'function': {'name': ..., 'arguments': ...}}",
     ),
+    "both_message_keys": (
+        {"conversations": [USER, REPLY], "messages": [USER, {"role": "assistant", "content": "other"}]},
+        ": has both 'conversations' and 'messages'; give the messages once",
+    ),
     "call_arguments_number": (
         {"conversations": [USER, _call({"function": {"name": "f", "arguments": 5}}), RESULT, REPLY]},
         " message 1: tool call 0's arguments must be an object or its JSON text, got 5",
     ),
 }
+
+
+def test_a_parquet_of_both_message_keys_reads_each_rows_own(tmp_path):
+    """A row whose 'conversations' is null (its messages under 'messages') was refused as an empty list."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"conversations": [USER, REPLY], "messages": None}, {"conversations": None, "messages": [USER, REPLY]}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "both.parquet")
+    assert [len(c.messages) for c in load_conversations(tmp_path / "both.parquet")] == [2, 2]
 
 
 def _write(tmp_path, name):

@@ -95,7 +95,7 @@ def test_directory_of_files_loads_all_in_name_order(tmp_path):
 @pytest.mark.parametrize(
     "line, expected",
     [
-        ({"id": "x"}, "row 2: has no 'conversations' key"),
+        ({"id": "x"}, "row 2: has no 'conversations' or 'messages' key"),
         ({"conversations": [{"role": "robot", "content": "hi"}]}, "row 2 message 0: unknown role 'robot'"),
         ({"conversations": [{"role": "user", "content": 3}]}, "content must be text"),
         ({"conversations": [{"text": "hi"}]}, "is not a message"),
