@@ -30,6 +30,7 @@ def check_before_loading(cfg) -> None:
         check_search_blocks(member.plugins)  # share is named for the reward where it is weighted
         check_family_block(member.name, member.plugins, {m.name for m in members})
     warn_unplayed_env_blocks(members)
+    warn_unweighted_reward_blocks(members)
     rewards.check_allocation(cfg.reward.allocation, cfg.reward.gamma)
     check_agent(cfg)
     warn_if_final_model_behind(cfg.model.name)
@@ -101,6 +102,27 @@ def warn_unplayed_env_blocks(members: list) -> None:
             warnings.warn(
                 f"plugins.{name} sets options of the env {name!r}, which this run does not play "
                 f"({', '.join(sorted(played))}), so they are ignored",
+                stacklevel=2,
+            )
+
+
+def warn_unweighted_reward_blocks(members: list) -> None:
+    """Warn of a ``plugins.<reward>`` block for a reward no env of this run weights (a judge's options set,
+    its weight forgotten): nothing reads it, and the run trains without it, silently. A name another kind
+    shares (an env, a template, a scorer) may be read by that one, so it is left alone."""
+    import warnings
+
+    from omrl import registry
+
+    weighted = {name for member in members for name in member.reward_weights or {}}
+    others = {c.name for c in registry.all_components() if c.kind in registry.OPTION_KINDS and c.kind != "reward"}
+    blocks = {name for member in members for name in member.plugins or {}}
+    for name in sorted(blocks - weighted - others):
+        if name in registry.rewards.names():
+            warnings.warn(
+                f"plugins.{name} sets options of the reward {name!r}, which no env of this run weights "
+                f"(reward.weights: {', '.join(sorted(weighted)) or 'none'}), so they are ignored; "
+                f"weight it ('reward.weights={{{name}: 1.0}}') or leave the block out",
                 stacklevel=2,
             )
 

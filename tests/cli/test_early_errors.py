@@ -126,6 +126,18 @@ def test_a_block_for_an_env_the_run_does_not_play_is_warned_of(omrl_main, tmp_pa
     assert code == 0 and "does not play" not in err, err  # webshop plays in the mixture: the block is read
 
 
+def test_a_block_for_a_reward_the_run_does_not_weight_is_warned_of(omrl_main, tmp_path):
+    """plugins.judge.model=... with the judge's weight forgotten trained on the goal alone, and said nothing."""
+    out = ("--expert", "--num-tasks", "1", "-o", str(tmp_path / "e.parquet"))
+    code, _, err = omrl_main("rollout", "--env", "gridworld", *out, "plugins.length_penalty.budget=10")
+    said = " ".join(err.split())
+    assert code == 0 and "plugins.length_penalty sets options of the reward 'length_penalty', which no env" in said
+    assert "weight it ('reward.weights={length_penalty: 1.0}')" in said
+    weighted = "reward.weights={goal: 1.0, length_penalty: 0.1}"
+    code, _, err = omrl_main("rollout", "--env", "gridworld", *out, "plugins.length_penalty.budget=10", weighted)
+    assert code == 0 and "no env of this run weights" not in err, err
+
+
 @pytest.fixture
 def a_file(tmp_path):
     path = tmp_path / "afile"
