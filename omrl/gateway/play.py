@@ -205,6 +205,12 @@ def _agents_failure(exc: AgentFailure, ep: Episode, undone: Sequence[float]) -> 
             f"{exc} (after a reply cut at generation.max_new_tokens; the error does not name that cut, so it is the "
             "agent's failure, not the model's)"
         )
+    if exc.names_a_cut and _cap(ep) == "max_tokens":  # the agent's own cap: its framework refused what it asked for
+        return (
+            f"{exc} (after a reply cut at the max_tokens the agent's own call set: its framework refused the cut it "
+            "asked for, so the episode is the agent's failure; raise that cap, or leave it out so the run's "
+            "generation.max_new_tokens cuts the reply and the episode is trained as it stands)"
+        )
     return str(exc)
 
 
@@ -226,8 +232,13 @@ def _run_agent(spec: AgentSpec, task: dict[str, Any], gateway: Gateway, key: str
 
 def _cut_by_the_run(ep: Episode) -> bool:
     """Whether the last reply was cut at a cap the agent did not set (``generation.max_new_tokens``)."""
+    return _cap(ep) == "max_new_tokens"
+
+
+def _cap(ep: Episode) -> str | None:
+    """The cap the last reply was cut at (``max_new_tokens``, the agent's ``max_tokens``, ``max_context``), or None."""
     rollout = ep.turns[-1].info.get("rollout", {}) if ep.turns else {}
-    return bool(rollout.get("truncated")) and rollout.get("cap") == "max_new_tokens"
+    return rollout.get("cap") if rollout.get("truncated") else None
 
 
 def _rejected_a_tool_call(ep: Episode) -> bool:

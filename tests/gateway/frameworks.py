@@ -90,6 +90,17 @@ def openai_agents_default(task, base_url, api_key):
     return Runner.run_sync(agent, task[QUESTION_KEY]).final_output
 
 
+def openai_agents_capped(task, base_url, api_key):
+    """The same, with a max_tokens of the agent's own (its ModelSettings): the SDK raises on a reply cut there."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    model = OpenAIResponsesModel(model="policy", openai_client=AsyncOpenAI(base_url=base_url, api_key=api_key))
+    agent = Agent(name="calc", instructions="Answer.", model=model, model_settings=ModelSettings(max_tokens=8))
+    return Runner.run_sync(agent, task[QUESTION_KEY]).final_output
+
+
 def openai_agents_streamed(task, base_url, api_key):
     """The same, streamed (``Runner.run_streamed``: Responses events)."""
     import asyncio

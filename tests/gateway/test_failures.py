@@ -213,6 +213,15 @@ def test_a_turn_offered_tools_that_made_no_call_counts_in_the_tool_call_rates(ti
     assert health["valid_call_turn_rate"] == 0.0 and health["tool_call_attempts"] == 0.0
 
 
+def test_a_reply_cut_at_the_agents_own_cap_says_how_to_have_it_trained(tiny_tokenizer, tmp_path):
+    """The Agents SDK raising on a cut at the max_tokens its agent set is the agent's failure (env_error), and
+    the error said nothing of what would make it the model's."""
+    agent = "agent.callable=tests.gateway.frameworks:openai_agents_capped"
+    ep = play_one(tiny_tokenizer, tmp_path, "42 " * 40, agent)
+    assert ep.end_reason == "env_error" and "ModelBehaviorError" in ep.error
+    assert "the max_tokens the agent's own call set" in ep.error and "generation.max_new_tokens cuts" in ep.error
+
+
 def test_only_an_errors_own_words_name_a_cut():
     from omrl.gateway.agents import AgentFailure
 
