@@ -202,7 +202,10 @@ def evaluate_command(
     samples: int = typer.Option(None, "--samples", min=1, help="Samples per task, for pass@k and best-of-N."),
     report: str = typer.Option(None, "--report", help="JSON report path (default: <output dir>/report.json)."),
     output_dir: str = typer.Option(
-        None, "--output-dir", help="Folder for the report and every episode (default: evals/<model>-<env>-<time>)."
+        None,
+        "--output-dir",
+        "-o",
+        help="Folder for the report and every episode (default: evals/<model>-<env>-<time>).",
     ),
     strategy: str = STRATEGY_OPTION,
     budget: int = BUDGET_OPTION,

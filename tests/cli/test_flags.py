@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-# the first error each command meets after it has read --budget: an output under a file
-PAST_THE_BUDGET = {"rollout": ("-o", "{file}/x.parquet"), "eval": ("--output-dir", "{file}/sub")}
+# the first error each command meets after it has read --budget: an output under a file (-o: eval's --output-dir too)
+PAST_THE_BUDGET = {"rollout": ("-o", "{file}/x.parquet"), "eval": ("-o", "{file}/sub")}
 
 
 @pytest.fixture
