@@ -210,6 +210,12 @@ class OpenAIBackend(Backend):
                 if reply.status_code < 300:
                     return _json(reply, url)
                 answer = f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}"
+                if reply.status_code == 404 and "model" in reply.text.lower():  # vLLM: "The model `x` does not exist."
+                    raise EndpointError(
+                        f"{answer}; the server does not serve a model named {self.model!r}, the name omrl asks for "
+                        f"(--model's): start it with --served-model-name {self.model}, or see what it serves at "
+                        f"{self.client.base_url.join('models')}"
+                    )
                 if reply.status_code in RETRY_STATUS:
                     if attempt == self.retries:
                         raise EndpointError(f"{answer} (still, after {self.retries} retries)")

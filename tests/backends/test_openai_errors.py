@@ -177,6 +177,26 @@ def test_a_trainers_backend_refused_token_ids_stops_instead_of_training_nothing(
     assert not backend.chat_only and asked == ["/v1/completions"]
 
 
+def test_a_server_serving_another_model_name_is_named_as_such(tiny_tokenizer):
+    """vLLM's 404 "The model `tiny` does not exist." was read as a refusal of token ids (and, for a trainer,
+    as "training needs the sampled token ids"): the server serves the model under another name."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(404, json={"message": "The model `tiny` does not exist.", "type": "NotFoundError"})
+
+    sync = FileSync(ServerControl("http://server.test/v1"))
+    transport = httpx.MockTransport(answer)
+    for weight_sync in (None, sync):
+        backend = OpenAIBackend(
+            "http://server.test/v1", "tiny", tiny_tokenizer, transport=transport, weight_sync=weight_sync
+        )
+        with pytest.raises(
+            EndpointError, match=r"does not serve a model named 'tiny'.*--served-model-name tiny"
+        ) as info:
+            _play(backend)
+        assert "http://server.test/v1/models" in str(info.value) and "token ids" not in str(info.value)
+
+
 class _Canned(BaseHTTPRequestHandler):
     body = b""
 
