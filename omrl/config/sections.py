@@ -288,7 +288,7 @@ class LoggingConfig:
     )
     logging_steps: int = opt(1, "Log metrics every N steps.")
     save_steps: int = opt(0, "Checkpoint every N steps (0: only at the end).")
-    keep_checkpoints: int = opt(2, "How many checkpoints to keep.")
+    keep_checkpoints: int = opt(2, "How many checkpoints to keep (0: all).")
     tensorboard: bool = opt(True, "Write TensorBoard events (when tensorboard is installed).")
     wandb_project: str = opt("", "Log to this wandb project (when wandb is installed).")
     save_rollouts: bool = opt(True, "RL: write each step's episodes to <output_dir>/rollouts/ (omrl view shows them).")

@@ -25,6 +25,10 @@ from omrl.training.checkpoint_marker import damage, has_manifest
 MAY_CHANGE_ON_RESUME = (
     "deadlines.",  # how long a stage may take: a run a too tight one stopped goes on with a longer one
     "description",
+    # where the generation server is, not what is trained: a server that failed may come back elsewhere
+    "generation.base_url",
+    "generation.api_key_env",
+    "generation.weight_dir",
     "logging.",
     "model.gradient_checkpointing",
     "optim.max_nan_steps",

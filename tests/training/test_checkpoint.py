@@ -161,6 +161,17 @@ def test_a_run_stopped_by_a_tight_deadline_resumes_with_longer_deadlines(tmp_pat
     assert resume_checkpoint(tmp_path, longer).name == "step-00000001"
 
 
+def test_a_run_whose_generation_server_moved_resumes_against_its_new_address(tmp_path, trained):
+    """A server that failed often comes back on another port: generation.base_url was refused as a changed key."""
+    saved = {"seed": 0, "generation": {"base_url": "http://a:8000/v1", "weight_dir": "/w1", "temperature": 1.0}}
+    _save(tmp_path, trained, 1, config=saved)
+    moved = {"seed": 0, "generation": {"base_url": "http://b:9000/v1", "weight_dir": "/w2", "temperature": 1.0}}
+    assert resume_checkpoint(tmp_path, moved).name == "step-00000001"
+    hotter = {"seed": 0, "generation": {**moved["generation"], "temperature": 0.5}}
+    with pytest.raises(ckpt.CheckpointError, match="generation.temperature: 1.0 -> 0.5"):  # what is sampled: not
+        resume_checkpoint(tmp_path, hotter)
+
+
 def test_an_option_newer_than_the_checkpoint_warns_at_its_default_and_refuses_otherwise(tmp_path, trained):
     _save(tmp_path, trained, 1)  # saved config: {"seed": 0, "optim": {"lr": 1.0}}
     defaults = {"seed": 0, "optim": {"lr": 1.0}, "env": {"demonstration": True}}
