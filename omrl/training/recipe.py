@@ -164,8 +164,8 @@ def start_setup(recipe: Recipe) -> Path | None:
     """The start of a recipe's setup, after its own config checks: the config as checkpoints keep
     it, the resume point (None: a fresh run), the seed and the device; returns the resume point."""
     cfg = recipe.cfg
+    cfg.model.name = model_as_saved(cfg.model.name)  # config.yaml too: `--resume` works from any folder
     recipe.config_dict = to_dict(cfg)
-    recipe.config_dict["model"]["name"] = model_as_saved(cfg.model.name)
     resume_from = resume_point(
         recipe.output_dir,
         recipe.config_dict,

@@ -277,6 +277,22 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(rl_config, register_pl
         )
 
 
+def test_a_run_on_a_relative_model_folder_resumes_from_another_folder(tiny_model_dir, tmp_path, monkeypatch):
+    """--resume from a subfolder refused 'model.name: /abs/base -> base': config.yaml kept the path as typed."""
+    import shutil
+
+    from omrl.cli import build_app
+
+    shutil.copytree(tiny_model_dir, tmp_path / "base")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert train_command("base", Path("run"), "logging.save_steps=1").exit_code == 0
+    monkeypatch.chdir(tmp_path / "sub")
+    result = CliRunner().invoke(build_app(), ["train", "--resume", "--output-dir", "../run", "--steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert read_metrics(tmp_path / "run")[-1]["step"] == 2
+
+
 def test_train_command(tiny_model_dir, tmp_path):
     from omrl.cli import build_app
 

@@ -90,6 +90,10 @@ def test_a_run_on_a_model_folder_resumes_from_another_folder(tiny_model_dir, age
     result = CliRunner().invoke(build_app(), again)
     assert result.exit_code == 0, result.output
     assert "it did them all: raise steps (or num_train_epochs) to train more" in " ".join(result.output.split())
+    # nothing typed again: the run's config.yaml keeps the folder as the checkpoints do ('models/base' was not
+    # found from here, and the resume refused it as a changed model.name)
+    result = CliRunner().invoke(build_app(), ["sft", "--resume", "--output-dir", "../run"])
+    assert result.exit_code == 0, result.output
     (tmp_path / "models").rename(tmp_path / "moved")  # the project moved: the kept absolute path is gone
     with pytest.warns(UserWarning, match="the run's model folder .* is gone; resuming on .*moved/base"):
         result = CliRunner().invoke(build_app(), sft_command("../moved/base", agent_jsonl, Path("../run"), "--resume"))
