@@ -50,6 +50,11 @@ class FailedStep(EnvFailure):
         self.keepable = keepable
 
 
+class EndpointError(OmrlError):
+    """A generation server (the openai backend's endpoint, or the server it syncs weights to) failed or
+    answered something that is not a completion: the world's failure, and a run it stops can resume."""
+
+
 class WriteFailed(OmrlError):
     """A file could not be written because of the machine (a full disk, a used-up quota, an I/O
     error): not a bug, and the message says what to free or fix."""

@@ -35,15 +35,11 @@ from omrl.backends.base import Backend, Chats, Generation, Prompts, SamplingPara
 from omrl.backends.lora_sync import LoraSync
 from omrl.backends.weight_sync import WeightSync
 from omrl.chat.encoding import encode_reply
-from omrl.errors import OmrlError, short_repr
+from omrl.errors import EndpointError, OmrlError, short_repr
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 CHARS_PER_TOKEN = 16  # a reply's prefix tokenized first, per token wanted (grown until it holds enough)
 MARGIN_TOKENS = 8  # tokens past the limit that a prefix must hold: the last few may change with the cut
-
-
-class EndpointError(OmrlError):
-    """The endpoint failed or answered something that is not a completion."""
 
 
 class TokenIdsRefused(EndpointError):

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from omrl.errors import OmrlError
+from omrl.errors import EndpointError, OmrlError
 
 SERVER_HINT = (
     "start the server with VLLM_SERVER_DEV_MODE=1 (vLLM's RL routes), e.g. "
@@ -32,17 +32,17 @@ class ServerControl:
         try:
             reply = self.client.request(method, route, **kwargs)
         except httpx.TransportError as exc:
-            raise OmrlError(f"cannot reach the generation server at {url}: {exc}") from exc
+            raise EndpointError(f"cannot reach the generation server at {url}: {exc}") from exc
         if reply.status_code in (404, 405):
             raise OmrlError(f"the generation server has no {method} /{route} (HTTP {reply.status_code}); {SERVER_HINT}")
         if reply.status_code >= 300:
-            raise OmrlError(f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}")
+            raise EndpointError(f"{url} answered HTTP {reply.status_code}: {reply.text[:300]}")
         if not reply.content:
             return None
         try:
             return reply.json()
         except ValueError as exc:
-            raise OmrlError(f"{url} answered something that is not JSON: {reply.text[:300]!r}") from exc
+            raise EndpointError(f"{url} answered something that is not JSON: {reply.text[:300]!r}") from exc
 
     def post(self, route: str, body: Any = None, **params: Any) -> Any:
         return self.call("POST", route, json=body, params=params or None)
@@ -55,7 +55,7 @@ def check_rpc(answer: Any, method: str) -> None:
     """A collective_rpc answers one result per worker; an error string from any is an error."""
     results = answer.get("results") if isinstance(answer, dict) else None
     if answer is not None and not isinstance(results, list):
-        raise OmrlError(f"the generation server's {method} answered {json.dumps(answer)[:300]}")
+        raise EndpointError(f"the generation server's {method} answered {json.dumps(answer)[:300]}")
     for result in results or []:
         if result is not None:
-            raise OmrlError(f"the generation server's {method} answered {str(result)[:300]}")
+            raise EndpointError(f"the generation server's {method} answered {str(result)[:300]}")

@@ -38,7 +38,7 @@ from omrl.atomic import atomic_write_text
 from omrl.clock import breakdown, take, timed
 from omrl.config import to_dict, to_yaml
 from omrl.data.mixture import DataSource, dataset_sources
-from omrl.errors import ConfigError, FailedStep
+from omrl.errors import ConfigError, EndpointError, FailedStep
 from omrl.parallel import make_strategy
 from omrl.supervisor import StageStalled, supervise
 from omrl.training import checkpoint as ckpt
@@ -135,7 +135,7 @@ def run_recipe(recipe: Recipe, command: str) -> dict[str, Any]:
             take()  # the setup's time is no step's (omrl.clock)
             try:
                 return recipe.train()
-            except (FailedStep, StageStalled) as stop:  # the env failed or a deadline passed: keep what was done
+            except (FailedStep, StageStalled, EndpointError) as stop:  # the world failed: keep what was done
                 raise stopped.explained(recipe, stop, command) from stop
     except KeyboardInterrupt as stop:
         raise ckpt.interrupted(recipe.cfg.logging.output_dir, command) from stop

@@ -1,5 +1,6 @@
 """What a run that stops early kept, and how to go on: an env that failed every episode of a step
-(:class:`~omrl.errors.FailedStep`) or a stage past its deadline (:class:`~omrl.supervisor.StageStalled`).
+(:class:`~omrl.errors.FailedStep`), a stage past its deadline (:class:`~omrl.supervisor.StageStalled`) or a
+generation server that failed (:class:`~omrl.errors.EndpointError`).
 
 The steps done are checkpointed first where the run stands where they left it (the stopped step's tasks
 handed back: ``keepable``), so a stop costs the step it stopped in, not every step since the last
@@ -12,17 +13,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omrl.errors import FailedStep
+from omrl.errors import EndpointError, FailedStep
 from omrl.supervisor import StageStalled
 from omrl.training.checkpoint import latest_checkpoint, resume_command
 from omrl.training.checkpoint_marker import checkpoint_step
 
 
-def explained(recipe: Any, stop: FailedStep | StageStalled, command: str) -> FailedStep | StageStalled:
-    """``stop`` with what was kept and how to go on (:func:`kept_steps`, :func:`stopped_by_stall`)."""
+def explained(recipe: Any, stop: Exception, command: str) -> Exception:
+    """``stop`` with what was kept and how to go on (:func:`kept_steps`, :func:`stopped_by_stall`,
+    :func:`server_failed`)."""
     if isinstance(stop, StageStalled):
         return stopped_by_stall(recipe, stop, command)
-    return kept_steps(recipe, stop, command)
+    if isinstance(stop, EndpointError):
+        return server_failed(recipe, stop, command)
+    return kept_steps(recipe, stop, command)  # type: ignore[arg-type]
+
+
+def server_failed(recipe: Any, failure: EndpointError, command: str) -> EndpointError:
+    """``failure`` with the newest checkpoint and how to go on once the generation server is back (its
+    address may change on resume). The step it stopped in is not kept: its rollout was not finished."""
+    kept = latest_checkpoint(recipe.cfg.logging.output_dir)
+    if kept is None:
+        return EndpointError(f"{failure}; no checkpoint was written before it: run again once the server is back")
+    return EndpointError(
+        f"{failure}; the newest checkpoint is {kept}: bring the generation server back (generation.base_url may "
+        f"change), then {_resume(recipe, command)}"
+    )
 
 
 def _fix(health: Any) -> str | None:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from omrl.errors import FailedStep
+from omrl.errors import EndpointError, FailedStep
 from omrl.supervisor import StageStalled
 from omrl.training.checkpoint import CheckpointError, checkpoint_path
 from omrl.training.recipe import run_recipe
@@ -98,3 +98,18 @@ def test_an_env_that_failed_still_gets_the_env_advice(tmp_path):
     with pytest.raises(FailedStep, match="bring the env back") as stopped:
         run_recipe(recipe, "train")
     assert recipe.saved == [2] and "--resume --output-dir" in str(stopped.value)
+
+
+def test_a_generation_server_that_failed_names_the_checkpoint_and_the_resume(tmp_path):
+    """'cannot reach .../v1/completions' stopped the run (exit 2) without saying how to go on."""
+    down = EndpointError("cannot reach http://127.0.0.1:9/v1/completions: [Errno 111] Connection refused")
+    recipe = StoppedRecipe(tmp_path, steps=3, stop=down)
+    with pytest.raises(EndpointError, match="no checkpoint was written before it: run again once the server"):
+        run_recipe(recipe, "train")
+    recipe.save_checkpoint()
+    with pytest.raises(EndpointError) as stopped:
+        run_recipe(recipe, "train")
+    message = str(stopped.value)
+    assert message.startswith("cannot reach") and f"the newest checkpoint is {checkpoint_path(tmp_path, 3)}" in message
+    assert "generation.base_url may change" in message and "--resume --output-dir" in message
+    assert recipe.saved == [3]  # the step it stopped in is not kept: its rollout was not finished
