@@ -28,6 +28,12 @@ def check_model_folder(path: Path) -> None:
             f"{path} is a LoRA adapter (a checkpoint's), not a model: give the run's folder, which holds "
             "the final model with the adapter merged in, or start from this checkpoint with --resume"
         )
+    if (path / "model" / "adapter_config.json").exists():
+        raise OmrlError(
+            f"{path} is a checkpoint of a LoRA run: its model/ holds the adapter alone, not a model; give the run's "
+            "folder, which holds the final model with the adapter merged in, or go on training from this "
+            "checkpoint with --resume --output-dir RUN"
+        )
     if (path / "model" / "config.json").exists():
         raise OmrlError(
             f"{path} is a run's checkpoint; its model is {path / 'model'}: give that, or go on training the run "
