@@ -187,8 +187,12 @@ def test_a_ctrl_c_while_agents_play_stops_the_run_at_once(tiny_tokenizer, tmp_pa
     questions = tmp_path / "qa.jsonl"
     questions.write_text(json.dumps({"question": "What is 6 times 7?", "answer": "42"}) + "\n")
     cfg = command_line_config(
-        RolloutRunConfig, [f"plugins.dataset.path={questions}", agent], {"env.name": "dataset", "model.name": "tiny"}
+        RolloutRunConfig,
+        [f"plugins.dataset.path={questions}", agent, "agent.timeout_s=120"],
+        {"env.name": "dataset", "model.name": "tiny"},
     )
+    # Python's own Ctrl-C, as in `omrl rollout`: a pytest-xdist worker ignores SIGINT (its controller handles it)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
     with RolloutSession.from_config(cfg, backend=ScriptedBackend(tiny_tokenizer, lambda *_: "42")) as session:
         timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
         started = time.monotonic()
@@ -198,7 +202,8 @@ def test_a_ctrl_c_while_agents_play_stops_the_run_at_once(tiny_tokenizer, tmp_pa
                 session.play([0, 0], PlaySpec(split="train"))
         finally:
             timer.cancel()
-        assert time.monotonic() - started < 60  # not agent.timeout_s=300
+            signal.signal(signal.SIGINT, before)
+        assert time.monotonic() - started < 60  # not agent.timeout_s
     assert not [t for t in threading.enumerate() if t.name.startswith("omrl-agent_")]  # the pool's workers ended
 
 
