@@ -95,6 +95,8 @@ def make_backend(
             tokenizer,
             api_key_env=generation.api_key_env,
             batch_size=generation.batch_size,
+            timeout=float(getattr(generation, "request_timeout_s", 120.0)),
+            retries=int(getattr(generation, "request_retries", 3)),
             weight_sync=make_weight_sync(generation, model_name),
         )
     raise UnknownNameError(f"unknown generation backend {name!r}; valid: {', '.join(BACKENDS)}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, Sequence
 
@@ -76,7 +77,9 @@ class OpenAIBackend(Backend):
             timeout=httpx.Timeout(timeout, connect=min(10.0, timeout)),
         )
         self.model = model
+        self.timeout = timeout
         self.retries = retries
+        self._stall_warned_at = -float("inf")
         self.backoff = backoff
         self.chat_only = False  # set once the server refuses token-id prompts
         self.took_token_ids = False  # set by the first token-id completion: a later 4xx is an error
@@ -199,6 +202,14 @@ class OpenAIBackend(Backend):
         while True:  # each pass returns, raises on its last attempt, or sleeps and tries again
             try:
                 reply = self.client.post(path, json=body)
+            except httpx.ReadTimeout as exc:
+                waited = f"{url} did not answer within generation.request_timeout_s={self.timeout:g} s"
+                if attempt == self.retries:
+                    raise EndpointError(
+                        f"{waited} (still, after {self.retries} retries): is the server alive and not "
+                        "overloaded? A slow one needs a larger generation.request_timeout_s"
+                    ) from exc
+                self._warn_stall(f"{waited}; sending it again ({attempt + 1} of {self.retries} retries)")
             except httpx.TransportError as exc:
                 if attempt == self.retries:
                     raise EndpointError(f"cannot reach {url}: {exc}") from exc
@@ -221,6 +232,15 @@ class OpenAIBackend(Backend):
                     raise EndpointError(answer)
             time.sleep(self.backoff * 2**attempt)
             attempt += 1
+
+    def _warn_stall(self, message: str) -> None:
+        """Warn of a request the server let time out, at most once a timeout across the batch's threads
+        (they stall together): a stopped or overloaded server is said so, never a silent wait."""
+        now = time.monotonic()
+        if now - self._stall_warned_at < self.timeout:
+            return
+        self._stall_warned_at = now
+        warnings.warn(f"{message} [{time.strftime('%H:%M:%S')}]", stacklevel=3)
 
     def _from_completion(self, response: dict[str, Any], limit: int) -> Generation:
         try:

@@ -75,6 +75,15 @@ class GenerationConfig:
     batch_size: int = opt(32, "Sequences per generate call.", low=1)
     base_url: str = opt("", "openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = opt("OPENAI_API_KEY", "openai backend: environment variable holding the key.")
+    request_timeout_s: float = opt(
+        120.0,
+        "openai backend: seconds a request may go without an answer before it is sent again (a long reply on "
+        "a busy server needs more; each wait past it is warned of).",
+        low=1,
+    )
+    request_retries: int = opt(
+        3, "openai backend: times a request is sent again after a timeout, a refused connection, 429 or 5xx.", low=0
+    )
     weight_sync: str = opt(
         "none",
         "openai backend, training: how trained weights reach the vLLM server: files (a safetensors file "

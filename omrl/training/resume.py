@@ -29,6 +29,8 @@ MAY_CHANGE_ON_RESUME = (
     "generation.base_url",
     "generation.api_key_env",
     "generation.weight_dir",
+    "generation.request_retries",  # and how long to wait for it: a slow server's run resumes with more patience
+    "generation.request_timeout_s",
     "logging.",
     "model.gradient_checkpointing",
     "optim.max_nan_steps",

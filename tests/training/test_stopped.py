@@ -11,7 +11,7 @@ from omrl.errors import EndpointError, FailedStep
 from omrl.supervisor import StageStalled
 from omrl.training.checkpoint import CheckpointError, checkpoint_path
 from omrl.training.recipe import run_recipe
-from omrl.training.resume import resume_checkpoint, resume_point
+from omrl.training.resume import check_same_config, resume_checkpoint, resume_point
 from omrl.training.rollout_health import RolloutHealth
 
 
@@ -113,3 +113,12 @@ def test_a_generation_server_that_failed_names_the_checkpoint_and_the_resume(tmp
     assert message.startswith("cannot reach") and f"the newest checkpoint is {checkpoint_path(tmp_path, 3)}" in message
     assert "generation.base_url may change" in message and "--resume --output-dir" in message
     assert recipe.saved == [3]  # the step it stopped in is not kept: its rollout was not finished
+
+
+def test_the_servers_address_and_patience_may_change_on_resume_its_sampling_not():
+    saved = {"generation": {"base_url": "http://a:8000/v1", "request_timeout_s": 120.0, "request_retries": 3}}
+    check_same_config(
+        saved, {"generation": {"base_url": "http://b:8000/v1", "request_timeout_s": 600.0, "request_retries": 9}}
+    )
+    with pytest.raises(CheckpointError, match="generation.temperature: 1.0 -> 0.7"):
+        check_same_config({"generation": {"temperature": 1.0}}, {"generation": {"temperature": 0.7}})
