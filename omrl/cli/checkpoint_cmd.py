@@ -1,5 +1,6 @@
 """``omrl checkpoint trust``: vouch for a checkpoint an older omrl wrote, so a run resumes from it, or accept
-a model directory's files as they are now (its chat template edited on purpose)."""
+a model directory's files as they are now (its chat template edited on purpose). ``omrl checkpoint merge``:
+a LoRA run's checkpoint as a whole model that ``--model`` takes."""
 
 from __future__ import annotations
 
@@ -36,6 +37,30 @@ def trust(
             continue
         wrote = trust_checkpoint(path)
         typer.echo(f"{path}: {'manifest written' if wrote else 'has a manifest already; left as it is'}")
+
+
+@checkpoint_app.command("merge")
+def merge(
+    checkpoint: str = typer.Argument(
+        ..., help="A LoRA run's checkpoint (RUN/checkpoints/step-00000012, or its model/ folder)."
+    ),
+    output_dir: str = typer.Option(
+        "",
+        "--output-dir",
+        "-o",
+        help="Where the model is written (an absent or empty folder; '': RUN-step-N beside RUN).",
+    ),
+) -> None:
+    """Merge a LoRA checkpoint's adapter into the base model its run trained, as a whole model.
+
+    A LoRA run's checkpoints hold the adapter alone; only its final model has it merged in. The merged
+    folder is written as a final model is (weights, the checkpoint's tokenizer, a sha256 manifest), so
+    `omrl eval --model OUT`, `rollout`, the vllm backend and `train --model` take it.
+    """
+    from omrl.training.lora_merge import merge_checkpoint
+
+    out = merge_checkpoint(checkpoint, output_dir or None)
+    typer.echo(f"merged into {out}\nevaluate it: omrl eval --model {out} --env ENV")
 
 
 def add_to(app: typer.Typer) -> None:

@@ -25,14 +25,15 @@ def check_model_folder(path: Path) -> None:
         return
     if (path / "adapter_config.json").exists():
         raise OmrlError(
-            f"{path} is a LoRA adapter (a checkpoint's), not a model: give the run's folder, which holds "
-            "the final model with the adapter merged in, or start from this checkpoint with --resume"
+            f"{path} is a LoRA adapter (a checkpoint's), not a model: merge it into one with omrl checkpoint "
+            f"merge {path.parent}, give the run's folder (its final model, the adapter merged in), or go on "
+            "training from this checkpoint with --resume"
         )
     if (path / "model" / "adapter_config.json").exists():
         raise OmrlError(
-            f"{path} is a checkpoint of a LoRA run: its model/ holds the adapter alone, not a model; give the run's "
-            "folder, which holds the final model with the adapter merged in, or go on training from this "
-            "checkpoint with --resume --output-dir RUN"
+            f"{path} is a checkpoint of a LoRA run: its model/ holds the adapter alone, not a model; merge it "
+            f"into one with omrl checkpoint merge {path}, give the run's folder (its final model, the adapter "
+            "merged in), or go on training from this checkpoint with --resume --output-dir RUN"
         )
     if (path / "model" / "config.json").exists():
         raise OmrlError(

@@ -37,7 +37,8 @@ Pieces:
   :mod:`omrl.training.board`: TensorBoard events, a failure to write them named as any file's.
 - :mod:`omrl.training.optim`: AdamW and the learning-rate schedule.
 - :mod:`omrl.training.packing`: conversations -> shifted labels, packed rows, micro-batches.
-- :mod:`omrl.training.model_setup`: loading the trained model; saving the final one.
+- :mod:`omrl.training.model_setup`: loading the trained model; saving the final one;
+  :mod:`omrl.training.lora_merge`: a LoRA run's checkpoint merged into a whole model.
 
 How processes share the work is :mod:`omrl.parallel`'s business: a recipe talks to one strategy.
 """

@@ -276,7 +276,7 @@ def load_checkpoint(
     strategy = strategy or Strategy()
     if not (path / COMPLETE_MARKER).is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker)")
-    _load_model_weights(model, path / "model", strategy)
+    load_model_weights(model, path / "model", strategy)
     if optimizer is not None:
         state = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
         _check_optimizer_layout(path, state, sharded=strategy.sharded)
@@ -314,7 +314,7 @@ def _check_optimizer_layout(path: Path, state: dict[str, Any], sharded: bool) ->
         )
 
 
-def _load_model_weights(model: nn.Module, model_dir: Path, strategy: Strategy | None = None) -> None:
+def load_model_weights(model: nn.Module, model_dir: Path, strategy: Strategy | None = None) -> None:
     from safetensors.torch import load_file
 
     files = sorted(model_dir.glob("*.safetensors"))

@@ -76,6 +76,8 @@ def made_trainable(model: Any, cfg: ModelConfig, task_type: str = "CAUSAL_LM", n
     )
     with warnings.catch_warnings():  # tied embeddings adapted: save_final_model unties them before merging
         warnings.filterwarnings("ignore", message="Model has `tie_word_embeddings=True` and a tied layer")
+        # peft asks transformers' deprecated name: nothing a user can change
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
         return get_peft_model(model, lora)
 
 

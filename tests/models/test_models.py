@@ -158,7 +158,10 @@ def test_a_lora_checkpoint_s_adapter_folder_is_named_as_one(tiny_model_dir, tmp_
 
     model, _ = load_model(tiny_model_dir)
     get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj"])).save_pretrained(tmp_path / "model")
-    with pytest.raises(OmrlError, match="is a LoRA adapter \\(a checkpoint's\\), not a model: give the run's folder"):
+    with pytest.raises(
+        OmrlError,
+        match=f"is a LoRA adapter \\(a checkpoint's\\), not a model: merge it into one with omrl checkpoint merge {tmp_path}",
+    ):
         resolve_model_path(str(tmp_path / "model"))
     # the checkpoint's own folder, one up: it said "has no config.json; expected a Hugging Face model directory"
     with pytest.raises(OmrlError, match="is a checkpoint of a LoRA run: its model/ holds the adapter alone"):

@@ -11,7 +11,7 @@ from torch import nn
 
 from omrl.models import load_model
 from omrl.parallel import fsdp
-from omrl.training.checkpoint import CheckpointError, _check_optimizer_layout, _load_model_weights
+from omrl.training.checkpoint import CheckpointError, _check_optimizer_layout, load_model_weights
 
 
 def fsdp_load(model, weights, ignore=frozenset()):
@@ -48,7 +48,7 @@ def test_whole_weights_that_miss_a_layer_are_refused(process_group, tiny_model_d
     save_file(weights, tmp_path / "model" / "model.safetensors")
     fsdp.shard(model)
     with pytest.raises(CheckpointError, match="does not fit the model: missing .*layers.0"):
-        _load_model_weights(model, tmp_path / "model", strategy=SimpleNamespace(load_weights=fsdp_load))
+        load_model_weights(model, tmp_path / "model", strategy=SimpleNamespace(load_weights=fsdp_load))
 
 
 def test_the_unsharded_copy_follows_the_sharded_model(process_group, tiny_model_dir):
