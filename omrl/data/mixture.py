@@ -85,6 +85,32 @@ def dataset_sources(text: str, key: str = "dataset") -> list[DataSource]:
     return [DataSource(path, weight / total) for path, weight in entries]
 
 
+def dataset_as_saved(text: str) -> str:
+    """``text`` with each path that exists here made absolute, weights kept as written: how a run's
+    config.yaml keeps it, so the run resumes from any folder. What exists nowhere is left for
+    :func:`dataset_sources` to refuse."""
+    if not isinstance(text, str) or not text:
+        return text
+    if Path(text).expanduser().exists():
+        return str(Path(text).expanduser().resolve())
+    pieces = []
+    for piece in (p.strip() for p in text.split(",")):
+        head, colon, tail = piece.rpartition(":")
+        path, weight = (head, colon + tail) if colon and _is_number(tail) else (piece, "")
+        if path and Path(path).expanduser().exists():
+            path = str(Path(path).expanduser().resolve())
+        pieces.append(path + weight)
+    return ",".join(pieces)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def dataset_inputs(text: str, flag: str) -> dict[str, str]:
     """The paths ``text`` names, keyed by how to name each in a message (``--data``, or ``--data[1]``
     in a mixture): the inputs a run's output directory must not overlap."""

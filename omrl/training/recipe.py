@@ -48,7 +48,7 @@ from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, read_metrics
 from omrl.training.model_setup import save_final_from_every_process
 from omrl.training.optim import Update, apply_update, build_optimizer, build_scheduler
-from omrl.training.resume import model_as_saved, resume_point
+from omrl.training.resume import paths_as_saved, resume_point
 
 
 class Recipe(Protocol):
@@ -164,7 +164,7 @@ def start_setup(recipe: Recipe) -> Path | None:
     """The start of a recipe's setup, after its own config checks: the config as checkpoints keep
     it, the resume point (None: a fresh run), the seed and the device; returns the resume point."""
     cfg = recipe.cfg
-    cfg.model.name = model_as_saved(cfg.model.name)  # config.yaml too: `--resume` works from any folder
+    paths_as_saved(cfg)  # config.yaml too: `--resume` works from any folder
     recipe.config_dict = to_dict(cfg)
     resume_from = resume_point(
         recipe.output_dir,

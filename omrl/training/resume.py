@@ -65,6 +65,21 @@ def resume_point(
     return None
 
 
+#: the keys of a run config that name datasets (sft, rm train): kept absolute as the model folder is
+DATASET_KEYS = ("dataset", "eval_dataset")
+
+
+def paths_as_saved(cfg: Any) -> None:
+    """Set run config ``cfg``'s local model folder and datasets to their absolute paths, as its checkpoints
+    and config.yaml keep them: a run started in one folder resumes from any other."""
+    from omrl.data.mixture import dataset_as_saved
+
+    cfg.model.name = model_as_saved(cfg.model.name)
+    for key in DATASET_KEYS:
+        if isinstance(getattr(cfg, key, None), str):
+            setattr(cfg, key, dataset_as_saved(getattr(cfg, key)))
+
+
 def model_as_saved(name: Any) -> Any:
     """A local model folder as its absolute path, as a run's checkpoints keep it, so that the run resumes from
     any folder (``--model ../runs/sft`` there is ``runs/sft`` here); a built-in or hub name as it is."""
@@ -96,6 +111,7 @@ def check_same_config(
     value in ``defaults``: the run can go on, and the user learns what it now uses. ``renamed``
     maps dotted keys an older omrl saved to their names now."""
     from omrl.config import redact
+    from omrl.data.mixture import dataset_as_saved
 
     allowed = tuple(may_change)
     # redacted as the current config is: a checkpoint from before a redaction rule holds the secret in clear
@@ -104,6 +120,9 @@ def check_same_config(
     for config in (old, new):  # an older run kept the folder as typed: resolved from here, where it was typed
         if "model.name" in config:
             config["model.name"] = model_as_saved(config["model.name"])
+        for key in DATASET_KEYS:
+            if key in config:
+                config[key] = dataset_as_saved(config[key])
     if _moved(old.get("model.name"), new.get("model.name")):
         warnings.warn(
             f"the run's model folder {old['model.name']} is gone; resuming on {new['model.name']}, which has its "

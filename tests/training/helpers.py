@@ -86,7 +86,7 @@ def train_command(model_dir: str, output_dir: Path, *extra: str) -> Any:
     )
 
 
-def sft_command(model_dir: str, dataset: Path, output_dir: Path, *extra: str) -> list[str]:
+def sft_command(model_dir: str, dataset: str | Path, output_dir: Path, *extra: str) -> list[str]:
     """The arguments of ``omrl sft`` on ``model_dir``: half an epoch of ``dataset`` in batches of 8, one
     micro-batch a step, written to ``output_dir``; ``extra`` arguments last."""
     return [

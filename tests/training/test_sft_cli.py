@@ -78,25 +78,33 @@ def test_a_flag_and_an_override_that_disagree_are_refused(tiny_model_dir, agent_
 
 
 def test_a_run_on_a_model_folder_resumes_from_another_folder(tiny_model_dir, agent_jsonl, tmp_path, monkeypatch):
-    """The model folder is kept as an absolute path: ``../models/base`` from elsewhere is the same model."""
+    """The model folder and the dataset are kept as absolute paths: ``../models/base`` and ``../data/a.jsonl``
+    from elsewhere are the same model and data."""
     import shutil
 
     shutil.copytree(tiny_model_dir, tmp_path / "models" / "base")
+    (tmp_path / "data").mkdir()
+    shutil.copy(agent_jsonl, tmp_path / "data" / "a.jsonl")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path)
-    assert CliRunner().invoke(build_app(), sft_command("models/base", agent_jsonl, Path("run"))).exit_code == 0
+    assert CliRunner().invoke(build_app(), sft_command("models/base", "data/a.jsonl", Path("run"))).exit_code == 0
     monkeypatch.chdir(tmp_path / "elsewhere")
-    again = sft_command("../models/base", agent_jsonl, Path("../run"), "--resume")
+    again = sft_command("../models/base", "../data/a.jsonl", Path("../run"), "--resume")
     result = CliRunner().invoke(build_app(), again)
     assert result.exit_code == 0, result.output
     assert "it did them all: raise steps (or num_train_epochs) to train more" in " ".join(result.output.split())
-    # nothing typed again: the run's config.yaml keeps the folder as the checkpoints do ('models/base' was not
-    # found from here, and the resume refused it as a changed model.name)
+    # nothing typed again: the run's config.yaml keeps the folder and the data as the checkpoints do
+    # ('models/base' and 'data/a.jsonl' were not found from here, or refused as a changed model.name, dataset)
     result = CliRunner().invoke(build_app(), ["sft", "--resume", "--output-dir", "../run"])
     assert result.exit_code == 0, result.output
+    assert yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["dataset"] == str(
+        tmp_path / "data" / "a.jsonl"
+    )
     (tmp_path / "models").rename(tmp_path / "moved")  # the project moved: the kept absolute path is gone
     with pytest.warns(UserWarning, match="the run's model folder .* is gone; resuming on .*moved/base"):
-        result = CliRunner().invoke(build_app(), sft_command("../moved/base", agent_jsonl, Path("../run"), "--resume"))
+        result = CliRunner().invoke(
+            build_app(), sft_command("../moved/base", "../data/a.jsonl", Path("../run"), "--resume")
+        )
     assert result.exit_code == 0, result.output
 
 

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from omrl.cli import main
 from omrl.data.conversations import load_conversations, record_to_conversation, write_conversations
-from omrl.data.mixture import dataset_sources, draw_counts, draw_mixture
+from omrl.data.mixture import dataset_as_saved, dataset_sources, draw_counts, draw_mixture
 from omrl.errors import ConfigError
 from omrl.rollout import PlaySpec
 from omrl.training.checkpoint import CheckpointError
@@ -79,6 +79,16 @@ def test_a_mixture_names_paths_with_weights_after_the_last_colon(tmp_path, agent
     weird = tmp_path / "a,b:2"
     weird.write_text(agent_jsonl.read_text())
     assert [(s.path, s.weight) for s in dataset_sources(str(weird))] == [(str(weird), 1.0)]
+
+
+def test_a_mixture_is_kept_with_absolute_paths_and_its_weights_as_written(tmp_path, agent_jsonl, monkeypatch):
+    """config.yaml keeps each path absolute so the run resumes from any folder; weights and what exists
+    nowhere (refused later, by name) stay as typed."""
+    monkeypatch.chdir(agent_jsonl.parent)
+    name = agent_jsonl.name
+    assert dataset_as_saved(f"{name}:0.7, nope.jsonl:0.3") == f"{agent_jsonl}:0.7,nope.jsonl:0.3"
+    assert dataset_as_saved(name) == dataset_as_saved(f"./{name}") == str(agent_jsonl)
+    assert dataset_as_saved(f"{name},{name}:x") == f"{agent_jsonl},{name}:x"  # ':x' is no weight
 
 
 @pytest.mark.parametrize(
