@@ -116,14 +116,31 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
+def final_model_step(run_dir: str | os.PathLike) -> int | None:
+    """The step run folder ``run_dir``'s final model was saved at; None: it has none, an older omrl's
+    (which records no step), or a damaged record (the model's manifest names the damage when it loads)."""
+    try:
+        return int((Path(run_dir).expanduser() / MODEL_STEP).read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        return None
+
+
+def finished_note(run_dir: str | os.PathLike, step: int) -> str:
+    """What a resume of a run that did all its steps (``step`` the last) says: the final model is written
+    again at its end, which a save cut short (Ctrl-C, a full disk) left undone."""
+    note = "; it did them all"
+    if final_model_step(run_dir) != step:
+        note += ", but its final model was not saved after the last: it is saved now"
+    return f"{note}: raise steps (or num_train_epochs) to train more"
+
+
 def final_model_behind(run_dir: str | os.PathLike) -> str | None:
     """Why run folder ``run_dir``'s final model is not its newest (its run trained past the step the model
     was saved at: resumed, it stopped before it saved its model again), or None. An older omrl's final
     model records no step, and nothing is known of it."""
     run_dir = Path(run_dir).expanduser()
-    try:
-        saved = int((run_dir / MODEL_STEP).read_text(encoding="utf-8").strip())
-    except (OSError, ValueError):  # none, or damaged: the model's manifest names the damage when it loads
+    saved = final_model_step(run_dir)
+    if saved is None:
         return None
     newest = latest_checkpoint(run_dir)
     step = checkpoint_step(newest) if newest is not None else None

@@ -43,7 +43,7 @@ from omrl.parallel import make_strategy
 from omrl.supervisor import StageStalled, supervise
 from omrl.training import checkpoint as ckpt
 from omrl.training import stopped
-from omrl.training.checkpoint_marker import damage
+from omrl.training.checkpoint_marker import damage, finished_note
 from omrl.training.common import SkippedUpdates, seed_everything
 from omrl.training.metrics import MetricsLogger, NullLogger, StepCallback, peak_memory, read_metrics
 from omrl.training.model_setup import save_final_from_every_process
@@ -206,7 +206,7 @@ def resume(recipe: Recipe, path: Path, total_steps: int) -> ckpt.Checkpoint:
     )
     recipe.step = state.step
     recipe.skipped.load_state_dict(state.extra)
-    done = "; it did them all: raise steps (or num_train_epochs) to train more" if recipe.step >= total_steps else ""
+    done = finished_note(recipe.output_dir, recipe.step) if recipe.step >= total_steps else ""
     recipe.console.print(f"resuming from {path} at step {recipe.step} of {total_steps}{done}", soft_wrap=True)
     return state
 

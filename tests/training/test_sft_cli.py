@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,21 @@ def test_a_run_on_a_model_folder_resumes_from_another_folder(tiny_model_dir, age
             build_app(), sft_command("../moved/base", "../data/a.jsonl", Path("../run"), "--resume")
         )
     assert result.exit_code == 0, result.output
+
+
+def test_a_finished_run_whose_final_save_was_cut_short_saves_it_on_resume(tiny_model_dir, agent_jsonl, tmp_path):
+    """It said "it did them all" as if the model were there: a Ctrl-C during the final save left none."""
+    command = sft_command(tiny_model_dir, agent_jsonl, tmp_path / "run")
+    assert CliRunner().invoke(build_app(), command).exit_code == 0
+    for name in ("config.json", "model.safetensors", "omrl_model.step"):  # as a save cut short leaves it
+        (tmp_path / "run" / name).unlink()
+    result = CliRunner().invoke(build_app(), [*command, "--resume"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "it did them all, but its final model was not saved after the last" in said
+    assert (tmp_path / "run" / "omrl_model.step").read_text().strip() == re.search(r"at step (\d+) of", said)[1]
+    assert "its final model was not saved" not in " ".join(
+        CliRunner().invoke(build_app(), [*command, "--resume"]).output.split()
+    )
 
 
 def test_sft_resume_with_a_changed_flag_exits_2_naming_the_key(tiny_model_dir, agent_jsonl, tmp_path, capsys):
