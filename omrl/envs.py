@@ -47,6 +47,8 @@ module offers them all, as it offers every name of the contract.
 from __future__ import annotations
 
 import inspect
+import itertools
+import numbers
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -232,7 +234,12 @@ class Env(ABC):
         if split not in self.splits:
             raise UnknownTaskError(f"{type(self).__name__} has no split {split!r}; valid: {', '.join(self.splits)}")
         ids = self.task_ids(split)
-        if isinstance(ids, (str, bytes, dict)) or not (hasattr(ids, "__len__") and hasattr(ids, "__iter__")):
+        if (
+            isinstance(ids, (str, bytes, dict))
+            or not (hasattr(ids, "__len__") and hasattr(ids, "__iter__"))
+            or not isinstance(ids, range)
+            and any(not isinstance(i, numbers.Integral) or isinstance(i, bool) for i in itertools.islice(ids, 8))
+        ):
             raise EnvError(
                 f"env {type(self).__name__}'s task_ids({split!r}) returned {short_repr(ids)}; it must return the "
                 "split's task ids as a sequence of ints, e.g. range(100) or a list"

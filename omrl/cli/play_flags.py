@@ -143,8 +143,12 @@ def progress_bar(total: int, label: str, sampled: bool = True):
 
         def finished_task(self, episodes) -> None:
             super().finished_task(episodes)
+            bar.update(task, advance=1)
+
+        def finished_more(self, episodes) -> None:
+            super().finished_more(episodes)
             self.done.extend(episodes)
-            bar.update(task, advance=1, success=f"{100 * self.success_rate:.0f}%")
+            bar.update(task, success=f"{100 * self.success_rate:.0f}%")
 
     return bar, BarProgress()
 

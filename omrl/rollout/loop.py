@@ -37,7 +37,7 @@ from omrl.data.trajectory import Episode
 from omrl.env_results import EMPTY_OBSERVATION
 from omrl.envs import DemoTurn, Env, Observation, check_seats, clean_text, reset_problem
 from omrl.errors import OmrlError, short_repr
-from omrl.rollout.live import LiveEpisode, continue_chat, raised, record_reply, record_step
+from omrl.rollout.live import LiveEpisode, TemplateFailure, continue_chat, raised, record_reply, record_step
 from omrl.rollout.pool import EnvPool
 from omrl.rollout.progress import RolloutProgress
 from omrl.rollout.replies import GAVE_UP, StreamedReplies, TurnReplies, expert_replies, no_expert_at_all, turn_caps
@@ -369,10 +369,26 @@ def open_episode(
     user = observation if ep.instruction in observation else f"{ep.instruction}\n\n{observation}"
     demo = demonstration_messages(template, env, env.demonstration) if demonstration else []
     ep.demo_messages = len(demo)
-    messages = [{"role": "system", "content": template.system_prompt(env)}, *demo, {"role": "user", "content": user}]
+    system = _system_prompt(template, env)
+    if isinstance(system, TemplateFailure):  # a broken template plugin: env_error, the env is not at fault
+        ep.error = str(system)
+        return None
+    messages = [{"role": "system", "content": system}, *demo, {"role": "user", "content": user}]
     kwargs = {**(options or {}), **template.chat_template_kwargs(env)}  # the run's template options, then the env's
     ep.chat_kwargs = dict(kwargs)  # SFT on the episode renders its chat as it was rendered here
     ids = prompt_ids(tokenizer, messages, **kwargs)
     ep.token_ids, ep.loss_mask, ep.logprobs = ids, [0] * len(ids), [0.0] * len(ids)
     ep.prompt_length = len(ids)
     return messages, kwargs, observation
+
+
+def _system_prompt(template: Template, env: Env) -> str | TemplateFailure:
+    """The template's system message for ``env``, or a :class:`TemplateFailure` naming it when it raised or
+    gave no text (Jinja then failed on a message without content, and omrl was blamed)."""
+    try:
+        text = template.system_prompt(env)
+    except Exception as exc:  # noqa: BLE001 - a template bug, whatever it raises
+        return TemplateFailure.of(template, "system_prompt", f"raised {type(exc).__name__}: {str(exc)[:200]}", exc)
+    if not isinstance(text, str):
+        return TemplateFailure.of(template, "system_prompt", f"returned {short_repr(text)}; it must return text")
+    return text

@@ -33,9 +33,14 @@ class RolloutProgress:
     def finished_task(self, episodes: Sequence[Episode]) -> None:
         """A task whose ``episodes`` (its samples) all ended: one more done, and its wins among them counted
         as eval's table counts them (every sample that measured the model)."""
+        self.episodes += 1
+        self.finished_more(episodes)
+
+    def finished_more(self, episodes: Sequence[Episode]) -> None:
+        """More ``episodes`` of a task already reported done (a game's other seat): their wins count, as in
+        eval's table, and no task more is done."""
         from omrl.env_errors import measured  # which imports this package
 
-        self.episodes += 1
         for episode in episodes:
             if measured([episode]):
                 self.measured += 1
@@ -68,10 +73,14 @@ class PerTaskProgress(RolloutProgress):
     def finished(self, episode: Episode) -> None:
         done = self.samples.setdefault(episode.group, [])
         done.append(episode)
-        task = _task_position(episode)
-        if len(done) == self.group_size and task not in self.reported:  # a game's seats end together
+        if len(done) < self.group_size:
+            return
+        task, samples = _task_position(episode), sorted(done, key=lambda ep: ep.sample)
+        if task in self.reported:  # a game's seats end together: the task is done, its other seats count too
+            self.inner.finished_more(samples)
+        else:
             self.reported.add(task)
-            self.inner.finished_task(sorted(done, key=lambda ep: ep.sample))
+            self.inner.finished_task(samples)
 
 
 def _task_position(episode: Episode) -> int:

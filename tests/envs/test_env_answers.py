@@ -65,10 +65,21 @@ def test_task_ids_that_returns_none_is_named_with_what_it_must_return():
     assert list(KeyEnv().split_of("train")) == list(range(6))
 
 
+class NamedTasksKeyEnv(KeyEnv):
+    """Task ids as names: the session turned them into ints, and said "a bug in omrl"."""
+
+    def task_ids(self, split):
+        return ["a", "b"]
+
+
 @pytest.mark.parametrize(
     "env_class, named",
     [
         (NoTasksKeyEnv, "env NoTasksKeyEnv's task_ids('train') returned None; it must return"),
+        (
+            NamedTasksKeyEnv,
+            "env NamedTasksKeyEnv's task_ids('train') returned ['a', 'b']; it must return the split's task ids as a sequence of ints",
+        ),
         (SilentEndKeyEnv, "ended the episode (done) without won or score"),
     ],
 )

@@ -175,6 +175,23 @@ def test_a_games_seats_count_once_in_the_progress_of_tasks():
     assert counted.tasks == [0, 1]
 
 
+def test_the_progress_bars_success_over_a_games_seats_is_the_tables():
+    """It counted the seat that finished first alone: 100% on the bar where the table said 50%."""
+    counted = RolloutProgress()
+    progress = PerTaskProgress(counted, group_size=2)
+    played = []
+    for task in (0, 1):
+        for seat_index, seat in enumerate(("player_0", "player_1")):
+            for sample in range(2):
+                ep = episode(task, sample, seat_index == 1, turns=[turn()])
+                ep.group = task * 2 + seat_index
+                ep.info = {"seat": seat, "players": {"player_0": "policy", "player_1": "policy"}}
+                played.append(ep)
+    for ep in played:
+        progress.finished(ep)
+    assert counted.episodes == 2 and counted.success_rate == evaluate(played)["success_rate"] == 0.5
+
+
 def test_the_progress_bars_success_leaves_out_episodes_the_env_failed_as_the_table_does():
     progress = RolloutProgress()
     played = [episode(0, 0, True, turns=[turn()]), episode(1, 0, False, turns=[turn()], end="env_error")]

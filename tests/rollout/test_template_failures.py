@@ -123,6 +123,31 @@ def test_an_expert_action_that_is_no_text_is_the_envs_failure(tiny_tokenizer):
     assert ep.error == "EnvError: NumberExpertEnv.expert_action returned 5; it must be text or None"
 
 
+class NoSystemTemplate(ActionTemplate):
+    """Its system_prompt returns None: Jinja failed on a message without content, "a bug in omrl"."""
+
+    def system_prompt(self, env):
+        return None
+
+
+class RaisingSystemTemplate(ActionTemplate):
+    def system_prompt(self, env):
+        raise KeyError("rules")
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [
+        (NoSystemTemplate(), "template NoSystemTemplate's system_prompt returned None; it must return text"),
+        (RaisingSystemTemplate(), "template RaisingSystemTemplate's system_prompt raised KeyError: 'rules'"),
+    ],
+)
+def test_a_template_whose_system_prompt_fails_ends_the_episode_as_env_error(tiny_tokenizer, template, why):
+    (ep,), pool = play(tiny_tokenizer, template, ["Action: open"])
+    assert (ep.end_reason, ep.error) == ("env_error", why)
+    assert not ep.turns
+
+
 @pytest.mark.parametrize("expert", [False, True])
 def test_omrl_rollout_with_a_broken_template_exits_2_naming_it(fake_plugins, register_plugin, tmp_path, capsys, expert):
     class AlwaysRaising(ActionTemplate):
