@@ -170,7 +170,11 @@ def trained_settings(model: str, env: str, mix: list[Any] | None = None) -> dict
             options = plugins.get(name)
             if isinstance(options, dict) and options and REDACTED not in json.dumps(options, default=str):
                 out[f"plugins.{name}"] = options
-        return out
+        # who sat at the game with it (a scripted opponent, a fixed model); its past checkpoints are the
+        # training run's alone, so those seats play the policy here
+        seating = (data.get("seats") or {}).get("play") or {}
+        fixed = {seat: who for seat, who in seating.items() if not str(who).startswith("past")}
+        return {**out, **({"seats.play": fixed} if fixed else {})}
     except (KeyError, TypeError, AttributeError, ConfigError):
         return {}  # not a run's config: nothing is known of how the model was trained
 
@@ -242,6 +246,11 @@ def settings_as_trained(cfg: Any, args: list[str] | None, trained: dict[str, Any
             merged = {**value, **given}
             if merged != given:
                 cfg.plugins[name] = merged
+                taken.append(f"{key}={shown(merged)}")
+        elif key == "seats.play":  # the seats the command line gives win
+            merged = {**value, **cfg.seats.play}
+            if merged != cfg.seats.play:
+                cfg.seats.play = merged
                 taken.append(f"{key}={shown(merged)}")
         elif value != value_at(cfg, key) and not user_sets(args, key):
             set_value(cfg, key, value)

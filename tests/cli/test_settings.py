@@ -144,3 +144,23 @@ def test_a_model_fine_tuned_on_rollouts_plays_with_their_template_unless_a_flag_
     code, out, err = omrl_main(*evaluate, "--template", "react", "--output-dir", str(tmp_path / "ev2"))
     said = " ".join((out + err).split())
     assert code == 0 and "env.template=xml" not in said and "template react" in said, said
+
+
+def test_a_game_trained_against_a_fixed_opponent_is_evaluated_against_it(tmp_path):
+    """eval of a run trained against the env's scripted player played it against itself, and said nothing."""
+    from omrl.cli.settings import settings_as_trained, trained_settings
+    from omrl.config import load_config
+    from omrl.config.options import EvalRunConfig
+
+    seats = {"player_0": "policy", "player_1": "scripted", "player_2": "past:2"}
+    config = {"env": {"name": "duel", "template": "react"}, "seats": {"play": seats}}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    trained = trained_settings(str(tmp_path), "duel")
+    assert trained["seats.play"] == {"player_0": "policy", "player_1": "scripted"}  # past: the run's own checkpoints
+    printed = []
+    console = type("Console", (), {"print": lambda self, line, **_: printed.append(line)})()
+    cfg = load_config(EvalRunConfig, None, [f"model.name={tmp_path}", "seats.play.player_0=model:tiny"])
+    settings_as_trained(cfg, [], trained, console)
+    assert cfg.seats.play == {"player_0": "model:tiny", "player_1": "scripted"}  # the command line's seat wins
+    assert "seats.play={player_0: model:tiny, player_1: scripted}" in printed[0]
+    assert "seats.play" not in trained_settings(str(tmp_path), "gridworld")  # another env: no seats of this game
