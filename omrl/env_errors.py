@@ -47,7 +47,16 @@ def failed_in(episodes: Sequence[Episode], env: str) -> str:
     found = [TEMPLATE_REASON.search(reason) for reason in reasons]
     if found and all(found) and len({f[1] for f in found}) == 1:
         return f"the action template {found[0][1]} (a bug in its code, not the env)"
-    return f"the env {env!r}"
+    return the_env(env, [ep.env for ep in episodes if ep.end_reason == "env_error"])
+
+
+def the_env(env: str, failed: Sequence[str]) -> str:
+    """The env ``env`` for a message; of a mixture (``env`` names several), the ones in ``failed`` (the
+    envs episodes failed in), not the whole mixture."""
+    named = list(dict.fromkeys(failed))
+    if "," not in env or not named:
+        return f"the env {env!r}"
+    return f"the env {named[0]!r}" if len(named) == 1 else f"the envs {', '.join(map(repr, named))}"
 
 
 def check_max_env_error_rate(max_rate: float) -> None:

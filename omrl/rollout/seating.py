@@ -186,6 +186,11 @@ def seating_of(
     env of one agent. Refused, naming the fix: a ``seats`` section for an env of one agent, and a seated
     env in a mixture (``mixture``), played by an agent program (``agent``) or, with ``expert``, one with
     no scripted player to play the policy's seats (:func:`expert_seating`)."""
+    if mixture and cfg.seats.play:  # said before "env X has no seats" of its first env sends one astray
+        raise ConfigError(
+            "seats.play is set, but a mixture plays envs of one agent: play a game of several seats alone in "
+            "env.name, or leave seats.play empty"
+        )
     seats = check_seats(env_class, env_name)
     if not seats:
         seat_players(cfg.seats, (), env_name)  # refuses seats.play for an env of one agent

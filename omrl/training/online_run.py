@@ -224,7 +224,7 @@ class OnlineRun:
         played, lost, with_turn, too_long = (int(n) for n in self.strategy.sum(counts))
         prompt = max((ep.prompt_length for ep in episodes), default=0)  # this process's
         reason = next((ep.error for ep in failed if ep.error), "")
-        self.health.add(played, lost, with_turn, int(prompt), reason, too_long)
+        self.health.add(played, lost, with_turn, int(prompt), reason, too_long, [ep.env for ep in failed])
         if played and not with_turn and lost < played:  # for want of context, or games the others ended
             self.warn(rollout_health.no_turn_warning(step + 1, episodes, too_long, self.cfg.generation.max_context))
         if self.health.failed_step:

@@ -11,10 +11,11 @@ seats, the others can end every game before the policy's seat moves.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from omrl.data import Episode
+from omrl.env_errors import the_env
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.gateway.agents import AGENT_REASON, IN_THE_AGENT
 from omrl.rollout.live import TEMPLATE_REASON
@@ -39,6 +40,7 @@ class RolloutHealth:
     first_env_error: str = ""
     failed_step: str = ""  # why this step's every episode failed in the env ("" when some did not)
     failed_tries: int = 0  # rollouts of this step in a row in which every episode failed in the env
+    failed_envs: list[str] = field(default_factory=list)  # of a mixture, those this process saw fail, in order
 
     def counts(self) -> tuple[int, int, int, int]:
         """The run's counts, to put back when a play is played again (a replay's failures do not count)."""
@@ -55,6 +57,7 @@ class RolloutHealth:
             "health_with_a_turn": self.episodes_with_a_turn,
             "health_overlong": self.overlong,
             "health_first_env_error": self.first_env_error,
+            "health_failed_envs": list(self.failed_envs),
         }
 
     def load_state_dict(self, extra: dict[str, Any]) -> None:
@@ -62,11 +65,23 @@ class RolloutHealth:
         keys = ("health_episodes", "health_env_failures", "health_with_a_turn", "health_overlong")
         self.restore(tuple(int(extra.get(key, 0)) for key in keys))
         self.first_env_error = str(extra.get("health_first_env_error", ""))
+        self.failed_envs = [str(env) for env in extra.get("health_failed_envs", [])]
 
-    def add(self, played: int, lost: int, with_turn: int, prompt: int, first_error: str, too_long: int = 0) -> None:
+    def add(
+        self,
+        played: int,
+        lost: int,
+        with_turn: int,
+        prompt: int,
+        first_error: str,
+        too_long: int = 0,
+        envs: Sequence[str] = (),
+    ) -> None:
         """Count one play of a step: ``played`` episodes, ``lost`` of them failed in the env (the first
-        reason ``first_error``), ``with_turn`` got a model turn, ``too_long`` had none for want of
-        context (:func:`~omrl.rollout.spec.overlong`); ``prompt``: its longest opening prompt."""
+        reason ``first_error``; ``envs``: the envs this process saw them fail in), ``with_turn`` got a model
+        turn, ``too_long`` had none for want of context (:func:`~omrl.rollout.spec.overlong`); ``prompt``:
+        its longest opening prompt."""
+        self.failed_envs += [env for env in dict.fromkeys(envs) if env not in self.failed_envs]
         self.episodes_played += played
         self.env_failures += lost
         self.episodes_with_a_turn += with_turn
@@ -97,7 +112,11 @@ class RolloutHealth:
             return f"the action template {template} (a bug in its code, not the env)"
         if self.failed_agent():
             return IN_THE_AGENT
-        return f"the reward {reward!r}" if reward else f"the env {env!r}"
+        return f"the reward {reward!r}" if reward else self.the_env(env)
+
+    def the_env(self, env: str) -> str:
+        """The env ``env`` for a message; of a mixture, those whose episodes failed (:func:`omrl.env_errors.the_env`)."""
+        return the_env(env, self.failed_envs)
 
     def failed_agent(self) -> bool:
         """Whether this step's episodes failed in their agent program or its reward function (omrl.gateway)."""
@@ -116,7 +135,7 @@ class RolloutHealth:
     def check_run(self, env: str, max_env_error_rate: float, max_context: int, output_dir: str) -> None:
         """At the end of a run: raise when it was no result (see the module's docstring)."""
         played, lost, first = self.episodes_played, self.env_failures, self.first_env_error or "on another process"
-        where = IN_THE_AGENT if AGENT_REASON.match(first) else f"the env {env!r}"
+        where = IN_THE_AGENT if AGENT_REASON.match(first) else self.the_env(env)
         if played and lost == played:
             raise EnvFailure(
                 f"every one of the {played} episodes of this run failed in {where}, so nothing was "

@@ -51,6 +51,11 @@ def test_self_play_gives_every_seat_to_the_policy():
 def test_what_cannot_play_seats_refuses_them_by_name():
     with pytest.raises(ConfigError, match="a mixture plays envs of one agent"):
         RolloutSession.from_config(config("env.name=textarena-duel:TicTacToe-v0:1,gridworld:1"))
+    # seats given: its first env said it has no seats, and the fix that gave led to the line above
+    with pytest.raises(ConfigError, match="seats.play is set, but a mixture plays envs of one agent"):
+        RolloutSession.from_config(
+            config("env.name=gridworld,textarena-duel:TicTacToe-v0", "seats.play.player_1=scripted")
+        )
     with pytest.raises(ConfigError, match="env 'gridworld' has none"):
         RolloutSession.from_config(config("env.name=gridworld", "seats.play.player_1=scripted"))
     # rollout and eval save no checkpoints: `past` once played the model itself, silently

@@ -122,3 +122,19 @@ def test_the_servers_address_and_patience_may_change_on_resume_its_sampling_not(
     )
     with pytest.raises(CheckpointError, match="generation.temperature: 1.0 -> 0.7"):
         check_same_config({"generation": {"temperature": 1.0}}, {"generation": {"temperature": 0.7}})
+
+
+def test_a_mixtures_env_failures_name_the_env_that_failed_not_the_mixture():
+    """It said 2 of the run's 4 episodes failed in the env 'coinflip,strreset': coinflip had failed none."""
+    from omrl.errors import EnvFailure
+
+    health = RolloutHealth()
+    health.add(4, 2, 2, 10, "reset failed: env 'strreset' returned 5", envs=["strreset", "strreset"])
+    with pytest.raises(EnvFailure, match=r"2 of the run's 4 episodes \(50%\) failed in the env 'strreset', more"):
+        health.check_run("coinflip,strreset", 0.1, 1024, "run")
+    health.add(2, 2, 0, 10, "step failed: down", envs=["coinflip"])
+    assert health.failed_in("coinflip,strreset") == "the envs 'strreset', 'coinflip'"
+    assert RolloutHealth().the_env("gridworld") == "the env 'gridworld'"
+    restored = RolloutHealth()
+    restored.load_state_dict(health.state_dict())
+    assert restored.failed_envs == ["strreset", "coinflip"]
