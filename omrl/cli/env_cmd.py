@@ -284,18 +284,20 @@ def play(
         opens = f", {first.seat} to move" if seats and first.seat else ""
         console.print(Panel(Text(first.text or EMPTY_OBSERVATION), title=f"observation{opens}"))
         turns, total, played, result = max_turns or env.max_turns, 0.0, 0, None
+        mover = first.seat if seats else None
         for turn in range(1, turns + 1):
-            action = _ask_action(console, env, turn, turns)
+            action = _ask_action(console, env, turn, turns, mover)
             if action is None:
                 break
             result = env.step(action)
             check("step", step_problem(result, seated=bool(seats)))
             total, played = total + result.reward, turn
             flags = " (invalid action)" if result.info.get("invalid") else ""
-            mover = f", {result.seat} to move" if seats and result.seat else ""
+            mover = result.seat if seats else None
+            moves = f", {mover} to move" if mover else ""
             text = result.observation or EMPTY_OBSERVATION
             if not (seats and result.done):  # a game's end is each seat's view, below
-                console.print(Panel(Text(text), title=f"observation: reward {result.reward:g}{flags}{mover}"))
+                console.print(Panel(Text(text), title=f"observation: reward {result.reward:g}{flags}{moves}"))
             if result.done:
                 break
         ended = "done" if result is not None and result.done else "not finished"
@@ -340,10 +342,11 @@ def _outcome(reward: float) -> str:
     return "won" if reward > 0 else "lost" if reward < 0 else "drew"
 
 
-def _ask_action(console: Console, env, turn: int, turns: int) -> str | None:
-    """The next action from the person (None: quit); ``:expert`` asks the env's expert. Any other line
-    starting with ``:`` is a command, never an action: ``:help`` (or an unknown one) lists them and costs
-    no turn."""
+def _ask_action(console: Console, env, turn: int, turns: int, seat: str | None = None) -> str | None:
+    """The next action from the person (None: quit); ``:expert`` asks the env's expert (in a game, where it
+    has none, its scripted player for ``seat``, the seat to move, as ``omrl rollout --expert`` does). Any
+    other line starting with ``:`` is a command, never an action: ``:help`` (or an unknown one) lists them
+    and costs no turn."""
     actions = env.admissible_actions()
     if actions:
         console.print(Text("actions: " + " | ".join(actions), style="dim"))
@@ -356,6 +359,8 @@ def _ask_action(console: Console, env, turn: int, turns: int) -> str | None:
             return None
         if typed == ":expert":
             expert = env.expert_action()
+            if expert is None and seat:
+                expert = env.scripted_action(seat)
             if expert is None:
                 console.print("this env has no expert action here; type an action")
                 continue

@@ -47,6 +47,9 @@ class TemplateFailure(OmrlError):
 
 #: how an episode's error names the action template that failed it (a bug in that plugin, not the world)
 TEMPLATE_REASON = re.compile(r"template (\w+)'s (?:parse|answer|format_action|system_prompt) ")
+#: how it names an env that answered outside the env protocol (:func:`omrl.env_results.step_problem`): its
+#: plugin's bug, which a replay meets again
+PROTOCOL_REASON = re.compile(r"(?:step|reset) failed: env '([^']+)' (?:returned |ended the )")
 
 
 def raised(exc: BaseException) -> str:

@@ -202,8 +202,8 @@ class OnlineRun:
         position, counts = self.task_order.state(), self.health.counts()
         played = play()
         for replay in range(rollout_health.ENV_FAILURE_REPLAYS):
-            if self._count(step, played.episodes) or self.health.failed_template():
-                return played  # a template's bug fails its replays alike: no waiting for the world
+            if self._count(step, played.episodes) or self.health.failed_template() or self.health.failed_protocol():
+                return played  # a template's or an env plugin's bug fails its replays alike: no waiting for the world
             self.health.restore(counts)  # a play played again is not the run's: not toward max_env_error_rate
             wait = rollout_health.ENV_FAILURE_WAIT * 2**replay
             self.warn(

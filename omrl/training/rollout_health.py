@@ -18,7 +18,7 @@ from omrl.data import Episode
 from omrl.env_errors import the_env
 from omrl.errors import ConfigError, EnvFailure, OmrlError
 from omrl.gateway.agents import AGENT_REASON, IN_THE_AGENT
-from omrl.rollout.live import TEMPLATE_REASON
+from omrl.rollout.live import PROTOCOL_REASON, TEMPLATE_REASON
 from omrl.rollout.spec import SHORTEN_PROMPT, no_room, overlong
 
 #: how omrl.rewards names the reward an episode failed in (its ``error`` begins so)
@@ -102,6 +102,12 @@ class RolloutHealth:
         """The action template this step's episodes failed in (it raised, or answered outside its protocol:
         a bug in its plugin, which a replay would meet again), or None."""
         found = TEMPLATE_REASON.match(self.failed_step)
+        return found[1] if found else None
+
+    def failed_protocol(self) -> str | None:
+        """The env this step's episodes failed in by answering outside the env protocol (a tuple for a
+        StepResult, a score past 1: its plugin's bug, which a replay would meet again), or None."""
+        found = PROTOCOL_REASON.match(self.failed_step)
         return found[1] if found else None
 
     def failed_in(self, env: str) -> str:

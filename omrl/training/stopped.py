@@ -42,10 +42,13 @@ def server_failed(recipe: Any, failure: EndpointError, command: str) -> Endpoint
 
 
 def _fix(health: Any) -> str | None:
-    """What to fix where a step failed in its action template, a reward or the agent; None: the env."""
-    template, reward = health.failed_template(), health.failed_reward()
+    """What to fix where a step failed in its action template, an env plugin outside the protocol, a reward or
+    the agent; None: the env (the world), which may come back."""
+    template, reward, env = health.failed_template(), health.failed_reward(), health.failed_protocol()
     if template is not None:
         return f"fix the action template {template}"
+    if env is not None:
+        return f"fix the plugin of the env {env!r} (it answered outside omrl's env protocol)"
     if reward is not None:
         return f"fix the reward {reward!r} (or give it longer: deadlines.reward_s)"
     return "fix the agent program or its reward function" if health.failed_agent() else None

@@ -115,3 +115,39 @@ def test_an_env_plugins_bug_names_its_file_and_line_and_a_failure_of_the_world_d
         assert ep.error == f"{when} failed: KeyError: '{key}' (in plugin 'buggy-env' (-) at {__file__}:{line})"
     world = collect(EnvPool(KeyEnv, {"fail_task": 0}, name="keys"), ActionTemplate(), tiny_tokenizer, [0], expert=True)
     assert world[0].error == "step failed: EnvError: chest 0 exploded"
+
+
+class TupleResetKeyEnv(KeyEnv):
+    """Its reset returns gym's tuple, not an Observation: a bug in its plugin."""
+
+    def reset(self, task_id):
+        return ("obs", {})
+
+
+def test_a_training_step_an_env_answered_outside_the_protocol_stops_at_once_naming_the_env(
+    tiny_model_dir, tmp_path, register_plugin, monkeypatch
+):
+    """It was played twice more after 5 s and 10 s waits, then "run again once the env is back": the
+    env's plugin, not the world, had failed, and a replay meets it again."""
+    import io
+
+    from rich.console import Console
+
+    from omrl.errors import EnvFailure
+    from omrl.training.rl import run_rl
+    from tests.training.helpers import EnvPlugin, gridworld_config
+
+    waits = []
+    monkeypatch.setattr("omrl.training.online_run.time.sleep", waits.append)
+    register_plugin(EnvPlugin("tuple_keys", TupleResetKeyEnv), name="tuple-env")
+    cfg = gridworld_config(
+        tiny_model_dir, tmp_path / "run", "env.name=tuple_keys", "env.template=react", "generation.max_new_tokens=4",
+        "tasks_per_step=1", "group_size=2", "reward.weights={goal: 1}",
+    )  # fmt: skip
+    with pytest.raises(EnvFailure) as stopped:
+        run_rl(cfg, console=Console(file=io.StringIO()))
+    message = " ".join(str(stopped.value).split())
+    assert waits == []  # no replay
+    assert "reset failed: env 'tuple_keys' returned a tuple, not an Observation" in message
+    assert "fix the plugin of the env 'tuple_keys' (it answered outside omrl's env protocol)" in message
+    assert "env is back" not in message

@@ -184,6 +184,16 @@ def test_play_of_a_game_shows_who_moves_and_each_seats_view_and_result(runner):
     assert "game done: player_0 won, player_1 lost; turns 5" in said and "won no" not in said
 
 
+def test_play_of_a_game_takes_the_scripted_players_move_for_expert(runner):
+    """ ":expert" said "this env has no expert action here", though rollout --expert plays the scripted player."""
+    result = runner.invoke(
+        build_app(), ["env", "play", "textarena-duel:TicTacToe-v0", "--task", "0"], input=":expert\n" * 9 + ":quit\n"
+    )
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and "no expert action" not in said, said
+    assert said.count("expert: [") >= 5 and "game done:" in said
+
+
 def test_serve_refuses_a_game_of_seats_whose_results_an_agentgym_client_would_lose(runner, monkeypatch):
     def served(*args, **kwargs):
         raise AssertionError("the game was served")  # and the test would wait on it for ever
