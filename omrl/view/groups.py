@@ -26,6 +26,19 @@ def advantage_note(recorded: bool) -> str:
     return f"advantages {RECORDED if recorded else NOT_RECORDED}"
 
 
+def left_out_note(summary: dict) -> str:
+    """Why an episode of a training rollout (its file records the update's advantages) holds none: the
+    update left it out, though its replies carry loss mask 1."""
+    if summary.get("end") == "env_error":
+        return "Not trained on: it failed in the env (or its template or reward), which says nothing of the model."
+    if summary.get("tree") and summary.get("end") != "done":
+        return (
+            f"Not trained on: a search path the search cut short (it ended {summary.get('end') or 'unfinished'}) "
+            "is no row of the update; its replies are marked as sampled, not trained."
+        )
+    return "Not trained on: the update recorded no advantage for it."
+
+
 def is_step_rollout(path: Path) -> bool:
     """Whether ``path`` is a step's rollout as ``omrl train`` saves it (``rollouts/step-00000003.parquet``,
     ``-rank1`` with several processes): trained on, whether or not its file recorded the advantages.

@@ -110,7 +110,9 @@ class EpisodeStore:
                 file=number,
                 row=row,
                 group=f"{number}:{summary['group']}",
-                trained=bool(reader.has_advantages),  # the trainer's update columns: a training rollout
+                # the trainer's update columns (a training rollout) with this row's advantages in them: a
+                # search path cut short, an env's failure are in the file but were left out of the update
+                trained=bool(reader.has_advantages) and summary["advantage"] is not None,
                 error=TextBudget()(redact_text(summary.get("error"))),  # episodes written before redaction
             )  # in every list page: kept short
             if "game" in summary:
@@ -213,6 +215,8 @@ class EpisodeStore:
         except Unreadable as exc:
             return {"summary": summary, "unavailable": str(exc)}
         detail = episode_detail(summary, row, self.token_text)
+        if reader.has_advantages and not summary["trained"]:
+            detail["left_out"] = groups.left_out_note(summary)
         if summary.get("game") is not None:
             detail["game"] = self.game(summary["game"])
         return detail

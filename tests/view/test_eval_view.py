@@ -77,6 +77,23 @@ def test_an_evals_episodes_are_not_marked_as_trained_on(evals, tmp_path):
     assert training.overview()["facets"]["trained"] is True and training.group("0:0")["trained"] is True
 
 
+def test_a_search_path_the_update_left_out_is_not_marked_as_trained_on(tmp_path):
+    """Paths a search cut short are no rows of the update: listed as trained, with no advantage, they were."""
+    from omrl.data.trajectory import write_episodes
+
+    finished = make_episode(0, 0, True, 1.0, node_ids=(1, 2))
+    cut = make_episode(0, 1, False, 0.2, node_ids=(1, 3), end="budget")
+    finished.advantages = [0.5 * m for m in finished.loss_mask]
+    (tmp_path / "rollouts").mkdir()
+    write_episodes([finished, cut], tmp_path / "rollouts" / "step-00000001.parquet")
+    store = open_run(tmp_path / "rollouts" / "step-00000001.parquet")
+    assert [e["trained"] for e in store.summaries] == [True, False]
+    assert "left_out" not in store.episode(0)
+    assert (
+        "a search path the search cut short (it ended budget) is no row of the update" in store.episode(1)["left_out"]
+    )
+
+
 def test_the_expected_answer_comes_with_the_final_one(evals, tmp_path):
     store = open_run(evals[0])
     lost = store.episode(1)  # task 0, sample 1

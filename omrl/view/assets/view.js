@@ -710,6 +710,7 @@
         h("span", {class: "swatch", style: "background:var(--context)"}), "context (prompt, observations, template)",
         h("span", {class: "muted"}, " · hover a token for its log-prob" +
           (known(tk.advantage) ? " and advantage (" + tk.advantage_note + ")" : ""))),
+      ep.left_out ? h("p", {class: "muted", "data-left-out": ""}, ep.left_out) : null,
       tk.text ? null : h("p", {class: "muted"}, run.tokenizer),
       tk.cut ? h("p", {class: "muted cut"}, tk.cut) : null,
       box);
