@@ -155,6 +155,15 @@ def check_search_blocks(plugins: dict) -> None:
             problem = option_type_problem(inspect.signature(fn), options)
             if problem:
                 raise ConfigError(f"{kind} {component.name!r} option {problem}")
+    # a scorer a strategy's block names (select=rm) with no block of its own: its defaults checked, now
+    scorers = {c.name: c for c in registry.strategies.components("scorer")}
+    for component in registry.strategies.components("strategy"):
+        for value in ((plugins or {}).get(component.name) or {}).values():
+            named = scorers.get(value) if isinstance(value, str) else None
+            if named is not None and not isinstance((plugins or {}).get(value), dict):
+                check = named.traits.get("check_options")
+                if check is not None:
+                    check()
 
 
 def check_family_block(env: str, plugins: dict, played: set[str]) -> None:

@@ -17,8 +17,8 @@ STRATEGY_HELP = (
 )
 BUDGET_HELP = "With --strategy: model tokens each task's search may generate, scorer prompts included (0: no limit)."
 SELECT_HELP = (
-    "With a strategy that has a select option (best_of_n, beam): what picks each task's answer (plugins.<strategy>.select): env (the env's "
-    "reward, an oracle), random, majority (the most common final action), rm (a reward model, "
+    "With a strategy that has a select option (best_of_n, beam): what picks each task's answer (plugins.<strategy>.select): env_reward "
+    "(the env's reward, an oracle; env for short on this flag), random, majority (the most common final action), rm (a reward model, "
     "plugins.rm.path=DIR), logprob, self_eval or a plugin's scorer."
 )
 SELECT_ALIASES = {"env": "env_reward"}

@@ -115,6 +115,8 @@ class RLRecipe:
             tokens = strategy.sum([batch["loss_mask"].sum()])[0]  # trained tokens on all processes
             if not tokens:
                 self.run.save_rollout(self.step, episodes)  # nothing trained: saved with no advantages
+                if config_checks.searched(cfg):  # no path finished: the curves' 0, not a gap
+                    metrics.update(finished_paths=0.0, trained_token_share=0.0)
                 metrics.update(skip_update(self, self.step + 1, "no trainable episode in this rollout"))
                 online_run.end_step(self, metrics, started)
                 continue

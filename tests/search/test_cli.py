@@ -135,6 +135,8 @@ def test_bad_strategy_input_is_one_line(chest_plugins, capsys, tmp_path, args, m
         ),
         ("plugins.beam.widht=3", "strategy 'beam' does not take options ['widht']; its options: width,"),
         ("plugins.mcts.iterations=many", "strategy 'mcts' option iterations='many' is invalid; valid: a whole number"),
+        # the scorer a strategy names, with no block of its own: it failed after the whole search had played
+        ("plugins.beam.scorer=rm", "scorer 'rm' needs the option path (a reward model directory"),
     ],
 )
 def test_strategy_and_scorer_options_are_checked_before_any_model_loads(capsys, override, message):

@@ -45,6 +45,13 @@ def test_best_of_n_picks_the_chain_its_selector_likes(tiny_tokenizer):
     assert "chosen" not in episodes[0].turns[-1].info["search"]
 
 
+def test_best_of_n_warns_where_its_budget_holds_fewer_than_n_first_replies(tiny_tokenizer):
+    """A "best-of-4" row of a budget table was best-of-2, and nothing said so."""
+    backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
+    with pytest.warns(UserWarning, match="best_of_n n=4 with a budget of 30 tokens: 4 first replies of up to 12"):
+        search(tiny_tokenizer, backend, "best_of_n", {"n": 4}, budget=30)
+
+
 def test_dfsdt_backtracks_from_dead_ends(tiny_tokenizer):
     # root: smash (a dead end, tried first on the tie) and open; below open: smash again, then take key
     backend = ScriptedBackend(

@@ -347,6 +347,16 @@ def test_every_strategy_trains(tree_config, strategy, options):
     assert all(not ep.advantages for ep in paths if ep not in trained)
 
 
+def test_a_step_where_no_path_finished_logs_none_finished(tree_config):
+    """Its curves had a gap exactly at the step that mattered: the keys were left out, not 0."""
+    cfg = tree_config("rollout.strategy=chain", "rollout.budget=8", "group_size=2")  # each path cut after a reply
+    run_rl(cfg, console=QUIET)
+    paths = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / "step-00000001.parquet")
+    assert paths and not finished_paths(paths)
+    (record,) = read_metrics(cfg.logging.output_dir)
+    assert record["finished_paths"] == record["trained_token_share"] == 0.0 and record["skipped_updates"] == 1
+
+
 def test_dpo_trains_on_the_sibling_pairs_of_beam_trees(tree_config):
     cfg = tree_config("algorithm.name=dpo")  # group_size 1: one tree per task, its branch points pair
     summary = run_rl(cfg, console=QUIET)
