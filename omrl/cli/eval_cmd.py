@@ -168,9 +168,10 @@ def sample_when_asked(cfg, args: list[str] | None, console) -> None:
     only worth running when replies differ: they sample at temperature 1.0 unless the command line
     chooses a temperature, and say so."""
     from omrl.config import user_sets
-    from omrl.search import plays_batched
+    from omrl.search.context import strategy_traits
 
-    searching = not plays_batched(cfg.rollout.strategy, cfg.rollout.budget)
+    # a chain under a budget is still one chain a sample: greedy, as a sweep plays its chain cells
+    searching = not strategy_traits(cfg.rollout.strategy).batched_without_budget
     if cfg.generation.temperature > 0 or user_sets(args, "generation.temperature"):
         return
     if cfg.samples_per_task > 1 or searching:

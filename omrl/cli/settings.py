@@ -75,6 +75,8 @@ def outside_the_presets_env(cfg: Any, args: list[str] | None, preset: str | None
     own = preset_env(preset)
     if own is None or (own == cfg.env.name and not cfg.env.mix):  # env.mix: a mixture, whatever env.name says
         return
+    if not user_sets(args, "description"):  # "GRPO on WebShop from ..." read in a gridworld run's config.yaml
+        cfg.description = ""
     said = []
     if cfg.env.max_turns and not user_sets(args, "env.max_turns"):
         said.append(f"env.max_turns=0 (the env's own cap, not {own}'s {cfg.env.max_turns})")

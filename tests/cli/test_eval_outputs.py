@@ -59,6 +59,11 @@ def test_several_samples_and_searches_sample_by_default(omrl_main, tmp_path):
     code, out, err = omrl_main(*TINY_GRIDWORLD, *args)
     assert code == 0, err
     assert "generation.temperature=1: strategy mcts samples its replies" in out
+    # a chain under a budget is one chain a sample: greedy, as without one (pass@1 changed with a --budget)
+    args = ("--num-tasks", "1", "--budget", "64", "--output-dir", str(tmp_path / "c"))
+    code, out, err = omrl_main(*TINY_GRIDWORLD, *args)
+    assert code == 0 and "samples its replies" not in out, err
+    assert json.loads((tmp_path / "c" / "report.json").read_text())["config"]["generation"]["temperature"] == 0
 
 
 def test_a_greedy_choice_of_the_users_is_kept_and_refused_with_samples(omrl_main, tmp_path):

@@ -26,7 +26,9 @@ def test_a_webshop_preset_on_gridworld_says_what_it_keeps_and_takes_the_envs_tur
     assert "kept from it: env.demonstration=False, reward.weights={goal: 1, format: 0.1, tag_count: 0.1}" in said
     assert "turns      the env's own cap" in said and "tokens     4 new a reply" in said
     assert "algorithm  grpo: advantage grpo, policy loss ppo_clip (token-mean)\n" in said
-    assert yaml.safe_load((run / "config.yaml").read_text())["env"]["max_turns"] == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["env"]["max_turns"] == 0
+    assert saved["description"] == ""  # the preset's "GRPO on WebShop ..." described another run
 
 
 def test_what_the_user_sets_is_kept_and_not_named(omrl_main, tmp_path):
