@@ -31,6 +31,7 @@ def check_before_loading(cfg) -> None:
         check_family_block(member.name, member.plugins, {m.name for m in members})
     warn_unplayed_env_blocks(members)
     warn_unweighted_reward_blocks(members)
+    warn_unused_strategy_blocks(cfg)
     rewards.check_allocation(cfg.reward.allocation, cfg.reward.gamma)
     check_agent(cfg)
     warn_if_final_model_behind(cfg.model.name)
@@ -123,6 +124,27 @@ def warn_unweighted_reward_blocks(members: list) -> None:
                 f"plugins.{name} sets options of the reward {name!r}, which no env of this run weights "
                 f"(reward.weights: {', '.join(sorted(weighted)) or 'none'}), so they are ignored; "
                 f"weight it ('reward.weights={{{name}: 1.0}}') or leave the block out",
+                stacklevel=2,
+            )
+
+
+def warn_unused_strategy_blocks(cfg) -> None:
+    """Warn of a ``plugins.<strategy>`` block for a strategy this run does not play (``--strategy beam`` with
+    ``plugins.mcts.iterations=2``): nothing reads it, and a user who tuned the search did not."""
+    import warnings
+
+    from omrl import registry
+
+    rollout = getattr(cfg, "rollout", None)
+    played = set(getattr(cfg, "strategies", None) or ([rollout.strategy] if rollout is not None else []))
+    if not played:
+        return
+    shared = {c.name for c in registry.all_components() if c.kind != "strategy"}  # a block another kind reads
+    for name in sorted(set(cfg.plugins or {}) - played - shared):
+        if name in registry.strategies.names("strategy"):
+            warnings.warn(
+                f"plugins.{name} sets options of the strategy {name!r}, which this run does not play (it plays "
+                f"{', '.join(sorted(played))}), so they are ignored; play it (--strategy {name}) or leave the block out",
                 stacklevel=2,
             )
 

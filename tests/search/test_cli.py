@@ -195,3 +195,15 @@ def test_plugins_lists_the_options_of_envs_rewards_and_templates_too():
     listed = json.loads(invoke("plugins", "--kind", "reward", "--json").output)
     assert {r["name"]: r["options"] for r in listed}["length_penalty"] == {"budget": 64, "per_token": 0.005,
                                                                            "scope": "turn"}  # fmt: skip
+
+
+def test_a_block_of_a_strategy_the_run_does_not_play_is_warned_of(capsys):
+    """`--strategy beam plugins.mcts.iterations=2` ran beam, and nothing said the mcts block was unread."""
+    code, _, err = cli_exit(capsys, "config", "show", "eval", "rollout.strategy=beam", "plugins.mcts.iterations=2")
+    said = " ".join(err.split())
+    assert (
+        code == 0
+        and "plugins.mcts sets options of the strategy 'mcts', which this run does not play (it plays beam)" in said
+    )
+    code, _, err = cli_exit(capsys, "config", "show", "eval", "rollout.strategy=mcts", "plugins.mcts.iterations=2")
+    assert code == 0 and "does not play" not in err
