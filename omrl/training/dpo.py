@@ -29,7 +29,7 @@ from omrl.training.metrics import StepCallback
 from omrl.training.policy import sequence_log_prob
 from omrl.training.recipe import autocast, close_recipe, setup_optimizer, skip_update, start_recipe, update
 from omrl.training.rl_data import episodes_to_batch, micro_batches, preference_pairs, trainable
-from omrl.training.tree_batch import sibling_pairs
+from omrl.training.tree_batch import finished_paths, sibling_pairs
 
 
 class DPORecipe:
@@ -72,11 +72,15 @@ class DPORecipe:
             pairs = sibling_pairs(episodes) if config_checks.searched(cfg) else preference_pairs(trainable(episodes))
             total_pairs = strategy.sum([len(pairs)])[0]
             if not total_pairs:
-                why = (
-                    "no branch point's replies led to different rewards"
-                    if config_checks.searched(cfg)
-                    else "every sample of each task scored the same"
-                )
+                why = "every sample of each task scored the same"
+                if config_checks.searched(cfg):  # paths a search cut short pair with none, whatever they earned
+                    cut = len(episodes) - len(finished_paths(episodes))
+                    why = "no branch point's finished replies led to different rewards" + (
+                        f" ({cut} of the {len(episodes)} paths were cut short by the search, and pair with none: "
+                        "raise rollout.budget for more to finish)"
+                        if cut
+                        else ""
+                    )
                 metrics.update(skip_update(self, self.step + 1, f"no preference pair: {why}"))
                 online_run.end_step(self, metrics, started)
                 continue

@@ -38,9 +38,9 @@ def beam(
     yes_or_no("beam", "stop_on_win", stop_on_win)
     one_tree_per_task(ctx)
     needs_sampling(ctx, "beam option branch", branch)
-    check_scorer(ctx, scorer)
+    check_scorer(ctx, scorer, "scorer")
     if select:
-        check_scorer(ctx, select)
+        check_scorer(ctx, select, "select")
     return run_search(
         ctx, tasks, _grow, width=width, branch=branch, scorer=scorer, stop_on_win=stop_on_win, select=select
     )

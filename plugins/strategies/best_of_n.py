@@ -21,7 +21,7 @@ def best_of_n(ctx: SearchContext, tasks: Sequence[int], n: int = 4, select: str 
     whole_number("best_of_n", "n", n)
     one_tree_per_task(ctx)
     needs_sampling(ctx, "best_of_n option n", n)
-    check_scorer(ctx, select)
+    check_scorer(ctx, select, "select")
     if ctx.budget and ctx.budget < n * ctx.limits.max_new_tokens:  # a "best-of-4" row that was best-of-2
         warnings.warn(
             f"best_of_n n={n} with a budget of {ctx.budget} tokens: {n} first replies of up to "

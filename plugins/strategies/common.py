@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from omrl.errors import ConfigError
+from omrl.errors import ConfigError, UnknownNameError
 from omrl.search import Node, SearchContext
 
 
@@ -28,9 +28,13 @@ def needs_sampling(ctx: SearchContext, what: str, count: int) -> None:
         )
 
 
-def check_scorer(ctx: SearchContext, name: str) -> None:
-    """An unknown scorer fails before any token is generated, naming the valid ones."""
-    ctx.scorer(name)
+def check_scorer(ctx: SearchContext, name: str, option: str = "") -> None:
+    """An unknown scorer fails before any token is generated, naming the strategy's ``option`` that gave it
+    (``select``, ``scorer``: with both set, which is wrong) and the valid ones."""
+    try:
+        ctx.scorer(name)
+    except UnknownNameError as exc:
+        raise UnknownNameError(f"strategy {ctx.strategy!r} option {option}={name!r}: {exc}") from exc
 
 
 def outcome_key(node: Node) -> tuple:

@@ -25,7 +25,7 @@ def dfsdt(
     whole_number("dfsdt", "max_expansions", max_expansions)
     one_tree_per_task(ctx)
     needs_sampling(ctx, "dfsdt option branch", branch)
-    check_scorer(ctx, scorer)
+    check_scorer(ctx, scorer, "scorer")
     return run_search(ctx, tasks, _grow, branch=branch, scorer=scorer, max_expansions=max_expansions)
 
 

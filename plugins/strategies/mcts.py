@@ -43,7 +43,7 @@ def mcts(
         raise ConfigError(f"mcts option exploration={exploration!r} is invalid; valid: a number >= 0")
     one_tree_per_task(ctx)
     needs_sampling(ctx, "mcts option branch", branch)
-    check_scorer(ctx, scorer)
+    check_scorer(ctx, scorer, "scorer")
     return run_search(
         ctx,
         tasks,

@@ -119,7 +119,8 @@ def test_beam_can_pick_its_answer_by_a_scorer_without_looking_at_the_outcome(tin
         tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "env_reward"}
     )
     assert tree.chosen().won
-    with pytest.raises(Exception, match="unknown scorer 'nope'"):
+    # with both a scorer and a select set, the option is named: which of them is wrong
+    with pytest.raises(Exception, match="strategy 'beam' option select='nope': unknown scorer 'nope'"):
         search(tiny_tokenizer, ScriptedBackend(tiny_tokenizer, script), "beam", {**options, "select": "nope"})
 
 

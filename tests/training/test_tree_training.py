@@ -367,6 +367,20 @@ def test_dpo_trains_on_the_sibling_pairs_of_beam_trees(tree_config):
     assert summary["skipped_updates"] == 0 and math.isfinite(record["loss"]) and record["grad_norm"] > 0
 
 
+def test_dpo_on_trees_none_of_whose_paths_finished_says_the_search_cut_them(tree_config):
+    """It said no replies led to different rewards, though the cut paths' rewards differed: they pair with none."""
+    cfg = tree_config("algorithm.name=dpo", "rollout.budget=24")  # beam's first replies spend the budget
+    console = Console(file=io.StringIO(), width=400)
+    run_rl(cfg, console=console)
+    paths = read_episodes(Path(cfg.logging.output_dir) / "rollouts" / "step-00000001.parquet")
+    assert paths and not finished_paths(paths)
+    said = " ".join(console.file.getvalue().split())
+    assert (
+        f"no preference pair: no branch point's finished replies led to different rewards ({len(paths)} of the" in said
+    )
+    assert "cut short by the search, and pair with none: raise rollout.budget" in said
+
+
 def test_train_command_with_a_tree_strategy(tiny_model_dir, tmp_path, register_plugin):
     register_plugin(SampleIndexReward("leaf_index"), name="leaf-index")  # sibling leaves differ
     out = tmp_path / "cli-run"
