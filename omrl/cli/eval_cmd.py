@@ -206,7 +206,7 @@ def evaluate_command(
         None,
         "--output-dir",
         "-o",
-        help="Folder for the report and every episode (default: evals/<model>-<env>-<time>).",
+        help="Folder for the report and every episode played (of a search, each task's chosen path; `omrl rollout --strategy` keeps whole trees) (default: evals/<model>-<env>-<time>).",
     ),
     strategy: str = STRATEGY_OPTION,
     budget: int = BUDGET_OPTION,
