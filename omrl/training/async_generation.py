@@ -32,11 +32,13 @@ trains exactly what the stopped one would have.
 
 from __future__ import annotations
 
+import _thread
 import json
 import multiprocessing
 import queue
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections import deque
@@ -235,8 +237,9 @@ class Versions:
 def _serve(cfg, plugins, weights, version, requests, results) -> None:
     """The generation process: load weight versions as steps need them (or, with partial rollouts,
     the newest at every turn), play each requested step."""
-    session = None
+    session, gone = None, threading.Event()
     try:
+        threading.Thread(target=_watch_trainer, args=(gone,), daemon=True).start()
         from omrl.models import load_model, load_tokenizer
         from omrl.parallel import Strategy
         from omrl.plugins import load_plugins
@@ -281,18 +284,29 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
                         turn.info.setdefault("weights_version", versions.version)
                 metrics = step_metrics(played, time.perf_counter() - started, session, Strategy())
                 results.put(("played", step, episodes, metrics))
-    except TrainerGone:  # nobody to play for or report to: end, and free the model and the envs
-        # a step played ahead may still sit in the results pipe, which no one will read: at exit the
-        # queue's writer thread would wait for that forever
-        results.cancel_join_thread()
-    except BaseException as exc:  # reported to the trainer, which stops the run with it
-        results.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
+    except BaseException as exc:  # reported to the trainer, which stops the run with it, unless it is gone
+        if isinstance(exc, TrainerGone) or gone.is_set():  # nobody to report to: end, freeing the model and envs
+            # a step played ahead may still sit in the results pipe, which no one will read: at exit the
+            # queue's writer thread would wait for that forever
+            results.cancel_join_thread()
+        else:
+            results.put(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"))
     finally:  # on any end: its envs may hold an env server's or a sandbox's slots
         if session is not None:
             try:
                 session.close()
             except Exception as exc:
                 print(f"warning: closing the generation process's envs failed: {exc}", file=sys.stderr)
+
+
+def _watch_trainer(gone: threading.Event) -> None:
+    """A thread of the generation process: when its trainer dies without a word mid-step (SIGKILL, the
+    out-of-memory killer), interrupt the step being played, so the process ends within a second rather
+    than when the step's rollout would have ended (a wait for a request notices by itself)."""
+    while multiprocessing.parent_process().is_alive():
+        time.sleep(POLL_SECONDS)
+    gone.set()
+    _thread.interrupt_main()
 
 
 def played_to_tensors(played: dict[int, tuple[list[Any], dict[str, float]]]) -> dict[str, torch.Tensor]:

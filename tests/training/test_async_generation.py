@@ -278,6 +278,9 @@ if __name__ == "__main__":  # spawn runs this file again in the generation proce
         generation.request(0, list(range(int(sys.argv[2]))), 0)
         while generation.results.empty() and time.monotonic() < deadline:
             time.sleep(0.2)
+    if int(sys.argv[3]):  # a step being played when the trainer dies: it takes minutes
+        generation.request(0, list(range(int(sys.argv[3]))), 0)
+        time.sleep(2)
     print(generation.process.pid, flush=True)
     time.sleep(600)
 """
@@ -298,10 +301,11 @@ def _gone(pid: int, within: float) -> bool:
 
 
 @pytest.mark.slow  # a trainer process and its generation process
-@pytest.mark.parametrize("ahead", [0, 48])
-def test_a_generation_process_ends_when_its_trainer_is_killed(config, tmp_path, ahead):
-    """SIGKILL (the out-of-memory killer) gives the trainer no chance to stop it: it notices and ends, idle
-    or with a step played ahead whose episodes no one will read (its queue's writer must not wait for that)."""
+@pytest.mark.parametrize("ahead, playing", [(0, 0), (48, 0), (0, 2000)])
+def test_a_generation_process_ends_when_its_trainer_is_killed(config, tmp_path, ahead, playing):
+    """SIGKILL (the out-of-memory killer) gives the trainer no chance to stop it: it notices and ends, idle,
+    with a step played ahead whose episodes no one will read (its queue's writer must not wait for that), or
+    in the middle of a step (which would have played on for minutes, an orphan holding the model)."""
     import pickle
     import signal
     import subprocess
@@ -312,8 +316,9 @@ def test_a_generation_process_ends_when_its_trainer_is_killed(config, tmp_path, 
     (tmp_path / "cfg.pkl").write_bytes(pickle.dumps(cfg))
     (tmp_path / "trainer.py").write_text(TRAINER)
     trainer = subprocess.Popen(
-        [sys.executable, str(tmp_path / "trainer.py"), str(tmp_path / "cfg.pkl"), str(ahead)],
+        [sys.executable, str(tmp_path / "trainer.py"), str(tmp_path / "cfg.pkl"), str(ahead), str(playing)],
         stdout=subprocess.PIPE,
+        stderr=(tmp_path / "trainer.err").open("w"),
         text=True,
     )
     child = int(trainer.stdout.readline())
@@ -321,6 +326,8 @@ def test_a_generation_process_ends_when_its_trainer_is_killed(config, tmp_path, 
     trainer.wait()
     try:
         assert _gone(child, within=120), "the generation process outlived its trainer"
+        if playing:  # it closed its envs and ended, reporting nothing: no "error" for a trainer that is gone
+            assert "Traceback" not in (tmp_path / "trainer.err").read_text()
     finally:
         if not _gone(child, within=0.1):
             os.kill(child, signal.SIGKILL)
