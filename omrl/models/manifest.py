@@ -55,3 +55,23 @@ def digest(file: Path) -> str:
     """The sha256 of ``file``'s bytes, in hex."""
     with open(file, "rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def unreadable_weights(directory: Path) -> str | None:
+    """The first weights file under ``directory`` that cannot be read whole (a ``.safetensors`` whose
+    header does not cover the file, a ``.pt`` torch cannot load), said with why; None when all read.
+    What ``omrl checkpoint trust`` checks before it vouches for files nothing else can check."""
+    for file in sorted(directory.rglob("*")):
+        try:
+            if file.suffix == ".safetensors":
+                from safetensors import safe_open
+
+                with safe_open(str(file), "pt"):
+                    pass
+            elif file.suffix == ".pt":
+                import torch
+
+                torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - each library's own error for a cut or garbled file
+            return f"{file.relative_to(directory).as_posix()} cannot be read ({str(exc).splitlines()[0][:200]})"
+    return None

@@ -43,7 +43,7 @@ from torch import nn
 
 from omrl.atomic import atomic_write_text, readable_as_umask_allows
 from omrl.errors import Interrupted, OmrlError, WriteFailed, short_repr, write_failure
-from omrl.models.manifest import COMPLETE_MARKER, changed_files, directory_manifest, manifest
+from omrl.models.manifest import COMPLETE_MARKER, changed_files, directory_manifest, manifest, unreadable_weights
 from omrl.parallel import Strategy
 from omrl.training.checkpoint_marker import (
     CHECKPOINTS_DIR,
@@ -182,6 +182,7 @@ def trust_model(path: str | os.PathLike, manifest_name: str) -> list[str]:
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(missing)}, which its manifest lists: restore it, or retrain")
     changed = changed_files(path, lines)
+    _check_readable(path, changed)
     if changed:
         atomic_write_text(path / manifest_name, manifest(path, names))
     return changed
@@ -207,12 +208,21 @@ def trust_checkpoint(path: str | os.PathLike) -> bool:
         )
     if has_manifest(path):
         return False
+    _check_readable(path, ["its files"])
     tmp = path / f".{COMPLETE_MARKER}.tmp-{os.getpid()}"
     tmp.write_text(marker_text(first, directory_manifest(path)))
     fsync_tree(path)
     os.replace(tmp, path / COMPLETE_MARKER)
     fsync_dir(path)
     return True
+
+
+def _check_readable(path: Path, vouched: list[str]) -> None:
+    """Refuse to vouch for ``vouched`` files of ``path`` when a weights file there cannot be read whole: a cut
+    file vouched for would be loaded as whole, and fail (or worse) later."""
+    problem = unreadable_weights(path) if vouched else None
+    if problem:
+        raise CheckpointError(f"cannot vouch for {path}: {problem}, a damaged or cut file; restore it, or retrain")
 
 
 def _remove(path: Path) -> None:

@@ -216,3 +216,19 @@ def test_a_chat_template_edited_on_purpose_is_accepted_by_checkpoint_trust(run, 
     _flip_a_byte(run / "model.safetensors")  # and any later change is found again
     with pytest.raises(DamagedModelError, match="model.safetensors changed since it was written"):
         load_model(str(run))
+
+
+def test_a_cut_weights_file_is_never_vouched_for(tmp_path, tiny_model, run, capsys):
+    """`checkpoint trust` wrote the digests of a truncated file, and the next load took it as whole."""
+    path = _save(tmp_path, tiny_model, 1)
+    _as_an_older_omrl(path)
+    weights = path / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    with pytest.raises(ckpt.CheckpointError, match=r"cannot vouch for .*: model/model.safetensors cannot be read"):
+        ckpt.trust_checkpoint(path)
+    assert not ckpt.has_manifest(path)  # nothing written
+    final = run / "model.safetensors"  # a final model's, changed: accepted only when it reads whole
+    final.write_bytes(final.read_bytes()[:-64])
+    with pytest.raises(SystemExit) as info:
+        main(["checkpoint", "trust", str(run)])
+    assert info.value.code == 2 and "model.safetensors cannot be read" in " ".join(capsys.readouterr().err.split())
