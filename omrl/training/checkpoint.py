@@ -369,4 +369,5 @@ def resume_command(command: str, output_dir: str | os.PathLike) -> str:
     processes = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if processes < 2:
         return resume
-    return f"accelerate launch --num_processes {processes} (and this run's --config_file) -m {resume}"
+    # a line to paste, then what omrl cannot know (accelerate keeps no trace of the config file it was given)
+    return f"accelerate launch --num_processes {processes} -m {resume} (with --config_file as this run was launched)"

@@ -214,8 +214,8 @@ def test_a_resume_in_another_number_of_processes_is_told_what_that_changes(tmp_p
 
     monkeypatch.setenv("WORLD_SIZE", "2")  # what the Ctrl-C message of a run of two says
     assert (
-        "Continue with: accelerate launch --num_processes 2 (and this run's --config_file) -m omrl train --resume"
-        in str(ckpt.interrupted(tmp_path, "train"))
+        f"Continue with: accelerate launch --num_processes 2 -m omrl train --resume --output-dir {tmp_path} (with "
+        "--config_file as this run was launched)" in str(ckpt.interrupted(tmp_path, "train"))
     )
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert f"Continue with: omrl train --resume --output-dir {tmp_path}" in str(ckpt.interrupted(tmp_path, "train"))
