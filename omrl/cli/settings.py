@@ -237,10 +237,10 @@ def settings_as_trained(cfg: Any, args: list[str] | None, trained: dict[str, Any
 
     taken = []
     for key, value in trained.items():
-        if key == "chat.template_kwargs":  # the template's options: what the command line gives of them wins
-            merged = {**value, **cfg.chat.template_kwargs}
-            if merged != cfg.chat.template_kwargs:
-                cfg.chat.template_kwargs = merged
+        if key in ("chat.template_kwargs", "seats.play"):  # the template's options, the seats: the command line's win
+            merged = {**value, **value_at(cfg, key)}
+            if merged != value_at(cfg, key):
+                set_value(cfg, key, merged)
                 taken.append(f"{key}={shown(merged)}")
         elif key.startswith("plugins."):  # an env's options: what the command line gives of them wins
             name = key.split(".", 1)[1]
@@ -248,11 +248,6 @@ def settings_as_trained(cfg: Any, args: list[str] | None, trained: dict[str, Any
             merged = {**value, **given}
             if merged != given:
                 cfg.plugins[name] = merged
-                taken.append(f"{key}={shown(merged)}")
-        elif key == "seats.play":  # the seats the command line gives win
-            merged = {**value, **cfg.seats.play}
-            if merged != cfg.seats.play:
-                cfg.seats.play = merged
                 taken.append(f"{key}={shown(merged)}")
         elif value != value_at(cfg, key) and not user_sets(args, key):
             set_value(cfg, key, value)
