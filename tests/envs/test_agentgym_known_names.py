@@ -80,3 +80,25 @@ def test_a_server_not_up_when_its_splits_were_first_read_is_asked_again_once_it_
             client.close()
     finally:
         client.close()
+
+
+def test_an_env_opened_after_its_server_went_down_keeps_the_servers_prompt_and_fails_at_once():
+    """Each new instance asked GET /tasks again, waited out its retries (3.5 s, one episode after another),
+    then played AgentGym's table prompt and turn cap, counted as the model's failure."""
+    from omrl.envs import EnvError
+
+    slow = {"retries": 2, "backoff": 0.5, "timeout": 5.0}  # each call alone would wait 1.5 s to give up
+    with background_server(create_app("textcraft")) as url:
+        first = AgentGymEnv(base_url=url, env_name="textcraft", **slow)
+        served_help, served_turns = first.action_help, first.max_turns
+        assert served_turns != TABLE_TURNS
+        first.close()
+    later = [AgentGymEnv(base_url=url, env_name="textcraft", **slow) for _ in range(3)]
+    assert all(env.action_help == served_help and env.max_turns == served_turns for env in later)
+    with pytest.raises(EnvError, match="gave up after 3 attempts"):
+        later[0].reset(1)
+    for env in later[1:]:  # another call just found it down: one try each, no retries
+        with pytest.raises(EnvError, match="cannot connect .*gave up after 1 attempt\\)"):
+            env.reset(1)
+    for env in later:
+        env.close()

@@ -20,6 +20,11 @@ from omrl_plugins.envs.agentgym.held_env import HeldEnv
 from omrl_plugins.envs.agentgym.splits import describe_ids, task_ids_of
 from omrl_plugins.envs.agentgym.transport import HttpTransport, ServerFailure, ServerRefused, snippet
 
+#: (base URL, env name) -> what an omrl server said of itself: the env instances a run opens later (one
+#: discarded after a failure is replaced) read it here, so a server that went down since is no reason to
+#: fall back to AgentGym's table and play an episode under another prompt and turn cap
+_DESCRIPTIONS: dict[tuple[str, str], dict[str, Any]] = {}
+
 
 class ServerTasks:
     """The splits of one client's server, and an omrl server's self-description, each read once at first use."""
@@ -45,7 +50,10 @@ class ServerTasks:
         """An omrl server's self-description (GET /tasks): splits, action help, turn cap; {} from a known
         AgentGym server that has none."""
         if not self._asked:
-            self._description = self._ask()
+            key = (self._server.base_url, self.env_name)
+            self._description = _DESCRIPTIONS.get(key) or self._ask()
+            if self._description:
+                _DESCRIPTIONS[key] = self._description
             self._asked = True
         return self._description or {}
 

@@ -43,6 +43,12 @@ class ServerRefused(EnvError):
         self.unknown_id = unknown_id
 
 
+#: base URL -> when a call last gave up on it for want of a connection; calls to it within the time one
+#: call's retries take are sent once, without retries: once a server was known down, each of a rollout's
+#: episodes waited out its own retries, one after another (minutes for a few hundred)
+_UNREACHABLE: dict[str, float] = {}
+
+
 class HttpTransport:
     """One keep-alive connection pool to a server, with retries and AgentGym's error answers."""
 
@@ -75,6 +81,9 @@ class HttpTransport:
         """
         what = f"{method} {path}"
         attempts = self.retries + 1 if retry else 1
+        down = _UNREACHABLE.get(self.base_url)
+        if down is not None and time.monotonic() - down < self._retry_time():
+            attempts = 1  # another call just waited out its retries on it: one try finds it back, or not
         problem = ""
         for attempt in range(attempts):
             if attempt:
@@ -100,13 +109,21 @@ class HttpTransport:
                 raise ServerFailure(
                     self.message(what, f"{problem}; not resent, since the server may have acted on it before failing")
                 )
+            _UNREACHABLE.pop(self.base_url, None)
             return self._decode(response, what, json_answer)
+        if problem.startswith("cannot connect"):
+            _UNREACHABLE[self.base_url] = time.monotonic()
         raise ServerFailure(
             self.message(
                 what,
                 f"{problem} (gave up after {attempts} attempt{'s' if attempts > 1 else ''}); is the server running?",
             )
         )
+
+    def _retry_time(self) -> float:
+        """How long one call's retries wait in all: for that long after a call found the server down, other
+        calls try it once."""
+        return self.backoff * (2**self.retries - 1)
 
     def _decode(self, response: httpx.Response, what: str, json_answer: bool = True) -> Any:
         try:
