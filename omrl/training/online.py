@@ -83,7 +83,8 @@ def _env_tasks(cfg: TrainRunConfig, env: SessionEnv, wrap: Any) -> tuple[TaskOrd
     splits = env.pool.probe()
     tasks = splits.tasks_of(env.name, env.split)
     task_order = TaskOrder([wrap(task) for task in (tasks[: cfg.train_tasks] if cfg.train_tasks else tasks)], cfg.seed)
-    tests = list(splits.split_of("test"))[: cfg.eval_tasks]
+    # an env without a test split (a verifiers environment with no eval_dataset) trains; its evaluations play none
+    tests = list(splits.split_of("test"))[: cfg.eval_tasks] if cfg.eval_tasks and "test" in splits.splits else []
     if cfg.eval_tasks and not tests:
         warnings.warn(
             f"env {env.name!r} has no test tasks: the run's evaluations (eval_tasks={cfg.eval_tasks}) play none; "

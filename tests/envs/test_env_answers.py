@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from omrl.envs import EnvError, StepResult, seat_step_problem, step_problem
+from omrl.envs import EnvError, StepResult, UnknownTaskError, seat_step_problem, step_problem
 from omrl.evaluation import evaluate
 from omrl.rollout import EnvPool, collect
 from tests.fakes import ActionTemplate, KeyEnv
@@ -151,3 +151,36 @@ def test_a_training_step_an_env_answered_outside_the_protocol_stops_at_once_nami
     assert "reset failed: env 'tuple_keys' returned a tuple, not an Observation" in message
     assert "fix the plugin of the env 'tuple_keys' (it answered outside omrl's env protocol)" in message
     assert "env is back" not in message
+
+
+class TrainOnlyKeyEnv(KeyEnv):
+    """No test split, as a verifiers environment without an eval_dataset."""
+
+    splits = ("train",)
+
+    def task_ids(self, split):
+        if split != "train":
+            raise UnknownTaskError(f"no split {split!r}; valid: train")
+        return range(6)
+
+
+def test_an_env_without_a_test_split_trains_and_its_evaluations_play_none(tiny_model_dir, tmp_path, register_plugin):
+    """`omrl train` asked for its test split and stopped: "has no split 'test'", though eval_tasks was 0."""
+    import io
+
+    from rich.console import Console
+
+    from omrl.training.rl import run_rl
+    from tests.training.helpers import EnvPlugin, gridworld_config
+
+    register_plugin(EnvPlugin("train_keys", TrainOnlyKeyEnv), name="train-only-env")
+    for eval_tasks in (0, 2):
+        cfg = gridworld_config(
+            tiny_model_dir, tmp_path / f"run{eval_tasks}", "env.name=train_keys", "env.template=react", "steps=1",
+            "tasks_per_step=1", "group_size=2", "reward.weights={goal: 1}", f"eval_tasks={eval_tasks}",
+        )  # fmt: skip
+        if eval_tasks:
+            with pytest.warns(UserWarning, match="env 'train_keys' has no test tasks"):
+                assert run_rl(cfg, console=Console(file=io.StringIO()))["steps"] == 1
+        else:
+            assert run_rl(cfg, console=Console(file=io.StringIO()))["steps"] == 1
