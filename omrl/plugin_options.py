@@ -92,3 +92,28 @@ def _signature(fn: Any) -> inspect.Signature | None:
         return inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin without one: its call decides
         return None
+
+
+def typed_text(name: str, key: str, raw: str, value: Any) -> Any:
+    """``value`` (``raw`` read as YAML) of option ``key`` of plugin ``name``, or ``raw`` itself where the plugin
+    declares that option as text (annotated ``str``, or a text default): ``instruction=Note: be brief`` is
+    text, not a mapping, as a config key of text keeps what was typed (``omrl.config.loading``)."""
+    if isinstance(value, str) or value is None:
+        return value
+    from omrl import registry
+
+    for component in registry.all_components():
+        if component.name != name:
+            continue
+        try:
+            signature = _signature(component.obj)
+        except Exception:  # noqa: BLE001 - a plugin that does not import says so where it is used
+            continue
+        parameter = signature.parameters.get(key) if signature is not None else None
+        if parameter is None:
+            continue
+        annotation = parameter.annotation
+        declared = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+        if declared == "str" or (annotation is parameter.empty and isinstance(parameter.default, str)):
+            return raw.strip()
+    return value

@@ -216,7 +216,7 @@ def serve(
     with options_as_flags(name):
         app = create_app(
             name,
-            parse_options(option),
+            parse_options(option, name),
             token=token or None,
             max_envs=max_envs,
             max_body=max_body,
@@ -266,7 +266,7 @@ def play(
 
     console = Console(highlight=False)
     with options_as_flags(name):
-        env = open_env(name, parse_options(option))
+        env = open_env(name, parse_options(option, name))
     try:
         if task is None:
             task = env.tasks_of(name, split)[0]

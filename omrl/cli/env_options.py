@@ -9,11 +9,15 @@ from typing import Any, Iterator
 OPTION_HELP = "An env option as key=value (repeatable), e.g. --option base_url=http://127.0.0.1:8000"
 
 
-def parse_options(options: list[str] | None) -> dict[str, Any]:
-    """``["k=v", "a.b=1"]`` -> ``{"k": "v", "a": {"b": 1}}``, values read as YAML scalars."""
+def parse_options(options: list[str] | None, name: str = "") -> dict[str, Any]:
+    """``["k=v", "a.b=1"]`` -> ``{"k": "v", "a": {"b": 1}}``, values read as YAML scalars, but for an option
+    env ``name`` declares as text, which keeps what was typed (``instruction=Note: be brief``)."""
     from omrl.config import overrides_to_dict
+    from omrl.plugin_options import typed_text
 
-    return overrides_to_dict(options or [], example="-o size=7")
+    parsed = overrides_to_dict(options or [], example="-o size=7")
+    typed = dict(item.split("=", 1) for item in options or [] if "=" in item)
+    return {key: typed_text(name, key, typed[key], value) if key in typed else value for key, value in parsed.items()}
 
 
 @contextlib.contextmanager

@@ -172,6 +172,10 @@ def load_config(
             renamed[".".join(path)] = ".".join(new_path)
         if isinstance(value, (int, float, datetime.date)) and is_text_key(cls, new_path):
             value = item.split("=", 1)[1].strip()  # YAML read 0755 as 493, 12:30 as 750: keep the text typed
+        elif len(new_path) == 3 and new_path[0] == "plugins":  # a plugin's option: its signature says if text
+            from omrl.plugin_options import typed_text
+
+            value = typed_text(new_path[1], new_path[2], item.split("=", 1)[1], value)
         set_path(data, new_path, value)
         given[".".join(new_path)] = value
     warn_renamed(renamed, "the command line")

@@ -342,3 +342,15 @@ def test_a_text_keys_override_keeps_the_text_as_typed():
     assert load_config(EvalRunConfig, None, ["output_dir=0755"]).output_dir == "0755"
     assert load_config(TrainRunConfig, None, ["description='quoted'"]).description == "quoted"  # YAML text
     assert load_config(TrainRunConfig, None, ["steps=0x10"]).steps == 16  # a number key reads YAML numbers
+
+
+def test_a_plugins_text_option_keeps_the_text_as_typed():
+    """`plugins.dataset.instruction=Note: be brief` was read as the mapping {Note: be brief} and refused."""
+    from omrl.cli.env_options import parse_options
+
+    overrides = ["plugins.dataset.instruction=Note: be brief", "plugins.gridworld.size=7", "plugins.mcp.command=true"]
+    plugins = load_config(TrainRunConfig, None, overrides).plugins
+    assert plugins["dataset"]["instruction"] == "Note: be brief"
+    assert plugins["gridworld"]["size"] == 7  # a number option reads YAML numbers
+    assert plugins["mcp"]["command"] is True  # declared text or a list of words: YAML decides, the env refuses
+    assert parse_options(["instruction=yes", "max_attempts=2"], "dataset") == {"instruction": "yes", "max_attempts": 2}
