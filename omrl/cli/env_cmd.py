@@ -112,7 +112,9 @@ def list_envs(
     ),
     families: bool = typer.Option(False, "--families", help="One row per family with its env count."),
     every: bool = typer.Option(False, "--all", help="Every env, one row each (the default with no names: families)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print JSON for scripts: every env, one object each (--families: one per family)."
+    ),
 ) -> None:
     """Every registered env: its source package, whether that is installed, and (--splits) its splits."""
     from concurrent.futures import ThreadPoolExecutor

@@ -100,8 +100,8 @@ class RolloutRunConfig(EnvRunConfig):
     """`omrl rollout`: play episodes and write trajectories."""
 
     command: str = command_opt("rollout")
-    num_tasks: int = opt(8, "Tasks to play (from the start of the split).")
-    group_size: int = opt(1, "Samples per task.")
+    num_tasks: int = opt(8, "Tasks to play (from the start of the split).", low=1)
+    group_size: int = opt(1, "Samples per task.", low=1)
     use_expert: bool = opt(False, "Play the env's scripted expert instead of a model.")
     output: str = opt(
         "rollouts/trajectories.parquet", "Trajectory parquet (a .jsonl of readable episodes goes beside it)."
@@ -119,7 +119,7 @@ class EvalRunConfig(EnvRunConfig):
     command: str = command_opt("eval")
     env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=0.0))
-    num_tasks: int = opt(5, "Tasks to evaluate (from the start of the split).")
+    num_tasks: int = opt(5, "Tasks to evaluate (from the start of the split).", low=1)
     samples_per_task: int = opt(1, "Samples per task for pass@k and best-of-N (k <= this).")
     report: str = opt("", "JSON report path (default: <output_dir>/report.json).")
     output_dir: str = opt("", "Folder for the report and every episode (default: evals/<model>-<env>-<time>).")
@@ -188,7 +188,7 @@ class TrainRunConfig(EnvRunConfig):
     steps: int = opt(4, "RL steps (rollout + update each).")
     tasks_per_step: int = opt(2, "Tasks per rollout step.")
     train_tasks: int = opt(0, "Train on only the first N tasks of env.split (0: all of them).")
-    group_size: int = opt(4, "Samples per task (G).")
+    group_size: int = opt(4, "Samples per task (G).", low=1)
     ppo_epochs: int = opt(1, "Passes over each rollout batch.")
     mini_batch_size: int = opt(
         0,
@@ -220,7 +220,7 @@ class SweepRunConfig(EnvRunConfig):
     env: EnvConfig = field(default_factory=lambda: EnvConfig(split="test"))
     # sampled: best_of_n, beam, dfsdt and mcts draw several candidates of one prompt
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
-    num_tasks: int = opt(5, "Tasks every cell plays (from the start of the split).")
+    num_tasks: int = opt(5, "Tasks every cell plays (from the start of the split).", low=1)
     strategies: list[str] = opt(
         ["chain", "best_of_n", "beam", "dfsdt", "mcts"],
         "Rollout strategies to compare (chain: pass@1, one cell with no budget).",

@@ -354,3 +354,12 @@ def test_a_plugins_text_option_keeps_the_text_as_typed():
     assert plugins["gridworld"]["size"] == 7  # a number option reads YAML numbers
     assert plugins["mcp"]["command"] is True  # declared text or a list of words: YAML decides, the env refuses
     assert parse_options(["instruction=yes", "max_attempts=2"], "dataset") == {"instruction": "yes", "max_attempts": 2}
+
+
+@pytest.mark.parametrize("key", ["num_tasks", "group_size"])
+def test_a_rollout_of_no_tasks_or_no_samples_is_refused_when_the_config_loads(key):
+    """`--group-size 0` started the run (a bar of 0/8) before "group_size must be >= 1"."""
+    from omrl.config.options import RolloutRunConfig
+
+    with pytest.raises(ConfigError, match=f"config key '{key}' must be >= 1, got 0"):
+        load_config(RolloutRunConfig, None, [f"{key}=0"])
