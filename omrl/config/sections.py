@@ -52,6 +52,12 @@ class EnvConfig:
     template: str = opt("react", "Action template: react, xml, tool_call.")
     max_turns: int = opt(0, "Turns per episode; 0 uses the env's own cap.")
     num_workers: int = opt(8, "Threads stepping I/O-bound envs concurrently.")
+    max_parallel: int = opt(
+        0,
+        "Episodes (games) played at once, each holding an env instance: an MCP server process, an env server's "
+        "session (0: every episode of a step at once); one that ends makes room for the next.",
+        low=0,
+    )
     demonstration: bool = opt(
         True,
         "Open the chat with the env's worked example when it has one (a one-shot "

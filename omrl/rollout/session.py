@@ -87,6 +87,7 @@ class RolloutSession:
         agent: Any = None,
         agent_options: Any = None,
         model_label: str = "omrl-policy",
+        max_parallel: int = 0,
     ):
         if not envs:
             raise OmrlError("a rollout session plays at least one env")
@@ -101,6 +102,7 @@ class RolloutSession:
         self.agent = agent
         self.agent_options = agent_options
         self.model_label = model_label  # what the gateway's /v1/models names
+        self.max_parallel = max_parallel  # env.max_parallel: episodes (games) at once, unless a play sets its own
         self._gateway: Any = None
 
     @classmethod
@@ -149,6 +151,7 @@ class RolloutSession:
             agent=agent,
             agent_options=cfg.agent if agent is not None else None,
             model_label=cfg.model.name,
+            max_parallel=getattr(cfg.env, "max_parallel", 0),
         )
 
     @property
@@ -227,7 +230,7 @@ class RolloutSession:
             "limits": spec.limits or self.limits,
             "group_size": spec.group_size,
             "seed": spec.seed,
-            "max_parallel": spec.max_parallel,
+            "max_parallel": spec.max_parallel or self.max_parallel,
             "progress": progress,
         }
 

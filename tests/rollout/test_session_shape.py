@@ -90,3 +90,13 @@ def test_an_agent_program_on_a_mixture_is_refused_by_name():
     cfg = config(f"env.name=gridworld:1,{ARITHMETIC}:1", "agent.callable=tests.gateway.agents:one_call")
     with pytest.raises(ConfigError, match="an agent program plays one env"):
         RolloutSession.from_config(cfg, expert=True)
+
+
+def test_env_max_parallel_caps_the_episodes_and_so_the_env_instances_played_at_once():
+    """An MCP env ran one server process per episode of the whole rollout at once (256 for 32 tasks x 8)."""
+    with RolloutSession.from_config(config("env.max_parallel=2", "env.name=gridworld"), expert=True) as session:
+        played = session.play(list(range(6)), PlaySpec(split="train", group_size=2, expert=True))
+        assert len(played.episodes) == 12 and session.envs[0].pool.created <= 3  # 2 playing, 1 probed for tasks
+    with RolloutSession.from_config(config("env.name=gridworld"), expert=True) as session:
+        session.play(list(range(6)), PlaySpec(split="train", group_size=2, expert=True))
+        assert session.envs[0].pool.created > 3  # uncapped: every episode at once
