@@ -10,6 +10,10 @@ import typer
 from omrl.cli import play_flags as flags
 from omrl.cli.play_checks import check_before_loading
 
+#: how an episode's error says the scripted expert itself failed (an action that is no text, none at all);
+#: an env server that could not answer its expert route ("GET /expert_action ... cannot connect") is the env's
+EXPERTS_OWN = (".expert_action returned", "has no scripted expert action")
+
 
 def check_rollout_outputs(cfg) -> None:
     """The parquet and its readable JSONL go to two paths, neither over the model nor a run's own files
@@ -158,7 +162,7 @@ def rollout(
     if episodes and all(ep.end_reason == "env_error" for ep in episodes):
         reasons = env_error_reasons(episodes)
         # the expert's own failure (no action, not text) is the expert's; a reset or step that raised is the env's
-        expert = cfg.use_expert and any("expert" in reason for reason in reasons)
+        expert = cfg.use_expert and any(words in reason for reason in reasons for words in EXPERTS_OWN)
         where = f"the {env_label(cfg)} expert" if expert else failed_in(episodes, env_label(cfg))
         raise EnvFailure(f"every episode failed in {where} (nothing written); the first reasons: {'; '.join(reasons)}")
     parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer, played_settings(cfg))

@@ -8,6 +8,7 @@ import pytest
 from omrl import registry
 from omrl.chat.replies import parse_reply
 from omrl.data import read_episodes
+from omrl.envs import EnvError
 from omrl.evaluation import evaluate
 from omrl.rollout import EnvPool, collect
 from tests.chat.families import family_tokenizer
@@ -81,3 +82,22 @@ def test_the_expert_replies_as_the_chat_template_writes_a_reply(family, reply):
     assert tokenizer.decode(episode.token_ids[start:end], skip_special_tokens=False) == reply
     assert episode.won and [turn.action for turn in episode.turns] == ["open", "take key"]
     assert parse_reply(tokenizer, episode.turns[0].response).answer.strip() == "Act: open"
+
+
+class ServerDownKeyEnv(KeyEnv):
+    """An env server's client whose server went down: its expert route cannot be reached."""
+
+    def expert_action(self):
+        raise EnvError("agentgym server http://127.0.0.1:9: GET /expert_action failed: cannot connect (refused)")
+
+
+def test_an_expert_rollout_whose_env_server_is_down_blames_the_env_not_the_expert(
+    fake_plugins, register_plugin, tmp_path, capsys
+):
+    """It said every episode failed in the agentgym expert, though the server could not be reached at all."""
+    code, text = expert_rollout_of(capsys, register_plugin, ServerDownKeyEnv, tmp_path / "expert.parquet")
+    assert (
+        code == 2
+        and "every episode failed in the env" in text
+        and "failed in the keys_ServerDownKeyEnv expert" not in text
+    ), text
