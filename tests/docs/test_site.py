@@ -4,6 +4,7 @@ its generated pages: the CLI reference and CONTRIBUTING.md."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -37,3 +38,9 @@ def test_mkdocs_build_strict(tmp_path):
     contributing = (site / "contributing" / "index.html").read_text(encoding="utf-8")
     assert "Layers: what may import what" in contributing
     assert 'href="../layout/"' in contributing and "docs/layout.md" not in contributing
+    # every page works offline: no script or stylesheet from another host (the theme's highlight.js CDN)
+    for page in site.rglob("*.html"):
+        html = page.read_text(encoding="utf-8")
+        fetched = re.findall(r'<(?:script|link)[^>]+(?:src|href)="(https?://[^"]+)"', html)
+        assert not fetched, (page, fetched)
+    assert 'class="codehilite"' in reference  # the code is coloured at build time
