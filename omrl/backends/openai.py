@@ -117,8 +117,9 @@ class OpenAIBackend(Backend):
         self, state_dict: Mapping[str, Any], version: int = 0, lora_config: Mapping[str, Any] | None = None
     ) -> None:
         """Send the trained weights to the server (``generation.weight_sync``), named ``version`` there
-        (the trainer's updates so far). ``lora_config``: a LoRA model's ``adapter_config.json``
-        (:func:`omrl.backends.lora_sync.lora_config_of`), for ``weight_sync=lora``, which sends only the adapter."""
+        (the trainer's steps so far, a skipped update's included: its weights are the step before's).
+        ``lora_config``: a LoRA model's ``adapter_config.json`` (:func:`omrl.backends.lora_sync.lora_config_of`),
+        for ``weight_sync=lora``, which sends only the adapter."""
         if self.weight_sync is None:
             raise OmrlError(
                 "the openai backend sends trained weights to its server only with generation.weight_sync=files, "

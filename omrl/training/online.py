@@ -155,9 +155,9 @@ def evaluate(
 def sync_rollout_weights(
     strategy: Strategy, model: Any, rollout_model: Any, session: RolloutSession, version: int
 ) -> None:
-    """The rollout backend gets the trained weights, those after ``version`` updates (a no-op for hf
-    sharing the very model)."""
-    with stage("weight_sync", episode=f"weights after {version} updates"):
+    """The rollout backend gets the trained weights, those after ``version`` steps (a skipped update's
+    included: the weights are then the step before's; a no-op for hf sharing the very model)."""
+    with stage("weight_sync", episode=f"weights after {version} steps"):
         _sync(strategy, model, rollout_model, session, version)
 
 

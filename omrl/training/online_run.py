@@ -64,7 +64,7 @@ def check_sampler(cfg: TrainRunConfig, metrics: dict[str, float], version: int) 
     raise SamplerStale(
         f"the sampler's log-probs differ from the trainer's by {gap:.4g} KL a token (mismatch_kl_k3), more than "
         f"generation.sampler_check_kl={bound:g}: the {cfg.generation.backend} backend did not sample with the "
-        f"weights after {version} updates (a server that kept old weights, or loaded others); "
+        f"weights after {version} steps (a server that kept old weights, or loaded others); "
         f"check its weight sync (generation.weight_sync={cfg.generation.weight_sync})"
     )
 

@@ -31,7 +31,7 @@ def grpo_from(server, tmp_path, *overrides: str) -> TrainRunConfig:
 
 def test_a_server_that_keeps_its_old_weights_stops_the_run_naming_the_version(server, tmp_path):
     server._reload = lambda folder: None  # answers the reload, loads nothing
-    with pytest.raises(SamplerStale, match=r"did not sample with the weights after 1 updates"):
+    with pytest.raises(SamplerStale, match=r"did not sample with the weights after 1 steps"):
         run_rl(grpo_from(server, tmp_path, "generation.sampler_check_kl=0.001"))
     steps = [m["step"] for m in read_metrics(tmp_path / "run")]
     assert steps == [1]  # step 2's rollout came from the old weights: not logged, not checkpointed
