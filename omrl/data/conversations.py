@@ -104,7 +104,27 @@ def load_conversations(path: str | os.PathLike, min_reward: float = float("-inf"
             conv = record_to_conversation(row, f"{file} row {number}")
             if _keep(conv, min_reward):
                 conversations.append(conv)
+    _warn_empty_replies(conversations, path)
     return conversations
+
+
+def _warn_empty_replies(conversations: Sequence[Conversation], path: Path) -> None:
+    """Warn of assistant messages with no text, tool call or reasoning: SFT teaches an empty turn there."""
+    empty = [
+        (conv.source, i)
+        for conv in conversations
+        for i, m in enumerate(conv.messages)
+        if m["role"] == "assistant"
+        and not m["content"].strip()
+        and not m.get("tool_calls")
+        and not any(m.get(key) for key in REASONING_FIELDS)
+    ]
+    if empty:
+        warnings.warn(
+            f"{len(empty)} assistant message(s) in {path} hold no text and no tool call (the first: {empty[0][0]}, "
+            f"message {empty[0][1]}): training on them teaches the model to end its turn at once; fill or drop them",
+            stacklevel=3,
+        )
 
 
 def without_demonstration(messages: list[dict[str, str]], count: int) -> list[dict[str, str]]:

@@ -97,3 +97,19 @@ def test_omrl_sft_exits_2_for_a_conversation_opened_by_the_assistant(tiny_model_
     with pytest.raises(SystemExit) as info:
         main(["sft", f"model.name={tiny_model_dir}", "--dataset", str(path), "--output-dir", str(tmp_path / "o")])
     assert info.value.code == 2 and "message 0 has role 'assistant'" in capsys.readouterr().err.replace("\n", "")
+
+
+def test_an_assistant_message_with_nothing_in_it_is_warned_of(tmp_path):
+    """A reply lost when the data was written trained the model to end its turn at once, silently."""
+    path = tmp_path / "chats.jsonl"
+    rows = [
+        {"conversations": [USER, REPLY]},
+        {"conversations": [USER, {"role": "assistant", "content": "  "}, USER, REPLY]},
+        {"conversations": [USER, _call({"function": {"name": "f", "arguments": {}}}), RESULT, REPLY]},  # a call: fine
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(
+        UserWarning,
+        match=r"1 assistant message\(s\) in .*chats.jsonl hold no text and no tool call \(the first: .* row 2, message 1\)",
+    ):
+        assert len(load_conversations(path)) == 3
