@@ -110,7 +110,7 @@ class AlgoConfig:
         names_of=("algorithms", "rollout_correction"),
     )
     rollout_is_cap: float = opt(
-        2.0, "token_tis, seq_tis: the weights' cap; seq_mask: the ratio above which a row drops."
+        2.0, "token_tis, seq_tis: the weights' cap; seq_mask: the ratio above which a row drops (>= 1)."
     )
     rollout_band_low: float = opt(0.5, "token_mask: a token with a lower ratio drops.")
     rollout_band_high: float = opt(5.0, "token_mask: a token with a higher ratio drops.")
@@ -322,7 +322,7 @@ SETTING_RANGES = {
     "clip_ratio_low": (0.0, math.inf, True),
     "clip_ratio_high": (0.0, math.inf, True),
     "clip_ratio_c": (0.0, math.inf, True),
-    "rollout_is_cap": (0.0, math.inf, True),
+    "rollout_is_cap": (1.0, math.inf, True),  # a cap below 1 scales every token's weight down: a smaller step
 }
 
 

@@ -334,7 +334,8 @@ def settings_block(cfg: Any) -> str:
         rollout = cfg.rollout
         lag = f", weights {rollout.max_staleness} behind" if rollout.async_generation and rollout.max_staleness else ""
         auto = algorithm.rollout_correction == "auto"
-        why = f" (auto: {generation.backend} backend, {cfg.model.dtype}{lag})" if auto else ""
+        dtype = f"{cfg.model.dtype}{', bf16 autocast' if getattr(cfg, 'bf16', False) else ''}"
+        why = f" (auto: {generation.backend} backend, {dtype}{lag})" if auto else ""
         where = f"generation process {rollout.max_staleness} steps ahead; " if rollout.async_generation else ""
         lines.append(f"sampler    {where}rollout correction {chosen}{why}")
         lines.append(f"algorithm  {algorithm_line(algorithm)}")

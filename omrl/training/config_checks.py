@@ -59,6 +59,7 @@ def check_config(cfg: TrainRunConfig, world_size: int = 1) -> None:
             "and no reward to add to"
         )
     warn_unread_by_dpo(cfg)
+    warn_unread_by_grpo_or_kl(cfg)
     warn_unread_sizes(cfg)
     check_rollout_strategy(cfg)
     env_scale.check(cfg)
@@ -225,6 +226,35 @@ def warn_unread_by_dpo(cfg: TrainRunConfig) -> None:
         warnings.warn(
             f"the dpo recipe reads algorithm.dpo_beta alone of these settings, so {', '.join(unread)} "
             "change nothing (they are for grpo and ppo)",
+            stacklevel=2,
+        )
+
+
+#: settings only the ppo recipe reads (its critic), and those only a KL to the reference reads
+CRITIC_KEYS = ("critic", "value_coef", "value_clip")
+KL_KEYS = ("kl_in_reward", "kl_estimator", "kl_horizon")
+
+
+def warn_unread_by_grpo_or_kl(cfg: TrainRunConfig) -> None:
+    """Warn of ``algorithm.*`` settings a grpo or ppo run would ignore, silently: a critic's under grpo (no
+    critic is trained), and a KL's where ``kl_coef`` and ``kl_target`` are 0 (no KL is computed: verl's
+    coefficient defaults above 0, omrl's to 0)."""
+    import warnings
+
+    algo, defaults = cfg.algorithm, type(cfg.algorithm)()
+    changed = [key for key in (*CRITIC_KEYS, *KL_KEYS) if getattr(algo, key) != getattr(defaults, key)]
+    critic = [key for key in changed if key in CRITIC_KEYS and algo.name != "ppo"]
+    kl = [key for key in changed if key in KL_KEYS and not algo.kl_coef and not algo.kl_target]
+    if critic and algo.name != "dpo":  # dpo says its own
+        warnings.warn(
+            f"{', '.join(f'algorithm.{k}' for k in critic)} set the ppo recipe's critic, and this {algo.name} run trains "
+            "none, so they change nothing (--algo ppo trains one)",
+            stacklevel=2,
+        )
+    if kl and algo.name != "dpo":
+        warnings.warn(
+            f"{', '.join(f'algorithm.{k}' for k in kl)} shape a KL to the reference, which algorithm.kl_coef=0 turns "
+            "off, so they change nothing: set algorithm.kl_coef > 0 (or kl_target) to use it",
             stacklevel=2,
         )
 

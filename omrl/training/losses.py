@@ -156,7 +156,7 @@ def policy_gradient_loss(
             out["values"], mb["values"], mb["returns"], mask, algo.value_clip, agg, algo.loss_norm_tokens
         )
         loss = loss + algo.value_coef * v_loss
-        parts.update({f"value_{k}": float(v) for k, v in v_parts.items()}, value_loss=v_loss.item())
+        parts.update(v_parts, value_loss=v_loss.item())  # named value_* already
     parts["loss"] = loss.item()
     return loss, parts
 

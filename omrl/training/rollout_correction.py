@@ -27,14 +27,17 @@ DEFAULT_CORRECTION = "token_tis"
 
 def correction_name(cfg: Any) -> str:
     """The ``rollout_correction`` a run of ``cfg`` applies: ``algorithm.rollout_correction``, with
-    ``auto`` resolved by the backend, the weights' dtype and whether generation runs behind the trainer
+    ``auto`` resolved by the backend, the weights' dtype, ``bf16`` and whether generation runs behind the trainer
     (``rollout.async_generation`` with ``max_staleness`` above 0)."""
     chosen = cfg.algorithm.rollout_correction
     if chosen != "auto":
         return chosen
     rollout = getattr(cfg, "rollout", None)
     behind = rollout is not None and getattr(rollout, "async_generation", False) and rollout.max_staleness > 0
-    exact = (cfg.generation.backend, cfg.model.dtype) == EXACT_SAMPLER and not behind
+    # bf16: the sampler and the update each run under bfloat16 autocast, through different kernels
+    exact = (
+        (cfg.generation.backend, cfg.model.dtype) == EXACT_SAMPLER and not getattr(cfg, "bf16", False) and not behind
+    )
     return "none" if exact else DEFAULT_CORRECTION
 
 

@@ -155,17 +155,29 @@ def test_the_weights_multiply_each_tokens_policy_loss():
 
 
 def test_auto_is_none_only_where_the_sampler_is_the_trainers_float32_model():
-    def cfg(backend: str, dtype: str, chosen: str = "auto"):
+    def cfg(backend: str, dtype: str, chosen: str = "auto", bf16: bool = False):
         from types import SimpleNamespace
 
         return SimpleNamespace(
             algorithm=AlgoConfig(rollout_correction=chosen),
             generation=SimpleNamespace(backend=backend),
             model=SimpleNamespace(dtype=dtype),
+            bf16=bf16,
         )
 
     assert correction_name(cfg("hf", "float32")) == "none"
+    # float32 weights under bf16 autocast: sampler and update round apart (a gap 1000x float32's, measured)
+    assert correction_name(cfg("hf", "float32", bf16=True)) == "token_tis"
     assert correction_name(cfg("hf", "bfloat16")) == "token_tis"
     assert correction_name(cfg("vllm", "float32")) == "token_tis"
     assert correction_name(cfg("openai", "float32")) == "token_tis"
     assert correction_name(cfg("vllm", "bfloat16", "seq_mask")) == "seq_mask"
+
+
+def test_a_cap_below_1_is_refused_before_it_halves_every_update():
+    """rollout_is_cap=0.5 capped every token's weight at 0.5: the update halved, silently."""
+    from omrl.algos import check_settings
+
+    with pytest.raises(ConfigError, match=r"algorithm.rollout_is_cap must be >= 1.0, got 0.5"):
+        check_settings(AlgoConfig(rollout_is_cap=0.5))
+    check_settings(AlgoConfig(rollout_is_cap=1.0))

@@ -284,6 +284,26 @@ def test_dpo_warns_of_the_grpo_and_ppo_settings_it_does_not_read(config):
         check_config(config("algorithm.dpo_beta=0.2", algo="dpo"))
 
 
+def test_critic_and_kl_settings_a_run_would_ignore_are_warned_of(config):
+    """grpo with algorithm.critic=model, and kl_in_reward with kl_coef 0 (verl's coefficient is not 0 by
+    default), ran as without them and said nothing."""
+    from omrl.training.config_checks import check_config
+
+    with pytest.warns(
+        UserWarning, match=r"algorithm.critic, algorithm.value_coef set the ppo recipe's critic, and this grpo run"
+    ):
+        check_config(config("algorithm.critic=model", "algorithm.value_coef=2"))
+    with pytest.warns(
+        UserWarning,
+        match=r"algorithm.kl_in_reward, algorithm.kl_estimator shape a KL to the reference, which algorithm.kl_coef=0",
+    ):
+        check_config(config("algorithm.kl_in_reward=true", "algorithm.kl_estimator=k1"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # each read: a KL with its coefficient, a critic under ppo
+        check_config(config("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1"))
+        check_config(config("algorithm.critic=model", algo="ppo"))
+
+
 def test_batch_sizes_an_online_step_would_ignore_are_warned_of(config):
     from omrl.training.config_checks import check_config
 

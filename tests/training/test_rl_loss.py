@@ -58,6 +58,8 @@ def test_a_critic_adds_its_weighted_value_loss():
     # unclipped value loss: 0.5 * token-mean of (V - R)^2 = 0.5 * (1 + 0) / 2 = 0.25
     assert parts["value_loss"] == pytest.approx(0.25)
     assert loss.item() == pytest.approx(0.5 * 0.25)
+    # logged as documented (they were value_value_clip_frac, value_value_mean, value_value_error)
+    assert {"value_clip_frac", "value_mean", "value_error"} <= set(parts) and not any("value_value" in k for k in parts)
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
