@@ -9,6 +9,7 @@ into NaN)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -71,11 +72,19 @@ def check_algorithms(
     except PluginError:
         raise
     except OmrlError as err:  # a critic's values (gae), say: named as what to run instead when they would do
-        critic = _reads_values(advantage_fn, probe, algo)
-        raise ConfigError(
-            f"algorithm.advantage={algo.advantage} cannot run with algorithm.name={algo.name}: {err}"
-            + (f"; {algo.advantage} needs a critic: use algorithm.name=ppo" if critic else "")
-        ) from err
+        if _reads_values(advantage_fn, probe, algo):
+            raise ConfigError(
+                f"algorithm.advantage={algo.advantage} cannot run with algorithm.name={algo.name}: {err}; "
+                f"{algo.advantage} needs a critic: use algorithm.name=ppo"
+            ) from err
+        raise ConfigError(f"algorithm.advantage={algo.advantage} cannot run with these settings: {err}") from err
+    if has_critic and _ignores_values(advantage_fn, probe, algo, advantages):
+        warnings.warn(
+            f"the {algo.name} recipe trains a critic, but algorithm.advantage={algo.advantage} reads no values: "
+            "its value loss is trained and added to the loss for nothing; use an estimator that reads a "
+            "critic's values, or --algo grpo",
+            stacklevel=2,
+        )
     if not advantages.any():
         # with two samples or more, a setting of the estimator's own makes the group too small (pass_k = G)
         fix = "use group_size >= 2" if group < 2 else "raise group_size, or change the estimator's own algorithm.* keys"
@@ -185,6 +194,18 @@ def _reads_values(advantage_fn: Any, probe: AdvantageInput, algo: Any) -> bool:
     except Exception:
         return False
     return True
+
+
+def _ignores_values(advantage_fn: Any, probe: AdvantageInput, algo: Any, advantages: torch.Tensor) -> bool:
+    """Whether the estimator gives ``probe`` the same ``advantages`` whatever the critic's values."""
+    other = dataclasses.replace(
+        probe, values=torch.linspace(-1.0, 1.0, probe.token_rewards.numel()).view_as(probe.token_rewards)
+    )
+    try:
+        moved = advantage_fn(other, algo)[0]
+    except Exception:  # noqa: BLE001 - whatever it makes of other values, it read them
+        return False
+    return bool(torch.equal(moved, advantages))
 
 
 def _finite_inputs(data: AdvantageInput) -> bool:

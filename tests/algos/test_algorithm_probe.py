@@ -5,6 +5,7 @@ rollout (omrl.training.algo_probe.check_algorithms): what either returns outside
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -33,9 +34,10 @@ def loss_ok(data, cfg):
 
 
 def needs_values(data):
-    """gae's way: refuse a run without a critic."""
+    """gae's way: refuse a run without a critic, and read its values (the rows' rewards less them)."""
     require_present("needs_values", values=data.values)
-    return fine(data, None)
+    advantages = (data.token_rewards - data.values) * data.loss_mask
+    return advantages, advantages
 
 
 def _nan_past_probe(data) -> float:
@@ -156,9 +158,20 @@ def test_only_an_estimator_that_runs_given_values_is_told_it_needs_a_critic(chec
     assert str(info.value).endswith("; adv_needs_values needs a critic: use algorithm.name=ppo")
     with pytest.raises(ConfigError) as info:
         check("adv_omrl_error", "loss_ok")
-    assert str(info.value) == (
-        "algorithm.advantage=adv_omrl_error cannot run with algorithm.name=grpo: pass_k must be below group_size"
+    assert str(info.value) == (  # a setting of its own, not the recipe: the recipe is not blamed
+        "algorithm.advantage=adv_omrl_error cannot run with these settings: pass_k must be below group_size"
     )
+
+
+def test_a_critic_trained_for_an_estimator_that_reads_no_values_is_warned_of(check):
+    """--algo ppo with algorithm.advantage=grpo trained a value loss that nothing read, and said nothing."""
+    with pytest.warns(
+        UserWarning, match="the ppo recipe trains a critic, but algorithm.advantage=fine reads no values"
+    ):
+        check("fine", "loss_ok", ppo=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check("adv_needs_values", "loss_ok", ppo=True)  # it reads them: nothing to say
 
 
 def test_every_builtin_estimator_and_policy_loss_passes_the_probe(check):

@@ -243,7 +243,7 @@ def test_dynamic_sampling_refuses_groups_of_one_and_advantages_not_from_the_env_
     [
         ("algorithm.loss_agg_mode=bogus", "algorithm.loss_agg_mode 'bogus' is unknown"),
         ("algorithm.clip_ratio_low=1.5", "algorithm.clip_ratio_low must be in [0.0, 1.0], got 1.5"),
-        ("algorithm.rollout_correction=token_tis algorithm.rollout_is_cap=0", "rollout_is_cap must be > 0.0"),
+        ("algorithm.rollout_correction=token_tis algorithm.rollout_is_cap=0", "rollout_is_cap must be >= 1.0"),
         ("algorithm.loss_norm_tokens=-5", "algorithm.loss_norm_tokens must be >= 0, got -5"),
         ("algorithm.kl_coef=-0.1", "algorithm.kl_coef must be >= 0.0"),  # it turned the KL off
         ("algorithm.value_clip=nan", "algorithm.value_clip must be >= 0.0, got nan"),  # it turned clipping off
