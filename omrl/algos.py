@@ -30,6 +30,7 @@ rows that ran).
 
 from __future__ import annotations
 
+import difflib
 import math
 import warnings
 from dataclasses import dataclass
@@ -340,5 +341,7 @@ def check_settings(cfg: AlgoConfig) -> None:
 def require_agg_mode(mode: str) -> str:
     """A loss aggregation mode that :func:`omrl.algos.aggregate_loss` knows."""
     if mode not in LOSS_AGG_MODES:
-        raise ConfigError(f"algorithm.loss_agg_mode {mode!r} is unknown; valid: {', '.join(LOSS_AGG_MODES)}")
+        close = difflib.get_close_matches(str(mode).replace("_", "-"), LOSS_AGG_MODES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"algorithm.loss_agg_mode {mode!r} is unknown{hint}; valid: {', '.join(LOSS_AGG_MODES)}")
     return mode

@@ -69,7 +69,11 @@ def train(
     from omrl.view import view_command
 
     if algo is not None and algo not in RECIPES:
-        raise ConfigError(f"unknown --algo {algo!r}; valid: {', '.join(RECIPES)}")
+        import difflib
+
+        close = difflib.get_close_matches(algo, RECIPES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown --algo {algo!r}{hint}; valid: {', '.join(RECIPES)}")
     flags = {
         "algorithm.name": algo,
         "env.name": env,

@@ -153,3 +153,11 @@ def test_mismatched_shapes_are_rejected(loss_fn):
 )
 def test_out_of_range_config_is_a_config_error(loss_fn, field, value, message):
     check_config_refused(loss_fn, {field: value}, message)
+
+
+def test_a_loss_agg_mode_spelled_with_an_underscore_is_pointed_to_its_name():
+    from omrl.algos import require_agg_mode
+    from omrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'token_mean' is unknown \(did you mean 'token-mean'\?\)"):
+        require_agg_mode("token_mean")

@@ -303,6 +303,8 @@ def test_train_command(tiny_model_dir, tmp_path):
     assert read_metrics(out)[0]["step"] == 1
     bad = CliRunner().invoke(build_app(), ["train", "--algo", "sac"])
     assert bad.exit_code != 0 and "unknown --algo 'sac'; valid: grpo, ppo, dpo" in str(bad.exception)
+    typo = CliRunner().invoke(build_app(), ["train", "--algo", "ppoo"])
+    assert "unknown --algo 'ppoo' (did you mean 'ppo'?); valid: grpo, ppo, dpo" in str(typo.exception)
 
 
 def test_on_policy_old_log_probs_from_the_updates_forward_change_nothing(rl_config, register_plugin, monkeypatch):
