@@ -57,10 +57,17 @@ def merge(
     folder is written as a final model is (weights, the checkpoint's tokenizer, a sha256 manifest), so
     `omrl eval --model OUT`, `rollout`, the vllm backend and `train --model` take it.
     """
-    from omrl.training.lora_merge import merge_checkpoint
+    import shlex
+    from pathlib import Path
+
+    from omrl.training.lora_merge import merge_checkpoint, trained_env
 
     out = merge_checkpoint(checkpoint, output_dir or None)
-    typer.echo(f"merged into {out}\nevaluate it: omrl eval --model {out} --env ENV")
+    step = Path(checkpoint).parent if Path(checkpoint).name == "model" else Path(checkpoint)
+    env = trained_env(step)
+    typer.echo(
+        f"merged into {out}\nevaluate it: omrl eval --model {shlex.quote(str(out))} --env {shlex.quote(env) if env else 'ENV'}"
+    )
 
 
 def add_to(app: typer.Typer) -> None:

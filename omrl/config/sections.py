@@ -8,6 +8,7 @@ that hold these sections are :mod:`omrl.config.options`.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,6 +26,9 @@ def check_schedule(schedule: str) -> None:
         from omrl.errors import ConfigError
 
         raise ConfigError(f"unknown optim.lr_schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+
+
+_TENSORBOARD_INSTALLED = importlib.util.find_spec("tensorboard") is not None
 
 
 @dataclass
@@ -304,6 +308,9 @@ class LoggingConfig:
     logging_steps: int = opt(1, "Log metrics every N steps.")
     save_steps: int = opt(0, "Checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = opt(2, "How many checkpoints to keep (0: all).")
-    tensorboard: bool = opt(True, "Write TensorBoard events (when tensorboard is installed).")
+    tensorboard: bool = opt(
+        _TENSORBOARD_INSTALLED,  # a base install has none: its first run would warn of a default it cannot honour
+        "Write TensorBoard events (default: on where tensorboard is installed, pip install 'omrl[tensorboard]').",
+    )
     wandb_project: str = opt("", "Log to this wandb project (when wandb is installed).")
     save_rollouts: bool = opt(True, "RL: write each step's episodes to <output_dir>/rollouts/ (omrl view shows them).")

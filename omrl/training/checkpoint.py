@@ -195,6 +195,10 @@ def trust_checkpoint(path: str | os.PathLike) -> bool:
     For checkpoints of an older omrl, whose files nothing can check: the user, who knows where they
     have been, vouches for them; from then on any change to them is found."""
     path = Path(path)
+    if not path.exists():
+        kept = complete_checkpoints(path.parent.parent) if path.parent.name == CHECKPOINTS_DIR else []
+        beside = f"; the run's checkpoints: {', '.join(str(p) for p in kept[-3:])}" if kept else ""
+        raise CheckpointError(f"no such folder {path}{beside}")
     if not (path / COMPLETE_MARKER).is_file():
         raise CheckpointError(
             f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); expected a "

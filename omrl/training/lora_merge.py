@@ -52,6 +52,8 @@ def _checkpoint_of(path: Path) -> Path:
     undamaged checkpoint of a LoRA run that trained a causal language model."""
     if path.name == "model" and (path.parent / COMPLETE_MARKER).is_file():
         path = path.parent
+    if not path.exists():
+        raise CheckpointError(f"no such folder {path}{_checkpoints_beside(path)}")
     kept = complete_checkpoints(path)
     if kept:
         raise CheckpointError(
@@ -83,6 +85,19 @@ def _checkpoint_of(path: Path) -> Path:
             "checkpoints; a reward model run's final folder is the one --reward-model takes"
         )
     return path
+
+
+def _checkpoints_beside(path: Path) -> str:
+    """``; the run's checkpoints: ...`` where ``path`` names a step of a run that kept others."""
+    kept = complete_checkpoints(path.parent.parent) if path.parent.name == "checkpoints" else []
+    return f"; the run's checkpoints: {', '.join(str(p) for p in kept[-3:])}" if kept else ""
+
+
+def trained_env(checkpoint: Path) -> str:
+    """The env the checkpoint's run trained on ("" where its config names none)."""
+    state = json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))
+    env = (state.get("config") or {}).get("env") or {}
+    return env.get("name") or "" if isinstance(env, dict) else ""
 
 
 def _model_config(saved: dict, checkpoint: Path) -> ModelConfig:

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from omrl.cli import main
 from omrl.models import load_model
-from omrl.training.checkpoint import CheckpointError, complete_checkpoints
+from omrl.training.checkpoint import CheckpointError, complete_checkpoints, trust_checkpoint
 from omrl.training.lora_merge import merge_checkpoint
 from omrl.training.sft import run_sft
 
@@ -68,6 +68,10 @@ def test_what_cannot_be_merged_is_named(lora_run, sft_config, tmp_path):
         merge_checkpoint(lora_run)
     with pytest.raises(CheckpointError, match="is not a complete checkpoint .* RUN/checkpoints/step-00000012"):
         merge_checkpoint(tmp_path)
+    gone = last.parent / "step-00000099"  # as the docs' step-00000012 reads in a run of fewer steps
+    for refuse in (merge_checkpoint, trust_checkpoint):
+        with pytest.raises(CheckpointError, match=f"no such folder {gone}; the run's checkpoints: .*{last}"):
+            refuse(gone)
     weights = last / "model" / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8])
     with pytest.raises(CheckpointError, match="is damaged: .*adapter_model.safetensors"):

@@ -70,3 +70,18 @@ def test_without_procfs_the_peak_comes_from_the_resource_module(monkeypatch):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
     got = peak_rss_gb()
     assert 0.01 < before <= got <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def test_a_base_install_without_tensorboard_defaults_it_off_and_says_nothing():
+    """The README's first command warned "logging.tensorboard is on but tensorboard is not installed" on a
+    fresh machine: the default it could not honour."""
+    import subprocess
+
+    hide = (
+        "import sys; sys.modules['tensorboard'] = None; "  # find_spec then raises: as it answers None when absent
+        "import importlib.util as u; real = u.find_spec; "
+        "u.find_spec = lambda name, *a: None if name == 'tensorboard' else real(name, *a); "
+        "from omrl.config.sections import LoggingConfig; print(LoggingConfig().tensorboard)"
+    )
+    shown = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "False"
