@@ -94,7 +94,6 @@ def evaluate(
     ),
 ) -> None:
     """Accuracy, AUC and calibration on held-out episodes, and best-of-N selection against random and oracle."""
-    import math
     import warnings
     from pathlib import Path
 
@@ -129,9 +128,9 @@ def evaluate(
         check_trajectory_ids(data, reward_model.tokenizer)
     result = evaluate_reward_model(model, data, text=text, reward_model=reward_model)
     path = write_rm_report(result, report_path)
-    if math.isnan(result["scores"].get("auc", 0.0)):
+    if "auc" in result["scores"] and result["scores"]["auc"] is None:
         warnings.warn(
-            f"every example in {data} has the same outcome, so auc and pair accuracy are undefined (nan): a reward "
+            f"every example in {data} has the same outcome, so auc and pair accuracy are undefined (-): a reward "
             "model is measured on data where some episodes won and some lost",
             stacklevel=2,
         )
@@ -159,7 +158,7 @@ def _print_report(report: dict) -> None:
     scores.add_column("metric")
     scores.add_column("value", justify="right")
     for key, value in {**report["scores"], **{f"pair_{k}": v for k, v in report.get("pairs", {}).items()}}.items():
-        scores.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+        scores.add_row(key, f"{value:.4f}" if isinstance(value, float) else "-" if value is None else str(value))
     console.print(scores)
     for measure, what in (("", "success"), ("_score", "env score")):
         if not report.get("selection"):

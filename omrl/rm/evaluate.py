@@ -64,14 +64,21 @@ def evaluate_reward_model(
             **regression_report(flat_values, targets),
             "auc": auc(flat_values, [t >= 0.5 for t in targets]),
         }
+    # a measure undefined on this data (auc of one outcome) is None: no NaN in the table or in the JSON
+    report["scores"] = {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in report["scores"].items()
+    }
     if rm.kind == "orm":
         by_id = {id(ex): vals[0] for ex, vals in zip(found, values)}
         found_pairs = pairs(found, max_pairs_per_task=1 << 30)
         report["pairs"] = {
             "pairs": len(found_pairs),
+            # no pair (every task's episodes earned alike): no accuracy, not a NaN in the table and the JSON
             "accuracy": pair_accuracy(
                 [by_id[id(p.chosen)] for p in found_pairs], [by_id[id(p.rejected)] for p in found_pairs]
-            ),
+            )
+            if found_pairs
+            else None,
         }
     finished = [ep for ep in episodes if ep.turns and ep.end_reason not in NO_OUTCOME]
     report["selection"] = selection_curve(finished, rm.score_episodes(finished, text=text))

@@ -4,6 +4,7 @@ is loaded, naming the file, the row and the id, before any training or scoring, 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,9 @@ def test_rm_eval_refuses_an_id_outside_the_vocabulary_before_scoring(data_dir, t
     with pytest.warns(UserWarning, match=r"won.parquet has the same outcome, so auc and pair accuracy are undefined"):
         result = invoke("rm", "eval", "--model", str(rm), "--data", str(tmp_path / "won.parquet"))
     assert result.exit_code == 0 and (rm / "rm_eval-won.json").exists(), result.output
+    # no pair: no accuracy (it was NaN in the table, and NaN in the JSON, which JSON readers refuse)
+    assert json.loads((rm / "rm_eval-won.json").read_text())["pairs"]["accuracy"] is None
+    assert "nan" not in result.output
     # the reward model carries a manifest too: a flipped byte in it is named, not scored with
     weights = rm / "model.safetensors"
     data = bytearray(weights.read_bytes())
