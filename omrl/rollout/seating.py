@@ -174,7 +174,10 @@ def seating_from_config(
         elif spec.kind == "past":
             seating[seat] = PastCheckpoints(checkpoints, spec.last, past)
         else:
-            seating[seat] = fixed(spec)
+            try:
+                seating[seat] = fixed(spec)
+            except OmrlError as exc:  # "model X not found" read as if --model were wrong: name the seat
+                raise OmrlError(f"seats.play.{seat}={spec.label}: {exc}") from exc
     check_seating(seating, env_class, env_name)
     return seating
 

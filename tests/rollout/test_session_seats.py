@@ -12,7 +12,7 @@ from rich.console import Console
 from omrl.config import command_line_config
 from omrl.config.options import RolloutRunConfig, TrainRunConfig
 from omrl.data.trajectory import read_episodes
-from omrl.errors import ConfigError
+from omrl.errors import ConfigError, OmrlError
 from omrl.rollout import PlaySpec, RolloutSession
 from omrl.search import play_strategy
 from omrl.training.config_checks import check_config
@@ -51,6 +51,11 @@ def test_self_play_gives_every_seat_to_the_policy():
 def test_what_cannot_play_seats_refuses_them_by_name():
     with pytest.raises(ConfigError, match="a mixture plays envs of one agent"):
         RolloutSession.from_config(config("env.name=textarena-duel:TicTacToe-v0:1,gridworld:1"))
+    # a fixed model that is not there: it read as if --model were wrong
+    with pytest.raises(
+        OmrlError, match=r"seats.play.player_1=model:/nonexistent/dir: model '/nonexistent/dir' not found"
+    ):
+        RolloutSession.from_config(config("seats.play.player_1=model:/nonexistent/dir"))
     # seats given: its first env said it has no seats, and the fix that gave led to the line above
     with pytest.raises(ConfigError, match="seats.play is set, but a mixture plays envs of one agent"):
         RolloutSession.from_config(
