@@ -32,10 +32,11 @@ trains exactly what the stopped one would have.
 
 from __future__ import annotations
 
-import _thread
 import json
 import multiprocessing
+import os
 import queue
+import signal
 import sys
 import tempfile
 import threading
@@ -53,6 +54,7 @@ from omrl.supervisor import stage, supervise
 from omrl.training.rollout_step import play_step, step_metrics
 
 POLL_SECONDS = 1.0  # how often a wait for the process checks that it is still alive
+ENDING_GRACE_S = 10.0  # how long a generation process whose trainer died may take to close its envs
 GENERATION_HEARTBEAT_FILE = "heartbeat-generation.json"  # the run's heartbeat.json is the trainer's
 
 
@@ -239,6 +241,7 @@ def _serve(cfg, plugins, weights, version, requests, results) -> None:
     the newest at every turn), play each requested step."""
     session, gone = None, threading.Event()
     try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # one inherited as ignored would not raise
         threading.Thread(target=_watch_trainer, args=(gone,), daemon=True).start()
         from omrl.models import load_model, load_tokenizer
         from omrl.parallel import Strategy
@@ -306,7 +309,10 @@ def _watch_trainer(gone: threading.Event) -> None:
     while multiprocessing.parent_process().is_alive():
         time.sleep(POLL_SECONDS)
     gone.set()
-    _thread.interrupt_main()
+    # a real signal to the main thread wakes a blocking wait, which a flag (interrupt_main) would not
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    time.sleep(ENDING_GRACE_S)
+    os._exit(1)  # still going (inside a call that never returns to Python): nobody is left to wait for it
 
 
 def played_to_tensors(played: dict[int, tuple[list[Any], dict[str, float]]]) -> dict[str, torch.Tensor]:
