@@ -53,6 +53,7 @@ from omrl.training.checkpoint_marker import (
     has_manifest,
     latest_checkpoint,
     marker_text,
+    no_such_checkpoint,
     step_line,
 )
 
@@ -196,9 +197,7 @@ def trust_checkpoint(path: str | os.PathLike) -> bool:
     have been, vouches for them; from then on any change to them is found."""
     path = Path(path)
     if not path.exists():
-        kept = complete_checkpoints(path.parent.parent) if path.parent.name == CHECKPOINTS_DIR else []
-        beside = f"; the run's checkpoints: {', '.join(str(p) for p in kept[-3:])}" if kept else ""
-        raise CheckpointError(f"no such folder {path}{beside}")
+        raise CheckpointError(no_such_checkpoint(path))
     if not (path / COMPLETE_MARKER).is_file():
         raise CheckpointError(
             f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); expected a "

@@ -110,6 +110,17 @@ def complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def newest_of(kept: list[Path]) -> str:
+    """The newest three of a run's checkpoints, for a message that asks for one of them."""
+    return ", ".join(str(p) for p in kept[-3:])
+
+
+def no_such_checkpoint(path: Path) -> str:
+    """``no such folder PATH``, naming the run's checkpoints where ``PATH`` is a step of a run that kept others."""
+    kept = complete_checkpoints(path.parent.parent) if path.parent.name == CHECKPOINTS_DIR else []
+    return f"no such folder {path}" + (f"; the run's checkpoints: {newest_of(kept)}" if kept else "")
+
+
 def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint, or None."""
     found = complete_checkpoints(output_dir)

@@ -16,7 +16,14 @@ from pathlib import Path
 
 from omrl.config.options import ModelConfig
 from omrl.training.checkpoint import CheckpointError, load_model_weights
-from omrl.training.checkpoint_marker import COMPLETE_MARKER, complete_checkpoints, damage, has_manifest
+from omrl.training.checkpoint_marker import (
+    COMPLETE_MARKER,
+    complete_checkpoints,
+    damage,
+    has_manifest,
+    newest_of,
+    no_such_checkpoint,
+)
 
 
 def merge_checkpoint(path: str | Path, output_dir: str | Path | None = None) -> Path:
@@ -53,12 +60,10 @@ def _checkpoint_of(path: Path) -> Path:
     if path.name == "model" and (path.parent / COMPLETE_MARKER).is_file():
         path = path.parent
     if not path.exists():
-        raise CheckpointError(f"no such folder {path}{_checkpoints_beside(path)}")
+        raise CheckpointError(no_such_checkpoint(path))
     kept = complete_checkpoints(path)
     if kept:
-        raise CheckpointError(
-            f"{path} is a run's folder; give one of its checkpoints: {', '.join(str(p) for p in kept[-3:])}"
-        )
+        raise CheckpointError(f"{path} is a run's folder; give one of its checkpoints: {newest_of(kept)}")
     if not (path / COMPLETE_MARKER).is_file():
         raise CheckpointError(
             f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker); expected a folder like "
@@ -85,12 +90,6 @@ def _checkpoint_of(path: Path) -> Path:
             "checkpoints; a reward model run's final folder is the one --reward-model takes"
         )
     return path
-
-
-def _checkpoints_beside(path: Path) -> str:
-    """``; the run's checkpoints: ...`` where ``path`` names a step of a run that kept others."""
-    kept = complete_checkpoints(path.parent.parent) if path.parent.name == "checkpoints" else []
-    return f"; the run's checkpoints: {', '.join(str(p) for p in kept[-3:])}" if kept else ""
 
 
 def trained_env(checkpoint: Path) -> str:
