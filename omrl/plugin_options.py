@@ -71,20 +71,26 @@ def option_type_problem(signature: inspect.Signature, options: dict[str, Any], b
 def _declared_kind(parameter: inspect.Parameter, by_default: bool) -> type | None:
     """``bool``, ``int`` (annotated so: a whole number) or ``float`` (any number) where ``parameter`` declares
     one, else None (any value). An unannotated default of 5 declares only a number: 5.5 may be meant."""
-    annotation = parameter.annotation
-    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    name = _declared_name(parameter)
     if name == "bool":
         return bool
     if name == "int":
         return int
     if name == "float":
         return float
-    if annotation is not parameter.empty or not by_default:  # an Optional, a union, a text: not ours to judge
+    if parameter.annotation is not parameter.empty or not by_default:  # an Optional, a union, a text: not ours to judge
         return None
     default = parameter.default
     if isinstance(default, bool):
         return bool
     return float if isinstance(default, (int, float)) else None
+
+
+def _declared_name(parameter: inspect.Parameter) -> str:
+    """The name of the type ``parameter`` is annotated with (``"int"``), its text under postponed annotations,
+    empty where it has none or one without a name (a union)."""
+    annotation = parameter.annotation
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
 
 
 def _signature(fn: Any) -> inspect.Signature | None:
@@ -112,8 +118,7 @@ def typed_text(name: str, key: str, raw: str, value: Any) -> Any:
         parameter = signature.parameters.get(key) if signature is not None else None
         if parameter is None:
             continue
-        annotation = parameter.annotation
-        declared = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-        if declared == "str" or (annotation is parameter.empty and isinstance(parameter.default, str)):
+        declared = _declared_name(parameter)
+        if declared == "str" or (parameter.annotation is parameter.empty and isinstance(parameter.default, str)):
             return raw.strip()
     return value
