@@ -6,16 +6,20 @@ trained past, and a plugin block for an env the run does not play."""
 from __future__ import annotations
 
 
-def check_before_loading(cfg) -> None:
-    """What can be refused before a model loads (seconds to minutes): an unknown env, an env whose
-    package is not installed (naming its extra), each env of a mixture alike (and the mixture itself:
-    weights, an env named twice), the reward settings, and for training, the whole train config
+def check_before_loading(cfg, model_made: bool = True) -> None:
+    """What can be refused before a model loads (seconds to minutes): a model that is not there (unless
+    ``model_made`` is False: ``config show`` writes configs for models a stage will make), an unknown env,
+    an env whose package is not installed (naming its extra), each env of a mixture alike (and the mixture
+    itself: weights, an env named twice), the reward settings, and for training, the whole train config
     (:func:`omrl.training.config_checks.check_config`)."""
     from omrl import registry, rewards
     from omrl.envs import install_command, package_installed
     from omrl.errors import ConfigError
     from omrl.mixture import mix_members
+    from omrl.models.folders import check_model_name
 
+    if model_made:
+        check_model_name(cfg.model.name)
     members = mix_members(cfg)  # one member for a single env
     for member in members:
         env_class = registry.envs.get(member.name)

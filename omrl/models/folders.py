@@ -1,6 +1,7 @@
-"""A path given as a model that holds none, named for what it is: a file, a LoRA adapter, one of a run's
-checkpoints (its model is a folder inside), a run stopped before it saved its model, or another folder;
-and whether a model folder is a reward model, read from its config.json alone (no torch)."""
+"""A model name that names none (no folder, no built-in, no hub id), and a path given as a model that
+holds none, named for what it is: a file, a LoRA adapter, one of a run's checkpoints (its model is a
+folder inside), a run stopped before it saved its model, or another folder; and whether a model folder is
+a reward model, read from its config.json alone (no torch)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,31 @@ from omrl.models.builtin import BUILTIN_MODELS
 #: the entry of a reward model's config.json that `omrl rm train` writes, and the kinds it may name
 REWARD_MODEL_KEY = "omrl_reward_model"
 REWARD_MODEL_KINDS = ("orm", "prm")
+
+
+def check_model_name(name_or_path: str) -> None:
+    """Raise OmrlError where ``name_or_path`` names no model: a built-in name, a model folder or an
+    ``org/name`` hub id would be. Reads no weights, so a command says so before it prints its settings."""
+    if name_or_path in BUILTIN_MODELS:
+        return
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        check_model_folder(path)
+        return
+    looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    # runs/tiny-sft where runs/ is here: a run folder mistyped or never written, not an org's hub model
+    in_a_local_folder = "/" in name_or_path and path.parent.is_dir() and str(path.parent) not in ("", ".")
+    if in_a_local_folder and not looks_like_path:
+        raise OmrlError(
+            f"model {name_or_path!r} not found: {path.parent}/ is a folder here and holds no {path.name} "
+            f"(its folders: {', '.join(sorted(p.name for p in path.parent.iterdir() if p.is_dir())[:8]) or 'none'}); "
+            "for the hub model of that id, run from another folder"
+        )
+    if looks_like_path or "/" not in name_or_path:
+        raise OmrlError(
+            f"model {name_or_path!r} not found: no such directory, and not a built-in "
+            f"name ({', '.join(BUILTIN_MODELS)}) or an 'org/name' hub id"
+        )
 
 
 def check_model_folder(path: Path) -> None:

@@ -30,7 +30,7 @@ from omrl.atomic import readable_as_umask_allows
 from omrl.errors import ConfigError, DamagedModelError, OmrlError
 from omrl.home import omrl_home
 from omrl.models.builtin import BUILTIN_MODELS, tuned_for
-from omrl.models.folders import check_model_folder
+from omrl.models.folders import check_model_name
 from omrl.models.manifest import COMPLETE_MARKER, manifest_damage
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -57,25 +57,11 @@ def resolve_model_path(name_or_path: str) -> str:
             }[name_or_path]
             _build_atomically(target, builder)
         return str(target)
+    check_model_name(name_or_path)
     path = Path(name_or_path).expanduser()
     if path.exists():
-        check_model_folder(path)
         check_model_files(path)
         return str(path)
-    looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
-    # runs/tiny-sft where runs/ is here: a run folder mistyped or never written, not an org's hub model
-    in_a_local_folder = "/" in name_or_path and path.parent.is_dir() and str(path.parent) not in ("", ".")
-    if in_a_local_folder and not looks_like_path:
-        raise OmrlError(
-            f"model {name_or_path!r} not found: {path.parent}/ is a folder here and holds no {path.name} "
-            f"(its folders: {', '.join(sorted(p.name for p in path.parent.iterdir() if p.is_dir())[:8]) or 'none'}); "
-            "for the hub model of that id, run from another folder"
-        )
-    if looks_like_path or "/" not in name_or_path:
-        raise OmrlError(
-            f"model {name_or_path!r} not found: no such directory, and not a built-in "
-            f"name ({', '.join(BUILTIN_MODELS)}) or an 'org/name' hub id"
-        )
     return name_or_path  # a hub id; transformers reports if it is not cached offline
 
 

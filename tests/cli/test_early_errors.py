@@ -245,3 +245,12 @@ def test_a_block_for_an_algorithm_component_is_refused_as_read_by_none(omrl_main
                              "--output-dir", str(tmp_path / "run"))  # fmt: skip
     text = " ".join(err.split())
     assert code == 2 and "plugins.grpo: grpo is an algorithm component, and those take no plugin options" in text
+
+
+@pytest.mark.parametrize("command", ["eval", "rollout", "train"])
+def test_a_model_that_is_not_there_is_refused_before_the_settings_are_printed(command, omrl_main, no_model, tmp_path):
+    out = ("--output-dir", str(tmp_path / "out")) if command != "rollout" else ("-o", str(tmp_path / "e.parquet"))
+    code, printed, err = omrl_main(command, "--env", "gridworld", "--model", str(tmp_path / "nope"), *out)
+    assert code == 2
+    assert f"model '{tmp_path / 'nope'}' not found: no such directory" in err
+    assert "gridworld (split" not in printed + err, printed + err  # no settings block before it
