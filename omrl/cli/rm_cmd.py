@@ -40,7 +40,7 @@ def train(
     objective: Optional[str] = typer.Option(None, "--objective", help="bce, mse or bt (pairs, orm)."),
     learning_rate: Optional[float] = LEARNING_RATE_OPTION,
     num_train_epochs: Optional[float] = EPOCHS_OPTION,
-    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Where the reward model is saved."),
+    output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Where the reward model is saved."),
     lora_rank: Optional[int] = LORA_RANK_OPTION,
     seed: Optional[int] = SEED_OPTION,
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest complete checkpoint."),

@@ -71,7 +71,9 @@ def sft(
     bf16: Optional[bool] = typer.Option(None, "--bf16/--no-bf16", help="bfloat16 autocast."),
     logging_steps: Optional[int] = typer.Option(None, "--logging-steps", help="Log every N steps."),
     save_steps: Optional[int] = typer.Option(None, "--save-steps", help="Checkpoint every N steps (0: at the end)."),
-    output_dir: Optional[str] = typer.Option(None, "--output-dir", help="Run directory (default: runs/sft-<time>)."),
+    output_dir: Optional[str] = typer.Option(
+        None, "--output-dir", "-o", help="Run directory (default: runs/sft-<time>)."
+    ),
     lora_rank: Optional[int] = LORA_RANK_OPTION,
     min_reward: Optional[float] = typer.Option(
         None, "--min-reward", help="Rollout data: keep episodes with total reward >= this."

@@ -38,7 +38,9 @@ def train(
     env: str = ENV_OPTION,
     model: str = typer.Option(None, "--model", help="Built-in name, local directory or hub id."),
     steps: int = typer.Option(None, "--steps", help="RL steps (rollout + update each)."),
-    output_dir: str = typer.Option(None, "--output-dir", help="Run directory (default: runs/<algo>-<env>-<time>)."),
+    output_dir: str = typer.Option(
+        None, "--output-dir", "-o", help="Run directory (default: runs/<algo>-<env>-<time>)."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue the run in --output-dir from its last checkpoint."),
     agent: str = AGENT_OPTION,
     agent_cmd: str = AGENT_CMD_OPTION,

@@ -100,3 +100,9 @@ def test_rollout_refuses_an_output_that_would_replace_the_dataset_it_reads(omrl_
     err = " ".join(err.split())
     assert code == 2 and f"the readable JSONL {questions} is plugins.dataset.path itself" in err, err
     assert questions.read_text() == '{"question": "What is 17 + 25?", "answer": "42"}\n'
+
+
+@pytest.mark.parametrize("command", [("train",), ("sft",), ("rm", "train")])
+def test_dash_o_is_the_output_folder_of_every_command_that_writes_one(command, omrl_main, no_model, a_file):
+    code, _, err = omrl_main(*command, "-o", str(a_file / "run"))
+    assert code == 2 and f"{a_file} is a file, not a folder" in err, err
