@@ -44,6 +44,8 @@ def check_before_loading(cfg, model_made: bool = True) -> None:
         registry.algorithms.component(algorithm.advantage, kind="advantage")
         registry.algorithms.component(algorithm.policy_loss, kind="policy_loss")
         registry.algorithms.component(algorithm.kl_estimator, kind="kl")
+        if algorithm.teacher and model_made:
+            check_model_name(algorithm.teacher, "algorithm.teacher")
         if algorithm.rollout_correction != "auto":
             registry.algorithms.component(algorithm.rollout_correction, kind="rollout_correction")
         from omrl.training.config_checks import check_config

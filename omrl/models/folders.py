@@ -17,9 +17,10 @@ REWARD_MODEL_KEY = "omrl_reward_model"
 REWARD_MODEL_KINDS = ("orm", "prm")
 
 
-def check_model_name(name_or_path: str) -> None:
-    """Raise OmrlError where ``name_or_path`` names no model: a built-in name, a model folder or an
-    ``org/name`` hub id would be. Reads no weights, so a command says so before it prints its settings."""
+def check_model_name(name_or_path: str, what: str = "model") -> None:
+    """Raise OmrlError where ``name_or_path`` (the ``what``, e.g. ``algorithm.teacher``) names no model: a
+    built-in name, a model folder or an ``org/name`` hub id would be. Reads no weights, so a command says so
+    before it prints its settings."""
     if name_or_path in BUILTIN_MODELS:
         return
     path = Path(name_or_path).expanduser()
@@ -31,13 +32,13 @@ def check_model_name(name_or_path: str) -> None:
     in_a_local_folder = "/" in name_or_path and path.parent.is_dir() and str(path.parent) not in ("", ".")
     if in_a_local_folder and not looks_like_path:
         raise OmrlError(
-            f"model {name_or_path!r} not found: {path.parent}/ is a folder here and holds no {path.name} "
+            f"{what} {name_or_path!r} not found: {path.parent}/ is a folder here and holds no {path.name} "
             f"(its folders: {', '.join(sorted(p.name for p in path.parent.iterdir() if p.is_dir())[:8]) or 'none'}); "
             "for the hub model of that id, run from another folder"
         )
     if looks_like_path or "/" not in name_or_path:
         raise OmrlError(
-            f"model {name_or_path!r} not found: no such directory, and not a built-in "
+            f"{what} {name_or_path!r} not found: no such directory, and not a built-in "
             f"name ({', '.join(BUILTIN_MODELS)}) or an 'org/name' hub id"
         )
 

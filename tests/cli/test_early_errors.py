@@ -254,3 +254,10 @@ def test_a_model_that_is_not_there_is_refused_before_the_settings_are_printed(co
     assert code == 2
     assert f"model '{tmp_path / 'nope'}' not found: no such directory" in err
     assert "gridworld (split" not in printed + err, printed + err  # no settings block before it
+
+
+def test_a_teacher_that_is_not_there_is_named_by_its_key_before_loading(omrl_main, no_model, tmp_path):
+    code, _, err = omrl_main("train", "--env", "gridworld", "--model", "tiny", f"algorithm.teacher={tmp_path / 'nope'}",
+                             "--output-dir", str(tmp_path / "run"))  # fmt: skip
+    assert code == 2
+    assert f"algorithm.teacher '{tmp_path / 'nope'}' not found: no such directory" in err, err
