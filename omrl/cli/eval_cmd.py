@@ -199,7 +199,7 @@ def evaluate_command(
     model: str = typer.Option(None, "--model", help="Model: built-in name, directory or hub id (model.name)."),
     split: str = typer.Option(None, "--split", help="Task split (env.split)."),
     template: str = TEMPLATE_OPTION,
-    num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks to evaluate from the start of the split."),
+    num_tasks: int = typer.Option(None, "--num-tasks", min=1, help="Tasks to evaluate from the start of the split."),
     samples: int = typer.Option(None, "--samples", min=1, help="Samples per task, for pass@k and best-of-N."),
     report: str = typer.Option(None, "--report", help="JSON report path (default: <output dir>/report.json)."),
     output_dir: str = typer.Option(

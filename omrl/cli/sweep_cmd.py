@@ -140,7 +140,9 @@ def sweep_command(
         "500,1000,2000: each strategy but chain plays once at each.",
     ),
     split: str = typer.Option(None, "--split", help="Task split (env.split)."),
-    num_tasks: int = typer.Option(None, "--num-tasks", help="Tasks every cell plays, from the start of the split."),
+    num_tasks: int = typer.Option(
+        None, "--num-tasks", min=1, help="Tasks every cell plays, from the start of the split."
+    ),
     seed: int = typer.Option(None, "--seed", help="Random seed, the same for every cell."),
     out: str = typer.Option(None, "--out", "-o", help="Folder for sweep.json and sweep.png (out)."),
 ) -> None:

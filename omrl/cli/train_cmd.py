@@ -37,7 +37,7 @@ def train(
     algo: str = typer.Option(None, "--algo", help="grpo, ppo or dpo (algorithm.name)."),
     env: str = ENV_OPTION,
     model: str = typer.Option(None, "--model", help="Built-in name, local directory or hub id."),
-    steps: int = typer.Option(None, "--steps", help="RL steps (rollout + update each)."),
+    steps: int = typer.Option(None, "--steps", min=1, help="RL steps (rollout + update each)."),
     output_dir: str = typer.Option(
         None, "--output-dir", "-o", help="Run directory (default: runs/<algo>-<env>-<time>)."
     ),

@@ -106,3 +106,18 @@ def test_rollout_refuses_an_output_that_would_replace_the_dataset_it_reads(omrl_
 def test_dash_o_is_the_output_folder_of_every_command_that_writes_one(command, omrl_main, no_model, a_file):
     code, _, err = omrl_main(*command, "-o", str(a_file / "run"))
     assert code == 2 and f"{a_file} is a file, not a folder" in err, err
+
+
+@pytest.mark.parametrize(
+    "words, flag",
+    [
+        (("rollout", "--group-size", "0"), "--group-size"),
+        (("rollout", "--num-tasks", "0"), "--num-tasks"),
+        (("eval", "--num-tasks", "0"), "--num-tasks"),
+        (("sweep", "--num-tasks", "0"), "--num-tasks"),
+        (("train", "--steps", "0"), "--steps"),
+    ],
+)
+def test_a_count_flag_below_1_is_refused_naming_the_flag(words, flag, omrl_main, no_model):
+    code, _, err = omrl_main(*words)
+    assert code == 2 and f"Invalid value for '{flag}'" in err, err
