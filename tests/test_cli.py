@@ -96,7 +96,7 @@ def test_config_show_prints_the_resolved_config():
     assert "name: tiny" in result.stdout and "group_size: 8" in result.stdout
 
 
-REFUSED = {  # (preset, override): what the command would say
+REFUSED = {  # (preset, overrides...): what the command would say
     ("grpo", "algorithm.advantage=foo"): "unknown advantage estimator 'foo'",
     ("grpo", "reward.allocation=foo"): "unknown reward allocation 'foo'; valid: last_token",
     ("grpo", "env.template=foo"): "unknown template 'foo'",
@@ -106,6 +106,10 @@ REFUSED = {  # (preset, override): what the command would say
     ("grpo", "rollout.max_staleness=-1"): "rollout.max_staleness must be >= 0",
     ("grpo", "model.lora_dropout=1.5"): "model.lora_dropout must be in [0, 1)",
     ("grpo", "generation.weight_sync=files"): "sends weights to a server (generation.backend=openai)",
+    # an option of the estimator, loss or correction chosen, which its plugin checks on the probe batch
+    ("grpo", "algorithm.rollout_correction=token_mask", "algorithm.rollout_band_low=2"): "rollout_band_low must be in",
+    ("grpo", "algorithm.policy_loss=dual_clip", "algorithm.clip_ratio_c=0.5"): "clip_ratio_c must be > 1.0",
+    ("ppo", "algorithm.advantage=pass_at_k", "algorithm.pass_k=0"): "algorithm.pass_k must be an integer",
 }
 
 

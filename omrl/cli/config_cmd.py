@@ -59,10 +59,14 @@ def show(
 
 
 def check_values(command: str, cfg) -> None:
-    """The checks the command itself runs before it loads a model (names, ranges, how settings combine)
-    that need no torch, so that a config ``show`` prints is one the command takes."""
+    """The checks the command itself runs before it loads a model (names, ranges, how settings combine,
+    an online run's algorithms on a probe batch), so that a config ``show`` prints is one the command takes."""
     if command not in ("train", "eval", "rollout", "sweep"):
         return  # sft and rm: their types are checked; their data is read when they run
+    if command == "train" and cfg.algorithm.name in ("grpo", "ppo"):  # the online recipes
+        from omrl.training.algo_probe import check_run_algorithms
+
+        check_run_algorithms(cfg)
     from omrl import registry
     from omrl.chat.history import check_history
     from omrl.cli.play_checks import check_before_loading

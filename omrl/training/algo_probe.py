@@ -104,6 +104,23 @@ def check_algorithms(
             )
 
 
+def check_run_algorithms(cfg: TrainRunConfig) -> None:
+    """:func:`check_algorithms` with the estimator, policy loss and rollout correction ``cfg`` names, as
+    the online recipe runs it: ``omrl config show`` refuses what ``omrl train`` would."""
+    from omrl.training.config_checks import wants_greedy_baseline
+    from omrl.training.rollout_correction import correction_name
+
+    algo = cfg.algorithm
+    check_algorithms(
+        cfg,
+        registry.algorithms.get(algo.advantage, kind="advantage"),
+        algo.name == "ppo",
+        wants_greedy_baseline(cfg),
+        registry.algorithms.get(algo.policy_loss, kind="policy_loss"),
+        registry.algorithms.get(correction_name(cfg), kind="rollout_correction"),
+    )
+
+
 def _named(kind: str, name: str) -> str:
     component = registry.algorithms.component(name, kind=kind)
     label = {"advantage": "advantage estimator", "policy_loss": "policy loss"}[kind]
