@@ -123,6 +123,21 @@ class AlgoConfig:
         "point) or intra_tree (GRPO over one tree's leaves, Tree-GRPO's intra-tree advantage).",
     )
 
+    def summary(self) -> str:
+        """The recipe's maths in one line: estimator, loss and its aggregation, KL, batch shaping, teacher."""
+        if self.name == "dpo":  # no estimator nor policy loss: the loss of pairs of a task's samples
+            return f"dpo: pairs of a task's samples whose rewards differ, beta {self.dpo_beta:g} against the starting model"
+        parts = [f"{self.name}: advantage {self.advantage}, policy loss {self.policy_loss} ({self.loss_agg_mode})"]
+        if self.kl_coef > 0:
+            adaptive = f", adapting toward {self.kl_target:g} a token" if self.kl_target > 0 else ""
+            where = "in the reward" if self.kl_in_reward else "in the loss"
+            parts.append(f"KL {self.kl_estimator} x {self.kl_coef:g} {where}{adaptive}")
+        if self.dynamic_sampling:
+            parts.append(f"dynamic sampling (up to {self.dynamic_sampling_max_draws} extra draws)")
+        if self.teacher:
+            parts.append(f"teacher {self.teacher} x {self.teacher_coef:g}")
+        return "; ".join(parts)
+
 
 @dataclass
 class AdvantageInput:

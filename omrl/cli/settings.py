@@ -327,7 +327,7 @@ def settings_block(cfg: Any) -> str:
                 if m.reward_weights != dict(reward.weights)
             ]
     algorithm = getattr(cfg, "algorithm", None)
-    if algorithm is not None and algorithm.name != "dpo":
+    if algorithm is not None and algorithm.name != "dpo":  # dpo: no advantages, nothing to correct
         from omrl.training.rollout_correction import correction_name
 
         chosen = correction_name(cfg)
@@ -338,7 +338,8 @@ def settings_block(cfg: Any) -> str:
         why = f" (auto: {generation.backend} backend, {dtype}{lag})" if auto else ""
         where = f"generation process {rollout.max_staleness} steps ahead; " if rollout.async_generation else ""
         lines.append(f"sampler    {where}rollout correction {chosen}{why}")
-        lines.append(f"algorithm  {algorithm_line(algorithm)}")
+    if algorithm is not None:
+        lines.append(f"algorithm  {algorithm.summary()}")
     return "\n".join(lines)
 
 
@@ -383,17 +384,3 @@ def env_folder_name(cfg: Any, longest: int = 60) -> str:
     names = [re.sub(r"[^A-Za-z0-9._-]+", "_", m.name).strip("_") for m in mix_members(cfg)]
     folder = "mix-" + "-".join(names)
     return folder if len(folder) <= longest else f"mix-of-{len(names)}-envs"
-
-
-def algorithm_line(algo: Any) -> str:
-    """The recipe's maths in one line: estimator, loss and its aggregation, KL, batch shaping, teacher."""
-    parts = [f"{algo.name}: advantage {algo.advantage}, policy loss {algo.policy_loss} ({algo.loss_agg_mode})"]
-    if algo.kl_coef > 0:
-        adaptive = f", adapting toward {algo.kl_target:g} a token" if algo.kl_target > 0 else ""
-        where = "in the reward" if algo.kl_in_reward else "in the loss"
-        parts.append(f"KL {algo.kl_estimator} x {algo.kl_coef:g} {where}{adaptive}")
-    if algo.dynamic_sampling:
-        parts.append(f"dynamic sampling (up to {algo.dynamic_sampling_max_draws} extra draws)")
-    if algo.teacher:
-        parts.append(f"teacher {algo.teacher} x {algo.teacher_coef:g}")
-    return "; ".join(parts)

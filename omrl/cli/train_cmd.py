@@ -102,8 +102,8 @@ def train(
         outside_the_presets_env(cfg, list(args or []), preset, console)
         agent_reward_weights(cfg, list(args or []), console)
     console.print(
-        f"omrl train: {cfg.algorithm.name} on {env_label(cfg)} with {cfg.model.name}, {cfg.steps} steps "
-        f"x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}",
+        f"omrl train: {cfg.algorithm.name} on {env_label(cfg)} with {cfg.model.name}, {cfg.steps} "
+        f"step{'s' * (cfg.steps != 1)} x {cfg.tasks_per_step} tasks x {cfg.group_size} samples -> {cfg.logging.output_dir}",
         highlight=False,
         soft_wrap=True,
     )

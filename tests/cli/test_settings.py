@@ -31,6 +31,15 @@ def test_a_webshop_preset_on_gridworld_says_what_it_keeps_and_takes_the_envs_tur
     assert saved["description"] == ""  # the preset's "GRPO on WebShop ..." described another run
 
 
+def test_a_dpo_run_names_its_loss_and_a_run_of_one_step_says_step(omrl_main, no_model, tmp_path):
+    _, out, err = omrl_main("train", "--algo", "dpo", "--env", "gridworld", *TINY, "--steps", "1",
+                            "--output-dir", str(tmp_path / "run"))  # fmt: skip
+    assert "dpo on gridworld with tiny, 1 step x 2 tasks" in out + err
+    assert "algorithm  dpo: pairs of a task's samples whose rewards differ, beta 0.1 against the starting model\n" in (
+        out + err
+    )
+
+
 def test_what_the_user_sets_is_kept_and_not_named(omrl_main, tmp_path):
     code, out, err = omrl_main("train", "--algo", "grpo", "--env", "gridworld", *TINY, *SMALL_STEP, "env.max_turns=3",
                                "reward.weights={goal: 1.0}", "env.demonstration=true", "--steps", "1",
