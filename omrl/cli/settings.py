@@ -348,13 +348,17 @@ def turns_shown(max_turns: int) -> str:
 
 
 def mixture_lines(cfg: Any) -> list[str]:
-    """A mixture's envs in the settings block: each with its weight (its share of the tasks drawn in
-    training) and its own split, template, worked example and turn cap."""
+    """A mixture's envs in the settings block: each with its weight where training draws its tasks by
+    weight (eval and rollout play as many of each env's), its own split, template, worked example and turn cap."""
     from omrl.mixture import mix_members
 
     members = mix_members(cfg)
     width = max(len(m.name) for m in members)
-    lines = [f"envs       a mixture of {len(members)}: {', '.join(f'{m.name} {m.weight:.3g}' for m in members)}"]
+    if getattr(cfg, "algorithm", None) is not None:
+        envs = ", ".join(f"{m.name} {m.weight:.3g}" for m in members)
+    else:
+        envs = f"{', '.join(m.name for m in members)}, as many tasks of each"
+    lines = [f"envs       a mixture of {len(members)}: {envs}"]
     for m in members:
         env = m.env
         lines.append(

@@ -98,6 +98,7 @@ def test_eval_on_a_mixture_reports_each_env_and_both_averages(omrl_main, mix_plu
     by_env = {env: [ep for ep in episodes if ep.env == env] for env in ("keys", "half-won")}
     # num_tasks of each env, whatever the weights (half-won has only 2)
     assert {env: len(eps) for env, eps in by_env.items()} == {"keys": 3, "half-won": 2}
+    assert "envs       a mixture of 2: keys, half-won, as many tasks of each" in out  # not the weights 0.9/0.1
     assert [e["env"] for e in report["episodes"]] == [ep.env for ep in episodes]
     assert [ep.won for ep in by_env["half-won"]] == [True, False]  # any reply that is not blank ends it
     for env, eps in by_env.items():
