@@ -238,7 +238,7 @@ def evaluate_command(
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
     from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories, write_unscored
-    from omrl.rollout.outcomes import seat_metrics
+    from omrl.rollout.outcomes import seat_metrics, self_play_note
     from omrl.training.metrics import peak_memory
     from omrl.view import view_command
 
@@ -338,6 +338,8 @@ def evaluate_command(
     # as omrl rollout writes them, and what they were played with (SFT on them keeps it)
     parquet, readable = write_trajectories(episodes, episodes_path, session.tokenizer, played_settings(cfg))
     console.print(metrics_table(metrics, title=f"eval: {cfg.model.name} on {env_label(cfg)} ({cfg.env.split})"))
+    if note := self_play_note(metrics):
+        console.print(note, highlight=False, soft_wrap=True)
     if by_env:
         console.print(env_table(by_env, title=f"eval per env ({len(by_env['per_env'])} envs)"))
     console.print(f"report: {path}", highlight=False, soft_wrap=True)

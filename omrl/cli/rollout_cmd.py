@@ -100,6 +100,7 @@ def rollout(
     from omrl.mixture import is_mixture
     from omrl.rollout import RolloutSession
     from omrl.rollout.convert import keep_unscored, unscored_path, write_trajectories, write_unscored
+    from omrl.rollout.outcomes import seat_metrics, self_play_note
     from omrl.view import view_command
 
     given = {
@@ -166,8 +167,10 @@ def rollout(
         where = f"the {env_label(cfg)} expert" if expert else failed_in(episodes, env_label(cfg))
         raise EnvFailure(f"every episode failed in {where} (nothing written); the first reasons: {'; '.join(reasons)}")
     parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer, played_settings(cfg))
-    metrics = evaluate(episodes)
+    metrics = {**evaluate(episodes), **seat_metrics(episodes)}  # a game of seats: how the policy's fared
     console.print(metrics_table(metrics, title=f"rollout: {env_label(cfg)}"))
+    if note := self_play_note(metrics):
+        console.print(note, highlight=False, soft_wrap=True)
     if is_mixture(cfg.env):
         console.print(env_table(evaluate_by_env(episodes, metrics), title="rollout per env"))
     console.print(f"wrote {len(episodes)} episodes to {parquet} and {readable}", soft_wrap=True)

@@ -54,3 +54,17 @@ def seat_metrics(
         out[f"games{suffix}"] = rates["games"]
         out.update({f"{o}_rate{suffix}": rates[o] for o in OUTCOMES})
     return out
+
+
+def self_play_note(metrics: dict[str, float]) -> str | None:
+    """What a table of :func:`seat_metrics` cannot say where the policy played every seat of every game:
+    each of its wins is one of its losses, so the overall rates tell how games end, not how well it plays."""
+    games = metrics.get("games", 0.0)
+    if not games or metrics.get("games/vs:policy") != games:
+        return None
+    seat = [key.split(":", 1)[1] for key in metrics if key.startswith("games/seat:")][-1]
+    return (
+        "the policy played every seat of each game, so each of its wins is also one of its losses: win_rate and "
+        "loss_rate tell how games end, not how well it plays (per seat they tell which seat is favoured); to "
+        f"measure it, give a seat an opponent, e.g. seats.play.{seat}=scripted or model:DIR"
+    )

@@ -20,7 +20,7 @@ from omrl.errors import ConfigError, OmrlError  # noqa: E402
 from omrl.models import load_model  # noqa: E402
 from omrl.rollout import EnvPool, RolloutLimits  # noqa: E402
 from omrl.rollout.convert import write_trajectories  # noqa: E402
-from omrl.rollout.outcomes import seat_metrics, seat_outcomes  # noqa: E402
+from omrl.rollout.outcomes import seat_metrics, seat_outcomes, self_play_note  # noqa: E402
 from omrl.rollout.seating import POLICY, SCRIPTED, PastCheckpoints, Player, check_seating  # noqa: E402
 from omrl.rollout.seats import play_seats  # noqa: E402
 from omrl.training.rl_data import trainable  # noqa: E402
@@ -192,6 +192,7 @@ def test_against_the_scripted_player_only_the_policy_seat_is_played_out(policy, 
     back = read_episodes(write_episodes(episodes, tmp_path / "seats.parquet"))
     assert [ep.info for ep in back] == [ep.info for ep in episodes]
     assert seat_metrics(back) == seat_metrics(episodes)
+    assert self_play_note(seat_metrics(episodes)) is None  # against the scripted player its rates measure it
     # so does the readable JSONL beside it: which seat, who played each, which game and how it ended
     _, readable = write_trajectories(episodes, tmp_path / "written.parquet", tokenizer)
     records = [json.loads(line) for line in readable.read_text().splitlines()]
@@ -258,6 +259,8 @@ def test_a_game_cut_at_max_turns_is_unfinished(policy, react):
     assert {ep.end_reason for ep in episodes} == {"max_turns"}
     assert all(ep.info["outcome"] == "unfinished" and ep.info["seat_reward"] == 0 for ep in episodes)
     assert seat_metrics(episodes)["unfinished_rate"] == 1.0 and seat_metrics(episodes)["games"] == 2
+    # the policy on both sides: its rates mirror each other, and the note says how to measure it instead
+    assert "give a seat an opponent, e.g. seats.play.player_1=scripted" in self_play_note(seat_metrics(episodes))
 
 
 # -- refused seatings and declarations -----------------------------------------------------------------

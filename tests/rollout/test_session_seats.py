@@ -74,6 +74,14 @@ def test_what_cannot_play_seats_refuses_them_by_name():
             check_config(config(setting, kind=TrainRunConfig))
 
 
+def test_omrl_rollout_of_self_play_shows_each_seat_and_says_its_overall_rates_mirror(tmp_path):
+    played = invoke("rollout", GAME, *SMALL, "num_tasks=1", f"output={tmp_path / 'games.parquet'}")
+    assert played.exit_code == 0, played.output
+    said = " ".join(played.output.split())
+    assert "win_rate/seat:player_0" in said and "games/vs:policy" in said
+    assert "the policy played every seat of each game, so each of its wins is also one of its losses" in said
+
+
 @pytest.mark.slow
 def test_omrl_train_self_plays_and_omrl_eval_reports_each_seat_s_outcomes(tmp_path):
     run = tmp_path / "run"
