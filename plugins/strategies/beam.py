@@ -12,6 +12,7 @@ from omrl_plugins.strategies.common import (
     needs_sampling,
     one_tree_per_task,
     pick_answer,
+    warn_short_budget,
 )
 
 
@@ -38,6 +39,7 @@ def beam(
     yes_or_no("beam", "stop_on_win", stop_on_win)
     one_tree_per_task(ctx)
     needs_sampling(ctx, "beam option branch", branch)
+    warn_short_budget(ctx, "beam option branch", branch)
     check_scorer(ctx, scorer, "scorer")
     if select:
         check_scorer(ctx, select, "select")

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Sequence
 
 from omrl.search import Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number
 from omrl_plugins.strategies.chain import grow_chains
-from omrl_plugins.strategies.common import answer_pool, check_scorer, needs_sampling, one_tree_per_task
+from omrl_plugins.strategies.common import (
+    answer_pool,
+    check_scorer,
+    needs_sampling,
+    one_tree_per_task,
+    warn_short_budget,
+)
 
 
 def best_of_n(ctx: SearchContext, tasks: Sequence[int], n: int = 4, select: str = "env_reward") -> list[Tree]:
@@ -22,13 +27,7 @@ def best_of_n(ctx: SearchContext, tasks: Sequence[int], n: int = 4, select: str 
     one_tree_per_task(ctx)
     needs_sampling(ctx, "best_of_n option n", n)
     check_scorer(ctx, select, "select")
-    if ctx.budget and ctx.budget < n * ctx.limits.max_new_tokens:  # a "best-of-4" row that was best-of-2
-        warnings.warn(
-            f"best_of_n n={n} with a budget of {ctx.budget} tokens: {n} first replies of up to "
-            f"{ctx.limits.max_new_tokens} tokens need {n * ctx.limits.max_new_tokens}, so a task may play fewer than "
-            f"{n} chains (search/paths_per_task says how many); raise --budget, or lower n",
-            stacklevel=2,
-        )
+    warn_short_budget(ctx, "best_of_n option n", n)  # a "best-of-4" row that was best-of-2
     return run_search(ctx, tasks, _grow, forks=False, n=n, select=select)
 
 

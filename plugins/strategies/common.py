@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 from omrl.errors import ConfigError, UnknownNameError
@@ -25,6 +26,18 @@ def needs_sampling(ctx: SearchContext, what: str, count: int) -> None:
             f"{what}={count} samples several replies per node, but decoding is greedy "
             "(generation.temperature=0), so they would all be the same; valid: "
             "generation.temperature>0 (e.g. 1.0), or 1"
+        )
+
+
+def warn_short_budget(ctx: SearchContext, what: str, count: int) -> None:
+    """Warn where the token budget cannot pay for the ``count`` replies the search's first expansion asks
+    for (``what``: the option that asks): a "best-of-4" or "beam of 3" row that searched less than it says."""
+    if ctx.budget and ctx.budget < count * ctx.limits.max_new_tokens:
+        warnings.warn(
+            f"{what}={count} with a budget of {ctx.budget} tokens: {count} first replies of up to "
+            f"{ctx.limits.max_new_tokens} tokens need {count * ctx.limits.max_new_tokens}, so a task may be searched "
+            f"less than asked (search/paths_per_task says how much); raise --budget, or lower {what.split()[-1]}",
+            stacklevel=3,
         )
 
 

@@ -6,7 +6,13 @@ from typing import Sequence
 
 from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number
-from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task, pick_answer
+from omrl_plugins.strategies.common import (
+    check_scorer,
+    needs_sampling,
+    one_tree_per_task,
+    pick_answer,
+    warn_short_budget,
+)
 
 
 def dfsdt(
@@ -25,6 +31,7 @@ def dfsdt(
     whole_number("dfsdt", "max_expansions", max_expansions)
     one_tree_per_task(ctx)
     needs_sampling(ctx, "dfsdt option branch", branch)
+    warn_short_budget(ctx, "dfsdt option branch", branch)
     check_scorer(ctx, scorer, "scorer")
     return run_search(ctx, tasks, _grow, branch=branch, scorer=scorer, max_expansions=max_expansions)
 

@@ -8,7 +8,13 @@ from typing import Sequence
 from omrl.errors import ConfigError
 from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number, yes_or_no
-from omrl_plugins.strategies.common import check_scorer, needs_sampling, one_tree_per_task, pick_answer
+from omrl_plugins.strategies.common import (
+    check_scorer,
+    needs_sampling,
+    one_tree_per_task,
+    pick_answer,
+    warn_short_budget,
+)
 
 VALUES = ("rollout", "scorer")
 
@@ -43,6 +49,7 @@ def mcts(
         raise ConfigError(f"mcts option exploration={exploration!r} is invalid; valid: a number >= 0")
     one_tree_per_task(ctx)
     needs_sampling(ctx, "mcts option branch", branch)
+    warn_short_budget(ctx, "mcts option branch", branch)
     check_scorer(ctx, scorer, "scorer")
     return run_search(
         ctx,

@@ -45,11 +45,22 @@ def test_best_of_n_picks_the_chain_its_selector_likes(tiny_tokenizer):
     assert "chosen" not in episodes[0].turns[-1].info["search"]
 
 
-def test_best_of_n_warns_where_its_budget_holds_fewer_than_n_first_replies(tiny_tokenizer):
+@pytest.mark.parametrize(
+    "strategy, options, said",
+    [
+        ("best_of_n", {"n": 4}, "best_of_n option n=4"),
+        ("beam", {"branch": 4}, "beam option branch=4"),
+        ("mcts", {"branch": 4}, "mcts option branch=4"),
+        ("dfsdt", {"branch": 4}, "dfsdt option branch=4"),
+        ("mc_value", {"k": 4}, "mc_value option k=4"),
+    ],
+)
+def test_a_search_warns_where_its_budget_holds_fewer_first_replies_than_it_asks(strategy, options, said,
+                                                                                tiny_tokenizer):  # fmt: skip
     """A "best-of-4" row of a budget table was best-of-2, and nothing said so."""
     backend = ScriptedBackend(tiny_tokenizer, lambda call, i, prompt: "Action: open")
-    with pytest.warns(UserWarning, match="best_of_n n=4 with a budget of 30 tokens: 4 first replies of up to 12"):
-        search(tiny_tokenizer, backend, "best_of_n", {"n": 4}, budget=30)
+    with pytest.warns(UserWarning, match=f"{said} with a budget of 30 tokens: 4 first replies of up to 12"):
+        search(tiny_tokenizer, backend, strategy, options, budget=30)
 
 
 def test_dfsdt_backtracks_from_dead_ends(tiny_tokenizer):
