@@ -90,12 +90,15 @@ def side_metrics(store: EpisodeStore) -> tuple[dict[str, Any], str]:
         more = f" (the first of its {len(store.reports)} reports)" if len(store.reports) > 1 else ""
         return _flat(report["metrics"]), f"the eval report {report['file']}{more}"
     measured = [e for e in store.summaries if e["end"] != ENV_ERROR]
-    m = len(measured) or 1
+
+    def mean(key: str) -> float | None:  # None: nothing measured (no episodes, or all env errors), not 0%
+        return sum(e[key] for e in measured) / len(measured) if measured else None
+
     computed = {
         "episodes": len(store.summaries),
-        "success_rate": sum(e["won"] for e in measured) / m,
-        "mean_score": sum(e["score"] for e in measured) / m,
-        "mean_reward": sum(e["reward"] for e in measured) / m,
+        "success_rate": mean("won"),
+        "mean_score": mean("score"),
+        "mean_reward": mean("reward"),
         "env_errors": len(store.summaries) - len(measured),
     }
     return computed, "no eval report: computed from its episodes"

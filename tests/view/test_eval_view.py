@@ -381,3 +381,16 @@ def test_two_sides_of_other_envs_are_said_to_compare_other_tasks(tmp_path):
     )
     assert problem.as_dict() in Comparison(grid, shop).overview()["problems"]
     assert Comparison(grid, played("gridworld")).problems() == []
+
+
+@pytest.mark.parametrize("ends", [[], ["env_error", "env_error"]])
+def test_a_side_with_nothing_measured_has_no_success_rate_not_0_percent(ends):
+    """An SFT run's folder (no episodes) or episodes that all failed in their env measured nothing."""
+    from types import SimpleNamespace
+
+    from omrl.view.compare import side_metrics
+
+    summaries = [{"end": end, "won": False, "score": 0.0, "reward": 0.0} for end in ends]
+    computed, _ = side_metrics(SimpleNamespace(reports=[], summaries=summaries))
+    assert computed["success_rate"] is computed["mean_score"] is computed["mean_reward"] is None
+    assert computed["episodes"] == len(ends) and computed["env_errors"] == len(ends)
