@@ -351,12 +351,11 @@ def save_checkpoint(recipe: OnlineRecipe, extra: dict[str, Any] | None = None) -
 
 def finish(recipe: OnlineRecipe, metrics: dict[str, float]) -> dict[str, Any]:
     """The final checkpoint (unless the last step wrote it) and model; the run's summary. A run that
-    was no result (:meth:`RolloutHealth.check_run`) raises after saving."""
-    cfg = recipe.cfg
+    learned nothing raises before saving, one with too many env errors after (:class:`RolloutHealth`)."""
+    cfg, health = recipe.cfg, recipe.run.health
+    health.check_learned(cfg.env.name, cfg.generation.max_context)
     save_final(recipe)
-    recipe.run.health.check_run(
-        cfg.env.name, cfg.max_env_error_rate, cfg.generation.max_context, str(recipe.output_dir)
-    )
+    health.check_error_rate(cfg.env.name, cfg.max_env_error_rate, str(recipe.output_dir))
     recipe.skipped.check_learned(recipe.step, recipe.output_dir, recipe.logger)
     if not metrics and recipe.step:  # resumed with no step left to take: the summary of the last one logged
         logged = [record for record in read_metrics(recipe.output_dir) if record.get("step") == recipe.step]

@@ -138,20 +138,14 @@ class RolloutHealth:
             f"{self.failed_step}); the step is not counted"
         )
 
-    def check_run(self, env: str, max_env_error_rate: float, max_context: int, output_dir: str) -> None:
-        """At the end of a run: raise when it was no result (see the module's docstring)."""
+    def check_learned(self, env: str, max_context: int) -> None:
+        """At the end of a run, before its final model is saved: raise where it learned nothing (every
+        episode failed in the env, or none got a model turn), so no model is left that looks trained."""
         played, lost, first = self.episodes_played, self.env_failures, self.first_env_error or "on another process"
-        where = IN_THE_AGENT if AGENT_REASON.match(first) else self.the_env(env)
         if played and lost == played:
             raise EnvFailure(
-                f"every one of the {played} episodes of this run failed in {where}, so nothing was "
-                f"learned; the first reason: {first}"
-            )
-        if played and lost / played > max_env_error_rate:
-            raise EnvFailure(
-                f"{lost} of the run's {played} episodes ({100 * lost / played:.0f}%) failed in {where}, "
-                f"more than max_env_error_rate={max_env_error_rate:g} allows; they were not trained on, and the "
-                f"model in {output_dir} learned from the rest; the first reason: {first}"
+                f"every one of the {played} episodes of this run failed in {self._where(env, first)}, so nothing "
+                f"was learned; the first reason: {first}"
             )
         if played and not self.episodes_with_a_turn and self.overlong:
             raise ConfigError(
@@ -165,6 +159,20 @@ class RolloutHealth:
                 "(the steps' warnings say how: in a game of several seats, another seat ended it first); "
                 "seat the policy where it gets to move, or other players (seats.play.<seat>=...)"
             )
+
+    def check_error_rate(self, env: str, max_env_error_rate: float, output_dir: str) -> None:
+        """At the end of a run, after its final model is saved (it learned from the rest): raise where more
+        of its episodes failed in the env than ``max_env_error_rate`` allows."""
+        played, lost, first = self.episodes_played, self.env_failures, self.first_env_error or "on another process"
+        if played and lost / played > max_env_error_rate:
+            raise EnvFailure(
+                f"{lost} of the run's {played} episodes ({100 * lost / played:.0f}%) failed in "
+                f"{self._where(env, first)}, more than max_env_error_rate={max_env_error_rate:g} allows; they were "
+                f"not trained on, and the model in {output_dir} learned from the rest; the first reason: {first}"
+            )
+
+    def _where(self, env: str, first: str) -> str:
+        return IN_THE_AGENT if AGENT_REASON.match(first) else self.the_env(env)
 
 
 def ended_before_a_turn(episodes: Sequence[Episode]) -> str:

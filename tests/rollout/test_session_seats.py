@@ -203,3 +203,4 @@ def test_a_train_run_whose_policy_never_moves_fails_naming_why_not_the_context(t
     )
     assert "no episode of this run got a single model turn, so nothing was learned" in said
     assert "max_context" not in said
+    assert not (tmp_path / "config.json").exists()  # no final model that looks like a trained one

@@ -131,7 +131,7 @@ def test_a_mixtures_env_failures_name_the_env_that_failed_not_the_mixture():
     health = RolloutHealth()
     health.add(4, 2, 2, 10, "reset failed: env 'strreset' returned 5", envs=["strreset", "strreset"])
     with pytest.raises(EnvFailure, match=r"2 of the run's 4 episodes \(50%\) failed in the env 'strreset', more"):
-        health.check_run("coinflip,strreset", 0.1, 1024, "run")
+        health.check_error_rate("coinflip,strreset", 0.1, "run")
     health.add(2, 2, 0, 10, "step failed: down", envs=["coinflip"])
     assert health.failed_in("coinflip,strreset") == "the envs 'strreset', 'coinflip'"
     assert RolloutHealth().the_env("gridworld") == "the env 'gridworld'"
