@@ -42,8 +42,10 @@ class ParquetEpisodes:
         self._cache: dict[int, Any] = {}
         self._lock = threading.Lock()
         self.summaries = self._read_summaries()
-        self.has_advantages = any(summary["advantage"] is not None for summary in self.summaries)
         self.step_rollout = is_step_rollout(path)  # trained on, its advantages recorded or not
+        # a step rollout with the column recorded the update's, none where no episode was trained on
+        recorded = self.step_rollout and "advantages" in self._file.schema_arrow.names
+        self.has_advantages = recorded or any(summary["advantage"] is not None for summary in self.summaries)
 
     def _read_summaries(self) -> list[dict[str, Any]]:
         import pyarrow.compute as pc

@@ -179,7 +179,7 @@ class EpisodeStore:
     def tasks(self) -> dict[str, Any] | None:
         """Per task of the files not trained on (an eval's, a rollout's), its samples and pass@k; None
         unless some task has several samples (see :func:`omrl.view.evals.task_table`)."""
-        untrained = {number for number, f in enumerate(self.files) if not f.has_advantages}
+        untrained = {number for number, f in enumerate(self.files) if not (f.has_advantages or f.step_rollout)}
         return evals.task_table(self.summaries, untrained)
 
     def env_counts(self) -> list[dict[str, Any]]:

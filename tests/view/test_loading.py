@@ -67,11 +67,32 @@ def test_a_step_rollout_saved_before_advantages_were_recorded_says_they_were_not
 
     store = open_run(small_run)  # omrl rollout's file: never trained on, nothing said of advantages
     assert store.overview()["facets"]["unrecorded"] is False and store.group("0:0")["advantage"] is None
+    import pyarrow.parquet as pq
+
     (small_run / "rollout.parquet").unlink()
-    write_episodes(small_episodes(), small_run / "rollouts" / "step-00000001.parquet")  # no advantages in it
+    written = write_episodes(small_episodes(), small_run / "new.parquet")
+    table = pq.read_table(written).drop_columns(["advantages", "returns", "values"])  # as episode/4 wrote it
+    (small_run / "rollouts").mkdir()
+    pq.write_table(table.replace_schema_metadata({b"omrl.schema": b"episode/4"}),
+                   small_run / "rollouts" / "step-00000001.parquet")  # fmt: skip
+    written.unlink()
     store = open_run(small_run)
     assert store.overview()["facets"]["unrecorded"] is True
     assert "not recorded" in store.group("0:0")["advantage"]
+    assert store.tasks() is None  # trained on all the same: no per-task pass@k table
+
+
+def test_a_step_rollout_of_an_update_that_trained_no_episode_says_so_not_that_it_is_old(small_run):
+    """A search whose every path was cut short: the file records the update's advantages, and none were."""
+    from omrl.data.trajectory import write_episodes
+
+    (small_run / "rollout.parquet").unlink()
+    write_episodes(small_episodes(), small_run / "rollouts" / "step-00000001.parquet")  # the columns, empty
+    store = open_run(small_run)
+    overview = store.overview()
+    assert "as the trainer recorded them" in overview["advantage"] and overview["facets"]["unrecorded"] is False
+    assert store.episode(0)["left_out"] == "Not trained on: the update recorded no advantage for it."
+    assert store.tasks() is None  # a training rollout gets no per-task pass@k table
 
 
 def test_one_episode_in_full(small_run):
