@@ -121,6 +121,8 @@ def finished_cells(path: Path, setup: dict[str, Any]) -> list[dict[str, Any]]:
             "would mix two in one table: give another --out, or resume=false to start over there"
         )
     changed = _differences(old, setup)
+    if old.get("model") != setup.get("model"):  # another model: that its content differs goes without saying
+        changed = [line for line in changed if not line.startswith(f"{CONTENT}.")]
     if changed:
         raise ConfigError(
             f"{path} holds a sweep with other settings ({'; '.join(changed[:3])}); give another "
@@ -176,6 +178,8 @@ def _check_same_model(path: Path, old: Any, setup: dict[str, Any]) -> None:
     """ConfigError when the cells in ``path`` were played by other model content than ``setup``'s,
     or when the record does not say (an older omrl wrote it): the two would share one table."""
     name = setup["model"]["name"]
+    if isinstance(old.get("model"), dict) and old["model"].get("name") != name:
+        return  # another model named: the settings' differences say so, not "retrained or replaced"
     if CONTENT not in old:
         raise ConfigError(
             f"{path} does not record which model content its cells were played with (an older "

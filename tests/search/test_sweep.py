@@ -240,6 +240,9 @@ def test_a_model_retrained_at_the_same_path_does_not_resume_the_earlier_models_s
     ):
         invoke(*args)
     assert json.loads((out / "sweep.json").read_text()) == record  # left as it was
+    # another model named is no retrained one: the setting that differs is named
+    with pytest.raises(ConfigError, match=r'other settings \(model.name: "/.* there, "tiny" now\)'):
+        invoke("sweep", *FAST, "--model", "tiny", "--strategies", "chain", "-o", str(out))
     assert invoke(*args, "resume=false").exit_code == 0  # a new table for the new model
 
 
