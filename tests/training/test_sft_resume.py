@@ -114,3 +114,20 @@ def test_a_final_model_its_resumed_run_trained_past_is_named_before_it_plays(sft
         warn_if_final_model_behind(str(tmp_path / "run"))
     run_sft(cfg, console=QUIET)  # finished: its model is the newest again
     assert final_model_behind(tmp_path / "run") is None
+
+
+def test_a_finished_run_resumed_for_more_epochs_takes_its_next_update_at_the_new_schedules_rate(sft_config, tmp_path):
+    """It took it at the old schedule's last rate: 0, at the end of a cosine decay."""
+    from omrl.training.optim import lr_multiplier
+
+    settings = dict(optim__lr_schedule="cosine", optim__warmup_steps=0, logging__output_dir=str(tmp_path / "run"))
+    cfg = sft_config(num_train_epochs=1.0, **settings)
+    first = run_sft(cfg, console=QUIET)["steps"]
+    cfg.resume, cfg.num_train_epochs = True, 2.0
+    total = run_sft(cfg, console=QUIET)["steps"]
+    rates = {row["step"]: row["lr"] for row in read_metrics(tmp_path / "run")}
+    assert total > first + 1
+    assert rates[first + 1] == pytest.approx(
+        cfg.optim.learning_rate * lr_multiplier(first, total, 0, "cosine"), rel=1e-6
+    )
+    assert rates[first + 1] > 0
