@@ -364,6 +364,9 @@ def open_episode(
         ep.error = f"reset failed: {raised(first)}" if problem is None else f"reset failed: env {env_name!r} {problem}"
         return None
     ep.instruction = clean_text(first.instruction)
+    reported = {key: value for key, value in first.info.items() if key not in ("won", "score")}
+    if reported:  # what the task is (its expected answer): a reward reads it where no step reported it
+        ep.info["reset"] = reported
     observation = clean_text(first.text) or EMPTY_OBSERVATION
     # the first user message is the instruction plus the first observation (once: some envs repeat it)
     user = observation if ep.instruction in observation else f"{ep.instruction}\n\n{observation}"

@@ -130,7 +130,9 @@ class DatasetEnv(Env):
     def reset(self, task_id: int) -> Observation:
         self._item, self._task, self._attempt, self._done = self.item(task_id), task_id, 0, False
         text = f"{self.instruction}\n\n{self._item.prompt}" if self.instruction else self._item.prompt
-        return Observation(text, text, {"won": False, "score": 0.0})
+        answers = self._item.answers  # for a judge, where the reply never reached step (it did not parse)
+        truth = answers[0] if len(answers) == 1 else list(answers)
+        return Observation(text, text, {"won": False, "score": 0.0, "ground_truth": truth})
 
     def step(self, action: str) -> StepResult:
         if self._done or self._item is None:

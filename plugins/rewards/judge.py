@@ -259,11 +259,11 @@ def _view(ep: Episode, view: str, max_chars: int) -> str:
 
 
 def expected(ep: Episode) -> str:
-    """The expected answers the env reported on the latest turn that reported them (a last reply that did
-    not parse never reached the env, and its turn has none), or ``(none given)``."""
-    for turn in reversed(ep.turns):
+    """The expected answers the env reported on the latest turn that reported them, else at its reset (a
+    one-turn episode whose reply did not parse never reached the env's step), or ``(none given)``."""
+    for info in [*(turn.info for turn in reversed(ep.turns)), ep.info.get("reset") or {}]:
         for key in GROUND_TRUTH_KEYS:
-            value = turn.info.get(key)
+            value = info.get(key)
             if value is not None and value != []:
                 return " or ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
     return NONE_GIVEN

@@ -72,7 +72,7 @@ def test_jsonl_rows_with_the_default_keys(jsonl):
     assert list(env.task_ids("train")) == [0, 1, 2, 3, 4] and list(env.task_ids("test")) == []
     first = env.reset(1)
     assert first.text == first.instruction == "Capital of France?"
-    assert first.info == {"won": False, "score": 0.0}
+    assert first.info == {"won": False, "score": 0.0, "ground_truth": "Paris"}  # a judge reads it
 
 
 def test_parquet_with_chat_prompts_and_a_nested_answer_as_verl_writes_them(tmp_path):

@@ -132,6 +132,26 @@ def test_a_last_reply_that_did_not_parse_is_judged_against_the_answer_an_earlier
     assert "# Expected answer\n42" in judge.prompts()[0]
 
 
+def test_a_one_turn_reply_that_did_not_parse_is_judged_against_the_answer_the_env_gave_at_reset(
+    judge, tiny_tokenizer, tmp_path
+):
+    """It was judged with "(none given)": a format broken was graded more leniently than a wrong answer."""
+    from omrl import registry
+    from omrl.rollout.loop import open_episode
+    from omrl_plugins.envs.dataset import DatasetEnv
+
+    data = tmp_path / "qa.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 3 + 5?", "answer": "8"}) + "\n")
+    env = DatasetEnv(path=str(data))
+    ep = Episode(env="dataset", task_id=0, split="train", instruction="")
+    template = registry.templates.get("react")()
+    assert open_episode(ep, env, env.reset(0), template, tiny_tokenizer, "dataset", demonstration=False)
+    ep.turns.append(Turn("", "eight, I think", None, False, 0.0, True))  # no action: the env never stepped
+    judge.script = lambda prompt: "SCORE: 0"
+    composed([ep], **judge.options())
+    assert "# Expected answer\n8" in judge.prompts()[0]
+
+
 def test_a_rubric_of_ones_own_gets_each_placeholder_filled(judge, tmp_path):
     rubric = tmp_path / "rubric.txt"
     rubric.write_text("T={task} E={expected} A={answer} S={scale}\nLAST:\n{last_turn}\n---\n{transcript}")

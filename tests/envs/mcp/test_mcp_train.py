@@ -12,7 +12,9 @@ EXITS = [sys.executable, "-c", "import sys; sys.stderr.write('no database here\\
 
 
 def test_train_names_the_server_that_cannot_start_before_it_loads_a_model(tasks, tmp_path, capsys):
-    model = tmp_path / "no-such-model"  # loading it first would fail with another message
+    model = tmp_path / "unloadable-model"  # a model folder whose loading would fail with another message
+    model.mkdir()
+    (model / "config.json").write_text("{}")
     code, _, err = cli_exit(
         capsys,
         "train",
