@@ -17,6 +17,7 @@ per-turn totals over its token ids for the training loss.
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import warnings
 from bisect import bisect_left
@@ -66,7 +67,7 @@ def episode_reward(fn: Callable[..., float]) -> RewardFn:
             if not ep.turns:
                 out.append([])
                 continue
-            out.append([0.0] * (len(ep.turns) - 1) + [float(fn(ep, **options))])
+            out.append([0.0] * (len(ep.turns) - 1) + [fn(ep, **options)])  # a None or a text: the composer names it
         return out
 
     return batch
@@ -165,6 +166,20 @@ def check_allocation(mode: str, gamma: float) -> None:
         raise RewardError(f"gamma must be a number in [0, 1], got {gamma!r}")
 
 
+def _weighted_totals(weights: dict[str, float], components: dict[str, list[list[float]]], i: int, ep: Episode):
+    """Episode ``i``'s weighted per-turn total; RewardError where finite values and weights overflow a float
+    (it was trained on as inf, and the run blamed the gradients)."""
+    totals = [sum(weights[name] * components[name][i][t] for name in weights) for t in range(len(ep.turns))]
+    for t, total in enumerate(totals):
+        if not math.isfinite(total):
+            parts = " + ".join(f"{name} {weights[name]:g} x {components[name][i][t]:g}" for name in weights)
+            raise RewardError(
+                f"the weighted reward of {_describe(ep, i)} turn {t} is {total} ({parts}): too large for a float; "
+                "lower reward.weights, or the scale of the reward that gives such values"
+            )
+    return totals
+
+
 def compose_rewards(
     episodes: Sequence[Episode], weights: dict[str, float], options: dict[str, dict[str, Any]] | None = None
 ) -> dict[str, float]:
@@ -240,15 +255,14 @@ def compose_rewards(
             played = [played[i] for i in kept]
             components = {key: [values[i] for i in kept] for key, values in components.items()}
 
+    totals = [_weighted_totals(weights, components, i, ep) for i, ep in enumerate(played)]
     for ep in episodes:
         if ep.end_reason == "env_error":
             ep.rewards.update({name: [0.0] * len(ep.turns) for name in [*weights, TOTAL]})
     for i, ep in enumerate(played):
         for name, values in components.items():
             ep.rewards[name] = values[i]
-        ep.rewards[TOTAL] = [
-            sum(weights[name] * components[name][i][t] for name in weights) for t in range(len(ep.turns))
-        ]
+        ep.rewards[TOTAL] = totals[i]
 
     n = max(len(played), 1)
     means = {name: sum(sum(v) for v in values) / n for name, values in components.items()}
