@@ -20,7 +20,7 @@ def measured(episodes: Sequence[Episode]) -> list[Episode]:
 
 def env_error_reasons(episodes: Sequence[Episode], limit: int = 3) -> list[str]:
     """The first ``limit`` distinct reasons episodes failed in the env, each with how many share it and
-    the first task it hit (``"3 episodes, from task 2: connection refused"``)."""
+    the first task it hit (``"3 episodes, the first of task 2: connection refused"``)."""
     counts: Counter[str] = Counter()
     first_task: dict[str, int] = {}
     for ep in episodes:
@@ -29,7 +29,10 @@ def env_error_reasons(episodes: Sequence[Episode], limit: int = 3) -> list[str]:
             counts[reason] += 1
             first_task.setdefault(reason, ep.task_id)
     lines = [
-        f"{n} episode{'s' if n > 1 else ''}, from task {first_task[reason]}: {reason}" for reason, n in counts.items()
+        f"{n} episodes, the first of task {first_task[reason]}: {reason}"
+        if n > 1
+        else f"1 episode, of task {first_task[reason]}: {reason}"
+        for reason, n in counts.items()
     ]
     return lines[:limit] + ([f"... and {len(lines) - limit} other reasons"] if len(lines) > limit else [])
 

@@ -50,7 +50,7 @@ def _fix(health: Any) -> str | None:
     if env is not None:
         return f"fix the plugin of the env {env!r} (it answered outside omrl's env protocol)"
     if reward is not None:
-        return f"fix the reward {reward!r} (or give it longer: deadlines.reward_s)"
+        return f"fix the reward {reward!r} or bring back the service it calls (or give it longer: deadlines.reward_s)"
     return "fix the agent program or its reward function" if health.failed_agent() else None
 
 

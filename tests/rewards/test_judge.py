@@ -48,7 +48,7 @@ def test_tiny_local_judge_answers_random_text_so_its_episodes_end_as_env_error()
     means = composed(episodes, backend="hf", model="tiny", max_tokens=8)
     for ep in episodes:
         assert ep.end_reason == "env_error" and ep.rewards == {"judge": [0.0, 0.0], "total": [0.0, 0.0]}
-        assert ep.error.startswith("judge 'tiny' (hf backend): answered unparseably: no line 'SCORE: <a number")
+        assert ep.error.startswith("reward 'judge': judge 'tiny' (hf backend): answered unparseably: no line 'SCORE:")
         assert ep.turns[-1].info["judge"]["reply"]  # what it said, for whoever reads the episode
     assert means == {"judge": 0.0, "total": 0.0}
     assert rollout_metrics(episodes, 1.0, means)["env_errors"] == 2.0
@@ -212,13 +212,27 @@ def test_a_judge_that_fails_ends_the_episode_as_env_error_naming_the_judge_and_w
     started = time.monotonic()
     means = composed([bad, good], **judge.options(**options))
     assert time.monotonic() - started < 2.5  # a hang is cut at the timeout
-    assert bad.end_reason == "env_error" and bad.error.startswith(f"judge 'judge-model' at {judge.base_url}: {why}")
+    assert bad.end_reason == "env_error" and bad.error.startswith(
+        f"reward 'judge': judge 'judge-model' at {judge.base_url}: {why}"
+    )
     assert bad.rewards == {"judge": [0.0, 0.0], "total": [0.0, 0.0]} and bad.turns[-1].info["judge"]["error"]
     assert good.end_reason == "done" and good.rewards["judge"] == [0.0, score]
     assert means == {"judge": score, "total": score}  # the failed episode counts in no mean
     metrics = rollout_metrics([bad, good], 1.0, means)
     assert metrics["env_errors"] == 1.0 and metrics["reward"] == score
     assert KEY not in bad.error
+
+
+def test_a_step_whose_judge_failed_every_episode_names_the_reward_not_the_env(judge):
+    """It said "every episode failed in the env 'dataset'", and to run again once the env was back."""
+    from omrl.training.rollout_health import RolloutHealth
+
+    judge.script = lambda prompt: "no verdict here"
+    episodes = [episode("Say 42.", "42"), episode("Say 42.", "41")]
+    composed(episodes, **judge.options())
+    health = RolloutHealth()
+    health.add(2, 2, 2, 10, episodes[0].error)
+    assert health.failed_in("dataset") == "the reward 'judge'"
 
 
 @pytest.mark.parametrize("weights", [{"judge": 1.0, "goal": 1.0}, {"goal": 1.0, "judge": 1.0}])
@@ -353,6 +367,6 @@ def test_rollout_scores_episodes_with_the_judge_and_counts_its_failures(fake_plu
     assert scored.rewards["judge"][-1] == 0.5 and scored.turns[-1].info["judge"]["reasoning"] == "Fine."
     assert failed.end_reason == "env_error" and "judge 'judge-model' at" in failed.error
     assert "mean_reward │ 0.500" in text and "env_errors │ 1" in text  # the failed episode is in no mean
-    assert "from task 1: judge 'judge-model' at" in text and "answered unparseably" in text
+    assert "of task 1: reward 'judge': judge 'judge-model' at" in text and "answered unparseably" in text
     assert len(judge.requests) == 2 and all(r["authorization"] == f"Bearer {KEY}" for r in judge.requests)
     assert KEY not in out.read_bytes().decode("latin-1") and KEY not in out.with_suffix(".jsonl").read_text()

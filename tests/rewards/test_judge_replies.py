@@ -54,7 +54,7 @@ def test_a_verdict_only_in_the_thinking_or_before_a_cut_is_unreadable_and_asked_
     bad, good = episode("task one", "41"), episode("task two", "42")
     means = composed([bad, good], **judge.options(max_tokens=32))
     assert bad.end_reason == "env_error", bad.rewards
-    assert bad.error.startswith(f"judge 'judge-model' at {judge.base_url}: answered unparseably: {why}")
+    assert bad.error.startswith(f"reward 'judge': judge 'judge-model' at {judge.base_url}: answered unparseably: {why}")
     assert ("(the reply was cut at max_tokens=32)" in bad.error) == isinstance(reply, tuple)
     assert good.end_reason == "done" and means == {"judge": 0.8, "total": 0.8}
     again = episode("task one", "41")  # the unreadable reply was not cached: the judge is asked again

@@ -56,7 +56,7 @@ def test_under_the_share_the_run_succeeds_and_says_why_episodes_failed(down_env,
     )
     assert code == 0, text
     assert "env errors: 1 of 4 episodes failed in the env 'keys_down'" in text
-    assert "1 episode, from task 1:" in text and "connection refused (task 1)" in text
+    assert "1 episode, of task 1:" in text and "connection refused (task 1)" in text
     metrics = json.loads(report.read_text())["metrics"]
     assert metrics["env_errors"] == 1 and metrics["env_error_rate"] == 0.25
     assert metrics["success_rate"] == sum(e["won"] for e in json.loads(report.read_text())["episodes"]) / 3
@@ -129,3 +129,12 @@ def test_a_step_answer_outside_the_protocol_is_an_env_error_never_a_reward(tiny_
 
     (episode,) = collect(EnvPool(Garbled, name="garbled"), ActionTemplate(), tiny_tokenizer, [0], expert=True)
     assert episode.end_reason == "env_error" and wrong in episode.error
+
+
+def test_a_reason_shared_by_several_episodes_names_the_first_task_as_the_first():
+    """It said "6 episodes, from task 0" of episodes from tasks 0 to 5."""
+    from omrl.data import Episode
+    from omrl.env_errors import env_error_reasons
+
+    failed = [Episode("e", task, "train", "", end_reason="env_error", error="down") for task in range(3)]
+    assert env_error_reasons(failed) == ["3 episodes, the first of task 0: down"]

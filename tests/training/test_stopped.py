@@ -89,7 +89,10 @@ def test_a_hung_reward_is_named_as_the_reward_not_the_env(tmp_path):
     message = str(stopped.value)
     assert message.startswith("step 1: every episode failed in the reward 'hang_reward' in 3 rollouts in a row")
     assert "env is back" not in message and "every episode failed in the env" not in message
-    assert "fix the reward 'hang_reward' (or give it longer: deadlines.reward_s)" in message
+    assert (
+        "fix the reward 'hang_reward' or bring back the service it calls (or give it longer: deadlines.reward_s)"
+        in message
+    )
 
 
 def test_an_env_that_failed_still_gets_the_env_advice(tmp_path):
