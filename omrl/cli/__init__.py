@@ -217,7 +217,8 @@ def stop_on_interrupt(run: Callable[[], T], console: Console, lost: Callable[[],
     except KeyboardInterrupt as stop:
         said = f"terminated (SIGTERM): {stop}" if TERMINATED and "SIGTERM" not in str(stop) else str(stop)
         said = f"{said or 'interrupted'}: {lost()}" if lost is not None else said
-        console.print(Text(said or "interrupted", style="yellow"), highlight=False, soft_wrap=True)
+        if os.environ.get("RANK", "0") == "0":  # every process of a launch was stopped: said once, for all
+            console.print(Text(said or "interrupted", style="yellow"), highlight=False, soft_wrap=True)
         raise typer.Exit(143 if TERMINATED else 130) from stop
 
 
@@ -288,6 +289,8 @@ def quiet_third_parties() -> None:
     own = Path(__file__).resolve().parents[1]  # the omrl package: its warnings speak to the user, not of code
 
     def one_line(message, category, filename, lineno, file=None, line=None) -> None:
+        if os.environ.get("RANK", "0") != "0":  # under accelerate launch the main process says it once for all
+            return
         if Path(filename).resolve().is_relative_to(own):
             text = f"warning: {message}"
         else:

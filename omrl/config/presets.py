@@ -124,7 +124,9 @@ def resumed_preset(output_dir: str | None, resume: bool, preset: str | None) -> 
     if resume and not output_dir:
         raise ConfigError("--resume needs --output-dir: the run directory to continue")
     if resume:
-        saved = Path(output_dir).expanduser() / "config.yaml"
-        if saved.is_file():
-            return str(saved)
+        folder = Path(output_dir).expanduser()
+        if not folder.is_dir():  # said first: what else is missing (a dataset) would be the run's to give
+            raise ConfigError(f"nothing to resume: no folder {folder}; run without --resume to start a run there")
+        if (folder / "config.yaml").is_file():
+            return str(folder / "config.yaml")
     return preset

@@ -110,11 +110,11 @@ def start_recipe(recipe: Recipe, cfg: Any, on_step_end: StepCallback | None, con
     check_logging(cfg.logging)
     recipe.cfg = cfg
     recipe.on_step_end = on_step_end
-    recipe.console = console or Console(stderr=True)
     recipe.output_dir = Path(cfg.logging.output_dir)
     recipe.step, recipe.saved_step = 0, -1
     recipe.skipped = SkippedUpdates(cfg.optim.max_nan_steps)
     recipe.strategy = make_strategy(cfg.model.dtype)  # one process, or one of several under `accelerate launch`
+    recipe.console = console or Console(stderr=True, quiet=not recipe.strategy.is_main)  # one report, not one each
 
 
 def run_recipe(recipe: Recipe, command: str) -> dict[str, Any]:

@@ -178,3 +178,29 @@ def test_a_family_given_where_one_env_goes_names_one_of_its_members(capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert "'babyai:*' names a family of 40 envs, not one; give one of them, e.g. 'babyai:" in err
     assert "(omrl env list 'babyai:*' lists them)" in err
+
+
+@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
+def test_under_a_launch_only_the_main_process_says_a_stop_and_a_warning(rank, said, monkeypatch, capsys):
+    """Every process of a launch printed the resume command and each warning: one copy per process."""
+    import io
+    import warnings
+
+    import typer
+    from rich.console import Console
+
+    from omrl.cli import quiet_third_parties, stop_on_interrupt
+
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    out = io.StringIO()
+
+    def stopped():
+        raise KeyboardInterrupt("interrupted; continue with: omrl sft --resume")
+
+    with pytest.raises(typer.Exit):
+        stop_on_interrupt(stopped, Console(file=out))
+    quiet_third_parties()
+    warnings.warn_explicit("a setting nothing reads", UserWarning, "x.py", 1)
+    assert ("continue with: omrl sft --resume" in out.getvalue()) is said
+    assert ("a setting nothing reads" in capsys.readouterr().err) is said

@@ -64,3 +64,12 @@ def test_resume_without_an_output_dir_is_refused(command, omrl_main, no_model, t
     code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--resume")
     assert code == 2 and "--resume needs --output-dir: the run directory to continue" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", TRAINERS)
+def test_resume_into_a_folder_that_is_not_there_says_so_first(command, omrl_main, no_model, tmp_path):
+    """sft said "no dataset given" of a run folder mistyped."""
+    gone = tmp_path / "runs" / "typo"
+    code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--resume", "--output-dir", str(gone))
+    assert code == 2 and f"nothing to resume: no folder {gone}; run without --resume" in err, err
+    assert not gone.exists()
