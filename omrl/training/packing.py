@@ -95,10 +95,10 @@ def tokenize_conversations(
                 raise OmrlError(f"{conv.source}: {exc}") from exc
         kept = 0
         for ids, mask in split:
-            truncated += len(ids) > max_seq_length
             labels = shifted_labels(ids, mask)[:max_seq_length]
             if all(label == IGNORE_INDEX for label in labels):
-                continue
+                continue  # no reply within the cut: dropped, not counted as cut too
+            truncated += len(ids) > max_seq_length
             ids = ids[:max_seq_length]
             rows.append(Row(ids, labels, list(range(len(ids)))))
             kept += 1

@@ -47,10 +47,10 @@ def test_truncation_drops_conversations_left_without_assistant_tokens(tiny_model
     _, tok = tiny_model
     convs = _conversations(2)
     prompt_len = encode_conversation(tok, convs[0].messages)[1].index(1)
-    rows, dropped, _ = tokenize_conversations(tok, convs, max_seq_length=prompt_len - 1)
-    assert rows == [] and dropped == 2
-    rows, dropped, _ = tokenize_conversations(tok, convs, max_seq_length=prompt_len + 3)
-    assert dropped == 0 and all(len(r) == prompt_len + 3 for r in rows)
+    rows, dropped, truncated = tokenize_conversations(tok, convs, max_seq_length=prompt_len - 1)
+    assert rows == [] and dropped == 2 and truncated == 0  # dropped, not counted as cut too
+    rows, dropped, truncated = tokenize_conversations(tok, convs, max_seq_length=prompt_len + 3)
+    assert dropped == 0 and truncated == 2 and all(len(r) == prompt_len + 3 for r in rows)
 
 
 def test_pack_rows_layout(tiny_model):
