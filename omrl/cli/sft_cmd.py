@@ -107,7 +107,7 @@ def sft(
     summary = stop_on_interrupt(lambda: run_sft(cfg), err_console)
     if is_main_process():  # under accelerate launch, one summary rather than one per process
         typer.echo(
-            f"trained {summary['steps']} steps (final loss {summary['final_loss']:.4f}, "
+            f"trained {summary['steps']} step{'s' * (summary['steps'] != 1)} (final loss {summary['final_loss']:.4f}, "
             f"{summary['mean_step_time']:.3f} s/step, {summary['skipped_updates']} skipped); "
             f"model saved in {summary['output_dir']}"
         )

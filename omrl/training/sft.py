@@ -75,6 +75,14 @@ class SftRecipe:
         self._setup_model()
         self._setup_data()
         recipe.finish_setup(self, resume_from, "sft", "; resuming would not continue the same run")
+        self.console.print(self._plan(), highlight=False, soft_wrap=True)
+        accumulation, processes = cfg.optim.gradient_accumulation_steps, self.strategy.world_size
+        if accumulation % processes:  # each process takes a share of a step's micro-batches
+            self.logger.warn(
+                f"optim.gradient_accumulation_steps={accumulation} with {processes} processes: "
+                f"{processes - accumulation % processes} of them sit idle for part of every step (a step's "
+                f"micro-batches are shared out among them); a multiple of {processes} keeps every process busy"
+            )
         if self.truncated:
             self.logger.warn(
                 f"{self.truncated} conversations were longer than max_seq_length={cfg.max_seq_length} "
@@ -87,6 +95,19 @@ class SftRecipe:
             )
         report_mix(self.mix, "conversations", cfg.dataset, cfg.seed, self.strategy, self.console, self.output_dir)
 
+    def _plan(self) -> str:
+        """The run in one line: model, data (packed or not), epochs, steps and how a step is made up."""
+        cfg = self.cfg
+        packed = f", packed into {len(self.rows)} rows of up to {cfg.max_seq_length} tokens" if cfg.packing else ""
+        processes = f" over {self.strategy.world_size} processes" if self.strategy.world_size > 1 else ""
+        epochs, per_epoch, total = cfg.num_train_epochs, self.steps_per_epoch, self.total_steps
+        return (
+            f"omrl sft: {cfg.model.name} on {self.conversations} conversations{packed}; {epochs:g} "
+            f"epoch{'s' * (epochs != 1)} of {per_epoch} step{'s' * (per_epoch != 1)} ({len(self.micro)} micro-batches "
+            f"of up to {cfg.optim.micro_batch_size} rows, up to {cfg.optim.gradient_accumulation_steps} a step"
+            f"{processes}): {total} step{'s' * (total != 1)} -> {self.output_dir}"
+        )
+
     def _setup_model(self) -> None:
         check_context_window(self.cfg.model.name, self.cfg.max_seq_length, "max_seq_length")
         model, self.tokenizer = load_trainable_model(self.cfg.model, str(self.device), self.cfg.chat)
@@ -97,12 +118,13 @@ class SftRecipe:
         sources = self.sources
         loaded = [self._source_rows(source.path) for source in sources]
         self.dropped, self.truncated = sum(x[1] for x in loaded), sum(x[2] for x in loaded)
+        self.conversations = sum(x[3] for x in loaded)
         self.mix: list[dict[str, Any]] = []  # per source of a mixture: its weight, conversations and draw
         row_source: list[int] = []  # in a mixture, the source of each conversation's row
         if len(sources) == 1:  # one dataset: read and trained on as it always was
             rows = loaded[0][0]
         else:
-            sizes = [len(source_rows) for source_rows, _, _ in loaded]
+            sizes = [len(source_rows) for source_rows, _, _, _ in loaded]
             drawn = draw_mixture(sizes, [source.weight for source in sources], cfg.seed)
             rows = [loaded[source][0][item] for source, item in drawn]
             row_source = [source for source, _ in drawn]
@@ -127,9 +149,10 @@ class SftRecipe:
         self.total_steps = max(1, math.ceil(cfg.num_train_epochs * self.steps_per_epoch))
         self._orders: dict[int, list[int]] = {}
 
-    def _source_rows(self, path: str) -> tuple[list[Row], int, int]:
-        """One dataset's training rows (one per conversation unless chat.history splits it), and how
-        many conversations were dropped and truncated; an error naming ``path`` when it gives none."""
+    def _source_rows(self, path: str) -> tuple[list[Row], int, int, int]:
+        """One dataset's training rows (one per conversation unless chat.history splits it), how many
+        conversations were dropped and truncated, and how many it holds; an error naming ``path`` when it
+        gives none."""
         cfg = self.cfg
         conversations = load_conversations(path, cfg.min_reward)
         if not conversations:
@@ -145,7 +168,7 @@ class SftRecipe:
             raise OmrlError(
                 f"no conversation in {path} has an assistant token within max_seq_length={cfg.max_seq_length}"
             )
-        return rows, dropped, truncated
+        return rows, dropped, truncated, len(conversations)
 
     def step_mix(self, chosen: list[int]) -> dict[str, float]:
         """In a mixture: how many of a step's conversations (rows before packing) came from each dataset,

@@ -154,3 +154,18 @@ def test_conversations_cut_to_max_seq_length_are_reported(sft_config):
     out = io.StringIO()
     run_sft(sft_config(max_seq_length=48, packing=False), console=Console(file=out, width=300))
     assert "conversations were longer than max_seq_length=48 tokens and were cut to it" in out.getvalue()
+
+
+def test_a_run_says_first_what_it_trains_on_and_how_its_steps_add_up(sft_config):
+    """It began with "step 1/52": nothing said the model, the data, the packing or where the steps come from."""
+    out = io.StringIO()
+    cfg = sft_config(num_train_epochs=2.0, packing=False, optim__micro_batch_size=1,
+                     optim__gradient_accumulation_steps=2)  # fmt: skip
+    summary = run_sft(cfg, console=Console(file=out, width=400))
+    first = out.getvalue().splitlines()[0]
+    assert first.startswith(f"omrl sft: {cfg.model.name} on ") and " conversations; 2 epochs of " in first
+    conversations = int(first.split(" on ")[1].split(" conversations")[0])
+    per_epoch = -(-conversations // 2)  # a row a micro-batch, two a step
+    assert f"2 epochs of {per_epoch} steps ({conversations} micro-batches of up to 1 rows" in first
+    assert first.endswith(f"): {summary['steps']} steps -> {cfg.logging.output_dir}")
+    assert summary["steps"] == 2 * per_epoch
