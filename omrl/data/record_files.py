@@ -208,9 +208,10 @@ def _decode(raw: bytes, file: Path, offset: int = 0, line: int = 1) -> str:
 
 def _json(text: str, where: str) -> Any:
     try:
-        return json.loads(text)
+        return json.loads(text.rstrip("\r\n"))  # a row cut short is wrong where it stops, not on the next line
     except json.JSONDecodeError as exc:
-        raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+        place = f"line {exc.lineno} column {exc.colno}" if exc.lineno > 1 else f"column {exc.colno}"
+        raise DatasetFormatError(f"{where}: not valid JSON ({exc.msg} at {place})") from exc
     except RecursionError as exc:
         raise DatasetFormatError(f"{where}: JSON nested too deeply to read") from exc
     except ValueError as exc:  # int() refusing a number of thousands of digits

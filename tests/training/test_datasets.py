@@ -112,6 +112,14 @@ def test_wrong_rows_fail_with_file_and_row(tmp_path, line, expected):
     assert str(path) in str(info.value) and expected in str(info.value)
 
 
+def test_a_row_cut_short_is_named_where_it_stops(tmp_path):
+    """A truncated row was said to be wrong "at column 1": of the next line, past its newline."""
+    path = tmp_path / "cut.jsonl"
+    path.write_text('{"messages": [ \n')
+    with pytest.raises(DatasetFormatError, match=r"cut.jsonl row 1: not valid JSON \(Expecting value at column 16\)"):
+        load_conversations(path)
+
+
 def test_invalid_json_line_and_unknown_file_type_fail(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(agent_records(1)[0]) + "\n\n{not json\n")
