@@ -192,6 +192,8 @@ def _discover_dir(root: Path) -> RunSource:
     source.config = _beside(root / CONFIG_FILE, CONFIG_FILE, source)
     source.tokenizer = _beside(root / TOKENIZER_FILE, TOKENIZER_FILE, source)
     for path in _walk(root, source):
+        if path.parent == root and path.name in (METRICS_FILE, CONFIG_FILE, TOKENIZER_FILE):
+            continue  # read (or named, a link leading out) just above
         if not _stays_inside(path, root, source) or not _regular(path, source):
             continue
         suffix = path.suffix.lower()

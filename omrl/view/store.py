@@ -37,6 +37,7 @@ class EpisodeStore:
     def __init__(self, source: RunSource, tokenizer: str | None = None):
         self.source = source
         self.problems: list[Problem] = list(source.problems)
+        self._rollouts_read = set(self._step_rollouts())  # a live run writes more: the page says so
         self.token_text, self.tokenizer_note = self._tokenizer(tokenizer)
         label = self.source.label(self.source.config) if self.source.config else ""
         self.config_text, self.config, found = read_config(self.source.config, label)
@@ -136,13 +137,33 @@ class EpisodeStore:
                 self._metrics_cache = (seen, columns(records), found)
             return self._metrics_cache[1], self._metrics_cache[2]
 
+    def _step_rollouts(self) -> list[Path]:
+        folder = self.source.path / "rollouts"
+        return sorted(folder.glob("step-*.parquet")) if self.source.kind == "run" and folder.is_dir() else []
+
+    def _unread_rollouts(self) -> list[Problem]:
+        """A warning where the run wrote step rollouts since the viewer read it (a live run): its curves
+        are read again, but its episodes are those of when the viewer started."""
+        newer = [path for path in self._step_rollouts() if path not in self._rollouts_read]
+        if not newer:
+            return []
+        return [
+            Problem(
+                self.source.label(newer[-1]),
+                f"{len(newer)} step rollout file{'s' * (len(newer) > 1)} written since the viewer read the run "
+                f"({'the newest ' * (len(newer) > 1)}named here) {'are' if len(newer) > 1 else 'is'} not listed: "
+                "restart omrl view to see the episodes",
+                level="warning",
+            )
+        ]
+
     # -- what the page asks for ---------------------------------------------------------------
 
     def overview(self) -> dict[str, Any]:
         """Everything but the episodes: metrics (read again when the file changed: a live run goes on writing), config,
         eval reports, what the filters can choose from, and every problem found."""
         curves, found = self._curves()
-        problems = self.problems + found
+        problems = self.problems + found + self._unread_rollouts()
         s = self.summaries
         return {
             "path": str(self.source.path),

@@ -64,3 +64,24 @@ def test_a_folder_linked_from_outside_the_run_is_named(small_run, tmp_path):
     store = open_run(small_run)
     assert _warnings(store) == {"rollouts": OUTSIDE_FOLDER}
     assert len(store.summaries) == 6  # rollout.parquet's only
+
+
+def test_a_metrics_file_linked_from_outside_is_named_once(small_run, tmp_path):
+    outside = tmp_path / "elsewhere.jsonl"
+    outside.write_text('{"step": 1, "loss": 0.5}\n')
+    (small_run / "metrics.jsonl").unlink(missing_ok=True)
+    (small_run / "metrics.jsonl").symlink_to(outside)
+    problems = [p for p in open_run(small_run).overview()["problems"] if p["file"] == "metrics.jsonl"]
+    assert [p["message"] for p in problems] == [OUTSIDE_FILE]  # it was named twice
+
+
+def test_step_rollouts_a_live_run_writes_after_the_viewer_started_are_said_to_be_unlisted(small_run):
+    (small_run / "rollouts").mkdir()
+    write_episodes(small_episodes(), small_run / "rollouts" / "step-00000001.parquet")
+    store = open_run(small_run)
+    assert not any("since the viewer read the run" in message for message in _warnings(store).values())
+    write_episodes(small_episodes(), small_run / "rollouts" / "step-00000002.parquet")
+    assert _warnings(store)["rollouts/step-00000002.parquet"] == (
+        "1 step rollout file written since the viewer read the run (named here) is not listed: "
+        "restart omrl view to see the episodes"
+    )
