@@ -52,7 +52,7 @@ def more(*argv: str):
         ["--help"],
         more("train", "--help"),
         more("config", "list"),
-        ["config", "show", "grpo"],
+        ["config", "show", "dpo"],  # grpo and ppo: their show runs the algorithms on a probe batch, in torch
         more("config", "keys", "train"),
         ["env", "list"],
         more("view", "--help"),
