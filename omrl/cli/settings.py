@@ -319,13 +319,10 @@ def settings_block(cfg: Any) -> str:
         )
     reward = getattr(cfg, "reward", None)
     if reward is not None and not (agent is not None and agent.reward):
-        lines.append(f"reward     {shown(reward.weights)} ({reward.allocation})")
-        if is_mixture(env):
-            lines += [
-                f"           {m.name}: {shown(m.reward_weights)}"
-                for m in mix_members(cfg)
-                if m.reward_weights != dict(reward.weights)
-            ]
+        own = [m for m in mix_members(cfg) if m.reward_weights != dict(reward.weights)] if is_mixture(env) else []
+        every = len(own) == len(mix_members(cfg))  # the run's weights are no env's: not shown as if they were
+        lines.append(f"reward     {'each env its own' if every else shown(reward.weights)} ({reward.allocation})")
+        lines += [f"           {m.name}: {shown(m.reward_weights)}" for m in own]
     algorithm = getattr(cfg, "algorithm", None)
     if algorithm is not None and algorithm.name != "dpo":  # dpo: no advantages, nothing to correct
         from omrl.training.rollout_correction import correction_name

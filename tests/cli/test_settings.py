@@ -175,3 +175,18 @@ def test_a_game_trained_against_a_fixed_opponent_is_evaluated_against_it(tmp_pat
     assert cfg.seats.play == {"player_0": "model:tiny", "player_1": "scripted"}  # the command line's seat wins
     assert "seats.play={player_0: model:tiny, player_1: scripted}" in printed[0]
     assert "seats.play" not in trained_settings(str(tmp_path), "gridworld")  # another env: no seats of this game
+
+
+def test_a_mixture_whose_envs_each_weigh_their_own_rewards_shows_no_run_weights_as_theirs():
+    """The block began "reward {goal: 1}", a weighting no env of the run used."""
+    from omrl.cli.settings import settings_block
+    from omrl.config import command_line_config
+    from omrl.config.options import TrainRunConfig
+
+    mix = (
+        "env.mix=[{name: gridworld, weight: 0.5, reward: {goal: 1.0, format: 0.1}}, "
+        "{name: reasoning-gym:basic_arithmetic, weight: 0.5, reward: {goal: 2.0}}]"
+    )
+    block = settings_block(command_line_config(TrainRunConfig, [mix], {}))
+    assert "reward     each env its own (last_token)\n" in block
+    assert "           gridworld: {goal: 1, format: 0.1}" in block
