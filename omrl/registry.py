@@ -62,6 +62,11 @@ TRAITS: dict[str, dict[str, tuple[Any, str]]] = {
             "a function that takes the policy's tokenizer, then the reward's options as keywords, and raises "
             "ConfigError when the reward cannot score that tokenizer's token ids (omrl.rewards.check_tokenizer)",
         ),
+        "check_reachable": (
+            callable,
+            "a function that takes the reward's options as keywords and raises EnvFailure when the service it "
+            "calls cannot be reached, before the first rollout is played (omrl.rewards.check_reachable)",
+        ),
     },
 }
 #: the class a component of these kinds subclasses (imported when one is checked)

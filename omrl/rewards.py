@@ -150,12 +150,23 @@ def check_tokenizer(weights: dict[str, float], options: dict[str, Any], tokenize
     """Refuse a weighted reward that cannot score the token ids of the policy's ``tokenizer`` (its own
     ``check_tokenizer`` trait: a reward model trained on another base model) when a session starts,
     not once its first rollout is played."""
+    _each_check("check_tokenizer", weights, options, tokenizer)
+
+
+def check_reachable(weights: dict[str, float], options: dict[str, Any]) -> None:
+    """Stop where a weighted reward's service cannot be reached (its own ``check_reachable`` trait: a judge's
+    endpoint) when a session starts, not after a whole rollout is played and played again."""
+    _each_check("check_reachable", weights, options)
+
+
+def _each_check(trait: str, weights: dict[str, float], options: dict[str, Any], *args: Any) -> None:
+    """Each weighted reward's ``trait`` check, called with ``args`` and the reward's options."""
     from omrl import registry
 
     for name in weights:
-        check = registry.rewards.component(name).traits.get("check_tokenizer")
+        check = registry.rewards.component(name).traits.get(trait)
         if check is not None:
-            check(tokenizer, **dict(options.get(name) or {}))
+            check(*args, **dict(options.get(name) or {}))
 
 
 def check_allocation(mode: str, gamma: float) -> None:

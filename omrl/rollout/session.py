@@ -133,6 +133,7 @@ class RolloutSession:
                 check_run_template(tokenizer, limits.history, limits.template_kwargs)
             for env in envs:  # a reward that cannot score this tokenizer's ids is refused before a model loads
                 rewards.check_tokenizer(env.reward_weights or {}, env.plugin_options or {}, tokenizer)
+                rewards.check_reachable(env.reward_weights or {}, env.plugin_options or {})
                 env.seating = seating_of(cfg, env.pool.env_class, env.name, tokenizer, expert, mixture, agent)
             if backend is None and not expert:
                 backend = backend_of(cfg, tokenizer, model)

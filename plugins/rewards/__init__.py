@@ -7,7 +7,7 @@ the config's ``plugins`` block, keyed by reward name (``plugins.rm.path=DIR``).
 
 from omrl.hookspecs import hookimpl
 from omrl_plugins.rewards.answers import math_verify_reward, numeric_match_reward
-from omrl_plugins.rewards.judge import check_judge_options, judge_reward
+from omrl_plugins.rewards.judge import check_judge_options, check_judge_reachable, judge_reward
 from omrl_plugins.rewards.outcome import accuracy_reward, bleu_reward, exact_match_reward, goal_reward
 from omrl_plugins.rewards.reward_model import check_rm_options, check_rm_tokenizer, rm_reward
 from omrl_plugins.rewards.shaping import format_reward, length_penalty, process_reward, tag_count_reward
@@ -31,7 +31,7 @@ REWARDS = {
 @hookimpl
 def register_rewards(register):
     traits = {  # what is checked before a run plays: options, and whether the policy's ids can be scored
-        "judge": {"check_options": check_judge_options},
+        "judge": {"check_options": check_judge_options, "check_reachable": check_judge_reachable},
         "rm": {"check_options": check_rm_options, "check_tokenizer": check_rm_tokenizer},
     }
     for name, fn in REWARDS.items():

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from omrl.data.trajectory import Episode
 from omrl.errors import ConfigError, short_repr
-from omrl_plugins.rewards.judge_calls import ask_cached, check_judge, forget, make_judge
+from omrl_plugins.rewards.judge_calls import ask_cached, check_judge, forget, make_judge, reach
 from omrl_plugins.rewards.judge_verdicts import Scale, Unreadable, make_scale, read_group, read_one
 from omrl_plugins.rewards.outcome import GROUND_TRUTH_KEYS, final_answer
 
@@ -162,6 +162,15 @@ def check_judge_options(**options: Any) -> None:
     limits = ("trajectory", "max_chars", "temperature", "max_tokens", "timeout_s", "retries", "concurrency")
     _check(*(given[name] for name in limits))
     check_judge(given["backend"], given["base_url"], given["model"])
+
+
+def check_judge_reachable(**options: Any) -> None:
+    """An endpoint judge whose host takes no connection stops the run before its first rollout (its
+    ``check_reachable`` trait): else every episode of that rollout, and of two replays, ends as env_error."""
+    bound = inspect.signature(judge_reward).bind([], **options)
+    bound.apply_defaults()
+    if bound.arguments["backend"] == "openai":
+        reach(bound.arguments["base_url"], min(bound.arguments["timeout_s"], 10.0))
 
 
 def _fail(unit: Sequence[Episode], label: str, why: str, reply: str) -> None:

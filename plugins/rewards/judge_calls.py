@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import urlsplit
 
 from omrl.chat.replies import REASONING_FIELDS
-from omrl.errors import ConfigError, short_repr
+from omrl.errors import ConfigError, EnvFailure, short_repr
 
 if TYPE_CHECKING:
     import httpx
@@ -153,6 +154,19 @@ def check_judge(backend: str, base_url: str, model: str) -> None:
             f"reward 'judge' option backend={backend!r} is invalid; valid: openai (an endpoint at base_url), "
             f"{', '.join(LOCAL_BACKENDS)} (a model omrl loads)"
         )
+
+
+def reach(base_url: str, timeout_s: float) -> None:
+    """EnvFailure unless ``base_url``'s host takes a connection within ``timeout_s`` (nothing is asked)."""
+    parts = urlsplit(base_url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise EnvFailure(
+            f"reward 'judge': cannot reach {base_url} ({type(exc).__name__}: {exc}), so no episode could be "
+            "scored: start the judge's server, or fix plugins.judge.base_url"
+        ) from exc
 
 
 def _check_base_url(base_url: Any) -> None:

@@ -370,3 +370,23 @@ def test_rollout_scores_episodes_with_the_judge_and_counts_its_failures(fake_plu
     assert "of task 1: reward 'judge': judge 'judge-model' at" in text and "answered unparseably" in text
     assert len(judge.requests) == 2 and all(r["authorization"] == f"Bearer {KEY}" for r in judge.requests)
     assert KEY not in out.read_bytes().decode("latin-1") and KEY not in out.with_suffix(".jsonl").read_text()
+
+
+def test_a_judge_nothing_listens_at_stops_the_run_before_its_first_rollout(fake_plugins, tmp_path, capsys):
+    """Every episode of a rollout, and of two replays, ended as env_error before the run stopped."""
+    import socket
+
+    with socket.socket() as free:  # a port nothing listens at once closed
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    out = tmp_path / "judged.parquet"
+    code, stdout, stderr = cli_exit(
+        capsys,
+        *keys_rollout(2, *FAST, "-o", str(out)),
+        "reward.weights={judge: 1}",
+        f"plugins.judge.base_url=http://127.0.0.1:{port}/v1",
+        "plugins.judge.model=judge-model",
+    )
+    said = " ".join((stdout + stderr).split())
+    assert code == 2 and f"reward 'judge': cannot reach http://127.0.0.1:{port}/v1 (ConnectionRefusedError" in said
+    assert "start the judge's server, or fix plugins.judge.base_url" in said and not out.exists()
