@@ -142,8 +142,14 @@ def check_options(weights: dict[str, float], options: dict[str, Any]) -> None:
         opts = dict(options.get(name) or {})
         _check_options(name, component.obj, opts)
         check = component.traits.get("check_options")
-        if check is not None:
+        if check is None:
+            continue
+        try:
             check(**opts)
+        except OmrlError as exc:  # a plugin's message that does not say whose it is: named here
+            if f"'{name}'" in str(exc) or f"plugins.{name}." in str(exc):
+                raise
+            raise type(exc)(f"reward {name!r} (plugins.{name}): {exc}") from exc
 
 
 def check_tokenizer(weights: dict[str, float], options: dict[str, Any], tokenizer: Any) -> None:

@@ -105,6 +105,27 @@ def test_a_reward_plugins_own_option_check_is_run_before_anything_is_played(omrl
     assert code == 0, err
 
 
+def test_a_reward_plugins_option_message_that_names_no_reward_is_named_for_it(omrl_main, register_plugin, tmp_path):
+    """It printed "error: scale must be >= 0", and nothing said which reward's option it was."""
+    from omrl.errors import ConfigError
+    from omrl.hookspecs import hookimpl
+    from omrl.rewards import episode_reward
+
+    def check(scale=1.0):
+        if scale < 0:
+            raise ConfigError("scale must be >= 0")
+
+    class Scaled:
+        @hookimpl
+        def register_rewards(self, register):
+            register("scaled", episode_reward(lambda ep, scale=1.0: 0.0), check_options=check)
+
+    register_plugin(Scaled(), name="test-scaled")
+    code, _, err = omrl_main("rollout", "--env", "gridworld", "--expert", "-o", str(tmp_path / "e.parquet"),
+                             "reward.weights.scaled=1", "plugins.scaled.scale=-1")  # fmt: skip
+    assert code == 2 and "reward 'scaled' (plugins.scaled): scale must be >= 0" in err, err
+
+
 def test_a_familys_block_is_refused_where_only_a_member_of_the_family_plays(omrl_main, register_plugin, tmp_path):
     register_plugin(Registers({"fam": KeyEnv, "fam:one": KeyEnv}), name="test-family")
     out = ("--expert", "--num-tasks", "1", "-o", str(tmp_path / "e.parquet"))
