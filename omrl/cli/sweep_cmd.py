@@ -80,6 +80,14 @@ def sweep_config(args: list[str] | None, flags: dict, console) -> tuple[Any, flo
     if split_preset(args[0] if args else None, [])[0] is None:  # eval too starts from a preset named
         take_eval_preset(cfg, args, flags)
     check_before_loading(cfg)  # each env of a mixture known and installed
+    if all(pass_at_1(s) for s in cfg.strategies) and (flags.get("budgets") or user_sets(args, "budgets")):
+        import warnings
+
+        warnings.warn(
+            f"budgets are not read: {', '.join(cfg.strategies)} play{'s' * (len(cfg.strategies) == 1)} once, "
+            "without a budget (pass@1); a budget makes a cell of a strategy that searches, e.g. best_of_n",
+            stacklevel=2,
+        )
     play_settings(cfg, with_flags(args, flags), EVAL_PRESET, console)  # a run's model plays as it trained, as in eval
     if cfg.generation.temperature > 0 or user_sets(args, "generation.temperature"):
         return cfg, None

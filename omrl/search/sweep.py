@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 from omrl.atomic import atomic_write_bytes
 from omrl.config.options import SweepRunConfig
 from omrl.env_errors import measured
-from omrl.errors import ConfigError, EnvFailure, Interrupted
+from omrl.errors import ConfigError, EnvFailure, Interrupted, OmrlError
 from omrl.evaluation import episodes_by_env
 from omrl.search.sweep_display import plot_png, require_matplotlib, sweep_table
 from omrl.search.sweep_resume import finished_cells, model_content, read_record, setup_of
@@ -270,6 +270,13 @@ def run_sweep(
                     f"interrupted during {cell_label(strategy, budget)}; {kept}. The same command "
                     "again plays the cells not finished (resume=true)."
                 ) from stop
+            except OmrlError as failed:  # a cell that failed: what was kept, as a stop says
+                if not cells:
+                    raise
+                raise type(failed)(
+                    f"{failed} (in {cell_label(strategy, budget)}); the {len(cells)} finished cells are in "
+                    f"{out / 'sweep.json'}: once that is fixed, the same command plays the cells not finished"
+                ) from failed
             write_sweep(out, {"format": FORMAT, "setup": setup, "cells": _ordered(cells, cfg.strategies)})
     record = {"format": FORMAT, "setup": setup, "cells": _ordered(cells, cfg.strategies)}
     if not todo:  # every cell was done already: only the picture is drawn again

@@ -335,3 +335,30 @@ def test_a_cell_the_env_failed_in_says_which_tasks_and_is_played_again_on_resume
     assert "0 cells done, 1 to play (1 again: the env failed on some of their tasks)" in " ".join(again.output.split())
     cell = cells(out)[("best_of_n", 16)]
     assert cell["env_errors"] == 0 and not any(t["env_error"] for t in cell["per_task"])
+
+
+def test_a_cell_that_fails_says_the_finished_cells_are_kept_and_how_to_go_on(tmp_path, monkeypatch, capsys):
+    """A stop said so; a failure did not, and the finished cells looked lost."""
+    from omrl.errors import EnvFailure
+    from omrl.search import sweep
+
+    played = sweep.run_cell
+
+    def fails_second(session, cfg, tasks, strategy, budget, *rest):
+        if budget == 24:
+            raise EnvFailure("every episode failed in the env 'gridworld'")
+        return played(session, cfg, tasks, strategy, budget, *rest)
+
+    monkeypatch.setattr(sweep, "run_cell", fails_second)
+    out = tmp_path / "sweep"
+    code, _, err = cli_exit(capsys, "sweep", *FAST, "--strategies", "best_of_n", "--budgets", "16,24", "-o", str(out))
+    said = " ".join(err.split())
+    assert code == 2 and "every episode failed in the env 'gridworld' (in best_of_n @ 24 tokens)" in said, said
+    assert f"the 1 finished cells are in {out / 'sweep.json'}: once that is fixed, the same command" in said
+    assert set(cells(out)) == {("best_of_n", 16)}
+
+
+def test_budgets_given_to_a_sweep_of_pass_at_1_strategies_alone_are_said_to_be_unread(tmp_path):
+    with pytest.warns(UserWarning, match=r"budgets are not read: chain plays once, without a budget \(pass@1\)"):
+        result = invoke("sweep", *FAST, "--strategies", "chain", "--budgets", "128", "-o", str(tmp_path / "sweep"))
+    assert result.exit_code == 0, result.output
