@@ -84,7 +84,10 @@ class Budget:
 
 
 FULL = Budget(expert_episodes=1000, sft_epochs=8.0, grpo_steps=24, tasks_per_step=12, group_size=8, eval_tasks=60)
-QUICK = Budget(expert_episodes=150, sft_epochs=3.0, grpo_steps=4, tasks_per_step=6, group_size=6, eval_tasks=20)
+# a specialist plays 2 tasks x 6 samples a step: one mini-batch of 12
+QUICK = Budget(
+    expert_episodes=150, sft_epochs=3.0, grpo_steps=4, tasks_per_step=6, group_size=6, eval_tasks=20, mini_batch_size=12
+)
 # a pretrained model: fine-tuning learning rates, and what 2 CPU cores get through in about an hour
 # (its untrained evaluation alone takes 20 minutes: it rambles to every turn cap); no specialists
 SMOLLM2 = Budget(

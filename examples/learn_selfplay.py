@@ -63,6 +63,7 @@ class Budget:
     invalid_penalty: float = 0.5  # per move the game refused: the SFT model's usual way to lose
     micro_batch_size: int = 16
     mini_batch_size: int = 8  # episodes per GRPO optimizer step
+    sft_warmup_steps: int = 20
     ppo_epochs: int = 1
     kl_coef: float = 0.0
 
@@ -74,7 +75,18 @@ KUHN = Budget(
 # TicTacToe: chats of about 1,150 tokens; the target is missed here (docs/learning.md)
 TICTACTOE = Budget(expert_games=150, sft_epochs=2.0, grpo_steps=14, eval_games=100, game="TicTacToe-v0")
 BUDGETS = {"kuhn": KUHN, "tictactoe": TICTACTOE}
-QUICK = replace(KUHN, expert_games=16, sft_epochs=1.0, grpo_steps=1, tasks_per_step=2, group_size=2, eval_games=4)
+# its 2 SFT steps take no warm-up, and its 4 episodes a step make one mini-batch
+QUICK = replace(
+    KUHN,
+    expert_games=16,
+    sft_epochs=1.0,
+    grpo_steps=1,
+    tasks_per_step=2,
+    group_size=2,
+    eval_games=4,
+    sft_warmup_steps=0,
+    mini_batch_size=4,
+)
 
 
 def env_name(budget: Budget) -> str:
@@ -100,7 +112,11 @@ def expert_data(path: Path, budget: Budget) -> Path:
 
 def sft_stage(data: Path, out: Path, budget: Budget, seed: int) -> Path:
     """SFT of ``budget.model`` on the expert's moves (its chats run to about 1,200 tokens)."""
-    settings = [s for s in sft_settings(out, budget, seed, data, warmup_steps=20) if not s.startswith("max_seq")]
+    settings = [
+        s
+        for s in sft_settings(out, budget, seed, data, warmup_steps=budget.sft_warmup_steps)
+        if not s.startswith("max_seq")
+    ]
     run_sft(load_config(SftRunConfig, None, [*settings, "max_seq_length=2048"]))
     return out
 

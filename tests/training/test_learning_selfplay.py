@@ -17,10 +17,12 @@ pytest.importorskip("textarena")
 
 
 @pytest.mark.slow  # SFT, GRPO and four evaluations: about a minute and a half on 2 cores
-def test_the_selfplay_example_writes_a_well_formed_summary(tmp_path):
+def test_the_selfplay_example_writes_a_well_formed_summary(tmp_path, recwarn):
     example = load_example("learn_selfplay")
     budget = example.QUICK
     summary = example.main(tmp_path, budget, seed=0)
+    said = [str(w.message) for w in recwarn]  # its budget sets nothing omrl warns of as wasted
+    assert not [w for w in said if "warmup_steps=" in w or "mini_batch_size=" in w], said
 
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     expert = read_episodes(tmp_path / "expert.parquet")
