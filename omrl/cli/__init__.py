@@ -217,6 +217,11 @@ def stop_on_interrupt(run: Callable[[], T], console: Console, lost: Callable[[],
     except KeyboardInterrupt as stop:
         said = f"terminated (SIGTERM): {stop}" if TERMINATED and "SIGTERM" not in str(stop) else str(stop)
         said = f"{said or 'interrupted'}: {lost()}" if lost is not None else said
+        if TERMINATED and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # how a launcher ends the survivors
+            said += (
+                " (under accelerate launch, a SIGTERM most often means another process of the run failed: "
+                "its error is in the launcher's report)"
+            )
         if os.environ.get("RANK", "0") == "0":  # every process of a launch was stopped: said once, for all
             console.print(Text(said or "interrupted", style="yellow"), highlight=False, soft_wrap=True)
         raise typer.Exit(143 if TERMINATED else 130) from stop

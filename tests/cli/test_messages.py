@@ -204,3 +204,27 @@ def test_under_a_launch_only_the_main_process_says_a_stop_and_a_warning(rank, sa
     warnings.warn_explicit("a setting nothing reads", UserWarning, "x.py", 1)
     assert ("continue with: omrl sft --resume" in out.getvalue()) is said
     assert ("a setting nothing reads" in capsys.readouterr().err) is said
+
+
+def test_a_launched_process_ended_by_sigterm_says_another_process_most_often_failed(monkeypatch):
+    """The survivor of a killed process said "terminated (SIGTERM): interrupted", as if the user had stopped it."""
+    import io
+
+    import typer
+    from rich.console import Console
+
+    import omrl.cli
+    from omrl.cli import stop_on_interrupt
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(omrl.cli, "TERMINATED", [15])
+    out = io.StringIO()
+
+    def stopped():
+        raise KeyboardInterrupt("interrupted")
+
+    with pytest.raises(typer.Exit):
+        stop_on_interrupt(stopped, Console(file=out, width=400))
+    said = out.getvalue()
+    assert said.startswith("terminated (SIGTERM): interrupted (under accelerate launch, a SIGTERM most often")
