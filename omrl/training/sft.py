@@ -78,9 +78,10 @@ class SftRecipe:
         self.console.print(self._plan(), highlight=False, soft_wrap=True)
         accumulation, processes = cfg.optim.gradient_accumulation_steps, self.strategy.world_size
         if accumulation % processes:  # each process takes a share of a step's micro-batches
+            idle = processes - accumulation % processes
             self.logger.warn(
                 f"optim.gradient_accumulation_steps={accumulation} with {processes} processes: "
-                f"{processes - accumulation % processes} of them sit idle for part of every step (a step's "
+                f"{idle} of them sit{'s' * (idle == 1)} idle for part of every step (a step's "
                 f"micro-batches are shared out among them); a multiple of {processes} keeps every process busy"
             )
         if self.truncated:
