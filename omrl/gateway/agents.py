@@ -349,11 +349,13 @@ def check_reward(fn: Callable[..., Any], spec: str) -> Callable[..., Any]:
 def score(
     fn: Callable[..., Any], task: dict[str, Any], result: Any, transcript: list[dict[str, Any]], seconds: float
 ) -> dict[str, float]:
-    """The reward function's components for one episode (a number becomes ``{"reward": value}``)."""
+    """The reward function's components for one episode (a number is one named for the function: a
+    ``score_answer`` returning 1.0 becomes ``{"score_answer": 1.0}``, logged ``reward_score_answer``)."""
     offered = {"task": task, "result": result, "transcript": transcript}
     accepted = _keywords(fn, offered)
     value = within(seconds, "the reward function", lambda: fn(**accepted))
-    components = value if isinstance(value, dict) else {"reward": value}
+    name = getattr(fn, "__name__", "")
+    components = value if isinstance(value, dict) else {name if name.isidentifier() else "score": value}
     out = {}
     for name, number in components.items():
         if isinstance(number, bool) or not finite_number(number):

@@ -185,6 +185,17 @@ def test_a_reward_function_may_return_numpy_numbers():
     assert components == {"a": 0.5, "b": 1.0} and all(type(v) is float for v in components.values())
 
 
+def test_a_number_a_reward_function_returns_is_named_for_the_function():
+    """It was named "reward", and logged as reward_reward."""
+    from omrl.gateway.agents import score
+
+    def score_answer(result):
+        return 1.0
+
+    assert score(score_answer, {}, "42", [], 10.0) == {"score_answer": 1.0}
+    assert score(lambda result: 0.5, {}, "42", [], 10.0) == {"score": 0.5}  # a lambda has no name to give
+
+
 def test_a_command_agent_that_exits_non_zero_is_an_env_error(questions, tmp_path):
     crash = tmp_path / "crash.jsonl"
     crash.write_text(json.dumps({"question": "crash now", "answer": "1"}) + "\n")
