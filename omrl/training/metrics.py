@@ -117,8 +117,8 @@ CUTS = {"cut_max_context": "max_context", "cut_max_turns": "max_turns", "cut_bud
 
 
 def cut_counts(episodes: list[Any]) -> dict[str, float]:
-    """The token ledger of a rollout, as counts: ``cut_replies`` (replies cut at ``generation.max_new_tokens``
-    or the room left in the context), and the episodes cut at the context window (``cut_max_context``),
+    """The token ledger of a rollout, as counts: ``cut_replies`` (replies cut at ``generation.max_new_tokens``,
+    the room left in the context, or, behind the gateway, the agent's own ``max_tokens``), and the episodes cut at the context window (``cut_max_context``),
     the turn cap (``cut_max_turns``) or a search's token budget (``cut_budget``). Nothing is cut silently."""
     replies = sum(bool(t.info.get("rollout", {}).get("truncated")) for ep in episodes for t in ep.turns)
     ends = [ep.end_reason for ep in episodes]
