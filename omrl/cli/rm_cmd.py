@@ -132,7 +132,7 @@ def evaluate(
         warnings.warn(
             f"every example in {data} has the same outcome, so auc and pair accuracy are undefined (-): a reward "
             "model is measured on data where some episodes won and some lost",
-            stacklevel=2,
+            stacklevel=1,  # said by the command itself: its caller is typer
         )
     _print_report(result)
     typer.echo(f"report written to {path}")
