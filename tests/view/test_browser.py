@@ -212,3 +212,17 @@ def test_a_stuck_runs_stages_show_from_its_heartbeat(small_run, chromium):
         assert "heartbeat of step 4" in stages and "generate" in stages and "12.5" in stages
         assert "env_step for 312 s, env webshop, task 17 sample 2 (past its deadline)" in stages
         assert page.locator("[data-problems='problems warnings']").count() == 0
+
+
+def test_a_narrow_window_scrolls_a_wide_table_within_itself_not_the_page(small_run, chromium):
+    """At 420 px the episode list pushed the page sideways and cut its last columns off."""
+    with serving(small_run) as url:
+        page = chromium.new_page(viewport={"width": 420, "height": 800})
+        try:
+            page.goto(url + "#/episodes")
+            page.wait_for_selector("table.list tbody tr")
+            assert page.evaluate("document.documentElement.scrollWidth") <= 420
+            table = page.locator("table.list")
+            assert table.evaluate("t => t.scrollWidth > t.clientWidth")  # its columns are all there, scrolled to
+        finally:
+            page.close()
