@@ -1,8 +1,8 @@
 """omrl's data model: the trajectory records (``Episode``, :mod:`.trajectory`; what each version of
 their file layout holds: :mod:`.layouts`), the ``Batch``
 container of tensors (:mod:`.batch`), agent conversations for SFT (:mod:`.conversations`; the files
-they are read from and written to: :mod:`.record_files`) and several datasets mixed by weight
-(:mod:`.mixture`)."""
+they are read from and written to: :mod:`.record_files`; TRL's prompt-completion records as chats:
+:mod:`.prompt_completion`) and several datasets mixed by weight (:mod:`.mixture`)."""
 
 from omrl.data.trajectory import Episode, Turn, read_episodes, write_episodes
 

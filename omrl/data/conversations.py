@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from omrl.chat.replies import REASONING_FIELDS
+from omrl.data.prompt_completion import as_chat_record
 from omrl.data.record_files import (
     MESSAGE_KEYS,
     DatasetFormatError,
@@ -58,16 +59,11 @@ ROLE_ALIASES = {
 }
 STYLES = ("openmanus", "sharegpt")
 _SHAREGPT_ROLES = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
-_NOT_IN_SHAREGPT = (
-    "tool_calls",
-    *REASONING_FIELDS,
-    "name",
-    "tool_call_id",
-)  # a message's fields a from/value pair cannot hold
+_NOT_IN_SHAREGPT = ("tool_calls", *REASONING_FIELDS, "name", "tool_call_id")  # what a from/value pair cannot hold
 REWARD_KEYS = ("reward", "total_reward")  # a record's, else an omrl rollout's readable JSONL's
 _EXPECTED = (
     "expected a record with a 'conversations' list of {'role', 'content'} messages (OpenManus-RL) "
-    "or {'from', 'value'} messages (ShareGPT; roles human, gpt, system)"
+    "or {'from', 'value'} messages (ShareGPT; roles human, gpt, system), or a 'prompt' and a 'completion' (TRL)"
 )
 
 
@@ -140,6 +136,8 @@ def record_to_conversation(row: Any, source: str) -> Conversation:
     if len(given) > 1:  # one would be trained, the other carried along unread
         raise DatasetFormatError(f"{source}: has both {' and '.join(repr(k) for k in given)}; give the messages once")
     key = given[0] if given else next((k for k in MESSAGE_KEYS if k in row), None)
+    if key is None and (chat := as_chat_record(row, source)) is not None:  # TRL's: as the chat it stands for
+        row, key = chat, "messages"
     if key is None:
         raise DatasetFormatError(
             f"{source}: has no 'conversations' or 'messages' key (keys: {', '.join(map(str, row))}); {_EXPECTED}"

@@ -149,3 +149,30 @@ def test_a_conversation_cut_before_its_first_reply_is_dropped(tiny_model):
         [{"role": "user", "content": "y" * 1_000_000}, {"role": "assistant", "content": "Act: go"}], "test row 1"
     )
     assert tokenize_conversations(tok, [conv], max_seq_length=32) == ([], 1, 0)
+
+
+def test_trls_prompt_completion_records_train_on_the_completion_alone(tiny_model):
+    """TRL's data was refused: it holds a prompt and a completion, not a list of messages."""
+    import pytest
+
+    from omrl.data.record_files import DatasetFormatError
+
+    _, tok = tiny_model
+    text = record_to_conversation({"prompt": "Walk to the goal.", "completion": "Act: up", "id": 7}, "row 1")
+    chat = record_to_conversation(
+        {
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Walk to the goal."}],
+            "completion": [{"role": "assistant", "content": "Act: up"}],
+        },
+        "row 2",
+    )
+    assert text.messages == [
+        {"role": "user", "content": "Walk to the goal."},
+        {"role": "assistant", "content": "Act: up"},
+    ]
+    assert [m["role"] for m in chat.messages] == ["system", "user", "assistant"] and text.id == "7"
+    for conv in (text, chat):
+        (row,), _, _ = tokenize_conversations(tok, [conv], max_seq_length=1024)
+        assert tok.decode([label for label in row.labels if label != IGNORE_INDEX]) == "Act: up" + tok.eos_token
+    with pytest.raises(DatasetFormatError, match=r"row 3: 'completion' must be text or a non-empty list of messages"):
+        record_to_conversation({"prompt": "hi", "completion": []}, "row 3")
