@@ -151,6 +151,9 @@ def test_the_page_shows_every_seats_moves_and_outcomes(tiny_games, chromium, tmp
             seats = page.locator(".game-seats tbody tr")
             assert seats.all_inner_texts()[0].split("\t")[:3] == ["player_0", "scripted", "win"]
             assert seats.all_inner_texts()[1].split("\t")[:3] == ["player_1", "policy", "loss"]
+            # the env's reward per seat, told apart from the run's reward of an episode (they differ: goal gives a loss 0)
+            assert "game reward" in page.locator(".game-seats thead").inner_text()
+            assert "the run's reward.weights applied to its turns" in page.inner_text(".game")
             moves = page.locator(".game .move")
             assert moves.count() == 3
             assert [moves.nth(i).get_attribute("data-seat") for i in range(3)] == ["player_0", "player_1", "player_1"]

@@ -812,7 +812,7 @@
     const color = new Map(g.seats.map((x, i) => [x.seat, PALETTE[i % PALETTE.length]]));
     const seatBadge = (seat) => h("span", {class: "badge seat", style: "border-left: 4px solid " + color.get(seat)}, seat);
     const seats = h("table", {class: "card game-seats"},
-      h("thead", {}, h("tr", {}, ["seat", "played by", "outcome", "reward", "episode"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["seat", "played by", "outcome", "game reward", "episode"].map((c) => h("th", {}, c)))),
       h("tbody", {}, g.seats.map((x) => h("tr", {"data-seat": x.seat},
         h("td", {}, seatBadge(x.seat)), h("td", {class: "player"}, x.player),
         h("td", {class: "outcome " + outcomeClass(x.outcome)}, x.outcome || "–"), h("td", {class: "num"}, fmt(x.reward, 3)),
@@ -832,7 +832,8 @@
     return h("div", {class: "game", "data-game": g.key},
       h("h2", {}, "The game"), seats,
       h("p", {class: "muted"}, g.moves.length + " moves, " + order + ". A seat the policy played shows what it saw and replied; " +
-        "the other seats' moves are shown as they were played."),
+        "the other seats' moves are shown as they were played. The game reward is the env's, per seat; an episode's " +
+        "reward (in the list) is the run's reward.weights applied to its turns, and may differ."),
       moves);
   }
 
