@@ -152,16 +152,12 @@ def check_options(weights: dict[str, float], options: dict[str, Any]) -> None:
             raise type(exc)(f"reward {name!r} (plugins.{name}): {exc}") from exc
 
 
-def check_tokenizer(weights: dict[str, float], options: dict[str, Any], tokenizer: Any) -> None:
-    """Refuse a weighted reward that cannot score the token ids of the policy's ``tokenizer`` (its own
-    ``check_tokenizer`` trait: a reward model trained on another base model) when a session starts,
-    not once its first rollout is played."""
+def check_for_play(weights: dict[str, float], options: dict[str, Any], tokenizer: Any) -> None:
+    """When a session starts, not once its first rollout is played: refuse a weighted reward that cannot score
+    the token ids of the policy's ``tokenizer`` (its ``check_tokenizer`` trait: a reward model trained on
+    another base model), and stop where one's service cannot be reached (its ``check_reachable`` trait: a
+    judge's endpoint; else a whole rollout would be played, and played again, for nothing)."""
     _each_check("check_tokenizer", weights, options, tokenizer)
-
-
-def check_reachable(weights: dict[str, float], options: dict[str, Any]) -> None:
-    """Stop where a weighted reward's service cannot be reached (its own ``check_reachable`` trait: a judge's
-    endpoint) when a session starts, not after a whole rollout is played and played again."""
     _each_check("check_reachable", weights, options)
 
 

@@ -31,6 +31,7 @@ Which mode a template needs, and what each costs, is reported by ``omrl check-te
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any, Sequence
 
@@ -122,6 +123,20 @@ def native_call_format(tokenizer, kwargs: dict) -> str | None:
         except Exception:  # noqa: BLE001 - a template that refuses tool calls has none
             known[key] = None
     return known[key]
+
+
+def warn_foreign_call_format(template: Any, tokenizer: Any, kwargs: dict) -> None:
+    """Warn where ``template`` asks for tool calls in a format (its ``call_format()``) other than the one the
+    model's chat template writes them in: the model is asked for, and its SFT data teaches, a foreign one."""
+    asked = template.call_format()
+    native = native_call_format(tokenizer, kwargs) if asked else None
+    if native and native != asked:
+        warnings.warn(
+            f"the action template asks for tool calls written as {asked}, but the model's chat template writes "
+            f"them as {native}: its replies, and SFT data of them, are in a format the model was not trained on; "
+            f"a template or option that writes {native} calls (or a model whose own format is {asked}) avoids it",
+            stacklevel=2,
+        )
 
 
 def kept_increment(

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from omrl import registry, rewards
 from omrl.backends import Backend, make_backend
 from omrl.chat.conformance import check_run_template
+from omrl.chat.history import warn_foreign_call_format
 from omrl.chat.template_check import check_template_options
 from omrl.data.trajectory import Episode
 from omrl.envs import check_arguments
@@ -91,11 +92,8 @@ class RolloutSession:
     ):
         if not envs:
             raise OmrlError("a rollout session plays at least one env")
-        self.envs = envs
-        self.tokenizer = tokenizer
-        self.backend = backend
+        self.envs, self.tokenizer, self.backend, self.mixture = envs, tokenizer, backend, mixture
         self.limits = limits  # every play's, unless its PlaySpec brings its own
-        self.mixture = mixture
         self.split = split  # the run's env.split: asked for it, each env gives its own
         # an agent program plays instead of the template (omrl.gateway.play.AgentSpec), through a gateway
         # built at its first play from the run's agent section (host, port, sampling, batch window)
@@ -131,9 +129,9 @@ class RolloutSession:
                 check_context_window(cfg.model.name, limits.max_context, "generation.max_context")
                 check_template_options(tokenizer, limits.template_kwargs)
                 check_run_template(tokenizer, limits.history, limits.template_kwargs)
-            for env in envs:  # a reward that cannot score this tokenizer's ids is refused before a model loads
-                rewards.check_tokenizer(env.reward_weights or {}, env.plugin_options or {}, tokenizer)
-                rewards.check_reachable(env.reward_weights or {}, env.plugin_options or {})
+            for env in envs:  # what a reward or a template would do wrong with this model is said before it loads
+                rewards.check_for_play(env.reward_weights or {}, env.plugin_options or {}, tokenizer)
+                warn_foreign_call_format(env.template, tokenizer, limits.template_kwargs)
                 env.seating = seating_of(cfg, env.pool.env_class, env.name, tokenizer, expert, mixture, agent)
             if backend is None and not expert:
                 backend = backend_of(cfg, tokenizer, model)

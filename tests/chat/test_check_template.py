@@ -425,3 +425,21 @@ def test_a_template_whose_user_turn_opens_the_answer_needs_no_generation_prompt(
     code, out, err = cli(capsys, model_dirs["inst"])
     assert code == 0, err
     assert "broken" not in out
+
+
+def test_a_tool_call_template_asking_for_another_format_than_the_models_own_is_warned_of():
+    """On gpt-oss, tool_call asked for Hermes text calls, and its expert wrote SFT data of them, in silence."""
+    import warnings
+
+    from omrl import registry
+    from omrl.chat.history import warn_foreign_call_format
+    from tests.chat.families import family_tokenizer
+
+    hermes = registry.templates.get("tool_call")()
+    with pytest.warns(UserWarning, match="asks for tool calls written as hermes, but the model's chat template writes "
+                                          "them as harmony"):  # fmt: skip
+        warn_foreign_call_format(hermes, family_tokenizer("gptoss"), {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_foreign_call_format(hermes, family_tokenizer("qwen3"), {})  # Qwen3 writes Hermes calls itself
+        warn_foreign_call_format(registry.templates.get("react")(), family_tokenizer("gptoss"), {})  # no calls
