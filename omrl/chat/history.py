@@ -189,10 +189,11 @@ def anchored_increment(
     ]
     text = _render_or_explain(tokenizer, [*anchor, *new], f"a {new[0]['role']!r} message after a reply", kwargs)
     at = text.rfind(PLACEHOLDER_REPLY)
-    if at < 0:
+    if at < 0:  # dropped, or rewritten (upper-cased, trimmed): either way not the text the model sampled
+        how = "rewrites" if PLACEHOLDER_REPLY.lower() in text.lower() else "drops"
         raise OmrlError(
-            f"the chat template drops an assistant reply's text when a message follows it, so the "
-            f"history cannot be kept; use chat.history=as_template ({CHECK_HINT})"
+            f"the chat template {how} an assistant reply's text when a message follows it, so the history cannot "
+            f"be kept; chat.history=as_template may lay it out ({CHECK_HINT}, and whether that mode works)"
         )
     increment = text[at + len(PLACEHOLDER_REPLY) :]
     rest = after_sampled_end(increment, sampled_end)

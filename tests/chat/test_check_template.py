@@ -443,3 +443,35 @@ def test_a_tool_call_template_asking_for_another_format_than_the_models_own_is_w
         warnings.simplefilter("error")
         warn_foreign_call_format(hermes, family_tokenizer("qwen3"), {})  # Qwen3 writes Hermes calls itself
         warn_foreign_call_format(registry.templates.get("react")(), family_tokenizer("gptoss"), {})  # no calls
+
+
+# ChatML whose assistant replies are upper-cased: it rewrites them, in every mode
+UPPER = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + (m['content'] | upper if m['role'] == "
+    "'assistant' else m['content']) + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_template_that_rewrites_a_reply_is_said_to_rewrite_it_not_to_drop_it():
+    """An upper-casing template was said to drop the reply's text, and as_template was advised outright."""
+    from omrl.chat.history import anchored_increment
+    from omrl.errors import OmrlError
+    from tests.chat.families import metaspace_tokenizer
+
+    chat = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "open drawer 1"}]
+    with pytest.raises(OmrlError, match="the chat template rewrites an assistant reply's text when a message follows"):
+        anchored_increment(metaspace_tokenizer(UPPER), chat, [{"role": "user", "content": "ok"}], "<|im_end|>")
+
+
+def test_check_template_says_no_mode_works_for_user_turns_where_their_cases_are_broken(tmp_path, capsys):
+    """It said "keep works for user turns, not tool results" above the broken cases of those very turns."""
+    from omrl.models import resolve_model_path
+    from tests.chat.families import metaspace_tokenizer
+    from tests.helpers import cli_exit
+
+    metaspace_tokenizer(UPPER).save_pretrained(tmp_path)
+    shutil.copy(Path(resolve_model_path("tiny")) / "config.json", tmp_path)
+    code, out, err = cli_exit(capsys, "check-template", str(tmp_path))
+    assert code == 2 and "keep plain: broken: reply 1 parsed back with content" in out + err
+    assert "works for user turns" not in out + err
