@@ -848,6 +848,8 @@ def test_an_omrl_server_of_an_env_named_like_a_known_one_is_read_the_omrl_way(co
     result = play_with_expert(env, 9)  # the served env's expert answers too
     assert result.won and result.score == 1.0
     env.close()
+    # its id is closed on the server: WebShop's own has no /close, and the ids were left until the server filled
+    assert httpx.get(f"{counter_url}/list_envs").json() == []
 
 
 @pytest.mark.parametrize(

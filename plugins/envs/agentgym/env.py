@@ -268,6 +268,7 @@ class AgentGymEnv(Env):
             self._held.claim = self._held.ledger.claim(env_id, seen, counts_up=not self._reuse_ids)
         if instance is not None and not self._self_describing and not self._omrl_answers:
             self._spec, self._omrl_answers = as_omrl_server(self._spec), True  # e.g. `omrl env serve webshop`
+            self._held.has_close = True  # unlike the env's own server, an omrl one closes ids: they are not left
             self._has_expert = True
             self._tasks.omrl_server_seen()
         return env_id, instance
