@@ -36,7 +36,7 @@ Every route takes the id under either name. Routes:
   reward), ``available_actions`` is [] when the env does not know them or the episode is over.
 - ``GET /observation?id=`` -> the last observation (a string); ``GET /list_envs`` -> live ids;
   ``POST /close`` ``{"id"}``; ``GET /available_actions?id=`` -> a list.
-- omrl extensions: ``GET /tasks`` -> ``{"env", "splits": {name: size}, "action_help",
+- omrl extensions: ``GET /tasks`` -> ``{"env", "splits": {name: size}, "action_help", "action_example",
   "max_turns", "deterministic", "demonstration": [[observation, thought, action], ...]}``; ``GET /tasks?split=``
   -> ``{"split", "task_ids": [...]}`` or, for a range of ids, ``{"split", "range": [start, stop,
   step]}``; ``GET /expert_action?id=`` -> ``{"action"}``.
@@ -326,6 +326,7 @@ def create_app(
                     "env": name,
                     "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
                     "action_help": catalog.action_help,
+                    "action_example": getattr(catalog, "action_example", "") or "",  # the prompt's example
                     "max_turns": catalog.max_turns,
                     "deterministic": getattr(catalog, "deterministic", False) is True,
                     "demonstration": [[t.observation, t.thought, t.action] for t in catalog.demonstration],

@@ -362,3 +362,17 @@ def test_agentgym_clients_stale_ids_never_reach_another_clients_env_after_a_rest
             assert b.observe() == shown and b._get("observation") == shown  # B's env is untouched
             assert play(b, 12)[-1].reward == 1.0
             stale.append(b.env_id)
+
+
+def test_omrls_agentgym_client_prompts_a_served_env_with_its_example_action():
+    """The served env's example action was not sent: the remote prompt lacked the local one's Example."""
+    from omrl import registry
+    from omrl_plugins.envs.agentgym.env import AgentGymEnv
+
+    pytest.importorskip("minigrid")
+    react = registry.templates.get("react")()
+    with background_server(create_app("babyai")) as url, contextlib.closing(open_env("babyai")) as local:
+        remote = AgentGymEnv(base_url=url, env_name="babyai", timeout=30)
+        assert remote.action_example == local.action_example == "go to red ball 1"
+        assert "go to red ball 1" in react.system_prompt(remote)
+        remote.close()

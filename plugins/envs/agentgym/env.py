@@ -194,6 +194,11 @@ class AgentGymEnv(Env):
         return str(self._tasks.described().get("action_help") or self._spec.action_help)
 
     @property
+    def action_example(self) -> str:  # type: ignore[override]
+        """An omrl server's example action for the prompt (GET /tasks): the prompt is the one its env gives."""
+        return str(self._tasks.described().get("action_example") or "")
+
+    @property
     def demonstration(self) -> tuple[DemoTurn, ...]:  # type: ignore[override]
         """An omrl server's worked example (GET /tasks); AgentGym's own servers have none."""
         return tuple(DemoTurn(*turn) for turn in self._tasks.described().get("demonstration") or ())

@@ -138,9 +138,9 @@ def _wrong_description(answer: dict[str, Any]) -> str | None:
     turns = answer.get("max_turns")
     if turns is not None and (isinstance(turns, bool) or not isinstance(turns, int) or turns < 1):
         return f"max_turns must be a whole number of turns, 1 or more; got {short_repr(turns)}"
-    help_text = answer.get("action_help")
-    if help_text is not None and not isinstance(help_text, str):
-        return f"action_help must be text; got {short_repr(help_text)}"
+    for key in ("action_help", "action_example"):
+        if answer.get(key) is not None and not isinstance(answer[key], str):
+            return f"{key} must be text; got {short_repr(answer[key])}"
     demonstration = answer.get("demonstration")
     if demonstration is None:
         return None
