@@ -209,6 +209,26 @@ def test_server_down_fails_fast_with_a_clear_message():
     env.close()
 
 
+def test_a_server_that_answers_but_fails_is_not_asked_whether_it_runs():
+    """A full server's 503 ended "...; is the server running?", though it had just answered."""
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    full = FastAPI()
+
+    @full.post("/create")
+    def create():
+        return JSONResponse({"error": "this server holds its limit of 2 live envs"}, status_code=503)
+
+    with background_server(full) as url:
+        env = AgentGymEnv(base_url=url, env_name="textcraft", **FAST)
+        with pytest.raises(
+            EnvError, match=r"HTTP 503: .*limit of 2 live envs.*attempts\); the server answers, but fails"
+        ):
+            env.reset(0)
+        env.close()
+
+
 def test_error_body_with_status_200_becomes_env_error():
     calls: dict = {}
     with background_server(flaky_app(calls, create_answer={"error": "out of environments"})) as url:

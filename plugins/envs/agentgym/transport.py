@@ -113,11 +113,9 @@ class HttpTransport:
             return self._decode(response, what, json_answer)
         if problem.startswith("cannot connect"):
             _UNREACHABLE[self.base_url] = time.monotonic()
+        ask = "is the server running?" if problem.startswith("cannot connect") else "the server answers, but fails"
         raise ServerFailure(
-            self.message(
-                what,
-                f"{problem} (gave up after {attempts} attempt{'s' if attempts > 1 else ''}); is the server running?",
-            )
+            self.message(what, f"{problem} (gave up after {attempts} attempt{'s' if attempts > 1 else ''}); {ask}")
         )
 
     def _retry_time(self) -> float:
