@@ -256,7 +256,8 @@ class ServedEnvs:
         return [env_id for env_id, _ in taken]
 
     def _unknown(self, env_id: Any) -> Rejected:
-        return Rejected(404, f"the id {env_id!r} is not valid; live ids: {sorted(self._slots)[:20]}")
+        # other clients' ids are theirs: naming them would let this client step their episodes
+        return Rejected(404, f"the id {env_id!r} is not valid: no live env holds it (create one, or check the id)")
 
     def _busy(self, env_id: int, slot: _Slot) -> Rejected:
         call = slot.call
@@ -283,6 +284,7 @@ class ServedEnvs:
             try:
                 opening = self._run(env_id, slot, "reset", lambda: opening_of(slot.env, task_id))
             except UnknownTaskError as exc:
+                slot.ended = "its last reset named an unknown task"
                 raise Rejected(404, str(exc)) from exc
             except Exception as exc:  # noqa: BLE001 - an env crash is the server's 500
                 raise _crash("reset", exc) from exc

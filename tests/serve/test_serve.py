@@ -345,3 +345,13 @@ def test_run_server_on_port_0_binds_a_free_port_and_announces_that_one(grid_app,
             made[0].should_exit = True
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_an_unknown_id_names_no_other_clients_ids_and_a_refused_reset_says_why_there_is_no_episode(http):
+    """Other clients' live ids were listed to anyone; a reset refused for its task left "not reset" unexplained."""
+    env_id = http.post("/create").json()["id"]
+    message = assert_error(http.post("/step", json={"id": env_id + 1, "action": "up"}), 404, "is not valid")
+    assert str(env_id) not in message
+    http.post("/reset", json={"id": env_id, "data_idx": 1_000_002})
+    assert_error(http.post("/reset", json={"id": env_id, "data_idx": 99_999_999}), 404)
+    assert_error(http.post("/step", json={"id": env_id, "action": "up"}), 409, "its last reset named an unknown task")
