@@ -253,7 +253,9 @@ def serve(
 def play(
     name: str = typer.Argument(..., help="A registered env (see `omrl env list`)."),
     task: int = typer.Option(None, "--task", help="Task id (default: the split's first)."),
-    split: str = typer.Option("test", "--split", help="Split to take the task from."),
+    split: str = typer.Option(
+        None, "--split", help="Split to take the task from (default: test; with --task, its own)."
+    ),
     max_turns: int = typer.Option(0, "--max-turns", min=0, help="Turn cap; 0 uses the env's own."),
     option: list[str] = typer.Option(None, "--option", "-o", help=OPTION_HELP),
 ) -> None:
@@ -271,9 +273,15 @@ def play(
         env = open_env(name, parse_options(option, name))
     try:
         if task is None:
+            split = split or "test"
             task = env.tasks_of(name, split)[0]
-        else:  # a task id names its split: --split (test by default) must not hide that it is a train task
-            split = next((s for s in (split, *env.splits) if s in env.splits and task in env.split_of(s)), split)
+        else:  # a task id names its split: one --split names must hold it, not be passed over in silence
+            holding = next((s for s in env.splits if task in env.split_of(s)), None)
+            if split is not None and holding is not None and holding != split:
+                raise OmrlError(
+                    f"task {task} of {name} is in its {holding} split, not {split}; drop --split, or give a {split} task"
+                )
+            split = holding or split or "test"
         first = env.reset(task)
         check("reset", reset_problem(first))
         seats = tuple(getattr(env, "seats", ()) or ())

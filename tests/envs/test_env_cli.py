@@ -206,7 +206,10 @@ def test_serve_refuses_a_game_of_seats_whose_results_an_agentgym_client_would_lo
 
 def test_play_says_which_split_a_task_id_is_of(runner):
     result = runner.invoke(build_app(), ["env", "play", "switch", "--task", "1"], input=":quit\n")
-    assert "switch task 1 (train split): instruction" in " ".join(result.output.split())  # --split is test
+    assert "switch task 1 (train split): instruction" in " ".join(result.output.split())  # no --split given
+    # a --split given that does not hold the task is refused, not passed over in silence
+    result = runner.invoke(build_app(), ["env", "play", "switch", "--task", "1", "--split", "test"], input=":quit\n")
+    assert "task 1 of switch is in its train split, not test" in str(result.exception)
     result = runner.invoke(build_app(), ["env", "play", "switch"], input=":quit\n")
     assert "switch task 5 (test split): instruction" in " ".join(result.output.split())
 
