@@ -99,7 +99,10 @@ class SftRecipe:
     def _plan(self) -> str:
         """The run in one line: model, data (packed or not), epochs, steps and how a step is made up."""
         cfg = self.cfg
-        packed = f", packed into {len(self.rows)} rows of up to {cfg.max_seq_length} tokens" if cfg.packing else ""
+        rows = len(self.rows)
+        packed = (
+            f", packed into {rows} row{'s' * (rows != 1)} of up to {cfg.max_seq_length} tokens" if cfg.packing else ""
+        )
         processes = f" over {self.strategy.world_size} processes" if self.strategy.world_size > 1 else ""
         epochs, per_epoch, total = cfg.num_train_epochs, self.steps_per_epoch, self.total_steps
         return (

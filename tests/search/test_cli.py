@@ -73,7 +73,7 @@ def test_sft_reads_a_search_file_as_it_reads_chains(chest_plugins, tiny_model_di
         "1",
     )
     assert result.exit_code == 0, result.output
-    assert "trained 1 steps" in result.output and (out / "model.safetensors").exists()
+    assert "trained 1 step" in result.output and (out / "model.safetensors").exists()
 
 
 def test_eval_reports_success_score_and_generated_tokens(chest_plugins, tmp_path):
