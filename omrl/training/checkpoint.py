@@ -302,7 +302,9 @@ def load_checkpoint(
         # the rate at this step under this run's schedule, not the saved one: a run extended (more epochs
         # or steps) would take its first new update at the old schedule's last rate (0 at a cosine's end)
         scheduler.last_epoch -= 1
-        scheduler.step()
+        with warnings.catch_warnings():  # torch warns of a step before the optimizer's where none was applied yet
+            warnings.simplefilter("ignore")
+            scheduler.step()
     if restore_rng:
         _set_rng_state(torch.load(path / "rng.pt", map_location="cpu", weights_only=True))
     state = json.loads((path / "state.json").read_text())
