@@ -265,8 +265,8 @@ def compose_rewards(
         # it is one of the episodes that measured nothing, for the next components and the total alike
         kept = [i for i, ep in enumerate(played) if ep.end_reason != "env_error"]
         for ep in played:  # named as the reward's failure, not the env's (omrl.training.rollout_health reads it)
-            if ep.end_reason == "env_error" and not ep.error.startswith("reward "):
-                ep.error = f"reward {name!r}: {ep.error}"
+            if ep.end_reason == "env_error" and not (ep.error or "").startswith("reward "):
+                ep.error = f"reward {name!r}: {ep.error or 'it could not score the episode'}"
         if len(kept) < len(played):
             played = [played[i] for i in kept]
             components = {key: [values[i] for i in kept] for key, values in components.items()}

@@ -219,6 +219,13 @@ class FakeRewards:
         register("past_floats", lambda episodes: [[10**400] * len(ep.turns) for ep in episodes])
         register("none_per_episode", episode_reward(lambda ep: None))
 
+        def gives_up_silently(episodes):  # ends the episodes as env_error, saying nothing of why
+            for ep in episodes:
+                ep.end_reason, ep.error = "env_error", None
+            return [[0.0] * len(ep.turns) for ep in episodes]
+
+        register("gives_up_silently", gives_up_silently)
+
         def service_down(episodes):
             raise ConnectionError("the scoring service is down")
 
@@ -284,6 +291,12 @@ def test_finite_values_whose_weighted_total_overflows_are_refused_naming_each_pa
                                           r"one_per_turn 1e\+300 x 1e\+30\): too large for a float"):  # fmt: skip
         compose_rewards(eps, {"goal": 1.0, "one_per_turn": 1e300}, {"one_per_turn": {"value": 1e30}})
     assert eps[0].rewards == {}
+
+
+def test_an_episode_a_reward_ends_without_a_reason_is_named_for_the_reward(fake_rewards):
+    eps = [episode(turn(done=True), won=True)]
+    compose_rewards(eps, {"goal": 1.0, "gives_up_silently": 1.0})
+    assert eps[0].error == "reward 'gives_up_silently': it could not score the episode"
 
 
 def test_a_reward_may_give_each_episode_a_numpy_array(fake_rewards):
