@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 from omrl import plugin_options
 from omrl.data.trajectory import Episode
 from omrl.env_results import finite_number
-from omrl.errors import OmrlError, UnknownNameError, short_repr
+from omrl.errors import ConfigError, OmrlError, UnknownNameError, short_repr
 from omrl.supervisor import StageStalled, on_stall, stage
 
 ALLOCATION_MODES = ("last_token", "uniform_positive", "discounted", "per_turn")
@@ -67,7 +67,10 @@ def episode_reward(fn: Callable[..., float]) -> RewardFn:
             if not ep.turns:
                 out.append([])
                 continue
-            out.append([0.0] * (len(ep.turns) - 1) + [fn(ep, **options)])  # a None or a text: the composer names it
+            value = fn(ep, **options)
+            if type(value).__name__ in ("bool", "bool_"):  # won or not (numpy's too): 1.0 or 0.0, as it was
+                value = float(value)
+            out.append([0.0] * (len(ep.turns) - 1) + [value])  # a None or a text: the composer names it
         return out
 
     return batch
@@ -149,7 +152,7 @@ def check_options(weights: dict[str, float], options: dict[str, Any]) -> None:
         except OmrlError as exc:  # a plugin's message that does not say whose it is: named here
             if f"'{name}'" in str(exc) or f"plugins.{name}." in str(exc):
                 raise
-            raise type(exc)(f"reward {name!r} (plugins.{name}): {exc}") from exc
+            raise ConfigError(f"reward {name!r} (plugins.{name}): {exc}") from exc
 
 
 def check_for_play(weights: dict[str, float], options: dict[str, Any], tokenizer: Any) -> None:
@@ -265,7 +268,7 @@ def compose_rewards(
         # it is one of the episodes that measured nothing, for the next components and the total alike
         kept = [i for i, ep in enumerate(played) if ep.end_reason != "env_error"]
         for ep in played:  # named as the reward's failure, not the env's (omrl.training.rollout_health reads it)
-            if ep.end_reason == "env_error" and not (ep.error or "").startswith("reward "):
+            if ep.end_reason == "env_error" and not (ep.error or "").startswith(f"reward {name!r}"):
                 ep.error = f"reward {name!r}: {ep.error or 'it could not score the episode'}"
         if len(kept) < len(played):
             played = [played[i] for i in kept]

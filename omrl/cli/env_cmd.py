@@ -276,7 +276,7 @@ def play(
             split = split or "test"
             task = env.tasks_of(name, split)[0]
         else:  # a task id names its split: one --split names must hold it, not be passed over in silence
-            holding = next((s for s in env.splits if task in env.split_of(s)), None)
+            holding = next((s for s in (split, *env.splits) if s in env.splits and task in env.split_of(s)), None)
             if split is not None and holding is not None and holding != split:
                 raise OmrlError(
                     f"task {task} of {name} is in its {holding} split, not {split}; drop --split, or give a {split} task"

@@ -299,8 +299,9 @@ def load_checkpoint(
             raise CheckpointError(f"{path}: {err}") from err
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
-        # the rate at this step under this run's schedule, not the saved one: a run extended (more epochs
-        # or steps) would take its first new update at the old schedule's last rate (0 at a cosine's end)
+        # the rate at this step under this run's schedule shape (its length), not the saved one's: a run extended
+        # (more epochs or steps) would take its first new update at the old schedule's last rate (0 at a
+        # cosine's end); the peak rate (base_lrs) is the saved run's, as the config check keeps it
         scheduler.last_epoch -= 1
         with warnings.catch_warnings():  # torch warns of a step before the optimizer's where none was applied yet
             warnings.simplefilter("ignore")

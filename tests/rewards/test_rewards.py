@@ -218,6 +218,8 @@ class FakeRewards:
         register("not_a_number", lambda episodes: [["1.0"] * len(ep.turns) for ep in episodes])
         register("past_floats", lambda episodes: [[10**400] * len(ep.turns) for ep in episodes])
         register("none_per_episode", episode_reward(lambda ep: None))
+        register("won_bool", episode_reward(lambda ep: ep.won))
+        register("numpy_bool", episode_reward(lambda ep: np.bool_(False)))
 
         def gives_up_silently(episodes):  # ends the episodes as env_error, saying nothing of why
             for ep in episodes:
@@ -428,3 +430,10 @@ def test_compose_then_allocate_end_to_end():
     compose_rewards([ep], {"goal": 1.0, "format": 0.3})
     assert ep.rewards["total"] == pytest.approx([0.0, 0.1, 1.1])
     assert sum(allocate_rewards(ep, "uniform_positive")) == pytest.approx(1.2)
+
+
+def test_an_episode_reward_may_return_whether_the_episode_was_won(fake_rewards):
+    """A bool (or numpy's) counts as 1.0 or 0.0, as it did before the composer named a None or a text."""
+    won = [episode(turn(done=True), won=True), episode(turn(done=True))]
+    compose_rewards(won, {"won_bool": 1.0, "numpy_bool": 1.0})
+    assert [ep.rewards["total"] for ep in won] == [[1.0], [0.0]]

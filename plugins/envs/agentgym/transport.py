@@ -113,7 +113,7 @@ class HttpTransport:
             return self._decode(response, what, json_answer)
         if problem.startswith("cannot connect"):
             _UNREACHABLE[self.base_url] = time.monotonic()
-        ask = "is the server running?" if problem.startswith("cannot connect") else "the server answers, but fails"
+        ask = "the server answers, but fails" if problem.startswith("HTTP ") else "is the server running?"
         raise ServerFailure(
             self.message(what, f"{problem} (gave up after {attempts} attempt{'s' if attempts > 1 else ''}); {ask}")
         )
