@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 from urllib.parse import parse_qs
 
@@ -465,21 +465,34 @@ def check_batch(report: Report, requested: int, episodes: Sequence[Any]) -> None
             )
 
 
-def soak(
-    episodes: int = 300,
-    seed: int = 0,
-    servers: int = 2,
-    fault_rate: float = 0.1,
-    timeout: float = 0.5,
-    batch: int = 16,
-    chaos_interval: float = 1.0,
-    tokenizer: Any = None,
-    batch_seconds: float = 120.0,
-    kinds: Sequence[str] = ("omrl", "agentgym"),
-    mid_episode_after: int = 6,
-    pools_per_server: int = 2,
-) -> Report:
-    """Play ``episodes`` episodes against ``servers`` faulty servers; the counts and broken invariants.
+def cli_option(default: Any, help: str) -> Any:
+    """A plan field that ``main`` offers as ``--name`` (its help says what it does)."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class SoakPlan:
+    """What one soak plays: each field with a help is a command-line option of the same name."""
+
+    episodes: int = cli_option(300, "episodes to play (rounded up to even)")
+    seed: int = cli_option(0, "seeds the faults, tasks and policy")
+    servers: int = cli_option(2, "env servers, each with its own clients")
+    fault_rate: float = cli_option(0.1, "share of requests that get a fault")
+    timeout: float = cli_option(0.5, "the client's timeout per HTTP call (s)")
+    chaos_interval: float = cli_option(1.0, "mean seconds between kills/pauses")
+    kinds: tuple[str, ...] = cli_option(
+        ("omrl", "agentgym"), "server kinds, taken in turn: omrl (omrl env serve), agentgym (AgentGym-like)"
+    )
+    mid_episode_after: int = cli_option(
+        6, "each server restarts once, right after answering this many steps (0: never)"
+    )
+    batch: int = 16
+    batch_seconds: float = 120.0
+    pools_per_server: int = 2
+
+
+def soak(plan: SoakPlan, tokenizer: Any = None) -> Report:
+    """Play ``plan.episodes`` episodes against ``plan.servers`` faulty servers; the counts and broken invariants.
 
     Server ``n`` is of kind ``kinds[n % len(kinds)]``. Each server has ``pools_per_server`` sets of
     clients (rollout pools kept across batches, as trainers sharing a server keep them); each pool
@@ -490,30 +503,32 @@ def soak(
     early, while the ids held are low, so the new start soon hands them out again.
     """
     tokenizer = tokenizer or _tiny_tokenizer()
-    rng = random.Random(seed)
-    chaos = Chaos(random.Random(seed + 1), fault_rate, mid_episode_after=mid_episode_after)
-    farm = [Server(f"server {n}", chaos, {"max_turns": 8}, kinds[n % len(kinds)]) for n in range(servers)]
+    rng = random.Random(plan.seed)
+    chaos = Chaos(random.Random(plan.seed + 1), plan.fault_rate, mid_episode_after=plan.mid_episode_after)
+    farm = [
+        Server(f"server {n}", chaos, {"max_turns": 8}, plan.kinds[n % len(plan.kinds)]) for n in range(plan.servers)
+    ]
     for server in farm:
         server.start()
     report, started, stop = Report(), time.monotonic(), threading.Event()
-    monkey = threading.Thread(target=chaos_monkey, args=(farm, chaos, stop, chaos_interval), daemon=True)
+    monkey = threading.Thread(target=chaos_monkey, args=(farm, chaos, stop, plan.chaos_interval), daemon=True)
     monkey.start()
     pools = [
         EnvPool(
             _client_class(f"{n}.{k}."),
-            {"base_url": s.url, "env_name": "gridworld", "timeout": timeout, "retries": 2, "backoff": 0.02},
+            {"base_url": s.url, "env_name": "gridworld", "timeout": plan.timeout, "retries": 2, "backoff": 0.02},
             name="agentgym",
             num_workers=8,
         )
         for n, s in enumerate(farm)
-        for k in range(pools_per_server)
+        for k in range(plan.pools_per_server)
     ]
     try:
-        plans = _plan(episodes, batch)
+        plans = _plan(plan.episodes, plan.batch)
         for first in range(0, len(plans), len(pools)):
             seeds = [rng.randrange(1 << 30) for _ in plans[first : first + len(pools)]]
             if not _play_round(
-                report, pools, plans[first : first + len(pools)], first, seeds, tokenizer, batch_seconds
+                report, pools, plans[first : first + len(pools)], first, seeds, tokenizer, plan.batch_seconds
             ):
                 break  # a batch hung: its threads are daemons, the report says so
             if rng.random() < 0.3:
@@ -643,30 +658,20 @@ class RandomPolicy(Backend):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--episodes", type=int, default=300, help="episodes to play (rounded up to even)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the faults, tasks and policy")
-    parser.add_argument("--servers", type=int, default=2, help="env servers, each with its own clients")
-    parser.add_argument("--fault-rate", type=float, default=0.1, help="share of requests that get a fault")
-    parser.add_argument("--timeout", type=float, default=0.5, help="the client's timeout per HTTP call (s)")
-    parser.add_argument("--chaos-interval", type=float, default=1.0, help="mean seconds between kills/pauses")
-    parser.add_argument(
-        "--kinds",
-        default="omrl,agentgym",
-        help="server kinds, taken in turn: omrl (omrl env serve), agentgym (AgentGym-like)",
-    )
-    parser.add_argument(
-        "--mid-episode-after",
-        type=int,
-        default=6,
-        help="each server restarts once, right after answering this many steps (0: never)",
-    )
+    for option in fields(SoakPlan):
+        if "help" in option.metadata:
+            default = option.default
+            kind = str if isinstance(default, tuple) else type(default)
+            shown = ",".join(default) if isinstance(default, tuple) else default
+            flag = "--" + option.name.replace("_", "-")
+            parser.add_argument(flag, type=kind, default=shown, help=option.metadata["help"])
     args = parser.parse_args(argv)
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
     if args.episodes < 1 or args.servers < 1 or not 0 <= args.fault_rate <= 1:
         parser.error("--episodes and --servers must be >= 1, --fault-rate in [0, 1]")
     if not kinds or set(kinds) - {"omrl", "agentgym"} or args.mid_episode_after < 0:
         parser.error("--kinds takes omrl and agentgym, comma-separated; --mid-episode-after must be >= 0")
-    report = soak(**{**vars(args), "kinds": kinds})  # each option is one of soak's arguments
+    report = soak(SoakPlan(**{**vars(args), "kinds": kinds}))
     print("\n".join(report.lines()))
     return 1 if report.violations else 0
 

@@ -32,9 +32,8 @@ def soak(soak_module, tiny_model_dir):
     from omrl.models import load_tokenizer
 
     def run(**settings):
-        report = soak_module.soak(
-            **settings, timeout=0.5, batch=8, batch_seconds=60, tokenizer=load_tokenizer(tiny_model_dir)
-        )
+        plan = soak_module.SoakPlan(**settings, timeout=0.5, batch=8, batch_seconds=60)
+        report = soak_module.soak(plan, tokenizer=load_tokenizer(tiny_model_dir))
         print("\n".join(report.lines()))
         return report
 
