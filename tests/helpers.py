@@ -37,6 +37,13 @@ def load_example(name: str) -> ModuleType:
     return module
 
 
+def an_episode(**fields: Any) -> Any:
+    """An :class:`~omrl.data.Episode` of task 0 of gridworld's train split with no instruction, but for ``fields``."""
+    from omrl.data import Episode
+
+    return Episode(**{"env": "gridworld", "task_id": 0, "split": "train", "instruction": "", **fields})
+
+
 def play_expert(env: Any, task_id: int, admissible: bool = False) -> list[Any]:
     """Reset and follow the env's expert to the end; the results of every step. With ``admissible``,
     each expert action must also be one of the env's admissible actions."""

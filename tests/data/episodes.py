@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omrl.chat import conversation_rows
 from omrl.data import Episode
+from tests.helpers import an_episode
 
 CHAT = [
     {"role": "system", "content": "Walk to the goal."},
@@ -23,17 +24,16 @@ def played_episode(tokenizer, task_id: int = 0, reply_ids: list[int] | None = No
         end = mask.index(0, start)
         ids = ids[:start] + reply_ids + ids[end:]
         mask = mask[:start] + [1] * len(reply_ids) + mask[end:]
-    return Episode(
-        env="gridworld",
+    chat = [dict(m) for m in CHAT]
+    return an_episode(
         task_id=task_id,
-        split="train",
-        instruction="Walk to the goal.",
+        instruction=CHAT[0]["content"],
         token_ids=ids,
         loss_mask=mask,
         logprobs=[0.0] * len(ids),
         score=1.0,
         won=True,
-        messages=[dict(m) for m in CHAT],
+        messages=chat,
     )
 
 

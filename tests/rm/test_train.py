@@ -24,7 +24,7 @@ from omrl.rollout import PlaySpec, RolloutSession
 from omrl.search import play_strategy
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
-from tests.helpers import REACT_GRIDWORLD, expert_and_model_episodes, invoke
+from tests.helpers import REACT_GRIDWORLD, an_episode, expert_and_model_episodes, invoke
 from tests.training.helpers import launch_two_processes
 
 GRIDWORLD = [*REACT_GRIDWORLD, "env.max_turns=4"]
@@ -79,14 +79,12 @@ def episode(
         for t, (n, p) in enumerate(zip(node_ids, parents))
     ]
     ids = [1] + [x for t in range(len(turns)) for x in (10 + t, 2)]
-    return Episode(
-        env="gridworld",
+    zeros = [0] * len(ids)
+    return an_episode(
         task_id=task,
-        split="train",
-        instruction="",
         turns=turns,
         token_ids=ids,
-        loss_mask=[0] * len(ids),
+        loss_mask=zeros,
         logprobs=[0.0] * len(ids),
         won=won,
         score=float(won),

@@ -13,7 +13,7 @@ from omrl.envs import EnvError, StepResult
 from omrl.rollout import EnvPool, collect
 from omrl.training.metrics import rollout_metrics
 from tests.fakes import ActionTemplate, KeyEnv, Registers
-from tests.helpers import cli_exit, keys_eval, keys_rollout
+from tests.helpers import an_episode, cli_exit, keys_eval, keys_rollout
 
 
 class DownKeyEnv(KeyEnv):
@@ -93,20 +93,9 @@ def test_a_bad_share_is_refused_before_any_episode(fake_plugins, tmp_path, capsy
 
 
 def test_training_metrics_leave_env_errors_out_of_success(fake_plugins):
-    from omrl.data.trajectory import Episode
 
-    episodes = [
-        Episode(
-            env="keys",
-            task_id=t,
-            split="train",
-            instruction="",
-            won=t < 2,
-            score=float(t < 2),
-            end_reason="env_error" if t >= 2 else "done",
-        )
-        for t in range(4)
-    ]
+    ends = ["done", "done", "env_error", "env_error"]
+    episodes = [an_episode(env="keys", task_id=t, won=t < 2, score=float(t < 2), end_reason=ends[t]) for t in range(4)]
     metrics = rollout_metrics(episodes, 1.0, {})
     assert metrics["success"] == 1.0 and metrics["score"] == 1.0
     assert metrics["env_errors"] == 2.0 and metrics["env_error_rate"] == 0.5

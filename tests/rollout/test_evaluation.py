@@ -7,10 +7,11 @@ from math import comb
 
 import pytest
 
-from omrl.data.trajectory import Episode, Turn
+from omrl.data.trajectory import Turn
 from omrl.errors import OmrlError
 from omrl.evaluation import env_table, evaluate, evaluate_by_env, ks_for, metrics_table, pass_at_k, write_report
 from omrl.rollout.progress import PerTaskProgress, RolloutProgress
+from tests.helpers import an_episode
 
 
 def turn(action="go", format_ok=True, invalid=False, truncated=False):
@@ -19,18 +20,19 @@ def turn(action="go", format_ok=True, invalid=False, truncated=False):
 
 
 def episode(task, sample, won, score=None, turns=(), end="done", tokens=10, generated=4):
-    return Episode(
+    score = float(won) if score is None else score
+    mask = [1] * generated + [0] * (tokens - generated)
+    return an_episode(
         env="keys",
         task_id=task,
         split="test",
-        instruction="",
         sample=sample,
         won=won,
-        score=float(won) if score is None else score,
+        score=score,
         turns=list(turns),
         end_reason=end,
         token_ids=[0] * tokens,
-        loss_mask=[1] * generated + [0] * (tokens - generated),
+        loss_mask=mask,
     )
 
 
