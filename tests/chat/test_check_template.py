@@ -26,20 +26,11 @@ from omrl.errors import OmrlError
 from omrl.models import load_tokenizer
 from tests.helpers import cli_exit
 
-from .thinking import TEMPLATES, build_qwen3_like
+from .thinking import TEMPLATES, build_qwen3_like, chatml
 
 # DeepSeek-R1-like, but a reply is closed by plain text: no special token where a sampled stop token could go,
 # so keep (which renders after placeholders once the template rewrites) has no place for it
-ENDS_IN_TEXT = r"""
-{%- for m in messages -%}
-{%- if m.role == 'assistant' -%}
-{{- '<|im_start|>assistant\n' + m.content.split('</think>')[-1].lstrip('\n') + 'END\n' -}}
-{%- else -%}
-{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
-"""
+ENDS_IN_TEXT = chatml(r"""{{- '<|im_start|>assistant\n' + m.content.split('</think>')[-1].lstrip('\n') + 'END\n' -}}""")
 
 # refuses any chat that goes on after a reply: no history mode can train it
 RAISES_AFTER_REPLY = r"""

@@ -13,13 +13,27 @@ from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.hookspecs import hookimpl
 from omrl.templates import ParsedAction, Template
 
+
 # (a) Qwen3's rule: the <think> block of every reply before the last user message is dropped; a reply
 # after it is written with its block, an empty one when it has none.
-DROPS_REASONING = r"""
-{%- set ns = namespace(last_user=-1) -%}
-{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}
-{%- for m in messages -%}
-{%- if m.role == 'assistant' -%}
+def chatml(reply: str, before: str = "", generation_prompt: str = "<|im_start|>assistant\n") -> str:
+    """A ChatML template whose replies are written by the Jinja ``reply`` (the rule that tells families apart):
+    every other message as it is, ``before`` ahead of the messages, ``generation_prompt`` after them."""
+    return (
+        "\n"
+        + before
+        + "{%- for m in messages -%}\n{%- if m.role == 'assistant' -%}\n"
+        + reply.strip("\n")
+        + "\n{%- else -%}\n{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}\n{%- endif -%}"
+        + "\n{%- endfor -%}\n"
+        + "{%- if add_generation_prompt -%}{{- '"
+        + generation_prompt.replace("\n", "\\n")
+        + "' -}}{%- endif -%}\n"
+    )
+
+
+DROPS_REASONING = chatml(
+    r"""
 {%- set content = m.content or '' -%}
 {%- set reasoning = m.reasoning_content if m.reasoning_content is string else '' -%}
 {%- if '</think>' in content -%}
@@ -31,26 +45,20 @@ DROPS_REASONING = r"""
 {%- else -%}
 {{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' -}}
 {%- endif -%}
-{%- else -%}
-{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
-"""
+""",
+    before="{%- set ns = namespace(last_user=-1) -%}\n{%- for m in messages -%}{%- if m.role == 'user' -%}"
+    "{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}\n",
+)
 
 # (b) DeepSeek-R1's rule: every reply keeps only its text after </think>; the generation prompt opens <think>.
-KEEPS_ANSWER = r"""
-{%- for m in messages -%}
-{%- if m.role == 'assistant' -%}
+KEEPS_ANSWER = chatml(
+    r"""
 {%- set content = m.content or '' -%}
 {%- if '</think>' in content -%}{%- set content = content.split('</think>')[-1].lstrip('\n') -%}{%- endif -%}
 {{- '<|im_start|>assistant\n' + content + '<|im_end|>\n' -}}
-{%- else -%}
-{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' -}}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n<think>\n' -}}{%- endif -%}
-"""
+""",
+    generation_prompt="<|im_start|>assistant\n<think>\n",
+)
 
 # (c) native tool calls (Hermes/Qwen format): tools in the system message, a reply's structured
 # tool_calls written as <tool_call> JSON, results as `tool` messages inside <tool_response>.
