@@ -320,20 +320,15 @@ def trained_demonstration(model: str, env: str) -> bool | None:
     return None
 
 
+TINY_LAYERS = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+"""The `tiny` model's stack: test models of other families share it, so they cost what it costs."""
+
+
 def tiny_config(vocab_size: int):
     from transformers import Qwen2Config
 
-    return Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-    )
+    sizes = {"hidden_size": 128, "intermediate_size": 384, "max_position_embeddings": 4096}
+    return Qwen2Config(vocab_size=vocab_size, **sizes, **TINY_LAYERS, tie_word_embeddings=True, rope_theta=10000.0)
 
 
 def _build_tiny(out: Path) -> None:

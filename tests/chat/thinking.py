@@ -11,6 +11,7 @@ import torch
 
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.hookspecs import hookimpl
+from omrl.models.loading import TINY_LAYERS
 from omrl.templates import ParsedAction, Template
 
 
@@ -147,19 +148,9 @@ def build_qwen3_like(out: Path, template: str, specials: tuple = ((), None, None
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     tok = family_tokenizer(template, specials)
-    config = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "head_dim": 16, "max_position_embeddings": 4096}
+    ends = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    config = Qwen3Config(vocab_size=len(tok), **sizes, **TINY_LAYERS, tie_word_embeddings=True, **ends)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)
     model.generation_config.eos_token_id = tok.eos_token_id
