@@ -541,11 +541,8 @@ def test_token_protected_server_is_played_with_the_token(register_plugin, monkey
     register_plugin(Registers({"counter": CounterEnv}), name="test-counter")
     with background_server(create_app("counter", token="s3cret")) as url:
         refused = AgentGymEnv(base_url=url, env_name="counter", **FAST)
-        with pytest.raises(
-            EnvError,
-            match=r"GET /tasks failed: HTTP 401: this server needs the header "
-            r"`Authorization: Bearer <token>`",
-        ):
+        needs_token = "GET /tasks failed: HTTP 401: this server needs the header `Authorization: Bearer <token>`"
+        with pytest.raises(EnvError, match=re.escape(needs_token)):
             refused.split_of("test")
         refused.close()
         played = AgentGymEnv(base_url=url, env_name="counter", token="s3cret", **FAST)
@@ -560,187 +557,59 @@ def test_token_protected_server_is_played_with_the_token(register_plugin, monkey
 # -- every known env, as its real server speaks ------------------------------------------------
 
 
-def posts(key: str, env_id: int, *actions: str) -> list[tuple[str, str, dict]]:
-    return [("POST", "/step", {key: env_id, "action": a}) for a in actions]
-
-
-def episode(name, make_app, task, actions, sent, rewards, score, first="", instruction="", **options):
+def episode(name, make_app, task, actions, reset, rewards, score, first="", instruction="", **options):
+    """One known env's episode: the client is to post ``/create``, ``/reset`` with ``reset``, a ``/step`` per
+    action and ``/close``, with the env's id under ``id``. What differs, by the keys: ``create`` (``/create``'s
+    body, default none), ``key`` (the id's name), ``env_id`` (the id the app hands out), ``close`` (False: no
+    ``/close`` route), ``prefix`` (the routes' own, as LMRL-Gym's ``/maze``); the other keys are the env's options.
+    """
+    create, key, env_id = options.pop("create", None), options.pop("key", "id"), options.pop("env_id", 0)
+    close, prefix = options.pop("close", True), options.pop("prefix", "")
+    steps = [("POST", f"{prefix}/step", {key: env_id, "action": a}) for a in actions]
+    closing = [("POST", f"{prefix}/close", {key: env_id})] if close else []
+    sent = [("POST", f"{prefix}/create", create), ("POST", f"{prefix}/reset", reset), *steps, *closing]
     return pytest.param(name, make_app, task, actions, sent, rewards, score, first, instruction, options, id=name)
 
 
-EPISODES = [
+SHARED_RISK = {"accept_shared_server_risk": True}  # no route shows an env's state: a restart elsewhere is unseen
+TWO_ACTIONS = ([0.0, 1.0], 1.0)  # the rewards and score of an episode won at its second step
+
+# fmt: off
+EPISODES = [  # a row a line or two, so the table reads as one
     # TextCraft's /create needs a JSON body ({} is valid); its finished env is closed at once
-    episode(
-        "textcraft",
-        textcraft_app,
-        3,
-        ["get 2 planks", "craft 1 stick3 using 2 planks"],
-        [
-            ("POST", "/create", {}),
-            ("POST", "/reset", {"id": 0, "data_idx": 3}),
-            *posts("id", 0, "get 2 planks", "craft 1 stick3 using 2 planks"),
-            ("POST", "/close", {"id": 0}),
-        ],
-        [0.0, 1.0],
-        1.0,
-        first="Goal: craft stick3.",
-    ),
-    episode(
-        "babyai",
-        lambda: running_score_app("babyai"),
-        41,
-        ["turn left", "go to red ball"],
-        [
-            ("POST", "/create", None),
-            ("POST", "/reset", {"id": 0, "data_idx": 41}),
-            *posts("id", 0, "turn left", "go to red ball"),
-            ("POST", "/close", {"id": 0}),
-        ],
-        [0.0, 0.8],
-        0.8,
-        first="Your goal: go to the red ball",
-    ),
-    episode(
-        "sciworld",
-        lambda: running_score_app("sciworld"),
-        10,
-        ["focus on water", "heat water"],
-        [
-            ("POST", "/create", None),
-            ("POST", "/reset", {"id": 0, "data_idx": 10}),
-            *posts("id", 0, "focus on water", "heat water"),
-            ("POST", "/close", {"id": 0}),
-        ],
-        [0.5, 0.5],
-        1.0,
-        first="the kitchen",
-        instruction="Your task is to boil water.",
-    ),
-    episode(
-        "alfworld",
-        alfworld_app,
-        2500,
-        ["look", "put mug in cabinet 1"],  # no /close on ALFWorld
-        [
-            ("POST", "/create", None),
-            ("POST", "/reset", {"id": 0, "game": 2500, "world_type": "Text"}),
-            *posts("id", 0, "look", "put mug in cabinet 1"),
-        ],
-        [0.0, 1.0],
-        1.0,
-        first="put a mug 2500 in the cabinet",
-    ),
-    episode(
-        "maze",
-        lmrlgym_app,
-        2,
-        ["move up", "move down"],
-        [
-            ("POST", "/maze/create", None),
-            ("POST", "/maze/reset", {"id": 0, "game": 2}),
-            *[("POST", "/maze/step", {"id": 0, "action": a}) for a in ("move up", "move down")],
-        ],
-        [0.0, 1.0],
-        1.0,
-        first="Your current position is at position 1, 2.",
-    ),
-    episode(
-        "wordle",
-        lmrlgym_app,
-        5,
-        ["c r a n e", "s h i r e"],
-        [
-            ("POST", "/wordle/create", None),
-            ("POST", "/wordle/reset", {"id": 0, "seed": 5}),
-            *[("POST", "/wordle/step", {"id": 0, "action": a}) for a in ("c r a n e", "s h i r e")],
-        ],
-        [0.0, 1.0],
-        1.0,
-        first="Let's start Wordle!",
-    ),
-    episode(
-        "webshop",
-        webshop_app,
-        3,
-        ["search[red shoes]", "click[b01]", "click[buy now]"],
-        [
-            ("POST", "/create", None),
-            ("POST", "/reset", {"env_idx": 48_000_000, "session_id": 3}),
-            *posts("env_idx", 48_000_000, "search[red shoes]", "click[b01]", "click[buy now]"),
-        ],
-        [0.0, 0.0, 1.0],
-        1.0,
-        first="goal 3",
-        instruction="i need red shoes, price lower than 40.00 dollars",
-    ),
-    episode(
-        "sqlgym",
-        sqlgym_app,
-        4,
-        ["SELECT * FROM x", "SELECT COUNT(*) FROM t4"],
-        [
-            ("POST", "/create", None),
-            ("POST", "/reset", {"env_idx": 300_000, "item_id": 4}),
-            *posts("env_idx", 300_000, "SELECT * FROM x", "SELECT COUNT(*) FROM t4"),
-        ],
-        [0.0, 1.0],
-        1.0,
-        first="CREATE TABLE t4",
-        splits={"test": 10},
-    ),
+    episode("textcraft", textcraft_app, 3, ["get 2 planks", "craft 1 stick3 using 2 planks"],
+            {"id": 0, "data_idx": 3}, *TWO_ACTIONS, first="Goal: craft stick3.", create={}),
+    episode("babyai", lambda: running_score_app("babyai"), 41, ["turn left", "go to red ball"],
+            {"id": 0, "data_idx": 41}, [0.0, 0.8], 0.8, first="Your goal: go to the red ball"),
+    episode("sciworld", lambda: running_score_app("sciworld"), 10, ["focus on water", "heat water"],
+            {"id": 0, "data_idx": 10}, [0.5, 0.5], 1.0, first="the kitchen",
+            instruction="Your task is to boil water."),
+    episode("alfworld", alfworld_app, 2500, ["look", "put mug in cabinet 1"],
+            {"id": 0, "game": 2500, "world_type": "Text"}, *TWO_ACTIONS, first="put a mug 2500 in the cabinet",
+            close=False),
+    episode("maze", lmrlgym_app, 2, ["move up", "move down"], {"id": 0, "game": 2}, *TWO_ACTIONS,
+            first="Your current position is at position 1, 2.", prefix="/maze", close=False),
+    episode("wordle", lmrlgym_app, 5, ["c r a n e", "s h i r e"], {"id": 0, "seed": 5}, *TWO_ACTIONS,
+            first="Let's start Wordle!", prefix="/wordle", close=False),
+    episode("webshop", webshop_app, 3, ["search[red shoes]", "click[b01]", "click[buy now]"],
+            {"env_idx": 48_000_000, "session_id": 3}, [0.0, 0.0, 1.0], 1.0, first="goal 3",
+            instruction="i need red shoes, price lower than 40.00 dollars", key="env_idx", env_id=48_000_000,
+            close=False),
+    episode("sqlgym", sqlgym_app, 4, ["SELECT * FROM x", "SELECT COUNT(*) FROM t4"],
+            {"env_idx": 300_000, "item_id": 4}, *TWO_ACTIONS, first="CREATE TABLE t4", splits={"test": 10},
+            key="env_idx", env_id=300_000, close=False),
     # SearchQA and the tools create with the task's id; SearchQA closes, the tools have no /close
-    episode(
-        "searchqa",
-        lambda: tool_app(with_close=True),
-        2,
-        ["look", "finish"],
-        [
-            ("POST", "/create", {"id": 2}),
-            ("POST", "/reset", {"env_idx": 0, "id": 2}),
-            *posts("env_idx", 0, "look", "finish"),
-            ("POST", "/close", {"env_idx": 0}),
-        ],
-        [0.5, 1.0],
-        1.0,
-        first="goal 2",
-        splits={"test": 5},
-        accept_shared_server_risk=True,  # no route shows an env's state: a restart elsewhere is unseen
-    ),
-    episode(
-        "todo",
-        lambda: tool_app(with_close=False),
-        1,
-        ["look", "look", "finish"],  # reward: a progress rate
-        [
-            ("POST", "/create", {"id": 1}),
-            ("POST", "/reset", {"env_idx": 0, "id": 1}),
-            *posts("env_idx", 0, "look", "look", "finish"),
-        ],
-        [0.5, 0.0, 0.5],
-        1.0,
-        first="goal 1",
-        splits={"test": 5},
-        accept_shared_server_risk=True,  # no route shows an env's state: a restart elsewhere is unseen
-    ),
+    episode("searchqa", lambda: tool_app(with_close=True), 2, ["look", "finish"], {"env_idx": 0, "id": 2},
+            [0.5, 1.0], 1.0, first="goal 2", splits={"test": 5}, create={"id": 2}, key="env_idx", **SHARED_RISK),
+    episode("todo", lambda: tool_app(with_close=False), 1, ["look", "look", "finish"],  # reward: a progress rate
+            {"env_idx": 0, "id": 1}, [0.5, 0.0, 0.5], 1.0, first="goal 1", splits={"test": 5}, create={"id": 1},
+            key="env_idx", close=False, **SHARED_RISK),
     # WebArena (Flask): {"env_idx"} creates, terminated/truncated, a plain-text close answer
-    episode(
-        "webarena",
-        webarena_app,
-        7,
-        ["```click [1]```", "```stop [done]```"],
-        [
-            ("POST", "/create", None),
-            ("POST", "/reset", {"env_idx": 0, "seed": 0, "idx": 7}),
-            *posts("env_idx", 0, "```click [1]```", "```stop [done]```"),
-            ("POST", "/close", {"env_idx": 0}),
-        ],
-        [0.0, 1.0],
-        1.0,
-        first="OBJECTIVE: task 7",
-        splits={"test": 812},
-        accept_shared_server_risk=True,  # no route shows an env's state: a restart elsewhere is unseen
-    ),
+    episode("webarena", webarena_app, 7, ["```click [1]```", "```stop [done]```"],
+            {"env_idx": 0, "seed": 0, "idx": 7}, *TWO_ACTIONS, first="OBJECTIVE: task 7", splits={"test": 812},
+            key="env_idx", **SHARED_RISK),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("name, make_app, task, actions, sent, rewards, score, first, instruction, options", EPISODES)
