@@ -25,7 +25,7 @@ from omrl.search import play_strategy
 from omrl.training.metrics import read_metrics
 from omrl.training.optim import lr_multiplier
 from tests.helpers import REACT_GRIDWORLD, an_episode, expert_and_model_episodes, invoke
-from tests.training.helpers import launch_two_processes
+from tests.training.launch import Job, run_jobs
 
 GRIDWORLD = [*REACT_GRIDWORLD, "env.max_turns=4"]
 
@@ -399,37 +399,15 @@ def test_rm_eval_takes_key_value_overrides_and_remembers_how_the_model_read_its_
         invoke("rm", "eval", f"model.name={out}", "datset=x")
 
 
-TWO_PROCESS_SCRIPT = """
-import sys, torch
-from omrl.config import load_config
-from omrl.config.options import RmTrainRunConfig
-from omrl.rm.train import RmRecipe
-
-recipe = RmRecipe(load_config(RmTrainRunConfig, sys.argv[1]))
-try:
-    recipe.setup()
-    recipe.train()
-    torch.save(recipe.strategy.state_dict(recipe.model), f"{sys.argv[2]}/rank{recipe.strategy.rank}.pt")
-finally:
-    recipe.cleanup()
-"""
-
-
 @pytest.mark.slow
 def test_two_processes_train_the_same_reward_model_as_one(data_dir, tmp_path):
-    from omrl.config import to_yaml
     from omrl.training.metrics import read_metrics
 
     settings = ("optim.gradient_accumulation_steps=3", "num_train_epochs=1")  # 5 micro-batches: 3 + 2 a step
     run_rm_train(config(data_dir, tmp_path / "single", *settings))
-    two = config(data_dir, tmp_path / "two", *settings)
-    (tmp_path / "rm.yaml").write_text(to_yaml(two))
-    (tmp_path / "run.py").write_text(TWO_PROCESS_SCRIPT)
-    done = launch_two_processes(tmp_path, str(tmp_path / "run.py"), str(tmp_path / "rm.yaml"), str(tmp_path))
-    assert done.returncode == 0, done.stderr[-4000:]
+    (weights,) = run_jobs(tmp_path, "ddp", [Job("rm", config(data_dir, tmp_path / "two", *settings), tmp_path)])
     single = read_metrics(tmp_path / "single")
     assert [r["loss"] for r in read_metrics(tmp_path / "two")] == pytest.approx([r["loss"] for r in single], rel=1e-4)
-    weights = {rank: torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)}
     alone = RewardModel.load(tmp_path / "single").model.state_dict()
     for name, tensor in weights[0].items():
         assert torch.equal(tensor, weights[1][name]), f"processes disagree on {name}"
