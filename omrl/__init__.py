@@ -1,7 +1,7 @@
 """omrl: train LLM agents with reinforcement learning in multi-turn environments.
 
 The plugin kinds' calling conventions: :mod:`omrl.envs` (environments; what they answer and its checks
-in :mod:`omrl.env_results`), :mod:`omrl.templates` (action templates), :mod:`omrl.rewards` (reward
+in :mod:`omrl.env_results`, its prompt's worked example in :mod:`omrl.env_examples`), :mod:`omrl.templates` (action templates), :mod:`omrl.rewards` (reward
 components, composed and placed on tokens), :mod:`omrl.algos` (advantage estimators, policy losses, KL
 estimators, rollout corrections). How plugins are found: :mod:`omrl.hookspecs` (the hooks),
 :mod:`omrl.plugins` (the plugin manager), :mod:`omrl.registry` (lazy registries by name),

@@ -69,6 +69,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+from omrl.env_examples import example_action
 from omrl.envs import Env, UnknownTaskError, create_env
 from omrl.errors import OmrlError
 from omrl.serve.answers import Opening, opening_of, with_goal
@@ -326,7 +327,7 @@ def create_app(
                     "env": name,
                     "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
                     "action_help": catalog.action_help,
-                    "action_example": getattr(catalog, "action_example", "") or "",  # the prompt's example
+                    "action_example": example_action(catalog),  # the prompt's worked example, as played here
                     "max_turns": catalog.max_turns,
                     "deterministic": getattr(catalog, "deterministic", False) is True,
                     "demonstration": [[t.observation, t.thought, t.action] for t in catalog.demonstration],

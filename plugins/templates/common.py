@@ -1,10 +1,11 @@
-"""What the action templates share: finding a bare action in a sloppy reply, and example actions."""
+"""What the action templates share: finding a bare action in a sloppy reply, and the prompt's parts."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from omrl.env_examples import example_action
 from omrl.errors import OmrlError
 
 # A ReAct keyword at the start of a line, allowing markdown decoration ("**Act:**", "> Thought:").
@@ -14,7 +15,6 @@ ACTION_SHAPE = re.compile(r"^[A-Za-z_][\w\-]*\s?(?:\[[^\[\]\n]*\]|\([^()\n]*\))$
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 HARMONY_CHANNEL, HARMONY_FINAL = "<|channel|>", "<|channel|>final<|message|>"  # gpt-oss's channel headers
 EXAMPLE_THOUGHT = "This action brings me closer to the goal."
-_EXAMPLE_VALUES = {"string": None, "integer": 1, "number": 1, "boolean": True}
 
 
 class TemplateError(OmrlError):
@@ -120,39 +120,3 @@ def tool_signature(tool: dict[str, Any]) -> str:
     props = (tool.get("parameters") or {}).get("properties") or {}
     args = ", ".join(f"{key}: {spec.get('type', 'any')}" for key, spec in props.items())
     return f"{tool['name']}({args})"
-
-
-def example_arguments(tool: dict[str, Any]) -> dict[str, Any]:
-    """Plausible arguments for a tool: enum values, or the parameter's own name for strings."""
-    params = tool.get("parameters") or {}
-    props = params.get("properties") or {}
-    names = params.get("required") or list(props)
-    args = {}
-    for key in names:
-        spec = props.get(key, {})
-        if spec.get("enum"):
-            args[key] = spec["enum"][0]
-        else:
-            value = _EXAMPLE_VALUES.get(spec.get("type", "string"))
-            args[key] = key if value is None else value
-    return args
-
-
-def example_action(env: Any) -> str:
-    """A concrete action for the system prompt's example, or "" when none can be made.
-
-    The env's ``action_example`` if it sets one, else a call of its first tool.
-    """
-    example = env.action_example
-    if isinstance(example, str) and example.strip():
-        return example.strip()
-    tools = getattr(env, "tools", None) or []
-    if not tools:
-        return ""
-    try:
-        return env.action_from_tool_call(tools[0]["name"], example_arguments(tools[0]))
-    except Exception as exc:
-        raise TemplateError(
-            f"{type(env).__name__}.action_from_tool_call failed on its own first tool "
-            f"{tools[0].get('name')!r}: {type(exc).__name__}: {exc}"
-        ) from exc

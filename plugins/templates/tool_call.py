@@ -20,14 +20,13 @@ import re
 from typing import Any
 
 from omrl.chat.tool_calls import JSON_TYPES
+from omrl.env_examples import example_action, example_arguments
 from omrl.errors import short_repr
 from omrl.templates import ParsedAction, Template
 from omrl_plugins.templates.common import (
     EXAMPLE_THOUGHT,
     TemplateError,
     action_help,
-    example_action,
-    example_arguments,
     first_block,
     tool_signature,
     without_reasoning,

@@ -376,3 +376,18 @@ def test_omrls_agentgym_client_prompts_a_served_env_with_its_example_action():
         assert remote.action_example == local.action_example == "go to red ball 1"
         assert "go to red ball 1" in react.system_prompt(remote)
         remote.close()
+
+
+def test_a_served_env_whose_example_is_a_call_of_its_first_tool_prompts_as_it_does_in_process():
+    """gridworld sets no action_example: its example is made from its first tool, which the server did not send,
+    so a served gridworld's prompt had no Example where the in-process one had."""
+    from omrl import registry
+    from omrl_plugins.envs.agentgym.env import AgentGymEnv
+
+    chosen = registry.templates.get("react")()
+    with background_server(create_app("gridworld")) as url, contextlib.closing(open_env("gridworld")) as local:
+        remote = AgentGymEnv(base_url=url, env_name="gridworld", timeout=30)
+        assert local.action_example == "" and "Example:" in chosen.system_prompt(local)
+        assert remote.action_example == "up"
+        assert chosen.system_prompt(remote).split("Example:")[1] == chosen.system_prompt(local).split("Example:")[1]
+        remote.close()
