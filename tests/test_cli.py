@@ -90,10 +90,12 @@ def test_version_and_help_answer_beside_a_plugin_that_fails_to_import(tmp_path):
     assert omrl("env", "list", **broken).returncode == 2  # a command still refuses to run without it
 
 
-def test_config_show_prints_the_resolved_config():
-    result = omrl("config", "show", "grpo", "model.name=tiny", "group_size=8")
-    assert result.returncode == 0, result.stderr
-    assert "name: tiny" in result.stdout and "group_size: 8" in result.stdout
+def test_config_show_prints_the_resolved_config(capsys):
+    from tests.helpers import cli_exit
+
+    code, out, err = cli_exit(capsys, "config", "show", "grpo", "model.name=tiny", "group_size=8")
+    assert code == 0, err
+    assert "name: tiny" in out and "group_size: 8" in out
 
 
 REFUSED = {  # (preset, overrides...): what the command would say

@@ -262,6 +262,7 @@ def test_the_vllm_backend_refuses_missing_log_probs_too(tiny_tokenizer, logprobs
         backend._from_output(SimpleNamespace(token_ids=[5, 6], logprobs=steps), 4)
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 def test_a_server_that_stops_answering_is_warned_of_then_named(tiny_tokenizer):
     """A stopped server (SIGSTOP, a hung worker) still accepts connections: each wait past
     generation.request_timeout_s is a warning, and the last one an error naming that key."""

@@ -90,6 +90,7 @@ def test_a_call_asked_again_after_its_reply_arrived_is_another_sample_and_both_a
         gateway.close()
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 def test_a_reply_the_client_hung_up_on_is_no_turn(hung_up):
     backend, ep, recorder, client = hung_up
     with pytest.raises(openai.APITimeoutError):

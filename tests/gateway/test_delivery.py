@@ -127,6 +127,7 @@ def slow(seconds: float):
     return reply
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 @pytest.mark.parametrize("gives_up", ["returns", "raises"])
 def test_a_client_that_times_out_and_retries_is_named_as_such_not_as_a_shared_client(
     tiny_tokenizer, tmp_path, gives_up

@@ -67,6 +67,7 @@ def test_an_agent_that_fails_is_an_env_error_never_a_score(questions, agent, rea
     assert all(set(ep.rewards["total"]) <= {0.0} for ep in episodes)
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 def test_an_agent_past_its_time_is_cut_off_and_its_key_refused(questions):
     import openai
 

@@ -191,6 +191,7 @@ def test_a_worker_killed_while_idle_is_replaced_and_the_answer_still_judged():
     assert not set(map(id, idle)) & set(map(id, answers.math_worker._idle))  # the dead ones are gone
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 @pytest.mark.parametrize("on_main_thread", [True, False])
 def test_an_answer_that_would_compute_forever_is_not_equal_at_its_deadline_on_any_thread(on_main_thread):
     """math-verify's own bound, a signal alarm, works on the main thread only; tool envs score on others."""

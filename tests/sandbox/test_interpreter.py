@@ -59,6 +59,7 @@ def test_a_call_past_its_time_is_stopped_and_the_variables_survive(python):
     assert python.run("z").stdout == "5\n"
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 def test_code_that_swallows_the_time_limit_is_killed_and_the_interpreter_is_dead(python):
     code = "import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nwhile True: pass"
     result = python.run(code, timeout_s=0.3)
@@ -201,6 +202,7 @@ def test_a_forked_childs_late_output_never_lands_in_a_later_call():
         assert python.run("import time\ntime.sleep(2)\nprint(0)").stdout == "0\n"
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 def test_a_request_the_stuck_interpreter_will_not_read_times_out_instead_of_hanging():
     with Interpreter(lifetime_s=60) as python:
         stall = (
@@ -217,6 +219,7 @@ def test_code_that_ends_the_interpreter_is_an_error_of_the_code(python):
     assert result.exit_code != 0 and result.killed_reason == "exited" and python.dead
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 def test_a_sandbox_that_reaches_its_lifetime_mid_call_is_the_hosts_failure_not_the_codes():
     with Interpreter(lifetime_s=1) as python:
         with pytest.raises(OmrlError, match="reached its lifetime"):

@@ -21,6 +21,7 @@ def hang(*args, **kwargs):
     time.sleep(120)
 
 
+@pytest.mark.slow  # waits out a deadline of seconds
 @pytest.mark.parametrize(
     "stage, module, name",
     [
