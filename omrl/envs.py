@@ -211,6 +211,11 @@ class Env(ABC):
     def close(self) -> None:
         """Free what the instance holds (connections, processes)."""
 
+    def check_reachable(self) -> None:
+        """Optional: raise :class:`EnvError` when the service this env plays on cannot be reached (one cheap
+        request, no retries). A run asks before its model loads (:func:`check_env_reachable`), so a server that
+        is down costs seconds, not a model's load; an env that plays in-process has nothing to check."""
+
     def tasks_of(self, name: str, split: str) -> Sequence[int]:
         """:meth:`split_of`, or a ConfigError where the split holds no task, naming ``name`` (the env's
         registered name) and the splits that have tasks: nothing is played on an empty split."""
@@ -325,6 +330,18 @@ def check_task(env: Env, task_id: int, known: Sequence[int] | range) -> None:
     else:
         valid = f"{len(known)} ids, e.g. {', '.join(map(str, list(known)[:5]))}"
     raise UnknownTaskError(f"{type(env).__name__}: unknown task id {task_id!r}; valid: {valid}")
+
+
+def check_env_reachable(env_class: Any, options: dict[str, Any] | None, name: str) -> None:
+    """Ask an env whose class answers :meth:`Env.check_reachable` whether its service is up: an instance is
+    made (a constructor must not connect), asked and closed. Others are not built: some load data for seconds."""
+    if getattr(env_class, "check_reachable", Env.check_reachable) is Env.check_reachable:
+        return
+    env = create_env(env_class, options, name)
+    try:
+        env.check_reachable()
+    finally:
+        env.close()
 
 
 def create_env(env_class: type[Env], options: dict[str, Any] | None = None, name: str = "") -> Env:

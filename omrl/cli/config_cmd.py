@@ -74,7 +74,7 @@ def check_values(command: str, cfg) -> None:
     from omrl.rollout.spec import check_generation
     from omrl.supervisor import check_deadlines
 
-    check_before_loading(cfg, model_made=False)
+    check_before_loading(cfg, model_made=False, reach=False)  # it only reads: no server is asked
     for member in mix_members(cfg):
         registry.templates.component(member.env.template)
     check_history(cfg.chat.history)

@@ -6,14 +6,15 @@ trained past, and a plugin block for an env the run does not play."""
 from __future__ import annotations
 
 
-def check_before_loading(cfg, model_made: bool = True) -> None:
+def check_before_loading(cfg, model_made: bool = True, reach: bool = True) -> None:
     """What can be refused before a model loads (seconds to minutes): a model that is not there (unless
     ``model_made`` is False: ``config show`` writes configs for models a stage will make), an unknown env,
     an env whose package is not installed (naming its extra), each env of a mixture alike (and the mixture
-    itself: weights, an env named twice), the reward settings, and for training, the whole train config
+    itself: weights, an env named twice), the reward settings, a remote env's server that cannot be reached
+    (unless ``reach`` is False: ``config show`` only reads), and for training, the whole train config
     (:func:`omrl.training.config_checks.check_config`)."""
     from omrl import registry, rewards
-    from omrl.envs import install_command, package_installed
+    from omrl.envs import check_env_reachable, install_command, package_installed
     from omrl.errors import ConfigError
     from omrl.mixture import mix_members
     from omrl.models.folders import check_model_name
@@ -33,6 +34,8 @@ def check_before_loading(cfg, model_made: bool = True) -> None:
         rewards.check_options(member.reward_weights, member.plugins)  # first: a block a reward and a scorer
         check_search_blocks(member.plugins)  # share is named for the reward where it is weighted
         check_family_block(member.name, member.plugins, {m.name for m in members})
+        if reach:  # a remote env's server that is down is said now, not after the model's load
+            check_env_reachable(env_class, (member.plugins or {}).get(member.env.name), member.env.name)
     warn_unplayed_env_blocks(members)
     warn_unweighted_reward_blocks(members)
     warn_unused_strategy_blocks(cfg)

@@ -282,3 +282,39 @@ def test_a_teacher_that_is_not_there_is_named_by_its_key_before_loading(omrl_mai
                              "--output-dir", str(tmp_path / "run"))  # fmt: skip
     assert code == 2
     assert f"algorithm.teacher '{tmp_path / 'nope'}' not found: no such directory" in err, err
+
+
+def _nothing_listening() -> str:
+    """The URL of a local port no server listens on."""
+    import socket
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{free.getsockname()[1]}"
+
+
+@pytest.mark.parametrize(
+    "command, env, options, refusal",
+    [
+        ("rollout", "agentgym", ("plugins.agentgym.env_name=textcraft",), "agentgym server {url}: GET / failed"),
+        ("train", "agentgym", ("plugins.agentgym.env_name=textcraft",), "agentgym server {url}: GET / failed"),
+        ("eval", "openenv", (), "openenv server {url}: GET /health failed"),
+    ],
+)
+def test_a_remote_envs_server_that_is_down_is_refused_before_loading(
+    command, env, options, refusal, omrl_main, no_model, tmp_path
+):
+    """The first request went out after the model had loaded: minutes of a real model's load, then this."""
+    url = _nothing_listening()
+    out = ("--output-dir", str(tmp_path / "out")) if command != "rollout" else ("-o", str(tmp_path / "e.parquet"))
+    code, _, err = omrl_main(command, "--env", env, "--model", "tiny", f"plugins.{env}.base_url={url}", *options, *out)
+    err = " ".join(err.split())
+    assert code == 2 and refusal.format(url=url) in err and "cannot connect" in err, err
+    assert "is the server running?" in err and "bug in omrl" not in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "e.parquet").exists()
+
+
+def test_config_show_asks_no_server(omrl_main):
+    url = _nothing_listening()
+    code, out, err = omrl_main("config", "show", "grpo", "env.name=agentgym", f"plugins.agentgym.base_url={url}")
+    assert code == 0 and url in out, err

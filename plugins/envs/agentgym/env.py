@@ -375,6 +375,9 @@ class AgentGymEnv(Env):
                 self._held.close()
             self._held.started = False
 
+    def check_reachable(self) -> None:
+        self._server.check_reachable()
+
     def close(self) -> None:
         with self._lock:
             self._held.close_orphans()

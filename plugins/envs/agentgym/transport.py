@@ -60,6 +60,16 @@ class HttpTransport:
         self.backoff = backoff
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
+    def check_reachable(self) -> None:
+        """ServerFailure when the server cannot be connected to: one ``GET /``, any HTTP answer will do."""
+        try:
+            self._client.request("GET", "/")
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            problem = f"cannot connect ({type(exc).__name__}: {exc or 'no detail'}); is the server running?"
+            raise ServerFailure(self.message("GET /", problem)) from exc
+        except httpx.TransportError:
+            pass  # it is there, only slow or odd at its root: the episodes will say more
+
     def call(
         self,
         method: str,

@@ -264,6 +264,24 @@ class OpenEnvEnv(Env):
             self._running = False
             raise ConfigError(str(exc.args[0])) from exc
 
+    def check_reachable(self) -> None:
+        """One ``GET /health`` of each server listed until one answers: none connects, the run is refused."""
+        import httpx
+
+        problems = []
+        for url in self.urls:
+            try:
+                httpx.get(f"{url}/health", timeout=self._settings.connect_timeout)
+                return
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                problems.append(describe(exc) if len(self.urls) == 1 else f"{url}: {describe(exc)}")
+            except httpx.HTTPError:
+                return  # it is there, only slow or odd: the episodes will say more
+        where = self.urls[0] if len(self.urls) == 1 else f"{self.urls[0]} (and the {len(self.urls) - 1} other servers)"
+        raise EnvError(
+            message(where, "GET /health", "cannot connect (" + "; ".join(problems) + "); is the server running?")
+        )
+
     def close(self) -> None:
         with self._lock:
             session, self._session, self._running = self._session, None, False
