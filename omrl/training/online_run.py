@@ -83,6 +83,7 @@ class OnlineRun:
         self.model, self.rollout_model = model, rollout_model
         self.session, self.task_order, self.test_tasks = setup_rollout(cfg, rollout_model, tokenizer)
         self.health = RolloutHealth()
+        self.replayed = 0  # plays of the current step thrown away: every episode failed in the env
         self.tool_health = ToolHealth(cfg.tool_health)
         self.generation: GenerationProcess | None = None
         self.warn: Callable[[str], None] = print  # the run's logger's, from start()
@@ -120,7 +121,7 @@ class OnlineRun:
         each task's trees) and their metrics, its tool calls checked (:mod:`omrl.training.tool_health`).
         Played again while every episode fails in the env; when its replays failed too the run stops
         (:class:`FailedStep`): such a step is never counted, logged nor checkpointed."""
-        started = time.perf_counter()
+        started, self.replayed = time.perf_counter(), 0
         self.model.eval()
         at_step(step + 1)
         if self.generation is not None:  # played ahead by the generation process
@@ -140,6 +141,8 @@ class OnlineRun:
                 raise
         self.check_step(step)
         self.tool_health.check(step + 1, metrics, self.warn)
+        if self.replayed:  # plays in which every episode failed in the env, thrown away
+            metrics["replayed_rollouts"] = float(self.replayed)
         return episodes, metrics
 
     def _play_here(self, step: int, started: float) -> tuple[list[Episode], dict[str, float]]:
@@ -204,6 +207,7 @@ class OnlineRun:
         for replay in range(rollout_health.ENV_FAILURE_REPLAYS):
             if self._count(step, played.episodes) or self.health.failed_template() or self.health.failed_protocol():
                 return played  # a template's or an env plugin's bug fails its replays alike: no waiting for the world
+            self.replayed += 1  # the step's metrics say so: its env_errors are the last play's
             self.health.restore(counts)  # a play played again is not the run's: not toward max_env_error_rate
             wait = rollout_health.ENV_FAILURE_WAIT * 2**replay
             self.warn(

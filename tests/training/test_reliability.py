@@ -167,6 +167,7 @@ def test_a_step_whose_every_episode_failed_in_the_env_is_played_again(rl_config,
     run_rl(cfg, on_step_end=fail_next_rollout, console=QUIET)
     records = read_metrics(cfg.logging.output_dir)
     assert [r["step"] for r in records] == [1, 2] and records[1]["env_errors"] == 0  # the replay's episodes
+    assert "replayed_rollouts" not in records[0] and records[1]["replayed_rollouts"] == 1  # else unseen
     assert flaky_server.failures == 0
 
 
