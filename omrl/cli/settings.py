@@ -277,14 +277,24 @@ def play_settings(cfg: Any, args: list[str] | None, default_preset: str | None, 
     prompts_as_trained(cfg, args, console)
 
 
-def has_worked_example(env_name: str) -> bool:
-    """Whether the env gives a worked example for its prompts (True where that cannot be told here)."""
+def has_worked_example(env_name: str) -> bool | None:
+    """Whether the env gives a worked example for its prompts; None where that cannot be told here (an env
+    that will not load, or one that asks its server)."""
     from omrl import registry
 
     try:
-        return bool(getattr(registry.envs.get(env_name), "demonstration", ()))
+        given = getattr(registry.envs.get(env_name), "demonstration", ())
     except Exception:  # noqa: BLE001 - an env that will not load says so when the run starts it
-        return True
+        return None
+    return None if isinstance(given, property) else bool(given)
+
+
+def worked_example_shown(env_name: str, demonstration: bool) -> str:
+    """The header's word on the worked example: none in the env, off, on, or on where the server gives one."""
+    given = has_worked_example(env_name)
+    if not demonstration:
+        return "off" if given is not False else "none in this env"
+    return {True: "on", False: "none in this env", None: "on, where the env gives one"}[given]
 
 
 def settings_block(cfg: Any) -> str:
@@ -303,7 +313,7 @@ def settings_block(cfg: Any) -> str:
     elif is_mixture(env):
         lines = mixture_lines(cfg)
     else:
-        example = "none in this env" if not has_worked_example(env.name) else "on" if env.demonstration else "off"
+        example = worked_example_shown(env.name, env.demonstration)
         lines = [
             f"env        {env.name} (split {env.split}), template {env.template}, worked example {example}",
             f"turns      {turns_shown(env.max_turns)}",
@@ -360,7 +370,7 @@ def mixture_lines(cfg: Any) -> list[str]:
         env = m.env
         lines.append(
             f"  {m.name:<{width}}  split {env.split}, template {env.template}, worked example "
-            f"{'on' if env.demonstration else 'off'}, turns {turns_shown(env.max_turns)}"
+            f"{worked_example_shown(m.name, env.demonstration)}, turns {turns_shown(env.max_turns)}"
         )
     return lines
 

@@ -228,3 +228,13 @@ def test_a_launched_process_ended_by_sigterm_says_another_process_most_often_fai
         stop_on_interrupt(stopped, Console(file=out, width=400))
     said = out.getvalue()
     assert said.startswith("terminated (SIGTERM): interrupted (under accelerate launch, a SIGTERM most often")
+
+
+def test_the_banner_cannot_promise_a_remote_envs_worked_example():
+    """A served env's worked example is its server's: the header said "on" for one that gives none."""
+    from omrl.cli.settings import worked_example_shown
+
+    assert worked_example_shown("agentgym", True) == "on, where the env gives one"
+    assert worked_example_shown("agentgym", False) == "off"
+    assert worked_example_shown("webshop", True) == "on" and worked_example_shown("webshop", False) == "off"
+    assert worked_example_shown("gridworld", True) == worked_example_shown("gridworld", False) == "none in this env"
