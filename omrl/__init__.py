@@ -9,7 +9,7 @@ estimators, rollout corrections). How plugins are found: :mod:`omrl.hookspecs` (
 packages: :mod:`omrl.mixture` (several envs in one run), :mod:`omrl.evaluation` (eval metrics and
 report), :mod:`omrl.env_errors` (episodes that failed in the world, not the model), :mod:`omrl.supervisor` (a deadline for every stage of a run), :mod:`omrl.clock` (where a step's
 time goes), :mod:`omrl.outputs` (where a command may write), :mod:`omrl.atomic` (crash-safe writes),
-:mod:`omrl.home` (``$OMRL_HOME``), :mod:`omrl.threads` (torch's threads), :mod:`omrl.errors` (one-line
+:mod:`omrl.home` (``$OMRL_HOME``), :mod:`omrl.threads` (torch's threads), :mod:`omrl.processes` (which process of a launch this is), :mod:`omrl.errors` (one-line
 errors), :mod:`omrl.moved` (old import paths) and ``__main__`` (``python -m omrl``).
 The packages: ``config``, ``models``, ``data``, ``chat``, ``backends``, ``rollout``, ``search``,
 ``training``, ``parallel``, ``rm``, ``gateway``, ``serve``, ``sandbox``, ``view``, ``cli``; every

@@ -23,6 +23,7 @@ from rich.markup import escape  # messages name extras such as omrl[plot]: marku
 from rich.text import Text
 
 from omrl import __version__
+from omrl.processes import is_main_process, process_label, process_rank, world_size
 
 app = typer.Typer(
     name="omrl",
@@ -217,12 +218,12 @@ def stop_on_interrupt(run: Callable[[], T], console: Console, lost: Callable[[],
     except KeyboardInterrupt as stop:
         said = f"terminated (SIGTERM): {stop}" if TERMINATED and "SIGTERM" not in str(stop) else str(stop)
         said = f"{said or 'interrupted'}: {lost()}" if lost is not None else said
-        if TERMINATED and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # how a launcher ends the survivors
+        if TERMINATED and world_size() > 1:  # how a launcher ends the survivors
             said += (
                 " (under accelerate launch, a SIGTERM most often means another process of the run failed: "
                 "its error is in the launcher's report)"
             )
-        if os.environ.get("RANK", "0") == "0":  # every process of a launch was stopped: said once, for all
+        if is_main_process():  # every process of a launch was stopped: said once, for all
             console.print(Text(said or "interrupted", style="yellow"), highlight=False, soft_wrap=True)
         raise typer.Exit(143 if TERMINATED else 130) from stop
 
@@ -233,18 +234,21 @@ def report_error(exc: BaseException, debug: bool) -> int:
     from omrl.plugins import plugin_in_traceback
 
     world = isinstance(exc, (OSError, MemoryError)) and (isinstance(exc, MemoryError) or exc.errno in WORLD_ERRNOS)
+    who = escape(process_label())  # under a launch each process may fail its own way: each says which it is
     if debug:
         err_console.print_exception()
     elif world:
         what = "out of memory" if isinstance(exc, MemoryError) else WORLD_ERRNOS[exc.errno]
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        err_console.print(f"[bold red]error:[/] {escape(f'{what}{where}: {exc}')}", highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {who}{escape(f'{what}{where}: {exc}')}", highlight=False, soft_wrap=True
+        )
         return 2
     elif isinstance(exc, OmrlError):
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]error:[/] {who}{escape(str(exc))}", highlight=False, soft_wrap=True)
     elif peer_failed(exc):
         err_console.print(
-            f"[bold red]error:[/] process {os.environ.get('RANK', '?')} of this run lost its connection to another, "
+            f"[bold red]error:[/] process {process_rank()} of this run lost its connection to another, "
             f"which failed first: its error, above or in its log, is the reason ({type(exc).__name__}: "
             f"{escape(str(exc)[:300])})",
             highlight=False,
@@ -254,7 +258,7 @@ def report_error(exc: BaseException, debug: bool) -> int:
         culprit = plugin_in_traceback(exc.__traceback__)
         whose = f"raised in {culprit}: a bug in that plugin" if culprit else "this is a bug in omrl or a plugin"
         err_console.print(
-            f"[bold red]error:[/] {type(exc).__name__}: {escape(str(exc))} "
+            f"[bold red]error:[/] {who}{type(exc).__name__}: {escape(str(exc))} "
             f"({escape(whose)}; run with --debug for the traceback)",
             highlight=False,
             soft_wrap=True,
@@ -269,7 +273,7 @@ PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote wo
 def peer_failed(exc: BaseException) -> bool:
     """Whether ``exc`` is this process of a run of several finding another one gone (it failed first, and
     its own error says why), not a bug where it was raised."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) < 2:
+    if world_size() < 2:
         return False
     distributed = sys.modules.get("torch.distributed")  # never imported for this: a run of several has it
     if distributed is not None and isinstance(exc, getattr(distributed, "DistError", ())):
@@ -294,7 +298,7 @@ def quiet_third_parties() -> None:
     own = Path(__file__).resolve().parents[1]  # the omrl package: its warnings speak to the user, not of code
 
     def one_line(message, category, filename, lineno, file=None, line=None) -> None:
-        if os.environ.get("RANK", "0") != "0":  # under accelerate launch the main process says it once for all
+        if not is_main_process():  # under accelerate launch the main process says it once for all
             return
         if Path(filename).resolve().is_relative_to(own):
             text = f"warning: {message}"

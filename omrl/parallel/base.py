@@ -32,11 +32,6 @@ from omrl.errors import ConfigError
 T = TypeVar("T")
 
 
-def is_main_process() -> bool:
-    """True in a single process, and in process 0 of several (before any process group exists)."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 class Trainables(nn.ModuleDict):
     """Every trained module under one name each (``policy``, ``value_head``, ``critic``):
     checkpoints name optimizer states by parameter names in it, and ZeRO-3's engine wraps it.

@@ -238,3 +238,21 @@ def test_the_banner_cannot_promise_a_remote_envs_worked_example():
     assert worked_example_shown("agentgym", False) == "off"
     assert worked_example_shown("webshop", True) == "on" and worked_example_shown("webshop", False) == "off"
     assert worked_example_shown("gridworld", True) == worked_example_shown("gridworld", False) == "none in this env"
+
+
+def test_under_a_launch_each_processs_error_says_which_process_it_is(monkeypatch, capsys):
+    """Every process of a launch prints its own error (they may differ): unnamed, two lines read as one repeated."""
+    from omrl.cli import report_error
+    from omrl.errors import OmrlError
+
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert report_error(OmrlError("the data is bad"), debug=False) == 2
+    assert report_error(KeyError("board"), debug=False) == 1
+    err = capsys.readouterr().err
+    assert "error: process 1 of 2: the data is bad\n" in err and "error: process 1 of 2: KeyError: 'board'" in err
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    report_error(OmrlError("the data is bad"), debug=False)
+    assert capsys.readouterr().err == "error: the data is bad\n"  # one process: nothing to tell apart
