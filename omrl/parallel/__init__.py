@@ -19,10 +19,11 @@ process alone writes logs, checkpoints and the final model; the others wait at a
 
 from __future__ import annotations
 
-from omrl.parallel.base import Strategy, Trainables, is_main_process
+from omrl.parallel.base import Strategy, Trainables
 from omrl.parallel.data_parallel import DataParallel
 from omrl.parallel.fsdp import FSDP
 from omrl.parallel.zero3 import ZeRO3
+from omrl.processes import is_main_process
 
 # checked in order: the sharded ones first (they run under WORLD_SIZE > 1 as data parallel does)
 STRATEGIES: tuple[type[Strategy], ...] = (FSDP, ZeRO3, DataParallel, Strategy)

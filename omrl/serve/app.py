@@ -10,9 +10,7 @@ omrl env has) and asserts 200. Two dialects, as AgentGym's servers speak them:
 - the ``env_idx`` dialect (WebShop, SQLGym) under ``/env_idx`` (a client's base URL
   ``http://HOST:PORT/env_idx``): the same routes, but ``POST /create`` answers the bare id.
 
-Every route takes the id under either name. Routes:
-
-- ``GET /`` a greeting.
+Every route takes the id under either name. Routes (``GET /`` is a greeting):
 - ``POST /create``, with no body or a JSON object -> ``{"id", "instance", "deterministic",
   "idle_timeout", "observation", "task_id", "done": false, "reward": 0.0}``. Ids never repeat
   across restarts (a start numbers from the microsecond clock, :mod:`omrl.serve.store`), so a
@@ -41,11 +39,10 @@ Every route takes the id under either name. Routes:
   -> ``{"split", "task_ids": [...]}`` or, for a range of ids, ``{"split", "range": [start, stop,
   step]}``; ``GET /expert_action?id=`` -> ``{"action"}``.
 
-The goal inside the observation: AgentGym's clients take the observation text as the agent's
-whole prompt, so the first observation of an episode (in ``/create``, ``/reset`` and
-``GET /observation``) opens with the env's instruction, as omrl's rollout opens an episode
-(:func:`~omrl.serve.answers.with_goal`), and ``task_description`` is "" (SciWorld's client puts it
-before the observation). A request that names this server's instance (``X-Omrl-Instance``, as
+The goal inside the observation: AgentGym's clients take the observation text as the agent's whole prompt,
+so the first observation of an episode (in ``/create``, ``/reset`` and ``GET /observation``) opens with the
+env's instruction, as omrl's rollout opens an episode (:func:`~omrl.serve.answers.with_goal`), and
+``task_description`` is "" (SciWorld's client puts it before the observation). A request that names this server's instance (``X-Omrl-Instance``, as
 omrl's ``agentgym`` client sends) reads the instruction apart, so it gets the env's own first
 observation: the client hands both on as the env returned them.
 
@@ -166,6 +163,10 @@ def create_app(
             raise OmrlError(f"{what} must be a number of seconds >= 0 (0: never), got {seconds!r}")
     options = dict(options or {})
     catalog = open_env(name, options)  # answers /tasks; also checks the options before serving
+    with contextlib.ExitStack() as undo:  # the prompt's worked example, as made in-process: else it is not served
+        undo.callback(catalog.close)
+        example = example_action(catalog)
+        undo.pop_all()
     catalog_lock = threading.Lock()
     preview = _Preview(catalog, catalog_lock)
     deterministic = getattr(catalog, "deterministic", False) is True
@@ -327,7 +328,7 @@ def create_app(
                     "env": name,
                     "splits": {s: len(catalog.split_of(s)) for s in catalog.splits},
                     "action_help": catalog.action_help,
-                    "action_example": example_action(catalog),  # the prompt's worked example, as played here
+                    "action_example": example,  # the prompt's worked example, as played here
                     "max_turns": catalog.max_turns,
                     "deterministic": getattr(catalog, "deterministic", False) is True,
                     "demonstration": [[t.observation, t.thought, t.action] for t in catalog.demonstration],

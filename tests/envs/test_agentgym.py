@@ -760,3 +760,20 @@ def test_a_self_description_the_client_cannot_use_is_an_env_error_naming_it(desc
         with pytest.raises(EnvError, match=re.escape(f"GET /tasks failed: {wrong}")):
             print(env.max_turns, env.demonstration, env.action_help)
         env.close()
+
+
+def test_a_server_that_takes_the_connection_but_never_answers_is_warned_of_not_waited_on(monkeypatch):
+    """A run's first question (asked before the model loads) waited the whole client timeout, then said nothing."""
+    from omrl_plugins.envs.agentgym import transport
+
+    monkeypatch.setattr(transport, "PROBE_SECONDS", 0.2)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        env = AgentGymEnv(base_url=url, env_name="textcraft", timeout=30)
+        with pytest.warns(
+            UserWarning, match=f"agentgym server {url} took the connection but did not answer GET / within 0.2 s"
+        ):
+            env.check_reachable()
+        env.close()

@@ -356,6 +356,7 @@ def test_any_failure_frees_the_session_slot_and_closes_the_connection(guess_url,
     [
         ({"base_url": "localhost:8000"}, "plugins.openenv.base_url must be a server URL"),
         ({"base_url": ["http://a:1", "http://a:1/"]}, "lists a server twice"),
+        ({"base_url": "http://[::1"}, "plugins.openenv.base_url 'http://.::1' is not a valid URL"),
         ({"score": "max"}, "plugins.openenv.score must be one of sum, last"),
         ({"timeout": 0}, "plugins.openenv.timeout must be a number >= 0.001"),
         ({"max_sessions": 0}, "plugins.openenv.max_sessions must be a number >= 1"),
@@ -367,6 +368,26 @@ def test_any_failure_frees_the_session_slot_and_closes_the_connection(guess_url,
 def test_bad_options_are_config_errors(options, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         OpenEnvEnv(**options)
+
+
+def test_a_run_asks_whether_any_listed_server_takes_a_connection(guess_url, monkeypatch):
+    """Asked before the model loads (omrl.envs.check_env_reachable): none up is refused, some down are warned of."""
+    from omrl_plugins.envs.openenv import servers
+
+    down = [f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"]
+    with pytest.raises(EnvError, match=r"none of the 2 openenv servers listed takes a connection \(http://127"):
+        OpenEnvEnv(base_url=down).check_reachable()
+    with pytest.raises(EnvError, match=r"GET /health failed: cannot connect \(ConnectError: .*is the server running"):
+        OpenEnvEnv(base_url=down[0]).check_reachable()
+    with pytest.warns(UserWarning, match=f"openenv servers that take no connection: {down[0]}; playing on the others"):
+        OpenEnvEnv(base_url=[down[0], guess_url]).check_reachable()
+    monkeypatch.setattr(servers, "PROBE_SECONDS", 0.2)
+    with socket.socket() as silent:  # takes the connection, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.warns(UserWarning, match=f"did not answer GET /health within 0.2 s: {url}"):
+            OpenEnvEnv(base_url=url).check_reachable()
 
 
 def test_splits_urls_and_task_ids():

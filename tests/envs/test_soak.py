@@ -99,6 +99,17 @@ def test_script_exits_non_zero_when_an_invariant_breaks(soak_module, monkeypatch
     assert soak_module.main(["--episodes", "2"]) == 0
 
 
+def test_each_command_line_option_sets_its_field_of_the_plan_and_the_rest_keep_their_defaults(soak_module, monkeypatch):
+    plans = []
+    monkeypatch.setattr(soak_module, "soak", lambda plan, **kwargs: plans.append(plan) or soak_module.Report())
+    soak_module.main([])
+    soak_module.main(["--episodes", "3", "--fault-rate", "0.2", "--kinds", "omrl", "--mid-episode-after", "0"])
+    assert plans[0] == soak_module.SoakPlan()
+    assert plans[1] == soak_module.SoakPlan(episodes=3, fault_rate=0.2, kinds=("omrl",), mid_episode_after=0)
+    with pytest.raises(SystemExit):
+        soak_module.main(["--kinds", "ssh"])
+
+
 @pytest.mark.slow  # a soak
 def test_a_train_run_under_faults_keeps_its_steps_checkpoints_and_metrics_consistent(
     soak_module, tiny_model_dir, tmp_path

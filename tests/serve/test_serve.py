@@ -355,3 +355,25 @@ def test_an_unknown_id_names_no_other_clients_ids_and_a_refused_reset_says_why_t
     http.post("/reset", json={"id": env_id, "data_idx": 1_000_002})
     assert_error(http.post("/reset", json={"id": env_id, "data_idx": 99_999_999}), 404)
     assert_error(http.post("/step", json={"id": env_id, "action": "up"}), 409, "its last reset named an unknown task")
+
+
+def test_an_env_that_cannot_write_its_own_worked_example_is_not_served(register_plugin):
+    """Its prompt's example is a call of its first tool: served, every GET /tasks answered 500 instead."""
+    from omrl.errors import OmrlError
+    from tests.fakes import KeyEnv, Registers, tool
+
+    closed = []
+
+    class BrokenToolEnv(KeyEnv):
+        tools = [tool("open", "Open the box.", [])]
+
+        def action_from_tool_call(self, name, arguments):
+            raise KeyError(name)
+
+        def close(self):
+            closed.append(self)
+
+    register_plugin(Registers({"broken-tool": BrokenToolEnv}), name="test-broken-tool")
+    with pytest.raises(OmrlError, match=r"BrokenToolEnv.action_from_tool_call failed on its own first tool 'open'"):
+        create_app("broken-tool")
+    assert len(closed) == 1  # the env built to answer /tasks is closed

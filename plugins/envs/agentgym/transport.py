@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any, Callable
 
 import httpx
@@ -23,6 +24,8 @@ import httpx
 from omrl.envs import EnvError
 from omrl.errors import ConfigError
 from omrl.serve import TOKEN_ENV
+
+PROBE_SECONDS = 5.0  # how long a server that took the connection has to answer a run's first GET /
 
 
 class ServerFailure(EnvError):
@@ -61,14 +64,19 @@ class HttpTransport:
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
 
     def check_reachable(self) -> None:
-        """ServerFailure when the server cannot be connected to: one ``GET /``, any HTTP answer will do."""
+        """ServerFailure when the server cannot be connected to: one ``GET /``, any HTTP answer will do; a
+        warning when it took the connection but did not answer within :data:`PROBE_SECONDS`."""
         try:
-            self._client.request("GET", "/")
+            self._client.request("GET", "/", timeout=httpx.Timeout(PROBE_SECONDS, connect=self._client.timeout.connect))
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             problem = f"cannot connect ({type(exc).__name__}: {exc or 'no detail'}); is the server running?"
             raise ServerFailure(self.message("GET /", problem)) from exc
-        except httpx.TransportError:
-            pass  # it is there, only slow or odd at its root: the episodes will say more
+        except httpx.TransportError as exc:  # it is there, only slow or odd at its root: the episodes will say more
+            warnings.warn(
+                f"agentgym server {self.base_url} took the connection but did not answer GET / within "
+                f"{PROBE_SECONDS:g} s ({type(exc).__name__}); playing on",
+                stacklevel=2,
+            )
 
     def call(
         self,

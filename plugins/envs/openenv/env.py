@@ -57,6 +57,7 @@ from omrl.errors import ConfigError, short_repr
 from omrl.hookspecs import hookimpl
 from omrl_plugins.envs.agentgym import parse_splits
 from omrl_plugins.envs.engines.common import check_running, clip01, require
+from omrl_plugins.envs.openenv.servers import check_servers, server_urls
 from omrl_plugins.envs.openenv.session import (
     ServerAnswer,
     Session,
@@ -109,7 +110,7 @@ class OpenEnvEnv(Env):
         win_score: float = 1.0,
     ):
         require("openenv.core.generic_client", "openenv", "openenv")  # a missing extra says so at once
-        self.urls = _server_urls(base_url)
+        self.urls = server_urls(base_url)
         for name, value, low, kinds in (
             ("timeout", timeout, 1e-3, (int, float)),
             ("connect_timeout", connect_timeout, 1e-3, (int, float)),
@@ -265,22 +266,7 @@ class OpenEnvEnv(Env):
             raise ConfigError(str(exc.args[0])) from exc
 
     def check_reachable(self) -> None:
-        """One ``GET /health`` of each server listed until one answers: none connects, the run is refused."""
-        import httpx
-
-        problems = []
-        for url in self.urls:
-            try:
-                httpx.get(f"{url}/health", timeout=self._settings.connect_timeout)
-                return
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                problems.append(describe(exc) if len(self.urls) == 1 else f"{url}: {describe(exc)}")
-            except httpx.HTTPError:
-                return  # it is there, only slow or odd: the episodes will say more
-        where = self.urls[0] if len(self.urls) == 1 else f"{self.urls[0]} (and the {len(self.urls) - 1} other servers)"
-        raise EnvError(
-            message(where, "GET /health", "cannot connect (" + "; ".join(problems) + "); is the server running?")
-        )
+        check_servers(self.urls, self._settings.connect_timeout)
 
     def close(self) -> None:
         with self._lock:
@@ -376,27 +362,6 @@ def validation_detail(data: dict[str, Any]) -> str:
             where = ".".join(str(p) for p in error.get("loc") or () if p not in ("data",))
             parts.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
     return "; ".join(parts) or str(data.get("message") or "invalid action")
-
-
-def _server_urls(base_url: Any) -> list[str]:
-    """The servers' base URLs (http(s) or ws(s); a trailing ``/ws`` is the client's to add)."""
-    urls = [base_url] if isinstance(base_url, str) else base_url
-    if (
-        not isinstance(urls, list)
-        or not urls
-        or not all(isinstance(u, str) and u.startswith(("http://", "https://", "ws://", "wss://")) for u in urls)
-    ):
-        raise ConfigError(
-            f"plugins.openenv.base_url must be a server URL (http://host:port) or a list of them, got {base_url!r}"
-        )
-    out = []
-    for url in urls:
-        url = url.rstrip("/")
-        url = url[:-3] if url.endswith("/ws") else url
-        out.append("http" + url[2:] if url.startswith("ws") else url)  # ws:// -> http://, wss:// -> https://
-    if len(set(out)) != len(out):
-        raise ConfigError(f"plugins.openenv.base_url lists a server twice: {base_url!r}")
-    return out
 
 
 @hookimpl
