@@ -232,7 +232,10 @@ def serve(
     needs = " (and the token: OMRL_SERVE_TOKEN or plugins.agentgym.token)" if token else ""
 
     def announce(bound: int) -> None:  # the port bound: with --port 0, the free one picked
-        url = f"http://{host}:{bound}"
+        import socket
+
+        # a wildcard address is no place to connect to: other machines reach this one by its name
+        url = f"http://{socket.gethostname() if host in ('0.0.0.0', '::', '') else host}:{bound}"
         console.print(
             f"serving env [bold]{escape(name)}[/] on {url} (AgentGym id dialect; env_idx dialect at "
             f"{url}/env_idx); play it with "
@@ -379,7 +382,11 @@ def _ask_action(console: Console, env, turn: int, turns: int, seat: str | None =
             return expert
         if typed.startswith(":"):
             unknown = "" if typed == ":help" else f"unknown command {typed}; "
-            listed = ", ".join(f"{name} ({what})" for name, what in PLAY_COMMANDS.items())
+            from omrl.envs import Env
+
+            has_expert = any(getattr(type(env), m) is not getattr(Env, m) for m in ("expert_action", "scripted_action"))
+            shown = {name: what for name, what in PLAY_COMMANDS.items() if has_expert or name != ":expert"}
+            listed = ", ".join(f"{name} ({what})" for name, what in shown.items())
             console.print(Text(f"{unknown}commands: {listed}; anything else is an action"))
             continue
         if typed:

@@ -16,12 +16,17 @@ ID_FIELDS = ("id", "env_idx")
 TASK_FIELDS = ("data_idx", "game", "seed", "item_id", "session_id", "task_id")
 
 
+#: what a JSON value of each Python type is called in an answer
+JSON_KINDS = {int: "an integer", str: "a string", float: "a number", bool: "true or false", list: "a list",
+              dict: "an object", type(None): "null"}  # fmt: skip
+
+
 def body_field(body: dict[str, Any], key: str, kind: type = int) -> Any:
     """The value of ``key`` in a request's body, of type ``kind`` (a bool is no int)."""
     value = body.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
-        got = "nothing" if key not in body else f"a {type(value).__name__}"  # never the body itself
-        raise Rejected(422, f"the body needs {key!r} ({kind.__name__}), got {got}")
+        got = "nothing" if key not in body else JSON_KINDS.get(type(value), type(value).__name__)  # not the body
+        raise Rejected(422, f"the body needs {key!r} ({JSON_KINDS.get(kind, kind.__name__)}), got {got}")
     return value
 
 
@@ -30,7 +35,7 @@ def env_id_of(body: dict[str, Any]) -> int:
     named = [k for k in ID_FIELDS if k in body]
     if len(named) != 1:
         got = "both" if named else "neither"
-        raise Rejected(422, f"the body needs the env's id as 'id' or 'env_idx' (int), got {got}")
+        raise Rejected(422, f"the body needs the env's id as 'id' or 'env_idx' (an integer), got {got}")
     return body_field(body, named[0])
 
 

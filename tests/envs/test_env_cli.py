@@ -236,6 +236,15 @@ def test_help_and_unknown_commands_cost_no_turn(runner):
     assert "episode done: won yes, score 1.00, total reward 1, turns 3" in result.output  # as without them
 
 
+def test_help_offers_the_expert_only_where_the_env_has_one(runner, register_plugin):
+    from tests.fakes import OneTaskEnv
+
+    register_plugin(Registers({"one-task": OneTaskEnv}), name="test-one-task")
+    result = runner.invoke(build_app(), ["env", "play", "one-task"], input=":help\n:quit\n")
+    assert result.exit_code == 0, result.output
+    assert "commands: :quit (end the episode), :help (this list)" in result.output and ":expert" not in result.output
+
+
 def test_play_rejects_unknown_options_and_splits(runner):
     result = runner.invoke(
         build_app(), ["env", "play", "switch", "--option", "colour=red", "--option", "presses_offset=2"]
@@ -320,6 +329,11 @@ def test_serve_warns_when_listening_beyond_loopback(runner, served, monkeypatch)
     assert exposed.exit_code == 0, exposed.output
     assert "warning: 0.0.0.0 is not a loopback address" in exposed.output
     assert "set --token or OMRL_SERVE_TOKEN" in exposed.output
+    import socket
+
+    # the URL a client is told to use names this machine, not the wildcard address it listens on
+    assert f"plugins.agentgym.base_url=http://{socket.gethostname()}:8000 " in exposed.output
+    assert "http://0.0.0.0" not in exposed.output
 
 
 def test_serve_takes_a_token_and_caps_from_the_command_line_or_env(runner, served):

@@ -377,3 +377,18 @@ def test_an_env_that_cannot_write_its_own_worked_example_is_not_served(register_
     with pytest.raises(OmrlError, match=r"BrokenToolEnv.action_from_tool_call failed on its own first tool 'open'"):
         create_app("broken-tool")
     assert len(closed) == 1  # the env built to answer /tasks is closed
+
+
+@pytest.mark.parametrize(
+    "body, said",
+    [
+        ({"id": "0", "data_idx": 1}, "the body needs 'id' (an integer), got a string"),
+        ({"id": 0, "data_idx": None}, "the body needs 'data_idx' (an integer), got null"),
+        ({"id": 0, "data_idx": 1.5}, "the body needs 'data_idx' (an integer), got a number"),
+    ],
+)
+def test_a_body_field_of_another_kind_is_named_in_json_words(body, said):
+    """It said "got a str" and "got a NoneType": Python's names, to a client that sent JSON."""
+    with TestClient(create_app("gridworld")) as client:
+        answer = client.post("/reset", json=body)
+    assert answer.status_code == 422 and answer.json() == {"error": said}
