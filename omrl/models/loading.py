@@ -337,12 +337,18 @@ def _build_tiny(out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(TINY_TOKENIZER_DIR)
     config = tiny_config(len(tok))
     config.bos_token_id, config.eos_token_id, config.pad_token_id = None, tok.eos_token_id, tok.pad_token_id
+    save_random_model(Qwen2ForCausalLM, config, tok, out)
+
+
+def save_random_model(model_class: Any, config: Any, tokenizer: Any, out: Path) -> None:
+    """A ``model_class`` of ``config`` with random weights (seed 0) that stops at ``tokenizer``'s eos, saved
+    with ``tokenizer`` in ``out``: the `tiny` model, and test models of other families."""
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
+    model = model_class(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
-    tok.save_pretrained(out)
+    tokenizer.save_pretrained(out)
 
 
 def episode_envs(dataset: str) -> set[str]:

@@ -11,7 +11,7 @@ import torch
 
 from omrl.backends.base import Backend, Generation, SamplingParams
 from omrl.hookspecs import hookimpl
-from omrl.models.loading import TINY_LAYERS
+from omrl.models.loading import TINY_LAYERS, save_random_model
 from omrl.templates import ParsedAction, Template
 
 
@@ -151,12 +151,7 @@ def build_qwen3_like(out: Path, template: str, specials: tuple = ((), None, None
     sizes = {"hidden_size": 64, "intermediate_size": 128, "head_dim": 16, "max_position_embeddings": 4096}
     ends = {"eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
     config = Qwen3Config(vocab_size=len(tok), **sizes, **TINY_LAYERS, tie_word_embeddings=True, **ends)
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    save_random_model(Qwen3ForCausalLM, config, tok, out)
     return out
 
 
