@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, Sequence
 
 from omrl.data.trajectory import Episode
@@ -40,7 +41,9 @@ def play_strategy(
         for env, split in by_env_split
     }
     for ctx in contexts.values():  # on no tasks: an env the strategy cannot search fails before any is searched
-        run_strategy(ctx, [])
+        with warnings.catch_warnings():  # what it warns of, the search itself says again
+            warnings.simplefilter("ignore")
+            run_strategy(ctx, [])
     for (env, split), where in by_env_split.items():
         ctx = contexts[(env, split)]
         for tree in run_strategy(ctx, [session.env_task(tasks[i], split).task for i in where]):

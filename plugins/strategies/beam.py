@@ -8,11 +8,9 @@ from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number, yes_or_no
 from omrl_plugins.strategies.common import (
     answer_pool,
+    check_samples,
     check_scorer,
-    needs_sampling,
-    one_tree_per_task,
     pick_answer,
-    warn_short_budget,
 )
 
 
@@ -37,9 +35,7 @@ def beam(
     whole_number("beam", "width", width)
     whole_number("beam", "branch", branch)
     yes_or_no("beam", "stop_on_win", stop_on_win)
-    one_tree_per_task(ctx)
-    needs_sampling(ctx, "beam option branch", branch)
-    warn_short_budget(ctx, "beam option branch", branch)
+    check_samples(ctx, "beam option branch", branch)
     check_scorer(ctx, scorer, "scorer")
     if select:
         check_scorer(ctx, select, "select")

@@ -9,10 +9,8 @@ from omrl.search.context import whole_number
 from omrl_plugins.strategies.chain import grow_chains
 from omrl_plugins.strategies.common import (
     answer_pool,
+    check_samples,
     check_scorer,
-    needs_sampling,
-    one_tree_per_task,
-    warn_short_budget,
 )
 
 
@@ -24,10 +22,8 @@ def best_of_n(ctx: SearchContext, tasks: Sequence[int], n: int = 4, select: str 
     return (a verifier's choice); ``select=logprob`` or ``self_eval`` use the model alone.
     """
     whole_number("best_of_n", "n", n)
-    one_tree_per_task(ctx)
-    needs_sampling(ctx, "best_of_n option n", n)
+    check_samples(ctx, "best_of_n option n", n)  # warns of a "best-of-4" row that would be best-of-2
     check_scorer(ctx, select, "select")
-    warn_short_budget(ctx, "best_of_n option n", n)  # a "best-of-4" row that was best-of-2
     return run_search(ctx, tasks, _grow, forks=False, n=n, select=select)
 
 

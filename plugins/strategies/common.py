@@ -29,7 +29,15 @@ def needs_sampling(ctx: SearchContext, what: str, count: int) -> None:
         )
 
 
-def warn_short_budget(ctx: SearchContext, what: str, count: int) -> None:
+def check_samples(ctx: SearchContext, what: str, count: int) -> None:
+    """The checks of a strategy that samples ``count`` replies per node (``what``: the option that says how
+    many): one tree per task, sampling, and a warning where the budget cannot pay for them."""
+    one_tree_per_task(ctx)
+    needs_sampling(ctx, what, count)
+    warn_short_budget(ctx, what, count, stacklevel=4)
+
+
+def warn_short_budget(ctx: SearchContext, what: str, count: int, stacklevel: int = 3) -> None:
     """Warn where the token budget cannot pay for the ``count`` replies the search's first expansion asks
     for (``what``: the option that asks): a "best-of-4" or "beam of 3" row that searched less than it says."""
     if ctx.budget and ctx.budget < count * ctx.limits.max_new_tokens:
@@ -37,7 +45,7 @@ def warn_short_budget(ctx: SearchContext, what: str, count: int) -> None:
             f"{what}={count} with a budget of {ctx.budget} tokens: {count} first replies of up to "
             f"{ctx.limits.max_new_tokens} tokens need {count * ctx.limits.max_new_tokens}, so a task may be searched "
             f"less than asked (search/paths_per_task says how much); raise --budget, or lower {what.split()[-1]}",
-            stacklevel=3,
+            stacklevel=stacklevel,  # the strategy's caller, in omrl: said as a plain warning
         )
 
 

@@ -7,11 +7,9 @@ from typing import Sequence
 from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number
 from omrl_plugins.strategies.common import (
+    check_samples,
     check_scorer,
-    needs_sampling,
-    one_tree_per_task,
     pick_answer,
-    warn_short_budget,
 )
 
 
@@ -29,9 +27,7 @@ def dfsdt(
     """
     whole_number("dfsdt", "branch", branch)
     whole_number("dfsdt", "max_expansions", max_expansions)
-    one_tree_per_task(ctx)
-    needs_sampling(ctx, "dfsdt option branch", branch)
-    warn_short_budget(ctx, "dfsdt option branch", branch)
+    check_samples(ctx, "dfsdt option branch", branch)
     check_scorer(ctx, scorer, "scorer")
     return run_search(ctx, tasks, _grow, branch=branch, scorer=scorer, max_expansions=max_expansions)
 

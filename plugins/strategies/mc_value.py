@@ -15,7 +15,7 @@ from typing import Sequence
 
 from omrl.search import Expand, Node, SearchContext, Tree, run_search
 from omrl.search.context import whole_number
-from omrl_plugins.strategies.common import needs_sampling, one_tree_per_task, warn_short_budget
+from omrl_plugins.strategies.common import check_samples
 
 
 def mc_value(ctx: SearchContext, tasks: Sequence[int], k: int = 4) -> list[Tree]:
@@ -28,9 +28,7 @@ def mc_value(ctx: SearchContext, tasks: Sequence[int], k: int = 4) -> list[Tree]
     labelling data, not a search for a better answer.
     """
     whole_number("mc_value", "k", k)
-    one_tree_per_task(ctx)
-    needs_sampling(ctx, "mc_value option k", k)
-    warn_short_budget(ctx, "mc_value option k", k)
+    check_samples(ctx, "mc_value option k", k)
     return run_search(ctx, tasks, _grow, k=k)
 
 

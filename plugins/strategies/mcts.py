@@ -9,11 +9,9 @@ from omrl.errors import ConfigError
 from omrl.search import Expand, Node, Score, SearchContext, Tree, run_search
 from omrl.search.context import whole_number, yes_or_no
 from omrl_plugins.strategies.common import (
+    check_samples,
     check_scorer,
-    needs_sampling,
-    one_tree_per_task,
     pick_answer,
-    warn_short_budget,
 )
 
 VALUES = ("rollout", "scorer")
@@ -47,9 +45,7 @@ def mcts(
         raise ConfigError(f"mcts option value={value!r} is invalid; valid: {', '.join(VALUES)}")
     if isinstance(exploration, bool) or not isinstance(exploration, (int, float)) or not exploration >= 0:
         raise ConfigError(f"mcts option exploration={exploration!r} is invalid; valid: a number >= 0")
-    one_tree_per_task(ctx)
-    needs_sampling(ctx, "mcts option branch", branch)
-    warn_short_budget(ctx, "mcts option branch", branch)
+    check_samples(ctx, "mcts option branch", branch)
     check_scorer(ctx, scorer, "scorer")
     return run_search(
         ctx,

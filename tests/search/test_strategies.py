@@ -63,6 +63,21 @@ def test_a_search_warns_where_its_budget_holds_fewer_first_replies_than_it_asks(
         search(tiny_tokenizer, backend, strategy, options, budget=30)
 
 
+def test_the_command_line_says_a_short_budget_once_as_a_plain_warning(capsys, monkeypatch, tmp_path):
+    """It came twice: the strategy's check on no tasks, before the search, warned as well."""
+    import warnings
+
+    from tests.helpers import cli_exit
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main prints warnings its own way
+    monkeypatch.setenv("COLUMNS", "400")
+    code, _, err = cli_exit(capsys, "rollout", "--env", "gridworld", "--model", "tiny", "--strategy", "beam",
+                            "--budget", "10", "-o", str(tmp_path / "b.parquet"), "--num-tasks", "1",
+                            "generation.max_new_tokens=8", "env.max_turns=2")  # fmt: skip
+    assert code == 0, err
+    assert err.count("warning: beam option branch=3 with a budget of 10 tokens") == 1, err  # no file:line: omrl's
+
+
 def test_dfsdt_backtracks_from_dead_ends(tiny_tokenizer):
     # root: smash (a dead end, tried first on the tie) and open; below open: smash again, then take key
     backend = ScriptedBackend(
