@@ -27,6 +27,7 @@ from omrl import plugin_options
 from omrl.data.trajectory import Episode
 from omrl.env_results import finite_number
 from omrl.errors import ConfigError, OmrlError, UnknownNameError, short_repr
+from omrl.processes import is_main_process
 from omrl.supervisor import StageStalled, on_stall, stage
 
 ALLOCATION_MODES = ("last_token", "uniform_positive", "discounted", "per_turn")
@@ -156,12 +157,12 @@ def check_options(weights: dict[str, float], options: dict[str, Any]) -> None:
 
 
 def check_for_play(weights: dict[str, float], options: dict[str, Any], tokenizer: Any) -> None:
-    """When a session starts, not once its first rollout is played: refuse a weighted reward that cannot score
-    the token ids of the policy's ``tokenizer`` (its ``check_tokenizer`` trait: a reward model trained on
-    another base model), and stop where one's service cannot be reached (its ``check_reachable`` trait: a
-    judge's endpoint; else a whole rollout would be played, and played again, for nothing)."""
+    """When a session starts, not once its first rollout is played: refuse a weighted reward that cannot score the
+    token ids of the policy's ``tokenizer`` (its ``check_tokenizer`` trait: a reward model trained on another base
+    model), and stop where one's service cannot be reached (its ``check_reachable`` trait: a judge's endpoint)."""
     _each_check("check_tokenizer", weights, options, tokenizer)
-    _each_check("check_reachable", weights, options)
+    if is_main_process():  # under a launch, one process asks: a blip seen by any other would end the run
+        _each_check("check_reachable", weights, options)
 
 
 def _each_check(trait: str, weights: dict[str, float], options: dict[str, Any], *args: Any) -> None:

@@ -18,6 +18,7 @@ def check_before_loading(cfg, model_made: bool = True, reach: bool = True) -> No
     from omrl.errors import ConfigError
     from omrl.mixture import mix_members
     from omrl.models.folders import check_model_name
+    from omrl.processes import is_main_process
 
     if model_made:
         check_model_name(cfg.model.name)
@@ -34,7 +35,7 @@ def check_before_loading(cfg, model_made: bool = True, reach: bool = True) -> No
         rewards.check_options(member.reward_weights, member.plugins)  # first: a block a reward and a scorer
         check_search_blocks(member.plugins)  # share is named for the reward where it is weighted
         check_family_block(member.name, member.plugins, {m.name for m in members})
-        if reach:  # a remote env's server that is down is said now, not after the model's load
+        if reach and is_main_process():  # a server that is down is said now, not after the model's load; once
             check_env_reachable(env_class, (member.plugins or {}).get(member.env.name), member.env.name)
     warn_unplayed_env_blocks(members)
     warn_unweighted_reward_blocks(members)

@@ -318,3 +318,21 @@ def test_config_show_asks_no_server(omrl_main):
     url = _nothing_listening()
     code, out, err = omrl_main("config", "show", "grpo", "env.name=agentgym", f"plugins.agentgym.base_url={url}")
     assert code == 0 and url in out, err
+
+
+def test_under_a_launch_one_process_asks_the_remote_servers(monkeypatch):
+    """Every process asked: a blip seen by any one of them ended the whole run."""
+    from omrl.cli.play_checks import check_before_loading
+    from omrl.config import load_config
+    from omrl.config.options import RolloutRunConfig
+
+    url = _nothing_listening()
+    cfg = load_config(
+        RolloutRunConfig, None, ["env.name=agentgym", f"plugins.agentgym.base_url={url}", "model.name=tiny"]
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    check_before_loading(cfg)  # not asked here
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(Exception, match="cannot connect"):
+        check_before_loading(cfg)
