@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import typer
@@ -300,6 +301,13 @@ def evaluate_command(
         from omrl.search import chosen_episodes, play_strategy, plays_batched, search_metrics
 
         every_sample = plays_batched(strategy, budget)  # the batched rollout's samples: each one counts (pass@k)
+        if not every_sample and cfg.samples_per_task > 1:  # a chain's samples under a budget: one search a task
+            warnings.warn(
+                f"--samples {cfg.samples_per_task} under --budget: each task's samples are one search, whose answer "
+                "(the first sample) is scored, so eval reports no pass@k (any-path success counts the others); "
+                f"drop --budget for pass@k over {cfg.samples_per_task} samples",
+                stacklevel=1,
+            )
         playing = f"{len(session.env_names)} envs" if mixed else cfg.env.name  # a bar's label is one short line
         bar, progress = progress_bar(len(tasks), f"eval {playing} ({strategy}, tasks)")
         with bar:

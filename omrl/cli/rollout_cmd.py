@@ -168,6 +168,8 @@ def rollout(
         raise EnvFailure(f"every episode failed in {where} (nothing written); the first reasons: {'; '.join(reasons)}")
     parquet, readable = write_trajectories(episodes, cfg.output, session.tokenizer, played_settings(cfg))
     metrics = {**evaluate(episodes), **seat_metrics(episodes)}  # a game of seats: how the policy's fared
+    if not plays_batched(strategy, budget):  # a search's rows are its trees' paths, not samples: no pass@k of them
+        metrics = {k: v for k, v in metrics.items() if not k.startswith("pass@") and k != "samples_per_task"}
     console.print(metrics_table(metrics, title=f"rollout: {env_label(cfg)}"))
     if note := self_play_note(metrics):
         console.print(note, highlight=False, soft_wrap=True)

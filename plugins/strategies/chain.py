@@ -8,7 +8,7 @@ from omrl.rollout.loop import collect
 from omrl.rollout.progress import PerTaskProgress
 from omrl.search import Expand, SearchContext, Tree, run_search
 from omrl.search.tree import chain_tree
-from omrl_plugins.strategies.common import first_leaf
+from omrl_plugins.strategies.common import first_leaf, warn_short_budget
 
 
 def chain(ctx: SearchContext, tasks: Sequence[int]) -> list[Tree]:
@@ -19,6 +19,7 @@ def chain(ctx: SearchContext, tasks: Sequence[int]) -> list[Tree]:
     grow through the search runner, which stops each task's chains at its budget.
     """
     if ctx.budget:
+        warn_short_budget(ctx, "chain samples", ctx.group_size)  # samples the budget cannot pay for are not played
         trees = run_search(ctx, tasks, grow_chains, forks=False, n=ctx.group_size)
     else:
         progress = PerTaskProgress(ctx.progress, ctx.group_size) if ctx.progress is not None else None

@@ -59,8 +59,10 @@ def check_scorer(ctx: SearchContext, name: str, option: str = "") -> None:
 
 
 def outcome_key(node: Node) -> tuple:
-    """How good a node is as an answer: won, then the env's rewards, then finished, then its score."""
-    return (node.won, node.returns, node.end == "done", node.score if node.score is not None else 0.0)
+    """How good a node is as an answer: won, then played to its end (a path the budget cut is no answer: its
+    partial score would be the env's oracle), then the env's rewards, then done, then its score."""
+    score = node.score if node.score is not None else 0.0
+    return (node.won, node.end != "budget", node.returns, node.end == "done", score)
 
 
 def answer_pool(*pools: Sequence[Node]) -> list[Node]:

@@ -121,3 +121,19 @@ def test_an_env_of_a_mixture_the_strategy_cannot_search_fails_before_any_env_is_
         with pytest.raises(ForkError, match="env 'chest-plain' .* cannot copy one"):
             play_strategy(session, tasks, PlaySpec(split="test", strategy="beam"))
     assert backend.calls == []
+
+
+def test_a_path_the_budget_cut_is_no_answer_over_a_finished_one_however_it_scored():
+    """Beam answered with a cut path whose partial rewards beat a finished loss: the env's score as an oracle."""
+    from omrl.data.trajectory import Turn
+    from omrl.search.tree import Node
+    from omrl_plugins.strategies.common import pick_answer
+    from tests.helpers import an_episode
+
+    def node(end, rewards):
+        turns = [Turn("o", "r", "a", True, reward, False) for reward in rewards]
+        return Node(id=len(rewards), parent=None, episode=an_episode(turns=turns), messages=[], answering="", end=end)
+
+    lost, cut = node("done", [0.0, 0.0]), node("budget", [0.5, 0.5, 0.5])
+    assert pick_answer([cut, lost]) is lost and pick_answer([lost, cut]) is lost
+    assert pick_answer([cut]) is cut  # nothing finished: the cut path is all there is

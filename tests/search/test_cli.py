@@ -51,6 +51,8 @@ def test_rollout_writes_every_path_of_every_tree(chest_plugins, tmp_path):
     records = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
     assert len(records) == len(episodes)
     assert "search: beam" in result.output and "generated_tokens" in result.output
+    # a tree's paths are no samples of a task: pass@k over them fell as k grew (a stopped tree has fewer paths)
+    assert "pass@" not in result.output and "samples_per_task" not in result.output
 
 
 def test_sft_reads_a_search_file_as_it_reads_chains(chest_plugins, tiny_model_dir, tmp_path):
@@ -207,3 +209,18 @@ def test_a_block_of_a_strategy_the_run_does_not_play_is_warned_of(capsys):
     )
     code, _, err = cli_exit(capsys, "config", "show", "eval", "rollout.strategy=mcts", "plugins.mcts.iterations=2")
     assert code == 0 and "does not play" not in err
+
+
+def test_eval_of_samples_under_a_budget_says_what_it_scores(capsys, monkeypatch, tmp_path):
+    """--samples 4 --budget reported episodes 4, samples_per_task 1 and no pass@k, and played 2 of the samples,
+    without a word."""
+    import warnings
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # main prints warnings its own way
+    monkeypatch.setenv("COLUMNS", "400")
+    code, _, err = cli_exit(capsys, "eval", "--env", "gridworld", "--model", "tiny", "--num-tasks", "1",
+                            "--samples", "4", "--budget", "40", "generation.max_new_tokens=16", "env.max_turns=2",
+                            "-o", str(tmp_path / "eval"))  # fmt: skip
+    assert code == 0, err
+    assert "warning: --samples 4 under --budget: each task's samples are one search" in err
+    assert "warning: chain samples=4 with a budget of 40 tokens: 4 first replies of up to 16 tokens need 64" in err
