@@ -236,3 +236,28 @@ def test_a_full_disk_under_tensorboard_names_its_folder_and_prints_no_thread_tra
     assert [r["step"] for r in read_metrics(small_disk)] == [1, 2]  # metrics.jsonl kept each step
     logger.close()  # said once: closing again says nothing more
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_run_that_applied_an_update_is_never_said_to_be_the_model_it_started_from():
+    """With mini-batches a step may apply its first update and skip the rest: the run said every update was
+    skipped and its model unchanged, while its weights had moved (and collapsed)."""
+    from omrl.errors import NothingLearned
+
+    class Logger:
+        def warn(self, text):
+            pass
+
+    nan = "non-finite gradient norm (nan)"
+    partly = SkippedUpdates(max_nan_in_a_row=10)
+    partly.applied()
+    for step in (1, 1, 2, 2):
+        partly.skip(nan, Logger(), step, nan=True)
+    partly.check_learned(2, "out", Logger())  # 4 skipped of 5: the model changed
+    resumed = SkippedUpdates(max_nan_in_a_row=10)
+    resumed.load_state_dict(partly.state_dict())
+    resumed.check_learned(2, "out", Logger())
+    never = SkippedUpdates(max_nan_in_a_row=10)
+    for step in (1, 1, 2, 2):
+        never.skip(nan, Logger(), step, nan=True)
+    with pytest.raises(NothingLearned, match="is the model it started from"):
+        never.check_learned(2, "out", Logger())
