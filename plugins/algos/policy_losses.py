@@ -14,6 +14,7 @@ log-probs are garbage (padding, -inf).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -28,6 +29,7 @@ from omrl.algos import (
 )
 
 CLIP_HIGHER_MIN = 0.28  # DAPO's upper clip range
+_RAISED: set[float] = set()  # the clip_ratio_high values warned of as raised
 
 # exp() of a larger log-ratio overflows float32; such a token is clipped anyway
 MAX_LOG_RATIO = 20.0
@@ -128,5 +130,13 @@ def clip_higher(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, d
     which leaves low-probability tokens room to grow and keeps entropy from
     collapsing. Returns (loss, metrics) as ppo_clip.
     """
+    asked = cfg.clip_ratio_high != type(cfg)().clip_ratio_high  # the default is ppo_clip's, not the user's choice
+    if asked and cfg.clip_ratio_high < CLIP_HIGHER_MIN and cfg.clip_ratio_high not in _RAISED:  # said once
+        _RAISED.add(cfg.clip_ratio_high)
+        warnings.warn(
+            f"algorithm.clip_ratio_high={cfg.clip_ratio_high:g} is raised to {CLIP_HIGHER_MIN} by "
+            f"algorithm.policy_loss=clip_higher (DAPO's least upper range); ppo_clip takes it as it is",
+            stacklevel=2,
+        )
     raised = dataclasses.replace(cfg, clip_ratio_high=max(cfg.clip_ratio_high, CLIP_HIGHER_MIN))
     return ppo_clip(data, raised)

@@ -78,6 +78,19 @@ def test_clip_higher_raises_the_upper_bound_to_at_least_0_28():
     assert clip_higher(data, AlgoConfig(clip_ratio_high=0.3))[0].item() == pytest.approx(-1.3)
 
 
+def test_clip_higher_says_it_raises_a_clip_ratio_high_the_user_set_lower():
+    """An explicit 0.1 gave exactly the default's losses, without a word."""
+    import warnings
+
+    data = policy_input([[1.35]], [[1.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default (0.2, ppo_clip's) and a higher value: nothing to say
+        clip_higher(data, AlgoConfig())
+        clip_higher(data, AlgoConfig(clip_ratio_high=0.3))
+    with pytest.warns(UserWarning, match=r"algorithm.clip_ratio_high=0.123 is raised to 0.28 by .*clip_higher"):
+        assert clip_higher(data, AlgoConfig(clip_ratio_high=0.123))[0].item() == pytest.approx(-1.28)
+
+
 # ratio 1 everywhere, so each token's loss is -A: row 0 [-1, -2, -3], row 1 [-4],
 # row 2 has no response token (left out of every mean)
 RAGGED = dict(
