@@ -75,7 +75,8 @@ def register_algorithms(register):
 
         - ``kind="advantage"``: ``needs=("greedy_scores",)``, the rollout must
           also play a greedy episode of each task and fill
-          ``AdvantageInput.greedy_scores`` (ReMax's baseline).
+          ``AdvantageInput.greedy_scores`` (ReMax's baseline); ``reads_trees=True``,
+          it differs from its plain form only on a search's trees (a chain rollout is warned of).
         - ``kind="policy_loss"``: ``zero_advantage_rows_add_nothing=True``, each
           row's loss reads that row alone and is 0, with a 0 gradient, where its
           advantages are all 0, so the recipe may skip such rows.

@@ -40,7 +40,8 @@ TRAITS: dict[str, dict[str, tuple[Any, str]]] = {
         "needs": (
             lambda value: isinstance(value, (tuple, list)) and all(need in NEEDS for need in value),
             f"a tuple of {', '.join(NEEDS)}",
-        )
+        ),
+        "reads_trees": _FLAG,
     },
     "policy_loss": {"zero_advantage_rows_add_nothing": _FLAG},
     "strategy": {"group_in_one_tree": _FLAG, "batched_without_budget": _FLAG},

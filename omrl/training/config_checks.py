@@ -62,6 +62,7 @@ def check_config(cfg: TrainRunConfig, world_size: int = 1) -> None:
     warn_unread_by_grpo_or_kl(cfg)
     warn_unread_sizes(cfg)
     check_rollout_strategy(cfg)
+    warn_tree_estimator_on_chains(cfg)
     env_scale.check(cfg)
     if is_mixture(cfg.env):
         mix_members(cfg)  # names, weights and per-env keys, before any model loads
@@ -167,6 +168,20 @@ def check_dynamic_sampling(cfg: Any) -> None:
             "algorithm.dynamic_sampling runs with the grpo recipe, the chain rollout and "
             f"synchronous generation; this run has algorithm.name={algo.name}, rollout.strategy="
             f"{cfg.rollout.strategy}, rollout.async_generation={cfg.rollout.async_generation}"
+        )
+
+
+def warn_tree_estimator_on_chains(cfg: Any) -> None:
+    """An estimator that reads a search's trees (``reads_trees``) is its plain form on the chain rollout: say so."""
+    import warnings
+
+    traits = registry.algorithms.component(cfg.algorithm.advantage, kind="advantage").traits
+    if traits.get("reads_trees") and not searched(cfg):
+        warnings.warn(
+            f"algorithm.advantage={cfg.algorithm.advantage} reads a search's trees, and this run plays chains "
+            f"(rollout.strategy={cfg.rollout.strategy}, budget {cfg.rollout.budget}), so it is its plain form there and its tree settings change "
+            "nothing; play a search (e.g. rollout.strategy=beam rollout.budget=N) to use them",
+            stacklevel=2,
         )
 
 

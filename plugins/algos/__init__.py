@@ -34,6 +34,7 @@ NAMES = {"abs_kl": "abs", "k1_plus": "k1+", "k3_plus": "k3+"}
 ROW_LOCAL_LOSSES = ("ppo_clip", "dual_clip", "clip_higher", "gspo", "gmpo", "cispo", "sapo", "reinforce")
 TRAITS = {
     "remax": {"needs": ("greedy_scores",)},
+    "tree_grpo": {"reads_trees": True},
     **{loss: {"zero_advantage_rows_add_nothing": True} for loss in ROW_LOCAL_LOSSES},
 }
 

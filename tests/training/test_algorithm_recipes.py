@@ -304,6 +304,17 @@ def test_critic_and_kl_settings_a_run_would_ignore_are_warned_of(config):
         check_config(config("algorithm.critic=model", algo="ppo"))
 
 
+def test_a_tree_estimator_on_the_chain_rollout_is_warned_of(config):
+    """tree_grpo on chains gave grpo's metrics to the digit, its tree settings unread, and said nothing."""
+    from omrl.training.config_checks import check_config
+
+    with pytest.warns(UserWarning, match=r"algorithm.advantage=tree_grpo reads a search's trees, and this run plays"):
+        check_config(config("algorithm.advantage=tree_grpo"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # on a search's trees it reads them
+        check_config(config("algorithm.advantage=tree_grpo", "rollout.strategy=beam", "rollout.budget=64"))
+
+
 def test_batch_sizes_an_online_step_would_ignore_are_warned_of(config):
     from omrl.training.config_checks import check_config
 
