@@ -259,6 +259,11 @@ def warn_unread_by_grpo_or_kl(cfg: TrainRunConfig) -> None:
     algo, defaults = cfg.algorithm, type(cfg.algorithm)()
     changed = [key for key in (*CRITIC_KEYS, *KL_KEYS) if getattr(algo, key) != getattr(defaults, key)]
     critic = [key for key in changed if key in CRITIC_KEYS and algo.name != "ppo"]
+    if algo.name != "dpo" and algo.dpo_beta != defaults.dpo_beta:
+        warnings.warn(
+            f"algorithm.dpo_beta={algo.dpo_beta:g} is the dpo recipe's, and this {algo.name} run does not read it",
+            stacklevel=2,
+        )
     kl = [key for key in changed if key in KL_KEYS and not algo.kl_coef and not algo.kl_target]
     if critic and algo.name != "dpo":  # dpo says its own
         warnings.warn(

@@ -298,6 +298,8 @@ def test_critic_and_kl_settings_a_run_would_ignore_are_warned_of(config):
         match=r"algorithm.kl_in_reward, algorithm.kl_estimator shape a KL to the reference, which algorithm.kl_coef=0",
     ):
         check_config(config("algorithm.kl_in_reward=true", "algorithm.kl_estimator=k1"))
+    with pytest.warns(UserWarning, match=r"algorithm.dpo_beta=0.5 is the dpo recipe's, and this grpo run does not"):
+        check_config(config("algorithm.dpo_beta=0.5"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # each read: a KL with its coefficient, a critic under ppo
         check_config(config("algorithm.kl_in_reward=true", "algorithm.kl_coef=0.1"))
