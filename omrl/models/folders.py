@@ -11,6 +11,7 @@ from typing import Any
 
 from omrl.errors import OmrlError
 from omrl.models.builtin import BUILTIN_MODELS
+from omrl.models.manifest import COMPLETE_MARKER
 
 #: the entry of a reward model's config.json that `omrl rm train` writes, and the kinds it may name
 REWARD_MODEL_KEY = "omrl_reward_model"
@@ -67,10 +68,15 @@ def check_model_folder(path: Path) -> None:
             f"{path} is a run's checkpoint; its model is {path / 'model'}: give that, or go on training the run "
             "from it with --resume --output-dir RUN"
         )
-    if (path / "checkpoints").is_dir() or (path / "config.yaml").exists():
+    if any((path / "checkpoints").glob(f"step-*/{COMPLETE_MARKER}")):
         raise OmrlError(
             f"{path} is a run that stopped before it saved its model: resume it (--resume --output-dir {path}), "
             f"or give one of its checkpoints' models ({path}/checkpoints/step-N/model)"
+        )
+    if (path / "checkpoints").is_dir() or (path / "config.yaml").exists():
+        raise OmrlError(
+            f"{path} is a run that stopped before its first checkpoint: it holds no model, and --resume has "
+            "nothing to go on from; train it again"
         )
     raise OmrlError(
         f"model directory {path} has no config.json; expected a Hugging Face model "

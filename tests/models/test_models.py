@@ -144,6 +144,9 @@ def test_a_path_that_holds_no_model_is_named_for_what_it_is(tiny_model_dir, tmp_
     shutil.copytree(tiny_model_dir, step / "model")
     with pytest.raises(OmrlError, match=f"{step} is a run's checkpoint; its model is {step / 'model'}: give that"):
         resolve_model_path(str(step))
+    with pytest.raises(OmrlError, match="is a run that stopped before its first checkpoint: it holds no model"):
+        resolve_model_path(str(tmp_path / "run"))  # an unfinished checkpoint: --resume would find nothing
+    (step / "COMPLETE").write_text("step 2\n")
     with pytest.raises(OmrlError, match="is a run that stopped before it saved its model: resume it"):
         resolve_model_path(str(tmp_path / "run"))
     (tmp_path / "qa.jsonl").write_text("{}\n")
