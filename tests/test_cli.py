@@ -100,6 +100,7 @@ def test_config_show_prints_the_resolved_config(capsys):
 
 REFUSED = {  # (preset, overrides...): what the command would say
     ("grpo", "algorithm.advantage=foo"): "unknown advantage estimator 'foo'",
+    ("grpo", "algorithm.rollout_correction=tis"): "token_tis, or auto (the default: chosen for the run's sampler)",
     ("grpo", "reward.allocation=foo"): "unknown reward allocation 'foo'; valid: last_token",
     ("grpo", "env.template=foo"): "unknown template 'foo'",
     ("grpo", "optim.lr_schedule=foo"): "unknown optim.lr_schedule 'foo'; valid: constant",

@@ -50,8 +50,9 @@ def check_before_loading(cfg, model_made: bool = True, reach: bool = True) -> No
         registry.algorithms.component(algorithm.kl_estimator, kind="kl")
         if algorithm.teacher and model_made:
             check_model_name(algorithm.teacher, "algorithm.teacher")
-        if algorithm.rollout_correction != "auto":
-            registry.algorithms.component(algorithm.rollout_correction, kind="rollout_correction")
+        from omrl.training.rollout_correction import correction_name
+
+        correction_name(cfg)  # a name it does not know is refused, naming auto beside the registered ones
         from omrl.training.config_checks import check_config
 
         check_config(cfg)

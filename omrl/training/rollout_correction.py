@@ -31,6 +31,13 @@ def correction_name(cfg: Any) -> str:
     (``rollout.async_generation`` with ``max_staleness`` above 0)."""
     chosen = cfg.algorithm.rollout_correction
     if chosen != "auto":
+        from omrl import registry
+        from omrl.errors import UnknownNameError
+
+        try:
+            registry.algorithms.component(chosen, kind="rollout_correction")
+        except UnknownNameError as exc:  # the registry's names, and the default that is none of them
+            raise UnknownNameError(f"{exc}, or auto (the default: chosen for the run's sampler)") from exc
         return chosen
     rollout = getattr(cfg, "rollout", None)
     behind = rollout is not None and getattr(rollout, "async_generation", False) and rollout.max_staleness > 0
