@@ -129,4 +129,9 @@ def resumed_preset(output_dir: str | None, resume: bool, preset: str | None) -> 
             raise ConfigError(f"nothing to resume: no folder {folder}; run without --resume to start a run there")
         if (folder / "config.yaml").is_file():
             return str(folder / "config.yaml")
+        if not (folder / "checkpoints").is_dir():  # said before the settings a run would play
+            raise ConfigError(
+                f"nothing to resume: {folder} holds no run (no config.yaml, no checkpoints); run without --resume "
+                "to start one there"
+            )
     return preset

@@ -73,3 +73,12 @@ def test_resume_into_a_folder_that_is_not_there_says_so_first(command, omrl_main
     code, _, err = omrl_main(*TRAINERS[command], "--model", "tiny", "--resume", "--output-dir", str(gone))
     assert code == 2 and f"nothing to resume: no folder {gone}; run without --resume" in err, err
     assert not gone.exists()
+
+
+@pytest.mark.parametrize("command", TRAINERS)
+def test_resume_of_a_folder_that_holds_no_run_says_so_before_the_settings(command, omrl_main, no_model, tmp_path):
+    """The settings of a run it would not play came first, then "no complete checkpoint"."""
+    (tmp_path / "notes").mkdir()
+    code, out, err = omrl_main(*TRAINERS[command], "--resume", "--output-dir", str(tmp_path / "notes"))
+    assert code == 2 and f"nothing to resume: {tmp_path / 'notes'} holds no run (no config.yaml" in err, err
+    assert "worked example" not in out + err and "algorithm  " not in out + err  # no settings of a run it cannot resume
