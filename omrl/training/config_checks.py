@@ -179,8 +179,9 @@ def warn_tree_estimator_on_chains(cfg: Any) -> None:
     if traits.get("reads_trees") and not searched(cfg):
         warnings.warn(
             f"algorithm.advantage={cfg.algorithm.advantage} reads a search's trees, and this run plays chains "
-            f"(rollout.strategy={cfg.rollout.strategy}, budget {cfg.rollout.budget}), so it is its plain form there and its tree settings change "
-            "nothing; play a search (e.g. rollout.strategy=beam rollout.budget=N) to use them",
+            f"(rollout.strategy={cfg.rollout.strategy}, budget {cfg.rollout.budget}), so it is its plain form "
+            "there and its tree settings change nothing; play a search (e.g. rollout.strategy=beam "
+            "rollout.budget=N) to use them",
             stacklevel=2,
         )
 

@@ -14,6 +14,7 @@ log-probs are garbage (padding, -inf).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 
 import torch
@@ -30,6 +31,13 @@ from omrl.algos import (
 
 CLIP_HIGHER_MIN = 0.28  # DAPO's upper clip range
 _RAISED: set[float] = set()  # the clip_ratio_high values warned of as raised
+
+
+@functools.cache
+def _default_high(config_class: type) -> float:
+    """The default clip_ratio_high (ppo_clip's): clip_higher raises it without a word, as it is not the user's."""
+    return config_class().clip_ratio_high
+
 
 # exp() of a larger log-ratio overflows float32; such a token is clipped anyway
 MAX_LOG_RATIO = 20.0
@@ -130,8 +138,8 @@ def clip_higher(data: PolicyLossInput, cfg: AlgoConfig) -> tuple[torch.Tensor, d
     which leaves low-probability tokens room to grow and keeps entropy from
     collapsing. Returns (loss, metrics) as ppo_clip.
     """
-    asked = cfg.clip_ratio_high != type(cfg)().clip_ratio_high  # the default is ppo_clip's, not the user's choice
-    if asked and cfg.clip_ratio_high < CLIP_HIGHER_MIN and cfg.clip_ratio_high not in _RAISED:  # said once
+    high = cfg.clip_ratio_high
+    if high < CLIP_HIGHER_MIN and high not in _RAISED and high != _default_high(type(cfg)):  # said once, if asked
         _RAISED.add(cfg.clip_ratio_high)
         warnings.warn(
             f"algorithm.clip_ratio_high={cfg.clip_ratio_high:g} is raised to {CLIP_HIGHER_MIN} by "
